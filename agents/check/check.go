@@ -1,0 +1,27 @@
+// Package check is the contract between the node agent and its checks.
+//
+// A check reads local facts (sysfs, kernel log, tool output), keeps just
+// enough state to report transitions, and returns raw HealthEvents. Checks
+// never talk to the gateway, Kafka, ClickHouse or Kubernetes: the agent's
+// runner calls Check on a schedule, each call with its own deadline, recovers
+// panics, and sends what it returns.
+package check
+
+import (
+	"context"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// Check is one source of HealthEvents on a node.
+type Check interface {
+	// Name is the check's name as used in flags, config and metrics
+	// ("nic", "kmsg", "fabric", "gpu", ...).
+	Name() string
+	// Check returns the events to report since the previous call: only
+	// boundary crossings (healthy→unhealthy, unhealthy→healthy) and one-off
+	// occurrences, never the same standing state again. The runner fills
+	// in nodeName, agent and generatedTimestamp where they are empty.
+	// "Hardware not present" is not an error: it returns no events.
+	Check(ctx context.Context) ([]*datamodels.HealthEvent, error)
+}

@@ -1,0 +1,123 @@
+// Package events holds the helpers every faultline component shares around
+// the HealthEvent contract: Kafka topic names and keys, entity types, ids,
+// and the wire encoding of records.
+package events
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/google/uuid"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// Kafka topics. Records are keyed by Key(cluster, node) so one node's records
+// stay ordered in one partition.
+const (
+	// TopicEvents carries accepted HealthEvents, raw and derived (protobuf).
+	TopicEvents = "faultline.events"
+	// TopicActions carries remediation decisions and outcomes, the audit
+	// trail (protobuf faultline.v1.Action).
+	TopicActions = "faultline.actions"
+	// TopicDeadLetter carries records that could not be processed; the
+	// original key and value are kept and the reason is in the
+	// "faultline-error" header.
+	TopicDeadLetter = "faultline.deadletter"
+)
+
+// Header names used on Kafka records.
+const (
+	HeaderError      = "faultline-error"
+	HeaderSource     = "faultline-source-topic"
+	HeaderSourcePart = "faultline-source-partition"
+	HeaderSourceOff  = "faultline-source-offset"
+)
+
+// Entity types reported in entitiesImpacted.
+const (
+	EntityGPU      = "GPU"
+	EntityNIC      = "NIC"
+	EntityNICPort  = "NICPort"
+	EntityNVSwitch = "NVSwitch"
+	EntityPCI      = "PCI"
+	EntityNode     = "NODE"
+)
+
+// Key is the Kafka record key of a node's records: "cluster/node".
+func Key(cluster, node string) []byte {
+	return []byte(cluster + "/" + node)
+}
+
+// SplitKey is the inverse of Key.
+func SplitKey(key []byte) (cluster, node string, err error) {
+	c, n, ok := strings.Cut(string(key), "/")
+	if !ok || c == "" || n == "" {
+		return "", "", fmt.Errorf("record key %q is not cluster/node", key)
+	}
+	return c, n, nil
+}
+
+// NewID returns a unique, time-ordered id (UUIDv7, text form).
+func NewID() string {
+	return uuid.Must(uuid.NewV7()).String()
+}
+
+// Marshal encodes a HealthEvent as a Kafka record value.
+func Marshal(ev *datamodels.HealthEvent) ([]byte, error) {
+	return proto.Marshal(ev)
+}
+
+// Unmarshal decodes a Kafka record value into a HealthEvent.
+func Unmarshal(b []byte) (*datamodels.HealthEvent, error) {
+	ev := &datamodels.HealthEvent{}
+	if err := proto.Unmarshal(b, ev); err != nil {
+		return nil, fmt.Errorf("decode HealthEvent: %w", err)
+	}
+	return ev, nil
+}
+
+// MarshalAction encodes an Action as a Kafka record value.
+func MarshalAction(a *faultlinev1.Action) ([]byte, error) {
+	return proto.Marshal(a)
+}
+
+// UnmarshalAction decodes a Kafka record value into an Action.
+func UnmarshalAction(b []byte) (*faultlinev1.Action, error) {
+	a := &faultlinev1.Action{}
+	if err := proto.Unmarshal(b, a); err != nil {
+		return nil, fmt.Errorf("decode Action: %w", err)
+	}
+	return a, nil
+}
+
+// Entity returns the value of the first impacted entity of the given type,
+// or "".
+func Entity(ev *datamodels.HealthEvent, typ string) string {
+	for _, e := range ev.GetEntitiesImpacted() {
+		if e.GetEntityType() == typ {
+			return e.GetEntityValue()
+		}
+	}
+	return ""
+}
+
+// EntityKey is a stable text form of all impacted entities ("GPU=GPU-1,NIC=mlx5_0"),
+// used to tell one entity's fault from another's on the same node.
+func EntityKey(ev *datamodels.HealthEvent) string {
+	parts := make([]string, 0, len(ev.GetEntitiesImpacted()))
+	for _, e := range ev.GetEntitiesImpacted() {
+		parts = append(parts, e.GetEntityType()+"="+e.GetEntityValue())
+	}
+	return strings.Join(parts, ",")
+}
+
+// IsDerived reports whether a correlation rule produced the event.
+func IsDerived(ev *datamodels.HealthEvent) bool { return ev.GetDerivedBy() != "" }
+
+// StoreOnly reports whether the event must never change cluster state.
+func StoreOnly(ev *datamodels.HealthEvent) bool {
+	return ev.GetProcessingStrategy() == datamodels.ProcessingStrategy_STORE_ONLY
+}

@@ -1,0 +1,303 @@
+#!/usr/bin/env bash
+# install.sh [kafka|clickhouse|kube|all]... — install the real servers that the
+# integration tests (internal/testenv) start: ClickHouse, Apache Kafka and a
+# Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kwok).
+#
+# Idempotent: everything is cached in ${FAULTLINE_CACHE:-$HOME/.cache/faultline},
+# keyed by version, and a component that is already there is a fast no-op.
+# Prints one line per component: "testenv: <name> <version> <path>".
+#
+# Measured on a 2-core Debian 12 machine (details in README.md):
+#   clickhouse  apt-get install 18.16.1                     ~16 s cold
+#   kafka       mvn copy-dependencies (kafka_2.13 KAFKA_VERSION)  see README.md
+#               KRaft combined broker, -Xmx512m: ready in ~3-5 s, ~350 MB RSS
+#   kube        etcd ~1.5 min, kube-apiserver + kube-controller-manager ~11+ min,
+#               kwok ~2.5 min cold; ~10 s when the Go build cache is warm
+#   warm no-op for all components: well under a second
+set -euo pipefail
+
+CACHE="${FAULTLINE_CACHE:-$HOME/.cache/faultline}"
+KAFKA_VERSION="${FAULTLINE_KAFKA_VERSION:-4.1.1}"
+SCALA_VERSION=2.13
+KUBE_VERSION=v1.34.4
+KUBE_STAGING_VERSION=v0.34.4
+ETCD_VERSION=v3.6.4
+KWOK_VERSION=v0.8.0
+
+log() { printf 'testenv: %s\n' "$*" >&2; }
+die() { printf 'testenv: error: %s\n' "$*" >&2; exit 1; }
+
+# with_lock NAME CMD... runs CMD holding an exclusive lock so that two
+# concurrent installs (two CI jobs, a developer and a test) do not race.
+with_lock() {
+	local name=$1
+	shift
+	mkdir -p "$CACHE/locks"
+	(
+		flock 9
+		"$@"
+	) 9>"$CACHE/locks/$name.lock"
+}
+
+as_root() {
+	if [ "$(id -u)" -eq 0 ]; then
+		"$@"
+	else
+		sudo "$@"
+	fi
+}
+
+# ---------------------------------------------------------------- clickhouse
+
+clickhouse_bin() {
+	local b
+	for b in clickhouse-server clickhouse; do
+		if command -v "$b" >/dev/null 2>&1; then
+			command -v "$b"
+			return 0
+		fi
+	done
+	return 1
+}
+
+install_clickhouse() {
+	local bin
+	if ! bin=$(clickhouse_bin); then
+		log "installing clickhouse-server from apt"
+		export DEBIAN_FRONTEND=noninteractive
+		if ! as_root apt-get install -y --no-install-recommends clickhouse-server clickhouse-client >&2; then
+			as_root apt-get update >&2
+			as_root apt-get install -y --no-install-recommends clickhouse-server clickhouse-client >&2
+		fi
+		bin=$(clickhouse_bin) || die "clickhouse-server not found after apt-get install"
+	fi
+	local ver
+	ver=$(dpkg-query -W -f='${Version}' clickhouse-server 2>/dev/null || echo unknown)
+	echo "testenv: clickhouse $ver $bin"
+}
+
+# --------------------------------------------------------------------- kafka
+
+install_kafka() {
+	local dir="$CACHE/kafka/$KAFKA_VERSION"
+	if [ ! -f "$dir/.complete" ]; then
+		log "fetching kafka_$SCALA_VERSION $KAFKA_VERSION jars from Maven Central"
+		local build="$CACHE/build/kafka-$KAFKA_VERSION"
+		rm -rf "$build" "$dir"
+		mkdir -p "$build"
+		# kafka_2.13 brings the broker, kafka.tools.StorageTool and the
+		# metadata/raft/server modules; slf4j-api 2 + log4j-slf4j2-impl +
+		# log4j-core give it logging (kafka_2.13 declares no binding itself and
+		# its transitive slf4j-api 1.7 cannot see an slf4j2 provider).
+		cat >"$build/pom.xml" <<EOF
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>faultline.testenv</groupId>
+  <artifactId>kafka-libs</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId>
+      <artifactId>kafka_$SCALA_VERSION</artifactId>
+      <version>$KAFKA_VERSION</version>
+    </dependency>
+    <dependency>
+      <groupId>org.slf4j</groupId>
+      <artifactId>slf4j-api</artifactId>
+      <version>2.0.17</version>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.logging.log4j</groupId>
+      <artifactId>log4j-slf4j2-impl</artifactId>
+      <version>2.24.3</version>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.logging.log4j</groupId>
+      <artifactId>log4j-core</artifactId>
+      <version>2.24.3</version>
+    </dependency>
+  </dependencies>
+</project>
+EOF
+		(cd "$build" && mvn -B -q -f pom.xml \
+			dependency:copy-dependencies \
+			-DincludeScope=runtime \
+			-DoutputDirectory="$build/libs") >&2 ||
+			die "mvn dependency:copy-dependencies failed (see output above)"
+		ls "$build"/libs/kafka_"$SCALA_VERSION"-"$KAFKA_VERSION".jar >/dev/null ||
+			die "kafka_$SCALA_VERSION-$KAFKA_VERSION.jar missing after mvn"
+		mkdir -p "$dir"
+		mv "$build/libs" "$dir/libs"
+		cat >"$dir/log4j2.properties" <<'EOF'
+status = warn
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.org.name = org.apache.kafka
+logger.org.level = INFO
+EOF
+		touch "$dir/.complete"
+		rm -rf "$build"
+	fi
+	echo "testenv: kafka $KAFKA_VERSION $dir/libs"
+}
+
+# ---------------------------------------------------------------------- kube
+
+# build_ldflags for kube binaries, so `--version` reports the real version.
+kube_ldflags() {
+	local minor=${KUBE_VERSION#v1.}
+	minor=${minor%%.*}
+	echo "-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+}
+
+build_etcd() {
+	local out=$1
+	[ -x "$out/etcd" ] && return 0
+	log "building etcd $ETCD_VERSION (about 1.5 min cold)"
+	local build="$CACHE/build/etcd-$ETCD_VERSION"
+	rm -rf "$build"
+	mkdir -p "$build"
+	cat >"$build/go.mod" <<EOF
+module faultline.local/testenv/etcd
+
+go 1.26
+
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION
+EOF
+	cat >"$build/tools.go" <<'EOF'
+//go:build tools
+
+package tools
+
+import _ "go.etcd.io/etcd/server/v3"
+EOF
+	(cd "$build" && GOFLAGS=-mod=mod go mod tidy >&2 &&
+		go build -trimpath -ldflags "-s -w" -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3 >&2)
+	mv "$out/etcd.tmp" "$out/etcd"
+}
+
+build_kube() {
+	local out=$1
+	[ -x "$out/kube-apiserver" ] && [ -x "$out/kube-controller-manager" ] && return 0
+	log "building kube-apiserver + kube-controller-manager $KUBE_VERSION (about 11 min cold on 2 cores)"
+	local build="$CACHE/build/kube-$KUBE_VERSION"
+	rm -rf "$build"
+	mkdir -p "$build"
+	cat >"$build/go.mod" <<EOF
+module faultline.local/testenv/kube
+
+go 1.26
+EOF
+	local gomod
+	gomod=$(cd "$build" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
+		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+	[ -f "$gomod" ] || die "could not download k8s.io/kubernetes@$KUBE_VERSION go.mod"
+	# k8s.io/kubernetes replaces its staging modules with ./staging/src/...,
+	# which do not exist in the module zip: pin each to its published version.
+	local staging
+	staging=$(sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging/src/.*#\1#p' "$gomod")
+	[ -n "$staging" ] || die "no staging replace directives found in $gomod"
+	{
+		echo "module faultline.local/testenv/kube"
+		echo
+		echo "go 1.26"
+		echo
+		echo "require k8s.io/kubernetes $KUBE_VERSION"
+		echo
+		echo "replace ("
+		local m
+		for m in $staging; do
+			echo "	$m => $m $KUBE_STAGING_VERSION"
+		done
+		echo ")"
+	} >"$build/go.mod"
+	cat >"$build/tools.go" <<'EOF'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+)
+EOF
+	local ldflags
+	ldflags=$(kube_ldflags)
+	(cd "$build" && GOFLAGS=-mod=mod go mod tidy >&2) || die "go mod tidy failed in $build"
+	local cmd
+	for cmd in kube-apiserver kube-controller-manager; do
+		[ -x "$out/$cmd" ] && continue
+		(cd "$build" && go build -trimpath -ldflags "$ldflags" -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd" >&2) ||
+			die "building $cmd failed"
+		mv "$out/$cmd.tmp" "$out/$cmd"
+	done
+}
+
+build_kwok() {
+	local out=$1
+	if [ ! -x "$out/kwok" ]; then
+		log "building kwok $KWOK_VERSION (about 2.5 min cold)"
+		local tmpbin="$CACHE/build/kwok-$KWOK_VERSION-bin"
+		rm -rf "$tmpbin"
+		mkdir -p "$tmpbin"
+		GOBIN="$tmpbin" GOFLAGS=-mod=mod go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" >&2
+		mv "$tmpbin/kwok" "$out/kwok"
+		rm -rf "$tmpbin"
+	fi
+	if [ ! -f "$out/stages/.complete" ]; then
+		local moddir
+		moddir=$(cd "$CACHE/build" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" |
+			sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
+		[ -d "$moddir/kustomize/stage" ] || die "kwok module has no kustomize/stage ($moddir)"
+		rm -rf "$out/stages"
+		mkdir -p "$out/stages"
+		local s f
+		for s in node-initialize node-heartbeat pod-ready pod-complete pod-delete; do
+			f=$(find "$moddir/kustomize/stage" -name "$s.yaml" | head -n 1)
+			[ -n "$f" ] || die "kwok stage $s.yaml not found under $moddir/kustomize/stage"
+			cp "$f" "$out/stages/$s.yaml"
+			chmod 0644 "$out/stages/$s.yaml"
+		done
+		touch "$out/stages/.complete"
+	fi
+}
+
+install_kube() {
+	local out="$CACHE/kube/$KUBE_VERSION"
+	mkdir -p "$out" "$CACHE/build"
+	command -v go >/dev/null || die "go is not on PATH"
+	build_etcd "$out"
+	build_kube "$out"
+	build_kwok "$out"
+	echo "testenv: kube $KUBE_VERSION (etcd $ETCD_VERSION, kwok $KWOK_VERSION) $out"
+}
+
+# ---------------------------------------------------------------------- main
+
+main() {
+	local targets=("$@")
+	[ ${#targets[@]} -eq 0 ] && targets=(all)
+	local t
+	for t in "${targets[@]}"; do
+		case $t in
+		clickhouse) with_lock clickhouse install_clickhouse ;;
+		kafka) with_lock kafka install_kafka ;;
+		kube) with_lock kube install_kube ;;
+		all)
+			with_lock clickhouse install_clickhouse
+			with_lock kafka install_kafka
+			with_lock kube install_kube
+			;;
+		*) die "unknown component '$t' (want kafka, clickhouse, kube or all)" ;;
+		esac
+	done
+}
+
+main "$@"
