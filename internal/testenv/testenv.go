@@ -1,0 +1,312 @@
+// Package testenv starts real Kafka, ClickHouse and Kubernetes servers for
+// integration tests.
+//
+// Every server runs as a child process of the test binary, listens only on
+// free 127.0.0.1 ports, keeps its data and logs in the test's temporary
+// directory, and is stopped by t.Cleanup. When a test fails, the tail of each
+// server's log is printed with the test output.
+//
+// The binaries come from scripts/testenv/install.sh and are found through
+// environment variables (set them with `eval "$(scripts/testenv/env.sh)"`),
+// else in the default cache ${FAULTLINE_CACHE:-$HOME/.cache/faultline}:
+//
+//	FAULTLINE_KAFKA_LIBS       directory of Kafka broker jars
+//	FAULTLINE_CLICKHOUSE_BIN   clickhouse-server (or the multi-call clickhouse) binary
+//	FAULTLINE_KUBE_ASSETS      directory with etcd, kube-apiserver,
+//	                           kube-controller-manager, kwok and stages/
+//	FAULTLINE_JAVA             java binary (default: java on PATH)
+//
+// When a binary is missing the test is skipped with a message naming the
+// install command, except when CI is set or FAULTLINE_REQUIRE_SERVERS=1: then
+// it fails, so that CI never passes by skipping.
+//
+// Typical use:
+//
+//	func TestStore(t *testing.T) {
+//		k := testenv.StartKafka(t)
+//		ch := testenv.StartClickHouse(t)
+//		db := ch.DB(t)
+//		cl := k.Client(t, kgo.ConsumeTopics("events"))
+//		...
+//	}
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Versions installed by scripts/testenv/install.sh; keep them in step.
+const (
+	// KafkaVersion is the Apache Kafka release whose jars are looked up in the cache.
+	KafkaVersion = "4.1.1"
+	// KubeVersion is the kube-apiserver release looked up in the cache.
+	KubeVersion = "v1.34.4"
+)
+
+// installHint is printed when a server binary is missing.
+const installHint = "scripts/testenv/install.sh"
+
+// CacheDir returns ${FAULTLINE_CACHE:-$HOME/.cache/faultline}.
+func CacheDir() string {
+	if d := os.Getenv("FAULTLINE_CACHE"); d != "" {
+		return d
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return filepath.Join(os.TempDir(), "faultline-cache")
+	}
+	return filepath.Join(home, ".cache", "faultline")
+}
+
+// serversRequired reports whether a missing server must fail the test
+// instead of skipping it: in CI, or when FAULTLINE_REQUIRE_SERVERS=1.
+func serversRequired() bool {
+	return os.Getenv("CI") != "" || os.Getenv("FAULTLINE_REQUIRE_SERVERS") == "1"
+}
+
+// missing skips (or, in CI, fails) the test because a server is not installed.
+func missing(tb testing.TB, component, what string) {
+	tb.Helper()
+	msg := fmt.Sprintf("testenv: %s not installed (%s); run `%s %s` and `eval \"$(scripts/testenv/env.sh)\"`",
+		component, what, installHint, component)
+	if serversRequired() {
+		tb.Fatal(msg + " (CI or FAULTLINE_REQUIRE_SERVERS=1: not skipping)")
+	}
+	tb.Skip(msg)
+}
+
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func freePort(tb testing.TB) int {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("testenv: find free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// isExecutable reports whether path is a regular file with an execute bit.
+func isExecutable(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
+}
+
+// process is one server child process with its log file. It can be started
+// again after it exits, with the same command line.
+type process struct {
+	name    string
+	path    string
+	args    []string
+	env     []string
+	dir     string
+	logPath string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+	err  error         // cmd.Wait result, valid after done is closed
+}
+
+// start launches the process, appending its output to logPath.
+func (p *process) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		select {
+		case <-p.done:
+		default:
+			return fmt.Errorf("%s is already running", p.name)
+		}
+	}
+	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("open %s log: %w", p.name, err)
+	}
+	fmt.Fprintf(logf, "\n==== testenv: %s start %s: %s %s\n", p.name, time.Now().Format(time.RFC3339Nano), p.path, strings.Join(p.args, " "))
+	cmd := exec.Command(p.path, p.args...)
+	cmd.Dir = p.dir
+	cmd.Env = append(os.Environ(), p.env...)
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	// Own process group, so a signal reaches any children; and die with
+	// the test binary if it is killed without running its cleanups.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start %s: %w", p.name, err)
+	}
+	done := make(chan struct{})
+	p.cmd, p.done = cmd, done
+	go func() {
+		err := cmd.Wait()
+		fmt.Fprintf(logf, "==== testenv: %s exited %s: %v\n", p.name, time.Now().Format(time.RFC3339Nano), err)
+		logf.Close()
+		p.mu.Lock()
+		p.err = err
+		p.mu.Unlock()
+		close(done)
+	}()
+	return nil
+}
+
+// running reports whether the process was started and has not exited.
+func (p *process) running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// exited returns a channel closed when the current run exits, or nil if
+// the process was never started.
+func (p *process) exited() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done
+}
+
+// stop sends sig to the process group and waits up to grace for the exit,
+// then kills it. It is a no-op when the process is not running.
+func (p *process) stop(sig syscall.Signal, grace time.Duration) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	select {
+	case <-done:
+		return
+	default:
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, sig)
+	select {
+	case <-done:
+		return
+	case <-time.After(grace):
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	<-done
+}
+
+// exitErr describes how the process ended, for error messages.
+func (p *process) exitErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err == nil {
+		return errors.New("exited with status 0")
+	}
+	return p.err
+}
+
+// logTail returns the last n lines of the process log.
+func (p *process) logTail(n int) string {
+	f, err := os.Open(p.logPath)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	defer f.Close()
+	ring := make([]string, 0, n)
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		if len(ring) == n {
+			ring = ring[1:]
+		}
+		ring = append(ring, sc.Text())
+	}
+	return strings.Join(ring, "\n")
+}
+
+// group is the set of processes of one server, with the cleanup that
+// prints their logs when the test failed.
+type group struct {
+	tb    testing.TB
+	procs []*process
+}
+
+// newGroup registers a cleanup that prints the tail of every process log
+// if the test failed. Register it before the cleanup that stops the
+// processes, so the logs include the shutdown.
+func newGroup(tb testing.TB) *group {
+	g := &group{tb: tb}
+	tb.Cleanup(func() {
+		if !tb.Failed() && os.Getenv("FAULTLINE_TESTENV_LOGS") == "" {
+			return
+		}
+		for _, p := range g.procs {
+			tb.Logf("testenv: last lines of %s log (%s):\n%s", p.name, p.logPath, p.logTail(logTailLines))
+		}
+	})
+	return g
+}
+
+// logTailLines is how much of each server log a failed test prints.
+const logTailLines = 120
+
+func (g *group) add(p *process) *process {
+	g.procs = append(g.procs, p)
+	return p
+}
+
+// waitReady polls check every interval until it succeeds, p exits, or
+// timeout passes.
+func waitReady(p *process, timeout time.Duration, check func(ctx context.Context) error) error {
+	deadline := time.Now().Add(timeout)
+	exited := p.exited()
+	var last error
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		last = check(ctx)
+		cancel()
+		if last == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready after %s: %w", p.name, timeout, last)
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("%s %v before it was ready (last check: %v)", p.name, p.exitErr(), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// writeFile writes data to path or fails the test.
+func writeFile(tb testing.TB, path string, data []byte, perm os.FileMode) {
+	tb.Helper()
+	if err := os.WriteFile(path, data, perm); err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+}
+
+// mkdirs creates the directories or fails the test.
+func mkdirs(tb testing.TB, dirs ...string) {
+	tb.Helper()
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			tb.Fatalf("testenv: %v", err)
+		}
+	}
+}

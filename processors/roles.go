@@ -1,0 +1,122 @@
+// Package processors is the table of processor roles run by
+// `faultline process --role=a,b` and by `faultline dev`. Every role has the
+// same shape (pipeline.Runner: consume, handle, produce/act, commit); a role
+// only supplies its topics and its Handler.
+package processors
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/processors/pipeline"
+)
+
+// Config is the configuration of every role; each role reads its own part.
+// Role packages add their config struct as a field here, with flag
+// registration in RegisterFlags and a check in Validate.
+type Config struct {
+	// Roles to run: names from the roles table, or "all".
+	Roles string `toml:"roles"`
+}
+
+// DefaultConfig returns the defaults of every role.
+func DefaultConfig() Config {
+	return Config{Roles: "all"}
+}
+
+// RegisterFlags adds every role's flags.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Roles, "role", c.Roles, "comma-separated processor roles to run ("+strings.Join(Names(), ", ")+") or all")
+}
+
+// Validate names the first bad key.
+func (c Config) Validate() error {
+	if _, err := c.Selected(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Selected returns the roles named by Roles, in table order.
+func (c Config) Selected() ([]Role, error) {
+	if strings.TrimSpace(c.Roles) == "all" {
+		return roles, nil
+	}
+	var out []Role
+	for _, name := range strings.Split(c.Roles, ",") {
+		name = strings.TrimSpace(name)
+		i := slices.IndexFunc(roles, func(r Role) bool { return r.Name == name })
+		if i < 0 {
+			return nil, fmt.Errorf("role: unknown role %q (known: %s, all)", name, strings.Join(Names(), ", "))
+		}
+		out = append(out, roles[i])
+	}
+	return out, nil
+}
+
+// Deps are the shared things roles are built from.
+type Deps struct {
+	Log      *slog.Logger
+	Registry prometheus.Registerer
+	Kafka    kafka.Config
+	Metrics  *pipeline.Metrics
+}
+
+// Role is one entry of the roles table.
+type Role struct {
+	Name string
+	// Topics the role consumes.
+	Topics []string
+	// New builds the role's handler; the closer (may be nil) is closed
+	// after the runner stops.
+	New func(ctx context.Context, cfg Config, deps Deps) (pipeline.Handler, io.Closer, error)
+}
+
+// roles is the fixed table of processor roles, in start order.
+var roles = []Role{}
+
+// Names lists the role names.
+func Names() []string {
+	out := make([]string, 0, len(roles))
+	for _, r := range roles {
+		out = append(out, r.Name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Run builds and runs the selected roles until ctx ends or one fails.
+func Run(ctx context.Context, cfg Config, deps Deps) error {
+	sel, err := cfg.Selected()
+	if err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for _, r := range sel {
+		h, closer, err := r.New(gctx, cfg, deps)
+		if err != nil {
+			return fmt.Errorf("role %s: %w", r.Name, err)
+		}
+		runner := pipeline.NewRunner(pipeline.Config{Role: r.Name, Topics: r.Topics}, deps.Kafka, h, deps.Log, deps.Metrics)
+		g.Go(func() error {
+			if closer != nil {
+				defer closer.Close()
+			}
+			if err := runner.Run(gctx); err != nil {
+				return fmt.Errorf("role %s: %w", r.Name, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
