@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/faultline/faultline/gateway"
+	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/processors"
+	"github.com/faultline/faultline/processors/pipeline"
+)
+
+// DevConfig configures the all-in-one mode.
+type DevConfig struct {
+	// Dir holds all state (Kafka log, ClickHouse data, tokens). Default .faultline.
+	Dir string `toml:"dir"`
+	// Cluster is the name of the local cluster whose token is written to
+	// Dir/dev-token. Default dev.
+	Cluster string `toml:"cluster"`
+	// KafkaPort of the embedded broker. Default 9192.
+	KafkaPort int `toml:"kafka_port"`
+	// Kubeconfig of the dev cluster; empty means dry-run (decide and record,
+	// apply nothing).
+	Kubeconfig string `toml:"kubeconfig"`
+}
+
+// DefaultDevConfig returns the defaults documented on DevConfig.
+func DefaultDevConfig() DevConfig {
+	return DevConfig{Dir: ".faultline", Cluster: "dev", KafkaPort: 9192}
+}
+
+func (c *DevConfig) registerFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Dir, "dir", c.Dir, "state directory")
+	fs.StringVar(&c.Cluster, "cluster", c.Cluster, "name of the local cluster")
+	fs.IntVar(&c.KafkaPort, "kafka-port", c.KafkaPort, "port of the embedded Kafka broker")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig of the local cluster (empty: dry-run)")
+}
+
+func (c DevConfig) validate() error {
+	switch {
+	case c.Dir == "":
+		return errors.New("dev.dir: required")
+	case c.Cluster == "":
+		return errors.New("dev.cluster: required")
+	case c.KafkaPort < 0 || c.KafkaPort > 65535:
+		return fmt.Errorf("dev.kafka_port: %d is not a port", c.KafkaPort)
+	}
+	return nil
+}
+
+func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg := DefaultConfig()
+	if _, err := config.Load("faultline dev", args, &cfg, func(fs *flag.FlagSet) {
+		cfg.registerLogFlags(fs)
+		cfg.Dev.registerFlags(fs)
+		cfg.Gateway.RegisterFlags(fs)
+		cfg.Processors.RegisterFlags(fs)
+	}, func() error {
+		if err := cfg.Dev.validate(); err != nil {
+			return err
+		}
+		cfg.Gateway.TokensFile = filepath.Join(cfg.Dev.Dir, "tokens")
+		return cfg.Processors.Validate()
+	}, stderr); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(cfg.Dev.Dir, 0o750); err != nil {
+		return fmt.Errorf("dev.dir: %w", err)
+	}
+	if _, err := devToken(cfg.Dev); err != nil {
+		return err
+	}
+
+	broker, err := kfake.NewCluster(
+		kfake.Ports(cfg.Dev.KafkaPort),
+		kfake.DataDir(filepath.Join(cfg.Dev.Dir, "kafka")),
+		kfake.SyncWrites(),
+		kfake.SeedTopics(int32(cfg.Kafka.Partitions), kafka.PipelineTopics...),
+	)
+	if err != nil {
+		return fmt.Errorf("embedded kafka on port %d: %w", cfg.Dev.KafkaPort, err)
+	}
+	defer broker.Close()
+	cfg.Kafka.Brokers = strings.Join(broker.ListenAddrs(), ",")
+	log.Info("embedded kafka started", "addr", cfg.Kafka.Brokers, "data", filepath.Join(cfg.Dev.Dir, "kafka"))
+
+	reg := newRegistry()
+	gw, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{})
+	if err != nil {
+		return err
+	}
+	if err := gw.Listen(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "faultline dev: REST http://%s  gRPC %s  cluster %q  token in %s\n",
+		gw.HTTPAddr(), gw.GRPCAddr(), cfg.Dev.Cluster, filepath.Join(cfg.Dev.Dir, "dev-token"))
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return gw.Run(gctx) })
+	g.Go(func() error {
+		return processors.Run(gctx, cfg.Processors, processors.Deps{
+			Log: log, Registry: reg, Kafka: cfg.Kafka, Metrics: pipeline.NewMetrics(reg),
+		})
+	})
+	return g.Wait()
+}
+
+// devToken returns the local cluster's token, creating it (and the tokens
+// file the gateway reads) on first start.
+func devToken(c DevConfig) (string, error) {
+	path := filepath.Join(c.Dir, "dev-token")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		raw := make([]byte, 24)
+		if _, err := rand.Read(raw); err != nil {
+			return "", err
+		}
+		b = []byte(hex.EncodeToString(raw))
+		if err := os.WriteFile(path, append(b, '\n'), 0o600); err != nil {
+			return "", fmt.Errorf("write dev token: %w", err)
+		}
+	} else if err != nil {
+		return "", fmt.Errorf("read dev token: %w", err)
+	}
+	token := strings.TrimSpace(string(b))
+	line := fmt.Sprintf("# written by faultline dev\n%s,%s\n", token, c.Cluster)
+	if err := os.WriteFile(filepath.Join(c.Dir, "tokens"), []byte(line), 0o600); err != nil {
+		return "", fmt.Errorf("write tokens file: %w", err)
+	}
+	return token, nil
+}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/processors"
+	"github.com/faultline/faultline/processors/pipeline"
+)
+
+func runProcess(ctx context.Context, args []string, _, stderr io.Writer) error {
+	cfg := DefaultConfig()
+	metricsAddr := "127.0.0.1:9464"
+	if _, err := config.Load("faultline process", args, &cfg, func(fs *flag.FlagSet) {
+		cfg.registerLogFlags(fs)
+		cfg.Kafka.RegisterFlags(fs, "kafka.")
+		cfg.Processors.RegisterFlags(fs)
+		fs.StringVar(&metricsAddr, "metrics-addr", metricsAddr, "address of /metrics and /healthz (empty: off)")
+	}, func() error {
+		if err := cfg.Kafka.Validate("kafka."); err != nil {
+			return err
+		}
+		return cfg.Processors.Validate()
+	}, stderr); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	if err != nil {
+		return err
+	}
+	reg := newRegistry()
+	cl, err := kafka.NewClient(cfg.Kafka, log)
+	if err != nil {
+		return err
+	}
+	err = kafka.EnsureTopics(ctx, cl, cfg.Kafka, kafka.PipelineTopics...)
+	cl.Close()
+	if err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	if metricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+		srv := &http.Server{Addr: metricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		g.Go(func() error { return serveErr(srv.ListenAndServe()) })
+		g.Go(func() error {
+			<-gctx.Done()
+			return srv.Close()
+		})
+	}
+	g.Go(func() error {
+		return processors.Run(gctx, cfg.Processors, processors.Deps{
+			Log: log, Registry: reg, Kafka: cfg.Kafka, Metrics: pipeline.NewMetrics(reg),
+		})
+	})
+	return g.Wait()
+}

@@ -1,0 +1,37 @@
+package gateway
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the gateway's Prometheus metrics.
+type metrics struct {
+	requests       *prometheus.CounterVec
+	accepted       *prometheus.CounterVec
+	rejects        *prometheus.CounterVec
+	produceLatency prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "faultline_gateway_requests_total", Help: "Requests by door, method and status code.",
+		}, []string{"door", "method", "code"}),
+		accepted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "faultline_gateway_events_accepted_total", Help: "Events acknowledged by Kafka and answered with success.",
+		}, []string{"cluster", "method"}),
+		rejects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "faultline_gateway_events_rejected_total", Help: "Events refused, by reason.",
+		}, []string{"reason"}),
+		produceLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "faultline_gateway_produce_seconds", Help: "Time from produce to Kafka acknowledgement of a batch.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+	}
+	reg.MustRegister(m.requests, m.accepted, m.rejects, m.produceLatency)
+	return m
+}
+
+func (m *metrics) rejected(reason string, n int) {
+	m.rejects.WithLabelValues(reason).Add(float64(max(n, 1)))
+}

@@ -1,0 +1,108 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// Produce errors a caller maps to a status.
+var (
+	// ErrOverloaded: the producer buffer cannot take the batch (429).
+	ErrOverloaded = errors.New("producer buffer full")
+	// ErrUnavailable: Kafka did not acknowledge in time (503).
+	ErrUnavailable = errors.New("kafka unavailable")
+)
+
+// Producer writes accepted events to Kafka: idempotent, acks=all, keyed
+// cluster/node.
+type Producer struct {
+	cl         *kgo.Client
+	maxBuffer  int
+	timeout    time.Duration
+	log        *slog.Logger
+	bufferedMu sync.Mutex
+}
+
+// NewProducer connects a producer client.
+func NewProducer(kcfg kafka.Config, cfg Config, log *slog.Logger) (*Producer, error) {
+	cl, err := kafka.NewClient(kcfg, log,
+		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotent writes are the default with acks=all
+		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
+		kgo.RecordDeliveryTimeout(cfg.ProduceTimeout),
+		kgo.ProducerLinger(time.Millisecond),
+		kgo.ProducerBatchCompression(kgo.Lz4Compression(), kgo.NoCompression()),
+		kgo.DefaultProduceTopic(events.TopicEvents),
+	)
+	if err != nil {
+		return nil, err
+	}
+	return &Producer{cl: cl, maxBuffer: cfg.MaxBufferedRecords, timeout: cfg.ProduceTimeout, log: log}, nil
+}
+
+// Produce writes the events and returns once Kafka acknowledged every one,
+// or an error wrapping ErrOverloaded or ErrUnavailable. A batch that does not
+// fit in the buffer is refused whole before anything is produced.
+func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) error {
+	recs := make([]*kgo.Record, len(evs))
+	for i, ev := range evs {
+		v, err := events.Marshal(ev)
+		if err != nil {
+			return fmt.Errorf("encode event %d: %w", i, err)
+		}
+		recs[i] = &kgo.Record{Key: events.Key(ev.GetCluster(), ev.GetNodeName()), Value: v}
+	}
+	// Reserve buffer space for the whole batch under a lock so concurrent
+	// requests cannot both pass the check and then half-fail.
+	p.bufferedMu.Lock()
+	if int(p.cl.BufferedProduceRecords())+len(recs) > p.maxBuffer {
+		p.bufferedMu.Unlock()
+		return fmt.Errorf("%w: %d records buffered, batch of %d does not fit", ErrOverloaded, p.cl.BufferedProduceRecords(), len(recs))
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		errMu    sync.Mutex
+		firstErr error
+	)
+	wg.Add(len(recs))
+	for _, r := range recs {
+		p.cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+			if err != nil {
+				errMu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				errMu.Unlock()
+			}
+			wg.Done()
+		})
+	}
+	p.bufferedMu.Unlock()
+	wg.Wait()
+	if firstErr != nil {
+		return fmt.Errorf("%w: %v", ErrUnavailable, firstErr)
+	}
+	return nil
+}
+
+// Ping reports whether a broker answers.
+func (p *Producer) Ping(ctx context.Context) error { return p.cl.Ping(ctx) }
+
+// Close flushes what is buffered (bounded by ctx) and closes the client.
+func (p *Producer) Close(ctx context.Context) {
+	if err := p.cl.Flush(ctx); err != nil {
+		p.log.Warn("flush on shutdown incomplete", "err", err)
+	}
+	p.cl.Close()
+}
