@@ -1,0 +1,586 @@
+package nic
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/agents/topology"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// Agent is the agent name stamped on NIC events (NVSentinel's name).
+const Agent = "nic-health-monitor"
+
+// ComponentClass of NIC events.
+const ComponentClass = "NIC"
+
+// NIC is a discovered device with its classification.
+type NIC struct {
+	Device
+	Role      Role   `json:"role"`
+	Monitored bool   `json:"monitored"`
+	Reason    string `json:"reason"`
+}
+
+// Check is the NIC check. It is not safe for concurrent use: the runner
+// calls Check from one goroutine.
+type Check struct {
+	cfg     Config
+	log     *slog.Logger
+	now     func() time.Time
+	r       *sysReader
+	cls     *classifier
+	enabled map[string]bool
+	bootID  string
+
+	st        *persisted
+	fresh     bool // no usable persisted state: the next poll is a first poll
+	lastSaved []byte
+	nics      map[string]*NIC
+	names     []string
+}
+
+// Options are the collaborators of a Check.
+type Options struct {
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// New builds the check: it loads the GPU metadata (a hard dependency: a
+// missing file, an empty nic_topology or no GPU NUMA information is an
+// error wrapping ErrMetadata), resolves the default route, reads the boot
+// id and loads the state file.
+func New(cfg Config, opt Options) (*Check, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := opt.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("check", "nic")
+	now := opt.Now
+	if now == nil {
+		now = time.Now
+	}
+	var md *topology.Metadata
+	if cfg.InclusionRegexOverride == "" {
+		var err error
+		if md, err = loadMetadata(cfg.MetadataPath); err != nil {
+			return nil, err
+		}
+	}
+	r, err := newSysReader(cfg.SysfsRoot, log)
+	if err != nil {
+		return nil, err
+	}
+	iface, routeDev := defaultRouteDevice(cfg.ProcNetRoute, cfg.SysfsRoot)
+	if iface != "" {
+		log.Info("default route", "iface", iface, "ib_device", routeDev)
+	}
+	cls, err := newClassifier(&cfg, md, routeDev)
+	if err != nil {
+		return nil, err
+	}
+	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}}
+	for _, n := range cfg.Checks {
+		if !slices.Contains(AllChecks, n) {
+			log.Warn("unknown NIC sub-check skipped", "name", n)
+			continue
+		}
+		c.enabled[n] = true
+	}
+	c.bootID = readBootID(cfg.BootIDPath)
+	if c.bootID == "" {
+		log.Warn("boot id unreadable: reboots cannot be told from restarts", "path", cfg.BootIDPath)
+	}
+	var reason string
+	c.st, reason = loadState(cfg.StateFile, c.bootID)
+	c.fresh = reason != ""
+	if c.fresh {
+		log.Info("NIC state starts fresh: healthy baselines will be emitted", "reason", reason)
+	} else {
+		log.Info("NIC state restored", "ports", len(c.st.Ports), "known_devices", len(c.st.KnownDevices))
+	}
+	return c, nil
+}
+
+// Name implements check.Check.
+func (c *Check) Name() string { return "nic" }
+
+// Interval is the configured polling interval.
+func (c *Check) Interval() time.Duration { return c.cfg.PollInterval }
+
+// Check implements check.Check: one poll.
+func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
+	_, evs, err := c.Poll(ctx)
+	return evs, err
+}
+
+// NICs returns the devices as of the last poll, sorted by name.
+func (c *Check) NICs() []NIC {
+	out := make([]NIC, 0, len(c.nics))
+	for _, n := range slices.Sorted(maps.Keys(c.nics)) {
+		out = append(out, *c.nics[n])
+	}
+	return out
+}
+
+// Poll reads sysfs once, updates and persists the state, and returns the
+// devices and the events of this poll.
+func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	names, err := c.r.names()
+	if err != nil {
+		return nil, nil, err
+	}
+	// Discovery only for devices not seen before; the rest read the hot path.
+	present := make(map[string]bool, len(names))
+	for _, n := range names {
+		present[n] = true
+		if _, ok := c.nics[n]; ok {
+			continue
+		}
+		d, err := c.r.discover(n)
+		if err != nil {
+			c.log.Warn("device unreadable", "device", n, "err", err)
+			continue
+		}
+		role, why := c.cls.classify(d)
+		c.nics[n] = &NIC{Device: *d, Role: role, Monitored: role.Monitored(), Reason: why}
+		c.log.Info("NIC discovered", "device", n, "role", role, "reason", why, "pci", d.PCIAddress, "numa", d.NUMANode, "link_layer", d.LinkLayer)
+	}
+	for n := range c.nics {
+		if !present[n] {
+			delete(c.nics, n)
+		}
+	}
+	stateOn := func(ll string) bool {
+		if ll == "Ethernet" {
+			return c.enabled[EthernetStateCheck]
+		}
+		return c.enabled[InfiniBandStateCheck]
+	}
+	degrOn := func(ll string) bool {
+		if ll == "Ethernet" {
+			return c.enabled[EthernetDegradationCheck]
+		}
+		return c.enabled[InfiniBandDegradationCheck]
+	}
+	for _, n := range c.nics {
+		if !n.Monitored {
+			continue
+		}
+		for i := range n.Ports {
+			c.r.readState(&n.Ports[i])
+			if degrOn(n.Ports[i].LinkLayer) {
+				c.r.readCounters(&n.Ports[i])
+			}
+		}
+	}
+
+	now := timestamppb.New(c.now())
+	var out []*datamodels.HealthEvent
+	emit := func(ev *datamodels.HealthEvent) {
+		ev.GeneratedTimestamp = now
+		out = append(out, ev)
+	}
+
+	// Device disappearance and reappearance (§7).
+	for _, name := range slices.Sorted(maps.Keys(c.st.KnownDevices)) {
+		ll := c.st.KnownDevices[name]
+		gone := slices.Contains(c.st.Disappeared, name)
+		nic, ok := c.nics[name]
+		if !ok && !gone {
+			c.st.Disappeared = append(c.st.Disappeared, name)
+			c.log.Error("NIC disappeared", "device", name)
+			if stateOn(ll) {
+				emit(deviceEvent(name, ll, false))
+			}
+		} else if ok && gone && nic.Monitored {
+			c.st.Disappeared = slices.DeleteFunc(c.st.Disappeared, func(s string) bool { return s == name })
+			c.log.Info("NIC present again", "device", name)
+			if stateOn(ll) {
+				emit(deviceEvent(name, ll, true))
+			}
+		}
+	}
+	for _, n := range c.nics {
+		if n.Monitored {
+			c.st.KnownDevices[n.Name] = n.LinkLayer
+		}
+	}
+
+	// Card homogeneity per role (§4.3): reported on a first poll; a
+	// reported card is cleared once it is back at the expected count.
+	cards := c.cards()
+	anomalous := map[string]bool{}
+	for _, grp := range groupByRole(cards) {
+		mode := modeActive(grp)
+		for _, cd := range grp {
+			if cd.active < mode {
+				anomalous[cd.addr] = true
+				if c.fresh && stateOn(cd.linkLayer) {
+					c.st.AnomalousCards[cd.addr] = &cardFlag{Role: cd.role, Expected: mode, Devices: cd.devices, LinkLayer: cd.linkLayer}
+					c.log.Error("card below peer mode", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode)
+					emit(cardEvent(cd, mode, false))
+				}
+			}
+		}
+	}
+	if !c.fresh {
+		for _, addr := range slices.Sorted(maps.Keys(c.st.AnomalousCards)) {
+			f := c.st.AnomalousCards[addr]
+			cd, ok := cards[addr]
+			if ok && cd.active >= f.Expected {
+				delete(c.st.AnomalousCards, addr)
+				emit(cardEvent(cd, f.Expected, true))
+			}
+		}
+	}
+
+	// Per-port boundary crossings (§3.4) and counters (Appendix A).
+	for _, name := range slices.Sorted(maps.Keys(c.nics)) {
+		n := c.nics[name]
+		if !n.Monitored {
+			continue
+		}
+		for i := range n.Ports {
+			p := &n.Ports[i]
+			if p.ReadError != "" {
+				c.log.Warn("port unreadable", "device", p.Device, "port", p.Port, "err", p.ReadError)
+				continue
+			}
+			key := portKey(p.Device, p.Port)
+			prev := c.st.Ports[key]
+			if stateOn(p.LinkLayer) {
+				if ev := c.transition(n, p, prev, anomalous[n.Card]); ev != nil {
+					emit(ev)
+				}
+			}
+			ps := c.st.Ports[key]
+			if ps == nil {
+				ps = &portState{LinkLayer: p.LinkLayer}
+			}
+			if degrOn(p.LinkLayer) {
+				for _, ev := range counterEvents(p, ps) {
+					emit(ev)
+				}
+				ps.Counters = maps.Clone(p.Counters)
+			}
+			if ps.Level != "" || len(ps.Counters) > 0 {
+				c.st.Ports[key] = ps
+			}
+		}
+	}
+
+	c.fresh = false
+	if err := c.st.save(c.cfg.StateFile, &c.lastSaved); err != nil {
+		c.log.Error("NIC state not persisted", "err", err)
+	}
+	return c.NICs(), out, nil
+}
+
+// transition applies §3.4 to one port, updates its snapshot and returns the
+// event to emit, if any.
+func (c *Check) transition(n *NIC, p *Port, prev *portState, cardAnomalous bool) *datamodels.HealthEvent {
+	level, stName, phName := evaluate(p)
+	key := portKey(p.Device, p.Port)
+	if level == "" { // Ethernet INIT/ARMED: transient, not reported, snapshot kept
+		c.log.Debug("RoCE port transient state not reported", "device", p.Device, "port", p.Port, "state", stName, "phys_state", phName)
+		return nil
+	}
+	next := &portState{State: p.State, PhysState: p.PhysicalState, LinkLayer: p.LinkLayer, Level: level}
+	if prev != nil {
+		next.Counters, next.Breached = prev.Counters, prev.Breached
+	}
+	c.st.Ports[key] = next
+	if prev == nil || prev.Level == "" {
+		// First observation: a first poll (fresh node, reboot, corrupt
+		// state) or a port that appeared since. Healthy → baseline;
+		// unhealthy → reported only on a card below its peer mode
+		// (otherwise an uncabled port, suppressed).
+		if level == levelHealthy {
+			return portEvent(n, p, level, stName, phName)
+		}
+		if cardAnomalous {
+			return portEvent(n, p, level, stName, phName)
+		}
+		c.log.Info("unhealthy port on a card at peer mode: uncabled, not reported", "device", p.Device, "port", p.Port, "state", stName, "phys_state", phName)
+		return nil
+	}
+	switch {
+	case prev.Level == level:
+		return nil
+	case level == levelHealthy:
+		return portEvent(n, p, level, stName, phName)
+	case prev.Level == levelHealthy:
+		return portEvent(n, p, level, stName, phName)
+	case prev.Level == levelNonFatal && level == levelFatal:
+		// Escalation within unhealthy: reported so a port that went
+		// INIT → DOWN is known fatal (the seed's "unhealthy → unhealthy,
+		// no event" is kept for same-severity and de-escalating changes).
+		return portEvent(n, p, level, stName, phName)
+	default:
+		return nil
+	}
+}
+
+// stateName strips the numeric id: "4: ACTIVE" → "ACTIVE".
+func stateName(raw string) (int, string) {
+	id, name, ok := strings.Cut(raw, ":")
+	if !ok {
+		return -1, strings.TrimSpace(raw)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(id))
+	if err != nil {
+		n = -1
+	}
+	return n, strings.TrimSpace(name)
+}
+
+// Kernel ids of the states that decide health.
+const (
+	stateDown    = 1
+	stateInit    = 2
+	stateArmed   = 3
+	stateActive  = 4
+	physDisabled = 3
+	physLinkUp   = 5
+)
+
+// evaluate returns the health level of a port ("" for a RoCE INIT/ARMED
+// transient that is not reported).
+func evaluate(p *Port) (level, st, ph string) {
+	sid, st := stateName(p.State)
+	pid, ph := stateName(p.PhysicalState)
+	switch {
+	case sid == stateActive && pid == physLinkUp:
+		return levelHealthy, st, ph
+	case sid == stateDown || pid == physDisabled:
+		return levelFatal, st, ph
+	case p.LinkLayer == "Ethernet" && (sid == stateInit || sid == stateArmed):
+		return "", st, ph
+	default:
+		return levelNonFatal, st, ph
+	}
+}
+
+func checkName(linkLayer string, degradation bool) string {
+	switch {
+	case linkLayer == "Ethernet" && degradation:
+		return EthernetDegradationCheck
+	case linkLayer == "Ethernet":
+		return EthernetStateCheck
+	case degradation:
+		return InfiniBandDegradationCheck
+	default:
+		return InfiniBandStateCheck
+	}
+}
+
+func portEntities(dev string, port uint) []*datamodels.Entity {
+	return []*datamodels.Entity{
+		{EntityType: events.EntityNIC, EntityValue: dev},
+		{EntityType: events.EntityNICPort, EntityValue: strconv.FormatUint(uint64(port), 10)},
+	}
+}
+
+func newEvent(check, msg string, fatal, healthy bool, ents []*datamodels.Entity, md map[string]string) *datamodels.HealthEvent {
+	ev := &datamodels.HealthEvent{
+		Version:           1,
+		Agent:             Agent,
+		ComponentClass:    ComponentClass,
+		CheckName:         check,
+		IsFatal:           fatal,
+		IsHealthy:         healthy,
+		Message:           msg,
+		RecommendedAction: datamodels.RecommendedAction_NONE,
+		EntitiesImpacted:  ents,
+		Metadata:          md,
+	}
+	if fatal {
+		ev.RecommendedAction = datamodels.RecommendedAction_REPLACE_VM
+	}
+	return ev
+}
+
+// portEvent builds the consolidated event of §3.4 / §13.1.
+func portEvent(n *NIC, p *Port, level, st, ph string) *datamodels.HealthEvent {
+	prefix := "Port"
+	detail := fmt.Sprintf("state %s, phys_state %s", st, ph)
+	healthy := fmt.Sprintf("healthy (%s, %s)", st, ph)
+	if p.LinkLayer == "Ethernet" {
+		prefix = "RoCE port"
+		op := p.OperState
+		if op == "" {
+			op = "unknown"
+		}
+		detail += ", operstate " + op
+		healthy = fmt.Sprintf("healthy (%s, %s, operstate %s)", st, ph, op)
+	}
+	msg := fmt.Sprintf("%s %s port %d: ", prefix, p.Device, p.Port)
+	if level == levelHealthy {
+		msg += healthy
+	} else {
+		msg += detail
+	}
+	md := map[string]string{
+		"state": p.State, "phys_state": p.PhysicalState, "link_layer": p.LinkLayer,
+		"role": string(n.Role), "pci_address": n.PCIAddress, "hca_type": n.HCAType, "fw_ver": n.FWVersion,
+	}
+	if p.NetDev != "" {
+		md["net_dev"], md["operstate"] = p.NetDev, p.OperState
+	}
+	return newEvent(checkName(p.LinkLayer, false), msg, level == levelFatal, level == levelHealthy, portEntities(p.Device, p.Port), md)
+}
+
+func deviceEvent(name, linkLayer string, back bool) *datamodels.HealthEvent {
+	ents := []*datamodels.Entity{{EntityType: events.EntityNIC, EntityValue: name}}
+	if back {
+		return newEvent(checkName(linkLayer, false), fmt.Sprintf("NIC %s present again in /sys/class/infiniband/", name), false, true, ents, nil)
+	}
+	return newEvent(checkName(linkLayer, false), fmt.Sprintf("NIC %s disappeared from /sys/class/infiniband/ - hardware failure", name), true, false, ents, nil)
+}
+
+// card is one physical card (PCI bus:device) of monitored NICs.
+type card struct {
+	addr      string
+	role      Role
+	linkLayer string
+	devices   []string
+	active    int
+	ports     int
+}
+
+func (c *Check) cards() map[string]*card {
+	out := map[string]*card{}
+	for _, name := range slices.Sorted(maps.Keys(c.nics)) {
+		n := c.nics[name]
+		if !n.Monitored {
+			continue
+		}
+		addr := n.Card
+		if addr == "" {
+			addr = n.Name
+		}
+		cd := out[addr]
+		if cd == nil {
+			cd = &card{addr: addr, role: n.Role, linkLayer: n.LinkLayer}
+			out[addr] = cd
+		}
+		cd.devices = append(cd.devices, n.Name)
+		for i := range n.Ports {
+			cd.ports++
+			if lvl, _, _ := evaluate(&n.Ports[i]); lvl == levelHealthy {
+				cd.active++
+			}
+		}
+	}
+	return out
+}
+
+func groupByRole(cards map[string]*card) [][]*card {
+	by := map[Role][]*card{}
+	for _, addr := range slices.Sorted(maps.Keys(cards)) {
+		cd := cards[addr]
+		by[cd.role] = append(by[cd.role], cd)
+	}
+	var out [][]*card
+	for _, r := range slices.Sorted(maps.Keys(by)) {
+		out = append(out, by[r])
+	}
+	return out
+}
+
+// modeActive is the most common active-port count of a role group; a tie
+// goes to the higher count (a tie means as many cards lost ports as kept
+// them, and the seed prefers reporting to masking).
+func modeActive(grp []*card) int {
+	count := map[int]int{}
+	for _, cd := range grp {
+		count[cd.active]++
+	}
+	best, bestN := 0, -1
+	for v, n := range count {
+		if n > bestN || (n == bestN && v > best) {
+			best, bestN = v, n
+		}
+	}
+	return best
+}
+
+func cardEvent(cd *card, mode int, back bool) *datamodels.HealthEvent {
+	ents := []*datamodels.Entity{{EntityType: events.EntityPCI, EntityValue: cd.addr}}
+	for _, d := range cd.devices {
+		ents = append(ents, &datamodels.Entity{EntityType: events.EntityNIC, EntityValue: d})
+	}
+	md := map[string]string{"role": string(cd.role), "active_ports": strconv.Itoa(cd.active), "expected": strconv.Itoa(mode)}
+	if back {
+		return newEvent(checkName(cd.linkLayer, false), fmt.Sprintf("Card %s (%s) has %d active ports, back at peer mode %d", cd.addr, cd.role, cd.active, mode), false, true, ents, md)
+	}
+	return newEvent(checkName(cd.linkLayer, false), fmt.Sprintf("Card %s (%s) has %d active ports, expected %d (peer mode)", cd.addr, cd.role, cd.active, mode), true, false, ents, md)
+}
+
+// counterEvents applies Appendix A: link_downed reports every increase
+// after a first reading; the other three report once when above 0 and
+// clear when back at 0 (counter reset).
+func counterEvents(p *Port, ps *portState) []*datamodels.HealthEvent {
+	var out []*datamodels.HealthEvent
+	names := make([]string, 0, len(p.Counters))
+	for k := range p.Counters {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		v := p.Counters[name]
+		md := map[string]string{"counter": name, "value": strconv.FormatUint(v, 10), "link_layer": p.LinkLayer}
+		if name == CounterLinkDowned {
+			prev, ok := ps.Counters[name]
+			if ok && v > prev {
+				md["delta"] = strconv.FormatUint(v-prev, 10)
+				ev := newEvent(checkName(p.LinkLayer, true),
+					fmt.Sprintf("Port %s port %d: link_downed increased by %d (now %d)", p.Device, p.Port, v-prev, v),
+					true, false, portEntities(p.Device, p.Port), md)
+				ev.ErrorCode = []string{name}
+				out = append(out, ev)
+			}
+			continue
+		}
+		breached := ps.Breached[name]
+		switch {
+		case v > 0 && !breached:
+			if ps.Breached == nil {
+				ps.Breached = map[string]bool{}
+			}
+			ps.Breached[name] = true
+			ev := newEvent(checkName(p.LinkLayer, true),
+				fmt.Sprintf("Port %s port %d: %s is %d (threshold > 0)", p.Device, p.Port, name, v),
+				true, false, portEntities(p.Device, p.Port), md)
+			ev.ErrorCode = []string{name}
+			out = append(out, ev)
+		case v == 0 && breached:
+			delete(ps.Breached, name)
+			ev := newEvent(checkName(p.LinkLayer, true),
+				fmt.Sprintf("Port %s port %d: %s back at 0", p.Device, p.Port, name),
+				false, true, portEntities(p.Device, p.Port), md)
+			ev.ErrorCode = []string{name}
+			out = append(out, ev)
+		}
+	}
+	return out
+}

@@ -1,0 +1,543 @@
+package nic
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/faultline/faultline/agents/nic/nictest"
+	"github.com/faultline/faultline/agents/topology"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+type env struct {
+	t    testing.TB
+	dir  string
+	tree *nictest.Tree
+	cfg  Config
+}
+
+func setup(t testing.TB, p nictest.Platform) *env {
+	t.Helper()
+	dir := t.TempDir()
+	tree, err := nictest.New(filepath.Join(dir, "sys"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Build(tree); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, dir: dir, tree: tree, cfg: DefaultConfig()}
+	e.cfg.SysfsRoot = tree.Root
+	e.cfg.MetadataPath = filepath.Join(dir, "gpu_metadata.json")
+	if p.Metadata != nil {
+		if err := topology.WriteFile(e.cfg.MetadataPath, p.Metadata); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.cfg.ProcNetRoute, _ = nictest.WriteRoute(filepath.Join(dir, "route"), p.DefaultRoute)
+	e.cfg.BootIDPath = filepath.Join(dir, "boot_id")
+	e.setBootID("boot-1")
+	e.cfg.StateFile = filepath.Join(dir, "state", "state.json")
+	return e
+}
+
+func (e *env) setBootID(id string) {
+	if err := os.WriteFile(e.cfg.BootIDPath, []byte(id+"\n"), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) check() *Check {
+	e.t.Helper()
+	c, err := New(e.cfg, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Now: func() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) }})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+// brief renders an event as "F|H|N check: message" for assertions.
+func brief(ev *datamodels.HealthEvent) string {
+	k := "N"
+	switch {
+	case ev.GetIsHealthy():
+		k = "H"
+	case ev.GetIsFatal():
+		k = "F"
+	}
+	return k + " " + ev.GetCheckName() + ": " + ev.GetMessage()
+}
+
+func poll(t testing.TB, c *Check) []string {
+	t.Helper()
+	evs, err := c.Check(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, 0, len(evs))
+	for _, ev := range evs {
+		if ev.GetAgent() != Agent || ev.GetComponentClass() != "NIC" || ev.GetGeneratedTimestamp() == nil {
+			t.Errorf("event fields: %v", ev)
+		}
+		if ev.GetIsFatal() != (ev.GetRecommendedAction() == datamodels.RecommendedAction_REPLACE_VM) {
+			t.Errorf("fatal events recommend REPLACE_VM, others NONE: %v", ev)
+		}
+		out = append(out, brief(ev))
+	}
+	return out
+}
+
+func wantEvents(t testing.TB, step string, got, want []string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("%s:\n got  %q\n want %q", step, got, want)
+	}
+}
+
+// TestClassifyPlatforms builds each platform of the seed's field-validation
+// tables and asserts the seed's classification.
+func TestClassifyPlatforms(t *testing.T) {
+	for _, p := range []nictest.Platform{nictest.A100OCI(), nictest.H100OCI(), nictest.L40SOCI(),
+		nictest.OnPremL40S(false), nictest.OnPremL40S(true), nictest.GB200(), nictest.System34()} {
+		t.Run(p.Name, func(t *testing.T) {
+			e := setup(t, p)
+			c := e.check()
+			nics, evs, err := c.Poll(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(nics) != len(p.Want) {
+				t.Fatalf("discovered %d devices, want %d", len(nics), len(p.Want))
+			}
+			counts := map[Role]int{}
+			for _, n := range nics {
+				counts[n.Role]++
+				if string(n.Role) != p.Want[n.Name] {
+					t.Errorf("%s: role %s (%s), want %s", n.Name, n.Role, n.Reason, p.Want[n.Name])
+				}
+				if n.Monitored != n.Role.Monitored() {
+					t.Errorf("%s: monitored %v for role %s", n.Name, n.Monitored, n.Role)
+				}
+			}
+			t.Logf("%s: %v", p.Name, counts)
+			// First poll of a healthy node: one healthy baseline per
+			// monitored port, nothing for VFs or management NICs.
+			monitored := 0
+			for _, n := range nics {
+				if n.Monitored {
+					monitored += len(n.Ports)
+				}
+			}
+			if len(evs) != monitored {
+				t.Errorf("%d events, want %d healthy baselines", len(evs), monitored)
+			}
+			for _, ev := range evs {
+				if !ev.GetIsHealthy() {
+					t.Errorf("unexpected %s", brief(ev))
+				}
+				dev := events.Entity(ev, events.EntityNIC)
+				if r := p.Want[dev]; r == "vf" || r == "management" {
+					t.Errorf("event for %s device %s", r, dev)
+				}
+			}
+		})
+	}
+}
+
+func TestPlatformCounts(t *testing.T) {
+	count := func(p nictest.Platform) map[string]int {
+		out := map[string]int{}
+		for _, r := range p.Want {
+			out[r]++
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		p    nictest.Platform
+		want map[string]int
+	}{
+		{nictest.A100OCI(), map[string]int{"management": 2, "compute": 16}},
+		{nictest.H100OCI(), map[string]int{"compute": 16, "storage": 2}},
+		{nictest.L40SOCI(), map[string]int{"storage": 6}},
+		{nictest.OnPremL40S(false), map[string]int{"compute": 4, "storage": 1}},
+		{nictest.OnPremL40S(true), map[string]int{"compute": 4, "management": 1}},
+		{nictest.GB200(), map[string]int{"compute": 4, "management": 2}},
+		{nictest.System34(), map[string]int{"compute": 16, "storage": 2, "vf": 16}},
+	} {
+		if got := count(tc.p); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: seed expects %v, fixture says %v", tc.p.Name, tc.want, got)
+		}
+	}
+}
+
+// small is 4 single-port IB compute cards plus 2 RoCE storage cards.
+func small() nictest.Platform {
+	md := &topology.Metadata{Version: "1.0", GPUs: []topology.GPU{{GPUID: 0, NUMANode: 0}, {GPUID: 1, NUMANode: 0}}, NICTopology: map[string][]string{}}
+	p := nictest.Platform{Name: "small", Metadata: md, Want: map[string]string{}}
+	for i := 0; i < 6; i++ {
+		name := fmt.Sprintf("mlx5_%d", i)
+		d := nictest.Device{Name: name, PCI: fmt.Sprintf("0000:%02x:00.0", 0x10*(i+1)), Ports: []nictest.Port{{LinkLayer: nictest.IB}}}
+		md.NICTopology[name] = []string{"PXB", "SYS"}
+		p.Want[name] = "compute"
+		if i >= 4 {
+			d.Ports = []nictest.Port{{LinkLayer: nictest.Eth, NetDev: fmt.Sprintf("eth%d", i)}}
+			md.NICTopology[name] = []string{"NODE", "NODE"}
+			p.Want[name] = "storage"
+		}
+		p.Devices = append(p.Devices, d)
+	}
+	return p
+}
+
+func baselines() []string {
+	return []string{
+		"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+		"H InfiniBandStateCheck: Port mlx5_1 port 1: healthy (ACTIVE, LinkUp)",
+		"H InfiniBandStateCheck: Port mlx5_2 port 1: healthy (ACTIVE, LinkUp)",
+		"H InfiniBandStateCheck: Port mlx5_3 port 1: healthy (ACTIVE, LinkUp)",
+		"H EthernetStateCheck: RoCE port mlx5_4 port 1: healthy (ACTIVE, LinkUp, operstate up)",
+		"H EthernetStateCheck: RoCE port mlx5_5 port 1: healthy (ACTIVE, LinkUp, operstate up)",
+	}
+}
+
+// TestStateTransitions walks every transition of §3.4 on an IB port.
+func TestStateTransitions(t *testing.T) {
+	e := setup(t, small())
+	c := e.check()
+	wantEvents(t, "first poll", poll(t, c), baselines())
+	steps := []struct {
+		name        string
+		state, phys string
+		want        []string
+	}{
+		{"healthy→healthy", nictest.Active, nictest.LinkUp, nil},
+		{"healthy→DOWN/Disabled", nictest.Down, nictest.Disabled, []string{"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Disabled"}},
+		{"DOWN/Disabled→DOWN/Polling suppressed", nictest.Down, nictest.Polling, nil},
+		{"DOWN→INIT de-escalation suppressed", nictest.Init, nictest.LinkUp, nil},
+		{"INIT→ACTIVE recovery", nictest.Active, nictest.LinkUp, []string{"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)"}},
+		{"healthy→INIT non-fatal on IB", nictest.Init, nictest.LinkUp, []string{"N InfiniBandStateCheck: Port mlx5_0 port 1: state INIT, phys_state LinkUp"}},
+		{"INIT→ARMED same severity", nictest.Armed, nictest.LinkUp, nil},
+		{"ARMED→DOWN escalation", nictest.Down, nictest.Polling, []string{"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Polling"}},
+		{"DOWN→ACTIVE", nictest.Active, nictest.LinkUp, []string{"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)"}},
+		{"ACTIVE/LinkErrorRecovery non-fatal", nictest.Active, nictest.LinkErr, []string{"N InfiniBandStateCheck: Port mlx5_0 port 1: state ACTIVE, phys_state LinkErrorRecovery"}},
+		{"→ACTIVE/LinkUp", nictest.Active, nictest.LinkUp, []string{"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)"}},
+		{"ACTIVE/Polling non-fatal", nictest.Active, nictest.Polling, []string{"N InfiniBandStateCheck: Port mlx5_0 port 1: state ACTIVE, phys_state Polling"}},
+		{"→ACTIVE/Disabled fatal (escalation)", nictest.Active, nictest.Disabled, []string{"F InfiniBandStateCheck: Port mlx5_0 port 1: state ACTIVE, phys_state Disabled"}},
+		{"→healthy", nictest.Active, nictest.LinkUp, []string{"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)"}},
+	}
+	for _, s := range steps {
+		if err := e.tree.SetPort("mlx5_0", 1, s.state, s.phys); err != nil {
+			t.Fatal(err)
+		}
+		wantEvents(t, s.name, poll(t, c), s.want)
+	}
+}
+
+// TestRoCETransitions: operstate in the message, INIT/ARMED not reported.
+func TestRoCETransitions(t *testing.T) {
+	e := setup(t, small())
+	c := e.check()
+	poll(t, c)
+	steps := []struct {
+		name        string
+		state, phys string
+		oper        string
+		want        []string
+	}{
+		{"ACTIVE→INIT not reported", nictest.Init, nictest.LinkUp, "up", nil},
+		{"INIT→ACTIVE nothing (never reported unhealthy)", nictest.Active, nictest.LinkUp, "up", nil},
+		{"→DOWN", nictest.Down, nictest.Disabled, "down", []string{"F EthernetStateCheck: RoCE port mlx5_4 port 1: state DOWN, phys_state Disabled, operstate down"}},
+		{"DOWN→ARMED not reported, still unhealthy", nictest.Armed, nictest.LinkUp, "down", nil},
+		{"→ACTIVE", nictest.Active, nictest.LinkUp, "up", []string{"H EthernetStateCheck: RoCE port mlx5_4 port 1: healthy (ACTIVE, LinkUp, operstate up)"}},
+	}
+	for _, s := range steps {
+		if err := e.tree.SetPort("mlx5_4", 1, s.state, s.phys); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.tree.SetOperState("eth4", s.oper); err != nil {
+			t.Fatal(err)
+		}
+		wantEvents(t, s.name, poll(t, c), s.want)
+	}
+}
+
+// TestRestartWithPersistedState: a port DOWN at stop and fixed while the
+// agent was down gets its recovery event; unchanged ports stay quiet.
+func TestRestartWithPersistedState(t *testing.T) {
+	e := setup(t, small())
+	c := e.check()
+	poll(t, c)
+	e.tree.SetPort("mlx5_1", 1, nictest.Down, nictest.Disabled)
+	wantEvents(t, "down", poll(t, c), []string{"F InfiniBandStateCheck: Port mlx5_1 port 1: state DOWN, phys_state Disabled"})
+	// Stop; port repaired; another goes down; restart on the same boot.
+	e.tree.SetPort("mlx5_1", 1, nictest.Active, nictest.LinkUp)
+	e.tree.SetPort("mlx5_2", 1, nictest.Down, nictest.Polling)
+	c2 := e.check()
+	wantEvents(t, "after restart", poll(t, c2), []string{
+		"H InfiniBandStateCheck: Port mlx5_1 port 1: healthy (ACTIVE, LinkUp)",
+		"F InfiniBandStateCheck: Port mlx5_2 port 1: state DOWN, phys_state Polling",
+	})
+	wantEvents(t, "steady", poll(t, c2), nil)
+}
+
+// TestRebootClearsState: a boot id change discards the state and emits
+// healthy baselines again; a port DOWN before the reboot and still DOWN on a
+// card at peer mode... is on a single-port card below mode: fatal.
+func TestRebootClearsState(t *testing.T) {
+	e := setup(t, small())
+	c := e.check()
+	poll(t, c)
+	e.tree.SetPort("mlx5_3", 1, nictest.Down, nictest.Disabled)
+	poll(t, c)
+	e.setBootID("boot-2")
+	c2 := e.check()
+	want := slices.Clone(baselines())
+	want = slices.DeleteFunc(want, func(s string) bool { return strings.Contains(s, "mlx5_3") })
+	want = append([]string{"F InfiniBandStateCheck: Card 0000:40:00 (compute) has 0 active ports, expected 1 (peer mode)"}, want...)
+	want = slices.Insert(want, 4, "F InfiniBandStateCheck: Port mlx5_3 port 1: state DOWN, phys_state Disabled")
+	wantEvents(t, "after reboot", poll(t, c2), want)
+	var st persisted
+	b, _ := os.ReadFile(e.cfg.StateFile)
+	if err := json.Unmarshal(b, &st); err != nil || st.BootID != "boot-2" {
+		t.Errorf("state file after reboot: boot id %q, err %v", st.BootID, err)
+	}
+	// The card recovers: per-port healthy and card cleared.
+	e.tree.SetPort("mlx5_3", 1, nictest.Active, nictest.LinkUp)
+	wantEvents(t, "recovered", poll(t, c2), []string{
+		"H InfiniBandStateCheck: Card 0000:40:00 (compute) has 1 active ports, back at peer mode 1",
+		"H InfiniBandStateCheck: Port mlx5_3 port 1: healthy (ACTIVE, LinkUp)",
+	})
+}
+
+// TestCorruptOrMissingStateFile: both mean a fresh start with baselines.
+func TestCorruptOrMissingStateFile(t *testing.T) {
+	e := setup(t, small())
+	poll(t, e.check())
+	wantEvents(t, "restart, same boot", poll(t, e.check()), nil)
+	if err := os.WriteFile(e.cfg.StateFile, []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	wantEvents(t, "corrupt", poll(t, e.check()), baselines())
+	os.Remove(e.cfg.StateFile)
+	wantEvents(t, "missing", poll(t, e.check()), baselines())
+}
+
+// TestDisappearance: at runtime, across a restart, and back again.
+func TestDisappearance(t *testing.T) {
+	e := setup(t, small())
+	c := e.check()
+	poll(t, c)
+	if err := e.tree.Remove("mlx5_2"); err != nil {
+		t.Fatal(err)
+	}
+	wantEvents(t, "runtime", poll(t, c), []string{"F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"})
+	wantEvents(t, "reported once", poll(t, c), nil)
+
+	// Across a restart: mlx5_4 vanishes while the agent is stopped.
+	e.tree.Remove("mlx5_4")
+	c2 := e.check()
+	wantEvents(t, "across restart", poll(t, c2), []string{"F EthernetStateCheck: NIC mlx5_4 disappeared from /sys/class/infiniband/ - hardware failure"})
+
+	// mlx5_2 comes back healthy.
+	p := small()
+	if err := e.tree.Add(p.Devices[2]); err != nil {
+		t.Fatal(err)
+	}
+	got := poll(t, c2)
+	wantEvents(t, "back", got, []string{"H InfiniBandStateCheck: NIC mlx5_2 present again in /sys/class/infiniband/"})
+}
+
+// TestHomogeneity: uncabled ports consistent across cards are suppressed;
+// a card below its role's mode is fatal; roles are separate groups.
+func TestHomogeneity(t *testing.T) {
+	md := &topology.Metadata{Version: "1.0", GPUs: []topology.GPU{{GPUID: 0, NUMANode: 0}}, NICTopology: map[string][]string{}}
+	p := nictest.Platform{Name: "dual", Metadata: md}
+	// 4 compute cards, 2 functions each: port of function .1 uncabled
+	// (DOWN/Polling) on every card, except card 0x30 where .0 is down too.
+	// 2 storage cards (single port, RoCE), both up.
+	for card := 0; card < 4; card++ {
+		for fn := 0; fn < 2; fn++ {
+			name := fmt.Sprintf("mlx5_%d", card*2+fn)
+			port := nictest.Port{LinkLayer: nictest.IB}
+			if fn == 1 || card == 3 {
+				port.State, port.PhysState = nictest.Down, nictest.Polling
+			}
+			p.Devices = append(p.Devices, nictest.Device{Name: name, PCI: fmt.Sprintf("0000:%02x:00.%d", 0x10*(card+1), fn), Ports: []nictest.Port{port}})
+			md.NICTopology[name] = []string{"PXB"}
+		}
+	}
+	for i := 8; i < 10; i++ {
+		name := fmt.Sprintf("mlx5_%d", i)
+		p.Devices = append(p.Devices, nictest.Device{Name: name, PCI: fmt.Sprintf("0000:%02x:00.0", 0x10*(i+1)), Ports: []nictest.Port{{LinkLayer: nictest.Eth, NetDev: "ens" + name}}})
+		md.NICTopology[name] = []string{"NODE"}
+	}
+	e := setup(t, p)
+	c := e.check()
+	wantEvents(t, "startup", poll(t, c), []string{
+		"F InfiniBandStateCheck: Card 0000:40:00 (compute) has 0 active ports, expected 1 (peer mode)",
+		"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+		"H InfiniBandStateCheck: Port mlx5_2 port 1: healthy (ACTIVE, LinkUp)",
+		"H InfiniBandStateCheck: Port mlx5_4 port 1: healthy (ACTIVE, LinkUp)",
+		"F InfiniBandStateCheck: Port mlx5_6 port 1: state DOWN, phys_state Polling",
+		"F InfiniBandStateCheck: Port mlx5_7 port 1: state DOWN, phys_state Polling",
+		"H EthernetStateCheck: RoCE port mlx5_8 port 1: healthy (ACTIVE, LinkUp, operstate up)",
+		"H EthernetStateCheck: RoCE port mlx5_9 port 1: healthy (ACTIVE, LinkUp, operstate up)",
+	})
+	// Homogeneity is a startup check: a later drop is a port transition.
+	e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Polling)
+	wantEvents(t, "runtime drop", poll(t, c), []string{"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Polling"})
+	// Cabling an uncabled port: healthy event (no earlier fatal was sent,
+	// a harmless clear).
+	e.tree.SetPort("mlx5_1", 1, nictest.Active, nictest.LinkUp)
+	wantEvents(t, "cabled", poll(t, c), []string{"H InfiniBandStateCheck: Port mlx5_1 port 1: healthy (ACTIVE, LinkUp)"})
+}
+
+func TestModeTie(t *testing.T) {
+	grp := []*card{{active: 2}, {active: 1}}
+	if m := modeActive(grp); m != 2 {
+		t.Errorf("tie mode = %d, want 2", m)
+	}
+	grp = []*card{{active: 1}, {active: 1}, {active: 2}}
+	if m := modeActive(grp); m != 1 {
+		t.Errorf("mode = %d, want 1", m)
+	}
+}
+
+// TestCounters: Appendix A fatal counters.
+func TestCounters(t *testing.T) {
+	e := setup(t, small())
+	e.tree.SetCounter("mlx5_0", 1, CounterLinkDowned, 4)
+	e.tree.SetCounter("mlx5_1", 1, CounterExcessiveBufferOverrun, 2)
+	c := e.check()
+	got := poll(t, c)
+	want := append(baselines()[:2:2], "F InfiniBandDegradationCheck: Port mlx5_1 port 1: excessive_buffer_overrun_errors is 2 (threshold > 0)")
+	want = append(want, baselines()[2:]...)
+	// link_downed at startup is a baseline, not an event.
+	wantEvents(t, "startup", got, want)
+	e.tree.SetCounter("mlx5_0", 1, CounterLinkDowned, 6)
+	e.tree.SetCounter("mlx5_1", 1, CounterExcessiveBufferOverrun, 5)
+	e.tree.SetCounter("mlx5_2", 1, CounterLocalLinkIntegrity, 1)
+	e.tree.SetCounter("mlx5_4", 1, CounterRnrNakRetryErr, 9)
+	wantEvents(t, "runtime", poll(t, c), []string{
+		"F InfiniBandDegradationCheck: Port mlx5_0 port 1: link_downed increased by 2 (now 6)",
+		"F InfiniBandDegradationCheck: Port mlx5_2 port 1: local_link_integrity_errors is 1 (threshold > 0)",
+		"F EthernetDegradationCheck: Port mlx5_4 port 1: rnr_nak_retry_err is 9 (threshold > 0)",
+	})
+	wantEvents(t, "steady", poll(t, c), nil)
+	// Across a restart the snapshot is kept: an increase while stopped is seen.
+	e.tree.SetCounter("mlx5_0", 1, CounterLinkDowned, 7)
+	c2 := e.check()
+	wantEvents(t, "restart", poll(t, c2), []string{"F InfiniBandDegradationCheck: Port mlx5_0 port 1: link_downed increased by 1 (now 7)"})
+	// Counter reset clears the breach.
+	e.tree.SetCounter("mlx5_1", 1, CounterExcessiveBufferOverrun, 0)
+	wantEvents(t, "reset", poll(t, c2), []string{"H InfiniBandDegradationCheck: Port mlx5_1 port 1: excessive_buffer_overrun_errors back at 0"})
+}
+
+func TestMetadataRequired(t *testing.T) {
+	p := small()
+	for _, tc := range []struct {
+		name string
+		md   *topology.Metadata
+	}{
+		{"missing", nil},
+		{"no nic_topology", &topology.Metadata{Version: "1.0", GPUs: []topology.GPU{{NUMANode: 0}}}},
+		{"no GPU NUMA", &topology.Metadata{Version: "1.0", GPUs: []topology.GPU{{NUMANode: -1}}, NICTopology: map[string][]string{"mlx5_0": {"PIX"}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p.Metadata = tc.md
+			e := setup(t, p)
+			_, err := New(e.cfg, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if !errors.Is(err, ErrMetadata) {
+				t.Fatalf("New: %v, want ErrMetadata", err)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+func TestExclusionAndOverride(t *testing.T) {
+	e := setup(t, small())
+	e.cfg.ExclusionRegex = "^mlx5_[01]$"
+	nics, _, err := e.check().Poll(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nics[0].Role != RoleExcluded || nics[1].Role != RoleExcluded || nics[2].Role != RoleCompute {
+		t.Errorf("exclusion: %v %v %v", nics[0].Role, nics[1].Role, nics[2].Role)
+	}
+	e.cfg.InclusionRegexOverride = "^mlx5_1$"
+	e.cfg.MetadataPath = filepath.Join(e.dir, "absent.json") // not needed with the override
+	os.Remove(e.cfg.StateFile)
+	nics, evs, err := e.check().Poll(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nics {
+		want := RoleExcluded
+		if n.Name == "mlx5_1" {
+			want = RoleOverride
+		}
+		if n.Role != want {
+			t.Errorf("override: %s is %s", n.Name, n.Role)
+		}
+	}
+	if len(evs) != 1 {
+		t.Errorf("override: %d events, want 1", len(evs))
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		mut  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.SysfsRoot = "" }, "nic.sysfs_root"},
+		{func(c *Config) { c.PollInterval = 0 }, "nic.state_polling_interval"},
+		{func(c *Config) { c.ExclusionRegex = "([" }, "nic.nic_exclusion_regex"},
+		{func(c *Config) { c.MetadataPath = "" }, "nic.metadata_path"},
+	} {
+		c := DefaultConfig()
+		tc.mut(&c)
+		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("Validate = %v, want it to name %s", err, tc.want)
+		}
+	}
+}
+
+// TestStateFileContents: the file holds port snapshots, known devices,
+// counters and the boot id.
+func TestStateFileContents(t *testing.T) {
+	e := setup(t, small())
+	poll(t, e.check())
+	b, err := os.ReadFile(e.cfg.StateFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st persisted
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	ps := st.Ports["mlx5_0/1"]
+	if st.BootID != "boot-1" || len(st.KnownDevices) != 6 || ps == nil || ps.State != "4: ACTIVE" || ps.Level != levelHealthy {
+		t.Errorf("state: %s", b)
+	}
+	if _, ok := ps.Counters[CounterLinkDowned]; !ok {
+		t.Errorf("no counter snapshot: %s", b)
+	}
+	ents, _ := os.ReadDir(filepath.Dir(e.cfg.StateFile))
+	if len(ents) != 1 {
+		t.Errorf("temporary files left: %v", ents)
+	}
+}

@@ -1,0 +1,128 @@
+package nic
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/faultline/faultline/agents/topology"
+)
+
+// stateVersion is the version of the state file format.
+const stateVersion = 1
+
+// Health levels of a port.
+const (
+	levelHealthy  = "healthy"
+	levelNonFatal = "nonfatal" // unhealthy, IsFatal=false (INIT, ARMED, Polling, LinkErrorRecovery on IB)
+	levelFatal    = "fatal"
+)
+
+// portState is the persisted snapshot of one port.
+type portState struct {
+	State     string `json:"state"`
+	PhysState string `json:"phys_state"`
+	LinkLayer string `json:"link_layer"`
+	Level     string `json:"level"`
+	// Counters are the last read fatal counter values.
+	Counters map[string]uint64 `json:"counters,omitempty"`
+	// Breached marks threshold counters already reported fatal.
+	Breached map[string]bool `json:"breached,omitempty"`
+}
+
+// cardFlag is a card reported below its role's peer mode.
+type cardFlag struct {
+	Role      Role     `json:"role"`
+	Expected  int      `json:"expected"`
+	Devices   []string `json:"devices"`
+	LinkLayer string   `json:"link_layer"`
+}
+
+// persisted is the state file (seed §2.2: port snapshots, known devices,
+// counter snapshots, breach flags, boot id).
+type persisted struct {
+	Version int    `json:"version"`
+	BootID  string `json:"boot_id"`
+	// Ports is keyed "device/port".
+	Ports map[string]*portState `json:"ports"`
+	// KnownDevices are the monitored devices seen this boot, with their link
+	// layer.
+	KnownDevices map[string]string `json:"known_devices"`
+	// Disappeared are known devices reported gone.
+	Disappeared []string `json:"disappeared,omitempty"`
+	// AnomalousCards are cards reported below peer mode, by card address.
+	AnomalousCards map[string]*cardFlag `json:"anomalous_cards,omitempty"`
+}
+
+func newPersisted(bootID string) *persisted {
+	return &persisted{Version: stateVersion, BootID: bootID, Ports: map[string]*portState{},
+		KnownDevices: map[string]string{}, AnomalousCards: map[string]*cardFlag{}}
+}
+
+func portKey(dev string, port uint) string { return fmt.Sprintf("%s/%d", dev, port) }
+
+// loadState returns the persisted state and whether it is usable; the
+// reason says why not (missing, corrupt, reboot).
+func loadState(path, bootID string) (st *persisted, reason string) {
+	if path == "" {
+		return newPersisted(bootID), "no state file configured"
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return newPersisted(bootID), "state file missing"
+	}
+	if err != nil {
+		return newPersisted(bootID), "state file unreadable: " + err.Error()
+	}
+	var p persisted
+	if err := json.Unmarshal(b, &p); err != nil || p.Version != stateVersion || p.Ports == nil {
+		if err == nil {
+			err = fmt.Errorf("version %d, ports %v", p.Version, p.Ports != nil)
+		}
+		return newPersisted(bootID), "state file corrupt: " + err.Error()
+	}
+	if p.BootID != bootID {
+		return newPersisted(bootID), fmt.Sprintf("boot id changed (%s → %s): host rebooted", p.BootID, bootID)
+	}
+	if p.KnownDevices == nil {
+		p.KnownDevices = map[string]string{}
+	}
+	if p.AnomalousCards == nil {
+		p.AnomalousCards = map[string]*cardFlag{}
+	}
+	return &p, ""
+}
+
+// save writes the state atomically when it changed since last written.
+func (p *persisted) save(path string, last *[]byte) error {
+	if path == "" {
+		return nil
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return fmt.Errorf("encode NIC state: %w", err)
+	}
+	if bytes.Equal(b, *last) {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("NIC state dir: %w", err)
+	}
+	if err := topology.AtomicWrite(path, b); err != nil {
+		return err
+	}
+	*last = b
+	return nil
+}
+
+func readBootID(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
