@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/prometheus/procfs/sysfs"
 )
@@ -29,6 +30,10 @@ type Port struct {
 	Counters map[string]uint64 `json:"counters,omitempty"`
 	// ReadError is set when the port could not be read this poll.
 	ReadError string `json:"read_error,omitempty"`
+
+	// dir is the port directory with symlinks resolved at discovery, so
+	// that each poll's opens do not walk the class symlinks again.
+	dir, operPath string
 }
 
 // Device is a discovered InfiniBand class device (seed §11.1 Device, plus
@@ -105,17 +110,20 @@ func (r *sysReader) names() ([]string, error) {
 	return out, nil
 }
 
-// readSmall reads a small sysfs file into the reader's buffer without
-// allocating, returning the trimmed content.
+// readSmall reads a small sysfs file with raw syscalls (no *os.File, no
+// finalizer) into the reader's buffer and returns the trimmed content.
 func (r *sysReader) readSmall(path string) (string, error) {
-	f, err := os.Open(path)
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return "", err
+		return "", &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	n, err := f.Read(r.buf)
-	f.Close()
-	if err != nil && n == 0 {
-		return "", err
+	n, err := syscall.Read(fd, r.buf)
+	syscall.Close(fd)
+	if err != nil {
+		return "", &os.PathError{Op: "read", Path: path, Err: err}
+	}
+	if n < 0 {
+		n = 0
 	}
 	return string(bytes.TrimSpace(r.buf[:n])), nil
 }
@@ -226,31 +234,50 @@ func (r *sysReader) discover(name string) (*Device, error) {
 	return d, nil
 }
 
+// portDir resolves a port's directory once.
+func (r *sysReader) portDir(p *Port) string {
+	if p.dir == "" {
+		d := r.ibDir(p.Device, "ports", strconv.FormatUint(uint64(p.Port), 10))
+		if real, err := filepath.EvalSymlinks(d); err == nil {
+			d = real
+		}
+		p.dir = d
+		if p.NetDev != "" {
+			op := filepath.Join(r.root, "class", "net", p.NetDev, "operstate")
+			if real, err := filepath.EvalSymlinks(op); err == nil {
+				op = real
+			}
+			p.operPath = op
+		}
+	}
+	return p.dir
+}
+
 // readState refreshes state, phys_state and operstate of a port (the hot
 // path of every poll).
 func (r *sysReader) readState(p *Port) {
-	pd := r.ibDir(p.Device, "ports", strconv.FormatUint(uint64(p.Port), 10))
+	pd := r.portDir(p)
 	p.ReadError = ""
 	var err error
-	if p.State, err = r.readSmall(filepath.Join(pd, "state")); err != nil {
+	if p.State, err = r.readSmall(pd + "/state"); err != nil {
 		p.ReadError = err.Error()
 	}
-	if p.PhysicalState, err = r.readSmall(filepath.Join(pd, "phys_state")); err != nil && p.ReadError == "" {
+	if p.PhysicalState, err = r.readSmall(pd + "/phys_state"); err != nil && p.ReadError == "" {
 		p.ReadError = err.Error()
 	}
-	if p.NetDev != "" {
-		p.OperState, _ = r.readSmall(filepath.Join(r.root, "class", "net", p.NetDev, "operstate"))
+	if p.operPath != "" {
+		p.OperState, _ = r.readSmall(p.operPath)
 	}
 }
 
 // readCounters refreshes the Appendix A counters of a port.
 func (r *sysReader) readCounters(p *Port) {
-	pd := r.ibDir(p.Device, "ports", strconv.FormatUint(uint64(p.Port), 10))
+	pd := r.portDir(p)
 	if p.Counters == nil {
 		p.Counters = make(map[string]uint64, len(fatalCounters))
 	}
 	for _, c := range fatalCounters {
-		v, err := r.readSmall(filepath.Join(pd, c.dir, c.name))
+		v, err := r.readSmall(pd + "/" + c.dir + "/" + c.name)
 		if err != nil {
 			delete(p.Counters, c.name)
 			continue
