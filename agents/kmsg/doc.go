@@ -1,0 +1,42 @@
+// Package kmsg is the node agent's kernel-log check: NVIDIA GPU Xid errors,
+// NVSwitch SXid errors, GPUs fallen off the bus, and mlx5 NIC driver errors,
+// read from /dev/kmsg, the systemd journal or a file, and reported as
+// HealthEvents.
+//
+// # Event conventions
+//
+// Every event has agent "faultline-agent" and metadata "count" (how many
+// occurrences it stands for, "1" except for flood summaries) and
+// "kernel_message" (the line). Error codes are always prefixed:
+//
+//	what                     componentClass checkName              errorCode               entitiesImpacted
+//	GPU Xid N                GPU            SysLogsXIDError        XID-N                   PCI=dddd:bb:dd, GPU=<uuid> when known
+//	NVSwitch SXid N          NVSwitch       SysLogsSXIDError       SXID-N                  NVSwitch=<switch PCI>, GPU=<uuid> of the link when known
+//	fallen off, no Xid 79    GPU            SysLogsGPUFallenOff    GPU-FALLEN-OFF-BUS      PCI, GPU when known
+//	mlx5 driver error        NIC            SysLogsNICDriverError  MLX5-CMD-TIMEOUT, …     NIC=<mlx5_N|netdev|PCI>, PCI
+//
+// An Xid's recommendedAction is its catalog row's immediate resolution bucket
+// (xid_catalog.json, transcribed from NVIDIA's Xid catalog), unknown codes
+// CONTACT_SUPPORT; isFatal is recommendedAction != NONE, as in NVSentinel's
+// syslog-health-monitor. An SXid's isFatal is the line's own Fatal/Non-fatal
+// word; its action comes from the Fabric Manager guide's tables
+// (sxid_catalog.json). A GPU fallen off the bus is fatal, RESTART_BM.
+//
+// # Occurrences, duplicates and floods
+//
+// The correlation processor counts Xids per GPU over windows, so every real
+// occurrence is in some event's count. A line is one occurrence: the same
+// line read twice (from /dev/kmsg and the journal, or again after a restart)
+// is recognised by its body and kernel or wall-clock timestamp and reported
+// once. A flood — one error code on one device repeating — is rate-limited:
+// the first occurrence in a window (FloodWindow, default 10s) is reported at
+// once; later ones are counted and closed by one event with
+// metadata count=N and flood=true per window while the flood lasts. Summing
+// metadata "count" gives the exact number of occurrences.
+//
+// Multi-line messages are grouped: an SXid header line with its
+// "Severity…"/"Data {…}" detail lines is one event (metadata "details");
+// "The NVIDIA GPU <bdf> / (PCI ID…) installed in this system has / fallen off
+// the bus…" is one fallen-off event. "caused by previous Xid N" never makes
+// an event for N: only the code of an "Xid (PCI:…): N" line counts.
+package kmsg

@@ -1,0 +1,196 @@
+package kmsg
+
+import (
+	"fmt"
+	"hash/maphash"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// dedup remembers recently seen lines so that one record read twice — from
+// /dev/kmsg and from the journal, or again after a restart — is reported
+// once. A line is known by its body plus its kernel timestamp or its
+// wall-clock time; a line with neither is never a duplicate.
+type dedup struct {
+	seed maphash.Seed
+	set  map[dedupKey]struct{}
+	ring []dedupKey
+	next int
+}
+
+// dedupKey identifies a line by a 64-bit hash of its body and one of its
+// timestamps; a collision needs the same timestamp too.
+type dedupKey struct {
+	kind byte // 'm' kernel timestamp, 'w' wall clock
+	ts   int64
+	h    uint64
+}
+
+func newDedup(n int) *dedup {
+	return &dedup{seed: maphash.MakeSeed(), set: make(map[dedupKey]struct{}, n), ring: make([]dedupKey, n)}
+}
+
+func (d *dedup) seen(r record) bool {
+	var keys [2]dedupKey
+	k := keys[:0]
+	if r.mono < 0 && r.wall.IsZero() {
+		return false
+	}
+	h := maphash.String(d.seed, r.body)
+	if r.mono >= 0 {
+		k = append(k, dedupKey{'m', r.mono, h})
+	}
+	if !r.wall.IsZero() {
+		k = append(k, dedupKey{'w', r.wall.UnixNano(), h})
+	}
+	for _, key := range k {
+		if _, ok := d.set[key]; ok {
+			return true
+		}
+	}
+	for _, key := range k {
+		if old := d.ring[d.next]; old.kind != 0 {
+			delete(d.set, old)
+		}
+		d.ring[d.next] = key
+		d.set[key] = struct{}{}
+		d.next = (d.next + 1) % len(d.ring)
+	}
+	return false
+}
+
+// flood rate-limits one error on one device (a flood key): per window the
+// first burst occurrences are reported as they come; later ones are counted
+// and reported as one event whose metadata "count" says how many occurrences
+// it stands for, with "flood"="true" when more than one. While a flood goes
+// on, each window yields one such event; every occurrence is in exactly one
+// event's count, so sums over "count" are exact.
+type flood struct {
+	window  time.Duration
+	burst   int
+	m       map[string]*floodEntry
+	now     time.Time // latest event time seen
+	nowAt   time.Time // clock reading when now was seen
+	ready   []*datamodels.HealthEvent
+	maxKeys int
+}
+
+type floodEntry struct {
+	start, last time.Time
+	emitted     int
+	suppressed  int
+	first       time.Time // first suppressed occurrence
+	tmpl        func() *datamodels.HealthEvent
+	closed      bool
+	flooding    bool // the last closed window had suppressed occurrences
+}
+
+func newFlood(window time.Duration, burst int) *flood {
+	return &flood{window: window, burst: burst, m: map[string]*floodEntry{}, maxKeys: 100000}
+}
+
+func (f *flood) observe(t time.Time, clock time.Time) {
+	if t.After(f.now) {
+		f.now = t
+	}
+	f.nowAt = clock
+}
+
+// admit reports whether an occurrence is to be reported now; when not, it
+// is counted, and build makes its event if it ends up closing the window.
+// Events are built lazily so that a flood costs a key lookup per line.
+func (f *flood) admit(key string, build func() *datamodels.HealthEvent, t time.Time) bool {
+	e := f.m[key]
+	if e == nil {
+		if len(f.m) >= f.maxKeys {
+			return true // never drop for lack of room; just stop limiting
+		}
+		f.m[key] = &floodEntry{start: t, last: t, emitted: 1}
+		return true
+	}
+	if t.Sub(e.start) > f.window || e.start.Sub(t) > f.window {
+		if !e.closed {
+			f.close(e)
+		}
+		cont := e.flooding && absDur(t.Sub(e.last)) <= f.window
+		*e = floodEntry{start: t, last: t, flooding: e.flooding}
+		if cont {
+			e.emitted = f.burst
+			f.suppress(e, build, t)
+			return false
+		}
+		e.emitted = 1
+		return true
+	}
+	e.last = t
+	if e.emitted < f.burst {
+		e.emitted++
+		return true
+	}
+	f.suppress(e, build, t)
+	return false
+}
+
+func (f *flood) suppress(e *floodEntry, ev func() *datamodels.HealthEvent, t time.Time) {
+	if e.suppressed == 0 {
+		e.first = t
+	}
+	e.suppressed++
+	e.tmpl = ev
+	e.last = t
+}
+
+func (f *flood) close(e *floodEntry) {
+	e.closed = true
+	e.flooding = e.suppressed > 0
+	if e.suppressed == 0 {
+		return
+	}
+	ev := e.tmpl()
+	ev.Metadata["count"] = strconv.Itoa(e.suppressed)
+	if e.suppressed > 1 {
+		ev.Metadata["flood"] = "true"
+		if ev.GeneratedTimestamp != nil {
+			ev.Metadata["first_seen"] = e.first.Format(time.RFC3339Nano)
+			ev.Metadata["last_seen"] = e.last.Format(time.RFC3339Nano)
+		}
+		ev.Message = fmt.Sprintf("%s (repeated %d times, rate-limited)", ev.Message, e.suppressed)
+	}
+	e.suppressed = 0
+	e.tmpl = nil
+	f.ready = append(f.ready, ev)
+}
+
+// take returns the summaries closed by admit.
+func (f *flood) take() []*datamodels.HealthEvent {
+	r := f.ready
+	f.ready = nil
+	return r
+}
+
+// flush closes the windows that have ended by now (all of them when final)
+// and returns their summaries in a stable order.
+func (f *flood) flush(final bool, clock time.Time) []*datamodels.HealthEvent {
+	now := f.now
+	if !f.nowAt.IsZero() && clock.After(f.nowAt) {
+		now = now.Add(clock.Sub(f.nowAt))
+	}
+	keys := make([]string, 0, len(f.m))
+	for k := range f.m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		e := f.m[k]
+		if !e.closed && (final || now.Sub(e.start) > f.window) {
+			f.close(e)
+		}
+		if e.closed && now.Sub(e.last) > 3*f.window {
+			delete(f.m, k)
+		}
+	}
+	return f.take()
+}

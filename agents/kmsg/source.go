@@ -1,0 +1,291 @@
+package kmsg
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// source delivers kernel-log lines. read is non-blocking: it hands over what
+// is available now (at most max lines) and returns.
+type source interface {
+	read(ctx context.Context, max int, fn func(Line)) error
+	// position returns what to persist so that a restart resumes after the
+	// last line read.
+	position() sourceState
+	close() error
+}
+
+// sourceState is the persisted read position (state.json under StateDir).
+type sourceState struct {
+	BootID  string `json:"bootId,omitempty"`
+	KmsgSeq int64  `json:"kmsgSeq,omitempty"`
+	Cursor  string `json:"journalCursor,omitempty"`
+	File    string `json:"file,omitempty"`
+	Inode   uint64 `json:"inode,omitempty"`
+	Offset  int64  `json:"offset,omitempty"`
+}
+
+func loadState(path string) sourceState {
+	var s sourceState
+	if path == "" {
+		return s
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return s
+	}
+	_ = json.Unmarshal(b, &s)
+	return s
+}
+
+func saveState(path string, s sourceState) error {
+	if path == "" {
+		return nil
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("kmsg state: %w", err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("kmsg state: %w", err)
+	}
+	return os.Rename(tmp, path)
+}
+
+// --- /dev/kmsg ---
+
+// kmsgSource reads /dev/kmsg without blocking. Each read(2) returns one
+// record "pri,seq,usec,flags;text\n[ KEY=value\n…]". A restart on the same
+// boot skips records up to the saved sequence number; on a new boot every
+// record in the ring buffer is new.
+type kmsgSource struct {
+	fd     int
+	rd     func(fd int, b []byte) (int, error)
+	bootID string
+	seq    int64 // last sequence number read
+	skip   int64 // records with seq <= skip were read before a restart
+	buf    []byte
+}
+
+func openKmsg(path, bootID string, st sourceState) (*kmsgSource, error) {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	s := &kmsgSource{fd: fd, rd: syscall.Read, bootID: bootID, seq: -1, skip: -1, buf: make([]byte, 16384)}
+	if st.BootID != "" && st.BootID == bootID {
+		s.skip = st.KmsgSeq
+		s.seq = st.KmsgSeq
+	}
+	return s, nil
+}
+
+func (s *kmsgSource) read(ctx context.Context, max int, fn func(Line)) error {
+	for n := 0; n < max; n++ {
+		if n%1024 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		k, err := s.rd(s.fd, s.buf)
+		switch {
+		case errors.Is(err, syscall.EAGAIN):
+			return nil
+		case errors.Is(err, syscall.EPIPE):
+			continue // the ring buffer overwrote records we had not read
+		case errors.Is(err, syscall.EINTR):
+			continue
+		case err != nil:
+			return fmt.Errorf("read /dev/kmsg: %w", err)
+		case k == 0:
+			return nil
+		}
+		s.record(s.buf[:k], fn)
+	}
+	return nil
+}
+
+func (s *kmsgSource) record(b []byte, fn func(Line)) {
+	semi := bytes.IndexByte(b, ';')
+	if semi < 0 {
+		return
+	}
+	head := string(b[:semi])
+	text := b[semi+1:]
+	if nl := bytes.IndexByte(text, '\n'); nl >= 0 {
+		text = text[:nl] // dictionary lines (" SUBSYSTEM=…") follow
+	}
+	f := strings.SplitN(head, ",", 4)
+	if len(f) < 3 {
+		return
+	}
+	pri, err1 := strconv.Atoi(f[0])
+	seq, err2 := strconv.ParseInt(f[1], 10, 64)
+	usec, err3 := strconv.ParseInt(f[2], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return
+	}
+	if seq <= s.skip {
+		return
+	}
+	s.seq = seq
+	if pri>>3 != 0 {
+		return // written by user space, not the kernel: never trusted
+	}
+	fn(Line{Text: string(text), Mono: usec})
+}
+
+func (s *kmsgSource) position() sourceState {
+	return sourceState{BootID: s.bootID, KmsgSeq: s.seq}
+}
+
+func (s *kmsgSource) close() error { return syscall.Close(s.fd) }
+
+// --- journal ---
+
+// journalSource runs journalctl -k -o json for the entries after the last
+// cursor (the whole current boot the first time) and reads its output.
+type journalSource struct {
+	path   string
+	cursor string
+	run    func(ctx context.Context, name string, args ...string) (io.ReadCloser, func() error, error)
+}
+
+func newJournal(path string, st sourceState) *journalSource {
+	return &journalSource{path: path, cursor: st.Cursor, run: startCmd}
+}
+
+func startCmd(ctx context.Context, name string, args ...string) (io.ReadCloser, func() error, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	return out, cmd.Wait, nil
+}
+
+func (j *journalSource) args() []string {
+	a := []string{"-k", "-o", "json", "--no-pager"}
+	if j.cursor != "" {
+		return append(a, "--after-cursor="+j.cursor)
+	}
+	return append(a, "-b")
+}
+
+func (j *journalSource) read(ctx context.Context, max int, fn func(Line)) error {
+	out, wait, err := j.run(ctx, j.path, j.args()...)
+	if err != nil {
+		return fmt.Errorf("journalctl: %w", err)
+	}
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
+	last := ""
+	for sc.Scan() {
+		line := sc.Text()
+		last = line
+		fn(Line{Text: line, Mono: -1})
+	}
+	scanErr := sc.Err()
+	_ = out.Close()
+	werr := wait()
+	if last != "" {
+		var c struct {
+			Cursor string `json:"__CURSOR"`
+		}
+		if json.Unmarshal([]byte(last), &c) == nil && c.Cursor != "" {
+			j.cursor = c.Cursor
+		}
+	}
+	if scanErr != nil {
+		return fmt.Errorf("journalctl output: %w", scanErr)
+	}
+	if werr != nil {
+		return fmt.Errorf("journalctl: %w", werr)
+	}
+	return nil
+}
+
+func (j *journalSource) position() sourceState { return sourceState{Cursor: j.cursor} }
+func (j *journalSource) close() error          { return nil }
+
+// --- file ---
+
+// fileSource follows a text file (kern.log, a dmesg capture) like tail -F:
+// it resumes at the saved offset, starts over when the file was rotated
+// (another inode) or truncated, and leaves a partial last line for later.
+type fileSource struct {
+	path   string
+	inode  uint64
+	offset int64
+}
+
+func newFile(path string, st sourceState) *fileSource {
+	f := &fileSource{path: path}
+	if st.File == path {
+		f.inode, f.offset = st.Inode, st.Offset
+	}
+	return f
+}
+
+func (f *fileSource) read(ctx context.Context, max int, fn func(Line)) error {
+	fh, err := os.Open(f.path)
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	fi, err := fh.Stat()
+	if err != nil {
+		return err
+	}
+	ino := inodeOf(fi)
+	if ino != f.inode || fi.Size() < f.offset {
+		f.inode, f.offset = ino, 0
+	}
+	if _, err := fh.Seek(f.offset, io.SeekStart); err != nil {
+		return err
+	}
+	r := bufio.NewReaderSize(fh, 256*1024)
+	for n := 0; n < max; n++ {
+		if n%4096 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		line, err := r.ReadString('\n')
+		if err == io.EOF {
+			return nil // a partial line stays for the next read
+		}
+		if err != nil {
+			return err
+		}
+		f.offset += int64(len(line))
+		fn(Line{Text: line[:len(line)-1], Mono: -1})
+	}
+	return nil
+}
+
+func (f *fileSource) position() sourceState {
+	return sourceState{File: f.path, Inode: f.inode, Offset: f.offset}
+}
+func (f *fileSource) close() error { return nil }
+
+func inodeOf(fi os.FileInfo) uint64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Ino
+	}
+	return 0
+}
