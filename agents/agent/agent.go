@@ -1,0 +1,268 @@
+// Package agent is the node agent's runtime: configuration (TOML + flags),
+// the explicit registry of checks, the runner that calls each check on its
+// own schedule with a deadline, panic recovery and a success metric (in the
+// style of node_exporter's collectors), the durable on-disk spool, the
+// sender that drains it to the gateway over gRPC, and /metrics + /healthz.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/agents/check"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// Scheduled is a check with its schedule.
+type Scheduled struct {
+	Check    check.Check
+	Interval time.Duration
+	Timeout  time.Duration
+}
+
+// Options are collaborators of an Agent, for tests.
+type Options struct {
+	// Checks replaces the checks built from the registry.
+	Checks []Scheduled
+	// DialOptions are added to the gateway connection.
+	DialOptions []grpc.DialOption
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Agent runs checks, spools their events and sends them.
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	m      *Metrics
+	spool  *Spool
+	sender *Sender
+	checks []Scheduled
+	now    func() time.Time
+
+	mu      sync.Mutex
+	lastRun map[string]time.Time
+	started time.Time
+}
+
+// New builds the agent: every enabled check (a check that cannot start, such
+// as the NIC check without GPU metadata, is an error), the spool and the
+// sender.
+func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
+	a := &Agent{cfg: cfg, log: log, m: NewMetrics(), now: opt.Now, lastRun: map[string]time.Time{}}
+	if a.now == nil {
+		a.now = time.Now
+	}
+	a.checks = opt.Checks
+	if a.checks == nil {
+		for _, name := range cfg.Checks {
+			s := spec(name)
+			if s == nil {
+				return nil, fmt.Errorf("checks: unknown check %q", name)
+			}
+			c, err := s.New(&cfg, log)
+			if err != nil {
+				return nil, fmt.Errorf("check %s: %w", name, err)
+			}
+			a.checks = append(a.checks, Scheduled{Check: c, Interval: s.Interval(&cfg), Timeout: s.Timeout(&cfg)})
+		}
+	}
+	sp, err := OpenSpool(cfg.Spool.Dir, cfg.Spool.MaxBytes, log, a.m)
+	if err != nil {
+		return nil, err
+	}
+	a.spool = sp
+	a.sender, err = NewSender(cfg.Gateway, sp, log, a.m, opt.DialOptions...)
+	if err != nil {
+		sp.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// Metrics returns the agent's metrics.
+func (a *Agent) Metrics() *Metrics { return a.m }
+
+// Spool returns the agent's spool.
+func (a *Agent) Spool() *Spool { return a.spool }
+
+// Run runs until ctx ends or the metrics listener fails; the spool keeps
+// what was not sent.
+func (a *Agent) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer a.spool.Close()
+	defer a.sender.Close()
+	a.started = a.now()
+	var wg sync.WaitGroup
+	if a.cfg.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics_addr: %w", err)
+		}
+		srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				cancel(fmt.Errorf("metrics server: %w", err))
+			}
+		}()
+		go func() {
+			<-ctx.Done()
+			sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
+			defer c()
+			_ = srv.Shutdown(sctx)
+		}()
+		a.log.Info("serving /metrics and /healthz", "addr", ln.Addr().String())
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = a.sender.Run(ctx)
+	}()
+	for _, s := range a.checks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.loop(ctx, s)
+		}()
+	}
+	names := make([]string, len(a.checks))
+	for i, s := range a.checks {
+		names[i] = s.Check.Name()
+	}
+	a.log.Info("agent running", "node", a.cfg.NodeName, "checks", strings.Join(names, ","), "gateway", a.cfg.Gateway.Addr)
+	<-ctx.Done()
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+func (a *Agent) loop(ctx context.Context, s Scheduled) {
+	t := time.NewTicker(s.Interval)
+	defer t.Stop()
+	for {
+		a.RunOnce(ctx, s)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// RunOnce calls one check once with its deadline and recovery, records the
+// metrics, stamps and spools the events.
+func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
+	name := s.Check.Name()
+	cctx, cancel := context.WithTimeout(ctx, s.Timeout)
+	defer cancel()
+	start := a.now()
+	evs, err := safeCheck(cctx, s.Check)
+	dur := a.now().Sub(start)
+	result := "ok"
+	switch {
+	case errors.Is(err, errPanic):
+		result = "panic"
+	case err != nil && cctx.Err() != nil:
+		result = "timeout"
+	case err != nil:
+		result = "error"
+	}
+	a.m.checkRuns.WithLabelValues(name, result).Inc()
+	a.m.checkDuration.WithLabelValues(name).Set(dur.Seconds())
+	if err != nil {
+		a.m.checkSuccess.WithLabelValues(name).Set(0)
+		a.log.Error("check failed", "check", name, "result", result, "err", err)
+	} else {
+		a.m.checkSuccess.WithLabelValues(name).Set(1)
+	}
+	a.mu.Lock()
+	a.lastRun[name] = a.now()
+	a.mu.Unlock()
+	if len(evs) == 0 {
+		return
+	}
+	a.m.checkEvents.WithLabelValues(name).Add(float64(len(evs)))
+	a.stamp(name, evs)
+	for _, ev := range evs {
+		a.log.Info("event", "check", name, "checkName", ev.GetCheckName(), "fatal", ev.GetIsFatal(), "healthy", ev.GetIsHealthy(), "message", ev.GetMessage())
+	}
+	if _, err := a.spool.Append(evs); err != nil {
+		a.log.Error("events not spooled", "check", name, "events", len(evs), "err", err)
+	}
+}
+
+func (a *Agent) stamp(name string, evs []*datamodels.HealthEvent) {
+	ps := datamodels.ProcessingStrategy(datamodels.ProcessingStrategy_value[a.cfg.ProcessingStrategy])
+	now := timestamppb.New(a.now())
+	for _, ev := range evs {
+		if ev.NodeName == "" {
+			ev.NodeName = a.cfg.NodeName
+		}
+		if ev.Agent == "" {
+			ev.Agent = "faultline-agent/" + name
+		}
+		if ev.GeneratedTimestamp == nil {
+			ev.GeneratedTimestamp = now
+		}
+		if ev.ProcessingStrategy == datamodels.ProcessingStrategy_UNSPECIFIED {
+			ev.ProcessingStrategy = ps
+		}
+	}
+}
+
+var errPanic = errors.New("check panicked")
+
+func safeCheck(ctx context.Context, c check.Check) (evs []*datamodels.HealthEvent, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			evs, err = nil, fmt.Errorf("%w: %v", errPanic, r)
+		}
+	}()
+	return c.Check(ctx)
+}
+
+// Handler serves /metrics and /healthz. /healthz answers 503 naming the
+// checks that have not completed a run within 3 intervals plus their
+// timeout (a wedged loop), else 200 "ok".
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(a.m.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		now := a.now()
+		var stale []string
+		a.mu.Lock()
+		for _, s := range a.checks {
+			limit := 3*s.Interval + s.Timeout
+			last, ok := a.lastRun[s.Check.Name()]
+			if !ok {
+				last = a.started
+			}
+			if now.Sub(last) > limit {
+				stale = append(stale, s.Check.Name())
+			}
+		}
+		a.mu.Unlock()
+		if len(stale) > 0 {
+			http.Error(w, "stale checks: "+strings.Join(stale, ","), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}

@@ -1,0 +1,204 @@
+package agent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/faultline/faultline/agents/nic"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// Config is the agent's one typed configuration: a TOML file (--config)
+// overridden by flags. Each check's section is a field here (see
+// registry.go for how to add one).
+type Config struct {
+	// NodeName is stamped on every event (default $NODE_NAME; required).
+	NodeName string `toml:"node_name"`
+	// Checks lists the enabled checks by registry name (default ["nic"]).
+	Checks []string `toml:"checks"`
+	// ProcessingStrategy is EXECUTE_REMEDIATION (default) or STORE_ONLY,
+	// stamped on events that do not set one.
+	ProcessingStrategy string `toml:"processing_strategy"`
+	// MetricsAddr serves /metrics and /healthz (default ":2112"; "" off).
+	MetricsAddr string `toml:"metrics_addr"`
+	// LogLevel is debug, info (default), warn or error.
+	LogLevel string `toml:"log_level"`
+
+	Gateway GatewayConfig `toml:"gateway"`
+	Spool   SpoolConfig   `toml:"spool"`
+
+	// Check sections.
+	NIC nic.Config `toml:"nic"`
+}
+
+// GatewayConfig is how the agent reaches the gateway.
+type GatewayConfig struct {
+	// Addr is the gateway's gRPC address (default "127.0.0.1:50051").
+	Addr string `toml:"addr"`
+	// TokenFile holds the bearer token (default
+	// "/var/run/secrets/faultline/token"); re-read before every send so a
+	// rotated token is picked up. Never logged.
+	TokenFile string `toml:"token_file"`
+	// TLS enables TLS (default false).
+	TLS bool `toml:"tls"`
+	// CAFile is a PEM bundle to verify the gateway (default: system roots).
+	CAFile string `toml:"ca_file"`
+	// ServerName overrides the TLS server name (default: from Addr).
+	ServerName string `toml:"server_name"`
+	// Timeout bounds one SubmitEvents call (default 10s).
+	Timeout time.Duration `toml:"timeout"`
+	// BatchSize is the most events per SubmitEvents call (default 500).
+	BatchSize int `toml:"batch_size"`
+	// MaxBackoff caps the retry backoff (default 30s).
+	MaxBackoff time.Duration `toml:"max_backoff"`
+}
+
+// SpoolConfig is the on-disk spool (see Spool for the full policy).
+type SpoolConfig struct {
+	// Dir holds the segments (default "/var/lib/faultline-agent/spool").
+	Dir string `toml:"dir"`
+	// MaxBytes caps unsent bytes (default 64 MiB).
+	MaxBytes int64 `toml:"max_bytes"`
+}
+
+// DefaultConfig returns the defaults documented on the fields.
+func DefaultConfig() Config {
+	return Config{
+		Checks:             []string{"nic"},
+		ProcessingStrategy: "EXECUTE_REMEDIATION",
+		MetricsAddr:        ":2112",
+		LogLevel:           "info",
+		Gateway: GatewayConfig{Addr: "127.0.0.1:50051", TokenFile: "/var/run/secrets/faultline/token",
+			Timeout: 10 * time.Second, BatchSize: 500, MaxBackoff: 30 * time.Second},
+		Spool: SpoolConfig{Dir: "/var/lib/faultline-agent/spool", MaxBytes: 64 << 20},
+		NIC:   nic.DefaultConfig(),
+	}
+}
+
+// RegisterFlags binds the flags to c (after TOML, so flags win).
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "node name stamped on events (node_name, default $NODE_NAME)")
+	fs.Func("checks", "comma-separated checks to run (checks, default nic); registered: "+strings.Join(CheckNames(), ","), func(s string) error {
+		c.Checks = nil
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				c.Checks = append(c.Checks, p)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&c.ProcessingStrategy, "processing-strategy", c.ProcessingStrategy, "EXECUTE_REMEDIATION or STORE_ONLY (processing_strategy)")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "address of /metrics and /healthz, empty to disable (metrics_addr)")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn, error (log_level)")
+	fs.StringVar(&c.Gateway.Addr, "gateway", c.Gateway.Addr, "gateway gRPC address (gateway.addr)")
+	fs.StringVar(&c.Gateway.TokenFile, "token-file", c.Gateway.TokenFile, "bearer token file (gateway.token_file)")
+	fs.BoolVar(&c.Gateway.TLS, "tls", c.Gateway.TLS, "use TLS to the gateway (gateway.tls)")
+	fs.StringVar(&c.Gateway.CAFile, "ca-file", c.Gateway.CAFile, "PEM CA bundle for the gateway (gateway.ca_file)")
+	fs.StringVar(&c.Spool.Dir, "spool-dir", c.Spool.Dir, "spool directory (spool.dir)")
+	fs.Int64Var(&c.Spool.MaxBytes, "spool-max-bytes", c.Spool.MaxBytes, "spool capacity in bytes (spool.max_bytes)")
+	c.NIC.RegisterFlags(fs)
+}
+
+// Validate names the first bad key.
+func (c *Config) Validate() error {
+	if c.NodeName == "" {
+		return errors.New("node_name: must be set (or NODE_NAME, or --node-name)")
+	}
+	if len(c.Checks) == 0 {
+		return errors.New("checks: no check enabled")
+	}
+	for _, n := range c.Checks {
+		if spec(n) == nil {
+			return fmt.Errorf("checks: unknown check %q (registered: %s)", n, strings.Join(CheckNames(), ", "))
+		}
+	}
+	if _, ok := datamodels.ProcessingStrategy_value[c.ProcessingStrategy]; !ok || c.ProcessingStrategy == "UNSPECIFIED" {
+		return fmt.Errorf("processing_strategy: %q is not EXECUTE_REMEDIATION or STORE_ONLY", c.ProcessingStrategy)
+	}
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
+		return fmt.Errorf("log_level: %q is not debug, info, warn or error", c.LogLevel)
+	}
+	if c.Gateway.Addr == "" {
+		return errors.New("gateway.addr: must be set")
+	}
+	if c.Gateway.TokenFile == "" {
+		return errors.New("gateway.token_file: must be set")
+	}
+	if c.Gateway.Timeout <= 0 {
+		return errors.New("gateway.timeout: must be positive")
+	}
+	if c.Gateway.BatchSize < 1 || c.Gateway.BatchSize > 10000 {
+		return fmt.Errorf("gateway.batch_size: %d is not in 1..10000", c.Gateway.BatchSize)
+	}
+	if c.Gateway.MaxBackoff < 100*time.Millisecond {
+		return errors.New("gateway.max_backoff: below 100ms")
+	}
+	if c.Spool.Dir == "" {
+		return errors.New("spool.dir: must be set")
+	}
+	if c.Spool.MaxBytes < 64<<10 {
+		return fmt.Errorf("spool.max_bytes: %d is below 64 KiB", c.Spool.MaxBytes)
+	}
+	for _, s := range registry {
+		if slices.Contains(c.Checks, s.Name) && s.Validate != nil {
+			if err := s.Validate(c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// LoadConfig builds the configuration from defaults, the TOML file named by
+// --config (unknown keys are an error naming them), then flags, and
+// validates it. getenv supplies NODE_NAME.
+func LoadConfig(name string, args []string, getenv func(string) string) (Config, error) {
+	parse := func(c *Config) (string, error) {
+		fs := flag.NewFlagSet(name, flag.ContinueOnError)
+		path := ""
+		fs.StringVar(&path, "config", "", "TOML configuration file")
+		c.RegisterFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			return "", err
+		}
+		if fs.NArg() > 0 {
+			return "", fmt.Errorf("unexpected arguments: %v", fs.Args())
+		}
+		return path, nil
+	}
+	cfg := DefaultConfig()
+	cfg.NodeName = getenv("NODE_NAME")
+	path, err := parse(&cfg)
+	if err != nil {
+		return Config{}, err
+	}
+	if path != "" {
+		cfg = DefaultConfig()
+		cfg.NodeName = getenv("NODE_NAME")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return Config{}, fmt.Errorf("config: %w", err)
+		}
+		md, err := toml.Decode(string(b), &cfg)
+		if err != nil {
+			return Config{}, fmt.Errorf("config %s: %w", path, err)
+		}
+		if und := md.Undecoded(); len(und) > 0 {
+			return Config{}, fmt.Errorf("config %s: unknown key %s", path, und[0])
+		}
+		if _, err := parse(&cfg); err != nil {
+			return Config{}, err
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	return cfg, nil
+}

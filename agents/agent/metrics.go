@@ -1,0 +1,62 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics are the agent's Prometheus metrics, on their own registry.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	checkSuccess  *prometheus.GaugeVec
+	checkDuration *prometheus.GaugeVec
+	checkRuns     *prometheus.CounterVec
+	checkEvents   *prometheus.CounterVec
+
+	spoolBytes   prometheus.Gauge
+	spoolFull    prometheus.Gauge
+	spoolDropped *prometheus.CounterVec
+	spoolCorrupt prometheus.Counter
+
+	sent       prometheus.Counter
+	sendErrors *prometheus.CounterVec
+	rejected   prometheus.Counter
+}
+
+// NewMetrics registers the agent's metrics, plus the Go and process
+// collectors, on a new registry.
+func NewMetrics() *Metrics {
+	r := prometheus.NewRegistry()
+	f := func(c prometheus.Collector) { r.MustRegister(c) }
+	m := &Metrics{Registry: r,
+		checkSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_agent_check_success",
+			Help: "1 if the check's last run succeeded, 0 if it failed, timed out or panicked."}, []string{"check"}),
+		checkDuration: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_agent_check_duration_seconds",
+			Help: "Duration of the check's last run."}, []string{"check"}),
+		checkRuns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_agent_check_runs_total",
+			Help: "Check runs by result (ok, error, timeout, panic)."}, []string{"check", "result"}),
+		checkEvents: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_agent_check_events_total",
+			Help: "Events returned by the check."}, []string{"check"}),
+		spoolBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "faultline_agent_spool_bytes",
+			Help: "Bytes of events in the spool not yet accepted by the gateway."}),
+		spoolFull: prometheus.NewGauge(prometheus.GaugeOpts{Name: "faultline_agent_spool_full",
+			Help: "1 while the spool refuses new events (full, or above 90% for non-fatal events)."}),
+		spoolDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_agent_spool_dropped_events_total",
+			Help: "Events refused by a full spool, by reason (full, reserved_for_fatal)."}, []string{"reason"}),
+		spoolCorrupt: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_agent_spool_corrupt_total",
+			Help: "Corrupt spool records skipped."}),
+		sent: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_agent_sent_events_total",
+			Help: "Events the gateway accepted (returned ids for)."}),
+		sendErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_agent_send_errors_total",
+			Help: "Failed SubmitEvents calls by gRPC code."}, []string{"code"}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_agent_rejected_events_total",
+			Help: "Events the gateway rejected as invalid (dropped from the spool)."}),
+	}
+	for _, c := range []prometheus.Collector{m.checkSuccess, m.checkDuration, m.checkRuns, m.checkEvents,
+		m.spoolBytes, m.spoolFull, m.spoolDropped, m.spoolCorrupt, m.sent, m.sendErrors, m.rejected,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+		f(c)
+	}
+	return m
+}

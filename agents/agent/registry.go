@@ -1,0 +1,70 @@
+package agent
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/faultline/faultline/agents/check"
+	"github.com/faultline/faultline/agents/nic"
+)
+
+// CheckSpec registers one check with the agent.
+//
+// How to add a check (kmsg, fabric, gpu, ...):
+//
+//  1. Give the check a config type with defaults, RegisterFlags(*flag.FlagSet)
+//     (flags prefixed with its name, e.g. --kmsg-path) and Validate() error
+//     naming "<section>.<key>", and add it as a field of Config with a
+//     `toml:"<name>"` tag; set its default in DefaultConfig and call its
+//     RegisterFlags in Config.RegisterFlags.
+//  2. Add one line to registry below.
+//  3. For an operator subcommand (`faultline-agent kmsg parse [FILE]`), add one
+//     entry to the command table in agents/cmd/faultline-agent/main.go.
+//
+// The runner then calls the check on its schedule, each call with its own
+// deadline and panic recovery, records faultline_agent_check_success{check}
+// and friends, stamps nodeName, agent, generatedTimestamp and
+// processingStrategy where the check left them empty, and spools the events.
+type CheckSpec struct {
+	// Name is the name used in Config.Checks, metrics and logs.
+	Name string
+	// Interval and Timeout give the schedule and per-call deadline.
+	Interval func(*Config) time.Duration
+	Timeout  func(*Config) time.Duration
+	// Validate checks the check's section (only when enabled); may be nil.
+	Validate func(*Config) error
+	// New builds the check. An error stops the agent at start (a hard
+	// dependency missing, like the NIC check's GPU metadata).
+	New func(cfg *Config, log *slog.Logger) (check.Check, error)
+}
+
+// registry is the explicit list of checks the agent can run.
+var registry = []CheckSpec{
+	{
+		Name:     "nic",
+		Interval: func(c *Config) time.Duration { return c.NIC.PollInterval },
+		Timeout:  func(c *Config) time.Duration { return c.NIC.PollInterval },
+		Validate: func(c *Config) error { return c.NIC.Validate() },
+		New: func(c *Config, log *slog.Logger) (check.Check, error) {
+			return nic.New(c.NIC, nic.Options{Logger: log})
+		},
+	},
+}
+
+// CheckNames lists the registered checks.
+func CheckNames() []string {
+	out := make([]string, len(registry))
+	for i, s := range registry {
+		out[i] = s.Name
+	}
+	return out
+}
+
+func spec(name string) *CheckSpec {
+	for i := range registry {
+		if registry[i].Name == name {
+			return &registry[i]
+		}
+	}
+	return nil
+}

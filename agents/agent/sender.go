@@ -1,0 +1,170 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// Sender drains the spool to the gateway's SubmitEvents, oldest first,
+// committing a batch only after the gateway returned one id per event.
+// Failures back off exponentially (200ms doubling to MaxBackoff, with
+// jitter) and retry the same batch, so order is kept. An InvalidArgument
+// answer for a batch is retried one event at a time; a single event the
+// gateway rejects as invalid is dropped from the spool, logged and counted
+// (faultline_agent_rejected_events_total), since resending it can never
+// succeed.
+type Sender struct {
+	cfg    GatewayConfig
+	spool  *Spool
+	log    *slog.Logger
+	m      *Metrics
+	conn   *grpc.ClientConn
+	client faultlinev1.EventsClient
+}
+
+// NewSender dials (lazily) the gateway.
+func NewSender(cfg GatewayConfig, spool *Spool, log *slog.Logger, m *Metrics, opts ...grpc.DialOption) (*Sender, error) {
+	creds := insecure.NewCredentials()
+	if cfg.TLS {
+		tc := &tls.Config{ServerName: cfg.ServerName, MinVersion: tls.VersionTLS12}
+		if cfg.CAFile != "" {
+			pem, err := os.ReadFile(cfg.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("gateway.ca_file: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("gateway.ca_file: no certificate in %s", cfg.CAFile)
+			}
+			tc.RootCAs = pool
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	conn, err := grpc.NewClient(cfg.Addr, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("gateway.addr: %w", err)
+	}
+	return &Sender{cfg: cfg, spool: spool, log: log, m: m, conn: conn, client: faultlinev1.NewEventsClient(conn)}, nil
+}
+
+// Close closes the connection.
+func (s *Sender) Close() error { return s.conn.Close() }
+
+func (s *Sender) token() (string, error) {
+	b, err := os.ReadFile(s.cfg.TokenFile)
+	if err != nil {
+		return "", fmt.Errorf("gateway.token_file: %w", err)
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" {
+		return "", errors.New("gateway.token_file: empty")
+	}
+	return t, nil
+}
+
+// Run sends until ctx ends.
+func (s *Sender) Run(ctx context.Context) error {
+	backoff := time.Duration(0)
+	single := false // after InvalidArgument: one event per call until that one is resolved
+	for {
+		if backoff > 0 {
+			d := backoff/2 + rand.N(backoff/2+1)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(d):
+			}
+		}
+		n := s.cfg.BatchSize
+		if single {
+			n = 1
+		}
+		evs, next, err := s.spool.Peek(n)
+		if err != nil {
+			s.log.Error("spool read failed", "err", err)
+			backoff = s.nextBackoff(backoff)
+			continue
+		}
+		if len(evs) == 0 {
+			single = false
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-s.spool.Notify():
+			}
+			continue
+		}
+		err = s.send(ctx, evs)
+		if ctx.Err() != nil {
+			return nil
+		}
+		switch code := status.Code(err); {
+		case err == nil:
+			if err := s.spool.Commit(next); err != nil {
+				s.log.Error("spool commit failed", "err", err)
+			}
+			if backoff > 0 {
+				s.log.Info("gateway reachable again", "sent", len(evs))
+			}
+			backoff, single = 0, false
+		case code == codes.InvalidArgument && len(evs) > 1:
+			s.log.Warn("gateway rejected a batch as invalid; retrying one event at a time", "events", len(evs), "err", err)
+			single = true
+		case code == codes.InvalidArgument:
+			s.log.Error("gateway rejected an event as invalid; dropped from the spool", "check", evs[0].GetCheckName(), "message", evs[0].GetMessage(), "err", err)
+			s.m.rejected.Inc()
+			if err := s.spool.Commit(next); err != nil {
+				s.log.Error("spool commit failed", "err", err)
+			}
+		default:
+			s.m.sendErrors.WithLabelValues(code.String()).Inc()
+			if backoff == 0 || code == codes.Unauthenticated || code == codes.PermissionDenied {
+				s.log.Warn("sending to the gateway failed; events stay spooled", "code", code.String(), "err", err, "pending_bytes", s.spool.Pending())
+			}
+			backoff = s.nextBackoff(backoff)
+		}
+	}
+}
+
+func (s *Sender) nextBackoff(b time.Duration) time.Duration {
+	if b == 0 {
+		return 200 * time.Millisecond
+	}
+	return min(b*2, s.cfg.MaxBackoff)
+}
+
+func (s *Sender) send(ctx context.Context, evs []*datamodels.HealthEvent) error {
+	tok, err := s.token()
+	if err != nil {
+		return status.Error(codes.Unauthenticated, err.Error())
+	}
+	cctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok), s.cfg.Timeout)
+	defer cancel()
+	resp, err := s.client.SubmitEvents(cctx, &faultlinev1.SubmitEventsRequest{Events: evs})
+	if err != nil {
+		return err
+	}
+	if len(resp.GetIds()) != len(evs) {
+		return status.Errorf(codes.Internal, "gateway returned %d ids for %d events", len(resp.GetIds()), len(evs))
+	}
+	s.m.sent.Add(float64(len(evs)))
+	return nil
+}
