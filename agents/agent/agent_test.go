@@ -1,0 +1,488 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func ev(msg string, fatal bool) *datamodels.HealthEvent {
+	return &datamodels.HealthEvent{Agent: "test", CheckName: "T", Message: msg, IsFatal: fatal, NodeName: "n1"}
+}
+
+func msgs(evs []*datamodels.HealthEvent) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.GetMessage()
+	}
+	return out
+}
+
+// TestSpoolOrderAndRestart: events come back in order across segments, a
+// commit removes only what was sent, and a reopened spool resends the rest.
+func TestSpoolOrderAndRestart(t *testing.T) {
+	dir := t.TempDir()
+	sp, err := OpenSpool(dir, 64<<10, quiet(), NewMetrics()) // 8 KiB segments
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for i := range 300 {
+		m := fmt.Sprintf("event %03d %s", i, strings.Repeat("x", 40))
+		want = append(want, m)
+		if n, err := sp.Append([]*datamodels.HealthEvent{ev(m, true)}); err != nil || n != 1 {
+			t.Fatalf("append %d: %d %v", i, n, err)
+		}
+	}
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
+	if len(segs) < 2 {
+		t.Fatalf("expected several segments, got %d", len(segs))
+	}
+	got, next, err := sp.Peek(100)
+	if err != nil || len(got) != 100 {
+		t.Fatalf("peek: %d %v", len(got), err)
+	}
+	if err := sp.Commit(next); err != nil {
+		t.Fatal(err)
+	}
+	got2, _, _ := sp.Peek(10) // read but not committed: must come back
+	if got2[0].GetMessage() != want[100] {
+		t.Fatalf("after commit: %q", got2[0].GetMessage())
+	}
+	sp.Close()
+	// A torn record at the end (crash mid-append) is cut off on open.
+	segs, _ = filepath.Glob(filepath.Join(dir, "*.seg"))
+	f, _ := os.OpenFile(segs[len(segs)-1], os.O_APPEND|os.O_WRONLY, 0)
+	f.Write([]byte{0, 0, 1, 0, 1, 2})
+	f.Close()
+	sp, err = OpenSpool(dir, 64<<10, quiet(), NewMetrics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	rest, next, err := sp.Peek(1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(msgs(rest), "|") != strings.Join(want[100:], "|") {
+		t.Fatalf("after reopen: %d events, first %q", len(rest), msgs(rest)[0])
+	}
+	if err := sp.Commit(next); err != nil {
+		t.Fatal(err)
+	}
+	if sp.Pending() != 0 {
+		t.Errorf("pending %d after committing everything", sp.Pending())
+	}
+	segs, _ = filepath.Glob(filepath.Join(dir, "*.seg"))
+	if len(segs) != 1 {
+		t.Errorf("%d segments left, want only the open one", len(segs))
+	}
+}
+
+// TestSpoolFullPolicy: above 90% only fatal events are accepted, at 100%
+// nothing; refusals are counted; draining re-opens the spool.
+func TestSpoolFullPolicy(t *testing.T) {
+	m := NewMetrics()
+	sp, err := OpenSpool(t.TempDir(), 64<<10, quiet(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	big := strings.Repeat("y", 1000)
+	accepted := 0
+	for range 100 {
+		n, _ := sp.Append([]*datamodels.HealthEvent{ev(big, false)})
+		accepted += n
+	}
+	if p := sp.Pending(); p > 64<<10*9/10 || p < 64<<10*8/10 {
+		t.Errorf("non-fatal events filled %d bytes, want just under 90%%", p)
+	}
+	if n, _ := sp.Append([]*datamodels.HealthEvent{ev(big, true)}); n != 1 {
+		t.Errorf("fatal event refused in the reserve")
+	}
+	for range 20 {
+		sp.Append([]*datamodels.HealthEvent{ev(big, true)})
+	}
+	if p := sp.Pending(); p > 64<<10 {
+		t.Errorf("spool over capacity: %d", p)
+	}
+	if v := val(m.spoolFull); v != 1 {
+		t.Errorf("spool_full = %v", v)
+	}
+	if v := val(m.spoolDropped.WithLabelValues("reserved_for_fatal")); v < 1 {
+		t.Errorf("reserved_for_fatal drops = %v", v)
+	}
+	if v := val(m.spoolDropped.WithLabelValues("full")); v < 1 {
+		t.Errorf("full drops = %v", v)
+	}
+	evs, next, _ := sp.Peek(1000)
+	sp.Commit(next)
+	if val(m.spoolFull) != 0 || len(evs) == 0 {
+		t.Errorf("drained spool still full")
+	}
+	if n, _ := sp.Append([]*datamodels.HealthEvent{ev("after", false)}); n != 1 {
+		t.Errorf("drained spool refuses")
+	}
+}
+
+// fakeGateway is a tiny faultlinev1.EventsServer that can go down and come
+// back on the same address.
+type fakeGateway struct {
+	faultlinev1.UnimplementedEventsServer
+	t     *testing.T
+	addr  string
+	token string
+	srv   *grpc.Server
+	mu    sync.Mutex
+	got   []string
+	auth  []string
+	n     int
+}
+
+func startFake(t *testing.T) *fakeGateway {
+	g := &fakeGateway{t: t, addr: "127.0.0.1:0", token: "s3cret"}
+	g.start()
+	t.Cleanup(g.stop)
+	return g
+}
+
+func (g *fakeGateway) start() {
+	var ln net.Listener
+	var err error
+	for range 50 {
+		if ln, err = net.Listen("tcp", g.addr); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	g.addr = ln.Addr().String()
+	g.srv = grpc.NewServer()
+	faultlinev1.RegisterEventsServer(g.srv, g)
+	go g.srv.Serve(ln)
+}
+
+func (g *fakeGateway) stop() { g.srv.Stop() }
+
+func (g *fakeGateway) SubmitEvents(ctx context.Context, req *faultlinev1.SubmitEventsRequest) (*faultlinev1.SubmitEventsResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if a := md.Get("authorization"); len(a) != 1 || a[0] != "Bearer "+g.token {
+		return nil, status.Error(codes.Unauthenticated, "bad token")
+	}
+	resp := &faultlinev1.SubmitEventsResponse{}
+	for _, e := range req.GetEvents() {
+		if e.GetMessage() == "invalid" {
+			return nil, status.Error(codes.InvalidArgument, "events[0].message: invalid")
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, e := range req.GetEvents() {
+		g.got = append(g.got, e.GetMessage())
+		g.n++
+		resp.Ids = append(resp.Ids, fmt.Sprint(g.n))
+	}
+	return resp, nil
+}
+
+func (g *fakeGateway) received() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]string(nil), g.got...)
+}
+
+func waitFor(t *testing.T, d time.Duration, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func senderFor(t *testing.T, addr, token string) (*Spool, *Sender, *Metrics, context.CancelFunc) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	os.WriteFile(tok, []byte(token+"\n"), 0o600)
+	m := NewMetrics()
+	sp, err := OpenSpool(filepath.Join(dir, "spool"), 1<<20, quiet(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig().Gateway
+	cfg.Addr, cfg.TokenFile, cfg.MaxBackoff, cfg.BatchSize = addr, tok, 200*time.Millisecond, 7
+	s, err := NewSender(cfg, sp, quiet(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; s.Close(); sp.Close() })
+	return sp, s, m, cancel
+}
+
+// TestSenderOutage: while the gateway is down events stay spooled; when it
+// comes back they arrive once each, in order, and the spool empties.
+func TestSenderOutage(t *testing.T) {
+	g := startFake(t)
+	sp, _, m, _ := senderFor(t, g.addr, g.token)
+	var want []string
+	add := func(i int) {
+		m := fmt.Sprintf("e%02d", i)
+		want = append(want, m)
+		sp.Append([]*datamodels.HealthEvent{ev(m, i%2 == 0)})
+	}
+	for i := range 5 {
+		add(i)
+	}
+	waitFor(t, 5*time.Second, func() bool { return len(g.received()) == 5 }, "first events")
+	g.stop()
+	for i := 5; i < 40; i++ {
+		add(i)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if sp.Pending() == 0 {
+		t.Fatal("nothing spooled while the gateway is down")
+	}
+	g.start()
+	waitFor(t, 10*time.Second, func() bool { return sp.Pending() == 0 }, "spool to drain")
+	if got := g.received(); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("received %v\nwant %v", got, want)
+	}
+	if v := val(m.sent); v != 40 {
+		t.Errorf("sent metric %v", v)
+	}
+}
+
+// TestSenderInvalidAndAuth: a wrong token keeps events spooled; an invalid
+// event is dropped alone while its batch mates are delivered.
+func TestSenderInvalidAndAuth(t *testing.T) {
+	g := startFake(t)
+	sp, _, m, _ := senderFor(t, g.addr, "wrong")
+	sp.Append([]*datamodels.HealthEvent{ev("a", true)})
+	time.Sleep(400 * time.Millisecond)
+	if len(g.received()) != 0 || sp.Pending() == 0 {
+		t.Fatal("sent with a wrong token")
+	}
+	if val(m.sendErrors.WithLabelValues("Unauthenticated")) < 1 {
+		t.Error("no Unauthenticated error counted")
+	}
+
+	g2 := startFake(t)
+	sp2, _, m2, _ := senderFor(t, g2.addr, g2.token)
+	sp2.Append([]*datamodels.HealthEvent{ev("a", true), ev("invalid", true), ev("b", false)})
+	waitFor(t, 5*time.Second, func() bool { return sp2.Pending() == 0 }, "drain")
+	if got := strings.Join(g2.received(), ","); got != "a,b" {
+		t.Errorf("received %s", got)
+	}
+	if val(m2.rejected) != 1 {
+		t.Error("rejected not counted")
+	}
+}
+
+type fakeCheck struct {
+	name string
+	run  func(ctx context.Context) ([]*datamodels.HealthEvent, error)
+}
+
+func (f fakeCheck) Name() string { return f.name }
+func (f fakeCheck) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
+	return f.run(ctx)
+}
+
+func testConfig(t *testing.T, gatewayAddr string) Config {
+	cfg := DefaultConfig()
+	cfg.NodeName = "node-7"
+	cfg.MetricsAddr = ""
+	cfg.Spool.Dir = filepath.Join(t.TempDir(), "spool")
+	cfg.Gateway.Addr = gatewayAddr
+	tok := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tok, []byte("s3cret"), 0o600)
+	cfg.Gateway.TokenFile = tok
+	cfg.Gateway.MaxBackoff = 200 * time.Millisecond
+	return cfg
+}
+
+// TestRunnerIsolation: a panicking check and a check past its deadline fail
+// alone (success metric 0), the good one keeps reporting; events get the
+// node name, agent, timestamp and processing strategy.
+func TestRunnerIsolation(t *testing.T) {
+	g := startFake(t)
+	cfg := testConfig(t, g.addr)
+	cfg.ProcessingStrategy = "STORE_ONLY"
+	good := fakeCheck{"good", func(context.Context) ([]*datamodels.HealthEvent, error) {
+		return []*datamodels.HealthEvent{{CheckName: "Good", Message: "hello"}}, nil
+	}}
+	bad := fakeCheck{"bad", func(context.Context) ([]*datamodels.HealthEvent, error) { panic("boom") }}
+	slow := fakeCheck{"slow", func(ctx context.Context) ([]*datamodels.HealthEvent, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}}
+	sched := func(c fakeCheck) Scheduled {
+		return Scheduled{Check: c, Interval: 50 * time.Millisecond, Timeout: 20 * time.Millisecond}
+	}
+	a, err := New(cfg, quiet(), Options{Checks: []Scheduled{sched(good), sched(bad), sched(slow)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got *datamodels.HealthEvent
+	a.RunOnce(context.Background(), sched(good))
+	evs, _, _ := a.Spool().Peek(1)
+	got = evs[0]
+	if got.GetNodeName() != "node-7" || got.GetAgent() != "faultline-agent/good" || got.GetGeneratedTimestamp() == nil ||
+		got.GetProcessingStrategy() != datamodels.ProcessingStrategy_STORE_ONLY {
+		t.Errorf("stamped event: %v", got)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	waitFor(t, 5*time.Second, func() bool { return len(g.received()) >= 3 }, "good events")
+	m := a.Metrics()
+	for name, want := range map[string]float64{"good": 1, "bad": 0, "slow": 0} {
+		if v := val(m.checkSuccess.WithLabelValues(name)); v != want {
+			t.Errorf("check_success{%s} = %v, want %v", name, v, want)
+		}
+	}
+	if val(m.checkRuns.WithLabelValues("bad", "panic")) < 1 || val(m.checkRuns.WithLabelValues("slow", "timeout")) < 1 {
+		t.Error("panic/timeout results not counted")
+	}
+	rec := httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+	if rec.Code != http.StatusOK {
+		t.Errorf("healthz %d %s", rec.Code, rec.Body)
+	}
+	rec = httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if !strings.Contains(rec.Body.String(), `faultline_agent_check_success{check="bad"} 0`) {
+		t.Errorf("metrics lack check_success")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestHealthzStale(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	now := time.Unix(1000, 0)
+	c := fakeCheck{"c", func(context.Context) ([]*datamodels.HealthEvent, error) { return nil, nil }}
+	a, err := New(cfg, quiet(), Options{Checks: []Scheduled{{Check: c, Interval: time.Second, Timeout: time.Second}},
+		Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.spool.Close()
+	a.started = now
+	a.RunOnce(context.Background(), a.checks[0])
+	now = now.Add(5 * time.Second)
+	rec := httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "c") {
+		t.Errorf("healthz %d %q, want 503 naming c", rec.Code, rec.Body)
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "agent.toml")
+	os.WriteFile(path, []byte(`
+node_name = "from-toml"
+processing_strategy = "STORE_ONLY"
+[gateway]
+addr = "gw:50051"
+timeout = "3s"
+[spool]
+max_bytes = 1048576
+[nic]
+sysfs_root = "/host/sys"
+state_polling_interval = "2s"
+nic_exclusion_regex = "^eth.*"
+`), 0o644)
+	env := func(string) string { return "from-env" }
+	cfg, err := LoadConfig("t", []string{"--config", path, "--gateway", "flag:1", "--state-polling-interval", "500ms"}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NodeName != "from-toml" || cfg.Gateway.Addr != "flag:1" || cfg.Gateway.Timeout != 3*time.Second ||
+		cfg.NIC.SysfsRoot != "/host/sys" || cfg.NIC.PollInterval != 500*time.Millisecond || cfg.Spool.MaxBytes != 1<<20 ||
+		cfg.ProcessingStrategy != "STORE_ONLY" || cfg.NIC.ExclusionRegex != "^eth.*" {
+		t.Errorf("config: %+v", cfg)
+	}
+	cfg, err = LoadConfig("t", nil, env)
+	if err != nil || cfg.NodeName != "from-env" {
+		t.Errorf("env node name: %v %v", cfg.NodeName, err)
+	}
+	for _, tc := range []struct {
+		toml, args, want string
+	}{
+		{"[gateway]\nadrr = \"x\"\n", "", "unknown key gateway.adrr"},
+		{"processing_strategy = \"MAYBE\"\n", "", "processing_strategy"},
+		{"[nic]\nnic_exclusion_regex = \"([\"\n", "", "nic.nic_exclusion_regex"},
+		{"", "--checks=nic,nope", `checks: unknown check "nope"`},
+		{"[spool]\nmax_bytes = 5\n", "", "spool.max_bytes"},
+		{"", "--node-name=", "node_name"},
+	} {
+		os.WriteFile(path, []byte(tc.toml), 0o644)
+		args := []string{"--config", path}
+		if tc.args != "" {
+			args = append(args, tc.args)
+		}
+		_, err := LoadConfig("t", args, env)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("toml %q args %q: err %v, want it to name %q", tc.toml, tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestNICCheckRefusesWithoutMetadata(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	cfg.NIC.SysfsRoot = t.TempDir()
+	cfg.NIC.MetadataPath = filepath.Join(t.TempDir(), "missing.json")
+	_, err := New(cfg, quiet(), Options{})
+	if err == nil || !strings.Contains(err.Error(), "GPU metadata") {
+		t.Fatalf("New: %v", err)
+	}
+	if !errors.Is(err, errors.Unwrap(err)) {
+		t.Log(err)
+	}
+}
+
+// val reads a gauge or counter.
+func val(m prometheus.Metric) float64 {
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		panic(err)
+	}
+	if d.Gauge != nil {
+		return d.Gauge.GetValue()
+	}
+	return d.Counter.GetValue()
+}
