@@ -1,0 +1,111 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/faultline/faultline/agents/nic/nictest"
+	"github.com/faultline/faultline/agents/topology"
+)
+
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := dispatch(context.Background(), args, &out, &errb)
+	return out.String(), err
+}
+
+func TestTopologyParseCommand(t *testing.T) {
+	out, err := run(t, "topology", "parse", "../../topology/testdata/h100_dgx_tabs.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var md topology.Metadata
+	if err := json.Unmarshal([]byte(out), &md); err != nil || len(md.GPUs) != 8 || len(md.NICTopology) != 12 {
+		t.Fatalf("output %q: %v", out, err)
+	}
+	if _, err := run(t, "topology", "parse", "../../topology/testdata/err_bad_cell.txt"); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("bad input: %v", err)
+	}
+}
+
+// TestTopologyCollectCommand runs collect against a fake nvidia-smi.
+func TestTopologyCollectCommand(t *testing.T) {
+	dir := t.TempDir()
+	topo, _ := filepath.Abs("../../topology/testdata/ansi_colours.txt")
+	smi := filepath.Join(dir, "nvidia-smi")
+	script := "#!/bin/sh\nif [ \"$1\" = topo ]; then cat " + topo + "; else printf '0, 00000000:0F:00.0, GPU-a, 1\\n1, 00000000:15:00.0, GPU-b, 2\\n'; fi\n"
+	if err := os.WriteFile(smi, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	outFile := filepath.Join(dir, "gpu_metadata.json")
+	if _, err := run(t, "topology", "collect", "--nvidia-smi", smi, "--output", outFile, "--node-name", "n1"); err != nil {
+		t.Fatal(err)
+	}
+	md, err := topology.Load(outFile)
+	if err != nil || md.NodeName != "n1" || md.GPUs[1].PCIAddress != "0000:15:00.0" || len(md.NICTopology) != 2 {
+		t.Fatalf("collected %+v, %v", md, err)
+	}
+}
+
+// TestNICCheckCommand: --once prints NICs and events; with --state-file a
+// second run reports only the transition.
+func TestNICCheckCommand(t *testing.T) {
+	dir := t.TempDir()
+	tree, err := nictest.New(filepath.Join(dir, "sys"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := nictest.GB200()
+	if err := p.Build(tree); err != nil {
+		t.Fatal(err)
+	}
+	meta := filepath.Join(dir, "gpu_metadata.json")
+	topology.WriteFile(meta, p.Metadata)
+	boot := filepath.Join(dir, "boot_id")
+	os.WriteFile(boot, []byte("b1"), 0o644)
+	state := filepath.Join(dir, "state.json")
+	args := []string{"nic", "check", "--sysfs", tree.Root, "--metadata", meta, "--boot-id-path", boot, "--proc-net-route", filepath.Join(dir, "none"), "--once", "--state-file", state}
+	out, err := run(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		NICs []struct {
+			Name      string `json:"name"`
+			Role      string `json:"role"`
+			Monitored bool   `json:"monitored"`
+		} `json:"nics"`
+		Events []map[string]any `json:"events"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(rep.NICs) != 6 || len(rep.Events) != 4 {
+		t.Fatalf("%d NICs, %d events\n%s", len(rep.NICs), len(rep.Events), out)
+	}
+	tree.SetPort("ibp3s0", 1, nictest.Down, nictest.Disabled)
+	out, err = run(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.Unmarshal([]byte(out), &rep)
+	if len(rep.Events) != 1 || rep.Events[0]["message"] != "Port ibp3s0 port 1: state DOWN, phys_state Disabled" ||
+		rep.Events[0]["recommendedAction"] != "REPLACE_VM" {
+		t.Fatalf("second run events: %v", rep.Events)
+	}
+}
+
+func TestUnknownCommand(t *testing.T) {
+	if _, err := run(t, "bogus"); err == nil {
+		t.Error("unknown command accepted")
+	}
+	if _, err := run(t, "nic", "check", "--sysfs", t.TempDir(), "--metadata", "/nonexistent", "--once"); err == nil || !strings.Contains(err.Error(), "GPU metadata") {
+		t.Errorf("missing metadata: %v", err)
+	}
+}
