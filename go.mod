@@ -3,6 +3,7 @@ module github.com/faultline/faultline
 go 1.26.8
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12

@@ -1,0 +1,343 @@
+// Package gpu is the node agent's GPU health check: DCGM-style health
+// watches (memory/ECC, PCIe, NVLink, thermal, power, InfoROM) read through
+// the small Source interface, each incident turned into a HealthEvent with
+// the recommended action of a mapping table (dcgm_actions.json).
+//
+// The real Source is NVML (go-nvml, which loads libnvidia-ml.so.1 at run
+// time through dlopen; the binary builds and starts without it). It
+// evaluates the conditions DCGM's health watches evaluate and names them
+// with DCGM's error codes, so the same table serves a DCGM hostengine
+// Source. Tests use Replay, a recorded sequence of health responses.
+//
+// Events (agent "faultline-agent", componentClass "GPU"): checkName
+// "Gpu<System>Watch" (GpuMemWatch, GpuPcieWatch, GpuNvlinkWatch,
+// GpuThermalWatch, GpuPowerWatch, GpuInforomWatch), errorCode the DCGM code
+// ("DCGM_FR_VOLATILE_DBE_DETECTED"), entities GPU=<uuid> and PCI. Each
+// (GPU, watch) is a state: an event when an incident appears or changes, an
+// isHealthy event when it clears. Losing the health source is its own event
+// (GpuDcgmConnectivityFailure, DCGM-CONNECTIVITY-FAILURE, not fatal), never
+// raised while the node is still booting (uptime below BootGrace).
+package gpu
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// Names of the events of this package.
+const (
+	Agent             = "faultline-agent"
+	CheckConnectivity = "GpuDcgmConnectivityFailure"
+	CodeConnectivity  = "DCGM-CONNECTIVITY-FAILURE"
+)
+
+// ErrNotPresent is returned by a Source on a node without NVIDIA GPUs or
+// driver; the check then reports nothing.
+var ErrNotPresent = errors.New("gpu: no NVIDIA GPU or driver on this node")
+
+// Incident is one failed or warning health watch on one GPU.
+type Incident struct {
+	GPU     int    `json:"gpu"`
+	UUID    string `json:"uuid"`
+	PCI     string `json:"pci"`
+	System  string `json:"system"` // Mem, Pcie, Nvlink, Thermal, Power, Inforom, Driver, Nvswitch
+	Health  string `json:"health"` // WARN or FAIL
+	Code    string `json:"code"`   // DCGM error code name, DCGM_FR_…
+	Message string `json:"message"`
+}
+
+// Source reads the current health of every GPU.
+type Source interface {
+	Health(ctx context.Context) ([]Incident, error)
+}
+
+//go:embed dcgm_actions.json
+var actionsJSON []byte
+
+// Rule is one row of the DCGM error → action table.
+type Rule struct {
+	Severity string `json:"severity"` // isolate or monitor
+	Action   string `json:"action"`
+}
+
+// Actions is the DCGM error → action table.
+type Actions map[string]Rule
+
+// DefaultActions returns the embedded table.
+func DefaultActions() (Actions, error) {
+	var f struct {
+		Codes Actions `json:"codes"`
+	}
+	if err := json.Unmarshal(actionsJSON, &f); err != nil {
+		return nil, fmt.Errorf("dcgm_actions.json: %w", err)
+	}
+	for code, r := range f.Codes {
+		if _, ok := datamodels.RecommendedAction_value[r.Action]; !ok {
+			return nil, fmt.Errorf("dcgm_actions.json: %s: unknown action %q", code, r.Action)
+		}
+	}
+	return f.Codes, nil
+}
+
+// Resolve returns an incident's action and fatality.
+func (a Actions) Resolve(in Incident) (datamodels.RecommendedAction, bool) {
+	r, ok := a[in.Code]
+	if !ok {
+		return datamodels.RecommendedAction_CONTACT_SUPPORT, strings.EqualFold(in.Health, "FAIL")
+	}
+	return datamodels.RecommendedAction(datamodels.RecommendedAction_value[r.Action]), r.Severity == "isolate"
+}
+
+// Config configures the GPU check.
+type Config struct {
+	// Source reads GPU health; default NewNVML().
+	Source Source
+	// Actions maps DCGM errors to actions; default DefaultActions().
+	Actions Actions
+	// BootGrace is how long after boot a lost health source is not
+	// reported (the driver, DCGM and persistenced may still be starting);
+	// default 10m.
+	BootGrace time.Duration
+	// Uptime returns the time since boot; default reads /proc/uptime.
+	Uptime func() (time.Duration, error)
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// RegisterFlags registers the check's flags with a prefix ("gpu.").
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.DurationVar(&c.BootGrace, prefix+"boot-grace", 10*time.Minute, "time after boot during which a lost DCGM/NVML connection is not reported")
+}
+
+// Validate names the first bad setting.
+func (c *Config) Validate() error {
+	if c.BootGrace < 0 {
+		return errors.New("gpu.boot-grace: must not be negative")
+	}
+	return nil
+}
+
+// Check is the GPU health check.
+type Check struct {
+	cfg    Config
+	mu     sync.Mutex
+	bad    map[string]*datamodels.HealthEvent // "gpu|system" → its unhealthy event
+	lost   *datamodels.HealthEvent
+	absent bool
+}
+
+// New returns the GPU check.
+func New(cfg Config) (*Check, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Actions == nil {
+		a, err := DefaultActions()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Actions = a
+	}
+	if cfg.Source == nil {
+		cfg.Source = NewNVML()
+	}
+	if cfg.BootGrace == 0 {
+		cfg.BootGrace = 10 * time.Minute
+	}
+	if cfg.Uptime == nil {
+		cfg.Uptime = procUptime
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Check{cfg: cfg, bad: map[string]*datamodels.HealthEvent{}}, nil
+}
+
+// Name implements check.Check.
+func (c *Check) Name() string { return "gpu" }
+
+// Check implements check.Check.
+func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	incs, err := c.cfg.Source.Health(ctx)
+	if errors.Is(err, ErrNotPresent) {
+		if !c.absent {
+			c.cfg.Logger.Info("no NVIDIA GPU on this node; gpu check idle")
+		}
+		c.absent = true
+		return nil, nil
+	}
+	if err != nil {
+		return c.lostSource(err)
+	}
+	var out []*datamodels.HealthEvent
+	if c.lost != nil {
+		out = append(out, c.healthy(c.lost))
+		c.lost = nil
+	}
+	cur := map[string]*datamodels.HealthEvent{}
+	for _, in := range incs {
+		key := gpuID(in) + "|" + in.System
+		if prev := cur[key]; prev != nil {
+			// Several incidents of one watch: keep the most severe.
+			if a, _ := c.cfg.Actions.Resolve(in); !prev.IsFatal && a != datamodels.RecommendedAction_NONE {
+				cur[key] = c.event(in)
+			}
+			continue
+		}
+		cur[key] = c.event(in)
+	}
+	keys := make([]string, 0, len(cur)+len(c.bad))
+	for k := range cur {
+		keys = append(keys, k)
+	}
+	for k := range c.bad {
+		if cur[k] == nil {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		prev, now := c.bad[k], cur[k]
+		switch {
+		case now != nil && (prev == nil || prev.ErrorCode[0] != now.ErrorCode[0]):
+			c.bad[k] = now
+			out = append(out, now)
+		case now == nil && prev != nil:
+			delete(c.bad, k)
+			out = append(out, c.healthy(prev))
+		}
+	}
+	return out, nil
+}
+
+func (c *Check) lostSource(err error) ([]*datamodels.HealthEvent, error) {
+	if up, uerr := c.cfg.Uptime(); uerr == nil && up < c.cfg.BootGrace {
+		c.cfg.Logger.Info("GPU health source not reachable while booting", "uptime", up, "err", err)
+		return nil, nil
+	}
+	if c.lost != nil {
+		return nil, nil
+	}
+	c.lost = &datamodels.HealthEvent{Version: 1, Agent: Agent, ComponentClass: "GPU", CheckName: CheckConnectivity,
+		Message: "GPU health source (DCGM/NVML) not reachable: " + err.Error(), RecommendedAction: datamodels.RecommendedAction_CONTACT_SUPPORT,
+		ErrorCode: []string{CodeConnectivity}, Metadata: map[string]string{"error": err.Error()},
+		EntitiesImpacted:   []*datamodels.Entity{{EntityType: events.EntityNode, EntityValue: "dcgm"}},
+		GeneratedTimestamp: timestamppb.New(c.cfg.Now())}
+	return []*datamodels.HealthEvent{c.lost}, nil
+}
+
+func (c *Check) event(in Incident) *datamodels.HealthEvent {
+	action, fatal := c.cfg.Actions.Resolve(in)
+	ents := []*datamodels.Entity{{EntityType: events.EntityGPU, EntityValue: gpuID(in)}}
+	if in.PCI != "" {
+		ents = append(ents, &datamodels.Entity{EntityType: events.EntityPCI, EntityValue: in.PCI})
+	}
+	return &datamodels.HealthEvent{Version: 1, Agent: Agent, ComponentClass: "GPU", CheckName: "Gpu" + in.System + "Watch",
+		IsFatal: fatal, Message: fmt.Sprintf("GPU %d %s watch %s: %s", in.GPU, in.System, in.Health, in.Message),
+		RecommendedAction: action, ErrorCode: []string{in.Code}, EntitiesImpacted: ents,
+		Metadata: map[string]string{"gpu_index": strconv.Itoa(in.GPU), "gpu_uuid": in.UUID, "health": in.Health,
+			"system": in.System, "dcgm_error": in.Code},
+		GeneratedTimestamp: timestamppb.New(c.cfg.Now())}
+}
+
+func (c *Check) healthy(prev *datamodels.HealthEvent) *datamodels.HealthEvent {
+	return &datamodels.HealthEvent{Version: 1, Agent: Agent, ComponentClass: prev.ComponentClass, CheckName: prev.CheckName,
+		IsHealthy: true, Message: "recovered: " + prev.Message, RecommendedAction: datamodels.RecommendedAction_NONE,
+		EntitiesImpacted: prev.EntitiesImpacted, Metadata: map[string]string{"recovered_error_code": prev.ErrorCode[0]},
+		GeneratedTimestamp: timestamppb.New(c.cfg.Now())}
+}
+
+func gpuID(in Incident) string {
+	if in.UUID != "" {
+		return in.UUID
+	}
+	return "gpu" + strconv.Itoa(in.GPU)
+}
+
+func procUptime() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, errors.New("empty /proc/uptime")
+	}
+	s, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(s * float64(time.Second)), nil
+}
+
+// Replay is a Source that plays back recorded health responses, one per
+// Health call, repeating the last: the recorded fake of the tests, and a
+// way to demo the check without a GPU.
+type Replay struct {
+	mu    sync.Mutex
+	Steps []ReplayStep `json:"steps"`
+	i     int
+}
+
+// ReplayStep is one recorded response: incidents, or an error.
+type ReplayStep struct {
+	Incidents  []Incident `json:"incidents"`
+	Error      string     `json:"error,omitempty"`
+	NotPresent bool       `json:"notPresent,omitempty"`
+}
+
+// LoadReplay reads a recording (JSON {"steps":[…]}).
+func LoadReplay(path string) (*Replay, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	r := &Replay{}
+	if err := json.Unmarshal(b, r); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return r, nil
+}
+
+// Health implements Source.
+func (r *Replay) Health(ctx context.Context) ([]Incident, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.Steps) == 0 {
+		return nil, nil
+	}
+	s := r.Steps[r.i]
+	if r.i < len(r.Steps)-1 {
+		r.i++
+	}
+	switch {
+	case s.NotPresent:
+		return nil, ErrNotPresent
+	case s.Error != "":
+		return nil, errors.New(s.Error)
+	}
+	return s.Incidents, nil
+}

@@ -1,0 +1,147 @@
+package gpu
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+func summary(evs []*datamodels.HealthEvent) string {
+	var s []string
+	for _, ev := range evs {
+		c := ev.CheckName + ":"
+		if ev.IsHealthy {
+			c += "healthy"
+		} else {
+			c += ev.ErrorCode[0]
+			if ev.IsFatal {
+				c += "!"
+			}
+			c += "/" + ev.RecommendedAction.String()
+		}
+		if len(ev.EntitiesImpacted) > 0 {
+			c += "@" + ev.EntitiesImpacted[0].EntityValue
+		}
+		s = append(s, c)
+	}
+	return strings.Join(s, " ")
+}
+
+// TestRecordedHGX plays a recorded DCGM session through the check: the
+// connection lost while booting is not reported, incidents become events
+// once with the table's action, changes and recoveries are reported, a
+// lost connection after boot is one event and its return a healthy one.
+func TestRecordedHGX(t *testing.T) {
+	src, err := LoadReplay("testdata/recorded-hgx.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uptime := 2 * time.Minute
+	c, err := New(Config{Source: src, Uptime: func() (time.Duration, error) { return uptime, nil },
+		Now: func() time.Time { return time.Date(2024, 10, 28, 10, 0, 0, 0, time.UTC) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"", // DCGM not up yet, node booting: nothing
+		"",
+		"GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-7b4f2c1a-8d6e-4c5b-9a1f-2e3d4c5a6b7c " +
+			"GpuThermalWatch:DCGM_FR_CLOCKS_EVENT_THERMAL/NONE@GPU-c43f0536-e751-7211-d7a7-78c95249ee7d",
+		"GpuNvlinkWatch:DCGM_FR_NVLINK_DOWN!/COMPONENT_RESET@GPU-11111111-2222-3333-4444-555555555555 " +
+			"GpuPcieWatch:DCGM_FR_PCI_REPLAY_RATE!/CONTACT_SUPPORT@GPU-11111111-2222-3333-4444-555555555555 " +
+			"GpuPowerWatch:DCGM_FR_SOMETHING_NEW/CONTACT_SUPPORT@GPU-22222222-2222-3333-4444-555555555555",
+		"GpuNvlinkWatch:healthy@GPU-11111111-2222-3333-4444-555555555555 " +
+			"GpuPcieWatch:healthy@GPU-11111111-2222-3333-4444-555555555555 " +
+			"GpuPowerWatch:healthy@GPU-22222222-2222-3333-4444-555555555555 " +
+			"GpuMemWatch:DCGM_FR_PENDING_ROW_REMAP!/COMPONENT_RESET@GPU-7b4f2c1a-8d6e-4c5b-9a1f-2e3d4c5a6b7c " +
+			"GpuThermalWatch:healthy@GPU-c43f0536-e751-7211-d7a7-78c95249ee7d",
+		"GpuDcgmConnectivityFailure:DCGM-CONNECTIVITY-FAILURE/CONTACT_SUPPORT@dcgm",
+		"", // still lost: not reported again
+		"GpuDcgmConnectivityFailure:healthy@dcgm GpuMemWatch:healthy@GPU-7b4f2c1a-8d6e-4c5b-9a1f-2e3d4c5a6b7c",
+	}
+	var all []*datamodels.HealthEvent
+	for i, w := range want {
+		if i == 5 {
+			uptime = time.Hour // booted long ago now
+		}
+		evs, err := c.Check(context.Background())
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if got := summary(evs); got != w {
+			t.Errorf("step %d:\ngot  %s\nwant %s", i, got, w)
+		}
+		all = append(all, evs...)
+	}
+	var b strings.Builder
+	for _, ev := range all {
+		j, _ := protojson.MarshalOptions{EmitDefaultValues: true}.Marshal(ev)
+		var v any
+		json.Unmarshal(j, &v)
+		j, _ = json.Marshal(v)
+		b.Write(j)
+		b.WriteByte('\n')
+	}
+	const golden = "testdata/recorded-hgx.golden.jsonl"
+	if *update {
+		os.WriteFile(golden, []byte(b.String()), 0o644)
+	}
+	if g, _ := os.ReadFile(golden); string(g) != b.String() {
+		t.Errorf("events differ from %s (go test -update rewrites it)", golden)
+	}
+}
+
+func TestNotPresent(t *testing.T) {
+	c, _ := New(Config{Source: &Replay{Steps: []ReplayStep{{NotPresent: true}}}})
+	if evs, err := c.Check(context.Background()); err != nil || evs != nil {
+		t.Fatalf("%v %v", evs, err)
+	}
+	if c.Name() != "gpu" {
+		t.Error(c.Name())
+	}
+}
+
+func TestActionsTable(t *testing.T) {
+	a, err := DefaultActions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for code, w := range map[string]struct {
+		a     datamodels.RecommendedAction
+		fatal bool
+	}{
+		"DCGM_FR_VOLATILE_DBE_DETECTED": {datamodels.RecommendedAction_COMPONENT_RESET, true},
+		"DCGM_FR_ROW_REMAP_FAILURE":     {datamodels.RecommendedAction_CONTACT_SUPPORT, true},
+		"DCGM_FR_NVLINK_DOWN":           {datamodels.RecommendedAction_COMPONENT_RESET, true},
+		"DCGM_FR_CLOCKS_EVENT_POWER":    {datamodels.RecommendedAction_NONE, false},
+	} {
+		if ga, gf := a.Resolve(Incident{Code: code, Health: "FAIL"}); ga != w.a || gf != w.fatal {
+			t.Errorf("%s: %s %v, want %s %v", code, ga, gf, w.a, w.fatal)
+		}
+	}
+	if ga, gf := a.Resolve(Incident{Code: "DCGM_FR_NEW", Health: "FAIL"}); ga != datamodels.RecommendedAction_CONTACT_SUPPORT || !gf {
+		t.Errorf("unknown FAIL: %s %v", ga, gf)
+	}
+}
+
+// TestNVMLWithoutLibrary: on a machine without the NVIDIA library the real
+// source says "not present" (or, built without cgo, errors) and never panics.
+func TestNVMLWithoutLibrary(t *testing.T) {
+	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
+		t.Skip("an NVIDIA driver is present")
+	}
+	incs, err := NewNVML().Health(context.Background())
+	if len(incs) != 0 || err == nil {
+		t.Fatalf("%v %v", incs, err)
+	}
+}

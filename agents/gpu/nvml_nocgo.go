@@ -1,0 +1,20 @@
+//go:build !cgo
+
+package gpu
+
+import (
+	"context"
+	"errors"
+)
+
+// NVML is the NVML Source; without cgo it cannot load the library and
+// reports an error on every call (build with CGO_ENABLED=1).
+type NVML struct{}
+
+// NewNVML returns the NVML Source.
+func NewNVML() *NVML { return &NVML{} }
+
+// Health implements Source.
+func (*NVML) Health(context.Context) ([]Incident, error) {
+	return nil, errors.New("gpu: built without cgo, NVML unavailable")
+}
