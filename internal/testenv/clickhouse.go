@@ -85,6 +85,7 @@ const clickhouseConfig = `<?xml version="1.0"?>
     <keep_alive_timeout>3</keep_alive_timeout>
     <builtin_dictionaries_reload_interval>3600</builtin_dictionaries_reload_interval>
     <max_session_timeout>3600</max_session_timeout>
+    <shutdown_wait_unfinished>1</shutdown_wait_unfinished>
     <default_session_timeout>60</default_session_timeout>
 </yandex>
 `
@@ -96,6 +97,8 @@ const clickhouseUsers = `<?xml version="1.0"?>
         <default>
             <max_memory_usage>2000000000</max_memory_usage>
             <load_balancing>random</load_balancing>
+            <!-- idle connections notice a shutdown within 1 s, not 10 -->
+            <poll_interval>1</poll_interval>
         </default>
     </profiles>
     <users>

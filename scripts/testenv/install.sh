@@ -258,12 +258,15 @@ build_kwok() {
 		[ -d "$moddir/kustomize/stage" ] || die "kwok module has no kustomize/stage ($moddir)"
 		rm -rf "$out/stages"
 		mkdir -p "$out/stages"
-		local s f
-		for s in node-initialize node-heartbeat pod-ready pod-complete pod-delete; do
-			f=$(find "$moddir/kustomize/stage" -name "$s.yaml" | head -n 1)
-			[ -n "$f" ] || die "kwok stage $s.yaml not found under $moddir/kustomize/stage"
-			cp "$f" "$out/stages/$s.yaml"
-			chmod 0644 "$out/stages/$s.yaml"
+		# The "fast" node and pod lifecycles (no delays, no init containers)
+		# plus the node heartbeat: nodes become Ready, pods Running, and
+		# deleted (evicted) pods really go away.
+		local f
+		for f in node/fast/node-initialize node/heartbeat/node-heartbeat \
+			pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
+			[ -f "$moddir/kustomize/stage/$f.yaml" ] || die "kwok stage $f.yaml not found under $moddir/kustomize/stage"
+			cp "$moddir/kustomize/stage/$f.yaml" "$out/stages/${f##*/}.yaml"
+			chmod 0644 "$out/stages/${f##*/}.yaml"
 		done
 		touch "$out/stages/.complete"
 	fi
@@ -301,3 +304,4 @@ main() {
 }
 
 main "$@"
+exit $?
