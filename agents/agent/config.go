@@ -11,6 +11,9 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/faultline/faultline/agents/fabric"
+	"github.com/faultline/faultline/agents/gpu"
+	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/agents/nic"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -35,7 +38,10 @@ type Config struct {
 	Spool   SpoolConfig   `toml:"spool"`
 
 	// Check sections.
-	NIC nic.Config `toml:"nic"`
+	NIC    nic.Config    `toml:"nic"`
+	Kmsg   kmsg.Config   `toml:"kmsg"`
+	Fabric fabric.Config `toml:"fabric"`
+	GPU    gpu.Config    `toml:"gpu"`
 }
 
 // GatewayConfig is how the agent reaches the gateway.
@@ -77,8 +83,11 @@ func DefaultConfig() Config {
 		LogLevel:           "info",
 		Gateway: GatewayConfig{Addr: "127.0.0.1:50051", TokenFile: "/var/run/secrets/faultline/token",
 			Timeout: 10 * time.Second, BatchSize: 500, MaxBackoff: 30 * time.Second},
-		Spool: SpoolConfig{Dir: "/var/lib/faultline-agent/spool", MaxBytes: 64 << 20},
-		NIC:   nic.DefaultConfig(),
+		Spool:  SpoolConfig{Dir: "/var/lib/faultline-agent/spool", MaxBytes: 64 << 20},
+		NIC:    nic.DefaultConfig(),
+		Kmsg:   kmsg.DefaultConfig(),
+		Fabric: fabric.DefaultConfig(),
+		GPU:    gpu.DefaultConfig(),
 	}
 }
 
@@ -104,6 +113,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Spool.Dir, "spool-dir", c.Spool.Dir, "spool directory (spool.dir)")
 	fs.Int64Var(&c.Spool.MaxBytes, "spool-max-bytes", c.Spool.MaxBytes, "spool capacity in bytes (spool.max_bytes)")
 	c.NIC.RegisterFlags(fs)
+	c.Kmsg.RegisterFlags(fs)
+	c.Fabric.RegisterFlags(fs)
+	c.GPU.RegisterFlags(fs)
 }
 
 // Validate names the first bad key.

@@ -5,7 +5,11 @@ import (
 	"time"
 
 	"github.com/faultline/faultline/agents/check"
+	"github.com/faultline/faultline/agents/fabric"
+	"github.com/faultline/faultline/agents/gpu"
+	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/agents/nic"
+	"github.com/faultline/faultline/agents/topology"
 )
 
 // CheckSpec registers one check with the agent.
@@ -47,6 +51,49 @@ var registry = []CheckSpec{
 		Validate: func(c *Config) error { return c.NIC.Validate() },
 		New: func(c *Config, log *slog.Logger) (check.Check, error) {
 			return nic.New(c.NIC, nic.Options{Logger: log})
+		},
+	},
+	{
+		Name:     "kmsg",
+		Interval: func(c *Config) time.Duration { return c.Kmsg.PollInterval },
+		Timeout:  func(c *Config) time.Duration { return c.Kmsg.PollInterval },
+		Validate: func(c *Config) error { return c.Kmsg.Validate() },
+		New: func(c *Config, log *slog.Logger) (check.Check, error) {
+			k := c.Kmsg
+			k.Logger = log
+			// GPU UUIDs by PCI address from the topology metadata, when present.
+			if m, err := topology.Load(c.NIC.MetadataPath); err == nil {
+				t := kmsg.StaticTopology{GPUs: map[string]string{}}
+				for _, g := range m.GPUs {
+					if g.PCIAddress != "" && g.UUID != "" {
+						t.GPUs[g.PCIAddress] = g.UUID
+					}
+				}
+				k.Parser.Topology = t
+			}
+			return kmsg.New(k)
+		},
+	},
+	{
+		Name:     "fabric",
+		Interval: func(c *Config) time.Duration { return c.Fabric.PollInterval },
+		Timeout:  func(c *Config) time.Duration { return c.Fabric.PollInterval },
+		Validate: func(c *Config) error { return c.Fabric.Validate() },
+		New: func(c *Config, log *slog.Logger) (check.Check, error) {
+			f := c.Fabric
+			f.Logger = log
+			return fabric.New(f)
+		},
+	},
+	{
+		Name:     "gpu",
+		Interval: func(c *Config) time.Duration { return c.GPU.PollInterval },
+		Timeout:  func(c *Config) time.Duration { return c.GPU.PollInterval },
+		Validate: func(c *Config) error { return c.GPU.Validate() },
+		New: func(c *Config, log *slog.Logger) (check.Check, error) {
+			g := c.GPU
+			g.Logger = log
+			return gpu.New(g)
 		},
 	},
 }

@@ -79,42 +79,56 @@ func (ExecRunner) Run(ctx context.Context, name string, args ...string) ([]byte,
 	return exec.CommandContext(ctx, name, args...).Output()
 }
 
-// Config configures the fabric check.
+// Config configures the fabric check (TOML section [fabric], flags
+// --fabric-*).
 type Config struct {
-	// NVSwitchGlob finds NVSwitch devices; default
-	// "/dev/nvidia-nvswitch[0-9]*". No match: not an NVSwitch system.
-	NVSwitchGlob string
-	// Service is the FM systemd unit; default "nvidia-fabricmanager".
-	Service string
-	// LogFile is FM's log; default /var/log/fabricmanager.log.
-	LogFile string
-	// Systemctl and NvidiaSMI are the binaries; defaults "systemctl" and
-	// "nvidia-smi".
-	Systemctl, NvidiaSMI string
+	// PollInterval is how often the check runs (default 30s).
+	PollInterval time.Duration `toml:"poll_interval"`
+	// NVSwitchGlob finds NVSwitch devices (default
+	// "/dev/nvidia-nvswitch[0-9]*"). No match: not an NVSwitch system.
+	NVSwitchGlob string `toml:"nvswitch_glob"`
+	// Service is the FM systemd unit (default "nvidia-fabricmanager").
+	Service string `toml:"service"`
+	// LogFile is FM's log (default /var/log/fabricmanager.log).
+	LogFile string `toml:"log_file"`
+	// Systemctl and NvidiaSMI are the binaries (defaults "systemctl" and
+	// "nvidia-smi").
+	Systemctl string `toml:"systemctl"`
+	NvidiaSMI string `toml:"nvidia_smi"`
 	// InProgressTimeout is how long a GPU's fabric probe may stay "In
-	// Progress" or "Not Started" before it is reported; default 5m.
-	InProgressTimeout time.Duration
-	// Runner runs systemctl and nvidia-smi; default ExecRunner.
-	Runner Runner
-	// Now is the clock; default time.Now.
-	Now func() time.Time
+	// Progress" or "Not Started" before it is reported (default 5m).
+	InProgressTimeout time.Duration `toml:"in_progress_timeout"`
+	// Runner runs systemctl and nvidia-smi (default ExecRunner).
+	Runner Runner `toml:"-"`
+	// Now is the clock (default time.Now).
+	Now func() time.Time `toml:"-"`
 	// Logger defaults to slog.Default().
-	Logger *slog.Logger
+	Logger *slog.Logger `toml:"-"`
 }
 
-// RegisterFlags registers the check's flags with a prefix ("fabric.").
-func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
-	fs.StringVar(&c.NVSwitchGlob, prefix+"nvswitch-glob", "/dev/nvidia-nvswitch[0-9]*", "NVSwitch device files")
-	fs.StringVar(&c.Service, prefix+"service", "nvidia-fabricmanager", "Fabric Manager systemd unit")
-	fs.StringVar(&c.LogFile, prefix+"log-file", "/var/log/fabricmanager.log", "Fabric Manager log file")
-	fs.StringVar(&c.NvidiaSMI, prefix+"nvidia-smi", "nvidia-smi", "nvidia-smi binary")
-	fs.DurationVar(&c.InProgressTimeout, prefix+"in-progress-timeout", 5*time.Minute, "longest a GPU fabric probe may stay in progress")
+// DefaultConfig returns the defaults documented on the fields.
+func DefaultConfig() Config {
+	return Config{PollInterval: 30 * time.Second, NVSwitchGlob: "/dev/nvidia-nvswitch[0-9]*", Service: "nvidia-fabricmanager",
+		LogFile: "/var/log/fabricmanager.log", Systemctl: "systemctl", NvidiaSMI: "nvidia-smi", InProgressTimeout: 5 * time.Minute}
+}
+
+// RegisterFlags binds the --fabric-* flags to c, with c's values as defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.PollInterval, "fabric-poll-interval", c.PollInterval, "how often the fabric check runs (fabric.poll_interval)")
+	fs.StringVar(&c.NVSwitchGlob, "fabric-nvswitch-glob", c.NVSwitchGlob, "NVSwitch device files (fabric.nvswitch_glob)")
+	fs.StringVar(&c.Service, "fabric-service", c.Service, "Fabric Manager systemd unit (fabric.service)")
+	fs.StringVar(&c.LogFile, "fabric-log-file", c.LogFile, "Fabric Manager log file (fabric.log_file)")
+	fs.StringVar(&c.NvidiaSMI, "fabric-nvidia-smi", c.NvidiaSMI, "nvidia-smi binary (fabric.nvidia_smi)")
+	fs.DurationVar(&c.InProgressTimeout, "fabric-in-progress-timeout", c.InProgressTimeout, "longest a GPU fabric probe may stay in progress (fabric.in_progress_timeout)")
 }
 
 // Validate names the first bad setting.
 func (c *Config) Validate() error {
 	if c.InProgressTimeout < 0 {
-		return errors.New("fabric.in-progress-timeout: must not be negative")
+		return errors.New("fabric.in_progress_timeout: must not be negative")
+	}
+	if c.PollInterval < 0 {
+		return errors.New("fabric.poll_interval: must not be negative")
 	}
 	return nil
 }

@@ -104,33 +104,48 @@ func (a Actions) Resolve(in Incident) (datamodels.RecommendedAction, bool) {
 	return datamodels.RecommendedAction(datamodels.RecommendedAction_value[r.Action]), r.Severity == "isolate"
 }
 
-// Config configures the GPU check.
+// Config configures the GPU check (TOML section [gpu], flags --gpu-*).
 type Config struct {
-	// Source reads GPU health; default NewNVML().
-	Source Source
-	// Actions maps DCGM errors to actions; default DefaultActions().
-	Actions Actions
+	// PollInterval is how often the check runs (default 30s).
+	PollInterval time.Duration `toml:"poll_interval"`
 	// BootGrace is how long after boot a lost health source is not
-	// reported (the driver, DCGM and persistenced may still be starting);
-	// default 10m.
-	BootGrace time.Duration
-	// Uptime returns the time since boot; default reads /proc/uptime.
-	Uptime func() (time.Duration, error)
-	// Now is the clock; default time.Now.
-	Now func() time.Time
+	// reported (the driver, DCGM and persistenced may still be starting;
+	// default 10m).
+	BootGrace time.Duration `toml:"boot_grace"`
+	// Replay, when set, is a recording (see Replay) used instead of NVML:
+	// for demos and tests on machines without GPUs.
+	Replay string `toml:"replay"`
+	// Source reads GPU health (default NewNVML(), or the Replay file).
+	Source Source `toml:"-"`
+	// Actions maps DCGM errors to actions (default DefaultActions()).
+	Actions Actions `toml:"-"`
+	// Uptime returns the time since boot (default reads /proc/uptime).
+	Uptime func() (time.Duration, error) `toml:"-"`
+	// Now is the clock (default time.Now).
+	Now func() time.Time `toml:"-"`
 	// Logger defaults to slog.Default().
-	Logger *slog.Logger
+	Logger *slog.Logger `toml:"-"`
 }
 
-// RegisterFlags registers the check's flags with a prefix ("gpu.").
-func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
-	fs.DurationVar(&c.BootGrace, prefix+"boot-grace", 10*time.Minute, "time after boot during which a lost DCGM/NVML connection is not reported")
+// DefaultConfig returns the defaults documented on the fields.
+func DefaultConfig() Config {
+	return Config{PollInterval: 30 * time.Second, BootGrace: 10 * time.Minute}
+}
+
+// RegisterFlags binds the --gpu-* flags to c, with c's values as defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.PollInterval, "gpu-poll-interval", c.PollInterval, "how often the GPU health check runs (gpu.poll_interval)")
+	fs.DurationVar(&c.BootGrace, "gpu-boot-grace", c.BootGrace, "time after boot during which a lost DCGM/NVML connection is not reported (gpu.boot_grace)")
+	fs.StringVar(&c.Replay, "gpu-replay", c.Replay, "recorded health responses to play instead of NVML (gpu.replay)")
 }
 
 // Validate names the first bad setting.
 func (c *Config) Validate() error {
 	if c.BootGrace < 0 {
-		return errors.New("gpu.boot-grace: must not be negative")
+		return errors.New("gpu.boot_grace: must not be negative")
+	}
+	if c.PollInterval < 0 {
+		return errors.New("gpu.poll_interval: must not be negative")
 	}
 	return nil
 }
@@ -155,6 +170,13 @@ func New(cfg Config) (*Check, error) {
 			return nil, err
 		}
 		cfg.Actions = a
+	}
+	if cfg.Source == nil && cfg.Replay != "" {
+		r, err := LoadReplay(cfg.Replay)
+		if err != nil {
+			return nil, fmt.Errorf("gpu.replay: %w", err)
+		}
+		cfg.Source = r
 	}
 	if cfg.Source == nil {
 		cfg.Source = NewNVML()

@@ -24,45 +24,59 @@ const (
 	SourceFile    = "file"
 )
 
-// Config configures the kmsg check.
+// Config configures the kmsg check (TOML section [kmsg], flags --kmsg-*).
 type Config struct {
+	// PollInterval is how often the check reads new lines (default 5s).
+	PollInterval time.Duration `toml:"poll_interval"`
 	// Source is where kernel messages come from: "kmsg" (default),
 	// "journal" or "file".
-	Source string
-	// KmsgPath is the kernel log device; default /dev/kmsg.
-	KmsgPath string
-	// JournalctlPath is the journalctl binary; default "journalctl".
-	JournalctlPath string
+	Source string `toml:"source"`
+	// KmsgPath is the kernel log device (default /dev/kmsg).
+	KmsgPath string `toml:"device"`
+	// JournalctlPath is the journalctl binary (default "journalctl").
+	JournalctlPath string `toml:"journalctl"`
 	// File is the file read when Source is "file".
-	File string
-	// StateDir keeps the read position across restarts (state.json); empty
-	// keeps none, so a restart re-reads the kernel ring buffer or the whole
-	// current boot, and the dedup set only protects within one run.
-	StateDir string
-	// BootIDPath identifies the boot; default /proc/sys/kernel/random/boot_id.
-	BootIDPath string
-	// ProcStatPath gives the boot time (btime); default /proc/stat.
-	ProcStatPath string
+	File string `toml:"file"`
+	// StateDir keeps the read position across restarts (default
+	// /var/lib/faultline-agent/kmsg); empty keeps none, so a restart re-reads
+	// the kernel ring buffer or the whole current boot.
+	StateDir string `toml:"state_dir"`
+	// BootIDPath identifies the boot (default /proc/sys/kernel/random/boot_id).
+	BootIDPath string `toml:"boot_id_path"`
+	// ProcStatPath gives the boot time, btime (default /proc/stat).
+	ProcStatPath string `toml:"proc_stat_path"`
 	// MaxLinesPerCheck bounds the lines one Check call reads, so that a
-	// flood costs bounded CPU per call; the rest is read by the next call.
-	// Default 200000.
-	MaxLinesPerCheck int
-	// Parser tunes parsing, dedup and flood control.
-	Parser ParserConfig
+	// flood costs bounded CPU per call; the rest is read by the next call
+	// (default 200000).
+	MaxLinesPerCheck int `toml:"max_lines_per_check"`
+	// FloodWindow and FloodBurst tune flood control (defaults 10s and 1; see
+	// ParserConfig).
+	FloodWindow time.Duration `toml:"flood_window"`
+	FloodBurst  int           `toml:"flood_burst"`
+	// Parser tunes parsing beyond the above (topology, clock); not in TOML.
+	Parser ParserConfig `toml:"-"`
 	// Logger defaults to slog.Default().
-	Logger *slog.Logger
+	Logger *slog.Logger `toml:"-"`
 }
 
-// RegisterFlags registers the check's flags with a prefix ("kmsg.").
-func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
-	fs.StringVar(&c.Source, prefix+"source", SourceKmsg, "kernel log source: kmsg, journal or file")
-	fs.StringVar(&c.KmsgPath, prefix+"device", "/dev/kmsg", "kernel log device")
-	fs.StringVar(&c.JournalctlPath, prefix+"journalctl", "journalctl", "journalctl binary")
-	fs.StringVar(&c.File, prefix+"file", "", "kernel log file, when the source is file")
-	fs.StringVar(&c.StateDir, prefix+"state-dir", "", "directory that keeps the read position across restarts")
-	fs.IntVar(&c.MaxLinesPerCheck, prefix+"max-lines", 200000, "most lines read per check run")
-	fs.DurationVar(&c.Parser.FloodWindow, prefix+"flood-window", 10*time.Second, "flood-control window per error and device")
-	fs.IntVar(&c.Parser.FloodBurst, prefix+"flood-burst", 1, "occurrences per window reported one by one")
+// DefaultConfig returns the defaults documented on the fields.
+func DefaultConfig() Config {
+	return Config{PollInterval: 5 * time.Second, Source: SourceKmsg, KmsgPath: "/dev/kmsg", JournalctlPath: "journalctl",
+		StateDir: "/var/lib/faultline-agent/kmsg", BootIDPath: "/proc/sys/kernel/random/boot_id", ProcStatPath: "/proc/stat",
+		MaxLinesPerCheck: 200000, FloodWindow: 10 * time.Second, FloodBurst: 1}
+}
+
+// RegisterFlags binds the --kmsg-* flags to c, with c's values as defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.PollInterval, "kmsg-poll-interval", c.PollInterval, "how often to read new kernel log lines (kmsg.poll_interval)")
+	fs.StringVar(&c.Source, "kmsg-source", c.Source, "kernel log source: kmsg, journal or file (kmsg.source)")
+	fs.StringVar(&c.KmsgPath, "kmsg-device", c.KmsgPath, "kernel log device (kmsg.device)")
+	fs.StringVar(&c.JournalctlPath, "kmsg-journalctl", c.JournalctlPath, "journalctl binary (kmsg.journalctl)")
+	fs.StringVar(&c.File, "kmsg-file", c.File, "kernel log file, when the source is file (kmsg.file)")
+	fs.StringVar(&c.StateDir, "kmsg-state-dir", c.StateDir, "directory keeping the read position across restarts (kmsg.state_dir)")
+	fs.IntVar(&c.MaxLinesPerCheck, "kmsg-max-lines", c.MaxLinesPerCheck, "most lines read per check run (kmsg.max_lines_per_check)")
+	fs.DurationVar(&c.FloodWindow, "kmsg-flood-window", c.FloodWindow, "flood-control window per error and device (kmsg.flood_window)")
+	fs.IntVar(&c.FloodBurst, "kmsg-flood-burst", c.FloodBurst, "occurrences per window reported one by one (kmsg.flood_burst)")
 }
 
 // Validate names the first bad setting.
@@ -77,7 +91,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("kmsg.source: %q is not kmsg, journal or file", c.Source)
 	}
 	if c.MaxLinesPerCheck < 0 {
-		return errors.New("kmsg.max-lines: must not be negative")
+		return errors.New("kmsg.max_lines_per_check: must not be negative")
+	}
+	if c.PollInterval < 0 || c.FloodWindow < 0 || c.FloodBurst < 0 {
+		return errors.New("kmsg.poll_interval, flood_window, flood_burst: must not be negative")
 	}
 	return nil
 }
@@ -119,6 +136,12 @@ func New(cfg Config) (*Check, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Parser.FloodWindow == 0 {
+		cfg.Parser.FloodWindow = cfg.FloodWindow
+	}
+	if cfg.Parser.FloodBurst == 0 {
+		cfg.Parser.FloodBurst = cfg.FloodBurst
 	}
 	if cfg.Parser.BootTime.IsZero() {
 		cfg.Parser.BootTime = bootTime(cfg.ProcStatPath)

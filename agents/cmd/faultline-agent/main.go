@@ -31,6 +31,7 @@ var commands = []command{
 	{"run", "run [--config FILE] [flags]   run the agent (the default)", runAgent},
 	{"topology", "topology collect|parse ...   GPU↔NIC topology → gpu_metadata.json", topologyCmd},
 	{"nic", "nic check --sysfs DIR --metadata FILE --once [--state-file F]   one NIC poll as JSON", nicCmd},
+	{"kmsg", "kmsg parse [--utc] [--boot-time T] [FILE]   kernel log (any format, stdin without FILE) → events as JSON lines", kmsgCmd},
 }
 
 func main() {
