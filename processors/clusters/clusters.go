@@ -1,0 +1,399 @@
+// Package clusters maps the cluster names stamped on HealthEvents to the
+// Kubernetes API servers that processors act on.
+//
+// One processor fleet serves many clusters. Each cluster is configured by
+// name with a kubeconfig path (or in-cluster credentials), its own client
+// rate limits and a dry-run switch. Clients are built lazily, on the first
+// event for a cluster, so a processor starts even while some clusters are
+// unreachable. Every cluster has a Gate that tracks its API health with an
+// exponential backoff, so a cluster that fails is skipped quickly (its work
+// deferred, never dropped) while the others proceed.
+package clusters
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// InCluster is the kubeconfig value that selects the pod's service account.
+const InCluster = "in-cluster"
+
+// Default client rate limits. client-go's own default (5 QPS, burst 10) is
+// the anchor's bottleneck (~2.5 cordons/s); a quarantine of one node costs
+// 2-4 requests, and processors/quarantine/README.md has the measurement
+// behind these numbers.
+const (
+	DefaultQPS   = 200
+	DefaultBurst = 400
+)
+
+// Cluster is one cluster's connection settings.
+type Cluster struct {
+	// Name is the cluster name stamped on events by the gateway.
+	Name string `toml:"name"`
+	// Kubeconfig is a kubeconfig file path, or "in-cluster".
+	Kubeconfig string `toml:"kubeconfig"`
+	// Context is the kubeconfig context; default the file's current context.
+	Context string `toml:"context"`
+	// DryRun decides and records actions for this cluster but applies none.
+	DryRun bool `toml:"dry_run"`
+	// QPS and Burst override the defaults of Config for this cluster (0: use them).
+	QPS   float32 `toml:"qps"`
+	Burst int     `toml:"burst"`
+}
+
+// Config is the set of clusters a processor acts on.
+type Config struct {
+	// Clusters by name. Events of a cluster not listed here are decided and
+	// recorded as dry-run.
+	Clusters []Cluster `toml:"clusters"`
+	// QPS is the client-side request rate limit per cluster. Default DefaultQPS.
+	QPS float32 `toml:"qps"`
+	// Burst is the client-side burst per cluster. Default DefaultBurst.
+	Burst int `toml:"burst"`
+	// Timeout bounds one API request. Default 10s.
+	Timeout time.Duration `toml:"timeout"`
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{QPS: DefaultQPS, Burst: DefaultBurst, Timeout: 10 * time.Second}
+}
+
+// RegisterFlags adds the config's flags with the given prefix ("kube.").
+// --<prefix>clusters takes "name=kubeconfig,name2=in-cluster";
+// --<prefix>dry-run-clusters takes "name,name2".
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.Func(prefix+"clusters", "comma-separated cluster=kubeconfig-path (or cluster=in-cluster)", func(s string) error {
+		cls, err := ParseClusters(s)
+		if err != nil {
+			return err
+		}
+		c.Clusters = append(c.Clusters, cls...)
+		return nil
+	})
+	fs.Func(prefix+"dry-run-clusters", "comma-separated clusters that are decided but never changed", func(s string) error {
+		for _, name := range strings.Split(s, ",") {
+			name = strings.TrimSpace(name)
+			if name == "" {
+				continue
+			}
+			i := c.index(name)
+			if i < 0 {
+				c.Clusters = append(c.Clusters, Cluster{Name: name})
+				i = len(c.Clusters) - 1
+			}
+			c.Clusters[i].DryRun = true
+		}
+		return nil
+	})
+	fs.Func(prefix+"qps", fmt.Sprintf("client-side API request rate per cluster (default %d)", DefaultQPS), func(s string) error {
+		var v float32
+		if _, err := fmt.Sscan(s, &v); err != nil {
+			return fmt.Errorf("qps %q: %w", s, err)
+		}
+		c.QPS = v
+		return nil
+	})
+	fs.IntVar(&c.Burst, prefix+"burst", c.Burst, "client-side API burst per cluster")
+	fs.DurationVar(&c.Timeout, prefix+"timeout", c.Timeout, "timeout of one Kubernetes API request")
+}
+
+// ParseClusters parses "name=kubeconfig,name2=in-cluster".
+func ParseClusters(s string) ([]Cluster, error) {
+	var out []Cluster
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		name, path, ok := strings.Cut(part, "=")
+		if !ok || strings.TrimSpace(name) == "" || strings.TrimSpace(path) == "" {
+			return nil, fmt.Errorf("cluster %q: want name=kubeconfig-path or name=%s", part, InCluster)
+		}
+		out = append(out, Cluster{Name: strings.TrimSpace(name), Kubeconfig: strings.TrimSpace(path)})
+	}
+	return out, nil
+}
+
+func (c Config) index(name string) int {
+	for i, cl := range c.Clusters {
+		if cl.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Validate names the first bad key, with the given prefix ("kube.").
+func (c Config) Validate(prefix string) error {
+	if c.QPS <= 0 {
+		return fmt.Errorf("%sqps: must be positive, got %v", prefix, c.QPS)
+	}
+	if c.Burst < 1 {
+		return fmt.Errorf("%sburst: must be at least 1, got %d", prefix, c.Burst)
+	}
+	if c.Timeout <= 0 {
+		return fmt.Errorf("%stimeout: must be positive, got %v", prefix, c.Timeout)
+	}
+	seen := map[string]bool{}
+	for i, cl := range c.Clusters {
+		key := fmt.Sprintf("%sclusters[%d]", prefix, i)
+		if cl.Name == "" || strings.Contains(cl.Name, "/") {
+			return fmt.Errorf("%s.name: must be non-empty and have no '/', got %q", key, cl.Name)
+		}
+		if seen[cl.Name] {
+			return fmt.Errorf("%s.name: cluster %q is listed twice", key, cl.Name)
+		}
+		seen[cl.Name] = true
+		if cl.Kubeconfig == "" && !cl.DryRun {
+			return fmt.Errorf("%s.kubeconfig: cluster %q needs a kubeconfig path or %q (or dry_run)", key, cl.Name, InCluster)
+		}
+		if cl.QPS < 0 || cl.Burst < 0 {
+			return fmt.Errorf("%s.qps: cluster %q has a negative qps or burst", key, cl.Name)
+		}
+	}
+	return nil
+}
+
+// Names returns the configured cluster names, sorted.
+func (c Config) Names() []string {
+	out := make([]string, 0, len(c.Clusters))
+	for _, cl := range c.Clusters {
+		out = append(out, cl.Name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ErrUnknownCluster is returned by Registry.Get for a cluster that is not
+// configured.
+var ErrUnknownCluster = errors.New("cluster not configured")
+
+// Client is one cluster's API client and health.
+type Client struct {
+	// Name of the cluster.
+	Name string
+	// Kube is the typed client; nil when the cluster is dry-run without a
+	// kubeconfig.
+	Kube kubernetes.Interface
+	// DryRun: decide and record, never change the cluster.
+	DryRun bool
+	// Gate tracks the cluster's API health.
+	Gate *Gate
+}
+
+// Registry builds clients lazily and keeps one per cluster.
+type Registry struct {
+	cfg   Config
+	now   func() time.Time
+	build func(Cluster) (kubernetes.Interface, error)
+
+	mu      sync.Mutex
+	clients map[string]*Client
+}
+
+// NewRegistry returns a registry for cfg; now is the clock (nil: time.Now).
+func NewRegistry(cfg Config, now func() time.Time) *Registry {
+	if now == nil {
+		now = time.Now
+	}
+	r := &Registry{cfg: cfg, now: now, clients: map[string]*Client{}}
+	r.build = r.buildClient
+	return r
+}
+
+// SetClient installs a prebuilt client for a cluster (tests, and the
+// all-in-one dev mode).
+func (r *Registry) SetClient(name string, kube kubernetes.Interface, dryRun bool) *Client {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := &Client{Name: name, Kube: kube, DryRun: dryRun, Gate: NewGate(r.now)}
+	r.clients[name] = c
+	return c
+}
+
+// Get returns the cluster's client, building it on first use. A cluster
+// that is not configured gives ErrUnknownCluster. A kubeconfig that cannot
+// be loaded is an error each time (the file may appear later).
+func (r *Registry) Get(name string) (*Client, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.clients[name]; ok {
+		return c, nil
+	}
+	i := r.cfg.index(name)
+	if i < 0 {
+		return nil, fmt.Errorf("cluster %q: %w", name, ErrUnknownCluster)
+	}
+	cl := r.cfg.Clusters[i]
+	c := &Client{Name: name, DryRun: cl.DryRun, Gate: NewGate(r.now)}
+	if cl.Kubeconfig != "" {
+		kube, err := r.build(cl)
+		if err != nil {
+			return nil, err
+		}
+		c.Kube = kube
+	}
+	r.clients[name] = c
+	return c, nil
+}
+
+// RESTConfig returns the rest.Config of a configured cluster, with the
+// registry's rate limits applied.
+func (r *Registry) RESTConfig(cl Cluster) (*rest.Config, error) {
+	var (
+		rc  *rest.Config
+		err error
+	)
+	if cl.Kubeconfig == InCluster {
+		rc, err = rest.InClusterConfig()
+	} else {
+		rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: cl.Kubeconfig}
+		over := &clientcmd.ConfigOverrides{CurrentContext: cl.Context}
+		rc, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, over).ClientConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cluster %q: load kubeconfig %s: %w", cl.Name, cl.Kubeconfig, err)
+	}
+	rc.QPS, rc.Burst = r.cfg.QPS, r.cfg.Burst
+	if cl.QPS > 0 {
+		rc.QPS = cl.QPS
+	}
+	if cl.Burst > 0 {
+		rc.Burst = cl.Burst
+	}
+	rc.Timeout = r.cfg.Timeout
+	rc.UserAgent = "faultline-processor"
+	return rc, nil
+}
+
+func (r *Registry) buildClient(cl Cluster) (kubernetes.Interface, error) {
+	rc, err := r.RESTConfig(cl)
+	if err != nil {
+		return nil, err
+	}
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("cluster %q: client: %w", cl.Name, err)
+	}
+	return kube, nil
+}
+
+// Gate tracks one cluster's API health: after a failure the cluster is
+// backed off exponentially (MinBackoff doubling to MaxBackoff, with jitter);
+// a success resets it. Callers ask Ready before talking to the cluster and
+// report the outcome with Fail or OK.
+type Gate struct {
+	now func() time.Time
+	// MinBackoff is the first backoff. Default 200ms.
+	MinBackoff time.Duration
+	// MaxBackoff caps the backoff. Default 30s.
+	MaxBackoff time.Duration
+
+	mu       sync.Mutex
+	failures int
+	next     time.Time
+	lastErr  error
+}
+
+// NewGate returns a healthy gate.
+func NewGate(now func() time.Time) *Gate {
+	if now == nil {
+		now = time.Now
+	}
+	return &Gate{now: now, MinBackoff: 200 * time.Millisecond, MaxBackoff: 30 * time.Second}
+}
+
+// Ready reports whether the cluster may be tried now, and if not, when.
+func (g *Gate) Ready() (bool, time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.now().Before(g.next), g.next
+}
+
+// Failures is the number of consecutive failures.
+func (g *Gate) Failures() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.failures
+}
+
+// LastError is the error of the last failure (nil when healthy).
+func (g *Gate) LastError() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.lastErr
+}
+
+// Fail records a failure and pushes the next try out.
+func (g *Gate) Fail(err error) time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.failures++
+	g.lastErr = err
+	d := g.MinBackoff << min(g.failures-1, 20)
+	if d > g.MaxBackoff || d <= 0 {
+		d = g.MaxBackoff
+	}
+	d = d/2 + rand.N(d/2+1)
+	if n := g.now().Add(d); n.After(g.next) {
+		g.next = n
+	}
+	return g.next
+}
+
+// OK records a success.
+func (g *Gate) OK() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.failures, g.lastErr, g.next = 0, nil, time.Time{}
+}
+
+// Retriable reports whether an API error means the cluster (not the
+// request) is in trouble, so the work must be retried later: transport
+// errors, timeouts, 5xx, 429, and a context deadline. Conflicts are not
+// (callers re-read and retry them at once); NotFound, Invalid and the like
+// are permanent for the request.
+func Retriable(err error) bool {
+	if err == nil {
+		return false
+	}
+	switch {
+	case apierrors.IsConflict(err), apierrors.IsNotFound(err), apierrors.IsInvalid(err),
+		apierrors.IsBadRequest(err), apierrors.IsAlreadyExists(err):
+		return false
+	case apierrors.IsTooManyRequests(err), apierrors.IsServerTimeout(err), apierrors.IsTimeout(err),
+		apierrors.IsServiceUnavailable(err), apierrors.IsInternalError(err), apierrors.IsUnexpectedServerError(err),
+		apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
+		// Forbidden/Unauthorized are configuration errors an operator fixes;
+		// the work waits for them rather than being lost.
+		return true
+	case errors.Is(err, context.DeadlineExceeded):
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var se apierrors.APIStatus
+	if errors.As(err, &se) {
+		return se.Status().Code >= 500
+	}
+	// Unknown transport-level errors (connection refused wrapped by url.Error
+	// is a net.Error; others like EOF) are treated as the cluster's trouble.
+	return true
+}

@@ -1,0 +1,270 @@
+package quarantine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// The circuit breaker's state lives in one ConfigMap per cluster, in the
+// cluster itself (BreakerConfig.Namespace/Name), so that every replica of
+// every processor shares it and it survives restarts:
+//
+//	data:
+//	  state:    "closed" | "open"
+//	  cordons:  JSON [{"node":"n1","at":"RFC3339"}...]  (faultline's new
+//	            quarantines within the window)
+//	  openedAt, reason: when and why it opened
+//
+// Every new quarantine first reserves a slot in `cordons` with an update
+// guarded by resourceVersion (a conflict re-reads and re-decides), so two
+// replicas can never both take the last slot. Within one process the
+// reservations of a cluster are serialized and the ConfigMap is cached
+// from the last write, so a reservation costs one request.
+//
+// An operator closes an open breaker by setting data.state to "closed" (or
+// deleting the ConfigMap); with AutoClose it closes by itself once Window has
+// passed since it opened. Events held while it was open are not replayed:
+// they were recorded as held_by_breaker actions and their offsets committed.
+
+// Breaker ConfigMap keys and states.
+const (
+	breakerKeyState    = "state"
+	breakerKeyCordons  = "cordons"
+	breakerKeyOpenedAt = "openedAt"
+	breakerKeyReason   = "reason"
+	breakerOpen        = "open"
+	breakerClosed      = "closed"
+)
+
+// breaker is one cluster's circuit breaker.
+type breaker struct {
+	cfg  BreakerConfig
+	kube kubernetes.Interface
+	now  func() time.Time
+
+	mu      sync.Mutex
+	cm      *corev1.ConfigMap // last read or written; nil: read it
+	cmAt    time.Time
+	nodes   nodeCounts
+	nodesAt time.Time
+}
+
+type nodeCounts struct {
+	total, schedulable int
+}
+
+type cordonEntry struct {
+	Node string    `json:"node"`
+	At   time.Time `json:"at"`
+}
+
+// breakerVerdict is the result of a reservation.
+type breakerVerdict struct {
+	// Allowed: the node may be quarantined.
+	Allowed bool
+	// Opened: this reservation tripped the breaker (report it once).
+	Opened bool
+	// Closed: this reservation found the window over and closed it.
+	Closed bool
+	// Reason says why it is open.
+	Reason string
+	// Count and Limit are the window's quarantines and the cap.
+	Count, Limit, Total, Schedulable int
+}
+
+func newBreaker(cfg BreakerConfig, kube kubernetes.Interface, now func() time.Time) *breaker {
+	return &breaker{cfg: cfg, kube: kube, now: now}
+}
+
+// reserve takes a slot for a new quarantine of node, or says why not.
+func (b *breaker) reserve(ctx context.Context, node string) (breakerVerdict, error) {
+	if !b.cfg.Enabled {
+		return breakerVerdict{Allowed: true}, nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		v, err := b.tryReserve(ctx, node)
+		if err == nil {
+			return v, nil
+		}
+		b.cm = nil // re-read on the next attempt
+		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) || attempt >= 20 {
+			return breakerVerdict{}, fmt.Errorf("breaker %s/%s: %w", b.cfg.Namespace, b.cfg.Name, err)
+		}
+	}
+}
+
+func (b *breaker) tryReserve(ctx context.Context, node string) (breakerVerdict, error) {
+	now := b.now()
+	cm, err := b.read(ctx, now)
+	if err != nil {
+		return breakerVerdict{}, err
+	}
+	state, entries, openedAt := parseBreaker(cm)
+	// Prune the window.
+	kept := entries[:0]
+	for _, e := range entries {
+		if now.Sub(e.At) < b.cfg.Window {
+			kept = append(kept, e)
+		}
+	}
+	entries = kept
+	var v breakerVerdict
+	if state == breakerOpen {
+		if b.cfg.AutoClose && !openedAt.IsZero() && now.Sub(openedAt) >= b.cfg.Window {
+			state, v.Closed = breakerClosed, true
+		} else {
+			v.Reason = cm.Data[breakerKeyReason]
+			v.Count = len(entries)
+			return v, nil
+		}
+	}
+	for _, e := range entries {
+		if e.Node == node {
+			v.Allowed = true
+			if v.Closed {
+				return v, b.write(ctx, cm, breakerClosed, entries, time.Time{}, "")
+			}
+			return v, nil
+		}
+	}
+	counts, err := b.counts(ctx, now)
+	if err != nil {
+		return breakerVerdict{}, err
+	}
+	// Nodes cordoned since the node list was read are not in its counts.
+	recent := 0
+	for _, e := range entries {
+		if e.At.After(b.nodesAt) {
+			recent++
+		}
+	}
+	v.Total, v.Count = counts.total, len(entries)
+	v.Schedulable = counts.schedulable - recent
+	v.Limit = int(math.Floor(float64(counts.total) * b.cfg.MaxPercent / 100))
+	if v.Limit < 1 && b.cfg.MaxPercent > 0 {
+		v.Limit = 1
+	}
+	switch {
+	case len(entries)+1 > v.Limit:
+		v.Reason = fmt.Sprintf("%d of %d nodes quarantined within %s reaches the %.4g%% limit (%d)",
+			len(entries), counts.total, b.cfg.Window, b.cfg.MaxPercent, v.Limit)
+	case v.Schedulable-1 < b.cfg.MinHealthy:
+		v.Reason = fmt.Sprintf("quarantining would leave %d schedulable nodes, below the floor of %d",
+			v.Schedulable-1, b.cfg.MinHealthy)
+	default:
+		v.Allowed = true
+		entries = append(entries, cordonEntry{Node: node, At: now})
+		return v, b.write(ctx, cm, state, entries, time.Time{}, "")
+	}
+	v.Opened = true
+	return v, b.write(ctx, cm, breakerOpen, entries, now, v.Reason)
+}
+
+// read returns the ConfigMap (cached for a second; a write refreshes it);
+// a missing one is an empty, closed breaker.
+func (b *breaker) read(ctx context.Context, now time.Time) (*corev1.ConfigMap, error) {
+	if b.cm != nil && now.Sub(b.cmAt) < time.Second {
+		return b.cm, nil
+	}
+	cm, err := b.kube.CoreV1().ConfigMaps(b.cfg.Namespace).Get(ctx, b.cfg.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: b.cfg.Namespace, Name: b.cfg.Name,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "faultline"}}}
+	} else if err != nil {
+		return nil, err
+	}
+	b.cm, b.cmAt = cm, now
+	return cm, nil
+}
+
+func (b *breaker) write(ctx context.Context, cm *corev1.ConfigMap, state string, entries []cordonEntry, openedAt time.Time, reason string) error {
+	cm = cm.DeepCopy()
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+	raw, _ := json.Marshal(entries)
+	cm.Data[breakerKeyState] = state
+	cm.Data[breakerKeyCordons] = string(raw)
+	if state == breakerOpen {
+		if !openedAt.IsZero() {
+			cm.Data[breakerKeyOpenedAt] = openedAt.UTC().Format(time.RFC3339Nano)
+			cm.Data[breakerKeyReason] = reason
+		}
+	} else {
+		delete(cm.Data, breakerKeyOpenedAt)
+		delete(cm.Data, breakerKeyReason)
+	}
+	var (
+		out *corev1.ConfigMap
+		err error
+	)
+	cms := b.kube.CoreV1().ConfigMaps(b.cfg.Namespace)
+	if cm.ResourceVersion == "" {
+		out, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+	} else {
+		out, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return err
+	}
+	b.cm, b.cmAt = out, b.now()
+	return nil
+}
+
+func parseBreaker(cm *corev1.ConfigMap) (state string, entries []cordonEntry, openedAt time.Time) {
+	state = cm.Data[breakerKeyState]
+	if state != breakerOpen {
+		state = breakerClosed
+	}
+	_ = json.Unmarshal([]byte(cm.Data[breakerKeyCordons]), &entries)
+	openedAt, _ = time.Parse(time.RFC3339Nano, cm.Data[breakerKeyOpenedAt])
+	return state, entries, openedAt
+}
+
+// counts returns the cluster's GPU node count and how many are schedulable,
+// from a list served by the apiserver's watch cache, cached for
+// BreakerConfig.NodeCountTTL.
+func (b *breaker) counts(ctx context.Context, now time.Time) (nodeCounts, error) {
+	if !b.nodesAt.IsZero() && now.Sub(b.nodesAt) < b.cfg.NodeCountTTL {
+		return b.nodes, nil
+	}
+	list, err := b.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: b.cfg.GPUNodeSelector, ResourceVersion: "0"})
+	if err != nil {
+		return nodeCounts{}, fmt.Errorf("list nodes: %w", err)
+	}
+	c := nodeCounts{total: len(list.Items)}
+	for _, n := range list.Items {
+		if !n.Spec.Unschedulable {
+			c.schedulable++
+		}
+	}
+	b.nodes, b.nodesAt = c, now
+	return c, nil
+}
+
+// status reads the breaker for reporting: state and window count.
+func (b *breaker) status(ctx context.Context) (string, int, error) {
+	cm, err := b.kube.CoreV1().ConfigMaps(b.cfg.Namespace).Get(ctx, b.cfg.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return breakerClosed, 0, nil
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	st, entries, _ := parseBreaker(cm)
+	return st, len(entries), nil
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

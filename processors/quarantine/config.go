@@ -1,0 +1,189 @@
+package quarantine
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// TopicRetry holds records of clusters that were unreachable when their
+// records were handled; the role's own retry consumer applies them once the
+// cluster answers again (see Handler).
+const TopicRetry = "faultline.quarantine.retry"
+
+// Config is the quarantine role's configuration (flags "quarantine.*").
+type Config struct {
+	// Rules is a rule file (NVSentinel fault-quarantine TOML); "" uses the
+	// shipped DefaultRules.
+	Rules string `toml:"rules"`
+	// OptOutLabel is "key=value": nodes with this label are never
+	// quarantined (quarantineOverrides.force still is). Default
+	// "faultline.io/quarantine=disabled".
+	OptOutLabel string `toml:"opt_out_label"`
+	// Workers bounds the nodes handled at once per batch. Default 64.
+	Workers int `toml:"workers"`
+	// ClusterWait is how long a batch keeps retrying an unreachable
+	// cluster before deferring that cluster's records to TopicRetry (other
+	// clusters' records are not held up). Default 3s.
+	ClusterWait time.Duration `toml:"cluster_wait"`
+	// RetryWait is how long the retry consumer waits for a cluster in one
+	// batch before failing the batch (it is then retried with backoff).
+	// Default 10s.
+	RetryWait time.Duration `toml:"retry_wait"`
+	// NodeEvents: create a Kubernetes Event on the node for non-fatal
+	// unhealthy events. Default true.
+	NodeEvents bool `toml:"node_events"`
+	// EventNamespace is where node Events are created. Default "default".
+	EventNamespace string `toml:"event_namespace"`
+	// Identity names this processor in annotations and Events.
+	// Default "faultline-quarantine/<hostname>".
+	Identity string `toml:"identity"`
+	// Breaker is the circuit breaker.
+	Breaker BreakerConfig `toml:"breaker"`
+}
+
+// BreakerConfig configures the per-cluster circuit breaker.
+type BreakerConfig struct {
+	// Enabled turns the breaker on. Default true.
+	Enabled bool `toml:"enabled"`
+	// MaxPercent of a cluster's GPU nodes faultline may newly quarantine
+	// within Window. Default 10.
+	MaxPercent float64 `toml:"max_percent"`
+	// Window is the sliding window. Default 10m.
+	Window time.Duration `toml:"window"`
+	// MinHealthy is the floor of schedulable GPU nodes. Default 0.
+	MinHealthy int `toml:"min_healthy"`
+	// AutoClose closes an open breaker once Window has passed since it
+	// opened; otherwise an operator closes it. Default true.
+	AutoClose bool `toml:"auto_close"`
+	// GPUNodeSelector selects the cluster's GPU nodes (a label selector);
+	// "" counts every node. Default "".
+	GPUNodeSelector string `toml:"gpu_node_selector"`
+	// Namespace and Name of the breaker's ConfigMap in each cluster.
+	// Default "default" / "faultline-quarantine-breaker".
+	Namespace string `toml:"namespace"`
+	Name      string `toml:"name"`
+	// NodeCountTTL is how long a node count is reused. Default 10s.
+	NodeCountTTL time.Duration `toml:"node_count_ttl"`
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "unknown"
+	}
+	return Config{
+		OptOutLabel:    "faultline.io/quarantine=disabled",
+		Workers:        64,
+		ClusterWait:    3 * time.Second,
+		RetryWait:      10 * time.Second,
+		NodeEvents:     true,
+		EventNamespace: "default",
+		Identity:       "faultline-quarantine/" + host,
+		Breaker: BreakerConfig{
+			Enabled:      true,
+			MaxPercent:   10,
+			Window:       10 * time.Minute,
+			AutoClose:    true,
+			Namespace:    "default",
+			Name:         "faultline-quarantine-breaker",
+			NodeCountTTL: 10 * time.Second,
+		},
+	}
+}
+
+// RegisterFlags adds the config's flags with the given prefix ("quarantine.").
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&c.Rules, prefix+"rules", c.Rules, "quarantine rule file (TOML); empty: the shipped default rule sets")
+	fs.StringVar(&c.OptOutLabel, prefix+"opt-out-label", c.OptOutLabel, "key=value label that exempts a node from quarantine")
+	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes handled concurrently per batch")
+	fs.DurationVar(&c.ClusterWait, prefix+"cluster-wait", c.ClusterWait, "how long a batch retries an unreachable cluster before deferring its records")
+	fs.DurationVar(&c.RetryWait, prefix+"retry-wait", c.RetryWait, "how long the retry consumer waits for a cluster per batch")
+	fs.BoolVar(&c.NodeEvents, prefix+"node-events", c.NodeEvents, "create a Kubernetes Event on the node for non-fatal events")
+	fs.StringVar(&c.EventNamespace, prefix+"event-namespace", c.EventNamespace, "namespace of node Events")
+	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
+	b := &c.Breaker
+	p := prefix + "breaker."
+	fs.BoolVar(&b.Enabled, p+"enabled", b.Enabled, "enable the circuit breaker")
+	fs.Float64Var(&b.MaxPercent, p+"max-percent", b.MaxPercent, "max percent of a cluster's GPU nodes quarantined within the window")
+	fs.DurationVar(&b.Window, p+"window", b.Window, "breaker sliding window")
+	fs.IntVar(&b.MinHealthy, p+"min-healthy", b.MinHealthy, "floor of schedulable GPU nodes")
+	fs.BoolVar(&b.AutoClose, p+"auto-close", b.AutoClose, "close an open breaker after the window (else manual)")
+	fs.StringVar(&b.GPUNodeSelector, p+"gpu-node-selector", b.GPUNodeSelector, "label selector of GPU nodes (empty: all nodes)")
+	fs.StringVar(&b.Namespace, p+"namespace", b.Namespace, "namespace of the breaker ConfigMap")
+	fs.StringVar(&b.Name, p+"name", b.Name, "name of the breaker ConfigMap")
+	fs.DurationVar(&b.NodeCountTTL, p+"node-count-ttl", b.NodeCountTTL, "how long a node count is reused")
+}
+
+// Validate names the first bad key, with the given prefix ("quarantine.").
+// The rule file itself is checked when the role starts (Compile).
+func (c Config) Validate(prefix string) error {
+	if _, _, err := c.optOut(); err != nil {
+		return fmt.Errorf("%sopt_out_label: %w", prefix, err)
+	}
+	if c.Workers < 1 {
+		return fmt.Errorf("%sworkers: must be at least 1, got %d", prefix, c.Workers)
+	}
+	if c.ClusterWait <= 0 {
+		return fmt.Errorf("%scluster_wait: must be positive, got %v", prefix, c.ClusterWait)
+	}
+	if c.RetryWait <= 0 {
+		return fmt.Errorf("%sretry_wait: must be positive, got %v", prefix, c.RetryWait)
+	}
+	if c.NodeEvents && c.EventNamespace == "" {
+		return fmt.Errorf("%sevent_namespace: required when node_events is on", prefix)
+	}
+	if c.Identity == "" {
+		return fmt.Errorf("%sidentity: required", prefix)
+	}
+	b, p := c.Breaker, prefix+"breaker."
+	if !b.Enabled {
+		return nil
+	}
+	if b.MaxPercent <= 0 || b.MaxPercent > 100 {
+		return fmt.Errorf("%smax_percent: must be in (0, 100], got %v", p, b.MaxPercent)
+	}
+	if b.Window <= 0 {
+		return fmt.Errorf("%swindow: must be positive, got %v", p, b.Window)
+	}
+	if b.MinHealthy < 0 {
+		return fmt.Errorf("%smin_healthy: must not be negative, got %d", p, b.MinHealthy)
+	}
+	if _, err := labels.Parse(b.GPUNodeSelector); err != nil {
+		return fmt.Errorf("%sgpu_node_selector: %w", p, err)
+	}
+	if errs := validation.IsDNS1123Label(b.Namespace); len(errs) > 0 {
+		return fmt.Errorf("%snamespace: %s", p, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Subdomain(b.Name); len(errs) > 0 {
+		return fmt.Errorf("%sname: %s", p, strings.Join(errs, "; "))
+	}
+	if b.NodeCountTTL <= 0 {
+		return fmt.Errorf("%snode_count_ttl: must be positive, got %v", p, b.NodeCountTTL)
+	}
+	return nil
+}
+
+// optOut splits OptOutLabel; an empty one disables the opt-out.
+func (c Config) optOut() (string, string, error) {
+	if c.OptOutLabel == "" {
+		return "", "", nil
+	}
+	k, v, ok := strings.Cut(c.OptOutLabel, "=")
+	if !ok {
+		return "", "", fmt.Errorf("want key=value, got %q", c.OptOutLabel)
+	}
+	if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+		return "", "", fmt.Errorf("key %q: %s", k, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+		return "", "", fmt.Errorf("value %q: %s", v, strings.Join(errs, "; "))
+	}
+	return k, v, nil
+}

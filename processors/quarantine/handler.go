@@ -1,0 +1,765 @@
+package quarantine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// Role is the processor role name written on actions.
+const Role = "quarantine"
+
+// Action kinds and outcomes this role writes to the actions topic.
+const (
+	KindQuarantine     = "quarantine"
+	KindUnquarantine   = "unquarantine"
+	KindSkip           = "skip"
+	KindEvent          = "event"
+	KindManualUncordon = "manual_uncordon"
+	KindBreakerOpen    = "breaker_open"
+	KindBreakerClose   = "breaker_close"
+
+	OutcomeApplied    = "applied"
+	OutcomeDryRun     = "dry_run"
+	OutcomeHeld       = "held_by_breaker"
+	OutcomeSkipped    = "skipped"
+	OutcomeFailed     = "failed"
+	OutcomeInProgress = "in_progress"
+	OutcomeDecided    = "decided"
+)
+
+// RuleForce names the decision of quarantineOverrides.force when no rule
+// set matched.
+const RuleForce = "override-force"
+
+// Handler is the quarantine role: for each event it decides with the
+// Policy, acts on the event's cluster and records every decision as an
+// Action.
+//
+// Records of one node are handled in offset order; different nodes of a
+// batch are handled concurrently (Config.Workers). Clusters are isolated:
+// a cluster whose API fails is retried inside the batch for at most
+// Config.ClusterWait, then its remaining records (per node, in order) are
+// deferred to TopicRetry, produced with the batch's outputs before the
+// offsets are committed, so nothing is lost and the other clusters' records
+// of the same partition are not held up. For a grace period after a
+// deferral (2×RetryWait) every new record of that cluster is deferred too,
+// so a node's records stay in order behind the deferred ones. The retry
+// consumer (HandleRetry) waits for the cluster and fails its batch while
+// the cluster is still down, so the pipeline retries it with backoff.
+type Handler struct {
+	cfg    Config
+	policy *Policy
+	reg    *clusters.Registry
+	log    *slog.Logger
+	now    func() time.Time
+	m      *metrics
+	optKey string
+	optVal string
+
+	mu         sync.Mutex
+	breakers   map[string]*breaker
+	deferUntil map[string]time.Time
+}
+
+// Options are a Handler's collaborators.
+type Options struct {
+	// Log defaults to slog.Default().
+	Log *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// Registerer gets the role's metrics; nil: not registered.
+	Registerer prometheus.Registerer
+}
+
+// New compiles the rule file and returns the handler. An invalid rule is
+// an error naming the rule set.
+func New(cfg Config, reg *clusters.Registry, opts Options) (*Handler, error) {
+	if err := cfg.Validate("quarantine."); err != nil {
+		return nil, err
+	}
+	rs, err := LoadRules(cfg.Rules)
+	if err != nil {
+		return nil, fmt.Errorf("quarantine.rules: %w", err)
+	}
+	pol, err := Compile(rs)
+	if err != nil {
+		return nil, fmt.Errorf("quarantine.rules: %w", err)
+	}
+	return NewWithPolicy(cfg, pol, reg, opts)
+}
+
+// NewWithPolicy returns a handler for an already compiled policy.
+func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options) (*Handler, error) {
+	k, v, err := cfg.optOut()
+	if err != nil {
+		return nil, fmt.Errorf("quarantine.opt_out_label: %w", err)
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Handler{
+		cfg: cfg, policy: pol, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
+		m: newMetrics(opts.Registerer), optKey: k, optVal: v,
+		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{},
+	}, nil
+}
+
+// item is one decoded record.
+type item struct {
+	rec     *kgo.Record
+	ev      *datamodels.HealthEvent
+	cluster string
+	node    string
+}
+
+type seqResult struct {
+	actions  []*faultlinev1.Action
+	deferred []item
+	failed   error
+}
+
+// Handle handles a batch of the events topic.
+func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
+	return h.handle(ctx, recs, false)
+}
+
+// HandleRetry handles a batch of TopicRetry: it waits for each cluster up to
+// Config.RetryWait and fails the batch (to be retried) while one is down.
+func (h *Handler) HandleRetry(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
+	return h.handle(ctx, recs, true)
+}
+
+// RetryHandler returns HandleRetry as a pipeline.Handler.
+func (h *Handler) RetryHandler() pipeline.Handler { return pipeline.HandlerFunc(h.HandleRetry) }
+
+func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (pipeline.Result, error) {
+	var res pipeline.Result
+	seqs := map[string][]item{}
+	var keys []string
+	for _, r := range recs {
+		cluster, node, err := events.SplitKey(r.Key)
+		if err != nil {
+			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
+			continue
+		}
+		ev, err := events.Unmarshal(r.Value)
+		if err != nil {
+			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
+			continue
+		}
+		if ev.GetNodeName() == "" {
+			ev.NodeName = node
+		}
+		// The key is what the gateway stamped from the credential.
+		ev.Cluster = cluster
+		k := string(r.Key)
+		if _, ok := seqs[k]; !ok {
+			keys = append(keys, k)
+		}
+		seqs[k] = append(seqs[k], item{rec: r, ev: ev, cluster: cluster, node: ev.GetNodeName()})
+	}
+	wait := h.cfg.ClusterWait
+	if retry {
+		wait = h.cfg.RetryWait
+	}
+	deadline := time.Now().Add(wait)
+	results := make([]seqResult, len(keys))
+	sem := make(chan struct{}, h.cfg.Workers)
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			results[i] = h.handleSeq(ctx, seqs[k], retry, deadline)
+		}()
+	}
+	wg.Wait()
+	var failed []error
+	for _, r := range results {
+		if r.failed != nil {
+			failed = append(failed, r.failed)
+		}
+		for _, a := range r.actions {
+			rec, err := actionRecord(a)
+			if err != nil {
+				return pipeline.Result{}, err
+			}
+			res.Out = append(res.Out, rec)
+		}
+		for _, it := range r.deferred {
+			res.Out = append(res.Out, retryRecord(it.rec))
+			h.m.deferred.WithLabelValues(it.cluster).Inc()
+		}
+	}
+	if len(failed) > 0 {
+		return pipeline.Result{}, fmt.Errorf("quarantine retry batch: %w", errors.Join(failed...))
+	}
+	return res, nil
+}
+
+// handleSeq handles one node's records in order.
+func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadline time.Time) seqResult {
+	var r seqResult
+	cluster := items[0].cluster
+	cl, err := h.reg.Get(cluster)
+	switch {
+	case errors.Is(err, clusters.ErrUnknownCluster):
+		cl = nil // decided and recorded as dry-run
+	case err != nil:
+		// A kubeconfig that cannot be loaded: the cluster's trouble.
+		h.log.Warn("cluster client unavailable", "cluster", cluster, "err", err)
+		if retry {
+			r.failed = err
+			return r
+		}
+		h.markDeferring(cluster)
+		r.deferred = items
+		return r
+	}
+	live := cl != nil && cl.Kube != nil
+	for i, it := range items {
+		if live && !retry && h.deferring(cluster) {
+			r.deferred = items[i:]
+			return r
+		}
+		for {
+			if live {
+				if ready, next := cl.Gate.Ready(); !ready {
+					if next.After(deadline) || ctx.Err() != nil {
+						if retry {
+							h.markDeferring(cluster)
+							r.failed = fmt.Errorf("cluster %s: unreachable: %w", cluster, cl.Gate.LastError())
+							return r
+						}
+						h.log.Warn("cluster unreachable; deferring records", "cluster", cluster, "node", it.node,
+							"records", len(items)-i, "err", cl.Gate.LastError())
+						h.markDeferring(cluster)
+						r.deferred = items[i:]
+						return r
+					}
+					select {
+					case <-ctx.Done():
+						continue
+					case <-time.After(time.Until(next)):
+					}
+				}
+			}
+			acts, err := h.process(ctx, cl, it)
+			if err == nil {
+				if live {
+					cl.Gate.OK()
+				}
+				r.actions = append(r.actions, acts...)
+				break
+			}
+			if !clusters.Retriable(err) || !live {
+				h.log.Warn("quarantine failed", "cluster", cluster, "node", it.node, "event", it.ev.GetId(), "err", err)
+				r.actions = append(r.actions, h.action(it, KindQuarantine, OutcomeFailed, err.Error(), "", cl))
+				break
+			}
+			h.m.apiErrors.WithLabelValues(cluster).Inc()
+			next := cl.Gate.Fail(err)
+			h.log.Warn("cluster API error; will retry", "cluster", cluster, "node", it.node, "retry_at", next, "err", err)
+		}
+	}
+	return r
+}
+
+func (h *Handler) deferring(cluster string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return time.Now().Before(h.deferUntil[cluster])
+}
+
+func (h *Handler) markDeferring(cluster string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.deferUntil[cluster] = time.Now().Add(2 * h.cfg.RetryWait)
+}
+
+// process decides and acts on one event. A returned error is the cluster
+// API's; decisions (including failures that retrying cannot fix) are
+// actions.
+func (h *Handler) process(ctx context.Context, cl *clusters.Client, it item) ([]*faultlinev1.Action, error) {
+	if it.ev.GetIsHealthy() {
+		return h.recover(ctx, cl, it)
+	}
+	return h.fault(ctx, cl, it)
+}
+
+func (h *Handler) getNode(ctx context.Context, cl *clusters.Client, name string) (*corev1.Node, error) {
+	if cl == nil || cl.Kube == nil {
+		return nil, nil
+	}
+	n, err := cl.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get node %s: %w", name, err)
+	}
+	return n, nil
+}
+
+func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*faultlinev1.Action, error) {
+	ev := it.ev
+	force := ev.GetQuarantineOverrides().GetForce()
+	if events.StoreOnly(ev) {
+		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, "processingStrategy STORE_ONLY: stored, never acted on", "", cl)}, nil
+	}
+	if ev.GetQuarantineOverrides().GetSkip() {
+		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, "quarantineOverrides.skip", "", cl)}, nil
+	}
+	node, err := h.getNode(ctx, cl, it.node)
+	if apierrors.IsNotFound(err) {
+		return []*faultlinev1.Action{h.action(it, KindQuarantine, OutcomeFailed, "node not found in cluster", "", cl)}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if node != nil && h.optKey != "" && node.Labels[h.optKey] == h.optVal && !force {
+		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped,
+			fmt.Sprintf("node opted out (label %s=%s)", h.optKey, h.optVal), "", cl)}, nil
+	}
+	dec, errs := h.policy.Evaluate(ev, node)
+	for _, e := range errs {
+		h.log.Debug("rule evaluation error", "cluster", it.cluster, "node", it.node, "err", e)
+	}
+	if dec == nil && force {
+		dec = &Decision{Rule: RuleForce, Cordon: true, Condition: true}
+	}
+	if dec == nil {
+		if !ev.GetIsFatal() {
+			return h.nodeEvent(ctx, cl, node, it)
+		}
+		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, "no rule set matched", "", cl)}, nil
+	}
+	if cl == nil || cl.DryRun || cl.Kube == nil {
+		a := h.action(it, KindQuarantine, OutcomeDryRun, "would quarantine: "+dryRunWhy(cl), dec.Rule, cl)
+		a.Details["cordon"] = strconv.FormatBool(dec.Cordon)
+		return []*faultlinev1.Action{a}, nil
+	}
+	at := eventTime(ev, h.now())
+	f := Fault{
+		Check: ev.GetCheckName(), Class: ev.GetComponentClass(), Entity: events.EntityKey(ev), Agent: ev.GetAgent(),
+		Rule: dec.Rule, Message: truncate(ev.GetMessage(), 256), Derived: ev.GetDerivedBy(),
+		Action: ev.GetRecommendedAction().String(), Since: at, LastSeen: at,
+		Cordon: dec.Cordon, Taint: dec.Taint, Condition: dec.Condition,
+	}
+	key := FaultKey(f.Check, f.Entity)
+	var (
+		verdict         breakerVerdict
+		reserved, held  bool
+		manual, already bool
+		preCordon       bool
+	)
+	br := h.breaker(cl)
+	_, err = h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
+		now := h.now()
+		manual = st.DetectManualUncordon(n, now)
+		wasActive := st.Active()
+		already = len(st.Faults) > 0
+		changed := st.AddFault(key, f, ev.GetId())
+		preCordon = n.Spec.Unschedulable && !st.Cordoned
+		if !wasActive && st.Active() && !force {
+			v, err := br.reserve(ctx, n.Name)
+			if err != nil {
+				return false, err
+			}
+			verdict, reserved = v, true
+			if !v.Allowed {
+				held = true
+				return false, nil
+			}
+		}
+		return changed || manual, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var acts []*faultlinev1.Action
+	if reserved {
+		acts = append(acts, h.breakerActions(ctx, cl, it, verdict)...)
+	}
+	if manual {
+		acts = append(acts, h.action(it, KindManualUncordon, OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
+	}
+	if held {
+		a := h.action(it, KindQuarantine, OutcomeHeld, "would quarantine: circuit breaker open: "+verdict.Reason, dec.Rule, cl)
+		h.m.held.WithLabelValues(it.cluster).Inc()
+		return append(acts, a), nil
+	}
+	a := h.action(it, KindQuarantine, OutcomeApplied, fmt.Sprintf("rule %s matched %s", dec.Rule, ev.GetCheckName()), dec.Rule, cl)
+	a.Details["cordon"] = strconv.FormatBool(dec.Cordon)
+	a.Details["alreadyQuarantined"] = strconv.FormatBool(already)
+	a.Details["preexistingCordon"] = strconv.FormatBool(preCordon)
+	if dec.Taint != nil {
+		a.Details["taint"] = dec.Taint.Key + "=" + dec.Taint.Value + ":" + dec.Taint.Effect
+	}
+	if force {
+		a.Details["force"] = "true"
+	}
+	return append(acts, a), nil
+}
+
+func dryRunWhy(cl *clusters.Client) string {
+	if cl == nil {
+		return "cluster not configured (dry-run)"
+	}
+	return "cluster is dry-run"
+}
+
+func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]*faultlinev1.Action, error) {
+	ev := it.ev
+	if events.StoreOnly(ev) || cl == nil || cl.Kube == nil {
+		return nil, nil
+	}
+	node, err := h.getNode(ctx, cl, it.node)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	entity := events.EntityKey(ev)
+	at := time.Time{}
+	if ts := ev.GetGeneratedTimestamp(); ts != nil {
+		at = ts.AsTime()
+	}
+	if st, _ := ReadState(node); len(st.Faults) == 0 {
+		return nil, nil // the common case: nothing standing
+	}
+	if cl.DryRun {
+		st, _ := ReadState(node)
+		if removed, _ := st.Recover(ev.GetCheckName(), entity, at); len(removed) > 0 {
+			return []*faultlinev1.Action{h.action(it, KindUnquarantine, OutcomeDryRun, "would lift: "+fmt.Sprint(removed), "", cl)}, nil
+		}
+		return nil, nil
+	}
+	var (
+		removed, stale []string
+		manual         bool
+		remaining      int
+		uncordon       bool
+	)
+	_, err = h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
+		manual = st.DetectManualUncordon(n, h.now())
+		removed, stale = st.Recover(ev.GetCheckName(), entity, at)
+		remaining = len(st.Faults)
+		uncordon = st.Cordoned && !st.Active()
+		return len(removed) > 0 || manual, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var acts []*faultlinev1.Action
+	if manual {
+		acts = append(acts, h.action(it, KindManualUncordon, OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
+	}
+	if len(stale) > 0 && len(removed) == 0 {
+		acts = append(acts, h.action(it, KindSkip, OutcomeSkipped, "recovery older than the fault's last occurrence", "", cl))
+	}
+	if len(removed) > 0 {
+		outcome, reason := OutcomeApplied, "every fault recovered; lifted what faultline set"
+		if remaining > 0 {
+			outcome, reason = OutcomeInProgress, fmt.Sprintf("fault recovered; %d still standing", remaining)
+		}
+		a := h.action(it, KindUnquarantine, outcome, reason, "", cl)
+		a.Details["recovered"] = fmt.Sprint(removed)
+		a.Details["remaining"] = strconv.Itoa(remaining)
+		a.Details["uncordoned"] = strconv.FormatBool(uncordon)
+		acts = append(acts, a)
+	}
+	return acts, nil
+}
+
+// updateNode reads the node's state, lets mutate change it, and writes the
+// result: the status (conditions) first, then metadata and spec, each with
+// the resourceVersion read, so a concurrent writer makes it re-read and
+// redo the whole decision (optimistic concurrency; nothing faultline does
+// not own is overwritten). first may be a node already read. mutate returns
+// false to write nothing.
+func (h *Handler) updateNode(ctx context.Context, cl *clusters.Client, first *corev1.Node,
+	mutate func(n *corev1.Node, st *State) (bool, error)) (*corev1.Node, error) {
+	nodes := cl.Kube.CoreV1().Nodes()
+	n := first.DeepCopy()
+	name := first.Name
+	for attempt := 1; ; attempt++ {
+		if n == nil {
+			var err error
+			if n, err = nodes.Get(ctx, name, metav1.GetOptions{}); err != nil {
+				return nil, fmt.Errorf("get node %s: %w", name, err)
+			}
+		}
+		st, err := ReadState(n)
+		if err != nil {
+			h.log.Warn("corrupt quarantine state; starting afresh", "cluster", cl.Name, "node", name, "err", err)
+		}
+		write, err := mutate(n, st)
+		if err != nil || !write {
+			return n, err
+		}
+		now := h.now()
+		status := n.DeepCopy()
+		if RenderConditions(status, st, now) {
+			out, err := nodes.UpdateStatus(ctx, status, metav1.UpdateOptions{FieldManager: "faultline-quarantine"})
+			if apierrors.IsConflict(err) && attempt < 100 {
+				h.m.conflicts.WithLabelValues(cl.Name).Inc()
+				n = nil
+				continue
+			}
+			if err != nil {
+				return nil, fmt.Errorf("update node %s status: %w", name, err)
+			}
+			n.ResourceVersion, n.Status = out.ResourceVersion, out.Status
+		}
+		if RenderObject(n, st, h.cfg.Identity, now) {
+			out, err := nodes.Update(ctx, n, metav1.UpdateOptions{FieldManager: "faultline-quarantine"})
+			if apierrors.IsConflict(err) && attempt < 100 {
+				h.m.conflicts.WithLabelValues(cl.Name).Inc()
+				n = nil
+				continue
+			}
+			if err != nil {
+				return nil, fmt.Errorf("update node %s: %w", name, err)
+			}
+			n = out
+		}
+		return n, nil
+	}
+}
+
+// nodeEvent records a non-fatal event as a Kubernetes Event on the node,
+// with a name derived from the event id so a retry finds the first one.
+func (h *Handler) nodeEvent(ctx context.Context, cl *clusters.Client, node *corev1.Node, it item) ([]*faultlinev1.Action, error) {
+	if !h.cfg.NodeEvents {
+		return nil, nil
+	}
+	ev := it.ev
+	reason := eventReason(ev.GetComponentClass())
+	if cl == nil || cl.DryRun || cl.Kube == nil {
+		return []*faultlinev1.Action{h.action(it, KindEvent, OutcomeDryRun, "would record Event "+reason, "", cl)}, nil
+	}
+	now := metav1.NewTime(h.now())
+	kev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      it.node + ".fl-" + shortHash(recordID(it)),
+			Namespace: h.cfg.EventNamespace,
+			Labels:    map[string]string{"app.kubernetes.io/managed-by": "faultline"},
+		},
+		InvolvedObject:      corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: it.node, UID: node.UID},
+		Reason:              reason,
+		Message:             truncate(fmt.Sprintf("%s (%s): %s", ev.GetCheckName(), ev.GetAgent(), ev.GetMessage()), maxMessage),
+		Type:                corev1.EventTypeWarning,
+		Source:              corev1.EventSource{Component: "faultline-quarantine", Host: it.node},
+		ReportingController: "faultline.io/quarantine",
+		ReportingInstance:   truncate(h.cfg.Identity, 128),
+		FirstTimestamp:      now,
+		LastTimestamp:       now,
+		Count:               1,
+	}
+	_, err := cl.Kube.CoreV1().Events(h.cfg.EventNamespace).Create(ctx, kev, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create event for node %s: %w", it.node, err)
+	}
+	return []*faultlinev1.Action{h.action(it, KindEvent, OutcomeApplied, "recorded Event "+reason, "", cl)}, nil
+}
+
+// eventReason is the Event reason of a component class: "GPUHealthIssue".
+func eventReason(class string) string {
+	t := ConditionType(class)
+	return t[:len(t)-len("Healthy")] + "HealthIssue"
+}
+
+func (h *Handler) breaker(cl *clusters.Client) *breaker {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b, ok := h.breakers[cl.Name]
+	if !ok {
+		b = newBreaker(h.cfg.Breaker, cl.Kube, h.now)
+		h.breakers[cl.Name] = b
+	}
+	return b
+}
+
+// breakerActions reports a breaker transition: an action, the metric, and
+// a Kubernetes Event on the breaker's ConfigMap.
+func (h *Handler) breakerActions(ctx context.Context, cl *clusters.Client, it item, v breakerVerdict) []*faultlinev1.Action {
+	if v.Allowed {
+		h.m.breakerOpen.WithLabelValues(cl.Name).Set(0)
+	} else {
+		h.m.breakerOpen.WithLabelValues(cl.Name).Set(1)
+	}
+	var acts []*faultlinev1.Action
+	if v.Closed {
+		a := h.action(it, KindBreakerClose, OutcomeApplied, "circuit breaker closed after its window", "", cl)
+		a.Id = actionID(cl.Name, KindBreakerClose, recordID(it))
+		acts = append(acts, a)
+		h.breakerEvent(ctx, cl, "QuarantineBreakerClosed", "faultline closed the quarantine circuit breaker after its window", it)
+	}
+	if v.Opened {
+		h.log.Warn("circuit breaker opened; no new quarantines", "cluster", cl.Name, "reason", v.Reason)
+		a := h.action(it, KindBreakerOpen, OutcomeApplied, v.Reason, "", cl)
+		a.Id = actionID(cl.Name, KindBreakerOpen, recordID(it))
+		a.Details["count"], a.Details["limit"] = itoa(v.Count), itoa(v.Limit)
+		a.Details["total"], a.Details["schedulable"] = itoa(v.Total), itoa(v.Schedulable)
+		acts = append(acts, a)
+		h.m.breakerTrips.WithLabelValues(cl.Name).Inc()
+		h.breakerEvent(ctx, cl, "QuarantineBreakerOpen", "faultline stopped quarantining new nodes: "+v.Reason, it)
+	}
+	return acts
+}
+
+func (h *Handler) breakerEvent(ctx context.Context, cl *clusters.Client, reason, msg string, it item) {
+	now := metav1.NewTime(h.now())
+	bc := h.cfg.Breaker
+	kev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: bc.Name + ".fl-" + shortHash(reason+recordID(it)), Namespace: bc.Namespace,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "faultline"},
+		},
+		InvolvedObject:      corev1.ObjectReference{APIVersion: "v1", Kind: "ConfigMap", Namespace: bc.Namespace, Name: bc.Name},
+		Reason:              reason,
+		Message:             truncate(msg, maxMessage),
+		Type:                corev1.EventTypeWarning,
+		Source:              corev1.EventSource{Component: "faultline-quarantine"},
+		ReportingController: "faultline.io/quarantine",
+		ReportingInstance:   truncate(h.cfg.Identity, 128),
+		FirstTimestamp:      now, LastTimestamp: now, Count: 1,
+	}
+	if _, err := cl.Kube.CoreV1().Events(bc.Namespace).Create(ctx, kev, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		h.log.Warn("breaker event not recorded", "cluster", cl.Name, "err", err)
+	}
+}
+
+// action builds the audit record of a decision on one event; its id is
+// deterministic (cluster, node, event, kind), so a retried decision writes
+// the same id.
+func (h *Handler) action(it item, kind, outcome, reason, rule string, cl *clusters.Client) *faultlinev1.Action {
+	ev := it.ev
+	h.m.decisions.WithLabelValues(it.cluster, kind, outcome).Inc()
+	var ids []string
+	if ev.GetId() != "" {
+		ids = []string{ev.GetId()}
+	}
+	return &faultlinev1.Action{
+		Id:                actionID(it.cluster, it.node, recordID(it), kind),
+		Cluster:           it.cluster,
+		Node:              it.node,
+		Role:              Role,
+		Kind:              kind,
+		Outcome:           outcome,
+		Reason:            truncate(reason, maxMessage),
+		Rule:              rule,
+		EventIds:          ids,
+		DryRun:            cl == nil || cl.DryRun || cl.Kube == nil,
+		Timestamp:         timestamppb.New(h.now()),
+		Details:           map[string]string{},
+		CheckName:         ev.GetCheckName(),
+		RecommendedAction: ev.GetRecommendedAction().String(),
+	}
+}
+
+// recordID identifies the event of a record: its id, else its position.
+func recordID(it item) string {
+	if id := it.ev.GetId(); id != "" {
+		return id
+	}
+	return fmt.Sprintf("%s/%d/%d", it.rec.Topic, it.rec.Partition, it.rec.Offset)
+}
+
+func actionID(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+func shortHash(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])[:16]
+}
+
+func eventTime(ev *datamodels.HealthEvent, now time.Time) time.Time {
+	if ts := ev.GetGeneratedTimestamp(); ts != nil && ts.IsValid() {
+		return ts.AsTime()
+	}
+	if ts := ev.GetReceivedTimestamp(); ts != nil && ts.IsValid() {
+		return ts.AsTime()
+	}
+	return now
+}
+
+func actionRecord(a *faultlinev1.Action) (*kgo.Record, error) {
+	b, err := events.MarshalAction(a)
+	if err != nil {
+		return nil, fmt.Errorf("encode action: %w", err)
+	}
+	return &kgo.Record{Topic: events.TopicActions, Key: events.Key(a.GetCluster(), a.GetNode()), Value: b}, nil
+}
+
+// HeaderRetryAttempt counts how often a record was deferred.
+const HeaderRetryAttempt = "faultline-retry-attempt"
+
+func retryRecord(r *kgo.Record) *kgo.Record {
+	attempt := 0
+	var hdrs []kgo.RecordHeader
+	for _, hd := range r.Headers {
+		if hd.Key == HeaderRetryAttempt {
+			attempt, _ = strconv.Atoi(string(hd.Value))
+			continue
+		}
+		hdrs = append(hdrs, hd)
+	}
+	hdrs = append(hdrs, kgo.RecordHeader{Key: HeaderRetryAttempt, Value: []byte(strconv.Itoa(attempt + 1))})
+	return &kgo.Record{Topic: TopicRetry, Key: r.Key, Value: r.Value, Headers: hdrs}
+}
+
+type metrics struct {
+	decisions    *prometheus.CounterVec
+	held         *prometheus.CounterVec
+	deferred     *prometheus.CounterVec
+	apiErrors    *prometheus.CounterVec
+	conflicts    *prometheus.CounterVec
+	breakerTrips *prometheus.CounterVec
+	breakerOpen  *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		decisions:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_decisions_total", Help: "Quarantine decisions by kind and outcome."}, []string{"cluster", "kind", "outcome"}),
+		held:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_held_total", Help: "Quarantines held back by the circuit breaker."}, []string{"cluster"}),
+		deferred:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_deferred_total", Help: "Records deferred to the retry topic because their cluster was unreachable."}, []string{"cluster"}),
+		apiErrors:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
+		conflicts:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_conflicts_total", Help: "Node updates retried after a resourceVersion conflict."}, []string{"cluster"}),
+		breakerTrips: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_breaker_trips_total", Help: "Times the circuit breaker opened."}, []string{"cluster"}),
+		breakerOpen:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_quarantine_breaker_open", Help: "1 while the cluster's circuit breaker holds new quarantines."}, []string{"cluster"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen)
+	}
+	return m
+}

@@ -1,0 +1,357 @@
+package quarantine
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/ext"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// DefaultRules is the shipped rule-set file (default_rules.toml): fatal
+// events of faultline's agents, the correlator's derived verdicts, preflight
+// checks and NVSentinel's monitors quarantine the node.
+//
+//go:embed default_rules.toml
+var DefaultRules []byte
+
+// RuleSets is the rule file: NVSentinel's fault-quarantine format.
+//
+//	[[rule-sets]]
+//	name = "gpu-fatal"
+//	priority = 100
+//	  [[rule-sets.match.all]]
+//	  kind = "HealthEvent"
+//	  expression = "event.componentClass == 'GPU' && event.isFatal"
+//	  [rule-sets.cordon]
+//	  shouldCordon = true
+//	  [rule-sets.taint]
+//	  key = "faultline.io/unhealthy"
+//	  value = "gpu"
+//	  effect = "NoSchedule"
+type RuleSets struct {
+	RuleSets []RuleSet `toml:"rule-sets"`
+}
+
+// RuleSet is one named policy: when its match holds for an unhealthy event
+// and its node, the node is quarantined as it says.
+type RuleSet struct {
+	// Name identifies the rule set in errors, annotations and actions.
+	Name string `toml:"name"`
+	// Version is informational (NVSentinel files carry it).
+	Version string `toml:"version"`
+	// Priority orders rule sets: the highest matching one decides; ties keep
+	// file order.
+	Priority int `toml:"priority"`
+	// Match: every All expression and (when Any is not empty) at least one
+	// Any expression must be true.
+	Match Match `toml:"match"`
+	// Cordon says whether to cordon.
+	Cordon Cordon `toml:"cordon"`
+	// Taint to set; empty key: none.
+	Taint Taint `toml:"taint"`
+	// Condition: set the node condition of the event's component class.
+	// Default true.
+	Condition *bool `toml:"condition"`
+}
+
+// Match lists the CEL expressions of a rule set.
+type Match struct {
+	All []Expr `toml:"all"`
+	Any []Expr `toml:"any"`
+}
+
+// Expr is one CEL expression over `event` and `node`; Kind ("HealthEvent"
+// or "Node") is documentation only: both variables are always bound.
+type Expr struct {
+	Kind       string `toml:"kind"`
+	Expression string `toml:"expression"`
+}
+
+// Cordon is the cordon part of a rule set.
+type Cordon struct {
+	ShouldCordon bool `toml:"shouldCordon"`
+}
+
+// Taint is a node taint set by a rule set.
+type Taint struct {
+	Key    string `toml:"key" json:"key"`
+	Value  string `toml:"value" json:"value,omitempty"`
+	Effect string `toml:"effect" json:"effect"`
+}
+
+// LoadRules reads a rule file; path "" gives DefaultRules.
+func LoadRules(path string) (RuleSets, error) {
+	b := DefaultRules
+	if path != "" {
+		var err error
+		if b, err = os.ReadFile(path); err != nil {
+			return RuleSets{}, fmt.Errorf("read rules: %w", err)
+		}
+	}
+	return ParseRules(b)
+}
+
+// ParseRules decodes a rule file, rejecting unknown keys.
+func ParseRules(b []byte) (RuleSets, error) {
+	var rs RuleSets
+	md, err := toml.Decode(string(b), &rs)
+	if err != nil {
+		return RuleSets{}, fmt.Errorf("parse rules: %w", err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		return RuleSets{}, fmt.Errorf("parse rules: unknown key %s", und[0])
+	}
+	return rs, nil
+}
+
+// Policy is a compiled rule file.
+type Policy struct {
+	sets []compiledSet
+}
+
+type compiledSet struct {
+	RuleSet
+	all, any []cel.Program
+}
+
+// Match is the decision of a Policy for one event.
+type Decision struct {
+	// Rule is the matching rule set's name.
+	Rule      string
+	Cordon    bool
+	Taint     *Taint
+	Condition bool
+}
+
+// Compile type-checks every expression of every rule set. An invalid
+// expression is an error naming the rule set and carrying CEL's message.
+func Compile(rs RuleSets) (*Policy, error) {
+	env, err := cel.NewEnv(
+		cel.Variable("event", cel.MapType(cel.StringType, cel.DynType)),
+		cel.Variable("node", cel.MapType(cel.StringType, cel.DynType)),
+		ext.Strings(), ext.Lists(), ext.Sets(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("cel environment: %w", err)
+	}
+	p := &Policy{}
+	names := map[string]bool{}
+	for i, r := range rs.RuleSets {
+		if r.Name == "" {
+			return nil, fmt.Errorf("rule-sets[%d].name: required", i)
+		}
+		if names[r.Name] {
+			return nil, fmt.Errorf("rule set %q: name used twice", r.Name)
+		}
+		names[r.Name] = true
+		if len(r.Match.All) == 0 && len(r.Match.Any) == 0 {
+			return nil, fmt.Errorf("rule set %q: match: needs at least one expression in all or any", r.Name)
+		}
+		if err := r.Taint.validate(); err != nil {
+			return nil, fmt.Errorf("rule set %q: taint: %w", r.Name, err)
+		}
+		cs := compiledSet{RuleSet: r}
+		for _, part := range []struct {
+			name  string
+			exprs []Expr
+			out   *[]cel.Program
+		}{{"all", r.Match.All, &cs.all}, {"any", r.Match.Any, &cs.any}} {
+			for j, e := range part.exprs {
+				prg, err := compileExpr(env, e.Expression)
+				if err != nil {
+					return nil, fmt.Errorf("rule set %q: match.%s[%d] %q: %w", r.Name, part.name, j, e.Expression, err)
+				}
+				*part.out = append(*part.out, prg)
+			}
+		}
+		p.sets = append(p.sets, cs)
+	}
+	sort.SliceStable(p.sets, func(i, j int) bool { return p.sets[i].Priority > p.sets[j].Priority })
+	return p, nil
+}
+
+func compileExpr(env *cel.Env, src string) (cel.Program, error) {
+	if strings.TrimSpace(src) == "" {
+		return nil, errors.New("empty expression")
+	}
+	ast, iss := env.Compile(src)
+	if iss.Err() != nil {
+		return nil, iss.Err()
+	}
+	if t := ast.OutputType(); !t.IsExactType(cel.BoolType) && !t.IsExactType(cel.DynType) {
+		return nil, fmt.Errorf("expression gives %s, want bool", t)
+	}
+	return env.Program(ast, cel.EvalOptions(cel.OptOptimize))
+}
+
+func (t Taint) validate() error {
+	if t.Key == "" {
+		if t.Value != "" || t.Effect != "" {
+			return errors.New("key is required when value or effect is set")
+		}
+		return nil
+	}
+	if errs := validation.IsQualifiedName(t.Key); len(errs) > 0 {
+		return fmt.Errorf("key %q: %s", t.Key, strings.Join(errs, "; "))
+	}
+	if t.Value != "" {
+		if errs := validation.IsValidLabelValue(t.Value); len(errs) > 0 {
+			return fmt.Errorf("value %q: %s", t.Value, strings.Join(errs, "; "))
+		}
+	}
+	switch corev1.TaintEffect(t.Effect) {
+	case corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
+	default:
+		return fmt.Errorf("effect %q: want NoSchedule, PreferNoSchedule or NoExecute", t.Effect)
+	}
+	return nil
+}
+
+// Names lists the rule-set names in evaluation order.
+func (p *Policy) Names() []string {
+	out := make([]string, len(p.sets))
+	for i, s := range p.sets {
+		out[i] = s.Name
+	}
+	return out
+}
+
+// Evaluate returns the decision of the highest-priority matching rule set,
+// or nil. An expression that fails at run time (a missing key, say) counts
+// as false for its rule set; the errors are returned alongside for logging.
+func (p *Policy) Evaluate(ev *datamodels.HealthEvent, node *corev1.Node) (*Decision, []error) {
+	vars := map[string]any{"event": EventVars(ev), "node": NodeVars(node, ev.GetNodeName())}
+	var errs []error
+	for _, s := range p.sets {
+		ok, err := s.matches(vars)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rule set %q: %w", s.Name, err))
+		}
+		if !ok {
+			continue
+		}
+		d := &Decision{Rule: s.Name, Cordon: s.Cordon.ShouldCordon, Condition: s.Condition == nil || *s.Condition}
+		if s.Taint.Key != "" {
+			t := s.Taint
+			d.Taint = &t
+		}
+		return d, errs
+	}
+	return nil, errs
+}
+
+func (s compiledSet) matches(vars map[string]any) (bool, error) {
+	for _, prg := range s.all {
+		ok, err := evalBool(prg, vars)
+		if err != nil || !ok {
+			return false, err
+		}
+	}
+	if len(s.any) == 0 {
+		return true, nil
+	}
+	var firstErr error
+	for _, prg := range s.any {
+		ok, err := evalBool(prg, vars)
+		if ok {
+			return true, nil
+		}
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	return false, firstErr
+}
+
+func evalBool(prg cel.Program, vars map[string]any) (bool, error) {
+	out, _, err := prg.Eval(vars)
+	if err != nil {
+		return false, err
+	}
+	b, ok := out.Value().(bool)
+	if !ok {
+		return false, fmt.Errorf("expression gave %T, want bool", out.Value())
+	}
+	return b, nil
+}
+
+// EventVars is the CEL `event` variable: the HealthEvent with the JSON field
+// names of the seed (recommendedAction and processingStrategy by name).
+func EventVars(ev *datamodels.HealthEvent) map[string]any {
+	ents := make([]any, 0, len(ev.GetEntitiesImpacted()))
+	for _, e := range ev.GetEntitiesImpacted() {
+		ents = append(ents, map[string]any{"entityType": e.GetEntityType(), "entityValue": e.GetEntityValue()})
+	}
+	md := map[string]any{}
+	for k, v := range ev.GetMetadata() {
+		md[k] = v
+	}
+	codes := make([]any, 0, len(ev.GetErrorCode()))
+	for _, c := range ev.GetErrorCode() {
+		codes = append(codes, c)
+	}
+	causes := make([]any, 0, len(ev.GetCauseIds()))
+	for _, c := range ev.GetCauseIds() {
+		causes = append(causes, c)
+	}
+	return map[string]any{
+		"version":                 int64(ev.GetVersion()),
+		"id":                      ev.GetId(),
+		"agent":                   ev.GetAgent(),
+		"componentClass":          ev.GetComponentClass(),
+		"checkName":               ev.GetCheckName(),
+		"isFatal":                 ev.GetIsFatal(),
+		"isHealthy":               ev.GetIsHealthy(),
+		"message":                 ev.GetMessage(),
+		"recommendedAction":       ev.GetRecommendedAction().String(),
+		"customRecommendedAction": ev.GetCustomRecommendedAction(),
+		"errorCode":               codes,
+		"entitiesImpacted":        ents,
+		"metadata":                md,
+		"nodeName":                ev.GetNodeName(),
+		"cluster":                 ev.GetCluster(),
+		"derivedBy":               ev.GetDerivedBy(),
+		"causeIds":                causes,
+		"processingStrategy":      ev.GetProcessingStrategy().String(),
+		"quarantineOverrides": map[string]any{
+			"force": ev.GetQuarantineOverrides().GetForce(),
+			"skip":  ev.GetQuarantineOverrides().GetSkip(),
+		},
+	}
+}
+
+// NodeVars is the CEL `node` variable, shaped like the Node object:
+// node.metadata.{name,labels,annotations}, node.spec.{unschedulable,taints}.
+// A nil node (a dry-run cluster without a kubeconfig) has only its name.
+func NodeVars(n *corev1.Node, name string) map[string]any {
+	labels, annos := map[string]any{}, map[string]any{}
+	taints := []any{}
+	unsched := false
+	if n != nil {
+		name = n.Name
+		for k, v := range n.Labels {
+			labels[k] = v
+		}
+		for k, v := range n.Annotations {
+			annos[k] = v
+		}
+		for _, t := range n.Spec.Taints {
+			taints = append(taints, map[string]any{"key": t.Key, "value": t.Value, "effect": string(t.Effect)})
+		}
+		unsched = n.Spec.Unschedulable
+	}
+	return map[string]any{
+		"metadata": map[string]any{"name": name, "labels": labels, "annotations": annos},
+		"spec":     map[string]any{"unschedulable": unsched, "taints": taints},
+	}
+}

@@ -1,0 +1,473 @@
+package quarantine
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+	"unicode"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Keys faultline owns on a node. Everything else on the node is left as it
+// is; these are the only keys faultline writes or removes.
+const (
+	// AnnotationState holds the JSON State: the faults standing on the node
+	// and exactly what faultline set for them. It is the source of truth
+	// that every replica reads and updates with optimistic concurrency.
+	AnnotationState = "faultline.io/quarantine-state"
+	// AnnotationReason says why (rule, check, agent, message), bounded.
+	AnnotationReason = "faultline.io/quarantine-reason"
+	// AnnotationBy says which processor quarantined the node.
+	AnnotationBy = "faultline.io/quarantined-by"
+	// AnnotationAt is when the quarantine began (RFC 3339).
+	AnnotationAt = "faultline.io/quarantined-at"
+	// AnnotationManualUncordon records when a person uncordoned the node
+	// while faults stood; faultline then leaves those faults uncordoned.
+	AnnotationManualUncordon = "faultline.io/manual-uncordon-at"
+	// LabelQuarantined is "true" while faultline holds faults on the node.
+	LabelQuarantined = "faultline.io/quarantined"
+)
+
+// Bounds of what faultline writes on a node.
+const (
+	maxMessage  = 1024 // node condition message
+	maxReason   = 512  // reason annotation
+	maxEventIDs = 8    // event ids kept per fault
+	maxFaults   = 64   // faults kept per node (oldest dropped)
+)
+
+// State is the quarantine state of one node, kept in AnnotationState.
+type State struct {
+	// Faults standing on the node, by FaultKey.
+	Faults map[string]*Fault `json:"faults,omitempty"`
+	// Cordoned: faultline set spec.unschedulable (it was not already set).
+	Cordoned bool `json:"cordoned,omitempty"`
+	// Taints faultline added (key and effect identify a taint).
+	Taints []Taint `json:"taints,omitempty"`
+	// Conditions are the condition types faultline set False.
+	Conditions []string `json:"conditions,omitempty"`
+	// Since is when the first standing fault was recorded.
+	Since time.Time `json:"since,omitzero"`
+	// By is the processor that first quarantined the node.
+	By string `json:"by,omitempty"`
+	// ManualUncordonAt is when a person uncordoned the node while faults stood.
+	ManualUncordonAt time.Time `json:"manualUncordonAt,omitzero"`
+}
+
+// Fault is one standing fault: a check on an entity.
+type Fault struct {
+	Check   string    `json:"check"`
+	Class   string    `json:"class,omitempty"`
+	Entity  string    `json:"entity,omitempty"`
+	Agent   string    `json:"agent,omitempty"`
+	Rule    string    `json:"rule"`
+	Message string    `json:"message,omitempty"`
+	Derived string    `json:"derivedBy,omitempty"`
+	Action  string    `json:"recommendedAction,omitempty"`
+	Since   time.Time `json:"since"`
+	// LastSeen is the generated time of the newest event of the fault; a
+	// recovery generated before it does not lift the fault.
+	LastSeen  time.Time `json:"lastSeen"`
+	EventIDs  []string  `json:"eventIds,omitempty"`
+	Cordon    bool      `json:"cordon,omitempty"`
+	Taint     *Taint    `json:"taint,omitempty"`
+	Condition bool      `json:"condition,omitempty"`
+	// Acked: a person uncordoned the node while this fault stood, so it no
+	// longer cordons or taints (its condition stays).
+	Acked bool `json:"acked,omitempty"`
+}
+
+// FaultKey identifies a fault on a node: the check and the impacted
+// entities ("XID_ERROR_48|GPU=GPU-1").
+func FaultKey(check, entity string) string { return check + "|" + entity }
+
+// ReadState decodes the node's state; a node without one gives an empty
+// state. A corrupt annotation is an error (the caller starts afresh and
+// says so).
+func ReadState(n *corev1.Node) (*State, error) {
+	st := &State{Faults: map[string]*Fault{}}
+	raw, ok := n.Annotations[AnnotationState]
+	if !ok || raw == "" {
+		return st, nil
+	}
+	if err := json.Unmarshal([]byte(raw), st); err != nil {
+		return &State{Faults: map[string]*Fault{}}, fmt.Errorf("node %s: annotation %s: %w", n.Name, AnnotationState, err)
+	}
+	if st.Faults == nil {
+		st.Faults = map[string]*Fault{}
+	}
+	return st, nil
+}
+
+// Active reports whether some fault still cordons or taints.
+func (s *State) Active() bool {
+	for _, f := range s.Faults {
+		if !f.Acked && (f.Cordon || f.Taint != nil) {
+			return true
+		}
+	}
+	return false
+}
+
+// AddFault records a fault occurrence; it reports whether the state
+// changed (false when this event id was already recorded).
+func (s *State) AddFault(key string, f Fault, eventID string) bool {
+	old, ok := s.Faults[key]
+	if !ok {
+		if eventID != "" {
+			f.EventIDs = []string{eventID}
+		}
+		s.Faults[key] = &f
+		s.trim()
+		return true
+	}
+	if eventID != "" && slices.Contains(old.EventIDs, eventID) {
+		return false
+	}
+	if eventID != "" {
+		old.EventIDs = append(old.EventIDs, eventID)
+		if len(old.EventIDs) > maxEventIDs {
+			old.EventIDs = old.EventIDs[len(old.EventIDs)-maxEventIDs:]
+		}
+	}
+	if f.LastSeen.After(old.LastSeen) {
+		old.LastSeen = f.LastSeen
+	}
+	old.Message, old.Rule, old.Cordon, old.Taint, old.Condition = f.Message, f.Rule, f.Cordon, f.Taint, f.Condition
+	return true
+}
+
+// trim drops the oldest faults beyond maxFaults.
+func (s *State) trim() {
+	if len(s.Faults) <= maxFaults {
+		return
+	}
+	keys := s.keys()
+	sort.Slice(keys, func(i, j int) bool { return s.Faults[keys[i]].LastSeen.Before(s.Faults[keys[j]].LastSeen) })
+	for _, k := range keys[:len(keys)-maxFaults] {
+		delete(s.Faults, k)
+	}
+}
+
+func (s *State) keys() []string {
+	keys := make([]string, 0, len(s.Faults))
+	for k := range s.Faults {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// Recover removes the faults a healthy event clears: the same check on the
+// same entities, or every entity of the check when the event names none.
+// A fault last seen after the recovery was generated stays (the recovery is
+// stale). It returns the removed keys and the stale ones.
+func (s *State) Recover(check, entity string, at time.Time) (removed, stale []string) {
+	for _, k := range s.keys() {
+		f := s.Faults[k]
+		if f.Check != check || (entity != "" && f.Entity != entity) {
+			continue
+		}
+		if !at.IsZero() && at.Before(f.LastSeen) {
+			stale = append(stale, k)
+			continue
+		}
+		delete(s.Faults, k)
+		removed = append(removed, k)
+	}
+	return removed, stale
+}
+
+// DetectManualUncordon reports whether a person uncordoned a node that
+// faultline cordoned: the state says faultline cordoned it, the node is
+// schedulable. The standing faults are acknowledged (they no longer cordon
+// or taint), and the time recorded.
+func (s *State) DetectManualUncordon(n *corev1.Node, now time.Time) bool {
+	if !s.Cordoned || n.Spec.Unschedulable {
+		return false
+	}
+	s.Cordoned = false
+	s.ManualUncordonAt = now
+	for _, f := range s.Faults {
+		f.Acked = true
+	}
+	return true
+}
+
+// RenderObject makes the node's metadata and spec say what the state says,
+// touching only what faultline owns: it cordons when an active fault wants
+// it and the node is schedulable (and remembers that it did); it uncordons
+// only a cordon it set; it adds and removes only its own taints, never one
+// that was there before; labels and annotations are faultline's keys. It
+// reports whether the node changed.
+func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
+	before := n.DeepCopy()
+	wantCordon := false
+	var wantTaints []Taint
+	for _, k := range s.keys() {
+		f := s.Faults[k]
+		if f.Acked {
+			continue
+		}
+		wantCordon = wantCordon || f.Cordon
+		if f.Taint != nil && !slices.ContainsFunc(wantTaints, func(t Taint) bool { return t.same(*f.Taint) }) {
+			wantTaints = append(wantTaints, *f.Taint)
+		}
+	}
+	switch {
+	case wantCordon && !n.Spec.Unschedulable:
+		n.Spec.Unschedulable = true
+		s.Cordoned = true
+	case !wantCordon && s.Cordoned:
+		n.Spec.Unschedulable = false
+		s.Cordoned = false
+	}
+	// Taints: drop ours that are no longer wanted, add wanted ones that are
+	// missing, and update the value of ours.
+	var owned []Taint
+	for _, t := range s.Taints {
+		if slices.ContainsFunc(wantTaints, func(w Taint) bool { return w.same(t) }) {
+			owned = append(owned, t)
+			continue
+		}
+		n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(nt corev1.Taint) bool { return t.matches(nt) })
+	}
+	for _, w := range wantTaints {
+		i := slices.IndexFunc(n.Spec.Taints, func(nt corev1.Taint) bool { return w.matches(nt) })
+		isOwned := slices.ContainsFunc(owned, func(t Taint) bool { return t.same(w) })
+		switch {
+		case i < 0:
+			n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: w.Key, Value: w.Value, Effect: corev1.TaintEffect(w.Effect)})
+			if !isOwned {
+				owned = append(owned, w)
+			}
+		case isOwned && n.Spec.Taints[i].Value != w.Value:
+			n.Spec.Taints[i].Value = w.Value
+		}
+		// Present and not ours: someone else's taint with the same key and
+		// effect; it stays theirs.
+	}
+	for i := range owned {
+		for _, w := range wantTaints {
+			if owned[i].same(w) {
+				owned[i].Value = w.Value
+			}
+		}
+	}
+	s.Taints = owned
+
+	if len(s.Faults) == 0 {
+		for _, k := range []string{AnnotationState, AnnotationReason, AnnotationBy, AnnotationAt, AnnotationManualUncordon} {
+			delete(n.Annotations, k)
+		}
+		delete(n.Labels, LabelQuarantined)
+	} else {
+		if s.Since.IsZero() {
+			s.Since = now
+			s.By = by
+		}
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Labels[LabelQuarantined] = "true"
+		n.Annotations[AnnotationReason] = s.reason()
+		n.Annotations[AnnotationBy] = s.By
+		n.Annotations[AnnotationAt] = s.Since.UTC().Format(time.RFC3339)
+		if !s.ManualUncordonAt.IsZero() {
+			n.Annotations[AnnotationManualUncordon] = s.ManualUncordonAt.UTC().Format(time.RFC3339)
+		}
+		b, _ := json.Marshal(s)
+		n.Annotations[AnnotationState] = string(b)
+	}
+	return !equalObject(before, n)
+}
+
+func equalObject(a, b *corev1.Node) bool {
+	return a.Spec.Unschedulable == b.Spec.Unschedulable &&
+		slices.EqualFunc(a.Spec.Taints, b.Spec.Taints, func(x, y corev1.Taint) bool {
+			return x.Key == y.Key && x.Value == y.Value && x.Effect == y.Effect
+		}) &&
+		mapsEqual(a.Labels, b.Labels) && mapsEqual(a.Annotations, b.Annotations)
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// reason is the human summary of the standing faults, bounded.
+func (s *State) reason() string {
+	var parts []string
+	for _, k := range s.keys() {
+		f := s.Faults[k]
+		p := fmt.Sprintf("rule=%s check=%s", f.Rule, f.Check)
+		if f.Entity != "" {
+			p += " entity=" + f.Entity
+		}
+		if f.Agent != "" {
+			p += " agent=" + f.Agent
+		}
+		if f.Acked {
+			p += " (acknowledged by manual uncordon)"
+		}
+		parts = append(parts, p)
+	}
+	return truncate(strings.Join(parts, "; "), maxReason)
+}
+
+// RenderConditions sets one condition per component class: False while a
+// fault of the class with Condition stands (reason: the newest fault's check
+// in CamelCase; message: the faults' messages, bounded), True again for a
+// class faultline had set False whose faults all recovered. Conditions of
+// other types are untouched. It reports whether the status changed.
+func RenderConditions(n *corev1.Node, s *State, now time.Time) bool {
+	type agg struct {
+		newest *Fault
+		msgs   []string
+	}
+	byType := map[string]*agg{}
+	for _, k := range s.keys() {
+		f := s.Faults[k]
+		if !f.Condition {
+			continue
+		}
+		t := ConditionType(f.Class)
+		a := byType[t]
+		if a == nil {
+			a = &agg{}
+			byType[t] = a
+		}
+		if a.newest == nil || f.LastSeen.After(a.newest.LastSeen) {
+			a.newest = f
+		}
+		m := f.Check
+		if f.Entity != "" {
+			m += " on " + f.Entity
+		}
+		if f.Message != "" {
+			m += ": " + f.Message
+		}
+		a.msgs = append(a.msgs, m)
+	}
+	changed := false
+	var managed []string
+	for t, a := range byType {
+		managed = append(managed, t)
+		msg := truncate("faultline: "+strings.Join(a.msgs, "; "), maxMessage)
+		changed = setCondition(n, corev1.NodeCondition{
+			Type: corev1.NodeConditionType(t), Status: corev1.ConditionFalse,
+			Reason: CamelCase(a.newest.Check), Message: msg,
+		}, now) || changed
+	}
+	for _, t := range s.Conditions {
+		if _, ok := byType[t]; ok {
+			continue
+		}
+		changed = setCondition(n, corev1.NodeCondition{
+			Type: corev1.NodeConditionType(t), Status: corev1.ConditionTrue,
+			Reason: "FaultsRecovered", Message: "faultline: every fault of this component recovered",
+		}, now) || changed
+	}
+	sort.Strings(managed)
+	s.Conditions = managed
+	return changed
+}
+
+func setCondition(n *corev1.Node, c corev1.NodeCondition, now time.Time) bool {
+	ts := metav1.NewTime(now)
+	for i := range n.Status.Conditions {
+		old := &n.Status.Conditions[i]
+		if old.Type != c.Type {
+			continue
+		}
+		if old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
+			return false
+		}
+		if old.Status != c.Status {
+			old.LastTransitionTime = ts
+		}
+		old.Status, old.Reason, old.Message, old.LastHeartbeatTime = c.Status, c.Reason, c.Message, ts
+		return true
+	}
+	c.LastTransitionTime, c.LastHeartbeatTime = ts, ts
+	n.Status.Conditions = append(n.Status.Conditions, c)
+	return true
+}
+
+// ConditionType is the node condition of a component class: "GPUHealthy",
+// "NICHealthy"; "NodeHealthy" when the class is empty.
+func ConditionType(class string) string {
+	c := CamelCase(class)
+	if class != "" && strings.ToUpper(class) == class && len(class) <= 6 {
+		c = class // keep acronyms: GPU, NIC, CPU, NVLINK
+	}
+	if c == "" || c == "Check" {
+		c = "Node"
+	}
+	return c + "Healthy"
+}
+
+// CamelCase turns a check name into a condition reason: "XID_ERROR_48" →
+// "XidError48", "nic-link-flap" → "NicLinkFlap"; names already in
+// CamelCase are kept. The result starts with a letter, is at most 128
+// characters, and is "Check" when nothing is left.
+func CamelCase(s string) string {
+	var b strings.Builder
+	for _, part := range strings.FieldsFunc(s, func(r rune) bool {
+		return !(r < unicode.MaxASCII && (unicode.IsLetter(r) || unicode.IsDigit(r)))
+	}) {
+		allUpper := strings.ToUpper(part) == part
+		for i, r := range part {
+			switch {
+			case i == 0:
+				b.WriteRune(unicode.ToUpper(r))
+			case allUpper:
+				b.WriteRune(unicode.ToLower(r))
+			default:
+				b.WriteRune(r)
+			}
+		}
+	}
+	out := b.String()
+	if out == "" {
+		return "Check"
+	}
+	if !unicode.IsLetter(rune(out[0])) {
+		out = "Check" + out
+	}
+	return truncate(out, 128)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - 3
+	for cut > 0 && !utf8Start(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
+
+func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
+
+func (t Taint) same(o Taint) bool { return t.Key == o.Key && t.Effect == o.Effect }
+
+func (t Taint) matches(nt corev1.Taint) bool {
+	return t.Key == nt.Key && t.Effect == string(nt.Effect)
+}
