@@ -17,7 +17,7 @@ var writeTree = flag.String("write-tree", "", "write the 34-device synthetic tre
 // 16 VFs): list devices, read state/phys_state/operstate and 4 counters of
 // the 18 monitored ports, evaluate, persist when changed.
 func BenchmarkPoll34(b *testing.B) {
-	e := setup(b, nictest.System34())
+	e := setupFull(b, nictest.System34())
 	c := e.check()
 	ctx := context.Background()
 	if _, err := c.Check(ctx); err != nil {
@@ -43,6 +43,7 @@ func TestWriteSynthTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tree.FullCounters = true
 	if err := p.Build(tree); err != nil {
 		t.Fatal(err)
 	}

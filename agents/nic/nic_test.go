@@ -27,13 +27,19 @@ type env struct {
 	cfg  Config
 }
 
-func setup(t testing.TB, p nictest.Platform) *env {
+func setup(t testing.TB, p nictest.Platform) *env { return setupTree(t, p, false) }
+
+// setupFull writes every counter file, as a real ConnectX has.
+func setupFull(t testing.TB, p nictest.Platform) *env { return setupTree(t, p, true) }
+
+func setupTree(t testing.TB, p nictest.Platform, full bool) *env {
 	t.Helper()
 	dir := t.TempDir()
 	tree, err := nictest.New(filepath.Join(dir, "sys"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	tree.FullCounters = full
 	if err := p.Build(tree); err != nil {
 		t.Fatal(err)
 	}

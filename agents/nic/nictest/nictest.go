@@ -61,6 +61,10 @@ type Device struct {
 // Tree is a synthetic sysfs rooted at Root (what --sysfs points at).
 type Tree struct {
 	Root string
+	// FullCounters writes every counter a ConnectX exposes (about 50 files
+	// per port) instead of only the Appendix A ones: realistic for the
+	// benchmark and the measurement, slow for tests.
+	FullCounters bool
 }
 
 // New creates an empty tree under dir.
@@ -180,12 +184,17 @@ func (t *Tree) Add(d Device) error {
 				return err
 			}
 		}
-		for _, c := range CounterNames {
+		counters, hw := CounterNames, HwCounterNames
+		if !t.FullCounters {
+			counters = []string{"excessive_buffer_overrun_errors", "link_downed", "local_link_integrity_errors", "symbol_error"}
+			hw = []string{"rnr_nak_retry_err"}
+		}
+		for _, c := range counters {
 			if err := write(filepath.Join(pd, "counters", c), "0"); err != nil {
 				return err
 			}
 		}
-		for _, c := range HwCounterNames {
+		for _, c := range hw {
 			if err := write(filepath.Join(pd, "hw_counters", c), "0"); err != nil {
 				return err
 			}
