@@ -17,8 +17,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/processors/store"
 )
 
 // Config is the configuration of every role; each role reads its own part.
@@ -27,21 +29,33 @@ import (
 type Config struct {
 	// Roles to run: names from the roles table, or "all".
 	Roles string `toml:"roles"`
+	// ClickHouse is the history database, shared by the roles that use it.
+	ClickHouse clickhouse.Config `toml:"clickhouse"`
+	// Store configures the store role.
+	Store store.Config `toml:"store"`
 }
 
 // DefaultConfig returns the defaults of every role.
 func DefaultConfig() Config {
-	return Config{Roles: "all"}
+	return Config{Roles: "all", ClickHouse: clickhouse.DefaultConfig(), Store: store.DefaultConfig()}
 }
 
 // RegisterFlags adds every role's flags.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Roles, "role", c.Roles, "comma-separated processor roles to run ("+strings.Join(Names(), ", ")+") or all")
+	c.ClickHouse.RegisterFlags(fs, "clickhouse.")
+	c.Store.RegisterFlags(fs, "store.")
 }
 
 // Validate names the first bad key.
 func (c Config) Validate() error {
 	if _, err := c.Selected(); err != nil {
+		return err
+	}
+	if err := c.ClickHouse.Validate("clickhouse."); err != nil {
+		return err
+	}
+	if err := c.Store.Validate("store."); err != nil {
 		return err
 	}
 	return nil
@@ -80,10 +94,22 @@ type Role struct {
 	// New builds the role's handler; the closer (may be nil) is closed
 	// after the runner stops.
 	New func(ctx context.Context, cfg Config, deps Deps) (pipeline.Handler, io.Closer, error)
+	// Pipeline, if set, returns the role's runner settings (batching and
+	// the like); Role and Topics are filled in from the entry.
+	Pipeline func(cfg Config) pipeline.Config
 }
 
 // roles is the fixed table of processor roles, in start order.
-var roles = []Role{}
+var roles = []Role{
+	{
+		Name:   "store",
+		Topics: store.Topics,
+		New: func(ctx context.Context, cfg Config, deps Deps) (pipeline.Handler, io.Closer, error) {
+			return store.Open(ctx, cfg.ClickHouse, cfg.Store, deps.Log, deps.Registry)
+		},
+		Pipeline: func(cfg Config) pipeline.Config { return cfg.Store.Pipeline() },
+	},
+}
 
 // Names lists the role names.
 func Names() []string {
@@ -107,7 +133,12 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		if err != nil {
 			return fmt.Errorf("role %s: %w", r.Name, err)
 		}
-		runner := pipeline.NewRunner(pipeline.Config{Role: r.Name, Topics: r.Topics}, deps.Kafka, h, deps.Log, deps.Metrics)
+		var pc pipeline.Config
+		if r.Pipeline != nil {
+			pc = r.Pipeline(cfg)
+		}
+		pc.Role, pc.Topics = r.Name, r.Topics
+		runner := pipeline.NewRunner(pc, deps.Kafka, h, deps.Log, deps.Metrics)
 		g.Go(func() error {
 			if closer != nil {
 				defer closer.Close()

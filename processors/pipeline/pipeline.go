@@ -9,6 +9,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/internal/kafka"
@@ -67,6 +69,22 @@ type Config struct {
 	MaxBackoff time.Duration
 	// MaxPollRecords bounds one poll. Default 5000.
 	MaxPollRecords int
+	// Linger is how long the runner keeps polling to gather MinBatch
+	// records before it hands over what it has, for roles that write in
+	// bulk. Default 0: each poll is handled as it comes.
+	Linger time.Duration
+	// MinBatch is the record count at which the runner stops lingering.
+	// Default MaxPollRecords.
+	MinBatch int
+	// MergePartitions hands all the partitions gathered together to one
+	// Handle call (each partition's records in offset order, partitions one
+	// after the other), so a bulk writer writes once per batch. Default
+	// false: one Handle call per partition, run concurrently.
+	MergePartitions bool
+	// LagInterval is how often the group's consumer lag is measured for
+	// the faultline_processor_consumer_lag metric; 0 uses the default,
+	// negative disables it. Default 15s.
+	LagInterval time.Duration
 	// ConsumeOpts are extra franz-go options (tests use them for short
 	// session timeouts).
 	ConsumeOpts []kgo.Opt
@@ -95,6 +113,12 @@ func NewRunner(cfg Config, kcfg kafka.Config, h Handler, log *slog.Logger, m *Me
 	if cfg.MaxPollRecords == 0 {
 		cfg.MaxPollRecords = 5000
 	}
+	if cfg.MinBatch == 0 {
+		cfg.MinBatch = cfg.MaxPollRecords
+	}
+	if cfg.LagInterval == 0 {
+		cfg.LagInterval = 15 * time.Second
+	}
 	return &Runner{cfg: cfg, kcfg: kcfg, h: h, log: log.With("role", cfg.Role), metrics: m}
 }
 
@@ -117,22 +141,25 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer cl.Close()
 	r.log.Info("processor started", "group", r.cfg.Group, "topics", r.cfg.Topics)
+	if r.cfg.LagInterval > 0 {
+		lctx, stopLag := context.WithCancel(ctx)
+		defer stopLag()
+		go r.watchLag(lctx, cl)
+	}
 	for {
-		fetches := cl.PollRecords(ctx, r.cfg.MaxPollRecords)
+		batches := r.poll(ctx, cl)
 		if ctx.Err() != nil {
 			cl.AllowRebalance()
 			r.log.Info("processor stopping")
 			return nil
 		}
-		fetches.EachError(func(t string, p int32, err error) {
-			r.log.Warn("fetch error", "topic", t, "partition", p, "err", err)
-		})
-		var batches [][]*kgo.Record
-		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-			if len(p.Records) > 0 {
-				batches = append(batches, p.Records)
+		if r.cfg.MergePartitions && len(batches) > 1 {
+			var all []*kgo.Record
+			for _, b := range batches {
+				all = append(all, b...)
 			}
-		})
+			batches = [][]*kgo.Record{all}
+		}
 		done := r.handleAll(ctx, cl, batches)
 		if len(done) > 0 {
 			// Commit with a fresh context so a shutdown does not lose
@@ -144,6 +171,87 @@ func (r *Runner) Run(ctx context.Context) error {
 			cancel()
 		}
 		cl.AllowRebalance()
+	}
+}
+
+// poll returns the next records, one slice per partition in offset order:
+// one poll, or with Linger set, polls until MinBatch records or Linger.
+func (r *Runner) poll(ctx context.Context, cl *kgo.Client) [][]*kgo.Record {
+	type tp struct {
+		topic string
+		part  int32
+	}
+	var (
+		order []tp
+		parts = map[tp][]*kgo.Record{}
+		n     int
+	)
+	add := func(fetches kgo.Fetches) {
+		fetches.EachError(func(t string, p int32, err error) {
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				return
+			}
+			r.log.Warn("fetch error", "topic", t, "partition", p, "err", err)
+		})
+		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) == 0 {
+				return
+			}
+			k := tp{p.Topic, p.Partition}
+			if _, ok := parts[k]; !ok {
+				order = append(order, k)
+			}
+			parts[k] = append(parts[k], p.Records...)
+			n += len(p.Records)
+		})
+	}
+	add(cl.PollRecords(ctx, r.cfg.MaxPollRecords))
+	if r.cfg.Linger > 0 && n > 0 {
+		deadline := time.Now().Add(r.cfg.Linger)
+		for n < r.cfg.MinBatch && ctx.Err() == nil && time.Now().Before(deadline) {
+			lctx, cancel := context.WithDeadline(ctx, deadline)
+			add(cl.PollRecords(lctx, min(r.cfg.MaxPollRecords, r.cfg.MinBatch-n)))
+			cancel()
+		}
+	}
+	out := make([][]*kgo.Record, 0, len(order))
+	for _, k := range order {
+		out = append(out, parts[k])
+	}
+	return out
+}
+
+// watchLag sets the consumer lag gauge of every partition the group
+// consumes, every LagInterval, until ctx ends.
+func (r *Runner) watchLag(ctx context.Context, cl *kgo.Client) {
+	adm := kadm.NewClient(cl)
+	t := time.NewTicker(r.cfg.LagInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		lags, err := adm.Lag(ctx, r.cfg.Group)
+		if err == nil {
+			err = lags.Error()
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Debug("consumer lag not measured", "err", err)
+			}
+			continue
+		}
+		lags.Each(func(l kadm.DescribedGroupLag) {
+			for topic, ps := range l.Lag {
+				for p, ml := range ps {
+					if ml.Lag >= 0 {
+						r.metrics.lag.WithLabelValues(r.cfg.Role, topic, strconv.Itoa(int(p))).Set(float64(ml.Lag))
+					}
+				}
+			}
+		})
 	}
 }
 
@@ -161,13 +269,24 @@ func (r *Runner) handleAll(ctx context.Context, cl *kgo.Client, batches [][]*kgo
 			defer wg.Done()
 			if r.handleWithRetry(ctx, cl, b) {
 				mu.Lock()
-				done = append(done, b[len(b)-1])
+				done = append(done, lastPerPartition(b)...)
 				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
 	return done
+}
+
+// lastPerPartition returns the last record of each partition in recs.
+func lastPerPartition(recs []*kgo.Record) []*kgo.Record {
+	var out []*kgo.Record
+	for i, rec := range recs {
+		if i == len(recs)-1 || recs[i+1].Topic != rec.Topic || recs[i+1].Partition != rec.Partition {
+			out = append(out, rec)
+		}
+	}
+	return out
 }
 
 // handleWithRetry retries the batch until it succeeds or ctx ends.
@@ -248,6 +367,7 @@ type Metrics struct {
 	errors  *prometheus.CounterVec
 	dead    *prometheus.CounterVec
 	latency *prometheus.HistogramVec
+	lag     *prometheus.GaugeVec
 }
 
 // NewMetrics registers the pipeline metrics on reg.
@@ -258,7 +378,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		dead:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_processor_dead_letters_total", Help: "Records sent to the dead-letter topic."}, []string{"role"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_processor_batch_seconds", Help: "Time to handle one partition batch.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"role"}),
 	}
-	reg.MustRegister(m.records, m.errors, m.dead, m.latency)
+	m.lag = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_processor_consumer_lag", Help: "Records of the consumed topics not yet committed by the role's consumer group."}, []string{"role", "topic", "partition"})
+	reg.MustRegister(m.records, m.errors, m.dead, m.latency, m.lag)
 	return m
 }
 

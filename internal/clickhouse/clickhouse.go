@@ -1,0 +1,193 @@
+// Package clickhouse connects faultline binaries to ClickHouse over the
+// native protocol (clickhouse-go v2; its HTTP mode does not work against the
+// 18.16 server the tests use), applies the versioned schema migrations of
+// sql/migrations, and enforces retention by dropping old partitions.
+package clickhouse
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	ch "github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// Conn is a native-protocol ClickHouse connection pool.
+type Conn = driver.Conn
+
+// PasswordEnv is the environment variable read for the password when the
+// flag is not given, so the secret need not appear on a command line.
+const PasswordEnv = "FAULTLINE_CLICKHOUSE_PASSWORD"
+
+// Config is how a binary reaches ClickHouse.
+type Config struct {
+	// Addr is the native-protocol address, host:port. Default 127.0.0.1:9000.
+	Addr string `toml:"addr"`
+	// Database holds faultline's tables; migrations create it. Default "faultline".
+	Database string `toml:"database"`
+	// Username. Default "default".
+	Username string `toml:"username"`
+	// Password. Default "" (or $FAULTLINE_CLICKHOUSE_PASSWORD). Never printed.
+	Password string `toml:"password"`
+	// DialTimeout bounds connecting. Default 5s.
+	DialTimeout time.Duration `toml:"dial_timeout"`
+	// QueryTimeout is the server-side max_execution_time of every query
+	// (0: none). Default 60s.
+	QueryTimeout time.Duration `toml:"query_timeout"`
+	// MaxOpenConns bounds the connection pool. Default 8.
+	MaxOpenConns int `toml:"max_open_conns"`
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{
+		Addr:         "127.0.0.1:9000",
+		Database:     "faultline",
+		Username:     "default",
+		Password:     os.Getenv(PasswordEnv),
+		DialTimeout:  5 * time.Second,
+		QueryTimeout: 60 * time.Second,
+		MaxOpenConns: 8,
+	}
+}
+
+// RegisterFlags adds the config's flags with the given prefix ("clickhouse.").
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&c.Addr, prefix+"addr", c.Addr, "ClickHouse native-protocol address (host:port)")
+	fs.StringVar(&c.Database, prefix+"database", c.Database, "ClickHouse database of faultline's tables")
+	fs.StringVar(&c.Username, prefix+"username", c.Username, "ClickHouse user")
+	fs.StringVar(&c.Password, prefix+"password", c.Password, "ClickHouse password (default $"+PasswordEnv+")")
+	fs.DurationVar(&c.DialTimeout, prefix+"dial-timeout", c.DialTimeout, "ClickHouse connect timeout")
+	fs.DurationVar(&c.QueryTimeout, prefix+"query-timeout", c.QueryTimeout, "server-side limit of one ClickHouse query (0: none)")
+	fs.IntVar(&c.MaxOpenConns, prefix+"max-open-conns", c.MaxOpenConns, "ClickHouse connection pool size")
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Validate names the first bad key.
+func (c Config) Validate(prefix string) error {
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return fmt.Errorf("%saddr: %q is not host:port: %w", prefix, c.Addr, err)
+	}
+	if !identRE.MatchString(c.Database) {
+		return fmt.Errorf("%sdatabase: %q is not a plain identifier", prefix, c.Database)
+	}
+	if strings.TrimSpace(c.Username) == "" {
+		return fmt.Errorf("%susername: must not be empty", prefix)
+	}
+	if c.DialTimeout <= 0 {
+		return fmt.Errorf("%sdial_timeout: must be positive, got %s", prefix, c.DialTimeout)
+	}
+	if c.QueryTimeout < 0 {
+		return fmt.Errorf("%squery_timeout: must not be negative, got %s", prefix, c.QueryTimeout)
+	}
+	if c.MaxOpenConns < 1 {
+		return fmt.Errorf("%smax_open_conns: must be at least 1, got %d", prefix, c.MaxOpenConns)
+	}
+	return nil
+}
+
+// String describes the config without the password.
+func (c Config) String() string {
+	return fmt.Sprintf("clickhouse://%s@%s/%s", c.Username, c.Addr, c.Database)
+}
+
+func (c Config) options(database string, log *slog.Logger) *ch.Options {
+	settings := ch.Settings{}
+	if c.QueryTimeout > 0 {
+		settings["max_execution_time"] = int(c.QueryTimeout.Seconds())
+	}
+	return &ch.Options{
+		Addr:             []string{c.Addr},
+		Protocol:         ch.Native,
+		Auth:             ch.Auth{Database: database, Username: c.Username, Password: c.Password},
+		DialTimeout:      c.DialTimeout,
+		MaxOpenConns:     c.MaxOpenConns,
+		MaxIdleConns:     min(c.MaxOpenConns, 5),
+		ConnMaxLifetime:  time.Hour,
+		Settings:         settings,
+		Compression:      &ch.Compression{Method: ch.CompressionLZ4},
+		Logger:           slog.New(quietHandler{log.With("component", "clickhouse").Handler()}),
+		ClientInfo:       ch.ClientInfo{Products: []struct{ Name, Version string }{{Name: "faultline", Version: "1"}}},
+		ConnOpenStrategy: ch.ConnOpenInOrder,
+	}
+}
+
+// Open returns a connection pool to the config's database and checks it
+// with a Ping. The database must exist (Migrate creates it).
+func Open(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
+	return open(ctx, c, c.Database, log)
+}
+
+func open(ctx context.Context, c Config, database string, log *slog.Logger) (Conn, error) {
+	conn, err := ch.Open(c.options(database, log))
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse open %s: %w", c, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, c.DialTimeout)
+	defer cancel()
+	if err := conn.Ping(pctx); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("clickhouse ping %s: %w", c, err)
+	}
+	return conn, nil
+}
+
+// EnsureDatabase creates the config's database when it is missing.
+func EnsureDatabase(ctx context.Context, c Config, log *slog.Logger) error {
+	conn, err := open(ctx, c, "default", log)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+c.Database); err != nil {
+		return fmt.Errorf("create database %s: %w", c.Database, err)
+	}
+	return nil
+}
+
+// WaitReady opens the database, retrying with backoff while the server is
+// not reachable yet, until ctx ends.
+func WaitReady(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
+	backoff := 200 * time.Millisecond
+	for {
+		conn, err := Open(ctx, c, log)
+		if err == nil {
+			return conn, nil
+		}
+		log.Info("clickhouse not ready; retrying", "addr", c.Addr, "backoff", backoff, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("clickhouse %s not ready: %w", c, err)
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// quietHandler drops the driver's per-connection warning that the server
+// is older than the driver supports: faultline supports 18.16 on purpose
+// (see sql/README.md) and Setup logs the server version once.
+type quietHandler struct{ slog.Handler }
+
+func (h quietHandler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "unsupported clickhouse version" {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h quietHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return quietHandler{h.Handler.WithAttrs(as)}
+}
+
+func (h quietHandler) WithGroup(name string) slog.Handler {
+	return quietHandler{h.Handler.WithGroup(name)}
+}

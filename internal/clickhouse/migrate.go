@@ -1,0 +1,263 @@
+package clickhouse
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"path"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	sqlfiles "github.com/faultline/faultline/sql"
+)
+
+// MigrationsTable records the applied migrations, one row per version.
+const MigrationsTable = "schema_migrations"
+
+// Migration is one versioned file, migrations/NNNN_name.sql.
+type Migration struct {
+	// Version is the file's number prefix; files apply in version order.
+	Version uint32
+	// File is the file's base name.
+	File string
+	// Statements are the file's SQL statements, separated by ";".
+	Statements []string
+	// Checksum is the hex SHA-256 of the file.
+	Checksum string
+}
+
+// MigrationError is a migration that failed: the file, which statement, and
+// the server's error.
+type MigrationError struct {
+	File      string
+	Statement int // 1-based; 0 when the file itself is bad
+	Err       error
+}
+
+func (e *MigrationError) Error() string {
+	if e.Statement == 0 {
+		return fmt.Sprintf("migration %s: %v", e.File, e.Err)
+	}
+	return fmt.Sprintf("migration %s, statement %d: %v", e.File, e.Statement, e.Err)
+}
+
+func (e *MigrationError) Unwrap() error { return e.Err }
+
+// ErrChecksumMismatch is returned when an applied migration's file changed
+// afterwards: migrations are append-only, fix forward with a new file.
+var ErrChecksumMismatch = errors.New("file changed after it was applied (add a new migration instead)")
+
+var migrationName = regexp.MustCompile(`^([0-9]{4})_[a-z0-9_]+\.sql$`)
+
+// LoadMigrations reads dir of fsys: every *.sql must be named
+// NNNN_name.sql with a unique version.
+func LoadMigrations(fsys fs.FS, dir string) ([]Migration, error) {
+	entries, err := fs.ReadDir(fsys, dir)
+	if err != nil {
+		return nil, fmt.Errorf("read migrations %s: %w", dir, err)
+	}
+	var out []Migration
+	seen := map[uint32]string{}
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".sql") {
+			continue
+		}
+		m := migrationName.FindStringSubmatch(e.Name())
+		if m == nil {
+			return nil, &MigrationError{File: e.Name(), Err: errors.New("name must be NNNN_lowercase_name.sql")}
+		}
+		v, _ := strconv.ParseUint(m[1], 10, 32)
+		if prev, dup := seen[uint32(v)]; dup {
+			return nil, &MigrationError{File: e.Name(), Err: fmt.Errorf("version %s is also used by %s", m[1], prev)}
+		}
+		seen[uint32(v)] = e.Name()
+		b, err := fs.ReadFile(fsys, path.Join(dir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("read migration %s: %w", e.Name(), err)
+		}
+		stmts, err := SplitStatements(string(b))
+		if err != nil {
+			return nil, &MigrationError{File: e.Name(), Err: err}
+		}
+		if len(stmts) == 0 {
+			return nil, &MigrationError{File: e.Name(), Err: errors.New("no SQL statements")}
+		}
+		sum := sha256.Sum256(b)
+		out = append(out, Migration{Version: uint32(v), File: e.Name(), Statements: stmts, Checksum: hex.EncodeToString(sum[:])})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+// SplitStatements splits SQL text on ";" outside quotes and comments, and
+// drops comments-only pieces.
+func SplitStatements(sql string) ([]string, error) {
+	var (
+		out   []string
+		cur   strings.Builder
+		quote byte // ', " or ` while inside a quoted string
+		code  bool // cur holds something other than comments and space
+	)
+	flush := func() {
+		if code {
+			out = append(out, strings.TrimSpace(cur.String()))
+		}
+		cur.Reset()
+		code = false
+	}
+	for i := 0; i < len(sql); i++ {
+		c := sql[i]
+		switch {
+		case quote != 0:
+			cur.WriteByte(c)
+			if c == '\\' && i+1 < len(sql) {
+				i++
+				cur.WriteByte(sql[i])
+			} else if c == quote {
+				quote = 0
+			}
+		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
+			for i < len(sql) && sql[i] != '\n' {
+				i++
+			}
+			cur.WriteByte('\n')
+		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			end := strings.Index(sql[i+2:], "*/")
+			if end < 0 {
+				return nil, errors.New("unterminated /* comment")
+			}
+			i += end + 3
+			cur.WriteByte(' ')
+		case c == ';':
+			flush()
+		default:
+			if c == '\'' || c == '"' || c == '`' {
+				quote = c
+			}
+			if c != ' ' && c != '\n' && c != '\t' && c != '\r' {
+				code = true
+			}
+			cur.WriteByte(c)
+		}
+	}
+	if quote != 0 {
+		return nil, fmt.Errorf("unterminated %c quote", quote)
+	}
+	flush()
+	return out, nil
+}
+
+// Applied is one row of the migrations table.
+type Applied struct {
+	Version  uint32
+	File     string
+	Checksum string
+	At       time.Time
+}
+
+// AppliedMigrations reads the migrations table (creating it if missing).
+func AppliedMigrations(ctx context.Context, conn Conn) (map[uint32]Applied, error) {
+	if err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+MigrationsTable+` (
+		version UInt32, file String, checksum String, applied DateTime
+	) ENGINE = ReplacingMergeTree() ORDER BY version`); err != nil {
+		return nil, fmt.Errorf("create %s: %w", MigrationsTable, err)
+	}
+	rows, err := conn.Query(ctx, `SELECT version, file, checksum, applied FROM `+MigrationsTable+` ORDER BY version, applied LIMIT 1 BY version`)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", MigrationsTable, err)
+	}
+	defer rows.Close()
+	out := map[uint32]Applied{}
+	for rows.Next() {
+		var a Applied
+		if err := rows.Scan(&a.Version, &a.File, &a.Checksum, &a.At); err != nil {
+			return nil, fmt.Errorf("read %s: %w", MigrationsTable, err)
+		}
+		out[a.Version] = a
+	}
+	return out, rows.Err()
+}
+
+// Migrate applies, in version order, the migrations not yet recorded in the
+// migrations table, and records each after all its statements succeeded. It
+// returns the migrations it applied; applying twice is a no-op. It stops at
+// the first failure with a *MigrationError naming the file. Statements must
+// be idempotent (IF NOT EXISTS): ClickHouse has no DDL transactions, so a
+// file that failed half-way is re-run from its first statement.
+func Migrate(ctx context.Context, conn Conn, migs []Migration, log *slog.Logger) ([]Migration, error) {
+	applied, err := AppliedMigrations(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	var done []Migration
+	for _, m := range migs {
+		if a, ok := applied[m.Version]; ok {
+			if a.Checksum != m.Checksum {
+				return done, &MigrationError{File: m.File, Err: fmt.Errorf("%w: applied %s as %s", ErrChecksumMismatch, a.At.Format(time.RFC3339), a.File)}
+			}
+			continue
+		}
+		began := time.Now()
+		for i, stmt := range m.Statements {
+			if err := conn.Exec(ctx, stmt); err != nil {
+				return done, &MigrationError{File: m.File, Statement: i + 1, Err: err}
+			}
+		}
+		if err := record(ctx, conn, m); err != nil {
+			return done, &MigrationError{File: m.File, Err: fmt.Errorf("record in %s: %w", MigrationsTable, err)}
+		}
+		log.Info("migration applied", "file", m.File, "statements", len(m.Statements), "took", time.Since(began).Round(time.Millisecond))
+		done = append(done, m)
+	}
+	return done, nil
+}
+
+// record inserts m into the migrations table.
+func record(ctx context.Context, conn Conn, m Migration) error {
+	b, err := conn.PrepareBatch(ctx, `INSERT INTO `+MigrationsTable+` (version, file, checksum, applied)`)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	if err := b.Append(m.Version, m.File, m.Checksum, time.Now().UTC().Truncate(time.Second)); err != nil {
+		return err
+	}
+	return b.Send()
+}
+
+// Setup is what a binary that needs ClickHouse does at start: create the
+// database, open it, and apply faultline's migrations (sql/migrations).
+// A failed migration stops start-up with a *MigrationError.
+func Setup(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
+	return SetupFS(ctx, c, sqlfiles.Migrations, "migrations", log)
+}
+
+// SetupFS is Setup with the migrations read from dir of fsys.
+func SetupFS(ctx context.Context, c Config, fsys fs.FS, dir string, log *slog.Logger) (Conn, error) {
+	migs, err := LoadMigrations(fsys, dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := EnsureDatabase(ctx, c, log); err != nil {
+		return nil, err
+	}
+	conn, err := Open(ctx, c, log)
+	if err != nil {
+		return nil, err
+	}
+	if v, err := conn.ServerVersion(); err == nil {
+		log.Info("clickhouse connected", "addr", c.Addr, "database", c.Database, "server_version", v.String())
+	}
+	if _, err := Migrate(ctx, conn, migs, log); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}

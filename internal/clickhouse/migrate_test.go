@@ -1,0 +1,181 @@
+package clickhouse_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/internal/clickhouse/chtest"
+	sqlfiles "github.com/faultline/faultline/sql"
+)
+
+func TestSplitStatements(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want []string
+	}{
+		{"one", "SELECT 1", []string{"SELECT 1"}},
+		{"two with trailing", "SELECT 1;\nSELECT 2;\n", []string{"SELECT 1", "SELECT 2"}},
+		{"semicolon in string", "SELECT 'a;b'; SELECT 2", []string{"SELECT 'a;b'", "SELECT 2"}},
+		{"escaped quote", `SELECT 'it\'s;'; SELECT 2`, []string{`SELECT 'it\'s;'`, "SELECT 2"}},
+		{"line comment", "-- x; y\nSELECT 1; -- z;\n", []string{"SELECT 1"}},
+		{"block comment", "/* a; b */ SELECT 1", []string{"SELECT 1"}},
+		{"comments only", "-- nothing\n/* here */\n;", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := clickhouse.SplitStatements(tt.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Join(got, "|") != strings.Join(tt.want, "|") || len(got) != len(tt.want) {
+				t.Fatalf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+	if _, err := clickhouse.SplitStatements("SELECT 'open"); err == nil {
+		t.Fatal("unterminated quote accepted")
+	}
+}
+
+func TestLoadMigrationsRefuses(t *testing.T) {
+	ok := &fstest.MapFile{Data: []byte("SELECT 1")}
+	tests := []struct {
+		name     string
+		files    fstest.MapFS
+		wantFile string
+		wantErr  string
+	}{
+		{"bad name", fstest.MapFS{"m/1_x.sql": ok}, "1_x.sql", "NNNN_lowercase_name.sql"},
+		{"duplicate version", fstest.MapFS{"m/0001_a.sql": ok, "m/0001_b.sql": ok}, "0001_b.sql", "also used by 0001_a.sql"},
+		{"empty", fstest.MapFS{"m/0001_a.sql": {Data: []byte("-- nothing")}}, "0001_a.sql", "no SQL statements"},
+		{"unterminated", fstest.MapFS{"m/0001_a.sql": {Data: []byte("SELECT 'x")}}, "0001_a.sql", "unterminated"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := clickhouse.LoadMigrations(tt.files, "m")
+			me, ok := errors.AsType[*clickhouse.MigrationError](err)
+			if !ok || me.File != tt.wantFile || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("err = %v, want a MigrationError for %s containing %q", err, tt.wantFile, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestEmbeddedMigrations checks the shipped files load.
+func TestEmbeddedMigrations(t *testing.T) {
+	migs, err := clickhouse.LoadMigrations(sqlfiles.Migrations, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(migs) < 3 || migs[0].Version != 1 {
+		t.Fatalf("migrations = %+v", migs)
+	}
+}
+
+func TestMigrate(t *testing.T) {
+	srv := chtest.Start(t) // applies the shipped migrations: the fresh case
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	log := slog.Default()
+
+	t.Run("fresh", func(t *testing.T) {
+		for _, table := range []string{"events", "actions", "conformance", clickhouse.MigrationsTable} {
+			if n := chtest.Count(t, srv.Conn, "SELECT count() FROM system.tables WHERE database = ? AND name = ?", srv.Config.Database, table); n != 1 {
+				t.Errorf("table %s: %d", table, n)
+			}
+		}
+		migs, _ := clickhouse.LoadMigrations(sqlfiles.Migrations, "migrations")
+		if n := chtest.Count(t, srv.Conn, "SELECT uniqExact(version) FROM "+clickhouse.MigrationsTable); n != uint64(len(migs)) {
+			t.Errorf("recorded %d migrations, want %d", n, len(migs))
+		}
+	})
+	t.Run("reapply is a no-op", func(t *testing.T) {
+		migs, _ := clickhouse.LoadMigrations(sqlfiles.Migrations, "migrations")
+		before := chtest.Count(t, srv.Conn, "SELECT count() FROM "+clickhouse.MigrationsTable)
+		done, err := clickhouse.Migrate(ctx, srv.Conn, migs, log)
+		if err != nil || len(done) != 0 {
+			t.Fatalf("applied %d, err %v", len(done), err)
+		}
+		if after := chtest.Count(t, srv.Conn, "SELECT count() FROM "+clickhouse.MigrationsTable); after != before {
+			t.Fatalf("migrations table grew from %d to %d rows", before, after)
+		}
+	})
+	t.Run("broken file refused", func(t *testing.T) {
+		cfg := srv.Config
+		cfg.Database = "broken"
+		_, err := clickhouse.SetupFS(ctx, cfg, os.DirFS("testdata"), "broken", log)
+		me, ok := errors.AsType[*clickhouse.MigrationError](err)
+		if !ok || me.File != "0002_broken.sql" || me.Statement != 2 {
+			t.Fatalf("err = %v, want migration 0002_broken.sql statement 2", err)
+		}
+		if !strings.Contains(err.Error(), "0002_broken.sql") || !strings.Contains(err.Error(), "DateTime64") {
+			t.Errorf("error %q does not name the file and the server's reason", err)
+		}
+		conn, err := clickhouse.Open(ctx, cfg, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		// 0001 is recorded, 0002 is not, so a fixed file is applied next time.
+		applied, err := clickhouse.AppliedMigrations(ctx, conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := applied[1]; !ok || len(applied) != 1 {
+			t.Fatalf("applied = %v, want only 0001", applied)
+		}
+	})
+	t.Run("changed file refused", func(t *testing.T) {
+		cfg := srv.Config
+		cfg.Database = "changed"
+		if _, err := clickhouse.SetupFS(ctx, cfg, os.DirFS("testdata"), "good", log); err != nil {
+			t.Fatal(err)
+		}
+		changed := fstest.MapFS{"m/0001_first.sql": {Data: []byte("CREATE TABLE IF NOT EXISTS t9 (a UInt8) ENGINE = MergeTree() ORDER BY a")}}
+		_, err := clickhouse.SetupFS(ctx, cfg, changed, "m", log)
+		if !errors.Is(err, clickhouse.ErrChecksumMismatch) || !strings.Contains(err.Error(), "0001_first.sql") {
+			t.Fatalf("err = %v, want ErrChecksumMismatch naming 0001_first.sql", err)
+		}
+	})
+}
+
+func TestDropOlderThan(t *testing.T) {
+	srv := chtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, month := range []string{"2025-01-15 10:00:00", "2025-02-28 23:59:59", "2025-03-01 00:00:00", "2025-04-10 00:00:00"} {
+		if err := srv.Conn.Exec(ctx, "INSERT INTO events (cluster, node, id, ts, received) SELECT 'c', 'n', ?, toDateTime(?), toDateTime(?)", month, month, month); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Date(2025, 4, 15, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		age  time.Duration
+		want []string // dropped
+	}{
+		{100 * 24 * time.Hour, nil},                         // cutoff 01-05: January still has younger rows
+		{45 * 24 * time.Hour, []string{"202501", "202502"}}, // cutoff 03-01 00:00: February ends exactly there
+		{44 * 24 * time.Hour, nil},                          // cutoff 03-02: March is not over
+		{14 * 24 * time.Hour, []string{"202503"}},           // cutoff 04-01
+	}
+	for _, tt := range tests {
+		got, err := clickhouse.DropOlderThan(ctx, srv.Conn, srv.Config.Database, "events", tt.age, now, slog.Default())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(got, ",") != strings.Join(tt.want, ",") {
+			t.Errorf("age %s: dropped %v, want %v", tt.age, got, tt.want)
+		}
+	}
+	if n := chtest.Count(t, srv.Conn, "SELECT count() FROM events"); n != 1 {
+		t.Fatalf("%d rows left, want the April one", n)
+	}
+}

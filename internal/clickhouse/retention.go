@@ -1,0 +1,58 @@
+package clickhouse
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+)
+
+// RetainedTables are the tables whose partitions retention drops; all are
+// partitioned by toYYYYMM(received).
+var RetainedTables = []string{"events", "actions", "conformance"}
+
+// DropOlderThan drops the monthly partitions of table whose every row was
+// received more than age before now: a month partition goes once the start
+// of the next month is at or before now-age, so up to a month more than age
+// is kept. It returns the partitions dropped.
+func DropOlderThan(ctx context.Context, conn Conn, database, table string, age time.Duration, now time.Time, log *slog.Logger) ([]string, error) {
+	cutoff := now.UTC().Add(-age)
+	rows, err := conn.Query(ctx, `SELECT DISTINCT partition FROM system.parts
+		WHERE database = ? AND table = ? AND active ORDER BY partition`, database, table)
+	if err != nil {
+		return nil, fmt.Errorf("list partitions of %s.%s: %w", database, table, err)
+	}
+	var parts []string
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("list partitions of %s.%s: %w", database, table, err)
+		}
+		parts = append(parts, p)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list partitions of %s.%s: %w", database, table, err)
+	}
+	var dropped []string
+	for _, p := range parts {
+		ym, err := strconv.Atoi(p)
+		if err != nil || ym < 100001 {
+			log.Warn("retention: partition is not YYYYMM; left alone", "table", table, "partition", p)
+			continue
+		}
+		nextMonth := time.Date(ym/100, time.Month(ym%100)+1, 1, 0, 0, 0, 0, time.UTC)
+		if nextMonth.After(cutoff) {
+			continue
+		}
+		// The partition id is a number we just parsed: nothing to escape.
+		if err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION %d", database, table, ym)); err != nil {
+			return dropped, fmt.Errorf("drop partition %d of %s.%s: %w", ym, database, table, err)
+		}
+		log.Info("retention: partition dropped", "table", table, "partition", ym, "max_age", age)
+		dropped = append(dropped, p)
+	}
+	return dropped, nil
+}

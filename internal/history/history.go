@@ -1,0 +1,320 @@
+// Package history serves the read side of the API from ClickHouse: the
+// events (GET /v1/events) and the audit trail of actions (GET /v1/actions)
+// of one cluster, newest first, paged with an opaque token, each event or
+// action once however many times the store processor wrote it.
+package history
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+const (
+	// DefaultLimit is the page size when a request gives none.
+	DefaultLimit = 100
+	// MaxLimit is the largest page size.
+	MaxLimit = 1000
+)
+
+// ClickHouse implements the gateway's History over the events and actions
+// tables.
+type ClickHouse struct {
+	conn clickhouse.Conn
+	log  *slog.Logger
+}
+
+// New returns a History reading through conn (a connection to faultline's
+// database, e.g. from clickhouse.Setup or clickhouse.Open).
+func New(conn clickhouse.Conn, log *slog.Logger) *ClickHouse {
+	return &ClickHouse{conn: conn, log: log.With("component", "history")}
+}
+
+// cursor is the position after the last row of a page: its time in
+// milliseconds and its id. Pages are ordered by (time, id) descending.
+type cursor struct {
+	ms int64
+	id string
+}
+
+func (c cursor) token() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.ms, 10) + "|" + c.id))
+}
+
+func parseToken(tok string) (*cursor, error) {
+	if tok == "" {
+		return nil, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err == nil {
+		ms, id, ok := strings.Cut(string(b), "|")
+		if n, perr := strconv.ParseInt(ms, 10, 64); ok && perr == nil && n >= 0 && id != "" {
+			return &cursor{ms: n, id: id}, nil
+		}
+	}
+	return nil, status.Errorf(codes.InvalidArgument, "pageToken: not a token this server issued")
+}
+
+func pageLimit(n int32) (int, error) {
+	switch {
+	case n == 0:
+		return DefaultLimit, nil
+	case n < 0 || n > MaxLimit:
+		return 0, status.Errorf(codes.InvalidArgument, "limit: must be between 1 and %d, got %d", MaxLimit, n)
+	}
+	return int(n), nil
+}
+
+// where accumulates conditions with positional arguments.
+type where struct {
+	conds []string
+	args  []any
+}
+
+func (w *where) add(cond string, args ...any) {
+	w.conds = append(w.conds, cond)
+	w.args = append(w.args, args...)
+}
+
+func (w *where) sql() string { return strings.Join(w.conds, " AND ") }
+
+// timeBounds adds since (inclusive), until (exclusive) and the page cursor
+// on a (ts DateTime, ts_ms UInt16) pair: a coarse condition on ts that the
+// index uses, and the exact one in milliseconds.
+func (w *where) timeBounds(since, until *timestamppb.Timestamp, cur *cursor) {
+	const ms = "(toUInt64(ts) * 1000 + ts_ms)"
+	if since != nil {
+		t := since.AsTime()
+		w.add("ts >= ? AND "+ms+" >= ?", t.UTC().Truncate(time.Second), uint64(t.UnixMilli()))
+	}
+	if until != nil {
+		t := until.AsTime()
+		w.add("ts <= ? AND "+ms+" < ?", t.UTC().Truncate(time.Second), uint64(t.UnixMilli()))
+	}
+	if cur != nil {
+		t := time.UnixMilli(cur.ms).UTC()
+		w.add("ts <= ? AND ("+ms+" < ? OR ("+ms+" = ? AND id < ?))", t.Truncate(time.Second), uint64(cur.ms), uint64(cur.ms), cur.id)
+	}
+}
+
+const eventSelect = `SELECT id, cluster, node, check, ts, ts_ms, received, received_ms, ts_missing, version,
+	agent, component_class, is_fatal, is_healthy, message, recommended_action, custom_recommended_action,
+	error_codes, entities.type, entities.value, metadata.key, metadata.value, quarantine_set,
+	quarantine_force, quarantine_skip, drain_set, drain_force, drain_skip, processing_strategy,
+	derived_by, cause_ids
+FROM events`
+
+// ListEvents returns the cluster's events matching req, newest first.
+func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultlinev1.ListEventsRequest) (*faultlinev1.ListEventsResponse, error) {
+	limit, err := pageLimit(req.GetLimit())
+	if err != nil {
+		return nil, err
+	}
+	cur, err := parseToken(req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	var w where
+	w.add("cluster = ?", cluster)
+	if req.GetNode() != "" {
+		w.add("node = ?", req.GetNode())
+	}
+	if req.GetCheck() != "" {
+		w.add("check = ?", req.GetCheck())
+	}
+	if req.GetEntity() != "" {
+		w.add("has(entities.value, ?)", req.GetEntity())
+	}
+	if req.GetFatalOnly() {
+		w.add("is_fatal = 1")
+	}
+	w.timeBounds(req.GetSince(), req.GetUntil(), cur)
+	q := eventSelect + " WHERE " + w.sql() + " ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT 1 BY id LIMIT " + strconv.Itoa(limit+1)
+	rows, err := h.conn.Query(ctx, q, w.args...)
+	if err != nil {
+		return nil, h.unavailable(ctx, "list events", err)
+	}
+	defer rows.Close()
+	resp := &faultlinev1.ListEventsResponse{}
+	var last cursor
+	for rows.Next() {
+		ev, c, err := scanEvent(rows)
+		if err != nil {
+			return nil, h.unavailable(ctx, "list events", err)
+		}
+		if len(resp.Events) == limit {
+			resp.NextPageToken = last.token()
+			break
+		}
+		resp.Events = append(resp.Events, ev)
+		last = c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, h.unavailable(ctx, "list events", err)
+	}
+	return resp, nil
+}
+
+// unavailable turns a ClickHouse failure into the gRPC status the client
+// sees: the request's own cancellation or deadline as such, anything else
+// as Unavailable (the details go to the log, not to the client).
+func (h *ClickHouse) unavailable(ctx context.Context, what string, err error) error {
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	h.log.Warn("history query failed", "query", what, "err", err)
+	return status.Errorf(codes.Unavailable, "%s: history store unavailable", what)
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanEvent(r scanner) (*datamodels.HealthEvent, cursor, error) {
+	var (
+		id, cluster, node, check, agent, class, msg, rec, custom, strategy, derived string
+		ts, received                                                                time.Time
+		tsMS, rMS                                                                   uint16
+		missing, fatal, healthy, qSet, qForce, qSkip, dSet, dForce, dSkip           uint8
+		version                                                                     uint32
+		codesArr, et, evv, mk, mv, causes                                           []string
+	)
+	if err := r.Scan(&id, &cluster, &node, &check, &ts, &tsMS, &received, &rMS, &missing, &version,
+		&agent, &class, &fatal, &healthy, &msg, &rec, &custom,
+		&codesArr, &et, &evv, &mk, &mv, &qSet,
+		&qForce, &qSkip, &dSet, &dForce, &dSkip, &strategy,
+		&derived, &causes); err != nil {
+		return nil, cursor{}, fmt.Errorf("scan event: %w", err)
+	}
+	ev := &datamodels.HealthEvent{
+		Version:                 version,
+		Agent:                   agent,
+		ComponentClass:          class,
+		CheckName:               check,
+		IsFatal:                 fatal == 1,
+		IsHealthy:               healthy == 1,
+		Message:                 msg,
+		RecommendedAction:       datamodels.RecommendedAction(enumValue(datamodels.RecommendedAction_value, rec)),
+		ErrorCode:               nilIfEmpty(codesArr),
+		NodeName:                node,
+		ProcessingStrategy:      datamodels.ProcessingStrategy(enumValue(datamodels.ProcessingStrategy_value, strategy)),
+		Id:                      id,
+		CustomRecommendedAction: custom,
+		Cluster:                 cluster,
+		ReceivedTimestamp:       toTimestamp(received, rMS),
+		DerivedBy:               derived,
+		CauseIds:                nilIfEmpty(causes),
+	}
+	if missing == 0 {
+		ev.GeneratedTimestamp = toTimestamp(ts, tsMS)
+	}
+	for i := range et {
+		ev.EntitiesImpacted = append(ev.EntitiesImpacted, &datamodels.Entity{EntityType: et[i], EntityValue: evv[i]})
+	}
+	if len(mk) > 0 {
+		ev.Metadata = make(map[string]string, len(mk))
+		for i := range mk {
+			ev.Metadata[mk[i]] = mv[i]
+		}
+	}
+	if qSet == 1 {
+		ev.QuarantineOverrides = &datamodels.BehaviourOverrides{Force: qForce == 1, Skip: qSkip == 1}
+	}
+	if dSet == 1 {
+		ev.DrainOverrides = &datamodels.BehaviourOverrides{Force: dForce == 1, Skip: dSkip == 1}
+	}
+	return ev, cursor{ms: ts.Unix()*1000 + int64(tsMS), id: id}, nil
+}
+
+const actionSelect = `SELECT id, cluster, node, role, kind, outcome, reason, rule, event_ids, dry_run,
+	ts, ts_ms, details.key, details.value, check, recommended_action
+FROM actions`
+
+// ListActions returns the cluster's actions matching req, newest first.
+func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *faultlinev1.ListActionsRequest) (*faultlinev1.ListActionsResponse, error) {
+	limit, err := pageLimit(req.GetLimit())
+	if err != nil {
+		return nil, err
+	}
+	cur, err := parseToken(req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	var w where
+	w.add("cluster = ?", cluster)
+	if req.GetNode() != "" {
+		w.add("node = ?", req.GetNode())
+	}
+	w.timeBounds(req.GetSince(), nil, cur)
+	q := actionSelect + " WHERE " + w.sql() + " ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT 1 BY id LIMIT " + strconv.Itoa(limit+1)
+	rows, err := h.conn.Query(ctx, q, w.args...)
+	if err != nil {
+		return nil, h.unavailable(ctx, "list actions", err)
+	}
+	defer rows.Close()
+	resp := &faultlinev1.ListActionsResponse{}
+	var last cursor
+	for rows.Next() {
+		var (
+			a           faultlinev1.Action
+			ts          time.Time
+			ms          uint16
+			dry         uint8
+			ids, dk, dv []string
+		)
+		if err := rows.Scan(&a.Id, &a.Cluster, &a.Node, &a.Role, &a.Kind, &a.Outcome, &a.Reason, &a.Rule, &ids, &dry,
+			&ts, &ms, &dk, &dv, &a.CheckName, &a.RecommendedAction); err != nil {
+			return nil, h.unavailable(ctx, "list actions", fmt.Errorf("scan action: %w", err))
+		}
+		if len(resp.Actions) == limit {
+			resp.NextPageToken = last.token()
+			break
+		}
+		a.EventIds = nilIfEmpty(ids)
+		a.DryRun = dry == 1
+		a.Timestamp = toTimestamp(ts, ms)
+		if len(dk) > 0 {
+			a.Details = make(map[string]string, len(dk))
+			for i := range dk {
+				a.Details[dk[i]] = dv[i]
+			}
+		}
+		resp.Actions = append(resp.Actions, &a)
+		last = cursor{ms: ts.Unix()*1000 + int64(ms), id: a.Id}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, h.unavailable(ctx, "list actions", err)
+	}
+	return resp, nil
+}
+
+func toTimestamp(sec time.Time, ms uint16) *timestamppb.Timestamp {
+	return timestamppb.New(sec.Add(time.Duration(ms) * time.Millisecond))
+}
+
+// enumValue maps an enum name back to its number; a stored number (an
+// enum value this build does not know) is parsed as such.
+func enumValue(names map[string]int32, s string) int32 {
+	if v, ok := names[s]; ok {
+		return v
+	}
+	n, _ := strconv.ParseInt(s, 10, 32)
+	return int32(n)
+}
+
+func nilIfEmpty(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
+}

@@ -1,0 +1,235 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/schemas/events"
+)
+
+// eventColumns is the column list of an events insert, in the order of
+// eventBlock's appends.
+const eventColumns = `cluster, node, check, entity, ts, ts_ms, id, received, received_ms, ts_missing,
+	version, agent, component_class, is_fatal, is_healthy, message, recommended_action,
+	custom_recommended_action, error_codes, entities.type, entities.value, metadata.key,
+	metadata.value, quarantine_set, quarantine_force, quarantine_skip, drain_set, drain_force,
+	drain_skip, processing_strategy, derived_by, cause_ids`
+
+// eventBlock holds decoded events column by column, ready for a columnar
+// insert.
+type eventBlock struct {
+	cluster, node, check, entity               []string
+	ts, received                               []time.Time
+	tsMS, receivedMS                           []uint16
+	id                                         []string
+	tsMissing                                  []uint8
+	version                                    []uint32
+	agent, componentClass, message             []string
+	isFatal, isHealthy                         []uint8
+	recAction, customAction                    []string
+	errorCodes                                 [][]string
+	entType, entValue, metaKey, metaValue      [][]string
+	qSet, qForce, qSkip, dSet, dForce, dSkip   []uint8
+	strategy, derivedBy                        []string
+	causeIDs                                   [][]string
+}
+
+func (b *eventBlock) len() int { return len(b.id) }
+
+// columns returns the block's columns in eventColumns order.
+func (b *eventBlock) columns() []any {
+	return []any{b.cluster, b.node, b.check, b.entity, b.ts, b.tsMS, b.id, b.received, b.receivedMS, b.tsMissing,
+		b.version, b.agent, b.componentClass, b.isFatal, b.isHealthy, b.message, b.recAction,
+		b.customAction, b.errorCodes, b.entType, b.entValue, b.metaKey,
+		b.metaValue, b.qSet, b.qForce, b.qSkip, b.dSet, b.dForce,
+		b.dSkip, b.strategy, b.derivedBy, b.causeIDs}
+}
+
+func b2u(v bool) uint8 {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// splitTime is t as DateTime seconds (UTC) and the milliseconds within the
+// second.
+func splitTime(t time.Time) (time.Time, uint16) {
+	t = t.UTC()
+	return t.Truncate(time.Second), uint16(t.Nanosecond() / int(time.Millisecond))
+}
+
+func stringsOrEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// errPoison marks a record that can never be stored.
+var errPoison = errors.New("poison record")
+
+// addEvent decodes rec and appends it; the error wraps errPoison when the
+// record can never be stored.
+func (b *eventBlock) addEvent(rec *kgo.Record) error {
+	ev, err := events.Unmarshal(rec.Value)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errPoison, err)
+	}
+	keyCluster, keyNode, _ := events.SplitKey(rec.Key)
+	cluster, node := ev.GetCluster(), ev.GetNodeName()
+	if cluster == "" {
+		cluster = keyCluster
+	}
+	if node == "" {
+		node = keyNode
+	}
+	switch {
+	case ev.GetId() == "":
+		return fmt.Errorf("%w: event has no id", errPoison)
+	case cluster == "":
+		return fmt.Errorf("%w: event %s has no cluster (neither in the event nor the key)", errPoison, ev.GetId())
+	}
+	received := rec.Timestamp
+	if ev.GetReceivedTimestamp() != nil {
+		received = ev.GetReceivedTimestamp().AsTime()
+	}
+	ts, missing := received, uint8(1)
+	if ev.GetGeneratedTimestamp() != nil {
+		ts, missing = ev.GetGeneratedTimestamp().AsTime(), 0
+	}
+	tsSec, tsMS := splitTime(ts)
+	rSec, rMS := splitTime(received)
+
+	var et, evv []string
+	for _, e := range ev.GetEntitiesImpacted() {
+		et = append(et, e.GetEntityType())
+		evv = append(evv, e.GetEntityValue())
+	}
+	mk := make([]string, 0, len(ev.GetMetadata()))
+	for k := range ev.GetMetadata() {
+		mk = append(mk, k)
+	}
+	sort.Strings(mk)
+	mv := make([]string, len(mk))
+	for i, k := range mk {
+		mv[i] = ev.GetMetadata()[k]
+	}
+	q, d := ev.GetQuarantineOverrides(), ev.GetDrainOverrides()
+
+	b.cluster = append(b.cluster, cluster)
+	b.node = append(b.node, node)
+	b.check = append(b.check, ev.GetCheckName())
+	b.entity = append(b.entity, events.EntityKey(ev))
+	b.ts = append(b.ts, tsSec)
+	b.tsMS = append(b.tsMS, tsMS)
+	b.id = append(b.id, ev.GetId())
+	b.received = append(b.received, rSec)
+	b.receivedMS = append(b.receivedMS, rMS)
+	b.tsMissing = append(b.tsMissing, missing)
+	b.version = append(b.version, ev.GetVersion())
+	b.agent = append(b.agent, ev.GetAgent())
+	b.componentClass = append(b.componentClass, ev.GetComponentClass())
+	b.isFatal = append(b.isFatal, b2u(ev.GetIsFatal()))
+	b.isHealthy = append(b.isHealthy, b2u(ev.GetIsHealthy()))
+	b.message = append(b.message, ev.GetMessage())
+	b.recAction = append(b.recAction, ev.GetRecommendedAction().String())
+	b.customAction = append(b.customAction, ev.GetCustomRecommendedAction())
+	b.errorCodes = append(b.errorCodes, stringsOrEmpty(ev.GetErrorCode()))
+	b.entType = append(b.entType, stringsOrEmpty(et))
+	b.entValue = append(b.entValue, stringsOrEmpty(evv))
+	b.metaKey = append(b.metaKey, mk)
+	b.metaValue = append(b.metaValue, mv)
+	b.qSet = append(b.qSet, b2u(q != nil))
+	b.qForce = append(b.qForce, b2u(q.GetForce()))
+	b.qSkip = append(b.qSkip, b2u(q.GetSkip()))
+	b.dSet = append(b.dSet, b2u(d != nil))
+	b.dForce = append(b.dForce, b2u(d.GetForce()))
+	b.dSkip = append(b.dSkip, b2u(d.GetSkip()))
+	b.strategy = append(b.strategy, ev.GetProcessingStrategy().String())
+	b.derivedBy = append(b.derivedBy, ev.GetDerivedBy())
+	b.causeIDs = append(b.causeIDs, stringsOrEmpty(ev.GetCauseIds()))
+	return nil
+}
+
+// actionColumns is the column list of an actions insert, in the order of
+// actionBlock's appends.
+const actionColumns = `cluster, node, ts, ts_ms, id, role, kind, outcome, reason, rule, event_ids,
+	dry_run, details.key, details.value, check, recommended_action, received`
+
+// actionBlock holds decoded actions column by column.
+type actionBlock struct {
+	cluster, node                        []string
+	ts, received                         []time.Time
+	tsMS                                 []uint16
+	id, role, kind, outcome, reason, rule []string
+	eventIDs                             [][]string
+	dryRun                               []uint8
+	detKey, detValue                     [][]string
+	check, recAction                     []string
+}
+
+func (b *actionBlock) len() int { return len(b.id) }
+
+func (b *actionBlock) columns() []any {
+	return []any{b.cluster, b.node, b.ts, b.tsMS, b.id, b.role, b.kind, b.outcome, b.reason, b.rule, b.eventIDs,
+		b.dryRun, b.detKey, b.detValue, b.check, b.recAction, b.received}
+}
+
+func (b *actionBlock) addAction(rec *kgo.Record) error {
+	a, err := events.UnmarshalAction(rec.Value)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errPoison, err)
+	}
+	keyCluster, keyNode, _ := events.SplitKey(rec.Key)
+	cluster, node := a.GetCluster(), a.GetNode()
+	if cluster == "" {
+		cluster = keyCluster
+	}
+	if node == "" {
+		node = keyNode
+	}
+	switch {
+	case a.GetId() == "":
+		return fmt.Errorf("%w: action has no id", errPoison)
+	case cluster == "":
+		return fmt.Errorf("%w: action %s has no cluster (neither in the action nor the key)", errPoison, a.GetId())
+	}
+	ts := rec.Timestamp
+	if a.GetTimestamp() != nil {
+		ts = a.GetTimestamp().AsTime()
+	}
+	tsSec, tsMS := splitTime(ts)
+	rSec, _ := splitTime(rec.Timestamp)
+	dk := make([]string, 0, len(a.GetDetails()))
+	for k := range a.GetDetails() {
+		dk = append(dk, k)
+	}
+	sort.Strings(dk)
+	dv := make([]string, len(dk))
+	for i, k := range dk {
+		dv[i] = a.GetDetails()[k]
+	}
+	b.cluster = append(b.cluster, cluster)
+	b.node = append(b.node, node)
+	b.ts = append(b.ts, tsSec)
+	b.tsMS = append(b.tsMS, tsMS)
+	b.id = append(b.id, a.GetId())
+	b.role = append(b.role, a.GetRole())
+	b.kind = append(b.kind, a.GetKind())
+	b.outcome = append(b.outcome, a.GetOutcome())
+	b.reason = append(b.reason, a.GetReason())
+	b.rule = append(b.rule, a.GetRule())
+	b.eventIDs = append(b.eventIDs, stringsOrEmpty(a.GetEventIds()))
+	b.dryRun = append(b.dryRun, b2u(a.GetDryRun()))
+	b.detKey = append(b.detKey, dk)
+	b.detValue = append(b.detValue, dv)
+	b.check = append(b.check, a.GetCheckName())
+	b.recAction = append(b.recAction, a.GetRecommendedAction())
+	b.received = append(b.received, rSec)
+	return nil
+}

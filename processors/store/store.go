@@ -1,0 +1,227 @@
+// Package store is the store processor role (`faultline process
+// --role=store`): it consumes the events and actions topics and writes them
+// to ClickHouse in bulk, committing offsets only after the rows are written.
+//
+// Delivery is at-least-once: a batch whose insert succeeded but whose
+// commit did not (a crash, a rebalance, a ClickHouse error after the data
+// arrived) is written again. The tables are ReplacingMergeTree keyed by
+// event id and every query of faultline deduplicates by id, so a second
+// copy is never counted (exactly-once effect).
+package store
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
+)
+
+// Topics the store role consumes.
+var Topics = []string{events.TopicEvents, events.TopicActions}
+
+// Config configures the store role.
+type Config struct {
+	// BatchRecords is the size threshold: the role writes once this many
+	// records are gathered. Default 50000.
+	BatchRecords int `toml:"batch_records"`
+	// BatchLinger is the time threshold: the role writes what it has once
+	// this long has passed since the first record of a batch. Default 1s.
+	BatchLinger time.Duration `toml:"batch_linger"`
+	// Retention is the age after which whole months of events, actions and
+	// fingerprints are dropped (by the month they were received); 0 keeps
+	// everything. Default 2160h (90 days).
+	Retention time.Duration `toml:"retention"`
+	// RetentionInterval is how often retention runs. Default 1h.
+	RetentionInterval time.Duration `toml:"retention_interval"`
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{
+		BatchRecords:      50000,
+		BatchLinger:       time.Second,
+		Retention:         90 * 24 * time.Hour,
+		RetentionInterval: time.Hour,
+	}
+}
+
+// RegisterFlags adds the config's flags with the given prefix ("store.").
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.IntVar(&c.BatchRecords, prefix+"batch-records", c.BatchRecords, "store: write once this many records are gathered")
+	fs.DurationVar(&c.BatchLinger, prefix+"batch-linger", c.BatchLinger, "store: write what was gathered after this long")
+	fs.DurationVar(&c.Retention, prefix+"retention", c.Retention, "store: drop months of history received longer ago than this (0: keep all)")
+	fs.DurationVar(&c.RetentionInterval, prefix+"retention-interval", c.RetentionInterval, "store: how often retention runs")
+}
+
+// Validate names the first bad key.
+func (c Config) Validate(prefix string) error {
+	switch {
+	case c.BatchRecords < 1:
+		return fmt.Errorf("%sbatch_records: must be at least 1, got %d", prefix, c.BatchRecords)
+	case c.BatchLinger < 0:
+		return fmt.Errorf("%sbatch_linger: must not be negative, got %s", prefix, c.BatchLinger)
+	case c.Retention < 0:
+		return fmt.Errorf("%sretention: must not be negative, got %s", prefix, c.Retention)
+	case c.Retention > 0 && c.Retention < 24*time.Hour:
+		return fmt.Errorf("%sretention: at least 24h (partitions are months), got %s", prefix, c.Retention)
+	case c.RetentionInterval <= 0:
+		return fmt.Errorf("%sretention_interval: must be positive, got %s", prefix, c.RetentionInterval)
+	}
+	return nil
+}
+
+// Pipeline returns the runner settings of the store role: gather up to
+// BatchRecords for up to BatchLinger, all partitions in one write.
+func (c Config) Pipeline() pipeline.Config {
+	return pipeline.Config{
+		Topics:          Topics,
+		MaxPollRecords:  min(c.BatchRecords, 10000),
+		MinBatch:        c.BatchRecords,
+		Linger:          c.BatchLinger,
+		MergePartitions: true,
+	}
+}
+
+// Metrics are the store's own metrics (the pipeline's cover records,
+// batch errors, dead letters and consumer lag).
+type Metrics struct {
+	rows     *prometheus.CounterVec
+	errors   *prometheus.CounterVec
+	insert   *prometheus.HistogramVec
+	dropped  *prometheus.CounterVec
+	lastDone prometheus.Gauge
+}
+
+// NewMetrics registers the store metrics on reg (nil: not registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		rows:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_store_rows_written_total", Help: "Rows inserted into ClickHouse, by table (a retried batch counts again)."}, []string{"table"}),
+		errors:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_store_write_errors_total", Help: "Failed ClickHouse inserts, by table; the batch is retried."}, []string{"table"}),
+		insert:   prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_store_insert_seconds", Help: "Time of one ClickHouse insert, by table.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"table"}),
+		dropped:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_store_retention_partitions_dropped_total", Help: "Monthly partitions dropped by retention, by table."}, []string{"table"}),
+		lastDone: prometheus.NewGauge(prometheus.GaugeOpts{Name: "faultline_store_last_write_timestamp_seconds", Help: "Unix time of the last successful write."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.rows, m.errors, m.insert, m.dropped, m.lastDone)
+	}
+	return m
+}
+
+// Handler writes batches of events and actions records to ClickHouse.
+type Handler struct {
+	conn clickhouse.Conn
+	log  *slog.Logger
+	m    *Metrics
+	// afterInsert, when set, runs after a batch's rows are written and
+	// before Handle returns (tests inject crashes here).
+	afterInsert func(ctx context.Context, rows int) error
+}
+
+// New returns a handler writing through conn.
+func New(conn clickhouse.Conn, log *slog.Logger, m *Metrics) *Handler {
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	return &Handler{conn: conn, log: log.With("role", "store"), m: m}
+}
+
+// Handle decodes the records, dead-letters the undecodable ones, and writes
+// the rest: one insert per table.
+func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
+	var (
+		res pipeline.Result
+		evs eventBlock
+		acs actionBlock
+	)
+	for _, rec := range recs {
+		var err error
+		switch rec.Topic {
+		case events.TopicEvents:
+			err = evs.addEvent(rec)
+		case events.TopicActions:
+			err = acs.addAction(rec)
+		default:
+			err = fmt.Errorf("%w: store does not consume topic %s", errPoison, rec.Topic)
+		}
+		if err != nil {
+			if !errors.Is(err, errPoison) {
+				return res, err
+			}
+			res.Dead = append(res.Dead, pipeline.Dead{Record: rec, Reason: err})
+		}
+	}
+	if evs.len() > 0 {
+		if err := h.insert(ctx, "events", eventColumns, evs.columns(), evs.len()); err != nil {
+			return pipeline.Result{}, err
+		}
+	}
+	if acs.len() > 0 {
+		if err := h.insert(ctx, "actions", actionColumns, acs.columns(), acs.len()); err != nil {
+			return pipeline.Result{}, err
+		}
+	}
+	if h.afterInsert != nil {
+		if err := h.afterInsert(ctx, evs.len()+acs.len()); err != nil {
+			return pipeline.Result{}, err
+		}
+	}
+	h.m.lastDone.SetToCurrentTime()
+	return res, nil
+}
+
+// insert writes one columnar block to table.
+func (h *Handler) insert(ctx context.Context, table, columns string, cols []any, n int) (err error) {
+	began := time.Now()
+	defer func() {
+		if err != nil {
+			h.m.errors.WithLabelValues(table).Inc()
+			err = fmt.Errorf("insert %d rows into %s: %w", n, table, err)
+			return
+		}
+		h.m.insert.WithLabelValues(table).Observe(time.Since(began).Seconds())
+		h.m.rows.WithLabelValues(table).Add(float64(n))
+	}()
+	batch, err := h.conn.PrepareBatch(ctx, "INSERT INTO "+table+" ("+columns+")")
+	if err != nil {
+		return err
+	}
+	defer batch.Close()
+	for i, col := range cols {
+		if err := batch.Column(i).Append(col); err != nil {
+			return fmt.Errorf("column %d: %w", i, err)
+		}
+	}
+	return batch.Send()
+}
+
+// RunRetention drops expired partitions every interval until ctx ends.
+func RunRetention(ctx context.Context, conn clickhouse.Conn, database string, c Config, m *Metrics, log *slog.Logger, now func() time.Time) {
+	if c.Retention <= 0 {
+		return
+	}
+	t := time.NewTicker(c.RetentionInterval)
+	defer t.Stop()
+	for {
+		for _, table := range clickhouse.RetainedTables {
+			dropped, err := clickhouse.DropOlderThan(ctx, conn, database, table, c.Retention, now(), log)
+			m.dropped.WithLabelValues(table).Add(float64(len(dropped)))
+			if err != nil && ctx.Err() == nil {
+				log.Warn("retention failed; retrying at the next interval", "table", table, "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,402 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/internal/clickhouse/chtest"
+	"github.com/faultline/faultline/internal/history"
+	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// loadJSON reads a JSON array of protobuf messages from testdata.
+func loadJSON[T proto.Message](t *testing.T, file string, newMsg func() T) []T {
+	t.Helper()
+	b, err := os.ReadFile("testdata/" + file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raws []json.RawMessage
+	if err := json.Unmarshal(b, &raws); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	out := make([]T, len(raws))
+	for i, r := range raws {
+		out[i] = newMsg()
+		if err := protojson.Unmarshal(r, out[i]); err != nil {
+			t.Fatalf("%s[%d]: %v", file, i, err)
+		}
+	}
+	return out
+}
+
+// eventRecord is the record the gateway produces for ev.
+func eventRecord(t testing.TB, ev *datamodels.HealthEvent) *kgo.Record {
+	v, err := events.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(ev.GetCluster(), ev.GetNodeName()), Value: v}
+}
+
+func actionRecord(t testing.TB, a *faultlinev1.Action) *kgo.Record {
+	v, err := events.MarshalAction(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &kgo.Record{Topic: events.TopicActions, Key: events.Key(a.GetCluster(), a.GetNode()), Value: v}
+}
+
+// genEvents returns n distinct events of cluster c spread over 10 nodes,
+// starting at base, one second apart.
+func genEvents(c string, from, n int, base time.Time) []*datamodels.HealthEvent {
+	out := make([]*datamodels.HealthEvent, n)
+	for i := range n {
+		j := from + i
+		ts := timestamppb.New(base.Add(time.Duration(j) * time.Second))
+		out[i] = &datamodels.HealthEvent{
+			Version: 1, Agent: "test", ComponentClass: "GPU", CheckName: "SysLogsXIDError",
+			IsFatal: j%3 == 0, Message: fmt.Sprintf("event %d", j), ErrorCode: []string{"XID-79"},
+			EntitiesImpacted:   []*datamodels.Entity{{EntityType: "GPU", EntityValue: fmt.Sprintf("GPU-%d", j%8)}},
+			GeneratedTimestamp: ts, ReceivedTimestamp: ts,
+			NodeName: fmt.Sprintf("node-%02d", j%10), Cluster: c, Id: fmt.Sprintf("%s-ev-%06d", c, j),
+		}
+	}
+	return out
+}
+
+func produce(t *testing.T, cl *kgo.Client, recs ...*kgo.Record) {
+	t.Helper()
+	if err := cl.ProduceSync(ctxFor(t, 60*time.Second), recs...).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+}
+
+// runStore runs the store role over brokers until the returned stop is
+// called (or the test ends); stop waits for the runner to return.
+func runStore(t *testing.T, brokers string, h *Handler, tune func(*pipeline.Config)) (stop func()) {
+	t.Helper()
+	pc := DefaultConfig().Pipeline()
+	pc.Role = "store"
+	pc.Linger = 200 * time.Millisecond
+	pc.MaxBackoff = time.Second
+	pc.BatchTimeout = 10 * time.Second
+	pc.LagInterval = 500 * time.Millisecond
+	pc.ConsumeOpts = []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(500 * time.Millisecond)}
+	if tune != nil {
+		tune(&pc)
+	}
+	kcfg := kafka.DefaultConfig()
+	kcfg.Brokers = brokers
+	r := pipeline.NewRunner(pc, kcfg, h, slog.Default(), pipeline.NewMetrics(prometheus.NewRegistry()))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once atomic.Bool
+	stop = func() {
+		if once.Swap(true) {
+			return
+		}
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("runner: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("runner did not stop")
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// waitCount waits until query returns want.
+func waitCount(t *testing.T, srv *chtest.Server, want uint64, timeout time.Duration, query string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var got uint64
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := srv.Conn.QueryRow(ctx, query, args...).Scan(&got)
+		cancel()
+		if err == nil && got == want {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: %d after %s, want %d", query, got, timeout, want)
+}
+
+func kfakeCluster(t *testing.T) string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, kafka.PipelineTopics...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return strings.Join(c.ListenAddrs(), ",")
+}
+
+func client(t *testing.T, brokers string, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(strings.Split(brokers, ",")...), kgo.RequiredAcks(kgo.AllISRAcks())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// TestRoundTrip: events and actions produced to a real Kafka broker the way
+// the gateway produces them come back from ClickHouse with every field
+// intact; poison records go to the dead-letter topic with the reason.
+func TestRoundTrip(t *testing.T) {
+	k := testenv.StartKafka(t)
+	srv := chtest.Start(t)
+	evs := loadJSON(t, "roundtrip_events.json", func() *datamodels.HealthEvent { return &datamodels.HealthEvent{} })
+	acts := loadJSON(t, "roundtrip_actions.json", func() *faultlinev1.Action { return &faultlinev1.Action{} })
+
+	kcfg := kafka.DefaultConfig()
+	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = k.Addr(), 3, 1
+	cl := client(t, k.Addr())
+	if err := kafka.EnsureTopics(ctxFor(t, time.Minute), cl, kcfg, kafka.PipelineTopics...); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for _, ev := range evs {
+		recs = append(recs, eventRecord(t, ev))
+	}
+	for _, a := range acts {
+		recs = append(recs, actionRecord(t, a))
+	}
+	noID := proto.Clone(evs[0]).(*datamodels.HealthEvent)
+	noID.Id = ""
+	recs = append(recs,
+		&kgo.Record{Topic: events.TopicEvents, Key: []byte("alpha/gpu-node-42"), Value: []byte{0x00, 0x01}},
+		eventRecord(t, noID),
+		&kgo.Record{Topic: events.TopicActions, Key: []byte("alpha/gpu-node-42"), Value: []byte{0xff}},
+	)
+	produce(t, cl, recs...)
+
+	h := New(srv.Conn, slog.Default(), nil)
+	runStore(t, k.Addr(), h, nil)
+	waitCount(t, srv, uint64(len(evs)), time.Minute, "SELECT uniqExact(id) FROM events")
+	waitCount(t, srv, uint64(len(acts)), time.Minute, "SELECT uniqExact(id) FROM actions")
+
+	hist := history.New(srv.Conn, slog.Default())
+	ctx := ctxFor(t, time.Minute)
+	got := map[string]*datamodels.HealthEvent{}
+	for _, c := range []string{"alpha", "beta"} {
+		resp, err := hist.ListEvents(ctx, c, &faultlinev1.ListEventsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range resp.Events {
+			if ev.GetCluster() != c {
+				t.Errorf("ListEvents(%s) returned an event of %s", c, ev.GetCluster())
+			}
+			got[ev.GetId()] = ev
+		}
+	}
+	for _, want := range evs {
+		if g, ok := got[want.GetId()]; !ok {
+			t.Errorf("event %s missing", want.GetId())
+		} else if !proto.Equal(g, want) {
+			t.Errorf("event %s changed on the way:\n got  %v\n want %v", want.GetId(), g, want)
+		}
+	}
+	resp, err := hist.ListActions(ctx, "alpha", &faultlinev1.ListActionsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Actions) != len(acts) {
+		t.Fatalf("%d actions, want %d", len(resp.Actions), len(acts))
+	}
+	for i, want := range []*faultlinev1.Action{acts[1], acts[0]} { // newest first
+		if !proto.Equal(resp.Actions[i], want) {
+			t.Errorf("action %d:\n got  %v\n want %v", i, resp.Actions[i], want)
+		}
+	}
+
+	// The three poison records are in the dead-letter topic with reasons.
+	dl := client(t, k.Addr(), kgo.ConsumeTopics(events.TopicDeadLetter), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	var reasons []string
+	for len(reasons) < 3 {
+		fs := dl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("dead letters: got %q", reasons)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			for _, hd := range r.Headers {
+				if hd.Key == events.HeaderError {
+					reasons = append(reasons, string(hd.Value))
+				}
+			}
+		})
+	}
+	joined := strings.Join(reasons, "\n")
+	for _, want := range []string{"decode HealthEvent", "event has no id", "decode Action"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("dead-letter reasons %q lack %q", joined, want)
+		}
+	}
+}
+
+// TestClickHouseOutage: ClickHouse stops mid-stream while events keep
+// arriving, then comes back: every event is stored, write errors are
+// counted, and no query counts an event twice.
+func TestClickHouseOutage(t *testing.T) {
+	brokers := kfakeCluster(t)
+	srv := chtest.Start(t)
+	cl := client(t, brokers)
+	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
+	send := func(from, n int) {
+		var recs []*kgo.Record
+		for _, ev := range genEvents("alpha", from, n, base) {
+			recs = append(recs, eventRecord(t, ev))
+		}
+		produce(t, cl, recs...)
+	}
+	m := NewMetrics(nil)
+	h := New(srv.Conn, slog.Default(), m)
+	runStore(t, brokers, h, nil)
+
+	send(0, 500)
+	waitCount(t, srv, 500, time.Minute, "SELECT uniqExact(id) FROM events")
+
+	srv.Stop()
+	send(500, 500)
+	deadline := time.Now().Add(30 * time.Second)
+	for counterValue(m.errors.WithLabelValues("events")) == 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if counterValue(m.errors.WithLabelValues("events")) == 0 {
+		t.Fatal("no write error counted while ClickHouse was down")
+	}
+	srv.Start()
+	send(1000, 500)
+	waitCount(t, srv, 1500, 2*time.Minute, "SELECT uniqExact(id) FROM events")
+
+	// Exact counts however many copies were written.
+	if n := chtest.Count(t, srv.Conn, "SELECT uniqExactIf(id, is_fatal = 1) FROM events"); n != 500 {
+		t.Errorf("fatal events %d, want 500", n)
+	}
+	assertHistoryExact(t, srv, "alpha", 1500)
+}
+
+// assertHistoryExact pages through the cluster's history and checks each
+// event appears once and the total is want.
+func assertHistoryExact(t *testing.T, srv *chtest.Server, cluster string, want int) {
+	t.Helper()
+	hist := history.New(srv.Conn, slog.Default())
+	ctx := ctxFor(t, time.Minute)
+	seen := map[string]bool{}
+	req := &faultlinev1.ListEventsRequest{Limit: 1000}
+	for page := 0; ; page++ {
+		resp, err := hist.ListEvents(ctx, cluster, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range resp.Events {
+			if seen[ev.GetId()] {
+				t.Fatalf("event %s listed twice", ev.GetId())
+			}
+			seen[ev.GetId()] = true
+		}
+		if resp.NextPageToken == "" {
+			break
+		}
+		req.PageToken = resp.NextPageToken
+	}
+	if len(seen) != want {
+		t.Fatalf("history lists %d events, want %d", len(seen), want)
+	}
+}
+
+// TestCrashBetweenInsertAndCommit: the store dies after its insert and
+// before the offsets are committed; its successor writes the batch again,
+// and no query counts an event twice.
+func TestCrashBetweenInsertAndCommit(t *testing.T) {
+	brokers := kfakeCluster(t)
+	srv := chtest.Start(t)
+	cl := client(t, brokers)
+	var recs []*kgo.Record
+	for _, ev := range genEvents("alpha", 0, 300, time.Now().UTC().Add(-time.Hour)) {
+		recs = append(recs, eventRecord(t, ev))
+	}
+	produce(t, cl, recs...)
+
+	crashed := make(chan struct{})
+	h1 := New(srv.Conn, slog.Default(), nil)
+	var stop1 func()
+	h1.afterInsert = func(ctx context.Context, rows int) error {
+		select {
+		case <-crashed:
+		default:
+			close(crashed)
+		}
+		return errors.New("injected crash between insert and commit")
+	}
+	stop1 = runStore(t, brokers, h1, func(pc *pipeline.Config) { pc.MaxBackoff = time.Hour })
+	select {
+	case <-crashed:
+	case <-time.After(time.Minute):
+		t.Fatal("the first store never inserted")
+	}
+	stop1() // dies without committing
+
+	first := chtest.Count(t, srv.Conn, "SELECT count() FROM events")
+	if first == 0 {
+		t.Fatal("the crashed store wrote nothing")
+	}
+	h2 := New(srv.Conn, slog.Default(), nil)
+	runStore(t, brokers, h2, nil)
+	waitCount(t, srv, 300, time.Minute, "SELECT uniqExact(id) FROM events")
+	// Wait for the successor to have rewritten what the first one wrote.
+	deadline := time.Now().Add(30 * time.Second)
+	for chtest.Count(t, srv.Conn, "SELECT count() FROM events") < first+300 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := chtest.Count(t, srv.Conn, "SELECT count() FROM events"); n <= 300 {
+		t.Fatalf("%d rows: the batch was not written twice, so the test proves nothing", n)
+	}
+	if n := chtest.Count(t, srv.Conn, "SELECT uniqExactIf(id, is_fatal = 1) FROM events"); n != 100 {
+		t.Errorf("fatal events %d, want 100", n)
+	}
+	assertHistoryExact(t, srv, "alpha", 300)
+}
