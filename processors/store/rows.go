@@ -22,20 +22,20 @@ const eventColumns = `cluster, node, check, entity, ts, ts_ms, id, received, rec
 // eventBlock holds decoded events column by column, ready for a columnar
 // insert.
 type eventBlock struct {
-	cluster, node, check, entity               []string
-	ts, received                               []time.Time
-	tsMS, receivedMS                           []uint16
-	id                                         []string
-	tsMissing                                  []uint8
-	version                                    []uint32
-	agent, componentClass, message             []string
-	isFatal, isHealthy                         []uint8
-	recAction, customAction                    []string
-	errorCodes                                 [][]string
-	entType, entValue, metaKey, metaValue      [][]string
-	qSet, qForce, qSkip, dSet, dForce, dSkip   []uint8
-	strategy, derivedBy                        []string
-	causeIDs                                   [][]string
+	cluster, node, check, entity             []string
+	ts, received                             []time.Time
+	tsMS, receivedMS                         []uint16
+	id                                       []string
+	tsMissing                                []uint8
+	version                                  []uint32
+	agent, componentClass, message           []string
+	isFatal, isHealthy                       []uint8
+	recAction, customAction                  []string
+	errorCodes                               [][]string
+	entType, entValue, metaKey, metaValue    [][]string
+	qSet, qForce, qSkip, dSet, dForce, dSkip []uint8
+	strategy, derivedBy                      []string
+	causeIDs                                 [][]string
 }
 
 func (b *eventBlock) len() int { return len(b.id) }
@@ -163,14 +163,14 @@ const actionColumns = `cluster, node, ts, ts_ms, id, role, kind, outcome, reason
 
 // actionBlock holds decoded actions column by column.
 type actionBlock struct {
-	cluster, node                        []string
-	ts, received                         []time.Time
-	tsMS                                 []uint16
+	cluster, node                         []string
+	ts, received                          []time.Time
+	tsMS                                  []uint16
 	id, role, kind, outcome, reason, rule []string
-	eventIDs                             [][]string
-	dryRun                               []uint8
-	detKey, detValue                     [][]string
-	check, recAction                     []string
+	eventIDs                              [][]string
+	dryRun                                []uint8
+	detKey, detValue                      [][]string
+	check, recAction                      []string
 }
 
 func (b *actionBlock) len() int { return len(b.id) }
