@@ -68,14 +68,12 @@ func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) e
 		p.bufferedMu.Unlock()
 		return fmt.Errorf("%w: %d records buffered, batch of %d does not fit", ErrOverloaded, p.cl.BufferedProduceRecords(), len(recs))
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.timeout)
-	defer cancel()
 	var (
-		wg       sync.WaitGroup
+		pending  sync.WaitGroup
 		errMu    sync.Mutex
 		firstErr error
 	)
-	wg.Add(len(recs))
+	pending.Add(len(recs))
 	for _, r := range recs {
 		p.cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
 			if err != nil {
@@ -85,11 +83,28 @@ func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) e
 				}
 				errMu.Unlock()
 			}
-			wg.Done()
+			pending.Done()
 		})
 	}
 	p.bufferedMu.Unlock()
-	wg.Wait()
+
+	// The idempotent producer never fails a record it may already have
+	// sent, so a broker outage would hold the request forever: answer
+	// Unavailable after the timeout instead. Records still buffered may be
+	// written later; the caller retries (at-least-once).
+	done := make(chan struct{})
+	go func() { pending.Wait(); close(done) }()
+	timer := time.NewTimer(p.timeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		return fmt.Errorf("%w: not acknowledged within %s", ErrUnavailable, p.timeout)
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %v", ErrUnavailable, ctx.Err())
+	}
+	errMu.Lock()
+	defer errMu.Unlock()
 	if firstErr != nil {
 		return fmt.Errorf("%w: %v", ErrUnavailable, firstErr)
 	}

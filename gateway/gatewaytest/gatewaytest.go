@@ -50,7 +50,7 @@ func Start(tb testing.TB, brokers string, modify func(*gateway.Config), opts gat
 	}
 	cfg := gateway.DefaultConfig()
 	cfg.GRPCAddr, cfg.HTTPAddr, cfg.TokensFile = "127.0.0.1:0", "127.0.0.1:0", tokens
-	cfg.ProduceTimeout = 3 * time.Second
+	cfg.ProduceTimeout = 10 * time.Second // loaded CI machines are slow on a fresh topic
 	if modify != nil {
 		modify(&cfg)
 	}
@@ -70,8 +70,6 @@ func Start(tb testing.TB, brokers string, modify func(*gateway.Config), opts gat
 		tb.Fatalf("gatewaytest: %v", err)
 	}
 	s.StartAgain()
-	// Keep the bound ports so a restart listens where clients point.
-	s.cfg.GRPCAddr, s.cfg.HTTPAddr = s.srv.GRPCAddr(), s.srv.HTTPAddr()
 	tb.Cleanup(s.Stop)
 	return s
 }
@@ -106,7 +104,7 @@ func (s *Server) Stop() {
 // StartAgain starts the gateway after Stop, on the same addresses.
 func (s *Server) StartAgain() {
 	s.tb.Helper()
-	srv, err := gateway.New(s.cfg, s.kcfg, slog.Default(), prometheus.NewRegistry(), s.opts)
+	srv, err := gateway.New(s.cfg, s.kcfg, testLogger(), prometheus.NewRegistry(), s.opts)
 	if err != nil {
 		s.tb.Fatalf("gatewaytest: %v", err)
 	}
@@ -120,6 +118,8 @@ func (s *Server) StartAgain() {
 	if lerr != nil {
 		s.tb.Fatalf("gatewaytest: %v", lerr)
 	}
+	// Keep the bound ports so a restart listens where clients point.
+	s.cfg.GRPCAddr, s.cfg.HTTPAddr = srv.GRPCAddr(), srv.HTTPAddr()
 	ctx, cancel := context.WithCancel(context.Background())
 	s.srv, s.cancel, s.done, s.running = srv, cancel, make(chan error, 1), true
 	go func() { s.done <- srv.Run(ctx) }()
@@ -144,3 +144,10 @@ func waitHTTP(url string, d time.Duration) error {
 }
 
 var httpClient = &http.Client{Timeout: 5 * time.Second}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("FAULTLINE_TEST_DEBUG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.Default()
+}
