@@ -1,0 +1,54 @@
+# faultline — the two commands are `make run` and `make test`.
+SHELL := /usr/bin/env bash
+GO    ?= go
+BIN   := bin
+# Fuzz targets run for a bounded time by `make test` (package:target).
+FUZZ_TARGETS := ./gateway:FuzzDecodeValidate
+FUZZTIME ?= 20s
+
+.PHONY: all build run test test-unit test-fuzz testenv generate bench vet clean
+
+all: build
+
+## build: the binaries into bin/
+build:
+	$(GO) build -o $(BIN)/ ./cmd/faultline ./agents/cmd/faultline-agent
+
+## run: the whole pipeline in one process on embedded defaults (faultline dev)
+run: build
+	scripts/dev-deps.sh
+	$(BIN)/faultline dev $(ARGS)
+
+## testenv: install (idempotently, cached) the real Kafka, ClickHouse and Kubernetes servers
+testenv:
+	scripts/testenv/install.sh all
+
+## test: every test, against real servers, plus bounded fuzzing — what .ci/run calls
+test: testenv vet
+	eval "$$(scripts/testenv/env.sh)" && FAULTLINE_REQUIRE_SERVERS=1 $(GO) test -timeout 30m -count=1 ./...
+	$(MAKE) test-fuzz
+
+## test-unit: the fast tests only (servers not required; those tests skip)
+test-unit:
+	$(GO) test -short ./...
+
+test-fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; fn=$${t##*:}; \
+	  echo "fuzz $$pkg $$fn for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
+
+vet:
+	$(GO) vet ./...
+
+## generate: regenerate code and the OpenAPI document from schemas/proto
+generate:
+	scripts/generate.sh
+
+## bench: the Go benchmarks (numbers are recorded in the READMEs)
+bench:
+	eval "$$(scripts/testenv/env.sh)" && $(GO) test -run '^$$' -bench . -benchtime 2s ./...
+
+clean:
+	rm -rf $(BIN)
