@@ -87,14 +87,16 @@ func newBreaker(cfg BreakerConfig, kube kubernetes.Interface, now func() time.Ti
 }
 
 // reserve takes a slot for a new quarantine of node, or says why not.
-func (b *breaker) reserve(ctx context.Context, node string) (breakerVerdict, error) {
+// schedulable says whether the node is schedulable now (cordoning an
+// unschedulable node does not lower the healthy count).
+func (b *breaker) reserve(ctx context.Context, node string, schedulable bool) (breakerVerdict, error) {
 	if !b.cfg.Enabled {
 		return breakerVerdict{Allowed: true}, nil
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for attempt := 0; ; attempt++ {
-		v, err := b.tryReserve(ctx, node)
+		v, err := b.tryReserve(ctx, node, schedulable)
 		if err == nil {
 			return v, nil
 		}
@@ -105,7 +107,7 @@ func (b *breaker) reserve(ctx context.Context, node string) (breakerVerdict, err
 	}
 }
 
-func (b *breaker) tryReserve(ctx context.Context, node string) (breakerVerdict, error) {
+func (b *breaker) tryReserve(ctx context.Context, node string, schedulable bool) (breakerVerdict, error) {
 	now := b.now()
 	cm, err := b.read(ctx, now)
 	if err != nil {
@@ -146,7 +148,7 @@ func (b *breaker) tryReserve(ctx context.Context, node string) (breakerVerdict, 
 	// Nodes cordoned since the node list was read are not in its counts.
 	recent := 0
 	for _, e := range entries {
-		if e.At.After(b.nodesAt) {
+		if !e.At.Before(b.nodesAt) {
 			recent++
 		}
 	}
@@ -160,7 +162,7 @@ func (b *breaker) tryReserve(ctx context.Context, node string) (breakerVerdict, 
 	case len(entries)+1 > v.Limit:
 		v.Reason = fmt.Sprintf("%d of %d nodes quarantined within %s reaches the %.4g%% limit (%d)",
 			len(entries), counts.total, b.cfg.Window, b.cfg.MaxPercent, v.Limit)
-	case v.Schedulable-1 < b.cfg.MinHealthy:
+	case b.cfg.MinHealthy > 0 && schedulable && v.Schedulable-1 < b.cfg.MinHealthy:
 		v.Reason = fmt.Sprintf("quarantining would leave %d schedulable nodes, below the floor of %d",
 			v.Schedulable-1, b.cfg.MinHealthy)
 	default:

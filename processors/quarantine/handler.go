@@ -383,7 +383,7 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		changed := st.AddFault(key, f, ev.GetId())
 		preCordon = n.Spec.Unschedulable && !st.Cordoned
 		if !wasActive && st.Active() && !force {
-			v, err := br.reserve(ctx, n.Name)
+			v, err := br.reserve(ctx, n.Name, !n.Spec.Unschedulable)
 			if err != nil {
 				return false, err
 			}

@@ -1,0 +1,545 @@
+package quarantine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// These tests run against a real kube-apiserver (internal/testenv).
+
+var testLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// testConfig is the role's config for one test: the breaker counts only the
+// test's own nodes (label test=<group>) and has its own ConfigMap.
+func testConfig(group string) Config {
+	c := DefaultConfig()
+	c.Identity = "faultline-quarantine/test"
+	c.ClusterWait = 500 * time.Millisecond
+	c.RetryWait = 500 * time.Millisecond
+	c.Breaker.MaxPercent = 100
+	c.Breaker.GPUNodeSelector = "test=" + group
+	c.Breaker.Name = "breaker-" + strings.ToLower(group)
+	c.Breaker.NodeCountTTL = time.Minute
+	return c
+}
+
+func newTestHandler(t testing.TB, cfg Config, kubes map[string]kubernetes.Interface) *Handler {
+	t.Helper()
+	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+	for name, k := range kubes {
+		c := reg.SetClient(name, k, false)
+		c.Gate.MinBackoff, c.Gate.MaxBackoff = 50*time.Millisecond, 300*time.Millisecond
+	}
+	h, err := New(cfg, reg, Options{Log: testLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func createNodes(t testing.TB, k kubernetes.Interface, group string, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{"test": group}}}
+		if _, err := k.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create node %s: %v", n, err)
+		}
+	}
+}
+
+func getNode(t testing.TB, k kubernetes.Interface, name string) *corev1.Node {
+	t.Helper()
+	n, err := k.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get node %s: %v", name, err)
+	}
+	return n
+}
+
+var offsets sync.Map
+
+// record wraps an event as a Kafka record of the events topic.
+func record(cluster string, ev *datamodels.HealthEvent) *kgo.Record {
+	ev.Cluster = cluster
+	if ev.Id == "" {
+		ev.Id = events.NewID()
+	}
+	b, err := events.Marshal(ev)
+	if err != nil {
+		panic(err)
+	}
+	v, _ := offsets.LoadOrStore(cluster, new(int64))
+	off := v.(*int64)
+	*off++
+	return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, ev.NodeName), Value: b, Offset: *off}
+}
+
+func gpuEntity(gpu string) []*datamodels.Entity {
+	if gpu == "" {
+		return nil
+	}
+	return []*datamodels.Entity{{EntityType: "GPU", EntityValue: gpu}}
+}
+
+func fatal(node, check, gpu string) *datamodels.HealthEvent {
+	return &datamodels.HealthEvent{
+		Agent: "faultline-agent", ComponentClass: "GPU", CheckName: check, IsFatal: true,
+		Message: "GPU reported a double-bit ECC error", RecommendedAction: datamodels.RecommendedAction_REPLACE_VM,
+		EntitiesImpacted: gpuEntity(gpu), NodeName: node,
+		GeneratedTimestamp: timestamppb.Now(),
+	}
+}
+
+func healthy(node, check, gpu string) *datamodels.HealthEvent {
+	return &datamodels.HealthEvent{
+		Agent: "faultline-agent", ComponentClass: "GPU", CheckName: check, IsHealthy: true,
+		EntitiesImpacted: gpuEntity(gpu), NodeName: node,
+		GeneratedTimestamp: timestamppb.Now(),
+	}
+}
+
+// handle runs a batch and decodes the actions it produced.
+func handle(t testing.TB, h *Handler, recs ...*kgo.Record) ([]*faultlinev1.Action, []*kgo.Record) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := h.Handle(ctx, recs)
+	if err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+	if len(res.Dead) > 0 {
+		t.Fatalf("dead letters: %v", res.Dead[0].Reason)
+	}
+	return splitOut(t, res.Out)
+}
+
+func splitOut(t testing.TB, out []*kgo.Record) ([]*faultlinev1.Action, []*kgo.Record) {
+	var acts []*faultlinev1.Action
+	var retry []*kgo.Record
+	for _, r := range out {
+		switch r.Topic {
+		case events.TopicActions:
+			a, err := events.UnmarshalAction(r.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			acts = append(acts, a)
+		case TopicRetry:
+			retry = append(retry, r)
+		default:
+			t.Fatalf("output to unexpected topic %s", r.Topic)
+		}
+	}
+	return acts, retry
+}
+
+func kinds(acts []*faultlinev1.Action) string {
+	var s []string
+	for _, a := range acts {
+		s = append(s, a.Kind+"/"+a.Outcome)
+	}
+	return strings.Join(s, ",")
+}
+
+func hasTaint(n *corev1.Node, key string) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+func condition(n *corev1.Node, typ string) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if string(n.Status.Conditions[i].Type) == typ {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// TestKube runs the single-cluster behaviours against one shared apiserver;
+// each subtest has its own nodes.
+func TestKube(t *testing.T) {
+	kube := testenv.StartKube(t, testenv.KubeOptions{})
+	k := kube.Client()
+
+	t.Run("FatalCordonsTaintsAndSetsCondition", func(t *testing.T) {
+		createNodes(t, k, "fatal", "fatal-1")
+		h := newTestHandler(t, testConfig("fatal"), map[string]kubernetes.Interface{"c1": k})
+		acts, _ := handle(t, h, record("c1", fatal("fatal-1", "XID_ERROR_48", "GPU-1")))
+		if kinds(acts) != "quarantine/applied" || acts[0].Rule != "faultline-agent-fatal" {
+			t.Fatalf("actions %s rule %q", kinds(acts), acts[0].GetRule())
+		}
+		n := getNode(t, k, "fatal-1")
+		if !n.Spec.Unschedulable || !hasTaint(n, "faultline.io/unhealthy") {
+			t.Fatalf("node not cordoned and tainted: %+v", n.Spec)
+		}
+		c := condition(n, "GPUHealthy")
+		if c == nil || c.Status != corev1.ConditionFalse || c.Reason != "XidError48" || !strings.Contains(c.Message, "double-bit") {
+			t.Fatalf("condition %+v", c)
+		}
+		if n.Labels[LabelQuarantined] != "true" || n.Annotations[AnnotationBy] != "faultline-quarantine/test" ||
+			!strings.Contains(n.Annotations[AnnotationReason], "check=XID_ERROR_48") || n.Annotations[AnnotationAt] == "" {
+			t.Fatalf("labels %v annotations %v", n.Labels, n.Annotations)
+		}
+		// The same record again (a redelivery) changes nothing and decides the same.
+		rv := n.ResourceVersion
+		acts2, _ := handle(t, h, record("c1", fatal("fatal-1", "XID_ERROR_48", "GPU-1")))
+		if kinds(acts2) != "quarantine/applied" || acts2[0].Details["alreadyQuarantined"] != "true" {
+			t.Fatalf("second fault: %s %v", kinds(acts2), acts2[0].Details)
+		}
+		_ = rv
+	})
+
+	t.Run("NonMatchingDoesNothing", func(t *testing.T) {
+		createNodes(t, k, "nomatch", "nomatch-1")
+		h := newTestHandler(t, testConfig("nomatch"), map[string]kubernetes.Interface{"c1": k})
+		before := getNode(t, k, "nomatch-1")
+		unknown := fatal("nomatch-1", "SOMETHING", "GPU-1")
+		unknown.Agent = "some-other-tool"
+		storeOnly := fatal("nomatch-1", "XID_ERROR_48", "GPU-1")
+		storeOnly.ProcessingStrategy = datamodels.ProcessingStrategy_STORE_ONLY
+		skip := fatal("nomatch-1", "XID_ERROR_48", "GPU-1")
+		skip.QuarantineOverrides = &datamodels.BehaviourOverrides{Skip: true}
+		acts, _ := handle(t, h, record("c1", unknown), record("c1", storeOnly), record("c1", skip),
+			record("c1", healthy("nomatch-1", "XID_ERROR_48", "GPU-1")))
+		if kinds(acts) != "skip/skipped,skip/skipped,skip/skipped" {
+			t.Fatalf("actions %s", kinds(acts))
+		}
+		after := getNode(t, k, "nomatch-1")
+		if after.ResourceVersion != before.ResourceVersion {
+			t.Fatalf("node changed: %+v", after)
+		}
+	})
+
+	t.Run("NonFatalRecordsKubernetesEvent", func(t *testing.T) {
+		createNodes(t, k, "nonfatal", "nonfatal-1")
+		h := newTestHandler(t, testConfig("nonfatal"), map[string]kubernetes.Interface{"c1": k})
+		ev := fatal("nonfatal-1", "GPU_THERMAL", "GPU-3")
+		ev.IsFatal, ev.RecommendedAction, ev.Message = false, datamodels.RecommendedAction_NONE, "GPU 3 is warm"
+		rec := record("c1", ev)
+		acts, _ := handle(t, h, rec)
+		acts2, _ := handle(t, h, rec) // redelivered: same Event, not a second one
+		if kinds(acts) != "event/applied" || acts2[0].Id != acts[0].Id {
+			t.Fatalf("actions %s / %s", kinds(acts), kinds(acts2))
+		}
+		list, err := k.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=nonfatal-1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Items) != 1 || list.Items[0].Reason != "GPUHealthIssue" || !strings.Contains(list.Items[0].Message, "warm") {
+			t.Fatalf("events %+v", list.Items)
+		}
+		if n := getNode(t, k, "nonfatal-1"); n.Spec.Unschedulable {
+			t.Fatal("non-fatal event cordoned the node")
+		}
+	})
+
+	t.Run("RecoveryLiftsExactlyWhatFaultlineSet", func(t *testing.T) {
+		createNodes(t, k, "recover", "recover-1")
+		// A taint a person set before faultline came.
+		n := getNode(t, k, "recover-1")
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "team/maintenance", Value: "x", Effect: corev1.TaintEffectNoSchedule})
+		n.Annotations = map[string]string{"team/note": "keep"}
+		if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		h := newTestHandler(t, testConfig("recover"), map[string]kubernetes.Interface{"c1": k})
+		handle(t, h, record("c1", fatal("recover-1", "XID_ERROR_48", "GPU-1")), record("c1", fatal("recover-1", "XID_ERROR_79", "GPU-2")))
+		// One of two faults recovers: still quarantined.
+		acts, _ := handle(t, h, record("c1", healthy("recover-1", "XID_ERROR_48", "GPU-1")))
+		if kinds(acts) != "unquarantine/in_progress" {
+			t.Fatalf("actions %s", kinds(acts))
+		}
+		if n := getNode(t, k, "recover-1"); !n.Spec.Unschedulable || !hasTaint(n, "faultline.io/unhealthy") {
+			t.Fatal("lifted while a fault still stands")
+		}
+		// A recovery of the other GPU's entity with another check lifts nothing.
+		acts, _ = handle(t, h, record("c1", healthy("recover-1", "XID_ERROR_79", "GPU-9")))
+		if len(acts) != 0 {
+			t.Fatalf("unrelated recovery: %s", kinds(acts))
+		}
+		acts, _ = handle(t, h, record("c1", healthy("recover-1", "XID_ERROR_79", "GPU-2")))
+		if kinds(acts) != "unquarantine/applied" || acts[0].Details["uncordoned"] != "true" {
+			t.Fatalf("actions %s %v", kinds(acts), acts[0].GetDetails())
+		}
+		n = getNode(t, k, "recover-1")
+		if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || !hasTaint(n, "team/maintenance") {
+			t.Fatalf("spec after recovery: %+v", n.Spec)
+		}
+		for _, key := range []string{AnnotationState, AnnotationReason, AnnotationBy, AnnotationAt} {
+			if _, ok := n.Annotations[key]; ok {
+				t.Errorf("annotation %s left behind", key)
+			}
+		}
+		if n.Annotations["team/note"] != "keep" || n.Labels[LabelQuarantined] != "" {
+			t.Fatalf("metadata after recovery: %v %v", n.Labels, n.Annotations)
+		}
+		if c := condition(n, "GPUHealthy"); c == nil || c.Status != corev1.ConditionTrue {
+			t.Fatalf("condition %+v", c)
+		}
+	})
+
+	t.Run("PreexistingCordonPreserved", func(t *testing.T) {
+		createNodes(t, k, "precordon", "precordon-1")
+		n := getNode(t, k, "precordon-1")
+		n.Spec.Unschedulable = true
+		if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		h := newTestHandler(t, testConfig("precordon"), map[string]kubernetes.Interface{"c1": k})
+		acts, _ := handle(t, h, record("c1", fatal("precordon-1", "XID_ERROR_48", "GPU-1")))
+		if acts[0].Details["preexistingCordon"] != "true" {
+			t.Fatalf("details %v", acts[0].Details)
+		}
+		handle(t, h, record("c1", healthy("precordon-1", "XID_ERROR_48", "GPU-1")))
+		n = getNode(t, k, "precordon-1")
+		if !n.Spec.Unschedulable {
+			t.Fatal("recovery removed a cordon faultline did not set")
+		}
+		if hasTaint(n, "faultline.io/unhealthy") {
+			t.Fatal("faultline's taint not removed")
+		}
+	})
+
+	t.Run("ManualUncordonRespected", func(t *testing.T) {
+		createNodes(t, k, "manual", "manual-1")
+		h := newTestHandler(t, testConfig("manual"), map[string]kubernetes.Interface{"c1": k})
+		handle(t, h, record("c1", fatal("manual-1", "XID_ERROR_48", "GPU-1")))
+		n := getNode(t, k, "manual-1")
+		n.Spec.Unschedulable = false // kubectl uncordon
+		if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// The same fault again: detected, recorded, and not re-cordoned.
+		acts, _ := handle(t, h, record("c1", fatal("manual-1", "XID_ERROR_48", "GPU-1")))
+		if kinds(acts) != "manual_uncordon/decided,quarantine/applied" {
+			t.Fatalf("actions %s", kinds(acts))
+		}
+		n = getNode(t, k, "manual-1")
+		if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Annotations[AnnotationManualUncordon] == "" {
+			t.Fatalf("manual uncordon not respected: %+v %v", n.Spec, n.Annotations)
+		}
+		// A new fault (another GPU) cordons again.
+		handle(t, h, record("c1", fatal("manual-1", "XID_ERROR_48", "GPU-2")))
+		if n = getNode(t, k, "manual-1"); !n.Spec.Unschedulable {
+			t.Fatal("a new fault after the manual uncordon did not cordon")
+		}
+		// Everything recovers: all of faultline's marks go.
+		handle(t, h, record("c1", healthy("manual-1", "XID_ERROR_48", "")))
+		n = getNode(t, k, "manual-1")
+		if n.Spec.Unschedulable || n.Annotations[AnnotationState] != "" || n.Annotations[AnnotationManualUncordon] != "" {
+			t.Fatalf("after recovery: %+v %v", n.Spec, n.Annotations)
+		}
+	})
+
+	t.Run("OptOutLabelAndForce", func(t *testing.T) {
+		createNodes(t, k, "optout", "optout-1")
+		n := getNode(t, k, "optout-1")
+		n.Labels["faultline.io/quarantine"] = "disabled"
+		if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		h := newTestHandler(t, testConfig("optout"), map[string]kubernetes.Interface{"c1": k})
+		acts, _ := handle(t, h, record("c1", fatal("optout-1", "XID_ERROR_48", "GPU-1")))
+		if kinds(acts) != "skip/skipped" || getNode(t, k, "optout-1").Spec.Unschedulable {
+			t.Fatalf("opted-out node: %s", kinds(acts))
+		}
+		forced := fatal("optout-1", "OPERATOR", "")
+		forced.Agent = "an-operator"
+		forced.QuarantineOverrides = &datamodels.BehaviourOverrides{Force: true}
+		acts, _ = handle(t, h, record("c1", forced))
+		if kinds(acts) != "quarantine/applied" || acts[0].Rule != RuleForce || !getNode(t, k, "optout-1").Spec.Unschedulable {
+			t.Fatalf("force: %s", kinds(acts))
+		}
+	})
+
+	t.Run("DryRunCluster", func(t *testing.T) {
+		createNodes(t, k, "dryrun", "dryrun-1")
+		reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+		reg.SetClient("c1", k, true)
+		h, err := New(testConfig("dryrun"), reg, Options{Log: testLog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		acts, _ := handle(t, h, record("c1", fatal("dryrun-1", "XID_ERROR_48", "GPU-1")), record("nowhere", fatal("x", "XID_ERROR_48", "GPU-1")))
+		if kinds(acts) != "quarantine/dry_run,quarantine/dry_run" || !acts[0].DryRun {
+			t.Fatalf("actions %s", kinds(acts))
+		}
+		if getNode(t, k, "dryrun-1").Spec.Unschedulable {
+			t.Fatal("dry-run cluster changed")
+		}
+	})
+
+	t.Run("ConcurrentReplicasLoseNothing", func(t *testing.T) {
+		createNodes(t, k, "concurrent", "concurrent-1")
+		cfg := testConfig("concurrent")
+		a := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
+		b := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
+		const perReplica = 15
+		var wg sync.WaitGroup
+		for r, h := range []*Handler{a, b} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range perReplica {
+					handle(t, h, record("c1", fatal("concurrent-1", "XID_ERROR_48", fmt.Sprintf("GPU-%d-%d", r, i))))
+				}
+			}()
+		}
+		wg.Wait()
+		st, err := ReadState(getNode(t, k, "concurrent-1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Faults) != 2*perReplica {
+			t.Fatalf("%d faults on the node, want %d", len(st.Faults), 2*perReplica)
+		}
+		// Concurrent recoveries lift everything, exactly once.
+		for r, h := range []*Handler{a, b} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range perReplica {
+					handle(t, h, record("c1", healthy("concurrent-1", "XID_ERROR_48", fmt.Sprintf("GPU-%d-%d", r, i))))
+				}
+			}()
+		}
+		wg.Wait()
+		n := getNode(t, k, "concurrent-1")
+		if n.Spec.Unschedulable || n.Annotations[AnnotationState] != "" {
+			t.Fatalf("not lifted: %+v", n.Spec)
+		}
+	})
+
+	t.Run("BreakerTripsAtThresholdAndReports", func(t *testing.T) {
+		var names []string
+		for i := range 20 {
+			names = append(names, fmt.Sprintf("breaker-%02d", i))
+		}
+		createNodes(t, k, "breaker", names...)
+		cfg := testConfig("breaker")
+		cfg.Breaker.MaxPercent = 20 // 4 of 20 nodes
+		cfg.Breaker.AutoClose = false
+		h := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
+		var recs []*kgo.Record
+		for _, n := range names[:6] {
+			recs = append(recs, record("c1", fatal(n, "XID_ERROR_48", "GPU-1")))
+		}
+		// One at a time so the order is known.
+		var all []*faultlinev1.Action
+		for _, r := range recs {
+			acts, _ := handle(t, h, r)
+			all = append(all, acts...)
+		}
+		want := "quarantine/applied,quarantine/applied,quarantine/applied,quarantine/applied," +
+			"breaker_open/applied,quarantine/held_by_breaker,quarantine/held_by_breaker"
+		if kinds(all) != want {
+			t.Fatalf("actions\n %s\nwant\n %s", kinds(all), want)
+		}
+		cordoned := 0
+		for _, n := range names {
+			if getNode(t, k, n).Spec.Unschedulable {
+				cordoned++
+			}
+		}
+		if cordoned != 4 {
+			t.Fatalf("%d nodes cordoned, want 4", cordoned)
+		}
+		cm, err := k.CoreV1().ConfigMaps("default").Get(context.Background(), cfg.Breaker.Name, metav1.GetOptions{})
+		if err != nil || cm.Data["state"] != "open" {
+			t.Fatalf("breaker configmap %v %v", cm.Data, err)
+		}
+		evs, _ := k.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + cfg.Breaker.Name})
+		if len(evs.Items) != 1 || evs.Items[0].Reason != "QuarantineBreakerOpen" {
+			t.Fatalf("breaker events %+v", evs.Items)
+		}
+		// Another fault on an already quarantined node is still recorded.
+		acts, _ := handle(t, h, record("c1", fatal(names[0], "XID_ERROR_79", "GPU-2")))
+		if kinds(acts) != "quarantine/applied" {
+			t.Fatalf("fault on a quarantined node while open: %s", kinds(acts))
+		}
+		// A second replica sees the same open breaker.
+		h2 := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
+		if acts, _ := handle(t, h2, record("c1", fatal(names[10], "XID_ERROR_48", "GPU-1"))); kinds(acts) != "quarantine/held_by_breaker" {
+			t.Fatalf("second replica: %s", kinds(acts))
+		}
+		// An operator closes it; held events are not replayed, new ones apply
+		// while the window still has room (here: none, the 4 are within it).
+		cm.Data["state"] = "closed"
+		cm.Data["cordons"] = "[]"
+		if _, err := k.CoreV1().ConfigMaps("default").Update(context.Background(), cm, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1100 * time.Millisecond) // the ConfigMap cache
+		if getNode(t, k, names[5]).Spec.Unschedulable {
+			t.Fatal("held event replayed")
+		}
+		if acts, _ := handle(t, h, record("c1", fatal(names[11], "XID_ERROR_48", "GPU-1"))); kinds(acts) != "quarantine/applied" {
+			t.Fatalf("after manual close: %s", kinds(acts))
+		}
+	})
+
+	t.Run("BreakerAutoClosesAfterWindow", func(t *testing.T) {
+		createNodes(t, k, "autoclose", "autoclose-0", "autoclose-1", "autoclose-2", "autoclose-3")
+		cfg := testConfig("autoclose")
+		cfg.Breaker.MaxPercent = 25 // 1 of 4
+		cfg.Breaker.Window = time.Minute
+		now := time.Now()
+		var mu sync.Mutex
+		clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+		reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+		reg.SetClient("c1", k, false)
+		h, err := New(cfg, reg, Options{Log: testLog, Now: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a1, _ := handle(t, h, record("c1", fatal("autoclose-0", "X", "")))
+		a2, _ := handle(t, h, record("c1", fatal("autoclose-1", "X", "")))
+		if kinds(append(a1, a2...)) != "quarantine/applied,breaker_open/applied,quarantine/held_by_breaker" {
+			t.Fatalf("actions %s", kinds(append(a1, a2...)))
+		}
+		mu.Lock()
+		now = now.Add(61 * time.Second)
+		mu.Unlock()
+		a3, _ := handle(t, h, record("c1", fatal("autoclose-2", "X", "")))
+		if kinds(a3) != "breaker_close/applied,quarantine/applied" {
+			t.Fatalf("after the window: %s", kinds(a3))
+		}
+		if getNode(t, k, "autoclose-1").Spec.Unschedulable {
+			t.Fatal("held event replayed after close")
+		}
+	})
+
+	t.Run("MinHealthyFloor", func(t *testing.T) {
+		createNodes(t, k, "floor", "floor-0", "floor-1", "floor-2")
+		cfg := testConfig("floor")
+		cfg.Breaker.MinHealthy = 2
+		h := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
+		a1, _ := handle(t, h, record("c1", fatal("floor-0", "X", "")))
+		a2, _ := handle(t, h, record("c1", fatal("floor-1", "X", "")))
+		if kinds(append(a1, a2...)) != "quarantine/applied,breaker_open/applied,quarantine/held_by_breaker" {
+			t.Fatalf("actions %s", kinds(append(a1, a2...)))
+		}
+	})
+}
