@@ -278,7 +278,11 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 			}
 			if !clusters.Retriable(err) || !live {
 				h.log.Warn("quarantine failed", "cluster", cluster, "node", it.node, "event", it.ev.GetId(), "err", err)
-				r.actions = append(r.actions, h.action(it, KindQuarantine, OutcomeFailed, err.Error(), "", cl))
+				kind := KindQuarantine
+				if it.ev.GetIsHealthy() {
+					kind = KindUnquarantine
+				}
+				r.actions = append(r.actions, h.action(it, kind, OutcomeFailed, err.Error(), "", cl))
 				break
 			}
 			h.m.apiErrors.WithLabelValues(cluster).Inc()

@@ -1,0 +1,157 @@
+package quarantine
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/faultline/faultline/internal/testenv"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// retryUntil feeds deferred records to HandleRetry the way the retry
+// consumer's pipeline does: a failed batch is retried after a backoff.
+func retryUntil(t *testing.T, h *Handler, recs []*kgo.Record, within time.Duration) []*faultlinev1.Action {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		res, err := h.HandleRetry(ctx, recs)
+		cancel()
+		if err == nil {
+			acts, again := splitOut(t, res.Out)
+			if len(again) > 0 {
+				t.Fatalf("retry consumer deferred %d records again", len(again))
+			}
+			return acts
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retry batch still failing after %d attempts: %v", attempt, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Two clusters, two apiservers, the same node names: events act only on
+// their own cluster, and a stopped apiserver does not hold up the other
+// cluster's records of the same batch; its records are deferred and applied
+// once it is back.
+func TestTwoClustersIsolated(t *testing.T) {
+	ka := testenv.StartKube(t, testenv.KubeOptions{})
+	kb := testenv.StartKube(t, testenv.KubeOptions{})
+	for _, k := range []*testenv.Kube{ka, kb} {
+		createNodes(t, k.Client(), "two", "node-1", "node-2", "node-3")
+	}
+	h := newTestHandler(t, testConfig("two"), map[string]kubernetes.Interface{"a": ka.Client(), "b": kb.Client()})
+
+	handle(t, h, record("a", fatal("node-1", "XID_ERROR_48", "GPU-1")))
+	if !getNode(t, ka.Client(), "node-1").Spec.Unschedulable || getNode(t, kb.Client(), "node-1").Spec.Unschedulable {
+		t.Fatal("an event of cluster a must cordon a's node-1 and only it")
+	}
+
+	ka.Stop()
+	start := time.Now()
+	acts, deferred := handle(t, h,
+		record("a", fatal("node-2", "XID_ERROR_48", "GPU-1")),
+		record("b", fatal("node-2", "XID_ERROR_48", "GPU-1")),
+		record("b", fatal("node-3", "XID_ERROR_48", "GPU-1")))
+	took := time.Since(start)
+	if kinds(acts) != "quarantine/applied,quarantine/applied" || len(deferred) != 1 {
+		t.Fatalf("with a down: actions %s, %d deferred", kinds(acts), len(deferred))
+	}
+	if took > h.cfg.ClusterWait+2*time.Second {
+		t.Fatalf("batch took %v: cluster a held up cluster b", took)
+	}
+	for _, n := range []string{"node-2", "node-3"} {
+		if !getNode(t, kb.Client(), n).Spec.Unschedulable {
+			t.Fatalf("b/%s not cordoned while a is down", n)
+		}
+	}
+	// The next batch defers a's record at once (keeping a's order) and
+	// applies b's.
+	start = time.Now()
+	acts2, deferred2 := handle(t, h,
+		record("a", healthy("node-1", "XID_ERROR_48", "GPU-1")),
+		record("b", healthy("node-2", "XID_ERROR_48", "GPU-1")))
+	if kinds(acts2) != "unquarantine/applied" || len(deferred2) != 1 || time.Since(start) > time.Second {
+		t.Fatalf("second batch: %s, %d deferred, %v", kinds(acts2), len(deferred2), time.Since(start))
+	}
+	// While a is down the retry consumer fails its batch (to be retried).
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if _, err := h.HandleRetry(ctx, append(deferred, deferred2...)); err == nil {
+		t.Fatal("retry batch succeeded with the apiserver down")
+	}
+	cancel()
+
+	ka.Start()
+	acts3 := retryUntil(t, h, append(deferred, deferred2...), 30*time.Second)
+	if kinds(acts3) != "quarantine/applied,unquarantine/applied" {
+		t.Fatalf("after a is back: %s", kinds(acts3))
+	}
+	if !getNode(t, ka.Client(), "node-2").Spec.Unschedulable || getNode(t, ka.Client(), "node-1").Spec.Unschedulable {
+		t.Fatal("a's deferred records not applied in order")
+	}
+}
+
+// The apiserver is stopped while a batch of 40 failing nodes is being
+// handled: whatever was not applied is deferred, retried while the
+// apiserver is down, and applied once it is back. No fault is lost.
+func TestAPIServerStoppedMidRunRetriedWithoutLoss(t *testing.T) {
+	k := testenv.StartKube(t, testenv.KubeOptions{})
+	const nodes = 40
+	var names []string
+	for i := range nodes {
+		names = append(names, fmt.Sprintf("outage-%02d", i))
+	}
+	createNodes(t, k.Client(), "outage", names...)
+	cfg := testConfig("outage")
+	cfg.Workers = 4 // slow enough that the stop lands mid-batch
+	h := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k.Client()})
+	var recs []*kgo.Record
+	for _, n := range names {
+		recs = append(recs, record("c1", fatal(n, "XID_ERROR_48", "GPU-1")))
+	}
+	stopped := make(chan struct{})
+	go func() {
+		time.Sleep(150 * time.Millisecond)
+		k.Stop()
+		close(stopped)
+	}()
+	acts, deferred := handle(t, h, recs...)
+	<-stopped
+	t.Logf("before the stop: %d applied, %d deferred", len(acts), len(deferred))
+	if len(acts)+len(deferred) != nodes {
+		t.Fatalf("%d actions + %d deferred != %d records", len(acts), len(deferred), nodes)
+	}
+	if len(deferred) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if _, err := h.HandleRetry(ctx, deferred); err == nil {
+			t.Fatal("retry batch succeeded with the apiserver down")
+		}
+		cancel()
+	}
+	// Started from the test goroutine: testenv's child processes die with
+	// the OS thread that started them (Pdeathsig).
+	k.Start()
+	if len(deferred) > 0 {
+		acts = append(acts, retryUntil(t, h, deferred, 60*time.Second)...)
+	}
+	applied := 0
+	for _, a := range acts {
+		if a.Kind == KindQuarantine && a.Outcome == OutcomeApplied {
+			applied++
+		}
+	}
+	if applied != nodes {
+		t.Fatalf("%d applied quarantine actions, want %d: %s", applied, nodes, kinds(acts))
+	}
+	for _, n := range names {
+		if !getNode(t, k.Client(), n).Spec.Unschedulable {
+			t.Fatalf("%s not cordoned after the outage", n)
+		}
+	}
+}
