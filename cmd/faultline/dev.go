@@ -17,7 +17,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/faultline/faultline/gateway"
+	"github.com/faultline/faultline/internal/chserver"
+	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors"
 	"github.com/faultline/faultline/processors/pipeline"
@@ -35,11 +38,14 @@ type DevConfig struct {
 	// Kubeconfig of the dev cluster; empty means dry-run (decide and record,
 	// apply nothing).
 	Kubeconfig string `toml:"kubeconfig"`
+	// ClickHousePort is the native port of the local ClickHouse server
+	// (data under Dir/clickhouse); 0 picks a free one. Default 9190.
+	ClickHousePort int `toml:"clickhouse_port"`
 }
 
 // DefaultDevConfig returns the defaults documented on DevConfig.
 func DefaultDevConfig() DevConfig {
-	return DevConfig{Dir: ".faultline", Cluster: "dev", KafkaPort: 9192}
+	return DevConfig{Dir: ".faultline", Cluster: "dev", KafkaPort: 9192, ClickHousePort: 9190}
 }
 
 func (c *DevConfig) registerFlags(fs *flag.FlagSet) {
@@ -47,6 +53,7 @@ func (c *DevConfig) registerFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Cluster, "cluster", c.Cluster, "name of the local cluster")
 	fs.IntVar(&c.KafkaPort, "kafka-port", c.KafkaPort, "port of the embedded Kafka broker")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig of the local cluster (empty: dry-run)")
+	fs.IntVar(&c.ClickHousePort, "clickhouse-port", c.ClickHousePort, "native port of the local ClickHouse server (0: any free port)")
 }
 
 func (c DevConfig) validate() error {
@@ -57,6 +64,8 @@ func (c DevConfig) validate() error {
 		return errors.New("dev.cluster: required")
 	case c.KafkaPort < 0 || c.KafkaPort > 65535:
 		return fmt.Errorf("dev.kafka_port: %d is not a port", c.KafkaPort)
+	case c.ClickHousePort < 0 || c.ClickHousePort > 65535:
+		return fmt.Errorf("dev.clickhouse_port: %d is not a port", c.ClickHousePort)
 	}
 	return nil
 }
@@ -101,16 +110,30 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	cfg.Kafka.Brokers = strings.Join(broker.ListenAddrs(), ",")
 	log.Info("embedded kafka started", "addr", cfg.Kafka.Brokers, "data", filepath.Join(cfg.Dev.Dir, "kafka"))
 
+	// The local ClickHouse server: the history the store role writes and
+	// GET /v1/events and /v1/actions read.
+	chsrv, err := chserver.Start(ctx, chserver.Options{Dir: filepath.Join(cfg.Dev.Dir, "clickhouse"), TCPPort: cfg.Dev.ClickHousePort, Log: log})
+	if err != nil {
+		return fmt.Errorf("local clickhouse: %w", err)
+	}
+	defer chsrv.Stop()
+	cfg.Processors.ClickHouse.Addr = chsrv.Addr()
+	chconn, err := clickhouse.Setup(ctx, cfg.Processors.ClickHouse, log)
+	if err != nil {
+		return err
+	}
+	defer chconn.Close()
+
 	reg := newRegistry()
-	gw, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{})
+	gw, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{History: history.New(chconn, log)})
 	if err != nil {
 		return err
 	}
 	if err := gw.Listen(); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "faultline dev: REST http://%s  gRPC %s  cluster %q  token in %s\n",
-		gw.HTTPAddr(), gw.GRPCAddr(), cfg.Dev.Cluster, filepath.Join(cfg.Dev.Dir, "dev-token"))
+	fmt.Fprintf(stdout, "faultline dev: REST http://%s  gRPC %s  cluster %q  token in %s  clickhouse %s\n",
+		gw.HTTPAddr(), gw.GRPCAddr(), cfg.Dev.Cluster, filepath.Join(cfg.Dev.Dir, "dev-token"), chsrv.Addr())
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return gw.Run(gctx) })

@@ -30,6 +30,8 @@ var commands = map[string]command{
 	"gateway": {"serve the gRPC and REST ingress", runGateway},
 	"process": {"run processor roles (--role=store,correlate,... or all)", runProcess},
 	"dev":     {"all-in-one pipeline with embedded Kafka and a local ClickHouse (make run)", runDev},
+	"migrate": {"apply the ClickHouse schema migrations (--status lists them)", runMigrate},
+	"query":   {"run a named analytics query (--list names them)", runQuery},
 }
 
 func main() {

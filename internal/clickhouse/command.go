@@ -1,0 +1,57 @@
+package clickhouse
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	sqlfiles "github.com/faultline/faultline/sql"
+)
+
+// MigrateCommand is `faultline migrate`: it creates the database if needed
+// and applies the pending migrations, printing one line per file applied.
+// With statusOnly it applies nothing and prints each migration as applied
+// (with when) or pending.
+func MigrateCommand(ctx context.Context, c Config, statusOnly bool, stdout io.Writer, log *slog.Logger) error {
+	migs, err := LoadMigrations(sqlfiles.Migrations, "migrations")
+	if err != nil {
+		return err
+	}
+	if err := EnsureDatabase(ctx, c, log); err != nil {
+		return err
+	}
+	conn, err := Open(ctx, c, log)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if statusOnly {
+		applied, err := AppliedMigrations(ctx, conn)
+		if err != nil {
+			return err
+		}
+		for _, m := range migs {
+			a, ok := applied[m.Version]
+			switch {
+			case !ok:
+				fmt.Fprintf(stdout, "pending  %s\n", m.File)
+			case a.Checksum != m.Checksum:
+				fmt.Fprintf(stdout, "CHANGED  %s (applied %s; the file differs)\n", m.File, a.At.UTC().Format(time.RFC3339))
+			default:
+				fmt.Fprintf(stdout, "applied  %s (%s)\n", m.File, a.At.UTC().Format(time.RFC3339))
+			}
+		}
+		return nil
+	}
+	done, err := Migrate(ctx, conn, migs, log)
+	for _, m := range done {
+		fmt.Fprintf(stdout, "applied %s\n", m.File)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: schema up to date (%d migrations, %d applied now)\n", c, len(migs), len(done))
+	return nil
+}
