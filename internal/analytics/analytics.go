@@ -9,7 +9,7 @@
 //	-- param: NAME TYPE DEFAULT  what it means
 //
 // TYPE is String, UInt64, Int64, Float64 or DateTime; DEFAULT is a literal
-// (” for the empty string), and for DateTime also "now" or "now-DURATION"
+// (a pair of single quotes for the empty string), and for DateTime also "now" or "now-DURATION"
 // (Go durations plus a "d" suffix for days, e.g. now-7d). The query refers
 // to a parameter as @NAME; values are bound by the client driver as quoted
 // literals, never spliced as text.
