@@ -19,8 +19,11 @@ import (
 
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/processors/store"
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // Config is the configuration of every role; each role reads its own part.
@@ -33,11 +36,17 @@ type Config struct {
 	ClickHouse clickhouse.Config `toml:"clickhouse"`
 	// Store configures the store role.
 	Store store.Config `toml:"store"`
+	// Kube maps cluster names to their API servers, shared by the roles
+	// that act on Kubernetes.
+	Kube clusters.Config `toml:"kube"`
+	// Quarantine configures the quarantine role.
+	Quarantine quarantine.Config `toml:"quarantine"`
 }
 
 // DefaultConfig returns the defaults of every role.
 func DefaultConfig() Config {
-	return Config{Roles: "all", ClickHouse: clickhouse.DefaultConfig(), Store: store.DefaultConfig()}
+	return Config{Roles: "all", ClickHouse: clickhouse.DefaultConfig(), Store: store.DefaultConfig(),
+		Kube: clusters.DefaultConfig(), Quarantine: quarantine.DefaultConfig()}
 }
 
 // RegisterFlags adds every role's flags.
@@ -45,6 +54,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Roles, "role", c.Roles, "comma-separated processor roles to run ("+strings.Join(Names(), ", ")+") or all")
 	c.ClickHouse.RegisterFlags(fs, "clickhouse.")
 	c.Store.RegisterFlags(fs, "store.")
+	c.Kube.RegisterFlags(fs, "kube.")
+	c.Quarantine.RegisterFlags(fs, "quarantine.")
 }
 
 // Validate names the first bad key.
@@ -56,6 +67,12 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Store.Validate("store."); err != nil {
+		return err
+	}
+	if err := c.Kube.Validate("kube."); err != nil {
+		return err
+	}
+	if err := c.Quarantine.Validate("quarantine."); err != nil {
 		return err
 	}
 	return nil
@@ -108,6 +125,18 @@ var roles = []Role{
 			return store.Open(ctx, cfg.ClickHouse, cfg.Store, deps.Log, deps.Registry)
 		},
 		Pipeline: func(cfg Config) pipeline.Config { return cfg.Store.Pipeline() },
+	},
+	{
+		Name:   "quarantine",
+		Topics: []string{events.TopicEvents},
+		New: func(ctx context.Context, cfg Config, deps Deps) (pipeline.Handler, io.Closer, error) {
+			h, closer, err := quarantine.Start(ctx, cfg.Quarantine, cfg.Kube, quarantine.Deps{
+				Log: deps.Log, Registry: deps.Registry, Kafka: deps.Kafka, Metrics: deps.Metrics})
+			if err != nil {
+				return nil, nil, err
+			}
+			return h, closer, nil
+		},
 	},
 }
 
