@@ -1,0 +1,201 @@
+package history_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/internal/clickhouse/chtest"
+	"github.com/faultline/faultline/internal/history"
+	"github.com/faultline/faultline/processors/store"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+var base = time.Date(2025, 10, 1, 0, 0, 0, 0, time.UTC)
+
+// seed writes, twice, 20 events of alpha (e00..e19, 250 ms apart, nodes
+// n0/n1 alternating, every third fatal, GPU-<i%4>) and 3 of beta, and 5
+// actions of alpha.
+func seed(t *testing.T, srv *chtest.Server) {
+	t.Helper()
+	var recs []*kgo.Record
+	add := func(c string, i int) {
+		ev := &datamodels.HealthEvent{
+			Id: fmt.Sprintf("%s-e%02d", c, i), Cluster: c, NodeName: fmt.Sprintf("n%d", i%2),
+			CheckName: []string{"XID", "NIC"}[i%2], IsFatal: i%3 == 0,
+			EntitiesImpacted:   []*datamodels.Entity{{EntityType: "GPU", EntityValue: fmt.Sprintf("GPU-%d", i%4)}},
+			GeneratedTimestamp: timestamppb.New(base.Add(time.Duration(i) * 250 * time.Millisecond)),
+		}
+		v, _ := events.Marshal(ev)
+		recs = append(recs, &kgo.Record{Topic: events.TopicEvents, Key: events.Key(c, ev.NodeName), Value: v, Timestamp: base})
+	}
+	for i := range 20 {
+		add("alpha", i)
+	}
+	for i := range 3 {
+		add("beta", i)
+	}
+	for i := range 5 {
+		a := &faultlinev1.Action{Id: fmt.Sprintf("a%d", i), Cluster: "alpha", Node: fmt.Sprintf("n%d", i%2), Kind: "quarantine",
+			Timestamp: timestamppb.New(base.Add(time.Duration(i) * time.Second))}
+		v, _ := events.MarshalAction(a)
+		recs = append(recs, &kgo.Record{Topic: events.TopicActions, Key: events.Key("alpha", a.Node), Value: v, Timestamp: base})
+	}
+	h := store.New(srv.Conn, slog.Default(), nil)
+	for range 2 {
+		if _, err := h.Handle(context.Background(), recs); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func ids(evs []*datamodels.HealthEvent) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.GetId()
+	}
+	return out
+}
+
+// want returns alpha's ids for the indexes i in [from, to) that keep,
+// newest first.
+func want(from, to int, keep func(i int) bool) []string {
+	var out []string
+	for i := to - 1; i >= from; i-- {
+		if keep == nil || keep(i) {
+			out = append(out, fmt.Sprintf("alpha-e%02d", i))
+		}
+	}
+	return out
+}
+
+func TestListEvents(t *testing.T) {
+	srv := chtest.Start(t)
+	seed(t, srv)
+	h := history.New(srv.Conn, slog.Default())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	at := func(i int) *timestamppb.Timestamp { return timestamppb.New(base.Add(time.Duration(i) * 250 * time.Millisecond)) }
+	tests := []struct {
+		name    string
+		cluster string
+		req     *faultlinev1.ListEventsRequest
+		want    []string
+	}{
+		{"all of alpha, newest first, each once", "alpha", &faultlinev1.ListEventsRequest{}, want(0, 20, nil)},
+		{"cluster scoped", "beta", &faultlinev1.ListEventsRequest{}, []string{"beta-e02", "beta-e01", "beta-e00"}},
+		{"unknown cluster", "gamma", &faultlinev1.ListEventsRequest{}, nil},
+		{"node", "alpha", &faultlinev1.ListEventsRequest{Node: "n1"}, want(0, 20, func(i int) bool { return i%2 == 1 })},
+		{"check", "alpha", &faultlinev1.ListEventsRequest{Check: "XID"}, want(0, 20, func(i int) bool { return i%2 == 0 })},
+		{"entity", "alpha", &faultlinev1.ListEventsRequest{Entity: "GPU-3"}, want(0, 20, func(i int) bool { return i%4 == 3 })},
+		{"fatal only", "alpha", &faultlinev1.ListEventsRequest{FatalOnly: true}, want(0, 20, func(i int) bool { return i%3 == 0 })},
+		{"since inclusive, to the millisecond", "alpha", &faultlinev1.ListEventsRequest{Since: at(5)}, want(5, 20, nil)},
+		{"until exclusive, to the millisecond", "alpha", &faultlinev1.ListEventsRequest{Until: at(5)}, want(0, 5, nil)},
+		{"since and until inside one second", "alpha", &faultlinev1.ListEventsRequest{Since: at(9), Until: at(11)}, want(9, 11, nil)},
+		{"combined", "alpha", &faultlinev1.ListEventsRequest{Node: "n0", FatalOnly: true, Since: at(1)}, want(1, 20, func(i int) bool { return i%6 == 0 })},
+		{"limit", "alpha", &faultlinev1.ListEventsRequest{Limit: 3}, want(17, 20, nil)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, err := h.ListEvents(ctx, tt.cluster, tt.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := ids(resp.Events); !slices.Equal(got, tt.want) {
+				t.Fatalf("got %v\nwant %v", got, tt.want)
+			}
+		})
+	}
+
+	t.Run("paging", func(t *testing.T) {
+		for _, limit := range []int32{1, 3, 7, 20, 1000} {
+			var got []string
+			req := &faultlinev1.ListEventsRequest{Limit: limit, Node: "n0"}
+			for pages := 0; ; pages++ {
+				if pages > 25 {
+					t.Fatal("paging does not end")
+				}
+				resp, err := h.ListEvents(ctx, "alpha", req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(resp.Events) > int(limit) {
+					t.Fatalf("page of %d events, limit %d", len(resp.Events), limit)
+				}
+				got = append(got, ids(resp.Events)...)
+				if resp.NextPageToken == "" {
+					break
+				}
+				req.PageToken = resp.NextPageToken
+			}
+			if w := want(0, 20, func(i int) bool { return i%2 == 0 }); !slices.Equal(got, w) {
+				t.Fatalf("limit %d: paged %v\nwant %v", limit, got, w)
+			}
+		}
+	})
+
+	t.Run("bad requests", func(t *testing.T) {
+		for _, req := range []*faultlinev1.ListEventsRequest{
+			{PageToken: "not-a-token"},
+			{Limit: -1},
+			{Limit: history.MaxLimit + 1},
+		} {
+			_, err := h.ListEvents(ctx, "alpha", req)
+			if status.Code(err) != codes.InvalidArgument {
+				t.Errorf("%v: err %v, want InvalidArgument", req, err)
+			}
+		}
+	})
+}
+
+func TestListActions(t *testing.T) {
+	srv := chtest.Start(t)
+	seed(t, srv)
+	h := history.New(srv.Conn, slog.Default())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tests := []struct {
+		name    string
+		cluster string
+		req     *faultlinev1.ListActionsRequest
+		want    []string
+	}{
+		{"all", "alpha", &faultlinev1.ListActionsRequest{}, []string{"a4", "a3", "a2", "a1", "a0"}},
+		{"cluster scoped", "beta", &faultlinev1.ListActionsRequest{}, nil},
+		{"node", "alpha", &faultlinev1.ListActionsRequest{Node: "n1"}, []string{"a3", "a1"}},
+		{"since", "alpha", &faultlinev1.ListActionsRequest{Since: timestamppb.New(base.Add(3 * time.Second))}, []string{"a4", "a3"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			req := tt.req
+			req.Limit = 2
+			for {
+				resp, err := h.ListActions(ctx, tt.cluster, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, a := range resp.Actions {
+					got = append(got, a.GetId())
+				}
+				if resp.NextPageToken == "" {
+					break
+				}
+				req.PageToken = resp.NextPageToken
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Fatalf("got %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
