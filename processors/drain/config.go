@@ -1,0 +1,283 @@
+package drain
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// TopicRequeue carries drains still in progress back to the drain role
+// after Config.PollInterval (see processors/requeue).
+const TopicRequeue = "faultline.drain.requeue"
+
+// Mode is how the pods a rule selects are drained.
+type Mode string
+
+// Drain modes.
+const (
+	// ModeImmediate evicts through the Eviction API, retrying PDB refusals
+	// with backoff, and gives up after the rule's timeout.
+	ModeImmediate Mode = "Immediate"
+	// ModeAllowCompletion evicts nothing: it waits for the pods to finish
+	// (phase Succeeded or Failed, or deleted by their owner) and gives up
+	// after the rule's timeout.
+	ModeAllowCompletion Mode = "AllowCompletion"
+	// ModeDeleteAfterTimeout evicts like Immediate and, once the rule's
+	// timeout has passed since the drain began, deletes what is left with
+	// grace period 0 (PDBs no longer hold it).
+	ModeDeleteAfterTimeout Mode = "DeleteAfterTimeout"
+)
+
+func (m Mode) valid() bool {
+	return m == ModeImmediate || m == ModeAllowCompletion || m == ModeDeleteAfterTimeout
+}
+
+// EmptyDir policies.
+const (
+	// EmptyDirEvict drains pods with emptyDir volumes like any other (their
+	// local data is lost, as with kubectl drain --delete-emptydir-data).
+	EmptyDirEvict = "evict"
+	// EmptyDirSkip leaves pods with emptyDir volumes running; the drain
+	// lists them as skipped.
+	EmptyDirSkip = "skip"
+)
+
+// Rule picks the mode of the pods whose namespace matches Namespace and
+// whose labels match Selector. The first matching rule wins; pods no rule
+// matches get Config.Mode.
+type Rule struct {
+	// Namespace is a regular expression matched against the whole
+	// namespace name; "" matches every namespace.
+	Namespace string `toml:"namespace"`
+	// Selector is a label selector on the pod ("app=trainer,tier!=x"); ""
+	// matches every pod.
+	Selector string `toml:"selector"`
+	// Mode of the matched pods.
+	Mode Mode `toml:"mode"`
+	// Timeout overrides the mode's timeout (Config.EvictionTimeout,
+	// CompletionTimeout or DeleteAfter); 0 keeps it.
+	Timeout time.Duration `toml:"timeout"`
+
+	ns  *regexp.Regexp
+	sel labels.Selector
+}
+
+// Config is the drain role's configuration (flags "drain.*").
+type Config struct {
+	// SystemNamespaces is a regular expression of namespaces whose pods are
+	// never touched. Default `^(kube-system|kube-public|kube-node-lease|faultline(-.*)?)$`.
+	SystemNamespaces string `toml:"system_namespaces"`
+	// Mode is the mode of pods no rule matches. Default Immediate.
+	Mode Mode `toml:"mode"`
+	// Rules pick modes per namespace pattern and pod label; first match wins.
+	Rules []Rule `toml:"rules"`
+	// EvictionTimeout: an Immediate pod still there this long after the
+	// drain began is given up (the drain ends gave_up). Default 10m.
+	EvictionTimeout time.Duration `toml:"eviction_timeout"`
+	// CompletionTimeout: an AllowCompletion pod still running this long
+	// after the drain began is given up. Default 24h.
+	CompletionTimeout time.Duration `toml:"completion_timeout"`
+	// DeleteAfter: a DeleteAfterTimeout pod still there this long after the
+	// drain began is deleted with grace period 0. Default 30m.
+	DeleteAfter time.Duration `toml:"delete_after"`
+	// GracePeriod of evictions; negative uses each pod's own. Default -1s.
+	GracePeriod time.Duration `toml:"grace_period"`
+	// EmptyDir is "evict" or "skip". Default "evict".
+	EmptyDir string `toml:"empty_dir"`
+	// PollInterval is how often a drain in progress is looked at again.
+	// Default 5s.
+	PollInterval time.Duration `toml:"poll_interval"`
+	// PDBBackoff is the first wait before an eviction refused by a PDB
+	// (429) is tried again; it doubles up to MaxPDBBackoff. Default 5s.
+	PDBBackoff time.Duration `toml:"pdb_backoff"`
+	// MaxPDBBackoff caps PDBBackoff's doubling. Default 1m.
+	MaxPDBBackoff time.Duration `toml:"max_pdb_backoff"`
+	// Workers bounds the nodes handled at once per batch. Default 64.
+	Workers int `toml:"workers"`
+	// PodWorkers bounds the API calls in flight for one node. Default 16.
+	PodWorkers int `toml:"pod_workers"`
+	// GPUAnnotations are the pod annotation keys read for the GPU UUIDs a
+	// pod uses (comma- or space-separated values), in order; the
+	// NVIDIA_VISIBLE_DEVICES env of the pod's containers is read after them.
+	// Default ["faultline.io/gpu-uuids"].
+	GPUAnnotations []string `toml:"gpu_annotations"`
+	// Identity names this processor on nodes. Default "faultline-drain/<hostname>".
+	Identity string `toml:"identity"`
+
+	sys *regexp.Regexp
+}
+
+// DefaultSystemNamespaces is the default of Config.SystemNamespaces.
+const DefaultSystemNamespaces = `^(kube-system|kube-public|kube-node-lease|faultline(-.*)?)$`
+
+// DefaultGPUAnnotation is the pod annotation faultline reads for the GPU
+// UUIDs a pod uses (see README.md: the NVIDIA device plugin writes no pod
+// annotation; the kubelet PodResources API knows the assignment).
+const DefaultGPUAnnotation = "faultline.io/gpu-uuids"
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "unknown"
+	}
+	return Config{
+		SystemNamespaces:  DefaultSystemNamespaces,
+		Mode:              ModeImmediate,
+		EvictionTimeout:   10 * time.Minute,
+		CompletionTimeout: 24 * time.Hour,
+		DeleteAfter:       30 * time.Minute,
+		GracePeriod:       -time.Second,
+		EmptyDir:          EmptyDirEvict,
+		PollInterval:      5 * time.Second,
+		PDBBackoff:        5 * time.Second,
+		MaxPDBBackoff:     time.Minute,
+		Workers:           64,
+		PodWorkers:        16,
+		GPUAnnotations:    []string{DefaultGPUAnnotation},
+		Identity:          "faultline-drain/" + host,
+	}
+}
+
+// RegisterFlags adds the config's flags with the given prefix ("drain.").
+// --<prefix>rule takes "MODE[,namespace=REGEX][,selector=SEL][,timeout=DUR]"
+// and may be repeated (selectors with commas must be set in the TOML file).
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&c.SystemNamespaces, prefix+"system-namespaces", c.SystemNamespaces, "regular expression of namespaces never drained")
+	fs.Func(prefix+"mode", "mode of pods no rule matches: Immediate, AllowCompletion or DeleteAfterTimeout (default Immediate)", func(s string) error {
+		c.Mode = Mode(s)
+		return nil
+	})
+	fs.Func(prefix+"rule", "drain rule MODE[,namespace=REGEX][,selector=KEY=VAL][,timeout=DUR]; repeatable, first match wins", func(s string) error {
+		r, err := ParseRule(s)
+		if err != nil {
+			return err
+		}
+		c.Rules = append(c.Rules, r)
+		return nil
+	})
+	fs.DurationVar(&c.EvictionTimeout, prefix+"eviction-timeout", c.EvictionTimeout, "Immediate: give a pod up this long after the drain began")
+	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "AllowCompletion: give a pod up this long after the drain began")
+	fs.DurationVar(&c.DeleteAfter, prefix+"delete-after", c.DeleteAfter, "DeleteAfterTimeout: force-delete pods left this long after the drain began")
+	fs.DurationVar(&c.GracePeriod, prefix+"grace-period", c.GracePeriod, "grace period of evictions (negative: the pod's own)")
+	fs.StringVar(&c.EmptyDir, prefix+"empty-dir", c.EmptyDir, "pods with emptyDir volumes: evict or skip")
+	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often a drain in progress is looked at again")
+	fs.DurationVar(&c.PDBBackoff, prefix+"pdb-backoff", c.PDBBackoff, "first wait before retrying an eviction a PDB refused")
+	fs.DurationVar(&c.MaxPDBBackoff, prefix+"max-pdb-backoff", c.MaxPDBBackoff, "cap of the PDB retry backoff")
+	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes drained concurrently per batch")
+	fs.IntVar(&c.PodWorkers, prefix+"pod-workers", c.PodWorkers, "API calls in flight per node")
+	fs.Func(prefix+"gpu-annotations", "comma-separated pod annotation keys holding the pod's GPU UUIDs (default "+DefaultGPUAnnotation+")", func(s string) error {
+		c.GPUAnnotations = nil
+		for _, k := range strings.Split(s, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				c.GPUAnnotations = append(c.GPUAnnotations, k)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
+}
+
+// ParseRule parses the --drain.rule form "MODE[,namespace=REGEX][,selector=SEL][,timeout=DUR]".
+func ParseRule(s string) (Rule, error) {
+	parts := strings.Split(s, ",")
+	r := Rule{Mode: Mode(strings.TrimSpace(parts[0]))}
+	for _, p := range parts[1:] {
+		k, v, ok := strings.Cut(strings.TrimSpace(p), "=")
+		if !ok {
+			return Rule{}, fmt.Errorf("drain rule %q: %q is not key=value", s, p)
+		}
+		switch k {
+		case "namespace":
+			r.Namespace = v
+		case "selector":
+			r.Selector = v
+		case "timeout":
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return Rule{}, fmt.Errorf("drain rule %q: timeout: %w", s, err)
+			}
+			r.Timeout = d
+		default:
+			return Rule{}, fmt.Errorf("drain rule %q: unknown key %q (namespace, selector, timeout)", s, k)
+		}
+	}
+	return r, nil
+}
+
+// Validate names the first bad key, with the given prefix ("drain."), and
+// compiles the patterns and selectors.
+func (c *Config) Validate(prefix string) error {
+	re, err := regexp.Compile(c.SystemNamespaces)
+	if err != nil {
+		return fmt.Errorf("%ssystem_namespaces: %w", prefix, err)
+	}
+	if c.SystemNamespaces == "" {
+		return fmt.Errorf("%ssystem_namespaces: required (kube-system must never be drained)", prefix)
+	}
+	c.sys = re
+	if !c.Mode.valid() {
+		return fmt.Errorf("%smode: %q is not Immediate, AllowCompletion or DeleteAfterTimeout", prefix, c.Mode)
+	}
+	for i := range c.Rules {
+		r := &c.Rules[i]
+		key := fmt.Sprintf("%srules[%d]", prefix, i)
+		if !r.Mode.valid() {
+			return fmt.Errorf("%s.mode: %q is not Immediate, AllowCompletion or DeleteAfterTimeout", key, r.Mode)
+		}
+		if r.ns, err = regexp.Compile("^(?:" + r.Namespace + ")$"); err != nil {
+			return fmt.Errorf("%s.namespace: %w", key, err)
+		}
+		if r.sel, err = labels.Parse(r.Selector); err != nil {
+			return fmt.Errorf("%s.selector: %w", key, err)
+		}
+		if r.Timeout < 0 {
+			return fmt.Errorf("%s.timeout: must not be negative, got %v", key, r.Timeout)
+		}
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{
+		{"eviction_timeout", c.EvictionTimeout}, {"completion_timeout", c.CompletionTimeout},
+		{"delete_after", c.DeleteAfter}, {"poll_interval", c.PollInterval},
+		{"pdb_backoff", c.PDBBackoff}, {"max_pdb_backoff", c.MaxPDBBackoff},
+	} {
+		if d.v <= 0 {
+			return fmt.Errorf("%s%s: must be positive, got %v", prefix, d.key, d.v)
+		}
+	}
+	if c.EmptyDir != EmptyDirEvict && c.EmptyDir != EmptyDirSkip {
+		return fmt.Errorf("%sempty_dir: %q is not %q or %q", prefix, c.EmptyDir, EmptyDirEvict, EmptyDirSkip)
+	}
+	if c.Workers < 1 {
+		return fmt.Errorf("%sworkers: must be at least 1, got %d", prefix, c.Workers)
+	}
+	if c.PodWorkers < 1 {
+		return fmt.Errorf("%spod_workers: must be at least 1, got %d", prefix, c.PodWorkers)
+	}
+	if c.Identity == "" {
+		return fmt.Errorf("%sidentity: required", prefix)
+	}
+	return nil
+}
+
+// timeout is the mode's timeout for a rule (nil: the default mode).
+func (c *Config) timeout(m Mode, r *Rule) time.Duration {
+	if r != nil && r.Timeout > 0 {
+		return r.Timeout
+	}
+	switch m {
+	case ModeAllowCompletion:
+		return c.CompletionTimeout
+	case ModeDeleteAfterTimeout:
+		return c.DeleteAfter
+	default:
+		return c.EvictionTimeout
+	}
+}

@@ -1,0 +1,853 @@
+package drain
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/processors/quarantine"
+	"github.com/faultline/faultline/processors/requeue"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// Role is the processor role name written on actions.
+const Role = "drain"
+
+// KindDrain is the kind of every action this role writes.
+const KindDrain = "drain"
+
+// Outcomes of drain actions.
+const (
+	OutcomeStarted   = "in_progress"
+	OutcomeBlocked   = "blocked"
+	OutcomeSucceeded = "succeeded"
+	OutcomeGaveUp    = "gave_up"
+	OutcomeCancelled = "cancelled"
+	OutcomeFailed    = "failed"
+	OutcomeSkipped   = "skipped"
+	OutcomeDryRun    = "dry_run"
+)
+
+// Detail keys. The first three are read from the triggering quarantine
+// action when present (the quarantine role copies them from the event);
+// without them the entities come from the node's quarantine state and
+// there are no drain overrides. Every drain action carries them on, with
+// the drain's counts, for the remediate role.
+const (
+	DetailEntities       = "entities"                // "GPU=GPU-1,NIC=mlx5_0"
+	DetailDrainOverrides = "drainOverrides"          // "force" or "skip"
+	DetailCustomAction   = "customRecommendedAction" // for CUSTOM
+	DetailDrainID        = "drainId"
+	DetailScope          = "scope" // "node" or "gpu:<uuid>[,<uuid>]"
+	DetailBlockedBy      = "blockedBy"
+)
+
+// Handler is the drain role. It consumes the actions topic (a quarantine
+// that was applied, or decided dry-run, starts a drain) and TopicRequeue
+// (drains in progress). All progress lives in the node's AnnotationState,
+// so any replica, or a restarted one, resumes a drain where it stood.
+type Handler struct {
+	cfg Config
+	reg *clusters.Registry
+	log *slog.Logger
+	now func() time.Time
+	m   *metrics
+}
+
+// Options are a Handler's collaborators.
+type Options struct {
+	// Log defaults to slog.Default().
+	Log *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// Registerer gets the role's metrics; nil: not registered.
+	Registerer prometheus.Registerer
+}
+
+// New validates cfg and returns the handler.
+func New(cfg Config, reg *clusters.Registry, opts Options) (*Handler, error) {
+	if err := cfg.Validate("drain."); err != nil {
+		return nil, err
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Handler{cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now, m: newMetrics(opts.Registerer)}, nil
+}
+
+// trigger is one record that asks for a drain to start or go on.
+type trigger struct {
+	rec     *kgo.Record
+	src     *faultlinev1.Action
+	cluster string
+	node    string
+	eventID string
+}
+
+// IsTrigger reports whether an action starts a drain: a quarantine that was
+// applied, or decided for a dry-run cluster. Held by the breaker, skipped
+// and every other kind start nothing.
+func IsTrigger(a *faultlinev1.Action) bool {
+	return a.GetRole() == quarantine.Role && a.GetKind() == quarantine.KindQuarantine &&
+		(a.GetOutcome() == quarantine.OutcomeApplied || a.GetOutcome() == quarantine.OutcomeDryRun)
+}
+
+// Handle handles one partition's batch of the actions topic or TopicRequeue.
+func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
+	var res pipeline.Result
+	seqs := map[string][]trigger{}
+	var keys []string
+	for _, r := range recs {
+		a, err := events.UnmarshalAction(r.Value)
+		if err != nil {
+			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
+			continue
+		}
+		if !IsTrigger(a) {
+			continue
+		}
+		cluster, node := a.GetCluster(), a.GetNode()
+		if cluster == "" || node == "" {
+			if cluster, node, err = events.SplitKey(r.Key); err != nil {
+				res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
+				continue
+			}
+		}
+		id := a.GetId()
+		if len(a.GetEventIds()) > 0 {
+			id = a.GetEventIds()[0]
+		}
+		k := cluster + "/" + node
+		if _, ok := seqs[k]; !ok {
+			keys = append(keys, k)
+		}
+		seqs[k] = append(seqs[k], trigger{rec: r, src: a, cluster: cluster, node: node, eventID: id})
+	}
+	type out struct {
+		acts    []*faultlinev1.Action
+		requeue []*kgo.Record
+	}
+	results := make([]out, len(keys))
+	sem := make(chan struct{}, h.cfg.Workers)
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			for _, t := range seqs[k] {
+				if !requeue.Wait(ctx, t.rec, h.now, 20*time.Second) {
+					// Shutting down: hand the work on unchanged.
+					results[i].requeue = append(results[i].requeue, requeue.Record(TopicRequeue, t.rec, requeue.NotBefore(t.rec)))
+					continue
+				}
+				acts, again := h.process(ctx, t)
+				results[i].acts = append(results[i].acts, acts...)
+				if !again.IsZero() {
+					results[i].requeue = append(results[i].requeue, requeue.Record(TopicRequeue, t.rec, again))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, r := range results {
+		for _, a := range r.acts {
+			rec, err := actionRecord(a)
+			if err != nil {
+				return pipeline.Result{}, err
+			}
+			res.Out = append(res.Out, rec)
+		}
+		res.Out = append(res.Out, r.requeue...)
+	}
+	return res, nil
+}
+
+// process runs one step of the trigger's drain. It returns the actions and,
+// when the drain must be looked at again, when.
+func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, time.Time) {
+	cl, err := h.reg.Get(t.cluster)
+	if err != nil && !errors.Is(err, clusters.ErrUnknownCluster) {
+		h.log.Warn("cluster client unavailable; requeued", "cluster", t.cluster, "node", t.node, "err", err)
+		return nil, h.now().Add(h.cfg.PollInterval)
+	}
+	if errors.Is(err, clusters.ErrUnknownCluster) {
+		cl = nil
+	}
+	if cl != nil && cl.Kube != nil {
+		if ready, next := cl.Gate.Ready(); !ready {
+			return nil, next
+		}
+	}
+	acts, again, err := h.step(ctx, cl, t)
+	if err != nil {
+		if cl != nil && cl.Kube != nil && clusters.Retriable(err) {
+			h.m.apiErrors.WithLabelValues(t.cluster).Inc()
+			next := cl.Gate.Fail(err)
+			h.log.Warn("cluster API error; drain requeued", "cluster", t.cluster, "node", t.node, "retry_at", next, "err", err)
+			return acts, next
+		}
+		h.log.Warn("drain failed", "cluster", t.cluster, "node", t.node, "err", err)
+		return append(acts, h.action(t, nil, OutcomeFailed, err.Error(), actionID(t.cluster, t.node, t.eventID, "failed"))), time.Time{}
+	}
+	if cl != nil && cl.Kube != nil {
+		cl.Gate.OK()
+	}
+	return acts, again
+}
+
+// opts are the drain inputs read from the trigger (and the node's
+// quarantine state when the trigger lacks them).
+type opts struct {
+	trig  Trigger
+	gpus  []string
+	force bool
+	skip  bool
+}
+
+func (h *Handler) options(t trigger, node *corev1.Node) opts {
+	a := t.src
+	o := opts{trig: Trigger{
+		CheckName: a.GetCheckName(), RecommendedAction: a.GetRecommendedAction(),
+		CustomAction: a.GetDetails()[DetailCustomAction], Entities: a.GetDetails()[DetailEntities],
+	}}
+	if t.eventID != "" {
+		o.trig.EventIDs = []string{t.eventID}
+	}
+	if node != nil && (o.trig.Entities == "" || o.trig.RecommendedAction == "") {
+		if qs, err := quarantine.ReadState(node); err == nil {
+			for _, f := range qs.Faults {
+				if slices.Contains(f.EventIDs, t.eventID) {
+					if o.trig.Entities == "" {
+						o.trig.Entities = f.Entity
+					}
+					if o.trig.RecommendedAction == "" {
+						o.trig.RecommendedAction = f.Action
+					}
+				}
+			}
+		}
+	}
+	switch a.GetDetails()[DetailDrainOverrides] {
+	case "force":
+		o.force = true
+	case "skip":
+		o.skip = true
+	}
+	if o.trig.RecommendedAction == datamodels.RecommendedAction_COMPONENT_RESET.String() {
+		o.gpus = entityValues(o.trig.Entities, events.EntityGPU)
+	}
+	return o
+}
+
+// entityValues returns the values of one type in an EntityKey string.
+func entityValues(key, typ string) []string {
+	var out []string
+	for _, p := range strings.Split(key, ",") {
+		if t, v, ok := strings.Cut(p, "="); ok && t == typ && v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func scopeString(gpus []string) string {
+	if len(gpus) == 0 {
+		return "node"
+	}
+	return "gpu:" + strings.Join(gpus, ",")
+}
+
+// step advances the node's drain once. Conflicting writes make it re-read
+// and redo the step; every API call it repeats is idempotent.
+func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
+	if cl == nil || cl.Kube == nil || cl.DryRun || t.src.GetDryRun() || t.src.GetOutcome() == quarantine.OutcomeDryRun {
+		acts, err := h.dryRun(ctx, cl, t)
+		return acts, time.Time{}, err
+	}
+	for attempt := 1; ; attempt++ {
+		acts, again, err := h.stepOnce(ctx, cl, t)
+		if apierrors.IsConflict(err) && attempt < 20 {
+			h.m.conflicts.WithLabelValues(t.cluster).Inc()
+			continue
+		}
+		return acts, again, err
+	}
+}
+
+func (h *Handler) getNode(ctx context.Context, cl *clusters.Client, name string) (*corev1.Node, error) {
+	n, err := cl.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get node %s: %w", name, err)
+	}
+	return n, nil
+}
+
+func (h *Handler) listPods(ctx context.Context, cl *clusters.Client, node string) ([]corev1.Pod, error) {
+	l, err := cl.Kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list pods of node %s: %w", node, err)
+	}
+	return l.Items, nil
+}
+
+// op is one API call a step makes on a pod.
+type op struct {
+	key    string
+	pod    *corev1.Pod
+	delete bool
+}
+
+func podKey(p *corev1.Pod) string {
+	uid := string(p.UID)
+	if len(uid) > 8 {
+		uid = uid[:8]
+	}
+	return p.Namespace + "/" + p.Name + "@" + uid
+}
+
+func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
+	node, err := h.getNode(ctx, cl, t.node)
+	if apierrors.IsNotFound(err) {
+		return []*faultlinev1.Action{h.action(t, nil, OutcomeFailed, "node not found in cluster", actionID(t.cluster, t.node, t.eventID, "notfound"))}, time.Time{}, nil
+	}
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	st, err := ReadState(node)
+	if err != nil {
+		h.log.Warn("corrupt drain state; starting afresh", "cluster", t.cluster, "node", t.node, "err", err)
+		st = nil
+	}
+	now := h.now()
+	quarantined := node.Labels[quarantine.LabelQuarantined] == "true"
+	var acts []*faultlinev1.Action
+	switch {
+	case st.seen(t.eventID) && !st.running():
+		// A replayed trigger of a finished drain: say the result again
+		// (same id), so a result lost in a crash still reaches remediate.
+		return []*faultlinev1.Action{h.result(t, st)}, time.Time{}, nil
+	case st.seen(t.eventID):
+		// Resuming a drain in progress.
+	default:
+		o := h.options(t, node)
+		if o.skip {
+			return []*faultlinev1.Action{h.action(t, nil, OutcomeSkipped, "drainOverrides.skip: pods left running, no remediation",
+				actionID(t.cluster, t.node, t.eventID, "skip"))}, time.Time{}, nil
+		}
+		if st.running() {
+			// A second fault during a drain: widen the scope (a whole-node
+			// drain covers any GPU), never start over.
+			st.addSeen(t.eventID)
+			st.Trigger.EventIDs = append(st.Trigger.EventIDs, t.eventID)
+			switch {
+			case len(o.gpus) == 0:
+				st.GPUs = nil
+				ids := st.Trigger.EventIDs
+				st.Trigger = o.trig
+				st.Trigger.EventIDs = ids
+			case len(st.GPUs) > 0:
+				for _, g := range o.gpus {
+					if !slices.Contains(st.GPUs, g) {
+						st.GPUs = append(st.GPUs, g)
+					}
+				}
+			}
+			st.Force = st.Force || o.force
+			break
+		}
+		if !quarantined {
+			return []*faultlinev1.Action{h.action(t, nil, OutcomeSkipped, "node no longer quarantined by faultline",
+				actionID(t.cluster, t.node, t.eventID, "unquarantined"))}, time.Time{}, nil
+		}
+		var seen []string
+		if st != nil {
+			seen = st.Seen
+		}
+		st = &State{
+			ID: actionID(t.cluster, t.node, t.eventID)[:16], Phase: PhaseRunning, StartedAt: now, By: h.cfg.Identity,
+			GPUs: o.gpus, Force: o.force, Trigger: o.trig, Seen: seen, Pods: map[string]*PodState{},
+		}
+		st.addSeen(t.eventID)
+		a := h.action(t, st, OutcomeStarted, "drain started ("+scopeString(st.GPUs)+")", actionID(st.ID, "started"))
+		acts = append(acts, a)
+		h.m.drains.WithLabelValues(t.cluster, PhaseRunning).Inc()
+	}
+
+	if !quarantined {
+		st.Phase, st.FinishedAt = PhaseCancelled, now
+		if _, err := h.writeState(ctx, cl, node, st); err != nil {
+			return nil, time.Time{}, err
+		}
+		h.m.drains.WithLabelValues(t.cluster, PhaseCancelled).Inc()
+		return append(acts, h.result(t, st)), time.Time{}, nil
+	}
+
+	pods, err := h.listPods(ctx, cl, t.node)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	blockedBefore := map[string]string{}
+	for k, p := range st.Pods {
+		blockedBefore[k] = p.BlockedBy
+	}
+	present := map[string]bool{}
+	skipped := map[string]int{}
+	var ops []op
+	for i := range pods {
+		p := &pods[i]
+		key := podKey(p)
+		present[key] = true
+		ps := st.Pods[key]
+		if ps == nil {
+			pl := h.cfg.classify(p, st.GPUs, st.Force)
+			if pl.skip != "" {
+				skipped[pl.skip]++
+				continue
+			}
+			ps = &PodState{UID: string(p.UID), Mode: pl.mode, Deadline: st.StartedAt.Add(pl.timeout)}
+			st.Pods[key] = ps
+		}
+		if ps.Done != "" {
+			continue
+		}
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			ps.Done = "completed"
+			continue
+		}
+		expired := !now.Before(ps.Deadline)
+		switch {
+		case ps.Mode == ModeDeleteAfterTimeout && expired:
+			if ps.DeletedAt.IsZero() {
+				ops = append(ops, op{key: key, pod: p, delete: true})
+			}
+		case expired:
+			ps.Done = "gave_up"
+			switch {
+			case ps.BlockedBy != "":
+				ps.Reason = "blocked by PDB " + ps.BlockedBy
+			case p.DeletionTimestamp != nil:
+				ps.Reason = "still terminating at the timeout"
+			case ps.Mode == ModeAllowCompletion:
+				ps.Reason = "still running at the completion timeout"
+			default:
+				ps.Reason = "not evicted by the timeout"
+			}
+		case p.DeletionTimestamp != nil || ps.Mode == ModeAllowCompletion || ps.Evicted:
+			// Terminating, or waiting for the pod to finish by itself.
+		case now.Before(ps.NextTry):
+			// Backing off after a PDB refusal.
+		default:
+			ops = append(ops, op{key: key, pod: p})
+		}
+	}
+	for k, ps := range st.Pods {
+		if ps.Done == "" && !present[k] {
+			ps.Done = "gone"
+		}
+	}
+	st.Skipped = skipped
+
+	if len(ops) > 0 {
+		// Write the intent first: a restart after the calls and before the
+		// result write finds the pods marked and counts each once.
+		for _, o := range ops {
+			if !o.delete && st.Pods[o.key].EvictAt.IsZero() {
+				st.Pods[o.key].EvictAt = now
+			}
+		}
+		if node, err = h.writeState(ctx, cl, node, st); err != nil {
+			return nil, time.Time{}, err
+		}
+		if err := h.runOps(ctx, cl, st, ops, now); err != nil {
+			// Keep what succeeded; the step is retried after the backoff.
+			if _, werr := h.writeState(ctx, cl, node, st); werr != nil && !apierrors.IsConflict(werr) {
+				h.log.Warn("drain state not written", "cluster", t.cluster, "node", t.node, "err", werr)
+			}
+			return acts, time.Time{}, err
+		}
+	}
+
+	c := st.Count()
+	if c.Remaining == 0 {
+		st.Phase, st.FinishedAt = PhaseSucceeded, now
+		if c.GaveUp > 0 {
+			st.Phase = PhaseGaveUp
+		}
+	}
+	if _, err := h.writeState(ctx, cl, node, st); err != nil {
+		return nil, time.Time{}, err
+	}
+	// Newly blocked pods, one action per set of PDBs.
+	var newly []string
+	for k, p := range st.Pods {
+		if p.Done == "" && p.BlockedBy != "" && p.BlockedBy != blockedBefore[k] && !slices.Contains(newly, p.BlockedBy) {
+			newly = append(newly, p.BlockedBy)
+		}
+	}
+	if len(newly) > 0 {
+		sort.Strings(newly)
+		reason := "blocked by PDB " + strings.Join(newly, ", PDB ")
+		a := h.action(t, st, OutcomeBlocked, reason, actionID(st.ID, "blocked", strings.Join(newly, ","), strconv.Itoa(c.Remaining)))
+		a.Details[DetailBlockedBy] = strings.Join(newly, ",")
+		acts = append(acts, a)
+	}
+	if st.running() {
+		return acts, now.Add(h.cfg.PollInterval), nil
+	}
+	h.m.drains.WithLabelValues(t.cluster, st.Phase).Inc()
+	return append(acts, h.result(t, st)), time.Time{}, nil
+}
+
+// runOps makes the step's evictions and deletions, PodWorkers at a time,
+// and records their outcome in st. It returns the first error that needs
+// the cluster to recover (the others are recorded on the pods).
+func (h *Handler) runOps(ctx context.Context, cl *clusters.Client, st *State, ops []op, now time.Time) error {
+	var (
+		mu    sync.Mutex
+		first error
+		wg    sync.WaitGroup
+	)
+	sem := make(chan struct{}, h.cfg.PodWorkers)
+	for _, o := range ops {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			var pdb string
+			var err error
+			if o.delete {
+				err = h.forceDelete(ctx, cl, o.pod)
+			} else {
+				pdb, err = h.evict(ctx, cl, o.pod)
+				if pdb != "" && st.Force {
+					err = h.forceDelete(ctx, cl, o.pod)
+					o.delete = true
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			ps := st.Pods[o.key]
+			switch {
+			case err == nil && o.delete:
+				ps.DeletedAt = now
+				h.m.evictions.WithLabelValues(cl.Name, "deleted").Inc()
+			case err == nil && pdb != "":
+				ps.Attempts++
+				ps.BlockedBy = pdb
+				ps.NextTry = now.Add(h.backoff(ps.Attempts))
+				h.m.evictions.WithLabelValues(cl.Name, "blocked").Inc()
+			case err == nil:
+				ps.Evicted, ps.BlockedBy = true, ""
+				h.m.evictions.WithLabelValues(cl.Name, "evicted").Inc()
+			case apierrors.IsNotFound(err):
+				ps.Done = "gone"
+			case clusters.Retriable(err):
+				if first == nil {
+					first = err
+				}
+			default:
+				ps.Attempts++
+				ps.Reason = err.Error()
+				ps.NextTry = now.Add(h.backoff(ps.Attempts))
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+func (h *Handler) backoff(attempts int) time.Duration {
+	d := h.cfg.PDBBackoff << min(attempts-1, 20)
+	if d > h.cfg.MaxPDBBackoff || d <= 0 {
+		d = h.cfg.MaxPDBBackoff
+	}
+	return d
+}
+
+// evict asks the Eviction API to evict the pod. A refusal under a PDB
+// (429) is not an error: it returns the PDB's name.
+func (h *Handler) evict(ctx context.Context, cl *clusters.Client, p *corev1.Pod) (string, error) {
+	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}}
+	if h.cfg.GracePeriod >= 0 {
+		g := int64(h.cfg.GracePeriod / time.Second)
+		ev.DeleteOptions = &metav1.DeleteOptions{GracePeriodSeconds: &g}
+	}
+	err := cl.Kube.CoreV1().Pods(p.Namespace).EvictV1(ctx, ev)
+	if apierrors.IsTooManyRequests(err) {
+		return h.pdbName(ctx, cl, p, err), nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("evict pod %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	return "", nil
+}
+
+// pdbName finds the PDB behind a 429: the apiserver names it in the
+// status causes ("The disruption budget NAME needs ..."); else the first
+// PDB of the namespace whose selector matches the pod.
+func (h *Handler) pdbName(ctx context.Context, cl *clusters.Client, p *corev1.Pod, err error) string {
+	var se apierrors.APIStatus
+	if errors.As(err, &se) && se.Status().Details != nil {
+		for _, c := range se.Status().Details.Causes {
+			if rest, ok := strings.CutPrefix(c.Message, "The disruption budget "); ok {
+				if name, _, ok := strings.Cut(rest, " "); ok {
+					return name
+				}
+			}
+		}
+	}
+	l, lerr := cl.Kube.PolicyV1().PodDisruptionBudgets(p.Namespace).List(ctx, metav1.ListOptions{})
+	if lerr == nil {
+		for _, b := range l.Items {
+			sel, serr := metav1.LabelSelectorAsSelector(b.Spec.Selector)
+			if serr == nil && sel.Matches(labels.Set(p.Labels)) {
+				return b.Name
+			}
+		}
+	}
+	return "(unknown)"
+}
+
+func (h *Handler) forceDelete(ctx context.Context, cl *clusters.Client, p *corev1.Pod) error {
+	zero := int64(0)
+	uid := p.UID
+	err := cl.Kube.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
+		GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &uid},
+	})
+	if apierrors.IsConflict(err) {
+		// The UID changed: the pod we meant is gone.
+		return apierrors.NewNotFound(corev1.Resource("pods"), p.Name)
+	}
+	if err != nil {
+		return fmt.Errorf("delete pod %s/%s: %w", p.Namespace, p.Name, err)
+	}
+	return nil
+}
+
+// writeState writes the drain's annotation and label with a merge patch
+// that carries the resourceVersion read, so a concurrent writer makes it
+// fail with a conflict (and the step re-read and redo).
+func (h *Handler) writeState(ctx context.Context, cl *clusters.Client, node *corev1.Node, st *State) (*corev1.Node, error) {
+	enc := st.encode()
+	if node.Annotations[AnnotationState] == enc && node.Labels[LabelDrain] == st.Phase {
+		return node, nil
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"resourceVersion": node.ResourceVersion,
+		"annotations":     map[string]string{AnnotationState: enc},
+		"labels":          map[string]string{LabelDrain: st.Phase},
+	}})
+	out, err := cl.Kube.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-drain"})
+	if err != nil {
+		return nil, fmt.Errorf("write drain state of node %s: %w", node.Name, err)
+	}
+	return out, nil
+}
+
+// dryRun lists what a drain would do and changes nothing.
+func (h *Handler) dryRun(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, error) {
+	var node *corev1.Node
+	var pods []corev1.Pod
+	if cl != nil && cl.Kube != nil {
+		n, err := h.getNode(ctx, cl, t.node)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, err
+		}
+		node = n
+		if n != nil {
+			if pods, err = h.listPods(ctx, cl, t.node); err != nil {
+				return nil, err
+			}
+		}
+	}
+	o := h.options(t, node)
+	st := &State{ID: actionID(t.cluster, t.node, t.eventID)[:16], GPUs: o.gpus, Force: o.force, Trigger: o.trig}
+	var would []string
+	skipped := map[string]int{}
+	for i := range pods {
+		pl := h.cfg.classify(&pods[i], o.gpus, o.force)
+		if pl.skip != "" {
+			skipped[pl.skip]++
+			continue
+		}
+		would = append(would, pods[i].Namespace+"/"+pods[i].Name+"("+string(pl.mode)+")")
+	}
+	st.Skipped = skipped
+	reason := fmt.Sprintf("would drain %d pods (%s)", len(would), scopeString(o.gpus))
+	if o.skip {
+		reason = "drainOverrides.skip: would leave pods running"
+	}
+	if cl == nil || cl.Kube == nil {
+		reason = "cluster has no client (dry-run): pods not listed"
+	}
+	a := h.action(t, st, OutcomeDryRun, reason, actionID(st.ID, "dry_run"))
+	a.DryRun = true
+	sort.Strings(would)
+	if len(would) > 20 {
+		would = append(would[:20], fmt.Sprintf("... %d more", len(would)-20))
+	}
+	a.Details["wouldDrain"] = strings.Join(would, " ")
+	return []*faultlinev1.Action{a}, nil
+}
+
+// result is the action that ends a drain; its id depends only on the drain
+// and its phase, so a repeated result is the same record.
+func (h *Handler) result(t trigger, st *State) *faultlinev1.Action {
+	c := st.Count()
+	var reason string
+	outcome := st.Phase
+	switch st.Phase {
+	case PhaseSucceeded:
+		reason = fmt.Sprintf("drained: %d pods evicted, %d deleted, %d completed", c.Evicted, c.Deleted, c.Completed)
+	case PhaseGaveUp:
+		var why []string
+		for _, k := range sortedKeys(st.Pods) {
+			if p := st.Pods[k]; p.Done == "gave_up" {
+				why = append(why, k+": "+p.Reason)
+			}
+		}
+		reason = fmt.Sprintf("gave up on %d pods: %s", c.GaveUp, strings.Join(why, "; "))
+	case PhaseCancelled:
+		reason = "node no longer quarantined; drain stopped"
+	}
+	return h.action(t, st, outcome, reason, actionID(st.ID, st.Phase))
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// action builds an audit record. With st it carries the drain's trigger
+// and counts (what remediate reads).
+func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faultlinev1.Action {
+	h.m.actions.WithLabelValues(t.cluster, outcome).Inc()
+	a := &faultlinev1.Action{
+		Id: id, Cluster: t.cluster, Node: t.node, Role: Role, Kind: KindDrain, Outcome: outcome,
+		Reason: truncate(reason, 1024), EventIds: t.src.GetEventIds(), DryRun: t.src.GetDryRun(),
+		Timestamp: timestamppb.New(h.now()), Details: map[string]string{},
+		CheckName: t.src.GetCheckName(), RecommendedAction: t.src.GetRecommendedAction(),
+	}
+	for _, k := range []string{DetailEntities, DetailCustomAction, DetailDrainOverrides} {
+		if v := t.src.GetDetails()[k]; v != "" {
+			a.Details[k] = v
+		}
+	}
+	if st == nil {
+		return a
+	}
+	if len(st.Trigger.EventIDs) > 0 {
+		a.EventIds = st.Trigger.EventIDs
+	}
+	a.CheckName, a.RecommendedAction = st.Trigger.CheckName, st.Trigger.RecommendedAction
+	if st.Trigger.Entities != "" {
+		a.Details[DetailEntities] = st.Trigger.Entities
+	}
+	if st.Trigger.CustomAction != "" {
+		a.Details[DetailCustomAction] = st.Trigger.CustomAction
+	}
+	a.Details[DetailDrainID] = st.ID
+	a.Details[DetailScope] = scopeString(st.GPUs)
+	c := st.Count()
+	a.Details["inScope"] = strconv.Itoa(c.InScope)
+	a.Details["evicted"] = strconv.Itoa(c.Evicted)
+	a.Details["deleted"] = strconv.Itoa(c.Deleted)
+	a.Details["completed"] = strconv.Itoa(c.Completed)
+	a.Details["gaveUp"] = strconv.Itoa(c.GaveUp)
+	a.Details["remaining"] = strconv.Itoa(c.Remaining)
+	if b := st.blockers(); len(b) > 0 {
+		a.Details[DetailBlockedBy] = strings.Join(b, ",")
+	}
+	if len(st.Skipped) > 0 {
+		var parts []string
+		for _, k := range sortedKeys(st.Skipped) {
+			parts = append(parts, k+"="+strconv.Itoa(st.Skipped[k]))
+		}
+		a.Details["skipped"] = strings.Join(parts, ",")
+	}
+	if st.Force {
+		a.Details["force"] = "true"
+	}
+	return a
+}
+
+func actionID(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}
+
+func actionRecord(a *faultlinev1.Action) (*kgo.Record, error) {
+	b, err := events.MarshalAction(a)
+	if err != nil {
+		return nil, fmt.Errorf("encode action: %w", err)
+	}
+	return &kgo.Record{Topic: events.TopicActions, Key: events.Key(a.GetCluster(), a.GetNode()), Value: b}, nil
+}
+
+type metrics struct {
+	actions   *prometheus.CounterVec
+	drains    *prometheus.CounterVec
+	evictions *prometheus.CounterVec
+	apiErrors *prometheus.CounterVec
+	conflicts *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		actions:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_actions_total", Help: "Drain actions written, by outcome."}, []string{"cluster", "outcome"}),
+		drains:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_drains_total", Help: "Drains started (running) and ended, by phase."}, []string{"cluster", "phase"}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_pod_calls_total", Help: "Eviction and delete calls, by result (evicted, blocked, deleted)."}, []string{"cluster", "result"}),
+		apiErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
+		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_conflicts_total", Help: "Drain state writes redone after a resourceVersion conflict."}, []string{"cluster"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.actions, m.drains, m.evictions, m.apiErrors, m.conflicts)
+	}
+	return m
+}

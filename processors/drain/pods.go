@@ -1,0 +1,137 @@
+package drain
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// Why a pod is left alone; these are the keys of State.Skipped.
+const (
+	SkipSystem     = "system_namespace"
+	SkipDaemonSet  = "daemonset"
+	SkipMirror     = "mirror"
+	SkipEmptyDir   = "empty_dir"
+	SkipOutOfScope = "other_gpu"
+	SkipFinished   = "finished"
+)
+
+// mirrorAnnotation marks static pods' mirror objects.
+const mirrorAnnotation = "kubernetes.io/config.mirror"
+
+// resourceGPU is the extended resource the NVIDIA device plugin serves.
+const resourceGPU = "nvidia.com/gpu"
+
+// plan is what the drain does with one pod.
+type plan struct {
+	skip    string
+	mode    Mode
+	timeout time.Duration
+}
+
+// classify decides whether a pod is drained and how. gpus is the partial
+// drain's scope (empty: whole node); force makes every pod Immediate.
+func (c *Config) classify(p *corev1.Pod, gpus []string, force bool) plan {
+	switch {
+	case c.sys.MatchString(p.Namespace):
+		return plan{skip: SkipSystem}
+	case p.Annotations[mirrorAnnotation] != "":
+		return plan{skip: SkipMirror}
+	case ownedByDaemonSet(p):
+		return plan{skip: SkipDaemonSet}
+	case p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed:
+		return plan{skip: SkipFinished}
+	}
+	if len(gpus) > 0 && !c.usesGPU(p, gpus) {
+		return plan{skip: SkipOutOfScope}
+	}
+	if c.EmptyDir == EmptyDirSkip && hasEmptyDir(p) {
+		return plan{skip: SkipEmptyDir}
+	}
+	if force {
+		return plan{mode: ModeImmediate, timeout: c.EvictionTimeout}
+	}
+	for i := range c.Rules {
+		r := &c.Rules[i]
+		if r.ns.MatchString(p.Namespace) && r.sel.Matches(labels.Set(p.Labels)) {
+			return plan{mode: r.Mode, timeout: c.timeout(r.Mode, r)}
+		}
+	}
+	return plan{mode: c.Mode, timeout: c.timeout(c.Mode, nil)}
+}
+
+func ownedByDaemonSet(p *corev1.Pod) bool {
+	for _, o := range p.OwnerReferences {
+		if o.Kind == "DaemonSet" && o.Controller != nil && *o.Controller {
+			return true
+		}
+	}
+	return false
+}
+
+func hasEmptyDir(p *corev1.Pod) bool {
+	for _, v := range p.Spec.Volumes {
+		if v.EmptyDir != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// usesGPU reports whether the pod may use one of gpus. The pod's GPU UUIDs
+// come from Config.GPUAnnotations, then NVIDIA_VISIBLE_DEVICES in its
+// containers' env; "all" uses every GPU. A pod that requests nvidia.com/gpu
+// but whose GPUs are unknown is taken to use them (a GPU reset with a
+// process still on the GPU fails, so a wrong guess must err towards
+// evicting). A pod that requests no GPU and names none uses none.
+func (c *Config) usesGPU(p *corev1.Pod, gpus []string) bool {
+	ids, known := c.podGPUs(p)
+	if !known {
+		return requestsGPU(p)
+	}
+	for _, id := range ids {
+		if id == "all" || slices.Contains(gpus, id) {
+			return true
+		}
+	}
+	return false
+}
+
+// podGPUs returns the GPU UUIDs a pod names, and whether it names any.
+func (c *Config) podGPUs(p *corev1.Pod) ([]string, bool) {
+	for _, k := range c.GPUAnnotations {
+		if v, ok := p.Annotations[k]; ok {
+			return splitIDs(v), true
+		}
+	}
+	var ids []string
+	known := false
+	for _, ct := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {
+		for _, e := range ct.Env {
+			if e.Name == "NVIDIA_VISIBLE_DEVICES" && e.Value != "" {
+				known = true
+				ids = append(ids, splitIDs(e.Value)...)
+			}
+		}
+	}
+	return ids, known
+}
+
+func splitIDs(v string) []string {
+	return strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' || r == ';' || r == '\n' })
+}
+
+func requestsGPU(p *corev1.Pod) bool {
+	for _, ct := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {
+		if q, ok := ct.Resources.Limits[resourceGPU]; ok && !q.IsZero() {
+			return true
+		}
+		if q, ok := ct.Resources.Requests[resourceGPU]; ok && !q.IsZero() {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,177 @@
+package drain
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Keys the drain role owns on a node; it writes nothing else.
+const (
+	// AnnotationState holds the JSON State of the node's drain: the source
+	// of truth every replica resumes from.
+	AnnotationState = "faultline.io/drain-state"
+	// LabelDrain is the drain's phase (running, succeeded, gave_up,
+	// cancelled), for kubectl get nodes -l.
+	LabelDrain = "faultline.io/drain"
+)
+
+// Drain phases.
+const (
+	PhaseRunning   = "running"
+	PhaseSucceeded = "succeeded"
+	PhaseGaveUp    = "gave_up"
+	PhaseCancelled = "cancelled"
+)
+
+// maxSeen bounds the trigger event ids remembered across drains.
+const maxSeen = 32
+
+// State is one node's drain, kept in AnnotationState.
+type State struct {
+	// ID identifies this drain (a hash of the node and the first trigger).
+	ID string `json:"id"`
+	// Phase is running, succeeded, gave_up or cancelled.
+	Phase string `json:"phase"`
+	// StartedAt is when the drain began; every mode's timeout counts from it.
+	StartedAt time.Time `json:"startedAt"`
+	// FinishedAt is when the phase left running.
+	FinishedAt time.Time `json:"finishedAt,omitzero"`
+	// By is the processor that began the drain.
+	By string `json:"by,omitempty"`
+	// Scope: empty GPUs means the whole node; otherwise only the pods using
+	// one of these GPUs (partial drain for COMPONENT_RESET).
+	GPUs []string `json:"gpus,omitempty"`
+	// Force: drainOverrides.force — every pod Immediate, a PDB refusal is
+	// answered with a delete.
+	Force bool `json:"force,omitempty"`
+	// Trigger carries what the remediation needs from the triggering event.
+	Trigger Trigger `json:"trigger"`
+	// Seen are the trigger event ids handled (this drain and earlier ones),
+	// so a replayed trigger never starts a drain again.
+	Seen []string `json:"seen,omitempty"`
+	// Pods in scope, by namespace/name.
+	Pods map[string]*PodState `json:"pods,omitempty"`
+	// Skipped counts pods left alone, by reason (system namespace,
+	// DaemonSet, mirror, emptyDir, out of scope).
+	Skipped map[string]int `json:"skipped,omitempty"`
+}
+
+// Trigger is the part of the triggering decision carried to the result.
+type Trigger struct {
+	EventIDs          []string `json:"eventIds,omitempty"`
+	CheckName         string   `json:"checkName,omitempty"`
+	RecommendedAction string   `json:"recommendedAction,omitempty"`
+	CustomAction      string   `json:"customRecommendedAction,omitempty"`
+	Entities          string   `json:"entities,omitempty"`
+}
+
+// PodState is one pod's progress.
+type PodState struct {
+	UID  string `json:"uid"`
+	Mode Mode   `json:"mode"`
+	// Deadline is when the mode's timeout runs out.
+	Deadline time.Time `json:"deadline"`
+	// EvictAt: faultline asked for the eviction (written before the call,
+	// so a restart knows the pod was asked and counts it once).
+	EvictAt time.Time `json:"evictAt,omitzero"`
+	// Evicted: the Eviction API accepted.
+	Evicted bool `json:"evicted,omitempty"`
+	// DeletedAt: force-deleted (DeleteAfterTimeout, or force).
+	DeletedAt time.Time `json:"deletedAt,omitzero"`
+	// Attempts counts refused evictions; NextTry is when to try again.
+	Attempts int       `json:"attempts,omitempty"`
+	NextTry  time.Time `json:"nextTry,omitzero"`
+	// BlockedBy names the PDB of the last refusal.
+	BlockedBy string `json:"blockedBy,omitempty"`
+	// Done: "gone" (no longer on the node), "completed" (phase Succeeded or
+	// Failed) or "gave_up" (the mode's timeout ran out).
+	Done   string `json:"done,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// ReadState decodes the node's drain state; nil when there is none. A
+// corrupt annotation is an error (the caller starts afresh).
+func ReadState(n *corev1.Node) (*State, error) {
+	raw := n.Annotations[AnnotationState]
+	if raw == "" {
+		return nil, nil
+	}
+	st := &State{}
+	if err := json.Unmarshal([]byte(raw), st); err != nil {
+		return nil, fmt.Errorf("node %s: annotation %s: %w", n.Name, AnnotationState, err)
+	}
+	if st.Pods == nil {
+		st.Pods = map[string]*PodState{}
+	}
+	return st, nil
+}
+
+func (s *State) running() bool { return s != nil && s.Phase == PhaseRunning }
+
+func (s *State) seen(id string) bool { return s != nil && id != "" && slices.Contains(s.Seen, id) }
+
+func (s *State) addSeen(id string) {
+	if id == "" || slices.Contains(s.Seen, id) {
+		return
+	}
+	s.Seen = append(s.Seen, id)
+	if len(s.Seen) > maxSeen {
+		s.Seen = s.Seen[len(s.Seen)-maxSeen:]
+	}
+}
+
+// Counts summarises the pods of a drain; every pod counts once, by its
+// key, however often the drain was resumed.
+type Counts struct {
+	InScope, Evicted, Deleted, Completed, Gone, GaveUp, Remaining, Blocked int
+}
+
+// Count returns the drain's counts.
+func (s *State) Count() Counts {
+	var c Counts
+	for _, p := range s.Pods {
+		c.InScope++
+		if p.Evicted {
+			c.Evicted++
+		}
+		if !p.DeletedAt.IsZero() {
+			c.Deleted++
+		}
+		switch p.Done {
+		case "completed":
+			c.Completed++
+		case "gone":
+			c.Gone++
+		case "gave_up":
+			c.GaveUp++
+		case "":
+			c.Remaining++
+			if p.BlockedBy != "" {
+				c.Blocked++
+			}
+		}
+	}
+	return c
+}
+
+// blockers returns the distinct PDBs holding pods that are not done.
+func (s *State) blockers() []string {
+	var out []string
+	for _, p := range s.Pods {
+		if p.Done == "" && p.BlockedBy != "" && !slices.Contains(out, p.BlockedBy) {
+			out = append(out, p.BlockedBy)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (s *State) encode() string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}

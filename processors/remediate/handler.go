@@ -1,0 +1,628 @@
+package remediate
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/drain"
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/processors/requeue"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// Role is the processor role name written on actions.
+const Role = "remediate"
+
+// Action kinds and outcomes this role writes.
+const (
+	KindRemediate = "remediate"
+	KindEscalate  = "escalate"
+
+	OutcomeApplied    = "applied"     // resource created
+	OutcomeInProgress = "in_progress" // joined an equivalent remediation in progress
+	OutcomeSucceeded  = "succeeded"   // the resource's complete condition is True
+	OutcomeFailed     = "failed"      // failed condition, or no condition by the timeout
+	OutcomeSkipped    = "skipped"
+	OutcomeDryRun     = "dry_run"
+)
+
+// Labels and annotations on the resources faultline creates. The labels
+// select a node's resources of one group; the annotations are the
+// remediation's own state (which triggers it serves, when it was created
+// by faultline's clock). Counting these resources is the reboot budget:
+// nothing else keeps it.
+const (
+	LabelNode          = "faultline.io/node"
+	LabelGroup         = "faultline.io/group"
+	LabelManagedBy     = "app.kubernetes.io/managed-by"
+	AnnotationTriggers = "faultline.io/triggers"
+	AnnotationCreated  = "faultline.io/created-at"
+	AnnotationBy       = "faultline.io/created-by"
+	AnnotationEvents   = "faultline.io/event-ids"
+	// AnnotationEscalated is set on the node when faultline escalates it to
+	// CONTACT_SUPPORT: the time and why.
+	AnnotationEscalated = "faultline.io/remediation-escalated"
+)
+
+const maxTriggers = 32
+
+// Data is what a resource template sees: the triggering event as the drain
+// result carried it.
+type Data struct {
+	// Name is the resource's deterministic name.
+	Name                    string
+	Cluster                 string
+	NodeName                string
+	CheckName               string
+	RecommendedAction       string
+	CustomRecommendedAction string
+	// EventID is the first triggering event; EventIDs all of them.
+	EventID  string
+	EventIDs []string
+	Entities []Entity
+	// GPUs are the GPU UUIDs among the entities.
+	GPUs []string
+	// Group is the template's equivalence group.
+	Group string
+	// Details are the drain result's details.
+	Details map[string]string
+}
+
+// Entity is one impacted entity.
+type Entity struct{ Type, Value string }
+
+// Handler is the remediate role: for a finished drain (drain/succeeded, or
+// drain/gave_up when its policy stopped waiting) it creates the custom
+// resource of the event's recommended action, at most one per equivalence
+// group in progress per node, escalates to CONTACT_SUPPORT when a node's
+// remediations fail or exceed the budget, and follows the resource's
+// condition to its result.
+type Handler struct {
+	cfg Config
+	reg *clusters.Registry
+	log *slog.Logger
+	now func() time.Time
+	m   *metrics
+
+	mu       sync.Mutex
+	dyn      map[string]dynamic.Interface
+	clusters clusters.Config
+}
+
+// Options are a Handler's collaborators.
+type Options struct {
+	Log        *slog.Logger
+	Now        func() time.Time
+	Registerer prometheus.Registerer
+	// Clusters is the cluster config, to build dynamic clients from.
+	Clusters clusters.Config
+}
+
+// New validates cfg (compiling the templates) and returns the handler.
+func New(cfg Config, reg *clusters.Registry, opts Options) (*Handler, error) {
+	if err := cfg.Validate("remediate."); err != nil {
+		return nil, err
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Handler{cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
+		m: newMetrics(opts.Registerer), dyn: map[string]dynamic.Interface{}, clusters: opts.Clusters}, nil
+}
+
+// SetDynamic installs a dynamic client for a cluster (tests, dev mode).
+func (h *Handler) SetDynamic(cluster string, d dynamic.Interface) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dyn[cluster] = d
+}
+
+func (h *Handler) dynamicFor(cluster string) (dynamic.Interface, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if d, ok := h.dyn[cluster]; ok {
+		return d, nil
+	}
+	for _, c := range h.clusters.Clusters {
+		if c.Name != cluster || c.Kubeconfig == "" {
+			continue
+		}
+		rc, err := h.reg.RESTConfig(c)
+		if err != nil {
+			return nil, err
+		}
+		d, err := dynamic.NewForConfig(rc)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %q: dynamic client: %w", cluster, err)
+		}
+		h.dyn[cluster] = d
+		return d, nil
+	}
+	return nil, fmt.Errorf("cluster %q: %w", cluster, clusters.ErrUnknownCluster)
+}
+
+// IsTrigger reports whether an action starts a remediation: a drain that
+// finished, or gave up under its policy, or was decided dry-run.
+func IsTrigger(a *faultlinev1.Action) bool {
+	if a.GetRole() != drain.Role || a.GetKind() != drain.KindDrain {
+		return false
+	}
+	switch a.GetOutcome() {
+	case drain.OutcomeSucceeded, drain.OutcomeGaveUp, drain.OutcomeDryRun:
+		return true
+	}
+	return false
+}
+
+type trigger struct {
+	rec     *kgo.Record
+	src     *faultlinev1.Action
+	cluster string
+	node    string
+	id      string // the drain id, else the first event id
+}
+
+// Handle handles one partition's batch of the actions topic or TopicRequeue.
+func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
+	var res pipeline.Result
+	seqs := map[string][]trigger{}
+	var keys []string
+	for _, r := range recs {
+		a, err := events.UnmarshalAction(r.Value)
+		if err != nil {
+			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
+			continue
+		}
+		if !IsTrigger(a) {
+			continue
+		}
+		t := trigger{rec: r, src: a, cluster: a.GetCluster(), node: a.GetNode(), id: a.GetDetails()[drain.DetailDrainID]}
+		if t.id == "" && len(a.GetEventIds()) > 0 {
+			t.id = a.GetEventIds()[0]
+		}
+		if t.id == "" {
+			t.id = a.GetId()
+		}
+		k := t.cluster + "/" + t.node
+		if _, ok := seqs[k]; !ok {
+			keys = append(keys, k)
+		}
+		seqs[k] = append(seqs[k], t)
+	}
+	type out struct {
+		acts    []*faultlinev1.Action
+		requeue []*kgo.Record
+	}
+	results := make([]out, len(keys))
+	sem := make(chan struct{}, h.cfg.Workers)
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			for _, t := range seqs[k] {
+				if !requeue.Wait(ctx, t.rec, h.now, 20*time.Second) {
+					results[i].requeue = append(results[i].requeue, requeue.Record(TopicRequeue, t.rec, requeue.NotBefore(t.rec)))
+					continue
+				}
+				acts, again := h.process(ctx, t)
+				results[i].acts = append(results[i].acts, acts...)
+				if !again.IsZero() {
+					results[i].requeue = append(results[i].requeue, requeue.Record(TopicRequeue, t.rec, again))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, r := range results {
+		for _, a := range r.acts {
+			b, err := events.MarshalAction(a)
+			if err != nil {
+				return pipeline.Result{}, fmt.Errorf("encode action: %w", err)
+			}
+			res.Out = append(res.Out, &kgo.Record{Topic: events.TopicActions, Key: events.Key(a.GetCluster(), a.GetNode()), Value: b})
+		}
+		res.Out = append(res.Out, r.requeue...)
+	}
+	return res, nil
+}
+
+func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, time.Time) {
+	cl, err := h.reg.Get(t.cluster)
+	if errors.Is(err, clusters.ErrUnknownCluster) {
+		cl, err = nil, nil
+	}
+	if err != nil {
+		h.log.Warn("cluster client unavailable; requeued", "cluster", t.cluster, "node", t.node, "err", err)
+		return nil, h.now().Add(h.cfg.PollInterval)
+	}
+	if cl != nil && cl.Kube != nil {
+		if ready, next := cl.Gate.Ready(); !ready {
+			return nil, next
+		}
+	}
+	acts, again, err := h.step(ctx, cl, t)
+	if err != nil {
+		if cl != nil && cl.Kube != nil && clusters.Retriable(err) {
+			next := cl.Gate.Fail(err)
+			h.m.apiErrors.WithLabelValues(t.cluster).Inc()
+			h.log.Warn("cluster API error; remediation requeued", "cluster", t.cluster, "node", t.node, "retry_at", next, "err", err)
+			return acts, next
+		}
+		h.log.Warn("remediation failed", "cluster", t.cluster, "node", t.node, "err", err)
+		return append(acts, h.action(t, KindRemediate, OutcomeFailed, err.Error(), "error")), time.Time{}
+	}
+	if cl != nil && cl.Kube != nil {
+		cl.Gate.OK()
+	}
+	return acts, again
+}
+
+// actionKey is the template key of the trigger's recommended action.
+func actionKey(a *faultlinev1.Action) string {
+	ra := a.GetRecommendedAction()
+	if ra == datamodels.RecommendedAction_CUSTOM.String() {
+		return "custom:" + a.GetDetails()[drain.DetailCustomAction]
+	}
+	return ra
+}
+
+func (h *Handler) data(t trigger, tm *Template) Data {
+	a := t.src
+	d := Data{
+		Cluster: t.cluster, NodeName: t.node, CheckName: a.GetCheckName(), RecommendedAction: a.GetRecommendedAction(),
+		CustomRecommendedAction: a.GetDetails()[drain.DetailCustomAction], EventIDs: a.GetEventIds(),
+		Group: tm.Group, Details: a.GetDetails(),
+	}
+	if len(d.EventIDs) > 0 {
+		d.EventID = d.EventIDs[0]
+	}
+	for _, p := range strings.Split(a.GetDetails()[drain.DetailEntities], ",") {
+		if typ, v, ok := strings.Cut(p, "="); ok {
+			d.Entities = append(d.Entities, Entity{Type: typ, Value: v})
+			if typ == events.EntityGPU {
+				d.GPUs = append(d.GPUs, v)
+			}
+		}
+	}
+	return d
+}
+
+// status of one remediation resource.
+type status int
+
+const (
+	inProgress status = iota
+	completed
+	failed
+)
+
+func (h *Handler) status(tm *Template, o *unstructured.Unstructured) (status, string) {
+	conds, _, _ := unstructured.NestedSlice(o.Object, "status", "conditions")
+	for _, c := range conds {
+		m, ok := c.(map[string]any)
+		if !ok || m["status"] != "True" {
+			continue
+		}
+		switch m["type"] {
+		case tm.CompleteCondition:
+			return completed, fmt.Sprint(m["message"])
+		case tm.FailedCondition:
+			return failed, fmt.Sprint(m["reason"], ": ", m["message"])
+		}
+	}
+	if h.now().Sub(createdAt(o)) > h.cfg.CompletionTimeout {
+		return failed, fmt.Sprintf("no %s condition within %v", tm.CompleteCondition, h.cfg.CompletionTimeout)
+	}
+	return inProgress, ""
+}
+
+func createdAt(o *unstructured.Unstructured) time.Time {
+	if t, err := time.Parse(time.RFC3339Nano, o.GetAnnotations()[AnnotationCreated]); err == nil {
+		return t
+	}
+	return o.GetCreationTimestamp().Time
+}
+
+func triggersOf(o *unstructured.Unstructured) []string {
+	v := o.GetAnnotations()[AnnotationTriggers]
+	if v == "" {
+		return nil
+	}
+	return strings.Split(v, ",")
+}
+
+// nodeLabel is the node's name as a label value (a hash when too long).
+func nodeLabel(node string) string {
+	if len(validation.IsValidLabelValue(node)) == 0 {
+		return node
+	}
+	return "h-" + shortHash(node, 20)
+}
+
+func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
+	ra := t.src.GetRecommendedAction()
+	switch ra {
+	case "", datamodels.RecommendedAction_NONE.String(), datamodels.RecommendedAction_UNKNOWN.String():
+		return []*faultlinev1.Action{h.action(t, KindRemediate, OutcomeSkipped, "recommendedAction "+ra+": nothing to remediate", "skip")}, time.Time{}, nil
+	case datamodels.RecommendedAction_CONTACT_SUPPORT.String():
+		acts, err := h.escalate(ctx, cl, t, "", "the event recommends CONTACT_SUPPORT")
+		return acts, time.Time{}, err
+	}
+	tm := h.cfg.template(actionKey(t.src))
+	if tm == nil {
+		return []*faultlinev1.Action{h.action(t, KindRemediate, OutcomeSkipped, "no resource template for "+actionKey(t.src), "skip")}, time.Time{}, nil
+	}
+	d := h.data(t, tm)
+	dryRun := cl == nil || cl.Kube == nil || cl.DryRun || t.src.GetDryRun() || t.src.GetOutcome() == drain.OutcomeDryRun
+	if dryRun {
+		d.Name = h.name(t.node, tm.Group, 1)
+		a := h.action(t, KindRemediate, OutcomeDryRun, fmt.Sprintf("would create %s %s", tm.kind, d.Name), "dry_run")
+		a.DryRun = true
+		return []*faultlinev1.Action{a}, time.Time{}, nil
+	}
+	dyn, err := h.dynamicFor(t.cluster)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	res := h.resource(dyn, tm)
+	list, err := res.List(ctx, metav1.ListOptions{LabelSelector: LabelNode + "=" + nodeLabel(t.node) + "," + LabelGroup + "=" + tm.Group})
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("list %s of node %s: %w", tm.gvr.Resource, t.node, err)
+	}
+	items := list.Items
+	sort.Slice(items, func(i, j int) bool { return createdAt(&items[i]).Before(createdAt(&items[j])) })
+
+	// Already ours (a retry, a replay, or a second replica)?
+	for i := range items {
+		if slices.Contains(triggersOf(&items[i]), t.id) {
+			return h.follow(ctx, cl, t, tm, &items[i])
+		}
+	}
+	// An equivalent remediation in progress: join it.
+	for i := range items {
+		if st, _ := h.status(tm, &items[i]); st == inProgress {
+			return h.join(ctx, cl, t, tm, res, &items[i])
+		}
+	}
+	// Escalation: the last one failed, or the budget is spent.
+	if n := len(items); n > 0 {
+		if st, why := h.status(tm, &items[n-1]); st == failed {
+			acts, err := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("the last %s %s failed (%s)", tm.kind, items[n-1].GetName(), why))
+			return acts, time.Time{}, err
+		}
+	}
+	if h.cfg.Budget > 0 {
+		recent := 0
+		for i := range items {
+			if h.now().Sub(createdAt(&items[i])) < h.cfg.BudgetWindow {
+				recent++
+			}
+		}
+		if recent >= h.cfg.Budget {
+			acts, err := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("budget spent: %d %s remediations within %v (budget %d)",
+				recent, tm.Group, h.cfg.BudgetWindow, h.cfg.Budget))
+			return acts, time.Time{}, err
+		}
+	}
+	// Create, with the next sequence number of the node's group: two
+	// replicas racing pick the same name and one of them wins.
+	for seq := len(items) + 1; seq < len(items)+10; seq++ {
+		d.Name = h.name(t.node, tm.Group, seq)
+		obj, err := tm.render(d)
+		if err != nil {
+			return []*faultlinev1.Action{h.action(t, KindRemediate, OutcomeFailed, "template: "+err.Error(), "template")}, time.Time{}, nil
+		}
+		obj.SetName(d.Name)
+		lbl := obj.GetLabels()
+		if lbl == nil {
+			lbl = map[string]string{}
+		}
+		lbl[LabelNode], lbl[LabelGroup], lbl[LabelManagedBy] = nodeLabel(t.node), tm.Group, "faultline"
+		obj.SetLabels(lbl)
+		ann := obj.GetAnnotations()
+		if ann == nil {
+			ann = map[string]string{}
+		}
+		ann[AnnotationTriggers] = t.id
+		ann[AnnotationCreated] = h.now().UTC().Format(time.RFC3339Nano)
+		ann[AnnotationBy] = h.cfg.Identity
+		ann[AnnotationEvents] = strings.Join(t.src.GetEventIds(), ",")
+		obj.SetAnnotations(ann)
+		created, err := res.Create(ctx, obj, metav1.CreateOptions{FieldManager: "faultline-remediate"})
+		if apierrors.IsAlreadyExists(err) {
+			h.m.races.WithLabelValues(t.cluster).Inc()
+			cur, gerr := res.Get(ctx, d.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(gerr) {
+				continue
+			}
+			if gerr != nil {
+				return nil, time.Time{}, fmt.Errorf("get %s %s: %w", tm.kind, d.Name, gerr)
+			}
+			if slices.Contains(triggersOf(cur), t.id) {
+				return h.follow(ctx, cl, t, tm, cur)
+			}
+			if st, _ := h.status(tm, cur); st == inProgress {
+				return h.join(ctx, cl, t, tm, res, cur)
+			}
+			continue
+		}
+		if err != nil {
+			return nil, time.Time{}, fmt.Errorf("create %s %s: %w", tm.kind, d.Name, err)
+		}
+		h.m.created.WithLabelValues(t.cluster, tm.Group).Inc()
+		a := h.action(t, KindRemediate, OutcomeApplied, fmt.Sprintf("created %s %s", tm.kind, created.GetName()), "applied")
+		a.Details["resource"] = tm.kind + "/" + created.GetName()
+		return []*faultlinev1.Action{a}, h.now().Add(h.cfg.PollInterval), nil
+	}
+	return nil, time.Time{}, fmt.Errorf("create %s for node %s: no free name after 10 tries", tm.kind, t.node)
+}
+
+// resource is the dynamic client of a template's resource.
+func (h *Handler) resource(dyn dynamic.Interface, tm *Template) dynamic.ResourceInterface {
+	if tm.namespaced {
+		obj, _ := tm.render(sampleData)
+		return dyn.Resource(tm.gvr).Namespace(obj.GetNamespace())
+	}
+	return dyn.Resource(tm.gvr)
+}
+
+// follow reports on the trigger's own resource: the result once its
+// condition says so, else the applied record again (same id) and a requeue.
+func (h *Handler) follow(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, o *unstructured.Unstructured) ([]*faultlinev1.Action, time.Time, error) {
+	st, why := h.status(tm, o)
+	ref := tm.kind + "/" + o.GetName()
+	switch st {
+	case completed:
+		a := h.action(t, KindRemediate, OutcomeSucceeded, ref+" completed", "succeeded")
+		a.Details["resource"] = ref
+		return []*faultlinev1.Action{a}, time.Time{}, nil
+	case failed:
+		a := h.action(t, KindRemediate, OutcomeFailed, ref+" failed: "+why, "failed")
+		a.Details["resource"] = ref
+		acts, err := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s failed (%s)", ref, why))
+		return append([]*faultlinev1.Action{a}, acts...), time.Time{}, err
+	}
+	var acts []*faultlinev1.Action
+	if requeue.Attempt(t.rec) == 0 {
+		kind, outcome, reason := KindRemediate, OutcomeApplied, "created "+ref
+		if o.GetAnnotations()[AnnotationTriggers] != t.id && !strings.HasPrefix(o.GetAnnotations()[AnnotationTriggers], t.id+",") {
+			outcome, reason = OutcomeInProgress, "joined "+ref+": an equivalent remediation is in progress"
+		}
+		a := h.action(t, kind, outcome, reason, outcome)
+		a.Details["resource"] = ref
+		acts = append(acts, a)
+	}
+	return acts, h.now().Add(h.cfg.PollInterval), nil
+}
+
+// join adds the trigger to a resource in progress (so its retries find it)
+// and creates nothing.
+func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, res dynamic.ResourceInterface, o *unstructured.Unstructured) ([]*faultlinev1.Action, time.Time, error) {
+	trs := append(triggersOf(o), t.id)
+	if len(trs) > maxTriggers {
+		trs = trs[len(trs)-maxTriggers:]
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"resourceVersion": o.GetResourceVersion(),
+		"annotations":     map[string]string{AnnotationTriggers: strings.Join(trs, ",")},
+	}})
+	out, err := res.Patch(ctx, o.GetName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-remediate"})
+	if apierrors.IsConflict(err) {
+		// Changed under us: the caller's retry re-reads it.
+		return nil, time.Time{}, fmt.Errorf("join %s %s: %w", tm.kind, o.GetName(), err)
+	}
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("join %s %s: %w", tm.kind, o.GetName(), err)
+	}
+	h.m.joined.WithLabelValues(t.cluster, tm.Group).Inc()
+	return h.follow(ctx, cl, t, tm, out)
+}
+
+// escalate records CONTACT_SUPPORT for the node: an escalate action and an
+// annotation on the node. Nothing is created.
+func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, group, why string) ([]*faultlinev1.Action, error) {
+	h.m.escalations.WithLabelValues(t.cluster).Inc()
+	a := h.action(t, KindEscalate, OutcomeApplied, "CONTACT_SUPPORT: "+why, "escalate")
+	a.RecommendedAction = datamodels.RecommendedAction_CONTACT_SUPPORT.String()
+	a.Details["requestedAction"] = t.src.GetRecommendedAction()
+	if group != "" {
+		a.Details["group"] = group
+	}
+	if cl == nil || cl.Kube == nil || cl.DryRun {
+		a.DryRun = true
+		return []*faultlinev1.Action{a}, nil
+	}
+	val := h.now().UTC().Format(time.RFC3339) + " " + why
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationEscalated: truncate(val, 1024)}}})
+	_, err := cl.Kube.CoreV1().Nodes().Patch(ctx, t.node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-remediate"})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("annotate node %s escalated: %w", t.node, err)
+	}
+	return []*faultlinev1.Action{a}, nil
+}
+
+// name is the deterministic name of a node's seq-th resource of a group:
+// "maintenance-<node>-<hash>", like the seed's.
+func (h *Handler) name(node, group string, seq int) string {
+	n := node
+	if len(n) > 200 {
+		n = n[:200]
+	}
+	return h.cfg.NamePrefix + "-" + strings.Trim(n, ".-") + "-" + shortHash(node+"\x00"+group+"\x00"+strconv.Itoa(seq), 12)
+}
+
+func (h *Handler) action(t trigger, kind, outcome, reason, idPart string) *faultlinev1.Action {
+	h.m.actions.WithLabelValues(t.cluster, kind, outcome).Inc()
+	a := &faultlinev1.Action{
+		Id:      shortHash(strings.Join([]string{t.cluster, t.node, t.id, kind, idPart}, "\x00"), 32),
+		Cluster: t.cluster, Node: t.node, Role: Role, Kind: kind, Outcome: outcome, Reason: truncate(reason, 1024),
+		EventIds: t.src.GetEventIds(), DryRun: t.src.GetDryRun(), Timestamp: timestamppb.New(h.now()),
+		Details: map[string]string{}, CheckName: t.src.GetCheckName(), RecommendedAction: t.src.GetRecommendedAction(),
+	}
+	for _, k := range []string{drain.DetailDrainID, drain.DetailEntities, drain.DetailCustomAction} {
+		if v := t.src.GetDetails()[k]; v != "" {
+			a.Details[k] = v
+		}
+	}
+	return a
+}
+
+func shortHash(s string, n int) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])[:n]
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}
+
+type metrics struct {
+	actions, created, joined, races, escalations, apiErrors *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		actions:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_actions_total", Help: "Remediate actions written."}, []string{"cluster", "kind", "outcome"}),
+		created:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_created_total", Help: "Remediation resources created."}, []string{"cluster", "group"}),
+		joined:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_joined_total", Help: "Faults that joined a remediation in progress."}, []string{"cluster", "group"}),
+		races:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_name_races_total", Help: "Creates that found the name taken."}, []string{"cluster"}),
+		escalations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_escalations_total", Help: "Nodes escalated to CONTACT_SUPPORT."}, []string{"cluster"}),
+		apiErrors:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.actions, m.created, m.joined, m.races, m.escalations, m.apiErrors)
+	}
+	return m
+}
