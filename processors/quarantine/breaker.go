@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -52,7 +53,10 @@ type breaker struct {
 	kube kubernetes.Interface
 	now  func() time.Time
 
-	mu      sync.Mutex
+	qmu   sync.Mutex
+	queue []*reservation
+
+	mu      sync.Mutex        // held by the one deciding a group
 	cm      *corev1.ConfigMap // last read or written; nil: read it
 	cmAt    time.Time
 	nodes   nodeCounts
@@ -87,31 +91,72 @@ func newBreaker(cfg BreakerConfig, kube kubernetes.Interface, now func() time.Ti
 }
 
 // reserve takes a slot for a new quarantine of node, or says why not.
+// reservation is one caller's request, decided in a group (see reserve).
+type reservation struct {
+	node        string
+	schedulable bool
+	verdict     breakerVerdict
+	err         error
+	done        chan struct{}
+}
+
+// reserve takes a slot for a new quarantine of node, or says why not.
 // schedulable says whether the node is schedulable now (cordoning an
 // unschedulable node does not lower the healthy count).
+//
+// Reservations are group-committed: callers queue their request, and
+// whoever holds the breaker decides every queued request in order with one
+// ConfigMap write, so a burst of simultaneous failures costs a few writes,
+// not one serialized write per node.
 func (b *breaker) reserve(ctx context.Context, node string, schedulable bool) (breakerVerdict, error) {
 	if !b.cfg.Enabled {
 		return breakerVerdict{Allowed: true}, nil
 	}
+	req := &reservation{node: node, schedulable: schedulable, done: make(chan struct{})}
+	b.qmu.Lock()
+	b.queue = append(b.queue, req)
+	b.qmu.Unlock()
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	select {
+	case <-req.done: // a previous holder decided it
+	default:
+		b.qmu.Lock()
+		batch := b.queue
+		b.queue = nil
+		b.qmu.Unlock()
+		b.decide(ctx, batch)
+	}
+	b.mu.Unlock()
+	return req.verdict, req.err
+}
+
+// decide settles a group of reservations, retrying conflicts.
+func (b *breaker) decide(ctx context.Context, batch []*reservation) {
+	var err error
 	for attempt := 0; ; attempt++ {
-		v, err := b.tryReserve(ctx, node, schedulable)
+		err = b.tryReserve(ctx, batch)
 		if err == nil {
-			return v, nil
+			break
 		}
 		b.cm = nil // re-read on the next attempt
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) || attempt >= 20 {
-			return breakerVerdict{}, fmt.Errorf("breaker %s/%s: %w", b.cfg.Namespace, b.cfg.Name, err)
+			err = fmt.Errorf("breaker %s/%s: %w", b.cfg.Namespace, b.cfg.Name, err)
+			break
 		}
+	}
+	for _, r := range batch {
+		if err != nil {
+			r.verdict, r.err = breakerVerdict{}, err
+		}
+		close(r.done)
 	}
 }
 
-func (b *breaker) tryReserve(ctx context.Context, node string, schedulable bool) (breakerVerdict, error) {
+func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 	now := b.now()
 	cm, err := b.read(ctx, now)
 	if err != nil {
-		return breakerVerdict{}, err
+		return err
 	}
 	state, entries, openedAt := parseBreaker(cm)
 	// Prune the window.
@@ -122,28 +167,19 @@ func (b *breaker) tryReserve(ctx context.Context, node string, schedulable bool)
 		}
 	}
 	entries = kept
-	var v breakerVerdict
-	if state == breakerOpen {
-		if b.cfg.AutoClose && !openedAt.IsZero() && now.Sub(openedAt) >= b.cfg.Window {
-			state, v.Closed = breakerClosed, true
-		} else {
-			v.Reason = cm.Data[breakerKeyReason]
-			v.Count = len(entries)
-			return v, nil
-		}
+	closed := false
+	if state == breakerOpen && b.cfg.AutoClose && !openedAt.IsZero() && now.Sub(openedAt) >= b.cfg.Window {
+		state, closed = breakerClosed, true
 	}
-	for _, e := range entries {
-		if e.Node == node {
-			v.Allowed = true
-			if v.Closed {
-				return v, b.write(ctx, cm, breakerClosed, entries, time.Time{}, "")
-			}
-			return v, nil
+	if state == breakerOpen {
+		for _, r := range batch {
+			r.verdict = breakerVerdict{Reason: cm.Data[breakerKeyReason], Count: len(entries)}
 		}
+		return nil
 	}
 	counts, err := b.counts(ctx, now)
 	if err != nil {
-		return breakerVerdict{}, err
+		return err
 	}
 	// Nodes cordoned since the node list was read are not in its counts.
 	recent := 0
@@ -152,26 +188,41 @@ func (b *breaker) tryReserve(ctx context.Context, node string, schedulable bool)
 			recent++
 		}
 	}
-	v.Total, v.Count = counts.total, len(entries)
-	v.Schedulable = counts.schedulable - recent
-	v.Limit = int(math.Floor(float64(counts.total) * b.cfg.MaxPercent / 100))
-	if v.Limit < 1 && b.cfg.MaxPercent > 0 {
-		v.Limit = 1
+	schedulable := counts.schedulable - recent
+	limit := int(math.Floor(float64(counts.total) * b.cfg.MaxPercent / 100))
+	if limit < 1 && b.cfg.MaxPercent > 0 {
+		limit = 1
 	}
-	switch {
-	case len(entries)+1 > v.Limit:
-		v.Reason = fmt.Sprintf("%d of %d nodes quarantined within %s reaches the %.4g%% limit (%d)",
-			len(entries), counts.total, b.cfg.Window, b.cfg.MaxPercent, v.Limit)
-	case b.cfg.MinHealthy > 0 && schedulable && v.Schedulable-1 < b.cfg.MinHealthy:
-		v.Reason = fmt.Sprintf("quarantining would leave %d schedulable nodes, below the floor of %d",
-			v.Schedulable-1, b.cfg.MinHealthy)
-	default:
-		v.Allowed = true
-		entries = append(entries, cordonEntry{Node: node, At: now})
-		return v, b.write(ctx, cm, state, entries, time.Time{}, "")
+	var reason string
+	for i, r := range batch {
+		v := breakerVerdict{Closed: closed && i == 0, Total: counts.total, Limit: limit}
+		switch {
+		case slices.ContainsFunc(entries, func(e cordonEntry) bool { return e.Node == r.node }):
+			v.Allowed = true // a retry of a reservation already taken
+		case state == breakerOpen:
+			v.Reason = reason
+		case len(entries)+1 > limit:
+			reason = fmt.Sprintf("%d of %d nodes quarantined within %s reaches the %.4g%% limit (%d)",
+				len(entries), counts.total, b.cfg.Window, b.cfg.MaxPercent, limit)
+			state, openedAt, v.Opened, v.Reason = breakerOpen, now, true, reason
+		case b.cfg.MinHealthy > 0 && r.schedulable && schedulable-1 < b.cfg.MinHealthy:
+			reason = fmt.Sprintf("quarantining would leave %d schedulable nodes, below the floor of %d",
+				schedulable-1, b.cfg.MinHealthy)
+			state, openedAt, v.Opened, v.Reason = breakerOpen, now, true, reason
+		default:
+			v.Allowed = true
+			entries = append(entries, cordonEntry{Node: r.node, At: now})
+			if r.schedulable {
+				schedulable--
+			}
+		}
+		v.Count, v.Schedulable = len(entries), schedulable
+		r.verdict = v
 	}
-	v.Opened = true
-	return v, b.write(ctx, cm, breakerOpen, entries, now, v.Reason)
+	if state == breakerOpen {
+		return b.write(ctx, cm, breakerOpen, entries, openedAt, reason)
+	}
+	return b.write(ctx, cm, breakerClosed, entries, time.Time{}, "")
 }
 
 // read returns the ConfigMap (cached for a second; a write refreshes it);
