@@ -1,0 +1,600 @@
+package drain
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kgo"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/quarantine"
+	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// These tests run against a real kube-apiserver with kube-controller-manager
+// (PDB status) and KWOK (pods Running; evicted pods really go away), one
+// control plane for all subtests.
+
+var testLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// clock is a settable test clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+const cluster = "c1"
+
+func newHandler(t testing.TB, cfg Config, kube kubernetes.Interface, clk *clock, dryRun bool) *Handler {
+	t.Helper()
+	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+	c := reg.SetClient(cluster, kube, dryRun)
+	c.Gate.MinBackoff, c.Gate.MaxBackoff = 10*time.Millisecond, 100*time.Millisecond
+	h, err := New(cfg, reg, Options{Log: testLog, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func testConfig() Config {
+	c := DefaultConfig()
+	c.Identity = "faultline-drain/test"
+	c.PollInterval = time.Second
+	c.PDBBackoff = time.Second
+	c.MaxPDBBackoff = 2 * time.Second
+	c.GracePeriod = 0
+	c.Rules = []Rule{
+		{Namespace: "batch", Mode: ModeAllowCompletion},
+		{Namespace: "stubborn", Mode: ModeDeleteAfterTimeout, Timeout: 10 * time.Minute},
+	}
+	return c
+}
+
+// quarantined creates a node as the quarantine role leaves it.
+func quarantined(t testing.TB, k kubernetes.Interface, name string) {
+	t.Helper()
+	n := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{quarantine.LabelQuarantined: "true", "type": "kwok"},
+			Annotations: map[string]string{"kwok.x-k8s.io/node": "fake"}},
+		Spec: corev1.NodeSpec{Unschedulable: true},
+	}
+	if _, err := k.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create node %s: %v", name, err)
+	}
+}
+
+func ensureNS(t testing.TB, k kubernetes.Interface, ns string) {
+	t.Helper()
+	_, err := k.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("create namespace %s: %v", ns, err)
+	}
+}
+
+type podOpt func(*corev1.Pod)
+
+func withLabels(kv ...string) podOpt {
+	return func(p *corev1.Pod) {
+		for i := 0; i+1 < len(kv); i += 2 {
+			p.Labels[kv[i]] = kv[i+1]
+		}
+	}
+}
+
+func withAnnotation(k, v string) podOpt { return func(p *corev1.Pod) { p.Annotations[k] = v } }
+
+func daemonSetPod(p *corev1.Pod) {
+	yes := true
+	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ds", UID: types.UID("ds-uid"), Controller: &yes}}
+}
+
+func createPod(t testing.TB, k kubernetes.Interface, ns, name, node string, opts ...podOpt) {
+	t.Helper()
+	ensureNS(t, k, ns)
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{}, Annotations: map[string]string{}},
+		Spec: corev1.PodSpec{
+			NodeName:    node,
+			Containers:  []corev1.Container{{Name: "c", Image: "busybox"}},
+			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+		},
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	if _, err := k.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create pod %s/%s: %v", ns, name, err)
+	}
+}
+
+// waitRunning waits until KWOK made every pod of the node Running.
+func waitRunning(t testing.TB, k kubernetes.Interface, node string, want int) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		pods := podsOn(t, k, node)
+		running := 0
+		for _, p := range pods {
+			if p.Status.Phase == corev1.PodRunning {
+				running++
+			}
+		}
+		if running >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s: %d of %d pods running", node, running, want)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func podsOn(t testing.TB, k kubernetes.Interface, node string) []corev1.Pod {
+	t.Helper()
+	l, err := k.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Items
+}
+
+func podNames(pods []corev1.Pod) []string {
+	var out []string
+	for _, p := range pods {
+		out = append(out, p.Namespace+"/"+p.Name)
+	}
+	return out
+}
+
+// trigger is the quarantine role's action for a fault on node.
+func quarantineAction(node, eventID, action string, details map[string]string) *kgo.Record {
+	if details == nil {
+		details = map[string]string{}
+	}
+	a := &faultlinev1.Action{
+		Id: "q-" + eventID, Cluster: cluster, Node: node, Role: quarantine.Role, Kind: quarantine.KindQuarantine,
+		Outcome: quarantine.OutcomeApplied, EventIds: []string{eventID}, CheckName: "XID_ERROR_48",
+		RecommendedAction: action, Details: details,
+	}
+	b, err := events.MarshalAction(a)
+	if err != nil {
+		panic(err)
+	}
+	return &kgo.Record{Topic: events.TopicActions, Key: events.Key(cluster, node), Value: b}
+}
+
+// handle runs one batch and splits its outputs into actions and requeues.
+func handle(t testing.TB, h *Handler, recs ...*kgo.Record) ([]*faultlinev1.Action, []*kgo.Record) {
+	t.Helper()
+	res, err := h.Handle(context.Background(), recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Dead) > 0 {
+		t.Fatalf("dead letters: %v", res.Dead[0].Reason)
+	}
+	var acts []*faultlinev1.Action
+	var rq []*kgo.Record
+	for _, r := range res.Out {
+		switch r.Topic {
+		case events.TopicActions:
+			a, err := events.UnmarshalAction(r.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			acts = append(acts, a)
+		case TopicRequeue:
+			rq = append(rq, r)
+		default:
+			t.Fatalf("unexpected output topic %s", r.Topic)
+		}
+	}
+	return acts, rq
+}
+
+// drive handles rec and then its requeues, advancing the clock by step
+// each round, until no requeue is left or rounds run out; between rounds
+// it gives KWOK real time to remove pods. It returns every action.
+func drive(t testing.TB, h *Handler, clk *clock, step time.Duration, rounds int, rec *kgo.Record) ([]*faultlinev1.Action, *kgo.Record) {
+	t.Helper()
+	var all []*faultlinev1.Action
+	recs := []*kgo.Record{rec}
+	for i := 0; i < rounds && len(recs) > 0; i++ {
+		acts, rq := handle(t, h, recs...)
+		all = append(all, acts...)
+		if len(rq) == 0 {
+			return all, nil
+		}
+		recs = rq
+		clk.Add(step)
+		time.Sleep(300 * time.Millisecond)
+	}
+	if len(recs) > 0 {
+		return all, recs[0]
+	}
+	return all, nil
+}
+
+func find(acts []*faultlinev1.Action, outcome string) *faultlinev1.Action {
+	for _, a := range acts {
+		if a.Outcome == outcome {
+			return a
+		}
+	}
+	return nil
+}
+
+func outcomes(acts []*faultlinev1.Action) string {
+	var out []string
+	for _, a := range acts {
+		out = append(out, a.Outcome+":"+a.Reason)
+	}
+	return strings.Join(out, " | ")
+}
+
+func pdb(t testing.TB, k kubernetes.Interface, ns, name string, minAvailable int, app string) {
+	t.Helper()
+	mi := intstr.FromInt32(int32(minAvailable))
+	b := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: &mi, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}},
+	}
+	if _, err := k.PolicyV1().PodDisruptionBudgets(ns).Create(context.Background(), b, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitPDB waits until the disruption controller has observed the PDB.
+func waitPDB(t testing.TB, k kubernetes.Interface, ns, name string, allowed int32) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		b, err := k.PolicyV1().PodDisruptionBudgets(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err == nil && b.Status.ObservedGeneration == b.Generation && b.Status.DisruptionsAllowed == allowed && b.Status.ExpectedPods > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pdb %s/%s: status %+v", ns, name, b.Status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func TestDrainKube(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real kube-apiserver test")
+	}
+	kube := testenv.StartKube(t, testenv.KubeOptions{ControllerManager: true, KWOK: true})
+	k := kube.Client()
+	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+
+	t.Run("ImmediateSkipsSystemDaemonSetMirror", func(t *testing.T) {
+		node := "imm-1"
+		quarantined(t, k, node)
+		for i := range 3 {
+			createPod(t, k, "work", fmt.Sprintf("w%d", i), node)
+		}
+		createPod(t, k, "kube-system", "sys-imm", node)
+		createPod(t, k, "work", "ds-imm", node, daemonSetPod)
+		createPod(t, k, "work", "mirror-imm", node, withAnnotation(mirrorAnnotation, "abc"))
+		waitRunning(t, k, node, 6)
+		h := newHandler(t, testConfig(), k, clk, false)
+		acts, left := drive(t, h, clk, time.Second, 40, quarantineAction(node, "e-imm", "RESTART_VM", nil))
+		if left != nil {
+			t.Fatalf("drain did not finish: %s", outcomes(acts))
+		}
+		res := find(acts, OutcomeSucceeded)
+		if res == nil {
+			t.Fatalf("no succeeded action: %s", outcomes(acts))
+		}
+		if res.Details["evicted"] != "3" || res.Details["skipped"] != "daemonset=1,mirror=1,system_namespace=1" {
+			t.Fatalf("details %v", res.Details)
+		}
+		if res.RecommendedAction != "RESTART_VM" || res.Details[DetailDrainID] == "" {
+			t.Fatalf("result lacks the trigger: %v", res)
+		}
+		names := podNames(podsOn(t, k, node))
+		if strings.Join(names, ",") != "kube-system/sys-imm,work/ds-imm,work/mirror-imm" {
+			t.Fatalf("pods left: %v", names)
+		}
+		// A replayed trigger says the same result again and evicts nothing.
+		again, _ := handle(t, h, quarantineAction(node, "e-imm", "RESTART_VM", nil))
+		if len(again) != 1 || again[0].Id != res.Id {
+			t.Fatalf("replay: %s", outcomes(again))
+		}
+		n, _ := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if n.Labels[LabelDrain] != PhaseSucceeded {
+			t.Fatalf("label %s=%q", LabelDrain, n.Labels[LabelDrain])
+		}
+	})
+
+	t.Run("PDBBlocksThenAllows", func(t *testing.T) {
+		node := "pdb-1"
+		quarantined(t, k, node)
+		createPod(t, k, "db", "db-0", node, withLabels("app", "db"))
+		createPod(t, k, "db", "db-1", node, withLabels("app", "db"))
+		waitRunning(t, k, node, 2)
+		pdb(t, k, "db", "db-pdb", 2, "db")
+		waitPDB(t, k, "db", "db-pdb", 0)
+		h := newHandler(t, testConfig(), k, clk, false)
+		acts, left := drive(t, h, clk, time.Second, 3, quarantineAction(node, "e-pdb", "REPLACE_VM", nil))
+		if left == nil {
+			t.Fatalf("drain finished under a blocking PDB: %s", outcomes(acts))
+		}
+		b := find(acts, OutcomeBlocked)
+		if b == nil || b.Reason != "blocked by PDB db-pdb" {
+			t.Fatalf("no blocked action: %s", outcomes(acts))
+		}
+		if len(podsOn(t, k, node)) != 2 {
+			t.Fatal("a pod was evicted through the PDB")
+		}
+		// The PDB is relaxed: the drain goes on and finishes.
+		patch := []byte(`{"spec":{"minAvailable":0}}`)
+		if _, err := k.PolicyV1().PodDisruptionBudgets("db").Patch(context.Background(), "db-pdb", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPDB(t, k, "db", "db-pdb", 2)
+		acts2, left := drive(t, h, clk, 3*time.Second, 40, left)
+		if left != nil || find(acts2, OutcomeSucceeded) == nil {
+			t.Fatalf("drain did not finish after the PDB allowed it: %s", outcomes(acts2))
+		}
+		if got := find(acts2, OutcomeSucceeded).Details["evicted"]; got != "2" {
+			t.Fatalf("evicted %s, want 2", got)
+		}
+	})
+
+	t.Run("AllowCompletionWaits", func(t *testing.T) {
+		node := "ac-1"
+		quarantined(t, k, node)
+		createPod(t, k, "batch", "job-0", node)
+		waitRunning(t, k, node, 1)
+		h := newHandler(t, testConfig(), k, clk, false)
+		acts, left := drive(t, h, clk, time.Second, 3, quarantineAction(node, "e-ac", "RESTART_BM", nil))
+		if left == nil || len(podsOn(t, k, node)) != 1 {
+			t.Fatalf("AllowCompletion pod was evicted or drain ended: %s", outcomes(acts))
+		}
+		// The job finishes on its own.
+		p, _ := k.CoreV1().Pods("batch").Get(context.Background(), "job-0", metav1.GetOptions{})
+		p.Status.Phase = corev1.PodSucceeded
+		if _, err := k.CoreV1().Pods("batch").UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		acts, left = drive(t, h, clk, time.Second, 20, left)
+		res := find(acts, OutcomeSucceeded)
+		if left != nil || res == nil || res.Details["completed"] != "1" || res.Details["evicted"] != "0" {
+			t.Fatalf("want succeeded with 1 completed: %s %v", outcomes(acts), res)
+		}
+	})
+
+	t.Run("DeleteAfterTimeout", func(t *testing.T) {
+		node := "dat-1"
+		quarantined(t, k, node)
+		createPod(t, k, "stubborn", "s-0", node, withLabels("app", "s"))
+		waitRunning(t, k, node, 1)
+		pdb(t, k, "stubborn", "s-pdb", 1, "s")
+		waitPDB(t, k, "stubborn", "s-pdb", 0)
+		h := newHandler(t, testConfig(), k, clk, false)
+		acts, left := drive(t, h, clk, time.Second, 3, quarantineAction(node, "e-dat", "RESTART_VM", nil))
+		if left == nil || find(acts, OutcomeBlocked) == nil {
+			t.Fatalf("want blocked: %s", outcomes(acts))
+		}
+		clk.Add(11 * time.Minute) // past the rule's 10m
+		acts, left = drive(t, h, clk, time.Second, 40, left)
+		res := find(acts, OutcomeSucceeded)
+		if left != nil || res == nil || res.Details["deleted"] != "1" {
+			t.Fatalf("want succeeded with 1 deleted: %s", outcomes(acts))
+		}
+		if len(podsOn(t, k, node)) != 0 {
+			t.Fatal("pod still there")
+		}
+	})
+
+	t.Run("ImmediateGivesUp", func(t *testing.T) {
+		node := "gu-1"
+		quarantined(t, k, node)
+		createPod(t, k, "guard", "g-0", node, withLabels("app", "g"))
+		waitRunning(t, k, node, 1)
+		pdb(t, k, "guard", "g-pdb", 1, "g")
+		waitPDB(t, k, "guard", "g-pdb", 0)
+		h := newHandler(t, testConfig(), k, clk, false)
+		_, left := drive(t, h, clk, time.Second, 2, quarantineAction(node, "e-gu", "RESTART_VM", nil))
+		clk.Add(11 * time.Minute) // past eviction_timeout
+		acts, left := drive(t, h, clk, time.Second, 5, left)
+		res := find(acts, OutcomeGaveUp)
+		if left != nil || res == nil || !strings.Contains(res.Reason, "blocked by PDB g-pdb") {
+			t.Fatalf("want gave_up blocked by PDB g-pdb: %s", outcomes(acts))
+		}
+		if len(podsOn(t, k, node)) != 1 {
+			t.Fatal("Immediate must never delete through a PDB")
+		}
+	})
+
+	t.Run("PartialDrainOnlyTheGPUsPods", func(t *testing.T) {
+		node := "part-1"
+		quarantined(t, k, node)
+		createPod(t, k, "train", "on-gpu-a", node, withAnnotation(DefaultGPUAnnotation, "GPU-aaaa"))
+		createPod(t, k, "train", "on-gpu-b", node, withAnnotation(DefaultGPUAnnotation, "GPU-bbbb,GPU-cccc"))
+		createPod(t, k, "train", "cpu-only", node)
+		waitRunning(t, k, node, 3)
+		h := newHandler(t, testConfig(), k, clk, false)
+		acts, left := drive(t, h, clk, time.Second, 40, quarantineAction(node, "e-part", "COMPONENT_RESET", map[string]string{DetailEntities: "GPU=GPU-aaaa"}))
+		res := find(acts, OutcomeSucceeded)
+		if left != nil || res == nil || res.Details["evicted"] != "1" || res.Details[DetailScope] != "gpu:GPU-aaaa" {
+			t.Fatalf("partial drain: %s %v", outcomes(acts), res)
+		}
+		if got := strings.Join(podNames(podsOn(t, k, node)), ","); got != "train/cpu-only,train/on-gpu-b" {
+			t.Fatalf("pods left: %s", got)
+		}
+	})
+
+	t.Run("ResumeAfterRestartNeverDoubleCounts", func(t *testing.T) {
+		node := "res-1"
+		quarantined(t, k, node)
+		createPod(t, k, "resume", "free-0", node)
+		createPod(t, k, "resume", "free-1", node)
+		createPod(t, k, "resume", "held-0", node, withLabels("app", "held"))
+		waitRunning(t, k, node, 3)
+		pdb(t, k, "resume", "held-pdb", 1, "held")
+		waitPDB(t, k, "resume", "held-pdb", 0)
+		trig := quarantineAction(node, "e-res", "RESTART_VM", nil)
+		h1 := newHandler(t, testConfig(), k, clk, false)
+		acts1, rq := handle(t, h1, trig)
+		if len(rq) != 1 || find(acts1, OutcomeStarted) == nil {
+			t.Fatalf("first step: %s", outcomes(acts1))
+		}
+		// The processor dies here: its requeue record may or may not have
+		// been produced, and the trigger is redelivered to a fresh one.
+		h2 := newHandler(t, testConfig(), k, clk, false)
+		acts2, rq2 := handle(t, h2, trig)
+		if find(acts2, OutcomeStarted) != nil {
+			t.Fatalf("the fresh processor started the drain over: %s", outcomes(acts2))
+		}
+		if len(rq2) != 1 {
+			t.Fatalf("fresh processor did not go on: %s", outcomes(acts2))
+		}
+		if err := k.PolicyV1().PodDisruptionBudgets("resume").Delete(context.Background(), "held-pdb", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// Both the old requeue record and the new one are handled.
+		clk.Add(3 * time.Second)
+		acts3, left := drive(t, h2, clk, 3*time.Second, 40, rq[0])
+		res := find(acts3, OutcomeSucceeded)
+		if left != nil || res == nil {
+			t.Fatalf("resumed drain did not finish: %s", outcomes(acts3))
+		}
+		if res.Details["evicted"] != "3" || res.Details["inScope"] != "3" || res.Details[DetailDrainID] != find(acts1, OutcomeStarted).Details[DetailDrainID] {
+			t.Fatalf("counts after resume: %v", res.Details)
+		}
+		acts4, left := drive(t, h2, clk, time.Second, 5, rq2[0])
+		if left != nil || len(acts4) != 1 || acts4[0].Id != res.Id {
+			t.Fatalf("the duplicate requeue must only repeat the result: %s", outcomes(acts4))
+		}
+	})
+
+	t.Run("OverridesAndDryRun", func(t *testing.T) {
+		node := "ovr-1"
+		quarantined(t, k, node)
+		createPod(t, k, "work", "o-0", node)
+		waitRunning(t, k, node, 1)
+		h := newHandler(t, testConfig(), k, clk, false)
+		acts, _ := handle(t, h, quarantineAction(node, "e-skip", "RESTART_VM", map[string]string{DetailDrainOverrides: "skip"}))
+		if len(acts) != 1 || acts[0].Outcome != OutcomeSkipped {
+			t.Fatalf("skip: %s", outcomes(acts))
+		}
+		dry := newHandler(t, testConfig(), k, clk, true)
+		acts, rq := handle(t, dry, quarantineAction(node, "e-dry", "RESTART_VM", nil))
+		if len(rq) != 0 || len(acts) != 1 || acts[0].Outcome != OutcomeDryRun || acts[0].Details["wouldDrain"] != "work/o-0(Immediate)" {
+			t.Fatalf("dry-run: %s %v", outcomes(acts), acts)
+		}
+		if len(podsOn(t, k, node)) != 1 {
+			t.Fatal("skip or dry-run evicted a pod")
+		}
+		// Held by the breaker: not a trigger.
+		held := &faultlinev1.Action{Role: quarantine.Role, Kind: quarantine.KindQuarantine, Outcome: quarantine.OutcomeHeld}
+		if IsTrigger(held) {
+			t.Fatal("held_by_breaker started a drain")
+		}
+	})
+
+	if os.Getenv("FAULTLINE_MEASURE") != "" {
+		t.Run("Measure", func(t *testing.T) { measure(t, kube, clk) })
+	}
+}
+
+// measure drains nodes×pods with the given client QPS and reports
+// evictions/s (accepted Eviction calls) and pods gone/s.
+func measure(t *testing.T, kube *testenv.Kube, clk *clock) {
+	nodes, _ := strconv.Atoi(envOr("FAULTLINE_MEASURE_NODES", "100"))
+	perNode, _ := strconv.Atoi(envOr("FAULTLINE_MEASURE_PODS", "15"))
+	for _, qps := range strings.Split(envOr("FAULTLINE_MEASURE_QPS", "5,50,200"), ",") {
+		q, _ := strconv.ParseFloat(qps, 32)
+		setup := kube.Client()
+		prefix := "m" + qps + "-"
+		ns := "measure-" + qps
+		ensureNS(t, setup, ns)
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 16)
+		for i := range nodes {
+			node := fmt.Sprintf("%s%03d", prefix, i)
+			quarantined(t, setup, node)
+			for j := range perNode {
+				sem <- struct{}{}
+				wg.Add(1)
+				go func() { defer func() { <-sem; wg.Done() }(); createPod(t, setup, ns, fmt.Sprintf("%s-p%02d", node, j), node) }()
+			}
+		}
+		wg.Wait()
+		for i := range nodes {
+			waitRunning(t, setup, fmt.Sprintf("%s%03d", prefix, i), perNode)
+		}
+		rc := kube.RESTConfig()
+		rc.QPS, rc.Burst = float32(q), int(q*2)
+		kc, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := testConfig()
+		cfg.PollInterval = 500 * time.Millisecond
+		h := newHandler(t, cfg, kc, &clock{t: time.Now()}, false)
+		h.now = time.Now
+		var recs []*kgo.Record
+		for i := range nodes {
+			recs = append(recs, quarantineAction(fmt.Sprintf("%s%03d", prefix, i), "e-"+prefix+strconv.Itoa(i), "RESTART_VM", nil))
+		}
+		start := time.Now()
+		var evictedAt time.Duration
+		done := 0
+		for round := 0; len(recs) > 0 && round < 2000; round++ {
+			acts, rq := handle(t, h, recs...)
+			for _, a := range acts {
+				if a.Outcome == OutcomeSucceeded {
+					done++
+				}
+			}
+			if evictedAt == 0 && testutilCount(h, "evicted") >= float64(nodes*perNode) {
+				evictedAt = time.Since(start)
+			}
+			recs = rq
+		}
+		total := time.Since(start)
+		n := float64(nodes * perNode)
+		t.Logf("MEASURE qps=%s nodes=%d pods=%d: all evictions accepted in %s (%.1f evictions/s); all %d drains succeeded in %s (%.1f pods gone/s)",
+			qps, nodes, nodes*perNode, evictedAt.Round(time.Millisecond), n/evictedAt.Seconds(), done, total.Round(time.Millisecond), n/total.Seconds())
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func testutilCount(h *Handler, result string) float64 {
+	var m dto.Metric
+	if err := h.m.evictions.WithLabelValues(cluster, result).Write(&m); err != nil {
+		return 0
+	}
+	return m.GetCounter().GetValue()
+}
