@@ -1,0 +1,139 @@
+package clusters
+
+import (
+	"context"
+	"net"
+
+	"errors"
+	"flag"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestFlagsAndValidate(t *testing.T) {
+	c := DefaultConfig()
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	c.RegisterFlags(fs, "kube.")
+	if err := fs.Parse([]string{"--kube.clusters=a=/etc/a.yaml,b=in-cluster", "--kube.dry-run-clusters=b,c", "--kube.qps=150"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Names(); strings.Join(got, ",") != "a,b,c" || c.QPS != 150 {
+		t.Fatalf("names %v qps %v", got, c.QPS)
+	}
+	if !c.Clusters[1].DryRun || c.Clusters[0].DryRun || c.Clusters[1].Kubeconfig != InCluster {
+		t.Fatalf("clusters %+v", c.Clusters)
+	}
+	if err := c.Validate("kube."); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	for _, tc := range []struct {
+		mut  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.QPS = 0 }, "kube.qps"},
+		{func(c *Config) { c.Burst = 0 }, "kube.burst"},
+		{func(c *Config) { c.Clusters = append(c.Clusters, Cluster{Name: "a", Kubeconfig: "x"}) }, "kube.clusters[3].name"},
+		{func(c *Config) { c.Clusters = append(c.Clusters, Cluster{Name: "d"}) }, "kube.clusters[3].kubeconfig"},
+		{func(c *Config) { c.Clusters[0].Name = "a/b" }, "kube.clusters[0].name"},
+	} {
+		cc := c
+		cc.Clusters = append([]Cluster(nil), c.Clusters...)
+		tc.mut(&cc)
+		if err := cc.Validate("kube."); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("Validate() = %v, want it to name %s", err, tc.want)
+		}
+	}
+	if _, err := ParseClusters("novalue"); err == nil {
+		t.Fatal("ParseClusters accepted a pair without '='")
+	}
+}
+
+func TestRegistryLazyAndUnknown(t *testing.T) {
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Clusters = []Cluster{{Name: "a", Kubeconfig: kc, QPS: 42}, {Name: "missing", Kubeconfig: filepath.Join(dir, "nope")}, {Name: "dry", DryRun: true}}
+	r := NewRegistry(cfg, nil)
+	c, err := r.Get("a")
+	if err != nil || c.Kube == nil {
+		t.Fatalf("Get(a) = %v, %v", c, err)
+	}
+	if c2, _ := r.Get("a"); c2 != c {
+		t.Fatal("client not reused")
+	}
+	rc, err := r.RESTConfig(cfg.Clusters[0])
+	if err != nil || rc.QPS != 42 || rc.Burst != DefaultBurst {
+		t.Fatalf("rest config qps %v burst %v err %v", rc.QPS, rc.Burst, err)
+	}
+	if _, err := r.Get("missing"); err == nil {
+		t.Fatal("a kubeconfig that does not exist must be an error")
+	}
+	if d, err := r.Get("dry"); err != nil || d.Kube != nil || !d.DryRun {
+		t.Fatalf("dry-run cluster without kubeconfig: %+v %v", d, err)
+	}
+	if _, err := r.Get("other"); !errors.Is(err, ErrUnknownCluster) {
+		t.Fatalf("unknown cluster: %v", err)
+	}
+}
+
+func TestGateBackoff(t *testing.T) {
+	now := time.Unix(1000, 0)
+	g := NewGate(func() time.Time { return now })
+	if ok, _ := g.Ready(); !ok {
+		t.Fatal("new gate not ready")
+	}
+	var last time.Duration
+	for i := range 12 {
+		next := g.Fail(errors.New("down"))
+		d := next.Sub(now)
+		if d < g.MinBackoff/2 || d > g.MaxBackoff {
+			t.Fatalf("failure %d: backoff %v out of range", i+1, d)
+		}
+		last = d
+	}
+	if last < g.MaxBackoff/2 {
+		t.Fatalf("backoff did not grow to the cap: %v", last)
+	}
+	if ok, _ := g.Ready(); ok {
+		t.Fatal("ready during backoff")
+	}
+	g.OK()
+	if ok, _ := g.Ready(); !ok || g.Failures() != 0 {
+		t.Fatal("OK did not reset the gate")
+	}
+}
+
+func TestRetriable(t *testing.T) {
+	gr := schema.GroupResource{Resource: "nodes"}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{apierrors.NewConflict(gr, "n", errors.New("x")), false},
+		{apierrors.NewNotFound(gr, "n"), false},
+		{apierrors.NewServiceUnavailable("down"), true},
+		{apierrors.NewTooManyRequests("slow", 1), true},
+		{apierrors.NewForbidden(gr, "n", errors.New("rbac")), true},
+		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, true},
+		{context.DeadlineExceeded, true},
+	} {
+		if got := Retriable(tc.err); got != tc.want {
+			t.Errorf("Retriable(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
