@@ -1,0 +1,356 @@
+package remediate
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/drain"
+	"github.com/faultline/faultline/processors/quarantine"
+	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+var testLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+const cluster = "c1"
+
+var (
+	rebootGVR = schema.GroupVersionResource{Group: "janitor.dgxc.nvidia.com", Version: "v1alpha1", Resource: "rebootnodes"}
+	resetGVR  = schema.GroupVersionResource{Group: "remediation.faultline.io", Version: "v1alpha1", Resource: "gpuresets"}
+	crdGVR    = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+)
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+// installCRDs applies deploy/crds and waits until they are served.
+func installCRDs(t testing.TB, dyn dynamic.Interface) {
+	t.Helper()
+	files, _ := filepath.Glob("../../deploy/crds/*.yaml")
+	if len(files) < 2 {
+		t.Fatalf("CRDs not found: %v", files)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]any{}
+		if err := yaml.Unmarshal(b, &m); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if _, err := dyn.Resource(crdGVR).Create(context.Background(), &unstructured.Unstructured{Object: m}, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	for _, gvr := range []schema.GroupVersionResource{rebootGVR, resetGVR} {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			_, err := dyn.Resource(gvr).List(context.Background(), metav1.ListOptions{})
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not served: %v", gvr, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
+
+func newHandler(t testing.TB, cfg Config, k kubernetes.Interface, dyn dynamic.Interface, clk *clock) *Handler {
+	t.Helper()
+	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+	reg.SetClient(cluster, k, false)
+	h, err := New(cfg, reg, Options{Log: testLog, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.SetDynamic(cluster, dyn)
+	return h
+}
+
+func testConfig() Config {
+	c := DefaultConfig()
+	c.Identity = "faultline-remediate/test"
+	c.Budget = 2
+	c.BudgetWindow = time.Hour
+	c.Templates = []Template{{
+		Action: "custom:drain-and-flash",
+		Object: `apiVersion: remediation.faultline.io/v1alpha1
+kind: GPUReset
+metadata:
+  name: {{ .Name }}
+spec:
+  nodeName: {{ .NodeName }}
+  gpuUUIDs: []
+  reason: {{ quote .CustomRecommendedAction }}
+`,
+		Group: "flash",
+	}}
+	return c
+}
+
+// drained is the drain role's result for a drain of node.
+func drained(node, drainID, action string, details map[string]string) *kgo.Record {
+	d := map[string]string{drain.DetailDrainID: drainID}
+	for k, v := range details {
+		d[k] = v
+	}
+	a := &faultlinev1.Action{
+		Id: "d-" + drainID, Cluster: cluster, Node: node, Role: drain.Role, Kind: drain.KindDrain,
+		Outcome: drain.OutcomeSucceeded, EventIds: []string{"ev-" + drainID}, CheckName: "XID_ERROR_79",
+		RecommendedAction: action, Details: d,
+	}
+	b, _ := events.MarshalAction(a)
+	return &kgo.Record{Topic: events.TopicActions, Key: events.Key(cluster, node), Value: b}
+}
+
+func handle(t testing.TB, h *Handler, recs ...*kgo.Record) ([]*faultlinev1.Action, []*kgo.Record) {
+	t.Helper()
+	res, err := h.Handle(context.Background(), recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acts []*faultlinev1.Action
+	var rq []*kgo.Record
+	for _, r := range res.Out {
+		if r.Topic == TopicRequeue {
+			rq = append(rq, r)
+			continue
+		}
+		a, err := events.UnmarshalAction(r.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acts = append(acts, a)
+	}
+	return acts, rq
+}
+
+func outcomes(acts []*faultlinev1.Action) string {
+	var out []string
+	for _, a := range acts {
+		out = append(out, a.Kind+"/"+a.Outcome+":"+a.Reason)
+	}
+	return strings.Join(out, " | ")
+}
+
+func list(t testing.TB, dyn dynamic.Interface, gvr schema.GroupVersionResource, node string) []unstructured.Unstructured {
+	t.Helper()
+	l, err := dyn.Resource(gvr).List(context.Background(), metav1.ListOptions{LabelSelector: LabelNode + "=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Items
+}
+
+// setCondition plays the janitor: it sets a condition True on the resource.
+func setCondition(t testing.TB, dyn dynamic.Interface, gvr schema.GroupVersionResource, name, typ string) {
+	t.Helper()
+	o, err := dyn.Resource(gvr).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = unstructured.SetNestedSlice(o.Object, []any{map[string]any{
+		"type": typ, "status": "True", "reason": "Test", "message": "set by the test",
+		"lastTransitionTime": time.Now().UTC().Format(time.RFC3339),
+	}}, "status", "conditions")
+	if _, err := dyn.Resource(gvr).UpdateStatus(context.Background(), o, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func createNode(t testing.TB, k kubernetes.Interface, name string) {
+	t.Helper()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{quarantine.LabelQuarantined: "true"}}}
+	if _, err := k.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRemediateKube(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real kube-apiserver test")
+	}
+	kube := testenv.StartKube(t, testenv.KubeOptions{})
+	k := kube.Client()
+	dyn, err := dynamic.NewForConfig(kube.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	installCRDs(t, dyn)
+	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+
+	t.Run("RebootNodeOnceAcrossRetriesAndReplicas", func(t *testing.T) {
+		node := "gpu-node-42"
+		createNode(t, k, node)
+		a := newHandler(t, testConfig(), k, dyn, clk)
+		b := newHandler(t, testConfig(), k, dyn, clk)
+		rec := drained(node, "drain-1", "REPLACE_VM", nil)
+		// Two replicas handle the same result at once, then a retry.
+		var wg sync.WaitGroup
+		var actsA, actsB []*faultlinev1.Action
+		wg.Add(2)
+		go func() { defer wg.Done(); actsA, _ = handle(t, a, rec) }()
+		go func() { defer wg.Done(); actsB, _ = handle(t, b, rec) }()
+		wg.Wait()
+		retry, rq := handle(t, a, rec)
+		items := list(t, dyn, rebootGVR, node)
+		if len(items) != 1 {
+			t.Fatalf("want 1 RebootNode, got %d (%s / %s)", len(items), outcomes(actsA), outcomes(actsB))
+		}
+		rn := items[0]
+		if got, _, _ := unstructured.NestedString(rn.Object, "spec", "nodeName"); got != node {
+			t.Fatalf("spec.nodeName %q", got)
+		}
+		if !strings.HasPrefix(rn.GetName(), "maintenance-"+node+"-") {
+			t.Fatalf("name %s", rn.GetName())
+		}
+		if len(retry) != 1 || retry[0].Outcome != OutcomeApplied || len(rq) != 1 || actsA[0].Id != retry[0].Id || actsB[0].Id != retry[0].Id {
+			t.Fatalf("retry: %s", outcomes(retry))
+		}
+		// A second fault while the reboot is in progress joins it.
+		joined, _ := handle(t, b, drained(node, "drain-2", "RESTART_BM", nil))
+		if len(joined) != 1 || joined[0].Outcome != OutcomeInProgress || len(list(t, dyn, rebootGVR, node)) != 1 {
+			t.Fatalf("second fault: %s", outcomes(joined))
+		}
+		// The janitor completes it; the watcher reports success.
+		setCondition(t, dyn, rebootGVR, rn.GetName(), "Completed")
+		clk.Add(testConfig().PollInterval)
+		done, rq2 := handle(t, a, rq[0])
+		if len(done) != 1 || done[0].Outcome != OutcomeSucceeded || len(rq2) != 0 {
+			t.Fatalf("completion: %s", outcomes(done))
+		}
+	})
+
+	t.Run("EscalationAfterBudget", func(t *testing.T) {
+		node := "flaky-1"
+		createNode(t, k, node)
+		h := newHandler(t, testConfig(), k, dyn, clk) // budget 2 per hour
+		for i, id := range []string{"b1", "b2"} {
+			acts, _ := handle(t, h, drained(node, id, "RESTART_VM", nil))
+			if len(acts) != 1 || acts[0].Outcome != OutcomeApplied {
+				t.Fatalf("reboot %d: %s", i+1, outcomes(acts))
+			}
+			for _, it := range list(t, dyn, rebootGVR, node) {
+				setCondition(t, dyn, rebootGVR, it.GetName(), "Completed")
+			}
+			clk.Add(10 * time.Minute)
+		}
+		acts, rq := handle(t, h, drained(node, "b3", "RESTART_VM", nil))
+		if len(acts) != 1 || acts[0].Kind != KindEscalate || acts[0].RecommendedAction != "CONTACT_SUPPORT" || len(rq) != 0 {
+			t.Fatalf("third fault: %s", outcomes(acts))
+		}
+		if n := len(list(t, dyn, rebootGVR, node)); n != 2 {
+			t.Fatalf("%d RebootNodes, want 2", n)
+		}
+		n, _ := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if !strings.Contains(n.Annotations[AnnotationEscalated], "budget spent") {
+			t.Fatalf("node annotation %q", n.Annotations[AnnotationEscalated])
+		}
+		// After the window the budget is free again.
+		clk.Add(time.Hour)
+		acts, _ = handle(t, h, drained(node, "b4", "RESTART_VM", nil))
+		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied {
+			t.Fatalf("after the window: %s", outcomes(acts))
+		}
+	})
+
+	t.Run("FailedRemediationEscalates", func(t *testing.T) {
+		node := "broken-1"
+		createNode(t, k, node)
+		h := newHandler(t, testConfig(), k, dyn, clk)
+		_, rq := handle(t, h, drained(node, "f1", "RESTART_VM", nil))
+		items := list(t, dyn, rebootGVR, node)
+		setCondition(t, dyn, rebootGVR, items[0].GetName(), "Failed")
+		clk.Add(testConfig().PollInterval)
+		acts, _ := handle(t, h, rq[0])
+		if len(acts) != 2 || acts[0].Outcome != OutcomeFailed || acts[1].Kind != KindEscalate {
+			t.Fatalf("failed reboot: %s", outcomes(acts))
+		}
+		// The next fault is escalated too, without another reboot.
+		acts, _ = handle(t, h, drained(node, "f2", "RESTART_VM", nil))
+		if len(acts) != 1 || acts[0].Kind != KindEscalate || len(list(t, dyn, rebootGVR, node)) != 1 {
+			t.Fatalf("fault after a failed reboot: %s", outcomes(acts))
+		}
+	})
+
+	t.Run("GPUResetCustomAndNone", func(t *testing.T) {
+		node := "reset-1"
+		createNode(t, k, node)
+		h := newHandler(t, testConfig(), k, dyn, clk)
+		acts, _ := handle(t, h, drained(node, "r1", "COMPONENT_RESET", map[string]string{drain.DetailEntities: "GPU=GPU-aaaa"}))
+		items := list(t, dyn, resetGVR, node)
+		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(items) != 1 {
+			t.Fatalf("reset: %s", outcomes(acts))
+		}
+		if g, _, _ := unstructured.NestedStringSlice(items[0].Object, "spec", "gpuUUIDs"); len(g) != 1 || g[0] != "GPU-aaaa" {
+			t.Fatalf("gpuUUIDs %v", g)
+		}
+		acts, _ = handle(t, h, drained(node, "r2", "CUSTOM", map[string]string{drain.DetailCustomAction: "drain-and-flash"}))
+		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(list(t, dyn, resetGVR, node)) != 2 {
+			t.Fatalf("custom: %s", outcomes(acts))
+		}
+		acts, _ = handle(t, h, drained(node, "r3", "NONE", nil))
+		if len(acts) != 1 || acts[0].Outcome != OutcomeSkipped || len(list(t, dyn, rebootGVR, node)) != 0 {
+			t.Fatalf("NONE: %s", outcomes(acts))
+		}
+	})
+
+	t.Run("EmptyNodeQuarantineToRebootNode", func(t *testing.T) {
+		// The chain the pipeline runs: quarantine action → drain (empty
+		// node) → drain result → RebootNode. Kafka hops are not included.
+		node := "empty-1"
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{quarantine.LabelQuarantined: "true"}}}
+		if _, err := k.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+		reg.SetClient(cluster, k, false)
+		dcfg := drain.DefaultConfig()
+		dh, err := drain.New(dcfg, reg, drain.Options{Log: testLog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rh := newHandler(t, testConfig(), k, dyn, &clock{t: time.Now()})
+		rh.now = time.Now
+		qa := &faultlinev1.Action{Id: "q1", Cluster: cluster, Node: node, Role: quarantine.Role, Kind: quarantine.KindQuarantine,
+			Outcome: quarantine.OutcomeApplied, EventIds: []string{"ev-empty"}, RecommendedAction: "RESTART_BM", Details: map[string]string{}}
+		b, _ := events.MarshalAction(qa)
+		start := time.Now()
+		res, err := dh.Handle(context.Background(), []*kgo.Record{{Topic: events.TopicActions, Key: events.Key(cluster, node), Value: b}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		acts, _ := handle(t, rh, res.Out...)
+		took := time.Since(start)
+		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(list(t, dyn, rebootGVR, node)) != 1 {
+			t.Fatalf("chain: %s", outcomes(acts))
+		}
+		t.Logf("MEASURE quarantine action → RebootNode created for an empty node: %s (drain step + remediate step, in-process)", took.Round(time.Microsecond))
+	})
+}
