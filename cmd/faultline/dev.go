@@ -13,7 +13,9 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/faultline/faultline/gateway"
@@ -22,7 +24,9 @@ import (
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/loadtest/fleetsim"
 	"github.com/faultline/faultline/processors"
+	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
 )
 
@@ -41,11 +45,16 @@ type DevConfig struct {
 	// ClickHousePort is the native port of the local ClickHouse server
 	// (data under Dir/clickhouse); 0 picks a free one. Default 9190.
 	ClickHousePort int `toml:"clickhouse_port"`
+	// FleetNodes is the size of the simulated fleet (0: no simulation).
+	// Default 64.
+	FleetNodes int `toml:"fleet_nodes"`
+	// FleetRate is the simulated fleet's events/s. Default 20.
+	FleetRate float64 `toml:"fleet_rate"`
 }
 
 // DefaultDevConfig returns the defaults documented on DevConfig.
 func DefaultDevConfig() DevConfig {
-	return DevConfig{Dir: ".faultline", Cluster: "dev", KafkaPort: 9192, ClickHousePort: 9190}
+	return DevConfig{Dir: ".faultline", Cluster: "dev", KafkaPort: 9192, ClickHousePort: 9190, FleetNodes: 64, FleetRate: 20}
 }
 
 func (c *DevConfig) registerFlags(fs *flag.FlagSet) {
@@ -54,6 +63,8 @@ func (c *DevConfig) registerFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.KafkaPort, "kafka-port", c.KafkaPort, "port of the embedded Kafka broker")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig of the local cluster (empty: dry-run)")
 	fs.IntVar(&c.ClickHousePort, "clickhouse-port", c.ClickHousePort, "native port of the local ClickHouse server (0: any free port)")
+	fs.IntVar(&c.FleetNodes, "fleet-nodes", c.FleetNodes, "nodes of the simulated fleet (0: none)")
+	fs.Float64Var(&c.FleetRate, "fleet-rate", c.FleetRate, "events/s the simulated fleet sends")
 }
 
 func (c DevConfig) validate() error {
@@ -66,6 +77,10 @@ func (c DevConfig) validate() error {
 		return fmt.Errorf("dev.kafka_port: %d is not a port", c.KafkaPort)
 	case c.ClickHousePort < 0 || c.ClickHousePort > 65535:
 		return fmt.Errorf("dev.clickhouse_port: %d is not a port", c.ClickHousePort)
+	case c.FleetNodes < 0:
+		return fmt.Errorf("dev.fleet_nodes: must not be negative, got %d", c.FleetNodes)
+	case c.FleetRate < 0:
+		return fmt.Errorf("dev.fleet_rate: must not be negative, got %g", c.FleetRate)
 	}
 	return nil
 }
@@ -124,16 +139,42 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer chconn.Close()
 
+	// Without a kubeconfig the local cluster is dry-run: every decision is
+	// made and recorded, none applied.
+	cfg.Processors.Kube.Clusters = []clusters.Cluster{{
+		Name: cfg.Dev.Cluster, Kubeconfig: cfg.Dev.Kubeconfig, DryRun: cfg.Dev.Kubeconfig == "",
+	}}
+	if err := cfg.Processors.Validate(); err != nil {
+		return err
+	}
+	roles, _ := cfg.Processors.Selected()
+	admin, err := kafka.NewClient(cfg.Kafka, log)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+
 	reg := newRegistry()
-	gw, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{History: history.New(chconn, log)})
+	gw, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{
+		History: history.New(chconn, log),
+		Ready: []gateway.ReadyCheck{
+			{Name: "clickhouse", Check: chconn.Ping},
+			{Name: "processors", Check: groupsReady(admin, roles)},
+		},
+	})
 	if err != nil {
 		return err
 	}
 	if err := gw.Listen(); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "faultline dev: REST http://%s  gRPC %s  cluster %q  token in %s  clickhouse %s\n",
-		gw.HTTPAddr(), gw.GRPCAddr(), cfg.Dev.Cluster, filepath.Join(cfg.Dev.Dir, "dev-token"), chsrv.Addr())
+	tokenPath := filepath.Join(cfg.Dev.Dir, "dev-token")
+	mode := "dry-run (no --kubeconfig): actions are decided and recorded, none applied"
+	if cfg.Dev.Kubeconfig != "" {
+		mode = "acting through " + cfg.Dev.Kubeconfig
+	}
+	fmt.Fprintf(stdout, "faultline dev\n  REST        http://%s   (token in %s)\n  gRPC        %s\n  Kafka       %s (embedded)\n  ClickHouse  %s (database %s)\n  cluster     %s: %s\n",
+		gw.HTTPAddr(), tokenPath, gw.GRPCAddr(), cfg.Kafka.Brokers, chsrv.Addr(), cfg.Processors.ClickHouse.Database, cfg.Dev.Cluster, mode)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return gw.Run(gctx) })
@@ -142,7 +183,47 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			Log: log, Registry: reg, Kafka: cfg.Kafka, Metrics: pipeline.NewMetrics(reg),
 		})
 	})
+	var sim fleetsim.Stats
+	if cfg.Dev.FleetNodes > 0 {
+		token, err := os.ReadFile(tokenPath)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "  fleet       %d simulated nodes sending %g events/s (--fleet-nodes=0 turns it off)\n", cfg.Dev.FleetNodes, cfg.Dev.FleetRate)
+		g.Go(func() error {
+			return fleetsim.Run(gctx, fleetsim.Options{
+				GRPCAddr: gw.GRPCAddr(), Token: strings.TrimSpace(string(token)),
+				Nodes: cfg.Dev.FleetNodes, EventsPerSecond: cfg.Dev.FleetRate,
+			}, &sim, log)
+		})
+	}
+	g.Go(func() error { return summarize(gctx, cfg.Kafka, log, stdout, &sim) })
 	return g.Wait()
+}
+
+// groupsReady reports whether every role's consumer group has a member.
+func groupsReady(admin *kgo.Client, roles []processors.Role) func(context.Context) error {
+	adm := kadm.NewClient(admin)
+	return func(ctx context.Context) error {
+		groups := make([]string, len(roles))
+		for i, r := range roles {
+			groups[i] = "faultline-" + r.Name
+		}
+		described, err := adm.DescribeGroups(ctx, groups...)
+		if err != nil {
+			return err
+		}
+		var missing []string
+		for _, gr := range groups {
+			if d, ok := described[gr]; !ok || d.Err != nil || len(d.Members) == 0 {
+				missing = append(missing, strings.TrimPrefix(gr, "faultline-"))
+			}
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("not yet consuming: %s", strings.Join(missing, ", "))
+		}
+		return nil
+	}
 }
 
 // devToken returns the local cluster's token, creating it (and the tokens
