@@ -4,13 +4,18 @@ import (
 	"context"
 	"flag"
 	"io"
+	"log/slog"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/faultline/faultline/gateway"
+	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/kafka"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
 func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
@@ -19,8 +24,12 @@ func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
 		cfg.registerLogFlags(fs)
 		cfg.Kafka.RegisterFlags(fs, "kafka.")
 		cfg.Gateway.RegisterFlags(fs)
+		cfg.Processors.ClickHouse.RegisterFlags(fs, "clickhouse.")
 	}, func() error {
 		if err := cfg.Kafka.Validate("kafka."); err != nil {
+			return err
+		}
+		if err := cfg.Processors.ClickHouse.Validate("clickhouse."); err != nil {
 			return err
 		}
 		return cfg.Gateway.Validate()
@@ -41,7 +50,9 @@ func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{})
+	hist := &lazyHistory{cfg: cfg.Processors.ClickHouse, log: log}
+	defer hist.Close()
+	srv, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{History: hist})
 	if err != nil {
 		return err
 	}
@@ -52,4 +63,53 @@ func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg
+}
+
+// lazyHistory connects to ClickHouse on first use and again after a failed
+// connect, so the gateway accepts events while the history is down (reads
+// answer 503 until it is back).
+type lazyHistory struct {
+	cfg  clickhouse.Config
+	log  *slog.Logger
+	mu   sync.Mutex
+	conn clickhouse.Conn
+	h    *history.ClickHouse
+}
+
+func (l *lazyHistory) get(ctx context.Context) (*history.ClickHouse, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.h == nil {
+		conn, err := clickhouse.Open(ctx, l.cfg, l.log)
+		if err != nil {
+			return nil, err
+		}
+		l.conn, l.h = conn, history.New(conn, l.log)
+	}
+	return l.h, nil
+}
+
+func (l *lazyHistory) ListEvents(ctx context.Context, cluster string, req *faultlinev1.ListEventsRequest) (*faultlinev1.ListEventsResponse, error) {
+	h, err := l.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return h.ListEvents(ctx, cluster, req)
+}
+
+func (l *lazyHistory) ListActions(ctx context.Context, cluster string, req *faultlinev1.ListActionsRequest) (*faultlinev1.ListActionsResponse, error) {
+	h, err := l.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return h.ListActions(ctx, cluster, req)
+}
+
+// Close closes the connection if one was made.
+func (l *lazyHistory) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn != nil {
+		l.conn.Close()
+	}
 }
