@@ -276,6 +276,17 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 				r.actions = append(r.actions, acts...)
 				break
 			}
+			if ctx.Err() != nil {
+				// The batch ran out of time (or the processor is stopping):
+				// not the cluster's fault; defer the rest without marking it.
+				if retry {
+					r.failed = fmt.Errorf("cluster %s: %w", cluster, ctx.Err())
+					return r
+				}
+				h.markDeferring(cluster) // keep the node's later records behind these
+				r.deferred = items[i:]
+				return r
+			}
 			if !clusters.Retriable(err) || !live {
 				h.log.Warn("quarantine failed", "cluster", cluster, "node", it.node, "event", it.ev.GetId(), "err", err)
 				kind := KindQuarantine
