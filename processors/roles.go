@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -20,8 +21,10 @@ import (
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/drain"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/quarantine"
+	"github.com/faultline/faultline/processors/remediate"
 	"github.com/faultline/faultline/processors/store"
 	"github.com/faultline/faultline/schemas/events"
 )
@@ -41,12 +44,17 @@ type Config struct {
 	Kube clusters.Config `toml:"kube"`
 	// Quarantine configures the quarantine role.
 	Quarantine quarantine.Config `toml:"quarantine"`
+	// Drain configures the drain role.
+	Drain drain.Config `toml:"drain"`
+	// Remediate configures the remediate role.
+	Remediate remediate.Config `toml:"remediate"`
 }
 
 // DefaultConfig returns the defaults of every role.
 func DefaultConfig() Config {
 	return Config{Roles: "all", ClickHouse: clickhouse.DefaultConfig(), Store: store.DefaultConfig(),
-		Kube: clusters.DefaultConfig(), Quarantine: quarantine.DefaultConfig()}
+		Kube: clusters.DefaultConfig(), Quarantine: quarantine.DefaultConfig(),
+		Drain: drain.DefaultConfig(), Remediate: remediate.DefaultConfig()}
 }
 
 // RegisterFlags adds every role's flags.
@@ -56,6 +64,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Store.RegisterFlags(fs, "store.")
 	c.Kube.RegisterFlags(fs, "kube.")
 	c.Quarantine.RegisterFlags(fs, "quarantine.")
+	c.Drain.RegisterFlags(fs, "drain.")
+	c.Remediate.RegisterFlags(fs, "remediate.")
 }
 
 // Validate names the first bad key.
@@ -73,6 +83,12 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Quarantine.Validate("quarantine."); err != nil {
+		return err
+	}
+	if err := c.Drain.Validate("drain."); err != nil {
+		return err
+	}
+	if err := c.Remediate.Validate("remediate."); err != nil {
 		return err
 	}
 	return nil
@@ -137,6 +153,26 @@ var roles = []Role{
 			}
 			return h, closer, nil
 		},
+	},
+	{
+		Name:   "drain",
+		Topics: drain.Topics,
+		New: func(ctx context.Context, cfg Config, deps Deps) (pipeline.Handler, io.Closer, error) {
+			h, err := drain.Start(ctx, cfg.Drain, cfg.Kube, deps.Kafka, deps.Log, deps.Registry)
+			return h, nil, err
+		},
+		// A batch may wait for a requeued drain's not-before (at most 20s)
+		// and then evict a node's pods.
+		Pipeline: func(Config) pipeline.Config { return pipeline.Config{BatchTimeout: 2 * time.Minute} },
+	},
+	{
+		Name:   "remediate",
+		Topics: remediate.Topics,
+		New: func(ctx context.Context, cfg Config, deps Deps) (pipeline.Handler, io.Closer, error) {
+			h, err := remediate.Start(ctx, cfg.Remediate, cfg.Kube, deps.Kafka, deps.Log, deps.Registry)
+			return h, nil, err
+		},
+		Pipeline: func(Config) pipeline.Config { return pipeline.Config{BatchTimeout: 2 * time.Minute} },
 	},
 }
 
