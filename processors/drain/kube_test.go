@@ -40,7 +40,7 @@ type clock struct {
 	t  time.Time
 }
 
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
 const cluster = "c1"
@@ -541,7 +541,10 @@ func measure(t *testing.T, kube *testenv.Kube, clk *clock) {
 			for j := range perNode {
 				sem <- struct{}{}
 				wg.Add(1)
-				go func() { defer func() { <-sem; wg.Done() }(); createPod(t, setup, ns, fmt.Sprintf("%s-p%02d", node, j), node) }()
+				go func() {
+					defer func() { <-sem; wg.Done() }()
+					createPod(t, setup, ns, fmt.Sprintf("%s-p%02d", node, j), node)
+				}()
 			}
 		}
 		wg.Wait()
