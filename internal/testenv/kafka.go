@@ -27,9 +27,11 @@ import (
 // idle (up to ~15 s when the machine is busy compiling); a restart (Start
 // after Stop) skips the format. RSS is ~350 MB with the default 512 MB heap.
 type Kafka struct {
-	tb   testing.TB
-	addr string
-	proc *process
+	tb      testing.TB
+	addr    string
+	version string
+	dataDir string
+	proc    *process
 
 	closeOnce sync.Once
 }
@@ -39,6 +41,7 @@ type kafkaConfig struct {
 	autoCreate bool
 	partitions int
 	heap       string
+	jvmFlags   []string
 	props      map[string]string
 }
 
@@ -59,6 +62,13 @@ func KafkaPartitions(n int) KafkaOption {
 // KafkaHeap sets the broker's maximum Java heap (-Xmx). Default "512m".
 func KafkaHeap(size string) KafkaOption {
 	return func(c *kafkaConfig) { c.heap = size }
+}
+
+// KafkaJVMFlags appends flags to the broker's java command line; a later
+// -XX flag wins, so KafkaJVMFlags("-XX:TieredStopAtLevel=4") restores the
+// C2 compiler for throughput tests. Default none (C1 only, serial GC).
+func KafkaJVMFlags(flags ...string) KafkaOption {
+	return func(c *kafkaConfig) { c.jvmFlags = append(c.jvmFlags, flags...) }
 }
 
 // KafkaBrokerConfig sets one server.properties key, overriding the defaults
@@ -143,24 +153,24 @@ func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 
 	props := map[string]string{
-		"process.roles":                            "broker,controller",
-		"node.id":                                  "1",
-		"controller.quorum.voters":                 fmt.Sprintf("1@127.0.0.1:%d", ctrlPort),
-		"listeners":                                fmt.Sprintf("PLAINTEXT://%s,CONTROLLER://127.0.0.1:%d", addr, ctrlPort),
-		"advertised.listeners":                     "PLAINTEXT://" + addr,
-		"controller.listener.names":                "CONTROLLER",
-		"inter.broker.listener.name":               "PLAINTEXT",
-		"listener.security.protocol.map":           "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-		"log.dirs":                                 dataDir,
-		"auto.create.topics.enable":                fmt.Sprint(cfg.autoCreate),
-		"num.partitions":                           fmt.Sprint(cfg.partitions),
-		"default.replication.factor":               "1",
-		"min.insync.replicas":                      "1",
-		"offsets.topic.replication.factor":         "1",
-		"offsets.topic.num.partitions":             "4",
-		"transaction.state.log.replication.factor": "1",
-		"transaction.state.log.min.isr":            "1",
-		"transaction.state.log.num.partitions":     "4",
+		"process.roles":                                    "broker,controller",
+		"node.id":                                          "1",
+		"controller.quorum.voters":                         fmt.Sprintf("1@127.0.0.1:%d", ctrlPort),
+		"listeners":                                        fmt.Sprintf("PLAINTEXT://%s,CONTROLLER://127.0.0.1:%d", addr, ctrlPort),
+		"advertised.listeners":                             "PLAINTEXT://" + addr,
+		"controller.listener.names":                        "CONTROLLER",
+		"inter.broker.listener.name":                       "PLAINTEXT",
+		"listener.security.protocol.map":                   "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+		"log.dirs":                                         dataDir,
+		"auto.create.topics.enable":                        fmt.Sprint(cfg.autoCreate),
+		"num.partitions":                                   fmt.Sprint(cfg.partitions),
+		"default.replication.factor":                       "1",
+		"min.insync.replicas":                              "1",
+		"offsets.topic.replication.factor":                 "1",
+		"offsets.topic.num.partitions":                     "4",
+		"transaction.state.log.replication.factor":         "1",
+		"transaction.state.log.min.isr":                    "1",
+		"transaction.state.log.num.partitions":             "4",
 		"share.coordinator.state.topic.replication.factor": "1",
 		"share.coordinator.state.topic.min.isr":            "1",
 		"group.initial.rebalance.delay.ms":                 "0",
@@ -185,36 +195,41 @@ func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 	log4jPath := filepath.Join(dir, "log4j2.properties")
 	writeFile(tb, log4jPath, []byte(kafkaLog4j), 0o644)
 
-	jvm := []string{
+	jvm := append([]string{
 		"-Xmx" + cfg.heap, "-Xms64m",
+		// C1 only: the C2 compiler threads fight the broker for 2 cores
+		// while it starts; C1 halves the start on a busy machine.
+		"-XX:TieredStopAtLevel=1",
 		"-XX:+UseSerialGC", "-XX:-UsePerfData", "-Xshare:auto",
 		"-Djava.awt.headless=true",
 		"-Dlog4j2.configurationFile=" + log4jPath,
-		"-cp", filepath.Join(libs, "*"),
-	}
+	}, cfg.jvmFlags...)
+	jvm = append(jvm, "-cp", filepath.Join(libs, "*"))
 	g := newGroup(tb)
-
-	// Format the log dir (once: a restart keeps it). The short-lived tool
-	// gets the C1 compiler only, which halves its run time.
-	format := g.add(&process{
-		name:    "kafka-storage-format",
-		path:    java,
-		args:    append(append([]string{"-XX:TieredStopAtLevel=1"}, jvm...), "kafka.tools.StorageTool", "format", "-t", newClusterID(tb), "-c", propsPath),
-		dir:     dir,
-		logPath: filepath.Join(dir, "kafka-format.log"),
-	})
-	began := time.Now()
-	if err := format.start(); err != nil {
-		tb.Fatalf("testenv: %v", err)
-	}
-	<-format.exited()
-	if format.err != nil { // set before exited() is closed
-		tb.Fatalf("testenv: kafka StorageTool format: %v\n%s", format.err, format.logTail(40))
+	if !copyKRaftTemplate(tb, filepath.Join(filepath.Dir(libs), "kraft-template"), dataDir, props) {
+		// No template from install.sh: format the log dir (once; a restart
+		// keeps it).
+		format := g.add(&process{
+			name:    "kafka-storage-format",
+			path:    java,
+			args:    append(jvm, "kafka.tools.StorageTool", "format", "-t", newClusterID(tb), "-c", propsPath),
+			dir:     dir,
+			logPath: filepath.Join(dir, "kafka-format.log"),
+		})
+		if err := format.start(); err != nil {
+			tb.Fatalf("testenv: %v", err)
+		}
+		<-format.exited()
+		if format.err != nil { // set before exited() is closed
+			tb.Fatalf("testenv: kafka StorageTool format: %v\n%s", format.err, format.logTail(40))
+		}
 	}
 
 	k := &Kafka{
-		tb:   tb,
-		addr: addr,
+		tb:      tb,
+		addr:    addr,
+		version: filepath.Base(filepath.Dir(libs)),
+		dataDir: dataDir,
 		proc: g.add(&process{
 			name:    "kafka",
 			path:    java,
@@ -225,8 +240,31 @@ func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 	}
 	tb.Cleanup(k.Close)
 	k.Start()
-	tb.Logf("testenv: kafka %s ready on %s in %s (data %s)", filepath.Base(filepath.Dir(libs)), addr, time.Since(began).Round(time.Millisecond), dataDir)
 	return k
+}
+
+// copyKRaftTemplate copies the log dir that install.sh formatted once
+// (meta.properties and bootstrap.checkpoint for node.id=1) into dataDir,
+// reporting false when there is none or the broker config does not fit it.
+func copyKRaftTemplate(tb testing.TB, template, dataDir string, props map[string]string) bool {
+	tb.Helper()
+	if props["node.id"] != "1" {
+		return false
+	}
+	files := []string{"meta.properties", "bootstrap.checkpoint"}
+	for _, f := range files {
+		if _, err := os.Stat(filepath.Join(template, f)); err != nil {
+			return false
+		}
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(template, f))
+		if err != nil {
+			tb.Fatalf("testenv: %v", err)
+		}
+		writeFile(tb, filepath.Join(dataDir, f), b, 0o644)
+	}
+	return true
 }
 
 // newClusterID returns a random KRaft cluster id: 16 bytes, URL-safe
@@ -236,6 +274,9 @@ func newClusterID(tb testing.TB) string {
 	if _, err := rand.Read(b[:]); err != nil {
 		tb.Fatalf("testenv: %v", err)
 	}
+	// A leading '-' would be read as a flag by StorageTool; clearing the top
+	// bit keeps the first character in A-Za-f.
+	b[0] &= 0x7f
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
@@ -250,9 +291,11 @@ func (k *Kafka) Start() {
 	if err := k.proc.start(); err != nil {
 		k.tb.Fatalf("testenv: %v", err)
 	}
+	began := time.Now()
 	if err := waitReady(k.proc, 90*time.Second, k.ready); err != nil {
 		k.tb.Fatalf("testenv: %v\n%s", err, k.proc.logTail(60))
 	}
+	k.tb.Logf("testenv: kafka %s ready on %s in %s (log dir %s)", k.version, k.addr, time.Since(began).Round(time.Millisecond), k.dataDir)
 }
 
 // ready succeeds once the broker lists itself in a metadata response.
@@ -274,7 +317,12 @@ func (k *Kafka) ready(ctx context.Context) error {
 
 // Stop shuts the broker down gracefully (SIGTERM, waiting for the exit; after
 // 60 s it is killed). Clients see the broker go away.
-func (k *Kafka) Stop() { k.proc.stop(syscall.SIGTERM, 60*time.Second) }
+func (k *Kafka) Stop() {
+	k.tb.Helper()
+	began := time.Now()
+	k.proc.stop(syscall.SIGTERM, 60*time.Second)
+	k.tb.Logf("testenv: kafka stopped in %s", time.Since(began).Round(time.Millisecond))
+}
 
 // Kill kills the broker with SIGKILL, as a crash would.
 func (k *Kafka) Kill() { k.proc.stop(syscall.SIGKILL, 10*time.Second) }

@@ -281,9 +281,11 @@ func (k *Kube) Start() {
 	if err := k.apiserver.start(); err != nil {
 		k.tb.Fatalf("testenv: %v", err)
 	}
+	began := time.Now()
 	if err := waitReady(k.apiserver, 90*time.Second, k.ready); err != nil {
 		k.tb.Fatalf("testenv: %v\n%s", err, k.apiserver.logTail(60))
 	}
+	k.tb.Logf("testenv: kube-apiserver ready on %s in %s", k.host, time.Since(began).Round(time.Millisecond))
 }
 
 // ready succeeds once /readyz answers ok and the default namespace exists.
@@ -298,7 +300,12 @@ func (k *Kube) ready(ctx context.Context) error {
 
 // Stop stops kube-apiserver gracefully (SIGTERM; killed after 30 s), to
 // test API outages. etcd, the controller manager and kwok keep running.
-func (k *Kube) Stop() { k.apiserver.stop(syscall.SIGTERM, 30*time.Second) }
+func (k *Kube) Stop() {
+	k.tb.Helper()
+	began := time.Now()
+	k.apiserver.stop(syscall.SIGTERM, 30*time.Second)
+	k.tb.Logf("testenv: kube-apiserver stopped in %s", time.Since(began).Round(time.Millisecond))
+}
 
 // Close stops every process of the control plane. It is called by the test
 // cleanup and is safe to call more than once.

@@ -40,6 +40,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -219,18 +220,18 @@ func (p *process) exitErr() error {
 	return p.err
 }
 
-// logTail returns the last n lines of the process log.
+// logTail returns the last n lines of the process log (n <= 0: all).
 func (p *process) logTail(n int) string {
 	f, err := os.Open(p.logPath)
 	if err != nil {
 		return fmt.Sprintf("(no log: %v)", err)
 	}
 	defer f.Close()
-	ring := make([]string, 0, n)
+	var ring []string
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
-		if len(ring) == n {
+		if n > 0 && len(ring) == n {
 			ring = ring[1:]
 		}
 		ring = append(ring, sc.Text())
@@ -254,14 +255,20 @@ func newGroup(tb testing.TB) *group {
 		if !tb.Failed() && os.Getenv("FAULTLINE_TESTENV_LOGS") == "" {
 			return
 		}
+		n := logTailLines
+		if v, err := strconv.Atoi(os.Getenv("FAULTLINE_TESTENV_LOG_LINES")); err == nil {
+			n = v
+		}
 		for _, p := range g.procs {
-			tb.Logf("testenv: last lines of %s log (%s):\n%s", p.name, p.logPath, p.logTail(logTailLines))
+			tb.Logf("testenv: last lines of %s log (%s):\n%s", p.name, p.logPath, p.logTail(n))
 		}
 	})
 	return g
 }
 
-// logTailLines is how much of each server log a failed test prints.
+// logTailLines is how much of each server log a failed test prints;
+// FAULTLINE_TESTENV_LOG_LINES overrides it (0: the whole log), and
+// FAULTLINE_TESTENV_LOGS=1 prints the logs of passing tests too.
 const logTailLines = 120
 
 func (g *group) add(p *process) *process {
