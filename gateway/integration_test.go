@@ -92,6 +92,7 @@ func TestGateway(t *testing.T) {
 	k := testenv.StartKafka(t)
 	t.Run("SubmitEndToEnd", func(t *testing.T) { testSubmitEndToEnd(t, k) })
 	t.Run("Rejections", func(t *testing.T) { testRejections(t, k) })
+	t.Run("TLSAndUnixSocket", func(t *testing.T) { testTLSAndUnixSocket(t, k) })
 }
 
 func testSubmitEndToEnd(t *testing.T, k *testenv.Kafka) {
