@@ -21,6 +21,7 @@ import (
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/correlate"
 	"github.com/faultline/faultline/processors/drain"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/quarantine"
@@ -39,6 +40,8 @@ type Config struct {
 	ClickHouse clickhouse.Config `toml:"clickhouse"`
 	// Store configures the store role.
 	Store store.Config `toml:"store"`
+	// Correlate configures the correlate role.
+	Correlate correlate.Config `toml:"correlate"`
 	// Kube maps cluster names to their API servers, shared by the roles
 	// that act on Kubernetes.
 	Kube clusters.Config `toml:"kube"`
@@ -52,7 +55,7 @@ type Config struct {
 
 // DefaultConfig returns the defaults of every role.
 func DefaultConfig() Config {
-	return Config{Roles: "all", ClickHouse: clickhouse.DefaultConfig(), Store: store.DefaultConfig(),
+	return Config{Roles: "all", ClickHouse: clickhouse.DefaultConfig(), Store: store.DefaultConfig(), Correlate: correlate.DefaultConfig(),
 		Kube: clusters.DefaultConfig(), Quarantine: quarantine.DefaultConfig(),
 		Drain: drain.DefaultConfig(), Remediate: remediate.DefaultConfig()}
 }
@@ -62,6 +65,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Roles, "role", c.Roles, "comma-separated processor roles to run ("+strings.Join(Names(), ", ")+") or all")
 	c.ClickHouse.RegisterFlags(fs, "clickhouse.")
 	c.Store.RegisterFlags(fs, "store.")
+	c.Correlate.RegisterFlags(fs, "correlate.")
 	c.Kube.RegisterFlags(fs, "kube.")
 	c.Quarantine.RegisterFlags(fs, "quarantine.")
 	c.Drain.RegisterFlags(fs, "drain.")
@@ -77,6 +81,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Store.Validate("store."); err != nil {
+		return err
+	}
+	if err := c.Correlate.Validate("correlate."); err != nil {
 		return err
 	}
 	if err := c.Kube.Validate("kube."); err != nil {
@@ -141,6 +148,14 @@ var roles = []Role{
 			return store.Open(ctx, cfg.ClickHouse, cfg.Store, deps.Log, deps.Registry)
 		},
 		Pipeline: func(cfg Config) pipeline.Config { return cfg.Store.Pipeline() },
+	},
+	{
+		Name:   "correlate",
+		Topics: correlate.Topics,
+		New: func(ctx context.Context, cfg Config, deps Deps) (pipeline.Handler, io.Closer, error) {
+			return correlate.Open(ctx, cfg.ClickHouse, deps.Kafka, cfg.Correlate, deps.Log, deps.Registry)
+		},
+		Pipeline: func(cfg Config) pipeline.Config { return cfg.Correlate.Pipeline() },
 	},
 	{
 		Name:   "quarantine",

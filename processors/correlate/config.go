@@ -1,0 +1,107 @@
+package correlate
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
+)
+
+// Topics the correlate role consumes: events (raw and derived; derived
+// ones never trigger) and actions (MultipleRemediations counts them).
+var Topics = []string{events.TopicEvents, events.TopicActions}
+
+// Config is the correlate role's configuration (flags "correlate.*").
+type Config struct {
+	// Rules is a rules file (TOML, see default_rules.toml); "" uses the
+	// shipped DefaultRules.
+	Rules string `toml:"rules"`
+	// Shadow is a comma-separated list of rule names run in shadow mode
+	// whatever the rules file says ("all" for every rule). Default "".
+	Shadow string `toml:"shadow"`
+	// SweepInterval is how often the time-driven part runs (verdicts that
+	// start to hold with nothing arriving, e.g. NICPortDrop, and recovery
+	// once a window no longer holds); 0 disables it. Default 30s.
+	SweepInterval time.Duration `toml:"sweep_interval"`
+	// BatchRecords is the batch size the role gathers before it queries
+	// (one query per rule per batch). Default 5000.
+	BatchRecords int `toml:"batch_records"`
+	// BatchLinger is how long the role waits to gather BatchRecords.
+	// Default 200ms.
+	BatchLinger time.Duration `toml:"batch_linger"`
+	// CacheTTL is how long a replica remembers the verdicts it emitted,
+	// covering the time until the store has written them. Default 2m.
+	CacheTTL time.Duration `toml:"cache_ttl"`
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{SweepInterval: 30 * time.Second, BatchRecords: 5000, BatchLinger: 200 * time.Millisecond, CacheTTL: 2 * time.Minute}
+}
+
+// RegisterFlags adds the config's flags with the given prefix ("correlate.").
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&c.Rules, prefix+"rules", c.Rules, "correlate: rules file (TOML); empty uses the shipped rules")
+	fs.StringVar(&c.Shadow, prefix+"shadow", c.Shadow, "correlate: comma-separated rules to run in shadow mode (record verdicts, act on none), or all")
+	fs.DurationVar(&c.SweepInterval, prefix+"sweep-interval", c.SweepInterval, "correlate: how often time-driven verdicts and recoveries are evaluated (0: never)")
+	fs.IntVar(&c.BatchRecords, prefix+"batch-records", c.BatchRecords, "correlate: records gathered per batch (one query per rule per batch)")
+	fs.DurationVar(&c.BatchLinger, prefix+"batch-linger", c.BatchLinger, "correlate: how long to wait to gather a batch")
+	fs.DurationVar(&c.CacheTTL, prefix+"cache-ttl", c.CacheTTL, "correlate: how long emitted verdicts are remembered while the store catches up")
+}
+
+// Validate names the first bad key; it also compiles the rules.
+func (c Config) Validate(prefix string) error {
+	switch {
+	case c.SweepInterval < 0:
+		return fmt.Errorf("%ssweep_interval: must not be negative, got %s", prefix, c.SweepInterval)
+	case c.BatchRecords < 1:
+		return fmt.Errorf("%sbatch_records: must be at least 1, got %d", prefix, c.BatchRecords)
+	case c.BatchLinger < 0:
+		return fmt.Errorf("%sbatch_linger: must not be negative, got %s", prefix, c.BatchLinger)
+	case c.CacheTTL < 0:
+		return fmt.Errorf("%scache_ttl: must not be negative, got %s", prefix, c.CacheTTL)
+	}
+	rules, err := LoadRules(c.Rules)
+	if err != nil {
+		return fmt.Errorf("%srules: %w", prefix, err)
+	}
+	if _, err := c.applyShadow(rules); err != nil {
+		return fmt.Errorf("%sshadow: %w", prefix, err)
+	}
+	return nil
+}
+
+// applyShadow sets Shadow on the rules named by c.Shadow.
+func (c Config) applyShadow(rules []*Rule) ([]*Rule, error) {
+	for _, name := range strings.Split(c.Shadow, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		found := false
+		for _, r := range rules {
+			if name == "all" || r.Name == name {
+				r.Shadow, found = true, true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("no rule %q (rules: %s)", name, strings.Join(Names(rules), ", "))
+		}
+	}
+	return rules, nil
+}
+
+// Pipeline returns the runner settings: gather a batch across partitions
+// so each rule runs one query per batch.
+func (c Config) Pipeline() pipeline.Config {
+	return pipeline.Config{
+		Topics:          Topics,
+		MaxPollRecords:  c.BatchRecords,
+		MinBatch:        c.BatchRecords,
+		Linger:          c.BatchLinger,
+		MergePartitions: true,
+	}
+}

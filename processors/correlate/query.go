@@ -1,0 +1,473 @@
+package correlate
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	ch "github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/ext"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// MaxStanding bounds how far back the sweep looks for standing verdicts
+// (every window is bounded): a verdict older than this is not swept.
+const MaxStanding = 30 * 24 * time.Hour
+
+// batchTables are the batch's records as external tables, built once per
+// batch when a query needs them.
+type batchTables struct {
+	items   []item
+	evRows  [][]any
+	actRows [][]any
+	built   bool
+}
+
+func (bt *batchTables) build() {
+	if bt.built {
+		return
+	}
+	bt.built = true
+	for _, it := range bt.items {
+		if it.act != nil {
+			a := it.act
+			t := time.UnixMilli(it.atMS).UTC()
+			bt.actRows = append(bt.actRows, []any{it.cluster, it.node, t.Truncate(time.Second), uint16(t.Nanosecond() / 1e6),
+				a.GetId(), a.GetKind(), a.GetOutcome(), a.GetRole(), a.GetRule(), b2u(a.GetDryRun())})
+			continue
+		}
+		ev := it.ev
+		t := time.UnixMilli(it.atMS).UTC()
+		var et, evv []string
+		for _, e := range ev.GetEntitiesImpacted() {
+			et = append(et, e.GetEntityType())
+			evv = append(evv, e.GetEntityValue())
+		}
+		mk := make([]string, 0, len(ev.GetMetadata()))
+		for k := range ev.GetMetadata() {
+			mk = append(mk, k)
+		}
+		sort.Strings(mk)
+		mv := make([]string, len(mk))
+		for i, k := range mk {
+			mv[i] = ev.GetMetadata()[k]
+		}
+		bt.evRows = append(bt.evRows, []any{it.cluster, it.node, ev.GetCheckName(), events.EntityKey(ev),
+			t.Truncate(time.Second), uint16(t.Nanosecond() / 1e6), ev.GetId(), b2u(ev.GetIsFatal()), b2u(ev.GetIsHealthy()),
+			orEmpty(ev.GetErrorCode()), orEmpty(et), orEmpty(evv), mk, mv, ev.GetDerivedBy(), ev.GetProcessingStrategy().String()})
+	}
+}
+
+func b2u(v bool) uint8 {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+func orEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+type col struct{ name, typ string }
+
+var (
+	triggerCols = []col{{"tid", "String"}, {"cluster", "String"}, {"node", "String"}, {"gkey", "String"}, {"at", "DateTime"}, {"at_ms", "UInt64"}}
+	batchCols   = []col{{"cluster", "String"}, {"node", "String"}, {"check", "String"}, {"entity", "String"},
+		{"ts", "DateTime"}, {"ts_ms", "UInt16"}, {"id", "String"}, {"is_fatal", "UInt8"}, {"is_healthy", "UInt8"},
+		{"error_codes", "Array(String)"}, {"entity_types", "Array(String)"}, {"entity_values", "Array(String)"},
+		{"meta_keys", "Array(String)"}, {"meta_values", "Array(String)"}, {"derived_by", "String"}, {"processing_strategy", "String"}}
+	actionCols = []col{{"cluster", "String"}, {"node", "String"}, {"ts", "DateTime"}, {"ts_ms", "UInt16"}, {"id", "String"},
+		{"kind", "String"}, {"outcome", "String"}, {"role", "String"}, {"rule", "String"}, {"dry_run", "UInt8"}}
+	lookupCols = []col{{"cluster", "String"}, {"node", "String"}, {"entity", "String"}}
+)
+
+func newTable(name string, cols []col, rows [][]any) (*ext.Table, error) {
+	opts := make([]func(*ext.Table) error, len(cols))
+	for i, c := range cols {
+		opts[i] = ext.Column(c.name, column.Type(c.typ))
+	}
+	t, err := ext.NewTable(name, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("external table %s: %w", name, err)
+	}
+	for _, r := range rows {
+		if err := t.Append(r...); err != nil {
+			return nil, fmt.Errorf("external table %s: %w", name, err)
+		}
+	}
+	return t, nil
+}
+
+var (
+	batchRE       = regexp.MustCompile(`\bbatch\b`)
+	batchActionRE = regexp.MustCompile(`\bbatch_actions\b`)
+)
+
+// runRule runs the rule's query for the triggers: one query for all of
+// them, with the batch sent along.
+func (h *Handler) runRule(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables) (map[string]result, error) {
+	minAt, maxAt := trigs[0].atMS, trigs[0].atMS
+	rows := make([][]any, len(trigs))
+	for i, t := range trigs {
+		minAt, maxAt = min(minAt, t.atMS), max(maxAt, t.atMS)
+		rows[i] = []any{t.tid, t.cluster, t.node, t.gkey, time.UnixMilli(t.atMS).UTC().Truncate(time.Second), uint64(t.atMS)}
+	}
+	tables := make([]*ext.Table, 0, 3)
+	tt, err := newTable("triggers", triggerCols, rows)
+	if err != nil {
+		return nil, err
+	}
+	tables = append(tables, tt)
+	q := stripComments(r.Query)
+	if batchRE.MatchString(q) || batchActionRE.MatchString(q) {
+		bt.build()
+		if batchRE.MatchString(q) {
+			t, err := newTable("batch", batchCols, bt.evRows)
+			if err != nil {
+				return nil, err
+			}
+			tables = append(tables, t)
+		}
+		if batchActionRE.MatchString(q) {
+			t, err := newTable("batch_actions", actionCols, bt.actRows)
+			if err != nil {
+				return nil, err
+			}
+			tables = append(tables, t)
+		}
+	}
+	since := time.UnixMilli(minAt - r.Window.Milliseconds()).UTC().Truncate(time.Second)
+	until := time.UnixMilli(maxAt).UTC().Truncate(time.Second).Add(time.Second)
+	args := h.args(r, since, until)
+	start := time.Now()
+	res, err := h.query(ctx, r, q, tables, args)
+	h.metrics.query.WithLabelValues(r.Name).Observe(time.Since(start).Seconds())
+	return res, err
+}
+
+func (h *Handler) args(r *Rule, since, until time.Time) []any {
+	args := []any{
+		ch.Named("window_ms", uint64(r.Window.Milliseconds())),
+		ch.Named("since", since),
+		ch.Named("until", until),
+		ch.Named("threshold", r.Threshold),
+	}
+	for k, v := range r.args {
+		args = append(args, ch.Named(k, v))
+	}
+	return args
+}
+
+func (h *Handler) query(ctx context.Context, r *Rule, q string, tables []*ext.Table, args []any) (map[string]result, error) {
+	rows, err := h.conn.Query(ch.Context(ctx, ch.WithExternalTable(tables...)), q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("rule %s: query: %w", r.Name, err)
+	}
+	defer rows.Close()
+	out := map[string]result{}
+	for rows.Next() {
+		var (
+			tid    string
+			res    result
+			lastMS uint64
+		)
+		if err := rows.Scan(&tid, &res.value, &res.causes, &lastMS); err != nil {
+			return nil, fmt.Errorf("rule %s: scan (a rule query returns tid String, value Float64, cause_ids Array(String), last_ms UInt64): %w", r.Name, err)
+		}
+		res.lastMS = int64(lastMS)
+		out[tid] = res
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("rule %s: query: %w", r.Name, err)
+	}
+	return out, nil
+}
+
+// modes are the derived-event modes that stand for the rule: a shadow
+// rule's own records, or the live (and suppressed) verdicts.
+func modes(r *Rule) []string {
+	if r.Shadow {
+		return []string{ModeShadow}
+	}
+	return []string{ModeLive, ModeSuppressed}
+}
+
+const priorsSQL = `
+SELECT cluster, node, entity, argMax(id, t), argMax(is_healthy, t), max(t), argMax(mode, t)
+FROM
+(
+    SELECT cluster, node, entity, id, is_healthy, toUInt64(ts) * 1000 + ts_ms AS t,
+        metadata.value[indexOf(metadata.key, 'mode')] AS mode
+    FROM events
+    WHERE (cluster, node) IN (SELECT cluster, node FROM lookups)
+        AND check = @check AND derived_by = @rule
+        AND (cluster, node, entity) IN (SELECT cluster, node, entity FROM lookups)
+        AND has(@modes, mode)
+)
+GROUP BY cluster, node, entity`
+
+// priors returns, per derived group of the triggers, the last derived event
+// of the rule: from the events table, overlaid with what this replica
+// emitted that may not be stored yet.
+func (h *Handler) priors(ctx context.Context, r *Rule, trigs []trigger) (map[string]prior, error) {
+	seen := map[string]bool{}
+	var rows [][]any
+	for _, t := range trigs {
+		k := t.cluster + "\x00" + t.dnode + "\x00" + t.dentity
+		if !seen[k] {
+			seen[k] = true
+			rows = append(rows, []any{t.cluster, t.dnode, t.dentity})
+		}
+	}
+	tbl, err := newTable("lookups", lookupCols, rows)
+	if err != nil {
+		return nil, err
+	}
+	res, err := h.conn.Query(ch.Context(ctx, ch.WithExternalTable(tbl)), priorsSQL,
+		ch.Named("check", r.CheckName), ch.Named("rule", r.Name), ch.Named("modes", modes(r)))
+	if err != nil {
+		return nil, fmt.Errorf("rule %s: read standing verdicts: %w", r.Name, err)
+	}
+	defer res.Close()
+	out := map[string]prior{}
+	for res.Next() {
+		var (
+			cluster, node, entity, id, mode string
+			healthy                         uint8
+			t                               uint64
+		)
+		if err := res.Scan(&cluster, &node, &entity, &id, &healthy, &t, &mode); err != nil {
+			return nil, fmt.Errorf("rule %s: read standing verdicts: %w", r.Name, err)
+		}
+		out[cluster+"\x00"+node+"\x00"+entity] = prior{id: id, healthy: healthy == 1, tMS: int64(t), mode: mode}
+	}
+	if err := res.Err(); err != nil {
+		return nil, fmt.Errorf("rule %s: read standing verdicts: %w", r.Name, err)
+	}
+	for k := range seen {
+		if c, ok := h.cached(r, k); ok && c.mode != "" && contains(modes(r), c.mode) {
+			if p, ok := out[k]; !ok || c.tMS >= p.tMS {
+				out[k] = c
+			}
+		}
+	}
+	return out, nil
+}
+
+const suppressSQL = `
+SELECT cluster, entity, argMax(is_healthy, t)
+FROM
+(
+    SELECT cluster, entity, is_healthy, toUInt64(ts) * 1000 + ts_ms AS t
+    FROM events
+    WHERE has(@clusters, cluster) AND node = @node AND check = @check AND derived_by = @rule
+        AND ts >= @since AND metadata.value[indexOf(metadata.key, 'mode')] = 'live'
+)
+GROUP BY cluster, entity`
+
+// suppressions returns the clusters of the triggers where a rule named in
+// r's suppressed_by has a standing live verdict (from the last 24 h), and
+// which rule.
+func (h *Handler) suppressions(ctx context.Context, r *Rule, trigs []trigger) (map[string]string, error) {
+	set := map[string]bool{}
+	var clusters []string
+	for _, t := range trigs {
+		if !set[t.cluster] {
+			set[t.cluster] = true
+			clusters = append(clusters, t.cluster)
+		}
+	}
+	out := map[string]string{}
+	for _, name := range r.Spec.SuppressedBy {
+		by := h.byName[name]
+		if by == nil || by.Shadow {
+			continue
+		}
+		standing := map[string]bool{} // cluster\0entity -> standing
+		rows, err := h.conn.Query(ctx, suppressSQL, ch.Named("clusters", clusters), ch.Named("node", ClusterNode),
+			ch.Named("check", by.CheckName), ch.Named("rule", by.Name), ch.Named("since", h.now().Add(-24*time.Hour).UTC()))
+		if err != nil {
+			return nil, fmt.Errorf("rule %s: read %s verdicts: %w", r.Name, name, err)
+		}
+		for rows.Next() {
+			var cluster, entity string
+			var healthy uint8
+			if err := rows.Scan(&cluster, &entity, &healthy); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("rule %s: read %s verdicts: %w", r.Name, name, err)
+			}
+			standing[cluster+"\x00"+entity] = healthy == 0
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("rule %s: read %s verdicts: %w", r.Name, name, err)
+		}
+		h.mu.Lock()
+		for k, p := range h.cache {
+			parts := strings.SplitN(k, "\x00", 4) // rule, cluster, node, entity
+			if len(parts) == 4 && parts[0] == by.Name && set[parts[1]] && p.mode == ModeLive {
+				standing[parts[1]+"\x00"+parts[3]] = !p.healthy
+			}
+		}
+		h.mu.Unlock()
+		for k, s := range standing {
+			if s {
+				c, _, _ := strings.Cut(k, "\x00")
+				if _, ok := out[c]; !ok {
+					out[c] = name
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+const standingSQL = `
+SELECT derived_by, cluster, node, entity, shadow, argMax(is_healthy, t) AS healthy, argMax(grp, t),
+    argMax(etypes, t), argMax(evalues, t)
+FROM
+(
+    SELECT derived_by, cluster, node, entity, is_healthy, toUInt64(ts) * 1000 + ts_ms AS t,
+        metadata.value[indexOf(metadata.key, 'mode')] = 'shadow' AS shadow,
+        metadata.value[indexOf(metadata.key, 'group')] AS grp,
+        entities.type AS etypes, entities.value AS evalues
+    FROM events
+    WHERE received >= @since AND ts >= @since AND has(@rules, derived_by) AND has(@checks, check)
+)
+GROUP BY derived_by, cluster, node, entity, shadow
+HAVING healthy = 0`
+
+// Sweep evaluates what time alone changes, at the clock's now: for every
+// rule, its standing verdicts (which recover once the window no longer
+// holds and the stabilization window has passed) and the groups of its
+// candidates query (verdicts that start to hold with nothing arriving, such
+// as a port that stays DOWN). It returns the derived events to produce.
+// Replicas may sweep concurrently: they emit the same ids.
+func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
+	now := h.now()
+	h.expireCache()
+	names, checks := make([]string, 0, len(h.rules)), make([]string, 0, len(h.rules))
+	for _, r := range h.rules {
+		names, checks = append(names, r.Name), append(checks, r.CheckName)
+	}
+	standing := map[string][]trigger{}
+	rows, err := h.conn.Query(ctx, standingSQL, ch.Named("since", now.Add(-MaxStanding).UTC()),
+		ch.Named("rules", names), ch.Named("checks", checks))
+	if err != nil {
+		return nil, fmt.Errorf("sweep: read standing verdicts: %w", err)
+	}
+	for rows.Next() {
+		var (
+			rule, cluster, node, entity, grp string
+			shadow, healthy                  uint8
+			et, ev                           []string
+		)
+		if err := rows.Scan(&rule, &cluster, &node, &entity, &shadow, &healthy, &grp, &et, &ev); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("sweep: read standing verdicts: %w", err)
+		}
+		r := h.byName[rule]
+		if r == nil || (shadow == 1) != r.Shadow {
+			continue
+		}
+		t := trigger{cluster: cluster, node: node, gkey: grp, dnode: node, dentity: entity, entities: entities(et, ev), fromSweep: true}
+		if r.Scope == ScopeCluster {
+			t.node = ""
+		}
+		standing[rule] = append(standing[rule], t)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sweep: read standing verdicts: %w", err)
+	}
+	var out []*kgo.Record
+	for _, r := range h.rules {
+		trigs := standing[r.Name]
+		if r.Candidates != "" {
+			cands, err := h.candidates(ctx, r, now)
+			if err != nil {
+				return nil, err
+			}
+			trigs = append(trigs, cands...)
+		}
+		if len(trigs) == 0 {
+			continue
+		}
+		seen := map[string]bool{}
+		uniq := trigs[:0]
+		for _, t := range trigs {
+			k := t.cluster + "\x00" + t.dnode + "\x00" + t.dentity
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			t.tid, t.atMS = fmt.Sprint(len(uniq)), now.UnixMilli()
+			uniq = append(uniq, t)
+		}
+		recs, err := h.evaluate(ctx, r, uniq, &batchTables{built: true})
+		if err != nil {
+			return nil, fmt.Errorf("sweep: %w", err)
+		}
+		out = append(out, recs...)
+	}
+	return out, nil
+}
+
+// candidates runs the rule's candidates query over (now - window, now].
+func (h *Handler) candidates(ctx context.Context, r *Rule, now time.Time) ([]trigger, error) {
+	since := now.Add(-r.Window).UTC().Truncate(time.Second)
+	until := now.UTC().Truncate(time.Second).Add(time.Second)
+	rows, err := h.conn.Query(ctx, r.Candidates, h.args(r, since, until)...)
+	if err != nil {
+		return nil, fmt.Errorf("rule %s: candidates: %w", r.Name, err)
+	}
+	defer rows.Close()
+	var out []trigger
+	for rows.Next() {
+		var (
+			cluster, node, gkey string
+			et, ev              []string
+		)
+		if err := rows.Scan(&cluster, &node, &gkey, &et, &ev); err != nil {
+			return nil, fmt.Errorf("rule %s: candidates (returns cluster, node, gkey String, entity_types, entity_values Array(String)): %w", r.Name, err)
+		}
+		t := trigger{cluster: cluster, node: node, gkey: gkey, entities: entities(et, ev), fromSweep: true}
+		switch r.Scope {
+		case ScopeEntity:
+			t.dnode, t.dentity = node, events.EntityKey(&datamodels.HealthEvent{EntitiesImpacted: t.entities})
+		case ScopeNode:
+			t.dnode, t.dentity = node, events.EntityNode+"="+node
+			t.entities = []*datamodels.Entity{{EntityType: events.EntityNode, EntityValue: node}}
+		case ScopeCluster:
+			t.dnode, t.dentity = ClusterNode, EntityFabric+"="+gkey
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("rule %s: candidates: %w", r.Name, err)
+	}
+	return out, nil
+}
+
+func entities(types, values []string) []*datamodels.Entity {
+	out := make([]*datamodels.Entity, 0, len(types))
+	for i := range types {
+		v := ""
+		if i < len(values) {
+			v = values[i]
+		}
+		out = append(out, &datamodels.Entity{EntityType: types[i], EntityValue: v})
+	}
+	return out
+}

@@ -1,0 +1,104 @@
+package correlate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/internal/kafka"
+)
+
+// Open is what the role does at start: compile the rules (a bad rule stops
+// start-up naming the rule and field), connect to ClickHouse (waiting while
+// it is unreachable; the schema is applied idempotently), and start the
+// sweep, which produces with its own client. The closer stops the sweep and
+// closes the connection.
+func Open(ctx context.Context, chCfg clickhouse.Config, kcfg kafka.Config, cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Handler, io.Closer, error) {
+	log = log.With("role", "correlate")
+	rules, err := LoadRules(cfg.Rules)
+	if err != nil {
+		return nil, nil, err
+	}
+	if rules, err = cfg.applyShadow(rules); err != nil {
+		return nil, nil, fmt.Errorf("correlate.shadow: %w", err)
+	}
+	var conn clickhouse.Conn
+	backoff := 200 * time.Millisecond
+	for {
+		conn, err = clickhouse.Setup(ctx, chCfg, log)
+		if err == nil {
+			break
+		}
+		if _, bad := errors.AsType[*clickhouse.MigrationError](err); bad || ctx.Err() != nil {
+			return nil, nil, err
+		}
+		log.Warn("clickhouse not ready; retrying", "addr", chCfg.Addr, "backoff", backoff, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, nil, err
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+	h := New(conn, rules, time.Now, cfg.CacheTTL, log, NewMetrics(reg))
+	log.Info("correlation rules loaded", "rules", Names(rules))
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	if cfg.SweepInterval > 0 {
+		cl, err := kafka.NewClient(kcfg, log, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
+		if err != nil {
+			stop()
+			conn.Close()
+			return nil, nil, err
+		}
+		go func() {
+			defer close(done)
+			defer cl.Close()
+			h.RunSweeps(sctx, cfg.SweepInterval, cl)
+		}()
+	} else {
+		close(done)
+	}
+	return h, closerFunc(func() error {
+		stop()
+		<-done
+		return conn.Close()
+	}), nil
+}
+
+// Producer is what the sweep produces through.
+type Producer interface {
+	ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults
+}
+
+// RunSweeps runs Sweep every interval until ctx ends, producing what it
+// returns. A failed sweep is logged and tried again at the next tick.
+func (h *Handler) RunSweeps(ctx context.Context, interval time.Duration, p Producer) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		recs, err := h.Sweep(ctx)
+		if err == nil && len(recs) > 0 {
+			err = p.ProduceSync(ctx, recs...).FirstErr()
+		}
+		if err != nil && ctx.Err() == nil {
+			h.log.Warn("sweep failed; retrying at the next tick", "err", err)
+		}
+	}
+}
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }

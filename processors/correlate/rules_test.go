@@ -1,0 +1,422 @@
+package correlate
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// step is one batch (events and/or actions) or, with sweep set, one sweep
+// at that offset; want lists what it derives: "Rule:fault" or
+// "Rule:recovery", with ":shadow" / ":suppressed" for those modes.
+type step struct {
+	evs   []*datamodels.HealthEvent
+	acts  []*faultlinev1.Action
+	sweep time.Duration
+	want  string
+}
+
+func evs(e ...*datamodels.HealthEvent) []*datamodels.HealthEvent { return e }
+
+// flap is a port going DOWN at at and back ACTIVE 10s later.
+func flap(c, node string, at time.Duration) []*datamodels.HealthEvent {
+	return evs(nicState(c, node, at, false), nicState(c, node, at+10*time.Second, true))
+}
+
+func records(t *testing.T, evs []*datamodels.HealthEvent) []*kgo.Record {
+	var out []*kgo.Record
+	for _, e := range evs {
+		out = append(out, evRecord(t, e))
+	}
+	return out
+}
+
+func mustUnmarshal(t *testing.T, b []byte) *datamodels.HealthEvent {
+	t.Helper()
+	ev, err := events.Unmarshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+const none = ""
+
+func describe(d []*datamodels.HealthEvent) string {
+	var out []string
+	for _, ev := range d {
+		s := ev.GetDerivedBy() + ":fault"
+		if ev.GetIsHealthy() {
+			s = ev.GetDerivedBy() + ":recovery"
+		}
+		if m := ev.GetMetadata()[MetaMode]; m != ModeLive {
+			s += ":" + m
+		}
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return strings.Join(out, ",")
+}
+
+// TestRules runs every shipped rule against a real ClickHouse: each fires
+// exactly at its threshold and not one event before, across window edges;
+// recovery; stabilization; STORE_ONLY; fabric suppression. Every batch is
+// handed to correlate before it is stored (the race case).
+func TestRules(t *testing.T) {
+	s := server(t)
+	m, sec, h := time.Minute, time.Second, time.Hour
+	cases := []struct {
+		name  string
+		steps func(c string) []step
+	}{
+		{"flap fires at the third link-down within 10m", func(c string) []step {
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false)), want: none},
+				{evs: evs(nicState(c, "n1", 1*m, true)), want: none},
+				{evs: evs(nicState(c, "n1", 4*m, false)), want: none},
+				{evs: evs(nicState(c, "n1", 4*m+10*sec, true)), want: none},
+				{evs: evs(nicState(c, "n1", 9*m+59*sec, false)), want: "RepeatedNICLinkFlap:fault"},
+				// stabilization: the verdict stands, a fourth down emits nothing
+				{evs: evs(nicState(c, "n1", 10*m+30*sec, false)), want: none},
+			}
+		}},
+		{"flap window edge: a down exactly 10m before does not count", func(c string) []step {
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false)), want: none},
+				{evs: evs(nicState(c, "n1", 5*m, false)), want: none},
+				{evs: evs(nicState(c, "n1", 10*m, false)), want: none},
+				{evs: evs(nicState(c, "n1", 10*m+1*sec, false)), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
+		{"flap: state event and counter increase of one flap count once", func(c string) []step {
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false), linkDowned(c, "n1", 1*sec, 1)), want: none},
+				{evs: evs(nicState(c, "n1", 2*m, false), linkDowned(c, "n1", 2*m+1*sec, 1)), want: none},
+				// a sub-second flap only the counter saw
+				{evs: evs(linkDowned(c, "n1", 3*m, 1)), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
+		{"flap recovers after the window and stabilization", func(c string) []step {
+			return []step{
+				{evs: append(append(flap(c, "n1", 0), flap(c, "n1", 1*m)...), flap(c, "n1", 2*m)...), want: "RepeatedNICLinkFlap:fault"},
+				{sweep: 20 * m, want: none}, // window no longer holds, but stabilization (30m) has not passed
+				{sweep: 32*m - 1*sec, want: none},
+				{sweep: 32 * m, want: "RepeatedNICLinkFlap:recovery"},
+				{sweep: 40 * m, want: none},
+				// it flaps again: a new verdict
+				{evs: evs(nicState(c, "n1", 50*m, false), nicState(c, "n1", 51*m, false), nicState(c, "n1", 52*m, false)), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
+		{"STORE_ONLY events never trigger nor count", func(c string) []step {
+			so := func(e *datamodels.HealthEvent) *datamodels.HealthEvent {
+				e.ProcessingStrategy = datamodels.ProcessingStrategy_STORE_ONLY
+				return e
+			}
+			return []step{
+				{evs: evs(so(nicState(c, "n1", 0, false)), so(nicState(c, "n1", 1*m, false)), so(nicState(c, "n1", 2*m, false))), want: none},
+				{evs: evs(nicState(c, "n1", 3*m, false), nicState(c, "n1", 4*m, false)), want: none},
+				{evs: evs(nicState(c, "n1", 5*m, false)), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
+		{"port drop: DOWN 4m with no recovery attempt", func(c string) []step {
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false), linkDowned(c, "n1", 1*sec, 1)), want: none},
+				{sweep: 4*m - 1*sec, want: none},
+				{sweep: 4 * m, want: "NICPortDrop:fault"},
+				{sweep: 5 * m, want: none},
+				{evs: evs(nicState(c, "n1", 6*m, true)), want: "NICPortDrop:recovery"},
+				{sweep: 7 * m, want: none},
+			}
+		}},
+		{"port drop: a recovery attempt is not a drop", func(c string) []step {
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false)), want: none},
+				{evs: evs(linkDowned(c, "n1", 2*m, 1)), want: none},
+				{sweep: 10 * m, want: none},
+			}
+		}},
+		{"xid: fifth burst within 24h", func(c string) []step {
+			return []step{
+				{evs: evs(xid(c, "n1", 0, 48, true, 1), xid(c, "n1", 2*m, 48, true, 1)), want: none}, // burst 1 (2m gap)
+				{evs: evs(xid(c, "n1", 5*m+1*sec, 48, true, 1)), want: none},                        // burst 2 (gap > 3m)
+				{evs: evs(xid(c, "n1", 1*h, 48, true, 5)), want: none},                              // burst 3 (a flood is one point)
+				{evs: evs(xid(c, "n1", 2*h, 31, false, 1)), want: none},                             // not fatal: no burst
+				{evs: evs(xid(c, "n1", 3*h, 48, true, 1)), want: none},                              // burst 4
+				{evs: evs(xid(c, "n1", 3*h+3*m, 48, true, 1)), want: none},                          // same burst (exactly 3m)
+				{evs: evs(xid(c, "n1", 4*h, 48, true, 1)), want: "RepeatedXIDOnSameGPU:fault"},      // burst 5
+			}
+		}},
+		{"xid: sticky codes keep a burst open 3h; window edge", func(c string) []step {
+			return []step{
+				{evs: evs(xid(c, "n1", 0, 48, true, 1)), want: none},           // burst 1, at exactly 24h before the last event
+				{evs: evs(xid(c, "n1", 1*h, 79, true, 1)), want: none},         // burst 2, sticky
+				{evs: evs(xid(c, "n1", 1*h+30*m, 48, true, 1)), want: none},    // open
+				{evs: evs(xid(c, "n1", 3*h+59*m, 48, true, 1)), want: none},    // open (79 at 1h keeps it to 4h)
+				{evs: evs(xid(c, "n1", 4*h+4*m, 48, true, 1)), want: none},     // burst 3 (after 4h and 3m after 3h59)
+				{evs: evs(xid(c, "n1", 10*h, 48, true, 1)), want: none},        // burst 4
+				{evs: evs(xid(c, "n1", 24*h, 48, true, 1)), want: none},        // burst 5, but burst 1 left the window
+				{evs: evs(xid(c, "n1", 24*h+10*m, 48, true, 1)), want: "RepeatedXIDOnSameGPU:fault"},
+			}
+		}},
+		{"xid 31: two occurrences, flood counts", func(c string) []step {
+			return []step{
+				{evs: evs(xid(c, "n1", 0, 31, false, 1)), want: none},
+				{evs: evs(xid(c, "n1", 25*h, 31, false, 1)), want: none}, // the first left the 24h window
+				{evs: evs(xid(c, "n2", 25*h, 31, false, 2)), want: "RepeatedXID31OnSameGPU:fault"},
+				{evs: evs(xid(c, "n1", 26*h, 31, false, 1)), want: "RepeatedXID31OnSameGPU:fault"},
+			}
+		}},
+		{"remediations: fifth within 7 days", func(c string) []step {
+			d := 24 * h
+			return []step{
+				{acts: []*faultlinev1.Action{remediation(c, "n1", 0)}, want: none}, // leaves the window at 7d
+				{acts: []*faultlinev1.Action{remediation(c, "n1", 1*d), remediation(c, "n1", 2*d)}, want: none},
+				{acts: []*faultlinev1.Action{remediation(c, "n1", 3*d), {Id: "q1", Cluster: c, Node: "n1", Kind: "quarantine", Outcome: "applied"}}, want: none},
+				{acts: []*faultlinev1.Action{remediation(c, "n1", 7*d)}, want: none},
+				{acts: []*faultlinev1.Action{remediation(c, "n1", 7*d+1*h)}, want: "MultipleRemediations:fault"},
+			}
+		}},
+		{"fabric: four nodes within 2m is one incident; per-node verdicts suppressed", func(c string) []step {
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false), nicState(c, "n2", 10*sec, false)), want: none},
+				{evs: evs(nicState(c, "n3", 30*sec, false)), want: none},
+				{evs: evs(nicState(c, "n4", 2*m+10*sec, false)), want: none}, // n1, n2 left the 2m window (n2 exactly at its edge)
+				{evs: evs(nicState(c, "n5", 2*m+20*sec, false)), want: none},
+				{evs: evs(nicState(c, "n6", 2*m+25*sec, false)), want: "FabricIncident:fault"},
+				{evs: evs(nicState(c, "n7", 2*m+30*sec, false)), want: none},
+				// n1 flaps a third time while the incident stands
+				{evs: evs(nicState(c, "n1", 3*m, false)), want: none},
+				{evs: evs(nicState(c, "n1", 4*m, false)), want: "RepeatedNICLinkFlap:fault:suppressed"},
+			}
+		}},
+		{"fabric: sweep finds an incident across partitions", func(c string) []step {
+			return []step{
+				// stored without correlate seeing them (other replicas' partitions)
+				{evs: evs(nicState(c, "n1", 0, false), nicState(c, "n2", 1*sec, false), nicState(c, "n3", 2*sec, false), nicState(c, "n4", 3*sec, false)), sweep: -1, want: none},
+				{sweep: 1 * m, want: "FabricIncident:fault"},
+				// the ports stayed DOWN: NICPortDrop holds on all four, recorded
+				// as suppressed while the incident stands (rules run in file order)
+				{sweep: 11 * m, want: "FabricIncident:recovery,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed"},
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster("rules")
+			hs := newHarness(t, s, DefaultRules, nil)
+			hs.cluster = c
+			for i, st := range tc.steps(c) {
+				var got []*datamodels.HealthEvent
+				switch {
+				case st.sweep < 0: // stored only
+					var recs []*kgo.Record
+					for _, e := range st.evs {
+						recs = append(recs, evRecord(t, e))
+					}
+					hs.storeDerived(recs, nil)
+				case st.evs != nil || st.acts != nil:
+					var recs []*kgo.Record
+					for _, e := range st.evs {
+						recs = append(recs, evRecord(t, e))
+					}
+					for _, a := range st.acts {
+						recs = append(recs, actRecord(t, a))
+					}
+					got = hs.batch(recs...)
+				default:
+					got = hs.sweep(st.sweep)
+				}
+				if d := describe(got); d != st.want {
+					t.Fatalf("step %d: derived %q, want %q", i, d, st.want)
+				}
+			}
+		})
+	}
+	t.Run("no loop: derived events fed back derive nothing", func(t *testing.T) {
+		c := newCluster("loop")
+		hs := newHarness(t, s, DefaultRules, nil)
+		got := hs.batch(evRecord(t, nicState(c, "n1", 0, false)), evRecord(t, nicState(c, "n1", 1*m, false)), evRecord(t, nicState(c, "n1", 2*m, false)))
+		if describe(got) != "RepeatedNICLinkFlap:fault" {
+			t.Fatalf("derived %q", describe(got))
+		}
+		for range 3 {
+			var recs []*kgo.Record
+			for _, ev := range got {
+				ev.GeneratedTimestamp = nicState(c, "n1", 3*m, false).GeneratedTimestamp
+				recs = append(recs, evRecord(t, ev))
+			}
+			if got = hs.batch(recs...); len(got) != 0 {
+				t.Fatalf("derived events derived %q", describe(got))
+			}
+			got = hs.derived[:1]
+		}
+		if n := uniqDerived(t, s, c, "RepeatedNICLinkFlap"); n != 1 {
+			t.Fatalf("%d derived events stored, want 1", n)
+		}
+	})
+	t.Run("shadow mode records verdicts as STORE_ONLY, once", func(t *testing.T) {
+		c := newCluster("shadow")
+		hs := newHarness(t, s, DefaultRules, func(rs []*Rule) {
+			for _, r := range rs {
+				r.Shadow = r.Name == "RepeatedNICLinkFlap"
+			}
+		})
+		hs.cluster = c
+		var got []*datamodels.HealthEvent
+		for i := range 5 {
+			got = append(got, hs.batch(records(t, flap(c, "n1", time.Duration(i)*m))...)...)
+		}
+		if describe(got) != "RepeatedNICLinkFlap:fault:shadow" {
+			t.Fatalf("derived %q", describe(got))
+		}
+		if got[0].GetProcessingStrategy() != datamodels.ProcessingStrategy_STORE_ONLY {
+			t.Fatalf("shadow verdict strategy %s", got[0].GetProcessingStrategy())
+		}
+		if d := describe(hs.sweep(40 * m)); d != "RepeatedNICLinkFlap:recovery:shadow" {
+			t.Fatalf("shadow recovery %q", d)
+		}
+	})
+	t.Run("two replicas over the same stream: each verdict once", func(t *testing.T) {
+		c := newCluster("replicas")
+		a := newHarness(t, s, DefaultRules, nil)
+		b := newHarness(t, s, DefaultRules, nil)
+		a.cluster, b.cluster = c, c
+		var recs [][]*kgo.Record
+		for i := range 4 {
+			recs = append(recs, records(t, flap(c, "n1", time.Duration(i)*m)))
+		}
+		// Both replicas handle every batch before either output is stored
+		// (a rebalance redelivering the same records to another replica).
+		var outs []*kgo.Record
+		for _, r := range recs {
+			ra, err := a.h.Handle(ctx(t), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rb, err := b.h.Handle(ctx(t), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			outs = append(outs, ra.Out...)
+			outs = append(outs, rb.Out...)
+			a.storeDerived(r, append(ra.Out, rb.Out...))
+		}
+		if len(outs) != 2 {
+			t.Fatalf("%d derived records, want one per replica", len(outs))
+		}
+		if !proto.Equal(mustUnmarshal(t, outs[0].Value), mustUnmarshal(t, outs[1].Value)) {
+			t.Fatal("the replicas derived different events")
+		}
+		if n := uniqDerived(t, s, c, "RepeatedNICLinkFlap"); n != 1 {
+			t.Fatalf("%d verdicts stored, want 1", n)
+		}
+		// Both sweep at the same time, before either output is stored: the
+		// same recovery id.
+		a.clock.Set(base.Add(40 * m))
+		b.clock.Set(base.Add(40 * m))
+		sa, err := a.h.Sweep(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb, err := b.h.Sweep(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ra, rb := a.storeDerived(nil, sa), b.storeDerived(nil, sb)
+		if describe(ra) != "RepeatedNICLinkFlap:recovery" || describe(rb) != describe(ra) || ids(ra)[0] != ids(rb)[0] {
+			t.Fatalf("sweeps derived %q and %q", describe(ra), describe(rb))
+		}
+		// A later sweep (now stored) derives nothing.
+		if d := describe(a.sweep(41 * m)); d != none {
+			t.Fatalf("sweep after recovery derived %q", d)
+		}
+		if n := uniqDerived(t, s, c, "RepeatedNICLinkFlap"); n != 2 {
+			t.Fatalf("%d derived events stored, want 2 (verdict, recovery)", n)
+		}
+	})
+	t.Run("a retried batch re-emits the same verdict", func(t *testing.T) {
+		c := newCluster("retry")
+		hs := newHarness(t, s, DefaultRules, nil)
+		r := []*kgo.Record{evRecord(t, nicState(c, "n1", 0, false)), evRecord(t, nicState(c, "n1", 1*m, false)), evRecord(t, nicState(c, "n1", 2*m, false))}
+		first, err := hs.h.Handle(ctx(t), r) // outputs lost: produce failed
+		if err != nil {
+			t.Fatal(err)
+		}
+		again := hs.batch(r...)
+		if len(first.Out) != 1 || len(again) != 1 || describe(again) != "RepeatedNICLinkFlap:fault" {
+			t.Fatalf("first %d, retry %q", len(first.Out), describe(again))
+		}
+		if !proto.Equal(mustUnmarshal(t, first.Out[0].Value), again[0]) {
+			t.Fatal("the retry derived a different event")
+		}
+	})
+}
+
+// TestParseRulesErrors: config errors name the rule and the field.
+func TestParseRulesErrors(t *testing.T) {
+	ok := `
+[[rule]]
+name = "R"
+trigger = "event.isFatal"
+window = "10m"
+query = "SELECT 1"
+threshold = 2
+`
+	if _, err := ParseRules([]byte(ok), nil); err != nil {
+		t.Fatalf("valid rule: %v", err)
+	}
+	cases := []struct{ name, edit, field string }{
+		{"window", `window = "10m"|window = "soon"`, "window"},
+		{"threshold", `threshold = 2|threshold = 0`, "threshold"},
+		{"trigger", `trigger = "event.isFatal"|trigger = "event.isFatal &&"`, "trigger"},
+		{"trigger type", `trigger = "event.isFatal"|trigger = "1 + 1"`, "trigger"},
+		{"query file", `query = "SELECT 1"|query = "missing.sql"`, "query"},
+		{"unbound param", `query = "SELECT 1"|query = "SELECT @nope"`, "query"},
+		{"scope", `threshold = 2|threshold = 2
+scope = "rack"`, "scope"},
+		{"action", `threshold = 2|threshold = 2
+emit.recommended_action = "REBOOT"`, "emit.recommended_action"},
+		{"template", `threshold = 2|threshold = 2
+emit.message = "{{.Nope}}"`, "emit.message"},
+		{"suppressed_by", `threshold = 2|threshold = 2
+suppressed_by = ["Other"]`, "suppressed_by"},
+		{"unknown key", `threshold = 2|threshold = 2
+treshold = 3`, "rule.treshold"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			from, to, _ := strings.Cut(tc.edit, "|")
+			_, err := ParseRules([]byte(strings.Replace(ok, from, to, 1)), nil)
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("err = %v, want a ConfigError", err)
+			}
+			if ce.Field != tc.field || (tc.name != "unknown key" && ce.Rule != "R") {
+				t.Fatalf("err names rule %q field %q, want R / %s: %v", ce.Rule, ce.Field, tc.field, err)
+			}
+		})
+	}
+	if _, err := LoadRules(""); err != nil {
+		t.Fatalf("shipped rules: %v", err)
+	}
+}
+
+// TestDerivedID: deterministic, distinct per polarity and predecessor.
+func TestDerivedID(t *testing.T) {
+	a := DerivedID("R", "c", "n", "NIC=mlx5_0,NICPort=1", "", false)
+	if a != DerivedID("R", "c", "n", "NIC=mlx5_0,NICPort=1", "", false) {
+		t.Fatal("not deterministic")
+	}
+	if a == DerivedID("R", "c", "n", "NIC=mlx5_0,NICPort=1", "", true) || a == DerivedID("R", "c", "n", "NIC=mlx5_0,NICPort=1", "x", false) {
+		t.Fatal("collides")
+	}
+}

@@ -1,0 +1,14 @@
+-- FabricIncident sweep candidates: fault signatures reported unhealthy by at
+-- least threshold nodes of one cluster in [since, until] (events that
+-- arrived on other replicas' partitions are seen here once stored).
+-- param: checks Array(String)  checks whose faults can be fabric-wide
+SELECT cluster, '' AS node, gkey, ['FABRIC'] AS entity_types, [gkey] AS entity_values
+FROM
+(
+    SELECT cluster, concat(check, '|', error_codes[1]) AS gkey, uniqExact(node) AS nodes
+    FROM events
+    WHERE ts >= @since AND ts <= @until AND has(@checks, check) AND is_healthy = 0
+        AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
+    GROUP BY cluster, gkey
+)
+WHERE nodes >= @threshold

@@ -1,0 +1,53 @@
+-- NICPortDrop: the port (gkey = its entity key) has reported DOWN for at
+-- least @hold_ms with no recovery in between: its last state-check event in
+-- (at - window, at] is unhealthy, at least hold old, and no link_downed
+-- increase came later than grace after it (a later increase means the link
+-- trained up and fell again: a recovery attempt, which is a flap, not a drop;
+-- the increase that comes with the drop itself falls inside grace).
+-- value is 1 when dropped, else 0; last_ms is the time of the drop.
+-- param: state_checks Array(String)    state-check names
+-- param: counter_checks Array(String)  degradation-check names
+-- param: hold_ms UInt64                how long DOWN must last (4m)
+-- param: grace_ms UInt64               counter increases this close to the drop are the drop's own
+SELECT
+    tid,
+    toFloat64(last_down > 0 AND last_down > last_up AND last_down + @hold_ms <= eval_ms
+        AND arrayCount(x -> x > last_down + @grace_ms, attempts) = 0) AS value,
+    [down_id] AS cause_ids,
+    last_down AS last_ms
+FROM
+(
+    SELECT
+        tid,
+        any(at_ms) AS eval_ms,
+        maxIf(t, kind = 1) AS last_down,
+        maxIf(t, kind = 2) AS last_up,
+        argMaxIf(id, t, kind = 1) AS down_id,
+        groupArrayIf(t, kind = 3) AS attempts
+    FROM triggers
+    ALL INNER JOIN
+    (
+        SELECT cluster, node, gkey, id, t, kind
+        FROM
+        (
+            SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+                toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 1, 2, 1)) AS kind
+            FROM events
+            WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
+                AND ts >= @since AND ts <= @until
+                AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
+                AND ((has(@state_checks, check) AND has(entities.type, 'NICPort'))
+                    OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
+            UNION ALL
+            SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+                toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 1, 2, 1)) AS kind
+            FROM batch
+            WHERE derived_by = '' AND processing_strategy != 'STORE_ONLY'
+                AND ((has(@state_checks, check) AND has(entity_types, 'NICPort'))
+                    OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
+        )
+        LIMIT 1 BY id
+    ) USING (cluster, node, gkey)
+    WHERE t > at_ms - @window_ms AND t <= at_ms
+    GROUP BY tid
+)

@@ -1,0 +1,19 @@
+-- NICPortDrop sweep candidates: ports whose last state-check event in
+-- [since, until] is unhealthy (the rule query then decides whether it has
+-- lasted hold with no recovery attempt).
+-- param: state_checks Array(String)  state-check names
+SELECT cluster, node, gkey, entity_types, entity_values
+FROM
+(
+    SELECT
+        cluster, node, entity AS gkey,
+        argMax(is_healthy, toUInt64(ts) * 1000 + ts_ms) AS healthy,
+        any(entities.type) AS entity_types,
+        any(entities.value) AS entity_values
+    FROM events
+    WHERE ts >= @since AND ts <= @until AND has(@state_checks, check)
+        AND has(entities.type, 'NICPort')
+        AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
+    GROUP BY cluster, node, entity
+)
+WHERE healthy = 0

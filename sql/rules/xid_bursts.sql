@@ -1,0 +1,56 @@
+-- RepeatedXIDOnSameGPU: how many separate bursts the fatal Xid events of one
+-- GPU (gkey = the event's entity key, "PCI=…,GPU=GPU-…") form in
+-- (at - window, at]. Events sorted by time; each event keeps its burst open
+-- until its time + gap (sticky_gap for the sticky codes, e.g. Xid 74, 79,
+-- 95, 109, 119); an event after every earlier event's horizon starts a new
+-- burst. A flood summary (metadata count=N) is one point in time like any
+-- other event: bursts count time, not occurrences.
+-- param: checks Array(String)        Xid check names
+-- param: sticky_codes Array(String)  error codes that keep a burst open for sticky_gap
+-- param: gap_ms UInt64               quiet time that ends a burst (3m)
+-- param: sticky_gap_ms UInt64        how long a sticky code keeps it open (3h)
+SELECT
+    tid,
+    -- an event starts a burst when it comes after the horizon of every
+    -- earlier one (the first: after 0)
+    toFloat64(arrayCount((x, hp) -> x > hp, ts_sorted, arrayPushFront(arrayPopBack(horizon), toUInt64(0)))) AS value,
+    arraySlice(ids_sorted, 1, 100) AS cause_ids,
+    toUInt64(arrayReduce('max', ts_sorted)) AS last_ms
+FROM
+(
+    SELECT
+        tid, ts_sorted, ids_sorted,
+        arrayMap(i -> arrayReduce('max', arraySlice(h_sorted, 1, i)), arrayEnumerate(h_sorted)) AS horizon
+    FROM
+    (
+        SELECT
+            tid,
+            arraySort(groupArray(t)) AS ts_sorted,
+            arraySort((h, x) -> x, groupArray(h), groupArray(t)) AS h_sorted,
+            arraySort(groupArray(id)) AS ids_sorted
+        FROM triggers
+        ALL INNER JOIN
+        (
+            SELECT cluster, node, gkey, id, t, t + if(sticky = 1, @sticky_gap_ms, @gap_ms) AS h
+            FROM
+            (
+                SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+                    toUInt8(hasAny(error_codes, @sticky_codes)) AS sticky
+                FROM events
+                WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
+                    AND ts >= @since AND ts <= @until AND has(@checks, check)
+                    AND is_fatal = 1 AND is_healthy = 0
+                    AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
+                UNION ALL
+                SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+                    toUInt8(hasAny(error_codes, @sticky_codes)) AS sticky
+                FROM batch
+                WHERE has(@checks, check) AND is_fatal = 1 AND is_healthy = 0
+                    AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
+            )
+            LIMIT 1 BY id
+        ) USING (cluster, node, gkey)
+        WHERE t > at_ms - @window_ms AND t <= at_ms
+        GROUP BY tid
+    )
+)

@@ -1,0 +1,35 @@
+-- RepeatedXID31OnSameGPU (and any "N occurrences of these codes on one GPU"
+-- rule): occurrences of the codes on one GPU (gkey = the event's entity key)
+-- in (at - window, at]. An event stands for metadata "count" occurrences
+-- (kmsg flood summaries; 1 when absent), so the value is their sum.
+-- param: checks Array(String)  Xid check names
+-- param: codes Array(String)   error codes counted, e.g. ['XID-31']
+SELECT
+    tid,
+    toFloat64(sum(n)) AS value,
+    arraySlice(arraySort(groupUniqArray(id)), 1, 100) AS cause_ids,
+    max(t) AS last_ms
+FROM triggers
+ALL INNER JOIN
+(
+    SELECT cluster, node, gkey, id, t, n
+    FROM
+    (
+        SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+            greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'count')]), 1) AS n
+        FROM events
+        WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
+            AND ts >= @since AND ts <= @until AND has(@checks, check)
+            AND hasAny(error_codes, @codes) AND is_healthy = 0
+            AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
+        UNION ALL
+        SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+            greatest(toUInt64OrZero(meta_values[indexOf(meta_keys, 'count')]), 1) AS n
+        FROM batch
+        WHERE has(@checks, check) AND hasAny(error_codes, @codes) AND is_healthy = 0
+            AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
+    )
+    LIMIT 1 BY id
+) USING (cluster, node, gkey)
+WHERE t > at_ms - @window_ms AND t <= at_ms
+GROUP BY tid
