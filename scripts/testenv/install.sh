@@ -120,11 +120,11 @@ install_kafka() {
   </dependencies>
 </project>
 EOF
-		(cd "$build" && mvn -B -q -f pom.xml \
+		(cd "$build" && mvn -B -q -Dstyle.color=never -f pom.xml \
 			dependency:copy-dependencies \
 			-DincludeScope=runtime \
-			-DoutputDirectory="$build/libs") >&2 ||
-			die "mvn dependency:copy-dependencies failed (see output above)"
+			-DoutputDirectory="$build/libs") >"$build/mvn.log" 2>&1 ||
+			die "mvn dependency:copy-dependencies failed: $(tail -n 30 "$build/mvn.log")"
 		ls "$build"/libs/kafka_"$SCALA_VERSION"-"$KAFKA_VERSION".jar >/dev/null ||
 			die "kafka_$SCALA_VERSION-$KAFKA_VERSION.jar missing after mvn"
 		mkdir -p "$dir"
