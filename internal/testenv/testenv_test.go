@@ -59,6 +59,7 @@ func consumeAll(t *testing.T, k *testenv.Kafka, topic string, want int) map[stri
 }
 
 func TestKafka(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafka(t)
 	const topic = "testenv-roundtrip"
 	prod := k.Client(t, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.AllowAutoTopicCreation())
@@ -94,6 +95,7 @@ func TestKafka(t *testing.T) {
 }
 
 func TestKafkaNoAutoCreate(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKafka(t, testenv.KafkaAutoCreateTopics(false))
 	cl := k.Client(t, kgo.RecordDeliveryTimeout(3*time.Second))
 	err := cl.ProduceSync(ctxTimeout(t, 30*time.Second), &kgo.Record{Topic: "absent", Value: []byte("x")}).FirstErr()
@@ -105,6 +107,7 @@ func TestKafkaNoAutoCreate(t *testing.T) {
 }
 
 func TestClickHouse(t *testing.T) {
+	t.Parallel()
 	ch := testenv.StartClickHouse(t)
 	db := ch.DB(t)
 	ctx := ctxTimeout(t, 60*time.Second)
@@ -175,6 +178,7 @@ func TestClickHouse(t *testing.T) {
 }
 
 func TestKube(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKube(t, testenv.KubeOptions{})
 	cs := k.Client()
 	ctx := ctxTimeout(t, 120*time.Second)
@@ -258,6 +262,7 @@ func TestKube(t *testing.T) {
 }
 
 func TestKubeEviction(t *testing.T) {
+	t.Parallel()
 	k := testenv.StartKube(t, testenv.KubeOptions{ControllerManager: true, KWOK: true})
 	cs := k.Client()
 	ctx := ctxTimeout(t, 180*time.Second)
