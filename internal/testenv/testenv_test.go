@@ -97,7 +97,8 @@ func TestKafka(t *testing.T) {
 func TestKafkaNoAutoCreate(t *testing.T) {
 	t.Parallel()
 	k := testenv.StartKafka(t, testenv.KafkaAutoCreateTopics(false))
-	cl := k.Client(t, kgo.RecordDeliveryTimeout(3*time.Second))
+	// The client asks for auto-creation; the broker must refuse it.
+	cl := k.Client(t, kgo.AllowAutoTopicCreation(), kgo.RecordDeliveryTimeout(3*time.Second))
 	err := cl.ProduceSync(ctxTimeout(t, 30*time.Second), &kgo.Record{Topic: "absent", Value: []byte("x")}).FirstErr()
 	if err == nil {
 		t.Fatal("produce to a missing topic succeeded with auto-create off")

@@ -7,13 +7,20 @@
 # keyed by version, and a component that is already there is a fast no-op.
 # Prints one line per component: "testenv: <name> <version> <path>".
 #
-# Measured on a 2-core Debian 12 machine (details in README.md):
-#   clickhouse  apt-get install 18.16.1                     ~16 s cold
-#   kafka       mvn copy-dependencies (kafka_2.13 KAFKA_VERSION)  see README.md
-#               KRaft combined broker, -Xmx512m: ready in ~3-5 s, ~350 MB RSS
-#   kube        etcd ~1.5 min, kube-apiserver + kube-controller-manager ~11+ min,
-#               kwok ~2.5 min cold; ~10 s when the Go build cache is warm
-#   warm no-op for all components: well under a second
+# Measured on a 2-core Debian 12 machine shared with other builds (load
+# 6-25); details in README.md:
+#   clickhouse  apt-get install 18.16.1: 17 s cold
+#   kafka       mvn copy-dependencies, kafka_2.13 4.1.1 + slf4j2/log4j2 binding:
+#               42 s with an empty ~/.m2 (12 s warm), 43 MB; plus 6 s to format
+#               the KRaft template. Verified: KRaft combined mode
+#               (process.roles=broker,controller, static quorum, node.id=1)
+#               starts with Java 17 and -Xmx512m; ready in 9-18 s on the busy
+#               machine (CPU-bound; C1-only JIT halves it), ~310 MB RSS,
+#               graceful stop 1-1.6 s.
+#   kube        empty Go caches: 34 min (etcd 2.5, kube-apiserver 14.5,
+#               kube-controller-manager 10, kwok 7); warm Go caches but empty
+#               $FAULTLINE_CACHE: 3 min 14 s.
+#   warm no-op for all components: 0.3 s
 set -euo pipefail
 
 CACHE="${FAULTLINE_CACHE:-$HOME/.cache/faultline}"
