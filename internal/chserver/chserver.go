@@ -273,6 +273,9 @@ func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
 // Addr is the native-protocol address, 127.0.0.1:port.
 func (s *Server) Addr() string { return s.addr }
 
+// Pid is the server's process id.
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
 // Done is closed when the server process exits.
 func (s *Server) Done() <-chan struct{} { return s.done }
 

@@ -43,6 +43,8 @@ type Config struct {
 	QueryTimeout time.Duration `toml:"query_timeout"`
 	// MaxOpenConns bounds the connection pool. Default 8.
 	MaxOpenConns int `toml:"max_open_conns"`
+	// Compression of the native protocol blocks: lz4 or none. Default lz4.
+	Compression string `toml:"compression"`
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -55,6 +57,7 @@ func DefaultConfig() Config {
 		DialTimeout:  5 * time.Second,
 		QueryTimeout: 60 * time.Second,
 		MaxOpenConns: 8,
+		Compression:  "lz4",
 	}
 }
 
@@ -67,6 +70,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.DialTimeout, prefix+"dial-timeout", c.DialTimeout, "ClickHouse connect timeout")
 	fs.DurationVar(&c.QueryTimeout, prefix+"query-timeout", c.QueryTimeout, "server-side limit of one ClickHouse query (0: none)")
 	fs.IntVar(&c.MaxOpenConns, prefix+"max-open-conns", c.MaxOpenConns, "ClickHouse connection pool size")
+	fs.StringVar(&c.Compression, prefix+"compression", c.Compression, "ClickHouse native block compression: lz4 or none")
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -91,6 +95,9 @@ func (c Config) Validate(prefix string) error {
 	if c.MaxOpenConns < 1 {
 		return fmt.Errorf("%smax_open_conns: must be at least 1, got %d", prefix, c.MaxOpenConns)
 	}
+	if c.Compression != "lz4" && c.Compression != "none" {
+		return fmt.Errorf("%scompression: want lz4 or none, got %q", prefix, c.Compression)
+	}
 	return nil
 }
 
@@ -104,6 +111,10 @@ func (c Config) options(database string, log *slog.Logger) *ch.Options {
 	if c.QueryTimeout > 0 {
 		settings["max_execution_time"] = int(c.QueryTimeout.Seconds())
 	}
+	var comp *ch.Compression
+	if c.Compression == "lz4" {
+		comp = &ch.Compression{Method: ch.CompressionLZ4}
+	}
 	return &ch.Options{
 		Addr:             []string{c.Addr},
 		Protocol:         ch.Native,
@@ -113,7 +124,7 @@ func (c Config) options(database string, log *slog.Logger) *ch.Options {
 		MaxIdleConns:     min(c.MaxOpenConns, 5),
 		ConnMaxLifetime:  time.Hour,
 		Settings:         settings,
-		Compression:      &ch.Compression{Method: ch.CompressionLZ4},
+		Compression:      comp,
 		Logger:           slog.New(quietHandler{log.With("component", "clickhouse").Handler()}),
 		ClientInfo:       ch.ClientInfo{Products: []struct{ Name, Version string }{{Name: "faultline", Version: "1"}}},
 		ConnOpenStrategy: ch.ConnOpenInOrder,

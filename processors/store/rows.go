@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"time"
 
@@ -76,12 +77,12 @@ var errPoison = errors.New("poison record")
 // addEvent decodes rec and appends it; the error wraps errPoison when the
 // record can never be stored.
 func (b *eventBlock) addEvent(rec *kgo.Record) error {
-	ev, err := events.Unmarshal(rec.Value)
-	if err != nil {
-		return fmt.Errorf("%w: %w", errPoison, err)
+	var ev wireEvent
+	if err := decodeEvent(rec.Value, &ev); err != nil {
+		return fmt.Errorf("%w: decode HealthEvent: %w", errPoison, err)
 	}
 	keyCluster, keyNode, _ := events.SplitKey(rec.Key)
-	cluster, node := ev.GetCluster(), ev.GetNodeName()
+	cluster, node := ev.cluster, ev.node
 	if cluster == "" {
 		cluster = keyCluster
 	}
@@ -89,71 +90,83 @@ func (b *eventBlock) addEvent(rec *kgo.Record) error {
 		node = keyNode
 	}
 	switch {
-	case ev.GetId() == "":
+	case ev.id == "":
 		return fmt.Errorf("%w: event has no id", errPoison)
 	case cluster == "":
-		return fmt.Errorf("%w: event %s has no cluster (neither in the event nor the key)", errPoison, ev.GetId())
+		return fmt.Errorf("%w: event %s has no cluster (neither in the event nor the key)", errPoison, ev.id)
 	}
 	received := rec.Timestamp
-	if ev.GetReceivedTimestamp() != nil {
-		received = ev.GetReceivedTimestamp().AsTime()
+	if ev.received.set {
+		if !ev.received.valid() {
+			return fmt.Errorf("%w: event %s: receivedTimestamp is not a valid timestamp", errPoison, ev.id)
+		}
+		received = ev.received.time()
 	}
 	ts, missing := received, uint8(1)
-	if ev.GetGeneratedTimestamp() != nil {
-		ts, missing = ev.GetGeneratedTimestamp().AsTime(), 0
+	if ev.generated.set {
+		if !ev.generated.valid() {
+			return fmt.Errorf("%w: event %s: generatedTimestamp is not a valid timestamp", errPoison, ev.id)
+		}
+		ts, missing = ev.generated.time(), 0
+	}
+	if !inDateTimeRange(ts) || !inDateTimeRange(received) {
+		return fmt.Errorf("%w: event %s: time %s or %s outside ClickHouse DateTime (1970 to 2106)", errPoison, ev.id,
+			ts.Format(time.RFC3339), received.Format(time.RFC3339))
 	}
 	tsSec, tsMS := splitTime(ts)
 	rSec, rMS := splitTime(received)
-
-	var et, evv []string
-	for _, e := range ev.GetEntitiesImpacted() {
-		et = append(et, e.GetEntityType())
-		evv = append(evv, e.GetEntityValue())
+	meta := normalizeMeta(ev.meta)
+	mk, mv := make([]string, len(meta)), make([]string, len(meta))
+	for i, e := range meta {
+		mk[i], mv[i] = e.k, e.v
 	}
-	mk := make([]string, 0, len(ev.GetMetadata()))
-	for k := range ev.GetMetadata() {
-		mk = append(mk, k)
+	entity := ""
+	for i := range ev.entType {
+		if i > 0 {
+			entity += ","
+		}
+		entity += ev.entType[i] + "=" + ev.entValue[i]
 	}
-	sort.Strings(mk)
-	mv := make([]string, len(mk))
-	for i, k := range mk {
-		mv[i] = ev.GetMetadata()[k]
-	}
-	q, d := ev.GetQuarantineOverrides(), ev.GetDrainOverrides()
 
 	b.cluster = append(b.cluster, cluster)
 	b.node = append(b.node, node)
-	b.check = append(b.check, ev.GetCheckName())
-	b.entity = append(b.entity, events.EntityKey(ev))
+	b.check = append(b.check, ev.check)
+	b.entity = append(b.entity, entity)
 	b.ts = append(b.ts, tsSec)
 	b.tsMS = append(b.tsMS, tsMS)
-	b.id = append(b.id, ev.GetId())
+	b.id = append(b.id, ev.id)
 	b.received = append(b.received, rSec)
 	b.receivedMS = append(b.receivedMS, rMS)
 	b.tsMissing = append(b.tsMissing, missing)
-	b.version = append(b.version, ev.GetVersion())
-	b.agent = append(b.agent, ev.GetAgent())
-	b.componentClass = append(b.componentClass, ev.GetComponentClass())
-	b.isFatal = append(b.isFatal, b2u(ev.GetIsFatal()))
-	b.isHealthy = append(b.isHealthy, b2u(ev.GetIsHealthy()))
-	b.message = append(b.message, ev.GetMessage())
-	b.recAction = append(b.recAction, ev.GetRecommendedAction().String())
-	b.customAction = append(b.customAction, ev.GetCustomRecommendedAction())
-	b.errorCodes = append(b.errorCodes, stringsOrEmpty(ev.GetErrorCode()))
-	b.entType = append(b.entType, stringsOrEmpty(et))
-	b.entValue = append(b.entValue, stringsOrEmpty(evv))
+	b.version = append(b.version, ev.version)
+	b.agent = append(b.agent, ev.agent)
+	b.componentClass = append(b.componentClass, ev.class)
+	b.isFatal = append(b.isFatal, b2u(ev.fatal))
+	b.isHealthy = append(b.isHealthy, b2u(ev.healthy))
+	b.message = append(b.message, ev.message)
+	b.recAction = append(b.recAction, enumName(recActionNames, ev.recAction))
+	b.customAction = append(b.customAction, ev.custom)
+	b.errorCodes = append(b.errorCodes, stringsOrEmpty(ev.codes))
+	b.entType = append(b.entType, stringsOrEmpty(ev.entType))
+	b.entValue = append(b.entValue, stringsOrEmpty(ev.entValue))
 	b.metaKey = append(b.metaKey, mk)
 	b.metaValue = append(b.metaValue, mv)
-	b.qSet = append(b.qSet, b2u(q != nil))
-	b.qForce = append(b.qForce, b2u(q.GetForce()))
-	b.qSkip = append(b.qSkip, b2u(q.GetSkip()))
-	b.dSet = append(b.dSet, b2u(d != nil))
-	b.dForce = append(b.dForce, b2u(d.GetForce()))
-	b.dSkip = append(b.dSkip, b2u(d.GetSkip()))
-	b.strategy = append(b.strategy, ev.GetProcessingStrategy().String())
-	b.derivedBy = append(b.derivedBy, ev.GetDerivedBy())
-	b.causeIDs = append(b.causeIDs, stringsOrEmpty(ev.GetCauseIds()))
+	b.qSet = append(b.qSet, b2u(ev.quarantine.set))
+	b.qForce = append(b.qForce, b2u(ev.quarantine.force))
+	b.qSkip = append(b.qSkip, b2u(ev.quarantine.skip))
+	b.dSet = append(b.dSet, b2u(ev.drain.set))
+	b.dForce = append(b.dForce, b2u(ev.drain.force))
+	b.dSkip = append(b.dSkip, b2u(ev.drain.skip))
+	b.strategy = append(b.strategy, enumName(strategyNames, ev.strategy))
+	b.derivedBy = append(b.derivedBy, ev.derivedBy)
+	b.causeIDs = append(b.causeIDs, stringsOrEmpty(ev.causes))
 	return nil
+}
+
+// inDateTimeRange reports whether t fits a ClickHouse DateTime (UInt32
+// seconds since 1970).
+func inDateTimeRange(t time.Time) bool {
+	return t.Unix() >= 0 && t.Unix() <= math.MaxUint32
 }
 
 // actionColumns is the column list of an actions insert, in the order of
@@ -202,6 +215,9 @@ func (b *actionBlock) addAction(rec *kgo.Record) error {
 	ts := rec.Timestamp
 	if a.GetTimestamp() != nil {
 		ts = a.GetTimestamp().AsTime()
+	}
+	if !inDateTimeRange(ts) || !inDateTimeRange(rec.Timestamp) {
+		return fmt.Errorf("%w: action %s: time %s outside ClickHouse DateTime (1970 to 2106)", errPoison, a.GetId(), ts.Format(time.RFC3339))
 	}
 	tsSec, tsMS := splitTime(ts)
 	rSec, _ := splitTime(rec.Timestamp)

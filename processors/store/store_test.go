@@ -44,7 +44,7 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 }
 
 // loadJSON reads a JSON array of protobuf messages from testdata.
-func loadJSON[T proto.Message](t *testing.T, file string, newMsg func() T) []T {
+func loadJSON[T proto.Message](t testing.TB, file string, newMsg func() T) []T {
 	t.Helper()
 	b, err := os.ReadFile("testdata/" + file)
 	if err != nil {

@@ -1,0 +1,41 @@
+package store
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// BenchmarkDecode measures turning records into columns (no ClickHouse).
+func BenchmarkDecode(b *testing.B) {
+	recs := make([]*kgo.Record, 10000)
+	now := time.Now()
+	for i := range recs {
+		ts := timestamppb.New(now.Add(-time.Duration(i) * time.Second))
+		ev := &datamodels.HealthEvent{
+			Version: 1, Agent: "faultline-agent", ComponentClass: "NIC", CheckName: "InfiniBandStateCheck",
+			Message:            fmt.Sprintf("port mlx5_%d:1 state DOWN (phys_state LinkDown)", i%8),
+			EntitiesImpacted:   []*datamodels.Entity{{EntityType: "NIC", EntityValue: fmt.Sprintf("mlx5_%d", i%8)}, {EntityType: "NICPort", EntityValue: "1"}},
+			Metadata:           map[string]string{"link_layer": "InfiniBand", "rate": "400 Gb/sec (4X NDR)", "role": "compute"},
+			GeneratedTimestamp: ts, ReceivedTimestamp: ts, NodeName: fmt.Sprintf("gpu-node-%04d", i%2000), Cluster: "bench",
+			Id: events.NewID(),
+		}
+		recs[i] = eventRecord(b, ev)
+	}
+	b.ResetTimer()
+	for range b.N {
+		var blk eventBlock
+		for _, r := range recs {
+			if err := blk.addEvent(r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.N*len(recs))/b.Elapsed().Seconds(), "events/s")
+}

@@ -1,0 +1,102 @@
+package store
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// decodeCases are encoded HealthEvents, including wire forms that
+// proto.Marshal does not write but a client may send.
+func decodeCases(t testing.TB) map[string][]byte {
+	cases := map[string][]byte{}
+	evs := loadJSON(t, "roundtrip_events.json", func() *datamodels.HealthEvent { return &datamodels.HealthEvent{} })
+	for _, ev := range evs {
+		v, _ := events.Marshal(ev)
+		cases["testdata "+ev.GetId()] = v
+	}
+	for _, ev := range genEvents("alpha", 0, 3, time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)) {
+		v, _ := events.Marshal(ev)
+		cases["generated "+ev.GetId()] = v
+	}
+	base, _ := events.Marshal(evs[0])
+	tag := func(b []byte, num protowire.Number, typ protowire.Type) []byte { return protowire.AppendTag(b, num, typ) }
+	str := func(b []byte, num protowire.Number, s string) []byte {
+		return protowire.AppendString(tag(b, num, protowire.BytesType), s)
+	}
+	entry := func(k, v string) []byte { return str(str(nil, 1, k), 2, v) }
+	msg := func(b []byte, num protowire.Number, m []byte) []byte {
+		return protowire.AppendBytes(tag(b, num, protowire.BytesType), m)
+	}
+	varint := func(b []byte, num protowire.Number, x uint64) []byte {
+		return protowire.AppendVarint(tag(b, num, protowire.VarintType), x)
+	}
+	cases["duplicate map key, last wins"] = msg(msg(base, 11, entry("severity", "LOW")), 11, entry("severity", "HIGH"))
+	cases["timestamp merged from two occurrences"] = msg(msg(base, 12, varint(nil, 1, 1700000000)), 12, varint(nil, 2, 5e8))
+	cases["unknown fields skipped"] = str(varint(varint(base, 50, 7), 2000, 1), 77, "x")
+	cases["wrong wire type is an unknown field"] = varint(base, 2, 9)
+	cases["scalar last wins"] = str(varint(base, 5, 0), 13, "other-node")
+	cases["unknown enum value"] = varint(base, 8, 1234)
+	cases["entity with missing value"] = msg(base, 10, str(nil, 1, "GPU"))
+	cases["empty message"] = []byte{}
+	cases["invalid utf-8"] = str(base, 7, "bad \xff byte")
+	cases["invalid utf-8 in map key"] = msg(base, 11, entry("\xfe", "v"))
+	cases["truncated"] = base[:len(base)-3]
+	cases["bad tag"] = append(append([]byte{}, base...), 0x00)
+	return cases
+}
+
+// TestDecodeMatchesProto holds the protowire decoder to proto.Unmarshal.
+func TestDecodeMatchesProto(t *testing.T) {
+	for name, v := range decodeCases(t) {
+		t.Run(name, func(t *testing.T) { compareDecoders(t, v) })
+	}
+}
+
+func compareDecoders(t *testing.T, v []byte) {
+	rec := &kgo.Record{Topic: events.TopicEvents, Key: []byte("alpha/node"), Value: v, Timestamp: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+	var fast, ref eventBlock
+	errFast, errRef := fast.addEvent(rec), ref.addEventProto(rec)
+	if errFast != nil && !errors.Is(errFast, errPoison) {
+		t.Fatalf("decode error does not wrap errPoison: %v", errFast)
+	}
+	if errFast != nil && strings.Contains(errFast.Error(), "outside ClickHouse DateTime") || errFast != nil && strings.Contains(errFast.Error(), "not a valid timestamp") {
+		return // a check proto.Unmarshal does not make
+	}
+	if (errFast == nil) != (errRef == nil) {
+		t.Fatalf("protowire decoder err %v, proto.Unmarshal err %v", errFast, errRef)
+	}
+	if errFast == nil && !reflect.DeepEqual(fast, ref) {
+		t.Fatalf("blocks differ:\nprotowire %+v\nproto     %+v", fast, ref)
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, v := range decodeCases(f) {
+		f.Add(v)
+	}
+	f.Fuzz(func(t *testing.T, v []byte) { compareDecoders(t, v) })
+}
+
+func TestDecodeTimeRange(t *testing.T) {
+	for name, ts := range map[string]*timestamppb.Timestamp{
+		"before 1970": timestamppb.New(time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC)),
+		"after 2106":  timestamppb.New(time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)),
+		"invalid":     {Seconds: 1, Nanos: -5},
+	} {
+		ev := &datamodels.HealthEvent{Id: "x", Cluster: "c", NodeName: "n", GeneratedTimestamp: ts}
+		var b eventBlock
+		if err := b.addEvent(eventRecord(t, ev)); !errors.Is(err, errPoison) {
+			t.Errorf("%s: err %v, want poison", name, err)
+		}
+	}
+}
