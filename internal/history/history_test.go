@@ -85,7 +85,9 @@ func TestListEvents(t *testing.T) {
 	h := history.New(srv.Conn, slog.Default())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	at := func(i int) *timestamppb.Timestamp { return timestamppb.New(base.Add(time.Duration(i) * 250 * time.Millisecond)) }
+	at := func(i int) *timestamppb.Timestamp {
+		return timestamppb.New(base.Add(time.Duration(i) * 250 * time.Millisecond))
+	}
 	tests := []struct {
 		name    string
 		cluster string

@@ -29,7 +29,9 @@ func decodeCases(t testing.TB) map[string][]byte {
 		cases["generated "+ev.GetId()] = v
 	}
 	base, _ := events.Marshal(evs[0])
-	tag := func(b []byte, num protowire.Number, typ protowire.Type) []byte { return protowire.AppendTag(b, num, typ) }
+	tag := func(b []byte, num protowire.Number, typ protowire.Type) []byte {
+		return protowire.AppendTag(b, num, typ)
+	}
 	str := func(b []byte, num protowire.Number, s string) []byte {
 		return protowire.AppendString(tag(b, num, protowire.BytesType), s)
 	}
