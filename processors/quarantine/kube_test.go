@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -87,9 +88,8 @@ func record(cluster string, ev *datamodels.HealthEvent) *kgo.Record {
 		panic(err)
 	}
 	v, _ := offsets.LoadOrStore(cluster, new(int64))
-	off := v.(*int64)
-	*off++
-	return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, ev.NodeName), Value: b, Offset: *off}
+	off := atomic.AddInt64(v.(*int64), 1)
+	return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, ev.NodeName), Value: b, Offset: off}
 }
 
 func gpuEntity(gpu string) []*datamodels.Entity {
