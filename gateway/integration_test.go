@@ -344,4 +344,3 @@ func TestBrokerRestart(t *testing.T) {
 		t.Fatalf("after restart: %v", err)
 	}
 }
-

@@ -41,13 +41,7 @@ func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	reg := newRegistry()
-	topics, err := kafka.NewClient(cfg.Kafka, log)
-	if err != nil {
-		return err
-	}
-	err = kafka.EnsureTopics(ctx, topics, cfg.Kafka, kafka.PipelineTopics...)
-	topics.Close()
-	if err != nil {
+	if err := kafka.CreatePipelineTopics(ctx, cfg.Kafka, log); err != nil {
 		return err
 	}
 	hist := &lazyHistory{cfg: cfg.Processors.ClickHouse, log: log}

@@ -37,13 +37,7 @@ func runProcess(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	reg := newRegistry()
-	cl, err := kafka.NewClient(cfg.Kafka, log)
-	if err != nil {
-		return err
-	}
-	err = kafka.EnsureTopics(ctx, cl, cfg.Kafka, kafka.PipelineTopics...)
-	cl.Close()
-	if err != nil {
+	if err := kafka.CreatePipelineTopics(ctx, cfg.Kafka, log); err != nil {
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)

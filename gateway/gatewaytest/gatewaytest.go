@@ -59,14 +59,8 @@ func Start(tb testing.TB, brokers string, modify func(*gateway.Config), opts gat
 	s := &Server{tb: tb, cfg: cfg, kcfg: kcfg, opts: opts}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cl, err := kafka.NewClient(kcfg, slog.Default())
-	if err != nil {
-		tb.Fatal(err)
-	}
 	kcfg.ReplicationFactor = 1
-	err = kafka.EnsureTopics(ctx, cl, kcfg, kafka.PipelineTopics...)
-	cl.Close()
-	if err != nil {
+	if err := kafka.CreatePipelineTopics(ctx, kcfg, slog.Default()); err != nil {
 		tb.Fatalf("gatewaytest: %v", err)
 	}
 	s.StartAgain()

@@ -105,3 +105,14 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, c Config, topics ...strin
 		}
 	}
 }
+
+// CreatePipelineTopics connects, creates the missing PipelineTopics and
+// disconnects: what every binary does at start.
+func CreatePipelineTopics(ctx context.Context, c Config, log *slog.Logger) error {
+	cl, err := NewClient(c, log)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	return EnsureTopics(ctx, cl, c, PipelineTopics...)
+}
