@@ -210,8 +210,8 @@ FROM
     SELECT cluster, node, entity, id, is_healthy, toUInt64(ts) * 1000 + ts_ms AS t,
         metadata.value[indexOf(metadata.key, 'mode')] AS mode
     FROM events
+    PREWHERE check = @check AND derived_by = @rule
     WHERE (cluster, node) IN (SELECT cluster, node FROM lookups)
-        AND check = @check AND derived_by = @rule
         AND (cluster, node, entity) IN (SELECT cluster, node, entity FROM lookups)
         AND has(@modes, mode)
 )
@@ -271,8 +271,8 @@ FROM
 (
     SELECT cluster, entity, is_healthy, toUInt64(ts) * 1000 + ts_ms AS t
     FROM events
-    WHERE has(@clusters, cluster) AND node = @node AND check = @check AND derived_by = @rule
-        AND ts >= @since AND metadata.value[indexOf(metadata.key, 'mode')] = 'live'
+    PREWHERE node = @node AND check = @check AND derived_by = @rule
+    WHERE has(@clusters, cluster) AND ts >= @since AND metadata.value[indexOf(metadata.key, 'mode')] = 'live'
 )
 GROUP BY cluster, entity`
 
@@ -343,7 +343,8 @@ FROM
         metadata.value[indexOf(metadata.key, 'group')] AS grp,
         entities.type AS etypes, entities.value AS evalues
     FROM events
-    WHERE received >= @since AND ts >= @since AND has(@rules, derived_by) AND has(@checks, check)
+    PREWHERE has(@rules, derived_by) AND has(@checks, check)
+    WHERE received >= @since AND ts >= @since
 )
 GROUP BY derived_by, cluster, node, entity, shadow
 HAVING healthy = 0`

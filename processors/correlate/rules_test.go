@@ -147,23 +147,23 @@ func TestRules(t *testing.T) {
 		{"xid: fifth burst within 24h", func(c string) []step {
 			return []step{
 				{evs: evs(xid(c, "n1", 0, 48, true, 1), xid(c, "n1", 2*m, 48, true, 1)), want: none}, // burst 1 (2m gap)
-				{evs: evs(xid(c, "n1", 5*m+1*sec, 48, true, 1)), want: none},                        // burst 2 (gap > 3m)
-				{evs: evs(xid(c, "n1", 1*h, 48, true, 5)), want: none},                              // burst 3 (a flood is one point)
-				{evs: evs(xid(c, "n1", 2*h, 31, false, 1)), want: none},                             // not fatal: no burst
-				{evs: evs(xid(c, "n1", 3*h, 48, true, 1)), want: none},                              // burst 4
-				{evs: evs(xid(c, "n1", 3*h+3*m, 48, true, 1)), want: none},                          // same burst (exactly 3m)
-				{evs: evs(xid(c, "n1", 4*h, 48, true, 1)), want: "RepeatedXIDOnSameGPU:fault"},      // burst 5
+				{evs: evs(xid(c, "n1", 5*m+1*sec, 48, true, 1)), want: none},                         // burst 2 (gap > 3m)
+				{evs: evs(xid(c, "n1", 1*h, 48, true, 5)), want: none},                               // burst 3 (a flood is one point)
+				{evs: evs(xid(c, "n1", 2*h, 31, false, 1)), want: none},                              // not fatal: no burst
+				{evs: evs(xid(c, "n1", 3*h, 48, true, 1)), want: none},                               // burst 4
+				{evs: evs(xid(c, "n1", 3*h+3*m, 48, true, 1)), want: none},                           // same burst (exactly 3m)
+				{evs: evs(xid(c, "n1", 4*h, 48, true, 1)), want: "RepeatedXIDOnSameGPU:fault"},       // burst 5
 			}
 		}},
 		{"xid: sticky codes keep a burst open 3h; window edge", func(c string) []step {
 			return []step{
-				{evs: evs(xid(c, "n1", 0, 48, true, 1)), want: none},           // burst 1, at exactly 24h before the last event
-				{evs: evs(xid(c, "n1", 1*h, 79, true, 1)), want: none},         // burst 2, sticky
-				{evs: evs(xid(c, "n1", 1*h+30*m, 48, true, 1)), want: none},    // open
-				{evs: evs(xid(c, "n1", 3*h+59*m, 48, true, 1)), want: none},    // open (79 at 1h keeps it to 4h)
-				{evs: evs(xid(c, "n1", 4*h+4*m, 48, true, 1)), want: none},     // burst 3 (after 4h and 3m after 3h59)
-				{evs: evs(xid(c, "n1", 10*h, 48, true, 1)), want: none},        // burst 4
-				{evs: evs(xid(c, "n1", 24*h, 48, true, 1)), want: none},        // burst 5, but burst 1 left the window
+				{evs: evs(xid(c, "n1", 0, 48, true, 1)), want: none},        // burst 1, at exactly 24h before the last event
+				{evs: evs(xid(c, "n1", 1*h, 79, true, 1)), want: none},      // burst 2, sticky
+				{evs: evs(xid(c, "n1", 1*h+30*m, 48, true, 1)), want: none}, // open
+				{evs: evs(xid(c, "n1", 3*h+59*m, 48, true, 1)), want: none}, // open (79 at 1h keeps it to 4h)
+				{evs: evs(xid(c, "n1", 4*h+4*m, 48, true, 1)), want: none},  // burst 3 (after 4h and 3m after 3h59)
+				{evs: evs(xid(c, "n1", 10*h, 48, true, 1)), want: none},     // burst 4
+				{evs: evs(xid(c, "n1", 24*h, 48, true, 1)), want: none},     // burst 5, but burst 1 left the window
 				{evs: evs(xid(c, "n1", 24*h+10*m, 48, true, 1)), want: "RepeatedXIDOnSameGPU:fault"},
 			}
 		}},

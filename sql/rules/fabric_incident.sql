@@ -15,8 +15,8 @@ ALL INNER JOIN
     (
         SELECT cluster, concat(check, '|', error_codes[1]) AS gkey, node AS n, id, toUInt64(ts) * 1000 + ts_ms AS t
         FROM events
-        WHERE cluster IN (SELECT cluster FROM triggers)
-            AND ts >= @since AND ts <= @until AND has(@checks, check) AND is_healthy = 0
+        PREWHERE ts >= @since AND ts <= @until AND has(@checks, check)
+        WHERE cluster IN (SELECT cluster FROM triggers) AND is_healthy = 0
             AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
         UNION ALL
         SELECT cluster, concat(check, '|', error_codes[1]) AS gkey, node AS n, id, toUInt64(ts) * 1000 + ts_ms AS t

@@ -7,7 +7,8 @@ FROM
 (
     SELECT cluster, concat(check, '|', error_codes[1]) AS gkey, uniqExact(node) AS nodes
     FROM events
-    WHERE ts >= @since AND ts <= @until AND has(@checks, check) AND is_healthy = 0
+    PREWHERE ts >= @since AND ts <= @until AND has(@checks, check)
+    WHERE is_healthy = 0
         AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
     GROUP BY cluster, gkey
 )

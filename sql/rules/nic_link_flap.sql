@@ -23,8 +23,9 @@ ALL INNER JOIN
             toUInt8(has(@state_checks, check)) AS down,
             greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'delta')]), 1) AS delta
         FROM events
+        PREWHERE ts >= @since AND ts <= @until
+            AND (has(@state_checks, check) OR has(@counter_checks, check))
         WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
-            AND ts >= @since AND ts <= @until
             AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
             AND ((has(@state_checks, check) AND is_healthy = 0 AND has(entities.type, 'NICPort'))
                 OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))

@@ -11,8 +11,8 @@ FROM
         any(entities.type) AS entity_types,
         any(entities.value) AS entity_values
     FROM events
-    WHERE ts >= @since AND ts <= @until AND has(@state_checks, check)
-        AND has(entities.type, 'NICPort')
+    PREWHERE ts >= @since AND ts <= @until AND has(@state_checks, check)
+    WHERE has(entities.type, 'NICPort')
         AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
     GROUP BY cluster, node, entity
 )

@@ -37,8 +37,8 @@ FROM
                 SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
                     toUInt8(hasAny(error_codes, @sticky_codes)) AS sticky
                 FROM events
+                PREWHERE ts >= @since AND ts <= @until AND has(@checks, check)
                 WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
-                    AND ts >= @since AND ts <= @until AND has(@checks, check)
                     AND is_fatal = 1 AND is_healthy = 0
                     AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
                 UNION ALL
