@@ -168,6 +168,7 @@ var roles = []Role{
 			}
 			return h, closer, nil
 		},
+		Pipeline: func(cfg Config) pipeline.Config { return cfg.Quarantine.Pipeline() },
 	},
 	{
 		Name:   "drain",

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/faultline/faultline/processors/pipeline"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -43,8 +45,18 @@ type Config struct {
 	// Identity names this processor in annotations and Events.
 	// Default "faultline-quarantine/<hostname>".
 	Identity string `toml:"identity"`
+	// BatchTimeout bounds one batch (main and retry consumer); records not
+	// done by then are deferred (main) or retried (retry). Default 2m.
+	BatchTimeout time.Duration `toml:"batch_timeout"`
+	// MaxPollRecords bounds the records fetched per poll. Default 2000.
+	MaxPollRecords int `toml:"max_poll_records"`
 	// Breaker is the circuit breaker.
 	Breaker BreakerConfig `toml:"breaker"`
+}
+
+// Pipeline returns the runner settings of the role's consumers.
+func (c Config) Pipeline() pipeline.Config {
+	return pipeline.Config{BatchTimeout: c.BatchTimeout, MaxPollRecords: c.MaxPollRecords}
 }
 
 // BreakerConfig configures the per-cluster circuit breaker.
@@ -86,6 +98,8 @@ func DefaultConfig() Config {
 		NodeEvents:     true,
 		EventNamespace: "default",
 		Identity:       "faultline-quarantine/" + host,
+		BatchTimeout:   2 * time.Minute,
+		MaxPollRecords: 2000,
 		Breaker: BreakerConfig{
 			Enabled:      true,
 			MaxPercent:   10,
@@ -108,6 +122,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.BoolVar(&c.NodeEvents, prefix+"node-events", c.NodeEvents, "create a Kubernetes Event on the node for non-fatal events")
 	fs.StringVar(&c.EventNamespace, prefix+"event-namespace", c.EventNamespace, "namespace of node Events")
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
+	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch")
+	fs.IntVar(&c.MaxPollRecords, prefix+"max-poll-records", c.MaxPollRecords, "records fetched per poll")
 	b := &c.Breaker
 	p := prefix + "breaker."
 	fs.BoolVar(&b.Enabled, p+"enabled", b.Enabled, "enable the circuit breaker")
@@ -138,6 +154,12 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.NodeEvents && c.EventNamespace == "" {
 		return fmt.Errorf("%sevent_namespace: required when node_events is on", prefix)
+	}
+	if c.BatchTimeout <= c.ClusterWait || c.BatchTimeout <= c.RetryWait {
+		return fmt.Errorf("%sbatch_timeout: must exceed cluster_wait and retry_wait, got %v", prefix, c.BatchTimeout)
+	}
+	if c.MaxPollRecords < 1 {
+		return fmt.Errorf("%smax_poll_records: must be at least 1, got %d", prefix, c.MaxPollRecords)
 	}
 	if c.Identity == "" {
 		return fmt.Errorf("%sidentity: required", prefix)

@@ -65,7 +65,9 @@ func Start(ctx context.Context, cfg Config, kube clusters.Config, deps Deps) (*H
 		return nil, nil, fmt.Errorf("quarantine: %w", err)
 	}
 	rctx, rcancel := context.WithCancel(ctx)
-	runner := pipeline.NewRunner(pipeline.Config{Role: "quarantine-retry", Topics: []string{TopicRetry}},
+	pc := cfg.Pipeline()
+	pc.Role, pc.Topics = "quarantine-retry", []string{TopicRetry}
+	runner := pipeline.NewRunner(pc,
 		deps.Kafka, h.RetryHandler(), deps.Log, deps.Metrics)
 	var wg sync.WaitGroup
 	wg.Add(1)
