@@ -388,6 +388,7 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		reserved, held  bool
 		manual, already bool
 		preCordon       bool
+		acked           bool
 	)
 	br := h.breaker(cl)
 	_, err = h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
@@ -396,6 +397,7 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		wasActive := st.Active()
 		already = len(st.Faults) > 0
 		changed := st.AddFault(key, f, ev.GetId())
+		acked = st.Faults[key].Acked && !st.Active()
 		preCordon = n.Spec.Unschedulable && !st.Cordoned
 		if !wasActive && st.Active() && !force {
 			v, err := br.reserve(ctx, n.Name, !n.Spec.Unschedulable)
@@ -423,6 +425,10 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	if held {
 		a := h.action(it, KindQuarantine, OutcomeHeld, "would quarantine: circuit breaker open: "+verdict.Reason, dec.Rule, cl)
 		h.m.held.WithLabelValues(it.cluster).Inc()
+		return append(acts, a), nil
+	}
+	if acked {
+		a := h.action(it, KindQuarantine, OutcomeSkipped, "fault acknowledged by a manual uncordon: recorded, node left schedulable", dec.Rule, cl)
 		return append(acts, a), nil
 	}
 	a := h.action(it, KindQuarantine, OutcomeApplied, fmt.Sprintf("rule %s matched %s", dec.Rule, ev.GetCheckName()), dec.Rule, cl)

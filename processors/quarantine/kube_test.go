@@ -333,16 +333,17 @@ func TestKube(t *testing.T) {
 		}
 		// The same fault again: detected, recorded, and not re-cordoned.
 		acts, _ := handle(t, h, record("c1", fatal("manual-1", "XID_ERROR_48", "GPU-1")))
-		if kinds(acts) != "manual_uncordon/decided,quarantine/applied" {
+		if kinds(acts) != "manual_uncordon/decided,quarantine/skipped" {
 			t.Fatalf("actions %s", kinds(acts))
 		}
 		n = getNode(t, k, "manual-1")
-		if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Annotations[AnnotationManualUncordon] == "" {
+		if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Annotations[AnnotationManualUncordon] == "" ||
+			n.Labels[LabelQuarantined] != "" {
 			t.Fatalf("manual uncordon not respected: %+v %v", n.Spec, n.Annotations)
 		}
 		// A new fault (another GPU) cordons again.
 		handle(t, h, record("c1", fatal("manual-1", "XID_ERROR_48", "GPU-2")))
-		if n = getNode(t, k, "manual-1"); !n.Spec.Unschedulable {
+		if n = getNode(t, k, "manual-1"); !n.Spec.Unschedulable || n.Labels[LabelQuarantined] != "true" {
 			t.Fatal("a new fault after the manual uncordon did not cordon")
 		}
 		// Everything recovers: all of faultline's marks go.

@@ -29,7 +29,8 @@ const (
 	// AnnotationManualUncordon records when a person uncordoned the node
 	// while faults stood; faultline then leaves those faults uncordoned.
 	AnnotationManualUncordon = "faultline.io/manual-uncordon-at"
-	// LabelQuarantined is "true" while faultline holds faults on the node.
+	// LabelQuarantined is "true" while a standing fault cordons or taints
+	// the node (not for faults acknowledged by a manual uncordon).
 	LabelQuarantined = "faultline.io/quarantined"
 )
 
@@ -277,7 +278,13 @@ func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
 		if n.Annotations == nil {
 			n.Annotations = map[string]string{}
 		}
-		n.Labels[LabelQuarantined] = "true"
+		// The label says faultline holds the node out of scheduling (drain
+		// keys on it); faults acknowledged by a manual uncordon do not.
+		if s.Active() {
+			n.Labels[LabelQuarantined] = "true"
+		} else {
+			delete(n.Labels, LabelQuarantined)
+		}
 		n.Annotations[AnnotationReason] = s.reason()
 		n.Annotations[AnnotationBy] = s.By
 		n.Annotations[AnnotationAt] = s.Since.UTC().Format(time.RFC3339)
