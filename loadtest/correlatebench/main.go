@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -107,7 +108,8 @@ FROM (SELECT number AS n FROM system.numbers LIMIT %d)`, *nodes, now.Unix(), now
 	if err != nil {
 		return err
 	}
-	h := correlate.New(conn, rules, time.Now, 2*time.Minute, log, nil)
+	reg := prometheus.NewRegistry()
+	h := correlate.New(conn, rules, time.Now, 2*time.Minute, log, correlate.NewMetrics(reg))
 	st := store.New(conn, log, store.NewMetrics(nil))
 	rng := rand.New(rand.NewPCG(1, 2))
 	var (
@@ -141,6 +143,19 @@ FROM (SELECT number AS n FROM system.numbers LIMIT %d)`, *nodes, now.Unix(), now
 	}
 	fmt.Printf("history %d rows; correlated %d events in batches of %d: %.0f events/s (handle time %s, %d derived); one sweep %s (%d derived)\n",
 		have, handled, *batch, float64(handled)/busy.Seconds(), busy.Round(time.Millisecond), derived, time.Since(t0).Round(time.Millisecond), len(swept))
+	mfs, err := reg.Gather()
+	if err != nil {
+		return err
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "faultline_correlate_query_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			hs := m.GetHistogram()
+			fmt.Printf("  %-24s queries %4d  total %8.2fs  mean %6.3fs\n", m.GetLabel()[0].GetValue(), hs.GetSampleCount(), hs.GetSampleSum(), hs.GetSampleSum()/float64(hs.GetSampleCount()))
+		}
+	}
 	return nil
 }
 
