@@ -76,10 +76,15 @@ type Handler struct {
 	optKey string
 	optVal string
 
+	nodes *nodeCaches
+
 	mu         sync.Mutex
 	breakers   map[string]*breaker
 	deferUntil map[string]time.Time
 }
+
+// Close stops the handler's node watches.
+func (h *Handler) Close() { h.nodes.close() }
 
 // Options are a Handler's collaborators.
 type Options struct {
@@ -123,7 +128,7 @@ func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options
 	return &Handler{
 		cfg: cfg, policy: pol, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		m: newMetrics(opts.Registerer), optKey: k, optVal: v,
-		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{},
+		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{}, nodes: newNodeCaches(),
 	}, nil
 }
 
@@ -456,6 +461,10 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 	if events.StoreOnly(ev) || cl == nil || cl.Kube == nil {
 		return nil, nil
 	}
+	if h.nodes.nothingStanding(cl, it.node, h.now()) {
+		h.m.cacheHits.WithLabelValues(it.cluster).Inc()
+		return nil, nil // the common case, decided without a request
+	}
 	node, err := h.getNode(ctx, cl, it.node)
 	if apierrors.IsNotFound(err) {
 		return nil, nil
@@ -542,6 +551,7 @@ func (h *Handler) updateNode(ctx context.Context, cl *clusters.Client, first *co
 			return n, err
 		}
 		now := h.now()
+		h.nodes.wrote(cl.Name, name, now)
 		status := n.DeepCopy()
 		if RenderConditions(status, st, now) {
 			out, err := nodes.UpdateStatus(ctx, status, metav1.UpdateOptions{FieldManager: "faultline-quarantine"})
@@ -684,6 +694,21 @@ func (h *Handler) action(it item, kind, outcome, reason, rule string, cl *cluste
 	if ev.GetId() != "" {
 		ids = []string{ev.GetId()}
 	}
+	// What the drain and remediate roles need of the event travels in
+	// the details (keys shared with processors/drain).
+	details := map[string]string{}
+	if e := events.EntityKey(ev); e != "" {
+		details["entities"] = e
+	}
+	switch o := ev.GetDrainOverrides(); {
+	case o.GetSkip():
+		details["drainOverrides"] = "skip"
+	case o.GetForce():
+		details["drainOverrides"] = "force"
+	}
+	if c := ev.GetCustomRecommendedAction(); c != "" {
+		details["customRecommendedAction"] = c
+	}
 	return &faultlinev1.Action{
 		Id:                actionID(it.cluster, it.node, recordID(it), kind),
 		Cluster:           it.cluster,
@@ -696,7 +721,7 @@ func (h *Handler) action(it item, kind, outcome, reason, rule string, cl *cluste
 		EventIds:          ids,
 		DryRun:            cl == nil || cl.DryRun || cl.Kube == nil,
 		Timestamp:         timestamppb.New(h.now()),
-		Details:           map[string]string{},
+		Details:           details,
 		CheckName:         ev.GetCheckName(),
 		RecommendedAction: ev.GetRecommendedAction().String(),
 	}
@@ -767,6 +792,7 @@ type metrics struct {
 	conflicts    *prometheus.CounterVec
 	breakerTrips *prometheus.CounterVec
 	breakerOpen  *prometheus.GaugeVec
+	cacheHits    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -778,9 +804,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		conflicts:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_conflicts_total", Help: "Node updates retried after a resourceVersion conflict."}, []string{"cluster"}),
 		breakerTrips: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_breaker_trips_total", Help: "Times the circuit breaker opened."}, []string{"cluster"}),
 		breakerOpen:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_quarantine_breaker_open", Help: "1 while the cluster's circuit breaker holds new quarantines."}, []string{"cluster"}),
+		cacheHits:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_recoveries_from_cache_total", Help: "Healthy events decided from the node watch without an API request (nothing standing)."}, []string{"cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen)
+		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.cacheHits)
 	}
 	return m
 }

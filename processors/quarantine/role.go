@@ -77,7 +77,7 @@ func Start(ctx context.Context, cfg Config, kube clusters.Config, deps Deps) (*H
 			deps.Log.Error("quarantine retry consumer stopped", "err", err)
 		}
 	}()
-	return h, closerFunc(func() error { rcancel(); wg.Wait(); return nil }), nil
+	return h, closerFunc(func() error { rcancel(); wg.Wait(); h.Close(); return nil }), nil
 }
 
 type closerFunc func() error
