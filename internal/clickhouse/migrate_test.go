@@ -179,3 +179,46 @@ func TestDropOlderThan(t *testing.T) {
 		t.Fatalf("%d rows left, want the April one", n)
 	}
 }
+
+// recent_events (filled from events by its materialized view, raw
+// actionable events only) is partitioned by day: DropOlderThan drops whole
+// days.
+func TestDropOlderThanDays(t *testing.T) {
+	srv := chtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, day := range []string{"2025-04-01 10:00:00", "2025-04-06 23:59:59", "2025-04-07 00:00:00", "2025-04-14 12:00:00"} {
+		if err := srv.Conn.Exec(ctx, "INSERT INTO events (cluster, node, id, ts, received) SELECT 'c', 'n', ?, toDateTime(?), toDateTime(?)", day, day, day); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// derived and STORE_ONLY events are not copied
+	if err := srv.Conn.Exec(ctx, "INSERT INTO events (cluster, node, id, ts, received, derived_by, processing_strategy) SELECT 'c', 'n', id, now(), now(), d, s FROM (SELECT arrayJoin([('d', 'Rule', ''), ('s', '', 'STORE_ONLY')]) AS x, x.1 AS id, x.2 AS d, x.3 AS s)"); err != nil {
+		t.Fatal(err)
+	}
+	if n := chtest.Count(t, srv.Conn, "SELECT count() FROM recent_events"); n != 4 {
+		t.Fatalf("recent_events holds %d rows, want the 4 raw events", n)
+	}
+	now := time.Date(2025, 4, 15, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		age  time.Duration
+		want []string // dropped
+	}{
+		{14 * 24 * time.Hour, nil},                             // cutoff 04-01 00:00: April 1 is not over
+		{8 * 24 * time.Hour, []string{"20250401", "20250406"}}, // cutoff 04-07 00:00: April 6 ends exactly there
+		{7*24*time.Hour + time.Hour, nil},                      // cutoff 04-07 23:00: April 7 is not over
+		{7 * 24 * time.Hour, []string{"20250407"}},             // cutoff 04-08 00:00
+	}
+	for _, tt := range tests {
+		got, err := clickhouse.DropOlderThan(ctx, srv.Conn, srv.Config.Database, "recent_events", tt.age, now, slog.Default())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(got, ",") != strings.Join(tt.want, ",") {
+			t.Errorf("age %s: dropped %v, want %v", tt.age, got, tt.want)
+		}
+	}
+	if n := chtest.Count(t, srv.Conn, "SELECT count() FROM recent_events"); n != 1 {
+		t.Fatalf("%d rows left, want the April 14 one", n)
+	}
+}

@@ -12,10 +12,20 @@ import (
 // partitioned by toYYYYMM(received).
 var RetainedTables = []string{"events", "actions", "conformance"}
 
-// DropOlderThan drops the monthly partitions of table whose every row was
-// received more than age before now: a month partition goes once the start
-// of the next month is at or before now-age, so up to a month more than age
-// is kept. It returns the partitions dropped.
+// RecentRetention is how long the day-partitioned working tables keep
+// rows, whatever the history's retention: longer than any correlation
+// window (the longest events window is 24h plus the 3h sticky Xid horizon).
+const RecentRetention = 8 * 24 * time.Hour
+
+// RecentTables are partitioned by toYYYYMMDD(received) and kept
+// RecentRetention (DropOlderThan handles day partitions too).
+var RecentTables = []string{"recent_events"}
+
+// DropOlderThan drops the monthly (YYYYMM) or daily (YYYYMMDD) partitions
+// of table whose every row was received more than age before now: a
+// partition goes once the start of the next month (day) is at or before
+// now-age, so up to a month (day) more than age is kept. It returns the
+// partitions dropped.
 func DropOlderThan(ctx context.Context, conn Conn, database, table string, age time.Duration, now time.Time, log *slog.Logger) ([]string, error) {
 	cutoff := now.UTC().Add(-age)
 	rows, err := conn.Query(ctx, `SELECT DISTINCT partition FROM system.parts
@@ -39,12 +49,17 @@ func DropOlderThan(ctx context.Context, conn Conn, database, table string, age t
 	var dropped []string
 	for _, p := range parts {
 		ym, err := strconv.Atoi(p)
-		if err != nil || ym < 100001 {
-			log.Warn("retention: partition is not YYYYMM; left alone", "table", table, "partition", p)
+		var next time.Time
+		switch {
+		case err == nil && len(p) == 6 && ym >= 100001:
+			next = time.Date(ym/100, time.Month(ym%100)+1, 1, 0, 0, 0, 0, time.UTC)
+		case err == nil && len(p) == 8 && ym >= 10000101:
+			next = time.Date(ym/10000, time.Month(ym/100%100), ym%100+1, 0, 0, 0, 0, time.UTC)
+		default:
+			log.Warn("retention: partition is not YYYYMM or YYYYMMDD; left alone", "table", table, "partition", p)
 			continue
 		}
-		nextMonth := time.Date(ym/100, time.Month(ym%100)+1, 1, 0, 0, 0, 0, time.UTC)
-		if nextMonth.After(cutoff) {
+		if next.After(cutoff) {
 			continue
 		}
 		// The partition id is a number we just parsed: nothing to escape.

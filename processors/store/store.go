@@ -205,13 +205,26 @@ func (h *Handler) insert(ctx context.Context, table, columns string, cols []any,
 
 // RunRetention drops expired partitions every interval until ctx ends.
 func RunRetention(ctx context.Context, conn clickhouse.Conn, database string, c Config, m *Metrics, log *slog.Logger, now func() time.Time) {
-	if c.Retention <= 0 {
-		return
+	interval := c.RetentionInterval
+	if interval <= 0 {
+		interval = time.Hour
 	}
-	t := time.NewTicker(c.RetentionInterval)
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
+		// The recent tables are dropped after clickhouse.RecentRetention
+		// even when the history is kept forever (Retention 0).
+		for _, table := range clickhouse.RecentTables {
+			dropped, err := clickhouse.DropOlderThan(ctx, conn, database, table, clickhouse.RecentRetention, now(), log)
+			m.dropped.WithLabelValues(table).Add(float64(len(dropped)))
+			if err != nil && ctx.Err() == nil {
+				log.Warn("retention failed; retrying at the next interval", "table", table, "err", err)
+			}
+		}
 		for _, table := range clickhouse.RetainedTables {
+			if c.Retention <= 0 {
+				break
+			}
 			dropped, err := clickhouse.DropOlderThan(ctx, conn, database, table, c.Retention, now(), log)
 			m.dropped.WithLabelValues(table).Add(float64(len(dropped)))
 			if err != nil && ctx.Err() == nil {

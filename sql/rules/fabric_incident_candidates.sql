@@ -6,7 +6,7 @@ SELECT cluster, '' AS node, gkey, ['FABRIC'] AS entity_types, [gkey] AS entity_v
 FROM
 (
     SELECT cluster, concat(check, '|', error_codes[1]) AS gkey, uniqExact(node) AS nodes
-    FROM events
+    FROM recent_events
     PREWHERE ts >= @since AND ts <= @until AND has(@checks, check)
     WHERE is_healthy = 0
         AND derived_by = '' AND processing_strategy != 'STORE_ONLY'

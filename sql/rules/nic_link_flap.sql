@@ -22,7 +22,7 @@ ALL INNER JOIN
         SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
             toUInt8(has(@state_checks, check)) AS down,
             greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'delta')]), 1) AS delta
-        FROM events
+        FROM recent_events
         PREWHERE ts >= @since AND ts <= @until
             AND (has(@state_checks, check) OR has(@counter_checks, check))
         WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)

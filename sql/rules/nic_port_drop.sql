@@ -32,7 +32,7 @@ FROM
         (
             SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
                 toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 1, 2, 1)) AS kind
-            FROM events
+            FROM recent_events
             PREWHERE ts >= @since AND ts <= @until
                 AND (has(@state_checks, check) OR has(@counter_checks, check))
             WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)

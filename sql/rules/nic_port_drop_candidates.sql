@@ -10,7 +10,7 @@ FROM
         argMax(is_healthy, toUInt64(ts) * 1000 + ts_ms) AS healthy,
         any(entities.type) AS entity_types,
         any(entities.value) AS entity_values
-    FROM events
+    FROM recent_events
     PREWHERE ts >= @since AND ts <= @until AND has(@state_checks, check)
     WHERE has(entities.type, 'NICPort')
         AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
