@@ -10,7 +10,7 @@ import (
 
 // RetainedTables are the tables whose partitions retention drops; all are
 // partitioned by toYYYYMM(received).
-var RetainedTables = []string{"events", "actions", "conformance"}
+var RetainedTables = []string{"events", "derived_events", "actions", "conformance"}
 
 // RecentRetention is how long the day-partitioned working tables keep
 // rows, whatever the history's retention: longer than any correlation

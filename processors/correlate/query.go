@@ -209,7 +209,7 @@ FROM
 (
     SELECT cluster, node, entity, id, is_healthy, toUInt64(ts) * 1000 + ts_ms AS t,
         metadata.value[indexOf(metadata.key, 'mode')] AS mode
-    FROM events
+    FROM derived_events
     PREWHERE check = @check AND derived_by = @rule
     WHERE (cluster, node) IN (SELECT cluster, node FROM lookups)
         AND (cluster, node, entity) IN (SELECT cluster, node, entity FROM lookups)
@@ -270,7 +270,7 @@ SELECT cluster, entity, argMax(is_healthy, t)
 FROM
 (
     SELECT cluster, entity, is_healthy, toUInt64(ts) * 1000 + ts_ms AS t
-    FROM events
+    FROM derived_events
     PREWHERE node = @node AND check = @check AND derived_by = @rule
     WHERE has(@clusters, cluster) AND ts >= @since AND metadata.value[indexOf(metadata.key, 'mode')] = 'live'
 )
@@ -342,7 +342,7 @@ FROM
         metadata.value[indexOf(metadata.key, 'mode')] = 'shadow' AS shadow,
         metadata.value[indexOf(metadata.key, 'group')] AS grp,
         entities.type AS etypes, entities.value AS evalues
-    FROM events
+    FROM derived_events
     PREWHERE has(@rules, derived_by) AND has(@checks, check)
     WHERE received >= @since AND ts >= @since
 )
