@@ -3,7 +3,7 @@ SHELL := /usr/bin/env bash
 GO    ?= go
 BIN   := bin
 # Fuzz targets run for a bounded time by `make test` (package:target).
-FUZZ_TARGETS := ./gateway:FuzzDecodeValidate
+FUZZ_TARGETS := ./gateway:FuzzDecodeValidate ./gateway:FuzzCodecMatchesProto
 FUZZTIME ?= 20s
 
 .PHONY: all build run test test-unit test-fuzz testenv generate bench vet clean

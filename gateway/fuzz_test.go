@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
@@ -45,6 +46,61 @@ func FuzzDecodeValidate(f *testing.F) {
 			back, err := events.Unmarshal(b)
 			if err != nil || !proto.Equal(back, ev) {
 				t.Fatalf("round trip changed the event: %v", err)
+			}
+		}
+	})
+}
+
+// FuzzCodecMatchesProto holds the gRPC door's vtprotobuf decoder to the
+// standard one: where both accept they decode the same message, and
+// whatever the door accepts is written as a record the standard decoder
+// reads downstream.
+func FuzzCodecMatchesProto(f *testing.F) {
+	good, _ := proto.Marshal(&faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{validEvent(), validEvent()}})
+	f.Add(good)
+	bad := validEvent()
+	bad.Message = "\xff"
+	badB, _ := proto.Marshal(&faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{bad}})
+	f.Add(badB)
+	f.Add([]byte{0x0a, 0x02, 0x3a, 0x00})
+	v := Validator{MaxBatch: 1000, MaxFutureSkew: 5 * time.Minute}
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fast, std := &faultlinev1.SubmitEventsRequest{}, &faultlinev1.SubmitEventsRequest{}
+		errFast := Codec{}.Unmarshal(b, fast)
+		errStd := proto.Unmarshal(b, std)
+		// The fast decoder may refuse what the standard one accepts (it is
+		// stricter about wire types in known fields and map entries); where
+		// both accept they must agree on every field the gateway keeps
+		// (it drops unknown fields of events, see stamp).
+		if errStd == nil && errFast == nil {
+			fe, se := fast.GetEvents(), std.GetEvents()
+			if len(fe) != len(se) {
+				t.Fatalf("decoders disagree: %d events vs %d", len(fe), len(se))
+			}
+			for i := range fe {
+				if fe[i] != nil && se[i] != nil {
+					discardUnknown(fe[i])
+					discardUnknown(se[i])
+				}
+				if !proto.Equal(fe[i], se[i]) {
+					t.Fatalf("decoders disagree on event %d:\nfast %v\nstd  %v", i, fe[i], se[i])
+				}
+			}
+		}
+		// Whatever the door accepts (decoded, valid, stamped) must be
+		// written as a record every consumer's standard decoder reads.
+		if errFast != nil || v.ValidateBatch(fast.GetEvents(), now) != nil {
+			return
+		}
+		for _, ev := range fast.GetEvents() {
+			stamp(ev, "alpha", timestamppb.New(now))
+			b, err := events.Marshal(ev)
+			if err != nil {
+				t.Fatalf("accepted event does not encode: %v", err)
+			}
+			if _, err := events.Unmarshal(b); err != nil {
+				t.Fatalf("accepted event is not readable downstream: %v", err)
 			}
 		}
 	})

@@ -139,6 +139,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 	grpcOpts := []grpc.ServerOption{
+		grpc.ForceServerCodec(Codec{}),
 		grpc.MaxRecvMsgSize(s.cfg.MaxBodyBytes),
 		grpc.ChainUnaryInterceptor(s.grpcMetrics("grpc"), s.grpcAuth),
 	}
@@ -164,7 +165,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return serveErr(s.httpSrv.Serve(s.httpLn))
 	})
 	if s.unixLn != nil {
-		s.unixSrv = grpc.NewServer(grpc.MaxRecvMsgSize(s.cfg.MaxBodyBytes),
+		s.unixSrv = grpc.NewServer(grpc.ForceServerCodec(Codec{}), grpc.MaxRecvMsgSize(s.cfg.MaxBodyBytes),
 			grpc.ChainUnaryInterceptor(s.grpcMetrics("unix"), s.unixAuth))
 		s.register(s.unixSrv)
 		g.Go(func() error { return serveErr(s.unixSrv.Serve(s.unixLn)) })

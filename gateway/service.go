@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -96,7 +97,10 @@ func (s *service) ingest(ctx context.Context, method string, evs []*datamodels.H
 }
 
 // stamp sets the fields the gateway owns; client values are overwritten.
+// Fields the gateway does not know are dropped, so every record it writes
+// decodes with the standard decoder downstream.
 func stamp(ev *datamodels.HealthEvent, cluster string, received *timestamppb.Timestamp) {
+	discardUnknown(ev)
 	ev.Id = events.NewID()
 	ev.Cluster = cluster
 	ev.ReceivedTimestamp = received
@@ -151,4 +155,18 @@ func readErr(err error) error {
 		return err
 	}
 	return status.Errorf(codes.Unavailable, "history unavailable: %v", err)
+}
+
+// discardUnknown drops unknown fields from the event and the messages in it.
+func discardUnknown(ev *datamodels.HealthEvent) {
+	for _, m := range []protoreflect.ProtoMessage{ev, ev.GeneratedTimestamp, ev.QuarantineOverrides, ev.DrainOverrides} {
+		if r := m.ProtoReflect(); r.IsValid() && len(r.GetUnknown()) > 0 {
+			r.SetUnknown(nil)
+		}
+	}
+	for _, e := range ev.EntitiesImpacted {
+		if r := e.ProtoReflect(); r.IsValid() && len(r.GetUnknown()) > 0 {
+			r.SetUnknown(nil)
+		}
+	}
 }

@@ -82,6 +82,9 @@ func (v Validator) Validate(ev *datamodels.HealthEvent, now time.Time) *FieldErr
 			return fieldErr(f.name, "longer than %d bytes", f.max)
 		}
 	}
+	if err := checkUTF8(ev); err != nil {
+		return err
+	}
 	switch n := ev.GetNodeName(); {
 	case n == "":
 		return fieldErr("nodeName", "required")
@@ -147,6 +150,35 @@ func (v Validator) Validate(ev *datamodels.HealthEvent, now time.Time) *FieldErr
 		}
 		if t.Year() < 2000 {
 			return fieldErr("generatedTimestamp", "%s is before the year 2000", t.Format(time.RFC3339))
+		}
+	}
+	return nil
+}
+
+// checkUTF8 rejects strings that are not UTF-8, as proto3 requires (the
+// gRPC door decodes with vtprotobuf, which does not check).
+func checkUTF8(ev *datamodels.HealthEvent) *FieldError {
+	for name, v := range map[string]string{
+		"agent": ev.GetAgent(), "componentClass": ev.GetComponentClass(), "checkName": ev.GetCheckName(),
+		"message": ev.GetMessage(), "nodeName": ev.GetNodeName(), "customRecommendedAction": ev.GetCustomRecommendedAction(),
+	} {
+		if !utf8.ValidString(v) {
+			return fieldErr(name, "not valid UTF-8")
+		}
+	}
+	for i, c := range ev.GetErrorCode() {
+		if !utf8.ValidString(c) {
+			return fieldErr(fmt.Sprintf("errorCode[%d]", i), "not valid UTF-8")
+		}
+	}
+	for i, e := range ev.GetEntitiesImpacted() {
+		if !utf8.ValidString(e.GetEntityType()) || !utf8.ValidString(e.GetEntityValue()) {
+			return fieldErr(fmt.Sprintf("entitiesImpacted[%d]", i), "not valid UTF-8")
+		}
+	}
+	for k, v := range ev.GetMetadata() {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return fieldErr("metadata", "a key or value is not valid UTF-8")
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 PROTOC_GEN_GO=v1.36.12
 PROTOC_GEN_GO_GRPC=v1.6.0
 GRPC_GATEWAY=v2.33.0
+VTPROTO=v0.6.1-0.20240319094008-0393e58bdf10
 PROTOC_WANT="libprotoc 3.21.12"   # Debian 12's protobuf-compiler
 
 if ! command -v protoc >/dev/null; then
@@ -26,6 +27,7 @@ install_tool protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go@$PROTOC_
 install_tool protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc@$PROTOC_GEN_GO_GRPC
 install_tool protoc-gen-grpc-gateway github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@$GRPC_GATEWAY
 install_tool protoc-gen-openapiv2 github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2@$GRPC_GATEWAY
+install_tool protoc-gen-go-vtproto github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto@$VTPROTO
 
 out=schemas/gen
 rm -rf "$out" && mkdir -p "$out"
@@ -34,6 +36,7 @@ api=schemas/proto/faultline/v1/http.yaml
 PATH=$bin:$PATH protoc -I schemas/proto \
   --go_out="$out" --go_opt=paths=source_relative \
   --go-grpc_out="$out" --go-grpc_opt=paths=source_relative \
+  --go-vtproto_out="$out" --go-vtproto_opt=paths=source_relative,features=marshal+unmarshal+size \
   --grpc-gateway_out="$out" --grpc-gateway_opt=paths=source_relative,grpc_api_configuration=$api \
   --openapiv2_out="$out" --openapiv2_opt=grpc_api_configuration=$api,allow_merge=true,merge_file_name=faultline,json_names_for_fields=true \
   $protos

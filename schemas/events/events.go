@@ -65,12 +65,15 @@ func NewID() string {
 	return uuid.Must(uuid.NewV7()).String()
 }
 
-// Marshal encodes a HealthEvent as a Kafka record value.
+// Marshal encodes a HealthEvent as a Kafka record value (vtprotobuf's
+// generated encoder: the same bytes format as proto.Marshal, without
+// reflection).
 func Marshal(ev *datamodels.HealthEvent) ([]byte, error) {
-	return proto.Marshal(ev)
+	return ev.MarshalVT()
 }
 
-// Unmarshal decodes a Kafka record value into a HealthEvent.
+// Unmarshal decodes a Kafka record value into a HealthEvent. It uses the
+// standard decoder, which also checks that strings are UTF-8.
 func Unmarshal(b []byte) (*datamodels.HealthEvent, error) {
 	ev := &datamodels.HealthEvent{}
 	if err := proto.Unmarshal(b, ev); err != nil {
@@ -81,7 +84,7 @@ func Unmarshal(b []byte) (*datamodels.HealthEvent, error) {
 
 // MarshalAction encodes an Action as a Kafka record value.
 func MarshalAction(a *faultlinev1.Action) ([]byte, error) {
-	return proto.Marshal(a)
+	return a.MarshalVT()
 }
 
 // UnmarshalAction decodes a Kafka record value into an Action.

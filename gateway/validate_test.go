@@ -1,0 +1,126 @@
+package gateway
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+var testNow = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+
+func validEvent() *datamodels.HealthEvent {
+	return &datamodels.HealthEvent{
+		Agent: "faultline-agent", ComponentClass: "GPU", CheckName: "SysLogsXIDError",
+		IsFatal: true, NodeName: "gpu-node-42", Message: "XID 79",
+		RecommendedAction:  datamodels.RecommendedAction_REPLACE_VM,
+		ErrorCode:          []string{"XID-79"},
+		EntitiesImpacted:   []*datamodels.Entity{{EntityType: "GPU", EntityValue: "GPU-1"}},
+		Metadata:           map[string]string{"gpu_index": "0"},
+		GeneratedTimestamp: timestamppb.New(testNow.Add(-time.Minute)),
+	}
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*datamodels.HealthEvent)
+		want   string // "" means valid; else the error must contain it
+	}{
+		{"valid", func(*datamodels.HealthEvent) {}, ""},
+		{"no timestamp is fine", func(e *datamodels.HealthEvent) { e.GeneratedTimestamp = nil }, ""},
+		{"missing agent", func(e *datamodels.HealthEvent) { e.Agent = "" }, "agent: required"},
+		{"missing componentClass", func(e *datamodels.HealthEvent) { e.ComponentClass = "" }, "componentClass: required"},
+		{"missing checkName", func(e *datamodels.HealthEvent) { e.CheckName = "" }, "checkName: required"},
+		{"missing nodeName", func(e *datamodels.HealthEvent) { e.NodeName = "" }, "nodeName: required"},
+		{"bad nodeName", func(e *datamodels.HealthEvent) { e.NodeName = "Node_1" }, "nodeName: \"Node_1\" is not a valid"},
+		{"long nodeName", func(e *datamodels.HealthEvent) { e.NodeName = strings.Repeat("a", 254) }, "nodeName: longer than 253"},
+		{"long agent", func(e *datamodels.HealthEvent) { e.Agent = strings.Repeat("a", 257) }, "agent: longer than 256"},
+		{"long message", func(e *datamodels.HealthEvent) { e.Message = strings.Repeat("m", 8193) }, "message: longer than 8192"},
+		{"message not UTF-8", func(e *datamodels.HealthEvent) { e.Message = "bad \xff byte" }, "message: not valid UTF-8"},
+		{"metadata not UTF-8", func(e *datamodels.HealthEvent) { e.Metadata["k"] = "\xc3\x28" }, "metadata: a key or value is not valid UTF-8"},
+		{"entity not UTF-8", func(e *datamodels.HealthEvent) { e.EntitiesImpacted[0].EntityValue = "\xff" }, "entitiesImpacted[0]: not valid UTF-8"},
+		{"unknown action", func(e *datamodels.HealthEvent) { e.RecommendedAction = 7 }, "recommendedAction: unknown value 7"},
+		{"custom without name", func(e *datamodels.HealthEvent) { e.RecommendedAction = datamodels.RecommendedAction_CUSTOM }, "customRecommendedAction: required"},
+		{"custom with name", func(e *datamodels.HealthEvent) {
+			e.RecommendedAction = datamodels.RecommendedAction_CUSTOM
+			e.CustomRecommendedAction = "DRAIN_AND_WAIT"
+		}, ""},
+		{"unknown strategy", func(e *datamodels.HealthEvent) { e.ProcessingStrategy = 9 }, "processingStrategy: unknown value 9"},
+		{"empty error code", func(e *datamodels.HealthEvent) { e.ErrorCode = []string{"XID-79", ""} }, "errorCode[1]: must be 1 to 128"},
+		{"too many error codes", func(e *datamodels.HealthEvent) { e.ErrorCode = make([]string, 33) }, "errorCode: 33 codes exceed"},
+		{"entity without type", func(e *datamodels.HealthEvent) {
+			e.EntitiesImpacted = append(e.EntitiesImpacted, &datamodels.Entity{EntityValue: "x"})
+		}, "entitiesImpacted[1].entityType: must be 1 to 256"},
+		{"entity without value", func(e *datamodels.HealthEvent) { e.EntitiesImpacted[0].EntityValue = "" }, "entitiesImpacted[0].entityValue"},
+		{"null entity", func(e *datamodels.HealthEvent) { e.EntitiesImpacted = []*datamodels.Entity{nil} }, "entitiesImpacted[0]: must not be null"},
+		{"too many entities", func(e *datamodels.HealthEvent) {
+			for range 64 {
+				e.EntitiesImpacted = append(e.EntitiesImpacted, &datamodels.Entity{EntityType: "GPU", EntityValue: "x"})
+			}
+		}, "entitiesImpacted: 65 entities exceed"},
+		{"metadata value too long", func(e *datamodels.HealthEvent) { e.Metadata["k"] = strings.Repeat("v", 2049) }, "metadata[k]: value longer than 2048"},
+		{"empty metadata key", func(e *datamodels.HealthEvent) { e.Metadata[""] = "v" }, "metadata: key \"\" must be"},
+		{"future timestamp", func(e *datamodels.HealthEvent) { e.GeneratedTimestamp = timestamppb.New(testNow.Add(time.Hour)) }, "generatedTimestamp: 2026-11-22T13:00:00Z is more than 5m0s in the future"},
+		{"slightly future is fine", func(e *datamodels.HealthEvent) { e.GeneratedTimestamp = timestamppb.New(testNow.Add(time.Minute)) }, ""},
+		{"ancient timestamp", func(e *datamodels.HealthEvent) { e.GeneratedTimestamp = timestamppb.New(time.Unix(0, 0)) }, "before the year 2000"},
+		{"invalid timestamp", func(e *datamodels.HealthEvent) { e.GeneratedTimestamp = &timestamppb.Timestamp{Nanos: -1} }, "generatedTimestamp: invalid"},
+	}
+	v := Validator{MaxBatch: 10, MaxFutureSkew: 5 * time.Minute}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ev := validEvent()
+			tt.mutate(ev)
+			err := v.ValidateBatch([]*datamodels.HealthEvent{validEvent(), ev}, testNow)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("want valid, got %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("want error containing %q, got none", tt.want)
+			}
+			if !strings.HasPrefix(err.Error(), "events[1].") || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %q does not name events[1] and %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestValidateBatchSize(t *testing.T) {
+	v := Validator{MaxBatch: 2, MaxFutureSkew: time.Minute}
+	if err := v.ValidateBatch(nil, testNow); err == nil || !strings.Contains(err.Error(), "events: at least one event") {
+		t.Fatalf("empty batch: %v", err)
+	}
+	three := []*datamodels.HealthEvent{validEvent(), validEvent(), validEvent()}
+	if err := v.ValidateBatch(three, testNow); err == nil || !strings.Contains(err.Error(), "3 events exceed the batch limit of 2") {
+		t.Fatalf("oversized batch: %v", err)
+	}
+}
+
+func TestStampOverwritesServerFields(t *testing.T) {
+	ev := validEvent()
+	ev.Cluster, ev.Id, ev.DerivedBy, ev.CauseIds = "other-cluster", "client-id", "rule", []string{"x"}
+	ev.GeneratedTimestamp = nil
+	recv := timestamppb.New(testNow)
+	stamp(ev, "alpha", recv)
+	if ev.Cluster != "alpha" || ev.Id == "client-id" || ev.Id == "" || ev.DerivedBy != "" || ev.CauseIds != nil {
+		t.Fatalf("server-owned fields not stamped: %v", ev)
+	}
+	if !proto.Equal(ev.GeneratedTimestamp, recv) || !proto.Equal(ev.ReceivedTimestamp, recv) {
+		t.Fatalf("timestamps: generated %v received %v", ev.GeneratedTimestamp, ev.ReceivedTimestamp)
+	}
+	if ev.ProcessingStrategy != datamodels.ProcessingStrategy_EXECUTE_REMEDIATION {
+		t.Fatalf("strategy not normalised: %v", ev.ProcessingStrategy)
+	}
+	ev2 := validEvent()
+	stamp(ev2, "alpha", recv)
+	if ev2.Id <= ev.Id {
+		t.Fatalf("ids not increasing: %s then %s", ev.Id, ev2.Id)
+	}
+}
