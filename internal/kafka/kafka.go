@@ -106,13 +106,21 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, c Config, topics ...strin
 	}
 }
 
-// CreatePipelineTopics connects, creates the missing PipelineTopics and
-// disconnects: what every binary does at start.
-func CreatePipelineTopics(ctx context.Context, c Config, log *slog.Logger) error {
+// CreateTopics connects, creates the missing topics and disconnects: what
+// every binary and role does at start. It gives up after a minute or when
+// ctx ends.
+func CreateTopics(ctx context.Context, c Config, log *slog.Logger, topics ...string) error {
 	cl, err := NewClient(c, log)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	return EnsureTopics(ctx, cl, c, PipelineTopics...)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return EnsureTopics(ctx, cl, c, topics...)
+}
+
+// CreatePipelineTopics is CreateTopics of PipelineTopics.
+func CreatePipelineTopics(ctx context.Context, c Config, log *slog.Logger) error {
+	return CreateTopics(ctx, c, log, PipelineTopics...)
 }

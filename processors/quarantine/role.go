@@ -22,7 +22,6 @@ import (
 	"io"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -53,15 +52,7 @@ func Start(ctx context.Context, cfg Config, kube clusters.Config, deps Deps) (*H
 		return nil, nil, err
 	}
 	deps.Log.Info("quarantine policy compiled", "rule_sets", h.policy.Names(), "clusters", kube.Names())
-	cl, err := kafka.NewClient(deps.Kafka, deps.Log)
-	if err != nil {
-		return nil, nil, err
-	}
-	tctx, cancel := context.WithTimeout(ctx, time.Minute)
-	err = kafka.EnsureTopics(tctx, cl, deps.Kafka, TopicRetry)
-	cancel()
-	cl.Close()
-	if err != nil {
+	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, TopicRetry); err != nil {
 		return nil, nil, fmt.Errorf("quarantine: %w", err)
 	}
 	rctx, rcancel := context.WithCancel(ctx)

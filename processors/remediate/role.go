@@ -20,7 +20,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -42,14 +41,7 @@ func Start(ctx context.Context, cfg Config, kube clusters.Config, kcfg kafka.Con
 	if err != nil {
 		return nil, err
 	}
-	cl, err := kafka.NewClient(kcfg, log)
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
-	tctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := kafka.EnsureTopics(tctx, cl, kcfg, TopicRequeue); err != nil {
+	if err := kafka.CreateTopics(ctx, kcfg, log, TopicRequeue); err != nil {
 		return nil, fmt.Errorf("remediate: %w", err)
 	}
 	return h, nil
