@@ -37,10 +37,11 @@ type Config struct {
 	MaxBodyBytes int `toml:"max_body_bytes"`
 	// MaxFutureSkew is how far in the future generatedTimestamp may be. Default 5m.
 	MaxFutureSkew time.Duration `toml:"max_future_skew"`
-	// RatePerCluster is the events/s each cluster may submit (0: unlimited).
+	// RatePerCaller is the events/s each caller (one token line, one client
+	// certificate name, the unix socket) may submit (0: unlimited).
 	// Default 20000.
-	RatePerCluster float64 `toml:"rate_per_cluster"`
-	// RateBurst is the token bucket size per cluster. Default 40000.
+	RatePerCaller float64 `toml:"rate_per_caller"`
+	// RateBurst is the token bucket size per caller. Default 40000.
 	RateBurst int `toml:"rate_burst"`
 	// ProduceTimeout bounds how long a request waits for Kafka before 503.
 	// Default 5s.
@@ -58,7 +59,7 @@ func DefaultConfig() Config {
 		MaxBatch:           1000,
 		MaxBodyBytes:       4 << 20,
 		MaxFutureSkew:      5 * time.Minute,
-		RatePerCluster:     20000,
+		RatePerCaller:      20000,
 		RateBurst:          40000,
 		ProduceTimeout:     5 * time.Second,
 		MaxBufferedRecords: 100000,
@@ -78,8 +79,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "most events in one request")
 	fs.IntVar(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest REST body or gRPC message")
 	fs.DurationVar(&c.MaxFutureSkew, "max-future-skew", c.MaxFutureSkew, "how far in the future generatedTimestamp may be")
-	fs.Float64Var(&c.RatePerCluster, "rate-per-cluster", c.RatePerCluster, "events/s per cluster (0: unlimited)")
-	fs.IntVar(&c.RateBurst, "rate-burst", c.RateBurst, "burst of events per cluster")
+	fs.Float64Var(&c.RatePerCaller, "rate-per-caller", c.RatePerCaller, "events/s per caller: token, client certificate or unix socket (0: unlimited)")
+	fs.IntVar(&c.RateBurst, "rate-burst", c.RateBurst, "burst of events per caller")
 	fs.DurationVar(&c.ProduceTimeout, "produce-timeout", c.ProduceTimeout, "longest wait for Kafka before answering 503")
 	fs.IntVar(&c.MaxBufferedRecords, "max-buffered-records", c.MaxBufferedRecords, "producer buffer; requests that do not fit get 429")
 }
@@ -105,9 +106,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("gateway.max_body_bytes: must be at least 1024, got %d", c.MaxBodyBytes)
 	case c.MaxFutureSkew < 0:
 		return fmt.Errorf("gateway.max_future_skew: must not be negative")
-	case c.RatePerCluster < 0:
-		return fmt.Errorf("gateway.rate_per_cluster: must not be negative")
-	case c.RatePerCluster > 0 && c.RateBurst < c.MaxBatch:
+	case c.RatePerCaller < 0:
+		return fmt.Errorf("gateway.rate_per_caller: must not be negative")
+	case c.RatePerCaller > 0 && c.RateBurst < c.MaxBatch:
 		return fmt.Errorf("gateway.rate_burst: must be at least gateway.max_batch (%d), got %d", c.MaxBatch, c.RateBurst)
 	case c.ProduceTimeout <= 0:
 		return fmt.Errorf("gateway.produce_timeout: must be positive")

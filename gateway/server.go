@@ -93,7 +93,7 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 		svc: &service{
 			validator: Validator{MaxBatch: cfg.MaxBatch, MaxFutureSkew: cfg.MaxFutureSkew},
 			producer:  prod,
-			limiter:   newLimiter(cfg.RatePerCluster, cfg.RateBurst),
+			limiter:   newLimiter(cfg.RatePerCaller, cfg.RateBurst),
 			history:   opts.History,
 			metrics:   m,
 			now:       opts.Now,

@@ -71,9 +71,9 @@ func (s *service) ingest(ctx context.Context, method string, evs []*datamodels.H
 		s.metrics.rejected("invalid", len(evs))
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	if !s.limiter.allow(caller.Cluster, len(evs), now) {
+	if !s.limiter.allow(caller.Name, len(evs), now) {
 		s.metrics.rejected("rate_limited", len(evs))
-		return nil, status.Errorf(codes.ResourceExhausted, "cluster %s is over its rate limit; retry later", caller.Cluster)
+		return nil, status.Errorf(codes.ResourceExhausted, "caller %s (cluster %s) is over its rate limit; retry later", caller.Name, caller.Cluster)
 	}
 	ids := make([]string, len(evs))
 	received := timestamppb.New(now)

@@ -54,7 +54,7 @@ func benchEvent(i int) *datamodels.HealthEvent {
 func BenchmarkIngest(b *testing.B) {
 	k := testenv.StartKafka(b)
 	gw := gatewaytest.Start(b, k.Addr(), func(c *gateway.Config) {
-		c.RatePerCluster = 0
+		c.RatePerCaller = 0
 		c.MaxBufferedRecords = 1 << 20
 	}, gateway.Options{})
 	concurrency := 256

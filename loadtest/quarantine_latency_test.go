@@ -46,7 +46,7 @@ func BenchmarkEventToCordon(b *testing.B) {
 	}
 	kube := testenv.StartKube(b, testenv.KubeOptions{})
 	k := testenv.StartKafka(b)
-	gw := gatewaytest.Start(b, k.Addr(), func(c *gateway.Config) { c.RatePerCluster = 0 }, gateway.Options{})
+	gw := gatewaytest.Start(b, k.Addr(), func(c *gateway.Config) { c.RatePerCaller = 0 }, gateway.Options{})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
