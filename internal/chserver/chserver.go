@@ -204,7 +204,11 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		return nil, err
 	}
 	for _, p := range []*int{&opts.TCPPort, &opts.HTTPPort} {
-		if *p == 0 {
+		if *p != 0 {
+			continue
+		}
+		// The kernel may offer the same free port twice in a row.
+		for *p == 0 || opts.TCPPort == opts.HTTPPort {
 			if *p, err = freePort(); err != nil {
 				return nil, err
 			}

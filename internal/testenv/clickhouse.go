@@ -50,7 +50,8 @@ func StartClickHouse(tb testing.TB) *ClickHouse {
 		missing(tb, "clickhouse", "no clickhouse-server binary; set FAULTLINE_CLICKHOUSE_BIN")
 	}
 	dir := tb.TempDir()
-	tcp, http := freePort(tb), freePort(tb)
+	ps := freePorts(tb, 2)
+	tcp, http := ps[0], ps[1]
 	// The config is the one `faultline dev` runs with (internal/chserver).
 	cfgPath, err := chserver.WriteConfig(dir, tcp, http)
 	if err != nil {

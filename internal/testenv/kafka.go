@@ -151,7 +151,8 @@ func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 	dir := tb.TempDir()
 	dataDir := filepath.Join(dir, "data")
 	mkdirs(tb, dataDir)
-	port, ctrlPort := freePort(tb), freePort(tb)
+	ps := freePorts(tb, 2)
+	port, ctrlPort := ps[0], ps[1]
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 
 	props := map[string]string{

@@ -125,7 +125,8 @@ func StartKube(tb testing.TB, opts KubeOptions) *Kube {
 	token := randomHex(tb, 16)
 	writeFile(tb, filepath.Join(dir, "tokens.csv"), []byte(token+`,admin,admin-uid,"system:masters"`+"\n"), 0o600)
 
-	etcdPort, peerPort, apiPort := freePort(tb), freePort(tb), freePort(tb)
+	ps := freePorts(tb, 3)
+	etcdPort, peerPort, apiPort := ps[0], ps[1], ps[2]
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
 

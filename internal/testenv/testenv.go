@@ -91,12 +91,48 @@ func missing(tb testing.TB, component, what string) {
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func freePort(tb testing.TB) int {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("testenv: find free port: %v", err)
+	return freePorts(tb, 1)[0]
+}
+
+// handedOut are the ports this test binary already gave to a server; the
+// kernel may offer a just-closed port again, so they are never reused.
+var (
+	portsMu   sync.Mutex
+	handedOut = map[int]bool{}
+)
+
+// freePorts returns n distinct free ports, none handed out before by this
+// process. All listeners stay open until every port is chosen, so the
+// kernel cannot offer the same port twice within a call.
+func freePorts(tb testing.TB, n int) []int {
+	tb.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	var (
+		ports []int
+		held  []net.Listener
+	)
+	defer func() {
+		for _, l := range held {
+			l.Close()
+		}
+	}()
+	for len(ports) < n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatalf("testenv: find free port: %v", err)
+		}
+		held = append(held, l)
+		p := l.Addr().(*net.TCPAddr).Port
+		if !handedOut[p] {
+			handedOut[p] = true
+			ports = append(ports, p)
+		}
+		if len(held) > 1000 {
+			tb.Fatalf("testenv: no free port found")
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return ports
 }
 
 // isExecutable reports whether path is a regular file with an execute bit.
