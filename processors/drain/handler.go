@@ -151,43 +151,12 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 		}
 		seqs[k] = append(seqs[k], trigger{rec: r, src: a, cluster: cluster, node: node, eventID: id})
 	}
-	type out struct {
-		acts    []*faultlinev1.Action
-		requeue []*kgo.Record
+	out, err := requeue.ByNode(ctx, h.cfg.Workers, TopicRequeue, h.now, keys, seqs,
+		func(t trigger) *kgo.Record { return t.rec }, h.process)
+	if err != nil {
+		return pipeline.Result{}, err
 	}
-	results := make([]out, len(keys))
-	sem := make(chan struct{}, h.cfg.Workers)
-	var wg sync.WaitGroup
-	for i, k := range keys {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			for _, t := range seqs[k] {
-				if !requeue.Wait(ctx, t.rec, h.now, 20*time.Second) {
-					// Shutting down: hand the work on unchanged.
-					results[i].requeue = append(results[i].requeue, requeue.Record(TopicRequeue, t.rec, requeue.NotBefore(t.rec)))
-					continue
-				}
-				acts, again := h.process(ctx, t)
-				results[i].acts = append(results[i].acts, acts...)
-				if !again.IsZero() {
-					results[i].requeue = append(results[i].requeue, requeue.Record(TopicRequeue, t.rec, again))
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	for _, r := range results {
-		for _, a := range r.acts {
-			rec, err := actionRecord(a)
-			if err != nil {
-				return pipeline.Result{}, err
-			}
-			res.Out = append(res.Out, rec)
-		}
-		res.Out = append(res.Out, r.requeue...)
-	}
+	res.Out = append(res.Out, out...)
 	return res, nil
 }
 
@@ -820,14 +789,6 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n-3] + "..."
-}
-
-func actionRecord(a *faultlinev1.Action) (*kgo.Record, error) {
-	b, err := events.MarshalAction(a)
-	if err != nil {
-		return nil, fmt.Errorf("encode action: %w", err)
-	}
-	return &kgo.Record{Topic: events.TopicActions, Key: events.Key(a.GetCluster(), a.GetNode()), Value: b}, nil
 }
 
 type metrics struct {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
 // Handler is a role's logic. Handle gets the records of one partition in
@@ -390,4 +391,14 @@ func (m *Metrics) observe(role string, n int, d time.Duration, err error) {
 		return
 	}
 	m.records.WithLabelValues(role).Add(float64(n))
+}
+
+// ActionRecord is the actions-topic record of an audit Action, keyed by its
+// cluster/node like every record of that node.
+func ActionRecord(a *faultlinev1.Action) (*kgo.Record, error) {
+	b, err := events.MarshalAction(a)
+	if err != nil {
+		return nil, fmt.Errorf("encode action: %w", err)
+	}
+	return &kgo.Record{Topic: events.TopicActions, Key: events.Key(a.GetCluster(), a.GetNode()), Value: b}, nil
 }

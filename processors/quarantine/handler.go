@@ -209,7 +209,7 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 			failed = append(failed, r.failed)
 		}
 		for _, a := range r.actions {
-			rec, err := actionRecord(a)
+			rec, err := pipeline.ActionRecord(a)
 			if err != nil {
 				return pipeline.Result{}, err
 			}
@@ -757,14 +757,6 @@ func eventTime(ev *datamodels.HealthEvent, now time.Time) time.Time {
 		return ts.AsTime()
 	}
 	return now
-}
-
-func actionRecord(a *faultlinev1.Action) (*kgo.Record, error) {
-	b, err := events.MarshalAction(a)
-	if err != nil {
-		return nil, fmt.Errorf("encode action: %w", err)
-	}
-	return &kgo.Record{Topic: events.TopicActions, Key: events.Key(a.GetCluster(), a.GetNode()), Value: b}, nil
 }
 
 // HeaderRetryAttempt counts how often a record was deferred.

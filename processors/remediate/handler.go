@@ -216,42 +216,12 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 		}
 		seqs[k] = append(seqs[k], t)
 	}
-	type out struct {
-		acts    []*faultlinev1.Action
-		requeue []*kgo.Record
+	out, err := requeue.ByNode(ctx, h.cfg.Workers, TopicRequeue, h.now, keys, seqs,
+		func(t trigger) *kgo.Record { return t.rec }, h.process)
+	if err != nil {
+		return pipeline.Result{}, err
 	}
-	results := make([]out, len(keys))
-	sem := make(chan struct{}, h.cfg.Workers)
-	var wg sync.WaitGroup
-	for i, k := range keys {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			for _, t := range seqs[k] {
-				if !requeue.Wait(ctx, t.rec, h.now, 20*time.Second) {
-					results[i].requeue = append(results[i].requeue, requeue.Record(TopicRequeue, t.rec, requeue.NotBefore(t.rec)))
-					continue
-				}
-				acts, again := h.process(ctx, t)
-				results[i].acts = append(results[i].acts, acts...)
-				if !again.IsZero() {
-					results[i].requeue = append(results[i].requeue, requeue.Record(TopicRequeue, t.rec, again))
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	for _, r := range results {
-		for _, a := range r.acts {
-			b, err := events.MarshalAction(a)
-			if err != nil {
-				return pipeline.Result{}, fmt.Errorf("encode action: %w", err)
-			}
-			res.Out = append(res.Out, &kgo.Record{Topic: events.TopicActions, Key: events.Key(a.GetCluster(), a.GetNode()), Value: b})
-		}
-		res.Out = append(res.Out, r.requeue...)
-	}
+	res.Out = append(res.Out, out...)
 	return res, nil
 }
 
