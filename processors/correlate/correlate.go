@@ -262,7 +262,7 @@ func (h *Handler) triggers(r *Rule, items []item) []trigger {
 			continue
 		}
 		if it.vars == nil {
-			it.vars = map[string]any{"event": EventVars(ev)}
+			it.vars = map[string]any{"event": events.Vars(ev)}
 		}
 		if !r.matches(it.vars) {
 			continue
@@ -481,39 +481,6 @@ func (h *Handler) expireCache() {
 		if now.Sub(p.seen) > h.ttl {
 			delete(h.cache, k)
 		}
-	}
-}
-
-// EventVars is the CEL `event` variable: the HealthEvent with the seed's
-// JSON field names (the same shape the quarantine rules see).
-func EventVars(ev *datamodels.HealthEvent) map[string]any {
-	ents := make([]any, 0, len(ev.GetEntitiesImpacted()))
-	for _, e := range ev.GetEntitiesImpacted() {
-		ents = append(ents, map[string]any{"entityType": e.GetEntityType(), "entityValue": e.GetEntityValue()})
-	}
-	md := make(map[string]any, len(ev.GetMetadata()))
-	for k, v := range ev.GetMetadata() {
-		md[k] = v
-	}
-	return map[string]any{
-		"version":                 int64(ev.GetVersion()),
-		"id":                      ev.GetId(),
-		"agent":                   ev.GetAgent(),
-		"componentClass":          ev.GetComponentClass(),
-		"checkName":               ev.GetCheckName(),
-		"isFatal":                 ev.GetIsFatal(),
-		"isHealthy":               ev.GetIsHealthy(),
-		"message":                 ev.GetMessage(),
-		"recommendedAction":       ev.GetRecommendedAction().String(),
-		"customRecommendedAction": ev.GetCustomRecommendedAction(),
-		"errorCode":               toAny(ev.GetErrorCode()),
-		"entitiesImpacted":        ents,
-		"metadata":                md,
-		"nodeName":                ev.GetNodeName(),
-		"cluster":                 ev.GetCluster(),
-		"derivedBy":               ev.GetDerivedBy(),
-		"causeIds":                toAny(ev.GetCauseIds()),
-		"processingStrategy":      ev.GetProcessingStrategy().String(),
 	}
 }
 

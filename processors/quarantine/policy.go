@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -230,7 +231,7 @@ func (p *Policy) Names() []string {
 // or nil. An expression that fails at run time (a missing key, say) counts
 // as false for its rule set; the errors are returned alongside for logging.
 func (p *Policy) Evaluate(ev *datamodels.HealthEvent, node *corev1.Node) (*Decision, []error) {
-	vars := map[string]any{"event": EventVars(ev), "node": NodeVars(node, ev.GetNodeName())}
+	vars := map[string]any{"event": events.Vars(ev), "node": NodeVars(node, ev.GetNodeName())}
 	var errs []error
 	for _, s := range p.sets {
 		ok, err := s.matches(vars)
@@ -283,51 +284,6 @@ func evalBool(prg cel.Program, vars map[string]any) (bool, error) {
 		return false, fmt.Errorf("expression gave %T, want bool", out.Value())
 	}
 	return b, nil
-}
-
-// EventVars is the CEL `event` variable: the HealthEvent with the JSON field
-// names of the seed (recommendedAction and processingStrategy by name).
-func EventVars(ev *datamodels.HealthEvent) map[string]any {
-	ents := make([]any, 0, len(ev.GetEntitiesImpacted()))
-	for _, e := range ev.GetEntitiesImpacted() {
-		ents = append(ents, map[string]any{"entityType": e.GetEntityType(), "entityValue": e.GetEntityValue()})
-	}
-	md := map[string]any{}
-	for k, v := range ev.GetMetadata() {
-		md[k] = v
-	}
-	codes := make([]any, 0, len(ev.GetErrorCode()))
-	for _, c := range ev.GetErrorCode() {
-		codes = append(codes, c)
-	}
-	causes := make([]any, 0, len(ev.GetCauseIds()))
-	for _, c := range ev.GetCauseIds() {
-		causes = append(causes, c)
-	}
-	return map[string]any{
-		"version":                 int64(ev.GetVersion()),
-		"id":                      ev.GetId(),
-		"agent":                   ev.GetAgent(),
-		"componentClass":          ev.GetComponentClass(),
-		"checkName":               ev.GetCheckName(),
-		"isFatal":                 ev.GetIsFatal(),
-		"isHealthy":               ev.GetIsHealthy(),
-		"message":                 ev.GetMessage(),
-		"recommendedAction":       ev.GetRecommendedAction().String(),
-		"customRecommendedAction": ev.GetCustomRecommendedAction(),
-		"errorCode":               codes,
-		"entitiesImpacted":        ents,
-		"metadata":                md,
-		"nodeName":                ev.GetNodeName(),
-		"cluster":                 ev.GetCluster(),
-		"derivedBy":               ev.GetDerivedBy(),
-		"causeIds":                causes,
-		"processingStrategy":      ev.GetProcessingStrategy().String(),
-		"quarantineOverrides": map[string]any{
-			"force": ev.GetQuarantineOverrides().GetForce(),
-			"skip":  ev.GetQuarantineOverrides().GetSkip(),
-		},
-	}
 }
 
 // NodeVars is the CEL `node` variable, shaped like the Node object:
