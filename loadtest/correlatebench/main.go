@@ -129,8 +129,10 @@ FROM (SELECT number AS n FROM system.numbers LIMIT %d)`, *nodes, now.Unix(), now
 		if err != nil {
 			return err
 		}
-		busy += time.Since(t0)
+		took := time.Since(t0)
+		busy += took
 		derived += len(res.Out)
+		fmt.Printf("  batch %d: %d events in %s (%.0f/s), %d derived\n", handled / *batch + 1, len(recs), took.Round(time.Millisecond), float64(len(recs))/took.Seconds(), len(res.Out))
 		if _, err := st.Handle(ctx, append(recs, res.Out...)); err != nil {
 			return err
 		}
@@ -153,7 +155,11 @@ FROM (SELECT number AS n FROM system.numbers LIMIT %d)`, *nodes, now.Unix(), now
 		}
 		for _, m := range mf.GetMetric() {
 			hs := m.GetHistogram()
-			fmt.Printf("  %-24s queries %4d  total %8.2fs  mean %6.3fs\n", m.GetLabel()[0].GetValue(), hs.GetSampleCount(), hs.GetSampleSum(), hs.GetSampleSum()/float64(hs.GetSampleCount()))
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			fmt.Printf("  %-24s %-6s queries %4d  total %8.2fs  mean %6.3fs\n", labels["rule"], labels["pass"], hs.GetSampleCount(), hs.GetSampleSum(), hs.GetSampleSum()/float64(hs.GetSampleCount()))
 		}
 	}
 	return nil

@@ -22,6 +22,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -31,6 +32,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/internal/clickhouse"
@@ -85,7 +87,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		derived: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_derived_total", Help: "Derived events emitted, by rule, polarity (verdict, recovery) and mode (live, shadow, suppressed)."}, []string{"rule", "kind", "mode"}),
-		query:   prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_correlate_query_seconds", Help: "Time of one rule query.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"rule"}),
+		query:   prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_correlate_query_seconds", Help: "Time of one rule query, by rule and pass (value: the window values of a batch or sweep; causes: the cause ids of new verdicts).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"rule", "pass"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.derived, m.query)
@@ -99,11 +101,33 @@ func New(conn clickhouse.Conn, rules []*Rule, now func() time.Time, ttl time.Dur
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	h := &Handler{conn: conn, rules: rules, byName: map[string]*Rule{}, now: now, log: log, ttl: ttl, metrics: m, cache: map[string]prior{}}
+	h := &Handler{conn: conn, rules: suppressorsFirst(rules), byName: map[string]*Rule{}, now: now, log: log, ttl: ttl, metrics: m, cache: map[string]prior{}}
 	for _, r := range rules {
 		h.byName[r.Name] = r
 	}
 	return h
+}
+
+// suppressorsFirst orders the rules that suppress others (named in a
+// suppressed_by) before the rest, each part in file order.
+func suppressorsFirst(rules []*Rule) []*Rule {
+	sup := map[string]bool{}
+	for _, r := range rules {
+		for _, by := range r.Spec.SuppressedBy {
+			sup[by] = true
+		}
+	}
+	out := slices.Clone(rules)
+	slices.SortStableFunc(out, func(a, b *Rule) int {
+		switch {
+		case sup[a.Name] == sup[b.Name]:
+			return 0
+		case sup[a.Name]:
+			return -1
+		}
+		return 1
+	})
+	return out
 }
 
 // item is one decoded record.
@@ -157,20 +181,54 @@ type prior struct {
 // Handle evaluates every rule over the batch and returns the derived
 // events to produce. Undecodable records are the store's to dead-letter;
 // here they are skipped.
+//
+// The rules' window queries run concurrently; their decisions are taken in
+// rule order, the rules that suppress others first, so a fabric incident
+// found in this batch already suppresses the per-node verdicts of the same
+// batch; then the cause ids of the new verdicts are read, concurrently.
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
 	items := decode(recs, h.log)
 	h.expireCache()
-	var bt batchTables
-	var out []*kgo.Record
-	for _, r := range h.rules {
-		trigs := h.triggers(r, items)
+	bt := &batchTables{items: items}
+	bt.build()
+	plans := make([]*plan, len(h.rules))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(queryParallelism)
+	for i, r := range h.rules {
+		trigs := h.triggers(r, items) // sequential: CEL variables are cached on the items
 		if len(trigs) == 0 {
 			continue
 		}
-		if bt.items == nil {
-			bt.items = items
+		g.Go(func() (err error) {
+			plans[i], err = h.prepare(gctx, r, trigs, bt)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return pipeline.Result{}, err
+	}
+	decided := make([][]emission, len(plans))
+	g, gctx = errgroup.WithContext(ctx)
+	g.SetLimit(queryParallelism)
+	for i, pl := range plans {
+		if pl == nil {
+			continue
 		}
-		recs, err := h.evaluate(ctx, r, trigs, &bt)
+		var err error
+		if decided[i], err = h.decide(ctx, pl); err != nil {
+			return pipeline.Result{}, err
+		}
+		g.Go(func() error { return h.causes(gctx, pl.r, decided[i], bt) })
+	}
+	if err := g.Wait(); err != nil {
+		return pipeline.Result{}, err
+	}
+	var out []*kgo.Record
+	for i, pl := range plans {
+		if pl == nil {
+			continue
+		}
+		recs, err := h.emit(pl.r, decided[i])
 		if err != nil {
 			return pipeline.Result{}, err
 		}
@@ -178,6 +236,9 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 	}
 	return pipeline.Result{Out: out}, nil
 }
+
+// queryParallelism bounds the rule queries one batch runs at once.
+const queryParallelism = 4
 
 func decode(recs []*kgo.Record, log *slog.Logger) []item {
 	items := make([]item, 0, len(recs))
@@ -297,82 +358,186 @@ func Signature(ev *datamodels.HealthEvent) string {
 	return ev.GetCheckName() + "|" + code
 }
 
-// evaluate runs the rule's query for the triggers and turns the results
-// into derived events.
+// plan is one rule's evaluation of a set of triggers, up to its decisions:
+// the standing verdicts of their groups, the triggers that can change
+// anything, and their window values.
+type plan struct {
+	r       *Rule
+	trigs   []trigger
+	priors  map[string]prior
+	results map[string]result
+}
+
+// evaluate runs the rule for the triggers and returns the derived events.
 func (h *Handler) evaluate(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables) ([]*kgo.Record, error) {
-	results, err := h.runRule(ctx, r, trigs, bt)
+	pl, err := h.prepare(ctx, r, trigs, bt)
 	if err != nil {
 		return nil, err
 	}
+	ems, err := h.decide(ctx, pl)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.causes(ctx, r, ems, bt); err != nil {
+		return nil, err
+	}
+	return h.emit(r, ems)
+}
+
+// prepare reads the standing verdicts of the triggers' groups first, drops
+// the triggers whose evaluation cannot change anything (the group's verdict
+// stands and cannot recover yet: inside its stabilization window, or the
+// rule does not recover; or the rule's verdicts start only in the sweep and
+// none stands), then runs the window query for the rest without their cause
+// ids, which decide asks for only where a verdict starts.
+func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables) (*plan, error) {
 	priors, err := h.priors(ctx, r, trigs)
 	if err != nil {
 		return nil, err
 	}
-	var (
-		out        []*kgo.Record
-		suppressed map[string]string // cluster -> suppressing rule
-	)
+	pl := &plan{r: r, priors: priors}
 	for _, t := range trigs {
-		res := results[t.tid]
-		holds := res.value >= r.Threshold
-		key := t.cluster + "\x00" + t.dnode + "\x00" + t.dentity
-		p, has := priors[key]
-		if has && p.trig != "" && p.trig == t.sourceID && p.tMS == t.atMS {
-			if p.before == nil {
-				p, has = prior{}, false
-			} else {
-				p = *p.before
-			}
-		}
+		p, has := priorFor(priors, t)
 		standing := has && !p.healthy
-		var ev *datamodels.HealthEvent
+		switch {
+		case standing && (!r.Recover || t.atMS-p.tMS < r.Stabilization.Milliseconds() || t.atMS <= p.tMS):
+		case !standing && r.SweepOnset && !t.fromSweep:
+		default:
+			pl.trigs = append(pl.trigs, t)
+		}
+	}
+	if len(pl.trigs) == 0 {
+		return pl, nil
+	}
+	pl.results, err = h.runRule(ctx, r, pl.trigs, bt, false)
+	return pl, err
+}
+
+// priorFor is the standing state a trigger is decided against. A batch
+// retried after its outputs failed to be produced finds its own unproduced
+// verdict in this replica's memory: it is decided against what stood
+// before, and so re-emits the same derived event.
+func priorFor(priors map[string]prior, t trigger) (prior, bool) {
+	p, has := priors[t.groupKey()]
+	if has && p.trig != "" && p.trig == t.sourceID && p.tMS == t.atMS {
+		if p.before == nil {
+			return prior{}, false
+		}
+		return *p.before, true
+	}
+	return p, has
+}
+
+func (t trigger) groupKey() string { return t.cluster + "\x00" + t.dnode + "\x00" + t.dentity }
+
+// emission is a derived event decided on, before it is built.
+type emission struct {
+	t       trigger
+	res     result
+	prevID  string
+	healthy bool
+	mode    string
+	by      string // suppressing rule
+}
+
+// decide turns a plan's window values into the derived events to emit, in
+// trigger order (a verdict taken by one trigger stands for the next of its
+// group), and remembers them as standing.
+func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
+	r := pl.r
+	var (
+		ems        []emission
+		suppressed map[string]string // cluster -> suppressing rule
+		err        error
+	)
+	for _, t := range pl.trigs {
+		res := pl.results[t.tid]
+		holds := res.value >= r.Threshold
+		p, has := priorFor(pl.priors, t)
+		standing := has && !p.healthy
+		em := emission{t: t, res: res, prevID: p.id}
 		switch {
 		case holds && !standing && (!has || t.atMS > p.tMS):
-			mode := ModeLive
+			em.mode = ModeLive
 			if r.Shadow {
-				mode = ModeShadow
+				em.mode = ModeShadow
 			} else if len(r.Spec.SuppressedBy) > 0 {
 				if suppressed == nil {
-					if suppressed, err = h.suppressions(ctx, r, trigs); err != nil {
+					if suppressed, err = h.suppressions(ctx, r, pl.trigs); err != nil {
 						return nil, err
 					}
 				}
-				if _, ok := suppressed[t.cluster]; ok {
-					mode = ModeSuppressed
+				if by, ok := suppressed[t.cluster]; ok {
+					em.mode, em.by = ModeSuppressed, by
 				}
-			}
-			ev = h.derive(r, t, res, p.id, false, mode)
-			if mode == ModeSuppressed {
-				ev.Metadata[MetaSuppress] = suppressed[t.cluster]
 			}
 		case !holds && standing && r.Recover && t.atMS > p.tMS &&
 			t.atMS-max(res.lastMS, p.tMS) >= r.Stabilization.Milliseconds():
-			ev = h.derive(r, t, res, p.id, true, p.mode)
+			em.healthy, em.mode = true, p.mode
 		default:
 			continue
 		}
-		np := prior{id: ev.GetId(), healthy: ev.GetIsHealthy(), tMS: t.atMS, mode: ev.GetMetadata()[MetaMode], seen: h.now(), trig: t.sourceID}
+		id := DerivedID(r.Name, t.cluster, t.dnode, t.dentity, p.id, em.healthy)
+		np := prior{id: id, healthy: em.healthy, tMS: t.atMS, mode: em.mode, seen: h.now(), trig: t.sourceID}
 		if has {
 			b := p
 			b.before = nil
 			np.before = &b
 		}
-		priors[key] = np
-		h.remember(r, key, np)
+		pl.priors[t.groupKey()] = np
+		h.remember(r, t.groupKey(), np)
+		ems = append(ems, em)
+	}
+	return ems, nil
+}
+
+// emit builds and encodes the derived events.
+func (h *Handler) emit(r *Rule, ems []emission) ([]*kgo.Record, error) {
+	out := make([]*kgo.Record, 0, len(ems))
+	for _, em := range ems {
+		ev := h.derive(r, em.t, em.res, em.prevID, em.healthy, em.mode)
+		if em.by != "" {
+			ev.Metadata[MetaSuppress] = em.by
+		}
 		b, err := events.Marshal(ev)
 		if err != nil {
 			return nil, fmt.Errorf("rule %s: encode derived event: %w", r.Name, err)
 		}
 		kind := "verdict"
-		if ev.GetIsHealthy() {
+		if em.healthy {
 			kind = "recovery"
 		}
-		h.metrics.derived.WithLabelValues(r.Name, kind, np.mode).Inc()
-		h.log.Info("derived event", "rule", r.Name, "kind", kind, "mode", np.mode, "cluster", t.cluster,
-			"node", t.dnode, "entity", t.dentity, "value", res.value, "id", ev.GetId())
-		out = append(out, &kgo.Record{Topic: events.TopicEvents, Key: events.Key(t.cluster, t.dnode), Value: b})
+		h.metrics.derived.WithLabelValues(r.Name, kind, em.mode).Inc()
+		h.log.Info("derived event", "rule", r.Name, "kind", kind, "mode", em.mode, "cluster", em.t.cluster,
+			"node", em.t.dnode, "entity", em.t.dentity, "value", em.res.value, "id", ev.GetId())
+		out = append(out, &kgo.Record{Topic: events.TopicEvents, Key: events.Key(em.t.cluster, em.t.dnode), Value: b})
 	}
 	return out, nil
+}
+
+// causes fills in the cause ids of the verdicts among ems: the rule query
+// once more, with cause ids, for their triggers only (verdicts are rare;
+// collecting the ids of every trigger's window costs most of a query).
+func (h *Handler) causes(ctx context.Context, r *Rule, ems []emission, bt *batchTables) error {
+	var trigs []trigger
+	for _, em := range ems {
+		if !em.healthy {
+			trigs = append(trigs, em.t)
+		}
+	}
+	if len(trigs) == 0 {
+		return nil
+	}
+	res, err := h.runRule(ctx, r, trigs, bt, true)
+	if err != nil {
+		return err
+	}
+	for i := range ems {
+		if !ems[i].healthy {
+			ems[i].res.causes = res[ems[i].t.tid].causes
+		}
+	}
+	return nil
 }
 
 // derive builds a derived event. Its id is a function of the rule, the

@@ -80,6 +80,13 @@ type RuleSpec struct {
 	// Candidates (optional) is the sweep's query for groups whose
 	// condition can start to hold with nothing arriving.
 	Candidates string `toml:"candidates"`
+	// Onset is where a verdict can start: "event" (default: an arriving
+	// event, or the sweep's candidates) or "sweep" (only the sweep's
+	// candidates; an arriving event is evaluated only while the verdict
+	// stands, for its recovery). "sweep" suits a condition that an
+	// arriving event can only end, such as a port staying DOWN; it needs
+	// candidates.
+	Onset string `toml:"onset"`
 	// Threshold: the rule holds when the query's value >= Threshold.
 	Threshold float64 `toml:"threshold"`
 	// Stabilization: a standing verdict recovers only once the condition no
@@ -143,9 +150,11 @@ type Rule struct {
 	Shadow        bool
 	Query         string
 	Candidates    string
+	SweepOnset    bool
 	CheckName     string
 	Action        datamodels.RecommendedAction
 	Strategy      datamodels.ProcessingStrategy
+	query         string // Query without comments, as sent
 	args          map[string]any
 	trigger       cel.Program
 	message       *template.Template
@@ -270,10 +279,21 @@ func compileRule(s RuleSpec, dir fs.FS) (*Rule, error) {
 	if r.Query, err = loadSQL(s.Query, dir); err != nil {
 		return nil, bad("query", err)
 	}
+	r.query = strings.TrimRight(strings.TrimSpace(stripComments(r.Query)), ";")
 	if s.Candidates != "" {
 		if r.Candidates, err = loadSQL(s.Candidates, dir); err != nil {
 			return nil, bad("candidates", err)
 		}
+	}
+	switch s.Onset {
+	case "", "event":
+	case "sweep":
+		if s.Candidates == "" {
+			return nil, bad("onset", errors.New(`"sweep" needs a candidates query: nothing else could start the verdict`))
+		}
+		r.SweepOnset = true
+	default:
+		return nil, bad("onset", fmt.Errorf("%q is not event or sweep", s.Onset))
 	}
 	r.args = map[string]any{}
 	for k, v := range s.Params {

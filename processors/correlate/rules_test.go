@@ -198,14 +198,26 @@ func TestRules(t *testing.T) {
 				{evs: evs(nicState(c, "n1", 4*m, false)), want: "RepeatedNICLinkFlap:fault:suppressed"},
 			}
 		}},
+		{"fabric: the incident and the per-node verdicts in one batch: suppressed already", func(c string) []step {
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false), nicState(c, "n1", 10*sec, false), nicState(c, "n2", 15*sec, false),
+					nicState(c, "n3", 16*sec, false), nicState(c, "n1", 20*sec, false), nicState(c, "n4", 20*sec, false)),
+					want: "FabricIncident:fault,RepeatedNICLinkFlap:fault:suppressed"},
+			}
+		}},
 		{"fabric: sweep finds an incident across partitions", func(c string) []step {
 			return []step{
 				// stored without correlate seeing them (other replicas' partitions)
 				{evs: evs(nicState(c, "n1", 0, false), nicState(c, "n2", 1*sec, false), nicState(c, "n3", 2*sec, false), nicState(c, "n4", 3*sec, false)), sweep: -1, want: none},
 				{sweep: 1 * m, want: "FabricIncident:fault"},
 				// the ports stayed DOWN: NICPortDrop holds on all four, recorded
-				// as suppressed while the incident stands (rules run in file order)
-				{sweep: 11 * m, want: "FabricIncident:recovery,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed"},
+				// as suppressed while the incident stands
+				{sweep: 5 * m, want: "NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed"},
+				// the incident's window has been empty for its stabilization:
+				// it clears; the suppressed drops stand as they were (no
+				// stampede of per-node verdicts)
+				{sweep: 11 * m, want: "FabricIncident:recovery"},
+				{sweep: 12 * m, want: none},
 			}
 		}},
 	}
@@ -389,6 +401,10 @@ emit.recommended_action = "REBOOT"`, "emit.recommended_action"},
 emit.message = "{{.Nope}}"`, "emit.message"},
 		{"suppressed_by", `threshold = 2|threshold = 2
 suppressed_by = ["Other"]`, "suppressed_by"},
+		{"onset", `threshold = 2|threshold = 2
+onset = "later"`, "onset"},
+		{"sweep onset without candidates", `threshold = 2|threshold = 2
+onset = "sweep"`, "onset"},
 		{"unknown key", `threshold = 2|threshold = 2
 treshold = 3`, "rule.treshold"},
 	}

@@ -15,7 +15,7 @@ ALL INNER JOIN
     (
         SELECT cluster, concat(check, '|', error_codes[1]) AS gkey, node AS n, id, toUInt64(ts) * 1000 + ts_ms AS t
         FROM recent_events
-        PREWHERE ts >= @since AND ts <= @until AND has(@checks, check)
+        PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
         WHERE cluster IN (SELECT cluster FROM triggers) AND is_healthy = 0
             AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
         UNION ALL

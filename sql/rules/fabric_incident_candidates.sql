@@ -7,7 +7,7 @@ FROM
 (
     SELECT cluster, concat(check, '|', error_codes[1]) AS gkey, uniqExact(node) AS nodes
     FROM recent_events
-    PREWHERE ts >= @since AND ts <= @until AND has(@checks, check)
+    PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
     WHERE is_healthy = 0
         AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
     GROUP BY cluster, gkey

@@ -34,10 +34,10 @@ FROM
                 toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 1, 2, 1)) AS kind
             FROM recent_events
             PREWHERE ts >= @since AND ts <= @until
-                AND (has(@state_checks, check) OR has(@counter_checks, check))
+                AND check IN (SELECT arrayJoin(arrayConcat(@state_checks, @counter_checks)))
             WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
                 AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
-                AND ((has(@state_checks, check) AND has(entities.type, 'NICPort'))
+                AND ((has(@state_checks, check) AND match(entity, '(^|,)NICPort='))
                     OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
             UNION ALL
             SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,

@@ -11,8 +11,8 @@ FROM
         any(entities.type) AS entity_types,
         any(entities.value) AS entity_values
     FROM recent_events
-    PREWHERE ts >= @since AND ts <= @until AND has(@state_checks, check)
-    WHERE has(entities.type, 'NICPort')
+    PREWHERE check IN (SELECT arrayJoin(@state_checks)) AND ts >= @since AND ts <= @until
+    WHERE match(entity, '(^|,)NICPort=')
         AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
     GROUP BY cluster, node, entity
 )

@@ -18,7 +18,7 @@ ALL INNER JOIN
         SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
             greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'count')]), 1) AS n
         FROM recent_events
-        PREWHERE ts >= @since AND ts <= @until AND has(@checks, check)
+        PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
         WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
             AND hasAny(error_codes, @codes) AND is_healthy = 0
             AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
