@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"time"
 
@@ -49,6 +50,7 @@ func run() error {
 	n := flag.Int("events", 200_000, "events to correlate")
 	batch := flag.Int("batch", 5000, "events per batch")
 	nodes := flag.Int("nodes", 2000, "nodes (per cluster, 4 clusters)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the correlation to this file")
 	flag.Parse()
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -118,6 +120,16 @@ FROM (SELECT number AS n FROM system.numbers LIMIT %d)`, *nodes, now.Unix(), now
 		derived  int
 		lastTime = now
 	)
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	for handled < *n {
 		recs := make([]*kgo.Record, 0, *batch)
 		for range *batch {

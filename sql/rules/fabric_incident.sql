@@ -17,7 +17,6 @@ ALL INNER JOIN
         FROM recent_events
         PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
         WHERE cluster IN (SELECT cluster FROM triggers) AND is_healthy = 0
-            AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
         UNION ALL
         SELECT cluster, concat(check, '|', error_codes[1]) AS gkey, node AS n, id, toUInt64(ts) * 1000 + ts_ms AS t
         FROM batch

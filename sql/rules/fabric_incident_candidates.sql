@@ -9,7 +9,6 @@ FROM
     FROM recent_events
     PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
     WHERE is_healthy = 0
-        AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
     GROUP BY cluster, gkey
 )
 WHERE nodes >= @threshold

@@ -26,7 +26,6 @@ ALL INNER JOIN
         PREWHERE ts >= @since AND ts <= @until
             AND check IN (SELECT arrayJoin(arrayConcat(@state_checks, @counter_checks)))
         WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
-            AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
             AND ((has(@state_checks, check) AND is_healthy = 0 AND match(entity, '(^|,)NICPort='))
                 OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
         UNION ALL

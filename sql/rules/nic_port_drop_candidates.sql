@@ -13,7 +13,6 @@ FROM
     FROM recent_events
     PREWHERE check IN (SELECT arrayJoin(@state_checks)) AND ts >= @since AND ts <= @until
     WHERE match(entity, '(^|,)NICPort=')
-        AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
     GROUP BY cluster, node, entity
 )
 WHERE healthy = 0

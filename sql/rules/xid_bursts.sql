@@ -40,7 +40,6 @@ FROM
                 PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
                 WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
                     AND is_fatal = 1 AND is_healthy = 0
-                    AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
                 UNION ALL
                 SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
                     toUInt8(hasAny(error_codes, @sticky_codes)) AS sticky

@@ -21,7 +21,6 @@ ALL INNER JOIN
         PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
         WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
             AND hasAny(error_codes, @codes) AND is_healthy = 0
-            AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
         UNION ALL
         SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
             greatest(toUInt64OrZero(meta_values[indexOf(meta_keys, 'count')]), 1) AS n
