@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,48 +13,46 @@ import (
 	ch "github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/internal/clickhouse/chtest"
 	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
-// TestRoleThroughKafka runs the store and correlate roles as
-// `faultline process --role=store,correlate` does (processors.Run, a kfake
-// broker, a real ClickHouse): raw Xid 31 events produced to the events topic
-// give no verdict below the RepeatedXID31OnSameGPU threshold and exactly one
-// derived event at it, which comes back through the events topic and is
-// stored like any other event.
+// TestRoleThroughKafka runs two replicas of the store and correlate roles,
+// each as `faultline process --role=store,correlate` does (processors.Run,
+// one consumer group per role shared by the replicas), over a real Kafka
+// broker and a real ClickHouse: raw Xid 31 events of several nodes produced
+// to the events topic give no verdict below the RepeatedXID31OnSameGPU
+// threshold and, at it, exactly one derived event per node (one id, however
+// often a rebalance between the replicas redelivers a batch), which comes
+// back through the events topic, carries both causes and is stored once.
 func TestRoleThroughKafka(t *testing.T) {
 	if testing.Short() {
-		t.Skip("needs a real ClickHouse server")
+		t.Skip("needs real Kafka and ClickHouse servers")
 	}
 	const (
 		rule    = "RepeatedXID31OnSameGPU"
 		cluster = "role-kafka"
-		node    = "node-1"
+		nodes   = 12 // their keys fall on all 4 partitions
 	)
+	k := testenv.StartKafka(t)
 	srv := chtest.Start(t)
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, kafka.PipelineTopics...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(kc.Close)
 	kcfg := kafka.DefaultConfig()
-	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = strings.Join(kc.ListenAddrs(), ","), 3, 1
+	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = k.Addr(), 4, 1
 
 	pcfg := processors.DefaultConfig()
 	pcfg.Roles = "store,correlate"
 	pcfg.ClickHouse.Addr, pcfg.ClickHouse.Database, pcfg.ClickHouse.Password = srv.Config.Addr, srv.Config.Database, srv.Config.Password
 	pcfg.Store.BatchRecords, pcfg.Store.BatchLinger = 100, 50*time.Millisecond
 	pcfg.Correlate.BatchRecords, pcfg.Correlate.BatchLinger = 100, 50*time.Millisecond
-	// Sweep often, so a sweep that wrongly re-derived or recovered the
+	// Sweep often, so a sweep that wrongly re-derived or recovered a
 	// standing verdict would show within the test.
 	pcfg.Correlate.SweepInterval = 500 * time.Millisecond
 	if err := pcfg.Validate(); err != nil {
@@ -63,29 +63,59 @@ func TestRoleThroughKafka(t *testing.T) {
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	reg := prometheus.NewRegistry()
-	done := make(chan error, 1)
-	go func() {
-		done <- processors.Run(ctx, pcfg, processors.Deps{Log: log, Registry: reg, Kafka: kcfg, Metrics: pipeline.NewMetrics(reg)})
-	}()
+	if err := kafka.CreatePipelineTopics(ctx, kcfg, log); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		done []chan error
+		regs []*prometheus.Registry
+	)
+	for range 2 {
+		reg := prometheus.NewRegistry()
+		regs = append(regs, reg)
+		ch := make(chan error, 1)
+		done = append(done, ch)
+		go func() {
+			ch <- processors.Run(ctx, pcfg, processors.Deps{Log: log, Registry: reg, Kafka: kcfg, Metrics: pipeline.NewMetrics(reg)})
+		}()
+	}
 	defer func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("processors.Run: %v", err)
+		for _, ch := range done {
+			if err := <-ch; err != nil {
+				t.Errorf("processors.Run: %v", err)
+			}
 		}
 	}()
 
-	cl, err := kafka.NewClient(kcfg, log, kgo.ConsumeTopics(events.TopicEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := k.Client(t, kgo.ConsumeTopics(events.TopicEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	adm := kadm.NewClient(cl)
 
-	var raw []string
-	produce := func(at time.Time) {
+	// Both replicas are in both groups, each with partitions, before
+	// anything is produced.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		gs, err := adm.DescribeGroups(ctx, "faultline-store", "faultline-correlate")
+		ready := err == nil && len(gs) == 2
+		for _, g := range gs {
+			ready = ready && g.State == "Stable" && len(g.Members) == 2
+			for _, m := range g.Members {
+				if a, ok := m.Assigned.AsConsumer(); !ok || len(a.Topics) == 0 {
+					ready = false
+				}
+			}
+		}
+		if ready {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the two replicas did not both join the store and correlate groups: %v", err)
+		}
+	}
+
+	raw := map[string][]string{} // node -> raw event ids
+	produce := func(node string, at time.Time) {
 		t.Helper()
 		ev := &datamodels.HealthEvent{Version: 1, Id: events.NewID(), Agent: "faultline-agent", ComponentClass: "GPU",
 			CheckName: "SysLogsXIDError", IsFatal: false, ErrorCode: []string{"XID-31"},
@@ -99,19 +129,19 @@ func TestRoleThroughKafka(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+		pctx, pcancel := context.WithTimeout(ctx, 20*time.Second)
 		defer pcancel()
 		r := &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, node), Value: b, Timestamp: at}
 		if err := cl.ProduceSync(pctx, r).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
-		raw = append(raw, ev.GetId())
+		raw[node] = append(raw[node], ev.GetId())
 	}
 	// settled waits until both roles' groups have committed the whole
 	// events topic (every record handled, its outputs produced).
 	settled := func() {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
+		deadline := time.Now().Add(45 * time.Second)
 		for time.Now().Before(deadline) {
 			ends, err := adm.ListEndOffsets(ctx, events.TopicEvents)
 			if err == nil {
@@ -140,7 +170,7 @@ func TestRoleThroughKafka(t *testing.T) {
 		}
 		t.Fatal("the store and correlate groups did not catch up with the events topic")
 	}
-	var derived []*datamodels.HealthEvent
+	derived := map[string]map[string]*datamodels.HealthEvent{} // node -> id -> event
 	var seen int
 	// drain reads the events topic up to its end, keeping the derived events.
 	drain := func() {
@@ -151,11 +181,11 @@ func TestRoleThroughKafka(t *testing.T) {
 		}
 		var total int64
 		ends.Each(func(o kadm.ListedOffset) { total += o.Offset })
+		pctx, pcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer pcancel()
 		for int64(seen) < total {
-			pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
 			fs := cl.PollFetches(pctx)
-			pcancel()
-			if pctx.Err() != nil && fs.NumRecords() == 0 {
+			if pctx.Err() != nil {
 				t.Fatalf("read %d of %d records of the events topic", seen, total)
 			}
 			for _, r := range fs.Records() {
@@ -167,73 +197,105 @@ func TestRoleThroughKafka(t *testing.T) {
 				if ev.GetDerivedBy() == "" {
 					continue
 				}
-				if string(r.Key) != cluster+"/"+node {
-					t.Errorf("derived event keyed %q, want %q", r.Key, cluster+"/"+node)
+				if string(r.Key) != cluster+"/"+ev.GetNodeName() {
+					t.Errorf("derived event keyed %q, want %q", r.Key, cluster+"/"+ev.GetNodeName())
 				}
-				derived = append(derived, ev)
+				if derived[ev.GetNodeName()] == nil {
+					derived[ev.GetNodeName()] = map[string]*datamodels.HealthEvent{}
+				}
+				derived[ev.GetNodeName()][ev.GetId()] = ev
 			}
 		}
 	}
+	nodeName := func(i int) string { return "node-" + strconv.Itoa(i) }
 
-	// One Xid 31: below the threshold of 2.
+	// One Xid 31 per node: below the threshold of 2.
 	now := time.Now().UTC().Add(-time.Minute)
-	produce(now)
+	for i := range nodes {
+		produce(nodeName(i), now)
+	}
 	settled()
 	drain()
 	if len(derived) != 0 {
 		t.Fatalf("derived before the threshold: %v", derived)
 	}
 
-	// The second one crosses it.
-	produce(now.Add(10 * time.Second))
-	deadline := time.Now().Add(20 * time.Second)
-	for len(derived) == 0 && time.Now().Before(deadline) {
+	// The second one crosses it, on every node.
+	for i := range nodes {
+		produce(nodeName(i), now.Add(10*time.Second))
+	}
+	deadline := time.Now().Add(45 * time.Second)
+	for len(derived) < nodes && time.Now().Before(deadline) {
 		settled()
 		drain()
 	}
-	if len(derived) == 0 {
-		t.Fatal("no derived event at the threshold")
-	}
-	// Let the derived event itself go through both roles, and a few
-	// sweeps run: still exactly one.
+	// Let the derived events themselves go through both roles, and a few
+	// sweeps run: still exactly one verdict per node.
 	time.Sleep(2 * time.Second)
 	settled()
 	drain()
-	if len(derived) != 1 {
-		t.Fatalf("%d derived events, want 1: %v", len(derived), derived)
-	}
-	d := derived[0]
-	if d.GetDerivedBy() != rule || d.GetCluster() != cluster || d.GetNodeName() != node {
-		t.Errorf("derived by %q for %s/%s, want %s for %s/%s", d.GetDerivedBy(), d.GetCluster(), d.GetNodeName(), rule, cluster, node)
-	}
-	if d.GetRecommendedAction() != datamodels.RecommendedAction_RUN_DCGMEUD || d.GetIsFatal() || d.GetIsHealthy() {
-		t.Errorf("derived action %s fatal %v healthy %v, want RUN_DCGMEUD, not fatal, unhealthy", d.GetRecommendedAction(), d.GetIsFatal(), d.GetIsHealthy())
-	}
-	if d.GetId() == "" || len(d.GetCauseIds()) == 0 {
-		t.Errorf("derived id %q causeIds %v", d.GetId(), d.GetCauseIds())
-	}
-	for _, c := range d.GetCauseIds() {
-		if c != raw[0] && c != raw[1] {
-			t.Errorf("cause %s is not one of the produced events %v", c, raw)
+	for i := range nodes {
+		node := nodeName(i)
+		if len(derived[node]) != 1 {
+			t.Errorf("%s: %d derived events, want 1: %v", node, len(derived[node]), derived[node])
+			continue
+		}
+		for _, d := range derived[node] {
+			if d.GetDerivedBy() != rule || d.GetCluster() != cluster {
+				t.Errorf("%s: derived by %q for %s, want %s for %s", node, d.GetDerivedBy(), d.GetCluster(), rule, cluster)
+			}
+			if d.GetRecommendedAction() != datamodels.RecommendedAction_RUN_DCGMEUD || d.GetIsFatal() || d.GetIsHealthy() {
+				t.Errorf("%s: derived action %s fatal %v healthy %v, want RUN_DCGMEUD, not fatal, unhealthy", node, d.GetRecommendedAction(), d.GetIsFatal(), d.GetIsHealthy())
+			}
+			want := append([]string(nil), raw[node]...)
+			slices.Sort(want)
+			if !slices.Equal(d.GetCauseIds(), want) {
+				t.Errorf("%s: causeIds %v, want both produced events %v", node, d.GetCauseIds(), want)
+			}
+			// Stored like any other event (the store wrote it before committing).
+			if n := chtest.Count(t, srv.Conn, "SELECT uniqExact(id) FROM events WHERE cluster = @c AND id = @id AND node = @n",
+				ch.Named("c", cluster), ch.Named("id", d.GetId()), ch.Named("n", node)); n != 1 {
+				t.Errorf("%s: derived event %s not stored", node, d.GetId())
+			}
 		}
 	}
-	if len(d.GetCauseIds()) != 2 {
-		t.Errorf("causeIds %v, want both produced events %v", d.GetCauseIds(), raw)
-	}
-
-	// Stored like any other event (the store wrote it before committing).
 	if n := chtest.Count(t, srv.Conn, "SELECT uniqExact(id) FROM events WHERE cluster = @c AND derived_by = @r",
-		ch.Named("c", cluster), ch.Named("r", rule)); n != 1 {
-		t.Errorf("%d derived events stored, want 1", n)
-	}
-	if n := chtest.Count(t, srv.Conn, "SELECT uniqExact(id) FROM events WHERE cluster = @c AND id = @id AND node = @n",
-		ch.Named("c", cluster), ch.Named("id", d.GetId()), ch.Named("n", node)); n != 1 {
-		t.Errorf("derived event %s not stored", d.GetId())
+		ch.Named("c", cluster), ch.Named("r", rule)); n != nodes {
+		t.Errorf("%d derived events stored, want %d", n, nodes)
 	}
 	if n := chtest.Count(t, srv.Conn, "SELECT uniqExact(id) FROM events WHERE cluster = @c AND derived_by = ''",
-		ch.Named("c", cluster)); n != 2 {
-		t.Errorf("%d raw events stored, want 2", n)
+		ch.Named("c", cluster)); n != 2*nodes {
+		t.Errorf("%d raw events stored, want %d", n, 2*nodes)
 	}
+	// Both replicas took part.
+	for i, reg := range regs {
+		if n := handled(t, reg, "correlate"); n == 0 {
+			t.Errorf("replica %d correlated no records", i)
+		}
+	}
+}
+
+// handled is a replica's faultline_processor_records_total for the role.
+func handled(t *testing.T, reg *prometheus.Registry, role string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "faultline_processor_records_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "role" && l.GetValue() == role {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
 }
 
 type testWriter struct{ t *testing.T }
