@@ -10,26 +10,26 @@
 -- param: counter_checks Array(String)  degradation-check names
 SELECT
     tid,
-    toFloat64(greatest(uniqExactIf(id, down = 1), sumIf(delta, down = 0))) AS value,
+    toFloat64(greatest(countIf(down = 1), sumIf(delta, down = 0))) AS value,
     arraySlice(arraySort(groupUniqArray(id)), 1, 100) AS cause_ids,
     max(t) AS last_ms
-FROM triggers
+FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers)
 ALL INNER JOIN
 (
-    SELECT cluster, node, gkey, id, t, down, delta
+    SELECT gh, id, t, down, delta
     FROM
     (
-        SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+        SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
             toUInt8(has(@state_checks, check)) AS down,
             greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'delta')]), 1) AS delta
         FROM recent_events
         PREWHERE ts >= @since AND ts <= @until
             AND check IN (SELECT arrayJoin(arrayConcat(@state_checks, @counter_checks)))
-        WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
+        WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
             AND ((has(@state_checks, check) AND is_healthy = 0 AND match(entity, '(^|,)NICPort='))
                 OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
         UNION ALL
-        SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+        SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
             toUInt8(has(@state_checks, check)) AS down,
             greatest(toUInt64OrZero(meta_values[indexOf(meta_keys, 'delta')]), 1) AS delta
         FROM batch
@@ -38,6 +38,6 @@ ALL INNER JOIN
                 OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
     )
     LIMIT 1 BY id
-) USING (cluster, node, gkey)
+) USING (gh)
 WHERE t > at_ms - @window_ms AND t <= at_ms
 GROUP BY tid

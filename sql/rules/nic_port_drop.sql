@@ -24,22 +24,22 @@ FROM
         maxIf(t, kind = 2) AS last_up,
         argMaxIf(id, t, kind = 1) AS down_id,
         groupArrayIf(t, kind = 3) AS attempts
-    FROM triggers
+    FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers)
     ALL INNER JOIN
     (
-        SELECT cluster, node, gkey, id, t, kind
+        SELECT gh, id, t, kind
         FROM
         (
-            SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+            SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
                 toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 1, 2, 1)) AS kind
             FROM recent_events
             PREWHERE ts >= @since AND ts <= @until
                 AND check IN (SELECT arrayJoin(arrayConcat(@state_checks, @counter_checks)))
-            WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
+            WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
                 AND ((has(@state_checks, check) AND match(entity, '(^|,)NICPort='))
                     OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
             UNION ALL
-            SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+            SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
                 toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 1, 2, 1)) AS kind
             FROM batch
             WHERE derived_by = '' AND processing_strategy != 'STORE_ONLY'
@@ -47,7 +47,7 @@ FROM
                     OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
         )
         LIMIT 1 BY id
-    ) USING (cluster, node, gkey)
+    ) USING (gh)
     WHERE t > at_ms - @window_ms AND t <= at_ms
     GROUP BY tid
 )

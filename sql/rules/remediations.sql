@@ -4,26 +4,26 @@
 -- param: outcomes Array(String)  outcomes that mean it was done
 SELECT
     tid,
-    toFloat64(uniqExact(id)) AS value,
+    toFloat64(count()) AS value,
     arraySlice(arraySort(groupUniqArray(id)), 1, 100) AS cause_ids,
     max(t) AS last_ms
-FROM triggers
+FROM (SELECT tid, cityHash64(cluster, node) AS gh, at_ms FROM triggers)
 ALL INNER JOIN
 (
-    SELECT cluster, node, id, t
+    SELECT gh, id, t
     FROM
     (
-        SELECT cluster, node, id, toUInt64(ts) * 1000 + ts_ms AS t
+        SELECT cityHash64(cluster, node) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t
         FROM actions
         WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
             AND ts >= @since AND ts <= @until
             AND has(@kinds, kind) AND has(@outcomes, outcome)
         UNION ALL
-        SELECT cluster, node, id, toUInt64(ts) * 1000 + ts_ms AS t
+        SELECT cityHash64(cluster, node) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t
         FROM batch_actions
         WHERE has(@kinds, kind) AND has(@outcomes, outcome)
     )
     LIMIT 1 BY id
-) USING (cluster, node)
+) USING (gh)
 WHERE t > at_ms - @window_ms AND t <= at_ms
 GROUP BY tid

@@ -28,27 +28,27 @@ FROM
             arraySort(groupArray(t)) AS ts_sorted,
             arraySort((h, x) -> x, groupArray(h), groupArray(t)) AS h_sorted,
             arraySort(groupArray(id)) AS ids_sorted
-        FROM triggers
+        FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers)
         ALL INNER JOIN
         (
-            SELECT cluster, node, gkey, id, t, t + if(sticky = 1, @sticky_gap_ms, @gap_ms) AS h
+            SELECT gh, id, t, t + if(sticky = 1, @sticky_gap_ms, @gap_ms) AS h
             FROM
             (
-                SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+                SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
                     toUInt8(hasAny(error_codes, @sticky_codes)) AS sticky
                 FROM recent_events
                 PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
-                WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
+                WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
                     AND is_fatal = 1 AND is_healthy = 0
                 UNION ALL
-                SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+                SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
                     toUInt8(hasAny(error_codes, @sticky_codes)) AS sticky
                 FROM batch
                 WHERE has(@checks, check) AND is_fatal = 1 AND is_healthy = 0
                     AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
             )
             LIMIT 1 BY id
-        ) USING (cluster, node, gkey)
+        ) USING (gh)
         WHERE t > at_ms - @window_ms AND t <= at_ms
         GROUP BY tid
     )

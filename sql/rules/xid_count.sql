@@ -9,26 +9,26 @@ SELECT
     toFloat64(sum(n)) AS value,
     arraySlice(arraySort(groupUniqArray(id)), 1, 100) AS cause_ids,
     max(t) AS last_ms
-FROM triggers
+FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers)
 ALL INNER JOIN
 (
-    SELECT cluster, node, gkey, id, t, n
+    SELECT gh, id, t, n
     FROM
     (
-        SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+        SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
             greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'count')]), 1) AS n
         FROM recent_events
         PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
-        WHERE (cluster, node) IN (SELECT cluster, node FROM triggers)
+        WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
             AND hasAny(error_codes, @codes) AND is_healthy = 0
         UNION ALL
-        SELECT cluster, node, entity AS gkey, id, toUInt64(ts) * 1000 + ts_ms AS t,
+        SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
             greatest(toUInt64OrZero(meta_values[indexOf(meta_keys, 'count')]), 1) AS n
         FROM batch
         WHERE has(@checks, check) AND hasAny(error_codes, @codes) AND is_healthy = 0
             AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
     )
     LIMIT 1 BY id
-) USING (cluster, node, gkey)
+) USING (gh)
 WHERE t > at_ms - @window_ms AND t <= at_ms
 GROUP BY tid
