@@ -434,10 +434,10 @@ func (t trigger) groupKey() string { return t.cluster + "\x00" + t.dnode + "\x00
 type emission struct {
 	t       trigger
 	res     result
-	prevID  string
+	id      string // DerivedID
 	healthy bool
 	mode    string
-	by      string // suppressing rule
+	by      string // suppressing rule (mode suppressed)
 }
 
 // decide turns a plan's window values into the derived events to emit, in
@@ -455,7 +455,7 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 		holds := res.value >= r.Threshold
 		p, has := priorFor(pl.priors, t)
 		standing := has && !p.healthy
-		em := emission{t: t, res: res, prevID: p.id}
+		em := emission{t: t, res: res}
 		switch {
 		case holds && !standing && (!has || t.atMS > p.tMS):
 			em.mode = ModeLive
@@ -477,8 +477,8 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 		default:
 			continue
 		}
-		id := DerivedID(r.Name, t.cluster, t.dnode, t.dentity, p.id, em.healthy)
-		np := prior{id: id, healthy: em.healthy, tMS: t.atMS, mode: em.mode, seen: h.now(), trig: t.sourceID}
+		em.id = DerivedID(r.Name, t.cluster, t.dnode, t.dentity, p.id, em.healthy)
+		np := prior{id: em.id, healthy: em.healthy, tMS: t.atMS, mode: em.mode, seen: h.now(), trig: t.sourceID}
 		if has {
 			b := p
 			b.before = nil
@@ -495,10 +495,7 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 func (h *Handler) emit(r *Rule, ems []emission) ([]*kgo.Record, error) {
 	out := make([]*kgo.Record, 0, len(ems))
 	for _, em := range ems {
-		ev := h.derive(r, em.t, em.res, em.prevID, em.healthy, em.mode)
-		if em.by != "" {
-			ev.Metadata[MetaSuppress] = em.by
-		}
+		ev := h.derive(r, em)
 		b, err := events.Marshal(ev)
 		if err != nil {
 			return nil, fmt.Errorf("rule %s: encode derived event: %w", r.Name, err)
@@ -540,10 +537,9 @@ func (h *Handler) causes(ctx context.Context, r *Rule, ems []emission, bt *batch
 	return nil
 }
 
-// derive builds a derived event. Its id is a function of the rule, the
-// group, the previous derived event of the group and the polarity, so
-// whoever emits this verdict emits the same id.
-func (h *Handler) derive(r *Rule, t trigger, res result, prevID string, healthy bool, mode string) *datamodels.HealthEvent {
+// derive builds a derived event.
+func (h *Handler) derive(r *Rule, em emission) *datamodels.HealthEvent {
+	t, res, mode := em.t, em.res, em.mode
 	vars := Vars{Rule: r.Name, Cluster: t.cluster, Node: t.dnode, Entity: t.dentity, Check: t.check,
 		Value: res.value, Threshold: r.Threshold, Window: r.Window}
 	if r.Scope == ScopeCluster {
@@ -556,7 +552,7 @@ func (h *Handler) derive(r *Rule, t trigger, res result, prevID string, healthy 
 	ts := timestamppb.New(time.UnixMilli(t.atMS).UTC())
 	ev := &datamodels.HealthEvent{
 		Version:            1,
-		Id:                 DerivedID(r.Name, t.cluster, t.dnode, t.dentity, prevID, healthy),
+		Id:                 em.id,
 		Agent:              Agent,
 		ComponentClass:     class,
 		CheckName:          r.CheckName,
@@ -580,7 +576,10 @@ func (h *Handler) derive(r *Rule, t trigger, res result, prevID string, healthy 
 	if mode != ModeLive {
 		ev.ProcessingStrategy = datamodels.ProcessingStrategy_STORE_ONLY
 	}
-	if healthy {
+	if em.by != "" {
+		ev.Metadata[MetaSuppress] = em.by
+	}
+	if em.healthy {
 		ev.IsHealthy = true
 		ev.RecommendedAction = datamodels.RecommendedAction_NONE
 		ev.Message = render(r.recovery, vars)
