@@ -75,6 +75,7 @@ type Handler struct {
 
 	mu    sync.Mutex
 	cache map[string]prior
+	owned ownership
 }
 
 // Metrics are the role's own metrics.

@@ -363,7 +363,9 @@ HAVING healthy = 0`
 // holds and the stabilization window has passed) and the groups of its
 // candidates query (verdicts that start to hold with nothing arriving, such
 // as a port that stays DOWN). It returns the derived events to produce.
-// Replicas may sweep concurrently: they emit the same ids.
+// A replica sweeps the groups keyed to the events partitions it consumes
+// (all of them until it knows); replicas that overlap, as during a
+// rebalance, emit the same ids.
 func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 	now := h.now()
 	h.expireCache()
@@ -417,8 +419,8 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 		seen := map[string]bool{}
 		uniq := trigs[:0]
 		for _, t := range trigs {
-			k := t.cluster + "\x00" + t.dnode + "\x00" + t.dentity
-			if seen[k] {
+			k := t.groupKey()
+			if seen[k] || !h.owned.sweeps(t.cluster, t.dnode) {
 				continue
 			}
 			seen[k] = true

@@ -33,6 +33,15 @@ type Handler interface {
 	Handle(ctx context.Context, recs []*kgo.Record) (Result, error)
 }
 
+// PartitionObserver is implemented by handlers that want to know which
+// partitions of their topics this replica consumes (the correlate sweep
+// evaluates only the groups whose records land on them). total is the
+// topic's partition count, 0 when it could not be read.
+type PartitionObserver interface {
+	PartitionsAssigned(topic string, partitions []int32, total int)
+	PartitionsRevoked(topic string, partitions []int32)
+}
+
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(ctx context.Context, recs []*kgo.Record) (Result, error)
 
@@ -136,6 +145,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(0),
 	}, r.cfg.ConsumeOpts...)
+	if obs, ok := r.h.(PartitionObserver); ok {
+		opts = append(opts, observePartitions(obs, r.log)...)
+	}
 	cl, err := kafka.NewClient(r.kcfg, r.log, opts...)
 	if err != nil {
 		return err
@@ -172,6 +184,33 @@ func (r *Runner) Run(ctx context.Context) error {
 			cancel()
 		}
 		cl.AllowRebalance()
+	}
+}
+
+// observePartitions tells obs of the group's assignments and revocations
+// (a lost partition is a revoked one).
+func observePartitions(obs PartitionObserver, log *slog.Logger) []kgo.Opt {
+	revoked := func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+		for t, ps := range m {
+			obs.PartitionsRevoked(t, ps)
+		}
+	}
+	return []kgo.Opt{
+		kgo.OnPartitionsAssigned(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
+			topics := make([]string, 0, len(m))
+			for t := range m {
+				topics = append(topics, t)
+			}
+			details, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
+			if err != nil {
+				log.Warn("partition counts unknown", "topics", topics, "err", err)
+			}
+			for t, ps := range m {
+				obs.PartitionsAssigned(t, ps, len(details[t].Partitions))
+			}
+		}),
+		kgo.OnPartitionsRevoked(revoked),
+		kgo.OnPartitionsLost(revoked),
 	}
 }
 
