@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/template"
@@ -19,27 +20,118 @@ import (
 // back to the remediate role after Config.PollInterval.
 const TopicRequeue = "faultline.remediate.requeue"
 
+// JanitorGroup is the API group of NVIDIA NVSentinel's janitor operator
+// (janitor/api/v1alpha1/groupversion_info.go: janitor.dgxc.nvidia.com,
+// version v1alpha1), whose RebootNode, GPUReset and TerminateNode the
+// default templates create and whose completion faultline knows
+// (KindCompletion).
+const JanitorGroup = "janitor.dgxc.nvidia.com"
+
 // RebootNodeTemplate is the default object of REPLACE_VM, RESTART_VM and
-// RESTART_BM: the janitor's RebootNode (cluster-scoped).
+// RESTART_BM: the janitor's RebootNode (cluster-scoped; spec.force is
+// required by the janitor's CRD, defaulting to false).
 const RebootNodeTemplate = `apiVersion: janitor.dgxc.nvidia.com/v1alpha1
 kind: RebootNode
 metadata:
   name: {{ .Name }}
 spec:
   nodeName: {{ .NodeName }}
+  force: false
 `
 
-// GPUResetTemplate is the default object of COMPONENT_RESET: faultline's
-// GPUReset (cluster-scoped, deploy/crds/gpureset.yaml).
-const GPUResetTemplate = `apiVersion: remediation.faultline.io/v1alpha1
+// GPUResetTemplate is the default object of COMPONENT_RESET: the janitor's
+// GPUReset (cluster-scoped). spec.selector.uuids are the event's GPU
+// entities; without any, the selector is left out and the janitor resets
+// every GPU of the node (janitor/api/v1alpha1/gpureset_types.go).
+const GPUResetTemplate = `apiVersion: janitor.dgxc.nvidia.com/v1alpha1
 kind: GPUReset
 metadata:
   name: {{ .Name }}
 spec:
   nodeName: {{ .NodeName }}
-  gpuUUIDs: [{{ range $i, $g := .GPUs }}{{ if $i }}, {{ end }}{{ quote $g }}{{ end }}]
-  reason: {{ quote .CheckName }}
+{{- if .GPUs }}
+  selector:
+    uuids: [{{ range $i, $g := .GPUs }}{{ if $i }}, {{ end }}{{ quote $g }}{{ end }}]
+{{- end }}
 `
+
+// TerminateNodeTemplate is the janitor's TerminateNode (cluster-scoped).
+// No action maps to it by default; a template may use it (its completion
+// is known, see KindCompletion).
+const TerminateNodeTemplate = `apiVersion: janitor.dgxc.nvidia.com/v1alpha1
+kind: TerminateNode
+metadata:
+  name: {{ .Name }}
+spec:
+  nodeName: {{ .NodeName }}
+  force: false
+`
+
+// Completion is how a resource's status says that its work is over.
+// A condition matcher is "Type=Status" or "Type=Status/Reason", Status
+// one of True, False, Unknown; it matches a status.conditions entry of
+// that type and status (and reason, when given).
+type Completion struct {
+	// CompleteWhen: the work succeeded when a condition matches one of
+	// these. Looked at first.
+	CompleteWhen []string
+	// FailedWhen: the work failed when a condition matches one of these.
+	FailedWhen []string
+	// FinishedField is a field of .status (dotted path) the operator sets
+	// once it stops working on the resource, whatever the outcome: set,
+	// with no CompleteWhen match, means failed. Empty: none.
+	FinishedField string
+}
+
+// KindCompletion is the completion of the janitor's kinds, read from
+// NVIDIA/NVSentinel (janitor/api/v1alpha1/*_types.go and
+// janitor/pkg/controller/*_controller.go). Every terminal outcome sets
+// status.completionTime in the same status update as its condition.
+//
+//   - RebootNode: conditions SignalSent and NodeReady, both Unknown
+//     ("Initializing") at first. Success: NodeReady=True (reason
+//     Succeeded). Failure: NodeReady=False (reasons Failed: the CSP could
+//     not be asked; Timeout; MaxRetriesExceeded) or SignalSent=False
+//     (reason Failed: the reboot signal could not be sent). In progress:
+//     anything else, e.g. SignalSent=True with NodeReady=Unknown, or
+//     ManualMode=True while an outside actor has to send the signal.
+//   - TerminateNode: conditions SignalSent and NodeTerminated, the same
+//     way: NodeTerminated=True (Succeeded) once the node is gone or was
+//     deleted; NodeTerminated=False (Timeout, MaxRetriesExceeded) or
+//     SignalSent=False (Failed) is a failure.
+//   - GPUReset: conditions Ready, ServicesTornDown, ResetJobCreated,
+//     ResetJobCompleted, ServicesRestored, Terminating are steps, never
+//     the result. The result is Complete=True, for success and failure
+//     alike: reason GPUResetSucceeded is success (status.phase
+//     Succeeded), any other reason (ResetJobFailed, NodeNotFound,
+//     ServiceTeardownTimeoutExceeded, RestoreTimeoutExceeded,
+//     ResetJobNotFound, InternalError, ...) is a failure (status.phase
+//     Failed).
+//
+// Kinds not in the map get GenericCompletion.
+var KindCompletion = map[schema.GroupKind]Completion{
+	{Group: JanitorGroup, Kind: "RebootNode"}: {
+		CompleteWhen:  []string{"NodeReady=True"},
+		FailedWhen:    []string{"NodeReady=False", "SignalSent=False"},
+		FinishedField: "completionTime",
+	},
+	{Group: JanitorGroup, Kind: "TerminateNode"}: {
+		CompleteWhen:  []string{"NodeTerminated=True"},
+		FailedWhen:    []string{"NodeTerminated=False", "SignalSent=False"},
+		FinishedField: "completionTime",
+	},
+	{Group: JanitorGroup, Kind: "GPUReset"}: {
+		CompleteWhen:  []string{"Complete=True/GPUResetSucceeded"},
+		FailedWhen:    []string{"Complete=True"},
+		FinishedField: "completionTime",
+	},
+}
+
+// GenericCompletion is the completion of kinds faultline does not know:
+// a Completed condition True is success, a Failed condition True is a
+// failure (what faultline assumed of every kind before it read the
+// janitor).
+var GenericCompletion = Completion{CompleteWhen: []string{"Completed=True"}, FailedWhen: []string{"Failed=True"}}
 
 // Template maps one recommended action to the custom resource that carries
 // it out.
@@ -56,17 +148,55 @@ type Template struct {
 	Object string `toml:"object"`
 	// Resource is the plural resource name. Default lower(kind)+"s".
 	Resource string `toml:"resource"`
-	// CompleteCondition is the status condition type that says the work is
-	// done when True. Default "Completed".
+	// CompleteWhen are the condition matchers of success (see Completion).
+	// Default by the rendered object's group and kind: KindCompletion,
+	// else GenericCompletion.
+	CompleteWhen []string `toml:"complete_when"`
+	// FailedWhen are the condition matchers of failure. Default by kind.
+	FailedWhen []string `toml:"failed_when"`
+	// FinishedField is the .status field whose presence ends the work
+	// ("completionTime"); "none" for no such field. Default by kind.
+	FinishedField string `toml:"finished_field"`
+	// CompleteCondition is shorthand for CompleteWhen = ["<it>=True"];
+	// not together with CompleteWhen.
 	CompleteCondition string `toml:"complete_condition"`
-	// FailedCondition is the status condition type that says the work
-	// failed when True. Default "Failed".
+	// FailedCondition is shorthand for FailedWhen = ["<it>=True"]; not
+	// together with FailedWhen.
 	FailedCondition string `toml:"failed_condition"`
 
 	tmpl       *template.Template
 	gvr        schema.GroupVersionResource
 	kind       string
 	namespaced bool
+	complete   []condMatch
+	failed     []condMatch
+	finished   []string // path under .status; nil: none
+}
+
+// condMatch is one parsed condition matcher.
+type condMatch struct{ typ, status, reason string }
+
+func (m condMatch) String() string {
+	if m.reason != "" {
+		return m.typ + "=" + m.status + "/" + m.reason
+	}
+	return m.typ + "=" + m.status
+}
+
+// parseCondMatch parses "Type=Status" or "Type=Status/Reason".
+func parseCondMatch(s string) (condMatch, error) {
+	typ, rest, ok := strings.Cut(s, "=")
+	st, reason, hasReason := strings.Cut(rest, "/")
+	m := condMatch{typ: typ, status: st, reason: reason}
+	switch {
+	case !ok || typ == "" || strings.ContainsAny(typ, " \t"):
+		return m, fmt.Errorf("%q: want Type=Status or Type=Status/Reason", s)
+	case st != "True" && st != "False" && st != "Unknown":
+		return m, fmt.Errorf("%q: status must be True, False or Unknown, got %q", s, st)
+	case hasReason && (reason == "" || strings.ContainsAny(reason, " \t/")):
+		return m, fmt.Errorf("%q: bad reason %q", s, reason)
+	}
+	return m, nil
 }
 
 // Config is the remediate role's configuration (flags "remediate.*").
@@ -83,8 +213,11 @@ type Config struct {
 	Budget int `toml:"budget"`
 	// BudgetWindow is the budget's window. Default 24h.
 	BudgetWindow time.Duration `toml:"budget_window"`
-	// CompletionTimeout: a resource with neither condition this long after
-	// it was created counts as failed. Default 1h.
+	// CompletionTimeout: a resource neither complete nor failed (see
+	// Completion) this long after it was created counts as failed.
+	// Default 1h. The janitor fails a reboot or termination itself after
+	// its own timeout (30 minutes when its config sets none) and says so
+	// in its conditions, which faultline reads as a failure first.
 	CompletionTimeout time.Duration `toml:"completion_timeout"`
 	// PollInterval is how often a remediation in progress is looked at.
 	// Default 15s.
@@ -130,7 +263,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.NamePrefix, prefix+"name-prefix", c.NamePrefix, "prefix of remediation resource names")
 	fs.IntVar(&c.Budget, prefix+"budget", c.Budget, "remediations of one group per node within the budget window before CONTACT_SUPPORT (0: no budget)")
 	fs.DurationVar(&c.BudgetWindow, prefix+"budget-window", c.BudgetWindow, "window of the remediation budget")
-	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "a remediation without a condition this long after creation has failed")
+	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "a remediation neither complete nor failed this long after creation has failed")
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often a remediation in progress is looked at")
 	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes handled concurrently per batch")
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on resources")
@@ -200,12 +333,6 @@ func (t *Template) compile() error {
 	if t.Group == "" {
 		t.Group = strings.ToLower(strings.ReplaceAll(t.Action, "_", "-"))
 	}
-	if t.CompleteCondition == "" {
-		t.CompleteCondition = "Completed"
-	}
-	if t.FailedCondition == "" {
-		t.FailedCondition = "Failed"
-	}
 	tm, err := template.New(t.Action).Funcs(templateFuncs).Option("missingkey=error").Parse(t.Object)
 	if err != nil {
 		return fmt.Errorf("object: %w", err)
@@ -225,6 +352,68 @@ func (t *Template) compile() error {
 	t.kind = obj.GetKind()
 	t.gvr = gv.WithResource(t.Resource)
 	t.namespaced = obj.GetNamespace() != ""
+	return t.compileCompletion(gv.WithKind(t.kind).GroupKind())
+}
+
+// compileCompletion resolves the completion keys (the kind's defaults for
+// those not set) and parses them.
+func (t *Template) compileCompletion(gk schema.GroupKind) error {
+	def, ok := KindCompletion[gk]
+	if !ok {
+		def = GenericCompletion
+	}
+	for _, f := range []struct {
+		short, long string
+		cond        string
+		when        *[]string
+		def         []string
+	}{
+		{"complete_condition", "complete_when", t.CompleteCondition, &t.CompleteWhen, def.CompleteWhen},
+		{"failed_condition", "failed_when", t.FailedCondition, &t.FailedWhen, def.FailedWhen},
+	} {
+		switch {
+		case f.cond != "" && len(*f.when) > 0:
+			return fmt.Errorf("%s: not together with %s", f.short, f.long)
+		case f.cond != "":
+			if _, err := parseCondMatch(f.cond + "=True"); err != nil {
+				return fmt.Errorf("%s: %q is not a condition type", f.short, f.cond)
+			}
+			*f.when = []string{f.cond + "=True"}
+		case len(*f.when) == 0:
+			*f.when = slices.Clone(f.def)
+		}
+	}
+	seen := map[condMatch]string{}
+	for _, f := range []struct {
+		key  string
+		when []string
+		out  *[]condMatch
+	}{{"complete_when", t.CompleteWhen, &t.complete}, {"failed_when", t.FailedWhen, &t.failed}} {
+		*f.out = nil
+		for i, s := range f.when {
+			m, err := parseCondMatch(s)
+			if err != nil {
+				return fmt.Errorf("%s[%d]: %w", f.key, i, err)
+			}
+			if prev, dup := seen[m]; dup {
+				return fmt.Errorf("%s[%d]: %q is already in %s", f.key, i, s, prev)
+			}
+			seen[m] = f.key
+			*f.out = append(*f.out, m)
+		}
+	}
+	if t.FinishedField == "" {
+		t.FinishedField = def.FinishedField
+	}
+	t.finished = nil
+	if t.FinishedField != "" && t.FinishedField != "none" {
+		for _, p := range strings.Split(t.FinishedField, ".") {
+			if p == "" || strings.ContainsAny(p, " \t[]") {
+				return fmt.Errorf("finished_field: %q is not a field path under .status (or \"none\")", t.FinishedField)
+			}
+		}
+		t.finished = strings.Split(t.FinishedField, ".")
+	}
 	return nil
 }
 

@@ -3,6 +3,11 @@ package remediate
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/faultline/faultline/processors/clusters"
 )
 
 func TestValidateNamesTheBadKey(t *testing.T) {
@@ -20,6 +25,27 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 		}, "remediate.templates[0]"},
 		{"template kind", func(c *Config) { c.Templates = []Template{{Action: "custom:x", Object: "metadata: {name: a}"}} }, "remediate.templates[0]"},
 		{"custom name", func(c *Config) { c.Templates = []Template{{Action: "custom:", Object: RebootNodeTemplate}} }, "remediate.templates[0]"},
+		{"complete_when syntax", func(c *Config) {
+			c.Templates = []Template{{Action: "RESTART_VM", Object: RebootNodeTemplate, CompleteWhen: []string{"NodeReady"}}}
+		}, "remediate.templates[0]: complete_when[0]"},
+		{"failed_when status", func(c *Config) {
+			c.Templates = []Template{{Action: "RESTART_VM", Object: RebootNodeTemplate, FailedWhen: []string{"NodeReady=False", "NodeReady=false"}}}
+		}, "remediate.templates[0]: failed_when[1]"},
+		{"failed_when reason", func(c *Config) {
+			c.Templates = []Template{{Action: "RESTART_VM", Object: RebootNodeTemplate, FailedWhen: []string{"NodeReady=False/"}}}
+		}, "remediate.templates[0]: failed_when[0]"},
+		{"both in complete and failed", func(c *Config) {
+			c.Templates = []Template{{Action: "RESTART_VM", Object: RebootNodeTemplate, FailedWhen: []string{"NodeReady=True"}}}
+		}, "remediate.templates[0]: failed_when[0]"},
+		{"shorthand and list", func(c *Config) {
+			c.Templates = []Template{{Action: "RESTART_VM", Object: RebootNodeTemplate, CompleteCondition: "Done", CompleteWhen: []string{"Done=True"}}}
+		}, "remediate.templates[0]: complete_condition"},
+		{"shorthand syntax", func(c *Config) {
+			c.Templates = []Template{{Action: "RESTART_VM", Object: RebootNodeTemplate, FailedCondition: "Broken=True"}}
+		}, "remediate.templates[0]: failed_condition"},
+		{"finished_field", func(c *Config) {
+			c.Templates = []Template{{Action: "RESTART_VM", Object: RebootNodeTemplate, FinishedField: "status..x"}}
+		}, "remediate.templates[0]: finished_field"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
@@ -50,7 +76,112 @@ func TestDefaultTemplatesRender(t *testing.T) {
 			t.Fatalf("%s rendered %v", action, obj.Object)
 		}
 	}
+	if tm := c.template("COMPONENT_RESET"); tm.gvr.Group != JanitorGroup || tm.gvr.Resource != "gpuresets" {
+		t.Fatalf("COMPONENT_RESET: %v", tm.gvr)
+	}
+	noGPU := sampleData
+	noGPU.GPUs = nil
+	if obj, _ := c.template("COMPONENT_RESET").render(noGPU); obj.Object["spec"].(map[string]any)["selector"] != nil {
+		t.Fatalf("GPUReset without GPUs has a selector: %v", obj.Object["spec"])
+	}
 	if c.template("REPLACE_VM").Group != c.template("RESTART_BM").Group {
 		t.Fatal("reboots must share one equivalence group")
+	}
+}
+
+// st is a resource status for TestCompletion: conditions as
+// "Type=Status/Reason", and whether completionTime is set.
+func st(finished bool, conds ...string) map[string]any {
+	var cs []any
+	for _, c := range conds {
+		typ, rest, _ := strings.Cut(c, "=")
+		status, reason, _ := strings.Cut(rest, "/")
+		cs = append(cs, map[string]any{"type": typ, "status": status, "reason": reason, "message": "m"})
+	}
+	s := map[string]any{"conditions": cs, "startTime": "2026-01-01T00:00:00Z"}
+	if finished {
+		s["completionTime"] = "2026-01-01T00:10:00Z"
+	}
+	return s
+}
+
+// TestCompletion reads the statuses the janitor's controllers write
+// (NVIDIA/NVSentinel janitor/pkg/controller/{rebootnode,terminatenode,
+// gpureset}_controller.go) with the default completion of each kind, and
+// the generic and shorthand completion of other kinds.
+func TestCompletion(t *testing.T) {
+	c := DefaultConfig()
+	c.CompletionTimeout = time.Hour
+	c.Templates = []Template{
+		{Action: "custom:terminate", Object: TerminateNodeTemplate},
+		{Action: "custom:generic", Object: "apiVersion: example.com/v1\nkind: Fix\nmetadata: {name: {{ .Name }}}\n"},
+		{Action: "custom:legacy", Object: "apiVersion: example.com/v1\nkind: Fix\nmetadata: {name: {{ .Name }}}\n", CompleteCondition: "Done"},
+		{Action: "custom:reboot-reasons", Object: RebootNodeTemplate, FailedWhen: []string{"NodeReady=False/Timeout"}, FinishedField: "none"},
+	}
+	now := time.Date(2026, 1, 1, 0, 30, 0, 0, time.UTC)
+	h, err := New(c, clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[status]string{inProgress: "in progress", completed: "completed", failed: "failed"}
+	for _, tc := range []struct {
+		action string
+		status map[string]any
+		age    time.Duration
+		want   status
+	}{
+		// RebootNode.
+		{"RESTART_VM", nil, time.Minute, inProgress},
+		{"RESTART_VM", st(false, "SignalSent=Unknown/Initializing", "NodeReady=Unknown/Initializing"), time.Minute, inProgress},
+		{"RESTART_VM", st(false, "SignalSent=Unknown/Initializing", "NodeReady=Unknown/Initializing", "ManualMode=True/OutsideActorRequired"), time.Minute, inProgress},
+		{"RESTART_VM", st(false, "SignalSent=True/Succeeded", "NodeReady=Unknown/Initializing"), time.Minute, inProgress},
+		{"RESTART_VM", st(true, "SignalSent=True/Succeeded", "NodeReady=True/Succeeded"), time.Minute, completed},
+		{"RESTART_VM", st(true, "SignalSent=True/Succeeded", "NodeReady=False/Timeout"), time.Minute, failed},
+		{"RESTART_VM", st(true, "SignalSent=True/Succeeded", "NodeReady=False/MaxRetriesExceeded"), time.Minute, failed},
+		{"RESTART_VM", st(true, "SignalSent=True/Succeeded", "NodeReady=False/Failed"), time.Minute, failed},
+		{"RESTART_VM", st(true, "SignalSent=False/Failed", "NodeReady=Unknown/Initializing"), time.Minute, failed},
+		{"RESTART_VM", st(true, "SignalSent=True/Succeeded", "NodeReady=Unknown/Initializing"), time.Minute, failed}, // finished, not ready
+		{"RESTART_VM", st(false, "SignalSent=True/Succeeded", "NodeReady=Unknown/Initializing"), 2 * time.Hour, failed},
+		// TerminateNode.
+		{"custom:terminate", st(false, "SignalSent=True/Succeeded", "NodeTerminated=Unknown/Initializing"), time.Minute, inProgress},
+		{"custom:terminate", st(true, "SignalSent=True/Succeeded", "NodeTerminated=True/Succeeded"), time.Minute, completed},
+		{"custom:terminate", st(true, "SignalSent=True/Succeeded", "NodeTerminated=False/Timeout"), time.Minute, failed},
+		{"custom:terminate", st(true, "SignalSent=False/Failed", "NodeTerminated=Unknown/Initializing"), time.Minute, failed},
+		// GPUReset.
+		{"COMPONENT_RESET", st(false, "Ready=False/Pending"), time.Minute, inProgress},
+		{"COMPONENT_RESET", st(false, "Ready=True/ReadyForReset", "ResetJobCompleted=True/ResetJobSucceeded", "ServicesRestored=False/RestoringServices"), time.Minute, inProgress},
+		{"COMPONENT_RESET", st(false, "Ready=True/ReadyForReset", "ResetJobCompleted=True/ResetJobFailed"), time.Minute, inProgress},
+		{"COMPONENT_RESET", st(true, "ServicesRestored=True/ServiceRestoreSucceeded", "Complete=True/GPUResetSucceeded"), time.Minute, completed},
+		{"COMPONENT_RESET", st(true, "ResetJobCompleted=True/ResetJobFailed", "Complete=True/ResetJobFailed"), time.Minute, failed},
+		{"COMPONENT_RESET", st(true, "Ready=True/ReadyForReset", "Complete=True/NodeNotFound"), time.Minute, failed},
+		{"COMPONENT_RESET", st(true, "Ready=False/Pending", "Complete=True/GPUAlreadyUnderMaintenance"), time.Minute, failed},
+		// Other kinds: Completed / Failed, no finished field.
+		{"custom:generic", st(true), time.Minute, inProgress},
+		{"custom:generic", st(false, "Completed=True/X"), time.Minute, completed},
+		{"custom:generic", st(false, "Failed=True/X"), time.Minute, failed},
+		{"custom:legacy", st(false, "Completed=True/X"), time.Minute, inProgress},
+		{"custom:legacy", st(false, "Done=True/X"), time.Minute, completed},
+		{"custom:legacy", st(false, "Failed=True/X"), time.Minute, failed},
+		// Overrides: only Timeout fails, no finished field.
+		{"custom:reboot-reasons", st(true, "SignalSent=False/Failed", "NodeReady=Unknown/Initializing"), time.Minute, inProgress},
+		{"custom:reboot-reasons", st(true, "NodeReady=False/Timeout"), time.Minute, failed},
+		{"custom:reboot-reasons", st(true, "NodeReady=True/Succeeded"), time.Minute, completed},
+	} {
+		tm := h.cfg.template(tc.action)
+		if tm == nil {
+			t.Fatalf("no template %s", tc.action)
+		}
+		o, _ := tm.render(sampleData)
+		o.SetAnnotations(map[string]string{AnnotationCreated: now.Add(-tc.age).Format(time.RFC3339Nano)})
+		if tc.status != nil {
+			_ = unstructured.SetNestedField(o.Object, tc.status, "status")
+		}
+		got, why := h.status(tm, o)
+		if got != tc.want {
+			t.Errorf("%s %s %v: %s (%s), want %s", tc.action, tm.kind, tc.status, names[got], why, names[tc.want])
+		}
+		if got == failed && why == "" {
+			t.Errorf("%s %v: failed without a why", tc.action, tc.status)
+		}
 	}
 }

@@ -44,8 +44,8 @@ const (
 
 	OutcomeApplied    = "applied"     // resource created
 	OutcomeInProgress = "in_progress" // joined an equivalent remediation in progress
-	OutcomeSucceeded  = "succeeded"   // the resource's complete condition is True
-	OutcomeFailed     = "failed"      // failed condition, or no condition by the timeout
+	OutcomeSucceeded  = "succeeded"   // a complete matcher matched (Template.CompleteWhen)
+	OutcomeFailed     = "failed"      // a failed matcher, the finished field without success, or the timeout
 	OutcomeSkipped    = "skipped"
 	OutcomeDryRun     = "dry_run"
 )
@@ -295,24 +295,82 @@ const (
 	failed
 )
 
+// status reads a resource's completion (Template.complete, .failed,
+// .finished; see Completion): a complete matcher first, then a failed
+// one, then the finished field, then completion_timeout.
 func (h *Handler) status(tm *Template, o *unstructured.Unstructured) (status, string) {
 	conds, _, _ := unstructured.NestedSlice(o.Object, "status", "conditions")
-	for _, c := range conds {
-		m, ok := c.(map[string]any)
-		if !ok || m["status"] != "True" {
-			continue
-		}
-		switch m["type"] {
-		case tm.CompleteCondition:
-			return completed, fmt.Sprint(m["message"])
-		case tm.FailedCondition:
-			return failed, fmt.Sprint(m["reason"], ": ", m["message"])
+	if m, c := matchCondition(conds, tm.complete); c != nil {
+		return completed, describeCondition(m, c)
+	}
+	if m, c := matchCondition(conds, tm.failed); c != nil {
+		return failed, describeCondition(m, c)
+	}
+	if tm.finished != nil {
+		if v, ok, _ := unstructured.NestedFieldNoCopy(o.Object, append([]string{"status"}, tm.finished...)...); ok && v != nil && v != "" {
+			return failed, fmt.Sprintf("status.%s is set without %s (conditions: %s)", tm.FinishedField, matchers(tm.complete), summarize(conds))
 		}
 	}
 	if h.now().Sub(createdAt(o)) > h.cfg.CompletionTimeout {
-		return failed, fmt.Sprintf("no %s condition within %v", tm.CompleteCondition, h.cfg.CompletionTimeout)
+		return failed, fmt.Sprintf("not %s within %v", matchers(tm.complete), h.cfg.CompletionTimeout)
 	}
 	return inProgress, ""
+}
+
+// matchCondition returns the first matcher (in order) that a condition
+// matches, and that condition.
+func matchCondition(conds []any, ms []condMatch) (condMatch, map[string]any) {
+	for _, m := range ms {
+		for _, c := range conds {
+			cm, ok := c.(map[string]any)
+			if !ok || cm["type"] != m.typ || cm["status"] != m.status {
+				continue
+			}
+			if m.reason != "" && cm["reason"] != m.reason {
+				continue
+			}
+			return m, cm
+		}
+	}
+	return condMatch{}, nil
+}
+
+// describeCondition is "Type=Status Reason: message".
+func describeCondition(m condMatch, c map[string]any) string {
+	s := m.typ + "=" + m.status
+	if r, _ := c["reason"].(string); r != "" {
+		s += " " + r
+	}
+	if msg, _ := c["message"].(string); msg != "" {
+		s += ": " + msg
+	}
+	return s
+}
+
+func matchers(ms []condMatch) string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.String())
+	}
+	return strings.Join(out, " or ")
+}
+
+// summarize lists the conditions as Type=Status/Reason.
+func summarize(conds []any) string {
+	var out []string
+	for _, c := range conds {
+		if cm, ok := c.(map[string]any); ok {
+			s := fmt.Sprint(cm["type"], "=", cm["status"])
+			if r, _ := cm["reason"].(string); r != "" {
+				s += "/" + r
+			}
+			out = append(out, s)
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
 }
 
 func createdAt(o *unstructured.Unstructured) time.Time {

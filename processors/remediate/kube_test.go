@@ -33,9 +33,10 @@ var testLog = slog.New(slog.NewTextHandler(io.Discard, nil))
 const cluster = "c1"
 
 var (
-	rebootGVR = schema.GroupVersionResource{Group: "janitor.dgxc.nvidia.com", Version: "v1alpha1", Resource: "rebootnodes"}
-	resetGVR  = schema.GroupVersionResource{Group: "remediation.faultline.io", Version: "v1alpha1", Resource: "gpuresets"}
-	crdGVR    = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	rebootGVR    = schema.GroupVersionResource{Group: JanitorGroup, Version: "v1alpha1", Resource: "rebootnodes"}
+	resetGVR     = schema.GroupVersionResource{Group: JanitorGroup, Version: "v1alpha1", Resource: "gpuresets"}
+	terminateGVR = schema.GroupVersionResource{Group: JanitorGroup, Version: "v1alpha1", Resource: "terminatenodes"}
+	crdGVR       = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 )
 
 type clock struct {
@@ -50,7 +51,7 @@ func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unloc
 func installCRDs(t testing.TB, dyn dynamic.Interface) {
 	t.Helper()
 	files, _ := filepath.Glob("../../deploy/crds/*.yaml")
-	if len(files) < 2 {
+	if len(files) < 3 {
 		t.Fatalf("CRDs not found: %v", files)
 	}
 	for _, f := range files {
@@ -66,7 +67,7 @@ func installCRDs(t testing.TB, dyn dynamic.Interface) {
 			t.Fatalf("%s: %v", f, err)
 		}
 	}
-	for _, gvr := range []schema.GroupVersionResource{rebootGVR, resetGVR} {
+	for _, gvr := range []schema.GroupVersionResource{rebootGVR, resetGVR, terminateGVR} {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			_, err := dyn.Resource(gvr).List(context.Background(), metav1.ListOptions{})
@@ -99,18 +100,17 @@ func testConfig() Config {
 	c.Budget = 2
 	c.BudgetWindow = time.Hour
 	c.Templates = []Template{{
+		// Every GPU of the node: no selector.
 		Action: "custom:drain-and-flash",
-		Object: `apiVersion: remediation.faultline.io/v1alpha1
+		Object: `apiVersion: janitor.dgxc.nvidia.com/v1alpha1
 kind: GPUReset
 metadata:
   name: {{ .Name }}
 spec:
   nodeName: {{ .NodeName }}
-  gpuUUIDs: []
-  reason: {{ quote .CustomRecommendedAction }}
 `,
 		Group: "flash",
-	}}
+	}, {Action: "custom:terminate", Object: TerminateNodeTemplate, Group: "terminate"}}
 	return c
 }
 
@@ -168,20 +168,40 @@ func list(t testing.TB, dyn dynamic.Interface, gvr schema.GroupVersionResource, 
 	return l.Items
 }
 
-// setCondition plays the janitor: it sets a condition True on the resource.
-func setCondition(t testing.TB, dyn dynamic.Interface, gvr schema.GroupVersionResource, name, typ string) {
+// cond is one status condition: type, status, reason.
+type cond [3]string
+
+// setStatus plays the janitor: it writes the resource's status as the
+// janitor's controllers do (NVIDIA/NVSentinel janitor/pkg/controller):
+// the conditions, startTime, and completionTime when finished (set on
+// success and failure alike).
+func setStatus(t testing.TB, dyn dynamic.Interface, gvr schema.GroupVersionResource, name string, finished bool, conds ...cond) {
 	t.Helper()
 	o, err := dyn.Resource(gvr).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = unstructured.SetNestedSlice(o.Object, []any{map[string]any{
-		"type": typ, "status": "True", "reason": "Test", "message": "set by the test",
-		"lastTransitionTime": time.Now().UTC().Format(time.RFC3339),
-	}}, "status", "conditions")
+	now := time.Now().UTC().Format(time.RFC3339)
+	var cs []any
+	for _, c := range conds {
+		cs = append(cs, map[string]any{"type": c[0], "status": c[1], "reason": c[2], "message": "set by the test", "lastTransitionTime": now})
+	}
+	st := map[string]any{"startTime": now, "conditions": cs}
+	if finished {
+		st["completionTime"] = now
+	}
+	o.Object["status"] = st
 	if _, err := dyn.Resource(gvr).UpdateStatus(context.Background(), o, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// poll handles a requeue record after a poll interval: the remediation's
+// actions and the next requeue records.
+func poll(t testing.TB, h *Handler, clk *clock, rq *kgo.Record) ([]*faultlinev1.Action, []*kgo.Record) {
+	t.Helper()
+	clk.Add(testConfig().PollInterval)
+	return handle(t, h, rq)
 }
 
 func createNode(t testing.TB, k kubernetes.Interface, name string) {
@@ -238,10 +258,21 @@ func TestRemediateKube(t *testing.T) {
 		if len(joined) != 1 || joined[0].Outcome != OutcomeInProgress || len(list(t, dyn, rebootGVR, node)) != 1 {
 			t.Fatalf("second fault: %s", outcomes(joined))
 		}
-		// The janitor completes it; the watcher reports success.
-		setCondition(t, dyn, rebootGVR, rn.GetName(), "Completed")
-		clk.Add(testConfig().PollInterval)
-		done, rq2 := handle(t, a, rq[0])
+		// The janitor starts it (both conditions Unknown, "Initializing"),
+		// then sends the signal: still in progress.
+		setStatus(t, dyn, rebootGVR, rn.GetName(), false, cond{"SignalSent", "Unknown", "Initializing"}, cond{"NodeReady", "Unknown", "Initializing"})
+		acts, rq := poll(t, a, clk, rq[0])
+		if len(acts) != 0 || len(rq) != 1 {
+			t.Fatalf("initialized: %s, %d requeued", outcomes(acts), len(rq))
+		}
+		setStatus(t, dyn, rebootGVR, rn.GetName(), false, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "Unknown", "Initializing"})
+		acts, rq = poll(t, a, clk, rq[0])
+		if len(acts) != 0 || len(rq) != 1 {
+			t.Fatalf("signal sent: %s, %d requeued", outcomes(acts), len(rq))
+		}
+		// The node is back: NodeReady=True, completionTime. Success.
+		setStatus(t, dyn, rebootGVR, rn.GetName(), true, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "True", "Succeeded"})
+		done, rq2 := poll(t, a, clk, rq[0])
 		if len(done) != 1 || done[0].Outcome != OutcomeSucceeded || len(rq2) != 0 {
 			t.Fatalf("completion: %s", outcomes(done))
 		}
@@ -257,7 +288,7 @@ func TestRemediateKube(t *testing.T) {
 				t.Fatalf("reboot %d: %s", i+1, outcomes(acts))
 			}
 			for _, it := range list(t, dyn, rebootGVR, node) {
-				setCondition(t, dyn, rebootGVR, it.GetName(), "Completed")
+				setStatus(t, dyn, rebootGVR, it.GetName(), true, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "True", "Succeeded"})
 			}
 			clk.Add(10 * time.Minute)
 		}
@@ -281,21 +312,37 @@ func TestRemediateKube(t *testing.T) {
 	})
 
 	t.Run("FailedRemediationEscalates", func(t *testing.T) {
-		node := "broken-1"
-		createNode(t, k, node)
-		h := newHandler(t, testConfig(), k, dyn, clk)
-		_, rq := handle(t, h, drained(node, "f1", "RESTART_VM", nil))
-		items := list(t, dyn, rebootGVR, node)
-		setCondition(t, dyn, rebootGVR, items[0].GetName(), "Failed")
-		clk.Add(testConfig().PollInterval)
-		acts, _ := handle(t, h, rq[0])
-		if len(acts) != 2 || acts[0].Outcome != OutcomeFailed || acts[1].Kind != KindEscalate {
-			t.Fatalf("failed reboot: %s", outcomes(acts))
-		}
-		// The next fault is escalated too, without another reboot.
-		acts, _ = handle(t, h, drained(node, "f2", "RESTART_VM", nil))
-		if len(acts) != 1 || acts[0].Kind != KindEscalate || len(list(t, dyn, rebootGVR, node)) != 1 {
-			t.Fatalf("fault after a failed reboot: %s", outcomes(acts))
+		// The janitor's failures of a reboot (rebootnode_controller.go):
+		// NodeReady=False (Timeout, MaxRetriesExceeded, Failed) or
+		// SignalSent=False (Failed), each with completionTime.
+		for _, tc := range []struct {
+			node, why string
+			conds     []cond
+		}{
+			{"broken-timeout", "NodeReady=False Timeout", []cond{{"SignalSent", "True", "Succeeded"}, {"NodeReady", "False", "Timeout"}}},
+			{"broken-retries", "NodeReady=False MaxRetriesExceeded", []cond{{"SignalSent", "True", "Succeeded"}, {"NodeReady", "False", "MaxRetriesExceeded"}}},
+			{"broken-signal", "SignalSent=False Failed", []cond{{"SignalSent", "False", "Failed"}, {"NodeReady", "Unknown", "Initializing"}}},
+		} {
+			t.Run(tc.node, func(t *testing.T) {
+				node := tc.node
+				createNode(t, k, node)
+				h := newHandler(t, testConfig(), k, dyn, clk)
+				_, rq := handle(t, h, drained(node, "f1", "RESTART_VM", nil))
+				items := list(t, dyn, rebootGVR, node)
+				setStatus(t, dyn, rebootGVR, items[0].GetName(), true, tc.conds...)
+				acts, _ := poll(t, h, clk, rq[0])
+				if len(acts) != 2 || acts[0].Outcome != OutcomeFailed || acts[1].Kind != KindEscalate {
+					t.Fatalf("failed reboot: %s", outcomes(acts))
+				}
+				if !strings.Contains(acts[0].Reason, tc.why) {
+					t.Fatalf("reason %q does not say why", acts[0].Reason)
+				}
+				// The next fault is escalated too, without another reboot.
+				acts, _ = handle(t, h, drained(node, "f2", "RESTART_VM", nil))
+				if len(acts) != 1 || acts[0].Kind != KindEscalate || len(list(t, dyn, rebootGVR, node)) != 1 {
+					t.Fatalf("fault after a failed reboot: %s", outcomes(acts))
+				}
+			})
 		}
 	})
 
@@ -303,21 +350,85 @@ func TestRemediateKube(t *testing.T) {
 		node := "reset-1"
 		createNode(t, k, node)
 		h := newHandler(t, testConfig(), k, dyn, clk)
-		acts, _ := handle(t, h, drained(node, "r1", "COMPONENT_RESET", map[string]string{drain.DetailEntities: "GPU=GPU-aaaa"}))
+		gpu := "GPU-0a1b2c3d-0000-1111-2222-333344445555"
+		acts, rq := handle(t, h, drained(node, "r1", "COMPONENT_RESET", map[string]string{drain.DetailEntities: "GPU=" + gpu}))
 		items := list(t, dyn, resetGVR, node)
 		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(items) != 1 {
 			t.Fatalf("reset: %s", outcomes(acts))
 		}
-		if g, _, _ := unstructured.NestedStringSlice(items[0].Object, "spec", "gpuUUIDs"); len(g) != 1 || g[0] != "GPU-aaaa" {
-			t.Fatalf("gpuUUIDs %v", g)
+		if g, _, _ := unstructured.NestedStringSlice(items[0].Object, "spec", "selector", "uuids"); len(g) != 1 || g[0] != gpu {
+			t.Fatalf("spec.selector.uuids %v", g)
 		}
-		acts, _ = handle(t, h, drained(node, "r2", "CUSTOM", map[string]string{drain.DetailCustomAction: "drain-and-flash"}))
-		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(list(t, dyn, resetGVR, node)) != 2 {
+		// The janitor's steps (gpureset_controller.go) are not the result,
+		// not even a failed reset job before the services are restored.
+		reset := items[0].GetName()
+		for _, step := range [][]cond{
+			{{"Ready", "False", "Pending"}},
+			{{"Ready", "True", "ReadyForReset"}, {"ServicesTornDown", "True", "Skipped"}, {"ResetJobCreated", "True", "ResetJobCreationSucceeded"}, {"ResetJobCompleted", "False", "ResetJobRunning"}},
+			{{"Ready", "True", "ReadyForReset"}, {"ResetJobCompleted", "True", "ResetJobFailed"}, {"ServicesRestored", "False", "RestoringServices"}},
+		} {
+			setStatus(t, dyn, resetGVR, reset, false, step...)
+			if acts, rq = poll(t, h, clk, rq[0]); len(acts) != 0 || len(rq) != 1 {
+				t.Fatalf("step %v: %s", step, outcomes(acts))
+			}
+		}
+		// The result: Complete=True with a failure reason, completionTime.
+		setStatus(t, dyn, resetGVR, reset, true, cond{"ResetJobCompleted", "True", "ResetJobFailed"}, cond{"Complete", "True", "ResetJobFailed"})
+		acts, _ = poll(t, h, clk, rq[0])
+		if len(acts) != 2 || acts[0].Outcome != OutcomeFailed || !strings.Contains(acts[0].Reason, "Complete=True ResetJobFailed") || acts[1].Kind != KindEscalate {
+			t.Fatalf("failed reset: %s", outcomes(acts))
+		}
+
+		acts, rq = handle(t, h, drained(node, "r2", "CUSTOM", map[string]string{drain.DetailCustomAction: "drain-and-flash"}))
+		items = list(t, dyn, resetGVR, node)
+		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(items) != 2 {
 			t.Fatalf("custom: %s", outcomes(acts))
+		}
+		for _, it := range items {
+			if it.GetLabels()[LabelGroup] != "flash" {
+				continue
+			}
+			if _, ok := it.Object["spec"].(map[string]any)["selector"]; ok {
+				t.Fatalf("custom reset has a selector: %v", it.Object["spec"])
+			}
+			// Success: Complete=True, GPUResetSucceeded.
+			setStatus(t, dyn, resetGVR, it.GetName(), true, cond{"ServicesRestored", "True", "ServiceRestoreSucceeded"}, cond{"Complete", "True", "GPUResetSucceeded"})
+		}
+		if acts, _ = poll(t, h, clk, rq[0]); len(acts) != 1 || acts[0].Outcome != OutcomeSucceeded {
+			t.Fatalf("custom reset done: %s", outcomes(acts))
 		}
 		acts, _ = handle(t, h, drained(node, "r3", "NONE", nil))
 		if len(acts) != 1 || acts[0].Outcome != OutcomeSkipped || len(list(t, dyn, rebootGVR, node)) != 0 {
 			t.Fatalf("NONE: %s", outcomes(acts))
+		}
+	})
+
+	t.Run("TerminateNode", func(t *testing.T) {
+		// terminatenode_controller.go: NodeTerminated=True is success,
+		// NodeTerminated=False (Timeout) a failure.
+		for _, tc := range []struct {
+			node    string
+			result  cond
+			outcome string
+		}{
+			{"term-ok", cond{"NodeTerminated", "True", "Succeeded"}, OutcomeSucceeded},
+			{"term-timeout", cond{"NodeTerminated", "False", "Timeout"}, OutcomeFailed},
+		} {
+			createNode(t, k, tc.node)
+			h := newHandler(t, testConfig(), k, dyn, clk)
+			acts, rq := handle(t, h, drained(tc.node, "t1", "CUSTOM", map[string]string{drain.DetailCustomAction: "terminate"}))
+			items := list(t, dyn, terminateGVR, tc.node)
+			if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(items) != 1 {
+				t.Fatalf("%s: %s", tc.node, outcomes(acts))
+			}
+			setStatus(t, dyn, terminateGVR, items[0].GetName(), false, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeTerminated", "Unknown", "Initializing"})
+			if acts, rq = poll(t, h, clk, rq[0]); len(acts) != 0 || len(rq) != 1 {
+				t.Fatalf("%s in progress: %s", tc.node, outcomes(acts))
+			}
+			setStatus(t, dyn, terminateGVR, items[0].GetName(), true, cond{"SignalSent", "True", "Succeeded"}, tc.result)
+			if acts, _ = poll(t, h, clk, rq[0]); len(acts) == 0 || acts[0].Outcome != tc.outcome {
+				t.Fatalf("%s: %s", tc.node, outcomes(acts))
+			}
 		}
 	})
 

@@ -2,11 +2,12 @@
 // --role=remediate`): when a drain ends (drain/succeeded, or drain/gave_up
 // when its policy stopped waiting) it turns the event's recommendedAction
 // into a custom resource rendered from a Go text/template over the event —
-// REPLACE_VM, RESTART_VM and RESTART_BM into the janitor's RebootNode,
-// COMPONENT_RESET into a GPUReset, CUSTOM through customRecommendedAction —
-// with a deterministic name, so a retry or a second replica finds the
-// first. A node gets at most one resource per equivalence group in
-// progress; its completion is read from the resource's conditions; a node
+// REPLACE_VM, RESTART_VM and RESTART_BM into the RebootNode of NVIDIA
+// NVSentinel's janitor, COMPONENT_RESET into the janitor's GPUReset, CUSTOM
+// through customRecommendedAction — with a deterministic name, so a retry
+// or a second replica finds the first. A node gets at most one resource
+// per equivalence group in progress; its completion is read from the
+// resource's status as the janitor writes it (KindCompletion); a node
 // whose remediation failed, or that spent its budget within the window,
 // is escalated to CONTACT_SUPPORT instead.
 //
