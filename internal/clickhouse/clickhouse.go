@@ -164,25 +164,6 @@ func EnsureDatabase(ctx context.Context, c Config, log *slog.Logger) error {
 	return nil
 }
 
-// WaitReady opens the database, retrying with backoff while the server is
-// not reachable yet, until ctx ends.
-func WaitReady(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
-	backoff := 200 * time.Millisecond
-	for {
-		conn, err := Open(ctx, c, log)
-		if err == nil {
-			return conn, nil
-		}
-		log.Info("clickhouse not ready; retrying", "addr", c.Addr, "backoff", backoff, "err", err)
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("clickhouse %s not ready: %w", c, err)
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
-}
-
 // quietHandler drops the driver's per-connection warning that the server
 // is older than the driver supports: faultline supports 18.16 on purpose
 // (see sql/README.md) and Setup logs the server version once.

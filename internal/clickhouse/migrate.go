@@ -239,6 +239,30 @@ func Setup(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
 	return SetupFS(ctx, c, sqlfiles.Migrations, "migrations", log)
 }
 
+// SetupWait is Setup for a role that must not start without ClickHouse:
+// while the server is unreachable it retries, backing off from 200ms to
+// 5s and logging each failure; a failed migration or the end of ctx stops
+// it with the error.
+func SetupWait(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
+	backoff := 200 * time.Millisecond
+	for {
+		conn, err := Setup(ctx, c, log)
+		if err == nil {
+			return conn, nil
+		}
+		if _, bad := errors.AsType[*MigrationError](err); bad {
+			return nil, err
+		}
+		log.Warn("clickhouse not ready; retrying", "addr", c.Addr, "backoff", backoff, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("clickhouse %s not ready: %w", c, err)
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
 // SetupFS is Setup with the migrations read from dir of fsys.
 func SetupFS(ctx context.Context, c Config, fsys fs.FS, dir string, log *slog.Logger) (Conn, error) {
 	migs, err := LoadMigrations(fsys, dir)

@@ -2,7 +2,6 @@ package correlate
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -29,23 +28,9 @@ func Open(ctx context.Context, chCfg clickhouse.Config, kcfg kafka.Config, cfg C
 	if rules, err = cfg.applyShadow(rules); err != nil {
 		return nil, nil, fmt.Errorf("correlate.shadow: %w", err)
 	}
-	var conn clickhouse.Conn
-	backoff := 200 * time.Millisecond
-	for {
-		conn, err = clickhouse.Setup(ctx, chCfg, log)
-		if err == nil {
-			break
-		}
-		if _, bad := errors.AsType[*clickhouse.MigrationError](err); bad || ctx.Err() != nil {
-			return nil, nil, err
-		}
-		log.Warn("clickhouse not ready; retrying", "addr", chCfg.Addr, "backoff", backoff, "err", err)
-		select {
-		case <-ctx.Done():
-			return nil, nil, err
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
+	conn, err := clickhouse.SetupWait(ctx, chCfg, log)
+	if err != nil {
+		return nil, nil, err
 	}
 	h := New(conn, rules, time.Now, cfg.CacheTTL, log, NewMetrics(reg))
 	log.Info("correlation rules loaded", "rules", Names(rules))

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
 	"time"
@@ -18,24 +17,9 @@ import (
 // the handler. The closer stops retention and closes the connection.
 func Open(ctx context.Context, chCfg clickhouse.Config, cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Handler, io.Closer, error) {
 	log = log.With("role", "store")
-	var conn clickhouse.Conn
-	backoff := 200 * time.Millisecond
-	for {
-		var err error
-		conn, err = clickhouse.Setup(ctx, chCfg, log)
-		if err == nil {
-			break
-		}
-		if _, bad := errors.AsType[*clickhouse.MigrationError](err); bad || ctx.Err() != nil {
-			return nil, nil, err
-		}
-		log.Warn("clickhouse not ready; retrying", "addr", chCfg.Addr, "backoff", backoff, "err", err)
-		select {
-		case <-ctx.Done():
-			return nil, nil, err
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
+	conn, err := clickhouse.SetupWait(ctx, chCfg, log)
+	if err != nil {
+		return nil, nil, err
 	}
 	m := NewMetrics(reg)
 	rctx, stop := context.WithCancel(ctx)
