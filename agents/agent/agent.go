@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +22,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/agents/check"
+	"github.com/faultline/faultline/agents/podres"
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -41,6 +44,13 @@ type Options struct {
 	Now func() time.Time
 }
 
+// podresTTL is how long one kubelet pod-resources listing is used.
+const podresTTL = 5 * time.Second
+
+// maxGPUPods bounds the events.MetaGPUPods value (the gateway refuses
+// metadata values over 2048 bytes); a longer list is left out.
+const maxGPUPods = 2000
+
 // Agent runs checks, spools their events and sends them.
 type Agent struct {
 	cfg    Config
@@ -50,6 +60,9 @@ type Agent struct {
 	sender *Sender
 	checks []Scheduled
 	now    func() time.Time
+	podres *podres.Lister // nil: off
+
+	podresErr string // the last pod-resources error logged
 
 	mu      sync.Mutex
 	lastRun map[string]time.Time
@@ -88,6 +101,15 @@ func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
 		sp.Close()
 		return nil, err
 	}
+	if cfg.PodResourcesSocket != "" {
+		if _, err := os.Stat(cfg.PodResourcesSocket); err != nil {
+			log.Info("kubelet pod-resources socket unavailable; events carry no GPU pods", "socket", cfg.PodResourcesSocket, "err", err)
+		} else if a.podres, err = podres.New(cfg.PodResourcesSocket, podresTTL); err != nil {
+			a.sender.Close()
+			sp.Close()
+			return nil, err
+		}
+	}
 	return a, nil
 }
 
@@ -104,6 +126,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cancel(nil)
 	defer a.spool.Close()
 	defer a.sender.Close()
+	if a.podres != nil {
+		defer a.podres.Close()
+	}
 	a.started = a.now()
 	var wg sync.WaitGroup
 	if a.cfg.MetricsAddr != "" {
@@ -199,6 +224,7 @@ func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 	}
 	a.m.checkEvents.WithLabelValues(name).Add(float64(len(evs)))
 	a.stamp(name, evs)
+	a.attachGPUPods(ctx, evs)
 	for _, ev := range evs {
 		a.log.Info("event", "check", name, "checkName", ev.GetCheckName(), "fatal", ev.GetIsFatal(), "healthy", ev.GetIsHealthy(), "message", ev.GetMessage())
 	}
@@ -223,6 +249,48 @@ func (a *Agent) stamp(name string, evs []*datamodels.HealthEvent) {
 		if ev.ProcessingStrategy == datamodels.ProcessingStrategy_UNSPECIFIED {
 			ev.ProcessingStrategy = ps
 		}
+	}
+}
+
+// attachGPUPods adds events.MetaGPUPods to the unhealthy events about GPUs:
+// the pods holding those GPUs, when the kubelet can say (see podres). A
+// kubelet that does not answer costs the events nothing but this metadata.
+func (a *Agent) attachGPUPods(ctx context.Context, evs []*datamodels.HealthEvent) {
+	if a.podres == nil {
+		return
+	}
+	var alloc podres.Allocations
+	for i, ev := range evs {
+		var gpus []string
+		for _, e := range ev.GetEntitiesImpacted() {
+			if e.GetEntityType() == events.EntityGPU {
+				gpus = append(gpus, e.GetEntityValue())
+			}
+		}
+		if len(gpus) == 0 || ev.GetIsHealthy() {
+			continue
+		}
+		if alloc == nil {
+			var err error
+			if alloc, err = a.podres.Allocations(ctx, a.now()); err != nil {
+				a.mu.Lock()
+				if err.Error() != a.podresErr {
+					a.podresErr = err.Error()
+					a.log.Warn("GPU pods unknown", "events", len(evs)-i, "err", err)
+				}
+				a.mu.Unlock()
+				return
+			}
+		}
+		pods, known := alloc.Pods(gpus)
+		v := strings.Join(pods, ",")
+		if !known || len(v) > maxGPUPods {
+			continue // unknown: the drain evicts every pod that may use the GPU
+		}
+		if ev.Metadata == nil {
+			ev.Metadata = map[string]string{}
+		}
+		ev.Metadata[events.MetaGPUPods] = v
 	}
 }
 

@@ -23,6 +23,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/faultline/faultline/agents/podres/podrestest"
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -485,4 +487,44 @@ func val(m prometheus.Metric) float64 {
 		return d.Gauge.GetValue()
 	}
 	return d.Counter.GetValue()
+}
+
+// TestGPUPodsAttached: an unhealthy event about a GPU carries the pods the
+// kubelet says hold it (known-empty when none does); other events, healthy
+// ones, and a kubelet naming devices by index carry nothing.
+func TestGPUPodsAttached(t *testing.T) {
+	const g0, g1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"
+	k := podrestest.Start(t, podrestest.Pod("ml", "train-0", "nvidia.com/gpu", g0), podrestest.Pod("ml", "train-1", "nvidia.com/gpu", g0))
+	cfg := testConfig(t, "127.0.0.1:1")
+	cfg.PodResourcesSocket = k.Socket
+	gpuEv := func(uuid string, healthy bool) *datamodels.HealthEvent {
+		return &datamodels.HealthEvent{CheckName: "SysLogsXIDError", IsHealthy: healthy,
+			EntitiesImpacted: []*datamodels.Entity{{EntityType: "PCI", EntityValue: "0000:17:00"}, {EntityType: "GPU", EntityValue: uuid}}}
+	}
+	var emit []*datamodels.HealthEvent
+	c := fakeCheck{"gpu", func(context.Context) ([]*datamodels.HealthEvent, error) { return emit, nil }}
+	s := Scheduled{Check: c, Interval: time.Second, Timeout: time.Second}
+	a, err := New(cfg, quiet(), Options{Checks: []Scheduled{s}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	emit = []*datamodels.HealthEvent{gpuEv(g0, false), gpuEv(g1, false), gpuEv(g0, true), {CheckName: "InfiniBandStateCheck"}}
+	a.RunOnce(context.Background(), s)
+	k.Set(podrestest.Pod("ml", "train-0", "nvidia.com/gpu", "0"))
+	time.Sleep(podresTTL + 100*time.Millisecond) // the next run lists again
+	emit = []*datamodels.HealthEvent{gpuEv(g0, false)}
+	a.RunOnce(context.Background(), s)
+	evs, _, err := a.Spool().Peek(10)
+	if err != nil || len(evs) != 5 {
+		t.Fatalf("spooled %d events, err %v", len(evs), err)
+	}
+	for i, want := range []struct {
+		pods  string
+		known bool
+	}{{"ml/train-0,ml/train-1", true}, {"", true}, {"", false}, {"", false}, {"", false}} {
+		pods, known := evs[i].GetMetadata()[events.MetaGPUPods]
+		if pods != want.pods || known != want.known {
+			t.Errorf("event %d (%s): %s = %q (present %v), want %q (present %v)", i, evs[i].GetCheckName(), events.MetaGPUPods, pods, known, want.pods, want.known)
+		}
+	}
 }

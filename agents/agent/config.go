@@ -15,6 +15,7 @@ import (
 	"github.com/faultline/faultline/agents/gpu"
 	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/agents/nic"
+	"github.com/faultline/faultline/agents/podres"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -33,6 +34,11 @@ type Config struct {
 	MetricsAddr string `toml:"metrics_addr"`
 	// LogLevel is debug, info (default), warn or error.
 	LogLevel string `toml:"log_level"`
+	// PodResourcesSocket is the kubelet's pod-resources socket, read to
+	// attach the pods holding an event's GPUs to the event (default
+	// podres.DefaultSocket; "" off; a missing socket turns it off with a
+	// log line).
+	PodResourcesSocket string `toml:"pod_resources_socket"`
 
 	Gateway GatewayConfig `toml:"gateway"`
 	Spool   SpoolConfig   `toml:"spool"`
@@ -81,6 +87,7 @@ func DefaultConfig() Config {
 		ProcessingStrategy: "EXECUTE_REMEDIATION",
 		MetricsAddr:        ":2112",
 		LogLevel:           "info",
+		PodResourcesSocket: podres.DefaultSocket,
 		Gateway: GatewayConfig{Addr: "127.0.0.1:50051", TokenFile: "/var/run/secrets/faultline/token",
 			Timeout: 10 * time.Second, BatchSize: 500, MaxBackoff: 30 * time.Second},
 		Spool:  SpoolConfig{Dir: "/var/lib/faultline-agent/spool", MaxBytes: 64 << 20},
@@ -106,6 +113,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ProcessingStrategy, "processing-strategy", c.ProcessingStrategy, "EXECUTE_REMEDIATION or STORE_ONLY (processing_strategy)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "address of /metrics and /healthz, empty to disable (metrics_addr)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn, error (log_level)")
+	fs.StringVar(&c.PodResourcesSocket, "pod-resources-socket", c.PodResourcesSocket, "kubelet pod-resources socket, to attach the pods of an event's GPUs; empty to disable (pod_resources_socket)")
 	fs.StringVar(&c.Gateway.Addr, "gateway", c.Gateway.Addr, "gateway gRPC address (gateway.addr)")
 	fs.StringVar(&c.Gateway.TokenFile, "token-file", c.Gateway.TokenFile, "bearer token file (gateway.token_file)")
 	fs.BoolVar(&c.Gateway.TLS, "tls", c.Gateway.TLS, "use TLS to the gateway (gateway.tls)")

@@ -46,6 +46,14 @@ const (
 	EntityNode     = "NODE"
 )
 
+// MetaGPUPods is the event metadata (and quarantine action detail) that
+// lists the pods holding the event's GPUs when the event was raised,
+// "namespace/name" comma-separated, from the kubelet's pod-resources API
+// (agents/podres). Present means known (an empty value: no pod held
+// them); absent means unknown. The drain of a GPU reset evicts exactly
+// these pods.
+const MetaGPUPods = "faultline.io/gpu-pods"
+
 // Key is the Kafka record key of a node's records: "cluster/node".
 func Key(cluster, node string) []byte {
 	return []byte(cluster + "/" + node)
