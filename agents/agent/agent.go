@@ -252,14 +252,18 @@ func (a *Agent) stamp(name string, evs []*datamodels.HealthEvent) {
 	}
 }
 
-// attachGPUPods adds events.MetaGPUPods to the unhealthy events about GPUs:
-// the pods holding those GPUs, when the kubelet can say (see podres). A
-// kubelet that does not answer costs the events nothing but this metadata.
+// attachGPUPods adds events.MetaGPUPods (and MetaGPUPodsAt) to the
+// unhealthy events about GPUs: the pods holding those GPUs, when the
+// kubelet can say (see podres). A kubelet that does not answer costs the
+// events nothing but this metadata.
 func (a *Agent) attachGPUPods(ctx context.Context, evs []*datamodels.HealthEvent) {
 	if a.podres == nil {
 		return
 	}
-	var alloc podres.Allocations
+	var (
+		alloc  podres.Allocations
+		listed bool
+	)
 	for i, ev := range evs {
 		var gpus []string
 		for _, e := range ev.GetEntitiesImpacted() {
@@ -270,8 +274,9 @@ func (a *Agent) attachGPUPods(ctx context.Context, evs []*datamodels.HealthEvent
 		if len(gpus) == 0 || ev.GetIsHealthy() {
 			continue
 		}
-		if alloc == nil {
+		if !listed {
 			var err error
+			listed = true
 			if alloc, err = a.podres.Allocations(ctx, a.now()); err != nil {
 				a.mu.Lock()
 				if err.Error() != a.podresErr {
@@ -291,6 +296,7 @@ func (a *Agent) attachGPUPods(ctx context.Context, evs []*datamodels.HealthEvent
 			ev.Metadata = map[string]string{}
 		}
 		ev.Metadata[events.MetaGPUPods] = v
+		ev.Metadata[events.MetaGPUPodsAt] = alloc.At.UTC().Format(time.RFC3339Nano)
 	}
 }
 

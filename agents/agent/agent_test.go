@@ -526,5 +526,8 @@ func TestGPUPodsAttached(t *testing.T) {
 		if pods != want.pods || known != want.known {
 			t.Errorf("event %d (%s): %s = %q (present %v), want %q (present %v)", i, evs[i].GetCheckName(), events.MetaGPUPods, pods, known, want.pods, want.known)
 		}
+		if at, err := time.Parse(time.RFC3339Nano, evs[i].GetMetadata()[events.MetaGPUPodsAt]); known && (err != nil || at.IsZero()) {
+			t.Errorf("event %d: %s %q: %v", i, events.MetaGPUPodsAt, evs[i].GetMetadata()[events.MetaGPUPodsAt], err)
+		}
 	}
 }

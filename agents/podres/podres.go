@@ -36,15 +36,19 @@ type Lister struct {
 	timeout time.Duration
 
 	mu    sync.Mutex
-	at    time.Time
 	alloc Allocations
 	err   error
 }
 
-// Allocations maps a device id (a GPU or MIG UUID with the device
-// plugin's default deviceIDStrategy=uuid) to the pods holding it, as
-// "namespace/name", sorted.
-type Allocations map[string][]string
+// Allocations is one listing of the node's GPU allocations.
+type Allocations struct {
+	// At is when the kubelet was asked.
+	At time.Time
+	// Devices maps a device id (a GPU UUID with the device plugin's
+	// default deviceIDStrategy=uuid) to the pods holding it, as
+	// "namespace/name", sorted.
+	Devices map[string][]string
+}
 
 // New connects to the kubelet's socket (lazily: a kubelet that is not up
 // yet fails the first List, not New).
@@ -63,24 +67,23 @@ func (l *Lister) Close() error { return l.conn.Close() }
 func (l *Lister) Allocations(ctx context.Context, now time.Time) (Allocations, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !l.at.IsZero() && now.Sub(l.at) < l.ttl {
+	if !l.alloc.At.IsZero() && now.Sub(l.alloc.At) < l.ttl {
 		return l.alloc, l.err
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	resp, err := l.client.List(ctx, &podresv1.ListPodResourcesRequest{})
-	l.at = now
 	if err != nil {
-		l.alloc, l.err = nil, fmt.Errorf("kubelet pod resources: %w", err)
-		return nil, l.err
+		l.alloc, l.err = Allocations{At: now}, fmt.Errorf("kubelet pod resources: %w", err)
+		return Allocations{}, l.err
 	}
-	l.alloc, l.err = FromList(resp), nil
+	l.alloc, l.err = FromList(resp, now), nil
 	return l.alloc, nil
 }
 
-// FromList builds the allocations of a List answer.
-func FromList(resp *podresv1.ListPodResourcesResponse) Allocations {
-	out := Allocations{}
+// FromList builds the allocations of a List answer given at.
+func FromList(resp *podresv1.ListPodResourcesResponse, at time.Time) Allocations {
+	out := map[string][]string{}
 	for _, p := range resp.GetPodResources() {
 		pod := p.GetNamespace() + "/" + p.GetName()
 		for _, c := range p.GetContainers() {
@@ -99,7 +102,7 @@ func FromList(resp *podresv1.ListPodResourcesResponse) Allocations {
 	for _, pods := range out {
 		slices.Sort(pods)
 	}
-	return out
+	return Allocations{At: at, Devices: out}
 }
 
 // ByUUID reports whether the device plugin names whole GPUs by UUID
@@ -108,7 +111,7 @@ func FromList(resp *podresv1.ListPodResourcesResponse) Allocations {
 // "MIG-…" ids whose parent GPU the kubelet does not say: in both cases
 // nothing can be said about which pods hold an event's GPU.
 func (a Allocations) ByUUID() bool {
-	for id := range a {
+	for id := range a.Devices {
 		if !strings.HasPrefix(id, "GPU-") {
 			return false
 		}
@@ -124,7 +127,7 @@ func (a Allocations) Pods(gpus []string) ([]string, bool) {
 	}
 	var out []string
 	for _, g := range gpus {
-		for _, p := range a[g] {
+		for _, p := range a.Devices[g] {
 			if !slices.Contains(out, p) {
 				out = append(out, p)
 			}

@@ -709,6 +709,9 @@ func (h *Handler) action(it item, kind, outcome, reason, rule string, cl *cluste
 	if c := ev.GetCustomRecommendedAction(); c != "" {
 		details["customRecommendedAction"] = c
 	}
+	if pods, ok := ev.GetMetadata()[events.MetaGPUPods]; ok {
+		details[events.MetaGPUPods], details[events.MetaGPUPodsAt] = pods, ev.GetMetadata()[events.MetaGPUPodsAt]
+	}
 	return &faultlinev1.Action{
 		Id:                actionID(it.cluster, it.node, recordID(it), kind),
 		Cluster:           it.cluster,

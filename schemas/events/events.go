@@ -54,6 +54,10 @@ const (
 // these pods.
 const MetaGPUPods = "faultline.io/gpu-pods"
 
+// MetaGPUPodsAt is when the kubelet was asked for MetaGPUPods (RFC 3339):
+// a pod created later is not in the list whatever GPU it holds.
+const MetaGPUPodsAt = "faultline.io/gpu-pods-at"
+
 // Key is the Kafka record key of a node's records: "cluster/node".
 func Key(cluster, node string) []byte {
 	return []byte(cluster + "/" + node)
