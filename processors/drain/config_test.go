@@ -1,6 +1,7 @@
 package drain
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -69,25 +70,37 @@ func TestClassify(t *testing.T) {
 	withEnv.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "GPU-b,GPU-a"}}
 	emptyDir := pod("ml", nil)
 	emptyDir.Spec.Volumes = []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	listedAt := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	kubelet := func(pods ...string) Scope {
+		return Scope{GPUs: []string{"GPU-a"}, GPUPods: &PodList{Pods: pods, At: listedAt}}
+	}
+	later := gpuPod("")
+	later.CreationTimestamp = metav1.NewTime(listedAt.Add(time.Second))
 	for _, tc := range []struct {
-		name string
-		pod  *corev1.Pod
-		gpus []string
-		want string // skip reason or mode
+		name  string
+		pod   *corev1.Pod
+		scope Scope
+		want  string // skip reason or mode
 	}{
-		{"system", pod("kube-system", nil), nil, SkipSystem},
-		{"faultline's own", pod("faultline", nil), nil, SkipSystem},
-		{"rule", pod("batch-7", map[string]string{"tier": "train"}), nil, string(ModeAllowCompletion)},
-		{"rule selector misses", pod("batch-7", nil), nil, string(ModeImmediate)},
-		{"emptyDir skipped", emptyDir, nil, SkipEmptyDir},
-		{"partial: annotated other GPU", gpuPod("GPU-b"), []string{"GPU-a"}, SkipOutOfScope},
-		{"partial: annotated this GPU", gpuPod("GPU-b, GPU-a"), []string{"GPU-a"}, string(ModeImmediate)},
-		{"partial: GPU unknown but requested", gpuPod(""), []string{"GPU-a"}, string(ModeImmediate)},
-		{"partial: no GPU", pod("ml", nil), []string{"GPU-a"}, SkipOutOfScope},
-		{"partial: env", withEnv, []string{"GPU-a"}, string(ModeImmediate)},
+		{"system", pod("kube-system", nil), Scope{}, SkipSystem},
+		{"faultline's own", pod("faultline", nil), Scope{}, SkipSystem},
+		{"rule", pod("batch-7", map[string]string{"tier": "train"}), Scope{}, string(ModeAllowCompletion)},
+		{"rule selector misses", pod("batch-7", nil), Scope{}, string(ModeImmediate)},
+		{"emptyDir skipped", emptyDir, Scope{}, SkipEmptyDir},
+		{"partial: annotated other GPU", gpuPod("GPU-b"), Scope{GPUs: []string{"GPU-a"}}, SkipOutOfScope},
+		{"partial: annotated this GPU", gpuPod("GPU-b, GPU-a"), Scope{GPUs: []string{"GPU-a"}}, string(ModeImmediate)},
+		{"partial: GPU unknown but requested", gpuPod(""), Scope{GPUs: []string{"GPU-a"}}, string(ModeImmediate)},
+		{"partial: no GPU", pod("ml", nil), Scope{GPUs: []string{"GPU-a"}}, SkipOutOfScope},
+		{"partial: env", withEnv, Scope{GPUs: []string{"GPU-a"}}, string(ModeImmediate)},
+		{"partial: the kubelet lists it", gpuPod(""), kubelet("other/q", "ml/p"), string(ModeImmediate)},
+		{"partial: the kubelet lists others", gpuPod(""), kubelet("ml/q"), SkipOutOfScope},
+		{"partial: the kubelet lists none", gpuPod(""), kubelet(), SkipOutOfScope},
+		{"partial: created after the listing", later, kubelet(), string(ModeImmediate)},
+		{"partial: annotated this GPU, not listed", gpuPod("GPU-a"), kubelet(), string(ModeImmediate)},
+		{"partial: annotated other GPU, listed", gpuPod("GPU-b"), kubelet("ml/p"), string(ModeImmediate)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pl := c.classify(tc.pod, tc.gpus, false)
+			pl := c.classify(tc.pod, tc.scope, false)
 			got := pl.skip
 			if got == "" {
 				got = string(pl.mode)
@@ -104,5 +117,27 @@ func pod(ns string, labels map[string]string) *corev1.Pod {
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, Labels: labels},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}}},
 		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+}
+
+func TestScopeWiden(t *testing.T) {
+	t1, t2 := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC), time.Date(2026, 11, 22, 12, 5, 0, 0, time.UTC)
+	a := Scope{GPUs: []string{"GPU-a"}, GPUPods: &PodList{Pods: []string{"ml/p"}, At: t2}}
+	b := Scope{GPUs: []string{"GPU-b", "GPU-a"}, GPUPods: &PodList{Pods: []string{"ml/q", "ml/p"}, At: t1}}
+	for _, tc := range []struct {
+		name       string
+		s, o, want Scope
+	}{
+		{"node covers all", Scope{}, a, Scope{}},
+		{"all covers node", a, Scope{}, Scope{}},
+		{"GPUs and listings add up, the earlier time", a, b,
+			Scope{GPUs: []string{"GPU-a", "GPU-b"}, GPUPods: &PodList{Pods: []string{"ml/p", "ml/q"}, At: t1}}},
+		{"one listing unknown: unknown", a, Scope{GPUs: []string{"GPU-b"}}, Scope{GPUs: []string{"GPU-a", "GPU-b"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.s.widen(tc.o); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("widen = %+v (pods %+v), want %+v (pods %+v)", got, got.GPUPods, tc.want, tc.want.GPUPods)
+			}
+		})
 	}
 }

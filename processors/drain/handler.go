@@ -197,7 +197,7 @@ func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action
 // quarantine state when the trigger lacks them).
 type opts struct {
 	trig  Trigger
-	gpus  []string
+	scope Scope
 	force bool
 	skip  bool
 }
@@ -232,9 +232,25 @@ func (h *Handler) options(t trigger, node *corev1.Node) opts {
 		o.skip = true
 	}
 	if o.trig.RecommendedAction == datamodels.RecommendedAction_COMPONENT_RESET.String() {
-		o.gpus = entityValues(o.trig.Entities, events.EntityGPU)
+		o.scope.GPUs = entityValues(o.trig.Entities, events.EntityGPU)
+		o.scope.GPUPods = gpuPods(a.GetDetails())
 	}
 	return o
+}
+
+// gpuPods reads the kubelet's listing of the pods holding the fault's
+// GPUs from the quarantine action (events.MetaGPUPods, MetaGPUPodsAt);
+// nil when it is absent or unreadable.
+func gpuPods(details map[string]string) *PodList {
+	v, ok := details[events.MetaGPUPods]
+	if !ok {
+		return nil
+	}
+	at, err := time.Parse(time.RFC3339Nano, details[events.MetaGPUPodsAt])
+	if err != nil {
+		return nil
+	}
+	return &PodList{Pods: splitIDs(v), At: at}
 }
 
 // entityValues returns the values of one type in an EntityKey string.
@@ -339,19 +355,12 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 			// drain covers any GPU), never start over.
 			st.addSeen(t.eventID)
 			st.Trigger.EventIDs = append(st.Trigger.EventIDs, t.eventID)
-			switch {
-			case len(o.gpus) == 0:
-				st.GPUs = nil
+			if len(o.scope.GPUs) == 0 {
 				ids := st.Trigger.EventIDs
 				st.Trigger = o.trig
 				st.Trigger.EventIDs = ids
-			case len(st.GPUs) > 0:
-				for _, g := range o.gpus {
-					if !slices.Contains(st.GPUs, g) {
-						st.GPUs = append(st.GPUs, g)
-					}
-				}
 			}
+			st.Scope = st.Scope.widen(o.scope)
 			st.Force = st.Force || o.force
 			break
 		}
@@ -365,7 +374,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 		}
 		st = &State{
 			ID: actionID(t.cluster, t.node, t.eventID)[:16], Phase: PhaseRunning, StartedAt: now, By: h.cfg.Identity,
-			GPUs: o.gpus, Force: o.force, Trigger: o.trig, Seen: seen, Pods: map[string]*PodState{},
+			Scope: o.scope, Force: o.force, Trigger: o.trig, Seen: seen, Pods: map[string]*PodState{},
 		}
 		st.addSeen(t.eventID)
 		a := h.action(t, st, OutcomeStarted, "drain started ("+scopeString(st.GPUs)+")", actionID(st.ID, "started"))
@@ -399,7 +408,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 		present[key] = true
 		ps := st.Pods[key]
 		if ps == nil {
-			pl := h.cfg.classify(p, st.GPUs, st.Force)
+			pl := h.cfg.classify(p, st.Scope, st.Force)
 			if pl.skip != "" {
 				skipped[pl.skip]++
 				continue
@@ -661,11 +670,11 @@ func (h *Handler) dryRun(ctx context.Context, cl *clusters.Client, t trigger) ([
 		}
 	}
 	o := h.options(t, node)
-	st := &State{ID: actionID(t.cluster, t.node, t.eventID)[:16], GPUs: o.gpus, Force: o.force, Trigger: o.trig}
+	st := &State{ID: actionID(t.cluster, t.node, t.eventID)[:16], Scope: o.scope, Force: o.force, Trigger: o.trig}
 	var would []string
 	skipped := map[string]int{}
 	for i := range pods {
-		pl := h.cfg.classify(&pods[i], o.gpus, o.force)
+		pl := h.cfg.classify(&pods[i], o.scope, o.force)
 		if pl.skip != "" {
 			skipped[pl.skip]++
 			continue
@@ -673,7 +682,7 @@ func (h *Handler) dryRun(ctx context.Context, cl *clusters.Client, t trigger) ([
 		would = append(would, pods[i].Namespace+"/"+pods[i].Name+"("+string(pl.mode)+")")
 	}
 	st.Skipped = skipped
-	reason := fmt.Sprintf("would drain %d pods (%s)", len(would), scopeString(o.gpus))
+	reason := fmt.Sprintf("would drain %d pods (%s)", len(would), scopeString(o.scope.GPUs))
 	if o.skip {
 		reason = "drainOverrides.skip: would leave pods running"
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -103,6 +104,10 @@ func withLabels(kv ...string) podOpt {
 }
 
 func withAnnotation(k, v string) podOpt { return func(p *corev1.Pod) { p.Annotations[k] = v } }
+
+func withGPULimit(p *corev1.Pod) {
+	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{resourceGPU: resource.MustParse("1")}
+}
 
 func daemonSetPod(p *corev1.Pod) {
 	yes := true
@@ -444,6 +449,29 @@ func TestDrainKube(t *testing.T) {
 			t.Fatalf("partial drain: %s %v", outcomes(acts), res)
 		}
 		if got := strings.Join(podNames(podsOn(t, k, node)), ","); got != "train/cpu-only,train/on-gpu-b" {
+			t.Fatalf("pods left: %s", got)
+		}
+	})
+
+	t.Run("PartialDrainByKubeletPodList", func(t *testing.T) {
+		// GPU pods that name no GPU: without the agent's kubelet listing
+		// both would go (a reset must not meet a process on its GPU);
+		// with it, only the one the kubelet says holds GPU-aaaa.
+		node := "part-2"
+		quarantined(t, k, node)
+		createPod(t, k, "train", "kl-holds-a", node, withGPULimit)
+		createPod(t, k, "train", "kl-holds-b", node, withGPULimit)
+		createPod(t, k, "train", "kl-cpu-only", node)
+		waitRunning(t, k, node, 3)
+		h := newHandler(t, testConfig(), k, clk, false)
+		listed := time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
+		acts, left := drive(t, h, clk, time.Second, 40, quarantineAction(node, "e-part2", "COMPONENT_RESET", map[string]string{
+			DetailEntities: "PCI=0000:17:00,GPU=GPU-aaaa", events.MetaGPUPods: "train/kl-holds-a", events.MetaGPUPodsAt: listed}))
+		res := find(acts, OutcomeSucceeded)
+		if left != nil || res == nil || res.Details["evicted"] != "1" {
+			t.Fatalf("partial drain: %s %v", outcomes(acts), res)
+		}
+		if got := strings.Join(podNames(podsOn(t, k, node)), ","); got != "train/kl-cpu-only,train/kl-holds-b" {
 			t.Fatalf("pods left: %s", got)
 		}
 	})

@@ -32,9 +32,9 @@ type plan struct {
 	timeout time.Duration
 }
 
-// classify decides whether a pod is drained and how. gpus is the partial
-// drain's scope (empty: whole node); force makes every pod Immediate.
-func (c *Config) classify(p *corev1.Pod, gpus []string, force bool) plan {
+// classify decides whether a pod is drained and how, within sc; force
+// makes every pod Immediate.
+func (c *Config) classify(p *corev1.Pod, sc Scope, force bool) plan {
 	switch {
 	case c.sys.MatchString(p.Namespace):
 		return plan{skip: SkipSystem}
@@ -45,7 +45,7 @@ func (c *Config) classify(p *corev1.Pod, gpus []string, force bool) plan {
 	case p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed:
 		return plan{skip: SkipFinished}
 	}
-	if len(gpus) > 0 && !c.usesGPU(p, gpus) {
+	if len(sc.GPUs) > 0 && !c.usesGPU(p, sc) {
 		return plan{skip: SkipOutOfScope}
 	}
 	if c.EmptyDir == EmptyDirSkip && hasEmptyDir(p) {
@@ -81,23 +81,27 @@ func hasEmptyDir(p *corev1.Pod) bool {
 	return false
 }
 
-// usesGPU reports whether the pod may use one of gpus. The pod's GPU UUIDs
-// come from Config.GPUAnnotations, then NVIDIA_VISIBLE_DEVICES in its
-// containers' env; "all" uses every GPU. A pod that requests nvidia.com/gpu
-// but whose GPUs are unknown is taken to use them (a GPU reset with a
-// process still on the GPU fails, so a wrong guess must err towards
-// evicting). A pod that requests no GPU and names none uses none.
-func (c *Config) usesGPU(p *corev1.Pod, gpus []string) bool {
-	ids, known := c.podGPUs(p)
-	if !known {
-		return requestsGPU(p)
-	}
+// usesGPU reports whether the pod may use one of the scope's GPUs:
+//   - it names one of them (or "all") in Config.GPUAnnotations or in its
+//     containers' NVIDIA_VISIBLE_DEVICES;
+//   - else, when the kubelet listed the pods holding them (sc.GPUPods) and
+//     the pod existed then, whether it is listed (the device plugin's
+//     allocation, which the pod spec never shows);
+//   - else, whether it requests nvidia.com/gpu at all: a GPU reset with a
+//     process still on the GPU fails, so a guess errs towards evicting.
+//
+// A pod that requests no GPU and names none uses none.
+func (c *Config) usesGPU(p *corev1.Pod, sc Scope) bool {
+	ids, named := c.podGPUs(p)
 	for _, id := range ids {
-		if id == "all" || slices.Contains(gpus, id) {
+		if id == "all" || slices.Contains(sc.GPUs, id) {
 			return true
 		}
 	}
-	return false
+	if l := sc.GPUPods; l != nil && p.CreationTimestamp.Time.Before(l.At) {
+		return slices.Contains(l.Pods, p.Namespace+"/"+p.Name)
+	}
+	return !named && requestsGPU(p)
 }
 
 // podGPUs returns the GPU UUIDs a pod names, and whether it names any.

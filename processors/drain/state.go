@@ -43,9 +43,8 @@ type State struct {
 	FinishedAt time.Time `json:"finishedAt,omitzero"`
 	// By is the processor that began the drain.
 	By string `json:"by,omitempty"`
-	// Scope: empty GPUs means the whole node; otherwise only the pods using
-	// one of these GPUs (partial drain for COMPONENT_RESET).
-	GPUs []string `json:"gpus,omitempty"`
+	// Scope: the whole node, or the pods using some GPUs.
+	Scope
 	// Force: drainOverrides.force — every pod Immediate, a PDB refusal is
 	// answered with a delete.
 	Force bool `json:"force,omitempty"`
@@ -59,6 +58,49 @@ type State struct {
 	// Skipped counts pods left alone, by reason (system namespace,
 	// DaemonSet, mirror, emptyDir, out of scope).
 	Skipped map[string]int `json:"skipped,omitempty"`
+}
+
+// Scope is what a drain evicts: with no GPUs the whole node, otherwise
+// only the pods using one of GPUs (partial drain for COMPONENT_RESET).
+type Scope struct {
+	GPUs []string `json:"gpus,omitempty"`
+	// GPUPods are the pods the kubelet said held the GPUs when the fault
+	// was raised (events.MetaGPUPods); nil: not known.
+	GPUPods *PodList `json:"gpuPods,omitempty"`
+}
+
+// PodList is a listing of pods ("namespace/name") taken At.
+type PodList struct {
+	Pods []string  `json:"pods"`
+	At   time.Time `json:"at"`
+}
+
+// widen is the scope of a drain that must also cover o: a whole-node
+// scope covers everything; GPU scopes add up, and their pod listings too
+// (the earlier one's time, so a pod created in between is judged without
+// them), as long as both are known.
+func (s Scope) widen(o Scope) Scope {
+	if len(s.GPUs) == 0 || len(o.GPUs) == 0 {
+		return Scope{}
+	}
+	w := Scope{GPUs: slices.Clone(s.GPUs)}
+	for _, g := range o.GPUs {
+		if !slices.Contains(w.GPUs, g) {
+			w.GPUs = append(w.GPUs, g)
+		}
+	}
+	if s.GPUPods != nil && o.GPUPods != nil {
+		w.GPUPods = &PodList{Pods: slices.Clone(s.GPUPods.Pods), At: s.GPUPods.At}
+		for _, p := range o.GPUPods.Pods {
+			if !slices.Contains(w.GPUPods.Pods, p) {
+				w.GPUPods.Pods = append(w.GPUPods.Pods, p)
+			}
+		}
+		if o.GPUPods.At.Before(w.GPUPods.At) {
+			w.GPUPods.At = o.GPUPods.At
+		}
+	}
+	return w
 }
 
 // Trigger is the part of the triggering decision carried to the result.

@@ -186,9 +186,15 @@ func TestKube(t *testing.T) {
 	t.Run("FatalCordonsTaintsAndSetsCondition", func(t *testing.T) {
 		createNodes(t, k, "fatal", "fatal-1")
 		h := newTestHandler(t, testConfig("fatal"), map[string]kubernetes.Interface{"c1": k})
-		acts, _ := handle(t, h, record("c1", fatal("fatal-1", "XID_ERROR_48", "GPU-1")))
+		ev := fatal("fatal-1", "XID_ERROR_48", "GPU-1")
+		ev.Metadata = map[string]string{events.MetaGPUPods: "ml/train-0", events.MetaGPUPodsAt: "2026-11-22T12:00:00Z"}
+		acts, _ := handle(t, h, record("c1", ev))
 		if kinds(acts) != "quarantine/applied" || acts[0].Rule != "faultline-agent-fatal" {
 			t.Fatalf("actions %s rule %q", kinds(acts), acts[0].GetRule())
+		}
+		// What the drain of a GPU reset needs goes with the action.
+		if d := acts[0].GetDetails(); d[events.MetaGPUPods] != "ml/train-0" || d[events.MetaGPUPodsAt] != "2026-11-22T12:00:00Z" {
+			t.Fatalf("action details %v lack the GPU pods", d)
 		}
 		n := getNode(t, k, "fatal-1")
 		if !n.Spec.Unschedulable || !hasTaint(n, "faultline.io/unhealthy") {
