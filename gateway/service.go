@@ -97,11 +97,19 @@ func (s *service) ingest(ctx context.Context, method string, evs []*datamodels.H
 }
 
 // stamp sets the fields the gateway owns; client values are overwritten.
-// Fields the gateway does not know are dropped, so every record it writes
-// decodes with the standard decoder downstream.
+// The id is new (UUIDv7), or, when the client set one (any key up to 128
+// bytes; the faultline agent sets a UUID when it spools the event),
+// derived from it and the cluster (events.StoredID): a client that resends
+// an event after a timeout or a 503 with the same id has it stored,
+// counted and acted on once. Fields the gateway does not know are dropped, so every record it
+// writes decodes with the standard decoder downstream.
 func stamp(ev *datamodels.HealthEvent, cluster string, received *timestamppb.Timestamp) {
 	discardUnknown(ev)
-	ev.Id = events.NewID()
+	if ev.Id == "" {
+		ev.Id = events.NewID()
+	} else {
+		ev.Id = events.StoredID(cluster, ev.Id)
+	}
 	ev.Cluster = cluster
 	ev.ReceivedTimestamp = received
 	ev.DerivedBy = ""

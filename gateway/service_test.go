@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,5 +83,45 @@ func TestProduceErrorsMapToStatus(t *testing.T) {
 	s := testService(&fakeProducer{}, 0, 0)
 	if _, err := s.SubmitEvents(context.Background(), &faultlinev1.SubmitEventsRequest{}); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("no caller: %v", err)
+	}
+}
+
+// TestClientIDIsAnIdempotencyKey: an event the client gave an id is stored
+// under an id derived from it and the caller's cluster, so a retry is the
+// same event downstream and no cluster can collide with another's; events
+// without one get fresh ids.
+func TestClientIDIsAnIdempotencyKey(t *testing.T) {
+	s := testService(&fakeProducer{}, 0, 0)
+	send := func(cluster, id string) (string, error) {
+		ev := validEvent()
+		ev.Id = id
+		resp, err := s.SubmitEvents(withCaller(context.Background(), Caller{Cluster: cluster, Name: "token:" + cluster}),
+			&faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{ev}})
+		if err != nil {
+			return "", err
+		}
+		return resp.GetIds()[0], nil
+	}
+	const key = "0195f0e2-7c1a-7d3e-9c4b-2a1f00000001"
+	first, err := send("alpha", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retry, _ := send("alpha", key)
+	other, _ := send("beta", key)
+	fresh1, _ := send("alpha", "")
+	fresh2, _ := send("alpha", "")
+	switch {
+	case first != retry:
+		t.Errorf("a retry with the same id got %s, then %s", first, retry)
+	case first == key:
+		t.Errorf("the stored id is the client's (%s): another cluster could collide with it", first)
+	case other == first:
+		t.Errorf("two clusters' events with the same client id share stored id %s", first)
+	case fresh1 == fresh2 || fresh1 == "":
+		t.Errorf("events without an id got %q and %q", fresh1, fresh2)
+	}
+	if _, err := send("alpha", strings.Repeat("x", 129)); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "id") {
+		t.Errorf("a 129-byte id: %v, want InvalidArgument naming id", err)
 	}
 }

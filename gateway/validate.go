@@ -18,6 +18,7 @@ const (
 	maxErrorCodeLen = 128
 	maxEntities     = 64
 	maxEntityValue  = 512
+	maxIDLen        = 128
 	maxMetadata     = 64
 	maxMetadataKey  = 128
 	maxMetadataVal  = 2048
@@ -84,6 +85,9 @@ func (v Validator) Validate(ev *datamodels.HealthEvent, now time.Time) *FieldErr
 	}
 	if err := checkUTF8(ev); err != nil {
 		return err
+	}
+	if len(ev.GetId()) > maxIDLen {
+		return fieldErr("id", "longer than %d bytes: leave it empty, or set a key the retries of this event repeat", maxIDLen)
 	}
 	switch n := ev.GetNodeName(); {
 	case n == "":

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -118,9 +119,13 @@ func TestStampOverwritesServerFields(t *testing.T) {
 	if ev.ProcessingStrategy != datamodels.ProcessingStrategy_EXECUTE_REMEDIATION {
 		t.Fatalf("strategy not normalised: %v", ev.ProcessingStrategy)
 	}
-	ev2 := validEvent()
+	if ev.Id != events.StoredID("alpha", "client-id") {
+		t.Fatalf("client id %q stored as %s, want events.StoredID of the cluster and it", "client-id", ev.Id)
+	}
+	ev2, ev3 := validEvent(), validEvent()
 	stamp(ev2, "alpha", recv)
-	if ev2.Id <= ev.Id {
-		t.Fatalf("ids not increasing: %s then %s", ev.Id, ev2.Id)
+	stamp(ev3, "alpha", recv)
+	if ev3.Id <= ev2.Id {
+		t.Fatalf("gateway ids not increasing: %s then %s", ev2.Id, ev3.Id)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/faultline/faultline/agents/topology"
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -225,6 +226,11 @@ func (s *Spool) Append(evs []*datamodels.HealthEvent) (int, error) {
 	buf := s.scratch[:0]
 	accepted := 0
 	for _, ev := range evs {
+		if ev.Id == "" {
+			// The event's idempotency key: every resend carries it, so the
+			// gateway stores a resent event once (events.StoredID).
+			ev.Id = events.NewID()
+		}
 		p, err := proto.Marshal(ev)
 		if err != nil {
 			return accepted, fmt.Errorf("spool encode: %w", err)

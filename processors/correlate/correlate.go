@@ -19,17 +19,14 @@ package correlate
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"slices"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
@@ -616,12 +613,7 @@ func DerivedID(rule, cluster, node, entity, prevID string, healthy bool) string 
 	if healthy {
 		pol = "recovery"
 	}
-	sum := sha256.Sum256([]byte(strings.Join([]string{"faultline-correlate/v1", rule, cluster, node, entity, prevID, pol}, "\x00")))
-	var u uuid.UUID
-	copy(u[:], sum[:16])
-	u[6] = (u[6] & 0x0f) | 0x80 // version 8: custom
-	u[8] = (u[8] & 0x3f) | 0x80 // RFC 4122 variant
-	return u.String()
+	return events.HashID("faultline-correlate/v1", rule, cluster, node, entity, prevID, pol)
 }
 
 // remember keeps an emitted verdict until the store has written it.

@@ -4,6 +4,7 @@
 package events
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"strings"
 
@@ -75,6 +76,26 @@ func SplitKey(key []byte) (cluster, node string, err error) {
 // NewID returns a unique, time-ordered id (UUIDv7, text form).
 func NewID() string {
 	return uuid.Must(uuid.NewV7()).String()
+}
+
+// HashID is a deterministic event id (UUIDv8 text): the first 16 bytes of
+// the SHA-256 of the parts joined by NUL, so whoever computes it from the
+// same parts gets the same id.
+func HashID(parts ...string) string {
+	sum := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
+	var u uuid.UUID
+	copy(u[:], sum[:16])
+	u[6] = (u[6] & 0x0f) | 0x80 // version 8: custom
+	u[8] = (u[8] & 0x3f) | 0x80 // RFC 4122 variant
+	return u.String()
+}
+
+// StoredID is the id the gateway gives an event whose client set one: a
+// function of the caller's cluster and the client's id, so the retries of
+// one event (a client resending after a timeout) are one event downstream,
+// and no caller can make its events collide with another cluster's.
+func StoredID(cluster, clientID string) string {
+	return HashID("faultline-event/v1", cluster, clientID)
 }
 
 // Marshal encodes a HealthEvent as a Kafka record value (vtprotobuf's

@@ -98,6 +98,7 @@ func TestSpoolSurvivesGatewayOutage(t *testing.T) {
 	// Every event is in Kafka, in order, under this node's key.
 	cl := k.Client(t, kgo.ConsumeTopics(events.TopicEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	var got []string
+	ids := map[string]map[string]bool{} // message -> stored ids
 	deadline := time.Now().Add(60 * time.Second)
 	for len(got) < len(want) && time.Now().Before(deadline) {
 		fctx, fcancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -112,6 +113,10 @@ func TestSpoolSurvivesGatewayOutage(t *testing.T) {
 				t.Errorf("record key %q", r.Key)
 			}
 			got = append(got, ev.GetMessage())
+			if ids[ev.GetMessage()] == nil {
+				ids[ev.GetMessage()] = map[string]bool{}
+			}
+			ids[ev.GetMessage()][ev.GetId()] = true
 		})
 	}
 	// At-least-once: a batch whose answer was lost may come twice; order
@@ -129,6 +134,13 @@ func TestSpoolSurvivesGatewayOutage(t *testing.T) {
 	}
 	if len(got) != len(want) {
 		t.Logf("%d duplicates (at-least-once resend)", len(got)-len(want))
+	}
+	// A resent event keeps its id (the agent's key, events.StoredID at
+	// the gateway): downstream it is one event.
+	for m, set := range ids {
+		if len(set) != 1 {
+			t.Errorf("%q stored under %d ids, want 1: %v", m, len(set), set)
+		}
 	}
 }
 
