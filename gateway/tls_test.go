@@ -8,11 +8,15 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
+	"io"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,7 +149,45 @@ func testTLSAndUnixSocket(t *testing.T, k *testenv.Kafka) {
 		t.Fatalf("unix socket: %v", err)
 	}
 
-	want := map[string]string{certID: "beta", tokenID: "alpha", unixID: "gamma"}
+	// The REST door over the same TLS: a client certificate or a token
+	// names the cluster; without either, 401; plain HTTP is refused.
+	rest := func(tc *tls.Config, scheme, token string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, scheme+"://"+gw.HTTPAddr()+"/v1/events",
+			strings.NewReader(`{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"tls-node"}]}`))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := (&http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}).Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var ids struct{ Ids []string }
+		if resp.StatusCode == http.StatusOK && (json.Unmarshal(b, &ids) != nil || len(ids.Ids) != 1) {
+			t.Fatalf("REST answer %s", b)
+		}
+		if len(ids.Ids) == 1 {
+			return resp.StatusCode, ids.Ids[0]
+		}
+		return resp.StatusCode, string(b)
+	}
+	code, restCertID := rest(&tls.Config{RootCAs: p.pool, Certificates: []tls.Certificate{client}}, "https", "")
+	if code != http.StatusOK {
+		t.Fatalf("REST with a client certificate: %d %s", code, restCertID)
+	}
+	code, restTokenID := rest(&tls.Config{RootCAs: p.pool}, "https", gw.Token("alpha"))
+	if code != http.StatusOK {
+		t.Fatalf("REST with a token over TLS: %d %s", code, restTokenID)
+	}
+	if code, out := rest(&tls.Config{RootCAs: p.pool}, "https", ""); code != http.StatusUnauthorized {
+		t.Fatalf("REST over TLS without credential: %d %s", code, out)
+	}
+	if code, out := rest(nil, "http", gw.Token("alpha")); code == http.StatusOK {
+		t.Fatalf("plain HTTP accepted on the TLS REST listener: %s", out)
+	}
+
+	want := map[string]string{certID: "beta", tokenID: "alpha", unixID: "gamma", restCertID: "beta", restTokenID: "alpha"}
 	cl := k.Client(t, kgo.ConsumeTopics(events.TopicEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
