@@ -209,7 +209,8 @@ func testRejections(t *testing.T, k *testenv.Kafka) {
 	}{
 		{"no token", "", valid, 401, "missing credential"},
 		{"wrong token", "not-a-real-token-of-anyone", valid, 401, "invalid token"},
-		{"malformed JSON", gw.Token("alpha"), `{"events":[{"agent":`, 400, "unexpected EOF"},
+		{"malformed JSON", gw.Token("alpha"), `{"events":[{"agent":`, 400, "request body: unexpected EOF"},
+		{"not JSON", gw.Token("alpha"), `events=1`, 400, "request body: "},
 		{"unknown enum", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","recommendedAction":"REBOOT_IT"}]}`, 400, "invalid value for enum field recommendedAction"},
 		{"unknown enum number", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","recommendedAction":7}]}`, 400, "events[0].recommendedAction: unknown value 7"},
 		{"missing required field", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","nodeName":"n1"}]}`, 400, "events[0].checkName: required"},

@@ -266,10 +266,27 @@ func (s *Server) grpcMetrics(door string) grpc.UnaryServerInterceptor {
 }
 
 // Marshaler is the REST JSON codec: the seed's camelCase field names, enums
-// by name, RFC 3339 timestamps; unknown fields are an error.
-var Marshaler = &runtime.JSONPb{
+// by name, RFC 3339 timestamps; unknown fields are an error, and a body
+// that does not decode says so ("request body: unexpected EOF").
+var Marshaler runtime.Marshaler = restCodec{&runtime.JSONPb{
 	MarshalOptions:   protojson.MarshalOptions{UseEnumNumbers: false},
 	UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
+}}
+
+type restCodec struct{ *runtime.JSONPb }
+
+// NewDecoder names the request body in decode errors (grpc-gateway returns
+// the bare decoder error, e.g. "unexpected EOF"); an empty body (io.EOF) is
+// left to the handler.
+func (c restCodec) NewDecoder(r io.Reader) runtime.Decoder {
+	d := c.JSONPb.NewDecoder(r)
+	return runtime.DecoderFunc(func(v any) error {
+		err := d.Decode(v)
+		if err != nil && err != io.EOF {
+			return fmt.Errorf("request body: %w", err)
+		}
+		return err
+	})
 }
 
 func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
