@@ -86,11 +86,11 @@ func New(cfg Config, opt Options) (*Check, error) {
 	if err != nil {
 		return nil, err
 	}
-	iface, routeDev := defaultRouteDevice(cfg.ProcNetRoute, cfg.SysfsRoot)
+	iface, routeDevs := defaultRouteDevices(cfg.ProcNetRoute, cfg.SysfsRoot)
 	if iface != "" {
-		log.Info("default route", "iface", iface, "ib_device", routeDev)
+		log.Info("default route", "iface", iface, "ib_devices", routeDevs)
 	}
-	cls, err := newClassifier(&cfg, md, routeDev)
+	cls, err := newClassifier(&cfg, md, routeDevs)
 	if err != nil {
 		return nil, err
 	}

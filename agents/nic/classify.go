@@ -39,7 +39,7 @@ var BlueFieldHCATypes = []string{"MT41682", "MT41686", "MT41692"}
 type classifier struct {
 	gpuNUMA      map[int]bool
 	topo         map[string][]string
-	defaultRoute string // IB device carrying the default route
+	defaultRoute []string // IB devices carrying the default route
 	exclude      []*regexp.Regexp
 	include      []*regexp.Regexp
 }
@@ -71,7 +71,7 @@ func (c *classifier) classify(d *Device) (Role, string) {
 	if d.Vendor != "mellanox" {
 		return RoleUnsupported, "not a Mellanox device (name is not mlx5_N and driver is not mlx5_core)"
 	}
-	if c.defaultRoute != "" && d.Name == c.defaultRoute {
+	if slices.Contains(c.defaultRoute, d.Name) {
 		return RoleManagement, "carries the host's default route"
 	}
 	if d.NUMANode < 0 {
@@ -101,7 +101,7 @@ func (c *classifier) classify(d *Device) (Role, string) {
 
 // newClassifier builds the classifier; md may be nil only with an
 // inclusion override.
-func newClassifier(cfg *Config, md *topology.Metadata, defaultRoute string) (*classifier, error) {
+func newClassifier(cfg *Config, md *topology.Metadata, defaultRoute []string) (*classifier, error) {
 	excl, err := compileList(cfg.ExclusionRegex)
 	if err != nil {
 		return nil, fmt.Errorf("nic.nic_exclusion_regex: %w", err)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -315,13 +316,17 @@ func cardOf(pci string) string {
 	return pci
 }
 
-// defaultRouteDevice returns the IB device behind the interface carrying
-// the default route in procNetRoute ("" when there is none or it has no IB
-// backing).
-func defaultRouteDevice(procNetRoute, sysRoot string) (iface, dev string) {
+// defaultRouteDevices returns the interface carrying the host's default
+// route (lowest metric in /proc/net/route) and the IB devices behind it
+// (seed §4.2): its own (/sys/class/net/<iface>/device/infiniband), or, for
+// a bond, VLAN or other stacked interface, those of the interfaces below
+// it — sysfs links every upper device to its lower ones as lower_<name> —
+// so a bonded or VLAN-tagged management network on ConnectX ports is
+// Management too. No readable route, or no IB device below: none.
+func defaultRouteDevices(procNetRoute, sysRoot string) (iface string, devs []string) {
 	b, err := os.ReadFile(procNetRoute)
 	if err != nil {
-		return "", ""
+		return "", nil
 	}
 	best := -1
 	for i, line := range strings.Split(string(b), "\n") {
@@ -338,11 +343,39 @@ func defaultRouteDevice(procNetRoute, sysRoot string) (iface, dev string) {
 		}
 	}
 	if iface == "" {
-		return "", ""
+		return "", nil
 	}
-	ents, err := os.ReadDir(filepath.Join(sysRoot, "class", "net", iface, "device", "infiniband"))
-	if err != nil || len(ents) == 0 {
-		return iface, ""
+	return iface, ibDevicesBelow(sysRoot, iface, 0)
+}
+
+// maxStack bounds how deep ibDevicesBelow follows lower_ links (a VLAN on
+// a bond on ports is 2), which also ends any cycle.
+const maxStack = 4
+
+// ibDevicesBelow returns the IB devices of iface, or else of the
+// interfaces below it, sorted.
+func ibDevicesBelow(sysRoot, iface string, depth int) []string {
+	dir := filepath.Join(sysRoot, "class", "net", iface)
+	var out []string
+	if ents, err := os.ReadDir(filepath.Join(dir, "device", "infiniband")); err == nil && len(ents) > 0 {
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
 	}
-	return iface, ents[0].Name()
+	if depth >= maxStack {
+		return nil
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if lower, ok := strings.CutPrefix(e.Name(), "lower_"); ok {
+			for _, d := range ibDevicesBelow(sysRoot, lower, depth+1) {
+				if !slices.Contains(out, d) {
+					out = append(out, d)
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
