@@ -72,7 +72,9 @@ type Handler struct {
 
 	mu    sync.Mutex
 	cache map[string]prior
-	owned ownership
+
+	// Ownership shares the sweep between replicas (events partitions).
+	pipeline.Ownership
 }
 
 // Metrics are the role's own metrics.
@@ -100,6 +102,7 @@ func New(conn clickhouse.Conn, rules []*Rule, now func() time.Time, ttl time.Dur
 		m = NewMetrics(nil)
 	}
 	h := &Handler{conn: conn, rules: suppressorsFirst(rules), byName: map[string]*Rule{}, now: now, log: log, ttl: ttl, metrics: m, cache: map[string]prior{}}
+	h.Ownership.Topic = events.TopicEvents
 	for _, r := range rules {
 		h.byName[r.Name] = r
 	}

@@ -420,7 +420,7 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 		uniq := trigs[:0]
 		for _, t := range trigs {
 			k := t.groupKey()
-			if seen[k] || !h.owned.sweeps(t.cluster, t.dnode) {
+			if seen[k] || !h.Owns(events.Key(t.cluster, t.dnode)) {
 				continue
 			}
 			seen[k] = true

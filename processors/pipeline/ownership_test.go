@@ -1,4 +1,4 @@
-package correlate
+package pipeline
 
 import (
 	"context"
@@ -16,10 +16,10 @@ import (
 	"github.com/faultline/faultline/schemas/events"
 )
 
-// TestOwnershipMatchesProducers checks that the partition the sweep
-// attributes a group to is the one faultline's producers (the gateway and
+// TestOwnershipMatchesProducers checks that the partition Ownership
+// attributes a key to is the one faultline's producers (the gateway and
 // the processors use kafka.NewClient's defaults) put its records on, and
-// that assignments and revocations decide what a replica sweeps.
+// that assignments and revocations decide what a replica owns.
 func TestOwnershipMatchesProducers(t *testing.T) {
 	const parts = 4
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(parts, events.TopicEvents))
@@ -37,12 +37,12 @@ func TestOwnershipMatchesProducers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	var h Handler
+	h := Ownership{Topic: events.TopicEvents}
 	landed := map[string]int32{} // node -> partition
 	for i := range 40 {
 		node := "node-" + strconv.Itoa(i)
-		if !h.owned.sweeps("c1", node) {
-			t.Fatalf("%s not swept before any assignment", node)
+		if !h.Owns(events.Key("c1", node)) {
+			t.Fatalf("%s not owned before any assignment", node)
 		}
 		r := &kgo.Record{Topic: events.TopicEvents, Key: events.Key("c1", node), Value: []byte("x")}
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
@@ -59,8 +59,8 @@ func TestOwnershipMatchesProducers(t *testing.T) {
 			for _, o := range owned {
 				want = want || o == p
 			}
-			if got := h.owned.sweeps("c1", node); got != want {
-				t.Errorf("owning %v: sweeps %s (records on partition %d) = %v, want %v", owned, node, p, got, want)
+			if got := h.Owns(events.Key("c1", node)); got != want {
+				t.Errorf("owning %v: owns %s (records on partition %d) = %v, want %v", owned, node, p, got, want)
 			}
 		}
 	}
