@@ -77,6 +77,12 @@ type Handler struct {
 	optVal string
 
 	nodes *nodeCaches
+	// uncordons are nodes a person uncordoned, noticed by the node watch,
+	// for this replica to acknowledge (RunUncordons).
+	uncordons chan nodeRef
+	// Ownership: the events partitions this replica consumes; it
+	// acknowledges the uncordons of the nodes keyed to them.
+	pipeline.Ownership
 
 	mu         sync.Mutex
 	breakers   map[string]*breaker
@@ -125,10 +131,101 @@ func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Handler{
+	h := &Handler{
 		cfg: cfg, policy: pol, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		m: newMetrics(opts.Registerer), optKey: k, optVal: v,
-		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{}, nodes: newNodeCaches(),
+		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{},
+		uncordons: make(chan nodeRef, 1024), Ownership: pipeline.Ownership{Topic: events.TopicEvents},
+	}
+	h.nodes = newNodeCaches(h.noticeUncordon)
+	return h, nil
+}
+
+// nodeRef names a node of a cluster.
+type nodeRef struct{ cluster, node string }
+
+// noticeUncordon queues a node the watch saw a person uncordon, when it is
+// this replica's. A full queue drops it: the node's next event notices the
+// uncordon too.
+func (h *Handler) noticeUncordon(cluster, node string) {
+	if !h.Owns(events.Key(cluster, node)) {
+		return
+	}
+	select {
+	case h.uncordons <- nodeRef{cluster, node}:
+	default:
+		h.log.Warn("manual uncordon queue full; left to the node's next event", "cluster", cluster, "node", node)
+	}
+}
+
+// WatchClusters starts the node watch of every configured cluster, so that
+// manual uncordons are noticed before the cluster's first event.
+func (h *Handler) WatchClusters(names []string) {
+	for _, name := range names {
+		if cl, err := h.reg.Get(name); err == nil && cl.Kube != nil {
+			h.nodes.get(cl)
+		}
+	}
+}
+
+// RunUncordons acknowledges the queued manual uncordons until ctx ends,
+// producing each one's action through p.
+func (h *Handler) RunUncordons(ctx context.Context, p Producer) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-h.uncordons:
+			a, err := h.AcknowledgeUncordon(ctx, r.cluster, r.node)
+			if err == nil && a != nil {
+				var b []byte
+				if b, err = events.MarshalAction(a); err == nil {
+					err = p.ProduceSync(ctx, &kgo.Record{Topic: events.TopicActions, Key: events.Key(r.cluster, r.node), Value: b}).FirstErr()
+				}
+			}
+			if err != nil && ctx.Err() == nil {
+				h.log.Warn("manual uncordon not acknowledged; left to the node's next event", "cluster", r.cluster, "node", r.node, "err", err)
+			}
+		}
+	}
+}
+
+// Producer is what RunUncordons produces through.
+type Producer interface {
+	ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults
+}
+
+// AcknowledgeUncordon does what the node's next event would do on finding
+// that a person uncordoned it: its standing faults are acknowledged (they
+// no longer cordon or taint; faultline's taints and label go) and it
+// returns the manual_uncordon action — nil when there is nothing to
+// acknowledge (already done, by this or another replica, or cordoned
+// again).
+func (h *Handler) AcknowledgeUncordon(ctx context.Context, cluster, node string) (*faultlinev1.Action, error) {
+	cl, err := h.reg.Get(cluster)
+	if err != nil || cl.Kube == nil || cl.DryRun {
+		return nil, err
+	}
+	n, err := cl.Kube.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get node %s/%s: %w", cluster, node, err)
+	}
+	var at time.Time
+	if _, err := h.updateNode(ctx, cl, n, func(n *corev1.Node, st *State) (bool, error) {
+		at = time.Time{} // a conflict retries with the node as it is now
+		if !st.DetectManualUncordon(n, h.now()) {
+			return false, nil
+		}
+		at = st.ManualUncordonAt
+		return true, nil
+	}); err != nil || at.IsZero() {
+		return nil, err
+	}
+	h.m.decisions.WithLabelValues(cluster, KindManualUncordon, OutcomeDecided).Inc()
+	return &faultlinev1.Action{
+		Id: actionID(cluster, node, at.UTC().Format(time.RFC3339Nano), KindManualUncordon), Cluster: cluster, Node: node,
+		Role: Role, Kind: KindManualUncordon, Outcome: OutcomeDecided, Timestamp: timestamppb.New(at),
+		Reason: "a person uncordoned the node; its standing faults no longer cordon it (noticed by the node watch)",
 	}, nil
 }
 

@@ -328,6 +328,50 @@ func TestKube(t *testing.T) {
 		}
 	})
 
+	t.Run("ManualUncordonNoticedLive", func(t *testing.T) {
+		// A person uncordons a node faultline cordoned and no event follows:
+		// the node watch notices, faultline's taint and label go at once
+		// (else the uncordon would not let pods back on), and the action is
+		// produced; a replica that does not own the node leaves it alone.
+		createNodes(t, k, "live", "live-1")
+		h := newTestHandler(t, testConfig("live"), map[string]kubernetes.Interface{"c1": k})
+		handle(t, h, record("c1", fatal("live-1", "XID_ERROR_48", "GPU-1")))
+		if n := getNode(t, k, "live-1"); !n.Spec.Unschedulable || !hasTaint(n, "faultline.io/unhealthy") {
+			t.Fatal("not quarantined")
+		}
+		h.WatchClusters([]string{"c1"})
+		cl, _ := h.reg.Get("c1")
+		waitUntil(t, 10*time.Second, h.nodes.get(cl).synced, "node watch synced")
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		p := &actionSink{}
+		go h.RunUncordons(ctx, p)
+
+		n := getNode(t, k, "live-1")
+		n.Spec.Unschedulable = false // kubectl uncordon
+		if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, 10*time.Second, func() bool { return len(p.kinds()) > 0 }, "manual_uncordon action")
+		if got := strings.Join(p.kinds(), ","); got != "manual_uncordon/decided" {
+			t.Fatalf("actions %s", got)
+		}
+		n = getNode(t, k, "live-1")
+		if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Labels[LabelQuarantined] != "" || n.Annotations[AnnotationManualUncordon] == "" {
+			t.Fatalf("uncordon not acknowledged: %+v %v %v", n.Spec, n.Labels, n.Annotations)
+		}
+		// Acknowledged once: again finds nothing to do.
+		if a, err := h.AcknowledgeUncordon(context.Background(), "c1", "live-1"); a != nil || err != nil {
+			t.Fatalf("second acknowledgement: %v %v", a, err)
+		}
+		// Not this replica's node: not queued.
+		h.PartitionsAssigned(events.TopicEvents, nil, 12)
+		h.noticeUncordon("c1", "live-1")
+		if len(h.uncordons) != 0 {
+			t.Fatal("a node of another replica's partition was queued")
+		}
+	})
+
 	t.Run("ManualUncordonRespected", func(t *testing.T) {
 		createNodes(t, k, "manual", "manual-1")
 		h := newTestHandler(t, testConfig("manual"), map[string]kubernetes.Interface{"c1": k})
@@ -549,4 +593,43 @@ func TestKube(t *testing.T) {
 			t.Fatalf("actions %s", kinds(append(a1, a2...)))
 		}
 	})
+}
+
+// actionSink records the actions produced to it.
+type actionSink struct {
+	mu   sync.Mutex
+	acts []*faultlinev1.Action
+}
+
+func (s *actionSink) ProduceSync(_ context.Context, rs ...*kgo.Record) kgo.ProduceResults {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out kgo.ProduceResults
+	for _, r := range rs {
+		a, err := events.UnmarshalAction(r.Value)
+		if err == nil {
+			s.acts = append(s.acts, a)
+		}
+		out = append(out, kgo.ProduceResult{Record: r, Err: err})
+	}
+	return out
+}
+
+func (s *actionSink) kinds() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, a := range s.acts {
+		out = append(out, a.GetKind()+"/"+a.GetOutcome())
+	}
+	return out
+}
+
+func waitUntil(t *testing.T, d time.Duration, cond func() bool, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
 }

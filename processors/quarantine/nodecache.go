@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/faultline/faultline/processors/clusters"
 )
@@ -19,7 +20,9 @@ const recentWrite = 10 * time.Second
 
 // nodeCaches watch each live cluster's nodes so that a healthy event for a
 // node with no standing fault — by far the most common event — is decided
-// without an API request. Only the metadata faultline reads is kept.
+// without an API request, and so that a person uncordoning a node faultline
+// cordoned is noticed as it happens. Only the metadata faultline reads (and
+// spec.unschedulable) is kept.
 //
 // The cache can lag a write by the watch's latency. A write this replica
 // made is covered by remembering it for recentWrite; a write by another
@@ -27,6 +30,9 @@ const recentWrite = 10 * time.Second
 // the watch. Anything the cache says is standing is re-read live.
 type nodeCaches struct {
 	stop chan struct{}
+	// uncordoned is told of a node faultline cordoned that became
+	// schedulable (a person uncordoned it); nil: nobody.
+	uncordoned func(cluster, node string)
 
 	mu        sync.Mutex
 	closed    bool
@@ -40,8 +46,8 @@ type nodeCache struct {
 	synced func() bool
 }
 
-func newNodeCaches() *nodeCaches {
-	return &nodeCaches{stop: make(chan struct{}), byName: map[string]*nodeCache{}, written: map[string]time.Time{}}
+func newNodeCaches(uncordoned func(cluster, node string)) *nodeCaches {
+	return &nodeCaches{stop: make(chan struct{}), uncordoned: uncordoned, byName: map[string]*nodeCache{}, written: map[string]time.Time{}}
 }
 
 // get returns the cluster's cache, starting its watch on first use.
@@ -60,8 +66,21 @@ func (c *nodeCaches) get(cl *clusters.Client) *nodeCache {
 		}
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
 			Name: n.Name, ResourceVersion: n.ResourceVersion, Annotations: n.Annotations,
-		}}, nil
+		}, Spec: corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable}}, nil
 	})
+	if c.uncordoned != nil {
+		name := cl.Name
+		_, _ = inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Node)
+			n, ok2 := newObj.(*corev1.Node)
+			if !ok1 || !ok2 || !o.Spec.Unschedulable || n.Spec.Unschedulable {
+				return
+			}
+			if st, err := ReadState(n); err == nil && st.Cordoned {
+				c.uncordoned(name, n.Name)
+			}
+		}})
+	}
 	nc := &nodeCache{lister: inf.Lister(), synced: inf.Informer().HasSynced}
 	f.Start(c.stop)
 	c.byName[cl.Name] = nc

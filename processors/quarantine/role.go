@@ -24,6 +24,7 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors/clusters"
@@ -55,20 +56,29 @@ func Start(ctx context.Context, cfg Config, kube clusters.Config, deps Deps) (*H
 	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, TopicRetry); err != nil {
 		return nil, nil, fmt.Errorf("quarantine: %w", err)
 	}
+	prod, err := kafka.NewClient(deps.Kafka, deps.Log, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
+	if err != nil {
+		return nil, nil, fmt.Errorf("quarantine: %w", err)
+	}
+	h.WatchClusters(kube.Names())
 	rctx, rcancel := context.WithCancel(ctx)
 	pc := cfg.Pipeline()
 	pc.Role, pc.Topics = "quarantine-retry", []string{TopicRetry}
 	runner := pipeline.NewRunner(pc,
 		deps.Kafka, h.RetryHandler(), deps.Log, deps.Metrics)
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		if err := runner.Run(rctx); err != nil {
 			deps.Log.Error("quarantine retry consumer stopped", "err", err)
 		}
 	}()
-	return h, closerFunc(func() error { rcancel(); wg.Wait(); h.Close(); return nil }), nil
+	go func() {
+		defer wg.Done()
+		h.RunUncordons(rctx, prod)
+	}()
+	return h, closerFunc(func() error { rcancel(); wg.Wait(); prod.Close(); h.Close(); return nil }), nil
 }
 
 type closerFunc func() error
