@@ -62,10 +62,9 @@ type Agent struct {
 	now    func() time.Time
 	podres *podres.Lister // nil: off
 
+	mu        sync.Mutex
+	lastRun   map[string]time.Time
 	podresErr string // the last pod-resources error logged
-
-	mu      sync.Mutex
-	lastRun map[string]time.Time
 	started time.Time
 }
 
