@@ -65,7 +65,7 @@ type Agent struct {
 	mu        sync.Mutex
 	lastRun   map[string]time.Time
 	podresErr string // the last pod-resources error logged
-	started time.Time
+	started   time.Time
 }
 
 // New builds the agent: every enabled check (a check that cannot start, such
