@@ -12,6 +12,7 @@ import (
 
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/processors/pipeline"
 )
 
 // Open is what the role does at start: compile the rules (a bad rule stops
@@ -58,14 +59,9 @@ func Open(ctx context.Context, chCfg clickhouse.Config, kcfg kafka.Config, cfg C
 	}), nil
 }
 
-// Producer is what the sweep produces through.
-type Producer interface {
-	ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults
-}
-
 // RunSweeps runs Sweep every interval until ctx ends, producing what it
 // returns. A failed sweep is logged and tried again at the next tick.
-func (h *Handler) RunSweeps(ctx context.Context, interval time.Duration, p Producer) {
+func (h *Handler) RunSweeps(ctx context.Context, interval time.Duration, p pipeline.Producer) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

@@ -42,6 +42,12 @@ type PartitionObserver interface {
 	PartitionsRevoked(topic string, partitions []int32)
 }
 
+// Producer is what work outside Handle (the correlate sweep, quarantine's
+// manual-uncordon watch) produces through: a *kgo.Client.
+type Producer interface {
+	ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults
+}
+
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(ctx context.Context, recs []*kgo.Record) (Result, error)
 

@@ -170,7 +170,7 @@ func (h *Handler) WatchClusters(names []string) {
 
 // RunUncordons acknowledges the queued manual uncordons until ctx ends,
 // producing each one's action through p.
-func (h *Handler) RunUncordons(ctx context.Context, p Producer) {
+func (h *Handler) RunUncordons(ctx context.Context, p pipeline.Producer) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -178,9 +178,9 @@ func (h *Handler) RunUncordons(ctx context.Context, p Producer) {
 		case r := <-h.uncordons:
 			a, err := h.AcknowledgeUncordon(ctx, r.cluster, r.node)
 			if err == nil && a != nil {
-				var b []byte
-				if b, err = events.MarshalAction(a); err == nil {
-					err = p.ProduceSync(ctx, &kgo.Record{Topic: events.TopicActions, Key: events.Key(r.cluster, r.node), Value: b}).FirstErr()
+				var rec *kgo.Record
+				if rec, err = pipeline.ActionRecord(a); err == nil {
+					err = p.ProduceSync(ctx, rec).FirstErr()
 				}
 			}
 			if err != nil && ctx.Err() == nil {
@@ -188,11 +188,6 @@ func (h *Handler) RunUncordons(ctx context.Context, p Producer) {
 			}
 		}
 	}
-}
-
-// Producer is what RunUncordons produces through.
-type Producer interface {
-	ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults
 }
 
 // AcknowledgeUncordon does what the node's next event would do on finding
