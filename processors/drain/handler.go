@@ -737,7 +737,7 @@ func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faul
 	h.m.actions.WithLabelValues(t.cluster, outcome).Inc()
 	a := &faultlinev1.Action{
 		Id: id, Cluster: t.cluster, Node: t.node, Role: Role, Kind: KindDrain, Outcome: outcome,
-		Reason: truncate(reason, 1024), EventIds: t.src.GetEventIds(), DryRun: t.src.GetDryRun(),
+		Reason: events.Truncate(reason, 1024), EventIds: t.src.GetEventIds(), DryRun: t.src.GetDryRun(),
 		Timestamp: timestamppb.New(h.now()), Details: map[string]string{},
 		CheckName: t.src.GetCheckName(), RecommendedAction: t.src.GetRecommendedAction(),
 	}
@@ -791,13 +791,6 @@ func actionID(parts ...string) string {
 		h.Write([]byte{0})
 	}
 	return hex.EncodeToString(h.Sum(nil))[:32]
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
 }
 
 type metrics struct {

@@ -11,6 +11,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // Keys faultline owns on a node. Everything else on the node is left as it
@@ -334,7 +336,7 @@ func (s *State) reason() string {
 		}
 		parts = append(parts, p)
 	}
-	return truncate(strings.Join(parts, "; "), maxReason)
+	return events.Truncate(strings.Join(parts, "; "), maxReason)
 }
 
 // RenderConditions sets one condition per component class: False while a
@@ -375,7 +377,7 @@ func RenderConditions(n *corev1.Node, s *State, now time.Time) bool {
 	var managed []string
 	for t, a := range byType {
 		managed = append(managed, t)
-		msg := truncate("faultline: "+strings.Join(a.msgs, "; "), maxMessage)
+		msg := events.Truncate("faultline: "+strings.Join(a.msgs, "; "), maxMessage)
 		changed = setCondition(n, corev1.NodeCondition{
 			Type: corev1.NodeConditionType(t), Status: corev1.ConditionFalse,
 			Reason: CamelCase(a.newest.Check), Message: msg,
@@ -457,21 +459,8 @@ func CamelCase(s string) string {
 	if !unicode.IsLetter(rune(out[0])) {
 		out = "Check" + out
 	}
-	return truncate(out, 128)
+	return events.Truncate(out, 128)
 }
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - 3
-	for cut > 0 && !utf8Start(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
-}
-
-func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
 
 func (t Taint) same(o Taint) bool { return t.Key == o.Key && t.Effect == o.Effect }
 

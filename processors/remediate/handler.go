@@ -590,7 +590,7 @@ func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, 
 		return []*faultlinev1.Action{a}, nil
 	}
 	val := h.now().UTC().Format(time.RFC3339) + " " + why
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationEscalated: truncate(val, 1024)}}})
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationEscalated: events.Truncate(val, 1024)}}})
 	_, err := cl.Kube.CoreV1().Nodes().Patch(ctx, t.node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-remediate"})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("annotate node %s escalated: %w", t.node, err)
@@ -612,7 +612,7 @@ func (h *Handler) action(t trigger, kind, outcome, reason, idPart string) *fault
 	h.m.actions.WithLabelValues(t.cluster, kind, outcome).Inc()
 	a := &faultlinev1.Action{
 		Id:      shortHash(strings.Join([]string{t.cluster, t.node, t.id, kind, idPart}, "\x00"), 32),
-		Cluster: t.cluster, Node: t.node, Role: Role, Kind: kind, Outcome: outcome, Reason: truncate(reason, 1024),
+		Cluster: t.cluster, Node: t.node, Role: Role, Kind: kind, Outcome: outcome, Reason: events.Truncate(reason, 1024),
 		EventIds: t.src.GetEventIds(), DryRun: t.src.GetDryRun(), Timestamp: timestamppb.New(h.now()),
 		Details: map[string]string{}, CheckName: t.src.GetCheckName(), RecommendedAction: t.src.GetRecommendedAction(),
 	}
@@ -627,13 +627,6 @@ func (h *Handler) action(t trigger, kind, outcome, reason, idPart string) *fault
 func shortHash(s string, n int) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])[:n]
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
 }
 
 type metrics struct {

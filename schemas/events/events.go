@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"google.golang.org/protobuf/proto"
@@ -58,6 +59,20 @@ const MetaGPUPods = "faultline.io/gpu-pods"
 // MetaGPUPodsAt is when the kubelet was asked for MetaGPUPods (RFC 3339):
 // a pod created later is not in the list whatever GPU it holds.
 const MetaGPUPodsAt = "faultline.io/gpu-pods-at"
+
+// Truncate returns s cut to at most n bytes, ending in "...", on a UTF-8
+// boundary (protobuf strings must stay valid UTF-8), for the free-text
+// fields of actions, node annotations and Kubernetes Events.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - 3
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
 
 // Key is the Kafka record key of a node's records: "cluster/node".
 func Key(cluster, node string) []byte {
