@@ -2,8 +2,6 @@ package drain
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -185,7 +183,7 @@ func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action
 			return acts, next
 		}
 		h.log.Warn("drain failed", "cluster", t.cluster, "node", t.node, "err", err)
-		return append(acts, h.action(t, nil, OutcomeFailed, err.Error(), actionID(t.cluster, t.node, t.eventID, "failed"))), time.Time{}
+		return append(acts, h.action(t, nil, OutcomeFailed, err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))), time.Time{}
 	}
 	if cl != nil && cl.Kube != nil {
 		cl.Gate.OK()
@@ -324,7 +322,7 @@ func podKey(p *corev1.Pod) string {
 func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
 	node, err := h.getNode(ctx, cl, t.node)
 	if apierrors.IsNotFound(err) {
-		return []*faultlinev1.Action{h.action(t, nil, OutcomeFailed, "node not found in cluster", actionID(t.cluster, t.node, t.eventID, "notfound"))}, time.Time{}, nil
+		return []*faultlinev1.Action{h.action(t, nil, OutcomeFailed, "node not found in cluster", pipeline.ActionID(t.cluster, t.node, t.eventID, "notfound"))}, time.Time{}, nil
 	}
 	if err != nil {
 		return nil, time.Time{}, err
@@ -348,7 +346,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 		o := h.options(t, node)
 		if o.skip {
 			return []*faultlinev1.Action{h.action(t, nil, OutcomeSkipped, "drainOverrides.skip: pods left running, no remediation",
-				actionID(t.cluster, t.node, t.eventID, "skip"))}, time.Time{}, nil
+				pipeline.ActionID(t.cluster, t.node, t.eventID, "skip"))}, time.Time{}, nil
 		}
 		if st.running() {
 			// A second fault during a drain: widen the scope (a whole-node
@@ -366,18 +364,18 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 		}
 		if !quarantined {
 			return []*faultlinev1.Action{h.action(t, nil, OutcomeSkipped, "node no longer quarantined by faultline",
-				actionID(t.cluster, t.node, t.eventID, "unquarantined"))}, time.Time{}, nil
+				pipeline.ActionID(t.cluster, t.node, t.eventID, "unquarantined"))}, time.Time{}, nil
 		}
 		var seen []string
 		if st != nil {
 			seen = st.Seen
 		}
 		st = &State{
-			ID: actionID(t.cluster, t.node, t.eventID)[:16], Phase: PhaseRunning, StartedAt: now, By: h.cfg.Identity,
+			ID: pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], Phase: PhaseRunning, StartedAt: now, By: h.cfg.Identity,
 			Scope: o.scope, Force: o.force, Trigger: o.trig, Seen: seen, Pods: map[string]*PodState{},
 		}
 		st.addSeen(t.eventID)
-		a := h.action(t, st, OutcomeStarted, "drain started ("+scopeString(st.GPUs)+")", actionID(st.ID, "started"))
+		a := h.action(t, st, OutcomeStarted, "drain started ("+scopeString(st.GPUs)+")", pipeline.ActionID(st.ID, "started"))
 		acts = append(acts, a)
 		h.m.drains.WithLabelValues(t.cluster, PhaseRunning).Inc()
 	}
@@ -496,7 +494,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	if len(newly) > 0 {
 		sort.Strings(newly)
 		reason := "blocked by PDB " + strings.Join(newly, ", PDB ")
-		a := h.action(t, st, OutcomeBlocked, reason, actionID(st.ID, "blocked", strings.Join(newly, ","), strconv.Itoa(c.Remaining)))
+		a := h.action(t, st, OutcomeBlocked, reason, pipeline.ActionID(st.ID, "blocked", strings.Join(newly, ","), strconv.Itoa(c.Remaining)))
 		a.Details[DetailBlockedBy] = strings.Join(newly, ",")
 		acts = append(acts, a)
 	}
@@ -670,7 +668,7 @@ func (h *Handler) dryRun(ctx context.Context, cl *clusters.Client, t trigger) ([
 		}
 	}
 	o := h.options(t, node)
-	st := &State{ID: actionID(t.cluster, t.node, t.eventID)[:16], Scope: o.scope, Force: o.force, Trigger: o.trig}
+	st := &State{ID: pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], Scope: o.scope, Force: o.force, Trigger: o.trig}
 	var would []string
 	skipped := map[string]int{}
 	for i := range pods {
@@ -689,7 +687,7 @@ func (h *Handler) dryRun(ctx context.Context, cl *clusters.Client, t trigger) ([
 	if cl == nil || cl.Kube == nil {
 		reason = "cluster has no client (dry-run): pods not listed"
 	}
-	a := h.action(t, st, OutcomeDryRun, reason, actionID(st.ID, "dry_run"))
+	a := h.action(t, st, OutcomeDryRun, reason, pipeline.ActionID(st.ID, "dry_run"))
 	a.DryRun = true
 	sort.Strings(would)
 	if len(would) > 20 {
@@ -719,7 +717,7 @@ func (h *Handler) result(t trigger, st *State) *faultlinev1.Action {
 	case PhaseCancelled:
 		reason = "node no longer quarantined; drain stopped"
 	}
-	return h.action(t, st, outcome, reason, actionID(st.ID, st.Phase))
+	return h.action(t, st, outcome, reason, pipeline.ActionID(st.ID, st.Phase))
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -782,15 +780,6 @@ func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faul
 		a.Details["force"] = "true"
 	}
 	return a
-}
-
-func actionID(parts ...string) string {
-	h := sha256.New()
-	for _, p := range parts {
-		h.Write([]byte(p))
-		h.Write([]byte{0})
-	}
-	return hex.EncodeToString(h.Sum(nil))[:32]
 }
 
 type metrics struct {

@@ -9,6 +9,8 @@ package pipeline
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -436,6 +438,18 @@ func (m *Metrics) observe(role string, n int, d time.Duration, err error) {
 		return
 	}
 	m.records.WithLabelValues(role).Add(float64(n))
+}
+
+// ActionID is a deterministic action id: 32 hex digits of the SHA-256 of
+// the parts, each followed by NUL, so a retried batch (or another replica)
+// writes the same ids.
+func ActionID(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
 }
 
 // ActionRecord is the actions-topic record of an audit Action, keyed by its

@@ -218,7 +218,7 @@ func (h *Handler) AcknowledgeUncordon(ctx context.Context, cluster, node string)
 	}
 	h.m.decisions.WithLabelValues(cluster, KindManualUncordon, OutcomeDecided).Inc()
 	return &faultlinev1.Action{
-		Id: actionID(cluster, node, at.UTC().Format(time.RFC3339Nano), KindManualUncordon), Cluster: cluster, Node: node,
+		Id: pipeline.ActionID(cluster, node, at.UTC().Format(time.RFC3339Nano), KindManualUncordon), Cluster: cluster, Node: node,
 		Role: Role, Kind: KindManualUncordon, Outcome: OutcomeDecided, Timestamp: timestamppb.New(at),
 		Reason: "a person uncordoned the node; its standing faults no longer cordon it (noticed by the node watch)",
 	}, nil
@@ -737,14 +737,14 @@ func (h *Handler) breakerActions(ctx context.Context, cl *clusters.Client, it it
 	var acts []*faultlinev1.Action
 	if v.Closed {
 		a := h.action(it, KindBreakerClose, OutcomeApplied, "circuit breaker closed after its window", "", cl)
-		a.Id = actionID(cl.Name, KindBreakerClose, recordID(it))
+		a.Id = pipeline.ActionID(cl.Name, KindBreakerClose, recordID(it))
 		acts = append(acts, a)
 		h.breakerEvent(ctx, cl, "QuarantineBreakerClosed", "faultline closed the quarantine circuit breaker after its window", it)
 	}
 	if v.Opened {
 		h.log.Warn("circuit breaker opened; no new quarantines", "cluster", cl.Name, "reason", v.Reason)
 		a := h.action(it, KindBreakerOpen, OutcomeApplied, v.Reason, "", cl)
-		a.Id = actionID(cl.Name, KindBreakerOpen, recordID(it))
+		a.Id = pipeline.ActionID(cl.Name, KindBreakerOpen, recordID(it))
 		a.Details["count"], a.Details["limit"] = itoa(v.Count), itoa(v.Limit)
 		a.Details["total"], a.Details["schedulable"] = itoa(v.Total), itoa(v.Schedulable)
 		acts = append(acts, a)
@@ -805,7 +805,7 @@ func (h *Handler) action(it item, kind, outcome, reason, rule string, cl *cluste
 		details[events.MetaGPUPods], details[events.MetaGPUPodsAt] = pods, ev.GetMetadata()[events.MetaGPUPodsAt]
 	}
 	return &faultlinev1.Action{
-		Id:                actionID(it.cluster, it.node, recordID(it), kind),
+		Id:                pipeline.ActionID(it.cluster, it.node, recordID(it), kind),
 		Cluster:           it.cluster,
 		Node:              it.node,
 		Role:              Role,
@@ -828,15 +828,6 @@ func recordID(it item) string {
 		return id
 	}
 	return fmt.Sprintf("%s/%d/%d", it.rec.Topic, it.rec.Partition, it.rec.Offset)
-}
-
-func actionID(parts ...string) string {
-	h := sha256.New()
-	for _, p := range parts {
-		h.Write([]byte(p))
-		h.Write([]byte{0})
-	}
-	return hex.EncodeToString(h.Sum(nil))[:32]
 }
 
 func shortHash(s string) string {
