@@ -190,8 +190,7 @@ type prior struct {
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
 	items := decode(recs, h.log)
 	h.expireCache()
-	bt := &batchTables{items: items}
-	bt.build()
+	bt := newBatchTables(items)
 	plans := make([]*plan, len(h.rules))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(queryParallelism)
@@ -590,22 +589,13 @@ func (h *Handler) derive(r *Rule, em emission) *datamodels.HealthEvent {
 	ev.RecommendedAction = r.Action
 	ev.Message = render(r.message, vars)
 	causes := append([]string(nil), res.causes...)
-	if t.sourceID != "" && !contains(causes, t.sourceID) {
+	if t.sourceID != "" && !slices.Contains(causes, t.sourceID) {
 		causes = append(causes, t.sourceID)
 	}
 	sort.Strings(causes)
 	ev.CauseIds = causes
 	ev.ErrorCode = []string{r.Name}
 	return ev
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // DerivedID is the deterministic id of a derived event (a UUIDv8 text):

@@ -3,7 +3,7 @@ package correlate
 import (
 	"context"
 	"fmt"
-	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -21,21 +21,17 @@ import (
 // (every window is bounded): a verdict older than this is not swept.
 const MaxStanding = 30 * 24 * time.Hour
 
-// batchTables are the batch's records as external tables, built once per
-// batch when a query needs them.
+// batchTables are the rows of a batch's records for the external tables
+// batch and batch_actions, built once per batch (before the rule queries
+// run concurrently) and sent with every query that reads them.
 type batchTables struct {
-	items   []item
 	evRows  [][]any
 	actRows [][]any
-	built   bool
 }
 
-func (bt *batchTables) build() {
-	if bt.built {
-		return
-	}
-	bt.built = true
-	for _, it := range bt.items {
+func newBatchTables(items []item) *batchTables {
+	bt := &batchTables{}
+	for _, it := range items {
 		if it.act != nil {
 			a := it.act
 			t := time.UnixMilli(it.atMS).UTC()
@@ -63,6 +59,7 @@ func (bt *batchTables) build() {
 			t.Truncate(time.Second), uint16(t.Nanosecond() / 1e6), ev.GetId(), b2u(ev.GetIsFatal()), b2u(ev.GetIsHealthy()),
 			orEmpty(ev.GetErrorCode()), orEmpty(et), orEmpty(evv), mk, mv, ev.GetDerivedBy(), ev.GetProcessingStrategy().String()})
 	}
+	return bt
 }
 
 func b2u(v bool) uint8 {
@@ -109,11 +106,6 @@ func newTable(name string, cols []col, rows [][]any) (*ext.Table, error) {
 	return t, nil
 }
 
-var (
-	batchRE       = regexp.MustCompile(`\bbatch\b`)
-	batchActionRE = regexp.MustCompile(`\bbatch_actions\b`)
-)
-
 // runRule runs the rule's query for the triggers: one query for all of
 // them, with the batch sent along. Without causes the query is wrapped in
 // a SELECT that does not read its cause_ids, so ClickHouse neither
@@ -135,22 +127,19 @@ func (h *Handler) runRule(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 	if !causes {
 		q = "SELECT tid, value, emptyArrayString() AS cause_ids, last_ms FROM (" + q + "\n)"
 	}
-	if batchRE.MatchString(q) || batchActionRE.MatchString(q) {
-		bt.build()
-		if batchRE.MatchString(q) {
-			t, err := newTable("batch", batchCols, bt.evRows)
-			if err != nil {
-				return nil, err
-			}
-			tables = append(tables, t)
+	if r.readsBatch {
+		t, err := newTable("batch", batchCols, bt.evRows)
+		if err != nil {
+			return nil, err
 		}
-		if batchActionRE.MatchString(q) {
-			t, err := newTable("batch_actions", actionCols, bt.actRows)
-			if err != nil {
-				return nil, err
-			}
-			tables = append(tables, t)
+		tables = append(tables, t)
+	}
+	if r.readsBatchActions {
+		t, err := newTable("batch_actions", actionCols, bt.actRows)
+		if err != nil {
+			return nil, err
 		}
+		tables = append(tables, t)
 	}
 	since := time.UnixMilli(minAt - r.Window.Milliseconds()).UTC().Truncate(time.Second)
 	until := time.UnixMilli(maxAt).UTC().Truncate(time.Second).Add(time.Second)
@@ -265,7 +254,7 @@ func (h *Handler) priors(ctx context.Context, r *Rule, trigs []trigger) (map[str
 		return nil, fmt.Errorf("rule %s: read standing verdicts: %w", r.Name, err)
 	}
 	for k := range seen {
-		if c, ok := h.cached(r, k); ok && c.mode != "" && contains(modes(r), c.mode) {
+		if c, ok := h.cached(r, k); ok && c.mode != "" && slices.Contains(modes(r), c.mode) {
 			if p, ok := out[k]; !ok || c.tMS >= p.tMS {
 				out[k] = c
 			}
@@ -427,7 +416,7 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 			t.tid, t.atMS = fmt.Sprint(len(uniq)), now.UnixMilli()
 			uniq = append(uniq, t)
 		}
-		recs, err := h.evaluate(ctx, r, uniq, &batchTables{built: true})
+		recs, err := h.evaluate(ctx, r, uniq, &batchTables{})
 		if err != nil {
 			return nil, fmt.Errorf("sweep: %w", err)
 		}

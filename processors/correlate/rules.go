@@ -155,10 +155,13 @@ type Rule struct {
 	Action        datamodels.RecommendedAction
 	Strategy      datamodels.ProcessingStrategy
 	query         string // Query without comments, as sent
-	args          map[string]any
-	trigger       cel.Program
-	message       *template.Template
-	recovery      *template.Template
+	// readsBatch, readsBatchActions: the query reads the external table
+	// batch / batch_actions, so it is sent along.
+	readsBatch, readsBatchActions bool
+	args                          map[string]any
+	trigger                       cel.Program
+	message                       *template.Template
+	recovery                      *template.Template
 }
 
 // ConfigError is a rules-file error naming the rule and the field.
@@ -237,7 +240,9 @@ func ParseRules(b []byte, dir fs.FS) ([]*Rule, error) {
 }
 
 var (
-	paramRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+	batchRE       = regexp.MustCompile(`\bbatch\b`)
+	batchActionRE = regexp.MustCompile(`\bbatch_actions\b`)
+	paramRE       = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 	// builtinParams are bound by the engine.
 	builtinParams = map[string]bool{"window_ms": true, "since": true, "until": true, "threshold": true}
 	refRE         = regexp.MustCompile(`@([A-Za-z_][A-Za-z0-9_]*)`)
@@ -280,6 +285,7 @@ func compileRule(s RuleSpec, dir fs.FS) (*Rule, error) {
 		return nil, bad("query", err)
 	}
 	r.query = strings.TrimRight(strings.TrimSpace(stripComments(r.Query)), ";")
+	r.readsBatch, r.readsBatchActions = batchRE.MatchString(r.query), batchActionRE.MatchString(r.query)
 	if s.Candidates != "" {
 		if r.Candidates, err = loadSQL(s.Candidates, dir); err != nil {
 			return nil, bad("candidates", err)
