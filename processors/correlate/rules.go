@@ -155,13 +155,14 @@ type Rule struct {
 	Action        datamodels.RecommendedAction
 	Strategy      datamodels.ProcessingStrategy
 	query         string // Query without comments, as sent
+	args          map[string]any
+	trigger       cel.Program
+	message       *template.Template
+	recovery      *template.Template
+
 	// readsBatch, readsBatchActions: the query reads the external table
 	// batch / batch_actions, so it is sent along.
 	readsBatch, readsBatchActions bool
-	args                          map[string]any
-	trigger                       cel.Program
-	message                       *template.Template
-	recovery                      *template.Template
 }
 
 // ConfigError is a rules-file error naming the rule and the field.
