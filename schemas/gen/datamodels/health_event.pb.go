@@ -154,6 +154,62 @@ func (RecommendedAction) EnumDescriptor() ([]byte, []int) {
 	return file_datamodels_health_event_proto_rawDescGZIP(), []int{1}
 }
 
+// SubmitterRole is what a credential may do. Agent credentials report;
+// operator credentials may also override the safety policy's decisions
+// (quarantineOverrides, drainOverrides), never the circuit breaker.
+// PIPELINE marks events that faultline's own processors derived.
+type SubmitterRole int32
+
+const (
+	SubmitterRole_SUBMITTER_ROLE_UNSPECIFIED SubmitterRole = 0
+	SubmitterRole_SUBMITTER_ROLE_AGENT       SubmitterRole = 1
+	SubmitterRole_SUBMITTER_ROLE_OPERATOR    SubmitterRole = 2
+	SubmitterRole_SUBMITTER_ROLE_PIPELINE    SubmitterRole = 3
+)
+
+// Enum value maps for SubmitterRole.
+var (
+	SubmitterRole_name = map[int32]string{
+		0: "SUBMITTER_ROLE_UNSPECIFIED",
+		1: "SUBMITTER_ROLE_AGENT",
+		2: "SUBMITTER_ROLE_OPERATOR",
+		3: "SUBMITTER_ROLE_PIPELINE",
+	}
+	SubmitterRole_value = map[string]int32{
+		"SUBMITTER_ROLE_UNSPECIFIED": 0,
+		"SUBMITTER_ROLE_AGENT":       1,
+		"SUBMITTER_ROLE_OPERATOR":    2,
+		"SUBMITTER_ROLE_PIPELINE":    3,
+	}
+)
+
+func (x SubmitterRole) Enum() *SubmitterRole {
+	p := new(SubmitterRole)
+	*p = x
+	return p
+}
+
+func (x SubmitterRole) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SubmitterRole) Descriptor() protoreflect.EnumDescriptor {
+	return file_datamodels_health_event_proto_enumTypes[2].Descriptor()
+}
+
+func (SubmitterRole) Type() protoreflect.EnumType {
+	return &file_datamodels_health_event_proto_enumTypes[2]
+}
+
+func (x SubmitterRole) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SubmitterRole.Descriptor instead.
+func (SubmitterRole) EnumDescriptor() ([]byte, []int) {
+	return file_datamodels_health_event_proto_rawDescGZIP(), []int{2}
+}
+
 type HealthEvents struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Version       uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
@@ -290,7 +346,12 @@ type HealthEvent struct {
 	// events reported by agents and tools.
 	DerivedBy string `protobuf:"bytes,103,opt,name=derivedBy,proto3" json:"derivedBy,omitempty"`
 	// causeIds are the ids of the events that made a rule produce this event.
-	CauseIds      []string `protobuf:"bytes,104,rep,name=causeIds,proto3" json:"causeIds,omitempty"`
+	CauseIds []string `protobuf:"bytes,104,rep,name=causeIds,proto3" json:"causeIds,omitempty"`
+	// submitter is the credential that sent the event, stamped by the gateway
+	// from the caller (never from the payload): its role decides whether the
+	// event's quarantineOverrides/drainOverrides are honoured (operator only),
+	// and its name is kept for the audit trail.
+	Submitter     *Submitter `protobuf:"bytes,105,opt,name=submitter,proto3" json:"submitter,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -479,6 +540,76 @@ func (x *HealthEvent) GetCauseIds() []string {
 	return nil
 }
 
+func (x *HealthEvent) GetSubmitter() *Submitter {
+	if x != nil {
+		return x.Submitter
+	}
+	return nil
+}
+
+// Submitter is who sent an event through the gateway.
+type Submitter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name identifies the credential (never the secret), e.g. "token:prod#3".
+	Name string        `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Role SubmitterRole `protobuf:"varint,2,opt,name=role,proto3,enum=datamodels.SubmitterRole" json:"role,omitempty"`
+	// node is set when the credential is bound to one node.
+	Node          string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Submitter) Reset() {
+	*x = Submitter{}
+	mi := &file_datamodels_health_event_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Submitter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Submitter) ProtoMessage() {}
+
+func (x *Submitter) ProtoReflect() protoreflect.Message {
+	mi := &file_datamodels_health_event_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Submitter.ProtoReflect.Descriptor instead.
+func (*Submitter) Descriptor() ([]byte, []int) {
+	return file_datamodels_health_event_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Submitter) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Submitter) GetRole() SubmitterRole {
+	if x != nil {
+		return x.Role
+	}
+	return SubmitterRole_SUBMITTER_ROLE_UNSPECIFIED
+}
+
+func (x *Submitter) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type BehaviourOverrides struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Force         bool                   `protobuf:"varint,1,opt,name=force,proto3" json:"force,omitempty"`
@@ -489,7 +620,7 @@ type BehaviourOverrides struct {
 
 func (x *BehaviourOverrides) Reset() {
 	*x = BehaviourOverrides{}
-	mi := &file_datamodels_health_event_proto_msgTypes[3]
+	mi := &file_datamodels_health_event_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -501,7 +632,7 @@ func (x *BehaviourOverrides) String() string {
 func (*BehaviourOverrides) ProtoMessage() {}
 
 func (x *BehaviourOverrides) ProtoReflect() protoreflect.Message {
-	mi := &file_datamodels_health_event_proto_msgTypes[3]
+	mi := &file_datamodels_health_event_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -514,7 +645,7 @@ func (x *BehaviourOverrides) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BehaviourOverrides.ProtoReflect.Descriptor instead.
 func (*BehaviourOverrides) Descriptor() ([]byte, []int) {
-	return file_datamodels_health_event_proto_rawDescGZIP(), []int{3}
+	return file_datamodels_health_event_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *BehaviourOverrides) GetForce() bool {
@@ -544,7 +675,7 @@ const file_datamodels_health_event_proto_rawDesc = "" +
 	"\n" +
 	"entityType\x18\x01 \x01(\tR\n" +
 	"entityType\x12 \n" +
-	"\ventityValue\x18\x02 \x01(\tR\ventityValue\"\xba\b\n" +
+	"\ventityValue\x18\x02 \x01(\tR\ventityValue\"\xef\b\n" +
 	"\vHealthEvent\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x14\n" +
 	"\x05agent\x18\x02 \x01(\tR\x05agent\x12&\n" +
@@ -568,10 +699,15 @@ const file_datamodels_health_event_proto_rawDesc = "" +
 	"\acluster\x18e \x01(\tR\acluster\x12H\n" +
 	"\x11receivedTimestamp\x18f \x01(\v2\x1a.google.protobuf.TimestampR\x11receivedTimestamp\x12\x1c\n" +
 	"\tderivedBy\x18g \x01(\tR\tderivedBy\x12\x1a\n" +
-	"\bcauseIds\x18h \x03(\tR\bcauseIds\x1a;\n" +
+	"\bcauseIds\x18h \x03(\tR\bcauseIds\x123\n" +
+	"\tsubmitter\x18i \x01(\v2\x15.datamodels.SubmitterR\tsubmitter\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"b\n" +
+	"\tSubmitter\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12-\n" +
+	"\x04role\x18\x02 \x01(\x0e2\x19.datamodels.SubmitterRoleR\x04role\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\">\n" +
 	"\x12BehaviourOverrides\x12\x14\n" +
 	"\x05force\x18\x01 \x01(\bR\x05force\x12\x12\n" +
 	"\x04skip\x18\x02 \x01(\bR\x04skip*N\n" +
@@ -595,7 +731,12 @@ const file_datamodels_health_event_proto_rawDesc = "" +
 	"\n" +
 	"\x06CUSTOM\x10\x1b\x12\x0f\n" +
 	"\vRESTART_APP\x10'\x12\v\n" +
-	"\aUNKNOWN\x10c2`\n" +
+	"\aUNKNOWN\x10c*\x83\x01\n" +
+	"\rSubmitterRole\x12\x1e\n" +
+	"\x1aSUBMITTER_ROLE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14SUBMITTER_ROLE_AGENT\x10\x01\x12\x1b\n" +
+	"\x17SUBMITTER_ROLE_OPERATOR\x10\x02\x12\x1b\n" +
+	"\x17SUBMITTER_ROLE_PIPELINE\x10\x032`\n" +
 	"\x11PlatformConnector\x12K\n" +
 	"\x15HealthEventOccurredV1\x12\x18.datamodels.HealthEvents\x1a\x16.google.protobuf.Empty\"\x00BBZ@github.com/faultline/faultline/schemas/gen/datamodels;datamodelsb\x06proto3"
 
@@ -611,36 +752,40 @@ func file_datamodels_health_event_proto_rawDescGZIP() []byte {
 	return file_datamodels_health_event_proto_rawDescData
 }
 
-var file_datamodels_health_event_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_datamodels_health_event_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_datamodels_health_event_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_datamodels_health_event_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_datamodels_health_event_proto_goTypes = []any{
 	(ProcessingStrategy)(0),       // 0: datamodels.ProcessingStrategy
 	(RecommendedAction)(0),        // 1: datamodels.RecommendedAction
-	(*HealthEvents)(nil),          // 2: datamodels.HealthEvents
-	(*Entity)(nil),                // 3: datamodels.Entity
-	(*HealthEvent)(nil),           // 4: datamodels.HealthEvent
-	(*BehaviourOverrides)(nil),    // 5: datamodels.BehaviourOverrides
-	nil,                           // 6: datamodels.HealthEvent.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
-	(*emptypb.Empty)(nil),         // 8: google.protobuf.Empty
+	(SubmitterRole)(0),            // 2: datamodels.SubmitterRole
+	(*HealthEvents)(nil),          // 3: datamodels.HealthEvents
+	(*Entity)(nil),                // 4: datamodels.Entity
+	(*HealthEvent)(nil),           // 5: datamodels.HealthEvent
+	(*Submitter)(nil),             // 6: datamodels.Submitter
+	(*BehaviourOverrides)(nil),    // 7: datamodels.BehaviourOverrides
+	nil,                           // 8: datamodels.HealthEvent.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*emptypb.Empty)(nil),         // 10: google.protobuf.Empty
 }
 var file_datamodels_health_event_proto_depIdxs = []int32{
-	4,  // 0: datamodels.HealthEvents.events:type_name -> datamodels.HealthEvent
+	5,  // 0: datamodels.HealthEvents.events:type_name -> datamodels.HealthEvent
 	1,  // 1: datamodels.HealthEvent.recommendedAction:type_name -> datamodels.RecommendedAction
-	3,  // 2: datamodels.HealthEvent.entitiesImpacted:type_name -> datamodels.Entity
-	6,  // 3: datamodels.HealthEvent.metadata:type_name -> datamodels.HealthEvent.MetadataEntry
-	7,  // 4: datamodels.HealthEvent.generatedTimestamp:type_name -> google.protobuf.Timestamp
-	5,  // 5: datamodels.HealthEvent.quarantineOverrides:type_name -> datamodels.BehaviourOverrides
-	5,  // 6: datamodels.HealthEvent.drainOverrides:type_name -> datamodels.BehaviourOverrides
+	4,  // 2: datamodels.HealthEvent.entitiesImpacted:type_name -> datamodels.Entity
+	8,  // 3: datamodels.HealthEvent.metadata:type_name -> datamodels.HealthEvent.MetadataEntry
+	9,  // 4: datamodels.HealthEvent.generatedTimestamp:type_name -> google.protobuf.Timestamp
+	7,  // 5: datamodels.HealthEvent.quarantineOverrides:type_name -> datamodels.BehaviourOverrides
+	7,  // 6: datamodels.HealthEvent.drainOverrides:type_name -> datamodels.BehaviourOverrides
 	0,  // 7: datamodels.HealthEvent.processingStrategy:type_name -> datamodels.ProcessingStrategy
-	7,  // 8: datamodels.HealthEvent.receivedTimestamp:type_name -> google.protobuf.Timestamp
-	2,  // 9: datamodels.PlatformConnector.HealthEventOccurredV1:input_type -> datamodels.HealthEvents
-	8,  // 10: datamodels.PlatformConnector.HealthEventOccurredV1:output_type -> google.protobuf.Empty
-	10, // [10:11] is the sub-list for method output_type
-	9,  // [9:10] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	9,  // 8: datamodels.HealthEvent.receivedTimestamp:type_name -> google.protobuf.Timestamp
+	6,  // 9: datamodels.HealthEvent.submitter:type_name -> datamodels.Submitter
+	2,  // 10: datamodels.Submitter.role:type_name -> datamodels.SubmitterRole
+	3,  // 11: datamodels.PlatformConnector.HealthEventOccurredV1:input_type -> datamodels.HealthEvents
+	10, // 12: datamodels.PlatformConnector.HealthEventOccurredV1:output_type -> google.protobuf.Empty
+	12, // [12:13] is the sub-list for method output_type
+	11, // [11:12] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_datamodels_health_event_proto_init() }
@@ -653,8 +798,8 @@ func file_datamodels_health_event_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_datamodels_health_event_proto_rawDesc), len(file_datamodels_health_event_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   5,
+			NumEnums:      3,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
