@@ -46,6 +46,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Brokers, prefix+"brokers", c.Brokers, "comma-separated Kafka seed brokers")
 	fs.IntVar(&c.Partitions, prefix+"partitions", c.Partitions, "partitions of topics created at start")
 	fs.IntVar(&c.ReplicationFactor, prefix+"replication-factor", c.ReplicationFactor, "replication factor of topics created at start (-1: broker default)")
+	c.RegisterSecurityFlags(fs, prefix)
+}
+
+// RegisterSecurityFlags adds only the TLS and SASL flags (prefix+"tls.…",
+// prefix+"sasl.…"), for tools that name their brokers otherwise.
+func (c *Config) RegisterSecurityFlags(fs *flag.FlagSet, prefix string) {
 	c.TLS.registerFlags(fs, prefix+"tls.")
 	c.SASL.registerFlags(fs, prefix+"sasl.")
 }
