@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -20,7 +21,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/faultline/faultline/agents/podres/podrestest"
@@ -162,6 +165,16 @@ type fakeGateway struct {
 	got   []string
 	auth  []string
 	n     int
+	// opts are the server's options (TLS credentials); calls records the
+	// authorization header and TLS state of every call, before any check.
+	opts  []grpc.ServerOption
+	calls []fakeCall
+}
+
+// fakeCall is what the fake gateway saw of one SubmitEvents call.
+type fakeCall struct {
+	auth string               // the authorization header, "" if none
+	tls  *tls.ConnectionState // nil over plaintext
 }
 
 func startFake(t *testing.T) *fakeGateway {
@@ -184,7 +197,7 @@ func (g *fakeGateway) start() {
 		g.t.Fatal(err)
 	}
 	g.addr = ln.Addr().String()
-	g.srv = grpc.NewServer()
+	g.srv = grpc.NewServer(g.opts...)
 	faultlinev1.RegisterEventsServer(g.srv, g)
 	go g.srv.Serve(ln)
 }
@@ -193,7 +206,23 @@ func (g *fakeGateway) stop() { g.srv.Stop() }
 
 func (g *fakeGateway) SubmitEvents(ctx context.Context, req *faultlinev1.SubmitEventsRequest) (*faultlinev1.SubmitEventsResponse, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	if a := md.Get("authorization"); len(a) != 1 || a[0] != "Bearer "+g.token {
+	call := fakeCall{}
+	if a := md.Get("authorization"); len(a) > 0 {
+		call.auth = a[0]
+	}
+	if p, ok := peer.FromContext(ctx); ok {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			call.tls = &ti.State
+		}
+	}
+	g.mu.Lock()
+	g.calls = append(g.calls, call)
+	g.mu.Unlock()
+	if g.token == "" { // client certificates authenticate
+		if call.tls == nil || len(call.tls.PeerCertificates) == 0 {
+			return nil, status.Error(codes.Unauthenticated, "no client certificate")
+		}
+	} else if a := md.Get("authorization"); len(a) != 1 || a[0] != "Bearer "+g.token {
 		return nil, status.Error(codes.Unauthenticated, "bad token")
 	}
 	resp := &faultlinev1.SubmitEventsResponse{}
@@ -240,6 +269,7 @@ func senderFor(t *testing.T, addr, token string) (*Spool, *Sender, *Metrics, con
 	}
 	cfg := DefaultConfig().Gateway
 	cfg.Addr, cfg.TokenFile, cfg.MaxBackoff, cfg.BatchSize = addr, tok, 200*time.Millisecond, 7
+	cfg.Insecure = true // the fake gateway is plaintext
 	s, err := NewSender(cfg, sp, quiet(), m)
 	if err != nil {
 		t.Fatal(err)
@@ -326,6 +356,7 @@ func testConfig(t *testing.T, gatewayAddr string) Config {
 	cfg.MetricsAddr = ""
 	cfg.Spool.Dir = filepath.Join(t.TempDir(), "spool")
 	cfg.Gateway.Addr = gatewayAddr
+	cfg.Gateway.Insecure = true // the fake gateway is plaintext
 	tok := filepath.Join(t.TempDir(), "token")
 	os.WriteFile(tok, []byte("s3cret"), 0o600)
 	cfg.Gateway.TokenFile = tok

@@ -30,7 +30,10 @@ type Config struct {
 	// ProcessingStrategy is EXECUTE_REMEDIATION (default) or STORE_ONLY,
 	// stamped on events that do not set one.
 	ProcessingStrategy string `toml:"processing_strategy"`
-	// MetricsAddr serves /metrics and /healthz (default ":2112"; "" off).
+	// MetricsAddr serves /metrics and /healthz (default "127.0.0.1:2112",
+	// loopback only; "" off). To let Prometheus scrape it, listen on the
+	// node's address, e.g. "$(HOST_IP):2112" with HOST_IP from the
+	// Kubernetes downward API (status.hostIP); see agents/README.md.
 	MetricsAddr string `toml:"metrics_addr"`
 	// LogLevel is debug, info (default), warn or error.
 	LogLevel string `toml:"log_level"`
@@ -56,20 +59,46 @@ type GatewayConfig struct {
 	Addr string `toml:"addr"`
 	// TokenFile holds the bearer token (default
 	// "/var/run/secrets/faultline/token"); re-read before every send so a
-	// rotated token is picked up. Never logged.
+	// rotated token is picked up. Never logged. "" sends no token, which
+	// needs a client certificate (CertFile) instead.
 	TokenFile string `toml:"token_file"`
-	// TLS enables TLS (default false).
-	TLS bool `toml:"tls"`
+	// Insecure sends to the gateway without TLS: the bearer token and
+	// every event travel in clear. Default false (TLS 1.2 or later,
+	// verifying the gateway's certificate). Meant for a gateway on the same
+	// host or a test; the agent logs a warning at start and exports
+	// faultline_agent_gateway_insecure 1.
+	Insecure bool `toml:"insecure"`
 	// CAFile is a PEM bundle to verify the gateway (default: system roots).
 	CAFile string `toml:"ca_file"`
 	// ServerName overrides the TLS server name (default: from Addr).
 	ServerName string `toml:"server_name"`
+	// CertFile and KeyFile are a PEM client certificate and key presented
+	// to the gateway (mutual TLS; a gateway may bind the certificate's CN
+	// to the node). Both or neither; re-read at every handshake so a
+	// renewed certificate is used. Default none.
+	CertFile string `toml:"cert_file"`
+	KeyFile  string `toml:"key_file"`
 	// Timeout bounds one SubmitEvents call (default 10s).
 	Timeout time.Duration `toml:"timeout"`
 	// BatchSize is the most events per SubmitEvents call (default 500).
 	BatchSize int `toml:"batch_size"`
 	// MaxBackoff caps the retry backoff (default 30s).
 	MaxBackoff time.Duration `toml:"max_backoff"`
+}
+
+// validateTLS checks the TLS keys against Insecure and that the files
+// they name load.
+func (g GatewayConfig) validateTLS() error {
+	if g.Insecure {
+		for _, kv := range [][2]string{{"ca_file", g.CAFile}, {"server_name", g.ServerName}, {"cert_file", g.CertFile}, {"key_file", g.KeyFile}} {
+			if kv[1] != "" {
+				return fmt.Errorf("gateway.%s: set, but gateway.insecure is true (no TLS)", kv[0])
+			}
+		}
+		return nil
+	}
+	_, err := g.tlsConfig()
+	return err
 }
 
 // SpoolConfig is the on-disk spool (see Spool for the full policy).
@@ -85,7 +114,7 @@ func DefaultConfig() Config {
 	return Config{
 		Checks:             []string{"nic"},
 		ProcessingStrategy: "EXECUTE_REMEDIATION",
-		MetricsAddr:        ":2112",
+		MetricsAddr:        "127.0.0.1:2112",
 		LogLevel:           "info",
 		PodResourcesSocket: podres.DefaultSocket,
 		Gateway: GatewayConfig{Addr: "127.0.0.1:50051", TokenFile: "/var/run/secrets/faultline/token",
@@ -116,8 +145,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PodResourcesSocket, "pod-resources-socket", c.PodResourcesSocket, "kubelet pod-resources socket, to attach the pods of an event's GPUs; empty to disable (pod_resources_socket)")
 	fs.StringVar(&c.Gateway.Addr, "gateway", c.Gateway.Addr, "gateway gRPC address (gateway.addr)")
 	fs.StringVar(&c.Gateway.TokenFile, "token-file", c.Gateway.TokenFile, "bearer token file (gateway.token_file)")
-	fs.BoolVar(&c.Gateway.TLS, "tls", c.Gateway.TLS, "use TLS to the gateway (gateway.tls)")
+	fs.BoolVar(&c.Gateway.Insecure, "gateway-insecure", c.Gateway.Insecure, "send to the gateway WITHOUT TLS: the token and events travel in clear; for a local or test gateway only (gateway.insecure)")
 	fs.StringVar(&c.Gateway.CAFile, "ca-file", c.Gateway.CAFile, "PEM CA bundle for the gateway (gateway.ca_file)")
+	fs.StringVar(&c.Gateway.ServerName, "server-name", c.Gateway.ServerName, "name to verify in the gateway's certificate (gateway.server_name, default: from --gateway)")
+	fs.StringVar(&c.Gateway.CertFile, "cert-file", c.Gateway.CertFile, "PEM client certificate for the gateway, mutual TLS (gateway.cert_file)")
+	fs.StringVar(&c.Gateway.KeyFile, "key-file", c.Gateway.KeyFile, "PEM key of the client certificate (gateway.key_file)")
 	fs.StringVar(&c.Spool.Dir, "spool-dir", c.Spool.Dir, "spool directory (spool.dir)")
 	fs.Int64Var(&c.Spool.MaxBytes, "spool-max-bytes", c.Spool.MaxBytes, "spool capacity in bytes (spool.max_bytes)")
 	c.NIC.RegisterFlags(fs)
@@ -148,8 +180,11 @@ func (c *Config) Validate() error {
 	if c.Gateway.Addr == "" {
 		return errors.New("gateway.addr: must be set")
 	}
-	if c.Gateway.TokenFile == "" {
-		return errors.New("gateway.token_file: must be set")
+	if err := c.Gateway.validateTLS(); err != nil {
+		return err
+	}
+	if c.Gateway.TokenFile == "" && c.Gateway.CertFile == "" {
+		return errors.New("gateway.token_file: must be set (or gateway.cert_file, to authenticate with a client certificate)")
 	}
 	if c.Gateway.Timeout <= 0 {
 		return errors.New("gateway.timeout: must be positive")
@@ -211,6 +246,9 @@ func LoadConfig(name string, args []string, getenv func(string) string) (Config,
 			return Config{}, fmt.Errorf("config %s: %w", path, err)
 		}
 		if und := md.Undecoded(); len(und) > 0 {
+			if und[0].String() == "gateway.tls" {
+				return Config{}, fmt.Errorf("config %s: gateway.tls: no longer a key: TLS is on by default; for plaintext set gateway.insecure = true", path)
+			}
 			return Config{}, fmt.Errorf("config %s: unknown key %s", path, und[0])
 		}
 		if _, err := parse(&cfg); err != nil {

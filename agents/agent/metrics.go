@@ -22,6 +22,8 @@ type Metrics struct {
 	sent       prometheus.Counter
 	sendErrors *prometheus.CounterVec
 	rejected   prometheus.Counter
+
+	gatewayInsecure prometheus.Gauge
 }
 
 // NewMetrics registers the agent's metrics, plus the Go and process
@@ -52,9 +54,11 @@ func NewMetrics() *Metrics {
 			Help: "Failed SubmitEvents calls by gRPC code."}, []string{"code"}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_agent_rejected_events_total",
 			Help: "Events the gateway rejected as invalid (dropped from the spool)."}),
+		gatewayInsecure: prometheus.NewGauge(prometheus.GaugeOpts{Name: "faultline_agent_gateway_insecure",
+			Help: "1 if the agent sends to the gateway without TLS (gateway.insecure = true): token and events in clear."}),
 	}
 	for _, c := range []prometheus.Collector{m.checkSuccess, m.checkDuration, m.checkRuns, m.checkEvents,
-		m.spoolBytes, m.spoolFull, m.spoolDropped, m.spoolCorrupt, m.sent, m.sendErrors, m.rejected,
+		m.spoolBytes, m.spoolFull, m.spoolDropped, m.spoolCorrupt, m.sent, m.sendErrors, m.rejected, m.gatewayInsecure,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		f(c)
 	}

@@ -40,23 +40,21 @@ type Sender struct {
 	client faultlinev1.EventsClient
 }
 
-// NewSender dials (lazily) the gateway.
+// NewSender dials (lazily) the gateway: with TLS unless cfg.Insecure, in
+// which case it warns that the token and events travel in clear.
 func NewSender(cfg GatewayConfig, spool *Spool, log *slog.Logger, m *Metrics, opts ...grpc.DialOption) (*Sender, error) {
 	creds := insecure.NewCredentials()
-	if cfg.TLS {
-		tc := &tls.Config{ServerName: cfg.ServerName, MinVersion: tls.VersionTLS12}
-		if cfg.CAFile != "" {
-			pem, err := os.ReadFile(cfg.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("gateway.ca_file: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("gateway.ca_file: no certificate in %s", cfg.CAFile)
-			}
-			tc.RootCAs = pool
+	if cfg.Insecure {
+		log.Warn("gateway.insecure = true: the bearer token and every event go to the gateway IN CLEAR (no TLS); use it only for a gateway on this host or in a test",
+			"gateway", cfg.Addr)
+		m.gatewayInsecure.Set(1)
+	} else {
+		tc, err := cfg.tlsConfig()
+		if err != nil {
+			return nil, err
 		}
 		creds = credentials.NewTLS(tc)
+		m.gatewayInsecure.Set(0)
 	}
 	conn, err := grpc.NewClient(cfg.Addr, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, opts...)...)
 	if err != nil {
@@ -65,10 +63,51 @@ func NewSender(cfg GatewayConfig, spool *Spool, log *slog.Logger, m *Metrics, op
 	return &Sender{cfg: cfg, spool: spool, log: log, m: m, conn: conn, client: faultlinev1.NewEventsClient(conn)}, nil
 }
 
+// tlsConfig is the TLS of the connection to the gateway: TLS 1.2 or later,
+// the CA bundle (else the system roots), and the client certificate,
+// re-read at every handshake.
+func (g GatewayConfig) tlsConfig() (*tls.Config, error) {
+	tc := &tls.Config{ServerName: g.ServerName, MinVersion: tls.VersionTLS12}
+	if g.CAFile != "" {
+		pem, err := os.ReadFile(g.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("gateway.ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("gateway.ca_file: no certificate in %s", g.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	switch {
+	case g.CertFile == "" && g.KeyFile == "":
+	case g.CertFile == "":
+		return nil, errors.New("gateway.cert_file: required with gateway.key_file")
+	case g.KeyFile == "":
+		return nil, errors.New("gateway.key_file: required with gateway.cert_file")
+	default:
+		load := func() (*tls.Certificate, error) {
+			c, err := tls.LoadX509KeyPair(g.CertFile, g.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("gateway.cert_file, gateway.key_file: %w", err)
+			}
+			return &c, nil
+		}
+		if _, err := load(); err != nil {
+			return nil, err
+		}
+		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return load() }
+	}
+	return tc, nil
+}
+
 // Close closes the connection.
 func (s *Sender) Close() error { return s.conn.Close() }
 
 func (s *Sender) token() (string, error) {
+	if s.cfg.TokenFile == "" {
+		return "", nil // a client certificate authenticates
+	}
 	b, err := os.ReadFile(s.cfg.TokenFile)
 	if err != nil {
 		return "", fmt.Errorf("gateway.token_file: %w", err)
@@ -156,7 +195,10 @@ func (s *Sender) send(ctx context.Context, evs []*datamodels.HealthEvent) error 
 	if err != nil {
 		return status.Error(codes.Unauthenticated, err.Error())
 	}
-	cctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok), s.cfg.Timeout)
+	if tok != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	resp, err := s.client.SubmitEvents(cctx, &faultlinev1.SubmitEventsRequest{Events: evs})
 	if err != nil {

@@ -1,6 +1,7 @@
 // Package config loads a binary's typed configuration: defaults, then an
 // optional TOML file (--config), then flags. Unknown keys in the file are an
-// error that names them.
+// error that names them. Secret holds a password or token read from a file
+// or an environment variable (ReadSecret) and never prints it.
 package config
 
 import (

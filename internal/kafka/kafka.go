@@ -1,6 +1,7 @@
 // Package kafka builds franz-go clients the same way for every faultline
-// binary: one typed config, the shared slog logger, and the topics the
-// pipeline needs.
+// binary: one typed config (brokers, TLS, SASL), the shared slog logger,
+// and the topics the pipeline needs. Every faultline client of Kafka is made
+// by NewClient, so TLS and authentication apply to all of them.
 package kafka
 
 import (
@@ -9,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,6 +30,10 @@ type Config struct {
 	Partitions int `toml:"partitions"`
 	// ReplicationFactor of created topics; -1 uses the broker default. Default -1.
 	ReplicationFactor int `toml:"replication_factor"`
+	// TLS to the brokers. Default off.
+	TLS TLSConfig `toml:"tls"`
+	// SASL authentication to the brokers. Default none.
+	SASL SASLConfig `toml:"sasl"`
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -40,6 +46,14 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Brokers, prefix+"brokers", c.Brokers, "comma-separated Kafka seed brokers")
 	fs.IntVar(&c.Partitions, prefix+"partitions", c.Partitions, "partitions of topics created at start")
 	fs.IntVar(&c.ReplicationFactor, prefix+"replication-factor", c.ReplicationFactor, "replication factor of topics created at start (-1: broker default)")
+	c.RegisterSecurityFlags(fs, prefix)
+}
+
+// RegisterSecurityFlags adds only the TLS and SASL flags (prefix+"tls.…",
+// prefix+"sasl.…"), for tools that name their brokers otherwise.
+func (c *Config) RegisterSecurityFlags(fs *flag.FlagSet, prefix string) {
+	c.TLS.registerFlags(fs, prefix+"tls.")
+	c.SASL.registerFlags(fs, prefix+"sasl.")
 }
 
 // Validate names the first bad key.
@@ -53,7 +67,10 @@ func (c Config) Validate(prefix string) error {
 	if c.ReplicationFactor == 0 || c.ReplicationFactor < -1 {
 		return fmt.Errorf("%sreplication_factor: must be -1 or at least 1, got %d", prefix, c.ReplicationFactor)
 	}
-	return nil
+	if err := c.TLS.validate(prefix + "tls."); err != nil {
+		return err
+	}
+	return c.SASL.validate(prefix+"sasl.", c.TLS.Enabled, prefix+"tls.enabled")
 }
 
 // SeedBrokers splits Brokers.
@@ -68,18 +85,30 @@ func (c Config) SeedBrokers() []string {
 }
 
 // NewClient returns a client for the config's brokers with the shared
-// logger, plus any extra options (producer or consumer settings).
+// logger, TLS and SASL as configured, plus any extra options (producer or
+// consumer settings). TLS files are read here (a client certificate again
+// at every handshake), the SASL password or token at every authentication,
+// so rotated credentials are picked up by new connections. Errors name the
+// config key ("kafka.tls.ca_file: ...") and never contain a secret.
 func NewClient(c Config, log *slog.Logger, opts ...kgo.Opt) (*kgo.Client, error) {
 	base := []kgo.Opt{
 		kgo.SeedBrokers(c.SeedBrokers()...),
 		kgo.WithLogger(kslog.New(log.With("component", "kafka"))),
 	}
-	cl, err := kgo.NewClient(append(base, opts...)...)
+	sec, err := c.securityOpts(keyPrefix, log)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(slices.Concat(base, sec, opts)...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client for %s: %w", c.Brokers, err)
 	}
 	return cl, nil
 }
+
+// keyPrefix is the TOML section of Config in every faultline binary; the
+// errors NewClient returns name keys under it.
+const keyPrefix = "kafka."
 
 // PipelineTopics are the topics every faultline pipeline needs.
 var PipelineTopics = []string{events.TopicEvents, events.TopicActions, events.TopicDeadLetter}
@@ -88,23 +117,71 @@ var PipelineTopics = []string{events.TopicEvents, events.TopicActions, events.To
 // It retries until ctx ends while the brokers are not reachable yet.
 func EnsureTopics(ctx context.Context, cl *kgo.Client, c Config, topics ...string) error {
 	adm := kadm.NewClient(cl)
+	eofs := 0 // consecutive attempts the broker closed at once
 	for {
 		resp, err := adm.CreateTopics(ctx, int32(c.Partitions), int16(c.ReplicationFactor), nil, topics...)
 		if err == nil {
+			var denied []string
 			for _, t := range resp.Sorted() {
-				if t.Err != nil && !errors.Is(t.Err, kerr.TopicAlreadyExists) {
-					return fmt.Errorf("create topic %s: %w", t.Topic, t.Err)
+				switch {
+				case t.Err == nil, errors.Is(t.Err, kerr.TopicAlreadyExists):
+				case errors.Is(t.Err, kerr.TopicAuthorizationFailed), errors.Is(t.Err, kerr.ClusterAuthorizationFailed):
+					denied = append(denied, t.Topic)
+				default:
+					return fmt.Errorf("create topic %s: %w", t.Topic, Explain(t.Err))
 				}
 			}
-			return nil
+			if len(denied) == 0 {
+				return nil
+			}
+			// With ACLs, a principal that may not create topics finds the
+			// ones an operator created: that is enough.
+			return topicsExist(ctx, adm, denied)
+		}
+		if _, ok := errors.AsType[*kgo.ErrFirstReadEOF](err); ok {
+			eofs++
+		} else {
+			eofs = 0
+		}
+		// Wrong credentials or an untrusted certificate: retrying cannot
+		// help, and the minute of retries would hide why. A broker that
+		// closes every new connection at once is (after a few tries, as
+		// one restarting could too) a TLS or SASL mismatch.
+		if Permanent(err) || eofs >= maxFirstReadEOFs {
+			return fmt.Errorf("create topics %v on %s: %w", topics, c.Brokers, Explain(err))
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("create topics %v: %w", topics, err)
+			return fmt.Errorf("create topics %v on %s: %w", topics, c.Brokers, Explain(err))
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
 }
+
+// topicsExist checks that topics this principal may not create exist
+// already.
+func topicsExist(ctx context.Context, adm *kadm.Client, topics []string) error {
+	td, err := adm.ListTopics(ctx, topics...)
+	if err != nil {
+		return fmt.Errorf("list topics %v: %w", topics, Explain(err))
+	}
+	for _, t := range topics {
+		d, ok := td[t]
+		if !ok || d.Err != nil {
+			var err error = kerr.TopicAuthorizationFailed
+			if ok && d.Err != nil {
+				err = d.Err
+			}
+			return fmt.Errorf("create topic %s: not allowed to create it, and it does not exist: create it, or allow this principal to: %w", t, Explain(err))
+		}
+	}
+	return nil
+}
+
+// maxFirstReadEOFs is how many consecutive attempts (500 ms apart)
+// EnsureTopics lets the broker close the connection at once before it
+// reports a TLS or SASL mismatch.
+const maxFirstReadEOFs = 5
 
 // CreateTopics connects, creates the missing topics and disconnects: what
 // every binary and role does at start. It gives up after a minute or when

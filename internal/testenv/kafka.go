@@ -34,6 +34,7 @@ type Kafka struct {
 	version string
 	dataDir string
 	proc    *process
+	sec     *KafkaSecurity // nil unless started with KafkaSecure
 
 	closeOnce sync.Once
 }
@@ -45,6 +46,7 @@ type kafkaConfig struct {
 	heap       string
 	jvmFlags   []string
 	props      map[string]string
+	secure     bool
 }
 
 // KafkaOption configures StartKafka.
@@ -151,7 +153,11 @@ func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 	dir := tb.TempDir()
 	dataDir := filepath.Join(dir, "data")
 	mkdirs(tb, dataDir)
-	ps := freePorts(tb, 2)
+	nports := 2
+	if cfg.secure {
+		nports = 4 // + SASL_SSL and SSL listeners
+	}
+	ps := freePorts(tb, nports)
 	port, ctrlPort := ps[0], ps[1]
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 
@@ -180,6 +186,10 @@ func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 		"num.network.threads":                              "2",
 		"num.io.threads":                                   "4",
 		"log.segment.bytes":                                "16777216",
+	}
+	var sec *KafkaSecurity
+	if cfg.secure {
+		sec = secureListeners(tb, dir, props, ps[2], ps[3])
 	}
 	for k, v := range cfg.props {
 		props[k] = v
@@ -233,6 +243,7 @@ func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 		addr:    addr,
 		version: filepath.Base(filepath.Dir(libs)),
 		dataDir: dataDir,
+		sec:     sec,
 		proc: g.add(&process{
 			name:    "kafka",
 			path:    java,
@@ -297,6 +308,12 @@ func (k *Kafka) Start() {
 	began := time.Now()
 	if err := waitReady(k.proc, 90*time.Second, k.ready); err != nil {
 		k.tb.Fatalf("testenv: %v\n%s", err, k.proc.logTail(60))
+	}
+	if k.sec != nil {
+		k.addSCRAMUser()
+		if err := waitReady(k.proc, 60*time.Second, k.secureReady); err != nil {
+			k.tb.Fatalf("testenv: %v\n%s", err, k.proc.logTail(60))
+		}
 	}
 	k.tb.Logf("testenv: kafka %s ready on %s in %s (log dir %s)", k.version, k.addr, time.Since(began).Round(time.Millisecond), k.dataDir)
 }

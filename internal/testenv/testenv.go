@@ -20,6 +20,10 @@
 // install command, except when CI is set or FAULTLINE_REQUIRE_SERVERS=1: then
 // it fails, so that CI never passes by skipping.
 //
+// StartKafka(t, KafkaSecure()) adds SASL_SSL and mutual-TLS listeners with
+// a generated CA; SharedSecureKafka shares one such broker among the tests
+// of a binary whose TestMain calls Main.
+//
 // Typical use:
 //
 //	func TestStore(t *testing.T) {

@@ -51,6 +51,7 @@ func main() {
 type opts struct {
 	ch         clickhouse.Config
 	kafka      string
+	kcfg       kafka.Config // TLS and SASL of --kafka
 	partitions int
 	events     int
 	st         store.Config
@@ -83,13 +84,14 @@ func run(ctx context.Context, args []string) error {
 		return errors.New("usage: chbench store|window [flags]")
 	}
 	mode := args[0]
-	o := opts{ch: clickhouse.DefaultConfig(), st: store.DefaultConfig()}
+	o := opts{ch: clickhouse.DefaultConfig(), st: store.DefaultConfig(), kcfg: kafka.DefaultConfig()}
 	o.ch.Addr = ""
 	o.ch.Database = "chbench"
 	fs := flag.NewFlagSet("chbench "+mode, flag.ContinueOnError)
 	o.ch.RegisterFlags(fs, "clickhouse.")
 	o.st.RegisterFlags(fs, "store.")
 	fs.StringVar(&o.kafka, "kafka", "", "Kafka brokers (empty: in-process kfake)")
+	o.kcfg.RegisterSecurityFlags(fs, "kafka.")
 	fs.IntVar(&o.partitions, "partitions", 6, "partitions of the events topic")
 	fs.IntVar(&o.events, "events", 0, "events to store (store: default 1000000) or to generate (window: default 10000000)")
 	fs.IntVar(&o.queries, "queries", 2000, "window: queries of each kind")
@@ -99,6 +101,12 @@ func run(ctx context.Context, args []string) error {
 	fs.BoolVar(&o.keep, "keep", false, "keep the generated data (window: reuse it when the row count matches)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
+	}
+	if o.kafka != "" {
+		o.kcfg.Brokers = o.kafka
+		if err := o.kcfg.Validate("kafka."); err != nil {
+			return err
+		}
 	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -186,6 +194,9 @@ func benchStore(ctx context.Context, conn clickhouse.Conn, o opts, log *slog.Log
 		brokers = strings.Join(c.ListenAddrs(), ",")
 	}
 	kcfg := kafka.DefaultConfig()
+	if o.kafka != "" {
+		kcfg = o.kcfg // with its TLS and SASL
+	}
 	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = brokers, o.partitions, -1
 	cl, err := kafka.NewClient(kcfg, log, kgo.ProducerBatchMaxBytes(4<<20), kgo.MaxBufferedRecords(100000))
 	if err != nil {

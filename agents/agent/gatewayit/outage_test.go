@@ -49,7 +49,7 @@ func (c *queueCheck) add(msg string) {
 // its spool, the gateway comes back, and every event reaches Kafka exactly
 // in the order it was produced.
 func TestSpoolSurvivesGatewayOutage(t *testing.T) {
-	k := testenv.StartKafka(t)
+	k := testenv.SharedSecureKafka(t) // its plaintext listener; shared with the TLS test
 	gw := gatewaytest.Start(t, k.Addr(), nil, gateway.Options{})
 
 	dir := t.TempDir()
@@ -62,6 +62,7 @@ func TestSpoolSurvivesGatewayOutage(t *testing.T) {
 	cfg.NodeName, cfg.MetricsAddr = node, ""
 	cfg.Gateway.Addr, cfg.Gateway.TokenFile, cfg.Gateway.MaxBackoff = gw.GRPCAddr(), tok, 300*time.Millisecond
 	cfg.Gateway.Timeout = 3 * time.Second
+	cfg.Gateway.Insecure = true // gatewaytest serves plaintext
 	cfg.Spool.Dir = filepath.Join(dir, "spool")
 	qc := &queueCheck{}
 	a, err := agent.New(cfg, slog.Default(), agent.Options{Checks: []agent.Scheduled{{Check: qc, Interval: 50 * time.Millisecond, Timeout: time.Second}}})

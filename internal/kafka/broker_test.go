@@ -1,0 +1,313 @@
+package kafka
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// syncBuffer is a log sink that tests can read while clients write.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// debugLog returns a debug-level logger (franz-go logs every connection
+// and SASL step at debug) and what it wrote.
+func debugLog() (*slog.Logger, *syncBuffer) {
+	var buf syncBuffer
+	return slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), &buf
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// roundTrip creates a topic, produces one record and consumes it back, each
+// through its own kafka.NewClient of c.
+func roundTrip(t *testing.T, c Config, log *slog.Logger) {
+	t.Helper()
+	topic := fmt.Sprintf("sec-%s-%d", strings.NewReplacer("/", "-", " ", "-").Replace(t.Name()), time.Now().UnixNano())
+	ctx := ctxT(t, 60*time.Second)
+	if err := CreateTopics(ctx, c, log, topic); err != nil {
+		t.Fatalf("create topic: %v", err)
+	}
+	prod, err := NewClient(c, log, kgo.RequiredAcks(kgo.AllISRAcks()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	want := "value " + topic
+	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: []byte("dev/node-1"), Value: []byte(want)}).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	cons, err := NewClient(c, log, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	for {
+		fs := cons.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("consume: %v", err)
+		}
+		if errs := fs.Errors(); len(errs) > 0 {
+			t.Fatalf("fetch: %v", errs[0].Err)
+		}
+		if recs := fs.Records(); len(recs) > 0 {
+			if got := string(recs[0].Value); got != want {
+				t.Fatalf("consumed %q, want %q", got, want)
+			}
+			return
+		}
+	}
+}
+
+// secureConfig is a Config for the shared broker's SASL_SSL listener with
+// the given mechanism and the test user's password file.
+func secureConfig(k *testenv.Kafka, mech string) Config {
+	sec := k.Security()
+	c := DefaultConfig()
+	c.Brokers, c.Partitions = sec.SASLSSLAddr, 2
+	c.TLS = TLSConfig{Enabled: true, CAFile: sec.CA.File}
+	c.SASL = SASLConfig{Mechanism: mech, Username: sec.User, PasswordFile: sec.PasswordFile}
+	return c
+}
+
+func writeSecret(t *testing.T, name, v string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(v+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestRealBrokerRoundTrip: through kafka.NewClient, a record goes to a
+// real Apache Kafka broker and back over TLS with every supported SASL
+// mechanism, and over mutual TLS; the password never reaches the logs.
+func TestRealBrokerRoundTrip(t *testing.T) {
+	k := testenv.SharedSecureKafka(t)
+	sec := k.Security()
+	for _, mech := range []string{MechanismScramSHA256, MechanismScramSHA512, MechanismPlain} {
+		t.Run(mech, func(t *testing.T) {
+			t.Parallel()
+			log, logs := debugLog()
+			roundTrip(t, secureConfig(k, mech), log)
+			if !strings.Contains(logs.String(), mech) {
+				t.Errorf("the debug log does not show a %s login:\n%s", mech, logs)
+			}
+			if strings.Contains(logs.String(), sec.Password) {
+				t.Errorf("the password is in the logs")
+			}
+		})
+	}
+	t.Run("OAUTHBEARER token file", func(t *testing.T) {
+		t.Parallel()
+		c := secureConfig(k, MechanismOAuthBearer)
+		c.SASL = SASLConfig{Mechanism: MechanismOAuthBearer, TokenFile: writeSecret(t, "token", k.OAuthToken("faultline-store", time.Hour))}
+		log, logs := debugLog()
+		roundTrip(t, c, log)
+		if strings.Contains(logs.String(), "eyJ") {
+			t.Errorf("the token is in the logs")
+		}
+	})
+	t.Run("SCRAM password from env", func(t *testing.T) {
+		// t.Setenv: not parallel.
+		t.Setenv("FAULTLINE_TEST_KAFKA_PASSWORD", sec.Password)
+		c := secureConfig(k, MechanismScramSHA256)
+		c.SASL.PasswordFile, c.SASL.PasswordEnv = "", "FAULTLINE_TEST_KAFKA_PASSWORD"
+		roundTrip(t, c, quietLog())
+	})
+	t.Run("mutual TLS", func(t *testing.T) {
+		t.Parallel()
+		client := sec.CA.Issue(t, "faultline-gateway")
+		c := DefaultConfig()
+		c.Brokers, c.Partitions = sec.SSLAddr, 2
+		c.TLS = TLSConfig{Enabled: true, CAFile: sec.CA.File, CertFile: client.CertFile, KeyFile: client.KeyFile}
+		roundTrip(t, c, quietLog())
+	})
+}
+
+// TestRealBrokerRotatedPassword: the password file is read at every
+// login, so after the credential and the file change, new connections of
+// the same config log in with the new password.
+func TestRealBrokerRotatedPassword(t *testing.T) {
+	k := testenv.SharedSecureKafka(t)
+	ctx := ctxT(t, 60*time.Second)
+	adm := k.Admin(t)
+	setPassword := func(pw string) {
+		t.Helper()
+		resp, err := adm.AlterUserSCRAMs(ctx, nil, []kadm.UpsertSCRAM{{User: "rotating", Mechanism: kadm.ScramSha256, Iterations: 4096, Password: pw}})
+		if err == nil {
+			err = resp.Error()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	setPassword("first-password-1")
+	pwFile := writeSecret(t, "pw", "first-password-1")
+	c := secureConfig(k, MechanismScramSHA256)
+	c.SASL.Username, c.SASL.PasswordFile = "rotating", pwFile
+	eventually(t, func() error { return ping(ctx, c) }) // the credential reaches the listener a moment later
+	setPassword("second-password-2")
+	eventually(t, func() error {
+		if err := ping(ctx, c); !errors.Is(err, kerr.SaslAuthenticationFailed) {
+			return fmt.Errorf("old password: %v, want SASL_AUTHENTICATION_FAILED", err)
+		}
+		return nil
+	})
+	if err := os.WriteFile(pwFile, []byte("second-password-2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := ping(ctx, c); err != nil {
+		t.Fatalf("after rotating the file: %v", err)
+	}
+}
+
+// ping lists the brokers through a new client of c.
+func ping(ctx context.Context, c Config) error {
+	cl, err := NewClient(c, quietLog(), kgo.RetryTimeout(time.Second))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	_, err = kadm.NewClient(cl).ListBrokers(ctx)
+	return err
+}
+
+func eventually(t *testing.T, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestRealBrokerRefusals: wrong credentials, an untrusted CA, an expired
+// token, a missing client certificate and a TLS/plaintext mismatch each
+// fail at start, fast, with an error that says what to check — and never
+// shows the secret.
+func TestRealBrokerRefusals(t *testing.T) {
+	k := testenv.SharedSecureKafka(t)
+	sec := k.Security()
+	otherCA := testenv.NewCA(t, "", "some-other-ca")
+	tests := []struct {
+		name string
+		mod  func(t *testing.T, c *Config)
+		want []string // substrings of the error
+		// permanent: CreateTopics gives up at once instead of retrying
+		// for its minute.
+		permanent bool
+	}{
+		{"wrong password", func(t *testing.T, c *Config) {
+			c.SASL.PasswordFile = writeSecret(t, "pw", "not-the-password-77")
+		}, []string{"kafka authentication failed: check kafka.sasl.username", "SASL_AUTHENTICATION_FAILED"}, true},
+		{"unknown user", func(t *testing.T, c *Config) { c.SASL.Username = "mallory" },
+			[]string{"kafka authentication failed", "SASL_AUTHENTICATION_FAILED"}, true},
+		{"wrong password SCRAM-SHA-512", func(t *testing.T, c *Config) {
+			c.SASL.Mechanism = MechanismScramSHA512
+			c.SASL.PasswordFile = writeSecret(t, "pw", "not-the-password-77")
+		}, []string{"kafka authentication failed", "SASL_AUTHENTICATION_FAILED"}, true},
+		{"wrong PLAIN password", func(t *testing.T, c *Config) {
+			c.SASL.Mechanism = MechanismPlain
+			c.SASL.PasswordFile = writeSecret(t, "pw", "not-the-password-77")
+		}, []string{"kafka authentication failed", "SASL_AUTHENTICATION_FAILED"}, true},
+		{"expired token", func(t *testing.T, c *Config) {
+			c.SASL = SASLConfig{Mechanism: MechanismOAuthBearer, TokenFile: writeSecret(t, "tok", k.OAuthToken("x", -time.Hour))}
+		}, []string{"kafka authentication failed", "the broker refused the OAUTHBEARER token (status \"invalid_token\")"}, true},
+		{"wrong CA", func(t *testing.T, c *Config) { c.TLS.CAFile = otherCA.File },
+			[]string{"the broker's TLS certificate is not trusted: check kafka.tls.ca_file", "certificate signed by unknown authority"}, true},
+		{"system roots", func(t *testing.T, c *Config) { c.TLS.CAFile = "" },
+			[]string{"the broker's TLS certificate is not trusted: check kafka.tls.ca_file", "certificate signed by unknown authority"}, true},
+		{"wrong server name", func(t *testing.T, c *Config) { c.TLS.ServerName = "kafka.example.com" },
+			[]string{"the broker's TLS certificate is for another name: check kafka.brokers and kafka.tls.server_name", "kafka.example.com"}, true},
+		{"TLS to the plaintext listener", func(t *testing.T, c *Config) {
+			c.Brokers = k.Addr()
+			c.SASL = SASLConfig{}
+		}, []string{"does the listener expect TLS (kafka.tls.enabled)", "using TLS when the broker is not expecting it"}, true},
+		{"mutual TLS without a client certificate", func(t *testing.T, c *Config) {
+			c.Brokers = sec.SSLAddr
+			c.SASL = SASLConfig{}
+		}, []string{"the broker refused the TLS handshake: check kafka.tls.cert_file", "bad certificate"}, true},
+		{"client certificate from another CA", func(t *testing.T, c *Config) {
+			kp := otherCA.Issue(t, "intruder")
+			c.Brokers = sec.SSLAddr
+			c.SASL = SASLConfig{}
+			c.TLS.CertFile, c.TLS.KeyFile = kp.CertFile, kp.KeyFile
+		}, []string{"the broker refused the TLS handshake: check kafka.tls.cert_file", "unknown certificate"}, true},
+		{"no SASL on the SASL_SSL listener", func(t *testing.T, c *Config) { c.SASL = SASLConfig{} },
+			[]string{"does the listener expect TLS (kafka.tls.enabled) or SASL (kafka.sasl.mechanism)?", "is SASL missing?"}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := secureConfig(k, MechanismScramSHA256)
+			tt.mod(t, &c)
+			if err := c.Validate("kafka."); err != nil {
+				t.Fatalf("the config itself is valid, got %v", err)
+			}
+			log, logs := debugLog()
+			began := time.Now()
+			ctx := ctxT(t, 90*time.Second)
+			err := CreateTopics(ctx, c, log, "never-created")
+			took := time.Since(began)
+			if err == nil {
+				t.Fatal("CreateTopics succeeded")
+			}
+			t.Logf("after %s: %v", took.Round(time.Millisecond), err)
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q", w)
+				}
+			}
+			if tt.permanent && took > 15*time.Second {
+				t.Errorf("took %s: a permanent failure must not be retried", took)
+			}
+			for _, s := range []string{sec.Password, "not-the-password-77", "eyJ"} {
+				if strings.Contains(err.Error(), s) || strings.Contains(logs.String(), s) {
+					t.Errorf("a secret (%.6s…) is in the error or the logs", s)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,249 @@
+package kafka
+
+import (
+	"bytes"
+	"crypto/tls"
+	"flag"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/faultline/faultline/internal/testenv"
+)
+
+// TestValidateNamesTheKey: every bad combination of the TLS and SASL keys
+// is refused at start with an error naming the key.
+func TestValidateNamesTheKey(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	pwFile := write("pw", "pw-9f8e7d\n")
+	tokFile := write("tok", "eyJhbGciOiJub25lIn0.eyJzdWIiOiJ4In0.\n")
+	emptyFile := write("empty", "\n")
+	notPEM := write("notpem", "not a certificate")
+	t.Setenv("FAULTLINE_TEST_KAFKA_PW", "pw-from-env")
+
+	tests := []struct {
+		name string
+		mod  func(c *Config)
+		want string // "" = valid
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"scram-256 with file", func(c *Config) {
+			c.SASL = SASLConfig{Mechanism: "SCRAM-SHA-256", Username: "u", PasswordFile: pwFile}
+		}, ""},
+		{"scram-512 lower case with env", func(c *Config) {
+			c.SASL = SASLConfig{Mechanism: "scram-sha-512", Username: "u", PasswordEnv: "FAULTLINE_TEST_KAFKA_PW"}
+		}, ""},
+		{"plain over tls", func(c *Config) {
+			c.TLS.Enabled = true
+			c.SASL = SASLConfig{Mechanism: "PLAIN", Username: "u", PasswordFile: pwFile}
+		}, ""},
+		{"oauthbearer over tls", func(c *Config) {
+			c.TLS.Enabled = true
+			c.SASL = SASLConfig{Mechanism: "OAUTHBEARER", TokenFile: tokFile}
+		}, ""},
+		{"unknown mechanism", func(c *Config) { c.SASL.Mechanism = "GSSAPI" }, `kafka.sasl.mechanism: "GSSAPI" is not one of SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, PLAIN`},
+		{"plain without tls", func(c *Config) {
+			c.SASL = SASLConfig{Mechanism: "PLAIN", Username: "u", PasswordFile: pwFile}
+		}, "kafka.sasl.mechanism: PLAIN sends the password in clear; it requires kafka.tls.enabled = true"},
+		{"oauthbearer without tls", func(c *Config) {
+			c.SASL = SASLConfig{Mechanism: "OAUTHBEARER", TokenFile: tokFile}
+		}, "kafka.sasl.mechanism: OAUTHBEARER sends the bearer token in clear; it requires kafka.tls.enabled = true"},
+		{"scram without user", func(c *Config) {
+			c.SASL = SASLConfig{Mechanism: "SCRAM-SHA-256", PasswordFile: pwFile}
+		}, "kafka.sasl.username: required by SCRAM-SHA-256"},
+		{"scram without password", func(c *Config) {
+			c.SASL = SASLConfig{Mechanism: "SCRAM-SHA-256", Username: "u"}
+		}, "kafka.sasl.password_file or kafka.sasl.password_env: required by SCRAM-SHA-256"},
+		{"scram missing password file", func(c *Config) {
+			c.SASL = SASLConfig{Mechanism: "SCRAM-SHA-256", Username: "u", PasswordFile: filepath.Join(dir, "absent")}
+		}, "kafka.sasl.password_file: open " + filepath.Join(dir, "absent")},
+		{"scram empty password file", func(c *Config) {
+			c.SASL = SASLConfig{Mechanism: "SCRAM-SHA-256", Username: "u", PasswordFile: emptyFile}
+		}, "kafka.sasl.password_file: " + emptyFile + " is empty"},
+		{"scram unset env", func(c *Config) {
+			c.SASL = SASLConfig{Mechanism: "SCRAM-SHA-256", Username: "u", PasswordEnv: "FAULTLINE_TEST_KAFKA_UNSET"}
+		}, "kafka.sasl.password_env: environment variable FAULTLINE_TEST_KAFKA_UNSET is not set"},
+		{"both password sources", func(c *Config) {
+			c.SASL = SASLConfig{Mechanism: "SCRAM-SHA-256", Username: "u", PasswordFile: pwFile, PasswordEnv: "FAULTLINE_TEST_KAFKA_PW"}
+		}, "kafka.sasl.password_file, kafka.sasl.password_env: both"},
+		{"token with scram", func(c *Config) {
+			c.SASL = SASLConfig{Mechanism: "SCRAM-SHA-256", Username: "u", PasswordFile: pwFile, TokenFile: tokFile}
+		}, "kafka.sasl.token_file: not used by SCRAM-SHA-256"},
+		{"password with oauthbearer", func(c *Config) {
+			c.TLS.Enabled = true
+			c.SASL = SASLConfig{Mechanism: "OAUTHBEARER", TokenFile: tokFile, PasswordFile: pwFile}
+		}, "kafka.sasl.password_file: not used by OAUTHBEARER"},
+		{"oauthbearer without token", func(c *Config) {
+			c.TLS.Enabled = true
+			c.SASL = SASLConfig{Mechanism: "OAUTHBEARER"}
+		}, "kafka.sasl.token_file or kafka.sasl.token_env: required by OAUTHBEARER"},
+		{"username without mechanism", func(c *Config) { c.SASL.Username = "u" }, "kafka.sasl.username: set, but kafka.sasl.mechanism is empty"},
+		{"password file without mechanism", func(c *Config) { c.SASL.PasswordFile = pwFile }, "kafka.sasl.password_file: set, but kafka.sasl.mechanism is empty"},
+		{"ca file with tls off", func(c *Config) { c.TLS.CAFile = notPEM }, "kafka.tls.ca_file: set, but kafka.tls.enabled is false"},
+		{"server name with tls off", func(c *Config) { c.TLS.ServerName = "kafka" }, "kafka.tls.server_name: set, but kafka.tls.enabled is false"},
+		{"ca file missing", func(c *Config) {
+			c.TLS = TLSConfig{Enabled: true, CAFile: filepath.Join(dir, "absent.pem")}
+		}, "kafka.tls.ca_file: open "},
+		{"ca file not PEM", func(c *Config) {
+			c.TLS = TLSConfig{Enabled: true, CAFile: notPEM}
+		}, "kafka.tls.ca_file: no PEM certificate in " + notPEM},
+		{"cert without key", func(c *Config) {
+			c.TLS = TLSConfig{Enabled: true, CertFile: notPEM}
+		}, "kafka.tls.key_file: required with kafka.tls.cert_file"},
+		{"key without cert", func(c *Config) {
+			c.TLS = TLSConfig{Enabled: true, KeyFile: notPEM}
+		}, "kafka.tls.cert_file: required with kafka.tls.key_file"},
+		{"bad key pair", func(c *Config) {
+			c.TLS = TLSConfig{Enabled: true, CertFile: notPEM, KeyFile: notPEM}
+		}, "kafka.tls.cert_file, kafka.tls.key_file: tls: failed to find any PEM data"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tt.mod(&c)
+			err := c.Validate("kafka.")
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("valid config refused: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v\nwant an error containing %q", err, tt.want)
+			}
+			for _, secret := range []string{"pw-9f8e7d", "pw-from-env", "eyJhbGciOiJub25lIn0"} {
+				if strings.Contains(err.Error(), secret) {
+					t.Fatalf("error shows a secret: %v", err)
+				}
+			}
+			// NewClient refuses the same config with the same error.
+			if _, cerr := NewClient(c, quietLog()); cerr == nil || cerr.Error() != err.Error() {
+				t.Fatalf("NewClient: %v, want %v", cerr, err)
+			}
+		})
+	}
+}
+
+// TestConfigFromTOMLAndFlags: the keys decode from a TOML [kafka] section
+// and the flags override them; --help names the keys and shows no secret.
+func TestConfigFromTOMLAndFlags(t *testing.T) {
+	t.Setenv("FAULTLINE_TEST_KAFKA_PW", "pw-never-shown-41")
+	var file struct {
+		Kafka Config `toml:"kafka"`
+	}
+	file.Kafka = DefaultConfig()
+	md, err := toml.Decode(`
+[kafka]
+brokers = "k1:9093,k2:9093"
+[kafka.tls]
+enabled = true
+server_name = "kafka.internal"
+[kafka.sasl]
+mechanism = "SCRAM-SHA-512"
+username = "faultline-gateway"
+password_env = "FAULTLINE_TEST_KAFKA_PW"
+`, &file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		t.Fatalf("undecoded keys %v", und)
+	}
+	c := file.Kafka
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	var help bytes.Buffer
+	fs.SetOutput(&help)
+	c.RegisterFlags(fs, "kafka.")
+	if err := fs.Parse([]string{"--kafka.sasl.username", "faultline-store", "--kafka.tls.server-name", "kafka.example"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate("kafka."); err != nil {
+		t.Fatal(err)
+	}
+	if c.SASL.Username != "faultline-store" || c.TLS.ServerName != "kafka.example" || !c.TLS.Enabled || c.SASL.mechanism() != MechanismScramSHA512 {
+		t.Fatalf("config %+v", c)
+	}
+	fs.PrintDefaults()
+	for _, want := range []string{"-kafka.sasl.mechanism", "-kafka.sasl.password-file", "-kafka.sasl.password-env", "-kafka.sasl.token-file",
+		"-kafka.tls.enabled", "-kafka.tls.ca-file", "-kafka.tls.cert-file", "-kafka.tls.key-file", "-kafka.tls.server-name"} {
+		if !strings.Contains(help.String(), want) {
+			t.Errorf("--help lacks %s", want)
+		}
+	}
+	if strings.Contains(help.String(), "pw-never-shown-41") {
+		t.Errorf("--help shows the password:\n%s", help.String())
+	}
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// TestKfakeSCRAMOverTLS is the fast (in-process, no Java) check of
+// NewClient's TLS and SASL wiring, run even under -short: franz-go's kfake
+// broker with TLS and a SCRAM-SHA-512 user. The real-broker tests are
+// TestRealBroker*.
+func TestKfakeSCRAMOverTLS(t *testing.T) {
+	ca := testenv.NewCA(t, "", "kfake")
+	server := ca.Issue(t, "kfake", "127.0.0.1")
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1),
+		kfake.TLS(&tls.Config{Certificates: []tls.Certificate{server.Cert}, MinVersion: tls.VersionTLS12}),
+		kfake.EnableSASL(), kfake.Superuser(MechanismScramSHA512, "faultline", "kfake-password-3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	c := DefaultConfig()
+	c.Brokers, c.Partitions = strings.Join(cluster.ListenAddrs(), ","), 1
+	c.TLS = TLSConfig{Enabled: true, CAFile: ca.File}
+	c.SASL = SASLConfig{Mechanism: MechanismScramSHA512, Username: "faultline", PasswordFile: writeSecret(t, "pw", "kfake-password-3")}
+	if err := c.Validate("kafka."); err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, c, quietLog())
+	// Refusals are tested against the real broker only: kfake closes the
+	// connection on a failed SCRAM login where Kafka answers
+	// SASL_AUTHENTICATION_FAILED, so its failure looks transient.
+}
+
+// TestKfakeACLsTopicsPrecreated: a principal that may not create topics
+// (broker ACLs) starts when an operator created them, and gets an error
+// saying what to do when one is missing.
+func TestKfakeACLsTopicsPrecreated(t *testing.T) {
+	allow := func(res kmsg.ACLResourceType, op kmsg.ACLOperation) kfake.ACL {
+		return kfake.ACL{Resource: res, Name: "*", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: op, Allow: true}
+	}
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
+		kfake.Superuser(MechanismScramSHA256, "admin", "admin-pw"),
+		kfake.User(MechanismScramSHA256, "gateway", "gateway-pw",
+			allow(kmsg.ACLResourceTypeTopic, kmsg.ACLOperationDescribe), allow(kmsg.ACLResourceTypeTopic, kmsg.ACLOperationWrite)),
+		kfake.SeedTopics(1, "precreated"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	c := DefaultConfig()
+	c.Brokers, c.Partitions = strings.Join(cluster.ListenAddrs(), ","), 1
+	c.SASL = SASLConfig{Mechanism: MechanismScramSHA256, Username: "gateway", PasswordFile: writeSecret(t, "pw", "gateway-pw")}
+	ctx := ctxT(t, 30*time.Second)
+	if err := CreateTopics(ctx, c, quietLog(), "precreated"); err != nil {
+		t.Fatalf("existing topic, no create permission: %v", err)
+	}
+	err = CreateTopics(ctx, c, quietLog(), "precreated", "missing")
+	if err == nil || !strings.Contains(err.Error(), "create topic missing: not allowed to create it, and it does not exist") {
+		t.Fatalf("missing topic, no create permission: %v", err)
+	}
+}

@@ -1,0 +1,159 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+)
+
+// Main runs a package's tests and then stops the servers its tests shared
+// (SharedSecureKafka) and removes their files. A package whose tests share
+// a server calls it from TestMain:
+//
+//	func TestMain(m *testing.M) { testenv.Main(m) }
+func Main(m *testing.M) {
+	shared.mu.Lock()
+	shared.main = true
+	shared.mu.Unlock()
+	code := m.Run()
+	stopShared()
+	os.Exit(code)
+}
+
+// shared holds the servers started once per test binary.
+var shared struct {
+	mu       sync.Mutex
+	main     bool     // Main is running the tests
+	root     string   // their files, removed by stopShared
+	cleanups []func() // run in reverse by stopShared
+	kafka    *Kafka   // SharedSecureKafka's broker
+}
+
+// SharedSecureKafka returns a broker started with KafkaSecure that every
+// test of the binary shares: the first caller starts it (10-20 s), the
+// others get it at once, and Main stops it after the last test. Tests must
+// not Stop, Kill or Start it, and should use topic and group names of
+// their own. When a test that used it fails, the tail of the broker log is
+// printed with it. It needs testenv.Main in the package's TestMain; a test
+// that needs its own, or a plain broker, calls StartKafka.
+//
+// Under `go test -short` the test is skipped.
+func SharedSecureKafka(tb testing.TB) *Kafka {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("testenv: -short: not starting a real Kafka broker")
+	}
+	if _, ok := kafkaLibs(); !ok {
+		StartKafka(tb) // skips, or fails in CI, naming what is missing
+	}
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if !shared.main {
+		tb.Fatal("testenv: SharedSecureKafka needs `func TestMain(m *testing.M) { testenv.Main(m) }` in the test package")
+	}
+	if shared.kafka == nil {
+		if shared.root == "" {
+			dir, err := os.MkdirTemp("", "faultline-testenv-shared-")
+			if err != nil {
+				tb.Fatalf("testenv: %v", err)
+			}
+			shared.root = dir
+		}
+		st := &sharedTB{TB: tb, active: true}
+		shared.kafka = StartKafka(st, KafkaSecure())
+		st.done()
+	}
+	k := shared.kafka
+	tb.Cleanup(func() {
+		if tb.Failed() {
+			tb.Logf("testenv: last lines of the shared kafka log (%s):\n%s", k.proc.logPath, k.proc.logTail(logTailLines))
+		}
+	})
+	return k
+}
+
+// stopShared runs the shared servers' cleanups and removes their files.
+func stopShared() {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	for i := len(shared.cleanups) - 1; i >= 0; i-- {
+		shared.cleanups[i]()
+	}
+	shared.cleanups, shared.kafka = nil, nil
+	if shared.root != "" {
+		_ = os.RemoveAll(shared.root)
+		shared.root = ""
+	}
+}
+
+// sharedTB is the testing.TB of a server that outlives the test starting
+// it: its files go under shared.root and its cleanups run in stopShared.
+// While the server starts, failures and logs go to that test; afterwards
+// logs go to stderr and a failure panics (only reachable by stopping or
+// restarting a shared server, which tests must not do).
+type sharedTB struct {
+	testing.TB
+	mu     sync.Mutex
+	active bool
+}
+
+func (s *sharedTB) done() {
+	s.mu.Lock()
+	s.active = false
+	s.mu.Unlock()
+}
+
+func (s *sharedTB) current() testing.TB {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.active {
+		return s.TB
+	}
+	return nil
+}
+
+// Helper marks the caller as a helper of the starting test.
+func (s *sharedTB) Helper() {
+	if tb := s.current(); tb != nil {
+		tb.Helper()
+	}
+}
+
+// Logf logs to the starting test, later to stderr.
+func (s *sharedTB) Logf(format string, args ...any) {
+	if tb := s.current(); tb != nil {
+		tb.Logf(format, args...)
+		return
+	}
+	fmt.Fprintf(os.Stderr, format+"\n", args...)
+}
+
+// Fatalf fails the starting test, later panics.
+func (s *sharedTB) Fatalf(format string, args ...any) {
+	if tb := s.current(); tb != nil {
+		tb.Fatalf(format, args...)
+		return
+	}
+	panic(fmt.Sprintf(format, args...))
+}
+
+// Fatal is Fatalf without a format.
+func (s *sharedTB) Fatal(args ...any) { s.Fatalf("%s", fmt.Sprint(args...)) }
+
+// Failed is false: the per-test cleanup of SharedSecureKafka prints the
+// log of a failed test instead.
+func (s *sharedTB) Failed() bool { return false }
+
+// TempDir returns a new directory under shared.root (shared.mu is held by
+// SharedSecureKafka while the server starts).
+func (s *sharedTB) TempDir() string {
+	dir, err := os.MkdirTemp(shared.root, "kafka-")
+	if err != nil {
+		s.Fatalf("testenv: %v", err)
+	}
+	return dir
+}
+
+// Cleanup defers f to stopShared.
+func (s *sharedTB) Cleanup(f func()) { shared.cleanups = append(shared.cleanups, f) }
