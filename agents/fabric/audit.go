@@ -47,9 +47,25 @@ func ParseAudit(out string) (*AuditMatrix, error) {
 		if len(f)-1 != len(cols) {
 			return nil, fmt.Errorf("nvswitch-audit: line %d: %d cells for %d GPUs", n+1, len(f)-1, len(cols))
 		}
+		// The self cell is "X". A row whose X sits off the diagonal (the
+		// guide's own example prints row 8 as "12 ... X 12") gives the
+		// X's column the value printed on the diagonal.
+		xCol, diag := -1, ""
+		for i, c := range f[1:] {
+			if strings.EqualFold(c, "X") && cols[i] != row {
+				xCol = cols[i]
+			}
+			if cols[i] == row && !strings.EqualFold(c, "X") {
+				diag = c
+			}
+		}
 		for i, c := range f[1:] {
 			if cols[i] == row || strings.EqualFold(c, "X") {
-				continue
+				if cols[i] == xCol && diag != "" {
+					c = diag
+				} else {
+					continue
+				}
 			}
 			v, err := strconv.Atoi(c)
 			if err != nil {

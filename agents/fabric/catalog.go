@@ -265,9 +265,21 @@ func LoadCatalog(b []byte) (*Catalog, error) {
 	return c, nil
 }
 
+// matchText is a message as rules see it: lower case, without file paths
+// ("/usr/share/nvidia/nvswitch/fabricmanager.cfg" names no NVSwitch).
+func matchText(msg string) string {
+	f := strings.Fields(strings.ToLower(msg))
+	for i, w := range f {
+		if strings.Count(w, "/") >= 2 {
+			f[i] = "<path>"
+		}
+	}
+	return " " + strings.Join(f, " ") + " "
+}
+
 // Match returns the first message rule a message matches, or nil.
 func (c *Catalog) Match(source, level, msg string) *MessageRule {
-	low := strings.ToLower(msg)
+	low := matchText(msg)
 	for _, m := range c.Messages {
 		if m.matches(source, level, low) {
 			return m

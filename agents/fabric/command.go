@@ -43,7 +43,7 @@ var (
 	detNVLinkGPU   = regexp.MustCompile(`(?m)^GPU \d+: .*\(UUID: GPU-`)
 	detNVLinkLink  = regexp.MustCompile(`(?m)^\s+Link \d+: `)
 	detTopoHeader  = regexp.MustCompile(`(?m)^\s*GPU0\s+GPU1?`)
-	detSMIFabric   = regexp.MustCompile(`(?m)^\s+Fabric\s*$`)
+	detSMIFabric   = regexp.MustCompile(`(?m)^\s*Fabric\s*$`)
 	detSMIKey      = regexp.MustCompile(`(?m)^\s+State\s+:`)
 	detConfigItem  = regexp.MustCompile(`(?m)^(FABRIC_MODE|LOG_FILE_NAME|ACCESS_LINK_FAILURE_MODE|TRUNK_LINK_FAILURE_MODE|NVSWITCH_FAILURE_MODE|DAEMONIZE|BIND_INTERFACE_IP|STARTING_TCP_PORT|TOPOLOGY_FILE_PATH|FM_SM_IPC_INTERFACE)=`)
 	detNVLSMLine   = regexp.MustCompile(`(?m)^[A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d+ \[[0-9A-Fa-f]+\] 0x[0-9A-Fa-f]+ -> `)
@@ -80,7 +80,7 @@ func DetectKind(text string) string {
 		return KindFMConfig
 	case detFMLine.MatchString(t):
 		return KindFMLog
-	case detNVLSMLine.MatchString(t):
+	case detNVLSMLine.MatchString(t), strings.HasPrefix(t, "nvlsm: "):
 		return KindNVLSMLog
 	case detJournalLine.MatchString(t):
 		return KindJournal
@@ -241,8 +241,11 @@ func AddInput(s *Snapshot, kind, text string, r *LogReader) error {
 			return fmt.Errorf("no Active/ActiveState line")
 		}
 		s.Service = st
-		if st.HasProcess("nv-fabricmanager") || st.HasProcess(fmComm) {
-			running := st.HasProcess("nvlsm")
+		if st.HasProcess("nvlsm") {
+			// NVLSM in the unit's cgroup (the guide's unit starts it with
+			// FM). Its absence proves nothing: some distributions run it
+			// as a unit of its own.
+			running := true
 			s.NVLSMRunning = &running
 		}
 		if len(st.Journal) > 0 {

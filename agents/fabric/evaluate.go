@@ -115,6 +115,7 @@ type Evaluator struct {
 	cat *Catalog
 
 	bad     map[string]*datamodels.HealthEvent
+	stale   map[string]bool // fmrun conditions of the previous FM run, not yet seen again
 	pending map[string]time.Time
 	counter map[string]float64
 
@@ -151,7 +152,7 @@ func NewEvaluator(cfg EvalConfig) (*Evaluator, error) {
 	default:
 		return nil, fmt.Errorf("fabric.platform: %q is not auto, a100, h100 or b200", cfg.Platform)
 	}
-	return &Evaluator{cfg: cfg, cat: cfg.Catalog, bad: map[string]*datamodels.HealthEvent{}, pending: map[string]time.Time{},
+	return &Evaluator{cfg: cfg, cat: cfg.Catalog, bad: map[string]*datamodels.HealthEvent{}, stale: map[string]bool{}, pending: map[string]time.Time{},
 		counter: map[string]float64{}, platform: PlatformInfo{NVSwitches: -1, NVLinkBridges: -1, GPUs: -1},
 		gpuByUUID: map[string]*GPUFabric{}, gpuByMod: map[int]*GPUFabric{}, gpuPCIs: map[string]bool{}}, nil
 }
@@ -324,6 +325,7 @@ func (e *Evaluator) sync(o *out, family string, now []cond, t time.Time) {
 }
 
 func (e *Evaluator) raise(key string, ev *datamodels.HealthEvent) *datamodels.HealthEvent {
+	delete(e.stale, key)
 	prev := e.bad[key]
 	if prev != nil && prev.ErrorCode[0] == ev.ErrorCode[0] {
 		return nil
@@ -344,18 +346,30 @@ func (e *Evaluator) clear(key string, t time.Time) *datamodels.HealthEvent {
 		GeneratedTimestamp: timestamppb.New(t)}
 }
 
-// clearFamily clears every condition of a family (FM reported a
-// successful configuration: the previous run's initialization errors are
-// over).
-func (e *Evaluator) clearFamily(o *out, family string, t time.Time) {
-	var keys []string
+// markStale marks the standing conditions of a family as belonging to a
+// previous run (FM restarted): the new run's initialization either reports
+// them again (they stand, without a new event) or ends with a successful
+// configuration (clearStale reports them healthy).
+func (e *Evaluator) markStale(family string) {
 	for k := range e.bad {
+		if strings.HasPrefix(k, family+"|") {
+			e.stale[k] = true
+		}
+	}
+}
+
+// clearStale clears the conditions of a family that the current run did not
+// report again.
+func (e *Evaluator) clearStale(o *out, family string, t time.Time) {
+	var keys []string
+	for k := range e.stale {
 		if strings.HasPrefix(k, family+"|") {
 			keys = append(keys, k)
 		}
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
+		delete(e.stale, k)
 		o.add(e.clear(k, t))
 	}
 }
@@ -410,6 +424,13 @@ func (e *Evaluator) gpuRef(r Refs) (id, pci string, ok bool) {
 			return g.UUID, g.PCI, true
 		}
 		return r.GPUUUID, "", true
+	case r.PCI != "" && e.gpuPCIs[pci4(r.PCI)]:
+		for _, g := range e.gpuByUUID {
+			if pci4(g.PCI) == pci4(r.PCI) {
+				return g.ID(), g.PCI, true
+			}
+		}
+		return pci4(r.PCI), pci4(r.PCI), true
 	case r.GPUPhysID >= 0:
 		if e.platform.Name != PlatformA100 {
 			// H100 and later: the physical id is the Module ID.
@@ -418,13 +439,6 @@ func (e *Evaluator) gpuRef(r Refs) (id, pci string, ok bool) {
 			}
 		}
 		return physicalIDPrefix + strconv.Itoa(r.GPUPhysID), "", true
-	case r.PCI != "" && e.gpuPCIs[pci4(r.PCI)]:
-		for _, g := range e.gpuByUUID {
-			if pci4(g.PCI) == pci4(r.PCI) {
-				return g.ID(), g.PCI, true
-			}
-		}
-		return pci4(r.PCI), pci4(r.PCI), true
 	}
 	return "", "", false
 }
@@ -576,27 +590,40 @@ func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 		return
 	}
 	switch r.Marker {
+	case "ignore":
+		return
 	case "fm_start":
 		if !t.IsZero() {
 			e.fmStart = t
 		}
+		e.markStale("fmrun")
 		return
 	case "fm_ready":
-		e.clearFamily(o, "fmrun", t)
+		// FM configured the fabric: errors of a previous run that this run
+		// did not report are over; this run's (degraded modes) stand.
+		e.clearStale(o, "fmrun", t)
 		return
 	case "nvlsm_ready":
-		e.clearFamily(o, "nvlsm", t)
+		e.markStale("nvlsm")
+		e.clearStale(o, "nvlsm", t)
 		return
 	}
 	refs := refsOf(ll.Msg)
 	meta := map[string]string{"log_line": ll.Raw, "log_source": ll.Source, "catalog_id": r.ID, "platform": e.platform.Name, "fabric_mode": e.mode()}
 	var ents []*datamodels.Entity
 	entKey := "node"
-	if id, pci, ok := e.gpuRef(refs); ok && (r.HA == "access" || r.HA == "gpu" || r.Exclusion == "gpu_candidate") {
+	low := strings.ToLower(ll.Msg)
+	if id, pci, ok := e.gpuRef(refs); ok && (refs.GPUUUID != "" || refs.GPUPhysID >= 0 || e.gpuPCIs[pci4(refs.PCI)]) {
 		ents = gpuEntities(id, pci)
 		entKey = id
 		meta["gpu"] = id
-	} else if refs.PCI != "" && (r.HA == "nvswitch" || strings.Contains(strings.ToLower(ll.Msg), "nvswitch")) {
+		if sw := switchPCIOf(ll.Msg); sw != "" {
+			ents = append(ents, switchEntity(sw))
+		}
+	} else if sw := switchPCIOf(ll.Msg); sw != "" {
+		ents = []*datamodels.Entity{switchEntity(sw)}
+		entKey = sw
+	} else if refs.PCI != "" && strings.Contains(low, "nvswitch") {
 		ents = []*datamodels.Entity{switchEntity(pci4(refs.PCI))}
 		entKey = pci4(refs.PCI)
 	} else if refs.SwitchUUID != "" {
@@ -609,6 +636,9 @@ func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 	} else {
 		ents = e.nodeEntities()
 	}
+	if refs.SwitchUUID != "" {
+		meta["nvswitch_uuid"] = refs.SwitchUUID
+	}
 	if refs.Link >= 0 {
 		meta["link"] = strconv.Itoa(refs.Link)
 	}
@@ -619,7 +649,8 @@ func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 		o.add(e.raise("fmrun|switch-excluded|"+entKey, e.ev(t, classNVSwitch, CheckSwitchExcl, "NVSWITCH-EXCLUDED", false,
 			datamodels.RecommendedAction_NONE, "NVSwitch excluded (FM log): "+oneLine(ll.Msg), ents, meta)))
 		if r.HA != "" {
-			o.add(e.haEvent(t, r.HA, entKey, ents, meta))
+			ha, _ := e.haEvent(t, r.HA, entKey, ents, meta)
+			o.add(ha)
 		}
 		return
 	}
@@ -643,6 +674,18 @@ func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 	if len(ents) > 0 && ents[0].EntityType == events.EntityGPU {
 		class = classGPU
 	}
+	var ha *datamodels.HealthEvent
+	haRule := (*HARule)(nil)
+	if r.HA != "" && (ents[0].EntityType == events.EntityGPU || (r.HA != "access" && r.HA != "gpu")) {
+		ha, haRule = e.haEvent(t, r.HA, entKey, ents, meta)
+	}
+	if haRule != nil {
+		// FM's high-availability policy decides what the node needs: the
+		// HA event carries it, and this event the guide's Table 17
+		// recovery as advice (one actionable event per failure).
+		fatal = false
+		meta["handled_by"] = CheckHA + " " + haRule.Code
+	}
 	ev := e.ev(t, class, check, code, fatal, action, prefixFor(check)+msg, ents, meta)
 	switch r.State {
 	case "oneoff":
@@ -652,9 +695,7 @@ func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 	default:
 		o.add(e.raise("fmrun|"+code+"|"+entKey, ev))
 	}
-	if r.HA != "" {
-		o.add(e.haEvent(t, r.HA, entKey, ents, meta))
-	}
+	o.add(ha)
 	switch r.Exclusion {
 	case "gpu_candidate":
 		if ents[0].EntityType == events.EntityGPU {
@@ -703,7 +744,7 @@ func prefixFor(check string) string {
 // matchAfter continues matching after rule r (a rule whose requirement the
 // platform does not meet).
 func (c *Catalog) matchAfter(r *MessageRule, ll LogLine) *MessageRule {
-	low := strings.ToLower(ll.Msg)
+	low := matchText(ll.Msg)
 	found := false
 	for _, m := range c.Messages {
 		if found && m.matches(ll.Source, ll.Level, low) {
@@ -718,9 +759,9 @@ func (c *Catalog) matchAfter(r *MessageRule, ll LogLine) *MessageRule {
 
 // haEvent reports what FM does about a failure found at initialization,
 // under the platform, fabric mode and configured *_FAILURE_MODE.
-func (e *Evaluator) haEvent(t time.Time, kind, entKey string, ents []*datamodels.Entity, src map[string]string) *datamodels.HealthEvent {
+func (e *Evaluator) haEvent(t time.Time, kind, entKey string, ents []*datamodels.Entity, src map[string]string) (*datamodels.HealthEvent, *HARule) {
 	if e.platform.Name == "" {
-		return nil
+		return nil, nil
 	}
 	value, set := e.config.FailureMode(kind)
 	meta := map[string]string{"failure_kind": kind, "platform": e.platform.Name, "fabric_mode": e.mode(), "log_line": src["log_line"],
@@ -746,7 +787,7 @@ func (e *Evaluator) haEvent(t time.Time, kind, entKey string, ents []*datamodels
 	}
 	r := e.cat.HARuleFor(e.platform.Name, e.mode(), kind, value)
 	if r == nil {
-		return nil
+		return nil, nil
 	}
 	meta["consequence"], meta["recovery"], meta["bandwidth_fraction"] = r.Consequence, r.Recovery, r.Bandwidth
 	if len(r.Partitions) > 0 {
@@ -761,7 +802,16 @@ func (e *Evaluator) haEvent(t time.Time, kind, entKey string, ents []*datamodels
 		class = classGPU
 	}
 	return e.raise("fmrun|ha|"+kind+"|"+entKey, e.ev(t, class, CheckHA, r.Code, r.Fatal, r.Action,
-		fmt.Sprintf("%s failure on %s (%s, %s mode): %s", kind, ents[0].EntityValue, strings.ToUpper(e.platform.Name), e.mode(), r.Consequence), ents, meta))
+		fmt.Sprintf("%s failure on %s (%s, %s mode): %s", kind, ents[0].EntityValue, strings.ToUpper(e.platform.Name), e.mode(), r.Consequence), ents, meta)), r
+}
+
+// switchPCIOf finds the NVSwitch a message names by PCI address
+// ("NVSwitch pci bus id 00000000:c4:00.0").
+func switchPCIOf(msg string) string {
+	if m := reSwitchPCI.FindStringSubmatch(msg); m != nil {
+		return pci4(m[1])
+	}
+	return ""
 }
 
 // failedSwitches counts the NVSwitches with a standing NVSwitch failure of
@@ -1016,7 +1066,9 @@ func (e *Evaluator) switchCountConds(s *Snapshot) []cond {
 	if s.PCISwitches != nil {
 		have = len(s.PCISwitches)
 	}
-	if have < 0 || have >= want {
+	if have <= 0 || have >= want {
+		// None at all is a board without NVSwitches (HGX A100/H100 4-GPU)
+		// or a driver that is not loaded, not a switch failure.
 		return nil
 	}
 	meta := map[string]string{"nvswitches": strconv.Itoa(have), "expected_nvswitches": strconv.Itoa(want), "platform": e.platform.Name,

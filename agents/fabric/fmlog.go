@@ -233,6 +233,7 @@ func (r *LogReader) ReadLog(text string) []LogLine {
 var (
 	reSXid       = regexp.MustCompile(`(?i)detected nvswitch (fatal|non-fatal) error (\d+)(?: on fid (\d+))? on nvswitch pci bus id ([0-9a-fA-F:.]+)(?: physical id (\d+))?(?: port (\d+))?`)
 	reGPUPhys    = regexp.MustCompile(`(?i)gpu (?:physical id|physicalid|module id)[: ]+(\d+)`)
+	reSwitchPCI  = regexp.MustCompile(`(?i)nvswitch (?:pci bus id|pci|bdf)[: ]+([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9a-fA-F])?)`)
 	reSwitchPhys = regexp.MustCompile(`(?i)(?:nvswitch|switch) (?:physical id|physicalid)[: ]+(\d+)`)
 	rePCI        = regexp.MustCompile(`(?i)(?:pci bus id|pci|bdf)[: ]+([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9a-fA-F])?)`)
 	reLink       = regexp.MustCompile(`(?i)\b(?:link|port) (?:id |index |number )?(\d+)`)

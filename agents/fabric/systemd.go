@@ -110,6 +110,8 @@ func ParseSystemctlStatus(out string) *ServiceState {
 			strings.HasPrefix(l, "* ") || strings.HasPrefix(l, "↻ "):
 			name, _, _ := strings.Cut(l[strings.Index(l, " ")+1:], " ")
 			s.Unit = name
+		case s.Unit == "" && strings.Contains(l, ".service - "):
+			s.Unit, _, _ = strings.Cut(l, " ")
 		case strings.HasPrefix(l, "Loaded: "):
 			v := strings.TrimPrefix(l, "Loaded: ")
 			s.LoadState, _, _ = strings.Cut(v, " ")
