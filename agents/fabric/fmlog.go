@@ -247,7 +247,7 @@ var (
 // Refs are the devices a message names.
 type Refs struct {
 	GPUPhysID, SwitchPhysID, Link, Partition int
-	PCI, GPUUUID, SwitchUUID           string
+	PCI, GPUUUID, SwitchUUID                 string
 }
 
 // refsOf extracts the references of a message (-1 / "" when absent).

@@ -25,11 +25,11 @@ type GPUFabric struct {
 	State, Status         string
 	CliqueID, ClusterUUID string
 	// Health block (570+ drivers; Summary nested under Health since 580).
-	Summary, Bandwidth          string
-	RouteRecovery               string
-	RouteUnhealthy              string
-	AccessTimeoutRecovery       string
-	IncorrectConfiguration      string
+	Summary, Bandwidth     string
+	RouteRecovery          string
+	RouteUnhealthy         string
+	AccessTimeoutRecovery  string
+	IncorrectConfiguration string
 	// Fragment: the GPU came from grep output without a "GPU <bus id>"
 	// header; it is known by its position.
 	Fragment bool
