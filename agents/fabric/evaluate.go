@@ -1062,17 +1062,20 @@ func (e *Evaluator) switchCountConds(s *Snapshot) []cond {
 	if want <= 0 {
 		return nil
 	}
+	// The NVSwitches the driver uses: one missing from the PCI bus, or on
+	// it but excluded (NvSwitchExcludelist), is an NVSwitch failure for the
+	// HA policy alike (NVSWITCH_FAILURE_MODE covers both).
 	have := s.NVSwitchCount
-	if s.PCISwitches != nil {
-		have = len(s.PCISwitches)
-	}
 	if have <= 0 || have >= want {
 		// None at all is a board without NVSwitches (HGX A100/H100 4-GPU)
 		// or a driver that is not loaded, not a switch failure.
 		return nil
 	}
 	meta := map[string]string{"nvswitches": strconv.Itoa(have), "expected_nvswitches": strconv.Itoa(want), "platform": e.platform.Name,
-		"guide": "High Availability: NVSwitch failure (the NVSwitch not displayed on the PCIe bus)"}
+		"guide": "High Availability: NVSwitch failure (not displayed on the PCIe bus) or an excluded NVSwitch"}
+	if s.PCISwitches != nil {
+		meta["nvswitches_on_pci"] = strconv.Itoa(len(s.PCISwitches))
+	}
 	ents := e.nodeEntities()
 	key := "missing"
 	ev := e.haEventFromCount(s.Now, ents, meta, want-have)
@@ -1094,8 +1097,9 @@ func (e *Evaluator) haEventFromCount(t time.Time, ents []*datamodels.Entity, met
 	m := clone(meta)
 	m["consequence"], m["recovery"], m["bandwidth_fraction"] = r.Consequence, r.Recovery, r.Bandwidth
 	m["config_item"], m["config_value"] = "NVSWITCH_FAILURE_MODE", strconv.Itoa(value)
-	if !set {
-		m["config_value_source"] = "default"
+	m["config_value_source"] = "default"
+	if set {
+		m["config_value_source"] = "fabricmanager.cfg"
 	}
 	return e.ev(t, classNVSwitch, CheckHA, r.Code, r.Fatal, r.Action,
 		fmt.Sprintf("%d of %d NVSwitches missing (%s, %s mode): %s", missing, missing+mustAtoi(meta["nvswitches"]), strings.ToUpper(e.platform.Name), e.mode(), r.Consequence), ents, m)
