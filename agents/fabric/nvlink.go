@@ -1,7 +1,10 @@
 package fabric
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"os/exec"
 	"regexp"
 	"sort"
 	"strconv"
@@ -262,4 +265,33 @@ func (t *Topology) SwitchLinks() map[string]string {
 		}
 	}
 	return out
+}
+
+// CollectSwitchLinks runs `nvidia-smi -q` and `nvidia-smi nvlink -R` and
+// returns the NVSwitch port map as kmsg.StaticTopology.SwitchLinks takes
+// it, so the kernel-log SXids of the kmsg check name their GPU. A host
+// without nvidia-smi or NVSwitches gets an empty map.
+func CollectSwitchLinks(ctx context.Context, r Runner, nvidiaSMI string) (map[string]string, error) {
+	if r == nil {
+		r = ExecRunner{}
+	}
+	q, err := r.Run(ctx, nvidiaSMI, "-q")
+	if errors.Is(err, exec.ErrNotFound) {
+		return map[string]string{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s -q: %w", nvidiaSMI, err)
+	}
+	links, err := r.Run(ctx, nvidiaSMI, "nvlink", "-R")
+	if err != nil {
+		return nil, fmt.Errorf("%s nvlink -R: %w", nvidiaSMI, err)
+	}
+	pcis, byUUID := map[string]bool{}, map[string]string{}
+	for _, g := range ParseSMI(string(q)).GPUs {
+		if g.PCI != "" {
+			pcis[kmsg.NormalizePCI(g.PCI, false)] = true
+			byUUID[g.UUID] = g.PCI
+		}
+	}
+	return BuildTopology(ParseNVLink(string(links), nil), pcis, byUUID).SwitchLinks(), nil
 }
