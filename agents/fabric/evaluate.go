@@ -129,6 +129,7 @@ type Evaluator struct {
 	gpuPCIs    map[string]bool
 	fmStart    time.Time
 	fmRunning  bool
+	fmKnown    bool
 	nvswitches []string
 }
 
@@ -287,6 +288,7 @@ func (e *Evaluator) learn(s *Snapshot) {
 	}
 	e.platform = DetectPlatform(e.cfg.Platform, e.product, e.platform.NVSwitches, e.platform.NVLinkBridges, e.platform.GPUs)
 	if s.Service != nil {
+		e.fmKnown = true
 		e.fmRunning = s.Service.Running()
 		if !s.Service.ActiveSince.IsZero() && s.Service.Running() {
 			e.fmStart = s.Service.ActiveSince
@@ -862,8 +864,17 @@ func (e *Evaluator) sxidEvent(t time.Time, ll LogLine, sx SXidLine) *datamodels.
 			if sx.Fatal {
 				meta["expected_gpu_xids"] = "XID-74,XID-45"
 				if info.Class == "fatal" {
-					action = datamodels.RecommendedAction_COMPONENT_RESET
-					meta["recovery"] = "Fatal SXid on an access port: reset the GPU on this port and all GPUs of the affected workload (nvidia-smi -r); if it persists, reboot (FM guide, Fatal SXid Errors)."
+					switch {
+					case e.mode() != ModeBareMetal:
+						action = datamodels.RecommendedAction_RESTART_VM
+						meta["recovery"] = "Fatal SXid on an access port: the impact is limited to the guest VM using this GPU; shut it down (FM guide, Runtime NVSwitch Errors, Table 20)."
+					case e.platform.Name == PlatformA100 && e.fmKnown && !e.fmRunning:
+						action = datamodels.RecommendedAction_RESTART_BM
+						meta["recovery"] = "Fatal SXid on an access port while FM is not running: an A100 GPU cannot be reset alone then; reset all GPUs and NVSwitches (GPU VM System Reset, Ampere and NVSwitch)."
+					default:
+						action = datamodels.RecommendedAction_COMPONENT_RESET
+						meta["recovery"] = "Fatal SXid on an access port: reset the GPU on this port and all GPUs of the affected workload (nvidia-smi -r); if it persists, reboot (FM guide, Fatal SXid Errors)."
+					}
 				}
 			}
 		case PortTrunk:
@@ -872,6 +883,10 @@ func (e *Evaluator) sxidEvent(t time.Time, ll LogLine, sx SXidLine) *datamodels.
 				if info.Class == "fatal" {
 					action = datamodels.RecommendedAction_RESTART_BM
 					meta["recovery"] = "Fatal SXid on a trunk port: FM aborts all CUDA jobs; stop FM, reset all GPUs and NVSwitches (nvidia-smi -r without -i), start FM; if it persists, reboot (FM guide, Fatal SXid Errors)."
+					if e.mode() != ModeBareMetal {
+						action = datamodels.RecommendedAction_RESTART_VM
+						meta["recovery"] = "Fatal SXid on a trunk port: shut down the guest VM partitions that cross the trunk ports (the 16-GPU partition and the 8-GPU partitions with four GPUs per baseboard); they can be recreated (FM guide, Table 20)."
+					}
 				}
 			}
 		}
