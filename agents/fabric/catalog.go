@@ -268,6 +268,9 @@ func LoadCatalog(b []byte) (*Catalog, error) {
 // matchText is a message as rules see it: lower case, without file paths
 // ("/usr/share/nvidia/nvswitch/fabricmanager.cfg" names no NVSwitch).
 func matchText(msg string) string {
+	if !strings.Contains(msg, "/") {
+		return " " + strings.ToLower(msg) + " "
+	}
 	f := strings.Fields(strings.ToLower(msg))
 	for i, w := range f {
 		if strings.Count(w, "/") >= 2 {

@@ -288,6 +288,9 @@ type SXidLine struct {
 }
 
 func parseSXidLine(msg string) (SXidLine, bool) {
+	if !containsFold(msg, "detected nvswitch") {
+		return SXidLine{}, false
+	}
 	m := reSXid.FindStringSubmatch(msg)
 	if m == nil {
 		return SXidLine{}, false
@@ -306,6 +309,9 @@ func parseSXidLine(msg string) (SXidLine, bool) {
 // partitionCodeOf finds an FM SDK return code in a message: an FM_ST_*
 // name or "fmReturn: -N".
 func partitionCodeOf(c *Catalog, msg string) *PartitionCode {
+	if !strings.Contains(msg, "FM_ST_") && !containsFold(msg, "fmreturn") {
+		return nil
+	}
 	for _, name := range reFMSt.FindAllString(msg, -1) {
 		if name == "FM_ST_SUCCESS" {
 			continue
@@ -319,4 +325,26 @@ func partitionCodeOf(c *Catalog, msg string) *PartitionCode {
 		return c.PartitionByValue(v)
 	}
 	return nil
+}
+
+// containsFold reports whether s contains the lower-case ASCII word sub,
+// in any case, without allocating.
+func containsFold(s, sub string) bool {
+	n := len(sub)
+	for i := 0; i+n <= len(s); i++ {
+		j := 0
+		for ; j < n; j++ {
+			c := s[i+j]
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			if c != sub[j] {
+				break
+			}
+		}
+		if j == n {
+			return true
+		}
+	}
+	return false
 }
