@@ -214,6 +214,16 @@ func LoadCatalog(b []byte) (*Catalog, error) {
 		if len(m.All) == 0 && len(m.Any) == 0 {
 			return nil, fmt.Errorf("fm catalog: message %s: matches everything", m.ID)
 		}
+		switch m.Marker {
+		case "", "fm_start", "fm_ready", "nvlsm_ready", "ignore":
+		default:
+			return nil, fmt.Errorf("fm catalog: message %s: marker %q (fm_start, fm_ready, nvlsm_ready or ignore)", m.ID, m.Marker)
+		}
+		switch m.HA {
+		case "", "access", "trunk", "nvswitch", "gpu":
+		default:
+			return nil, fmt.Errorf("fm catalog: message %s: ha %q (access, trunk, nvswitch or gpu)", m.ID, m.HA)
+		}
 		if m.Marker == "" {
 			if m.Check == "" || m.Code == "" {
 				return nil, fmt.Errorf("fm catalog: message %s: check and code required", m.ID)
