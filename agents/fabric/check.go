@@ -392,7 +392,9 @@ func (c *Check) nvlinkBridges() int {
 }
 
 // pciDevices lists NVIDIA GPU (class 0x0302) and NVSwitch (class 0x0680)
-// functions on the PCI bus; nil, nil when sysfs is not readable.
+// functions on the PCI bus that are bound to the nvidia driver or to none
+// (a function bound to vfio-pci belongs to a VM); nil, nil when sysfs is
+// not readable.
 func (c *Check) pciDevices() (gpus, switches []string) {
 	dir := filepath.Join(c.cfg.SysRoot, "bus/pci/devices")
 	ents, err := os.ReadDir(dir)
@@ -404,6 +406,9 @@ func (c *Check) pciDevices() (gpus, switches []string) {
 		v, _ := os.ReadFile(filepath.Join(dir, e.Name(), "vendor"))
 		if strings.TrimSpace(string(v)) != "0x10de" {
 			continue
+		}
+		if drv, err := os.Readlink(filepath.Join(dir, e.Name(), "driver")); err == nil && filepath.Base(drv) != "nvidia" {
+			continue // given to another driver on purpose (vfio-pci for a VM)
 		}
 		cl, _ := os.ReadFile(filepath.Join(dir, e.Name(), "class"))
 		switch cls := strings.TrimSpace(string(cl)); {

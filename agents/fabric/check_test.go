@@ -260,7 +260,10 @@ func TestCheckExclusionFromTheHost(t *testing.T) {
 	sw := []string{"0000:c4:00.0", "0000:c5:00.0", "0000:c6:00.0", "0000:c7:00.0", "0000:c8:00.0", "0000:c9:00.0"}
 	n.pci("0x0680", sw...)
 	n.switches(sw[:5]...)
-	n.pci("0x0302", "0000:07:00.0", "0000:0f:00.0")
+	n.pci("0x0302", "0000:07:00.0", "0000:0f:00.0", "0000:87:00.0")
+	// 87:00.0 is passed through to a VM: not the driver's, not a candidate
+	os.MkdirAll(filepath.Join(n.dir, "sys/bus/pci/drivers/vfio-pci"), 0o755)
+	os.Symlink(filepath.Join(n.dir, "sys/bus/pci/drivers/vfio-pci"), filepath.Join(n.dir, "sys/bus/pci/devices/0000:87:00.0/driver"))
 	n.write("proc/driver/nvidia/gpus/0000:07:00.0/information", "Model: \t\t NVIDIA A100-SXM4-80GB\nGPU UUID: \t GPU-a100a100-0000-0000-0000-000000000000\nBus Location: \t 0000:07:00.0\nGPU Excluded:\t No\n")
 	n.write("proc/driver/nvidia/gpus/0000:0f:00.0/information", "Model: \t\t NVIDIA A100-SXM4-80GB\nGPU UUID: \t GPU-a100a100-0000-0000-0000-000000000001\nBus Location: \t 0000:0f:00.0\nGPU Excluded:\t Yes\n")
 	n.write("modprobe.d/nvidia-exclude.conf", "options nvidia NVreg_ExcludedGpus=GPU-a100a100-0000-0000-0000-000000000001 NvSwitchExcludelist=SWX-c9\n")
