@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -910,13 +911,7 @@ func (e *Evaluator) sxidEvent(t time.Time, ll LogLine, sx SXidLine) *datamodels.
 }
 
 // kmsgPCI is the "dddd:bb:dd" form the kernel-log events use for GPUs.
-func kmsgPCI(p string) string {
-	p = pci4(p)
-	if i := strings.LastIndexByte(p, '.'); i > 0 {
-		return p[:i]
-	}
-	return p
-}
+func kmsgPCI(p string) string { return kmsg.NormalizePCI(p, false) }
 
 func (e *Evaluator) partitionCodeEvent(t time.Time, ll LogLine, p *PartitionCode) *datamodels.HealthEvent {
 	meta := map[string]string{"fm_return": p.Name, "fm_return_value": strconv.Itoa(p.Value), "guide": p.Guide, "condition": p.Condition,
@@ -1159,11 +1154,6 @@ func after(s, sep string) string {
 	return strings.TrimRight(f[0], ",.")
 }
 
-// normPCI turns "00000000:18:00.0" into "0000:18:00.0" (lower case).
-func normPCI(s string) string {
-	s = strings.ToLower(strings.TrimSpace(s))
-	if d, rest, ok := strings.Cut(s, ":"); ok && len(d) > 4 {
-		s = d[len(d)-4:] + ":" + rest
-	}
-	return s
-}
+// normPCI turns "00000000:18:00.0" into "0000:18:00.0" (lower case), the
+// form kmsg.NormalizePCI gives every PCI address.
+func normPCI(s string) string { return kmsg.NormalizePCI(s, true) }
