@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
@@ -71,6 +72,17 @@ var registry = []CheckSpec{
 				}
 				k.Parser.Topology = t
 			}
+			// NVSwitch port → GPU (nvidia-smi nvlink -R): an SXid names the
+			// GPU of its access port (issue 17).
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if links, err := fabric.CollectSwitchLinks(ctx, nil, c.Fabric.NvidiaSMI); err != nil {
+				log.Warn("kmsg: no NVSwitch port map", "err", err)
+			} else if len(links) > 0 {
+				t, _ := k.Parser.Topology.(kmsg.StaticTopology)
+				t.SwitchLinks = links
+				k.Parser.Topology = t
+			}
 			return kmsg.New(k)
 		},
 	},
@@ -82,6 +94,9 @@ var registry = []CheckSpec{
 		New: func(c *Config, log *slog.Logger) (check.Check, error) {
 			f := c.Fabric
 			f.Logger = log
+			if f.MetadataPath == "" {
+				f.MetadataPath = c.NIC.MetadataPath // the node's known GPUs
+			}
 			return fabric.New(f)
 		},
 	},

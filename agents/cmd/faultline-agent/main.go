@@ -32,6 +32,7 @@ var commands = []command{
 	{"topology", "topology collect|parse ...   GPU↔NIC topology → gpu_metadata.json", topologyCmd},
 	{"nic", "nic check --sysfs DIR --metadata FILE --once [--state-file F]   one NIC poll as JSON", nicCmd},
 	{"kmsg", "kmsg parse [--utc] [--boot-time T] [FILE]   kernel log (any format, stdin without FILE) → events as JSON lines", kmsgCmd},
+	{"fabric", "fabric parse [--kind K] [--nvswitches N] FILE...   Fabric Manager outputs (kind detected) → events as JSON lines", fabricCmd},
 }
 
 func main() {

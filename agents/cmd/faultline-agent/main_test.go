@@ -109,3 +109,34 @@ func TestUnknownCommand(t *testing.T) {
 		t.Errorf("missing metadata: %v", err)
 	}
 }
+
+// TestFabricParseCommand: `fabric parse` prints what the fabric check
+// would send (the scenario golden file of the fabric package), detects the
+// kinds, and names the file and the problem on bad input.
+func TestFabricParseCommand(t *testing.T) {
+	td := "../../fabric/testdata/"
+	out, err := run(t, "fabric", "parse", "--utc", "--year", "2024", "--now", "2024-10-28T12:00:00Z", "--nvswitches", "4",
+		td+"smi/hgx-h100-topology.txt", td+"nvlink/h100-remote.txt", td+"fmlog/constructed-h100-sxid-access.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(td + "scenarios/h100-sxid-access-port.golden.jsonl")
+	if out != string(want) {
+		t.Errorf("output differs from the golden file:\n%s", out)
+	}
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"fabric", "parse", "--kind", "fm-logs", td + "fmlog/gpud-h100-runtime.log"}, `--kind "fm-logs" is not one of`},
+		{[]string{"fabric", "parse", "main.go"}, "main.go: cannot tell what this file is; pass --kind"},
+		{[]string{"fabric", "parse", "--kind", "nvswitch-audit", td + "smi/pcie-no-nvswitch.txt"}, "pcie-no-nvswitch.txt: nvswitch-audit: line 1: header cell"},
+		{[]string{"fabric", "parse", td + "missing.log"}, "no such file"},
+		{[]string{"fabric", "parse"}, "at least one FILE"},
+		{[]string{"fabric", "check"}, "usage: fabric parse"},
+	} {
+		if _, err := run(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.msg)
+		}
+	}
+}

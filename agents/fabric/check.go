@@ -1,0 +1,523 @@
+package fabric
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/faultline/faultline/agents/topology"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// Runner runs a command and returns its standard output.
+type Runner interface {
+	Run(ctx context.Context, name string, args ...string) ([]byte, error)
+}
+
+// ExecRunner runs commands with os/exec.
+type ExecRunner struct{}
+
+// Run implements Runner.
+func (ExecRunner) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	return exec.CommandContext(ctx, name, args...).Output()
+}
+
+// Config configures the fabric check (TOML section [fabric], flags
+// --fabric-*). Paths are the host's; in a container point them at the
+// host's mounts.
+type Config struct {
+	// PollInterval is how often the check runs (default 30s).
+	PollInterval time.Duration `toml:"poll_interval"`
+	// Platform forces the platform: auto (default), a100, h100 or b200.
+	Platform string `toml:"platform"`
+	// NVSwitchGlob finds NVSwitch device files when the NVSwitch driver's
+	// procfs (ProcRoot/driver/nvidia-nvswitch/devices) is absent (default
+	// "/dev/nvidia-nvswitch[0-9]*").
+	NVSwitchGlob string `toml:"nvswitch_glob"`
+	// Service is the FM systemd unit (default "nvidia-fabricmanager").
+	Service string `toml:"service"`
+	// ConfigFile is FM's config (default
+	// /usr/share/nvidia/nvswitch/fabricmanager.cfg).
+	ConfigFile string `toml:"config_file"`
+	// LogFile is FM's log (default /var/log/fabricmanager.log; the
+	// config's LOG_FILE_NAME when it sets one and this is the default).
+	LogFile string `toml:"log_file"`
+	// NVLSMLogFile and NVLSMPIDFile are NVLSM's log and pid file (HGX B200;
+	// defaults /var/log/nvlsm.log, /var/run/nvidia-fabricmanager/nvlsm.pid).
+	NVLSMLogFile string `toml:"nvlsm_log_file"`
+	NVLSMPIDFile string `toml:"nvlsm_pid_file"`
+	// ProcRoot, SysRoot and ModprobeDir locate /proc, /sys and
+	// /etc/modprobe.d (defaults those).
+	ProcRoot    string `toml:"proc_root"`
+	SysRoot     string `toml:"sys_root"`
+	ModprobeDir string `toml:"modprobe_dir"`
+	// MetadataPath is the topology collector's gpu_metadata.json, the
+	// node's known GPUs (a GPU listed there that the driver does not see
+	// failed to enumerate); "" off. The agent passes nic.metadata_path.
+	MetadataPath string `toml:"metadata_path"`
+	// Systemctl, Journalctl, NvidiaSMI, NVSwitchAudit and FMPM are the
+	// binaries (defaults systemctl, journalctl, nvidia-smi, nvswitch-audit,
+	// fmpm). A missing binary is a source not present, not an error.
+	Systemctl     string `toml:"systemctl"`
+	Journalctl    string `toml:"journalctl"`
+	NvidiaSMI     string `toml:"nvidia_smi"`
+	NVSwitchAudit string `toml:"nvswitch_audit"`
+	FMPM          string `toml:"fmpm"`
+	// InProgressTimeout is how long a GPU's fabric registration may stay
+	// In Progress / Not Started after FM started before it is reported
+	// (default 5m).
+	InProgressTimeout time.Duration `toml:"in_progress_timeout"`
+	// TopologyInterval is how often `nvidia-smi nvlink -R` (the NVSwitch
+	// port map) and nvswitch-audit run (default 10m).
+	TopologyInterval time.Duration `toml:"topology_interval"`
+	// TelemetryURL is dcgm-exporter's /metrics, read for NVSwitch
+	// telemetry on HGX B200 (default "": off).
+	TelemetryURL string `toml:"telemetry_url"`
+	// Runner runs the binaries (default ExecRunner).
+	Runner Runner `toml:"-"`
+	// Telemetry overrides the telemetry source (tests: a RecordedSource).
+	Telemetry TelemetrySource `toml:"-"`
+	// Now is the clock (default time.Now).
+	Now func() time.Time `toml:"-"`
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger `toml:"-"`
+}
+
+// DefaultConfig returns the defaults documented on the fields.
+func DefaultConfig() Config {
+	return Config{PollInterval: 30 * time.Second, Platform: "auto", NVSwitchGlob: "/dev/nvidia-nvswitch[0-9]*", Service: "nvidia-fabricmanager",
+		ConfigFile: "/usr/share/nvidia/nvswitch/fabricmanager.cfg", LogFile: "/var/log/fabricmanager.log",
+		NVLSMLogFile: "/var/log/nvlsm.log", NVLSMPIDFile: "/var/run/nvidia-fabricmanager/nvlsm.pid",
+		ProcRoot: "/proc", SysRoot: "/sys", ModprobeDir: "/etc/modprobe.d",
+		Systemctl: "systemctl", Journalctl: "journalctl", NvidiaSMI: "nvidia-smi", NVSwitchAudit: "nvswitch-audit", FMPM: "fmpm",
+		InProgressTimeout: 5 * time.Minute, TopologyInterval: 10 * time.Minute}
+}
+
+// RegisterFlags binds the --fabric-* flags to c, with c's values as defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.PollInterval, "fabric-poll-interval", c.PollInterval, "how often the fabric check runs (fabric.poll_interval)")
+	fs.StringVar(&c.Platform, "fabric-platform", c.Platform, "auto, a100, h100 or b200 (fabric.platform)")
+	fs.StringVar(&c.NVSwitchGlob, "fabric-nvswitch-glob", c.NVSwitchGlob, "NVSwitch device files (fabric.nvswitch_glob)")
+	fs.StringVar(&c.Service, "fabric-service", c.Service, "Fabric Manager systemd unit (fabric.service)")
+	fs.StringVar(&c.ConfigFile, "fabric-config-file", c.ConfigFile, "Fabric Manager config file (fabric.config_file)")
+	fs.StringVar(&c.LogFile, "fabric-log-file", c.LogFile, "Fabric Manager log file (fabric.log_file)")
+	fs.StringVar(&c.NVLSMLogFile, "fabric-nvlsm-log-file", c.NVLSMLogFile, "NVLSM log file, HGX B200 (fabric.nvlsm_log_file)")
+	fs.StringVar(&c.NvidiaSMI, "fabric-nvidia-smi", c.NvidiaSMI, "nvidia-smi binary (fabric.nvidia_smi)")
+	fs.DurationVar(&c.InProgressTimeout, "fabric-in-progress-timeout", c.InProgressTimeout, "longest a GPU fabric registration may stay in progress after FM start-up (fabric.in_progress_timeout)")
+	fs.StringVar(&c.TelemetryURL, "fabric-telemetry-url", c.TelemetryURL, "dcgm-exporter /metrics URL for NVSwitch telemetry, HGX B200 (fabric.telemetry_url)")
+}
+
+// Validate names the first bad setting.
+func (c *Config) Validate() error {
+	switch {
+	case c.InProgressTimeout < 0:
+		return errors.New("fabric.in_progress_timeout: must not be negative")
+	case c.PollInterval < 0:
+		return errors.New("fabric.poll_interval: must not be negative")
+	case c.TopologyInterval < 0:
+		return errors.New("fabric.topology_interval: must not be negative")
+	}
+	switch c.Platform {
+	case "", "auto", PlatformA100, PlatformH100, PlatformB200:
+	default:
+		return fmt.Errorf("fabric.platform: %q is not auto, a100, h100 or b200", c.Platform)
+	}
+	if c.TelemetryURL != "" && !strings.HasPrefix(c.TelemetryURL, "http://") && !strings.HasPrefix(c.TelemetryURL, "https://") {
+		return fmt.Errorf("fabric.telemetry_url: %q is not an http(s) URL", c.TelemetryURL)
+	}
+	return nil
+}
+
+func (c *Config) defaults() {
+	d := DefaultConfig()
+	set := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	set(&c.NVSwitchGlob, d.NVSwitchGlob)
+	set(&c.Service, d.Service)
+	set(&c.ConfigFile, d.ConfigFile)
+	set(&c.LogFile, d.LogFile)
+	set(&c.NVLSMLogFile, d.NVLSMLogFile)
+	set(&c.NVLSMPIDFile, d.NVLSMPIDFile)
+	set(&c.ProcRoot, d.ProcRoot)
+	set(&c.SysRoot, d.SysRoot)
+	set(&c.ModprobeDir, d.ModprobeDir)
+	set(&c.Systemctl, d.Systemctl)
+	set(&c.Journalctl, d.Journalctl)
+	set(&c.NvidiaSMI, d.NvidiaSMI)
+	set(&c.NVSwitchAudit, d.NVSwitchAudit)
+	set(&c.FMPM, d.FMPM)
+	if c.InProgressTimeout == 0 {
+		c.InProgressTimeout = d.InProgressTimeout
+	}
+	if c.TopologyInterval == 0 {
+		c.TopologyInterval = d.TopologyInterval
+	}
+	if c.Runner == nil {
+		c.Runner = ExecRunner{}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Telemetry == nil && c.TelemetryURL != "" {
+		c.Telemetry = ExporterSource{URL: c.TelemetryURL}
+	}
+}
+
+// Check is the Fabric Manager check: each run collects a Snapshot of the
+// node and hands it to the Evaluator.
+type Check struct {
+	cfg  Config
+	log  *slog.Logger
+	eval *Evaluator
+
+	mu            sync.Mutex
+	fmLog, lsmLog tailer
+	journalCursor string
+	lastTopology  time.Time
+}
+
+// New returns the fabric check.
+func New(cfg Config) (*Check, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.defaults()
+	ev, err := NewEvaluator(EvalConfig{Platform: cfg.Platform, InProgressTimeout: cfg.InProgressTimeout, Service: cfg.Service})
+	if err != nil {
+		return nil, err
+	}
+	return &Check{cfg: cfg, log: cfg.Logger, eval: ev}, nil
+}
+
+// Name implements check.Check.
+func (c *Check) Name() string { return "fabric" }
+
+// Evaluator is the check's evaluator (its platform and topology).
+func (c *Check) Evaluator() *Evaluator { return c.eval }
+
+// Check implements check.Check: one poll. A source that fails is logged in
+// the returned error; the others are still evaluated.
+func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, err := c.Collect(ctx)
+	return c.eval.Evaluate(s), err
+}
+
+// Collect reads every source of the node into a snapshot.
+func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
+	now := c.cfg.Now()
+	s := NewSnapshot(now)
+	var errs []error
+	s.NVSwitchPCIs, s.NVSwitchCount = c.nvswitches()
+	s.NVLinkBridges = c.nvlinkBridges()
+	s.PCIGPUs, s.PCISwitches = c.pciDevices()
+	if cfgText, err := os.ReadFile(c.cfg.ConfigFile); err == nil {
+		s.Config = ParseFMConfig(string(cfgText))
+	}
+	fabric := s.NVSwitchCount > 0 || s.NVLinkBridges > 0 || c.cfg.Platform == PlatformB200
+	// The service: looked at on every host (a unit failing on a host
+	// without NVSwitches is a misconfiguration).
+	if out, err := c.run(ctx, c.cfg.Systemctl, "show", c.cfg.Service, "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ActiveEnterTimestamp"); err != nil {
+		errs = append(errs, err)
+	} else if out != nil {
+		s.Service = ParseSystemctlShow(string(out))
+		if s.Service.LoadState != "not-found" && !s.Service.Running() {
+			lines, err := c.journal(ctx)
+			errs = append(errs, err)
+			s.Log = append(s.Log, lines...)
+		}
+	}
+	if fabric {
+		logFile := c.cfg.LogFile
+		if s.Config != nil && s.Config.LogFile != "" && logFile == DefaultConfig().LogFile {
+			logFile = s.Config.LogFile
+		}
+		lines, err := c.fmLog.read(logFile, &LogReader{})
+		errs = append(errs, err)
+		s.Log = append(s.Log, lines...)
+	}
+	if fabric && (c.cfg.Platform == PlatformB200 || s.NVLinkBridges > 0) {
+		lines, err := c.lsmLog.read(c.cfg.NVLSMLogFile, &LogReader{DefaultSource: SourceNVLSM})
+		errs = append(errs, err)
+		s.Log = append(s.Log, lines...)
+		running := c.nvlsmRunning()
+		s.NVLSMRunning = &running
+	}
+	if out, err := c.run(ctx, c.cfg.NvidiaSMI, "-q"); err != nil {
+		errs = append(errs, err)
+	} else if out != nil {
+		s.SMI = ParseSMI(string(out))
+	}
+	if fabric && s.SMI != nil {
+		topo := now.Sub(c.lastTopology) >= c.cfg.TopologyInterval
+		args := []string{"nvlink", "-s"}
+		if out, err := c.run(ctx, c.cfg.NvidiaSMI, args...); err != nil {
+			errs = append(errs, err)
+		} else if out != nil {
+			s.NVLink = ParseNVLink(string(out), nil)
+		}
+		if topo {
+			if out, err := c.run(ctx, c.cfg.NvidiaSMI, "nvlink", "-R"); err != nil {
+				errs = append(errs, err)
+			} else if out != nil {
+				s.NVLink = ParseNVLink(string(out), s.NVLink)
+				c.lastTopology = now
+			}
+			if c.eval.Platform().Name != PlatformB200 && c.cfg.Platform != PlatformB200 {
+				if out, err := c.run(ctx, c.cfg.NVSwitchAudit); err == nil && out != nil {
+					if a, err := ParseAudit(string(out)); err == nil {
+						s.Audit = a
+					} else {
+						errs = append(errs, err)
+					}
+				}
+			}
+		}
+		if s.Config != nil && s.Config.FabricMode > 0 {
+			if out, err := c.run(ctx, c.cfg.FMPM, "-l"); err == nil && out != nil {
+				if p, err := ParsePartitions(string(out)); err == nil {
+					s.Partitions = p
+				} else {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	c.exclusion(s)
+	if c.cfg.MetadataPath != "" {
+		if m, err := topology.Load(c.cfg.MetadataPath); err == nil {
+			for _, g := range m.GPUs {
+				s.ExpectedGPUs = append(s.ExpectedGPUs, ExpectedGPU{UUID: g.UUID, PCI: g.PCIAddress})
+			}
+		}
+	}
+	if c.cfg.Telemetry != nil {
+		t, err := c.cfg.Telemetry.Read(ctx)
+		errs = append(errs, err)
+		s.Telemetry = t
+	}
+	return s, errors.Join(errs...)
+}
+
+// run runs a binary; a binary that is not installed returns nil, nil.
+func (c *Check) run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	out, err := c.cfg.Runner.Run(ctx, name, args...)
+	if errors.Is(err, exec.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	}
+	return out, nil
+}
+
+// journal reads the unit's journal lines since the last read (the last 100
+// the first time).
+func (c *Check) journal(ctx context.Context) ([]LogLine, error) {
+	args := []string{"-u", c.cfg.Service, "-o", "json", "--no-pager"}
+	if c.journalCursor != "" {
+		args = append(args, "--after-cursor="+c.journalCursor)
+	} else {
+		args = append(args, "-n", "100")
+	}
+	out, err := c.run(ctx, c.cfg.Journalctl, args...)
+	if err != nil || out == nil {
+		return nil, err
+	}
+	r := &LogReader{}
+	var lines []LogLine
+	for _, l := range strings.Split(string(out), "\n") {
+		var rec struct {
+			Cursor string `json:"__CURSOR"`
+		}
+		if json.Unmarshal([]byte(l), &rec) == nil && rec.Cursor != "" {
+			c.journalCursor = rec.Cursor
+		}
+		lines = append(lines, r.Feed(l)...)
+	}
+	return append(lines, r.Flush()...), nil
+}
+
+// nvswitches lists the NVSwitches the NVSwitch driver bound
+// (procfs devices directory, else the device files).
+func (c *Check) nvswitches() ([]string, int) {
+	if ents, err := os.ReadDir(filepath.Join(c.cfg.ProcRoot, "driver/nvidia-nvswitch/devices")); err == nil {
+		var out []string
+		for _, e := range ents {
+			out = append(out, pci4(e.Name()))
+		}
+		sort.Strings(out)
+		return out, len(out)
+	}
+	m, _ := filepath.Glob(c.cfg.NVSwitchGlob)
+	var out []string
+	for _, d := range m {
+		out = append(out, filepath.Base(d))
+	}
+	return out, len(out)
+}
+
+// nvlinkBridges counts the CX7 functions whose VPD says SW_MNG (the HGX
+// B200 NVLink management bridge, as nvidia-fabricmanager-start.sh finds it).
+func (c *Check) nvlinkBridges() int {
+	m, _ := filepath.Glob(filepath.Join(c.cfg.SysRoot, "class/infiniband/*/device/vpd"))
+	n := 0
+	for _, f := range m {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.Contains(string(b), "SW_MNG") {
+			n++
+		}
+	}
+	return n
+}
+
+// pciDevices lists NVIDIA GPU (class 0x0302) and NVSwitch (class 0x0680)
+// functions on the PCI bus that are bound to the nvidia driver or to none
+// (a function bound to vfio-pci belongs to a VM); nil, nil when sysfs is
+// not readable.
+func (c *Check) pciDevices() (gpus, switches []string) {
+	dir := filepath.Join(c.cfg.SysRoot, "bus/pci/devices")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, nil
+	}
+	gpus, switches = []string{}, []string{}
+	for _, e := range ents {
+		v, _ := os.ReadFile(filepath.Join(dir, e.Name(), "vendor"))
+		if strings.TrimSpace(string(v)) != "0x10de" {
+			continue
+		}
+		if drv, err := os.Readlink(filepath.Join(dir, e.Name(), "driver")); err == nil && filepath.Base(drv) != "nvidia" {
+			continue // given to another driver on purpose (vfio-pci for a VM)
+		}
+		cl, _ := os.ReadFile(filepath.Join(dir, e.Name(), "class"))
+		switch cls := strings.TrimSpace(string(cl)); {
+		case strings.HasPrefix(cls, "0x0302"):
+			gpus = append(gpus, pci4(e.Name()))
+		case strings.HasPrefix(cls, "0x0680"):
+			switches = append(switches, pci4(e.Name()))
+		}
+	}
+	return gpus, switches
+}
+
+// exclusion reads the driver's GPU information files and the exclude
+// lists of the modprobe configuration and kernel command line.
+func (c *Check) exclusion(s *Snapshot) {
+	if m, err := filepath.Glob(filepath.Join(c.cfg.ProcRoot, "driver/nvidia/gpus/*/information")); err == nil && len(m) > 0 {
+		s.GPUInfo = []GPUInformation{}
+		for _, f := range m {
+			if b, err := os.ReadFile(f); err == nil {
+				g := ParseGPUInformation(string(b))
+				if g.PCI == "" {
+					g.PCI = pci4(filepath.Base(filepath.Dir(f)))
+				}
+				s.GPUInfo = append(s.GPUInfo, g)
+			}
+		}
+	}
+	x := &ExcludeList{}
+	confs, _ := filepath.Glob(filepath.Join(c.cfg.ModprobeDir, "*.conf"))
+	for _, f := range confs {
+		if b, err := os.ReadFile(f); err == nil {
+			x.Parse(f, string(b))
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(c.cfg.ProcRoot, "cmdline")); err == nil {
+		x.Parse("/proc/cmdline", string(b))
+	}
+	if len(x.Sources) > 0 || s.GPUInfo != nil {
+		s.Excludes = x
+	}
+}
+
+// nvlsmRunning reads NVLSM's pid file and checks the process.
+func (c *Check) nvlsmRunning() bool {
+	b, err := os.ReadFile(c.cfg.NVLSMPIDFile)
+	if err != nil {
+		return false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return false
+	}
+	comm, err := os.ReadFile(filepath.Join(c.cfg.ProcRoot, strconv.Itoa(pid), "comm"))
+	return err == nil && strings.Contains(string(comm), "nvlsm")
+}
+
+// tailer reads a log file incrementally, following rotation.
+type tailer struct {
+	offset int64
+	inode  uint64
+	reader *LogReader
+}
+
+func (t *tailer) read(path string, r *LogReader) ([]LogLine, error) {
+	if t.reader == nil {
+		t.reader = r
+	}
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if ino := inodeOf(fi); ino != t.inode || fi.Size() < t.offset {
+		t.inode, t.offset = ino, 0
+	}
+	if _, err := f.Seek(t.offset, io.SeekStart); err != nil {
+		return nil, err
+	}
+	var out []LogLine
+	br := bufio.NewReader(f)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			break // a partial line waits for the next call
+		}
+		t.offset += int64(len(line))
+		out = append(out, t.reader.Feed(line)...)
+	}
+	// A message may still receive continuation lines; it is reported
+	// with the next read, unless the file is idle: flush what waits.
+	return append(out, t.reader.Flush()...), nil
+}
+
+// parseMetadata reads the expected GPUs of a gpu_metadata.json.
+func parseMetadata(text string) ([]ExpectedGPU, error) {
+	var m topology.Metadata
+	if err := json.Unmarshal([]byte(text), &m); err != nil {
+		return nil, fmt.Errorf("gpu_metadata.json: %w", err)
+	}
+	var out []ExpectedGPU
+	for _, g := range m.GPUs {
+		out = append(out, ExpectedGPU{UUID: g.UUID, PCI: g.PCIAddress})
+	}
+	return out, nil
+}

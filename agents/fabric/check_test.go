@@ -1,0 +1,381 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/faultline/faultline/agents/kmsg"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// fakeRunner answers commands by "name arg0 arg1" prefix.
+type fakeRunner struct {
+	mu    sync.Mutex
+	out   map[string]string
+	err   map[string]error
+	calls []string
+}
+
+func (f *fakeRunner) Run(_ context.Context, name string, args ...string) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cmd := strings.TrimSpace(name + " " + strings.Join(args, " "))
+	f.calls = append(f.calls, cmd)
+	best := ""
+	for k := range f.out {
+		if strings.HasPrefix(cmd, k) && len(k) > len(best) {
+			best = k
+		}
+	}
+	for k, e := range f.err {
+		if strings.HasPrefix(cmd, k) {
+			return nil, e
+		}
+	}
+	if best == "" {
+		return nil, exec.ErrNotFound
+	}
+	return []byte(f.out[best]), nil
+}
+
+func (f *fakeRunner) called(prefix string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, c := range f.calls {
+		if strings.HasPrefix(c, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// node is a simulated host: procfs, sysfs, modprobe.d and files.
+type node struct {
+	t   *testing.T
+	dir string
+	r   *fakeRunner
+	now time.Time
+	c   *Check
+}
+
+const (
+	showActive = "Id=nvidia-fabricmanager.service\nLoadState=loaded\nActiveState=active\nSubState=running\nResult=success\nMainPID=2131\nActiveEnterTimestamp=Mon 2024-10-28 10:00:01 UTC\n"
+	showFailed = "Id=nvidia-fabricmanager.service\nLoadState=loaded\nActiveState=failed\nSubState=failed\nResult=exit-code\nMainPID=0\n"
+	showAbsent = "Id=nvidia-fabricmanager.service\nLoadState=not-found\nActiveState=inactive\nSubState=dead\n"
+)
+
+func newNode(t *testing.T, cfg func(*Config)) *node {
+	dir := t.TempDir()
+	n := &node{t: t, dir: dir, r: &fakeRunner{out: map[string]string{}, err: map[string]error{}},
+		now: time.Date(2024, 10, 28, 10, 30, 0, 0, time.UTC)}
+	for _, d := range []string{"proc", "sys", "modprobe.d"} {
+		os.MkdirAll(filepath.Join(dir, d), 0o755)
+	}
+	c := Config{ProcRoot: filepath.Join(dir, "proc"), SysRoot: filepath.Join(dir, "sys"), ModprobeDir: filepath.Join(dir, "modprobe.d"),
+		ConfigFile: filepath.Join(dir, "fabricmanager.cfg"), LogFile: filepath.Join(dir, "fabricmanager.log"),
+		NVLSMLogFile: filepath.Join(dir, "nvlsm.log"), NVLSMPIDFile: filepath.Join(dir, "nvlsm.pid"),
+		NVSwitchGlob: filepath.Join(dir, "dev/nvidia-nvswitch[0-9]*"), Runner: n.r, Now: func() time.Time { return n.now }}
+	if cfg != nil {
+		cfg(&c)
+	}
+	ch, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.c = ch
+	return n
+}
+
+func (n *node) write(rel, content string) {
+	p := filepath.Join(n.dir, rel)
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+func (n *node) appendLog(rel, line string) {
+	f, err := os.OpenFile(filepath.Join(n.dir, rel), os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	f.WriteString(line + "\n")
+	f.Close()
+}
+
+// switches creates the NVSwitch driver's procfs entries.
+func (n *node) switches(pcis ...string) {
+	for _, p := range pcis {
+		os.MkdirAll(filepath.Join(n.dir, "proc/driver/nvidia-nvswitch/devices", p), 0o755)
+	}
+}
+
+// pci creates sysfs PCI functions (class 0x0302 GPU, 0x0680 NVSwitch).
+func (n *node) pci(class string, pcis ...string) {
+	for _, p := range pcis {
+		n.write("sys/bus/pci/devices/"+p+"/vendor", "0x10de\n")
+		n.write("sys/bus/pci/devices/"+p+"/class", class+"00\n")
+	}
+}
+
+func (n *node) poll(advance time.Duration) []*datamodels.HealthEvent {
+	n.t.Helper()
+	n.now = n.now.Add(advance)
+	evs, err := n.c.Check(context.Background())
+	if err != nil {
+		n.t.Fatalf("check: %v", err)
+	}
+	return evs
+}
+
+func shorts(evs []*datamodels.HealthEvent) string {
+	var s []string
+	for _, e := range evs {
+		sev := "nonfatal"
+		switch {
+		case e.IsHealthy:
+			sev = "healthy"
+		case e.IsFatal:
+			sev = "fatal"
+		}
+		code := ""
+		if len(e.ErrorCode) > 0 {
+			code = e.ErrorCode[0]
+		}
+		s = append(s, e.CheckName+":"+code+":"+sev+"@"+e.EntitiesImpacted[0].EntityValue)
+	}
+	return strings.Join(s, " ")
+}
+
+func testdata(t *testing.T, p string) string { return read(t, filepath.Join("testdata", p)) }
+
+// TestCheckH100Node polls a simulated HGX H100 host: a healthy fabric
+// reports nothing; an FM log SXid names the GPU on its access port; an
+// inactive NVLink (the H100 sign of an access link failure) stands until
+// it clears; the FM service failing and coming back; nvidia-smi nvlink -R
+// runs once per topology interval.
+func TestCheckH100Node(t *testing.T) {
+	n := newNode(t, nil)
+	n.switches("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
+	n.write("fabricmanager.cfg", testdata(t, "config/h100-default.cfg"))
+	n.write("fabricmanager.log", "[Oct 28 2024 10:00:01] [INFO] [tid 1] Fabric Manager version 550.127.05 is running with the following configuration options\n")
+	n.r.out["systemctl show"] = showActive
+	n.r.out["nvidia-smi -q"] = testdata(t, "smi/hgx-h100-topology.txt")
+	n.r.out["nvidia-smi nvlink -s"] = testdata(t, "nvlink/h100-status.txt")
+	n.r.out["nvidia-smi nvlink -R"] = testdata(t, "nvlink/h100-remote.txt")
+	if evs := n.poll(0); len(evs) != 0 {
+		t.Fatalf("healthy node: %s", shorts(evs))
+	}
+	if p := n.c.Evaluator().Platform(); p.Name != PlatformH100 || p.NVSwitches != 4 {
+		t.Fatalf("platform %+v", p)
+	}
+	n.appendLog("fabricmanager.log", "[Oct 28 2024 10:31:00] [ERROR] [tid 9] detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus id 00000000:07:00.0 physical id 2 port 46")
+	evs := n.poll(30 * time.Second)
+	if got := shorts(evs); got != "FabricManagerNVSwitchError:SXID-20034:fatal@0000:07:00.0" {
+		t.Fatalf("sxid: %s", got)
+	}
+	if g := evs[0].EntitiesImpacted[1]; g.EntityValue != "GPU-257d8671-d0e6-d1a7-dea9-952249a668fa" || evs[0].RecommendedAction != datamodels.RecommendedAction_COMPONENT_RESET {
+		t.Errorf("sxid GPU %v action %s", g, evs[0].RecommendedAction)
+	}
+	n.r.out["nvidia-smi nvlink -s"] = testdata(t, "nvlink/h100-status-inactive.txt")
+	if got := shorts(n.poll(30 * time.Second)); got != "FabricManagerHAMode:FM-HA-ACCESS-NVLINK-INACTIVE:nonfatal@GPU-d100a000-0000-0000-0000-000000000003" {
+		t.Fatalf("inactive: %s", got)
+	}
+	if evs := n.poll(30 * time.Second); len(evs) != 0 {
+		t.Fatalf("standing condition reported again: %s", shorts(evs))
+	}
+	n.r.out["nvidia-smi nvlink -s"] = testdata(t, "nvlink/h100-status.txt")
+	if got := shorts(n.poll(30 * time.Second)); got != "FabricManagerHAMode::healthy@GPU-d100a000-0000-0000-0000-000000000003" {
+		t.Fatalf("recovery: %s", got)
+	}
+	n.r.out["systemctl show"] = showFailed
+	n.r.out["journalctl"] = `{"__CURSOR":"s=1","__REALTIME_TIMESTAMP":"1730111700000000","SYSLOG_IDENTIFIER":"nv-fabricmanager","MESSAGE":"fabric manager NVIDIA GPU driver interface version 550.127.05 don't match with driver version 550.90.07. Please update with matching NVIDIA driver package."}` + "\n"
+	if got := shorts(n.poll(30 * time.Second)); got != "FabricManagerInit:FM-INIT-DRIVER-MISMATCH:fatal@0000:05:00.0 FabricManagerService:FM-SERVICE-FAILED:fatal@0000:05:00.0" {
+		t.Fatalf("failed service: %s", got)
+	}
+	if n.r.called("journalctl -u nvidia-fabricmanager -o json --no-pager -n 100") != 1 {
+		t.Errorf("journal not read from its tail: %v", n.r.calls)
+	}
+	n.poll(30 * time.Second)
+	if n.r.called("journalctl -u nvidia-fabricmanager -o json --no-pager --after-cursor=s=1") != 1 {
+		t.Errorf("journal not read after its cursor: %v", n.r.calls)
+	}
+	n.r.out["systemctl show"] = showActive
+	n.appendLog("fabricmanager.log", "[Oct 28 2024 10:40:00] [INFO] [tid 1] Fabric Manager version 550.127.05 is running with the following configuration options")
+	n.appendLog("fabricmanager.log", "[Oct 28 2024 10:40:09] [INFO] [tid 1] Successfully configured all the available NVSwitches to route GPU NVLink traffic.")
+	if got := shorts(n.poll(30 * time.Second)); got != "FabricManagerInit::healthy@0000:05:00.0 FabricManagerService::healthy@0000:05:00.0" {
+		t.Fatalf("recovery: %s", got)
+	}
+	if c := n.r.called("nvidia-smi nvlink -R"); c != 1 {
+		t.Errorf("nvlink -R ran %d times within one topology interval", c)
+	}
+	n.poll(10 * time.Minute)
+	if c := n.r.called("nvidia-smi nvlink -R"); c != 2 {
+		t.Errorf("nvlink -R ran %d times after the interval", c)
+	}
+}
+
+// TestCheckNoNVSwitch: on a host without NVSwitches the FM log is not read
+// and an FM unit that is not installed is fine; one that fails (with
+// NV_WARN_NOTHING_TO_DO in its journal) is a misconfiguration, not fatal.
+func TestCheckNoNVSwitch(t *testing.T) {
+	n := newNode(t, nil)
+	n.write("fabricmanager.log", "[Oct 28 2024 10:05:00] [ERROR] [tid 912] detected NVSwitch fatal error 12020 on fid 0 on NVSwitch pci bus id 00000000:07:00.0 physical id 0 port 33\n")
+	n.r.out["systemctl show"] = showAbsent
+	n.r.out["nvidia-smi -q"] = testdata(t, "smi/pcie-no-nvswitch.txt")
+	if evs := n.poll(0); len(evs) != 0 {
+		t.Fatalf("flagged: %s", shorts(evs))
+	}
+	if n.r.called("journalctl") != 0 || n.r.called("nvidia-smi nvlink") != 0 {
+		t.Errorf("fabric sources read on a host without NVSwitches: %v", n.r.calls)
+	}
+	n.r.out["systemctl show"] = showFailed
+	n.r.out["journalctl"] = testdata(t, "journal/gpu-operator-610-nothing-to-do.journal")
+	evs := n.poll(30 * time.Second)
+	if got := shorts(evs); got != "FabricManagerConfig:FM-CONFIG-NO-NVSWITCH:nonfatal@nvidia-fabricmanager FabricManagerConfig:FM-CONFIG-NO-NVSWITCH:nonfatal@nvidia-fabricmanager" {
+		t.Fatalf("misconfiguration: %s", got)
+	}
+	n.r.err["nvidia-smi"] = exec.ErrNotFound
+	n.r.err["systemctl"] = errors.New("dbus timeout")
+	if _, err := n.c.Check(context.Background()); err == nil || !strings.Contains(err.Error(), "dbus timeout") {
+		t.Errorf("systemctl failure: %v", err)
+	}
+}
+
+// TestCheckExclusionFromTheHost: the driver's view of excluded GPUs and
+// NVSwitches (information files, PCI functions the NVSwitch driver did not
+// bind) against the exclude lists of modprobe.d and the kernel command
+// line, and a GPU of gpu_metadata.json that fails to enumerate.
+func TestCheckExclusionFromTheHost(t *testing.T) {
+	n := newNode(t, func(c *Config) { c.MetadataPath = "" })
+	n.c.cfg.MetadataPath = filepath.Join(n.dir, "gpu_metadata.json")
+	sw := []string{"0000:c4:00.0", "0000:c5:00.0", "0000:c6:00.0", "0000:c7:00.0", "0000:c8:00.0", "0000:c9:00.0"}
+	n.pci("0x0680", sw...)
+	n.switches(sw[:5]...)
+	n.pci("0x0302", "0000:07:00.0", "0000:0f:00.0", "0000:87:00.0")
+	// 87:00.0 is passed through to a VM: not the driver's, not a candidate
+	os.MkdirAll(filepath.Join(n.dir, "sys/bus/pci/drivers/vfio-pci"), 0o755)
+	os.Symlink(filepath.Join(n.dir, "sys/bus/pci/drivers/vfio-pci"), filepath.Join(n.dir, "sys/bus/pci/devices/0000:87:00.0/driver"))
+	n.write("proc/driver/nvidia/gpus/0000:07:00.0/information", "Model: \t\t NVIDIA A100-SXM4-80GB\nGPU UUID: \t GPU-a100a100-0000-0000-0000-000000000000\nBus Location: \t 0000:07:00.0\nGPU Excluded:\t No\n")
+	n.write("proc/driver/nvidia/gpus/0000:0f:00.0/information", "Model: \t\t NVIDIA A100-SXM4-80GB\nGPU UUID: \t GPU-a100a100-0000-0000-0000-000000000001\nBus Location: \t 0000:0f:00.0\nGPU Excluded:\t Yes\n")
+	n.write("modprobe.d/nvidia-exclude.conf", "options nvidia NVreg_ExcludedGpus=GPU-a100a100-0000-0000-0000-000000000001 NvSwitchExcludelist=SWX-c9\n")
+	n.write("proc/cmdline", "BOOT_IMAGE=/vmlinuz ro quiet\n")
+	n.write("gpu_metadata.json", `{"version":"1.0","gpus":[{"gpu_id":0,"pci_address":"0000:07:00.0","numa_node":0,"uuid":"GPU-a100a100-0000-0000-0000-000000000000"},`+
+		`{"gpu_id":2,"pci_address":"0000:47:00.0","numa_node":0,"uuid":"GPU-a100a100-0000-0000-0000-000000000002"}],"nic_topology":{}}`)
+	n.r.out["systemctl show"] = showActive
+	n.r.out["nvidia-smi -q"] = strings.Split(testdata(t, "smi/a100-535-layout.txt"), "GPU 00000000:0F:00.0")[0]
+	got := shorts(n.poll(0))
+	want := "NVSwitchExclusion:NVSWITCH-EXCLUDED:nonfatal@0000:c9:00.0 GPUExclusion:GPU-EXCLUDED:nonfatal@GPU-a100a100-0000-0000-0000-000000000001 " +
+		"GPUExclusion:GPU-EXCLUSION-CANDIDATE:fatal@GPU-a100a100-0000-0000-0000-000000000002 " +
+		"FabricManagerHAMode:FM-HA-NVSWITCH-FM-ABORTED:fatal@0000:c4:00.0"
+	if !sameSet(got, want) {
+		t.Fatalf("got  %s\nwant %s", got, want)
+	}
+}
+
+// TestCheckB200: the NVLink management bridge (VPD SW_MNG) makes a host
+// without PCI NVSwitches a fabric host; NVLSM's pid file and process;
+// NVSwitch telemetry from recorded dcgm-exporter outputs.
+func TestCheckB200(t *testing.T) {
+	n := newNode(t, func(c *Config) {
+		c.Telemetry = &RecordedSource{Files: []string{"testdata/telemetry/b200-dcgm-exporter-1.prom", "testdata/telemetry/b200-dcgm-exporter-2.prom"}}
+	})
+	for i := 0; i < 4; i++ {
+		n.write("sys/class/infiniband/mlx5_"+string(rune('0'+i))+"/device/vpd", "\x82\x20NVIDIA ConnectX-7\x90SMDL SW_MNG\x78")
+	}
+	n.write("sys/class/infiniband/mlx5_4/device/vpd", "\x82\x20NVIDIA ConnectX-7 NIC\x78")
+	n.write("nvlsm.pid", "3012\n")
+	n.write("proc/3012/comm", "nvlsm\n")
+	n.write("nvlsm.log", testdata(t, "nvlsm/constructed-b200-nvlsm.log")[:strings.Index(testdata(t, "nvlsm/constructed-b200-nvlsm.log"), "Jun 02 09:12")])
+	n.r.out["systemctl show"] = showActive
+	n.r.out["nvidia-smi -q"] = testdata(t, "smi/b200-580-k8s-test-infra.txt")
+	if evs := n.poll(0); len(evs) != 0 {
+		t.Fatalf("healthy B200: %s", shorts(evs))
+	}
+	if p := n.c.Evaluator().Platform(); p.Name != PlatformB200 || p.NVLinkBridges != 4 {
+		t.Fatalf("platform %+v", p)
+	}
+	os.Remove(filepath.Join(n.dir, "proc/3012/comm"))
+	got := shorts(n.poll(30 * time.Second))
+	if !sameSet(got, "NVLSMService:NVLSM-NOT-RUNNING:fatal@nvidia-fabricmanager NVSwitchTelemetry:NVSWITCH-LINK-REPLAY-ERRORS:nonfatal@nvswitch0 "+
+		"NVSwitchTelemetry:NVSWITCH-LINK-DOWN:fatal@nvswitch0 NVSwitchTelemetry:NVSWITCH-THERMAL-SLOWDOWN:nonfatal@nvswitch1") {
+		t.Fatalf("nvlsm gone, telemetry: %s", got)
+	}
+}
+
+// TestKmsgSXidGetsTheGPU: the port map learned from nvidia-smi nvlink -R,
+// handed to the kmsg check, names the GPU of a kernel-log SXid too.
+func TestKmsgSXidGetsTheGPU(t *testing.T) {
+	topo := BuildTopology(ParseNVLink(testdata(t, "nvlink/h100-remote.txt"), nil), nil, nil)
+	if len(topo.Switches) != 4 || len(topo.Access) != 144 {
+		t.Fatalf("topology: %d switches, %d access ports", len(topo.Switches), len(topo.Access))
+	}
+	p, err := kmsg.NewParser(kmsg.ParserConfig{Topology: kmsg.StaticTopology{SwitchLinks: topo.SwitchLinks()}, Location: time.UTC, Year: 2026})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []*datamodels.HealthEvent
+	if err := kmsg.ParseStream(p, strings.NewReader("Mar  2 11:00:00 h nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Fatal, Link 46 LTSSM Fault Up\n"),
+		func(e *datamodels.HealthEvent) error { got = append(got, e); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || len(got[0].EntitiesImpacted) != 2 || got[0].EntitiesImpacted[1].EntityValue != "GPU-257d8671-d0e6-d1a7-dea9-952249a668fa" {
+		t.Fatalf("kmsg SXid: %v", got)
+	}
+	if _, pt := topo.Port("0000:07:00.0", 63, false); pt != PortUnknown {
+		t.Errorf("unwired port on a platform without trunks: %s", pt)
+	}
+	if _, pt := topo.Port("0000:07:00.0", 63, true); pt != PortTrunk {
+		t.Errorf("unwired port of a known switch with trunks: %s", pt)
+	}
+}
+
+func sameSet(a, b string) bool {
+	x, y := strings.Fields(a), strings.Fields(b)
+	if len(x) != len(y) {
+		return false
+	}
+	m := map[string]int{}
+	for _, s := range x {
+		m[s]++
+	}
+	for _, s := range y {
+		m[s]--
+	}
+	for _, v := range m {
+		if v != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		edit func(*Config)
+		key  string
+	}{
+		{func(c *Config) { c.Platform = "h300" }, "fabric.platform"},
+		{func(c *Config) { c.InProgressTimeout = -1 }, "fabric.in_progress_timeout"},
+		{func(c *Config) { c.TelemetryURL = "localhost:9400" }, "fabric.telemetry_url"},
+		{func(c *Config) { c.TopologyInterval = -time.Second }, "fabric.topology_interval"},
+	} {
+		c := DefaultConfig()
+		tc.edit(&c)
+		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), tc.key) {
+			t.Errorf("%s: %v", tc.key, err)
+		}
+	}
+	d := DefaultConfig()
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,1159 @@
+package fabric
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/agents/kmsg"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// Check names of the fabric check's events.
+const (
+	Agent = "faultline-agent"
+
+	CheckService     = "FabricManagerService"
+	CheckConfig      = "FabricManagerConfig"
+	CheckInit        = "FabricManagerInit"
+	CheckTraining    = "FabricManagerNVLinkTraining"
+	CheckNVSwitch    = "FabricManagerNVSwitchError"
+	CheckRuntime     = "FabricManagerRuntime"
+	CheckPartition   = "FabricManagerPartition"
+	CheckHA          = "FabricManagerHAMode"
+	CheckState       = "GPUFabricState"
+	CheckHealth      = "GPUFabricHealth"
+	CheckNVLink      = "GPUNVLinkState"
+	CheckGPUExcl     = "GPUExclusion"
+	CheckSwitchExcl  = "NVSwitchExclusion"
+	CheckReach       = "NVSwitchReachability"
+	CheckNVLSM       = "NVLSMService"
+	CheckNVLSMLog    = "NVLSMLog"
+	CheckTelemetry   = "NVSwitchTelemetry"
+	EntityPartition  = "FabricPartition"
+	classNVSwitch    = "NVSwitch"
+	classGPU         = "GPU"
+	physicalIDPrefix = "physical:"
+)
+
+// Snapshot is what one poll of the node observed. A nil or unread field
+// leaves the conditions it decides as they were.
+type Snapshot struct {
+	// Now is the poll's time (the operator command: the newest timestamp
+	// of its inputs).
+	Now time.Time
+	// NVSwitchPCIs are the NVSwitches the driver bound
+	// (/proc/driver/nvidia-nvswitch/devices, else /dev/nvidia-nvswitchN);
+	// NVSwitchCount is their number (-1 not read).
+	NVSwitchPCIs  []string
+	NVSwitchCount int
+	// PCISwitches / PCIGPUs: NVIDIA NVSwitch and GPU functions on the PCI
+	// bus (sysfs), whether or not a driver bound them; nil not read.
+	PCISwitches, PCIGPUs []string
+	// NVLinkBridges counts the CX7 NVLink management functions (VPD
+	// SW_MNG) of an HGX B200 (-1 not read).
+	NVLinkBridges int
+	// Service is the nvidia-fabricmanager unit.
+	Service *ServiceState
+	// NVLSMRunning: whether the NVLSM daemon runs (nil not known).
+	NVLSMRunning *bool
+	Config       *FMConfig
+	// Log holds the FM log, journal and NVLSM log lines new since the
+	// last poll, in order.
+	Log []LogLine
+	SMI *SMIReport
+	// NVLink is nvidia-smi nvlink -s / -R; Topo is topo -m.
+	NVLink []*NVLinkGPU
+	Topo   *TopoMatrix
+	// GPUInfo are /proc/driver/nvidia/gpus/*/information (nil not read).
+	GPUInfo []GPUInformation
+	// ExcludedListed is `nvidia-smi -B` (nil not read).
+	ExcludedListed []GPUInformation
+	Excludes       *ExcludeList
+	// ExpectedGPUs are the node's GPUs as last collected by the topology
+	// collector (gpu_metadata.json): UUID and PCI address.
+	ExpectedGPUs []ExpectedGPU
+	Audit        *AuditMatrix
+	Partitions   *PartitionList
+	Telemetry    *SwitchTelemetry
+}
+
+// ExpectedGPU is one GPU the node is known to have.
+type ExpectedGPU struct{ UUID, PCI string }
+
+// NewSnapshot returns an empty snapshot at now.
+func NewSnapshot(now time.Time) *Snapshot {
+	return &Snapshot{Now: now, NVSwitchCount: -1, NVLinkBridges: -1}
+}
+
+// EvalConfig tunes an Evaluator.
+type EvalConfig struct {
+	// Catalog defaults to DefaultCatalog().
+	Catalog *Catalog
+	// Platform forces the platform (a100, h100, b200); "" or "auto"
+	// detects it.
+	Platform string
+	// InProgressTimeout: how long a GPU's fabric registration may stay In
+	// Progress / Not Started after FM started (or after the check first
+	// saw it) before it is reported (default 5m).
+	InProgressTimeout time.Duration
+	// Service is the FM unit name, for messages.
+	Service string
+}
+
+// Evaluator turns snapshots into HealthEvents. Conditions (the service,
+// a GPU's fabric state, an exclusion, ...) are reported when they turn bad
+// or change, and once more, healthy, when they clear; log lines are
+// occurrences, except FM initialization errors, which stand until FM
+// reports a successful configuration again.
+type Evaluator struct {
+	cfg EvalConfig
+	cat *Catalog
+
+	bad     map[string]*datamodels.HealthEvent
+	stale   map[string]bool // fmrun conditions of the previous FM run, not yet seen again
+	pending map[string]time.Time
+	counter map[string]float64
+
+	// sticky context
+	platform   PlatformInfo
+	config     *FMConfig
+	topo       *Topology
+	product    string
+	gpuByUUID  map[string]*GPUFabric
+	gpuByMod   map[int]*GPUFabric
+	gpuPCIs    map[string]bool
+	fmStart    time.Time
+	fmRunning  bool
+	fmKnown    bool
+	nvswitches []string
+}
+
+// NewEvaluator returns an Evaluator.
+func NewEvaluator(cfg EvalConfig) (*Evaluator, error) {
+	if cfg.Catalog == nil {
+		c, err := DefaultCatalog()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Catalog = c
+	}
+	if cfg.InProgressTimeout == 0 {
+		cfg.InProgressTimeout = 5 * time.Minute
+	}
+	if cfg.Service == "" {
+		cfg.Service = "nvidia-fabricmanager"
+	}
+	switch cfg.Platform {
+	case "", "auto", PlatformA100, PlatformH100, PlatformB200:
+	default:
+		return nil, fmt.Errorf("fabric.platform: %q is not auto, a100, h100 or b200", cfg.Platform)
+	}
+	return &Evaluator{cfg: cfg, cat: cfg.Catalog, bad: map[string]*datamodels.HealthEvent{}, stale: map[string]bool{}, pending: map[string]time.Time{},
+		counter: map[string]float64{}, platform: PlatformInfo{NVSwitches: -1, NVLinkBridges: -1, GPUs: -1},
+		gpuByUUID: map[string]*GPUFabric{}, gpuByMod: map[int]*GPUFabric{}, gpuPCIs: map[string]bool{}}, nil
+}
+
+// Platform is the platform the evaluator currently assumes.
+func (e *Evaluator) Platform() PlatformInfo { return e.platform }
+
+// Topology is the NVSwitch port map learned from nvlink -R (nil before).
+func (e *Evaluator) Topology() *Topology { return e.topo }
+
+// out collects one evaluation's events.
+type out struct{ evs []*datamodels.HealthEvent }
+
+func (o *out) add(ev *datamodels.HealthEvent) {
+	if ev != nil {
+		o.evs = append(o.evs, ev)
+	}
+}
+
+// Evaluate returns the events of one snapshot.
+func (e *Evaluator) Evaluate(s *Snapshot) []*datamodels.HealthEvent {
+	o := &out{}
+	e.learn(s)
+	if s.Config != nil {
+		e.sync(o, "cfg", e.configConds(s), s.Now)
+	}
+	if s.Excludes != nil {
+		e.sync(o, "cfgx", e.excludeConfigConds(s), s.Now)
+	}
+	svc := s.Service
+	for _, ll := range s.Log {
+		if ll.Source == SourceSystemd {
+			if st := systemdLineState(ll); st != nil && s.Service == nil {
+				svc = st
+			}
+			continue
+		}
+		e.logLine(o, s, ll)
+	}
+	if svc != nil {
+		e.sync(o, "svc", e.serviceConds(s, svc), s.Now)
+	}
+	if s.NVLSMRunning != nil {
+		e.sync(o, "nvlsmproc", e.nvlsmConds(s, svc), s.Now)
+	}
+	if s.SMI != nil {
+		e.sync(o, "gpu", e.gpuConds(s), s.Now)
+	}
+	if s.NVLink != nil && hasStatus(s.NVLink) {
+		e.sync(o, "link", e.linkConds(s), s.Now)
+	}
+	if s.NVSwitchCount >= 0 || s.PCISwitches != nil {
+		e.sync(o, "swcount", e.switchCountConds(s), s.Now)
+	}
+	if s.GPUInfo != nil || s.ExcludedListed != nil || s.Excludes != nil || s.PCIGPUs != nil || s.PCISwitches != nil || (s.SMI != nil && len(s.ExpectedGPUs) > 0) {
+		e.sync(o, "excl", e.exclusionConds(s), s.Now)
+	}
+	if s.Audit != nil {
+		e.sync(o, "audit", e.auditConds(s), s.Now)
+	}
+	if s.Partitions != nil {
+		e.sync(o, "part", e.partitionConds(s), s.Now)
+	}
+	if s.Telemetry != nil {
+		e.telemetry(o, s)
+	}
+	return o.evs
+}
+
+func hasStatus(gs []*NVLinkGPU) bool {
+	for _, g := range gs {
+		for _, l := range g.Links {
+			if l.Status != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// learn updates the sticky context (platform, config, GPUs, topology).
+func (e *Evaluator) learn(s *Snapshot) {
+	if s.Config != nil {
+		e.config = s.Config
+	}
+	if s.SMI != nil {
+		gpus := 0
+		for i := range s.SMI.GPUs {
+			g := &s.SMI.GPUs[i]
+			gpus++
+			if g.Product != "" && e.product == "" || (g.Product != "" && !g.NoFabric()) {
+				e.product = g.Product
+			}
+			if g.UUID != "" {
+				e.gpuByUUID[g.UUID] = g
+			}
+			if g.ModuleID >= 0 {
+				e.gpuByMod[g.ModuleID] = g
+			}
+			if g.PCI != "" {
+				e.gpuPCIs[pci4(g.PCI)] = true
+			}
+		}
+		if gpus > 0 {
+			e.platform.GPUs = gpus
+		}
+	}
+	if s.NVSwitchCount >= 0 {
+		e.platform.NVSwitches = s.NVSwitchCount
+		e.nvswitches = s.NVSwitchPCIs
+	}
+	if s.NVLinkBridges >= 0 {
+		e.platform.NVLinkBridges = s.NVLinkBridges
+	}
+	if s.NVLink != nil {
+		byUUID := map[string]string{}
+		for u, g := range e.gpuByUUID {
+			byUUID[u] = g.PCI
+		}
+		for _, g := range s.NVLink {
+			if g.Name != "" && e.product == "" {
+				e.product = g.Name
+			}
+		}
+		t := BuildTopology(s.NVLink, e.gpuPCIs, byUUID)
+		if len(t.Access) > 0 {
+			e.topo = t
+			if e.platform.NVSwitches < 0 {
+				e.platform.NVSwitches = len(t.Switches)
+			}
+		}
+	}
+	e.platform = DetectPlatform(e.cfg.Platform, e.product, e.platform.NVSwitches, e.platform.NVLinkBridges, e.platform.GPUs)
+	if s.Service != nil {
+		e.fmKnown = true
+		e.fmRunning = s.Service.Running()
+		if !s.Service.ActiveSince.IsZero() && s.Service.Running() {
+			e.fmStart = s.Service.ActiveSince
+		}
+	}
+}
+
+func pci4(s string) string { return strings.ToLower(normPCI(s)) }
+
+// --- condition bookkeeping ---
+
+type cond struct {
+	key string
+	ev  *datamodels.HealthEvent
+}
+
+// sync reports the conditions of a family that turned bad or changed code
+// and the healthy event of those that cleared.
+func (e *Evaluator) sync(o *out, family string, now []cond, t time.Time) {
+	seen := map[string]bool{}
+	for _, c := range now {
+		k := family + "|" + c.key
+		seen[k] = true
+		o.add(e.raise(k, c.ev))
+	}
+	var gone []string
+	for k := range e.bad {
+		if strings.HasPrefix(k, family+"|") && !seen[k] {
+			gone = append(gone, k)
+		}
+	}
+	sort.Strings(gone)
+	for _, k := range gone {
+		o.add(e.clear(k, t))
+	}
+}
+
+func (e *Evaluator) raise(key string, ev *datamodels.HealthEvent) *datamodels.HealthEvent {
+	delete(e.stale, key)
+	prev := e.bad[key]
+	if prev != nil && prev.ErrorCode[0] == ev.ErrorCode[0] {
+		return nil
+	}
+	e.bad[key] = ev
+	return ev
+}
+
+func (e *Evaluator) clear(key string, t time.Time) *datamodels.HealthEvent {
+	prev := e.bad[key]
+	if prev == nil {
+		return nil
+	}
+	delete(e.bad, key)
+	return &datamodels.HealthEvent{Version: 1, Agent: Agent, ComponentClass: prev.ComponentClass, CheckName: prev.CheckName,
+		IsHealthy: true, Message: "recovered: " + prev.Message, RecommendedAction: datamodels.RecommendedAction_NONE,
+		EntitiesImpacted: prev.EntitiesImpacted, Metadata: map[string]string{"recovered_error_code": prev.ErrorCode[0]},
+		GeneratedTimestamp: timestamppb.New(t)}
+}
+
+// markStale marks the standing conditions of a family as belonging to a
+// previous run (FM restarted): the new run's initialization either reports
+// them again (they stand, without a new event) or ends with a successful
+// configuration (clearStale reports them healthy).
+func (e *Evaluator) markStale(family string) {
+	for k := range e.bad {
+		if strings.HasPrefix(k, family+"|") {
+			e.stale[k] = true
+		}
+	}
+}
+
+// clearStale clears the conditions of a family that the current run did not
+// report again.
+func (e *Evaluator) clearStale(o *out, family string, t time.Time) {
+	var keys []string
+	for k := range e.stale {
+		if strings.HasPrefix(k, family+"|") {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		delete(e.stale, k)
+		o.add(e.clear(k, t))
+	}
+}
+
+func (e *Evaluator) ev(t time.Time, class, check, code string, fatal bool, action datamodels.RecommendedAction, msg string,
+	ents []*datamodels.Entity, meta map[string]string) *datamodels.HealthEvent {
+	for k, v := range meta {
+		if v == "" {
+			delete(meta, k)
+		}
+	}
+	return &datamodels.HealthEvent{Version: 1, Agent: Agent, ComponentClass: class, CheckName: check, IsFatal: fatal,
+		Message: msg, RecommendedAction: action, ErrorCode: []string{code}, EntitiesImpacted: ents, Metadata: meta,
+		GeneratedTimestamp: timestamppb.New(t)}
+}
+
+func (e *Evaluator) mode() string { return e.config.Mode() }
+
+// --- entities ---
+
+func gpuEntities(id, pci string) []*datamodels.Entity {
+	ents := []*datamodels.Entity{{EntityType: events.EntityGPU, EntityValue: id}}
+	if pci != "" && pci != id {
+		ents = append(ents, &datamodels.Entity{EntityType: events.EntityPCI, EntityValue: pci})
+	}
+	return ents
+}
+
+func switchEntity(id string) *datamodels.Entity {
+	return &datamodels.Entity{EntityType: events.EntityNVSwitch, EntityValue: id}
+}
+
+// nodeEntities are the entities of a node-wide fabric condition: the
+// NVSwitches when known, else the FM service.
+func (e *Evaluator) nodeEntities() []*datamodels.Entity {
+	if len(e.nvswitches) > 0 {
+		var ents []*datamodels.Entity
+		for _, s := range e.nvswitches {
+			ents = append(ents, switchEntity(s))
+		}
+		return ents
+	}
+	return []*datamodels.Entity{{EntityType: events.EntityNode, EntityValue: e.cfg.Service}}
+}
+
+// gpuRef resolves the GPU a message names (UUID, physical/module id or
+// PCI address).
+func (e *Evaluator) gpuRef(r Refs) (id, pci string, ok bool) {
+	switch {
+	case r.GPUUUID != "":
+		if g := e.gpuByUUID[r.GPUUUID]; g != nil {
+			return g.UUID, g.PCI, true
+		}
+		return r.GPUUUID, "", true
+	case r.PCI != "" && e.gpuPCIs[pci4(r.PCI)]:
+		for _, g := range e.gpuByUUID {
+			if pci4(g.PCI) == pci4(r.PCI) {
+				return g.ID(), g.PCI, true
+			}
+		}
+		return pci4(r.PCI), pci4(r.PCI), true
+	case r.GPUPhysID >= 0:
+		if e.platform.Name != PlatformA100 {
+			// H100 and later: the physical id is the Module ID.
+			if g := e.gpuByMod[r.GPUPhysID]; g != nil {
+				return g.ID(), g.PCI, true
+			}
+		}
+		return physicalIDPrefix + strconv.Itoa(r.GPUPhysID), "", true
+	}
+	return "", "", false
+}
+
+// --- the FM service ---
+
+// systemdLineState reads systemd's journal lines about the unit.
+func systemdLineState(ll LogLine) *ServiceState {
+	m := ll.Msg
+	switch {
+	case strings.Contains(m, "Failed with result"), strings.Contains(m, "Failed to start"):
+		return &ServiceState{LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: strings.Trim(after(m, "result "), "'.")}
+	case strings.HasPrefix(m, "Started "):
+		return &ServiceState{LoadState: "loaded", ActiveState: "active", SubState: "running", ActiveSince: ll.Time}
+	case strings.HasPrefix(m, "Stopped "), strings.Contains(m, "Deactivated successfully"):
+		return &ServiceState{LoadState: "loaded", ActiveState: "inactive", SubState: "dead"}
+	}
+	return nil
+}
+
+func (e *Evaluator) serviceConds(s *Snapshot, st *ServiceState) []cond {
+	meta := map[string]string{"active_state": st.ActiveState, "sub_state": st.SubState, "result": st.Result,
+		"load_state": st.LoadState, "platform": e.platform.Name, "fabric_mode": e.mode()}
+	if st.MainProcess != "" {
+		meta["main_process"] = st.MainProcess
+		if isFMProcess(st.MainProcess) && st.MainProcess != "nv-fabricmanager" {
+			meta["main_process_note"] = "nv-fabricmanager, its name truncated to the kernel's 15-character comm"
+		}
+	}
+	if !e.platform.HasFabric() {
+		// FM has nothing to manage here; a unit that fails or keeps
+		// restarting is a misconfiguration, not a fabric failure.
+		if st.LoadState == "not-found" || st.LoadState == "" || st.Running() || st.ActiveState == "inactive" {
+			return nil
+		}
+		meta["recovery"] = "No NVSwitch on this host (NVSwitch count 0, no NVLink management bridge): FM is not needed; disable the nvidia-fabricmanager unit."
+		return []cond{{"nofabric", e.ev(s.Now, classNVSwitch, CheckConfig, "FM-CONFIG-NO-NVSWITCH", false,
+			datamodels.RecommendedAction_NONE, fmt.Sprintf("Fabric Manager service %s is %s on a host without NVSwitches: a misconfiguration (FM is not needed here)",
+				e.cfg.Service, st.ActiveState), []*datamodels.Entity{{EntityType: events.EntityNode, EntityValue: e.cfg.Service}}, meta)}}
+	}
+	state := ""
+	switch {
+	case st.LoadState == "not-found":
+		state = "NOT-INSTALLED"
+	case st.ActiveState == "failed":
+		state = "FAILED"
+	case st.ActiveState == "inactive", st.ActiveState == "deactivating":
+		state = "INACTIVE"
+	case st.ActiveState == "active" && st.SubState == "exited":
+		state = "NOT-RUNNING"
+	}
+	if state == "" {
+		return nil
+	}
+	h := e.cat.Handling["table17_config"]
+	meta["recovery"] = "Start the FM service; restart the host if it fails again (FM guide: Managing the Fabric Manager Service, Table 17)."
+	if c := e.abortCUDA(); c != "" {
+		meta["cuda_jobs"] = c
+	}
+	return []cond{{"service", e.ev(s.Now, classNVSwitch, CheckService, "FM-SERVICE-"+state, true, h.Action(e.mode()),
+		fmt.Sprintf("Fabric Manager service %s is %s (%s/%s, result %s) on an NVSwitch system: CUDA jobs cannot start",
+			e.cfg.Service, strings.ToLower(state), st.ActiveState, st.SubState, orNA(st.Result)), e.nodeEntities(), meta)}}
+}
+
+// abortCUDA describes what happens to CUDA jobs while FM is down.
+func (e *Evaluator) abortCUDA() string {
+	m := e.cat.AbortCUDA[e.platform.Name]
+	if m == nil {
+		return ""
+	}
+	if v, ok := m["any"]; ok {
+		return v
+	}
+	val := 0
+	if e.config != nil && e.config.AbortCUDAJobsOnFMExit >= 0 {
+		val = e.config.AbortCUDAJobsOnFMExit
+	}
+	return m[strconv.Itoa(val)]
+}
+
+func (e *Evaluator) nvlsmConds(s *Snapshot, st *ServiceState) []cond {
+	if e.platform.Name != PlatformB200 || *s.NVLSMRunning || (st != nil && !st.Running()) {
+		return nil
+	}
+	h := e.cat.Handling["nvlsm"]
+	return []cond{{"proc", e.ev(s.Now, classNVSwitch, CheckNVLSM, "NVLSM-NOT-RUNNING", h.Fatal, h.Action(e.mode()),
+		"NVLSM (NVLink subnet manager) is not running on an HGX B200-class system: the NVSwitch routing is not configured",
+		e.nodeEntities(), map[string]string{"guide": h.Guide, "impact": h.Impact, "recovery": h.Recovery})}}
+}
+
+// --- the FM configuration ---
+
+func (e *Evaluator) configConds(s *Snapshot) []cond {
+	var cs []cond
+	c := s.Config
+	for _, p := range c.Problems {
+		cs = append(cs, cond{"invalid|" + p, e.ev(s.Now, classNVSwitch, CheckConfig, "FM-CONFIG-INVALID-VALUE", false,
+			datamodels.RecommendedAction_CONTACT_SUPPORT, "fabricmanager.cfg: "+p,
+			[]*datamodels.Entity{{EntityType: events.EntityNode, EntityValue: e.cfg.Service}},
+			map[string]string{"recovery": "Set a value the FM guide defines and restart the FM service."})})
+	}
+	if c.FabricMode == 2 && c.NVSwitchFailureMode == 1 {
+		cs = append(cs, cond{"vgpu-nvswitch-mode", e.ev(s.Now, classNVSwitch, CheckConfig, "FM-CONFIG-HA-MODE-UNSUPPORTED", false,
+			datamodels.RecommendedAction_CONTACT_SUPPORT,
+			"fabricmanager.cfg: NVSWITCH_FAILURE_MODE=1 is not supported in vGPU multitenancy mode (FABRIC_MODE=2); FM behaves as with 0",
+			[]*datamodels.Entity{{EntityType: events.EntityNode, EntityValue: e.cfg.Service}},
+			map[string]string{"guide": "NVSwitch Failure: Shared NVSwitch and vGPU Virtualization Behavior", "recovery": "Set NVSWITCH_FAILURE_MODE=0 in vGPU mode."})})
+	}
+	return cs
+}
+
+func (e *Evaluator) excludeConfigConds(s *Snapshot) []cond {
+	var cs []cond
+	x := s.Excludes
+	ents := []*datamodels.Entity{{EntityType: events.EntityNode, EntityValue: "nvidia.ko"}}
+	if len(x.Deprecated) > 0 {
+		cs = append(cs, cond{"deprecated", e.ev(s.Now, classGPU, CheckConfig, "EXCLUDE-PARAMETER-DEPRECATED", false, datamodels.RecommendedAction_NONE,
+			"deprecated exclusion parameters in use: "+strings.Join(x.Deprecated, ", "), ents,
+			map[string]string{"recovery": "Use NVreg_ExcludedGpus / NvSwitchExcludelist (the deprecated names will be removed).", "sources": strings.Join(x.Sources, ",")})})
+	}
+	if len(x.NVSwitches) > 0 && e.platform.Name == PlatformB200 {
+		cs = append(cs, cond{"b200-switch-exclusion", e.ev(s.Now, classNVSwitch, CheckConfig, "NVSWITCH-EXCLUSION-UNSUPPORTED", false,
+			datamodels.RecommendedAction_NONE, "NvSwitchExcludelist is set on an HGX B200-class system, whose NVSwitches the kernel NVSwitch driver does not control: it has no effect",
+			ents, map[string]string{"guide": "NVSwitch Exclusion (note on DGX/HGX B200)", "listed": strings.Join(x.NVSwitches, ",")})})
+	}
+	return cs
+}
+
+// --- log lines ---
+
+func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
+	t := ll.Time
+	if t.IsZero() {
+		t = s.Now
+	}
+	if sx, ok := parseSXidLine(ll.Msg); ok && ll.Source == SourceFM {
+		o.add(e.sxidEvent(t, ll, sx))
+		return
+	}
+	if p := partitionCodeOf(e.cat, ll.Msg); p != nil && ll.Source != SourceNVLSM {
+		o.add(e.partitionCodeEvent(t, ll, p))
+		return
+	}
+	r := e.cat.Match(ll.Source, ll.Level, ll.Msg)
+	for r != nil && r.Requires == "trunks" && !e.platform.HasTrunks() {
+		r = e.cat.matchAfter(r, ll)
+	}
+	if r == nil {
+		return
+	}
+	switch r.Marker {
+	case "ignore":
+		return
+	case "fm_start":
+		if !t.IsZero() {
+			e.fmStart = t
+		}
+		e.markStale("fmrun")
+		return
+	case "fm_ready":
+		// FM configured the fabric: errors of a previous run that this run
+		// did not report are over; this run's (degraded modes) stand.
+		e.clearStale(o, "fmrun", t)
+		return
+	case "nvlsm_ready":
+		e.markStale("nvlsm")
+		e.clearStale(o, "nvlsm", t)
+		return
+	}
+	refs := refsOf(ll.Msg)
+	meta := map[string]string{"log_line": ll.Raw, "log_source": ll.Source, "catalog_id": r.ID, "platform": e.platform.Name, "fabric_mode": e.mode()}
+	var ents []*datamodels.Entity
+	entKey := "node"
+	low := strings.ToLower(ll.Msg)
+	if id, pci, ok := e.gpuRef(refs); ok && (refs.GPUUUID != "" || refs.GPUPhysID >= 0 || e.gpuPCIs[pci4(refs.PCI)]) {
+		ents = gpuEntities(id, pci)
+		entKey = id
+		meta["gpu"] = id
+		if sw := switchPCIOf(ll.Msg); sw != "" {
+			ents = append(ents, switchEntity(sw))
+		}
+	} else if sw := switchPCIOf(ll.Msg); sw != "" {
+		ents = []*datamodels.Entity{switchEntity(sw)}
+		entKey = sw
+	} else if refs.PCI != "" && strings.Contains(low, "nvswitch") {
+		ents = []*datamodels.Entity{switchEntity(pci4(refs.PCI))}
+		entKey = pci4(refs.PCI)
+	} else if refs.SwitchUUID != "" {
+		ents = []*datamodels.Entity{switchEntity(refs.SwitchUUID)}
+		entKey = refs.SwitchUUID
+	} else if refs.SwitchPhysID >= 0 {
+		id := "nvswitch-physical:" + strconv.Itoa(refs.SwitchPhysID)
+		ents = []*datamodels.Entity{switchEntity(id)}
+		entKey = id
+	} else {
+		ents = e.nodeEntities()
+	}
+	if refs.SwitchUUID != "" {
+		meta["nvswitch_uuid"] = refs.SwitchUUID
+	}
+	if refs.Link >= 0 {
+		meta["link"] = strconv.Itoa(refs.Link)
+	}
+	if refs.Partition >= 0 {
+		meta["partition_id"] = strconv.Itoa(refs.Partition)
+	}
+	if r.Exclusion == "nvswitch_excluded" {
+		o.add(e.raise("fmrun|switch-excluded|"+entKey, e.ev(t, classNVSwitch, CheckSwitchExcl, "NVSWITCH-EXCLUDED", false,
+			datamodels.RecommendedAction_NONE, "NVSwitch excluded (FM log): "+oneLine(ll.Msg), ents, meta)))
+		if r.HA != "" {
+			ha, _ := e.haEvent(t, r.HA, entKey, ents, meta)
+			o.add(ha)
+		}
+		return
+	}
+	h := e.cat.Handling[r.Handling]
+	check, code, fatal, action := r.Check, r.Code, h.Fatal, h.Action(e.mode())
+	msg := oneLine(ll.Msg)
+	meta["guide"], meta["impact"], meta["recovery"] = h.Guide, h.Impact, h.Recovery
+	if r.Special == "nothing_to_do" {
+		if !e.platform.HasFabric() {
+			check, code, fatal, action = CheckConfig, "FM-CONFIG-NO-NVSWITCH", false, datamodels.RecommendedAction_NONE
+			meta["recovery"] = "No NVSwitch on this host: FM is not needed; disable the nvidia-fabricmanager unit (a misconfiguration, not a fabric failure)."
+			meta["impact"] = "None: the host has no NVSwitch fabric."
+		} else if e.platform.Name == PlatformB200 {
+			meta["recovery"] = "HGX B200-class: FM exits with NV_WARN_NOTHING_TO_DO when NVLSM is not running: check the nvlsm process, the nvlink5 packages and /var/log/nvlsm.log; restart the FM unit."
+		}
+	}
+	if e.config != nil && e.config.StayResidentOnFailures == 1 && r.Handling == "table17_config" {
+		meta["stay_resident"] = "FM_STAY_RESIDENT_ON_FAILURES=1: the service keeps running, partition activation/deactivation is not supported"
+	}
+	class := classNVSwitch
+	if len(ents) > 0 && ents[0].EntityType == events.EntityGPU {
+		class = classGPU
+	}
+	var ha *datamodels.HealthEvent
+	haRule := (*HARule)(nil)
+	if r.HA != "" && (ents[0].EntityType == events.EntityGPU || (r.HA != "access" && r.HA != "gpu")) {
+		ha, haRule = e.haEvent(t, r.HA, entKey, ents, meta)
+	}
+	if haRule != nil {
+		// FM's high-availability policy decides what the node needs: the
+		// HA event carries it, and this event the guide's Table 17
+		// recovery as advice (one actionable event per failure).
+		fatal = false
+		meta["handled_by"] = CheckHA + " " + haRule.Code
+	}
+	ev := e.ev(t, class, check, code, fatal, action, prefixFor(check)+msg, ents, meta)
+	switch r.State {
+	case "oneoff":
+		o.add(ev)
+	case "nvlsm":
+		o.add(e.raise("nvlsm|"+code+"|"+entKey, ev))
+	default:
+		o.add(e.raise("fmrun|"+code+"|"+entKey, ev))
+	}
+	o.add(ha)
+	switch r.Exclusion {
+	case "gpu_candidate":
+		if ents[0].EntityType == events.EntityGPU {
+			m := clone(meta)
+			m["reason"] = exclusionReason(r)
+			m["guide"] = "Manual Degradation: GPU Exclusion (recommended error conditions), GPU Exclusion Flow"
+			m["recovery"] = "Diagnose the GPU (DCGM exclusion recommendation script or health check); if it is confirmed, add its UUID to NVreg_ExcludedGpus and reboot."
+			o.add(e.raise("fmrun|gpu-candidate|"+entKey, e.ev(t, classGPU, CheckGPUExcl, "GPU-EXCLUSION-CANDIDATE", false,
+				datamodels.RecommendedAction_RUN_DCGMEUD, fmt.Sprintf("GPU %s is an exclusion candidate: %s", ents[0].EntityValue, m["reason"]), ents, m)))
+		}
+	case "nvswitch_candidate":
+		if e.platform.Name == PlatformA100 {
+			m := clone(meta)
+			m["guide"] = "Manual Degradation: NVSwitch Exclusion (DGX/HGX A100)"
+			m["recovery"] = "If the NVSwitch keeps failing, add its UUID (from the FM log) to NvSwitchExcludelist and reboot; FM then also excludes its trunk peer on two-baseboard systems."
+			o.add(e.raise("fmrun|switch-candidate|"+entKey, e.ev(t, classNVSwitch, CheckSwitchExcl, "NVSWITCH-EXCLUSION-CANDIDATE", false,
+				datamodels.RecommendedAction_CONTACT_SUPPORT, "NVSwitch exclusion candidate: "+msg, ents, m)))
+		}
+	}
+}
+
+func exclusionReason(r *MessageRule) string {
+	switch r.HA {
+	case "access":
+		return "GPU side NVLink training error (FM)"
+	case "gpu":
+		return "GPU failed to initialize (FM)"
+	}
+	return r.ID
+}
+
+func prefixFor(check string) string {
+	switch check {
+	case CheckTraining:
+		return "Fabric Manager NVLink training failure: "
+	case CheckInit:
+		return "Fabric Manager initialization failure: "
+	case CheckConfig:
+		return "Fabric Manager configuration: "
+	case CheckNVLSM, CheckNVLSMLog:
+		return "NVLSM: "
+	}
+	return "Fabric Manager: "
+}
+
+// matchAfter continues matching after rule r (a rule whose requirement the
+// platform does not meet).
+func (c *Catalog) matchAfter(r *MessageRule, ll LogLine) *MessageRule {
+	low := matchText(ll.Msg)
+	found := false
+	for _, m := range c.Messages {
+		if found && m.matches(ll.Source, ll.Level, low) {
+			return m
+		}
+		if m == r {
+			found = true
+		}
+	}
+	return nil
+}
+
+// haEvent reports what FM does about a failure found at initialization,
+// under the platform, fabric mode and configured *_FAILURE_MODE.
+func (e *Evaluator) haEvent(t time.Time, kind, entKey string, ents []*datamodels.Entity, src map[string]string) (*datamodels.HealthEvent, *HARule) {
+	if e.platform.Name == "" {
+		return nil, nil
+	}
+	value, set := e.config.FailureMode(kind)
+	meta := map[string]string{"failure_kind": kind, "platform": e.platform.Name, "fabric_mode": e.mode(), "log_line": src["log_line"],
+		"guide": "Supported High Availability Modes; High Availability Mode Comparison"}
+	item := map[string]string{"access": "ACCESS_LINK_FAILURE_MODE", "trunk": "TRUNK_LINK_FAILURE_MODE", "nvswitch": "NVSWITCH_FAILURE_MODE"}[kind]
+	if item != "" {
+		meta["config_item"] = item
+		meta["config_value"] = strconv.Itoa(value)
+		if set {
+			meta["config_value_source"] = "fabricmanager.cfg"
+		} else {
+			meta["config_value_source"] = "default"
+		}
+	}
+	if kind == "nvswitch" && e.platform.Name == PlatformA100 && value == 1 {
+		if e.mode() == ModeVGPU {
+			value = 0
+			meta["config_note"] = "NVSWITCH_FAILURE_MODE=1 is not supported in vGPU mode: FM behaves as with 0"
+		} else if e.failedSwitches(entKey) > 1 {
+			value = 0
+			meta["config_note"] = "several NVSwitch failures: FM falls back to NVSWITCH_FAILURE_MODE=0"
+		}
+	}
+	r := e.cat.HARuleFor(e.platform.Name, e.mode(), kind, value)
+	if r == nil {
+		return nil, nil
+	}
+	meta["consequence"], meta["recovery"], meta["bandwidth_fraction"] = r.Consequence, r.Recovery, r.Bandwidth
+	if len(r.Partitions) > 0 {
+		var ids []string
+		for _, p := range r.Partitions {
+			ids = append(ids, strconv.Itoa(p))
+		}
+		meta["removed_partitions"] = strings.Join(ids, ",")
+	}
+	class := classNVSwitch
+	if len(ents) > 0 && ents[0].EntityType == events.EntityGPU {
+		class = classGPU
+	}
+	return e.raise("fmrun|ha|"+kind+"|"+entKey, e.ev(t, class, CheckHA, r.Code, r.Fatal, r.Action,
+		fmt.Sprintf("%s failure on %s (%s, %s mode): %s", kind, ents[0].EntityValue, strings.ToUpper(e.platform.Name), e.mode(), r.Consequence), ents, meta)), r
+}
+
+// switchPCIOf finds the NVSwitch a message names by PCI address
+// ("NVSwitch pci bus id 00000000:c4:00.0").
+func switchPCIOf(msg string) string {
+	if m := reSwitchPCI.FindStringSubmatch(msg); m != nil {
+		return pci4(m[1])
+	}
+	return ""
+}
+
+// failedSwitches counts the NVSwitches with a standing NVSwitch failure of
+// this FM run, counting entKey.
+func (e *Evaluator) failedSwitches(entKey string) int {
+	set := map[string]bool{entKey: true}
+	for k := range e.bad {
+		if strings.HasPrefix(k, "fmrun|ha|nvswitch|") {
+			set[strings.TrimPrefix(k, "fmrun|ha|nvswitch|")] = true
+		}
+		if strings.HasPrefix(k, "swcount|") {
+			set[k] = true
+		}
+	}
+	return len(set)
+}
+
+func (e *Evaluator) sxidEvent(t time.Time, ll LogLine, sx SXidLine) *datamodels.HealthEvent {
+	info, listed := e.cat.SXID.SXID(sx.Code, sx.Fatal)
+	action := info.Action
+	if !sx.Fatal && info.Class != "nonfatal" {
+		action = datamodels.RecommendedAction_NONE
+	}
+	ents := []*datamodels.Entity{switchEntity(sx.SwitchPCI)}
+	meta := map[string]string{"sxid": strconv.Itoa(sx.Code), "table_class": info.Class, "table_text": info.Text, "recovery": info.Recovery,
+		"pci_bus_id": sx.SwitchPCI, "log_line": ll.Raw, "fid": sx.Fid, "platform": e.platform.Name}
+	if !listed {
+		meta["catalog"] = "unlisted"
+	}
+	if sx.SwitchPhys >= 0 {
+		meta["switch_physical_id"] = strconv.Itoa(sx.SwitchPhys)
+	}
+	if sx.Port >= 0 {
+		meta["port"] = strconv.Itoa(sx.Port)
+		a, pt := e.topo.Port(sx.SwitchPCI, sx.Port, e.platform.HasTrunks())
+		meta["port_type"] = pt
+		switch pt {
+		case PortAccess:
+			if a.GPUUUID != "" {
+				ents = append(ents, &datamodels.Entity{EntityType: events.EntityGPU, EntityValue: a.GPUUUID})
+				meta["gpu_uuid"] = a.GPUUUID
+			}
+			if a.GPUPCI != "" {
+				meta["gpu_pci"] = kmsgPCI(a.GPUPCI)
+			}
+			meta["gpu_index"] = strconv.Itoa(a.GPUIndex)
+			meta["gpu_link"] = strconv.Itoa(a.LocalLink)
+			if sx.Fatal {
+				meta["expected_gpu_xids"] = "XID-74,XID-45"
+				if info.Class == "fatal" {
+					switch {
+					case e.mode() != ModeBareMetal:
+						action = datamodels.RecommendedAction_RESTART_VM
+						meta["recovery"] = "Fatal SXid on an access port: the impact is limited to the guest VM using this GPU; shut it down (FM guide, Runtime NVSwitch Errors, Table 20)."
+					case e.platform.Name == PlatformA100 && e.fmKnown && !e.fmRunning:
+						action = datamodels.RecommendedAction_RESTART_BM
+						meta["recovery"] = "Fatal SXid on an access port while FM is not running: an A100 GPU cannot be reset alone then; reset all GPUs and NVSwitches (GPU VM System Reset, Ampere and NVSwitch)."
+					default:
+						action = datamodels.RecommendedAction_COMPONENT_RESET
+						meta["recovery"] = "Fatal SXid on an access port: reset the GPU on this port and all GPUs of the affected workload (nvidia-smi -r); if it persists, reboot (FM guide, Fatal SXid Errors)."
+					}
+				}
+			}
+		case PortTrunk:
+			if sx.Fatal {
+				meta["expected_gpu_xids"] = "XID-45"
+				if info.Class == "fatal" {
+					action = datamodels.RecommendedAction_RESTART_BM
+					meta["recovery"] = "Fatal SXid on a trunk port: FM aborts all CUDA jobs; stop FM, reset all GPUs and NVSwitches (nvidia-smi -r without -i), start FM; if it persists, reboot (FM guide, Fatal SXid Errors)."
+					if e.mode() != ModeBareMetal {
+						action = datamodels.RecommendedAction_RESTART_VM
+						meta["recovery"] = "Fatal SXid on a trunk port: shut down the guest VM partitions that cross the trunk ports (the 16-GPU partition and the 8-GPU partitions with four GPUs per baseboard); they can be recreated (FM guide, Table 20)."
+					}
+				}
+			}
+		}
+	}
+	if sx.Code == 11004 || sx.Code == 12028 {
+		meta["expected_gpu_xids"] = "XID-45"
+	}
+	sev := "Non-fatal"
+	if sx.Fatal {
+		sev = "Fatal"
+	}
+	where := "NVSwitch " + sx.SwitchPCI
+	if sx.Port >= 0 {
+		where += " port " + strconv.Itoa(sx.Port)
+		if meta["port_type"] != PortUnknown {
+			where += " (" + meta["port_type"] + ")"
+		}
+	}
+	return e.ev(t, classNVSwitch, CheckNVSwitch, "SXID-"+strconv.Itoa(sx.Code), sx.Fatal, action,
+		fmt.Sprintf("Fabric Manager: SXid %d %s on %s: %s", sx.Code, sev, where, info.Text), ents, meta)
+}
+
+// kmsgPCI is the "dddd:bb:dd" form the kernel-log events use for GPUs.
+func kmsgPCI(p string) string { return kmsg.NormalizePCI(p, false) }
+
+func (e *Evaluator) partitionCodeEvent(t time.Time, ll LogLine, p *PartitionCode) *datamodels.HealthEvent {
+	meta := map[string]string{"fm_return": p.Name, "fm_return_value": strconv.Itoa(p.Value), "guide": p.Guide, "condition": p.Condition,
+		"recovery": p.Recovery, "log_line": ll.Raw, "fabric_mode": e.mode()}
+	refs := refsOf(ll.Msg)
+	ents := e.nodeEntities()
+	if refs.Partition >= 0 {
+		meta["partition_id"] = strconv.Itoa(refs.Partition)
+		ents = []*datamodels.Entity{{EntityType: EntityPartition, EntityValue: strconv.Itoa(refs.Partition)}}
+	}
+	return e.ev(t, classNVSwitch, CheckPartition, "FM-PARTITION-"+strings.TrimPrefix(p.Name, "FM_ST_"), p.Fatal, p.Action(e.mode()),
+		fmt.Sprintf("Fabric Manager partition operation returned %s: %s", p.Name, p.Condition), ents, meta)
+}
+
+// --- GPU fabric state and health (nvidia-smi -q) ---
+
+func (e *Evaluator) gpuConds(s *Snapshot) []cond {
+	var cs []cond
+	gpus := append([]GPUFabric(nil), s.SMI.GPUs...)
+	sort.SliceStable(gpus, func(i, j int) bool { return gpus[i].ID() < gpus[j].ID() })
+	seen := map[string]bool{}
+	for _, g := range gpus {
+		if g.NoFabric() {
+			continue // no NVLink fabric on this GPU: an all-N/A block is not a failure
+		}
+		id := g.ID()
+		seen[id] = true
+		ents := gpuEntities(id, g.PCI)
+		meta := map[string]string{"fabric_state": g.State, "fabric_status": g.Status, "pci_bus_id": g.PCI, "gpu_uuid": g.UUID,
+			"health_summary": g.Summary, "bandwidth": g.Bandwidth, "clique_id": g.CliqueID, "cluster_uuid": g.ClusterUUID,
+			"route_recovery": g.RouteRecovery, "route_unhealthy": g.RouteUnhealthy, "access_timeout_recovery": g.AccessTimeoutRecovery,
+			"incorrect_configuration": g.IncorrectConfiguration, "platform": e.platform.Name}
+		if g.Fragment {
+			meta["gpu_index"] = strconv.Itoa(g.Index)
+		}
+		hFM := e.cat.Handling["table17_config"]
+		st := strings.ToLower(g.State)
+		switch st {
+		case "completed":
+			delete(e.pending, id)
+			if !strings.EqualFold(g.Status, "Success") {
+				m := clone(meta)
+				m["recovery"] = "Restart the FM service and the host; if the GPU keeps failing registration, RMA it or inspect the NVLink connections (FM guide, Table 17)."
+				if g.CliqueID == "0" && isZeroUUID(g.ClusterUUID) {
+					m["fabric_attached"] = "false"
+				}
+				cs = append(cs, cond{"state|" + id, e.ev(s.Now, classGPU, CheckState, "FABRIC-PROBE-FAILURE", true, hFM.Action(e.mode()),
+					fmt.Sprintf("GPU %s fabric registration completed with status %q (not Success)", id, g.Status), ents, m)})
+			}
+		default: // In Progress, Not Started: Status N/A means "no result yet"
+			first, ok := e.pending[id]
+			if !ok {
+				first = s.Now
+				e.pending[id] = first
+			}
+			since, from := first, "first seen"
+			if !e.fmStart.IsZero() && e.fmRunning && e.fmStart.Before(since) {
+				since, from = e.fmStart, "FM start-up"
+			}
+			if s.Now.Sub(since) > e.cfg.InProgressTimeout {
+				m := clone(meta)
+				m["recovery"] = "The GPU did not complete fabric registration: check that FM (and on HGX B200 NVLSM) runs; restart the FM service, then the host (FM guide, Table 17)."
+				m["pending_since"] = since.UTC().Format(time.RFC3339)
+				m["pending_since_source"] = from
+				cs = append(cs, cond{"state|" + id, e.ev(s.Now, classGPU, CheckState, "FABRIC-PROBE-TIMEOUT", true, hFM.Action(e.mode()),
+					fmt.Sprintf("GPU %s fabric state %q for %s after %s", id, g.State, s.Now.Sub(since).Round(time.Second), from), ents, m)})
+			}
+		}
+		if c := e.healthCond(s, g, id, ents, meta); c != nil {
+			cs = append(cs, *c)
+		}
+	}
+	for id := range e.pending {
+		if !seen[id] {
+			delete(e.pending, id)
+		}
+	}
+	return cs
+}
+
+func (e *Evaluator) healthCond(s *Snapshot, g GPUFabric, id string, ents []*datamodels.Entity, meta map[string]string) *cond {
+	m := clone(meta)
+	m["degraded"] = "true"
+	var code, msg string
+	action := datamodels.RecommendedAction_NONE
+	switch {
+	case strings.EqualFold(g.Summary, "Unhealthy"), isTrue(g.RouteUnhealthy):
+		code = "FABRIC-HEALTH-UNHEALTHY"
+		msg = fmt.Sprintf("GPU %s fabric health is degraded: summary %s, route unhealthy %s (registration %s/%s)", id, orNA(g.Summary), orNA(g.RouteUnhealthy), g.State, orNA(g.Status))
+		m["recovery"] = "The GPU stays registered but its fabric is degraded: watch it; reset the GPU or restart FM at a convenient time."
+	case isSet(g.IncorrectConfiguration):
+		code, action = "FABRIC-INCORRECT-CONFIGURATION", datamodels.RecommendedAction_CONTACT_SUPPORT
+		msg = fmt.Sprintf("GPU %s fabric reports an incorrect configuration: %s", id, g.IncorrectConfiguration)
+		m["recovery"] = "Fix the reported fabric configuration (partition, NVLink count, firmware, location, system GUID or chassis serial)."
+	case strings.EqualFold(g.Bandwidth, "Degraded"), strings.EqualFold(g.Summary, "Limited Capacity"):
+		code = "FABRIC-BANDWIDTH-DEGRADED"
+		msg = fmt.Sprintf("GPU %s fabric bandwidth %s, health %s", id, orNA(g.Bandwidth), orNA(g.Summary))
+	case isTrue(g.RouteRecovery), isTrue(g.AccessTimeoutRecovery):
+		code = "FABRIC-RECOVERY-IN-PROGRESS"
+		msg = fmt.Sprintf("GPU %s fabric recovery in progress (route recovery %s, access timeout recovery %s)", id, orNA(g.RouteRecovery), orNA(g.AccessTimeoutRecovery))
+	default:
+		return nil
+	}
+	return &cond{"health|" + id, e.ev(s.Now, classGPU, CheckHealth, code, false, action, msg, ents, m)}
+}
+
+func isZeroUUID(s string) bool {
+	return strings.Trim(s, "0-") == "" && s != ""
+}
+
+// --- NVLink state (nvidia-smi nvlink -s) ---
+
+func (e *Evaluator) linkConds(s *Snapshot) []cond {
+	var cs []cond
+	for _, g := range s.NVLink {
+		in := g.InactiveLinks()
+		if len(in) == 0 {
+			continue
+		}
+		if f := e.gpuByUUID[g.UUID]; f != nil && e.platform.Name == PlatformA100 && strings.EqualFold(f.MIG, "Enabled") {
+			// A100 trains its NVLinks off while MIG mode is enabled (FM
+			// guide, Interoperability With Multi-Instance GPUs).
+			continue
+		}
+		id := g.UUID
+		if id == "" {
+			id = "index:" + strconv.Itoa(g.Index)
+		}
+		pci := ""
+		if f := e.gpuByUUID[g.UUID]; f != nil {
+			pci = f.PCI
+		}
+		ents := gpuEntities(id, pci)
+		var ls []string
+		for _, n := range in {
+			ls = append(ls, strconv.Itoa(n))
+		}
+		meta := map[string]string{"inactive_links": strings.Join(ls, ","), "links": strconv.Itoa(len(g.Links)), "platform": e.platform.Name,
+			"gpu_index": strconv.Itoa(g.Index)}
+		if r := e.cat.HARuleFor(e.platform.Name, e.mode(), "access", -1); r != nil && r.Value == -1 {
+			meta["consequence"], meta["recovery"] = r.Consequence, r.Recovery
+			meta["guide"] = "High Availability Mode Comparison (DGX/HGX H100: ACCESS_LINK_FAILURE_MODE ignored)"
+			cs = append(cs, cond{"inactive|" + id, e.ev(s.Now, classGPU, CheckHA, r.Code, r.Fatal, r.Action,
+				fmt.Sprintf("GPU %s has %d inactive NVLink(s) (%s): access link failure", id, len(in), meta["inactive_links"]), ents, meta)})
+			continue
+		}
+		meta["recovery"] = "Reset the GPU (FM retrains its links); if the links stay inactive, RMA the GPU."
+		cs = append(cs, cond{"inactive|" + id, e.ev(s.Now, classGPU, CheckNVLink, "NVLINK-INACTIVE", false, datamodels.RecommendedAction_COMPONENT_RESET,
+			fmt.Sprintf("GPU %s has %d inactive NVLink(s) (%s)", id, len(in), meta["inactive_links"]), ents, meta)})
+	}
+	return cs
+}
+
+// --- NVSwitch count ---
+
+func (e *Evaluator) switchCountConds(s *Snapshot) []cond {
+	want := e.platform.ExpectedNVSwitches()
+	if want <= 0 {
+		return nil
+	}
+	// The NVSwitches the driver uses: one missing from the PCI bus, or on
+	// it but excluded (NvSwitchExcludelist), is an NVSwitch failure for the
+	// HA policy alike (NVSWITCH_FAILURE_MODE covers both).
+	have := s.NVSwitchCount
+	if have <= 0 || have >= want {
+		// None at all is a board without NVSwitches (HGX A100/H100 4-GPU)
+		// or a driver that is not loaded, not a switch failure.
+		return nil
+	}
+	meta := map[string]string{"nvswitches": strconv.Itoa(have), "expected_nvswitches": strconv.Itoa(want), "platform": e.platform.Name,
+		"guide": "High Availability: NVSwitch failure (not displayed on the PCIe bus) or an excluded NVSwitch"}
+	if s.PCISwitches != nil {
+		meta["nvswitches_on_pci"] = strconv.Itoa(len(s.PCISwitches))
+	}
+	ents := e.nodeEntities()
+	key := "missing"
+	ev := e.haEventFromCount(s.Now, ents, meta, want-have)
+	if ev == nil {
+		return nil
+	}
+	return []cond{{key, ev}}
+}
+
+func (e *Evaluator) haEventFromCount(t time.Time, ents []*datamodels.Entity, meta map[string]string, missing int) *datamodels.HealthEvent {
+	value, set := e.config.FailureMode("nvswitch")
+	if e.platform.Name == PlatformA100 && value == 1 && (missing > 1 || e.mode() == ModeVGPU) {
+		value = 0
+	}
+	r := e.cat.HARuleFor(e.platform.Name, e.mode(), "nvswitch", value)
+	if r == nil {
+		return nil
+	}
+	m := clone(meta)
+	m["consequence"], m["recovery"], m["bandwidth_fraction"] = r.Consequence, r.Recovery, r.Bandwidth
+	m["config_item"], m["config_value"] = "NVSWITCH_FAILURE_MODE", strconv.Itoa(value)
+	m["config_value_source"] = "default"
+	if set {
+		m["config_value_source"] = "fabricmanager.cfg"
+	}
+	return e.ev(t, classNVSwitch, CheckHA, r.Code, r.Fatal, r.Action,
+		fmt.Sprintf("%d of %d NVSwitches missing (%s, %s mode): %s", missing, missing+mustAtoi(meta["nvswitches"]), strings.ToUpper(e.platform.Name), e.mode(), r.Consequence), ents, m)
+}
+
+func mustAtoi(s string) int { n, _ := strconv.Atoi(s); return n }
+
+// --- helpers ---
+
+func clone(m map[string]string) map[string]string {
+	o := make(map[string]string, len(m)+4)
+	for k, v := range m {
+		o[k] = v
+	}
+	return o
+}
+
+func orNA(s string) string {
+	if s == "" {
+		return "N/A"
+	}
+	return s
+}
+
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 512 {
+		s = s[:512]
+	}
+	return s
+}
+
+func after(s, sep string) string {
+	i := strings.Index(strings.ToLower(s), strings.ToLower(sep))
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(s[i+len(sep):])
+	if len(f) == 0 {
+		return ""
+	}
+	return strings.TrimRight(f[0], ",.")
+}
+
+// normPCI turns "00000000:18:00.0" into "0000:18:00.0" (lower case), the
+// form kmsg.NormalizePCI gives every PCI address.
+func normPCI(s string) string { return kmsg.NormalizePCI(s, true) }
