@@ -124,6 +124,12 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 	seqs := map[string][]trigger{}
 	var keys []string
 	for _, r := range recs {
+		// Key and payload must name the same node (pipeline.ActionKey).
+		cluster, node, err := pipeline.ActionKey(r)
+		if err != nil {
+			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
+			continue
+		}
 		a, err := events.UnmarshalAction(r.Value)
 		if err != nil {
 			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
@@ -131,13 +137,6 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 		}
 		if !IsTrigger(a) {
 			continue
-		}
-		cluster, node := a.GetCluster(), a.GetNode()
-		if cluster == "" || node == "" {
-			if cluster, node, err = events.SplitKey(r.Key); err != nil {
-				res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
-				continue
-			}
 		}
 		id := a.GetId()
 		if len(a.GetEventIds()) > 0 {

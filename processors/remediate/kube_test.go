@@ -403,6 +403,74 @@ func TestRemediateKube(t *testing.T) {
 		}
 	})
 
+	// Client strings in a custom template stay strings where it put them
+	// (the check name of the security review cannot set force: true nor
+	// retarget the reboot), and an object that names another node is
+	// refused with an audit action, nothing created.
+	t.Run("HostileValuesStayValues", func(t *testing.T) {
+		node := "hostile-1"
+		createNode(t, k, node)
+		cfg := testConfig()
+		cfg.Templates = append(cfg.Templates,
+			Template{Action: "custom:reason", Object: reasonTemplate, Group: "reason"},
+			Template{Action: "custom:annotated", Object: annotatedTemplate, Group: "annotated"},
+			Template{Action: "custom:suffix", Group: "suffix", Object: "apiVersion: janitor.dgxc.nvidia.com/v1alpha1\nkind: RebootNode\n" +
+				"metadata: {name: {{ .Name }}}\nspec:\n  nodeName: {{ .NodeName }}{{ index .Details \"suffix\" }}\n  force: false\n"})
+		h := newHandler(t, cfg, k, dyn, clk)
+		hostile := func(id, custom string, details map[string]string) *kgo.Record {
+			d := map[string]string{drain.DetailDrainID: id, drain.DetailCustomAction: custom}
+			for k, v := range details {
+				d[k] = v
+			}
+			a := &faultlinev1.Action{
+				Id: "d-" + id, Cluster: cluster, Node: node, Role: drain.Role, Kind: drain.KindDrain, Outcome: drain.OutcomeSucceeded,
+				EventIds: []string{"ev-" + id}, CheckName: hostileCheck, RecommendedAction: "CUSTOM", Details: d,
+			}
+			b, _ := events.MarshalAction(a)
+			return &kgo.Record{Topic: events.TopicActions, Key: events.Key(cluster, node), Value: b}
+		}
+		acts, _ := handle(t, h, hostile("h1", "reason", nil))
+		items := list(t, dyn, rebootGVR, node)
+		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(items) != 1 {
+			t.Fatalf("hostile check name: %s, %d RebootNodes", outcomes(acts), len(items))
+		}
+		// (The CRD prunes spec.reason; what matters is what stayed.)
+		spec := items[0].Object["spec"].(map[string]any)
+		if spec["nodeName"] != node || spec["force"] != false {
+			t.Fatalf("RebootNode spec %v", spec)
+		}
+		acts, _ = handle(t, h, hostile("h0", "annotated", map[string]string{drain.DetailEntities: "GPU=GPU-1\"\n  nodeName: victim"}))
+		var annotated *unstructured.Unstructured
+		for _, it := range list(t, dyn, rebootGVR, node) {
+			if it.GetLabels()[LabelGroup] == "annotated" {
+				annotated = &it
+			}
+		}
+		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || annotated == nil {
+			t.Fatalf("annotated: %s", outcomes(acts))
+		}
+		if ann := annotated.GetAnnotations(); ann["example.com/check"] != hostileCheck || ann["example.com/entities"] != "GPU=GPU-1\"\n  nodeName: victim" ||
+			annotated.Object["spec"].(map[string]any)["nodeName"] != node || annotated.Object["spec"].(map[string]any)["force"] != false {
+			t.Fatalf("annotated RebootNode %v", annotated.Object)
+		}
+		acts, _ = handle(t, h, hostile("h2", "suffix", map[string]string{"suffix": "-victim"}))
+		if len(acts) != 1 || acts[0].Outcome != OutcomeRefused || !strings.Contains(acts[0].Reason, `spec.nodeName is "hostile-1-victim"`) {
+			t.Fatalf("retargeted object: %s", outcomes(acts))
+		}
+		if n := len(list(t, dyn, rebootGVR, node)); n != 2 {
+			t.Fatalf("%d RebootNodes after the refusal, want 2", n)
+		}
+		l, err := dyn.Resource(rebootGVR).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range l.Items {
+			if n, _, _ := unstructured.NestedString(it.Object, "spec", "nodeName"); n == node+"-victim" {
+				t.Fatalf("a RebootNode for %s was created", n)
+			}
+		}
+	})
+
 	t.Run("TerminateNode", func(t *testing.T) {
 		// terminatenode_controller.go: NodeTerminated=True is success,
 		// NodeTerminated=False (Timeout) a failure.
