@@ -558,6 +558,52 @@ func TestDrainKube(t *testing.T) {
 		}
 	})
 
+	// The role as the ServiceAccount of deploy/rbac/drain.yaml: what it
+	// grants is enough for a drain with a PDB refusal and an operator's
+	// force delete, and no more than the role calls.
+	t.Run("RBACIsEnough", func(t *testing.T) {
+		const sa = "system:serviceaccount:faultline:faultline-drain"
+		kube.ApplyRBAC(t, "../../deploy/rbac/drain.yaml")
+		node := "rbac-1"
+		quarantined(t, k, node)
+		createPod(t, k, "rbac", "plain", node)
+		createPod(t, k, "rbac", "db-0", node, withLabels("app", "db"))
+		waitRunning(t, k, node, 2)
+		pdb(t, k, "rbac", "db-pdb", 1, "db")
+		waitPDB(t, k, "rbac", "db-pdb", 0)
+		as, _ := kube.ClientAs(t, sa)
+		h := newHandler(t, testConfig(), as, clk, false)
+		acts, left := drive(t, h, clk, time.Second, 3, quarantineAction(node, "e-rbac", "REPLACE_VM", nil))
+		if b := find(acts, OutcomeBlocked); left == nil || b == nil || b.Reason != "blocked by PDB db-pdb" || find(acts, OutcomeFailed) != nil {
+			t.Fatalf("drain as the ServiceAccount: %s", outcomes(acts))
+		}
+		acts, left = drive(t, h, clk, time.Second, 20, quarantineAction(node, "e-rbac-force", "REPLACE_VM", map[string]string{
+			DetailDrainOverrides: "force", quarantine.DetailSubmitterRole: "operator"}))
+		if left != nil || find(acts, OutcomeSucceeded) == nil || len(podsOn(t, k, node)) != 0 {
+			t.Fatalf("forced drain as the ServiceAccount: %s", outcomes(acts))
+		}
+		for _, tc := range []struct {
+			a    testenv.Access
+			want bool
+		}{
+			{testenv.Access{Verb: "patch", Resource: "nodes"}, true},
+			{testenv.Access{Verb: "update", Resource: "nodes"}, false},
+			{testenv.Access{Verb: "list", Resource: "nodes"}, false},
+			{testenv.Access{Verb: "create", Resource: "pods/eviction", Namespace: "work"}, true},
+			{testenv.Access{Verb: "delete", Resource: "pods", Namespace: "work"}, true},
+			{testenv.Access{Verb: "watch", Resource: "pods"}, false},
+			{testenv.Access{Verb: "create", Resource: "pods", Namespace: "work"}, false},
+			{testenv.Access{Verb: "update", Resource: "pods", Namespace: "work"}, false},
+			{testenv.Access{Verb: "list", Group: "policy", Resource: "poddisruptionbudgets", Namespace: "work"}, true},
+			{testenv.Access{Verb: "delete", Group: "policy", Resource: "poddisruptionbudgets", Namespace: "work"}, false},
+			{testenv.Access{Verb: "get", Resource: "secrets", Namespace: "work"}, false},
+		} {
+			if got := kube.Allowed(t, sa, tc.a); got != tc.want {
+				t.Errorf("%+v: allowed %v, want %v", tc.a, got, tc.want)
+			}
+		}
+	})
+
 	t.Run("OverridesAndDryRun", func(t *testing.T) {
 		node := "ovr-1"
 		quarantined(t, k, node)

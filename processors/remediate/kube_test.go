@@ -471,6 +471,55 @@ func TestRemediateKube(t *testing.T) {
 		}
 	})
 
+	// The role as the ServiceAccount of deploy/rbac/remediate.yaml: create,
+	// join, and escalate work, and nothing it does not call is granted.
+	t.Run("RBACIsEnough", func(t *testing.T) {
+		const sa = "system:serviceaccount:faultline:faultline-remediate"
+		kube.ApplyRBAC(t, "../../deploy/rbac/remediate.yaml")
+		node := "rbac-1"
+		createNode(t, k, node)
+		as, rc := kube.ClientAs(t, sa)
+		asDyn, err := dynamic.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := testConfig()
+		cfg.Budget = 1
+		h := newHandler(t, cfg, as, asDyn, clk)
+		acts, _ := handle(t, h, drained(node, "rb1", "RESTART_VM", nil))
+		joined, _ := handle(t, h, drained(node, "rb2", "RESTART_VM", nil))
+		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(joined) != 1 || joined[0].Outcome != OutcomeInProgress {
+			t.Fatalf("create and join: %s / %s", outcomes(acts), outcomes(joined))
+		}
+		for _, it := range list(t, dyn, rebootGVR, node) {
+			setStatus(t, dyn, rebootGVR, it.GetName(), true, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "True", "Succeeded"})
+		}
+		esc, _ := handle(t, h, drained(node, "rb3", "RESTART_VM", nil))
+		n, _ := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if len(esc) != 1 || esc[0].Kind != KindEscalate || n.Annotations[AnnotationEscalated] == "" {
+			t.Fatalf("escalation: %s", outcomes(esc))
+		}
+		for _, tc := range []struct {
+			a    testenv.Access
+			want bool
+		}{
+			{testenv.Access{Verb: "create", Group: JanitorGroup, Resource: "rebootnodes"}, true},
+			{testenv.Access{Verb: "patch", Group: JanitorGroup, Resource: "gpuresets"}, true},
+			{testenv.Access{Verb: "delete", Group: JanitorGroup, Resource: "rebootnodes"}, false},
+			{testenv.Access{Verb: "update", Group: JanitorGroup, Resource: "rebootnodes"}, false},
+			{testenv.Access{Verb: "watch", Group: JanitorGroup, Resource: "rebootnodes"}, false},
+			{testenv.Access{Verb: "create", Group: JanitorGroup, Resource: "terminatenodes"}, false},
+			{testenv.Access{Verb: "patch", Resource: "nodes"}, true},
+			{testenv.Access{Verb: "get", Resource: "nodes"}, false},
+			{testenv.Access{Verb: "update", Resource: "nodes"}, false},
+			{testenv.Access{Verb: "list", Resource: "pods"}, false},
+		} {
+			if got := kube.Allowed(t, sa, tc.a); got != tc.want {
+				t.Errorf("%+v: allowed %v, want %v", tc.a, got, tc.want)
+			}
+		}
+	})
+
 	t.Run("TerminateNode", func(t *testing.T) {
 		// terminatenode_controller.go: NodeTerminated=True is success,
 		// NodeTerminated=False (Timeout) a failure.
