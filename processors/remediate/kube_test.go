@@ -4,8 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -18,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/yaml"
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
@@ -36,7 +33,6 @@ var (
 	rebootGVR    = schema.GroupVersionResource{Group: JanitorGroup, Version: "v1alpha1", Resource: "rebootnodes"}
 	resetGVR     = schema.GroupVersionResource{Group: JanitorGroup, Version: "v1alpha1", Resource: "gpuresets"}
 	terminateGVR = schema.GroupVersionResource{Group: JanitorGroup, Version: "v1alpha1", Resource: "terminatenodes"}
-	crdGVR       = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 )
 
 type clock struct {
@@ -46,41 +42,6 @@ type clock struct {
 
 func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
-
-// installCRDs applies deploy/crds and waits until they are served.
-func installCRDs(t testing.TB, dyn dynamic.Interface) {
-	t.Helper()
-	files, _ := filepath.Glob("../../deploy/crds/*.yaml")
-	if len(files) < 3 {
-		t.Fatalf("CRDs not found: %v", files)
-	}
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]any{}
-		if err := yaml.Unmarshal(b, &m); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		if _, err := dyn.Resource(crdGVR).Create(context.Background(), &unstructured.Unstructured{Object: m}, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-	}
-	for _, gvr := range []schema.GroupVersionResource{rebootGVR, resetGVR, terminateGVR} {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			_, err := dyn.Resource(gvr).List(context.Background(), metav1.ListOptions{})
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s not served: %v", gvr, err)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
-}
 
 func newHandler(t testing.TB, cfg Config, k kubernetes.Interface, dyn dynamic.Interface, clk *clock) *Handler {
 	t.Helper()
@@ -222,7 +183,7 @@ func TestRemediateKube(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	installCRDs(t, dyn)
+	kube.ApplyCRDs(t, "../../deploy/crds/*.yaml")
 	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 
 	t.Run("RebootNodeOnceAcrossRetriesAndReplicas", func(t *testing.T) {

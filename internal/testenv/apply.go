@@ -3,18 +3,81 @@ package testenv
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
 )
+
+var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// ApplyCRDs creates the CustomResourceDefinitions of the files matching
+// glob (deploy/crds/*.yaml) and waits until the apiserver serves them
+// (condition Established).
+func (k *Kube) ApplyCRDs(tb testing.TB, glob string) {
+	tb.Helper()
+	files, _ := filepath.Glob(glob)
+	if len(files) == 0 {
+		tb.Fatalf("no CRDs match %s", glob)
+	}
+	dyn, err := dynamic.NewForConfig(k.RESTConfig())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx := context.Background()
+	var names []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		m := map[string]any{}
+		if err := yaml.Unmarshal(b, &m); err != nil {
+			tb.Fatalf("%s: %v", f, err)
+		}
+		o, err := dyn.Resource(crdGVR).Create(ctx, &unstructured.Unstructured{Object: m}, metav1.CreateOptions{})
+		if err != nil {
+			tb.Fatalf("%s: %v", f, err)
+		}
+		names = append(names, o.GetName())
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, name := range names {
+		for {
+			o, err := dyn.Resource(crdGVR).Get(ctx, name, metav1.GetOptions{})
+			if err == nil && established(o) {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("CRD %s not established: %v", name, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+func established(o *unstructured.Unstructured) bool {
+	conds, _, _ := unstructured.NestedSlice(o.Object, "status", "conditions")
+	for _, c := range conds {
+		if m, ok := c.(map[string]any); ok && m["type"] == "Established" && m["status"] == "True" {
+			return true
+		}
+	}
+	return false
+}
 
 // ApplyRBAC creates the objects of an RBAC manifest (deploy/rbac/*.yaml:
 // ServiceAccounts, ClusterRoles, Roles and their bindings, separated by
