@@ -773,7 +773,10 @@ func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faul
 		Timestamp: timestamppb.New(h.now()), Details: map[string]string{},
 		CheckName: t.src.GetCheckName(), RecommendedAction: t.src.GetRecommendedAction(),
 	}
-	for _, k := range []string{DetailEntities, DetailCustomAction, DetailDrainOverrides, quarantine.DetailSubmitterRole, quarantine.DetailSubmitter} {
+	// Who sent the event, and what the quarantine already ignored, stay
+	// on the audit trail.
+	for _, k := range []string{DetailEntities, DetailCustomAction, DetailDrainOverrides,
+		quarantine.DetailSubmitterRole, quarantine.DetailSubmitter, quarantine.DetailOverridesIgnored} {
 		if v := t.src.GetDetails()[k]; v != "" {
 			a.Details[k] = v
 		}

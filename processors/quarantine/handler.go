@@ -459,13 +459,16 @@ func (h *Handler) getNode(ctx context.Context, cl *clusters.Client, name string)
 }
 
 // gateOverrides enforces who may override the policy: only an operator
-// credential's quarantineOverrides and drainOverrides take effect. From
-// anyone else (an agent, the pipeline, an event without a submitter) they
-// are removed from the event before anything reads it (the rules' CEL
-// variables, the action details the drain reads), and the returned text
-// says what was ignored and why ("" when nothing was).
+// credential's quarantineOverrides and drainOverrides take effect (and, for
+// a credential bound to one node, only for that node: the gateway refuses
+// other nodes already). From anyone else (an agent, the pipeline, an event
+// without a submitter) they are removed from the event before anything
+// reads it (the rules' CEL variables, the action details the drain reads),
+// and the returned text says what was ignored and why ("" when nothing
+// was).
 func gateOverrides(ev *datamodels.HealthEvent) string {
-	if events.IsOperator(ev) {
+	bound := ev.GetSubmitter().GetNode()
+	if events.IsOperator(ev) && (bound == "" || bound == ev.GetNodeName()) {
 		return ""
 	}
 	var set []string
@@ -484,7 +487,11 @@ func gateOverrides(ev *datamodels.HealthEvent) string {
 	if len(set) == 0 {
 		return ""
 	}
-	return strings.Join(set, ", ") + " ignored: sent by " + events.DescribeSubmitter(ev)
+	why := strings.Join(set, ", ") + " ignored: sent by " + events.DescribeSubmitter(ev)
+	if events.IsOperator(ev) {
+		why += " bound to node " + events.Truncate(bound, 253)
+	}
+	return why
 }
 
 func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*faultlinev1.Action, error) {

@@ -75,11 +75,20 @@ func TestOverridesOnlyFromOperators(t *testing.T) {
 		}
 	}
 
+	// An operator credential bound to another node: its overrides are
+	// ignored too (the gateway refuses such an event; this holds the line).
+	bound := hostile("ovr-agent", datamodels.SubmitterRole_SUBMITTER_ROLE_OPERATOR)
+	bound.Submitter.Node = "ovr-spare-00"
+	acts, _ := handle(t, h, record("c1", bound))
+	if kinds(acts) != "skip/skipped" || !strings.HasSuffix(acts[0].Details[DetailOverridesIgnored], "operator credential token:prod#3 bound to node ovr-spare-00") {
+		t.Fatalf("bound operator: %s %v", kinds(acts), acts[0].GetDetails())
+	}
+
 	// An agent's skip does not stop a quarantine its rules decide.
 	skip := fatal("ovr-skip", "XID_ERROR_48", "GPU-1")
 	skip.QuarantineOverrides = &datamodels.BehaviourOverrides{Skip: true}
 	skip.Submitter = &datamodels.Submitter{Name: "token:prod#3", Role: datamodels.SubmitterRole_SUBMITTER_ROLE_AGENT}
-	acts, _ := handle(t, h, record("c1", skip))
+	acts, _ = handle(t, h, record("c1", skip))
 	if kinds(acts) != "quarantine/applied" || !strings.Contains(acts[0].Details[DetailOverridesIgnored], "quarantineOverrides.skip ignored") {
 		t.Fatalf("agent skip: %s %v", kinds(acts), acts[0].GetDetails())
 	}
