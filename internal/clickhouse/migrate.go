@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	ch "github.com/ClickHouse/clickhouse-go/v2"
+
 	sqlfiles "github.com/faultline/faultline/sql"
 )
 
@@ -207,6 +209,10 @@ func Migrate(ctx context.Context, conn Conn, migs []Migration, log *slog.Logger)
 		began := time.Now()
 		for i, stmt := range m.Statements {
 			if err := conn.Exec(ctx, stmt); err != nil {
+				if columnsAlreadyAdded(stmt, err) {
+					log.Info("migration statement already applied: its columns exist", "file", m.File, "statement", i+1)
+					continue
+				}
 				return done, &MigrationError{File: m.File, Statement: i + 1, Err: err}
 			}
 		}
@@ -217,6 +223,23 @@ func Migrate(ctx context.Context, conn Conn, migs []Migration, log *slog.Logger)
 		done = append(done, m)
 	}
 	return done, nil
+}
+
+// addColumnsOnly matches an ALTER TABLE whose every clause is ADD COLUMN.
+var addColumnsOnly = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+[^\s]+\s+ADD\s+COLUMN\s+[^,]+(,\s*ADD\s+COLUMN\s+[^,]+)*$`)
+
+// columnsAlreadyAdded reports whether err is ClickHouse refusing an ALTER
+// TABLE that only adds columns because they exist — code 44 on 18.16
+// (ILLEGAL_COLUMN), 15 on current ClickHouse (DUPLICATE_COLUMN), "column
+// with this name already exists" on both: the statement ran before (a file
+// that failed after it, or whose record was lost). ClickHouse 18.16 has no
+// ADD COLUMN IF NOT EXISTS; one ALTER adding several columns is applied
+// whole or not at all, so a migration adds its columns in one such
+// statement and stays idempotent.
+func columnsAlreadyAdded(stmt string, err error) bool {
+	var ex *ch.Exception
+	return errors.As(err, &ex) && (ex.Code == 44 || ex.Code == 15) && strings.Contains(ex.Message, "already exists") &&
+		addColumnsOnly.MatchString(strings.TrimSpace(stmt))
 }
 
 // record inserts m into the migrations table.

@@ -133,6 +133,26 @@ func TestMigrate(t *testing.T) {
 			t.Fatalf("applied = %v, want only 0001", applied)
 		}
 	})
+	// 18.16 has no ADD COLUMN IF NOT EXISTS: an ALTER that only adds
+	// columns and finds them there (the statement ran, its record was lost)
+	// counts as applied; any other failure still stops the migration.
+	t.Run("added columns rerun", func(t *testing.T) {
+		cfg := srv.Config
+		cfg.Database = "columns"
+		table := fstest.MapFS{"m/0001_t.sql": {Data: []byte("CREATE TABLE IF NOT EXISTS t (a String) ENGINE = MergeTree() ORDER BY a;\n" +
+			"ALTER TABLE t\n    ADD COLUMN b String,\n    ADD COLUMN c String")}}
+		if _, err := clickhouse.SetupFS(ctx, cfg, table, "m", log); err != nil {
+			t.Fatal(err)
+		}
+		table["m/0002_again.sql"] = &fstest.MapFile{Data: []byte("ALTER TABLE t ADD COLUMN b String, ADD COLUMN c String")}
+		if _, err := clickhouse.SetupFS(ctx, cfg, table, "m", log); err != nil {
+			t.Fatalf("re-run of an applied ADD COLUMN: %v", err)
+		}
+		table["m/0003_mixed.sql"] = &fstest.MapFile{Data: []byte("ALTER TABLE t ADD COLUMN b String, MODIFY COLUMN c UInt8")}
+		if _, err := clickhouse.SetupFS(ctx, cfg, table, "m", log); err == nil || !strings.Contains(err.Error(), "0003_mixed.sql") {
+			t.Fatalf("err = %v, want 0003_mixed.sql refused", err)
+		}
+	})
 	t.Run("changed file refused", func(t *testing.T) {
 		cfg := srv.Config
 		cfg.Database = "changed"

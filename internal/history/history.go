@@ -113,7 +113,7 @@ const eventSelect = `SELECT id, cluster, node, check, ts, ts_ms, received, recei
 	agent, component_class, is_fatal, is_healthy, message, recommended_action, custom_recommended_action,
 	error_codes, entities.type, entities.value, metadata.key, metadata.value, quarantine_set,
 	quarantine_force, quarantine_skip, drain_set, drain_force, drain_skip, processing_strategy,
-	derived_by, cause_ids
+	derived_by, cause_ids, submitter_name, submitter_role, submitter_node
 FROM events`
 
 // ListEvents returns the cluster's events matching req, newest first.
@@ -188,12 +188,13 @@ func scanEvent(r scanner) (*datamodels.HealthEvent, cursor, error) {
 		missing, fatal, healthy, qSet, qForce, qSkip, dSet, dForce, dSkip           uint8
 		version                                                                     uint32
 		codesArr, et, evv, mk, mv, causes                                           []string
+		subName, subRole, subNode                                                   string
 	)
 	if err := r.Scan(&id, &cluster, &node, &check, &ts, &tsMS, &received, &rMS, &missing, &version,
 		&agent, &class, &fatal, &healthy, &msg, &rec, &custom,
 		&codesArr, &et, &evv, &mk, &mv, &qSet,
 		&qForce, &qSkip, &dSet, &dForce, &dSkip, &strategy,
-		&derived, &causes); err != nil {
+		&derived, &causes, &subName, &subRole, &subNode); err != nil {
 		return nil, cursor{}, fmt.Errorf("scan event: %w", err)
 	}
 	ev := &datamodels.HealthEvent{
@@ -232,6 +233,12 @@ func scanEvent(r scanner) (*datamodels.HealthEvent, cursor, error) {
 	}
 	if dSet == 1 {
 		ev.DrainOverrides = &datamodels.BehaviourOverrides{Force: dForce == 1, Skip: dSkip == 1}
+	}
+	// '' in all three: the event had no submitter (or was stored before
+	// the columns existed).
+	if subName != "" || subRole != "" || subNode != "" {
+		ev.Submitter = &datamodels.Submitter{Name: subName, Node: subNode,
+			Role: datamodels.SubmitterRole(enumValue(datamodels.SubmitterRole_value, subRole))}
 	}
 	return ev, cursor{ms: ts.Unix()*1000 + int64(tsMS), id: id}, nil
 }

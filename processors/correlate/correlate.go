@@ -19,6 +19,7 @@ package correlate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -70,8 +71,9 @@ type Handler struct {
 	ttl     time.Duration
 	metrics *Metrics
 
-	mu    sync.Mutex
-	cache map[string]prior
+	mu        sync.Mutex
+	cache     map[string]prior
+	errLogged map[string]time.Time // rule -> when its next trigger error is logged
 
 	// Ownership shares the sweep between replicas (events partitions).
 	pipeline.Ownership
@@ -79,18 +81,20 @@ type Handler struct {
 
 // Metrics are the role's own metrics.
 type Metrics struct {
-	derived *prometheus.CounterVec
-	query   *prometheus.HistogramVec
+	derived       *prometheus.CounterVec
+	query         *prometheus.HistogramVec
+	triggerErrors *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg (nil: not registered).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		derived: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_derived_total", Help: "Derived events emitted, by rule, polarity (verdict, recovery) and mode (live, shadow, suppressed)."}, []string{"rule", "kind", "mode"}),
-		query:   prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_correlate_query_seconds", Help: "Time of one rule query, by rule and pass (value: the window values of a batch or sweep; causes: the cause ids of new verdicts).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"rule", "pass"}),
+		derived:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_derived_total", Help: "Derived events emitted, by rule, polarity (verdict, recovery) and mode (live, shadow, suppressed)."}, []string{"rule", "kind", "mode"}),
+		query:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_correlate_query_seconds", Help: "Time of one rule query, by rule and pass (value: the window values of a batch or sweep; causes: the cause ids of new verdicts).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"rule", "pass"}),
+		triggerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_trigger_errors_total", Help: "Rule triggers that failed on a record (missing key, type error, cost limit); the record did not trigger the rule."}, []string{"rule"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.derived, m.query)
+		reg.MustRegister(m.derived, m.query, m.triggerErrors)
 	}
 	return m
 }
@@ -101,7 +105,7 @@ func New(conn clickhouse.Conn, rules []*Rule, now func() time.Time, ttl time.Dur
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	h := &Handler{conn: conn, rules: suppressorsFirst(rules), byName: map[string]*Rule{}, now: now, log: log, ttl: ttl, metrics: m, cache: map[string]prior{}}
+	h := &Handler{conn: conn, rules: suppressorsFirst(rules), byName: map[string]*Rule{}, now: now, log: log, ttl: ttl, metrics: m, cache: map[string]prior{}, errLogged: map[string]time.Time{}}
 	h.Ownership.Topic = events.TopicEvents
 	for _, r := range rules {
 		h.byName[r.Name] = r
@@ -188,7 +192,7 @@ type prior struct {
 // found in this batch already suppresses the per-node verdicts of the same
 // batch; then the cause ids of the new verdicts are read, concurrently.
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
-	items := decode(recs, h.log)
+	items, dead := decode(recs, h.log)
 	h.expireCache()
 	bt := newBatchTables(items)
 	plans := make([]*plan, len(h.rules))
@@ -234,16 +238,33 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 		}
 		out = append(out, recs...)
 	}
-	return pipeline.Result{Out: out}, nil
+	return pipeline.Result{Out: out, Dead: dead}, nil
 }
 
 // queryParallelism bounds the rule queries one batch runs at once.
 const queryParallelism = 4
 
-func decode(recs []*kgo.Record, log *slog.Logger) []item {
+// decode decodes the records the rules read. A record whose key and
+// payload disagree is dead-lettered (pipeline.EventKey, ActionKey);
+// otherwise undecodable records are the store's to dead-letter, here they
+// are skipped.
+func decode(recs []*kgo.Record, log *slog.Logger) ([]item, []pipeline.Dead) {
 	items := make([]item, 0, len(recs))
+	var dead []pipeline.Dead
 	for _, rec := range recs {
-		keyCluster, keyNode, _ := events.SplitKey(rec.Key)
+		check := pipeline.EventKey
+		if rec.Topic == events.TopicActions {
+			check = pipeline.ActionKey
+		}
+		cluster, node, err := check(rec)
+		if errors.Is(err, pipeline.ErrKeyMismatch) {
+			dead = append(dead, pipeline.Dead{Record: rec, Reason: err})
+			continue
+		}
+		if err != nil {
+			log.Debug("record skipped", "offset", rec.Offset, "err", err)
+			continue
+		}
 		switch rec.Topic {
 		case events.TopicActions:
 			a, err := events.UnmarshalAction(rec.Value)
@@ -251,13 +272,7 @@ func decode(recs []*kgo.Record, log *slog.Logger) []item {
 				log.Debug("action skipped", "offset", rec.Offset, "err", err)
 				continue
 			}
-			it := item{act: a, cluster: a.GetCluster(), node: a.GetNode()}
-			if it.cluster == "" {
-				it.cluster = keyCluster
-			}
-			if it.node == "" {
-				it.node = keyNode
-			}
+			it := item{act: a, cluster: cluster, node: node}
 			ts := rec.Timestamp
 			if a.GetTimestamp() != nil {
 				ts = a.GetTimestamp().AsTime()
@@ -270,16 +285,7 @@ func decode(recs []*kgo.Record, log *slog.Logger) []item {
 				log.Debug("event skipped", "offset", rec.Offset, "err", err)
 				continue
 			}
-			it := item{ev: ev, cluster: ev.GetCluster(), node: ev.GetNodeName()}
-			if it.cluster == "" {
-				it.cluster = keyCluster
-			}
-			if it.node == "" {
-				it.node = keyNode
-			}
-			if it.cluster == "" {
-				continue
-			}
+			it := item{ev: ev, cluster: cluster, node: node}
 			ts := rec.Timestamp
 			if ev.GetReceivedTimestamp() != nil {
 				ts = ev.GetReceivedTimestamp().AsTime()
@@ -291,7 +297,7 @@ func decode(recs []*kgo.Record, log *slog.Logger) []item {
 			items = append(items, it)
 		}
 	}
-	return items
+	return items, dead
 }
 
 // triggers returns the rule's evaluations for the batch, in batch order.
@@ -308,7 +314,7 @@ func (h *Handler) triggers(r *Rule, items []item) []trigger {
 			if it.vars == nil {
 				it.vars = map[string]any{"action": ActionVars(it.act)}
 			}
-			if !r.matches(it.vars) {
+			if !h.matches(r, it.vars) {
 				continue
 			}
 			out = append(out, trigger{
@@ -325,7 +331,7 @@ func (h *Handler) triggers(r *Rule, items []item) []trigger {
 		if it.vars == nil {
 			it.vars = map[string]any{"event": events.Vars(ev)}
 		}
-		if !r.matches(it.vars) {
+		if !h.matches(r, it.vars) {
 			continue
 		}
 		t := trigger{tid: strconv.Itoa(len(out)), cluster: it.cluster, node: it.node, atMS: it.atMS, sourceID: ev.GetId(),
@@ -346,6 +352,26 @@ func (h *Handler) triggers(r *Rule, items []item) []trigger {
 		out = append(out, t)
 	}
 	return out
+}
+
+// matches evaluates r's trigger; an error is counted, logged (at most once
+// a minute per rule) and a non-match.
+func (h *Handler) matches(r *Rule, vars map[string]any) bool {
+	ok, err := r.matches(vars)
+	if err == nil {
+		return ok
+	}
+	h.metrics.triggerErrors.WithLabelValues(r.Name).Inc()
+	h.mu.Lock()
+	logIt := !h.now().Before(h.errLogged[r.Name])
+	if logIt {
+		h.errLogged[r.Name] = h.now().Add(time.Minute)
+	}
+	h.mu.Unlock()
+	if logIt {
+		h.log.Warn("rule trigger failed; the record does not trigger the rule", "rule", r.Name, "err", err)
+	}
+	return false
 }
 
 // Signature is the fault signature of cluster-scoped rules:
@@ -562,6 +588,9 @@ func (h *Handler) derive(r *Rule, em emission) *datamodels.HealthEvent {
 		Cluster:            t.cluster,
 		DerivedBy:          r.Name,
 		ProcessingStrategy: r.Strategy,
+		// Derived by faultline itself: the pipeline's role, the rule's name
+		// (pipeline events never carry overrides, and none would be honoured).
+		Submitter: &datamodels.Submitter{Name: r.Name, Role: datamodels.SubmitterRole_SUBMITTER_ROLE_PIPELINE},
 		Metadata: map[string]string{
 			MetaMode: mode, MetaGroup: t.gkey, MetaValue: strconv.FormatFloat(res.value, 'f', -1, 64),
 			MetaThreshold: strconv.FormatFloat(r.Threshold, 'f', -1, 64), MetaWindow: r.Window.String(),

@@ -104,6 +104,9 @@ func (hs *harness) batch(recs ...*kgo.Record) []*datamodels.HealthEvent {
 	if err != nil {
 		hs.t.Fatalf("handle: %v", err)
 	}
+	if len(res.Dead) > 0 {
+		hs.t.Fatalf("dead letters: %v", res.Dead[0].Reason)
+	}
 	return hs.storeDerived(recs, res.Out)
 }
 
@@ -172,7 +175,11 @@ func evRecord(t testing.TB, ev *datamodels.HealthEvent) *kgo.Record {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(ev.GetCluster(), ev.GetNodeName()), Value: b, Timestamp: ev.GetGeneratedTimestamp().AsTime()}
+	node := ev.GetNodeName()
+	if node == "" {
+		node = ClusterNode // how correlate keys its cluster-wide verdicts
+	}
+	return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(ev.GetCluster(), node), Value: b, Timestamp: ev.GetGeneratedTimestamp().AsTime()}
 }
 
 func actRecord(t testing.TB, a *faultlinev1.Action) *kgo.Record {

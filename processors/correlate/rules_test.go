@@ -2,14 +2,18 @@ package correlate
 
 import (
 	"errors"
+	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -275,6 +279,33 @@ func TestRules(t *testing.T) {
 			t.Fatalf("%d derived events stored, want 1", n)
 		}
 	})
+	t.Run("derived events are the pipeline's; key and payload must agree", func(t *testing.T) {
+		c := newCluster("pipeline")
+		hs := newHarness(t, s, DefaultRules, nil)
+		got := hs.batch(evRecord(t, nicState(c, "n1", 0, false)), evRecord(t, nicState(c, "n1", 1*m, false)), evRecord(t, nicState(c, "n1", 2*m, false)))
+		if len(got) != 1 {
+			t.Fatalf("derived %q", describe(got))
+		}
+		if sub := got[0].GetSubmitter(); sub.GetRole() != datamodels.SubmitterRole_SUBMITTER_ROLE_PIPELINE || sub.GetName() != "RepeatedNICLinkFlap" {
+			t.Fatalf("derived event submitter %v", sub)
+		}
+		// A record keyed for another cluster than its payload names is
+		// dead-lettered, and counts in no window.
+		c2 := newCluster("pipeline")
+		var recs []*kgo.Record
+		for i := range 3 {
+			r := evRecord(t, nicState(c2, "n1", time.Duration(i)*m, false))
+			r.Key = events.Key(c, "n1")
+			recs = append(recs, r)
+		}
+		res, err := hs.h.Handle(ctx(t), recs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Out) != 0 || len(res.Dead) != 3 || !errors.Is(res.Dead[0].Reason, pipeline.ErrKeyMismatch) {
+			t.Fatalf("outputs %d, dead %v", len(res.Out), res.Dead)
+		}
+	})
 	t.Run("shadow mode records verdicts as STORE_ONLY, once", func(t *testing.T) {
 		c := newCluster("shadow")
 		hs := newHarness(t, s, DefaultRules, func(rs []*Rule) {
@@ -434,5 +465,34 @@ func TestDerivedID(t *testing.T) {
 	}
 	if a == DerivedID("R", "c", "n", "NIC=mlx5_0,NICPort=1", "", true) || a == DerivedID("R", "c", "n", "NIC=mlx5_0,NICPort=1", "x", false) {
 		t.Fatal("collides")
+	}
+}
+
+// TestTriggerCostLimit: a trigger that would run for seconds on a large
+// event stops at TriggerCostLimit with an error, which the handler counts
+// as a non-match.
+func TestTriggerCostLimit(t *testing.T) {
+	prg, err := compileTrigger(SourceEvents, "event.entitiesImpacted.map(a, event.entitiesImpacted.map(b, "+
+		"event.entitiesImpacted.map(c, a.entityValue + b.entityValue + c.entityValue))).size() == 0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := &datamodels.HealthEvent{CheckName: "c"}
+	for i := range 64 {
+		ev.EntitiesImpacted = append(ev.EntitiesImpacted, &datamodels.Entity{EntityType: "GPU", EntityValue: strings.Repeat("v", 500) + string(rune('a'+i%26))})
+	}
+	r := &Rule{Name: "costly", trigger: prg}
+	began := time.Now()
+	ok, err := r.matches(map[string]any{"event": events.Vars(ev)})
+	if ok || err == nil || !strings.Contains(err.Error(), "cost limit") || time.Since(began) > time.Second {
+		t.Fatalf("matches = %v, %v after %v", ok, err, time.Since(began))
+	}
+	h := New(nil, []*Rule{r}, time.Now, time.Minute, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	if h.matches(r, map[string]any{"event": events.Vars(ev)}) {
+		t.Fatal("a failed trigger matched")
+	}
+	var m dto.Metric
+	if err := h.metrics.triggerErrors.WithLabelValues("costly").Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+		t.Fatalf("trigger errors %v", m.GetCounter().GetValue())
 	}
 }

@@ -124,6 +124,12 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 	seqs := map[string][]trigger{}
 	var keys []string
 	for _, r := range recs {
+		// Key and payload must name the same node (pipeline.ActionKey).
+		cluster, node, err := pipeline.ActionKey(r)
+		if err != nil {
+			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
+			continue
+		}
 		a, err := events.UnmarshalAction(r.Value)
 		if err != nil {
 			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
@@ -131,13 +137,6 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 		}
 		if !IsTrigger(a) {
 			continue
-		}
-		cluster, node := a.GetCluster(), a.GetNode()
-		if cluster == "" || node == "" {
-			if cluster, node, err = events.SplitKey(r.Key); err != nil {
-				res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
-				continue
-			}
 		}
 		id := a.GetId()
 		if len(a.GetEventIds()) > 0 {
@@ -198,6 +197,31 @@ type opts struct {
 	scope Scope
 	force bool
 	skip  bool
+	// ignored says why the trigger's drainOverrides were not honoured.
+	ignored string
+}
+
+// overrides reads the trigger's drainOverrides: "force" or "skip", honoured
+// only when the quarantine action says an operator credential sent the
+// event (quarantine.DetailSubmitterRole; the quarantine role already drops
+// anyone else's, so this holds the line for actions written otherwise, an
+// older faultline's included). ignored says what was not honoured and why.
+func overrides(a *faultlinev1.Action) (force, skip bool, ignored string) {
+	v := a.GetDetails()[DetailDrainOverrides]
+	if v != "force" && v != "skip" {
+		return false, false, ""
+	}
+	if role := a.GetDetails()[quarantine.DetailSubmitterRole]; role != "operator" {
+		if role == "" {
+			role = "agent"
+		}
+		who := role + " credential"
+		if n := a.GetDetails()[quarantine.DetailSubmitter]; n != "" {
+			who += " " + n
+		}
+		return false, false, "drainOverrides." + v + " ignored: sent by " + who
+	}
+	return v == "force", v == "skip", ""
 }
 
 func (h *Handler) options(t trigger, node *corev1.Node) opts {
@@ -223,14 +247,17 @@ func (h *Handler) options(t trigger, node *corev1.Node) opts {
 			}
 		}
 	}
-	switch a.GetDetails()[DetailDrainOverrides] {
-	case "force":
-		o.force = true
-	case "skip":
-		o.skip = true
-	}
+	o.force, o.skip, o.ignored = overrides(a)
 	if o.trig.RecommendedAction == datamodels.RecommendedAction_COMPONENT_RESET.String() {
 		o.scope.GPUs = entityValues(o.trig.Entities, events.EntityGPU)
+		if len(o.scope.GPUs) > maxScopeGPUs {
+			o.scope.GPUs = o.scope.GPUs[:maxScopeGPUs]
+		}
+		for i, g := range o.scope.GPUs {
+			// A GPU UUID is ~40 bytes; anything that is not one matches
+			// no pod either way.
+			o.scope.GPUs[i] = events.BoundKey(g, 128)
+		}
 		o.scope.GPUPods = gpuPods(a.GetDetails())
 	}
 	return o
@@ -353,9 +380,12 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 			// drain covers any GPU), never start over.
 			st.addSeen(t.eventID)
 			st.Trigger.EventIDs = append(st.Trigger.EventIDs, t.eventID)
+			if len(st.Trigger.EventIDs) > maxSeen {
+				st.Trigger.EventIDs = st.Trigger.EventIDs[len(st.Trigger.EventIDs)-maxSeen:]
+			}
 			if len(o.scope.GPUs) == 0 {
 				ids := st.Trigger.EventIDs
-				st.Trigger = o.trig
+				st.Trigger = o.trig.bounded()
 				st.Trigger.EventIDs = ids
 			}
 			st.Scope = st.Scope.widen(o.scope)
@@ -372,7 +402,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 		}
 		st = &State{
 			ID: pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], Phase: PhaseRunning, StartedAt: now, By: h.cfg.Identity,
-			Scope: o.scope, Force: o.force, Trigger: o.trig, Seen: seen, Pods: map[string]*PodState{},
+			Scope: o.scope, Force: o.force, Trigger: o.trig.bounded(), Seen: seen, Pods: map[string]*PodState{},
 		}
 		st.addSeen(t.eventID)
 		a := h.action(t, st, OutcomeStarted, "drain started ("+scopeString(st.GPUs)+")", pipeline.ActionID(st.ID, "started"))
@@ -733,16 +763,28 @@ func sortedKeys[V any](m map[string]V) []string {
 // and counts (what remediate reads).
 func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faultlinev1.Action {
 	h.m.actions.WithLabelValues(t.cluster, outcome).Inc()
+	_, _, ignored := overrides(t.src)
+	if ignored != "" {
+		reason += " (" + ignored + ")"
+	}
 	a := &faultlinev1.Action{
 		Id: id, Cluster: t.cluster, Node: t.node, Role: Role, Kind: KindDrain, Outcome: outcome,
 		Reason: events.Truncate(reason, 1024), EventIds: t.src.GetEventIds(), DryRun: t.src.GetDryRun(),
 		Timestamp: timestamppb.New(h.now()), Details: map[string]string{},
 		CheckName: t.src.GetCheckName(), RecommendedAction: t.src.GetRecommendedAction(),
 	}
-	for _, k := range []string{DetailEntities, DetailCustomAction, DetailDrainOverrides} {
+	// Who sent the event, and what the quarantine already ignored, stay
+	// on the audit trail.
+	for _, k := range []string{DetailEntities, DetailCustomAction, DetailDrainOverrides,
+		quarantine.DetailSubmitterRole, quarantine.DetailSubmitter, quarantine.DetailOverridesIgnored} {
 		if v := t.src.GetDetails()[k]; v != "" {
 			a.Details[k] = v
 		}
+	}
+	if ignored != "" {
+		// Only honoured overrides travel on (to remediate).
+		delete(a.Details, DetailDrainOverrides)
+		a.Details[quarantine.DetailOverridesIgnored] = ignored
 	}
 	if st == nil {
 		return a
@@ -751,8 +793,10 @@ func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faul
 		a.EventIds = st.Trigger.EventIDs
 	}
 	a.CheckName, a.RecommendedAction = st.Trigger.CheckName, st.Trigger.RecommendedAction
-	if st.Trigger.Entities != "" {
-		a.Details[DetailEntities] = st.Trigger.Entities
+	// The state keeps a bounded stand-in of a long entity list; the
+	// trigger's own details have it whole.
+	if e := st.Trigger.Entities; e != "" && events.BoundKey(a.Details[DetailEntities], maxTriggerEntities) != e {
+		a.Details[DetailEntities] = e
 	}
 	if st.Trigger.CustomAction != "" {
 		a.Details[DetailCustomAction] = st.Trigger.CustomAction

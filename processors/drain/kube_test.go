@@ -520,13 +520,98 @@ func TestDrainKube(t *testing.T) {
 		}
 	})
 
+	// drainOverrides.force deletes what a PDB protects: only when the
+	// quarantine action says an operator sent the event. An agent's (or an
+	// action that names no submitter) drains as the policy says.
+	t.Run("ForceOnlyFromOperators", func(t *testing.T) {
+		for _, tc := range []struct {
+			node, role string
+			forced     bool
+		}{{"force-agent", "agent", false}, {"force-none", "", false}, {"force-op", "operator", true}} {
+			quarantined(t, k, tc.node)
+			ns := "db-" + tc.node
+			createPod(t, k, ns, "db-0", tc.node, withLabels("app", "db"))
+			waitRunning(t, k, tc.node, 1)
+			pdb(t, k, ns, "db-pdb", 1, "db")
+			waitPDB(t, k, ns, "db-pdb", 0)
+			details := map[string]string{DetailDrainOverrides: "force", quarantine.DetailSubmitter: "token:x#1"}
+			if tc.role != "" {
+				details[quarantine.DetailSubmitterRole] = tc.role
+			}
+			h := newHandler(t, testConfig(), k, clk, false)
+			acts, _ := drive(t, h, clk, time.Second, 3, quarantineAction(tc.node, "e-"+tc.node, "REPLACE_VM", details))
+			left := len(podsOn(t, k, tc.node))
+			started := acts[0]
+			if tc.forced {
+				if left != 0 || started.Details["force"] != "true" || started.Details[DetailDrainOverrides] != "force" {
+					t.Fatalf("%s: operator force: %d pods left, %s %v", tc.node, left, outcomes(acts), started.Details)
+				}
+				continue
+			}
+			if left != 1 || started.Details["force"] == "true" || started.Details[DetailDrainOverrides] != "" {
+				t.Fatalf("%s: force honoured for a non-operator: %d pods left, %s %v", tc.node, left, outcomes(acts), started.Details)
+			}
+			if want := "drainOverrides.force ignored: sent by agent credential token:x#1"; started.Details[quarantine.DetailOverridesIgnored] != want ||
+				!strings.Contains(started.Reason, want) || find(acts, OutcomeBlocked) == nil {
+				t.Fatalf("%s: the decision does not say why: %s %v", tc.node, outcomes(acts), started.Details)
+			}
+		}
+	})
+
+	// The role as the ServiceAccount of deploy/rbac/drain.yaml: what it
+	// grants is enough for a drain with a PDB refusal and an operator's
+	// force delete, and no more than the role calls.
+	t.Run("RBACIsEnough", func(t *testing.T) {
+		const sa = "system:serviceaccount:faultline:faultline-drain"
+		kube.ApplyRBAC(t, "../../deploy/rbac/drain.yaml")
+		node := "rbac-1"
+		quarantined(t, k, node)
+		createPod(t, k, "rbac", "plain", node)
+		createPod(t, k, "rbac", "db-0", node, withLabels("app", "db"))
+		waitRunning(t, k, node, 2)
+		pdb(t, k, "rbac", "db-pdb", 1, "db")
+		waitPDB(t, k, "rbac", "db-pdb", 0)
+		as, _ := kube.ClientAs(t, sa)
+		h := newHandler(t, testConfig(), as, clk, false)
+		acts, left := drive(t, h, clk, time.Second, 3, quarantineAction(node, "e-rbac", "REPLACE_VM", nil))
+		if b := find(acts, OutcomeBlocked); left == nil || b == nil || b.Reason != "blocked by PDB db-pdb" || find(acts, OutcomeFailed) != nil {
+			t.Fatalf("drain as the ServiceAccount: %s", outcomes(acts))
+		}
+		acts, left = drive(t, h, clk, time.Second, 20, quarantineAction(node, "e-rbac-force", "REPLACE_VM", map[string]string{
+			DetailDrainOverrides: "force", quarantine.DetailSubmitterRole: "operator"}))
+		if left != nil || find(acts, OutcomeSucceeded) == nil || len(podsOn(t, k, node)) != 0 {
+			t.Fatalf("forced drain as the ServiceAccount: %s", outcomes(acts))
+		}
+		for _, tc := range []struct {
+			a    testenv.Access
+			want bool
+		}{
+			{testenv.Access{Verb: "patch", Resource: "nodes"}, true},
+			{testenv.Access{Verb: "update", Resource: "nodes"}, false},
+			{testenv.Access{Verb: "list", Resource: "nodes"}, false},
+			{testenv.Access{Verb: "create", Resource: "pods/eviction", Namespace: "work"}, true},
+			{testenv.Access{Verb: "delete", Resource: "pods", Namespace: "work"}, true},
+			{testenv.Access{Verb: "watch", Resource: "pods"}, false},
+			{testenv.Access{Verb: "create", Resource: "pods", Namespace: "work"}, false},
+			{testenv.Access{Verb: "update", Resource: "pods", Namespace: "work"}, false},
+			{testenv.Access{Verb: "list", Group: "policy", Resource: "poddisruptionbudgets", Namespace: "work"}, true},
+			{testenv.Access{Verb: "delete", Group: "policy", Resource: "poddisruptionbudgets", Namespace: "work"}, false},
+			{testenv.Access{Verb: "get", Resource: "secrets", Namespace: "work"}, false},
+		} {
+			if got := kube.Allowed(t, sa, tc.a); got != tc.want {
+				t.Errorf("%+v: allowed %v, want %v", tc.a, got, tc.want)
+			}
+		}
+	})
+
 	t.Run("OverridesAndDryRun", func(t *testing.T) {
 		node := "ovr-1"
 		quarantined(t, k, node)
 		createPod(t, k, "work", "o-0", node)
 		waitRunning(t, k, node, 1)
 		h := newHandler(t, testConfig(), k, clk, false)
-		acts, _ := handle(t, h, quarantineAction(node, "e-skip", "RESTART_VM", map[string]string{DetailDrainOverrides: "skip"}))
+		acts, _ := handle(t, h, quarantineAction(node, "e-skip", "RESTART_VM", map[string]string{
+			DetailDrainOverrides: "skip", quarantine.DetailSubmitterRole: "operator"}))
 		if len(acts) != 1 || acts[0].Outcome != OutcomeSkipped {
 			t.Fatalf("skip: %s", outcomes(acts))
 		}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // Keys the drain role owns on a node; it writes nothing else.
@@ -28,8 +30,18 @@ const (
 	PhaseCancelled = "cancelled"
 )
 
-// maxSeen bounds the trigger event ids remembered across drains.
-const maxSeen = 32
+// Bounds of the drain state, which shares the node's 256 KiB of
+// annotations with the quarantine state.
+const (
+	// maxSeen bounds the trigger event ids remembered across drains (and
+	// those of the running drain's trigger).
+	maxSeen = 32
+	// maxTriggerEntities bounds the trigger's entity list kept in the
+	// state (events.BoundKey); the actions carry it whole.
+	maxTriggerEntities = 4096
+	// maxScopeGPUs bounds the GPUs of a partial drain.
+	maxScopeGPUs = 64
+)
 
 // State is one node's drain, kept in AnnotationState.
 type State struct {
@@ -110,6 +122,13 @@ type Trigger struct {
 	RecommendedAction string   `json:"recommendedAction,omitempty"`
 	CustomAction      string   `json:"customRecommendedAction,omitempty"`
 	Entities          string   `json:"entities,omitempty"`
+}
+
+// bounded is t as the state keeps it: the entity list bounded (the other
+// fields are bounded by the gateway's limits on an event).
+func (t Trigger) bounded() Trigger {
+	t.Entities = events.BoundKey(t.Entities, maxTriggerEntities)
+	return t
 }
 
 // PodState is one pod's progress.

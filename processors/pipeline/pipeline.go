@@ -373,7 +373,9 @@ func (r *Runner) handleOnce(ctx context.Context, cl *kgo.Client, recs []*kgo.Rec
 	}
 	out := res.Out
 	for _, d := range res.Dead {
-		out = append(out, DeadLetter(d.Record, d.Reason))
+		dl := DeadLetter(d.Record, d.Reason)
+		dl.Headers = append(dl.Headers, kgo.RecordHeader{Key: HeaderRole, Value: []byte(r.cfg.Role)})
+		out = append(out, dl)
 		r.metrics.dead.WithLabelValues(r.cfg.Role).Inc()
 		r.log.Warn("record dead-lettered", "topic", d.Record.Topic, "partition", d.Record.Partition,
 			"offset", d.Record.Offset, "reason", d.Reason)
@@ -388,6 +390,10 @@ func (r *Runner) handleOnce(ctx context.Context, cl *kgo.Client, recs []*kgo.Rec
 	}
 	return nil
 }
+
+// HeaderRole names the role that dead-lettered a record (every role that
+// cannot process a record dead-letters its own copy).
+const HeaderRole = "faultline-role"
 
 // DeadLetter returns the dead-letter record for rec: same key and value,
 // with the reason and the source position in headers.

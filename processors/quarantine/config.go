@@ -24,7 +24,8 @@ type Config struct {
 	// shipped DefaultRules.
 	Rules string `toml:"rules"`
 	// OptOutLabel is "key=value": nodes with this label are never
-	// quarantined (quarantineOverrides.force still is). Default
+	// quarantined, not even by an operator's quarantineOverrides.force
+	// (remove the label first). Default
 	// "faultline.io/quarantine=disabled".
 	OptOutLabel string `toml:"opt_out_label"`
 	// Workers bounds the nodes handled at once per batch. Default 64.
@@ -50,6 +51,11 @@ type Config struct {
 	BatchTimeout time.Duration `toml:"batch_timeout"`
 	// MaxPollRecords bounds the records fetched per poll. Default 2000.
 	MaxPollRecords int `toml:"max_poll_records"`
+	// RuleCostLimit bounds the CEL cost of one rule expression on one
+	// event; past it the expression fails (counted in
+	// faultline_quarantine_rule_errors_total, logged) and its rule set
+	// does not match. Default DefaultRuleCostLimit.
+	RuleCostLimit uint64 `toml:"rule_cost_limit"`
 	// Breaker is the circuit breaker.
 	Breaker BreakerConfig `toml:"breaker"`
 }
@@ -100,6 +106,7 @@ func DefaultConfig() Config {
 		Identity:       "faultline-quarantine/" + host,
 		BatchTimeout:   2 * time.Minute,
 		MaxPollRecords: 2000,
+		RuleCostLimit:  DefaultRuleCostLimit,
 		Breaker: BreakerConfig{
 			Enabled:      true,
 			MaxPercent:   10,
@@ -124,6 +131,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch")
 	fs.IntVar(&c.MaxPollRecords, prefix+"max-poll-records", c.MaxPollRecords, "records fetched per poll")
+	fs.Uint64Var(&c.RuleCostLimit, prefix+"rule-cost-limit", c.RuleCostLimit, "CEL cost one rule expression may spend on one event")
 	b := &c.Breaker
 	p := prefix + "breaker."
 	fs.BoolVar(&b.Enabled, p+"enabled", b.Enabled, "enable the circuit breaker")
@@ -163,6 +171,9 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.Identity == "" {
 		return fmt.Errorf("%sidentity: required", prefix)
+	}
+	if c.RuleCostLimit == 0 {
+		return fmt.Errorf("%srule_cost_limit: must be positive", prefix)
 	}
 	b, p := c.Breaker, prefix+"breaker."
 	if !b.Enabled {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,9 +48,23 @@ const (
 	OutcomeDecided    = "decided"
 )
 
-// RuleForce names the decision of quarantineOverrides.force when no rule
-// set matched.
+// RuleForce names the decision of an operator's quarantineOverrides.force
+// when no rule set matched.
 const RuleForce = "override-force"
+
+// Action details about who sent the event, shared with processors/drain.
+const (
+	// DetailSubmitterRole is "agent", "operator" or "pipeline"
+	// (events.RoleName): the drain honours the event's drainOverrides only
+	// when it is "operator".
+	DetailSubmitterRole = "submitterRole"
+	// DetailSubmitter is the name of the credential that sent the event.
+	DetailSubmitter = "submitter"
+	// DetailOverridesIgnored says which overrides were ignored and why
+	// ("quarantineOverrides.force ignored: sent by agent credential
+	// token:prod#3").
+	DetailOverridesIgnored = "overridesIgnored"
+)
 
 // Handler is the quarantine role: for each event it decides with the
 // Policy, acts on the event's cluster and records every decision as an
@@ -84,9 +99,10 @@ type Handler struct {
 	// acknowledges the uncordons of the nodes keyed to them.
 	pipeline.Ownership
 
-	mu         sync.Mutex
-	breakers   map[string]*breaker
-	deferUntil map[string]time.Time
+	mu            sync.Mutex
+	breakers      map[string]*breaker
+	deferUntil    map[string]time.Time
+	ruleErrLogged map[string]time.Time
 }
 
 // Close stops the handler's node watches.
@@ -112,7 +128,7 @@ func New(cfg Config, reg *clusters.Registry, opts Options) (*Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("quarantine.rules: %w", err)
 	}
-	pol, err := Compile(rs)
+	pol, err := CompileLimited(rs, cfg.RuleCostLimit)
 	if err != nil {
 		return nil, fmt.Errorf("quarantine.rules: %w", err)
 	}
@@ -134,7 +150,7 @@ func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options
 	h := &Handler{
 		cfg: cfg, policy: pol, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		m: newMetrics(opts.Registerer), optKey: k, optVal: v,
-		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{},
+		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{}, ruleErrLogged: map[string]time.Time{},
 		uncordons: make(chan nodeRef, 1024), Ownership: pipeline.Ownership{Topic: events.TopicEvents},
 	}
 	h.nodes = newNodeCaches(h.noticeUncordon)
@@ -230,6 +246,9 @@ type item struct {
 	ev      *datamodels.HealthEvent
 	cluster string
 	node    string
+	// ignored says which overrides of the event were ignored and why
+	// (its submitter is not an operator); every action of the event says so.
+	ignored string
 }
 
 type seqResult struct {
@@ -257,7 +276,10 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 	seqs := map[string][]item{}
 	var keys []string
 	for _, r := range recs {
-		cluster, node, err := events.SplitKey(r.Key)
+		// The key and the payload must name the same node (every role
+		// checks, so that none acts for another cluster than the store
+		// records).
+		cluster, node, err := pipeline.EventKey(r)
 		if err != nil {
 			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
 			continue
@@ -267,16 +289,18 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
 			continue
 		}
-		if ev.GetNodeName() == "" {
-			ev.NodeName = node
+		ev.Cluster, ev.NodeName = cluster, node
+		it := item{rec: r, ev: ev, cluster: cluster, node: node, ignored: gateOverrides(ev)}
+		if it.ignored != "" {
+			h.m.overridesIgnored.WithLabelValues(cluster).Inc()
+			h.log.Warn("overrides ignored: not sent by an operator", "cluster", cluster, "node", node,
+				"event", ev.GetId(), "submitter", ev.GetSubmitter().GetName(), "ignored", it.ignored)
 		}
-		// The key is what the gateway stamped from the credential.
-		ev.Cluster = cluster
 		k := string(r.Key)
 		if _, ok := seqs[k]; !ok {
 			keys = append(keys, k)
 		}
-		seqs[k] = append(seqs[k], item{rec: r, ev: ev, cluster: cluster, node: ev.GetNodeName()})
+		seqs[k] = append(seqs[k], it)
 	}
 	wait := h.cfg.ClusterWait
 	if retry {
@@ -434,8 +458,45 @@ func (h *Handler) getNode(ctx context.Context, cl *clusters.Client, name string)
 	return n, nil
 }
 
+// gateOverrides enforces who may override the policy: only an operator
+// credential's quarantineOverrides and drainOverrides take effect (and, for
+// a credential bound to one node, only for that node: the gateway refuses
+// other nodes already). From anyone else (an agent, the pipeline, an event
+// without a submitter) they are removed from the event before anything
+// reads it (the rules' CEL variables, the action details the drain reads),
+// and the returned text says what was ignored and why ("" when nothing
+// was).
+func gateOverrides(ev *datamodels.HealthEvent) string {
+	bound := ev.GetSubmitter().GetNode()
+	if events.IsOperator(ev) && (bound == "" || bound == ev.GetNodeName()) {
+		return ""
+	}
+	var set []string
+	for _, o := range []struct {
+		name string
+		o    *datamodels.BehaviourOverrides
+	}{{"quarantineOverrides", ev.GetQuarantineOverrides()}, {"drainOverrides", ev.GetDrainOverrides()}} {
+		if o.o.GetForce() {
+			set = append(set, o.name+".force")
+		}
+		if o.o.GetSkip() {
+			set = append(set, o.name+".skip")
+		}
+	}
+	ev.QuarantineOverrides, ev.DrainOverrides = nil, nil
+	if len(set) == 0 {
+		return ""
+	}
+	why := strings.Join(set, ", ") + " ignored: sent by " + events.DescribeSubmitter(ev)
+	if events.IsOperator(ev) {
+		why += " bound to node " + events.Truncate(bound, 253)
+	}
+	return why
+}
+
 func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*faultlinev1.Action, error) {
 	ev := it.ev
+	// Overrides left on the event are an operator's (gateOverrides).
 	force := ev.GetQuarantineOverrides().GetForce()
 	if events.StoreOnly(ev) {
 		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, "processingStrategy STORE_ONLY: stored, never acted on", "", cl)}, nil
@@ -450,27 +511,37 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	if err != nil {
 		return nil, err
 	}
-	if node != nil && h.optKey != "" && node.Labels[h.optKey] == h.optVal && !force {
-		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped,
-			fmt.Sprintf("node opted out (label %s=%s)", h.optKey, h.optVal), "", cl)}, nil
+	if node != nil && h.optKey != "" && node.Labels[h.optKey] == h.optVal {
+		// The opt-out label wins even over an operator's force: a node
+		// someone exempted is never cordoned by an event; remove the
+		// label to quarantine it.
+		why := fmt.Sprintf("node opted out (label %s=%s)", h.optKey, h.optVal)
+		if force {
+			why += "; quarantineOverrides.force does not override the opt-out label"
+		}
+		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, why, "", cl)}, nil
 	}
 	dec, errs := h.policy.Evaluate(ev, node)
-	for _, e := range errs {
-		h.log.Debug("rule evaluation error", "cluster", it.cluster, "node", it.node, "err", e)
-	}
+	ruleErrs := h.ruleErrors(it, errs)
 	if dec == nil && force {
 		dec = &Decision{Rule: RuleForce, Cordon: true, Condition: true}
 	}
 	if dec == nil {
+		var acts []*faultlinev1.Action
 		if !ev.GetIsFatal() {
-			return h.nodeEvent(ctx, cl, node, it)
+			var err error
+			if acts, err = h.nodeEvent(ctx, cl, node, it); err != nil {
+				return nil, err
+			}
+		} else {
+			acts = []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, "no rule set matched", "", cl)}
 		}
-		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, "no rule set matched", "", cl)}, nil
+		return withRuleErrors(acts, ruleErrs), nil
 	}
 	if cl == nil || cl.DryRun || cl.Kube == nil {
 		a := h.action(it, KindQuarantine, OutcomeDryRun, "would quarantine: "+dryRunWhy(cl), dec.Rule, cl)
 		a.Details["cordon"] = strconv.FormatBool(dec.Cordon)
-		return []*faultlinev1.Action{a}, nil
+		return withRuleErrors([]*faultlinev1.Action{a}, ruleErrs), nil
 	}
 	at := eventTime(ev, h.now())
 	f := Fault{
@@ -496,7 +567,9 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		changed := st.AddFault(key, f, ev.GetId())
 		acked = st.Faults[key].Acked && !st.Active()
 		preCordon = n.Spec.Unschedulable && !st.Cordoned
-		if !wasActive && st.Active() && !force {
+		// Every new quarantine takes a breaker slot, an operator's force
+		// included: nothing bypasses the breaker.
+		if !wasActive && st.Active() {
 			v, err := br.reserve(ctx, n.Name, !n.Spec.Unschedulable)
 			if err != nil {
 				return false, err
@@ -521,12 +594,15 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	}
 	if held {
 		a := h.action(it, KindQuarantine, OutcomeHeld, "would quarantine: circuit breaker open: "+verdict.Reason, dec.Rule, cl)
+		if force {
+			a.Details["force"] = "true"
+		}
 		h.m.held.WithLabelValues(it.cluster).Inc()
-		return append(acts, a), nil
+		return withRuleErrors(append(acts, a), ruleErrs), nil
 	}
 	if acked {
 		a := h.action(it, KindQuarantine, OutcomeSkipped, "fault acknowledged by a manual uncordon: recorded, node left schedulable", dec.Rule, cl)
-		return append(acts, a), nil
+		return withRuleErrors(append(acts, a), ruleErrs), nil
 	}
 	a := h.action(it, KindQuarantine, OutcomeApplied, fmt.Sprintf("rule %s matched %s", dec.Rule, ev.GetCheckName()), dec.Rule, cl)
 	a.Details["cordon"] = strconv.FormatBool(dec.Cordon)
@@ -538,7 +614,50 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	if force {
 		a.Details["force"] = "true"
 	}
-	return append(acts, a), nil
+	return withRuleErrors(append(acts, a), ruleErrs), nil
+}
+
+// ruleErrors counts and logs the rule expressions that failed on an event
+// (at most one log line per rule set a minute: a rule that fails on every
+// event must not flood the log) and returns them for the action's details.
+func (h *Handler) ruleErrors(it item, errs []error) string {
+	if len(errs) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, err := range errs {
+		rule := "?"
+		if re, ok := errors.AsType[*RuleError](err); ok {
+			rule = re.Rule
+		}
+		h.m.ruleErrors.WithLabelValues(rule).Inc()
+		if h.logRuleError(rule) {
+			h.log.Warn("rule evaluation failed; the rule set did not match", "cluster", it.cluster, "node", it.node,
+				"event", it.ev.GetId(), "err", err)
+		}
+		parts = append(parts, err.Error())
+	}
+	return events.Truncate(strings.Join(parts, "; "), 1024)
+}
+
+func (h *Handler) logRuleError(rule string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	if now.Before(h.ruleErrLogged[rule]) {
+		return false
+	}
+	h.ruleErrLogged[rule] = now.Add(time.Minute)
+	return true
+}
+
+// withRuleErrors notes the rule errors of an event on its decision (the
+// last action).
+func withRuleErrors(acts []*faultlinev1.Action, errs string) []*faultlinev1.Action {
+	if errs != "" && len(acts) > 0 {
+		acts[len(acts)-1].Details["ruleErrors"] = errs
+	}
+	return acts
 }
 
 func dryRunWhy(cl *clusters.Client) string {
@@ -641,6 +760,11 @@ func (h *Handler) updateNode(ctx context.Context, cl *clusters.Client, first *co
 		write, err := mutate(n, st)
 		if err != nil || !write {
 			return n, err
+		}
+		if fit := st.Fit(MaxStateBytes); len(fit.Dropped) > 0 || fit.Compacted > 0 {
+			h.m.stateTrimmed.WithLabelValues(cl.Name).Inc()
+			h.log.Warn("quarantine state over its budget; oldest entries compacted or dropped", "cluster", cl.Name, "node", name,
+				"budget_bytes", MaxStateBytes, "bytes", fit.Bytes, "compacted", fit.Compacted, "dropped", len(fit.Dropped))
 		}
 		now := h.now()
 		h.nodes.wrote(cl.Name, name, now)
@@ -804,6 +928,16 @@ func (h *Handler) action(it item, kind, outcome, reason, rule string, cl *cluste
 	if pods, ok := ev.GetMetadata()[events.MetaGPUPods]; ok {
 		details[events.MetaGPUPods], details[events.MetaGPUPodsAt] = pods, ev.GetMetadata()[events.MetaGPUPodsAt]
 	}
+	// Who sent the event: the drain honours drainOverrides only when the
+	// quarantine says an operator did.
+	details[DetailSubmitterRole] = events.RoleName(events.SubmitterRole(ev))
+	if n := ev.GetSubmitter().GetName(); n != "" {
+		details[DetailSubmitter] = events.Truncate(strings.ToValidUTF8(n, "?"), 128)
+	}
+	if it.ignored != "" {
+		details[DetailOverridesIgnored] = it.ignored
+		reason += " (" + it.ignored + ")"
+	}
 	return &faultlinev1.Action{
 		Id:                pipeline.ActionID(it.cluster, it.node, recordID(it), kind),
 		Cluster:           it.cluster,
@@ -871,21 +1005,29 @@ type metrics struct {
 	breakerTrips *prometheus.CounterVec
 	breakerOpen  *prometheus.GaugeVec
 	cacheHits    *prometheus.CounterVec
+	ruleErrors   *prometheus.CounterVec
+	stateTrimmed *prometheus.CounterVec
+	// overridesIgnored counts events whose overrides were ignored (not an
+	// operator's).
+	overridesIgnored *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		decisions:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_decisions_total", Help: "Quarantine decisions by kind and outcome."}, []string{"cluster", "kind", "outcome"}),
-		held:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_held_total", Help: "Quarantines held back by the circuit breaker."}, []string{"cluster"}),
-		deferred:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_deferred_total", Help: "Records deferred to the retry topic because their cluster was unreachable."}, []string{"cluster"}),
-		apiErrors:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
-		conflicts:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_conflicts_total", Help: "Node updates retried after a resourceVersion conflict."}, []string{"cluster"}),
-		breakerTrips: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_breaker_trips_total", Help: "Times the circuit breaker opened."}, []string{"cluster"}),
-		breakerOpen:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_quarantine_breaker_open", Help: "1 while the cluster's circuit breaker holds new quarantines."}, []string{"cluster"}),
-		cacheHits:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_recoveries_from_cache_total", Help: "Healthy events decided from the node watch without an API request (nothing standing)."}, []string{"cluster"}),
+		decisions:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_decisions_total", Help: "Quarantine decisions by kind and outcome."}, []string{"cluster", "kind", "outcome"}),
+		held:             prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_held_total", Help: "Quarantines held back by the circuit breaker."}, []string{"cluster"}),
+		deferred:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_deferred_total", Help: "Records deferred to the retry topic because their cluster was unreachable."}, []string{"cluster"}),
+		apiErrors:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
+		conflicts:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_conflicts_total", Help: "Node updates retried after a resourceVersion conflict."}, []string{"cluster"}),
+		breakerTrips:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_breaker_trips_total", Help: "Times the circuit breaker opened."}, []string{"cluster"}),
+		breakerOpen:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_quarantine_breaker_open", Help: "1 while the cluster's circuit breaker holds new quarantines."}, []string{"cluster"}),
+		cacheHits:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_recoveries_from_cache_total", Help: "Healthy events decided from the node watch without an API request (nothing standing)."}, []string{"cluster"}),
+		stateTrimmed:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_state_trimmed_total", Help: "Node state writes that compacted or dropped old faults to stay within the annotation budget."}, []string{"cluster"}),
+		ruleErrors:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_rule_errors_total", Help: "Rule expressions that failed on an event (missing key, type error, cost limit); the rule set did not match."}, []string{"rule"}),
+		overridesIgnored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_overrides_ignored_total", Help: "Events whose quarantineOverrides/drainOverrides were ignored because no operator credential sent them."}, []string{"cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.cacheHits)
+		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.cacheHits, m.ruleErrors, m.overridesIgnored, m.stateTrimmed)
 	}
 	return m
 }

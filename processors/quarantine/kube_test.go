@@ -116,6 +116,13 @@ func healthy(node, check, gpu string) *datamodels.HealthEvent {
 	}
 }
 
+// operator marks ev as sent with an operator credential (what the gateway
+// stamps).
+func operator(ev *datamodels.HealthEvent) *datamodels.HealthEvent {
+	ev.Submitter = &datamodels.Submitter{Name: "token:ops#1", Role: datamodels.SubmitterRole_SUBMITTER_ROLE_OPERATOR}
+	return ev
+}
+
 // handle runs a batch and decodes the actions it produced.
 func handle(t testing.TB, h *Handler, recs ...*kgo.Record) ([]*faultlinev1.Action, []*kgo.Record) {
 	t.Helper()
@@ -225,7 +232,7 @@ func TestKube(t *testing.T) {
 		unknown.Agent = "some-other-tool"
 		storeOnly := fatal("nomatch-1", "XID_ERROR_48", "GPU-1")
 		storeOnly.ProcessingStrategy = datamodels.ProcessingStrategy_STORE_ONLY
-		skip := fatal("nomatch-1", "XID_ERROR_48", "GPU-1")
+		skip := operator(fatal("nomatch-1", "XID_ERROR_48", "GPU-1"))
 		skip.QuarantineOverrides = &datamodels.BehaviourOverrides{Skip: true}
 		acts, _ := handle(t, h, record("c1", unknown), record("c1", storeOnly), record("c1", skip),
 			record("c1", healthy("nomatch-1", "XID_ERROR_48", "GPU-1")))
@@ -416,12 +423,14 @@ func TestKube(t *testing.T) {
 		if kinds(acts) != "skip/skipped" || getNode(t, k, "optout-1").Spec.Unschedulable {
 			t.Fatalf("opted-out node: %s", kinds(acts))
 		}
-		forced := fatal("optout-1", "OPERATOR", "")
+		// Not even an operator's force cordons a node that opted out.
+		forced := operator(fatal("optout-1", "OPERATOR", ""))
 		forced.Agent = "an-operator"
 		forced.QuarantineOverrides = &datamodels.BehaviourOverrides{Force: true}
 		acts, _ = handle(t, h, record("c1", forced))
-		if kinds(acts) != "quarantine/applied" || acts[0].Rule != RuleForce || !getNode(t, k, "optout-1").Spec.Unschedulable {
-			t.Fatalf("force: %s", kinds(acts))
+		if kinds(acts) != "skip/skipped" || !strings.Contains(acts[0].Reason, "does not override the opt-out label") ||
+			getNode(t, k, "optout-1").Spec.Unschedulable {
+			t.Fatalf("force on an opted-out node: %s %q", kinds(acts), acts[0].GetReason())
 		}
 	})
 

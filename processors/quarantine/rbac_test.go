@@ -1,70 +1,26 @@
 package quarantine
 
 import (
-	"context"
-	"os"
-	"strings"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
 
 	"github.com/faultline/faultline/internal/testenv"
 )
 
-// applyRBAC creates the objects of deploy/rbac/quarantine.yaml.
-func applyRBAC(t *testing.T, k kubernetes.Interface) {
-	t.Helper()
-	raw, err := os.ReadFile("../../deploy/rbac/quarantine.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if _, err := k.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "faultline"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for _, doc := range strings.Split(string(raw), "\n---\n") {
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
-		if err != nil {
-			t.Fatalf("decode: %v\n%s", err, doc)
-		}
-		switch o := obj.(type) {
-		case *corev1.ServiceAccount:
-			_, err = k.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRole:
-			_, err = k.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRoleBinding:
-			_, err = k.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.Role:
-			_, err = k.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.RoleBinding:
-			_, err = k.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		default:
-			t.Fatalf("unexpected object %T", obj)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-}
+// saQuarantine is the ServiceAccount of deploy/rbac/quarantine.yaml.
+const saQuarantine = "system:serviceaccount:faultline:faultline-quarantine"
 
 // TestRBACIsEnough runs quarantine, breaker, node Event and recovery as
 // the ServiceAccount of deploy/rbac/quarantine.yaml (impersonated): the
-// shipped RBAC grants everything the role does, on an apiserver with RBAC on.
+// shipped RBAC grants everything the role does, on an apiserver with RBAC
+// on, and nothing more than it calls (Events only in the namespace of node
+// events, never cluster-wide; no patch or delete of nodes; no pods).
 func TestRBACIsEnough(t *testing.T) {
 	kube := testenv.StartKube(t, testenv.KubeOptions{})
-	applyRBAC(t, kube.Client())
+	kube.ApplyRBAC(t, "../../deploy/rbac/quarantine.yaml")
 	createNodes(t, kube.Client(), "rbac", "rbac-1", "rbac-2")
-	rc := kube.RESTConfig()
-	rc.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:faultline:faultline-quarantine"}
-	sa, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sa, _ := kube.ClientAs(t, saQuarantine)
 	cfg := testConfig("rbac")
 	cfg.Breaker.Name = DefaultConfig().Breaker.Name
 	cfg.Breaker.MaxPercent = 50
@@ -83,6 +39,25 @@ func TestRBACIsEnough(t *testing.T) {
 	for _, a := range append(acts, acts2...) {
 		if a.Outcome == OutcomeFailed {
 			t.Fatalf("failed: %s", a.Reason)
+		}
+	}
+	for _, tc := range []struct {
+		a    testenv.Access
+		want bool
+	}{
+		{testenv.Access{Verb: "create", Resource: "events", Namespace: "default"}, true},
+		{testenv.Access{Verb: "create", Resource: "events", Namespace: "kube-system"}, false},
+		{testenv.Access{Verb: "create", Resource: "events"}, false},
+		{testenv.Access{Verb: "create", Group: "events.k8s.io", Resource: "events", Namespace: "default"}, false},
+		{testenv.Access{Verb: "update", Resource: "nodes"}, true},
+		{testenv.Access{Verb: "patch", Resource: "nodes"}, false},
+		{testenv.Access{Verb: "delete", Resource: "nodes"}, false},
+		{testenv.Access{Verb: "list", Resource: "pods"}, false},
+		{testenv.Access{Verb: "get", Resource: "configmaps", Namespace: "kube-system"}, false},
+		{testenv.Access{Verb: "get", Resource: "secrets", Namespace: "default"}, false},
+	} {
+		if got := kube.Allowed(t, saQuarantine, tc.a); got != tc.want {
+			t.Errorf("%+v: allowed %v, want %v", tc.a, got, tc.want)
 		}
 	}
 }

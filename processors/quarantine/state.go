@@ -36,12 +36,31 @@ const (
 	LabelQuarantined = "faultline.io/quarantined"
 )
 
-// Bounds of what faultline writes on a node.
+// Bounds of what faultline writes on a node. Kubernetes refuses an object
+// whose annotations together exceed 256 KiB (and a refused update is not
+// retried), so the state is bounded field by field and as a whole.
 const (
 	maxMessage  = 1024 // node condition message
 	maxReason   = 512  // reason annotation
 	maxEventIDs = 8    // event ids kept per fault
 	maxFaults   = 64   // faults kept per node (oldest dropped)
+
+	// A fault's identity: the check and the entity list, each kept as
+	// events.BoundKey (itself when short and plain, else a prefix and a
+	// hash of the whole), so a fault of 64 entities of 512-byte values
+	// costs a few hundred bytes, not ~50 KB twice.
+	maxCheckKey  = 128
+	maxEntityKey = 256
+	// Display fields of a fault.
+	maxFaultText = 256 // message
+	maxFaultName = 128 // agent, class, derivedBy, rule
+	maxEventID   = 64  // one event id
+
+	// MaxStateBytes is the hard budget of the AnnotationState JSON: half
+	// of Kubernetes' limit for all annotations together, leaving room for
+	// the drain's state and everyone else's annotations. State.Fit keeps
+	// the state within it.
+	MaxStateBytes = 128 << 10
 )
 
 // State is the quarantine state of one node, kept in AnnotationState.
@@ -86,8 +105,30 @@ type Fault struct {
 }
 
 // FaultKey identifies a fault on a node: the check and the impacted
-// entities ("XID_ERROR_48|GPU=GPU-1").
-func FaultKey(check, entity string) string { return check + "|" + entity }
+// entities ("XID_ERROR_48|GPU=GPU-1"), each bounded (events.BoundKey).
+func FaultKey(check, entity string) string {
+	return events.BoundKey(check, maxCheckKey) + "|" + events.BoundKey(entity, maxEntityKey)
+}
+
+// bound cuts a fault's fields to their bounds: the identity to its
+// BoundKey stand-ins, the display fields to a prefix.
+func (f *Fault) bound() {
+	f.Check = events.BoundKey(f.Check, maxCheckKey)
+	f.Entity = events.BoundKey(f.Entity, maxEntityKey)
+	f.Message = events.Truncate(strings.ToValidUTF8(f.Message, "?"), maxFaultText)
+	for _, p := range []*string{&f.Agent, &f.Class, &f.Derived, &f.Rule, &f.Action} {
+		*p = events.Truncate(strings.ToValidUTF8(*p, "?"), maxFaultName)
+	}
+	for i, id := range f.EventIDs {
+		f.EventIDs[i] = events.BoundKey(id, maxEventID)
+	}
+}
+
+// sameIdentity reports whether a stored check or entity list is v (as
+// stored now, a bounded stand-in, or in full by an older faultline).
+func sameIdentity(stored, v string, n int) bool {
+	return stored == v || stored == events.BoundKey(v, n)
+}
 
 // ReadState decodes the node's state; a node without one gives an empty
 // state. A corrupt annotation is an error (the caller starts afresh and
@@ -120,6 +161,10 @@ func (s *State) Active() bool {
 // AddFault records a fault occurrence; it reports whether the state
 // changed (false when this event id was already recorded).
 func (s *State) AddFault(key string, f Fault, eventID string) bool {
+	if eventID != "" {
+		eventID = events.BoundKey(eventID, maxEventID)
+	}
+	f.bound()
 	old, ok := s.Faults[key]
 	if !ok {
 		if eventID != "" {
@@ -166,6 +211,76 @@ func (s *State) keys() []string {
 	return keys
 }
 
+// FitReport is what State.Fit did to stay within its budget.
+type FitReport struct {
+	// Dropped are the keys of faults removed, Compacted how many faults
+	// lost their message, agent and older event ids.
+	Dropped   []string
+	Compacted int
+	// Bytes is the state's JSON size afterwards.
+	Bytes int
+}
+
+// Fit keeps the state's JSON within budget bytes, least valuable first:
+// it drops acknowledged faults (a person already uncordoned the node for
+// them), oldest first; then compacts faults, oldest first (message, agent
+// and all but the newest event id go; check and entities, the identity a
+// recovery matches, stay); then drops the oldest faults that neither cordon
+// nor taint; then the oldest cordoning faults, never the newest one, so a
+// quarantined node stays quarantined. With the field bounds the first two
+// steps always suffice for maxFaults faults of the largest events the
+// gateway accepts; the last two are the guarantee.
+func (s *State) Fit(budget int) FitReport {
+	var rep FitReport
+	size := func() int {
+		b, _ := json.Marshal(s)
+		return len(b)
+	}
+	rep.Bytes = size()
+	if rep.Bytes <= budget {
+		return rep
+	}
+	byAge := func(keep func(*Fault) bool) []string {
+		var ks []string
+		for _, k := range s.keys() {
+			if keep(s.Faults[k]) {
+				ks = append(ks, k)
+			}
+		}
+		sort.SliceStable(ks, func(i, j int) bool { return s.Faults[ks[i]].LastSeen.Before(s.Faults[ks[j]].LastSeen) })
+		return ks
+	}
+	drop := func(keys []string, spare int) {
+		for _, k := range keys[:max(len(keys)-spare, 0)] {
+			if rep.Bytes <= budget {
+				return
+			}
+			delete(s.Faults, k)
+			rep.Dropped = append(rep.Dropped, k)
+			rep.Bytes = size()
+		}
+	}
+	drop(byAge(func(f *Fault) bool { return f.Acked }), 0)
+	for _, k := range byAge(func(*Fault) bool { return true }) {
+		if rep.Bytes <= budget {
+			break
+		}
+		f := s.Faults[k]
+		if f.Message == "" && f.Agent == "" && len(f.EventIDs) <= 1 {
+			continue
+		}
+		f.Message, f.Agent = "", ""
+		if len(f.EventIDs) > 1 {
+			f.EventIDs = f.EventIDs[len(f.EventIDs)-1:]
+		}
+		rep.Compacted++
+		rep.Bytes = size()
+	}
+	drop(byAge(func(f *Fault) bool { return f.Acked || !(f.Cordon || f.Taint != nil) }), 0)
+	drop(byAge(func(*Fault) bool { return true }), 1)
+	return rep
+}
+
 // Recover removes the faults a healthy event clears: the same check on the
 // same entities, or every entity of the check when the event names none.
 // A fault last seen after the recovery was generated stays (the recovery is
@@ -173,7 +288,7 @@ func (s *State) keys() []string {
 func (s *State) Recover(check, entity string, at time.Time) (removed, stale []string) {
 	for _, k := range s.keys() {
 		f := s.Faults[k]
-		if f.Check != check || (entity != "" && f.Entity != entity) {
+		if !sameIdentity(f.Check, check, maxCheckKey) || (entity != "" && !sameIdentity(f.Entity, entity, maxEntityKey)) {
 			continue
 		}
 		if !at.IsZero() && at.Before(f.LastSeen) {

@@ -1,7 +1,6 @@
 package remediate
 
 import (
-	"bytes"
 	"flag"
 	"fmt"
 	"os"
@@ -11,9 +10,7 @@ import (
 	"text/template"
 	"time"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/yaml"
 )
 
 // TopicRequeue carries remediations waiting for their resource's condition
@@ -144,8 +141,16 @@ type Template struct {
 	// progress on a node, another fault of any action of the group creates
 	// nothing. The budget counts per group. Default the action.
 	Group string `toml:"group"`
-	// Object is a Go text/template of the object (YAML) over Data.
+	// Object is a Go text/template of the object (YAML) over Data. The
+	// values of Data are placed into the parsed object as strings, never
+	// pasted into the YAML text (see render.go): a template places values,
+	// it cannot compare them.
 	Object string `toml:"object"`
+	// NodeField is the dotted path of the field that names the node the
+	// object acts on. Default "spec.nodeName". An object whose field does
+	// not hold the event's node (or with any other nodeName field that does
+	// not) is refused, with a remediate/refused action.
+	NodeField string `toml:"node_field"`
 	// Resource is the plural resource name. Default lower(kind)+"s".
 	Resource string `toml:"resource"`
 	// CompleteWhen are the condition matchers of success (see Completion).
@@ -168,6 +173,8 @@ type Template struct {
 	gvr        schema.GroupVersionResource
 	kind       string
 	namespaced bool
+	namespace  string
+	nodePath   []string
 	complete   []condMatch
 	failed     []condMatch
 	finished   []string // path under .status; nil: none
@@ -284,6 +291,15 @@ var sampleData = Data{
 	Entities: []Entity{{Type: "GPU", Value: "GPU-1"}}, Details: map[string]string{},
 }
 
+// otherSample differs from sampleData in every client value, so that a
+// template that compares a value with a constant differs on one of them.
+var otherSample = Data{
+	Name: "maintenance-other", Cluster: "d", NodeName: "node-2", CheckName: "NIC_LINK_DOWN",
+	RecommendedAction: "COMPONENT_RESET", CustomRecommendedAction: "flash", EventID: "e2", EventIDs: []string{"e2", "e3"},
+	GPUs: []string{"GPU-2", "GPU-3"}, Entities: []Entity{{Type: "GPU", Value: "GPU-2"}, {Type: "GPU", Value: "GPU-3"}},
+	Details: map[string]string{"drainId": "d1", "scope": "node", "entities": "GPU=GPU-2,GPU=GPU-3"},
+}
+
 // Validate names the first bad key, with the given prefix ("remediate."),
 // and compiles the templates (the defaults, overridden by Templates).
 func (c *Config) Validate(prefix string) error {
@@ -338,6 +354,9 @@ func (t *Template) compile() error {
 		return fmt.Errorf("object: %w", err)
 	}
 	t.tmpl = tm
+	if err := t.checkStructural(sampleData, otherSample); err != nil {
+		return fmt.Errorf("object: %w", err)
+	}
 	obj, err := t.render(sampleData)
 	if err != nil {
 		return fmt.Errorf("object: %w", err)
@@ -352,6 +371,20 @@ func (t *Template) compile() error {
 	t.kind = obj.GetKind()
 	t.gvr = gv.WithResource(t.Resource)
 	t.namespaced = obj.GetNamespace() != ""
+	t.namespace = obj.GetNamespace()
+	if t.NodeField == "" {
+		t.NodeField = "spec.nodeName"
+	}
+	t.nodePath = strings.Split(t.NodeField, ".")
+	for _, d := range []Data{sampleData, otherSample} {
+		o, err := t.render(d)
+		if err != nil {
+			return fmt.Errorf("object: %w", err)
+		}
+		if err := t.checkTarget(o, d.NodeName); err != nil {
+			return fmt.Errorf("node_field: %q must hold {{ .NodeName }}: %w", t.NodeField, err)
+		}
+	}
 	return t.compileCompletion(gv.WithKind(t.kind).GroupKind())
 }
 
@@ -415,19 +448,6 @@ func (t *Template) compileCompletion(gk schema.GroupKind) error {
 		t.finished = strings.Split(t.FinishedField, ".")
 	}
 	return nil
-}
-
-// render executes the template and parses the object.
-func (t *Template) render(d Data) (*unstructured.Unstructured, error) {
-	var buf bytes.Buffer
-	if err := t.tmpl.Execute(&buf, d); err != nil {
-		return nil, fmt.Errorf("render: %w", err)
-	}
-	m := map[string]any{}
-	if err := yaml.Unmarshal(buf.Bytes(), &m); err != nil {
-		return nil, fmt.Errorf("parse rendered object: %w\n%s", err, buf.String())
-	}
-	return &unstructured.Unstructured{Object: m}, nil
 }
 
 // template returns the template for an action ("custom:<name>" for CUSTOM).

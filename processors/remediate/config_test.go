@@ -114,8 +114,8 @@ func TestCompletion(t *testing.T) {
 	c.CompletionTimeout = time.Hour
 	c.Templates = []Template{
 		{Action: "custom:terminate", Object: TerminateNodeTemplate},
-		{Action: "custom:generic", Object: "apiVersion: example.com/v1\nkind: Fix\nmetadata: {name: {{ .Name }}}\n"},
-		{Action: "custom:legacy", Object: "apiVersion: example.com/v1\nkind: Fix\nmetadata: {name: {{ .Name }}}\n", CompleteCondition: "Done"},
+		{Action: "custom:generic", Object: "apiVersion: example.com/v1\nkind: Fix\nmetadata: {name: {{ .Name }}}\nspec: {nodeName: {{ .NodeName }}}\n"},
+		{Action: "custom:legacy", Object: "apiVersion: example.com/v1\nkind: Fix\nmetadata: {name: {{ .Name }}}\nspec: {nodeName: {{ .NodeName }}}\n", CompleteCondition: "Done"},
 		{Action: "custom:reboot-reasons", Object: RebootNodeTemplate, FailedWhen: []string{"NodeReady=False/Timeout"}, FinishedField: "none"},
 	}
 	now := time.Date(2026, 1, 1, 0, 30, 0, 0, time.UTC)

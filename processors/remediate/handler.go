@@ -48,6 +48,9 @@ const (
 	OutcomeFailed     = "failed"      // a failed matcher, the finished field without success, or the timeout
 	OutcomeSkipped    = "skipped"
 	OutcomeDryRun     = "dry_run"
+	// OutcomeRefused: the rendered object did not target the event's node
+	// (Template.NodeField); nothing was created.
+	OutcomeRefused = "refused"
 )
 
 // Labels and annotations on the resources faultline creates. The labels
@@ -195,6 +198,12 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 	seqs := map[string][]trigger{}
 	var keys []string
 	for _, r := range recs {
+		// Key and payload must name the same node (pipeline.ActionKey).
+		cluster, node, err := pipeline.ActionKey(r)
+		if err != nil {
+			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
+			continue
+		}
 		a, err := events.UnmarshalAction(r.Value)
 		if err != nil {
 			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
@@ -203,7 +212,7 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 		if !IsTrigger(a) {
 			continue
 		}
-		t := trigger{rec: r, src: a, cluster: a.GetCluster(), node: a.GetNode(), id: a.GetDetails()[drain.DetailDrainID]}
+		t := trigger{rec: r, src: a, cluster: cluster, node: node, id: a.GetDetails()[drain.DetailDrainID]}
 		if t.id == "" && len(a.GetEventIds()) > 0 {
 			t.id = a.GetEventIds()[0]
 		}
@@ -469,6 +478,14 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 		if err != nil {
 			return []*faultlinev1.Action{h.action(t, KindRemediate, OutcomeFailed, "template: "+err.Error(), "template")}, time.Time{}, nil
 		}
+		if err := tm.checkTarget(obj, t.node); err != nil {
+			h.m.refused.WithLabelValues(t.cluster).Inc()
+			h.log.Warn("remediation refused: the rendered object targets another node", "cluster", t.cluster, "node", t.node,
+				"kind", tm.kind, "err", err)
+			a := h.action(t, KindRemediate, OutcomeRefused, "refused: "+err.Error(), "refused")
+			a.Details["template"] = tm.Action
+			return []*faultlinev1.Action{a}, time.Time{}, nil
+		}
 		obj.SetName(d.Name)
 		lbl := obj.GetLabels()
 		if lbl == nil {
@@ -517,8 +534,7 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 // resource is the dynamic client of a template's resource.
 func (h *Handler) resource(dyn dynamic.Interface, tm *Template) dynamic.ResourceInterface {
 	if tm.namespaced {
-		obj, _ := tm.render(sampleData)
-		return dyn.Resource(tm.gvr).Namespace(obj.GetNamespace())
+		return dyn.Resource(tm.gvr).Namespace(tm.namespace)
 	}
 	return dyn.Resource(tm.gvr)
 }
@@ -630,7 +646,7 @@ func shortHash(s string, n int) string {
 }
 
 type metrics struct {
-	actions, created, joined, races, escalations, apiErrors *prometheus.CounterVec
+	actions, created, joined, races, escalations, apiErrors, refused *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -641,9 +657,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		races:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_name_races_total", Help: "Creates that found the name taken."}, []string{"cluster"}),
 		escalations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_escalations_total", Help: "Nodes escalated to CONTACT_SUPPORT."}, []string{"cluster"}),
 		apiErrors:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
+		refused:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_refused_total", Help: "Rendered remediation objects refused because they did not target the event's node."}, []string{"cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.actions, m.created, m.joined, m.races, m.escalations, m.apiErrors)
+		reg.MustRegister(m.actions, m.created, m.joined, m.races, m.escalations, m.apiErrors, m.refused)
 	}
 	return m
 }

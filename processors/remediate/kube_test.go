@@ -4,8 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -18,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/yaml"
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
@@ -36,7 +33,6 @@ var (
 	rebootGVR    = schema.GroupVersionResource{Group: JanitorGroup, Version: "v1alpha1", Resource: "rebootnodes"}
 	resetGVR     = schema.GroupVersionResource{Group: JanitorGroup, Version: "v1alpha1", Resource: "gpuresets"}
 	terminateGVR = schema.GroupVersionResource{Group: JanitorGroup, Version: "v1alpha1", Resource: "terminatenodes"}
-	crdGVR       = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 )
 
 type clock struct {
@@ -46,41 +42,6 @@ type clock struct {
 
 func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
-
-// installCRDs applies deploy/crds and waits until they are served.
-func installCRDs(t testing.TB, dyn dynamic.Interface) {
-	t.Helper()
-	files, _ := filepath.Glob("../../deploy/crds/*.yaml")
-	if len(files) < 3 {
-		t.Fatalf("CRDs not found: %v", files)
-	}
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]any{}
-		if err := yaml.Unmarshal(b, &m); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		if _, err := dyn.Resource(crdGVR).Create(context.Background(), &unstructured.Unstructured{Object: m}, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-	}
-	for _, gvr := range []schema.GroupVersionResource{rebootGVR, resetGVR, terminateGVR} {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			_, err := dyn.Resource(gvr).List(context.Background(), metav1.ListOptions{})
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s not served: %v", gvr, err)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
-}
 
 func newHandler(t testing.TB, cfg Config, k kubernetes.Interface, dyn dynamic.Interface, clk *clock) *Handler {
 	t.Helper()
@@ -222,7 +183,7 @@ func TestRemediateKube(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	installCRDs(t, dyn)
+	kube.ApplyCRDs(t, "../../deploy/crds/*.yaml")
 	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 
 	t.Run("RebootNodeOnceAcrossRetriesAndReplicas", func(t *testing.T) {
@@ -400,6 +361,123 @@ func TestRemediateKube(t *testing.T) {
 		acts, _ = handle(t, h, drained(node, "r3", "NONE", nil))
 		if len(acts) != 1 || acts[0].Outcome != OutcomeSkipped || len(list(t, dyn, rebootGVR, node)) != 0 {
 			t.Fatalf("NONE: %s", outcomes(acts))
+		}
+	})
+
+	// Client strings in a custom template stay strings where it put them
+	// (the check name of the security review cannot set force: true nor
+	// retarget the reboot), and an object that names another node is
+	// refused with an audit action, nothing created.
+	t.Run("HostileValuesStayValues", func(t *testing.T) {
+		node := "hostile-1"
+		createNode(t, k, node)
+		cfg := testConfig()
+		cfg.Templates = append(cfg.Templates,
+			Template{Action: "custom:reason", Object: reasonTemplate, Group: "reason"},
+			Template{Action: "custom:annotated", Object: annotatedTemplate, Group: "annotated"},
+			Template{Action: "custom:suffix", Group: "suffix", Object: "apiVersion: janitor.dgxc.nvidia.com/v1alpha1\nkind: RebootNode\n" +
+				"metadata: {name: {{ .Name }}}\nspec:\n  nodeName: {{ .NodeName }}{{ index .Details \"suffix\" }}\n  force: false\n"})
+		h := newHandler(t, cfg, k, dyn, clk)
+		hostile := func(id, custom string, details map[string]string) *kgo.Record {
+			d := map[string]string{drain.DetailDrainID: id, drain.DetailCustomAction: custom}
+			for k, v := range details {
+				d[k] = v
+			}
+			a := &faultlinev1.Action{
+				Id: "d-" + id, Cluster: cluster, Node: node, Role: drain.Role, Kind: drain.KindDrain, Outcome: drain.OutcomeSucceeded,
+				EventIds: []string{"ev-" + id}, CheckName: hostileCheck, RecommendedAction: "CUSTOM", Details: d,
+			}
+			b, _ := events.MarshalAction(a)
+			return &kgo.Record{Topic: events.TopicActions, Key: events.Key(cluster, node), Value: b}
+		}
+		acts, _ := handle(t, h, hostile("h1", "reason", nil))
+		items := list(t, dyn, rebootGVR, node)
+		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(items) != 1 {
+			t.Fatalf("hostile check name: %s, %d RebootNodes", outcomes(acts), len(items))
+		}
+		// (The CRD prunes spec.reason; what matters is what stayed.)
+		spec := items[0].Object["spec"].(map[string]any)
+		if spec["nodeName"] != node || spec["force"] != false {
+			t.Fatalf("RebootNode spec %v", spec)
+		}
+		acts, _ = handle(t, h, hostile("h0", "annotated", map[string]string{drain.DetailEntities: "GPU=GPU-1\"\n  nodeName: victim"}))
+		var annotated *unstructured.Unstructured
+		for _, it := range list(t, dyn, rebootGVR, node) {
+			if it.GetLabels()[LabelGroup] == "annotated" {
+				annotated = &it
+			}
+		}
+		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || annotated == nil {
+			t.Fatalf("annotated: %s", outcomes(acts))
+		}
+		if ann := annotated.GetAnnotations(); ann["example.com/check"] != hostileCheck || ann["example.com/entities"] != "GPU=GPU-1\"\n  nodeName: victim" ||
+			annotated.Object["spec"].(map[string]any)["nodeName"] != node || annotated.Object["spec"].(map[string]any)["force"] != false {
+			t.Fatalf("annotated RebootNode %v", annotated.Object)
+		}
+		acts, _ = handle(t, h, hostile("h2", "suffix", map[string]string{"suffix": "-victim"}))
+		if len(acts) != 1 || acts[0].Outcome != OutcomeRefused || !strings.Contains(acts[0].Reason, `spec.nodeName is "hostile-1-victim"`) {
+			t.Fatalf("retargeted object: %s", outcomes(acts))
+		}
+		if n := len(list(t, dyn, rebootGVR, node)); n != 2 {
+			t.Fatalf("%d RebootNodes after the refusal, want 2", n)
+		}
+		l, err := dyn.Resource(rebootGVR).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range l.Items {
+			if n, _, _ := unstructured.NestedString(it.Object, "spec", "nodeName"); n == node+"-victim" {
+				t.Fatalf("a RebootNode for %s was created", n)
+			}
+		}
+	})
+
+	// The role as the ServiceAccount of deploy/rbac/remediate.yaml: create,
+	// join, and escalate work, and nothing it does not call is granted.
+	t.Run("RBACIsEnough", func(t *testing.T) {
+		const sa = "system:serviceaccount:faultline:faultline-remediate"
+		kube.ApplyRBAC(t, "../../deploy/rbac/remediate.yaml")
+		node := "rbac-1"
+		createNode(t, k, node)
+		as, rc := kube.ClientAs(t, sa)
+		asDyn, err := dynamic.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := testConfig()
+		cfg.Budget = 1
+		h := newHandler(t, cfg, as, asDyn, clk)
+		acts, _ := handle(t, h, drained(node, "rb1", "RESTART_VM", nil))
+		joined, _ := handle(t, h, drained(node, "rb2", "RESTART_VM", nil))
+		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(joined) != 1 || joined[0].Outcome != OutcomeInProgress {
+			t.Fatalf("create and join: %s / %s", outcomes(acts), outcomes(joined))
+		}
+		for _, it := range list(t, dyn, rebootGVR, node) {
+			setStatus(t, dyn, rebootGVR, it.GetName(), true, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "True", "Succeeded"})
+		}
+		esc, _ := handle(t, h, drained(node, "rb3", "RESTART_VM", nil))
+		n, _ := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if len(esc) != 1 || esc[0].Kind != KindEscalate || n.Annotations[AnnotationEscalated] == "" {
+			t.Fatalf("escalation: %s", outcomes(esc))
+		}
+		for _, tc := range []struct {
+			a    testenv.Access
+			want bool
+		}{
+			{testenv.Access{Verb: "create", Group: JanitorGroup, Resource: "rebootnodes"}, true},
+			{testenv.Access{Verb: "patch", Group: JanitorGroup, Resource: "gpuresets"}, true},
+			{testenv.Access{Verb: "delete", Group: JanitorGroup, Resource: "rebootnodes"}, false},
+			{testenv.Access{Verb: "update", Group: JanitorGroup, Resource: "rebootnodes"}, false},
+			{testenv.Access{Verb: "watch", Group: JanitorGroup, Resource: "rebootnodes"}, false},
+			{testenv.Access{Verb: "create", Group: JanitorGroup, Resource: "terminatenodes"}, false},
+			{testenv.Access{Verb: "patch", Resource: "nodes"}, true},
+			{testenv.Access{Verb: "get", Resource: "nodes"}, false},
+			{testenv.Access{Verb: "update", Resource: "nodes"}, false},
+			{testenv.Access{Verb: "list", Resource: "pods"}, false},
+		} {
+			if got := kube.Allowed(t, sa, tc.a); got != tc.want {
+				t.Errorf("%+v: allowed %v, want %v", tc.a, got, tc.want)
+			}
 		}
 	})
 

@@ -35,6 +35,7 @@ type wireEvent struct {
 	meta                                           []kv
 	generated, received                            wireTime
 	quarantine, drain                              wireOverrides
+	submitter                                      wireSubmitter
 }
 
 type kv struct{ k, v string }
@@ -46,6 +47,14 @@ type wireTime struct {
 }
 
 type wireOverrides struct{ set, force, skip bool }
+
+// wireSubmitter is HealthEvent.submitter (field 105): name (1), role (2),
+// node (3).
+type wireSubmitter struct {
+	set        bool
+	name, node string
+	role       int32
+}
 
 var errBadWire = errors.New("malformed protobuf")
 
@@ -125,7 +134,7 @@ func decodeEvent(msg []byte, ev *wireEvent) error {
 					}
 				}
 				return n
-			case 10, 11, 12, 14, 15, 102:
+			case 10, 11, 12, 14, 15, 102, 105:
 				v, n := protowire.ConsumeBytes(b)
 				if n < 0 {
 					return n
@@ -173,6 +182,23 @@ func decodeEvent(msg []byte, ev *wireEvent) error {
 							t.nanos = int32(x)
 						}
 						return n
+					})
+				case 105:
+					// A repeated embedded message merges, as proto.Unmarshal does.
+					sub := &ev.submitter
+					sub.set = true
+					err = fieldLoop(v, func(num protowire.Number, typ protowire.Type, b []byte) int {
+						switch {
+						case num == 1 && typ == protowire.BytesType:
+							return str(b, &sub.name, &bad)
+						case num == 3 && typ == protowire.BytesType:
+							return str(b, &sub.node, &bad)
+						case num == 2 && typ == protowire.VarintType:
+							x, n := protowire.ConsumeVarint(b)
+							sub.role = int32(x)
+							return n
+						}
+						return -1
 					})
 				case 14, 15:
 					o := &ev.quarantine
@@ -264,4 +290,5 @@ func enumName(names map[int32]string, v int32) string {
 var (
 	recActionNames = datamodels.RecommendedAction_name
 	strategyNames  = datamodels.ProcessingStrategy_name
+	roleNames      = datamodels.SubmitterRole_name
 )

@@ -6,6 +6,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 )
 
@@ -15,19 +16,12 @@ func (b *eventBlock) addEventProto(rec *kgo.Record) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", errPoison, err)
 	}
-	keyCluster, keyNode, _ := events.SplitKey(rec.Key)
-	cluster, node := ev.GetCluster(), ev.GetNodeName()
-	if cluster == "" {
-		cluster = keyCluster
+	cluster, node, err := pipeline.CheckKey(rec.Key, ev.GetCluster(), ev.GetNodeName())
+	if err != nil {
+		return fmt.Errorf("%w: event %s: %w", errPoison, ev.GetId(), err)
 	}
-	if node == "" {
-		node = keyNode
-	}
-	switch {
-	case ev.GetId() == "":
+	if ev.GetId() == "" {
 		return fmt.Errorf("%w: event has no id", errPoison)
-	case cluster == "":
-		return fmt.Errorf("%w: event %s has no cluster (neither in the event nor the key)", errPoison, ev.GetId())
 	}
 	received := rec.Timestamp
 	if ev.GetReceivedTimestamp() != nil {
@@ -88,5 +82,12 @@ func (b *eventBlock) addEventProto(rec *kgo.Record) error {
 	b.strategy = append(b.strategy, ev.GetProcessingStrategy().String())
 	b.derivedBy = append(b.derivedBy, ev.GetDerivedBy())
 	b.causeIDs = append(b.causeIDs, stringsOrEmpty(ev.GetCauseIds()))
+	role := ""
+	if sub := ev.GetSubmitter(); sub != nil {
+		role = sub.GetRole().String()
+	}
+	b.subName = append(b.subName, ev.GetSubmitter().GetName())
+	b.subRole = append(b.subRole, role)
+	b.subNode = append(b.subNode, ev.GetSubmitter().GetNode())
 	return nil
 }

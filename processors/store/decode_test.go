@@ -54,6 +54,12 @@ func decodeCases(t testing.TB) map[string][]byte {
 	cases["invalid utf-8 in map key"] = msg(base, 11, entry("\xfe", "v"))
 	cases["truncated"] = base[:len(base)-3]
 	cases["bad tag"] = append(append([]byte{}, base...), 0x00)
+	sub := str(varint(str(nil, 1, "token:ops#1"), 2, 2), 3, "gpu-node-42")
+	cases["submitter"] = msg(base, 105, sub)
+	cases["submitter merged from two occurrences"] = msg(msg(base, 105, str(nil, 1, "a")), 105, varint(nil, 2, 1))
+	cases["submitter with an unknown role"] = msg(base, 105, varint(nil, 2, 99))
+	cases["submitter name not utf-8"] = msg(base, 105, str(nil, 1, "\xff"))
+	cases["empty submitter"] = msg(base, 105, nil)
 	return cases
 }
 
@@ -65,7 +71,18 @@ func TestDecodeMatchesProto(t *testing.T) {
 }
 
 func compareDecoders(t *testing.T, v []byte) {
-	rec := &kgo.Record{Topic: events.TopicEvents, Key: []byte("alpha/node"), Value: v, Timestamp: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+	// Keyed as the gateway keys it (the payload's cluster/node), so that
+	// the comparison reaches the columns.
+	cluster, node := "alpha", "node"
+	if ev, err := events.Unmarshal(v); err == nil {
+		if ev.GetCluster() != "" {
+			cluster = ev.GetCluster()
+		}
+		if ev.GetNodeName() != "" {
+			node = ev.GetNodeName()
+		}
+	}
+	rec := &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, node), Value: v, Timestamp: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
 	var fast, ref eventBlock
 	errFast, errRef := fast.addEvent(rec), ref.addEventProto(rec)
 	if errFast != nil && !errors.Is(errFast, errPoison) {
@@ -87,6 +104,26 @@ func FuzzDecode(f *testing.F) {
 		f.Add(v)
 	}
 	f.Fuzz(func(t *testing.T, v []byte) { compareDecoders(t, v) })
+}
+
+// TestKeyPayloadMismatchPoison: an event or action whose record key names
+// another cluster or node than its payload is never stored.
+func TestKeyPayloadMismatchPoison(t *testing.T) {
+	ev := &datamodels.HealthEvent{Id: "x", Cluster: "alpha", NodeName: "n1", GeneratedTimestamp: timestamppb.Now(), ReceivedTimestamp: timestamppb.Now()}
+	rec := eventRecord(t, ev)
+	var b eventBlock
+	if err := b.addEvent(rec); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"beta/n1", "alpha/n2", "alpha", ""} {
+		rec.Key = []byte(key)
+		if err := b.addEvent(rec); !errors.Is(err, errPoison) || !strings.Contains(err.Error(), "record key and payload disagree") {
+			t.Errorf("key %q: err %v", key, err)
+		}
+	}
+	if b.len() != 1 {
+		t.Fatalf("%d rows, want 1", b.len())
+	}
 }
 
 func TestDecodeTimeRange(t *testing.T) {

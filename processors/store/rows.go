@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 )
 
@@ -18,7 +19,8 @@ const eventColumns = `cluster, node, check, entity, ts, ts_ms, id, received, rec
 	version, agent, component_class, is_fatal, is_healthy, message, recommended_action,
 	custom_recommended_action, error_codes, entities.type, entities.value, metadata.key,
 	metadata.value, quarantine_set, quarantine_force, quarantine_skip, drain_set, drain_force,
-	drain_skip, processing_strategy, derived_by, cause_ids`
+	drain_skip, processing_strategy, derived_by, cause_ids, submitter_name, submitter_role,
+	submitter_node`
 
 // eventBlock holds decoded events column by column, ready for a columnar
 // insert.
@@ -37,6 +39,7 @@ type eventBlock struct {
 	qSet, qForce, qSkip, dSet, dForce, dSkip []uint8
 	strategy, derivedBy                      []string
 	causeIDs                                 [][]string
+	subName, subRole, subNode                []string
 }
 
 func (b *eventBlock) len() int { return len(b.id) }
@@ -47,7 +50,8 @@ func (b *eventBlock) columns() []any {
 		b.version, b.agent, b.componentClass, b.isFatal, b.isHealthy, b.message, b.recAction,
 		b.customAction, b.errorCodes, b.entType, b.entValue, b.metaKey,
 		b.metaValue, b.qSet, b.qForce, b.qSkip, b.dSet, b.dForce,
-		b.dSkip, b.strategy, b.derivedBy, b.causeIDs}
+		b.dSkip, b.strategy, b.derivedBy, b.causeIDs, b.subName, b.subRole,
+		b.subNode}
 }
 
 func b2u(v bool) uint8 {
@@ -81,19 +85,14 @@ func (b *eventBlock) addEvent(rec *kgo.Record) error {
 	if err := decodeEvent(rec.Value, &ev); err != nil {
 		return fmt.Errorf("%w: decode HealthEvent: %w", errPoison, err)
 	}
-	keyCluster, keyNode, _ := events.SplitKey(rec.Key)
-	cluster, node := ev.cluster, ev.node
-	if cluster == "" {
-		cluster = keyCluster
+	// Key and payload must name the same node: the quarantine role acts
+	// on what the store records. An empty payload field takes the key's.
+	cluster, node, err := pipeline.CheckKey(rec.Key, ev.cluster, ev.node)
+	if err != nil {
+		return fmt.Errorf("%w: event %s: %w", errPoison, ev.id, err)
 	}
-	if node == "" {
-		node = keyNode
-	}
-	switch {
-	case ev.id == "":
+	if ev.id == "" {
 		return fmt.Errorf("%w: event has no id", errPoison)
-	case cluster == "":
-		return fmt.Errorf("%w: event %s has no cluster (neither in the event nor the key)", errPoison, ev.id)
 	}
 	received := rec.Timestamp
 	if ev.received.set {
@@ -160,6 +159,13 @@ func (b *eventBlock) addEvent(rec *kgo.Record) error {
 	b.strategy = append(b.strategy, enumName(strategyNames, ev.strategy))
 	b.derivedBy = append(b.derivedBy, ev.derivedBy)
 	b.causeIDs = append(b.causeIDs, stringsOrEmpty(ev.causes))
+	role := ""
+	if ev.submitter.set {
+		role = enumName(roleNames, ev.submitter.role)
+	}
+	b.subName = append(b.subName, ev.submitter.name)
+	b.subRole = append(b.subRole, role)
+	b.subNode = append(b.subNode, ev.submitter.node)
 	return nil
 }
 
@@ -198,19 +204,12 @@ func (b *actionBlock) addAction(rec *kgo.Record) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", errPoison, err)
 	}
-	keyCluster, keyNode, _ := events.SplitKey(rec.Key)
-	cluster, node := a.GetCluster(), a.GetNode()
-	if cluster == "" {
-		cluster = keyCluster
+	cluster, node, err := pipeline.CheckKey(rec.Key, a.GetCluster(), a.GetNode())
+	if err != nil {
+		return fmt.Errorf("%w: action %s: %w", errPoison, a.GetId(), err)
 	}
-	if node == "" {
-		node = keyNode
-	}
-	switch {
-	case a.GetId() == "":
+	if a.GetId() == "" {
 		return fmt.Errorf("%w: action has no id", errPoison)
-	case cluster == "":
-		return fmt.Errorf("%w: action %s has no cluster (neither in the action nor the key)", errPoison, a.GetId())
 	}
 	ts := rec.Timestamp
 	if a.GetTimestamp() != nil {

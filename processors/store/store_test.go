@@ -206,10 +206,13 @@ func TestRoundTrip(t *testing.T) {
 	}
 	noID := proto.Clone(evs[0]).(*datamodels.HealthEvent)
 	noID.Id = ""
+	otherCluster := eventRecord(t, proto.Clone(evs[0]).(*datamodels.HealthEvent))
+	otherCluster.Key = []byte("beta/gpu-node-42") // the payload says alpha
 	recs = append(recs,
 		&kgo.Record{Topic: events.TopicEvents, Key: []byte("alpha/gpu-node-42"), Value: []byte{0x00, 0x01}},
 		eventRecord(t, noID),
 		&kgo.Record{Topic: events.TopicActions, Key: []byte("alpha/gpu-node-42"), Value: []byte{0xff}},
+		otherCluster,
 	)
 	produce(t, cl, recs...)
 
@@ -253,10 +256,10 @@ func TestRoundTrip(t *testing.T) {
 		}
 	}
 
-	// The three poison records are in the dead-letter topic with reasons.
+	// The four poison records are in the dead-letter topic with reasons.
 	dl := client(t, k.Addr(), kgo.ConsumeTopics(events.TopicDeadLetter), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	var reasons []string
-	for len(reasons) < 3 {
+	for len(reasons) < 4 {
 		fs := dl.PollFetches(ctx)
 		if ctx.Err() != nil {
 			t.Fatalf("dead letters: got %q", reasons)
@@ -270,7 +273,8 @@ func TestRoundTrip(t *testing.T) {
 		})
 	}
 	joined := strings.Join(reasons, "\n")
-	for _, want := range []string{"decode HealthEvent", "event has no id", "decode Action"} {
+	for _, want := range []string{"decode HealthEvent", "event has no id", "decode Action",
+		`record key and payload disagree: key "beta/gpu-node-42" names cluster "beta", the payload's cluster is "alpha"`} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("dead-letter reasons %q lack %q", joined, want)
 		}

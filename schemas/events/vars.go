@@ -4,7 +4,9 @@ import "github.com/faultline/faultline/schemas/gen/datamodels"
 
 // Vars is a HealthEvent as the CEL `event` variable of every rule (the
 // quarantine policy, the correlation triggers): the seed's JSON field
-// names, enums by name, lists and maps as CEL lists and maps.
+// names, enums by name, lists and maps as CEL lists and maps; `submitter`
+// is {name, role, node} of the credential that sent it, role "agent",
+// "operator" or "pipeline" (an event without one: "agent").
 func Vars(ev *datamodels.HealthEvent) map[string]any {
 	ents := make([]any, 0, len(ev.GetEntitiesImpacted()))
 	for _, e := range ev.GetEntitiesImpacted() {
@@ -38,6 +40,11 @@ func Vars(ev *datamodels.HealthEvent) map[string]any {
 		"processingStrategy":      ev.GetProcessingStrategy().String(),
 		"quarantineOverrides":     overrides(ev.GetQuarantineOverrides()),
 		"drainOverrides":          overrides(ev.GetDrainOverrides()),
+		"submitter": map[string]any{
+			"name": ev.GetSubmitter().GetName(),
+			"role": RoleName(SubmitterRole(ev)),
+			"node": ev.GetSubmitter().GetNode(),
+		},
 	}
 }
 
