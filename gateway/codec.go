@@ -13,13 +13,26 @@ type vtMessage interface {
 	UnmarshalVT([]byte) error
 }
 
-// Codec is the gateway's gRPC protobuf codec, and clients may use it too:
-// vtprotobuf's generated marshal and unmarshal (no reflection) for
-// faultline's messages, the standard codec for anything else. The generated
-// unmarshal does not check UTF-8; the Validator does, for every string it
-// accepts, and stamp drops unknown fields, so what is produced to Kafka
-// always decodes with the standard decoder (FuzzCodecMatchesProto).
-type Codec struct{}
+// Codec is the gateway's gRPC protobuf codec, and clients may use it too
+// (the zero value): vtprotobuf's generated marshal and unmarshal (no
+// reflection) for faultline's messages, the standard codec for anything
+// else. The generated unmarshal does not check UTF-8; the Validator does,
+// for every string it accepts, and stamp drops unknown fields, so what is
+// produced to Kafka always decodes with the standard decoder
+// (FuzzCodecMatchesProto). The gateway's own codec also checks the shape of
+// every request before decoding it (see shapeLimits).
+type Codec struct {
+	limits shapeLimits
+}
+
+// shaped is what the gateway's gRPC handlers decode a request into: the
+// codec checks the encoded shape of msg first and reports a violation in
+// err, without decoding, instead of failing (gRPC would answer a codec
+// failure as Internal; the handler answers InvalidArgument).
+type shaped struct {
+	msg proto.Message
+	err error
+}
 
 func (Codec) Name() string { return "proto" }
 
@@ -34,7 +47,14 @@ func (Codec) Marshal(v any) ([]byte, error) {
 	return proto.Marshal(m)
 }
 
-func (Codec) Unmarshal(data []byte, v any) error {
+func (c Codec) Unmarshal(data []byte, v any) error {
+	if sv, ok := v.(*shaped); ok {
+		if err := c.limits.checkProto(data, sv.msg.ProtoReflect().Descriptor(), ""); err != nil {
+			sv.err = err
+			return nil
+		}
+		v = sv.msg
+	}
 	if m, ok := v.(vtMessage); ok {
 		return m.UnmarshalVT(data)
 	}

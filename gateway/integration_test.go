@@ -180,7 +180,15 @@ func testSubmitEndToEnd(t *testing.T, k *testenv.Kafka) {
 
 func post(t *testing.T, gw *gatewaytest.Server, token, body string) (int, string) {
 	t.Helper()
+	return postAs(t, gw, token, "application/json", body)
+}
+
+func postAs(t *testing.T, gw *gatewaytest.Server, token, contentType, body string) (int, string) {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, gw.URL()+"/v1/events", strings.NewReader(body))
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -206,22 +214,40 @@ func testRejections(t *testing.T, k *testenv.Kafka) {
 		name, token, body string
 		wantCode          int
 		wantMsg           string
+		contentType       string // default application/json
 	}{
-		{"no token", "", valid, 401, "missing credential"},
-		{"wrong token", "not-a-real-token-of-anyone", valid, 401, "invalid token"},
-		{"malformed JSON", gw.Token("alpha"), `{"events":[{"agent":`, 400, "request body: unexpected EOF"},
-		{"not JSON", gw.Token("alpha"), `events=1`, 400, "request body: "},
-		{"unknown enum", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","recommendedAction":"REBOOT_IT"}]}`, 400, "invalid value for enum field recommendedAction"},
-		{"unknown enum number", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","recommendedAction":7}]}`, 400, "events[0].recommendedAction: unknown value 7"},
-		{"missing required field", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","nodeName":"n1"}]}`, 400, "events[0].checkName: required"},
-		{"unknown field", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","severity":"high"}]}`, 400, `unknown field \"severity\"`},
-		{"oversized batch", gw.Token("alpha"), many, 400, "6 events exceed the batch limit of 5"},
-		{"body too large", gw.Token("alpha"), huge, 413, "exceeds the limit of 65536"},
+		{"no token", "", valid, 401, "missing credential", ""},
+		{"text/plain", gw.Token("alpha"), valid, 415, `Content-Type must be application/json, got \"text/plain\"`, "text/plain"},
+		{"form", gw.Token("alpha"), valid, 415, "Content-Type must be application/json", "application/x-www-form-urlencoded"},
+		{"no content type", gw.Token("alpha"), valid, 415, `got \"\"`, "-"},
+		{"json with charset", gw.Token("alpha"), `{"events":[]}`, 400, "events: at least one event", "application/json; charset=utf-8"},
+		{"more events than the batch limit, refused before decoding", gw.Token("alpha"),
+			`{"events":[` + strings.Repeat(`{},`, 20000) + `{}]}`, 400, "events: 20001 events exceed the batch limit of 5", ""},
+		{"more entities than the limit, refused before decoding", gw.Token("alpha"),
+			`{"events":[{"entitiesImpacted":[` + strings.Repeat(`{},`, 99) + `{}]}]}`, 400, "events[0].entitiesImpacted: 100 entities exceed the limit of 64", ""},
+		{"escaped key is still counted", gw.Token("alpha"),
+			`{"\u0065vents":[` + strings.Repeat(`{},`, 9) + `{}]}`, 400, "events: 10 events exceed the batch limit of 5", ""},
+		{"wrong token", "not-a-real-token-of-anyone", valid, 401, "invalid token", ""},
+		{"malformed JSON", gw.Token("alpha"), `{"events":[{"agent":`, 400, "request body: unexpected EOF", ""},
+		{"not JSON", gw.Token("alpha"), `events=1`, 400, "request body: ", ""},
+		{"unknown enum", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","recommendedAction":"REBOOT_IT"}]}`, 400, "invalid value for enum field recommendedAction", ""},
+		{"unknown enum number", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","recommendedAction":7}]}`, 400, "events[0].recommendedAction: unknown value 7", ""},
+		{"missing required field", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","nodeName":"n1"}]}`, 400, "events[0].checkName: required", ""},
+		{"unknown field", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","severity":"high"}]}`, 400, `unknown field \"severity\"`, ""},
+		{"oversized batch", gw.Token("alpha"), many, 400, "6 events exceed the batch limit of 5", ""},
+		{"body too large", gw.Token("alpha"), huge, 413, "exceeds the limit of 65536", ""},
 	}
 	before := endOffsets(t, k)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			code, body := post(t, gw, tt.token, tt.body)
+			ct := tt.contentType
+			switch ct {
+			case "":
+				ct = "application/json"
+			case "-":
+				ct = ""
+			}
+			code, body := postAs(t, gw, tt.token, ct, tt.body)
 			if code != tt.wantCode || !strings.Contains(body, tt.wantMsg) {
 				t.Fatalf("got %d %s; want %d containing %q", code, body, tt.wantCode, tt.wantMsg)
 			}

@@ -154,6 +154,7 @@ func testTLSAndUnixSocket(t *testing.T, k *testenv.Kafka) {
 	rest := func(tc *tls.Config, scheme, token string) (int, string) {
 		req, _ := http.NewRequest(http.MethodPost, scheme+"://"+gw.HTTPAddr()+"/v1/events",
 			strings.NewReader(`{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"tls-node"}]}`))
+		req.Header.Set("Content-Type", "application/json")
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
