@@ -35,14 +35,14 @@ const grpcMaxHeaderListSize = 32 << 10
 // only ones the node-local unix socket serves).
 var (
 	ingestMethods = map[string]bool{
-		faultlinev1.Events_SubmitEvents_FullMethodName:                  true,
+		faultlinev1.Events_SubmitEvents_FullMethodName:                    true,
 		datamodels.PlatformConnector_HealthEventOccurredV1_FullMethodName: true,
 	}
 	knownMethods = map[string]bool{
-		faultlinev1.Events_SubmitEvents_FullMethodName:                  true,
+		faultlinev1.Events_SubmitEvents_FullMethodName:                    true,
 		datamodels.PlatformConnector_HealthEventOccurredV1_FullMethodName: true,
-		faultlinev1.Events_ListEvents_FullMethodName:                    true,
-		faultlinev1.Events_ListActions_FullMethodName:                   true,
+		faultlinev1.Events_ListEvents_FullMethodName:                      true,
+		faultlinev1.Events_ListActions_FullMethodName:                     true,
 	}
 )
 
@@ -72,7 +72,7 @@ func (s *Server) newGRPCServer(door string, tlsCfg *tls.Config) *grpc.Server {
 			MaxConnectionIdle:     s.cfg.IdleTimeout,
 			MaxConnectionAge:      s.cfg.MaxConnectionAge,
 			MaxConnectionAgeGrace: callGrace,
-			Time:                  2 * time.Minute, // ping a silent client, and drop it
+			Time:                  2 * time.Minute,  // ping a silent client, and drop it
 			Timeout:               20 * time.Second, // when it does not answer
 		}),
 		grpc.ChainUnaryInterceptor(s.grpcMetrics(door), s.grpcAdmit),
