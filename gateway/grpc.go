@@ -56,7 +56,7 @@ var (
 func (s *Server) newGRPCServer(door string, tlsCfg *tls.Config) *grpc.Server {
 	callGrace := s.cfg.CallTimeout + 5*time.Second
 	opts := []grpc.ServerOption{
-		grpc.ForceServerCodec(s.codec),
+		grpc.ForceServerCodecV2(serverCodec{s.codec}),
 		grpc.MaxRecvMsgSize(s.cfg.MaxBodyBytes),
 		grpc.MaxConcurrentStreams(uint32(s.cfg.MaxStreamsPerConn)),
 		grpc.MaxHeaderListSize(grpcMaxHeaderListSize),
