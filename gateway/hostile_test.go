@@ -606,7 +606,7 @@ func testMetricsSeries(t *testing.T, g *hostileGateway) {
 		_, _ = io.Copy(io.Discard, c)
 	}
 	metricsSeries(t, g) // its own series
-	send(24) // every (method, route, code) combination the made-up requests can have
+	send(24)            // every (method, route, code) combination the made-up requests can have
 	hugeMethod()
 	before, beforeBytes := metricsSeries(t, g)
 	send(2000)
