@@ -93,6 +93,8 @@ func TestGateway(t *testing.T) {
 	t.Run("SubmitEndToEnd", func(t *testing.T) { testSubmitEndToEnd(t, k) })
 	t.Run("Rejections", func(t *testing.T) { testRejections(t, k) })
 	t.Run("TLSAndUnixSocket", func(t *testing.T) { testTLSAndUnixSocket(t, k) })
+	t.Run("NodeBoundCertificates", func(t *testing.T) { testNodeBoundCertificates(t, k) })
+	t.Run("Readyz", func(t *testing.T) { testReadyz(t, k) })
 }
 
 func testSubmitEndToEnd(t *testing.T, k *testenv.Kafka) {

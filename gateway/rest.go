@@ -81,7 +81,10 @@ func (c restCodec) NewDecoder(r io.Reader) runtime.Decoder {
 				return err
 			}
 			if err := c.UnmarshalOptions.Unmarshal(rb.b, m); err != nil {
-				return fmt.Errorf("request body: %s", strings.TrimPrefix(err.Error(), "proto: "))
+				// protobuf-go writes "proto:" and a space or, at random per
+				// build, a no-break space.
+				msg := strings.TrimLeft(strings.TrimPrefix(err.Error(), "proto:"), " \u00a0")
+				return fmt.Errorf("request body: %s", msg)
 			}
 			return nil
 		})
