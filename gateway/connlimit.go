@@ -8,18 +8,19 @@ import (
 // limitListener closes, as soon as they are accepted, connections past a
 // total and past a number per client address (0: no limit), so that one
 // client cannot hold every connection the gateway can afford (slowloris);
-// refused counts what it closed.
+// refused is told of each connection it closed, its client address and
+// whether the total was the limit.
 type limitListener struct {
 	net.Listener
 	total, perAddr int
-	refused        func()
+	refused        func(addr string, total bool)
 
 	mu     sync.Mutex
 	n      int
 	byAddr map[string]int
 }
 
-func newLimitListener(ln net.Listener, total, perAddr int, refused func()) net.Listener {
+func newLimitListener(ln net.Listener, total, perAddr int, refused func(addr string, total bool)) net.Listener {
 	if total <= 0 && perAddr <= 0 {
 		return ln
 	}
@@ -35,11 +36,12 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		addr := clientAddr(c.RemoteAddr())
 		l.mu.Lock()
-		if (l.total > 0 && l.n >= l.total) || (l.perAddr > 0 && addr != "" && l.byAddr[addr] >= l.perAddr) {
+		overTotal := l.total > 0 && l.n >= l.total
+		if overTotal || (l.perAddr > 0 && addr != "" && l.byAddr[addr] >= l.perAddr) {
 			l.mu.Unlock()
 			_ = c.Close()
 			if l.refused != nil {
-				l.refused()
+				l.refused(addr, overTotal)
 			}
 			continue
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -95,6 +96,7 @@ func TestGateway(t *testing.T) {
 	t.Run("TLSAndUnixSocket", func(t *testing.T) { testTLSAndUnixSocket(t, k) })
 	t.Run("NodeBoundCertificates", func(t *testing.T) { testNodeBoundCertificates(t, k) })
 	t.Run("Readyz", func(t *testing.T) { testReadyz(t, k) })
+	t.Run("InflightBudget", func(t *testing.T) { testInflightBudget(t, k) })
 }
 
 func testSubmitEndToEnd(t *testing.T, k *testenv.Kafka) {
@@ -371,5 +373,60 @@ func TestBrokerRestart(t *testing.T) {
 	// The gateway recovers: a request after the restart succeeds.
 	if _, err := cl.SubmitEvents(ctx, &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("after")}}); err != nil {
 		t.Fatalf("after restart: %v", err)
+	}
+}
+
+// testInflightBudget: while a slow REST body holds the gateway's whole
+// in-flight budget, other requests are refused at once (REST 429 with
+// Retry-After, gRPC RESOURCE_EXHAUSTED before the message is read), and
+// accepted again once it is gone.
+func testInflightBudget(t *testing.T, k *testenv.Kafka) {
+	const budget = 64 << 10
+	gw := gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) {
+		c.MaxBodyBytes, c.MaxInflightBytesPerConn, c.MaxInflightBytes = budget, budget, budget
+	}, gateway.Options{})
+	slow, err := net.Dial("tcp", gw.HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	fmt.Fprintf(slow, "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{",
+		gw.Token("alpha"), budget-10)
+	valid := `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1"}]}`
+	cl := faultlinev1.NewEventsClient(dial(t, gw.GRPCAddr()))
+	waitUntil(t, func() bool {
+		req, _ := http.NewRequest(http.MethodPost, gw.URL()+"/v1/events", strings.NewReader(valid))
+		req.Header.Set("Authorization", "Bearer "+gw.Token("beta"))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "1" && strings.Contains(string(b), "retry later")
+	})
+	_, err = cl.SubmitEvents(withToken(context.Background(), gw.Token("alpha")), &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("n1")}})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("gRPC while the budget is held: %v", err)
+	}
+	slow.Close()
+	waitUntil(t, func() bool {
+		code, _ := post(t, gw, gw.Token("beta"), valid)
+		return code == http.StatusOK
+	})
+	if _, err := cl.SubmitEvents(withToken(context.Background(), gw.Token("alpha")), &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("n1")}}); err != nil {
+		t.Fatalf("gRPC once the budget is free: %v", err)
+	}
+}
+
+func waitUntil(t *testing.T, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

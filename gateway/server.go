@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -141,8 +142,21 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.httpSrv = s.newHTTPServer(handler, tlsCfg)
 
-	refused := func(door string) func() {
-		return func() { s.metrics.connsRefused.WithLabelValues(door).Inc() }
+	var lastWarn atomic.Int64
+	refused := func(door string) func(addr string, total bool) {
+		return func(addr string, total bool) {
+			s.metrics.connsRefused.WithLabelValues(door).Inc()
+			// One line per 10 s at most: under a flood the metric counts.
+			if now := time.Now().UnixNano(); now-lastWarn.Load() > int64(10*time.Second) {
+				lastWarn.Store(now)
+				if total {
+					s.log.Warn("connection refused: gateway.max_conns reached", "door", door, "max_conns", s.cfg.MaxConns)
+				} else {
+					s.log.Warn("connection refused: gateway.max_conns_per_address reached (behind a NAT or a load balancer that hides client addresses, raise it)",
+						"door", door, "client", addr, "max_conns_per_address", s.cfg.MaxConnsPerAddress)
+				}
+			}
+		}
 	}
 	grpcLn := newLimitListener(s.grpcLn, s.cfg.MaxConns, s.cfg.MaxConnsPerAddress, refused(doorGRPC))
 	httpLn := newLimitListener(s.httpLn, s.cfg.MaxConns, s.cfg.MaxConnsPerAddress, refused(doorREST))
