@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"unicode"
 
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -216,6 +217,9 @@ func (a *Authenticator) Authenticate(authorization string, verified [][]*x509.Ce
 	if len(verified) > 0 && len(verified[0]) > 0 {
 		leaf := verified[0][0]
 		cn := leaf.Subject.CommonName
+		if cn == "" || len(cn) > 256 || strings.IndexFunc(cn, unicode.IsControl) >= 0 {
+			return Caller{}, fmt.Errorf("%w: client certificate CommonName %q must be 1 to 256 characters, no control characters", ErrBadCredential, truncate(cn))
+		}
 		if len(leaf.Subject.Organization) == 0 || !clusterName.MatchString(leaf.Subject.Organization[0]) {
 			return Caller{}, fmt.Errorf("%w: client certificate %q has no valid cluster in Organization", ErrBadCredential, truncate(cn))
 		}

@@ -73,6 +73,8 @@ func TestAuthenticate(t *testing.T) {
 		{"OU operator without the prefix is an agent", a, "", cert("alice", []string{"operator"}, "gamma"), Caller{Cluster: "gamma", Name: "cert:gamma/alice", Role: RoleAgent}, nil},
 		{"cert bound to its CN", bound, "", cert("gpu-node-7", nil, "gamma"), Caller{Cluster: "gamma", Name: "cert:gamma/gpu-node-7", Role: RoleAgent, Node: "gpu-node-7"}, nil},
 		{"bound cert whose CN is no node name", bound, "", cert("Node Agent", nil, "gamma"), Caller{}, ErrBadCredential},
+		{"CN with a newline", a, "", cert("agent\nforged", nil, "gamma"), Caller{}, ErrBadCredential},
+		{"empty CN", a, "", cert("", nil, "gamma"), Caller{}, ErrBadCredential},
 		{"operator cert is not bound", bound, "", cert("alice", []string{OperatorOU}, "gamma"), Caller{Cluster: "gamma", Name: "cert:gamma/alice", Role: RoleOperator}, nil},
 	}
 	for _, tt := range tests {

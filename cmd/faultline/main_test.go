@@ -26,6 +26,17 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte("0123456789abcdef0123,alpha\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	openTokens := filepath.Join(dir, "open-tokens")
+	if err := os.WriteFile(openTokens, []byte("0123456789abcdef0123,alpha\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(openTokens, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	badRole := filepath.Join(dir, "bad-role")
+	if err := os.WriteFile(badRole, []byte("0123456789abcdef0123,alpha,root\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		args []string
@@ -36,6 +47,11 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"unknown TOML key", []string{"gateway", "--config", bad}, "unknown keys: gateway.max_bach"},
 		{"bad flag value", []string{"gateway", "--tokens-file", tokens, "--max-batch", "0"}, "gateway.max_batch: must be at least 1"},
 		{"no credentials", []string{"gateway"}, "gateway.tokens_file: required"},
+		{"tokens file open to all", []string{"gateway", "--tokens-file", openTokens}, "gateway.tokens_file: tokens file " + openTokens + " has mode 0644, open to every user on the machine: chmod 0600"},
+		{"tokens file bad role", []string{"gateway", "--tokens-file", badRole}, `gateway.tokens_file: tokens file ` + badRole + `: line 1: role "root" is not agent or operator`},
+		{"read timeout below header timeout", []string{"gateway", "--tokens-file", tokens, "--read-timeout", "1s"}, "gateway.read_timeout: must be at least gateway.read_header_timeout (10s), got 1s"},
+		{"in-flight below a message", []string{"gateway", "--tokens-file", tokens, "--max-inflight-bytes-per-conn", "1024"}, "gateway.max_inflight_bytes_per_conn: must be at least gateway.max_body_bytes"},
+		{"binding certificates without a CA", []string{"gateway", "--tokens-file", tokens, "--client-cert-binds-node"}, "gateway.client_cert_binds_node: needs gateway.client_ca"},
 		{"unknown role", []string{"process", "--role", "store,cook"}, `role: unknown role "cook"`},
 		{"bad kafka", []string{"process", "--kafka.brokers", " , "}, "kafka.brokers: at least one broker"},
 		{"bad dev port", []string{"dev", "--kafka-port", "70000"}, "dev.kafka_port: 70000 is not a port"},
