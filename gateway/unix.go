@@ -23,12 +23,22 @@ func listenUnix(path, group string) (net.Listener, error) {
 		}
 		gid = id
 	}
+	if st, err := os.Lstat(path); err == nil && st.Mode().Type() != os.ModeSocket {
+		return nil, fmt.Errorf("gateway.unix_socket: %s exists and is not a socket", path)
+	}
 	private, err := os.MkdirTemp(filepath.Dir(path), ".fl")
 	if err != nil {
 		return nil, fmt.Errorf("gateway.unix_socket: %w", err)
 	}
 	defer os.RemoveAll(private)
 	tmp := filepath.Join(private, "s")
+	if len(tmp) >= maxSocketPath {
+		// The private path is too long for a socket address: create the
+		// socket in place, where it has the umask's permissions for the
+		// moment until its own are set (the rename is then a no-op).
+		tmp = path
+		_ = os.Remove(path) // a socket left by an earlier run
+	}
 	ln, err := net.Listen("unix", tmp)
 	if err != nil {
 		return nil, fmt.Errorf("gateway.unix_socket: %w", err)
@@ -47,12 +57,18 @@ func listenUnix(path, group string) (net.Listener, error) {
 			return fail(fmt.Errorf("gateway.unix_socket_group: %w", err))
 		}
 	}
-	_ = os.Remove(path) // a socket left by an earlier run
-	if err := os.Rename(tmp, path); err != nil {
-		return fail(fmt.Errorf("gateway.unix_socket: %w", err))
+	if tmp != path {
+		_ = os.Remove(path) // a socket left by an earlier run
+		if err := os.Rename(tmp, path); err != nil {
+			return fail(fmt.Errorf("gateway.unix_socket: %w", err))
+		}
 	}
 	return &unixListener{UnixListener: ul, path: path}, nil
 }
+
+// maxSocketPath is the room for a unix socket's path (sun_path is 108
+// bytes on Linux, with its terminating NUL).
+const maxSocketPath = 107
 
 func lookupGroup(group string) (int, error) {
 	if id, err := strconv.Atoi(group); err == nil {
