@@ -1,7 +1,12 @@
 // Package gateway is faultline's only door: gRPC (NVSentinel's
 // PlatformConnector and faultline's Events service) and REST through
-// grpc-gateway. It authenticates the caller, stamps the caller's cluster,
-// validates, assigns ids, and answers only after Kafka acknowledged.
+// grpc-gateway. It authenticates the caller before reading any request
+// message, stamps the caller's cluster and submitter (credential, role,
+// bound node), validates, assigns ids, and answers only after Kafka
+// acknowledged. What any caller can make it hold is bounded: connections
+// per address and in total, streams per connection, request bytes in
+// flight per connection and in total, the elements of a request counted
+// before it is decoded, and every wait (SECURITY.md).
 package gateway
 
 import (
