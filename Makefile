@@ -1,9 +1,12 @@
 # faultline — the two commands are `make run` and `make test`.
 SHELL := /usr/bin/env bash
 GO    ?= go
+# Build and test with the toolchain go.mod pins (SECURITY.md, "Toolchain"),
+# downloaded from the module proxy when the installed go is older.
+export GOTOOLCHAIN ?= auto
 BIN   := bin
 # Fuzz targets run for a bounded time by `make test` (package:target).
-FUZZ_TARGETS := ./gateway:FuzzDecodeValidate ./gateway:FuzzCodecMatchesProto
+FUZZ_TARGETS := ./gateway:FuzzDecodeValidate ./gateway:FuzzCodecMatchesProto ./gateway:FuzzShapeJSON
 FUZZTIME ?= 20s
 
 .PHONY: all build run test test-unit test-fuzz testenv generate bench vet clean

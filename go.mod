@@ -2,6 +2,8 @@ module github.com/faultline/faultline
 
 go 1.26.8
 
+toolchain go1.26.11
+
 require (
 	github.com/BurntSushi/toml v1.6.0
 	github.com/ClickHouse/clickhouse-go/v2 v2.50.0

@@ -3,22 +3,53 @@ package gateway
 import (
 	"bufio"
 	"context"
-	"crypto/subtle"
+	"crypto/sha256"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
+	"unicode"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
+
+// Roles a credential can have (the values of HealthEvent.submitter.role).
+const (
+	// RoleAgent reports events; overrides in its events are recorded but
+	// the processors do not honour them.
+	RoleAgent = datamodels.SubmitterRole_SUBMITTER_ROLE_AGENT
+	// RoleOperator may also override the safety policy's decisions
+	// (quarantineOverrides, drainOverrides), never the circuit breaker.
+	RoleOperator = datamodels.SubmitterRole_SUBMITTER_ROLE_OPERATOR
+)
+
+// OperatorOU is the Subject OrganizationalUnit that makes a client
+// certificate an operator credential; without it a certificate is an agent's.
+const OperatorOU = "faultline:operator"
 
 // Caller is an authenticated client.
 type Caller struct {
 	// Cluster every event of the caller belongs to.
 	Cluster string
-	// Name identifies the credential in logs and metrics (never the token).
+	// Name identifies the credential in logs, metrics, rate-limit buckets and
+	// HealthEvent.submitter (never the token): "token:<cluster>#<line>",
+	// "cert:<cluster>/<CN>" or "unix-socket".
 	Name string
+	// Role is RoleAgent or RoleOperator.
+	Role datamodels.SubmitterRole
+	// Node, when set, is the only node the caller may report for (and read
+	// the history of).
+	Node string
+}
+
+// Submitter is what the gateway stamps on the caller's events.
+func (c Caller) Submitter() *datamodels.Submitter {
+	return &datamodels.Submitter{Name: c.Name, Role: c.Role, Node: c.Node}
 }
 
 type callerKey struct{}
@@ -41,19 +72,25 @@ var (
 
 var clusterName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$`)
 
-// Tokens maps bearer tokens to callers.
+// Tokens maps bearer tokens to callers. Tokens are kept as SHA-256 digests:
+// a lookup hashes the presented token and finds its entry in one map probe,
+// however many per-node tokens the file holds; what the probe's timing can
+// reveal is about digests, not about any token.
 type Tokens struct {
-	byToken map[string]Caller
+	byDigest map[[sha256.Size]byte]Caller
 }
 
-// LoadTokens reads a tokens file: one "token,cluster" per line, blank lines
-// and # comments ignored.
+// LoadTokens reads a tokens file (see ParseTokens). The file must not be
+// readable, writable or executable by every user: it holds secrets.
 func LoadTokens(path string) (*Tokens, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("tokens file: %w", err)
 	}
 	defer f.Close()
+	if err := checkSecretFile(f, path); err != nil {
+		return nil, err
+	}
 	t, err := ParseTokens(f)
 	if err != nil {
 		return nil, fmt.Errorf("tokens file %s: %w", path, err)
@@ -61,62 +98,110 @@ func LoadTokens(path string) (*Tokens, error) {
 	return t, nil
 }
 
-// ParseTokens parses the tokens file format.
+// checkSecretFile refuses a file whose permissions let every user read or
+// change it.
+func checkSecretFile(f *os.File, path string) error {
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("tokens file: %w", err)
+	}
+	if perm := st.Mode().Perm(); perm&0o007 != 0 {
+		return fmt.Errorf("tokens file %s has mode %#o, open to every user on the machine: chmod 0600 it "+
+			"(or 0640 for a group), or mount the Kubernetes Secret with defaultMode: 0440", path, fs.FileMode(perm))
+	}
+	return nil
+}
+
+// ParseTokens parses the tokens file format, one credential per line:
+//
+//	token,cluster[,role[,node]]
+//
+// role is "agent" (the default when empty or absent) or "operator"; node,
+// when set, binds the credential to that Kubernetes node: it may report
+// events (and read the history) of that node only. Blank lines and lines
+// starting with # are ignored. Tokens are at least 16 characters.
 func ParseTokens(r io.Reader) (*Tokens, error) {
-	t := &Tokens{byToken: map[string]Caller{}}
+	t := &Tokens{byDigest: map[[sha256.Size]byte]Caller{}}
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		token, cluster, ok := strings.Cut(line, ",")
-		token, cluster = strings.TrimSpace(token), strings.TrimSpace(cluster)
+		f := strings.Split(line, ",")
+		for i := range f {
+			f[i] = strings.TrimSpace(f[i])
+		}
+		if len(f) < 2 || len(f) > 4 {
+			return nil, fmt.Errorf("line %d: want 'token,cluster[,role[,node]]', got %d fields", n, len(f))
+		}
+		c := Caller{Cluster: f[1], Name: fmt.Sprintf("token:%s#%d", f[1], n), Role: RoleAgent}
+		token := f[0]
 		switch {
-		case !ok:
-			return nil, fmt.Errorf("line %d: want 'token,cluster'", n)
 		case len(token) < 16:
 			return nil, fmt.Errorf("line %d: token must be at least 16 characters", n)
-		case !clusterName.MatchString(cluster):
-			return nil, fmt.Errorf("line %d: cluster %q is not a lowercase DNS label", n, cluster)
+		case strings.IndexFunc(token, isSpaceOrControl) >= 0:
+			return nil, fmt.Errorf("line %d: token must not contain spaces or control characters", n)
+		case !clusterName.MatchString(c.Cluster):
+			return nil, fmt.Errorf("line %d: cluster %q is not a lowercase DNS label", n, c.Cluster)
 		}
-		if _, dup := t.byToken[token]; dup {
+		if len(f) > 2 {
+			switch f[2] {
+			case "", "agent":
+			case "operator":
+				c.Role = RoleOperator
+			default:
+				return nil, fmt.Errorf("line %d: role %q is not agent or operator", n, f[2])
+			}
+		}
+		if len(f) > 3 && f[3] != "" {
+			if len(f[3]) > maxNodeNameLen || !nodeNamePattern.MatchString(f[3]) {
+				return nil, fmt.Errorf("line %d: node %q is not a Kubernetes node name", n, truncate(f[3]))
+			}
+			c.Node = f[3]
+		}
+		d := sha256.Sum256([]byte(token))
+		if _, dup := t.byDigest[d]; dup {
 			return nil, fmt.Errorf("line %d: duplicate token", n)
 		}
-		t.byToken[token] = Caller{Cluster: cluster, Name: fmt.Sprintf("token:%s#%d", cluster, n)}
+		t.byDigest[d] = c
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
 	}
-	if len(t.byToken) == 0 {
+	if len(t.byDigest) == 0 {
 		return nil, errors.New("no tokens")
 	}
 	return t, nil
 }
 
-// Lookup returns the caller of a bearer token, in constant time per entry.
+func isSpaceOrControl(r rune) bool { return r <= ' ' || r == 0x7f }
+
+// Lookup returns the caller of a bearer token.
 func (t *Tokens) Lookup(token string) (Caller, bool) {
 	if t == nil {
 		return Caller{}, false
 	}
-	var found Caller
-	ok := false
-	for k, c := range t.byToken {
-		if subtle.ConstantTimeCompare([]byte(k), []byte(token)) == 1 {
-			found, ok = c, true
-		}
-	}
-	return found, ok
+	c, ok := t.byDigest[sha256.Sum256([]byte(token))]
+	return c, ok
 }
 
 // Authenticator resolves a request's credential to a Caller.
 type Authenticator struct {
 	Tokens *Tokens
+	// CertBindsNode binds every agent client certificate to the node named
+	// by its Subject CommonName (gateway.client_cert_binds_node).
+	CertBindsNode bool
 }
 
 // Authenticate checks the Authorization header value and the verified
 // client certificate chain (either may be empty) and returns the caller.
 // A bearer token wins over a certificate when both are present.
+//
+// A certificate's cluster is its first Subject Organization; it is an
+// operator credential when its OrganizationalUnits include OperatorOU, an
+// agent credential otherwise; with CertBindsNode an agent certificate is
+// bound to the node its CommonName names.
 func (a *Authenticator) Authenticate(authorization string, verified [][]*x509.Certificate) (Caller, error) {
 	if authorization != "" {
 		scheme, token, _ := strings.Cut(authorization, " ")
@@ -131,10 +216,23 @@ func (a *Authenticator) Authenticate(authorization string, verified [][]*x509.Ce
 	}
 	if len(verified) > 0 && len(verified[0]) > 0 {
 		leaf := verified[0][0]
-		if len(leaf.Subject.Organization) == 0 || !clusterName.MatchString(leaf.Subject.Organization[0]) {
-			return Caller{}, fmt.Errorf("%w: client certificate %q has no valid cluster in Organization", ErrBadCredential, leaf.Subject.CommonName)
+		cn := leaf.Subject.CommonName
+		if cn == "" || len(cn) > 256 || strings.IndexFunc(cn, unicode.IsControl) >= 0 {
+			return Caller{}, fmt.Errorf("%w: client certificate CommonName %q must be 1 to 256 characters, no control characters", ErrBadCredential, truncate(cn))
 		}
-		return Caller{Cluster: leaf.Subject.Organization[0], Name: "cert:" + leaf.Subject.CommonName}, nil
+		if len(leaf.Subject.Organization) == 0 || !clusterName.MatchString(leaf.Subject.Organization[0]) {
+			return Caller{}, fmt.Errorf("%w: client certificate %q has no valid cluster in Organization", ErrBadCredential, truncate(cn))
+		}
+		c := Caller{Cluster: leaf.Subject.Organization[0], Name: "cert:" + leaf.Subject.Organization[0] + "/" + cn, Role: RoleAgent}
+		if slices.Contains(leaf.Subject.OrganizationalUnit, OperatorOU) {
+			c.Role = RoleOperator
+		} else if a.CertBindsNode {
+			if len(cn) > maxNodeNameLen || !nodeNamePattern.MatchString(cn) {
+				return Caller{}, fmt.Errorf("%w: client certificate CommonName %q is not a node name (gateway.client_cert_binds_node is on)", ErrBadCredential, truncate(cn))
+			}
+			c.Node = cn
+		}
+		return c, nil
 	}
 	return Caller{}, ErrNoCredential
 }

@@ -38,7 +38,7 @@ func FuzzDecodeValidate(f *testing.F) {
 			return
 		}
 		for _, ev := range req.GetEvents() {
-			stamp(ev, "alpha", timestamppb.New(now))
+			stamp(ev, Caller{Cluster: "alpha", Name: "token:alpha#1", Role: RoleAgent}, timestamppb.New(now))
 			b, err := events.Marshal(ev)
 			if err != nil {
 				t.Fatalf("valid event does not encode: %v", err)
@@ -94,7 +94,7 @@ func FuzzCodecMatchesProto(f *testing.F) {
 			return
 		}
 		for _, ev := range fast.GetEvents() {
-			stamp(ev, "alpha", timestamppb.New(now))
+			stamp(ev, Caller{Cluster: "alpha", Name: "token:alpha#1", Role: RoleAgent}, timestamppb.New(now))
 			b, err := events.Marshal(ev)
 			if err != nil {
 				t.Fatalf("accepted event does not encode: %v", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -93,6 +94,9 @@ func TestGateway(t *testing.T) {
 	t.Run("SubmitEndToEnd", func(t *testing.T) { testSubmitEndToEnd(t, k) })
 	t.Run("Rejections", func(t *testing.T) { testRejections(t, k) })
 	t.Run("TLSAndUnixSocket", func(t *testing.T) { testTLSAndUnixSocket(t, k) })
+	t.Run("NodeBoundCertificates", func(t *testing.T) { testNodeBoundCertificates(t, k) })
+	t.Run("Readyz", func(t *testing.T) { testReadyz(t, k) })
+	t.Run("InflightBudget", func(t *testing.T) { testInflightBudget(t, k) })
 }
 
 func testSubmitEndToEnd(t *testing.T, k *testenv.Kafka) {
@@ -180,7 +184,15 @@ func testSubmitEndToEnd(t *testing.T, k *testenv.Kafka) {
 
 func post(t *testing.T, gw *gatewaytest.Server, token, body string) (int, string) {
 	t.Helper()
+	return postAs(t, gw, token, "application/json", body)
+}
+
+func postAs(t *testing.T, gw *gatewaytest.Server, token, contentType, body string) (int, string) {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, gw.URL()+"/v1/events", strings.NewReader(body))
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -206,22 +218,40 @@ func testRejections(t *testing.T, k *testenv.Kafka) {
 		name, token, body string
 		wantCode          int
 		wantMsg           string
+		contentType       string // default application/json
 	}{
-		{"no token", "", valid, 401, "missing credential"},
-		{"wrong token", "not-a-real-token-of-anyone", valid, 401, "invalid token"},
-		{"malformed JSON", gw.Token("alpha"), `{"events":[{"agent":`, 400, "request body: unexpected EOF"},
-		{"not JSON", gw.Token("alpha"), `events=1`, 400, "request body: "},
-		{"unknown enum", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","recommendedAction":"REBOOT_IT"}]}`, 400, "invalid value for enum field recommendedAction"},
-		{"unknown enum number", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","recommendedAction":7}]}`, 400, "events[0].recommendedAction: unknown value 7"},
-		{"missing required field", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","nodeName":"n1"}]}`, 400, "events[0].checkName: required"},
-		{"unknown field", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","severity":"high"}]}`, 400, `unknown field \"severity\"`},
-		{"oversized batch", gw.Token("alpha"), many, 400, "6 events exceed the batch limit of 5"},
-		{"body too large", gw.Token("alpha"), huge, 413, "exceeds the limit of 65536"},
+		{"no token", "", valid, 401, "missing credential", ""},
+		{"text/plain", gw.Token("alpha"), valid, 415, `Content-Type must be application/json, got \"text/plain\"`, "text/plain"},
+		{"form", gw.Token("alpha"), valid, 415, "Content-Type must be application/json", "application/x-www-form-urlencoded"},
+		{"no content type", gw.Token("alpha"), valid, 415, `got \"\"`, "-"},
+		{"json with charset", gw.Token("alpha"), `{"events":[]}`, 400, "events: at least one event", "application/json; charset=utf-8"},
+		{"more events than the batch limit, refused before decoding", gw.Token("alpha"),
+			`{"events":[` + strings.Repeat(`{},`, 20000) + `{}]}`, 400, "events: 20001 events exceed the batch limit of 5", ""},
+		{"more entities than the limit, refused before decoding", gw.Token("alpha"),
+			`{"events":[{"entitiesImpacted":[` + strings.Repeat(`{},`, 99) + `{}]}]}`, 400, "events[0].entitiesImpacted: 100 entities exceed the limit of 64", ""},
+		{"escaped key is still counted", gw.Token("alpha"),
+			`{"\u0065vents":[` + strings.Repeat(`{},`, 9) + `{}]}`, 400, "events: 10 events exceed the batch limit of 5", ""},
+		{"wrong token", "not-a-real-token-of-anyone", valid, 401, "invalid token", ""},
+		{"malformed JSON", gw.Token("alpha"), `{"events":[{"agent":`, 400, "request body: unexpected EOF", ""},
+		{"not JSON", gw.Token("alpha"), `events=1`, 400, "request body: ", ""},
+		{"unknown enum", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","recommendedAction":"REBOOT_IT"}]}`, 400, "invalid value for enum field recommendedAction", ""},
+		{"unknown enum number", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","recommendedAction":7}]}`, 400, "events[0].recommendedAction: unknown value 7", ""},
+		{"missing required field", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","nodeName":"n1"}]}`, 400, "events[0].checkName: required", ""},
+		{"unknown field", gw.Token("alpha"), `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1","severity":"high"}]}`, 400, `unknown field \"severity\"`, ""},
+		{"oversized batch", gw.Token("alpha"), many, 400, "6 events exceed the batch limit of 5", ""},
+		{"body too large", gw.Token("alpha"), huge, 413, "exceeds the limit of 65536", ""},
 	}
 	before := endOffsets(t, k)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			code, body := post(t, gw, tt.token, tt.body)
+			ct := tt.contentType
+			switch ct {
+			case "":
+				ct = "application/json"
+			case "-":
+				ct = ""
+			}
+			code, body := postAs(t, gw, tt.token, ct, tt.body)
 			if code != tt.wantCode || !strings.Contains(body, tt.wantMsg) {
 				t.Fatalf("got %d %s; want %d containing %q", code, body, tt.wantCode, tt.wantMsg)
 			}
@@ -343,5 +373,60 @@ func TestBrokerRestart(t *testing.T) {
 	// The gateway recovers: a request after the restart succeeds.
 	if _, err := cl.SubmitEvents(ctx, &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("after")}}); err != nil {
 		t.Fatalf("after restart: %v", err)
+	}
+}
+
+// testInflightBudget: while a slow REST body holds the gateway's whole
+// in-flight budget, other requests are refused at once (REST 429 with
+// Retry-After, gRPC RESOURCE_EXHAUSTED before the message is read), and
+// accepted again once it is gone.
+func testInflightBudget(t *testing.T, k *testenv.Kafka) {
+	const budget = 64 << 10
+	gw := gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) {
+		c.MaxBodyBytes, c.MaxInflightBytesPerConn, c.MaxInflightBytes = budget, budget, budget
+	}, gateway.Options{})
+	slow, err := net.Dial("tcp", gw.HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	fmt.Fprintf(slow, "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{",
+		gw.Token("alpha"), budget-10)
+	valid := `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1"}]}`
+	cl := faultlinev1.NewEventsClient(dial(t, gw.GRPCAddr()))
+	waitUntil(t, func() bool {
+		req, _ := http.NewRequest(http.MethodPost, gw.URL()+"/v1/events", strings.NewReader(valid))
+		req.Header.Set("Authorization", "Bearer "+gw.Token("beta"))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "1" && strings.Contains(string(b), "retry later")
+	})
+	_, err = cl.SubmitEvents(withToken(context.Background(), gw.Token("alpha")), &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("n1")}})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("gRPC while the budget is held: %v", err)
+	}
+	slow.Close()
+	waitUntil(t, func() bool {
+		code, _ := post(t, gw, gw.Token("beta"), valid)
+		return code == http.StatusOK
+	})
+	if _, err := cl.SubmitEvents(withToken(context.Background(), gw.Token("alpha")), &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("n1")}}); err != nil {
+		t.Fatalf("gRPC once the budget is free: %v", err)
+	}
+}
+
+func waitUntil(t *testing.T, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -10,12 +10,13 @@ type metrics struct {
 	accepted       *prometheus.CounterVec
 	rejects        *prometheus.CounterVec
 	produceLatency prometheus.Histogram
+	connsRefused   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "faultline_gateway_requests_total", Help: "Requests by door, method and status code.",
+			Name: "faultline_gateway_requests_total", Help: "Requests by door, method (gRPC method, or REST method and route pattern; never a raw path) and status code.",
 		}, []string{"door", "method", "code"}),
 		accepted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "faultline_gateway_events_accepted_total", Help: "Events acknowledged by Kafka and answered with success.",
@@ -27,8 +28,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "faultline_gateway_produce_seconds", Help: "Time from produce to Kafka acknowledgement of a batch.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
+		connsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "faultline_gateway_connections_refused_total", Help: "Connections closed on accept: over gateway.max_conns or gateway.max_conns_per_address.",
+		}, []string{"door"}),
 	}
-	reg.MustRegister(m.requests, m.accepted, m.rejects, m.produceLatency)
+	reg.MustRegister(m.requests, m.accepted, m.rejects, m.produceLatency, m.connsRefused)
 	return m
 }
 

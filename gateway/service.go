@@ -3,7 +3,11 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"time"
+
+	"golang.org/x/sync/semaphore"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -39,6 +43,14 @@ type service struct {
 	history   History
 	metrics   *metrics
 	now       func() time.Time
+	log       *slog.Logger
+
+	// readLimiter is the per-caller token bucket of history reads
+	// (requests, not events); reads bounds how many run at once.
+	readLimiter *limiter
+	reads       *semaphore.Weighted
+	// readTimeout bounds one history read (0: none).
+	readTimeout time.Duration
 }
 
 // SubmitEvents is faultline's submission: it answers with the ids.
@@ -71,6 +83,15 @@ func (s *service) ingest(ctx context.Context, method string, evs []*datamodels.H
 		s.metrics.rejected("invalid", len(evs))
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if caller.Node != "" {
+		for i, ev := range evs {
+			if ev.GetNodeName() != caller.Node {
+				s.metrics.rejected("wrong_node", len(evs))
+				return nil, status.Errorf(codes.PermissionDenied, "events[%d].nodeName: %q is not %q, the only node credential %s may report for",
+					i, ev.GetNodeName(), caller.Node, caller.Name)
+			}
+		}
+	}
 	if !s.limiter.allow(caller.Name, len(evs), now) {
 		s.metrics.rejected("rate_limited", len(evs))
 		return nil, status.Errorf(codes.ResourceExhausted, "caller %s (cluster %s) is over its rate limit; retry later", caller.Name, caller.Cluster)
@@ -78,7 +99,7 @@ func (s *service) ingest(ctx context.Context, method string, evs []*datamodels.H
 	ids := make([]string, len(evs))
 	received := timestamppb.New(now)
 	for i, ev := range evs {
-		stamp(ev, caller.Cluster, received)
+		stamp(ev, caller, received)
 		ids[i] = ev.GetId()
 	}
 	start := time.Now()
@@ -101,10 +122,14 @@ func (s *service) ingest(ctx context.Context, method string, evs []*datamodels.H
 // bytes; the faultline agent sets a UUID when it spools the event),
 // derived from it and the cluster (events.StoredID): a client that resends
 // an event after a timeout or a 503 with the same id has it stored,
-// counted and acted on once. Fields the gateway does not know are dropped, so every record it
+// counted and acted on once. The submitter is the caller's credential (its
+// role decides whether the processors honour the event's overrides).
+// Fields the gateway does not know are dropped, so every record it
 // writes decodes with the standard decoder downstream.
-func stamp(ev *datamodels.HealthEvent, cluster string, received *timestamppb.Timestamp) {
+func stamp(ev *datamodels.HealthEvent, caller Caller, received *timestamppb.Timestamp) {
+	cluster := caller.Cluster
 	discardUnknown(ev)
+	ev.Submitter = caller.Submitter()
 	if ev.Id == "" {
 		ev.Id = events.NewID()
 	} else {
@@ -122,47 +147,94 @@ func stamp(ev *datamodels.HealthEvent, cluster string, received *timestamppb.Tim
 	}
 }
 
-// ListEvents serves the caller's cluster's history.
+// ListEvents serves the caller's cluster's history (a node-bound
+// credential's node only).
 func (s *service) ListEvents(ctx context.Context, req *faultlinev1.ListEventsRequest) (*faultlinev1.ListEventsResponse, error) {
-	caller, err := s.reader(ctx)
+	caller, done, err := s.reader(ctx, req.GetNode())
 	if err != nil {
 		return nil, err
 	}
+	defer done()
+	if caller.Node != "" && req.GetNode() == "" {
+		req.Node = caller.Node
+	}
+	ctx, cancel := s.readContext(ctx)
+	defer cancel()
 	resp, err := s.history.ListEvents(ctx, caller.Cluster, req)
-	return resp, readErr(err)
+	return resp, s.readErr(ctx, "list events", err)
 }
 
-// ListActions serves the caller's cluster's audit trail.
+// ListActions serves the caller's cluster's audit trail (a node-bound
+// credential's node only).
 func (s *service) ListActions(ctx context.Context, req *faultlinev1.ListActionsRequest) (*faultlinev1.ListActionsResponse, error) {
-	caller, err := s.reader(ctx)
+	caller, done, err := s.reader(ctx, req.GetNode())
 	if err != nil {
 		return nil, err
 	}
+	defer done()
+	if caller.Node != "" && req.GetNode() == "" {
+		req.Node = caller.Node
+	}
+	ctx, cancel := s.readContext(ctx)
+	defer cancel()
 	resp, err := s.history.ListActions(ctx, caller.Cluster, req)
-	return resp, readErr(err)
+	return resp, s.readErr(ctx, "list actions", err)
 }
 
-func (s *service) reader(ctx context.Context) (Caller, error) {
+// reader admits a history read: an authenticated caller allowed to read
+// node (a node-bound credential reads its own node only), within its
+// per-caller read rate and the gateway's bound on concurrent reads. done
+// releases the read's slot.
+func (s *service) reader(ctx context.Context, node string) (Caller, func(), error) {
 	caller, ok := CallerFrom(ctx)
 	if !ok {
-		return Caller{}, status.Error(codes.Unauthenticated, ErrNoCredential.Error())
+		return Caller{}, nil, status.Error(codes.Unauthenticated, ErrNoCredential.Error())
 	}
 	if s.history == nil {
-		return Caller{}, status.Error(codes.Unimplemented, "history is not configured on this gateway (no ClickHouse)")
+		return Caller{}, nil, status.Error(codes.Unimplemented, "history is not configured on this gateway (no ClickHouse)")
 	}
-	return caller, nil
+	if caller.Node != "" && node != "" && node != caller.Node {
+		return Caller{}, nil, status.Errorf(codes.PermissionDenied, "node: credential %s may read the history of node %q only", caller.Name, caller.Node)
+	}
+	if !s.readLimiter.allow(caller.Name, 1, s.now()) {
+		s.metrics.rejected("read_rate_limited", 1)
+		return Caller{}, nil, status.Errorf(codes.ResourceExhausted, "caller %s is over its history read rate; retry later", caller.Name)
+	}
+	if s.reads != nil {
+		if !s.reads.TryAcquire(1) {
+			s.metrics.rejected("reads_busy", 1)
+			return Caller{}, nil, status.Error(codes.ResourceExhausted, "too many history reads in progress; retry later")
+		}
+		return caller, func() { s.reads.Release(1) }, nil
+	}
+	return caller, func() {}, nil
 }
 
-// readErr keeps status errors (e.g. InvalidArgument from a bad page token)
-// and maps anything else to Unavailable.
-func readErr(err error) error {
+func (s *service) readContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.readTimeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, s.readTimeout)
+}
+
+// readErr keeps status errors (e.g. InvalidArgument from a bad page token),
+// answers the request's own deadline or cancellation as such, and maps
+// anything else to a generic Unavailable: the details (a ClickHouse
+// address, a user name) go to the log, never to the client.
+func (s *service) readErr(ctx context.Context, what string, err error) error {
 	if err == nil {
 		return nil
 	}
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	return status.Errorf(codes.Unavailable, "history unavailable: %v", err)
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	if s.log != nil {
+		s.log.Warn("history read failed", "read", what, "err", err)
+	}
+	return status.Error(codes.Unavailable, fmt.Sprintf("%s: history unavailable; retry later", what))
 }
 
 // discardUnknown drops unknown fields from the event and the messages in it.

@@ -3,11 +3,14 @@ package gateway
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -35,6 +38,7 @@ func testService(p eventProducer, rate float64, burst int) *service {
 		validator: Validator{MaxBatch: 10, MaxFutureSkew: time.Minute},
 		producer:  p, limiter: newLimiter(rate, burst),
 		metrics: newMetrics(prometheus.NewRegistry()), now: func() time.Time { return testNow },
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 }
 
@@ -123,5 +127,129 @@ func TestClientIDIsAnIdempotencyKey(t *testing.T) {
 	}
 	if _, err := send("alpha", strings.Repeat("x", 129)); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "id") {
 		t.Errorf("a 129-byte id: %v, want InvalidArgument naming id", err)
+	}
+}
+
+// capture records the events the service would produce.
+type capture struct{ evs []*datamodels.HealthEvent }
+
+func (c *capture) Produce(_ context.Context, evs []*datamodels.HealthEvent) error {
+	c.evs = append(c.evs, evs...)
+	return nil
+}
+
+// TestSubmitterAndNodeBinding: every accepted event carries the caller's
+// credential as its submitter (an agent's overrides are stamped as an
+// agent's, whatever the client claimed), and a node-bound credential
+// cannot report for another node.
+func TestSubmitterAndNodeBinding(t *testing.T) {
+	c := &capture{}
+	s := testService(c, 0, 0)
+	agent := Caller{Cluster: "alpha", Name: "token:alpha#1", Role: RoleAgent}
+	bound := Caller{Cluster: "alpha", Name: "token:alpha#2", Role: RoleAgent, Node: "gpu-node-42"}
+	operator := Caller{Cluster: "alpha", Name: "token:alpha#3", Role: RoleOperator}
+	send := func(c Caller, node string) error {
+		ev := validEvent()
+		ev.NodeName = node
+		ev.QuarantineOverrides = &datamodels.BehaviourOverrides{Force: true}
+		ev.Submitter = &datamodels.Submitter{Name: "me", Role: RoleOperator} // forged
+		_, err := s.SubmitEvents(withCaller(context.Background(), c), &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{validEvent(), ev}})
+		return err
+	}
+	if err := send(agent, "gpu-node-7"); err != nil {
+		t.Fatal(err)
+	}
+	if err := send(operator, "gpu-node-7"); err != nil {
+		t.Fatal(err)
+	}
+	if err := send(bound, "gpu-node-42"); err != nil {
+		t.Fatal(err)
+	}
+	err := send(bound, "gpu-node-7")
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `events[1].nodeName: "gpu-node-7" is not "gpu-node-42"`) {
+		t.Fatalf("a node-bound credential reporting for another node: %v", err)
+	}
+	if len(c.evs) != 6 {
+		t.Fatalf("%d events produced, want 6 (the refused batch produces none)", len(c.evs))
+	}
+	for i, want := range []Caller{agent, agent, operator, operator, bound, bound} {
+		got := c.evs[i].GetSubmitter()
+		if got.GetName() != want.Name || got.GetRole() != want.Role || got.GetNode() != want.Node {
+			t.Errorf("event %d: submitter %v, want %+v", i, got, want)
+		}
+	}
+	if !c.evs[1].GetQuarantineOverrides().GetForce() || c.evs[1].GetSubmitter().GetRole() != RoleAgent {
+		t.Errorf("an agent's override is kept for the audit and stamped as an agent's: %v", c.evs[1])
+	}
+}
+
+// fakeHistory answers reads, failing with err or blocking until release.
+type fakeHistory struct {
+	err     error
+	block   chan struct{}
+	entered chan struct{}
+	lastReq *faultlinev1.ListEventsRequest
+}
+
+func (f *fakeHistory) ListEvents(ctx context.Context, _ string, req *faultlinev1.ListEventsRequest) (*faultlinev1.ListEventsResponse, error) {
+	f.lastReq = req
+	if f.block != nil {
+		f.entered <- struct{}{}
+		<-f.block
+	}
+	return &faultlinev1.ListEventsResponse{}, f.err
+}
+
+func (f *fakeHistory) ListActions(context.Context, string, *faultlinev1.ListActionsRequest) (*faultlinev1.ListActionsResponse, error) {
+	return &faultlinev1.ListActionsResponse{}, f.err
+}
+
+// TestHistoryReads: reads are rate-limited per caller and bounded in
+// number; a node-bound credential reads its own node only; a failing store
+// answers a generic message (details go to the log).
+func TestHistoryReads(t *testing.T) {
+	h := &fakeHistory{}
+	s := testService(&fakeProducer{}, 0, 0)
+	s.history, s.readLimiter, s.reads = h, newLimiter(1, 3), semaphore.NewWeighted(1)
+	read := func(c Caller, node string) error {
+		_, err := s.ListEvents(withCaller(context.Background(), c), &faultlinev1.ListEventsRequest{Node: node})
+		return err
+	}
+	a1 := Caller{Cluster: "alpha", Name: "token:alpha#1", Role: RoleAgent}
+	for i := range 3 {
+		if err := read(a1, ""); err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+	}
+	if err := read(a1, ""); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "read rate") {
+		t.Fatalf("4th read in the same instant: %v", err)
+	}
+	bound := Caller{Cluster: "alpha", Name: "token:alpha#2", Role: RoleAgent, Node: "gpu-node-42"}
+	if err := read(bound, ""); err != nil || h.lastReq.GetNode() != "gpu-node-42" {
+		t.Fatalf("a node-bound read without a node reads its node: %v, node %q", err, h.lastReq.GetNode())
+	}
+	if err := read(bound, "gpu-node-7"); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a node-bound read of another node: %v", err)
+	}
+
+	// One read in progress fills the bound of 1: the next is refused.
+	h.block, h.entered = make(chan struct{}), make(chan struct{})
+	done := make(chan error)
+	a3 := Caller{Cluster: "alpha", Name: "token:alpha#3"}
+	go func() { done <- read(a3, "") }()
+	<-h.entered
+	if err := read(Caller{Cluster: "alpha", Name: "token:alpha#4"}, ""); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "too many history reads") {
+		t.Fatalf("read beyond max_concurrent_reads: %v", err)
+	}
+	close(h.block)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	h.block = nil
+
+	h.err = errors.New("clickhouse ping clickhouse://default@10.1.2.3:9000/faultline: code: 516, message: default: Authentication failed")
+	err := read(Caller{Cluster: "alpha", Name: "token:alpha#5"}, "")
+	if status.Code(err) != codes.Unavailable || strings.Contains(err.Error(), "10.1.2.3") || strings.Contains(err.Error(), "default") {
+		t.Fatalf("a store failure must answer a generic Unavailable: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -10,13 +11,16 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +30,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/gateway/gatewaytest"
@@ -101,9 +106,10 @@ func testTLSAndUnixSocket(t *testing.T, k *testenv.Kafka) {
 	p := newPKI(t)
 	certPath, keyPath, _ := p.issue(t, "server", pkix.Name{CommonName: "gateway"}, true)
 	sock := filepath.Join(t.TempDir(), "faultline.sock")
+	socketGroup := "1" // daemon on Debian; any group the test may give a file
 	gw := gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) {
 		c.TLSCert, c.TLSKey, c.ClientCA = certPath, keyPath, p.caPath
-		c.UnixSocket, c.UnixSocketCluster = sock, "gamma"
+		c.UnixSocket, c.UnixSocketCluster, c.UnixSocketGroup, c.UnixSocketNode = sock, "gamma", socketGroup, "tls-node"
 	}, gateway.Options{})
 
 	submit := func(creds credentials.TransportCredentials, addr string, token string) (string, error) {
@@ -148,12 +154,54 @@ func testTLSAndUnixSocket(t *testing.T, k *testenv.Kafka) {
 	if err != nil {
 		t.Fatalf("unix socket: %v", err)
 	}
+	// The socket is mode 0660 with the configured group, and serves ingest
+	// only: the cluster's history is not readable there.
+	st, err := os.Stat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o660 || st.Mode().Type() != os.ModeSocket {
+		t.Errorf("unix socket mode %v, want a socket with 0660", st.Mode())
+	}
+	if gid := st.Sys().(*syscall.Stat_t).Gid; strconv.Itoa(int(gid)) != socketGroup {
+		t.Errorf("unix socket group %d, want %s", gid, socketGroup)
+	}
+	uconn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uconn.Close()
+	_, err = faultlinev1.NewEventsClient(uconn).ListEvents(context.Background(), &faultlinev1.ListEventsRequest{})
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "accepts events only") {
+		t.Errorf("history read on the unix socket: %v", err)
+	}
+	_, err = faultlinev1.NewEventsClient(uconn).SubmitEvents(context.Background(),
+		&faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("another-node")}})
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `"another-node" is not "tls-node"`) {
+		t.Errorf("unix socket bound to tls-node, event for another node: %v", err)
+	}
+
+	// TLS 1.2 offers ECDHE with AEAD ciphers only.
+	for _, tt := range []struct {
+		suite uint16
+		ok    bool
+	}{{tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, true}, {tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256, true},
+		{tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA, false}, {tls.TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA, false}} {
+		c, err := tls.Dial("tcp", gw.HTTPAddr(), &tls.Config{RootCAs: p.pool, MaxVersion: tls.VersionTLS12, CipherSuites: []uint16{tt.suite}})
+		if err == nil {
+			c.Close()
+		}
+		if (err == nil) != tt.ok {
+			t.Errorf("TLS 1.2 with %s: err %v, want accepted %v", tls.CipherSuiteName(tt.suite), err, tt.ok)
+		}
+	}
 
 	// The REST door over the same TLS: a client certificate or a token
 	// names the cluster; without either, 401; plain HTTP is refused.
 	rest := func(tc *tls.Config, scheme, token string) (int, string) {
 		req, _ := http.NewRequest(http.MethodPost, scheme+"://"+gw.HTTPAddr()+"/v1/events",
 			strings.NewReader(`{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"tls-node"}]}`))
+		req.Header.Set("Content-Type", "application/json")
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
@@ -207,5 +255,89 @@ func testTLSAndUnixSocket(t *testing.T, k *testenv.Kafka) {
 	}
 	if len(want) > 0 {
 		t.Fatalf("events not found in Kafka: %v", want)
+	}
+}
+
+// testNodeBoundCertificates: with client_cert_binds_node an agent
+// certificate reports for the node its CommonName names only; an operator
+// certificate (OU faultline:operator) is not bound; both are stamped as
+// the submitter of their events.
+func testNodeBoundCertificates(t *testing.T, k *testenv.Kafka) {
+	p := newPKI(t)
+	certPath, keyPath, _ := p.issue(t, "server", pkix.Name{CommonName: "gateway"}, true)
+	gw := gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) {
+		c.TLSCert, c.TLSKey, c.ClientCA, c.ClientCertBindsNode = certPath, keyPath, p.caPath, true
+	}, gateway.Options{})
+	_, _, agent := p.issue(t, "agent", pkix.Name{CommonName: "gpu-node-7", Organization: []string{"beta"}}, false)
+	_, _, operator := p.issue(t, "operator", pkix.Name{CommonName: "alice", Organization: []string{"beta"}, OrganizationalUnit: []string{gateway.OperatorOU}}, false)
+	_, _, misnamed := p.issue(t, "misnamed", pkix.Name{CommonName: "Agent 7", Organization: []string{"beta"}}, false)
+	submit := func(cert tls.Certificate, node string) (string, error) {
+		conn, err := grpc.NewClient(gw.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: p.pool, Certificates: []tls.Certificate{cert}})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		resp, err := faultlinev1.NewEventsClient(conn).SubmitEvents(context.Background(),
+			&faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event(node)}})
+		if err != nil {
+			return "", err
+		}
+		return resp.Ids[0], nil
+	}
+	agentID, err := submit(agent, "gpu-node-7")
+	if err != nil {
+		t.Fatalf("agent certificate, its own node: %v", err)
+	}
+	if _, err := submit(agent, "gpu-node-8"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "events[0].nodeName") {
+		t.Fatalf("agent certificate, another node: %v", err)
+	}
+	opID, err := submit(operator, "gpu-node-8")
+	if err != nil {
+		t.Fatalf("operator certificate: %v", err)
+	}
+	if _, err := submit(misnamed, "gpu-node-7"); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "is not a node name") {
+		t.Fatalf("a certificate whose CN is no node name: %v", err)
+	}
+	want := map[string]*datamodels.Submitter{
+		agentID: {Name: "cert:beta/gpu-node-7", Role: datamodels.SubmitterRole_SUBMITTER_ROLE_AGENT, Node: "gpu-node-7"},
+		opID:    {Name: "cert:beta/alice", Role: datamodels.SubmitterRole_SUBMITTER_ROLE_OPERATOR},
+	}
+	cl := k.Client(t, kgo.ConsumeTopics(events.TopicEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for len(want) > 0 && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+			ev, err := events.Unmarshal(r.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w, ok := want[ev.Id]; ok {
+				if !proto.Equal(ev.GetSubmitter(), w) {
+					t.Errorf("event %s: submitter %v, want %v", ev.Id, ev.GetSubmitter(), w)
+				}
+				delete(want, ev.Id)
+			}
+		})
+	}
+	if len(want) > 0 {
+		t.Fatalf("events not found in Kafka: %v", want)
+	}
+}
+
+// testReadyz: /readyz is unauthenticated, so it says "not ready" and
+// nothing about why (that goes to the log).
+func testReadyz(t *testing.T, k *testenv.Kafka) {
+	gw := gatewaytest.Start(t, k.Addr(), nil, gateway.Options{Ready: []gateway.ReadyCheck{{Name: "clickhouse",
+		Check: func(context.Context) error {
+			return errors.New("clickhouse ping clickhouse://default@10.9.8.7:9000/faultline: connection refused")
+		}}}})
+	resp, err := http.Get(gw.URL() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !bytes.Equal(b, []byte("not ready\n")) {
+		t.Fatalf("/readyz: %d %q, want 503 \"not ready\" and no details", resp.StatusCode, b)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -83,7 +84,7 @@ func (v Validator) Validate(ev *datamodels.HealthEvent, now time.Time) *FieldErr
 			return fieldErr(f.name, "longer than %d bytes", f.max)
 		}
 	}
-	if err := checkUTF8(ev); err != nil {
+	if err := checkText(ev); err != nil {
 		return err
 	}
 	if len(ev.GetId()) > maxIDLen {
@@ -159,31 +160,70 @@ func (v Validator) Validate(ev *datamodels.HealthEvent, now time.Time) *FieldErr
 	return nil
 }
 
-// checkUTF8 rejects strings that are not UTF-8, as proto3 requires (the
-// gRPC door decodes with vtprotobuf, which does not check).
-func checkUTF8(ev *datamodels.HealthEvent) *FieldError {
-	for name, v := range map[string]string{
-		"agent": ev.GetAgent(), "componentClass": ev.GetComponentClass(), "checkName": ev.GetCheckName(),
-		"message": ev.GetMessage(), "nodeName": ev.GetNodeName(), "customRecommendedAction": ev.GetCustomRecommendedAction(),
+// checkText rejects strings that are not UTF-8, as proto3 requires (the
+// gRPC door decodes with vtprotobuf, which does not check), and control
+// characters: none at all in identifiers (agent, componentClass,
+// checkName, customRecommendedAction, id, errorCode, entity types and
+// values, metadata keys), where a NUL, an ESC or a newline could forge a
+// log line or a terminal's output downstream; in free text (message and
+// metadata values) tab, newline and carriage return are allowed and every
+// other control character is not.
+func checkText(ev *datamodels.HealthEvent) *FieldError {
+	for _, f := range [...]struct {
+		name, val string
+		text      bool
+	}{
+		{"agent", ev.GetAgent(), false}, {"componentClass", ev.GetComponentClass(), false},
+		{"checkName", ev.GetCheckName(), false}, {"message", ev.GetMessage(), true},
+		{"nodeName", ev.GetNodeName(), false}, {"customRecommendedAction", ev.GetCustomRecommendedAction(), false},
+		{"id", ev.GetId(), false},
 	} {
-		if !utf8.ValidString(v) {
-			return fieldErr(name, "not valid UTF-8")
+		if err := checkString(f.name, f.val, f.text); err != nil {
+			return err
 		}
 	}
 	for i, c := range ev.GetErrorCode() {
-		if !utf8.ValidString(c) {
-			return fieldErr(fmt.Sprintf("errorCode[%d]", i), "not valid UTF-8")
+		if err := checkString(fmt.Sprintf("errorCode[%d]", i), c, false); err != nil {
+			return err
 		}
 	}
 	for i, e := range ev.GetEntitiesImpacted() {
-		if !utf8.ValidString(e.GetEntityType()) || !utf8.ValidString(e.GetEntityValue()) {
-			return fieldErr(fmt.Sprintf("entitiesImpacted[%d]", i), "not valid UTF-8")
+		if err := checkString(fmt.Sprintf("entitiesImpacted[%d].entityType", i), e.GetEntityType(), false); err != nil {
+			return err
+		}
+		if err := checkString(fmt.Sprintf("entitiesImpacted[%d].entityValue", i), e.GetEntityValue(), false); err != nil {
+			return err
 		}
 	}
 	for k, v := range ev.GetMetadata() {
 		if !utf8.ValidString(k) || !utf8.ValidString(v) {
 			return fieldErr("metadata", "a key or value is not valid UTF-8")
 		}
+		if err := checkString("metadata", k, false); err != nil {
+			err.Reason = fmt.Sprintf("key %q %s", truncate(k), err.Reason)
+			return err
+		}
+		if err := checkString("metadata["+truncate(k)+"]", v, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkString checks one string (see checkText); text allows \t, \n, \r.
+func checkString(field, v string, text bool) *FieldError {
+	if !utf8.ValidString(v) {
+		return fieldErr(field, "not valid UTF-8")
+	}
+	for i, r := range v {
+		if !unicode.IsControl(r) || (text && (r == '\t' || r == '\n' || r == '\r')) {
+			continue
+		}
+		what := "an identifier"
+		if text {
+			what = "text (tab, newline and carriage return are allowed)"
+		}
+		return fieldErr(field, "control character %U at byte %d is not allowed in %s", r, i, what)
 	}
 	return nil
 }

@@ -44,7 +44,27 @@ func TestValidate(t *testing.T) {
 		{"long message", func(e *datamodels.HealthEvent) { e.Message = strings.Repeat("m", 8193) }, "message: longer than 8192"},
 		{"message not UTF-8", func(e *datamodels.HealthEvent) { e.Message = "bad \xff byte" }, "message: not valid UTF-8"},
 		{"metadata not UTF-8", func(e *datamodels.HealthEvent) { e.Metadata["k"] = "\xc3\x28" }, "metadata: a key or value is not valid UTF-8"},
-		{"entity not UTF-8", func(e *datamodels.HealthEvent) { e.EntitiesImpacted[0].EntityValue = "\xff" }, "entitiesImpacted[0]: not valid UTF-8"},
+		{"entity not UTF-8", func(e *datamodels.HealthEvent) { e.EntitiesImpacted[0].EntityValue = "\xff" }, "entitiesImpacted[0].entityValue: not valid UTF-8"},
+		// Control characters: none in identifiers; in text, tab, newline
+		// and carriage return only.
+		{"NUL in checkName", func(e *datamodels.HealthEvent) { e.CheckName = "XID\x00" }, "checkName: control character U+0000 at byte 3"},
+		{"ESC in agent", func(e *datamodels.HealthEvent) { e.Agent = "a\x1b[31m" }, "agent: control character U+001B"},
+		{"newline in checkName", func(e *datamodels.HealthEvent) { e.CheckName = "XID\n2026-11-22 INFO forged" }, "checkName: control character U+000A"},
+		{"newline in componentClass", func(e *datamodels.HealthEvent) { e.ComponentClass = "GPU\r" }, "componentClass: control character U+000D"},
+		{"control in nodeName", func(e *datamodels.HealthEvent) { e.NodeName = "node\x00" }, "nodeName: control character U+0000"},
+		{"C1 control in errorCode", func(e *datamodels.HealthEvent) { e.ErrorCode = []string{"79\u0085"} }, "errorCode[0]: control character U+0085"},
+		{"DEL in entity type", func(e *datamodels.HealthEvent) { e.EntitiesImpacted[0].EntityType = "GPU\x7f" }, "entitiesImpacted[0].entityType: control character U+007F"},
+		{"newline in entity value", func(e *datamodels.HealthEvent) { e.EntitiesImpacted[0].EntityValue = "GPU-1\n" }, "entitiesImpacted[0].entityValue: control character"},
+		{"newline in metadata key", func(e *datamodels.HealthEvent) { e.Metadata["k\nx"] = "v" }, `metadata: key "k\nx" control character U+000A`},
+		{"ESC in metadata value", func(e *datamodels.HealthEvent) { e.Metadata["k"] = "\x1b]0;title\a" }, "metadata[k]: control character U+001B"},
+		{"newline in metadata value is text", func(e *datamodels.HealthEvent) { e.Metadata["k"] = "line 1\nline 2\ttab" }, ""},
+		{"NUL in message", func(e *datamodels.HealthEvent) { e.Message = "XID 79\x00" }, "message: control character U+0000 at byte 6 is not allowed in text"},
+		{"newlines in message are text", func(e *datamodels.HealthEvent) { e.Message = "line 1\r\nline 2\ttab" }, ""},
+		{"control in id", func(e *datamodels.HealthEvent) { e.Id = "key\n" }, "id: control character"},
+		{"control in custom action", func(e *datamodels.HealthEvent) {
+			e.RecommendedAction = datamodels.RecommendedAction_CUSTOM
+			e.CustomRecommendedAction = "X\x00"
+		}, "customRecommendedAction: control character"},
 		{"unknown action", func(e *datamodels.HealthEvent) { e.RecommendedAction = 7 }, "recommendedAction: unknown value 7"},
 		{"custom without name", func(e *datamodels.HealthEvent) { e.RecommendedAction = datamodels.RecommendedAction_CUSTOM }, "customRecommendedAction: required"},
 		{"custom with name", func(e *datamodels.HealthEvent) {
@@ -109,9 +129,13 @@ func TestStampOverwritesServerFields(t *testing.T) {
 	ev.Cluster, ev.Id, ev.DerivedBy, ev.CauseIds = "other-cluster", "client-id", "rule", []string{"x"}
 	ev.GeneratedTimestamp = nil
 	recv := timestamppb.New(testNow)
-	stamp(ev, "alpha", recv)
+	ev.Submitter = &datamodels.Submitter{Name: "forged", Role: RoleOperator}
+	stamp(ev, Caller{Cluster: "alpha", Name: "token:alpha#3", Role: RoleAgent, Node: "gpu-node-42"}, recv)
 	if ev.Cluster != "alpha" || ev.Id == "client-id" || ev.Id == "" || ev.DerivedBy != "" || ev.CauseIds != nil {
 		t.Fatalf("server-owned fields not stamped: %v", ev)
+	}
+	if want := (&datamodels.Submitter{Name: "token:alpha#3", Role: RoleAgent, Node: "gpu-node-42"}); !proto.Equal(ev.Submitter, want) {
+		t.Fatalf("submitter %v, want the caller's %v (a client's own value is overwritten)", ev.Submitter, want)
 	}
 	if !proto.Equal(ev.GeneratedTimestamp, recv) || !proto.Equal(ev.ReceivedTimestamp, recv) {
 		t.Fatalf("timestamps: generated %v received %v", ev.GeneratedTimestamp, ev.ReceivedTimestamp)
@@ -123,8 +147,8 @@ func TestStampOverwritesServerFields(t *testing.T) {
 		t.Fatalf("client id %q stored as %s, want events.StoredID of the cluster and it", "client-id", ev.Id)
 	}
 	ev2, ev3 := validEvent(), validEvent()
-	stamp(ev2, "alpha", recv)
-	stamp(ev3, "alpha", recv)
+	stamp(ev2, Caller{Cluster: "alpha"}, recv)
+	stamp(ev3, Caller{Cluster: "alpha"}, recv)
 	if ev3.Id <= ev2.Id {
 		t.Fatalf("gateway ids not increasing: %s then %s", ev2.Id, ev3.Id)
 	}

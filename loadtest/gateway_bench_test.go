@@ -135,6 +135,7 @@ func BenchmarkIngest(b *testing.B) {
 			}
 			req, _ := http.NewRequest(http.MethodPost, gw.URL()+"/v1/events", strings.NewReader(body))
 			req.Header.Set("Authorization", "Bearer "+gw.Token("alpha"))
+			req.Header.Set("Content-Type", "application/json")
 			resp, err := client.Do(req)
 			if err != nil {
 				b.Error(err)

@@ -34,8 +34,8 @@ import (
 type DevConfig struct {
 	// Dir holds all state (Kafka log, ClickHouse data, tokens). Default .faultline.
 	Dir string `toml:"dir"`
-	// Cluster is the name of the local cluster whose token is written to
-	// Dir/dev-token. Default dev.
+	// Cluster is the name of the local cluster whose agent token is written
+	// to Dir/dev-token and operator token to Dir/operator-token. Default dev.
 	Cluster string `toml:"cluster"`
 	// KafkaPort of the embedded broker. Default 9192.
 	KafkaPort int `toml:"kafka_port"`
@@ -108,7 +108,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := os.MkdirAll(cfg.Dev.Dir, 0o750); err != nil {
 		return fmt.Errorf("dev.dir: %w", err)
 	}
-	if _, err := devToken(cfg.Dev); err != nil {
+	if _, _, err := devTokens(cfg.Dev); err != nil {
 		return err
 	}
 
@@ -173,8 +173,8 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if cfg.Dev.Kubeconfig != "" {
 		mode = "acting through " + cfg.Dev.Kubeconfig
 	}
-	fmt.Fprintf(stdout, "faultline dev\n  REST        http://%s   (token in %s)\n  gRPC        %s\n  Kafka       %s (embedded)\n  ClickHouse  %s (database %s)\n  cluster     %s: %s\n",
-		gw.HTTPAddr(), tokenPath, gw.GRPCAddr(), cfg.Kafka.Brokers, chsrv.Addr(), cfg.Processors.ClickHouse.Database, cfg.Dev.Cluster, mode)
+	fmt.Fprintf(stdout, "faultline dev\n  REST        http://%s   (agent token in %s, operator token in %s)\n  gRPC        %s\n  Kafka       %s (embedded)\n  ClickHouse  %s (database %s)\n  cluster     %s: %s\n",
+		gw.HTTPAddr(), tokenPath, filepath.Join(cfg.Dev.Dir, "operator-token"), gw.GRPCAddr(), cfg.Kafka.Brokers, chsrv.Addr(), cfg.Processors.ClickHouse.Database, cfg.Dev.Cluster, mode)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return gw.Run(gctx) })
@@ -226,10 +226,29 @@ func groupsReady(admin *kgo.Client, roles []processors.Role) func(context.Contex
 	}
 }
 
-// devToken returns the local cluster's token, creating it (and the tokens
-// file the gateway reads) on first start.
-func devToken(c DevConfig) (string, error) {
-	path := filepath.Join(c.Dir, "dev-token")
+// devTokens returns the local cluster's agent token (Dir/dev-token: it
+// reports events) and operator token (Dir/operator-token: it may also
+// override the safety policy), creating them on first start, and writes
+// the tokens file the gateway reads. Every file is mode 0600.
+func devTokens(c DevConfig) (agent, operator string, err error) {
+	if agent, err = devToken(filepath.Join(c.Dir, "dev-token")); err != nil {
+		return "", "", err
+	}
+	if operator, err = devToken(filepath.Join(c.Dir, "operator-token")); err != nil {
+		return "", "", err
+	}
+	if agent == operator {
+		return "", "", fmt.Errorf("%s and %s hold the same token: remove one", filepath.Join(c.Dir, "dev-token"), filepath.Join(c.Dir, "operator-token"))
+	}
+	lines := fmt.Sprintf("# written by faultline dev: token,cluster,role\n%s,%s,agent\n%s,%s,operator\n", agent, c.Cluster, operator, c.Cluster)
+	if err := writePrivate(filepath.Join(c.Dir, "tokens"), lines); err != nil {
+		return "", "", fmt.Errorf("write tokens file: %w", err)
+	}
+	return agent, operator, nil
+}
+
+// devToken reads the token in path, creating a random one first.
+func devToken(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		raw := make([]byte, 24)
@@ -237,16 +256,22 @@ func devToken(c DevConfig) (string, error) {
 			return "", err
 		}
 		b = []byte(hex.EncodeToString(raw))
-		if err := os.WriteFile(path, append(b, '\n'), 0o600); err != nil {
-			return "", fmt.Errorf("write dev token: %w", err)
+		if err := writePrivate(path, string(b)+"\n"); err != nil {
+			return "", fmt.Errorf("write token: %w", err)
 		}
 	} else if err != nil {
-		return "", fmt.Errorf("read dev token: %w", err)
+		return "", fmt.Errorf("read token: %w", err)
 	}
-	token := strings.TrimSpace(string(b))
-	line := fmt.Sprintf("# written by faultline dev\n%s,%s\n", token, c.Cluster)
-	if err := os.WriteFile(filepath.Join(c.Dir, "tokens"), []byte(line), 0o600); err != nil {
-		return "", fmt.Errorf("write tokens file: %w", err)
+	if err := os.Chmod(path, 0o600); err != nil { // an older file may be wider
+		return "", err
 	}
-	return token, nil
+	return strings.TrimSpace(string(b)), nil
+}
+
+// writePrivate writes a file only its owner can read.
+func writePrivate(path, content string) error {
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		return err
+	}
+	return os.Chmod(path, 0o600) // WriteFile keeps an existing file's mode
 }

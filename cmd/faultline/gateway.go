@@ -41,13 +41,15 @@ func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	reg := newRegistry()
-	if err := kafka.CreatePipelineTopics(ctx, cfg.Kafka, log); err != nil {
-		return err
-	}
 	hist := &lazyHistory{cfg: cfg.Processors.ClickHouse, log: log}
 	defer hist.Close()
+	// Credentials are loaded (and a bad tokens file refused) before Kafka
+	// is contacted.
 	srv, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{History: hist})
 	if err != nil {
+		return err
+	}
+	if err := kafka.CreatePipelineTopics(ctx, cfg.Kafka, log); err != nil {
 		return err
 	}
 	return srv.Run(ctx)

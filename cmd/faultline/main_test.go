@@ -26,6 +26,17 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte("0123456789abcdef0123,alpha\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	openTokens := filepath.Join(dir, "open-tokens")
+	if err := os.WriteFile(openTokens, []byte("0123456789abcdef0123,alpha\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(openTokens, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	badRole := filepath.Join(dir, "bad-role")
+	if err := os.WriteFile(badRole, []byte("0123456789abcdef0123,alpha,root\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		args []string
@@ -36,6 +47,11 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"unknown TOML key", []string{"gateway", "--config", bad}, "unknown keys: gateway.max_bach"},
 		{"bad flag value", []string{"gateway", "--tokens-file", tokens, "--max-batch", "0"}, "gateway.max_batch: must be at least 1"},
 		{"no credentials", []string{"gateway"}, "gateway.tokens_file: required"},
+		{"tokens file open to all", []string{"gateway", "--tokens-file", openTokens}, "gateway.tokens_file: tokens file " + openTokens + " has mode 0644, open to every user on the machine: chmod 0600"},
+		{"tokens file bad role", []string{"gateway", "--tokens-file", badRole}, `gateway.tokens_file: tokens file ` + badRole + `: line 1: role "root" is not agent or operator`},
+		{"read timeout below header timeout", []string{"gateway", "--tokens-file", tokens, "--read-timeout", "1s"}, "gateway.read_timeout: must be at least gateway.read_header_timeout (10s), got 1s"},
+		{"in-flight below a message", []string{"gateway", "--tokens-file", tokens, "--max-inflight-bytes-per-conn", "1024"}, "gateway.max_inflight_bytes_per_conn: must be at least gateway.max_body_bytes"},
+		{"binding certificates without a CA", []string{"gateway", "--tokens-file", tokens, "--client-cert-binds-node"}, "gateway.client_cert_binds_node: needs gateway.client_ca"},
 		{"unknown role", []string{"process", "--role", "store,cook"}, `role: unknown role "cook"`},
 		{"bad kafka", []string{"process", "--kafka.brokers", " , "}, "kafka.brokers: at least one broker"},
 		{"bad dev port", []string{"dev", "--kafka-port", "70000"}, "dev.kafka_port: 70000 is not a port"},
@@ -51,9 +67,11 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 }
 
 // TestDev runs `faultline dev` (what `make run` starts) on free ports and
-// uses it as a person would: wait for /readyz, submit a fatal event with the
-// written token, see the dry-run decision in the live output, and read the
-// event back from the history.
+// uses it as a person would: wait for /readyz, find the agent and operator
+// tokens it wrote (mode 0600), submit a fatal event with each, see a
+// check name that would forge an output line refused, see the dry-run
+// decision in the live output (quoted), and read the event back from the
+// history.
 func TestDev(t *testing.T) {
 	if _, _, err := chserver.FindBinary(); err != nil {
 		if os.Getenv("CI") != "" || os.Getenv("FAULTLINE_REQUIRE_SERVERS") != "" {
@@ -108,31 +126,65 @@ func TestDev(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	token, err := os.ReadFile(filepath.Join(dir, "dev-token"))
-	if err != nil {
-		t.Fatal(err)
+	// An agent token and an operator token, each readable by its owner only.
+	readToken := func(name string) string {
+		t.Helper()
+		path := filepath.Join(dir, name)
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != 0o600 {
+			t.Fatalf("%s has mode %#o, want 0600", name, st.Mode().Perm())
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
 	}
-	auth := "Bearer " + strings.TrimSpace(string(token))
+	token, operator := readToken("dev-token"), readToken("operator-token")
+	readToken("tokens")
+	if token == operator || len(operator) < 16 {
+		t.Fatalf("agent token %q, operator token %q", token, operator)
+	}
+	auth := "Bearer " + token
+	post := func(auth, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/events", strings.NewReader(body))
+		req.Header.Set("Authorization", auth)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
 	body := `{"events":[{"agent":"faultline-agent","componentClass":"GPU","checkName":"SysLogsXIDError","isFatal":true,
 	  "message":"Xid 79: GPU has fallen off the bus","recommendedAction":"REPLACE_VM","errorCode":["XID-79"],
 	  "entitiesImpacted":[{"entityType":"GPU","entityValue":"GPU-dev-1"}],"nodeName":"dev-node-1"}]}`
-	req, _ := http.NewRequest(http.MethodPost, base+"/v1/events", strings.NewReader(body))
-	req.Header.Set("Authorization", auth)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	if code, b := post(auth, body); code != http.StatusOK || !strings.Contains(b, `"ids"`) {
+		t.Fatalf("POST: %d %s", code, b)
 	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"ids"`) {
-		t.Fatalf("POST: %d %s", resp.StatusCode, b)
+	// The operator token is a credential of the same cluster.
+	opBody := strings.Replace(body, `"nodeName":"dev-node-1"`, `"nodeName":"dev-node-2","quarantineOverrides":{"skip":true}`, 1)
+	if code, b := post("Bearer "+operator, opBody); code != http.StatusOK {
+		t.Fatalf("POST with the operator token: %d %s", code, b)
+	}
+	// A check name that would forge a line of this output is refused.
+	forged := strings.Replace(body, `"checkName":"SysLogsXIDError"`, `"checkName":"X\n12:00:00  quarantine  \"quarantine/applied\" \"dev-node-9\""`, 1)
+	if code, b := post(auth, forged); code != http.StatusBadRequest || !strings.Contains(b, "checkName: control character U+000A") {
+		t.Fatalf("POST with a newline in checkName: %d %s", code, b)
 	}
 
 	waitFor(t, time.Minute, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, l := range lines {
-			if strings.Contains(l, "quarantine/dry_run") && strings.Contains(l, "dev-node-1") {
+			// Decisions are printed with every string quoted.
+			if strings.Contains(l, `"quarantine/dry_run"`) && strings.Contains(l, `"dev-node-1"`) {
 				return true
 			}
 		}

@@ -17,7 +17,9 @@ import (
 )
 
 // summarize prints every decision the pipeline records (the actions topic)
-// as it happens, and a running total every 10 seconds.
+// as it happens, and a running total every 10 seconds. Strings from the
+// records are printed quoted (%q), so no control character in them reaches
+// the terminal.
 func summarize(ctx context.Context, kcfg kafka.Config, log *slog.Logger, out io.Writer, sim *fleetsim.Stats) error {
 	cl, err := kafka.NewClient(kcfg, log, kgo.ConsumeTopics(events.TopicActions, events.TopicEvents),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()))
@@ -41,7 +43,7 @@ func summarize(ctx context.Context, kcfg kafka.Config, log *slog.Logger, out io.
 				eventsSeen++
 				if ev, err := events.Unmarshal(r.Value); err == nil && events.IsDerived(ev) {
 					derived++
-					fmt.Fprintf(out, "%s  correlate   %-14s %s on %s (%s)\n", time.Now().Format("15:04:05"),
+					fmt.Fprintf(out, "%s  correlate   %-14q %s on %q (%s)\n", time.Now().Format("15:04:05"),
 						ev.GetDerivedBy(), verdict(ev.GetIsHealthy()), ev.GetNodeName(), ev.GetRecommendedAction())
 				}
 				return
@@ -55,14 +57,16 @@ func summarize(ctx context.Context, kcfg kafka.Config, log *slog.Logger, out io.
 			if a.GetKind() == "event" {
 				return // non-fatal events on the node: counted, not printed
 			}
-			fmt.Fprintf(out, "%s  %-11s %-30s %-14s %s %s\n", time.Now().Format("15:04:05"), a.GetRole(), key,
+			// Every string is quoted: a node, check or reason that came from a
+			// client cannot forge a line of this output.
+			fmt.Fprintf(out, "%s  %-11q %-30q %-14q %q %q\n", time.Now().Format("15:04:05"), a.GetRole(), key,
 				a.GetNode(), a.GetCheckName(), a.GetReason())
 		})
 		select {
 		case <-tick.C:
 			keys := make([]string, 0, len(totals))
 			for k := range totals {
-				keys = append(keys, fmt.Sprintf("%s=%d", k, totals[k]))
+				keys = append(keys, fmt.Sprintf("%q=%d", k, totals[k]))
 			}
 			sort.Strings(keys)
 			fmt.Fprintf(out, "%s  summary: %d events in the log (%d derived); fleet sent %d (%d refused); actions: %s\n",

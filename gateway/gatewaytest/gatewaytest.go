@@ -19,7 +19,8 @@ import (
 	"github.com/faultline/faultline/internal/kafka"
 )
 
-// Clusters are the clusters that have tokens; Token(cluster) returns them.
+// Clusters are the clusters that have tokens: Token(cluster) returns the
+// agent token of each, OperatorToken(cluster) its operator token.
 var Clusters = []string{"alpha", "beta"}
 
 // Server is a gateway started for a test.
@@ -34,16 +35,16 @@ type Server struct {
 	running bool
 }
 
-// Start starts a gateway producing to the given brokers, with one token per
-// entry of Clusters. modify, if not nil, adjusts the config first. The
-// gateway stops when the test ends.
+// Start starts a gateway producing to the given brokers, with an agent and
+// an operator token per entry of Clusters. modify, if not nil, adjusts the
+// config first. The gateway stops when the test ends.
 func Start(tb testing.TB, brokers string, modify func(*gateway.Config), opts gateway.Options) *Server {
 	tb.Helper()
 	dir := tb.TempDir()
 	tokens := filepath.Join(dir, "tokens")
 	var lines string
 	for _, c := range Clusters {
-		lines += tokenFor(c) + "," + c + "\n"
+		lines += tokenFor(c) + "," + c + ",agent\n" + operatorTokenFor(c) + "," + c + ",operator\n"
 	}
 	if err := os.WriteFile(tokens, []byte(lines), 0o600); err != nil {
 		tb.Fatal(err)
@@ -68,11 +69,19 @@ func Start(tb testing.TB, brokers string, modify func(*gateway.Config), opts gat
 	return s
 }
 
-// tokenFor is the test token of a cluster.
+// tokenFor is the test agent token of a cluster.
 func tokenFor(cluster string) string { return "test-token-of-cluster-" + cluster }
 
-// Token returns the bearer token of a cluster in Clusters.
+// operatorTokenFor is the test operator token of a cluster.
+func operatorTokenFor(cluster string) string { return "test-operator-token-of-cluster-" + cluster }
+
+// Token returns the agent token of a cluster in Clusters: its events are
+// stamped with submitter role AGENT (overrides in them are not honoured).
 func (s *Server) Token(cluster string) string { return tokenFor(cluster) }
+
+// OperatorToken returns the operator token of a cluster in Clusters: its
+// events are stamped with submitter role OPERATOR.
+func (s *Server) OperatorToken(cluster string) string { return operatorTokenFor(cluster) }
 
 // GRPCAddr is the gateway's gRPC address.
 func (s *Server) GRPCAddr() string { return s.cfg.GRPCAddr }

@@ -1,7 +1,11 @@
 // Package history serves the read side of the API from ClickHouse: the
 // events (GET /v1/events) and the audit trail of actions (GET /v1/actions)
 // of one cluster, newest first, paged with an opaque token, each event or
-// action once however many times the store processor wrote it.
+// action once however many times the store processor wrote it. Parameters
+// that cannot match anything (a time outside DateTime's 1970-2106 range, a
+// node name longer than Kubernetes allows, a page token it did not issue)
+// are refused as InvalidArgument before any query; a query runs at most
+// until its context's deadline, on the server too (max_execution_time).
 package history
 
 import (
@@ -9,9 +13,14 @@ import (
 	"encoding/base64"
 	"fmt"
 	"log/slog"
+	"math"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+
+	ch "github.com/ClickHouse/clickhouse-go/v2"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -53,18 +62,84 @@ func (c cursor) token() string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.ms, 10) + "|" + c.id))
 }
 
+// maxTokenLen bounds a page token: a cursor is at most 20 digits, a
+// separator and a 128-byte id, about 200 bytes of base64.
+const maxTokenLen = 256
+
+// The range of ClickHouse's DateTime (UInt32 seconds): a time outside it
+// cannot match any row, so a bound outside it is a mistake (400).
+var (
+	minTime = time.Unix(0, 0).UTC()
+	maxTime = time.Unix(math.MaxUint32, 0).UTC()
+)
+
 func parseToken(tok string) (*cursor, error) {
 	if tok == "" {
 		return nil, nil
 	}
-	b, err := base64.RawURLEncoding.DecodeString(tok)
-	if err == nil {
-		ms, id, ok := strings.Cut(string(b), "|")
-		if n, perr := strconv.ParseInt(ms, 10, 64); ok && perr == nil && n >= 0 && id != "" {
-			return &cursor{ms: n, id: id}, nil
+	if len(tok) <= maxTokenLen {
+		b, err := base64.RawURLEncoding.DecodeString(tok)
+		if err == nil {
+			ms, id, ok := strings.Cut(string(b), "|")
+			n, perr := strconv.ParseInt(ms, 10, 64)
+			if ok && perr == nil && n >= 0 && n <= maxTime.UnixMilli() && id != "" && len(id) <= 128 && plain(id) {
+				return &cursor{ms: n, id: id}, nil
+			}
 		}
 	}
 	return nil, status.Errorf(codes.InvalidArgument, "pageToken: not a token this server issued")
+}
+
+// nodeName is a Kubernetes node name (an RFC 1123 subdomain).
+var nodeName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// plain reports whether s has no control characters.
+func plain(s string) bool { return strings.IndexFunc(s, unicode.IsControl) < 0 }
+
+// checkFilters refuses filters that cannot match anything the gateway
+// accepts, with the parameter named (InvalidArgument, 400), instead of
+// sending them to ClickHouse.
+func checkFilters(node, check, entity string, since, until *timestamppb.Timestamp) error {
+	switch {
+	case len(node) > 253:
+		return status.Errorf(codes.InvalidArgument, "node: longer than 253 bytes, the Kubernetes limit")
+	case node != "" && !nodeName.MatchString(node):
+		return status.Errorf(codes.InvalidArgument, "node: not a Kubernetes node name (a lowercase RFC 1123 subdomain)")
+	case len(check) > 256 || !plain(check):
+		return status.Errorf(codes.InvalidArgument, "check: must be at most 256 bytes with no control characters")
+	case len(entity) > 512 || !plain(entity):
+		return status.Errorf(codes.InvalidArgument, "entity: must be at most 512 bytes with no control characters")
+	}
+	for _, b := range []struct {
+		name string
+		ts   *timestamppb.Timestamp
+	}{{"since", since}, {"until", until}} {
+		if b.ts == nil {
+			continue
+		}
+		if err := b.ts.CheckValid(); err != nil {
+			return status.Errorf(codes.InvalidArgument, "%s: not a valid timestamp", b.name)
+		}
+		if t := b.ts.AsTime(); t.Before(minTime) || t.After(maxTime) {
+			return status.Errorf(codes.InvalidArgument, "%s: %s is outside the stored range %s to %s",
+				b.name, t.Format(time.RFC3339), minTime.Format(time.RFC3339), maxTime.Format(time.RFC3339))
+		}
+	}
+	if since != nil && until != nil && until.AsTime().Before(since.AsTime()) {
+		return status.Errorf(codes.InvalidArgument, "until: before since")
+	}
+	return nil
+}
+
+// queryContext makes ClickHouse itself stop a query at ctx's deadline
+// (max_execution_time), not only the client waiting for it.
+func queryContext(ctx context.Context) context.Context {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return ctx
+	}
+	secs := int(math.Ceil(time.Until(d).Seconds()))
+	return ch.Context(ctx, ch.WithSettings(ch.Settings{"max_execution_time": max(secs, 1)}))
 }
 
 func pageLimit(n int32) (int, error) {
@@ -126,6 +201,9 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 	if err != nil {
 		return nil, err
 	}
+	if err := checkFilters(req.GetNode(), req.GetCheck(), req.GetEntity(), req.GetSince(), req.GetUntil()); err != nil {
+		return nil, err
+	}
 	var w where
 	w.add("cluster = ?", cluster)
 	if req.GetNode() != "" {
@@ -142,7 +220,7 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 	}
 	w.timeBounds(req.GetSince(), req.GetUntil(), cur)
 	q := eventSelect + " WHERE " + w.sql() + " ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT 1 BY id LIMIT " + strconv.Itoa(limit+1)
-	rows, err := h.conn.Query(ctx, q, w.args...)
+	rows, err := h.conn.Query(queryContext(ctx), q, w.args...)
 	if err != nil {
 		return nil, h.unavailable(ctx, "list events", err)
 	}
@@ -257,6 +335,9 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 	if err != nil {
 		return nil, err
 	}
+	if err := checkFilters(req.GetNode(), "", "", req.GetSince(), nil); err != nil {
+		return nil, err
+	}
 	var w where
 	w.add("cluster = ?", cluster)
 	if req.GetNode() != "" {
@@ -264,7 +345,7 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 	}
 	w.timeBounds(req.GetSince(), nil, cur)
 	q := actionSelect + " WHERE " + w.sql() + " ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT 1 BY id LIMIT " + strconv.Itoa(limit+1)
-	rows, err := h.conn.Query(ctx, q, w.args...)
+	rows, err := h.conn.Query(queryContext(ctx), q, w.args...)
 	if err != nil {
 		return nil, h.unavailable(ctx, "list actions", err)
 	}

@@ -2,9 +2,11 @@ package history_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -197,6 +199,49 @@ func TestListActions(t *testing.T) {
 			}
 			if !slices.Equal(got, tt.want) {
 				t.Fatalf("got %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestBadParameters: parameters that cannot match anything are refused as
+// InvalidArgument (400) naming the parameter, before any query (the
+// History here has no connection at all).
+func TestBadParameters(t *testing.T) {
+	h := history.New(nil, slog.Default())
+	ts := func(sec int64) *timestamppb.Timestamp { return &timestamppb.Timestamp{Seconds: sec} }
+	tok := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+	tests := []struct {
+		name string
+		ev   *faultlinev1.ListEventsRequest
+		act  *faultlinev1.ListActionsRequest
+		want string
+	}{
+		{name: "since 1e15 seconds", ev: &faultlinev1.ListEventsRequest{Since: ts(1e15)}, want: "since: not a valid timestamp"},
+		{name: "since before 1970", ev: &faultlinev1.ListEventsRequest{Since: ts(-86400)}, want: "since: 1969-12-31T00:00:00Z is outside the stored range"},
+		{name: "until after 2106", ev: &faultlinev1.ListEventsRequest{Until: ts(5e9)}, want: "until: 2128-06-11T08:53:20Z is outside the stored range"},
+		{name: "until before since", ev: &faultlinev1.ListEventsRequest{Since: ts(2e9), Until: ts(1e9)}, want: "until: before since"},
+		{name: "1 MiB node", ev: &faultlinev1.ListEventsRequest{Node: strings.Repeat("n", 1<<20)}, want: "node: longer than 253 bytes"},
+		{name: "node not a node name", ev: &faultlinev1.ListEventsRequest{Node: "Node_1"}, want: "node: not a Kubernetes node name"},
+		{name: "control character in check", ev: &faultlinev1.ListEventsRequest{Check: "XID\x00"}, want: "check: must be at most 256 bytes with no control characters"},
+		{name: "long entity", ev: &faultlinev1.ListEventsRequest{Entity: strings.Repeat("e", 513)}, want: "entity: must be at most 512"},
+		{name: "absurd page token", ev: &faultlinev1.ListEventsRequest{PageToken: strings.Repeat("A", 1<<20)}, want: "pageToken: not a token this server issued"},
+		{name: "page token past 2106", ev: &faultlinev1.ListEventsRequest{PageToken: tok("99999999999999999|e1")}, want: "pageToken: not a token"},
+		{name: "page token with a control character", ev: &faultlinev1.ListEventsRequest{PageToken: tok("1000|e\n1")}, want: "pageToken: not a token"},
+		{name: "actions: since before 1970", act: &faultlinev1.ListActionsRequest{Since: ts(-1)}, want: "since: 1969-12-31T23:59:59Z is outside"},
+		{name: "actions: long node", act: &faultlinev1.ListActionsRequest{Node: strings.Repeat("n", 254)}, want: "node: longer than 253"},
+		{name: "actions: absurd page token", act: &faultlinev1.ListActionsRequest{PageToken: "%%%"}, want: "pageToken: not a token"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var err error
+			if tt.ev != nil {
+				_, err = h.ListEvents(context.Background(), "alpha", tt.ev)
+			} else {
+				_, err = h.ListActions(context.Background(), "alpha", tt.act)
+			}
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want InvalidArgument containing %q", err, tt.want)
 			}
 		})
 	}

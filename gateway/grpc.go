@@ -1,0 +1,208 @@
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// The gateway's doors, as metrics label them.
+const (
+	doorGRPC = "grpc"
+	doorREST = "rest"
+	doorUnix = "unix"
+)
+
+// grpcMaxHeaderListSize bounds the headers (metadata) of one gRPC call:
+// they are read before the call is authenticated. 32 KiB is far more than
+// a token and the usual metadata need.
+const grpcMaxHeaderListSize = 32 << 10
+
+// The methods the gateway serves, and which of them ingest events (the
+// only ones the node-local unix socket serves).
+var (
+	ingestMethods = map[string]bool{
+		faultlinev1.Events_SubmitEvents_FullMethodName:                    true,
+		datamodels.PlatformConnector_HealthEventOccurredV1_FullMethodName: true,
+	}
+	knownMethods = map[string]bool{
+		faultlinev1.Events_SubmitEvents_FullMethodName:                    true,
+		datamodels.PlatformConnector_HealthEventOccurredV1_FullMethodName: true,
+		faultlinev1.Events_ListEvents_FullMethodName:                      true,
+		faultlinev1.Events_ListActions_FullMethodName:                     true,
+	}
+)
+
+// newGRPCServer builds the gRPC server of one door. Everything that costs
+// memory is bounded before a call's message is read: the tap handle
+// authenticates the call from its headers and the connection's verified
+// client certificate, and reserves the call's bytes in the in-flight
+// budget; the connection's streams, header size, message size, idle time
+// and age are capped; the codec checks each message's shape before it
+// decodes it.
+func (s *Server) newGRPCServer(door string, tlsCfg *tls.Config) *grpc.Server {
+	callGrace := s.cfg.CallTimeout + 5*time.Second
+	opts := []grpc.ServerOption{
+		grpc.ForceServerCodecV2(serverCodec{s.codec}),
+		grpc.MaxRecvMsgSize(s.cfg.MaxBodyBytes),
+		grpc.MaxConcurrentStreams(uint32(s.cfg.MaxStreamsPerConn)),
+		grpc.MaxHeaderListSize(grpcMaxHeaderListSize),
+		grpc.ConnectionTimeout(s.cfg.ReadHeaderTimeout),
+		grpc.InTapHandle(s.tap(door)),
+		grpc.StatsHandler(connStats{s.flight}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			// Clients may ping every 20 s, also between calls; faster
+			// pingers are disconnected (GOAWAY too_many_pings).
+			MinTime: 20 * time.Second, PermitWithoutStream: true,
+		}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle:     s.cfg.IdleTimeout,
+			MaxConnectionAge:      s.cfg.MaxConnectionAge,
+			MaxConnectionAgeGrace: callGrace,
+			Time:                  2 * time.Minute,  // ping a silent client, and drop it
+			Timeout:               20 * time.Second, // when it does not answer
+		}),
+		grpc.ChainUnaryInterceptor(s.grpcMetrics(door), s.grpcAdmit),
+	}
+	if tlsCfg != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	g := grpc.NewServer(opts...)
+	for _, sd := range []*grpc.ServiceDesc{&faultlinev1.Events_ServiceDesc, &datamodels.PlatformConnector_ServiceDesc} {
+		g.RegisterService(s.shapeChecked(sd), s.svc)
+	}
+	return g
+}
+
+// tap admits a call when its headers arrive, before its message is read:
+// a known method, an authenticated caller (the unix socket's configured
+// one, ingest only), room in the connection's and the gateway's in-flight
+// budgets. It runs on the connection's reader goroutine, so it only does
+// map lookups, a hash and non-blocking semaphore tries.
+func (s *Server) tap(door string) tap.ServerInHandle {
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		method := info.FullMethodName
+		refuse := func(code codes.Code, reason, msg string) (context.Context, error) {
+			label := method
+			if !knownMethods[method] {
+				label = "other"
+			}
+			s.metrics.requests.WithLabelValues(door, label, code.String()).Inc()
+			s.metrics.rejected(reason, 1)
+			return nil, status.Error(code, msg)
+		}
+		if !knownMethods[method] {
+			return refuse(codes.Unimplemented, "unknown_method", "unknown method")
+		}
+		var caller Caller
+		if door == doorUnix {
+			if !ingestMethods[method] {
+				return refuse(codes.PermissionDenied, "ingest_only",
+					"the node-local socket accepts events only; read the history through the gateway's gRPC or REST address")
+			}
+			caller = Caller{Cluster: s.cfg.UnixSocketCluster, Name: "unix-socket", Role: RoleAgent, Node: s.cfg.UnixSocketNode}
+		} else {
+			var authz string
+			if v := info.Header.Get("authorization"); len(v) > 0 {
+				authz = v[0]
+			}
+			var chains [][]*x509.Certificate
+			if p, ok := peer.FromContext(ctx); ok {
+				if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+					chains = ti.State.VerifiedChains
+				}
+			}
+			c, err := s.auth.Authenticate(authz, chains)
+			if err != nil {
+				return refuse(codes.Unauthenticated, "unauthenticated", err.Error())
+			}
+			caller = c
+		}
+		res := s.flight.reserve(ctx, int64(s.cfg.MaxBodyBytes))
+		if res == nil {
+			return refuse(codes.ResourceExhausted, "busy", "the gateway holds as many request bytes as it may; retry later")
+		}
+		ctx, cancel := context.WithTimeout(withReservation(withCaller(ctx, caller), res), s.cfg.CallTimeout)
+		context.AfterFunc(ctx, func() { cancel(); res.release() })
+		return ctx, nil
+	}
+}
+
+// sizer is a message that knows its encoded size without reflection.
+type sizer interface{ SizeVT() int }
+
+// grpcAdmit runs once the message is decoded: the call's caller is the
+// one its tap handle authenticated, and its in-flight reservation shrinks
+// from gateway.max_body_bytes to the message's size.
+func (s *Server) grpcAdmit(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if _, ok := CallerFrom(ctx); !ok { // the tap handle always sets one
+		return nil, status.Error(codes.Unauthenticated, ErrNoCredential.Error())
+	}
+	if m, ok := req.(sizer); ok {
+		reservationFrom(ctx).shrink(int64(m.SizeVT()))
+	} else if m, ok := req.(proto.Message); ok {
+		reservationFrom(ctx).shrink(int64(proto.Size(m)))
+	}
+	return h(ctx, req)
+}
+
+func (s *Server) grpcMetrics(door string) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		resp, err := h(ctx, req)
+		s.metrics.requests.WithLabelValues(door, info.FullMethod, status.Code(err).String()).Inc()
+		return resp, err
+	}
+}
+
+// shapeChecked returns a copy of a generated service description whose
+// handlers decode each request through the codec's shape check, and answer
+// a request with too many elements InvalidArgument, like the validator
+// (the codec alone could only fail the decode, which gRPC answers as
+// Internal, and a client would retry it forever).
+func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
+	out := *sd
+	out.Methods = make([]grpc.MethodDesc, len(sd.Methods))
+	for i, m := range sd.Methods {
+		h := m.Handler
+		out.Methods[i] = grpc.MethodDesc{MethodName: m.MethodName, Handler: func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+			return h(srv, ctx, func(v any) error {
+				msg, ok := v.(proto.Message)
+				if !ok {
+					return dec(v)
+				}
+				sv := &shaped{msg: msg}
+				if err := dec(sv); err != nil {
+					return err
+				}
+				if sv.err != nil {
+					s.metrics.rejected("too_many_elements", 1)
+					s.metrics.requests.WithLabelValues(doorOf(ctx), "/"+sd.ServiceName+"/"+m.MethodName, codes.InvalidArgument.String()).Inc()
+					return status.Error(codes.InvalidArgument, sv.err.Error())
+				}
+				return nil
+			}, ic)
+		}}
+	}
+	return &out
+}
+
+// doorOf names the door of a call for metrics from its peer.
+func doorOf(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil && p.Addr.Network() == "unix" {
+		return doorUnix
+	}
+	return doorGRPC
+}

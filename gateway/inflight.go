@@ -1,0 +1,120 @@
+package gateway
+
+import (
+	"context"
+	"sync"
+
+	"golang.org/x/sync/semaphore"
+	"google.golang.org/grpc/stats"
+)
+
+// inflight bounds the request bytes the gateway holds at once, per
+// connection and in total, so that memory stays bounded whoever connects:
+// a request that does not fit is refused at once (RESOURCE_EXHAUSTED, 429)
+// rather than queued. A gRPC call reserves gateway.max_body_bytes when its
+// headers arrive, before its message is read (its size is not known yet),
+// and shrinks the reservation to the message's size once it is decoded; a
+// REST request reserves its body as it is read. Each holds its reservation
+// until it is answered.
+type inflight struct {
+	total   *semaphore.Weighted
+	perConn int64
+}
+
+func newInflight(total, perConn int64) *inflight {
+	return &inflight{total: semaphore.NewWeighted(total), perConn: perConn}
+}
+
+type connBudgetKey struct{}
+
+// connContext gives a connection its own budget; requests on it find it in
+// their context (gRPC: through the stats handler's TagConn; REST: through
+// http.Server.ConnContext).
+func (f *inflight) connContext(ctx context.Context) context.Context {
+	return context.WithValue(ctx, connBudgetKey{}, semaphore.NewWeighted(f.perConn))
+}
+
+// reservation is bytes held on a connection and in total.
+type reservation struct {
+	f    *inflight
+	conn *semaphore.Weighted
+	mu   sync.Mutex
+	n    int64
+}
+
+// reserve holds n bytes for a request on ctx's connection, or returns nil
+// when the connection's or the gateway's budget cannot take them now.
+func (f *inflight) reserve(ctx context.Context, n int64) *reservation {
+	r := &reservation{f: f}
+	r.conn, _ = ctx.Value(connBudgetKey{}).(*semaphore.Weighted)
+	if !r.grow(n) {
+		return nil
+	}
+	return r
+}
+
+// grow adds n bytes to the reservation, or nothing when a budget is full.
+func (r *reservation) grow(n int64) bool {
+	if n <= 0 {
+		return true
+	}
+	if r.conn != nil && !r.conn.TryAcquire(n) {
+		return false
+	}
+	if !r.f.total.TryAcquire(n) {
+		if r.conn != nil {
+			r.conn.Release(n)
+		}
+		return false
+	}
+	r.mu.Lock()
+	r.n += n
+	r.mu.Unlock()
+	return true
+}
+
+// shrink gives back what the reservation holds beyond n bytes.
+func (r *reservation) shrink(n int64) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n < 0 {
+		n = 0
+	}
+	if extra := r.n - n; extra > 0 {
+		r.n = n
+		r.f.total.Release(extra)
+		if r.conn != nil {
+			r.conn.Release(extra)
+		}
+	}
+}
+
+// release gives everything back; it may be called more than once.
+func (r *reservation) release() { r.shrink(0) }
+
+type reservationKey struct{}
+
+func withReservation(ctx context.Context, r *reservation) context.Context {
+	return context.WithValue(ctx, reservationKey{}, r)
+}
+
+func reservationFrom(ctx context.Context) *reservation {
+	r, _ := ctx.Value(reservationKey{}).(*reservation)
+	return r
+}
+
+// connStats is the gRPC stats handler that gives every connection its
+// budget; it observes nothing else.
+type connStats struct{ f *inflight }
+
+func (c connStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return c.f.connContext(ctx)
+}
+func (connStats) HandleConn(context.Context, stats.ConnStats) {}
+func (connStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+	return ctx
+}
+func (connStats) HandleRPC(context.Context, stats.RPCStats) {}

@@ -1,0 +1,372 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/faultline/faultline/gateway/openapi"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// restMaxHeaderBytes bounds a REST request's request line and headers.
+const restMaxHeaderBytes = 64 << 10
+
+// restReadChunk is how much of a REST body is reserved in the in-flight
+// budget at a time, as it arrives: a slow body holds only what it sent.
+const restReadChunk = 64 << 10
+
+// Marshaler is the REST JSON codec: the seed's camelCase field names, enums
+// by name, RFC 3339 timestamps; unknown fields are an error, and a body
+// that does not decode says so ("request body: unexpected EOF"). The
+// gateway's own codec also checks each body's shape before decoding it
+// (see shapeLimits); this one does not.
+var Marshaler runtime.Marshaler = newRESTCodec(shapeLimits{})
+
+func newRESTCodec(l shapeLimits) restCodec {
+	return restCodec{JSONPb: &runtime.JSONPb{
+		MarshalOptions:   protojson.MarshalOptions{UseEnumNumbers: false},
+		UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
+	}, limits: l}
+}
+
+type restCodec struct {
+	*runtime.JSONPb
+	limits shapeLimits
+}
+
+// restBody is a REST request body read whole by readBody: the codec
+// decodes it from its bytes, with no further copy.
+type restBody struct {
+	*bytes.Reader
+	b []byte
+}
+
+func (restBody) Close() error { return nil }
+
+// NewDecoder names the request body in decode errors (grpc-gateway returns
+// the bare decoder error, e.g. "unexpected EOF"); an empty body (io.EOF) is
+// left to the handler. A body read by the gateway is shape-checked, then
+// decoded by protojson straight from its bytes.
+func (c restCodec) NewDecoder(r io.Reader) runtime.Decoder {
+	if rb, ok := r.(*restBody); ok {
+		return runtime.DecoderFunc(func(v any) error {
+			m, ok := v.(proto.Message)
+			if !ok {
+				return c.JSONPb.NewDecoder(rb).Decode(v)
+			}
+			if len(bytes.TrimSpace(rb.b)) == 0 {
+				return io.EOF
+			}
+			if err := c.limits.checkJSON(rb.b, m.ProtoReflect().Descriptor()); err != nil {
+				return err
+			}
+			if err := c.UnmarshalOptions.Unmarshal(rb.b, m); err != nil {
+				// protobuf-go writes "proto:" and a space or, at random per
+				// build, a no-break space.
+				msg := strings.TrimLeft(strings.TrimPrefix(err.Error(), "proto:"), " \u00a0")
+				return fmt.Errorf("request body: %s", msg)
+			}
+			return nil
+		})
+	}
+	d := c.JSONPb.NewDecoder(r)
+	return runtime.DecoderFunc(func(v any) error {
+		err := d.Decode(v)
+		if err != nil && err != io.EOF {
+			return fmt.Errorf("request body: %w", err)
+		}
+		return err
+	})
+}
+
+func (s *Server) newHTTPServer(h http.Handler, tlsCfg *tls.Config) *http.Server {
+	srv := &http.Server{
+		Handler:           h,
+		TLSConfig:         tlsCfg,
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		ReadTimeout:       s.cfg.ReadTimeout,
+		// The handler's own deadline is CallTimeout; the write deadline is a
+		// backstop a little later, so an answer is never cut short.
+		WriteTimeout:   s.cfg.CallTimeout + 5*time.Second,
+		IdleTimeout:    s.cfg.IdleTimeout,
+		MaxHeaderBytes: restMaxHeaderBytes,
+		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
+			return s.flight.connContext(ctx)
+		},
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams: s.cfg.MaxStreamsPerConn,
+			MaxReadFrameSize:     1 << 16,
+		},
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	return srv
+}
+
+func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
+	gw := runtime.NewServeMux(
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, newRESTCodec(s.codec.limits)),
+		runtime.WithDisablePathLengthFallback(),
+		// Run in this order once a request matched a route: note the
+		// route for metrics, authenticate, admit the body.
+		runtime.WithMiddlewares(recordRoute, s.restAuth, s.readBody),
+	)
+	if err := faultlinev1.RegisterEventsHandlerServer(ctx, gw, s.svc); err != nil {
+		return nil, err
+	}
+	if err := datamodels.RegisterPlatformConnectorHandlerServer(ctx, gw, s.svc); err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", gw)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(openapi.JSON)
+	})
+	return s.httpMetrics(mux), nil
+}
+
+// restAuth authenticates REST calls before their body is read; the caller
+// travels in the request context.
+func (s *Server) restAuth(next runtime.HandlerFunc) runtime.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		var chains [][]*x509.Certificate
+		if r.TLS != nil {
+			chains = r.TLS.VerifiedChains
+		}
+		caller, err := s.auth.Authenticate(r.Header.Get("Authorization"), chains)
+		if err != nil {
+			s.metrics.rejected("unauthenticated", 1)
+			refuseUnread(w, r)
+			writeStatus(w, http.StatusUnauthorized, codes.Unauthenticated, err.Error())
+			return
+		}
+		next(w, r.WithContext(withCaller(r.Context(), caller)), params)
+	}
+}
+
+// refuseUnread closes the connection after an answer given without
+// reading the request's body, rather than letting the server wait for the
+// body to discard it.
+func refuseUnread(w http.ResponseWriter, r *http.Request) {
+	if r.Body != nil && r.Body != http.NoBody && r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+	}
+}
+
+// readBody admits a request's body: a POST must be application/json
+// (415), and the body is read whole, at most gateway.max_body_bytes (413),
+// while holding its bytes in the in-flight budget, chunk by chunk as they
+// arrive (429 when the connection's or the gateway's budget is full),
+// until the request is answered.
+func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		if r.Method != http.MethodPost {
+			next(w, r, params)
+			return
+		}
+		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+			s.metrics.rejected("content_type", 1)
+			refuseUnread(w, r)
+			writeStatus(w, http.StatusUnsupportedMediaType, codes.InvalidArgument,
+				fmt.Sprintf("Content-Type must be application/json, got %q", truncate(r.Header.Get("Content-Type"))))
+			return
+		}
+		max := int64(s.cfg.MaxBodyBytes)
+		if r.ContentLength > max {
+			s.metrics.rejected("too_large", 1)
+			refuseUnread(w, r)
+			writeStatus(w, http.StatusRequestEntityTooLarge, codes.InvalidArgument,
+				fmt.Sprintf("request body of %d bytes exceeds the limit of %d", r.ContentLength, max))
+			return
+		}
+		res := s.flight.reserve(r.Context(), 0)
+		defer res.release()
+		body, err := readReserved(r.Body, r.ContentLength, max, res)
+		switch {
+		case errors.Is(err, errBusy):
+			s.metrics.rejected("busy", 1)
+			refuseUnread(w, r)
+			w.Header().Set("Retry-After", "1")
+			writeStatus(w, http.StatusTooManyRequests, codes.ResourceExhausted, "the gateway holds as many request bytes as it may; retry later")
+			return
+		case errors.Is(err, errTooLarge):
+			s.metrics.rejected("too_large", 1)
+			refuseUnread(w, r)
+			writeStatus(w, http.StatusRequestEntityTooLarge, codes.InvalidArgument,
+				fmt.Sprintf("request body exceeds the limit of %d bytes", max))
+			return
+		case err != nil:
+			s.metrics.rejected("unreadable", 1)
+			refuseUnread(w, r)
+			writeStatus(w, http.StatusBadRequest, codes.InvalidArgument, "reading body: "+err.Error())
+			return
+		}
+		r.Body = &restBody{Reader: bytes.NewReader(body), b: body}
+		r.ContentLength = int64(len(body))
+		next(w, r, params)
+	}
+}
+
+var (
+	errBusy     = errors.New("in-flight budget full")
+	errTooLarge = errors.New("body too large")
+)
+
+// readReserved reads a body of at most maxBytes bytes (declared, when not -1,
+// is its Content-Length), growing res by the buffer's capacity before
+// allocating it: what the body costs is held in the budget as it arrives.
+func readReserved(r io.Reader, declared, maxBytes int64, res *reservation) ([]byte, error) {
+	limit := maxBytes + 1 // one byte past max tells a body that is too large
+	if declared >= 0 {
+		limit = min(declared+1, limit)
+	}
+	var buf []byte
+	for {
+		if len(buf) == cap(buf) {
+			c := int64(cap(buf))
+			next := min(max(2*c, restReadChunk), limit)
+			if next <= c {
+				next = min(c+restReadChunk, maxBytes+1)
+			}
+			if next <= c {
+				return nil, errTooLarge
+			}
+			if !res.grow(next - c) {
+				return nil, errBusy
+			}
+			grown := make([]byte, len(buf), next)
+			copy(grown, buf)
+			buf = grown
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) > maxBytes {
+			return nil, errTooLarge
+		}
+		switch {
+		case errors.Is(err, io.EOF):
+			return buf, nil
+		case err != nil:
+			return nil, err
+		}
+	}
+}
+
+// writeStatus writes an error in grpc-gateway's body shape.
+func writeStatus(w http.ResponseWriter, httpCode int, code codes.Code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(httpCode)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(map[string]any{"code": int(code), "message": msg, "details": []any{}})
+}
+
+// readyz answers 200 "ok" or 503 "not ready"; which check failed, and why,
+// goes to the log only (the endpoint is unauthenticated).
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	ok := true
+	for _, c := range s.ready {
+		if err := c.Check(ctx); err != nil {
+			ok = false
+			s.log.Info("not ready", "check", c.Name, "err", err)
+		}
+	}
+	if !ok {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, "not ready\n")
+		return
+	}
+	_, _ = io.WriteString(w, "ok\n")
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.code = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// routeLabel carries the route a request matched out of grpc-gateway's mux.
+type routeLabel struct{ route string }
+
+type routeLabelKey struct{}
+
+// recordRoute is the grpc-gateway middleware that notes the route pattern
+// a request matched (e.g. /v1/events).
+func recordRoute(next runtime.HandlerFunc) runtime.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		if l, ok := r.Context().Value(routeLabelKey{}).(*routeLabel); ok {
+			if p, ok := runtime.HTTPPattern(r.Context()); ok {
+				l.route = p.String()
+			}
+		}
+		next(w, r, params)
+	}
+}
+
+// restMethods are the methods metrics name; any other is "other".
+var restMethods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodPost: true, http.MethodPut: true,
+	http.MethodPatch: true, http.MethodDelete: true, http.MethodOptions: true,
+}
+
+// httpMetrics counts REST requests by route pattern (never the raw path)
+// and by a fixed set of methods, so that made-up paths and methods do not
+// grow the metrics; it also gives every request the gateway.call_timeout
+// deadline.
+func (s *Server) httpMetrics(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+		lbl := &routeLabel{}
+		ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), routeLabelKey{}, lbl), s.cfg.CallTimeout)
+		defer cancel()
+		r = r.WithContext(ctx)
+		mux.ServeHTTP(rec, r) // sets r.Pattern
+		route := lbl.route    // grpc-gateway's route, e.g. /v1/events
+		if route == "" {
+			// The standard mux's pattern ("GET /healthz"), minus its method.
+			route = r.Pattern
+			if _, path, ok := strings.Cut(route, " "); ok {
+				route = path
+			}
+		}
+		if route == "" || route == "/v1/" {
+			route = "other"
+		}
+		method := r.Method
+		if !restMethods[method] {
+			method = "other"
+		}
+		s.metrics.requests.WithLabelValues(doorREST, method+" "+route, strconv.Itoa(rec.code)).Inc()
+	})
+}
