@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,8 +90,13 @@ func TestRoundTripThroughGateway(t *testing.T) {
 		if rt := g.GetReceivedTimestamp().AsTime(); rt.Before(before.Add(-time.Second)) || rt.After(time.Now()) {
 			t.Errorf("event %d: received %s, not stamped during the test", i, rt)
 		}
+		// The submitter is the posting credential (an agent token of
+		// alpha), whatever the client claimed.
+		if s := g.GetSubmitter(); s.GetRole() != datamodels.SubmitterRole_SUBMITTER_ROLE_AGENT || !strings.HasPrefix(s.GetName(), "token:alpha") {
+			t.Errorf("event %d: submitter %v, want the agent token of alpha", i, s)
+		}
 		want = proto.Clone(want).(*datamodels.HealthEvent)
-		want.Id, want.Cluster, want.ReceivedTimestamp = g.Id, g.Cluster, g.ReceivedTimestamp
+		want.Id, want.Cluster, want.ReceivedTimestamp, want.Submitter = g.Id, g.Cluster, g.ReceivedTimestamp, g.Submitter
 		// Only the correlate role derives events (through Kafka, covered by
 		// TestRoundTrip); the gateway drops what a client claims.
 		want.DerivedBy, want.CauseIds = "", nil
