@@ -160,7 +160,11 @@ func TestRelayRefuses(t *testing.T) {
 		{"invalid", []nvsentinel.Event{xid("gpu-node-42", "fine"), bad}, codes.InvalidArgument, "events[1].checkName: required", "invalid"},
 		{"unknown strategy", []nvsentinel.Event{{Agent: "a", ComponentClass: "GPU", CheckName: "c", NodeName: "gpu-node-42", ProcessingStrategy: 7}},
 			codes.InvalidArgument, "events[0].processingStrategy: unknown value 7", "invalid"},
-		{"too far ahead", []nvsentinel.Event{func() nvsentinel.Event { e := xid("gpu-node-42", "future"); e.GeneratedTimestamp = testNow.Add(time.Hour); return e }()},
+		{"too far ahead", []nvsentinel.Event{func() nvsentinel.Event {
+			e := xid("gpu-node-42", "future")
+			e.GeneratedTimestamp = testNow.Add(time.Hour)
+			return e
+		}()},
 			codes.InvalidArgument, "events[0].generatedTimestamp: 2026-11-22T13:00:00Z is more than 5m0s in the future", "invalid"},
 	}
 	for _, tt := range tests {

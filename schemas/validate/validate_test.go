@@ -70,7 +70,9 @@ func TestValidate(t *testing.T) {
 			e.CustomRecommendedAction = "DRAIN_AND_WAIT"
 		}, ""},
 		{"unknown strategy", func(e *datamodels.HealthEvent) { e.ProcessingStrategy = 9 }, "processingStrategy: unknown value 9"},
-		{"STORE_AND_ANALYSE", func(e *datamodels.HealthEvent) { e.ProcessingStrategy = datamodels.ProcessingStrategy_STORE_AND_ANALYSE }, ""},
+		{"STORE_AND_ANALYSE", func(e *datamodels.HealthEvent) {
+			e.ProcessingStrategy = datamodels.ProcessingStrategy_STORE_AND_ANALYSE
+		}, ""},
 		{"strategy 4 is unknown", func(e *datamodels.HealthEvent) { e.ProcessingStrategy = 4 }, "processingStrategy: unknown value 4"},
 		{"RESTART_APP (39) is not NVSentinel's", func(e *datamodels.HealthEvent) { e.RecommendedAction = 39 }, "recommendedAction: unknown value 39"},
 		{"empty error code", func(e *datamodels.HealthEvent) { e.ErrorCode = []string{"XID-79", ""} }, "errorCode[1]: must be 1 to 128"},
