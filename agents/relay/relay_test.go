@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -250,4 +251,45 @@ func metric(t *testing.T, reg *prometheus.Registry, result string) float64 {
 		}
 	}
 	return 0
+}
+
+// BenchmarkRelay: calls of one event and of 100, each answered once its
+// events are fsync'd into a real spool.
+func BenchmarkRelay(b *testing.B) {
+	for _, n := range []int{1, 100} {
+		b.Run(strconv.Itoa(n)+"_events", func(b *testing.B) {
+			dir := b.TempDir()
+			log := slog.New(slog.DiscardHandler)
+			sp, err := agent.OpenSpool(filepath.Join(dir, "spool"), 1<<30, log, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer sp.Close()
+			srv, err := relay.New(relay.Config{Socket: filepath.Join(dir, "s.sock")}, "gpu-node-42", sp, log, prometheus.NewRegistry(), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- srv.Serve(ctx) }()
+			defer func() { cancel(); <-done }()
+			mon, err := nvsentinel.Dial(filepath.Join(dir, "s.sock"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer mon.Close()
+			evs := make([]nvsentinel.Event, n)
+			for i := range evs {
+				evs[i] = xid("gpu-node-42", "Xid 79 on GPU 0")
+				evs[i].GeneratedTimestamp = time.Now()
+			}
+			b.ResetTimer()
+			for range b.N {
+				if err := mon.Send(ctx, evs...); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
 }
