@@ -127,6 +127,9 @@ func New(cfg Config, node string, spool Spool, log *slog.Logger, reg prometheus.
 	if err := reg.Register(s.m.events); err != nil {
 		return nil, fmt.Errorf("relay metrics: %w", err)
 	}
+	for _, r := range []string{resultAccepted, resultInvalid, resultOtherNode, resultNotSpool} {
+		s.m.events.WithLabelValues(r) // every series from the start, at 0
+	}
 	ln, err := unixsock.Listen(cfg.Socket, cfg.Group, Keys)
 	if err != nil {
 		reg.Unregister(s.m.events)
