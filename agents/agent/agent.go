@@ -142,6 +142,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.podres != nil {
 		defer a.podres.Close()
 	}
+	if a.relay != nil {
+		defer a.relay.Close() // also when Run fails before serving it
+	}
 	a.started = a.now()
 	var wg sync.WaitGroup
 	if a.cfg.MetricsAddr != "" {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -107,5 +108,35 @@ func TestAgentRelayOnly(t *testing.T) {
 	}
 	if _, err := os.Stat(cfg.NVSentinelSocket); !os.IsNotExist(err) {
 		t.Fatalf("socket left after Run: %v", err)
+	}
+}
+
+// TestAgentRelayRemovedOnFailedStart: when Run fails before serving (its
+// metrics address is taken), the relay's socket goes with it.
+func TestAgentRelayRemovedOnFailedStart(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.NodeName, cfg.Checks, cfg.PodResourcesSocket = "gpu-node-42", nil, ""
+	cfg.MetricsAddr = taken.Addr().String()
+	cfg.Gateway.Addr, cfg.Gateway.Insecure = "127.0.0.1:1", true
+	cfg.Spool.Dir = filepath.Join(dir, "spool")
+	cfg.NVSentinelSocket = filepath.Join(dir, "nvsentinel.sock")
+	a, err := New(cfg, quiet(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(cfg.NVSentinelSocket); err != nil {
+		t.Fatalf("no socket after New: %v", err)
+	}
+	if err := a.Run(context.Background()); err == nil || !strings.HasPrefix(err.Error(), "metrics_addr: ") {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, err := os.Stat(cfg.NVSentinelSocket); !os.IsNotExist(err) {
+		t.Fatalf("socket left after a failed start: %v", err)
 	}
 }

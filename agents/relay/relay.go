@@ -168,8 +168,8 @@ func (s *Server) Serve(ctx context.Context) error {
 	return fmt.Errorf("%s: %w", Keys.Path, err)
 }
 
-// Close stops serving at once and removes the socket (for a relay that
-// never served).
+// Close stops serving at once and removes the socket; for a relay whose
+// Serve never ran or has returned (it is then a no-op).
 func (s *Server) Close() {
 	s.srv.Stop()
 	s.ln.Close()
