@@ -1,242 +1,26 @@
 package gateway
 
-import (
-	"fmt"
-	"regexp"
-	"time"
-	"unicode"
-	"unicode/utf8"
+import "github.com/faultline/faultline/schemas/validate"
 
-	"github.com/faultline/faultline/schemas/gen/datamodels"
+// The gateway validates events with schemas/validate, the rules the agent's
+// NVSentinel relay applies too.
+type (
+	// Validator checks submitted events (validate.Validator).
+	Validator = validate.Validator
+	// FieldError is a validation failure of one field (validate.FieldError).
+	FieldError = validate.FieldError
 )
 
-// Limits on one event; larger is rejected with the field named.
+// Limits the gateway's other checks share with the validator.
 const (
-	maxNameLen      = 256  // agent, componentClass, checkName, entity type
-	maxNodeNameLen  = 253  // a Kubernetes node name
-	maxMessageLen   = 8192 // message
-	maxErrorCodes   = 32
-	maxErrorCodeLen = 128
-	maxEntities     = 64
-	maxEntityValue  = 512
-	maxIDLen        = 128
-	maxMetadata     = 64
-	maxMetadataKey  = 128
-	maxMetadataVal  = 2048
+	maxNodeNameLen = validate.MaxNodeNameLen
+	maxErrorCodes  = validate.MaxErrorCodes
+	maxEntities    = validate.MaxEntities
+	maxMetadata    = validate.MaxMetadata
 )
 
-// nodeNamePattern is an RFC 1123 subdomain, as Kubernetes requires of node names.
-var nodeNamePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+// nodeNamePattern is a Kubernetes node name (validate.NodeNamePattern).
+var nodeNamePattern = validate.NodeNamePattern
 
-// FieldError is a validation failure of one field.
-type FieldError struct {
-	Field  string
-	Reason string
-}
-
-func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
-
-func fieldErr(field, format string, args ...any) *FieldError {
-	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
-}
-
-// Validator checks submitted events.
-type Validator struct {
-	MaxBatch      int
-	MaxFutureSkew time.Duration
-}
-
-// ValidateBatch checks a whole request; the first problem is returned with
-// the path of its field ("events[2].nodeName").
-func (v Validator) ValidateBatch(evs []*datamodels.HealthEvent, now time.Time) error {
-	if len(evs) == 0 {
-		return fieldErr("events", "at least one event is required")
-	}
-	if len(evs) > v.MaxBatch {
-		return fieldErr("events", "%d events exceed the batch limit of %d", len(evs), v.MaxBatch)
-	}
-	for i, ev := range evs {
-		if err := v.Validate(ev, now); err != nil {
-			err.Field = fmt.Sprintf("events[%d].%s", i, err.Field)
-			return err
-		}
-	}
-	return nil
-}
-
-// Validate checks one event.
-func (v Validator) Validate(ev *datamodels.HealthEvent, now time.Time) *FieldError {
-	if ev == nil {
-		return fieldErr("event", "must not be null")
-	}
-	for _, f := range []struct {
-		name, val string
-		max       int
-	}{
-		{"agent", ev.GetAgent(), maxNameLen},
-		{"componentClass", ev.GetComponentClass(), maxNameLen},
-		{"checkName", ev.GetCheckName(), maxNameLen},
-	} {
-		if f.val == "" {
-			return fieldErr(f.name, "required")
-		}
-		if len(f.val) > f.max {
-			return fieldErr(f.name, "longer than %d bytes", f.max)
-		}
-	}
-	if err := checkText(ev); err != nil {
-		return err
-	}
-	if len(ev.GetId()) > maxIDLen {
-		return fieldErr("id", "longer than %d bytes: leave it empty, or set a key the retries of this event repeat", maxIDLen)
-	}
-	switch n := ev.GetNodeName(); {
-	case n == "":
-		return fieldErr("nodeName", "required")
-	case len(n) > maxNodeNameLen:
-		return fieldErr("nodeName", "longer than %d bytes", maxNodeNameLen)
-	case !nodeNamePattern.MatchString(n):
-		return fieldErr("nodeName", "%q is not a valid Kubernetes node name (lowercase RFC 1123 subdomain)", truncate(n))
-	}
-	if len(ev.GetMessage()) > maxMessageLen {
-		return fieldErr("message", "longer than %d bytes", maxMessageLen)
-	}
-	if _, ok := datamodels.RecommendedAction_name[int32(ev.GetRecommendedAction())]; !ok {
-		return fieldErr("recommendedAction", "unknown value %d", ev.GetRecommendedAction())
-	}
-	if ev.GetRecommendedAction() == datamodels.RecommendedAction_CUSTOM && ev.GetCustomRecommendedAction() == "" {
-		return fieldErr("customRecommendedAction", "required when recommendedAction is CUSTOM")
-	}
-	if len(ev.GetCustomRecommendedAction()) > maxNameLen {
-		return fieldErr("customRecommendedAction", "longer than %d bytes", maxNameLen)
-	}
-	if _, ok := datamodels.ProcessingStrategy_name[int32(ev.GetProcessingStrategy())]; !ok {
-		return fieldErr("processingStrategy", "unknown value %d", ev.GetProcessingStrategy())
-	}
-	if len(ev.GetErrorCode()) > maxErrorCodes {
-		return fieldErr("errorCode", "%d codes exceed the limit of %d", len(ev.GetErrorCode()), maxErrorCodes)
-	}
-	for i, c := range ev.GetErrorCode() {
-		if c == "" || len(c) > maxErrorCodeLen {
-			return fieldErr(fmt.Sprintf("errorCode[%d]", i), "must be 1 to %d bytes", maxErrorCodeLen)
-		}
-	}
-	if len(ev.GetEntitiesImpacted()) > maxEntities {
-		return fieldErr("entitiesImpacted", "%d entities exceed the limit of %d", len(ev.GetEntitiesImpacted()), maxEntities)
-	}
-	for i, e := range ev.GetEntitiesImpacted() {
-		switch {
-		case e == nil:
-			return fieldErr(fmt.Sprintf("entitiesImpacted[%d]", i), "must not be null")
-		case e.GetEntityType() == "" || len(e.GetEntityType()) > maxNameLen:
-			return fieldErr(fmt.Sprintf("entitiesImpacted[%d].entityType", i), "must be 1 to %d bytes", maxNameLen)
-		case e.GetEntityValue() == "" || len(e.GetEntityValue()) > maxEntityValue:
-			return fieldErr(fmt.Sprintf("entitiesImpacted[%d].entityValue", i), "must be 1 to %d bytes", maxEntityValue)
-		}
-	}
-	if len(ev.GetMetadata()) > maxMetadata {
-		return fieldErr("metadata", "%d keys exceed the limit of %d", len(ev.GetMetadata()), maxMetadata)
-	}
-	for k, val := range ev.GetMetadata() {
-		if k == "" || len(k) > maxMetadataKey {
-			return fieldErr("metadata", "key %q must be 1 to %d bytes", truncate(k), maxMetadataKey)
-		}
-		if len(val) > maxMetadataVal {
-			return fieldErr("metadata["+truncate(k)+"]", "value longer than %d bytes", maxMetadataVal)
-		}
-	}
-	if ts := ev.GetGeneratedTimestamp(); ts != nil {
-		if err := ts.CheckValid(); err != nil {
-			return fieldErr("generatedTimestamp", "invalid: %v", err)
-		}
-		t := ts.AsTime()
-		if t.After(now.Add(v.MaxFutureSkew)) {
-			return fieldErr("generatedTimestamp", "%s is more than %s in the future", t.Format(time.RFC3339), v.MaxFutureSkew)
-		}
-		if t.Year() < 2000 {
-			return fieldErr("generatedTimestamp", "%s is before the year 2000", t.Format(time.RFC3339))
-		}
-	}
-	return nil
-}
-
-// checkText rejects strings that are not UTF-8, as proto3 requires (the
-// gRPC door decodes with vtprotobuf, which does not check), and control
-// characters: none at all in identifiers (agent, componentClass,
-// checkName, customRecommendedAction, id, errorCode, entity types and
-// values, metadata keys), where a NUL, an ESC or a newline could forge a
-// log line or a terminal's output downstream; in free text (message and
-// metadata values) tab, newline and carriage return are allowed and every
-// other control character is not.
-func checkText(ev *datamodels.HealthEvent) *FieldError {
-	for _, f := range [...]struct {
-		name, val string
-		text      bool
-	}{
-		{"agent", ev.GetAgent(), false}, {"componentClass", ev.GetComponentClass(), false},
-		{"checkName", ev.GetCheckName(), false}, {"message", ev.GetMessage(), true},
-		{"nodeName", ev.GetNodeName(), false}, {"customRecommendedAction", ev.GetCustomRecommendedAction(), false},
-		{"id", ev.GetId(), false},
-	} {
-		if err := checkString(f.name, f.val, f.text); err != nil {
-			return err
-		}
-	}
-	for i, c := range ev.GetErrorCode() {
-		if err := checkString(fmt.Sprintf("errorCode[%d]", i), c, false); err != nil {
-			return err
-		}
-	}
-	for i, e := range ev.GetEntitiesImpacted() {
-		if err := checkString(fmt.Sprintf("entitiesImpacted[%d].entityType", i), e.GetEntityType(), false); err != nil {
-			return err
-		}
-		if err := checkString(fmt.Sprintf("entitiesImpacted[%d].entityValue", i), e.GetEntityValue(), false); err != nil {
-			return err
-		}
-	}
-	for k, v := range ev.GetMetadata() {
-		if !utf8.ValidString(k) || !utf8.ValidString(v) {
-			return fieldErr("metadata", "a key or value is not valid UTF-8")
-		}
-		if err := checkString("metadata", k, false); err != nil {
-			err.Reason = fmt.Sprintf("key %q %s", truncate(k), err.Reason)
-			return err
-		}
-		if err := checkString("metadata["+truncate(k)+"]", v, true); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// checkString checks one string (see checkText); text allows \t, \n, \r.
-func checkString(field, v string, text bool) *FieldError {
-	if !utf8.ValidString(v) {
-		return fieldErr(field, "not valid UTF-8")
-	}
-	for i, r := range v {
-		if !unicode.IsControl(r) || (text && (r == '\t' || r == '\n' || r == '\r')) {
-			continue
-		}
-		what := "an identifier"
-		if text {
-			what = "text (tab, newline and carriage return are allowed)"
-		}
-		return fieldErr(field, "control character %U at byte %d is not allowed in %s", r, i, what)
-	}
-	return nil
-}
-
-func truncate(s string) string {
-	const max = 64
-	if len(s) <= max {
-		return s
-	}
-	for i := max; i > 0; i-- {
-		if utf8.RuneStart(s[i]) {
-			return s[:i] + "…"
-		}
-	}
-	return ""
-}
+// truncate shortens a client string quoted in an error (validate.Short).
+func truncate(s string) string { return validate.Short(s) }

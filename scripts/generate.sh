@@ -31,7 +31,7 @@ install_tool protoc-gen-go-vtproto github.com/planetscale/vtprotobuf/cmd/protoc-
 
 out=schemas/gen
 rm -rf "$out" && mkdir -p "$out"
-protos="datamodels/health_event.proto faultline/v1/faultline.proto"
+protos="datamodels/health_event.proto datamodels/external_remediation.proto faultline/v1/faultline.proto"
 api=schemas/proto/faultline/v1/http.yaml
 PATH=$bin:$PATH protoc -I schemas/proto \
   --go_out="$out" --go_opt=paths=source_relative \

@@ -23,6 +23,7 @@ import (
 
 	"github.com/faultline/faultline/agents/check"
 	"github.com/faultline/faultline/agents/podres"
+	"github.com/faultline/faultline/agents/relay"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -61,6 +62,7 @@ type Agent struct {
 	checks []Scheduled
 	now    func() time.Time
 	podres *podres.Lister // nil: off
+	relay  *relay.Server  // nil: off (nvsentinel_socket)
 
 	mu        sync.Mutex
 	lastRun   map[string]time.Time
@@ -100,10 +102,22 @@ func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
 		sp.Close()
 		return nil, err
 	}
+	if cfg.NVSentinelSocket != "" {
+		a.relay, err = relay.New(relay.Config{Socket: cfg.NVSentinelSocket, Group: cfg.NVSentinelSocketGroup},
+			cfg.NodeName, sp, log, a.m.Registry, a.now)
+		if err != nil {
+			a.sender.Close()
+			sp.Close()
+			return nil, err
+		}
+	}
 	if cfg.PodResourcesSocket != "" {
 		if _, err := os.Stat(cfg.PodResourcesSocket); err != nil {
 			log.Info("kubelet pod-resources socket unavailable; events carry no GPU pods", "socket", cfg.PodResourcesSocket, "err", err)
 		} else if a.podres, err = podres.New(cfg.PodResourcesSocket, podresTTL); err != nil {
+			if a.relay != nil {
+				a.relay.Close()
+			}
 			a.sender.Close()
 			sp.Close()
 			return nil, err
@@ -127,6 +141,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.sender.Close()
 	if a.podres != nil {
 		defer a.podres.Close()
+	}
+	if a.relay != nil {
+		defer a.relay.Close() // also when Run fails before serving it
 	}
 	a.started = a.now()
 	var wg sync.WaitGroup
@@ -156,6 +173,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer wg.Done()
 		_ = a.sender.Run(ctx)
 	}()
+	if a.relay != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.relay.Serve(ctx); err != nil {
+				cancel(err)
+			}
+		}()
+	}
 	for _, s := range a.checks {
 		wg.Add(1)
 		go func() {
@@ -167,7 +193,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	for i, s := range a.checks {
 		names[i] = s.Check.Name()
 	}
-	a.log.Info("agent running", "node", a.cfg.NodeName, "checks", strings.Join(names, ","), "gateway", a.cfg.Gateway.Addr)
+	a.log.Info("agent running", "node", a.cfg.NodeName, "checks", strings.Join(names, ","), "gateway", a.cfg.Gateway.Addr,
+		"nvsentinel_socket", a.cfg.NVSentinelSocket)
 	<-ctx.Done()
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {

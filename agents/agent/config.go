@@ -25,7 +25,8 @@ import (
 type Config struct {
 	// NodeName is stamped on every event (default $NODE_NAME; required).
 	NodeName string `toml:"node_name"`
-	// Checks lists the enabled checks by registry name (default ["nic"]).
+	// Checks lists the enabled checks by registry name (default ["nic"]);
+	// empty runs none, which needs NVSentinelSocket.
 	Checks []string `toml:"checks"`
 	// ProcessingStrategy is EXECUTE_REMEDIATION (default) or STORE_ONLY,
 	// stamped on events that do not set one.
@@ -42,6 +43,14 @@ type Config struct {
 	// podres.DefaultSocket; "" off; a missing socket turns it off with a
 	// log line).
 	PodResourcesSocket string `toml:"pod_resources_socket"`
+	// NVSentinelSocket, when set, serves NVSentinel's PlatformConnector on
+	// this unix socket for NVSentinel's health monitors on the node, and
+	// relays their events through the spool (agents/relay; default off).
+	// Their containers dial /var/run/nvsentinel.sock.
+	NVSentinelSocket string `toml:"nvsentinel_socket"`
+	// NVSentinelSocketGroup is the group (name or numeric id) of that
+	// socket, created mode 0660 (default: the agent's group).
+	NVSentinelSocketGroup string `toml:"nvsentinel_socket_group"`
 
 	Gateway GatewayConfig `toml:"gateway"`
 	Spool   SpoolConfig   `toml:"spool"`
@@ -143,6 +152,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "address of /metrics and /healthz, empty to disable (metrics_addr)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn, error (log_level)")
 	fs.StringVar(&c.PodResourcesSocket, "pod-resources-socket", c.PodResourcesSocket, "kubelet pod-resources socket, to attach the pods of an event's GPUs; empty to disable (pod_resources_socket)")
+	fs.StringVar(&c.NVSentinelSocket, "nvsentinel-socket", c.NVSentinelSocket, "serve NVSentinel's PlatformConnector on this unix socket and relay its events (nvsentinel_socket; default off)")
+	fs.StringVar(&c.NVSentinelSocketGroup, "nvsentinel-socket-group", c.NVSentinelSocketGroup, "group (name or id) of the NVSentinel socket, created mode 0660 (nvsentinel_socket_group; default the agent's group)")
 	fs.StringVar(&c.Gateway.Addr, "gateway", c.Gateway.Addr, "gateway gRPC address (gateway.addr)")
 	fs.StringVar(&c.Gateway.TokenFile, "token-file", c.Gateway.TokenFile, "bearer token file (gateway.token_file)")
 	fs.BoolVar(&c.Gateway.Insecure, "gateway-insecure", c.Gateway.Insecure, "send to the gateway WITHOUT TLS: the token and events travel in clear; for a local or test gateway only (gateway.insecure)")
@@ -163,8 +174,11 @@ func (c *Config) Validate() error {
 	if c.NodeName == "" {
 		return errors.New("node_name: must be set (or NODE_NAME, or --node-name)")
 	}
-	if len(c.Checks) == 0 {
-		return errors.New("checks: no check enabled")
+	if len(c.Checks) == 0 && c.NVSentinelSocket == "" {
+		return errors.New("checks: no check enabled, and nvsentinel_socket is off: the agent would have nothing to report")
+	}
+	if c.NVSentinelSocketGroup != "" && c.NVSentinelSocket == "" {
+		return errors.New("nvsentinel_socket_group: set, but nvsentinel_socket is off")
 	}
 	for _, n := range c.Checks {
 		if spec(n) == nil {

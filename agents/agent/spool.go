@@ -277,6 +277,62 @@ func (s *Spool) Append(evs []*datamodels.HealthEvent) (int, error) {
 	return accepted, nil
 }
 
+// ErrSpoolFull is returned by AppendAll when the events do not fit.
+var ErrSpoolFull = errors.New("spool full")
+
+// AppendAll is Append, all or none: when the capacity policy (see Spool)
+// would refuse any of the events, none is written and the error wraps
+// ErrSpoolFull; nothing is counted as dropped, since the caller tells its
+// client to resend them (the NVSentinel relay does), and a resend must not
+// repeat the events that fitted. Like Append it gives each event without
+// an id a new one, the key the gateway stores it under.
+func (s *Spool) AppendAll(evs []*datamodels.HealthEvent) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrSpoolClosed
+	}
+	pending := s.pendingLocked()
+	var buf []byte
+	for i, ev := range evs {
+		if ev.Id == "" {
+			ev.Id = events.NewID()
+		}
+		p, err := proto.Marshal(ev)
+		if err != nil {
+			return fmt.Errorf("spool encode: %w", err)
+		}
+		size := int64(recordHeader + len(p))
+		if pending+size > s.maxBytes || (!ev.GetIsFatal() && pending+size > s.maxBytes*9/10) {
+			if !s.full {
+				s.log.Error("spool full: refusing new events until the gateway takes the backlog",
+					"pending_bytes", pending, "max_bytes", s.maxBytes)
+			}
+			s.full = true
+			s.updateGauges()
+			return fmt.Errorf("%w: %d of its %d bytes hold unsent events, and events[%d] of these %d does not fit (the last 10%% is kept for fatal events)",
+				ErrSpoolFull, s.pendingLocked(), s.maxBytes, i, len(evs))
+		}
+		var h [recordHeader]byte
+		binary.BigEndian.PutUint32(h[:], uint32(len(p)))
+		binary.BigEndian.PutUint32(h[4:], crc32.Checksum(p, s.crc))
+		buf = append(append(buf, h[:]...), p...)
+		pending += size
+	}
+	if err := s.writeLocked(buf); err != nil {
+		return err
+	}
+	s.updateGauges()
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
 func (s *Spool) writeLocked(buf []byte) error {
 	if s.w == nil || s.sizes[s.segs[len(s.segs)-1]] >= s.segmentBytes {
 		if s.w != nil {

@@ -498,8 +498,8 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	ev := it.ev
 	// Overrides left on the event are an operator's (gateOverrides).
 	force := ev.GetQuarantineOverrides().GetForce()
-	if events.StoreOnly(ev) {
-		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, "processingStrategy STORE_ONLY: stored, never acted on", "", cl)}, nil
+	if events.NeverActs(ev) {
+		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, "processingStrategy "+ev.GetProcessingStrategy().String()+": stored, never acted on", "", cl)}, nil
 	}
 	if ev.GetQuarantineOverrides().GetSkip() {
 		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, "quarantineOverrides.skip", "", cl)}, nil
@@ -669,7 +669,7 @@ func dryRunWhy(cl *clusters.Client) string {
 
 func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]*faultlinev1.Action, error) {
 	ev := it.ev
-	if events.StoreOnly(ev) || cl == nil || cl.Kube == nil {
+	if events.NeverActs(ev) || cl == nil || cl.Kube == nil {
 		return nil, nil
 	}
 	if h.nodes.nothingStanding(cl, it.node, h.now()) {

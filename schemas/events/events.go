@@ -168,7 +168,21 @@ func EntityKey(ev *datamodels.HealthEvent) string {
 // IsDerived reports whether a correlation rule produced the event.
 func IsDerived(ev *datamodels.HealthEvent) bool { return ev.GetDerivedBy() != "" }
 
-// StoreOnly reports whether the event must never change cluster state.
+// StoreOnly reports whether the event is processingStrategy STORE_ONLY:
+// stored, never counted by correlation, never acted on.
 func StoreOnly(ev *datamodels.HealthEvent) bool {
 	return ev.GetProcessingStrategy() == datamodels.ProcessingStrategy_STORE_ONLY
+}
+
+// NeverActs reports whether quarantine, drain and remediate must leave the
+// event alone: processingStrategy STORE_ONLY or STORE_AND_ANALYSE. The
+// store takes every event, and correlation counts STORE_AND_ANALYSE events
+// (not STORE_ONLY ones); a verdict it derives from them carries its rule's
+// own strategy, so it may act.
+func NeverActs(ev *datamodels.HealthEvent) bool {
+	switch ev.GetProcessingStrategy() {
+	case datamodels.ProcessingStrategy_STORE_ONLY, datamodels.ProcessingStrategy_STORE_AND_ANALYSE:
+		return true
+	}
+	return false
 }

@@ -1,0 +1,142 @@
+package agent
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/faultline/faultline/schemas/nvsentinel"
+)
+
+// TestRelayConfig: nvsentinel_socket and nvsentinel_socket_group, from
+// TOML or flags; with the socket on, the agent may run no check of its own.
+func TestRelayConfig(t *testing.T) {
+	env := func(string) string { return "gpu-node-42" }
+	dir := t.TempDir()
+	path := filepath.Join(dir, "agent.toml")
+	if err := os.WriteFile(path, []byte("checks = []\nnvsentinel_socket = \"/var/run/nvsentinel/nvsentinel.sock\"\nnvsentinel_socket_group = \"nvsentinel\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := LoadConfig("t", []string{"--config", path}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Checks) != 0 || cfg.NVSentinelSocket != "/var/run/nvsentinel/nvsentinel.sock" || cfg.NVSentinelSocketGroup != "nvsentinel" {
+		t.Fatalf("config %+v", cfg)
+	}
+	cfg, err = LoadConfig("t", []string{"--checks=", "--nvsentinel-socket", "/run/s.sock", "--nvsentinel-socket-group", "1000"}, env)
+	if err != nil || len(cfg.Checks) != 0 || cfg.NVSentinelSocket != "/run/s.sock" || cfg.NVSentinelSocketGroup != "1000" {
+		t.Fatalf("flags: %+v %v", cfg, err)
+	}
+	if cfg, err := LoadConfig("t", nil, env); err != nil || cfg.NVSentinelSocket != "" {
+		t.Fatalf("off by default: %q %v", cfg.NVSentinelSocket, err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--checks="}, "config: checks: no check enabled, and nvsentinel_socket is off: the agent would have nothing to report"},
+		{[]string{"--nvsentinel-socket-group", "g"}, "config: nvsentinel_socket_group: set, but nvsentinel_socket is off"},
+	} {
+		if _, err := LoadConfig("t", tc.args, env); err == nil || err.Error() != tc.want {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestAgentRelayOnly: an agent with no check of its own serves the relay
+// socket; a monitor's event lands in its spool, and /healthz is ok.
+func TestAgentRelayOnly(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.NodeName, cfg.Checks, cfg.MetricsAddr, cfg.PodResourcesSocket = "gpu-node-42", nil, "", ""
+	cfg.Gateway.Addr, cfg.Gateway.Insecure = "127.0.0.1:1", true // nothing listens: events stay spooled
+	cfg.Spool.Dir = filepath.Join(dir, "spool")
+	cfg.NVSentinelSocket = filepath.Join(dir, "nvsentinel.sock")
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(cfg, quiet(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	mon, err := nvsentinel.Dial(cfg.NVSentinelSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mon.Close()
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	defer scancel()
+	// The socket exists from New; calls are answered once Run serves it.
+	var sendErr error
+	for sctx.Err() == nil {
+		if sendErr = mon.Send(sctx, nvsentinel.Event{Agent: "gpu-health-monitor", ComponentClass: "GPU", CheckName: "GpuXidError",
+			IsFatal: true, NodeName: "gpu-node-42", Message: "relayed"}); sendErr == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if sendErr != nil {
+		t.Fatal(sendErr)
+	}
+	evs, _, err := a.Spool().Peek(10)
+	if err != nil || len(evs) != 1 || evs[0].GetMessage() != "relayed" {
+		t.Fatalf("spool %v %v", evs, err)
+	}
+	rec := httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("healthz %d %s", rec.Code, rec.Body)
+	}
+	rec = httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if !strings.Contains(rec.Body.String(), `faultline_agent_relay_events_total{result="accepted"} 1`) {
+		t.Fatal("relay metric not on the agent's /metrics")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(cfg.NVSentinelSocket); !os.IsNotExist(err) {
+		t.Fatalf("socket left after Run: %v", err)
+	}
+}
+
+// TestAgentRelayRemovedOnFailedStart: when Run fails before serving (its
+// metrics address is taken), the relay's socket goes with it.
+func TestAgentRelayRemovedOnFailedStart(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.NodeName, cfg.Checks, cfg.PodResourcesSocket = "gpu-node-42", nil, ""
+	cfg.MetricsAddr = taken.Addr().String()
+	cfg.Gateway.Addr, cfg.Gateway.Insecure = "127.0.0.1:1", true
+	cfg.Spool.Dir = filepath.Join(dir, "spool")
+	cfg.NVSentinelSocket = filepath.Join(dir, "nvsentinel.sock")
+	a, err := New(cfg, quiet(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(cfg.NVSentinelSocket); err != nil {
+		t.Fatalf("no socket after New: %v", err)
+	}
+	if err := a.Run(context.Background()); err == nil || !strings.HasPrefix(err.Error(), "metrics_addr: ") {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, err := os.Stat(cfg.NVSentinelSocket); !os.IsNotExist(err) {
+		t.Fatalf("socket left after a failed start: %v", err)
+	}
+}

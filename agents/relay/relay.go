@@ -1,0 +1,225 @@
+// Package relay serves NVIDIA NVSentinel's ingestion service,
+// datamodels.PlatformConnector/HealthEventOccurredV1, on a node-local unix
+// socket of the faultline agent, so that NVSentinel's health monitors
+// (syslog, GPU/DCGM, CSP, Kubernetes-object, NIC) run unchanged on a
+// faultline node and get the agent's delivery guarantees.
+//
+// An accepted call means every event of it is in the agent's spool
+// (fsync'd), from which the agent's sender delivers it to the gateway with
+// the agent's own credential: nothing is lost while the gateway is down,
+// events are resent in order, and each is stored once (the spool gives it
+// the idempotency key the gateway stores it under). Before accepting, the
+// relay checks each event as the gateway would (schemas/validate) and that
+// it is for the agent's own node, and refuses the whole call otherwise,
+// so that a monitor learns at once what can never be delivered. It stamps
+// nothing the gateway owns (cluster, submitter, receivedTimestamp, the
+// stored id): it only replaces a monitor's id with the spool's key and
+// gives an event without generatedTimestamp the time the agent received
+// it, so an event that waits out a gateway outage keeps the time it
+// happened.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/internal/unixsock"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
+)
+
+// Config is where the relay listens.
+type Config struct {
+	// Socket is the unix socket's path (the agent's nvsentinel_socket;
+	// "" is off). NVSentinel's monitors dial /var/run/nvsentinel.sock in
+	// their containers.
+	Socket string
+	// Group is the group (name or numeric id) given the socket, created
+	// mode 0660 (the agent's nvsentinel_socket_group; default the agent's
+	// group). Membership of it is the credential of a monitor.
+	Group string
+}
+
+// Keys are the agent's configuration keys of Config, named in errors.
+var Keys = unixsock.Keys{Path: "nvsentinel_socket", Group: "nvsentinel_socket_group"}
+
+// Spool is where accepted events go: all of a call's events, in order, or
+// none (the agent's Spool.AppendAll).
+type Spool interface {
+	AppendAll(evs []*datamodels.HealthEvent) error
+}
+
+// Limits of one call.
+const (
+	// MaxBatch is the most events in one call (the gateway's default).
+	MaxBatch = 1000
+	// MaxMessageBytes is the largest call (the gateway's default
+	// gateway.max_body_bytes).
+	MaxMessageBytes = 4 << 20
+	// maxStreams bounds the calls in progress on one connection.
+	maxStreams = 16
+	// maxFutureSkew is how far ahead generatedTimestamp may be (the
+	// gateway's default).
+	maxFutureSkew = 5 * time.Minute
+)
+
+// Server is the relay: the PlatformConnector service on the socket.
+type Server struct {
+	datamodels.UnimplementedPlatformConnectorServer
+
+	node  string
+	spool Spool
+	log   *slog.Logger
+	now   func() time.Time
+	v     validate.Validator
+	m     metrics
+	ln    net.Listener
+	srv   *grpc.Server
+	path  string
+
+	mu      sync.Mutex
+	lastLog map[string]time.Time
+}
+
+// metrics are the relay's Prometheus metrics.
+type metrics struct {
+	events *prometheus.CounterVec
+}
+
+// Results of an event, as faultline_agent_relay_events_total labels them.
+const (
+	resultAccepted  = "accepted"
+	resultInvalid   = "invalid"
+	resultOtherNode = "other_node"
+	resultNotSpool  = "not_spooled"
+)
+
+// New creates the socket (see unixsock.Listen: 0660, cfg.Group, never over
+// a file that is not a socket) and the server for node's events, spooled
+// into spool. Metrics are registered on reg; now is the clock (nil:
+// time.Now).
+func New(cfg Config, node string, spool Spool, log *slog.Logger, reg prometheus.Registerer, now func() time.Time) (*Server, error) {
+	if cfg.Socket == "" {
+		return nil, fmt.Errorf("%s: must be set", Keys.Path)
+	}
+	if now == nil {
+		now = time.Now
+	}
+	s := &Server{node: node, spool: spool, log: log.With("component", "nvsentinel-relay"), now: now, path: cfg.Socket,
+		v:       validate.Validator{MaxBatch: MaxBatch, MaxFutureSkew: maxFutureSkew},
+		lastLog: map[string]time.Time{},
+		m: metrics{events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_agent_relay_events_total",
+			Help: "Events NVSentinel monitors sent to the agent's relay socket, by result (accepted: spooled; invalid, other_node, not_spooled: the call was refused and nothing of it spooled)."},
+			[]string{"result"})},
+	}
+	if err := reg.Register(s.m.events); err != nil {
+		return nil, fmt.Errorf("relay metrics: %w", err)
+	}
+	for _, r := range []string{resultAccepted, resultInvalid, resultOtherNode, resultNotSpool} {
+		s.m.events.WithLabelValues(r) // every series from the start, at 0
+	}
+	ln, err := unixsock.Listen(cfg.Socket, cfg.Group, Keys)
+	if err != nil {
+		reg.Unregister(s.m.events)
+		return nil, err
+	}
+	s.ln = ln
+	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxConcurrentStreams(maxStreams))
+	datamodels.RegisterPlatformConnectorServer(s.srv, s)
+	return s, nil
+}
+
+// Serve serves until ctx ends, then lets calls in progress finish (a few
+// seconds at most) and removes the socket.
+func (s *Server) Serve(ctx context.Context) error {
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-done:
+			return
+		}
+		stopped := make(chan struct{})
+		go func() { s.srv.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(3 * time.Second):
+			s.srv.Stop()
+		}
+	}()
+	s.log.Info("serving NVSentinel's PlatformConnector", "socket", s.path, "node", s.node)
+	err := s.srv.Serve(s.ln)
+	if errors.Is(err, grpc.ErrServerStopped) || ctx.Err() != nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", Keys.Path, err)
+}
+
+// Close stops serving at once and removes the socket; for a relay whose
+// Serve never ran or has returned (it is then a no-op).
+func (s *Server) Close() {
+	s.srv.Stop()
+	s.ln.Close()
+}
+
+// HealthEventOccurredV1 spools the call's events, all or none.
+func (s *Server) HealthEventOccurredV1(_ context.Context, req *datamodels.HealthEvents) (*emptypb.Empty, error) {
+	evs := req.GetEvents()
+	now := s.now()
+	received := timestamppb.New(now)
+	for _, ev := range evs {
+		if ev == nil {
+			continue // the validator names it
+		}
+		ev.Id = "" // the spool gives it the agent's key
+		if ev.GeneratedTimestamp == nil {
+			ev.GeneratedTimestamp = received
+		}
+	}
+	if err := s.v.ValidateBatch(evs, now); err != nil {
+		return nil, s.refuse(resultInvalid, len(evs), codes.InvalidArgument, err.Error())
+	}
+	for i, ev := range evs {
+		if ev.GetNodeName() != s.node {
+			return nil, s.refuse(resultOtherNode, len(evs), codes.PermissionDenied,
+				fmt.Sprintf("events[%d].nodeName: %q is not this node: the faultline agent on node %q relays events for its own node only",
+					i, validate.Short(ev.GetNodeName()), s.node))
+		}
+	}
+	if err := s.spool.AppendAll(evs); err != nil {
+		return nil, s.refuse(resultNotSpool, len(evs), codes.Unavailable,
+			"the faultline agent could not keep these events, resend them later: "+err.Error())
+	}
+	s.m.events.WithLabelValues(resultAccepted).Add(float64(len(evs)))
+	return &emptypb.Empty{}, nil
+}
+
+// refuse counts and logs (at most once per result every 10 seconds) a
+// refused call.
+func (s *Server) refuse(result string, n int, code codes.Code, msg string) error {
+	s.m.events.WithLabelValues(result).Add(float64(n))
+	s.mu.Lock()
+	now := s.now()
+	logIt := now.Sub(s.lastLog[result]) >= 10*time.Second
+	if logIt {
+		s.lastLog[result] = now
+	}
+	s.mu.Unlock()
+	if logIt {
+		s.log.Warn("refused events from an NVSentinel monitor", "result", result, "events", n, "code", code.String(), "err", msg)
+	}
+	return status.Error(code, msg)
+}

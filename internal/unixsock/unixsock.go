@@ -1,0 +1,108 @@
+// Package unixsock creates the node-local unix sockets that faultline
+// serves NVSentinel's monitors on (the gateway's gateway.unix_socket, the
+// agent's nvsentinel_socket): mode 0660 with a configured group, never
+// open to more than owner and group, never replacing a file that is not a
+// socket.
+package unixsock
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+)
+
+// Keys name the configuration keys of a socket's path and group; errors
+// start with the key they concern.
+type Keys struct {
+	Path, Group string
+}
+
+// Listen creates the socket at path with mode 0660, owned by the process's
+// user and group (or group, a name or a numeric id). The socket is created
+// in a private directory (mode 0700) beside path, given its mode and group
+// there, and only then renamed into place, so no client can connect while
+// it is open to more than the owner and group. A socket left at path by an
+// earlier run is replaced; any other file there is an error, and is left
+// alone. Closing the listener removes the socket.
+func Listen(path, group string, keys Keys) (net.Listener, error) {
+	gid := -1
+	if group != "" {
+		id, err := LookupGroup(group)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", keys.Group, err)
+		}
+		gid = id
+	}
+	if st, err := os.Lstat(path); err == nil && st.Mode().Type() != os.ModeSocket {
+		return nil, fmt.Errorf("%s: %s exists and is not a socket", keys.Path, path)
+	}
+	private, err := os.MkdirTemp(filepath.Dir(path), ".fl")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", keys.Path, err)
+	}
+	defer os.RemoveAll(private)
+	tmp := filepath.Join(private, "s")
+	if len(tmp) >= MaxPath {
+		// The private path is too long for a socket address: create the
+		// socket in place, where it has the umask's permissions for the
+		// moment until its own are set (the rename is then a no-op).
+		tmp = path
+		_ = os.Remove(path) // a socket left by an earlier run
+	}
+	ln, err := net.Listen("unix", tmp)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", keys.Path, err)
+	}
+	ul := ln.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false) // the socket is renamed; listener removes it
+	fail := func(err error) (net.Listener, error) {
+		ul.Close()
+		return nil, err
+	}
+	if err := os.Chmod(tmp, 0o660); err != nil {
+		return fail(fmt.Errorf("%s: %w", keys.Path, err))
+	}
+	if gid >= 0 {
+		if err := os.Chown(tmp, -1, gid); err != nil {
+			return fail(fmt.Errorf("%s: %w", keys.Group, err))
+		}
+	}
+	if tmp != path {
+		_ = os.Remove(path) // a socket left by an earlier run
+		if err := os.Rename(tmp, path); err != nil {
+			return fail(fmt.Errorf("%s: %w", keys.Path, err))
+		}
+	}
+	return &listener{UnixListener: ul, path: path}, nil
+}
+
+// MaxPath is the room for a unix socket's path (sun_path is 108 bytes on
+// Linux, with its terminating NUL).
+const MaxPath = 107
+
+// LookupGroup returns the id of a group given by name or numeric id.
+func LookupGroup(group string) (int, error) {
+	if id, err := strconv.Atoi(group); err == nil {
+		return id, nil
+	}
+	g, err := user.LookupGroup(group)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(g.Gid)
+}
+
+// listener removes its socket when closed.
+type listener struct {
+	*net.UnixListener
+	path string
+}
+
+func (l *listener) Close() error {
+	err := l.UnixListener.Close()
+	_ = os.Remove(l.path)
+	return err
+}

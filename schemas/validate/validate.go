@@ -1,0 +1,254 @@
+// Package validate checks HealthEvents against faultline's limits: the
+// rules the gateway applies to every submitted event, and that the agent's
+// NVSentinel relay applies before it accepts an event into its spool, so
+// that a monitor is told at once what the gateway would refuse (an event
+// the gateway refuses later can only be dropped).
+package validate
+
+import (
+	"fmt"
+	"regexp"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// Limits on one event; larger is rejected with the field named.
+const (
+	MaxNameLen      = 256  // agent, componentClass, checkName, entity type
+	MaxNodeNameLen  = 253  // a Kubernetes node name
+	MaxMessageLen   = 8192 // message
+	MaxErrorCodes   = 32
+	MaxErrorCodeLen = 128
+	MaxEntities     = 64
+	MaxEntityValue  = 512
+	MaxIDLen        = 128
+	MaxMetadata     = 64
+	MaxMetadataKey  = 128
+	MaxMetadataVal  = 2048
+)
+
+// NodeNamePattern is an RFC 1123 subdomain, as Kubernetes requires of node
+// names (at most MaxNodeNameLen bytes).
+var NodeNamePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// FieldError is a validation failure of one field.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+func fieldErr(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Validator checks submitted events.
+type Validator struct {
+	// MaxBatch is the most events in one batch (the gateway's
+	// gateway.max_batch, 1000 by default).
+	MaxBatch int
+	// MaxFutureSkew is how far ahead of now generatedTimestamp may be
+	// (the gateway's gateway.max_future_skew, 5m by default).
+	MaxFutureSkew time.Duration
+}
+
+// ValidateBatch checks a whole request; the first problem is returned with
+// the path of its field ("events[2].nodeName").
+func (v Validator) ValidateBatch(evs []*datamodels.HealthEvent, now time.Time) error {
+	if len(evs) == 0 {
+		return fieldErr("events", "at least one event is required")
+	}
+	if len(evs) > v.MaxBatch {
+		return fieldErr("events", "%d events exceed the batch limit of %d", len(evs), v.MaxBatch)
+	}
+	for i, ev := range evs {
+		if err := v.Validate(ev, now); err != nil {
+			err.Field = fmt.Sprintf("events[%d].%s", i, err.Field)
+			return err
+		}
+	}
+	return nil
+}
+
+// Validate checks one event.
+func (v Validator) Validate(ev *datamodels.HealthEvent, now time.Time) *FieldError {
+	if ev == nil {
+		return fieldErr("event", "must not be null")
+	}
+	for _, f := range []struct {
+		name, val string
+		max       int
+	}{
+		{"agent", ev.GetAgent(), MaxNameLen},
+		{"componentClass", ev.GetComponentClass(), MaxNameLen},
+		{"checkName", ev.GetCheckName(), MaxNameLen},
+	} {
+		if f.val == "" {
+			return fieldErr(f.name, "required")
+		}
+		if len(f.val) > f.max {
+			return fieldErr(f.name, "longer than %d bytes", f.max)
+		}
+	}
+	if err := checkText(ev); err != nil {
+		return err
+	}
+	if len(ev.GetId()) > MaxIDLen {
+		return fieldErr("id", "longer than %d bytes: leave it empty, or set a key the retries of this event repeat", MaxIDLen)
+	}
+	switch n := ev.GetNodeName(); {
+	case n == "":
+		return fieldErr("nodeName", "required")
+	case len(n) > MaxNodeNameLen:
+		return fieldErr("nodeName", "longer than %d bytes", MaxNodeNameLen)
+	case !NodeNamePattern.MatchString(n):
+		return fieldErr("nodeName", "%q is not a valid Kubernetes node name (lowercase RFC 1123 subdomain)", Short(n))
+	}
+	if len(ev.GetMessage()) > MaxMessageLen {
+		return fieldErr("message", "longer than %d bytes", MaxMessageLen)
+	}
+	if _, ok := datamodels.RecommendedAction_name[int32(ev.GetRecommendedAction())]; !ok {
+		return fieldErr("recommendedAction", "unknown value %d", ev.GetRecommendedAction())
+	}
+	if ev.GetRecommendedAction() == datamodels.RecommendedAction_CUSTOM && ev.GetCustomRecommendedAction() == "" {
+		return fieldErr("customRecommendedAction", "required when recommendedAction is CUSTOM")
+	}
+	if len(ev.GetCustomRecommendedAction()) > MaxNameLen {
+		return fieldErr("customRecommendedAction", "longer than %d bytes", MaxNameLen)
+	}
+	if _, ok := datamodels.ProcessingStrategy_name[int32(ev.GetProcessingStrategy())]; !ok {
+		return fieldErr("processingStrategy", "unknown value %d", ev.GetProcessingStrategy())
+	}
+	if len(ev.GetErrorCode()) > MaxErrorCodes {
+		return fieldErr("errorCode", "%d codes exceed the limit of %d", len(ev.GetErrorCode()), MaxErrorCodes)
+	}
+	for i, c := range ev.GetErrorCode() {
+		if c == "" || len(c) > MaxErrorCodeLen {
+			return fieldErr(fmt.Sprintf("errorCode[%d]", i), "must be 1 to %d bytes", MaxErrorCodeLen)
+		}
+	}
+	if len(ev.GetEntitiesImpacted()) > MaxEntities {
+		return fieldErr("entitiesImpacted", "%d entities exceed the limit of %d", len(ev.GetEntitiesImpacted()), MaxEntities)
+	}
+	for i, e := range ev.GetEntitiesImpacted() {
+		switch {
+		case e == nil:
+			return fieldErr(fmt.Sprintf("entitiesImpacted[%d]", i), "must not be null")
+		case e.GetEntityType() == "" || len(e.GetEntityType()) > MaxNameLen:
+			return fieldErr(fmt.Sprintf("entitiesImpacted[%d].entityType", i), "must be 1 to %d bytes", MaxNameLen)
+		case e.GetEntityValue() == "" || len(e.GetEntityValue()) > MaxEntityValue:
+			return fieldErr(fmt.Sprintf("entitiesImpacted[%d].entityValue", i), "must be 1 to %d bytes", MaxEntityValue)
+		}
+	}
+	if len(ev.GetMetadata()) > MaxMetadata {
+		return fieldErr("metadata", "%d keys exceed the limit of %d", len(ev.GetMetadata()), MaxMetadata)
+	}
+	for k, val := range ev.GetMetadata() {
+		if k == "" || len(k) > MaxMetadataKey {
+			return fieldErr("metadata", "key %q must be 1 to %d bytes", Short(k), MaxMetadataKey)
+		}
+		if len(val) > MaxMetadataVal {
+			return fieldErr("metadata["+Short(k)+"]", "value longer than %d bytes", MaxMetadataVal)
+		}
+	}
+	if ts := ev.GetGeneratedTimestamp(); ts != nil {
+		if err := ts.CheckValid(); err != nil {
+			return fieldErr("generatedTimestamp", "invalid: %v", err)
+		}
+		t := ts.AsTime()
+		if t.After(now.Add(v.MaxFutureSkew)) {
+			return fieldErr("generatedTimestamp", "%s is more than %s in the future", t.Format(time.RFC3339), v.MaxFutureSkew)
+		}
+		if t.Year() < 2000 {
+			return fieldErr("generatedTimestamp", "%s is before the year 2000", t.Format(time.RFC3339))
+		}
+	}
+	return nil
+}
+
+// checkText rejects strings that are not UTF-8, as proto3 requires (the
+// gRPC door decodes with vtprotobuf, which does not check), and control
+// characters: none at all in identifiers (agent, componentClass,
+// checkName, customRecommendedAction, id, errorCode, entity types and
+// values, metadata keys), where a NUL, an ESC or a newline could forge a
+// log line or a terminal's output downstream; in free text (message and
+// metadata values) tab, newline and carriage return are allowed and every
+// other control character is not.
+func checkText(ev *datamodels.HealthEvent) *FieldError {
+	for _, f := range [...]struct {
+		name, val string
+		text      bool
+	}{
+		{"agent", ev.GetAgent(), false}, {"componentClass", ev.GetComponentClass(), false},
+		{"checkName", ev.GetCheckName(), false}, {"message", ev.GetMessage(), true},
+		{"nodeName", ev.GetNodeName(), false}, {"customRecommendedAction", ev.GetCustomRecommendedAction(), false},
+		{"id", ev.GetId(), false},
+	} {
+		if err := checkString(f.name, f.val, f.text); err != nil {
+			return err
+		}
+	}
+	for i, c := range ev.GetErrorCode() {
+		if err := checkString(fmt.Sprintf("errorCode[%d]", i), c, false); err != nil {
+			return err
+		}
+	}
+	for i, e := range ev.GetEntitiesImpacted() {
+		if err := checkString(fmt.Sprintf("entitiesImpacted[%d].entityType", i), e.GetEntityType(), false); err != nil {
+			return err
+		}
+		if err := checkString(fmt.Sprintf("entitiesImpacted[%d].entityValue", i), e.GetEntityValue(), false); err != nil {
+			return err
+		}
+	}
+	for k, v := range ev.GetMetadata() {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return fieldErr("metadata", "a key or value is not valid UTF-8")
+		}
+		if err := checkString("metadata", k, false); err != nil {
+			err.Reason = fmt.Sprintf("key %q %s", Short(k), err.Reason)
+			return err
+		}
+		if err := checkString("metadata["+Short(k)+"]", v, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkString checks one string (see checkText); text allows \t, \n, \r.
+func checkString(field, v string, text bool) *FieldError {
+	if !utf8.ValidString(v) {
+		return fieldErr(field, "not valid UTF-8")
+	}
+	for i, r := range v {
+		if !unicode.IsControl(r) || (text && (r == '\t' || r == '\n' || r == '\r')) {
+			continue
+		}
+		what := "an identifier"
+		if text {
+			what = "text (tab, newline and carriage return are allowed)"
+		}
+		return fieldErr(field, "control character %U at byte %d is not allowed in %s", r, i, what)
+	}
+	return nil
+}
+
+// Short returns s, or its first 64 bytes (on a UTF-8 boundary) and "…",
+// for quoting client strings in error messages.
+func Short(s string) string {
+	const max = 64
+	if len(s) <= max {
+		return s
+	}
+	for i := max; i > 0; i-- {
+		if utf8.RuneStart(s[i]) {
+			return s[:i] + "…"
+		}
+	}
+	return ""
+}
