@@ -17,7 +17,7 @@ func TestColumnsAlreadyAdded(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{"ALTER TABLE t ADD COLUMN b String, ADD COLUMN c String", exists(44), true}, // ClickHouse 18.16
+		{"ALTER TABLE t ADD COLUMN b String, ADD COLUMN c String", exists(44), true},           // ClickHouse 18.16
 		{"ALTER TABLE t\n    ADD COLUMN b String,\n    ADD COLUMN c String", exists(15), true}, // current ClickHouse
 		{"ALTER TABLE t ADD COLUMN b String, MODIFY COLUMN c UInt8", exists(44), false},
 		{"ALTER TABLE t ADD COLUMN b String", &ch.Exception{Code: 60, Message: "Table t doesn't exist"}, false},
