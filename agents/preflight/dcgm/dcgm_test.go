@@ -196,7 +196,7 @@ func TestJSONFailures(t *testing.T) {
 func TestUnreadable(t *testing.T) {
 	for _, tc := range []struct {
 		name, in, want string
-		line       int
+		line           int
 	}{
 		{"empty", "", "no dcgmi diag table", 0},
 		{"prose", "nothing\nhere\n", "no dcgmi diag table, JSON document or dcgmi error in 2 lines", 0},

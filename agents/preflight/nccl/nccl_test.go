@@ -174,7 +174,7 @@ func TestErrorColumnTolerance(t *testing.T) {
 func TestUnreadable(t *testing.T) {
 	for _, tc := range []struct {
 		name, in, want string
-		line       int
+		line           int
 	}{
 		{"empty", "", "no nccl-tests table", 0},
 		{"prose", "hello\nworld\n", "no nccl-tests table, Avg bus bandwidth footer or NCCL failure in 2 lines", 0},
