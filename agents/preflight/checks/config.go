@@ -247,6 +247,46 @@ func (c *Config) Validate() error {
 	if c.NodeName == "" {
 		return errors.New("node_name: must be set (--node-name or NODE_NAME)")
 	}
+	if err := c.Config.Validate(); err != nil {
+		return err
+	}
+	return c.ValidateSettings()
+}
+
+// ValidateSettings checks every key except the node name and the files the
+// gateway keys name (the token, certificates), which exist only inside the
+// check containers: what the webhook can check before it renders the
+// configuration as flags.
+func (c *Config) ValidateSettings() error {
+	g := c.Gateway
+	if g.Addr == "" {
+		return errors.New("gateway.addr: must be set")
+	}
+	if g.Insecure {
+		for _, kv := range [][2]string{{"ca_file", g.CAFile}, {"server_name", g.ServerName}, {"cert_file", g.CertFile}, {"key_file", g.KeyFile}} {
+			if kv[1] != "" {
+				return fmt.Errorf("gateway.%s: set, but gateway.insecure is true (no TLS)", kv[0])
+			}
+		}
+	}
+	if (g.CertFile == "") != (g.KeyFile == "") {
+		return errors.New("gateway.cert_file: gateway.cert_file and gateway.key_file go together")
+	}
+	if g.TokenFile == "" && g.CertFile == "" {
+		return errors.New("gateway.token_file: must be set (or gateway.cert_file, to authenticate with a client certificate)")
+	}
+	if g.Timeout <= 0 || g.BatchSize < 1 || g.MaxBackoff < 100*time.Millisecond {
+		return errors.New("gateway.timeout: timeout must be positive, batch_size at least 1, max_backoff at least 100ms")
+	}
+	if c.Spool.Dir == "" {
+		return errors.New("spool.dir: must be set")
+	}
+	if c.Spool.MaxBytes < 64<<10 {
+		return fmt.Errorf("spool.max_bytes: %d is below 64 KiB", c.Spool.MaxBytes)
+	}
+	if c.Spool.DrainTimeout <= 0 {
+		return errors.New("spool.drain_timeout: must be positive")
+	}
 	if c.Timeout <= 0 {
 		return errors.New("timeout: must be positive")
 	}
@@ -255,9 +295,6 @@ func (c *Config) Validate() error {
 	}
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
 		return fmt.Errorf("log_level: %q is not debug, info, warn or error", c.LogLevel)
-	}
-	if err := c.Config.Validate(); err != nil {
-		return err
 	}
 	if c.DCGM.DiagLevel < 1 || c.DCGM.DiagLevel > 4 {
 		return fmt.Errorf("dcgm.diag_level: %d is not 1..4", c.DCGM.DiagLevel)
