@@ -168,17 +168,21 @@ func Parse(r io.Reader) (*Result, error) {
 				seen = true
 			}
 		default:
-			if f, ok := Classify(t); ok {
-				f.Line = lineNo
-				res.Failures = append(res.Failures, f)
-				seen = true
-				continue
+			// A table row (two integers and a data type) is tried
+			// first: it cannot be a failure line, and rows are most of
+			// a long log.
+			var fields []string
+			isRow := false
+			if lay != nil && t[0] >= '0' && t[0] <= '9' {
+				fields = strings.Fields(t)
+				isRow = isRowStart(fields, lay)
 			}
-			if lay == nil {
-				continue
-			}
-			fields := strings.Fields(t)
-			if !isRowStart(fields, lay) {
+			if !isRow {
+				if f, ok := Classify(t); ok {
+					f.Line = lineNo
+					res.Failures = append(res.Failures, f)
+					seen = true
+				}
 				continue
 			}
 			if len(fields) < lay.fields {

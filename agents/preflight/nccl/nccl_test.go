@@ -226,3 +226,41 @@ func TestStripPrefixes(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkParse10MB parses a 10 MB nccl-tests log: the header, rows of the
+// published H100 run repeated until the log reaches 10 MB, and the summary.
+func BenchmarkParse10MB(b *testing.B) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "h100-single-node.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var head, rows, tail []string
+	for _, line := range strings.SplitAfter(string(raw), "\n") {
+		switch {
+		case strings.HasPrefix(line, "# Out of bounds") || strings.HasPrefix(line, "# Avg bus") || (len(rows) > 0 && strings.HasPrefix(line, "#")):
+			tail = append(tail, line)
+		case strings.HasPrefix(line, "#") || line == "":
+			head = append(head, line)
+		default:
+			rows = append(rows, line)
+		}
+	}
+	var buf bytes.Buffer
+	buf.WriteString(strings.Join(head, ""))
+	for n := 0; buf.Len() < 10<<20; n++ {
+		buf.WriteString(rows[n%len(rows)])
+	}
+	buf.WriteString(strings.Join(tail, ""))
+	log := buf.Bytes()
+	b.SetBytes(int64(len(log)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		res, err := Parse(bytes.NewReader(log))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(res.Rows) < 10<<20/200 || !res.HasAvg {
+			b.Fatalf("parsed %d rows, avg %v", len(res.Rows), res.HasAvg)
+		}
+	}
+}

@@ -462,7 +462,9 @@ func TestWebhookInRealAPIServer(t *testing.T) {
 				t.Fatalf("%s: gang label %q, init %v", p.Name, p.Labels[gang.LabelGang], initNames(p))
 			}
 			ar := container(p, "preflight-nccl-allreduce")
-			if !slices.ContainsFunc(ar.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == injection.VolumeGang && m.MountPath == "/etc/preflight" }) {
+			if !slices.ContainsFunc(ar.VolumeMounts, func(m corev1.VolumeMount) bool {
+				return m.Name == injection.VolumeGang && m.MountPath == "/etc/preflight"
+			}) {
 				t.Errorf("gang mount missing %+v", ar.VolumeMounts)
 			}
 			if !slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool {
