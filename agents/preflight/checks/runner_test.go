@@ -57,6 +57,11 @@ type harness struct {
 	mu     sync.Mutex
 	cl     *kgo.Client
 	seen   []*datamodels.HealthEvent
+	// node, when set, is the node name of every run (else a new one per
+	// run).
+	node string
+	// environ is added to every run's tool environment.
+	environ []string
 }
 
 func newHarness(t *testing.T) *harness {
@@ -101,9 +106,12 @@ type run struct {
 // stand-ins; env are STANDIN_* settings.
 func (h *harness) run(name string, env map[string]string, flags ...string) run {
 	h.t.Helper()
-	node := fmt.Sprintf("gpu-node-%d", time.Now().UnixNano())
+	node := h.node
+	if node == "" {
+		node = fmt.Sprintf("gpu-node-%d", time.Now().UnixNano())
+	}
 	argsFile := filepath.Join(h.t.TempDir(), "args")
-	environ := []string{"PATH=/usr/bin:/bin", "STANDIN_ARGS=" + argsFile}
+	environ := append([]string{"PATH=/usr/bin:/bin", "STANDIN_ARGS=" + argsFile}, h.environ...)
 	for k, v := range env {
 		environ = append(environ, k+"="+v)
 	}
