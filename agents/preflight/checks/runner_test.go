@@ -224,6 +224,25 @@ func TestDCGMDiag(t *testing.T) {
 		}
 	})
 
+	t.Run("3.3.1 Fail - GPU: 0, Pass - GPU: 1: only GPU 0 fails", func(t *testing.T) {
+		r := h.run(checks.DCGMDiag, map[string]string{
+			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
+			"STANDIN_DISCOVERY_OUT":  "/dev/null",
+			"STANDIN_DCGMI_OUT":      dcgmData("table-3.3.1-cuda-busy-fail-gpu0.txt"), "STANDIN_DCGMI_EXIT": "226"})
+		if r.code != checks.ExitFail {
+			t.Fatalf("exit %d\n%s", r.code, r.stderr)
+		}
+		evs := byEntity(h.events(r.node, 2))
+		bad, good := evs["GPU=0"], evs["GPU=1"]
+		if bad == nil || !bad.GetIsFatal() || bad.GetIsHealthy() || !slices.Contains(bad.GetErrorCode(), "DCGM_DIAG_GPU_MEMORY_FAIL") ||
+			!strings.Contains(bad.GetMessage(), "CUDA-capable device(s) is/are busy or unavailable") {
+			t.Errorf("GPU 0: %v", bad)
+		}
+		if good == nil || !good.GetIsHealthy() || good.GetIsFatal() {
+			t.Errorf("GPU 1: %v", good)
+		}
+	})
+
 	t.Run("4.2.3 pcie internal error: not a hardware fault", func(t *testing.T) {
 		r := h.run(checks.DCGMDiag, map[string]string{
 			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),

@@ -212,6 +212,16 @@ func (r *Result) finish(opt Options) {
 		if t.Result == "" {
 			t.Result = aggregate(t.GPUs)
 		}
+		// A failed test without per-GPU results (3.x deployment tests,
+		// a section's "Error"): the GPUs its findings name failed it.
+		if t.Result == Fail && len(t.GPUs) == 0 {
+			for _, w := range t.Warnings {
+				if w.GPU >= 0 && !w.Internal() && !slices.ContainsFunc(t.GPUs, func(g GPUResult) bool { return g.GPU == w.GPU }) {
+					t.GPUs = append(t.GPUs, GPUResult{GPU: w.GPU, Result: Fail})
+				}
+			}
+			slices.SortFunc(t.GPUs, func(a, b GPUResult) int { return a.GPU - b.GPU })
+		}
 	}
 	r.Overall = Pass
 	r.FailedGPUs, r.FailedTests = []int{}, []string{}

@@ -141,6 +141,26 @@ func TestSemantics(t *testing.T) {
 	if r.Overall != Pass || len(r.Tests) != 15 || r.Tests[9].Result != Skip || len(r.Tests[9].GPUs) != 2 {
 		t.Errorf("3.3.9 twice: %d tests, %+v", len(r.Tests), r.Tests)
 	}
+	// 3.x per-GPU lists: "Pass - GPUs: 1, ..., 7" then "Fail - GPU: 0",
+	// the thermal-violation warning joined; the published fragment's last
+	// row lost its closing border.
+	r = parseFile(t, "table-3.x-mle-r2-fail-gpu0.txt", Options{})
+	if r.Overall != Fail || !r.HardwareFault || !slices.Equal(r.FailedGPUs, []int{0}) || len(r.Tests[0].GPUs) != 8 ||
+		r.Tests[0].Warnings[0].GPU != 0 || !strings.HasSuffix(r.Tests[0].Warnings[0].Text, "fans, and any other components.") {
+		t.Errorf("3.x fail GPU 0: %+v", r)
+	}
+	r = parseFile(t, "table-3.3.1-cuda-busy-fail-gpu0.txt", Options{})
+	if r.Overall != Fail || !slices.Equal(r.FailedGPUs, []int{0}) || r.Tests[0].GPUs[1] != (GPUResult{1, Pass}) ||
+		!strings.Contains(r.Tests[0].Warnings[0].Text, "Unable to create CUDA context: 'CUDA-capable device(s) is/are busy or unavailable'.") {
+		t.Errorf("3.3.1 fail GPU 0: %+v", r)
+	}
+	// A deployment "Error" row (pending row remaps): a failure of the
+	// GPU it names, even with no test row above it.
+	r = parseFile(t, "table-3.x-mle-deployment-error.txt", Options{})
+	if r.Overall != Fail || !r.HardwareFault || !slices.Equal(r.FailedGPUs, []int{3}) || !slices.Equal(r.FailedTests, []string{"Deployment"}) ||
+		r.Tests[0].Warnings[0].Text != "GPU 3 has uncorrectable memory errors and row remappings are pending" {
+		t.Errorf("deployment error: %+v", r)
+	}
 	r = parseFile(t, "json-3.x-r3-pass-skip.json", Options{})
 	if r.Format != "json" || r.Overall != Pass || len(r.Tests) != 16 {
 		t.Errorf("3.x json: %+v", r)

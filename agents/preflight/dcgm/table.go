@@ -79,16 +79,22 @@ func parseTable(b []byte) (*Result, error) {
 			name := strings.Trim(firstCell(line), "+-=| ")
 			if name != "" {
 				category = name
+				cur = nil
 				sawTable = true
 			}
 			continue
 		}
 		p := strings.IndexByte(line[1:], '|')
-		last := strings.LastIndexByte(line, '|')
-		if p < 0 || last <= p+1 {
+		if p < 0 {
 			return nil, &ParseError{lineNo, "table row has no second column: " + strconv.Quote(line)}
 		}
 		p++
+		// A row whose closing border was cut off (a log pasted short)
+		// keeps what it has.
+		last := strings.LastIndexByte(line, '|')
+		if last <= p {
+			last = len(line)
+		}
 		name := strings.TrimSpace(line[1:p])
 		field := line[p+1 : last]
 		field = strings.TrimPrefix(field, " ")
@@ -128,6 +134,21 @@ func parseTable(b []byte) (*Result, error) {
 			}
 		case name == "Warning" || name == "Error":
 			flush()
+			if cur == nil {
+				// A message with no test row above it in its section:
+				// it stands for the section (an "Error" fails it).
+				st := Warn
+				if name == "Error" {
+					st = Fail
+				}
+				section := category
+				if section == "" {
+					section = "Diagnostic"
+				}
+				res.Tests = append(res.Tests, Test{Name: section, Category: category, Result: st})
+				cur = &res.Tests[len(res.Tests)-1]
+				sawTable = true
+			}
 			open = &entry{kind: "warning", chunks: []string{chunk}}
 		case name == "Info":
 			flush()
