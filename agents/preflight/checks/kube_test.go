@@ -28,6 +28,9 @@ import (
 // injected check container has.
 func checkKubeconfig(t *testing.T) (string, kubernetes.Interface) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: not starting a real kube-apiserver")
+	}
 	kube := testenv.StartKube(t, testenv.KubeOptions{})
 	admin := kube.Client()
 	ctx := context.Background()

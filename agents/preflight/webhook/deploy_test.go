@@ -50,6 +50,9 @@ func TestDeployManifest(t *testing.T) {
 		t.Errorf("config.toml read as %+v", cfg)
 	}
 
+	if testing.Short() {
+		t.Skip("-short: not starting a real kube-apiserver")
+	}
 	kube := testenv.StartKube(t, testenv.KubeOptions{})
 	k := kube.Client()
 	ctx := context.Background()

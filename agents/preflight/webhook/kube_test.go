@@ -133,6 +133,9 @@ type env struct {
 
 func startEnv(t *testing.T) *env {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: not starting a real kube-apiserver")
+	}
 	kube := testenv.StartKube(t, testenv.KubeOptions{})
 	admin := kube.Client()
 	ctx := context.Background()
