@@ -69,16 +69,9 @@ func testCode(name, status string) string {
 // -i <uuids>`, parsed in either output format.
 func runDCGMDiag(ctx context.Context, env *Env) (Outcome, error) {
 	cfg := env.Cfg.DCGM
-	uuids, err := gpuUUIDs(ctx, env.Echo, env.Child, cfg.NvidiaSMI)
-	switch {
-	case errors.Is(err, errNotFound):
-		return Outcome{}, configErr("nvidia-smi", "dcgm.nvidia_smi: %v", err)
-	case err != nil && ctx.Err() != nil:
-		return Outcome{}, ctx.Err()
-	case err != nil:
-		msg := "the pod's GPUs are not visible: " + err.Error()
-		return Outcome{Failed: true, Codes: []string{CodeGPUsMissing}, Summary: msg,
-			Events: []*datamodels.HealthEvent{env.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, []string{CodeGPUsMissing}, nodeEntity(env.Cfg.NodeName), nil)}}, nil
+	uuids, missing, err := env.podGPUs(ctx)
+	if err != nil || missing != nil {
+		return derefOutcome(missing), err
 	}
 	// DCGM reports results under its own GPU ids; map them to the UUIDs.
 	idOf := map[string]int{}

@@ -10,14 +10,13 @@ import (
 
 	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/faultline/faultline/agents/preflight/checks"
+	"github.com/faultline/faultline/agents/preflight/internal/preflighttest"
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -38,28 +37,8 @@ func checkKubeconfig(t *testing.T) (string, kubernetes.Interface) {
 		_, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 		must(t, err)
 	}
-	raw, err := os.ReadFile("../../../deploy/rbac/preflight.yaml")
-	must(t, err)
-	for _, doc := range strings.Split(string(raw), "\n---\n") {
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
-		must(t, err)
-		switch o := obj.(type) {
-		case *corev1.ServiceAccount:
-			_, err = admin.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRole:
-			_, err = admin.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRoleBinding:
-			_, err = admin.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.Role:
-			_, err = admin.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.RoleBinding:
-			_, err = admin.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		default:
-			t.Fatalf("unexpected object %T", obj)
-		}
-		must(t, err)
-	}
-	_, err = admin.CoreV1().ServiceAccounts("training").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "trainer"}}, metav1.CreateOptions{})
+	preflighttest.Apply(t, admin, "../../../deploy/rbac/preflight.yaml")
+	_, err := admin.CoreV1().ServiceAccounts("training").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "trainer"}}, metav1.CreateOptions{})
 	must(t, err)
 	tok, err := admin.CoreV1().ServiceAccounts("training").CreateToken(ctx, "trainer",
 		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}, metav1.CreateOptions{})

@@ -138,16 +138,9 @@ func measured(r *nccl.Result) (float64, int64, bool) {
 // network).
 func runLoopback(ctx context.Context, env *Env) (Outcome, error) {
 	cfg := env.Cfg.NCCL
-	uuids, err := gpuUUIDs(ctx, env.Echo, env.Child, env.Cfg.DCGM.NvidiaSMI)
-	switch {
-	case errors.Is(err, errNotFound):
-		return Outcome{}, configErr("nvidia-smi", "dcgm.nvidia_smi: %v", err)
-	case err != nil && ctx.Err() != nil:
-		return Outcome{}, ctx.Err()
-	case err != nil:
-		msg := "the pod's GPUs are not visible: " + err.Error()
-		return Outcome{Failed: true, Codes: []string{CodeGPUsMissing}, Summary: msg,
-			Events: []*datamodels.HealthEvent{env.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, []string{CodeGPUsMissing}, nodeEntity(env.Cfg.NodeName), nil)}}, nil
+	uuids, missing, err := env.podGPUs(ctx)
+	if err != nil || missing != nil {
+		return derefOutcome(missing), err
 	}
 	childEnv, topo, err := env.topologyEnv(ctx)
 	if err != nil {
@@ -258,16 +251,13 @@ func runAllreduce(ctx context.Context, env *Env) (Outcome, error) {
 	if g.Master != "" && g.Master != master {
 		env.Log.Warn("master_addr differs from the first peer's address; using the peer's", "master_addr", g.Master, "peer", names[0], "ip", master)
 	}
-	uuids, err := gpuUUIDs(ctx, env.Echo, env.Child, cfg.DCGM.NvidiaSMI)
-	switch {
-	case errors.Is(err, errNotFound):
-		return Outcome{}, configErr("nvidia-smi", "dcgm.nvidia_smi: %v", err)
-	case err != nil && ctx.Err() != nil:
-		return Outcome{}, ctx.Err()
-	case err != nil:
-		msg := "the pod's GPUs are not visible: " + err.Error()
-		return Outcome{Failed: true, Codes: []string{CodeGPUsMissing}, Summary: msg, Gang: g.ID, GangWait: waited,
-			Events: []*datamodels.HealthEvent{env.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, []string{CodeGPUsMissing}, nodeEntity(cfg.NodeName), nil)}}, nil
+	uuids, missing, err := env.podGPUs(ctx)
+	if err != nil {
+		return Outcome{}, err
+	}
+	if missing != nil {
+		missing.Gang, missing.GangWait = g.ID, waited
+		return *missing, nil
 	}
 	childEnv, topo, err := env.topologyEnv(ctx)
 	if err != nil {

@@ -356,3 +356,30 @@ func kubeClient(cfg KubeConfig, log *slog.Logger) kubernetes.Interface {
 	}
 	return kc
 }
+
+// podGPUs returns the UUIDs of the pod's GPUs (nvidia-smi). A missing
+// nvidia-smi is a configuration error (err); GPUs that cannot be listed
+// fail the check with a non-fatal PREFLIGHT_GPU_NOT_VISIBLE event, returned
+// as missing.
+func (e *Env) podGPUs(ctx context.Context) (uuids []string, missing *Outcome, err error) {
+	uuids, err = gpuUUIDs(ctx, e.Echo, e.Child, e.Cfg.DCGM.NvidiaSMI)
+	switch {
+	case errors.Is(err, errNotFound):
+		return nil, nil, configErr("nvidia-smi", "dcgm.nvidia_smi: %v", err)
+	case err != nil && ctx.Err() != nil:
+		return nil, nil, ctx.Err()
+	case err != nil:
+		msg := "the pod's GPUs are not visible: " + err.Error()
+		return nil, &Outcome{Failed: true, Codes: []string{CodeGPUsMissing}, Summary: msg,
+			Events: []*datamodels.HealthEvent{e.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, []string{CodeGPUsMissing}, nodeEntity(e.Cfg.NodeName), nil)}}, nil
+	}
+	return uuids, nil, nil
+}
+
+// derefOutcome is *o, or the zero Outcome.
+func derefOutcome(o *Outcome) Outcome {
+	if o == nil {
+		return Outcome{}
+	}
+	return *o
+}

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -19,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,13 +26,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
 	"github.com/faultline/faultline/agents/preflight/checks"
 	"github.com/faultline/faultline/agents/preflight/coordination"
 	"github.com/faultline/faultline/agents/preflight/gang"
 	"github.com/faultline/faultline/agents/preflight/injection"
+	"github.com/faultline/faultline/agents/preflight/internal/preflighttest"
 	"github.com/faultline/faultline/agents/preflight/webhook"
 	"github.com/faultline/faultline/internal/testenv"
 )
@@ -49,30 +47,7 @@ func must(t *testing.T, err error) {
 // applyRBAC creates the objects of deploy/rbac/preflight.yaml.
 func applyRBAC(t *testing.T, k kubernetes.Interface) {
 	t.Helper()
-	raw, err := os.ReadFile("../../../deploy/rbac/preflight.yaml")
-	must(t, err)
-	ctx := context.Background()
-	for _, doc := range strings.Split(string(raw), "\n---\n") {
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
-		if err != nil {
-			t.Fatalf("decode: %v\n%s", err, doc)
-		}
-		switch o := obj.(type) {
-		case *corev1.ServiceAccount:
-			_, err = k.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRole:
-			_, err = k.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRoleBinding:
-			_, err = k.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.Role:
-			_, err = k.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.RoleBinding:
-			_, err = k.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		default:
-			t.Fatalf("unexpected object %T", obj)
-		}
-		must(t, err)
-	}
+	preflighttest.Apply(t, k, "../../../deploy/rbac/preflight.yaml")
 }
 
 // volcanoCRD installs a minimal PodGroup CRD (scheduling.volcano.sh/v1beta1)
