@@ -278,14 +278,8 @@ func (c *Config) ValidateSettings() error {
 	if g.Timeout <= 0 || g.BatchSize < 1 || g.MaxBackoff < 100*time.Millisecond {
 		return errors.New("gateway.timeout: timeout must be positive, batch_size at least 1, max_backoff at least 100ms")
 	}
-	if c.Spool.Dir == "" {
-		return errors.New("spool.dir: must be set")
-	}
-	if c.Spool.MaxBytes < 64<<10 {
-		return fmt.Errorf("spool.max_bytes: %d is below 64 KiB", c.Spool.MaxBytes)
-	}
-	if c.Spool.DrainTimeout <= 0 {
-		return errors.New("spool.drain_timeout: must be positive")
+	if err := c.Spool.Validate(); err != nil {
+		return err
 	}
 	if c.Timeout <= 0 {
 		return errors.New("timeout: must be positive")

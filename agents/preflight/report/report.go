@@ -92,13 +92,18 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("gateway.token_file: %w", err)
 		}
 	}
-	if c.Spool.Dir == "" {
+	return c.Spool.Validate()
+}
+
+// Validate names the first bad spool key.
+func (s SpoolConfig) Validate() error {
+	if s.Dir == "" {
 		return errors.New("spool.dir: must be set")
 	}
-	if c.Spool.MaxBytes < 64<<10 {
-		return fmt.Errorf("spool.max_bytes: %d is below 64 KiB", c.Spool.MaxBytes)
+	if s.MaxBytes < 64<<10 {
+		return fmt.Errorf("spool.max_bytes: %d is below 64 KiB", s.MaxBytes)
 	}
-	if c.Spool.DrainTimeout <= 0 {
+	if s.DrainTimeout <= 0 {
 		return errors.New("spool.drain_timeout: must be positive")
 	}
 	return nil
