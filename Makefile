@@ -15,7 +15,7 @@ all: build
 
 ## build: the binaries into bin/
 build:
-	$(GO) build -o $(BIN)/ ./cmd/faultline ./agents/cmd/faultline-agent
+	$(GO) build -o $(BIN)/ ./cmd/faultline ./agents/cmd/faultline-agent ./agents/cmd/faultline-preflight
 
 ## run: the whole pipeline in one process on embedded defaults (faultline dev)
 run: build

@@ -110,6 +110,34 @@ func (g GatewayConfig) validateTLS() error {
 	return err
 }
 
+// Validate checks the gateway keys, naming the first bad one
+// ("gateway.ca_file: ..."): the address, the TLS settings against
+// Insecure (the files they name must load), that a token file or a client
+// certificate authenticates, the timeout, batch size and backoff cap. It is
+// exported for other senders that reuse GatewayConfig under a [gateway]
+// section, such as faultline-preflight's check runners.
+func (g GatewayConfig) Validate() error {
+	if g.Addr == "" {
+		return errors.New("gateway.addr: must be set")
+	}
+	if err := g.validateTLS(); err != nil {
+		return err
+	}
+	if g.TokenFile == "" && g.CertFile == "" {
+		return errors.New("gateway.token_file: must be set (or gateway.cert_file, to authenticate with a client certificate)")
+	}
+	if g.Timeout <= 0 {
+		return errors.New("gateway.timeout: must be positive")
+	}
+	if g.BatchSize < 1 || g.BatchSize > 10000 {
+		return fmt.Errorf("gateway.batch_size: %d is not in 1..10000", g.BatchSize)
+	}
+	if g.MaxBackoff < 100*time.Millisecond {
+		return errors.New("gateway.max_backoff: below 100ms")
+	}
+	return nil
+}
+
 // SpoolConfig is the on-disk spool (see Spool for the full policy).
 type SpoolConfig struct {
 	// Dir holds the segments (default "/var/lib/faultline-agent/spool").
@@ -191,23 +219,8 @@ func (c *Config) Validate() error {
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
 		return fmt.Errorf("log_level: %q is not debug, info, warn or error", c.LogLevel)
 	}
-	if c.Gateway.Addr == "" {
-		return errors.New("gateway.addr: must be set")
-	}
-	if err := c.Gateway.validateTLS(); err != nil {
+	if err := c.Gateway.Validate(); err != nil {
 		return err
-	}
-	if c.Gateway.TokenFile == "" && c.Gateway.CertFile == "" {
-		return errors.New("gateway.token_file: must be set (or gateway.cert_file, to authenticate with a client certificate)")
-	}
-	if c.Gateway.Timeout <= 0 {
-		return errors.New("gateway.timeout: must be positive")
-	}
-	if c.Gateway.BatchSize < 1 || c.Gateway.BatchSize > 10000 {
-		return fmt.Errorf("gateway.batch_size: %d is not in 1..10000", c.Gateway.BatchSize)
-	}
-	if c.Gateway.MaxBackoff < 100*time.Millisecond {
-		return errors.New("gateway.max_backoff: below 100ms")
 	}
 	if c.Spool.Dir == "" {
 		return errors.New("spool.dir: must be set")

@@ -1,0 +1,111 @@
+package checks
+
+import (
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/faultline/faultline/internal/config"
+)
+
+func load(t *testing.T, toml string, args ...string) (Config, error) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.NodeName = "n1"
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte("secret-token-value\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Gateway.TokenFile = tok
+	if toml != "" {
+		p := filepath.Join(t.TempDir(), "c.toml")
+		if err := os.WriteFile(p, []byte(toml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append([]string{"--config", p}, args...)
+	}
+	_, err := config.Load("check", args, &cfg, cfg.RegisterFlags, cfg.Validate, io.Discard)
+	return cfg, err
+}
+
+// TestConfigTOMLAndFlags: TOML sections (the embedded report.Config's
+// [gateway] and [spool] included), flags win, unknown keys and bad values
+// are refused naming the key.
+func TestConfigTOMLAndFlags(t *testing.T) {
+	cfg, err := load(t, `
+timeout = "90s"
+[gateway]
+addr = "gw.example:50051"
+[spool]
+drain_timeout = "5s"
+[dcgm]
+diag_level = 2
+[nccl]
+loopback_threshold_gbps = 42.5
+instance_types = { "p5.48xlarge" = "aws-p5.48xlarge.xml" }
+[gang]
+timeout = "30s"
+`, "--dcgm.diag-level=3", "--nccl.instance-types=x1=a.xml,x2=b.xml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Timeout != 90*time.Second || cfg.Gateway.Addr != "gw.example:50051" || cfg.Spool.DrainTimeout != 5*time.Second ||
+		cfg.DCGM.DiagLevel != 3 || cfg.NCCL.LoopbackThresholdGBps != 42.5 || cfg.Gang.Timeout != 30*time.Second ||
+		!reflect.DeepEqual(cfg.NCCL.InstanceTypes, map[string]string{"x1": "a.xml", "x2": "b.xml"}) {
+		t.Fatalf("config %+v", cfg)
+	}
+	for _, tc := range []struct{ toml, flag, want string }{
+		{"[dcgm]\ndiag_levle = 2\n", "", "unknown keys: dcgm.diag_levle"},
+		{"", "--dcgm.format=xml", `dcgm.format: "xml" is not table or json`},
+		{"[nccl]\ninstance_types = { \"a\" = \"../etc/passwd\" }\n", "", "nccl.instance_types: a"},
+		{"[gateway]\ninsecure = true\nca_file = \"/x\"\n", "", "gateway.ca_file: set, but gateway.insecure is true"},
+		{"", "--nccl.instance-types=nokey", `"nokey" is not key=value`},
+		{"", "--gang.poll-interval=0s", "gang.poll_interval: must be positive"},
+	} {
+		var args []string
+		if tc.flag != "" {
+			args = append(args, tc.flag)
+		}
+		if _, err := load(t, tc.toml, args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q %q: err %v, want %q", tc.toml, tc.flag, err, tc.want)
+		}
+	}
+}
+
+// TestRenderFlags: the flags the webhook renders, parsed onto a default
+// config, reproduce the config; defaults and the node/pod flags are not
+// rendered; the token's content never appears.
+func TestRenderFlags(t *testing.T) {
+	want := DefaultConfig()
+	want.DCGM.DiagLevel = 2
+	want.DCGM.HostengineAddr = "dcgm.nvsentinel.svc:5555"
+	want.NCCL.AllreduceThresholdGBps = 7.5
+	want.NCCL.InstanceTypes = map[string]string{"p5.48xlarge": "aws-p5.48xlarge.xml"}
+	want.Gateway.Insecure = true
+	want.Gang.Timeout = 10 * time.Minute
+	want.NodeName = "must-not-render"
+	flags := RenderFlags(want)
+	for _, f := range flags {
+		if strings.HasPrefix(f, "--node-name") || strings.HasPrefix(f, "--pod.") || strings.HasPrefix(f, "--timeout=") {
+			t.Errorf("rendered %s", f)
+		}
+	}
+	got := DefaultConfig()
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	got.RegisterFlags(fs)
+	if err := fs.Parse(flags); err != nil {
+		t.Fatal(err)
+	}
+	got.NodeName = want.NodeName
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v\nflags %v", got, want, flags)
+	}
+	if len(RenderFlags(DefaultConfig())) != 0 {
+		t.Errorf("defaults render as %v", RenderFlags(DefaultConfig()))
+	}
+}

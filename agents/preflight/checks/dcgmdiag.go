@@ -1,0 +1,272 @@
+package checks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/faultline/faultline/agents/preflight/dcgm"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// Error codes of dcgm-diag events besides the per-test ones
+// (DCGM_DIAG_<TEST>_FAIL, DCGM_DIAG_<TEST>_WARN, and DCGM_FR_<id> for
+// DCGM's own error ids when its output carries them).
+const (
+	CodeDCGMInternal   = "DCGM_DIAG_INTERNAL_ERROR"
+	CodeDCGMError      = "DCGM_DIAG_ERROR"
+	CodeDCGMUnreadable = "DCGM_DIAG_UNREADABLE"
+)
+
+// DCGMAction is ADR-026's "DCGM Diag" table for a failed test: Memory,
+// PCIe and NVLink failures call for support (the part is bad), a Stress
+// failure for DCGM's extended diagnostics (EUD); tests the table does not
+// name (deployment/software checks and the rest) call for support too.
+func DCGMAction(t dcgm.Test) datamodels.RecommendedAction {
+	n := strings.NewReplacer(" ", "", "_", "", "-", "").Replace(strings.ToLower(t.Name))
+	switch n {
+	case "memory", "gpumemory", "memtest", "pcie", "nvlink", "nvbandwidth", "nvlinkstatus":
+		return datamodels.RecommendedAction_CONTACT_SUPPORT
+	case "targetedstress", "targetedpower", "smstress", "diagnostic", "memorybandwidth", "pulsetest", "eud", "eudtest", "cpueud":
+		return datamodels.RecommendedAction_RUN_DCGMEUD
+	}
+	if strings.EqualFold(t.Category, "Stress") {
+		return datamodels.RecommendedAction_RUN_DCGMEUD
+	}
+	return datamodels.RecommendedAction_CONTACT_SUPPORT
+}
+
+func actionRank(a datamodels.RecommendedAction) int {
+	switch a {
+	case datamodels.RecommendedAction_CONTACT_SUPPORT:
+		return 3
+	case datamodels.RecommendedAction_RUN_DCGMEUD:
+		return 2
+	}
+	return 1
+}
+
+// testCode is DCGM_DIAG_<TEST>_<STATUS> ("Targeted Power" →
+// DCGM_DIAG_TARGETED_POWER_FAIL).
+func testCode(name, status string) string {
+	var b strings.Builder
+	for _, r := range strings.ToUpper(name) {
+		if (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		} else if b.Len() > 0 && !strings.HasSuffix(b.String(), "_") {
+			b.WriteByte('_')
+		}
+	}
+	return "DCGM_DIAG_" + strings.TrimSuffix(b.String(), "_") + "_" + strings.ToUpper(status)
+}
+
+// runDCGMDiag: GPU UUIDs from nvidia-smi, DCGM's ids for them from
+// `dcgmi discovery -l`, then `dcgmi diag -r <level> --host <hostengine>
+// -i <uuids>`, parsed in either output format.
+func runDCGMDiag(ctx context.Context, env *Env) (Outcome, error) {
+	cfg := env.Cfg.DCGM
+	uuids, missing, err := env.podGPUs(ctx)
+	if err != nil || missing != nil {
+		return derefOutcome(missing), err
+	}
+	// DCGM reports results under its own GPU ids; map them to the UUIDs.
+	idOf := map[string]int{}
+	if out, err := run(ctx, env.Echo, env.Child, cfg.Dcgmi, "discovery", "-l", "--host", cfg.HostengineAddr); errors.Is(err, errNotFound) {
+		return Outcome{}, configErr("dcgmi", "dcgm.dcgmi: %v", err)
+	} else if err == nil && out.ExitCode == 0 {
+		if m, perr := dcgm.ParseDiscovery(strings.NewReader(out.Text)); perr == nil {
+			idOf = m
+		} else {
+			env.Log.Warn("dcgmi discovery output unreadable; GPUs are named by DCGM id", "err", perr)
+		}
+	} else if ctx.Err() != nil {
+		return Outcome{}, ctx.Err()
+	}
+	uuidOf := map[int]string{}
+	var ids []int
+	for _, u := range uuids {
+		if id, ok := idOf[u]; ok {
+			uuidOf[id] = u
+			ids = append(ids, id)
+		}
+	}
+	sort.Ints(ids)
+	args := []string{"diag", "-r", strconv.Itoa(cfg.DiagLevel), "--host", cfg.HostengineAddr, "-i", strings.Join(uuids, ",")}
+	if cfg.Format == "json" {
+		args = append(args, "-j")
+	}
+	out, err := run(ctx, env.Echo, env.Child, cfg.Dcgmi, args...)
+	if errors.Is(err, errNotFound) {
+		return Outcome{}, configErr("dcgmi", "dcgm.dcgmi: %v", err)
+	}
+	if err != nil {
+		return Outcome{}, err
+	}
+	res, perr := dcgm.Parse(strings.NewReader(out.Text), dcgm.Options{GPUs: ids})
+	meta := map[string]string{"preflight.faultline.io/gpus": strings.Join(uuids, ","),
+		"preflight.faultline.io/dcgm-diag-level": strconv.Itoa(cfg.DiagLevel)}
+	node := nodeEntity(env.Cfg.NodeName)
+	if perr != nil {
+		msg := fmt.Sprintf("dcgmi diag output (exit %d) is unreadable: %v", out.ExitCode, perr)
+		return Outcome{Failed: true, Codes: []string{CodeDCGMUnreadable}, Summary: msg,
+			Events: []*datamodels.HealthEvent{env.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, []string{CodeDCGMUnreadable}, node, meta)}}, nil
+	}
+	if res.Version != "" {
+		meta["preflight.faultline.io/dcgm-version"] = res.Version
+	}
+	if res.RuntimeError != "" && len(res.Tests) == 0 {
+		msg := "DCGM diagnostic did not run: " + res.RuntimeError
+		return Outcome{Failed: true, Codes: []string{CodeDCGMError}, Summary: msg,
+			Events: []*datamodels.HealthEvent{env.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, []string{CodeDCGMError}, node, meta)}}, nil
+	}
+	return dcgmOutcome(env, res, uuidOf, meta), nil
+}
+
+// gpuFindings collects what one GPU showed across tests.
+type gpuFindings struct {
+	failed, warned, passed []string
+	action                 datamodels.RecommendedAction
+	codes                  []string
+	msgs                   []string
+	internalOnly           bool
+}
+
+// dcgmOutcome turns a result into events: per GPU, a fatal event for
+// hardware failures (action by ADR-026's table, the most severe of its
+// tests), a non-fatal one for warnings, a healthy one when every test it
+// ran passed; a non-fatal node event for failures that are the
+// diagnostic's own; a fatal node event for a failed test DCGM did not pin
+// on a GPU.
+func dcgmOutcome(env *Env, res *dcgm.Result, uuidOf map[int]string, meta map[string]string) Outcome {
+	name := func(g int) string {
+		if u, ok := uuidOf[g]; ok {
+			return u
+		}
+		return strconv.Itoa(g)
+	}
+	per := map[int]*gpuFindings{}
+	get := func(g int) *gpuFindings {
+		if per[g] == nil {
+			per[g] = &gpuFindings{internalOnly: true}
+		}
+		return per[g]
+	}
+	var internal []string
+	var nodeFail []dcgm.Test
+	for _, t := range res.Tests {
+		diagErr := t.DiagnosticError()
+		if t.Result == dcgm.Fail && diagErr {
+			internal = append(internal, t.Name)
+		}
+		gpuFailed := false
+		for _, g := range t.GPUs {
+			f := get(g.GPU)
+			switch g.Result {
+			case dcgm.Fail:
+				gpuFailed = true
+				if diagErr {
+					continue
+				}
+				f.internalOnly = false
+				f.failed = append(f.failed, t.Name)
+				f.codes = append(f.codes, testCode(t.Name, "fail"))
+				if a := DCGMAction(t); actionRank(a) > actionRank(f.action) {
+					f.action = a
+				}
+				for _, w := range t.Warnings {
+					if w.GPU == g.GPU || w.GPU < 0 {
+						f.msgs = append(f.msgs, w.Text)
+						if w.ErrorID >= 0 {
+							f.codes = append(f.codes, "DCGM_FR_"+strconv.Itoa(w.ErrorID))
+						}
+					}
+				}
+			case dcgm.Warn:
+				f.warned = append(f.warned, t.Name)
+				f.codes = append(f.codes, testCode(t.Name, "warn"))
+			case dcgm.Pass:
+				f.passed = append(f.passed, t.Name)
+			}
+		}
+		if t.Result == dcgm.Fail && !diagErr && !gpuFailed {
+			nodeFail = append(nodeFail, t)
+		}
+	}
+	var out Outcome
+	out.Failed = res.Overall == dcgm.Fail
+	gpus := make([]int, 0, len(per))
+	for g := range per {
+		gpus = append(gpus, g)
+	}
+	sort.Ints(gpus)
+	for _, g := range gpus {
+		f := per[g]
+		m := withMeta(meta, "preflight.faultline.io/dcgm-gpu-id", strconv.Itoa(g))
+		ent := []*datamodels.Entity{gpuEntity(name(g))}
+		codes := slices.Compact(f.codes)
+		switch {
+		case len(f.failed) > 0:
+			msg := fmt.Sprintf("DCGM diagnostic failed on GPU %d (%s): %s", g, name(g), strings.Join(f.failed, ", "))
+			if len(f.msgs) > 0 {
+				msg += ": " + strings.Join(slices.Compact(f.msgs), "; ")
+			}
+			out.Events = append(out.Events, env.Unhealthy(true, f.action, msg, codes, ent, m))
+			out.Codes = append(out.Codes, codes...)
+		case len(f.warned) > 0:
+			msg := fmt.Sprintf("DCGM diagnostic warned on GPU %d (%s): %s", g, name(g), strings.Join(f.warned, ", "))
+			out.Events = append(out.Events, env.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, codes, ent, m))
+		case len(f.passed) > 0:
+			out.Events = append(out.Events, env.Healthy(fmt.Sprintf("DCGM diagnostic passed on GPU %d (%s): %s", g, name(g), strings.Join(f.passed, ", ")), ent, m))
+		}
+	}
+	node := nodeEntity(env.Cfg.NodeName)
+	for _, t := range nodeFail {
+		msg := fmt.Sprintf("DCGM diagnostic test %s failed", t.Name)
+		var texts []string
+		codes := []string{testCode(t.Name, "fail")}
+		for _, w := range t.Warnings {
+			texts = append(texts, w.Text)
+			if w.ErrorID >= 0 {
+				codes = append(codes, "DCGM_FR_"+strconv.Itoa(w.ErrorID))
+			}
+		}
+		if len(texts) > 0 {
+			msg += ": " + strings.Join(texts, "; ")
+		}
+		out.Events = append(out.Events, env.Unhealthy(true, DCGMAction(t), msg, codes, node, meta))
+		out.Codes = append(out.Codes, codes...)
+	}
+	if len(internal) > 0 {
+		msg := "DCGM diagnostic could not test (its own error, not a hardware fault): " + strings.Join(internal, ", ")
+		for _, t := range res.Tests {
+			if slices.Contains(internal, t.Name) && len(t.Warnings) > 0 {
+				msg += ": " + t.Warnings[0].Text
+				break
+			}
+		}
+		out.Events = append(out.Events, env.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, []string{CodeDCGMInternal}, node, meta))
+		out.Codes = append(out.Codes, CodeDCGMInternal)
+	}
+	switch res.Overall {
+	case dcgm.Fail:
+		out.Summary = fmt.Sprintf("DCGM diagnostic failed: tests %s, GPUs %v, hardware fault %v", strings.Join(res.FailedTests, ", "), res.FailedGPUs, res.HardwareFault)
+	case dcgm.Warn:
+		out.Summary = "DCGM diagnostic passed with warnings"
+	default:
+		out.Summary = fmt.Sprintf("DCGM diagnostic passed (%d tests)", len(res.Tests))
+	}
+	return out
+}
+
+func withMeta(base map[string]string, k, v string) map[string]string {
+	m := make(map[string]string, len(base)+1)
+	for a, b := range base {
+		m[a] = b
+	}
+	m[k] = v
+	return m
+}

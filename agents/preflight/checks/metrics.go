@@ -1,0 +1,61 @@
+package checks
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/push"
+)
+
+// Metrics are ADR-026's check-container metrics, on their own registry.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	total        *prometheus.CounterVec
+	duration     *prometheus.HistogramVec
+	failures     *prometheus.CounterVec
+	gangWait     *prometheus.HistogramVec
+	configErrors *prometheus.CounterVec
+}
+
+// NewMetrics registers preflight_check_total{check,result},
+// preflight_check_duration_seconds{check},
+// preflight_check_failures_total{check,node,error_code},
+// preflight_gang_wait_seconds{workload} and
+// preflight_config_errors_total{error}.
+func NewMetrics() *Metrics {
+	m := &Metrics{Registry: prometheus.NewRegistry(),
+		total: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "preflight_check_total",
+			Help: "Preflight check runs by result (pass, fail, error)."}, []string{"check", "result"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "preflight_check_duration_seconds",
+			Help: "Duration of a preflight check run.", Buckets: []float64{1, 5, 15, 30, 60, 120, 180, 300, 600, 1200}}, []string{"check"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "preflight_check_failures_total",
+			Help: "Failed preflight checks by error code."}, []string{"check", "node", "error_code"}),
+		gangWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "preflight_gang_wait_seconds",
+			Help: "Time nccl-allreduce waited for its gang to form.", Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1200}}, []string{"workload"}),
+		configErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "preflight_config_errors_total",
+			Help: "Preflight checks that stopped on a configuration error, by kind."}, []string{"error"}),
+	}
+	m.Registry.MustRegister(m.total, m.duration, m.failures, m.gangWait, m.configErrors)
+	return m
+}
+
+// Publish pushes the metrics to a Pushgateway (grouped by node and pod)
+// and/or writes them to a textfile; both are optional.
+func (m *Metrics) Publish(cfg MetricsConfig, node, pod string) error {
+	if cfg.Pushgateway != "" {
+		p := push.New(cfg.Pushgateway, "faultline_preflight").Gatherer(m.Registry).Grouping("node", node)
+		if pod != "" {
+			p = p.Grouping("pod", pod)
+		}
+		if err := p.Push(); err != nil {
+			return fmt.Errorf("metrics.pushgateway: %w", err)
+		}
+	}
+	if cfg.Textfile != "" {
+		if err := prometheus.WriteToTextfile(cfg.Textfile, m.Registry); err != nil {
+			return fmt.Errorf("metrics.textfile: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,512 @@
+package checks_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/agents/preflight/checks"
+	"github.com/faultline/faultline/gateway"
+	"github.com/faultline/faultline/gateway/gatewaytest"
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// The tests of this package share one broker (testenv.SharedSecureKafka).
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// standin writes a shell script that prints the file named by
+// $STANDIN_<TOOL>_OUT (per subcommand for dcgmi), records its arguments
+// (and NCCL_TOPO_FILE) in $STANDIN_ARGS, sleeps $STANDIN_SLEEP seconds and
+// exits $STANDIN_<TOOL>_EXIT.
+const standinScript = `#!/bin/sh
+tool=%s
+echo "$tool $* NCCL_TOPO_FILE=${NCCL_TOPO_FILE}" >> "$STANDIN_ARGS"
+case "$tool $1" in
+  "dcgmi discovery") cat "$STANDIN_DISCOVERY_OUT"; exit 0 ;;
+esac
+eval out=\$STANDIN_$(echo $tool | tr 'a-z-' 'A-Z_')_OUT
+eval code=\$STANDIN_$(echo $tool | tr 'a-z-' 'A-Z_')_EXIT
+if [ -n "$STANDIN_SLEEP" ]; then sleep "$STANDIN_SLEEP"; fi
+[ -n "$out" ] && cat $out
+exit ${code:-0}
+`
+
+// harness is a real gateway (TLS, producing to the shared real Kafka) and
+// stand-in tools.
+type harness struct {
+	t      *testing.T
+	k      *testenv.Kafka
+	gw     *gatewaytest.Server
+	ca     string
+	token  string
+	bin    string
+	spool  string
+	dir    string
+	cursor map[string]bool
+	mu     sync.Mutex
+	cl     *kgo.Client
+	seen   []*datamodels.HealthEvent
+	// node, when set, is the node name of every run (else a new one per
+	// run).
+	node string
+	// environ is added to every run's tool environment.
+	environ []string
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	k := testenv.SharedSecureKafka(t)
+	dir := t.TempDir()
+	ca := testenv.NewCA(t, dir, "preflight-test-ca")
+	cert := ca.Issue(t, "faultline-gateway", "127.0.0.1")
+	gw := gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) { c.TLSCert, c.TLSKey = cert.CertFile, cert.KeyFile }, gateway.Options{})
+	h := &harness{t: t, k: k, gw: gw, ca: ca.File, dir: dir, bin: filepath.Join(dir, "bin"), spool: filepath.Join(dir, "spool")}
+	h.token = filepath.Join(dir, "token")
+	must(t, os.WriteFile(h.token, []byte(gw.Token("alpha")+"\n"), 0o600))
+	must(t, os.MkdirAll(h.bin, 0o755))
+	for _, tool := range []string{"nvidia-smi", "dcgmi", "all_reduce_perf", "torchrun"} {
+		must(t, os.WriteFile(filepath.Join(h.bin, tool), fmt.Appendf(nil, standinScript, tool), 0o755))
+	}
+	h.cl = k.Client(t, kgo.ConsumeTopics(events.TopicEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()))
+	// Position the consumer at the end before any run produces.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	h.cl.PollFetches(ctx)
+	cancel()
+	return h
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// run is one check run.
+type run struct {
+	code   int
+	stdout string
+	stderr string
+	args   string // what the stand-ins recorded
+	node   string
+}
+
+// run executes `faultline-preflight check name` in-process with the
+// stand-ins; env are STANDIN_* settings.
+func (h *harness) run(name string, env map[string]string, flags ...string) run {
+	h.t.Helper()
+	node := h.node
+	if node == "" {
+		node = fmt.Sprintf("gpu-node-%d", time.Now().UnixNano())
+	}
+	argsFile := filepath.Join(h.t.TempDir(), "args")
+	environ := append([]string{"PATH=/usr/bin:/bin", "STANDIN_ARGS=" + argsFile}, h.environ...)
+	for k, v := range env {
+		environ = append(environ, k+"="+v)
+	}
+	getenv := map[string]string{"NODE_NAME": node, "POD_NAME": "trainer-0", "POD_NAMESPACE": "training", "POD_UID": "uid-1"}
+	base := []string{
+		"--gateway.addr=" + h.gw.GRPCAddr(), "--gateway.token-file=" + h.token, "--gateway.ca-file=" + h.ca,
+		"--gateway.max-backoff=200ms", "--spool.dir=" + h.spool, "--spool.drain-timeout=30s",
+		"--dcgm.dcgmi=" + filepath.Join(h.bin, "dcgmi"), "--dcgm.nvidia-smi=" + filepath.Join(h.bin, "nvidia-smi"),
+		"--nccl.all-reduce-perf=" + filepath.Join(h.bin, "all_reduce_perf"), "--nccl.torchrun=" + filepath.Join(h.bin, "torchrun"),
+		"--dcgm.hostengine-addr=dcgm-hostengine.test:5555", "--kube.events=false",
+	}
+	var out, errb bytes.Buffer
+	code := checks.Main(context.Background(), name, append(base, flags...), checks.Options{
+		Stdout: &out, Stderr: &errb, Environ: environ, Getenv: func(k string) string { return getenv[k] }})
+	a, _ := os.ReadFile(argsFile)
+	return run{code: code, stdout: out.String(), stderr: errb.String(), args: string(a), node: node}
+}
+
+// events waits for n events of node in Kafka and returns them.
+func (h *harness) events(node string, n int) []*datamodels.HealthEvent {
+	h.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var got []*datamodels.HealthEvent
+		for _, ev := range h.seen {
+			if ev.GetNodeName() == node {
+				got = append(got, ev)
+			}
+		}
+		if len(got) >= n {
+			return got
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("%d of %d events of %s reached Kafka", len(got), n, node)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		fs := h.cl.PollFetches(ctx)
+		cancel()
+		fs.EachRecord(func(r *kgo.Record) {
+			ev, err := events.Unmarshal(r.Value)
+			if err == nil {
+				h.seen = append(h.seen, ev)
+			}
+		})
+	}
+}
+
+func td(parts ...string) string {
+	p, err := filepath.Abs(filepath.Join(parts...))
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+var (
+	dcgmData = func(f string) string { return td("..", "dcgm", "testdata", f) }
+	ncclData = func(f string) string { return td("..", "nccl", "testdata", f) }
+	ownData  = func(f string) string { return td("testdata", f) }
+)
+
+func byEntity(evs []*datamodels.HealthEvent) map[string]*datamodels.HealthEvent {
+	m := map[string]*datamodels.HealthEvent{}
+	for _, ev := range evs {
+		m[events.EntityKey(ev)] = ev
+	}
+	return m
+}
+
+// TestDCGMDiag runs dcgm-diag against stand-in tools printing published
+// dcgmi outputs and asserts the exit code and what the real gateway put
+// in Kafka.
+func TestDCGMDiag(t *testing.T) {
+	h := newHarness(t)
+
+	t.Run("4.4.2 pass, GPU named by UUID through discovery", func(t *testing.T) {
+		r := h.run(checks.DCGMDiag, map[string]string{
+			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuid-t4.txt"),
+			"STANDIN_DISCOVERY_OUT":  dcgmData("discovery-1gpu.txt"),
+			"STANDIN_DCGMI_OUT":      dcgmData("table-4.4.2-pass.txt")}, "--dcgm.diag-level=2")
+		if r.code != checks.ExitPass {
+			t.Fatalf("exit %d\n%s", r.code, r.stderr)
+		}
+		if !strings.Contains(r.args, "dcgmi diag -r 2 --host dcgm-hostengine.test:5555 -i GPU-934a71d6-e50c-86a3-f752-3743a8c1bbb2") {
+			t.Errorf("dcgmi called as %q", r.args)
+		}
+		evs := h.events(r.node, 1)
+		ev := evs[0]
+		if !ev.GetIsHealthy() || ev.GetAgent() != "preflight-dcgm-diag" || ev.GetCheckName() != "dcgm-diag" ||
+			events.EntityKey(ev) != "GPU=GPU-934a71d6-e50c-86a3-f752-3743a8c1bbb2" || ev.GetMetadata()["preflight.faultline.io/pod"] != "training/trainer-0" {
+			t.Errorf("event %v", ev)
+		}
+	})
+
+	t.Run("3.3.8 Fail - All on 8 GPUs: fatal per GPU, CONTACT_SUPPORT", func(t *testing.T) {
+		r := h.run(checks.DCGMDiag, map[string]string{
+			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
+			"STANDIN_DISCOVERY_OUT":  "/dev/null",
+			"STANDIN_DCGMI_OUT":      dcgmData("table-3.3.8-cuda-init-fail.txt"), "STANDIN_DCGMI_EXIT": "226"}, "--dcgm.diag-level=3")
+		if r.code != checks.ExitFail {
+			t.Fatalf("exit %d\n%s", r.code, r.stderr)
+		}
+		evs := byEntity(h.events(r.node, 8))
+		for g := 0; g < 8; g++ {
+			ev := evs[fmt.Sprintf("GPU=%d", g)]
+			if ev == nil || !ev.GetIsFatal() || ev.GetRecommendedAction() != datamodels.RecommendedAction_CONTACT_SUPPORT ||
+				!slices.Contains(ev.GetErrorCode(), "DCGM_DIAG_GPU_MEMORY_FAIL") || !strings.Contains(ev.GetMessage(), "cuInit") {
+				t.Errorf("GPU %d: %v", g, ev)
+			}
+		}
+	})
+
+	t.Run("3.3.1 Fail - GPU: 0, Pass - GPU: 1: only GPU 0 fails", func(t *testing.T) {
+		r := h.run(checks.DCGMDiag, map[string]string{
+			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
+			"STANDIN_DISCOVERY_OUT":  "/dev/null",
+			"STANDIN_DCGMI_OUT":      dcgmData("table-3.3.1-cuda-busy-fail-gpu0.txt"), "STANDIN_DCGMI_EXIT": "226"})
+		if r.code != checks.ExitFail {
+			t.Fatalf("exit %d\n%s", r.code, r.stderr)
+		}
+		evs := byEntity(h.events(r.node, 2))
+		bad, good := evs["GPU=0"], evs["GPU=1"]
+		if bad == nil || !bad.GetIsFatal() || bad.GetIsHealthy() || !slices.Contains(bad.GetErrorCode(), "DCGM_DIAG_GPU_MEMORY_FAIL") ||
+			!strings.Contains(bad.GetMessage(), "CUDA-capable device(s) is/are busy or unavailable") {
+			t.Errorf("GPU 0: %v", bad)
+		}
+		if good == nil || !good.GetIsHealthy() || good.GetIsFatal() {
+			t.Errorf("GPU 1: %v", good)
+		}
+	})
+
+	t.Run("4.2.3 pcie internal error: not a hardware fault", func(t *testing.T) {
+		r := h.run(checks.DCGMDiag, map[string]string{
+			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
+			"STANDIN_DISCOVERY_OUT":  "/dev/null",
+			"STANDIN_DCGMI_OUT":      dcgmData("table-4.2.3-internal-error.txt")})
+		if r.code != checks.ExitFail {
+			t.Fatalf("exit %d\n%s", r.code, r.stderr)
+		}
+		evs := h.events(r.node, 5)
+		var internal *datamodels.HealthEvent
+		for _, ev := range evs {
+			if ev.GetIsFatal() {
+				t.Errorf("fatal event for the diagnostic's own error: %v", ev)
+			}
+			if slices.Contains(ev.GetErrorCode(), checks.CodeDCGMInternal) {
+				internal = ev
+			}
+		}
+		if internal == nil || internal.GetIsHealthy() || internal.GetRecommendedAction() != datamodels.RecommendedAction_NONE ||
+			!strings.Contains(internal.GetMessage(), "couldn't be parsed") && !strings.Contains(internal.GetMessage(), "child process") {
+			t.Errorf("internal-error event %v", internal)
+		}
+	})
+
+	t.Run("3.x JSON when asked for -j", func(t *testing.T) {
+		r := h.run(checks.DCGMDiag, map[string]string{
+			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuid-t4.txt"),
+			"STANDIN_DISCOVERY_OUT":  dcgmData("discovery-1gpu.txt"),
+			"STANDIN_DCGMI_OUT":      dcgmData("json-3.x-r3-pass-skip.json")}, "--dcgm.format=json", "--dcgm.diag-level=3")
+		if r.code != checks.ExitPass || !strings.Contains(r.args, " -j") {
+			t.Fatalf("exit %d args %q\n%s", r.code, r.args, r.stderr)
+		}
+		if ev := h.events(r.node, 1)[0]; !ev.GetIsHealthy() {
+			t.Errorf("event %v", ev)
+		}
+	})
+
+	t.Run("the diagnostic did not run: non-fatal", func(t *testing.T) {
+		r := h.run(checks.DCGMDiag, map[string]string{
+			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
+			"STANDIN_DISCOVERY_OUT":  "/dev/null",
+			"STANDIN_DCGMI_OUT":      ownData("nvvs-runtime-error.json"), "STANDIN_DCGMI_EXIT": "226"}, "--dcgm.format=json")
+		if r.code != checks.ExitFail {
+			t.Fatalf("exit %d\n%s", r.code, r.stderr)
+		}
+		ev := h.events(r.node, 1)[0]
+		if ev.GetIsFatal() || !slices.Contains(ev.GetErrorCode(), checks.CodeDCGMError) || !strings.Contains(ev.GetMessage(), "Host engine connection invalid") {
+			t.Errorf("event %v", ev)
+		}
+	})
+
+	t.Run("STORE_ONLY: recorded, pod not blocked", func(t *testing.T) {
+		r := h.run(checks.DCGMDiag, map[string]string{
+			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
+			"STANDIN_DISCOVERY_OUT":  "/dev/null",
+			"STANDIN_DCGMI_OUT":      dcgmData("table-3.3.8-cuda-init-fail.txt")}, "--processing-strategy=STORE_ONLY")
+		if r.code != checks.ExitPass {
+			t.Fatalf("exit %d", r.code)
+		}
+		for _, ev := range h.events(r.node, 8) {
+			if ev.GetProcessingStrategy() != datamodels.ProcessingStrategy_STORE_ONLY {
+				t.Errorf("strategy %v", ev.GetProcessingStrategy())
+			}
+		}
+	})
+}
+
+// TestNCCLLoopback drives all_reduce_perf stand-ins printing published
+// nccl-tests outputs.
+func TestNCCLLoopback(t *testing.T) {
+	h := newHarness(t)
+	gpus := map[string]string{"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt")}
+	with := func(kv ...string) map[string]string {
+		m := map[string]string{}
+		for k, v := range gpus {
+			m[k] = v
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		name   string
+		env    map[string]string
+		flags  []string
+		exit   int
+		fatal  bool
+		code   string
+		action datamodels.RecommendedAction
+	}{
+		{"pass at 476.53 GB/s", with("STANDIN_ALL_REDUCE_PERF_OUT", ncclData("h100-single-node.log")), nil, 0, false, "", datamodels.RecommendedAction_NONE},
+		{"below threshold", with("STANDIN_ALL_REDUCE_PERF_OUT", ncclData("h100-single-node.log")), []string{"--nccl.loopback-threshold-gbps=500"}, 1, true, "NCCL_BW_DEGRADED", datamodels.RecommendedAction_CONTACT_SUPPORT},
+		{"wrong data whatever the bandwidth", with("STANDIN_ALL_REDUCE_PERF_OUT", ncclData("derived-corruption.log")), nil, 1, true, "NCCL_DATA_CORRUPTION", datamodels.RecommendedAction_CONTACT_SUPPORT},
+		{"unhandled system error", with("STANDIN_ALL_REDUCE_PERF_OUT", ncclData("system-error.log"), "STANDIN_ALL_REDUCE_PERF_EXIT", "2"), nil, 1, true, "NCCL_SYSTEM_ERROR", datamodels.RecommendedAction_CONTACT_SUPPORT},
+		{"unhandled cuda error", with("STANDIN_ALL_REDUCE_PERF_OUT", ncclData("rtx5090-cuda-failure.log"), "STANDIN_ALL_REDUCE_PERF_EXIT", "2"), nil, 1, true, "NCCL_UNHANDLED_CUDA_ERROR", datamodels.RecommendedAction_RUN_DCGMEUD},
+		{"mpirun prefix, error column", with("STANDIN_ALL_REDUCE_PERF_OUT", ncclData("mpirun-error-column.log")), []string{"--nccl.loopback-threshold-gbps=30"}, 0, false, "", datamodels.RecommendedAction_NONE},
+		{"slurm labels, N/A", with("STANDIN_ALL_REDUCE_PERF_OUT", ncclData("slurm-label-two-nodes.log")), nil, 0, false, "", datamodels.RecommendedAction_NONE},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := h.run(checks.NCCLLoopback, tc.env, tc.flags...)
+			if r.code != tc.exit {
+				t.Fatalf("exit %d, want %d\n%s", r.code, tc.exit, r.stderr)
+			}
+			if !strings.Contains(r.args, "all_reduce_perf -b 8 -e 256M -f 2 -g 2") {
+				t.Errorf("all_reduce_perf called as %q", r.args)
+			}
+			ev := h.events(r.node, 1)[0]
+			if ev.GetAgent() != "preflight-nccl-loopback" || ev.GetIsFatal() != tc.fatal || ev.GetRecommendedAction() != tc.action ||
+				ev.GetIsHealthy() != (tc.exit == 0) || (tc.code != "" && !slices.Contains(ev.GetErrorCode(), tc.code)) ||
+				events.EntityKey(ev) != "NODE="+r.node {
+				t.Errorf("event %v", ev)
+			}
+		})
+	}
+
+	t.Run("per-check timeout kills the tool", func(t *testing.T) {
+		start := time.Now()
+		r := h.run(checks.NCCLLoopback, with("STANDIN_ALL_REDUCE_PERF_OUT", ncclData("h100-single-node.log"), "STANDIN_SLEEP", "60"), "--timeout=2s")
+		if r.code != checks.ExitFail || time.Since(start) > 40*time.Second {
+			t.Fatalf("exit %d after %s", r.code, time.Since(start))
+		}
+		ev := h.events(r.node, 1)[0]
+		if ev.GetIsFatal() || !slices.Contains(ev.GetErrorCode(), checks.CodeTimeout) {
+			t.Errorf("event %v", ev)
+		}
+	})
+}
+
+// TestNCCLAllreduce: the gang wait on the mounted ConfigMap files, rank by
+// sorted pod names, the torchrun command, and its published outputs.
+func TestNCCLAllreduce(t *testing.T) {
+	h := newHarness(t)
+	gang := func(expected, peers string) string {
+		d := t.TempDir()
+		must(t, os.WriteFile(filepath.Join(d, "gang_id"), []byte("volcano-training-pg1"), 0o644))
+		must(t, os.WriteFile(filepath.Join(d, "expected_count"), []byte(expected), 0o644))
+		must(t, os.WriteFile(filepath.Join(d, "master_addr"), []byte("10.0.1.5"), 0o644))
+		must(t, os.WriteFile(filepath.Join(d, "peers"), []byte(peers), 0o644))
+		return d
+	}
+	ok := filepath.Join(t.TempDir(), "torchrun-ok.log")
+	banner, _ := os.ReadFile(ncclData("torchrun-banner.txt"))
+	must(t, os.WriteFile(ok, append(banner, []byte("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n"+
+		"  4294967296    1073741824     float     sum      -1  25410.3  169.03  169.03    N/A  25410.3  169.03  169.03    N/A\n# Avg bus bandwidth    : 169.03\n")...), 0o644))
+	smi := ownData("nvidia-smi-uuids.txt")
+
+	t.Run("gang formed: rank 1 of 2, master is the first pod's IP", func(t *testing.T) {
+		d := gang("2", "trainer-0:10.0.1.5\ntrainer-1:10.0.1.6\n")
+		r := h.run(checks.NCCLAllreduce, map[string]string{"STANDIN_NVIDIA_SMI_OUT": smi, "STANDIN_TORCHRUN_OUT": ok}, "--gang.dir="+d, "--pod.name=trainer-1")
+		if r.code != checks.ExitPass {
+			t.Fatalf("exit %d\n%s", r.code, r.stderr)
+		}
+		for _, want := range []string{"--nnodes=2", "--nproc_per_node=2", "--node_rank=1", "--master_addr=10.0.1.5", "--master_port=29500", ".py"} {
+			if !strings.Contains(r.args, want) {
+				t.Errorf("torchrun args %q lack %s", r.args, want)
+			}
+		}
+		ev := h.events(r.node, 1)[0]
+		if !ev.GetIsHealthy() || ev.GetAgent() != "preflight-nccl-allreduce" || ev.GetMetadata()["preflight.faultline.io/gang"] != "volcano-training-pg1" {
+			t.Errorf("event %v", ev)
+		}
+	})
+
+	t.Run("gang does not form: non-fatal timeout", func(t *testing.T) {
+		d := gang("2", "trainer-0:10.0.1.5\n")
+		mf := filepath.Join(t.TempDir(), "metrics.prom")
+		r := h.run(checks.NCCLAllreduce, map[string]string{"STANDIN_NVIDIA_SMI_OUT": smi, "STANDIN_TORCHRUN_OUT": ok},
+			"--gang.dir="+d, "--pod.name=trainer-0", "--gang.timeout=1s", "--gang.poll-interval=100ms", "--metrics.textfile="+mf)
+		if r.code != checks.ExitFail || strings.Contains(r.args, "torchrun") {
+			t.Fatalf("exit %d, torchrun ran: %q", r.code, r.args)
+		}
+		ev := h.events(r.node, 1)[0]
+		if ev.GetIsFatal() || ev.GetRecommendedAction() != datamodels.RecommendedAction_NONE || !slices.Contains(ev.GetErrorCode(), checks.CodeGangTimeout) {
+			t.Errorf("event %v", ev)
+		}
+		m, _ := os.ReadFile(mf)
+		for _, want := range []string{`preflight_gang_wait_seconds_count{workload="volcano-training-pg1"} 1`,
+			`preflight_check_total{check="nccl-allreduce",result="fail"} 1`,
+			`preflight_check_failures_total{check="nccl-allreduce",error_code="PREFLIGHT_GANG_TIMEOUT",node="` + r.node + `"} 1`,
+			`preflight_check_duration_seconds_count{check="nccl-allreduce"} 1`} {
+			if !strings.Contains(string(m), want) {
+				t.Errorf("metrics lack %s:\n%s", want, m)
+			}
+		}
+	})
+
+	for _, tc := range []struct {
+		name, log string
+		fatal     bool
+		code      string
+	}{
+		{"remote error", "torch-remote-error.log", true, "NCCL_REMOTE_ERROR"},
+		{"internal error", "torch-internal-error.log", true, "NCCL_INTERNAL_ERROR"},
+		{"watchdog timeout", "torch-timeout.log", false, "NCCL_TIMEOUT"},
+		{"system error", "torch-system-error.log", true, "NCCL_SYSTEM_ERROR"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := gang("2", "trainer-0:10.0.1.5\ntrainer-1:10.0.1.6\n")
+			r := h.run(checks.NCCLAllreduce, map[string]string{"STANDIN_NVIDIA_SMI_OUT": smi, "STANDIN_TORCHRUN_OUT": ncclData(tc.log), "STANDIN_TORCHRUN_EXIT": "1"},
+				"--gang.dir="+d, "--pod.name=trainer-0")
+			if r.code != checks.ExitFail {
+				t.Fatalf("exit %d\n%s", r.code, r.stderr)
+			}
+			ev := h.events(r.node, 1)[0]
+			if ev.GetIsFatal() != tc.fatal || !slices.Contains(ev.GetErrorCode(), tc.code) {
+				t.Errorf("event %v", ev)
+			}
+		})
+	}
+}
+
+// TestConfigErrors: exit 2, no event, the message names the key.
+func TestConfigErrors(t *testing.T) {
+	h := newHarness(t)
+	for _, tc := range []struct {
+		name  string
+		check string
+		flags []string
+		want  string
+	}{
+		{"bad level", checks.DCGMDiag, []string{"--dcgm.diag-level=9"}, "dcgm.diag_level: 9 is not 1..4"},
+		{"missing tool", checks.NCCLLoopback, []string{"--nccl.all-reduce-perf=/nonexistent/all_reduce_perf"}, "nccl.all_reduce_perf"},
+		{"no gang mounted", checks.NCCLAllreduce, []string{"--gang.dir=/nonexistent"}, "gang.dir: /nonexistent is not a directory"},
+		{"unknown check", "gpu-burn", nil, "unknown check"},
+		{"bad strategy", checks.DCGMDiag, []string{"--processing-strategy=MAYBE"}, "processing_strategy"},
+		{"empty token", checks.DCGMDiag, []string{"--gateway.token-file=/dev/null"}, "gateway.token_file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := h.run(tc.check, map[string]string{"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt")}, tc.flags...)
+			if r.code != checks.ExitConfig || !strings.Contains(r.stderr, tc.want) {
+				t.Fatalf("exit %d, stderr lacks %q:\n%s", r.code, tc.want, r.stderr)
+			}
+		})
+	}
+}
+
+// TestGatewayBrieflyDown: a failing check while the gateway is down exits
+// 1 with its events spooled on the node; the next check run, with the
+// gateway back, delivers them as well as its own.
+func TestGatewayBrieflyDown(t *testing.T) {
+	h := newHarness(t)
+	h.gw.Stop()
+	first := h.run(checks.NCCLLoopback, map[string]string{"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
+		"STANDIN_ALL_REDUCE_PERF_OUT": ncclData("system-error.log"), "STANDIN_ALL_REDUCE_PERF_EXIT": "2"}, "--spool.drain-timeout=2s")
+	if first.code != checks.ExitFail || !strings.Contains(first.stderr, "stay spooled") {
+		t.Fatalf("exit %d\n%s", first.code, first.stderr)
+	}
+	dirs, _ := filepath.Glob(filepath.Join(h.spool, "run-*"))
+	if len(dirs) != 1 {
+		t.Fatalf("spool dirs %v, want the first run's", dirs)
+	}
+	h.gw.StartAgain()
+	second := h.run(checks.NCCLLoopback, map[string]string{"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
+		"STANDIN_ALL_REDUCE_PERF_OUT": ncclData("h100-single-node.log")})
+	if second.code != checks.ExitPass {
+		t.Fatalf("exit %d\n%s", second.code, second.stderr)
+	}
+	ev := h.events(first.node, 1)[0]
+	if !ev.GetIsFatal() || !slices.Contains(ev.GetErrorCode(), "NCCL_SYSTEM_ERROR") {
+		t.Errorf("the first run's event: %v", ev)
+	}
+	h.events(second.node, 1)
+	if dirs, _ := filepath.Glob(filepath.Join(h.spool, "run-*")); len(dirs) != 0 {
+		t.Errorf("spool dirs left: %v", dirs)
+	}
+}

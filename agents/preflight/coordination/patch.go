@@ -1,0 +1,28 @@
+package coordination
+
+import (
+	"encoding/json"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// mergePatch sets data and ownerReferences, conditional on the
+// resourceVersion read (a concurrent writer makes it a conflict).
+func mergePatch(resourceVersion string, want *corev1.ConfigMap) ([]byte, error) {
+	return json.Marshal(struct {
+		Metadata struct {
+			ResourceVersion string                  `json:"resourceVersion"`
+			OwnerReferences []metav1.OwnerReference `json:"ownerReferences"`
+			Labels          map[string]string       `json:"labels"`
+		} `json:"metadata"`
+		Data map[string]string `json:"data"`
+	}{
+		Metadata: struct {
+			ResourceVersion string                  `json:"resourceVersion"`
+			OwnerReferences []metav1.OwnerReference `json:"ownerReferences"`
+			Labels          map[string]string       `json:"labels"`
+		}{resourceVersion, want.OwnerReferences, want.Labels},
+		Data: want.Data,
+	})
+}

@@ -1,0 +1,527 @@
+// Package injection is the pod mutation of ADR-026: it detects a pod's
+// GPUs (extended resources, or DRA claims whose device class is a GPU
+// class), and prepends one init container per enabled check, each given
+// the largest GPU (and, for NCCL checks, network) extended-resource counts
+// of the pod's containers or the pod's GPU/network claim references, the
+// NCCL environment variables of the pod's containers that match the
+// configured globs, the volume mount behind a pod-provided NCCL_TOPO_FILE,
+// and for gang-wide checks the gang's ConfigMap. Pods without GPUs are
+// left untouched.
+//
+// Mutate is idempotent: what an earlier invocation injected (recorded in
+// AnnotationInjected) is removed before the pod is examined again, so a
+// reinvocation — after another webhook changed the pod — recomputes the
+// injection from the pod as it is now and yields no patch when nothing
+// changed.
+package injection
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path"
+	"reflect"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/faultline/faultline/agents/preflight/checks"
+	"github.com/faultline/faultline/agents/preflight/gang"
+)
+
+// Annotations the injection sets on the pod.
+const (
+	// AnnotationInjected lists the init containers it injected.
+	AnnotationInjected = "preflight.faultline.io/injected"
+	// AnnotationSkipped says which enabled checks were left out and why.
+	AnnotationSkipped = "preflight.faultline.io/skipped"
+)
+
+// Names of what the injection adds.
+const (
+	ContainerPrefix = "preflight-"
+	VolumeState     = "preflight-state"
+	VolumeToken     = "preflight-token"
+	VolumeGang      = "preflight-gang"
+	// StateMountPath holds the spool (checks' default spool.dir is below it).
+	StateMountPath = "/var/lib/faultline-preflight"
+	// TokenMountPath holds the gateway token (checks' default token file).
+	TokenMountPath = "/var/run/secrets/faultline-preflight"
+)
+
+// Detection lists what counts as a GPU (or a network device).
+type Detection struct {
+	// ResourceNames are extended resources ("nvidia.com/gpu").
+	ResourceNames []string `toml:"resource_names"`
+	// DeviceClasses are DRA DeviceClass names.
+	DeviceClasses []string `toml:"device_classes"`
+}
+
+// CheckSpec is one check to inject.
+type CheckSpec struct {
+	// Name is the check ("dcgm-diag", "nccl-loopback", "nccl-allreduce", or
+	// a third-party name); the init container is "preflight-<name>".
+	Name string `toml:"name"`
+	// Image runs the check (default: inject.image).
+	Image string `toml:"image"`
+	// Command and Args: built-in checks default to `faultline-preflight
+	// check <name>` plus the rendered runner flags; a third-party check
+	// gives its own.
+	Command []string `toml:"command"`
+	Args    []string `toml:"args"`
+	// Env adds variables.
+	Env map[string]string `toml:"env"`
+	// Network gives the check the pod's network devices, NCCL variables
+	// and topology (default: true for the NCCL checks).
+	Network *bool `toml:"network"`
+	// RequiresNetwork skips the check for pods without network devices
+	// (default: true for the NCCL checks, ADR-026).
+	RequiresNetwork *bool `toml:"requires_network"`
+	// Gang mounts the gang ConfigMap and skips singletons (default: true
+	// for nccl-allreduce).
+	Gang *bool `toml:"gang"`
+}
+
+func (s CheckSpec) builtin() bool { return slices.Contains(checks.Names(), s.Name) }
+
+func boolOr(p *bool, def bool) bool {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+func (s CheckSpec) network() bool {
+	return boolOr(s.Network, s.Name == checks.NCCLLoopback || s.Name == checks.NCCLAllreduce)
+}
+func (s CheckSpec) requiresNetwork() bool {
+	return boolOr(s.RequiresNetwork, s.Name == checks.NCCLLoopback || s.Name == checks.NCCLAllreduce)
+}
+func (s CheckSpec) gang() bool { return boolOr(s.Gang, s.Name == checks.NCCLAllreduce) }
+
+// Config is what the injection needs.
+type Config struct {
+	Checks  []CheckSpec
+	GPU     Detection
+	Network Detection
+	// EnvPatterns are the globs (path.Match) of variables copied from the
+	// pod's containers into network checks ("NCCL_*", "UCX_*", "OMPI_*").
+	EnvPatterns []string
+	// Image is the default image of the checks.
+	Image string
+	// ImagePullPolicy of the injected containers (default IfNotPresent).
+	ImagePullPolicy corev1.PullPolicy
+	// StateHostPath is the node directory holding the checks' spool.
+	StateHostPath string
+	// TokenSecret is the Secret (in the pod's namespace) holding the
+	// gateway token under key "token" ("" mounts none).
+	TokenSecret string
+	// GangMountPath is where the gang ConfigMap goes (default
+	// "/etc/preflight").
+	GangMountPath string
+	// Runner is the configuration rendered as flags for built-in checks.
+	Runner checks.Config
+}
+
+// ClaimResolver returns the device classes a pod's resource claim asks
+// for, reading the ResourceClaim or ResourceClaimTemplate it names.
+type ClaimResolver interface {
+	DeviceClasses(ctx context.Context, namespace string, c corev1.PodResourceClaim) ([]string, error)
+}
+
+// Injector mutates pods.
+type Injector struct {
+	cfg    Config
+	claims ClaimResolver
+	gangs  *gang.Discovery
+	// runnerFlags is cfg.Runner rendered as flags, once (rendering walks a
+	// FlagSet: a third of an admission's time if done per pod).
+	runnerFlags []string
+}
+
+// New returns an Injector. claims may be nil when no device classes are
+// configured.
+func New(cfg Config, claims ClaimResolver, gangs *gang.Discovery) *Injector {
+	if cfg.ImagePullPolicy == "" {
+		cfg.ImagePullPolicy = corev1.PullIfNotPresent
+	}
+	if cfg.GangMountPath == "" {
+		cfg.GangMountPath = "/etc/preflight"
+	}
+	return &Injector{cfg: cfg, claims: claims, gangs: gangs, runnerFlags: checks.RenderFlags(cfg.Runner)}
+}
+
+// Result is the outcome of Mutate.
+type Result struct {
+	// Patch is the JSON patch; nil when the pod stays as it is.
+	Patch []byte
+	// Outcome is "injected", "unchanged" (already injected, nothing to
+	// change), "no_gpu", or "removed" (an earlier injection no longer
+	// applies).
+	Outcome string
+	// Injected are the init container names; Gang is the pod's gang ID.
+	Injected []string
+	Gang     string
+	Skipped  []string
+}
+
+// Mutate computes the patch for a pod.
+func (inj *Injector) Mutate(ctx context.Context, p gang.Pod) (Result, error) {
+	orig := p.Pod
+	base := strip(orig)
+	gpus, nets := maxResources(base, inj.cfg.GPU.ResourceNames), maxResources(base, inj.cfg.Network.ResourceNames)
+	gpuClaims, netClaims, err := inj.dra(ctx, base)
+	if err != nil {
+		return Result{}, err
+	}
+	hasGPU := len(gpus) > 0 || len(gpuClaims) > 0
+	hasNet := len(nets) > 0 || len(netClaims) > 0
+	want := base.DeepCopy()
+	res := Result{}
+	if !hasGPU {
+		if _, had := orig.Annotations[AnnotationInjected]; !had {
+			return Result{Outcome: "no_gpu"}, nil
+		}
+		res.Outcome = "removed"
+	} else {
+		g, inGang := inj.gangs.Identify(gang.Pod{Pod: base, WorkloadRef: p.WorkloadRef, SchedulingGroup: p.SchedulingGroup})
+		var inits []corev1.Container
+		var needGang bool
+		for _, spec := range inj.cfg.Checks {
+			switch {
+			case spec.requiresNetwork() && !hasNet:
+				res.Skipped = append(res.Skipped, spec.Name+": no network devices")
+				continue
+			case spec.gang() && !inGang:
+				res.Skipped = append(res.Skipped, spec.Name+": not in a gang")
+				continue
+			}
+			c := inj.container(spec, base, gpus, nets, gpuClaims, netClaims)
+			if spec.gang() {
+				needGang = true
+				c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeGang, MountPath: inj.cfg.GangMountPath, ReadOnly: true})
+			}
+			inits = append(inits, c)
+			res.Injected = append(res.Injected, c.Name)
+		}
+		if len(inits) == 0 {
+			res.Outcome = "no_check"
+		} else {
+			res.Outcome = "injected"
+			want.Spec.InitContainers = append(inits, want.Spec.InitContainers...)
+			want.Spec.Volumes = append(want.Spec.Volumes, inj.volumes(needGang, g)...)
+			if want.Annotations == nil {
+				want.Annotations = map[string]string{}
+			}
+			want.Annotations[AnnotationInjected] = strings.Join(res.Injected, ",")
+			if inGang {
+				if want.Labels == nil {
+					want.Labels = map[string]string{}
+				}
+				want.Labels[gang.LabelGang] = g.ID
+				want.Annotations[gang.AnnotationMethod] = g.Method
+				want.Annotations[gang.AnnotationName] = g.Name
+				res.Gang = g.ID
+			}
+			if len(res.Skipped) > 0 {
+				want.Annotations[AnnotationSkipped] = strings.Join(res.Skipped, "; ")
+			}
+		}
+	}
+	patch, changed, err := diff(orig, want)
+	if err != nil {
+		return Result{}, err
+	}
+	if !changed {
+		if res.Outcome == "injected" {
+			res.Outcome = "unchanged"
+		}
+		return res, nil
+	}
+	res.Patch = patch
+	return res, nil
+}
+
+// strip removes what an earlier invocation injected.
+func strip(p *corev1.Pod) *corev1.Pod {
+	out := p.DeepCopy()
+	injected := strings.Split(p.Annotations[AnnotationInjected], ",")
+	if p.Annotations[AnnotationInjected] != "" {
+		out.Spec.InitContainers = slices.DeleteFunc(out.Spec.InitContainers, func(c corev1.Container) bool {
+			return slices.Contains(injected, c.Name)
+		})
+		out.Spec.Volumes = slices.DeleteFunc(out.Spec.Volumes, func(v corev1.Volume) bool {
+			return v.Name == VolumeState || v.Name == VolumeToken || v.Name == VolumeGang
+		})
+		delete(out.Annotations, AnnotationInjected)
+		delete(out.Annotations, AnnotationSkipped)
+		delete(out.Annotations, gang.AnnotationMethod)
+		delete(out.Annotations, gang.AnnotationName)
+		delete(out.Labels, gang.LabelGang)
+		if len(out.Annotations) == 0 && p.Annotations != nil && len(p.Annotations) == 0 {
+			out.Annotations = map[string]string{}
+		}
+	}
+	return out
+}
+
+// maxResources returns, for each name, the largest count any container
+// (or init container) asks for — limits, else requests.
+func maxResources(p *corev1.Pod, names []string) map[corev1.ResourceName]resource.Quantity {
+	out := map[corev1.ResourceName]resource.Quantity{}
+	all := slices.Concat(p.Spec.Containers, p.Spec.InitContainers)
+	for _, n := range names {
+		rn := corev1.ResourceName(n)
+		for _, c := range all {
+			q, ok := c.Resources.Limits[rn]
+			if !ok {
+				q, ok = c.Resources.Requests[rn]
+			}
+			if !ok || q.IsZero() {
+				continue
+			}
+			if cur, seen := out[rn]; !seen || q.Cmp(cur) > 0 {
+				out[rn] = q.DeepCopy()
+			}
+		}
+	}
+	return out
+}
+
+// dra returns the pod claims whose device class is a GPU (network) class.
+func (inj *Injector) dra(ctx context.Context, p *corev1.Pod) (gpu, net []string, err error) {
+	if len(p.Spec.ResourceClaims) == 0 || (len(inj.cfg.GPU.DeviceClasses) == 0 && len(inj.cfg.Network.DeviceClasses) == 0) {
+		return nil, nil, nil
+	}
+	if inj.claims == nil {
+		return nil, nil, fmt.Errorf("device classes are configured but there is no claim resolver")
+	}
+	for _, c := range p.Spec.ResourceClaims {
+		classes, err := inj.claims.DeviceClasses(ctx, p.Namespace, c)
+		if err != nil {
+			return nil, nil, fmt.Errorf("resource claim %q: %w", c.Name, err)
+		}
+		for _, cl := range classes {
+			if slices.Contains(inj.cfg.GPU.DeviceClasses, cl) && !slices.Contains(gpu, c.Name) {
+				gpu = append(gpu, c.Name)
+			}
+			if slices.Contains(inj.cfg.Network.DeviceClasses, cl) && !slices.Contains(net, c.Name) {
+				net = append(net, c.Name)
+			}
+		}
+	}
+	return gpu, net, nil
+}
+
+// container builds one check's init container.
+func (inj *Injector) container(spec CheckSpec, p *corev1.Pod, gpus, nets map[corev1.ResourceName]resource.Quantity, gpuClaims, netClaims []string) corev1.Container {
+	c := corev1.Container{
+		Name:            ContainerPrefix + spec.Name,
+		Image:           spec.Image,
+		ImagePullPolicy: inj.cfg.ImagePullPolicy,
+		Command:         spec.Command,
+		Args:            spec.Args,
+		SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: new(bool)},
+		// Set what the API server would default, so that the pod read back
+		// on reinvocation compares equal.
+		TerminationMessagePath:   corev1.TerminationMessagePathDefault,
+		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+	}
+	if c.Image == "" {
+		c.Image = inj.cfg.Image
+	}
+	if spec.builtin() {
+		if len(c.Command) == 0 {
+			c.Command = []string{"faultline-preflight"}
+		}
+		if len(c.Args) == 0 {
+			c.Args = append([]string{"check", spec.Name}, inj.runnerFlags...)
+		}
+	}
+	field := func(name, path string) corev1.EnvVar {
+		return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: path}}}
+	}
+	c.Env = []corev1.EnvVar{field("NODE_NAME", "spec.nodeName"), field("POD_NAME", "metadata.name"),
+		field("POD_NAMESPACE", "metadata.namespace"), field("POD_UID", "metadata.uid")}
+	if !spec.builtin() {
+		// The check contract for third-party checks: where to report.
+		r := inj.cfg.Runner
+		c.Env = append(c.Env,
+			corev1.EnvVar{Name: "PREFLIGHT_CHECK", Value: spec.Name},
+			corev1.EnvVar{Name: "FAULTLINE_GATEWAY_ADDR", Value: r.Gateway.Addr},
+			corev1.EnvVar{Name: "FAULTLINE_TOKEN_FILE", Value: r.Gateway.TokenFile},
+			corev1.EnvVar{Name: "PREFLIGHT_TIMEOUT", Value: r.Timeout.String()})
+	}
+	for _, k := range sortedKeys(spec.Env) {
+		c.Env = append(c.Env, corev1.EnvVar{Name: k, Value: spec.Env[k]})
+	}
+	limits := corev1.ResourceList{}
+	for n, q := range gpus {
+		limits[n] = q
+	}
+	claims := slices.Clone(gpuClaims)
+	if spec.network() {
+		for n, q := range nets {
+			limits[n] = q
+		}
+		for _, cl := range netClaims {
+			if !slices.Contains(claims, cl) {
+				claims = append(claims, cl)
+			}
+		}
+		c.Env = append(c.Env, inj.ncclEnv(p, &c)...)
+	}
+	if len(limits) > 0 {
+		c.Resources.Limits = limits
+		c.Resources.Requests = limits.DeepCopy()
+	}
+	for _, cl := range claims {
+		c.Resources.Claims = append(c.Resources.Claims, corev1.ResourceClaim{Name: cl})
+	}
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeState, MountPath: StateMountPath})
+	if inj.cfg.TokenSecret != "" {
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeToken, MountPath: TokenMountPath, ReadOnly: true})
+	}
+	return c
+}
+
+// ncclEnv copies the variables of the pod's containers matching the globs
+// (first definition wins), and the volume mount behind NCCL_TOPO_FILE;
+// without such a mount the file lives in the user's image, not in the
+// check's, so NCCL_TOPO_FILE is not copied and the check picks a topology
+// by instance type.
+func (inj *Injector) ncclEnv(p *corev1.Pod, c *corev1.Container) []corev1.EnvVar {
+	var out []corev1.EnvVar
+	seen := map[string]bool{"NODE_NAME": true, "POD_NAME": true, "POD_NAMESPACE": true, "POD_UID": true}
+	for _, e := range c.Env {
+		seen[e.Name] = true
+	}
+	for _, src := range slices.Concat(p.Spec.Containers, p.Spec.InitContainers) {
+		for _, e := range src.Env {
+			if seen[e.Name] || !matchAny(inj.cfg.EnvPatterns, e.Name) {
+				continue
+			}
+			if e.Name == "NCCL_TOPO_FILE" {
+				m, ok := topoMount(src, e.Value)
+				if !ok {
+					continue
+				}
+				if !slices.ContainsFunc(c.VolumeMounts, func(v corev1.VolumeMount) bool { return v.MountPath == m.MountPath }) {
+					c.VolumeMounts = append(c.VolumeMounts, m)
+				}
+			}
+			seen[e.Name] = true
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// topoMount finds the container's volume mount that holds file.
+func topoMount(c corev1.Container, file string) (corev1.VolumeMount, bool) {
+	if file == "" {
+		return corev1.VolumeMount{}, false
+	}
+	best := corev1.VolumeMount{}
+	for _, m := range c.VolumeMounts {
+		mp := strings.TrimSuffix(m.MountPath, "/")
+		if file == mp || strings.HasPrefix(file, mp+"/") {
+			if len(m.MountPath) > len(best.MountPath) {
+				best = m
+			}
+		}
+	}
+	if best.Name == "" {
+		return best, false
+	}
+	best.ReadOnly = true
+	return best, true
+}
+
+func matchAny(globs []string, name string) bool {
+	for _, g := range globs {
+		if ok, _ := path.Match(g, name); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// volumes are the node state directory, the token Secret and the gang
+// ConfigMap (optional: a pod starts before the controller wrote it, and
+// the check waits for it).
+func (inj *Injector) volumes(needGang bool, g gang.Gang) []corev1.Volume {
+	dirOrCreate := corev1.HostPathDirectoryOrCreate
+	optional := true
+	mode := corev1.SecretVolumeSourceDefaultMode
+	vs := []corev1.Volume{{Name: VolumeState, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: inj.cfg.StateHostPath, Type: &dirOrCreate}}}}
+	if inj.cfg.TokenSecret != "" {
+		vs = append(vs, corev1.Volume{Name: VolumeToken, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: inj.cfg.TokenSecret, Optional: &optional, DefaultMode: &mode}}})
+	}
+	if needGang {
+		vs = append(vs, corev1.Volume{Name: VolumeGang, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: g.ConfigMapName()}, Optional: &optional, DefaultMode: &mode}}})
+	}
+	return vs
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// op is one JSON patch operation.
+type op struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value,omitempty"`
+}
+
+// diff returns the JSON patch turning orig into want (whole init
+// container and volume lists, whole label and annotation maps: "add"
+// replaces an existing member).
+func diff(orig, want *corev1.Pod) ([]byte, bool, error) {
+	var ops []op
+	replace := func(path string, a, b any, empty bool) {
+		if equality.Semantic.DeepEqual(a, b) {
+			return
+		}
+		if empty {
+			ops = append(ops, op{Op: "remove", Path: path})
+			return
+		}
+		ops = append(ops, op{Op: "add", Path: path, Value: b})
+	}
+	if len(orig.Spec.InitContainers)+len(want.Spec.InitContainers) > 0 {
+		replace("/spec/initContainers", orig.Spec.InitContainers, want.Spec.InitContainers, len(want.Spec.InitContainers) == 0)
+	}
+	if len(orig.Spec.Volumes)+len(want.Spec.Volumes) > 0 {
+		replace("/spec/volumes", orig.Spec.Volumes, want.Spec.Volumes, len(want.Spec.Volumes) == 0)
+	}
+	if !reflect.DeepEqual(nilIfEmpty(orig.Labels), nilIfEmpty(want.Labels)) {
+		replace("/metadata/labels", orig.Labels, want.Labels, len(want.Labels) == 0)
+	}
+	if !reflect.DeepEqual(nilIfEmpty(orig.Annotations), nilIfEmpty(want.Annotations)) {
+		replace("/metadata/annotations", orig.Annotations, want.Annotations, len(want.Annotations) == 0)
+	}
+	if len(ops) == 0 {
+		return nil, false, nil
+	}
+	b, err := json.Marshal(ops)
+	return b, true, err
+}
+
+func nilIfEmpty(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}

@@ -1,0 +1,346 @@
+package injection
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/faultline/faultline/agents/preflight/checks"
+	"github.com/faultline/faultline/agents/preflight/gang"
+)
+
+// classMap answers DeviceClasses from a map keyed by the claim's
+// resourceClaimName or resourceClaimTemplateName (the real resolver, over
+// the API server, is exercised by the webhook's kube tests).
+type classMap map[string][]string
+
+func (c classMap) DeviceClasses(_ context.Context, _ string, pc corev1.PodResourceClaim) ([]string, error) {
+	if pc.ResourceClaimName != nil {
+		return c[*pc.ResourceClaimName], nil
+	}
+	return c[*pc.ResourceClaimTemplateName], nil
+}
+
+func testInjector(mod func(*Config)) *Injector {
+	cfg := Config{
+		Checks:        []CheckSpec{{Name: checks.DCGMDiag}, {Name: checks.NCCLLoopback}, {Name: checks.NCCLAllreduce}},
+		GPU:           Detection{ResourceNames: []string{"nvidia.com/gpu"}, DeviceClasses: []string{"gpu.nvidia.com"}},
+		Network:       Detection{ResourceNames: []string{"nvidia.com/mlnxnics", "rdma/ib"}, DeviceClasses: []string{"rdma.example.com"}},
+		EnvPatterns:   []string{"NCCL_*", "UCX_*"},
+		Image:         "faultline-preflight:test",
+		StateHostPath: "/var/lib/faultline-preflight",
+		TokenSecret:   "faultline-preflight-token",
+		Runner:        checks.DefaultConfig(),
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	return New(cfg, classMap{"gpus": {"gpu.nvidia.com"}, "nic-tmpl": {"rdma.example.com"}, "other": {"fpga.example.com"}},
+		gang.NewDiscovery(gang.LabelsMethod{IDLabel: "gang", SizeLabel: "gang-size"}))
+}
+
+func res(kv ...string) corev1.ResourceRequirements {
+	l := corev1.ResourceList{}
+	for i := 0; i < len(kv); i += 2 {
+		l[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
+	}
+	return corev1.ResourceRequirements{Limits: l, Requests: l.DeepCopy()}
+}
+
+func pod(mod func(*corev1.Pod)) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "trainer-0", Namespace: "training"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "trainer"}}}}
+	if mod != nil {
+		mod(p)
+	}
+	return p
+}
+
+// apply applies the patch operations Mutate emits (add or remove of a whole
+// top-level list or map).
+func apply(t *testing.T, p *corev1.Pod, patch []byte) *corev1.Pod {
+	t.Helper()
+	var ops []struct {
+		Op    string          `json:"op"`
+		Path  string          `json:"path"`
+		Value json.RawMessage `json:"value"`
+	}
+	if err := json.Unmarshal(patch, &ops); err != nil {
+		t.Fatal(err)
+	}
+	out := p.DeepCopy()
+	for _, o := range ops {
+		var target any
+		switch o.Path {
+		case "/spec/initContainers":
+			out.Spec.InitContainers, target = nil, &out.Spec.InitContainers
+		case "/spec/volumes":
+			out.Spec.Volumes, target = nil, &out.Spec.Volumes
+		case "/metadata/labels":
+			out.Labels, target = nil, &out.Labels
+		case "/metadata/annotations":
+			out.Annotations, target = nil, &out.Annotations
+		default:
+			t.Fatalf("unexpected patch path %s", o.Path)
+		}
+		if o.Op == "add" {
+			if err := json.Unmarshal(o.Value, target); err != nil {
+				t.Fatal(err)
+			}
+		} else if o.Op != "remove" {
+			t.Fatalf("unexpected op %s", o.Op)
+		}
+	}
+	return out
+}
+
+func names(cs []corev1.Container) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.Name)
+	}
+	return out
+}
+
+func envNames(c corev1.Container) []string {
+	var out []string
+	for _, e := range c.Env {
+		out = append(out, e.Name)
+	}
+	return out
+}
+
+func TestMutate(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		pod       *corev1.Pod
+		mod       func(*Config)
+		outcome   string
+		inits     []string
+		skipped   string
+		check     func(t *testing.T, p *corev1.Pod)
+		gangLabel string
+	}{
+		{name: "no GPU", pod: pod(func(p *corev1.Pod) { p.Spec.Containers[0].Resources = res("cpu", "4", "rdma/ib", "1") }), outcome: "no_gpu"},
+		{name: "GPU, no network: NCCL checks skipped",
+			pod:     pod(func(p *corev1.Pod) { p.Spec.Containers[0].Resources = res("nvidia.com/gpu", "2") }),
+			outcome: "injected", inits: []string{"preflight-dcgm-diag"},
+			skipped: "nccl-loopback: no network devices; nccl-allreduce: no network devices"},
+		{name: "largest GPU and network counts of all containers, user init container kept last",
+			pod: pod(func(p *corev1.Pod) {
+				p.Spec.Containers[0].Resources = res("nvidia.com/gpu", "4", "rdma/ib", "1")
+				p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "side", Resources: res("nvidia.com/gpu", "8", "nvidia.com/mlnxnics", "4")})
+				p.Spec.InitContainers = []corev1.Container{{Name: "user-init", Image: "busybox", Resources: res("rdma/ib", "2")}}
+			}),
+			outcome: "injected", inits: []string{"preflight-dcgm-diag", "preflight-nccl-loopback", "user-init"}, skipped: "nccl-allreduce: not in a gang",
+			check: func(t *testing.T, p *corev1.Pod) {
+				dcgm, loop := p.Spec.InitContainers[0], p.Spec.InitContainers[1]
+				if q := dcgm.Resources.Limits["nvidia.com/gpu"]; q.String() != "8" {
+					t.Errorf("dcgm gpus %s", q.String())
+				}
+				if _, ok := dcgm.Resources.Limits["rdma/ib"]; ok {
+					t.Error("dcgm-diag got network devices")
+				}
+				for rn, want := range map[corev1.ResourceName]string{"nvidia.com/gpu": "8", "nvidia.com/mlnxnics": "4", "rdma/ib": "2"} {
+					if q := loop.Resources.Limits[rn]; q.String() != want {
+						t.Errorf("loopback %s = %s, want %s", rn, q.String(), want)
+					}
+					if q := loop.Resources.Requests[rn]; q.String() != want {
+						t.Errorf("loopback request %s = %s", rn, q.String())
+					}
+				}
+				if !slices.Equal(loop.Command, []string{"faultline-preflight"}) || !slices.Equal(loop.Args[:2], []string{"check", "nccl-loopback"}) {
+					t.Errorf("command %v %v", loop.Command, loop.Args)
+				}
+			}},
+		{name: "NCCL env by glob, NCCL_TOPO_FILE with its volume",
+			pod: pod(func(p *corev1.Pod) {
+				c := &p.Spec.Containers[0]
+				c.Resources = res("nvidia.com/gpu", "8", "rdma/ib", "4")
+				c.Env = []corev1.EnvVar{{Name: "NCCL_IB_HCA", Value: "mlx5"}, {Name: "UCX_TLS", Value: "rc"}, {Name: "HOME", Value: "/root"},
+					{Name: "NCCL_TOPO_FILE", Value: "/etc/nccl/topo/h100.xml"}, {Name: "NCCL_DEBUG", ValueFrom: &corev1.EnvVarSource{
+						ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "nccl"}, Key: "debug"}}}}
+				c.VolumeMounts = []corev1.VolumeMount{{Name: "topo", MountPath: "/etc/nccl"}, {Name: "data", MountPath: "/data"}}
+				p.Spec.Volumes = []corev1.Volume{{Name: "topo"}, {Name: "data"}}
+			}),
+			outcome: "injected", inits: []string{"preflight-dcgm-diag", "preflight-nccl-loopback"}, skipped: "nccl-allreduce: not in a gang",
+			check: func(t *testing.T, p *corev1.Pod) {
+				loop := p.Spec.InitContainers[1]
+				got := envNames(loop)
+				for _, want := range []string{"NCCL_IB_HCA", "UCX_TLS", "NCCL_TOPO_FILE", "NCCL_DEBUG"} {
+					if !slices.Contains(got, want) {
+						t.Errorf("loopback env lacks %s: %v", want, got)
+					}
+				}
+				if slices.Contains(got, "HOME") || slices.Contains(envNames(p.Spec.InitContainers[0]), "NCCL_IB_HCA") {
+					t.Errorf("env copied where it should not be: %v", got)
+				}
+				if !slices.ContainsFunc(loop.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "topo" && m.ReadOnly }) ||
+					slices.ContainsFunc(loop.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "data" }) {
+					t.Errorf("mounts %+v", loop.VolumeMounts)
+				}
+			}},
+		{name: "NCCL_TOPO_FILE from the image: not copied (topology by instance type)",
+			pod: pod(func(p *corev1.Pod) {
+				p.Spec.Containers[0].Resources = res("nvidia.com/gpu", "8", "rdma/ib", "4")
+				p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NCCL_TOPO_FILE", Value: "/opt/topo.xml"}}
+			}),
+			outcome: "injected", inits: []string{"preflight-dcgm-diag", "preflight-nccl-loopback"}, skipped: "nccl-allreduce: not in a gang",
+			check: func(t *testing.T, p *corev1.Pod) {
+				if slices.Contains(envNames(p.Spec.InitContainers[1]), "NCCL_TOPO_FILE") {
+					t.Error("NCCL_TOPO_FILE copied without its volume")
+				}
+			}},
+		{name: "gang: label, annotations and ConfigMap volume",
+			pod: pod(func(p *corev1.Pod) {
+				p.Labels = map[string]string{"gang": "Job_7", "gang-size": "2"}
+				p.Spec.Containers[0].Resources = res("nvidia.com/gpu", "8", "rdma/ib", "4")
+			}),
+			outcome: "injected", inits: []string{"preflight-dcgm-diag", "preflight-nccl-loopback", "preflight-nccl-allreduce"}, gangLabel: "lbl-job-7",
+			check: func(t *testing.T, p *corev1.Pod) {
+				if !slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool {
+					return v.Name == VolumeGang && v.ConfigMap != nil && v.ConfigMap.Name == "preflight-lbl-job-7" && *v.ConfigMap.Optional
+				}) {
+					t.Errorf("volumes %+v", p.Spec.Volumes)
+				}
+				if p.Annotations[gang.AnnotationMethod] != "labels" || p.Annotations[gang.AnnotationName] != "Job_7" {
+					t.Errorf("annotations %v", p.Annotations)
+				}
+			}},
+		{name: "DRA: GPU claim and network claim template",
+			pod: pod(func(p *corev1.Pod) {
+				p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr("gpus")},
+					{Name: "nic", ResourceClaimTemplateName: ptr("nic-tmpl")}, {Name: "fpga", ResourceClaimName: ptr("other")}}
+				p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}, {Name: "nic"}, {Name: "fpga"}}
+			}),
+			outcome: "injected", inits: []string{"preflight-dcgm-diag", "preflight-nccl-loopback"}, skipped: "nccl-allreduce: not in a gang",
+			check: func(t *testing.T, p *corev1.Pod) {
+				claims := func(c corev1.Container) (out []string) {
+					for _, r := range c.Resources.Claims {
+						out = append(out, r.Name)
+					}
+					return out
+				}
+				if got := claims(p.Spec.InitContainers[0]); !slices.Equal(got, []string{"gpu"}) {
+					t.Errorf("dcgm claims %v", got)
+				}
+				if got := claims(p.Spec.InitContainers[1]); !slices.Equal(got, []string{"gpu", "nic"}) {
+					t.Errorf("loopback claims %v", got)
+				}
+			}},
+		{name: "DRA claim of another class only", pod: pod(func(p *corev1.Pod) {
+			p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "fpga", ResourceClaimName: ptr("other")}}
+		}), outcome: "no_gpu"},
+		{name: "third-party check: contract env, own command",
+			mod: func(c *Config) {
+				c.Checks = []CheckSpec{{Name: "vendor-burnin", Image: "vendor/burnin:1", Command: []string{"/burnin"}, Env: map[string]string{"LEVEL": "2"}}}
+			},
+			pod:     pod(func(p *corev1.Pod) { p.Spec.Containers[0].Resources = res("nvidia.com/gpu", "1") }),
+			outcome: "injected", inits: []string{"preflight-vendor-burnin"},
+			check: func(t *testing.T, p *corev1.Pod) {
+				c := p.Spec.InitContainers[0]
+				if c.Image != "vendor/burnin:1" || !slices.Equal(c.Command, []string{"/burnin"}) || len(c.Args) != 0 {
+					t.Errorf("container %+v", c)
+				}
+				for _, want := range []string{"PREFLIGHT_CHECK", "FAULTLINE_GATEWAY_ADDR", "FAULTLINE_TOKEN_FILE", "PREFLIGHT_TIMEOUT", "LEVEL", "NODE_NAME", "POD_NAME"} {
+					if !slices.Contains(envNames(c), want) {
+						t.Errorf("env lacks %s: %v", want, envNames(c))
+					}
+				}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inj := testInjector(tc.mod)
+			r, err := inj.Mutate(context.Background(), gang.Pod{Pod: tc.pod})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Outcome != tc.outcome {
+				t.Fatalf("outcome %q, want %q", r.Outcome, tc.outcome)
+			}
+			if tc.outcome == "no_gpu" {
+				if r.Patch != nil {
+					t.Fatalf("GPU-less pod patched: %s", r.Patch)
+				}
+				return
+			}
+			got := apply(t, tc.pod, r.Patch)
+			if !slices.Equal(names(got.Spec.InitContainers), tc.inits) {
+				t.Fatalf("init containers %v, want %v", names(got.Spec.InitContainers), tc.inits)
+			}
+			if got.Annotations[AnnotationSkipped] != tc.skipped {
+				t.Errorf("skipped %q, want %q", got.Annotations[AnnotationSkipped], tc.skipped)
+			}
+			if got.Labels[gang.LabelGang] != tc.gangLabel || r.Gang != tc.gangLabel {
+				t.Errorf("gang label %q (result %q), want %q", got.Labels[gang.LabelGang], r.Gang, tc.gangLabel)
+			}
+			if !slices.ContainsFunc(got.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == VolumeState && v.HostPath != nil }) ||
+				!slices.ContainsFunc(got.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == VolumeToken && v.Secret != nil }) {
+				t.Errorf("state/token volumes missing: %+v", got.Spec.Volumes)
+			}
+			if tc.check != nil {
+				tc.check(t, got)
+			}
+			// Reinvocation (or the pod read back): nothing more to change.
+			again, err := inj.Mutate(context.Background(), gang.Pod{Pod: got})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again.Patch != nil || again.Outcome != "unchanged" {
+				t.Fatalf("second invocation: %s %s", again.Outcome, again.Patch)
+			}
+		})
+	}
+}
+
+// A pod mutated under an older configuration is brought to the current one
+// on reinvocation, not given a second copy of the checks; a pod that lost
+// its GPUs (another webhook's change) loses the injection.
+func TestReinvocationChanges(t *testing.T) {
+	p := pod(func(p *corev1.Pod) {
+		p.Annotations = map[string]string{"team": "a"}
+		p.Spec.Containers[0].Resources = res("nvidia.com/gpu", "8", "rdma/ib", "4")
+		p.Spec.InitContainers = []corev1.Container{{Name: "user-init", Image: "busybox"}}
+	})
+	r, err := testInjector(nil).Mutate(context.Background(), gang.Pod{Pod: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	injected := apply(t, p, r.Patch)
+
+	fewer := testInjector(func(c *Config) { c.Checks = c.Checks[:1] })
+	r, err = fewer.Mutate(context.Background(), gang.Pod{Pod: injected})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := apply(t, injected, r.Patch)
+	if !slices.Equal(names(got.Spec.InitContainers), []string{"preflight-dcgm-diag", "user-init"}) {
+		t.Fatalf("after config change: %v", names(got.Spec.InitContainers))
+	}
+
+	lost := got.DeepCopy()
+	lost.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	r, err = fewer.Mutate(context.Background(), gang.Pod{Pod: lost})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Outcome != "removed" {
+		t.Fatalf("outcome %s", r.Outcome)
+	}
+	back := apply(t, lost, r.Patch)
+	if !slices.Equal(names(back.Spec.InitContainers), []string{"user-init"}) || len(back.Spec.Volumes) != 0 ||
+		back.Annotations["team"] != "a" || back.Annotations[AnnotationInjected] != "" {
+		t.Fatalf("not restored: inits %v volumes %v annotations %v", names(back.Spec.InitContainers), back.Spec.Volumes, back.Annotations)
+	}
+	if strings.Contains(string(r.Patch), "/spec/containers") {
+		t.Fatalf("patch touches the user's containers: %s", r.Patch)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

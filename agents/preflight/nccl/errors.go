@@ -1,0 +1,142 @@
+package nccl
+
+import (
+	"strings"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// Code names an NCCL failure as ADR-026's error table does.
+type Code string
+
+// The failure codes. The first five are ADR-026's table; the others are the
+// rest of NCCL's result codes and the corruption and bandwidth verdicts the
+// checks add.
+const (
+	SystemError        Code = "NCCL_SYSTEM_ERROR"
+	InternalError      Code = "NCCL_INTERNAL_ERROR"
+	InvalidUsage       Code = "NCCL_INVALID_USAGE"
+	Timeout            Code = "NCCL_TIMEOUT"
+	RemoteError        Code = "NCCL_REMOTE_ERROR"
+	InvalidArgument    Code = "NCCL_INVALID_ARGUMENT"
+	UnhandledCudaError Code = "NCCL_UNHANDLED_CUDA_ERROR"
+	DataCorruption     Code = "NCCL_DATA_CORRUPTION"
+	BandwidthDegraded  Code = "NCCL_BW_DEGRADED"
+)
+
+// Verdict is what a failure code means for the node: its recommended action
+// and whether it is fatal (a hardware fault) or not (configuration, timing).
+type Verdict struct {
+	Action datamodels.RecommendedAction
+	Fatal  bool
+}
+
+// Verdicts is ADR-026's "NCCL Checks" table: SYSTEM, INTERNAL and REMOTE
+// errors are hardware (fatal), INVALID_USAGE and TIMEOUT are not. Beyond
+// the ADR: an invalid argument is configuration (not fatal); an unhandled
+// CUDA error in a collective is treated like an internal error (fatal, run
+// DCGM EUD to find the part); wrong data is corruption (fatal, contact
+// support); a loopback bandwidth below threshold is degraded NVLink/PCIe
+// (fatal, contact support — the gang-wide check reports it non-fatal, see
+// the checks package, because one slow link cannot be placed on one node).
+var Verdicts = map[Code]Verdict{
+	SystemError:        {datamodels.RecommendedAction_CONTACT_SUPPORT, true},
+	InternalError:      {datamodels.RecommendedAction_RUN_DCGMEUD, true},
+	InvalidUsage:       {datamodels.RecommendedAction_NONE, false},
+	Timeout:            {datamodels.RecommendedAction_NONE, false},
+	RemoteError:        {datamodels.RecommendedAction_CONTACT_SUPPORT, true},
+	InvalidArgument:    {datamodels.RecommendedAction_NONE, false},
+	UnhandledCudaError: {datamodels.RecommendedAction_RUN_DCGMEUD, true},
+	DataCorruption:     {datamodels.RecommendedAction_CONTACT_SUPPORT, true},
+	BandwidthDegraded:  {datamodels.RecommendedAction_CONTACT_SUPPORT, true},
+}
+
+// Failure is one failure line of a log.
+type Failure struct {
+	Code Code
+	// Text is the line (prefixes removed), as printed.
+	Text string
+	// Line is its 1-based line number.
+	Line int
+}
+
+// patterns map what NCCL, nccl-tests and PyTorch print to codes. Each
+// NCCL result has a C name (ncclSystemError, printed by PyTorch) and a
+// string from ncclGetErrorString, whose wording changed between versions
+// ("internal error" became "internal error - please report this issue to
+// the NCCL developers"; newer versions append "(run with NCCL_DEBUG=INFO
+// for details)"). Order matters: the first match wins.
+var patterns = []struct {
+	needle string
+	code   Code
+}{
+	{"ncclSystemError", SystemError},
+	{"ncclInternalError", InternalError},
+	{"ncclRemoteError", RemoteError},
+	{"ncclInvalidUsage", InvalidUsage},
+	{"ncclInvalidArgument", InvalidArgument},
+	{"ncclUnhandledCudaError", UnhandledCudaError},
+	{"unhandled system error", SystemError},
+	{"remote process exited or there was a network error", RemoteError},
+	{"unhandled cuda error", UnhandledCudaError},
+	{"'internal error", InternalError},
+	{", internal error", InternalError},
+	{"'invalid usage", InvalidUsage},
+	{", invalid usage", InvalidUsage},
+	{"'invalid argument", InvalidArgument},
+	{", invalid argument", InvalidArgument},
+	{"Test CUDA failure", UnhandledCudaError},
+	{"Watchdog caught collective operation timeout", Timeout},
+	{"collective operation timeout", Timeout},
+	{"operation timeout", Timeout},
+	{"before timing out", Timeout},
+	{"NCCL timeout", Timeout},
+}
+
+// Classify names the NCCL failure a line reports, if any. Only lines that
+// state a failure match (a "Test NCCL failure" line, a PyTorch NCCL error,
+// a watchdog timeout), not INFO chatter that happens to mention an error
+// name.
+func Classify(line string) (Failure, bool) {
+	if !failureLine(line) {
+		return Failure{}, false
+	}
+	for _, p := range patterns {
+		if strings.Contains(line, p.needle) {
+			return Failure{Code: p.code, Text: strings.TrimSpace(line)}, true
+		}
+	}
+	return Failure{}, false
+}
+
+// failureLine is the cheap test that a line reports a failure at all.
+func failureLine(line string) bool {
+	return strings.Contains(line, "Test NCCL failure") ||
+		strings.Contains(line, "Test CUDA failure") ||
+		strings.Contains(line, "NCCL error") ||
+		strings.Contains(line, "NCCL Error") ||
+		strings.Contains(line, "ncclSystemError") ||
+		strings.Contains(line, "ncclInternalError") ||
+		strings.Contains(line, "ncclRemoteError") ||
+		strings.Contains(line, "ncclInvalidUsage") ||
+		strings.Contains(line, "ncclInvalidArgument") ||
+		strings.Contains(line, "ncclUnhandledCudaError") ||
+		strings.Contains(line, "collective operation timeout") ||
+		strings.Contains(line, "Watchdog caught") ||
+		(strings.Contains(line, "WorkNCCL(") && strings.Contains(line, "Timeout(ms)=")) ||
+		strings.Contains(line, "NCCL timeout")
+}
+
+// Worst returns the failure that decides the node's fate: a fatal one
+// before a non-fatal one, then the first printed. ok is false when there
+// are none.
+func Worst(fs []Failure) (Failure, bool) {
+	var best Failure
+	found := false
+	for _, f := range fs {
+		if !found || (Verdicts[f.Code].Fatal && !Verdicts[best.Code].Fatal) {
+			best, found = f, true
+		}
+	}
+	return best, found
+}

@@ -1,0 +1,293 @@
+// Package report delivers a preflight check's HealthEvents to the gateway
+// with the node agent's durable spool and sender (agents/agent): events are
+// fsync'd to a spool on the node before anything is sent, sent oldest first
+// until the gateway returned ids for them, and whatever a run could not
+// deliver within its drain timeout stays on disk for the next run on the
+// node to send. Nothing accepted is lost when the gateway is briefly down.
+//
+// Check runs are short-lived init containers, several of which can run on
+// one node at once (one per pod), so each run spools into its own
+// directory under the configured root, locked with flock(2) while the run
+// lives. A run also adopts the directories of earlier runs that left
+// events behind (unlocked: their process is gone), sends those, and
+// removes directories it emptied.
+package report
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/faultline/faultline/agents/agent"
+	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// SpoolConfig is where and how long a run keeps undelivered events.
+type SpoolConfig struct {
+	// Dir is the root of the per-run spools, on the node (a hostPath) so
+	// that a later run can send what this one could not (default
+	// "/var/lib/faultline-preflight/spool").
+	Dir string `toml:"dir"`
+	// MaxBytes caps one run's spool (default 4 MiB).
+	MaxBytes int64 `toml:"max_bytes"`
+	// DrainTimeout is how long a run waits for the gateway to take its
+	// events (and those it adopted) before exiting with them spooled
+	// (default 60s).
+	DrainTimeout time.Duration `toml:"drain_timeout"`
+}
+
+// Config is the reporting part of a check's configuration.
+type Config struct {
+	Gateway agent.GatewayConfig `toml:"gateway"`
+	Spool   SpoolConfig         `toml:"spool"`
+}
+
+// DefaultConfig returns the defaults documented on the fields: TLS to
+// "faultline-gateway.faultline.svc:50051", the bearer token in
+// "/var/run/secrets/faultline-preflight/token".
+func DefaultConfig() Config {
+	return Config{
+		Gateway: agent.GatewayConfig{Addr: "faultline-gateway.faultline.svc:50051",
+			TokenFile: "/var/run/secrets/faultline-preflight/token",
+			Timeout:   10 * time.Second, BatchSize: 500, MaxBackoff: 5 * time.Second},
+		Spool: SpoolConfig{Dir: "/var/lib/faultline-preflight/spool", MaxBytes: 4 << 20, DrainTimeout: 60 * time.Second},
+	}
+}
+
+// RegisterFlags adds --gateway.* and --spool.* flags bound to c.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	g := &c.Gateway
+	fs.StringVar(&g.Addr, "gateway.addr", g.Addr, "gateway gRPC address")
+	fs.StringVar(&g.TokenFile, "gateway.token-file", g.TokenFile, "file holding the bearer token (re-read before each send, never logged)")
+	fs.BoolVar(&g.Insecure, "gateway.insecure", g.Insecure, "send WITHOUT TLS: token and events in clear; for a local or test gateway only")
+	fs.StringVar(&g.CAFile, "gateway.ca-file", g.CAFile, "PEM CA bundle that signs the gateway's certificate (default: system roots)")
+	fs.StringVar(&g.ServerName, "gateway.server-name", g.ServerName, "name verified in the gateway's certificate (default: from gateway.addr)")
+	fs.StringVar(&g.CertFile, "gateway.cert-file", g.CertFile, "PEM client certificate (mutual TLS)")
+	fs.StringVar(&g.KeyFile, "gateway.key-file", g.KeyFile, "PEM key of the client certificate")
+	fs.DurationVar(&g.Timeout, "gateway.timeout", g.Timeout, "one SubmitEvents call")
+	fs.DurationVar(&g.MaxBackoff, "gateway.max-backoff", g.MaxBackoff, "retry backoff cap")
+	fs.StringVar(&c.Spool.Dir, "spool.dir", c.Spool.Dir, "root of the per-run spools (a directory on the node)")
+	fs.Int64Var(&c.Spool.MaxBytes, "spool.max-bytes", c.Spool.MaxBytes, "one run's spool capacity in bytes")
+	fs.DurationVar(&c.Spool.DrainTimeout, "spool.drain-timeout", c.Spool.DrainTimeout, "how long to wait for the gateway before exiting with events spooled")
+}
+
+// Validate names the first bad key. The token file must hold a token; its
+// content is read as a config.Secret and never printed.
+func (c *Config) Validate() error {
+	if err := c.Gateway.Validate(); err != nil {
+		return err
+	}
+	if c.Gateway.TokenFile != "" {
+		if _, err := config.ReadSecret(c.Gateway.TokenFile, ""); err != nil {
+			return fmt.Errorf("gateway.token_file: %w", err)
+		}
+	}
+	return c.Spool.Validate()
+}
+
+// Validate names the first bad spool key.
+func (s SpoolConfig) Validate() error {
+	if s.Dir == "" {
+		return errors.New("spool.dir: must be set")
+	}
+	if s.MaxBytes < 64<<10 {
+		return fmt.Errorf("spool.max_bytes: %d is below 64 KiB", s.MaxBytes)
+	}
+	if s.DrainTimeout <= 0 {
+		return errors.New("spool.drain_timeout: must be positive")
+	}
+	return nil
+}
+
+// Reporter spools a run's events and sends them, with those earlier runs
+// left behind.
+type Reporter struct {
+	cfg   Config
+	log   *slog.Logger
+	m     *agent.Metrics
+	dir   string
+	lock  *os.File
+	spool *agent.Spool
+}
+
+// Open creates this run's spool directory under cfg.Spool.Dir and locks it.
+func Open(cfg Config, log *slog.Logger) (*Reporter, error) {
+	if err := os.MkdirAll(cfg.Spool.Dir, 0o750); err != nil {
+		return nil, fmt.Errorf("spool.dir: %w", err)
+	}
+	name := fmt.Sprintf("run-%d-%d", time.Now().UnixNano(), os.Getpid())
+	dir := filepath.Join(cfg.Spool.Dir, name)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("spool.dir: %w", err)
+	}
+	lock, err := lockDir(dir, false)
+	if err != nil {
+		return nil, fmt.Errorf("spool.dir: lock %s: %w", dir, err)
+	}
+	m := agent.NewMetrics()
+	sp, err := agent.OpenSpool(dir, cfg.Spool.MaxBytes, log, m)
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	return &Reporter{cfg: cfg, log: log, m: m, dir: dir, lock: lock, spool: sp}, nil
+}
+
+// Dir is this run's spool directory.
+func (r *Reporter) Dir() string { return r.dir }
+
+// Report appends events durably (fsync'd); an event the spool refuses (it
+// is full) is an error.
+func (r *Reporter) Report(evs []*datamodels.HealthEvent) error {
+	n, err := r.spool.Append(evs)
+	if err != nil {
+		return fmt.Errorf("spool: %w", err)
+	}
+	if n != len(evs) {
+		return fmt.Errorf("spool: full, %d of %d events refused", len(evs)-n, len(evs))
+	}
+	return nil
+}
+
+// FlushResult says what a Flush delivered.
+type FlushResult struct {
+	// Adopted is the number of earlier runs' spools this run sent from.
+	Adopted int
+	// Pending is the bytes still spooled (this run's and adopted) when
+	// Flush returned: 0 means everything reached the gateway.
+	Pending int64
+}
+
+// Flush sends this run's events and any earlier run left behind until all
+// are delivered, the drain timeout passes or ctx ends.
+func (r *Reporter) Flush(ctx context.Context) FlushResult {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Spool.DrainTimeout)
+	defer cancel()
+	type job struct {
+		dir   string
+		spool *agent.Spool
+		lock  *os.File
+		own   bool
+	}
+	jobs := []job{{dir: r.dir, spool: r.spool, own: true}}
+	res := FlushResult{}
+	ents, _ := os.ReadDir(r.cfg.Spool.Dir)
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), "run-") {
+			continue
+		}
+		dir := filepath.Join(r.cfg.Spool.Dir, e.Name())
+		if dir == r.dir {
+			continue
+		}
+		lock, err := lockDir(dir, true)
+		if err != nil {
+			continue // a live run holds it
+		}
+		sp, err := agent.OpenSpool(dir, r.cfg.Spool.MaxBytes, r.log, r.m)
+		if err != nil {
+			r.log.Warn("cannot open an earlier run's spool; leaving it", "dir", dir, "err", err)
+			lock.Close()
+			continue
+		}
+		if sp.Pending() == 0 {
+			sp.Close()
+			removeLocked(dir, lock)
+			continue
+		}
+		r.log.Info("sending events an earlier run left spooled", "dir", dir, "bytes", sp.Pending())
+		res.Adopted++
+		jobs = append(jobs, job{dir: dir, spool: sp, lock: lock})
+	}
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		if j.spool.Pending() == 0 {
+			continue
+		}
+		s, err := agent.NewSender(r.cfg.Gateway, j.spool, r.log, r.m)
+		if err != nil {
+			r.log.Error("cannot build the gateway sender; events stay spooled", "err", err)
+			continue
+		}
+		sctx, scancel := context.WithCancel(ctx)
+		wg.Add(2)
+		go func() { defer wg.Done(); _ = s.Run(sctx) }()
+		go func() {
+			defer wg.Done()
+			defer scancel()
+			t := time.NewTicker(20 * time.Millisecond)
+			defer t.Stop()
+			for j.spool.Pending() > 0 {
+				select {
+				case <-sctx.Done():
+					return
+				case <-t.C:
+				}
+			}
+		}()
+		defer s.Close()
+	}
+	wg.Wait()
+	for _, j := range jobs {
+		res.Pending += j.spool.Pending()
+		if !j.own {
+			empty := j.spool.Pending() == 0
+			j.spool.Close()
+			if empty {
+				removeLocked(j.dir, j.lock)
+			} else {
+				j.lock.Close()
+			}
+		}
+	}
+	return res
+}
+
+// Close closes this run's spool; its directory is removed when empty and
+// otherwise left (unlocked) for a later run to send.
+func (r *Reporter) Close() error {
+	empty := r.spool.Pending() == 0
+	err := r.spool.Close()
+	if empty {
+		removeLocked(r.dir, r.lock)
+	} else {
+		r.log.Warn("events left spooled for the next preflight run on this node", "dir", r.dir)
+		r.lock.Close()
+	}
+	return err
+}
+
+// lockDir takes an exclusive flock on dir/.lock; with nonBlocking a held
+// lock is an error instead of a wait.
+func lockDir(dir string, nonBlocking bool) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o640)
+	if err != nil {
+		return nil, err
+	}
+	how := syscall.LOCK_EX
+	if nonBlocking {
+		how |= syscall.LOCK_NB
+	}
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		return nil, err
+	}
+	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return f, nil
+}
+
+// removeLocked deletes a drained spool directory while holding its lock.
+func removeLocked(dir string, lock *os.File) {
+	_ = os.RemoveAll(dir)
+	lock.Close()
+}

@@ -1,0 +1,342 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// certSource serves the webhook's certificate and the CA the API server
+// must trust.
+type certSource interface {
+	GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	// CABundle is the PEM the webhook configuration's caBundle gets; nil
+	// leaves it as it is (an external injector owns it).
+	CABundle() []byte
+	// Refresh renews or reloads the certificate when needed.
+	Refresh(ctx context.Context) error
+}
+
+// Secret keys of the self-signed mode.
+const (
+	keyCACert = "ca.crt"
+	keyCAKey  = "ca.key"
+)
+
+// selfSigned keeps a CA and a serving certificate in a Secret shared by
+// every replica: the first creates it, the others read it; a replica that
+// finds the serving certificate near expiry (or missing a name) issues a
+// new one from the same CA and writes it back, conditional on the
+// resourceVersion it read.
+type selfSigned struct {
+	kc          kubernetes.Interface
+	ns, name    string
+	dnsNames    []string
+	ips         []net.IP
+	validity    time.Duration
+	renewBefore time.Duration
+	log         *slog.Logger
+	now         func() time.Time
+
+	mu   sync.RWMutex
+	cert *tls.Certificate
+	ca   []byte
+}
+
+func newSelfSigned(kc kubernetes.Interface, ns string, cfg TLSConfig, svc ServerConfig, log *slog.Logger) (*selfSigned, error) {
+	names := []string{svc.ServiceName, svc.ServiceName + "." + ns, svc.ServiceName + "." + ns + ".svc", svc.ServiceName + "." + ns + ".svc.cluster.local"}
+	names = append(names, cfg.DNSNames...)
+	var ips []net.IP
+	for _, s := range cfg.IPAddresses {
+		ip := net.ParseIP(s)
+		if ip == nil {
+			return nil, fmt.Errorf("tls.ip_addresses: %q is not an IP address", s)
+		}
+		ips = append(ips, ip)
+	}
+	return &selfSigned{kc: kc, ns: ns, name: cfg.SecretName, dnsNames: names, ips: ips,
+		validity: cfg.Validity, renewBefore: cfg.RenewBefore, log: log, now: time.Now}, nil
+}
+
+func (s *selfSigned) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.cert == nil {
+		return nil, errors.New("no serving certificate yet")
+	}
+	return s.cert, nil
+}
+
+func (s *selfSigned) CABundle() []byte {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.ca
+}
+
+// Refresh makes sure the Secret holds a valid CA and serving certificate
+// and loads them.
+func (s *selfSigned) Refresh(ctx context.Context) error {
+	for attempt := 0; attempt < 5; attempt++ {
+		sec, err := s.kc.CoreV1().Secrets(s.ns).Get(ctx, s.name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			caPEM, caKeyPEM, err := newCA(s.now(), 10*s.validity)
+			if err != nil {
+				return err
+			}
+			certPEM, keyPEM, err := s.issue(caPEM, caKeyPEM)
+			if err != nil {
+				return err
+			}
+			sec = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: s.ns,
+				Labels: map[string]string{"app.kubernetes.io/managed-by": "faultline-preflight"}},
+				Type: corev1.SecretTypeTLS,
+				Data: map[string][]byte{keyCACert: caPEM, keyCAKey: caKeyPEM, corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}}
+			if _, err := s.kc.CoreV1().Secrets(s.ns).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+				if apierrors.IsAlreadyExists(err) {
+					continue // another replica was first
+				}
+				return fmt.Errorf("tls.secret_name: create %s/%s: %w", s.ns, s.name, err)
+			}
+			s.log.Info("created the webhook's CA and serving certificate", "secret", s.ns+"/"+s.name)
+			return s.load(caPEM, certPEM, keyPEM)
+		}
+		if err != nil {
+			return fmt.Errorf("tls.secret_name: get %s/%s: %w", s.ns, s.name, err)
+		}
+		caPEM, caKeyPEM := sec.Data[keyCACert], sec.Data[keyCAKey]
+		certPEM, keyPEM := sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey]
+		why := s.needsRenewal(caPEM, caKeyPEM, certPEM, keyPEM)
+		if why == "" {
+			return s.load(caPEM, certPEM, keyPEM)
+		}
+		if !validCA(caPEM, caKeyPEM, s.now().Add(s.validity)) {
+			if caPEM, caKeyPEM, err = newCA(s.now(), 10*s.validity); err != nil {
+				return err
+			}
+			why += "; new CA"
+		}
+		if certPEM, keyPEM, err = s.issue(caPEM, caKeyPEM); err != nil {
+			return err
+		}
+		sec.Data = map[string][]byte{keyCACert: caPEM, keyCAKey: caKeyPEM, corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}
+		if _, err := s.kc.CoreV1().Secrets(s.ns).Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+			if apierrors.IsConflict(err) {
+				continue
+			}
+			return fmt.Errorf("tls.secret_name: update %s/%s: %w", s.ns, s.name, err)
+		}
+		s.log.Info("renewed the webhook's serving certificate", "secret", s.ns+"/"+s.name, "why", why)
+		return s.load(caPEM, certPEM, keyPEM)
+	}
+	return fmt.Errorf("tls.secret_name: %s/%s kept changing under us", s.ns, s.name)
+}
+
+// needsRenewal says why the stored certificate cannot be used ("" if it
+// can).
+func (s *selfSigned) needsRenewal(caPEM, caKeyPEM, certPEM, keyPEM []byte) string {
+	if len(caPEM) == 0 || len(caKeyPEM) == 0 || len(certPEM) == 0 || len(keyPEM) == 0 {
+		return "incomplete secret"
+	}
+	if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
+		return "unreadable certificate"
+	}
+	cert, err := parseCert(certPEM)
+	if err != nil {
+		return "unreadable certificate"
+	}
+	ca, err := parseCert(caPEM)
+	if err != nil {
+		return "unreadable CA"
+	}
+	if err := cert.CheckSignatureFrom(ca); err != nil {
+		return "certificate not signed by the CA"
+	}
+	if s.now().Add(s.renewBefore).After(cert.NotAfter) {
+		return "expires " + cert.NotAfter.Format(time.RFC3339)
+	}
+	for _, n := range s.dnsNames {
+		if !slices.Contains(cert.DNSNames, n) {
+			return "lacks name " + n
+		}
+	}
+	for _, ip := range s.ips {
+		if !slices.ContainsFunc(cert.IPAddresses, ip.Equal) {
+			return "lacks address " + ip.String()
+		}
+	}
+	return ""
+}
+
+func (s *selfSigned) issue(caPEM, caKeyPEM []byte) ([]byte, []byte, error) {
+	ca, err := parseCert(caPEM)
+	if err != nil {
+		return nil, nil, err
+	}
+	caKey, err := parseKey(caKeyPEM)
+	if err != nil {
+		return nil, nil, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	now := s.now()
+	tmpl := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: s.dnsNames[2]},
+		NotBefore: now.Add(-5 * time.Minute), NotAfter: now.Add(s.validity),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames: s.dnsNames, IPAddresses: s.ips}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("issue the serving certificate: %w", err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
+}
+
+func (s *selfSigned) load(caPEM, certPEM, keyPEM []byte) error {
+	c, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return fmt.Errorf("serving certificate: %w", err)
+	}
+	s.mu.Lock()
+	s.cert, s.ca = &c, bytes.Clone(caPEM)
+	s.mu.Unlock()
+	return nil
+}
+
+func newCA(now time.Time, validity time.Duration) ([]byte, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: "faultline-preflight webhook CA"},
+		NotBefore: now.Add(-5 * time.Minute), NotAfter: now.Add(validity), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create the webhook CA: %w", err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
+}
+
+func validCA(caPEM, caKeyPEM []byte, until time.Time) bool {
+	ca, err := parseCert(caPEM)
+	if err != nil || !ca.IsCA || until.After(ca.NotAfter) {
+		return false
+	}
+	_, err = parseKey(caKeyPEM)
+	return err == nil
+}
+
+func parseCert(b []byte) (*x509.Certificate, error) {
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return nil, errors.New("no PEM certificate")
+	}
+	return x509.ParseCertificate(blk.Bytes)
+}
+
+func parseKey(b []byte) (*ecdsa.PrivateKey, error) {
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return nil, errors.New("no PEM key")
+	}
+	return x509.ParseECPrivateKey(blk.Bytes)
+}
+
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	return n
+}
+
+// fileCerts serves a certificate written by another issuer (cert-manager),
+// re-read whenever its files change.
+type fileCerts struct {
+	certFile, keyFile, caFile string
+
+	mu    sync.Mutex
+	cert  *tls.Certificate
+	stamp string
+}
+
+func (f *fileCerts) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.fileStamp()
+	if f.cert != nil && st == f.stamp {
+		return f.cert, nil
+	}
+	c, err := tls.LoadX509KeyPair(f.certFile, f.keyFile)
+	if err != nil {
+		if f.cert != nil {
+			return f.cert, nil // mid-rotation: keep serving the old one
+		}
+		return nil, fmt.Errorf("tls.cert_file, tls.key_file: %w", err)
+	}
+	f.cert, f.stamp = &c, st
+	return f.cert, nil
+}
+
+func (f *fileCerts) fileStamp() string {
+	var s string
+	for _, p := range []string{f.certFile, f.keyFile} {
+		if st, err := os.Stat(p); err == nil {
+			s += st.ModTime().String() + fmt.Sprint(st.Size())
+		}
+	}
+	return s
+}
+
+func (f *fileCerts) CABundle() []byte {
+	if f.caFile == "" {
+		return nil
+	}
+	b, err := os.ReadFile(f.caFile)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+func (f *fileCerts) Refresh(context.Context) error {
+	if _, err := f.GetCertificate(nil); err != nil {
+		return err
+	}
+	if f.caFile != "" {
+		b, err := os.ReadFile(f.caFile)
+		if err != nil {
+			return fmt.Errorf("tls.ca_file: %w", err)
+		}
+		if blk, _ := pem.Decode(b); blk == nil {
+			return fmt.Errorf("tls.ca_file: no PEM certificate in %s", f.caFile)
+		}
+	}
+	return nil
+}
