@@ -26,7 +26,6 @@ import (
 
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
-	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/processors/requeue"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -34,36 +33,7 @@ import (
 )
 
 // Role is the processor role name written on actions.
-const Role = "drain"
-
-// KindDrain is the kind of every action this role writes.
-const KindDrain = "drain"
-
-// Outcomes of drain actions.
-const (
-	OutcomeStarted   = "in_progress"
-	OutcomeBlocked   = "blocked"
-	OutcomeSucceeded = "succeeded"
-	OutcomeGaveUp    = "gave_up"
-	OutcomeCancelled = "cancelled"
-	OutcomeFailed    = "failed"
-	OutcomeSkipped   = "skipped"
-	OutcomeDryRun    = "dry_run"
-)
-
-// Detail keys. The first three are read from the triggering quarantine
-// action when present (the quarantine role copies them from the event);
-// without them the entities come from the node's quarantine state and
-// there are no drain overrides. Every drain action carries them on, with
-// the drain's counts, for the remediate role.
-const (
-	DetailEntities       = "entities"                // "GPU=GPU-1,NIC=mlx5_0"
-	DetailDrainOverrides = "drainOverrides"          // "force" or "skip"
-	DetailCustomAction   = "customRecommendedAction" // for CUSTOM
-	DetailDrainID        = "drainId"
-	DetailScope          = "scope" // "node" or "gpu:<uuid>[,<uuid>]"
-	DetailBlockedBy      = "blockedBy"
-)
+const Role = events.RoleDrain
 
 // Handler is the drain role. It consumes the actions topic (a quarantine
 // that was applied, or decided dry-run, starts a drain) and TopicRequeue
@@ -114,8 +84,8 @@ type trigger struct {
 // applied, or decided for a dry-run cluster. Held by the breaker, skipped
 // and every other kind start nothing.
 func IsTrigger(a *faultlinev1.Action) bool {
-	return a.GetRole() == quarantine.Role && a.GetKind() == quarantine.KindQuarantine &&
-		(a.GetOutcome() == quarantine.OutcomeApplied || a.GetOutcome() == quarantine.OutcomeDryRun)
+	return a.GetRole() == events.RoleQuarantine && a.GetKind() == events.KindQuarantine &&
+		(a.GetOutcome() == events.OutcomeApplied || a.GetOutcome() == events.OutcomeDryRun)
 }
 
 // Handle handles one partition's batch of the actions topic or TopicRequeue.
@@ -182,7 +152,7 @@ func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action
 			return acts, next
 		}
 		h.log.Warn("drain failed", "cluster", t.cluster, "node", t.node, "err", err)
-		return append(acts, h.action(t, nil, OutcomeFailed, err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))), time.Time{}
+		return append(acts, h.action(t, nil, events.OutcomeFailed, err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))), time.Time{}
 	}
 	if cl != nil && cl.Kube != nil {
 		cl.Gate.OK()
@@ -190,8 +160,7 @@ func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action
 	return acts, again
 }
 
-// opts are the drain inputs read from the trigger (and the node's
-// quarantine state when the trigger lacks them).
+// opts are the drain inputs read from the trigger action.
 type opts struct {
 	trig  Trigger
 	scope Scope
@@ -203,20 +172,20 @@ type opts struct {
 
 // overrides reads the trigger's drainOverrides: "force" or "skip", honoured
 // only when the quarantine action says an operator credential sent the
-// event (quarantine.DetailSubmitterRole; the quarantine role already drops
+// event (events.DetailSubmitterRole; the quarantine role already drops
 // anyone else's, so this holds the line for actions written otherwise, an
 // older faultline's included). ignored says what was not honoured and why.
 func overrides(a *faultlinev1.Action) (force, skip bool, ignored string) {
-	v := a.GetDetails()[DetailDrainOverrides]
+	v := a.GetDetails()[events.DetailDrainOverrides]
 	if v != "force" && v != "skip" {
 		return false, false, ""
 	}
-	if role := a.GetDetails()[quarantine.DetailSubmitterRole]; role != "operator" {
+	if role := a.GetDetails()[events.DetailSubmitterRole]; role != "operator" {
 		if role == "" {
 			role = "agent"
 		}
 		who := role + " credential"
-		if n := a.GetDetails()[quarantine.DetailSubmitter]; n != "" {
+		if n := a.GetDetails()[events.DetailSubmitter]; n != "" {
 			who += " " + n
 		}
 		return false, false, "drainOverrides." + v + " ignored: sent by " + who
@@ -224,28 +193,14 @@ func overrides(a *faultlinev1.Action) (force, skip bool, ignored string) {
 	return v == "force", v == "skip", ""
 }
 
-func (h *Handler) options(t trigger, node *corev1.Node) opts {
+func (h *Handler) options(t trigger) opts {
 	a := t.src
 	o := opts{trig: Trigger{
 		CheckName: a.GetCheckName(), RecommendedAction: a.GetRecommendedAction(),
-		CustomAction: a.GetDetails()[DetailCustomAction], Entities: a.GetDetails()[DetailEntities],
+		CustomAction: a.GetDetails()[events.DetailCustomAction], Entities: a.GetDetails()[events.DetailEntities],
 	}}
 	if t.eventID != "" {
 		o.trig.EventIDs = []string{t.eventID}
-	}
-	if node != nil && (o.trig.Entities == "" || o.trig.RecommendedAction == "") {
-		if qs, err := quarantine.ReadState(node); err == nil {
-			for _, f := range qs.Faults {
-				if slices.Contains(f.EventIDs, t.eventID) {
-					if o.trig.Entities == "" {
-						o.trig.Entities = f.Entity
-					}
-					if o.trig.RecommendedAction == "" {
-						o.trig.RecommendedAction = f.Action
-					}
-				}
-			}
-		}
 	}
 	o.force, o.skip, o.ignored = overrides(a)
 	if o.trig.RecommendedAction == datamodels.RecommendedAction_COMPONENT_RESET.String() {
@@ -299,7 +254,7 @@ func scopeString(gpus []string) string {
 // step advances the node's drain once. Conflicting writes make it re-read
 // and redo the step; every API call it repeats is idempotent.
 func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
-	if cl == nil || cl.Kube == nil || cl.DryRun || t.src.GetDryRun() || t.src.GetOutcome() == quarantine.OutcomeDryRun {
+	if cl == nil || cl.Kube == nil || cl.DryRun || t.src.GetDryRun() || t.src.GetOutcome() == events.OutcomeDryRun {
 		acts, err := h.dryRun(ctx, cl, t)
 		return acts, time.Time{}, err
 	}
@@ -349,7 +304,7 @@ func podKey(p *corev1.Pod) string {
 func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
 	node, err := h.getNode(ctx, cl, t.node)
 	if apierrors.IsNotFound(err) {
-		return []*faultlinev1.Action{h.action(t, nil, OutcomeFailed, "node not found in cluster", pipeline.ActionID(t.cluster, t.node, t.eventID, "notfound"))}, time.Time{}, nil
+		return []*faultlinev1.Action{h.action(t, nil, events.OutcomeFailed, "node not found in cluster", pipeline.ActionID(t.cluster, t.node, t.eventID, "notfound"))}, time.Time{}, nil
 	}
 	if err != nil {
 		return nil, time.Time{}, err
@@ -360,7 +315,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 		st = nil
 	}
 	now := h.now()
-	quarantined := node.Labels[quarantine.LabelQuarantined] == "true"
+	quarantined := node.Labels[events.LabelQuarantined] == "true"
 	var acts []*faultlinev1.Action
 	switch {
 	case st.seen(t.eventID) && !st.running():
@@ -370,9 +325,9 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	case st.seen(t.eventID):
 		// Resuming a drain in progress.
 	default:
-		o := h.options(t, node)
+		o := h.options(t)
 		if o.skip {
-			return []*faultlinev1.Action{h.action(t, nil, OutcomeSkipped, "drainOverrides.skip: pods left running, no remediation",
+			return []*faultlinev1.Action{h.action(t, nil, events.OutcomeSkipped, "drainOverrides.skip: pods left running, no remediation",
 				pipeline.ActionID(t.cluster, t.node, t.eventID, "skip"))}, time.Time{}, nil
 		}
 		if st.running() {
@@ -393,7 +348,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 			break
 		}
 		if !quarantined {
-			return []*faultlinev1.Action{h.action(t, nil, OutcomeSkipped, "node no longer quarantined by faultline",
+			return []*faultlinev1.Action{h.action(t, nil, events.OutcomeSkipped, "node no longer quarantined by faultline",
 				pipeline.ActionID(t.cluster, t.node, t.eventID, "unquarantined"))}, time.Time{}, nil
 		}
 		var seen []string
@@ -405,7 +360,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 			Scope: o.scope, Force: o.force, Trigger: o.trig.bounded(), Seen: seen, Pods: map[string]*PodState{},
 		}
 		st.addSeen(t.eventID)
-		a := h.action(t, st, OutcomeStarted, "drain started ("+scopeString(st.GPUs)+")", pipeline.ActionID(st.ID, "started"))
+		a := h.action(t, st, events.OutcomeInProgress, "drain started ("+scopeString(st.GPUs)+")", pipeline.ActionID(st.ID, "started"))
 		acts = append(acts, a)
 		h.m.drains.WithLabelValues(t.cluster, PhaseRunning).Inc()
 	}
@@ -524,8 +479,8 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	if len(newly) > 0 {
 		sort.Strings(newly)
 		reason := "blocked by PDB " + strings.Join(newly, ", PDB ")
-		a := h.action(t, st, OutcomeBlocked, reason, pipeline.ActionID(st.ID, "blocked", strings.Join(newly, ","), strconv.Itoa(c.Remaining)))
-		a.Details[DetailBlockedBy] = strings.Join(newly, ",")
+		a := h.action(t, st, events.OutcomeBlocked, reason, pipeline.ActionID(st.ID, "blocked", strings.Join(newly, ","), strconv.Itoa(c.Remaining)))
+		a.Details[events.DetailBlockedBy] = strings.Join(newly, ",")
 		acts = append(acts, a)
 	}
 	if st.running() {
@@ -683,21 +638,19 @@ func (h *Handler) writeState(ctx context.Context, cl *clusters.Client, node *cor
 
 // dryRun lists what a drain would do and changes nothing.
 func (h *Handler) dryRun(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, error) {
-	var node *corev1.Node
 	var pods []corev1.Pod
 	if cl != nil && cl.Kube != nil {
 		n, err := h.getNode(ctx, cl, t.node)
 		if err != nil && !apierrors.IsNotFound(err) {
 			return nil, err
 		}
-		node = n
 		if n != nil {
 			if pods, err = h.listPods(ctx, cl, t.node); err != nil {
 				return nil, err
 			}
 		}
 	}
-	o := h.options(t, node)
+	o := h.options(t)
 	st := &State{ID: pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], Scope: o.scope, Force: o.force, Trigger: o.trig}
 	var would []string
 	skipped := map[string]int{}
@@ -717,13 +670,13 @@ func (h *Handler) dryRun(ctx context.Context, cl *clusters.Client, t trigger) ([
 	if cl == nil || cl.Kube == nil {
 		reason = "cluster has no client (dry-run): pods not listed"
 	}
-	a := h.action(t, st, OutcomeDryRun, reason, pipeline.ActionID(st.ID, "dry_run"))
+	a := h.action(t, st, events.OutcomeDryRun, reason, pipeline.ActionID(st.ID, "dry_run"))
 	a.DryRun = true
 	sort.Strings(would)
 	if len(would) > 20 {
 		would = append(would[:20], fmt.Sprintf("... %d more", len(would)-20))
 	}
-	a.Details["wouldDrain"] = strings.Join(would, " ")
+	a.Details[events.DetailWouldDrain] = strings.Join(would, " ")
 	return []*faultlinev1.Action{a}, nil
 }
 
@@ -768,23 +721,23 @@ func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faul
 		reason += " (" + ignored + ")"
 	}
 	a := &faultlinev1.Action{
-		Id: id, Cluster: t.cluster, Node: t.node, Role: Role, Kind: KindDrain, Outcome: outcome,
+		Id: id, Cluster: t.cluster, Node: t.node, Role: Role, Kind: events.KindDrain, Outcome: outcome,
 		Reason: events.Truncate(reason, 1024), EventIds: t.src.GetEventIds(), DryRun: t.src.GetDryRun(),
 		Timestamp: timestamppb.New(h.now()), Details: map[string]string{},
 		CheckName: t.src.GetCheckName(), RecommendedAction: t.src.GetRecommendedAction(),
 	}
 	// Who sent the event, and what the quarantine already ignored, stay
 	// on the audit trail.
-	for _, k := range []string{DetailEntities, DetailCustomAction, DetailDrainOverrides,
-		quarantine.DetailSubmitterRole, quarantine.DetailSubmitter, quarantine.DetailOverridesIgnored} {
+	for _, k := range []string{events.DetailEntities, events.DetailCustomAction, events.DetailDrainOverrides,
+		events.DetailSubmitterRole, events.DetailSubmitter, events.DetailOverridesIgnored} {
 		if v := t.src.GetDetails()[k]; v != "" {
 			a.Details[k] = v
 		}
 	}
 	if ignored != "" {
 		// Only honoured overrides travel on (to remediate).
-		delete(a.Details, DetailDrainOverrides)
-		a.Details[quarantine.DetailOverridesIgnored] = ignored
+		delete(a.Details, events.DetailDrainOverrides)
+		a.Details[events.DetailOverridesIgnored] = ignored
 	}
 	if st == nil {
 		return a
@@ -795,33 +748,33 @@ func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faul
 	a.CheckName, a.RecommendedAction = st.Trigger.CheckName, st.Trigger.RecommendedAction
 	// The state keeps a bounded stand-in of a long entity list; the
 	// trigger's own details have it whole.
-	if e := st.Trigger.Entities; e != "" && events.BoundKey(a.Details[DetailEntities], maxTriggerEntities) != e {
-		a.Details[DetailEntities] = e
+	if e := st.Trigger.Entities; e != "" && events.BoundKey(a.Details[events.DetailEntities], maxTriggerEntities) != e {
+		a.Details[events.DetailEntities] = e
 	}
 	if st.Trigger.CustomAction != "" {
-		a.Details[DetailCustomAction] = st.Trigger.CustomAction
+		a.Details[events.DetailCustomAction] = st.Trigger.CustomAction
 	}
-	a.Details[DetailDrainID] = st.ID
-	a.Details[DetailScope] = scopeString(st.GPUs)
+	a.Details[events.DetailDrainID] = st.ID
+	a.Details[events.DetailScope] = scopeString(st.GPUs)
 	c := st.Count()
-	a.Details["inScope"] = strconv.Itoa(c.InScope)
-	a.Details["evicted"] = strconv.Itoa(c.Evicted)
-	a.Details["deleted"] = strconv.Itoa(c.Deleted)
-	a.Details["completed"] = strconv.Itoa(c.Completed)
-	a.Details["gaveUp"] = strconv.Itoa(c.GaveUp)
-	a.Details["remaining"] = strconv.Itoa(c.Remaining)
+	a.Details[events.DetailInScope] = strconv.Itoa(c.InScope)
+	a.Details[events.DetailEvicted] = strconv.Itoa(c.Evicted)
+	a.Details[events.DetailDeleted] = strconv.Itoa(c.Deleted)
+	a.Details[events.DetailCompleted] = strconv.Itoa(c.Completed)
+	a.Details[events.DetailGaveUp] = strconv.Itoa(c.GaveUp)
+	a.Details[events.DetailRemaining] = strconv.Itoa(c.Remaining)
 	if b := st.blockers(); len(b) > 0 {
-		a.Details[DetailBlockedBy] = strings.Join(b, ",")
+		a.Details[events.DetailBlockedBy] = strings.Join(b, ",")
 	}
 	if len(st.Skipped) > 0 {
 		var parts []string
 		for _, k := range sortedKeys(st.Skipped) {
 			parts = append(parts, k+"="+strconv.Itoa(st.Skipped[k]))
 		}
-		a.Details["skipped"] = strings.Join(parts, ",")
+		a.Details[events.DetailSkipped] = strings.Join(parts, ",")
 	}
 	if st.Force {
-		a.Details["force"] = "true"
+		a.Details[events.DetailForce] = "true"
 	}
 	return a
 }

@@ -9,8 +9,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/faultline/faultline/processors/pipeline"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/faultline/faultline/processors/pipeline"
 )
 
 // TopicRetry holds records of clusters that were unreachable when their

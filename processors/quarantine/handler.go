@@ -27,44 +27,11 @@ import (
 )
 
 // Role is the processor role name written on actions.
-const Role = "quarantine"
-
-// Action kinds and outcomes this role writes to the actions topic.
-const (
-	KindQuarantine     = "quarantine"
-	KindUnquarantine   = "unquarantine"
-	KindSkip           = "skip"
-	KindEvent          = "event"
-	KindManualUncordon = "manual_uncordon"
-	KindBreakerOpen    = "breaker_open"
-	KindBreakerClose   = "breaker_close"
-
-	OutcomeApplied    = "applied"
-	OutcomeDryRun     = "dry_run"
-	OutcomeHeld       = "held_by_breaker"
-	OutcomeSkipped    = "skipped"
-	OutcomeFailed     = "failed"
-	OutcomeInProgress = "in_progress"
-	OutcomeDecided    = "decided"
-)
+const Role = events.RoleQuarantine
 
 // RuleForce names the decision of an operator's quarantineOverrides.force
 // when no rule set matched.
 const RuleForce = "override-force"
-
-// Action details about who sent the event, shared with processors/drain.
-const (
-	// DetailSubmitterRole is "agent", "operator" or "pipeline"
-	// (events.RoleName): the drain honours the event's drainOverrides only
-	// when it is "operator".
-	DetailSubmitterRole = "submitterRole"
-	// DetailSubmitter is the name of the credential that sent the event.
-	DetailSubmitter = "submitter"
-	// DetailOverridesIgnored says which overrides were ignored and why
-	// ("quarantineOverrides.force ignored: sent by agent credential
-	// token:prod#3").
-	DetailOverridesIgnored = "overridesIgnored"
-)
 
 // Handler is the quarantine role: for each event it decides with the
 // Policy, acts on the event's cluster and records every decision as an
@@ -232,10 +199,10 @@ func (h *Handler) AcknowledgeUncordon(ctx context.Context, cluster, node string)
 	}); err != nil || at.IsZero() {
 		return nil, err
 	}
-	h.m.decisions.WithLabelValues(cluster, KindManualUncordon, OutcomeDecided).Inc()
+	h.m.decisions.WithLabelValues(cluster, events.KindManualUncordon, events.OutcomeDecided).Inc()
 	return &faultlinev1.Action{
-		Id: pipeline.ActionID(cluster, node, at.UTC().Format(time.RFC3339Nano), KindManualUncordon), Cluster: cluster, Node: node,
-		Role: Role, Kind: KindManualUncordon, Outcome: OutcomeDecided, Timestamp: timestamppb.New(at),
+		Id: pipeline.ActionID(cluster, node, at.UTC().Format(time.RFC3339Nano), events.KindManualUncordon), Cluster: cluster, Node: node,
+		Role: Role, Kind: events.KindManualUncordon, Outcome: events.OutcomeDecided, Timestamp: timestamppb.New(at),
 		Reason: "a person uncordoned the node; its standing faults no longer cordon it (noticed by the node watch)",
 	}, nil
 }
@@ -410,11 +377,11 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 			}
 			if !clusters.Retriable(err) || !live {
 				h.log.Warn("quarantine failed", "cluster", cluster, "node", it.node, "event", it.ev.GetId(), "err", err)
-				kind := KindQuarantine
+				kind := events.KindQuarantine
 				if it.ev.GetIsHealthy() {
-					kind = KindUnquarantine
+					kind = events.KindUnquarantine
 				}
-				r.actions = append(r.actions, h.action(it, kind, OutcomeFailed, err.Error(), "", cl))
+				r.actions = append(r.actions, h.action(it, kind, events.OutcomeFailed, err.Error(), "", cl))
 				break
 			}
 			h.m.apiErrors.WithLabelValues(cluster).Inc()
@@ -499,14 +466,14 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	// Overrides left on the event are an operator's (gateOverrides).
 	force := ev.GetQuarantineOverrides().GetForce()
 	if events.StoreOnly(ev) {
-		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, "processingStrategy STORE_ONLY: stored, never acted on", "", cl)}, nil
+		return []*faultlinev1.Action{h.action(it, events.KindSkip, events.OutcomeSkipped, "processingStrategy STORE_ONLY: stored, never acted on", "", cl)}, nil
 	}
 	if ev.GetQuarantineOverrides().GetSkip() {
-		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, "quarantineOverrides.skip", "", cl)}, nil
+		return []*faultlinev1.Action{h.action(it, events.KindSkip, events.OutcomeSkipped, "quarantineOverrides.skip", "", cl)}, nil
 	}
 	node, err := h.getNode(ctx, cl, it.node)
 	if apierrors.IsNotFound(err) {
-		return []*faultlinev1.Action{h.action(it, KindQuarantine, OutcomeFailed, "node not found in cluster", "", cl)}, nil
+		return []*faultlinev1.Action{h.action(it, events.KindQuarantine, events.OutcomeFailed, "node not found in cluster", "", cl)}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -519,7 +486,7 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		if force {
 			why += "; quarantineOverrides.force does not override the opt-out label"
 		}
-		return []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, why, "", cl)}, nil
+		return []*faultlinev1.Action{h.action(it, events.KindSkip, events.OutcomeSkipped, why, "", cl)}, nil
 	}
 	dec, errs := h.policy.Evaluate(ev, node)
 	ruleErrs := h.ruleErrors(it, errs)
@@ -534,13 +501,13 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 				return nil, err
 			}
 		} else {
-			acts = []*faultlinev1.Action{h.action(it, KindSkip, OutcomeSkipped, "no rule set matched", "", cl)}
+			acts = []*faultlinev1.Action{h.action(it, events.KindSkip, events.OutcomeSkipped, "no rule set matched", "", cl)}
 		}
 		return withRuleErrors(acts, ruleErrs), nil
 	}
 	if cl == nil || cl.DryRun || cl.Kube == nil {
-		a := h.action(it, KindQuarantine, OutcomeDryRun, "would quarantine: "+dryRunWhy(cl), dec.Rule, cl)
-		a.Details["cordon"] = strconv.FormatBool(dec.Cordon)
+		a := h.action(it, events.KindQuarantine, events.OutcomeDryRun, "would quarantine: "+dryRunWhy(cl), dec.Rule, cl)
+		a.Details[events.DetailCordon] = strconv.FormatBool(dec.Cordon)
 		return withRuleErrors([]*faultlinev1.Action{a}, ruleErrs), nil
 	}
 	at := eventTime(ev, h.now())
@@ -590,29 +557,29 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		acts = append(acts, h.breakerActions(ctx, cl, it, verdict)...)
 	}
 	if manual {
-		acts = append(acts, h.action(it, KindManualUncordon, OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
+		acts = append(acts, h.action(it, events.KindManualUncordon, events.OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
 	}
 	if held {
-		a := h.action(it, KindQuarantine, OutcomeHeld, "would quarantine: circuit breaker open: "+verdict.Reason, dec.Rule, cl)
+		a := h.action(it, events.KindQuarantine, events.OutcomeHeld, "would quarantine: circuit breaker open: "+verdict.Reason, dec.Rule, cl)
 		if force {
-			a.Details["force"] = "true"
+			a.Details[events.DetailForce] = "true"
 		}
 		h.m.held.WithLabelValues(it.cluster).Inc()
 		return withRuleErrors(append(acts, a), ruleErrs), nil
 	}
 	if acked {
-		a := h.action(it, KindQuarantine, OutcomeSkipped, "fault acknowledged by a manual uncordon: recorded, node left schedulable", dec.Rule, cl)
+		a := h.action(it, events.KindQuarantine, events.OutcomeSkipped, "fault acknowledged by a manual uncordon: recorded, node left schedulable", dec.Rule, cl)
 		return withRuleErrors(append(acts, a), ruleErrs), nil
 	}
-	a := h.action(it, KindQuarantine, OutcomeApplied, fmt.Sprintf("rule %s matched %s", dec.Rule, ev.GetCheckName()), dec.Rule, cl)
-	a.Details["cordon"] = strconv.FormatBool(dec.Cordon)
-	a.Details["alreadyQuarantined"] = strconv.FormatBool(already)
-	a.Details["preexistingCordon"] = strconv.FormatBool(preCordon)
+	a := h.action(it, events.KindQuarantine, events.OutcomeApplied, fmt.Sprintf("rule %s matched %s", dec.Rule, ev.GetCheckName()), dec.Rule, cl)
+	a.Details[events.DetailCordon] = strconv.FormatBool(dec.Cordon)
+	a.Details[events.DetailAlreadyQuarantined] = strconv.FormatBool(already)
+	a.Details[events.DetailPreexistingCordon] = strconv.FormatBool(preCordon)
 	if dec.Taint != nil {
-		a.Details["taint"] = dec.Taint.Key + "=" + dec.Taint.Value + ":" + dec.Taint.Effect
+		a.Details[events.DetailTaint] = dec.Taint.Key + "=" + dec.Taint.Value + ":" + dec.Taint.Effect
 	}
 	if force {
-		a.Details["force"] = "true"
+		a.Details[events.DetailForce] = "true"
 	}
 	return withRuleErrors(append(acts, a), ruleErrs), nil
 }
@@ -655,7 +622,7 @@ func (h *Handler) logRuleError(rule string) bool {
 // last action).
 func withRuleErrors(acts []*faultlinev1.Action, errs string) []*faultlinev1.Action {
 	if errs != "" && len(acts) > 0 {
-		acts[len(acts)-1].Details["ruleErrors"] = errs
+		acts[len(acts)-1].Details[events.DetailRuleErrors] = errs
 	}
 	return acts
 }
@@ -694,7 +661,7 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 	if cl.DryRun {
 		st, _ := ReadState(node)
 		if removed, _ := st.Recover(ev.GetCheckName(), entity, at); len(removed) > 0 {
-			return []*faultlinev1.Action{h.action(it, KindUnquarantine, OutcomeDryRun, "would lift: "+fmt.Sprint(removed), "", cl)}, nil
+			return []*faultlinev1.Action{h.action(it, events.KindUnquarantine, events.OutcomeDryRun, "would lift: "+fmt.Sprint(removed), "", cl)}, nil
 		}
 		return nil, nil
 	}
@@ -716,20 +683,20 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 	}
 	var acts []*faultlinev1.Action
 	if manual {
-		acts = append(acts, h.action(it, KindManualUncordon, OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
+		acts = append(acts, h.action(it, events.KindManualUncordon, events.OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
 	}
 	if len(stale) > 0 && len(removed) == 0 {
-		acts = append(acts, h.action(it, KindSkip, OutcomeSkipped, "recovery older than the fault's last occurrence", "", cl))
+		acts = append(acts, h.action(it, events.KindSkip, events.OutcomeSkipped, "recovery older than the fault's last occurrence", "", cl))
 	}
 	if len(removed) > 0 {
-		outcome, reason := OutcomeApplied, "every fault recovered; lifted what faultline set"
+		outcome, reason := events.OutcomeApplied, "every fault recovered; lifted what faultline set"
 		if remaining > 0 {
-			outcome, reason = OutcomeInProgress, fmt.Sprintf("fault recovered; %d still standing", remaining)
+			outcome, reason = events.OutcomeInProgress, fmt.Sprintf("fault recovered; %d still standing", remaining)
 		}
-		a := h.action(it, KindUnquarantine, outcome, reason, "", cl)
-		a.Details["recovered"] = fmt.Sprint(removed)
-		a.Details["remaining"] = strconv.Itoa(remaining)
-		a.Details["uncordoned"] = strconv.FormatBool(uncordon)
+		a := h.action(it, events.KindUnquarantine, outcome, reason, "", cl)
+		a.Details[events.DetailRecovered] = fmt.Sprint(removed)
+		a.Details[events.DetailRemaining] = strconv.Itoa(remaining)
+		a.Details[events.DetailUncordoned] = strconv.FormatBool(uncordon)
 		acts = append(acts, a)
 	}
 	return acts, nil
@@ -806,7 +773,7 @@ func (h *Handler) nodeEvent(ctx context.Context, cl *clusters.Client, node *core
 	ev := it.ev
 	reason := eventReason(ev.GetComponentClass())
 	if cl == nil || cl.DryRun || cl.Kube == nil {
-		return []*faultlinev1.Action{h.action(it, KindEvent, OutcomeDryRun, "would record Event "+reason, "", cl)}, nil
+		return []*faultlinev1.Action{h.action(it, events.KindEvent, events.OutcomeDryRun, "would record Event "+reason, "", cl)}, nil
 	}
 	now := metav1.NewTime(h.now())
 	kev := &corev1.Event{
@@ -830,7 +797,7 @@ func (h *Handler) nodeEvent(ctx context.Context, cl *clusters.Client, node *core
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create event for node %s: %w", it.node, err)
 	}
-	return []*faultlinev1.Action{h.action(it, KindEvent, OutcomeApplied, "recorded Event "+reason, "", cl)}, nil
+	return []*faultlinev1.Action{h.action(it, events.KindEvent, events.OutcomeApplied, "recorded Event "+reason, "", cl)}, nil
 }
 
 // eventReason is the Event reason of a component class: "GPUHealthIssue".
@@ -860,17 +827,17 @@ func (h *Handler) breakerActions(ctx context.Context, cl *clusters.Client, it it
 	}
 	var acts []*faultlinev1.Action
 	if v.Closed {
-		a := h.action(it, KindBreakerClose, OutcomeApplied, "circuit breaker closed after its window", "", cl)
-		a.Id = pipeline.ActionID(cl.Name, KindBreakerClose, recordID(it))
+		a := h.action(it, events.KindBreakerClose, events.OutcomeApplied, "circuit breaker closed after its window", "", cl)
+		a.Id = pipeline.ActionID(cl.Name, events.KindBreakerClose, recordID(it))
 		acts = append(acts, a)
 		h.breakerEvent(ctx, cl, "QuarantineBreakerClosed", "faultline closed the quarantine circuit breaker after its window", it)
 	}
 	if v.Opened {
 		h.log.Warn("circuit breaker opened; no new quarantines", "cluster", cl.Name, "reason", v.Reason)
-		a := h.action(it, KindBreakerOpen, OutcomeApplied, v.Reason, "", cl)
-		a.Id = pipeline.ActionID(cl.Name, KindBreakerOpen, recordID(it))
-		a.Details["count"], a.Details["limit"] = itoa(v.Count), itoa(v.Limit)
-		a.Details["total"], a.Details["schedulable"] = itoa(v.Total), itoa(v.Schedulable)
+		a := h.action(it, events.KindBreakerOpen, events.OutcomeApplied, v.Reason, "", cl)
+		a.Id = pipeline.ActionID(cl.Name, events.KindBreakerOpen, recordID(it))
+		a.Details[events.DetailBreakerCount], a.Details[events.DetailBreakerLimit] = itoa(v.Count), itoa(v.Limit)
+		a.Details[events.DetailBreakerTotal], a.Details[events.DetailBreakerSchedulable] = itoa(v.Total), itoa(v.Schedulable)
 		acts = append(acts, a)
 		h.m.breakerTrips.WithLabelValues(cl.Name).Inc()
 		h.breakerEvent(ctx, cl, "QuarantineBreakerOpen", "faultline stopped quarantining new nodes: "+v.Reason, it)
@@ -914,28 +881,28 @@ func (h *Handler) action(it item, kind, outcome, reason, rule string, cl *cluste
 	// the details (keys shared with processors/drain).
 	details := map[string]string{}
 	if e := events.EntityKey(ev); e != "" {
-		details["entities"] = e
+		details[events.DetailEntities] = e
 	}
 	switch o := ev.GetDrainOverrides(); {
 	case o.GetSkip():
-		details["drainOverrides"] = "skip"
+		details[events.DetailDrainOverrides] = "skip"
 	case o.GetForce():
-		details["drainOverrides"] = "force"
+		details[events.DetailDrainOverrides] = "force"
 	}
 	if c := ev.GetCustomRecommendedAction(); c != "" {
-		details["customRecommendedAction"] = c
+		details[events.DetailCustomAction] = c
 	}
 	if pods, ok := ev.GetMetadata()[events.MetaGPUPods]; ok {
 		details[events.MetaGPUPods], details[events.MetaGPUPodsAt] = pods, ev.GetMetadata()[events.MetaGPUPodsAt]
 	}
 	// Who sent the event: the drain honours drainOverrides only when the
 	// quarantine says an operator did.
-	details[DetailSubmitterRole] = events.RoleName(events.SubmitterRole(ev))
+	details[events.DetailSubmitterRole] = events.RoleName(events.SubmitterRole(ev))
 	if n := ev.GetSubmitter().GetName(); n != "" {
-		details[DetailSubmitter] = events.Truncate(strings.ToValidUTF8(n, "?"), 128)
+		details[events.DetailSubmitter] = events.Truncate(strings.ToValidUTF8(n, "?"), 128)
 	}
 	if it.ignored != "" {
-		details[DetailOverridesIgnored] = it.ignored
+		details[events.DetailOverridesIgnored] = it.ignored
 		reason += " (" + it.ignored + ")"
 	}
 	return &faultlinev1.Action{

@@ -218,7 +218,7 @@ func TestKube(t *testing.T) {
 		// The same record again (a redelivery) changes nothing and decides the same.
 		rv := n.ResourceVersion
 		acts2, _ := handle(t, h, record("c1", fatal("fatal-1", "XID_ERROR_48", "GPU-1")))
-		if kinds(acts2) != "quarantine/applied" || acts2[0].Details["alreadyQuarantined"] != "true" {
+		if kinds(acts2) != "quarantine/applied" || acts2[0].Details[events.DetailAlreadyQuarantined] != "true" {
 			t.Fatalf("second fault: %s %v", kinds(acts2), acts2[0].Details)
 		}
 		_ = rv
@@ -293,7 +293,7 @@ func TestKube(t *testing.T) {
 			t.Fatalf("unrelated recovery: %s", kinds(acts))
 		}
 		acts, _ = handle(t, h, record("c1", healthy("recover-1", "XID_ERROR_79", "GPU-2")))
-		if kinds(acts) != "unquarantine/applied" || acts[0].Details["uncordoned"] != "true" {
+		if kinds(acts) != "unquarantine/applied" || acts[0].Details[events.DetailUncordoned] != "true" {
 			t.Fatalf("actions %s %v", kinds(acts), acts[0].GetDetails())
 		}
 		n = getNode(t, k, "recover-1")
@@ -322,7 +322,7 @@ func TestKube(t *testing.T) {
 		}
 		h := newTestHandler(t, testConfig("precordon"), map[string]kubernetes.Interface{"c1": k})
 		acts, _ := handle(t, h, record("c1", fatal("precordon-1", "XID_ERROR_48", "GPU-1")))
-		if acts[0].Details["preexistingCordon"] != "true" {
+		if acts[0].Details[events.DetailPreexistingCordon] != "true" {
 			t.Fatalf("details %v", acts[0].Details)
 		}
 		handle(t, h, record("c1", healthy("precordon-1", "XID_ERROR_48", "GPU-1")))

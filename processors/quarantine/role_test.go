@@ -81,7 +81,7 @@ func TestRoleThroughKafka(t *testing.T) {
 	}
 
 	produce(record("prod", fatal("role-1", "XID_ERROR_48", "GPU-1")))
-	waitAction("role-1", KindQuarantine, OutcomeApplied)
+	waitAction("role-1", events.KindQuarantine, events.OutcomeApplied)
 	if !getNode(t, kube.Client(), "role-1").Spec.Unschedulable {
 		t.Fatal("role-1 not cordoned")
 	}
@@ -90,7 +90,7 @@ func TestRoleThroughKafka(t *testing.T) {
 	produce(record("prod", fatal("role-2", "XID_ERROR_48", "GPU-1")))
 	time.Sleep(2 * time.Second) // deferred to the retry topic; its consumer waits
 	kube.Start()
-	waitAction("role-2", KindQuarantine, OutcomeApplied)
+	waitAction("role-2", events.KindQuarantine, events.OutcomeApplied)
 	if !getNode(t, kube.Client(), "role-2").Spec.Unschedulable {
 		t.Fatal("role-2 not cordoned after the outage")
 	}
