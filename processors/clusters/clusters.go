@@ -397,3 +397,70 @@ func Retriable(err error) bool {
 	// is a net.Error; others like EOF) are treated as the cluster's trouble.
 	return true
 }
+
+// Attempt is the outcome of one try of a unit of work on a cluster
+// (Registry.Try).
+type Attempt struct {
+	// Client is the cluster's client: nil for a cluster that is not
+	// configured (the work was decided as dry-run) or whose client could
+	// not be built.
+	Client *Client
+	// Ran reports whether the step was called.
+	Ran bool
+	// Err is the step's error; or, when the step was not called, why: the
+	// client could not be built, or the cluster is backing off (its last
+	// error).
+	Err error
+	// Retriable: the work must be tried again later — the trouble is the
+	// cluster's (see Retriable) or the time's (ctx ended), not the work's.
+	// Otherwise Err is the work's own failure, to be recorded.
+	Retriable bool
+	// RetryAt is when the cluster may be tried again: the end of its
+	// backoff. Zero when the client could not be built or ctx ended (the
+	// caller picks when).
+	RetryAt time.Time
+}
+
+// Live reports whether the attempt had a client that changes the cluster
+// or reads it: configured, with a kubeconfig.
+func (a Attempt) Live() bool { return a.Client != nil && a.Client.Kube != nil }
+
+// Try runs one unit of work on the named cluster, the way every role that
+// acts on Kubernetes does: get the cluster's client (a cluster that is not
+// configured runs step with a nil client, to decide as dry-run); for a
+// live cluster check its Gate (one backing off is not called); run step;
+// report the outcome to the Gate: a success resets it, an error that is
+// the cluster's (Retriable) backs it off. An error while ctx is done (the
+// batch ran out of time, the processor is stopping) is nobody's: the Gate
+// is left as it was and the work is retriable.
+func (r *Registry) Try(ctx context.Context, name string, step func(ctx context.Context, cl *Client) error) Attempt {
+	cl, err := r.Get(name)
+	switch {
+	case errors.Is(err, ErrUnknownCluster):
+		cl = nil
+	case err != nil:
+		return Attempt{Err: err, Retriable: true}
+	}
+	a := Attempt{Client: cl}
+	if a.Live() {
+		if ready, next := cl.Gate.Ready(); !ready {
+			a.Err, a.Retriable, a.RetryAt = cl.Gate.LastError(), true, next
+			if a.Err == nil {
+				a.Err = errors.New("backing off")
+			}
+			return a
+		}
+	}
+	a.Ran, a.Err = true, step(ctx, cl)
+	switch {
+	case a.Err == nil:
+		if a.Live() {
+			cl.Gate.OK()
+		}
+	case ctx.Err() != nil:
+		a.Retriable = true
+	case a.Live() && Retriable(a.Err):
+		a.Retriable, a.RetryAt = true, cl.Gate.Fail(a.Err)
+	}
+	return a
+}

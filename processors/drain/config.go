@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/processors/requeue"
 )
 
 // TopicRequeue carries drains still in progress back to the drain role
@@ -99,6 +102,10 @@ type Config struct {
 	MaxPDBBackoff time.Duration `toml:"max_pdb_backoff"`
 	// Workers bounds the nodes handled at once per batch. Default 64.
 	Workers int `toml:"workers"`
+	// BatchTimeout bounds one batch: a batch may wait for a requeued
+	// item's not-before time (at most 20s) and then act on a node's
+	// pods. Default 2m.
+	BatchTimeout time.Duration `toml:"batch_timeout"`
 	// PodWorkers bounds the API calls in flight for one node. Default 16.
 	PodWorkers int `toml:"pod_workers"`
 	// GPUAnnotations are the pod annotation keys read for the GPU UUIDs a
@@ -138,6 +145,7 @@ func DefaultConfig() Config {
 		PDBBackoff:        5 * time.Second,
 		MaxPDBBackoff:     time.Minute,
 		Workers:           64,
+		BatchTimeout:      2 * time.Minute,
 		PodWorkers:        16,
 		GPUAnnotations:    []string{DefaultGPUAnnotation},
 		Identity:          "faultline-drain/" + host,
@@ -169,6 +177,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often a drain in progress is looked at again")
 	fs.DurationVar(&c.PDBBackoff, prefix+"pdb-backoff", c.PDBBackoff, "first wait before retrying an eviction a PDB refused")
 	fs.DurationVar(&c.MaxPDBBackoff, prefix+"max-pdb-backoff", c.MaxPDBBackoff, "cap of the PDB retry backoff")
+	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 20s: a batch may wait that long for a requeued item)")
 	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes drained concurrently per batch")
 	fs.IntVar(&c.PodWorkers, prefix+"pod-workers", c.PodWorkers, "API calls in flight per node")
 	fs.Func(prefix+"gpu-annotations", "comma-separated pod annotation keys holding the pod's GPU UUIDs (default "+DefaultGPUAnnotation+")", func(s string) error {
@@ -258,6 +267,9 @@ func (c *Config) Validate(prefix string) error {
 	if c.Workers < 1 {
 		return fmt.Errorf("%sworkers: must be at least 1, got %d", prefix, c.Workers)
 	}
+	if c.BatchTimeout <= requeueWait {
+		return fmt.Errorf("%sbatch_timeout: must be more than %v (a batch may wait that long for a requeued item), got %v", prefix, requeueWait, c.BatchTimeout)
+	}
 	if c.PodWorkers < 1 {
 		return fmt.Errorf("%spod_workers: must be at least 1, got %d", prefix, c.PodWorkers)
 	}
@@ -280,4 +292,13 @@ func (c *Config) timeout(m Mode, r *Rule) time.Duration {
 	default:
 		return c.EvictionTimeout
 	}
+}
+
+// requeueWait is the longest a batch waits for a requeued item's
+// not-before time (requeue.ByNode).
+const requeueWait = requeue.MaxWait
+
+// Pipeline returns the runner settings of the role's consumer.
+func (c Config) Pipeline() pipeline.Config {
+	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout}
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
-
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/faultline/faultline/processors/pipeline"
@@ -61,9 +60,10 @@ type Config struct {
 	Breaker BreakerConfig `toml:"breaker"`
 }
 
-// Pipeline returns the runner settings of the role's consumers.
+// Pipeline returns the runner settings of the role's consumer (the retry
+// consumer takes the same, with its own Role and Topics).
 func (c Config) Pipeline() pipeline.Config {
-	return pipeline.Config{BatchTimeout: c.BatchTimeout, MaxPollRecords: c.MaxPollRecords}
+	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout, MaxPollRecords: c.MaxPollRecords}
 }
 
 // BreakerConfig configures the per-cluster circuit breaker.

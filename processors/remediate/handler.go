@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -177,75 +176,56 @@ type trigger struct {
 
 // Handle handles one partition's batch of the actions topic or TopicRequeue.
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
-	var res pipeline.Result
-	seqs := map[string][]trigger{}
-	var keys []string
-	for _, r := range recs {
-		// Key and payload must name the same node (pipeline.ActionKey).
-		cluster, node, err := pipeline.ActionKey(r)
-		if err != nil {
-			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
-			continue
-		}
-		a, err := events.UnmarshalAction(r.Value)
-		if err != nil {
-			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
-			continue
-		}
-		if !IsTrigger(a) {
-			continue
-		}
-		t := trigger{rec: r, src: a, cluster: cluster, node: node, id: a.GetDetails()[events.DetailDrainID]}
-		if t.id == "" && len(a.GetEventIds()) > 0 {
-			t.id = a.GetEventIds()[0]
+	acts, dead := pipeline.DecodeActions(recs, IsTrigger)
+	trigs := make([]trigger, len(acts))
+	for i, a := range acts {
+		t := trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, id: a.Action.GetDetails()[events.DetailDrainID]}
+		if t.id == "" && len(a.Action.GetEventIds()) > 0 {
+			t.id = a.Action.GetEventIds()[0]
 		}
 		if t.id == "" {
-			t.id = a.GetId()
+			t.id = a.Action.GetId()
 		}
-		k := t.cluster + "/" + t.node
-		if _, ok := seqs[k]; !ok {
-			keys = append(keys, k)
-		}
-		seqs[k] = append(seqs[k], t)
+		trigs[i] = t
 	}
-	out, err := requeue.ByNode(ctx, h.cfg.Workers, TopicRequeue, h.now, keys, seqs,
+	out, err := requeue.ByNode(ctx, h.cfg.Workers, TopicRequeue, h.now, trigs,
 		func(t trigger) *kgo.Record { return t.rec }, h.process)
 	if err != nil {
 		return pipeline.Result{}, err
 	}
-	res.Out = append(res.Out, out...)
-	return res, nil
+	return pipeline.Result{Out: out, Dead: dead}, nil
 }
 
+// process runs one step of the trigger's remediation on its cluster
+// (clusters.Registry.Try). It returns the actions and, when the
+// remediation must be looked at again, when.
 func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, time.Time) {
-	cl, err := h.reg.Get(t.cluster)
-	if errors.Is(err, clusters.ErrUnknownCluster) {
-		cl, err = nil, nil
-	}
-	if err != nil {
-		h.log.Warn("cluster client unavailable; requeued", "cluster", t.cluster, "node", t.node, "err", err)
-		return nil, h.now().Add(h.cfg.PollInterval)
-	}
-	if cl != nil && cl.Kube != nil {
-		if ready, next := cl.Gate.Ready(); !ready {
-			return nil, next
+	var (
+		acts  []*faultlinev1.Action
+		again time.Time
+	)
+	at := h.reg.Try(ctx, t.cluster, func(ctx context.Context, cl *clusters.Client) (err error) {
+		acts, again, err = h.step(ctx, cl, t)
+		return err
+	})
+	switch {
+	case at.Err == nil:
+		return acts, again
+	case at.Retriable:
+		if at.RetryAt.IsZero() {
+			at.RetryAt = h.now().Add(h.cfg.PollInterval)
 		}
-	}
-	acts, again, err := h.step(ctx, cl, t)
-	if err != nil {
-		if cl != nil && cl.Kube != nil && clusters.Retriable(err) {
-			next := cl.Gate.Fail(err)
+		switch {
+		case at.Ran:
 			h.m.apiErrors.WithLabelValues(t.cluster).Inc()
-			h.log.Warn("cluster API error; remediation requeued", "cluster", t.cluster, "node", t.node, "retry_at", next, "err", err)
-			return acts, next
+			h.log.Warn("cluster API error; remediation requeued", "cluster", t.cluster, "node", t.node, "retry_at", at.RetryAt, "err", at.Err)
+		case at.Client == nil:
+			h.log.Warn("cluster client unavailable; remediation requeued", "cluster", t.cluster, "node", t.node, "err", at.Err)
 		}
-		h.log.Warn("remediation failed", "cluster", t.cluster, "node", t.node, "err", err)
-		return append(acts, h.action(t, events.KindRemediate, events.OutcomeFailed, err.Error(), "error")), time.Time{}
+		return acts, at.RetryAt
 	}
-	if cl != nil && cl.Kube != nil {
-		cl.Gate.OK()
-	}
-	return acts, again
+	h.log.Warn("remediation failed", "cluster", t.cluster, "node", t.node, "err", at.Err)
+	return append(acts, h.action(t, events.KindRemediate, events.OutcomeFailed, at.Err.Error(), "error")), time.Time{}
 }
 
 // actionKey is the template key of the trigger's recommended action.

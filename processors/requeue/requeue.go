@@ -12,7 +12,6 @@ package requeue
 import (
 	"context"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -93,43 +92,40 @@ func Wait(ctx context.Context, rec *kgo.Record, now func() time.Time, max time.D
 	}
 }
 
-// ByNode handles each node's work items in order and the nodes concurrently
-// (at most workers at a time). For each item it waits until the item's
-// record may be handled (a requeue record's not-before time, at most 20 s;
-// on shutdown the record is handed on unchanged), calls step, and collects
-// the actions step returns and, when step asks to look again, a requeue
-// record to topic. It returns what the batch must produce.
+// MaxWait is the longest ByNode waits for a record's not-before time; a
+// role's batch timeout must exceed it.
+const MaxWait = 20 * time.Second
+
+// ByNode handles a batch of work items of a requeued role (pipeline.ByKey:
+// each node's items in order, the nodes concurrently, at most workers at a
+// time). For each item it waits until the item's record may be handled (a
+// requeue record's not-before time, at most MaxWait; on shutdown the record is
+// handed on unchanged), calls step, and collects the actions step returns
+// and, when step asks to look again, a requeue record to topic. It returns
+// what the batch must produce.
 func ByNode[T any](ctx context.Context, workers int, topic string, now func() time.Time,
-	nodes []string, items map[string][]T, rec func(T) *kgo.Record,
+	items []T, rec func(T) *kgo.Record,
 	step func(context.Context, T) ([]*faultlinev1.Action, time.Time)) ([]*kgo.Record, error) {
 	type out struct {
 		acts    []*faultlinev1.Action
 		requeue []*kgo.Record
 	}
-	results := make([]out, len(nodes))
-	sem := make(chan struct{}, workers)
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			for _, it := range items[n] {
-				r := rec(it)
-				if !Wait(ctx, r, now, 20*time.Second) {
-					// Shutting down: hand the work on unchanged.
-					results[i].requeue = append(results[i].requeue, Record(topic, r, NotBefore(r)))
-					continue
-				}
-				acts, again := step(ctx, it)
-				results[i].acts = append(results[i].acts, acts...)
-				if !again.IsZero() {
-					results[i].requeue = append(results[i].requeue, Record(topic, r, again))
-				}
+	results := pipeline.ByKey(items, func(it T) string { return string(rec(it).Key) }, workers, func(items []T) (o out) {
+		for _, it := range items {
+			r := rec(it)
+			if !Wait(ctx, r, now, MaxWait) {
+				// Shutting down: hand the work on unchanged.
+				o.requeue = append(o.requeue, Record(topic, r, NotBefore(r)))
+				continue
 			}
-		}()
-	}
-	wg.Wait()
+			acts, again := step(ctx, it)
+			o.acts = append(o.acts, acts...)
+			if !again.IsZero() {
+				o.requeue = append(o.requeue, Record(topic, r, again))
+			}
+		}
+		return o
+	})
 	var produce []*kgo.Record
 	for _, r := range results {
 		for _, a := range r.acts {

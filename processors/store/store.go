@@ -25,6 +25,9 @@ import (
 	"github.com/faultline/faultline/schemas/events"
 )
 
+// Role is the role's name.
+const Role = "store"
+
 // Topics the store role consumes.
 var Topics = []string{events.TopicEvents, events.TopicActions}
 
@@ -83,6 +86,7 @@ func (c Config) Validate(prefix string) error {
 // BatchRecords for up to BatchLinger, all partitions in one write.
 func (c Config) Pipeline() pipeline.Config {
 	return pipeline.Config{
+		Role:            Role,
 		Topics:          Topics,
 		MaxPollRecords:  min(c.BatchRecords, 10000),
 		MinBatch:        c.BatchRecords,
