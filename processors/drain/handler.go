@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
@@ -266,21 +265,9 @@ func (h *Handler) listPods(ctx context.Context, cl *clusters.Client, node string
 	return l.Items, nil
 }
 
-// op is one API call a step makes on a pod.
-type op struct {
-	key    string
-	pod    *corev1.Pod
-	delete bool
-}
-
-func podKey(p *corev1.Pod) string {
-	uid := string(p.UID)
-	if len(uid) > 8 {
-		uid = uid[:8]
-	}
-	return p.Namespace + "/" + p.Name + "@" + uid
-}
-
+// stepOnce is one step of the node's drain: read the node and its pods,
+// advance the state machine (machine.go), write the state, and make the
+// calls it asks for.
 func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
 	node, err := h.getNode(ctx, cl, t.node)
 	if apierrors.IsNotFound(err) {
@@ -296,57 +283,27 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	}
 	now := h.now()
 	quarantined := node.Labels[events.LabelQuarantined] == "true"
+	st, adm := admit(st, t.eventID, h.options(t), quarantined, now,
+		pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], h.cfg.Identity)
 	var acts []*faultlinev1.Action
-	switch {
-	case st.seen(t.eventID) && !st.running():
-		// A replayed trigger of a finished drain: say the result again
-		// (same id), so a result lost in a crash still reaches remediate.
+	switch adm {
+	case admitReplay:
+		// Say the result again (same id), so a result lost in a crash
+		// still reaches remediate.
 		return []*faultlinev1.Action{h.result(t, st)}, time.Time{}, nil
-	case st.seen(t.eventID):
-		// Resuming a drain in progress.
-	default:
-		o := h.options(t)
-		if o.skip {
-			return []*faultlinev1.Action{h.action(t, nil, events.OutcomeSkipped, "drainOverrides.skip: pods left running, no remediation",
-				pipeline.ActionID(t.cluster, t.node, t.eventID, "skip"))}, time.Time{}, nil
-		}
-		if st.running() {
-			// A second fault during a drain: widen the scope (a whole-node
-			// drain covers any GPU), never start over.
-			st.addSeen(t.eventID)
-			st.Trigger.EventIDs = append(st.Trigger.EventIDs, t.eventID)
-			if len(st.Trigger.EventIDs) > maxSeen {
-				st.Trigger.EventIDs = st.Trigger.EventIDs[len(st.Trigger.EventIDs)-maxSeen:]
-			}
-			if len(o.scope.GPUs) == 0 {
-				ids := st.Trigger.EventIDs
-				st.Trigger = o.trig.bounded()
-				st.Trigger.EventIDs = ids
-			}
-			st.Scope = st.Scope.widen(o.scope)
-			st.Force = st.Force || o.force
-			break
-		}
-		if !quarantined {
-			return []*faultlinev1.Action{h.action(t, nil, events.OutcomeSkipped, "node no longer quarantined by faultline",
-				pipeline.ActionID(t.cluster, t.node, t.eventID, "unquarantined"))}, time.Time{}, nil
-		}
-		var seen []string
-		if st != nil {
-			seen = st.Seen
-		}
-		st = &State{
-			ID: pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], Phase: PhaseRunning, StartedAt: now, By: h.cfg.Identity,
-			Scope: o.scope, Force: o.force, Trigger: o.trig.bounded(), Seen: seen, Pods: map[string]*PodState{},
-		}
-		st.addSeen(t.eventID)
-		a := h.action(t, st, events.OutcomeInProgress, "drain started ("+scopeString(st.GPUs)+")", pipeline.ActionID(st.ID, "started"))
-		acts = append(acts, a)
+	case admitSkip:
+		return []*faultlinev1.Action{h.action(t, nil, events.OutcomeSkipped, "drainOverrides.skip: pods left running, no remediation",
+			pipeline.ActionID(t.cluster, t.node, t.eventID, "skip"))}, time.Time{}, nil
+	case admitUnquarantined:
+		return []*faultlinev1.Action{h.action(t, nil, events.OutcomeSkipped, "node no longer quarantined by faultline",
+			pipeline.ActionID(t.cluster, t.node, t.eventID, "unquarantined"))}, time.Time{}, nil
+	case admitStart:
+		acts = append(acts, h.action(t, st, events.OutcomeInProgress, "drain started ("+scopeString(st.GPUs)+")", pipeline.ActionID(st.ID, "started")))
 		h.m.drains.WithLabelValues(t.cluster, PhaseRunning).Inc()
 	}
 
 	if !quarantined {
-		st.Phase, st.FinishedAt = PhaseCancelled, now
+		cancel(st, now)
 		if _, err := h.writeState(ctx, cl, node, st); err != nil {
 			return nil, time.Time{}, err
 		}
@@ -358,75 +315,10 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	blockedBefore := map[string]string{}
-	for k, p := range st.Pods {
-		blockedBefore[k] = p.BlockedBy
-	}
-	present := map[string]bool{}
-	skipped := map[string]int{}
-	var ops []op
-	for i := range pods {
-		p := &pods[i]
-		key := podKey(p)
-		present[key] = true
-		ps := st.Pods[key]
-		if ps == nil {
-			pl := h.cfg.classify(p, st.Scope, st.Force)
-			if pl.skip != "" {
-				skipped[pl.skip]++
-				continue
-			}
-			ps = &PodState{UID: string(p.UID), Mode: pl.mode, Deadline: st.StartedAt.Add(pl.timeout)}
-			st.Pods[key] = ps
-		}
-		if ps.Done != "" {
-			continue
-		}
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			ps.Done = "completed"
-			continue
-		}
-		expired := !now.Before(ps.Deadline)
-		switch {
-		case ps.Mode == ModeDeleteAfterTimeout && expired:
-			if ps.DeletedAt.IsZero() {
-				ops = append(ops, op{key: key, pod: p, delete: true})
-			}
-		case expired:
-			ps.Done = "gave_up"
-			switch {
-			case ps.BlockedBy != "":
-				ps.Reason = "blocked by PDB " + ps.BlockedBy
-			case p.DeletionTimestamp != nil:
-				ps.Reason = "still terminating at the timeout"
-			case ps.Mode == ModeAllowCompletion:
-				ps.Reason = "still running at the completion timeout"
-			default:
-				ps.Reason = "not evicted by the timeout"
-			}
-		case p.DeletionTimestamp != nil || ps.Mode == ModeAllowCompletion || ps.Evicted:
-			// Terminating, or waiting for the pod to finish by itself.
-		case now.Before(ps.NextTry):
-			// Backing off after a PDB refusal.
-		default:
-			ops = append(ops, op{key: key, pod: p})
-		}
-	}
-	for k, ps := range st.Pods {
-		if ps.Done == "" && !present[k] {
-			ps.Done = "gone"
-		}
-	}
-	st.Skipped = skipped
-
-	if len(ops) > 0 {
+	before := blockedBy(st)
+	if ops := h.cfg.advance(st, pods, now); len(ops) > 0 {
 		// Write the intent first: a restart after the calls and before the
 		// result write finds the pods marked and counts each once.
-		for _, o := range ops {
-			if !o.delete && st.Pods[o.key].EvictAt.IsZero() {
-				st.Pods[o.key].EvictAt = now
-			}
-		}
 		if node, err = h.writeState(ctx, cl, node, st); err != nil {
 			return nil, time.Time{}, err
 		}
@@ -438,28 +330,14 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 			return acts, time.Time{}, err
 		}
 	}
-
-	c := st.Count()
-	if c.Remaining == 0 {
-		st.Phase, st.FinishedAt = PhaseSucceeded, now
-		if c.GaveUp > 0 {
-			st.Phase = PhaseGaveUp
-		}
-	}
+	settle(st, now)
 	if _, err := h.writeState(ctx, cl, node, st); err != nil {
 		return nil, time.Time{}, err
 	}
 	// Newly blocked pods, one action per set of PDBs.
-	var newly []string
-	for k, p := range st.Pods {
-		if p.Done == "" && p.BlockedBy != "" && p.BlockedBy != blockedBefore[k] && !slices.Contains(newly, p.BlockedBy) {
-			newly = append(newly, p.BlockedBy)
-		}
-	}
-	if len(newly) > 0 {
-		sort.Strings(newly)
-		reason := "blocked by PDB " + strings.Join(newly, ", PDB ")
-		a := h.action(t, st, events.OutcomeBlocked, reason, pipeline.ActionID(st.ID, "blocked", strings.Join(newly, ","), strconv.Itoa(c.Remaining)))
+	if newly := newlyBlocked(before, st); len(newly) > 0 {
+		a := h.action(t, st, events.OutcomeBlocked, blockedReason(newly),
+			pipeline.ActionID(st.ID, "blocked", strings.Join(newly, ","), strconv.Itoa(st.Count().Remaining)))
 		a.Details[events.DetailBlockedBy] = strings.Join(newly, ",")
 		acts = append(acts, a)
 	}
@@ -471,80 +349,66 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 }
 
 // runOps makes the step's evictions and deletions, PodWorkers at a time,
-// and records their outcome in st. It returns the first error that needs
-// the cluster to recover (the others are recorded on the pods).
+// and records their outcome in st (Config.record). It returns the first
+// error that needs the cluster to recover (the others are recorded on the
+// pods).
 func (h *Handler) runOps(ctx context.Context, cl *clusters.Client, st *State, ops []op, now time.Time) error {
-	var (
-		mu    sync.Mutex
-		first error
-		wg    sync.WaitGroup
-	)
-	sem := make(chan struct{}, h.cfg.PodWorkers)
-	for _, o := range ops {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			var pdb string
-			var err error
-			if o.delete {
-				err = h.forceDelete(ctx, cl, o.pod)
-			} else {
-				pdb, err = h.evict(ctx, cl, o.pod)
-				if pdb != "" && st.Force {
-					err = h.forceDelete(ctx, cl, o.pod)
-					o.delete = true
-				}
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			ps := st.Pods[o.key]
-			switch {
-			case err == nil && o.delete:
-				ps.DeletedAt = now
-				h.m.evictions.WithLabelValues(cl.Name, "deleted").Inc()
-			case err == nil && pdb != "":
-				ps.Attempts++
-				ps.BlockedBy = pdb
-				ps.NextTry = now.Add(h.backoff(ps.Attempts))
-				h.m.evictions.WithLabelValues(cl.Name, "blocked").Inc()
-			case err == nil:
-				ps.Evicted, ps.BlockedBy = true, ""
-				h.m.evictions.WithLabelValues(cl.Name, "evicted").Inc()
-			case apierrors.IsNotFound(err):
-				ps.Done = "gone"
-			case clusters.Retriable(err):
-				if first == nil {
-					first = err
-				}
-			default:
-				ps.Attempts++
-				ps.Reason = err.Error()
-				ps.NextTry = now.Add(h.backoff(ps.Attempts))
-			}
-		}()
+	// Every op's key is distinct: ByKey returns the results in ops' order.
+	results := pipeline.ByKey(ops, func(o op) string { return o.key }, h.cfg.PodWorkers, func(os []op) callResult {
+		return h.call(ctx, cl, os[0], st.Force)
+	})
+	var first error
+	for i, r := range results {
+		if m := h.cfg.record(st, ops[i], r, now); m != "" {
+			h.m.evictions.WithLabelValues(cl.Name, m).Inc()
+		}
+		if r.retriable && first == nil {
+			first = r.err
+		}
 	}
-	wg.Wait()
 	return first
 }
 
-func (h *Handler) backoff(attempts int) time.Duration {
-	d := h.cfg.PDBBackoff << min(attempts-1, 20)
-	if d > h.cfg.MaxPDBBackoff || d <= 0 {
-		d = h.cfg.MaxPDBBackoff
+// call makes one op's API call: a deletion, or an eviction (answered with
+// a deletion when a PDB refuses it and the drain is forced).
+func (h *Handler) call(ctx context.Context, cl *clusters.Client, o op, force bool) callResult {
+	var r callResult
+	if o.delete {
+		r.err, r.deleted = h.forceDelete(ctx, cl, o.pod), true
+	} else {
+		r.blockedBy, r.err = h.evict(ctx, cl, o.pod)
+		if r.blockedBy != "" && force {
+			r.err, r.deleted, r.blockedBy = h.forceDelete(ctx, cl, o.pod), true, ""
+		}
 	}
-	return d
+	r.notFound = apierrors.IsNotFound(r.err)
+	r.retriable = !r.notFound && clusters.Retriable(r.err)
+	return r
 }
 
 // evict asks the Eviction API to evict the pod. A refusal under a PDB
 // (429) is not an error: it returns the PDB's name.
+//
+// The call is made once (MaxRetries(0)): the apiserver answers a PDB it
+// has not processed yet (no disruption controller has observed it) with
+// 429 and Retry-After: 10, and client-go's typed EvictV1 honours that by
+// sleeping and retrying inside the call — up to 10 times, so the call ran
+// into kube.timeout and the refusal looked like the cluster failing. The
+// drain has its own backoff for refusals (pdb_backoff).
 func (h *Handler) evict(ctx context.Context, cl *clusters.Client, p *corev1.Pod) (string, error) {
 	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}}
 	if h.cfg.GracePeriod >= 0 {
 		g := int64(h.cfg.GracePeriod / time.Second)
 		ev.DeleteOptions = &metav1.DeleteOptions{GracePeriodSeconds: &g}
 	}
-	err := cl.Kube.CoreV1().Pods(p.Namespace).EvictV1(ctx, ev)
+	var err error
+	if rc, ok := cl.Kube.CoreV1().RESTClient().(*rest.RESTClient); ok && rc != nil {
+		err = rc.Post().Namespace(p.Namespace).Resource("pods").Name(p.Name).SubResource("eviction").
+			MaxRetries(0).Body(ev).Do(ctx).Error()
+	} else {
+		// A client without a REST client (client-go's fake): its own call.
+		err = cl.Kube.CoreV1().Pods(p.Namespace).EvictV1(ctx, ev)
+	}
 	if apierrors.IsTooManyRequests(err) {
 		return h.pdbName(ctx, cl, p, err), nil
 	}

@@ -713,3 +713,53 @@ func testutilCount(h *Handler, result string) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestPDBRefusalWithoutDisruptionController: with no disruption controller,
+// the apiserver refuses the eviction of a PDB-covered pod with 429 and
+// Retry-After: 10 (the PDB is "still being processed"). The drain sees the
+// refusal at once — blocked by the PDB, the pod backed off with
+// pdb_backoff — instead of client-go sleeping on the Retry-After inside
+// the call until kube.timeout, which made it a cluster API error that
+// backed the whole cluster off.
+func TestPDBRefusalWithoutDisruptionController(t *testing.T) {
+	kube := testenv.StartKube(t, testenv.KubeOptions{KWOK: true}) // no kube-controller-manager
+	k := kube.Client()
+	node := "unprocessed-1"
+	quarantined(t, k, node)
+	createPod(t, k, "guarded", "g0", node, withLabels("app", "g"))
+	waitRunning(t, k, node, 1)
+	pdb(t, k, "guarded", "guard", 1, "g")
+
+	// The cluster as production reaches it: its kubeconfig and the
+	// default kube.timeout (10s).
+	kc := clusters.DefaultConfig()
+	kc.Clusters = []clusters.Cluster{{Name: cluster, Kubeconfig: kube.Kubeconfig()}}
+	reg := clusters.NewRegistry(kc, nil)
+	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	h, err := New(testConfig(), reg, Options{Log: testLog, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	acts, rq := handle(t, h, quarantineAction(node, "e-unprocessed", "RESTART_VM", nil))
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the step took %v: the refusal was waited on", took)
+	}
+	b := find(acts, events.OutcomeBlocked)
+	if b == nil || b.Reason != "blocked by PDB guard" || b.Details[events.DetailBlockedBy] != "guard" {
+		t.Fatalf("no blocked action naming the PDB: %s", outcomes(acts))
+	}
+	cl, err := reg.Get(cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := cl.Gate.Failures(); f != 0 {
+		t.Fatalf("the refusal counted as %d cluster failures (%v)", f, cl.Gate.LastError())
+	}
+	if len(rq) != 1 {
+		t.Fatalf("%d requeue records, want the drain back after poll_interval", len(rq))
+	}
+	if got := podsOn(t, k, node); len(got) != 1 || got[0].DeletionTimestamp != nil {
+		t.Fatalf("pods %v: the PDB-covered pod must stay", podNames(got))
+	}
+}
