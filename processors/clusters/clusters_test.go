@@ -2,17 +2,19 @@ package clusters
 
 import (
 	"context"
-	"net"
-
 	"errors"
 	"flag"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 func TestFlagsAndValidate(t *testing.T) {
@@ -135,5 +137,66 @@ func TestRetriable(t *testing.T) {
 		if got := Retriable(tc.err); got != tc.want {
 			t.Errorf("Retriable(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// TestTry: the per-cluster step every Kubernetes-facing role takes — the
+// Gate decides whether the step runs, the step's error decides the Gate.
+func TestTry(t *testing.T) {
+	kube, err := kubernetes.NewForConfig(&rest.Config{Host: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cfg := DefaultConfig()
+	cfg.Clusters = []Cluster{{Name: "broken", Kubeconfig: "/does/not/exist"}}
+	reg := NewRegistry(cfg, func() time.Time { return now })
+	live := reg.SetClient("live", kube, false)
+	unavailable := apierrors.NewServiceUnavailable("down")
+	invalid := apierrors.NewBadRequest("bad")
+	ok := func(context.Context, *Client) error { return nil }
+
+	a := reg.Try(context.Background(), "live", ok)
+	if a.Err != nil || !a.Ran || !a.Live() || a.Client != live {
+		t.Fatalf("healthy: %+v", a)
+	}
+	// The cluster's error backs the cluster off and is retriable.
+	a = reg.Try(context.Background(), "live", func(context.Context, *Client) error { return unavailable })
+	if !a.Ran || !a.Retriable || a.RetryAt.IsZero() || live.Gate.Failures() != 1 {
+		t.Fatalf("503: %+v failures %d", a, live.Gate.Failures())
+	}
+	// While backing off, the step is not run.
+	ran := false
+	a = reg.Try(context.Background(), "live", func(context.Context, *Client) error { ran = true; return nil })
+	if ran || a.Ran || !a.Retriable || a.RetryAt != live.Gate.next || !errors.Is(a.Err, unavailable) {
+		t.Fatalf("backing off: ran %v %+v", ran, a)
+	}
+	// After the backoff a success resets the gate.
+	now = now.Add(time.Minute)
+	if a = reg.Try(context.Background(), "live", ok); a.Err != nil || live.Gate.Failures() != 0 {
+		t.Fatalf("recovered: %+v failures %d", a, live.Gate.Failures())
+	}
+	// The work's own error is not retriable and leaves the gate alone.
+	a = reg.Try(context.Background(), "live", func(context.Context, *Client) error { return invalid })
+	if !a.Ran || a.Retriable || live.Gate.Failures() != 0 {
+		t.Fatalf("400: %+v", a)
+	}
+	// An error after ctx ended is nobody's: retriable, gate untouched.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	a = reg.Try(ctx, "live", func(ctx context.Context, _ *Client) error { return ctx.Err() })
+	if !a.Retriable || !a.RetryAt.IsZero() || live.Gate.Failures() != 0 {
+		t.Fatalf("ctx ended: %+v failures %d", a, live.Gate.Failures())
+	}
+	// A cluster that is not configured runs the step without a client.
+	var got *Client = live
+	a = reg.Try(context.Background(), "elsewhere", func(_ context.Context, cl *Client) error { got = cl; return unavailable })
+	if got != nil || !a.Ran || a.Live() || a.Retriable {
+		t.Fatalf("unknown cluster: client %v %+v", got, a)
+	}
+	// A client that cannot be built: not run, retriable, when is the caller's.
+	a = reg.Try(context.Background(), "broken", func(context.Context, *Client) error { t.Fatal("ran"); return nil })
+	if a.Ran || !a.Retriable || !a.RetryAt.IsZero() || a.Client != nil || a.Err == nil {
+		t.Fatalf("unavailable client: %+v", a)
 	}
 }

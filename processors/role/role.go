@@ -137,8 +137,8 @@ func (r *Role) Run(ctx context.Context, deps Deps) error {
 			}()
 			err = l.Run(gctx)
 			switch {
-			case err != nil && gctx.Err() != nil && errors.Is(err, context.Canceled):
-				return nil
+			case err != nil && gctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+				return nil // ended with ctx
 			case err != nil:
 				return fmt.Errorf("role %s: %s: %w", r.Name, l.Name, err)
 			case gctx.Err() == nil:
