@@ -194,7 +194,10 @@ type prior struct {
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
 	items, dead := decode(recs, h.log)
 	h.expireCache()
-	bt := newBatchTables(items)
+	bt, err := newBatchTables(recs)
+	if err != nil {
+		return pipeline.Result{}, err
+	}
 	plans := make([]*plan, len(h.rules))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(queryParallelism)
