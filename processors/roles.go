@@ -32,10 +32,12 @@ import (
 
 // Config is the configuration of every role; each role reads its own part.
 // Role packages add their config struct as a field here, with flag
-// registration in RegisterFlags and a check in Validate.
+// registration in RegisterFlags and a check in Validate. Its fields are
+// top-level TOML sections of the binary that embeds it (Processors):
+// [store], [clickhouse], [kube], …, with flags --store.*, --clickhouse.*, ….
 type Config struct {
-	// Roles to run: names from the roles table, or "all".
-	Roles string `toml:"roles"`
+	// Roles to run: names from the roles table, or "all" (flag --role).
+	Roles string `toml:"role"`
 	// ClickHouse is the history database, shared by the roles that use it.
 	ClickHouse clickhouse.Config `toml:"clickhouse"`
 	// Store configures the store role.
@@ -52,6 +54,10 @@ type Config struct {
 	// Remediate configures the remediate role.
 	Remediate remediate.Config `toml:"remediate"`
 }
+
+// Processors is Config under the name a binary's config embeds it by
+// (an embedded struct's fields are its parent's TOML keys).
+type Processors = Config
 
 // DefaultConfig returns the defaults of every role.
 func DefaultConfig() Config {

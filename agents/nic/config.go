@@ -22,6 +22,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/faultline/faultline/internal/config"
 )
 
 // Sub-check names (seed §12.1 --checks); they are the checkName of events.
@@ -86,20 +88,28 @@ func DefaultConfig() Config {
 	}
 }
 
-// RegisterFlags binds the seed's flag names to c.
-func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.SysfsRoot, "sysfs", c.SysfsRoot, "sysfs mount point (nic.sysfs_root)")
-	fs.StringVar(&c.MetadataPath, "metadata-path", c.MetadataPath, "GPU metadata JSON (nic.metadata_path)")
-	fs.StringVar(&c.StateFile, "state-file", c.StateFile, "NIC state file, empty for none (nic.state_file)")
-	fs.StringVar(&c.BootIDPath, "boot-id-path", c.BootIDPath, "kernel boot id file (nic.boot_id_path)")
-	fs.StringVar(&c.ProcNetRoute, "proc-net-route", c.ProcNetRoute, "host /proc/net/route (nic.proc_net_route)")
-	fs.DurationVar(&c.PollInterval, "state-polling-interval", c.PollInterval, "NIC state polling interval (nic.state_polling_interval)")
-	fs.StringVar(&c.ExclusionRegex, "nic-exclusion-regex", c.ExclusionRegex, "comma-separated regexes of NICs to drop (nic.nic_exclusion_regex)")
-	fs.StringVar(&c.InclusionRegexOverride, "nic-inclusion-regex-override", c.InclusionRegexOverride, "comma-separated regexes: monitor only these, skip classification (nic.nic_inclusion_regex_override)")
-	fs.Func("nic-checks", "comma-separated NIC sub-checks (nic.checks, default "+strings.Join(AllChecks, ",")+")", func(s string) error {
+// RegisterFlags adds the check's flags under prefix ("nic."), each named
+// after its TOML key (--nic.sysfs-root); the earlier spellings (--sysfs,
+// --nic-checks, ...) still work, deprecated (config.Alias).
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&c.SysfsRoot, prefix+"sysfs-root", c.SysfsRoot, "sysfs mount point")
+	fs.StringVar(&c.MetadataPath, prefix+"metadata-path", c.MetadataPath, "GPU metadata JSON")
+	fs.StringVar(&c.StateFile, prefix+"state-file", c.StateFile, "NIC state file, empty for none")
+	fs.StringVar(&c.BootIDPath, prefix+"boot-id-path", c.BootIDPath, "kernel boot id file")
+	fs.StringVar(&c.ProcNetRoute, prefix+"proc-net-route", c.ProcNetRoute, "host /proc/net/route")
+	fs.DurationVar(&c.PollInterval, prefix+"state-polling-interval", c.PollInterval, "NIC state polling interval")
+	fs.StringVar(&c.ExclusionRegex, prefix+"nic-exclusion-regex", c.ExclusionRegex, "comma-separated regexes of NICs to drop")
+	fs.StringVar(&c.InclusionRegexOverride, prefix+"nic-inclusion-regex-override", c.InclusionRegexOverride, "comma-separated regexes: monitor only these, skip classification")
+	fs.Func(prefix+"checks", "comma-separated NIC sub-checks (default "+strings.Join(AllChecks, ",")+")", func(s string) error {
 		c.Checks = splitList(s)
 		return nil
 	})
+	// The spellings before flags were named after their TOML keys.
+	for old, key := range map[string]string{"sysfs": "sysfs-root", "metadata-path": "metadata-path", "state-file": "state-file",
+		"boot-id-path": "boot-id-path", "proc-net-route": "proc-net-route", "state-polling-interval": "state-polling-interval",
+		"nic-exclusion-regex": "nic-exclusion-regex", "nic-inclusion-regex-override": "nic-inclusion-regex-override", "nic-checks": "checks"} {
+		config.Alias(fs, old, prefix+key)
+	}
 }
 
 // Validate names the first bad key.

@@ -22,7 +22,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fs.BoolVar(&status, "status", false, "list applied and pending migrations; apply nothing")
 	}, func() error {
 		return cfg.Processors.ClickHouse.Validate("clickhouse.")
-	}, stderr); err != nil {
+	}, stderr, moved); err != nil {
 		return err
 	}
 	log, err := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
@@ -50,7 +50,7 @@ func runQuery(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fs.BoolVar(&list, "list", false, "list the named queries and their parameters")
 	}, func() error {
 		return cfg.Processors.ClickHouse.Validate("clickhouse.")
-	}, stderr)
+	}, stderr, moved)
 	if err != nil {
 		return err
 	}

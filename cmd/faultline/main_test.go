@@ -34,11 +34,11 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
 		{"no command", nil, "a command is required"},
 		{"unknown TOML key", []string{"gateway", "--config", bad}, "unknown keys: gateway.max_bach"},
-		{"bad flag value", []string{"gateway", "--tokens-file", tokens, "--max-batch", "0"}, "gateway.max_batch: must be at least 1"},
+		{"bad flag value", []string{"gateway", "--gateway.tokens-file", tokens, "--gateway.max-batch", "0"}, "gateway.max_batch: must be at least 1"},
 		{"no credentials", []string{"gateway"}, "gateway.tokens_file: required"},
 		{"unknown role", []string{"process", "--role", "store,cook"}, `role: unknown role "cook"`},
 		{"bad kafka", []string{"process", "--kafka.brokers", " , "}, "kafka.brokers: at least one broker"},
-		{"bad dev port", []string{"dev", "--kafka-port", "70000"}, "dev.kafka_port: 70000 is not a port"},
+		{"bad dev port", []string{"dev", "--dev.kafka-port", "70000"}, "dev.kafka_port: 70000 is not a port"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -66,8 +66,8 @@ func TestDev(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"dev", "--dir", dir, "--kafka-port", "0", "--clickhouse-port", "0",
-			"--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--fleet-nodes", "0", "--log-level", "warn"}, pw, io.Discard)
+		done <- run(ctx, []string{"dev", "--dev.dir", dir, "--dev.kafka-port", "0", "--dev.clickhouse-port", "0",
+			"--gateway.http-addr", "127.0.0.1:0", "--gateway.grpc-addr", "127.0.0.1:0", "--dev.fleet-nodes", "0", "--log-level", "warn"}, pw, io.Discard)
 		pw.Close()
 	}()
 	t.Cleanup(func() {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/faultline/faultline/internal/chserver"
 	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/internal/config"
 )
 
 func TestStart(t *testing.T) {
@@ -29,7 +30,7 @@ func TestStart(t *testing.T) {
 	}
 	defer srv.Stop()
 	cfg := clickhouse.DefaultConfig()
-	cfg.Addr, cfg.Password = srv.Addr(), ""
+	cfg.Addr, cfg.Password = srv.Addr(), config.Secret{}
 	conn, err := clickhouse.Setup(ctx, cfg, slog.Default())
 	if err != nil {
 		t.Fatal(err)

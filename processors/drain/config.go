@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/requeue"
 )
@@ -153,15 +154,16 @@ func DefaultConfig() Config {
 }
 
 // RegisterFlags adds the config's flags with the given prefix ("drain.").
-// --<prefix>rule takes "MODE[,namespace=REGEX][,selector=SEL][,timeout=DUR]"
-// and may be repeated (selectors with commas must be set in the TOML file).
+// --<prefix>rules takes "MODE[,namespace=REGEX][,selector=SEL][,timeout=DUR]"
+// and may be repeated, each adding one of Rules (selectors with commas must
+// be set in the TOML file); --<prefix>rule is its deprecated spelling.
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.SystemNamespaces, prefix+"system-namespaces", c.SystemNamespaces, "regular expression of namespaces never drained")
 	fs.Func(prefix+"mode", "mode of pods no rule matches: Immediate, AllowCompletion or DeleteAfterTimeout (default Immediate)", func(s string) error {
 		c.Mode = Mode(s)
 		return nil
 	})
-	fs.Func(prefix+"rule", "drain rule MODE[,namespace=REGEX][,selector=KEY=VAL][,timeout=DUR]; repeatable, first match wins", func(s string) error {
+	fs.Func(prefix+"rules", "adds a drain rule MODE[,namespace=REGEX][,selector=KEY=VAL][,timeout=DUR]; repeatable, first match wins", func(s string) error {
 		r, err := ParseRule(s)
 		if err != nil {
 			return err
@@ -169,6 +171,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 		c.Rules = append(c.Rules, r)
 		return nil
 	})
+	config.Alias(fs, prefix+"rule", prefix+"rules")
 	fs.DurationVar(&c.EvictionTimeout, prefix+"eviction-timeout", c.EvictionTimeout, "Immediate: give a pod up this long after the drain began")
 	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "AllowCompletion: give a pod up this long after the drain began")
 	fs.DurationVar(&c.DeleteAfter, prefix+"delete-after", c.DeleteAfter, "DeleteAfterTimeout: force-delete pods left this long after the drain began")
@@ -192,7 +195,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
 }
 
-// ParseRule parses the --drain.rule form "MODE[,namespace=REGEX][,selector=SEL][,timeout=DUR]".
+// ParseRule parses the --drain.rules form "MODE[,namespace=REGEX][,selector=SEL][,timeout=DUR]".
 func ParseRule(s string) (Rule, error) {
 	parts := strings.Split(s, ",")
 	r := Rule{Mode: Mode(strings.TrimSpace(parts[0]))}
