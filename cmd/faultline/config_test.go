@@ -272,3 +272,51 @@ func TestDocumentedKeys(t *testing.T) {
 		_ = rows
 	}
 }
+
+// TestLibraryLogLevel: the libraries' loggers (component kafka,
+// clickhouse) log at library_log_level, faultline's own at log_level;
+// faultline dev defaults the libraries to warn.
+func TestLibraryLogLevel(t *testing.T) {
+	var out bytes.Buffer
+	cfg := DefaultConfig()
+	cfg.LibraryLogLevel = "warn"
+	log, err := newLogger(&out, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Info("decision")
+	log.With("component", "history").Info("history read")
+	log.With("component", "kafka").Info("kafka chatter")
+	log.With("component", "kafka").With("broker", "1").Warn("kafka trouble")
+	log.With("component", "clickhouse").Debug("driver detail")
+	got := out.String()
+	for _, want := range []string{"msg=decision", `msg="history read"`, `msg="kafka trouble"`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("log lacks %s:\n%s", want, got)
+		}
+	}
+	for _, not := range []string{"kafka chatter", "driver detail"} {
+		if strings.Contains(got, not) {
+			t.Errorf("log has %q:\n%s", not, got)
+		}
+	}
+	out.Reset()
+	cfg.LibraryLogLevel = "debug"
+	if log, err = newLogger(&out, cfg); err != nil {
+		t.Fatal(err)
+	}
+	log.With("component", "clickhouse").Debug("driver detail")
+	log.Debug("own debug")
+	if !strings.Contains(out.String(), "driver detail") || strings.Contains(out.String(), "own debug") {
+		t.Errorf("library at debug, own at info:\n%s", out.String())
+	}
+	cfg.LibraryLogLevel = "loud"
+	if _, err := newLogger(&out, cfg); err == nil || !strings.HasPrefix(err.Error(), "library_log_level:") {
+		t.Errorf("bad level: %v", err)
+	}
+	var help bytes.Buffer
+	if err := run(context.Background(), []string{"dev", "--help"}, &help, &help); !errors.Is(err, flag.ErrHelp) ||
+		!regexp.MustCompile(`-library-log-level string\n.*\n?.*\(default "warn"\)`).MatchString(help.String()) {
+		t.Errorf("dev --help does not show the warn default:\n%s", help.String())
+	}
+}

@@ -87,6 +87,7 @@ func (c DevConfig) validate() error {
 
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg := DefaultConfig()
+	cfg.LibraryLogLevel = "warn" // the output is the pipeline's decisions and summaries
 	if _, err := config.Load("faultline dev", args, &cfg, func(fs *flag.FlagSet) {
 		cfg.registerLogFlags(fs)
 		config.Prefix(fs, "dev.", cfg.Dev.registerFlags)
@@ -101,7 +102,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}, stderr, moved); err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	log, err := newLogger(stderr, cfg)
 	if err != nil {
 		return err
 	}

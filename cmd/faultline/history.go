@@ -25,7 +25,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}, stderr, moved); err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	log, err := newLogger(stderr, cfg)
 	if err != nil {
 		return err
 	}
@@ -63,7 +63,7 @@ func runQuery(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if name == "" || len(rest) > 0 {
 		return fmt.Errorf("usage: faultline query NAME [--param k=v]... [--format table|json|csv] (or --list)")
 	}
-	log, err := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	log, err := newLogger(stderr, cfg)
 	if err != nil {
 		return err
 	}

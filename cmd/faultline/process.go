@@ -31,7 +31,7 @@ func runProcess(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}, stderr, moved); err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	log, err := newLogger(stderr, cfg)
 	if err != nil {
 		return err
 	}
