@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/faultline/faultline/internal/chserver"
+	"github.com/faultline/faultline/internal/testenv"
 )
 
 func TestConfigErrorsNameTheKey(t *testing.T) {
@@ -55,12 +56,8 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 // written token, see the dry-run decision in the live output, and read the
 // event back from the history.
 func TestDev(t *testing.T) {
-	if _, _, err := chserver.FindBinary(); err != nil {
-		if os.Getenv("CI") != "" || os.Getenv("FAULTLINE_REQUIRE_SERVERS") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	_, _, err := chserver.FindBinary()
+	testenv.Server(t, "faultline dev (its local ClickHouse server)", err)
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()

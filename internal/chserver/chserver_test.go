@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -12,15 +11,15 @@ import (
 	"github.com/faultline/faultline/internal/chserver"
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/testenv"
 )
 
 func TestStart(t *testing.T) {
-	if _, _, err := chserver.FindBinary(); errors.Is(err, chserver.ErrNotInstalled) {
-		if os.Getenv("CI") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
+	_, _, err := chserver.FindBinary()
+	if !errors.Is(err, chserver.ErrNotInstalled) {
+		err = nil
 	}
+	testenv.Server(t, "a ClickHouse server", err)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
