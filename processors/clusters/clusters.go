@@ -307,6 +307,11 @@ func (r *Registry) RESTConfig(cl Cluster) (*rest.Config, error) {
 	switch tok, err := cl.token(fmt.Sprintf("kube.clusters[%s].", cl.Name)); {
 	case err != nil:
 		return nil, err
+	case (cl.TokenFile != "" || !tok.IsZero()) && !rest.IsConfigTransportTLS(*rc):
+		// As client-go does with a kubeconfig's own credentials: never
+		// in clear.
+		return nil, fmt.Errorf("cluster %q: kube.clusters[%s].token_file/token_env: the API server %s is not reached over TLS; a token is never sent in clear",
+			cl.Name, cl.Name, rc.Host)
 	case cl.TokenFile != "":
 		rc.BearerToken, rc.BearerTokenFile = "", cl.TokenFile
 		rc.Username, rc.Password, rc.ExecProvider, rc.AuthProvider = "", "", nil, nil

@@ -214,7 +214,7 @@ func TestClusterToken(t *testing.T) {
 	kc := filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(kc, []byte(`apiVersion: v1
 kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
 users: [{name: u, user: {token: kubeconfig-token}}]
 contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
@@ -241,6 +241,18 @@ current-context: x
 	rc, err = r.RESTConfig(Cluster{Name: "k", Kubeconfig: kc})
 	if err != nil || rc.BearerToken != "kubeconfig-token" {
 		t.Fatalf("kubeconfig credentials: %v", err)
+	}
+	plain := filepath.Join(dir, "plain")
+	if err := os.WriteFile(plain, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
+contexts: [{name: x, context: {cluster: c}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RESTConfig(Cluster{Name: "p", Kubeconfig: plain, TokenFile: tokFile}); err == nil || !strings.Contains(err.Error(), "never sent in clear") {
+		t.Fatalf("token over http: %v", err)
 	}
 	cfg := DefaultConfig()
 	cfg.Clusters = []Cluster{{Name: "a", Kubeconfig: kc, TokenEnv: "FAULTLINE_TEST_KUBE_TOKEN_UNSET"}}
