@@ -1,12 +1,14 @@
-// Package nic is the NIC link-state check of the node agent (seed
-// nic-health-monitor-link-state): it discovers Mellanox InfiniBand and RoCE
-// devices in sysfs, classifies each as compute, storage or management from
+// Package nic is the NIC link-state check of the node agent, after
+// NVSentinel's NIC link-state design (docs/designs/047-link-state-detection.md
+// in github.com/NVIDIA/NVSentinel; "§N" in this package's comments are its
+// sections, "Appendix A" its table of fatal port counters): it discovers
+// Mellanox InfiniBand and RoCE devices in sysfs, classifies each as compute, storage or management from
 // the GPU metadata (NUMA gate, topology matrix, link layer, default route,
 // BlueField DPUs), skips SR-IOV virtual functions, and reports one event per
 // port per health boundary crossing, device disappearance, card homogeneity
-// anomalies at startup and the fatal port counters of the seed's Appendix A.
+// anomalies at startup and the fatal port counters of Appendix A.
 // It persists port snapshots, known devices, counter snapshots and the boot
-// id in a state file so that restarts and reboots behave as the seed says.
+// id in a state file so that restarts and reboots behave as §2.2 says.
 //
 // Discovery uses github.com/prometheus/procfs/sysfs (InfiniBandDevice) plus
 // small readers for what procfs lacks (PCI address, NUMA node, physfn,
@@ -26,7 +28,7 @@ import (
 	"github.com/faultline/faultline/internal/config"
 )
 
-// Sub-check names (seed §12.1 --checks); they are the checkName of events.
+// Sub-check names (§12.1 --checks); they are the checkName of events.
 const (
 	InfiniBandStateCheck       = "InfiniBandStateCheck"
 	InfiniBandDegradationCheck = "InfiniBandDegradationCheck"
@@ -37,11 +39,11 @@ const (
 // AllChecks is the default value of Config.Checks.
 var AllChecks = []string{InfiniBandStateCheck, InfiniBandDegradationCheck, EthernetStateCheck, EthernetDegradationCheck}
 
-// Config configures the NIC check (seed §12.1). The zero value is not
+// Config configures the NIC check (§12.1). The zero value is not
 // usable; start from DefaultConfig.
 type Config struct {
 	// SysfsRoot is the sysfs mount point (default "/sys"; in the DaemonSet
-	// the host's /sys bind-mounted at e.g. "/nvsentinel/sys"). The seed's
+	// the host's /sys bind-mounted at e.g. "/nvsentinel/sys"). The design's
 	// sysClassInfinibandPath and sysClassNetPath are SysfsRoot/class/infiniband
 	// and SysfsRoot/class/net.
 	SysfsRoot string `toml:"sysfs_root"`

@@ -1,5 +1,5 @@
 // Package correlate is the correlation processor role (`faultline process
-// --role=correlate`), the Health Events Analyzer of the seeds: time-window
+// --role=correlate`), NVSentinel's Health Events Analyzer re-designed: time-window
 // rules declared in a rules file, each a CEL trigger over incoming events
 // (or actions), a ClickHouse window query, a threshold and the template of
 // the derived HealthEvent it emits back to the events topic.

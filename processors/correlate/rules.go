@@ -67,7 +67,7 @@ type RuleSpec struct {
 	// Source of the triggers: "events" (default) or "actions".
 	Source string `toml:"source"`
 	// Trigger is a CEL boolean over `event` (the HealthEvent with the
-	// seed's JSON field names) or, for source "actions", `action`.
+	// HealthEvent JSON field names: checkName, errorCode, ...) or, for source "actions", `action`.
 	// Derived and STORE_ONLY events never trigger, whatever it says.
 	Trigger string `toml:"trigger"`
 	// Scope is "entity" (default), "node" or "cluster".

@@ -1,6 +1,6 @@
 // Package quarantine is the Fault Quarantine processor (`faultline process
-// --role=quarantine`) together with the Kubernetes side of the seed's
-// Platform Connector: for every HealthEvent it decides with a CEL policy
+// --role=quarantine`) together with the Kubernetes side of NVSentinel's
+// Platform Connector (node conditions and Events): for every HealthEvent it decides with a CEL policy
 // whether the node must be quarantined, and acts on the event's own cluster:
 // cordon, taint, labels and annotations of why / by whom / when, a node
 // condition per component class for fatal events, a Kubernetes Event for

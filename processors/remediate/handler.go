@@ -578,7 +578,8 @@ func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, 
 }
 
 // name is the deterministic name of a node's seq-th resource of a group:
-// "maintenance-<node>-<hash>", like the seed's.
+// "maintenance-<node>-<hash>", the form of NVSentinel's fault remediation
+// (its RebootNode names are maintenance-<node>-<event id>).
 func (h *Handler) name(node, group string, seq int) string {
 	n := node
 	if len(n) > 200 {

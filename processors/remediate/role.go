@@ -13,8 +13,8 @@
 //
 // The resources themselves are the state: their labels select a node's
 // group, their annotations say which triggers they serve and when they
-// were created, and counting them is the budget. README.md (in
-// processors/drain) has the configuration and the measurements.
+// were created, and counting them is the budget. README.md has the
+// configuration, the contract with the drain role and the tests.
 package remediate
 
 import (
