@@ -89,21 +89,14 @@ func IsTrigger(a *faultlinev1.Action) bool {
 
 // Handle handles one partition's batch of the actions topic or TopicRequeue.
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
-	acts, dead := pipeline.DecodeActions(recs, IsTrigger)
-	trigs := make([]trigger, len(acts))
-	for i, a := range acts {
-		id := a.Action.GetId()
-		if len(a.Action.GetEventIds()) > 0 {
-			id = a.Action.GetEventIds()[0]
-		}
-		trigs[i] = trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, eventID: id}
-	}
-	out, err := requeue.ByNode(ctx, h.cfg.Workers, TopicRequeue, h.now, trigs,
-		func(t trigger) *kgo.Record { return t.rec }, h.process)
-	if err != nil {
-		return pipeline.Result{}, err
-	}
-	return pipeline.Result{Out: out, Dead: dead}, nil
+	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now,
+		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, time.Time) {
+			id := a.Action.GetId()
+			if len(a.Action.GetEventIds()) > 0 {
+				id = a.Action.GetEventIds()[0]
+			}
+			return h.process(ctx, trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, eventID: id})
+		})
 }
 
 // process runs one step of the trigger's drain on its cluster
@@ -111,32 +104,15 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 // be looked at again, when: at the step's asking, or when a cluster in
 // trouble may be tried again.
 func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, time.Time) {
-	var (
-		acts  []*faultlinev1.Action
-		again time.Time
-	)
-	at := h.reg.Try(ctx, t.cluster, func(ctx context.Context, cl *clusters.Client) (err error) {
-		acts, again, err = h.step(ctx, cl, t)
-		return err
-	})
-	switch {
-	case at.Err == nil:
+	acts, again, err := requeue.Step(ctx, h.reg, t.cluster, t.node, "drain", h.now().Add(h.cfg.PollInterval), h.log, h.m.apiErrors,
+		func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
+			return h.step(ctx, cl, t)
+		})
+	if err == nil {
 		return acts, again
-	case at.Retriable:
-		if at.RetryAt.IsZero() {
-			at.RetryAt = h.now().Add(h.cfg.PollInterval)
-		}
-		switch {
-		case at.Ran:
-			h.m.apiErrors.WithLabelValues(t.cluster).Inc()
-			h.log.Warn("cluster API error; drain requeued", "cluster", t.cluster, "node", t.node, "retry_at", at.RetryAt, "err", at.Err)
-		case at.Client == nil:
-			h.log.Warn("cluster client unavailable; drain requeued", "cluster", t.cluster, "node", t.node, "err", at.Err)
-		}
-		return acts, at.RetryAt
 	}
-	h.log.Warn("drain failed", "cluster", t.cluster, "node", t.node, "err", at.Err)
-	return append(acts, h.action(t, nil, events.OutcomeFailed, at.Err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))), time.Time{}
+	h.log.Warn("drain failed", "cluster", t.cluster, "node", t.node, "err", err)
+	return append(acts, h.action(t, nil, events.OutcomeFailed, err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))), time.Time{}
 }
 
 // opts are the drain inputs read from the trigger action.

@@ -176,56 +176,32 @@ type trigger struct {
 
 // Handle handles one partition's batch of the actions topic or TopicRequeue.
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
-	acts, dead := pipeline.DecodeActions(recs, IsTrigger)
-	trigs := make([]trigger, len(acts))
-	for i, a := range acts {
-		t := trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, id: a.Action.GetDetails()[events.DetailDrainID]}
-		if t.id == "" && len(a.Action.GetEventIds()) > 0 {
-			t.id = a.Action.GetEventIds()[0]
-		}
-		if t.id == "" {
-			t.id = a.Action.GetId()
-		}
-		trigs[i] = t
-	}
-	out, err := requeue.ByNode(ctx, h.cfg.Workers, TopicRequeue, h.now, trigs,
-		func(t trigger) *kgo.Record { return t.rec }, h.process)
-	if err != nil {
-		return pipeline.Result{}, err
-	}
-	return pipeline.Result{Out: out, Dead: dead}, nil
+	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now,
+		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, time.Time) {
+			t := trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, id: a.Action.GetDetails()[events.DetailDrainID]}
+			if t.id == "" && len(a.Action.GetEventIds()) > 0 {
+				t.id = a.Action.GetEventIds()[0]
+			}
+			if t.id == "" {
+				t.id = a.Action.GetId()
+			}
+			return h.process(ctx, t)
+		})
 }
 
 // process runs one step of the trigger's remediation on its cluster
 // (clusters.Registry.Try). It returns the actions and, when the
 // remediation must be looked at again, when.
 func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, time.Time) {
-	var (
-		acts  []*faultlinev1.Action
-		again time.Time
-	)
-	at := h.reg.Try(ctx, t.cluster, func(ctx context.Context, cl *clusters.Client) (err error) {
-		acts, again, err = h.step(ctx, cl, t)
-		return err
-	})
-	switch {
-	case at.Err == nil:
+	acts, again, err := requeue.Step(ctx, h.reg, t.cluster, t.node, "remediation", h.now().Add(h.cfg.PollInterval), h.log, h.m.apiErrors,
+		func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
+			return h.step(ctx, cl, t)
+		})
+	if err == nil {
 		return acts, again
-	case at.Retriable:
-		if at.RetryAt.IsZero() {
-			at.RetryAt = h.now().Add(h.cfg.PollInterval)
-		}
-		switch {
-		case at.Ran:
-			h.m.apiErrors.WithLabelValues(t.cluster).Inc()
-			h.log.Warn("cluster API error; remediation requeued", "cluster", t.cluster, "node", t.node, "retry_at", at.RetryAt, "err", at.Err)
-		case at.Client == nil:
-			h.log.Warn("cluster client unavailable; remediation requeued", "cluster", t.cluster, "node", t.node, "err", at.Err)
-		}
-		return acts, at.RetryAt
 	}
-	h.log.Warn("remediation failed", "cluster", t.cluster, "node", t.node, "err", at.Err)
-	return append(acts, h.action(t, events.KindRemediate, events.OutcomeFailed, at.Err.Error(), "error")), time.Time{}
+	h.log.Warn("remediation failed", "cluster", t.cluster, "node", t.node, "err", err)
+	return append(acts, h.action(t, events.KindRemediate, events.OutcomeFailed, err.Error(), "error")), time.Time{}
 }
 
 // actionKey is the template key of the trigger's recommended action.

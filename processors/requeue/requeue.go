@@ -11,11 +11,14 @@ package requeue
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -138,4 +141,57 @@ func ByNode[T any](ctx context.Context, workers int, topic string, now func() ti
 		produce = append(produce, r.requeue...)
 	}
 	return produce, nil
+}
+
+// Step is one look at a piece of requeued work on its cluster
+// (clusters.Registry.Try: the cluster's gate decides whether step runs,
+// step's error decides the gate). It returns step's actions and when to
+// look again: step's choice or, when the cluster is in trouble (backing
+// off, failing, its client not built), when it may be tried again —
+// fallback where that is unknown. The cluster's trouble is logged, naming
+// what the work is ("drain"), and counted in apiErrors by cluster; an error
+// that is the work's own is returned, for the role to record as a failed
+// action.
+func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what string, fallback time.Time,
+	log *slog.Logger, apiErrors *prometheus.CounterVec,
+	step func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error)) ([]*faultlinev1.Action, time.Time, error) {
+	var (
+		acts  []*faultlinev1.Action
+		again time.Time
+	)
+	at := reg.Try(ctx, cluster, func(ctx context.Context, cl *clusters.Client) (err error) {
+		acts, again, err = step(ctx, cl)
+		return err
+	})
+	switch {
+	case at.Err == nil:
+		return acts, again, nil
+	case !at.Retriable:
+		return acts, time.Time{}, at.Err
+	}
+	if at.RetryAt.IsZero() {
+		at.RetryAt = fallback
+	}
+	switch {
+	case at.Ran:
+		apiErrors.WithLabelValues(cluster).Inc()
+		log.Warn("cluster API error; "+what+" requeued", "cluster", cluster, "node", node, "retry_at", at.RetryAt, "err", at.Err)
+	case at.Client == nil:
+		log.Warn("cluster client unavailable; "+what+" requeued", "cluster", cluster, "node", node, "err", at.Err)
+	}
+	return acts, at.RetryAt, nil
+}
+
+// Handle is the Handle of a requeued role whose work starts from actions
+// (drain, remediate): it decodes the batch (pipeline.DecodeActions; a
+// record that does not decode, or whose key and payload disagree, is dead),
+// keeps the actions keep accepts, and hands them to step through ByNode.
+func Handle(ctx context.Context, recs []*kgo.Record, keep func(*faultlinev1.Action) bool, workers int, topic string,
+	now func() time.Time, step func(context.Context, pipeline.ActionRec) ([]*faultlinev1.Action, time.Time)) (pipeline.Result, error) {
+	acts, dead := pipeline.DecodeActions(recs, keep)
+	out, err := ByNode(ctx, workers, topic, now, acts, func(a pipeline.ActionRec) *kgo.Record { return a.Rec }, step)
+	if err != nil {
+		return pipeline.Result{}, err
+	}
+	return pipeline.Result{Out: out, Dead: dead}, nil
 }
