@@ -35,7 +35,7 @@ const restMaxHeaderBytes = 64 << 10
 // budget at a time, as it arrives: a slow body holds only what it sent.
 const restReadChunk = 64 << 10
 
-// Marshaler is the REST JSON codec: the seed's camelCase field names, enums
+// Marshaler is the REST JSON codec: NVSentinel's HealthEvent JSON field names (camelCase), enums
 // by name, RFC 3339 timestamps; unknown fields are an error, and a body
 // that does not decode says so ("request body: unexpected EOF"). The
 // gateway's own codec also checks each body's shape before decoding it

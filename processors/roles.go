@@ -1,19 +1,19 @@
 // Package processors is the table of processor roles run by
-// `faultline process --role=a,b` and by `faultline dev`. Every role has the
-// same shape (pipeline.Runner: consume, handle, produce/act, commit); a role
-// only supplies its topics and its Handler.
+// `faultline process --role=a,b` and by `faultline dev`. Every role is
+// built to one contract (processors/role): its package exports Topics, a
+// Config with Pipeline(), and Open, which returns the role's consumers
+// (each a pipeline.Runner: consume, handle, produce/act, commit) and side
+// loops; Run runs them all in one errgroup.
 package processors
 
 import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -26,16 +26,18 @@ import (
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/processors/remediate"
+	"github.com/faultline/faultline/processors/role"
 	"github.com/faultline/faultline/processors/store"
-	"github.com/faultline/faultline/schemas/events"
 )
 
 // Config is the configuration of every role; each role reads its own part.
 // Role packages add their config struct as a field here, with flag
-// registration in RegisterFlags and a check in Validate.
+// registration in RegisterFlags and a check in Validate. Its fields are
+// top-level TOML sections of the binary that embeds it (Processors):
+// [store], [clickhouse], [kube], …, with flags --store.*, --clickhouse.*, ….
 type Config struct {
-	// Roles to run: names from the roles table, or "all".
-	Roles string `toml:"roles"`
+	// Roles to run: names from the roles table, or "all" (flag --role).
+	Roles string `toml:"role"`
 	// ClickHouse is the history database, shared by the roles that use it.
 	ClickHouse clickhouse.Config `toml:"clickhouse"`
 	// Store configures the store role.
@@ -52,6 +54,10 @@ type Config struct {
 	// Remediate configures the remediate role.
 	Remediate remediate.Config `toml:"remediate"`
 }
+
+// Processors is Config under the name a binary's config embeds it by
+// (an embedded struct's fields are its parent's TOML keys).
+type Processors = Config
 
 // DefaultConfig returns the defaults of every role.
 func DefaultConfig() Config {
@@ -128,68 +134,30 @@ type Deps struct {
 
 // Role is one entry of the roles table.
 type Role struct {
+	// Name is the role's name (--role) and its consumer group's suffix.
 	Name string
-	// Topics the role consumes.
-	Topics []string
-	// New builds the role's handler; the closer (may be nil) is closed
-	// after the runner stops.
-	New func(ctx context.Context, cfg Config, deps Deps) (pipeline.Handler, io.Closer, error)
-	// Pipeline, if set, returns the role's runner settings (batching and
-	// the like); Role and Topics are filled in from the entry.
-	Pipeline func(cfg Config) pipeline.Config
+	// Open builds the role from its part of the config (role.Role has
+	// the contract every role package follows).
+	Open func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error)
 }
 
 // roles is the fixed table of processor roles, in start order.
 var roles = []Role{
-	{
-		Name:   "store",
-		Topics: store.Topics,
-		New: func(ctx context.Context, cfg Config, deps Deps) (pipeline.Handler, io.Closer, error) {
-			return store.Open(ctx, cfg.ClickHouse, cfg.Store, deps.Log, deps.Registry)
-		},
-		Pipeline: func(cfg Config) pipeline.Config { return cfg.Store.Pipeline() },
-	},
-	{
-		Name:   "correlate",
-		Topics: correlate.Topics,
-		New: func(ctx context.Context, cfg Config, deps Deps) (pipeline.Handler, io.Closer, error) {
-			return correlate.Open(ctx, cfg.ClickHouse, deps.Kafka, cfg.Correlate, deps.Log, deps.Registry)
-		},
-		Pipeline: func(cfg Config) pipeline.Config { return cfg.Correlate.Pipeline() },
-	},
-	{
-		Name:   "quarantine",
-		Topics: []string{events.TopicEvents},
-		New: func(ctx context.Context, cfg Config, deps Deps) (pipeline.Handler, io.Closer, error) {
-			h, closer, err := quarantine.Start(ctx, cfg.Quarantine, cfg.Kube, quarantine.Deps{
-				Log: deps.Log, Registry: deps.Registry, Kafka: deps.Kafka, Metrics: deps.Metrics})
-			if err != nil {
-				return nil, nil, err
-			}
-			return h, closer, nil
-		},
-		Pipeline: func(cfg Config) pipeline.Config { return cfg.Quarantine.Pipeline() },
-	},
-	{
-		Name:   "drain",
-		Topics: drain.Topics,
-		New: func(ctx context.Context, cfg Config, deps Deps) (pipeline.Handler, io.Closer, error) {
-			h, err := drain.Start(ctx, cfg.Drain, cfg.Kube, deps.Kafka, deps.Log, deps.Registry)
-			return h, nil, err
-		},
-		// A batch may wait for a requeued drain's not-before (at most 20s)
-		// and then evict a node's pods.
-		Pipeline: func(Config) pipeline.Config { return pipeline.Config{BatchTimeout: 2 * time.Minute} },
-	},
-	{
-		Name:   "remediate",
-		Topics: remediate.Topics,
-		New: func(ctx context.Context, cfg Config, deps Deps) (pipeline.Handler, io.Closer, error) {
-			h, err := remediate.Start(ctx, cfg.Remediate, cfg.Kube, deps.Kafka, deps.Log, deps.Registry)
-			return h, nil, err
-		},
-		Pipeline: func(Config) pipeline.Config { return pipeline.Config{BatchTimeout: 2 * time.Minute} },
-	},
+	{Name: store.Role, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
+		return store.Open(ctx, cfg.Store, deps)
+	}},
+	{Name: correlate.Role, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
+		return correlate.Open(ctx, cfg.Correlate, deps)
+	}},
+	{Name: quarantine.Role, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
+		return quarantine.Open(ctx, cfg.Quarantine, deps)
+	}},
+	{Name: drain.Role, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
+		return drain.Open(ctx, cfg.Drain, deps)
+	}},
+	{Name: remediate.Role, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
+		return remediate.Open(ctx, cfg.Remediate, deps)
+	}},
 }
 
 // Names lists the role names.
@@ -202,33 +170,33 @@ func Names() []string {
 	return out
 }
 
-// Run builds and runs the selected roles until ctx ends or one fails.
+// Run opens the selected roles, then runs them all (each its consumers and
+// side loops, role.Role.Run) in one errgroup until ctx ends or one fails:
+// the first failure stops every role and is returned, naming the role and
+// what failed.
 func Run(ctx context.Context, cfg Config, deps Deps) error {
 	sel, err := cfg.Selected()
 	if err != nil {
 		return err
 	}
-	g, gctx := errgroup.WithContext(ctx)
+	rd := role.Deps{Log: deps.Log, Registry: deps.Registry, Kafka: deps.Kafka, Metrics: deps.Metrics,
+		ClickHouse: cfg.ClickHouse, Kube: cfg.Kube}.WithDefaults()
+	built := make([]*role.Role, 0, len(sel))
 	for _, r := range sel {
-		h, closer, err := r.New(gctx, cfg, deps)
+		b, err := r.Open(ctx, cfg, rd)
 		if err != nil {
+			for _, b := range built {
+				if b.Close != nil {
+					_ = b.Close()
+				}
+			}
 			return fmt.Errorf("role %s: %w", r.Name, err)
 		}
-		var pc pipeline.Config
-		if r.Pipeline != nil {
-			pc = r.Pipeline(cfg)
-		}
-		pc.Role, pc.Topics = r.Name, r.Topics
-		runner := pipeline.NewRunner(pc, deps.Kafka, h, deps.Log, deps.Metrics)
-		g.Go(func() error {
-			if closer != nil {
-				defer closer.Close()
-			}
-			if err := runner.Run(gctx); err != nil {
-				return fmt.Errorf("role %s: %w", r.Name, err)
-			}
-			return nil
-		})
+		built = append(built, b)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for _, b := range built {
+		g.Go(func() error { return b.Run(gctx, rd) })
 	}
 	return g.Wait()
 }

@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/faultline/faultline/agents/podres/podrestest"
+	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -460,7 +463,7 @@ state_polling_interval = "2s"
 nic_exclusion_regex = "^eth.*"
 `), 0o644)
 	env := func(string) string { return "from-env" }
-	cfg, err := LoadConfig("t", []string{"--config", path, "--gateway", "flag:1", "--state-polling-interval", "500ms"}, env)
+	cfg, err := LoadConfig("t", []string{"--config", path, "--gateway.addr", "flag:1", "--nic.state-polling-interval", "500ms"}, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,7 +479,7 @@ nic_exclusion_regex = "^eth.*"
 	for _, tc := range []struct {
 		toml, args, want string
 	}{
-		{"[gateway]\nadrr = \"x\"\n", "", "unknown key gateway.adrr"},
+		{"[gateway]\nadrr = \"x\"\n", "", "unknown keys: gateway.adrr"},
 		{"processing_strategy = \"MAYBE\"\n", "", "processing_strategy"},
 		{"[nic]\nnic_exclusion_regex = \"([\"\n", "", "nic.nic_exclusion_regex"},
 		{"", "--checks=nic,nope", `checks: unknown check "nope"`},
@@ -559,6 +562,35 @@ func TestGPUPodsAttached(t *testing.T) {
 		}
 		if at, err := time.Parse(time.RFC3339Nano, evs[i].GetMetadata()[events.MetaGPUPodsAt]); known && (err != nil || at.IsZero()) {
 			t.Errorf("event %d: %s %q: %v", i, events.MetaGPUPodsAt, evs[i].GetMetadata()[events.MetaGPUPodsAt], err)
+		}
+	}
+}
+
+// TestFlagsNameTheirKeys: every flag of the agent is its TOML key with "-"
+// for "_"; the earlier spellings still set the same keys and are named as
+// deprecated.
+func TestFlagsNameTheirKeys(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	c := DefaultConfig()
+	c.RegisterFlags(fs)
+	if err := config.CheckFlags(fs, c); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cfg, err := loadConfig("t", []string{"--gateway", "old:1", "--token-file", "/tok", "--spool-dir", "/spool",
+		"--kmsg-source", "file", "--sysfs", "/host/sys", "--fabric-poll-interval", "7s", "--gpu-boot-grace", "1m"},
+		func(string) string { return "n" }, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Gateway.Addr != "old:1" || cfg.Gateway.TokenFile != "/tok" || cfg.Spool.Dir != "/spool" || cfg.Kmsg.Source != "file" ||
+		cfg.NIC.SysfsRoot != "/host/sys" || cfg.Fabric.PollInterval != 7*time.Second || cfg.GPU.BootGrace != time.Minute {
+		t.Fatalf("%+v", cfg)
+	}
+	for _, want := range []string{"--gateway is deprecated; use --gateway.addr", "--sysfs is deprecated; use --nic.sysfs-root",
+		"--kmsg-source is deprecated; use --kmsg.source", "--fabric-poll-interval is deprecated; use --fabric.poll-interval"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output %q lacks %q", out.String(), want)
 		}
 	}
 }

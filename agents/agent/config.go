@@ -4,18 +4,18 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/BurntSushi/toml"
 
 	"github.com/faultline/faultline/agents/fabric"
 	"github.com/faultline/faultline/agents/gpu"
 	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/agents/nic"
 	"github.com/faultline/faultline/agents/podres"
+	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -28,7 +28,7 @@ type Config struct {
 	// Checks lists the enabled checks by registry name (default ["nic"]);
 	// empty runs none, which needs NVSentinelSocket.
 	Checks []string `toml:"checks"`
-	// ProcessingStrategy is EXECUTE_REMEDIATION (default) or STORE_ONLY,
+	// ProcessingStrategy is EXECUTE_REMEDIATION (default), STORE_ONLY or STORE_AND_ANALYSE,
 	// stamped on events that do not set one.
 	ProcessingStrategy string `toml:"processing_strategy"`
 	// MetricsAddr serves /metrics and /healthz (default "127.0.0.1:2112",
@@ -164,10 +164,13 @@ func DefaultConfig() Config {
 	}
 }
 
-// RegisterFlags binds the flags to c (after TOML, so flags win).
+// RegisterFlags binds the flags to c (after TOML, so flags win). Every
+// flag is named after its TOML key (--gateway.token-file for
+// gateway.token_file); the earlier spellings (--gateway, --token-file,
+// --spool-dir, --kmsg-source, ...) still work, deprecated.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "node name stamped on events (node_name, default $NODE_NAME)")
-	fs.Func("checks", "comma-separated checks to run (checks, default nic); registered: "+strings.Join(CheckNames(), ","), func(s string) error {
+	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "node name stamped on events (default $NODE_NAME)")
+	fs.Func("checks", "comma-separated checks to run (default nic); registered: "+strings.Join(CheckNames(), ","), func(s string) error {
 		c.Checks = nil
 		for _, p := range strings.Split(s, ",") {
 			if p = strings.TrimSpace(p); p != "" {
@@ -176,25 +179,44 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		}
 		return nil
 	})
-	fs.StringVar(&c.ProcessingStrategy, "processing-strategy", c.ProcessingStrategy, "EXECUTE_REMEDIATION or STORE_ONLY (processing_strategy)")
-	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "address of /metrics and /healthz, empty to disable (metrics_addr)")
-	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn, error (log_level)")
-	fs.StringVar(&c.PodResourcesSocket, "pod-resources-socket", c.PodResourcesSocket, "kubelet pod-resources socket, to attach the pods of an event's GPUs; empty to disable (pod_resources_socket)")
-	fs.StringVar(&c.NVSentinelSocket, "nvsentinel-socket", c.NVSentinelSocket, "serve NVSentinel's PlatformConnector on this unix socket and relay its events (nvsentinel_socket; default off)")
-	fs.StringVar(&c.NVSentinelSocketGroup, "nvsentinel-socket-group", c.NVSentinelSocketGroup, "group (name or id) of the NVSentinel socket, created mode 0660 (nvsentinel_socket_group; default the agent's group)")
-	fs.StringVar(&c.Gateway.Addr, "gateway", c.Gateway.Addr, "gateway gRPC address (gateway.addr)")
-	fs.StringVar(&c.Gateway.TokenFile, "token-file", c.Gateway.TokenFile, "bearer token file (gateway.token_file)")
-	fs.BoolVar(&c.Gateway.Insecure, "gateway-insecure", c.Gateway.Insecure, "send to the gateway WITHOUT TLS: the token and events travel in clear; for a local or test gateway only (gateway.insecure)")
-	fs.StringVar(&c.Gateway.CAFile, "ca-file", c.Gateway.CAFile, "PEM CA bundle for the gateway (gateway.ca_file)")
-	fs.StringVar(&c.Gateway.ServerName, "server-name", c.Gateway.ServerName, "name to verify in the gateway's certificate (gateway.server_name, default: from --gateway)")
-	fs.StringVar(&c.Gateway.CertFile, "cert-file", c.Gateway.CertFile, "PEM client certificate for the gateway, mutual TLS (gateway.cert_file)")
-	fs.StringVar(&c.Gateway.KeyFile, "key-file", c.Gateway.KeyFile, "PEM key of the client certificate (gateway.key_file)")
-	fs.StringVar(&c.Spool.Dir, "spool-dir", c.Spool.Dir, "spool directory (spool.dir)")
-	fs.Int64Var(&c.Spool.MaxBytes, "spool-max-bytes", c.Spool.MaxBytes, "spool capacity in bytes (spool.max_bytes)")
-	c.NIC.RegisterFlags(fs)
-	c.Kmsg.RegisterFlags(fs)
-	c.Fabric.RegisterFlags(fs)
-	c.GPU.RegisterFlags(fs)
+	fs.StringVar(&c.ProcessingStrategy, "processing-strategy", c.ProcessingStrategy, "EXECUTE_REMEDIATION, STORE_ONLY or STORE_AND_ANALYSE")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "address of /metrics and /healthz, empty to disable")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn, error")
+	fs.StringVar(&c.PodResourcesSocket, "pod-resources-socket", c.PodResourcesSocket, "kubelet pod-resources socket, to attach the pods of an event's GPUs; empty to disable")
+	fs.StringVar(&c.NVSentinelSocket, "nvsentinel-socket", c.NVSentinelSocket, "serve NVSentinel's PlatformConnector on this unix socket and relay its events (default off)")
+	fs.StringVar(&c.NVSentinelSocketGroup, "nvsentinel-socket-group", c.NVSentinelSocketGroup, "group (name or id) of the NVSentinel socket, created mode 0660 (default the agent's group)")
+	c.Gateway.RegisterFlags(fs, "gateway.")
+	c.Spool.RegisterFlags(fs, "spool.")
+	c.NIC.RegisterFlags(fs, "nic.")
+	c.Kmsg.RegisterFlags(fs, "kmsg.")
+	c.Fabric.RegisterFlags(fs, "fabric.")
+	c.GPU.RegisterFlags(fs, "gpu.")
+	// The spellings before flags were named after their TOML keys.
+	for old, cur := range map[string]string{"gateway": "gateway.addr", "token-file": "gateway.token-file",
+		"gateway-insecure": "gateway.insecure", "ca-file": "gateway.ca-file", "server-name": "gateway.server-name",
+		"cert-file": "gateway.cert-file", "key-file": "gateway.key-file", "spool-dir": "spool.dir", "spool-max-bytes": "spool.max-bytes"} {
+		config.Alias(fs, old, cur)
+	}
+}
+
+// RegisterFlags adds the gateway keys' flags under prefix ("gateway.").
+func (g *GatewayConfig) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&g.Addr, prefix+"addr", g.Addr, "gateway gRPC address")
+	fs.StringVar(&g.TokenFile, prefix+"token-file", g.TokenFile, "bearer token file")
+	fs.BoolVar(&g.Insecure, prefix+"insecure", g.Insecure, "send to the gateway WITHOUT TLS: the token and events travel in clear; for a local or test gateway only")
+	fs.StringVar(&g.CAFile, prefix+"ca-file", g.CAFile, "PEM CA bundle for the gateway")
+	fs.StringVar(&g.ServerName, prefix+"server-name", g.ServerName, "name to verify in the gateway's certificate (default: from --"+prefix+"addr)")
+	fs.StringVar(&g.CertFile, prefix+"cert-file", g.CertFile, "PEM client certificate for the gateway, mutual TLS")
+	fs.StringVar(&g.KeyFile, prefix+"key-file", g.KeyFile, "PEM key of the client certificate")
+	fs.DurationVar(&g.Timeout, prefix+"timeout", g.Timeout, "bound of one SubmitEvents call")
+	fs.IntVar(&g.BatchSize, prefix+"batch-size", g.BatchSize, "most events per SubmitEvents call")
+	fs.DurationVar(&g.MaxBackoff, prefix+"max-backoff", g.MaxBackoff, "cap of the retry backoff")
+}
+
+// RegisterFlags adds the spool keys' flags under prefix ("spool.").
+func (s *SpoolConfig) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&s.Dir, prefix+"dir", s.Dir, "spool directory")
+	fs.Int64Var(&s.MaxBytes, prefix+"max-bytes", s.MaxBytes, "spool capacity in bytes")
 }
 
 // Validate names the first bad key.
@@ -214,7 +236,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	if _, ok := datamodels.ProcessingStrategy_value[c.ProcessingStrategy]; !ok || c.ProcessingStrategy == "UNSPECIFIED" {
-		return fmt.Errorf("processing_strategy: %q is not EXECUTE_REMEDIATION or STORE_ONLY", c.ProcessingStrategy)
+		return fmt.Errorf("processing_strategy: %q is not EXECUTE_REMEDIATION, STORE_ONLY or STORE_AND_ANALYSE", c.ProcessingStrategy)
 	}
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
 		return fmt.Errorf("log_level: %q is not debug, info, warn or error", c.LogLevel)
@@ -240,50 +262,23 @@ func (c *Config) Validate() error {
 
 // LoadConfig builds the configuration from defaults, the TOML file named by
 // --config (unknown keys are an error naming them), then flags, and
-// validates it. getenv supplies NODE_NAME.
+// validates it (internal/config.Load, as every faultline binary). getenv
+// supplies NODE_NAME. Errors and --help go to stderr.
 func LoadConfig(name string, args []string, getenv func(string) string) (Config, error) {
-	parse := func(c *Config) (string, error) {
-		fs := flag.NewFlagSet(name, flag.ContinueOnError)
-		path := ""
-		fs.StringVar(&path, "config", "", "TOML configuration file")
-		c.RegisterFlags(fs)
-		if err := fs.Parse(args); err != nil {
-			return "", err
-		}
-		if fs.NArg() > 0 {
-			return "", fmt.Errorf("unexpected arguments: %v", fs.Args())
-		}
-		return path, nil
-	}
+	return loadConfig(name, args, getenv, os.Stderr)
+}
+
+func loadConfig(name string, args []string, getenv func(string) string, out io.Writer) (Config, error) {
 	cfg := DefaultConfig()
 	cfg.NodeName = getenv("NODE_NAME")
-	path, err := parse(&cfg)
+	rest, err := config.Load(name, args, &cfg, cfg.RegisterFlags, cfg.Validate, out, config.Moved(map[string]string{
+		"gateway.tls": "TLS is on by default; for plaintext set gateway.insecure = true",
+	}))
 	if err != nil {
 		return Config{}, err
 	}
-	if path != "" {
-		cfg = DefaultConfig()
-		cfg.NodeName = getenv("NODE_NAME")
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return Config{}, fmt.Errorf("config: %w", err)
-		}
-		md, err := toml.Decode(string(b), &cfg)
-		if err != nil {
-			return Config{}, fmt.Errorf("config %s: %w", path, err)
-		}
-		if und := md.Undecoded(); len(und) > 0 {
-			if und[0].String() == "gateway.tls" {
-				return Config{}, fmt.Errorf("config %s: gateway.tls: no longer a key: TLS is on by default; for plaintext set gateway.insecure = true", path)
-			}
-			return Config{}, fmt.Errorf("config %s: unknown key %s", path, und[0])
-		}
-		if _, err := parse(&cfg); err != nil {
-			return Config{}, err
-		}
-	}
-	if err := cfg.Validate(); err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
+	if len(rest) > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments: %v", rest)
 	}
 	return cfg, nil
 }

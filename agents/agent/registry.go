@@ -17,8 +17,9 @@ import (
 //
 // How to add a check (kmsg, fabric, gpu, ...):
 //
-//  1. Give the check a config type with defaults, RegisterFlags(*flag.FlagSet)
-//     (flags prefixed with its name, e.g. --kmsg-path) and Validate() error
+//  1. Give the check a config type with defaults, RegisterFlags(fs, prefix)
+//     (each flag its TOML key under the section's prefix, "_" written "-":
+//     --kmsg.state-dir for kmsg.state_dir) and Validate() error
 //     naming "<section>.<key>", and add it as a field of Config with a
 //     `toml:"<name>"` tag; set its default in DefaultConfig and call its
 //     RegisterFlags in Config.RegisterFlags.

@@ -219,17 +219,17 @@ func TestGatewayTLSConfigErrors(t *testing.T) {
 		want string // "" = valid
 	}{
 		{"[gateway]\ntls = true\n", nil, "gateway.tls: no longer a key: TLS is on by default; for plaintext set gateway.insecure = true"},
-		{"", []string{"--gateway-insecure", "--ca-file", ca.File}, "gateway.ca_file: set, but gateway.insecure is true (no TLS)"},
+		{"", []string{"--gateway.insecure", "--gateway.ca-file", ca.File}, "gateway.ca_file: set, but gateway.insecure is true (no TLS)"},
 		{"[gateway]\ninsecure = true\nserver_name = \"gw\"\n", nil, "gateway.server_name: set, but gateway.insecure is true"},
-		{"", []string{"--cert-file", kp.CertFile}, "gateway.key_file: required with gateway.cert_file"},
-		{"", []string{"--key-file", kp.KeyFile}, "gateway.cert_file: required with gateway.key_file"},
-		{"", []string{"--cert-file", kp.KeyFile, "--key-file", kp.KeyFile}, "gateway.cert_file, gateway.key_file:"},
-		{"", []string{"--ca-file", filepath.Join(dir, "absent.pem")}, "gateway.ca_file: open"},
-		{"", []string{"--ca-file", path}, "gateway.ca_file: no certificate in"},
-		{"", []string{"--token-file="}, "gateway.token_file: must be set (or gateway.cert_file"},
-		{"", []string{"--token-file=", "--cert-file", kp.CertFile, "--key-file", kp.KeyFile, "--ca-file", ca.File, "--server-name", "gw.example"}, ""},
+		{"", []string{"--gateway.cert-file", kp.CertFile}, "gateway.key_file: required with gateway.cert_file"},
+		{"", []string{"--gateway.key-file", kp.KeyFile}, "gateway.cert_file: required with gateway.key_file"},
+		{"", []string{"--gateway.cert-file", kp.KeyFile, "--gateway.key-file", kp.KeyFile}, "gateway.cert_file, gateway.key_file:"},
+		{"", []string{"--gateway.ca-file", filepath.Join(dir, "absent.pem")}, "gateway.ca_file: open"},
+		{"", []string{"--gateway.ca-file", path}, "gateway.ca_file: no certificate in"},
+		{"", []string{"--gateway.token-file="}, "gateway.token_file: must be set (or gateway.cert_file"},
+		{"", []string{"--gateway.token-file=", "--gateway.cert-file", kp.CertFile, "--gateway.key-file", kp.KeyFile, "--gateway.ca-file", ca.File, "--gateway.server-name", "gw.example"}, ""},
 		{"[gateway]\ninsecure = true\n", nil, ""},
-		{"", []string{"--gateway-insecure"}, ""},
+		{"", []string{"--gateway.insecure"}, ""},
 	} {
 		if err := os.WriteFile(path, []byte(tc.toml), 0o600); err != nil {
 			t.Fatal(err)
@@ -256,7 +256,7 @@ func TestHelpShowsTheSafeDefaults(t *testing.T) {
 	c := DefaultConfig()
 	c.RegisterFlags(fs)
 	fs.PrintDefaults()
-	for _, want := range []string{"-gateway-insecure", "WITHOUT TLS", `-metrics-addr string`, `(default "127.0.0.1:2112")`} {
+	for _, want := range []string{"-gateway.insecure", "WITHOUT TLS", `-metrics-addr string`, `(default "127.0.0.1:2112")`} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help lacks %q", want)
 		}

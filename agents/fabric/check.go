@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/faultline/faultline/agents/topology"
+	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -36,7 +37,7 @@ func (ExecRunner) Run(ctx context.Context, name string, args ...string) ([]byte,
 }
 
 // Config configures the fabric check (TOML section [fabric], flags
-// --fabric-*). Paths are the host's; in a container point them at the
+// --fabric.*). Paths are the host's; in a container point them at the
 // host's mounts.
 type Config struct {
 	// PollInterval is how often the check runs (default 30s).
@@ -106,18 +107,31 @@ func DefaultConfig() Config {
 		InProgressTimeout: 5 * time.Minute, TopologyInterval: 10 * time.Minute}
 }
 
-// RegisterFlags binds the --fabric-* flags to c, with c's values as defaults.
-func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.DurationVar(&c.PollInterval, "fabric-poll-interval", c.PollInterval, "how often the fabric check runs (fabric.poll_interval)")
-	fs.StringVar(&c.Platform, "fabric-platform", c.Platform, "auto, a100, h100 or b200 (fabric.platform)")
-	fs.StringVar(&c.NVSwitchGlob, "fabric-nvswitch-glob", c.NVSwitchGlob, "NVSwitch device files (fabric.nvswitch_glob)")
-	fs.StringVar(&c.Service, "fabric-service", c.Service, "Fabric Manager systemd unit (fabric.service)")
-	fs.StringVar(&c.ConfigFile, "fabric-config-file", c.ConfigFile, "Fabric Manager config file (fabric.config_file)")
-	fs.StringVar(&c.LogFile, "fabric-log-file", c.LogFile, "Fabric Manager log file (fabric.log_file)")
-	fs.StringVar(&c.NVLSMLogFile, "fabric-nvlsm-log-file", c.NVLSMLogFile, "NVLSM log file, HGX B200 (fabric.nvlsm_log_file)")
-	fs.StringVar(&c.NvidiaSMI, "fabric-nvidia-smi", c.NvidiaSMI, "nvidia-smi binary (fabric.nvidia_smi)")
-	fs.DurationVar(&c.InProgressTimeout, "fabric-in-progress-timeout", c.InProgressTimeout, "longest a GPU fabric registration may stay in progress after FM start-up (fabric.in_progress_timeout)")
-	fs.StringVar(&c.TelemetryURL, "fabric-telemetry-url", c.TelemetryURL, "dcgm-exporter /metrics URL for NVSwitch telemetry, HGX B200 (fabric.telemetry_url)")
+// RegisterFlags adds the check's flags under prefix ("fabric."), each named
+// after its TOML key (--fabric.poll-interval), with c's values as defaults; the
+// earlier spellings (--fabric-poll-interval, ...) still work, deprecated.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often the fabric check runs")
+	fs.StringVar(&c.Platform, prefix+"platform", c.Platform, "auto, a100, h100 or b200")
+	fs.StringVar(&c.NVSwitchGlob, prefix+"nvswitch-glob", c.NVSwitchGlob, "NVSwitch device files")
+	fs.StringVar(&c.Service, prefix+"service", c.Service, "Fabric Manager systemd unit")
+	fs.StringVar(&c.ConfigFile, prefix+"config-file", c.ConfigFile, "Fabric Manager config file")
+	fs.StringVar(&c.LogFile, prefix+"log-file", c.LogFile, "Fabric Manager log file")
+	fs.StringVar(&c.NVLSMLogFile, prefix+"nvlsm-log-file", c.NVLSMLogFile, "NVLSM log file, HGX B200")
+	fs.StringVar(&c.NvidiaSMI, prefix+"nvidia-smi", c.NvidiaSMI, "nvidia-smi binary")
+	fs.DurationVar(&c.InProgressTimeout, prefix+"in-progress-timeout", c.InProgressTimeout, "longest a GPU fabric registration may stay in progress after FM start-up")
+	fs.StringVar(&c.TelemetryURL, prefix+"telemetry-url", c.TelemetryURL, "dcgm-exporter /metrics URL for NVSwitch telemetry, HGX B200")
+	// The spellings before flags were named after their TOML keys.
+	config.Alias(fs, "fabric-poll-interval", prefix+"poll-interval")
+	config.Alias(fs, "fabric-platform", prefix+"platform")
+	config.Alias(fs, "fabric-nvswitch-glob", prefix+"nvswitch-glob")
+	config.Alias(fs, "fabric-service", prefix+"service")
+	config.Alias(fs, "fabric-config-file", prefix+"config-file")
+	config.Alias(fs, "fabric-log-file", prefix+"log-file")
+	config.Alias(fs, "fabric-nvlsm-log-file", prefix+"nvlsm-log-file")
+	config.Alias(fs, "fabric-nvidia-smi", prefix+"nvidia-smi")
+	config.Alias(fs, "fabric-in-progress-timeout", prefix+"in-progress-timeout")
+	config.Alias(fs, "fabric-telemetry-url", prefix+"telemetry-url")
 }
 
 // Validate names the first bad setting.

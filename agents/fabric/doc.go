@@ -1,5 +1,5 @@
 // Package fabric is the node agent's NVIDIA Fabric Manager check: what the
-// Fabric Manager User Guide (../shared/seeds/fabric-manager-user-guide.txt)
+// Fabric Manager User Guide (https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/)
 // tells a health monitor to watch on an NVSwitch system.
 //
 // Each poll collects a Snapshot of the node — the nvidia-fabricmanager

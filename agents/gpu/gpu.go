@@ -36,6 +36,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -104,7 +105,7 @@ func (a Actions) Resolve(in Incident) (datamodels.RecommendedAction, bool) {
 	return datamodels.RecommendedAction(datamodels.RecommendedAction_value[r.Action]), r.Severity == "isolate"
 }
 
-// Config configures the GPU check (TOML section [gpu], flags --gpu-*).
+// Config configures the GPU check (TOML section [gpu], flags --gpu.*).
 type Config struct {
 	// PollInterval is how often the check runs (default 30s).
 	PollInterval time.Duration `toml:"poll_interval"`
@@ -132,11 +133,17 @@ func DefaultConfig() Config {
 	return Config{PollInterval: 30 * time.Second, BootGrace: 10 * time.Minute}
 }
 
-// RegisterFlags binds the --gpu-* flags to c, with c's values as defaults.
-func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.DurationVar(&c.PollInterval, "gpu-poll-interval", c.PollInterval, "how often the GPU health check runs (gpu.poll_interval)")
-	fs.DurationVar(&c.BootGrace, "gpu-boot-grace", c.BootGrace, "time after boot during which a lost DCGM/NVML connection is not reported (gpu.boot_grace)")
-	fs.StringVar(&c.Replay, "gpu-replay", c.Replay, "recorded health responses to play instead of NVML (gpu.replay)")
+// RegisterFlags adds the check's flags under prefix ("gpu."), each named
+// after its TOML key (--gpu.poll-interval), with c's values as defaults; the
+// earlier spellings (--gpu-poll-interval, ...) still work, deprecated.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often the GPU health check runs")
+	fs.DurationVar(&c.BootGrace, prefix+"boot-grace", c.BootGrace, "time after boot during which a lost DCGM/NVML connection is not reported")
+	fs.StringVar(&c.Replay, prefix+"replay", c.Replay, "recorded health responses to play instead of NVML")
+	// The spellings before flags were named after their TOML keys.
+	config.Alias(fs, "gpu-poll-interval", prefix+"poll-interval")
+	config.Alias(fs, "gpu-boot-grace", prefix+"boot-grace")
+	config.Alias(fs, "gpu-replay", prefix+"replay")
 }
 
 // Validate names the first bad setting.

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -24,7 +25,7 @@ const (
 	SourceFile    = "file"
 )
 
-// Config configures the kmsg check (TOML section [kmsg], flags --kmsg-*).
+// Config configures the kmsg check (TOML section [kmsg], flags --kmsg.*).
 type Config struct {
 	// PollInterval is how often the check reads new lines (default 5s).
 	PollInterval time.Duration `toml:"poll_interval"`
@@ -66,17 +67,29 @@ func DefaultConfig() Config {
 		MaxLinesPerCheck: 200000, FloodWindow: 10 * time.Second, FloodBurst: 1}
 }
 
-// RegisterFlags binds the --kmsg-* flags to c, with c's values as defaults.
-func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.DurationVar(&c.PollInterval, "kmsg-poll-interval", c.PollInterval, "how often to read new kernel log lines (kmsg.poll_interval)")
-	fs.StringVar(&c.Source, "kmsg-source", c.Source, "kernel log source: kmsg, journal or file (kmsg.source)")
-	fs.StringVar(&c.KmsgPath, "kmsg-device", c.KmsgPath, "kernel log device (kmsg.device)")
-	fs.StringVar(&c.JournalctlPath, "kmsg-journalctl", c.JournalctlPath, "journalctl binary (kmsg.journalctl)")
-	fs.StringVar(&c.File, "kmsg-file", c.File, "kernel log file, when the source is file (kmsg.file)")
-	fs.StringVar(&c.StateDir, "kmsg-state-dir", c.StateDir, "directory keeping the read position across restarts (kmsg.state_dir)")
-	fs.IntVar(&c.MaxLinesPerCheck, "kmsg-max-lines", c.MaxLinesPerCheck, "most lines read per check run (kmsg.max_lines_per_check)")
-	fs.DurationVar(&c.FloodWindow, "kmsg-flood-window", c.FloodWindow, "flood-control window per error and device (kmsg.flood_window)")
-	fs.IntVar(&c.FloodBurst, "kmsg-flood-burst", c.FloodBurst, "occurrences per window reported one by one (kmsg.flood_burst)")
+// RegisterFlags adds the check's flags under prefix ("kmsg."), each named
+// after its TOML key (--kmsg.poll-interval), with c's values as defaults; the
+// earlier spellings (--kmsg-poll-interval, ...) still work, deprecated.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often to read new kernel log lines")
+	fs.StringVar(&c.Source, prefix+"source", c.Source, "kernel log source: kmsg, journal or file")
+	fs.StringVar(&c.KmsgPath, prefix+"device", c.KmsgPath, "kernel log device")
+	fs.StringVar(&c.JournalctlPath, prefix+"journalctl", c.JournalctlPath, "journalctl binary")
+	fs.StringVar(&c.File, prefix+"file", c.File, "kernel log file, when the source is file")
+	fs.StringVar(&c.StateDir, prefix+"state-dir", c.StateDir, "directory keeping the read position across restarts")
+	fs.IntVar(&c.MaxLinesPerCheck, prefix+"max-lines-per-check", c.MaxLinesPerCheck, "most lines read per check run")
+	fs.DurationVar(&c.FloodWindow, prefix+"flood-window", c.FloodWindow, "flood-control window per error and device")
+	fs.IntVar(&c.FloodBurst, prefix+"flood-burst", c.FloodBurst, "occurrences per window reported one by one")
+	// The spellings before flags were named after their TOML keys.
+	config.Alias(fs, "kmsg-poll-interval", prefix+"poll-interval")
+	config.Alias(fs, "kmsg-source", prefix+"source")
+	config.Alias(fs, "kmsg-device", prefix+"device")
+	config.Alias(fs, "kmsg-journalctl", prefix+"journalctl")
+	config.Alias(fs, "kmsg-file", prefix+"file")
+	config.Alias(fs, "kmsg-state-dir", prefix+"state-dir")
+	config.Alias(fs, "kmsg-max-lines", prefix+"max-lines-per-check")
+	config.Alias(fs, "kmsg-flood-window", prefix+"flood-window")
+	config.Alias(fs, "kmsg-flood-burst", prefix+"flood-burst")
 }
 
 // Validate names the first bad setting.

@@ -332,7 +332,7 @@ func (c *Check) transition(n *NIC, p *Port, prev *portState, cardAnomalous bool)
 		return portEvent(n, p, level, stName, phName)
 	case prev.Level == levelNonFatal && level == levelFatal:
 		// Escalation within unhealthy: reported so a port that went
-		// INIT → DOWN is known fatal (the seed's "unhealthy → unhealthy,
+		// INIT → DOWN is known fatal (§3.4's "unhealthy → unhealthy,
 		// no event" is kept for same-severity and de-escalating changes).
 		return portEvent(n, p, level, stName, phName)
 	default:
@@ -509,7 +509,7 @@ func groupByRole(cards map[string]*card) [][]*card {
 
 // modeActive is the most common active-port count of a role group; a tie
 // goes to the higher count (a tie means as many cards lost ports as kept
-// them, and the seed prefers reporting to masking).
+// them, and the design prefers reporting to masking).
 func modeActive(grp []*card) int {
 	count := map[int]int{}
 	for _, cd := range grp {

@@ -8,7 +8,7 @@ import (
 	"github.com/faultline/faultline/agents/topology"
 )
 
-// Role is a NIC's role (seed §4.2.3).
+// Role is a NIC's role (§4.2.3).
 type Role string
 
 // Roles. Compute, Storage and Override are monitored.

@@ -1,12 +1,14 @@
-// Package nic is the NIC link-state check of the node agent (seed
-// nic-health-monitor-link-state): it discovers Mellanox InfiniBand and RoCE
-// devices in sysfs, classifies each as compute, storage or management from
+// Package nic is the NIC link-state check of the node agent, after
+// NVSentinel's NIC link-state design (docs/designs/047-link-state-detection.md
+// in github.com/NVIDIA/NVSentinel; "§N" in this package's comments are its
+// sections, "Appendix A" its table of fatal port counters): it discovers
+// Mellanox InfiniBand and RoCE devices in sysfs, classifies each as compute, storage or management from
 // the GPU metadata (NUMA gate, topology matrix, link layer, default route,
 // BlueField DPUs), skips SR-IOV virtual functions, and reports one event per
 // port per health boundary crossing, device disappearance, card homogeneity
-// anomalies at startup and the fatal port counters of the seed's Appendix A.
+// anomalies at startup and the fatal port counters of Appendix A.
 // It persists port snapshots, known devices, counter snapshots and the boot
-// id in a state file so that restarts and reboots behave as the seed says.
+// id in a state file so that restarts and reboots behave as §2.2 says.
 //
 // Discovery uses github.com/prometheus/procfs/sysfs (InfiniBandDevice) plus
 // small readers for what procfs lacks (PCI address, NUMA node, physfn,
@@ -22,9 +24,11 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/faultline/faultline/internal/config"
 )
 
-// Sub-check names (seed §12.1 --checks); they are the checkName of events.
+// Sub-check names (§12.1 --checks); they are the checkName of events.
 const (
 	InfiniBandStateCheck       = "InfiniBandStateCheck"
 	InfiniBandDegradationCheck = "InfiniBandDegradationCheck"
@@ -35,11 +39,11 @@ const (
 // AllChecks is the default value of Config.Checks.
 var AllChecks = []string{InfiniBandStateCheck, InfiniBandDegradationCheck, EthernetStateCheck, EthernetDegradationCheck}
 
-// Config configures the NIC check (seed §12.1). The zero value is not
+// Config configures the NIC check (§12.1). The zero value is not
 // usable; start from DefaultConfig.
 type Config struct {
 	// SysfsRoot is the sysfs mount point (default "/sys"; in the DaemonSet
-	// the host's /sys bind-mounted at e.g. "/nvsentinel/sys"). The seed's
+	// the host's /sys bind-mounted at e.g. "/nvsentinel/sys"). The design's
 	// sysClassInfinibandPath and sysClassNetPath are SysfsRoot/class/infiniband
 	// and SysfsRoot/class/net.
 	SysfsRoot string `toml:"sysfs_root"`
@@ -86,20 +90,28 @@ func DefaultConfig() Config {
 	}
 }
 
-// RegisterFlags binds the seed's flag names to c.
-func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.SysfsRoot, "sysfs", c.SysfsRoot, "sysfs mount point (nic.sysfs_root)")
-	fs.StringVar(&c.MetadataPath, "metadata-path", c.MetadataPath, "GPU metadata JSON (nic.metadata_path)")
-	fs.StringVar(&c.StateFile, "state-file", c.StateFile, "NIC state file, empty for none (nic.state_file)")
-	fs.StringVar(&c.BootIDPath, "boot-id-path", c.BootIDPath, "kernel boot id file (nic.boot_id_path)")
-	fs.StringVar(&c.ProcNetRoute, "proc-net-route", c.ProcNetRoute, "host /proc/net/route (nic.proc_net_route)")
-	fs.DurationVar(&c.PollInterval, "state-polling-interval", c.PollInterval, "NIC state polling interval (nic.state_polling_interval)")
-	fs.StringVar(&c.ExclusionRegex, "nic-exclusion-regex", c.ExclusionRegex, "comma-separated regexes of NICs to drop (nic.nic_exclusion_regex)")
-	fs.StringVar(&c.InclusionRegexOverride, "nic-inclusion-regex-override", c.InclusionRegexOverride, "comma-separated regexes: monitor only these, skip classification (nic.nic_inclusion_regex_override)")
-	fs.Func("nic-checks", "comma-separated NIC sub-checks (nic.checks, default "+strings.Join(AllChecks, ",")+")", func(s string) error {
+// RegisterFlags adds the check's flags under prefix ("nic."), each named
+// after its TOML key (--nic.sysfs-root); the earlier spellings (--sysfs,
+// --nic-checks, ...) still work, deprecated (config.Alias).
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&c.SysfsRoot, prefix+"sysfs-root", c.SysfsRoot, "sysfs mount point")
+	fs.StringVar(&c.MetadataPath, prefix+"metadata-path", c.MetadataPath, "GPU metadata JSON")
+	fs.StringVar(&c.StateFile, prefix+"state-file", c.StateFile, "NIC state file, empty for none")
+	fs.StringVar(&c.BootIDPath, prefix+"boot-id-path", c.BootIDPath, "kernel boot id file")
+	fs.StringVar(&c.ProcNetRoute, prefix+"proc-net-route", c.ProcNetRoute, "host /proc/net/route")
+	fs.DurationVar(&c.PollInterval, prefix+"state-polling-interval", c.PollInterval, "NIC state polling interval")
+	fs.StringVar(&c.ExclusionRegex, prefix+"nic-exclusion-regex", c.ExclusionRegex, "comma-separated regexes of NICs to drop")
+	fs.StringVar(&c.InclusionRegexOverride, prefix+"nic-inclusion-regex-override", c.InclusionRegexOverride, "comma-separated regexes: monitor only these, skip classification")
+	fs.Func(prefix+"checks", "comma-separated NIC sub-checks (default "+strings.Join(AllChecks, ",")+")", func(s string) error {
 		c.Checks = splitList(s)
 		return nil
 	})
+	// The spellings before flags were named after their TOML keys.
+	for old, key := range map[string]string{"sysfs": "sysfs-root", "metadata-path": "metadata-path", "state-file": "state-file",
+		"boot-id-path": "boot-id-path", "proc-net-route": "proc-net-route", "state-polling-interval": "state-polling-interval",
+		"nic-exclusion-regex": "nic-exclusion-regex", "nic-inclusion-regex-override": "nic-inclusion-regex-override", "nic-checks": "checks"} {
+		config.Alias(fs, old, prefix+key)
+	}
 }
 
 // Validate names the first bad key.

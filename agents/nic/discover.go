@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/procfs/sysfs"
 )
 
-// Port is the per-poll snapshot of one port (seed §11.1 IBPort, plus the
+// Port is the per-poll snapshot of one port (§11.1 IBPort, plus the
 // RoCE net device and the fatal counters).
 type Port struct {
 	Device        string `json:"device"`
@@ -37,7 +37,7 @@ type Port struct {
 	dir, operPath string
 }
 
-// Device is a discovered InfiniBand class device (seed §11.1 Device, plus
+// Device is a discovered InfiniBand class device (§11.1 Device, plus
 // the facts classification needs).
 type Device struct {
 	Name       string `json:"name"`
@@ -148,8 +148,8 @@ func (r *sysReader) discover(name string) (*Device, error) {
 		}
 	} else {
 		// procfs needs every file it knows (rate, fw_ver ...); fall back to
-		// the few files the seed needs.
-		r.log.Debug("procfs could not parse device, reading the seed's files", "device", name, "err", err)
+		// the few files §5 needs.
+		r.log.Debug("procfs could not parse device, reading the files it needs", "device", name, "err", err)
 		d.HCAType, _ = r.readSmall(r.ibDir(name, "hca_type"))
 		d.FWVersion, _ = r.readSmall(r.ibDir(name, "fw_ver"))
 		d.BoardID, _ = r.readSmall(r.ibDir(name, "board_id"))
@@ -318,7 +318,7 @@ func cardOf(pci string) string {
 
 // defaultRouteDevices returns the interface carrying the host's default
 // route (lowest metric in /proc/net/route) and the IB devices behind it
-// (seed §4.2): its own (/sys/class/net/<iface>/device/infiniband), or, for
+// (§4.2): its own (/sys/class/net/<iface>/device/infiniband), or, for
 // a bond, VLAN or other stacked interface, those of the interfaces below
 // it — sysfs links every upper device to its lower ones as lower_<name> —
 // so a bonded or VLAN-tagged management network on ConnectX ports is

@@ -112,8 +112,9 @@ func wantEvents(t testing.TB, step string, got, want []string) {
 	}
 }
 
-// TestClassifyPlatforms builds each platform of the seed's field-validation
-// tables and asserts the seed's classification.
+// TestClassifyPlatforms builds each platform of the link-state design's
+// field-validation tables (§4.1.3, §4.2.4, §4.3.4, §8.6) and asserts the
+// classification it gives.
 func TestClassifyPlatforms(t *testing.T) {
 	for _, p := range []nictest.Platform{nictest.A100OCI(), nictest.H100OCI(), nictest.L40SOCI(),
 		nictest.OnPremL40S(false), nictest.OnPremL40S(true), nictest.GB200(), nictest.System34()} {
@@ -183,7 +184,7 @@ func TestPlatformCounts(t *testing.T) {
 		{nictest.System34(), map[string]int{"compute": 16, "storage": 2, "vf": 16}},
 	} {
 		if got := count(tc.p); fmt.Sprint(got) != fmt.Sprint(tc.want) {
-			t.Errorf("%s: seed expects %v, fixture says %v", tc.p.Name, tc.want, got)
+			t.Errorf("%s: the design expects %v, fixture says %v", tc.p.Name, tc.want, got)
 		}
 	}
 }

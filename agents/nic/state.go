@@ -42,7 +42,7 @@ type cardFlag struct {
 	LinkLayer string   `json:"link_layer"`
 }
 
-// persisted is the state file (seed §2.2: port snapshots, known devices,
+// persisted is the state file (§2.2: port snapshots, known devices,
 // counter snapshots, breach flags, boot id).
 type persisted struct {
 	Version int    `json:"version"`

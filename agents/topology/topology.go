@@ -1,6 +1,7 @@
 // Package topology turns the text of `nvidia-smi topo -m` into the GPU
-// metadata file the NIC check depends on (gpu_metadata.json, seed
-// nic-health-monitor-link-state §12.2): the GPUs with their NUMA nodes and,
+// metadata file the NIC check depends on (gpu_metadata.json: §12.2 of
+// NVSentinel's NIC link-state design, docs/designs/047-link-state-detection.md
+// in github.com/NVIDIA/NVSentinel): the GPUs with their NUMA nodes and,
 // per NIC, the raw GPU↔NIC topology levels in GPU order.
 //
 // nvidia-smi has no structured output for the GPU↔NIC matrix, so this is a
@@ -29,7 +30,7 @@ import (
 // MetadataVersion is the version written into gpu_metadata.json.
 const MetadataVersion = "1.0"
 
-// Metadata is gpu_metadata.json (seed §12.2). The NIC check reads GPUs[].NUMANode
+// Metadata is gpu_metadata.json (§12.2 of the link-state design). The NIC check reads GPUs[].NUMANode
 // (or NUMANodes) and NICTopology; the other fields are informational.
 type Metadata struct {
 	Version  string `json:"version"`
@@ -63,7 +64,7 @@ type GPU struct {
 	SerialNumber string `json:"serial_number,omitempty"`
 }
 
-// NUMASet returns the distinct known NUMA nodes of all GPUs (seed §4.1:
+// NUMASet returns the distinct known NUMA nodes of all GPUs (§4.1 of the link-state design:
 // gpu_numa_set), ignoring -1.
 func (m *Metadata) NUMASet() map[int]bool {
 	set := map[int]bool{}

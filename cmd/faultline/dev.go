@@ -22,9 +22,9 @@ import (
 	"github.com/faultline/faultline/internal/chserver"
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/kafka"
-	"github.com/faultline/faultline/loadtest/fleetsim"
 	"github.com/faultline/faultline/processors"
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
@@ -87,10 +87,11 @@ func (c DevConfig) validate() error {
 
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg := DefaultConfig()
+	cfg.LibraryLogLevel = "warn" // the output is the pipeline's decisions and summaries
 	if _, err := config.Load("faultline dev", args, &cfg, func(fs *flag.FlagSet) {
 		cfg.registerLogFlags(fs)
-		cfg.Dev.registerFlags(fs)
-		cfg.Gateway.RegisterFlags(fs)
+		config.Prefix(fs, "dev.", cfg.Dev.registerFlags)
+		cfg.registerGatewayFlags(fs)
 		cfg.Processors.RegisterFlags(fs)
 	}, func() error {
 		if err := cfg.Dev.validate(); err != nil {
@@ -98,10 +99,10 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		cfg.Gateway.TokensFile = filepath.Join(cfg.Dev.Dir, "tokens")
 		return cfg.Processors.Validate()
-	}, stderr); err != nil {
+	}, stderr, moved); err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	log, err := newLogger(stderr, cfg)
 	if err != nil {
 		return err
 	}
@@ -169,7 +170,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	tokenPath := filepath.Join(cfg.Dev.Dir, "dev-token")
-	mode := "dry-run (no --kubeconfig): actions are decided and recorded, none applied"
+	mode := "dry-run (no --dev.kubeconfig): actions are decided and recorded, none applied"
 	if cfg.Dev.Kubeconfig != "" {
 		mode = "acting through " + cfg.Dev.Kubeconfig
 	}
@@ -189,7 +190,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "  fleet       %d simulated nodes sending %g events/s (--fleet-nodes=0 turns it off)\n", cfg.Dev.FleetNodes, cfg.Dev.FleetRate)
+		fmt.Fprintf(stdout, "  fleet       %d simulated nodes sending %g events/s (--dev.fleet-nodes=0 turns it off)\n", cfg.Dev.FleetNodes, cfg.Dev.FleetRate)
 		g.Go(func() error {
 			return fleetsim.Run(gctx, fleetsim.Options{
 				GRPCAddr: gw.GRPCAddr(), Token: strings.TrimSpace(string(token)),

@@ -23,7 +23,7 @@ func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if _, err := config.Load("faultline gateway", args, &cfg, func(fs *flag.FlagSet) {
 		cfg.registerLogFlags(fs)
 		cfg.Kafka.RegisterFlags(fs, "kafka.")
-		cfg.Gateway.RegisterFlags(fs)
+		cfg.registerGatewayFlags(fs)
 		cfg.Processors.ClickHouse.RegisterFlags(fs, "clickhouse.")
 	}, func() error {
 		if err := cfg.Kafka.Validate("kafka."); err != nil {
@@ -33,10 +33,10 @@ func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
 			return err
 		}
 		return cfg.Gateway.Validate()
-	}, stderr); err != nil {
+	}, stderr, moved); err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	log, err := newLogger(stderr, cfg)
 	if err != nil {
 		return err
 	}

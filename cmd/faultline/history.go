@@ -22,10 +22,10 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fs.BoolVar(&status, "status", false, "list applied and pending migrations; apply nothing")
 	}, func() error {
 		return cfg.Processors.ClickHouse.Validate("clickhouse.")
-	}, stderr); err != nil {
+	}, stderr, moved); err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	log, err := newLogger(stderr, cfg)
 	if err != nil {
 		return err
 	}
@@ -50,7 +50,7 @@ func runQuery(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fs.BoolVar(&list, "list", false, "list the named queries and their parameters")
 	}, func() error {
 		return cfg.Processors.ClickHouse.Validate("clickhouse.")
-	}, stderr)
+	}, stderr, moved)
 	if err != nil {
 		return err
 	}
@@ -63,7 +63,7 @@ func runQuery(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if name == "" || len(rest) > 0 {
 		return fmt.Errorf("usage: faultline query NAME [--param k=v]... [--format table|json|csv] (or --list)")
 	}
-	log, err := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	log, err := newLogger(stderr, cfg)
 	if err != nil {
 		return err
 	}

@@ -104,7 +104,7 @@ username = %q
 	httpAddr := freeAddr(t)
 	gwLogs := start("gateway", "gateway", "--config", conf, "--log-level", "debug",
 		"--kafka.sasl.password-file", sec.PasswordFile,
-		"--tokens-file", tokens, "--http-addr", httpAddr, "--grpc-addr", freeAddr(t))
+		"--gateway.tokens-file", tokens, "--gateway.http-addr", httpAddr, "--gateway.grpc-addr", freeAddr(t))
 	procLogs := start("process", "process", "--config", conf, "--log-level", "debug",
 		"--kafka.sasl.password-env", "FAULTLINE_TEST_KAFKA_PASSWORD",
 		"--role", "quarantine", "--metrics-addr", "")
@@ -171,9 +171,9 @@ username = %q
 
 	// Wrong password: the gateway stops at start with a clear error.
 	began := time.Now()
-	err = run(context.Background(), []string{"gateway", "--config", conf, "--tokens-file", tokens,
+	err = run(context.Background(), []string{"gateway", "--config", conf, "--gateway.tokens-file", tokens,
 		"--kafka.sasl.password-file", write("wrong", "not-the-password-5\n"),
-		"--http-addr", freeAddr(t), "--grpc-addr", freeAddr(t)}, io.Discard, io.Discard)
+		"--gateway.http-addr", freeAddr(t), "--gateway.grpc-addr", freeAddr(t)}, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "kafka authentication failed: check kafka.sasl.username") ||
 		strings.Contains(err.Error(), "not-the-password-5") {
 		t.Fatalf("gateway with a wrong Kafka password: %v", err)
@@ -206,9 +206,9 @@ func TestKafkaSecurityConfigErrors(t *testing.T) {
 	}{
 		{[]string{"process", "--kafka.sasl.mechanism", "PLAIN", "--kafka.sasl.username", "u", "--kafka.sasl.password-env", "X"},
 			"kafka.sasl.mechanism: PLAIN sends the password in clear; it requires kafka.tls.enabled = true"},
-		{[]string{"gateway", "--tokens-file", tokens, "--kafka.sasl.mechanism", "SCRAM-SHA-256", "--kafka.sasl.username", "u"},
+		{[]string{"gateway", "--gateway.tokens-file", tokens, "--kafka.sasl.mechanism", "SCRAM-SHA-256", "--kafka.sasl.username", "u"},
 			"kafka.sasl.password_file or kafka.sasl.password_env: required by SCRAM-SHA-256"},
-		{[]string{"gateway", "--tokens-file", tokens, "--kafka.sasl.mechanism", "KERBEROS"}, `kafka.sasl.mechanism: "KERBEROS" is not one of`},
+		{[]string{"gateway", "--gateway.tokens-file", tokens, "--kafka.sasl.mechanism", "KERBEROS"}, `kafka.sasl.mechanism: "KERBEROS" is not one of`},
 		{[]string{"process", "--kafka.tls.ca-file", tokens}, "kafka.tls.ca_file: set, but kafka.tls.enabled is false"},
 		{[]string{"process", "--kafka.tls.enabled", "--kafka.tls.ca-file", tokens}, "kafka.tls.ca_file: no PEM certificate in " + tokens},
 	}

@@ -71,18 +71,62 @@ func usage(w io.Writer) {
 	}
 }
 
-// newLogger builds the process logger (JSON or text on stderr).
-func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
+// libraryComponents are the "component" attributes of the loggers faultline
+// hands to libraries: franz-go (internal/kafka) and clickhouse-go
+// (internal/clickhouse). Their records go through at library_log_level.
+var libraryComponents = map[string]bool{"kafka": true, "clickhouse": true}
+
+// newLogger builds the process logger (JSON or text on w) at log_level,
+// the libraries' records at library_log_level (default log_level).
+func newLogger(w io.Writer, cfg Config) (*slog.Logger, error) {
+	var own, lib slog.Level
+	if err := own.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
 		return nil, fmt.Errorf("log_level: %w", err)
 	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch strings.ToLower(format) {
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	case "text", "":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+	lib = own
+	if cfg.LibraryLogLevel != "" {
+		if err := lib.UnmarshalText([]byte(cfg.LibraryLogLevel)); err != nil {
+			return nil, fmt.Errorf("library_log_level: %w", err)
+		}
 	}
-	return nil, fmt.Errorf("log_format: want text or json, got %q", format)
+	opts := &slog.HandlerOptions{Level: min(own, lib)}
+	var h slog.Handler
+	switch strings.ToLower(cfg.LogFormat) {
+	case "json":
+		h = slog.NewJSONHandler(w, opts)
+	case "text", "":
+		h = slog.NewTextHandler(w, opts)
+	default:
+		return nil, fmt.Errorf("log_format: want text or json, got %q", cfg.LogFormat)
+	}
+	return slog.New(levels{Handler: h, own: own, lib: lib}), nil
+}
+
+// levels passes a record at the level of its logger: lib for the loggers
+// of libraryComponents, own for the others.
+type levels struct {
+	slog.Handler
+	own, lib slog.Level
+	isLib    bool
+}
+
+func (l levels) Enabled(ctx context.Context, level slog.Level) bool {
+	if l.isLib {
+		return level >= l.lib
+	}
+	return level >= l.own
+}
+
+func (l levels) WithAttrs(attrs []slog.Attr) slog.Handler {
+	isLib := l.isLib
+	for _, a := range attrs {
+		if a.Key == "component" && libraryComponents[a.Value.String()] {
+			isLib = true
+		}
+	}
+	return levels{Handler: l.Handler.WithAttrs(attrs), own: l.own, lib: l.lib, isLib: isLib}
+}
+
+func (l levels) WithGroup(name string) slog.Handler {
+	return levels{Handler: l.Handler.WithGroup(name), own: l.own, lib: l.lib, isLib: l.isLib}
 }

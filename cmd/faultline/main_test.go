@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/faultline/faultline/internal/chserver"
+	"github.com/faultline/faultline/internal/testenv"
 )
 
 func TestConfigErrorsNameTheKey(t *testing.T) {
@@ -45,7 +46,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
 		{"no command", nil, "a command is required"},
 		{"unknown TOML key", []string{"gateway", "--config", bad}, "unknown keys: gateway.max_bach"},
-		{"bad flag value", []string{"gateway", "--tokens-file", tokens, "--max-batch", "0"}, "gateway.max_batch: must be at least 1"},
+		{"bad flag value", []string{"gateway", "--gateway.tokens-file", tokens, "--gateway.max-batch", "0"}, "gateway.max_batch: must be at least 1"},
 		{"no credentials", []string{"gateway"}, "gateway.tokens_file: required"},
 		{"tokens file open to all", []string{"gateway", "--tokens-file", openTokens}, "gateway.tokens_file: tokens file " + openTokens + " has mode 0644, open to every user on the machine: chmod 0600"},
 		{"tokens file bad role", []string{"gateway", "--tokens-file", badRole}, `gateway.tokens_file: tokens file ` + badRole + `: line 1: role "root" is not agent or operator`},
@@ -54,7 +55,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"binding certificates without a CA", []string{"gateway", "--tokens-file", tokens, "--client-cert-binds-node"}, "gateway.client_cert_binds_node: needs gateway.client_ca"},
 		{"unknown role", []string{"process", "--role", "store,cook"}, `role: unknown role "cook"`},
 		{"bad kafka", []string{"process", "--kafka.brokers", " , "}, "kafka.brokers: at least one broker"},
-		{"bad dev port", []string{"dev", "--kafka-port", "70000"}, "dev.kafka_port: 70000 is not a port"},
+		{"bad dev port", []string{"dev", "--dev.kafka-port", "70000"}, "dev.kafka_port: 70000 is not a port"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -73,19 +74,15 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 // decision in the live output (quoted), and read the event back from the
 // history.
 func TestDev(t *testing.T) {
-	if _, _, err := chserver.FindBinary(); err != nil {
-		if os.Getenv("CI") != "" || os.Getenv("FAULTLINE_REQUIRE_SERVERS") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	_, _, err := chserver.FindBinary()
+	testenv.Server(t, "faultline dev (its local ClickHouse server)", err)
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"dev", "--dir", dir, "--kafka-port", "0", "--clickhouse-port", "0",
-			"--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--fleet-nodes", "0", "--log-level", "warn"}, pw, io.Discard)
+		done <- run(ctx, []string{"dev", "--dev.dir", dir, "--dev.kafka-port", "0", "--dev.clickhouse-port", "0",
+			"--gateway.http-addr", "127.0.0.1:0", "--gateway.grpc-addr", "127.0.0.1:0", "--dev.fleet-nodes", "0", "--log-level", "warn"}, pw, io.Discard)
 		pw.Close()
 	}()
 	t.Cleanup(func() {

@@ -18,21 +18,20 @@ import (
 
 func runProcess(ctx context.Context, args []string, _, stderr io.Writer) error {
 	cfg := DefaultConfig()
-	metricsAddr := "127.0.0.1:9464"
 	if _, err := config.Load("faultline process", args, &cfg, func(fs *flag.FlagSet) {
 		cfg.registerLogFlags(fs)
 		cfg.Kafka.RegisterFlags(fs, "kafka.")
 		cfg.Processors.RegisterFlags(fs)
-		fs.StringVar(&metricsAddr, "metrics-addr", metricsAddr, "address of /metrics and /healthz (empty: off)")
+		fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address of /metrics and /healthz (empty: off)")
 	}, func() error {
 		if err := cfg.Kafka.Validate("kafka."); err != nil {
 			return err
 		}
 		return cfg.Processors.Validate()
-	}, stderr); err != nil {
+	}, stderr, moved); err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	log, err := newLogger(stderr, cfg)
 	if err != nil {
 		return err
 	}
@@ -41,11 +40,11 @@ func runProcess(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	if metricsAddr != "" {
+	if cfg.MetricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-		srv := &http.Server{Addr: metricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Addr: cfg.MetricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error { return serveErr(srv.ListenAndServe()) })
 		g.Go(func() error {
 			<-gctx.Done()

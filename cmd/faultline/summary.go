@@ -11,8 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/internal/kafka"
-	"github.com/faultline/faultline/loadtest/fleetsim"
 	"github.com/faultline/faultline/schemas/events"
 )
 

@@ -29,7 +29,7 @@ import (
 	ch "github.com/ClickHouse/clickhouse-go/v2"
 
 	"github.com/faultline/faultline/internal/clickhouse"
-	sqlfiles "github.com/faultline/faultline/sql"
+	"github.com/faultline/faultline/sql"
 )
 
 // Query is one named analytics query.
@@ -80,7 +80,7 @@ func Load(fsys fs.FS, dir string) (map[string]Query, error) {
 }
 
 // Builtin returns the queries shipped in sql/analytics.
-func Builtin() (map[string]Query, error) { return Load(sqlfiles.Analytics, "analytics") }
+func Builtin() (map[string]Query, error) { return Load(sql.Analytics, "analytics") }
 
 func parse(name, text string) (Query, error) {
 	q := Query{Name: name, SQL: text}

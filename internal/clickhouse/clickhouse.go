@@ -17,13 +17,15 @@ import (
 
 	ch "github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/faultline/faultline/internal/config"
 )
 
 // Conn is a native-protocol ClickHouse connection pool.
 type Conn = driver.Conn
 
-// PasswordEnv is the environment variable read for the password when the
-// flag is not given, so the secret need not appear on a command line.
+// PasswordEnv is the environment variable read for the password when
+// neither password_file nor password_env is set.
 const PasswordEnv = "FAULTLINE_CLICKHOUSE_PASSWORD"
 
 // Config is how a binary reaches ClickHouse.
@@ -34,8 +36,18 @@ type Config struct {
 	Database string `toml:"database"`
 	// Username. Default "default".
 	Username string `toml:"username"`
-	// Password. Default "" (or $FAULTLINE_CLICKHOUSE_PASSWORD). Never printed.
-	Password string `toml:"password"`
+	// PasswordFile is a file holding the password (surrounding white
+	// space trimmed), read at every connect. Default none.
+	PasswordFile string `toml:"password_file"`
+	// PasswordEnv names an environment variable holding the password,
+	// read at every connect. Default none.
+	PasswordEnv string `toml:"password_env"`
+	// Password is the password when neither PasswordFile nor PasswordEnv
+	// is set: DefaultConfig reads $FAULTLINE_CLICKHOUSE_PASSWORD into it,
+	// and a program may set it (a test, faultline dev for its local
+	// server). It is never a config value or a flag, and never printed
+	// (config.Secret).
+	Password config.Secret `toml:"-"`
 	// DialTimeout bounds connecting. Default 5s.
 	DialTimeout time.Duration `toml:"dial_timeout"`
 	// QueryTimeout is the server-side max_execution_time of every query
@@ -53,7 +65,7 @@ func DefaultConfig() Config {
 		Addr:         "127.0.0.1:9000",
 		Database:     "faultline",
 		Username:     "default",
-		Password:     os.Getenv(PasswordEnv),
+		Password:     config.NewSecret(strings.TrimSpace(os.Getenv(PasswordEnv))),
 		DialTimeout:  5 * time.Second,
 		QueryTimeout: 60 * time.Second,
 		MaxOpenConns: 8,
@@ -66,7 +78,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Addr, prefix+"addr", c.Addr, "ClickHouse native-protocol address (host:port)")
 	fs.StringVar(&c.Database, prefix+"database", c.Database, "ClickHouse database of faultline's tables")
 	fs.StringVar(&c.Username, prefix+"username", c.Username, "ClickHouse user")
-	fs.StringVar(&c.Password, prefix+"password", c.Password, "ClickHouse password (default $"+PasswordEnv+")")
+	fs.StringVar(&c.PasswordFile, prefix+"password-file", c.PasswordFile, "file holding the ClickHouse password")
+	fs.StringVar(&c.PasswordEnv, prefix+"password-env", c.PasswordEnv, "environment variable holding the ClickHouse password (default: $"+PasswordEnv+" when set)")
 	fs.DurationVar(&c.DialTimeout, prefix+"dial-timeout", c.DialTimeout, "ClickHouse connect timeout")
 	fs.DurationVar(&c.QueryTimeout, prefix+"query-timeout", c.QueryTimeout, "server-side limit of one ClickHouse query (0: none)")
 	fs.IntVar(&c.MaxOpenConns, prefix+"max-open-conns", c.MaxOpenConns, "ClickHouse connection pool size")
@@ -98,7 +111,25 @@ func (c Config) Validate(prefix string) error {
 	if c.Compression != "lz4" && c.Compression != "none" {
 		return fmt.Errorf("%scompression: want lz4 or none, got %q", prefix, c.Compression)
 	}
-	return nil
+	_, err := c.password(prefix)
+	return err
+}
+
+// password returns the password: read from the file or variable named,
+// else Password. Errors name the key, never the value.
+func (c Config) password(prefix string) (config.Secret, error) {
+	if c.PasswordFile == "" && c.PasswordEnv == "" {
+		return c.Password, nil
+	}
+	s, err := config.ReadSecret(c.PasswordFile, c.PasswordEnv)
+	if err != nil {
+		key := "password_file"
+		if c.PasswordFile == "" {
+			key = "password_env"
+		}
+		return config.Secret{}, fmt.Errorf("%s%s: %w", prefix, key, err)
+	}
+	return s, nil
 }
 
 // String describes the config without the password.
@@ -106,7 +137,11 @@ func (c Config) String() string {
 	return fmt.Sprintf("clickhouse://%s@%s/%s", c.Username, c.Addr, c.Database)
 }
 
-func (c Config) options(database string, log *slog.Logger) *ch.Options {
+func (c Config) options(database string, log *slog.Logger) (*ch.Options, error) {
+	pw, err := c.password("clickhouse.")
+	if err != nil {
+		return nil, err
+	}
 	settings := ch.Settings{}
 	if c.QueryTimeout > 0 {
 		settings["max_execution_time"] = int(c.QueryTimeout.Seconds())
@@ -118,7 +153,7 @@ func (c Config) options(database string, log *slog.Logger) *ch.Options {
 	return &ch.Options{
 		Addr:             []string{c.Addr},
 		Protocol:         ch.Native,
-		Auth:             ch.Auth{Database: database, Username: c.Username, Password: c.Password},
+		Auth:             ch.Auth{Database: database, Username: c.Username, Password: pw.Reveal()},
 		DialTimeout:      c.DialTimeout,
 		MaxOpenConns:     c.MaxOpenConns,
 		MaxIdleConns:     min(c.MaxOpenConns, 5),
@@ -128,7 +163,7 @@ func (c Config) options(database string, log *slog.Logger) *ch.Options {
 		Logger:           slog.New(quietHandler{log.With("component", "clickhouse").Handler()}),
 		ClientInfo:       ch.ClientInfo{Products: []struct{ Name, Version string }{{Name: "faultline", Version: "1"}}},
 		ConnOpenStrategy: ch.ConnOpenInOrder,
-	}
+	}, nil
 }
 
 // Open returns a connection pool to the config's database and checks it
@@ -138,7 +173,11 @@ func Open(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
 }
 
 func open(ctx context.Context, c Config, database string, log *slog.Logger) (Conn, error) {
-	conn, err := ch.Open(c.options(database, log))
+	opts, err := c.options(database, log)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := ch.Open(opts)
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse open %s: %w", c, err)
 	}

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	sqlfiles "github.com/faultline/faultline/sql"
+	"github.com/faultline/faultline/sql"
 )
 
 // MigrateCommand is `faultline migrate`: it creates the database if needed
@@ -15,7 +15,7 @@ import (
 // With statusOnly it applies nothing and prints each migration as applied
 // (with when) or pending.
 func MigrateCommand(ctx context.Context, c Config, statusOnly bool, stdout io.Writer, log *slog.Logger) error {
-	migs, err := LoadMigrations(sqlfiles.Migrations, "migrations")
+	migs, err := LoadMigrations(sql.Migrations, "migrations")
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ import (
 
 	ch "github.com/ClickHouse/clickhouse-go/v2"
 
-	sqlfiles "github.com/faultline/faultline/sql"
+	"github.com/faultline/faultline/sql"
 )
 
 // MigrationsTable records the applied migrations, one row per version.
@@ -259,7 +259,7 @@ func record(ctx context.Context, conn Conn, m Migration) error {
 // database, open it, and apply faultline's migrations (sql/migrations).
 // A failed migration stops start-up with a *MigrationError.
 func Setup(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
-	return SetupFS(ctx, c, sqlfiles.Migrations, "migrations", log)
+	return SetupFS(ctx, c, sql.Migrations, "migrations", log)
 }
 
 // SetupWait is Setup for a role that must not start without ClickHouse:

@@ -12,7 +12,7 @@ import (
 
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/clickhouse/chtest"
-	sqlfiles "github.com/faultline/faultline/sql"
+	"github.com/faultline/faultline/sql"
 )
 
 func TestSplitStatements(t *testing.T) {
@@ -71,7 +71,7 @@ func TestLoadMigrationsRefuses(t *testing.T) {
 
 // TestEmbeddedMigrations checks the shipped files load.
 func TestEmbeddedMigrations(t *testing.T) {
-	migs, err := clickhouse.LoadMigrations(sqlfiles.Migrations, "migrations")
+	migs, err := clickhouse.LoadMigrations(sql.Migrations, "migrations")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,13 +92,13 @@ func TestMigrate(t *testing.T) {
 				t.Errorf("table %s: %d", table, n)
 			}
 		}
-		migs, _ := clickhouse.LoadMigrations(sqlfiles.Migrations, "migrations")
+		migs, _ := clickhouse.LoadMigrations(sql.Migrations, "migrations")
 		if n := chtest.Count(t, srv.Conn, "SELECT uniqExact(version) FROM "+clickhouse.MigrationsTable); n != uint64(len(migs)) {
 			t.Errorf("recorded %d migrations, want %d", n, len(migs))
 		}
 	})
 	t.Run("reapply is a no-op", func(t *testing.T) {
-		migs, _ := clickhouse.LoadMigrations(sqlfiles.Migrations, "migrations")
+		migs, _ := clickhouse.LoadMigrations(sql.Migrations, "migrations")
 		before := chtest.Count(t, srv.Conn, "SELECT count() FROM "+clickhouse.MigrationsTable)
 		done, err := clickhouse.Migrate(ctx, srv.Conn, migs, log)
 		if err != nil || len(done) != 0 {

@@ -1,22 +1,54 @@
 // Package config loads a binary's typed configuration: defaults, then an
-// optional TOML file (--config), then flags. Unknown keys in the file are an
-// error that names them. Secret holds a password or token read from a file
-// or an environment variable (ReadSecret) and never prints it.
+// optional TOML file (--config), then flags, then validation. Unknown keys
+// in the file are an error that names them. Secret holds a password or
+// token read from a file or an environment variable (ReadSecret) and never
+// prints it.
+//
+// One naming everywhere: a key is named by its TOML path
+// ("store.batch_records"); its flag is that path with "-" for "_"
+// ("--store.batch-records"); validation errors start with the TOML path.
+// FlagName does the conversion, Prefix registers a component's flags under
+// its section, and CheckFlags (for tests) finds the flags that name no key.
 package config
 
 import (
 	"flag"
 	"fmt"
 	"io"
+	"reflect"
+	"slices"
+	"sort"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
 
+// Option changes how Load reads a config.
+type Option func(*options)
+
+type options struct {
+	moved map[string]string
+}
+
+// Moved names keys that are no longer keys, each with what to set instead;
+// the unknown-key error of a file that still has one says so
+// ("gateway.tls: no longer a key: TLS is on by default; ...").
+func Moved(keys map[string]string) Option {
+	return func(o *options) { o.moved = keys }
+}
+
 // Load fills cfg (a pointer to the config holding its defaults) from the
 // --config file named in args, then from the flags that register adds, then
-// runs validate. It returns the remaining positional arguments.
-func Load(name string, args []string, cfg any, register func(fs *flag.FlagSet), validate func() error, out io.Writer) ([]string, error) {
+// runs validate. It returns the remaining positional arguments. Errors and
+// --help go to out; --help lists every flag but the deprecated spellings
+// (Alias), and a deprecated spelling that is used is named on out with its
+// current name.
+func Load(name string, args []string, cfg any, register func(fs *flag.FlagSet), validate func() error, out io.Writer, opts ...Option) ([]string, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if path := configPath(args); path != "" {
 		md, err := toml.DecodeFile(path, cfg)
 		if err != nil {
@@ -26,6 +58,9 @@ func Load(name string, args []string, cfg any, register func(fs *flag.FlagSet), 
 			keys := make([]string, len(und))
 			for i, k := range und {
 				keys[i] = k.String()
+				if why, ok := o.moved[keys[i]]; ok {
+					return nil, fmt.Errorf("config file %s: %s: no longer a key: %s", path, keys[i], why)
+				}
 			}
 			return nil, fmt.Errorf("config file %s: unknown keys: %s", path, strings.Join(keys, ", "))
 		}
@@ -34,9 +69,18 @@ func Load(name string, args []string, cfg any, register func(fs *flag.FlagSet), 
 	fs.SetOutput(out)
 	fs.String("config", "", "TOML configuration file (flags override it)")
 	register(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage of %s:\n", name)
+		PrintDefaults(fs, out)
+	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	fs.Visit(func(f *flag.Flag) {
+		if d, ok := f.Value.(*deprecated); ok {
+			fmt.Fprintf(out, "%s: flag --%s is deprecated; use --%s\n", name, f.Name, d.name)
+		}
+	})
 	if err := validate(); err != nil {
 		return nil, fmt.Errorf("invalid configuration: %w", err)
 	}
@@ -59,4 +103,115 @@ func configPath(args []string) string {
 		}
 	}
 	return ""
+}
+
+// FlagName is the flag of a TOML key path: "store.batch_records" →
+// "store.batch-records".
+func FlagName(key string) string { return strings.ReplaceAll(key, "_", "-") }
+
+// Prefix registers the flags register adds under prefix ("gateway."), for
+// components whose RegisterFlags takes no prefix, and keeps each flag's
+// unprefixed name as a deprecated spelling (Alias).
+func Prefix(fs *flag.FlagSet, prefix string, register func(fs *flag.FlagSet)) {
+	tmp := flag.NewFlagSet("", flag.ContinueOnError)
+	register(tmp)
+	tmp.VisitAll(func(f *flag.Flag) {
+		fs.Var(f.Value, prefix+f.Name, f.Usage)
+		Alias(fs, f.Name, prefix+f.Name)
+	})
+}
+
+// Alias makes old a deprecated spelling of the flag current (registered
+// already): setting it sets current, Load names the current spelling when
+// it is used, and --help does not list it.
+func Alias(fs *flag.FlagSet, old, current string) {
+	f := fs.Lookup(current)
+	if f == nil || fs.Lookup(old) != nil {
+		return
+	}
+	fs.Var(&deprecated{Value: f.Value, name: current}, old, "deprecated: use --"+current)
+}
+
+// deprecated is the Value of a deprecated flag spelling.
+type deprecated struct {
+	flag.Value
+	name string // the current spelling
+}
+
+// IsBoolFlag keeps --old (no value) working for a boolean flag.
+func (d *deprecated) IsBoolFlag() bool {
+	b, ok := d.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// PrintDefaults writes the flags of fs as flag.PrintDefaults does, leaving
+// out the deprecated spellings.
+func PrintDefaults(fs *flag.FlagSet, out io.Writer) {
+	shown := flag.NewFlagSet("", flag.ContinueOnError)
+	shown.SetOutput(out)
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := f.Value.(*deprecated); !ok {
+			shown.Var(f.Value, f.Name, f.Usage)
+			shown.Lookup(f.Name).DefValue = f.DefValue
+		}
+	})
+	shown.PrintDefaults()
+}
+
+// Keys returns the TOML key paths of a config struct (cfg or a pointer to
+// it): every field with a toml tag, tables and their fields alike, in the
+// order of the struct; an embedded struct's keys are its parent's.
+func Keys(cfg any) []string {
+	var out []string
+	var walk func(t reflect.Type, prefix string)
+	walk = func(t reflect.Type, prefix string) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct || t == reflect.TypeFor[time.Time]() {
+			return
+		}
+		for i := range t.NumField() {
+			f := t.Field(i)
+			tag, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+			switch {
+			case tag == "-" || !f.IsExported():
+				continue
+			case f.Anonymous && tag == "":
+				walk(f.Type, prefix)
+				continue
+			case tag == "":
+				continue // not a key
+			}
+			out = append(out, prefix+tag)
+			walk(f.Type, prefix+tag+".")
+		}
+	}
+	walk(reflect.TypeOf(cfg), "")
+	return out
+}
+
+// CheckFlags returns an error naming every flag of fs that names no key of
+// cfg (FlagName of a Keys path), other than --config, the deprecated
+// spellings and the flags listed in exempt (command arguments that are not
+// configuration, such as --list).
+func CheckFlags(fs *flag.FlagSet, cfg any, exempt ...string) error {
+	keys := map[string]bool{}
+	for _, k := range Keys(cfg) {
+		keys[FlagName(k)] = true
+	}
+	var bad []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, dep := f.Value.(*deprecated); dep || f.Name == "config" || slices.Contains(exempt, f.Name) {
+			return
+		}
+		if !keys[f.Name] {
+			bad = append(bad, "--"+f.Name)
+		}
+	})
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		return fmt.Errorf("flags that name no TOML key: %s", strings.Join(bad, ", "))
+	}
+	return nil
 }

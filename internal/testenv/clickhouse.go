@@ -45,6 +45,7 @@ const clickhouseUsersOverride = `<?xml version="1.0"?>
 // a native-protocol Ping succeeds. It is stopped when the test ends.
 func StartClickHouse(tb testing.TB) *ClickHouse {
 	tb.Helper()
+	Server(tb, "a ClickHouse server", nil) // -short
 	bin, modeArgs, err := chserver.FindBinary()
 	if err != nil {
 		missing(tb, "clickhouse", "no clickhouse-server binary; set FAULTLINE_CLICKHOUSE_BIN")

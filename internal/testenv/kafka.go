@@ -137,6 +137,7 @@ logger.utils.level = WARN
 // min.insync.replicas=1, group.initial.rebalance.delay.ms=0.
 func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 	tb.Helper()
+	Server(tb, "a Kafka broker", nil) // -short
 	libs, ok := kafkaLibs()
 	if !ok {
 		missing(tb, "kafka", "no Kafka jars in "+libs)

@@ -89,6 +89,7 @@ var kwokStages = []string{"node-initialize", "node-heartbeat", "pod-ready", "pod
 // bypasses it.
 func StartKube(tb testing.TB, opts KubeOptions) *Kube {
 	tb.Helper()
+	Server(tb, "a Kubernetes control plane", nil) // -short
 	assets := kubeAssets()
 	need := []string{"etcd", "kube-apiserver"}
 	if opts.ControllerManager {

@@ -16,9 +16,11 @@
 //	                           kube-controller-manager, kwok and stages/
 //	FAULTLINE_JAVA             java binary (default: java on PATH)
 //
-// When a binary is missing the test is skipped with a message naming the
-// install command, except when CI is set or FAULTLINE_REQUIRE_SERVERS=1: then
-// it fails, so that CI never passes by skipping.
+// Under `go test -short` every test that starts a server is skipped. When a
+// binary is missing the test is skipped with a message naming the install
+// command, except when CI is set or FAULTLINE_REQUIRE_SERVERS=1: then it
+// fails, so that CI never passes by skipping. Tests that start a server
+// some other way (internal/chserver, faultline dev) call Server first.
 //
 // StartKafka(t, KafkaSecure()) adds SASL_SSL and mutual-TLS listeners with
 // a generated CA; SharedSecureKafka shares one such broker among the tests
@@ -81,15 +83,53 @@ func serversRequired() bool {
 	return os.Getenv("CI") != "" || os.Getenv("FAULTLINE_REQUIRE_SERVERS") == "1"
 }
 
+// verdict is what a test that needs a real server does.
+type verdict int
+
+const (
+	run verdict = iota
+	skip
+	fail
+)
+
+// decide is the rule every server test follows: under -short it skips
+// (make test-unit: the fast tests only); a server that is not installed
+// skips it, or fails it when servers are required (CI,
+// FAULTLINE_REQUIRE_SERVERS=1), so that CI never passes by skipping.
+func decide(short, installed, required bool) verdict {
+	switch {
+	case short:
+		return skip
+	case installed:
+		return run
+	case required:
+		return fail
+	}
+	return skip
+}
+
+// Server is what every test that starts a real server calls first (the
+// Start functions of this package do): it skips the test under -short, and
+// when installErr says the server is not installed it skips the test, or
+// fails it when servers are required (CI, FAULTLINE_REQUIRE_SERVERS=1).
+func Server(tb testing.TB, what string, installErr error) {
+	tb.Helper()
+	switch decide(testing.Short(), installErr == nil, serversRequired()) {
+	case skip:
+		if installErr == nil {
+			tb.Skipf("testenv: -short: not starting %s", what)
+		}
+		tb.Skipf("testenv: %s: %v", what, installErr)
+	case fail:
+		tb.Fatalf("testenv: %s: %v (CI or FAULTLINE_REQUIRE_SERVERS=1: not skipping)", what, installErr)
+	}
+}
+
 // missing skips (or, in CI, fails) the test because a server is not installed.
 func missing(tb testing.TB, component, what string) {
 	tb.Helper()
-	msg := fmt.Sprintf("testenv: %s not installed (%s); run `%s %s` and `eval \"$(scripts/testenv/env.sh)\"`",
-		component, what, installHint, component)
-	if serversRequired() {
-		tb.Fatal(msg + " (CI or FAULTLINE_REQUIRE_SERVERS=1: not skipping)")
-	}
-	tb.Skip(msg)
+	Server(tb, component, fmt.Errorf("not installed (%s); run `%s %s` and `eval \"$(scripts/testenv/env.sh)\"`",
+		what, installHint, component))
 }
 
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.

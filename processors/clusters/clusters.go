@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -26,6 +27,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/faultline/faultline/internal/config"
 )
 
 // InCluster is the kubeconfig value that selects the pod's service account.
@@ -48,6 +51,14 @@ type Cluster struct {
 	Kubeconfig string `toml:"kubeconfig"`
 	// Context is the kubeconfig context; default the file's current context.
 	Context string `toml:"context"`
+	// TokenFile is a file holding the bearer token the cluster's API
+	// server is called with, instead of the kubeconfig's credentials (a
+	// mounted service-account token); re-read as it changes. Default none.
+	TokenFile string `toml:"token_file"`
+	// TokenEnv names an environment variable holding that token, read
+	// when the client is built. Default none. The token is never printed
+	// (config.Secret).
+	TokenEnv string `toml:"token_env"`
 	// DryRun decides and records actions for this cluster but applies none.
 	DryRun bool `toml:"dry_run"`
 	// QPS and Burst override the defaults of Config for this cluster (0: use them).
@@ -60,6 +71,10 @@ type Config struct {
 	// Clusters by name. Events of a cluster not listed here are decided and
 	// recorded as dry-run.
 	Clusters []Cluster `toml:"clusters"`
+	// DryRunClusters are clusters decided but never changed: each is
+	// Clusters' entry of that name with dry_run set (or a new entry without
+	// a kubeconfig). Default none.
+	DryRunClusters []string `toml:"dry_run_clusters"`
 	// QPS is the client-side request rate limit per cluster. Default DefaultQPS.
 	QPS float32 `toml:"qps"`
 	// Burst is the client-side burst per cluster. Default DefaultBurst.
@@ -87,16 +102,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	})
 	fs.Func(prefix+"dry-run-clusters", "comma-separated clusters that are decided but never changed", func(s string) error {
 		for _, name := range strings.Split(s, ",") {
-			name = strings.TrimSpace(name)
-			if name == "" {
-				continue
+			if name = strings.TrimSpace(name); name != "" {
+				c.DryRunClusters = append(c.DryRunClusters, name)
 			}
-			i := c.index(name)
-			if i < 0 {
-				c.Clusters = append(c.Clusters, Cluster{Name: name})
-				i = len(c.Clusters) - 1
-			}
-			c.Clusters[i].DryRun = true
 		}
 		return nil
 	})
@@ -129,6 +137,24 @@ func ParseClusters(s string) ([]Cluster, error) {
 	return out, nil
 }
 
+// resolved is c with DryRunClusters applied to Clusters.
+func (c Config) resolved() Config {
+	if len(c.DryRunClusters) == 0 {
+		return c
+	}
+	c.Clusters = slices.Clone(c.Clusters)
+	for _, name := range c.DryRunClusters {
+		i := c.index(name)
+		if i < 0 {
+			c.Clusters = append(c.Clusters, Cluster{Name: name})
+			i = len(c.Clusters) - 1
+		}
+		c.Clusters[i].DryRun = true
+	}
+	c.DryRunClusters = nil
+	return c
+}
+
 func (c Config) index(name string) int {
 	for i, cl := range c.Clusters {
 		if cl.Name == name {
@@ -159,11 +185,19 @@ func (c Config) Validate(prefix string) error {
 			return fmt.Errorf("%s.name: cluster %q is listed twice", key, cl.Name)
 		}
 		seen[cl.Name] = true
-		if cl.Kubeconfig == "" && !cl.DryRun {
+		if cl.Kubeconfig == "" && !cl.DryRun && !slices.Contains(c.DryRunClusters, cl.Name) {
 			return fmt.Errorf("%s.kubeconfig: cluster %q needs a kubeconfig path or %q (or dry_run)", key, cl.Name, InCluster)
 		}
 		if cl.QPS < 0 || cl.Burst < 0 {
 			return fmt.Errorf("%s.qps: cluster %q has a negative qps or burst", key, cl.Name)
+		}
+		if _, err := cl.token(key + "."); err != nil {
+			return err
+		}
+	}
+	for i, name := range c.DryRunClusters {
+		if name == "" || strings.Contains(name, "/") {
+			return fmt.Errorf("%sdry_run_clusters[%d]: must be non-empty and have no '/', got %q", prefix, i, name)
 		}
 	}
 	return nil
@@ -171,6 +205,7 @@ func (c Config) Validate(prefix string) error {
 
 // Names returns the configured cluster names, sorted.
 func (c Config) Names() []string {
+	c = c.resolved()
 	out := make([]string, 0, len(c.Clusters))
 	for _, cl := range c.Clusters {
 		out = append(out, cl.Name)
@@ -211,7 +246,7 @@ func NewRegistry(cfg Config, now func() time.Time) *Registry {
 	if now == nil {
 		now = time.Now
 	}
-	r := &Registry{cfg: cfg, now: now, clients: map[string]*Client{}}
+	r := &Registry{cfg: cfg.resolved(), now: now, clients: map[string]*Client{}}
 	r.build = r.buildClient
 	return r
 }
@@ -269,6 +304,21 @@ func (r *Registry) RESTConfig(cl Cluster) (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster %q: load kubeconfig %s: %w", cl.Name, cl.Kubeconfig, err)
 	}
+	switch tok, err := cl.token(fmt.Sprintf("kube.clusters[%s].", cl.Name)); {
+	case err != nil:
+		return nil, err
+	case (cl.TokenFile != "" || !tok.IsZero()) && !rest.IsConfigTransportTLS(*rc):
+		// As client-go does with a kubeconfig's own credentials: never
+		// in clear.
+		return nil, fmt.Errorf("cluster %q: kube.clusters[%s].token_file/token_env: the API server %s is not reached over TLS; a token is never sent in clear",
+			cl.Name, cl.Name, rc.Host)
+	case cl.TokenFile != "":
+		rc.BearerToken, rc.BearerTokenFile = "", cl.TokenFile
+		rc.Username, rc.Password, rc.ExecProvider, rc.AuthProvider = "", "", nil, nil
+	case !tok.IsZero():
+		rc.BearerToken, rc.BearerTokenFile = tok.Reveal(), ""
+		rc.Username, rc.Password, rc.ExecProvider, rc.AuthProvider = "", "", nil, nil
+	}
 	rc.QPS, rc.Burst = r.cfg.QPS, r.cfg.Burst
 	if cl.QPS > 0 {
 		rc.QPS = cl.QPS
@@ -279,6 +329,24 @@ func (r *Registry) RESTConfig(cl Cluster) (*rest.Config, error) {
 	rc.Timeout = r.cfg.Timeout
 	rc.UserAgent = "faultline-processor"
 	return rc, nil
+}
+
+// token reads the cluster's bearer token from TokenFile or TokenEnv (zero
+// when neither is set); errors name the key (prefix + token_file or
+// token_env), never the value.
+func (cl Cluster) token(prefix string) (config.Secret, error) {
+	if cl.TokenFile == "" && cl.TokenEnv == "" {
+		return config.Secret{}, nil
+	}
+	s, err := config.ReadSecret(cl.TokenFile, cl.TokenEnv)
+	if err != nil {
+		key := "token_file"
+		if cl.TokenFile == "" {
+			key = "token_env"
+		}
+		return config.Secret{}, fmt.Errorf("%s%s: %w", prefix, key, err)
+	}
+	return s, nil
 }
 
 func (r *Registry) buildClient(cl Cluster) (kubernetes.Interface, error) {
@@ -396,4 +464,71 @@ func Retriable(err error) bool {
 	// Unknown transport-level errors (connection refused wrapped by url.Error
 	// is a net.Error; others like EOF) are treated as the cluster's trouble.
 	return true
+}
+
+// Attempt is the outcome of one try of a unit of work on a cluster
+// (Registry.Try).
+type Attempt struct {
+	// Client is the cluster's client: nil for a cluster that is not
+	// configured (the work was decided as dry-run) or whose client could
+	// not be built.
+	Client *Client
+	// Ran reports whether the step was called.
+	Ran bool
+	// Err is the step's error; or, when the step was not called, why: the
+	// client could not be built, or the cluster is backing off (its last
+	// error).
+	Err error
+	// Retriable: the work must be tried again later — the trouble is the
+	// cluster's (see Retriable) or the time's (ctx ended), not the work's.
+	// Otherwise Err is the work's own failure, to be recorded.
+	Retriable bool
+	// RetryAt is when the cluster may be tried again: the end of its
+	// backoff. Zero when the client could not be built or ctx ended (the
+	// caller picks when).
+	RetryAt time.Time
+}
+
+// Live reports whether the attempt had a client that changes the cluster
+// or reads it: configured, with a kubeconfig.
+func (a Attempt) Live() bool { return a.Client != nil && a.Client.Kube != nil }
+
+// Try runs one unit of work on the named cluster, the way every role that
+// acts on Kubernetes does: get the cluster's client (a cluster that is not
+// configured runs step with a nil client, to decide as dry-run); for a
+// live cluster check its Gate (one backing off is not called); run step;
+// report the outcome to the Gate: a success resets it, an error that is
+// the cluster's (Retriable) backs it off. An error while ctx is done (the
+// batch ran out of time, the processor is stopping) is nobody's: the Gate
+// is left as it was and the work is retriable.
+func (r *Registry) Try(ctx context.Context, name string, step func(ctx context.Context, cl *Client) error) Attempt {
+	cl, err := r.Get(name)
+	switch {
+	case errors.Is(err, ErrUnknownCluster):
+		cl = nil
+	case err != nil:
+		return Attempt{Err: err, Retriable: true}
+	}
+	a := Attempt{Client: cl}
+	if a.Live() {
+		if ready, next := cl.Gate.Ready(); !ready {
+			a.Err, a.Retriable, a.RetryAt = cl.Gate.LastError(), true, next
+			if a.Err == nil {
+				a.Err = errors.New("backing off")
+			}
+			return a
+		}
+	}
+	a.Ran, a.Err = true, step(ctx, cl)
+	switch {
+	case a.Err == nil:
+		if a.Live() {
+			cl.Gate.OK()
+		}
+	case ctx.Err() != nil:
+		a.Retriable = true
+	case a.Live() && Retriable(a.Err):
+		a.Retriable, a.RetryAt = true, cl.Gate.Fail(a.Err)
+	}
+	return a
 }

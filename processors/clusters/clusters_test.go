@@ -2,17 +2,20 @@ package clusters
 
 import (
 	"context"
-	"net"
-
 	"errors"
 	"flag"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 func TestFlagsAndValidate(t *testing.T) {
@@ -25,8 +28,9 @@ func TestFlagsAndValidate(t *testing.T) {
 	if got := c.Names(); strings.Join(got, ",") != "a,b,c" || c.QPS != 150 {
 		t.Fatalf("names %v qps %v", got, c.QPS)
 	}
-	if !c.Clusters[1].DryRun || c.Clusters[0].DryRun || c.Clusters[1].Kubeconfig != InCluster {
-		t.Fatalf("clusters %+v", c.Clusters)
+	if r := c.resolved(); len(r.Clusters) != 3 || !r.Clusters[1].DryRun || r.Clusters[0].DryRun || r.Clusters[1].Kubeconfig != InCluster ||
+		!r.Clusters[2].DryRun || r.Clusters[2].Name != "c" {
+		t.Fatalf("clusters %+v", r.Clusters)
 	}
 	if err := c.Validate("kube."); err != nil {
 		t.Fatalf("valid config: %v", err)
@@ -37,12 +41,14 @@ func TestFlagsAndValidate(t *testing.T) {
 	}{
 		{func(c *Config) { c.QPS = 0 }, "kube.qps"},
 		{func(c *Config) { c.Burst = 0 }, "kube.burst"},
-		{func(c *Config) { c.Clusters = append(c.Clusters, Cluster{Name: "a", Kubeconfig: "x"}) }, "kube.clusters[3].name"},
-		{func(c *Config) { c.Clusters = append(c.Clusters, Cluster{Name: "d"}) }, "kube.clusters[3].kubeconfig"},
+		{func(c *Config) { c.Clusters = append(c.Clusters, Cluster{Name: "a", Kubeconfig: "x"}) }, "kube.clusters[2].name"},
+		{func(c *Config) { c.Clusters = append(c.Clusters, Cluster{Name: "d"}) }, "kube.clusters[2].kubeconfig"},
+		{func(c *Config) { c.DryRunClusters = append(c.DryRunClusters, "x/y") }, "kube.dry_run_clusters[2]"},
 		{func(c *Config) { c.Clusters[0].Name = "a/b" }, "kube.clusters[0].name"},
 	} {
 		cc := c
 		cc.Clusters = append([]Cluster(nil), c.Clusters...)
+		cc.DryRunClusters = append([]string(nil), c.DryRunClusters...)
 		tc.mut(&cc)
 		if err := cc.Validate("kube."); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 			t.Errorf("Validate() = %v, want it to name %s", err, tc.want)
@@ -135,5 +141,126 @@ func TestRetriable(t *testing.T) {
 		if got := Retriable(tc.err); got != tc.want {
 			t.Errorf("Retriable(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// TestTry: the per-cluster step every Kubernetes-facing role takes — the
+// Gate decides whether the step runs, the step's error decides the Gate.
+func TestTry(t *testing.T) {
+	kube, err := kubernetes.NewForConfig(&rest.Config{Host: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cfg := DefaultConfig()
+	cfg.Clusters = []Cluster{{Name: "broken", Kubeconfig: "/does/not/exist"}}
+	reg := NewRegistry(cfg, func() time.Time { return now })
+	live := reg.SetClient("live", kube, false)
+	unavailable := apierrors.NewServiceUnavailable("down")
+	invalid := apierrors.NewBadRequest("bad")
+	ok := func(context.Context, *Client) error { return nil }
+
+	a := reg.Try(context.Background(), "live", ok)
+	if a.Err != nil || !a.Ran || !a.Live() || a.Client != live {
+		t.Fatalf("healthy: %+v", a)
+	}
+	// The cluster's error backs the cluster off and is retriable.
+	a = reg.Try(context.Background(), "live", func(context.Context, *Client) error { return unavailable })
+	if !a.Ran || !a.Retriable || a.RetryAt.IsZero() || live.Gate.Failures() != 1 {
+		t.Fatalf("503: %+v failures %d", a, live.Gate.Failures())
+	}
+	// While backing off, the step is not run.
+	ran := false
+	a = reg.Try(context.Background(), "live", func(context.Context, *Client) error { ran = true; return nil })
+	if ran || a.Ran || !a.Retriable || a.RetryAt != live.Gate.next || !errors.Is(a.Err, unavailable) {
+		t.Fatalf("backing off: ran %v %+v", ran, a)
+	}
+	// After the backoff a success resets the gate.
+	now = now.Add(time.Minute)
+	if a = reg.Try(context.Background(), "live", ok); a.Err != nil || live.Gate.Failures() != 0 {
+		t.Fatalf("recovered: %+v failures %d", a, live.Gate.Failures())
+	}
+	// The work's own error is not retriable and leaves the gate alone.
+	a = reg.Try(context.Background(), "live", func(context.Context, *Client) error { return invalid })
+	if !a.Ran || a.Retriable || live.Gate.Failures() != 0 {
+		t.Fatalf("400: %+v", a)
+	}
+	// An error after ctx ended is nobody's: retriable, gate untouched.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	a = reg.Try(ctx, "live", func(ctx context.Context, _ *Client) error { return ctx.Err() })
+	if !a.Retriable || !a.RetryAt.IsZero() || live.Gate.Failures() != 0 {
+		t.Fatalf("ctx ended: %+v failures %d", a, live.Gate.Failures())
+	}
+	// A cluster that is not configured runs the step without a client.
+	var got *Client = live
+	a = reg.Try(context.Background(), "elsewhere", func(_ context.Context, cl *Client) error { got = cl; return unavailable })
+	if got != nil || !a.Ran || a.Live() || a.Retriable {
+		t.Fatalf("unknown cluster: client %v %+v", got, a)
+	}
+	// A client that cannot be built: not run, retriable, when is the caller's.
+	a = reg.Try(context.Background(), "broken", func(context.Context, *Client) error { t.Fatal("ran"); return nil })
+	if a.Ran || !a.Retriable || !a.RetryAt.IsZero() || a.Client != nil || a.Err == nil {
+		t.Fatalf("unavailable client: %+v", a)
+	}
+}
+
+// TestClusterToken: a token_file or token_env replaces the kubeconfig's
+// credentials; a token that cannot be read stops start-up naming the key,
+// never showing a value.
+func TestClusterToken(t *testing.T) {
+	const planted = "planted-kube-token-3f9a"
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: kubeconfig-token}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokFile, []byte(planted+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("FAULTLINE_TEST_KUBE_TOKEN", planted)
+	r := NewRegistry(DefaultConfig(), nil)
+	rc, err := r.RESTConfig(Cluster{Name: "f", Kubeconfig: kc, TokenFile: tokFile})
+	if err != nil || rc.BearerTokenFile != tokFile || rc.BearerToken != "" {
+		t.Fatalf("token_file: %v token %q file %q", err, rc.BearerToken, rc.BearerTokenFile)
+	}
+	rc, err = r.RESTConfig(Cluster{Name: "e", Kubeconfig: kc, TokenEnv: "FAULTLINE_TEST_KUBE_TOKEN"})
+	if err != nil || rc.BearerToken != planted || rc.BearerTokenFile != "" {
+		t.Fatalf("token_env: %v", err)
+	}
+	if s := fmt.Sprintf("%v %+v %s", rc, rc, rc); strings.Contains(s, planted) {
+		t.Fatalf("the rest config prints the token: %s", s)
+	}
+	rc, err = r.RESTConfig(Cluster{Name: "k", Kubeconfig: kc})
+	if err != nil || rc.BearerToken != "kubeconfig-token" {
+		t.Fatalf("kubeconfig credentials: %v", err)
+	}
+	plain := filepath.Join(dir, "plain")
+	if err := os.WriteFile(plain, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
+contexts: [{name: x, context: {cluster: c}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RESTConfig(Cluster{Name: "p", Kubeconfig: plain, TokenFile: tokFile}); err == nil || !strings.Contains(err.Error(), "never sent in clear") {
+		t.Fatalf("token over http: %v", err)
+	}
+	cfg := DefaultConfig()
+	cfg.Clusters = []Cluster{{Name: "a", Kubeconfig: kc, TokenEnv: "FAULTLINE_TEST_KUBE_TOKEN_UNSET"}}
+	if err := cfg.Validate("kube."); err == nil || !strings.HasPrefix(err.Error(), "kube.clusters[0].token_env: environment variable FAULTLINE_TEST_KUBE_TOKEN_UNSET is not set") {
+		t.Fatalf("unset token_env: %v", err)
+	}
+	cfg.Clusters[0].TokenEnv, cfg.Clusters[0].TokenFile = "FAULTLINE_TEST_KUBE_TOKEN", tokFile
+	if err := cfg.Validate("kube."); err == nil || !strings.HasPrefix(err.Error(), "kube.clusters[0].token_file: both") || strings.Contains(err.Error(), planted) {
+		t.Fatalf("both: %v", err)
 	}
 }

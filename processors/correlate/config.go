@@ -10,6 +10,9 @@ import (
 	"github.com/faultline/faultline/schemas/events"
 )
 
+// Role is the role's name.
+const Role = "correlate"
+
 // Topics the correlate role consumes: events (raw and derived; derived
 // ones never trigger) and actions (MultipleRemediations counts them).
 var Topics = []string{events.TopicEvents, events.TopicActions}
@@ -98,6 +101,7 @@ func (c Config) applyShadow(rules []*Rule) ([]*Rule, error) {
 // so each rule runs one query per batch.
 func (c Config) Pipeline() pipeline.Config {
 	return pipeline.Config{
+		Role:            Role,
 		Topics:          Topics,
 		MaxPollRecords:  c.BatchRecords,
 		MinBatch:        c.BatchRecords,

@@ -1,5 +1,5 @@
 // Package correlate is the correlation processor role (`faultline process
-// --role=correlate`), the Health Events Analyzer of the seeds: time-window
+// --role=correlate`), NVSentinel's Health Events Analyzer re-designed: time-window
 // rules declared in a rules file, each a CEL trigger over incoming events
 // (or actions), a ClickHouse window query, a threshold and the template of
 // the derived HealthEvent it emits back to the events topic.
@@ -194,7 +194,10 @@ type prior struct {
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
 	items, dead := decode(recs, h.log)
 	h.expireCache()
-	bt := newBatchTables(items)
+	bt, err := newBatchTables(recs)
+	if err != nil {
+		return pipeline.Result{}, err
+	}
 	plans := make([]*plan, len(h.rules))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(queryParallelism)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/faultline/faultline/processors/rows"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -22,71 +22,52 @@ import (
 const MaxStanding = 30 * 24 * time.Hour
 
 // batchTables are the rows of a batch's records for the external tables
-// batch and batch_actions, built once per batch (before the rule queries
-// run concurrently) and sent with every query that reads them.
+// batch and batch_actions (processors/rows: the events and actions tables'
+// own rows, under their column names), built once per batch (before the
+// rule queries run concurrently) and sent with every query that reads them.
 type batchTables struct {
-	evRows  [][]any
-	actRows [][]any
+	events, actions rows.Selection
 }
 
-func newBatchTables(items []item) *batchTables {
+// Columns of the events and actions tables the rule queries read from the
+// batch (sql/rules/README.md).
+var (
+	batchColumns = []string{"cluster", "node", "check", "entity", "ts", "ts_ms", "id", "is_fatal", "is_healthy",
+		"error_codes", "entities.type", "entities.value", "metadata.key", "metadata.value", "derived_by", "processing_strategy"}
+	batchActionColumns = []string{"cluster", "node", "ts", "ts_ms", "id", "kind", "outcome", "role", "rule", "dry_run"}
+)
+
+// newBatchTables maps the batch's records to rows. A record that can
+// never be a row (rows.ErrPoison) is left out: the store dead-letters it,
+// so it is in no window of the history either.
+func newBatchTables(recs []*kgo.Record) (*batchTables, error) {
+	var (
+		evs rows.Events
+		acs rows.Actions
+	)
+	for _, r := range recs {
+		if r.Topic == events.TopicActions {
+			_ = acs.Add(r)
+		} else {
+			_ = evs.Add(r)
+		}
+	}
 	bt := &batchTables{}
-	for _, it := range items {
-		if it.act != nil {
-			a := it.act
-			t := time.UnixMilli(it.atMS).UTC()
-			bt.actRows = append(bt.actRows, []any{it.cluster, it.node, t.Truncate(time.Second), uint16(t.Nanosecond() / 1e6),
-				a.GetId(), a.GetKind(), a.GetOutcome(), a.GetRole(), a.GetRule(), b2u(a.GetDryRun())})
-			continue
-		}
-		ev := it.ev
-		t := time.UnixMilli(it.atMS).UTC()
-		var et, evv []string
-		for _, e := range ev.GetEntitiesImpacted() {
-			et = append(et, e.GetEntityType())
-			evv = append(evv, e.GetEntityValue())
-		}
-		mk := make([]string, 0, len(ev.GetMetadata()))
-		for k := range ev.GetMetadata() {
-			mk = append(mk, k)
-		}
-		sort.Strings(mk)
-		mv := make([]string, len(mk))
-		for i, k := range mk {
-			mv[i] = ev.GetMetadata()[k]
-		}
-		bt.evRows = append(bt.evRows, []any{it.cluster, it.node, ev.GetCheckName(), events.EntityKey(ev),
-			t.Truncate(time.Second), uint16(t.Nanosecond() / 1e6), ev.GetId(), b2u(ev.GetIsFatal()), b2u(ev.GetIsHealthy()),
-			orEmpty(ev.GetErrorCode()), orEmpty(et), orEmpty(evv), mk, mv, ev.GetDerivedBy(), ev.GetProcessingStrategy().String()})
+	var err error
+	if bt.events, err = evs.Select(batchColumns...); err != nil {
+		return nil, fmt.Errorf("batch table: %w", err)
 	}
-	return bt
-}
-
-func b2u(v bool) uint8 {
-	if v {
-		return 1
+	if bt.actions, err = acs.Select(batchActionColumns...); err != nil {
+		return nil, fmt.Errorf("batch_actions table: %w", err)
 	}
-	return 0
-}
-
-func orEmpty(s []string) []string {
-	if s == nil {
-		return []string{}
-	}
-	return s
+	return bt, nil
 }
 
 type col struct{ name, typ string }
 
 var (
 	triggerCols = []col{{"tid", "String"}, {"cluster", "String"}, {"node", "String"}, {"gkey", "String"}, {"at", "DateTime"}, {"at_ms", "UInt64"}}
-	batchCols   = []col{{"cluster", "String"}, {"node", "String"}, {"check", "String"}, {"entity", "String"},
-		{"ts", "DateTime"}, {"ts_ms", "UInt16"}, {"id", "String"}, {"is_fatal", "UInt8"}, {"is_healthy", "UInt8"},
-		{"error_codes", "Array(String)"}, {"entity_types", "Array(String)"}, {"entity_values", "Array(String)"},
-		{"meta_keys", "Array(String)"}, {"meta_values", "Array(String)"}, {"derived_by", "String"}, {"processing_strategy", "String"}}
-	actionCols = []col{{"cluster", "String"}, {"node", "String"}, {"ts", "DateTime"}, {"ts_ms", "UInt16"}, {"id", "String"},
-		{"kind", "String"}, {"outcome", "String"}, {"role", "String"}, {"rule", "String"}, {"dry_run", "UInt8"}}
-	lookupCols = []col{{"cluster", "String"}, {"node", "String"}, {"entity", "String"}}
+	lookupCols  = []col{{"cluster", "String"}, {"node", "String"}, {"entity", "String"}}
 )
 
 func newTable(name string, cols []col, rows [][]any) (*ext.Table, error) {
@@ -128,14 +109,14 @@ func (h *Handler) runRule(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 		q = "SELECT tid, value, emptyArrayString() AS cause_ids, last_ms FROM (" + q + "\n)"
 	}
 	if r.readsBatch {
-		t, err := newTable("batch", batchCols, bt.evRows)
+		t, err := bt.events.Table("batch")
 		if err != nil {
 			return nil, err
 		}
 		tables = append(tables, t)
 	}
 	if r.readsBatchActions {
-		t, err := newTable("batch_actions", actionCols, bt.actRows)
+		t, err := bt.actions.Table("batch_actions")
 		if err != nil {
 			return nil, err
 		}
@@ -416,7 +397,11 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 			t.tid, t.atMS = fmt.Sprint(len(uniq)), now.UnixMilli()
 			uniq = append(uniq, t)
 		}
-		recs, err := h.evaluate(ctx, r, uniq, &batchTables{})
+		empty, err := newBatchTables(nil) // a sweep has no records
+		if err != nil {
+			return nil, err
+		}
+		recs, err := h.evaluate(ctx, r, uniq, empty)
 		if err != nil {
 			return nil, fmt.Errorf("sweep: %w", err)
 		}

@@ -3,60 +3,55 @@ package correlate
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/processors/role"
 )
 
 // Open is what the role does at start: compile the rules (a bad rule stops
-// start-up naming the rule and field), connect to ClickHouse (waiting while
-// it is unreachable; the schema is applied idempotently), and start the
-// sweep, which produces with its own client. The closer stops the sweep and
-// closes the connection.
-func Open(ctx context.Context, chCfg clickhouse.Config, kcfg kafka.Config, cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Handler, io.Closer, error) {
-	log = log.With("role", "correlate")
+// start-up naming the rule and field) and connect to ClickHouse (waiting
+// while it is unreachable; the schema is applied idempotently). The role
+// is its consumer of Topics and, unless SweepInterval is 0, the sweep loop
+// (RunSweeps), which produces with its own client; closing it closes the
+// connection.
+func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
+	deps = deps.WithDefaults()
+	log := deps.Log.With("role", Role)
 	rules, err := LoadRules(cfg.Rules)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if rules, err = cfg.applyShadow(rules); err != nil {
-		return nil, nil, fmt.Errorf("correlate.shadow: %w", err)
+		return nil, fmt.Errorf("correlate.shadow: %w", err)
 	}
-	conn, err := clickhouse.SetupWait(ctx, chCfg, log)
+	conn, err := clickhouse.SetupWait(ctx, deps.ClickHouse, log)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	h := New(conn, rules, time.Now, cfg.CacheTTL, log, NewMetrics(reg))
+	h := New(conn, rules, time.Now, cfg.CacheTTL, log, NewMetrics(deps.Registry))
 	log.Info("correlation rules loaded", "rules", Names(rules))
-	sctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	if cfg.SweepInterval > 0 {
-		cl, err := kafka.NewClient(kcfg, log, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
-		if err != nil {
-			stop()
-			conn.Close()
-			return nil, nil, err
-		}
-		go func() {
-			defer close(done)
-			defer cl.Close()
-			h.RunSweeps(sctx, cfg.SweepInterval, cl)
-		}()
-	} else {
-		close(done)
+	r := &role.Role{
+		Name:      Role,
+		Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h}},
+		Close:     conn.Close,
 	}
-	return h, closerFunc(func() error {
-		stop()
-		<-done
-		return conn.Close()
-	}), nil
+	if cfg.SweepInterval > 0 {
+		r.Loops = []role.Loop{{Name: "sweep", Run: func(ctx context.Context) error {
+			cl, err := kafka.NewClient(deps.Kafka, log, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			h.RunSweeps(ctx, cfg.SweepInterval, cl)
+			return nil
+		}}}
+	}
+	return r, nil
 }
 
 // RunSweeps runs Sweep every interval until ctx ends, producing what it
@@ -79,7 +74,3 @@ func (h *Handler) RunSweeps(ctx context.Context, interval time.Duration, p pipel
 		}
 	}
 }
-
-type closerFunc func() error
-
-func (f closerFunc) Close() error { return f() }

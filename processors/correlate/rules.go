@@ -19,7 +19,7 @@ import (
 	"github.com/google/cel-go/cel"
 
 	"github.com/faultline/faultline/schemas/gen/datamodels"
-	sqlfiles "github.com/faultline/faultline/sql"
+	"github.com/faultline/faultline/sql"
 )
 
 // DefaultRules is the shipped rules file (default_rules.toml), used when
@@ -67,7 +67,7 @@ type RuleSpec struct {
 	// Source of the triggers: "events" (default) or "actions".
 	Source string `toml:"source"`
 	// Trigger is a CEL boolean over `event` (the HealthEvent with the
-	// seed's JSON field names) or, for source "actions", `action`.
+	// HealthEvent JSON field names: checkName, errorCode, ...) or, for source "actions", `action`.
 	// Derived and STORE_ONLY events never trigger, whatever it says.
 	Trigger string `toml:"trigger"`
 	// Scope is "entity" (default), "node" or "cluster".
@@ -404,7 +404,7 @@ func loadSQL(ref string, dir fs.FS) (string, error) {
 			return string(b), nil
 		}
 	}
-	b, err := fs.ReadFile(sqlfiles.Rules, "rules/"+ref)
+	b, err := fs.ReadFile(sql.Rules, "rules/"+ref)
 	if err != nil {
 		return "", fmt.Errorf("no query file %q (next to the rules file or in sql/rules)", ref)
 	}

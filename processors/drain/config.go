@@ -9,6 +9,10 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/processors/requeue"
 )
 
 // TopicRequeue carries drains still in progress back to the drain role
@@ -99,6 +103,10 @@ type Config struct {
 	MaxPDBBackoff time.Duration `toml:"max_pdb_backoff"`
 	// Workers bounds the nodes handled at once per batch. Default 64.
 	Workers int `toml:"workers"`
+	// BatchTimeout bounds one batch: a batch may wait for a requeued
+	// item's not-before time (at most 20s) and then act on a node's
+	// pods. Default 2m.
+	BatchTimeout time.Duration `toml:"batch_timeout"`
 	// PodWorkers bounds the API calls in flight for one node. Default 16.
 	PodWorkers int `toml:"pod_workers"`
 	// GPUAnnotations are the pod annotation keys read for the GPU UUIDs a
@@ -138,6 +146,7 @@ func DefaultConfig() Config {
 		PDBBackoff:        5 * time.Second,
 		MaxPDBBackoff:     time.Minute,
 		Workers:           64,
+		BatchTimeout:      2 * time.Minute,
 		PodWorkers:        16,
 		GPUAnnotations:    []string{DefaultGPUAnnotation},
 		Identity:          "faultline-drain/" + host,
@@ -145,15 +154,16 @@ func DefaultConfig() Config {
 }
 
 // RegisterFlags adds the config's flags with the given prefix ("drain.").
-// --<prefix>rule takes "MODE[,namespace=REGEX][,selector=SEL][,timeout=DUR]"
-// and may be repeated (selectors with commas must be set in the TOML file).
+// --<prefix>rules takes "MODE[,namespace=REGEX][,selector=SEL][,timeout=DUR]"
+// and may be repeated, each adding one of Rules (selectors with commas must
+// be set in the TOML file); --<prefix>rule is its deprecated spelling.
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.SystemNamespaces, prefix+"system-namespaces", c.SystemNamespaces, "regular expression of namespaces never drained")
 	fs.Func(prefix+"mode", "mode of pods no rule matches: Immediate, AllowCompletion or DeleteAfterTimeout (default Immediate)", func(s string) error {
 		c.Mode = Mode(s)
 		return nil
 	})
-	fs.Func(prefix+"rule", "drain rule MODE[,namespace=REGEX][,selector=KEY=VAL][,timeout=DUR]; repeatable, first match wins", func(s string) error {
+	fs.Func(prefix+"rules", "adds a drain rule MODE[,namespace=REGEX][,selector=KEY=VAL][,timeout=DUR]; repeatable, first match wins", func(s string) error {
 		r, err := ParseRule(s)
 		if err != nil {
 			return err
@@ -161,6 +171,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 		c.Rules = append(c.Rules, r)
 		return nil
 	})
+	config.Alias(fs, prefix+"rule", prefix+"rules")
 	fs.DurationVar(&c.EvictionTimeout, prefix+"eviction-timeout", c.EvictionTimeout, "Immediate: give a pod up this long after the drain began")
 	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "AllowCompletion: give a pod up this long after the drain began")
 	fs.DurationVar(&c.DeleteAfter, prefix+"delete-after", c.DeleteAfter, "DeleteAfterTimeout: force-delete pods left this long after the drain began")
@@ -169,6 +180,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often a drain in progress is looked at again")
 	fs.DurationVar(&c.PDBBackoff, prefix+"pdb-backoff", c.PDBBackoff, "first wait before retrying an eviction a PDB refused")
 	fs.DurationVar(&c.MaxPDBBackoff, prefix+"max-pdb-backoff", c.MaxPDBBackoff, "cap of the PDB retry backoff")
+	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 20s: a batch may wait that long for a requeued item)")
 	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes drained concurrently per batch")
 	fs.IntVar(&c.PodWorkers, prefix+"pod-workers", c.PodWorkers, "API calls in flight per node")
 	fs.Func(prefix+"gpu-annotations", "comma-separated pod annotation keys holding the pod's GPU UUIDs (default "+DefaultGPUAnnotation+")", func(s string) error {
@@ -183,7 +195,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
 }
 
-// ParseRule parses the --drain.rule form "MODE[,namespace=REGEX][,selector=SEL][,timeout=DUR]".
+// ParseRule parses the --drain.rules form "MODE[,namespace=REGEX][,selector=SEL][,timeout=DUR]".
 func ParseRule(s string) (Rule, error) {
 	parts := strings.Split(s, ",")
 	r := Rule{Mode: Mode(strings.TrimSpace(parts[0]))}
@@ -258,6 +270,9 @@ func (c *Config) Validate(prefix string) error {
 	if c.Workers < 1 {
 		return fmt.Errorf("%sworkers: must be at least 1, got %d", prefix, c.Workers)
 	}
+	if c.BatchTimeout <= requeueWait {
+		return fmt.Errorf("%sbatch_timeout: must be more than %v (a batch may wait that long for a requeued item), got %v", prefix, requeueWait, c.BatchTimeout)
+	}
 	if c.PodWorkers < 1 {
 		return fmt.Errorf("%spod_workers: must be at least 1, got %d", prefix, c.PodWorkers)
 	}
@@ -280,4 +295,13 @@ func (c *Config) timeout(m Mode, r *Rule) time.Duration {
 	default:
 		return c.EvictionTimeout
 	}
+}
+
+// requeueWait is the longest a batch waits for a requeued item's
+// not-before time (requeue.ByNode).
+const requeueWait = requeue.MaxWait
+
+// Pipeline returns the runner settings of the role's consumer.
+func (c Config) Pipeline() pipeline.Config {
+	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout}
 }

@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,10 +21,10 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
-	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/processors/requeue"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -34,36 +32,7 @@ import (
 )
 
 // Role is the processor role name written on actions.
-const Role = "drain"
-
-// KindDrain is the kind of every action this role writes.
-const KindDrain = "drain"
-
-// Outcomes of drain actions.
-const (
-	OutcomeStarted   = "in_progress"
-	OutcomeBlocked   = "blocked"
-	OutcomeSucceeded = "succeeded"
-	OutcomeGaveUp    = "gave_up"
-	OutcomeCancelled = "cancelled"
-	OutcomeFailed    = "failed"
-	OutcomeSkipped   = "skipped"
-	OutcomeDryRun    = "dry_run"
-)
-
-// Detail keys. The first three are read from the triggering quarantine
-// action when present (the quarantine role copies them from the event);
-// without them the entities come from the node's quarantine state and
-// there are no drain overrides. Every drain action carries them on, with
-// the drain's counts, for the remediate role.
-const (
-	DetailEntities       = "entities"                // "GPU=GPU-1,NIC=mlx5_0"
-	DetailDrainOverrides = "drainOverrides"          // "force" or "skip"
-	DetailCustomAction   = "customRecommendedAction" // for CUSTOM
-	DetailDrainID        = "drainId"
-	DetailScope          = "scope" // "node" or "gpu:<uuid>[,<uuid>]"
-	DetailBlockedBy      = "blockedBy"
-)
+const Role = events.RoleDrain
 
 // Handler is the drain role. It consumes the actions topic (a quarantine
 // that was applied, or decided dry-run, starts a drain) and TopicRequeue
@@ -114,84 +83,39 @@ type trigger struct {
 // applied, or decided for a dry-run cluster. Held by the breaker, skipped
 // and every other kind start nothing.
 func IsTrigger(a *faultlinev1.Action) bool {
-	return a.GetRole() == quarantine.Role && a.GetKind() == quarantine.KindQuarantine &&
-		(a.GetOutcome() == quarantine.OutcomeApplied || a.GetOutcome() == quarantine.OutcomeDryRun)
+	return a.GetRole() == events.RoleQuarantine && a.GetKind() == events.KindQuarantine &&
+		(a.GetOutcome() == events.OutcomeApplied || a.GetOutcome() == events.OutcomeDryRun)
 }
 
 // Handle handles one partition's batch of the actions topic or TopicRequeue.
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
-	var res pipeline.Result
-	seqs := map[string][]trigger{}
-	var keys []string
-	for _, r := range recs {
-		// Key and payload must name the same node (pipeline.ActionKey).
-		cluster, node, err := pipeline.ActionKey(r)
-		if err != nil {
-			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
-			continue
-		}
-		a, err := events.UnmarshalAction(r.Value)
-		if err != nil {
-			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
-			continue
-		}
-		if !IsTrigger(a) {
-			continue
-		}
-		id := a.GetId()
-		if len(a.GetEventIds()) > 0 {
-			id = a.GetEventIds()[0]
-		}
-		k := cluster + "/" + node
-		if _, ok := seqs[k]; !ok {
-			keys = append(keys, k)
-		}
-		seqs[k] = append(seqs[k], trigger{rec: r, src: a, cluster: cluster, node: node, eventID: id})
-	}
-	out, err := requeue.ByNode(ctx, h.cfg.Workers, TopicRequeue, h.now, keys, seqs,
-		func(t trigger) *kgo.Record { return t.rec }, h.process)
-	if err != nil {
-		return pipeline.Result{}, err
-	}
-	res.Out = append(res.Out, out...)
-	return res, nil
+	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now,
+		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, time.Time) {
+			id := a.Action.GetId()
+			if len(a.Action.GetEventIds()) > 0 {
+				id = a.Action.GetEventIds()[0]
+			}
+			return h.process(ctx, trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, eventID: id})
+		})
 }
 
-// process runs one step of the trigger's drain. It returns the actions and,
-// when the drain must be looked at again, when.
+// process runs one step of the trigger's drain on its cluster
+// (clusters.Registry.Try). It returns the actions and, when the drain must
+// be looked at again, when: at the step's asking, or when a cluster in
+// trouble may be tried again.
 func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, time.Time) {
-	cl, err := h.reg.Get(t.cluster)
-	if err != nil && !errors.Is(err, clusters.ErrUnknownCluster) {
-		h.log.Warn("cluster client unavailable; requeued", "cluster", t.cluster, "node", t.node, "err", err)
-		return nil, h.now().Add(h.cfg.PollInterval)
+	acts, again, err := requeue.Step(ctx, h.reg, t.cluster, t.node, "drain", h.now().Add(h.cfg.PollInterval), h.log, h.m.apiErrors,
+		func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
+			return h.step(ctx, cl, t)
+		})
+	if err == nil {
+		return acts, again
 	}
-	if errors.Is(err, clusters.ErrUnknownCluster) {
-		cl = nil
-	}
-	if cl != nil && cl.Kube != nil {
-		if ready, next := cl.Gate.Ready(); !ready {
-			return nil, next
-		}
-	}
-	acts, again, err := h.step(ctx, cl, t)
-	if err != nil {
-		if cl != nil && cl.Kube != nil && clusters.Retriable(err) {
-			h.m.apiErrors.WithLabelValues(t.cluster).Inc()
-			next := cl.Gate.Fail(err)
-			h.log.Warn("cluster API error; drain requeued", "cluster", t.cluster, "node", t.node, "retry_at", next, "err", err)
-			return acts, next
-		}
-		h.log.Warn("drain failed", "cluster", t.cluster, "node", t.node, "err", err)
-		return append(acts, h.action(t, nil, OutcomeFailed, err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))), time.Time{}
-	}
-	if cl != nil && cl.Kube != nil {
-		cl.Gate.OK()
-	}
-	return acts, again
+	h.log.Warn("drain failed", "cluster", t.cluster, "node", t.node, "err", err)
+	return append(acts, h.action(t, nil, events.OutcomeFailed, err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))), time.Time{}
 }
 
-// opts are the drain inputs read from the trigger (and the node's
-// quarantine state when the trigger lacks them).
+// opts are the drain inputs read from the trigger action.
 type opts struct {
 	trig  Trigger
 	scope Scope
@@ -203,20 +127,20 @@ type opts struct {
 
 // overrides reads the trigger's drainOverrides: "force" or "skip", honoured
 // only when the quarantine action says an operator credential sent the
-// event (quarantine.DetailSubmitterRole; the quarantine role already drops
+// event (events.DetailSubmitterRole; the quarantine role already drops
 // anyone else's, so this holds the line for actions written otherwise, an
 // older faultline's included). ignored says what was not honoured and why.
 func overrides(a *faultlinev1.Action) (force, skip bool, ignored string) {
-	v := a.GetDetails()[DetailDrainOverrides]
+	v := a.GetDetails()[events.DetailDrainOverrides]
 	if v != "force" && v != "skip" {
 		return false, false, ""
 	}
-	if role := a.GetDetails()[quarantine.DetailSubmitterRole]; role != "operator" {
+	if role := a.GetDetails()[events.DetailSubmitterRole]; role != "operator" {
 		if role == "" {
 			role = "agent"
 		}
 		who := role + " credential"
-		if n := a.GetDetails()[quarantine.DetailSubmitter]; n != "" {
+		if n := a.GetDetails()[events.DetailSubmitter]; n != "" {
 			who += " " + n
 		}
 		return false, false, "drainOverrides." + v + " ignored: sent by " + who
@@ -224,28 +148,14 @@ func overrides(a *faultlinev1.Action) (force, skip bool, ignored string) {
 	return v == "force", v == "skip", ""
 }
 
-func (h *Handler) options(t trigger, node *corev1.Node) opts {
+func (h *Handler) options(t trigger) opts {
 	a := t.src
 	o := opts{trig: Trigger{
 		CheckName: a.GetCheckName(), RecommendedAction: a.GetRecommendedAction(),
-		CustomAction: a.GetDetails()[DetailCustomAction], Entities: a.GetDetails()[DetailEntities],
+		CustomAction: a.GetDetails()[events.DetailCustomAction], Entities: a.GetDetails()[events.DetailEntities],
 	}}
 	if t.eventID != "" {
 		o.trig.EventIDs = []string{t.eventID}
-	}
-	if node != nil && (o.trig.Entities == "" || o.trig.RecommendedAction == "") {
-		if qs, err := quarantine.ReadState(node); err == nil {
-			for _, f := range qs.Faults {
-				if slices.Contains(f.EventIDs, t.eventID) {
-					if o.trig.Entities == "" {
-						o.trig.Entities = f.Entity
-					}
-					if o.trig.RecommendedAction == "" {
-						o.trig.RecommendedAction = f.Action
-					}
-				}
-			}
-		}
 	}
 	o.force, o.skip, o.ignored = overrides(a)
 	if o.trig.RecommendedAction == datamodels.RecommendedAction_COMPONENT_RESET.String() {
@@ -299,7 +209,7 @@ func scopeString(gpus []string) string {
 // step advances the node's drain once. Conflicting writes make it re-read
 // and redo the step; every API call it repeats is idempotent.
 func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
-	if cl == nil || cl.Kube == nil || cl.DryRun || t.src.GetDryRun() || t.src.GetOutcome() == quarantine.OutcomeDryRun {
+	if cl == nil || cl.Kube == nil || cl.DryRun || t.src.GetDryRun() || t.src.GetOutcome() == events.OutcomeDryRun {
 		acts, err := h.dryRun(ctx, cl, t)
 		return acts, time.Time{}, err
 	}
@@ -331,25 +241,13 @@ func (h *Handler) listPods(ctx context.Context, cl *clusters.Client, node string
 	return l.Items, nil
 }
 
-// op is one API call a step makes on a pod.
-type op struct {
-	key    string
-	pod    *corev1.Pod
-	delete bool
-}
-
-func podKey(p *corev1.Pod) string {
-	uid := string(p.UID)
-	if len(uid) > 8 {
-		uid = uid[:8]
-	}
-	return p.Namespace + "/" + p.Name + "@" + uid
-}
-
+// stepOnce is one step of the node's drain: read the node and its pods,
+// advance the state machine (machine.go), write the state, and make the
+// calls it asks for.
 func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
 	node, err := h.getNode(ctx, cl, t.node)
 	if apierrors.IsNotFound(err) {
-		return []*faultlinev1.Action{h.action(t, nil, OutcomeFailed, "node not found in cluster", pipeline.ActionID(t.cluster, t.node, t.eventID, "notfound"))}, time.Time{}, nil
+		return []*faultlinev1.Action{h.action(t, nil, events.OutcomeFailed, "node not found in cluster", pipeline.ActionID(t.cluster, t.node, t.eventID, "notfound"))}, time.Time{}, nil
 	}
 	if err != nil {
 		return nil, time.Time{}, err
@@ -360,58 +258,28 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 		st = nil
 	}
 	now := h.now()
-	quarantined := node.Labels[quarantine.LabelQuarantined] == "true"
+	quarantined := node.Labels[events.LabelQuarantined] == "true"
+	st, adm := admit(st, t.eventID, h.options(t), quarantined, now,
+		pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], h.cfg.Identity)
 	var acts []*faultlinev1.Action
-	switch {
-	case st.seen(t.eventID) && !st.running():
-		// A replayed trigger of a finished drain: say the result again
-		// (same id), so a result lost in a crash still reaches remediate.
+	switch adm {
+	case admitReplay:
+		// Say the result again (same id), so a result lost in a crash
+		// still reaches remediate.
 		return []*faultlinev1.Action{h.result(t, st)}, time.Time{}, nil
-	case st.seen(t.eventID):
-		// Resuming a drain in progress.
-	default:
-		o := h.options(t, node)
-		if o.skip {
-			return []*faultlinev1.Action{h.action(t, nil, OutcomeSkipped, "drainOverrides.skip: pods left running, no remediation",
-				pipeline.ActionID(t.cluster, t.node, t.eventID, "skip"))}, time.Time{}, nil
-		}
-		if st.running() {
-			// A second fault during a drain: widen the scope (a whole-node
-			// drain covers any GPU), never start over.
-			st.addSeen(t.eventID)
-			st.Trigger.EventIDs = append(st.Trigger.EventIDs, t.eventID)
-			if len(st.Trigger.EventIDs) > maxSeen {
-				st.Trigger.EventIDs = st.Trigger.EventIDs[len(st.Trigger.EventIDs)-maxSeen:]
-			}
-			if len(o.scope.GPUs) == 0 {
-				ids := st.Trigger.EventIDs
-				st.Trigger = o.trig.bounded()
-				st.Trigger.EventIDs = ids
-			}
-			st.Scope = st.Scope.widen(o.scope)
-			st.Force = st.Force || o.force
-			break
-		}
-		if !quarantined {
-			return []*faultlinev1.Action{h.action(t, nil, OutcomeSkipped, "node no longer quarantined by faultline",
-				pipeline.ActionID(t.cluster, t.node, t.eventID, "unquarantined"))}, time.Time{}, nil
-		}
-		var seen []string
-		if st != nil {
-			seen = st.Seen
-		}
-		st = &State{
-			ID: pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], Phase: PhaseRunning, StartedAt: now, By: h.cfg.Identity,
-			Scope: o.scope, Force: o.force, Trigger: o.trig.bounded(), Seen: seen, Pods: map[string]*PodState{},
-		}
-		st.addSeen(t.eventID)
-		a := h.action(t, st, OutcomeStarted, "drain started ("+scopeString(st.GPUs)+")", pipeline.ActionID(st.ID, "started"))
-		acts = append(acts, a)
+	case admitSkip:
+		return []*faultlinev1.Action{h.action(t, nil, events.OutcomeSkipped, "drainOverrides.skip: pods left running, no remediation",
+			pipeline.ActionID(t.cluster, t.node, t.eventID, "skip"))}, time.Time{}, nil
+	case admitUnquarantined:
+		return []*faultlinev1.Action{h.action(t, nil, events.OutcomeSkipped, "node no longer quarantined by faultline",
+			pipeline.ActionID(t.cluster, t.node, t.eventID, "unquarantined"))}, time.Time{}, nil
+	case admitStart:
+		acts = append(acts, h.action(t, st, events.OutcomeInProgress, "drain started ("+scopeString(st.GPUs)+")", pipeline.ActionID(st.ID, "started")))
 		h.m.drains.WithLabelValues(t.cluster, PhaseRunning).Inc()
 	}
 
 	if !quarantined {
-		st.Phase, st.FinishedAt = PhaseCancelled, now
+		cancel(st, now)
 		if _, err := h.writeState(ctx, cl, node, st); err != nil {
 			return nil, time.Time{}, err
 		}
@@ -423,75 +291,10 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	blockedBefore := map[string]string{}
-	for k, p := range st.Pods {
-		blockedBefore[k] = p.BlockedBy
-	}
-	present := map[string]bool{}
-	skipped := map[string]int{}
-	var ops []op
-	for i := range pods {
-		p := &pods[i]
-		key := podKey(p)
-		present[key] = true
-		ps := st.Pods[key]
-		if ps == nil {
-			pl := h.cfg.classify(p, st.Scope, st.Force)
-			if pl.skip != "" {
-				skipped[pl.skip]++
-				continue
-			}
-			ps = &PodState{UID: string(p.UID), Mode: pl.mode, Deadline: st.StartedAt.Add(pl.timeout)}
-			st.Pods[key] = ps
-		}
-		if ps.Done != "" {
-			continue
-		}
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			ps.Done = "completed"
-			continue
-		}
-		expired := !now.Before(ps.Deadline)
-		switch {
-		case ps.Mode == ModeDeleteAfterTimeout && expired:
-			if ps.DeletedAt.IsZero() {
-				ops = append(ops, op{key: key, pod: p, delete: true})
-			}
-		case expired:
-			ps.Done = "gave_up"
-			switch {
-			case ps.BlockedBy != "":
-				ps.Reason = "blocked by PDB " + ps.BlockedBy
-			case p.DeletionTimestamp != nil:
-				ps.Reason = "still terminating at the timeout"
-			case ps.Mode == ModeAllowCompletion:
-				ps.Reason = "still running at the completion timeout"
-			default:
-				ps.Reason = "not evicted by the timeout"
-			}
-		case p.DeletionTimestamp != nil || ps.Mode == ModeAllowCompletion || ps.Evicted:
-			// Terminating, or waiting for the pod to finish by itself.
-		case now.Before(ps.NextTry):
-			// Backing off after a PDB refusal.
-		default:
-			ops = append(ops, op{key: key, pod: p})
-		}
-	}
-	for k, ps := range st.Pods {
-		if ps.Done == "" && !present[k] {
-			ps.Done = "gone"
-		}
-	}
-	st.Skipped = skipped
-
-	if len(ops) > 0 {
+	before := blockedBy(st)
+	if ops := h.cfg.advance(st, pods, now); len(ops) > 0 {
 		// Write the intent first: a restart after the calls and before the
 		// result write finds the pods marked and counts each once.
-		for _, o := range ops {
-			if !o.delete && st.Pods[o.key].EvictAt.IsZero() {
-				st.Pods[o.key].EvictAt = now
-			}
-		}
 		if node, err = h.writeState(ctx, cl, node, st); err != nil {
 			return nil, time.Time{}, err
 		}
@@ -503,29 +306,15 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 			return acts, time.Time{}, err
 		}
 	}
-
-	c := st.Count()
-	if c.Remaining == 0 {
-		st.Phase, st.FinishedAt = PhaseSucceeded, now
-		if c.GaveUp > 0 {
-			st.Phase = PhaseGaveUp
-		}
-	}
+	settle(st, now)
 	if _, err := h.writeState(ctx, cl, node, st); err != nil {
 		return nil, time.Time{}, err
 	}
 	// Newly blocked pods, one action per set of PDBs.
-	var newly []string
-	for k, p := range st.Pods {
-		if p.Done == "" && p.BlockedBy != "" && p.BlockedBy != blockedBefore[k] && !slices.Contains(newly, p.BlockedBy) {
-			newly = append(newly, p.BlockedBy)
-		}
-	}
-	if len(newly) > 0 {
-		sort.Strings(newly)
-		reason := "blocked by PDB " + strings.Join(newly, ", PDB ")
-		a := h.action(t, st, OutcomeBlocked, reason, pipeline.ActionID(st.ID, "blocked", strings.Join(newly, ","), strconv.Itoa(c.Remaining)))
-		a.Details[DetailBlockedBy] = strings.Join(newly, ",")
+	if newly := newlyBlocked(before, st); len(newly) > 0 {
+		a := h.action(t, st, events.OutcomeBlocked, blockedReason(newly),
+			pipeline.ActionID(st.ID, "blocked", strings.Join(newly, ","), strconv.Itoa(st.Count().Remaining)))
+		a.Details[events.DetailBlockedBy] = strings.Join(newly, ",")
 		acts = append(acts, a)
 	}
 	if st.running() {
@@ -536,80 +325,66 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 }
 
 // runOps makes the step's evictions and deletions, PodWorkers at a time,
-// and records their outcome in st. It returns the first error that needs
-// the cluster to recover (the others are recorded on the pods).
+// and records their outcome in st (Config.record). It returns the first
+// error that needs the cluster to recover (the others are recorded on the
+// pods).
 func (h *Handler) runOps(ctx context.Context, cl *clusters.Client, st *State, ops []op, now time.Time) error {
-	var (
-		mu    sync.Mutex
-		first error
-		wg    sync.WaitGroup
-	)
-	sem := make(chan struct{}, h.cfg.PodWorkers)
-	for _, o := range ops {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			var pdb string
-			var err error
-			if o.delete {
-				err = h.forceDelete(ctx, cl, o.pod)
-			} else {
-				pdb, err = h.evict(ctx, cl, o.pod)
-				if pdb != "" && st.Force {
-					err = h.forceDelete(ctx, cl, o.pod)
-					o.delete = true
-				}
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			ps := st.Pods[o.key]
-			switch {
-			case err == nil && o.delete:
-				ps.DeletedAt = now
-				h.m.evictions.WithLabelValues(cl.Name, "deleted").Inc()
-			case err == nil && pdb != "":
-				ps.Attempts++
-				ps.BlockedBy = pdb
-				ps.NextTry = now.Add(h.backoff(ps.Attempts))
-				h.m.evictions.WithLabelValues(cl.Name, "blocked").Inc()
-			case err == nil:
-				ps.Evicted, ps.BlockedBy = true, ""
-				h.m.evictions.WithLabelValues(cl.Name, "evicted").Inc()
-			case apierrors.IsNotFound(err):
-				ps.Done = "gone"
-			case clusters.Retriable(err):
-				if first == nil {
-					first = err
-				}
-			default:
-				ps.Attempts++
-				ps.Reason = err.Error()
-				ps.NextTry = now.Add(h.backoff(ps.Attempts))
-			}
-		}()
+	// Every op's key is distinct: ByKey returns the results in ops' order.
+	results := pipeline.ByKey(ops, func(o op) string { return o.key }, h.cfg.PodWorkers, func(os []op) callResult {
+		return h.call(ctx, cl, os[0], st.Force)
+	})
+	var first error
+	for i, r := range results {
+		if m := h.cfg.record(st, ops[i], r, now); m != "" {
+			h.m.evictions.WithLabelValues(cl.Name, m).Inc()
+		}
+		if r.retriable && first == nil {
+			first = r.err
+		}
 	}
-	wg.Wait()
 	return first
 }
 
-func (h *Handler) backoff(attempts int) time.Duration {
-	d := h.cfg.PDBBackoff << min(attempts-1, 20)
-	if d > h.cfg.MaxPDBBackoff || d <= 0 {
-		d = h.cfg.MaxPDBBackoff
+// call makes one op's API call: a deletion, or an eviction (answered with
+// a deletion when a PDB refuses it and the drain is forced).
+func (h *Handler) call(ctx context.Context, cl *clusters.Client, o op, force bool) callResult {
+	var r callResult
+	if o.delete {
+		r.err, r.deleted = h.forceDelete(ctx, cl, o.pod), true
+	} else {
+		r.blockedBy, r.err = h.evict(ctx, cl, o.pod)
+		if r.blockedBy != "" && force {
+			r.err, r.deleted, r.blockedBy = h.forceDelete(ctx, cl, o.pod), true, ""
+		}
 	}
-	return d
+	r.notFound = apierrors.IsNotFound(r.err)
+	r.retriable = !r.notFound && clusters.Retriable(r.err)
+	return r
 }
 
 // evict asks the Eviction API to evict the pod. A refusal under a PDB
 // (429) is not an error: it returns the PDB's name.
+//
+// The call is made once (MaxRetries(0)): the apiserver answers a PDB it
+// has not processed yet (no disruption controller has observed it) with
+// 429 and Retry-After: 10, and client-go's typed EvictV1 honours that by
+// sleeping and retrying inside the call — up to 10 times, so the call ran
+// into kube.timeout and the refusal looked like the cluster failing. The
+// drain has its own backoff for refusals (pdb_backoff).
 func (h *Handler) evict(ctx context.Context, cl *clusters.Client, p *corev1.Pod) (string, error) {
 	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}}
 	if h.cfg.GracePeriod >= 0 {
 		g := int64(h.cfg.GracePeriod / time.Second)
 		ev.DeleteOptions = &metav1.DeleteOptions{GracePeriodSeconds: &g}
 	}
-	err := cl.Kube.CoreV1().Pods(p.Namespace).EvictV1(ctx, ev)
+	var err error
+	if rc, ok := cl.Kube.CoreV1().RESTClient().(*rest.RESTClient); ok && rc != nil {
+		err = rc.Post().Namespace(p.Namespace).Resource("pods").Name(p.Name).SubResource("eviction").
+			MaxRetries(0).Body(ev).Do(ctx).Error()
+	} else {
+		// A client without a REST client (client-go's fake): its own call.
+		err = cl.Kube.CoreV1().Pods(p.Namespace).EvictV1(ctx, ev)
+	}
 	if apierrors.IsTooManyRequests(err) {
 		return h.pdbName(ctx, cl, p, err), nil
 	}
@@ -683,21 +458,19 @@ func (h *Handler) writeState(ctx context.Context, cl *clusters.Client, node *cor
 
 // dryRun lists what a drain would do and changes nothing.
 func (h *Handler) dryRun(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, error) {
-	var node *corev1.Node
 	var pods []corev1.Pod
 	if cl != nil && cl.Kube != nil {
 		n, err := h.getNode(ctx, cl, t.node)
 		if err != nil && !apierrors.IsNotFound(err) {
 			return nil, err
 		}
-		node = n
 		if n != nil {
 			if pods, err = h.listPods(ctx, cl, t.node); err != nil {
 				return nil, err
 			}
 		}
 	}
-	o := h.options(t, node)
+	o := h.options(t)
 	st := &State{ID: pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], Scope: o.scope, Force: o.force, Trigger: o.trig}
 	var would []string
 	skipped := map[string]int{}
@@ -717,13 +490,13 @@ func (h *Handler) dryRun(ctx context.Context, cl *clusters.Client, t trigger) ([
 	if cl == nil || cl.Kube == nil {
 		reason = "cluster has no client (dry-run): pods not listed"
 	}
-	a := h.action(t, st, OutcomeDryRun, reason, pipeline.ActionID(st.ID, "dry_run"))
+	a := h.action(t, st, events.OutcomeDryRun, reason, pipeline.ActionID(st.ID, "dry_run"))
 	a.DryRun = true
 	sort.Strings(would)
 	if len(would) > 20 {
 		would = append(would[:20], fmt.Sprintf("... %d more", len(would)-20))
 	}
-	a.Details["wouldDrain"] = strings.Join(would, " ")
+	a.Details[events.DetailWouldDrain] = strings.Join(would, " ")
 	return []*faultlinev1.Action{a}, nil
 }
 
@@ -768,23 +541,23 @@ func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faul
 		reason += " (" + ignored + ")"
 	}
 	a := &faultlinev1.Action{
-		Id: id, Cluster: t.cluster, Node: t.node, Role: Role, Kind: KindDrain, Outcome: outcome,
+		Id: id, Cluster: t.cluster, Node: t.node, Role: Role, Kind: events.KindDrain, Outcome: outcome,
 		Reason: events.Truncate(reason, 1024), EventIds: t.src.GetEventIds(), DryRun: t.src.GetDryRun(),
 		Timestamp: timestamppb.New(h.now()), Details: map[string]string{},
 		CheckName: t.src.GetCheckName(), RecommendedAction: t.src.GetRecommendedAction(),
 	}
 	// Who sent the event, and what the quarantine already ignored, stay
 	// on the audit trail.
-	for _, k := range []string{DetailEntities, DetailCustomAction, DetailDrainOverrides,
-		quarantine.DetailSubmitterRole, quarantine.DetailSubmitter, quarantine.DetailOverridesIgnored} {
+	for _, k := range []string{events.DetailEntities, events.DetailCustomAction, events.DetailDrainOverrides,
+		events.DetailSubmitterRole, events.DetailSubmitter, events.DetailOverridesIgnored} {
 		if v := t.src.GetDetails()[k]; v != "" {
 			a.Details[k] = v
 		}
 	}
 	if ignored != "" {
 		// Only honoured overrides travel on (to remediate).
-		delete(a.Details, DetailDrainOverrides)
-		a.Details[quarantine.DetailOverridesIgnored] = ignored
+		delete(a.Details, events.DetailDrainOverrides)
+		a.Details[events.DetailOverridesIgnored] = ignored
 	}
 	if st == nil {
 		return a
@@ -795,33 +568,33 @@ func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faul
 	a.CheckName, a.RecommendedAction = st.Trigger.CheckName, st.Trigger.RecommendedAction
 	// The state keeps a bounded stand-in of a long entity list; the
 	// trigger's own details have it whole.
-	if e := st.Trigger.Entities; e != "" && events.BoundKey(a.Details[DetailEntities], maxTriggerEntities) != e {
-		a.Details[DetailEntities] = e
+	if e := st.Trigger.Entities; e != "" && events.BoundKey(a.Details[events.DetailEntities], maxTriggerEntities) != e {
+		a.Details[events.DetailEntities] = e
 	}
 	if st.Trigger.CustomAction != "" {
-		a.Details[DetailCustomAction] = st.Trigger.CustomAction
+		a.Details[events.DetailCustomAction] = st.Trigger.CustomAction
 	}
-	a.Details[DetailDrainID] = st.ID
-	a.Details[DetailScope] = scopeString(st.GPUs)
+	a.Details[events.DetailDrainID] = st.ID
+	a.Details[events.DetailScope] = scopeString(st.GPUs)
 	c := st.Count()
-	a.Details["inScope"] = strconv.Itoa(c.InScope)
-	a.Details["evicted"] = strconv.Itoa(c.Evicted)
-	a.Details["deleted"] = strconv.Itoa(c.Deleted)
-	a.Details["completed"] = strconv.Itoa(c.Completed)
-	a.Details["gaveUp"] = strconv.Itoa(c.GaveUp)
-	a.Details["remaining"] = strconv.Itoa(c.Remaining)
+	a.Details[events.DetailInScope] = strconv.Itoa(c.InScope)
+	a.Details[events.DetailEvicted] = strconv.Itoa(c.Evicted)
+	a.Details[events.DetailDeleted] = strconv.Itoa(c.Deleted)
+	a.Details[events.DetailCompleted] = strconv.Itoa(c.Completed)
+	a.Details[events.DetailGaveUp] = strconv.Itoa(c.GaveUp)
+	a.Details[events.DetailRemaining] = strconv.Itoa(c.Remaining)
 	if b := st.blockers(); len(b) > 0 {
-		a.Details[DetailBlockedBy] = strings.Join(b, ",")
+		a.Details[events.DetailBlockedBy] = strings.Join(b, ",")
 	}
 	if len(st.Skipped) > 0 {
 		var parts []string
 		for _, k := range sortedKeys(st.Skipped) {
 			parts = append(parts, k+"="+strconv.Itoa(st.Skipped[k]))
 		}
-		a.Details["skipped"] = strings.Join(parts, ",")
+		a.Details[events.DetailSkipped] = strings.Join(parts, ",")
 	}
 	if st.Force {
-		a.Details["force"] = "true"
+		a.Details[events.DetailForce] = "true"
 	}
 	return a
 }

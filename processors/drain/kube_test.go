@@ -24,7 +24,6 @@ import (
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
-	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -76,7 +75,7 @@ func testConfig() Config {
 func quarantined(t testing.TB, k kubernetes.Interface, name string) {
 	t.Helper()
 	n := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{quarantine.LabelQuarantined: "true", "type": "kwok"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{events.LabelQuarantined: "true", "type": "kwok"},
 			Annotations: map[string]string{"kwok.x-k8s.io/node": "fake"}},
 		Spec: corev1.NodeSpec{Unschedulable: true},
 	}
@@ -178,8 +177,8 @@ func quarantineAction(node, eventID, action string, details map[string]string) *
 		details = map[string]string{}
 	}
 	a := &faultlinev1.Action{
-		Id: "q-" + eventID, Cluster: cluster, Node: node, Role: quarantine.Role, Kind: quarantine.KindQuarantine,
-		Outcome: quarantine.OutcomeApplied, EventIds: []string{eventID}, CheckName: "XID_ERROR_48",
+		Id: "q-" + eventID, Cluster: cluster, Node: node, Role: events.RoleQuarantine, Kind: events.KindQuarantine,
+		Outcome: events.OutcomeApplied, EventIds: []string{eventID}, CheckName: "XID_ERROR_48",
 		RecommendedAction: action, Details: details,
 	}
 	b, err := events.MarshalAction(a)
@@ -309,14 +308,14 @@ func TestDrainKube(t *testing.T) {
 		if left != nil {
 			t.Fatalf("drain did not finish: %s", outcomes(acts))
 		}
-		res := find(acts, OutcomeSucceeded)
+		res := find(acts, events.OutcomeSucceeded)
 		if res == nil {
 			t.Fatalf("no succeeded action: %s", outcomes(acts))
 		}
-		if res.Details["evicted"] != "3" || res.Details["skipped"] != "daemonset=1,mirror=1,system_namespace=1" {
+		if res.Details[events.DetailEvicted] != "3" || res.Details[events.DetailSkipped] != "daemonset=1,mirror=1,system_namespace=1" {
 			t.Fatalf("details %v", res.Details)
 		}
-		if res.RecommendedAction != "RESTART_VM" || res.Details[DetailDrainID] == "" {
+		if res.RecommendedAction != "RESTART_VM" || res.Details[events.DetailDrainID] == "" {
 			t.Fatalf("result lacks the trigger: %v", res)
 		}
 		names := podNames(podsOn(t, k, node))
@@ -347,7 +346,7 @@ func TestDrainKube(t *testing.T) {
 		if left == nil {
 			t.Fatalf("drain finished under a blocking PDB: %s", outcomes(acts))
 		}
-		b := find(acts, OutcomeBlocked)
+		b := find(acts, events.OutcomeBlocked)
 		if b == nil || b.Reason != "blocked by PDB db-pdb" {
 			t.Fatalf("no blocked action: %s", outcomes(acts))
 		}
@@ -361,10 +360,10 @@ func TestDrainKube(t *testing.T) {
 		}
 		waitPDB(t, k, "db", "db-pdb", 2)
 		acts2, left := drive(t, h, clk, 3*time.Second, 40, left)
-		if left != nil || find(acts2, OutcomeSucceeded) == nil {
+		if left != nil || find(acts2, events.OutcomeSucceeded) == nil {
 			t.Fatalf("drain did not finish after the PDB allowed it: %s", outcomes(acts2))
 		}
-		if got := find(acts2, OutcomeSucceeded).Details["evicted"]; got != "2" {
+		if got := find(acts2, events.OutcomeSucceeded).Details[events.DetailEvicted]; got != "2" {
 			t.Fatalf("evicted %s, want 2", got)
 		}
 	})
@@ -386,8 +385,8 @@ func TestDrainKube(t *testing.T) {
 			t.Fatal(err)
 		}
 		acts, left = drive(t, h, clk, time.Second, 20, left)
-		res := find(acts, OutcomeSucceeded)
-		if left != nil || res == nil || res.Details["completed"] != "1" || res.Details["evicted"] != "0" {
+		res := find(acts, events.OutcomeSucceeded)
+		if left != nil || res == nil || res.Details[events.DetailCompleted] != "1" || res.Details[events.DetailEvicted] != "0" {
 			t.Fatalf("want succeeded with 1 completed: %s %v", outcomes(acts), res)
 		}
 	})
@@ -401,13 +400,13 @@ func TestDrainKube(t *testing.T) {
 		waitPDB(t, k, "stubborn", "s-pdb", 0)
 		h := newHandler(t, testConfig(), k, clk, false)
 		acts, left := drive(t, h, clk, time.Second, 3, quarantineAction(node, "e-dat", "RESTART_VM", nil))
-		if left == nil || find(acts, OutcomeBlocked) == nil {
+		if left == nil || find(acts, events.OutcomeBlocked) == nil {
 			t.Fatalf("want blocked: %s", outcomes(acts))
 		}
 		clk.Add(11 * time.Minute) // past the rule's 10m
 		acts, left = drive(t, h, clk, time.Second, 40, left)
-		res := find(acts, OutcomeSucceeded)
-		if left != nil || res == nil || res.Details["deleted"] != "1" {
+		res := find(acts, events.OutcomeSucceeded)
+		if left != nil || res == nil || res.Details[events.DetailDeleted] != "1" {
 			t.Fatalf("want succeeded with 1 deleted: %s", outcomes(acts))
 		}
 		if len(podsOn(t, k, node)) != 0 {
@@ -426,7 +425,7 @@ func TestDrainKube(t *testing.T) {
 		_, left := drive(t, h, clk, time.Second, 2, quarantineAction(node, "e-gu", "RESTART_VM", nil))
 		clk.Add(11 * time.Minute) // past eviction_timeout
 		acts, left := drive(t, h, clk, time.Second, 5, left)
-		res := find(acts, OutcomeGaveUp)
+		res := find(acts, events.OutcomeGaveUp)
 		if left != nil || res == nil || !strings.Contains(res.Reason, "blocked by PDB g-pdb") {
 			t.Fatalf("want gave_up blocked by PDB g-pdb: %s", outcomes(acts))
 		}
@@ -443,9 +442,9 @@ func TestDrainKube(t *testing.T) {
 		createPod(t, k, "train", "cpu-only", node)
 		waitRunning(t, k, node, 3)
 		h := newHandler(t, testConfig(), k, clk, false)
-		acts, left := drive(t, h, clk, time.Second, 40, quarantineAction(node, "e-part", "COMPONENT_RESET", map[string]string{DetailEntities: "GPU=GPU-aaaa"}))
-		res := find(acts, OutcomeSucceeded)
-		if left != nil || res == nil || res.Details["evicted"] != "1" || res.Details[DetailScope] != "gpu:GPU-aaaa" {
+		acts, left := drive(t, h, clk, time.Second, 40, quarantineAction(node, "e-part", "COMPONENT_RESET", map[string]string{events.DetailEntities: "GPU=GPU-aaaa"}))
+		res := find(acts, events.OutcomeSucceeded)
+		if left != nil || res == nil || res.Details[events.DetailEvicted] != "1" || res.Details[events.DetailScope] != "gpu:GPU-aaaa" {
 			t.Fatalf("partial drain: %s %v", outcomes(acts), res)
 		}
 		if got := strings.Join(podNames(podsOn(t, k, node)), ","); got != "train/cpu-only,train/on-gpu-b" {
@@ -466,9 +465,9 @@ func TestDrainKube(t *testing.T) {
 		h := newHandler(t, testConfig(), k, clk, false)
 		listed := time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
 		acts, left := drive(t, h, clk, time.Second, 40, quarantineAction(node, "e-part2", "COMPONENT_RESET", map[string]string{
-			DetailEntities: "PCI=0000:17:00,GPU=GPU-aaaa", events.MetaGPUPods: "train/kl-holds-a", events.MetaGPUPodsAt: listed}))
-		res := find(acts, OutcomeSucceeded)
-		if left != nil || res == nil || res.Details["evicted"] != "1" {
+			events.DetailEntities: "PCI=0000:17:00,GPU=GPU-aaaa", events.MetaGPUPods: "train/kl-holds-a", events.MetaGPUPodsAt: listed}))
+		res := find(acts, events.OutcomeSucceeded)
+		if left != nil || res == nil || res.Details[events.DetailEvicted] != "1" {
 			t.Fatalf("partial drain: %s %v", outcomes(acts), res)
 		}
 		if got := strings.Join(podNames(podsOn(t, k, node)), ","); got != "train/kl-cpu-only,train/kl-holds-b" {
@@ -488,14 +487,14 @@ func TestDrainKube(t *testing.T) {
 		trig := quarantineAction(node, "e-res", "RESTART_VM", nil)
 		h1 := newHandler(t, testConfig(), k, clk, false)
 		acts1, rq := handle(t, h1, trig)
-		if len(rq) != 1 || find(acts1, OutcomeStarted) == nil {
+		if len(rq) != 1 || find(acts1, events.OutcomeInProgress) == nil {
 			t.Fatalf("first step: %s", outcomes(acts1))
 		}
 		// The processor dies here: its requeue record may or may not have
 		// been produced, and the trigger is redelivered to a fresh one.
 		h2 := newHandler(t, testConfig(), k, clk, false)
 		acts2, rq2 := handle(t, h2, trig)
-		if find(acts2, OutcomeStarted) != nil {
+		if find(acts2, events.OutcomeInProgress) != nil {
 			t.Fatalf("the fresh processor started the drain over: %s", outcomes(acts2))
 		}
 		if len(rq2) != 1 {
@@ -507,11 +506,11 @@ func TestDrainKube(t *testing.T) {
 		// Both the old requeue record and the new one are handled.
 		clk.Add(3 * time.Second)
 		acts3, left := drive(t, h2, clk, 3*time.Second, 40, rq[0])
-		res := find(acts3, OutcomeSucceeded)
+		res := find(acts3, events.OutcomeSucceeded)
 		if left != nil || res == nil {
 			t.Fatalf("resumed drain did not finish: %s", outcomes(acts3))
 		}
-		if res.Details["evicted"] != "3" || res.Details["inScope"] != "3" || res.Details[DetailDrainID] != find(acts1, OutcomeStarted).Details[DetailDrainID] {
+		if res.Details[events.DetailEvicted] != "3" || res.Details[events.DetailInScope] != "3" || res.Details[events.DetailDrainID] != find(acts1, events.OutcomeInProgress).Details[events.DetailDrainID] {
 			t.Fatalf("counts after resume: %v", res.Details)
 		}
 		acts4, left := drive(t, h2, clk, time.Second, 5, rq2[0])
@@ -534,25 +533,25 @@ func TestDrainKube(t *testing.T) {
 			waitRunning(t, k, tc.node, 1)
 			pdb(t, k, ns, "db-pdb", 1, "db")
 			waitPDB(t, k, ns, "db-pdb", 0)
-			details := map[string]string{DetailDrainOverrides: "force", quarantine.DetailSubmitter: "token:x#1"}
+			details := map[string]string{events.DetailDrainOverrides: "force", events.DetailSubmitter: "token:x#1"}
 			if tc.role != "" {
-				details[quarantine.DetailSubmitterRole] = tc.role
+				details[events.DetailSubmitterRole] = tc.role
 			}
 			h := newHandler(t, testConfig(), k, clk, false)
 			acts, _ := drive(t, h, clk, time.Second, 3, quarantineAction(tc.node, "e-"+tc.node, "REPLACE_VM", details))
 			left := len(podsOn(t, k, tc.node))
 			started := acts[0]
 			if tc.forced {
-				if left != 0 || started.Details["force"] != "true" || started.Details[DetailDrainOverrides] != "force" {
+				if left != 0 || started.Details[events.DetailForce] != "true" || started.Details[events.DetailDrainOverrides] != "force" {
 					t.Fatalf("%s: operator force: %d pods left, %s %v", tc.node, left, outcomes(acts), started.Details)
 				}
 				continue
 			}
-			if left != 1 || started.Details["force"] == "true" || started.Details[DetailDrainOverrides] != "" {
+			if left != 1 || started.Details[events.DetailForce] == "true" || started.Details[events.DetailDrainOverrides] != "" {
 				t.Fatalf("%s: force honoured for a non-operator: %d pods left, %s %v", tc.node, left, outcomes(acts), started.Details)
 			}
-			if want := "drainOverrides.force ignored: sent by agent credential token:x#1"; started.Details[quarantine.DetailOverridesIgnored] != want ||
-				!strings.Contains(started.Reason, want) || find(acts, OutcomeBlocked) == nil {
+			if want := "drainOverrides.force ignored: sent by agent credential token:x#1"; started.Details[events.DetailOverridesIgnored] != want ||
+				!strings.Contains(started.Reason, want) || find(acts, events.OutcomeBlocked) == nil {
 				t.Fatalf("%s: the decision does not say why: %s %v", tc.node, outcomes(acts), started.Details)
 			}
 		}
@@ -574,12 +573,12 @@ func TestDrainKube(t *testing.T) {
 		as, _ := kube.ClientAs(t, sa)
 		h := newHandler(t, testConfig(), as, clk, false)
 		acts, left := drive(t, h, clk, time.Second, 3, quarantineAction(node, "e-rbac", "REPLACE_VM", nil))
-		if b := find(acts, OutcomeBlocked); left == nil || b == nil || b.Reason != "blocked by PDB db-pdb" || find(acts, OutcomeFailed) != nil {
+		if b := find(acts, events.OutcomeBlocked); left == nil || b == nil || b.Reason != "blocked by PDB db-pdb" || find(acts, events.OutcomeFailed) != nil {
 			t.Fatalf("drain as the ServiceAccount: %s", outcomes(acts))
 		}
 		acts, left = drive(t, h, clk, time.Second, 20, quarantineAction(node, "e-rbac-force", "REPLACE_VM", map[string]string{
-			DetailDrainOverrides: "force", quarantine.DetailSubmitterRole: "operator"}))
-		if left != nil || find(acts, OutcomeSucceeded) == nil || len(podsOn(t, k, node)) != 0 {
+			events.DetailDrainOverrides: "force", events.DetailSubmitterRole: "operator"}))
+		if left != nil || find(acts, events.OutcomeSucceeded) == nil || len(podsOn(t, k, node)) != 0 {
 			t.Fatalf("forced drain as the ServiceAccount: %s", outcomes(acts))
 		}
 		for _, tc := range []struct {
@@ -611,20 +610,20 @@ func TestDrainKube(t *testing.T) {
 		waitRunning(t, k, node, 1)
 		h := newHandler(t, testConfig(), k, clk, false)
 		acts, _ := handle(t, h, quarantineAction(node, "e-skip", "RESTART_VM", map[string]string{
-			DetailDrainOverrides: "skip", quarantine.DetailSubmitterRole: "operator"}))
-		if len(acts) != 1 || acts[0].Outcome != OutcomeSkipped {
+			events.DetailDrainOverrides: "skip", events.DetailSubmitterRole: "operator"}))
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeSkipped {
 			t.Fatalf("skip: %s", outcomes(acts))
 		}
 		dry := newHandler(t, testConfig(), k, clk, true)
 		acts, rq := handle(t, dry, quarantineAction(node, "e-dry", "RESTART_VM", nil))
-		if len(rq) != 0 || len(acts) != 1 || acts[0].Outcome != OutcomeDryRun || acts[0].Details["wouldDrain"] != "work/o-0(Immediate)" {
+		if len(rq) != 0 || len(acts) != 1 || acts[0].Outcome != events.OutcomeDryRun || acts[0].Details[events.DetailWouldDrain] != "work/o-0(Immediate)" {
 			t.Fatalf("dry-run: %s %v", outcomes(acts), acts)
 		}
 		if len(podsOn(t, k, node)) != 1 {
 			t.Fatal("skip or dry-run evicted a pod")
 		}
 		// Held by the breaker: not a trigger.
-		held := &faultlinev1.Action{Role: quarantine.Role, Kind: quarantine.KindQuarantine, Outcome: quarantine.OutcomeHeld}
+		held := &faultlinev1.Action{Role: events.RoleQuarantine, Kind: events.KindQuarantine, Outcome: events.OutcomeHeld}
 		if IsTrigger(held) {
 			t.Fatal("held_by_breaker started a drain")
 		}
@@ -684,7 +683,7 @@ func measure(t *testing.T, kube *testenv.Kube, clk *clock) {
 		for round := 0; len(recs) > 0 && round < 2000; round++ {
 			acts, rq := handle(t, h, recs...)
 			for _, a := range acts {
-				if a.Outcome == OutcomeSucceeded {
+				if a.Outcome == events.OutcomeSucceeded {
 					done++
 				}
 			}
@@ -713,4 +712,54 @@ func testutilCount(h *Handler, result string) float64 {
 		return 0
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestPDBRefusalWithoutDisruptionController: with no disruption controller,
+// the apiserver refuses the eviction of a PDB-covered pod with 429 and
+// Retry-After: 10 (the PDB is "still being processed"). The drain sees the
+// refusal at once — blocked by the PDB, the pod backed off with
+// pdb_backoff — instead of client-go sleeping on the Retry-After inside
+// the call until kube.timeout, which made it a cluster API error that
+// backed the whole cluster off.
+func TestPDBRefusalWithoutDisruptionController(t *testing.T) {
+	kube := testenv.StartKube(t, testenv.KubeOptions{KWOK: true}) // no kube-controller-manager
+	k := kube.Client()
+	node := "unprocessed-1"
+	quarantined(t, k, node)
+	createPod(t, k, "guarded", "g0", node, withLabels("app", "g"))
+	waitRunning(t, k, node, 1)
+	pdb(t, k, "guarded", "guard", 1, "g")
+
+	// The cluster as production reaches it: its kubeconfig and the
+	// default kube.timeout (10s).
+	kc := clusters.DefaultConfig()
+	kc.Clusters = []clusters.Cluster{{Name: cluster, Kubeconfig: kube.Kubeconfig()}}
+	reg := clusters.NewRegistry(kc, nil)
+	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	h, err := New(testConfig(), reg, Options{Log: testLog, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	acts, rq := handle(t, h, quarantineAction(node, "e-unprocessed", "RESTART_VM", nil))
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the step took %v: the refusal was waited on", took)
+	}
+	b := find(acts, events.OutcomeBlocked)
+	if b == nil || b.Reason != "blocked by PDB guard" || b.Details[events.DetailBlockedBy] != "guard" {
+		t.Fatalf("no blocked action naming the PDB: %s", outcomes(acts))
+	}
+	cl, err := reg.Get(cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := cl.Gate.Failures(); f != 0 {
+		t.Fatalf("the refusal counted as %d cluster failures (%v)", f, cl.Gate.LastError())
+	}
+	if len(rq) != 1 {
+		t.Fatalf("%d requeue records, want the drain back after poll_interval", len(rq))
+	}
+	if got := podsOn(t, k, node); len(got) != 1 || got[0].DeletionTimestamp != nil {
+		t.Fatalf("pods %v: the PDB-covered pod must stay", podNames(got))
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
@@ -142,7 +143,7 @@ func TestAPIServerStoppedMidRunRetriedWithoutLoss(t *testing.T) {
 	}
 	applied := 0
 	for _, a := range acts {
-		if a.Kind == KindQuarantine && a.Outcome == OutcomeApplied {
+		if a.Kind == events.KindQuarantine && a.Outcome == events.OutcomeApplied {
 			applied++
 		}
 	}

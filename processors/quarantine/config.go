@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/faultline/faultline/processors/pipeline"
-	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // TopicRetry holds records of clusters that were unreachable when their
@@ -60,9 +60,10 @@ type Config struct {
 	Breaker BreakerConfig `toml:"breaker"`
 }
 
-// Pipeline returns the runner settings of the role's consumers.
+// Pipeline returns the runner settings of the role's consumer (the retry
+// consumer takes the same, with its own Role and Topics).
 func (c Config) Pipeline() pipeline.Config {
-	return pipeline.Config{BatchTimeout: c.BatchTimeout, MaxPollRecords: c.MaxPollRecords}
+	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout, MaxPollRecords: c.MaxPollRecords}
 }
 
 // BreakerConfig configures the per-cluster circuit breaker.

@@ -215,13 +215,17 @@ func TestKube(t *testing.T) {
 			!strings.Contains(n.Annotations[AnnotationReason], "check=XID_ERROR_48") || n.Annotations[AnnotationAt] == "" {
 			t.Fatalf("labels %v annotations %v", n.Labels, n.Annotations)
 		}
-		// The same record again (a redelivery) changes nothing and decides the same.
+		// The same record again (a redelivery) changes nothing and decides
+		// the same: no write, so the node's resourceVersion stays (no kubelet
+		// or controller writes this node in this test).
 		rv := n.ResourceVersion
-		acts2, _ := handle(t, h, record("c1", fatal("fatal-1", "XID_ERROR_48", "GPU-1")))
-		if kinds(acts2) != "quarantine/applied" || acts2[0].Details["alreadyQuarantined"] != "true" {
-			t.Fatalf("second fault: %s %v", kinds(acts2), acts2[0].Details)
+		acts2, _ := handle(t, h, record("c1", ev))
+		if kinds(acts2) != "quarantine/applied" || acts2[0].Details[events.DetailAlreadyQuarantined] != "true" || acts2[0].Id != acts[0].Id {
+			t.Fatalf("redelivery: %s %v, id %s (first %s)", kinds(acts2), acts2[0].Details, acts2[0].Id, acts[0].Id)
 		}
-		_ = rv
+		if after := getNode(t, k, "fatal-1"); after.ResourceVersion != rv {
+			t.Fatalf("the redelivery wrote the node: resourceVersion %s, then %s; annotations %v", rv, after.ResourceVersion, after.Annotations)
+		}
 	})
 
 	t.Run("NonMatchingDoesNothing", func(t *testing.T) {
@@ -293,7 +297,7 @@ func TestKube(t *testing.T) {
 			t.Fatalf("unrelated recovery: %s", kinds(acts))
 		}
 		acts, _ = handle(t, h, record("c1", healthy("recover-1", "XID_ERROR_79", "GPU-2")))
-		if kinds(acts) != "unquarantine/applied" || acts[0].Details["uncordoned"] != "true" {
+		if kinds(acts) != "unquarantine/applied" || acts[0].Details[events.DetailUncordoned] != "true" {
 			t.Fatalf("actions %s %v", kinds(acts), acts[0].GetDetails())
 		}
 		n = getNode(t, k, "recover-1")
@@ -322,7 +326,7 @@ func TestKube(t *testing.T) {
 		}
 		h := newTestHandler(t, testConfig("precordon"), map[string]kubernetes.Interface{"c1": k})
 		acts, _ := handle(t, h, record("c1", fatal("precordon-1", "XID_ERROR_48", "GPU-1")))
-		if acts[0].Details["preexistingCordon"] != "true" {
+		if acts[0].Details[events.DetailPreexistingCordon] != "true" {
 			t.Fatalf("details %v", acts[0].Details)
 		}
 		handle(t, h, record("c1", healthy("precordon-1", "XID_ERROR_48", "GPU-1")))

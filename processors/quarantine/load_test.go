@@ -16,6 +16,7 @@ import (
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
@@ -115,9 +116,9 @@ func TestLoadSimultaneousFailures(t *testing.T) {
 			applied, held := 0, 0
 			for _, a := range acts {
 				switch {
-				case a.Kind == KindQuarantine && a.Outcome == OutcomeApplied:
+				case a.Kind == events.KindQuarantine && a.Outcome == events.OutcomeApplied:
 					applied++
-				case a.Kind == KindQuarantine && a.Outcome == OutcomeHeld:
+				case a.Kind == events.KindQuarantine && a.Outcome == events.OutcomeHeld:
 					held++
 				}
 			}

@@ -6,6 +6,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // saQuarantine is the ServiceAccount of deploy/rbac/quarantine.yaml.
@@ -37,7 +38,7 @@ func TestRBACIsEnough(t *testing.T) {
 		t.Fatalf("actions %s", got)
 	}
 	for _, a := range append(acts, acts2...) {
-		if a.Outcome == OutcomeFailed {
+		if a.Outcome == events.OutcomeFailed {
 			t.Fatalf("failed: %s", a.Reason)
 		}
 	}

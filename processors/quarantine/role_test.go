@@ -2,58 +2,76 @@ package quarantine
 
 import (
 	"context"
-	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
-	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/processors/role"
 	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
-// TestRoleThroughKafka runs the role as `faultline process` does: events
-// from the events topic (kfake broker), the cluster reached through its
-// kubeconfig file, decisions on the actions topic; with the apiserver
-// stopped, the record goes through the retry topic and is applied once the
-// apiserver is back.
+// TestRoleThroughKafka runs the role as `faultline process` does (Open,
+// then role.Role.Run: the events consumer, the retry consumer and the
+// uncordon loop) over a real Kafka broker: events from the events topic,
+// the cluster reached through its kubeconfig file, decisions on the
+// actions topic. With the apiserver stopped, the record is deferred to the
+// retry topic (the test reads it there), and the retry consumer applies
+// it once the apiserver is back.
 func TestRoleThroughKafka(t *testing.T) {
 	kube := testenv.StartKube(t, testenv.KubeOptions{})
+	k := testenv.StartKafka(t)
 	createNodes(t, kube.Client(), "role", "role-1", "role-2")
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, kafka.PipelineTopics...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(kc.Close)
 	kcfg := kafka.DefaultConfig()
-	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = strings.Join(kc.ListenAddrs(), ","), 3, 1
+	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = k.Addr(), 3, 1
 
-	cfg := testConfig("role")
-	cfg.ClusterWait = 300 * time.Millisecond
-	kcl := clusters.DefaultConfig()
-	kcl.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: kube.Kubeconfig()}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	m := pipeline.NewMetrics(prometheus.NewRegistry())
-	h, closer, err := Start(ctx, cfg, kcl, Deps{Log: testLog, Kafka: kcfg, Metrics: m, Registry: prometheus.NewRegistry()})
+	if err := kafka.CreatePipelineTopics(ctx, kcfg, testLog); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig("role")
+	cfg.ClusterWait = 300 * time.Millisecond
+	deps := role.Deps{Log: testLog, Kafka: kcfg, Kube: clusters.DefaultConfig()}
+	deps.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: kube.Kubeconfig()}}
+	r, err := Open(ctx, cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closer.Close()
-	runner := pipeline.NewRunner(pipeline.Config{Role: Role, Topics: []string{events.TopicEvents}, MaxBackoff: 500 * time.Millisecond}, kcfg, h, testLog, m)
+	for i := range r.Consumers {
+		r.Consumers[i].Pipeline.MaxBackoff = 500 * time.Millisecond
+	}
 	done := make(chan error, 1)
-	go func() { done <- runner.Run(ctx) }()
+	go func() { done <- r.Run(ctx, deps) }()
 
-	cl, err := kafka.NewClient(kcfg, testLog, kgo.ConsumeTopics(events.TopicActions), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	// Everything on the actions and retry topics, read as it comes.
+	cl := k.Client(t, kgo.ConsumeTopics(events.TopicActions, TopicRetry), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	var (
+		mu      sync.Mutex
+		actions []*faultlinev1.Action
+		retried []*kgo.Record
+	)
+	go func() {
+		for ctx.Err() == nil {
+			fs := cl.PollFetches(ctx)
+			mu.Lock()
+			fs.EachRecord(func(r *kgo.Record) {
+				if r.Topic == TopicRetry {
+					retried = append(retried, r)
+					return
+				}
+				if a, err := events.UnmarshalAction(r.Value); err == nil {
+					actions = append(actions, a)
+				}
+			})
+			mu.Unlock()
+		}
+	}()
 	produce := func(r *kgo.Record) {
 		t.Helper()
 		r.Offset = 0
@@ -63,34 +81,66 @@ func TestRoleThroughKafka(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitAction := func(node, kind, outcome string) {
+	waitFor := func(what string, within time.Duration, ok func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
+		deadline := time.Now().Add(within)
 		for time.Now().Before(deadline) {
-			pctx, pcancel := context.WithTimeout(ctx, time.Second)
-			fs := cl.PollFetches(pctx)
-			pcancel()
-			for _, r := range fs.Records() {
-				a, err := events.UnmarshalAction(r.Value)
-				if err == nil && a.Node == node && a.Kind == kind && a.Outcome == outcome && a.Cluster == "prod" {
-					return
+			mu.Lock()
+			done := ok()
+			mu.Unlock()
+			if done {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("no %s within %v", what, within)
+	}
+	applied := func(node string) func() bool {
+		return func() bool {
+			for _, a := range actions {
+				if a.Node == node && a.Cluster == "prod" && a.Kind == events.KindQuarantine && a.Outcome == events.OutcomeApplied {
+					return true
 				}
 			}
+			return false
 		}
-		t.Fatalf("no %s/%s action for %s", kind, outcome, node)
 	}
 
 	produce(record("prod", fatal("role-1", "XID_ERROR_48", "GPU-1")))
-	waitAction("role-1", KindQuarantine, OutcomeApplied)
+	waitFor("quarantine/applied action for role-1", 60*time.Second, applied("role-1"))
 	if !getNode(t, kube.Client(), "role-1").Spec.Unschedulable {
 		t.Fatal("role-1 not cordoned")
 	}
+	mu.Lock()
+	if len(retried) != 0 {
+		t.Fatalf("%d records deferred while the cluster was up", len(retried))
+	}
+	mu.Unlock()
 
 	kube.Stop()
 	produce(record("prod", fatal("role-2", "XID_ERROR_48", "GPU-1")))
-	time.Sleep(2 * time.Second) // deferred to the retry topic; its consumer waits
+	// The record goes to the retry topic, with its key and an attempt
+	// count; nothing is decided while the apiserver is down.
+	waitFor("record for role-2 on the retry topic", 60*time.Second, func() bool {
+		for _, r := range retried {
+			if string(r.Key) == "prod/role-2" {
+				return true
+			}
+		}
+		return false
+	})
+	mu.Lock()
+	for _, r := range retried {
+		if got := header(r, HeaderRetryAttempt); got != "1" {
+			t.Errorf("retry record %s: attempt header %q, want 1", r.Key, got)
+		}
+	}
+	if applied("role-2")() {
+		t.Fatal("role-2 decided while its apiserver was down")
+	}
+	mu.Unlock()
 	kube.Start()
-	waitAction("role-2", KindQuarantine, OutcomeApplied)
+	waitFor("quarantine/applied action for role-2 after the outage", 90*time.Second, applied("role-2"))
 	if !getNode(t, kube.Client(), "role-2").Spec.Unschedulable {
 		t.Fatal("role-2 not cordoned after the outage")
 	}
@@ -98,4 +148,13 @@ func TestRoleThroughKafka(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+func header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
 }

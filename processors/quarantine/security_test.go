@@ -16,6 +16,7 @@ import (
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -67,7 +68,7 @@ func TestOverridesOnlyFromOperators(t *testing.T) {
 		}
 		want := "quarantineOverrides.force, drainOverrides.force ignored: sent by " + tc.who
 		a := acts[0]
-		if a.Details[DetailOverridesIgnored] != want || !strings.Contains(a.Reason, want) || a.Details["drainOverrides"] != "" {
+		if a.Details[events.DetailOverridesIgnored] != want || !strings.Contains(a.Reason, want) || a.Details[events.DetailDrainOverrides] != "" {
 			t.Fatalf("%s: decision %q details %v, want it to say %q", tc.node, a.Reason, a.Details, want)
 		}
 		if after := getNode(t, k, tc.node); after.ResourceVersion != before.ResourceVersion {
@@ -80,7 +81,7 @@ func TestOverridesOnlyFromOperators(t *testing.T) {
 	bound := hostile("ovr-agent", datamodels.SubmitterRole_SUBMITTER_ROLE_OPERATOR)
 	bound.Submitter.Node = "ovr-spare-00"
 	acts, _ := handle(t, h, record("c1", bound))
-	if kinds(acts) != "skip/skipped" || !strings.HasSuffix(acts[0].Details[DetailOverridesIgnored], "operator credential token:prod#3 bound to node ovr-spare-00") {
+	if kinds(acts) != "skip/skipped" || !strings.HasSuffix(acts[0].Details[events.DetailOverridesIgnored], "operator credential token:prod#3 bound to node ovr-spare-00") {
 		t.Fatalf("bound operator: %s %v", kinds(acts), acts[0].GetDetails())
 	}
 
@@ -89,16 +90,16 @@ func TestOverridesOnlyFromOperators(t *testing.T) {
 	skip.QuarantineOverrides = &datamodels.BehaviourOverrides{Skip: true}
 	skip.Submitter = &datamodels.Submitter{Name: "token:prod#3", Role: datamodels.SubmitterRole_SUBMITTER_ROLE_AGENT}
 	acts, _ = handle(t, h, record("c1", skip))
-	if kinds(acts) != "quarantine/applied" || !strings.Contains(acts[0].Details[DetailOverridesIgnored], "quarantineOverrides.skip ignored") {
+	if kinds(acts) != "quarantine/applied" || !strings.Contains(acts[0].Details[events.DetailOverridesIgnored], "quarantineOverrides.skip ignored") {
 		t.Fatalf("agent skip: %s %v", kinds(acts), acts[0].GetDetails())
 	}
 
 	// An operator's force quarantines without a rule, takes a breaker slot
 	// (the second and last) and passes its drain override on.
 	acts, _ = handle(t, h, record("c1", hostile("ovr-op", datamodels.SubmitterRole_SUBMITTER_ROLE_OPERATOR)))
-	if kinds(acts) != "quarantine/applied" || acts[0].Rule != RuleForce || acts[0].Details["force"] != "true" ||
-		acts[0].Details["drainOverrides"] != "force" || acts[0].Details[DetailSubmitterRole] != "operator" ||
-		acts[0].Details[DetailSubmitter] != "token:prod#3" || !getNode(t, k, "ovr-op").Spec.Unschedulable {
+	if kinds(acts) != "quarantine/applied" || acts[0].Rule != RuleForce || acts[0].Details[events.DetailForce] != "true" ||
+		acts[0].Details[events.DetailDrainOverrides] != "force" || acts[0].Details[events.DetailSubmitterRole] != "operator" ||
+		acts[0].Details[events.DetailSubmitter] != "token:prod#3" || !getNode(t, k, "ovr-op").Spec.Unschedulable {
 		t.Fatalf("operator force: %s %v", kinds(acts), acts[0].GetDetails())
 	}
 	// The breaker is full: the next rule-matched quarantine trips it...
@@ -109,7 +110,7 @@ func TestOverridesOnlyFromOperators(t *testing.T) {
 	// ...and holds an operator's force too.
 	before := getNode(t, k, "ovr-held")
 	acts, _ = handle(t, h, record("c1", hostile("ovr-held", datamodels.SubmitterRole_SUBMITTER_ROLE_OPERATOR)))
-	if kinds(acts) != "quarantine/held_by_breaker" || acts[0].Rule != RuleForce || acts[0].Details["force"] != "true" {
+	if kinds(acts) != "quarantine/held_by_breaker" || acts[0].Rule != RuleForce || acts[0].Details[events.DetailForce] != "true" {
 		t.Fatalf("operator force with the breaker open: %s", kinds(acts))
 	}
 	if after := getNode(t, k, "ovr-held"); after.ResourceVersion != before.ResourceVersion || after.Spec.Unschedulable {
@@ -156,13 +157,13 @@ func TestStateBoundedWithLargestEvents(t *testing.T) {
 			first = ev
 		}
 		acts, _ := handle(t, h, record("c1", ev))
-		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied {
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied {
 			t.Fatalf("fault %d: %s %s", i, kinds(acts), acts[0].GetReason())
 		}
 		// A repeat of the same fault (a new event id) is an update too.
 		again := maxEvent("big-1", i)
 		again.GeneratedTimestamp = timestamppb.New(time.Now().Add(time.Millisecond))
-		if acts, _ = handle(t, h, record("c1", again)); acts[0].Outcome != OutcomeApplied {
+		if acts, _ = handle(t, h, record("c1", again)); acts[0].Outcome != events.OutcomeApplied {
 			t.Fatalf("repeat of fault %d: %s %s", i, kinds(acts), acts[0].GetReason())
 		}
 	}
@@ -279,7 +280,7 @@ name = "fatal"
 		t.Fatal(err)
 	}
 	acts, _ := handle(t, h, record("nowhere", ev), record("nowhere", maxEvent("n", 2)))
-	if kinds(acts) != "quarantine/dry_run,quarantine/dry_run" || !strings.Contains(acts[0].Details["ruleErrors"], `rule set "quadratic"`) {
+	if kinds(acts) != "quarantine/dry_run,quarantine/dry_run" || !strings.Contains(acts[0].Details[events.DetailRuleErrors], `rule set "quadratic"`) {
 		t.Fatalf("actions %s %v", kinds(acts), acts[0].GetDetails())
 	}
 	var m dto.Metric

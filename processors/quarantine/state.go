@@ -32,8 +32,9 @@ const (
 	// while faults stood; faultline then leaves those faults uncordoned.
 	AnnotationManualUncordon = "faultline.io/manual-uncordon-at"
 	// LabelQuarantined is "true" while a standing fault cordons or taints
-	// the node (not for faults acknowledged by a manual uncordon).
-	LabelQuarantined = "faultline.io/quarantined"
+	// the node (not for faults acknowledged by a manual uncordon); the
+	// drain role reads it (events.LabelQuarantined).
+	LabelQuarantined = events.LabelQuarantined
 )
 
 // Bounds of what faultline writes on a node. Kubernetes refuses an object

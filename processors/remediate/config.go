@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/processors/requeue"
 )
 
 // TopicRequeue carries remediations waiting for their resource's condition
@@ -231,6 +234,10 @@ type Config struct {
 	PollInterval time.Duration `toml:"poll_interval"`
 	// Workers bounds the nodes handled at once per batch. Default 64.
 	Workers int `toml:"workers"`
+	// BatchTimeout bounds one batch: a batch may wait for a requeued
+	// item's not-before time (at most 20s) and then act on a node's
+	// resources. Default 2m.
+	BatchTimeout time.Duration `toml:"batch_timeout"`
 	// Identity names this processor on resources. Default "faultline-remediate/<hostname>".
 	Identity string `toml:"identity"`
 
@@ -260,6 +267,7 @@ func DefaultConfig() Config {
 		CompletionTimeout: time.Hour,
 		PollInterval:      15 * time.Second,
 		Workers:           64,
+		BatchTimeout:      2 * time.Minute,
 		Identity:          "faultline-remediate/" + host,
 	}
 }
@@ -272,6 +280,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.BudgetWindow, prefix+"budget-window", c.BudgetWindow, "window of the remediation budget")
 	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "a remediation neither complete nor failed this long after creation has failed")
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often a remediation in progress is looked at")
+	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 20s: a batch may wait that long for a requeued item)")
 	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes handled concurrently per batch")
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on resources")
 }
@@ -319,6 +328,9 @@ func (c *Config) Validate(prefix string) error {
 	}
 	if c.Workers < 1 {
 		return fmt.Errorf("%sworkers: must be at least 1, got %d", prefix, c.Workers)
+	}
+	if c.BatchTimeout <= requeueWait {
+		return fmt.Errorf("%sbatch_timeout: must be more than %v (a batch may wait that long for a requeued item), got %v", prefix, requeueWait, c.BatchTimeout)
 	}
 	if c.Identity == "" {
 		return fmt.Errorf("%sidentity: required", prefix)
@@ -452,3 +464,12 @@ func (t *Template) compileCompletion(gk schema.GroupKind) error {
 
 // template returns the template for an action ("custom:<name>" for CUSTOM).
 func (c *Config) template(action string) *Template { return c.byAction[action] }
+
+// requeueWait is the longest a batch waits for a requeued item's
+// not-before time (requeue.ByNode).
+const requeueWait = requeue.MaxWait
+
+// Pipeline returns the runner settings of the role's consumer.
+func (c Config) Pipeline() pipeline.Config {
+	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout}
+}

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -26,7 +25,6 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/faultline/faultline/processors/clusters"
-	"github.com/faultline/faultline/processors/drain"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/requeue"
 	"github.com/faultline/faultline/schemas/events"
@@ -35,23 +33,7 @@ import (
 )
 
 // Role is the processor role name written on actions.
-const Role = "remediate"
-
-// Action kinds and outcomes this role writes.
-const (
-	KindRemediate = "remediate"
-	KindEscalate  = "escalate"
-
-	OutcomeApplied    = "applied"     // resource created
-	OutcomeInProgress = "in_progress" // joined an equivalent remediation in progress
-	OutcomeSucceeded  = "succeeded"   // a complete matcher matched (Template.CompleteWhen)
-	OutcomeFailed     = "failed"      // a failed matcher, the finished field without success, or the timeout
-	OutcomeSkipped    = "skipped"
-	OutcomeDryRun     = "dry_run"
-	// OutcomeRefused: the rendered object did not target the event's node
-	// (Template.NodeField); nothing was created.
-	OutcomeRefused = "refused"
-)
+const Role = events.RoleRemediate
 
 // Labels and annotations on the resources faultline creates. The labels
 // select a node's resources of one group; the annotations are the
@@ -174,11 +156,11 @@ func (h *Handler) dynamicFor(cluster string) (dynamic.Interface, error) {
 // IsTrigger reports whether an action starts a remediation: a drain that
 // finished, or gave up under its policy, or was decided dry-run.
 func IsTrigger(a *faultlinev1.Action) bool {
-	if a.GetRole() != drain.Role || a.GetKind() != drain.KindDrain {
+	if a.GetRole() != events.RoleDrain || a.GetKind() != events.KindDrain {
 		return false
 	}
 	switch a.GetOutcome() {
-	case drain.OutcomeSucceeded, drain.OutcomeGaveUp, drain.OutcomeDryRun:
+	case events.OutcomeSucceeded, events.OutcomeGaveUp, events.OutcomeDryRun:
 		return true
 	}
 	return false
@@ -194,82 +176,39 @@ type trigger struct {
 
 // Handle handles one partition's batch of the actions topic or TopicRequeue.
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
-	var res pipeline.Result
-	seqs := map[string][]trigger{}
-	var keys []string
-	for _, r := range recs {
-		// Key and payload must name the same node (pipeline.ActionKey).
-		cluster, node, err := pipeline.ActionKey(r)
-		if err != nil {
-			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
-			continue
-		}
-		a, err := events.UnmarshalAction(r.Value)
-		if err != nil {
-			res.Dead = append(res.Dead, pipeline.Dead{Record: r, Reason: err})
-			continue
-		}
-		if !IsTrigger(a) {
-			continue
-		}
-		t := trigger{rec: r, src: a, cluster: cluster, node: node, id: a.GetDetails()[drain.DetailDrainID]}
-		if t.id == "" && len(a.GetEventIds()) > 0 {
-			t.id = a.GetEventIds()[0]
-		}
-		if t.id == "" {
-			t.id = a.GetId()
-		}
-		k := t.cluster + "/" + t.node
-		if _, ok := seqs[k]; !ok {
-			keys = append(keys, k)
-		}
-		seqs[k] = append(seqs[k], t)
-	}
-	out, err := requeue.ByNode(ctx, h.cfg.Workers, TopicRequeue, h.now, keys, seqs,
-		func(t trigger) *kgo.Record { return t.rec }, h.process)
-	if err != nil {
-		return pipeline.Result{}, err
-	}
-	res.Out = append(res.Out, out...)
-	return res, nil
+	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now,
+		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, time.Time) {
+			t := trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, id: a.Action.GetDetails()[events.DetailDrainID]}
+			if t.id == "" && len(a.Action.GetEventIds()) > 0 {
+				t.id = a.Action.GetEventIds()[0]
+			}
+			if t.id == "" {
+				t.id = a.Action.GetId()
+			}
+			return h.process(ctx, t)
+		})
 }
 
+// process runs one step of the trigger's remediation on its cluster
+// (clusters.Registry.Try). It returns the actions and, when the
+// remediation must be looked at again, when.
 func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, time.Time) {
-	cl, err := h.reg.Get(t.cluster)
-	if errors.Is(err, clusters.ErrUnknownCluster) {
-		cl, err = nil, nil
+	acts, again, err := requeue.Step(ctx, h.reg, t.cluster, t.node, "remediation", h.now().Add(h.cfg.PollInterval), h.log, h.m.apiErrors,
+		func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
+			return h.step(ctx, cl, t)
+		})
+	if err == nil {
+		return acts, again
 	}
-	if err != nil {
-		h.log.Warn("cluster client unavailable; requeued", "cluster", t.cluster, "node", t.node, "err", err)
-		return nil, h.now().Add(h.cfg.PollInterval)
-	}
-	if cl != nil && cl.Kube != nil {
-		if ready, next := cl.Gate.Ready(); !ready {
-			return nil, next
-		}
-	}
-	acts, again, err := h.step(ctx, cl, t)
-	if err != nil {
-		if cl != nil && cl.Kube != nil && clusters.Retriable(err) {
-			next := cl.Gate.Fail(err)
-			h.m.apiErrors.WithLabelValues(t.cluster).Inc()
-			h.log.Warn("cluster API error; remediation requeued", "cluster", t.cluster, "node", t.node, "retry_at", next, "err", err)
-			return acts, next
-		}
-		h.log.Warn("remediation failed", "cluster", t.cluster, "node", t.node, "err", err)
-		return append(acts, h.action(t, KindRemediate, OutcomeFailed, err.Error(), "error")), time.Time{}
-	}
-	if cl != nil && cl.Kube != nil {
-		cl.Gate.OK()
-	}
-	return acts, again
+	h.log.Warn("remediation failed", "cluster", t.cluster, "node", t.node, "err", err)
+	return append(acts, h.action(t, events.KindRemediate, events.OutcomeFailed, err.Error(), "error")), time.Time{}
 }
 
 // actionKey is the template key of the trigger's recommended action.
 func actionKey(a *faultlinev1.Action) string {
 	ra := a.GetRecommendedAction()
 	if ra == datamodels.RecommendedAction_CUSTOM.String() {
-		return "custom:" + a.GetDetails()[drain.DetailCustomAction]
+		return "custom:" + a.GetDetails()[events.DetailCustomAction]
 	}
 	return ra
 }
@@ -278,13 +217,13 @@ func (h *Handler) data(t trigger, tm *Template) Data {
 	a := t.src
 	d := Data{
 		Cluster: t.cluster, NodeName: t.node, CheckName: a.GetCheckName(), RecommendedAction: a.GetRecommendedAction(),
-		CustomRecommendedAction: a.GetDetails()[drain.DetailCustomAction], EventIDs: a.GetEventIds(),
+		CustomRecommendedAction: a.GetDetails()[events.DetailCustomAction], EventIDs: a.GetEventIds(),
 		Group: tm.Group, Details: a.GetDetails(),
 	}
 	if len(d.EventIDs) > 0 {
 		d.EventID = d.EventIDs[0]
 	}
-	for _, p := range strings.Split(a.GetDetails()[drain.DetailEntities], ",") {
+	for _, p := range strings.Split(a.GetDetails()[events.DetailEntities], ",") {
 		if typ, v, ok := strings.Cut(p, "="); ok {
 			d.Entities = append(d.Entities, Entity{Type: typ, Value: v})
 			if typ == events.EntityGPU {
@@ -409,20 +348,20 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 	ra := t.src.GetRecommendedAction()
 	switch ra {
 	case "", datamodels.RecommendedAction_NONE.String(), datamodels.RecommendedAction_UNKNOWN.String():
-		return []*faultlinev1.Action{h.action(t, KindRemediate, OutcomeSkipped, "recommendedAction "+ra+": nothing to remediate", "skip")}, time.Time{}, nil
+		return []*faultlinev1.Action{h.action(t, events.KindRemediate, events.OutcomeSkipped, "recommendedAction "+ra+": nothing to remediate", "skip")}, time.Time{}, nil
 	case datamodels.RecommendedAction_CONTACT_SUPPORT.String():
 		acts, err := h.escalate(ctx, cl, t, "", "the event recommends CONTACT_SUPPORT")
 		return acts, time.Time{}, err
 	}
 	tm := h.cfg.template(actionKey(t.src))
 	if tm == nil {
-		return []*faultlinev1.Action{h.action(t, KindRemediate, OutcomeSkipped, "no resource template for "+actionKey(t.src), "skip")}, time.Time{}, nil
+		return []*faultlinev1.Action{h.action(t, events.KindRemediate, events.OutcomeSkipped, "no resource template for "+actionKey(t.src), "skip")}, time.Time{}, nil
 	}
 	d := h.data(t, tm)
-	dryRun := cl == nil || cl.Kube == nil || cl.DryRun || t.src.GetDryRun() || t.src.GetOutcome() == drain.OutcomeDryRun
+	dryRun := cl == nil || cl.Kube == nil || cl.DryRun || t.src.GetDryRun() || t.src.GetOutcome() == events.OutcomeDryRun
 	if dryRun {
 		d.Name = h.name(t.node, tm.Group, 1)
-		a := h.action(t, KindRemediate, OutcomeDryRun, fmt.Sprintf("would create %s %s", tm.kind, d.Name), "dry_run")
+		a := h.action(t, events.KindRemediate, events.OutcomeDryRun, fmt.Sprintf("would create %s %s", tm.kind, d.Name), "dry_run")
 		a.DryRun = true
 		return []*faultlinev1.Action{a}, time.Time{}, nil
 	}
@@ -476,14 +415,14 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 		d.Name = h.name(t.node, tm.Group, seq)
 		obj, err := tm.render(d)
 		if err != nil {
-			return []*faultlinev1.Action{h.action(t, KindRemediate, OutcomeFailed, "template: "+err.Error(), "template")}, time.Time{}, nil
+			return []*faultlinev1.Action{h.action(t, events.KindRemediate, events.OutcomeFailed, "template: "+err.Error(), "template")}, time.Time{}, nil
 		}
 		if err := tm.checkTarget(obj, t.node); err != nil {
 			h.m.refused.WithLabelValues(t.cluster).Inc()
 			h.log.Warn("remediation refused: the rendered object targets another node", "cluster", t.cluster, "node", t.node,
 				"kind", tm.kind, "err", err)
-			a := h.action(t, KindRemediate, OutcomeRefused, "refused: "+err.Error(), "refused")
-			a.Details["template"] = tm.Action
+			a := h.action(t, events.KindRemediate, events.OutcomeRefused, "refused: "+err.Error(), "refused")
+			a.Details[events.DetailTemplate] = tm.Action
 			return []*faultlinev1.Action{a}, time.Time{}, nil
 		}
 		obj.SetName(d.Name)
@@ -524,8 +463,8 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 			return nil, time.Time{}, fmt.Errorf("create %s %s: %w", tm.kind, d.Name, err)
 		}
 		h.m.created.WithLabelValues(t.cluster, tm.Group).Inc()
-		a := h.action(t, KindRemediate, OutcomeApplied, fmt.Sprintf("created %s %s", tm.kind, created.GetName()), "applied")
-		a.Details["resource"] = tm.kind + "/" + created.GetName()
+		a := h.action(t, events.KindRemediate, events.OutcomeApplied, fmt.Sprintf("created %s %s", tm.kind, created.GetName()), "applied")
+		a.Details[events.DetailResource] = tm.kind + "/" + created.GetName()
 		return []*faultlinev1.Action{a}, h.now().Add(h.cfg.PollInterval), nil
 	}
 	return nil, time.Time{}, fmt.Errorf("create %s for node %s: no free name after 10 tries", tm.kind, t.node)
@@ -546,23 +485,23 @@ func (h *Handler) follow(ctx context.Context, cl *clusters.Client, t trigger, tm
 	ref := tm.kind + "/" + o.GetName()
 	switch st {
 	case completed:
-		a := h.action(t, KindRemediate, OutcomeSucceeded, ref+" completed", "succeeded")
-		a.Details["resource"] = ref
+		a := h.action(t, events.KindRemediate, events.OutcomeSucceeded, ref+" completed", "succeeded")
+		a.Details[events.DetailResource] = ref
 		return []*faultlinev1.Action{a}, time.Time{}, nil
 	case failed:
-		a := h.action(t, KindRemediate, OutcomeFailed, ref+" failed: "+why, "failed")
-		a.Details["resource"] = ref
+		a := h.action(t, events.KindRemediate, events.OutcomeFailed, ref+" failed: "+why, "failed")
+		a.Details[events.DetailResource] = ref
 		acts, err := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s failed (%s)", ref, why))
 		return append([]*faultlinev1.Action{a}, acts...), time.Time{}, err
 	}
 	var acts []*faultlinev1.Action
 	if requeue.Attempt(t.rec) == 0 {
-		kind, outcome, reason := KindRemediate, OutcomeApplied, "created "+ref
+		kind, outcome, reason := events.KindRemediate, events.OutcomeApplied, "created "+ref
 		if o.GetAnnotations()[AnnotationTriggers] != t.id && !strings.HasPrefix(o.GetAnnotations()[AnnotationTriggers], t.id+",") {
-			outcome, reason = OutcomeInProgress, "joined "+ref+": an equivalent remediation is in progress"
+			outcome, reason = events.OutcomeInProgress, "joined "+ref+": an equivalent remediation is in progress"
 		}
 		a := h.action(t, kind, outcome, reason, outcome)
-		a.Details["resource"] = ref
+		a.Details[events.DetailResource] = ref
 		acts = append(acts, a)
 	}
 	return acts, h.now().Add(h.cfg.PollInterval), nil
@@ -595,11 +534,11 @@ func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *
 // annotation on the node. Nothing is created.
 func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, group, why string) ([]*faultlinev1.Action, error) {
 	h.m.escalations.WithLabelValues(t.cluster).Inc()
-	a := h.action(t, KindEscalate, OutcomeApplied, "CONTACT_SUPPORT: "+why, "escalate")
+	a := h.action(t, events.KindEscalate, events.OutcomeApplied, "CONTACT_SUPPORT: "+why, "escalate")
 	a.RecommendedAction = datamodels.RecommendedAction_CONTACT_SUPPORT.String()
-	a.Details["requestedAction"] = t.src.GetRecommendedAction()
+	a.Details[events.DetailRequestedAction] = t.src.GetRecommendedAction()
 	if group != "" {
-		a.Details["group"] = group
+		a.Details[events.DetailGroup] = group
 	}
 	if cl == nil || cl.Kube == nil || cl.DryRun {
 		a.DryRun = true
@@ -615,7 +554,8 @@ func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, 
 }
 
 // name is the deterministic name of a node's seq-th resource of a group:
-// "maintenance-<node>-<hash>", like the seed's.
+// "maintenance-<node>-<hash>", the form of NVSentinel's fault remediation
+// (its RebootNode names are maintenance-<node>-<event id>).
 func (h *Handler) name(node, group string, seq int) string {
 	n := node
 	if len(n) > 200 {
@@ -632,7 +572,7 @@ func (h *Handler) action(t trigger, kind, outcome, reason, idPart string) *fault
 		EventIds: t.src.GetEventIds(), DryRun: t.src.GetDryRun(), Timestamp: timestamppb.New(h.now()),
 		Details: map[string]string{}, CheckName: t.src.GetCheckName(), RecommendedAction: t.src.GetRecommendedAction(),
 	}
-	for _, k := range []string{drain.DetailDrainID, drain.DetailEntities, drain.DetailCustomAction} {
+	for _, k := range []string{events.DetailDrainID, events.DetailEntities, events.DetailCustomAction} {
 		if v := t.src.GetDetails()[k]; v != "" {
 			a.Details[k] = v
 		}

@@ -20,7 +20,6 @@ import (
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/drain"
-	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -77,13 +76,13 @@ spec:
 
 // drained is the drain role's result for a drain of node.
 func drained(node, drainID, action string, details map[string]string) *kgo.Record {
-	d := map[string]string{drain.DetailDrainID: drainID}
+	d := map[string]string{events.DetailDrainID: drainID}
 	for k, v := range details {
 		d[k] = v
 	}
 	a := &faultlinev1.Action{
-		Id: "d-" + drainID, Cluster: cluster, Node: node, Role: drain.Role, Kind: drain.KindDrain,
-		Outcome: drain.OutcomeSucceeded, EventIds: []string{"ev-" + drainID}, CheckName: "XID_ERROR_79",
+		Id: "d-" + drainID, Cluster: cluster, Node: node, Role: events.RoleDrain, Kind: events.KindDrain,
+		Outcome: events.OutcomeSucceeded, EventIds: []string{"ev-" + drainID}, CheckName: "XID_ERROR_79",
 		RecommendedAction: action, Details: d,
 	}
 	b, _ := events.MarshalAction(a)
@@ -167,7 +166,7 @@ func poll(t testing.TB, h *Handler, clk *clock, rq *kgo.Record) ([]*faultlinev1.
 
 func createNode(t testing.TB, k kubernetes.Interface, name string) {
 	t.Helper()
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{quarantine.LabelQuarantined: "true"}}}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{events.LabelQuarantined: "true"}}}
 	if _, err := k.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -211,12 +210,12 @@ func TestRemediateKube(t *testing.T) {
 		if !strings.HasPrefix(rn.GetName(), "maintenance-"+node+"-") {
 			t.Fatalf("name %s", rn.GetName())
 		}
-		if len(retry) != 1 || retry[0].Outcome != OutcomeApplied || len(rq) != 1 || actsA[0].Id != retry[0].Id || actsB[0].Id != retry[0].Id {
+		if len(retry) != 1 || retry[0].Outcome != events.OutcomeApplied || len(rq) != 1 || actsA[0].Id != retry[0].Id || actsB[0].Id != retry[0].Id {
 			t.Fatalf("retry: %s", outcomes(retry))
 		}
 		// A second fault while the reboot is in progress joins it.
 		joined, _ := handle(t, b, drained(node, "drain-2", "RESTART_BM", nil))
-		if len(joined) != 1 || joined[0].Outcome != OutcomeInProgress || len(list(t, dyn, rebootGVR, node)) != 1 {
+		if len(joined) != 1 || joined[0].Outcome != events.OutcomeInProgress || len(list(t, dyn, rebootGVR, node)) != 1 {
 			t.Fatalf("second fault: %s", outcomes(joined))
 		}
 		// The janitor starts it (both conditions Unknown, "Initializing"),
@@ -234,7 +233,7 @@ func TestRemediateKube(t *testing.T) {
 		// The node is back: NodeReady=True, completionTime. Success.
 		setStatus(t, dyn, rebootGVR, rn.GetName(), true, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "True", "Succeeded"})
 		done, rq2 := poll(t, a, clk, rq[0])
-		if len(done) != 1 || done[0].Outcome != OutcomeSucceeded || len(rq2) != 0 {
+		if len(done) != 1 || done[0].Outcome != events.OutcomeSucceeded || len(rq2) != 0 {
 			t.Fatalf("completion: %s", outcomes(done))
 		}
 	})
@@ -245,7 +244,7 @@ func TestRemediateKube(t *testing.T) {
 		h := newHandler(t, testConfig(), k, dyn, clk) // budget 2 per hour
 		for i, id := range []string{"b1", "b2"} {
 			acts, _ := handle(t, h, drained(node, id, "RESTART_VM", nil))
-			if len(acts) != 1 || acts[0].Outcome != OutcomeApplied {
+			if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied {
 				t.Fatalf("reboot %d: %s", i+1, outcomes(acts))
 			}
 			for _, it := range list(t, dyn, rebootGVR, node) {
@@ -254,7 +253,7 @@ func TestRemediateKube(t *testing.T) {
 			clk.Add(10 * time.Minute)
 		}
 		acts, rq := handle(t, h, drained(node, "b3", "RESTART_VM", nil))
-		if len(acts) != 1 || acts[0].Kind != KindEscalate || acts[0].RecommendedAction != "CONTACT_SUPPORT" || len(rq) != 0 {
+		if len(acts) != 1 || acts[0].Kind != events.KindEscalate || acts[0].RecommendedAction != "CONTACT_SUPPORT" || len(rq) != 0 {
 			t.Fatalf("third fault: %s", outcomes(acts))
 		}
 		if n := len(list(t, dyn, rebootGVR, node)); n != 2 {
@@ -267,7 +266,7 @@ func TestRemediateKube(t *testing.T) {
 		// After the window the budget is free again.
 		clk.Add(time.Hour)
 		acts, _ = handle(t, h, drained(node, "b4", "RESTART_VM", nil))
-		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied {
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied {
 			t.Fatalf("after the window: %s", outcomes(acts))
 		}
 	})
@@ -292,7 +291,7 @@ func TestRemediateKube(t *testing.T) {
 				items := list(t, dyn, rebootGVR, node)
 				setStatus(t, dyn, rebootGVR, items[0].GetName(), true, tc.conds...)
 				acts, _ := poll(t, h, clk, rq[0])
-				if len(acts) != 2 || acts[0].Outcome != OutcomeFailed || acts[1].Kind != KindEscalate {
+				if len(acts) != 2 || acts[0].Outcome != events.OutcomeFailed || acts[1].Kind != events.KindEscalate {
 					t.Fatalf("failed reboot: %s", outcomes(acts))
 				}
 				if !strings.Contains(acts[0].Reason, tc.why) {
@@ -300,7 +299,7 @@ func TestRemediateKube(t *testing.T) {
 				}
 				// The next fault is escalated too, without another reboot.
 				acts, _ = handle(t, h, drained(node, "f2", "RESTART_VM", nil))
-				if len(acts) != 1 || acts[0].Kind != KindEscalate || len(list(t, dyn, rebootGVR, node)) != 1 {
+				if len(acts) != 1 || acts[0].Kind != events.KindEscalate || len(list(t, dyn, rebootGVR, node)) != 1 {
 					t.Fatalf("fault after a failed reboot: %s", outcomes(acts))
 				}
 			})
@@ -312,9 +311,9 @@ func TestRemediateKube(t *testing.T) {
 		createNode(t, k, node)
 		h := newHandler(t, testConfig(), k, dyn, clk)
 		gpu := "GPU-0a1b2c3d-0000-1111-2222-333344445555"
-		acts, rq := handle(t, h, drained(node, "r1", "COMPONENT_RESET", map[string]string{drain.DetailEntities: "GPU=" + gpu}))
+		acts, rq := handle(t, h, drained(node, "r1", "COMPONENT_RESET", map[string]string{events.DetailEntities: "GPU=" + gpu}))
 		items := list(t, dyn, resetGVR, node)
-		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(items) != 1 {
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(items) != 1 {
 			t.Fatalf("reset: %s", outcomes(acts))
 		}
 		if g, _, _ := unstructured.NestedStringSlice(items[0].Object, "spec", "selector", "uuids"); len(g) != 1 || g[0] != gpu {
@@ -336,13 +335,13 @@ func TestRemediateKube(t *testing.T) {
 		// The result: Complete=True with a failure reason, completionTime.
 		setStatus(t, dyn, resetGVR, reset, true, cond{"ResetJobCompleted", "True", "ResetJobFailed"}, cond{"Complete", "True", "ResetJobFailed"})
 		acts, _ = poll(t, h, clk, rq[0])
-		if len(acts) != 2 || acts[0].Outcome != OutcomeFailed || !strings.Contains(acts[0].Reason, "Complete=True ResetJobFailed") || acts[1].Kind != KindEscalate {
+		if len(acts) != 2 || acts[0].Outcome != events.OutcomeFailed || !strings.Contains(acts[0].Reason, "Complete=True ResetJobFailed") || acts[1].Kind != events.KindEscalate {
 			t.Fatalf("failed reset: %s", outcomes(acts))
 		}
 
-		acts, rq = handle(t, h, drained(node, "r2", "CUSTOM", map[string]string{drain.DetailCustomAction: "drain-and-flash"}))
+		acts, rq = handle(t, h, drained(node, "r2", "CUSTOM", map[string]string{events.DetailCustomAction: "drain-and-flash"}))
 		items = list(t, dyn, resetGVR, node)
-		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(items) != 2 {
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(items) != 2 {
 			t.Fatalf("custom: %s", outcomes(acts))
 		}
 		for _, it := range items {
@@ -355,11 +354,11 @@ func TestRemediateKube(t *testing.T) {
 			// Success: Complete=True, GPUResetSucceeded.
 			setStatus(t, dyn, resetGVR, it.GetName(), true, cond{"ServicesRestored", "True", "ServiceRestoreSucceeded"}, cond{"Complete", "True", "GPUResetSucceeded"})
 		}
-		if acts, _ = poll(t, h, clk, rq[0]); len(acts) != 1 || acts[0].Outcome != OutcomeSucceeded {
+		if acts, _ = poll(t, h, clk, rq[0]); len(acts) != 1 || acts[0].Outcome != events.OutcomeSucceeded {
 			t.Fatalf("custom reset done: %s", outcomes(acts))
 		}
 		acts, _ = handle(t, h, drained(node, "r3", "NONE", nil))
-		if len(acts) != 1 || acts[0].Outcome != OutcomeSkipped || len(list(t, dyn, rebootGVR, node)) != 0 {
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeSkipped || len(list(t, dyn, rebootGVR, node)) != 0 {
 			t.Fatalf("NONE: %s", outcomes(acts))
 		}
 	})
@@ -379,12 +378,12 @@ func TestRemediateKube(t *testing.T) {
 				"metadata: {name: {{ .Name }}}\nspec:\n  nodeName: {{ .NodeName }}{{ index .Details \"suffix\" }}\n  force: false\n"})
 		h := newHandler(t, cfg, k, dyn, clk)
 		hostile := func(id, custom string, details map[string]string) *kgo.Record {
-			d := map[string]string{drain.DetailDrainID: id, drain.DetailCustomAction: custom}
+			d := map[string]string{events.DetailDrainID: id, events.DetailCustomAction: custom}
 			for k, v := range details {
 				d[k] = v
 			}
 			a := &faultlinev1.Action{
-				Id: "d-" + id, Cluster: cluster, Node: node, Role: drain.Role, Kind: drain.KindDrain, Outcome: drain.OutcomeSucceeded,
+				Id: "d-" + id, Cluster: cluster, Node: node, Role: events.RoleDrain, Kind: events.KindDrain, Outcome: events.OutcomeSucceeded,
 				EventIds: []string{"ev-" + id}, CheckName: hostileCheck, RecommendedAction: "CUSTOM", Details: d,
 			}
 			b, _ := events.MarshalAction(a)
@@ -392,7 +391,7 @@ func TestRemediateKube(t *testing.T) {
 		}
 		acts, _ := handle(t, h, hostile("h1", "reason", nil))
 		items := list(t, dyn, rebootGVR, node)
-		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(items) != 1 {
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(items) != 1 {
 			t.Fatalf("hostile check name: %s, %d RebootNodes", outcomes(acts), len(items))
 		}
 		// (The CRD prunes spec.reason; what matters is what stayed.)
@@ -400,14 +399,14 @@ func TestRemediateKube(t *testing.T) {
 		if spec["nodeName"] != node || spec["force"] != false {
 			t.Fatalf("RebootNode spec %v", spec)
 		}
-		acts, _ = handle(t, h, hostile("h0", "annotated", map[string]string{drain.DetailEntities: "GPU=GPU-1\"\n  nodeName: victim"}))
+		acts, _ = handle(t, h, hostile("h0", "annotated", map[string]string{events.DetailEntities: "GPU=GPU-1\"\n  nodeName: victim"}))
 		var annotated *unstructured.Unstructured
 		for _, it := range list(t, dyn, rebootGVR, node) {
 			if it.GetLabels()[LabelGroup] == "annotated" {
 				annotated = &it
 			}
 		}
-		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || annotated == nil {
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || annotated == nil {
 			t.Fatalf("annotated: %s", outcomes(acts))
 		}
 		if ann := annotated.GetAnnotations(); ann["example.com/check"] != hostileCheck || ann["example.com/entities"] != "GPU=GPU-1\"\n  nodeName: victim" ||
@@ -415,7 +414,7 @@ func TestRemediateKube(t *testing.T) {
 			t.Fatalf("annotated RebootNode %v", annotated.Object)
 		}
 		acts, _ = handle(t, h, hostile("h2", "suffix", map[string]string{"suffix": "-victim"}))
-		if len(acts) != 1 || acts[0].Outcome != OutcomeRefused || !strings.Contains(acts[0].Reason, `spec.nodeName is "hostile-1-victim"`) {
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeRefused || !strings.Contains(acts[0].Reason, `spec.nodeName is "hostile-1-victim"`) {
 			t.Fatalf("retargeted object: %s", outcomes(acts))
 		}
 		if n := len(list(t, dyn, rebootGVR, node)); n != 2 {
@@ -449,7 +448,7 @@ func TestRemediateKube(t *testing.T) {
 		h := newHandler(t, cfg, as, asDyn, clk)
 		acts, _ := handle(t, h, drained(node, "rb1", "RESTART_VM", nil))
 		joined, _ := handle(t, h, drained(node, "rb2", "RESTART_VM", nil))
-		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(joined) != 1 || joined[0].Outcome != OutcomeInProgress {
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(joined) != 1 || joined[0].Outcome != events.OutcomeInProgress {
 			t.Fatalf("create and join: %s / %s", outcomes(acts), outcomes(joined))
 		}
 		for _, it := range list(t, dyn, rebootGVR, node) {
@@ -457,7 +456,7 @@ func TestRemediateKube(t *testing.T) {
 		}
 		esc, _ := handle(t, h, drained(node, "rb3", "RESTART_VM", nil))
 		n, _ := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
-		if len(esc) != 1 || esc[0].Kind != KindEscalate || n.Annotations[AnnotationEscalated] == "" {
+		if len(esc) != 1 || esc[0].Kind != events.KindEscalate || n.Annotations[AnnotationEscalated] == "" {
 			t.Fatalf("escalation: %s", outcomes(esc))
 		}
 		for _, tc := range []struct {
@@ -489,14 +488,14 @@ func TestRemediateKube(t *testing.T) {
 			result  cond
 			outcome string
 		}{
-			{"term-ok", cond{"NodeTerminated", "True", "Succeeded"}, OutcomeSucceeded},
-			{"term-timeout", cond{"NodeTerminated", "False", "Timeout"}, OutcomeFailed},
+			{"term-ok", cond{"NodeTerminated", "True", "Succeeded"}, events.OutcomeSucceeded},
+			{"term-timeout", cond{"NodeTerminated", "False", "Timeout"}, events.OutcomeFailed},
 		} {
 			createNode(t, k, tc.node)
 			h := newHandler(t, testConfig(), k, dyn, clk)
-			acts, rq := handle(t, h, drained(tc.node, "t1", "CUSTOM", map[string]string{drain.DetailCustomAction: "terminate"}))
+			acts, rq := handle(t, h, drained(tc.node, "t1", "CUSTOM", map[string]string{events.DetailCustomAction: "terminate"}))
 			items := list(t, dyn, terminateGVR, tc.node)
-			if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(items) != 1 {
+			if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(items) != 1 {
 				t.Fatalf("%s: %s", tc.node, outcomes(acts))
 			}
 			setStatus(t, dyn, terminateGVR, items[0].GetName(), false, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeTerminated", "Unknown", "Initializing"})
@@ -514,7 +513,7 @@ func TestRemediateKube(t *testing.T) {
 		// The chain the pipeline runs: quarantine action → drain (empty
 		// node) → drain result → RebootNode. Kafka hops are not included.
 		node := "empty-1"
-		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{quarantine.LabelQuarantined: "true"}}}
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{events.LabelQuarantined: "true"}}}
 		if _, err := k.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -527,8 +526,8 @@ func TestRemediateKube(t *testing.T) {
 		}
 		rh := newHandler(t, testConfig(), k, dyn, &clock{t: time.Now()})
 		rh.now = time.Now
-		qa := &faultlinev1.Action{Id: "q1", Cluster: cluster, Node: node, Role: quarantine.Role, Kind: quarantine.KindQuarantine,
-			Outcome: quarantine.OutcomeApplied, EventIds: []string{"ev-empty"}, RecommendedAction: "RESTART_BM", Details: map[string]string{}}
+		qa := &faultlinev1.Action{Id: "q1", Cluster: cluster, Node: node, Role: events.RoleQuarantine, Kind: events.KindQuarantine,
+			Outcome: events.OutcomeApplied, EventIds: []string{"ev-empty"}, RecommendedAction: "RESTART_BM", Details: map[string]string{}}
 		b, _ := events.MarshalAction(qa)
 		start := time.Now()
 		res, err := dh.Handle(context.Background(), []*kgo.Record{{Topic: events.TopicActions, Key: events.Key(cluster, node), Value: b}})
@@ -537,7 +536,7 @@ func TestRemediateKube(t *testing.T) {
 		}
 		acts, _ := handle(t, rh, res.Out...)
 		took := time.Since(start)
-		if len(acts) != 1 || acts[0].Outcome != OutcomeApplied || len(list(t, dyn, rebootGVR, node)) != 1 {
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(list(t, dyn, rebootGVR, node)) != 1 {
 			t.Fatalf("chain: %s", outcomes(acts))
 		}
 		t.Logf("MEASURE quarantine action → RebootNode created for an empty node: %s (drain step + remediate step, in-process)", took.Round(time.Microsecond))

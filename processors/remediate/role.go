@@ -13,37 +13,34 @@
 //
 // The resources themselves are the state: their labels select a node's
 // group, their annotations say which triggers they serve and when they
-// were created, and counting them is the budget. README.md (in
-// processors/drain) has the configuration and the measurements.
+// were created, and counting them is the budget. README.md has the
+// configuration, the contract with the drain role and the tests.
 package remediate
 
 import (
 	"context"
 	"fmt"
-	"log/slog"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/role"
 	"github.com/faultline/faultline/schemas/events"
 )
 
 // Topics are what the role consumes.
 var Topics = []string{events.TopicActions, TopicRequeue}
 
-// Start creates TopicRequeue if missing and returns the handler for the
-// clusters of kube.
-func Start(ctx context.Context, cfg Config, kube clusters.Config, kcfg kafka.Config, log *slog.Logger, reg prometheus.Registerer) (*Handler, error) {
-	if log == nil {
-		log = slog.Default()
-	}
-	h, err := New(cfg, clusters.NewRegistry(kube, nil), Options{Log: log, Registerer: reg, Clusters: kube})
+// Open creates TopicRequeue if missing and returns the role for the
+// clusters of deps.Kube: one consumer of Topics (no side loops: work in
+// progress comes back through TopicRequeue).
+func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
+	deps = deps.WithDefaults()
+	h, err := New(cfg, clusters.NewRegistry(deps.Kube, nil), Options{Log: deps.Log, Registerer: deps.Registry, Clusters: deps.Kube})
 	if err != nil {
 		return nil, err
 	}
-	if err := kafka.CreateTopics(ctx, kcfg, log, TopicRequeue); err != nil {
+	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, TopicRequeue); err != nil {
 		return nil, fmt.Errorf("remediate: %w", err)
 	}
-	return h, nil
+	return &role.Role{Name: Role, Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h}}}, nil
 }

@@ -11,12 +11,14 @@ package requeue
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -93,43 +95,40 @@ func Wait(ctx context.Context, rec *kgo.Record, now func() time.Time, max time.D
 	}
 }
 
-// ByNode handles each node's work items in order and the nodes concurrently
-// (at most workers at a time). For each item it waits until the item's
-// record may be handled (a requeue record's not-before time, at most 20 s;
-// on shutdown the record is handed on unchanged), calls step, and collects
-// the actions step returns and, when step asks to look again, a requeue
-// record to topic. It returns what the batch must produce.
+// MaxWait is the longest ByNode waits for a record's not-before time; a
+// role's batch timeout must exceed it.
+const MaxWait = 20 * time.Second
+
+// ByNode handles a batch of work items of a requeued role (pipeline.ByKey:
+// each node's items in order, the nodes concurrently, at most workers at a
+// time). For each item it waits until the item's record may be handled (a
+// requeue record's not-before time, at most MaxWait; on shutdown the record is
+// handed on unchanged), calls step, and collects the actions step returns
+// and, when step asks to look again, a requeue record to topic. It returns
+// what the batch must produce.
 func ByNode[T any](ctx context.Context, workers int, topic string, now func() time.Time,
-	nodes []string, items map[string][]T, rec func(T) *kgo.Record,
+	items []T, rec func(T) *kgo.Record,
 	step func(context.Context, T) ([]*faultlinev1.Action, time.Time)) ([]*kgo.Record, error) {
 	type out struct {
 		acts    []*faultlinev1.Action
 		requeue []*kgo.Record
 	}
-	results := make([]out, len(nodes))
-	sem := make(chan struct{}, workers)
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			for _, it := range items[n] {
-				r := rec(it)
-				if !Wait(ctx, r, now, 20*time.Second) {
-					// Shutting down: hand the work on unchanged.
-					results[i].requeue = append(results[i].requeue, Record(topic, r, NotBefore(r)))
-					continue
-				}
-				acts, again := step(ctx, it)
-				results[i].acts = append(results[i].acts, acts...)
-				if !again.IsZero() {
-					results[i].requeue = append(results[i].requeue, Record(topic, r, again))
-				}
+	results := pipeline.ByKey(items, func(it T) string { return string(rec(it).Key) }, workers, func(items []T) (o out) {
+		for _, it := range items {
+			r := rec(it)
+			if !Wait(ctx, r, now, MaxWait) {
+				// Shutting down: hand the work on unchanged.
+				o.requeue = append(o.requeue, Record(topic, r, NotBefore(r)))
+				continue
 			}
-		}()
-	}
-	wg.Wait()
+			acts, again := step(ctx, it)
+			o.acts = append(o.acts, acts...)
+			if !again.IsZero() {
+				o.requeue = append(o.requeue, Record(topic, r, again))
+			}
+		}
+		return o
+	})
 	var produce []*kgo.Record
 	for _, r := range results {
 		for _, a := range r.acts {
@@ -142,4 +141,57 @@ func ByNode[T any](ctx context.Context, workers int, topic string, now func() ti
 		produce = append(produce, r.requeue...)
 	}
 	return produce, nil
+}
+
+// Step is one look at a piece of requeued work on its cluster
+// (clusters.Registry.Try: the cluster's gate decides whether step runs,
+// step's error decides the gate). It returns step's actions and when to
+// look again: step's choice or, when the cluster is in trouble (backing
+// off, failing, its client not built), when it may be tried again —
+// fallback where that is unknown. The cluster's trouble is logged, naming
+// what the work is ("drain"), and counted in apiErrors by cluster; an error
+// that is the work's own is returned, for the role to record as a failed
+// action.
+func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what string, fallback time.Time,
+	log *slog.Logger, apiErrors *prometheus.CounterVec,
+	step func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error)) ([]*faultlinev1.Action, time.Time, error) {
+	var (
+		acts  []*faultlinev1.Action
+		again time.Time
+	)
+	at := reg.Try(ctx, cluster, func(ctx context.Context, cl *clusters.Client) (err error) {
+		acts, again, err = step(ctx, cl)
+		return err
+	})
+	switch {
+	case at.Err == nil:
+		return acts, again, nil
+	case !at.Retriable:
+		return acts, time.Time{}, at.Err
+	}
+	if at.RetryAt.IsZero() {
+		at.RetryAt = fallback
+	}
+	switch {
+	case at.Ran:
+		apiErrors.WithLabelValues(cluster).Inc()
+		log.Warn("cluster API error; "+what+" requeued", "cluster", cluster, "node", node, "retry_at", at.RetryAt, "err", at.Err)
+	case at.Client == nil:
+		log.Warn("cluster client unavailable; "+what+" requeued", "cluster", cluster, "node", node, "err", at.Err)
+	}
+	return acts, at.RetryAt, nil
+}
+
+// Handle is the Handle of a requeued role whose work starts from actions
+// (drain, remediate): it decodes the batch (pipeline.DecodeActions; a
+// record that does not decode, or whose key and payload disagree, is dead),
+// keeps the actions keep accepts, and hands them to step through ByNode.
+func Handle(ctx context.Context, recs []*kgo.Record, keep func(*faultlinev1.Action) bool, workers int, topic string,
+	now func() time.Time, step func(context.Context, pipeline.ActionRec) ([]*faultlinev1.Action, time.Time)) (pipeline.Result, error) {
+	acts, dead := pipeline.DecodeActions(recs, keep)
+	out, err := ByNode(ctx, workers, topic, now, acts, func(a pipeline.ActionRec) *kgo.Record { return a.Rec }, step)
+	if err != nil {
+		return pipeline.Result{}, err
+	}
+	return pipeline.Result{Out: out, Dead: dead}, nil
 }

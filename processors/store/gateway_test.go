@@ -17,6 +17,7 @@ import (
 	"github.com/faultline/faultline/internal/clickhouse/chtest"
 	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/rows/rowstest"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -32,7 +33,7 @@ func TestRoundTripThroughGateway(t *testing.T) {
 	gw := gatewaytest.Start(t, k.Addr(), nil, gateway.Options{History: history.New(srv.Conn, slog.Default())})
 	runStore(t, k.Addr(), New(srv.Conn, slog.Default(), nil), nil)
 
-	sent := loadJSON(t, "roundtrip_events.json", func() *datamodels.HealthEvent { return &datamodels.HealthEvent{} })
+	sent := rowstest.Events(t)
 	for _, ev := range sent { // what the gateway stamps, a client cannot set
 		ev.Id, ev.Cluster, ev.ReceivedTimestamp = "", "", nil
 		if ev.GeneratedTimestamp == nil {

@@ -2,39 +2,32 @@ package store
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/processors/role"
 )
 
 // Open is what the role does at start: connect to ClickHouse (waiting for
-// it while it is unreachable), apply the migrations (a failed migration
-// stops start-up with the file and the error), start retention, and return
-// the handler. The closer stops retention and closes the connection.
-func Open(ctx context.Context, chCfg clickhouse.Config, cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Handler, io.Closer, error) {
-	log = log.With("role", "store")
-	conn, err := clickhouse.SetupWait(ctx, chCfg, log)
+// it while it is unreachable) and apply the migrations (a failed migration
+// stops start-up with the file and the error). The role is its consumer of
+// Topics and the retention loop (RunRetention); closing it closes the
+// connection.
+func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
+	deps = deps.WithDefaults()
+	log := deps.Log.With("role", Role)
+	conn, err := clickhouse.SetupWait(ctx, deps.ClickHouse, log)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	m := NewMetrics(reg)
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		RunRetention(rctx, conn, chCfg.Database, cfg, m, log, time.Now)
-	}()
-	return New(conn, log, m), closerFunc(func() error {
-		stop()
-		<-done
-		return conn.Close()
-	}), nil
+	m := NewMetrics(deps.Registry)
+	return &role.Role{
+		Name:      Role,
+		Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: New(conn, log, m)}},
+		Loops: []role.Loop{{Name: "retention", Run: func(ctx context.Context) error {
+			RunRetention(ctx, conn, deps.ClickHouse.Database, cfg, m, log, time.Now)
+			return nil
+		}}},
+		Close: conn.Close,
+	}, nil
 }
-
-type closerFunc func() error
-
-func (f closerFunc) Close() error { return f() }

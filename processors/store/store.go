@@ -22,8 +22,12 @@ import (
 
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/processors/rows"
 	"github.com/faultline/faultline/schemas/events"
 )
+
+// Role is the role's name.
+const Role = "store"
 
 // Topics the store role consumes.
 var Topics = []string{events.TopicEvents, events.TopicActions}
@@ -83,6 +87,7 @@ func (c Config) Validate(prefix string) error {
 // BatchRecords for up to BatchLinger, all partitions in one write.
 func (c Config) Pipeline() pipeline.Config {
 	return pipeline.Config{
+		Role:            Role,
 		Topics:          Topics,
 		MaxPollRecords:  min(c.BatchRecords, 10000),
 		MinBatch:        c.BatchRecords,
@@ -139,38 +144,38 @@ func New(conn clickhouse.Conn, log *slog.Logger, m *Metrics) *Handler {
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
 	var (
 		res pipeline.Result
-		evs eventBlock
-		acs actionBlock
+		evs rows.Events
+		acs rows.Actions
 	)
 	for _, rec := range recs {
 		var err error
 		switch rec.Topic {
 		case events.TopicEvents:
-			err = evs.addEvent(rec)
+			err = evs.Add(rec)
 		case events.TopicActions:
-			err = acs.addAction(rec)
+			err = acs.Add(rec)
 		default:
-			err = fmt.Errorf("%w: store does not consume topic %s", errPoison, rec.Topic)
+			err = fmt.Errorf("%w: store does not consume topic %s", rows.ErrPoison, rec.Topic)
 		}
 		if err != nil {
-			if !errors.Is(err, errPoison) {
+			if !errors.Is(err, rows.ErrPoison) {
 				return res, err
 			}
 			res.Dead = append(res.Dead, pipeline.Dead{Record: rec, Reason: err})
 		}
 	}
-	if evs.len() > 0 {
-		if err := h.insert(ctx, "events", eventColumns, evs.columns(), evs.len()); err != nil {
+	if evs.Len() > 0 {
+		if err := h.insert(ctx, "events", rows.EventColumns, evs.Columns(), evs.Len()); err != nil {
 			return pipeline.Result{}, err
 		}
 	}
-	if acs.len() > 0 {
-		if err := h.insert(ctx, "actions", actionColumns, acs.columns(), acs.len()); err != nil {
+	if acs.Len() > 0 {
+		if err := h.insert(ctx, "actions", rows.ActionColumns, acs.Columns(), acs.Len()); err != nil {
 			return pipeline.Result{}, err
 		}
 	}
 	if h.afterInsert != nil {
-		if err := h.afterInsert(ctx, evs.len()+acs.len()); err != nil {
+		if err := h.afterInsert(ctx, evs.Len()+acs.Len()); err != nil {
 			return pipeline.Result{}, err
 		}
 	}

@@ -2,11 +2,8 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,15 +13,14 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/internal/clickhouse/chtest"
 	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/processors/rows/rowstest"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -41,62 +37,6 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// loadJSON reads a JSON array of protobuf messages from testdata.
-func loadJSON[T proto.Message](t testing.TB, file string, newMsg func() T) []T {
-	t.Helper()
-	b, err := os.ReadFile("testdata/" + file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var raws []json.RawMessage
-	if err := json.Unmarshal(b, &raws); err != nil {
-		t.Fatalf("%s: %v", file, err)
-	}
-	out := make([]T, len(raws))
-	for i, r := range raws {
-		out[i] = newMsg()
-		if err := protojson.Unmarshal(r, out[i]); err != nil {
-			t.Fatalf("%s[%d]: %v", file, i, err)
-		}
-	}
-	return out
-}
-
-// eventRecord is the record the gateway produces for ev.
-func eventRecord(t testing.TB, ev *datamodels.HealthEvent) *kgo.Record {
-	v, err := events.Marshal(ev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(ev.GetCluster(), ev.GetNodeName()), Value: v}
-}
-
-func actionRecord(t testing.TB, a *faultlinev1.Action) *kgo.Record {
-	v, err := events.MarshalAction(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &kgo.Record{Topic: events.TopicActions, Key: events.Key(a.GetCluster(), a.GetNode()), Value: v}
-}
-
-// genEvents returns n distinct events of cluster c spread over 10 nodes,
-// starting at base, one second apart.
-func genEvents(c string, from, n int, base time.Time) []*datamodels.HealthEvent {
-	out := make([]*datamodels.HealthEvent, n)
-	for i := range n {
-		j := from + i
-		ts := timestamppb.New(base.Add(time.Duration(j) * time.Second))
-		out[i] = &datamodels.HealthEvent{
-			Version: 1, Agent: "test", ComponentClass: "GPU", CheckName: "SysLogsXIDError",
-			IsFatal: j%3 == 0, Message: fmt.Sprintf("event %d", j), ErrorCode: []string{"XID-79"},
-			EntitiesImpacted:   []*datamodels.Entity{{EntityType: "GPU", EntityValue: fmt.Sprintf("GPU-%d", j%8)}},
-			GeneratedTimestamp: ts, ReceivedTimestamp: ts,
-			NodeName: fmt.Sprintf("node-%02d", j%10), Cluster: c, Id: fmt.Sprintf("%s-ev-%06d", c, j),
-		}
-	}
-	return out
 }
 
 func produce(t *testing.T, cl *kgo.Client, recs ...*kgo.Record) {
@@ -188,8 +128,8 @@ func client(t *testing.T, brokers string, opts ...kgo.Opt) *kgo.Client {
 func TestRoundTrip(t *testing.T) {
 	k := testenv.StartKafka(t)
 	srv := chtest.Start(t)
-	evs := loadJSON(t, "roundtrip_events.json", func() *datamodels.HealthEvent { return &datamodels.HealthEvent{} })
-	acts := loadJSON(t, "roundtrip_actions.json", func() *faultlinev1.Action { return &faultlinev1.Action{} })
+	evs := rowstest.Events(t)
+	acts := rowstest.Actions(t)
 
 	kcfg := kafka.DefaultConfig()
 	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = k.Addr(), 3, 1
@@ -199,18 +139,18 @@ func TestRoundTrip(t *testing.T) {
 	}
 	var recs []*kgo.Record
 	for _, ev := range evs {
-		recs = append(recs, eventRecord(t, ev))
+		recs = append(recs, rowstest.EventRecord(t, ev))
 	}
 	for _, a := range acts {
-		recs = append(recs, actionRecord(t, a))
+		recs = append(recs, rowstest.ActionRecord(t, a))
 	}
 	noID := proto.Clone(evs[0]).(*datamodels.HealthEvent)
 	noID.Id = ""
-	otherCluster := eventRecord(t, proto.Clone(evs[0]).(*datamodels.HealthEvent))
+	otherCluster := rowstest.EventRecord(t, proto.Clone(evs[0]).(*datamodels.HealthEvent))
 	otherCluster.Key = []byte("beta/gpu-node-42") // the payload says alpha
 	recs = append(recs,
 		&kgo.Record{Topic: events.TopicEvents, Key: []byte("alpha/gpu-node-42"), Value: []byte{0x00, 0x01}},
-		eventRecord(t, noID),
+		rowstest.EventRecord(t, noID),
 		&kgo.Record{Topic: events.TopicActions, Key: []byte("alpha/gpu-node-42"), Value: []byte{0xff}},
 		otherCluster,
 	)
@@ -291,8 +231,8 @@ func TestClickHouseOutage(t *testing.T) {
 	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
 	send := func(from, n int) {
 		var recs []*kgo.Record
-		for _, ev := range genEvents("alpha", from, n, base) {
-			recs = append(recs, eventRecord(t, ev))
+		for _, ev := range rowstest.GenEvents("alpha", from, n, base) {
+			recs = append(recs, rowstest.EventRecord(t, ev))
 		}
 		produce(t, cl, recs...)
 	}
@@ -360,8 +300,8 @@ func TestCrashBetweenInsertAndCommit(t *testing.T) {
 	srv := chtest.Start(t)
 	cl := client(t, brokers)
 	var recs []*kgo.Record
-	for _, ev := range genEvents("alpha", 0, 300, time.Now().UTC().Add(-time.Hour)) {
-		recs = append(recs, eventRecord(t, ev))
+	for _, ev := range rowstest.GenEvents("alpha", 0, 300, time.Now().UTC().Add(-time.Hour)) {
+		recs = append(recs, rowstest.EventRecord(t, ev))
 	}
 	produce(t, cl, recs...)
 

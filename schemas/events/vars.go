@@ -3,7 +3,7 @@ package events
 import "github.com/faultline/faultline/schemas/gen/datamodels"
 
 // Vars is a HealthEvent as the CEL `event` variable of every rule (the
-// quarantine policy, the correlation triggers): the seed's JSON field
+// quarantine policy, the correlation triggers): NVSentinel's HealthEvent JSON field
 // names, enums by name, lists and maps as CEL lists and maps; `submitter`
 // is {name, role, node} of the credential that sent it, role "agent",
 // "operator" or "pipeline" (an event without one: "agent").

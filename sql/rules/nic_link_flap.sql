@@ -31,10 +31,10 @@ ALL INNER JOIN
         UNION ALL
         SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
             toUInt8(has(@state_checks, check)) AS down,
-            greatest(toUInt64OrZero(meta_values[indexOf(meta_keys, 'delta')]), 1) AS delta
+            greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'delta')]), 1) AS delta
         FROM batch
         WHERE derived_by = '' AND processing_strategy != 'STORE_ONLY'
-            AND ((has(@state_checks, check) AND is_healthy = 0 AND has(entity_types, 'NICPort'))
+            AND ((has(@state_checks, check) AND is_healthy = 0 AND has(entities.type, 'NICPort'))
                 OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
     )
     LIMIT 1 BY id

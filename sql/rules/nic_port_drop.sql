@@ -43,7 +43,7 @@ FROM
                 toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 1, 2, 1)) AS kind
             FROM batch
             WHERE derived_by = '' AND processing_strategy != 'STORE_ONLY'
-                AND ((has(@state_checks, check) AND has(entity_types, 'NICPort'))
+                AND ((has(@state_checks, check) AND has(entities.type, 'NICPort'))
                     OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
         )
         LIMIT 1 BY id

@@ -40,8 +40,8 @@ FROM
                 AND is_healthy = 0 AND (is_fatal = 1 OR hasAny(error_codes, @nonfatal_sxid_codes))
             UNION ALL
             SELECT cityHash64(cluster, node) AS nh, id, toUInt64(ts) * 1000 + ts_ms AS t,
-                entity_values[indexOf(entity_types, 'GPU')] AS gpu,
-                meta_values[indexOf(meta_keys, 'gpu_pci')] AS gpci
+                entities.value[indexOf(entities.type, 'GPU')] AS gpu,
+                metadata.value[indexOf(metadata.key, 'gpu_pci')] AS gpci
             FROM batch
             WHERE has(@sxid_checks, check) AND is_healthy = 0 AND (is_fatal = 1 OR hasAny(error_codes, @nonfatal_sxid_codes))
                 AND derived_by = '' AND processing_strategy != 'STORE_ONLY'

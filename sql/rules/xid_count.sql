@@ -23,7 +23,7 @@ ALL INNER JOIN
             AND hasAny(error_codes, @codes) AND is_healthy = 0
         UNION ALL
         SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
-            greatest(toUInt64OrZero(meta_values[indexOf(meta_keys, 'count')]), 1) AS n
+            greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'count')]), 1) AS n
         FROM batch
         WHERE has(@checks, check) AND hasAny(error_codes, @codes) AND is_healthy = 0
             AND derived_by = '' AND processing_strategy != 'STORE_ONLY'

@@ -8,8 +8,8 @@ D=${1:-/tmp/synth}; SECS=${2:-60}
 rm -rf $D/spool $D/state.json
 NODE_NAME=bench /tmp/faultline-agent run --sysfs $D/sys --metadata-path $D/gpu_metadata.json \
   --boot-id-path $D/boot_id --proc-net-route $D/route --state-file $D/state.json \
-  --spool-dir $D/spool --token-file $D/token --gateway 127.0.0.1:1 --metrics-addr 127.0.0.1:0 \
-  --state-polling-interval 1s 2>$D/agent.log &
+  --spool.dir $D/spool --gateway.token-file $D/token --gateway.addr 127.0.0.1:1 --metrics-addr 127.0.0.1:0 \
+  --nic.state-polling-interval 1s 2>$D/agent.log &
 PID=$!
 sleep 5
 HZ=$(getconf CLK_TCK)

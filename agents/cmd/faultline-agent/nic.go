@@ -25,7 +25,7 @@ func nicCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	cfg.StateFile = ""
 	fs := flag.NewFlagSet("nic check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cfg.RegisterFlags(fs)
+	cfg.RegisterFlags(fs, "")
 	fs.StringVar(&cfg.MetadataPath, "metadata", cfg.MetadataPath, "alias of --metadata-path")
 	once := fs.Bool("once", false, "poll once and exit")
 	verbose := fs.Bool("v", false, "log to stderr")

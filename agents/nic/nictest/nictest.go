@@ -62,8 +62,9 @@ type Device struct {
 type Tree struct {
 	Root string
 	// FullCounters writes every counter a ConnectX exposes (about 50 files
-	// per port) instead of only the Appendix A ones: realistic for the
-	// benchmark and the measurement, slow for tests.
+	// per port) instead of only the fatal counters of the link-state
+	// design's Appendix A: realistic for the benchmark and the
+	// measurement, slow for tests.
 	FullCounters bool
 }
 

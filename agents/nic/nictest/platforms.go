@@ -6,9 +6,11 @@ import (
 	"github.com/faultline/faultline/agents/topology"
 )
 
-// Platform is a node of one of the seed's field-validation tables: its
+// Platform is a node of one of the field-validation tables of NVSentinel's
+// NIC link-state design (docs/designs/047-link-state-detection.md in
+// github.com/NVIDIA/NVSentinel; §N below are its sections): its
 // devices, its GPU metadata, the interface of its default route, and the
-// classification the seed expects (device → role).
+// classification the design expects (device → role).
 type Platform struct {
 	Name         string
 	Devices      []Device
@@ -38,7 +40,7 @@ func row(n int, fill string, at map[int]string) []string {
 
 // A100OCI: 4-socket AMD, 8 GPUs on NUMA 1,3,5,7, 18 RoCE PFs: mlx5_0 (NUMA 0)
 // and mlx5_13 (NUMA 6) are management, the 16 others PXB to paired GPUs on
-// 8 dual-port cards. Seed §4.2.4: 2 management + 16 compute + 0 storage.
+// 8 dual-port cards. §4.2.4: 2 management + 16 compute + 0 storage.
 func A100OCI() Platform {
 	p := Platform{Name: "A100-OCI", Want: map[string]string{},
 		Metadata: &topology.Metadata{Version: "1.0", GPUs: gpus(1, 1, 3, 3, 5, 5, 7, 7), NICTopology: map[string][]string{}}}
@@ -66,7 +68,7 @@ func A100OCI() Platform {
 
 // H100OCI: 2-socket Intel, 8 GPUs, 18 PFs: mlx5_2 and mlx5_11 NODE to all
 // GPUs (storage, single-port cards), 16 others PXB to one paired GPU on 8
-// dual-port cards. Seed: 0 management + 16 compute + 2 storage.
+// dual-port cards. The design: 0 management + 16 compute + 2 storage.
 func H100OCI() Platform {
 	p := Platform{Name: "H100-OCI", Want: map[string]string{},
 		Metadata: &topology.Metadata{Version: "1.0", GPUs: gpus(0, 0, 0, 0, 1, 1, 1, 1), NICTopology: map[string][]string{}}}
@@ -93,7 +95,7 @@ func H100OCI() Platform {
 }
 
 // L40SOCI: 2-socket Intel, 4 PCIe GPUs, 6 RoCE PFs, NODE to the local GPUs
-// and SYS to the others. Seed: 0 + 0 + 6 storage.
+// and SYS to the others. The design: 0 + 0 + 6 storage.
 func L40SOCI() Platform {
 	p := Platform{Name: "L40S-OCI", Want: map[string]string{},
 		Metadata: &topology.Metadata{Version: "1.0", GPUs: gpus(0, 0, 1, 1), NICTopology: map[string][]string{}}}
@@ -115,7 +117,7 @@ func L40SOCI() Platform {
 }
 
 // OnPremL40S: 8 PCIe GPUs, mlx5_0 Ethernet (eth0, the default route) and
-// mlx5_1..4 InfiniBand, all NODE to local GPUs. Seed: with the default
+// mlx5_1..4 InfiniBand, all NODE to local GPUs. The design: with the default
 // route 1 management + 4 compute; without it mlx5_0 is storage.
 func OnPremL40S(withRoute bool) Platform {
 	p := Platform{Name: "OnPrem-L40S", Want: map[string]string{},
@@ -153,7 +155,7 @@ func OnPremL40S(withRoute bool) Platform {
 }
 
 // GB200: Grace, 4 GPUs on NVLink-C2C (all SYS), 4 ConnectX-7 IB and 2
-// BlueField-3 DPUs (MT41692, Ethernet). Seed: 2 management + 4 compute.
+// BlueField-3 DPUs (MT41692, Ethernet). The design: 2 management + 4 compute.
 func GB200() Platform {
 	p := Platform{Name: "GB200-NVL4", Want: map[string]string{},
 		Metadata: &topology.Metadata{Version: "1.0", GPUs: gpus(0, 0, 1, 1), NICTopology: map[string][]string{}}}
@@ -173,7 +175,7 @@ func GB200() Platform {
 	return p
 }
 
-// System34 is the seed's 34-device system (§8.6): the 18 PFs of H100OCI
+// System34 is the design's 34-device system (§8.6): the 18 PFs of H100OCI
 // (ACTIVE) plus 16 unassigned VFs mlx5_18..mlx5_33 (DOWN, device/physfn).
 func System34() Platform {
 	p := H100OCI()

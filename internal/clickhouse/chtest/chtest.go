@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/internal/testenv"
 )
 
@@ -28,7 +29,7 @@ func Start(tb testing.TB) *Server {
 	ch := testenv.StartClickHouse(tb)
 	cfg := clickhouse.DefaultConfig()
 	cfg.Addr = ch.Addr()
-	cfg.Password = ""
+	cfg.Password = config.Secret{}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	conn, err := clickhouse.Setup(ctx, cfg, slog.Default())

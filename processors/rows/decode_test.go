@@ -1,4 +1,4 @@
-package store
+package rows
 
 import (
 	"errors"
@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/faultline/faultline/processors/rows/rowstest"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -19,12 +20,12 @@ import (
 // proto.Marshal does not write but a client may send.
 func decodeCases(t testing.TB) map[string][]byte {
 	cases := map[string][]byte{}
-	evs := loadJSON(t, "roundtrip_events.json", func() *datamodels.HealthEvent { return &datamodels.HealthEvent{} })
+	evs := rowstest.Events(t)
 	for _, ev := range evs {
 		v, _ := events.Marshal(ev)
 		cases["testdata "+ev.GetId()] = v
 	}
-	for _, ev := range genEvents("alpha", 0, 3, time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)) {
+	for _, ev := range rowstest.GenEvents("alpha", 0, 3, time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)) {
 		v, _ := events.Marshal(ev)
 		cases["generated "+ev.GetId()] = v
 	}
@@ -83,10 +84,10 @@ func compareDecoders(t *testing.T, v []byte) {
 		}
 	}
 	rec := &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, node), Value: v, Timestamp: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
-	var fast, ref eventBlock
-	errFast, errRef := fast.addEvent(rec), ref.addEventProto(rec)
-	if errFast != nil && !errors.Is(errFast, errPoison) {
-		t.Fatalf("decode error does not wrap errPoison: %v", errFast)
+	var fast, ref Events
+	errFast, errRef := fast.Add(rec), ref.addEventProto(rec)
+	if errFast != nil && !errors.Is(errFast, ErrPoison) {
+		t.Fatalf("decode error does not wrap ErrPoison: %v", errFast)
 	}
 	if errFast != nil && strings.Contains(errFast.Error(), "outside ClickHouse DateTime") || errFast != nil && strings.Contains(errFast.Error(), "not a valid timestamp") {
 		return // a check proto.Unmarshal does not make
@@ -110,19 +111,19 @@ func FuzzDecode(f *testing.F) {
 // another cluster or node than its payload is never stored.
 func TestKeyPayloadMismatchPoison(t *testing.T) {
 	ev := &datamodels.HealthEvent{Id: "x", Cluster: "alpha", NodeName: "n1", GeneratedTimestamp: timestamppb.Now(), ReceivedTimestamp: timestamppb.Now()}
-	rec := eventRecord(t, ev)
-	var b eventBlock
-	if err := b.addEvent(rec); err != nil {
+	rec := rowstest.EventRecord(t, ev)
+	var b Events
+	if err := b.Add(rec); err != nil {
 		t.Fatal(err)
 	}
 	for _, key := range []string{"beta/n1", "alpha/n2", "alpha", ""} {
 		rec.Key = []byte(key)
-		if err := b.addEvent(rec); !errors.Is(err, errPoison) || !strings.Contains(err.Error(), "record key and payload disagree") {
+		if err := b.Add(rec); !errors.Is(err, ErrPoison) || !strings.Contains(err.Error(), "record key and payload disagree") {
 			t.Errorf("key %q: err %v", key, err)
 		}
 	}
-	if b.len() != 1 {
-		t.Fatalf("%d rows, want 1", b.len())
+	if b.Len() != 1 {
+		t.Fatalf("%d rows, want 1", b.Len())
 	}
 }
 
@@ -133,8 +134,8 @@ func TestDecodeTimeRange(t *testing.T) {
 		"invalid":     {Seconds: 1, Nanos: -5},
 	} {
 		ev := &datamodels.HealthEvent{Id: "x", Cluster: "c", NodeName: "n", GeneratedTimestamp: ts}
-		var b eventBlock
-		if err := b.addEvent(eventRecord(t, ev)); !errors.Is(err, errPoison) {
+		var b Events
+		if err := b.Add(rowstest.EventRecord(t, ev)); !errors.Is(err, ErrPoison) {
 			t.Errorf("%s: err %v, want poison", name, err)
 		}
 	}

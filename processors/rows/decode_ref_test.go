@@ -1,4 +1,4 @@
-package store
+package rows
 
 import (
 	"fmt"
@@ -11,17 +11,17 @@ import (
 )
 
 // addEventProto is the reference decoder: proto.Unmarshal into a message.
-func (b *eventBlock) addEventProto(rec *kgo.Record) error {
+func (b *Events) addEventProto(rec *kgo.Record) error {
 	ev, err := events.Unmarshal(rec.Value)
 	if err != nil {
-		return fmt.Errorf("%w: %w", errPoison, err)
+		return fmt.Errorf("%w: %w", ErrPoison, err)
 	}
 	cluster, node, err := pipeline.CheckKey(rec.Key, ev.GetCluster(), ev.GetNodeName())
 	if err != nil {
-		return fmt.Errorf("%w: event %s: %w", errPoison, ev.GetId(), err)
+		return fmt.Errorf("%w: event %s: %w", ErrPoison, ev.GetId(), err)
 	}
 	if ev.GetId() == "" {
-		return fmt.Errorf("%w: event has no id", errPoison)
+		return fmt.Errorf("%w: event has no id", ErrPoison)
 	}
 	received := rec.Timestamp
 	if ev.GetReceivedTimestamp() != nil {

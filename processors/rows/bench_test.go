@@ -1,4 +1,4 @@
-package store
+package rows
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/faultline/faultline/processors/rows/rowstest"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -26,13 +27,13 @@ func BenchmarkDecode(b *testing.B) {
 			GeneratedTimestamp: ts, ReceivedTimestamp: ts, NodeName: fmt.Sprintf("gpu-node-%04d", i%2000), Cluster: "bench",
 			Id: events.NewID(),
 		}
-		recs[i] = eventRecord(b, ev)
+		recs[i] = rowstest.EventRecord(b, ev)
 	}
 	b.ResetTimer()
 	for range b.N {
-		var blk eventBlock
+		var blk Events
 		for _, r := range recs {
-			if err := blk.addEvent(r); err != nil {
+			if err := blk.Add(r); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -1,9 +1,9 @@
-// Package sqlfiles embeds faultline's ClickHouse SQL: the versioned schema
+// Package sql embeds faultline's ClickHouse SQL: the versioned schema
 // migrations (migrations/NNNN_name.sql, applied in order by
 // internal/clickhouse) and the named analytics queries (analytics/NAME.sql,
 // run by `faultline query NAME`). See README.md for the versions of
 // ClickHouse this SQL supports.
-package sqlfiles
+package sql
 
 import "embed"
 

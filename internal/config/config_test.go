@@ -1,0 +1,117 @@
+package config
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+type section struct {
+	BatchRecords int           `toml:"batch_records"`
+	Linger       time.Duration `toml:"linger"`
+}
+
+func (s *section) register(fs *flag.FlagSet, prefix string) {
+	fs.IntVar(&s.BatchRecords, prefix+"batch-records", s.BatchRecords, "records per batch")
+	fs.DurationVar(&s.Linger, prefix+"linger", s.Linger, "wait")
+}
+
+// Shared is embedded: its sections are top-level ones.
+type Shared struct {
+	Store section `toml:"store"`
+}
+
+type testConfig struct {
+	LogLevel string `toml:"log_level"`
+	Shared
+	Gateway struct {
+		GRPCAddr string `toml:"grpc_addr"`
+		Insecure bool   `toml:"insecure"`
+	} `toml:"gateway"`
+	Rules []struct {
+		Mode string `toml:"mode"`
+	} `toml:"rules"`
+	skipped string
+}
+
+func load(t *testing.T, file string, args ...string) (testConfig, string, error) {
+	t.Helper()
+	cfg := testConfig{LogLevel: "info"}
+	cfg.Store.BatchRecords = 10
+	if file != "" {
+		path := filepath.Join(t.TempDir(), "c.toml")
+		if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append([]string{"--config", path}, args...)
+	}
+	var out bytes.Buffer
+	_, err := Load("test", args, &cfg, func(fs *flag.FlagSet) {
+		fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "level")
+		cfg.Store.register(fs, "store.")
+		Prefix(fs, "gateway.", func(fs *flag.FlagSet) {
+			fs.StringVar(&cfg.Gateway.GRPCAddr, "grpc-addr", cfg.Gateway.GRPCAddr, "listen")
+			fs.BoolVar(&cfg.Gateway.Insecure, "insecure", cfg.Gateway.Insecure, "no TLS")
+		})
+	}, func() error { return nil }, &out, Moved(map[string]string{"store.size": "use store.batch_records"}))
+	return cfg, out.String(), err
+}
+
+// TestLoadNaming: an embedded struct's sections are top-level TOML
+// sections; a prefixed component's flags are its section's; the old bare
+// spelling still sets the value, is named as deprecated, and is not in
+// --help; a moved key says what to use.
+func TestLoadNaming(t *testing.T) {
+	cfg, out, err := load(t, "log_level = \"warn\"\n[store]\nbatch_records = 5\nlinger = \"2s\"\n[gateway]\ngrpc_addr = \"a:1\"\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Store.BatchRecords != 5 || cfg.Store.Linger != 2*time.Second || cfg.Gateway.GRPCAddr != "a:1" || cfg.LogLevel != "warn" || out != "" {
+		t.Fatalf("%+v %q", cfg, out)
+	}
+	cfg, out, err = load(t, "", "--gateway.grpc-addr=b:2", "--insecure", "--store.linger=3s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Gateway.GRPCAddr != "b:2" || !cfg.Gateway.Insecure || cfg.Store.Linger != 3*time.Second || out != "test: flag --insecure is deprecated; use --gateway.insecure\n" {
+		t.Fatalf("%+v %q", cfg, out)
+	}
+	_, out, err = load(t, "", "--help")
+	if err != flag.ErrHelp || !strings.Contains(out, "-gateway.grpc-addr") || strings.Contains(out, "-grpc-addr ") || strings.Contains(out, "deprecated") {
+		t.Fatalf("help: %v\n%s", err, out)
+	}
+	if _, _, err = load(t, "[processors.store]\nbatch_records = 5\n"); err == nil || !strings.Contains(err.Error(), "unknown keys: processors.store") {
+		t.Fatalf("nested section: %v", err)
+	}
+	if _, _, err = load(t, "[store]\nsize = 5\n"); err == nil || !strings.HasSuffix(err.Error(), "store.size: no longer a key: use store.batch_records") {
+		t.Fatalf("moved key: %v", err)
+	}
+}
+
+func TestKeysAndCheckFlags(t *testing.T) {
+	keys := Keys(&testConfig{})
+	want := []string{"log_level", "store", "store.batch_records", "store.linger", "gateway", "gateway.grpc_addr", "gateway.insecure", "rules", "rules.mode"}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("keys %v, want %v", keys, want)
+	}
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	var s string
+	fs.String("config", "", "")
+	fs.StringVar(&s, "store.batch-records", "", "")
+	fs.StringVar(&s, "gateway.grpc-addr", "", "")
+	Alias(fs, "grpc-addr", "gateway.grpc-addr")
+	fs.StringVar(&s, "list", "", "")
+	if err := CheckFlags(fs, testConfig{}, "list"); err != nil {
+		t.Fatal(err)
+	}
+	fs.StringVar(&s, "fabric-poll-interval", "", "")
+	fs.StringVar(&s, "store.batch_records", "", "")
+	if err := CheckFlags(fs, testConfig{}, "list"); err == nil || err.Error() != "flags that name no TOML key: --fabric-poll-interval, --store.batch_records" {
+		t.Fatalf("err %v", err)
+	}
+}

@@ -1,0 +1,270 @@
+package drain
+
+import (
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// The drain as a state machine. Each function here takes the drain's
+// State, what was read from the cluster (the node's labels, its pods) and
+// the time, and changes the State and returns what to do next; none makes
+// an API call. Handler.stepOnce reads the node and its pods, calls them,
+// writes the State and makes the calls they return.
+
+// admission is what a trigger does to a node's drain.
+type admission int
+
+const (
+	// admitReplay: the trigger of a finished drain came again; the step
+	// says the drain's result again.
+	admitReplay admission = iota
+	// admitResume: the trigger of the drain in progress; the step goes on.
+	admitResume
+	// admitSkip: drainOverrides.skip; no drain.
+	admitSkip
+	// admitWiden: a second fault during a drain widened its scope.
+	admitWiden
+	// admitUnquarantined: the node is no longer quarantined; no drain.
+	admitUnquarantined
+	// admitStart: a new drain began.
+	admitStart
+)
+
+// admit decides what a trigger (its event id and options) does to the
+// node's drain st (nil when the node has none, or it was unreadable): it
+// returns the state to go on with and what happened. quarantined is the
+// node's quarantine label; id is the new drain's id; by is this processor.
+func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, id, by string) (*State, admission) {
+	switch {
+	case st.seen(eventID) && !st.running():
+		return st, admitReplay
+	case st.seen(eventID):
+		return st, admitResume
+	case o.skip:
+		return st, admitSkip
+	case st.running():
+		// A second fault during a drain: widen the scope (a whole-node
+		// drain covers any GPU), never start over.
+		st.addSeen(eventID)
+		st.Trigger.EventIDs = append(st.Trigger.EventIDs, eventID)
+		if len(st.Trigger.EventIDs) > maxSeen {
+			st.Trigger.EventIDs = st.Trigger.EventIDs[len(st.Trigger.EventIDs)-maxSeen:]
+		}
+		if len(o.scope.GPUs) == 0 {
+			ids := st.Trigger.EventIDs
+			st.Trigger = o.trig.bounded()
+			st.Trigger.EventIDs = ids
+		}
+		st.Scope = st.Scope.widen(o.scope)
+		st.Force = st.Force || o.force
+		return st, admitWiden
+	case !quarantined:
+		return st, admitUnquarantined
+	}
+	var seen []string
+	if st != nil {
+		seen = st.Seen
+	}
+	next := &State{
+		ID: id, Phase: PhaseRunning, StartedAt: now, By: by,
+		Scope: o.scope, Force: o.force, Trigger: o.trig.bounded(), Seen: seen, Pods: map[string]*PodState{},
+	}
+	next.addSeen(eventID)
+	return next, admitStart
+}
+
+// cancel ends a running drain whose node is no longer quarantined.
+func cancel(st *State, now time.Time) {
+	st.Phase, st.FinishedAt = PhaseCancelled, now
+}
+
+// op is one API call a step makes on a pod.
+type op struct {
+	key    string
+	pod    *corev1.Pod
+	delete bool
+}
+
+func podKey(p *corev1.Pod) string {
+	uid := string(p.UID)
+	if len(uid) > 8 {
+		uid = uid[:8]
+	}
+	return p.Namespace + "/" + p.Name + "@" + uid
+}
+
+// advance moves each pod of the drain on, given the pods on the node now: a
+// pod seen for the first time is classified (in scope with its mode and
+// deadline, or counted as skipped); one that finished is done; one whose
+// deadline passed is given up (DeleteAfterTimeout: deleted); a pod no
+// longer on the node is gone. It returns the calls to make — evictions of
+// pods due for one (not terminating, not waiting to complete, not backing
+// off after a PDB refusal) and deletions — with each eviction's intent
+// (EvictAt) recorded first, so a restart after the calls counts each pod
+// once.
+func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
+	present := map[string]bool{}
+	skipped := map[string]int{}
+	var ops []op
+	for i := range pods {
+		p := &pods[i]
+		key := podKey(p)
+		present[key] = true
+		ps := st.Pods[key]
+		if ps == nil {
+			pl := c.classify(p, st.Scope, st.Force)
+			if pl.skip != "" {
+				skipped[pl.skip]++
+				continue
+			}
+			ps = &PodState{UID: string(p.UID), Mode: pl.mode, Deadline: st.StartedAt.Add(pl.timeout)}
+			st.Pods[key] = ps
+		}
+		if ps.Done != "" {
+			continue
+		}
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			ps.Done = "completed"
+			continue
+		}
+		expired := !now.Before(ps.Deadline)
+		switch {
+		case ps.Mode == ModeDeleteAfterTimeout && expired:
+			if ps.DeletedAt.IsZero() {
+				ops = append(ops, op{key: key, pod: p, delete: true})
+			}
+		case expired:
+			ps.Done, ps.Reason = "gave_up", giveUpReason(ps, p)
+		case p.DeletionTimestamp != nil || ps.Mode == ModeAllowCompletion || ps.Evicted:
+			// Terminating, or waiting for the pod to finish by itself.
+		case now.Before(ps.NextTry):
+			// Backing off after a PDB refusal.
+		default:
+			ops = append(ops, op{key: key, pod: p})
+		}
+	}
+	for k, ps := range st.Pods {
+		if ps.Done == "" && !present[k] {
+			ps.Done = "gone"
+		}
+	}
+	st.Skipped = skipped
+	for _, o := range ops {
+		if !o.delete && st.Pods[o.key].EvictAt.IsZero() {
+			st.Pods[o.key].EvictAt = now
+		}
+	}
+	return ops
+}
+
+// giveUpReason says why a pod was given up at its deadline.
+func giveUpReason(ps *PodState, p *corev1.Pod) string {
+	switch {
+	case ps.BlockedBy != "":
+		return "blocked by PDB " + ps.BlockedBy
+	case p.DeletionTimestamp != nil:
+		return "still terminating at the timeout"
+	case ps.Mode == ModeAllowCompletion:
+		return "still running at the completion timeout"
+	}
+	return "not evicted by the timeout"
+}
+
+// callResult is what one op's API call did.
+type callResult struct {
+	// deleted: the pod was deleted (a delete op, or a force answering a
+	// PDB refusal).
+	deleted bool
+	// blockedBy names the PDB that refused the eviction (429).
+	blockedBy string
+	// err is the call's error.
+	err error
+	// notFound: the pod was already gone (or its UID changed).
+	notFound bool
+	// retriable: err is the cluster's trouble; the step is retried.
+	retriable bool
+}
+
+// record notes the result of one call in the pod's state and returns what
+// it was, for the metrics: "deleted", "blocked", "evicted" or "" (gone, or
+// an error).
+func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
+	ps := st.Pods[o.key]
+	switch {
+	case r.err == nil && r.deleted:
+		ps.DeletedAt = now
+		return "deleted"
+	case r.err == nil && r.blockedBy != "":
+		ps.Attempts++
+		ps.BlockedBy = r.blockedBy
+		ps.NextTry = now.Add(c.backoff(ps.Attempts))
+		return "blocked"
+	case r.err == nil:
+		ps.Evicted, ps.BlockedBy = true, ""
+		return "evicted"
+	case r.notFound:
+		ps.Done = "gone"
+	case r.retriable:
+		// Left as it was; the step is retried after the cluster's backoff.
+	default:
+		ps.Attempts++
+		ps.Reason = r.err.Error()
+		ps.NextTry = now.Add(c.backoff(ps.Attempts))
+	}
+	return ""
+}
+
+// backoff is the wait after the attempts-th refused eviction of a pod:
+// PDBBackoff doubling up to MaxPDBBackoff.
+func (c *Config) backoff(attempts int) time.Duration {
+	d := c.PDBBackoff << min(attempts-1, 20)
+	if d > c.MaxPDBBackoff || d <= 0 {
+		d = c.MaxPDBBackoff
+	}
+	return d
+}
+
+// settle ends the drain once no pod remains: succeeded, or gave_up when
+// the policy gave up on any pod. It reports whether the drain ended.
+func settle(st *State, now time.Time) bool {
+	c := st.Count()
+	if c.Remaining > 0 {
+		return false
+	}
+	st.Phase, st.FinishedAt = PhaseSucceeded, now
+	if c.GaveUp > 0 {
+		st.Phase = PhaseGaveUp
+	}
+	return true
+}
+
+// blockedBy is what blocks each pod that is not done: the PDB, by pod key.
+func blockedBy(st *State) map[string]string {
+	out := map[string]string{}
+	for k, p := range st.Pods {
+		out[k] = p.BlockedBy
+	}
+	return out
+}
+
+// newlyBlocked lists, sorted, the PDBs that block a pod they did not
+// block before the step (before is blockedBy of the state before it).
+func newlyBlocked(before map[string]string, st *State) []string {
+	var out []string
+	for k, p := range st.Pods {
+		if p.Done == "" && p.BlockedBy != "" && p.BlockedBy != before[k] && !slices.Contains(out, p.BlockedBy) {
+			out = append(out, p.BlockedBy)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// blockedReason is the reason of a blocked action: "blocked by PDB a, PDB b".
+func blockedReason(pdbs []string) string {
+	return "blocked by PDB " + strings.Join(pdbs, ", PDB ")
+}

@@ -1,0 +1,375 @@
+package drain
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+var t0 = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+
+func machineConfig(t *testing.T, mod func(*Config)) *Config {
+	t.Helper()
+	c := DefaultConfig()
+	c.EvictionTimeout, c.CompletionTimeout, c.DeleteAfter = 10*time.Minute, time.Hour, 30*time.Minute
+	c.PDBBackoff, c.MaxPDBBackoff = 5*time.Second, time.Minute
+	c.Rules = []Rule{
+		{Namespace: "batch", Mode: ModeAllowCompletion},
+		{Namespace: "scratch", Mode: ModeDeleteAfterTimeout},
+	}
+	if mod != nil {
+		mod(&c)
+	}
+	if err := c.Validate("drain."); err != nil {
+		t.Fatal(err)
+	}
+	return &c
+}
+
+// runningPod is a running pod "ns/name" with uid "uid-name".
+func runningPod(ns, name string, mod ...func(*corev1.Pod)) corev1.Pod {
+	p := corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + name)},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	for _, m := range mod {
+		m(&p)
+	}
+	return p
+}
+
+func terminating(p *corev1.Pod) { ts := metav1.NewTime(t0); p.DeletionTimestamp = &ts }
+func succeeded(p *corev1.Pod)   { p.Status.Phase = corev1.PodSucceeded }
+func daemonSet(p *corev1.Pod) {
+	yes := true
+	p.OwnerReferences = []metav1.OwnerReference{{Kind: "DaemonSet", Name: "ds", Controller: &yes}}
+}
+
+func running(pods map[string]*PodState) *State {
+	if pods == nil {
+		pods = map[string]*PodState{}
+	}
+	return &State{ID: "d1", Phase: PhaseRunning, StartedAt: t0, Pods: pods}
+}
+
+// keyOf is podKey of pod(ns, name).
+func keyOf(ns, name string) string { p := runningPod(ns, name); return podKey(&p) }
+
+func opKeys(ops []op) string {
+	var out []string
+	for _, o := range ops {
+		s := o.key
+		if o.delete {
+			s = "delete " + s
+		}
+		out = append(out, s)
+	}
+	return strings.Join(out, ";")
+}
+
+// TestAdvance: given the drain's state, the pods on the node and the
+// time, advance marks each pod and returns the calls to make.
+func TestAdvance(t *testing.T) {
+	web, job, tmp := keyOf("web", "a"), keyOf("batch", "j"), keyOf("scratch", "s")
+	for _, tc := range []struct {
+		name    string
+		force   bool
+		state   map[string]*PodState
+		pods    []corev1.Pod
+		now     time.Time
+		ops     string
+		want    map[string]PodState // the pods' states after (fields compared: Mode, Done, Reason, EvictAt, Deadline)
+		skipped map[string]int
+	}{
+		{
+			name: "first step: each pod classified by its rule, Immediate ones evicted, intent recorded",
+			pods: []corev1.Pod{runningPod("web", "a"), runningPod("batch", "j"), runningPod("scratch", "s"), runningPod("kube-system", "dns"), runningPod("web", "ds", daemonSet)},
+			now:  t0,
+			ops:  web + ";" + tmp,
+			want: map[string]PodState{
+				web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0},
+				job: {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour)},
+				tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), EvictAt: t0},
+			},
+			skipped: map[string]int{SkipSystem: 1, SkipDaemonSet: 1},
+		},
+		{
+			name:  "force makes every pod Immediate",
+			force: true,
+			pods:  []corev1.Pod{runningPod("batch", "j")},
+			now:   t0,
+			ops:   job,
+			want:  map[string]PodState{job: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0}},
+		},
+		{
+			name:  "an evicted pod still terminating is waited for; the first eviction time is kept",
+			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Evicted: true}},
+			pods:  []corev1.Pod{runningPod("web", "a", terminating)},
+			now:   t0.Add(time.Minute),
+			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0}},
+		},
+		{
+			name:  "a pod no longer on the node is gone",
+			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), Evicted: true}},
+			now:   t0.Add(time.Minute),
+			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), Done: "gone"}},
+		},
+		{
+			name:  "a pod that finished is completed",
+			state: map[string]*PodState{job: {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour)}},
+			pods:  []corev1.Pod{runningPod("batch", "j", succeeded)},
+			now:   t0.Add(time.Minute),
+			want:  map[string]PodState{job: {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour), Done: "completed"}},
+		},
+		{
+			name:  "backing off after a PDB refusal: no call before NextTry",
+			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), BlockedBy: "pdb-a", NextTry: t0.Add(10 * time.Second), EvictAt: t0}},
+			pods:  []corev1.Pod{runningPod("web", "a")},
+			now:   t0.Add(5 * time.Second),
+			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0}},
+		},
+		{
+			name:  "at NextTry the eviction is tried again",
+			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), BlockedBy: "pdb-a", NextTry: t0.Add(10 * time.Second), EvictAt: t0}},
+			pods:  []corev1.Pod{runningPod("web", "a")},
+			now:   t0.Add(10 * time.Second),
+			ops:   web,
+			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0}},
+		},
+		{
+			name:  "a pod still blocked at its deadline is given up, naming the PDB",
+			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), BlockedBy: "pdb-a", EvictAt: t0}},
+			pods:  []corev1.Pod{runningPod("web", "a")},
+			now:   t0.Add(10 * time.Minute),
+			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Done: "gave_up", Reason: "blocked by PDB pdb-a"}},
+		},
+		{
+			name:  "AllowCompletion still running at its deadline is given up",
+			state: map[string]*PodState{job: {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour)}},
+			pods:  []corev1.Pod{runningPod("batch", "j")},
+			now:   t0.Add(time.Hour),
+			want:  map[string]PodState{job: {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour), Done: "gave_up", Reason: "still running at the completion timeout"}},
+		},
+		{
+			name:  "a terminating pod at its deadline is given up as such",
+			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), Evicted: true, EvictAt: t0}},
+			pods:  []corev1.Pod{runningPod("web", "a", terminating)},
+			now:   t0.Add(11 * time.Minute),
+			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Done: "gave_up", Reason: "still terminating at the timeout"}},
+		},
+		{
+			name:  "DeleteAfterTimeout past its deadline is deleted, once",
+			state: map[string]*PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), BlockedBy: "pdb-s", EvictAt: t0}},
+			pods:  []corev1.Pod{runningPod("scratch", "s")},
+			now:   t0.Add(30 * time.Minute),
+			ops:   "delete " + tmp,
+			want:  map[string]PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), EvictAt: t0}},
+		},
+		{
+			name:  "a deleted DeleteAfterTimeout pod still terminating is not deleted again",
+			state: map[string]*PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), DeletedAt: t0.Add(30 * time.Minute)}},
+			pods:  []corev1.Pod{runningPod("scratch", "s", terminating)},
+			now:   t0.Add(31 * time.Minute),
+			want:  map[string]PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute)}},
+		},
+		{
+			name:  "pods already done stay as they were",
+			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), Done: "gave_up", Reason: "x"}},
+			pods:  []corev1.Pod{runningPod("web", "a")},
+			now:   t0.Add(time.Hour),
+			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), Done: "gave_up", Reason: "x"}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := machineConfig(t, nil)
+			st := running(tc.state)
+			st.Force = tc.force
+			ops := c.advance(st, tc.pods, tc.now)
+			if got := opKeys(ops); got != tc.ops {
+				t.Errorf("ops %q, want %q", got, tc.ops)
+			}
+			got := map[string]PodState{}
+			for k, p := range st.Pods {
+				got[k] = PodState{Mode: p.Mode, Done: p.Done, Reason: p.Reason, EvictAt: p.EvictAt, Deadline: p.Deadline}
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("pods\n got %+v\nwant %+v", got, tc.want)
+			}
+			if len(tc.skipped) > 0 || len(st.Skipped) > 0 {
+				if !reflect.DeepEqual(st.Skipped, tc.skipped) {
+					t.Errorf("skipped %v, want %v", st.Skipped, tc.skipped)
+				}
+			}
+		})
+	}
+}
+
+// TestRecord: each call's result lands on its pod.
+func TestRecord(t *testing.T) {
+	key := keyOf("web", "a")
+	now := t0.Add(time.Minute)
+	for _, tc := range []struct {
+		name    string
+		before  PodState
+		res     callResult
+		metric  string
+		want    PodState
+		compare func(PodState) PodState
+	}{
+		{"evicted", PodState{BlockedBy: "old"}, callResult{}, "evicted", PodState{Evicted: true}, nil},
+		{"deleted", PodState{}, callResult{deleted: true}, "deleted", PodState{DeletedAt: now}, nil},
+		{"first refusal backs off PDBBackoff", PodState{}, callResult{blockedBy: "pdb-a"}, "blocked",
+			PodState{Attempts: 1, BlockedBy: "pdb-a", NextTry: now.Add(5 * time.Second)}, nil},
+		{"third refusal backs off 4×", PodState{Attempts: 2, BlockedBy: "pdb-a"}, callResult{blockedBy: "pdb-a"}, "blocked",
+			PodState{Attempts: 3, BlockedBy: "pdb-a", NextTry: now.Add(20 * time.Second)}, nil},
+		{"refusals back off at most MaxPDBBackoff", PodState{Attempts: 30}, callResult{blockedBy: "pdb-a"}, "blocked",
+			PodState{Attempts: 31, BlockedBy: "pdb-a", NextTry: now.Add(time.Minute)}, nil},
+		{"not found: gone", PodState{}, callResult{err: errors.New("404"), notFound: true}, "", PodState{Done: "gone"}, nil},
+		{"the cluster's error: left for the retry", PodState{Attempts: 1}, callResult{err: errors.New("503"), retriable: true}, "", PodState{Attempts: 1}, nil},
+		{"the pod's error: noted and backed off", PodState{}, callResult{err: errors.New("invalid")}, "",
+			PodState{Attempts: 1, Reason: "invalid", NextTry: now.Add(5 * time.Second)}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := machineConfig(t, nil)
+			ps := tc.before
+			st := running(map[string]*PodState{key: &ps})
+			if m := c.record(st, op{key: key}, tc.res, now); m != tc.metric {
+				t.Errorf("metric %q, want %q", m, tc.metric)
+			}
+			if !reflect.DeepEqual(*st.Pods[key], tc.want) {
+				t.Errorf("got %+v\nwant %+v", *st.Pods[key], tc.want)
+			}
+		})
+	}
+}
+
+// TestSettle: the drain ends once no pod remains.
+func TestSettle(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		pods  []string // Done of each pod
+		phase string
+		ended bool
+	}{
+		{"no pods", nil, PhaseSucceeded, true},
+		{"all gone or completed", []string{"gone", "completed"}, PhaseSucceeded, true},
+		{"one given up", []string{"gone", "gave_up"}, PhaseGaveUp, true},
+		{"one remaining", []string{"gone", ""}, PhaseRunning, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := running(nil)
+			for i, d := range tc.pods {
+				st.Pods[fmt.Sprint(i)] = &PodState{Done: d}
+			}
+			now := t0.Add(time.Minute)
+			if ended := settle(st, now); ended != tc.ended || st.Phase != tc.phase {
+				t.Fatalf("ended %v phase %s, want %v %s", ended, st.Phase, tc.ended, tc.phase)
+			}
+			if tc.ended && !st.FinishedAt.Equal(now) {
+				t.Fatalf("finished at %v", st.FinishedAt)
+			}
+		})
+	}
+}
+
+// TestNewlyBlocked names each PDB once, only for pods it did not block
+// before, and not for pods that are done.
+func TestNewlyBlocked(t *testing.T) {
+	st := running(map[string]*PodState{
+		"a": {BlockedBy: "pdb-2"},
+		"b": {BlockedBy: "pdb-1"},
+		"c": {BlockedBy: "pdb-1"},
+		"d": {BlockedBy: "pdb-3"},               // blocked by it before
+		"e": {BlockedBy: "pdb-4", Done: "gone"}, // done
+	})
+	before := map[string]string{"d": "pdb-3"}
+	got := newlyBlocked(before, st)
+	if want := []string{"pdb-1", "pdb-2"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if r := blockedReason(got); r != "blocked by PDB pdb-1, PDB pdb-2" {
+		t.Fatalf("reason %q", r)
+	}
+	if got := newlyBlocked(blockedBy(st), st); len(got) != 0 {
+		t.Fatalf("nothing changed, got %v", got)
+	}
+}
+
+// TestAdmit: what a trigger does to the node's drain.
+func TestAdmit(t *testing.T) {
+	whole := opts{trig: Trigger{CheckName: "XID_ERROR_79", RecommendedAction: "RESTART_VM"}}
+	gpu := func(g string) opts {
+		return opts{trig: Trigger{CheckName: "XID_ERROR_48", RecommendedAction: "COMPONENT_RESET", Entities: "GPU=" + g},
+			scope: Scope{GPUs: []string{g}}}
+	}
+	finished := func() *State {
+		return &State{ID: "old", Phase: PhaseSucceeded, Seen: []string{"e1"}, Pods: map[string]*PodState{}}
+	}
+	inProgress := func(o opts) *State {
+		return &State{ID: "d1", Phase: PhaseRunning, StartedAt: t0, Scope: o.scope, Trigger: Trigger{EventIDs: []string{"e1"}},
+			Seen: []string{"e1"}, Pods: map[string]*PodState{}}
+	}
+	for _, tc := range []struct {
+		name        string
+		st          *State
+		event       string
+		o           opts
+		quarantined bool
+		want        admission
+		check       func(t *testing.T, st *State)
+	}{
+		{"replay of a finished drain", finished(), "e1", whole, true, admitReplay, func(t *testing.T, st *State) {
+			if st.ID != "old" || st.Phase != PhaseSucceeded {
+				t.Fatalf("state changed: %+v", st)
+			}
+		}},
+		{"resume", inProgress(whole), "e1", whole, true, admitResume, nil},
+		{"resume even when no longer quarantined (the step cancels it)", inProgress(whole), "e1", whole, false, admitResume, nil},
+		{"skip", nil, "e1", opts{skip: true}, true, admitSkip, nil},
+		{"not quarantined", nil, "e1", whole, false, admitUnquarantined, nil},
+		{"start", nil, "e1", whole, true, admitStart, func(t *testing.T, st *State) {
+			if st.ID != "new" || st.Phase != PhaseRunning || !st.StartedAt.Equal(t0) || st.By != "me" ||
+				!reflect.DeepEqual(st.Seen, []string{"e1"}) || st.Trigger.CheckName != "XID_ERROR_79" || len(st.GPUs) != 0 {
+				t.Fatalf("%+v", st)
+			}
+		}},
+		{"start after a finished drain keeps what was seen", finished(), "e2", whole, true, admitStart, func(t *testing.T, st *State) {
+			if st.ID != "new" || !reflect.DeepEqual(st.Seen, []string{"e1", "e2"}) {
+				t.Fatalf("%+v", st)
+			}
+		}},
+		{"a second GPU widens a GPU drain", inProgress(gpu("GPU-1")), "e2", gpu("GPU-2"), true, admitWiden, func(t *testing.T, st *State) {
+			if !reflect.DeepEqual(st.GPUs, []string{"GPU-1", "GPU-2"}) || !reflect.DeepEqual(st.Trigger.EventIDs, []string{"e1", "e2"}) ||
+				!reflect.DeepEqual(st.Seen, []string{"e1", "e2"}) {
+				t.Fatalf("%+v", st)
+			}
+		}},
+		{"a whole-node fault widens a GPU drain to the node and takes its trigger", inProgress(gpu("GPU-1")), "e2", whole, true, admitWiden, func(t *testing.T, st *State) {
+			if len(st.GPUs) != 0 || st.Trigger.RecommendedAction != "RESTART_VM" || !reflect.DeepEqual(st.Trigger.EventIDs, []string{"e1", "e2"}) {
+				t.Fatalf("%+v", st)
+			}
+		}},
+		{"force during a drain forces it", inProgress(whole), "e2", opts{trig: whole.trig, force: true}, true, admitWiden, func(t *testing.T, st *State) {
+			if !st.Force {
+				t.Fatal("not forced")
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, adm := admit(tc.st, tc.event, tc.o, tc.quarantined, t0, "new", "me")
+			if adm != tc.want {
+				t.Fatalf("admission %d, want %d", adm, tc.want)
+			}
+			if tc.check != nil {
+				tc.check(t, st)
+			}
+		})
+	}
+}

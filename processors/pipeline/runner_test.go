@@ -1,0 +1,452 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/schemas/events"
+)
+
+// The Runner's contract, each part against kfake (franz-go's in-process
+// Kafka): a failed batch is retried with the same records; a record the
+// handler cannot process goes to the dead-letter topic with its reason and
+// origin; offsets are committed only once the batch's outputs are
+// acknowledged; a handler panic is a failed batch, not a crash; a
+// rebalance lets the batch in flight finish and commit before its
+// partitions move, so the new owner does not handle it again.
+
+const (
+	topicIn  = "runner.in"
+	topicOut = "runner.out"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// harness is a kfake cluster with the runner's topics and a client for
+// the test's own produce and reads.
+type harness struct {
+	t    *testing.T
+	kc   *kfake.Cluster
+	kcfg kafka.Config
+	cl   *kgo.Client
+}
+
+func newHarness(t *testing.T, partitions int32, topics ...string) *harness {
+	t.Helper()
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close)
+	kcfg := kafka.DefaultConfig()
+	kcfg.Brokers = strings.Join(kc.ListenAddrs(), ",")
+	cl, err := kafka.NewClient(kcfg, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &harness{t: t, kc: kc, kcfg: kcfg, cl: cl}
+}
+
+// produce writes n records "k<i>"/"v<i>" to topic, keys spread over the
+// partitions.
+func (h *harness) produce(topic string, from, n int) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := from; i < from+n; i++ {
+		r := &kgo.Record{Topic: topic, Key: []byte("k" + strconv.Itoa(i)), Value: []byte("v" + strconv.Itoa(i))}
+		if err := h.cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+}
+
+// read returns every record of topic, waiting until there are at least n.
+func (h *harness) read(topic string, n int) []*kgo.Record {
+	h.t.Helper()
+	cl, err := kafka.NewClient(h.kcfg, quiet, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	deadline := time.Now().Add(20 * time.Second)
+	for len(out) < n && time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		out = append(out, cl.PollFetches(ctx).Records()...)
+		cancel()
+	}
+	if len(out) < n {
+		h.t.Fatalf("%s: %d records, want %d", topic, len(out), n)
+	}
+	return out
+}
+
+// committed returns the group's committed offsets of topicIn by partition
+// (-1 when none).
+func (h *harness) committed(group string, partitions int32) []int64 {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out := make([]int64, partitions)
+	offs, err := kadm.NewClient(h.cl).FetchOffsets(ctx, group)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		for p := range out {
+			out[p] = -1
+		}
+		return out
+	}
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for p := range partitions {
+		out[p] = -1
+		if o, ok := offs.Lookup(topicIn, p); ok && o.Err == nil {
+			out[p] = o.At
+		}
+	}
+	return out
+}
+
+// run starts a runner for the handler; stop ends it and returns Run's error.
+func (h *harness) run(role string, handler Handler, mod func(*Config)) (stop func() error) {
+	h.t.Helper()
+	cfg := Config{Role: role, Topics: []string{topicIn}, MaxBackoff: 50 * time.Millisecond, LagInterval: -1,
+		ConsumeOpts: []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(200 * time.Millisecond),
+			kgo.RebalanceTimeout(10 * time.Second)}}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r := NewRunner(cfg, h.kcfg, handler, quiet, NewMetrics(prometheus.NewRegistry()))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(20 * time.Second):
+				err = errors.New("runner did not stop")
+			}
+		})
+		return err
+	}
+	h.t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+func eventually(t *testing.T, within time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// echo copies every record to topicOut.
+func echo(recs []*kgo.Record) Result {
+	var res Result
+	for _, r := range recs {
+		res.Out = append(res.Out, &kgo.Record{Topic: topicOut, Key: r.Key, Value: r.Value})
+	}
+	return res
+}
+
+func values(recs []*kgo.Record) []string {
+	var out []string
+	for _, r := range recs {
+		out = append(out, string(r.Value))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func want(from, n int) []string {
+	var out []string
+	for i := from; i < from+n; i++ {
+		out = append(out, "v"+strconv.Itoa(i))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestRunnerRetriesFailedBatch: a batch whose Handle fails is handed to
+// Handle again, the same records in the same order, until it succeeds;
+// nothing is produced or committed for the failed attempts.
+func TestRunnerRetriesFailedBatch(t *testing.T) {
+	h := newHarness(t, 1, topicIn, topicOut, events.TopicDeadLetter)
+	h.produce(topicIn, 0, 5)
+	var (
+		mu       sync.Mutex
+		attempts [][]string
+	)
+	stop := h.run("retry", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		var vs []string
+		for _, r := range recs {
+			vs = append(vs, string(r.Value))
+		}
+		attempts = append(attempts, vs)
+		if len(attempts) < 3 {
+			if got := h.committed("faultline-retry", 1)[0]; got != -1 {
+				t.Errorf("committed %d before the batch succeeded", got)
+			}
+			return Result{}, fmt.Errorf("attempt %d fails", len(attempts))
+		}
+		return echo(recs), nil
+	}), nil)
+	eventually(t, 10*time.Second, "offset 5 committed", func() bool { return h.committed("faultline-retry", 1)[0] == 5 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(attempts) != 3 {
+		t.Fatalf("%d attempts, want 3", len(attempts))
+	}
+	for i, a := range attempts {
+		if !slices.Equal(a, []string{"v0", "v1", "v2", "v3", "v4"}) {
+			t.Fatalf("attempt %d handled %v", i+1, a)
+		}
+	}
+	if got := values(h.read(topicOut, 5)); !slices.Equal(got, want(0, 5)) {
+		t.Fatalf("outputs %v", got)
+	}
+}
+
+// TestRunnerDeadLetters: a record the handler reports dead goes to the
+// dead-letter topic with its key and value, the reason, where it came
+// from and which role gave up; the batch's other records carry on and the
+// offsets move past it.
+func TestRunnerDeadLetters(t *testing.T) {
+	h := newHarness(t, 1, topicIn, topicOut, events.TopicDeadLetter)
+	h.produce(topicIn, 0, 4)
+	h.run("dl", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		var res Result
+		for _, r := range recs {
+			if string(r.Value) == "v2" {
+				res.Dead = append(res.Dead, Dead{Record: r, Reason: errors.New("v2 is poison")})
+				continue
+			}
+			res.Out = append(res.Out, &kgo.Record{Topic: topicOut, Key: r.Key, Value: r.Value})
+		}
+		return res, nil
+	}), nil)
+	eventually(t, 10*time.Second, "offset 4 committed", func() bool { return h.committed("faultline-dl", 1)[0] == 4 })
+	dl := h.read(events.TopicDeadLetter, 1)
+	if len(dl) != 1 {
+		t.Fatalf("%d dead letters", len(dl))
+	}
+	d := dl[0]
+	hdr := map[string]string{}
+	for _, x := range d.Headers {
+		hdr[x.Key] = string(x.Value)
+	}
+	if string(d.Key) != "k2" || string(d.Value) != "v2" || hdr[events.HeaderError] != "v2 is poison" ||
+		hdr[events.HeaderSource] != topicIn || hdr[events.HeaderSourcePart] != "0" || hdr[events.HeaderSourceOff] != "2" ||
+		hdr[HeaderRole] != "dl" {
+		t.Fatalf("dead letter %s=%s headers %v", d.Key, d.Value, hdr)
+	}
+	if got := values(h.read(topicOut, 3)); !slices.Equal(got, []string{"v0", "v1", "v3"}) {
+		t.Fatalf("outputs %v", got)
+	}
+}
+
+// TestRunnerCommitsOnlyAfterOutputsAcknowledged: while the batch's outputs
+// cannot be produced (their topic does not exist yet), the offsets stay
+// where they were and the batch is handled again; once the outputs are
+// acknowledged, the offsets are committed.
+func TestRunnerCommitsOnlyAfterOutputsAcknowledged(t *testing.T) {
+	h := newHarness(t, 1, topicIn, events.TopicDeadLetter) // no topicOut
+	h.produce(topicIn, 0, 3)
+	var calls atomic.Int32
+	h.run("ack", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		calls.Add(1)
+		return echo(recs), nil
+	}), func(c *Config) { c.BatchTimeout = 300 * time.Millisecond })
+	eventually(t, 10*time.Second, "the batch handled twice (its outputs failed)", func() bool { return calls.Load() >= 2 })
+	if got := h.committed("faultline-ack", 1)[0]; got != -1 {
+		t.Fatalf("offset %d committed while the outputs were not produced", got)
+	}
+	adm := kadm.NewClient(h.cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := adm.CreateTopic(ctx, 1, 1, nil, topicOut); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "offset 3 committed once the outputs were produced", func() bool {
+		return h.committed("faultline-ack", 1)[0] == 3
+	})
+	if got := values(h.read(topicOut, 3)); !slices.Equal(got, want(0, 3)) {
+		t.Fatalf("outputs %v", got)
+	}
+}
+
+// TestRunnerRecoversPanic: a handler that panics fails the batch (it is
+// retried); the runner keeps running.
+func TestRunnerRecoversPanic(t *testing.T) {
+	h := newHarness(t, 1, topicIn, topicOut, events.TopicDeadLetter)
+	h.produce(topicIn, 0, 2)
+	var calls atomic.Int32
+	stop := h.run("panic", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		if calls.Add(1) == 1 {
+			var m map[string]int
+			m["boom"]++ // a nil map write: a runtime panic
+		}
+		return echo(recs), nil
+	}), nil)
+	eventually(t, 10*time.Second, "offset 2 committed after the panic", func() bool { return h.committed("faultline-panic", 1)[0] == 2 })
+	if calls.Load() != 2 {
+		t.Fatalf("%d calls, want 2", calls.Load())
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if got := values(h.read(topicOut, 2)); !slices.Equal(got, want(0, 2)) {
+		t.Fatalf("outputs %v", got)
+	}
+}
+
+// observer is a handler that records its assignments and revocations.
+type observer struct {
+	HandlerFunc
+	mu       sync.Mutex
+	assigned map[int32]bool
+	revoked  []int32
+}
+
+func (o *observer) PartitionsAssigned(topic string, ps []int32, total int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if topic != topicIn || total != 4 {
+		panic(fmt.Sprintf("assigned %s with %d partitions", topic, total))
+	}
+	for _, p := range ps {
+		o.assigned[p] = true
+	}
+}
+
+func (o *observer) PartitionsRevoked(topic string, ps []int32) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, p := range ps {
+		delete(o.assigned, p)
+		o.revoked = append(o.revoked, p)
+	}
+}
+
+func (o *observer) owned() []int32 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []int32
+	for p := range o.assigned {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestRunnerPartitionRevocation: a second replica joining the group takes
+// partitions from the first, which is told of the revocation
+// (PartitionObserver); the batch the first had in flight finishes and is
+// committed before its partitions move, so the second replica handles
+// only what came after, and every record is handled exactly once.
+func TestRunnerPartitionRevocation(t *testing.T) {
+	h := newHarness(t, 4, topicIn, topicOut, events.TopicDeadLetter)
+	var (
+		mu      sync.Mutex
+		handled = map[string]string{} // value -> replica
+		dups    []string
+	)
+	record := func(replica string, recs []*kgo.Record) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range recs {
+			if by, ok := handled[string(r.Value)]; ok {
+				dups = append(dups, string(r.Value)+" by "+by+" and "+replica)
+			}
+			handled[string(r.Value)] = replica
+		}
+	}
+	release := make(chan struct{})
+	var inFlight atomic.Bool
+	a := &observer{assigned: map[int32]bool{}}
+	a.HandlerFunc = func(ctx context.Context, recs []*kgo.Record) (Result, error) {
+		if !inFlight.Swap(true) {
+			<-release // hold the first batch while the second replica joins
+		}
+		record("a", recs)
+		return echo(recs), nil
+	}
+	h.run("rebalance", a, nil)
+	eventually(t, 10*time.Second, "replica a owns all 4 partitions", func() bool { return len(a.owned()) == 4 })
+	h.produce(topicIn, 0, 20)
+	eventually(t, 10*time.Second, "a batch in flight", inFlight.Load)
+
+	b := &observer{assigned: map[int32]bool{}}
+	b.HandlerFunc = func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		record("b", recs)
+		return echo(recs), nil
+	}
+	h.run("rebalance", b, nil)
+	time.Sleep(500 * time.Millisecond) // b's join is waiting on a's batch
+	if len(b.owned()) != 0 {
+		t.Fatalf("b was assigned %v while a's batch was in flight", b.owned())
+	}
+	close(release)
+	eventually(t, 20*time.Second, "the partitions split between a and b", func() bool {
+		return len(a.owned()) > 0 && len(b.owned()) > 0 && len(a.owned())+len(b.owned()) == 4
+	})
+	a.mu.Lock()
+	revoked := len(a.revoked)
+	a.mu.Unlock()
+	if revoked == 0 {
+		t.Fatal("a was not told of its revoked partitions")
+	}
+	h.produce(topicIn, 20, 20)
+	eventually(t, 20*time.Second, "all 40 records handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(handled) == 40
+	})
+	time.Sleep(300 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(dups) > 0 {
+		t.Fatalf("handled twice: %v", dups)
+	}
+	byB := 0
+	for _, r := range handled {
+		if r == "b" {
+			byB++
+		}
+	}
+	if byB == 0 {
+		t.Fatal("b handled nothing after it joined")
+	}
+}

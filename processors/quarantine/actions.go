@@ -1,0 +1,149 @@
+package quarantine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+func (h *Handler) breaker(cl *clusters.Client) *breaker {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b, ok := h.breakers[cl.Name]
+	if !ok {
+		b = newBreaker(h.cfg.Breaker, cl.Kube, h.now)
+		h.breakers[cl.Name] = b
+	}
+	return b
+}
+
+// breakerActions reports a breaker transition: an action, the metric, and
+// a Kubernetes Event on the breaker's ConfigMap.
+func (h *Handler) breakerActions(ctx context.Context, cl *clusters.Client, it item, v breakerVerdict) []*faultlinev1.Action {
+	if v.Allowed {
+		h.m.breakerOpen.WithLabelValues(cl.Name).Set(0)
+	} else {
+		h.m.breakerOpen.WithLabelValues(cl.Name).Set(1)
+	}
+	var acts []*faultlinev1.Action
+	if v.Closed {
+		a := h.action(it, events.KindBreakerClose, events.OutcomeApplied, "circuit breaker closed after its window", "", cl)
+		a.Id = pipeline.ActionID(cl.Name, events.KindBreakerClose, recordID(it))
+		acts = append(acts, a)
+		h.breakerEvent(ctx, cl, "QuarantineBreakerClosed", "faultline closed the quarantine circuit breaker after its window", it)
+	}
+	if v.Opened {
+		h.log.Warn("circuit breaker opened; no new quarantines", "cluster", cl.Name, "reason", v.Reason)
+		a := h.action(it, events.KindBreakerOpen, events.OutcomeApplied, v.Reason, "", cl)
+		a.Id = pipeline.ActionID(cl.Name, events.KindBreakerOpen, recordID(it))
+		a.Details[events.DetailBreakerCount], a.Details[events.DetailBreakerLimit] = itoa(v.Count), itoa(v.Limit)
+		a.Details[events.DetailBreakerTotal], a.Details[events.DetailBreakerSchedulable] = itoa(v.Total), itoa(v.Schedulable)
+		acts = append(acts, a)
+		h.m.breakerTrips.WithLabelValues(cl.Name).Inc()
+		h.breakerEvent(ctx, cl, "QuarantineBreakerOpen", "faultline stopped quarantining new nodes: "+v.Reason, it)
+	}
+	return acts
+}
+
+func (h *Handler) breakerEvent(ctx context.Context, cl *clusters.Client, reason, msg string, it item) {
+	now := metav1.NewTime(h.now())
+	bc := h.cfg.Breaker
+	kev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: bc.Name + ".fl-" + shortHash(reason+recordID(it)), Namespace: bc.Namespace,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "faultline"},
+		},
+		InvolvedObject:      corev1.ObjectReference{APIVersion: "v1", Kind: "ConfigMap", Namespace: bc.Namespace, Name: bc.Name},
+		Reason:              reason,
+		Message:             events.Truncate(msg, maxMessage),
+		Type:                corev1.EventTypeWarning,
+		Source:              corev1.EventSource{Component: "faultline-quarantine"},
+		ReportingController: "faultline.io/quarantine",
+		ReportingInstance:   events.Truncate(h.cfg.Identity, 128),
+		FirstTimestamp:      now, LastTimestamp: now, Count: 1,
+	}
+	if _, err := cl.Kube.CoreV1().Events(bc.Namespace).Create(ctx, kev, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		h.log.Warn("breaker event not recorded", "cluster", cl.Name, "err", err)
+	}
+}
+
+// action builds the audit record of a decision on one event; its id is
+// deterministic (cluster, node, event, kind), so a retried decision writes
+// the same id.
+func (h *Handler) action(it item, kind, outcome, reason, rule string, cl *clusters.Client) *faultlinev1.Action {
+	ev := it.ev
+	h.m.decisions.WithLabelValues(it.cluster, kind, outcome).Inc()
+	var ids []string
+	if ev.GetId() != "" {
+		ids = []string{ev.GetId()}
+	}
+	// What the drain and remediate roles need of the event travels in
+	// the details (keys shared with processors/drain).
+	details := map[string]string{}
+	if e := events.EntityKey(ev); e != "" {
+		details[events.DetailEntities] = e
+	}
+	switch o := ev.GetDrainOverrides(); {
+	case o.GetSkip():
+		details[events.DetailDrainOverrides] = "skip"
+	case o.GetForce():
+		details[events.DetailDrainOverrides] = "force"
+	}
+	if c := ev.GetCustomRecommendedAction(); c != "" {
+		details[events.DetailCustomAction] = c
+	}
+	if pods, ok := ev.GetMetadata()[events.MetaGPUPods]; ok {
+		details[events.MetaGPUPods], details[events.MetaGPUPodsAt] = pods, ev.GetMetadata()[events.MetaGPUPodsAt]
+	}
+	// Who sent the event: the drain honours drainOverrides only when the
+	// quarantine says an operator did.
+	details[events.DetailSubmitterRole] = events.RoleName(events.SubmitterRole(ev))
+	if n := ev.GetSubmitter().GetName(); n != "" {
+		details[events.DetailSubmitter] = events.Truncate(strings.ToValidUTF8(n, "?"), 128)
+	}
+	if it.ignored != "" {
+		details[events.DetailOverridesIgnored] = it.ignored
+		reason += " (" + it.ignored + ")"
+	}
+	return &faultlinev1.Action{
+		Id:                pipeline.ActionID(it.cluster, it.node, recordID(it), kind),
+		Cluster:           it.cluster,
+		Node:              it.node,
+		Role:              Role,
+		Kind:              kind,
+		Outcome:           outcome,
+		Reason:            events.Truncate(reason, maxMessage),
+		Rule:              rule,
+		EventIds:          ids,
+		DryRun:            cl == nil || cl.DryRun || cl.Kube == nil,
+		Timestamp:         timestamppb.New(h.now()),
+		Details:           details,
+		CheckName:         ev.GetCheckName(),
+		RecommendedAction: ev.GetRecommendedAction().String(),
+	}
+}
+
+// recordID identifies the event of a record: its id, else its position.
+func recordID(it item) string {
+	if id := it.ev.GetId(); id != "" {
+		return id
+	}
+	return fmt.Sprintf("%s/%d/%d", it.rec.Topic, it.rec.Partition, it.rec.Offset)
+}
+
+func shortHash(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])[:16]
+}

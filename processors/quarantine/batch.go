@@ -1,0 +1,205 @@
+package quarantine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// item is one decoded record.
+type item struct {
+	rec     *kgo.Record
+	ev      *datamodels.HealthEvent
+	cluster string
+	node    string
+	// ignored says which overrides of the event were ignored and why
+	// (its submitter is not an operator); every action of the event says so.
+	ignored string
+}
+
+type seqResult struct {
+	actions  []*faultlinev1.Action
+	deferred []item
+	failed   error
+}
+
+// Handle handles a batch of the events topic.
+func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
+	return h.handle(ctx, recs, false)
+}
+
+// HandleRetry handles a batch of TopicRetry: it waits for each cluster up to
+// Config.RetryWait and fails the batch (to be retried) while one is down.
+func (h *Handler) HandleRetry(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
+	return h.handle(ctx, recs, true)
+}
+
+// RetryHandler returns HandleRetry as a pipeline.Handler.
+func (h *Handler) RetryHandler() pipeline.Handler { return pipeline.HandlerFunc(h.HandleRetry) }
+
+func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (pipeline.Result, error) {
+	evs, dead := pipeline.DecodeEvents(recs)
+	items := make([]item, len(evs))
+	for i, e := range evs {
+		it := item{rec: e.Rec, ev: e.Event, cluster: e.Cluster, node: e.Node, ignored: gateOverrides(e.Event)}
+		if it.ignored != "" {
+			h.m.overridesIgnored.WithLabelValues(it.cluster).Inc()
+			h.log.Warn("overrides ignored: not sent by an operator", "cluster", it.cluster, "node", it.node,
+				"event", it.ev.GetId(), "submitter", it.ev.GetSubmitter().GetName(), "ignored", it.ignored)
+		}
+		items[i] = it
+	}
+	wait := h.cfg.ClusterWait
+	if retry {
+		wait = h.cfg.RetryWait
+	}
+	deadline := time.Now().Add(wait)
+	results := pipeline.ByKey(items, func(it item) string { return string(it.rec.Key) }, h.cfg.Workers,
+		func(seq []item) seqResult { return h.handleSeq(ctx, seq, retry, deadline) })
+	res := pipeline.Result{Dead: dead}
+	var failed []error
+	for _, r := range results {
+		if r.failed != nil {
+			failed = append(failed, r.failed)
+		}
+		for _, a := range r.actions {
+			rec, err := pipeline.ActionRecord(a)
+			if err != nil {
+				return pipeline.Result{}, err
+			}
+			res.Out = append(res.Out, rec)
+		}
+		for _, it := range r.deferred {
+			res.Out = append(res.Out, retryRecord(it.rec))
+			h.m.deferred.WithLabelValues(it.cluster).Inc()
+		}
+	}
+	if len(failed) > 0 {
+		return pipeline.Result{}, fmt.Errorf("quarantine retry batch: %w", errors.Join(failed...))
+	}
+	return res, nil
+}
+
+// handleSeq handles one node's records in order, each through
+// clusters.Registry.Try. A cluster in trouble is waited for until
+// deadline; past it (or when the batch runs out of time) the node's
+// remaining records are deferred to TopicRetry, or, in the retry consumer,
+// the batch fails to be retried.
+func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadline time.Time) seqResult {
+	var r seqResult
+	cluster := items[0].cluster
+	cl, err := h.reg.Get(cluster)
+	switch {
+	case errors.Is(err, clusters.ErrUnknownCluster):
+		cl = nil // decided and recorded as dry-run
+	case err != nil:
+		// A kubeconfig that cannot be loaded: the cluster's trouble.
+		h.log.Warn("cluster client unavailable", "cluster", cluster, "err", err)
+		if retry {
+			r.failed = err
+			return r
+		}
+		h.markDeferring(cluster)
+		r.deferred = items
+		return r
+	}
+	live := cl != nil && cl.Kube != nil
+	for i, it := range items {
+		if live && !retry && h.deferring(cluster) {
+			r.deferred = items[i:]
+			return r
+		}
+		for {
+			var acts []*faultlinev1.Action
+			at := h.reg.Try(ctx, cluster, func(ctx context.Context, cl *clusters.Client) (err error) {
+				acts, err = h.process(ctx, cl, it)
+				return err
+			})
+			if at.Err == nil {
+				r.actions = append(r.actions, acts...)
+				break
+			}
+			if !at.Retriable {
+				h.log.Warn("quarantine failed", "cluster", cluster, "node", it.node, "event", it.ev.GetId(), "err", at.Err)
+				kind := events.KindQuarantine
+				if it.ev.GetIsHealthy() {
+					kind = events.KindUnquarantine
+				}
+				r.actions = append(r.actions, h.action(it, kind, events.OutcomeFailed, at.Err.Error(), "", cl))
+				break
+			}
+			if ctx.Err() != nil {
+				// The batch ran out of time (or the processor is stopping):
+				// not the cluster's fault; defer the rest.
+				if retry {
+					r.failed = fmt.Errorf("cluster %s: %w", cluster, ctx.Err())
+					return r
+				}
+				h.markDeferring(cluster) // keep the node's later records behind these
+				r.deferred = items[i:]
+				return r
+			}
+			if at.Ran {
+				h.m.apiErrors.WithLabelValues(cluster).Inc()
+				h.log.Warn("cluster API error; will retry", "cluster", cluster, "node", it.node, "retry_at", at.RetryAt, "err", at.Err)
+			}
+			if at.RetryAt.IsZero() || at.RetryAt.After(deadline) {
+				h.markDeferring(cluster)
+				if retry {
+					r.failed = fmt.Errorf("cluster %s: unreachable: %w", cluster, at.Err)
+					return r
+				}
+				h.log.Warn("cluster unreachable; deferring records", "cluster", cluster, "node", it.node,
+					"records", len(items)-i, "err", at.Err)
+				r.deferred = items[i:]
+				return r
+			}
+			t := time.NewTimer(time.Until(at.RetryAt))
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+	}
+	return r
+}
+
+func (h *Handler) deferring(cluster string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return time.Now().Before(h.deferUntil[cluster])
+}
+
+func (h *Handler) markDeferring(cluster string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.deferUntil[cluster] = time.Now().Add(2 * h.cfg.RetryWait)
+}
+
+// HeaderRetryAttempt counts how often a record was deferred.
+const HeaderRetryAttempt = "faultline-retry-attempt"
+
+func retryRecord(r *kgo.Record) *kgo.Record {
+	attempt := 0
+	var hdrs []kgo.RecordHeader
+	for _, hd := range r.Headers {
+		if hd.Key == HeaderRetryAttempt {
+			attempt, _ = strconv.Atoi(string(hd.Value))
+			continue
+		}
+		hdrs = append(hdrs, hd)
+	}
+	hdrs = append(hdrs, kgo.RecordHeader{Key: HeaderRetryAttempt, Value: []byte(strconv.Itoa(attempt + 1))})
+	return &kgo.Record{Topic: TopicRetry, Key: r.Key, Value: r.Value, Headers: hdrs}
+}

@@ -1,0 +1,315 @@
+package quarantine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// process decides and acts on one event. A returned error is the cluster
+// API's; decisions (including failures that retrying cannot fix) are
+// actions.
+func (h *Handler) process(ctx context.Context, cl *clusters.Client, it item) ([]*faultlinev1.Action, error) {
+	if it.ev.GetIsHealthy() {
+		return h.recover(ctx, cl, it)
+	}
+	return h.fault(ctx, cl, it)
+}
+
+// gateOverrides enforces who may override the policy: only an operator
+// credential's quarantineOverrides and drainOverrides take effect (and, for
+// a credential bound to one node, only for that node: the gateway refuses
+// other nodes already). From anyone else (an agent, the pipeline, an event
+// without a submitter) they are removed from the event before anything
+// reads it (the rules' CEL variables, the action details the drain reads),
+// and the returned text says what was ignored and why ("" when nothing
+// was).
+func gateOverrides(ev *datamodels.HealthEvent) string {
+	bound := ev.GetSubmitter().GetNode()
+	if events.IsOperator(ev) && (bound == "" || bound == ev.GetNodeName()) {
+		return ""
+	}
+	var set []string
+	for _, o := range []struct {
+		name string
+		o    *datamodels.BehaviourOverrides
+	}{{"quarantineOverrides", ev.GetQuarantineOverrides()}, {"drainOverrides", ev.GetDrainOverrides()}} {
+		if o.o.GetForce() {
+			set = append(set, o.name+".force")
+		}
+		if o.o.GetSkip() {
+			set = append(set, o.name+".skip")
+		}
+	}
+	ev.QuarantineOverrides, ev.DrainOverrides = nil, nil
+	if len(set) == 0 {
+		return ""
+	}
+	why := strings.Join(set, ", ") + " ignored: sent by " + events.DescribeSubmitter(ev)
+	if events.IsOperator(ev) {
+		why += " bound to node " + events.Truncate(bound, 253)
+	}
+	return why
+}
+
+func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*faultlinev1.Action, error) {
+	ev := it.ev
+	// Overrides left on the event are an operator's (gateOverrides).
+	force := ev.GetQuarantineOverrides().GetForce()
+	if events.NeverActs(ev) {
+		return []*faultlinev1.Action{h.action(it, events.KindSkip, events.OutcomeSkipped, "processingStrategy "+ev.GetProcessingStrategy().String()+": stored, never acted on", "", cl)}, nil
+	}
+	if ev.GetQuarantineOverrides().GetSkip() {
+		return []*faultlinev1.Action{h.action(it, events.KindSkip, events.OutcomeSkipped, "quarantineOverrides.skip", "", cl)}, nil
+	}
+	node, err := h.getNode(ctx, cl, it.node)
+	if apierrors.IsNotFound(err) {
+		return []*faultlinev1.Action{h.action(it, events.KindQuarantine, events.OutcomeFailed, "node not found in cluster", "", cl)}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if node != nil && h.optKey != "" && node.Labels[h.optKey] == h.optVal {
+		// The opt-out label wins even over an operator's force: a node
+		// someone exempted is never cordoned by an event; remove the
+		// label to quarantine it.
+		why := fmt.Sprintf("node opted out (label %s=%s)", h.optKey, h.optVal)
+		if force {
+			why += "; quarantineOverrides.force does not override the opt-out label"
+		}
+		return []*faultlinev1.Action{h.action(it, events.KindSkip, events.OutcomeSkipped, why, "", cl)}, nil
+	}
+	dec, errs := h.policy.Evaluate(ev, node)
+	ruleErrs := h.ruleErrors(it, errs)
+	if dec == nil && force {
+		dec = &Decision{Rule: RuleForce, Cordon: true, Condition: true}
+	}
+	if dec == nil {
+		var acts []*faultlinev1.Action
+		if !ev.GetIsFatal() {
+			var err error
+			if acts, err = h.nodeEvent(ctx, cl, node, it); err != nil {
+				return nil, err
+			}
+		} else {
+			acts = []*faultlinev1.Action{h.action(it, events.KindSkip, events.OutcomeSkipped, "no rule set matched", "", cl)}
+		}
+		return withRuleErrors(acts, ruleErrs), nil
+	}
+	if cl == nil || cl.DryRun || cl.Kube == nil {
+		a := h.action(it, events.KindQuarantine, events.OutcomeDryRun, "would quarantine: "+dryRunWhy(cl), dec.Rule, cl)
+		a.Details[events.DetailCordon] = strconv.FormatBool(dec.Cordon)
+		return withRuleErrors([]*faultlinev1.Action{a}, ruleErrs), nil
+	}
+	at := eventTime(ev, h.now())
+	f := Fault{
+		Check: ev.GetCheckName(), Class: ev.GetComponentClass(), Entity: events.EntityKey(ev), Agent: ev.GetAgent(),
+		Rule: dec.Rule, Message: events.Truncate(ev.GetMessage(), 256), Derived: ev.GetDerivedBy(),
+		Action: ev.GetRecommendedAction().String(), Since: at, LastSeen: at,
+		Cordon: dec.Cordon, Taint: dec.Taint, Condition: dec.Condition,
+	}
+	key := FaultKey(f.Check, f.Entity)
+	var (
+		verdict         breakerVerdict
+		reserved, held  bool
+		manual, already bool
+		preCordon       bool
+		acked           bool
+	)
+	br := h.breaker(cl)
+	_, err = h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
+		now := h.now()
+		manual = st.DetectManualUncordon(n, now)
+		wasActive := st.Active()
+		already = len(st.Faults) > 0
+		changed := st.AddFault(key, f, ev.GetId())
+		acked = st.Faults[key].Acked && !st.Active()
+		preCordon = n.Spec.Unschedulable && !st.Cordoned
+		// Every new quarantine takes a breaker slot, an operator's force
+		// included: nothing bypasses the breaker.
+		if !wasActive && st.Active() {
+			v, err := br.reserve(ctx, n.Name, !n.Spec.Unschedulable)
+			if err != nil {
+				return false, err
+			}
+			verdict, reserved = v, true
+			if !v.Allowed {
+				held = true
+				return false, nil
+			}
+		}
+		return changed || manual, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var acts []*faultlinev1.Action
+	if reserved {
+		acts = append(acts, h.breakerActions(ctx, cl, it, verdict)...)
+	}
+	if manual {
+		acts = append(acts, h.action(it, events.KindManualUncordon, events.OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
+	}
+	if held {
+		a := h.action(it, events.KindQuarantine, events.OutcomeHeld, "would quarantine: circuit breaker open: "+verdict.Reason, dec.Rule, cl)
+		if force {
+			a.Details[events.DetailForce] = "true"
+		}
+		h.m.held.WithLabelValues(it.cluster).Inc()
+		return withRuleErrors(append(acts, a), ruleErrs), nil
+	}
+	if acked {
+		a := h.action(it, events.KindQuarantine, events.OutcomeSkipped, "fault acknowledged by a manual uncordon: recorded, node left schedulable", dec.Rule, cl)
+		return withRuleErrors(append(acts, a), ruleErrs), nil
+	}
+	a := h.action(it, events.KindQuarantine, events.OutcomeApplied, fmt.Sprintf("rule %s matched %s", dec.Rule, ev.GetCheckName()), dec.Rule, cl)
+	a.Details[events.DetailCordon] = strconv.FormatBool(dec.Cordon)
+	a.Details[events.DetailAlreadyQuarantined] = strconv.FormatBool(already)
+	a.Details[events.DetailPreexistingCordon] = strconv.FormatBool(preCordon)
+	if dec.Taint != nil {
+		a.Details[events.DetailTaint] = dec.Taint.Key + "=" + dec.Taint.Value + ":" + dec.Taint.Effect
+	}
+	if force {
+		a.Details[events.DetailForce] = "true"
+	}
+	return withRuleErrors(append(acts, a), ruleErrs), nil
+}
+
+// ruleErrors counts and logs the rule expressions that failed on an event
+// (at most one log line per rule set a minute: a rule that fails on every
+// event must not flood the log) and returns them for the action's details.
+func (h *Handler) ruleErrors(it item, errs []error) string {
+	if len(errs) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, err := range errs {
+		rule := "?"
+		if re, ok := errors.AsType[*RuleError](err); ok {
+			rule = re.Rule
+		}
+		h.m.ruleErrors.WithLabelValues(rule).Inc()
+		if h.logRuleError(rule) {
+			h.log.Warn("rule evaluation failed; the rule set did not match", "cluster", it.cluster, "node", it.node,
+				"event", it.ev.GetId(), "err", err)
+		}
+		parts = append(parts, err.Error())
+	}
+	return events.Truncate(strings.Join(parts, "; "), 1024)
+}
+
+func (h *Handler) logRuleError(rule string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	if now.Before(h.ruleErrLogged[rule]) {
+		return false
+	}
+	h.ruleErrLogged[rule] = now.Add(time.Minute)
+	return true
+}
+
+// withRuleErrors notes the rule errors of an event on its decision (the
+// last action).
+func withRuleErrors(acts []*faultlinev1.Action, errs string) []*faultlinev1.Action {
+	if errs != "" && len(acts) > 0 {
+		acts[len(acts)-1].Details[events.DetailRuleErrors] = errs
+	}
+	return acts
+}
+
+func dryRunWhy(cl *clusters.Client) string {
+	if cl == nil {
+		return "cluster not configured (dry-run)"
+	}
+	return "cluster is dry-run"
+}
+
+func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]*faultlinev1.Action, error) {
+	ev := it.ev
+	if events.NeverActs(ev) || cl == nil || cl.Kube == nil {
+		return nil, nil
+	}
+	if h.nodes.nothingStanding(cl, it.node, h.now()) {
+		h.m.cacheHits.WithLabelValues(it.cluster).Inc()
+		return nil, nil // the common case, decided without a request
+	}
+	node, err := h.getNode(ctx, cl, it.node)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	entity := events.EntityKey(ev)
+	at := time.Time{}
+	if ts := ev.GetGeneratedTimestamp(); ts != nil {
+		at = ts.AsTime()
+	}
+	if st, _ := ReadState(node); len(st.Faults) == 0 {
+		return nil, nil // the common case: nothing standing
+	}
+	if cl.DryRun {
+		st, _ := ReadState(node)
+		if removed, _ := st.Recover(ev.GetCheckName(), entity, at); len(removed) > 0 {
+			return []*faultlinev1.Action{h.action(it, events.KindUnquarantine, events.OutcomeDryRun, "would lift: "+fmt.Sprint(removed), "", cl)}, nil
+		}
+		return nil, nil
+	}
+	var (
+		removed, stale []string
+		manual         bool
+		remaining      int
+		uncordon       bool
+	)
+	_, err = h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
+		manual = st.DetectManualUncordon(n, h.now())
+		removed, stale = st.Recover(ev.GetCheckName(), entity, at)
+		remaining = len(st.Faults)
+		uncordon = st.Cordoned && !st.Active()
+		return len(removed) > 0 || manual, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var acts []*faultlinev1.Action
+	if manual {
+		acts = append(acts, h.action(it, events.KindManualUncordon, events.OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
+	}
+	if len(stale) > 0 && len(removed) == 0 {
+		acts = append(acts, h.action(it, events.KindSkip, events.OutcomeSkipped, "recovery older than the fault's last occurrence", "", cl))
+	}
+	if len(removed) > 0 {
+		outcome, reason := events.OutcomeApplied, "every fault recovered; lifted what faultline set"
+		if remaining > 0 {
+			outcome, reason = events.OutcomeInProgress, fmt.Sprintf("fault recovered; %d still standing", remaining)
+		}
+		a := h.action(it, events.KindUnquarantine, outcome, reason, "", cl)
+		a.Details[events.DetailRecovered] = fmt.Sprint(removed)
+		a.Details[events.DetailRemaining] = strconv.Itoa(remaining)
+		a.Details[events.DetailUncordoned] = strconv.FormatBool(uncordon)
+		acts = append(acts, a)
+	}
+	return acts, nil
+}
+
+func eventTime(ev *datamodels.HealthEvent, now time.Time) time.Time {
+	if ts := ev.GetGeneratedTimestamp(); ts != nil && ts.IsValid() {
+		return ts.AsTime()
+	}
+	if ts := ev.GetReceivedTimestamp(); ts != nil && ts.IsValid() {
+		return ts.AsTime()
+	}
+	return now
+}

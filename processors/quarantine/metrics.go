@@ -1,0 +1,39 @@
+package quarantine
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	decisions    *prometheus.CounterVec
+	held         *prometheus.CounterVec
+	deferred     *prometheus.CounterVec
+	apiErrors    *prometheus.CounterVec
+	conflicts    *prometheus.CounterVec
+	breakerTrips *prometheus.CounterVec
+	breakerOpen  *prometheus.GaugeVec
+	cacheHits    *prometheus.CounterVec
+	ruleErrors   *prometheus.CounterVec
+	stateTrimmed *prometheus.CounterVec
+	// overridesIgnored counts events whose overrides were ignored (not an
+	// operator's).
+	overridesIgnored *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		decisions:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_decisions_total", Help: "Quarantine decisions by kind and outcome."}, []string{"cluster", "kind", "outcome"}),
+		held:             prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_held_total", Help: "Quarantines held back by the circuit breaker."}, []string{"cluster"}),
+		deferred:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_deferred_total", Help: "Records deferred to the retry topic because their cluster was unreachable."}, []string{"cluster"}),
+		apiErrors:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
+		conflicts:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_conflicts_total", Help: "Node updates retried after a resourceVersion conflict."}, []string{"cluster"}),
+		breakerTrips:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_breaker_trips_total", Help: "Times the circuit breaker opened."}, []string{"cluster"}),
+		breakerOpen:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_quarantine_breaker_open", Help: "1 while the cluster's circuit breaker holds new quarantines."}, []string{"cluster"}),
+		cacheHits:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_recoveries_from_cache_total", Help: "Healthy events decided from the node watch without an API request (nothing standing)."}, []string{"cluster"}),
+		stateTrimmed:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_state_trimmed_total", Help: "Node state writes that compacted or dropped old faults to stay within the annotation budget."}, []string{"cluster"}),
+		ruleErrors:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_rule_errors_total", Help: "Rule expressions that failed on an event (missing key, type error, cost limit); the rule set did not match."}, []string{"rule"}),
+		overridesIgnored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_overrides_ignored_total", Help: "Events whose quarantineOverrides/drainOverrides were ignored because no operator credential sent them."}, []string{"cluster"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.cacheHits, m.ruleErrors, m.overridesIgnored, m.stateTrimmed)
+	}
+	return m
+}

@@ -1,0 +1,86 @@
+package requeue
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/faultline/faultline/processors/clusters"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// TestStep: the step's own failure is returned for the role to record; the
+// cluster's trouble brings the work back when the cluster may be tried
+// again (or at the fallback), counted and logged, never as a failure.
+func TestStep(t *testing.T) {
+	kube, err := kubernetes.NewForConfig(&rest.Config{Host: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cfg := clusters.DefaultConfig()
+	cfg.Clusters = []clusters.Cluster{{Name: "broken", Kubeconfig: "/does/not/exist"}}
+	reg := clusters.NewRegistry(cfg, func() time.Time { return now })
+	reg.SetClient("live", kube, false)
+	apiErrors := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x"}, []string{"cluster"})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	fallback := now.Add(time.Minute)
+	act := []*faultlinev1.Action{{Id: "a"}}
+	for _, tc := range []struct {
+		name    string
+		cluster string
+		err     error
+		again   time.Time // the step's own
+		want    time.Time // zero: the step's again
+		wantErr bool
+		counted float64
+	}{
+		{"done", "live", nil, time.Time{}, time.Time{}, false, 0},
+		{"look again", "live", nil, now.Add(5 * time.Second), now.Add(5 * time.Second), false, 0},
+		{"the work's own failure", "live", apierrors.NewBadRequest("bad"), time.Time{}, time.Time{}, true, 0},
+		{"the cluster's trouble", "live", apierrors.NewServiceUnavailable("down"), time.Time{}, time.Time{} /* the gate's */, false, 1},
+		{"client not built (logged, not an API error)", "broken", nil, time.Time{}, fallback, false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			acts, again, err := Step(context.Background(), reg, tc.cluster, "n1", "drain", fallback, log, apiErrors,
+				func(context.Context, *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
+					return act, tc.again, tc.err
+				})
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err %v", err)
+			}
+			switch {
+			case tc.name == "the cluster's trouble":
+				if again.IsZero() || !again.After(now) {
+					t.Fatalf("again %v, want the gate's backoff", again)
+				}
+				now = now.Add(time.Hour) // past the backoff for the next cases
+				cl, _ := reg.Get("live")
+				cl.Gate.OK()
+			case tc.cluster == "broken":
+				if !again.Equal(fallback) || len(acts) != 0 {
+					t.Fatalf("again %v acts %v", again, acts)
+				}
+			default:
+				if !again.Equal(tc.want) || len(acts) != 1 {
+					t.Fatalf("again %v, want %v; acts %v", again, tc.want, acts)
+				}
+			}
+			var m dto.Metric
+			if err := apiErrors.WithLabelValues(tc.cluster).Write(&m); err != nil {
+				t.Fatal(err)
+			}
+			if got := m.GetCounter().GetValue(); got != tc.counted {
+				t.Fatalf("api errors of %s: %v, want %v", tc.cluster, got, tc.counted)
+			}
+		})
+	}
+}

@@ -1,0 +1,372 @@
+// Package rows is the one mapping of faultline's records to ClickHouse
+// rows: a HealthEvent record to a row of the events table, an Action
+// record to a row of the actions table (sql/migrations). The store role
+// inserts these rows; the correlate role sends the rows of a batch it has
+// not seen stored yet along with its window queries, as an external table
+// with the same column names (Events.Table), so a rule's SQL reads the
+// batch exactly as it reads the table.
+//
+// Records are decoded column by column (decode.go: protowire straight into
+// the columns, the store's main CPU cost). A record that can never be a
+// row — undecodable, no id, a key that disagrees with its payload, a time
+// outside ClickHouse's DateTime — is an error wrapping ErrPoison.
+package rows
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/ext"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
+)
+
+// Column is one column of a table: its name and ClickHouse type.
+type Column struct{ Name, Type string }
+
+// EventTable is the events table's columns that Events fills, in the order
+// of Events.Columns.
+var EventTable = []Column{
+	{"cluster", "String"}, {"node", "String"}, {"check", "String"}, {"entity", "String"},
+	{"ts", "DateTime"}, {"ts_ms", "UInt16"}, {"id", "String"}, {"received", "DateTime"}, {"received_ms", "UInt16"},
+	{"ts_missing", "UInt8"}, {"version", "UInt32"}, {"agent", "String"}, {"component_class", "String"},
+	{"is_fatal", "UInt8"}, {"is_healthy", "UInt8"}, {"message", "String"}, {"recommended_action", "String"},
+	{"custom_recommended_action", "String"}, {"error_codes", "Array(String)"},
+	{"entities.type", "Array(String)"}, {"entities.value", "Array(String)"},
+	{"metadata.key", "Array(String)"}, {"metadata.value", "Array(String)"},
+	{"quarantine_set", "UInt8"}, {"quarantine_force", "UInt8"}, {"quarantine_skip", "UInt8"},
+	{"drain_set", "UInt8"}, {"drain_force", "UInt8"}, {"drain_skip", "UInt8"},
+	{"processing_strategy", "String"}, {"derived_by", "String"}, {"cause_ids", "Array(String)"},
+	{"submitter_name", "String"}, {"submitter_role", "String"}, {"submitter_node", "String"},
+}
+
+// ActionTable is the actions table's columns that Actions fills, in the
+// order of Actions.Columns.
+var ActionTable = []Column{
+	{"cluster", "String"}, {"node", "String"}, {"ts", "DateTime"}, {"ts_ms", "UInt16"}, {"id", "String"},
+	{"role", "String"}, {"kind", "String"}, {"outcome", "String"}, {"reason", "String"}, {"rule", "String"},
+	{"event_ids", "Array(String)"}, {"dry_run", "UInt8"}, {"details.key", "Array(String)"},
+	{"details.value", "Array(String)"}, {"check", "String"}, {"recommended_action", "String"},
+	{"received", "DateTime"},
+}
+
+// Names is the comma-separated column list of an insert.
+func Names(cols []Column) string {
+	names := make([]string, len(cols))
+	for i, c := range cols {
+		names[i] = c.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+// EventColumns is the column list of an events insert, in the order of
+// Events.Columns.
+var EventColumns = Names(EventTable)
+
+// ActionColumns is the column list of an actions insert, in the order of
+// Actions.Columns.
+var ActionColumns = Names(ActionTable)
+
+// Events holds decoded events column by column, ready for a columnar
+// insert.
+type Events struct {
+	cluster, node, check, entity             []string
+	ts, received                             []time.Time
+	tsMS, receivedMS                         []uint16
+	id                                       []string
+	tsMissing                                []uint8
+	version                                  []uint32
+	agent, componentClass, message           []string
+	isFatal, isHealthy                       []uint8
+	recAction, customAction                  []string
+	errorCodes                               [][]string
+	entType, entValue, metaKey, metaValue    [][]string
+	qSet, qForce, qSkip, dSet, dForce, dSkip []uint8
+	strategy, derivedBy                      []string
+	causeIDs                                 [][]string
+	subName, subRole, subNode                []string
+}
+
+// Len is the number of rows.
+func (b *Events) Len() int { return len(b.id) }
+
+// Columns returns the rows column by column, in EventTable order.
+func (b *Events) Columns() []any {
+	return []any{b.cluster, b.node, b.check, b.entity, b.ts, b.tsMS, b.id, b.received, b.receivedMS, b.tsMissing,
+		b.version, b.agent, b.componentClass, b.isFatal, b.isHealthy, b.message, b.recAction,
+		b.customAction, b.errorCodes, b.entType, b.entValue, b.metaKey,
+		b.metaValue, b.qSet, b.qForce, b.qSkip, b.dSet, b.dForce,
+		b.dSkip, b.strategy, b.derivedBy, b.causeIDs, b.subName, b.subRole,
+		b.subNode}
+}
+
+func b2u(v bool) uint8 {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// splitTime is t as DateTime seconds (UTC) and the milliseconds within the
+// second.
+func splitTime(t time.Time) (time.Time, uint16) {
+	t = t.UTC()
+	return t.Truncate(time.Second), uint16(t.Nanosecond() / int(time.Millisecond))
+}
+
+func stringsOrEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// ErrPoison marks a record that can never be a row.
+var ErrPoison = errors.New("poison record")
+
+// Add decodes an events-topic record and appends its row; the error wraps ErrPoison when the
+// record can never be stored.
+func (b *Events) Add(rec *kgo.Record) error {
+	var ev wireEvent
+	if err := decodeEvent(rec.Value, &ev); err != nil {
+		return fmt.Errorf("%w: decode HealthEvent: %w", ErrPoison, err)
+	}
+	// Key and payload must name the same node: the quarantine role acts
+	// on what the store records. An empty payload field takes the key's.
+	cluster, node, err := pipeline.CheckKey(rec.Key, ev.cluster, ev.node)
+	if err != nil {
+		return fmt.Errorf("%w: event %s: %w", ErrPoison, ev.id, err)
+	}
+	if ev.id == "" {
+		return fmt.Errorf("%w: event has no id", ErrPoison)
+	}
+	received := rec.Timestamp
+	if ev.received.set {
+		if !ev.received.valid() {
+			return fmt.Errorf("%w: event %s: receivedTimestamp is not a valid timestamp", ErrPoison, ev.id)
+		}
+		received = ev.received.time()
+	}
+	ts, missing := received, uint8(1)
+	if ev.generated.set {
+		if !ev.generated.valid() {
+			return fmt.Errorf("%w: event %s: generatedTimestamp is not a valid timestamp", ErrPoison, ev.id)
+		}
+		ts, missing = ev.generated.time(), 0
+	}
+	if !inDateTimeRange(ts) || !inDateTimeRange(received) {
+		return fmt.Errorf("%w: event %s: time %s or %s outside ClickHouse DateTime (1970 to 2106)", ErrPoison, ev.id,
+			ts.Format(time.RFC3339), received.Format(time.RFC3339))
+	}
+	tsSec, tsMS := splitTime(ts)
+	rSec, rMS := splitTime(received)
+	meta := normalizeMeta(ev.meta)
+	mk, mv := make([]string, len(meta)), make([]string, len(meta))
+	for i, e := range meta {
+		mk[i], mv[i] = e.k, e.v
+	}
+	entity := ""
+	for i := range ev.entType {
+		if i > 0 {
+			entity += ","
+		}
+		entity += ev.entType[i] + "=" + ev.entValue[i]
+	}
+
+	b.cluster = append(b.cluster, cluster)
+	b.node = append(b.node, node)
+	b.check = append(b.check, ev.check)
+	b.entity = append(b.entity, entity)
+	b.ts = append(b.ts, tsSec)
+	b.tsMS = append(b.tsMS, tsMS)
+	b.id = append(b.id, ev.id)
+	b.received = append(b.received, rSec)
+	b.receivedMS = append(b.receivedMS, rMS)
+	b.tsMissing = append(b.tsMissing, missing)
+	b.version = append(b.version, ev.version)
+	b.agent = append(b.agent, ev.agent)
+	b.componentClass = append(b.componentClass, ev.class)
+	b.isFatal = append(b.isFatal, b2u(ev.fatal))
+	b.isHealthy = append(b.isHealthy, b2u(ev.healthy))
+	b.message = append(b.message, ev.message)
+	b.recAction = append(b.recAction, enumName(recActionNames, ev.recAction))
+	b.customAction = append(b.customAction, ev.custom)
+	b.errorCodes = append(b.errorCodes, stringsOrEmpty(ev.codes))
+	b.entType = append(b.entType, stringsOrEmpty(ev.entType))
+	b.entValue = append(b.entValue, stringsOrEmpty(ev.entValue))
+	b.metaKey = append(b.metaKey, mk)
+	b.metaValue = append(b.metaValue, mv)
+	b.qSet = append(b.qSet, b2u(ev.quarantine.set))
+	b.qForce = append(b.qForce, b2u(ev.quarantine.force))
+	b.qSkip = append(b.qSkip, b2u(ev.quarantine.skip))
+	b.dSet = append(b.dSet, b2u(ev.drain.set))
+	b.dForce = append(b.dForce, b2u(ev.drain.force))
+	b.dSkip = append(b.dSkip, b2u(ev.drain.skip))
+	b.strategy = append(b.strategy, enumName(strategyNames, ev.strategy))
+	b.derivedBy = append(b.derivedBy, ev.derivedBy)
+	b.causeIDs = append(b.causeIDs, stringsOrEmpty(ev.causes))
+	role := ""
+	if ev.submitter.set {
+		role = enumName(roleNames, ev.submitter.role)
+	}
+	b.subName = append(b.subName, ev.submitter.name)
+	b.subRole = append(b.subRole, role)
+	b.subNode = append(b.subNode, ev.submitter.node)
+	return nil
+}
+
+// inDateTimeRange reports whether t fits a ClickHouse DateTime (UInt32
+// seconds since 1970).
+func inDateTimeRange(t time.Time) bool {
+	return t.Unix() >= 0 && t.Unix() <= math.MaxUint32
+}
+
+// Actions holds decoded actions column by column.
+type Actions struct {
+	cluster, node                         []string
+	ts, received                          []time.Time
+	tsMS                                  []uint16
+	id, role, kind, outcome, reason, rule []string
+	eventIDs                              [][]string
+	dryRun                                []uint8
+	detKey, detValue                      [][]string
+	check, recAction                      []string
+}
+
+// Len is the number of rows.
+func (b *Actions) Len() int { return len(b.id) }
+
+// Columns returns the rows column by column, in ActionTable order.
+func (b *Actions) Columns() []any {
+	return []any{b.cluster, b.node, b.ts, b.tsMS, b.id, b.role, b.kind, b.outcome, b.reason, b.rule, b.eventIDs,
+		b.dryRun, b.detKey, b.detValue, b.check, b.recAction, b.received}
+}
+
+// Add decodes an actions-topic record and appends its row; the error
+// wraps ErrPoison when the record can never be stored.
+func (b *Actions) Add(rec *kgo.Record) error {
+	a, err := events.UnmarshalAction(rec.Value)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrPoison, err)
+	}
+	cluster, node, err := pipeline.CheckKey(rec.Key, a.GetCluster(), a.GetNode())
+	if err != nil {
+		return fmt.Errorf("%w: action %s: %w", ErrPoison, a.GetId(), err)
+	}
+	if a.GetId() == "" {
+		return fmt.Errorf("%w: action has no id", ErrPoison)
+	}
+	ts := rec.Timestamp
+	if a.GetTimestamp() != nil {
+		ts = a.GetTimestamp().AsTime()
+	}
+	if !inDateTimeRange(ts) || !inDateTimeRange(rec.Timestamp) {
+		return fmt.Errorf("%w: action %s: time %s outside ClickHouse DateTime (1970 to 2106)", ErrPoison, a.GetId(), ts.Format(time.RFC3339))
+	}
+	tsSec, tsMS := splitTime(ts)
+	rSec, _ := splitTime(rec.Timestamp)
+	dk := make([]string, 0, len(a.GetDetails()))
+	for k := range a.GetDetails() {
+		dk = append(dk, k)
+	}
+	sort.Strings(dk)
+	dv := make([]string, len(dk))
+	for i, k := range dk {
+		dv[i] = a.GetDetails()[k]
+	}
+	b.cluster = append(b.cluster, cluster)
+	b.node = append(b.node, node)
+	b.ts = append(b.ts, tsSec)
+	b.tsMS = append(b.tsMS, tsMS)
+	b.id = append(b.id, a.GetId())
+	b.role = append(b.role, a.GetRole())
+	b.kind = append(b.kind, a.GetKind())
+	b.outcome = append(b.outcome, a.GetOutcome())
+	b.reason = append(b.reason, a.GetReason())
+	b.rule = append(b.rule, a.GetRule())
+	b.eventIDs = append(b.eventIDs, stringsOrEmpty(a.GetEventIds()))
+	b.dryRun = append(b.dryRun, b2u(a.GetDryRun()))
+	b.detKey = append(b.detKey, dk)
+	b.detValue = append(b.detValue, dv)
+	b.check = append(b.check, a.GetCheckName())
+	b.recAction = append(b.recAction, a.GetRecommendedAction())
+	b.received = append(b.received, rSec)
+	return nil
+}
+
+// Select returns the rows' values of the named columns (all of EventTable
+// when none is), row by row, for an external table (Selection.Table).
+func (b *Events) Select(columns ...string) (Selection, error) {
+	return selectColumns(EventTable, b.Columns(), b.Len(), columns)
+}
+
+// Select is Events.Select for actions rows (ActionTable).
+func (b *Actions) Select(columns ...string) (Selection, error) {
+	return selectColumns(ActionTable, b.Columns(), b.Len(), columns)
+}
+
+// Selection is some columns of some rows, under the table's names and
+// types.
+type Selection struct {
+	Columns []Column
+	Rows    [][]any
+}
+
+// selectColumns picks the named columns out of cols (the columns of all,
+// in its order) holding n rows.
+func selectColumns(all []Column, cols []any, n int, names []string) (Selection, error) {
+	idx := make([]int, 0, len(all))
+	if len(names) == 0 {
+		for i := range all {
+			idx = append(idx, i)
+		}
+	}
+	for _, want := range names {
+		i := slices.IndexFunc(all, func(c Column) bool { return c.Name == want })
+		if i < 0 {
+			return Selection{}, fmt.Errorf("no column %q", want)
+		}
+		idx = append(idx, i)
+	}
+	s := Selection{Columns: make([]Column, len(idx)), Rows: make([][]any, n)}
+	vals := make([]reflect.Value, len(idx))
+	for j, i := range idx {
+		s.Columns[j], vals[j] = all[i], reflect.ValueOf(cols[i])
+	}
+	for r := range n {
+		row := make([]any, len(idx))
+		for j := range idx {
+			row[j] = vals[j].Index(r).Interface()
+		}
+		s.Rows[r] = row
+	}
+	return s, nil
+}
+
+// Table returns the selection as a ClickHouse external table called name:
+// sent along with a query, read in it like a table.
+func (s Selection) Table(name string) (*ext.Table, error) {
+	opts := make([]func(*ext.Table) error, len(s.Columns))
+	for i, c := range s.Columns {
+		opts[i] = ext.Column(c.Name, column.Type(c.Type))
+	}
+	t, err := ext.NewTable(name, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("external table %s: %w", name, err)
+	}
+	for _, r := range s.Rows {
+		if err := t.Append(r...); err != nil {
+			return nil, fmt.Errorf("external table %s: %w", name, err)
+		}
+	}
+	return t, nil
+}

@@ -1,0 +1,151 @@
+package events
+
+// The vocabulary of the actions topic (faultline.v1.Action): the contract
+// between the processor roles. The quarantine role's decisions start a
+// drain; the drain's results start a remediation; the store, the history
+// API and the analytics queries read all of them. A role reads another
+// role's actions through these names only, never through the other role's
+// package.
+
+// Processor roles that write actions (Action.role).
+const (
+	RoleQuarantine = "quarantine"
+	RoleDrain      = "drain"
+	RoleRemediate  = "remediate"
+)
+
+// Action kinds (Action.kind).
+const (
+	// KindQuarantine: a fault was decided on (cordon, taint, condition).
+	KindQuarantine = "quarantine"
+	// KindUnquarantine: a recovery lifted what faultline set.
+	KindUnquarantine = "unquarantine"
+	// KindSkip: an event was deliberately not acted on (STORE_ONLY, no
+	// rule matched, opted out, an older recovery).
+	KindSkip = "skip"
+	// KindEvent: a non-fatal event recorded as a Kubernetes Event.
+	KindEvent = "event"
+	// KindManualUncordon: a person uncordoned a quarantined node; its
+	// standing faults no longer cordon it.
+	KindManualUncordon = "manual_uncordon"
+	// KindBreakerOpen and KindBreakerClose: the cluster's quarantine
+	// circuit breaker changed state.
+	KindBreakerOpen  = "breaker_open"
+	KindBreakerClose = "breaker_close"
+	// KindDrain: every action of the drain role.
+	KindDrain = "drain"
+	// KindRemediate: a remediation resource was created, joined or
+	// followed to its result.
+	KindRemediate = "remediate"
+	// KindEscalate: the node was escalated to CONTACT_SUPPORT.
+	KindEscalate = "escalate"
+)
+
+// Outcomes (Action.outcome).
+const (
+	// OutcomeApplied: the change was made in the cluster.
+	OutcomeApplied = "applied"
+	// OutcomeDryRun: decided, not applied (dry-run or unconfigured cluster).
+	OutcomeDryRun = "dry_run"
+	// OutcomeHeld: a quarantine held back by the circuit breaker.
+	OutcomeHeld = "held_by_breaker"
+	// OutcomeSkipped: deliberately not acted on.
+	OutcomeSkipped = "skipped"
+	// OutcomeFailed: the action could not be carried out.
+	OutcomeFailed = "failed"
+	// OutcomeInProgress: started or joined, not finished (a drain
+	// started, a fault recovered while others stand, a remediation in
+	// progress).
+	OutcomeInProgress = "in_progress"
+	// OutcomeDecided: recorded, nothing to apply (a manual uncordon).
+	OutcomeDecided = "decided"
+	// OutcomeBlocked: a drain's evictions are refused by
+	// PodDisruptionBudgets (Details[DetailBlockedBy]).
+	OutcomeBlocked = "blocked"
+	// OutcomeSucceeded: a drain or remediation finished.
+	OutcomeSucceeded = "succeeded"
+	// OutcomeGaveUp: a drain ended with pods its policy stopped waiting for.
+	OutcomeGaveUp = "gave_up"
+	// OutcomeCancelled: a drain stopped because the node is no longer
+	// quarantined.
+	OutcomeCancelled = "cancelled"
+	// OutcomeRefused: a rendered remediation object did not target the
+	// event's node; nothing was created.
+	OutcomeRefused = "refused"
+)
+
+// Detail keys (Action.details) that travel from one role to the next: the
+// quarantine role copies them from the event, the drain carries them on to
+// the remediate role.
+const (
+	// DetailEntities is the event's impacted entities, events.EntityKey
+	// form ("GPU=GPU-1,NIC=mlx5_0").
+	DetailEntities = "entities"
+	// DetailDrainOverrides is the event's drainOverrides: "force" or
+	// "skip". The drain honours it only when DetailSubmitterRole is
+	// "operator".
+	DetailDrainOverrides = "drainOverrides"
+	// DetailCustomAction is the event's customRecommendedAction (CUSTOM).
+	DetailCustomAction = "customRecommendedAction"
+	// DetailSubmitterRole is "agent", "operator" or "pipeline" (RoleName
+	// of the event's submitter).
+	DetailSubmitterRole = "submitterRole"
+	// DetailSubmitter is the name of the credential that sent the event.
+	DetailSubmitter = "submitter"
+	// DetailOverridesIgnored says which overrides were ignored and why
+	// ("quarantineOverrides.force ignored: sent by agent credential
+	// token:prod#3").
+	DetailOverridesIgnored = "overridesIgnored"
+	// DetailGPUPods and DetailGPUPodsAt are the event's MetaGPUPods and
+	// MetaGPUPodsAt: the pods a GPU reset's drain evicts.
+	DetailGPUPods   = MetaGPUPods
+	DetailGPUPodsAt = MetaGPUPodsAt
+	// DetailDrainID identifies a drain; the remediate role keys its
+	// resources' triggers by it.
+	DetailDrainID = "drainId"
+	// DetailScope is a drain's scope: "node" or "gpu:<uuid>[,<uuid>]".
+	DetailScope = "scope"
+	// DetailBlockedBy names the PDBs refusing a drain's evictions.
+	DetailBlockedBy = "blockedBy"
+	// DetailForce is "true" when an operator's force applied.
+	DetailForce = "force"
+	// DetailRemaining counts what is still standing: faults after an
+	// unquarantine, pods after a drain step.
+	DetailRemaining = "remaining"
+)
+
+// Detail keys a role writes for people and the analytics queries (read
+// by no other role).
+const (
+	// Quarantine decisions.
+	DetailCordon             = "cordon"
+	DetailAlreadyQuarantined = "alreadyQuarantined"
+	DetailPreexistingCordon  = "preexistingCordon"
+	DetailTaint              = "taint"
+	DetailRuleErrors         = "ruleErrors"
+	DetailRecovered          = "recovered"
+	DetailUncordoned         = "uncordoned"
+	// Circuit breaker transitions.
+	DetailBreakerCount       = "count"
+	DetailBreakerLimit       = "limit"
+	DetailBreakerTotal       = "total"
+	DetailBreakerSchedulable = "schedulable"
+	// Drain counts and plans.
+	DetailInScope    = "inScope"
+	DetailEvicted    = "evicted"
+	DetailDeleted    = "deleted"
+	DetailCompleted  = "completed"
+	DetailGaveUp     = "gaveUp"
+	DetailSkipped    = "skipped"
+	DetailWouldDrain = "wouldDrain"
+	// Remediations.
+	DetailResource        = "resource"
+	DetailTemplate        = "template"
+	DetailRequestedAction = "requestedAction"
+	DetailGroup           = "group"
+)
+
+// LabelQuarantined is the node label the quarantine role sets to "true"
+// while faultline holds the node quarantined; the drain role stops a
+// drain whose node lost it.
+const LabelQuarantined = "faultline.io/quarantined"
