@@ -41,8 +41,8 @@ func TestRelayConfig(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--checks="}, "config: checks: no check enabled, and nvsentinel_socket is off: the agent would have nothing to report"},
-		{[]string{"--nvsentinel-socket-group", "g"}, "config: nvsentinel_socket_group: set, but nvsentinel_socket is off"},
+		{[]string{"--checks="}, "invalid configuration: checks: no check enabled, and nvsentinel_socket is off: the agent would have nothing to report"},
+		{[]string{"--nvsentinel-socket-group", "g"}, "invalid configuration: nvsentinel_socket_group: set, but nvsentinel_socket is off"},
 	} {
 		if _, err := LoadConfig("t", tc.args, env); err == nil || err.Error() != tc.want {
 			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
