@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -28,7 +28,7 @@ import (
 func TestMinInsync(t *testing.T) {
 	tests := []struct {
 		set, rf, want int
-		err         string
+		err           string
 	}{
 		{0, 1, 1, ""}, {0, 2, 2, ""}, {0, 3, 2, ""}, {0, 5, 2, ""},
 		{1, 3, 1, ""}, {3, 3, 3, ""},
