@@ -21,10 +21,12 @@ import (
 
 	"github.com/faultline/faultline/internal/analytics"
 	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/store"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 	sqlfiles "github.com/faultline/faultline/sql"
 )
 
@@ -267,6 +269,32 @@ func TestCluster(t *testing.T) {
 		r2, err2 := analytics.Run(ctx, via2, qs["events_per_day"], params, time.Now())
 		if err1 != nil || err2 != nil || fmt.Sprint(r1.Rows) != fmt.Sprint(r2.Rows) || len(r1.Rows) != 20 {
 			t.Errorf("events_per_day through the two servers: %v %v\n%v\n%v", err1, err2, r1, r2)
+		}
+		// The gateway's history pages through them newest first, each once
+		// (a node's events are on one shard with their retried copies).
+		var want []string
+		for j := 580; j >= 0; j -= 20 {
+			want = append(want, fmt.Sprintf("ev-%06d", j))
+		}
+		for name, conn := range map[string]clickhouse.Conn{"first": via1, "second": via2} {
+			h := history.New(conn, log)
+			req := &faultlinev1.ListEventsRequest{Node: "node-00", Limit: 4}
+			var got []string
+			for range 20 {
+				resp, err := h.ListEvents(ctx, "alpha", req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, ev := range resp.GetEvents() {
+					got = append(got, ev.GetId())
+				}
+				if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
+					break
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("history through the %s server, 4 a page:\ngot  %v\nwant %v", name, got, want)
+			}
 		}
 		// Each node's events (and their retried copies) are on one shard,
 		// and each shard's view copied its own rows.

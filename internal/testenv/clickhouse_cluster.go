@@ -68,7 +68,7 @@ func StartClickHouseCluster(tb testing.TB, n int) *ClickHouseCluster {
     <interserver_http_port>%d</interserver_http_port>
     <zookeeper>
         <node><host>127.0.0.1</host><port>%s</port></node>
-        <session_timeout_ms>4000</session_timeout_ms>
+        <session_timeout_ms>10000</session_timeout_ms>
     </zookeeper>
     <distributed_ddl>
         <path>/clickhouse/task_queue/ddl</path>
