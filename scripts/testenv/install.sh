@@ -263,7 +263,16 @@ install_chdb() {
 		log "installing chdb-core $CHDB_VERSION from PyPI into $dir/venv"
 		rm -rf "$dir"
 		mkdir -p "$dir"
-		"$py" -m venv "$dir/venv.tmp" >&2 || die "python3 -m venv failed"
+		if ! "$py" -m venv "$dir/venv.tmp" >&2; then
+			# Debian's python3 needs python3-venv (ensurepip) for this.
+			log "python3 -m venv failed; installing python3-venv from apt"
+			rm -rf "$dir/venv.tmp"
+			export DEBIAN_FRONTEND=noninteractive
+			as_root apt-get install -y --no-install-recommends python3-venv >&2 ||
+				{ as_root apt-get update >&2 && as_root apt-get install -y --no-install-recommends python3-venv >&2; } ||
+				die "python3 -m venv failed and python3-venv could not be installed"
+			"$py" -m venv "$dir/venv.tmp" >&2 || die "python3 -m venv failed"
+		fi
 		"$dir/venv.tmp/bin/pip" install -q --disable-pip-version-check "chdb-core==$CHDB_VERSION" >&2 ||
 			die "pip install chdb-core==$CHDB_VERSION failed"
 		# A venv records its own path in its scripts; the interpreter and
