@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -91,8 +92,42 @@ func StartClickHouseCluster(tb testing.TB, n int) *ClickHouseCluster {
 			ClusterReplicated, replicated.String(), ClusterReplicated, i+1, i+1)
 		c.Nodes[i] = startClickHouse(tb, fmt.Sprintf("clickhouse-%d", i+1), p.tcp, p.http, map[string]string{"cluster.xml": cfg})
 	}
+	for _, node := range c.Nodes {
+		c.waitZooKeeper(tb, node)
+	}
 	tb.Logf("testenv: clickhouse cluster of %d servers ready in %s (clusters %q and %q)", n, time.Since(began).Round(time.Millisecond), ClusterSharded, ClusterReplicated)
 	return c
+}
+
+// waitZooKeeper waits until node has a ZooKeeper session (its DDL worker
+// needs one for ON CLUSTER). ClickHouse 18.16 can crash (SIGSEGV in the
+// DDL worker) when its first ZooKeeper connection fails, as it may when a
+// loaded machine starves the ZooKeeper JVM: a node that exits meanwhile is
+// started again (twice at most), its error log shown.
+func (c *ClickHouseCluster) waitZooKeeper(tb testing.TB, node *ClickHouse) {
+	tb.Helper()
+	restarts := 0
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		_, err := node.HTTPQuery("", "SELECT count() FROM system.zookeeper WHERE path = '/'")
+		if err == nil {
+			return
+		}
+		if !node.proc.running() {
+			errLog := &process{logPath: filepath.Join(node.proc.dir, "log", "clickhouse-server.err.log")}
+			tb.Logf("testenv: %s exited (%v) before its ZooKeeper session was up; last lines of its error log:\n%s",
+				node.proc.name, node.proc.exitErr(), errLog.logTail(30))
+			if restarts++; restarts > 2 {
+				tb.Fatalf("testenv: %s keeps exiting before it reaches ZooKeeper %s", node.proc.name, c.ZooKeeper.addr)
+			}
+			node.Start()
+			continue
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("testenv: %s has no ZooKeeper session after 90 s: %v", node.proc.name, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // Addrs returns the native-protocol addresses of the servers.
