@@ -9,7 +9,12 @@ BIN   := bin
 FUZZ_TARGETS := ./gateway:FuzzDecodeValidate ./gateway:FuzzCodecMatchesProto ./gateway:FuzzShapeJSON
 FUZZTIME ?= 20s
 
-.PHONY: all build run test test-unit test-fuzz testenv generate bench vet clean
+# Tests run again on a two-shard ClickHouse cluster (Distributed tables) by
+# test-clickhouse-cluster: the correlation rules, analytics and history.
+CLUSTER_TESTS := ^(TestRules|TestSXidXidIncident|TestQueries|TestListEvents|TestListActions)$$
+CLUSTER_PKGS  := ./processors/correlate ./internal/analytics ./internal/history
+
+.PHONY: all build run test test-unit test-fuzz test-clickhouse-cluster testenv generate bench vet clean
 
 all: build
 
@@ -22,14 +27,20 @@ run: build
 	scripts/dev-deps.sh
 	$(BIN)/faultline dev $(ARGS)
 
-## testenv: install (idempotently, cached) the real Kafka, ClickHouse and Kubernetes servers
+## testenv: install (idempotently, cached) the real Kafka, ClickHouse, ZooKeeper and Kubernetes servers and chdb-core
 testenv:
 	scripts/testenv/install.sh all
 
 ## test: every test, against real servers, plus bounded fuzzing — what .ci/run calls
 test: testenv vet
 	eval "$$(scripts/testenv/env.sh)" && FAULTLINE_REQUIRE_SERVERS=1 $(GO) test -timeout 30m -count=1 ./...
+	$(MAKE) test-clickhouse-cluster
 	$(MAKE) test-fuzz
+
+## test-clickhouse-cluster: the ClickHouse-reading tests again on a two-shard cluster (sql/README.md)
+test-clickhouse-cluster:
+	eval "$$(scripts/testenv/env.sh)" && FAULTLINE_REQUIRE_SERVERS=1 FAULTLINE_TEST_CLICKHOUSE_CLUSTER=sharded \
+	  $(GO) test -timeout 20m -count=1 -run '$(CLUSTER_TESTS)' $(CLUSTER_PKGS)
 
 ## test-unit: the fast tests only (servers not required; those tests skip)
 test-unit:

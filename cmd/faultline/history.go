@@ -12,7 +12,7 @@ import (
 	"github.com/faultline/faultline/internal/config"
 )
 
-// runMigrate is `faultline migrate [--status]`.
+// runMigrate is `faultline migrate [--status] [--cluster NAME]`.
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg := DefaultConfig()
 	var status bool
@@ -20,6 +20,8 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		cfg.registerLogFlags(fs)
 		cfg.Processors.ClickHouse.RegisterFlags(fs, "clickhouse.")
 		fs.BoolVar(&status, "status", false, "list applied and pending migrations; apply nothing")
+		fs.StringVar(&cfg.Processors.ClickHouse.Cluster, "cluster", cfg.Processors.ClickHouse.Cluster,
+			"apply the schema ON CLUSTER NAME: Replicated tables and Distributed tables over them (same as --clickhouse.cluster)")
 	}, func() error {
 		return cfg.Processors.ClickHouse.Validate("clickhouse.")
 	}, stderr, moved); err != nil {

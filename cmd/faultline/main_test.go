@@ -56,6 +56,10 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"unknown role", []string{"process", "--role", "store,cook"}, `role: unknown role "cook"`},
 		{"bad kafka", []string{"process", "--kafka.brokers", " , "}, "kafka.brokers: at least one broker"},
 		{"bad dev port", []string{"dev", "--dev.kafka-port", "70000"}, "dev.kafka_port: 70000 is not a port"},
+		{"bad cluster name", []string{"migrate", "--cluster", "two words"}, `clickhouse.cluster: "two words" is not a cluster name`},
+		{"zookeeper path shared by tables", []string{"migrate", "--cluster", "fleet", "--clickhouse.zookeeper-path", "/clickhouse/{shard}"}, "clickhouse.zookeeper_path: \"/clickhouse/{shard}\" must be an absolute path containing {table}"},
+		{"bad address in list", []string{"migrate", "--clickhouse.addr", "ch-0:9000,ch-1"}, `clickhouse.addr: "ch-1" is not host:port`},
+		{"bad min insync", []string{"process", "--kafka.replication-factor", "3", "--kafka.min-insync-replicas", "4"}, "kafka.min_insync_replicas: 4 is more than kafka.replication_factor 3"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -30,7 +30,10 @@ const PasswordEnv = "FAULTLINE_CLICKHOUSE_PASSWORD"
 
 // Config is how a binary reaches ClickHouse.
 type Config struct {
-	// Addr is the native-protocol address, host:port. Default 127.0.0.1:9000.
+	// Addr is the native-protocol address, host:port, or a comma-separated
+	// list of them: connections go to the first that answers, and move on
+	// when it stops (on a cluster, list a server of each shard's replicas,
+	// or a load balancer). Default 127.0.0.1:9000.
 	Addr string `toml:"addr"`
 	// Database holds faultline's tables; migrations create it. Default "faultline".
 	Database string `toml:"database"`
@@ -57,6 +60,20 @@ type Config struct {
 	MaxOpenConns int `toml:"max_open_conns"`
 	// Compression of the native protocol blocks: lz4 or none. Default lz4.
 	Compression string `toml:"compression"`
+	// Cluster is the name (remote_servers) of the ClickHouse cluster the
+	// schema lives on: migrations create Replicated tables ON CLUSTER and
+	// Distributed tables over them (internal/clickhouse/cluster.go), and
+	// inserts wait until each shard has its rows (insert_distributed_sync).
+	// "" is a single server. Default "".
+	Cluster string `toml:"cluster"`
+	// ZooKeeperPath is each replicated table's path in ZooKeeper when
+	// Cluster is set: faultline fills in {database} and {table}, the
+	// servers their macros (e.g. {shard}). Default
+	// "/clickhouse/tables/{shard}/{database}/{table}".
+	ZooKeeperPath string `toml:"zookeeper_path"`
+	// ReplicaName is each replica's name when Cluster is set, unique among
+	// a shard's replicas: usually a server macro. Default "{replica}".
+	ReplicaName string `toml:"replica_name"`
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -70,12 +87,15 @@ func DefaultConfig() Config {
 		QueryTimeout: 60 * time.Second,
 		MaxOpenConns: 8,
 		Compression:  "lz4",
+
+		ZooKeeperPath: DefaultZooKeeperPath,
+		ReplicaName:   DefaultReplicaName,
 	}
 }
 
 // RegisterFlags adds the config's flags with the given prefix ("clickhouse.").
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
-	fs.StringVar(&c.Addr, prefix+"addr", c.Addr, "ClickHouse native-protocol address (host:port)")
+	fs.StringVar(&c.Addr, prefix+"addr", c.Addr, "ClickHouse native-protocol address (host:port, or a comma-separated list tried in order)")
 	fs.StringVar(&c.Database, prefix+"database", c.Database, "ClickHouse database of faultline's tables")
 	fs.StringVar(&c.Username, prefix+"username", c.Username, "ClickHouse user")
 	fs.StringVar(&c.PasswordFile, prefix+"password-file", c.PasswordFile, "file holding the ClickHouse password")
@@ -84,14 +104,34 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.QueryTimeout, prefix+"query-timeout", c.QueryTimeout, "server-side limit of one ClickHouse query (0: none)")
 	fs.IntVar(&c.MaxOpenConns, prefix+"max-open-conns", c.MaxOpenConns, "ClickHouse connection pool size")
 	fs.StringVar(&c.Compression, prefix+"compression", c.Compression, "ClickHouse native block compression: lz4 or none")
+	fs.StringVar(&c.Cluster, prefix+"cluster", c.Cluster, "ClickHouse cluster (remote_servers name) of the schema: Replicated tables ON CLUSTER and Distributed tables over them; empty: one server")
+	fs.StringVar(&c.ZooKeeperPath, prefix+"zookeeper-path", c.ZooKeeperPath, "ZooKeeper path of each replicated table ({database} and {table} filled in by faultline, macros by the servers)")
+	fs.StringVar(&c.ReplicaName, prefix+"replica-name", c.ReplicaName, "replica name of each replicated table (a server macro)")
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
+// Addrs splits Addr.
+func (c Config) Addrs() []string {
+	var out []string
+	for _, a := range strings.Split(c.Addr, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // Validate names the first bad key.
 func (c Config) Validate(prefix string) error {
-	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
-		return fmt.Errorf("%saddr: %q is not host:port: %w", prefix, c.Addr, err)
+	addrs := c.Addrs()
+	if len(addrs) == 0 {
+		return fmt.Errorf("%saddr: at least one host:port is required", prefix)
+	}
+	for _, a := range addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("%saddr: %q is not host:port: %w", prefix, a, err)
+		}
 	}
 	if !identRE.MatchString(c.Database) {
 		return fmt.Errorf("%sdatabase: %q is not a plain identifier", prefix, c.Database)
@@ -110,6 +150,17 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.Compression != "lz4" && c.Compression != "none" {
 		return fmt.Errorf("%scompression: want lz4 or none, got %q", prefix, c.Compression)
+	}
+	if c.Cluster != "" {
+		if !clusterNameRE.MatchString(c.Cluster) {
+			return fmt.Errorf("%scluster: %q is not a cluster name (letters, digits, _ and -, starting with a letter or _)", prefix, c.Cluster)
+		}
+		if !strings.Contains(c.ZooKeeperPath, "{table}") || !strings.HasPrefix(c.ZooKeeperPath, "/") || strings.ContainsAny(c.ZooKeeperPath, "'\\") {
+			return fmt.Errorf("%szookeeper_path: %q must be an absolute path containing {table} (each table needs its own), without quotes", prefix, c.ZooKeeperPath)
+		}
+		if strings.TrimSpace(c.ReplicaName) == "" || strings.ContainsAny(c.ReplicaName, "'\\") {
+			return fmt.Errorf("%sreplica_name: %q must be a non-empty name without quotes, usually {replica}", prefix, c.ReplicaName)
+		}
 	}
 	_, err := c.password(prefix)
 	return err
@@ -132,6 +183,10 @@ func (c Config) password(prefix string) (config.Secret, error) {
 	return s, nil
 }
 
+// clusterNameRE is what a cluster name may be: it is spliced into ON
+// CLUSTER and Distributed(…) as an identifier.
+var clusterNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_-]*$`)
+
 // String describes the config without the password.
 func (c Config) String() string {
 	return fmt.Sprintf("clickhouse://%s@%s/%s", c.Username, c.Addr, c.Database)
@@ -146,12 +201,19 @@ func (c Config) options(database string, log *slog.Logger) (*ch.Options, error) 
 	if c.QueryTimeout > 0 {
 		settings["max_execution_time"] = int(c.QueryTimeout.Seconds())
 	}
+	if c.Cluster != "" {
+		// An insert into a Distributed table returns once every shard has
+		// its rows (on one replica), not once they are queued on the
+		// server the client talks to: the store commits Kafka offsets after
+		// it, and reads right after it see the rows.
+		settings["insert_distributed_sync"] = 1
+	}
 	var comp *ch.Compression
 	if c.Compression == "lz4" {
 		comp = &ch.Compression{Method: ch.CompressionLZ4}
 	}
 	return &ch.Options{
-		Addr:             []string{c.Addr},
+		Addr:             c.Addrs(),
 		Protocol:         ch.Native,
 		Auth:             ch.Auth{Database: database, Username: c.Username, Password: pw.Reveal()},
 		DialTimeout:      c.DialTimeout,
@@ -190,14 +252,19 @@ func open(ctx context.Context, c Config, database string, log *slog.Logger) (Con
 	return conn, nil
 }
 
-// EnsureDatabase creates the config's database when it is missing.
+// EnsureDatabase creates the config's database when it is missing (ON
+// CLUSTER when the config names a cluster).
 func EnsureDatabase(ctx context.Context, c Config, log *slog.Logger) error {
 	conn, err := open(ctx, c, "default", log)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+c.Database); err != nil {
+	ddl := "CREATE DATABASE IF NOT EXISTS " + c.Database
+	if c.Cluster != "" {
+		ddl += " ON CLUSTER " + c.Cluster
+	}
+	if err := conn.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("create database %s: %w", c.Database, err)
 	}
 	return nil

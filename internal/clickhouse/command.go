@@ -11,7 +11,8 @@ import (
 )
 
 // MigrateCommand is `faultline migrate`: it creates the database if needed
-// and applies the pending migrations, printing one line per file applied.
+// and applies the pending migrations (ON CLUSTER when c.Cluster is set),
+// printing one line per file applied.
 // With statusOnly it applies nothing and prints each migration as applied
 // (with when) or pending.
 func MigrateCommand(ctx context.Context, c Config, statusOnly bool, stdout io.Writer, log *slog.Logger) error {
@@ -28,7 +29,7 @@ func MigrateCommand(ctx context.Context, c Config, statusOnly bool, stdout io.Wr
 	}
 	defer conn.Close()
 	if statusOnly {
-		applied, err := AppliedMigrations(ctx, conn)
+		applied, err := appliedMigrations(ctx, conn, c.Schema())
 		if err != nil {
 			return err
 		}
@@ -45,13 +46,17 @@ func MigrateCommand(ctx context.Context, c Config, statusOnly bool, stdout io.Wr
 		}
 		return nil
 	}
-	done, err := Migrate(ctx, conn, migs, log)
+	done, err := MigrateSchema(ctx, conn, c.Schema(), migs, log)
 	for _, m := range done {
 		fmt.Fprintf(stdout, "applied %s\n", m.File)
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: schema up to date (%d migrations, %d applied now)\n", c, len(migs), len(done))
+	where := "single-server schema"
+	if c.Cluster != "" {
+		where = "cluster " + c.Cluster + " schema"
+	}
+	fmt.Fprintf(stdout, "%s: %s up to date (%d migrations, %d applied now)\n", c, where, len(migs), len(done))
 	return nil
 }

@@ -33,6 +33,21 @@ type Migration struct {
 	Statements []string
 	// Checksum is the hex SHA-256 of the file.
 	Checksum string
+
+	// sources and sourceIndex are, for a migration made by
+	// Schema.ForCluster, the file's statement (and its 1-based number) each
+	// statement was translated from; nil for the file as written.
+	sources     []string
+	sourceIndex []int
+}
+
+// source returns the file's statement the i-th (0-based) statement comes
+// from, and its 1-based number in the file.
+func (m Migration) source(i int) (string, int) {
+	if m.sources == nil {
+		return m.Statements[i], i + 1
+	}
+	return m.sources[i], m.sourceIndex[i]
 }
 
 // MigrationError is a migration that failed: the file, which statement, and
@@ -164,12 +179,23 @@ type Applied struct {
 	At       time.Time
 }
 
-// AppliedMigrations reads the migrations table (creating it if missing).
+// AppliedMigrations reads the migrations table of a single-server schema
+// (creating it if missing).
 func AppliedMigrations(ctx context.Context, conn Conn) (map[uint32]Applied, error) {
-	if err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+MigrationsTable+` (
-		version UInt32, file String, checksum String, applied DateTime
-	) ENGINE = ReplacingMergeTree() ORDER BY version`); err != nil {
+	return appliedMigrations(ctx, conn, Schema{})
+}
+
+// appliedMigrations creates the schema's migrations table if missing,
+// checks that the database was migrated for this kind of schema, and reads
+// the table.
+func appliedMigrations(ctx context.Context, conn Conn, s Schema) (map[uint32]Applied, error) {
+	if err := conn.Exec(ctx, s.migrationsTableDDL()); err != nil {
 		return nil, fmt.Errorf("create %s: %w", MigrationsTable, err)
+	}
+	if s.Database != "" {
+		if err := s.checkMode(ctx, conn); err != nil {
+			return nil, err
+		}
 	}
 	rows, err := conn.Query(ctx, `SELECT version, file, checksum, applied FROM `+MigrationsTable+` ORDER BY version, applied LIMIT 1 BY version`)
 	if err != nil {
@@ -194,7 +220,19 @@ func AppliedMigrations(ctx context.Context, conn Conn) (map[uint32]Applied, erro
 // be idempotent (IF NOT EXISTS): ClickHouse has no DDL transactions, so a
 // file that failed half-way is re-run from its first statement.
 func Migrate(ctx context.Context, conn Conn, migs []Migration, log *slog.Logger) ([]Migration, error) {
-	applied, err := AppliedMigrations(ctx, conn)
+	return MigrateSchema(ctx, conn, Schema{}, migs, log)
+}
+
+// MigrateSchema is Migrate for schema s: on a cluster the migrations are
+// translated by s.ForCluster and applied ON CLUSTER, and recorded in a
+// migrations table every server shares. A database migrated for the other
+// kind of schema is refused, naming clickhouse.cluster.
+func MigrateSchema(ctx context.Context, conn Conn, s Schema, migs []Migration, log *slog.Logger) ([]Migration, error) {
+	migs, err := s.ForCluster(migs)
+	if err != nil {
+		return nil, err
+	}
+	applied, err := appliedMigrations(ctx, conn, s)
 	if err != nil {
 		return nil, err
 	}
@@ -208,12 +246,16 @@ func Migrate(ctx context.Context, conn Conn, migs []Migration, log *slog.Logger)
 		}
 		began := time.Now()
 		for i, stmt := range m.Statements {
+			src, n := m.source(i)
 			if err := conn.Exec(ctx, stmt); err != nil {
-				if columnsAlreadyAdded(stmt, err) {
-					log.Info("migration statement already applied: its columns exist", "file", m.File, "statement", i+1)
+				if columnsAlreadyAdded(src, err) {
+					log.Info("migration statement already applied: its columns exist", "file", m.File, "statement", n)
 					continue
 				}
-				return done, &MigrationError{File: m.File, Statement: i + 1, Err: err}
+				if m.sources != nil {
+					err = fmt.Errorf("%w (cluster statement: %s)", err, firstLine(stmt))
+				}
+				return done, &MigrationError{File: m.File, Statement: n, Err: err}
 			}
 		}
 		if err := record(ctx, conn, m); err != nil {
@@ -223,6 +265,14 @@ func Migrate(ctx context.Context, conn Conn, migs []Migration, log *slog.Logger)
 		done = append(done, m)
 	}
 	return done, nil
+}
+
+// firstLine is the first line of s, for error messages.
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i] + " …"
+	}
+	return s
 }
 
 // addColumnsOnly matches an ALTER TABLE whose every clause is ADD COLUMN.
@@ -256,7 +306,8 @@ func record(ctx context.Context, conn Conn, m Migration) error {
 }
 
 // Setup is what a binary that needs ClickHouse does at start: create the
-// database, open it, and apply faultline's migrations (sql/migrations).
+// database, open it, and apply faultline's migrations (sql/migrations),
+// ON CLUSTER when clickhouse.cluster is set.
 // A failed migration stops start-up with a *MigrationError.
 func Setup(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
 	return SetupFS(ctx, c, sql.Migrations, "migrations", log)
@@ -302,7 +353,7 @@ func SetupFS(ctx context.Context, c Config, fsys fs.FS, dir string, log *slog.Lo
 	if v, err := conn.ServerVersion(); err == nil {
 		log.Info("clickhouse connected", "addr", c.Addr, "database", c.Database, "server_version", v.String())
 	}
-	if _, err := Migrate(ctx, conn, migs, log); err != nil {
+	if _, err := MigrateSchema(ctx, conn, c.Schema(), migs, log); err != nil {
 		conn.Close()
 		return nil, err
 	}

@@ -25,10 +25,23 @@ var RecentTables = []string{"recent_events"}
 // of table whose every row was received more than age before now: a
 // partition goes once the start of the next month (day) is at or before
 // now-age, so up to a month (day) more than age is kept. It returns the
-// partitions dropped.
+// partitions dropped. When table is Distributed (a cluster schema), the
+// partitions of its local table on every server are listed and dropped ON
+// CLUSTER (a replicated table drops a partition on every replica).
 func DropOlderThan(ctx context.Context, conn Conn, database, table string, age time.Duration, now time.Time, log *slog.Logger) ([]string, error) {
 	cutoff := now.UTC().Add(-age)
-	rows, err := conn.Query(ctx, `SELECT DISTINCT partition FROM system.parts
+	partsTable := "system.parts"
+	onCluster := ""
+	if cluster, local, ok, err := distributedTarget(ctx, conn, database, table); err != nil {
+		return nil, err
+	} else if ok {
+		// The cluster name was written by ForCluster or validated; it is
+		// an identifier, not a value.
+		partsTable = fmt.Sprintf("cluster('%s', system, parts)", cluster)
+		onCluster = " ON CLUSTER " + cluster
+		table = local
+	}
+	rows, err := conn.Query(ctx, `SELECT DISTINCT partition FROM `+partsTable+`
 		WHERE database = ? AND table = ? AND active ORDER BY partition`, database, table)
 	if err != nil {
 		return nil, fmt.Errorf("list partitions of %s.%s: %w", database, table, err)
@@ -63,7 +76,7 @@ func DropOlderThan(ctx context.Context, conn Conn, database, table string, age t
 			continue
 		}
 		// The partition id is a number we just parsed: nothing to escape.
-		if err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION %d", database, table, ym)); err != nil {
+		if err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s%s DROP PARTITION %d", database, table, onCluster, ym)); err != nil {
 			return dropped, fmt.Errorf("drop partition %d of %s.%s: %w", ym, database, table, err)
 		}
 		log.Info("retention: partition dropped", "table", table, "partition", ym, "max_age", age)

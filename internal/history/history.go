@@ -152,6 +152,17 @@ func pageLimit(n int32) (int, error) {
 	return int(n), nil
 }
 
+// newestFirst returns the first n distinct ids of sel's rows, newest
+// first. The deduplication (LIMIT 1 BY id) is a subquery of its own: on a
+// ClickHouse cluster (Distributed tables) 18.16 sends ORDER BY … LIMIT 1 BY
+// id LIMIT n to each shard as ORDER BY … LIMIT n before LIMIT BY, so a
+// shard's duplicates use up the limit and rows go missing. Each shard holds
+// every copy of its ids, so it can deduplicate on its own; the order and
+// limit apply to the merged rows.
+func newestFirst(sel string, n int) string {
+	return "SELECT * FROM (" + sel + " LIMIT 1 BY id) ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT " + strconv.Itoa(n)
+}
+
 // where accumulates conditions with positional arguments.
 type where struct {
 	conds []string
@@ -219,7 +230,7 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 		w.add("is_fatal = 1")
 	}
 	w.timeBounds(req.GetSince(), req.GetUntil(), cur)
-	q := eventSelect + " WHERE " + w.sql() + " ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT 1 BY id LIMIT " + strconv.Itoa(limit+1)
+	q := newestFirst(eventSelect+" WHERE "+w.sql(), limit+1)
 	rows, err := h.conn.Query(queryContext(ctx), q, w.args...)
 	if err != nil {
 		return nil, h.unavailable(ctx, "list events", err)
@@ -344,7 +355,7 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 		w.add("node = ?", req.GetNode())
 	}
 	w.timeBounds(req.GetSince(), nil, cur)
-	q := actionSelect + " WHERE " + w.sql() + " ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT 1 BY id LIMIT " + strconv.Itoa(limit+1)
+	q := newestFirst(actionSelect+" WHERE "+w.sql(), limit+1)
 	rows, err := h.conn.Query(queryContext(ctx), q, w.args...)
 	if err != nil {
 		return nil, h.unavailable(ctx, "list actions", err)

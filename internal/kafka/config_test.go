@@ -3,7 +3,9 @@ package kafka
 import (
 	"bytes"
 	"crypto/tls"
+	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -18,6 +20,51 @@ import (
 
 	"github.com/faultline/faultline/internal/testenv"
 )
+
+// TestMinInsync: min.insync.replicas of created topics by replication
+// factor — the fleet's 2 by default, capped at the replicas a topic has; an
+// explicit value is used as given, and one above the replicas is refused
+// naming the key (retrying could not help).
+func TestMinInsync(t *testing.T) {
+	tests := []struct {
+		set, rf, want int
+		err           string
+	}{
+		{0, 1, 1, ""}, {0, 2, 2, ""}, {0, 3, 2, ""}, {0, 5, 2, ""},
+		{1, 3, 1, ""}, {3, 3, 3, ""},
+		{3, 1, 0, "kafka.min_insync_replicas: 3 is more than the 1 replicas the topics get"},
+	}
+	for _, tt := range tests {
+		c := DefaultConfig()
+		c.MinInsyncReplicas = tt.set
+		got, err := c.minInsync(tt.rf)
+		if tt.err != "" {
+			if _, ok := errors.AsType[configError](err); !ok || !strings.Contains(fmt.Sprint(err), tt.err) {
+				t.Errorf("set %d, rf %d: err %v, want a config error with %q", tt.set, tt.rf, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("set %d, rf %d: %d %v, want %d", tt.set, tt.rf, got, err, tt.want)
+		}
+	}
+	// Validate refuses what it can see at start.
+	for _, v := range []struct {
+		rf, set int
+		want    string
+	}{
+		{3, 4, "kafka.min_insync_replicas: 4 is more than kafka.replication_factor 3"},
+		{-1, -1, "kafka.min_insync_replicas: must be 0 (the default, 2) or at least 1, got -1"},
+		{2, 2, ""}, {-1, 5, ""}, // the broker's default is only known when topics are created
+	} {
+		c := DefaultConfig()
+		c.ReplicationFactor, c.MinInsyncReplicas = v.rf, v.set
+		err := c.Validate("kafka.")
+		if (v.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), v.want)) {
+			t.Errorf("replication %d, min insync %d: %v, want %q", v.rf, v.set, err, v.want)
+		}
+	}
+}
 
 // TestValidateNamesTheKey: every bad combination of the TLS and SASL keys
 // is refused at start with an error naming the key.

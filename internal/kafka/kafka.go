@@ -30,6 +30,13 @@ type Config struct {
 	Partitions int `toml:"partitions"`
 	// ReplicationFactor of created topics; -1 uses the broker default. Default -1.
 	ReplicationFactor int `toml:"replication_factor"`
+	// MinInsyncReplicas is min.insync.replicas of created topics: how many
+	// replicas must have a record before an acks=all write (every faultline
+	// producer's) succeeds, so an acknowledged event survives the loss of
+	// the others. 0 is the fleet default: 2 (with replication factor 3, one
+	// broker may fail and writes go on, two and they stop), capped at the
+	// topic's replication factor. Default 0.
+	MinInsyncReplicas int `toml:"min_insync_replicas"`
 	// TLS to the brokers. Default off.
 	TLS TLSConfig `toml:"tls"`
 	// SASL authentication to the brokers. Default none.
@@ -46,6 +53,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Brokers, prefix+"brokers", c.Brokers, "comma-separated Kafka seed brokers")
 	fs.IntVar(&c.Partitions, prefix+"partitions", c.Partitions, "partitions of topics created at start")
 	fs.IntVar(&c.ReplicationFactor, prefix+"replication-factor", c.ReplicationFactor, "replication factor of topics created at start (-1: broker default)")
+	fs.IntVar(&c.MinInsyncReplicas, prefix+"min-insync-replicas", c.MinInsyncReplicas, "min.insync.replicas of topics created at start (0: 2, capped at the replication factor)")
 	c.RegisterSecurityFlags(fs, prefix)
 }
 
@@ -66,6 +74,12 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.ReplicationFactor == 0 || c.ReplicationFactor < -1 {
 		return fmt.Errorf("%sreplication_factor: must be -1 or at least 1, got %d", prefix, c.ReplicationFactor)
+	}
+	if c.MinInsyncReplicas < 0 {
+		return fmt.Errorf("%smin_insync_replicas: must be 0 (the default, 2) or at least 1, got %d", prefix, c.MinInsyncReplicas)
+	}
+	if c.ReplicationFactor > 0 && c.MinInsyncReplicas > c.ReplicationFactor {
+		return fmt.Errorf("%smin_insync_replicas: %d is more than %sreplication_factor %d: no write could succeed", prefix, c.MinInsyncReplicas, prefix, c.ReplicationFactor)
 	}
 	if err := c.TLS.validate(prefix + "tls."); err != nil {
 		return err
@@ -113,13 +127,72 @@ const keyPrefix = "kafka."
 // PipelineTopics are the topics every faultline pipeline needs.
 var PipelineTopics = []string{events.TopicEvents, events.TopicActions, events.TopicDeadLetter}
 
-// EnsureTopics creates the missing topics, leaving existing ones as they are.
-// It retries until ctx ends while the brokers are not reachable yet.
+// DefaultMinInsyncReplicas is the fleet's min.insync.replicas, used when
+// Config.MinInsyncReplicas is 0 (capped at a topic's replication factor).
+const DefaultMinInsyncReplicas = 2
+
+// minInsync is the min.insync.replicas of a topic with rf replicas.
+func (c Config) minInsync(rf int) (int, error) {
+	if c.MinInsyncReplicas == 0 {
+		return min(DefaultMinInsyncReplicas, rf), nil
+	}
+	if c.MinInsyncReplicas > rf {
+		return 0, configError{fmt.Errorf("%smin_insync_replicas: %d is more than the %d replicas the topics get (%sreplication_factor %d): no write could succeed",
+			keyPrefix, c.MinInsyncReplicas, rf, keyPrefix, c.ReplicationFactor)}
+	}
+	return c.MinInsyncReplicas, nil
+}
+
+// configError is a configuration that cannot work: retrying cannot help.
+type configError struct{ error }
+
+func (e configError) Unwrap() error { return e.error }
+
+// topicConfigs returns the configs of created topics: min.insync.replicas
+// for the replication factor they get. With replication_factor -1 the
+// broker's default is learnt from a validate-only request first, so the
+// topics are created with it in one request.
+func (c Config) topicConfigs(ctx context.Context, adm *kadm.Client, topics []string) (map[string]*string, error) {
+	rf := c.ReplicationFactor
+	if rf <= 0 {
+		resp, err := adm.ValidateCreateTopics(ctx, int32(c.Partitions), int16(c.ReplicationFactor), nil, topics...)
+		if err != nil {
+			return nil, err
+		}
+		for _, t := range resp.Sorted() {
+			if t.Err == nil && t.ReplicationFactor > 0 {
+				rf = int(t.ReplicationFactor)
+				break
+			}
+		}
+		if rf <= 0 { // all exist, or an old broker that does not say
+			return nil, nil
+		}
+	}
+	mi, err := c.minInsync(rf)
+	if err != nil {
+		return nil, err
+	}
+	v := fmt.Sprint(mi)
+	return map[string]*string{"min.insync.replicas": &v}, nil
+}
+
+// EnsureTopics creates the missing topics with Partitions,
+// ReplicationFactor and min.insync.replicas (MinInsyncReplicas), leaving
+// existing ones as they are. It retries until ctx ends while the brokers
+// are not reachable yet.
 func EnsureTopics(ctx context.Context, cl *kgo.Client, c Config, topics ...string) error {
 	adm := kadm.NewClient(cl)
 	eofs := 0 // consecutive attempts the broker closed at once
 	for {
-		resp, err := adm.CreateTopics(ctx, int32(c.Partitions), int16(c.ReplicationFactor), nil, topics...)
+		configs, err := c.topicConfigs(ctx, adm, topics)
+		var resp kadm.CreateTopicResponses
+		if err == nil {
+			resp, err = adm.CreateTopics(ctx, int32(c.Partitions), int16(c.ReplicationFactor), configs, topics...)
+		}
+		if _, bad := errors.AsType[configError](err); bad {
+			return err
+		}
 		if err == nil {
 			var denied []string
 			for _, t := range resp.Sorted() {

@@ -46,21 +46,31 @@ const clickhouseUsersOverride = `<?xml version="1.0"?>
 func StartClickHouse(tb testing.TB) *ClickHouse {
 	tb.Helper()
 	Server(tb, "a ClickHouse server", nil) // -short
+	ps := freePorts(tb, 2)
+	return startClickHouse(tb, "clickhouse", ps[0], ps[1], nil)
+}
+
+// startClickHouse starts a server on the given native and HTTP ports with
+// extra config.d files (name -> XML; the server merges them into the
+// config internal/chserver writes).
+func startClickHouse(tb testing.TB, name string, tcp, http int, configD map[string]string) *ClickHouse {
+	tb.Helper()
 	bin, modeArgs, err := chserver.FindBinary()
 	if err != nil {
 		missing(tb, "clickhouse", "no clickhouse-server binary; set FAULTLINE_CLICKHOUSE_BIN")
 	}
 	dir := tb.TempDir()
-	ps := freePorts(tb, 2)
-	tcp, http := ps[0], ps[1]
 	// The config is the one `faultline dev` runs with (internal/chserver).
 	cfgPath, err := chserver.WriteConfig(dir, tcp, http)
 	if err != nil {
 		tb.Fatalf("testenv: %v", err)
 	}
 	// Test-only overrides, merged by the server from the .d directories.
-	mkdirs(tb, filepath.Join(dir, "users.d"))
+	mkdirs(tb, filepath.Join(dir, "users.d"), filepath.Join(dir, "config.d"))
 	writeFile(tb, filepath.Join(dir, "users.d", "testenv.xml"), []byte(clickhouseUsersOverride), 0o644)
+	for file, xml := range configD {
+		writeFile(tb, filepath.Join(dir, "config.d", file), []byte(xml), 0o644)
+	}
 
 	g := newGroup(tb)
 	c := &ClickHouse{
@@ -68,7 +78,7 @@ func StartClickHouse(tb testing.TB) *ClickHouse {
 		addr:     fmt.Sprintf("127.0.0.1:%d", tcp),
 		httpAddr: fmt.Sprintf("127.0.0.1:%d", http),
 		proc: g.add(&process{
-			name:    "clickhouse",
+			name:    name,
 			path:    bin,
 			args:    append(modeArgs, "--config-file="+cfgPath),
 			dir:     dir,
@@ -98,7 +108,7 @@ func (c *ClickHouse) Start() {
 	if err := waitReady(c.proc, 60*time.Second, c.ping); err != nil {
 		c.tb.Fatalf("testenv: %v\n%s", err, c.proc.logTail(60))
 	}
-	c.tb.Logf("testenv: clickhouse ready on %s in %s (dir %s)", c.addr, time.Since(began).Round(time.Millisecond), c.proc.dir)
+	c.tb.Logf("testenv: %s ready on %s in %s (dir %s)", c.proc.name, c.addr, time.Since(began).Round(time.Millisecond), c.proc.dir)
 }
 
 func (c *ClickHouse) ping(ctx context.Context) error {
@@ -125,7 +135,7 @@ func (c *ClickHouse) Stop() {
 	c.tb.Helper()
 	began := time.Now()
 	c.proc.stop(syscall.SIGTERM, 60*time.Second)
-	c.tb.Logf("testenv: clickhouse stopped in %s", time.Since(began).Round(time.Millisecond))
+	c.tb.Logf("testenv: %s stopped in %s", c.proc.name, time.Since(began).Round(time.Millisecond))
 }
 
 // Kill kills the server with SIGKILL, as a crash would.

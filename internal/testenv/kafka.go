@@ -35,6 +35,7 @@ type Kafka struct {
 	dataDir string
 	proc    *process
 	sec     *KafkaSecurity // nil unless started with KafkaSecure
+	nodeID  int            // its node.id
 
 	closeOnce sync.Once
 }
@@ -47,6 +48,9 @@ type kafkaConfig struct {
 	jvmFlags   []string
 	props      map[string]string
 	secure     bool
+	// controllers is how many brokers of a StartKafkaCluster are also
+	// KRaft controllers (the last ones); 0 means all.
+	controllers int
 }
 
 // KafkaOption configures StartKafka.
@@ -73,6 +77,15 @@ func KafkaHeap(size string) KafkaOption {
 // C2 compiler for throughput tests. Default none (C1 only, serial GC).
 func KafkaJVMFlags(flags ...string) KafkaOption {
 	return func(c *kafkaConfig) { c.jvmFlags = append(c.jvmFlags, flags...) }
+}
+
+// KafkaControllers makes only the last n brokers of a StartKafkaCluster
+// KRaft controllers (voters; the others run process.roles=broker). With
+// n = 1 the cluster's metadata outlives the loss of every other broker:
+// the controller fences them and shrinks the ISRs, so min.insync.replicas
+// (not a lost quorum) is what refuses writes. Default: every broker.
+func KafkaControllers(n int) KafkaOption {
+	return func(c *kafkaConfig) { c.controllers = n }
 }
 
 // KafkaBrokerConfig sets one server.properties key, overriding the defaults
@@ -138,6 +151,34 @@ logger.utils.level = WARN
 func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 	tb.Helper()
 	Server(tb, "a Kafka broker", nil) // -short
+	cfg := kafkaConfig{autoCreate: true, partitions: 6, heap: "512m", props: map[string]string{}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	nports := 2
+	if cfg.secure {
+		nports = 4 // + SASL_SSL and SSL listeners
+	}
+	ps := freePorts(tb, nports)
+	node := kafkaNode{id: 1, port: ps[0], ctrlPort: ps[1], voters: fmt.Sprintf("1@127.0.0.1:%d", ps[1]), name: "kafka"}
+	k := newKafka(tb, cfg, node, ps[2:], "")
+	k.Start()
+	return k
+}
+
+// kafkaNode is one broker's place in a KRaft quorum.
+type kafkaNode struct {
+	id             int
+	port, ctrlPort int
+	voters         string // controller.quorum.voters
+	name           string // of its process, in logs
+	brokerOnly     bool   // process.roles=broker (no controller listener)
+}
+
+// newKafka writes the config and log dir of one broker (not started).
+// clusterID is used when there is no KRaft template to copy; "" picks one.
+func newKafka(tb testing.TB, cfg kafkaConfig, node kafkaNode, securePorts []int, clusterID string) *Kafka {
+	tb.Helper()
 	libs, ok := kafkaLibs()
 	if !ok {
 		missing(tb, "kafka", "no Kafka jars in "+libs)
@@ -146,27 +187,16 @@ func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 	if !ok {
 		missing(tb, "kafka", "no java binary (set FAULTLINE_JAVA or install Java 17)")
 	}
-	cfg := kafkaConfig{autoCreate: true, partitions: 6, heap: "512m", props: map[string]string{}}
-	for _, o := range opts {
-		o(&cfg)
-	}
-
 	dir := tb.TempDir()
 	dataDir := filepath.Join(dir, "data")
 	mkdirs(tb, dataDir)
-	nports := 2
-	if cfg.secure {
-		nports = 4 // + SASL_SSL and SSL listeners
-	}
-	ps := freePorts(tb, nports)
-	port, ctrlPort := ps[0], ps[1]
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	addr := fmt.Sprintf("127.0.0.1:%d", node.port)
 
 	props := map[string]string{
 		"process.roles":                                    "broker,controller",
-		"node.id":                                          "1",
-		"controller.quorum.voters":                         fmt.Sprintf("1@127.0.0.1:%d", ctrlPort),
-		"listeners":                                        fmt.Sprintf("PLAINTEXT://%s,CONTROLLER://127.0.0.1:%d", addr, ctrlPort),
+		"node.id":                                          fmt.Sprint(node.id),
+		"controller.quorum.voters":                         node.voters,
+		"listeners":                                        fmt.Sprintf("PLAINTEXT://%s,CONTROLLER://127.0.0.1:%d", addr, node.ctrlPort),
 		"advertised.listeners":                             "PLAINTEXT://" + addr,
 		"controller.listener.names":                        "CONTROLLER",
 		"inter.broker.listener.name":                       "PLAINTEXT",
@@ -188,9 +218,13 @@ func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 		"num.io.threads":                                   "4",
 		"log.segment.bytes":                                "16777216",
 	}
+	if node.brokerOnly {
+		props["process.roles"] = "broker"
+		props["listeners"] = "PLAINTEXT://" + addr
+	}
 	var sec *KafkaSecurity
 	if cfg.secure {
-		sec = secureListeners(tb, dir, props, ps[2], ps[3])
+		sec = secureListeners(tb, dir, props, securePorts[0], securePorts[1])
 	}
 	for k, v := range cfg.props {
 		props[k] = v
@@ -220,13 +254,16 @@ func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 	}, cfg.jvmFlags...)
 	jvm = append(jvm, "-cp", filepath.Join(libs, "*"))
 	g := newGroup(tb)
-	if !copyKRaftTemplate(tb, filepath.Join(filepath.Dir(libs), "kraft-template"), dataDir, props) {
+	if !copyKRaftTemplate(tb, filepath.Join(filepath.Dir(libs), "kraft-template"), dataDir, node.id) {
 		// No template from install.sh: format the log dir (once; a restart
 		// keeps it).
+		if clusterID == "" {
+			clusterID = newClusterID(tb)
+		}
 		format := g.add(&process{
-			name:    "kafka-storage-format",
+			name:    node.name + "-storage-format",
 			path:    java,
-			args:    slices.Concat(jvm, []string{"kafka.tools.StorageTool", "format", "-t", newClusterID(tb), "-c", propsPath}),
+			args:    slices.Concat(jvm, []string{"kafka.tools.StorageTool", "format", "-t", clusterID, "-c", propsPath}),
 			dir:     dir,
 			logPath: filepath.Join(dir, "kafka-format.log"),
 		})
@@ -245,8 +282,9 @@ func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 		version: filepath.Base(filepath.Dir(libs)),
 		dataDir: dataDir,
 		sec:     sec,
+		nodeID:  node.id,
 		proc: g.add(&process{
-			name:    "kafka",
+			name:    node.name,
 			path:    java,
 			args:    slices.Concat(jvm, []string{"kafka.Kafka", propsPath}),
 			dir:     dir,
@@ -254,18 +292,16 @@ func StartKafka(tb testing.TB, opts ...KafkaOption) *Kafka {
 		}),
 	}
 	tb.Cleanup(k.Close)
-	k.Start()
 	return k
 }
 
 // copyKRaftTemplate copies the log dir that install.sh formatted once
-// (meta.properties and bootstrap.checkpoint for node.id=1) into dataDir,
-// reporting false when there is none or the broker config does not fit it.
-func copyKRaftTemplate(tb testing.TB, template, dataDir string, props map[string]string) bool {
+// (meta.properties and bootstrap.checkpoint) into dataDir for broker
+// nodeID, with its own node.id and a new directory.id (the brokers of one
+// cluster share the template's cluster.id), reporting false when there is
+// no template.
+func copyKRaftTemplate(tb testing.TB, template, dataDir string, nodeID int) bool {
 	tb.Helper()
-	if props["node.id"] != "1" {
-		return false
-	}
 	files := []string{"meta.properties", "bootstrap.checkpoint"}
 	for _, f := range files {
 		if _, err := os.Stat(filepath.Join(template, f)); err != nil {
@@ -276,6 +312,19 @@ func copyKRaftTemplate(tb testing.TB, template, dataDir string, props map[string
 		b, err := os.ReadFile(filepath.Join(template, f))
 		if err != nil {
 			tb.Fatalf("testenv: %v", err)
+		}
+		if f == "meta.properties" && nodeID != 1 {
+			var out []string
+			for _, line := range strings.Split(string(b), "\n") {
+				switch {
+				case strings.HasPrefix(line, "node.id="):
+					line = fmt.Sprintf("node.id=%d", nodeID)
+				case strings.HasPrefix(line, "directory.id="):
+					line = "directory.id=" + newClusterID(tb)
+				}
+				out = append(out, line)
+			}
+			b = []byte(strings.Join(out, "\n"))
 		}
 		writeFile(tb, filepath.Join(dataDir, f), b, 0o644)
 	}
@@ -303,9 +352,21 @@ func (k *Kafka) Addr() string { return k.addr }
 // before the stop are still there.
 func (k *Kafka) Start() {
 	k.tb.Helper()
+	k.launch()
+	k.waitReady()
+}
+
+// launch starts the broker process without waiting.
+func (k *Kafka) launch() {
+	k.tb.Helper()
 	if err := k.proc.start(); err != nil {
 		k.tb.Fatalf("testenv: %v", err)
 	}
+}
+
+// waitReady waits until the broker serves metadata listing itself.
+func (k *Kafka) waitReady() {
+	k.tb.Helper()
 	began := time.Now()
 	if err := waitReady(k.proc, 90*time.Second, k.ready); err != nil {
 		k.tb.Fatalf("testenv: %v\n%s", err, k.proc.logTail(60))
@@ -316,10 +377,11 @@ func (k *Kafka) Start() {
 			k.tb.Fatalf("testenv: %v\n%s", err, k.proc.logTail(60))
 		}
 	}
-	k.tb.Logf("testenv: kafka %s ready on %s in %s (log dir %s)", k.version, k.addr, time.Since(began).Round(time.Millisecond), k.dataDir)
+	k.tb.Logf("testenv: %s %s ready on %s in %s (log dir %s)", k.proc.name, k.version, k.addr, time.Since(began).Round(time.Millisecond), k.dataDir)
 }
 
-// ready succeeds once the broker lists itself in a metadata response.
+// ready succeeds once the broker lists itself (registered with the
+// controller quorum and unfenced) in a metadata response.
 func (k *Kafka) ready(ctx context.Context) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.addr), kgo.RetryTimeout(time.Second))
 	if err != nil {
@@ -330,10 +392,12 @@ func (k *Kafka) ready(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if len(brokers) == 0 {
-		return fmt.Errorf("no brokers in metadata")
+	for _, b := range brokers {
+		if int(b.NodeID) == k.nodeID {
+			return nil
+		}
 	}
-	return nil
+	return fmt.Errorf("broker %d not in the metadata it serves (%d brokers)", k.nodeID, len(brokers))
 }
 
 // Stop shuts the broker down gracefully (SIGTERM, waiting for the exit; after

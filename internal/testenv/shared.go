@@ -5,6 +5,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Main runs a package's tests and then stops the servers its tests shared
@@ -28,6 +29,9 @@ var shared struct {
 	root     string   // their files, removed by stopShared
 	cleanups []func() // run in reverse by stopShared
 	kafka    *Kafka   // SharedSecureKafka's broker
+
+	kafkaCluster   *KafkaCluster // SharedKafkaCluster's brokers
+	kafkaClusterTB *sharedTB
 }
 
 // SharedSecureKafka returns a broker started with KafkaSecure that every
@@ -73,6 +77,63 @@ func SharedSecureKafka(tb testing.TB) *Kafka {
 	return k
 }
 
+// SharedKafkaCluster returns a cluster of three brokers (StartKafkaCluster
+// defaults: replication factor 3, min.insync.replicas 2; the third broker
+// is the only KRaft controller, KafkaControllers(1), so the cluster stays
+// in charge of its metadata when the first two are killed: ISRs shrink and
+// min.insync.replicas is what refuses writes) that every test of the
+// binary shares: the first caller starts it (15-30 s), later ones get
+// it at once, and Main stops it after the last test. A test may Kill, Stop
+// and Start its brokers (that is what it is for): the next caller gets the
+// stopped ones started again first. Tests should use topic and group
+// names of their own. It needs testenv.Main in the package's TestMain.
+//
+// Under `go test -short` the test is skipped.
+func SharedKafkaCluster(tb testing.TB) *KafkaCluster {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("testenv: -short: not starting a Kafka cluster")
+	}
+	if _, ok := kafkaLibs(); !ok {
+		StartKafka(tb) // skips, or fails in CI, naming what is missing
+	}
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if !shared.main {
+		tb.Fatal("testenv: SharedKafkaCluster needs `func TestMain(m *testing.M) { testenv.Main(m) }` in the test package")
+	}
+	if shared.root == "" {
+		dir, err := os.MkdirTemp("", "faultline-testenv-shared-")
+		if err != nil {
+			tb.Fatalf("testenv: %v", err)
+		}
+		shared.root = dir
+	}
+	if shared.kafkaCluster == nil {
+		st := &sharedTB{TB: tb, active: true}
+		shared.kafkaCluster, shared.kafkaClusterTB = StartKafkaCluster(st, 3, KafkaControllers(1)), st
+		st.done()
+	} else if c := shared.kafkaCluster; len(c.running()) < len(c.Brokers) {
+		st := shared.kafkaClusterTB
+		st.mu.Lock()
+		st.TB, st.active = tb, true
+		st.mu.Unlock()
+		began := time.Now()
+		c.Restore(st)
+		st.done()
+		tb.Logf("testenv: shared kafka cluster restored in %s", time.Since(began).Round(time.Millisecond))
+	}
+	c := shared.kafkaCluster
+	tb.Cleanup(func() {
+		if tb.Failed() {
+			for _, k := range c.Brokers {
+				tb.Logf("testenv: last lines of the shared %s log (%s):\n%s", k.proc.name, k.proc.logPath, k.proc.logTail(logTailLines))
+			}
+		}
+	})
+	return c
+}
+
 // stopShared runs the shared servers' cleanups and removes their files.
 func stopShared() {
 	shared.mu.Lock()
@@ -80,7 +141,7 @@ func stopShared() {
 	for i := len(shared.cleanups) - 1; i >= 0; i-- {
 		shared.cleanups[i]()
 	}
-	shared.cleanups, shared.kafka = nil, nil
+	shared.cleanups, shared.kafka, shared.kafkaCluster, shared.kafkaClusterTB = nil, nil, nil, nil
 	if shared.root != "" {
 		_ = os.RemoveAll(shared.root)
 		shared.root = ""

@@ -1,5 +1,6 @@
-// Package testenv starts real Kafka, ClickHouse and Kubernetes servers for
-// integration tests.
+// Package testenv starts real Kafka, ClickHouse, ZooKeeper and Kubernetes
+// servers for integration tests, and runs SQL on chdb-core (a current
+// ClickHouse engine in-process).
 //
 // Every server runs as a child process of the test binary, listens only on
 // free 127.0.0.1 ports, keeps its data and logs in the test's temporary
@@ -12,6 +13,8 @@
 //
 //	FAULTLINE_KAFKA_LIBS       directory of Kafka broker jars
 //	FAULTLINE_CLICKHOUSE_BIN   clickhouse-server (or the multi-call clickhouse) binary
+//	FAULTLINE_ZOOKEEPER_LIBS   directory of ZooKeeper server jars
+//	FAULTLINE_CHDB_PYTHON      python of a venv with chdb-core
 //	FAULTLINE_KUBE_ASSETS      directory with etcd, kube-apiserver,
 //	                           kube-controller-manager, kwok and stages/
 //	FAULTLINE_JAVA             java binary (default: java on PATH)
@@ -24,7 +27,11 @@
 //
 // StartKafka(t, KafkaSecure()) adds SASL_SSL and mutual-TLS listeners with
 // a generated CA; SharedSecureKafka shares one such broker among the tests
-// of a binary whose TestMain calls Main.
+// of a binary whose TestMain calls Main. StartKafkaCluster starts a KRaft
+// cluster of several brokers (SharedKafkaCluster shares one of three);
+// StartClickHouseCluster starts a ZooKeeper and several ClickHouse servers
+// with a sharded and a replicated cluster defined; RunChdb runs SQL steps
+// on chdb-core and (*ClickHouse).RunSQLSteps the same steps on a server.
 //
 // Typical use:
 //

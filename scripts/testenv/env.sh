@@ -12,6 +12,8 @@ set -euo pipefail
 CACHE="${FAULTLINE_CACHE:-$HOME/.cache/faultline}"
 KAFKA_VERSION="${FAULTLINE_KAFKA_VERSION:-4.1.1}"
 KUBE_VERSION=v1.34.4
+ZOOKEEPER_VERSION="${FAULTLINE_ZOOKEEPER_VERSION:-3.9.4}"
+CHDB_VERSION="${FAULTLINE_CHDB_VERSION:-26.9.0}"
 
 ch_bin="${FAULTLINE_CLICKHOUSE_BIN:-}"
 if [ -z "$ch_bin" ]; then
@@ -27,4 +29,6 @@ q() { printf '%q' "$1"; }
 echo "export FAULTLINE_CACHE=$(q "$CACHE")"
 echo "export FAULTLINE_KAFKA_LIBS=$(q "${FAULTLINE_KAFKA_LIBS:-$CACHE/kafka/$KAFKA_VERSION/libs}")"
 echo "export FAULTLINE_CLICKHOUSE_BIN=$(q "${ch_bin:-/usr/sbin/clickhouse-server}")"
+echo "export FAULTLINE_ZOOKEEPER_LIBS=$(q "${FAULTLINE_ZOOKEEPER_LIBS:-$CACHE/zookeeper/$ZOOKEEPER_VERSION/libs}")"
+echo "export FAULTLINE_CHDB_PYTHON=$(q "${FAULTLINE_CHDB_PYTHON:-$CACHE/chdb/$CHDB_VERSION/venv/bin/python}")"
 echo "export FAULTLINE_KUBE_ASSETS=$(q "${FAULTLINE_KUBE_ASSETS:-$CACHE/kube/$KUBE_VERSION}")"

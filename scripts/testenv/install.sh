@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# install.sh [kafka|clickhouse|kube|all]... — install the real servers that the
-# integration tests (internal/testenv) start: ClickHouse, Apache Kafka and a
-# Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager, kwok).
+# install.sh [kafka|clickhouse|zookeeper|chdb|kube|all]... — install the real
+# servers that the integration tests (internal/testenv) start: ClickHouse,
+# Apache Kafka, ZooKeeper (for replicated ClickHouse), a Kubernetes control
+# plane (etcd, kube-apiserver, kube-controller-manager, kwok), and chdb-core
+# (a current ClickHouse engine in-process, to check the SQL on it).
 #
 # Idempotent: everything is cached in ${FAULTLINE_CACHE:-$HOME/.cache/faultline},
 # keyed by version, and a component that is already there is a fast no-op.
@@ -30,6 +32,8 @@ KUBE_VERSION=v1.34.4
 KUBE_STAGING_VERSION=v0.34.4
 ETCD_VERSION=v3.6.4
 KWOK_VERSION=v0.8.0
+ZOOKEEPER_VERSION="${FAULTLINE_ZOOKEEPER_VERSION:-3.9.4}"
+CHDB_VERSION="${FAULTLINE_CHDB_VERSION:-26.9.0}"
 
 log() { printf 'testenv: %s\n' "$*" >&2; }
 die() { printf 'testenv: error: %s\n' "$*" >&2; exit 1; }
@@ -186,6 +190,100 @@ kafka_template() {
 	rm -rf "$tmp"
 }
 
+
+# ----------------------------------------------------------------- zookeeper
+
+# install_zookeeper fetches the ZooKeeper server jars (for replicated
+# ClickHouse: ON CLUSTER DDL and Replicated* tables) from Maven Central like
+# the Kafka jars. org.apache.zookeeper:zookeeper declares metrics-core and
+# snappy-java "provided" and no slf4j binding, so they are named here.
+install_zookeeper() {
+	local dir="$CACHE/zookeeper/$ZOOKEEPER_VERSION"
+	if [ ! -f "$dir/.complete" ]; then
+		log "fetching zookeeper $ZOOKEEPER_VERSION jars from Maven Central"
+		local build="$CACHE/build/zookeeper-$ZOOKEEPER_VERSION"
+		rm -rf "$build" "$dir"
+		mkdir -p "$build"
+		cat >"$build/pom.xml" <<EOF
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>faultline.testenv</groupId>
+  <artifactId>zookeeper-libs</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.zookeeper</groupId>
+      <artifactId>zookeeper</artifactId>
+      <version>$ZOOKEEPER_VERSION</version>
+    </dependency>
+    <dependency>
+      <groupId>io.dropwizard.metrics</groupId>
+      <artifactId>metrics-core</artifactId>
+      <version>4.1.12.1</version>
+    </dependency>
+    <dependency>
+      <groupId>org.xerial.snappy</groupId>
+      <artifactId>snappy-java</artifactId>
+      <version>1.1.10.5</version>
+    </dependency>
+    <dependency>
+      <groupId>org.slf4j</groupId>
+      <artifactId>slf4j-simple</artifactId>
+      <version>2.0.13</version>
+    </dependency>
+  </dependencies>
+</project>
+EOF
+		(cd "$build" && mvn -B -q -Dstyle.color=never -f pom.xml \
+			dependency:copy-dependencies \
+			-DincludeScope=runtime \
+			-DoutputDirectory="$build/libs") >"$build/mvn.log" 2>&1 ||
+			die "mvn dependency:copy-dependencies failed: $(tail -n 30 "$build/mvn.log")"
+		ls "$build/libs/zookeeper-$ZOOKEEPER_VERSION.jar" >/dev/null ||
+			die "zookeeper-$ZOOKEEPER_VERSION.jar missing after mvn"
+		mkdir -p "$dir"
+		mv "$build/libs" "$dir/libs"
+		touch "$dir/.complete"
+		rm -rf "$build"
+	fi
+	echo "testenv: zookeeper $ZOOKEEPER_VERSION $dir/libs"
+}
+
+# ---------------------------------------------------------------------- chdb
+
+# install_chdb makes a Python venv with chdb-core pinned (PyPI; ClickHouse
+# 26.x in-process, ~180 MB wheel) under $CACHE/chdb/<version>/venv. The SQL
+# check (sql/compat_test.go) runs scripts/testenv/chdb_run.py with it.
+install_chdb() {
+	local dir="$CACHE/chdb/$CHDB_VERSION"
+	if [ ! -f "$dir/.complete" ]; then
+		local py
+		py=$(command -v python3) || die "python3 is not on PATH (needed for chdb-core)"
+		log "installing chdb-core $CHDB_VERSION from PyPI into $dir/venv"
+		rm -rf "$dir"
+		mkdir -p "$dir"
+		if ! "$py" -m venv "$dir/venv.tmp" >&2; then
+			# Debian's python3 needs python3-venv (ensurepip) for this.
+			log "python3 -m venv failed; installing python3-venv from apt"
+			rm -rf "$dir/venv.tmp"
+			export DEBIAN_FRONTEND=noninteractive
+			as_root apt-get install -y --no-install-recommends python3-venv >&2 ||
+				{ as_root apt-get update >&2 && as_root apt-get install -y --no-install-recommends python3-venv >&2; } ||
+				die "python3 -m venv failed and python3-venv could not be installed"
+			"$py" -m venv "$dir/venv.tmp" >&2 || die "python3 -m venv failed"
+		fi
+		"$dir/venv.tmp/bin/pip" install -q --disable-pip-version-check "chdb-core==$CHDB_VERSION" >&2 ||
+			die "pip install chdb-core==$CHDB_VERSION failed"
+		# A venv records its own path in its scripts; the interpreter and
+		# site-packages are what the check uses, so the rename is safe.
+		mv "$dir/venv.tmp" "$dir/venv"
+		"$dir/venv/bin/python" -c 'import chdb' >&2 || die "chdb does not import after install"
+		touch "$dir/.complete"
+	fi
+	echo "testenv: chdb $CHDB_VERSION $dir/venv/bin/python"
+}
+
 # ---------------------------------------------------------------------- kube
 
 # build_ldflags for kube binaries, so `--version` reports the real version.
@@ -331,12 +429,16 @@ main() {
 		clickhouse) with_lock clickhouse install_clickhouse ;;
 		kafka) with_lock kafka install_kafka ;;
 		kube) with_lock kube install_kube ;;
+		zookeeper) with_lock zookeeper install_zookeeper ;;
+		chdb) with_lock chdb install_chdb ;;
 		all)
 			with_lock clickhouse install_clickhouse
 			with_lock kafka install_kafka
+			with_lock zookeeper install_zookeeper
+			with_lock chdb install_chdb
 			with_lock kube install_kube
 			;;
-		*) die "unknown component '$t' (want kafka, clickhouse, kube or all)" ;;
+		*) die "unknown component '$t' (want kafka, clickhouse, zookeeper, chdb, kube or all)" ;;
 		esac
 	done
 }

@@ -19,7 +19,7 @@ FROM
     SELECT gh, groupArray(tid) AS tids, groupArray(at_ms) AS ats
     FROM (SELECT tid, cityHash64(cluster, gkey) AS gh, at_ms FROM triggers)
     GROUP BY gh
-)
+) AS tr
 ALL INNER JOIN
 (
     SELECT gh, groupArray(n) AS nodes, groupArray(t) AS ts, groupArray(id) AS ids
@@ -41,6 +41,6 @@ ALL INNER JOIN
         LIMIT 1 BY id
     )
     GROUP BY gh
-) USING (gh)
+) AS w USING (gh)
 ARRAY JOIN tids AS tid, ats AS at_ms
 WHERE value > 0

@@ -13,7 +13,7 @@ SELECT
     toFloat64(greatest(countIf(down = 1), sumIf(delta, down = 0))) AS value,
     arraySlice(arraySort(groupUniqArray(id)), 1, 100) AS cause_ids,
     max(t) AS last_ms
-FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers)
+FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers) AS tr
 ALL INNER JOIN
 (
     SELECT gh, id, t, down, delta
@@ -38,6 +38,6 @@ ALL INNER JOIN
                 OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
     )
     LIMIT 1 BY id
-) USING (gh)
+) AS w USING (gh)
 WHERE t > at_ms - @window_ms AND t <= at_ms
 GROUP BY tid

@@ -24,7 +24,7 @@ FROM
         maxIf(t, kind = 2) AS last_up,
         argMaxIf(id, t, kind = 1) AS down_id,
         groupArrayIf(t, kind = 3) AS attempts
-    FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers)
+    FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers) AS tr
     ALL INNER JOIN
     (
         SELECT gh, id, t, kind
@@ -47,7 +47,7 @@ FROM
                     OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
         )
         LIMIT 1 BY id
-    ) USING (gh)
+    ) AS w USING (gh)
     WHERE t > at_ms - @window_ms AND t <= at_ms
     GROUP BY tid
 )

@@ -7,7 +7,7 @@ SELECT
     toFloat64(count()) AS value,
     arraySlice(arraySort(groupUniqArray(id)), 1, 100) AS cause_ids,
     max(t) AS last_ms
-FROM (SELECT tid, cityHash64(cluster, node) AS gh, at_ms FROM triggers)
+FROM (SELECT tid, cityHash64(cluster, node) AS gh, at_ms FROM triggers) AS tr
 ALL INNER JOIN
 (
     SELECT gh, id, t
@@ -24,6 +24,6 @@ ALL INNER JOIN
         WHERE has(@kinds, kind) AND has(@outcomes, outcome)
     )
     LIMIT 1 BY id
-) USING (gh)
+) AS w USING (gh)
 WHERE t > at_ms - @window_ms AND t <= at_ms
 GROUP BY tid

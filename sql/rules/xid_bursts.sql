@@ -28,7 +28,7 @@ FROM
             arraySort(groupArray(t)) AS ts_sorted,
             arraySort((h, x) -> x, groupArray(h), groupArray(t)) AS h_sorted,
             arraySort(groupArray(id)) AS ids_sorted
-        FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers)
+        FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers) AS tr
         ALL INNER JOIN
         (
             SELECT gh, id, t, t + if(sticky = 1, @sticky_gap_ms, @gap_ms) AS h
@@ -48,7 +48,7 @@ FROM
                     AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
             )
             LIMIT 1 BY id
-        ) USING (gh)
+        ) AS w USING (gh)
         WHERE t > at_ms - @window_ms AND t <= at_ms
         GROUP BY tid
     )

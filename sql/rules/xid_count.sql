@@ -9,7 +9,7 @@ SELECT
     toFloat64(sum(n)) AS value,
     arraySlice(arraySort(groupUniqArray(id)), 1, 100) AS cause_ids,
     max(t) AS last_ms
-FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers)
+FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers) AS tr
 ALL INNER JOIN
 (
     SELECT gh, id, t, n
@@ -29,6 +29,6 @@ ALL INNER JOIN
             AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
     )
     LIMIT 1 BY id
-) USING (gh)
+) AS w USING (gh)
 WHERE t > at_ms - @window_ms AND t <= at_ms
 GROUP BY tid
