@@ -150,40 +150,77 @@ func freePort(tb testing.TB) int {
 var (
 	portsMu   sync.Mutex
 	handedOut = map[int]bool{}
+	portLocks []*os.File // held until the process exits
 )
 
-// freePorts returns n distinct free ports, none handed out before by this
-// process. All listeners stay open until every port is chosen, so the
-// kernel cannot offer the same port twice within a call.
+// freePorts returns n distinct free ports for servers.
+//
+// They come from below the kernel's ephemeral range
+// (/proc/sys/net/ipv4/ip_local_port_range), which outgoing connections
+// never take: a port picked from the ephemeral range could be taken by any
+// client socket (a Kafka client, a test's HTTP call) between the pick and
+// the server's bind, which on a loaded machine happened ("Address already
+// in use"). Each port is also claimed with an flock on a file in the temp
+// dir, held while this process lives, so concurrent test binaries never
+// pick the same one; and it must be bindable now.
 func freePorts(tb testing.TB, n int) []int {
 	tb.Helper()
 	portsMu.Lock()
 	defer portsMu.Unlock()
-	var (
-		ports []int
-		held  []net.Listener
-	)
-	defer func() {
-		for _, l := range held {
-			l.Close()
+	lo, hi := serverPortRange()
+	lockDir := filepath.Join(os.TempDir(), "faultline-testenv-ports")
+	if err := os.MkdirAll(lockDir, 0o777); err != nil {
+		tb.Fatalf("testenv: port lock dir: %v", err)
+	}
+	var ports []int
+	start := lo + int(time.Now().UnixNano()%int64(hi-lo))
+	for i := 0; i < hi-lo && len(ports) < n; i++ {
+		p := lo + (start-lo+i*7919)%(hi-lo) // a stride prime to the range walks it all
+		if handedOut[p] || !claimPort(lockDir, p) {
+			continue
 		}
-	}()
-	for len(ports) < n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatalf("testenv: find free port: %v", err)
-		}
-		held = append(held, l)
-		p := l.Addr().(*net.TCPAddr).Port
-		if !handedOut[p] {
-			handedOut[p] = true
-			ports = append(ports, p)
-		}
-		if len(held) > 1000 {
-			tb.Fatalf("testenv: no free port found")
-		}
+		handedOut[p] = true
+		ports = append(ports, p)
+	}
+	if len(ports) < n {
+		tb.Fatalf("testenv: no free port in %d-%d", lo, hi)
 	}
 	return ports
+}
+
+// claimPort takes the port's lock file and checks the port can be bound.
+func claimPort(dir string, p int) bool {
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return false
+	}
+	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		f.Close()
+		return false
+	}
+	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+	if err != nil {
+		f.Close()
+		return false
+	}
+	l.Close()
+	portLocks = append(portLocks, f)
+	return true
+}
+
+// serverPortRange is [lo, hi): the ports below the ephemeral range, above
+// the well-known and usual service ports.
+func serverPortRange() (lo, hi int) {
+	lo, hi = 20000, 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if eph, err := strconv.Atoi(f[0]); err == nil && eph > 12000 {
+				hi = eph
+				lo = max(10000, min(lo, hi-2000))
+			}
+		}
+	}
+	return lo, hi
 }
 
 // isExecutable reports whether path is a regular file with an execute bit.
