@@ -480,12 +480,13 @@ func actionsInsert(as []seedAction) string {
 	details.key, details.value, check, recommended_action, received) VALUES ` + strings.Join(rows, ",\n")
 }
 
-// The rules' external tables, as processors/correlate sends them.
+// The rules' external tables, as processors/correlate sends them (batch and
+// batch_actions carry the events and actions tables' own column names).
 const (
 	triggersDDL = `CREATE TABLE triggers (tid String, cluster String, node String, gkey String, at DateTime, at_ms UInt64) ENGINE = Memory`
 	batchDDL    = `CREATE TABLE batch (cluster String, node String, check String, entity String, ts DateTime, ts_ms UInt16, id String,
-	is_fatal UInt8, is_healthy UInt8, error_codes Array(String), entity_types Array(String), entity_values Array(String),
-	meta_keys Array(String), meta_values Array(String), derived_by String, processing_strategy String) ENGINE = Memory`
+	is_fatal UInt8, is_healthy UInt8, error_codes Array(String), "entities.type" Array(String), "entities.value" Array(String),
+	"metadata.key" Array(String), "metadata.value" Array(String), derived_by String, processing_strategy String) ENGINE = Memory`
 	batchActionsDDL = `CREATE TABLE batch_actions (cluster String, node String, ts DateTime, ts_ms UInt16, id String,
 	kind String, outcome String, role String, rule String, dry_run UInt8) ENGINE = Memory`
 )

@@ -24,7 +24,8 @@ import (
 )
 
 // commandArgs are flags of a command that are arguments, not configuration.
-var commandArgs = []string{"status", "param", "format", "list"}
+// "cluster" is migrate's shorthand for --clickhouse.cluster.
+var commandArgs = []string{"status", "param", "format", "list", "cluster"}
 
 // helpFlags returns the flags `faultline CMD --help` lists.
 func helpFlags(t *testing.T, cmd string) []string {

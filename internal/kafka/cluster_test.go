@@ -305,6 +305,7 @@ func (s *stream) post(ctx context.Context, body string) (int, []string, error) {
 		return 0, nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+s.token)
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := httpClient.Do(req)
 	if err != nil {
 		return 0, nil, err
