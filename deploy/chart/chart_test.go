@@ -2,6 +2,7 @@ package chart
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -49,14 +50,15 @@ func TestSchemaRefusesTypos(t *testing.T) {
 		set  []string
 		want string
 	}{
-		{[]string{"kafka.brokerz=x"}, "brokerz"},
-		{[]string{"gateway.replicaz=3"}, "replicaz"},
-		{[]string{"config.store.batch_recrods=1"}, "batch_recrods"},
-		{[]string{"config.kafka.brokers=x"}, "kafka"},                   // the chart owns [kafka]
-		{[]string{"agent.config.kmsg.pol_interval=1s"}, "pol_interval"}, // agent config
-		{[]string{"preflight.config.webhook.failure_polcy=Fail"}, "failure_polcy"},
-		{[]string{"agent.checks={nic,gpus}"}, "gpus"},
-		{[]string{"config.store.batch_records=lots"}, "batch_records"},
+		{[]string{"kafka.brokerz=x"}, "at '/kafka': additional properties 'brokerz' not allowed"},
+		{[]string{"gateway.replicaz=3"}, "at '/gateway': additional properties 'replicaz' not allowed"},
+		{[]string{"config.store.batch_recrods=1"}, "at '/config/store': additional properties 'batch_recrods' not allowed"},
+		{[]string{"config.kafka.brokers=x"}, "at '/config': additional properties 'kafka' not allowed"}, // the chart owns [kafka]
+		{[]string{"agent.config.kmsg.pol_interval=1s"}, "at '/agent/config/kmsg': additional properties 'pol_interval' not allowed"},
+		{[]string{"preflight.config.webhook.failure_polcy=Fail"}, "additional properties 'failure_polcy' not allowed"},
+		{[]string{"agent.checks={nic,gpus}"}, "at '/agent/checks/1'"},
+		{[]string{"config.store.batch_records=lots"}, "at '/config/store/batch_records': got string, want integer"},
+		{[]string{"config.store.retention=3 days"}, "at '/config/store/retention'"},
 		{[]string{"kafka.brokers="}, "kafka.brokers is required"},
 	} {
 		t.Run(tc.want, func(t *testing.T) {
@@ -94,7 +96,7 @@ func TestComponents(t *testing.T) {
 			t.Errorf("%s args %q", name, args)
 		}
 		sc, _, _ := unstructured.NestedMap(d.Object, "spec", "template", "spec", "securityContext")
-		if sc["runAsNonRoot"] != true || sc["runAsUser"] != int64(65532) {
+		if sc["runAsNonRoot"] != true || fmt.Sprint(sc["runAsUser"]) != "65532" {
 			t.Errorf("%s pod securityContext %v", name, sc)
 		}
 	}
@@ -159,9 +161,9 @@ func TestAgentMounts(t *testing.T) {
 			if priv != tc.privileged {
 				t.Errorf("privileged %v, want %v", priv, tc.privileged)
 			}
-			uid, _, _ := unstructured.NestedInt64(ds.Object, "spec", "template", "spec", "securityContext", "runAsUser")
-			if (uid == 0) != tc.root {
-				t.Errorf("runAsUser %d, want root %v", uid, tc.root)
+			uid, _, _ := unstructured.NestedFieldNoCopy(ds.Object, "spec", "template", "spec", "securityContext", "runAsUser")
+			if (fmt.Sprint(uid) == "0") != tc.root {
+				t.Errorf("runAsUser %v, want root %v", uid, tc.root)
 			}
 			if !tc.privileged {
 				drop, _, _ := unstructured.NestedStringSlice(c, "securityContext", "capabilities", "drop")
@@ -250,6 +252,40 @@ func TestCRDsAreDeployCRDs(t *testing.T) {
 		b, err := os.ReadFile(filepath.Join(Dir(), "crds", filepath.Base(f)))
 		if err != nil || string(a) != string(b) {
 			t.Errorf("crds/%s differs from deploy/crds (copy it: cp deploy/crds/*.yaml deploy/chart/faultline/crds/)", filepath.Base(f))
+		}
+	}
+}
+
+// TestOverrides: a component's overrides lay over defaults, false and 0
+// included; defaults apply to every component.
+func TestOverrides(t *testing.T) {
+	objs := render(t, "default", "--set", "gateway.overrides.autoscaling.enabled=false", "--set", "gateway.overrides.replicas=3",
+		"--set", "roles.store.overrides.pdb.enabled=false")
+	if Find(objs, "HorizontalPodAutoscaler", "faultline-gateway") != nil {
+		t.Error("gateway HPA rendered though its override turns autoscaling off")
+	}
+	if r, _, _ := unstructured.NestedFieldNoCopy(Find(objs, "Deployment", "faultline-gateway").Object, "spec", "replicas"); fmt.Sprint(r) != "3" {
+		t.Errorf("gateway replicas %v, want 3", r)
+	}
+	if Find(objs, "HorizontalPodAutoscaler", "faultline-store") == nil || Find(objs, "PodDisruptionBudget", "faultline-store") != nil {
+		t.Error("store: want an HPA and no PDB")
+	}
+	cloud := render(t, "cloud")
+	for _, o := range cloud {
+		if o.GetKind() == "HorizontalPodAutoscaler" || o.GetKind() == "PodDisruptionBudget" || o.GetKind() == "NetworkPolicy" {
+			t.Errorf("cloud set: %s %s rendered", o.GetKind(), o.GetName())
+		}
+	}
+	if r, _, _ := unstructured.NestedFieldNoCopy(Find(cloud, "Deployment", "fl-store").Object, "spec", "replicas"); fmt.Sprint(r) != "1" {
+		t.Errorf("cloud store replicas %v, want 1", r)
+	}
+	sec := render(t, "secure")
+	if m, _, _ := unstructured.NestedFieldNoCopy(Find(sec, "HorizontalPodAutoscaler", "faultline-gateway").Object, "spec", "minReplicas"); fmt.Sprint(m) != "3" {
+		t.Errorf("secure gateway HPA minReplicas %v, want 3", m)
+	}
+	for _, name := range []string{"faultline-conformance", "faultline-janitor"} {
+		if Find(sec, "Deployment", name) == nil {
+			t.Errorf("secure set: no Deployment %s", name)
 		}
 	}
 }

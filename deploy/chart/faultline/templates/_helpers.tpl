@@ -43,9 +43,22 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* The component's settings: defaults merged with its overrides, as YAML. */}}
+{{/*
+The component's settings: defaults with its overrides laid over them, two
+levels deep (autoscaling.enabled: false overrides true; mergeOverwrite
+would skip a false or 0), as YAML.
+*/}}
 {{- define "faultline.settings" -}}
-{{- toYaml (mergeOverwrite (deepCopy .ctx.Values.defaults) (deepCopy (default dict .overrides))) -}}
+{{- $out := deepCopy .ctx.Values.defaults -}}
+{{- range $k, $v := deepCopy (default dict .overrides) }}
+{{- $d := get $out $k -}}
+{{- if and (kindIs "map" $v) (kindIs "map" $d) }}
+{{- range $k2, $v2 := $v }}{{ $_ := set $d $k2 $v2 }}{{ end }}
+{{- else }}
+{{- $_ := set $out $k $v }}
+{{- end }}
+{{- end }}
+{{- toYaml $out -}}
 {{- end -}}
 
 {{/*
