@@ -84,7 +84,8 @@ func TestDryRunOnAPIServer(t *testing.T) {
 
 // TestInstallOnKWOK installs the chart with `helm install` onto the real
 // apiserver with kube-controller-manager (deployment, replicaset,
-// daemonset controllers), kube-scheduler and KWOK's fake nodes (2 GPU
+// daemonset controllers, and node lifecycle, which lifts the not-ready
+// taint a new node is created with once KWOK reports it Ready), kube-scheduler and KWOK's fake nodes (2 GPU
 // nodes, 1 CPU node): every Deployment becomes Available and the agent
 // DaemonSet runs on the GPU nodes only. The images are never pulled: KWOK
 // fakes the kubelets.
@@ -92,7 +93,7 @@ func TestInstallOnKWOK(t *testing.T) {
 	helm := testenv.Helm(t)
 	k := testenv.StartKube(t, testenv.KubeOptions{
 		ControllerManager: true,
-		Controllers:       "deployment,replicaset,daemonset,serviceaccount,disruption",
+		Controllers:       "deployment,replicaset,daemonset,nodelifecycle,serviceaccount,disruption",
 		Scheduler:         true,
 		KWOK:              true,
 	})
@@ -113,7 +114,7 @@ func TestInstallOnKWOK(t *testing.T) {
 	if _, err := k.Client().Discovery().ServerResourcesForGroupVersion("janitor.dgxc.nvidia.com/v1alpha1"); err != nil {
 		t.Errorf("chart CRDs: %v", err)
 	}
-	deadline := time.Now().Add(4 * time.Minute)
+	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		pending := notReady(ctx, t, cs, gpuNodes)
 		if len(pending) == 0 {
@@ -123,7 +124,13 @@ func TestInstallOnKWOK(t *testing.T) {
 			pods, _ := cs.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
 			var ps []string
 			for _, p := range pods.Items {
-				ps = append(ps, fmt.Sprintf("%s on %q: %s", p.Name, p.Spec.NodeName, p.Status.Phase))
+				why := ""
+				for _, c := range p.Status.Conditions {
+					if c.Status != corev1.ConditionTrue {
+						why += fmt.Sprintf(" %s=%s (%s: %s)", c.Type, c.Status, c.Reason, c.Message)
+					}
+				}
+				ps = append(ps, fmt.Sprintf("%s on %q: %s%s", p.Name, p.Spec.NodeName, p.Status.Phase, why))
 			}
 			t.Fatalf("after %s not ready: %s\npods: %s", time.Since(began).Round(time.Second), strings.Join(pending, "; "), strings.Join(ps, "; "))
 		}
