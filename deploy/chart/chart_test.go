@@ -270,6 +270,14 @@ func TestOverrides(t *testing.T) {
 	if Find(objs, "HorizontalPodAutoscaler", "faultline-store") == nil || Find(objs, "PodDisruptionBudget", "faultline-store") != nil {
 		t.Error("store: want an HPA and no PDB")
 	}
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	pinned := render(t, "default", "--set", "image.digests.faultline-agent="+digest, "--set", "image.tag=v1.2.3")
+	if img := firstContainer(t, Find(pinned, "DaemonSet", "faultline-agent"))["image"]; img != "ghcr.io/faultline/faultline-agent@"+digest {
+		t.Errorf("pinned agent image %v", img)
+	}
+	if img := firstContainer(t, Find(pinned, "Deployment", "faultline-gateway"))["image"]; img != "ghcr.io/faultline/faultline:v1.2.3" {
+		t.Errorf("gateway image %v", img)
+	}
 	cloud := render(t, "cloud")
 	for _, o := range cloud {
 		if o.GetKind() == "HorizontalPodAutoscaler" || o.GetKind() == "PodDisruptionBudget" || o.GetKind() == "NetworkPolicy" {

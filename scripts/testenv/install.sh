@@ -22,7 +22,10 @@
 #               graceful stop 1-1.6 s.
 #   kube        empty Go caches: 34 min (etcd 2.5, kube-apiserver 14.5,
 #               kube-controller-manager 10, kwok 7); warm Go caches but empty
-#               $FAULTLINE_CACHE: 3 min 14 s.
+#               $FAULTLINE_CACHE: 3 min 14 s. kube-scheduler alone on a cache
+#               from before it was added: a few minutes (build cache warm).
+#   helm        go install helm v4.3.1, empty caches: 36 min at load 20-30
+#               (the other components building beside it), 86 MB.
 #   warm no-op for all components: 0.3 s
 set -euo pipefail
 

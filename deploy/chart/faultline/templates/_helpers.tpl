@@ -36,8 +36,9 @@ app.kubernetes.io/component: {{ .component }}
 {{/* Image: include "faultline.image" (dict "ctx" $ "name" "faultline") */}}
 {{- define "faultline.image" -}}
 {{- $i := .ctx.Values.image -}}
-{{- if $i.digest -}}
-{{- printf "%s/%s@%s" $i.repository .name $i.digest -}}
+{{- $d := get $i.digests .name -}}
+{{- if $d -}}
+{{- printf "%s/%s@%s" $i.repository .name $d -}}
 {{- else -}}
 {{- printf "%s/%s:%s" $i.repository .name (default .ctx.Chart.AppVersion $i.tag) -}}
 {{- end -}}
