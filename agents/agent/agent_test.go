@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -592,5 +593,47 @@ func TestFlagsNameTheirKeys(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output %q lacks %q", out.String(), want)
 		}
+	}
+}
+
+// TestTriggerRunsNow: a check on a 6h schedule runs at start, then again
+// at once when asked through the local endpoint (POST
+// /checks/<name>/run) or Trigger (SIGUSR1), and an unknown check is 404.
+func TestTriggerRunsNow(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	var runs atomic.Int32
+	c := fakeCheck{"conformance", func(context.Context) ([]*datamodels.HealthEvent, error) {
+		runs.Add(1)
+		return nil, nil
+	}}
+	a, err := New(cfg, quiet(), Options{Checks: []Scheduled{{Check: c, Interval: 6 * time.Hour, Timeout: time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	waitFor(t, 5*time.Second, func() bool { return runs.Load() == 1 }, "the run at start")
+	rec := httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest("POST", "/checks/conformance/run", nil))
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("POST run: %d %s", rec.Code, rec.Body)
+	}
+	waitFor(t, 5*time.Second, func() bool { return runs.Load() == 2 }, "the requested run")
+	if !a.Trigger("") {
+		t.Fatal("Trigger(all) found no check")
+	}
+	waitFor(t, 5*time.Second, func() bool { return runs.Load() == 3 }, "the triggered run")
+	rec = httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest("POST", "/checks/nope/run", nil))
+	if rec.Code != http.StatusNotFound {
+		t.Fatalf("unknown check: %d", rec.Code)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := runs.Load(); n != 3 {
+		t.Fatalf("%d runs, want 3", n)
 	}
 }
