@@ -42,7 +42,9 @@ func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unloc
 
 var seq atomic.Int64
 
-func uniq(prefix string) string { return fmt.Sprintf("%s-%d-%d", prefix, time.Now().UnixNano()%1e6, seq.Add(1)) }
+func uniq(prefix string) string {
+	return fmt.Sprintf("%s-%d-%d", prefix, time.Now().UnixNano()%1e6, seq.Add(1))
+}
 
 // comps is a component set; variant changes the NIC firmware.
 func comps(variant string) map[string]string {
@@ -523,4 +525,3 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
-
