@@ -305,3 +305,32 @@ func QueryContext(ctx context.Context) context.Context {
 	secs := int(math.Ceil(time.Until(d).Seconds()))
 	return ch.Context(ctx, ch.WithSettings(ch.Settings{"max_execution_time": max(secs, 1)}))
 }
+
+// Scorer serves f₉ over a ClickHouse connection.
+type Scorer struct {
+	// Conn reaches faultline's database; a func so a caller can connect
+	// lazily (the gateway accepts events while ClickHouse is down).
+	Conn func(ctx context.Context) (clickhouse.Conn, error)
+	// Staleness: a report older is unknown (the conformance role's
+	// conformance.staleness).
+	Staleness time.Duration
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Score returns f₉ and the groups of nodes (of cluster only).
+func (s *Scorer) Score(ctx context.Context, cluster string, nodes []string) (Score, error) {
+	conn, err := s.Conn(ctx)
+	if err != nil {
+		return Score{}, err
+	}
+	now := time.Now
+	if s.Now != nil {
+		now = s.Now
+	}
+	latest, err := Latest(QueryContext(ctx), conn, cluster, now().Add(-s.Staleness), nodes)
+	if err != nil {
+		return Score{}, err
+	}
+	return ComputeScore(nodes, latest), nil
+}
