@@ -133,6 +133,7 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 		poolNames = append(poolNames, p)
 	}
 	sort.Strings(poolNames)
+	cache := map[string]map[string]string{} // components by fingerprint, for this sweep
 	for _, pool := range poolNames {
 		ms := pools[pool]
 		in := make([]ic.Member, len(ms))
@@ -144,7 +145,7 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 		}
 		verdicts := ic.Evaluate(in, s.cfg.baseline[groupKey(cluster, pool)])
 		for i, v := range verdicts {
-			if err := s.reconcile(ctx, cl, cluster, pool, ms[i], v, now, &out); err != nil {
+			if err := s.reconcile(ctx, cl, cluster, pool, ms[i], v, now, cache, &out); err != nil {
 				s.log.Warn("conformance: node not reconciled", "cluster", cluster, "node", v.Node, "err", err)
 			}
 		}
@@ -155,7 +156,7 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 func (s *Sweeper) live(cl *clusters.Client) bool { return cl != nil && cl.Kube != nil && !cl.DryRun }
 
 // reconcile moves one node toward its verdict's response.
-func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, pool string, m member, v ic.Verdict, now time.Time, out *Output) error {
+func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, pool string, m member, v ic.Verdict, now time.Time, cache map[string]map[string]string, out *Output) error {
 	live := s.live(cl)
 	st, has := s.readState(cluster, m)
 	group := GroupValue(pool)
@@ -171,7 +172,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 		details := map[string]string{events.DetailConformanceGroup: groupKey(cluster, pool), events.DetailBasis: v.Basis,
 			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: next.Since.UTC().Format(time.RFC3339)}
 		if changed {
-			diff := s.diff(ctx, cluster, v)
+			diff := s.diff(ctx, cache, cluster, v)
 			details[events.DetailDiffering] = events.Truncate(strings.Join(diff, "; "), 2000)
 			acts = append(acts, s.action(cluster, m.name, events.KindConformanceDrift, outcome(live),
 				fmt.Sprintf("drifted from group %s (%s %s): %d components differ", groupKey(cluster, pool), v.Basis, short(v.Expected), len(diff)), details, v.Actual+v.Expected, !live))
@@ -308,12 +309,22 @@ func (s *Sweeper) setDry(cluster, node string, st *State) {
 
 // diff names the components that differ between the group's expected
 // fingerprint and the node's (from any node's report of each).
-func (s *Sweeper) diff(ctx context.Context, cluster string, v ic.Verdict) []string {
-	exp, err := ic.ComponentsOf(ctx, s.conn, cluster, v.Expected)
+func (s *Sweeper) diff(ctx context.Context, cache map[string]map[string]string, cluster string, v ic.Verdict) []string {
+	get := func(fp string) (map[string]string, error) {
+		if c, ok := cache[fp]; ok {
+			return c, nil
+		}
+		c, err := ic.ComponentsOf(ctx, s.conn, cluster, fp)
+		if err == nil {
+			cache[fp] = c
+		}
+		return c, err
+	}
+	exp, err := get(v.Expected)
 	if err != nil || len(exp) == 0 {
 		return []string{"components of the expected fingerprint unknown (no node of " + cluster + " reported it)"}
 	}
-	act, err := ic.ComponentsOf(ctx, s.conn, cluster, v.Actual)
+	act, err := get(v.Actual)
 	if err != nil {
 		return []string{"components unknown: " + err.Error()}
 	}
