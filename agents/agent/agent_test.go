@@ -637,3 +637,38 @@ func TestTriggerRunsNow(t *testing.T) {
 		t.Fatalf("%d runs, want 3", n)
 	}
 }
+
+// TestConformanceCheckRegistered: `checks = ["conformance"]` builds the
+// conformance check from its section; one run spools a NodeConformance
+// event stamped with the node, carrying the fingerprint and every
+// component (ipmitool is absent here: bmc_version is reported unreadable).
+func TestConformanceCheckRegistered(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	cfg.Checks = []string{"conformance"}
+	root := filepath.Join("..", "conformance", "testdata", "h100-a")
+	cfg.Conformance.Sysfs, cfg.Conformance.Procfs = filepath.Join(root, "sys"), filepath.Join(root, "proc")
+	cfg.Conformance.OSImageFile = filepath.Join(root, "os-image")
+	cfg.Conformance.BMCCommand = []string{"faultline-no-such-ipmitool", "mc", "info"}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(cfg, quiet(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.spool.Close()
+	a.RunOnce(context.Background(), a.checks[0])
+	evs, _, _ := a.Spool().Peek(1)
+	if len(evs) != 1 {
+		t.Fatalf("%d events", len(evs))
+	}
+	ev := evs[0]
+	md := ev.GetMetadata()
+	if ev.GetCheckName() != "NodeConformance" || ev.GetNodeName() != "node-7" || len(md["fingerprint"]) != 64 ||
+		md["component.gpu_driver"] != "550.54.14" || !strings.HasPrefix(md["component.bmc_version"], "unreadable: ") {
+		t.Fatalf("event %v", ev)
+	}
+	if a.checks[0].Interval != 6*time.Hour {
+		t.Fatalf("interval %v", a.checks[0].Interval)
+	}
+}
