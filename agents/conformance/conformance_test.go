@@ -7,6 +7,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 func fixture(t *testing.T, tree string, mod func(*Config)) *Check {
@@ -212,5 +217,19 @@ func TestLongValueCut(t *testing.T) {
 	}
 	if ev.Metadata[MetaFingerprint] != Fingerprint(comps) {
 		t.Fatal("fingerprint not over the whole value")
+	}
+}
+
+// TestEventPassesGatewayValidation: the gateway's validator (shared with
+// the agent's spool) accepts the check's events, the no-GPU node's
+// unreadable components included.
+func TestEventPassesGatewayValidation(t *testing.T) {
+	for _, tree := range []string{"h100-a", "no-gpu"} {
+		ev := Event(fixture(t, tree, nil).Collect(context.Background()))
+		ev.NodeName = "node-1"
+		ev.GeneratedTimestamp = timestamppb.Now()
+		if err := (validate.Validator{}).Validate(ev, time.Now()); err != nil {
+			t.Errorf("%s: %v", tree, err)
+		}
 	}
 }

@@ -362,6 +362,31 @@ func TestDriftOnKube(t *testing.T) {
 		t.Fatalf("restored node still has taints %v labels %v annotations %v", n.Spec.Taints, n.Labels, n.Annotations)
 	}
 
+	t.Run("dry run", func(t *testing.T) {
+		dc := uniq("dry")
+		dreg := clusters.NewRegistry(clusters.DefaultConfig(), e.clk.Now)
+		dreg.SetClient(dc, e.kube, true)
+		for i := 1; i <= 3; i++ {
+			e.node(t, fmt.Sprintf("%s-n%d", dc, i), nil)
+			c := comps("")
+			if i == 3 {
+				c = comps("dry")
+			}
+			store(t, e.h, record(t, dc, fmt.Sprintf("%s-n%d", dc, i), c, e.clk.Now()))
+		}
+		dsw := NewSweeper(testConfig(), e.s.Conn, dreg, testLog, e.clk.Now, nil)
+		out, _ := dsw.Sweep(ctx, dc)
+		if len(out.Actions) != 1 || out.Actions[0].Outcome != events.OutcomeDryRun || !out.Actions[0].DryRun || len(out.Events) != 0 {
+			t.Fatalf("dry run: %v %v", out.Actions, out.Events)
+		}
+		if out, _ := dsw.Sweep(ctx, dc); len(out.Actions) != 0 {
+			t.Fatalf("dry run repeated: %v", out.Actions)
+		}
+		if n := e.get(t, dc+"-n3"); hasTaint(n) != nil || n.Annotations[AnnotationState] != "" {
+			t.Fatal("dry run changed the node")
+		}
+	})
+
 	t.Run("sensitive", func(t *testing.T) {
 		sens := cluster + "-s1"
 		labels := map[string]string{"faultline.io/node-pool": "h100", "faultline.io/sensitive": "true"}

@@ -126,7 +126,7 @@ func (l *sweepLoop) run(ctx context.Context) error {
 // whose key this replica owns.
 func (l *sweepLoop) sweepAll(ctx context.Context) {
 	names := slices.Clone(l.configured)
-	rows, err := l.handler.conn.Query(ctx, "SELECT DISTINCT cluster FROM conformance WHERE ts >= ?", clampDT(time.Now().Add(-l.cfg.Staleness)))
+	rows, err := l.handler.conn.Query(ctx, "SELECT DISTINCT cluster FROM conformance WHERE ts >= ?", clampDT(l.sweeper.now().Add(-l.cfg.Staleness)))
 	if err != nil {
 		l.log.Warn("conformance: clusters not listed", "err", err)
 	} else {

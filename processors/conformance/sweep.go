@@ -158,7 +158,7 @@ func (s *Sweeper) live(cl *clusters.Client) bool { return cl != nil && cl.Kube !
 // reconcile moves one node toward its verdict's response.
 func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, pool string, m member, v ic.Verdict, now time.Time, cache map[string]map[string]string, out *Output) error {
 	live := s.live(cl)
-	st, has := s.readState(cluster, m)
+	st, has := s.readState(cluster, m, live)
 	group := GroupValue(pool)
 	switch v.State {
 	case ic.Drifted:
@@ -278,8 +278,8 @@ func short(fp string) string {
 	return fp
 }
 
-func (s *Sweeper) readState(cluster string, m member) (State, bool) {
-	if m.node == nil {
+func (s *Sweeper) readState(cluster string, m member, live bool) (State, bool) {
+	if !live || m.node == nil {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		st, ok := s.dry[cluster+"/"+m.name]
