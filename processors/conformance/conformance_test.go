@@ -25,6 +25,7 @@ import (
 	ic "github.com/faultline/faultline/internal/conformance"
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -548,5 +549,36 @@ func TestValidate(t *testing.T) {
 		if err := c.Validate("conformance."); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate = %v, want %q", err, tc.want)
 		}
+	}
+}
+
+// TestEscalationsMatchShippedQuarantineRules: the role's fatal events
+// (sensitive drift, timeout) cordon and taint under the quarantine role's
+// shipped rules, so "escalate to a fatal event" is the quarantine path;
+// the recovery event never matches (it lifts).
+func TestEscalationsMatchShippedQuarantineRules(t *testing.T) {
+	rs, err := quarantine.ParseRules(quarantine.DefaultRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := quarantine.Compile(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw := NewSweeper(testConfig(), nil, nil, testLog, time.Now, nil)
+	st := State{Since: time.Now(), Group: "h100", Expected: "a", Actual: "b"}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	for _, ev := range []*datamodels.HealthEvent{
+		sw.derived("c", "n1", CheckDriftTimeout, false, datamodels.RecommendedAction_CONTACT_SUPPORT, st, "timeout"),
+		sw.derived("c", "n1", CheckDriftSensitive, false, datamodels.RecommendedAction_NONE, st, "sensitive"),
+	} {
+		d, errs := p.Evaluate(ev, node)
+		if len(errs) > 0 || d == nil || !d.Cordon || d.Taint == nil {
+			t.Errorf("%s: decision %+v errs %v", ev.CheckName, d, errs)
+		}
+	}
+	rec := sw.derived("c", "n1", CheckDriftSensitive, true, datamodels.RecommendedAction_NONE, st, "approved")
+	if d, _ := p.Evaluate(rec, node); d != nil {
+		t.Errorf("recovery matched %+v", d)
 	}
 }
