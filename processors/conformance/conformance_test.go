@@ -582,3 +582,43 @@ func TestEscalationsMatchShippedQuarantineRules(t *testing.T) {
 		t.Errorf("recovery matched %+v", d)
 	}
 }
+
+type flakyProducer struct {
+	fail int
+	got  []*kgo.Record
+}
+
+func (p *flakyProducer) ProduceSync(_ context.Context, rs ...*kgo.Record) kgo.ProduceResults {
+	var out kgo.ProduceResults
+	for _, r := range rs {
+		var err error
+		if p.fail > 0 {
+			err = fmt.Errorf("broker down")
+		} else {
+			p.got = append(p.got, r)
+		}
+		out = append(out, kgo.ProduceResult{Record: r, Err: err})
+	}
+	if p.fail > 0 {
+		p.fail--
+	}
+	return out
+}
+
+// TestUnproducedOutputIsKept: a sweep's actions that Kafka refused are
+// produced with the next sweep's output, not lost (the node already
+// carries the step, so it is not decided again).
+func TestUnproducedOutputIsKept(t *testing.T) {
+	p := &flakyProducer{fail: 1}
+	l := &sweepLoop{log: testLog, prod: p}
+	a1 := &faultlinev1.Action{Id: "a1", Cluster: "c", Node: "n"}
+	a2 := &faultlinev1.Action{Id: "a2", Cluster: "c", Node: "n"}
+	l.produce(context.Background(), "c", Output{Actions: []*faultlinev1.Action{a1}})
+	if len(p.got) != 0 || len(l.pending["c"].Actions) != 1 {
+		t.Fatalf("after failure: produced %d, pending %v", len(p.got), l.pending)
+	}
+	l.produce(context.Background(), "c", Output{Actions: []*faultlinev1.Action{a2}})
+	if len(p.got) != 2 || len(l.pending) != 0 {
+		t.Fatalf("after recovery: produced %d, pending %v", len(p.got), l.pending)
+	}
+}

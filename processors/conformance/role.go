@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -100,7 +101,10 @@ type sweepLoop struct {
 	queue      *Queue
 	configured []string
 
-	prod *kgo.Client
+	prod pipeline.Producer
+
+	mu      sync.Mutex
+	pending map[string]Output // by cluster: not yet produced
 }
 
 func (l *sweepLoop) run(ctx context.Context) error {
@@ -138,18 +142,60 @@ func (l *sweepLoop) sweepAll(ctx context.Context) {
 		}
 		rows.Close()
 	}
+	// Clusters are swept concurrently (at most sweepParallel at once),
+	// each within its own deadline, so a slow cluster never stalls another.
+	sem := make(chan struct{}, sweepParallel)
+	var wg sync.WaitGroup
 	for _, c := range names {
 		if !l.handler.Owns(events.Key(c, "")) {
 			continue
 		}
-		out, err := l.sweeper.Sweep(ctx, c)
-		if err != nil {
-			l.log.Warn("conformance: sweep failed", "cluster", c, "err", err)
-			continue
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			cctx, cancel := context.WithTimeout(ctx, sweepTimeout)
+			defer cancel()
+			out, err := l.sweeper.Sweep(cctx, c)
+			if err != nil {
+				l.log.Warn("conformance: sweep failed", "cluster", c, "err", err)
+			}
+			l.produce(ctx, c, out)
+		}()
+	}
+	wg.Wait()
+}
+
+// sweepParallel bounds the clusters swept at once; sweepTimeout bounds one.
+const (
+	sweepParallel = 8
+	sweepTimeout  = 5 * time.Minute
+)
+
+// produce writes a cluster's sweep output, with what an earlier sweep of
+// the cluster could not produce first: a step already taken on the node is
+// not decided again, so its Action must not be lost to a Kafka outage.
+func (l *sweepLoop) produce(ctx context.Context, cluster string, out Output) {
+	l.mu.Lock()
+	prev := l.pending[cluster]
+	delete(l.pending, cluster)
+	l.mu.Unlock()
+	all := Output{Actions: append(prev.Actions, out.Actions...), Events: append(prev.Events, out.Events...)}
+	if len(all.Actions)+len(all.Events) == 0 {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := Produce(pctx, l.prod, all); err != nil {
+		l.log.Error("conformance: sweep output not produced; kept for the next sweep", "cluster", cluster,
+			"actions", len(all.Actions), "events", len(all.Events), "err", err)
+		l.mu.Lock()
+		if l.pending == nil {
+			l.pending = map[string]Output{}
 		}
-		if err := Produce(ctx, l.prod, out); err != nil {
-			l.log.Error("conformance: sweep output not produced", "cluster", c, "actions", len(out.Actions), "events", len(out.Events), "err", err)
-		}
+		l.pending[cluster] = all
+		l.mu.Unlock()
 	}
 }
 
