@@ -79,7 +79,7 @@ func TestSchemaRefusesTypos(t *testing.T) {
 // nodes, the preflight webhook, and least-privilege RBAC.
 func TestComponents(t *testing.T) {
 	objs := render(t, "default")
-	for _, c := range []string{"gateway", "store", "correlate", "quarantine", "drain", "remediate"} {
+	for _, c := range []string{"gateway", "store", "correlate", "quarantine", "drain", "remediate", "conformance"} {
 		name := "faultline-" + c
 		for _, kind := range []string{"Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service", "ServiceAccount", "NetworkPolicy"} {
 			if Find(objs, kind, name) == nil {
@@ -100,10 +100,8 @@ func TestComponents(t *testing.T) {
 			t.Errorf("%s pod securityContext %v", name, sc)
 		}
 	}
-	for _, c := range []string{"conformance", "janitor"} {
-		if Find(objs, "Deployment", "faultline-"+c) != nil {
-			t.Errorf("%s is rendered though disabled by default", c)
-		}
+	if Find(objs, "Deployment", "faultline-janitor") != nil {
+		t.Error("janitor is rendered though disabled by default")
 	}
 	ds := Find(objs, "DaemonSet", "faultline-agent")
 	if ds == nil {
@@ -183,6 +181,7 @@ func TestRBACMatchesDeployRBAC(t *testing.T) {
 		{"drain.yaml", "faultline-drain", "faultline-drain"},
 		{"quarantine.yaml", "faultline-quarantine", "faultline-quarantine"},
 		{"remediate.yaml", "faultline-remediate", "faultline-remediate"},
+		{"conformance.yaml", "faultline-conformance", "faultline-conformance"},
 		{"preflight.yaml", "faultline-preflight-webhook", "faultline-preflight-webhook"},
 		{"preflight.yaml", "faultline-preflight-check", "faultline-preflight-check"},
 	} {

@@ -161,7 +161,7 @@ func notReady(ctx context.Context, t *testing.T, cs kubernetes.Interface, gpuNod
 	if err != nil {
 		return []string{err.Error()}
 	}
-	want := []string{"gateway", "store", "correlate", "quarantine", "drain", "remediate", "preflight"}
+	want := []string{"gateway", "store", "correlate", "quarantine", "drain", "remediate", "conformance", "preflight"}
 	if len(ds.Items) != len(want) {
 		out = append(out, fmt.Sprintf("%d Deployments, want %d", len(ds.Items), len(want)))
 	}
