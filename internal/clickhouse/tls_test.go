@@ -1,10 +1,14 @@
 package clickhouse
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/faultline/faultline/internal/testenv"
 )
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -52,4 +56,46 @@ func TestTLSOptions(t *testing.T) {
 	if o, _ = c.options("faultline", discard()); o.TLS != nil {
 		t.Fatal("TLS set while disabled")
 	}
+}
+
+// TestTLSRealServer: clickhouse.tls reaches a real ClickHouse server's
+// secure native port (the Debian 18.16 package, tcp_port_secure), verifying
+// its certificate; a wrong CA and plaintext to the TLS port fail.
+func TestTLSRealServer(t *testing.T) {
+	srv := testenv.StartClickHouseTLS(t)
+	ctx := context.Background()
+	c := DefaultConfig()
+	c.Addr = srv.SecureAddr
+	c.DialTimeout = 5 * time.Second
+	c.TLS = TLSConfig{Enabled: true, CAFile: srv.CA.File}
+	if err := c.Validate("clickhouse."); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := Open(context.Background(), withDB(c, "default"), discard())
+	if err != nil {
+		t.Fatalf("TLS open: %v", err)
+	}
+	var one uint8
+	if err := conn.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("SELECT 1 over TLS: %v %d", err, one)
+	}
+	conn.Close()
+
+	other := testenv.NewCA(t, "", "other-ca")
+	bad := c
+	bad.TLS.CAFile = other.File
+	if _, err := Open(ctx, withDB(bad, "default"), discard()); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("wrong CA: %v, want a certificate error", err)
+	}
+	plain := c
+	plain.TLS = TLSConfig{}
+	plain.DialTimeout = 2 * time.Second
+	if _, err := Open(ctx, withDB(plain, "default"), discard()); err == nil {
+		t.Error("plaintext to the TLS port: connected")
+	}
+}
+
+func withDB(c Config, db string) Config {
+	c.Database = db
+	return c
 }
