@@ -114,14 +114,38 @@ func TestInstallOnKWOK(t *testing.T) {
 	if _, err := k.Client().Discovery().ServerResourcesForGroupVersion("janitor.dgxc.nvidia.com/v1alpha1"); err != nil {
 		t.Errorf("chart CRDs: %v", err)
 	}
+	waitInstalled(ctx, t, cs, namespace, "faultline", began, gpuNodes,
+		[]string{"gateway", "store", "correlate", "quarantine", "drain", "remediate", "conformance", "preflight"})
+
+	// The secure set beside it, in its own namespace: every role (janitor
+	// too), cert-manager Certificates and ServiceMonitors (their operators'
+	// CRDs stood in for), a second agent DaemonSet on another metrics port.
+	k.ApplyCRDs(t, filepath.Join("testdata", "stub-crds", "*.yaml"))
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "faultline-events"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	began = time.Now()
+	out, err = Helm(ctx, helm, t.TempDir(), "install", "fleet", Dir(), "--namespace", "fleet", "--create-namespace",
+		"--kubeconfig", k.Kubeconfig(), "-f", ValueSets()["secure"], "--set", "agent.metricsPort=2113", "--timeout", "3m")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	waitInstalled(ctx, t, cs, "fleet", "fleet-faultline", began, gpuNodes,
+		[]string{"gateway", "store", "correlate", "quarantine", "drain", "remediate", "conformance", "janitor", "preflight"})
+}
+
+// waitInstalled waits until every Deployment of the release is Available
+// and its agent DaemonSet runs on exactly the GPU nodes.
+func waitInstalled(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns, fullname string, began time.Time, gpuNodes, components []string) {
+	t.Helper()
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		pending := notReady(ctx, t, cs, gpuNodes)
+		pending := notReady(ctx, t, cs, ns, fullname, gpuNodes, components)
 		if len(pending) == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			pods, _ := cs.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
+			pods, _ := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 			var ps []string
 			for _, p := range pods.Items {
 				why := ""
@@ -136,9 +160,9 @@ func TestInstallOnKWOK(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 	}
-	t.Logf("every Deployment Available and the DaemonSet on both GPU nodes %s after helm install began", time.Since(began).Round(100*time.Millisecond))
+	t.Logf("%s: every Deployment (%d) Available and the DaemonSet on both GPU nodes %s after helm install began", ns, len(components), time.Since(began).Round(100*time.Millisecond))
 	// The DaemonSet's pods are on the GPU nodes, one each.
-	pods, err := cs.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=agent"})
+	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=agent"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,30 +178,35 @@ func TestInstallOnKWOK(t *testing.T) {
 
 // notReady lists what is not yet there: Deployments not Available, the
 // agent DaemonSet not ready on every GPU node.
-func notReady(ctx context.Context, t *testing.T, cs kubernetes.Interface, gpuNodes []string) []string {
+func notReady(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns, fullname string, gpuNodes, components []string) []string {
 	t.Helper()
 	var out []string
-	ds, err := cs.AppsV1().Deployments(namespace).List(ctx, metav1.ListOptions{})
+	ds, err := cs.AppsV1().Deployments(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return []string{err.Error()}
 	}
-	want := []string{"gateway", "store", "correlate", "quarantine", "drain", "remediate", "conformance", "preflight"}
-	if len(ds.Items) != len(want) {
-		out = append(out, fmt.Sprintf("%d Deployments, want %d", len(ds.Items), len(want)))
+	var names []string
+	for _, d := range ds.Items {
+		names = append(names, d.Name)
+	}
+	for _, c := range components {
+		if !slices.Contains(names, fullname+"-"+c) {
+			out = append(out, "no Deployment "+fullname+"-"+c)
+		}
 	}
 	for _, d := range ds.Items {
 		if !available(d) {
 			out = append(out, fmt.Sprintf("Deployment %s not Available (%d/%d ready)", d.Name, d.Status.ReadyReplicas, d.Status.Replicas))
 		}
 	}
-	dss, err := cs.AppsV1().DaemonSets(namespace).Get(ctx, "faultline-agent", metav1.GetOptions{})
+	dss, err := cs.AppsV1().DaemonSets(ns).Get(ctx, fullname+"-agent", metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		out = append(out, "no DaemonSet faultline-agent")
+		out = append(out, "no DaemonSet "+fullname+"-agent")
 	case err != nil:
 		out = append(out, err.Error())
 	case dss.Status.DesiredNumberScheduled != int32(len(gpuNodes)) || dss.Status.NumberReady != int32(len(gpuNodes)):
-		out = append(out, fmt.Sprintf("DaemonSet faultline-agent: %d desired, %d ready, want %d", dss.Status.DesiredNumberScheduled, dss.Status.NumberReady, len(gpuNodes)))
+		out = append(out, fmt.Sprintf("DaemonSet %s-agent: %d desired, %d ready, want %d", fullname, dss.Status.DesiredNumberScheduled, dss.Status.NumberReady, len(gpuNodes)))
 	}
 	return out
 }
