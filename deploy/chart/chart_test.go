@@ -296,3 +296,40 @@ func TestOverrides(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentOnly: an agent-only install on a member cluster (no gateway,
+// roles or webhook; no Kafka or ClickHouse values) renders the agent
+// alone, sending with TLS to the gateway elsewhere, verified by its CA.
+func TestAgentOnly(t *testing.T) {
+	helm := testenv.Helm(t)
+	args := []string{"template", "member", Dir(), "-n", "faultline"}
+	for _, s := range []string{"gateway.enabled=false", "roles.store.enabled=false", "roles.correlate.enabled=false",
+		"roles.quarantine.enabled=false", "roles.drain.enabled=false", "roles.remediate.enabled=false",
+		"roles.conformance.enabled=false", "preflight.enabled=false", "agent.gatewayAddr=gw.fleet.example:443",
+		"agent.tokenSecret=agent-token", "agent.gatewayCASecret.name=fleet-ca"} {
+		args = append(args, "--set", s)
+	}
+	out, err := Helm(context.Background(), helm, t.TempDir(), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := Parse(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, o := range objs {
+		kinds = append(kinds, o.GetKind()+"/"+o.GetName())
+	}
+	slices.Sort(kinds)
+	if want := []string{"ConfigMap/member-faultline-agent", "DaemonSet/member-faultline-agent", "ServiceAccount/member-faultline-agent"}; !slices.Equal(kinds, want) {
+		t.Errorf("objects %q, want %q", kinds, want)
+	}
+	conf, err := ConfigTOML(objs, "member-faultline-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(conf, `addr = "gw.fleet.example:443"`) || !strings.Contains(conf, `ca_file = "/var/run/secrets/faultline/gateway-ca.crt"`) || strings.Contains(conf, "insecure") {
+		t.Errorf("agent gateway config:\n%s", conf)
+	}
+}
