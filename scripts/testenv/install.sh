@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# install.sh [kafka|clickhouse|zookeeper|chdb|kube|all]... — install the real
+# install.sh [kafka|clickhouse|zookeeper|chdb|kube|helm|all]... — install the real
 # servers that the integration tests (internal/testenv) start: ClickHouse,
 # Apache Kafka, ZooKeeper (for replicated ClickHouse), a Kubernetes control
-# plane (etcd, kube-apiserver, kube-controller-manager, kwok), and chdb-core
-# (a current ClickHouse engine in-process, to check the SQL on it).
+# plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+# kwok), chdb-core (a current ClickHouse engine in-process, to check the SQL
+# on it) and the helm CLI (the chart's tests).
 #
 # Idempotent: everything is cached in ${FAULTLINE_CACHE:-$HOME/.cache/faultline},
 # keyed by version, and a component that is already there is a fast no-op.
@@ -21,7 +22,10 @@
 #               graceful stop 1-1.6 s.
 #   kube        empty Go caches: 34 min (etcd 2.5, kube-apiserver 14.5,
 #               kube-controller-manager 10, kwok 7); warm Go caches but empty
-#               $FAULTLINE_CACHE: 3 min 14 s.
+#               $FAULTLINE_CACHE: 3 min 14 s. kube-scheduler alone on a cache
+#               from before it was added: a few minutes (build cache warm).
+#   helm        go install helm v4.3.1, empty caches: 36 min at load 20-30
+#               (the other components building beside it), 86 MB.
 #   warm no-op for all components: 0.3 s
 set -euo pipefail
 
@@ -34,6 +38,7 @@ ETCD_VERSION=v3.6.4
 KWOK_VERSION=v0.8.0
 ZOOKEEPER_VERSION="${FAULTLINE_ZOOKEEPER_VERSION:-3.9.4}"
 CHDB_VERSION="${FAULTLINE_CHDB_VERSION:-26.9.0}"
+HELM_VERSION=v4.3.1
 
 log() { printf 'testenv: %s\n' "$*" >&2; }
 die() { printf 'testenv: error: %s\n' "$*" >&2; exit 1; }
@@ -321,8 +326,14 @@ EOF
 
 build_kube() {
 	local out=$1
-	[ -x "$out/kube-apiserver" ] && [ -x "$out/kube-controller-manager" ] && return 0
-	log "building kube-apiserver + kube-controller-manager $KUBE_VERSION (about 11 min cold on 2 cores)"
+	local cmds=(kube-apiserver kube-controller-manager kube-scheduler) cmd todo=()
+	for cmd in "${cmds[@]}"; do
+		[ -x "$out/$cmd" ] || todo+=("$cmd")
+	done
+	[ ${#todo[@]} -eq 0 ] && return 0
+	# A cache from before kube-scheduler was added builds just that one
+	# (the Go build cache shares most packages: a few minutes).
+	log "building ${todo[*]} $KUBE_VERSION (about 11 min cold on 2 cores for the apiserver)"
 	local build="$CACHE/build/kube-$KUBE_VERSION"
 	rm -rf "$build"
 	mkdir -p "$build"
@@ -362,14 +373,13 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 )
 EOF
 	local ldflags
 	ldflags=$(kube_ldflags)
 	(cd "$build" && GOFLAGS=-mod=mod go mod tidy >&2) || die "go mod tidy failed in $build"
-	local cmd
-	for cmd in kube-apiserver kube-controller-manager; do
-		[ -x "$out/$cmd" ] && continue
+	for cmd in "${todo[@]}"; do
 		(cd "$build" && go build -trimpath -ldflags "$ldflags" -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd" >&2) ||
 			die "building $cmd failed"
 		mv "$out/$cmd.tmp" "$out/$cmd"
@@ -418,6 +428,28 @@ install_kube() {
 	echo "testenv: kube $KUBE_VERSION (etcd $ETCD_VERSION, kwok $KWOK_VERSION) $out"
 }
 
+# ---------------------------------------------------------------------- helm
+
+# install_helm builds the pinned helm CLI from the Go module proxy into
+# $CACHE/helm/<version>/helm (the chart's tests: lint, template, install
+# onto the test apiserver). About 5 min cold on 2 cores.
+install_helm() {
+	local dir="$CACHE/helm/$HELM_VERSION"
+	if [ ! -x "$dir/helm" ]; then
+		command -v go >/dev/null || die "go is not on PATH"
+		log "building helm $HELM_VERSION from the Go module proxy (about 5 min cold)"
+		local tmpbin="$CACHE/build/helm-$HELM_VERSION-bin"
+		rm -rf "$tmpbin"
+		mkdir -p "$tmpbin" "$dir"
+		GOBIN="$tmpbin" GOFLAGS=-mod=mod go install -trimpath \
+			-ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
+			"helm.sh/helm/v4/cmd/helm@$HELM_VERSION" >&2 || die "go install helm $HELM_VERSION failed"
+		mv "$tmpbin/helm" "$dir/helm"
+		rm -rf "$tmpbin"
+	fi
+	echo "testenv: helm $HELM_VERSION $dir/helm"
+}
+
 # ---------------------------------------------------------------------- main
 
 main() {
@@ -431,14 +463,16 @@ main() {
 		kube) with_lock kube install_kube ;;
 		zookeeper) with_lock zookeeper install_zookeeper ;;
 		chdb) with_lock chdb install_chdb ;;
+		helm) with_lock helm install_helm ;;
 		all)
 			with_lock clickhouse install_clickhouse
 			with_lock kafka install_kafka
 			with_lock zookeeper install_zookeeper
 			with_lock chdb install_chdb
 			with_lock kube install_kube
+			with_lock helm install_helm
 			;;
-		*) die "unknown component '$t' (want kafka, clickhouse, zookeeper, chdb, kube or all)" ;;
+		*) die "unknown component '$t' (want kafka, clickhouse, zookeeper, chdb, kube, helm or all)" ;;
 		esac
 	done
 }
