@@ -31,6 +31,9 @@ type ReadyCheck struct {
 type Options struct {
 	// History serves GET /v1/events and /v1/actions; nil answers 501.
 	History History
+	// Fleet serves the fleet page's reads (GET /v1/fleet/...); nil
+	// answers 501. The page itself (/ui/) is always served.
+	Fleet Fleet
 	// Ready are extra readiness conditions (Kafka's is always included).
 	Ready []ReadyCheck
 	// Now is the clock; default time.Now.
@@ -49,6 +52,7 @@ type Server struct {
 	ready    []ReadyCheck
 	flight   *inflight
 	codec    Codec
+	fleet    Fleet
 
 	grpcLn, httpLn, unixLn net.Listener
 	grpcSrv, unixSrv       *grpc.Server
@@ -81,6 +85,7 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 		ready:  append([]ReadyCheck{{Name: "kafka", Check: prod.Ping}}, opts.Ready...),
 		flight: newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn),
 		codec:  Codec{limits: shapeLimits{maxEvents: cfg.MaxBatch}},
+		fleet:  opts.Fleet,
 		svc: &service{
 			validator:   Validator{MaxBatch: cfg.MaxBatch, MaxFutureSkew: cfg.MaxFutureSkew},
 			producer:    prod,

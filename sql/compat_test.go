@@ -18,6 +18,7 @@ import (
 
 	"github.com/faultline/faultline/internal/analytics"
 	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/internal/fleet"
 	"github.com/faultline/faultline/internal/testenv"
 	sqlfiles "github.com/faultline/faultline/sql"
 )
@@ -736,6 +737,56 @@ func compatScript(t *testing.T) ([]testenv.SQLStep, map[string]stepCheck) {
 	for name := range qs {
 		if !covered[name] {
 			t.Errorf("analytics query %s has no case here", name)
+		}
+	}
+
+	// Every fleet page query (internal/fleet), as the page runs it.
+	fq, err := fleet.Queries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	alphaNow := map[string]string{"cluster": "alpha", "now": "2026-03-03 00:00:00"}
+	fleetCases := []struct {
+		query  string
+		params map[string]string
+		check  func(tsv) error
+	}{
+		{"node_states", alphaNow, nonEmpty},
+		{"node_states", with(alphaNow, "node", "n-flap"), nonEmpty},
+		{"state_counts", alphaNow, nonEmpty},
+		{"node_page", with(alphaNow, "limit", "10"), nonEmpty},
+		{"node_page", with(alphaNow, "state", "quarantined", "offset", "1", "limit", "1"), nil},
+		{"node_faults", with(alphaNow, "node", "n-flap"), nonEmpty},
+		{"node_faults", with(alphaNow, "node", "n-xid"), nil},
+		{"drifted", with(alphaNow, "drift_check", "SysLogsXIDError"), nonEmpty},
+		{"cluster_state", with(day, "cluster", "alpha"), nonEmpty},
+		{"cluster_state", with(day, "cluster", "nobody"), nonEmpty},
+	}
+	fleetCovered := map[string]bool{}
+	for i, c := range fleetCases {
+		q, ok := fq[c.query]
+		if !ok {
+			t.Fatalf("no fleet query %s", c.query)
+		}
+		fleetCovered[c.query] = true
+		named, err := q.Args(c.params, now)
+		if err != nil {
+			t.Fatalf("%s: %v", c.query, err)
+		}
+		args := map[string]any{}
+		for _, a := range named {
+			nv := a.(driver.NamedValue)
+			args[nv.Name] = nv.Value
+		}
+		sql, err := bind(q.SQL, args)
+		if err != nil {
+			t.Fatalf("%s: %v", c.query, err)
+		}
+		query(fmt.Sprintf("fleet %s #%d %v", c.query, i, c.params), sql, stepCheck{ordered: true, check: c.check})
+	}
+	for name := range fq {
+		if !fleetCovered[name] {
+			t.Errorf("fleet query %s has no case here", name)
 		}
 	}
 

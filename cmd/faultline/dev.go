@@ -22,6 +22,7 @@ import (
 	"github.com/faultline/faultline/internal/chserver"
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/fleet"
 	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/kafka"
@@ -156,8 +157,13 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	defer admin.Close()
 
 	reg := newRegistry()
+	fl, err := fleet.New(chconn, log, fleet.Options{})
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{
 		History: history.New(chconn, log),
+		Fleet:   fl,
 		Ready: []gateway.ReadyCheck{
 			{Name: "clickhouse", Check: chconn.Ping},
 			{Name: "processors", Check: groupsReady(admin, roles)},
