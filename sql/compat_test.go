@@ -16,6 +16,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/faultline/faultline/deploy/monitoring"
 	"github.com/faultline/faultline/internal/analytics"
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/fleet"
@@ -788,6 +789,24 @@ func compatScript(t *testing.T) ([]testenv.SQLStep, map[string]stepCheck) {
 		if !fleetCovered[name] {
 			t.Errorf("fleet query %s has no case here", name)
 		}
+	}
+
+	// Every SQL panel of the Grafana dashboards (deploy/monitoring), its
+	// macros expanded as Grafana's ClickHouse plugin sends them.
+	panels, err := monitoring.SQLPanels()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(panels) == 0 {
+		t.Error("no SQL panels found in deploy/monitoring")
+	}
+	for _, p := range panels {
+		sql := monitoring.Expand(p.SQL, "alpha", time.Date(2026, 2, 20, 0, 0, 0, 0, time.UTC), time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC))
+		check := nonEmpty
+		if strings.Contains(p.Where, "flapping") {
+			check = nil // the seed has no node quarantined twice
+		}
+		query("dashboard "+p.Where, sql, stepCheck{ordered: true, check: check})
 	}
 
 	// Every rule of the shipped rules file: triggers over the seed, the
