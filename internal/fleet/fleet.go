@@ -23,6 +23,7 @@ package fleet
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -30,6 +31,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	ch "github.com/ClickHouse/clickhouse-go/v2"
@@ -152,6 +154,18 @@ func (s *Store) run(ctx context.Context, name string, params map[string]string) 
 	return res, nil
 }
 
+// parallel runs fs at once (each a query on its own pooled connection)
+// and returns the first error.
+func parallel(fs ...func() error) error {
+	errs := make([]error, len(fs))
+	var wg sync.WaitGroup
+	for i, f := range fs {
+		wg.Go(func() { errs[i] = f() })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
 // queryContext makes ClickHouse itself stop a query at ctx's deadline.
 func queryContext(ctx context.Context) context.Context {
 	d, ok := ctx.Deadline()
@@ -239,15 +253,20 @@ func (s *Store) Summary(ctx context.Context, cluster string, r Range) (*Summary,
 		return nil, err
 	}
 	asOf := sqlTime(now)
-	cs, err := s.run(ctx, "cluster_state", map[string]string{"cluster": cluster, "since": sqlTime(r.Since), "until": sqlTime(r.Until)})
-	if err != nil {
-		return nil, err
-	}
-	counts, err := s.run(ctx, "state_counts", map[string]string{"cluster": cluster, "now": asOf})
-	if err != nil {
-		return nil, err
-	}
-	drift, err := s.run(ctx, "drifted", map[string]string{"cluster": cluster, "now": asOf, "drift_check": s.driftCheck})
+	var cs, counts, drift *analytics.Result
+	err = parallel(
+		func() (err error) {
+			cs, err = s.run(ctx, "cluster_state", map[string]string{"cluster": cluster, "since": sqlTime(r.Since), "until": sqlTime(r.Until)})
+			return err
+		},
+		func() (err error) {
+			counts, err = s.run(ctx, "state_counts", map[string]string{"cluster": cluster, "now": asOf})
+			return err
+		},
+		func() (err error) {
+			drift, err = s.run(ctx, "drifted", map[string]string{"cluster": cluster, "now": asOf, "drift_check": s.driftCheck})
+			return err
+		})
 	if err != nil {
 		return nil, err
 	}
@@ -298,9 +317,10 @@ type NodeRow struct {
 	// and remediation actions ('' when none).
 	Drain       string `json:"drain,omitempty"`
 	Remediation string `json:"remediation,omitempty"`
-	// Drifted: the node's latest conformance drift event is unhealthy.
-	Drifted      bool   `json:"drifted"`
-	DriftMessage string `json:"driftMessage,omitempty"`
+	// Drifted: the node's latest conformance drift report is unhealthy;
+	// DriftEntity names what drifted.
+	Drifted     bool   `json:"drifted"`
+	DriftEntity string `json:"driftEntity,omitempty"`
 }
 
 // NodesQuery selects a page of nodes.
@@ -372,7 +392,20 @@ func (s *Store) Nodes(ctx context.Context, cluster string, q NodesQuery) (*Nodes
 		return nil, badf("state: %q is not one of quarantined, draining, remediating, escalated, held, drifted", q.State)
 	}
 	asOf := sqlTime(s.now())
-	drift, err := s.run(ctx, "drifted", map[string]string{"cluster": cluster, "now": asOf, "drift_check": s.driftCheck})
+	var drift, res *analytics.Result
+	err = parallel(
+		func() (err error) {
+			drift, err = s.run(ctx, "drifted", map[string]string{"cluster": cluster, "now": asOf, "drift_check": s.driftCheck})
+			return err
+		},
+		func() (err error) {
+			if q.State == StateDrifted {
+				return nil
+			}
+			res, err = s.run(ctx, "node_page", map[string]string{"cluster": cluster, "now": asOf, "state": q.State,
+				"offset": strconv.Itoa(offset), "limit": strconv.Itoa(limit + 1)})
+			return err
+		})
 	if err != nil {
 		return nil, err
 	}
@@ -392,17 +425,12 @@ func (s *Store) Nodes(ctx context.Context, cluster string, q NodesQuery) (*Nodes
 				out.NextPageToken = pageToken(offset + limit)
 				break
 			}
-			n := NodeRow{Node: row[0].(string), State: StateDrifted, StateSince: msTime(row[1].(uint64)), Drifted: true, DriftMessage: row[2].(string)}
+			n := NodeRow{Node: row[0].(string), State: StateDrifted, StateSince: msTime(row[1].(uint64)), Drifted: true, DriftEntity: row[2].(string)}
 			n.QuarantinedSince = time.Time{}
 			out.Nodes = append(out.Nodes, n)
 		}
 		s.fillStates(ctx, cluster, asOf, out.Nodes)
 		return out, nil
-	}
-	res, err := s.run(ctx, "node_page", map[string]string{"cluster": cluster, "now": asOf, "state": q.State,
-		"offset": strconv.Itoa(offset), "limit": strconv.Itoa(limit + 1)})
-	if err != nil {
-		return nil, err
 	}
 	for _, row := range res.Rows {
 		if len(out.Nodes) == limit {
@@ -410,7 +438,7 @@ func (s *Store) Nodes(ctx context.Context, cluster string, q NodesQuery) (*Nodes
 			break
 		}
 		n := nodeRow(res.Columns, row)
-		n.DriftMessage, n.Drifted = drifted[n.Node]
+		n.DriftEntity, n.Drifted = drifted[n.Node]
 		out.Nodes = append(out.Nodes, n)
 	}
 	return out, nil
@@ -424,7 +452,7 @@ func (s *Store) fillStates(ctx context.Context, cluster, asOf string, nodes []No
 			continue
 		}
 		n := nodeRow(res.Columns, res.Rows[0])
-		n.Drifted, n.DriftMessage = true, nodes[i].DriftMessage
+		n.Drifted, n.DriftEntity = true, nodes[i].DriftEntity
 		nodes[i] = n
 	}
 }
@@ -489,7 +517,20 @@ func (s *Store) Node(ctx context.Context, cluster, node string) (*NodeDetail, er
 	}
 	asOf := sqlTime(s.now())
 	out := &NodeDetail{Cluster: cluster, Node: node, State: StateHealthy, Faults: []Fault{}, Release: []string{}}
-	st, err := s.run(ctx, "node_states", map[string]string{"cluster": cluster, "now": asOf, "node": node})
+	var st, drift, fr *analytics.Result
+	err := parallel(
+		func() (err error) {
+			st, err = s.run(ctx, "node_states", map[string]string{"cluster": cluster, "now": asOf, "node": node})
+			return err
+		},
+		func() (err error) {
+			drift, err = s.run(ctx, "drifted", map[string]string{"cluster": cluster, "now": asOf, "drift_check": s.driftCheck})
+			return err
+		},
+		func() (err error) {
+			fr, err = s.run(ctx, "node_faults", map[string]string{"cluster": cluster, "node": node, "now": asOf})
+			return err
+		})
 	if err != nil {
 		return nil, err
 	}
@@ -497,23 +538,15 @@ func (s *Store) Node(ctx context.Context, cluster, node string) (*NodeDetail, er
 		r := nodeRow(st.Columns, st.Rows[0])
 		out.Row, out.State, out.StateSince = &r, r.State, &r.StateSince
 	}
-	drift, err := s.run(ctx, "drifted", map[string]string{"cluster": cluster, "now": asOf, "drift_check": s.driftCheck})
-	if err != nil {
-		return nil, err
-	}
 	for _, row := range drift.Rows {
 		if row[0].(string) == node {
 			if out.Row != nil {
-				out.Row.Drifted, out.Row.DriftMessage = true, row[2].(string)
+				out.Row.Drifted, out.Row.DriftEntity = true, row[2].(string)
 			} else {
 				out.State = StateDrifted
 				out.StateSince = optTime(row[1].(uint64))
 			}
 		}
-	}
-	fr, err := s.run(ctx, "node_faults", map[string]string{"cluster": cluster, "node": node, "now": asOf})
-	if err != nil {
-		return nil, err
 	}
 	var ids []string
 	for _, row := range fr.Rows {

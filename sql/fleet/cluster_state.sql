@@ -1,7 +1,9 @@
 -- Fleet page: a cluster's circuit breaker (the latest breaker_open or
 -- breaker_close action: open, closed, or never tripped) and whether its
 -- quarantines are dry-run (the latest quarantine decision was), and how
--- many nodes reported events in [since, until). Times are Unix milliseconds.
+-- many nodes reported events received in [since, until) (read from
+-- recent_events, partitioned by day: only the range's days are read; it
+-- keeps the last 8 days). Times are Unix milliseconds.
 -- param: cluster String ''     the cluster
 -- param: since DateTime now-1d  nodes reporting at or after this time
 -- param: until DateTime now     ...and before this time
@@ -13,8 +15,8 @@ SELECT
     toUInt64(decisions) AS decisions,
     toUInt64(ifNull((
         SELECT uniqExact(node)
-        FROM events
-        WHERE cluster = @cluster AND ts >= @since AND ts < @until
+        FROM recent_events
+        WHERE received >= @since AND received < @until AND cluster = @cluster
     ), 0)) AS reporting_nodes
 FROM
 (

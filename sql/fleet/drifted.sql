@@ -1,18 +1,21 @@
--- Fleet page: the nodes of a cluster whose latest conformance drift event
--- (check drift_check, raw or derived) is unhealthy: their configuration
--- differs from their group's. Times are Unix milliseconds.
--- param: cluster String ''                 the cluster
+-- Fleet page: the nodes of a cluster whose latest conformance drift report
+-- (check drift_check) is unhealthy: their configuration differs from their
+-- group's. Read from recent_events (ordered by check, then time, so only
+-- the drift reports are read; it keeps the last 8 days, and conformance
+-- reports recur well within that). entity names what drifted. Times are
+-- Unix milliseconds.
+-- param: cluster String ''                      the cluster
 -- param: drift_check String 'ConformanceDrift'  the check that reports drift
--- param: now DateTime now                  the state as of this time
-SELECT node, toUInt64(at) AS drifted_since_ms, message
+-- param: now DateTime now                       the state as of this time
+SELECT node, toUInt64(at) AS drifted_since_ms, entity
 FROM
 (
-    SELECT node, max(t) AS at, argMax(is_healthy, t) AS healthy, argMax(message, t) AS message
+    SELECT node, max(t) AS at, argMax(is_healthy, t) AS healthy, argMax(entity, t) AS entity
     FROM
     (
-        SELECT node, id, is_healthy, message, toUInt64(ts) * 1000 + ts_ms AS t
-        FROM events
-        WHERE cluster = @cluster AND check = @drift_check AND ts <= @now
+        SELECT node, id, is_healthy, entity, toUInt64(ts) * 1000 + ts_ms AS t
+        FROM recent_events
+        WHERE check = @drift_check AND ts <= @now AND cluster = @cluster
         LIMIT 1 BY id
     )
     GROUP BY node
