@@ -18,8 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/faultline/faultline/gateway"
-	"github.com/faultline/faultline/internal/analytics"
 	"github.com/faultline/faultline/gateway/gatewaytest"
+	"github.com/faultline/faultline/internal/analytics"
 	"github.com/faultline/faultline/internal/clickhouse/chtest"
 	"github.com/faultline/faultline/internal/fleet"
 	"github.com/faultline/faultline/internal/history"
