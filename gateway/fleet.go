@@ -19,7 +19,7 @@ import (
 // Fleet serves the fleet page's reads (GET /v1/fleet/...), always for
 // the caller's cluster; internal/fleet's Store implements it.
 type Fleet interface {
-	Summary(ctx context.Context, cluster string, r fleet.Range) (*fleet.Summary, error)
+	Summary(ctx context.Context, cluster string, r fleet.Range, page *fleet.NodesQuery) (*fleet.Summary, error)
 	Nodes(ctx context.Context, cluster string, q fleet.NodesQuery) (*fleet.NodesPage, error)
 	Node(ctx context.Context, cluster, node string) (*fleet.NodeDetail, error)
 	Analytics(ctx context.Context, cluster, name string, params map[string]string) (*fleet.Table, error)
@@ -49,21 +49,27 @@ func (s *Server) fleetRoutes(mux *http.ServeMux) {
 		h.Set("Cache-Control", "no-cache")
 		files.ServeHTTP(w, r)
 	})
+	// The summary; with limit (and state, pageToken) also that page of
+	// nodes: the fleet view's first render in one request.
 	mux.HandleFunc("GET /v1/fleet/summary", s.fleetRead(false, func(ctx context.Context, c Caller, r *http.Request) (any, error) {
 		rg, err := parseRange(r)
 		if err != nil {
 			return nil, err
 		}
-		return s.fleet.Summary(ctx, c.Cluster, rg)
+		var page *fleet.NodesQuery
+		if r.URL.Query().Has("limit") {
+			q, err := nodesQuery(r)
+			if err != nil {
+				return nil, err
+			}
+			page = &q
+		}
+		return s.fleet.Summary(ctx, c.Cluster, rg, page)
 	}))
 	mux.HandleFunc("GET /v1/fleet/nodes", s.fleetRead(false, func(ctx context.Context, c Caller, r *http.Request) (any, error) {
-		q := fleet.NodesQuery{State: r.URL.Query().Get("state"), PageToken: r.URL.Query().Get("pageToken")}
-		if l := r.URL.Query().Get("limit"); l != "" {
-			n, err := strconv.Atoi(l)
-			if err != nil {
-				return nil, badParam("limit: not a number")
-			}
-			q.Limit = n
+		q, err := nodesQuery(r)
+		if err != nil {
+			return nil, err
 		}
 		return s.fleet.Nodes(ctx, c.Cluster, q)
 	}))
@@ -84,6 +90,19 @@ func (s *Server) fleetRoutes(mux *http.ServeMux) {
 		}
 		return s.fleet.Analytics(ctx, c.Cluster, r.PathValue("name"), params)
 	}))
+}
+
+// nodesQuery reads state, limit and pageToken.
+func nodesQuery(r *http.Request) (fleet.NodesQuery, error) {
+	q := fleet.NodesQuery{State: r.URL.Query().Get("state"), PageToken: r.URL.Query().Get("pageToken")}
+	if l := r.URL.Query().Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil {
+			return q, badParam("limit: not a number")
+		}
+		q.Limit = n
+	}
+	return q, nil
 }
 
 func badParam(msg string) error { return &fleetBad{msg} }

@@ -78,6 +78,11 @@ func TestFleetAPI(t *testing.T) {
 		if s["cluster"] != "alpha" || nodes["quarantined"] != 2.0 || nodes["healthy"] != 6.0 || s["breaker"].(map[string]any)["state"] != "open" {
 			t.Errorf("alpha summary: %v", s)
 		}
+		withPage := get(t, alpha, "/v1/fleet/summary?limit=2&state=quarantined", 200)
+		page := withPage["page"].(map[string]any)
+		if ns := page["nodes"].([]any); len(ns) != 2 || page["nextPageToken"] != nil {
+			t.Errorf("alpha summary's page: %v", page)
+		}
 		b := get(t, beta, "/v1/fleet/summary", 200)
 		if b["cluster"] != "beta" || b["dryRun"] != true {
 			t.Errorf("beta summary: %v", b)

@@ -100,12 +100,12 @@ func (l *lazyHistory) fleet(ctx context.Context) (*fleet.Store, error) {
 }
 
 // Summary, Nodes, Node and Analytics serve the fleet page (gateway.Fleet).
-func (l *lazyHistory) Summary(ctx context.Context, cluster string, r fleet.Range) (*fleet.Summary, error) {
+func (l *lazyHistory) Summary(ctx context.Context, cluster string, r fleet.Range, page *fleet.NodesQuery) (*fleet.Summary, error) {
 	f, err := l.fleet(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return f.Summary(ctx, cluster, r)
+	return f.Summary(ctx, cluster, r, page)
 }
 
 func (l *lazyHistory) Nodes(ctx context.Context, cluster string, q fleet.NodesQuery) (*fleet.NodesPage, error) {

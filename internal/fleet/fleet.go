@@ -207,6 +207,9 @@ type Summary struct {
 	// decided (dry-run).
 	DryRunNodes uint64  `json:"dryRunNodes"`
 	Breaker     Breaker `json:"breaker"`
+	// Page is the first page of nodes asked for with the summary (the
+	// fleet view's first render in one request), or nil.
+	Page *NodesPage `json:"page,omitempty"`
 }
 
 // Range is a time range [Since, Until); zero values take the defaults
@@ -245,16 +248,29 @@ func optTime(ms uint64) *time.Time {
 func sqlTime(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05") }
 
 // Summary counts cluster's nodes per state as of now, the nodes reporting
-// in r, and its breaker.
-func (s *Store) Summary(ctx context.Context, cluster string, r Range) (*Summary, error) {
+// in r, and its breaker; with page, also that page of nodes (as Nodes),
+// the drift query shared.
+func (s *Store) Summary(ctx context.Context, cluster string, r Range, page *NodesQuery) (*Summary, error) {
 	now := s.now().UTC().Truncate(time.Second)
 	r, err := r.resolve(now)
 	if err != nil {
 		return nil, err
 	}
+	var limit, offset int
+	if page != nil {
+		if limit, offset, err = checkNodesQuery(*page); err != nil {
+			return nil, err
+		}
+	}
 	asOf := sqlTime(now)
-	var cs, counts, drift *analytics.Result
+	var cs, counts, drift, pageRes *analytics.Result
 	err = parallel(
+		func() (err error) {
+			if page != nil {
+				pageRes, err = s.pageQuery(ctx, cluster, asOf, page.State, limit, offset)
+			}
+			return err
+		},
 		func() (err error) {
 			cs, err = s.run(ctx, "cluster_state", map[string]string{"cluster": cluster, "since": sqlTime(r.Since), "until": sqlTime(r.Until)})
 			return err
@@ -294,6 +310,11 @@ func (s *Store) Summary(ctx context.Context, cluster string, r Range) (*Summary,
 		out.DryRunNodes += dry
 	}
 	out.Breaker.Held = out.Nodes[StateHeld]
+	if page != nil {
+		if out.Page, err = s.assemblePage(ctx, cluster, asOf, page.State, limit, offset, drift, pageRes); err != nil {
+			return nil, err
+		}
+	}
 	out.Nodes[StateDrifted] = uint64(len(drift.Rows))
 	if out.ReportingNodes > unhealthy {
 		out.Nodes[StateHealthy] = out.ReportingNodes - unhealthy
@@ -373,23 +394,9 @@ func parsePageToken(tok string) (int, error) {
 // Nodes returns a page of cluster's nodes in q.State (every state but
 // healthy when empty), newest state first; drifted pages the drifted nodes.
 func (s *Store) Nodes(ctx context.Context, cluster string, q NodesQuery) (*NodesPage, error) {
-	limit := q.Limit
-	switch {
-	case limit == 0:
-		limit = DefaultLimit
-	case limit < 0 || limit > MaxLimit:
-		return nil, badf("limit: must be between 1 and %d, got %d", MaxLimit, limit)
-	}
-	offset, err := parsePageToken(q.PageToken)
+	limit, offset, err := checkNodesQuery(q)
 	if err != nil {
 		return nil, err
-	}
-	switch q.State {
-	case "", StateQuarantined, StateDraining, StateRemediating, StateEscalated, StateHeld, StateDrifted:
-	case StateHealthy:
-		return nil, badf("state: healthy nodes are not listed (only counted); pick one of quarantined, draining, remediating, escalated, held, drifted")
-	default:
-		return nil, badf("state: %q is not one of quarantined, draining, remediating, escalated, held, drifted", q.State)
 	}
 	asOf := sqlTime(s.now())
 	var drift, res *analytics.Result
@@ -399,62 +406,95 @@ func (s *Store) Nodes(ctx context.Context, cluster string, q NodesQuery) (*Nodes
 			return err
 		},
 		func() (err error) {
-			if q.State == StateDrifted {
-				return nil
-			}
-			res, err = s.run(ctx, "node_page", map[string]string{"cluster": cluster, "now": asOf, "state": q.State,
-				"offset": strconv.Itoa(offset), "limit": strconv.Itoa(limit + 1)})
+			res, err = s.pageQuery(ctx, cluster, asOf, q.State, limit, offset)
 			return err
 		})
 	if err != nil {
 		return nil, err
 	}
+	return s.assemblePage(ctx, cluster, asOf, q.State, limit, offset, drift, res)
+}
+
+// checkNodesQuery validates q and returns its page size and offset.
+func checkNodesQuery(q NodesQuery) (limit, offset int, err error) {
+	limit = q.Limit
+	switch {
+	case limit == 0:
+		limit = DefaultLimit
+	case limit < 0 || limit > MaxLimit:
+		return 0, 0, badf("limit: must be between 1 and %d, got %d", MaxLimit, limit)
+	}
+	if offset, err = parsePageToken(q.PageToken); err != nil {
+		return 0, 0, err
+	}
+	switch q.State {
+	case "", StateQuarantined, StateDraining, StateRemediating, StateEscalated, StateHeld, StateDrifted:
+	case StateHealthy:
+		return 0, 0, badf("state: healthy nodes are not listed (only counted); pick one of quarantined, draining, remediating, escalated, held, drifted")
+	default:
+		return 0, 0, badf("state: %q is not one of quarantined, draining, remediating, escalated, held, drifted", q.State)
+	}
+	return limit, offset, nil
+}
+
+// pageQuery runs node_page for a state's page (nothing for drifted: that
+// page comes from the drifted query).
+func (s *Store) pageQuery(ctx context.Context, cluster, asOf, state string, limit, offset int) (*analytics.Result, error) {
+	if state == StateDrifted {
+		return nil, nil
+	}
+	return s.run(ctx, "node_page", map[string]string{"cluster": cluster, "now": asOf, "state": state,
+		"offset": strconv.Itoa(offset), "limit": strconv.Itoa(limit + 1)})
+}
+
+// assemblePage cuts a page from node_page's rows (or, for drifted, the
+// drifted query's), marking drifted nodes.
+func (s *Store) assemblePage(ctx context.Context, cluster, asOf, state string, limit, offset int, drift, res *analytics.Result) (*NodesPage, error) {
 	drifted := map[string]string{}
 	for _, row := range drift.Rows {
 		drifted[row[0].(string)] = row[2].(string)
 	}
 	out := &NodesPage{Nodes: []NodeRow{}}
-	if q.State == StateDrifted {
-		// The drifted query is bounded by the cluster's drifted nodes;
-		// the page is cut here, in its node order.
-		for i, row := range drift.Rows {
-			if i < offset {
-				continue
-			}
+	if state != StateDrifted {
+		for _, row := range res.Rows {
 			if len(out.Nodes) == limit {
 				out.NextPageToken = pageToken(offset + limit)
 				break
 			}
-			n := NodeRow{Node: row[0].(string), State: StateDrifted, StateSince: msTime(row[1].(uint64)), Drifted: true, DriftEntity: row[2].(string)}
-			n.QuarantinedSince = time.Time{}
+			n := nodeRow(res.Columns, row)
+			n.DriftEntity, n.Drifted = drifted[n.Node]
 			out.Nodes = append(out.Nodes, n)
 		}
-		s.fillStates(ctx, cluster, asOf, out.Nodes)
 		return out, nil
 	}
-	for _, row := range res.Rows {
+	// The drifted query is bounded by the cluster's drifted nodes; the
+	// page is cut here, in its node order, and the nodes that are also out
+	// of service get that state (one query for all of them).
+	states, err := s.run(ctx, "node_states", map[string]string{"cluster": cluster, "now": asOf})
+	if err != nil {
+		return nil, err
+	}
+	byNode := map[string]NodeRow{}
+	for _, row := range states.Rows {
+		n := nodeRow(states.Columns, row)
+		byNode[n.Node] = n
+	}
+	for i, row := range drift.Rows {
+		if i < offset {
+			continue
+		}
 		if len(out.Nodes) == limit {
 			out.NextPageToken = pageToken(offset + limit)
 			break
 		}
-		n := nodeRow(res.Columns, row)
-		n.DriftEntity, n.Drifted = drifted[n.Node]
+		n, ok := byNode[row[0].(string)]
+		if !ok {
+			n = NodeRow{Node: row[0].(string), State: StateDrifted, StateSince: msTime(row[1].(uint64))}
+		}
+		n.Drifted, n.DriftEntity = true, row[2].(string)
 		out.Nodes = append(out.Nodes, n)
 	}
 	return out, nil
-}
-
-// fillStates adds the quarantine state of drifted nodes that have one.
-func (s *Store) fillStates(ctx context.Context, cluster, asOf string, nodes []NodeRow) {
-	for i := range nodes {
-		res, err := s.run(ctx, "node_states", map[string]string{"cluster": cluster, "now": asOf, "node": nodes[i].Node})
-		if err != nil || len(res.Rows) == 0 {
-			continue
-		}
-		n := nodeRow(res.Columns, res.Rows[0])
-		n.Drifted, n.DriftEntity = true, nodes[i].DriftEntity
-		nodes[i] = n
-	}
 }
 
 // nodeRow reads a node_states row.

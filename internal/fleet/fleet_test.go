@@ -35,7 +35,7 @@ func TestFleet(t *testing.T) {
 	defer cancel()
 
 	t.Run("Summary", func(t *testing.T) {
-		sum, err := st.Summary(ctx, "alpha", fleet.Range{Since: fleettest.Base.Add(-time.Hour), Until: fleettest.Base.Add(time.Hour)})
+		sum, err := st.Summary(ctx, "alpha", fleet.Range{Since: fleettest.Base.Add(-time.Hour), Until: fleettest.Base.Add(time.Hour)}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,7 +58,20 @@ func TestFleet(t *testing.T) {
 		if sum.DryRun {
 			t.Errorf("alpha marked dry-run")
 		}
-		beta, err := st.Summary(ctx, "beta", fleet.Range{Since: fleettest.Base.Add(-time.Hour), Until: fleettest.Base.Add(time.Hour)})
+		if sum.Page != nil {
+			t.Errorf("a page that was not asked for: %+v", sum.Page)
+		}
+		withPage, err := st.Summary(ctx, "alpha", fleet.Range{}, &fleet.NodesQuery{State: fleet.StateDrifted, Limit: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := withPage.Page; p == nil || len(p.Nodes) != 1 || p.Nodes[0].Node != "n07" || p.NextPageToken == "" {
+			t.Errorf("summary's drifted page: %+v", p)
+		}
+		if _, err := st.Summary(ctx, "alpha", fleet.Range{}, &fleet.NodesQuery{State: "bogus"}); err == nil {
+			t.Error("summary accepted a bad page state")
+		}
+		beta, err := st.Summary(ctx, "beta", fleet.Range{Since: fleettest.Base.Add(-time.Hour), Until: fleettest.Base.Add(time.Hour)}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,7 +149,7 @@ func TestFleet(t *testing.T) {
 		if _, err := st.Analytics(ctx, "alpha", "nope", nil); err == nil {
 			t.Error("unknown analytics query accepted")
 		}
-		if _, err := st.Summary(ctx, "alpha", fleet.Range{Since: fleettest.Base, Until: fleettest.Base.Add(-time.Hour)}); err == nil {
+		if _, err := st.Summary(ctx, "alpha", fleet.Range{Since: fleettest.Base, Until: fleettest.Base.Add(-time.Hour)}, nil); err == nil {
 			t.Error("until before since accepted")
 		}
 	})

@@ -114,7 +114,9 @@ async function fleetView(v, params) {
   const q = new URLSearchParams({ limit: "50" });
   if (state) q.set("state", state);
   if (token) q.set("pageToken", token);
-  const [sum, page] = await Promise.all([api("/v1/fleet/summary"), api("/v1/fleet/nodes?" + q)]);
+  // One request: the counts, the breaker and this page of nodes.
+  const sum = await api("/v1/fleet/summary?" + q);
+  const page = sum.page;
   document.getElementById("who").textContent = "cluster " + sum.cluster;
 
   const title = el("h1", {}, "Cluster " + sum.cluster + " ",
