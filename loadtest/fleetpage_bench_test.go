@@ -206,7 +206,13 @@ func BenchmarkFleetPage(b *testing.B) {
 		b.Logf("query p50 (10 runs each): %s", strings.Join(parts, ", "))
 	}
 
+	loadavg := func() string {
+		l, _ := os.ReadFile("/proc/loadavg")
+		return strings.Join(strings.Fields(string(l))[:min(3, len(strings.Fields(string(l))))], " ")
+	}
 	run := func(b *testing.B, render func(i int) error) {
+		b.Logf("load average before: %s", loadavg())
+		defer func() { b.Logf("load average after: %s", loadavg()) }()
 		lat := make([]time.Duration, 0, b.N)
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
