@@ -25,12 +25,11 @@ FROM
         maxIf(t, kind IN ('breaker_open', 'breaker_close')) AS breaker_at,
         argMaxIf(reason, t, kind IN ('breaker_open', 'breaker_close')) AS breaker_reason,
         argMaxIf(dry_run, t, kind = 'quarantine') AS dry_run,
-        countIf(kind = 'quarantine') AS decisions
+        countIf(kind = 'quarantine') AS decisions -- only compared with 0: duplicates do not matter
     FROM
     (
         SELECT id, kind, reason, dry_run, toUInt64(ts) * 1000 + ts_ms AS t
         FROM actions
         WHERE cluster = @cluster AND role = 'quarantine' AND ts < @until
-        LIMIT 1 BY id
     )
 )

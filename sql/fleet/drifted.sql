@@ -16,7 +16,6 @@ FROM
         SELECT node, id, is_healthy, entity, toUInt64(ts) * 1000 + ts_ms AS t
         FROM recent_events
         WHERE check = @drift_check AND ts <= @now AND ts > @now - 691200 AND cluster = @cluster
-        LIMIT 1 BY id
     )
     GROUP BY node
     HAVING healthy = 0

@@ -38,7 +38,6 @@ FROM
         FROM actions
         WHERE cluster = @cluster AND node = @node AND ts <= @now
             AND ((kind = 'quarantine' AND outcome IN ('applied', 'dry_run')) OR (kind = 'unquarantine' AND outcome IN ('applied', 'in_progress')))
-        LIMIT 1 BY id
     )
     GROUP BY check, entities
     HAVING q_at > u_at AND q_at > ifNull((

@@ -1,6 +1,7 @@
 -- Fleet page: every node of a cluster that the actions history says is not
--- plainly healthy, with its state derived from the latest actions (each
--- action counted once): quarantined (a quarantine applied, or decided in
+-- plainly healthy, with its state derived from the latest actions (only
+-- max and argMax over them: a row the store wrote twice changes nothing, so
+-- no deduplication is needed): quarantined (a quarantine applied, or decided in
 -- dry-run, after the last release), draining (the drain of that quarantine
 -- in progress or blocked), remediating (its remediation created or in
 -- progress), escalated (escalated to support), held (a quarantine held back
@@ -59,7 +60,6 @@ FROM
         SELECT node, id, role, kind, outcome, reason, rule, check, dry_run, toUInt64(ts) * 1000 + ts_ms AS t
         FROM actions
         WHERE cluster = @cluster AND ts <= @now AND (@node = '' OR node = @node)
-        LIMIT 1 BY id
     )
     GROUP BY node
     HAVING quarantined = 1 OR held = 1
