@@ -34,6 +34,8 @@ type Options struct {
 	// Fleet serves the fleet page's reads (GET /v1/fleet/...); nil
 	// answers 501. The page itself (/ui/) is always served.
 	Fleet Fleet
+	// Conformance serves GET /v1/conformance/score; nil answers 501.
+	Conformance Conformance
 	// Ready are extra readiness conditions (Kafka's is always included).
 	Ready []ReadyCheck
 	// Now is the clock; default time.Now.
@@ -53,6 +55,8 @@ type Server struct {
 	flight   *inflight
 	codec    Codec
 	fleet    Fleet
+	// conformance serves GET /v1/conformance/score (nil: 501).
+	conformance Conformance
 
 	grpcLn, httpLn, unixLn net.Listener
 	grpcSrv, unixSrv       *grpc.Server
@@ -82,10 +86,11 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 	m := newMetrics(reg)
 	s := &Server{
 		cfg: cfg, log: log, auth: auth, metrics: m, producer: prod, reg: reg,
-		ready:  append([]ReadyCheck{{Name: "kafka", Check: prod.Ping}}, opts.Ready...),
-		flight: newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn),
-		codec:  Codec{limits: shapeLimits{maxEvents: cfg.MaxBatch}},
-		fleet:  opts.Fleet,
+		ready:       append([]ReadyCheck{{Name: "kafka", Check: prod.Ping}}, opts.Ready...),
+		flight:      newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn),
+		codec:       Codec{limits: shapeLimits{maxEvents: cfg.MaxBatch}},
+		fleet:       opts.Fleet,
+		conformance: opts.Conformance,
 		svc: &service{
 			validator:   Validator{MaxBatch: cfg.MaxBatch, MaxFutureSkew: cfg.MaxFutureSkew},
 			producer:    prod,

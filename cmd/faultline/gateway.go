@@ -13,6 +13,7 @@ import (
 	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/conformance"
 	"github.com/faultline/faultline/internal/fleet"
 	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/kafka"
@@ -46,7 +47,8 @@ func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
 	defer hist.Close()
 	// Credentials are loaded (and a bad tokens file refused) before Kafka
 	// is contacted.
-	srv, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{History: hist, Fleet: hist})
+	srv, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{History: hist, Fleet: hist,
+		Conformance: &conformance.Scorer{Conn: hist.Conn, Staleness: cfg.Processors.Conformance.Staleness}})
 	if err != nil {
 		return err
 	}
@@ -130,6 +132,16 @@ func (l *lazyHistory) Analytics(ctx context.Context, cluster, name string, param
 		return nil, err
 	}
 	return f.Analytics(ctx, cluster, name, params)
+}
+
+// Conn returns the connection, connecting on first use.
+func (l *lazyHistory) Conn(ctx context.Context) (clickhouse.Conn, error) {
+	if _, err := l.get(ctx); err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conn, nil
 }
 
 func (l *lazyHistory) ListEvents(ctx context.Context, cluster string, req *faultlinev1.ListEventsRequest) (*faultlinev1.ListEventsResponse, error) {
