@@ -29,10 +29,10 @@ import (
 // fleetHistory writes the benchmark's history into ClickHouse with
 // INSERT … SELECT FROM numbers (the store role's path is measured
 // elsewhere): events events of cluster bench over 10,000 nodes and 30
-// days up to now (4 checks; 1% conformance reports, a fifth of them
-// drift; 2% fatal), and the actions of 1,000 quarantined nodes (of which
-// 100 draining, 50 remediating, 20 escalated), 3,000 nodes quarantined and
-// released twice, 30 held by a breaker that opened.
+// days up to now (4 checks, 2% fatal), and the actions of 1,000
+// quarantined nodes (of which 100 draining, 50 remediating, 20 escalated),
+// 3,000 nodes quarantined and released twice, 30 held by a breaker that
+// opened, 20 drifted.
 func fleetHistory(b *testing.B, srv *chtest.Server, events int) {
 	b.Helper()
 	ctx := context.Background()
@@ -84,6 +84,7 @@ FROM (SELECT number + %d AS k FROM numbers(%d))`, now-span, span, events, now-sp
 	act(cols("concat('node-', toString(200 + number))", fmt.Sprintf("%d", now-30), "remediate", "escalate", "applied", "'CONTACT_SUPPORT'") + " FROM numbers(20)")
 	act(cols("'node-9000'", fmt.Sprintf("%d", now-600), "quarantine", "breaker_open", "applied", "'1000 of 10000 nodes quarantined within 10m'") + " FROM numbers(1)")
 	act(cols("concat('node-', toString(9000 + number))", fmt.Sprintf("%d", now-500), "quarantine", "quarantine", "held_by_breaker", "'would quarantine: circuit breaker open'") + " FROM numbers(30)")
+	act(cols("concat('node-', toString(9500 + number))", fmt.Sprintf("%d", now-100), "conformance", "conformance_drift", "applied", "'drifted from its conformance group'") + " FROM numbers(20)")
 	exec("OPTIMIZE TABLE actions FINAL")
 	b.Logf("fleet history ready in %s", time.Since(start).Round(time.Second))
 }

@@ -327,6 +327,10 @@ func seed() (stored, batch []seedEvent, actions, batchActions []seedAction) {
 	a(seedAction{node: "n-xid", role: "quarantine", kind: "unquarantine", outcome: "applied", rule: "xid", at: s(-30 * time.Minute)})
 	a(seedAction{node: "n-flap", role: "quarantine", kind: "quarantine", outcome: "dry_run", rule: "nic", at: s(-3 * time.Hour), dryRun: true})
 	a(seedAction{cluster: "beta", node: "b1", role: "drain", kind: "drain", outcome: "succeeded", rule: "xid", at: s(-50 * time.Hour)})
+	// The fleet page's drifted nodes: n-drift drifted, n-conf drifted and restored.
+	a(seedAction{node: "n-drift", role: "conformance", kind: "conformance_drift", outcome: "applied", at: s(-4 * time.Hour)})
+	a(seedAction{node: "n-conf", role: "conformance", kind: "conformance_drift", outcome: "applied", at: s(-4 * time.Hour)})
+	a(seedAction{node: "n-conf", role: "conformance", kind: "conformance_restored", outcome: "applied", at: s(-3 * time.Hour)})
 	a(seedAction{node: "n-rem", role: "remediate", kind: "remediate", outcome: "applied", rule: "reboot", at: s(10 * time.Minute)})
 	batchActions = []seedAction{actions[len(actions)-1], actions[0]}
 	actions = append(actions[:len(actions)-1], actions[0])
@@ -761,7 +765,7 @@ func compatScript(t *testing.T) ([]testenv.SQLStep, map[string]stepCheck) {
 		{"node_page", with(alphaNow, "state", "quarantined", "offset", "1", "limit", "1"), nil},
 		{"node_faults", with(alphaNow, "node", "n-flap"), nonEmpty},
 		{"node_faults", with(alphaNow, "node", "n-xid"), nil},
-		{"drifted", with(alphaNow, "drift_check", "SysLogsXIDError"), nonEmpty},
+		{"drifted", alphaNow, nonEmpty},
 		{"cluster_state", with(day, "cluster", "alpha"), nonEmpty},
 		{"cluster_state", with(day, "cluster", "nobody"), nonEmpty},
 	}

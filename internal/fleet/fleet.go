@@ -16,8 +16,9 @@
 //	held         a quarantine held back by the circuit breaker, nothing applied
 //	healthy      reported events in the range and none of the above
 //
-// drifted (the latest conformance drift event unhealthy) is counted beside
-// them: a drifted node may also be in any of the states.
+// drifted (the conformance role's latest action on the node is a
+// conformance_drift) is counted beside them: a drifted node may also be in
+// any of the states.
 package fleet
 
 import (
@@ -55,9 +56,6 @@ const (
 // States lists every state a summary counts, in the page's order.
 var States = []string{StateHealthy, StateQuarantined, StateDraining, StateRemediating, StateEscalated, StateHeld, StateDrifted}
 
-// DefaultDriftCheck is the check name of conformance drift events.
-const DefaultDriftCheck = "ConformanceDrift"
-
 const (
 	// DefaultLimit is a node page's size when a request gives none.
 	DefaultLimit = 100
@@ -82,15 +80,11 @@ type Store struct {
 	log        *slog.Logger
 	queries    map[string]analytics.Query
 	analytics  map[string]analytics.Query
-	driftCheck string
 	now        func() time.Time
 }
 
 // Options are a Store's optional settings.
 type Options struct {
-	// DriftCheck is the check name of conformance drift events; default
-	// DefaultDriftCheck.
-	DriftCheck string
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }
@@ -106,13 +100,10 @@ func New(conn clickhouse.Conn, log *slog.Logger, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.DriftCheck == "" {
-		opts.DriftCheck = DefaultDriftCheck
-	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Store{conn: conn, log: log.With("component", "fleet"), queries: qs, analytics: an, driftCheck: opts.DriftCheck, now: opts.Now}, nil
+	return &Store{conn: conn, log: log.With("component", "fleet"), queries: qs, analytics: an, now: opts.Now}, nil
 }
 
 // Queries returns the fleet queries as the Store runs them: the files of
@@ -280,7 +271,7 @@ func (s *Store) Summary(ctx context.Context, cluster string, r Range, page *Node
 			return err
 		},
 		func() (err error) {
-			drift, err = s.run(ctx, "drifted", map[string]string{"cluster": cluster, "now": asOf, "drift_check": s.driftCheck})
+			drift, err = s.run(ctx, "drifted", map[string]string{"cluster": cluster, "now": asOf})
 			return err
 		})
 	if err != nil {
@@ -338,10 +329,10 @@ type NodeRow struct {
 	// and remediation actions ('' when none).
 	Drain       string `json:"drain,omitempty"`
 	Remediation string `json:"remediation,omitempty"`
-	// Drifted: the node's latest conformance drift report is unhealthy;
-	// DriftEntity names what drifted.
+	// Drifted: the conformance role's latest action on the node is a
+	// conformance_drift; DriftDetail says what differs.
 	Drifted     bool   `json:"drifted"`
-	DriftEntity string `json:"driftEntity,omitempty"`
+	DriftDetail string `json:"driftDetail,omitempty"`
 }
 
 // NodesQuery selects a page of nodes.
@@ -402,7 +393,7 @@ func (s *Store) Nodes(ctx context.Context, cluster string, q NodesQuery) (*Nodes
 	var drift, res *analytics.Result
 	err = parallel(
 		func() (err error) {
-			drift, err = s.run(ctx, "drifted", map[string]string{"cluster": cluster, "now": asOf, "drift_check": s.driftCheck})
+			drift, err = s.run(ctx, "drifted", map[string]string{"cluster": cluster, "now": asOf})
 			return err
 		},
 		func() (err error) {
@@ -462,7 +453,7 @@ func (s *Store) assemblePage(ctx context.Context, cluster, asOf, state string, l
 				break
 			}
 			n := nodeRow(res.Columns, row)
-			n.DriftEntity, n.Drifted = drifted[n.Node]
+			n.DriftDetail, n.Drifted = drifted[n.Node]
 			out.Nodes = append(out.Nodes, n)
 		}
 		return out, nil
@@ -491,7 +482,7 @@ func (s *Store) assemblePage(ctx context.Context, cluster, asOf, state string, l
 		if !ok {
 			n = NodeRow{Node: row[0].(string), State: StateDrifted, StateSince: msTime(row[1].(uint64))}
 		}
-		n.Drifted, n.DriftEntity = true, row[2].(string)
+		n.Drifted, n.DriftDetail = true, row[2].(string)
 		out.Nodes = append(out.Nodes, n)
 	}
 	return out, nil
@@ -564,7 +555,7 @@ func (s *Store) Node(ctx context.Context, cluster, node string) (*NodeDetail, er
 			return err
 		},
 		func() (err error) {
-			drift, err = s.run(ctx, "drifted", map[string]string{"cluster": cluster, "now": asOf, "drift_check": s.driftCheck})
+			drift, err = s.run(ctx, "drifted", map[string]string{"cluster": cluster, "now": asOf})
 			return err
 		},
 		func() (err error) {
@@ -581,7 +572,7 @@ func (s *Store) Node(ctx context.Context, cluster, node string) (*NodeDetail, er
 	for _, row := range drift.Rows {
 		if row[0].(string) == node {
 			if out.Row != nil {
-				out.Row.Drifted, out.Row.DriftEntity = true, row[2].(string)
+				out.Row.Drifted, out.Row.DriftDetail = true, row[2].(string)
 			} else {
 				out.State = StateDrifted
 				out.StateSince = optTime(row[1].(uint64))
@@ -652,7 +643,7 @@ func release(d *NodeDetail) []string {
 	switch d.State {
 	case StateHealthy, StateDrifted:
 		if d.State == StateDrifted {
-			out = append(out, "Drift is reported, not acted on: bring the node's configuration back to its group's (firmware, driver, kernel) and the next conformance report clears it.")
+			out = append(out, "Drifted from its conformance group: faultline's conformance role set a PreferNoSchedule taint (faultline.io/conformance-drift) and the faultline.io/conformance-group label; bring the node's configuration back to its group's (firmware, driver, kernel) and its next conforming report lifts them.")
 		}
 		return append(out, "Nothing to release: faultline holds no quarantine on this node.")
 	case StateHeld:

@@ -1,23 +1,21 @@
--- Fleet page: the nodes of a cluster whose latest conformance drift report
--- (check drift_check) is unhealthy: their configuration differs from their
--- group's. Read from recent_events (ordered by check, then time, so only
--- the drift reports of the last 8 days are read: the table keeps 8 days, and
--- conformance reports recur well within that). entity names what drifted. Times are
--- Unix milliseconds.
--- param: cluster String ''                      the cluster
--- param: drift_check String 'ConformanceDrift'  the check that reports drift
--- param: now DateTime now                       the state as of this time
-SELECT node, toUInt64(at) AS drifted_since_ms, entity
+-- Fleet page: the nodes of a cluster that the conformance role last found
+-- drifted from their conformance group (its latest conformance_drift or
+-- conformance_restored action is a drift, applied or decided in dry-run),
+-- with what differs. Times are Unix milliseconds.
+-- param: cluster String ''   the cluster
+-- param: now DateTime now    the state as of this time
+SELECT node, toUInt64(at) AS drifted_since_ms, differing
 FROM
 (
-    SELECT node, max(t) AS at, argMax(is_healthy, t) AS healthy, argMax(entity, t) AS entity
+    SELECT node, max(t) AS at, argMax(kind, t) AS last, argMax(differing, t) AS differing
     FROM
     (
-        SELECT node, id, is_healthy, entity, toUInt64(ts) * 1000 + ts_ms AS t
-        FROM recent_events
-        WHERE check = @drift_check AND ts <= @now AND ts > @now - 691200 AND cluster = @cluster
+        SELECT node, kind, toUInt64(ts) * 1000 + ts_ms AS t,
+            details.value[indexOf(details.key, 'differing')] AS differing
+        FROM actions
+        WHERE cluster = @cluster AND ts <= @now AND kind IN ('conformance_drift', 'conformance_restored')
     )
     GROUP BY node
-    HAVING healthy = 0
+    HAVING last = 'conformance_drift'
 )
 ORDER BY node

@@ -142,7 +142,7 @@ async function fleetView(v, params) {
     el("td", {}, stateSpan(n.state), n.dryRun ? el("span", { class: "badge dry", text: "dry-run" }) : null,
       n.drifted ? el("span", { class: "badge s-drifted", text: "drifted" }) : null),
     el("td", { title: fmtTime(n.stateSince), text: ago(n.stateSince) }),
-    el("td", { class: "reason", text: n.reason || (n.driftEntity ? "drifted: " + n.driftEntity : "") }),
+    el("td", { class: "reason", text: n.reason || (n.driftDetail ? "drifted: " + n.driftDetail : "") }),
     el("td", { text: n.check }),
     el("td", { text: n.rule }),
     el("td", { text: [n.drain && "drain " + n.drain, n.remediation && "remediation " + n.remediation].filter(Boolean).join(", ") })));

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/internal/clickhouse"
-	"github.com/faultline/faultline/internal/fleet"
 	"github.com/faultline/faultline/processors/store"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -55,6 +54,15 @@ func (s *seeder) action(cluster, node, role, kind, outcome string, at time.Durat
 	s.recs = append(s.recs, &kgo.Record{Topic: events.TopicActions, Key: events.Key(cluster, node), Value: v, Timestamp: Base})
 }
 
+// drift records a conformance role's action on node.
+func (s *seeder) drift(cluster, node string, at time.Duration, kind, differing string) {
+	d := map[string]string{}
+	if differing != "" {
+		d[events.DetailDiffering] = differing
+	}
+	s.action(cluster, node, "conformance", kind, events.OutcomeApplied, at, "drifted from its conformance group", d)
+}
+
 // quarantine records an XID fault on node and its quarantine decision.
 func (s *seeder) quarantine(cluster, node string, at time.Duration, outcome string) string {
 	id := s.event(cluster, node, "SysLogsXIDError", "GPU", at, false, "XID 79 on "+node)
@@ -74,8 +82,9 @@ func (s *seeder) quarantine(cluster, node string, at time.Duration, outcome stri
 //	n02       draining          n03 remediating      n04 escalated
 //	n05       released (unquarantine)                n08 released (manual uncordon)
 //	n06       held by the breaker (open: "3 of 12 nodes quarantined within 10m")
-//	n07       drifted only      n09 quarantined (one of two faults left) and drifted
-//	n10       drifted, then conformant again
+//	n07       drifted only (a conformance_drift action)
+//	n09       quarantined (one of two faults left) and drifted
+//	n10       drifted, then restored (conformance_restored)
 //	beta/b01  quarantined in dry-run
 func Seed(t testing.TB, conn clickhouse.Conn) {
 	t.Helper()
@@ -103,7 +112,7 @@ func Seed(t testing.TB, conn clickhouse.Conn) {
 	s.action("alpha", "n06", events.RoleQuarantine, events.KindQuarantine, events.OutcomeHeld, 7*m+time.Second,
 		"would quarantine: circuit breaker open: 3 of 12", map[string]string{events.DetailEntities: "GPU=GPU-n06"}, id)
 	// n07: drifted only.
-	s.event("alpha", "n07", fleet.DefaultDriftCheck, "Node", 8*m, false, "conformance_drift: expected=aa, actual=bb")
+	s.drift("alpha", "n07", 8*m, events.KindConformanceDrift, `nic_firmware: expected "28.39.1002", actual "28.41.1000"`)
 	// n08: quarantined, then a person uncordoned it.
 	s.quarantine("alpha", "n08", 8*m, events.OutcomeApplied)
 	s.action("alpha", "n08", events.RoleQuarantine, events.KindManualUncordon, events.OutcomeDecided, 9*m, "a person uncordoned the node", nil)
@@ -114,10 +123,10 @@ func Seed(t testing.TB, conn clickhouse.Conn) {
 		"rule nic matched", map[string]string{events.DetailEntities: "NIC=mlx5_0", events.DetailCordon: "true"}, nic)
 	s.action("alpha", "n09", events.RoleQuarantine, events.KindUnquarantine, events.OutcomeInProgress, 10*m, "recovered; 1 fault remains",
 		map[string]string{events.DetailEntities: "NIC=mlx5_0"})
-	s.event("alpha", "n09", fleet.DefaultDriftCheck, "Node", 10*m, false, "conformance_drift: kernel")
+	s.drift("alpha", "n09", 10*m, events.KindConformanceDrift, `kernel: expected "6.8.0-45", actual "6.8.0-47"`)
 	// n10: drifted, then conformant again.
-	s.event("alpha", "n10", fleet.DefaultDriftCheck, "Node", 8*m, false, "drift")
-	s.event("alpha", "n10", fleet.DefaultDriftCheck, "Node", 9*m, true, "conformant")
+	s.drift("alpha", "n10", 8*m, events.KindConformanceDrift, "driver")
+	s.drift("alpha", "n10", 9*m, events.KindConformanceRestored, "")
 	// beta: one quarantined node alpha must not see.
 	s.quarantine("beta", "b01", 1*m, events.OutcomeDryRun)
 	s.event("beta", "n01", "HeartbeatCheck", "GPU", 0, true, "ok")
