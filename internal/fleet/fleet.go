@@ -76,11 +76,11 @@ func badf(format string, args ...any) error { return &BadRequest{msg: fmt.Sprint
 
 // Store runs the fleet queries on faultline's database.
 type Store struct {
-	conn       clickhouse.Conn
-	log        *slog.Logger
-	queries    map[string]analytics.Query
-	analytics  map[string]analytics.Query
-	now        func() time.Time
+	conn      clickhouse.Conn
+	log       *slog.Logger
+	queries   map[string]analytics.Query
+	analytics map[string]analytics.Query
+	now       func() time.Time
 }
 
 // Options are a Store's optional settings.
