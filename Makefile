@@ -11,8 +11,8 @@ FUZZTIME ?= 20s
 
 # Tests run again on a two-shard ClickHouse cluster (Distributed tables) by
 # test-clickhouse-cluster: the correlation rules, analytics and history.
-CLUSTER_TESTS := ^(TestRules|TestSXidXidIncident|TestQueries|TestListEvents|TestListActions)$$
-CLUSTER_PKGS  := ./processors/correlate ./internal/analytics ./internal/history
+CLUSTER_TESTS := ^(TestRules|TestSXidXidIncident|TestQueries|TestListEvents|TestListActions|TestFleet)$$
+CLUSTER_PKGS  := ./processors/correlate ./internal/analytics ./internal/history ./internal/fleet
 
 .PHONY: all build run test test-unit test-fuzz test-clickhouse-cluster testenv generate bench vet clean images
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# install.sh [kafka|clickhouse|zookeeper|chdb|kube|helm|all]... — install the real
+# install.sh [kafka|clickhouse|zookeeper|chdb|promtool|chromium|kube|helm|all]... — install the real
 # servers that the integration tests (internal/testenv) start: ClickHouse,
 # Apache Kafka, ZooKeeper (for replicated ClickHouse), a Kubernetes control
 # plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
@@ -39,6 +39,7 @@ KWOK_VERSION=v0.8.0
 ZOOKEEPER_VERSION="${FAULTLINE_ZOOKEEPER_VERSION:-3.9.4}"
 CHDB_VERSION="${FAULTLINE_CHDB_VERSION:-26.9.0}"
 HELM_VERSION=v4.3.1
+PROMTOOL_VERSION=v0.316.0
 
 log() { printf 'testenv: %s\n' "$*" >&2; }
 die() { printf 'testenv: error: %s\n' "$*" >&2; exit 1; }
@@ -289,6 +290,64 @@ install_chdb() {
 	echo "testenv: chdb $CHDB_VERSION $dir/venv/bin/python"
 }
 
+# ------------------------------------------------------------------ promtool
+
+# install_promtool builds Prometheus's promtool (check rules, test rules for
+# deploy/monitoring) pinned, from the Go module proxy, into
+# $CACHE/promtool/<version>/promtool. A heavy build (the whole Prometheus
+# dependency tree): minutes cold on 2 cores, a no-op once cached.
+install_promtool() {
+	local out="$CACHE/promtool/$PROMTOOL_VERSION"
+	if [ ! -x "$out/promtool" ]; then
+		command -v go >/dev/null || die "go is not on PATH"
+		log "building promtool $PROMTOOL_VERSION from the Go module proxy"
+		local build="$CACHE/build/promtool-$PROMTOOL_VERSION"
+		rm -rf "$build"
+		mkdir -p "$build" "$out"
+		cat >"$build/go.mod" <<EOF
+module faultline.local/testenv/promtool
+
+go 1.26
+
+require github.com/prometheus/prometheus $PROMTOOL_VERSION
+EOF
+		cat >"$build/tools.go" <<'EOF'
+//go:build tools
+
+package tools
+
+import _ "github.com/prometheus/prometheus/cmd/promtool"
+EOF
+		(cd "$build" && GOFLAGS=-mod=mod go mod tidy >&2 &&
+			go build -trimpath -ldflags "-s -w" -o "$out/promtool.tmp" github.com/prometheus/prometheus/cmd/promtool >&2) ||
+			die "building promtool $PROMTOOL_VERSION failed"
+		mv "$out/promtool.tmp" "$out/promtool"
+		rm -rf "$build"
+	fi
+	echo "testenv: promtool $PROMTOOL_VERSION $out/promtool"
+}
+
+# ------------------------------------------------------------------ chromium
+
+# install_chromium installs Debian's chromium and chromium-driver (the
+# headless browser the gateway's /ui/ test drives through chromedp).
+# Debian's package is the pin: the version is whatever the release ships,
+# recorded in the output line.
+install_chromium() {
+	if ! command -v chromium >/dev/null 2>&1; then
+		log "installing chromium + chromium-driver from apt"
+		export DEBIAN_FRONTEND=noninteractive
+		if ! as_root apt-get install -y --no-install-recommends chromium chromium-driver >&2; then
+			as_root apt-get update >&2
+			as_root apt-get install -y --no-install-recommends chromium chromium-driver >&2
+		fi
+		command -v chromium >/dev/null 2>&1 || die "chromium not found after apt-get install"
+	fi
+	local ver
+	ver=$(dpkg-query -W -f='${Version}' chromium 2>/dev/null || echo unknown)
+	echo "testenv: chromium $ver $(command -v chromium)"
+}
+
 # ---------------------------------------------------------------------- kube
 
 # build_ldflags for kube binaries, so `--version` reports the real version.
@@ -464,15 +523,19 @@ main() {
 		zookeeper) with_lock zookeeper install_zookeeper ;;
 		chdb) with_lock chdb install_chdb ;;
 		helm) with_lock helm install_helm ;;
+		promtool) with_lock promtool install_promtool ;;
+		chromium) with_lock chromium install_chromium ;;
 		all)
 			with_lock clickhouse install_clickhouse
 			with_lock kafka install_kafka
 			with_lock zookeeper install_zookeeper
 			with_lock chdb install_chdb
+			with_lock promtool install_promtool
+			with_lock chromium install_chromium
 			with_lock kube install_kube
 			with_lock helm install_helm
 			;;
-		*) die "unknown component '$t' (want kafka, clickhouse, zookeeper, chdb, kube, helm or all)" ;;
+		*) die "unknown component '$t' (want kafka, clickhouse, zookeeper, chdb, promtool, chromium, kube, helm or all)" ;;
 		esac
 	done
 }
