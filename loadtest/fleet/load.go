@@ -82,15 +82,15 @@ type Load struct {
 
 // LoadResult is what a Load delivered.
 type LoadResult struct {
-	Target    float64 // events/s asked for (0: unpaced)
-	Sent      int64   // events acknowledged by the gateway
-	Failed    int64   // events in calls that failed
+	Target float64 // events/s asked for (0: unpaced)
+	Sent   int64   // events acknowledged by the gateway
+	Failed int64   // events in calls that failed
 	// PushedBack counts calls the gateway refused for backpressure (429,
 	// RESOURCE_EXHAUSTED), sent again after a backoff.
 	PushedBack int64
-	Elapsed   time.Duration
-	Delivered float64       // Sent / Elapsed
-	MaxBehind time.Duration // the furthest a worker fell behind its schedule
+	Elapsed    time.Duration
+	Delivered  float64       // Sent / Elapsed
+	MaxBehind  time.Duration // the furthest a worker fell behind its schedule
 }
 
 // Verified reports an error when the load delivered less than share of
@@ -132,9 +132,9 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadR
 	stopping := make(chan struct{})
 	var (
 		seq, sent, failed, pushed atomic.Int64
-		behind            atomic.Int64
-		wg                sync.WaitGroup
-		logOnce           sync.Once
+		behind                    atomic.Int64
+		wg                        sync.WaitGroup
+		logOnce                   sync.Once
 	)
 	start := time.Now()
 	per := l.Rate / float64(l.Workers) // events/s per worker
