@@ -150,7 +150,8 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadR
 				default:
 				}
 				if per > 0 {
-					due := start.Add(time.Duration(float64(k*l.Batch) / per * float64(time.Second)))
+					// batch k is due once its events have accrued
+					due := start.Add(time.Duration(float64((k+1)*l.Batch) / per * float64(time.Second)))
 					if d := time.Until(due); d > 0 {
 						select {
 						case <-stopping:
@@ -283,3 +284,50 @@ type httpError struct {
 }
 
 func (e *httpError) Error() string { return e.msg }
+
+// Blast sends, for every cluster at once, the events of perNode for each
+// of its nodes [0, nodes) — every (cluster, node) exactly once — in
+// batches of batch from workers callers per cluster, as fast as the
+// gateway takes them (backpressure is retried). It returns the result.
+func (e *Env) Blast(ctx context.Context, t Transport, nodes, batch, workers int, perNode func(node string) *datamodels.HealthEvent) LoadResult {
+	var sent, failed, pushed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, c := range e.Clusters {
+		next := atomic.Int64{}
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					first := int(next.Add(int64(batch))) - batch
+					if first >= nodes {
+						return
+					}
+					evs := make([]*datamodels.HealthEvent, 0, batch)
+					for i := first; i < min(nodes, first+batch); i++ {
+						evs = append(evs, perNode(NodeName(i)))
+					}
+					for try := 0; ; try++ {
+						err := e.Send(ctx, t, c, evs)
+						if err == nil {
+							sent.Add(int64(len(evs)))
+							break
+						}
+						if Backpressure(err) && try < 100 && ctx.Err() == nil {
+							pushed.Add(1)
+							time.Sleep(time.Duration(5+try*5) * time.Millisecond)
+							continue
+						}
+						failed.Add(int64(len(evs)))
+						e.TB.Logf("fleet: blast: %v", err)
+						break
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	el := time.Since(start)
+	return LoadResult{Sent: sent.Load(), Failed: failed.Load(), PushedBack: pushed.Load(), Elapsed: el, Delivered: float64(sent.Load()) / el.Seconds()}
+}

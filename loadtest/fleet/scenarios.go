@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -233,30 +235,45 @@ func breakerShare(n int) int { return max(1, int(math.Floor(float64(n)*10/100)))
 
 func runTrickle(ctx context.Context, e *Env, p Params, r *Report) error {
 	fatalNodes := 3
-	stop := e.StartLoad(ctx, Load{Rate: p.Rate, Batch: 50, Workers: 8, Transport: p.Transport, Gen: BackgroundMix(0, p.Nodes, 200, fatalNodes)}, 0)
+	mix := BackgroundMix(0, p.Nodes, 20, fatalNodes)
+	var fatal sync.Map // cluster/node -> true: sent a fatal event
+	gen := func(cluster string, seq int64) *datamodels.HealthEvent {
+		ev := mix(cluster, seq)
+		if ev.IsFatal {
+			fatal.Store(cluster+"/"+ev.NodeName, true)
+		}
+		return ev
+	}
+	workers := 8
+	stop := e.StartLoad(ctx, Load{Rate: p.Rate, Batch: max(1, int(p.Rate/float64(workers)/10)), Workers: workers, Transport: p.Transport, Gen: gen}, 0)
 	time.Sleep(p.Duration)
 	res := stop()
 	r.Figure("trickle %s over %s: %s", p.Transport, e.Describe(), res)
 	r.Check(res.Verified(0.95) == nil, "%v", res.Verified(0.95))
+	var want []string
+	fatal.Range(func(k, _ any) bool { want = append(want, k.(string)); return true })
 	ok := waitFor(ctx, 30*time.Second, func() bool {
-		for _, c := range e.Clusters {
-			for i := range fatalNodes {
-				if _, ok := e.Cordons.At(c, NodeName(i)); !ok {
-					return false
-				}
+		for _, k := range want {
+			c, n, _ := strings.Cut(k, "/")
+			if _, ok := e.Cordons.At(c, n); !ok {
+				return false
 			}
 		}
 		return true
 	})
 	cordoned, twice := e.Cordons.Count()
-	r.Check(ok && cordoned == fatalNodes*len(e.Clusters) && twice == 0, "cordoned %d nodes (%d twice), want %d once each", cordoned, twice, fatalNodes*len(e.Clusters))
-	r.Figure("trickle actions: %v", e.Actions.Snapshot())
+	r.Check(ok && cordoned == len(want) && twice == 0, "cordoned %d nodes (%d twice), want the %d nodes with fatal events once each", cordoned, twice, len(want))
+	r.Figure("trickle: %d nodes sent fatal events, %d cordoned (%d twice); actions %v", len(want), cordoned, twice, e.Actions.Snapshot())
 	return nil
 }
 
 func runFaultToCordon(ctx context.Context, e *Env, p Params, r *Report) error {
 	// Background over nodes [p.Faults, p.Nodes); fatal ones on 5 of them.
 	bgFatal := 5
+	if !p.BreakerOff && p.Faults+bgFatal > breakerShare(p.Nodes) {
+		return fmt.Errorf("fault-to-cordon: %d faults + %d background fatal nodes exceed the default breaker's share of %d nodes (%d): use more nodes or -breaker-off",
+			p.Faults, bgFatal, p.Nodes, breakerShare(p.Nodes))
+	}
 	stop := e.StartLoad(ctx, Load{Rate: p.Rate, Batch: max(1, int(p.Rate/200)), Workers: 8, Transport: GRPC,
 		Gen: BackgroundMix(p.Faults, p.Nodes-p.Faults, 100, bgFatal)}, 0)
 	time.Sleep(3 * time.Second) // the background flows, the group settled
@@ -335,10 +352,7 @@ func runXidBurst(ctx context.Context, e *Env, p Params, r *Report) error {
 func runNICOutage(ctx context.Context, e *Env, p Params, r *Report) error {
 	total := p.Nodes * len(e.Clusters)
 	t0 := time.Now()
-	res := e.StartLoad(ctx, Load{Batch: 50, Workers: 4 * len(e.Clusters), Gen: func(_ string, seq int64) *datamodels.HealthEvent {
-		return fleetsim.PortDown(NodeName(int(seq)%p.Nodes), 0)
-	}}, int64(total))()
-	_ = res
+	res := e.Blast(ctx, p.Transport, p.Nodes, 50, 4, func(node string) *datamodels.HealthEvent { return fleetsim.PortDown(node, 0) })
 	want := breakerShare(p.Nodes) * len(e.Clusters)
 	if p.BreakerOff {
 		want = total
@@ -420,9 +434,7 @@ func runMassFailure(ctx context.Context, e *Env, p Params, r *Report) error {
 		want = n
 	}
 	t0 := time.Now()
-	res := e.StartLoad(ctx, Load{Batch: 1, Workers: 64, Transport: p.Transport, Gen: func(_ string, seq int64) *datamodels.HealthEvent {
-		return fleetsim.Xid(NodeName(int(seq)), int(seq)%8, 79)
-	}}, int64(n))()
+	res := e.Blast(ctx, p.Transport, n, 1, 64, func(node string) *datamodels.HealthEvent { return fleetsim.Xid(node, 0, 79) })
 	sentIn := time.Since(t0)
 	ok := waitFor(ctx, 120*time.Second, func() bool {
 		c, _ := e.Cordons.Count()
@@ -433,9 +445,9 @@ func runMassFailure(ctx context.Context, e *Env, p Params, r *Report) error {
 	time.Sleep(2 * time.Second)
 	cordoned, _ := e.Cordons.Count()
 	_, held := e.Actions.Count("quarantine/held_by_breaker")
-	r.Figure("mass-failure over %s: %d nodes fail at once (%s, sent in %s); %d cordoned (want %d), %d held, all decided in %s = %.0f cordons/s",
-		e.Describe(), n, p.Transport, sentIn.Round(time.Millisecond), cordoned, want, held, took.Round(time.Millisecond), float64(cordoned)/took.Seconds())
-	r.Check(res.Failed == 0 && res.Sent == int64(n), "sent %d of %d (%d failed)", res.Sent, n, res.Failed)
+	r.Figure("mass-failure over %s: %d nodes fail at once (%s, sent in %s); %d cordoned (want %d), %d held, all decided in %s from the first send = %.0f nodes decided/s",
+		e.Describe(), n, p.Transport, sentIn.Round(time.Millisecond), cordoned, want, held, took.Round(time.Millisecond), float64(cordoned+held)/took.Seconds())
+	r.Check(res.Failed == 0 && res.Sent == int64(n*len(e.Clusters)), "sent %d of %d (%d failed)", res.Sent, n, res.Failed)
 	r.Check(ok && cordoned == want, "cordoned %d, want exactly %d", cordoned, want)
 	if !p.BreakerOff {
 		r.Check(cordoned+held == n, "cordoned %d + held %d != %d failed nodes", cordoned, held, n)

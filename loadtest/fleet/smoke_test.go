@@ -12,8 +12,8 @@ import (
 // nothing; the full runs are `go run ./loadtest/cmd/fleetload`.
 func TestScenariosSmoke(t *testing.T) {
 	tiny := map[string]Params{
-		"trickle":           {Clusters: 2, Nodes: 20, Rate: 100, Duration: 2 * time.Second},
-		"fault-to-cordon":   {Nodes: 60, Rate: 100, Faults: 4},
+		"trickle":           {Clusters: 2, Nodes: 40, Rate: 100, Duration: 2 * time.Second},
+		"fault-to-cordon":   {Nodes: 100, Rate: 100, Faults: 4},
 		"xid-burst":         {Nodes: 20, Rate: 50, Faults: 2},
 		"nic-outage":        {Clusters: 2, Nodes: 20},
 		"conformance-drift": {Nodes: 10, Duration: time.Second},
