@@ -467,6 +467,8 @@ func runMassFailure(ctx context.Context, e *Env, p Params, r *Report) error {
 	time.Sleep(2 * time.Second)
 	cordoned, _ := e.Cordons.Count()
 	_, held := e.Actions.Count("quarantine/held_by_breaker")
+	_, writes := e.Cordons.NodeWrites()
+	r.Figure("mass-failure: %d Node updates seen on the watch for the %d cordoned nodes (%.1f per node)", writes, cordoned, float64(writes)/float64(max(1, cordoned)))
 	r.Figure("mass-failure over %s: %d nodes fail at once (%s, sent in %s); %d cordoned (want %d), %d held, all decided in %s from the first send = %.0f nodes decided/s",
 		e.Describe(), n, p.Transport, sentIn.Round(time.Millisecond), cordoned, want, held, took.Round(time.Millisecond), float64(cordoned+held)/took.Seconds())
 	r.Check(res.Failed == 0 && res.Sent == int64(n*len(e.Clusters)), "sent %d of %d (%d failed)", res.Sent, n, res.Failed)

@@ -22,11 +22,12 @@ type CordonWatch struct {
 	first map[string]time.Time // cluster/node -> first seen cordoned
 	flips map[string]int       // cluster/node -> schedulable->unschedulable transitions
 	state map[string]bool
+	mods  map[string]int // cluster/node -> updates seen (each a write to the Node)
 }
 
 // WatchCordons watches the nodes of every cluster until ctx ends.
 func WatchCordons(ctx context.Context, tb testing.TB, kubes map[string]*testenv.Kube) *CordonWatch {
-	w := &CordonWatch{first: map[string]time.Time{}, flips: map[string]int{}, state: map[string]bool{}}
+	w := &CordonWatch{first: map[string]time.Time{}, flips: map[string]int{}, state: map[string]bool{}, mods: map[string]int{}}
 	ready := make(chan struct{}, len(kubes))
 	for c, k := range kubes {
 		go w.run(ctx, tb, c, k, ready)
@@ -62,6 +63,11 @@ func (w *CordonWatch) run(ctx context.Context, tb testing.TB, cluster string, k 
 				continue
 			}
 			if n, ok := ev.Object.(*corev1.Node); ok {
+				if ev.Type == watch.Modified {
+					w.mu.Lock()
+					w.mods[cluster+"/"+n.Name]++
+					w.mu.Unlock()
+				}
 				w.see(cluster, n)
 			}
 		}
@@ -103,6 +109,21 @@ func (w *CordonWatch) Count() (cordoned, twice int) {
 		}
 	}
 	return len(w.first), twice
+}
+
+// NodeWrites returns the Node updates seen on the watch, in all and for
+// the nodes seen cordoned (a cordon with a taint and a condition in one
+// update is one write; the apiserver may coalesce none of them).
+func (w *CordonWatch) NodeWrites() (all, ofCordoned int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, n := range w.mods {
+		all += n
+		if _, ok := w.first[k]; ok {
+			ofCordoned += n
+		}
+	}
+	return all, ofCordoned
 }
 
 // ActionWatch counts the audit actions on the actions topic by
