@@ -54,6 +54,9 @@ type Options struct {
 	// BreakerOff disables quarantine's circuit breaker (default: on, with
 	// its shipped policy).
 	BreakerOff bool
+	// Kube starts the apiservers even when no in-process role needs them
+	// (roles "none": the replicas run in their own processes).
+	Kube bool
 	// ClickHouse starts a ClickHouse server (for store, correlate and the
 	// history API). Default false.
 	ClickHouse bool
@@ -123,7 +126,7 @@ func Start(tb testing.TB, o Options) *Env {
 	if o.Roles == "" {
 		o.Roles = "quarantine"
 	}
-	needKube := strings.Contains(o.Roles, "quarantine") || strings.Contains(o.Roles, "drain") || strings.Contains(o.Roles, "remediate") || o.Roles == "all"
+	needKube := strings.Contains(o.Roles, "quarantine") || strings.Contains(o.Roles, "drain") || strings.Contains(o.Roles, "remediate") || o.Roles == "all" || o.Kube
 	for _, c := range e.Clusters {
 		if !needKube {
 			break
@@ -252,12 +255,20 @@ func (e *Env) ProcessorsErr() error {
 }
 
 func createNodes(k *testenv.Kube, n int) error {
+	names := make([]string, n)
+	for i := range n {
+		names[i] = NodeName(i)
+	}
+	return createNodesNamed(k, names)
+}
+
+func createNodesNamed(k *testenv.Kube, names []string) error {
 	ctx := context.Background()
 	var g errgroup.Group
 	g.SetLimit(16)
-	for i := range n {
+	for _, name := range names {
 		g.Go(func() error {
-			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: NodeName(i), Labels: map[string]string{"nvidia.com/gpu.present": "true"}}}
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"nvidia.com/gpu.present": "true"}}}
 			if _, err := k.Client().CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 				return fmt.Errorf("create node %s: %w", node.Name, err)
 			}
