@@ -85,6 +85,7 @@ func run(ctx context.Context, args []string) error {
 	o := opts{ch: clickhouse.DefaultConfig(), st: store.DefaultConfig(), kcfg: kafka.DefaultConfig()}
 	o.ch.Addr = ""
 	o.ch.Database = "chbench"
+	o.ch.QueryTimeout = 0 // generating a 10M-event history takes minutes
 	fs := flag.NewFlagSet("chbench "+mode, flag.ContinueOnError)
 	o.ch.RegisterFlags(fs, "clickhouse.")
 	o.st.RegisterFlags(fs, "store.")
