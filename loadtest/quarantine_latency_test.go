@@ -19,7 +19,7 @@ import (
 // mixed background (healthy and unhealthy events of several checks, a few
 // fatal) flows through the same gateway, topic and role at a delivered
 // rate that is counted and verified (fleet.Load). It is the
-// fault-to-cordon scenario of loadtest/cmd/fleetload; b.N faults.
+// fault-to-cordon scenario of loadtest/cmd/fleetload; b.N faults (at most 90, inside the breaker's share).
 //
 //	eval "$(scripts/testenv/env.sh)" && \
 //	  go test ./loadtest -run '^$' -bench EventToCordon -benchtime 80x
@@ -27,9 +27,10 @@ import (
 // BENCH_BACKGROUND sets the background events/s (default 1000).
 func BenchmarkEventToCordon(b *testing.B) {
 	if b.N == 1 {
-		// testing runs a benchmark once with N=1 first; starting the
-		// servers twice is minutes on a busy machine.
-		b.Skip("run with -benchtime Nx (N faults, e.g. 80x)")
+		// testing runs a benchmark once with N=1 first, then with the
+		// N of -benchtime Nx: the servers start once, for that run (a
+		// Skip here would end the benchmark).
+		return
 	}
 	background := 1000.0
 	if v, err := fmt.Sscan(os.Getenv("BENCH_BACKGROUND"), &background); err != nil || v != 1 {
