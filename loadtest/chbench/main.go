@@ -358,10 +358,14 @@ func benchWindow(ctx context.Context, conn clickhouse.Conn, o opts) error {
 				return err
 			}
 		}
-		q := strings.NewReplacer("{n}", fmt.Sprint(o.events), "{nodes}", fmt.Sprint(o.nodes), "{start}", fmt.Sprint(start.Unix()), "{span}", fmt.Sprint(span)).Replace(genSQL)
+		// In inserts of 1M rows (the store writes 50k at a time; one
+		// 10M INSERT outlasts the client's read timeout on a busy machine).
 		began := time.Now()
-		if err := conn.Exec(ctx, q); err != nil {
-			return fmt.Errorf("generate: %w", err)
+		for off := 0; off < o.events; off += 1_000_000 {
+			q := strings.NewReplacer("{n}", fmt.Sprintf("%d, %d", off, min(1_000_000, o.events-off)), "{nodes}", fmt.Sprint(o.nodes), "{start}", fmt.Sprint(start.Unix()), "{span}", fmt.Sprint(span)).Replace(genSQL)
+			if err := conn.Exec(ctx, q); err != nil {
+				return fmt.Errorf("generate: %w", err)
+			}
 		}
 		fmt.Println(machine.Stamp("generated %d events over %d nodes and %d days in %s", o.events, o.nodes, o.days, time.Since(began).Round(time.Millisecond)))
 	} else {
