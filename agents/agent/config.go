@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/faultline/faultline/agents/conformance"
 	"github.com/faultline/faultline/agents/fabric"
 	"github.com/faultline/faultline/agents/gpu"
 	"github.com/faultline/faultline/agents/kmsg"
@@ -60,6 +61,8 @@ type Config struct {
 	Kmsg   kmsg.Config   `toml:"kmsg"`
 	Fabric fabric.Config `toml:"fabric"`
 	GPU    gpu.Config    `toml:"gpu"`
+	// Conformance is the conformance fingerprint check (agents/conformance).
+	Conformance conformance.Config `toml:"conformance"`
 }
 
 // GatewayConfig is how the agent reaches the gateway.
@@ -161,6 +164,8 @@ func DefaultConfig() Config {
 		Kmsg:   kmsg.DefaultConfig(),
 		Fabric: fabric.DefaultConfig(),
 		GPU:    gpu.DefaultConfig(),
+
+		Conformance: conformance.DefaultConfig(),
 	}
 }
 
@@ -191,6 +196,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Kmsg.RegisterFlags(fs, "kmsg.")
 	c.Fabric.RegisterFlags(fs, "fabric.")
 	c.GPU.RegisterFlags(fs, "gpu.")
+	c.Conformance.RegisterFlags(fs, "conformance.")
 	// The spellings before flags were named after their TOML keys.
 	for old, cur := range map[string]string{"gateway": "gateway.addr", "token-file": "gateway.token-file",
 		"gateway-insecure": "gateway.insecure", "ca-file": "gateway.ca-file", "server-name": "gateway.server-name",
