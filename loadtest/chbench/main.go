@@ -1,12 +1,19 @@
 // Command chbench measures faultline's ClickHouse history on this machine:
 //
-//	chbench store  [flags]   rows/s the store role sustains into ClickHouse
-//	chbench window [flags]   p50/p99 of the correlation window queries over a
-//	                         generated history (10 million events by default)
+//	chbench store  [flags]   events/s the store role drains from a real Kafka
+//	                         broker into ClickHouse, beside the raw franz-go
+//	                         consumer's rate from the same broker (the ceiling)
+//	chbench window [flags]   p50/p99 of the history API (GET /v1/events?node=,
+//	                         internal/history over the events table) and of
+//	                         each correlation rule's per-batch work (its
+//	                         queries over recent_events and derived_events),
+//	                         over a generated history as inserted (no
+//	                         OPTIMIZE, no waiting for merges)
 //
 // Without --clickhouse.addr it starts a local server (internal/chserver) in
-// a temporary directory; without --kafka the store benchmark uses an
-// in-process kfake broker. Results are in sql/README.md.
+// a temporary directory; without --kafka the store benchmark starts a real
+// Kafka broker (internal/testenv). Every figure is printed with the
+// machine's cores and load. Results are in loadtest/RESULTS.md.
 package main
 
 import (
@@ -14,6 +21,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -25,18 +33,22 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/faultline/faultline/internal/analytics"
 	"github.com/faultline/faultline/internal/chserver"
 	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/loadtest/machine"
+	"github.com/faultline/faultline/loadtest/standalone"
+	"github.com/faultline/faultline/processors/correlate"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/store"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
 func main() {
@@ -49,35 +61,21 @@ func main() {
 }
 
 type opts struct {
-	ch         clickhouse.Config
-	kafka      string
-	kcfg       kafka.Config // TLS and SASL of --kafka
-	partitions int
-	events     int
-	st         store.Config
-	queries    int
-	nodes      int
-	days       int
-	keep       bool
-	chPid      int
+	ch          clickhouse.Config
+	kafka       string
+	kcfg        kafka.Config // TLS and SASL of --kafka
+	partitions  int
+	events      int
+	st          store.Config
+	queries     int
+	ruleQueries int
+	nodes       int
+	days        int
+	keep        bool
+	chPid       int
 }
 
-// cpuSeconds is the user+system CPU time of a process (0 when unknown).
-func cpuSeconds(pid int) float64 {
-	if pid == 0 {
-		return 0
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	var utime, stime float64
-	fmt.Sscan(f[11], &utime)
-	fmt.Sscan(f[12], &stime)
-	return (utime + stime) / 100 // USER_HZ
-}
+var cpuSeconds = machine.CPUSeconds
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 || (args[0] != "store" && args[0] != "window") {
@@ -87,14 +85,16 @@ func run(ctx context.Context, args []string) error {
 	o := opts{ch: clickhouse.DefaultConfig(), st: store.DefaultConfig(), kcfg: kafka.DefaultConfig()}
 	o.ch.Addr = ""
 	o.ch.Database = "chbench"
+	o.ch.QueryTimeout = 0 // generating a 10M-event history takes minutes
 	fs := flag.NewFlagSet("chbench "+mode, flag.ContinueOnError)
 	o.ch.RegisterFlags(fs, "clickhouse.")
 	o.st.RegisterFlags(fs, "store.")
-	fs.StringVar(&o.kafka, "kafka", "", "Kafka brokers (empty: in-process kfake)")
+	fs.StringVar(&o.kafka, "kafka", "", "Kafka brokers (empty: start a real broker with internal/testenv)")
 	o.kcfg.RegisterSecurityFlags(fs, "kafka.")
 	fs.IntVar(&o.partitions, "partitions", 6, "partitions of the events topic")
 	fs.IntVar(&o.events, "events", 0, "events to store (store: default 1000000) or to generate (window: default 10000000)")
-	fs.IntVar(&o.queries, "queries", 2000, "window: queries of each kind")
+	fs.IntVar(&o.queries, "queries", 2000, "window: history API calls")
+	fs.IntVar(&o.ruleQueries, "rule-queries", 200, "window: one-event batches per correlation rule")
 	fs.IntVar(&o.nodes, "nodes", 4000, "window: nodes in the generated fleet (two clusters)")
 	fs.IntVar(&o.days, "days", 30, "window: days the generated history spans")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the benchmark to this file")
@@ -141,7 +141,7 @@ func run(ctx context.Context, args []string) error {
 	defer conn.Close()
 	var version string
 	_ = conn.QueryRow(ctx, "SELECT version()").Scan(&version)
-	fmt.Printf("clickhouse %s at %s\n", version, o.ch.Addr)
+	fmt.Println(machine.Stamp("clickhouse %s at %s", version, o.ch.Addr))
 	if mode == "store" {
 		if o.events == 0 {
 			o.events = 1_000_000
@@ -186,12 +186,11 @@ func benchStore(ctx context.Context, conn clickhouse.Conn, o opts, log *slog.Log
 	}
 	brokers := o.kafka
 	if brokers == "" {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(o.partitions), kafka.PipelineTopics...))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		brokers = strings.Join(c.ListenAddrs(), ",")
+		tb := standalone.New("chbench")
+		defer tb.Close()
+		k := testenv.StartKafka(tb, testenv.KafkaPartitions(o.partitions))
+		brokers = k.Addr()
+		fmt.Println(machine.Stamp("kafka %s broker at %s (internal/testenv)", testenv.KafkaVersion, brokers))
 	}
 	kcfg := kafka.DefaultConfig()
 	if o.kafka != "" {
@@ -232,7 +231,26 @@ func benchStore(ctx context.Context, conn clickhouse.Conn, o opts, log *slog.Log
 		return fmt.Errorf("produce: %w", err)
 	default:
 	}
-	fmt.Printf("produced %d events (%d bytes each on average) in %s\n", o.events, bytes/o.events, time.Since(began).Round(time.Millisecond))
+	fmt.Println(machine.Stamp("produced %d events (%d bytes each on average) in %s", o.events, bytes/o.events, time.Since(began).Round(time.Millisecond)))
+
+	// The ceiling: the raw franz-go consumer reading the same backlog
+	// from the same broker, decoding nothing.
+	rawCl, err := kafka.NewClient(kcfg, log, kgo.ConsumeTopics(events.TopicEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return err
+	}
+	began = time.Now()
+	for got := 0; got < o.events; {
+		fs := rawCl.PollFetches(ctx)
+		if err := fs.Err0(); err != nil {
+			rawCl.Close()
+			return fmt.Errorf("raw consume: %w", err)
+		}
+		got += fs.NumRecords()
+	}
+	rawCl.Close()
+	rawRate := float64(o.events) / time.Since(began).Seconds()
+	fmt.Println(machine.Stamp("raw franz-go consumer (ceiling): %d events in %s: %.0f events/s", o.events, time.Since(began).Round(time.Millisecond), rawRate))
 
 	reg := prometheus.NewRegistry()
 	m := store.NewMetrics(reg)
@@ -279,8 +297,13 @@ func benchStore(ctx context.Context, conn clickhouse.Conn, o opts, log *slog.Log
 			}
 		}
 	}
-	fmt.Printf("stored %d events in %s: %.0f events/s (batch_records=%d, batch_linger=%s, partitions=%d, kafka=%s)\n",
-		n, took.Round(time.Millisecond), float64(n)/took.Seconds(), o.st.BatchRecords, o.st.BatchLinger, o.partitions, map[bool]string{true: "kfake in-process", false: o.kafka}[o.kafka == ""])
+	fmt.Println(machine.Stamp("stored %d events in %s: %.0f events/s = %.2f of the raw consumer's %.0f/s (batch_records=%d, batch_linger=%s, partitions=%d, kafka %s)",
+		n, took.Round(time.Millisecond), float64(n)/took.Seconds(), float64(n)/took.Seconds()/rawRate, rawRate, o.st.BatchRecords, o.st.BatchLinger, o.partitions, brokers))
+	var rows, bytesOnDisk uint64
+	_ = conn.QueryRow(ctx, "SELECT sum(rows), sum(bytes_on_disk) FROM system.parts WHERE database = currentDatabase() AND table = 'events' AND active").Scan(&rows, &bytesOnDisk)
+	if rows > 0 {
+		fmt.Println(machine.Stamp("events table on disk: %d rows, %.1f bytes per event (as inserted)", rows, float64(bytesOnDisk)/float64(rows)))
+	}
 	return nil
 }
 
@@ -306,7 +329,10 @@ SELECT
 	if(k < 5, 'NIC', 'GPU') AS component_class,
 	toUInt8(k IN (5, 6)) AS is_fatal,
 	toUInt8(k < 4 AND r % 4 = 0) AS is_healthy,
-	concat('generated event ', toString(number)) AS message,
+	multiIf(k < 4, concat('Port mlx5_', toString(dev), ' port 1: state ', if(k < 4 AND r % 4 = 0, 'ACTIVE, phys_state LinkUp', 'DOWN, phys_state Disabled')),
+		k = 4, concat('mlx5_', toString(dev), ' port 1: link_downed counter +1 (', toString(r % 97), ')'),
+		k IN (5, 6), concat('NVRM: Xid (PCI:0000:', toString(16 + dev), ':00): 79, pid=', toString(r % 65536), ', GPU has fallen off the bus.'),
+		concat('GPU ', toString(dev), ' ', ['temperature 71 C within range', 'ECC SBE count 0', 'power draw 412 W within cap'][k - 6])) AS message,
 	if(k IN (5, 6), 'RESTART_BM', 'NONE') AS recommended_action,
 	if(k IN (5, 6), ['XID-79'], emptyArrayString()) AS error_codes,
 	if(k < 5, ['NIC', 'NICPort'], ['GPU']) AS ` + "`entities.type`" + `,
@@ -322,38 +348,40 @@ FROM
 
 func benchWindow(ctx context.Context, conn clickhouse.Conn, o opts) error {
 	span := o.days * 86400
-	start := time.Now().UTC().Truncate(24 * time.Hour).Add(-time.Duration(span) * time.Second)
+	// The history ends now, so rule windows at "now" read a full window.
+	start := time.Now().UTC().Truncate(time.Second).Add(-time.Duration(span) * time.Second)
 	var have uint64
 	_ = conn.QueryRow(ctx, "SELECT count() FROM events").Scan(&have)
 	if have != uint64(o.events) || !o.keep {
-		if err := conn.Exec(ctx, "TRUNCATE TABLE IF EXISTS events"); err != nil {
-			return err
+		for _, t := range []string{"events", "recent_events", "derived_events"} {
+			if err := conn.Exec(ctx, "TRUNCATE TABLE IF EXISTS "+t); err != nil {
+				return err
+			}
 		}
-		q := strings.NewReplacer("{n}", fmt.Sprint(o.events), "{nodes}", fmt.Sprint(o.nodes), "{start}", fmt.Sprint(start.Unix()), "{span}", fmt.Sprint(span)).Replace(genSQL)
+		// In inserts of 1M rows (the store writes 50k at a time; one
+		// 10M INSERT outlasts the client's read timeout on a busy machine).
 		began := time.Now()
-		if err := conn.Exec(ctx, q); err != nil {
-			return fmt.Errorf("generate: %w", err)
+		for off := 0; off < o.events; off += 1_000_000 {
+			q := strings.NewReplacer("{n}", fmt.Sprintf("%d, %d", off, min(1_000_000, o.events-off)), "{nodes}", fmt.Sprint(o.nodes), "{start}", fmt.Sprint(start.Unix()), "{span}", fmt.Sprint(span)).Replace(genSQL)
+			if err := conn.Exec(ctx, q); err != nil {
+				return fmt.Errorf("generate: %w", err)
+			}
 		}
-		fmt.Printf("generated %d events over %d nodes and %d days in %s\n", o.events, o.nodes, o.days, time.Since(began).Round(time.Millisecond))
+		fmt.Println(machine.Stamp("generated %d events over %d nodes and %d days in %s", o.events, o.nodes, o.days, time.Since(began).Round(time.Millisecond)))
 	} else {
 		fmt.Printf("reusing %d generated events\n", have)
 	}
-	// Let background merges settle so the measure is of the steady state.
-	for i := 0; i < 600; i++ {
-		var merges uint64
-		if err := conn.QueryRow(ctx, "SELECT count() FROM system.merges WHERE table = 'events'").Scan(&merges); err != nil || merges == 0 {
-			break
+	// As inserted: no OPTIMIZE, no waiting for the background merges.
+	for _, t := range []string{"events", "recent_events"} {
+		var parts, rows, bytesOnDisk uint64
+		_ = conn.QueryRow(ctx, "SELECT count(), sum(rows), sum(bytes_on_disk) FROM system.parts WHERE database = currentDatabase() AND table = ? AND active", t).Scan(&parts, &rows, &bytesOnDisk)
+		per := 0.0
+		if rows > 0 {
+			per = float64(bytesOnDisk) / float64(rows)
 		}
-		time.Sleep(time.Second)
+		fmt.Println(machine.Stamp("%s table: %d rows in %d active parts, %.1f MiB on disk, %.1f bytes per event", t, rows, parts, float64(bytesOnDisk)/(1<<20), per))
 	}
-	var parts, rows, bytesOnDisk uint64
-	_ = conn.QueryRow(ctx, "SELECT count(), sum(rows), sum(bytes_on_disk) FROM system.parts WHERE database = currentDatabase() AND table = 'events' AND active").Scan(&parts, &rows, &bytesOnDisk)
-	fmt.Printf("events table: %d rows in %d active parts, %.1f MiB on disk\n", rows, parts, float64(bytesOnDisk)/(1<<20))
 
-	qs, err := analytics.Builtin()
-	if err != nil {
-		return err
-	}
 	seed := uint64(1)
 	rnd := func(n int) int { // xorshift, deterministic
 		seed ^= seed << 13
@@ -361,49 +389,85 @@ func benchWindow(ctx context.Context, conn clickhouse.Conn, o opts) error {
 		seed ^= seed << 17
 		return int(seed % uint64(n))
 	}
-	kinds := []struct {
-		query  string
-		params func() analytics.Params
-	}{
-		{"link_down_window", func() analytics.Params {
-			nd := rnd(o.nodes)
-			return analytics.Params{"cluster": fmt.Sprintf("cluster-%d", nd%2), "node": fmt.Sprintf("gpu-node-%d", nd),
-				"check": "InfiniBandStateCheck", "entity": fmt.Sprintf("NIC=mlx5_%d,NICPort=1", rnd(8)),
-				"until": fmt.Sprint(start.Unix() + int64(rnd(span))), "window": "600"}
-		}},
-		{"xid_bursts", func() analytics.Params {
-			nd := rnd(o.nodes)
-			return analytics.Params{"cluster": fmt.Sprintf("cluster-%d", nd%2), "node": fmt.Sprintf("gpu-node-%d", nd),
-				"check": "SysLogsXIDError", "until": fmt.Sprint(start.Unix() + int64(rnd(span))), "window": "86400"}
-		}},
-	}
-	for _, k := range kinds {
-		q := qs[k.query]
-		lat := make([]time.Duration, 0, o.queries)
-		var nonEmpty int
-		for i := 0; i < o.queries+50; i++ {
-			p := k.params()
-			t0 := time.Now()
-			res, err := analytics.Run(ctx, conn, q, p, time.Now())
-			d := time.Since(t0)
-			if err != nil {
-				return err
-			}
-			if i < 50 {
-				continue // warm-up
-			}
-			lat = append(lat, d)
-			if len(res.Rows) > 0 && fmt.Sprint(res.Rows[0][0]) != "0" {
-				nonEmpty++
-			}
-		}
+	report := func(what string, lat []time.Duration, extra string) {
 		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 		pct := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))] }
-		fmt.Printf("%-17s %d queries: p50 %s  p90 %s  p99 %s  max %s  (%d with matches)\n", k.query, len(lat),
-			pct(0.50).Round(10*time.Microsecond), pct(0.90).Round(10*time.Microsecond), pct(0.99).Round(10*time.Microsecond), lat[len(lat)-1].Round(10*time.Microsecond), nonEmpty)
+		fmt.Println(machine.Stamp("%-32s %5d calls: p50 %s  p90 %s  p99 %s  max %s%s", what, len(lat),
+			pct(0.50).Round(10*time.Microsecond), pct(0.90).Round(10*time.Microsecond), pct(0.99).Round(10*time.Microsecond), lat[len(lat)-1].Round(10*time.Microsecond), extra))
+	}
+
+	// The history API: GET /v1/events?node= is history.ListEvents over
+	// the events table (the default page).
+	hist := history.New(conn, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	lat := make([]time.Duration, 0, o.queries)
+	var returned int
+	for i := 0; i < o.queries+50; i++ {
+		nd := rnd(o.nodes)
+		t0 := time.Now()
+		resp, err := hist.ListEvents(ctx, fmt.Sprintf("cluster-%d", nd%2), &faultlinev1.ListEventsRequest{Node: fmt.Sprintf("gpu-node-%d", nd)})
+		d := time.Since(t0)
+		if err != nil {
+			return fmt.Errorf("history: %w", err)
+		}
+		if i >= 50 { // the first 50 warm up
+			lat = append(lat, d)
+			returned += len(resp.Events)
+		}
+	}
+	report("history GET /v1/events?node=", lat, fmt.Sprintf("  (%.1f events per page)", float64(returned)/float64(len(lat))))
+
+	// The rules: one correlate handler per rule, a one-event batch per
+	// call at the current time (Handle: the standing verdicts from
+	// derived_events, the window query over recent_events), every trigger
+	// evaluated.
+	rules, err := correlate.LoadRules("")
+	if err != nil {
+		return err
+	}
+	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, r := range rules {
+		h := correlate.New(conn, []*correlate.Rule{r}, time.Now, 2*time.Minute, discard, nil)
+		h.EvaluateAll = true
+		lat := lat[:0]
+		for i := 0; i < o.ruleQueries+10; i++ {
+			nd := rnd(o.nodes)
+			rec := windowTrigger(r.Name, fmt.Sprintf("cluster-%d", nd%2), fmt.Sprintf("gpu-node-%d", nd), rnd(8), time.Now())
+			t0 := time.Now()
+			if _, err := h.Handle(ctx, []*kgo.Record{rec}); err != nil {
+				return fmt.Errorf("rule %s: %w", r.Name, err)
+			}
+			if i >= 10 {
+				lat = append(lat, time.Since(t0))
+			}
+		}
+		report("rule "+r.Name, lat, "")
 	}
 	if !o.keep {
 		return conn.Exec(ctx, "TRUNCATE TABLE IF EXISTS events")
 	}
 	return nil
+}
+
+// windowTrigger is one event (or action) that triggers the rule for a
+// node and device of the generated history.
+func windowTrigger(rule, cluster, node string, dev int, at time.Time) *kgo.Record {
+	key := events.Key(cluster, node)
+	if rule == "MultipleRemediations" {
+		a := &faultlinev1.Action{Id: events.NewID(), Cluster: cluster, Node: node, Role: "remediate", Kind: "remediate", Outcome: "applied", Timestamp: timestamppb.New(at)}
+		b, _ := events.MarshalAction(a)
+		return &kgo.Record{Topic: events.TopicActions, Key: key, Value: b, Timestamp: at}
+	}
+	ev := &datamodels.HealthEvent{Version: 1, Id: events.NewID(), Cluster: cluster, NodeName: node, Agent: "faultline-agent",
+		GeneratedTimestamp: timestamppb.New(at), ReceivedTimestamp: timestamppb.New(at), Metadata: map[string]string{"count": "1"}}
+	switch rule {
+	case "RepeatedXIDOnSameGPU", "RepeatedXID31OnSameGPU", "NVSwitchSXidGPUXid":
+		code := map[string]string{"RepeatedXIDOnSameGPU": "XID-79", "RepeatedXID31OnSameGPU": "XID-31", "NVSwitchSXidGPUXid": "XID-74"}[rule]
+		ev.CheckName, ev.ComponentClass, ev.IsFatal, ev.ErrorCode = "SysLogsXIDError", "GPU", true, []string{code}
+		ev.EntitiesImpacted = []*datamodels.Entity{{EntityType: "GPU", EntityValue: fmt.Sprintf("GPU-%d", dev)}}
+	default: // the NIC rules and FabricIncident: a port going down
+		ev.CheckName, ev.ComponentClass, ev.IsFatal = "InfiniBandStateCheck", "NIC", true
+		ev.EntitiesImpacted = []*datamodels.Entity{{EntityType: "NIC", EntityValue: fmt.Sprintf("mlx5_%d", dev)}, {EntityType: "NICPort", EntityValue: "1"}}
+	}
+	b, _ := events.Marshal(ev)
+	return &kgo.Record{Topic: events.TopicEvents, Key: key, Value: b, Timestamp: at}
 }

@@ -77,6 +77,13 @@ type Handler struct {
 
 	// Ownership shares the sweep between replicas (events partitions).
 	pipeline.Ownership
+
+	// EvaluateAll runs the window query for every trigger, also those
+	// whose result cannot change anything (a verdict standing inside its
+	// stabilization, a sweep-onset rule with none standing); those are
+	// still not decided on, so the derived events are the same. For
+	// measuring the worst case (loadtest/correlatebench), not production.
+	EvaluateAll bool
 }
 
 // Metrics are the role's own metrics.
@@ -84,6 +91,7 @@ type Metrics struct {
 	derived       *prometheus.CounterVec
 	query         *prometheus.HistogramVec
 	triggerErrors *prometheus.CounterVec
+	triggers      *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg (nil: not registered).
@@ -92,9 +100,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		derived:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_derived_total", Help: "Derived events emitted, by rule, polarity (verdict, recovery) and mode (live, shadow, suppressed)."}, []string{"rule", "kind", "mode"}),
 		query:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_correlate_query_seconds", Help: "Time of one rule query, by rule and pass (value: the window values of a batch or sweep; causes: the cause ids of new verdicts).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"rule", "pass"}),
 		triggerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_trigger_errors_total", Help: "Rule triggers that failed on a record (missing key, type error, cost limit); the record did not trigger the rule."}, []string{"rule"}),
+		triggers:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_triggers_total", Help: "Rule triggers, by rule and outcome (evaluated: its window query ran; skipped: its result could not change the standing verdict)."}, []string{"rule", "outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.derived, m.query, m.triggerErrors)
+		reg.MustRegister(m.derived, m.query, m.triggerErrors, m.triggers)
 	}
 	return m
 }
@@ -435,10 +444,16 @@ func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 			pl.trigs = append(pl.trigs, t)
 		}
 	}
-	if len(pl.trigs) == 0 {
+	h.metrics.triggers.WithLabelValues(r.Name, "evaluated").Add(float64(len(pl.trigs)))
+	h.metrics.triggers.WithLabelValues(r.Name, "skipped").Add(float64(len(trigs) - len(pl.trigs)))
+	run := pl.trigs
+	if h.EvaluateAll {
+		run = trigs
+	}
+	if len(run) == 0 {
 		return pl, nil
 	}
-	pl.results, err = h.runRule(ctx, r, pl.trigs, bt, false)
+	pl.results, err = h.runRule(ctx, r, run, bt, false)
 	return pl, err
 }
 

@@ -1,0 +1,172 @@
+// Command fleetload runs one load scenario of loadtest/fleet end to end
+// against real servers — a Kafka broker, ClickHouse where the scenario
+// needs it, one kube-apiserver per simulated cluster, the gateway (gRPC
+// and REST) and the processor roles as processors.Run starts them — and
+// prints every figure with the machine's cores and load:
+//
+//	eval "$(scripts/testenv/env.sh)"
+//	go run ./loadtest/cmd/fleetload -scenario fault-to-cordon -rate 1000
+//	go run ./loadtest/cmd/fleetload -list
+//
+// Zero flags take the scenario's defaults (its full size). The exit status
+// is 1 when a scenario's check fails (a node cordoned twice, a held node
+// missing, a load that did not deliver its rate).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/processors"
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
+
+	"github.com/faultline/faultline/loadtest/fleet"
+	"github.com/faultline/faultline/loadtest/standalone"
+)
+
+func main() {
+	var p fleet.Params
+	name := flag.String("scenario", "", "scenario: "+strings.Join(fleet.Names(), ", "))
+	list := flag.Bool("list", false, "list the scenarios and exit")
+	flag.IntVar(&p.Clusters, "clusters", 0, "simulated clusters, one kube-apiserver each")
+	flag.IntVar(&p.Nodes, "nodes", 0, "nodes per cluster")
+	flag.Float64Var(&p.Rate, "rate", 0, "background events/s")
+	flag.DurationVar(&p.Duration, "duration", 0, "duration of the load")
+	flag.IntVar(&p.Faults, "faults", 0, "nodes that fail")
+	flag.BoolVar(&p.BreakerOff, "breaker-off", false, "disable quarantine's circuit breaker")
+	transport := flag.String("transport", "", "grpc or rest (scenario default)")
+	nodeEvents := flag.String("node-events", "", "quarantine.node_events: true or false (default: shipped)")
+	verbose := flag.Bool("v", false, "print the servers' log lines")
+	replicas := flag.String("replicas", "1,2,4", "scale: replica counts")
+	latency := flag.Duration("latency", 50*time.Millisecond, "scale: apiserver latency per request")
+	kill := flag.Bool("kill", true, "scale: add a round in which one of two replicas is SIGKILLed")
+	replica := flag.Bool("replica", false, "internal: run one quarantine replica (the scale scenario starts them)")
+	rBrokers := flag.String("replica.brokers", "", "internal: replica's Kafka brokers")
+	rKube := flag.String("replica.kube", "", "internal: replica's cluster=kubeconfig")
+	rIdentity := flag.String("replica.identity", "", "internal: replica's quarantine identity")
+	flag.Parse()
+	if *replica {
+		if err := runReplica(*rBrokers, *rKube, *rIdentity); err != nil {
+			fmt.Fprintln(os.Stderr, "fleetload replica:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *name == "scale" {
+		os.Exit(runScale(p, *replicas, *latency, *kill, *verbose))
+	}
+	if *list {
+		for _, s := range fleet.Scenarios {
+			fmt.Printf("%-18s %s\n", s.Name, s.Doc)
+		}
+		fmt.Printf("%-18s %s\n", "scale", "quarantine replicas (-replicas 1,2,4) as processes against an apiserver behind a latency proxy (-latency), -nodes failing per round, breaker off; then one of two replicas SIGKILLed mid-run (-kill): every node cordoned once")
+		return
+	}
+	s, ok := fleet.Lookup(*name)
+	if !ok {
+		fmt.Fprintf(os.Stderr, "fleetload: -scenario must be one of %s\n", strings.Join(fleet.Names(), ", "))
+		os.Exit(2)
+	}
+	p.Transport = fleet.Transport(*transport)
+	if *nodeEvents != "" {
+		v := *nodeEvents == "true"
+		p.NodeEvents = &v
+	}
+	tb := standalone.New("fleetload")
+	tb.Verbose = *verbose
+	fmt.Printf("fleetload %s: %+v\n", s.Name, s.Prepare(p))
+	t0 := time.Now()
+	r, err := s.Execute(tb, p, func(l string) { fmt.Println(l) })
+	tb.Close()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleetload:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("fleetload %s done in %s: %d figures, %d failed checks\n", s.Name, time.Since(t0).Round(time.Millisecond), len(r.Lines), len(r.Failures))
+	if len(r.Failures) > 0 {
+		os.Exit(1)
+	}
+}
+
+// runReplica is one quarantine replica: processors.Run as production
+// starts it (shipped defaults, the breaker off for the scale rounds)
+// until SIGTERM.
+func runReplica(brokers, kube, identity string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	cluster, kc, ok := strings.Cut(kube, "=")
+	if !ok {
+		return fmt.Errorf("-replica.kube: want cluster=kubeconfig, got %q", kube)
+	}
+	pcfg := processors.DefaultConfig()
+	pcfg.Roles = "quarantine"
+	pcfg.Kube.Clusters = []clusters.Cluster{{Name: cluster, Kubeconfig: kc}}
+	pcfg.Quarantine.Breaker.Enabled = false
+	pcfg.Quarantine.Identity = identity
+	if err := pcfg.Validate(); err != nil {
+		return err
+	}
+	kcfg := kafka.DefaultConfig()
+	kcfg.Brokers = brokers
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	err := processors.Run(ctx, pcfg, processors.Deps{Log: log, Registry: reg, Kafka: kcfg, Metrics: pipeline.NewMetrics(reg)})
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func runScale(p fleet.Params, replicas string, latency time.Duration, kill, verbose bool) int {
+	var counts []int
+	for _, f := range strings.Split(replicas, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "fleetload: -replicas: %q is not a replica count\n", f)
+			return 2
+		}
+		counts = append(counts, n)
+	}
+	if p.Nodes == 0 {
+		p.Nodes = 600
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleetload:", err)
+		return 1
+	}
+	rounds := len(counts)
+	if kill {
+		rounds++
+	}
+	tb := standalone.New("fleetload")
+	tb.Verbose = verbose
+	defer tb.Close()
+	e := fleet.Start(tb, fleet.Options{Clusters: 1, Nodes: rounds * p.Nodes, Roles: "none", Kube: true})
+	if err := e.WarmUp(e.Context()); err != nil {
+		fmt.Fprintln(os.Stderr, "fleetload:", err)
+		return 1
+	}
+	r := &fleet.Report{Print: func(l string) { fmt.Println(l) }}
+	r.Figure("scale: %s; %d nodes fail per round; replicas %v; apiserver latency %s", e.Describe(), p.Nodes, counts, latency)
+	if err := fleet.RunScale(e.Context(), e, fleet.ScaleParams{Exe: exe, Replicas: counts, Nodes: p.Nodes, Latency: latency, Kill: kill}, r); err != nil {
+		fmt.Fprintln(os.Stderr, "fleetload:", err)
+		return 1
+	}
+	if len(r.Failures) > 0 {
+		return 1
+	}
+	return 0
+}

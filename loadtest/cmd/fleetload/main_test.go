@@ -1,0 +1,50 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/faultline/faultline/loadtest/fleet"
+)
+
+// TestMain lets the test binary be a scale replica too: RunScale starts
+// os.Args[0] -replica ..., as the command starts itself.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "-replica" {
+		fs := flag.NewFlagSet("replica", flag.ExitOnError)
+		brokers := fs.String("replica.brokers", "", "")
+		kube := fs.String("replica.kube", "", "")
+		identity := fs.String("replica.identity", "", "")
+		fs.Parse(os.Args[2:])
+		if err := runReplica(*brokers, *kube, *identity); err != nil {
+			fmt.Fprintln(os.Stderr, "replica:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestScaleSmoke runs the scale scenario tiny: one replica process, then
+// two with one SIGKILLed (the survivor takes its partitions after the
+// consumer group's session timeout, ~45 s): every node cordoned once.
+func TestScaleSmoke(t *testing.T) {
+	e := fleet.Start(t, fleet.Options{Clusters: 1, Nodes: 2 * 20, Roles: "none", Kube: true})
+	if err := e.WarmUp(e.Context()); err != nil {
+		t.Fatal(err)
+	}
+	r := &fleet.Report{Print: func(l string) { t.Log(l) }}
+	err := fleet.RunScale(e.Context(), e, fleet.ScaleParams{Exe: os.Args[0], Replicas: []int{1}, Nodes: 20, Latency: 10 * time.Millisecond, Kill: true}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range r.Failures {
+		t.Error(f)
+	}
+	if len(r.Lines) != 2 {
+		t.Errorf("%d figures, want 2 (one round, one SIGKILL round)", len(r.Lines))
+	}
+}

@@ -1,0 +1,333 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/faultline/faultline/internal/fleetsim"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// Transport is the gateway door a load uses.
+type Transport string
+
+const (
+	GRPC Transport = "grpc" // SubmitEvents, a batch per call
+	REST Transport = "rest" // POST /v1/events, HTTP keep-alive
+)
+
+// AuthContext is ctx with the cluster's agent token.
+func (e *Env) AuthContext(ctx context.Context, cluster string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+e.GW.Token(cluster))
+}
+
+var restClient = &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute}}
+
+// Send submits the events of one cluster and returns once the gateway
+// answered (for both doors: after the broker acknowledged them).
+func (e *Env) Send(ctx context.Context, t Transport, cluster string, evs []*datamodels.HealthEvent) error {
+	req := &faultlinev1.SubmitEventsRequest{Events: evs}
+	if t == GRPC {
+		_, err := e.Events().SubmitEvents(e.AuthContext(ctx, cluster), req)
+		return err
+	}
+	body, err := protojson.Marshal(req)
+	if err != nil {
+		return err
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, e.GW.URL()+"/v1/events", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	hr.Header.Set("Authorization", "Bearer "+e.GW.Token(cluster))
+	hr.Header.Set("Content-Type", "application/json")
+	resp, err := restClient.Do(hr)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return &httpError{code: resp.StatusCode, msg: fmt.Sprintf("POST /v1/events: %s: %s", resp.Status, b)}
+	}
+	return nil
+}
+
+// Load is a sustained stream of events. Each worker owns an equal share
+// of Rate and one cluster (worker i sends for cluster i mod clusters);
+// it keeps to an absolute schedule — a worker behind it sends its next
+// batch at once, so no tick is silently dropped — and counts what the
+// gateway acknowledged, so the delivered rate is measured, not assumed.
+type Load struct {
+	Rate      float64 // events/s in all; 0: as fast as the workers go
+	Batch     int     // events per call; default 1
+	Workers   int     // concurrent callers; default 8
+	Transport Transport
+	// Gen makes event seq of a cluster.
+	Gen func(cluster string, seq int64) *datamodels.HealthEvent
+}
+
+// LoadResult is what a Load delivered.
+type LoadResult struct {
+	Target float64 // events/s asked for (0: unpaced)
+	Sent   int64   // events acknowledged by the gateway
+	Failed int64   // events in calls that failed
+	// PushedBack counts calls the gateway refused for backpressure (429,
+	// RESOURCE_EXHAUSTED), sent again after a backoff.
+	PushedBack int64
+	Elapsed    time.Duration
+	Delivered  float64       // Sent / Elapsed
+	MaxBehind  time.Duration // the furthest a worker fell behind its schedule
+}
+
+// Verified reports an error when the load delivered less than share of
+// its target rate or any call failed.
+func (r LoadResult) Verified(share float64) error {
+	if r.Failed > 0 {
+		return fmt.Errorf("load: %d events in failed calls", r.Failed)
+	}
+	if r.Target > 0 && r.Delivered < share*r.Target {
+		return fmt.Errorf("load: delivered %.0f events/s, %.0f%% of the %.0f/s asked (%s behind schedule at worst)",
+			r.Delivered, 100*r.Delivered/r.Target, r.Target, r.MaxBehind.Round(time.Millisecond))
+	}
+	return nil
+}
+
+func (r LoadResult) String() string {
+	target := "unpaced"
+	if r.Target > 0 {
+		target = fmt.Sprintf("target %.0f/s, at worst %s behind schedule", r.Target, r.MaxBehind.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("%d events acknowledged in %s: %.0f events/s delivered (%s), %d failed, %d calls pushed back and resent",
+		r.Sent, r.Elapsed.Round(time.Millisecond), r.Delivered, target, r.Failed, r.PushedBack)
+}
+
+// StartLoad runs l until stop is called (or n events are sent when n > 0)
+// and returns stop, which waits for the workers and returns the result.
+func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadResult) {
+	if l.Batch <= 0 {
+		l.Batch = 1
+	}
+	if l.Workers <= 0 {
+		l.Workers = 8
+	}
+	if l.Transport == "" {
+		l.Transport = GRPC
+	}
+	// stopping ends the workers between calls: a call in progress
+	// completes, so every event the gateway took is counted.
+	stopping := make(chan struct{})
+	var (
+		seq, sent, failed, pushed atomic.Int64
+		behind                    atomic.Int64
+		wg                        sync.WaitGroup
+		logOnce                   sync.Once
+	)
+	start := time.Now()
+	per := l.Rate / float64(l.Workers) // events/s per worker
+	for w := range l.Workers {
+		cluster := e.Clusters[w%len(e.Clusters)]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; ctx.Err() == nil; k++ {
+				select {
+				case <-stopping:
+					return
+				default:
+				}
+				if per > 0 {
+					// batch k is due once its events have accrued
+					due := start.Add(time.Duration(float64((k+1)*l.Batch) / per * float64(time.Second)))
+					if d := time.Until(due); d > 0 {
+						select {
+						case <-stopping:
+							return
+						case <-time.After(d):
+						}
+					} else if -d > time.Duration(behind.Load()) {
+						behind.Store(int64(-d))
+					}
+				}
+				first := seq.Add(int64(l.Batch)) - int64(l.Batch)
+				if n > 0 && first >= n {
+					return
+				}
+				cnt := int64(l.Batch)
+				if n > 0 && first+cnt > n {
+					cnt = n - first
+				}
+				evs := make([]*datamodels.HealthEvent, cnt)
+				for j := range evs {
+					evs[j] = l.Gen(cluster, first+int64(j))
+				}
+				for try := 0; ; try++ {
+					err := e.Send(ctx, l.Transport, cluster, evs)
+					if err == nil {
+						sent.Add(cnt)
+						break
+					}
+					if ctx.Err() != nil {
+						break
+					}
+					if pushed.Load() == 0 {
+						logOnce.Do(func() { e.TB.Logf("fleet: load: first pushback: %v", err) })
+					}
+					if Backpressure(err) && try < 100 {
+						// The gateway's 429 / RESOURCE_EXHAUSTED: a client
+						// backs off and sends again; nothing is lost.
+						pushed.Add(1)
+						time.Sleep(time.Duration(5+try*5) * time.Millisecond)
+						continue
+					}
+					failed.Add(cnt)
+					e.TB.Logf("fleet: load: %v", err)
+					break
+				}
+			}
+		}()
+	}
+	var once sync.Once
+	var res LoadResult
+	return func() LoadResult {
+		once.Do(func() {
+			if n > 0 {
+				wg.Wait()
+			}
+			close(stopping)
+			wg.Wait()
+			el := time.Since(start)
+			res = LoadResult{Target: l.Rate, Sent: sent.Load(), Failed: failed.Load(), PushedBack: pushed.Load(), Elapsed: el, MaxBehind: time.Duration(behind.Load())}
+			res.Delivered = float64(res.Sent) / el.Seconds()
+		})
+		return res
+	}
+}
+
+// BackgroundMix is a fleet's everyday stream over nodes [from, from+n):
+// half healthy all-clears (GPU thermal, ports up), link_downed counter
+// increases, non-fatal Xids 13 and 31, and — one in fatalEvery (0: never)
+// — a fatal Xid 79 on one of the first fatalNodes nodes of the range.
+func BackgroundMix(from, n, fatalEvery, fatalNodes int) func(cluster string, seq int64) *datamodels.HealthEvent {
+	return func(_ string, seq int64) *datamodels.HealthEvent {
+		i := int(seq)
+		node := NodeName(from + (i*7919)%n)
+		if fatalEvery > 0 && i%fatalEvery == fatalEvery-1 {
+			return fleetsim.Xid(NodeName(from+(i/fatalEvery)%max(1, fatalNodes)), i%8, 79)
+		}
+		switch i % 10 {
+		case 0, 1, 2:
+			return fleetsim.Healthy(node, i%8)
+		case 3, 4:
+			return fleetsim.PortUp(node, i%8)
+		case 5, 6:
+			return fleetsim.LinkDowned(node, i%8)
+		case 7, 8:
+			return fleetsim.Xid(node, i%8, 31)
+		default:
+			return fleetsim.Xid(node, i%8, 13)
+		}
+	}
+}
+
+// History calls the history API (GET /v1/events?node=, the cluster's
+// operator token) and returns the events on its first page.
+func (e *Env) History(ctx context.Context, cluster, node string) (int, error) {
+	hr, err := http.NewRequestWithContext(ctx, http.MethodGet, e.GW.URL()+"/v1/events?node="+node, nil)
+	if err != nil {
+		return 0, err
+	}
+	hr.Header.Set("Authorization", "Bearer "+e.GW.OperatorToken(cluster))
+	resp, err := restClient.Do(hr)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET /v1/events: %s: %s", resp.Status, b)
+	}
+	var out faultlinev1.ListEventsResponse
+	if err := protojson.Unmarshal(b, &out); err != nil {
+		return 0, fmt.Errorf("GET /v1/events: %w", err)
+	}
+	return len(out.Events), nil
+}
+
+// Backpressure reports whether err is the gateway asking the client to
+// slow down (gRPC RESOURCE_EXHAUSTED or UNAVAILABLE, HTTP 429 or 503).
+func Backpressure(err error) bool {
+	switch status.Code(err) {
+	case codes.ResourceExhausted, codes.Unavailable:
+		return true
+	}
+	var he *httpError
+	return errors.As(err, &he) && (he.code == http.StatusTooManyRequests || he.code == http.StatusServiceUnavailable)
+}
+
+type httpError struct {
+	code int
+	msg  string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+// Blast sends, for every cluster at once, the events of perNode for each
+// of its nodes [0, nodes) — every (cluster, node) exactly once — in
+// batches of batch from workers callers per cluster, as fast as the
+// gateway takes them (backpressure is retried). It returns the result.
+func (e *Env) Blast(ctx context.Context, t Transport, nodes, batch, workers int, perNode func(node string) *datamodels.HealthEvent) LoadResult {
+	var sent, failed, pushed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, c := range e.Clusters {
+		next := atomic.Int64{}
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					first := int(next.Add(int64(batch))) - batch
+					if first >= nodes {
+						return
+					}
+					evs := make([]*datamodels.HealthEvent, 0, batch)
+					for i := first; i < min(nodes, first+batch); i++ {
+						evs = append(evs, perNode(NodeName(i)))
+					}
+					for try := 0; ; try++ {
+						err := e.Send(ctx, t, c, evs)
+						if err == nil {
+							sent.Add(int64(len(evs)))
+							break
+						}
+						if Backpressure(err) && try < 100 && ctx.Err() == nil {
+							pushed.Add(1)
+							time.Sleep(time.Duration(5+try*5) * time.Millisecond)
+							continue
+						}
+						failed.Add(int64(len(evs)))
+						e.TB.Logf("fleet: blast: %v", err)
+						break
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	el := time.Since(start)
+	return LoadResult{Sent: sent.Load(), Failed: failed.Load(), PushedBack: pushed.Load(), Elapsed: el, Delivered: float64(sent.Load()) / el.Seconds()}
+}

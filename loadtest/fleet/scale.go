@@ -1,0 +1,233 @@
+package fleet
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/faultline/faultline/internal/fleetsim"
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// LatencyProxy is a plain-HTTP reverse proxy in front of a kube-apiserver
+// that holds every request for a fixed delay before forwarding it: an
+// apiserver far away or under load, so a role's work is I/O-bound.
+type LatencyProxy struct {
+	URL string
+	ln  net.Listener
+	srv *http.Server
+}
+
+// StartLatencyProxy proxies to k with delay per request until ctx ends.
+func StartLatencyProxy(ctx context.Context, k *testenv.Kube, delay time.Duration) (*LatencyProxy, error) {
+	target, err := url.Parse(k.RESTConfig().Host)
+	if err != nil {
+		return nil, err
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, MaxIdleConnsPerHost: 1024} //nolint:gosec // a local test apiserver
+	token := k.RESTConfig().BearerToken
+	director := rp.Director
+	rp.Director = func(r *http.Request) {
+		director(r)
+		r.Header.Set("Authorization", "Bearer "+token) // client-go sends no token over plain HTTP
+	}
+	rp.FlushInterval = -1 // watches stream
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &LatencyProxy{URL: "http://" + ln.Addr().String(), ln: ln}
+	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(delay):
+		case <-r.Context().Done():
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}), ReadHeaderTimeout: 10 * time.Second}
+	go p.srv.Serve(ln)
+	go func() { <-ctx.Done(); p.srv.Close() }()
+	return p, nil
+}
+
+// Kubeconfig writes a kubeconfig for the proxy with k's admin token.
+func (p *LatencyProxy) Kubeconfig(dir string, k *testenv.Kube) (string, error) {
+	path := filepath.Join(dir, fmt.Sprintf("kubeconfig-proxy-%d", time.Now().UnixNano()))
+	y := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: %s\nusers:\n- name: admin\n  user:\n    token: %s\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: admin\ncurrent-context: proxy\n",
+		p.URL, k.RESTConfig().BearerToken)
+	return path, os.WriteFile(path, []byte(y), 0o600)
+}
+
+// Replica is a processors.Run in its own process (the command's -replica
+// mode), so it can be killed with SIGKILL.
+type Replica struct {
+	cmd *exec.Cmd
+}
+
+// StartReplica starts exe -replica with the flags the replica mode reads.
+func StartReplica(exe string, args []string, logTo *os.File) (*Replica, error) {
+	cmd := exec.Command(exe, append([]string{"-replica"}, args...)...)
+	cmd.Stdout, cmd.Stderr = logTo, logTo
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &Replica{cmd: cmd}, nil
+}
+
+// Kill sends SIGKILL and reaps the process (once).
+func (r *Replica) Kill() {
+	if r.cmd.ProcessState == nil {
+		r.cmd.Process.Signal(syscall.SIGKILL)
+		r.cmd.Wait()
+	}
+}
+
+// Stop sends SIGTERM and waits up to 30s, then kills.
+func (r *Replica) Stop() {
+	if r.cmd.ProcessState != nil {
+		return
+	}
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { r.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		r.Kill()
+	}
+}
+
+// ScaleParams configure RunScale.
+type ScaleParams struct {
+	Exe      string        // the fleetload binary (its -replica mode)
+	Replicas []int         // replica counts, e.g. 1, 2, 4
+	Nodes    int           // nodes failing per round
+	Latency  time.Duration // per apiserver request
+	Kill     bool          // a SIGKILL round: 2 replicas, one killed at a third
+}
+
+// RunScale measures quarantine throughput (cordons/s) with 1, 2, 4 ...
+// replicas as separate processes against one kube-apiserver behind a
+// latency proxy, each round failing its own Nodes nodes at once (breaker
+// off); then a round in which one of two replicas is SIGKILLed a third of
+// the way in: every node must be cordoned exactly once (flips counted on
+// the watch) and the Node writes per node must not grow.
+func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
+	cluster := e.Clusters[0]
+	k := e.Kubes[cluster]
+	proxy, err := StartLatencyProxy(ctx, k, sp.Latency)
+	if err != nil {
+		return err
+	}
+	dir := e.TB.TempDir()
+	kc, err := proxy.Kubeconfig(dir, k)
+	if err != nil {
+		return err
+	}
+	logf := os.Stderr // the replicas' warnings, with the command's
+	args := []string{"-replica.brokers", e.Kafka.Addr(), "-replica.kube", cluster + "=" + kc}
+	rounds := append([]int(nil), sp.Replicas...)
+	if sp.Kill {
+		rounds = append(rounds, -2)
+	}
+	var base float64
+	var all []*Replica
+	defer func() { // every replica ends with the run, whatever happened
+		for _, rep := range all {
+			rep.Kill()
+		}
+	}()
+	for ri, n := range rounds {
+		kill := n < 0
+		if kill {
+			n = -n
+		}
+		from := ri * sp.Nodes
+		var reps []*Replica
+		for i := range n {
+			rep, err := StartReplica(sp.Exe, append(args, "-replica.identity", fmt.Sprintf("replica-%d-%d", ri, i)), logf)
+			if err != nil {
+				return err
+			}
+			reps = append(reps, rep)
+			all = append(all, rep)
+		}
+		// Wait for the group to settle: a probe node cordoned.
+		probe := fmt.Sprintf("probe-%d", ri)
+		if err := createNamedNode(k, probe); err != nil {
+			return err
+		}
+		if err := e.Send(ctx, GRPC, cluster, []*datamodels.HealthEvent{fleetsim.Xid(probe, 0, 79)}); err != nil {
+			return err
+		}
+		if !waitFor(ctx, 120*time.Second, func() bool { _, ok := e.Cordons.At(cluster, probe); return ok }) {
+			return fmt.Errorf("scale: %d replicas never cordoned the probe node", n)
+		}
+		_, w0 := e.Cordons.NodeWrites()
+		c0, _ := e.Cordons.Count()
+		t0 := time.Now()
+		res := e.blastRange(ctx, cluster, from, sp.Nodes)
+		killed := false
+		ok := waitFor(ctx, 5*time.Minute, func() bool {
+			c, _ := e.Cordons.Count()
+			if kill && !killed && c-c0 >= sp.Nodes/3 {
+				reps[0].Kill()
+				killed = true
+			}
+			return c-c0 >= sp.Nodes
+		})
+		took := time.Since(t0)
+		time.Sleep(3 * time.Second) // a replayed batch would write now
+		c1, twice := e.Cordons.Count()
+		_, w1 := e.Cordons.NodeWrites()
+		rate := float64(c1-c0) / took.Seconds()
+		if base == 0 {
+			base = rate
+		}
+		if kill {
+			r.Figure("scale SIGKILL: 2 replicas, one SIGKILLed after %d cordons; %d of %d nodes cordoned in %s (%d cordoned twice), %.2f Node writes per node",
+				sp.Nodes/3, c1-c0, sp.Nodes, took.Round(time.Millisecond), twice, float64(w1-w0)/float64(max(1, c1-c0)))
+			r.Check(ok && c1-c0 == sp.Nodes && twice == 0 && res.Failed == 0, "SIGKILL round: %d of %d cordoned, %d twice, %d events failed", c1-c0, sp.Nodes, twice, res.Failed)
+		} else {
+			r.Figure("scale %d replica(s), %s apiserver latency: %d nodes cordoned in %s = %.1f cordons/s (%.2fx of 1 replica, %.0f%% of linear), %.2f Node writes per node",
+				n, sp.Latency, c1-c0, took.Round(time.Millisecond), rate, rate/base, 100*rate/base/float64(n), float64(w1-w0)/float64(max(1, c1-c0)))
+			r.Check(ok && c1-c0 == sp.Nodes && twice == 0, "%d replicas: %d of %d cordoned, %d twice", n, c1-c0, sp.Nodes, twice)
+		}
+		for _, rep := range reps {
+			rep.Stop()
+		}
+	}
+	return nil
+}
+
+func (e *Env) blastRange(ctx context.Context, cluster string, from, n int) LoadResult {
+	var res LoadResult
+	const batch = 50
+	for i := 0; i < n; i += batch {
+		var evs []*datamodels.HealthEvent
+		for j := i; j < min(n, i+batch); j++ {
+			evs = append(evs, fleetsim.Xid(NodeName(from+j), 0, 79))
+		}
+		if err := e.Send(ctx, GRPC, cluster, evs); err != nil {
+			res.Failed += int64(len(evs))
+			continue
+		}
+		res.Sent += int64(len(evs))
+	}
+	return res
+}
+
+func createNamedNode(k *testenv.Kube, name string) error {
+	return createNodesNamed(k, []string{name})
+}

@@ -1,0 +1,51 @@
+package fleet
+
+import (
+	"testing"
+	"time"
+)
+
+// TestScenariosSmoke runs every scenario for seconds on a tiny fleet
+// against the real servers, so the load tools cannot rot: each must
+// deliver its load and pass its own checks (cordoned once, held to the
+// breaker's share, nothing lost). The figures of a smoke run mean
+// nothing; the full runs are `go run ./loadtest/cmd/fleetload`.
+func TestScenariosSmoke(t *testing.T) {
+	tiny := map[string]Params{
+		"trickle":           {Clusters: 2, Nodes: 40, Rate: 100, Duration: 2 * time.Second},
+		"fault-to-cordon":   {Nodes: 100, Rate: 100, Faults: 4},
+		"xid-burst":         {Nodes: 20, Rate: 50, Faults: 2},
+		"nic-outage":        {Clusters: 2, Nodes: 20},
+		"conformance-drift": {Nodes: 10, Duration: time.Second},
+		"flap":              {Nodes: 5, Duration: 2 * time.Second},
+		"mass-failure":      {Nodes: 30, Faults: 30},
+		"ingest":            {Nodes: 20, Duration: time.Second},
+	}
+	for _, s := range Scenarios {
+		p, ok := tiny[s.Name]
+		if !ok {
+			t.Errorf("scenario %s has no smoke run", s.Name)
+			continue
+		}
+		t.Run(s.Name, func(t *testing.T) {
+			r, err := s.Execute(t, p, func(l string) { t.Log(l) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range r.Failures {
+				t.Error(f)
+			}
+			if len(r.Lines) < 2 {
+				t.Errorf("only %d figures reported", len(r.Lines))
+			}
+		})
+	}
+}
+
+func TestBreakerShare(t *testing.T) {
+	for _, c := range []struct{ n, want int }{{1000, 100}, {30, 3}, {20, 2}, {5, 1}} {
+		if got := breakerShare(c.n); got != c.want {
+			t.Errorf("breakerShare(%d) = %d, want %d", c.n, got, c.want)
+		}
+	}
+}

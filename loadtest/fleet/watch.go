@@ -1,0 +1,180 @@
+package fleet
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/schemas/events"
+)
+
+// CordonWatch sees nodes become unschedulable on the apiservers, through
+// a watch (what an operator's kubectl would see), and remembers when.
+type CordonWatch struct {
+	mu    sync.Mutex
+	first map[string]time.Time // cluster/node -> first seen cordoned
+	flips map[string]int       // cluster/node -> schedulable->unschedulable transitions
+	state map[string]bool
+	mods  map[string]int // cluster/node -> updates seen (each a write to the Node)
+}
+
+// WatchCordons watches the nodes of every cluster until ctx ends.
+func WatchCordons(ctx context.Context, tb testing.TB, kubes map[string]*testenv.Kube) *CordonWatch {
+	w := &CordonWatch{first: map[string]time.Time{}, flips: map[string]int{}, state: map[string]bool{}, mods: map[string]int{}}
+	ready := make(chan struct{}, len(kubes))
+	for c, k := range kubes {
+		go w.run(ctx, tb, c, k, ready)
+	}
+	for range kubes {
+		<-ready
+	}
+	return w
+}
+
+func (w *CordonWatch) run(ctx context.Context, tb testing.TB, cluster string, k *testenv.Kube, ready chan<- struct{}) {
+	once := sync.OnceFunc(func() { ready <- struct{}{} })
+	defer once()
+	for ctx.Err() == nil {
+		list, err := k.Client().CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			if ctx.Err() == nil {
+				tb.Logf("fleet: list nodes of %s: %v", cluster, err)
+				time.Sleep(time.Second)
+			}
+			continue
+		}
+		for i := range list.Items {
+			w.see(cluster, &list.Items[i])
+		}
+		wi, err := k.Client().CoreV1().Nodes().Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+		if err != nil {
+			continue
+		}
+		once()
+		for ev := range wi.ResultChan() {
+			if ev.Type != watch.Added && ev.Type != watch.Modified {
+				continue
+			}
+			if n, ok := ev.Object.(*corev1.Node); ok {
+				if ev.Type == watch.Modified {
+					w.mu.Lock()
+					w.mods[cluster+"/"+n.Name]++
+					w.mu.Unlock()
+				}
+				w.see(cluster, n)
+			}
+		}
+		wi.Stop()
+	}
+}
+
+func (w *CordonWatch) see(cluster string, n *corev1.Node) {
+	now := time.Now()
+	key := cluster + "/" + n.Name
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	was := w.state[key]
+	w.state[key] = n.Spec.Unschedulable
+	if n.Spec.Unschedulable && !was {
+		w.flips[key]++
+		if _, ok := w.first[key]; !ok {
+			w.first[key] = now
+		}
+	}
+}
+
+// At returns when cluster/node was first seen cordoned.
+func (w *CordonWatch) At(cluster, node string) (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t, ok := w.first[cluster+"/"+node]
+	return t, ok
+}
+
+// Count returns the nodes seen cordoned (ever) and those cordoned more
+// than once (uncordoned in between).
+func (w *CordonWatch) Count() (cordoned, twice int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, n := range w.flips {
+		if n > 1 {
+			twice++
+		}
+	}
+	return len(w.first), twice
+}
+
+// NodeWrites returns the Node updates seen on the watch, in all and for
+// the nodes seen cordoned (a cordon with a taint and a condition in one
+// update is one write; the apiserver may coalesce none of them).
+func (w *CordonWatch) NodeWrites() (all, ofCordoned int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, n := range w.mods {
+		all += n
+		if _, ok := w.first[k]; ok {
+			ofCordoned += n
+		}
+	}
+	return all, ofCordoned
+}
+
+// ActionWatch counts the audit actions on the actions topic by
+// kind/outcome ("quarantine/applied", "quarantine/held_by_breaker", ...),
+// and the distinct nodes of each.
+type ActionWatch struct {
+	mu    sync.Mutex
+	count map[string]int
+	nodes map[string]map[string]bool
+}
+
+// WatchActions consumes the actions topic from its start until ctx ends.
+func WatchActions(ctx context.Context, tb testing.TB, k *testenv.Kafka) *ActionWatch {
+	w := &ActionWatch{count: map[string]int{}, nodes: map[string]map[string]bool{}}
+	cl := k.Client(tb, kgo.ConsumeTopics(events.TopicActions), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	go func() {
+		for ctx.Err() == nil {
+			fs := cl.PollFetches(ctx)
+			fs.EachRecord(func(r *kgo.Record) {
+				a, err := events.UnmarshalAction(r.Value)
+				if err != nil {
+					return
+				}
+				k := a.GetKind() + "/" + a.GetOutcome()
+				w.mu.Lock()
+				w.count[k]++
+				if w.nodes[k] == nil {
+					w.nodes[k] = map[string]bool{}
+				}
+				w.nodes[k][a.GetCluster()+"/"+a.GetNode()] = true
+				w.mu.Unlock()
+			})
+		}
+	}()
+	return w
+}
+
+// Count returns the actions of kind/outcome and their distinct nodes.
+func (w *ActionWatch) Count(kindOutcome string) (actions, nodes int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.count[kindOutcome], len(w.nodes[kindOutcome])
+}
+
+// Snapshot returns every kind/outcome count.
+func (w *ActionWatch) Snapshot() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]int, len(w.count))
+	for k, v := range w.count {
+		out[k] = v
+	}
+	return out
+}
