@@ -43,6 +43,11 @@ type Config struct {
 	NodeEvents bool `toml:"node_events"`
 	// EventNamespace is where node Events are created. Default "default".
 	EventNamespace string `toml:"event_namespace"`
+	// NodeEventInterval: a node gets at most one Event of a reason per
+	// interval (later ones are merged: counted, recorded as a skipped
+	// action, not created), so a node's stream of warnings costs one API
+	// call, not one per event. 0: an Event per event. Default 1m.
+	NodeEventInterval time.Duration `toml:"node_event_interval"`
 	// Identity names this processor in annotations and Events.
 	// Default "faultline-quarantine/<hostname>".
 	Identity string `toml:"identity"`
@@ -98,16 +103,17 @@ func DefaultConfig() Config {
 		host = "unknown"
 	}
 	return Config{
-		OptOutLabel:    "faultline.io/quarantine=disabled",
-		Workers:        64,
-		ClusterWait:    3 * time.Second,
-		RetryWait:      10 * time.Second,
-		NodeEvents:     true,
-		EventNamespace: "default",
-		Identity:       "faultline-quarantine/" + host,
-		BatchTimeout:   2 * time.Minute,
-		MaxPollRecords: 2000,
-		RuleCostLimit:  DefaultRuleCostLimit,
+		OptOutLabel:       "faultline.io/quarantine=disabled",
+		Workers:           64,
+		ClusterWait:       3 * time.Second,
+		RetryWait:         10 * time.Second,
+		NodeEvents:        true,
+		EventNamespace:    "default",
+		NodeEventInterval: time.Minute,
+		Identity:          "faultline-quarantine/" + host,
+		BatchTimeout:      2 * time.Minute,
+		MaxPollRecords:    2000,
+		RuleCostLimit:     DefaultRuleCostLimit,
 		Breaker: BreakerConfig{
 			Enabled:      true,
 			MaxPercent:   10,
@@ -129,6 +135,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.RetryWait, prefix+"retry-wait", c.RetryWait, "how long the retry consumer waits for a cluster per batch")
 	fs.BoolVar(&c.NodeEvents, prefix+"node-events", c.NodeEvents, "create a Kubernetes Event on the node for non-fatal events")
 	fs.StringVar(&c.EventNamespace, prefix+"event-namespace", c.EventNamespace, "namespace of node Events")
+	fs.DurationVar(&c.NodeEventInterval, prefix+"node-event-interval", c.NodeEventInterval, "at most one node Event of a reason per node per interval (0: one per event)")
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch")
 	fs.IntVar(&c.MaxPollRecords, prefix+"max-poll-records", c.MaxPollRecords, "records fetched per poll")
@@ -160,6 +167,9 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.RetryWait <= 0 {
 		return fmt.Errorf("%sretry_wait: must be positive, got %v", prefix, c.RetryWait)
+	}
+	if c.NodeEventInterval < 0 {
+		return fmt.Errorf("%snode_event_interval: must not be negative, got %v", prefix, c.NodeEventInterval)
 	}
 	if c.NodeEvents && c.EventNamespace == "" {
 		return fmt.Errorf("%sevent_namespace: required when node_events is on", prefix)

@@ -73,6 +73,9 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	if ev.GetQuarantineOverrides().GetSkip() {
 		return []*faultlinev1.Action{h.action(it, events.KindSkip, events.OutcomeSkipped, "quarantineOverrides.skip", "", cl)}, nil
 	}
+	if acts, ok, err := h.nonFatalFromCache(ctx, cl, it, force); ok || err != nil {
+		return acts, err
+	}
 	node, err := h.getNode(ctx, cl, it.node)
 	if apierrors.IsNotFound(err) {
 		return []*faultlinev1.Action{h.action(it, events.KindQuarantine, events.OutcomeFailed, "node not found in cluster", "", cl)}, nil
@@ -184,6 +187,33 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		a.Details[events.DetailForce] = "true"
 	}
 	return withRuleErrors(append(acts, a), ruleErrs), nil
+}
+
+// nonFatalFromCache decides a non-fatal event that no rule set matches from
+// the node watch's copy of the node, without an API request: under a fleet's
+// background of warnings that read alone would spend the client's QPS and
+// queue the fatal events behind it. ok false: decide it live (a fatal or
+// forced event, a node the cache does not know or this replica just wrote,
+// an opted-out node, or a rule set that matches — whatever could change the
+// node is decided on a fresh read).
+func (h *Handler) nonFatalFromCache(ctx context.Context, cl *clusters.Client, it item, force bool) (acts []*faultlinev1.Action, ok bool, err error) {
+	if it.ev.GetIsFatal() || force {
+		return nil, false, nil
+	}
+	node, cached := h.nodes.cached(cl, it.node, h.now())
+	if !cached || (h.optKey != "" && node.Labels[h.optKey] == h.optVal) {
+		return nil, false, nil
+	}
+	dec, errs := h.policy.Evaluate(it.ev, node)
+	if dec != nil {
+		return nil, false, nil
+	}
+	h.m.warnCache.WithLabelValues(it.cluster).Inc()
+	ruleErrs := h.ruleErrors(it, errs)
+	if acts, err = h.nodeEvent(ctx, cl, node, it); err != nil {
+		return nil, true, err
+	}
+	return withRuleErrors(acts, ruleErrs), true, nil
 }
 
 // ruleErrors counts and logs the rule expressions that failed on an event

@@ -57,6 +57,12 @@ type Handler struct {
 	breakers      map[string]*breaker
 	deferUntil    map[string]time.Time
 	ruleErrLogged map[string]time.Time
+
+	// lastEvent: when each cluster/node/reason last got a node Event
+	// (eventDue).
+	eventsMu     sync.Mutex
+	lastEvent    map[string]time.Time
+	eventsPruned time.Time
 }
 
 // Close stops the handler's node watches.
@@ -105,6 +111,7 @@ func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options
 		cfg: cfg, policy: pol, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		m: newMetrics(opts.Registerer), optKey: k, optVal: v,
 		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{}, ruleErrLogged: map[string]time.Time{},
+		lastEvent: map[string]time.Time{},
 		uncordons: make(chan nodeRef, 1024), Ownership: pipeline.Ownership{Topic: events.TopicEvents},
 	}
 	h.nodes = newNodeCaches(h.noticeUncordon)

@@ -270,6 +270,18 @@ func TestKube(t *testing.T) {
 		if n := getNode(t, k, "nonfatal-1"); n.Spec.Unschedulable {
 			t.Fatal("non-fatal event cordoned the node")
 		}
+		// Another warning of the same reason inside node_event_interval is
+		// merged: recorded as skipped, no second Event.
+		ev2 := fatal("nonfatal-1", "GPU_THERMAL", "GPU-3")
+		ev2.IsFatal, ev2.RecommendedAction, ev2.Message = false, datamodels.RecommendedAction_NONE, "GPU 3 is warmer"
+		ev2.Id = ev.Id + "-2"
+		acts3, _ := handle(t, h, record("c1", ev2))
+		if kinds(acts3) != "event/skipped" || !strings.Contains(acts3[0].Reason, "merged") {
+			t.Fatalf("second warning: %s %v", kinds(acts3), acts3)
+		}
+		if list, _ := k.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=nonfatal-1"}); len(list.Items) != 1 {
+			t.Fatalf("merged warning created an Event: %d", len(list.Items))
+		}
 	})
 
 	t.Run("RecoveryLiftsExactlyWhatFaultlineSet", func(t *testing.T) {

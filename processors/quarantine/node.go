@@ -97,6 +97,11 @@ func (h *Handler) nodeEvent(ctx context.Context, cl *clusters.Client, node *core
 	if cl == nil || cl.DryRun || cl.Kube == nil {
 		return []*faultlinev1.Action{h.action(it, events.KindEvent, events.OutcomeDryRun, "would record Event "+reason, "", cl)}, nil
 	}
+	if !h.eventDue(cl.Name, it.node, reason) {
+		h.m.eventsMerged.WithLabelValues(cl.Name).Inc()
+		return []*faultlinev1.Action{h.action(it, events.KindEvent, events.OutcomeSkipped,
+			fmt.Sprintf("Event %s recorded on this node less than %v ago: merged", reason, h.cfg.NodeEventInterval), "", cl)}, nil
+	}
 	now := metav1.NewTime(h.now())
 	kev := &corev1.Event{
 		ObjectMeta: metav1.ObjectMeta{
@@ -120,6 +125,33 @@ func (h *Handler) nodeEvent(ctx context.Context, cl *clusters.Client, node *core
 		return nil, fmt.Errorf("create event for node %s: %w", it.node, err)
 	}
 	return []*faultlinev1.Action{h.action(it, events.KindEvent, events.OutcomeApplied, "recorded Event "+reason, "", cl)}, nil
+}
+
+// eventDue reports whether the node may get an Event of reason now (none
+// in the last node_event_interval), and if so counts this one. A redelivered
+// record whose Event was created inside the interval is merged too: the Event
+// it would make already stands.
+func (h *Handler) eventDue(cluster, node, reason string) bool {
+	if h.cfg.NodeEventInterval <= 0 {
+		return true
+	}
+	now := h.now()
+	key := cluster + "/" + node + "/" + reason
+	h.eventsMu.Lock()
+	defer h.eventsMu.Unlock()
+	if last, ok := h.lastEvent[key]; ok && now.Sub(last) < h.cfg.NodeEventInterval {
+		return false
+	}
+	if now.Sub(h.eventsPruned) > h.cfg.NodeEventInterval {
+		for k, t := range h.lastEvent {
+			if now.Sub(t) >= h.cfg.NodeEventInterval {
+				delete(h.lastEvent, k)
+			}
+		}
+		h.eventsPruned = now
+	}
+	h.lastEvent[key] = now
+	return true
 }
 
 // eventReason is the Event reason of a component class: "GPUHealthIssue".

@@ -65,8 +65,8 @@ func (c *nodeCaches) get(cl *clusters.Client) *nodeCache {
 			return obj, nil
 		}
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
-			Name: n.Name, ResourceVersion: n.ResourceVersion, Annotations: n.Annotations,
-		}, Spec: corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable}}, nil
+			Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels, Annotations: n.Annotations,
+		}, Spec: corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints}}, nil
 	})
 	if c.uncordoned != nil {
 		name := cl.Name
@@ -90,22 +90,37 @@ func (c *nodeCaches) get(cl *clusters.Client) *nodeCache {
 // nothingStanding reports whether the cache knows the node carries no
 // faultline fault and this replica has not written it recently.
 func (c *nodeCaches) nothingStanding(cl *clusters.Client, node string, now time.Time) bool {
+	n, ok := c.cached(cl, node, now)
+	if !ok {
+		return false
+	}
+	st, err := ReadState(n)
+	return err == nil && len(st.Faults) == 0
+}
+
+// cached returns the watch's copy of the node (name, UID, labels,
+// annotations, taints, unschedulable) when the watch has synced and this
+// replica has not written the node recently; false: read it live. The copy
+// is shared with the cache: never modify it.
+func (c *nodeCaches) cached(cl *clusters.Client, node string, now time.Time) (*corev1.Node, bool) {
+	if cl == nil || cl.Kube == nil {
+		return nil, false
+	}
 	nc := c.get(cl)
 	if nc == nil || !nc.synced() {
-		return false
+		return nil, false
 	}
 	c.mu.Lock()
 	w, recent := c.written[cl.Name+"/"+node]
 	c.mu.Unlock()
 	if recent && now.Sub(w) < recentWrite {
-		return false
+		return nil, false
 	}
 	n, err := nc.lister.Get(node)
 	if err != nil {
-		return false
+		return nil, false
 	}
-	st, err := ReadState(n)
-	return err == nil && len(st.Faults) == 0
+	return n, true
 }
 
 // wrote remembers that this replica changed a node.
