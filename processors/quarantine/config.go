@@ -48,6 +48,10 @@ type Config struct {
 	// action, not created), so a node's stream of warnings costs one API
 	// call, not one per event. 0: an Event per event. Default 1m.
 	NodeEventInterval time.Duration `toml:"node_event_interval"`
+	// NodeEventQPS: node Events are created in the background at most this
+	// many a second per cluster, out of the cluster's client QPS, so they
+	// never delay a cordon; a full queue (1,024) drops them. Default 10.
+	NodeEventQPS float64 `toml:"node_event_qps"`
 	// Identity names this processor in annotations and Events.
 	// Default "faultline-quarantine/<hostname>".
 	Identity string `toml:"identity"`
@@ -110,6 +114,7 @@ func DefaultConfig() Config {
 		NodeEvents:        true,
 		EventNamespace:    "default",
 		NodeEventInterval: time.Minute,
+		NodeEventQPS:      10,
 		Identity:          "faultline-quarantine/" + host,
 		BatchTimeout:      2 * time.Minute,
 		MaxPollRecords:    2000,
@@ -135,6 +140,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.RetryWait, prefix+"retry-wait", c.RetryWait, "how long the retry consumer waits for a cluster per batch")
 	fs.BoolVar(&c.NodeEvents, prefix+"node-events", c.NodeEvents, "create a Kubernetes Event on the node for non-fatal events")
 	fs.StringVar(&c.EventNamespace, prefix+"event-namespace", c.EventNamespace, "namespace of node Events")
+	fs.Float64Var(&c.NodeEventQPS, prefix+"node-event-qps", c.NodeEventQPS, "node Events created per second per cluster, in the background")
 	fs.DurationVar(&c.NodeEventInterval, prefix+"node-event-interval", c.NodeEventInterval, "at most one node Event of a reason per node per interval (0: one per event)")
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch")
@@ -167,6 +173,9 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.RetryWait <= 0 {
 		return fmt.Errorf("%sretry_wait: must be positive, got %v", prefix, c.RetryWait)
+	}
+	if c.NodeEvents && c.NodeEventQPS <= 0 {
+		return fmt.Errorf("%snode_event_qps: must be positive when node_events is on, got %v", prefix, c.NodeEventQPS)
 	}
 	if c.NodeEventInterval < 0 {
 		return fmt.Errorf("%snode_event_interval: must not be negative, got %v", prefix, c.NodeEventInterval)

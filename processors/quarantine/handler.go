@@ -60,13 +60,17 @@ type Handler struct {
 
 	// lastEvent: when each cluster/node/reason last got a node Event
 	// (eventDue).
+	events       *eventWriter
 	eventsMu     sync.Mutex
 	lastEvent    map[string]time.Time
 	eventsPruned time.Time
 }
 
 // Close stops the handler's node watches.
-func (h *Handler) Close() { h.nodes.close() }
+func (h *Handler) Close() {
+	h.nodes.close()
+	h.events.stop()
+}
 
 // Options are a Handler's collaborators.
 type Options struct {
@@ -115,5 +119,6 @@ func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options
 		uncordons: make(chan nodeRef, 1024), Ownership: pipeline.Ownership{Topic: events.TopicEvents},
 	}
 	h.nodes = newNodeCaches(h.noticeUncordon)
+	h.events = newEventWriter(cfg.NodeEventQPS, h.log, func(cluster string) { h.m.eventsFailed.WithLabelValues(cluster).Inc() })
 	return h, nil
 }

@@ -260,9 +260,16 @@ func TestKube(t *testing.T) {
 		if kinds(acts) != "event/applied" || acts2[0].Id != acts[0].Id {
 			t.Fatalf("actions %s / %s", kinds(acts), kinds(acts2))
 		}
-		list, err := k.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=nonfatal-1"})
-		if err != nil {
-			t.Fatal(err)
+		// Created in the background: wait for it.
+		var list *corev1.EventList
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			var err error
+			if list, err = k.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=nonfatal-1"}); err != nil {
+				t.Fatal(err)
+			}
+			if len(list.Items) > 0 || time.Now().After(deadline) {
+				break
+			}
 		}
 		if len(list.Items) != 1 || list.Items[0].Reason != "GPUHealthIssue" || !strings.Contains(list.Items[0].Message, "warm") {
 			t.Fatalf("events %+v", list.Items)

@@ -3,18 +3,20 @@ package quarantine
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	decisions    *prometheus.CounterVec
-	held         *prometheus.CounterVec
-	deferred     *prometheus.CounterVec
-	apiErrors    *prometheus.CounterVec
-	conflicts    *prometheus.CounterVec
-	breakerTrips *prometheus.CounterVec
-	breakerOpen  *prometheus.GaugeVec
-	cacheHits    *prometheus.CounterVec
-	warnCache    *prometheus.CounterVec
-	eventsMerged *prometheus.CounterVec
-	ruleErrors   *prometheus.CounterVec
-	stateTrimmed *prometheus.CounterVec
+	decisions     *prometheus.CounterVec
+	held          *prometheus.CounterVec
+	deferred      *prometheus.CounterVec
+	apiErrors     *prometheus.CounterVec
+	conflicts     *prometheus.CounterVec
+	breakerTrips  *prometheus.CounterVec
+	breakerOpen   *prometheus.GaugeVec
+	cacheHits     *prometheus.CounterVec
+	warnCache     *prometheus.CounterVec
+	eventsMerged  *prometheus.CounterVec
+	eventsDropped *prometheus.CounterVec
+	eventsFailed  *prometheus.CounterVec
+	ruleErrors    *prometheus.CounterVec
+	stateTrimmed  *prometheus.CounterVec
 	// overridesIgnored counts events whose overrides were ignored (not an
 	// operator's).
 	overridesIgnored *prometheus.CounterVec
@@ -26,6 +28,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		held:             prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_held_total", Help: "Quarantines held back by the circuit breaker."}, []string{"cluster"}),
 		warnCache:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_warnings_from_cache_total", Help: "Non-fatal events no rule set matched, decided from the node watch without reading the node."}, []string{"cluster"}),
 		eventsMerged:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_node_events_merged_total", Help: "Kubernetes Events not created because the node already got one of the same reason within node_event_interval."}, []string{"cluster"}),
+		eventsDropped:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_node_events_dropped_total", Help: "Kubernetes Events dropped because the cluster's Event queue was full."}, []string{"cluster"}),
+		eventsFailed:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_node_events_failed_total", Help: "Kubernetes Events the API refused or did not answer (best effort: not retried)."}, []string{"cluster"}),
 		deferred:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_deferred_total", Help: "Records deferred to the retry topic because their cluster was unreachable."}, []string{"cluster"}),
 		apiErrors:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
 		conflicts:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_conflicts_total", Help: "Node updates retried after a resourceVersion conflict."}, []string{"cluster"}),
@@ -37,7 +41,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		overridesIgnored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_overrides_ignored_total", Help: "Events whose quarantineOverrides/drainOverrides were ignored because no operator credential sent them."}, []string{"cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.cacheHits, m.warnCache, m.eventsMerged, m.ruleErrors, m.overridesIgnored, m.stateTrimmed)
+		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.cacheHits, m.warnCache, m.eventsMerged, m.eventsDropped, m.eventsFailed, m.ruleErrors, m.overridesIgnored, m.stateTrimmed)
 	}
 	return m
 }

@@ -87,7 +87,9 @@ func (h *Handler) updateNode(ctx context.Context, cl *clusters.Client, first *co
 }
 
 // nodeEvent records a non-fatal event as a Kubernetes Event on the node,
-// with a name derived from the event id so a retry finds the first one.
+// with a name derived from the event id so a retry finds the first one. The
+// Event is created in the background (eventWriter): informational, best
+// effort, never in the way of a cordon.
 func (h *Handler) nodeEvent(ctx context.Context, cl *clusters.Client, node *corev1.Node, it item) ([]*faultlinev1.Action, error) {
 	if !h.cfg.NodeEvents {
 		return nil, nil
@@ -120,11 +122,11 @@ func (h *Handler) nodeEvent(ctx context.Context, cl *clusters.Client, node *core
 		LastTimestamp:       now,
 		Count:               1,
 	}
-	_, err := cl.Kube.CoreV1().Events(h.cfg.EventNamespace).Create(ctx, kev, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return nil, fmt.Errorf("create event for node %s: %w", it.node, err)
+	if !h.events.enqueue(cl, kev) {
+		h.m.eventsDropped.WithLabelValues(cl.Name).Inc()
+		return []*faultlinev1.Action{h.action(it, events.KindEvent, events.OutcomeSkipped, "Event "+reason+" dropped: the cluster's Event queue is full", "", cl)}, nil
 	}
-	return []*faultlinev1.Action{h.action(it, events.KindEvent, events.OutcomeApplied, "recorded Event "+reason, "", cl)}, nil
+	return []*faultlinev1.Action{h.action(it, events.KindEvent, events.OutcomeApplied, "recorded Event "+reason+" (created in the background, best effort)", "", cl)}, nil
 }
 
 // eventDue reports whether the node may get an Event of reason now (none
