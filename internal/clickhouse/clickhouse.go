@@ -109,7 +109,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Cluster, prefix+"cluster", c.Cluster, "ClickHouse cluster (remote_servers name) of the schema: Replicated tables ON CLUSTER and Distributed tables over them; empty: one server")
 	fs.StringVar(&c.ZooKeeperPath, prefix+"zookeeper-path", c.ZooKeeperPath, "ZooKeeper path of each replicated table ({database} and {table} filled in by faultline, macros by the servers)")
 	fs.StringVar(&c.ReplicaName, prefix+"replica-name", c.ReplicaName, "replica name of each replicated table (a server macro)")
-	c.TLS.RegisterFlags(fs, prefix+"tls.")
+	c.TLS.RegisterFlags(fs, prefix+"tls.", "ClickHouse (the secure native port, usually 9440)")
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)

@@ -24,7 +24,7 @@ func TestTLSConfigValidate(t *testing.T) {
 		{"ca without tls", TLSConfig{CAFile: "/x"}, "clickhouse.tls.ca_file: set, but clickhouse.tls.enabled is false"},
 		{"server name without tls", TLSConfig{ServerName: "x"}, "clickhouse.tls.server_name: set, but"},
 		{"missing ca file", TLSConfig{Enabled: true, CAFile: "/does/not/exist"}, "clickhouse.tls.ca_file: open /does/not/exist"},
-		{"cert without key", TLSConfig{Enabled: true, CertFile: "/x"}, "clickhouse.tls.cert_file and clickhouse.tls.key_file: set both or neither"},
+		{"cert without key", TLSConfig{Enabled: true, CertFile: "/x"}, "clickhouse.tls.key_file: required with clickhouse.tls.cert_file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.c.Validate("clickhouse.tls.")

@@ -60,7 +60,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 // RegisterSecurityFlags adds only the TLS and SASL flags (prefix+"tls.…",
 // prefix+"sasl.…"), for tools that name their brokers otherwise.
 func (c *Config) RegisterSecurityFlags(fs *flag.FlagSet, prefix string) {
-	c.TLS.registerFlags(fs, prefix+"tls.")
+	c.TLS.RegisterFlags(fs, prefix+"tls.", "the Kafka brokers")
 	c.SASL.registerFlags(fs, prefix+"sasl.")
 }
 
@@ -81,7 +81,7 @@ func (c Config) Validate(prefix string) error {
 	if c.ReplicationFactor > 0 && c.MinInsyncReplicas > c.ReplicationFactor {
 		return fmt.Errorf("%smin_insync_replicas: %d is more than %sreplication_factor %d: no write could succeed", prefix, c.MinInsyncReplicas, prefix, c.ReplicationFactor)
 	}
-	if err := c.TLS.validate(prefix + "tls."); err != nil {
+	if err := c.TLS.Validate(prefix + "tls."); err != nil {
 		return err
 	}
 	return c.SASL.validate(prefix+"sasl.", c.TLS.Enabled, prefix+"tls.enabled")

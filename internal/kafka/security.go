@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -21,27 +20,11 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/tlsclient"
 )
 
 // TLSConfig is TLS to the brokers (a Kafka SSL or SASL_SSL listener).
-type TLSConfig struct {
-	// Enabled dials every broker with TLS 1.2 or later, verifying its
-	// certificate. Default false (plaintext).
-	Enabled bool `toml:"enabled"`
-	// CAFile is a PEM bundle of the CAs that sign the brokers'
-	// certificates. Default "": the system roots.
-	CAFile string `toml:"ca_file"`
-	// CertFile is a PEM client certificate (chain) presented to brokers
-	// that ask for one (mutual TLS, an SSL listener with
-	// ssl.client.auth=required). Read again at every handshake, so a
-	// renewed certificate is used by new connections. Default "": none.
-	CertFile string `toml:"cert_file"`
-	// KeyFile is CertFile's PEM private key; set with CertFile. Default "".
-	KeyFile string `toml:"key_file"`
-	// ServerName is the name verified in the brokers' certificates.
-	// Default "": the host of each broker address dialed.
-	ServerName string `toml:"server_name"`
-}
+type TLSConfig = tlsclient.Config
 
 // SASL mechanisms SASLConfig.Mechanism accepts.
 const (
@@ -81,14 +64,6 @@ type SASLConfig struct {
 	TokenEnv string `toml:"token_env"`
 }
 
-func (c *TLSConfig) registerFlags(fs *flag.FlagSet, prefix string) {
-	fs.BoolVar(&c.Enabled, prefix+"enabled", c.Enabled, "dial the Kafka brokers with TLS (1.2 or later)")
-	fs.StringVar(&c.CAFile, prefix+"ca-file", c.CAFile, "PEM CA bundle that signs the brokers' certificates (default: system roots)")
-	fs.StringVar(&c.CertFile, prefix+"cert-file", c.CertFile, "PEM client certificate for mutual TLS to Kafka")
-	fs.StringVar(&c.KeyFile, prefix+"key-file", c.KeyFile, "PEM private key of the Kafka client certificate")
-	fs.StringVar(&c.ServerName, prefix+"server-name", c.ServerName, "name to verify in the brokers' certificates (default: each broker's host)")
-}
-
 func (c *SASLConfig) registerFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Mechanism, prefix+"mechanism", c.Mechanism, "Kafka SASL mechanism: "+strings.Join(mechanisms, ", ")+" (default: none)")
 	fs.StringVar(&c.Username, prefix+"username", c.Username, "Kafka SASL user (SCRAM, PLAIN)")
@@ -96,56 +71,6 @@ func (c *SASLConfig) registerFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.PasswordEnv, prefix+"password-env", c.PasswordEnv, "environment variable holding the Kafka SASL password")
 	fs.StringVar(&c.TokenFile, prefix+"token-file", c.TokenFile, "file holding the Kafka OAUTHBEARER token, re-read at every login")
 	fs.StringVar(&c.TokenEnv, prefix+"token-env", c.TokenEnv, "environment variable holding the Kafka OAUTHBEARER token")
-}
-
-// validate checks the TLS keys and that the files they name load.
-func (c TLSConfig) validate(prefix string) error {
-	if !c.Enabled {
-		for _, kv := range [][2]string{{"ca_file", c.CAFile}, {"cert_file", c.CertFile}, {"key_file", c.KeyFile}, {"server_name", c.ServerName}} {
-			if kv[1] != "" {
-				return fmt.Errorf("%s%s: set, but %senabled is false (TLS is off)", prefix, kv[0], prefix)
-			}
-		}
-		return nil
-	}
-	_, err := c.build(prefix)
-	return err
-}
-
-// build returns the tls.Config of c (which must be enabled).
-func (c TLSConfig) build(prefix string) (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName}
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("%sca_file: %w", prefix, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%sca_file: no PEM certificate in %s", prefix, c.CAFile)
-		}
-		tc.RootCAs = pool
-	}
-	switch {
-	case c.CertFile == "" && c.KeyFile == "":
-	case c.CertFile == "":
-		return nil, fmt.Errorf("%scert_file: required with %skey_file", prefix, prefix)
-	case c.KeyFile == "":
-		return nil, fmt.Errorf("%skey_file: required with %scert_file", prefix, prefix)
-	default:
-		load := func() (*tls.Certificate, error) {
-			cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("%scert_file, %skey_file: %w", prefix, prefix, err)
-			}
-			return &cert, nil
-		}
-		if _, err := load(); err != nil {
-			return nil, err
-		}
-		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return load() }
-	}
-	return tc, nil
 }
 
 // mechanism is Mechanism in upper case.
@@ -225,14 +150,12 @@ func readSecret(prefix, what, file, env, mech string) (config.Secret, error) {
 // securityOpts returns the TLS and SASL options of c.
 func (c Config) securityOpts(prefix string, log *slog.Logger) ([]kgo.Opt, error) {
 	var opts []kgo.Opt
-	if c.TLS.Enabled {
-		tc, err := c.TLS.build(prefix + "tls.")
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, kgo.DialTLSConfig(tc))
-	} else if err := c.TLS.validate(prefix + "tls."); err != nil {
+	tc, err := c.TLS.Build(prefix + "tls.")
+	if err != nil {
 		return nil, err
+	}
+	if tc != nil {
+		opts = append(opts, kgo.DialTLSConfig(tc))
 	}
 	if err := c.SASL.validate(prefix+"sasl.", c.TLS.Enabled, prefix+"tls.enabled"); err != nil {
 		return nil, err

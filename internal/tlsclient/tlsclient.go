@@ -1,0 +1,93 @@
+// Package tlsclient is the configuration of TLS to a server a binary dials
+// (the Kafka brokers, ClickHouse): one set of keys — enabled, ca_file,
+// cert_file, key_file, server_name — with the same flags, checks and
+// errors wherever it is used.
+package tlsclient
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"flag"
+	"fmt"
+	"os"
+)
+
+// Config is TLS to a server.
+type Config struct {
+	// Enabled dials the server with TLS 1.2 or later, verifying its
+	// certificate. Default false (plaintext).
+	Enabled bool `toml:"enabled"`
+	// CAFile is a PEM bundle of the CAs that sign the server's
+	// certificate. Default "": the system roots.
+	CAFile string `toml:"ca_file"`
+	// CertFile is a PEM client certificate (chain) presented to a server
+	// that asks for one (mutual TLS). Read again at every handshake, so a
+	// renewed certificate is used by new connections. Default "": none.
+	CertFile string `toml:"cert_file"`
+	// KeyFile is CertFile's PEM private key; set with CertFile. Default "".
+	KeyFile string `toml:"key_file"`
+	// ServerName is the name verified in the server's certificate.
+	// Default "": the host of the address dialed.
+	ServerName string `toml:"server_name"`
+}
+
+// RegisterFlags adds the keys' flags under prefix ("kafka.tls."); peer
+// names the server in the help ("the Kafka brokers").
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix, peer string) {
+	fs.BoolVar(&c.Enabled, prefix+"enabled", c.Enabled, "dial "+peer+" with TLS (1.2 or later)")
+	fs.StringVar(&c.CAFile, prefix+"ca-file", c.CAFile, "PEM CA bundle that signs the certificates of "+peer+" (default: system roots)")
+	fs.StringVar(&c.CertFile, prefix+"cert-file", c.CertFile, "PEM client certificate for mutual TLS to "+peer)
+	fs.StringVar(&c.KeyFile, prefix+"key-file", c.KeyFile, "PEM private key of the client certificate for "+peer)
+	fs.StringVar(&c.ServerName, prefix+"server-name", c.ServerName, "name to verify in the certificates of "+peer+" (default: the host dialed)")
+}
+
+// Validate checks the keys against Enabled and that the files they name
+// load; errors name the key under prefix.
+func (c Config) Validate(prefix string) error {
+	_, err := c.Build(prefix)
+	return err
+}
+
+// Build returns the tls.Config of c, nil when TLS is off.
+func (c Config) Build(prefix string) (*tls.Config, error) {
+	if !c.Enabled {
+		for _, kv := range [][2]string{{"ca_file", c.CAFile}, {"cert_file", c.CertFile}, {"key_file", c.KeyFile}, {"server_name", c.ServerName}} {
+			if kv[1] != "" {
+				return nil, fmt.Errorf("%s%s: set, but %senabled is false (TLS is off)", prefix, kv[0], prefix)
+			}
+		}
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("%sca_file: %w", prefix, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%sca_file: no PEM certificate in %s", prefix, c.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	switch {
+	case c.CertFile == "" && c.KeyFile == "":
+	case c.CertFile == "":
+		return nil, fmt.Errorf("%scert_file: required with %skey_file", prefix, prefix)
+	case c.KeyFile == "":
+		return nil, fmt.Errorf("%skey_file: required with %scert_file", prefix, prefix)
+	default:
+		load := func() (*tls.Certificate, error) {
+			cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("%scert_file, %skey_file: %w", prefix, prefix, err)
+			}
+			return &cert, nil
+		}
+		if _, err := load(); err != nil {
+			return nil, err
+		}
+		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return load() }
+	}
+	return tc, nil
+}
