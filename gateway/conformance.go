@@ -2,14 +2,11 @@ package gateway
 
 import (
 	"context"
-	"crypto/x509"
-	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strings"
-
-	"google.golang.org/grpc/codes"
 
 	"github.com/faultline/faultline/internal/conformance"
 )
@@ -32,79 +29,39 @@ var scoreNodeName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9
 // history read (per-caller read rate, bound on reads in progress, the
 // history timeout); a credential bound to one node is refused (it reads
 // its own node only).
-func (s *Server) conformanceScore(w http.ResponseWriter, r *http.Request) {
-	var chains [][]*x509.Certificate
-	if r.TLS != nil {
-		chains = r.TLS.VerifiedChains
-	}
-	caller, err := s.auth.Authenticate(r.Header.Get("Authorization"), chains)
-	if err != nil {
-		s.metrics.rejected("unauthenticated", 1)
-		writeStatus(w, http.StatusUnauthorized, codes.Unauthenticated, err.Error())
-		return
-	}
-	if s.conformance == nil {
-		writeStatus(w, http.StatusNotImplemented, codes.Unimplemented, "conformance is not configured on this gateway (no ClickHouse)")
-		return
-	}
-	if caller.Node != "" {
-		writeStatus(w, http.StatusForbidden, codes.PermissionDenied, fmt.Sprintf("credential %s is bound to node %q and may not read other nodes' conformance", caller.Name, caller.Node))
-		return
-	}
-	q := r.URL.Query()
+func (s *Server) conformanceScore() http.HandlerFunc {
+	return s.clusterRead("conformance score", func() bool { return s.conformance != nil }, false, func(ctx context.Context, c Caller, r *http.Request) (any, error) {
+		nodes, err := scoreNodes(r.URL.Query())
+		if err != nil {
+			return nil, err
+		}
+		return s.conformance.Score(ctx, c.Cluster, nodes)
+	})
+}
+
+// scoreNodes reads the score request's one parameter, nodes=a,b,….
+func scoreNodes(q url.Values) ([]string, error) {
 	for k := range q {
 		if k != "nodes" {
-			writeStatus(w, http.StatusBadRequest, codes.InvalidArgument, fmt.Sprintf("%s: unknown parameter (only nodes)", truncate(k)))
-			return
+			return nil, badParam(fmt.Sprintf("%s: unknown parameter (only nodes)", truncate(k)))
 		}
 	}
 	raw := strings.Join(q["nodes"], ",")
 	if strings.TrimSpace(raw) == "" {
-		writeStatus(w, http.StatusBadRequest, codes.InvalidArgument, "nodes: required, comma-separated node names")
-		return
+		return nil, badParam("nodes: required, comma-separated node names")
 	}
 	var nodes []string
 	for i, n := range strings.Split(raw, ",") {
 		n = strings.TrimSpace(n)
 		switch {
 		case n == "":
-			writeStatus(w, http.StatusBadRequest, codes.InvalidArgument, fmt.Sprintf("nodes[%d]: empty", i))
-			return
+			return nil, badParam(fmt.Sprintf("nodes[%d]: empty", i))
 		case len(n) > 253 || !scoreNodeName.MatchString(n):
-			writeStatus(w, http.StatusBadRequest, codes.InvalidArgument, fmt.Sprintf("nodes[%d]: %q is not a Kubernetes node name", i, truncate(n)))
-			return
+			return nil, badParam(fmt.Sprintf("nodes[%d]: %q is not a Kubernetes node name", i, truncate(n)))
 		}
-		nodes = append(nodes, n)
-		if len(nodes) > MaxScoreNodes {
-			writeStatus(w, http.StatusBadRequest, codes.InvalidArgument, fmt.Sprintf("nodes: more than %d", MaxScoreNodes))
-			return
+		if nodes = append(nodes, n); len(nodes) > MaxScoreNodes {
+			return nil, badParam(fmt.Sprintf("nodes: more than %d", MaxScoreNodes))
 		}
 	}
-	if !s.svc.readLimiter.allow(caller.Name, 1, s.svc.now()) {
-		s.metrics.rejected("read_rate_limited", 1)
-		writeStatus(w, http.StatusTooManyRequests, codes.ResourceExhausted, fmt.Sprintf("caller %s is over its history read rate; retry later", caller.Name))
-		return
-	}
-	if s.svc.reads != nil {
-		if !s.svc.reads.TryAcquire(1) {
-			s.metrics.rejected("reads_busy", 1)
-			writeStatus(w, http.StatusTooManyRequests, codes.ResourceExhausted, "too many history reads in progress; retry later")
-			return
-		}
-		defer s.svc.reads.Release(1)
-	}
-	ctx, cancel := s.svc.readContext(r.Context())
-	defer cancel()
-	score, err := s.conformance.Score(ctx, caller.Cluster, nodes)
-	if err != nil {
-		if ctx.Err() != nil {
-			writeStatus(w, http.StatusGatewayTimeout, codes.DeadlineExceeded, "conformance score: timed out")
-			return
-		}
-		s.log.Warn("conformance score failed", "err", err)
-		writeStatus(w, http.StatusServiceUnavailable, codes.Unavailable, "conformance score: history unavailable; retry later")
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(score)
+	return nodes, nil
 }

@@ -131,11 +131,19 @@ func parseRange(r *http.Request) (fleet.Range, error) {
 	return rg, nil
 }
 
-// fleetRead authenticates a fleet read and admits it like a history read
-// (per-caller rate, concurrent reads, history_timeout), runs it and
-// writes its answer as JSON. nodeScoped reads (one node's) are open to a
-// node-bound credential for its own node; the others are refused to it.
+// fleetRead is a read of the fleet page (clusterRead).
 func (s *Server) fleetRead(nodeScoped bool, read func(ctx context.Context, c Caller, r *http.Request) (any, error)) http.HandlerFunc {
+	return s.clusterRead("fleet read", func() bool { return s.fleet != nil }, nodeScoped, read)
+}
+
+// clusterRead authenticates a read of the caller's cluster (the fleet
+// page's, the conformance score) and admits it like a history read
+// (per-caller rate, concurrent reads, history_timeout), runs it and writes
+// its answer as JSON; what names it in errors, configured tells whether the
+// gateway has what it reads (ClickHouse). nodeScoped reads (one node's)
+// are open to a node-bound credential for its own node; the others are
+// refused to it. A read returns a badParam error for a bad request (400).
+func (s *Server) clusterRead(what string, configured func() bool, nodeScoped bool, read func(ctx context.Context, c Caller, r *http.Request) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var chains [][]*x509.Certificate
 		if r.TLS != nil {
@@ -147,12 +155,12 @@ func (s *Server) fleetRead(nodeScoped bool, read func(ctx context.Context, c Cal
 			writeStatus(w, http.StatusUnauthorized, codes.Unauthenticated, err.Error())
 			return
 		}
-		if s.fleet == nil {
-			writeStatus(w, http.StatusNotImplemented, codes.Unimplemented, "the fleet page's reads are not configured on this gateway (no ClickHouse)")
+		if !configured() {
+			writeStatus(w, http.StatusNotImplemented, codes.Unimplemented, what+": not configured on this gateway (no ClickHouse)")
 			return
 		}
 		if caller.Node != "" && (!nodeScoped || r.PathValue("node") != caller.Node) {
-			writeStatus(w, http.StatusForbidden, codes.PermissionDenied, "credential "+caller.Name+" is bound to node "+caller.Node+": it may read that node's page only")
+			writeStatus(w, http.StatusForbidden, codes.PermissionDenied, "credential "+caller.Name+" is bound to node "+caller.Node+": it may read that node's own only")
 			return
 		}
 		if !s.svc.readLimiter.allow(caller.Name, 1, s.svc.now()) {
@@ -180,10 +188,10 @@ func (s *Server) fleetRead(nodeScoped bool, read func(ctx context.Context, c Cal
 			case errors.As(err, &bad), errors.As(err, &fb):
 				writeStatus(w, http.StatusBadRequest, codes.InvalidArgument, err.Error())
 			case ctx.Err() != nil:
-				writeStatus(w, http.StatusGatewayTimeout, codes.DeadlineExceeded, "fleet read: took longer than gateway.history_timeout")
+				writeStatus(w, http.StatusGatewayTimeout, codes.DeadlineExceeded, what+": took longer than gateway.history_timeout")
 			default:
-				s.log.Warn("fleet read failed", "path", r.URL.Path, "err", err)
-				writeStatus(w, http.StatusServiceUnavailable, codes.Unavailable, "fleet read: history unavailable; retry later")
+				s.log.Warn(what+" failed", "path", r.URL.Path, "err", err)
+				writeStatus(w, http.StatusServiceUnavailable, codes.Unavailable, what+": history unavailable; retry later")
 			}
 			return
 		}
