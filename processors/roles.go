@@ -23,6 +23,7 @@ import (
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/correlate"
 	"github.com/faultline/faultline/processors/drain"
+	"github.com/faultline/faultline/processors/janitor"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/processors/remediate"
@@ -53,6 +54,8 @@ type Config struct {
 	Drain drain.Config `toml:"drain"`
 	// Remediate configures the remediate role.
 	Remediate remediate.Config `toml:"remediate"`
+	// Janitor configures the janitor role.
+	Janitor janitor.Config `toml:"janitor"`
 }
 
 // Processors is Config under the name a binary's config embeds it by
@@ -63,7 +66,7 @@ type Processors = Config
 func DefaultConfig() Config {
 	return Config{Roles: "all", ClickHouse: clickhouse.DefaultConfig(), Store: store.DefaultConfig(), Correlate: correlate.DefaultConfig(),
 		Kube: clusters.DefaultConfig(), Quarantine: quarantine.DefaultConfig(),
-		Drain: drain.DefaultConfig(), Remediate: remediate.DefaultConfig()}
+		Drain: drain.DefaultConfig(), Remediate: remediate.DefaultConfig(), Janitor: janitor.DefaultConfig()}
 }
 
 // RegisterFlags adds every role's flags.
@@ -76,6 +79,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Quarantine.RegisterFlags(fs, "quarantine.")
 	c.Drain.RegisterFlags(fs, "drain.")
 	c.Remediate.RegisterFlags(fs, "remediate.")
+	c.Janitor.RegisterFlags(fs, "janitor.")
 }
 
 // Validate names the first bad key.
@@ -102,6 +106,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Remediate.Validate("remediate."); err != nil {
+		return err
+	}
+	if err := c.Janitor.Validate("janitor."); err != nil {
 		return err
 	}
 	return nil
@@ -157,6 +164,9 @@ var roles = []Role{
 	}},
 	{Name: remediate.Role, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return remediate.Open(ctx, cfg.Remediate, deps)
+	}},
+	{Name: janitor.Role, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
+		return janitor.Open(ctx, cfg.Janitor, deps)
 	}},
 }
 

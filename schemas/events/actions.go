@@ -12,6 +12,7 @@ const (
 	RoleQuarantine = "quarantine"
 	RoleDrain      = "drain"
 	RoleRemediate  = "remediate"
+	RoleJanitor    = "janitor"
 )
 
 // Action kinds (Action.kind).
@@ -39,6 +40,12 @@ const (
 	KindRemediate = "remediate"
 	// KindEscalate: the node was escalated to CONTACT_SUPPORT.
 	KindEscalate = "escalate"
+	// KindReboot, KindTerminate and KindGPUReset: the janitor's steps of a
+	// RebootNode, TerminateNode or GPUReset (signal sent, forced,
+	// completed, failed, deferred by a limit).
+	KindReboot    = "reboot"
+	KindTerminate = "terminate"
+	KindGPUReset  = "gpu_reset"
 )
 
 // Outcomes (Action.outcome).
@@ -72,6 +79,9 @@ const (
 	// OutcomeRefused: a rendered remediation object did not target the
 	// event's node; nothing was created.
 	OutcomeRefused = "refused"
+	// OutcomeDeferred: a janitor operation waits for a concurrency limit
+	// or a node's cooldown.
+	OutcomeDeferred = "deferred"
 )
 
 // Detail keys (Action.details) that travel from one role to the next: the
@@ -143,6 +153,10 @@ const (
 	DetailTemplate        = "template"
 	DetailRequestedAction = "requestedAction"
 	DetailGroup           = "group"
+	// Janitor operations: the provider that carried it out and the step
+	// (signal, force, complete, ...).
+	DetailProvider = "provider"
+	DetailStep     = "step"
 )
 
 // LabelQuarantined is the node label the quarantine role sets to "true"
