@@ -212,4 +212,3 @@ func StartMoto(tb testing.TB) *Moto {
 	tb.Logf("testenv: moto %s ready at %s in %s", MotoVersion, m.URL, time.Since(began).Round(time.Millisecond))
 	return m
 }
-
