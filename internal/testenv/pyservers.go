@@ -3,8 +3,10 @@ package testenv
 import (
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -179,11 +181,64 @@ func (s *Sushy) PowerState(ctx context.Context, uuid string) (string, error) {
 func (s *Sushy) Stop() { s.proc.stop(syscall.SIGTERM, 5*time.Second) }
 
 // Moto is moto's AWS API emulator in server mode (`python -m moto.server`):
-// one endpoint for every service, any SigV4-looking credentials.
+// one endpoint for every service, any SigV4-looking credentials. Its
+// recorder is on: Requests returns every request it received.
 type Moto struct {
 	// URL is the endpoint (http://127.0.0.1:PORT).
 	URL  string
 	proc *process
+}
+
+// MotoRequest is one request moto received.
+type MotoRequest struct {
+	Method string `json:"method"`
+	URL    string `json:"url"`
+	// Body is the request body, decoded.
+	Body string `json:"-"`
+}
+
+// Requests returns moto's recording: every request it received, in order.
+func (m *Moto) Requests(ctx context.Context) ([]MotoRequest, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.URL+"/moto-api/recorder/download-recording", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("moto recording: %s", resp.Status)
+	}
+	var out []MotoRequest
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		var r struct {
+			MotoRequest
+			Body    string `json:"body"`
+			Encoded bool   `json:"body_encoded"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			return nil, fmt.Errorf("moto recording: %w", err)
+		}
+		r.MotoRequest.Body = r.Body
+		if r.Encoded {
+			d, err := base64.StdEncoding.DecodeString(r.Body)
+			if err != nil {
+				return nil, fmt.Errorf("moto recording body: %w", err)
+			}
+			r.MotoRequest.Body = string(d)
+		}
+		out = append(out, r.MotoRequest)
+	}
+	return out, nil
 }
 
 // StartMoto starts moto_server on a free port and waits until it answers.
@@ -199,7 +254,8 @@ func StartMoto(tb testing.TB) *Moto {
 	m := &Moto{URL: fmt.Sprintf("http://127.0.0.1:%d", port)}
 	g := newGroup(tb)
 	m.proc = g.add(&process{name: "moto", path: py, args: []string{"-m", "moto.server", "-H", "127.0.0.1", "-p", fmt.Sprint(port)},
-		dir: dir, logPath: filepath.Join(dir, "moto.log"), env: []string{"AWS_ACCESS_KEY_ID=testing", "AWS_SECRET_ACCESS_KEY=testing"}})
+		dir: dir, logPath: filepath.Join(dir, "moto.log"), env: []string{"AWS_ACCESS_KEY_ID=testing", "AWS_SECRET_ACCESS_KEY=testing",
+			"MOTO_ENABLE_RECORDING=True", "MOTO_RECORDER_FILEPATH=" + filepath.Join(dir, "recording.jsonl")}})
 	began := time.Now()
 	if err := m.proc.start(); err != nil {
 		tb.Fatalf("testenv: %v", err)

@@ -233,6 +233,6 @@ func BuildProviders(cfg Config, log *slog.Logger) (map[string]Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]Provider{ProviderRedfish: rf}
+	out := map[string]Provider{ProviderRedfish: rf, ProviderAWS: NewAWS(cfg.AWS, log)}
 	return out, nil
 }

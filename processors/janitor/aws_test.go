@@ -1,0 +1,184 @@
+package janitor
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/google/uuid"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/schemas/events"
+)
+
+// startMoto starts moto with test credentials in the environment and
+// returns an EC2 client of it.
+func startMoto(t *testing.T) (*testenv.Moto, *ec2.Client) {
+	t.Helper()
+	m := testenv.StartMoto(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", "testing")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "testing")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	c, err := newEC2(context.Background(), AWSConfig{Endpoint: m.URL}, "us-east-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, c
+}
+
+// runInstances starts n instances in moto and returns their ids.
+func runInstances(t *testing.T, c *ec2.Client, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	imgs, err := c.DescribeImages(ctx, &ec2.DescribeImagesInput{})
+	if err != nil || len(imgs.Images) == 0 {
+		t.Fatalf("moto images: %v", err)
+	}
+	out, err := c.RunInstances(ctx, &ec2.RunInstancesInput{ImageId: imgs.Images[0].ImageId, MinCount: aws.Int32(int32(n)), MaxCount: aws.Int32(int32(n)),
+		InstanceType: ec2types.InstanceTypeP4d24xlarge, Placement: &ec2types.Placement{AvailabilityZone: aws.String("us-east-1a")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, i := range out.Instances {
+		ids = append(ids, *i.InstanceId)
+	}
+	return ids
+}
+
+// instances stands in for the EC2 instances behind the nodes: it reads
+// moto's recording of the requests it received, and for every
+// RebootInstances of a node's instance gives the node a new boot ID (what
+// the rebooted instance's kubelet reports).
+type instances struct {
+	moto *testenv.Moto
+	e    *env
+	mu   sync.Mutex
+	node map[string]string // instance → node
+	seen map[string]int    // instance → reboots acted on
+}
+
+func (s *instances) reboots(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seen[id]
+}
+
+func (s *instances) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		rec, err := s.moto.Requests(ctx)
+		if err == nil {
+			s.mu.Lock()
+			for id, node := range s.node {
+				n := 0
+				for _, r := range rec {
+					if strings.Contains(r.Body, "Action=RebootInstances") && strings.Contains(r.Body, "="+id) {
+						n++
+					}
+				}
+				for s.seen[id] < n {
+					s.seen[id]++
+					s.e.m.setNode(ctx, node, corev1.ConditionTrue, uuid.NewString())
+				}
+			}
+			s.mu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// TestJanitorAWS is the AWS provider end to end on a real kube-apiserver
+// with moto's EC2 as the cloud: a RebootNode of a node whose providerID
+// names a moto instance sends RebootInstances (seen in moto's recording)
+// and completes when the node is back with a new boot ID; a TerminateNode
+// terminates the instance (moto reports it shutting-down/terminated) and
+// deletes the Node; an instance that does not exist fails with
+// InstanceNotFound.
+func TestJanitorAWS(t *testing.T) {
+	e := newEnv(t, 0)
+	moto, ec := startMoto(t)
+	ids := runInstances(t, ec, 2)
+	cfg := e.config()
+	cfg.AWS.Endpoint = moto.URL
+	j, rec := e.janitor(cfg, false, nil)
+	run(t, j)
+	st := &instances{moto: moto, e: e, node: map[string]string{}, seen: map[string]int{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go st.run(ctx)
+	awsNode := func(name, id string) {
+		t.Helper()
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{events.LabelQuarantined: "true", labelDrain: "succeeded"}},
+			Spec: corev1.NodeSpec{ProviderID: "aws:///us-east-1a/" + id}}
+		created, err := e.kube.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		setReady(created, corev1.ConditionTrue)
+		created.Status.NodeInfo.BootID = "boot-0"
+		if _, err := e.kube.CoreV1().Nodes().UpdateStatus(context.Background(), created, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		st.mu.Lock()
+		st.node[id] = name
+		st.mu.Unlock()
+	}
+
+	t.Run("Reboot", func(t *testing.T) {
+		awsNode("ip-10-0-0-1", ids[0])
+		e.create(kindReboot, "reboot-aws-1", "ip-10-0-0-1", false)
+		o := e.wait(kindReboot, "reboot-aws-1", 30*time.Second)
+		if condOf(o, CondSignalSent) != "True/Succeeded" || condOf(o, CondNodeReady) != "True/Succeeded" {
+			t.Fatalf("status %v", o.Object["status"])
+		}
+		if n := st.reboots(ids[0]); n != 1 {
+			t.Fatalf("moto received %d RebootInstances for %s, want 1", n, ids[0])
+		}
+		if got := rec.of("ip-10-0-0-1"); !slices.Equal(got, []string{"reboot/applied", "reboot/succeeded"}) {
+			t.Fatalf("actions %v", got)
+		}
+	})
+
+	t.Run("Terminate", func(t *testing.T) {
+		awsNode("ip-10-0-0-2", ids[1])
+		e.create(kindTerminate, "terminate-aws-2", "ip-10-0-0-2", false)
+		o := e.wait(kindTerminate, "terminate-aws-2", 30*time.Second)
+		if condOf(o, CondNodeTerminated) != "True/Succeeded" {
+			t.Fatalf("status %v", o.Object["status"])
+		}
+		out, err := ec.DescribeInstances(context.Background(), &ec2.DescribeInstancesInput{InstanceIds: []string{ids[1]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := out.Reservations[0].Instances[0].State.Name; s != ec2types.InstanceStateNameTerminated && s != ec2types.InstanceStateNameShuttingDown {
+			t.Fatalf("instance %s is %s", ids[1], s)
+		}
+		if _, err := e.kube.CoreV1().Nodes().Get(context.Background(), "ip-10-0-0-2", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Fatalf("node still there: %v", err)
+		}
+	})
+
+	t.Run("InstanceNotFound", func(t *testing.T) {
+		awsNode("ip-10-0-0-3", "i-0123456789abcdef0")
+		e.create(kindReboot, "reboot-aws-3", "ip-10-0-0-3", false)
+		o := e.wait(kindReboot, "reboot-aws-3", 30*time.Second)
+		if got := condOf(o, CondSignalSent); got != "False/"+ReasonInstanceNotFound {
+			t.Fatalf("SignalSent %s; status %v", got, o.Object["status"])
+		}
+		if got := rec.of("ip-10-0-0-3"); !slices.Equal(got, []string{"reboot/failed"}) {
+			t.Fatalf("actions %v", got)
+		}
+	})
+}
