@@ -12,12 +12,14 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // startMoto starts moto with test credentials in the environment and
@@ -181,4 +183,126 @@ func TestJanitorAWS(t *testing.T) {
 			t.Fatalf("actions %v", got)
 		}
 	})
+}
+
+// withEvents is moto's EC2 with scheduled events added to its real
+// DescribeInstanceStatus answers: moto does not model scheduled events
+// (its InstanceStatus has no Events), so the test adds them to what moto
+// answered for the instance.
+type withEvents struct {
+	EC2API
+	mu     sync.Mutex
+	events map[string][]ec2types.InstanceStatusEvent
+}
+
+func (w *withEvents) set(id string, evs ...ec2types.InstanceStatusEvent) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.events[id] = evs
+}
+
+func (w *withEvents) DescribeInstanceStatus(ctx context.Context, in *ec2.DescribeInstanceStatusInput, opts ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error) {
+	out, err := w.EC2API.DescribeInstanceStatus(ctx, in, opts...)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range out.InstanceStatuses {
+		out.InstanceStatuses[i].Events = w.events[aws.ToString(out.InstanceStatuses[i].InstanceId)]
+	}
+	return out, nil
+}
+
+// TestMaintenanceMonitor: scheduled EC2 events (DescribeInstanceStatus on
+// moto, events added to its answers) become a non-fatal HealthEvent naming
+// the node, the kind and the window, once while they stand; a recovery
+// when the event is gone or completed; nothing for instances of no node,
+// or for an event whose window has passed without it being seen.
+func TestMaintenanceMonitor(t *testing.T) {
+	moto, ec := startMoto(t)
+	ids := runInstances(t, ec, 3)
+	cfg := DefaultConfig().AWS
+	cfg.Endpoint, cfg.MaintenanceRegions, cfg.MaintenanceCluster = moto.URL, []string{"us-east-1"}, "c1"
+	nodes := map[string]string{ids[0]: "ip-10-0-1-1", ids[1]: "ip-10-0-1-2"}
+	mon, err := NewMaintenanceMonitor(cfg, testLog, func(id string) string { return nodes[id] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	real, err := newEC2(context.Background(), cfg, "us-east-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &withEvents{EC2API: real, events: map[string][]ec2types.InstanceStatusEvent{}}
+	mon.build = func(string) (EC2API, error) { return w, nil }
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	mon.now = func() time.Time { return now }
+	poll := func() []*kgo.Record {
+		t.Helper()
+		recs, err := mon.Poll(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return recs
+	}
+	start, end := now.Add(2*time.Hour), now.Add(4*time.Hour)
+	ev := ec2types.InstanceStatusEvent{Code: ec2types.EventCodeSystemReboot, InstanceEventId: aws.String("instance-event-0abc"),
+		Description: aws.String("scheduled reboot"), NotBefore: aws.Time(start), NotAfter: aws.Time(end)}
+	w.set(ids[0], ev)
+	w.set(ids[2], ev) // an instance of no node of the cluster
+	decode := func(recs []*kgo.Record) []*datamodels.HealthEvent {
+		t.Helper()
+		var out []*datamodels.HealthEvent
+		for _, r := range recs {
+			if r.Topic != events.TopicEvents {
+				t.Fatalf("topic %s", r.Topic)
+			}
+			he, err := events.Unmarshal(r.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c, n, _ := events.SplitKey(r.Key); c != "c1" || n != he.GetNodeName() {
+				t.Fatalf("key %s for node %s", r.Key, he.GetNodeName())
+			}
+			out = append(out, he)
+		}
+		return out
+	}
+	got := decode(poll())
+	if len(got) != 1 {
+		t.Fatalf("%d events, want 1 (the node's; the other instance has no node)", len(got))
+	}
+	he := got[0]
+	md := he.GetMetadata()
+	if he.GetNodeName() != "ip-10-0-1-1" || he.GetIsFatal() || he.GetIsHealthy() || he.GetAgent() != MaintenanceAgent ||
+		he.GetComponentClass() != MaintenanceClass || he.GetCheckName() != MaintenanceCheck || he.GetCluster() != "c1" ||
+		md[MetaMaintenanceKind] != "system-reboot" || md[MetaMaintenanceStart] != start.Format(time.RFC3339) ||
+		md[MetaMaintenanceEnd] != end.Format(time.RFC3339) || md[MetaInstance] != ids[0] {
+		t.Fatalf("event %v", he)
+	}
+	if recs := poll(); len(recs) != 0 {
+		t.Fatalf("a standing event reported again: %d records", len(recs))
+	}
+	// Completed: the recovery.
+	done := ev
+	done.Description = aws.String("[Completed] scheduled reboot")
+	w.set(ids[0], done)
+	got = decode(poll())
+	if len(got) != 1 || !got[0].GetIsHealthy() || got[0].GetNodeName() != "ip-10-0-1-1" || got[0].GetMetadata()[MetaMaintenanceKind] != "system-reboot" {
+		t.Fatalf("recovery %v", got)
+	}
+	if recs := poll(); len(recs) != 0 {
+		t.Fatalf("recovery reported again: %d", len(recs))
+	}
+	// A window that ends while it stands: recovered when it has passed.
+	ev2 := ev
+	ev2.InstanceEventId, ev2.Code = aws.String("instance-event-0def"), ec2types.EventCodeInstanceRetirement
+	w.set(ids[1], ev2)
+	if got := decode(poll()); len(got) != 1 || got[0].GetNodeName() != "ip-10-0-1-2" || got[0].GetMetadata()[MetaMaintenanceKind] != "instance-retirement" {
+		t.Fatalf("retirement %v", got)
+	}
+	now = end.Add(time.Minute)
+	if got := decode(poll()); len(got) != 1 || !got[0].GetIsHealthy() {
+		t.Fatalf("after the window: %v", got)
+	}
 }

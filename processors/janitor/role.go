@@ -67,6 +67,20 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		j.prod = p
 		return j.Run(ctx, names)
 	}})
+	if len(cfg.AWS.MaintenanceRegions) > 0 {
+		mon, err := NewMaintenanceMonitor(cfg.AWS, deps.Log, j.NodeOfInstance(cfg.AWS.MaintenanceCluster))
+		if err != nil {
+			return nil, err
+		}
+		r.Loops = append(r.Loops, role.Loop{Name: "maintenance", Run: func(ctx context.Context) error {
+			p, err := kafka.NewClient(deps.Kafka, deps.Log, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
+			if err != nil {
+				return fmt.Errorf("janitor: kafka: %w", err)
+			}
+			defer p.Close()
+			return mon.Run(ctx, p)
+		}})
+	}
 	r.Close = func() error {
 		if prod != nil {
 			prod.Close()
