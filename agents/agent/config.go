@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/faultline/faultline/agents/localaction"
 	"io"
 	"os"
 	"slices"
@@ -54,6 +55,9 @@ type Config struct {
 
 	Gateway GatewayConfig `toml:"gateway"`
 	Spool   SpoolConfig   `toml:"spool"`
+	// LocalActions is the endpoint the janitor asks for a reboot or a GPU
+	// reset of this node (agents/localaction; off by default).
+	LocalActions localaction.Config `toml:"local_actions"`
 
 	// Check sections.
 	NIC    nic.Config    `toml:"nic"`
@@ -156,11 +160,12 @@ func DefaultConfig() Config {
 		PodResourcesSocket: podres.DefaultSocket,
 		Gateway: GatewayConfig{Addr: "127.0.0.1:50051", TokenFile: "/var/run/secrets/faultline/token",
 			Timeout: 10 * time.Second, BatchSize: 500, MaxBackoff: 30 * time.Second},
-		Spool:  SpoolConfig{Dir: "/var/lib/faultline-agent/spool", MaxBytes: 64 << 20},
-		NIC:    nic.DefaultConfig(),
-		Kmsg:   kmsg.DefaultConfig(),
-		Fabric: fabric.DefaultConfig(),
-		GPU:    gpu.DefaultConfig(),
+		Spool:        SpoolConfig{Dir: "/var/lib/faultline-agent/spool", MaxBytes: 64 << 20},
+		NIC:          nic.DefaultConfig(),
+		Kmsg:         kmsg.DefaultConfig(),
+		Fabric:       fabric.DefaultConfig(),
+		GPU:          gpu.DefaultConfig(),
+		LocalActions: localaction.DefaultConfig(),
 	}
 }
 
@@ -191,6 +196,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Kmsg.RegisterFlags(fs, "kmsg.")
 	c.Fabric.RegisterFlags(fs, "fabric.")
 	c.GPU.RegisterFlags(fs, "gpu.")
+	c.LocalActions.RegisterFlags(fs, "local-actions.")
 	// The spellings before flags were named after their TOML keys.
 	for old, cur := range map[string]string{"gateway": "gateway.addr", "token-file": "gateway.token-file",
 		"gateway-insecure": "gateway.insecure", "ca-file": "gateway.ca-file", "server-name": "gateway.server-name",
@@ -249,6 +255,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Spool.MaxBytes < 64<<10 {
 		return fmt.Errorf("spool.max_bytes: %d is below 64 KiB", c.Spool.MaxBytes)
+	}
+	if err := c.LocalActions.Validate("local_actions."); err != nil {
+		return err
 	}
 	for _, s := range registry {
 		if slices.Contains(c.Checks, s.Name) && s.Validate != nil {

@@ -600,6 +600,15 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 	}
 	switch op.kd {
 	case kindGPUReset:
+		// The cache may be behind the Complete this janitor just wrote.
+		fresh, err := op.res().Get(ctx, op.u.GetName(), metav1.GetOptions{})
+		if err != nil {
+			return 0, fmt.Errorf("get %s: %w", op.ref(), err)
+		}
+		if op.u = fresh; finished(fresh) {
+			j.lim.release(op.key)
+			return 0, nil
+		}
 		// Recorded but not completed: the reset was interrupted. Only the
 		// node-local agent resets GPUs, and it answers a repeated request
 		// id with the first answer, so sending it again is safe.

@@ -233,6 +233,6 @@ func BuildProviders(cfg Config, log *slog.Logger) (map[string]Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]Provider{ProviderRedfish: rf, ProviderAWS: NewAWS(cfg.AWS, log)}
+	out := map[string]Provider{ProviderRedfish: rf, ProviderAWS: NewAWS(cfg.AWS, log), ProviderLocal: NewLocal(cfg.Local)}
 	return out, nil
 }
