@@ -1,0 +1,145 @@
+package janitor
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// gracefulIgnored is a BMC whose GracefulRestart does nothing (the OS
+// does not shut down): only ForceRestart reaches the machine.
+type gracefulIgnored struct{ Provider }
+
+func (g gracefulIgnored) Reboot(ctx context.Context, t Target, mode RebootMode) error {
+	if mode == Graceful {
+		return nil
+	}
+	return g.Provider.Reboot(ctx, t, mode)
+}
+
+// TestJanitorSafety: the safety rules on a real kube-apiserver with the
+// Redfish emulator: a dry-run cluster changes nothing; the per-rack limit
+// holds the second reboot of a rack until the first completed; the cooldown
+// holds a node's next operation; a graceful reboot that does not take the
+// node down is followed by one forced reboot.
+func TestJanitorSafety(t *testing.T) {
+	e := newEnv(t, 4)
+	ctx := context.Background()
+	setRack := func(node, rack string) {
+		t.Helper()
+		p := []byte(`{"metadata":{"labels":{"faultline.io/rack":"` + rack + `"}}}`)
+		if _, err := e.kube.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, p, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("DryRun", func(t *testing.T) {
+		e.node("dry-1", sysID(0), true, nil)
+		j, rec := e.janitor(e.config(), true, nil)
+		stop := run(t, j)
+		e.create(kindReboot, "dry-1", "dry-1", false)
+		time.Sleep(3 * time.Second)
+		stop()
+		o, err := e.dyn.Resource(kindReboot.GVR).Get(ctx, "dry-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stateOf(o) != nil || o.Object["status"] != nil {
+			t.Fatalf("dry-run changed the resource: %v", o.Object)
+		}
+		if got := rec.of("dry-1"); !slices.Equal(got, []string{"reboot/dry_run"}) {
+			t.Fatalf("actions %v", got)
+		}
+		if e.m.cyclesOf("dry-1") != 0 {
+			t.Fatal("dry-run power cycled")
+		}
+		if err := e.dyn.Resource(kindReboot.GVR).Delete(ctx, "dry-1", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	cfg := e.config()
+	cfg.MaxConcurrentPerRack = 1
+	cfg.Cooldown = time.Hour
+	cfg.ForceAfter = 2 * time.Second
+	provs, err := BuildProviders(cfg, testLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := provs[ProviderRedfish]
+	provs[ProviderRedfish] = realOrIgnored{real: real, ignore: map[string]bool{"force-4": true}}
+	j, rec := e.janitor(cfg, false, provs)
+	run(t, j)
+
+	t.Run("RackLimit", func(t *testing.T) {
+		e.node("rack-2", sysID(1), true, nil)
+		e.node("rack-3", sysID(2), true, nil)
+		setRack("rack-2", "r7")
+		setRack("rack-3", "r7")
+		e.create(kindReboot, "rack-2", "rack-2", false)
+		time.Sleep(500 * time.Millisecond)
+		e.create(kindReboot, "rack-3", "rack-3", false)
+		first := e.wait(kindReboot, "rack-2", 40*time.Second)
+		second := e.wait(kindReboot, "rack-3", 60*time.Second)
+		done, _ := time.Parse(time.RFC3339, first.Object["status"].(map[string]any)["completionTime"].(string))
+		if at := stateOf(second).At; at.Before(done) {
+			t.Fatalf("second reboot of rack r7 signalled at %v, before the first completed at %v", at, done)
+		}
+		if got := rec.of("rack-3"); !slices.Equal(got, []string{"reboot/deferred", "reboot/applied", "reboot/succeeded"}) {
+			t.Fatalf("actions of the second %v", got)
+		}
+	})
+
+	t.Run("Cooldown", func(t *testing.T) {
+		e.create(kindReboot, "rack-2-again", "rack-2", false)
+		time.Sleep(3 * time.Second)
+		o, _ := e.dyn.Resource(kindReboot.GVR).Get(ctx, "rack-2-again", metav1.GetOptions{})
+		if stateOf(o) != nil || finished(o) {
+			t.Fatalf("acted within the node's cooldown: %v", o.Object)
+		}
+		if got := rec.of("rack-2"); !slices.Equal(got, []string{"reboot/applied", "reboot/succeeded", "reboot/deferred"}) {
+			t.Fatalf("actions %v", got)
+		}
+		if n := e.m.cyclesOf("rack-2"); n != 1 {
+			t.Fatalf("%d power cycles", n)
+		}
+	})
+
+	t.Run("ForceAfterGracefulIgnored", func(t *testing.T) {
+		e.node("force-4", sysID(3), true, nil)
+		e.create(kindReboot, "force-4", "force-4", false)
+		o := e.wait(kindReboot, "force-4", 60*time.Second)
+		if condOf(o, CondNodeReady) != "True/Succeeded" || stateOf(o).ForcedAt.IsZero() {
+			t.Fatalf("status %v, state %v", o.Object["status"], o.GetAnnotations())
+		}
+		if got := rec.of("force-4"); !slices.Equal(got, []string{"reboot/applied", "reboot/applied", "reboot/succeeded"}) {
+			t.Fatalf("actions %v", got)
+		}
+		if n := e.m.cyclesOf("force-4"); n != 1 {
+			t.Fatalf("%d power cycles", n)
+		}
+	})
+}
+
+// realOrIgnored ignores GracefulRestart for the named nodes.
+type realOrIgnored struct {
+	real   Provider
+	ignore map[string]bool
+}
+
+func (r realOrIgnored) Reboot(ctx context.Context, t Target, mode RebootMode) error {
+	if r.ignore[t.Node.Name] {
+		return gracefulIgnored{r.real}.Reboot(ctx, t, mode)
+	}
+	return r.real.Reboot(ctx, t, mode)
+}
+func (r realOrIgnored) Terminate(ctx context.Context, t Target) error {
+	return r.real.Terminate(ctx, t)
+}
+func (r realOrIgnored) ResetGPUs(ctx context.Context, t Target, u []string) error {
+	return r.real.ResetGPUs(ctx, t, u)
+}
