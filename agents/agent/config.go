@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/faultline/faultline/agents/csp"
 	"github.com/faultline/faultline/agents/localaction"
 	"io"
 	"os"
@@ -64,6 +65,8 @@ type Config struct {
 	Kmsg   kmsg.Config   `toml:"kmsg"`
 	Fabric fabric.Config `toml:"fabric"`
 	GPU    gpu.Config    `toml:"gpu"`
+	// CSP is the cloud maintenance check (GCP metadata server).
+	CSP csp.Config `toml:"csp"`
 }
 
 // GatewayConfig is how the agent reaches the gateway.
@@ -166,6 +169,7 @@ func DefaultConfig() Config {
 		Fabric:       fabric.DefaultConfig(),
 		GPU:          gpu.DefaultConfig(),
 		LocalActions: localaction.DefaultConfig(),
+		CSP:          csp.DefaultConfig(),
 	}
 }
 
@@ -197,6 +201,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Fabric.RegisterFlags(fs, "fabric.")
 	c.GPU.RegisterFlags(fs, "gpu.")
 	c.LocalActions.RegisterFlags(fs, "local-actions.")
+	c.CSP.RegisterFlags(fs, "csp.")
 	// The spellings before flags were named after their TOML keys.
 	for old, cur := range map[string]string{"gateway": "gateway.addr", "token-file": "gateway.token-file",
 		"gateway-insecure": "gateway.insecure", "ca-file": "gateway.ca-file", "server-name": "gateway.server-name",
