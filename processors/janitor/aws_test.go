@@ -2,7 +2,6 @@ package janitor
 
 import (
 	"context"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -148,9 +147,7 @@ func TestJanitorAWS(t *testing.T) {
 		if n := st.reboots(ids[0]); n != 1 {
 			t.Fatalf("moto received %d RebootInstances for %s, want 1", n, ids[0])
 		}
-		if got := rec.of("ip-10-0-0-1"); !slices.Equal(got, []string{"reboot/applied", "reboot/succeeded"}) {
-			t.Fatalf("actions %v", got)
-		}
+		rec.expect(t, "ip-10-0-0-1", []string{"reboot/applied", "reboot/succeeded"})
 	})
 
 	t.Run("Terminate", func(t *testing.T) {
@@ -179,9 +176,7 @@ func TestJanitorAWS(t *testing.T) {
 		if got := condOf(o, CondSignalSent); got != "False/"+ReasonInstanceNotFound {
 			t.Fatalf("SignalSent %s; status %v", got, o.Object["status"])
 		}
-		if got := rec.of("ip-10-0-0-3"); !slices.Equal(got, []string{"reboot/failed"}) {
-			t.Fatalf("actions %v", got)
-		}
+		rec.expect(t, "ip-10-0-0-3", []string{"reboot/failed"})
 	})
 }
 

@@ -60,6 +60,23 @@ func (r *recorder) of(node string) []string {
 	return out
 }
 
+// expect waits (up to 10 s: an action is produced just after the status
+// it reports) until node's actions are want.
+func (r *recorder) expect(t *testing.T, node string, want []string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := r.of(node)
+		if slices.Equal(got, want) {
+			return
+		}
+		if time.Now().After(deadline) || len(got) > len(want) {
+			t.Fatalf("actions of %s: %v, want %v", node, got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // machine stands in for the real machines behind the emulated BMC: it
 // polls each system's PowerState, and when a system powers off it marks
 // its node NotReady; when it is On again it gives the node a new boot ID
@@ -169,14 +186,23 @@ func (e *env) node(name, sys string, drained bool, ann map[string]string) {
 		n.Annotations[k] = v
 	}
 	ctx := context.Background()
-	created, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
-	if err != nil {
+	if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 		e.t.Fatal(err)
 	}
-	setReady(created, corev1.ConditionTrue)
-	created.Status.NodeInfo.BootID = "boot-0-" + name
-	if _, err := e.kube.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		e.t.Fatal(err)
+	for try := 0; ; try++ { // kwok may write the status at the same time
+		cur, err := e.kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		setReady(cur, corev1.ConditionTrue)
+		cur.Status.NodeInfo.BootID = "boot-0-" + name
+		_, err = e.kube.CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		if err == nil {
+			break
+		}
+		if !apierrors.IsConflict(err) || try > 20 {
+			e.t.Fatal(err)
+		}
 	}
 	e.m.add(sys, name)
 }
@@ -253,8 +279,11 @@ func condOf(o *unstructured.Unstructured, typ string) string {
 	return fmt.Sprint(c["status"], "/", c["reason"])
 }
 
-func newEnv(t *testing.T, systems int) *env {
-	kube := testenv.StartKube(t, testenv.KubeOptions{})
+// newEnv starts the apiserver (with kwok simulating the nodes' kubelets
+// when kwok is set) and, for systems > 0, the Redfish emulator with that
+// many systems.
+func newEnv(t *testing.T, systems int, kwok ...bool) *env {
+	kube := testenv.StartKube(t, testenv.KubeOptions{KWOK: len(kwok) > 0 && kwok[0]})
 	kube.ApplyCRDs(t, "../../deploy/crds/*.yaml")
 	dyn, err := dynamic.NewForConfig(kube.RESTConfig())
 	if err != nil {
@@ -326,7 +355,9 @@ func remediateStep(t *testing.T, h *remediate.Handler, recs ...*kgo.Record) ([]s
 	return acts, rq
 }
 
-// TestJanitorKube is the janitor end to end on a real kube-apiserver, with
+// TestJanitorKube is the janitor end to end on a real kube-apiserver with
+// KWOK simulating the nodes' kubelets (it keeps them Ready, and makes a node
+// the test marks NotReady Ready again: only a new boot ID ends a reboot), with
 // sushy-tools' Redfish emulator (TLS with a test CA, basic auth) as the
 // BMC of every node and the test standing in for the machines: the
 // remediate role creates a RebootNode, the janitor resets the emulated
@@ -336,7 +367,7 @@ func remediateStep(t *testing.T, h *remediate.Handler, recs ...*kgo.Record) ([]s
 // escalates them; a janitor stopped mid-reboot is resumed by another
 // without a second reset.
 func TestJanitorKube(t *testing.T) {
-	e := newEnv(t, 6)
+	e := newEnv(t, 6, true) // KWOK nodes
 	clk := time.Now()
 	var clkMu sync.Mutex
 	now := func() time.Time { clkMu.Lock(); defer clkMu.Unlock(); return clk }
@@ -392,9 +423,7 @@ func TestJanitorKube(t *testing.T) {
 		if n := e.m.cyclesOf("gpu-a"); n != 1 {
 			t.Fatalf("%d power cycles of gpu-a's system, want 1", n)
 		}
-		if got := rec.of("gpu-a"); !slices.Equal(got, []string{"reboot/applied", "reboot/succeeded"}) {
-			t.Fatalf("janitor actions %v", got)
-		}
+		rec.expect(t, "gpu-a", []string{"reboot/applied", "reboot/succeeded"})
 	})
 
 	t.Run("FailuresEscalate", func(t *testing.T) {
@@ -415,9 +444,7 @@ func TestJanitorKube(t *testing.T) {
 			if got := condOf(o, CondSignalSent); got != "False/"+tc.reason || !finished(o) {
 				t.Fatalf("%s: SignalSent %s, want False/%s; status %v", tc.node, got, tc.reason, o.Object["status"])
 			}
-			if got := rec.of(tc.node); !slices.Equal(got, []string{"reboot/failed"}) {
-				t.Fatalf("%s: janitor actions %v", tc.node, got)
-			}
+			rec.expect(t, tc.node, []string{"reboot/failed"})
 			if n := e.m.cyclesOf(tc.node); n != 0 {
 				t.Fatalf("%s: power cycled", tc.node)
 			}
@@ -431,9 +458,7 @@ func TestJanitorKube(t *testing.T) {
 		if got := condOf(o, CondSignalSent); got != "False/"+ReasonNotDrained {
 			t.Fatalf("SignalSent %s", got)
 		}
-		if got := rec.of("gpu-d"); !slices.Equal(got, []string{"reboot/refused"}) {
-			t.Fatalf("actions %v", got)
-		}
+		rec.expect(t, "gpu-d", []string{"reboot/refused"})
 		e.create(kindReboot, "manual-d-force", "gpu-d", true)
 		o = e.wait(kindReboot, "manual-d-force", 40*time.Second)
 		if got := condOf(o, CondNodeReady); got != "True/Succeeded" {
@@ -481,9 +506,7 @@ func TestJanitorKube(t *testing.T) {
 		if n := e.m.cyclesOf("gpu-e"); n != 1 {
 			t.Fatalf("%d power cycles, want 1", n)
 		}
-		if got := recB.of("gpu-e"); !slices.Equal(got, []string{"reboot/in_progress", "reboot/succeeded"}) {
-			t.Fatalf("janitor B actions %v", got)
-		}
+		recB.expect(t, "gpu-e", []string{"reboot/in_progress", "reboot/succeeded"})
 	})
 }
 

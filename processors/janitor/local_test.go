@@ -5,7 +5,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -103,9 +102,7 @@ func TestJanitorLocal(t *testing.T) {
 				t.Fatalf("reset of %s ran %d times:\n%s", g, n, calls())
 			}
 		}
-		if got := rec.of("gpu-l1"); !slices.Equal(got, []string{"gpu_reset/succeeded"}) {
-			t.Fatalf("actions %v", got)
-		}
+		rec.expect(t, "gpu-l1", []string{"gpu_reset/succeeded"})
 	})
 
 	t.Run("GPUResetFails", func(t *testing.T) {

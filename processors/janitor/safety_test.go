@@ -2,7 +2,6 @@ package janitor
 
 import (
 	"context"
-	"slices"
 	"testing"
 	"time"
 
@@ -51,9 +50,7 @@ func TestJanitorSafety(t *testing.T) {
 		if stateOf(o) != nil || o.Object["status"] != nil {
 			t.Fatalf("dry-run changed the resource: %v", o.Object)
 		}
-		if got := rec.of("dry-1"); !slices.Equal(got, []string{"reboot/dry_run"}) {
-			t.Fatalf("actions %v", got)
-		}
+		rec.expect(t, "dry-1", []string{"reboot/dry_run"})
 		if e.m.cyclesOf("dry-1") != 0 {
 			t.Fatal("dry-run power cycled")
 		}
@@ -89,9 +86,7 @@ func TestJanitorSafety(t *testing.T) {
 		if at := stateOf(second).At; at.Before(done) {
 			t.Fatalf("second reboot of rack r7 signalled at %v, before the first completed at %v", at, done)
 		}
-		if got := rec.of("rack-3"); !slices.Equal(got, []string{"reboot/deferred", "reboot/applied", "reboot/succeeded"}) {
-			t.Fatalf("actions of the second %v", got)
-		}
+		rec.expect(t, "rack-3", []string{"reboot/deferred", "reboot/applied", "reboot/succeeded"})
 	})
 
 	t.Run("Cooldown", func(t *testing.T) {
@@ -101,9 +96,7 @@ func TestJanitorSafety(t *testing.T) {
 		if stateOf(o) != nil || finished(o) {
 			t.Fatalf("acted within the node's cooldown: %v", o.Object)
 		}
-		if got := rec.of("rack-2"); !slices.Equal(got, []string{"reboot/applied", "reboot/succeeded", "reboot/deferred"}) {
-			t.Fatalf("actions %v", got)
-		}
+		rec.expect(t, "rack-2", []string{"reboot/applied", "reboot/succeeded", "reboot/deferred"})
 		if n := e.m.cyclesOf("rack-2"); n != 1 {
 			t.Fatalf("%d power cycles", n)
 		}
@@ -116,9 +109,7 @@ func TestJanitorSafety(t *testing.T) {
 		if condOf(o, CondNodeReady) != "True/Succeeded" || stateOf(o).ForcedAt.IsZero() {
 			t.Fatalf("status %v, state %v", o.Object["status"], o.GetAnnotations())
 		}
-		if got := rec.of("force-4"); !slices.Equal(got, []string{"reboot/applied", "reboot/applied", "reboot/succeeded"}) {
-			t.Fatalf("actions %v", got)
-		}
+		rec.expect(t, "force-4", []string{"reboot/applied", "reboot/applied", "reboot/succeeded"})
 		if n := e.m.cyclesOf("force-4"); n != 1 {
 			t.Fatalf("%d power cycles", n)
 		}
