@@ -146,6 +146,9 @@ type Role struct {
 	// Open builds the role from its part of the config (role.Role has
 	// the contract every role package follows).
 	Open func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error)
+	// NoGroup: the role consumes no topic, so it has no consumer group
+	// "faultline-<Name>" (the janitor watches its clusters instead).
+	NoGroup bool
 }
 
 // roles is the fixed table of processor roles, in start order.
@@ -165,7 +168,7 @@ var roles = []Role{
 	{Name: remediate.Role, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return remediate.Open(ctx, cfg.Remediate, deps)
 	}},
-	{Name: janitor.Role, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
+	{Name: janitor.Role, NoGroup: true, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return janitor.Open(ctx, cfg.Janitor, deps)
 	}},
 }
