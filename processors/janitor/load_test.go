@@ -112,6 +112,35 @@ func TestLoadRebootStarts(t *testing.T) {
 				t.Fatal(err)
 			}
 			provs["noop"] = noop{}
+			if mode == "redfish" {
+				// The provider's own ceiling in this run: the same 16-way
+				// concurrency calling the Redfish provider directly.
+				began := time.Now()
+				next := make(chan int)
+				var wg sync.WaitGroup
+				for range 16 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := range next {
+							nd, err := tk.CoreV1().Nodes().Get(ctx, fmt.Sprintf("%s-node-%d", mode, i), metav1.GetOptions{})
+							if err == nil {
+								err = provs[ProviderRedfish].Reboot(ctx, Target{Node: nd, Kube: tk}, Graceful)
+							}
+							if err != nil {
+								t.Error(err)
+							}
+						}
+					}()
+				}
+				for i := range n {
+					next <- i
+				}
+				close(next)
+				wg.Wait()
+				t.Logf("redfish provider alone (16 concurrent, no janitor): %d resets in %v: %.1f/s", n, time.Since(began).Round(time.Millisecond),
+					float64(n)/time.Since(began).Seconds())
+			}
 			reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
 			reg.SetClient(cluster, k, false)
 			j, err := New(cfg, clusters.Config{}, reg, Options{Log: testLog, Providers: provs, Producer: &recorder{}})
