@@ -31,6 +31,8 @@ type ReadyCheck struct {
 type Options struct {
 	// History serves GET /v1/events and /v1/actions; nil answers 501.
 	History History
+	// Conformance serves GET /v1/conformance/score; nil answers 501.
+	Conformance Conformance
 	// Ready are extra readiness conditions (Kafka's is always included).
 	Ready []ReadyCheck
 	// Now is the clock; default time.Now.
@@ -49,6 +51,8 @@ type Server struct {
 	ready    []ReadyCheck
 	flight   *inflight
 	codec    Codec
+	// conformance serves GET /v1/conformance/score (nil: 501).
+	conformance Conformance
 
 	grpcLn, httpLn, unixLn net.Listener
 	grpcSrv, unixSrv       *grpc.Server
@@ -81,6 +85,8 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 		ready:  append([]ReadyCheck{{Name: "kafka", Check: prod.Ping}}, opts.Ready...),
 		flight: newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn),
 		codec:  Codec{limits: shapeLimits{maxEvents: cfg.MaxBatch}},
+
+		conformance: opts.Conformance,
 		svc: &service{
 			validator:   Validator{MaxBatch: cfg.MaxBatch, MaxFutureSkew: cfg.MaxFutureSkew},
 			producer:    prod,

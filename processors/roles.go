@@ -21,6 +21,7 @@ import (
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/conformance"
 	"github.com/faultline/faultline/processors/correlate"
 	"github.com/faultline/faultline/processors/drain"
 	"github.com/faultline/faultline/processors/janitor"
@@ -56,6 +57,8 @@ type Config struct {
 	Remediate remediate.Config `toml:"remediate"`
 	// Janitor configures the janitor role.
 	Janitor janitor.Config `toml:"janitor"`
+	// Conformance configures the conformance role.
+	Conformance conformance.Config `toml:"conformance"`
 }
 
 // Processors is Config under the name a binary's config embeds it by
@@ -66,7 +69,7 @@ type Processors = Config
 func DefaultConfig() Config {
 	return Config{Roles: "all", ClickHouse: clickhouse.DefaultConfig(), Store: store.DefaultConfig(), Correlate: correlate.DefaultConfig(),
 		Kube: clusters.DefaultConfig(), Quarantine: quarantine.DefaultConfig(),
-		Drain: drain.DefaultConfig(), Remediate: remediate.DefaultConfig(), Janitor: janitor.DefaultConfig()}
+		Drain: drain.DefaultConfig(), Remediate: remediate.DefaultConfig(), Janitor: janitor.DefaultConfig(), Conformance: conformance.DefaultConfig()}
 }
 
 // RegisterFlags adds every role's flags.
@@ -80,6 +83,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Drain.RegisterFlags(fs, "drain.")
 	c.Remediate.RegisterFlags(fs, "remediate.")
 	c.Janitor.RegisterFlags(fs, "janitor.")
+	c.Conformance.RegisterFlags(fs, "conformance.")
 }
 
 // Validate names the first bad key.
@@ -109,6 +113,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Janitor.Validate("janitor."); err != nil {
+		return err
+	}
+	if err := c.Conformance.Validate("conformance."); err != nil {
 		return err
 	}
 	return nil
@@ -170,6 +177,9 @@ var roles = []Role{
 	}},
 	{Name: janitor.Role, NoGroup: true, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return janitor.Open(ctx, cfg.Janitor, deps)
+	}},
+	{Name: conformance.Role, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
+		return conformance.Open(ctx, cfg.Conformance, deps)
 	}},
 }
 

@@ -710,6 +710,8 @@ func compatScript(t *testing.T) ([]testenv.SQLStep, map[string]stepCheck) {
 		{"link_down_window", with(flapPort, "window", "45"), nonEmpty},
 		{"xid_bursts", xidGPU, nonEmpty},
 		{"xid_bursts", with(xidGPU, "gap", "1200"), nonEmpty},
+		{"conformance_groups", map[string]string{"until": "2026-03-02 12:00:00"}, nil},
+		{"conformance_groups", map[string]string{"until": "2026-03-02 12:00:00", "cluster": "alpha", "staleness": "3600"}, nil},
 	}
 	covered := map[string]bool{}
 	for i, c := range cases {

@@ -65,6 +65,9 @@ type Agent struct {
 	podres *podres.Lister // nil: off
 	relay  *relay.Server  // nil: off (nvsentinel_socket)
 
+	// triggers asks a check's loop to run now (Trigger), one per check.
+	triggers map[string]chan struct{}
+
 	mu        sync.Mutex
 	lastRun   map[string]time.Time
 	podresErr string // the last pod-resources error logged
@@ -92,6 +95,10 @@ func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
 			}
 			a.checks = append(a.checks, Scheduled{Check: c, Interval: s.Interval(&cfg), Timeout: s.Timeout(&cfg)})
 		}
+	}
+	a.triggers = make(map[string]chan struct{}, len(a.checks))
+	for _, s := range a.checks {
+		a.triggers[s.Check.Name()] = make(chan struct{}, 1)
 	}
 	sp, err := OpenSpool(cfg.Spool.Dir, cfg.Spool.MaxBytes, log, a.m)
 	if err != nil {
@@ -224,14 +231,37 @@ func (a *Agent) Run(ctx context.Context) error {
 func (a *Agent) loop(ctx context.Context, s Scheduled) {
 	t := time.NewTicker(s.Interval)
 	defer t.Stop()
+	trig := a.triggers[s.Check.Name()]
 	for {
 		a.RunOnce(ctx, s)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-trig:
+			t.Reset(s.Interval)
 		}
 	}
+}
+
+// Trigger asks the named check ("" for every check) to run now, besides
+// its schedule (the conformance check's "on request": SIGUSR1 to
+// faultline-agent, or POST /checks/<name>/run on its local endpoint). It
+// never blocks: a request while one is pending is the same request. It
+// reports whether such a check runs.
+func (a *Agent) Trigger(name string) bool {
+	found := false
+	for n, ch := range a.triggers {
+		if name != "" && n != name {
+			continue
+		}
+		found = true
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	return found
 }
 
 // RunOnce calls one check once with its deadline and recovery, records the
@@ -361,6 +391,16 @@ func safeCheck(ctx context.Context, c check.Check) (evs []*datamodels.HealthEven
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.m.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("POST /checks/{name}/run", func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("name")
+		if !a.Trigger(name) {
+			http.Error(w, "no such check running: "+name, http.StatusNotFound)
+			return
+		}
+		a.log.Info("check run requested", "check", name, "from", r.RemoteAddr)
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = w.Write([]byte("requested\n"))
+	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		now := a.now()
 		var stale []string

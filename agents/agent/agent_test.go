@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -592,5 +593,82 @@ func TestFlagsNameTheirKeys(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output %q lacks %q", out.String(), want)
 		}
+	}
+}
+
+// TestTriggerRunsNow: a check on a 6h schedule runs at start, then again
+// at once when asked through the local endpoint (POST
+// /checks/<name>/run) or Trigger (SIGUSR1), and an unknown check is 404.
+func TestTriggerRunsNow(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	var runs atomic.Int32
+	c := fakeCheck{"conformance", func(context.Context) ([]*datamodels.HealthEvent, error) {
+		runs.Add(1)
+		return nil, nil
+	}}
+	a, err := New(cfg, quiet(), Options{Checks: []Scheduled{{Check: c, Interval: 6 * time.Hour, Timeout: time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	waitFor(t, 5*time.Second, func() bool { return runs.Load() == 1 }, "the run at start")
+	rec := httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest("POST", "/checks/conformance/run", nil))
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("POST run: %d %s", rec.Code, rec.Body)
+	}
+	waitFor(t, 5*time.Second, func() bool { return runs.Load() == 2 }, "the requested run")
+	if !a.Trigger("") {
+		t.Fatal("Trigger(all) found no check")
+	}
+	waitFor(t, 5*time.Second, func() bool { return runs.Load() == 3 }, "the triggered run")
+	rec = httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest("POST", "/checks/nope/run", nil))
+	if rec.Code != http.StatusNotFound {
+		t.Fatalf("unknown check: %d", rec.Code)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := runs.Load(); n != 3 {
+		t.Fatalf("%d runs, want 3", n)
+	}
+}
+
+// TestConformanceCheckRegistered: `checks = ["conformance"]` builds the
+// conformance check from its section; one run spools a NodeConformance
+// event stamped with the node, carrying the fingerprint and every
+// component (ipmitool is absent here: bmc_version is reported unreadable).
+func TestConformanceCheckRegistered(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	cfg.Checks = []string{"conformance"}
+	root := filepath.Join("..", "conformance", "testdata", "h100-a")
+	cfg.Conformance.Sysfs, cfg.Conformance.Procfs = filepath.Join(root, "sys"), filepath.Join(root, "proc")
+	cfg.Conformance.OSImageFile = filepath.Join(root, "os-image")
+	cfg.Conformance.BMCCommand = []string{"faultline-no-such-ipmitool", "mc", "info"}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(cfg, quiet(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.spool.Close()
+	a.RunOnce(context.Background(), a.checks[0])
+	evs, _, _ := a.Spool().Peek(1)
+	if len(evs) != 1 {
+		t.Fatalf("%d events", len(evs))
+	}
+	ev := evs[0]
+	md := ev.GetMetadata()
+	if ev.GetCheckName() != "NodeConformance" || ev.GetNodeName() != "node-7" || len(md["fingerprint"]) != 64 ||
+		md["component.gpu_driver"] != "550.54.14" || !strings.HasPrefix(md["component.bmc_version"], "unreadable: ") {
+		t.Fatalf("event %v", ev)
+	}
+	if a.checks[0].Interval != 6*time.Hour {
+		t.Fatalf("interval %v", a.checks[0].Interval)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/faultline/faultline/agents/conformance"
 	"github.com/faultline/faultline/agents/fabric"
 	"github.com/faultline/faultline/agents/gpu"
 	"github.com/faultline/faultline/agents/kmsg"
@@ -67,6 +68,8 @@ type Config struct {
 	GPU    gpu.Config    `toml:"gpu"`
 	// CSP is the cloud maintenance check (GCP metadata server).
 	CSP csp.Config `toml:"csp"`
+	// Conformance is the conformance fingerprint check (agents/conformance).
+	Conformance conformance.Config `toml:"conformance"`
 }
 
 // GatewayConfig is how the agent reaches the gateway.
@@ -170,6 +173,7 @@ func DefaultConfig() Config {
 		GPU:          gpu.DefaultConfig(),
 		LocalActions: localaction.DefaultConfig(),
 		CSP:          csp.DefaultConfig(),
+		Conformance:  conformance.DefaultConfig(),
 	}
 }
 
@@ -202,6 +206,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.GPU.RegisterFlags(fs, "gpu.")
 	c.LocalActions.RegisterFlags(fs, "local-actions.")
 	c.CSP.RegisterFlags(fs, "csp.")
+	c.Conformance.RegisterFlags(fs, "conformance.")
 	// The spellings before flags were named after their TOML keys.
 	for old, cur := range map[string]string{"gateway": "gateway.addr", "token-file": "gateway.token-file",
 		"gateway-insecure": "gateway.insecure", "ca-file": "gateway.ca-file", "server-name": "gateway.server-name",

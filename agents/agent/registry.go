@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/faultline/faultline/agents/check"
+	"github.com/faultline/faultline/agents/conformance"
 	"github.com/faultline/faultline/agents/csp"
 	"github.com/faultline/faultline/agents/fabric"
 	"github.com/faultline/faultline/agents/gpu"
@@ -118,6 +119,17 @@ var registry = []CheckSpec{
 			g := c.GPU
 			g.Logger = log
 			return gpu.New(g)
+		},
+	},
+	{
+		// Reports at start, every conformance.interval, and on request
+		// (Agent.Trigger: SIGUSR1, POST /checks/conformance/run).
+		Name:     "conformance",
+		Interval: func(c *Config) time.Duration { return c.Conformance.Interval },
+		Timeout:  func(c *Config) time.Duration { return c.Conformance.Timeout },
+		Validate: func(c *Config) error { return c.Conformance.Validate() },
+		New: func(c *Config, log *slog.Logger) (check.Check, error) {
+			return conformance.New(c.Conformance, log)
 		},
 	},
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/faultline/faultline/internal/chserver"
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/conformance"
 	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/kafka"
@@ -158,6 +159,8 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	reg := newRegistry()
 	gw, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{
 		History: history.New(chconn, log),
+		Conformance: &conformance.Scorer{Staleness: cfg.Processors.Conformance.Staleness,
+			Conn: func(context.Context) (clickhouse.Conn, error) { return chconn, nil }},
 		Ready: []gateway.ReadyCheck{
 			{Name: "clickhouse", Check: chconn.Ping},
 			{Name: "processors", Check: groupsReady(admin, roles)},

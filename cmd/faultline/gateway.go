@@ -13,6 +13,7 @@ import (
 	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/conformance"
 	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/kafka"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -45,7 +46,8 @@ func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
 	defer hist.Close()
 	// Credentials are loaded (and a bad tokens file refused) before Kafka
 	// is contacted.
-	srv, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{History: hist})
+	srv, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{History: hist,
+		Conformance: &conformance.Scorer{Conn: hist.Conn, Staleness: cfg.Processors.Conformance.Staleness}})
 	if err != nil {
 		return err
 	}
@@ -83,6 +85,16 @@ func (l *lazyHistory) get(ctx context.Context) (*history.ClickHouse, error) {
 		l.conn, l.h = conn, history.New(conn, l.log)
 	}
 	return l.h, nil
+}
+
+// Conn returns the connection, connecting on first use.
+func (l *lazyHistory) Conn(ctx context.Context) (clickhouse.Conn, error) {
+	if _, err := l.get(ctx); err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conn, nil
 }
 
 func (l *lazyHistory) ListEvents(ctx context.Context, cluster string, req *faultlinev1.ListEventsRequest) (*faultlinev1.ListEventsResponse, error) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,9 +14,13 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentconf "github.com/faultline/faultline/agents/conformance"
 
 	"github.com/faultline/faultline/internal/analytics"
 	"github.com/faultline/faultline/internal/clickhouse/chtest"
+	"github.com/faultline/faultline/processors/conformance"
 	"github.com/faultline/faultline/processors/store"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -72,6 +77,7 @@ func TestQueries(t *testing.T) {
 			t.Fatalf("seed: %v %v", err, res.Dead)
 		}
 	}
+	seedConformance(t, srv)
 	qs, err := analytics.Builtin()
 	if err != nil {
 		t.Fatal(err)
@@ -108,6 +114,8 @@ func TestQueries(t *testing.T) {
 		{"link_down_window_edge", "link_down_window", with(port, "until", "2025-10-03 08:04:00", "window", "240")},
 		{"xid_bursts", "xid_bursts", with(xid, "until", "2025-10-02T00:00:00Z")},
 		{"xid_bursts_later", "xid_bursts", with(xid, "until", "2025-10-02 12:00:00")},
+		{"conformance_groups", "conformance_groups", analytics.Params{"until": "2025-10-08 12:00:00"}},
+		{"conformance_groups_beta", "conformance_groups", analytics.Params{"until": "2025-10-08 12:00:00", "cluster": "beta"}},
 	}
 	covered := map[string]bool{}
 	for _, tt := range tests {
@@ -169,5 +177,47 @@ func TestArgs(t *testing.T) {
 		if (err == nil) != (tt.wantErr == "") || (err != nil && !bytes.Contains([]byte(err.Error()), []byte(tt.wantErr))) {
 			t.Errorf("Args(%v) = %v, want error containing %q", tt.params, err, tt.wantErr)
 		}
+	}
+}
+
+// seedConformance writes NodeConformance reports through the conformance
+// role's handler and conformance actions through the store, on 2025-10-08
+// (after the other queries' week): alpha n1-n3 on fingerprint A, n4 on B
+// (drifted), n5 stale (13h before until), n3 drifted then restored; beta m1 on A.
+func seedConformance(t *testing.T, srv *chtest.Server) {
+	t.Helper()
+	day := time.Date(2025, 10, 8, 6, 0, 0, 0, time.UTC)
+	a := map[string]string{"gpu_driver": "550.54.14", "nic_firmware": "28.39.1002"}
+	b := map[string]string{"gpu_driver": "550.54.14", "nic_firmware": "28.41.1000"}
+	var recs []*kgo.Record
+	rep := func(cluster, node string, c map[string]string, at time.Time) {
+		ev := agentconf.Event(c)
+		ev.Id, ev.Cluster, ev.NodeName = cluster+"-"+node+at.Format("150405"), cluster, node
+		ev.GeneratedTimestamp, ev.ReceivedTimestamp = timestamppb.New(at), timestamppb.New(at)
+		v, _ := events.Marshal(ev)
+		recs = append(recs, &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, node), Value: v})
+	}
+	for _, n := range []string{"n1", "n2", "n3"} {
+		rep("alpha", n, a, day)
+	}
+	rep("alpha", "n4", b, day)
+	rep("alpha", "n5", b, day.Add(-31*time.Hour))
+	rep("beta", "m1", a, day)
+	h := conformance.NewHandler(srv.Conn, slog.Default(), nil)
+	if res, err := h.Handle(context.Background(), recs); err != nil || len(res.Dead) > 0 {
+		t.Fatalf("seed conformance: %v %v", err, res.Dead)
+	}
+	var acts []*kgo.Record
+	for i, x := range []struct {
+		node, kind string
+		at         time.Time
+	}{{"n4", events.KindConformanceDrift, day.Add(time.Minute)}, {"n3", events.KindConformanceDrift, day.Add(time.Minute)},
+		{"n3", events.KindConformanceRestored, day.Add(5 * time.Minute)}} {
+		v, _ := events.MarshalAction(&faultlinev1.Action{Id: fmt.Sprintf("conf-%d", i), Cluster: "alpha", Node: x.node, Role: events.RoleConformance,
+			Kind: x.kind, Outcome: events.OutcomeApplied, Timestamp: timestamppb.New(x.at)})
+		acts = append(acts, &kgo.Record{Topic: events.TopicActions, Key: events.Key("alpha", x.node), Value: v, Timestamp: x.at})
+	}
+	if res, err := store.New(srv.Conn, slog.Default(), nil).Handle(context.Background(), acts); err != nil || len(res.Dead) > 0 {
+		t.Fatalf("seed conformance actions: %v %v", err, res.Dead)
 	}
 }

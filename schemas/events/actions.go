@@ -13,6 +13,8 @@ const (
 	RoleDrain      = "drain"
 	RoleRemediate  = "remediate"
 	RoleJanitor    = "janitor"
+	// RoleConformance: the conformance role's drift responses.
+	RoleConformance = "conformance"
 )
 
 // Action kinds (Action.kind).
@@ -38,7 +40,9 @@ const (
 	// KindRemediate: a remediation resource was created, joined or
 	// followed to its result.
 	KindRemediate = "remediate"
-	// KindEscalate: the node was escalated to CONTACT_SUPPORT.
+	// KindEscalate: the node was escalated to CONTACT_SUPPORT (the
+	// remediate role), or a drifted node was escalated to a fatal event
+	// after the conformance role's drift_remediation_timeout.
 	KindEscalate = "escalate"
 	// KindReboot, KindTerminate and KindGPUReset: the janitor's steps of a
 	// RebootNode, TerminateNode or GPUReset (signal sent, forced,
@@ -46,6 +50,22 @@ const (
 	KindReboot    = "reboot"
 	KindTerminate = "terminate"
 	KindGPUReset  = "gpu_reset"
+	// KindConformanceDrift: a node was found drifted from its conformance
+	// group (PreferNoSchedule taint, group label, Kubernetes Event).
+	KindConformanceDrift = "conformance_drift"
+	// KindConformanceRestored: a drifted node conforms again; what the
+	// conformance role set was removed.
+	KindConformanceRestored = "conformance_restored"
+	// KindConformanceDrain: a drifted sensitive node was sent down the
+	// quarantine path (a fatal event: cordon, taint, drain).
+	KindConformanceDrain = "conformance_drain"
+	// KindConformanceUndrain: a sensitive node conforms again and was
+	// approved; the recovery event lifts its quarantine. Outcome
+	// in_progress while it conforms but waits for approval.
+	KindConformanceUndrain = "conformance_undrain"
+	// KindConformanceNotify: the remediation notifier (e.g. OpenCHAMI
+	// SMD) was told of a drift or its end.
+	KindConformanceNotify = "conformance_notify"
 )
 
 // Outcomes (Action.outcome).
@@ -157,6 +177,17 @@ const (
 	// (signal, force, complete, ...).
 	DetailProvider = "provider"
 	DetailStep     = "step"
+	// Conformance drift: the group (cluster/pool), where its expected
+	// fingerprint comes from (baseline or majority), the expected and
+	// actual fingerprints, the differing components ("name: expected
+	// \"a\", actual \"b\"; ..."), the drift's start (RFC 3339).
+	DetailConformanceGroup = "conformanceGroup"
+	DetailBasis            = "basis"
+	DetailExpected         = "expected"
+	DetailActual           = "actual"
+	DetailDiffering        = "differing"
+	DetailDriftSince       = "driftSince"
+	DetailAttempts         = "attempts"
 )
 
 // LabelQuarantined is the node label the quarantine role sets to "true"

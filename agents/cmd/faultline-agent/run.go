@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/faultline/faultline/agents/agent"
 )
@@ -22,5 +24,21 @@ func runAgent(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// SIGUSR1 runs every check now (the conformance check's "on request",
+	// e.g. after OpenCHAMI remediated the node).
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	defer signal.Stop(usr1)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-usr1:
+				log.Info("SIGUSR1: running every check now")
+				a.Trigger("")
+			}
+		}
+	}()
 	return a.Run(ctx)
 }

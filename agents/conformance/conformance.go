@@ -1,0 +1,515 @@
+// Package conformance is the node agent's conformance check: it reads the
+// node's configuration-critical software and firmware versions (GPU driver,
+// GPU VBIOS, NIC firmware, BIOS and BMC versions, kernel version and boot
+// parameters, the OS image hash, and any configured extra component) and
+// reports them with their fingerprint, a SHA-256 of the sorted component
+// list, as one HealthEvent: checkName NodeConformance, metadata
+// "fingerprint" and "component.<name>" = value (see
+// ../../shared/seeds/node-conformance-drift.txt).
+//
+// Every configured component is reported: one that cannot be read has the
+// value "unreadable: <reason>", so a node whose tool broke differs from its
+// group instead of silently matching it. The check reports at start, every
+// Interval (default 6h) and whenever the agent is asked to (SIGUSR1, or
+// POST /checks/conformance/run on the agent's local endpoint), whether or
+// not the fingerprint changed: the processor treats a node without a report
+// within its staleness window as unknown.
+//
+// Sources (paths relative to the configured sysfs and procfs roots, so
+// tests run on fixture trees): GPU driver /sys/module/nvidia/version; GPU
+// VBIOS the "Video BIOS" lines of /proc/driver/nvidia/gpus/*/information;
+// NIC firmware /sys/class/infiniband/*/fw_ver (prometheus/procfs); BIOS
+// /sys/class/dmi/id/bios_* (prometheus/procfs); BMC the firmware revision
+// printed by a command (default `ipmitool mc info`); kernel
+// /proc/sys/kernel/osrelease and /proc/cmdline (prometheus/procfs); the OS
+// image hash a configured file or command.
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/prometheus/procfs"
+	"github.com/prometheus/procfs/sysfs"
+
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// Names of the event this check reports.
+const (
+	// CheckName is the event's checkName.
+	CheckName = "NodeConformance"
+	// Agent is the event's agent.
+	Agent = "faultline-agent/conformance"
+	// ComponentClass is the event's componentClass.
+	ComponentClass = "NODE"
+	// MetaFingerprint is the metadata key of the fingerprint (hex SHA-256).
+	MetaFingerprint = "fingerprint"
+	// MetaComponentPrefix prefixes each component's metadata key.
+	MetaComponentPrefix = "component."
+	// Unreadable prefixes the value of a component that could not be read.
+	Unreadable = "unreadable: "
+)
+
+// Built-in component names.
+const (
+	GPUDriver   = "gpu_driver"
+	GPUVBIOS    = "gpu_vbios"
+	NICFirmware = "nic_firmware"
+	BIOSVersion = "bios_version"
+	BIOSDate    = "bios_date"
+	BMCVersion  = "bmc_version"
+	Kernel      = "kernel"
+	BootParams  = "boot_params"
+	OSImage     = "os_image"
+)
+
+// BuiltIns lists the built-in components in report order.
+var BuiltIns = []string{GPUDriver, GPUVBIOS, NICFirmware, BIOSVersion, BIOSDate, BMCVersion, Kernel, BootParams, OSImage}
+
+// MaxValue is the longest component value reported (the gateway refuses
+// metadata values over 2048 bytes); a longer value is cut and ends in
+// "...", its fingerprint still taken over the whole value.
+const MaxValue = 2000
+
+// Component is an extra component read from a file or a command.
+type Component struct {
+	// Name is the component's name ([a-z0-9_.-], at most 64 bytes).
+	Name string `toml:"name"`
+	// File is read for the value (its trimmed content); not with Command.
+	File string `toml:"file"`
+	// Command is run for the value (argv, no shell; its trimmed standard
+	// output); not with File.
+	Command []string `toml:"command"`
+	// Pattern, when set, is a regular expression applied to the output:
+	// the value is its first submatch (or whole match). No match is
+	// unreadable.
+	Pattern string `toml:"pattern"`
+
+	re *regexp.Regexp
+}
+
+// Config is the check's section ([conformance], flags --conformance.*).
+type Config struct {
+	// Interval is how often the fingerprint is reported besides at start
+	// and on request. Default 6h.
+	Interval time.Duration `toml:"interval"`
+	// Timeout bounds one collection (commands included). Default 1m.
+	Timeout time.Duration `toml:"timeout"`
+	// Sysfs is the sysfs mount point. Default "/sys".
+	Sysfs string `toml:"sysfs"`
+	// Procfs is the procfs mount point. Default "/proc".
+	Procfs string `toml:"procfs"`
+	// OSImageFile holds the OS image hash (its trimmed content). Default
+	// none; with neither it nor OSImageCommand the os_image component is
+	// "unreadable: not configured".
+	OSImageFile string `toml:"os_image_file"`
+	// OSImageCommand prints the OS image hash (argv, no shell). Default none.
+	OSImageCommand []string `toml:"os_image_command"`
+	// BMCCommand prints the BMC firmware version. Default
+	// ["ipmitool", "mc", "info"]; empty leaves the component out.
+	BMCCommand []string `toml:"bmc_command"`
+	// BMCPattern picks the version out of BMCCommand's output (first
+	// submatch). Default `Firmware Revision\s*:\s*(\S+)` (ipmitool).
+	BMCPattern string `toml:"bmc_pattern"`
+	// Disable lists built-in components left out of the fingerprint
+	// (e.g. "gpu_vbios" on nodes without NVIDIA's procfs). Default none.
+	Disable []string `toml:"disable"`
+	// Components are extra components.
+	Components []Component `toml:"components"`
+
+	bmcRE *regexp.Regexp
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{
+		Interval:   6 * time.Hour,
+		Timeout:    time.Minute,
+		Sysfs:      "/sys",
+		Procfs:     "/proc",
+		BMCCommand: []string{"ipmitool", "mc", "info"},
+		BMCPattern: `Firmware Revision\s*:\s*(\S+)`,
+	}
+}
+
+// RegisterFlags adds the check's flags under prefix ("conformance."). The
+// lists (os_image_command, bmc_command, disable) take comma-separated
+// values; components are set in the TOML file.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.DurationVar(&c.Interval, prefix+"interval", c.Interval, "how often the conformance fingerprint is reported (also at start and on SIGUSR1)")
+	fs.DurationVar(&c.Timeout, prefix+"timeout", c.Timeout, "bound of one conformance collection")
+	fs.StringVar(&c.Sysfs, prefix+"sysfs", c.Sysfs, "sysfs mount point")
+	fs.StringVar(&c.Procfs, prefix+"procfs", c.Procfs, "procfs mount point")
+	fs.StringVar(&c.OSImageFile, prefix+"os-image-file", c.OSImageFile, "file holding the OS image hash")
+	fs.Func(prefix+"os-image-command", "command printing the OS image hash (comma-separated argv)", listFlag(&c.OSImageCommand))
+	fs.Func(prefix+"bmc-command", "command printing the BMC firmware version (comma-separated argv; empty: leave out)", listFlag(&c.BMCCommand))
+	fs.StringVar(&c.BMCPattern, prefix+"bmc-pattern", c.BMCPattern, "regular expression picking the BMC version out of bmc_command's output")
+	fs.Func(prefix+"disable", "built-in components to leave out (comma-separated: "+strings.Join(BuiltIns, ",")+")", listFlag(&c.Disable))
+}
+
+func listFlag(dst *[]string) func(string) error {
+	return func(s string) error {
+		*dst = nil
+		for _, f := range strings.Split(s, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				*dst = append(*dst, f)
+			}
+		}
+		return nil
+	}
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,63}$`)
+
+// Validate names the first bad key and compiles the patterns.
+func (c *Config) Validate() error {
+	switch {
+	case c.Interval <= 0:
+		return fmt.Errorf("conformance.interval: must be positive, got %v", c.Interval)
+	case c.Timeout <= 0:
+		return fmt.Errorf("conformance.timeout: must be positive, got %v", c.Timeout)
+	case c.Sysfs == "":
+		return errors.New("conformance.sysfs: required")
+	case c.Procfs == "":
+		return errors.New("conformance.procfs: required")
+	case c.OSImageFile != "" && len(c.OSImageCommand) > 0:
+		return errors.New("conformance.os_image_command: not together with conformance.os_image_file")
+	}
+	for _, d := range c.Disable {
+		if !slices.Contains(BuiltIns, d) {
+			return fmt.Errorf("conformance.disable: %q is not a built-in component (%s)", d, strings.Join(BuiltIns, ", "))
+		}
+	}
+	if len(c.BMCCommand) > 0 {
+		re, err := regexp.Compile(c.BMCPattern)
+		if err != nil {
+			return fmt.Errorf("conformance.bmc_pattern: %w", err)
+		}
+		c.bmcRE = re
+	}
+	seen := map[string]bool{}
+	for _, b := range BuiltIns {
+		seen[b] = true
+	}
+	for i := range c.Components {
+		x := &c.Components[i]
+		key := fmt.Sprintf("conformance.components[%d]", i)
+		switch {
+		case !nameRE.MatchString(x.Name):
+			return fmt.Errorf("%s.name: %q must match %s", key, x.Name, nameRE)
+		case seen[x.Name]:
+			return fmt.Errorf("%s.name: %q is already a component", key, x.Name)
+		case (x.File == "") == (len(x.Command) == 0):
+			return fmt.Errorf("%s: exactly one of file and command is required", key)
+		}
+		seen[x.Name] = true
+		if x.Pattern != "" {
+			re, err := regexp.Compile(x.Pattern)
+			if err != nil {
+				return fmt.Errorf("%s.pattern: %w", key, err)
+			}
+			x.re = re
+		}
+	}
+	return nil
+}
+
+// Fingerprint is the hex SHA-256 of the components sorted by name, each
+// written "name=value\n" (a name holds no "=" or newline; a value's
+// newlines are escaped as "\n"), so the same components in any order give
+// the same fingerprint and any change of a name or value changes it.
+func Fingerprint(components map[string]string) string {
+	names := make([]string, 0, len(components))
+	for n := range components {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	h := sha256.New()
+	for _, n := range names {
+		v := strings.ReplaceAll(strings.ReplaceAll(components[n], `\`, `\\`), "\n", `\n`)
+		fmt.Fprintf(h, "%s=%s\n", n, v)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Check is the conformance check.
+type Check struct {
+	cfg Config
+	log *slog.Logger
+	sys sysfs.FS
+	prc procfs.FS
+	// run runs a command (tests replace it); default exec.
+	run func(ctx context.Context, argv []string) ([]byte, error)
+}
+
+// New builds the check (cfg validated by the caller or here).
+func New(cfg Config, log *slog.Logger) (*Check, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	sys, err := sysfs.NewFS(cfg.Sysfs)
+	if err != nil {
+		return nil, fmt.Errorf("conformance.sysfs: %w", err)
+	}
+	prc, err := procfs.NewFS(cfg.Procfs)
+	if err != nil {
+		return nil, fmt.Errorf("conformance.procfs: %w", err)
+	}
+	return &Check{cfg: cfg, log: log, sys: sys, prc: prc, run: runCommand}, nil
+}
+
+// Name is "conformance".
+func (c *Check) Name() string { return "conformance" }
+
+// Check collects the components and returns the one NodeConformance event.
+func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
+	comps := c.Collect(ctx)
+	return []*datamodels.HealthEvent{Event(comps)}, nil
+}
+
+// Event is the NodeConformance event of a component set: healthy, not
+// fatal, recommendedAction NONE, metadata the fingerprint and every
+// component (values cut to MaxValue).
+func Event(comps map[string]string) *datamodels.HealthEvent {
+	fp := Fingerprint(comps)
+	md := map[string]string{MetaFingerprint: fp}
+	var bad []string
+	for n, v := range comps {
+		md[MetaComponentPrefix+n] = events.Truncate(v, MaxValue)
+		if strings.HasPrefix(v, Unreadable) {
+			bad = append(bad, n)
+		}
+	}
+	sort.Strings(bad)
+	msg := fmt.Sprintf("conformance fingerprint %s over %d components", fp[:16], len(comps))
+	if len(bad) > 0 {
+		msg += "; unreadable: " + strings.Join(bad, ", ")
+	}
+	return &datamodels.HealthEvent{
+		Version:           1,
+		Agent:             Agent,
+		ComponentClass:    ComponentClass,
+		CheckName:         CheckName,
+		IsHealthy:         true,
+		IsFatal:           false,
+		RecommendedAction: datamodels.RecommendedAction_NONE,
+		Message:           msg,
+		Metadata:          md,
+	}
+}
+
+// Collect reads every component; one that cannot be read gets
+// "unreadable: <reason>".
+func (c *Check) Collect(ctx context.Context) map[string]string {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	out := map[string]string{}
+	set := func(name string, v string, err error) {
+		if slices.Contains(c.cfg.Disable, name) {
+			return
+		}
+		if err != nil {
+			out[name] = Unreadable + reason(err)
+			return
+		}
+		out[name] = clean(v)
+	}
+	v, err := c.readFile(filepath.Join(c.cfg.Sysfs, "module", "nvidia", "version"))
+	set(GPUDriver, v, err)
+	v, err = c.vbios()
+	set(GPUVBIOS, v, err)
+	v, err = c.nicFirmware()
+	set(NICFirmware, v, err)
+	dmi, derr := c.sys.DMIClass()
+	v, err = deref(dmi, derr, func(d *sysfs.DMIClass) *string { return d.BiosVersion }, "bios_version")
+	set(BIOSVersion, v, err)
+	v, err = deref(dmi, derr, func(d *sysfs.DMIClass) *string { return d.BiosDate }, "bios_date")
+	set(BIOSDate, v, err)
+	if len(c.cfg.BMCCommand) > 0 {
+		v, err = c.command(ctx, c.cfg.BMCCommand, c.cfg.bmcRE)
+		set(BMCVersion, v, err)
+	}
+	v, err = c.readFile(filepath.Join(c.cfg.Procfs, "sys", "kernel", "osrelease"))
+	set(Kernel, v, err)
+	args, err := c.prc.CmdLine()
+	set(BootParams, strings.Join(args, " "), err)
+	switch {
+	case c.cfg.OSImageFile != "":
+		v, err = c.readFile(c.cfg.OSImageFile)
+	case len(c.cfg.OSImageCommand) > 0:
+		v, err = c.command(ctx, c.cfg.OSImageCommand, nil)
+	default:
+		v, err = "", errors.New("not configured (conformance.os_image_file or conformance.os_image_command)")
+	}
+	set(OSImage, v, err)
+	for _, x := range c.cfg.Components {
+		if x.File != "" {
+			v, err = c.readFile(x.File)
+			if err == nil && x.re != nil {
+				v, err = match(x.re, []byte(v))
+			}
+		} else {
+			v, err = c.command(ctx, x.Command, x.re)
+		}
+		set(x.Name, v, err)
+	}
+	return out
+}
+
+func deref(d *sysfs.DMIClass, err error, f func(*sysfs.DMIClass) *string, file string) (string, error) {
+	if err != nil {
+		return "", fmt.Errorf("dmi: %w", err)
+	}
+	if p := f(d); p != nil {
+		return *p, nil
+	}
+	return "", fmt.Errorf("dmi: no %s", file)
+}
+
+func (c *Check) readFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// vbios is the distinct VBIOS versions of the node's NVIDIA GPUs, sorted,
+// comma-separated (independent of PCI addresses and GPU order).
+func (c *Check) vbios() (string, error) {
+	dirs, err := filepath.Glob(filepath.Join(c.cfg.Procfs, "driver", "nvidia", "gpus", "*", "information"))
+	if err != nil {
+		return "", err
+	}
+	if len(dirs) == 0 {
+		return "", fmt.Errorf("no GPU in %s", filepath.Join(c.cfg.Procfs, "driver", "nvidia", "gpus"))
+	}
+	set := map[string]bool{}
+	for _, f := range dirs {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", err
+		}
+		v, err := match(vbiosRE, b)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", f, err)
+		}
+		set[v] = true
+	}
+	return joinSet(set), nil
+}
+
+var vbiosRE = regexp.MustCompile(`(?m)^Video BIOS:\s*(\S+)`)
+
+// nicFirmware is the distinct firmware versions of the node's RDMA
+// devices, sorted, comma-separated (prometheus/procfs).
+func (c *Check) nicFirmware() (string, error) {
+	names, err := c.sys.InfiniBandClassDevices()
+	if err != nil {
+		return "", err
+	}
+	if len(names) == 0 {
+		return "", errors.New("no RDMA device in class/infiniband")
+	}
+	set := map[string]bool{}
+	for _, n := range names {
+		d, err := c.sys.InfiniBandDevice(n)
+		if err != nil {
+			return "", err
+		}
+		set[d.FirmwareVersion] = true
+	}
+	return joinSet(set), nil
+}
+
+func joinSet(set map[string]bool) string {
+	out := make([]string, 0, len(set))
+	for v := range set {
+		out = append(out, v)
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+func (c *Check) command(ctx context.Context, argv []string, re *regexp.Regexp) (string, error) {
+	b, err := c.run(ctx, argv)
+	if err != nil {
+		return "", err
+	}
+	if re != nil {
+		return match(re, b)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+func runCommand(ctx context.Context, argv []string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		if s := strings.TrimSpace(stderr.String()); s != "" {
+			return nil, fmt.Errorf("%s: %w: %s", argv[0], err, firstLine(s))
+		}
+		return nil, fmt.Errorf("%s: %w", argv[0], err)
+	}
+	return out, nil
+}
+
+func match(re *regexp.Regexp, b []byte) (string, error) {
+	m := re.FindSubmatch(b)
+	switch {
+	case m == nil:
+		return "", fmt.Errorf("no match for %s", re)
+	case len(m) > 1:
+		return strings.TrimSpace(string(m[1])), nil
+	}
+	return strings.TrimSpace(string(m[0])), nil
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	return s
+}
+
+// reason is an error's text, one line, printable, at most 200 bytes.
+func reason(err error) string {
+	return events.Truncate(clean(firstLine(err.Error())), 200)
+}
+
+// clean makes a value valid UTF-8 without control characters (newlines in
+// a multi-line value become spaces).
+func clean(s string) string {
+	s = strings.ToValidUTF8(s, "?")
+	if strings.IndexFunc(s, unicode.IsControl) < 0 {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			r = ' '
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

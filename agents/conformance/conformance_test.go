@@ -1,0 +1,235 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/schemas/validate"
+)
+
+func fixture(t *testing.T, tree string, mod func(*Config)) *Check {
+	t.Helper()
+	cfg := DefaultConfig()
+	root := filepath.Join("testdata", tree)
+	cfg.Sysfs, cfg.Procfs = filepath.Join(root, "sys"), filepath.Join(root, "proc")
+	cfg.OSImageFile = filepath.Join(root, "os-image")
+	if mod != nil {
+		mod(&cfg)
+	}
+	c, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.run = func(_ context.Context, argv []string) ([]byte, error) {
+		switch argv[0] {
+		case "ipmitool":
+			return []byte("Device ID                 : 32\nFirmware Revision         : 1.12\nIPMI Version              : 2.0\n"), nil
+		case "broken":
+			return nil, errors.New("broken: exit status 1: permission denied")
+		}
+		return []byte(strings.Join(argv[1:], " ") + "\n"), nil
+	}
+	return c
+}
+
+func TestCollect(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		tree string
+		mod  func(*Config)
+		want map[string]string // subset
+		bad  []string          // components that must be unreadable
+		gone []string          // components that must be absent
+	}{
+		{name: "h100 reference", tree: "h100-a", want: map[string]string{
+			GPUDriver: "550.54.14", GPUVBIOS: "96.00.89.00.01", NICFirmware: "28.39.1002",
+			BIOSVersion: "2.1.5", BIOSDate: "03/14/2024", BMCVersion: "1.12", Kernel: "6.8.0-45-generic",
+			BootParams: "BOOT_IMAGE=/vmlinuz-6.8.0-45-generic root=UUID=0f3a ro iommu=pt pci=realloc=off",
+			OSImage:    "sha256:4b1f0c8e2d7a9b3c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5",
+		}},
+		{name: "mixed NIC firmware is the sorted set", tree: "h100-b", want: map[string]string{NICFirmware: "28.39.1002,28.41.1000"}},
+		{name: "no GPU, no RDMA: unreadable, not dropped", tree: "no-gpu", bad: []string{GPUDriver, GPUVBIOS, NICFirmware}},
+		{name: "os image not configured", tree: "h100-a", mod: func(c *Config) { c.OSImageFile = "" }, bad: []string{OSImage}},
+		{name: "os image from a command", tree: "h100-a", mod: func(c *Config) { c.OSImageFile, c.OSImageCommand = "", []string{"echo", "sha256:abc"} },
+			want: map[string]string{OSImage: "sha256:abc"}},
+		{name: "bmc command failing", tree: "h100-a", mod: func(c *Config) { c.BMCCommand = []string{"broken"} }, bad: []string{BMCVersion}},
+		{name: "bmc off", tree: "h100-a", mod: func(c *Config) { c.BMCCommand = nil }, gone: []string{BMCVersion}},
+		{name: "disabled built-in", tree: "no-gpu", mod: func(c *Config) { c.Disable = []string{GPUVBIOS} }, gone: []string{GPUVBIOS}, bad: []string{GPUDriver}},
+		{name: "extra components", tree: "h100-a", mod: func(c *Config) {
+			c.Components = []Component{
+				{Name: "product", File: "testdata/h100-a/sys/class/dmi/id/product_name"},
+				{Name: "ofed", Command: []string{"echo", "OFED-internal-24.07-0.6.1:"}, Pattern: `OFED-internal-(\S+):`},
+				{Name: "missing", File: "testdata/nothing-here"},
+			}
+		}, want: map[string]string{"product": "DGX H100", "ofed": "24.07-0.6.1"}, bad: []string{"missing"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fixture(t, tc.tree, tc.mod)
+			got := c.Collect(context.Background())
+			for k, v := range tc.want {
+				if got[k] != v {
+					t.Errorf("%s = %q, want %q", k, got[k], v)
+				}
+			}
+			for _, k := range tc.bad {
+				if !strings.HasPrefix(got[k], Unreadable) || len(got[k]) <= len(Unreadable) {
+					t.Errorf("%s = %q, want unreadable with a reason", k, got[k])
+				}
+			}
+			for _, k := range tc.gone {
+				if _, ok := got[k]; ok {
+					t.Errorf("%s reported (%q), want left out", k, got[k])
+				}
+			}
+			for _, k := range BuiltIns {
+				_, ok := got[k]
+				switch {
+				case k == BMCVersion && len(c.cfg.BMCCommand) == 0, contains(c.cfg.Disable, k):
+				case !ok:
+					t.Errorf("built-in %s dropped", k)
+				}
+			}
+		})
+	}
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func TestEvent(t *testing.T) {
+	c := fixture(t, "no-gpu", nil)
+	evs, err := c.Check(context.Background())
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("Check = %d events, %v", len(evs), err)
+	}
+	ev := evs[0]
+	if ev.CheckName != "NodeConformance" || !ev.IsHealthy || ev.IsFatal {
+		t.Fatalf("event %v", ev)
+	}
+	md := ev.Metadata
+	comps := map[string]string{}
+	for k, v := range md {
+		if n, ok := strings.CutPrefix(k, MetaComponentPrefix); ok {
+			comps[n] = v
+		}
+	}
+	if md[MetaFingerprint] != Fingerprint(comps) || len(md[MetaFingerprint]) != 64 {
+		t.Fatalf("fingerprint %q does not match components %v", md[MetaFingerprint], comps)
+	}
+	if !strings.Contains(ev.Message, "unreadable: gpu_driver, gpu_vbios, nic_firmware") {
+		t.Errorf("message %q does not name the unreadable components", ev.Message)
+	}
+}
+
+func TestFingerprintStability(t *testing.T) {
+	a := fixture(t, "h100-a", nil)
+	b := fixture(t, "h100-b", nil)
+	ca, cb := a.Collect(context.Background()), b.Collect(context.Background())
+	fa := Fingerprint(ca)
+	// Order independence: maps iterate in random order; insert in reverse.
+	for i := 0; i < 50; i++ {
+		m := map[string]string{}
+		keys := []string{}
+		for k := range ca {
+			keys = append(keys, k)
+		}
+		for j := len(keys) - 1; j >= 0; j-- {
+			m[keys[j]] = ca[keys[j]]
+		}
+		if Fingerprint(m) != fa {
+			t.Fatal("fingerprint depends on order")
+		}
+	}
+	if again := Fingerprint(a.Collect(context.Background())); again != fa {
+		t.Fatal("fingerprint not stable over collections")
+	}
+	if Fingerprint(cb) == fa {
+		t.Fatal("NIC firmware change did not change the fingerprint")
+	}
+	// Any one component's change changes it; so do an added or removed one.
+	for k := range ca {
+		m := maps.Clone(ca)
+		m[k] += "x"
+		if Fingerprint(m) == fa {
+			t.Errorf("change of %s kept the fingerprint", k)
+		}
+		delete(m, k)
+		if Fingerprint(m) == fa {
+			t.Errorf("removing %s kept the fingerprint", k)
+		}
+	}
+	m := maps.Clone(ca)
+	m["extra"] = ""
+	if Fingerprint(m) == fa {
+		t.Error("an added component kept the fingerprint")
+	}
+	// No ambiguity between names and values.
+	if Fingerprint(map[string]string{"a": "b\nc=d"}) == Fingerprint(map[string]string{"a": "b", "c": "d"}) {
+		t.Error("a value with a newline collides with two components")
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		mod  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Interval = 0 }, "conformance.interval"},
+		{func(c *Config) { c.Timeout = -1 }, "conformance.timeout"},
+		{func(c *Config) { c.OSImageFile, c.OSImageCommand = "f", []string{"x"} }, "conformance.os_image_command"},
+		{func(c *Config) { c.Disable = []string{"gpu"} }, "conformance.disable"},
+		{func(c *Config) { c.BMCPattern = "(" }, "conformance.bmc_pattern"},
+		{func(c *Config) { c.Components = []Component{{Name: "Bad Name", File: "f"}} }, "conformance.components[0].name"},
+		{func(c *Config) { c.Components = []Component{{Name: "kernel", File: "f"}} }, "conformance.components[0].name"},
+		{func(c *Config) { c.Components = []Component{{Name: "x"}} }, "conformance.components[0]: exactly one"},
+		{func(c *Config) { c.Components = []Component{{Name: "x", File: "f", Pattern: "["}} }, "conformance.components[0].pattern"},
+	} {
+		c := DefaultConfig()
+		tc.mod(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate = %v, want %q", err, tc.want)
+		}
+	}
+	c := DefaultConfig()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLongValueCut(t *testing.T) {
+	comps := map[string]string{"boot_params": strings.Repeat("a", 5000)}
+	ev := Event(comps)
+	if n := len(ev.Metadata["component.boot_params"]); n > MaxValue {
+		t.Fatalf("value %d bytes", n)
+	}
+	if ev.Metadata[MetaFingerprint] != Fingerprint(comps) {
+		t.Fatal("fingerprint not over the whole value")
+	}
+}
+
+// TestEventPassesGatewayValidation: the gateway's validator (shared with
+// the agent's spool) accepts the check's events, the no-GPU node's
+// unreadable components included.
+func TestEventPassesGatewayValidation(t *testing.T) {
+	for _, tree := range []string{"h100-a", "no-gpu"} {
+		ev := Event(fixture(t, tree, nil).Collect(context.Background()))
+		ev.NodeName = "node-1"
+		ev.GeneratedTimestamp = timestamppb.Now()
+		if err := (validate.Validator{}).Validate(ev, time.Now()); err != nil {
+			t.Errorf("%s: %v", tree, err)
+		}
+	}
+}

@@ -1,0 +1,336 @@
+// Package conformance is the read side of node conformance shared by the
+// conformance processor role and the gateway's score endpoint: the latest
+// fingerprint of each node from ClickHouse's conformance table, the
+// conformance groups (nodes with the same fingerprint), drift against a
+// baseline or the majority, and f₉, the homogeneity score of a node set
+// (../../shared/seeds/node-conformance-drift.txt).
+//
+// A node whose latest report is older than the staleness window, or that
+// never reported, has unknown conformance: a group of its own (Unknown).
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	ch "github.com/ClickHouse/clickhouse-go/v2"
+
+	"github.com/faultline/faultline/internal/clickhouse"
+)
+
+// Unknown is the fingerprint shown for a node without a fresh report; each
+// such node is a group of one.
+const Unknown = "unknown"
+
+// Report is a node's latest conformance report.
+type Report struct {
+	Node        string
+	Fingerprint string
+	// At is when the agent took it (the event's generatedTimestamp).
+	At time.Time
+	// Components are filled by Components only.
+	Components map[string]string
+}
+
+// Latest returns the latest report of each node of cluster taken at or
+// after since (older ones are stale), restricted to nodes when nodes is
+// not nil. A node without such a report is absent from the map.
+func Latest(ctx context.Context, conn clickhouse.Conn, cluster string, since time.Time, nodes []string) (map[string]Report, error) {
+	q := `SELECT node, argMax(fingerprint, toUInt64(ts) * 1000 + ts_ms) AS fp, max(toUInt64(ts) * 1000 + ts_ms) AS at_ms
+FROM conformance
+WHERE cluster = ? AND ts >= ?`
+	args := []any{cluster, clampTime(since)}
+	if nodes != nil {
+		if len(nodes) == 0 {
+			return map[string]Report{}, nil
+		}
+		set := make([]any, len(nodes))
+		for i, n := range nodes {
+			set[i] = n
+		}
+		q += ` AND node IN ?`
+		args = append(args, ch.GroupSet{Value: set})
+	}
+	q += `
+GROUP BY node`
+	rows, err := conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("conformance: latest reports of %s: %w", cluster, err)
+	}
+	defer rows.Close()
+	out := map[string]Report{}
+	for rows.Next() {
+		var (
+			r  Report
+			ms uint64
+		)
+		if err := rows.Scan(&r.Node, &r.Fingerprint, &ms); err != nil {
+			return nil, fmt.Errorf("conformance: latest reports of %s: %w", cluster, err)
+		}
+		r.At = time.UnixMilli(int64(ms)).UTC()
+		out[r.Node] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("conformance: latest reports of %s: %w", cluster, err)
+	}
+	return out, nil
+}
+
+// Components returns the components of one report of a node of cluster
+// with that fingerprint (the latest such), for explaining drift.
+func Components(ctx context.Context, conn clickhouse.Conn, cluster, node, fingerprint string) (map[string]string, error) {
+	var names, versions []string
+	err := conn.QueryRow(ctx, `SELECT argMax(components.name, toUInt64(ts) * 1000 + ts_ms), argMax(components.version, toUInt64(ts) * 1000 + ts_ms)
+FROM conformance WHERE cluster = ? AND node = ? AND fingerprint = ?`, cluster, node, fingerprint).Scan(&names, &versions)
+	if err != nil {
+		return nil, fmt.Errorf("conformance: components of %s/%s: %w", cluster, node, err)
+	}
+	out := make(map[string]string, len(names))
+	for i, n := range names {
+		if i < len(versions) {
+			out[n] = versions[i]
+		}
+	}
+	return out, nil
+}
+
+// ComponentsOf returns the components of any node's latest report with
+// that fingerprint in cluster (a group's representative).
+func ComponentsOf(ctx context.Context, conn clickhouse.Conn, cluster, fingerprint string) (map[string]string, error) {
+	var names, versions []string
+	err := conn.QueryRow(ctx, `SELECT argMax(components.name, toUInt64(ts) * 1000 + ts_ms), argMax(components.version, toUInt64(ts) * 1000 + ts_ms)
+FROM conformance WHERE cluster = ? AND fingerprint = ?`, cluster, fingerprint).Scan(&names, &versions)
+	if err != nil {
+		return nil, fmt.Errorf("conformance: components of fingerprint %s: %w", fingerprint, err)
+	}
+	out := make(map[string]string, len(names))
+	for i, n := range names {
+		if i < len(versions) {
+			out[n] = versions[i]
+		}
+	}
+	return out, nil
+}
+
+func clampTime(t time.Time) time.Time {
+	if t.Before(time.Unix(0, 0)) {
+		return time.Unix(0, 0).UTC()
+	}
+	if t.After(time.Unix(math.MaxUint32, 0)) {
+		return time.Unix(math.MaxUint32, 0).UTC()
+	}
+	return t.UTC()
+}
+
+// Group is a conformance group: the nodes with one fingerprint.
+type Group struct {
+	Fingerprint string   `json:"fingerprint"`
+	Nodes       []string `json:"nodes"`
+}
+
+// Score is f₉ of a requested node set and its groups.
+type Score struct {
+	// F9 is the largest group's size ÷ the nodes requested (1 for one
+	// node or none).
+	F9 float64 `json:"f9"`
+	// Requested is the number of distinct nodes requested.
+	Requested int `json:"requested"`
+	// Groups, largest first (then by fingerprint); each node without a
+	// fresh report is a group of one with fingerprint Unknown.
+	Groups []Group `json:"groups"`
+}
+
+// ComputeScore groups the requested nodes by their fresh report (latest;
+// a node missing from it is unknown) and computes f₉.
+func ComputeScore(nodes []string, latest map[string]Report) Score {
+	byFP := map[string][]string{}
+	var groups []Group
+	seen := map[string]bool{}
+	n := 0
+	for _, node := range nodes {
+		if seen[node] {
+			continue
+		}
+		seen[node] = true
+		n++
+		r, ok := latest[node]
+		if !ok {
+			groups = append(groups, Group{Fingerprint: Unknown, Nodes: []string{node}})
+			continue
+		}
+		byFP[r.Fingerprint] = append(byFP[r.Fingerprint], node)
+	}
+	for fp, ns := range byFP {
+		sort.Strings(ns)
+		groups = append(groups, Group{Fingerprint: fp, Nodes: ns})
+	}
+	sort.Slice(groups, func(i, j int) bool {
+		if len(groups[i].Nodes) != len(groups[j].Nodes) {
+			return len(groups[i].Nodes) > len(groups[j].Nodes)
+		}
+		if groups[i].Fingerprint != groups[j].Fingerprint {
+			return groups[i].Fingerprint < groups[j].Fingerprint
+		}
+		return groups[i].Nodes[0] < groups[j].Nodes[0]
+	})
+	s := Score{F9: 1, Requested: n, Groups: groups}
+	if n > 0 && len(groups) > 0 {
+		s.F9 = float64(len(groups[0].Nodes)) / float64(n)
+	}
+	if s.Groups == nil {
+		s.Groups = []Group{}
+	}
+	return s
+}
+
+// State is a node's conformance state within its group.
+type State string
+
+// States.
+const (
+	// Conforming: the node's fingerprint is the group's expected one.
+	Conforming State = "conforming"
+	// Drifted: the node's fresh fingerprint differs from the expected one.
+	Drifted State = "drifted"
+	// StateUnknown: no fresh report.
+	StateUnknown State = "unknown"
+	// Undecided: the group has neither a baseline nor a strict majority,
+	// so nothing can be said of its nodes.
+	Undecided State = "undecided"
+)
+
+// Basis says where a group's expected fingerprint comes from.
+const (
+	BasisBaseline = "baseline"
+	BasisMajority = "majority"
+)
+
+// Member is a node of a group to evaluate.
+type Member struct {
+	Node string
+	// Report is the node's fresh report; nil: unknown.
+	Report *Report
+}
+
+// Verdict is one node's state.
+type Verdict struct {
+	Node  string
+	State State
+	// Expected is the group's expected fingerprint ("" when Undecided).
+	Expected string
+	// Actual is the node's fingerprint (Unknown without a fresh report).
+	Actual string
+	// Basis is BasisBaseline or BasisMajority.
+	Basis string
+}
+
+// Evaluate decides each member's state: the expected fingerprint is
+// baseline when set, else the one held by more than half of the members
+// with a fresh report (none: Undecided). Members without a fresh report
+// are StateUnknown; they count in no majority.
+func Evaluate(members []Member, baseline string) []Verdict {
+	expected, basis := baseline, BasisBaseline
+	if expected == "" {
+		basis = BasisMajority
+		counts := map[string]int{}
+		fresh := 0
+		for _, m := range members {
+			if m.Report != nil {
+				counts[m.Report.Fingerprint]++
+				fresh++
+			}
+		}
+		for fp, c := range counts {
+			if 2*c > fresh {
+				expected = fp
+			}
+		}
+	}
+	out := make([]Verdict, 0, len(members))
+	for _, m := range members {
+		v := Verdict{Node: m.Node, Expected: expected, Basis: basis, Actual: Unknown}
+		switch {
+		case m.Report == nil:
+			v.State = StateUnknown
+		case expected == "":
+			v.State, v.Actual = Undecided, m.Report.Fingerprint
+		case m.Report.Fingerprint == expected:
+			v.State, v.Actual = Conforming, m.Report.Fingerprint
+		default:
+			v.State, v.Actual = Drifted, m.Report.Fingerprint
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// Diff lists the components that differ between expected and actual, as
+// "name: expected → actual" (a missing one shows "(none)"), sorted.
+func Diff(expected, actual map[string]string) []string {
+	names := map[string]bool{}
+	for n := range expected {
+		names[n] = true
+	}
+	for n := range actual {
+		names[n] = true
+	}
+	var out []string
+	for n := range names {
+		e, eok := expected[n]
+		a, aok := actual[n]
+		if eok && aok && e == a {
+			continue
+		}
+		if !eok {
+			e = "(none)"
+		}
+		if !aok {
+			a = "(none)"
+		}
+		out = append(out, fmt.Sprintf("%s: expected %q, actual %q", n, e, a))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// QueryContext makes ClickHouse stop a query at ctx's deadline.
+func QueryContext(ctx context.Context) context.Context {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return ctx
+	}
+	secs := int(math.Ceil(time.Until(d).Seconds()))
+	return ch.Context(ctx, ch.WithSettings(ch.Settings{"max_execution_time": max(secs, 1)}))
+}
+
+// Scorer serves f₉ over a ClickHouse connection.
+type Scorer struct {
+	// Conn reaches faultline's database; a func so a caller can connect
+	// lazily (the gateway accepts events while ClickHouse is down).
+	Conn func(ctx context.Context) (clickhouse.Conn, error)
+	// Staleness: a report older is unknown (the conformance role's
+	// conformance.staleness).
+	Staleness time.Duration
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Score returns f₉ and the groups of nodes (of cluster only).
+func (s *Scorer) Score(ctx context.Context, cluster string, nodes []string) (Score, error) {
+	conn, err := s.Conn(ctx)
+	if err != nil {
+		return Score{}, err
+	}
+	now := time.Now
+	if s.Now != nil {
+		now = s.Now
+	}
+	latest, err := Latest(QueryContext(ctx), conn, cluster, now().Add(-s.Staleness), nodes)
+	if err != nil {
+		return Score{}, err
+	}
+	return ComputeScore(nodes, latest), nil
+}

@@ -1,0 +1,624 @@
+package conformance
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	agentconf "github.com/faultline/faultline/agents/conformance"
+	"github.com/faultline/faultline/internal/clickhouse/chtest"
+	ic "github.com/faultline/faultline/internal/conformance"
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/quarantine"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+var testLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+var seq atomic.Int64
+
+func uniq(prefix string) string {
+	return fmt.Sprintf("%s-%d-%d", prefix, time.Now().UnixNano()%1e6, seq.Add(1))
+}
+
+// comps is a component set; variant changes the NIC firmware.
+func comps(variant string) map[string]string {
+	c := map[string]string{"gpu_driver": "550.54.14", "nic_firmware": "28.39.1002", "kernel": "6.8.0-45-generic", "bios_version": "2.1.5"}
+	if variant != "" {
+		c["nic_firmware"] = variant
+	}
+	return c
+}
+
+// record is the events-topic record of a node's NodeConformance report.
+func record(t testing.TB, cluster, node string, c map[string]string, at time.Time) *kgo.Record {
+	t.Helper()
+	ev := agentconf.Event(c)
+	ev.Id = events.NewID()
+	ev.Cluster, ev.NodeName = cluster, node
+	ev.GeneratedTimestamp, ev.ReceivedTimestamp = timestamppb.New(at), timestamppb.New(at)
+	b, err := events.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, node), Value: b}
+}
+
+func store(t testing.TB, h *Handler, recs ...*kgo.Record) {
+	t.Helper()
+	res, err := h.Handle(context.Background(), recs)
+	if err != nil || len(res.Dead) > 0 {
+		t.Fatalf("Handle: %v, dead %v", err, res.Dead)
+	}
+}
+
+func server(t *testing.T) *chtest.Server {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs a real ClickHouse server")
+	}
+	return chtest.Start(t)
+}
+
+func testConfig() Config {
+	c := DefaultConfig()
+	if err := c.Validate("conformance."); err != nil {
+		panic(err)
+	}
+	return c
+}
+
+func kinds(acts []*faultlinev1.Action) map[string][]*faultlinev1.Action {
+	m := map[string][]*faultlinev1.Action{}
+	for _, a := range acts {
+		m[a.Kind] = append(m[a.Kind], a)
+	}
+	return m
+}
+
+func TestHandlerDeadLettersBadFingerprint(t *testing.T) {
+	h := NewHandler(nil, testLog, nil)
+	ev := agentconf.Event(comps(""))
+	ev.Cluster, ev.NodeName = "c", "n1"
+	ev.Metadata[agentconf.MetaFingerprint] = "not-a-hash"
+	b, _ := events.Marshal(ev)
+	other := &datamodels.HealthEvent{CheckName: "GpuMemWatch", Cluster: "c", NodeName: "n1"}
+	ob, _ := events.Marshal(other)
+	res, err := h.Handle(context.Background(), []*kgo.Record{
+		{Topic: events.TopicEvents, Key: events.Key("c", "n1"), Value: b},
+		{Topic: events.TopicEvents, Key: events.Key("c", "n1"), Value: ob},
+	})
+	if err != nil || len(res.Dead) != 1 || !strings.Contains(res.Dead[0].Reason.Error(), "metadata.fingerprint") {
+		t.Fatalf("Handle = %v, dead %v", err, res.Dead)
+	}
+}
+
+// TestGroupsOnClickHouse: reports stored through the handler in a real
+// ClickHouse; the majority decides a group without a baseline, a baseline
+// overrides it, a stale report is unknown; a cluster without a client is
+// decided in dry-run, each decision once.
+func TestGroupsOnClickHouse(t *testing.T) {
+	s := server(t)
+	clk := &clock{t: time.Now().UTC().Truncate(time.Second)}
+	h := NewHandler(s.Conn, testLog, clk.Now)
+	ctx := context.Background()
+
+	t.Run("majority", func(t *testing.T) {
+		c := uniq("maj")
+		var recs []*kgo.Record
+		for i := 1; i <= 3; i++ {
+			recs = append(recs, record(t, c, fmt.Sprintf("n%d", i), comps(""), clk.Now().Add(-time.Minute)))
+		}
+		recs = append(recs, record(t, c, "n4", comps("28.41.1000"), clk.Now().Add(-time.Minute)))
+		store(t, h, recs...)
+		sw := NewSweeper(testConfig(), s.Conn, clusters.NewRegistry(clusters.DefaultConfig(), nil), testLog, clk.Now, nil)
+		out, err := sw.Sweep(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := kinds(out.Actions)
+		if len(out.Actions) != 1 || len(k[events.KindConformanceDrift]) != 1 {
+			t.Fatalf("actions %v", out.Actions)
+		}
+		a := k[events.KindConformanceDrift][0]
+		if a.Node != "n4" || a.Outcome != events.OutcomeDryRun || a.Details[events.DetailBasis] != ic.BasisMajority ||
+			a.Details[events.DetailExpected] != agentconf.Fingerprint(comps("")) ||
+			a.Details[events.DetailDiffering] != `nic_firmware: expected "28.39.1002", actual "28.41.1000"` {
+			t.Fatalf("drift action %+v", a)
+		}
+		if out, _ := sw.Sweep(ctx, c); len(out.Actions) != 0 {
+			t.Fatalf("second sweep repeated %v", out.Actions)
+		}
+		// n4 conforms again: restored.
+		store(t, h, record(t, c, "n4", comps(""), clk.Now()))
+		out, _ = sw.Sweep(ctx, c)
+		if k := kinds(out.Actions); len(out.Actions) != 1 || len(k[events.KindConformanceRestored]) != 1 {
+			t.Fatalf("after conform: %v", out.Actions)
+		}
+	})
+
+	t.Run("no majority is undecided", func(t *testing.T) {
+		c := uniq("tie")
+		store(t, h, record(t, c, "a", comps(""), clk.Now()), record(t, c, "b", comps("x"), clk.Now()))
+		sw := NewSweeper(testConfig(), s.Conn, clusters.NewRegistry(clusters.DefaultConfig(), nil), testLog, clk.Now, nil)
+		if out, err := sw.Sweep(ctx, c); err != nil || len(out.Actions) != 0 {
+			t.Fatalf("tie: %v %v", out.Actions, err)
+		}
+	})
+
+	t.Run("baseline", func(t *testing.T) {
+		c := uniq("base")
+		var recs []*kgo.Record
+		for i := 1; i <= 3; i++ {
+			recs = append(recs, record(t, c, fmt.Sprintf("n%d", i), comps(""), clk.Now()))
+		}
+		recs = append(recs, record(t, c, "n4", comps("28.41.1000"), clk.Now()))
+		store(t, h, recs...)
+		cfg := DefaultConfig()
+		cfg.Baselines = []Baseline{{Cluster: c, Fingerprint: agentconf.Fingerprint(comps("28.41.1000"))}}
+		if err := cfg.Validate("conformance."); err != nil {
+			t.Fatal(err)
+		}
+		sw := NewSweeper(cfg, s.Conn, clusters.NewRegistry(clusters.DefaultConfig(), nil), testLog, clk.Now, nil)
+		out, _ := sw.Sweep(ctx, c)
+		drift := kinds(out.Actions)[events.KindConformanceDrift]
+		if len(drift) != 3 {
+			t.Fatalf("baseline: %d drifted, want the 3 majority nodes: %v", len(drift), out.Actions)
+		}
+		for _, a := range drift {
+			if a.Node == "n4" || a.Details[events.DetailBasis] != ic.BasisBaseline {
+				t.Fatalf("baseline drift %+v", a)
+			}
+		}
+	})
+
+	t.Run("stale is unknown", func(t *testing.T) {
+		c := uniq("stale")
+		cfg := testConfig()
+		store(t, h, record(t, c, "fresh1", comps(""), clk.Now()), record(t, c, "fresh2", comps(""), clk.Now()),
+			record(t, c, "old", comps("other"), clk.Now().Add(-cfg.Staleness-time.Minute)))
+		latest, err := ic.Latest(ctx, s.Conn, c, clk.Now().Add(-cfg.Staleness), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := latest["old"]; ok || len(latest) != 2 {
+			t.Fatalf("latest %v", latest)
+		}
+		sc := ic.ComputeScore([]string{"fresh1", "fresh2", "old", "never"}, latest)
+		if sc.F9 != 0.5 || len(sc.Groups) != 3 || sc.Groups[1].Fingerprint != ic.Unknown || sc.Groups[2].Fingerprint != ic.Unknown {
+			t.Fatalf("score %+v", sc)
+		}
+		sw := NewSweeper(cfg, s.Conn, clusters.NewRegistry(clusters.DefaultConfig(), nil), testLog, clk.Now, nil)
+		if out, _ := sw.Sweep(ctx, c); len(out.Actions) != 0 {
+			t.Fatalf("a stale node was decided: %v", out.Actions)
+		}
+	})
+
+	t.Run("latest report wins", func(t *testing.T) {
+		c := uniq("latest")
+		store(t, h, record(t, c, "n", comps("new"), clk.Now()), record(t, c, "n", comps(""), clk.Now().Add(-time.Hour)))
+		latest, _ := ic.Latest(ctx, s.Conn, c, clk.Now().Add(-2*time.Hour), []string{"n", "absent"})
+		if latest["n"].Fingerprint != agentconf.Fingerprint(comps("new")) || len(latest) != 1 {
+			t.Fatalf("latest %v", latest)
+		}
+	})
+}
+
+// kubeEnv is a real apiserver with a cluster "k" client and ClickHouse.
+type kubeEnv struct {
+	s    *chtest.Server
+	kube kubernetes.Interface
+	reg  *clusters.Registry
+	h    *Handler
+	clk  *clock
+}
+
+func startKube(t *testing.T) *kubeEnv {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs real ClickHouse and kube-apiserver")
+	}
+	s := chtest.Start(t)
+	k := testenv.StartKube(t, testenv.KubeOptions{})
+	clk := &clock{t: time.Now().UTC().Truncate(time.Second)}
+	return &kubeEnv{s: s, kube: k.Client(), clk: clk, h: NewHandler(s.Conn, testLog, clk.Now)}
+}
+
+func (e *kubeEnv) node(t *testing.T, name string, labels map[string]string) {
+	t.Helper()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+	if _, err := e.kube.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *kubeEnv) get(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	n, err := e.kube.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func hasTaint(n *corev1.Node) *corev1.Taint {
+	for _, t := range n.Spec.Taints {
+		if t.Key == TaintDrift {
+			return &t
+		}
+	}
+	return nil
+}
+
+// TestDriftOnKube: on a real apiserver, a drifted node of pool "h100"
+// gets the PreferNoSchedule taint, the group label and a Warning Event
+// naming the differing component; a node of another pool is its own
+// group; past the timeout (injected clock) a fatal CONTACT_SUPPORT event is
+// produced once; when the node conforms again the taint and label go.
+// Then the sensitive path: drained (fatal event) at once, 4h timeout,
+// conforming is not enough: only the approval annotation lifts it.
+func TestDriftOnKube(t *testing.T) {
+	e := startKube(t)
+	ctx := context.Background()
+	cluster := uniq("k")
+	reg := clusters.NewRegistry(clusters.DefaultConfig(), e.clk.Now)
+	reg.SetClient(cluster, e.kube, false)
+	pool := map[string]string{"faultline.io/node-pool": "h100"}
+	for i := 1; i <= 4; i++ {
+		e.node(t, fmt.Sprintf("%s-n%d", cluster, i), pool)
+	}
+	// A lone node of another pool, on other firmware: a group of its own,
+	// its own majority.
+	e.node(t, cluster+"-a100", map[string]string{"faultline.io/node-pool": "a100"})
+	var recs []*kgo.Record
+	for i := 1; i <= 3; i++ {
+		recs = append(recs, record(t, cluster, fmt.Sprintf("%s-n%d", cluster, i), comps(""), e.clk.Now()))
+	}
+	drifted := cluster + "-n4"
+	recs = append(recs, record(t, cluster, drifted, comps("28.41.1000"), e.clk.Now()), record(t, cluster, cluster+"-a100", comps("a100"), e.clk.Now()))
+	store(t, e.h, recs...)
+	sw := NewSweeper(testConfig(), e.s.Conn, reg, testLog, e.clk.Now, nil)
+
+	out, err := sw.Sweep(ctx, cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Actions) != 1 || out.Actions[0].Node != drifted || out.Actions[0].Outcome != events.OutcomeApplied || len(out.Events) != 0 {
+		t.Fatalf("sweep: actions %v events %v", out.Actions, out.Events)
+	}
+	n := e.get(t, drifted)
+	if tt := hasTaint(n); tt == nil || tt.Effect != corev1.TaintEffectPreferNoSchedule || tt.Value != "h100" || n.Labels[LabelGroup] != "h100" {
+		t.Fatalf("drifted node: taints %v labels %v", n.Spec.Taints, n.Labels)
+	}
+	if n.Spec.Unschedulable {
+		t.Fatal("a drifted (not sensitive) node was cordoned; running work must keep running")
+	}
+	evl, _ := e.kube.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + drifted})
+	if len(evl.Items) != 1 || evl.Items[0].Reason != "ConformanceDrift" || !strings.Contains(evl.Items[0].Message, `nic_firmware: expected "28.39.1002", actual "28.41.1000"`) {
+		t.Fatalf("node events %v", evl.Items)
+	}
+	if hasTaint(e.get(t, cluster+"-n1")) != nil || hasTaint(e.get(t, cluster+"-a100")) != nil {
+		t.Fatal("a conforming node was tainted")
+	}
+
+	// 23h later, still drifted (a fresh report): nothing new. 24h: escalated once.
+	e.clk.Add(23 * time.Hour)
+	for i := 1; i <= 4; i++ {
+		c := comps("")
+		if i == 4 {
+			c = comps("28.41.1000")
+		}
+		store(t, e.h, record(t, cluster, fmt.Sprintf("%s-n%d", cluster, i), c, e.clk.Now()))
+	}
+	if out, _ := sw.Sweep(ctx, cluster); len(out.Actions) != 0 {
+		t.Fatalf("before the timeout: %v", out.Actions)
+	}
+	e.clk.Add(time.Hour)
+	out, _ = sw.Sweep(ctx, cluster)
+	if k := kinds(out.Actions); len(k[events.KindEscalate]) != 1 || len(out.Events) != 1 {
+		t.Fatalf("timeout: actions %v events %v", out.Actions, out.Events)
+	}
+	fatal := out.Events[0]
+	if fatal.CheckName != CheckDriftTimeout || !fatal.IsFatal || fatal.DerivedBy != Role || fatal.RecommendedAction != datamodels.RecommendedAction_CONTACT_SUPPORT || fatal.NodeName != drifted {
+		t.Fatalf("fatal event %v", fatal)
+	}
+	if out, _ := sw.Sweep(ctx, cluster); len(out.Actions) != 0 || len(out.Events) != 0 {
+		t.Fatalf("escalated twice: %v", out.Actions)
+	}
+
+	// Remediated: conforms again: taint, label, state removed.
+	store(t, e.h, record(t, cluster, drifted, comps(""), e.clk.Now()))
+	out, _ = sw.Sweep(ctx, cluster)
+	if k := kinds(out.Actions); len(k[events.KindConformanceRestored]) != 1 {
+		t.Fatalf("restore: %v", out.Actions)
+	}
+	n = e.get(t, drifted)
+	if hasTaint(n) != nil || n.Labels[LabelGroup] != "" || n.Annotations[AnnotationState] != "" {
+		t.Fatalf("restored node still has taints %v labels %v annotations %v", n.Spec.Taints, n.Labels, n.Annotations)
+	}
+
+	t.Run("dry run", func(t *testing.T) {
+		dc := uniq("dry")
+		dreg := clusters.NewRegistry(clusters.DefaultConfig(), e.clk.Now)
+		dreg.SetClient(dc, e.kube, true)
+		for i := 1; i <= 3; i++ {
+			e.node(t, fmt.Sprintf("%s-n%d", dc, i), nil)
+			c := comps("")
+			if i == 3 {
+				c = comps("dry")
+			}
+			store(t, e.h, record(t, dc, fmt.Sprintf("%s-n%d", dc, i), c, e.clk.Now()))
+		}
+		dsw := NewSweeper(testConfig(), e.s.Conn, dreg, testLog, e.clk.Now, nil)
+		out, _ := dsw.Sweep(ctx, dc)
+		if len(out.Actions) != 1 || out.Actions[0].Outcome != events.OutcomeDryRun || !out.Actions[0].DryRun || len(out.Events) != 0 {
+			t.Fatalf("dry run: %v %v", out.Actions, out.Events)
+		}
+		if out, _ := dsw.Sweep(ctx, dc); len(out.Actions) != 0 {
+			t.Fatalf("dry run repeated: %v", out.Actions)
+		}
+		if n := e.get(t, dc+"-n3"); hasTaint(n) != nil || n.Annotations[AnnotationState] != "" {
+			t.Fatal("dry run changed the node")
+		}
+	})
+
+	t.Run("sensitive", func(t *testing.T) {
+		sens := cluster + "-s1"
+		labels := map[string]string{"faultline.io/node-pool": "h100", "faultline.io/sensitive": "true"}
+		e.node(t, sens, labels)
+		store(t, e.h, record(t, cluster, sens, comps("evil"), e.clk.Now()))
+		out, _ := sw.Sweep(ctx, cluster)
+		k := kinds(out.Actions)
+		if len(k[events.KindConformanceDrift]) != 1 || len(k[events.KindConformanceDrain]) != 1 || len(out.Events) != 1 ||
+			out.Events[0].CheckName != CheckDriftSensitive || !out.Events[0].IsFatal {
+			t.Fatalf("sensitive drift: actions %v events %v", out.Actions, out.Events)
+		}
+		// 4h timeout.
+		e.clk.Add(4 * time.Hour)
+		for _, node := range []string{"n1", "n2", "n3", "n4"} {
+			store(t, e.h, record(t, cluster, cluster+"-"+node, comps(""), e.clk.Now()))
+		}
+		store(t, e.h, record(t, cluster, sens, comps("evil"), e.clk.Now()))
+		out, _ = sw.Sweep(ctx, cluster)
+		if k := kinds(out.Actions); len(k[events.KindEscalate]) != 1 || out.Actions[0].Node != sens {
+			t.Fatalf("sensitive timeout: %v", out.Actions)
+		}
+		// Re-verified but not approved: stays drained, says so once.
+		e.clk.Add(time.Minute)
+		store(t, e.h, record(t, cluster, sens, comps(""), e.clk.Now()))
+		out, _ = sw.Sweep(ctx, cluster)
+		if len(out.Actions) != 1 || out.Actions[0].Kind != events.KindConformanceUndrain || out.Actions[0].Outcome != events.OutcomeInProgress || len(out.Events) != 0 {
+			t.Fatalf("conforming, unapproved: %v %v", out.Actions, out.Events)
+		}
+		if hasTaint(e.get(t, sens)) == nil {
+			t.Fatal("taint lifted without approval")
+		}
+		if out, _ := sw.Sweep(ctx, cluster); len(out.Actions) != 0 {
+			t.Fatalf("awaiting repeated: %v", out.Actions)
+		}
+		// An approval of another fingerprint does not count.
+		n := e.get(t, sens)
+		n.Annotations[AnnotationApproved] = agentconf.Fingerprint(comps("evil"))[:16]
+		if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if out, _ := sw.Sweep(ctx, cluster); len(out.Actions) != 0 {
+			t.Fatalf("wrong approval acted on: %v", out.Actions)
+		}
+		n = e.get(t, sens)
+		n.Annotations[AnnotationApproved] = agentconf.Fingerprint(comps(""))[:16]
+		if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		out, _ = sw.Sweep(ctx, cluster)
+		k = kinds(out.Actions)
+		if len(k[events.KindConformanceUndrain]) != 1 || len(k[events.KindConformanceRestored]) != 1 || len(out.Events) != 1 ||
+			!out.Events[0].IsHealthy || out.Events[0].CheckName != CheckDriftSensitive {
+			t.Fatalf("approved: %v %v", out.Actions, out.Events)
+		}
+		n = e.get(t, sens)
+		if hasTaint(n) != nil || n.Annotations[AnnotationApproved] != "" {
+			t.Fatalf("approved node keeps %v %v", n.Spec.Taints, n.Annotations)
+		}
+	})
+}
+
+// TestNotifierRetries: the HTTP notifier against a local server that
+// fails twice, then accepts: delivered on the third attempt, with the
+// SMD body naming both hashes; Enqueue never blocks.
+func TestNotifierRetries(t *testing.T) {
+	var (
+		calls atomic.Int32
+		mu    sync.Mutex
+		got   []string
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := calls.Add(1)
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.Path+" "+string(b))
+		mu.Unlock()
+		if n <= 2 {
+			http.Error(w, "smd busy", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	cfg := DefaultConfig().Notifier
+	cfg.URL = srv.URL + "/hsm/v2/State/Components/{xname}"
+	cfg.MinBackoff, cfg.MaxBackoff, cfg.Queue = 10*time.Millisecond, 50*time.Millisecond, 1
+	type result struct {
+		attempts int
+		err      error
+	}
+	done := make(chan result, 4)
+	q := NewQueue(NewHTTPNotifier(cfg, nil), cfg, testLog, func(_ Notification, a int, err error) { done <- result{a, err} })
+	n := Notification{Cluster: "c", Node: "node-1", Xname: "x1000c0s0b0n0", Drifted: true, Expected: "aaa", Actual: "bbb"}
+	if !q.Enqueue(n) {
+		t.Fatal("enqueue refused")
+	}
+	if q.Enqueue(n) {
+		t.Fatal("a full queue accepted (queue = 1)")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go q.Run(ctx)
+	select {
+	case r := <-done:
+		if r.err != nil || r.attempts != 3 {
+			t.Fatalf("result %+v", r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("not delivered")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var body map[string]string
+	_, js, _ := strings.Cut(got[2], " {")
+	if err := json.Unmarshal([]byte("{"+js), &body); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(got[2], "PATCH /hsm/v2/State/Components/x1000c0s0b0n0 ") || body["Flag"] != "Warning" ||
+		body["FlagMsg"] != "conformance_drift: expected=aaa, actual=bbb" {
+		t.Fatalf("request %q", got[2])
+	}
+
+	t.Run("gives up after attempts", func(t *testing.T) {
+		cfg := cfg
+		cfg.URL, cfg.Attempts, cfg.Queue = "http://127.0.0.1:1/x/{node}", 2, 4
+		q := NewQueue(NewHTTPNotifier(cfg, nil), cfg, testLog, func(_ Notification, a int, err error) { done <- result{a, err} })
+		go q.Run(ctx)
+		q.Enqueue(n)
+		select {
+		case r := <-done:
+			if r.err == nil || r.attempts != 2 {
+				t.Fatalf("result %+v", r)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no result")
+		}
+	})
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		mod  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Staleness = 0 }, "conformance.staleness"},
+		{func(c *Config) { c.DriftRemediationTimeout = -1 }, "conformance.drift_remediation_timeout"},
+		{func(c *Config) { c.SensitiveLabel = "novalue" }, "conformance.sensitive_label"},
+		{func(c *Config) { c.Baselines = []Baseline{{Fingerprint: strings.Repeat("a", 64)}} }, "conformance.baselines[0].cluster"},
+		{func(c *Config) { c.Baselines = []Baseline{{Cluster: "c", Fingerprint: "abc"}} }, "conformance.baselines[0].fingerprint"},
+		{func(c *Config) {
+			c.Baselines = []Baseline{{Cluster: "c", Fingerprint: strings.Repeat("a", 64)}, {Cluster: "c", Fingerprint: strings.Repeat("b", 64)}}
+		}, "conformance.baselines[1]"},
+		{func(c *Config) { c.Notifier.URL = "ftp://x" }, "conformance.notifier.url"},
+		{func(c *Config) { c.Notifier.Attempts = 0 }, "conformance.notifier.attempts"},
+		{func(c *Config) { c.Notifier.Queue = 0 }, "conformance.notifier.queue"},
+	} {
+		c := DefaultConfig()
+		tc.mod(&c)
+		if err := c.Validate("conformance."); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate = %v, want %q", err, tc.want)
+		}
+	}
+}
+
+// TestEscalationsMatchShippedQuarantineRules: the role's fatal events
+// (sensitive drift, timeout) cordon and taint under the quarantine role's
+// shipped rules, so "escalate to a fatal event" is the quarantine path;
+// the recovery event never matches (it lifts).
+func TestEscalationsMatchShippedQuarantineRules(t *testing.T) {
+	rs, err := quarantine.ParseRules(quarantine.DefaultRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := quarantine.Compile(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw := NewSweeper(testConfig(), nil, nil, testLog, time.Now, nil)
+	st := State{Since: time.Now(), Group: "h100", Expected: "a", Actual: "b"}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	for _, ev := range []*datamodels.HealthEvent{
+		sw.derived("c", "n1", CheckDriftTimeout, false, datamodels.RecommendedAction_CONTACT_SUPPORT, st, "timeout"),
+		sw.derived("c", "n1", CheckDriftSensitive, false, datamodels.RecommendedAction_NONE, st, "sensitive"),
+	} {
+		d, errs := p.Evaluate(ev, node)
+		if len(errs) > 0 || d == nil || !d.Cordon || d.Taint == nil {
+			t.Errorf("%s: decision %+v errs %v", ev.CheckName, d, errs)
+		}
+	}
+	rec := sw.derived("c", "n1", CheckDriftSensitive, true, datamodels.RecommendedAction_NONE, st, "approved")
+	if d, _ := p.Evaluate(rec, node); d != nil {
+		t.Errorf("recovery matched %+v", d)
+	}
+}
+
+type flakyProducer struct {
+	fail int
+	got  []*kgo.Record
+}
+
+func (p *flakyProducer) ProduceSync(_ context.Context, rs ...*kgo.Record) kgo.ProduceResults {
+	var out kgo.ProduceResults
+	for _, r := range rs {
+		var err error
+		if p.fail > 0 {
+			err = fmt.Errorf("broker down")
+		} else {
+			p.got = append(p.got, r)
+		}
+		out = append(out, kgo.ProduceResult{Record: r, Err: err})
+	}
+	if p.fail > 0 {
+		p.fail--
+	}
+	return out
+}
+
+// TestUnproducedOutputIsKept: a sweep's actions that Kafka refused are
+// produced with the next sweep's output, not lost (the node already
+// carries the step, so it is not decided again).
+func TestUnproducedOutputIsKept(t *testing.T) {
+	p := &flakyProducer{fail: 1}
+	l := &sweepLoop{log: testLog, prod: p}
+	a1 := &faultlinev1.Action{Id: "a1", Cluster: "c", Node: "n"}
+	a2 := &faultlinev1.Action{Id: "a2", Cluster: "c", Node: "n"}
+	l.produce(context.Background(), "c", Output{Actions: []*faultlinev1.Action{a1}})
+	if len(p.got) != 0 || len(l.pending["c"].Actions) != 1 {
+		t.Fatalf("after failure: produced %d, pending %v", len(p.got), l.pending)
+	}
+	l.produce(context.Background(), "c", Output{Actions: []*faultlinev1.Action{a2}})
+	if len(p.got) != 2 || len(l.pending) != 0 {
+		t.Fatalf("after recovery: produced %d, pending %v", len(p.got), l.pending)
+	}
+}

@@ -1,0 +1,456 @@
+package conformance
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+
+	agentconf "github.com/faultline/faultline/agents/conformance"
+	"github.com/faultline/faultline/internal/clickhouse"
+	ic "github.com/faultline/faultline/internal/conformance"
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// State is the role's record of a drift, kept on the node
+// (AnnotationState) so any replica continues where another stopped.
+type State struct {
+	// Since is when the drift was first seen (drift_remediation_timeout
+	// counts from it; a change of the drifted fingerprint keeps it).
+	Since time.Time `json:"since"`
+	// Group is the conformance group (GroupValue) the node drifted from.
+	Group    string `json:"group"`
+	Expected string `json:"expected"`
+	Actual   string `json:"actual"`
+	// Sensitive: the node was sensitive when it drifted.
+	Sensitive bool `json:"sensitive,omitempty"`
+	// Drained: the sensitive-drift fatal event was sent.
+	Drained bool `json:"drained,omitempty"`
+	// Escalated: the timeout's fatal event was sent.
+	Escalated bool `json:"escalated,omitempty"`
+	// Awaiting: conforms again, waits for AnnotationApproved.
+	Awaiting bool `json:"awaitingApproval,omitempty"`
+}
+
+// Output is what one sweep produces.
+type Output struct {
+	Actions []*faultlinev1.Action
+	Events  []*datamodels.HealthEvent
+}
+
+// Sweeper evaluates each cluster's conformance groups and responds to
+// drift on the cluster's nodes.
+type Sweeper struct {
+	cfg   Config
+	conn  clickhouse.Conn
+	reg   *clusters.Registry
+	log   *slog.Logger
+	now   func() time.Time
+	queue *Queue // nil: no notifier
+
+	// dry is the state of nodes of clusters the role cannot change
+	// (dry-run, or no kubeconfig), so each decision is recorded once.
+	mu  sync.Mutex
+	dry map[string]State
+}
+
+// NewSweeper returns the sweeper (cfg validated).
+func NewSweeper(cfg Config, conn clickhouse.Conn, reg *clusters.Registry, log *slog.Logger, now func() time.Time, queue *Queue) *Sweeper {
+	if now == nil {
+		now = time.Now
+	}
+	return &Sweeper{cfg: cfg, conn: conn, reg: reg, log: log, now: now, queue: queue, dry: map[string]State{}}
+}
+
+// GroupValue is the label and taint value naming a pool's group: the pool,
+// or "cluster" for the nodes without a pool.
+func GroupValue(pool string) string {
+	if pool == "" {
+		return "cluster"
+	}
+	return pool
+}
+
+type member struct {
+	node      *corev1.Node // nil without a cluster client
+	name      string
+	pool      string
+	sensitive bool
+}
+
+// Sweep evaluates one cluster and acts on its drifted and recovered nodes.
+// It returns what to produce (actions, derived events); an error is a
+// read that failed (ClickHouse, the node list): nothing was decided.
+func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
+	var out Output
+	now := s.now()
+	latest, err := ic.Latest(ctx, s.conn, cluster, now.Add(-s.cfg.Staleness), nil)
+	if err != nil {
+		return out, err
+	}
+	cl, _ := s.reg.Get(cluster) // unconfigured: nil, decisions only
+	var members []member
+	if cl != nil && cl.Kube != nil {
+		list, err := cl.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+		if err != nil {
+			return out, fmt.Errorf("conformance: list nodes of %s: %w", cluster, err)
+		}
+		for i := range list.Items {
+			n := &list.Items[i]
+			m := member{node: n, name: n.Name}
+			if s.cfg.PoolLabel != "" {
+				m.pool = n.Labels[s.cfg.PoolLabel]
+			}
+			m.sensitive = s.cfg.sensKey != "" && n.Labels[s.cfg.sensKey] == s.cfg.sensVal
+			members = append(members, m)
+		}
+	} else {
+		for node := range latest {
+			members = append(members, member{name: node})
+		}
+	}
+	pools := map[string][]member{}
+	for _, m := range members {
+		pools[m.pool] = append(pools[m.pool], m)
+	}
+	poolNames := make([]string, 0, len(pools))
+	for p := range pools {
+		poolNames = append(poolNames, p)
+	}
+	sort.Strings(poolNames)
+	cache := map[string]map[string]string{} // components by fingerprint, for this sweep
+	for _, pool := range poolNames {
+		ms := pools[pool]
+		in := make([]ic.Member, len(ms))
+		for i, m := range ms {
+			in[i].Node = m.name
+			if r, ok := latest[m.name]; ok {
+				in[i].Report = &r
+			}
+		}
+		verdicts := ic.Evaluate(in, s.cfg.baseline[groupKey(cluster, pool)])
+		for i, v := range verdicts {
+			if err := s.reconcile(ctx, cl, cluster, pool, ms[i], v, now, cache, &out); err != nil {
+				s.log.Warn("conformance: node not reconciled", "cluster", cluster, "node", v.Node, "err", err)
+			}
+		}
+	}
+	return out, nil
+}
+
+func (s *Sweeper) live(cl *clusters.Client) bool { return cl != nil && cl.Kube != nil && !cl.DryRun }
+
+// reconcile moves one node toward its verdict's response.
+func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, pool string, m member, v ic.Verdict, now time.Time, cache map[string]map[string]string, out *Output) error {
+	live := s.live(cl)
+	st, has := s.readState(cluster, m, live)
+	group := GroupValue(pool)
+	switch v.State {
+	case ic.Drifted:
+		next := State{Since: now, Group: group, Expected: v.Expected, Actual: v.Actual, Sensitive: m.sensitive || st.Sensitive}
+		if has {
+			next.Since, next.Drained, next.Escalated = st.Since, st.Drained, st.Escalated
+		}
+		changed := !has || st.Actual != v.Actual || st.Expected != v.Expected || st.Awaiting
+		var acts []*faultlinev1.Action
+		var evs []*datamodels.HealthEvent
+		details := map[string]string{events.DetailConformanceGroup: groupKey(cluster, pool), events.DetailBasis: v.Basis,
+			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: next.Since.UTC().Format(time.RFC3339)}
+		if changed {
+			diff := s.diff(ctx, cache, cluster, v)
+			details[events.DetailDiffering] = events.Truncate(strings.Join(diff, "; "), 2000)
+			acts = append(acts, s.action(cluster, m.name, events.KindConformanceDrift, outcome(live),
+				fmt.Sprintf("drifted from group %s (%s %s): %d components differ", groupKey(cluster, pool), v.Basis, short(v.Expected), len(diff)), details, v.Actual+v.Expected, !live))
+			if next.Sensitive && !next.Drained {
+				next.Drained = true
+				evs = append(evs, s.derived(cluster, m.name, CheckDriftSensitive, false, datamodels.RecommendedAction_NONE, next,
+					"sensitive node drifted from conformance group "+groupKey(cluster, pool)+": drained until it conforms again and is approved ("+AnnotationApproved+")"))
+				acts = append(acts, s.action(cluster, m.name, events.KindConformanceDrain, outcome(live),
+					"sensitive node: sent down the quarantine path (cordon, taint, drain)", details, next.Since.String(), !live))
+			}
+		}
+		timeout := s.cfg.DriftRemediationTimeout
+		if next.Sensitive {
+			timeout = s.cfg.SensitiveTimeout
+		}
+		if !next.Escalated && now.Sub(next.Since) >= timeout {
+			next.Escalated = true
+			evs = append(evs, s.derived(cluster, m.name, CheckDriftTimeout, false, datamodels.RecommendedAction_CONTACT_SUPPORT, next,
+				fmt.Sprintf("still drifted from conformance group %s after %v (since %s): expected %s, actual %s", groupKey(cluster, pool), timeout,
+					next.Since.UTC().Format(time.RFC3339), short(v.Expected), short(v.Actual))))
+			acts = append(acts, s.action(cluster, m.name, events.KindEscalate, outcome(live),
+				fmt.Sprintf("drift_remediation_timeout %v passed: fatal event %s", timeout, CheckDriftTimeout), details, next.Since.String(), !live))
+		}
+		if len(acts) == 0 {
+			return nil
+		}
+		if live {
+			if err := s.setDrift(ctx, cl.Kube, m.name, next); err != nil {
+				return err
+			}
+			if changed {
+				s.kubeEvent(ctx, cl.Kube, m, "ConformanceDrift", acts[0].Reason+": "+details[events.DetailDiffering])
+				s.notify(cl, m, true, v, next)
+			}
+			out.Events = append(out.Events, evs...)
+		} else {
+			s.setDry(cluster, m.name, &next)
+		}
+		out.Actions = append(out.Actions, acts...)
+	case ic.Conforming:
+		if !has {
+			return nil
+		}
+		details := map[string]string{events.DetailConformanceGroup: groupKey(cluster, pool), events.DetailBasis: v.Basis,
+			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: st.Since.UTC().Format(time.RFC3339)}
+		if st.Drained {
+			approved := ""
+			if m.node != nil {
+				approved = m.node.Annotations[AnnotationApproved]
+			}
+			if len(approved) < 12 || !strings.HasPrefix(v.Actual, approved) {
+				if st.Awaiting {
+					return nil
+				}
+				st.Awaiting = true
+				a := s.action(cluster, m.name, events.KindConformanceUndrain, events.OutcomeInProgress,
+					fmt.Sprintf("conforms again (%s); stays drained until an operator sets %s=<fingerprint>", short(v.Actual), AnnotationApproved), details, st.Since.String()+"awaiting", !live)
+				if live {
+					if err := s.setDrift(ctx, cl.Kube, m.name, st); err != nil {
+						return err
+					}
+				} else {
+					s.setDry(cluster, m.name, &st)
+				}
+				out.Actions = append(out.Actions, a)
+				return nil
+			}
+			if live {
+				out.Events = append(out.Events, s.derived(cluster, m.name, CheckDriftSensitive, true, datamodels.RecommendedAction_NONE, st,
+					"sensitive node re-verified ("+short(v.Actual)+") and approved: drain lifted"))
+			}
+			out.Actions = append(out.Actions, s.action(cluster, m.name, events.KindConformanceUndrain, outcome(live),
+				"re-verified and approved by "+AnnotationApproved+": quarantine lifted", details, st.Since.String(), !live))
+		}
+		if live {
+			if err := s.clearDrift(ctx, cl.Kube, m.name); err != nil {
+				return err
+			}
+			s.notify(cl, m, false, v, st)
+		} else {
+			s.setDry(cluster, m.name, nil)
+		}
+		reason := "conforms again: taint and label removed"
+		if st.Escalated {
+			reason += " (the timeout's quarantine stays until an operator lifts it)"
+		}
+		out.Actions = append(out.Actions, s.action(cluster, m.name, events.KindConformanceRestored, outcome(live), reason, details, st.Since.String(), !live))
+	}
+	return nil
+}
+
+func outcome(live bool) string {
+	if live {
+		return events.OutcomeApplied
+	}
+	return events.OutcomeDryRun
+}
+
+func short(fp string) string {
+	if len(fp) > 12 {
+		return fp[:12]
+	}
+	return fp
+}
+
+func (s *Sweeper) readState(cluster string, m member, live bool) (State, bool) {
+	if !live || m.node == nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		st, ok := s.dry[cluster+"/"+m.name]
+		return st, ok
+	}
+	raw, ok := m.node.Annotations[AnnotationState]
+	if !ok {
+		return State{}, false
+	}
+	var st State
+	if err := json.Unmarshal([]byte(raw), &st); err != nil {
+		s.log.Warn("conformance: unreadable state annotation; starting over", "node", m.name, "err", err)
+		return State{}, false
+	}
+	return st, true
+}
+
+func (s *Sweeper) setDry(cluster, node string, st *State) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st == nil {
+		delete(s.dry, cluster+"/"+node)
+		return
+	}
+	s.dry[cluster+"/"+node] = *st
+}
+
+// diff names the components that differ between the group's expected
+// fingerprint and the node's (from any node's report of each).
+func (s *Sweeper) diff(ctx context.Context, cache map[string]map[string]string, cluster string, v ic.Verdict) []string {
+	get := func(fp string) (map[string]string, error) {
+		if c, ok := cache[fp]; ok {
+			return c, nil
+		}
+		c, err := ic.ComponentsOf(ctx, s.conn, cluster, fp)
+		if err == nil {
+			cache[fp] = c
+		}
+		return c, err
+	}
+	exp, err := get(v.Expected)
+	if err != nil || len(exp) == 0 {
+		return []string{"components of the expected fingerprint unknown (no node of " + cluster + " reported it)"}
+	}
+	act, err := get(v.Actual)
+	if err != nil {
+		return []string{"components unknown: " + err.Error()}
+	}
+	return ic.Diff(exp, act)
+}
+
+func (s *Sweeper) updateNode(ctx context.Context, kube kubernetes.Interface, name string, mutate func(n *corev1.Node) bool) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !mutate(n) {
+			return nil
+		}
+		_, err = kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+// setDrift sets the PreferNoSchedule taint, the group label and the state.
+func (s *Sweeper) setDrift(ctx context.Context, kube kubernetes.Interface, name string, st State) error {
+	raw, _ := json.Marshal(st)
+	return s.updateNode(ctx, kube, name, func(n *corev1.Node) bool {
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Labels[LabelGroup] = st.Group
+		n.Annotations[AnnotationState] = string(raw)
+		taint := corev1.Taint{Key: TaintDrift, Value: st.Group, Effect: corev1.TaintEffectPreferNoSchedule}
+		found := false
+		for i, t := range n.Spec.Taints {
+			if t.Key == TaintDrift {
+				n.Spec.Taints[i], found = taint, true
+			}
+		}
+		if !found {
+			n.Spec.Taints = append(n.Spec.Taints, taint)
+		}
+		return true
+	})
+}
+
+// clearDrift removes what setDrift set, and the approval (a later drift
+// needs a new one).
+func (s *Sweeper) clearDrift(ctx context.Context, kube kubernetes.Interface, name string) error {
+	return s.updateNode(ctx, kube, name, func(n *corev1.Node) bool {
+		delete(n.Labels, LabelGroup)
+		delete(n.Annotations, AnnotationState)
+		delete(n.Annotations, AnnotationApproved)
+		var keep []corev1.Taint
+		for _, t := range n.Spec.Taints {
+			if t.Key != TaintDrift {
+				keep = append(keep, t)
+			}
+		}
+		n.Spec.Taints = keep
+		return true
+	})
+}
+
+// kubeEvent records a Warning Event on the node (best effort).
+func (s *Sweeper) kubeEvent(ctx context.Context, kube kubernetes.Interface, m member, reason, msg string) {
+	now := metav1.NewTime(s.now())
+	ref := corev1.ObjectReference{Kind: "Node", Name: m.name, APIVersion: "v1"}
+	if m.node != nil {
+		ref.UID = m.node.UID
+	}
+	ev := &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.conformance.%d", m.name, s.now().UnixNano()), Namespace: metav1.NamespaceDefault},
+		InvolvedObject: ref, Reason: reason, Message: events.Truncate(msg, 1024), Type: corev1.EventTypeWarning,
+		Source: corev1.EventSource{Component: "faultline-conformance"}, FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}
+	if _, err := kube.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		s.log.Warn("conformance: node event not recorded", "node", m.name, "err", err)
+	}
+}
+
+func (s *Sweeper) notify(cl *clusters.Client, m member, drifted bool, v ic.Verdict, st State) {
+	if s.queue == nil {
+		return
+	}
+	xname := m.name
+	if m.node != nil && s.cfg.Notifier.XnameLabel != "" {
+		if x := m.node.Labels[s.cfg.Notifier.XnameLabel]; x != "" {
+			xname = x
+		}
+	}
+	n := Notification{Cluster: cl.Name, Node: m.name, Xname: xname, Drifted: drifted, Expected: v.Expected, Actual: v.Actual,
+		Key: st.Since.String() + fmt.Sprint(drifted) + v.Actual}
+	if !s.queue.Enqueue(n) {
+		s.queue.done(n, 0, fmt.Errorf("notifier queue full (%d waiting)", s.cfg.Notifier.Queue))
+	}
+}
+
+// action is one audit Action of the role.
+func (s *Sweeper) action(cluster, node, kind, outcome, reason string, details map[string]string, key string, dry bool) *faultlinev1.Action {
+	d := make(map[string]string, len(details))
+	for k, v := range details {
+		d[k] = v
+	}
+	return &faultlinev1.Action{
+		Id: pipeline.ActionID(cluster, node, Role, kind, key), Cluster: cluster, Node: node, Role: Role, Kind: kind,
+		Outcome: outcome, Reason: events.Truncate(reason, 1024), DryRun: dry, Timestamp: timestamppb.New(s.now()),
+		Details: d, CheckName: agentconf.CheckName,
+	}
+}
+
+// derived is a HealthEvent of the role for the quarantine path.
+func (s *Sweeper) derived(cluster, node, check string, healthy bool, action datamodels.RecommendedAction, st State, msg string) *datamodels.HealthEvent {
+	now := timestamppb.New(s.now())
+	pol := "fault"
+	if healthy {
+		pol = "recovery"
+	}
+	return &datamodels.HealthEvent{
+		Version: 1, Id: events.HashID(Role, cluster, node, check, st.Since.UTC().Format(time.RFC3339Nano), pol),
+		Agent: Agent, ComponentClass: agentconf.ComponentClass, CheckName: check,
+		IsFatal: !healthy, IsHealthy: healthy, Message: events.Truncate(msg, 1024), RecommendedAction: action,
+		EntitiesImpacted:   []*datamodels.Entity{{EntityType: events.EntityNode, EntityValue: node}},
+		GeneratedTimestamp: now, ReceivedTimestamp: now, Cluster: cluster, NodeName: node, DerivedBy: Role,
+		Submitter: &datamodels.Submitter{Name: Role, Role: datamodels.SubmitterRole_SUBMITTER_ROLE_PIPELINE},
+		Metadata: map[string]string{events.DetailExpected: st.Expected, events.DetailActual: st.Actual,
+			events.DetailConformanceGroup: st.Group, events.DetailDriftSince: st.Since.UTC().Format(time.RFC3339)},
+	}
+}
