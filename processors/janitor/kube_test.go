@@ -166,6 +166,7 @@ func setReady(n *corev1.Node, st corev1.ConditionStatus) {
 // env is one test's cluster, BMC, machines and janitor wiring.
 type env struct {
 	t    *testing.T
+	kc   *testenv.Kube
 	kube kubernetes.Interface
 	dyn  dynamic.Interface
 	bmc  *testenv.Sushy
@@ -314,7 +315,7 @@ func newEnv(t *testing.T, systems int, kwok ...bool) *env {
 	if bmc != nil {
 		go m.run(mctx)
 	}
-	return &env{t: t, kube: k, dyn: dyn, bmc: bmc, ca: ca, m: m}
+	return &env{t: t, kc: kube, kube: k, dyn: dyn, bmc: bmc, ca: ca, m: m}
 }
 
 func sysID(i int) string { return fmt.Sprintf("22222222-0000-4000-8000-%012d", i) }
