@@ -11,16 +11,20 @@ FUZZTIME ?= 20s
 
 # Tests run again on a two-shard ClickHouse cluster (Distributed tables) by
 # test-clickhouse-cluster: the correlation rules, analytics and history.
-CLUSTER_TESTS := ^(TestRules|TestSXidXidIncident|TestQueries|TestListEvents|TestListActions)$$
-CLUSTER_PKGS  := ./processors/correlate ./internal/analytics ./internal/history
+CLUSTER_TESTS := ^(TestRules|TestSXidXidIncident|TestQueries|TestListEvents|TestListActions|TestFleet)$$
+CLUSTER_PKGS  := ./processors/correlate ./internal/analytics ./internal/history ./internal/fleet
 
-.PHONY: all build run test test-unit test-fuzz test-clickhouse-cluster testenv generate bench vet clean
+.PHONY: all build run test test-unit test-fuzz test-clickhouse-cluster testenv generate bench vet clean images
 
 all: build
 
 ## build: the binaries into bin/
 build:
 	$(GO) build -o $(BIN)/ ./cmd/faultline ./agents/cmd/faultline-agent ./agents/cmd/faultline-preflight
+
+## images: OCI images of the three binaries into bin/images (no Docker daemon; deploy/images)
+images:
+	$(GO) run ./deploy/images --out $(BIN)/images $(if $(VERSION),--version $(VERSION)) $(if $(PLATFORM),--platform $(PLATFORM))
 
 ## run: the whole pipeline in one process on embedded defaults (faultline dev)
 run: build

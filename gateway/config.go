@@ -108,8 +108,9 @@ type Config struct {
 	// rebalances clients across gateway replicas. Default 30m.
 	MaxConnectionAge time.Duration `toml:"max_connection_age"`
 
-	// ReadRatePerCaller is the history reads (GET /v1/events, /v1/actions)
-	// per second each caller may make (0: unlimited). Default 10.
+	// ReadRatePerCaller is the history reads (GET /v1/events, /v1/actions,
+	// and the fleet page's GET /v1/fleet/...) per second each caller may
+	// make (0: unlimited). Default 10.
 	ReadRatePerCaller float64 `toml:"read_rate_per_caller"`
 	// ReadBurst is the read bucket size per caller. Default 20.
 	ReadBurst int `toml:"read_burst"`

@@ -32,9 +32,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "faultline_gateway_connections_refused_total", Help: "Connections closed on accept: over gateway.max_conns or gateway.max_conns_per_address.",
 		}, []string{"door"}),
 	}
+	// Every refusal reason is exported from the start (at 0), so alerts
+	// on their rate (deploy/monitoring) see them before the first one.
+	for _, r := range rejectReasons {
+		m.rejects.WithLabelValues(r)
+	}
 	reg.MustRegister(m.requests, m.accepted, m.rejects, m.produceLatency, m.connsRefused)
 	return m
 }
+
+// rejectReasons are the reason labels of faultline_gateway_events_rejected_total.
+var rejectReasons = []string{"busy", "content_type", "invalid", "kafka_unavailable", "overloaded", "rate_limited",
+	"read_rate_limited", "reads_busy", "too_large", "too_many_elements", "unauthenticated", "unreadable", "wrong_node"}
 
 func (m *metrics) rejected(reason string, n int) {
 	m.rejects.WithLabelValues(reason).Add(float64(max(n, 1)))

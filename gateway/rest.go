@@ -139,6 +139,7 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", gw)
 	mux.HandleFunc("GET /v1/conformance/score", s.conformanceScore)
+	s.fleetRoutes(mux)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))

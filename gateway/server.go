@@ -31,6 +31,9 @@ type ReadyCheck struct {
 type Options struct {
 	// History serves GET /v1/events and /v1/actions; nil answers 501.
 	History History
+	// Fleet serves the fleet page's reads (GET /v1/fleet/...); nil
+	// answers 501. The page itself (/ui/) is always served.
+	Fleet Fleet
 	// Conformance serves GET /v1/conformance/score; nil answers 501.
 	Conformance Conformance
 	// Ready are extra readiness conditions (Kafka's is always included).
@@ -51,6 +54,7 @@ type Server struct {
 	ready    []ReadyCheck
 	flight   *inflight
 	codec    Codec
+	fleet    Fleet
 	// conformance serves GET /v1/conformance/score (nil: 501).
 	conformance Conformance
 
@@ -82,10 +86,10 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 	m := newMetrics(reg)
 	s := &Server{
 		cfg: cfg, log: log, auth: auth, metrics: m, producer: prod, reg: reg,
-		ready:  append([]ReadyCheck{{Name: "kafka", Check: prod.Ping}}, opts.Ready...),
-		flight: newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn),
-		codec:  Codec{limits: shapeLimits{maxEvents: cfg.MaxBatch}},
-
+		ready:       append([]ReadyCheck{{Name: "kafka", Check: prod.Ping}}, opts.Ready...),
+		flight:      newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn),
+		codec:       Codec{limits: shapeLimits{maxEvents: cfg.MaxBatch}},
+		fleet:       opts.Fleet,
 		conformance: opts.Conformance,
 		svc: &service{
 			validator:   Validator{MaxBatch: cfg.MaxBatch, MaxFutureSkew: cfg.MaxFutureSkew},

@@ -16,8 +16,10 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/faultline/faultline/deploy/monitoring"
 	"github.com/faultline/faultline/internal/analytics"
 	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/internal/fleet"
 	"github.com/faultline/faultline/internal/testenv"
 	sqlfiles "github.com/faultline/faultline/sql"
 )
@@ -325,6 +327,10 @@ func seed() (stored, batch []seedEvent, actions, batchActions []seedAction) {
 	a(seedAction{node: "n-xid", role: "quarantine", kind: "unquarantine", outcome: "applied", rule: "xid", at: s(-30 * time.Minute)})
 	a(seedAction{node: "n-flap", role: "quarantine", kind: "quarantine", outcome: "dry_run", rule: "nic", at: s(-3 * time.Hour), dryRun: true})
 	a(seedAction{cluster: "beta", node: "b1", role: "drain", kind: "drain", outcome: "succeeded", rule: "xid", at: s(-50 * time.Hour)})
+	// The fleet page's drifted nodes: n-drift drifted, n-conf drifted and restored.
+	a(seedAction{node: "n-drift", role: "conformance", kind: "conformance_drift", outcome: "applied", at: s(-4 * time.Hour)})
+	a(seedAction{node: "n-conf", role: "conformance", kind: "conformance_drift", outcome: "applied", at: s(-4 * time.Hour)})
+	a(seedAction{node: "n-conf", role: "conformance", kind: "conformance_restored", outcome: "applied", at: s(-3 * time.Hour)})
 	a(seedAction{node: "n-rem", role: "remediate", kind: "remediate", outcome: "applied", rule: "reboot", at: s(10 * time.Minute)})
 	batchActions = []seedAction{actions[len(actions)-1], actions[0]}
 	actions = append(actions[:len(actions)-1], actions[0])
@@ -739,6 +745,74 @@ func compatScript(t *testing.T) ([]testenv.SQLStep, map[string]stepCheck) {
 		if !covered[name] {
 			t.Errorf("analytics query %s has no case here", name)
 		}
+	}
+
+	// Every fleet page query (internal/fleet), as the page runs it.
+	fq, err := fleet.Queries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	alphaNow := map[string]string{"cluster": "alpha", "now": "2026-03-03 00:00:00"}
+	fleetCases := []struct {
+		query  string
+		params map[string]string
+		check  func(tsv) error
+	}{
+		{"node_states", alphaNow, nonEmpty},
+		{"node_states", with(alphaNow, "node", "n-flap"), nonEmpty},
+		{"state_counts", alphaNow, nonEmpty},
+		{"node_page", with(alphaNow, "limit", "10"), nonEmpty},
+		{"node_page", with(alphaNow, "state", "quarantined", "offset", "1", "limit", "1"), nil},
+		{"node_faults", with(alphaNow, "node", "n-flap"), nonEmpty},
+		{"node_faults", with(alphaNow, "node", "n-xid"), nil},
+		{"drifted", alphaNow, nonEmpty},
+		{"cluster_state", with(day, "cluster", "alpha"), nonEmpty},
+		{"cluster_state", with(day, "cluster", "nobody"), nonEmpty},
+	}
+	fleetCovered := map[string]bool{}
+	for i, c := range fleetCases {
+		q, ok := fq[c.query]
+		if !ok {
+			t.Fatalf("no fleet query %s", c.query)
+		}
+		fleetCovered[c.query] = true
+		named, err := q.Args(c.params, now)
+		if err != nil {
+			t.Fatalf("%s: %v", c.query, err)
+		}
+		args := map[string]any{}
+		for _, a := range named {
+			nv := a.(driver.NamedValue)
+			args[nv.Name] = nv.Value
+		}
+		sql, err := bind(q.SQL, args)
+		if err != nil {
+			t.Fatalf("%s: %v", c.query, err)
+		}
+		query(fmt.Sprintf("fleet %s #%d %v", c.query, i, c.params), sql, stepCheck{ordered: true, check: c.check})
+	}
+	for name := range fq {
+		if !fleetCovered[name] {
+			t.Errorf("fleet query %s has no case here", name)
+		}
+	}
+
+	// Every SQL panel of the Grafana dashboards (deploy/monitoring), its
+	// macros expanded as Grafana's ClickHouse plugin sends them.
+	panels, err := monitoring.SQLPanels()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(panels) == 0 {
+		t.Error("no SQL panels found in deploy/monitoring")
+	}
+	for _, p := range panels {
+		sql := monitoring.Expand(p.SQL, "alpha", time.Date(2026, 2, 20, 0, 0, 0, 0, time.UTC), time.Date(2026, 3, 3, 0, 0, 0, 0, time.UTC))
+		check := nonEmpty
+		if strings.Contains(p.Where, "flapping") {
+			check = nil // the seed has no node quarantined twice
+		}
+		query("dashboard "+p.Where, sql, stepCheck{ordered: true, check: check})
 	}
 
 	// Every rule of the shipped rules file: triggers over the seed, the

@@ -1,7 +1,8 @@
 // Package sql embeds faultline's ClickHouse SQL: the versioned schema
 // migrations (migrations/NNNN_name.sql, applied in order by
 // internal/clickhouse) and the named analytics queries (analytics/NAME.sql,
-// run by `faultline query NAME`). See README.md for the versions of
+// run by `faultline query NAME`) and the fleet page's queries
+// (fleet/NAME.sql, run by internal/fleet). See README.md for the versions of
 // ClickHouse this SQL supports.
 package sql
 
@@ -16,3 +17,9 @@ var Migrations embed.FS
 //
 //go:embed analytics/*.sql
 var Analytics embed.FS
+
+// Fleet holds fleet/*.sql: the fleet page's queries (internal/fleet), in
+// the analytics header format.
+//
+//go:embed fleet/*.sql
+var Fleet embed.FS

@@ -23,6 +23,7 @@ import (
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/internal/conformance"
+	"github.com/faultline/faultline/internal/fleet"
 	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/kafka"
@@ -157,8 +158,13 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	defer admin.Close()
 
 	reg := newRegistry()
+	fl, err := fleet.New(chconn, log, fleet.Options{})
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{
 		History: history.New(chconn, log),
+		Fleet:   fl,
 		Conformance: &conformance.Scorer{Staleness: cfg.Processors.Conformance.Staleness,
 			Conn: func(context.Context) (clickhouse.Conn, error) { return chconn, nil }},
 		Ready: []gateway.ReadyCheck{

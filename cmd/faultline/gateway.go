@@ -14,6 +14,7 @@ import (
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/internal/conformance"
+	"github.com/faultline/faultline/internal/fleet"
 	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/kafka"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -46,7 +47,7 @@ func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
 	defer hist.Close()
 	// Credentials are loaded (and a bad tokens file refused) before Kafka
 	// is contacted.
-	srv, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{History: hist,
+	srv, err := gateway.New(cfg.Gateway, cfg.Kafka, log, reg, gateway.Options{History: hist, Fleet: hist,
 		Conformance: &conformance.Scorer{Conn: hist.Conn, Staleness: cfg.Processors.Conformance.Staleness}})
 	if err != nil {
 		return err
@@ -72,6 +73,7 @@ type lazyHistory struct {
 	mu   sync.Mutex
 	conn clickhouse.Conn
 	h    *history.ClickHouse
+	f    *fleet.Store
 }
 
 func (l *lazyHistory) get(ctx context.Context) (*history.ClickHouse, error) {
@@ -82,9 +84,54 @@ func (l *lazyHistory) get(ctx context.Context) (*history.ClickHouse, error) {
 		if err != nil {
 			return nil, err
 		}
-		l.conn, l.h = conn, history.New(conn, l.log)
+		f, err := fleet.New(conn, l.log, fleet.Options{})
+		if err != nil {
+			conn.Close()
+			return nil, err
+		}
+		l.conn, l.h, l.f = conn, history.New(conn, l.log), f
 	}
 	return l.h, nil
+}
+
+func (l *lazyHistory) fleet(ctx context.Context) (*fleet.Store, error) {
+	if _, err := l.get(ctx); err != nil {
+		return nil, err
+	}
+	return l.f, nil
+}
+
+// Summary, Nodes, Node and Analytics serve the fleet page (gateway.Fleet).
+func (l *lazyHistory) Summary(ctx context.Context, cluster string, r fleet.Range, page *fleet.NodesQuery) (*fleet.Summary, error) {
+	f, err := l.fleet(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return f.Summary(ctx, cluster, r, page)
+}
+
+func (l *lazyHistory) Nodes(ctx context.Context, cluster string, q fleet.NodesQuery) (*fleet.NodesPage, error) {
+	f, err := l.fleet(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return f.Nodes(ctx, cluster, q)
+}
+
+func (l *lazyHistory) Node(ctx context.Context, cluster, node string) (*fleet.NodeDetail, error) {
+	f, err := l.fleet(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return f.Node(ctx, cluster, node)
+}
+
+func (l *lazyHistory) Analytics(ctx context.Context, cluster, name string, params map[string]string) (*fleet.Table, error) {
+	f, err := l.fleet(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return f.Analytics(ctx, cluster, name, params)
 }
 
 // Conn returns the connection, connecting on first use.

@@ -6,6 +6,7 @@
 //	faultline dev [flags]              everything in one process (make run)
 //	faultline migrate [flags]          apply ClickHouse migrations
 //	faultline query NAME [--param k=v] run a named analytics query
+//	faultline --version                the version and source revision
 package main
 
 import (
@@ -18,6 +19,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/faultline/faultline/internal/version"
 )
 
 // command is one subcommand: it parses its own flags from args.
@@ -44,6 +47,10 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if version.Asked(args) {
+		_, err := fmt.Fprintln(stdout, version.String("faultline"))
+		return err
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr)
 		if len(args) == 0 {

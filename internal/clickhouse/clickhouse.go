@@ -74,6 +74,8 @@ type Config struct {
 	// ReplicaName is each replica's name when Cluster is set, unique among
 	// a shard's replicas: usually a server macro. Default "{replica}".
 	ReplicaName string `toml:"replica_name"`
+	// TLS is TLS to the servers (flags --clickhouse.tls.*). Default off.
+	TLS TLSConfig `toml:"tls"`
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -107,6 +109,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Cluster, prefix+"cluster", c.Cluster, "ClickHouse cluster (remote_servers name) of the schema: Replicated tables ON CLUSTER and Distributed tables over them; empty: one server")
 	fs.StringVar(&c.ZooKeeperPath, prefix+"zookeeper-path", c.ZooKeeperPath, "ZooKeeper path of each replicated table ({database} and {table} filled in by faultline, macros by the servers)")
 	fs.StringVar(&c.ReplicaName, prefix+"replica-name", c.ReplicaName, "replica name of each replicated table (a server macro)")
+	c.TLS.RegisterFlags(fs, prefix+"tls.")
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -162,6 +165,9 @@ func (c Config) Validate(prefix string) error {
 			return fmt.Errorf("%sreplica_name: %q must be a non-empty name without quotes, usually {replica}", prefix, c.ReplicaName)
 		}
 	}
+	if err := c.TLS.Validate(prefix + "tls."); err != nil {
+		return err
+	}
 	_, err := c.password(prefix)
 	return err
 }
@@ -208,6 +214,10 @@ func (c Config) options(database string, log *slog.Logger) (*ch.Options, error) 
 		// it, and reads right after it see the rows.
 		settings["insert_distributed_sync"] = 1
 	}
+	tlsConfig, err := c.TLS.Build("clickhouse.tls.")
+	if err != nil {
+		return nil, err
+	}
 	var comp *ch.Compression
 	if c.Compression == "lz4" {
 		comp = &ch.Compression{Method: ch.CompressionLZ4}
@@ -216,6 +226,7 @@ func (c Config) options(database string, log *slog.Logger) (*ch.Options, error) 
 		Addr:             c.Addrs(),
 		Protocol:         ch.Native,
 		Auth:             ch.Auth{Database: database, Username: c.Username, Password: pw.Reveal()},
+		TLS:              tlsConfig,
 		DialTimeout:      c.DialTimeout,
 		MaxOpenConns:     c.MaxOpenConns,
 		MaxIdleConns:     min(c.MaxOpenConns, 5),

@@ -42,12 +42,16 @@ type KubeOptions struct {
 	// is no scheduler) become Running, and deleted or evicted pods really go
 	// away. Default false.
 	KWOK bool
+	// Scheduler runs kube-scheduler, so pods without spec.nodeName
+	// (a Deployment's, a DaemonSet's) are bound to nodes; with KWOK they
+	// then become Running on kwok's fake nodes. Default false.
+	Scheduler bool
 	// APIServerArgs are extra kube-apiserver flags, appended last so they win.
 	APIServerArgs []string
 }
 
 // Kube is a Kubernetes control plane started by StartKube: etcd and
-// kube-apiserver, optionally kube-controller-manager and kwok. The client
+// kube-apiserver, optionally kube-controller-manager, kube-scheduler and kwok. The client
 // credentials are an admin token in the system:masters group.
 //
 // Measured on a 2-core machine with v1.34.4 and etcd 3.6.4 while other
@@ -62,7 +66,7 @@ type Kube struct {
 	kubeconfig string
 	client     kubernetes.Interface
 
-	etcd, apiserver, kcm, kwok *process
+	etcd, apiserver, kcm, kwok, scheduler *process
 
 	closeOnce sync.Once
 }
@@ -94,6 +98,9 @@ func StartKube(tb testing.TB, opts KubeOptions) *Kube {
 	need := []string{"etcd", "kube-apiserver"}
 	if opts.ControllerManager {
 		need = append(need, "kube-controller-manager")
+	}
+	if opts.Scheduler {
+		need = append(need, "kube-scheduler")
 	}
 	if opts.KWOK {
 		need = append(need, "kwok")
@@ -228,6 +235,24 @@ func StartKube(tb testing.TB, opts KubeOptions) *Kube {
 			}
 		}
 	}
+	if opts.Scheduler {
+		k.scheduler = g.add(&process{
+			name: "kube-scheduler",
+			path: filepath.Join(assets, "kube-scheduler"),
+			args: []string{
+				"--kubeconfig=" + k.kubeconfig,
+				"--authentication-kubeconfig=" + k.kubeconfig,
+				"--authorization-kubeconfig=" + k.kubeconfig,
+				"--leader-elect=false",
+				"--secure-port=0",
+			},
+			dir:     dir,
+			logPath: filepath.Join(dir, "kube-scheduler.log"),
+		})
+		if err := k.scheduler.start(); err != nil {
+			tb.Fatalf("testenv: %v", err)
+		}
+	}
 	if opts.KWOK {
 		kwokPort := freePort(tb)
 		args := []string{
@@ -252,9 +277,9 @@ func StartKube(tb testing.TB, opts KubeOptions) *Kube {
 			tb.Fatalf("testenv: %v\n%s", err, k.kwok.logTail(40))
 		}
 	}
-	tb.Logf("testenv: kube %s ready on %s in %s (etcd %s, apiserver %s; controller-manager %v, kwok %v)",
+	tb.Logf("testenv: kube %s ready on %s in %s (etcd %s, apiserver %s; controller-manager %v, scheduler %v, kwok %v)",
 		KubeVersion, k.host, time.Since(began).Round(time.Millisecond),
-		etcdReady.Round(time.Millisecond), apiReady.Round(time.Millisecond), opts.ControllerManager, opts.KWOK)
+		etcdReady.Round(time.Millisecond), apiReady.Round(time.Millisecond), opts.ControllerManager, opts.Scheduler, opts.KWOK)
 	return k
 }
 
@@ -315,7 +340,7 @@ func (k *Kube) Stop() {
 // cleanup and is safe to call more than once.
 func (k *Kube) Close() {
 	k.closeOnce.Do(func() {
-		for _, p := range []*process{k.kwok, k.kcm, k.apiserver, k.etcd} {
+		for _, p := range []*process{k.kwok, k.scheduler, k.kcm, k.apiserver, k.etcd} {
 			if p != nil {
 				p.stop(syscall.SIGKILL, 10*time.Second)
 			}

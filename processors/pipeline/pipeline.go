@@ -137,6 +137,13 @@ func NewRunner(cfg Config, kcfg kafka.Config, h Handler, log *slog.Logger, m *Me
 	if cfg.LagInterval == 0 {
 		cfg.LagInterval = 15 * time.Second
 	}
+	if m != nil {
+		// Exported from the start (at 0), so alerts on their rate see the
+		// role before its first error.
+		m.records.WithLabelValues(cfg.Role)
+		m.errors.WithLabelValues(cfg.Role)
+		m.dead.WithLabelValues(cfg.Role)
+	}
 	return &Runner{cfg: cfg, kcfg: kcfg, h: h, log: log.With("role", cfg.Role), metrics: m}
 }
 

@@ -49,6 +49,16 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return nil, fmt.Errorf("quarantine: %w", err)
 	}
 	h.WatchClusters(deps.Kube.Names())
+	// Every cluster's health series exist from the start (at 0), so
+	// alerts on them (deploy/monitoring) see a cluster before its first
+	// failure.
+	for _, c := range deps.Kube.Names() {
+		h.m.apiErrors.WithLabelValues(c)
+		h.m.deferred.WithLabelValues(c)
+		h.m.held.WithLabelValues(c)
+		h.m.breakerTrips.WithLabelValues(c)
+		h.m.breakerOpen.WithLabelValues(c)
+	}
 	retry := cfg.Pipeline()
 	retry.Role, retry.Topics = Role+"-retry", []string{TopicRetry}
 	return &role.Role{

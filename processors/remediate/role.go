@@ -39,6 +39,12 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Every cluster's series exist from the start (at 0), so alerts on
+	// them (deploy/monitoring) see a cluster before its first escalation.
+	for _, c := range deps.Kube.Names() {
+		h.m.escalations.WithLabelValues(c)
+		h.m.apiErrors.WithLabelValues(c)
+	}
 	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, TopicRequeue); err != nil {
 		return nil, fmt.Errorf("remediate: %w", err)
 	}

@@ -115,6 +115,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		dropped:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_store_retention_partitions_dropped_total", Help: "Monthly partitions dropped by retention, by table."}, []string{"table"}),
 		lastDone: prometheus.NewGauge(prometheus.GaugeOpts{Name: "faultline_store_last_write_timestamp_seconds", Help: "Unix time of the last successful write."}),
 	}
+	// Exported from the start (at 0), so alerts on their rate see them.
+	for _, table := range []string{"events", "actions"} {
+		m.errors.WithLabelValues(table)
+	}
 	if reg != nil {
 		reg.MustRegister(m.rows, m.errors, m.insert, m.dropped, m.lastDone)
 	}

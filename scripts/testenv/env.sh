@@ -32,3 +32,4 @@ echo "export FAULTLINE_CLICKHOUSE_BIN=$(q "${ch_bin:-/usr/sbin/clickhouse-server
 echo "export FAULTLINE_ZOOKEEPER_LIBS=$(q "${FAULTLINE_ZOOKEEPER_LIBS:-$CACHE/zookeeper/$ZOOKEEPER_VERSION/libs}")"
 echo "export FAULTLINE_CHDB_PYTHON=$(q "${FAULTLINE_CHDB_PYTHON:-$CACHE/chdb/$CHDB_VERSION/venv/bin/python}")"
 echo "export FAULTLINE_KUBE_ASSETS=$(q "${FAULTLINE_KUBE_ASSETS:-$CACHE/kube/$KUBE_VERSION}")"
+echo "export FAULTLINE_HELM=$(q "${FAULTLINE_HELM:-$CACHE/helm/v4.3.1/helm}")"

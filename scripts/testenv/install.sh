@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# install.sh [kafka|clickhouse|zookeeper|chdb|sushy|moto|kube|all]... — install the real
+# install.sh [kafka|clickhouse|zookeeper|chdb|sushy|moto|promtool|chromium|kube|helm|all]... — install the real
 # servers that the integration tests (internal/testenv) start: ClickHouse,
 # Apache Kafka, ZooKeeper (for replicated ClickHouse), a Kubernetes control
-# plane (etcd, kube-apiserver, kube-controller-manager, kwok), and chdb-core
-# (a current ClickHouse engine in-process, to check the SQL on it).
+# plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+# kwok), chdb-core (a current ClickHouse engine in-process, to check the SQL
+# on it) and the helm CLI (the chart's tests).
 #
 # Idempotent: everything is cached in ${FAULTLINE_CACHE:-$HOME/.cache/faultline},
 # keyed by version, and a component that is already there is a fast no-op.
@@ -21,7 +22,10 @@
 #               graceful stop 1-1.6 s.
 #   kube        empty Go caches: 34 min (etcd 2.5, kube-apiserver 14.5,
 #               kube-controller-manager 10, kwok 7); warm Go caches but empty
-#               $FAULTLINE_CACHE: 3 min 14 s.
+#               $FAULTLINE_CACHE: 3 min 14 s. kube-scheduler alone on a cache
+#               from before it was added: a few minutes (build cache warm).
+#   helm        go install helm v4.3.1, empty caches: 36 min at load 20-30
+#               (the other components building beside it), 86 MB.
 #   warm no-op for all components: 0.3 s
 set -euo pipefail
 
@@ -36,6 +40,8 @@ ZOOKEEPER_VERSION="${FAULTLINE_ZOOKEEPER_VERSION:-3.9.4}"
 CHDB_VERSION="${FAULTLINE_CHDB_VERSION:-26.9.0}"
 SUSHY_VERSION="${FAULTLINE_SUSHY_VERSION:-2.2.0}"
 MOTO_VERSION="${FAULTLINE_MOTO_VERSION:-5.2.5}"
+HELM_VERSION=v4.3.1
+PROMTOOL_VERSION=v0.316.0
 
 log() { printf 'testenv: %s\n' "$*" >&2; }
 die() { printf 'testenv: error: %s\n' "$*" >&2; exit 1; }
@@ -330,6 +336,63 @@ install_sushy() { py_venv sushy "$SUSHY_VERSION" sushy_tools.emulator.main "sush
 # janitor's AWS provider and maintenance monitor tests (EC2 RebootInstances,
 # TerminateInstances, DescribeInstanceStatus; internal/testenv StartMoto).
 install_moto() { py_venv moto "$MOTO_VERSION" moto.server "moto[server]==$MOTO_VERSION"; }
+# ------------------------------------------------------------------ promtool
+
+# install_promtool builds Prometheus's promtool (check rules, test rules for
+# deploy/monitoring) pinned, from the Go module proxy, into
+# $CACHE/promtool/<version>/promtool. A heavy build (the whole Prometheus
+# dependency tree): minutes cold on 2 cores, a no-op once cached.
+install_promtool() {
+	local out="$CACHE/promtool/$PROMTOOL_VERSION"
+	if [ ! -x "$out/promtool" ]; then
+		command -v go >/dev/null || die "go is not on PATH"
+		log "building promtool $PROMTOOL_VERSION from the Go module proxy"
+		local build="$CACHE/build/promtool-$PROMTOOL_VERSION"
+		rm -rf "$build"
+		mkdir -p "$build" "$out"
+		cat >"$build/go.mod" <<EOF
+module faultline.local/testenv/promtool
+
+go 1.26
+
+require github.com/prometheus/prometheus $PROMTOOL_VERSION
+EOF
+		cat >"$build/tools.go" <<'EOF'
+//go:build tools
+
+package tools
+
+import _ "github.com/prometheus/prometheus/cmd/promtool"
+EOF
+		(cd "$build" && GOFLAGS=-mod=mod go mod tidy >&2 &&
+			go build -trimpath -ldflags "-s -w" -o "$out/promtool.tmp" github.com/prometheus/prometheus/cmd/promtool >&2) ||
+			die "building promtool $PROMTOOL_VERSION failed"
+		mv "$out/promtool.tmp" "$out/promtool"
+		rm -rf "$build"
+	fi
+	echo "testenv: promtool $PROMTOOL_VERSION $out/promtool"
+}
+
+# ------------------------------------------------------------------ chromium
+
+# install_chromium installs Debian's chromium and chromium-driver (the
+# headless browser the gateway's /ui/ test drives through chromedp).
+# Debian's package is the pin: the version is whatever the release ships,
+# recorded in the output line.
+install_chromium() {
+	if ! command -v chromium >/dev/null 2>&1; then
+		log "installing chromium + chromium-driver from apt"
+		export DEBIAN_FRONTEND=noninteractive
+		if ! as_root apt-get install -y --no-install-recommends chromium chromium-driver >&2; then
+			as_root apt-get update >&2
+			as_root apt-get install -y --no-install-recommends chromium chromium-driver >&2
+		fi
+		command -v chromium >/dev/null 2>&1 || die "chromium not found after apt-get install"
+	fi
+	local ver
+	ver=$(dpkg-query -W -f='${Version}' chromium 2>/dev/null || echo unknown)
+	echo "testenv: chromium $ver $(command -v chromium)"
+}
 
 # ---------------------------------------------------------------------- kube
 
@@ -368,8 +431,14 @@ EOF
 
 build_kube() {
 	local out=$1
-	[ -x "$out/kube-apiserver" ] && [ -x "$out/kube-controller-manager" ] && return 0
-	log "building kube-apiserver + kube-controller-manager $KUBE_VERSION (about 11 min cold on 2 cores)"
+	local cmds=(kube-apiserver kube-controller-manager kube-scheduler) cmd todo=()
+	for cmd in "${cmds[@]}"; do
+		[ -x "$out/$cmd" ] || todo+=("$cmd")
+	done
+	[ ${#todo[@]} -eq 0 ] && return 0
+	# A cache from before kube-scheduler was added builds just that one
+	# (the Go build cache shares most packages: a few minutes).
+	log "building ${todo[*]} $KUBE_VERSION (about 11 min cold on 2 cores for the apiserver)"
 	local build="$CACHE/build/kube-$KUBE_VERSION"
 	rm -rf "$build"
 	mkdir -p "$build"
@@ -409,14 +478,13 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 )
 EOF
 	local ldflags
 	ldflags=$(kube_ldflags)
 	(cd "$build" && GOFLAGS=-mod=mod go mod tidy >&2) || die "go mod tidy failed in $build"
-	local cmd
-	for cmd in kube-apiserver kube-controller-manager; do
-		[ -x "$out/$cmd" ] && continue
+	for cmd in "${todo[@]}"; do
 		(cd "$build" && go build -trimpath -ldflags "$ldflags" -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd" >&2) ||
 			die "building $cmd failed"
 		mv "$out/$cmd.tmp" "$out/$cmd"
@@ -465,6 +533,28 @@ install_kube() {
 	echo "testenv: kube $KUBE_VERSION (etcd $ETCD_VERSION, kwok $KWOK_VERSION) $out"
 }
 
+# ---------------------------------------------------------------------- helm
+
+# install_helm builds the pinned helm CLI from the Go module proxy into
+# $CACHE/helm/<version>/helm (the chart's tests: lint, template, install
+# onto the test apiserver). About 5 min cold on 2 cores.
+install_helm() {
+	local dir="$CACHE/helm/$HELM_VERSION"
+	if [ ! -x "$dir/helm" ]; then
+		command -v go >/dev/null || die "go is not on PATH"
+		log "building helm $HELM_VERSION from the Go module proxy (about 5 min cold)"
+		local tmpbin="$CACHE/build/helm-$HELM_VERSION-bin"
+		rm -rf "$tmpbin"
+		mkdir -p "$tmpbin" "$dir"
+		GOBIN="$tmpbin" GOFLAGS=-mod=mod go install -trimpath \
+			-ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
+			"helm.sh/helm/v4/cmd/helm@$HELM_VERSION" >&2 || die "go install helm $HELM_VERSION failed"
+		mv "$tmpbin/helm" "$dir/helm"
+		rm -rf "$tmpbin"
+	fi
+	echo "testenv: helm $HELM_VERSION $dir/helm"
+}
+
 # ---------------------------------------------------------------------- main
 
 main() {
@@ -480,6 +570,9 @@ main() {
 		chdb) with_lock chdb install_chdb ;;
 		sushy) with_lock sushy install_sushy ;;
 		moto) with_lock moto install_moto ;;
+		helm) with_lock helm install_helm ;;
+		promtool) with_lock promtool install_promtool ;;
+		chromium) with_lock chromium install_chromium ;;
 		all)
 			with_lock clickhouse install_clickhouse
 			with_lock kafka install_kafka
@@ -487,9 +580,12 @@ main() {
 			with_lock chdb install_chdb
 			with_lock sushy install_sushy
 			with_lock moto install_moto
+			with_lock promtool install_promtool
+			with_lock chromium install_chromium
 			with_lock kube install_kube
+			with_lock helm install_helm
 			;;
-		*) die "unknown component '$t' (want kafka, clickhouse, zookeeper, chdb, sushy, moto, kube or all)" ;;
+		*) die "unknown component '$t' (want kafka, clickhouse, zookeeper, chdb, sushy, moto, promtool, chromium, kube, helm or all)" ;;
 		esac
 	done
 }

@@ -19,6 +19,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/faultline/faultline/internal/version"
 )
 
 type command struct {
@@ -48,6 +50,10 @@ func main() {
 }
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if version.Asked(args) {
+		_, err := fmt.Fprintln(stdout, version.String("faultline-agent"))
+		return err
+	}
 	if len(args) == 0 || (len(args[0]) > 0 && args[0][0] == '-' && args[0] != "-h" && args[0] != "--help") {
 		return runAgent(ctx, args, stdout, stderr)
 	}

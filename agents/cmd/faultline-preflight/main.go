@@ -4,6 +4,7 @@
 //	faultline-preflight check dcgm-diag|nccl-loopback|nccl-allreduce [flags]
 //	                                                         one check, in an injected init container (exit 0/1/2)
 //	faultline-preflight parse dcgm|nccl FILE                 what a check would read from a saved output, as JSON
+//	faultline-preflight --version                            the version and source revision
 //
 // main only dispatches; each subcommand loads its own typed configuration.
 package main
@@ -15,6 +16,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/faultline/faultline/internal/version"
 )
 
 type command struct {
@@ -37,6 +40,10 @@ func main() {
 }
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if version.Asked(args) {
+		fmt.Fprintln(stdout, version.String("faultline-preflight"))
+		return 0
+	}
 	if len(args) > 0 {
 		for _, c := range commands {
 			if c.name == args[0] {

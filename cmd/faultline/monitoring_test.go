@@ -1,0 +1,63 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/faultline/faultline/deploy/monitoring"
+	"github.com/faultline/faultline/internal/chserver"
+	"github.com/faultline/faultline/internal/testenv"
+)
+
+// TestMonitoringMetricsExported runs `faultline dev` (the gateway and
+// every processor role in one process, one registry), sends it events,
+// scrapes its live /metrics and requires every faultline metric that a
+// Prometheus rule or a Grafana panel of deploy/monitoring uses.
+func TestMonitoringMetricsExported(t *testing.T) {
+	_, _, err := chserver.FindBinary()
+	testenv.Server(t, "faultline dev (its local ClickHouse server)", err)
+	base, dir := startDev(t)
+	agent := readFile(t, filepath.Join(dir, "dev-token"))
+	post(t, base, agent, `{"events":[{"agent":"faultline-agent","componentClass":"GPU","checkName":"SysLogsXIDError","isFatal":true,
+	  "message":"Xid 79","recommendedAction":"REPLACE_VM","errorCode":["XID-79"],
+	  "entitiesImpacted":[{"entityType":"GPU","entityValue":"GPU-m1"}],"nodeName":"metrics-node-1"}]}`)
+	names, err := monitoring.MetricNames()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var missing []string
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		exported := map[string]bool{}
+		for _, line := range strings.Split(string(b), "\n") {
+			if name, ok := strings.CutPrefix(line, "# TYPE "); ok {
+				exported[strings.Fields(name)[0]] = true
+			}
+		}
+		missing = missing[:0]
+		for _, n := range names {
+			if !exported[n] {
+				missing = append(missing, n)
+			}
+		}
+		if len(missing) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	if len(missing) > 0 {
+		t.Fatalf("deploy/monitoring uses metrics that faultline does not export: %s", strings.Join(missing, ", "))
+	}
+	t.Log(fmt.Sprintf("all %d metrics of the rules and dashboards are exported", len(names)))
+}

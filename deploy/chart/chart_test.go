@@ -1,0 +1,335 @@
+package chart
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+
+	"github.com/faultline/faultline/internal/testenv"
+)
+
+const release, namespace = "faultline", "faultline"
+
+// render renders a value set (by name) with extra helm args.
+func render(t *testing.T, set string, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	helm := testenv.Helm(t)
+	objs, err := Render(context.Background(), helm, t.TempDir(), release, namespace, []string{ValueSets()[set]}, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+// TestLint: helm lint --strict passes with each value set.
+func TestLint(t *testing.T) {
+	helm := testenv.Helm(t)
+	for name, f := range ValueSets() {
+		t.Run(name, func(t *testing.T) {
+			out, err := Helm(context.Background(), helm, t.TempDir(), "lint", "--strict", Dir(), "-f", f)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// TestSchemaRefusesTypos: a value the chart does not have, at the top, in
+// a component or in the binaries' config sections, fails rendering with
+// an error naming it; so does a missing required value.
+func TestSchemaRefusesTypos(t *testing.T) {
+	helm := testenv.Helm(t)
+	for _, tc := range []struct {
+		set  []string
+		want string
+	}{
+		{[]string{"kafka.brokerz=x"}, "at '/kafka': additional properties 'brokerz' not allowed"},
+		{[]string{"gateway.replicaz=3"}, "at '/gateway': additional properties 'replicaz' not allowed"},
+		{[]string{"config.store.batch_recrods=1"}, "at '/config/store': additional properties 'batch_recrods' not allowed"},
+		{[]string{"config.kafka.brokers=x"}, "at '/config': additional properties 'kafka' not allowed"}, // the chart owns [kafka]
+		{[]string{"agent.config.kmsg.pol_interval=1s"}, "at '/agent/config/kmsg': additional properties 'pol_interval' not allowed"},
+		{[]string{"preflight.config.webhook.failure_polcy=Fail"}, "additional properties 'failure_polcy' not allowed"},
+		{[]string{"agent.checks={nic,gpus}"}, "at '/agent/checks/1'"},
+		{[]string{"config.store.batch_records=lots"}, "at '/config/store/batch_records': got string, want integer"},
+		{[]string{"config.store.retention=3 days"}, "at '/config/store/retention'"},
+		{[]string{"kafka.brokers="}, "kafka.brokers is required"},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			args := []string{"template", release, Dir(), "-n", namespace, "-f", ValueSets()["default"]}
+			for _, s := range tc.set {
+				args = append(args, "--set", s)
+			}
+			_, err := Helm(context.Background(), helm, t.TempDir(), args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("--set %v: error %v, want one naming %q", tc.set, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestComponents: the default set renders the gateway and the five roles
+// as Deployments, each with an HPA and a PDB, the agent DaemonSet on GPU
+// nodes, the preflight webhook, and least-privilege RBAC.
+func TestComponents(t *testing.T) {
+	objs := render(t, "default")
+	for _, c := range []string{"gateway", "store", "correlate", "quarantine", "drain", "remediate", "conformance"} {
+		name := "faultline-" + c
+		for _, kind := range []string{"Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service", "ServiceAccount", "NetworkPolicy"} {
+			if Find(objs, kind, name) == nil {
+				t.Errorf("no %s %s", kind, name)
+			}
+		}
+		d := Find(objs, "Deployment", name)
+		if d == nil {
+			continue
+		}
+		args, _, _ := unstructured.NestedStringSlice(firstContainer(t, d), "args")
+		if c == "gateway" && !slices.Equal(args, []string{"gateway", "--config", "/etc/faultline/config.toml"}) ||
+			c != "gateway" && !slices.Contains(args, "--role="+c) {
+			t.Errorf("%s args %q", name, args)
+		}
+		sc, _, _ := unstructured.NestedMap(d.Object, "spec", "template", "spec", "securityContext")
+		if sc["runAsNonRoot"] != true || fmt.Sprint(sc["runAsUser"]) != "65532" {
+			t.Errorf("%s pod securityContext %v", name, sc)
+		}
+	}
+	if Find(objs, "Deployment", "faultline-janitor") != nil {
+		t.Error("janitor is rendered though disabled by default")
+	}
+	ds := Find(objs, "DaemonSet", "faultline-agent")
+	if ds == nil {
+		t.Fatal("no agent DaemonSet")
+	}
+	sel, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "template", "spec", "nodeSelector")
+	if sel["nvidia.com/gpu.present"] != "true" {
+		t.Errorf("agent nodeSelector %v", sel)
+	}
+	if Find(objs, "Deployment", "faultline-preflight") == nil || Find(objs, "Role", "faultline-preflight-webhook-tls") == nil {
+		t.Error("no preflight webhook (Deployment, TLS Secret Role)")
+	}
+	// No local cluster in the default set: no role may touch this cluster.
+	for _, o := range objs {
+		if o.GetKind() == "ClusterRoleBinding" && !strings.HasPrefix(o.GetName(), "faultline-preflight") {
+			t.Errorf("ClusterRoleBinding %s without kube.localCluster", o.GetName())
+		}
+	}
+}
+
+// TestAgentMounts: the DaemonSet mounts exactly what its enabled checks
+// read and is privileged only to read /dev/kmsg.
+func TestAgentMounts(t *testing.T) {
+	for _, tc := range []struct {
+		set        string
+		args       []string
+		mounts     []string
+		privileged bool
+		root       bool
+	}{
+		{"default", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/dev/kmsg", "/var/lib/kubelet/pod-resources"}, true, true},
+		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel"}, false, false},
+		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/dev/kmsg"}, true, true},
+		{"default", []string{"--set", "agent.checks={nic}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/lib/kubelet/pod-resources"}, false, true},
+		{"cloud", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d"}, false, true},
+	} {
+		t.Run(tc.set+strings.Join(tc.args, ""), func(t *testing.T) {
+			ds := Find(render(t, tc.set, tc.args...), "DaemonSet", "faultline-agent")
+			if tc.set == "cloud" {
+				ds = Find(render(t, tc.set, tc.args...), "DaemonSet", "fl-agent")
+			}
+			if ds == nil {
+				t.Fatal("no agent DaemonSet")
+			}
+			c := firstContainer(t, ds)
+			vms, _, _ := unstructured.NestedSlice(c, "volumeMounts")
+			var got []string
+			for _, vm := range vms {
+				got = append(got, vm.(map[string]any)["mountPath"].(string))
+			}
+			if !slices.Equal(got, tc.mounts) {
+				t.Errorf("mounts %q\nwant   %q", got, tc.mounts)
+			}
+			priv, _, _ := unstructured.NestedBool(c, "securityContext", "privileged")
+			if priv != tc.privileged {
+				t.Errorf("privileged %v, want %v", priv, tc.privileged)
+			}
+			uid, _, _ := unstructured.NestedFieldNoCopy(ds.Object, "spec", "template", "spec", "securityContext", "runAsUser")
+			if (fmt.Sprint(uid) == "0") != tc.root {
+				t.Errorf("runAsUser %v, want root %v", uid, tc.root)
+			}
+			if !tc.privileged {
+				drop, _, _ := unstructured.NestedStringSlice(c, "securityContext", "capabilities", "drop")
+				if !slices.Equal(drop, []string{"ALL"}) {
+					t.Errorf("capabilities drop %q", drop)
+				}
+			}
+		})
+	}
+}
+
+// TestRBACMatchesDeployRBAC: each role's ClusterRole in the chart has the
+// rules of its deploy/rbac/*.yaml (the verbs its code uses), no more.
+func TestRBACMatchesDeployRBAC(t *testing.T) {
+	objs := render(t, "secure")
+	for _, tc := range []struct{ file, chartName, refName string }{
+		{"drain.yaml", "faultline-drain", "faultline-drain"},
+		{"quarantine.yaml", "faultline-quarantine", "faultline-quarantine"},
+		{"remediate.yaml", "faultline-remediate", "faultline-remediate"},
+		{"conformance.yaml", "faultline-conformance", "faultline-conformance"},
+		{"preflight.yaml", "faultline-preflight-webhook", "faultline-preflight-webhook"},
+		{"preflight.yaml", "faultline-preflight-check", "faultline-preflight-check"},
+	} {
+		b, err := os.ReadFile(filepath.Join("..", "rbac", tc.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref, err := Parse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Find(ref, "ClusterRole", tc.refName)
+		got := Find(objs, "ClusterRole", tc.chartName)
+		if want == nil || got == nil {
+			t.Errorf("%s: ClusterRole missing (deploy/rbac %v, chart %v)", tc.chartName, want != nil, got != nil)
+			continue
+		}
+		wr, _, _ := unstructured.NestedSlice(want.Object, "rules")
+		gr, _, _ := unstructured.NestedSlice(got.Object, "rules")
+		if w, g := rulesYAML(t, wr), rulesYAML(t, gr); w != g {
+			t.Errorf("%s rules differ from deploy/rbac/%s:\nchart:\n%s\ndeploy/rbac:\n%s", tc.chartName, tc.file, g, w)
+		}
+	}
+	// Store, correlate and the gateway never call the Kubernetes API.
+	for _, c := range []string{"gateway", "store", "correlate"} {
+		if Find(objs, "ClusterRole", "faultline-"+c) != nil {
+			t.Errorf("%s has a ClusterRole", c)
+		}
+		d := Find(objs, "Deployment", "faultline-"+c)
+		if auto, _, _ := unstructured.NestedBool(d.Object, "spec", "template", "spec", "automountServiceAccountToken"); auto {
+			t.Errorf("%s mounts a service account token", c)
+		}
+	}
+	// quarantine's namespaced rights are where its config says.
+	if r := Find(objs, "Role", "faultline-quarantine"); r == nil || (r.GetNamespace() != "faultline-events" && r.GetNamespace() != "faultline") {
+		t.Errorf("quarantine Role: %v", r)
+	}
+}
+
+func rulesYAML(t *testing.T, rules []any) string {
+	t.Helper()
+	b, err := yaml.Marshal(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func firstContainer(t *testing.T, o *unstructured.Unstructured) map[string]any {
+	t.Helper()
+	cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+	if len(cs) == 0 {
+		t.Fatalf("%s %s has no containers", o.GetKind(), o.GetName())
+	}
+	return cs[0].(map[string]any)
+}
+
+// TestCRDsAreDeployCRDs: the chart's crds/ are deploy/crds.
+func TestCRDsAreDeployCRDs(t *testing.T) {
+	ref, _ := filepath.Glob(filepath.Join("..", "crds", "*.yaml"))
+	got, _ := filepath.Glob(filepath.Join(Dir(), "crds", "*.yaml"))
+	if len(ref) == 0 || len(ref) != len(got) {
+		t.Fatalf("deploy/crds has %d files, the chart's crds/ %d", len(ref), len(got))
+	}
+	for _, f := range ref {
+		a, _ := os.ReadFile(f)
+		b, err := os.ReadFile(filepath.Join(Dir(), "crds", filepath.Base(f)))
+		if err != nil || string(a) != string(b) {
+			t.Errorf("crds/%s differs from deploy/crds (copy it: cp deploy/crds/*.yaml deploy/chart/faultline/crds/)", filepath.Base(f))
+		}
+	}
+}
+
+// TestOverrides: a component's overrides lay over defaults, false and 0
+// included; defaults apply to every component.
+func TestOverrides(t *testing.T) {
+	objs := render(t, "default", "--set", "gateway.overrides.autoscaling.enabled=false", "--set", "gateway.overrides.replicas=3",
+		"--set", "roles.store.overrides.pdb.enabled=false")
+	if Find(objs, "HorizontalPodAutoscaler", "faultline-gateway") != nil {
+		t.Error("gateway HPA rendered though its override turns autoscaling off")
+	}
+	if r, _, _ := unstructured.NestedFieldNoCopy(Find(objs, "Deployment", "faultline-gateway").Object, "spec", "replicas"); fmt.Sprint(r) != "3" {
+		t.Errorf("gateway replicas %v, want 3", r)
+	}
+	if Find(objs, "HorizontalPodAutoscaler", "faultline-store") == nil || Find(objs, "PodDisruptionBudget", "faultline-store") != nil {
+		t.Error("store: want an HPA and no PDB")
+	}
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	pinned := render(t, "default", "--set", "image.digests.faultline-agent="+digest, "--set", "image.tag=v1.2.3")
+	if img := firstContainer(t, Find(pinned, "DaemonSet", "faultline-agent"))["image"]; img != "ghcr.io/faultline/faultline-agent@"+digest {
+		t.Errorf("pinned agent image %v", img)
+	}
+	if img := firstContainer(t, Find(pinned, "Deployment", "faultline-gateway"))["image"]; img != "ghcr.io/faultline/faultline:v1.2.3" {
+		t.Errorf("gateway image %v", img)
+	}
+	cloud := render(t, "cloud")
+	for _, o := range cloud {
+		if o.GetKind() == "HorizontalPodAutoscaler" || o.GetKind() == "PodDisruptionBudget" || o.GetKind() == "NetworkPolicy" {
+			t.Errorf("cloud set: %s %s rendered", o.GetKind(), o.GetName())
+		}
+	}
+	if r, _, _ := unstructured.NestedFieldNoCopy(Find(cloud, "Deployment", "fl-store").Object, "spec", "replicas"); fmt.Sprint(r) != "1" {
+		t.Errorf("cloud store replicas %v, want 1", r)
+	}
+	sec := render(t, "secure")
+	if m, _, _ := unstructured.NestedFieldNoCopy(Find(sec, "HorizontalPodAutoscaler", "faultline-gateway").Object, "spec", "minReplicas"); fmt.Sprint(m) != "3" {
+		t.Errorf("secure gateway HPA minReplicas %v, want 3", m)
+	}
+	for _, name := range []string{"faultline-conformance", "faultline-janitor"} {
+		if Find(sec, "Deployment", name) == nil {
+			t.Errorf("secure set: no Deployment %s", name)
+		}
+	}
+}
+
+// TestAgentOnly: an agent-only install on a member cluster (no gateway,
+// roles or webhook; no Kafka or ClickHouse values) renders the agent
+// alone, sending with TLS to the gateway elsewhere, verified by its CA.
+func TestAgentOnly(t *testing.T) {
+	helm := testenv.Helm(t)
+	args := []string{"template", "member", Dir(), "-n", "faultline"}
+	for _, s := range []string{"gateway.enabled=false", "roles.store.enabled=false", "roles.correlate.enabled=false",
+		"roles.quarantine.enabled=false", "roles.drain.enabled=false", "roles.remediate.enabled=false",
+		"roles.conformance.enabled=false", "preflight.enabled=false", "agent.gatewayAddr=gw.fleet.example:443",
+		"agent.tokenSecret=agent-token", "agent.gatewayCASecret.name=fleet-ca"} {
+		args = append(args, "--set", s)
+	}
+	out, err := Helm(context.Background(), helm, t.TempDir(), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := Parse(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, o := range objs {
+		kinds = append(kinds, o.GetKind()+"/"+o.GetName())
+	}
+	slices.Sort(kinds)
+	if want := []string{"ConfigMap/member-faultline-agent", "DaemonSet/member-faultline-agent", "ServiceAccount/member-faultline-agent"}; !slices.Equal(kinds, want) {
+		t.Errorf("objects %q, want %q", kinds, want)
+	}
+	conf, err := ConfigTOML(objs, "member-faultline-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(conf, `addr = "gw.fleet.example:443"`) || !strings.Contains(conf, `ca_file = "/var/run/secrets/faultline/gateway-ca.crt"`) || strings.Contains(conf, "insecure") {
+		t.Errorf("agent gateway config:\n%s", conf)
+	}
+}

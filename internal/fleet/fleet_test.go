@@ -1,0 +1,223 @@
+package fleet_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/faultline/faultline/internal/clickhouse/chtest"
+	"github.com/faultline/faultline/internal/fleet"
+	"github.com/faultline/faultline/internal/fleet/fleettest"
+)
+
+func newStore(t *testing.T, srv *chtest.Server) *fleet.Store {
+	t.Helper()
+	st, err := fleet.New(srv.Conn, slog.Default(), fleet.Options{Now: func() time.Time { return fleettest.Base.Add(time.Hour) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func TestFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs ClickHouse")
+	}
+	srv := chtest.Start(t)
+	fleettest.Seed(t, srv.Conn)
+	st := newStore(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	t.Run("Summary", func(t *testing.T) {
+		sum, err := st.Summary(ctx, "alpha", fleet.Range{Since: fleettest.Base.Add(-time.Hour), Until: fleettest.Base.Add(time.Hour)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]uint64{
+			fleet.StateHealthy:     6, // n00, n05, n07, n08, n10, n11 (of 12 reporting)
+			fleet.StateQuarantined: 2, fleet.StateDraining: 1, fleet.StateRemediating: 1, fleet.StateEscalated: 1,
+			fleet.StateHeld: 1, fleet.StateDrifted: 2,
+		}
+		for k, v := range want {
+			if sum.Nodes[k] != v {
+				t.Errorf("%s: got %d, want %d (all: %v)", k, sum.Nodes[k], v, sum.Nodes)
+			}
+		}
+		if sum.ReportingNodes != 12 {
+			t.Errorf("reporting nodes: got %d, want 12", sum.ReportingNodes)
+		}
+		if sum.Breaker.State != "open" || sum.Breaker.Held != 1 || !strings.Contains(sum.Breaker.Reason, "3 of 12") {
+			t.Errorf("breaker: %+v", sum.Breaker)
+		}
+		if sum.DryRun {
+			t.Errorf("alpha marked dry-run")
+		}
+		if sum.Page != nil {
+			t.Errorf("a page that was not asked for: %+v", sum.Page)
+		}
+		withPage, err := st.Summary(ctx, "alpha", fleet.Range{}, &fleet.NodesQuery{State: fleet.StateDrifted, Limit: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := withPage.Page; p == nil || len(p.Nodes) != 1 || p.Nodes[0].Node != "n07" || p.NextPageToken == "" {
+			t.Errorf("summary's drifted page: %+v", p)
+		}
+		if _, err := st.Summary(ctx, "alpha", fleet.Range{}, &fleet.NodesQuery{State: "bogus"}); err == nil {
+			t.Error("summary accepted a bad page state")
+		}
+		beta, err := st.Summary(ctx, "beta", fleet.Range{Since: fleettest.Base.Add(-time.Hour), Until: fleettest.Base.Add(time.Hour)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !beta.DryRun || beta.Nodes[fleet.StateQuarantined] != 1 || beta.DryRunNodes != 1 || beta.Breaker.State != "never tripped" {
+			t.Errorf("beta: %+v", beta)
+		}
+	})
+
+	t.Run("Nodes", func(t *testing.T) {
+		tests := []struct {
+			state string
+			want  []string
+		}{
+			{"", []string{"n09", "n06", "n04", "n03", "n02", "n01"}},
+			{fleet.StateQuarantined, []string{"n09", "n01"}},
+			{fleet.StateDraining, []string{"n02"}},
+			{fleet.StateRemediating, []string{"n03"}},
+			{fleet.StateEscalated, []string{"n04"}},
+			{fleet.StateHeld, []string{"n06"}},
+			{fleet.StateDrifted, []string{"n07", "n09"}},
+		}
+		for _, tt := range tests {
+			t.Run("state="+tt.state, func(t *testing.T) {
+				var got []string
+				tok := ""
+				for range 10 {
+					p, err := st.Nodes(ctx, "alpha", fleet.NodesQuery{State: tt.state, Limit: 4, PageToken: tok})
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, n := range p.Nodes {
+						got = append(got, n.Node)
+					}
+					if tok = p.NextPageToken; tok == "" {
+						break
+					}
+				}
+				if !slices.Equal(got, tt.want) {
+					t.Fatalf("got %v, want %v", got, tt.want)
+				}
+			})
+		}
+		p, err := st.Nodes(ctx, "alpha", fleet.NodesQuery{State: fleet.StateQuarantined, Limit: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := p.Nodes[0]
+		if n.Node != "n09" || !n.Drifted || n.Reason != "rule nic matched" || p.NextPageToken == "" {
+			t.Errorf("first quarantined: %+v, token %q", n, p.NextPageToken)
+		}
+		beta, err := st.Nodes(ctx, "beta", fleet.NodesQuery{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(beta.Nodes) != 1 || beta.Nodes[0].Node != "b01" || !beta.Nodes[0].DryRun {
+			t.Errorf("beta sees %+v", beta.Nodes)
+		}
+	})
+
+	t.Run("BadRequests", func(t *testing.T) {
+		for _, q := range []fleet.NodesQuery{{State: "healthy"}, {State: "bogus"}, {Limit: 1001}, {Limit: -1}, {PageToken: "zzz"}} {
+			_, err := st.Nodes(ctx, "alpha", q)
+			if _, ok := errors.AsType[*fleet.BadRequest](err); !ok {
+				t.Errorf("%+v: got %v, want a BadRequest", q, err)
+			}
+		}
+		for _, node := range []string{"", "UPPER", strings.Repeat("a", 254), "a b"} {
+			if _, err := st.Node(ctx, "alpha", node); err == nil {
+				t.Errorf("node %q accepted", node)
+			}
+		}
+		if _, err := st.Analytics(ctx, "alpha", "remediation_outcomes", map[string]string{"cluster": "beta"}); err == nil {
+			t.Error("analytics accepted a cluster parameter")
+		}
+		if _, err := st.Analytics(ctx, "alpha", "nope", nil); err == nil {
+			t.Error("unknown analytics query accepted")
+		}
+		if _, err := st.Summary(ctx, "alpha", fleet.Range{Since: fleettest.Base, Until: fleettest.Base.Add(-time.Hour)}, nil); err == nil {
+			t.Error("until before since accepted")
+		}
+	})
+
+	t.Run("Node", func(t *testing.T) {
+		d, err := st.Node(ctx, "alpha", "n09")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.State != fleet.StateQuarantined || d.Row == nil || !d.Row.Drifted {
+			t.Fatalf("n09: %+v", d)
+		}
+		if len(d.Faults) != 1 {
+			t.Fatalf("n09 faults: %+v (the NIC fault recovered)", d.Faults)
+		}
+		f := d.Faults[0]
+		if f.Check != "SysLogsXIDError" || f.Entities != "GPU=GPU-n09" || f.Taint != "faultline.io/unhealthy=true:NoSchedule" ||
+			!f.Cordon || f.Condition != "GPUHealthy" || f.Message != "XID 79 on n09" || len(f.EventIDs) != 1 {
+			t.Errorf("fault: %+v", f)
+		}
+		rel := strings.Join(d.Release, "\n")
+		for _, want := range []string{"kubectl uncordon n09", "taint faultline.io/unhealthy=true:NoSchedule", "condition GPUHealthy=False"} {
+			if !strings.Contains(rel, want) {
+				t.Errorf("release does not say %q:\n%s", want, rel)
+			}
+		}
+		for node, state := range map[string]string{"n00": fleet.StateHealthy, "n05": fleet.StateHealthy, "n08": fleet.StateHealthy,
+			"n07": fleet.StateDrifted, "n06": fleet.StateHeld, "n04": fleet.StateEscalated, "b01": fleet.StateHealthy} {
+			d, err := st.Node(ctx, "alpha", node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.State != state {
+				t.Errorf("%s: state %s, want %s", node, d.State, state)
+			}
+			if holds := state == fleet.StateEscalated; holds != (len(d.Faults) > 0) {
+				t.Errorf("%s: faults %+v", node, d.Faults)
+			}
+		}
+		held, _ := st.Node(ctx, "alpha", "n06")
+		if !strings.Contains(strings.Join(held.Release, " "), "faultline-quarantine-breaker") {
+			t.Errorf("held node's release does not name the breaker: %v", held.Release)
+		}
+	})
+
+	t.Run("Analytics", func(t *testing.T) {
+		names := []string{}
+		for _, q := range st.AnalyticsQueries() {
+			names = append(names, q.Name)
+			for _, p := range q.Params {
+				if p.Name == "cluster" {
+					t.Errorf("%s offers the cluster parameter", q.Name)
+				}
+			}
+		}
+		if !slices.Contains(names, "remediation_outcomes") || !slices.Contains(names, "xid_bursts") {
+			t.Errorf("queries: %v", names)
+		}
+		tab, err := st.Analytics(ctx, "alpha", "remediation_outcomes", map[string]string{"since": "2026-03-01", "until": "2026-03-03"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]uint64{}
+		for _, r := range tab.Rows {
+			got[fmt.Sprint(r[0], "/", r[1], "/", r[2])] = r[3].(uint64)
+		}
+		if got["quarantine/quarantine/applied"] != 8 || got["remediate/escalate/applied"] != 1 || got["quarantine/quarantine/dry_run"] != 0 {
+			t.Errorf("alpha's remediation outcomes: %v", got)
+		}
+	})
+}
