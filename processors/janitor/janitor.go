@@ -54,6 +54,7 @@ type Janitor struct {
 	mu      sync.Mutex
 	dyn     map[string]dynamic.Interface
 	sent    map[string]time.Time // resource UID+step → signal sent by this process
+	ended   map[string]bool      // resource UIDs this process ended (the cache may not show it yet)
 	dryRun  map[string]bool      // resource UID → dry-run action written
 	running map[string]*clusterRun
 }
@@ -90,7 +91,7 @@ func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options)
 		providers: opts.Providers, prod: opts.Producer,
 		lim: newLimiter(cfg.MaxConcurrent, cfg.MaxConcurrentPerRack, cfg.MaxConcurrentPerProvider),
 		m:   newMetrics(opts.Registerer), dyn: map[string]dynamic.Interface{}, sent: map[string]time.Time{},
-		dryRun: map[string]bool{}, running: map[string]*clusterRun{},
+		dryRun: map[string]bool{}, ended: map[string]bool{}, running: map[string]*clusterRun{},
 	}, nil
 }
 
@@ -362,7 +363,10 @@ func (j *Janitor) reconcile(ctx context.Context, cr *clusterRun, k qkey) (time.D
 		return 0, nil
 	}
 	u := o.(*unstructured.Unstructured)
-	if finished(u) {
+	j.mu.Lock()
+	ended := j.ended[string(u.GetUID())]
+	j.mu.Unlock()
+	if finished(u) || ended {
 		j.lim.release(key)
 		return 0, nil
 	}
@@ -758,6 +762,11 @@ func (op *operation) writeStatus(ctx context.Context, done bool, cs ...cond) err
 		return fmt.Errorf("write %s status: %w", op.ref(), err)
 	}
 	op.u = out
+	if done {
+		op.j.mu.Lock()
+		op.j.ended[string(out.GetUID())] = true
+		op.j.mu.Unlock()
+	}
 	return nil
 }
 
