@@ -31,7 +31,7 @@ run: build
 	scripts/dev-deps.sh
 	$(BIN)/faultline dev $(ARGS)
 
-## testenv: install (idempotently, cached) the real Kafka, ClickHouse, ZooKeeper and Kubernetes servers and chdb-core
+## testenv: install (idempotently, cached) the real Kafka, ClickHouse, ZooKeeper and Kubernetes servers, chdb-core, sushy-tools and moto
 testenv:
 	scripts/testenv/install.sh all
 

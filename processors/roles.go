@@ -24,6 +24,7 @@ import (
 	"github.com/faultline/faultline/processors/conformance"
 	"github.com/faultline/faultline/processors/correlate"
 	"github.com/faultline/faultline/processors/drain"
+	"github.com/faultline/faultline/processors/janitor"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/processors/remediate"
@@ -54,6 +55,8 @@ type Config struct {
 	Drain drain.Config `toml:"drain"`
 	// Remediate configures the remediate role.
 	Remediate remediate.Config `toml:"remediate"`
+	// Janitor configures the janitor role.
+	Janitor janitor.Config `toml:"janitor"`
 	// Conformance configures the conformance role.
 	Conformance conformance.Config `toml:"conformance"`
 }
@@ -66,7 +69,7 @@ type Processors = Config
 func DefaultConfig() Config {
 	return Config{Roles: "all", ClickHouse: clickhouse.DefaultConfig(), Store: store.DefaultConfig(), Correlate: correlate.DefaultConfig(),
 		Kube: clusters.DefaultConfig(), Quarantine: quarantine.DefaultConfig(),
-		Drain: drain.DefaultConfig(), Remediate: remediate.DefaultConfig(), Conformance: conformance.DefaultConfig()}
+		Drain: drain.DefaultConfig(), Remediate: remediate.DefaultConfig(), Janitor: janitor.DefaultConfig(), Conformance: conformance.DefaultConfig()}
 }
 
 // RegisterFlags adds every role's flags.
@@ -79,6 +82,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Quarantine.RegisterFlags(fs, "quarantine.")
 	c.Drain.RegisterFlags(fs, "drain.")
 	c.Remediate.RegisterFlags(fs, "remediate.")
+	c.Janitor.RegisterFlags(fs, "janitor.")
 	c.Conformance.RegisterFlags(fs, "conformance.")
 }
 
@@ -106,6 +110,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Remediate.Validate("remediate."); err != nil {
+		return err
+	}
+	if err := c.Janitor.Validate("janitor."); err != nil {
 		return err
 	}
 	if err := c.Conformance.Validate("conformance."); err != nil {
@@ -146,6 +153,9 @@ type Role struct {
 	// Open builds the role from its part of the config (role.Role has
 	// the contract every role package follows).
 	Open func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error)
+	// NoGroup: the role consumes no topic, so it has no consumer group
+	// "faultline-<Name>" (the janitor watches its clusters instead).
+	NoGroup bool
 }
 
 // roles is the fixed table of processor roles, in start order.
@@ -164,6 +174,9 @@ var roles = []Role{
 	}},
 	{Name: remediate.Role, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return remediate.Open(ctx, cfg.Remediate, deps)
+	}},
+	{Name: janitor.Role, NoGroup: true, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
+		return janitor.Open(ctx, cfg.Janitor, deps)
 	}},
 	{Name: conformance.Role, Open: func(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return conformance.Open(ctx, cfg.Conformance, deps)

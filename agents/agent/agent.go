@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/faultline/faultline/agents/localaction"
 	"log/slog"
 	"net"
 	"net/http"
@@ -185,6 +186,23 @@ func (a *Agent) Run(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			if err := a.relay.Serve(ctx); err != nil {
+				cancel(err)
+			}
+		}()
+	}
+	if a.cfg.LocalActions.Listen != "" {
+		var pods localaction.PodLister
+		if a.podres != nil {
+			pods = podLister{a.podres}
+		}
+		la, err := localaction.New(a.cfg.LocalActions, a.log, pods)
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := la.Serve(ctx); err != nil {
 				cancel(err)
 			}
 		}()
@@ -405,4 +423,22 @@ func (a *Agent) Handler() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	return mux
+}
+
+// podLister answers the local action endpoint's question from the
+// kubelet's pod-resources API: which pods hold these GPUs. A device plugin
+// that does not name GPUs by UUID cannot say: that is an error (the reset
+// waits, then fails GPUInUse), never "none".
+type podLister struct{ l *podres.Lister }
+
+func (p podLister) PodsOf(ctx context.Context, gpus []string) ([]string, error) {
+	alloc, err := p.l.Allocations(ctx, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	pods, known := alloc.Pods(gpus)
+	if !known {
+		return nil, errors.New("the device plugin does not name GPUs by UUID: which pods hold them is not known")
+	}
+	return pods, nil
 }

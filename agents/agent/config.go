@@ -4,6 +4,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/faultline/faultline/agents/csp"
+	"github.com/faultline/faultline/agents/localaction"
 	"io"
 	"os"
 	"slices"
@@ -55,12 +57,17 @@ type Config struct {
 
 	Gateway GatewayConfig `toml:"gateway"`
 	Spool   SpoolConfig   `toml:"spool"`
+	// LocalActions is the endpoint the janitor asks for a reboot or a GPU
+	// reset of this node (agents/localaction; off by default).
+	LocalActions localaction.Config `toml:"local_actions"`
 
 	// Check sections.
 	NIC    nic.Config    `toml:"nic"`
 	Kmsg   kmsg.Config   `toml:"kmsg"`
 	Fabric fabric.Config `toml:"fabric"`
 	GPU    gpu.Config    `toml:"gpu"`
+	// CSP is the cloud maintenance check (GCP metadata server).
+	CSP csp.Config `toml:"csp"`
 	// Conformance is the conformance fingerprint check (agents/conformance).
 	Conformance conformance.Config `toml:"conformance"`
 }
@@ -159,13 +166,14 @@ func DefaultConfig() Config {
 		PodResourcesSocket: podres.DefaultSocket,
 		Gateway: GatewayConfig{Addr: "127.0.0.1:50051", TokenFile: "/var/run/secrets/faultline/token",
 			Timeout: 10 * time.Second, BatchSize: 500, MaxBackoff: 30 * time.Second},
-		Spool:  SpoolConfig{Dir: "/var/lib/faultline-agent/spool", MaxBytes: 64 << 20},
-		NIC:    nic.DefaultConfig(),
-		Kmsg:   kmsg.DefaultConfig(),
-		Fabric: fabric.DefaultConfig(),
-		GPU:    gpu.DefaultConfig(),
-
-		Conformance: conformance.DefaultConfig(),
+		Spool:        SpoolConfig{Dir: "/var/lib/faultline-agent/spool", MaxBytes: 64 << 20},
+		NIC:          nic.DefaultConfig(),
+		Kmsg:         kmsg.DefaultConfig(),
+		Fabric:       fabric.DefaultConfig(),
+		GPU:          gpu.DefaultConfig(),
+		LocalActions: localaction.DefaultConfig(),
+		CSP:          csp.DefaultConfig(),
+		Conformance:  conformance.DefaultConfig(),
 	}
 }
 
@@ -196,6 +204,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Kmsg.RegisterFlags(fs, "kmsg.")
 	c.Fabric.RegisterFlags(fs, "fabric.")
 	c.GPU.RegisterFlags(fs, "gpu.")
+	c.LocalActions.RegisterFlags(fs, "local-actions.")
+	c.CSP.RegisterFlags(fs, "csp.")
 	c.Conformance.RegisterFlags(fs, "conformance.")
 	// The spellings before flags were named after their TOML keys.
 	for old, cur := range map[string]string{"gateway": "gateway.addr", "token-file": "gateway.token-file",
@@ -255,6 +265,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Spool.MaxBytes < 64<<10 {
 		return fmt.Errorf("spool.max_bytes: %d is below 64 KiB", c.Spool.MaxBytes)
+	}
+	if err := c.LocalActions.Validate("local_actions."); err != nil {
+		return err
 	}
 	for _, s := range registry {
 		if slices.Contains(c.Checks, s.Name) && s.Validate != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/faultline/faultline/agents/check"
 	"github.com/faultline/faultline/agents/conformance"
+	"github.com/faultline/faultline/agents/csp"
 	"github.com/faultline/faultline/agents/fabric"
 	"github.com/faultline/faultline/agents/gpu"
 	"github.com/faultline/faultline/agents/kmsg"
@@ -47,6 +48,13 @@ type CheckSpec struct {
 
 // registry is the explicit list of checks the agent can run.
 var registry = []CheckSpec{
+	{
+		Name:     "csp",
+		Interval: func(c *Config) time.Duration { return c.CSP.PollInterval },
+		Timeout:  func(c *Config) time.Duration { return c.CSP.PollInterval },
+		Validate: func(c *Config) error { return c.CSP.Validate() },
+		New:      func(c *Config, _ *slog.Logger) (check.Check, error) { return csp.New(c.CSP), nil },
+	},
 	{
 		Name:     "nic",
 		Interval: func(c *Config) time.Duration { return c.NIC.PollInterval },

@@ -218,7 +218,7 @@ func TestDocumentedKeys(t *testing.T) {
 	fence := regexp.MustCompile("(?s)```[a-z]*\n(.*?)```")
 	flagRE := regexp.MustCompile(`(?:^|\s)(--[a-z][a-z0-9.-]*)`)
 	row := regexp.MustCompile(`(?m)^\|\s*(` + "`" + `[^|]*)\|\s*(` + "`--" + `[^|]*)\|`)
-	sections := regexp.MustCompile(`^-?-?(kafka|gateway|clickhouse|kube|store|correlate|quarantine|drain|remediate|conformance|dev)\.`)
+	sections := regexp.MustCompile(`^-?-?(kafka|gateway|clickhouse|kube|store|correlate|quarantine|drain|remediate|conformance|janitor|dev)\.`)
 	for file, text := range docs(t) {
 		if strings.HasPrefix(file, "deploy/chart") {
 			continue // Helm values (deploy/chart TestValuesDocumented), not config keys

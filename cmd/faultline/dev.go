@@ -215,9 +215,11 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 func groupsReady(admin *kgo.Client, roles []processors.Role) func(context.Context) error {
 	adm := kadm.NewClient(admin)
 	return func(ctx context.Context) error {
-		groups := make([]string, len(roles))
-		for i, r := range roles {
-			groups[i] = "faultline-" + r.Name
+		groups := make([]string, 0, len(roles))
+		for _, r := range roles {
+			if !r.NoGroup {
+				groups = append(groups, "faultline-"+r.Name)
+			}
 		}
 		described, err := adm.DescribeGroups(ctx, groups...)
 		if err != nil {

@@ -12,6 +12,7 @@ const (
 	RoleQuarantine = "quarantine"
 	RoleDrain      = "drain"
 	RoleRemediate  = "remediate"
+	RoleJanitor    = "janitor"
 	// RoleConformance: the conformance role's drift responses.
 	RoleConformance = "conformance"
 )
@@ -43,6 +44,12 @@ const (
 	// remediate role), or a drifted node was escalated to a fatal event
 	// after the conformance role's drift_remediation_timeout.
 	KindEscalate = "escalate"
+	// KindReboot, KindTerminate and KindGPUReset: the janitor's steps of a
+	// RebootNode, TerminateNode or GPUReset (signal sent, forced,
+	// completed, failed, deferred by a limit).
+	KindReboot    = "reboot"
+	KindTerminate = "terminate"
+	KindGPUReset  = "gpu_reset"
 	// KindConformanceDrift: a node was found drifted from its conformance
 	// group (PreferNoSchedule taint, group label, Kubernetes Event).
 	KindConformanceDrift = "conformance_drift"
@@ -92,6 +99,9 @@ const (
 	// OutcomeRefused: a rendered remediation object did not target the
 	// event's node; nothing was created.
 	OutcomeRefused = "refused"
+	// OutcomeDeferred: a janitor operation waits for a concurrency limit
+	// or a node's cooldown.
+	OutcomeDeferred = "deferred"
 )
 
 // Detail keys (Action.details) that travel from one role to the next: the
@@ -163,6 +173,10 @@ const (
 	DetailTemplate        = "template"
 	DetailRequestedAction = "requestedAction"
 	DetailGroup           = "group"
+	// Janitor operations: the provider that carried it out and the step
+	// (signal, force, complete, ...).
+	DetailProvider = "provider"
+	DetailStep     = "step"
 	// Conformance drift: the group (cluster/pool), where its expected
 	// fingerprint comes from (baseline or majority), the expected and
 	// actual fingerprints, the differing components ("name: expected

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# install.sh [kafka|clickhouse|zookeeper|chdb|promtool|chromium|kube|helm|all]... — install the real
+# install.sh [kafka|clickhouse|zookeeper|chdb|sushy|moto|promtool|chromium|kube|helm|all]... — install the real
 # servers that the integration tests (internal/testenv) start: ClickHouse,
 # Apache Kafka, ZooKeeper (for replicated ClickHouse), a Kubernetes control
 # plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
@@ -38,6 +38,8 @@ ETCD_VERSION=v3.6.4
 KWOK_VERSION=v0.8.0
 ZOOKEEPER_VERSION="${FAULTLINE_ZOOKEEPER_VERSION:-3.9.4}"
 CHDB_VERSION="${FAULTLINE_CHDB_VERSION:-26.9.0}"
+SUSHY_VERSION="${FAULTLINE_SUSHY_VERSION:-2.2.0}"
+MOTO_VERSION="${FAULTLINE_MOTO_VERSION:-5.2.5}"
 HELM_VERSION=v4.3.1
 PROMTOOL_VERSION=v0.316.0
 
@@ -290,6 +292,50 @@ install_chdb() {
 	echo "testenv: chdb $CHDB_VERSION $dir/venv/bin/python"
 }
 
+# ------------------------------------------------------------- sushy, moto
+
+# py_venv NAME VERSION IMPORT PIP-SPEC... makes a Python venv at
+# $CACHE/NAME/VERSION/venv with the pinned PIP-SPECs (PyPI), checks that
+# IMPORT imports, and prints the summary line. The venv is made in place
+# (its console scripts name their own path) and counts as installed only
+# once .complete is written; an interrupted install is redone.
+py_venv() {
+	local name=$1 version=$2 import=$3
+	shift 3
+	local dir="$CACHE/$name/$version"
+	if [ ! -f "$dir/.complete" ]; then
+		local py
+		py=$(command -v python3) || die "python3 is not on PATH (needed for $name)"
+		log "installing $* from PyPI into $dir/venv"
+		rm -rf "$dir"
+		mkdir -p "$dir"
+		if ! "$py" -m venv "$dir/venv" >&2; then
+			log "python3 -m venv failed; installing python3-venv from apt"
+			rm -rf "$dir/venv"
+			export DEBIAN_FRONTEND=noninteractive
+			as_root apt-get install -y --no-install-recommends python3-venv >&2 ||
+				{ as_root apt-get update >&2 && as_root apt-get install -y --no-install-recommends python3-venv >&2; } ||
+				die "python3 -m venv failed and python3-venv could not be installed"
+			"$py" -m venv "$dir/venv" >&2 || die "python3 -m venv failed"
+		fi
+		"$dir/venv/bin/pip" install -q --disable-pip-version-check "$@" >&2 || die "pip install $* failed"
+		"$dir/venv/bin/python" -c "import $import" >&2 || die "$import does not import after install"
+		touch "$dir/.complete"
+	fi
+	echo "testenv: $name $version $dir/venv/bin/python"
+}
+
+# install_sushy: sushy-tools (PyPI, OpenStack's Redfish emulator) pinned, for
+# the janitor's Redfish provider tests: `python -m sushy_tools.emulator.main
+# --config F` with SUSHY_EMULATOR_FAKE_DRIVER serves emulated systems whose
+# PowerState a ComputerSystem.Reset really changes (internal/testenv
+# StartSushy).
+install_sushy() { py_venv sushy "$SUSHY_VERSION" sushy_tools.emulator.main "sushy-tools==$SUSHY_VERSION"; }
+
+# install_moto: moto's server mode (PyPI moto[server]) pinned, for the
+# janitor's AWS provider and maintenance monitor tests (EC2 RebootInstances,
+# TerminateInstances, DescribeInstanceStatus; internal/testenv StartMoto).
+install_moto() { py_venv moto "$MOTO_VERSION" moto.server "moto[server]==$MOTO_VERSION"; }
 # ------------------------------------------------------------------ promtool
 
 # install_promtool builds Prometheus's promtool (check rules, test rules for
@@ -522,6 +568,8 @@ main() {
 		kube) with_lock kube install_kube ;;
 		zookeeper) with_lock zookeeper install_zookeeper ;;
 		chdb) with_lock chdb install_chdb ;;
+		sushy) with_lock sushy install_sushy ;;
+		moto) with_lock moto install_moto ;;
 		helm) with_lock helm install_helm ;;
 		promtool) with_lock promtool install_promtool ;;
 		chromium) with_lock chromium install_chromium ;;
@@ -530,12 +578,14 @@ main() {
 			with_lock kafka install_kafka
 			with_lock zookeeper install_zookeeper
 			with_lock chdb install_chdb
+			with_lock sushy install_sushy
+			with_lock moto install_moto
 			with_lock promtool install_promtool
 			with_lock chromium install_chromium
 			with_lock kube install_kube
 			with_lock helm install_helm
 			;;
-		*) die "unknown component '$t' (want kafka, clickhouse, zookeeper, chdb, promtool, chromium, kube, helm or all)" ;;
+		*) die "unknown component '$t' (want kafka, clickhouse, zookeeper, chdb, sushy, moto, promtool, chromium, kube, helm or all)" ;;
 		esac
 	done
 }

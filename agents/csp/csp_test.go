@@ -1,0 +1,117 @@
+package csp
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+)
+
+// metadata is a local stand-in for GCP's metadata server: the two keys
+// the check reads, and the Metadata-Flavor header the real one requires.
+type metadata struct {
+	mu       sync.Mutex
+	event    string // maintenance-event
+	upcoming string // upcoming-maintenance JSON; "" → 404
+}
+
+func (m *metadata) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Metadata-Flavor") != "Google" {
+		http.Error(w, "Missing Metadata-Flavor:Google header.", http.StatusForbidden)
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch r.URL.Path {
+	case "/computeMetadata/v1/instance/maintenance-event":
+		_, _ = w.Write([]byte(m.event))
+	case "/computeMetadata/v1/instance/upcoming-maintenance":
+		if m.upcoming == "" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write([]byte(m.upcoming))
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (m *metadata) set(event, upcoming string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.event, m.upcoming = event, upcoming
+}
+
+func TestGCP(t *testing.T) {
+	md := &metadata{event: "NONE"}
+	srv := httptest.NewServer(md)
+	defer srv.Close()
+	cfg := DefaultConfig()
+	cfg.MetadataURL = srv.URL + "/computeMetadata/v1/instance"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	g := New(cfg)
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	g.now = func() time.Time { return now }
+	ctx := context.Background()
+	step := func(want int) (kind, start, end string, healthy bool) {
+		t.Helper()
+		evs, err := g.Check(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(evs) != want {
+			t.Fatalf("%d events, want %d: %v", len(evs), want, evs)
+		}
+		if want == 0 {
+			return
+		}
+		e := evs[0]
+		if e.GetIsFatal() || e.GetAgent() != Agent || e.GetComponentClass() != Class || e.GetCheckName() != Check || e.GetRecommendedAction().String() != "NONE" {
+			t.Fatalf("event %v", e)
+		}
+		m := e.GetMetadata()
+		return m["maintenance_kind"], m["maintenance_start"], m["maintenance_end"], e.GetIsHealthy()
+	}
+	step(0) // nothing scheduled
+	// Scheduled ahead: the window from upcoming-maintenance.
+	md.set("NONE", `{"can_reschedule":true,"type":"SCHEDULED","maintenance_status":"PENDING","window_start_time":"2026-11-24T02:00:00Z","window_end_time":"2026-11-24T06:00:00Z"}`)
+	if k, s, e, h := step(1); k != "SCHEDULED_MAINTENANCE" || s != "2026-11-24T02:00:00Z" || e != "2026-11-24T06:00:00Z" || h {
+		t.Fatalf("scheduled: %s %s %s %v", k, s, e, h)
+	}
+	step(0) // standing: not again
+	// Imminent: maintenance-event says what happens; the window stays.
+	md.set("MIGRATE_ON_HOST_MAINTENANCE", `{"type":"SCHEDULED","maintenance_status":"ONGOING","window_start_time":"2026-11-24T02:00:00Z","window_end_time":"2026-11-24T06:00:00Z"}`)
+	if k, _, e, h := step(1); k != "MIGRATE_ON_HOST_MAINTENANCE" || e != "2026-11-24T06:00:00Z" || h {
+		t.Fatalf("imminent: %s %s %v", k, e, h)
+	}
+	now = now.Add(time.Minute)
+	step(0)
+	// Over: recovery.
+	md.set("NONE", "")
+	if k, _, _, h := step(1); k != "MIGRATE_ON_HOST_MAINTENANCE" || !h {
+		t.Fatalf("recovery: %s %v", k, h)
+	}
+	step(0)
+	// A maintenance-event without a window, first seen time kept.
+	md.set("TERMINATE_ON_HOST_MAINTENANCE", "")
+	if k, s, _, h := step(1); k != "TERMINATE_ON_HOST_MAINTENANCE" || s != now.Format(time.RFC3339) || h {
+		t.Fatalf("terminate: %s %s %v", k, s, h)
+	}
+	now = now.Add(time.Minute)
+	step(0)
+	// A window that has passed while it stands: recovered.
+	md.set("NONE", `{"type":"SCHEDULED","window_start_time":"2026-11-23T10:00:00Z","window_end_time":"2026-11-23T11:00:00Z"}`)
+	if _, _, _, h := step(1); !h {
+		t.Fatal("want the recovery of the terminate event")
+	}
+	step(0)
+	// The metadata server gone: an error, not an event.
+	srv.Close()
+	if _, err := g.Check(ctx); err == nil {
+		t.Fatal("no error with the metadata server gone")
+	}
+}

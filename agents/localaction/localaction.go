@@ -1,0 +1,307 @@
+// Package localaction is the faultline agent's local action endpoint: the
+// janitor (processors/janitor, provider "local") asks the agent on a node
+// to reboot the node or reset some of its GPUs, and the agent carries it
+// out with configurable commands (default `systemctl reboot`, through
+// systemd/logind, and `nvidia-smi -r -i <uuid>`), confirming back.
+//
+// A GPU is reset only once no pod holds it (the kubelet's pod-resources
+// API; the drain evicted them). Every request carries an id; the agent
+// records it in its state file before it acts (a reboot's record survives
+// the reboot) and answers a repeated id with the first answer, so a
+// janitor that asks again never reboots or resets twice.
+package localaction
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/faultline/faultline/internal/config"
+)
+
+// Config is the agent's [local_actions] section.
+type Config struct {
+	// Listen is the endpoint's address ("$(HOST_IP):9477"); "" (default)
+	// turns the endpoint off.
+	Listen string `toml:"listen"`
+	// TokenFile holds the bearer token callers must send (required when
+	// Listen is set).
+	TokenFile string `toml:"token_file"`
+	// RebootCommand is run for a reboot. Default ["systemctl", "reboot"].
+	RebootCommand []string `toml:"reboot_command"`
+	// GPUResetCommand is run once per GPU, "{uuid}" replaced by its UUID.
+	// Default ["nvidia-smi", "-r", "-i", "{uuid}"].
+	GPUResetCommand []string `toml:"gpu_reset_command"`
+	// GPUListCommand lists the node's GPU UUIDs, one per line, for a reset
+	// of every GPU. Default ["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"].
+	GPUListCommand []string `toml:"gpu_list_command"`
+	// StateFile records the requests handled. Default
+	// "/var/lib/faultline/local-actions.json".
+	StateFile string `toml:"state_file"`
+	// PodsGoneTimeout is how long a GPU reset waits for the GPU's pods to
+	// be gone. Default 2m.
+	PodsGoneTimeout time.Duration `toml:"pods_gone_timeout"`
+	// CommandTimeout bounds one command. Default 2m.
+	CommandTimeout time.Duration `toml:"command_timeout"`
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{
+		RebootCommand: []string{"systemctl", "reboot"}, GPUResetCommand: []string{"nvidia-smi", "-r", "-i", "{uuid}"},
+		GPUListCommand: []string{"nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"},
+		StateFile:      "/var/lib/faultline/local-actions.json", PodsGoneTimeout: 2 * time.Minute, CommandTimeout: 2 * time.Minute,
+	}
+}
+
+// RegisterFlags adds the flags under prefix ("local-actions.").
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&c.Listen, prefix+"listen", c.Listen, "address of the local action endpoint the janitor calls (\"\": off)")
+	fs.StringVar(&c.TokenFile, prefix+"token-file", c.TokenFile, "file holding the endpoint's bearer token")
+	fs.StringVar(&c.StateFile, prefix+"state-file", c.StateFile, "file recording the requests handled")
+	fs.DurationVar(&c.PodsGoneTimeout, prefix+"pods-gone-timeout", c.PodsGoneTimeout, "wait for a GPU's pods to be gone before its reset")
+	fs.DurationVar(&c.CommandTimeout, prefix+"command-timeout", c.CommandTimeout, "time bound of one command")
+}
+
+// Validate names the first bad key.
+func (c Config) Validate(prefix string) error {
+	if c.Listen == "" {
+		return nil
+	}
+	switch {
+	case c.TokenFile == "":
+		return fmt.Errorf("%stoken_file: required when %slisten is set", prefix, prefix)
+	case len(c.RebootCommand) == 0:
+		return fmt.Errorf("%sreboot_command: must not be empty", prefix)
+	case len(c.GPUResetCommand) == 0 || !strings.Contains(strings.Join(c.GPUResetCommand, " "), "{uuid}"):
+		return fmt.Errorf("%sgpu_reset_command: must name {uuid}", prefix)
+	case c.StateFile == "":
+		return fmt.Errorf("%sstate_file: must not be empty", prefix)
+	case c.PodsGoneTimeout <= 0 || c.CommandTimeout <= 0:
+		return fmt.Errorf("%spods_gone_timeout/command_timeout: must be positive", prefix)
+	}
+	if _, err := config.ReadSecret(c.TokenFile, ""); err != nil {
+		return fmt.Errorf("%stoken_file: %w", prefix, err)
+	}
+	return nil
+}
+
+// Request is what the janitor sends.
+type Request struct {
+	// ID identifies the request; a repeated id gets the first answer.
+	ID string `json:"id"`
+	// GPUs to reset (UUIDs); empty: every GPU of the node.
+	GPUs []string `json:"gpus,omitempty"`
+}
+
+// Answer is the endpoint's reply.
+type Answer struct {
+	ID string `json:"id"`
+	// OK: done (a reboot: the command was started).
+	OK bool `json:"ok"`
+	// Reason is a CamelCase reason when not OK (GPUInUse, CommandFailed,
+	// InvalidRequest).
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+	// Repeated: the id was handled before; this is the first answer.
+	Repeated bool `json:"repeated,omitempty"`
+}
+
+// PodLister tells which pods hold GPUs (podres.Allocations.Pods).
+type PodLister interface {
+	PodsOf(ctx context.Context, gpus []string) ([]string, error)
+}
+
+// Server serves POST /v1/local/reboot and /v1/local/gpu-reset.
+type Server struct {
+	cfg  Config
+	log  *slog.Logger
+	pods PodLister
+
+	mu    sync.Mutex
+	state map[string]Answer
+}
+
+var uuidRE = regexp.MustCompile(`^GPU-[0-9a-fA-F-]{36}$`)
+
+// New returns the server; pods may be nil (no pod-resources socket: the
+// drain's word is taken).
+func New(cfg Config, log *slog.Logger, pods PodLister) (*Server, error) {
+	s := &Server{cfg: cfg, log: log, pods: pods, state: map[string]Answer{}}
+	if b, err := os.ReadFile(cfg.StateFile); err == nil {
+		if err := json.Unmarshal(b, &s.state); err != nil {
+			return nil, fmt.Errorf("local_actions.state_file %s: %w", cfg.StateFile, err)
+		}
+	}
+	return s, nil
+}
+
+// record writes the state file (rename, so a crash leaves the old one).
+func (s *Server) record(a Answer) error {
+	s.state[a.ID] = a
+	b, _ := json.Marshal(s.state)
+	if err := os.MkdirAll(filepath.Dir(s.cfg.StateFile), 0o755); err != nil {
+		return err
+	}
+	tmp := s.cfg.StateFile + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, s.cfg.StateFile)
+}
+
+// Handler is the endpoint's HTTP handler.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/local/reboot", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, s.reboot) })
+	mux.HandleFunc("POST /v1/local/gpu-reset", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, s.gpuReset) })
+	return mux
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, do func(context.Context, Request) Answer) {
+	tok, err := config.ReadSecret(s.cfg.TokenFile, "")
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if err != nil || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(tok.Reveal())) != 1 {
+		http.Error(w, "unauthorized", http.StatusUnauthorized)
+		return
+	}
+	var req Request
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&req); err != nil || req.ID == "" {
+		writeJSON(w, http.StatusBadRequest, Answer{Reason: "InvalidRequest", Message: "want JSON {\"id\": ..., \"gpus\": [...]}"})
+		return
+	}
+	for _, g := range req.GPUs {
+		if !uuidRE.MatchString(g) {
+			writeJSON(w, http.StatusBadRequest, Answer{ID: req.ID, Reason: "InvalidRequest", Message: fmt.Sprintf("gpu %q is not a GPU UUID", g)})
+			return
+		}
+	}
+	// One request at a time: a reboot and a reset never overlap.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a, ok := s.state[req.ID]; ok {
+		a.Repeated = true
+		writeJSON(w, http.StatusOK, a)
+		return
+	}
+	writeJSON(w, http.StatusOK, do(r.Context(), req))
+}
+
+func writeJSON(w http.ResponseWriter, code int, a Answer) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(a)
+}
+
+func (s *Server) run(ctx context.Context, argv []string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// reboot records the request, then starts the reboot command.
+func (s *Server) reboot(ctx context.Context, req Request) Answer {
+	a := Answer{ID: req.ID, OK: true, Message: "reboot started: " + strings.Join(s.cfg.RebootCommand, " ")}
+	if err := s.record(a); err != nil {
+		return Answer{ID: req.ID, Reason: "StateNotRecorded", Message: err.Error()}
+	}
+	s.log.Warn("local action: rebooting the node", "id", req.ID, "command", s.cfg.RebootCommand)
+	if err := s.run(ctx, s.cfg.RebootCommand); err != nil {
+		a = Answer{ID: req.ID, Reason: "CommandFailed", Message: err.Error()}
+		_ = s.record(a)
+	}
+	return a
+}
+
+// gpuReset waits until no pod holds the GPUs, then resets each.
+func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
+	gpus := req.GPUs
+	if len(gpus) == 0 {
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
+		out, err := exec.CommandContext(cctx, s.cfg.GPUListCommand[0], s.cfg.GPUListCommand[1:]...).Output()
+		cancel()
+		if err != nil {
+			return Answer{ID: req.ID, Reason: "CommandFailed", Message: "list GPUs: " + err.Error()}
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			if l = strings.TrimSpace(l); l != "" {
+				gpus = append(gpus, l)
+			}
+		}
+	}
+	if s.pods != nil {
+		deadline := time.Now().Add(s.cfg.PodsGoneTimeout)
+		for {
+			pods, err := s.pods.PodsOf(ctx, gpus)
+			if err == nil && len(pods) == 0 {
+				break
+			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				msg := fmt.Sprintf("pods still hold the GPUs after %v: %s", s.cfg.PodsGoneTimeout, strings.Join(pods, ", "))
+				if err != nil {
+					msg = "pod resources: " + err.Error()
+				}
+				return Answer{ID: req.ID, Reason: "GPUInUse", Message: msg}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+	var done []string
+	for _, g := range gpus {
+		argv := make([]string, len(s.cfg.GPUResetCommand))
+		for i, a := range s.cfg.GPUResetCommand {
+			argv[i] = strings.ReplaceAll(a, "{uuid}", g)
+		}
+		if err := s.run(ctx, argv); err != nil {
+			a := Answer{ID: req.ID, Reason: "CommandFailed", Message: fmt.Sprintf("reset %s (after %d done): %v", g, len(done), err)}
+			_ = s.record(a)
+			return a
+		}
+		done = append(done, g)
+	}
+	a := Answer{ID: req.ID, OK: true, Message: "reset " + strings.Join(done, ",")}
+	if err := s.record(a); err != nil {
+		s.log.Warn("local action: state not recorded", "err", err)
+	}
+	return a
+}
+
+// Serve listens on cfg.Listen until ctx ends.
+func (s *Server) Serve(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("local_actions.listen: %w", err)
+	}
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
+		defer c()
+		_ = srv.Shutdown(sctx)
+	}()
+	s.log.Info("serving local actions", "addr", ln.Addr().String())
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

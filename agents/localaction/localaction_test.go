@@ -1,0 +1,132 @@
+package localaction
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+var testLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// standIn writes an executable that appends its arguments to log (and
+// fails when its first argument is "fail"): the stand-in for systemctl
+// and nvidia-smi.
+func standIn(t *testing.T, dir, name, log string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	script := "#!/bin/sh\necho \"" + name + " $*\" >> " + log + "\ncase \"$*\" in *GPU-00000000-dead-*) echo 'Unable to reset GPU' >&2; exit 3;; esac\n" +
+		"[ \"$1\" = \"--query-gpu=uuid\" ] && printf 'GPU-00000000-0000-0000-0000-000000000001\\nGPU-00000000-0000-0000-0000-000000000002\\n'\nexit 0\n"
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+type pods struct{ busy atomic.Int32 }
+
+func (p *pods) PodsOf(context.Context, []string) ([]string, error) {
+	if p.busy.Add(-1) >= 0 {
+		return []string{"ml/train-0"}, nil
+	}
+	return nil, nil
+}
+
+func TestServer(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls.log")
+	cfg := DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.TokenFile = filepath.Join(dir, "token")
+	if err := os.WriteFile(cfg.TokenFile, []byte("tok\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.RebootCommand = []string{standIn(t, dir, "systemctl", log), "reboot"}
+	smi := standIn(t, dir, "nvidia-smi", log)
+	cfg.GPUResetCommand = []string{smi, "-r", "-i", "{uuid}"}
+	cfg.GPUListCommand = []string{smi, "--query-gpu=uuid", "--format=csv,noheader"}
+	cfg.StateFile = filepath.Join(dir, "state", "local-actions.json")
+	cfg.PodsGoneTimeout = 10 * time.Second
+	if err := cfg.Validate("local_actions."); err != nil {
+		t.Fatal(err)
+	}
+	p := &pods{}
+	s, err := New(cfg, testLog, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	call := func(path, token string, req Request) (int, Answer) {
+		t.Helper()
+		b, _ := json.Marshal(req)
+		hr, _ := http.NewRequest(http.MethodPost, srv.URL+path, bytes.NewReader(b))
+		hr.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(hr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var a Answer
+		_ = json.NewDecoder(resp.Body).Decode(&a)
+		return resp.StatusCode, a
+	}
+	calls := func() string { b, _ := os.ReadFile(log); return string(b) }
+
+	if code, _ := call("/v1/local/reboot", "wrong", Request{ID: "r1"}); code != http.StatusUnauthorized {
+		t.Fatalf("wrong token: %d", code)
+	}
+	if code, a := call("/v1/local/reboot", "tok", Request{ID: "r1"}); code != 200 || !a.OK || a.Repeated {
+		t.Fatalf("reboot: %d %+v", code, a)
+	}
+	if code, a := call("/v1/local/reboot", "tok", Request{ID: "r1"}); code != 200 || !a.OK || !a.Repeated {
+		t.Fatalf("repeated reboot: %d %+v", code, a)
+	}
+	if got := strings.Count(calls(), "systemctl reboot"); got != 1 {
+		t.Fatalf("reboot command ran %d times:\n%s", got, calls())
+	}
+	// The record survives the agent (and the node) restarting.
+	s2, err := New(cfg, testLog, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Config.Handler = s2.Handler()
+	if _, a := call("/v1/local/reboot", "tok", Request{ID: "r1"}); !a.Repeated || strings.Count(calls(), "systemctl reboot") != 1 {
+		t.Fatalf("after a restart: %+v\n%s", a, calls())
+	}
+
+	// GPU reset: waits for the pods, resets each GPU once.
+	p.busy.Store(2)
+	g := "GPU-00000000-0000-0000-0000-00000000000a"
+	if _, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g1", GPUs: []string{g}}); !a.OK {
+		t.Fatalf("gpu reset: %+v", a)
+	}
+	if p.busy.Load() >= 0 || !strings.Contains(calls(), "nvidia-smi -r -i "+g) {
+		t.Fatalf("reset before the pods were gone, or not at all:\n%s", calls())
+	}
+	// Every GPU: listed by the GPU list command.
+	if _, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g2"}); !a.OK || !strings.Contains(calls(), "-i GPU-00000000-0000-0000-0000-000000000002") {
+		t.Fatalf("all GPUs: %+v\n%s", a, calls())
+	}
+	// Failures.
+	if _, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g3", GPUs: []string{"GPU-00000000-dead-0000-0000-000000000000"}}); a.OK || a.Reason != "CommandFailed" {
+		t.Fatalf("failing reset: %+v", a)
+	}
+	p.busy.Store(1 << 20)
+	s2.cfg.PodsGoneTimeout = 1500 * time.Millisecond
+	if _, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g4", GPUs: []string{g}}); a.OK || a.Reason != "GPUInUse" || !strings.Contains(a.Message, "ml/train-0") {
+		t.Fatalf("GPU in use: %+v", a)
+	}
+	if code, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g5", GPUs: []string{"0"}}); code != 400 || a.Reason != "InvalidRequest" {
+		t.Fatalf("bad uuid: %d %+v", code, a)
+	}
+}

@@ -1,0 +1,303 @@
+package janitor
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kgo"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// startMoto starts moto with test credentials in the environment and
+// returns an EC2 client of it.
+func startMoto(t *testing.T) (*testenv.Moto, *ec2.Client) {
+	t.Helper()
+	m := testenv.StartMoto(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", "testing")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "testing")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	c, err := newEC2(context.Background(), AWSConfig{Endpoint: m.URL}, "us-east-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, c
+}
+
+// runInstances starts n instances in moto and returns their ids.
+func runInstances(t *testing.T, c *ec2.Client, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	imgs, err := c.DescribeImages(ctx, &ec2.DescribeImagesInput{})
+	if err != nil || len(imgs.Images) == 0 {
+		t.Fatalf("moto images: %v", err)
+	}
+	out, err := c.RunInstances(ctx, &ec2.RunInstancesInput{ImageId: imgs.Images[0].ImageId, MinCount: aws.Int32(int32(n)), MaxCount: aws.Int32(int32(n)),
+		InstanceType: ec2types.InstanceTypeP4d24xlarge, Placement: &ec2types.Placement{AvailabilityZone: aws.String("us-east-1a")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, i := range out.Instances {
+		ids = append(ids, *i.InstanceId)
+	}
+	return ids
+}
+
+// instances stands in for the EC2 instances behind the nodes: it reads
+// moto's recording of the requests it received, and for every
+// RebootInstances of a node's instance gives the node a new boot ID (what
+// the rebooted instance's kubelet reports).
+type instances struct {
+	moto *testenv.Moto
+	e    *env
+	mu   sync.Mutex
+	node map[string]string // instance → node
+	seen map[string]int    // instance → reboots acted on
+}
+
+func (s *instances) reboots(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seen[id]
+}
+
+func (s *instances) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		rec, err := s.moto.Requests(ctx)
+		if err == nil {
+			s.mu.Lock()
+			for id, node := range s.node {
+				n := 0
+				for _, r := range rec {
+					if strings.Contains(r.Body, "Action=RebootInstances") && strings.Contains(r.Body, "="+id) {
+						n++
+					}
+				}
+				for s.seen[id] < n {
+					s.seen[id]++
+					s.e.m.setNode(ctx, node, corev1.ConditionTrue, uuid.NewString())
+				}
+			}
+			s.mu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// TestJanitorAWS is the AWS provider end to end on a real kube-apiserver
+// with moto's EC2 as the cloud: a RebootNode of a node whose providerID
+// names a moto instance sends RebootInstances (seen in moto's recording)
+// and completes when the node is back with a new boot ID; a TerminateNode
+// terminates the instance (moto reports it shutting-down/terminated) and
+// deletes the Node; an instance that does not exist fails with
+// InstanceNotFound.
+func TestJanitorAWS(t *testing.T) {
+	e := newEnv(t, 0)
+	moto, ec := startMoto(t)
+	ids := runInstances(t, ec, 2)
+	cfg := e.config()
+	cfg.AWS.Endpoint = moto.URL
+	j, rec := e.janitor(cfg, false, nil)
+	run(t, j)
+	st := &instances{moto: moto, e: e, node: map[string]string{}, seen: map[string]int{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go st.run(ctx)
+	awsNode := func(name, id string) {
+		t.Helper()
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{events.LabelQuarantined: "true", labelDrain: "succeeded"}},
+			Spec: corev1.NodeSpec{ProviderID: "aws:///us-east-1a/" + id}}
+		created, err := e.kube.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		setReady(created, corev1.ConditionTrue)
+		created.Status.NodeInfo.BootID = "boot-0"
+		if _, err := e.kube.CoreV1().Nodes().UpdateStatus(context.Background(), created, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		st.mu.Lock()
+		st.node[id] = name
+		st.mu.Unlock()
+	}
+
+	t.Run("Reboot", func(t *testing.T) {
+		awsNode("ip-10-0-0-1", ids[0])
+		e.create(kindReboot, "reboot-aws-1", "ip-10-0-0-1", false)
+		o := e.wait(kindReboot, "reboot-aws-1", 30*time.Second)
+		if condOf(o, CondSignalSent) != "True/Succeeded" || condOf(o, CondNodeReady) != "True/Succeeded" {
+			t.Fatalf("status %v", o.Object["status"])
+		}
+		if n := st.reboots(ids[0]); n != 1 {
+			t.Fatalf("moto received %d RebootInstances for %s, want 1", n, ids[0])
+		}
+		rec.expect(t, "ip-10-0-0-1", []string{"reboot/applied", "reboot/succeeded"})
+	})
+
+	t.Run("Terminate", func(t *testing.T) {
+		awsNode("ip-10-0-0-2", ids[1])
+		e.create(kindTerminate, "terminate-aws-2", "ip-10-0-0-2", false)
+		o := e.wait(kindTerminate, "terminate-aws-2", 30*time.Second)
+		if condOf(o, CondNodeTerminated) != "True/Succeeded" {
+			t.Fatalf("status %v", o.Object["status"])
+		}
+		out, err := ec.DescribeInstances(context.Background(), &ec2.DescribeInstancesInput{InstanceIds: []string{ids[1]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := out.Reservations[0].Instances[0].State.Name; s != ec2types.InstanceStateNameTerminated && s != ec2types.InstanceStateNameShuttingDown {
+			t.Fatalf("instance %s is %s", ids[1], s)
+		}
+		if _, err := e.kube.CoreV1().Nodes().Get(context.Background(), "ip-10-0-0-2", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Fatalf("node still there: %v", err)
+		}
+	})
+
+	t.Run("InstanceNotFound", func(t *testing.T) {
+		awsNode("ip-10-0-0-3", "i-0123456789abcdef0")
+		e.create(kindReboot, "reboot-aws-3", "ip-10-0-0-3", false)
+		o := e.wait(kindReboot, "reboot-aws-3", 30*time.Second)
+		if got := condOf(o, CondSignalSent); got != "False/"+ReasonInstanceNotFound {
+			t.Fatalf("SignalSent %s; status %v", got, o.Object["status"])
+		}
+		rec.expect(t, "ip-10-0-0-3", []string{"reboot/failed"})
+	})
+}
+
+// withEvents is moto's EC2 with scheduled events added to its real
+// DescribeInstanceStatus answers: moto does not model scheduled events
+// (its InstanceStatus has no Events), so the test adds them to what moto
+// answered for the instance.
+type withEvents struct {
+	EC2API
+	mu     sync.Mutex
+	events map[string][]ec2types.InstanceStatusEvent
+}
+
+func (w *withEvents) set(id string, evs ...ec2types.InstanceStatusEvent) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.events[id] = evs
+}
+
+func (w *withEvents) DescribeInstanceStatus(ctx context.Context, in *ec2.DescribeInstanceStatusInput, opts ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error) {
+	out, err := w.EC2API.DescribeInstanceStatus(ctx, in, opts...)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range out.InstanceStatuses {
+		out.InstanceStatuses[i].Events = w.events[aws.ToString(out.InstanceStatuses[i].InstanceId)]
+	}
+	return out, nil
+}
+
+// TestMaintenanceMonitor: scheduled EC2 events (DescribeInstanceStatus on
+// moto, events added to its answers) become a non-fatal HealthEvent naming
+// the node, the kind and the window, once while they stand; a recovery
+// when the event is gone or completed; nothing for instances of no node,
+// or for an event whose window has passed without it being seen.
+func TestMaintenanceMonitor(t *testing.T) {
+	moto, ec := startMoto(t)
+	ids := runInstances(t, ec, 3)
+	cfg := DefaultConfig().AWS
+	cfg.Endpoint, cfg.MaintenanceRegions, cfg.MaintenanceCluster = moto.URL, []string{"us-east-1"}, "c1"
+	nodes := map[string]string{ids[0]: "ip-10-0-1-1", ids[1]: "ip-10-0-1-2"}
+	mon, err := NewMaintenanceMonitor(cfg, testLog, func(id string) string { return nodes[id] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	real, err := newEC2(context.Background(), cfg, "us-east-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &withEvents{EC2API: real, events: map[string][]ec2types.InstanceStatusEvent{}}
+	mon.build = func(string) (EC2API, error) { return w, nil }
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	mon.now = func() time.Time { return now }
+	poll := func() []*kgo.Record {
+		t.Helper()
+		recs, err := mon.Poll(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return recs
+	}
+	start, end := now.Add(2*time.Hour), now.Add(4*time.Hour)
+	ev := ec2types.InstanceStatusEvent{Code: ec2types.EventCodeSystemReboot, InstanceEventId: aws.String("instance-event-0abc"),
+		Description: aws.String("scheduled reboot"), NotBefore: aws.Time(start), NotAfter: aws.Time(end)}
+	w.set(ids[0], ev)
+	w.set(ids[2], ev) // an instance of no node of the cluster
+	decode := func(recs []*kgo.Record) []*datamodels.HealthEvent {
+		t.Helper()
+		var out []*datamodels.HealthEvent
+		for _, r := range recs {
+			if r.Topic != events.TopicEvents {
+				t.Fatalf("topic %s", r.Topic)
+			}
+			he, err := events.Unmarshal(r.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c, n, _ := events.SplitKey(r.Key); c != "c1" || n != he.GetNodeName() {
+				t.Fatalf("key %s for node %s", r.Key, he.GetNodeName())
+			}
+			out = append(out, he)
+		}
+		return out
+	}
+	got := decode(poll())
+	if len(got) != 1 {
+		t.Fatalf("%d events, want 1 (the node's; the other instance has no node)", len(got))
+	}
+	he := got[0]
+	md := he.GetMetadata()
+	if he.GetNodeName() != "ip-10-0-1-1" || he.GetIsFatal() || he.GetIsHealthy() || he.GetAgent() != MaintenanceAgent ||
+		he.GetComponentClass() != MaintenanceClass || he.GetCheckName() != MaintenanceCheck || he.GetCluster() != "c1" ||
+		md[MetaMaintenanceKind] != "system-reboot" || md[MetaMaintenanceStart] != start.Format(time.RFC3339) ||
+		md[MetaMaintenanceEnd] != end.Format(time.RFC3339) || md[MetaInstance] != ids[0] {
+		t.Fatalf("event %v", he)
+	}
+	if recs := poll(); len(recs) != 0 {
+		t.Fatalf("a standing event reported again: %d records", len(recs))
+	}
+	// Completed: the recovery.
+	done := ev
+	done.Description = aws.String("[Completed] scheduled reboot")
+	w.set(ids[0], done)
+	got = decode(poll())
+	if len(got) != 1 || !got[0].GetIsHealthy() || got[0].GetNodeName() != "ip-10-0-1-1" || got[0].GetMetadata()[MetaMaintenanceKind] != "system-reboot" {
+		t.Fatalf("recovery %v", got)
+	}
+	if recs := poll(); len(recs) != 0 {
+		t.Fatalf("recovery reported again: %d", len(recs))
+	}
+	// A window that ends while it stands: recovered when it has passed.
+	ev2 := ev
+	ev2.InstanceEventId, ev2.Code = aws.String("instance-event-0def"), ec2types.EventCodeInstanceRetirement
+	w.set(ids[1], ev2)
+	if got := decode(poll()); len(got) != 1 || got[0].GetNodeName() != "ip-10-0-1-2" || got[0].GetMetadata()[MetaMaintenanceKind] != "instance-retirement" {
+		t.Fatalf("retirement %v", got)
+	}
+	now = end.Add(time.Minute)
+	if got := decode(poll()); len(got) != 1 || !got[0].GetIsHealthy() {
+		t.Fatalf("after the window: %v", got)
+	}
+}

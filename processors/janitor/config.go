@@ -1,0 +1,281 @@
+package janitor
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/faultline/faultline/processors/pipeline"
+)
+
+// Config is the [janitor] section. README.md has every key with its
+// default.
+type Config struct {
+	// Identity names this janitor on the resources it works (in the state
+	// annotation). Default "faultline-janitor/<hostname>".
+	Identity string `toml:"identity"`
+	// Workers per cluster: resources worked at once. Default 16.
+	Workers int `toml:"workers"`
+	// MaxConcurrent bounds the operations in progress (signal sent, not yet
+	// complete) per cluster. 0: no limit. Default 10.
+	MaxConcurrent int `toml:"max_concurrent"`
+	// MaxConcurrentPerRack bounds them per rack (RackLabel's value) within
+	// a cluster. 0: no limit. Default 2.
+	MaxConcurrentPerRack int `toml:"max_concurrent_per_rack"`
+	// MaxConcurrentPerProvider bounds them per provider within a cluster
+	// (a BMC network, a cloud account's API). 0: no limit. Default 0.
+	MaxConcurrentPerProvider int `toml:"max_concurrent_per_provider"`
+	// RackLabel is the node label that names its rack. Default
+	// "faultline.io/rack"; a node without it counts as its own rack.
+	RackLabel string `toml:"rack_label"`
+	// Cooldown is the least time between two operations on one node. 0:
+	// none. Default 30m.
+	Cooldown time.Duration `toml:"cooldown"`
+	// RequireDrained: act only on a node faultline quarantined (label
+	// faultline.io/quarantined=true) and drained (label faultline.io/drain
+	// succeeded or gave_up), unless the resource's spec.force is true.
+	// Default true.
+	RequireDrained bool `toml:"require_drained"`
+	// RebootTimeout: a rebooted node must come back Ready with a new boot
+	// ID within it, else NodeReady=False/Timeout. Default 30m.
+	RebootTimeout time.Duration `toml:"reboot_timeout"`
+	// ForceAfter: a graceful reboot that has not taken the node down
+	// (NotReady or a new boot ID) within it is followed by a forced one,
+	// on providers that have one (Redfish ForceRestart). 0: never. Default 10m.
+	ForceAfter time.Duration `toml:"force_after"`
+	// TerminateTimeout bounds a TerminateNode. Default 30m.
+	TerminateTimeout time.Duration `toml:"terminate_timeout"`
+	// GPUResetTimeout bounds a GPUReset. Default 10m.
+	GPUResetTimeout time.Duration `toml:"gpu_reset_timeout"`
+	// PollInterval is how often an operation in progress is looked at
+	// besides the node's own updates. Default 5s.
+	PollInterval time.Duration `toml:"poll_interval"`
+	// DeleteNodeOnTerminate deletes the Node object once the provider has
+	// terminated the machine (bare metal has no cloud controller to do
+	// it). Default true.
+	DeleteNodeOnTerminate bool `toml:"delete_node_on_terminate"`
+	// DefaultProvider serves nodes no label, annotation or providerID
+	// prefix maps. Default "" (such a node fails with NoProvider).
+	DefaultProvider string `toml:"default_provider"`
+	// ProviderIDPrefixes map a node's spec.providerID prefix to a provider:
+	// "prefix=provider". Default ["aws://=aws"].
+	ProviderIDPrefixes []string `toml:"provider_id_prefixes"`
+	// Redfish configures the redfish provider.
+	Redfish RedfishConfig `toml:"redfish"`
+	// AWS configures the aws provider and the maintenance monitor.
+	AWS AWSConfig `toml:"aws"`
+	// Local configures the node-local provider.
+	Local LocalConfig `toml:"local"`
+}
+
+// RedfishConfig is [janitor.redfish].
+type RedfishConfig struct {
+	// SecretNamespace holds the BMC credential Secrets (keys username,
+	// password). Default "faultline".
+	SecretNamespace string `toml:"secret_namespace"`
+	// DefaultSecret is the Secret of a node without the
+	// faultline.io/bmc-secret annotation. Default "bmc-credentials".
+	DefaultSecret string `toml:"default_secret"`
+	// CAFile is the PEM bundle BMC certificates are checked against.
+	// Default: the system roots.
+	CAFile string `toml:"ca_file"`
+	// InsecureSkipVerify skips the BMC certificate check. Default false.
+	InsecureSkipVerify bool `toml:"insecure_skip_verify"`
+	// Session: log in through the SessionService (X-Auth-Token) when the
+	// BMC offers one, else HTTP basic auth. Default true.
+	Session bool `toml:"session"`
+	// TerminateAction is the ComputerSystem.Reset type of a TerminateNode:
+	// ForceOff (default) or PowerCycle (terminate-and-reimage setups whose
+	// boot device reinstalls the machine).
+	TerminateAction string `toml:"terminate_action"`
+	// Timeout bounds one BMC request. Default 30s.
+	Timeout time.Duration `toml:"timeout"`
+}
+
+// AWSConfig is [janitor.aws].
+type AWSConfig struct {
+	// Region is the EC2 region of a node whose providerID names none.
+	// Default "us-east-1".
+	Region string `toml:"region"`
+	// Endpoint overrides the EC2 endpoint (tests: moto). Default the SDK's.
+	Endpoint string `toml:"endpoint"`
+	// MaintenanceRegions are the regions whose scheduled events the
+	// maintenance monitor polls. Default none (monitor off).
+	MaintenanceRegions []string `toml:"maintenance_regions"`
+	// MaintenanceInterval is how often they are polled. Default 5m.
+	MaintenanceInterval time.Duration `toml:"maintenance_interval"`
+	// MaintenanceCluster is the cluster stamped on maintenance events.
+	// Default "" (the monitor needs it when regions are set).
+	MaintenanceCluster string `toml:"maintenance_cluster"`
+}
+
+// LocalConfig is [janitor.local].
+type LocalConfig struct {
+	// Port of the agent's local action endpoint on the node's
+	// InternalIP. Default 9477.
+	Port int `toml:"port"`
+	// TokenFile holds the bearer token the agent's endpoint wants.
+	// Default none.
+	TokenFile string `toml:"token_file"`
+	// Timeout bounds one request (a GPU reset waits for the command).
+	// Default 2m.
+	Timeout time.Duration `toml:"timeout"`
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		Identity: "faultline-janitor/" + host, Workers: 16, MaxConcurrent: 10, MaxConcurrentPerRack: 2,
+		RackLabel: "faultline.io/rack", Cooldown: 30 * time.Minute, RequireDrained: true,
+		RebootTimeout: 30 * time.Minute, ForceAfter: 10 * time.Minute, TerminateTimeout: 30 * time.Minute,
+		GPUResetTimeout: 10 * time.Minute, PollInterval: 5 * time.Second, DeleteNodeOnTerminate: true,
+		ProviderIDPrefixes: []string{"aws://=aws"},
+		Redfish: RedfishConfig{SecretNamespace: "faultline", DefaultSecret: "bmc-credentials", Session: true,
+			TerminateAction: "ForceOff", Timeout: 30 * time.Second},
+		AWS:   AWSConfig{Region: "us-east-1", MaintenanceInterval: 5 * time.Minute},
+		Local: LocalConfig{Port: 9477, Timeout: 2 * time.Minute},
+	}
+}
+
+// RegisterFlags adds the flags under prefix ("janitor.").
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "janitor identity written on resources")
+	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "resources worked at once per cluster")
+	fs.IntVar(&c.MaxConcurrent, prefix+"max-concurrent", c.MaxConcurrent, "operations in progress per cluster (0: no limit)")
+	fs.IntVar(&c.MaxConcurrentPerRack, prefix+"max-concurrent-per-rack", c.MaxConcurrentPerRack, "operations in progress per rack (0: no limit)")
+	fs.IntVar(&c.MaxConcurrentPerProvider, prefix+"max-concurrent-per-provider", c.MaxConcurrentPerProvider, "operations in progress per provider and cluster (0: no limit)")
+	fs.StringVar(&c.RackLabel, prefix+"rack-label", c.RackLabel, "node label naming its rack")
+	fs.DurationVar(&c.Cooldown, prefix+"cooldown", c.Cooldown, "least time between two operations on one node")
+	fs.BoolVar(&c.RequireDrained, prefix+"require-drained", c.RequireDrained, "act only on nodes faultline quarantined and drained unless the resource says force")
+	fs.DurationVar(&c.RebootTimeout, prefix+"reboot-timeout", c.RebootTimeout, "time for a rebooted node to come back Ready with a new boot ID")
+	fs.DurationVar(&c.ForceAfter, prefix+"force-after", c.ForceAfter, "forced reboot after a graceful one did not take the node down (0: never)")
+	fs.DurationVar(&c.TerminateTimeout, prefix+"terminate-timeout", c.TerminateTimeout, "time bound of a TerminateNode")
+	fs.DurationVar(&c.GPUResetTimeout, prefix+"gpu-reset-timeout", c.GPUResetTimeout, "time bound of a GPUReset")
+	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often an operation in progress is looked at")
+	fs.BoolVar(&c.DeleteNodeOnTerminate, prefix+"delete-node-on-terminate", c.DeleteNodeOnTerminate, "delete the Node object once its machine is terminated")
+	fs.StringVar(&c.DefaultProvider, prefix+"default-provider", c.DefaultProvider, "provider of nodes nothing else maps (redfish, aws, local)")
+	fs.Func(prefix+"provider-id-prefixes", "comma-separated providerID-prefix=provider (replaces the default)", func(s string) error {
+		c.ProviderIDPrefixes = nil
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				c.ProviderIDPrefixes = append(c.ProviderIDPrefixes, p)
+			}
+		}
+		return nil
+	})
+	r := &c.Redfish
+	fs.StringVar(&r.SecretNamespace, prefix+"redfish.secret-namespace", r.SecretNamespace, "namespace of the BMC credential Secrets")
+	fs.StringVar(&r.DefaultSecret, prefix+"redfish.default-secret", r.DefaultSecret, "BMC credential Secret of nodes without faultline.io/bmc-secret")
+	fs.StringVar(&r.CAFile, prefix+"redfish.ca-file", r.CAFile, "PEM CA bundle for BMC certificates")
+	fs.BoolVar(&r.InsecureSkipVerify, prefix+"redfish.insecure-skip-verify", r.InsecureSkipVerify, "skip the BMC certificate check")
+	fs.BoolVar(&r.Session, prefix+"redfish.session", r.Session, "log in through the BMC's SessionService when it has one")
+	fs.StringVar(&r.TerminateAction, prefix+"redfish.terminate-action", r.TerminateAction, "Reset type of a TerminateNode: ForceOff or PowerCycle")
+	fs.DurationVar(&r.Timeout, prefix+"redfish.timeout", r.Timeout, "timeout of one BMC request")
+	a := &c.AWS
+	fs.StringVar(&a.Region, prefix+"aws.region", a.Region, "EC2 region of nodes whose providerID names none")
+	fs.StringVar(&a.Endpoint, prefix+"aws.endpoint", a.Endpoint, "EC2 endpoint override")
+	fs.Func(prefix+"aws.maintenance-regions", "comma-separated regions whose scheduled events become HealthEvents", func(s string) error {
+		a.MaintenanceRegions = nil
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				a.MaintenanceRegions = append(a.MaintenanceRegions, p)
+			}
+		}
+		return nil
+	})
+	fs.DurationVar(&a.MaintenanceInterval, prefix+"aws.maintenance-interval", a.MaintenanceInterval, "how often scheduled events are polled")
+	fs.StringVar(&a.MaintenanceCluster, prefix+"aws.maintenance-cluster", a.MaintenanceCluster, "cluster stamped on maintenance events")
+	l := &c.Local
+	fs.IntVar(&l.Port, prefix+"local.port", l.Port, "port of the agent's local action endpoint")
+	fs.StringVar(&l.TokenFile, prefix+"local.token-file", l.TokenFile, "file holding the agent endpoint's bearer token")
+	fs.DurationVar(&l.Timeout, prefix+"local.timeout", l.Timeout, "timeout of one agent request")
+}
+
+// Providers are the provider names.
+var Providers = []string{ProviderRedfish, ProviderAWS, ProviderLocal}
+
+// Validate names the first bad key, with the given prefix ("janitor.").
+func (c Config) Validate(prefix string) error {
+	switch {
+	case c.Identity == "":
+		return fmt.Errorf("%sidentity: must not be empty", prefix)
+	case c.Workers < 1:
+		return fmt.Errorf("%sworkers: must be at least 1, got %d", prefix, c.Workers)
+	case c.MaxConcurrent < 0:
+		return fmt.Errorf("%smax_concurrent: must not be negative, got %d", prefix, c.MaxConcurrent)
+	case c.MaxConcurrentPerRack < 0:
+		return fmt.Errorf("%smax_concurrent_per_rack: must not be negative, got %d", prefix, c.MaxConcurrentPerRack)
+	case c.MaxConcurrentPerProvider < 0:
+		return fmt.Errorf("%smax_concurrent_per_provider: must not be negative, got %d", prefix, c.MaxConcurrentPerProvider)
+	case c.Cooldown < 0:
+		return fmt.Errorf("%scooldown: must not be negative, got %v", prefix, c.Cooldown)
+	case c.RebootTimeout <= 0:
+		return fmt.Errorf("%sreboot_timeout: must be positive, got %v", prefix, c.RebootTimeout)
+	case c.ForceAfter < 0:
+		return fmt.Errorf("%sforce_after: must not be negative, got %v", prefix, c.ForceAfter)
+	case c.TerminateTimeout <= 0:
+		return fmt.Errorf("%sterminate_timeout: must be positive, got %v", prefix, c.TerminateTimeout)
+	case c.GPUResetTimeout <= 0:
+		return fmt.Errorf("%sgpu_reset_timeout: must be positive, got %v", prefix, c.GPUResetTimeout)
+	case c.PollInterval <= 0:
+		return fmt.Errorf("%spoll_interval: must be positive, got %v", prefix, c.PollInterval)
+	case c.DefaultProvider != "" && !slices.Contains(Providers, c.DefaultProvider):
+		return fmt.Errorf("%sdefault_provider: %q is not a provider (%s)", prefix, c.DefaultProvider, strings.Join(Providers, ", "))
+	}
+	for i, p := range c.ProviderIDPrefixes {
+		pre, name, ok := strings.Cut(p, "=")
+		if !ok || pre == "" || !slices.Contains(Providers, name) {
+			return fmt.Errorf("%sprovider_id_prefixes[%d]: want prefix=provider with provider one of %s, got %q", prefix, i, strings.Join(Providers, ", "), p)
+		}
+	}
+	switch c.Redfish.TerminateAction {
+	case "ForceOff", "PowerCycle":
+	default:
+		return fmt.Errorf("%sredfish.terminate_action: want ForceOff or PowerCycle, got %q", prefix, c.Redfish.TerminateAction)
+	}
+	if c.Redfish.Timeout <= 0 {
+		return fmt.Errorf("%sredfish.timeout: must be positive, got %v", prefix, c.Redfish.Timeout)
+	}
+	if c.Redfish.CAFile != "" {
+		if _, err := os.Stat(c.Redfish.CAFile); err != nil {
+			return fmt.Errorf("%sredfish.ca_file: %w", prefix, err)
+		}
+	}
+	if c.AWS.MaintenanceInterval <= 0 {
+		return fmt.Errorf("%saws.maintenance_interval: must be positive, got %v", prefix, c.AWS.MaintenanceInterval)
+	}
+	if len(c.AWS.MaintenanceRegions) > 0 && c.AWS.MaintenanceCluster == "" {
+		return fmt.Errorf("%saws.maintenance_cluster: must be set when aws.maintenance_regions is", prefix)
+	}
+	if c.Local.Port < 1 || c.Local.Port > 65535 {
+		return fmt.Errorf("%slocal.port: want 1-65535, got %d", prefix, c.Local.Port)
+	}
+	if c.Local.Timeout <= 0 {
+		return fmt.Errorf("%slocal.timeout: must be positive, got %v", prefix, c.Local.Timeout)
+	}
+	return nil
+}
+
+// Pipeline returns the runner settings of the role contract. The janitor
+// consumes no topic (it watches its resources in the clusters and
+// produces actions), so Topics is empty and Open registers no consumer.
+func (c Config) Pipeline() pipeline.Config {
+	return pipeline.Config{Role: Role, Topics: Topics}
+}
+
+// providerForPrefix returns the provider of a providerID, "" when no
+// prefix maps it.
+func (c Config) providerForPrefix(providerID string) string {
+	best, bestLen := "", 0
+	for _, p := range c.ProviderIDPrefixes {
+		pre, name, _ := strings.Cut(p, "=")
+		if strings.HasPrefix(providerID, pre) && len(pre) > bestLen {
+			best, bestLen = name, len(pre)
+		}
+	}
+	return best
+}

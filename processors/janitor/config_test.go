@@ -1,0 +1,123 @@
+package janitor
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(*Config)
+		want string // "" valid; else the key named
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"workers", func(c *Config) { c.Workers = 0 }, "janitor.workers"},
+		{"negative limit", func(c *Config) { c.MaxConcurrentPerRack = -1 }, "janitor.max_concurrent_per_rack"},
+		{"timeout", func(c *Config) { c.RebootTimeout = 0 }, "janitor.reboot_timeout"},
+		{"provider", func(c *Config) { c.DefaultProvider = "gcp" }, "janitor.default_provider"},
+		{"prefix", func(c *Config) { c.ProviderIDPrefixes = []string{"aws://"} }, "janitor.provider_id_prefixes[0]"},
+		{"terminate action", func(c *Config) { c.Redfish.TerminateAction = "Nmi" }, "janitor.redfish.terminate_action"},
+		{"ca file", func(c *Config) { c.Redfish.CAFile = "/nonexistent/ca.pem" }, "janitor.redfish.ca_file"},
+		{"maintenance cluster", func(c *Config) { c.AWS.MaintenanceRegions = []string{"us-east-1"} }, "janitor.aws.maintenance_cluster"},
+		{"local port", func(c *Config) { c.Local.Port = 0 }, "janitor.local.port"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tc.mod(&c)
+			err := c.Validate("janitor.")
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want+":")):
+				t.Fatalf("error %v, want one naming %s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestProviderName(t *testing.T) {
+	c := DefaultConfig()
+	c.ProviderIDPrefixes = []string{"aws://=aws", "aws:///eu=redfish"}
+	c.DefaultProvider = "local"
+	node := func(ann, lbl map[string]string, pid string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: ann, Labels: lbl}, Spec: corev1.NodeSpec{ProviderID: pid}}
+	}
+	for _, tc := range []struct {
+		name string
+		n    *corev1.Node
+		want string
+	}{
+		{"annotation wins", node(map[string]string{AnnotationProvider: "redfish"}, map[string]string{AnnotationProvider: "aws"}, "aws:///us/i-1"), "redfish"},
+		{"label", node(nil, map[string]string{AnnotationProvider: "redfish"}, "aws:///us/i-1"), "redfish"},
+		{"prefix", node(nil, nil, "aws:///us-east-1a/i-1"), "aws"},
+		{"longest prefix", node(nil, nil, "aws:///eu-west-1a/i-1"), "redfish"},
+		{"default", node(nil, nil, "kwok://n"), "local"},
+	} {
+		if got := c.providerName(tc.n); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestLimiter(t *testing.T) {
+	l := newLimiter(3, 1, 2)
+	if r := l.acquire("a", "c1", "r1", "redfish", false); r != "" {
+		t.Fatal(r)
+	}
+	if r := l.acquire("a", "c1", "r1", "redfish", false); r != "" {
+		t.Fatalf("re-acquire by the holder refused: %s", r)
+	}
+	if r := l.acquire("b", "c1", "r1", "redfish", false); r != "max_concurrent_per_rack" {
+		t.Fatalf("second on rack r1: %q", r)
+	}
+	if r := l.acquire("b", "c1", "r2", "redfish", false); r != "" {
+		t.Fatal(r)
+	}
+	if r := l.acquire("c", "c1", "r3", "redfish", false); r != "max_concurrent_per_provider" {
+		t.Fatalf("third redfish: %q", r)
+	}
+	if r := l.acquire("c", "c1", "r3", "aws", false); r != "" {
+		t.Fatal(r)
+	}
+	if r := l.acquire("d", "c1", "r4", "aws", false); r != "max_concurrent" {
+		t.Fatalf("fourth in c1: %q", r)
+	}
+	if r := l.acquire("d", "c2", "r4", "aws", false); r != "" {
+		t.Fatalf("another cluster is not limited by c1: %q", r)
+	}
+	if r := l.acquire("e", "c1", "r1", "redfish", true); r != "" || l.inProgress("c1") != 4 {
+		t.Fatalf("forced acquire: %q, %d in progress", r, l.inProgress("c1"))
+	}
+	for _, k := range []string{"a", "b", "c", "e", "e"} {
+		l.release(k)
+	}
+	if n := l.inProgress("c1"); n != 0 {
+		t.Fatalf("%d in progress after release", n)
+	}
+}
+
+func TestSetConditions(t *testing.T) {
+	u := &unstructured.Unstructured{Object: map[string]any{"status": map[string]any{"conditions": []any{
+		map[string]any{"type": "SignalSent", "status": "Unknown", "reason": "Initializing", "lastTransitionTime": "2020-01-01T00:00:00Z"},
+	}}}}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	out := setConditions(u, now, cond{"SignalSent", "True", "Succeeded", "sent"}, cond{"NodeReady", "Unknown", "Initializing", ""})
+	if len(out) != 2 {
+		t.Fatalf("%v", out)
+	}
+	c0 := out[0].(map[string]any)
+	if c0["status"] != "True" || c0["lastTransitionTime"] != "2026-01-01T00:00:00Z" {
+		t.Fatalf("changed condition: %v", c0)
+	}
+	u.Object["status"].(map[string]any)["conditions"] = out
+	out = setConditions(u, now.Add(time.Hour), cond{"SignalSent", "True", "Succeeded", "again"})
+	if c := out[0].(map[string]any); c["lastTransitionTime"] != "2026-01-01T00:00:00Z" || c["message"] != "again" {
+		t.Fatalf("unchanged status moved lastTransitionTime: %v", c)
+	}
+}

@@ -1,0 +1,846 @@
+package janitor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// Labels the quarantine and drain roles set on a node (their packages'
+// LabelQuarantined and LabelDrain; a role reads another's marks by name,
+// never through its package).
+const (
+	labelQuarantined = events.LabelQuarantined // "true" while quarantined
+	labelDrain       = "faultline.io/drain"    // succeeded, gave_up when drained
+)
+
+// Janitor carries out the janitor resources of every configured cluster.
+type Janitor struct {
+	cfg       Config
+	reg       *clusters.Registry
+	kube      clusters.Config
+	log       *slog.Logger
+	now       func() time.Time
+	providers map[string]Provider
+	prod      pipeline.Producer
+	lim       *limiter
+	m         *metrics
+
+	mu      sync.Mutex
+	dyn     map[string]dynamic.Interface
+	sent    map[string]time.Time // resource UID+step → signal sent by this process
+	ended   map[string]bool      // resource UIDs this process ended (the cache may not show it yet)
+	dryRun  map[string]bool      // resource UID → dry-run action written
+	running map[string]*clusterRun
+}
+
+// Options are a Janitor's collaborators.
+type Options struct {
+	Log        *slog.Logger
+	Now        func() time.Time
+	Registerer prometheus.Registerer
+	// Providers by name; Open builds redfish, aws and local from the
+	// config. Tests install their own.
+	Providers map[string]Provider
+	// Producer gets the audit actions (the actions topic). nil: actions
+	// are only logged.
+	Producer pipeline.Producer
+}
+
+// New returns a janitor for the clusters of kube.
+func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options) (*Janitor, error) {
+	if err := cfg.Validate("janitor."); err != nil {
+		return nil, err
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if reg == nil {
+		reg = clusters.NewRegistry(kube, opts.Now)
+	}
+	return &Janitor{
+		cfg: cfg, reg: reg, kube: kube, log: opts.Log.With("role", Role), now: opts.Now,
+		providers: opts.Providers, prod: opts.Producer,
+		lim: newLimiter(cfg.MaxConcurrent, cfg.MaxConcurrentPerRack, cfg.MaxConcurrentPerProvider),
+		m:   newMetrics(opts.Registerer), dyn: map[string]dynamic.Interface{}, sent: map[string]time.Time{},
+		dryRun: map[string]bool{}, ended: map[string]bool{}, running: map[string]*clusterRun{},
+	}, nil
+}
+
+// SetDynamic installs a cluster's dynamic client (tests, dev mode).
+func (j *Janitor) SetDynamic(cluster string, d dynamic.Interface) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.dyn[cluster] = d
+}
+
+func (j *Janitor) dynamicFor(cluster string) (dynamic.Interface, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if d, ok := j.dyn[cluster]; ok {
+		return d, nil
+	}
+	for _, c := range j.kube.Clusters {
+		if c.Name != cluster || c.Kubeconfig == "" {
+			continue
+		}
+		rc, err := j.reg.RESTConfig(c)
+		if err != nil {
+			return nil, err
+		}
+		d, err := dynamic.NewForConfig(rc)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %q: dynamic client: %w", cluster, err)
+		}
+		j.dyn[cluster] = d
+		return d, nil
+	}
+	return nil, fmt.Errorf("cluster %q: %w", cluster, clusters.ErrUnknownCluster)
+}
+
+// Run watches the named clusters until ctx ends; each cluster runs on its
+// own (one that is down never stalls another) and is retried while it
+// cannot be reached.
+func (j *Janitor) Run(ctx context.Context, names []string) error {
+	var wg sync.WaitGroup
+	for _, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				err := j.runCluster(ctx, name)
+				if ctx.Err() != nil {
+					return
+				}
+				j.log.Warn("janitor: cluster watch stopped; retrying", "cluster", name, "err", err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(5 * time.Second):
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	<-ctx.Done() // no clusters: the role still runs until it is stopped
+	return nil
+}
+
+// qkey is one resource in a cluster's queue.
+type qkey struct{ kind, name string }
+
+// clusterRun is one cluster's watch and queue.
+type clusterRun struct {
+	name  string
+	cl    *clusters.Client
+	dyn   dynamic.Interface
+	nodes cache.Indexer
+	res   map[string]cache.Indexer // by kind name
+	q     workqueue.TypedRateLimitingInterface[qkey]
+}
+
+const nodeIndex = "node"
+
+func indexByNode(obj any) ([]string, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil, nil
+	}
+	n, _, _ := unstructured.NestedString(u.Object, "spec", "nodeName")
+	if n == "" {
+		return nil, nil
+	}
+	return []string{n}, nil
+}
+
+// runCluster watches one cluster's nodes and janitor resources and works
+// its queue until ctx ends.
+func (j *Janitor) runCluster(ctx context.Context, name string) error {
+	cl, err := j.reg.Get(name)
+	if err != nil {
+		return err
+	}
+	if cl.Kube == nil {
+		j.log.Info("janitor: cluster has no kubeconfig (dry-run); nothing to watch", "cluster", name)
+		<-ctx.Done()
+		return nil
+	}
+	dyn, err := j.dynamicFor(name)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cr := &clusterRun{name: name, cl: cl, dyn: dyn, res: map[string]cache.Indexer{},
+		q: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.NewTypedItemExponentialFailureRateLimiter[qkey](200*time.Millisecond, 30*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[qkey]{Name: "janitor-" + name})}
+	defer cr.q.ShutDown()
+
+	nf := informers.NewSharedInformerFactory(cl.Kube, 0)
+	ninf := nf.Core().V1().Nodes().Informer()
+	df := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
+	var syncs []cache.InformerSynced
+	for _, k := range kinds {
+		// A kind whose CRD is not installed is left out (its informer
+		// would never sync).
+		if _, err := dyn.Resource(k.GVR).List(cctx, metav1.ListOptions{Limit: 1}); err != nil {
+			if apierrors.IsNotFound(err) {
+				j.log.Warn("janitor: CRD not installed; kind not watched", "cluster", name, "kind", k.Name)
+				continue
+			}
+			return fmt.Errorf("list %s: %w", k.GVR.Resource, err)
+		}
+		inf := df.ForResource(k.GVR).Informer()
+		if err := inf.AddIndexers(cache.Indexers{nodeIndex: indexByNode}); err != nil {
+			return err
+		}
+		kn := k.Name
+		enq := func(obj any) {
+			if u, ok := obj.(*unstructured.Unstructured); ok {
+				cr.q.Add(qkey{kn, u.GetName()})
+			}
+		}
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enq, UpdateFunc: func(_, o any) { enq(o) }}); err != nil {
+			return err
+		}
+		cr.res[kn] = inf.GetIndexer()
+		syncs = append(syncs, inf.HasSynced)
+	}
+	if _, err := ninf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, o any) { cr.enqueueNode(o) },
+		DeleteFunc: func(o any) {
+			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			cr.enqueueNode(o)
+		},
+	}); err != nil {
+		return err
+	}
+	cr.nodes = ninf.GetIndexer()
+	syncs = append(syncs, ninf.HasSynced)
+	nf.Start(cctx.Done())
+	df.Start(cctx.Done())
+	if !cache.WaitForCacheSync(cctx.Done(), syncs...) {
+		return ctx.Err()
+	}
+	j.mu.Lock()
+	j.running[name] = cr
+	j.mu.Unlock()
+	defer func() {
+		j.mu.Lock()
+		delete(j.running, name)
+		j.mu.Unlock()
+	}()
+	// Operations in progress (a janitor restarted mid-operation) hold
+	// their slots before any new one starts.
+	for kn, idx := range cr.res {
+		for _, o := range idx.List() {
+			u := o.(*unstructured.Unstructured)
+			if st := stateOf(u); st != nil && !finished(u) {
+				j.lim.acquire(cr.resKey(kn, u.GetName()), name, j.rackOf(cr, u), st.Provider, true)
+			}
+		}
+	}
+	j.log.Info("janitor: watching", "cluster", name, "kinds", len(cr.res))
+	var wg sync.WaitGroup
+	for range j.cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j.work(cctx, cr) {
+			}
+		}()
+	}
+	<-cctx.Done()
+	cr.q.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+func (cr *clusterRun) enqueueNode(o any) {
+	n, ok := o.(*corev1.Node)
+	if !ok {
+		return
+	}
+	for kn, idx := range cr.res {
+		objs, _ := idx.ByIndex(nodeIndex, n.Name)
+		for _, obj := range objs {
+			if u, ok := obj.(*unstructured.Unstructured); ok && !finished(u) {
+				cr.q.Add(qkey{kn, u.GetName()})
+			}
+		}
+	}
+}
+
+func (cr *clusterRun) resKey(kind, name string) string { return cr.name + "/" + kind + "/" + name }
+
+func (cr *clusterRun) node(name string) *corev1.Node {
+	o, ok, _ := cr.nodes.GetByKey(name)
+	if !ok {
+		return nil
+	}
+	return o.(*corev1.Node)
+}
+
+// work handles one queue item; false when the queue is shut down.
+func (j *Janitor) work(ctx context.Context, cr *clusterRun) bool {
+	k, quit := cr.q.Get()
+	if quit {
+		return false
+	}
+	defer cr.q.Done(k)
+	again, err := j.reconcile(ctx, cr, k)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		j.m.apiErrors.WithLabelValues(cr.name).Inc()
+		j.log.Warn("janitor: step failed; retrying", "cluster", cr.name, "kind", k.kind, "name", k.name, "err", err)
+		cr.q.AddRateLimited(k)
+	case again > 0:
+		cr.q.Forget(k)
+		cr.q.AddAfter(k, again)
+	default:
+		cr.q.Forget(k)
+	}
+	return true
+}
+
+func kindByName(name string) kind {
+	for _, k := range kinds {
+		if k.Name == name {
+			return k
+		}
+	}
+	return kind{}
+}
+
+// rackOf is the rack of the resource's node ("" node → its own name).
+func (j *Janitor) rackOf(cr *clusterRun, u *unstructured.Unstructured) string {
+	nn, _, _ := unstructured.NestedString(u.Object, "spec", "nodeName")
+	if n := cr.node(nn); n != nil {
+		if r := n.Labels[j.cfg.RackLabel]; r != "" {
+			return r
+		}
+	}
+	return "node:" + nn
+}
+
+// reconcile takes one resource a step further. It returns when to look
+// again (0: only on its or its node's next change).
+func (j *Janitor) reconcile(ctx context.Context, cr *clusterRun, k qkey) (time.Duration, error) {
+	idx := cr.res[k.kind]
+	key := cr.resKey(k.kind, k.name)
+	o, ok, _ := idx.GetByKey(k.name)
+	if !ok {
+		j.lim.release(key)
+		return 0, nil
+	}
+	u := o.(*unstructured.Unstructured)
+	j.mu.Lock()
+	ended := j.ended[string(u.GetUID())]
+	j.mu.Unlock()
+	if finished(u) || ended {
+		j.lim.release(key)
+		return 0, nil
+	}
+	kd := kindByName(k.kind)
+	op := &operation{j: j, cr: cr, kd: kd, u: u, key: key}
+	op.nodeName, _, _ = unstructured.NestedString(u.Object, "spec", "nodeName")
+	op.force, _, _ = unstructured.NestedBool(u.Object, "spec", "force")
+	op.node = cr.node(op.nodeName)
+	if st := stateOf(u); st != nil {
+		op.st = st
+		return op.follow(ctx)
+	}
+	return op.start(ctx)
+}
+
+// operation is one reconcile of one resource.
+type operation struct {
+	j        *Janitor
+	cr       *clusterRun
+	kd       kind
+	u        *unstructured.Unstructured
+	key      string
+	nodeName string
+	node     *corev1.Node
+	force    bool
+	st       *opState
+}
+
+func (op *operation) res() dynamic.ResourceInterface { return op.cr.dyn.Resource(op.kd.GVR) }
+
+func (op *operation) ref() string { return op.kd.Name + "/" + op.u.GetName() }
+
+// start checks the safety rules and sends the signal.
+func (op *operation) start(ctx context.Context) (time.Duration, error) {
+	j := op.j
+	if op.cr.cl.DryRun {
+		j.mu.Lock()
+		done := j.dryRun[string(op.u.GetUID())]
+		j.dryRun[string(op.u.GetUID())] = true
+		j.mu.Unlock()
+		if !done {
+			a := op.action(events.OutcomeDryRun, fmt.Sprintf("would carry out %s on node %s (cluster is dry-run)", op.ref(), op.nodeName), "dry_run", nil)
+			a.DryRun = true
+			j.emit(ctx, a)
+		}
+		return 0, nil
+	}
+	if op.node == nil {
+		return 0, op.fail(ctx, ReasonNodeNotFound, fmt.Sprintf("node %s not found", op.nodeName), false)
+	}
+	if j.cfg.RequireDrained && !op.force {
+		q, d := op.node.Labels[labelQuarantined], op.node.Labels[labelDrain]
+		if q != "true" || (d != "succeeded" && d != "gave_up") {
+			return 0, op.fail(ctx, ReasonNotDrained, fmt.Sprintf("node %s is not quarantined and drained by faultline (%s=%q, %s=%q) and spec.force is not set",
+				op.nodeName, labelQuarantined, q, labelDrain, d), false)
+		}
+	}
+	pname := j.cfg.providerName(op.node)
+	prov := j.providers[pname]
+	if prov == nil {
+		why := "no provider for node " + op.nodeName + " (annotation/label " + AnnotationProvider + ", providerID " + op.node.Spec.ProviderID + ", default_provider)"
+		if pname != "" {
+			why = fmt.Sprintf("provider %q of node %s is not configured", pname, op.nodeName)
+		}
+		return 0, op.fail(ctx, ReasonNoProvider, why, false)
+	}
+	if wait := op.cooldown(); wait > 0 {
+		op.deferOnce(ctx, fmt.Sprintf("node %s is in its cooldown (%v) for %v more", op.nodeName, j.cfg.Cooldown, wait.Round(time.Second)))
+		return wait, nil
+	}
+	rack := j.rackOf(op.cr, op.u)
+	if lim := j.lim.acquire(op.key, op.cr.name, rack, pname, false); lim != "" {
+		op.deferOnce(ctx, "waiting for a slot: "+lim+" reached")
+		return time.Second, nil
+	}
+	// Record the signal before sending it (optimistic concurrency: a
+	// second janitor, or a stale cache, gets a conflict here).
+	st := opState{Step: "signal", At: j.now().UTC(), BootID: op.node.Status.NodeInfo.BootID, Provider: pname, By: j.cfg.Identity}
+	obj := op.u.DeepCopy()
+	ann := obj.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[AnnotationState] = st.encode()
+	obj.SetAnnotations(ann)
+	upd, err := op.res().Update(ctx, obj, metav1.UpdateOptions{FieldManager: "faultline-janitor"})
+	if apierrors.IsConflict(err) {
+		j.lim.release(op.key)
+		return time.Second, nil // re-read; another janitor may have it
+	}
+	if err != nil {
+		j.lim.release(op.key)
+		return 0, fmt.Errorf("record %s state: %w", op.ref(), err)
+	}
+	op.u, op.st = upd, &st
+	j.m.started.WithLabelValues(op.cr.name, op.kd.ActionKind, pname).Inc()
+	t := Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/signal"}
+	switch op.kd {
+	case kindGPUReset:
+		return op.resetGPUs(ctx, prov, t)
+	case kindTerminate:
+		err = prov.Terminate(ctx, t)
+	default:
+		err = prov.Reboot(ctx, t, Graceful)
+	}
+	if err != nil && ctx.Err() != nil {
+		// Stopping mid-signal: the state is recorded; whoever resumes it
+		// does not send it again.
+		return 0, ctx.Err()
+	}
+	if err != nil {
+		return 0, op.fail(ctx, reasonOf(err), fmt.Sprintf("%s via %s: %v", op.kd.ActionKind, pname, err), true)
+	}
+	j.mu.Lock()
+	j.sent[t.RequestID] = j.now()
+	j.mu.Unlock()
+	if created := op.u.GetCreationTimestamp().Time; !created.IsZero() {
+		j.m.signalLatency.WithLabelValues(op.cr.name).Observe(j.now().Sub(created).Seconds())
+	}
+	msg := fmt.Sprintf("%s signal sent via %s", op.kd.ActionKind, pname)
+	if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonSucceeded, msg}, cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
+		return 0, err
+	}
+	j.emit(ctx, op.action(events.OutcomeApplied, msg+" to node "+op.nodeName, "signal", nil))
+	return j.cfg.PollInterval, nil
+}
+
+// resetGPUs runs a GPU reset (synchronous: the provider returns once the
+// reset ran) and completes the resource.
+func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (time.Duration, error) {
+	j := op.j
+	var uuids []string
+	if raw, ok, _ := unstructured.NestedStringSlice(op.u.Object, "spec", "selector", "uuids"); ok {
+		uuids = raw
+	}
+	what := "every GPU"
+	if len(uuids) > 0 {
+		what = strings.Join(uuids, ",")
+	}
+	if err := prov.ResetGPUs(ctx, t, uuids); err != nil {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		reason := reasonOf(err)
+		if reason == ReasonFailed {
+			reason = ReasonResetJobFailed
+		}
+		return 0, op.fail(ctx, reason, fmt.Sprintf("reset of %s via %s: %v", what, op.st.Provider, err), true)
+	}
+	msg := fmt.Sprintf("reset %s of node %s via %s", what, op.nodeName, op.st.Provider)
+	if err := op.writeStatus(ctx, true, cond{CondReady, "True", ReasonSucceeded, "accepted"},
+		cond{CondResetJobCreated, "True", ReasonSucceeded, "sent via " + op.st.Provider},
+		cond{CondComplete, "True", ReasonGPUResetSucceeded, msg}); err != nil {
+		return 0, err
+	}
+	j.lim.release(op.key)
+	j.m.completed.WithLabelValues(op.cr.name, op.kd.ActionKind, events.OutcomeSucceeded).Inc()
+	j.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
+	return 0, nil
+}
+
+// cooldown is how long the node must still wait: another resource of the
+// node recorded a signal within Config.Cooldown.
+func (op *operation) cooldown() time.Duration {
+	j := op.j
+	if j.cfg.Cooldown <= 0 {
+		return 0
+	}
+	var last time.Time
+	for _, idx := range op.cr.res {
+		objs, _ := idx.ByIndex(nodeIndex, op.nodeName)
+		for _, o := range objs {
+			u := o.(*unstructured.Unstructured)
+			if u.GetUID() == op.u.GetUID() {
+				continue
+			}
+			if st := stateOf(u); st != nil && st.At.After(last) {
+				last = st.At
+			}
+		}
+	}
+	if last.IsZero() {
+		return 0
+	}
+	return last.Add(j.cfg.Cooldown).Sub(j.now())
+}
+
+// deferOnce writes a deferred action the first time a resource waits.
+func (op *operation) deferOnce(ctx context.Context, why string) {
+	j := op.j
+	id := string(op.u.GetUID()) + "/deferred"
+	j.mu.Lock()
+	seen := j.dryRun[id]
+	j.dryRun[id] = true
+	j.mu.Unlock()
+	if !seen {
+		j.m.deferred.WithLabelValues(op.cr.name).Inc()
+		j.emit(ctx, op.action(events.OutcomeDeferred, why, "deferred", nil))
+	}
+}
+
+// follow observes an operation whose signal was recorded.
+func (op *operation) follow(ctx context.Context) (time.Duration, error) {
+	j := op.j
+	j.lim.acquire(op.key, op.cr.name, j.rackOf(op.cr, op.u), op.st.Provider, true)
+	if !condIs(op.u, CondSignalSent, "True") && op.kd != kindGPUReset {
+		j.mu.Lock()
+		_, mine := j.sent[string(op.u.GetUID())+"/signal"]
+		j.mu.Unlock()
+		if mine {
+			return time.Second, nil // our status write is not in the cache yet
+		}
+		// Read it fresh: the cache may be behind our own write.
+		fresh, err := op.res().Get(ctx, op.u.GetName(), metav1.GetOptions{})
+		if err != nil {
+			return 0, fmt.Errorf("get %s: %w", op.ref(), err)
+		}
+		op.u = fresh
+		if finished(fresh) {
+			j.lim.release(op.key)
+			return 0, nil
+		}
+		if !condIs(fresh, CondSignalSent, "True") {
+			// Recorded by a janitor that stopped before it wrote
+			// SignalSent: it may have been sent. Never twice.
+			msg := fmt.Sprintf("the signal was recorded at %s by %s, which stopped before confirming it; not sent again",
+				op.st.At.Format(time.RFC3339), op.st.By)
+			if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonRecorded, msg},
+				cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
+				return 0, err
+			}
+			j.emit(ctx, op.action(events.OutcomeInProgress, "resumed "+op.ref()+": "+msg, "resumed", nil))
+			return j.cfg.PollInterval, nil
+		}
+	}
+	switch op.kd {
+	case kindGPUReset:
+		// The cache may be behind the Complete this janitor just wrote.
+		fresh, err := op.res().Get(ctx, op.u.GetName(), metav1.GetOptions{})
+		if err != nil {
+			return 0, fmt.Errorf("get %s: %w", op.ref(), err)
+		}
+		if op.u = fresh; finished(fresh) {
+			j.lim.release(op.key)
+			return 0, nil
+		}
+		// Recorded but not completed: the reset was interrupted. Only the
+		// node-local agent resets GPUs, and it answers a repeated request
+		// id with the first answer, so sending it again is safe.
+		prov := j.providers[op.st.Provider]
+		if prov == nil {
+			return 0, op.fail(ctx, ReasonNoProvider, "provider "+op.st.Provider+" is not configured", true)
+		}
+		if j.now().Sub(op.st.At) > j.cfg.GPUResetTimeout {
+			return 0, op.fail(ctx, ReasonTimeout, fmt.Sprintf("not completed within %v", j.cfg.GPUResetTimeout), true)
+		}
+		return op.resetGPUs(ctx, prov, Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/signal"})
+	case kindTerminate:
+		return op.followTerminate(ctx)
+	}
+	return op.followReboot(ctx)
+}
+
+func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
+	j := op.j
+	elapsed := j.now().Sub(op.st.At)
+	if n := op.node; n != nil && nodeReady(n) && n.Status.NodeInfo.BootID != "" && n.Status.NodeInfo.BootID != op.st.BootID {
+		msg := fmt.Sprintf("node %s is Ready with a new boot ID %s (was %s) after %v", op.nodeName, n.Status.NodeInfo.BootID, op.st.BootID, elapsed.Round(time.Second))
+		if err := op.writeStatus(ctx, true, cond{CondNodeReady, "True", ReasonSucceeded, msg}); err != nil {
+			return 0, err
+		}
+		j.lim.release(op.key)
+		j.m.completed.WithLabelValues(op.cr.name, op.kd.ActionKind, events.OutcomeSucceeded).Inc()
+		j.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
+		return 0, nil
+	}
+	if elapsed > j.cfg.RebootTimeout {
+		why := fmt.Sprintf("node %s did not come back Ready with a new boot ID within %v", op.nodeName, j.cfg.RebootTimeout)
+		if op.node == nil {
+			why = fmt.Sprintf("node %s is gone and did not come back within %v", op.nodeName, j.cfg.RebootTimeout)
+		}
+		return 0, op.fail(ctx, ReasonTimeout, why, true)
+	}
+	// A graceful reboot that has not taken the node down: force it, once.
+	if j.cfg.ForceAfter > 0 && op.st.ForcedAt.IsZero() && elapsed > j.cfg.ForceAfter && op.node != nil && nodeReady(op.node) &&
+		op.node.Status.NodeInfo.BootID == op.st.BootID {
+		if prov := j.providers[op.st.Provider]; prov != nil {
+			st := *op.st
+			st.Step, st.ForcedAt = "force", j.now().UTC()
+			obj := op.u.DeepCopy()
+			ann := obj.GetAnnotations()
+			ann[AnnotationState] = st.encode()
+			obj.SetAnnotations(ann)
+			upd, err := op.res().Update(ctx, obj, metav1.UpdateOptions{FieldManager: "faultline-janitor"})
+			if apierrors.IsConflict(err) {
+				return time.Second, nil
+			}
+			if err != nil {
+				return 0, fmt.Errorf("record %s force: %w", op.ref(), err)
+			}
+			op.u, op.st = upd, &st
+			t := Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/force"}
+			err = prov.Reboot(ctx, t, Force)
+			switch {
+			case errors.Is(err, ErrUnsupported):
+			case err != nil:
+				return 0, op.fail(ctx, reasonOf(err), fmt.Sprintf("forced reboot via %s after %v: %v", op.st.Provider, j.cfg.ForceAfter, err), true)
+			default:
+				j.emit(ctx, op.action(events.OutcomeApplied, fmt.Sprintf("forced reboot via %s: the graceful one did not take node %s down within %v",
+					op.st.Provider, op.nodeName, j.cfg.ForceAfter), "force", nil))
+			}
+		}
+	}
+	return j.cfg.PollInterval, nil
+}
+
+func (op *operation) followTerminate(ctx context.Context) (time.Duration, error) {
+	j := op.j
+	gone := op.node == nil
+	if !gone {
+		if _, err := op.cr.cl.Kube.CoreV1().Nodes().Get(ctx, op.nodeName, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			gone = true
+		}
+	}
+	if !gone && j.cfg.DeleteNodeOnTerminate {
+		err := op.cr.cl.Kube.CoreV1().Nodes().Delete(ctx, op.nodeName, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return 0, fmt.Errorf("delete node %s: %w", op.nodeName, err)
+		}
+		gone = true
+	}
+	if gone {
+		msg := fmt.Sprintf("node %s terminated via %s and its Node object is gone", op.nodeName, op.st.Provider)
+		if err := op.writeStatus(ctx, true, cond{CondNodeTerminated, "True", ReasonSucceeded, msg}); err != nil {
+			return 0, err
+		}
+		j.lim.release(op.key)
+		j.m.completed.WithLabelValues(op.cr.name, op.kd.ActionKind, events.OutcomeSucceeded).Inc()
+		j.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
+		return 0, nil
+	}
+	if j.now().Sub(op.st.At) > j.cfg.TerminateTimeout {
+		return 0, op.fail(ctx, ReasonTimeout, fmt.Sprintf("node %s still exists %v after the terminate signal", op.nodeName, j.cfg.TerminateTimeout), true)
+	}
+	return j.cfg.PollInterval, nil
+}
+
+// fail ends the resource failed: the result condition (or SignalSent when
+// no signal went out) False with the reason, completionTime set.
+func (op *operation) fail(ctx context.Context, reason, msg string, signalled bool) error {
+	j := op.j
+	var cs []cond
+	switch {
+	case op.kd == kindGPUReset:
+		cs = []cond{{CondComplete, "True", reason, msg}}
+	case !signalled || !condIs(op.u, CondSignalSent, "True"):
+		cs = []cond{{CondSignalSent, "False", reason, msg}, {op.kd.Result, "False", reason, msg}}
+	default:
+		cs = []cond{{op.kd.Result, "False", reason, msg}}
+	}
+	if err := op.writeStatus(ctx, true, cs...); err != nil {
+		return err
+	}
+	j.lim.release(op.key)
+	j.m.completed.WithLabelValues(op.cr.name, op.kd.ActionKind, events.OutcomeFailed).Inc()
+	j.log.Warn("janitor: operation failed", "cluster", op.cr.name, "resource", op.ref(), "node", op.nodeName, "reason", reason, "msg", msg)
+	outcome := events.OutcomeFailed
+	if reason == ReasonNotDrained {
+		outcome = events.OutcomeRefused
+	}
+	j.emit(ctx, op.action(outcome, reason+": "+msg, "failed", map[string]string{"reason": reason}))
+	return nil
+}
+
+// writeStatus merges conditions (and startTime, and completionTime when
+// done) into the resource's status.
+func (op *operation) writeStatus(ctx context.Context, done bool, cs ...cond) error {
+	now := op.j.now()
+	status := map[string]any{"conditions": setConditions(op.u, now, cs...)}
+	if v, _, _ := unstructured.NestedString(op.u.Object, "status", "startTime"); v == "" {
+		at := now
+		if op.st != nil {
+			at = op.st.At
+		}
+		status["startTime"] = at.UTC().Format(time.RFC3339)
+	}
+	if done {
+		status["completionTime"] = now.UTC().Format(time.RFC3339)
+	}
+	patch, _ := json.Marshal(map[string]any{"status": status})
+	out, err := op.res().Patch(ctx, op.u.GetName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-janitor"}, "status")
+	if err != nil {
+		return fmt.Errorf("write %s status: %w", op.ref(), err)
+	}
+	op.u = out
+	if done {
+		op.j.mu.Lock()
+		op.j.ended[string(out.GetUID())] = true
+		op.j.mu.Unlock()
+	}
+	return nil
+}
+
+// action is one audit record of the operation.
+func (op *operation) action(outcome, reason, step string, details map[string]string) *faultlinev1.Action {
+	j := op.j
+	j.m.actions.WithLabelValues(op.cr.name, op.kd.ActionKind, outcome).Inc()
+	d := map[string]string{events.DetailResource: op.ref(), events.DetailStep: step}
+	if op.st != nil {
+		d[events.DetailProvider] = op.st.Provider
+	}
+	if op.force {
+		d[events.DetailForce] = "true"
+	}
+	for k, v := range details {
+		d[k] = v
+	}
+	return &faultlinev1.Action{
+		Id:      shortHash(strings.Join([]string{op.cr.name, string(op.u.GetUID()), op.u.GetName(), step, outcome}, "\x00"), 32),
+		Cluster: op.cr.name, Node: op.nodeName, Role: Role, Kind: op.kd.ActionKind, Outcome: outcome,
+		Reason: events.Truncate(reason, 1024), Timestamp: timestamppb.New(j.now()), Details: d,
+	}
+}
+
+// emit produces an action to the actions topic (a few tries; the audit is
+// not skipped silently: a record that cannot be produced is logged whole).
+func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) {
+	j.log.Info("janitor: action", "cluster", a.Cluster, "node", a.Node, "kind", a.Kind, "outcome", a.Outcome, "reason", a.Reason)
+	if j.prod == nil {
+		return
+	}
+	rec, err := pipeline.ActionRecord(a)
+	if err != nil {
+		j.log.Error("janitor: action not encoded", "err", err, "id", a.Id)
+		return
+	}
+	for try := 0; ; try++ {
+		err = j.prod.ProduceSync(ctx, rec).FirstErr()
+		if err == nil || try == 4 || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(time.Duration(200<<try) * time.Millisecond)
+	}
+	if err != nil {
+		j.m.auditErrors.Inc()
+		j.log.Error("janitor: action not produced", "err", err, "id", a.Id, "cluster", a.Cluster, "node", a.Node,
+			"kind", a.Kind, "outcome", a.Outcome, "reason", a.Reason)
+	}
+}
+
+func shortHash(s string, n int) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])[:n]
+}
+
+type metrics struct {
+	actions, started, completed, apiErrors, deferred *prometheus.CounterVec
+	auditErrors                                      prometheus.Counter
+	signalLatency                                    *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		actions:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_actions_total", Help: "Janitor actions written."}, []string{"cluster", "kind", "outcome"}),
+		started:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_started_total", Help: "Operations whose signal was sent."}, []string{"cluster", "kind", "provider"}),
+		completed:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_completed_total", Help: "Operations ended."}, []string{"cluster", "kind", "outcome"}),
+		apiErrors:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_step_errors_total", Help: "Steps retried after an error."}, []string{"cluster"}),
+		deferred:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_deferred_total", Help: "Operations that waited for a limit or cooldown."}, []string{"cluster"}),
+		auditErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_janitor_audit_errors_total", Help: "Actions that could not be produced."}),
+		signalLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_janitor_signal_seconds", Help: "Resource created to SignalSent.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"cluster"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.actions, m.started, m.completed, m.apiErrors, m.deferred, m.auditErrors, m.signalLatency)
+	}
+	return m
+}

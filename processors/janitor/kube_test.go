@@ -1,0 +1,541 @@
+package janitor
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kgo"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/remediate"
+	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+const cluster = "c1"
+
+// recorder is the actions topic of a test: every produced action.
+type recorder struct {
+	mu   sync.Mutex
+	acts []*faultlinev1.Action
+}
+
+func (r *recorder) ProduceSync(_ context.Context, rs ...*kgo.Record) kgo.ProduceResults {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out kgo.ProduceResults
+	for _, rec := range rs {
+		a, err := events.UnmarshalAction(rec.Value)
+		if err == nil && rec.Topic == events.TopicActions {
+			r.acts = append(r.acts, a)
+		}
+		out = append(out, kgo.ProduceResult{Record: rec, Err: err})
+	}
+	return out
+}
+
+// of lists "kind/outcome" of node's actions.
+func (r *recorder) of(node string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, a := range r.acts {
+		if a.Node == node {
+			out = append(out, a.Kind+"/"+a.Outcome)
+		}
+	}
+	return out
+}
+
+// expect waits (up to 10 s: an action is produced just after the status
+// it reports) until node's actions are want.
+func (r *recorder) expect(t *testing.T, node string, want []string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := r.of(node)
+		if slices.Equal(got, want) {
+			return
+		}
+		if time.Now().After(deadline) || len(got) > len(want) {
+			t.Fatalf("actions of %s: %v, want %v", node, got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// machine stands in for the real machines behind the emulated BMC: it
+// polls each system's PowerState, and when a system powers off it marks
+// its node NotReady; when it is On again it gives the node a new boot ID
+// and marks it Ready — what a real node's kubelet reports after a reboot.
+type machine struct {
+	t      *testing.T
+	bmc    *testenv.Sushy
+	kube   kubernetes.Interface
+	mu     sync.Mutex
+	nodes  map[string]string // system UUID → node
+	cycles map[string]int    // node → power cycles seen
+}
+
+func (m *machine) add(uuid, node string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.nodes[uuid] = node
+}
+
+func (m *machine) cyclesOf(node string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cycles[node]
+}
+
+func (m *machine) run(ctx context.Context) {
+	off := map[string]bool{}
+	for ctx.Err() == nil {
+		m.mu.Lock()
+		nodes := make(map[string]string, len(m.nodes))
+		for k, v := range m.nodes {
+			nodes[k] = v
+		}
+		m.mu.Unlock()
+		for sys, node := range nodes {
+			ps, err := m.bmc.PowerState(ctx, sys)
+			if err != nil {
+				continue
+			}
+			switch {
+			case ps == "Off" && !off[sys]:
+				off[sys] = true
+				m.setNode(ctx, node, corev1.ConditionFalse, "")
+			case ps == "On" && off[sys]:
+				off[sys] = false
+				m.mu.Lock()
+				m.cycles[node]++
+				m.mu.Unlock()
+				m.setNode(ctx, node, corev1.ConditionTrue, uuid.NewString())
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (m *machine) setNode(ctx context.Context, name string, ready corev1.ConditionStatus, bootID string) {
+	for try := 0; try < 5; try++ {
+		n, err := m.kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return
+		}
+		setReady(n, ready)
+		if bootID != "" {
+			n.Status.NodeInfo.BootID = bootID
+		}
+		if _, err := m.kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); !apierrors.IsConflict(err) {
+			return
+		}
+	}
+}
+
+func setReady(n *corev1.Node, st corev1.ConditionStatus) {
+	now := metav1.Now()
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == corev1.NodeReady {
+			n.Status.Conditions[i].Status, n.Status.Conditions[i].LastHeartbeatTime, n.Status.Conditions[i].LastTransitionTime = st, now, now
+			return
+		}
+	}
+	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeReady, Status: st, Reason: "Test",
+		LastHeartbeatTime: now, LastTransitionTime: now})
+}
+
+// env is one test's cluster, BMC, machines and janitor wiring.
+type env struct {
+	t    *testing.T
+	kc   *testenv.Kube
+	kube kubernetes.Interface
+	dyn  dynamic.Interface
+	bmc  *testenv.Sushy
+	ca   *testenv.CA
+	m    *machine
+}
+
+// node creates a node behind system sys of the BMC, Ready with a boot ID,
+// labelled as quarantine and drain leave it when drained is true.
+func (e *env) node(name, sys string, drained bool, ann map[string]string) {
+	e.t.Helper()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{AnnotationProvider: ProviderRedfish, "faultline.io/rack": "r-" + name},
+		Annotations: map[string]string{AnnotationBMC: e.bmc.URL + e.bmc.SystemPath(sys)}}}
+	if drained {
+		n.Labels[events.LabelQuarantined], n.Labels[labelDrain] = "true", "succeeded"
+	}
+	for k, v := range ann {
+		n.Annotations[k] = v
+	}
+	ctx := context.Background()
+	if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	for try := 0; ; try++ { // kwok may write the status at the same time
+		cur, err := e.kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		setReady(cur, corev1.ConditionTrue)
+		cur.Status.NodeInfo.BootID = "boot-0-" + name
+		_, err = e.kube.CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		if err == nil {
+			break
+		}
+		if !apierrors.IsConflict(err) || try > 20 {
+			e.t.Fatal(err)
+		}
+	}
+	e.m.add(sys, name)
+}
+
+func (e *env) janitor(cfg Config, dryRun bool, prov map[string]Provider) (*Janitor, *recorder) {
+	e.t.Helper()
+	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+	reg.SetClient(cluster, e.kube, dryRun)
+	if prov == nil {
+		var err error
+		if prov, err = BuildProviders(cfg, testLog); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	rec := &recorder{}
+	j, err := New(cfg, clusters.Config{}, reg, Options{Log: testLog, Providers: prov, Producer: rec})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	j.SetDynamic(cluster, e.dyn)
+	return j, rec
+}
+
+func (e *env) config() Config {
+	c := DefaultConfig()
+	c.Redfish.CAFile = e.ca.File
+	c.PollInterval = 200 * time.Millisecond
+	c.Cooldown = 0
+	return c
+}
+
+// run runs j until the returned stop is called (or the test ends).
+func run(t *testing.T, j *Janitor) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = j.Run(ctx, []string{cluster}) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+func (e *env) create(k kind, name, node string, force bool) {
+	e.t.Helper()
+	o := &unstructured.Unstructured{Object: map[string]any{"apiVersion": Group + "/v1alpha1", "kind": k.Name,
+		"metadata": map[string]any{"name": name}, "spec": map[string]any{"nodeName": node, "force": force}}}
+	if _, err := e.dyn.Resource(k.GVR).Create(context.Background(), o, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// wait polls the resource until it has completionTime, and returns it.
+func (e *env) wait(k kind, name string, within time.Duration) *unstructured.Unstructured {
+	e.t.Helper()
+	deadline := time.Now().Add(within)
+	var o *unstructured.Unstructured
+	var err error
+	for time.Now().Before(deadline) {
+		o, err = e.dyn.Resource(k.GVR).Get(context.Background(), name, metav1.GetOptions{})
+		if err == nil && finished(o) {
+			return o
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	e.t.Fatalf("%s %s not finished within %v: %v %v", k.Name, name, within, err, o)
+	return nil
+}
+
+func condOf(o *unstructured.Unstructured, typ string) string {
+	c := condition(o, typ)
+	if c == nil {
+		return "none"
+	}
+	return fmt.Sprint(c["status"], "/", c["reason"])
+}
+
+// newEnv starts the apiserver (with kwok simulating the nodes' kubelets
+// when kwok is set) and, for systems > 0, the Redfish emulator with that
+// many systems.
+func newEnv(t *testing.T, systems int, kwok ...bool) *env {
+	kube := testenv.StartKube(t, testenv.KubeOptions{KWOK: len(kwok) > 0 && kwok[0]})
+	kube.ApplyCRDs(t, "../../deploy/crds/*.yaml")
+	dyn, err := dynamic.NewForConfig(kube.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := testenv.NewCA(t, "", "bmc")
+	var sys []testenv.SushySystem
+	for i := range systems {
+		sys = append(sys, testenv.SushySystem{UUID: fmt.Sprintf("22222222-0000-4000-8000-%012d", i), Name: fmt.Sprintf("sys-%d", i)})
+	}
+	var bmc *testenv.Sushy
+	if systems > 0 {
+		bmc = testenv.StartSushy(t, testenv.SushyOptions{Systems: sys, Username: "admin", Password: "s3cret", TLS: ca})
+	}
+	k := kube.Client()
+	ctx := context.Background()
+	if _, err := k.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "faultline"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*corev1.Secret{bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"), bmcSecret("faultline", "wrong", "admin", "nope")} {
+		if _, err := k.CoreV1().Secrets("faultline").Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := &machine{t: t, bmc: bmc, kube: k, nodes: map[string]string{}, cycles: map[string]int{}}
+	mctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	if bmc != nil {
+		go m.run(mctx)
+	}
+	return &env{t: t, kc: kube, kube: k, dyn: dyn, bmc: bmc, ca: ca, m: m}
+}
+
+func sysID(i int) string { return fmt.Sprintf("22222222-0000-4000-8000-%012d", i) }
+
+// drainedRecord is the drain role's result for node, as the remediate
+// role consumes it.
+func drainedRecord(node, drainID string) *kgo.Record {
+	a := &faultlinev1.Action{
+		Id: "d-" + drainID, Cluster: cluster, Node: node, Role: events.RoleDrain, Kind: events.KindDrain,
+		Outcome: events.OutcomeSucceeded, EventIds: []string{"ev-" + drainID}, CheckName: "XID_ERROR_79",
+		RecommendedAction: "RESTART_BM", Details: map[string]string{events.DetailDrainID: drainID},
+	}
+	b, _ := events.MarshalAction(a)
+	return &kgo.Record{Topic: events.TopicActions, Key: events.Key(cluster, node), Value: b}
+}
+
+// remediateStep runs the remediate role's handler on recs and returns its
+// actions ("kind/outcome") and requeue records.
+func remediateStep(t *testing.T, h *remediate.Handler, recs ...*kgo.Record) ([]string, []*kgo.Record) {
+	t.Helper()
+	res, err := h.Handle(context.Background(), recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acts []string
+	var rq []*kgo.Record
+	for _, r := range res.Out {
+		if r.Topic == remediate.TopicRequeue {
+			rq = append(rq, r)
+			continue
+		}
+		a, err := events.UnmarshalAction(r.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acts = append(acts, a.Kind+"/"+a.Outcome)
+	}
+	return acts, rq
+}
+
+// TestJanitorKube is the janitor end to end on a real kube-apiserver with
+// KWOK simulating the nodes' kubelets (it keeps them Ready, and makes a node
+// the test marks NotReady Ready again: only a new boot ID ends a reboot), with
+// sushy-tools' Redfish emulator (TLS with a test CA, basic auth) as the
+// BMC of every node and the test standing in for the machines: the
+// remediate role creates a RebootNode, the janitor resets the emulated
+// system (its PowerState really goes Off and On), the node comes back with
+// a new boot ID, the resource completes and the remediate role reads it
+// as succeeded; failures end with their reason and the remediate role
+// escalates them; a janitor stopped mid-reboot is resumed by another
+// without a second reset.
+func TestJanitorKube(t *testing.T) {
+	e := newEnv(t, 6, true) // KWOK nodes
+	clk := time.Now()
+	var clkMu sync.Mutex
+	now := func() time.Time { clkMu.Lock(); defer clkMu.Unlock(); return clk }
+	advance := func(d time.Duration) { clkMu.Lock(); clk = clk.Add(d); clkMu.Unlock() }
+	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+	reg.SetClient(cluster, e.kube, false)
+	rem, err := remediate.New(remediate.DefaultConfig(), reg, remediate.Options{Log: testLog, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rem.SetDynamic(cluster, e.dyn)
+	j, rec := e.janitor(e.config(), false, nil)
+	stopJ := run(t, j)
+
+	// remediated runs the remediate role for node's drain until its
+	// remediation ends, returning its actions.
+	remediated := func(node, drainID string) []string {
+		t.Helper()
+		acts, rq := remediateStep(t, rem, drainedRecord(node, drainID))
+		deadline := time.Now().Add(60 * time.Second)
+		for len(rq) > 0 && time.Now().Before(deadline) {
+			time.Sleep(300 * time.Millisecond)
+			advance(remediate.DefaultConfig().PollInterval)
+			var more []string
+			more, rq = remediateStep(t, rem, rq...)
+			acts = append(acts, more...)
+		}
+		return acts
+	}
+	resourceOf := func(node string) *unstructured.Unstructured {
+		l, err := e.dyn.Resource(kindReboot.GVR).List(context.Background(), metav1.ListOptions{LabelSelector: remediate.LabelNode + "=" + node})
+		if err != nil || len(l.Items) != 1 {
+			t.Fatalf("RebootNodes of %s: %v %v", node, err, l)
+		}
+		return &l.Items[0]
+	}
+
+	t.Run("RebootThroughRedfish", func(t *testing.T) {
+		e.node("gpu-a", sysID(0), true, nil)
+		before, _ := e.kube.CoreV1().Nodes().Get(context.Background(), "gpu-a", metav1.GetOptions{})
+		acts := remediated("gpu-a", "drain-a")
+		if !slices.Contains(acts, "remediate/succeeded") {
+			t.Fatalf("remediate actions %v, want remediate/succeeded", acts)
+		}
+		o := resourceOf("gpu-a")
+		if condOf(o, CondSignalSent) != "True/Succeeded" || condOf(o, CondNodeReady) != "True/Succeeded" || !finished(o) {
+			t.Fatalf("status %v", o.Object["status"])
+		}
+		after, _ := e.kube.CoreV1().Nodes().Get(context.Background(), "gpu-a", metav1.GetOptions{})
+		if after.Status.NodeInfo.BootID == before.Status.NodeInfo.BootID {
+			t.Fatal("boot ID unchanged")
+		}
+		if n := e.m.cyclesOf("gpu-a"); n != 1 {
+			t.Fatalf("%d power cycles of gpu-a's system, want 1", n)
+		}
+		rec.expect(t, "gpu-a", []string{"reboot/applied", "reboot/succeeded"})
+	})
+
+	t.Run("FailuresEscalate", func(t *testing.T) {
+		for _, tc := range []struct {
+			node, sys string
+			ann       map[string]string
+			reason    string
+		}{
+			{"gpu-b", sysID(1), map[string]string{AnnotationBMCSecret: "wrong"}, ReasonBMCAuthFailed},
+			{"gpu-c", sysID(2), map[string]string{AnnotationBMC: "https://127.0.0.1:1"}, ReasonBMCUnreachable},
+		} {
+			e.node(tc.node, tc.sys, true, tc.ann)
+			acts := remediated(tc.node, "drain-"+tc.node)
+			if !slices.Contains(acts, "remediate/failed") || !slices.Contains(acts, "escalate/applied") {
+				t.Fatalf("%s: remediate actions %v, want failed and escalate", tc.node, acts)
+			}
+			o := resourceOf(tc.node)
+			if got := condOf(o, CondSignalSent); got != "False/"+tc.reason || !finished(o) {
+				t.Fatalf("%s: SignalSent %s, want False/%s; status %v", tc.node, got, tc.reason, o.Object["status"])
+			}
+			rec.expect(t, tc.node, []string{"reboot/failed"})
+			if n := e.m.cyclesOf(tc.node); n != 0 {
+				t.Fatalf("%s: power cycled", tc.node)
+			}
+		}
+	})
+
+	t.Run("NotDrainedUnlessForce", func(t *testing.T) {
+		e.node("gpu-d", sysID(3), false, nil)
+		e.create(kindReboot, "manual-d", "gpu-d", false)
+		o := e.wait(kindReboot, "manual-d", 20*time.Second)
+		if got := condOf(o, CondSignalSent); got != "False/"+ReasonNotDrained {
+			t.Fatalf("SignalSent %s", got)
+		}
+		rec.expect(t, "gpu-d", []string{"reboot/refused"})
+		e.create(kindReboot, "manual-d-force", "gpu-d", true)
+		o = e.wait(kindReboot, "manual-d-force", 40*time.Second)
+		if got := condOf(o, CondNodeReady); got != "True/Succeeded" {
+			t.Fatalf("forced: NodeReady %s; status %v", got, o.Object["status"])
+		}
+		if n := e.m.cyclesOf("gpu-d"); n != 1 {
+			t.Fatalf("%d power cycles", n)
+		}
+	})
+
+	t.Run("StoppedMidRebootResumesWithoutSecondReset", func(t *testing.T) {
+		e.node("gpu-e", sysID(4), true, nil)
+		// Janitor A sends the reset, then stops before it writes
+		// SignalSent (its provider blocks until A is stopped).
+		real := j.providers[ProviderRedfish]
+		var sentA atomic.Int32
+		sent := make(chan struct{})
+		a, _ := e.janitor(e.config(), false, map[string]Provider{ProviderRedfish: &blockAfter{Provider: real, sent: sent, n: &sentA}})
+		// The shared janitor j must not take it: stop it first.
+		stopJ()
+		stopA := run(t, a)
+		e.create(kindReboot, "resume-e", "gpu-e", false)
+		select {
+		case <-sent:
+		case <-time.After(30 * time.Second):
+			t.Fatal("janitor A sent no reset")
+		}
+		stopA()
+		o, _ := e.dyn.Resource(kindReboot.GVR).Get(context.Background(), "resume-e", metav1.GetOptions{})
+		if stateOf(o) == nil || condIs(o, CondSignalSent, "True") {
+			t.Fatalf("after A stopped: state %v, status %v", o.GetAnnotations(), o.Object["status"])
+		}
+		// Janitor B (a restart) resumes it: no second reset.
+		var sentB atomic.Int32
+		b, recB := e.janitor(e.config(), false, map[string]Provider{ProviderRedfish: &counting{Provider: real, n: &sentB}})
+		run(t, b)
+		o = e.wait(kindReboot, "resume-e", 40*time.Second)
+		if condOf(o, CondSignalSent) != "True/"+ReasonRecorded || condOf(o, CondNodeReady) != "True/Succeeded" {
+			t.Fatalf("status %v", o.Object["status"])
+		}
+		if sentA.Load() != 1 || sentB.Load() != 0 {
+			t.Fatalf("resets sent: A %d, B %d; want 1, 0", sentA.Load(), sentB.Load())
+		}
+		time.Sleep(12 * time.Second) // a second reset would show within the emulator's 1-11 s
+		if n := e.m.cyclesOf("gpu-e"); n != 1 {
+			t.Fatalf("%d power cycles, want 1", n)
+		}
+		recB.expect(t, "gpu-e", []string{"reboot/in_progress", "reboot/succeeded"})
+	})
+}
+
+// blockAfter sends the real signal, then blocks until its context ends:
+// a janitor that dies between sending the signal and recording it sent.
+type blockAfter struct {
+	Provider
+	sent chan struct{}
+	n    *atomic.Int32
+}
+
+func (b *blockAfter) Reboot(ctx context.Context, t Target, mode RebootMode) error {
+	if err := b.Provider.Reboot(ctx, t, mode); err != nil {
+		return err
+	}
+	b.n.Add(1)
+	close(b.sent)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// counting counts the signals it passes on.
+type counting struct {
+	Provider
+	n *atomic.Int32
+}
+
+func (c *counting) Reboot(ctx context.Context, t Target, mode RebootMode) error {
+	c.n.Add(1)
+	return c.Provider.Reboot(ctx, t, mode)
+}

@@ -1,0 +1,117 @@
+package janitor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/faultline/faultline/agents/localaction"
+	"github.com/faultline/faultline/internal/config"
+)
+
+// AnnotationAgent overrides the address (host:port) of a node's agent
+// local action endpoint; default the node's InternalIP and local.port.
+const AnnotationAgent = "faultline.io/agent-address"
+
+// Reasons the local provider writes besides the agent's own (GPUInUse,
+// CommandFailed, InvalidRequest, StateNotRecorded).
+const (
+	ReasonAgentUnreachable = "AgentUnreachable"
+	ReasonAgentAuthFailed  = "AgentAuthFailed"
+	ReasonNoAddress        = "NoAddress"
+)
+
+// Local carries operations out through the faultline agent on the node
+// (agents/localaction): a reboot (the agent's reboot_command, systemd's
+// `systemctl reboot` by default) and GPU resets (`nvidia-smi -r -i
+// <uuid>` once the GPU's pods are gone). The request id is the
+// resource's, so asking again gets the first answer, never a second
+// reboot or reset.
+type Local struct {
+	cfg    LocalConfig
+	client *http.Client
+}
+
+// NewLocal builds the provider.
+func NewLocal(cfg LocalConfig) *Local {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	return &Local{cfg: cfg, client: &http.Client{Transport: tr, Timeout: cfg.Timeout}}
+}
+
+func (l *Local) address(n *corev1.Node) (string, error) {
+	if a := n.Annotations[AnnotationAgent]; a != "" {
+		return a, nil
+	}
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP && a.Address != "" {
+			return net.JoinHostPort(a.Address, strconv.Itoa(l.cfg.Port)), nil
+		}
+	}
+	return "", perr(ReasonNoAddress, "node %s has no InternalIP (or %s annotation)", n.Name, AnnotationAgent)
+}
+
+func (l *Local) call(ctx context.Context, t Target, path string, req localaction.Request) error {
+	addr, err := l.address(t.Node)
+	if err != nil {
+		return err
+	}
+	body, _ := json.Marshal(req)
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	if l.cfg.TokenFile != "" {
+		tok, err := config.ReadSecret(l.cfg.TokenFile, "")
+		if err != nil {
+			return fmt.Errorf("janitor.local.token_file: %w", err)
+		}
+		hr.Header.Set("Authorization", "Bearer "+tok.Reveal())
+	}
+	resp, err := l.client.Do(hr)
+	if err != nil {
+		return perr(ReasonAgentUnreachable, "agent %s of node %s: %v", addr, t.Node.Name, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		return perr(ReasonAgentAuthFailed, "agent %s of node %s refused the token (%s)", addr, t.Node.Name, resp.Status)
+	}
+	var a localaction.Answer
+	if err := json.Unmarshal(b, &a); err != nil {
+		return fmt.Errorf("agent %s of node %s: %s: %q", addr, t.Node.Name, resp.Status, b)
+	}
+	if !a.OK {
+		reason := a.Reason
+		if reason == "" {
+			reason = ReasonFailed
+		}
+		return perr(reason, "agent %s of node %s: %s", addr, t.Node.Name, a.Message)
+	}
+	return nil
+}
+
+// Reboot asks the agent to reboot the node (Force: ErrUnsupported; a
+// node whose OS hangs needs its BMC).
+func (l *Local) Reboot(ctx context.Context, t Target, mode RebootMode) error {
+	if mode == Force {
+		return ErrUnsupported
+	}
+	return l.call(ctx, t, "/v1/local/reboot", localaction.Request{ID: t.RequestID})
+}
+
+// Terminate is not the agent's.
+func (l *Local) Terminate(context.Context, Target) error { return ErrUnsupported }
+
+// ResetGPUs asks the agent to reset the GPUs (none: every GPU).
+func (l *Local) ResetGPUs(ctx context.Context, t Target, uuids []string) error {
+	return l.call(ctx, t, "/v1/local/gpu-reset", localaction.Request{ID: t.RequestID, GPUs: uuids})
+}

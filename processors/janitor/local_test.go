@@ -1,0 +1,142 @@
+package janitor
+
+import (
+	"context"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/faultline/faultline/agents/localaction"
+	"github.com/faultline/faultline/schemas/events"
+)
+
+// TestJanitorLocal is the node-local provider end to end: a real
+// kube-apiserver, the agent's local action endpoint (agents/localaction)
+// served over HTTP with stand-in executables for systemctl and
+// nvidia-smi (they log their arguments). A GPUReset of two GPUs runs the
+// reset command once per GPU and completes GPUResetSucceeded; a
+// RebootNode runs the reboot command (the test then gives the node a new
+// boot ID, as the rebooted node's kubelet would) and completes; a failing
+// reset ends Complete=True with the agent's reason; a wrong token ends
+// AgentAuthFailed.
+func TestJanitorLocal(t *testing.T) {
+	e := newEnv(t, 0)
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls.log")
+	acfg := localaction.DefaultConfig()
+	acfg.Listen, acfg.TokenFile, acfg.StateFile = "127.0.0.1:0", filepath.Join(dir, "token"), filepath.Join(dir, "state.json")
+	if err := os.WriteFile(acfg.TokenFile, []byte("agent-token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"systemctl", "nvidia-smi"} {
+		script := "#!/bin/sh\necho \"" + name + " $*\" >> " + log + "\ncase \"$*\" in *GPU-dead*) echo 'GPU is busy' >&2; exit 3;; esac\n"
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acfg.RebootCommand = []string{filepath.Join(dir, "systemctl"), "reboot"}
+	acfg.GPUResetCommand = []string{filepath.Join(dir, "nvidia-smi"), "-r", "-i", "{uuid}"}
+	srvAgent, err := localaction.New(acfg, testLog, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := httptest.NewServer(srvAgent.Handler())
+	defer agent.Close()
+	addr := strings.TrimPrefix(agent.URL, "http://")
+
+	cfg := e.config()
+	cfg.Local.TokenFile = filepath.Join(dir, "janitor-token")
+	if err := os.WriteFile(cfg.Local.TokenFile, []byte("agent-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j, rec := e.janitor(cfg, false, nil)
+	run(t, j)
+	ctx := context.Background()
+	localNode := func(name string) {
+		t.Helper()
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
+			Labels:      map[string]string{events.LabelQuarantined: "true", labelDrain: "succeeded", AnnotationProvider: ProviderLocal},
+			Annotations: map[string]string{AnnotationAgent: addr}}}
+		created, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		setReady(created, corev1.ConditionTrue)
+		created.Status.NodeInfo.BootID = "boot-0"
+		if _, err := e.kube.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := func() string { b, _ := os.ReadFile(log); return string(b) }
+	reset := func(name, node string, gpus ...string) {
+		t.Helper()
+		sel := []any{}
+		for _, g := range gpus {
+			sel = append(sel, g)
+		}
+		o := &unstructured.Unstructured{Object: map[string]any{"apiVersion": Group + "/v1alpha1", "kind": "GPUReset",
+			"metadata": map[string]any{"name": name}, "spec": map[string]any{"nodeName": node, "selector": map[string]any{"uuids": sel}}}}
+		if _, err := e.dyn.Resource(kindGPUReset.GVR).Create(ctx, o, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("GPUReset", func(t *testing.T) {
+		localNode("gpu-l1")
+		g1, g2 := "GPU-"+uuid.NewString(), "GPU-"+uuid.NewString()
+		reset("reset-l1", "gpu-l1", g1, g2)
+		o := e.wait(kindGPUReset, "reset-l1", 30*time.Second)
+		if got := condOf(o, CondComplete); got != "True/"+ReasonGPUResetSucceeded {
+			t.Fatalf("Complete %s; status %v", got, o.Object["status"])
+		}
+		for _, g := range []string{g1, g2} {
+			if n := strings.Count(calls(), "nvidia-smi -r -i "+g); n != 1 {
+				t.Fatalf("reset of %s ran %d times:\n%s", g, n, calls())
+			}
+		}
+		rec.expect(t, "gpu-l1", []string{"gpu_reset/succeeded"})
+	})
+
+	t.Run("GPUResetFails", func(t *testing.T) {
+		localNode("gpu-l2")
+		reset("reset-l2", "gpu-l2", "GPU-dead0000-0000-0000-0000-000000000000")
+		o := e.wait(kindGPUReset, "reset-l2", 30*time.Second)
+		if got := condOf(o, CondComplete); got != "True/CommandFailed" {
+			t.Fatalf("Complete %s; status %v", got, o.Object["status"])
+		}
+	})
+
+	t.Run("Reboot", func(t *testing.T) {
+		localNode("gpu-l3")
+		e.create(kindReboot, "reboot-l3", "gpu-l3", false)
+		deadline := time.Now().Add(20 * time.Second)
+		for !strings.Contains(calls(), "systemctl reboot") && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		e.m.setNode(ctx, "gpu-l3", corev1.ConditionTrue, uuid.NewString()) // the node is back
+		o := e.wait(kindReboot, "reboot-l3", 30*time.Second)
+		if condOf(o, CondNodeReady) != "True/Succeeded" || strings.Count(calls(), "systemctl reboot") != 1 {
+			t.Fatalf("status %v\n%s", o.Object["status"], calls())
+		}
+	})
+
+	t.Run("WrongToken", func(t *testing.T) {
+		if err := os.WriteFile(acfg.TokenFile, []byte("rotated"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		localNode("gpu-l4")
+		reset("reset-l4", "gpu-l4", "GPU-"+uuid.NewString())
+		o := e.wait(kindGPUReset, "reset-l4", 30*time.Second)
+		if got := condOf(o, CondComplete); got != "True/"+ReasonAgentAuthFailed {
+			t.Fatalf("Complete %s", got)
+		}
+	})
+}

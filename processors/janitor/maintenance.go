@@ -1,0 +1,267 @@
+package janitor
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// The HealthEvent a scheduled maintenance becomes (the CSP health monitor
+// of NVSentinel's data flow: agent csp-health-monitor, class CSP, check
+// SCHEDULED_MAINTENANCE, non-fatal, recommendedAction NONE).
+const (
+	MaintenanceAgent = "csp-health-monitor"
+	MaintenanceClass = "CSP"
+	MaintenanceCheck = "SCHEDULED_MAINTENANCE"
+	// Metadata keys.
+	MetaMaintenanceStart = "maintenance_start"
+	MetaMaintenanceEnd   = "maintenance_end"
+	MetaMaintenanceKind  = "maintenance_kind"
+	MetaMaintenanceID    = "maintenance_event_id"
+	MetaInstance         = "instance_id"
+	MetaProvider         = "cloud_provider"
+)
+
+// NodeResolver maps an EC2 instance to its node ("" when no node of the
+// cluster runs on it).
+type NodeResolver func(instanceID string) string
+
+// MaintenanceMonitor turns the EC2 scheduled events of configured regions
+// (DescribeInstanceStatus) into HealthEvents on the events topic: one
+// unhealthy, non-fatal event per scheduled event while it stands (ahead of
+// and during its window), naming the node, the kind (the event code:
+// system-reboot, instance-retirement, ...) and the window; and one
+// healthy (recovery) event once it is gone, completed, canceled or past
+// its window.
+type MaintenanceMonitor struct {
+	cfg     AWSConfig
+	log     *slog.Logger
+	now     func() time.Time
+	resolve NodeResolver
+	build   func(region string) (EC2API, error)
+
+	mu       sync.Mutex
+	clients  map[string]EC2API
+	standing map[string]standingEvent // instance/eventID → the event reported
+}
+
+type standingEvent struct {
+	node, instance, region, code string
+	start, end                   time.Time
+}
+
+// NewMaintenanceMonitor returns the monitor; resolve maps instances to
+// nodes (nil: Janitor.NodeOfInstance of the janitor it runs beside must be
+// set with SetResolver before Run).
+func NewMaintenanceMonitor(cfg AWSConfig, log *slog.Logger, resolve NodeResolver) (*MaintenanceMonitor, error) {
+	if cfg.MaintenanceCluster == "" {
+		return nil, fmt.Errorf("janitor.aws.maintenance_cluster: must be set when aws.maintenance_regions is")
+	}
+	m := &MaintenanceMonitor{cfg: cfg, log: log, now: time.Now, resolve: resolve, clients: map[string]EC2API{}, standing: map[string]standingEvent{}}
+	m.build = func(region string) (EC2API, error) { return newEC2(context.Background(), cfg, region) }
+	return m, nil
+}
+
+// SetResolver sets the instance → node mapping.
+func (m *MaintenanceMonitor) SetResolver(r NodeResolver) { m.resolve = r }
+
+// Run polls every MaintenanceInterval until ctx ends, producing to p. A
+// region that fails is logged and tried again at the next poll.
+func (m *MaintenanceMonitor) Run(ctx context.Context, p pipeline.Producer) error {
+	t := time.NewTicker(m.cfg.MaintenanceInterval)
+	defer t.Stop()
+	for {
+		recs, err := m.Poll(ctx)
+		if err != nil && ctx.Err() == nil {
+			m.log.Warn("janitor: maintenance poll failed; next poll retries", "err", err)
+		}
+		if len(recs) > 0 {
+			if err := p.ProduceSync(ctx, recs...).FirstErr(); err != nil && ctx.Err() == nil {
+				// Forget what was not produced, so the next poll reports it again.
+				m.log.Warn("janitor: maintenance events not produced; next poll retries", "err", err)
+				m.mu.Lock()
+				m.standing = map[string]standingEvent{}
+				m.mu.Unlock()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (m *MaintenanceMonitor) client(region string) (EC2API, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c, ok := m.clients[region]; ok {
+		return c, nil
+	}
+	c, err := m.build(region)
+	if err != nil {
+		return nil, err
+	}
+	m.clients[region] = c
+	return c, nil
+}
+
+// Poll reads every region once and returns the records of what changed:
+// events newly scheduled (or changed), and recoveries.
+func (m *MaintenanceMonitor) Poll(ctx context.Context) ([]*kgo.Record, error) {
+	seen := map[string]standingEvent{}
+	var firstErr error
+	failed := map[string]bool{}
+	for _, region := range m.cfg.MaintenanceRegions {
+		if err := m.pollRegion(ctx, region, seen); err != nil {
+			failed[region] = true
+			if firstErr == nil {
+				firstErr = fmt.Errorf("region %s: %w", region, err)
+			}
+		}
+	}
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*kgo.Record
+	keys := make([]string, 0, len(seen))
+	for k := range seen {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		ev := seen[k]
+		if !ev.end.IsZero() && now.After(ev.end) {
+			continue // past its window: recovered below if it was standing
+		}
+		if old, ok := m.standing[k]; ok && old == ev {
+			continue
+		}
+		m.standing[k] = ev
+		out = append(out, m.record(k, ev, false))
+	}
+	for k, ev := range m.standing {
+		cur, still := seen[k]
+		if failed[ev.region] && !still {
+			continue // not read this time: unknown, not recovered
+		}
+		if still && (cur.end.IsZero() || !now.After(cur.end)) {
+			continue
+		}
+		delete(m.standing, k)
+		out = append(out, m.record(k, ev, true))
+	}
+	return out, firstErr
+}
+
+func (m *MaintenanceMonitor) pollRegion(ctx context.Context, region string, seen map[string]standingEvent) error {
+	c, err := m.client(region)
+	if err != nil {
+		return err
+	}
+	in := &ec2.DescribeInstanceStatusInput{IncludeAllInstances: aws.Bool(true)}
+	for {
+		out, err := c.DescribeInstanceStatus(ctx, in)
+		if err != nil {
+			return err
+		}
+		for _, st := range out.InstanceStatuses {
+			id := aws.ToString(st.InstanceId)
+			for _, e := range st.Events {
+				if done(e) {
+					continue
+				}
+				node := ""
+				if m.resolve != nil {
+					node = m.resolve(id)
+				}
+				if node == "" {
+					continue // not one of the cluster's nodes
+				}
+				key := id + "/" + aws.ToString(e.InstanceEventId)
+				if aws.ToString(e.InstanceEventId) == "" {
+					key = id + "/" + string(e.Code) + "/" + aws.ToTime(e.NotBefore).UTC().Format(time.RFC3339)
+				}
+				seen[key] = standingEvent{node: node, instance: id, region: region, code: string(e.Code),
+					start: aws.ToTime(e.NotBefore).UTC(), end: aws.ToTime(e.NotAfter).UTC()}
+			}
+		}
+		if aws.ToString(out.NextToken) == "" {
+			return nil
+		}
+		in.NextToken = out.NextToken
+	}
+}
+
+// done: EC2 keeps completed and canceled events for a while, their
+// descriptions starting "[Completed]" or "[Canceled]".
+func done(e ec2types.InstanceStatusEvent) bool {
+	d := aws.ToString(e.Description)
+	return strings.HasPrefix(d, "[Completed]") || strings.HasPrefix(d, "[Canceled]")
+}
+
+// record is the HealthEvent of a scheduled event (healthy: its recovery).
+func (m *MaintenanceMonitor) record(key string, ev standingEvent, healthy bool) *kgo.Record {
+	window := ev.start.Format(time.RFC3339)
+	if !ev.end.IsZero() {
+		window += " to " + ev.end.Format(time.RFC3339)
+	}
+	msg := fmt.Sprintf("EC2 scheduled %s for instance %s (%s), window %s", ev.code, ev.instance, ev.region, window)
+	if healthy {
+		msg = fmt.Sprintf("EC2 scheduled %s for instance %s is over (window %s)", ev.code, ev.instance, window)
+	}
+	now := timestamppb.New(m.now())
+	he := &datamodels.HealthEvent{
+		Version: 1, Id: events.HashID("csp", m.cfg.MaintenanceCluster, key, fmt.Sprint(healthy), ev.start.String(), ev.end.String()),
+		Agent: MaintenanceAgent, ComponentClass: MaintenanceClass, CheckName: MaintenanceCheck,
+		IsFatal: false, IsHealthy: healthy, Message: msg, NodeName: ev.node, Cluster: m.cfg.MaintenanceCluster,
+		RecommendedAction:  datamodels.RecommendedAction_NONE,
+		GeneratedTimestamp: now, ReceivedTimestamp: now,
+		EntitiesImpacted: []*datamodels.Entity{{EntityType: "INSTANCE", EntityValue: ev.instance}},
+		Submitter:        &datamodels.Submitter{Name: Role + "/maintenance", Role: datamodels.SubmitterRole_SUBMITTER_ROLE_PIPELINE},
+		Metadata: map[string]string{MetaMaintenanceStart: ev.start.Format(time.RFC3339), MetaMaintenanceKind: ev.code,
+			MetaMaintenanceID: key, MetaInstance: ev.instance, MetaProvider: "aws"},
+	}
+	if !ev.end.IsZero() {
+		he.Metadata[MetaMaintenanceEnd] = ev.end.Format(time.RFC3339)
+	}
+	b, _ := events.Marshal(he)
+	m.log.Info("janitor: maintenance event", "cluster", he.Cluster, "node", ev.node, "kind", ev.code, "healthy", healthy, "window", window)
+	return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(he.Cluster, ev.node), Value: b}
+}
+
+// NodeOfInstance maps an EC2 instance to the node of cluster whose
+// providerID names it, from the janitor's node cache ("" when none, or
+// the cluster is not watched yet).
+func (j *Janitor) NodeOfInstance(cluster string) NodeResolver {
+	return func(id string) string {
+		j.mu.Lock()
+		cr := j.running[cluster]
+		j.mu.Unlock()
+		if cr == nil {
+			return ""
+		}
+		for _, o := range cr.nodes.List() {
+			n := o.(*corev1.Node)
+			if strings.HasSuffix(n.Spec.ProviderID, "/"+id) {
+				return n.Name
+			}
+		}
+		return ""
+	}
+}

@@ -1,0 +1,113 @@
+package janitor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Provider names.
+const (
+	ProviderRedfish = "redfish"
+	ProviderAWS     = "aws"
+	ProviderLocal   = "local"
+)
+
+// Node annotations and labels the janitor reads to carry out an operation.
+const (
+	// AnnotationProvider (or the label of the same name) picks the node's
+	// provider; it wins over the providerID prefix and default_provider.
+	AnnotationProvider = "faultline.io/janitor-provider"
+	// AnnotationBMC is the node's BMC: its Redfish base URL
+	// ("https://10.0.0.5"), optionally with the system's path
+	// ("https://10.0.0.5/redfish/v1/Systems/1").
+	AnnotationBMC = "faultline.io/bmc-address"
+	// AnnotationBMCSecret names the Secret (in redfish.secret_namespace)
+	// with the BMC's username and password; default redfish.default_secret.
+	AnnotationBMCSecret = "faultline.io/bmc-secret"
+)
+
+// Target is the node an operation acts on, with its cluster's client (to
+// read a BMC Secret).
+type Target struct {
+	Cluster string
+	Node    *corev1.Node
+	Kube    kubernetes.Interface
+	// RequestID identifies the operation (the resource's UID and step), so
+	// a provider that can deduplicate (the node-local agent) does.
+	RequestID string
+}
+
+// RebootMode is how hard a reboot is asked for.
+type RebootMode int
+
+const (
+	// Graceful lets the OS shut down (Redfish GracefulRestart, EC2
+	// RebootInstances).
+	Graceful RebootMode = iota
+	// Force restarts at once (Redfish ForceRestart).
+	Force
+)
+
+func (m RebootMode) String() string {
+	if m == Force {
+		return "force"
+	}
+	return "graceful"
+}
+
+// Provider carries out operations on a node's machine. Each call sends
+// the signal and returns once the machine's controller (BMC, cloud API,
+// agent) accepted it; completion is observed on the node.
+type Provider interface {
+	Reboot(ctx context.Context, t Target, mode RebootMode) error
+	Terminate(ctx context.Context, t Target) error
+	ResetGPUs(ctx context.Context, t Target, uuids []string) error
+}
+
+// ErrUnsupported is returned by a provider for an operation it has not.
+var ErrUnsupported = errors.New("not supported by this provider")
+
+// ProviderError is a provider's failure with the condition reason it
+// writes (CamelCase, the CRDs' reason pattern).
+type ProviderError struct {
+	Reason string
+	Err    error
+}
+
+func (e *ProviderError) Error() string { return e.Reason + ": " + e.Err.Error() }
+func (e *ProviderError) Unwrap() error { return e.Err }
+
+func perr(reason string, format string, args ...any) error {
+	return &ProviderError{Reason: reason, Err: fmt.Errorf(format, args...)}
+}
+
+// reasonOf is the condition reason of a provider error (default "Failed").
+func reasonOf(err error) string {
+	var pe *ProviderError
+	if errors.As(err, &pe) && pe.Reason != "" {
+		return pe.Reason
+	}
+	if errors.Is(err, ErrUnsupported) {
+		return "Unsupported"
+	}
+	return "Failed"
+}
+
+// providerName picks the provider of a node: the annotation, then the
+// label AnnotationProvider, then the providerID prefix, then the default.
+func (c Config) providerName(n *corev1.Node) string {
+	if v := n.Annotations[AnnotationProvider]; v != "" {
+		return v
+	}
+	if v := n.Labels[AnnotationProvider]; v != "" {
+		return v
+	}
+	if v := c.providerForPrefix(n.Spec.ProviderID); v != "" {
+		return v
+	}
+	return c.DefaultProvider
+}

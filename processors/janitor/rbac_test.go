@@ -1,0 +1,73 @@
+package janitor
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/faultline/faultline/internal/testenv"
+)
+
+const saJanitor = "system:serviceaccount:faultline:faultline-janitor"
+
+// TestRBACIsEnough runs the janitor as the ServiceAccount of
+// deploy/rbac/janitor.yaml: a Redfish reboot (watch, state update, status
+// patch, Secret read) and a terminate (node delete) complete; and the role
+// grants nothing more (no Secret outside its namespace, no node update, no
+// create or delete of the resources).
+func TestRBACIsEnough(t *testing.T) {
+	e := newEnv(t, 2)
+	e.kc.ApplyRBAC(t, "../../deploy/rbac/janitor.yaml")
+	sa, rc := e.kc.ClientAs(t, saJanitor)
+	sdyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.node("rbac-1", sysID(0), true, nil)
+	e.node("rbac-2", sysID(1), true, nil)
+	cfg := e.config()
+	provs, err := BuildProviders(cfg, testLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, admDyn := e.kube, e.dyn
+	e.kube, e.dyn = sa, sdyn
+	j, rec := e.janitor(cfg, false, provs)
+	e.kube, e.dyn = admin, admDyn
+	run(t, j)
+	e.create(kindReboot, "rbac-reboot", "rbac-1", false)
+	e.create(kindTerminate, "rbac-terminate", "rbac-2", false)
+	if o := e.wait(kindReboot, "rbac-reboot", 40*time.Second); condOf(o, CondNodeReady) != "True/Succeeded" {
+		t.Fatalf("reboot: %v", o.Object["status"])
+	}
+	if o := e.wait(kindTerminate, "rbac-terminate", 40*time.Second); condOf(o, CondNodeTerminated) != "True/Succeeded" {
+		t.Fatalf("terminate: %v", o.Object["status"])
+	}
+	if _, err := e.kube.CoreV1().Nodes().Get(context.Background(), "rbac-2", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("terminated node still there: %v", err)
+	}
+	rec.expect(t, "rbac-1", []string{"reboot/applied", "reboot/succeeded"})
+	for _, tc := range []struct {
+		a    testenv.Access
+		want bool
+	}{
+		{testenv.Access{Verb: "get", Resource: "secrets", Namespace: "faultline"}, true},
+		{testenv.Access{Verb: "list", Resource: "secrets", Namespace: "faultline"}, false},
+		{testenv.Access{Verb: "get", Resource: "secrets", Namespace: "default"}, false},
+		{testenv.Access{Verb: "update", Resource: "nodes"}, false},
+		{testenv.Access{Verb: "patch", Resource: "nodes"}, false},
+		{testenv.Access{Verb: "delete", Resource: "nodes"}, true},
+		{testenv.Access{Verb: "create", Group: Group, Resource: "rebootnodes"}, false},
+		{testenv.Access{Verb: "delete", Group: Group, Resource: "rebootnodes"}, false},
+		{testenv.Access{Verb: "patch", Group: Group, Resource: "rebootnodes/status"}, true},
+		{testenv.Access{Verb: "list", Resource: "pods"}, false},
+	} {
+		if got := e.kc.Allowed(t, saJanitor, tc.a); got != tc.want {
+			t.Errorf("%+v: allowed %v, want %v", tc.a, got, tc.want)
+		}
+	}
+}

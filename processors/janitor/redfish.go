@@ -1,0 +1,238 @@
+package janitor
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/stmcginnis/gofish"
+	"github.com/stmcginnis/gofish/common"
+	"github.com/stmcginnis/gofish/redfish"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Reasons the Redfish provider writes.
+const (
+	ReasonNoBMC            = "NoBMC"
+	ReasonNoBMCCredentials = "NoBMCCredentials"
+	ReasonBMCUnreachable   = "BMCUnreachable"
+	ReasonBMCAuthFailed    = "BMCAuthFailed"
+	ReasonSystemNotFound   = "SystemNotFound"
+	ReasonResetRejected    = "ResetRejected"
+)
+
+// Redfish carries operations out through a node's BMC with gofish:
+// ComputerSystem.Reset GracefulRestart (Force: ForceRestart) for a
+// reboot, terminate_action (ForceOff or PowerCycle) for a terminate. GPU
+// resets are not a BMC's (ErrUnsupported).
+type Redfish struct {
+	cfg  RedfishConfig
+	http *http.Client
+	log  *slog.Logger
+}
+
+// NewRedfish builds the provider; the CA file is read here.
+func NewRedfish(cfg RedfishConfig, log *slog.Logger) (*Redfish, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.InsecureSkipVerify} //nolint:gosec // an operator's explicit choice
+	if cfg.CAFile != "" {
+		pem, err := os.ReadFile(cfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("janitor.redfish.ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("janitor.redfish.ca_file: %s holds no PEM certificate", cfg.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tc
+	tr.Proxy = nil
+	return &Redfish{cfg: cfg, http: &http.Client{Transport: tr, Timeout: cfg.Timeout}, log: log}, nil
+}
+
+// bmc is a node's BMC endpoint and system path.
+func bmcOf(t Target) (endpoint, system string, err error) {
+	raw := t.Node.Annotations[AnnotationBMC]
+	if raw == "" {
+		return "", "", perr(ReasonNoBMC, "node %s has no %s annotation", t.Node.Name, AnnotationBMC)
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return "", "", perr(ReasonNoBMC, "node %s: %s %q is not an http(s) URL", t.Node.Name, AnnotationBMC, raw)
+	}
+	if strings.Contains(u.Path, "/redfish/v1/Systems/") {
+		system = strings.TrimSuffix(u.Path, "/")
+	}
+	return u.Scheme + "://" + u.Host, system, nil
+}
+
+// credentials reads the node's BMC Secret from its cluster.
+func (r *Redfish) credentials(ctx context.Context, t Target) (user, pass string, err error) {
+	name := t.Node.Annotations[AnnotationBMCSecret]
+	if name == "" {
+		name = r.cfg.DefaultSecret
+	}
+	if t.Kube == nil {
+		return "", "", perr(ReasonNoBMCCredentials, "no cluster client to read Secret %s/%s", r.cfg.SecretNamespace, name)
+	}
+	s, err := t.Kube.CoreV1().Secrets(r.cfg.SecretNamespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", "", perr(ReasonNoBMCCredentials, "Secret %s/%s not found", r.cfg.SecretNamespace, name)
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("read Secret %s/%s: %w", r.cfg.SecretNamespace, name, err)
+	}
+	user, pass = string(s.Data["username"]), string(s.Data["password"])
+	if user == "" || pass == "" {
+		return "", "", perr(ReasonNoBMCCredentials, "Secret %s/%s lacks username or password", r.cfg.SecretNamespace, name)
+	}
+	return user, pass, nil
+}
+
+// classify turns a BMC error into its reason.
+func classify(endpoint string, err error) error {
+	var ce *common.CollectionError
+	if errors.As(err, &ce) {
+		for _, f := range ce.Failures {
+			if c := classify(endpoint, f); reasonOf(c) != ReasonFailed {
+				return c
+			}
+		}
+	}
+	var ge *common.Error
+	if errors.As(err, &ge) {
+		switch ge.HTTPReturnedStatusCode {
+		case http.StatusUnauthorized, http.StatusForbidden:
+			return perr(ReasonBMCAuthFailed, "BMC %s refused the credentials (%d)", endpoint, ge.HTTPReturnedStatusCode)
+		case http.StatusNotFound:
+			return perr(ReasonSystemNotFound, "BMC %s: %v", endpoint, err)
+		}
+		return perr(ReasonResetRejected, "BMC %s: %v", endpoint, err)
+	}
+	var ne net.Error
+	var ue *url.Error
+	if errors.As(err, &ne) || errors.As(err, &ue) {
+		return perr(ReasonBMCUnreachable, "BMC %s: %v", endpoint, err)
+	}
+	return fmt.Errorf("BMC %s: %w", endpoint, err)
+}
+
+// connect logs in: a session through the SessionService when configured
+// and offered, else basic auth. The returned func logs out.
+func (r *Redfish) connect(ctx context.Context, t Target) (*gofish.APIClient, string, func(), error) {
+	endpoint, system, err := bmcOf(t)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	user, pass, err := r.credentials(ctx, t)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	cfg := gofish.ClientConfig{Endpoint: endpoint, Username: user, Password: pass, BasicAuth: true, HTTPClient: r.http}
+	c, err := gofish.ConnectContext(ctx, cfg)
+	if err != nil {
+		return nil, "", nil, classify(endpoint, err)
+	}
+	if r.cfg.Session {
+		if _, serr := c.Service.SessionService(); serr == nil {
+			cfg.BasicAuth = false
+			sc, err := gofish.ConnectContext(ctx, cfg)
+			if err == nil {
+				return sc, system, sc.Logout, nil
+			}
+			// A BMC that lists a SessionService without a Sessions
+			// collection (sushy-tools, some older firmware) keeps basic
+			// auth; refused credentials are refused either way.
+			if cerr := classify(endpoint, err); reasonOf(cerr) == ReasonBMCAuthFailed {
+				return nil, "", nil, cerr
+			}
+			r.log.Debug("janitor: redfish session login failed; using basic auth", "bmc", endpoint, "err", err)
+		}
+	}
+	return c, system, func() { r.http.CloseIdleConnections() }, nil
+}
+
+// system finds the node's ComputerSystem: the annotation's path, else the
+// BMC's only system, else the one whose UUID is the node's SystemUUID.
+func (r *Redfish) system(c *gofish.APIClient, t Target, path string) (*redfish.ComputerSystem, error) {
+	if path != "" {
+		s, err := redfish.GetComputerSystem(c, path)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	systems, err := c.Service.Systems()
+	if err != nil {
+		return nil, err
+	}
+	if len(systems) == 1 {
+		return systems[0], nil
+	}
+	want := strings.ToLower(t.Node.Status.NodeInfo.SystemUUID)
+	for _, s := range systems {
+		if want != "" && strings.ToLower(s.UUID) == want {
+			return s, nil
+		}
+	}
+	return nil, perr(ReasonSystemNotFound, "BMC has %d systems and none has node %s's system UUID %q (name one in %s)",
+		len(systems), t.Node.Name, want, AnnotationBMC)
+}
+
+func (r *Redfish) reset(ctx context.Context, t Target, rt redfish.ResetType) error {
+	c, path, done, err := r.connect(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer done()
+	s, err := r.system(c, t, path)
+	if err != nil {
+		var pe *ProviderError
+		if errors.As(err, &pe) {
+			return err
+		}
+		return classify(c.GetService().ODataID, err)
+	}
+	if err := s.Reset(rt); err != nil {
+		return classify(s.ODataID, err)
+	}
+	r.log.Info("janitor: redfish reset sent", "node", t.Node.Name, "system", s.ODataID, "reset", rt)
+	return nil
+}
+
+// Reboot sends GracefulRestart, or ForceRestart when forced.
+func (r *Redfish) Reboot(ctx context.Context, t Target, mode RebootMode) error {
+	rt := redfish.GracefulRestartResetType
+	if mode == Force {
+		rt = redfish.ForceRestartResetType
+	}
+	return r.reset(ctx, t, rt)
+}
+
+// Terminate sends terminate_action (ForceOff or PowerCycle).
+func (r *Redfish) Terminate(ctx context.Context, t Target) error {
+	return r.reset(ctx, t, redfish.ResetType(r.cfg.TerminateAction))
+}
+
+// ResetGPUs is not a BMC's.
+func (r *Redfish) ResetGPUs(context.Context, Target, []string) error { return ErrUnsupported }
+
+// BuildProviders builds the providers of cfg.
+func BuildProviders(cfg Config, log *slog.Logger) (map[string]Provider, error) {
+	rf, err := NewRedfish(cfg.Redfish, log)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Provider{ProviderRedfish: rf, ProviderAWS: NewAWS(cfg.AWS, log), ProviderLocal: NewLocal(cfg.Local)}
+	return out, nil
+}

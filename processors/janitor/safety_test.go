@@ -1,0 +1,146 @@
+package janitor
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// gracefulIgnored is a BMC whose GracefulRestart does nothing (the OS
+// does not shut down): only ForceRestart reaches the machine.
+type gracefulIgnored struct{ Provider }
+
+func (g gracefulIgnored) Reboot(ctx context.Context, t Target, mode RebootMode) error {
+	if mode == Graceful {
+		return nil
+	}
+	return g.Provider.Reboot(ctx, t, mode)
+}
+
+// TestJanitorSafety: the safety rules on a real kube-apiserver with the
+// Redfish emulator: a dry-run cluster changes nothing; the per-rack limit
+// holds the second reboot of a rack until the first completed; the cooldown
+// holds a node's next operation; a graceful reboot that does not take the
+// node down is followed by one forced reboot.
+func TestJanitorSafety(t *testing.T) {
+	e := newEnv(t, 4)
+	ctx := context.Background()
+	setRack := func(node, rack string) {
+		t.Helper()
+		p := []byte(`{"metadata":{"labels":{"faultline.io/rack":"` + rack + `"}}}`)
+		if _, err := e.kube.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, p, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("DryRun", func(t *testing.T) {
+		e.node("dry-1", sysID(0), true, nil)
+		j, rec := e.janitor(e.config(), true, nil)
+		stop := run(t, j)
+		e.create(kindReboot, "dry-1", "dry-1", false)
+		time.Sleep(3 * time.Second)
+		stop()
+		o, err := e.dyn.Resource(kindReboot.GVR).Get(ctx, "dry-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stateOf(o) != nil || o.Object["status"] != nil {
+			t.Fatalf("dry-run changed the resource: %v", o.Object)
+		}
+		rec.expect(t, "dry-1", []string{"reboot/dry_run"})
+		if e.m.cyclesOf("dry-1") != 0 {
+			t.Fatal("dry-run power cycled")
+		}
+		if err := e.dyn.Resource(kindReboot.GVR).Delete(ctx, "dry-1", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	cfg := e.config()
+	cfg.MaxConcurrentPerRack = 1
+	cfg.Cooldown = time.Hour
+	cfg.ForceAfter = 6 * time.Second // longer than the stand-in takes to notice a power-off under load
+	provs, err := BuildProviders(cfg, testLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := provs[ProviderRedfish]
+	provs[ProviderRedfish] = realOrIgnored{real: real, ignore: map[string]bool{"force-4": true}}
+	j, rec := e.janitor(cfg, false, provs)
+	run(t, j)
+
+	t.Run("RackLimit", func(t *testing.T) {
+		e.node("rack-2", sysID(1), true, nil)
+		e.node("rack-3", sysID(2), true, nil)
+		setRack("rack-2", "r7")
+		setRack("rack-3", "r7")
+		e.create(kindReboot, "rack-2", "rack-2", false)
+		time.Sleep(500 * time.Millisecond)
+		e.create(kindReboot, "rack-3", "rack-3", false)
+		a := e.wait(kindReboot, "rack-2", 60*time.Second)
+		b := e.wait(kindReboot, "rack-3", 60*time.Second)
+		// Either may go first (the informer's order under load); the other
+		// waits for it.
+		first, second, secondNode := a, b, "rack-3"
+		if stateOf(b).At.Before(stateOf(a).At) {
+			first, second, secondNode = b, a, "rack-2"
+		}
+		done, _ := time.Parse(time.RFC3339, first.Object["status"].(map[string]any)["completionTime"].(string))
+		if at := stateOf(second).At; at.Before(done) {
+			t.Fatalf("second reboot of rack r7 signalled at %v, before the first completed at %v", at, done)
+		}
+		rec.expect(t, secondNode, []string{"reboot/deferred", "reboot/applied", "reboot/succeeded"})
+	})
+
+	t.Run("Cooldown", func(t *testing.T) {
+		e.create(kindReboot, "rack-2-again", "rack-2", false)
+		time.Sleep(3 * time.Second)
+		o, _ := e.dyn.Resource(kindReboot.GVR).Get(ctx, "rack-2-again", metav1.GetOptions{})
+		if stateOf(o) != nil || finished(o) {
+			t.Fatalf("acted within the node's cooldown: %v", o.Object)
+		}
+		got := rec.of("rack-2")
+		if len(got) == 0 || got[len(got)-1] != "reboot/deferred" || slices.Contains(got[:len(got)-1], "reboot/deferred") && len(got) != 4 {
+			t.Fatalf("actions of rack-2 %v: want the new one deferred", got)
+		}
+		if n := e.m.cyclesOf("rack-2"); n != 1 {
+			t.Fatalf("%d power cycles", n)
+		}
+	})
+
+	t.Run("ForceAfterGracefulIgnored", func(t *testing.T) {
+		e.node("force-4", sysID(3), true, nil)
+		e.create(kindReboot, "force-4", "force-4", false)
+		o := e.wait(kindReboot, "force-4", 60*time.Second)
+		if condOf(o, CondNodeReady) != "True/Succeeded" || stateOf(o).ForcedAt.IsZero() {
+			t.Fatalf("status %v, state %v", o.Object["status"], o.GetAnnotations())
+		}
+		rec.expect(t, "force-4", []string{"reboot/applied", "reboot/applied", "reboot/succeeded"})
+		if n := e.m.cyclesOf("force-4"); n != 1 {
+			t.Fatalf("%d power cycles", n)
+		}
+	})
+}
+
+// realOrIgnored ignores GracefulRestart for the named nodes.
+type realOrIgnored struct {
+	real   Provider
+	ignore map[string]bool
+}
+
+func (r realOrIgnored) Reboot(ctx context.Context, t Target, mode RebootMode) error {
+	if r.ignore[t.Node.Name] {
+		return gracefulIgnored{r.real}.Reboot(ctx, t, mode)
+	}
+	return r.real.Reboot(ctx, t, mode)
+}
+func (r realOrIgnored) Terminate(ctx context.Context, t Target) error {
+	return r.real.Terminate(ctx, t)
+}
+func (r realOrIgnored) ResetGPUs(ctx context.Context, t Target, u []string) error {
+	return r.real.ResetGPUs(ctx, t, u)
+}
