@@ -239,6 +239,30 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("added columns checked on every host", func(t *testing.T) {
+		// What a migration falls back on when an ALTER ON CLUSTER is left
+		// unanswered by a host (18.16's DDL worker race).
+		ctx := ctxFor(t, time.Minute)
+		cl := clusterConfig(testenv.ClusterSharded, "cl_schema", n1, n2)
+		conn := openOne(t, cl, log)
+		defer conn.Close()
+		s := clickhouse.Schema{Cluster: testenv.ClusterSharded, Database: "cl_schema"}
+		for _, c := range []struct {
+			stmt, src string
+			want      bool
+		}{
+			{"ALTER TABLE cl_schema.events_local ON CLUSTER sharded ADD COLUMN submitter_name String, ADD COLUMN submitter_role String",
+				"ALTER TABLE events ADD COLUMN submitter_name String, ADD COLUMN submitter_role String", true},
+			{"ALTER TABLE cl_schema.events_local ON CLUSTER sharded ADD COLUMN submitter_name String, ADD COLUMN not_there String",
+				"ALTER TABLE events ADD COLUMN submitter_name String, ADD COLUMN not_there String", false},
+		} {
+			got, err := clickhouse.ColumnsOnEveryHost(ctx, conn, s, c.stmt, c.src)
+			if err != nil || got != c.want {
+				t.Errorf("%s: %v (err %v), want %v", c.src, got, err, c.want)
+			}
+		}
+	})
+
 	t.Run("sharded writes and reads", func(t *testing.T) {
 		ctx := ctxFor(t, 3*time.Minute)
 		via1 := setupCluster(t, clusterConfig(testenv.ClusterSharded, "cl_sharded", n1, n2), log)

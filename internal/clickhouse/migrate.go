@@ -247,10 +247,18 @@ func MigrateSchema(ctx context.Context, conn Conn, s Schema, migs []Migration, l
 		began := time.Now()
 		for i, stmt := range m.Statements {
 			src, n := m.source(i)
-			if err := conn.Exec(ctx, stmt); err != nil {
+			if err := execMigration(ctx, conn, s, stmt, src); err != nil {
 				if columnsAlreadyAdded(src, err) {
 					log.Info("migration statement already applied: its columns exist", "file", m.File, "statement", n)
 					continue
+				}
+				if s.Cluster != "" && addColumnsOnly.MatchString(strings.TrimSpace(src)) {
+					if ok, verr := columnsOnEveryHost(ctx, conn, s, stmt, src); ok {
+						log.Warn("ALTER ON CLUSTER unfinished on some host, but every host has the columns: applied", "file", m.File, "statement", n, "err", err)
+						continue
+					} else if verr != nil {
+						err = fmt.Errorf("%w (checking the columns on every host: %v)", err, verr)
+					}
 				}
 				if m.sources != nil {
 					err = fmt.Errorf("%w (cluster statement: %s)", err, firstLine(stmt))
@@ -277,6 +285,75 @@ func firstLine(s string) string {
 
 // addColumnsOnly matches an ALTER TABLE whose every clause is ADD COLUMN.
 var addColumnsOnly = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+[^\s]+\s+ADD\s+COLUMN\s+[^,]+(,\s*ADD\s+COLUMN\s+[^,]+)*$`)
+
+// ddlTimeout bounds how long an ALTER ON CLUSTER waits for every host's
+// answer. ClickHouse 18.16's DDL worker can leave one replica of a shard
+// without an answer (two replicas both run a replicated ALTER and the
+// second fails to record it: "Node exists … /executed"), and the server's
+// default wait is 180 s; the columns are then checked on every host instead
+// (columnsOnEveryHost).
+const ddlTimeout = 30
+
+// execMigration runs one migration statement; an ALTER that only adds
+// columns on a cluster waits at most ddlTimeout seconds for the hosts.
+func execMigration(ctx context.Context, conn Conn, s Schema, stmt, src string) error {
+	if s.Cluster != "" && addColumnsOnly.MatchString(strings.TrimSpace(src)) {
+		ctx = ch.Context(ctx, ch.WithSettings(ch.Settings{"distributed_ddl_task_timeout": ddlTimeout}))
+	}
+	return conn.Exec(ctx, stmt)
+}
+
+var (
+	alterTable = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+(?:[^\s.]+\.)?([^\s.]+)\s`)
+	addColumn  = regexp.MustCompile(`(?is)ADD\s+COLUMN\s+(?:IF\s+NOT\s+EXISTS\s+)?([^\s,]+)`)
+)
+
+// columnsOnEveryHost reports whether every host of the schema's cluster
+// has the columns the cluster ALTER stmt (translated from src) adds,
+// asking each host's system.columns through remote() (as the server's
+// default user; false with the error when a host cannot be asked).
+func columnsOnEveryHost(ctx context.Context, conn Conn, s Schema, stmt, src string) (bool, error) {
+	tm := alterTable.FindStringSubmatch(strings.TrimSpace(stmt))
+	if tm == nil {
+		return false, fmt.Errorf("no table in %q", firstLine(stmt))
+	}
+	var cols []string
+	for _, m := range addColumn.FindAllStringSubmatch(src, -1) {
+		cols = append(cols, strings.Trim(m[1], "`\""))
+	}
+	rows, err := conn.Query(ctx, "SELECT host_address, toUInt32(port) FROM system.clusters WHERE cluster = ?", s.Cluster)
+	if err != nil {
+		return false, err
+	}
+	var hosts []string
+	for rows.Next() {
+		var addr string
+		var port uint32
+		if err := rows.Scan(&addr, &port); err != nil {
+			rows.Close()
+			return false, err
+		}
+		hosts = append(hosts, fmt.Sprintf("%s:%d", addr, port))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, err
+	}
+	if len(hosts) == 0 {
+		return false, fmt.Errorf("cluster %s: no hosts in system.clusters", s.Cluster)
+	}
+	for _, h := range hosts {
+		var n uint64
+		q := "SELECT count() FROM remote(?, system.columns) WHERE database = ? AND table = ? AND has(?, name)"
+		if err := conn.QueryRow(ctx, q, h, s.Database, tm[1], cols).Scan(&n); err != nil {
+			return false, fmt.Errorf("host %s: %w", h, err)
+		}
+		if n != uint64(len(cols)) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
 
 // columnsAlreadyAdded reports whether err is ClickHouse refusing an ALTER
 // TABLE that only adds columns because they exist — code 44 on 18.16

@@ -1,0 +1,4 @@
+package clickhouse
+
+// ColumnsOnEveryHost is columnsOnEveryHost, for the cluster tests.
+var ColumnsOnEveryHost = columnsOnEveryHost
