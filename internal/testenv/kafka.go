@@ -97,18 +97,25 @@ func KafkaBrokerConfig(key, value string) KafkaOption {
 // kafkaLibs returns the directory of Kafka jars: $FAULTLINE_KAFKA_LIBS, else
 // the cache directory of KafkaVersion, else of any cached version.
 func kafkaLibs() (string, bool) {
+	return cachedLibs("FAULTLINE_KAFKA_LIBS", "kafka", KafkaVersion, "kafka_2.13-*.jar")
+}
+
+// cachedLibs returns a directory of jars matching jarGlob: $env, else the
+// cache directory of name at version, else of name's newest cached version;
+// false when none holds them.
+func cachedLibs(env, name, version, jarGlob string) (string, bool) {
 	hasJars := func(dir string) bool {
-		m, _ := filepath.Glob(filepath.Join(dir, "kafka_2.13-*.jar"))
+		m, _ := filepath.Glob(filepath.Join(dir, jarGlob))
 		return len(m) > 0
 	}
-	if d := os.Getenv("FAULTLINE_KAFKA_LIBS"); d != "" {
+	if d := os.Getenv(env); d != "" {
 		return d, hasJars(d)
 	}
-	d := filepath.Join(CacheDir(), "kafka", KafkaVersion, "libs")
+	d := filepath.Join(CacheDir(), name, version, "libs")
 	if hasJars(d) {
 		return d, true
 	}
-	m, _ := filepath.Glob(filepath.Join(CacheDir(), "kafka", "*", "libs"))
+	m, _ := filepath.Glob(filepath.Join(CacheDir(), name, "*", "libs"))
 	sort.Strings(m)
 	for i := len(m) - 1; i >= 0; i-- {
 		if hasJars(m[i]) {

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -36,25 +34,7 @@ type ZooKeeper struct {
 // zookeeperLibs returns $FAULTLINE_ZOOKEEPER_LIBS, else the cache
 // directory of ZooKeeperVersion, else of any cached version.
 func zookeeperLibs() (string, bool) {
-	hasJars := func(dir string) bool {
-		m, _ := filepath.Glob(filepath.Join(dir, "zookeeper-[0-9]*.jar"))
-		return len(m) > 0
-	}
-	if d := os.Getenv("FAULTLINE_ZOOKEEPER_LIBS"); d != "" {
-		return d, hasJars(d)
-	}
-	d := filepath.Join(CacheDir(), "zookeeper", ZooKeeperVersion, "libs")
-	if hasJars(d) {
-		return d, true
-	}
-	m, _ := filepath.Glob(filepath.Join(CacheDir(), "zookeeper", "*", "libs"))
-	sort.Strings(m)
-	for i := len(m) - 1; i >= 0; i-- {
-		if hasJars(m[i]) {
-			return m[i], true
-		}
-	}
-	return d, false
+	return cachedLibs("FAULTLINE_ZOOKEEPER_LIBS", "zookeeper", ZooKeeperVersion, "zookeeper-[0-9]*.jar")
 }
 
 // StartZooKeeper starts a standalone ZooKeeper on a free 127.0.0.1 port with
