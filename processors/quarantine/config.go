@@ -52,6 +52,14 @@ type Config struct {
 	// many a second per cluster, out of the cluster's client QPS, so they
 	// never delay a cordon; a full queue (1,024) drops them. Default 10.
 	NodeEventQPS float64 `toml:"node_event_qps"`
+	// RepeatWriteInterval: another occurrence of a fault that already
+	// stands, deciding nothing new, rewrites the node's state (its last
+	// occurrence and event ids) at most once per interval; the others are
+	// decided from the node watch without a request, so a GPU repeating a
+	// fatal Xid many times a second does not spend the client's QPS that
+	// the next node's cordon needs. 0: every occurrence is written.
+	// Default 10s.
+	RepeatWriteInterval time.Duration `toml:"repeat_write_interval"`
 	// Identity names this processor in annotations and Events.
 	// Default "faultline-quarantine/<hostname>".
 	Identity string `toml:"identity"`
@@ -107,18 +115,19 @@ func DefaultConfig() Config {
 		host = "unknown"
 	}
 	return Config{
-		OptOutLabel:       "faultline.io/quarantine=disabled",
-		Workers:           64,
-		ClusterWait:       3 * time.Second,
-		RetryWait:         10 * time.Second,
-		NodeEvents:        true,
-		EventNamespace:    "default",
-		NodeEventInterval: time.Minute,
-		NodeEventQPS:      10,
-		Identity:          "faultline-quarantine/" + host,
-		BatchTimeout:      2 * time.Minute,
-		MaxPollRecords:    2000,
-		RuleCostLimit:     DefaultRuleCostLimit,
+		OptOutLabel:         "faultline.io/quarantine=disabled",
+		Workers:             64,
+		ClusterWait:         3 * time.Second,
+		RetryWait:           10 * time.Second,
+		NodeEvents:          true,
+		EventNamespace:      "default",
+		NodeEventInterval:   time.Minute,
+		NodeEventQPS:        10,
+		RepeatWriteInterval: 10 * time.Second,
+		Identity:            "faultline-quarantine/" + host,
+		BatchTimeout:        2 * time.Minute,
+		MaxPollRecords:      2000,
+		RuleCostLimit:       DefaultRuleCostLimit,
 		Breaker: BreakerConfig{
 			Enabled:      true,
 			MaxPercent:   10,
@@ -142,6 +151,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.EventNamespace, prefix+"event-namespace", c.EventNamespace, "namespace of node Events")
 	fs.Float64Var(&c.NodeEventQPS, prefix+"node-event-qps", c.NodeEventQPS, "node Events created per second per cluster, in the background")
 	fs.DurationVar(&c.NodeEventInterval, prefix+"node-event-interval", c.NodeEventInterval, "at most one node Event of a reason per node per interval (0: one per event)")
+	fs.DurationVar(&c.RepeatWriteInterval, prefix+"repeat-write-interval", c.RepeatWriteInterval, "a standing fault's repeat occurrences rewrite the node at most once per interval (0: every occurrence)")
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch")
 	fs.IntVar(&c.MaxPollRecords, prefix+"max-poll-records", c.MaxPollRecords, "records fetched per poll")
@@ -179,6 +189,9 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.NodeEventInterval < 0 {
 		return fmt.Errorf("%snode_event_interval: must not be negative, got %v", prefix, c.NodeEventInterval)
+	}
+	if c.RepeatWriteInterval < 0 {
+		return fmt.Errorf("%srepeat_write_interval: must not be negative, got %v", prefix, c.RepeatWriteInterval)
 	}
 	if c.NodeEvents && c.EventNamespace == "" {
 		return fmt.Errorf("%sevent_namespace: required when node_events is on", prefix)

@@ -76,12 +76,20 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	if acts, ok, err := h.nonFatalFromCache(ctx, cl, it, force); ok || err != nil {
 		return acts, err
 	}
-	node, err := h.getNode(ctx, cl, it.node)
-	if apierrors.IsNotFound(err) {
-		return []*faultlinev1.Action{h.action(it, events.KindQuarantine, events.OutcomeFailed, "node not found in cluster", "", cl)}, nil
-	}
-	if err != nil {
-		return nil, err
+	// The watch's copy when it has one: the write below carries its
+	// resourceVersion, so a stale copy costs a conflict and a live read,
+	// never a wrong write; a fresh one saves a GET per fault (a fleet-wide
+	// failure is bounded by the client's QPS).
+	node, cached := h.nodes.cached(cl, it.node, h.now())
+	if !cached {
+		var err error
+		node, err = h.getNode(ctx, cl, it.node)
+		if apierrors.IsNotFound(err) {
+			return []*faultlinev1.Action{h.action(it, events.KindQuarantine, events.OutcomeFailed, "node not found in cluster", "", cl)}, nil
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	if node != nil && h.optKey != "" && node.Labels[h.optKey] == h.optVal {
 		// The opt-out label wins even over an operator's force: a node
@@ -131,14 +139,17 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		acked           bool
 	)
 	br := h.breaker(cl)
-	_, err = h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
+	_, err := h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
 		now := h.now()
 		manual = st.DetectManualUncordon(n, now)
 		wasActive := st.Active()
 		already = len(st.Faults) > 0
+		preCordon = n.Spec.Unschedulable && !st.Cordoned
+		if !manual && h.cfg.RepeatWriteInterval > 0 && st.Repeats(key, f, h.cfg.RepeatWriteInterval) {
+			return false, nil // it stands as this occurrence would make it: nothing to write
+		}
 		changed := st.AddFault(key, f, ev.GetId())
 		acked = st.Faults[key].Acked && !st.Active()
-		preCordon = n.Spec.Unschedulable && !st.Cordoned
 		// Every new quarantine takes a breaker slot, an operator's force
 		// included: nothing bypasses the breaker.
 		if !wasActive && st.Active() {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -225,6 +226,95 @@ func TestKube(t *testing.T) {
 		}
 		if after := getNode(t, k, "fatal-1"); after.ResourceVersion != rv {
 			t.Fatalf("the redelivery wrote the node: resourceVersion %s, then %s; annotations %v", rv, after.ResourceVersion, after.Annotations)
+		}
+	})
+
+	t.Run("FaultFromWatchCacheWritesOnlyItsPart", func(t *testing.T) {
+		// A node as a kubelet and a person left it: a condition of the
+		// kubelet's, a podCIDR, someone's taint and label.
+		createNodes(t, k, "cached", "cached-1", "cached-2")
+		ctx := context.Background()
+		for _, name := range []string{"cached-1", "cached-2"} {
+			n := getNode(t, k, name)
+			n.Spec.PodCIDR, n.Spec.ProviderID = "10.1.0.0/24", "test://"+name
+			n.Spec.Taints = []corev1.Taint{{Key: "team/maintenance", Value: "x", Effect: corev1.TaintEffectNoSchedule}}
+			n.Labels["team/pool"] = "a"
+			n, err := k.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", Message: "kubelet is posting ready status"}}
+			if _, err := k.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The handler's client counts its requests by verb.
+		var gets, patches atomic.Int64
+		cfg := kube.RESTConfig()
+		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if strings.Contains(r.URL.Path, "/nodes/cached-") {
+					switch r.Method {
+					case http.MethodGet:
+						gets.Add(1)
+					case http.MethodPatch:
+						patches.Add(1)
+					}
+				}
+				return rt.RoundTrip(r)
+			})
+		}
+		counted := kubernetes.NewForConfigOrDie(cfg)
+		h := newTestHandler(t, testConfig("cached"), map[string]kubernetes.Interface{"c1": counted})
+		h.WatchClusters([]string{"c1"})
+		cl, _ := h.reg.Get("c1")
+		waitUntil(t, 10*time.Second, func() bool { _, ok := h.nodes.cached(cl, "cached-2", h.now()); return ok }, "the node watch to sync")
+		acts, _ := handle(t, h, record("c1", fatal("cached-1", "XID_ERROR_48", "GPU-1")))
+		if kinds(acts) != "quarantine/applied" {
+			t.Fatalf("actions %s", kinds(acts))
+		}
+		// A copy that went stale (a person labelled the node since): the
+		// write must not lose the label — the resourceVersion the patch
+		// carries makes it re-read the node and redo the change.
+		stale := getNode(t, k, "cached-2")
+		stale.Status.Conditions = nil // as the watch keeps it
+		n2 := getNode(t, k, "cached-2")
+		n2.Labels["team/late"] = "yes"
+		if _, err := k.CoreV1().Nodes().Update(ctx, n2, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.updateNode(ctx, cl, stale, func(n *corev1.Node, st *State) (bool, error) {
+			now := h.now()
+			return st.AddFault(FaultKey("XID_ERROR_48", "GPU-1"), Fault{Check: "XID_ERROR_48", Class: "GPU", Entity: "GPU-1",
+				Cordon: true, Condition: true, Since: now, LastSeen: now}, "ev-1"), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"cached-1", "cached-2"} {
+			n := getNode(t, k, name)
+			if !n.Spec.Unschedulable || !hasTaint(n, "team/maintenance") ||
+				n.Spec.PodCIDR != "10.1.0.0/24" || n.Spec.ProviderID != "test://"+name || n.Labels["team/pool"] != "a" ||
+				n.Labels[LabelQuarantined] != "true" {
+				t.Fatalf("%s after the fault: spec %+v labels %v", name, n.Spec, n.Labels)
+			}
+			if c := condition(n, "Ready"); c == nil || c.Reason != "KubeletReady" {
+				t.Fatalf("%s: the kubelet's condition was not kept: %+v", name, n.Status.Conditions)
+			}
+			if c := condition(n, "GPUHealthy"); c == nil || c.Status != corev1.ConditionFalse {
+				t.Fatalf("%s: condition %+v", name, c)
+			}
+		}
+		if n := getNode(t, k, "cached-1"); !hasTaint(n, "faultline.io/unhealthy") {
+			t.Fatalf("cached-1 not tainted: %+v", n.Spec.Taints)
+		}
+		if n := getNode(t, k, "cached-2"); n.Labels["team/late"] != "yes" {
+			t.Fatalf("the write from a stale copy lost a label: %v", n.Labels)
+		}
+		// cached-1 from the watch: its two patches and no GET; cached-2:
+		// a patch refused on the stale resourceVersion, one GET, then its
+		// two patches.
+		if g, p := gets.Load(), patches.Load(); g != 1 || p != 5 {
+			t.Fatalf("requests for the two nodes: %d GETs, %d PATCHes; want 1 and 5", g, p)
 		}
 	})
 
@@ -665,3 +755,7 @@ func waitUntil(t *testing.T, d time.Duration, cond func() bool, what string) {
 		}
 	}
 }
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -2,11 +2,15 @@ package quarantine
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/schemas/events"
@@ -25,11 +29,14 @@ func (h *Handler) getNode(ctx context.Context, cl *clusters.Client, name string)
 }
 
 // updateNode reads the node's state, lets mutate change it, and writes the
-// result: the status (conditions) first, then metadata and spec, each with
-// the resourceVersion read, so a concurrent writer makes it re-read and
-// redo the whole decision (optimistic concurrency; nothing faultline does
-// not own is overwritten). first may be a node already read. mutate returns
-// false to write nothing.
+// result: the status (faultline's conditions) first, then the metadata and
+// spec faultline owns, each as a patch of only what changed that carries
+// the resourceVersion read, so a concurrent writer makes it re-read the
+// node live and redo the whole decision (optimistic concurrency; nothing
+// faultline does not own is written). first is a node already read: a live
+// one, or the watch cache's copy, which holds everything faultline reads
+// and writes (so a node the cache knows costs no GET). mutate returns false
+// to write nothing.
 func (h *Handler) updateNode(ctx context.Context, cl *clusters.Client, first *corev1.Node,
 	mutate func(n *corev1.Node, st *State) (bool, error)) (*corev1.Node, error) {
 	nodes := cl.Kube.CoreV1().Nodes()
@@ -56,34 +63,115 @@ func (h *Handler) updateNode(ctx context.Context, cl *clusters.Client, first *co
 				"budget_bytes", MaxStateBytes, "bytes", fit.Bytes, "compacted", fit.Compacted, "dropped", len(fit.Dropped))
 		}
 		now := h.now()
-		h.nodes.wrote(cl.Name, name, now)
-		status := n.DeepCopy()
-		if RenderConditions(status, st, now) {
-			out, err := nodes.UpdateStatus(ctx, status, metav1.UpdateOptions{FieldManager: "faultline-quarantine"})
+		h.nodes.wrote(cl.Name, name, now, "")
+		before := n.DeepCopy()
+		if RenderConditions(n, st, now) {
+			out, err := patchNode(ctx, nodes, name, statusPatch(before, n), "status")
 			if apierrors.IsConflict(err) && attempt < 100 {
 				h.m.conflicts.WithLabelValues(cl.Name).Inc()
 				n = nil
 				continue
 			}
 			if err != nil {
-				return nil, fmt.Errorf("update node %s status: %w", name, err)
+				return nil, fmt.Errorf("patch node %s status: %w", name, err)
 			}
-			n.ResourceVersion, n.Status = out.ResourceVersion, out.Status
+			n.ResourceVersion = out.ResourceVersion
+			before.ResourceVersion = out.ResourceVersion
 		}
 		if RenderObject(n, st, h.cfg.Identity, now) {
-			out, err := nodes.Update(ctx, n, metav1.UpdateOptions{FieldManager: "faultline-quarantine"})
+			out, err := patchNode(ctx, nodes, name, objectPatch(before, n))
 			if apierrors.IsConflict(err) && attempt < 100 {
 				h.m.conflicts.WithLabelValues(cl.Name).Inc()
 				n = nil
 				continue
 			}
 			if err != nil {
-				return nil, fmt.Errorf("update node %s: %w", name, err)
+				return nil, fmt.Errorf("patch node %s: %w", name, err)
 			}
 			n = out
 		}
+		h.nodes.wrote(cl.Name, name, now, n.ResourceVersion)
 		return n, nil
 	}
+}
+
+// patchNode sends a strategic merge patch of the node (or of its status):
+// conditions merge by type and labels and annotations by key, so only what
+// the patch names is written; taints, which have no merge key, are replaced
+// whole, which the resourceVersion the patch carries makes safe.
+func patchNode(ctx context.Context, nodes corev1client.NodeInterface, name string, patch map[string]any, subresources ...string) (*corev1.Node, error) {
+	b, err := json.Marshal(patch)
+	if err != nil {
+		return nil, fmt.Errorf("encode patch: %w", err)
+	}
+	return nodes.Patch(ctx, name, types.StrategicMergePatchType, b, metav1.PatchOptions{FieldManager: "faultline-quarantine"}, subresources...)
+}
+
+// statusPatch names the conditions that differ between before and after,
+// with before's resourceVersion as the precondition.
+func statusPatch(before, after *corev1.Node) map[string]any {
+	var changed []corev1.NodeCondition
+	for _, c := range after.Status.Conditions {
+		i := slices.IndexFunc(before.Status.Conditions, func(b corev1.NodeCondition) bool { return b.Type == c.Type })
+		if i < 0 || !sameCondition(before.Status.Conditions[i], c) {
+			changed = append(changed, c)
+		}
+	}
+	return map[string]any{
+		"metadata": map[string]any{"resourceVersion": before.ResourceVersion},
+		"status":   map[string]any{"conditions": changed},
+	}
+}
+
+// objectPatch names the labels, annotations, cordon and taints that differ
+// between before and after, with before's resourceVersion as the
+// precondition.
+func objectPatch(before, after *corev1.Node) map[string]any {
+	meta := map[string]any{"resourceVersion": before.ResourceVersion}
+	if d := mapDiff(before.Labels, after.Labels); len(d) > 0 {
+		meta["labels"] = d
+	}
+	if d := mapDiff(before.Annotations, after.Annotations); len(d) > 0 {
+		meta["annotations"] = d
+	}
+	spec := map[string]any{}
+	if before.Spec.Unschedulable != after.Spec.Unschedulable {
+		spec["unschedulable"] = after.Spec.Unschedulable
+	}
+	if !slices.EqualFunc(before.Spec.Taints, after.Spec.Taints, sameTaint) {
+		spec["taints"] = after.Spec.Taints // nil removes the list
+	}
+	patch := map[string]any{"metadata": meta}
+	if len(spec) > 0 {
+		patch["spec"] = spec
+	}
+	return patch
+}
+
+func sameCondition(a, b corev1.NodeCondition) bool {
+	return a.Type == b.Type && a.Status == b.Status && a.Reason == b.Reason && a.Message == b.Message &&
+		a.LastTransitionTime.Equal(&b.LastTransitionTime) && a.LastHeartbeatTime.Equal(&b.LastHeartbeatTime)
+}
+
+func sameTaint(a, b corev1.Taint) bool {
+	return a.Key == b.Key && a.Value == b.Value && a.Effect == b.Effect
+}
+
+// mapDiff is the merge patch from a to b: changed and new keys with their
+// value, removed keys with null.
+func mapDiff(a, b map[string]string) map[string]any {
+	d := map[string]any{}
+	for k, v := range b {
+		if w, ok := a[k]; !ok || w != v {
+			d[k] = v
+		}
+	}
+	for k := range a {
+		if _, ok := b[k]; !ok {
+			d[k] = nil
+		}
+	}
+	return d
 }
 
 // nodeEvent records a non-fatal event as a Kubernetes Event on the node,

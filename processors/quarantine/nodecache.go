@@ -1,6 +1,7 @@
 package quarantine
 
 import (
+	"strings"
 	"sync"
 	"time"
 
@@ -21,11 +22,13 @@ const recentWrite = 10 * time.Second
 // nodeCaches watch each live cluster's nodes so that a healthy event for a
 // node with no standing fault — by far the most common event — is decided
 // without an API request, and so that a person uncordoning a node faultline
-// cordoned is noticed as it happens. Only the metadata faultline reads (and
-// spec.unschedulable) is kept.
+// cordoned is noticed as it happens, and so that a fault is written as a
+// patch of the watch's copy, without a GET first. Only what quarantine reads
+// and writes is kept (metadata, cordon, taints, faultline's conditions).
 //
 // The cache can lag a write by the watch's latency. A write this replica
-// made is covered by remembering it for recentWrite; a write by another
+// made is covered by remembering the resourceVersion it produced for
+// recentWrite (the copy is trusted again once it has it); a write by another
 // replica lags only around a partition rebalance, which takes longer than
 // the watch. Anything the cache says is standing is re-read live.
 type nodeCaches struct {
@@ -37,8 +40,15 @@ type nodeCaches struct {
 	mu        sync.Mutex
 	closed    bool
 	byName    map[string]*nodeCache
-	written   map[string]time.Time // cluster/node -> last write by this replica
+	written   map[string]write // cluster/node -> last write by this replica
 	lastPrune time.Time
+}
+
+// write is a node write by this replica: when, and the resourceVersion it
+// produced ("" while it is in flight).
+type write struct {
+	at time.Time
+	rv string
 }
 
 type nodeCache struct {
@@ -47,7 +57,7 @@ type nodeCache struct {
 }
 
 func newNodeCaches(uncordoned func(cluster, node string)) *nodeCaches {
-	return &nodeCaches{stop: make(chan struct{}), uncordoned: uncordoned, byName: map[string]*nodeCache{}, written: map[string]time.Time{}}
+	return &nodeCaches{stop: make(chan struct{}), uncordoned: uncordoned, byName: map[string]*nodeCache{}, written: map[string]write{}}
 }
 
 // get returns the cluster's cache, starting its watch on first use.
@@ -64,9 +74,16 @@ func (c *nodeCaches) get(cl *clusters.Client) *nodeCache {
 		if !ok {
 			return obj, nil
 		}
+		var conds []corev1.NodeCondition
+		for _, c := range n.Status.Conditions {
+			if strings.HasPrefix(c.Message, conditionPrefix) {
+				conds = append(conds, c)
+			}
+		}
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
 			Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels, Annotations: n.Annotations,
-		}, Spec: corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints}}, nil
+		}, Spec: corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints},
+			Status: corev1.NodeStatus{Conditions: conds}}, nil
 	})
 	if c.uncordoned != nil {
 		name := cl.Name
@@ -99,7 +116,8 @@ func (c *nodeCaches) nothingStanding(cl *clusters.Client, node string, now time.
 }
 
 // cached returns the watch's copy of the node (name, UID, labels,
-// annotations, taints, unschedulable) when the watch has synced and this
+// annotations, taints, unschedulable, the conditions faultline set: all
+// that quarantine reads and writes) when the watch has synced and this
 // replica has not written the node recently; false: read it live. The copy
 // is shared with the cache: never modify it.
 func (c *nodeCaches) cached(cl *clusters.Client, node string, now time.Time) (*corev1.Node, bool) {
@@ -110,27 +128,29 @@ func (c *nodeCaches) cached(cl *clusters.Client, node string, now time.Time) (*c
 	if nc == nil || !nc.synced() {
 		return nil, false
 	}
-	c.mu.Lock()
-	w, recent := c.written[cl.Name+"/"+node]
-	c.mu.Unlock()
-	if recent && now.Sub(w) < recentWrite {
-		return nil, false
-	}
 	n, err := nc.lister.Get(node)
 	if err != nil {
 		return nil, false
 	}
+	c.mu.Lock()
+	w, recent := c.written[cl.Name+"/"+node]
+	c.mu.Unlock()
+	if recent && now.Sub(w.at) < recentWrite && (w.rv == "" || w.rv != n.ResourceVersion) {
+		return nil, false // the watch has not delivered this replica's write yet
+	}
 	return n, true
 }
 
-// wrote remembers that this replica changed a node.
-func (c *nodeCaches) wrote(cluster, node string, now time.Time) {
+// wrote remembers that this replica changes a node (rv "": the write is in
+// flight) or changed it (rv: the resourceVersion the write produced; the
+// cache is trusted again once its copy has it).
+func (c *nodeCaches) wrote(cluster, node string, now time.Time, rv string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.written[cluster+"/"+node] = now
+	c.written[cluster+"/"+node] = write{at: now, rv: rv}
 	if now.Sub(c.lastPrune) > recentWrite {
-		for k, t := range c.written {
-			if now.Sub(t) >= recentWrite {
+		for k, w := range c.written {
+			if now.Sub(w.at) >= recentWrite {
 				delete(c.written, k)
 			}
 		}

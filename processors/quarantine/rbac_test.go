@@ -16,7 +16,7 @@ const saQuarantine = "system:serviceaccount:faultline:faultline-quarantine"
 // the ServiceAccount of deploy/rbac/quarantine.yaml (impersonated): the
 // shipped RBAC grants everything the role does, on an apiserver with RBAC
 // on, and nothing more than it calls (Events only in the namespace of node
-// events, never cluster-wide; no patch or delete of nodes; no pods).
+// events, never cluster-wide; no update or delete of nodes; no pods).
 func TestRBACIsEnough(t *testing.T) {
 	kube := testenv.StartKube(t, testenv.KubeOptions{})
 	kube.ApplyRBAC(t, "../../deploy/rbac/quarantine.yaml")
@@ -50,8 +50,10 @@ func TestRBACIsEnough(t *testing.T) {
 		{testenv.Access{Verb: "create", Resource: "events", Namespace: "kube-system"}, false},
 		{testenv.Access{Verb: "create", Resource: "events"}, false},
 		{testenv.Access{Verb: "create", Group: "events.k8s.io", Resource: "events", Namespace: "default"}, false},
-		{testenv.Access{Verb: "update", Resource: "nodes"}, true},
-		{testenv.Access{Verb: "patch", Resource: "nodes"}, false},
+		{testenv.Access{Verb: "patch", Resource: "nodes"}, true},
+		{testenv.Access{Verb: "patch", Resource: "nodes/status"}, true},
+		{testenv.Access{Verb: "update", Resource: "nodes"}, false},
+		{testenv.Access{Verb: "update", Resource: "nodes/status"}, false},
 		{testenv.Access{Verb: "delete", Resource: "nodes"}, false},
 		{testenv.Access{Verb: "list", Resource: "pods"}, false},
 		{testenv.Access{Verb: "get", Resource: "configmaps", Namespace: "kube-system"}, false},

@@ -191,6 +191,21 @@ func (s *State) AddFault(key string, f Fault, eventID string) bool {
 	return true
 }
 
+// Repeats reports whether f is another occurrence of a fault that stands,
+// not acknowledged, deciding exactly as it did (rule, cordon, taint,
+// condition, message), at most within after its last recorded occurrence:
+// recording it would change nothing on the node but its bookkeeping.
+func (s *State) Repeats(key string, f Fault, within time.Duration) bool {
+	old, ok := s.Faults[key]
+	if !ok || old.Acked {
+		return false
+	}
+	f.bound()
+	sameTaint := (old.Taint == nil) == (f.Taint == nil) && (old.Taint == nil || *old.Taint == *f.Taint)
+	return sameTaint && old.Rule == f.Rule && old.Cordon == f.Cordon && old.Condition == f.Condition &&
+		old.Message == f.Message && f.LastSeen.Sub(old.LastSeen) < within
+}
+
 // trim drops the oldest faults beyond maxFaults.
 func (s *State) trim() {
 	if len(s.Faults) <= maxFaults {
@@ -417,9 +432,7 @@ func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
 
 func equalObject(a, b *corev1.Node) bool {
 	return a.Spec.Unschedulable == b.Spec.Unschedulable &&
-		slices.EqualFunc(a.Spec.Taints, b.Spec.Taints, func(x, y corev1.Taint) bool {
-			return x.Key == y.Key && x.Value == y.Value && x.Effect == y.Effect
-		}) &&
+		slices.EqualFunc(a.Spec.Taints, b.Spec.Taints, sameTaint) &&
 		mapsEqual(a.Labels, b.Labels) && mapsEqual(a.Annotations, b.Annotations)
 }
 
@@ -493,7 +506,7 @@ func RenderConditions(n *corev1.Node, s *State, now time.Time) bool {
 	var managed []string
 	for t, a := range byType {
 		managed = append(managed, t)
-		msg := events.Truncate("faultline: "+strings.Join(a.msgs, "; "), maxMessage)
+		msg := events.Truncate(conditionPrefix+strings.Join(a.msgs, "; "), maxMessage)
 		changed = setCondition(n, corev1.NodeCondition{
 			Type: corev1.NodeConditionType(t), Status: corev1.ConditionFalse,
 			Reason: CamelCase(a.newest.Check), Message: msg,
@@ -505,13 +518,17 @@ func RenderConditions(n *corev1.Node, s *State, now time.Time) bool {
 		}
 		changed = setCondition(n, corev1.NodeCondition{
 			Type: corev1.NodeConditionType(t), Status: corev1.ConditionTrue,
-			Reason: "FaultsRecovered", Message: "faultline: every fault of this component recovered",
+			Reason: "FaultsRecovered", Message: conditionPrefix + "every fault of this component recovered",
 		}, now) || changed
 	}
 	sort.Strings(managed)
 	s.Conditions = managed
 	return changed
 }
+
+// conditionPrefix starts the message of every condition faultline sets: the
+// node watch keeps those conditions (and no others).
+const conditionPrefix = "faultline: "
 
 func setCondition(n *corev1.Node, c corev1.NodeCondition, now time.Time) bool {
 	ts := metav1.NewTime(now)

@@ -1,0 +1,88 @@
+package quarantine
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestStateRepeats(t *testing.T) {
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	taint := &Taint{Key: "faultline.io/unhealthy", Value: "GPU", Effect: "NoSchedule"}
+	standing := Fault{Check: "XID_ERROR_79", Class: "GPU", Entity: "GPU=GPU-1", Rule: "r", Message: "fell off the bus",
+		Cordon: true, Taint: taint, Condition: true, Since: t0, LastSeen: t0}
+	key := FaultKey(standing.Check, standing.Entity)
+	for _, tc := range []struct {
+		name   string
+		edit   func(f *Fault)
+		acked  bool
+		within time.Duration
+		want   bool
+	}{
+		{"same, inside the interval", func(f *Fault) { f.LastSeen = t0.Add(5 * time.Second) }, false, 10 * time.Second, true},
+		{"same, older occurrence", func(f *Fault) { f.LastSeen = t0.Add(-time.Minute) }, false, 10 * time.Second, true},
+		{"same, interval passed", func(f *Fault) { f.LastSeen = t0.Add(10 * time.Second) }, false, 10 * time.Second, false},
+		{"other message", func(f *Fault) { f.Message = "double-bit ECC" }, false, 10 * time.Second, false},
+		{"other rule", func(f *Fault) { f.Rule = "r2" }, false, 10 * time.Second, false},
+		{"no longer cordons", func(f *Fault) { f.Cordon = false }, false, 10 * time.Second, false},
+		{"other taint", func(f *Fault) { f.Taint = &Taint{Key: "k", Effect: "NoExecute"} }, false, 10 * time.Second, false},
+		{"no taint", func(f *Fault) { f.Taint = nil }, false, 10 * time.Second, false},
+		{"acknowledged by a manual uncordon", func(*Fault) {}, true, 10 * time.Second, false},
+		{"other fault", func(f *Fault) { f.Entity = "GPU=GPU-2" }, false, 10 * time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &State{Faults: map[string]*Fault{}}
+			st.AddFault(key, standing, "ev-1")
+			st.Faults[key].Acked = tc.acked
+			f := standing
+			tc.edit(&f)
+			if got := st.Repeats(FaultKey(f.Check, f.Entity), f, tc.within); got != tc.want {
+				t.Fatalf("Repeats = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestObjectAndStatusPatch(t *testing.T) {
+	before := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: "7",
+			Labels:      map[string]string{"keep": "1", "gone": "x"},
+			Annotations: map[string]string{"a": "1"}},
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "team", Effect: corev1.TaintEffectNoSchedule}}},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			{Type: "GPUHealthy", Status: corev1.ConditionTrue, Message: conditionPrefix + "ok"},
+			{Type: "NICHealthy", Status: corev1.ConditionTrue, Message: conditionPrefix + "ok"},
+		}},
+	}
+	after := before.DeepCopy()
+	after.Labels["new"] = "y"
+	delete(after.Labels, "gone")
+	after.Spec.Unschedulable = true
+	after.Spec.Taints = append(after.Spec.Taints, corev1.Taint{Key: "faultline.io/unhealthy", Effect: corev1.TaintEffectNoSchedule})
+	after.Status.Conditions[0].Status = corev1.ConditionFalse
+
+	for _, tc := range []struct {
+		name  string
+		patch map[string]any
+		want  string
+	}{
+		{"object", objectPatch(before, after),
+			`{"metadata":{"labels":{"gone":null,"new":"y"},"resourceVersion":"7"},"spec":{"taints":[{"key":"team","effect":"NoSchedule"},{"key":"faultline.io/unhealthy","effect":"NoSchedule"}],"unschedulable":true}}`},
+		{"object unchanged", objectPatch(before, before.DeepCopy()), `{"metadata":{"resourceVersion":"7"}}`},
+		{"status: only the changed condition", statusPatch(before, after),
+			`{"metadata":{"resourceVersion":"7"},"status":{"conditions":[{"type":"GPUHealthy","status":"False","lastHeartbeatTime":null,"lastTransitionTime":null,"message":"faultline: ok"}]}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := json.Marshal(tc.patch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(b) != tc.want {
+				t.Fatalf("patch\n got %s\nwant %s", b, tc.want)
+			}
+		})
+	}
+}
