@@ -501,7 +501,16 @@ func TestKube(t *testing.T) {
 		if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		// The same fault again: detected, recorded, and not re-cordoned.
+		// The same fault again, once the node watch has seen the uncordon
+		// (a repeat of a standing fault is decided on the watch's copy; one
+		// that comes within the watch's latency is decided as the node
+		// stood, and the watch then notices the uncordon on its own:
+		// ManualUncordonNoticedLive): detected, recorded, not re-cordoned.
+		cl, _ := h.reg.Get("c1")
+		waitUntil(t, 10*time.Second, func() bool {
+			c, ok := h.nodes.cached(cl, "manual-1", h.now())
+			return ok && !c.Spec.Unschedulable
+		}, "the node watch to see the uncordon")
 		acts, _ := handle(t, h, record("c1", fatal("manual-1", "XID_ERROR_48", "GPU-1")))
 		if kinds(acts) != "manual_uncordon/decided,quarantine/skipped" {
 			t.Fatalf("actions %s", kinds(acts))
