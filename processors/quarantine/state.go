@@ -80,6 +80,12 @@ type State struct {
 	By string `json:"by,omitempty"`
 	// ManualUncordonAt is when a person uncordoned the node while faults stood.
 	ManualUncordonAt time.Time `json:"manualUncordonAt,omitzero"`
+	// History is, by FaultKey, when the fault began before (earlier
+	// episodes, lifted, and re-occurrences while it was stabilizing),
+	// newest maxOnsets, kept for flap_window: what makes a fault flapping
+	// (flap.go). It outlives the faults: a node whose faults were all
+	// lifted keeps only this in its state annotation until it expires.
+	History map[string][]time.Time `json:"history,omitempty"`
 }
 
 // Fault is one standing fault: a check on an entity.
@@ -103,6 +109,11 @@ type Fault struct {
 	// Acked: a person uncordoned the node while this fault stood, so it no
 	// longer cordons or taints (its condition stays).
 	Acked bool `json:"acked,omitempty"`
+	// RecoveredAt and LiftAt: the fault is flapping and recovered at
+	// RecoveredAt; it stands (stabilizing) until LiftAt unless it occurs
+	// again (flap.go).
+	RecoveredAt time.Time `json:"recoveredAt,omitzero"`
+	LiftAt      time.Time `json:"liftAt,omitzero"`
 }
 
 // FaultKey identifies a fault on a node: the check and the impacted
@@ -178,6 +189,12 @@ func (s *State) AddFault(key string, f Fault, eventID string) bool {
 	if eventID != "" && slices.Contains(old.EventIDs, eventID) {
 		return false
 	}
+	if old.Stabilizing() && f.LastSeen.After(old.RecoveredAt) {
+		// It occurred again while stabilizing: the pending lift is
+		// cancelled and the occurrence counts as a new onset.
+		old.RecoveredAt, old.LiftAt = time.Time{}, time.Time{}
+		s.addOnset(key, f.LastSeen)
+	}
 	if eventID != "" {
 		old.EventIDs = append(old.EventIDs, eventID)
 		if len(old.EventIDs) > maxEventIDs {
@@ -197,8 +214,8 @@ func (s *State) AddFault(key string, f Fault, eventID string) bool {
 // recording it would change nothing on the node but its bookkeeping.
 func (s *State) Repeats(key string, f Fault, within time.Duration) bool {
 	old, ok := s.Faults[key]
-	if !ok || old.Acked {
-		return false
+	if !ok || old.Acked || old.Stabilizing() {
+		return false // a stabilizing fault's occurrence cancels its lift: written
 	}
 	f.bound()
 	sameTaint := (old.Taint == nil) == (f.Taint == nil) && (old.Taint == nil || *old.Taint == *f.Taint)
@@ -275,6 +292,15 @@ func (s *State) Fit(budget int) FitReport {
 			rep.Dropped = append(rep.Dropped, k)
 			rep.Bytes = size()
 		}
+	}
+	// Onsets of faults no longer standing go first: they only damp the
+	// next flaps.
+	for _, k := range s.historyByAge() {
+		if rep.Bytes <= budget {
+			break
+		}
+		delete(s.History, k)
+		rep.Bytes = size()
 	}
 	drop(byAge(func(f *Fault) bool { return f.Acked }), 0)
 	for _, k := range byAge(func(*Fault) bool { return true }) {
@@ -400,6 +426,16 @@ func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
 			delete(n.Annotations, k)
 		}
 		delete(n.Labels, LabelQuarantined)
+		// Nothing stands: the next quarantine starts afresh; only the
+		// onsets of lifted faults stay, for flap_window (flap.go).
+		s.Since, s.By, s.ManualUncordonAt = time.Time{}, "", time.Time{}
+		if len(s.History) > 0 {
+			if n.Annotations == nil {
+				n.Annotations = map[string]string{}
+			}
+			b, _ := json.Marshal(s)
+			n.Annotations[AnnotationState] = string(b)
+		}
 	} else {
 		if s.Since.IsZero() {
 			s.Since = now
@@ -463,6 +499,9 @@ func (s *State) reason() string {
 		if f.Acked {
 			p += " (acknowledged by manual uncordon)"
 		}
+		if f.Stabilizing() {
+			p += " (flapping: recovered, stabilizing until " + f.LiftAt.UTC().Format(time.RFC3339) + ")"
+		}
 		parts = append(parts, p)
 	}
 	return events.Truncate(strings.Join(parts, "; "), maxReason)
@@ -496,6 +535,10 @@ func RenderConditions(n *corev1.Node, s *State, now time.Time) bool {
 		m := f.Check
 		if f.Entity != "" {
 			m += " on " + f.Entity
+		}
+		if f.Stabilizing() {
+			m += " (flapping: recovered at " + f.RecoveredAt.UTC().Format(time.RFC3339) +
+				", stabilizing until " + f.LiftAt.UTC().Format(time.RFC3339) + " unless it recurs)"
 		}
 		if f.Message != "" {
 			m += ": " + f.Message
