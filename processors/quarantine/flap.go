@@ -17,7 +17,11 @@ import (
 // flap_window does not lift it: the fault stays standing (cordon, taint,
 // condition), marked stabilizing, until the entity has stayed healthy for
 // stabilization_window; a new occurrence meanwhile cancels the pending
-// lift. The quarantine role's sweep (sweep.go) lifts the faults whose
+// lift, and the fault stays flapping (its next recovery waits a whole
+// window again) until it is lifted. Only the third occurrence within the
+// window is held, not the first two: the first recovery of any fault lifts
+// it at once, so a fault that occurs once or twice is not slowed down, and
+// the onsets outlive the lift so the third makes the fault sticky. The quarantine role's sweep (sweep.go) lifts the faults whose
 // deadline passed, since the agent may send nothing more. A fault that is
 // not flapping recovers at once, as before.
 
@@ -149,7 +153,8 @@ func (s *State) lift(key string, p FlapPolicy) {
 
 // RecoverFlapping is Recover with flapping faults held: a fault the event
 // clears is lifted at once (removed) unless it began p.Threshold times
-// within p.Window, then it is held (stabilizing until at+p.Stabilization,
+// within p.Window or was found flapping before and has stood since (it
+// recurred while stabilizing), then it is held (stabilizing until at+p.Stabilization,
 // or now+p.Stabilization when the recovery has no time or one in the
 // future). A fault already stabilizing is left as it is (its deadline
 // counts from its first recovery) unless the deadline passed, then it is
@@ -180,7 +185,8 @@ func (s *State) RecoverFlapping(check, entity string, at, now time.Time, p FlapP
 				s.lift(k, p)
 				removed = append(removed, k)
 			}
-		case s.Occurrences(k, healthySince, p) >= p.Threshold:
+		case f.Flapping || s.Occurrences(k, healthySince, p) >= p.Threshold:
+			f.Flapping = true
 			f.RecoveredAt = healthySince.UTC()
 			f.LiftAt = healthySince.Add(p.Stabilization).UTC()
 			if !now.Before(f.LiftAt) { // a recovery older than the window: healthy long enough

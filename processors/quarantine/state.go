@@ -109,7 +109,11 @@ type Fault struct {
 	// Acked: a person uncordoned the node while this fault stood, so it no
 	// longer cordons or taints (its condition stays).
 	Acked bool `json:"acked,omitempty"`
-	// RecoveredAt and LiftAt: the fault is flapping and recovered at
+	// Flapping: a recovery found the fault flapping; it stays so until
+	// it is lifted, so every recovery of it waits for the stabilization
+	// window (flap.go).
+	Flapping bool `json:"flapping,omitempty"`
+	// RecoveredAt and LiftAt: the flapping fault recovered at
 	// RecoveredAt; it stands (stabilizing) until LiftAt unless it occurs
 	// again (flap.go).
 	RecoveredAt time.Time `json:"recoveredAt,omitzero"`
