@@ -208,9 +208,14 @@ func TestFlapHistoryBounds(t *testing.T) {
 	// Within budget: Fit drops history before anything standing.
 	st.Faults[FaultKey("X", "")] = &Fault{Check: "X", Rule: "r", Cordon: true, LastSeen: t0}
 	b, _ := json.Marshal(st)
-	rep := st.Fit(len(b) / 2)
-	if rep.Bytes > len(b)/2 || len(st.Faults) != 1 || len(rep.Dropped) != 0 {
-		t.Fatalf("fit: %+v, %d faults", rep, len(st.Faults))
+	hb, _ := json.Marshal(st.History)
+	full := len(b) + len(hb)
+	if rep := st.Fit(full); rep.Bytes != full || len(st.History) != maxFaults {
+		t.Fatalf("fit within budget: %+v, %d keys of history", rep, len(st.History))
+	}
+	rep := st.Fit(full / 2)
+	if rep.Bytes > full/2 || len(st.Faults) != 1 || len(rep.Dropped) != 0 || len(st.History) == 0 {
+		t.Fatalf("fit: %+v, %d faults, %d keys of history", rep, len(st.Faults), len(st.History))
 	}
 	// Pruning: everything older than the window goes.
 	if !st.PruneHistory(t0.Add(10*time.Hour), pol) || len(st.History) != 0 {
@@ -218,8 +223,8 @@ func TestFlapHistoryBounds(t *testing.T) {
 	}
 }
 
-// The node carries only the history once every fault was lifted (no label,
-// no reason, no cordon), and nothing at all once the history expired.
+// The node carries only the onsets once every fault was lifted (no state,
+// label, reason or cordon), and nothing at all once they expired.
 func TestFlapHistoryOnNode(t *testing.T) {
 	pol := FlapPolicy{Threshold: 3, Window: 10 * time.Minute, Stabilization: 30 * time.Minute}
 	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
@@ -237,6 +242,9 @@ func TestFlapHistoryOnNode(t *testing.T) {
 	if n.Spec.Unschedulable || n.Labels[LabelQuarantined] != "" || n.Annotations[AnnotationReason] != "" || n.Annotations[AnnotationBy] != "" {
 		t.Fatalf("not lifted: unschedulable %v, labels %v, annotations %v", n.Spec.Unschedulable, n.Labels, n.Annotations)
 	}
+	if _, ok := n.Annotations[AnnotationState]; ok || n.Annotations[AnnotationOnsets] == "" {
+		t.Fatalf("after the lift, want only the onsets annotation: %v", n.Annotations)
+	}
 	back, err := ReadState(n)
 	if err != nil || len(back.Faults) != 0 || len(back.History[FaultKey("C", "")]) != 1 || !back.Since.IsZero() {
 		t.Fatalf("state on the node: %+v, %v", back, err)
@@ -248,7 +256,7 @@ func TestFlapHistoryOnNode(t *testing.T) {
 		t.Fatal("expired history not pruned")
 	}
 	RenderObject(n, back, "me", t0.Add(pol.Window))
-	if _, ok := n.Annotations[AnnotationState]; ok || n.Annotations["other"] != "x" {
+	if _, ok := n.Annotations[AnnotationOnsets]; ok || len(n.Annotations) != 1 || n.Annotations["other"] != "x" {
 		t.Fatalf("annotations after the history expired: %v", n.Annotations)
 	}
 }

@@ -31,6 +31,11 @@ const (
 	// AnnotationManualUncordon records when a person uncordoned the node
 	// while faults stood; faultline then leaves those faults uncordoned.
 	AnnotationManualUncordon = "faultline.io/manual-uncordon-at"
+	// AnnotationOnsets holds State.History, the JSON of when each fault
+	// began before, kept for flap_window after the fault was lifted
+	// (flap.go): the only mark faultline leaves on a node where nothing
+	// stands, and only while a fault of it may still be flapping.
+	AnnotationOnsets = "faultline.io/quarantine-onsets"
 	// LabelQuarantined is "true" while a standing fault cordons or taints
 	// the node (not for faults acknowledged by a manual uncordon); the
 	// drain role reads it (events.LabelQuarantined).
@@ -83,9 +88,10 @@ type State struct {
 	// History is, by FaultKey, when the fault began before (earlier
 	// episodes, lifted, and re-occurrences while it was stabilizing),
 	// newest maxOnsets, kept for flap_window: what makes a fault flapping
-	// (flap.go). It outlives the faults: a node whose faults were all
-	// lifted keeps only this in its state annotation until it expires.
-	History map[string][]time.Time `json:"history,omitempty"`
+	// (flap.go). It outlives the faults, so it has its own annotation
+	// (AnnotationOnsets); with AnnotationState it stays within
+	// MaxStateBytes.
+	History map[string][]time.Time `json:"-"`
 }
 
 // Fault is one standing fault: a check on an entity.
@@ -148,15 +154,22 @@ func sameIdentity(stored, v string, n int) bool {
 
 // ReadState decodes the node's state; a node without one gives an empty
 // state. A corrupt annotation is an error (the caller starts afresh and
-// says so).
+// says so); a corrupt AnnotationOnsets is dropped silently (it only damps
+// flapping).
 func ReadState(n *corev1.Node) (*State, error) {
 	st := &State{Faults: map[string]*Fault{}}
+	if raw := n.Annotations[AnnotationOnsets]; raw != "" {
+		var h map[string][]time.Time
+		if json.Unmarshal([]byte(raw), &h) == nil && len(h) > 0 {
+			st.History = h
+		}
+	}
 	raw, ok := n.Annotations[AnnotationState]
 	if !ok || raw == "" {
 		return st, nil
 	}
 	if err := json.Unmarshal([]byte(raw), st); err != nil {
-		return &State{Faults: map[string]*Fault{}}, fmt.Errorf("node %s: annotation %s: %w", n.Name, AnnotationState, err)
+		return &State{Faults: map[string]*Fault{}, History: st.History}, fmt.Errorf("node %s: annotation %s: %w", n.Name, AnnotationState, err)
 	}
 	if st.Faults == nil {
 		st.Faults = map[string]*Fault{}
@@ -271,7 +284,11 @@ func (s *State) Fit(budget int) FitReport {
 	var rep FitReport
 	size := func() int {
 		b, _ := json.Marshal(s)
-		return len(b)
+		if len(s.History) == 0 {
+			return len(b)
+		}
+		h, _ := json.Marshal(s.History)
+		return len(b) + len(h)
 	}
 	rep.Bytes = size()
 	if rep.Bytes <= budget {
@@ -430,16 +447,6 @@ func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
 			delete(n.Annotations, k)
 		}
 		delete(n.Labels, LabelQuarantined)
-		// Nothing stands: the next quarantine starts afresh; only the
-		// onsets of lifted faults stay, for flap_window (flap.go).
-		s.Since, s.By, s.ManualUncordonAt = time.Time{}, "", time.Time{}
-		if len(s.History) > 0 {
-			if n.Annotations == nil {
-				n.Annotations = map[string]string{}
-			}
-			b, _ := json.Marshal(s)
-			n.Annotations[AnnotationState] = string(b)
-		}
 	} else {
 		if s.Since.IsZero() {
 			s.Since = now
@@ -466,6 +473,16 @@ func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
 		}
 		b, _ := json.Marshal(s)
 		n.Annotations[AnnotationState] = string(b)
+	}
+	// The onsets of faults, standing or lifted, for flap_window (flap.go).
+	if len(s.History) == 0 {
+		delete(n.Annotations, AnnotationOnsets)
+	} else {
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		b, _ := json.Marshal(s.History)
+		n.Annotations[AnnotationOnsets] = string(b)
 	}
 	return !equalObject(before, n)
 }

@@ -87,7 +87,9 @@ func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([
 			if ctx.Err() != nil {
 				return acts, errors.Join(append(errs, ctx.Err())...)
 			}
-			if _, ok := n.Annotations[AnnotationState]; !ok || !h.Owns(events.Key(name, n.Name)) {
+			_, standing := n.Annotations[AnnotationState]
+			_, onsets := n.Annotations[AnnotationOnsets]
+			if !(standing || onsets) || !h.Owns(events.Key(name, n.Name)) {
 				continue
 			}
 			st, err := ReadState(n)
