@@ -143,7 +143,7 @@ var Scenarios = []Scenario{
 		Run:      runConformanceDrift,
 	},
 	{
-		Name: "flap", Doc: "one port flapping DOWN/ACTIVE every 500ms on one node for Duration: how often the node is cordoned (healthy events lift the fault)",
+		Name: "flap", Doc: "one port flapping DOWN/ACTIVE every 500ms on one node for Duration: how often the node is cordoned (the first recoveries lift the fault; from the flap_threshold-th occurrence in flap_window it stays cordoned, stabilizing)",
 		Defaults: Params{Clusters: 1, Nodes: 100, Duration: 20 * time.Second},
 		Options:  func(p Params) Options { return quarantineOpts(p, "quarantine") },
 		Run:      runFlap,
@@ -443,9 +443,21 @@ func runFlap(ctx context.Context, e *Env, p Params, r *Report) error {
 	state := e.Cordons.state[cluster+"/"+node]
 	e.Cordons.mu.Unlock()
 	applied, _ := e.Actions.Count("quarantine/applied")
-	r.Figure("flap over %s: %d DOWN/ACTIVE flaps of mlx5_3 on %s in %s: cordoned %d times, %d quarantine/applied, %v actions; cordoned at the end: %v",
-		e.Describe(), flaps, node, p.Duration, cordons, applied, e.Actions.Snapshot(), state)
+	lifted, _ := e.Actions.Count("unquarantine/applied")
+	held, _ := e.Actions.Count("unquarantine/deferred")
+	// The shipped flapping policy (quarantineOpts leaves it as it is).
+	q := processors.DefaultConfig().Quarantine
+	r.Figure("flap over %s: %d DOWN/ACTIVE flaps of mlx5_3 on %s in %s: cordoned %d times, lifted %d times, %d recoveries held (flapping: %d occurrences in %v, stabilization %v), %d quarantine/applied, %v actions; cordoned at the end: %v",
+		e.Describe(), flaps, node, p.Duration, cordons, lifted, held, q.FlapThreshold, q.FlapWindow, q.StabilizationWindow, applied, e.Actions.Snapshot(), state)
 	r.Check(cordons >= 1, "a flapping port never cordoned its node")
+	if q.Flap().Enabled() && flaps >= q.FlapThreshold {
+		// The first flap_threshold-1 recoveries lift at once (a fault that
+		// is not flapping is not slowed down); from the flap_threshold-th
+		// occurrence on the node stays cordoned.
+		r.Check(cordons <= q.FlapThreshold, "cordoned %d times, want at most flap_threshold = %d", cordons, q.FlapThreshold)
+		r.Check(lifted <= q.FlapThreshold-1, "lifted %d times, want at most flap_threshold-1 = %d", lifted, q.FlapThreshold-1)
+		r.Check(state, "the flapping port's node is schedulable at the end, want it cordoned (stabilizing)")
+	}
 	return nil
 }
 

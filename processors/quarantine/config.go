@@ -60,6 +60,21 @@ type Config struct {
 	// the next node's cordon needs. 0: every occurrence is written.
 	// Default 10s.
 	RepeatWriteInterval time.Duration `toml:"repeat_write_interval"`
+	// FlapThreshold: a fault (a check on an entity) that began this many
+	// times within FlapWindow, counting occurrences after recoveries, is
+	// flapping: its recovery does not lift it until its entity has stayed
+	// healthy for StabilizationWindow. 2 to 8; 0 disables (every recovery
+	// lifts at once). Default 3 (the NIC monitor's "3+ link flaps in 10
+	// min").
+	FlapThreshold int `toml:"flap_threshold"`
+	// FlapWindow is the window FlapThreshold counts in; the onsets of a
+	// lifted fault are kept on the node's state annotation this long. 0
+	// disables. Default 10m.
+	FlapWindow time.Duration `toml:"flap_window"`
+	// StabilizationWindow is how long a flapping fault's entity must stay
+	// healthy before the fault is lifted (by the role's sweep; a new
+	// occurrence meanwhile cancels the lift). 0 disables. Default 30m.
+	StabilizationWindow time.Duration `toml:"stabilization_window"`
 	// Identity names this processor in annotations and Events.
 	// Default "faultline-quarantine/<hostname>".
 	Identity string `toml:"identity"`
@@ -124,6 +139,9 @@ func DefaultConfig() Config {
 		NodeEventInterval:   time.Minute,
 		NodeEventQPS:        10,
 		RepeatWriteInterval: 10 * time.Second,
+		FlapThreshold:       3,
+		FlapWindow:          10 * time.Minute,
+		StabilizationWindow: 30 * time.Minute,
 		Identity:            "faultline-quarantine/" + host,
 		BatchTimeout:        2 * time.Minute,
 		MaxPollRecords:      2000,
@@ -152,6 +170,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.Float64Var(&c.NodeEventQPS, prefix+"node-event-qps", c.NodeEventQPS, "node Events created per second per cluster, in the background")
 	fs.DurationVar(&c.NodeEventInterval, prefix+"node-event-interval", c.NodeEventInterval, "at most one node Event of a reason per node per interval (0: one per event)")
 	fs.DurationVar(&c.RepeatWriteInterval, prefix+"repeat-write-interval", c.RepeatWriteInterval, "a standing fault's repeat occurrences rewrite the node at most once per interval (0: every occurrence)")
+	fs.IntVar(&c.FlapThreshold, prefix+"flap-threshold", c.FlapThreshold, "a fault begun this many times within flap-window is flapping: its recovery waits for stabilization-window (0: off)")
+	fs.DurationVar(&c.FlapWindow, prefix+"flap-window", c.FlapWindow, "window flap-threshold counts in (0: off)")
+	fs.DurationVar(&c.StabilizationWindow, prefix+"stabilization-window", c.StabilizationWindow, "how long a flapping fault must stay healthy before it is lifted (0: off)")
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch")
 	fs.IntVar(&c.MaxPollRecords, prefix+"max-poll-records", c.MaxPollRecords, "records fetched per poll")
@@ -192,6 +213,15 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.RepeatWriteInterval < 0 {
 		return fmt.Errorf("%srepeat_write_interval: must not be negative, got %v", prefix, c.RepeatWriteInterval)
+	}
+	if c.FlapThreshold != 0 && (c.FlapThreshold < 2 || c.FlapThreshold > maxOnsets) {
+		return fmt.Errorf("%sflap_threshold: must be 0 (off) or 2 to %d, got %d", prefix, maxOnsets, c.FlapThreshold)
+	}
+	if c.FlapWindow < 0 {
+		return fmt.Errorf("%sflap_window: must not be negative, got %v", prefix, c.FlapWindow)
+	}
+	if c.StabilizationWindow < 0 {
+		return fmt.Errorf("%sstabilization_window: must not be negative, got %v", prefix, c.StabilizationWindow)
 	}
 	if c.NodeEvents && c.EventNamespace == "" {
 		return fmt.Errorf("%sevent_namespace: required when node_events is on", prefix)
@@ -234,6 +264,18 @@ func (c Config) Validate(prefix string) error {
 		return fmt.Errorf("%snode_count_ttl: must be positive, got %v", p, b.NodeCountTTL)
 	}
 	return nil
+}
+
+// Flap is the flapping policy of FlapThreshold, FlapWindow and
+// StabilizationWindow (disabled when any is 0).
+func (c Config) Flap() FlapPolicy {
+	return FlapPolicy{Threshold: c.FlapThreshold, Window: c.FlapWindow, Stabilization: c.StabilizationWindow}
+}
+
+// sweepInterval is how often the stabilization sweep looks for faults
+// whose window passed: a tenth of the window, between 100ms and 30s.
+func (c Config) sweepInterval() time.Duration {
+	return min(max(c.StabilizationWindow/10, 100*time.Millisecond), 30*time.Second)
 }
 
 // optOut splits OptOutLabel; an empty one disables the opt-out.

@@ -301,25 +301,36 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 	if st, _ := ReadState(node); len(st.Faults) == 0 {
 		return nil, nil // the common case: nothing standing
 	}
+	flap := h.cfg.Flap()
 	if cl.DryRun {
 		st, _ := ReadState(node)
-		if removed, _ := st.Recover(ev.GetCheckName(), entity, at); len(removed) > 0 {
-			return []*faultlinev1.Action{h.action(it, events.KindUnquarantine, events.OutcomeDryRun, "would lift: "+fmt.Sprint(removed), "", cl)}, nil
+		removed, held, _ := st.RecoverFlapping(ev.GetCheckName(), entity, at, h.now(), flap)
+		var acts []*faultlinev1.Action
+		if len(held) > 0 {
+			acts = append(acts, h.action(it, events.KindUnquarantine, events.OutcomeDryRun, "would hold (flapping, stabilizing): "+fmt.Sprint(held), "", cl))
 		}
-		return nil, nil
+		if len(removed) > 0 {
+			acts = append(acts, h.action(it, events.KindUnquarantine, events.OutcomeDryRun, "would lift: "+fmt.Sprint(removed), "", cl))
+		}
+		return acts, nil
 	}
 	var (
-		removed, stale []string
-		manual         bool
-		remaining      int
-		uncordon       bool
+		removed, held, stale []string
+		manual               bool
+		remaining            int
+		uncordon             bool
+		liftAt               time.Time
 	)
 	_, err = h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
-		manual = st.DetectManualUncordon(n, h.now())
-		removed, stale = st.Recover(ev.GetCheckName(), entity, at)
+		now := h.now()
+		manual = st.DetectManualUncordon(n, now)
+		removed, held, stale = st.RecoverFlapping(ev.GetCheckName(), entity, at, now, flap)
 		remaining = len(st.Faults)
 		uncordon = st.Cordoned && !st.Active()
-		return len(removed) > 0 || manual, nil
+		if len(held) > 0 {
+			liftAt = st.Faults[held[0]].LiftAt
+		}
+		return len(removed) > 0 || len(held) > 0 || manual, nil
 	})
 	if err != nil {
 		return nil, err
@@ -328,8 +339,19 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 	if manual {
 		acts = append(acts, h.action(it, events.KindManualUncordon, events.OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
 	}
-	if len(stale) > 0 && len(removed) == 0 {
+	if len(stale) > 0 && len(removed) == 0 && len(held) == 0 {
 		acts = append(acts, h.action(it, events.KindSkip, events.OutcomeSkipped, "recovery older than the fault's last occurrence", "", cl))
+	}
+	if len(held) > 0 && len(removed) == 0 {
+		// A flapping fault recovered: it stands until its entity has been
+		// healthy for stabilization_window (the sweep lifts it then).
+		a := h.action(it, events.KindUnquarantine, events.OutcomeDeferred, fmt.Sprintf(
+			"flapping fault (%d+ occurrences within %v) recovered: stands, stabilizing, until %s unless it recurs",
+			flap.Threshold, flap.Window, liftAt.UTC().Format(time.RFC3339)), "", cl)
+		a.Details[events.DetailStabilizing] = fmt.Sprint(held)
+		a.Details[events.DetailLiftAt] = liftAt.UTC().Format(time.RFC3339)
+		a.Details[events.DetailRemaining] = strconv.Itoa(remaining)
+		acts = append(acts, a)
 	}
 	if len(removed) > 0 {
 		outcome, reason := events.OutcomeApplied, "every fault recovered; lifted what faultline set"
@@ -340,6 +362,10 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 		a.Details[events.DetailRecovered] = fmt.Sprint(removed)
 		a.Details[events.DetailRemaining] = strconv.Itoa(remaining)
 		a.Details[events.DetailUncordoned] = strconv.FormatBool(uncordon)
+		if len(held) > 0 {
+			a.Details[events.DetailStabilizing] = fmt.Sprint(held)
+			a.Details[events.DetailLiftAt] = liftAt.UTC().Format(time.RFC3339)
+		}
 		acts = append(acts, a)
 	}
 	return acts, nil

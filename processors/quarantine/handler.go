@@ -64,6 +64,11 @@ type Handler struct {
 	eventsMu     sync.Mutex
 	lastEvent    map[string]time.Time
 	eventsPruned time.Time
+
+	// dryRunLifts: the would-lifts the stabilization sweep reported for
+	// dry-run clusters, by action id (reported once each; nothing is
+	// written there, so every sweep finds them again).
+	dryRunLifts sync.Map
 }
 
 // Close stops the handler's node watches.

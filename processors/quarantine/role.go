@@ -36,8 +36,9 @@ var Topics = []string{events.TopicEvents}
 // start-up, naming the rule set), creates TopicRetry if missing and
 // starts the node watch of every configured cluster. The role is its
 // consumer of Topics, its retry consumer of TopicRetry (group
-// "faultline-quarantine-retry") and the loop that acknowledges manual
-// uncordons (RunUncordons).
+// "faultline-quarantine-retry"), the loop that acknowledges manual
+// uncordons (RunUncordons) and, unless flapping faults are off, the sweep
+// that lifts them after their stabilization window (RunStabilization).
 func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	deps = deps.WithDefaults()
 	h, err := New(cfg, clusters.NewRegistry(deps.Kube, nil), Options{Log: deps.Log, Registerer: deps.Registry})
@@ -59,6 +60,29 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		h.m.breakerTrips.WithLabelValues(c)
 		h.m.breakerOpen.WithLabelValues(c)
 	}
+	loops := []role.Loop{{Name: "manual uncordons", Run: func(ctx context.Context) error {
+		prod, err := kafka.NewClient(deps.Kafka, deps.Log, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
+		if err != nil {
+			return err
+		}
+		defer prod.Close()
+		h.RunUncordons(ctx, prod)
+		return nil
+	}}}
+	if cfg.Flap().Enabled() {
+		// Flapping faults held after their recovery are lifted by this
+		// sweep once their stabilization window passed (flap.go).
+		names := deps.Kube.Names()
+		loops = append(loops, role.Loop{Name: "stabilization sweep", Run: func(ctx context.Context) error {
+			prod, err := kafka.NewClient(deps.Kafka, deps.Log, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
+			if err != nil {
+				return err
+			}
+			defer prod.Close()
+			h.RunStabilization(ctx, prod, names)
+			return nil
+		}})
+	}
 	retry := cfg.Pipeline()
 	retry.Role, retry.Topics = Role+"-retry", []string{TopicRetry}
 	return &role.Role{
@@ -67,15 +91,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 			{Pipeline: cfg.Pipeline(), Handler: h},
 			{Pipeline: retry, Handler: h.RetryHandler()},
 		},
-		Loops: []role.Loop{{Name: "manual uncordons", Run: func(ctx context.Context) error {
-			prod, err := kafka.NewClient(deps.Kafka, deps.Log, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
-			if err != nil {
-				return err
-			}
-			defer prod.Close()
-			h.RunUncordons(ctx, prod)
-			return nil
-		}}},
+		Loops: loops,
 		Close: func() error { h.Close(); return nil },
 	}, nil
 }

@@ -31,6 +31,11 @@ const (
 	// AnnotationManualUncordon records when a person uncordoned the node
 	// while faults stood; faultline then leaves those faults uncordoned.
 	AnnotationManualUncordon = "faultline.io/manual-uncordon-at"
+	// AnnotationOnsets holds State.History, the JSON of when each fault
+	// began before, kept for flap_window after the fault was lifted
+	// (flap.go): the only mark faultline leaves on a node where nothing
+	// stands, and only while a fault of it may still be flapping.
+	AnnotationOnsets = "faultline.io/quarantine-onsets"
 	// LabelQuarantined is "true" while a standing fault cordons or taints
 	// the node (not for faults acknowledged by a manual uncordon); the
 	// drain role reads it (events.LabelQuarantined).
@@ -80,6 +85,13 @@ type State struct {
 	By string `json:"by,omitempty"`
 	// ManualUncordonAt is when a person uncordoned the node while faults stood.
 	ManualUncordonAt time.Time `json:"manualUncordonAt,omitzero"`
+	// History is, by FaultKey, when the fault began before (earlier
+	// episodes, lifted, and re-occurrences while it was stabilizing),
+	// newest maxOnsets, kept for flap_window: what makes a fault flapping
+	// (flap.go). It outlives the faults, so it has its own annotation
+	// (AnnotationOnsets); with AnnotationState it stays within
+	// MaxStateBytes.
+	History map[string][]time.Time `json:"-"`
 }
 
 // Fault is one standing fault: a check on an entity.
@@ -103,6 +115,15 @@ type Fault struct {
 	// Acked: a person uncordoned the node while this fault stood, so it no
 	// longer cordons or taints (its condition stays).
 	Acked bool `json:"acked,omitempty"`
+	// Flapping: a recovery found the fault flapping; it stays so until
+	// it is lifted, so every recovery of it waits for the stabilization
+	// window (flap.go).
+	Flapping bool `json:"flapping,omitempty"`
+	// RecoveredAt and LiftAt: the flapping fault recovered at
+	// RecoveredAt; it stands (stabilizing) until LiftAt unless it occurs
+	// again (flap.go).
+	RecoveredAt time.Time `json:"recoveredAt,omitzero"`
+	LiftAt      time.Time `json:"liftAt,omitzero"`
 }
 
 // FaultKey identifies a fault on a node: the check and the impacted
@@ -133,15 +154,22 @@ func sameIdentity(stored, v string, n int) bool {
 
 // ReadState decodes the node's state; a node without one gives an empty
 // state. A corrupt annotation is an error (the caller starts afresh and
-// says so).
+// says so); a corrupt AnnotationOnsets is dropped silently (it only damps
+// flapping).
 func ReadState(n *corev1.Node) (*State, error) {
 	st := &State{Faults: map[string]*Fault{}}
+	if raw := n.Annotations[AnnotationOnsets]; raw != "" {
+		var h map[string][]time.Time
+		if json.Unmarshal([]byte(raw), &h) == nil && len(h) > 0 {
+			st.History = h
+		}
+	}
 	raw, ok := n.Annotations[AnnotationState]
 	if !ok || raw == "" {
 		return st, nil
 	}
 	if err := json.Unmarshal([]byte(raw), st); err != nil {
-		return &State{Faults: map[string]*Fault{}}, fmt.Errorf("node %s: annotation %s: %w", n.Name, AnnotationState, err)
+		return &State{Faults: map[string]*Fault{}, History: st.History}, fmt.Errorf("node %s: annotation %s: %w", n.Name, AnnotationState, err)
 	}
 	if st.Faults == nil {
 		st.Faults = map[string]*Fault{}
@@ -178,6 +206,12 @@ func (s *State) AddFault(key string, f Fault, eventID string) bool {
 	if eventID != "" && slices.Contains(old.EventIDs, eventID) {
 		return false
 	}
+	if old.Stabilizing() && f.LastSeen.After(old.RecoveredAt) {
+		// It occurred again while stabilizing: the pending lift is
+		// cancelled and the occurrence counts as a new onset.
+		old.RecoveredAt, old.LiftAt = time.Time{}, time.Time{}
+		s.addOnset(key, f.LastSeen)
+	}
 	if eventID != "" {
 		old.EventIDs = append(old.EventIDs, eventID)
 		if len(old.EventIDs) > maxEventIDs {
@@ -197,8 +231,8 @@ func (s *State) AddFault(key string, f Fault, eventID string) bool {
 // recording it would change nothing on the node but its bookkeeping.
 func (s *State) Repeats(key string, f Fault, within time.Duration) bool {
 	old, ok := s.Faults[key]
-	if !ok || old.Acked {
-		return false
+	if !ok || old.Acked || old.Stabilizing() {
+		return false // a stabilizing fault's occurrence cancels its lift: written
 	}
 	f.bound()
 	sameTaint := (old.Taint == nil) == (f.Taint == nil) && (old.Taint == nil || *old.Taint == *f.Taint)
@@ -250,7 +284,11 @@ func (s *State) Fit(budget int) FitReport {
 	var rep FitReport
 	size := func() int {
 		b, _ := json.Marshal(s)
-		return len(b)
+		if len(s.History) == 0 {
+			return len(b)
+		}
+		h, _ := json.Marshal(s.History)
+		return len(b) + len(h)
 	}
 	rep.Bytes = size()
 	if rep.Bytes <= budget {
@@ -275,6 +313,15 @@ func (s *State) Fit(budget int) FitReport {
 			rep.Dropped = append(rep.Dropped, k)
 			rep.Bytes = size()
 		}
+	}
+	// Onsets of faults no longer standing go first: they only damp the
+	// next flaps.
+	for _, k := range s.historyByAge() {
+		if rep.Bytes <= budget {
+			break
+		}
+		delete(s.History, k)
+		rep.Bytes = size()
 	}
 	drop(byAge(func(f *Fault) bool { return f.Acked }), 0)
 	for _, k := range byAge(func(*Fault) bool { return true }) {
@@ -427,6 +474,16 @@ func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
 		b, _ := json.Marshal(s)
 		n.Annotations[AnnotationState] = string(b)
 	}
+	// The onsets of faults, standing or lifted, for flap_window (flap.go).
+	if len(s.History) == 0 {
+		delete(n.Annotations, AnnotationOnsets)
+	} else {
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		b, _ := json.Marshal(s.History)
+		n.Annotations[AnnotationOnsets] = string(b)
+	}
 	return !equalObject(before, n)
 }
 
@@ -463,6 +520,9 @@ func (s *State) reason() string {
 		if f.Acked {
 			p += " (acknowledged by manual uncordon)"
 		}
+		if f.Stabilizing() {
+			p += " (flapping: recovered, stabilizing until " + f.LiftAt.UTC().Format(time.RFC3339) + ")"
+		}
 		parts = append(parts, p)
 	}
 	return events.Truncate(strings.Join(parts, "; "), maxReason)
@@ -496,6 +556,10 @@ func RenderConditions(n *corev1.Node, s *State, now time.Time) bool {
 		m := f.Check
 		if f.Entity != "" {
 			m += " on " + f.Entity
+		}
+		if f.Stabilizing() {
+			m += " (flapping: recovered at " + f.RecoveredAt.UTC().Format(time.RFC3339) +
+				", stabilizing until " + f.LiftAt.UTC().Format(time.RFC3339) + " unless it recurs)"
 		}
 		if f.Message != "" {
 			m += ": " + f.Message

@@ -100,7 +100,8 @@ const (
 	// event's node; nothing was created.
 	OutcomeRefused = "refused"
 	// OutcomeDeferred: a janitor operation waits for a concurrency limit
-	// or a node's cooldown.
+	// or a node's cooldown; a flapping fault's recovery (unquarantine)
+	// waits for its stabilization window.
 	OutcomeDeferred = "deferred"
 )
 
@@ -155,6 +156,10 @@ const (
 	DetailRuleErrors         = "ruleErrors"
 	DetailRecovered          = "recovered"
 	DetailUncordoned         = "uncordoned"
+	// DetailStabilizing lists the flapping faults a recovery left
+	// standing until DetailLiftAt (RFC 3339).
+	DetailStabilizing = "stabilizing"
+	DetailLiftAt      = "liftAt"
 	// Circuit breaker transitions.
 	DetailBreakerCount       = "count"
 	DetailBreakerLimit       = "limit"

@@ -1,0 +1,203 @@
+package quarantine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// RunStabilization lifts flapping faults whose stabilization window passed
+// (SweepStabilized) every sweep interval until ctx ends, producing each
+// lift's action through p. An agent may send nothing after the recovery
+// that started the window, so the lift cannot wait for an event.
+func (h *Handler) RunStabilization(ctx context.Context, p pipeline.Producer, clusterNames []string) {
+	t := time.NewTicker(h.cfg.sweepInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		acts, err := h.SweepStabilized(ctx, clusterNames)
+		var recs []*kgo.Record
+		for _, a := range acts {
+			rec, rerr := pipeline.ActionRecord(a)
+			if rerr != nil {
+				err = errors.Join(err, rerr)
+				continue
+			}
+			recs = append(recs, rec)
+		}
+		if len(recs) > 0 {
+			err = errors.Join(err, p.ProduceSync(ctx, recs...).FirstErr())
+		}
+		if err != nil && ctx.Err() == nil {
+			h.log.Warn("stabilization sweep incomplete; retried next sweep", "err", err)
+		}
+	}
+}
+
+// SweepStabilized lifts, on the nodes of the named clusters that this
+// replica owns (their events land on its partitions), the flapping faults
+// whose entity stayed healthy for the stabilization window, and drops
+// onsets older than the flap window from nodes where nothing stands. It
+// picks nodes from the node watch's copy and writes each with
+// updateNode, which re-reads and re-decides on a conflict (a new
+// occurrence that cancelled the lift in the meantime wins). It returns
+// an unquarantine action per lifted fault; a dry-run cluster writes
+// nothing and reports each would-lift once.
+func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([]*faultlinev1.Action, error) {
+	flap := h.cfg.Flap()
+	if !flap.Enabled() {
+		return nil, nil
+	}
+	var (
+		acts []*faultlinev1.Action
+		errs []error
+	)
+	for _, name := range clusterNames {
+		cl, err := h.reg.Get(name)
+		if err != nil || cl.Kube == nil {
+			continue
+		}
+		nc := h.nodes.get(cl)
+		if nc == nil || !nc.synced() {
+			continue // the watch has not listed the nodes yet: next sweep
+		}
+		nodes, err := nc.lister.List(labels.Everything())
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cluster %s: list nodes: %w", name, err))
+			continue
+		}
+		now := h.now()
+		for _, n := range nodes {
+			if ctx.Err() != nil {
+				return acts, errors.Join(append(errs, ctx.Err())...)
+			}
+			_, standing := n.Annotations[AnnotationState]
+			_, onsets := n.Annotations[AnnotationOnsets]
+			if !(standing || onsets) || !h.Owns(events.Key(name, n.Name)) {
+				continue
+			}
+			st, err := ReadState(n)
+			if err != nil {
+				continue // the node's next event starts it afresh
+			}
+			if next := st.NextSweep(flap); next.IsZero() || now.Before(next) {
+				continue
+			}
+			if cl.DryRun {
+				acts = append(acts, h.wouldLift(cl, n.Name, st, now)...)
+				continue
+			}
+			a, err := h.liftStabilized(ctx, cl, n, flap)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			acts = append(acts, a...)
+		}
+	}
+	return acts, errors.Join(errs...)
+}
+
+// liftStabilized writes one node's due lifts and returns their actions.
+func (h *Handler) liftStabilized(ctx context.Context, cl *clusters.Client, node *corev1.Node, flap FlapPolicy) ([]*faultlinev1.Action, error) {
+	var (
+		lifted    []Fault
+		keys      []string
+		remaining int
+		uncordon  bool
+		now       time.Time
+	)
+	_, err := h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
+		now = h.now()
+		lifted = lifted[:0] // a conflict re-decides on the node as it is now
+		due := map[string]Fault{}
+		for k, f := range st.Faults {
+			if f.Stabilizing() && !now.Before(f.LiftAt) {
+				due[k] = *f
+			}
+		}
+		var changed bool
+		keys, changed = st.LiftStabilized(now, flap)
+		for _, k := range keys {
+			lifted = append(lifted, due[k])
+		}
+		remaining = len(st.Faults)
+		uncordon = st.Cordoned && !st.Active()
+		return changed, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s: lift stabilized faults of node %s: %w", cl.Name, node.Name, err)
+	}
+	acts := make([]*faultlinev1.Action, 0, len(lifted))
+	for i, f := range lifted {
+		outcome, reason := events.OutcomeApplied, "flapping fault stayed healthy for its stabilization window; lifted what faultline set"
+		if remaining > 0 {
+			outcome = events.OutcomeInProgress
+			reason = fmt.Sprintf("flapping fault stayed healthy for its stabilization window; lifted, %d still standing", remaining)
+		}
+		a := h.sweepAction(cl, node.Name, keys[i], f, outcome, reason, now)
+		a.Details[events.DetailRemaining] = strconv.Itoa(remaining)
+		a.Details[events.DetailUncordoned] = strconv.FormatBool(uncordon)
+		acts = append(acts, a)
+	}
+	return acts, nil
+}
+
+// wouldLift reports, once each, the lifts a dry-run cluster's sweep would
+// make.
+func (h *Handler) wouldLift(cl *clusters.Client, node string, st *State, now time.Time) []*faultlinev1.Action {
+	var acts []*faultlinev1.Action
+	for _, k := range st.keys() {
+		f := st.Faults[k]
+		if !f.Stabilizing() || now.Before(f.LiftAt) {
+			continue
+		}
+		id := pipeline.ActionID(cl.Name, node, k, f.LiftAt.UTC().Format(time.RFC3339Nano), events.KindUnquarantine)
+		if _, seen := h.dryRunLifts.LoadOrStore(id, true); seen {
+			continue
+		}
+		acts = append(acts, h.sweepAction(cl, node, k, *f, events.OutcomeDryRun,
+			"would lift: flapping fault stayed healthy for its stabilization window (cluster is dry-run)", now))
+	}
+	return acts
+}
+
+// sweepAction is the unquarantine action of a fault the sweep lifted; its
+// id is the cluster, node, fault and deadline, so a retried lift writes
+// the same id.
+func (h *Handler) sweepAction(cl *clusters.Client, node, key string, f Fault, outcome, reason string, now time.Time) *faultlinev1.Action {
+	h.m.decisions.WithLabelValues(cl.Name, events.KindUnquarantine, outcome).Inc()
+	details := map[string]string{
+		events.DetailRecovered: fmt.Sprint([]string{key}),
+		events.DetailLiftAt:    f.LiftAt.UTC().Format(time.RFC3339),
+	}
+	if f.Entity != "" {
+		details[events.DetailEntities] = f.Entity
+	}
+	return &faultlinev1.Action{
+		Id:      pipeline.ActionID(cl.Name, node, key, f.LiftAt.UTC().Format(time.RFC3339Nano), events.KindUnquarantine),
+		Cluster: cl.Name, Node: node, Role: Role,
+		Kind: events.KindUnquarantine, Outcome: outcome,
+		Reason:    events.Truncate(reason, maxMessage),
+		DryRun:    cl.DryRun,
+		Timestamp: timestamppb.New(now),
+		Details:   details,
+		CheckName: f.Check,
+	}
+}
