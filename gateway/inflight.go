@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"sync"
+	"time"
 
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/stats"
@@ -11,9 +12,11 @@ import (
 // inflight bounds the request bytes the gateway holds at once, per
 // connection and in total, so that memory stays bounded whoever connects:
 // a request that does not fit is refused at once (RESOURCE_EXHAUSTED, 429)
-// rather than queued. A gRPC call reserves gateway.max_body_bytes when its
-// headers arrive, before its message is read (its size is not known yet),
-// and shrinks the reservation to the message's size once it is decoded; a
+// rather than queued. A gRPC call reserves its stream's flow-control
+// window (grpcStreamWindow, all a client can send before the call's
+// message is read) when its headers arrive, grows the reservation to
+// gateway.max_body_bytes just before its message is read (its size is not
+// known yet), and shrinks it to the message's size once it is decoded; a
 // REST request reserves its body as it is read. Each holds its reservation
 // until it is answered.
 type inflight struct {
@@ -71,6 +74,33 @@ func (r *reservation) grow(n int64) bool {
 	r.n += n
 	r.mu.Unlock()
 	return true
+}
+
+// growWait is grow, retried until ctx is done. It polls rather than
+// queue on the semaphores: a queued waiter would make every TryAcquire on
+// the same budget fail (golang.org/x/sync/semaphore is FIFO), refusing
+// the calls and bodies that would fit. Only a call's own goroutine may
+// wait (never a connection's reader).
+func (r *reservation) growWait(ctx context.Context, n int64) bool {
+	for wait := 100 * time.Microsecond; ; wait = min(2*wait, 10*time.Millisecond) {
+		if r.grow(n) {
+			return true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+	}
+}
+
+// held is what the reservation holds.
+func (r *reservation) held() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
 }
 
 // shrink gives back what the reservation holds beyond n bytes.
