@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"sync"
-	"time"
 
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/stats"
@@ -22,6 +21,31 @@ import (
 type inflight struct {
 	total   *semaphore.Weighted
 	perConn int64
+
+	// freed, when not nil, is closed the next time bytes are given back:
+	// growWait's waiters wake on it.
+	mu    sync.Mutex
+	freed chan struct{}
+}
+
+// changed returns a channel closed the next time bytes are given back.
+func (f *inflight) changed() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.freed == nil {
+		f.freed = make(chan struct{})
+	}
+	return f.freed
+}
+
+// wake wakes growWait's waiters, if any.
+func (f *inflight) wake() {
+	f.mu.Lock()
+	if f.freed != nil {
+		close(f.freed)
+		f.freed = nil
+	}
+	f.mu.Unlock()
 }
 
 func newInflight(total, perConn int64) *inflight {
@@ -67,6 +91,7 @@ func (r *reservation) grow(n int64) bool {
 	if !r.f.total.TryAcquire(n) {
 		if r.conn != nil {
 			r.conn.Release(n)
+			r.f.wake() // a waiter may have failed on these bytes meanwhile
 		}
 		return false
 	}
@@ -76,22 +101,22 @@ func (r *reservation) grow(n int64) bool {
 	return true
 }
 
-// growWait is grow, retried until ctx is done. It polls rather than
-// queue on the semaphores: a queued waiter would make every TryAcquire on
-// the same budget fail (golang.org/x/sync/semaphore is FIFO), refusing
-// the calls and bodies that would fit. Only a call's own goroutine may
-// wait (never a connection's reader).
+// growWait is grow, retried each time bytes are given back until it
+// succeeds or ctx is done. It does not queue on the semaphores: a queued
+// waiter would make every TryAcquire on the same budget fail
+// (golang.org/x/sync/semaphore is FIFO), refusing the calls and bodies
+// that would fit. Only a call's own goroutine may wait (never a
+// connection's reader).
 func (r *reservation) growWait(ctx context.Context, n int64) bool {
-	for wait := 100 * time.Microsecond; ; wait = min(2*wait, 10*time.Millisecond) {
+	for {
+		freed := r.f.changed() // before trying: a release in between wakes us
 		if r.grow(n) {
 			return true
 		}
-		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return false
-		case <-t.C:
+		case <-freed:
 		}
 	}
 }
@@ -119,6 +144,7 @@ func (r *reservation) shrink(n int64) {
 		if r.conn != nil {
 			r.conn.Release(extra)
 		}
+		r.f.wake()
 	}
 }
 
