@@ -72,8 +72,9 @@ type Config struct {
 
 	// MaxInflightBytes bounds the request bytes held at once by the whole
 	// gateway; past it requests are refused with 429/RESOURCE_EXHAUSTED. A
-	// gRPC call holds MaxBodyBytes from its headers until its message is
-	// decoded, then its size until it is answered. Decoding costs up to
+	// gRPC call holds its stream's flow-control window (64 KiB) from its
+	// headers, MaxBodyBytes while its message is read and decoded, then
+	// its size until it is answered. Decoding costs up to
 	// ~5 times a message's size (measured with the densest events the shape
 	// check lets through), so the gateway's peak memory is about its idle
 	// size plus 6 times this. Default 32 MiB.

@@ -31,6 +31,14 @@ const (
 // a token and the usual metadata need.
 const grpcMaxHeaderListSize = 32 << 10
 
+// grpcStreamWindow is each gRPC stream's HTTP/2 flow-control window, fixed
+// (no BDP estimation): what a client can send on a call before its
+// handler starts reading the message, so all a call holds until then. The
+// transport opens the window to the message's declared length only once
+// the handler reads it, after the call's reservation grew to
+// gateway.max_body_bytes (see tap and shapeChecked).
+const grpcStreamWindow = 64 << 10
+
 // The methods the gateway serves, and which of them ingest events (the
 // only ones the node-local unix socket serves).
 var (
@@ -59,6 +67,8 @@ func (s *Server) newGRPCServer(door string, tlsCfg *tls.Config) *grpc.Server {
 		grpc.ForceServerCodecV2(serverCodec{s.codec}),
 		grpc.MaxRecvMsgSize(s.cfg.MaxBodyBytes),
 		grpc.MaxConcurrentStreams(uint32(s.cfg.MaxStreamsPerConn)),
+		grpc.StaticStreamWindowSize(grpcStreamWindow),
+		grpc.StaticConnWindowSize(int32(min(max(s.cfg.MaxInflightBytesPerConn, grpcStreamWindow), 1<<30))),
 		grpc.MaxHeaderListSize(grpcMaxHeaderListSize),
 		grpc.ConnectionTimeout(s.cfg.ReadHeaderTimeout),
 		grpc.InTapHandle(s.tap(door)),
@@ -90,8 +100,11 @@ func (s *Server) newGRPCServer(door string, tlsCfg *tls.Config) *grpc.Server {
 // tap admits a call when its headers arrive, before its message is read:
 // a known method, an authenticated caller (the unix socket's configured
 // one, ingest only), room in the connection's and the gateway's in-flight
-// budgets. It runs on the connection's reader goroutine, so it only does
-// map lookups, a hash and non-blocking semaphore tries.
+// budgets for what the call can hold before its handler reads the message
+// (its stream's flow-control window, grpcStreamWindow; the reservation
+// grows to gateway.max_body_bytes before the message is read). It runs on
+// the connection's reader goroutine, so it only does map lookups, a hash
+// and non-blocking semaphore tries.
 func (s *Server) tap(door string) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		method := info.FullMethodName
@@ -131,7 +144,7 @@ func (s *Server) tap(door string) tap.ServerInHandle {
 			}
 			caller = c
 		}
-		res := s.flight.reserve(ctx, int64(s.cfg.MaxBodyBytes))
+		res := s.flight.reserve(ctx, int64(min(s.cfg.MaxBodyBytes, grpcStreamWindow)))
 		if res == nil {
 			return refuse(codes.ResourceExhausted, "busy", "the gateway holds as many request bytes as it may; retry later")
 		}
@@ -146,15 +159,20 @@ type sizer interface{ SizeVT() int }
 
 // grpcAdmit runs once the message is decoded: the call's caller is the
 // one its tap handle authenticated, and its in-flight reservation shrinks
-// from gateway.max_body_bytes to the message's size.
+// from gateway.max_body_bytes to the message's size, and is given back as
+// soon as the handler has answered (not when gRPC gets round to cancelling
+// the call's context: a client's next call on the connection would find
+// the bytes still held).
 func (s *Server) grpcAdmit(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	if _, ok := CallerFrom(ctx); !ok { // the tap handle always sets one
 		return nil, status.Error(codes.Unauthenticated, ErrNoCredential.Error())
 	}
+	res := reservationFrom(ctx)
+	defer res.release()
 	if m, ok := req.(sizer); ok {
-		reservationFrom(ctx).shrink(int64(m.SizeVT()))
+		res.shrink(int64(m.SizeVT()))
 	} else if m, ok := req.(proto.Message); ok {
-		reservationFrom(ctx).shrink(int64(proto.Size(m)))
+		res.shrink(int64(proto.Size(m)))
 	}
 	return h(ctx, req)
 }
@@ -168,10 +186,15 @@ func (s *Server) grpcMetrics(door string) grpc.UnaryServerInterceptor {
 }
 
 // shapeChecked returns a copy of a generated service description whose
-// handlers decode each request through the codec's shape check, and answer
-// a request with too many elements InvalidArgument, like the validator
-// (the codec alone could only fail the decode, which gRPC answers as
-// Internal, and a client would retry it forever).
+// handlers grow the call's in-flight reservation to gateway.max_body_bytes
+// before the message is read (waiting up to grpcReadWait, then
+// RESOURCE_EXHAUSTED when the connection's or the gateway's budget cannot
+// take it: meanwhile the client's message stays behind its stream's
+// window), decode each request through the codec's
+// shape check, and answer a request with too many elements
+// InvalidArgument, like the validator (the codec alone could only fail the
+// decode, which gRPC answers as Internal, and a client would retry it
+// forever).
 func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 	out := *sd
 	out.Methods = make([]grpc.MethodDesc, len(sd.Methods))
@@ -182,6 +205,11 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 				msg, ok := v.(proto.Message)
 				if !ok {
 					return dec(v)
+				}
+				if res := reservationFrom(ctx); res != nil && !s.growForRead(ctx, res) {
+					s.metrics.rejected("busy", 1)
+					s.metrics.requests.WithLabelValues(doorOf(ctx), "/"+sd.ServiceName+"/"+m.MethodName, codes.ResourceExhausted.String()).Inc()
+					return status.Error(codes.ResourceExhausted, "the gateway holds as many request bytes as it may; retry later")
 				}
 				sv := &shaped{msg: msg}
 				if err := dec(sv); err != nil {
@@ -197,6 +225,26 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 		}}
 	}
 	return &out
+}
+
+// grpcReadWait is how long a call waits for room in the in-flight budgets
+// to read its message before it is refused: the other calls' reads on the
+// connection are usually over in microseconds (their messages have
+// arrived), and a refusal costs the client a backoff and a resend.
+const grpcReadWait = time.Second
+
+// growForRead grows a call's reservation to gateway.max_body_bytes before
+// its message is read, waiting up to grpcReadWait for the budgets. It runs
+// on the call's goroutine: while it waits the client's message stays
+// behind the stream's window, which the reservation already holds.
+func (s *Server) growForRead(ctx context.Context, res *reservation) bool {
+	need := int64(s.cfg.MaxBodyBytes) - res.held()
+	if res.grow(need) {
+		return true
+	}
+	wctx, cancel := context.WithTimeout(ctx, grpcReadWait)
+	defer cancel()
+	return res.growWait(wctx, need)
 }
 
 // doorOf names the door of a call for metrics from its peer.

@@ -11,14 +11,41 @@ import (
 // inflight bounds the request bytes the gateway holds at once, per
 // connection and in total, so that memory stays bounded whoever connects:
 // a request that does not fit is refused at once (RESOURCE_EXHAUSTED, 429)
-// rather than queued. A gRPC call reserves gateway.max_body_bytes when its
-// headers arrive, before its message is read (its size is not known yet),
-// and shrinks the reservation to the message's size once it is decoded; a
+// rather than queued. A gRPC call reserves its stream's flow-control
+// window (grpcStreamWindow, all a client can send before the call's
+// message is read) when its headers arrive, grows the reservation to
+// gateway.max_body_bytes just before its message is read (its size is not
+// known yet), and shrinks it to the message's size once it is decoded; a
 // REST request reserves its body as it is read. Each holds its reservation
 // until it is answered.
 type inflight struct {
 	total   *semaphore.Weighted
 	perConn int64
+
+	// freed, when not nil, is closed the next time bytes are given back:
+	// growWait's waiters wake on it.
+	mu    sync.Mutex
+	freed chan struct{}
+}
+
+// changed returns a channel closed the next time bytes are given back.
+func (f *inflight) changed() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.freed == nil {
+		f.freed = make(chan struct{})
+	}
+	return f.freed
+}
+
+// wake wakes growWait's waiters, if any.
+func (f *inflight) wake() {
+	f.mu.Lock()
+	if f.freed != nil {
+		close(f.freed)
+		f.freed = nil
+	}
+	f.mu.Unlock()
 }
 
 func newInflight(total, perConn int64) *inflight {
@@ -64,6 +91,7 @@ func (r *reservation) grow(n int64) bool {
 	if !r.f.total.TryAcquire(n) {
 		if r.conn != nil {
 			r.conn.Release(n)
+			r.f.wake() // a waiter may have failed on these bytes meanwhile
 		}
 		return false
 	}
@@ -71,6 +99,33 @@ func (r *reservation) grow(n int64) bool {
 	r.n += n
 	r.mu.Unlock()
 	return true
+}
+
+// growWait is grow, retried each time bytes are given back until it
+// succeeds or ctx is done. It does not queue on the semaphores: a queued
+// waiter would make every TryAcquire on the same budget fail
+// (golang.org/x/sync/semaphore is FIFO), refusing the calls and bodies
+// that would fit. Only a call's own goroutine may wait (never a
+// connection's reader).
+func (r *reservation) growWait(ctx context.Context, n int64) bool {
+	for {
+		freed := r.f.changed() // before trying: a release in between wakes us
+		if r.grow(n) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-freed:
+		}
+	}
+}
+
+// held is what the reservation holds.
+func (r *reservation) held() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
 }
 
 // shrink gives back what the reservation holds beyond n bytes.
@@ -89,6 +144,7 @@ func (r *reservation) shrink(n int64) {
 		if r.conn != nil {
 			r.conn.Release(extra)
 		}
+		r.f.wake()
 	}
 }
 

@@ -129,3 +129,43 @@ func TestLimitListener(t *testing.T) {
 	}
 	second.Close()
 }
+
+// TestInflightGrowWait: a call waiting to read its message gets the bytes
+// as soon as another gives them back, does not make smaller requests that
+// fit fail meanwhile, and gives up when its context is done.
+func TestInflightGrowWait(t *testing.T) {
+	f := newInflight(100, 100)
+	conn := f.connContext(context.Background())
+	a := f.reserve(conn, 80)
+	w := f.reserve(conn, 10)
+	if a == nil || w == nil {
+		t.Fatal("reservations that fit were refused")
+	}
+	got := make(chan bool)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		got <- w.growWait(ctx, 50)
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if s := f.reserve(conn, 5); s == nil {
+		t.Error("a reservation that fits was refused while another waits")
+	} else {
+		s.release()
+	}
+	a.shrink(30)
+	if !<-got {
+		t.Fatal("growWait did not get the bytes given back")
+	}
+	if w.held() != 60 {
+		t.Errorf("held %d, want 60", w.held())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if w.growWait(ctx, 50) {
+		t.Error("growWait got bytes the budget does not have")
+	}
+	if w.held() != 60 {
+		t.Errorf("after a failed wait: held %d, want 60", w.held())
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -53,6 +54,9 @@ func NewProducer(kcfg kafka.Config, cfg Config, log *slog.Logger) (*Producer, er
 // or an error wrapping ErrOverloaded or ErrUnavailable. A batch that does not
 // fit in the buffer is refused whole before anything is produced.
 func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) error {
+	if len(evs) == 0 {
+		return nil
+	}
 	recs := make([]*kgo.Record, len(evs))
 	for i, ev := range evs {
 		v, err := events.Marshal(ev)
@@ -68,12 +72,15 @@ func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) e
 		p.bufferedMu.Unlock()
 		return fmt.Errorf("%w: %d records buffered, batch of %d does not fit", ErrOverloaded, p.cl.BufferedProduceRecords(), len(recs))
 	}
+	// The last record's acknowledgement closes done: no goroutine waits
+	// on the batch's behalf.
 	var (
-		pending  sync.WaitGroup
+		pending  atomic.Int64
+		done     = make(chan struct{})
 		errMu    sync.Mutex
 		firstErr error
 	)
-	pending.Add(len(recs))
+	pending.Store(int64(len(recs)))
 	for _, r := range recs {
 		p.cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
 			if err != nil {
@@ -83,7 +90,9 @@ func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) e
 				}
 				errMu.Unlock()
 			}
-			pending.Done()
+			if pending.Add(-1) == 0 {
+				close(done)
+			}
 		})
 	}
 	p.bufferedMu.Unlock()
@@ -92,8 +101,6 @@ func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) e
 	// sent, so a broker outage would hold the request forever: answer
 	// Unavailable after the timeout instead. Records still buffered may be
 	// written later; the caller retries (at-least-once).
-	done := make(chan struct{})
-	go func() { pending.Wait(); close(done) }()
 	timer := time.NewTimer(p.timeout)
 	defer timer.Stop()
 	select {

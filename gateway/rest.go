@@ -189,7 +189,7 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 			next(w, r, params)
 			return
 		}
-		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		if ct := r.Header.Get("Content-Type"); ct != "application/json" && !isJSONMediaType(ct) {
 			s.metrics.rejected("content_type", 1)
 			refuseUnread(w, r)
 			writeStatus(w, http.StatusUnsupportedMediaType, codes.InvalidArgument,
@@ -230,6 +230,13 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 		r.ContentLength = int64(len(body))
 		next(w, r, params)
 	}
+}
+
+// isJSONMediaType reports whether a Content-Type is application/json,
+// with parameters or in any case.
+func isJSONMediaType(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
 }
 
 var (

@@ -5,6 +5,7 @@ package loadtest
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -141,6 +142,9 @@ func BenchmarkIngest(b *testing.B) {
 				b.Error(err)
 				return false
 			}
+			// Read the answer to its end: a body closed unread closes the
+			// connection, and every call would dial a new one.
+			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusOK {
 				b.Errorf("status %d", resp.StatusCode)

@@ -105,7 +105,7 @@ func (v Validator) Validate(ev *datamodels.HealthEvent, now time.Time) *FieldErr
 		return fieldErr("nodeName", "required")
 	case len(n) > MaxNodeNameLen:
 		return fieldErr("nodeName", "longer than %d bytes", MaxNodeNameLen)
-	case !NodeNamePattern.MatchString(n):
+	case !ValidNodeName(n):
 		return fieldErr("nodeName", "%q is not a valid Kubernetes node name (lowercase RFC 1123 subdomain)", Short(n))
 	}
 	if len(ev.GetMessage()) > MaxMessageLen {
@@ -188,42 +188,56 @@ func checkText(ev *datamodels.HealthEvent) *FieldError {
 		{"nodeName", ev.GetNodeName(), false}, {"customRecommendedAction", ev.GetCustomRecommendedAction(), false},
 		{"id", ev.GetId(), false},
 	} {
-		if err := checkString(f.name, f.val, f.text); err != nil {
-			return err
+		if r := badString(f.val, f.text); r != "" {
+			return fieldErr(f.name, "%s", r)
 		}
 	}
+	// The field names below are formatted only for an error: this runs for
+	// every event the gateway accepts.
 	for i, c := range ev.GetErrorCode() {
-		if err := checkString(fmt.Sprintf("errorCode[%d]", i), c, false); err != nil {
-			return err
+		if r := badString(c, false); r != "" {
+			return fieldErr(fmt.Sprintf("errorCode[%d]", i), "%s", r)
 		}
 	}
 	for i, e := range ev.GetEntitiesImpacted() {
-		if err := checkString(fmt.Sprintf("entitiesImpacted[%d].entityType", i), e.GetEntityType(), false); err != nil {
-			return err
+		if r := badString(e.GetEntityType(), false); r != "" {
+			return fieldErr(fmt.Sprintf("entitiesImpacted[%d].entityType", i), "%s", r)
 		}
-		if err := checkString(fmt.Sprintf("entitiesImpacted[%d].entityValue", i), e.GetEntityValue(), false); err != nil {
-			return err
+		if r := badString(e.GetEntityValue(), false); r != "" {
+			return fieldErr(fmt.Sprintf("entitiesImpacted[%d].entityValue", i), "%s", r)
 		}
 	}
 	for k, v := range ev.GetMetadata() {
 		if !utf8.ValidString(k) || !utf8.ValidString(v) {
 			return fieldErr("metadata", "a key or value is not valid UTF-8")
 		}
-		if err := checkString("metadata", k, false); err != nil {
-			err.Reason = fmt.Sprintf("key %q %s", Short(k), err.Reason)
-			return err
+		if r := badString(k, false); r != "" {
+			return fieldErr("metadata", "key %q %s", Short(k), r)
 		}
-		if err := checkString("metadata["+Short(k)+"]", v, true); err != nil {
-			return err
+		if r := badString(v, true); r != "" {
+			return fieldErr("metadata["+Short(k)+"]", "%s", r)
 		}
 	}
 	return nil
 }
 
-// checkString checks one string (see checkText); text allows \t, \n, \r.
-func checkString(field, v string, text bool) *FieldError {
+// badString checks one string (see checkText); text allows \t, \n, \r.
+// It returns why the string is refused, or "" when it is accepted.
+func badString(v string, text bool) string {
+	// Fast path: ASCII with no control character (almost every string).
+	ascii := true
+	for i := 0; i < len(v); i++ {
+		b := v[i]
+		if b >= utf8.RuneSelf || b < ' ' || b == 0x7f {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		return ""
+	}
 	if !utf8.ValidString(v) {
-		return fieldErr(field, "not valid UTF-8")
+		return "not valid UTF-8"
 	}
 	for i, r := range v {
 		if !unicode.IsControl(r) || (text && (r == '\t' || r == '\n' || r == '\r')) {
@@ -233,9 +247,32 @@ func checkString(field, v string, text bool) *FieldError {
 		if text {
 			what = "text (tab, newline and carriage return are allowed)"
 		}
-		return fieldErr(field, "control character %U at byte %d is not allowed in %s", r, i, what)
+		return fmt.Sprintf("control character %U at byte %d is not allowed in %s", r, i, what)
 	}
-	return nil
+	return ""
+}
+
+// ValidNodeName reports whether n matches NodeNamePattern (a lowercase
+// RFC 1123 subdomain), without the regexp engine: it runs for every event.
+func ValidNodeName(n string) bool {
+	if n == "" {
+		return false
+	}
+	start := 0 // of the current label
+	for i := 0; i <= len(n); i++ {
+		if i < len(n) && n[i] != '.' {
+			if c := n[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+				return false
+			}
+			continue
+		}
+		// n[start:i] is a label: not empty, alphanumeric at both ends.
+		if i == start || n[start] == '-' || n[i-1] == '-' {
+			return false
+		}
+		start = i + 1
+	}
+	return true
 }
 
 // Short returns s, or its first 64 bytes (on a UTF-8 boundary) and "…",

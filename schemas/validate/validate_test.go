@@ -126,3 +126,26 @@ func TestValidateBatchSize(t *testing.T) {
 		t.Fatalf("oversized batch: %v", err)
 	}
 }
+
+// TestValidNodeName: the hand-written check agrees with NodeNamePattern.
+func TestValidNodeName(t *testing.T) {
+	for _, n := range []string{
+		"", "a", "-", ".", "a.", ".a", "a..b", "a-", "-a", "a-b", "a--b", "gpu-node-00042", "gpu.node.1",
+		"node-1.example.com", "A", "a_b", "a b", "a.-b", "a-.b", "0", "9-9", "a.b-", "é", "a\x00", "x.y.z-0",
+	} {
+		if got, want := ValidNodeName(n), NodeNamePattern.MatchString(n); got != want {
+			t.Errorf("ValidNodeName(%q) = %v, NodeNamePattern says %v", n, got, want)
+		}
+	}
+}
+
+func FuzzValidNodeName(f *testing.F) {
+	for _, n := range []string{"gpu-node-00042", "a.b", "a..b", "-a", "A"} {
+		f.Add(n)
+	}
+	f.Fuzz(func(t *testing.T, n string) {
+		if got, want := ValidNodeName(n), NodeNamePattern.MatchString(n); got != want {
+			t.Errorf("ValidNodeName(%q) = %v, NodeNamePattern says %v", n, got, want)
+		}
+	})
+}

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -49,6 +50,7 @@ func main() {
 	transport := flag.String("transport", "", "grpc or rest (scenario default)")
 	nodeEvents := flag.String("node-events", "", "quarantine.node_events: true or false (default: shipped)")
 	verbose := flag.Bool("v", false, "print the servers' log lines")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (load generator, gateway, roles; not the broker or ClickHouse) for the whole scenario to this file")
 	replicas := flag.String("replicas", "1,2,4", "scale: replica counts")
 	latency := flag.Duration("latency", 50*time.Millisecond, "scale: apiserver latency per request")
 	kill := flag.Bool("kill", true, "scale: add a round in which one of two replicas is SIGKILLed")
@@ -84,11 +86,23 @@ func main() {
 		v := *nodeEvents == "true"
 		p.NodeEvents = &v
 	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fleetload: -cpuprofile:", err)
+			os.Exit(2)
+		}
+		defer f.Close()
+	}
 	tb := standalone.New("fleetload")
 	tb.Verbose = *verbose
 	fmt.Printf("fleetload %s: %+v\n", s.Name, s.Prepare(p))
 	t0 := time.Now()
 	r, err := s.Execute(tb, p, func(l string) { fmt.Println(l) })
+	pprof.StopCPUProfile() // before os.Exit; a no-op without -cpuprofile
 	tb.Close()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fleetload:", err)
