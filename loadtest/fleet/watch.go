@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -111,6 +112,19 @@ func (w *CordonWatch) Count() (cordoned, twice int) {
 	return len(w.first), twice
 }
 
+// CountIn returns the nodes of cluster seen cordoned (ever).
+func (w *CordonWatch) CountIn(cluster string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for k := range w.first {
+		if strings.HasPrefix(k, cluster+"/") {
+			n++
+		}
+	}
+	return n
+}
+
 // NodeWrites returns the Node updates seen on the watch, in all and for
 // the nodes seen cordoned (a cordon with a taint and a condition in one
 // update is one write; the apiserver may coalesce none of them).
@@ -166,6 +180,20 @@ func (w *ActionWatch) Count(kindOutcome string) (actions, nodes int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.count[kindOutcome], len(w.nodes[kindOutcome])
+}
+
+// NodesIn returns the distinct nodes of cluster with actions of
+// kind/outcome.
+func (w *ActionWatch) NodesIn(kindOutcome, cluster string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for k := range w.nodes[kindOutcome] {
+		if strings.HasPrefix(k, cluster+"/") {
+			n++
+		}
+	}
+	return n
 }
 
 // Snapshot returns every kind/outcome count.

@@ -45,6 +45,8 @@ func main() {
 	flag.Float64Var(&p.Rate, "rate", 0, "background events/s")
 	flag.DurationVar(&p.Duration, "duration", 0, "duration of the load")
 	flag.IntVar(&p.Faults, "faults", 0, "nodes that fail")
+	flag.IntVar(&p.Events, "events", 0, "burst: events sent in all")
+	flag.StringVar(&p.Roles, "roles", "", "burst: processor roles run (default store,correlate,quarantine)")
 	flag.BoolVar(&p.BreakerOff, "breaker-off", false, "disable quarantine's circuit breaker")
 	transport := flag.String("transport", "", "grpc or rest (scenario default)")
 	nodeEvents := flag.String("node-events", "", "quarantine.node_events: true or false (default: shipped)")

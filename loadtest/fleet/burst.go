@@ -1,0 +1,422 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/faultline/faultline/gateway"
+	"github.com/faultline/faultline/internal/fleetsim"
+	"github.com/faultline/faultline/processors"
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/processors/quarantine"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// burstMarker is the metadata key every burst event carries, so the
+// zero-loss count in ClickHouse counts them and nothing else (not the
+// warm-up, not correlate's derived events).
+const burstMarker = "loadtest_burst"
+
+// burstRoles are the roles a fabric outage runs through by default: the
+// store (every event kept), correlate (the fabric rules over ClickHouse)
+// and quarantine (cordons under the breaker).
+const burstRoles = "store,correlate,quarantine"
+
+func burstOpts(p Params) Options {
+	roles := p.Roles
+	if roles == "" {
+		roles = burstRoles
+	}
+	return Options{Clusters: p.Clusters, Nodes: p.Nodes, Roles: roles, BreakerOff: p.BreakerOff, ClickHouse: true,
+		// One token per cluster stands for all of its nodes' agents
+		// (each would be its own caller, 20,000/s each): the per-caller
+		// limit is lifted so the burst goes as fast as the gateway and
+		// the broker take it. Every other setting is the shipped default.
+		Gateway: func(c *gateway.Config) { c.RatePerCaller = 0 },
+		Modify: func(c *processors.Config) {
+			if p.NodeEvents != nil {
+				c.Quarantine.NodeEvents = *p.NodeEvents
+			}
+		}}
+}
+
+// BurstEvent is event seq of a cluster's fabric outage over nodes nodes:
+// round after round over every node, each round one kind — an InfiniBand
+// port DOWN (fatal), a link_downed counter increase, the fabric check's
+// degraded NVLink fabric health — on port/GPU (round/3) mod 8, so the
+// first round takes every node's mlx5_0 down. Its id is the client's
+// ("burst-<seq>", unique per cluster: the gateway derives the stored id
+// from it and the cluster) and it carries burstMarker.
+func BurstEvent(nodes int, seq int64) *datamodels.HealthEvent {
+	node := NodeName(int(seq % int64(nodes)))
+	round := int(seq / int64(nodes))
+	k := (round / 3) % 8
+	var ev *datamodels.HealthEvent
+	switch round % 3 {
+	case 0:
+		ev = fleetsim.PortDown(node, k)
+	case 1:
+		ev = fleetsim.LinkDowned(node, k)
+	default:
+		ev = fleetsim.FabricUnhealthy(node, k)
+	}
+	if ev.Metadata == nil {
+		ev.Metadata = map[string]string{}
+	}
+	ev.Metadata[burstMarker] = "1"
+	ev.Id = fmt.Sprintf("burst-%d", seq)
+	return ev
+}
+
+// groupTopics are the consumer groups of the roles run and the topics
+// each consumes (processors' role contract: group "faultline-<role>",
+// quarantine's retry consumer its own group over its retry topic).
+func groupTopics(roles string) (map[string][]string, error) {
+	cfg := processors.DefaultConfig()
+	cfg.Roles = roles
+	sel, err := cfg.Selected()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]string{}
+	add := func(pc pipeline.Config) {
+		g := pc.Group
+		if g == "" {
+			g = "faultline-" + pc.Role
+		}
+		out[g] = pc.Topics
+	}
+	for _, r := range sel {
+		switch r.Name {
+		case "store":
+			add(cfg.Store.Pipeline())
+		case "correlate":
+			add(cfg.Correlate.Pipeline())
+		case "quarantine":
+			pc := cfg.Quarantine.Pipeline()
+			add(pc)
+			pc.Role, pc.Topics = quarantine.Role+"-retry", []string{quarantine.TopicRetry}
+			add(pc)
+		case "drain":
+			add(cfg.Drain.Pipeline())
+		case "remediate":
+			add(cfg.Remediate.Pipeline())
+		case "conformance":
+			add(cfg.Conformance.Pipeline())
+		}
+	}
+	return out, nil
+}
+
+// groupDrain is what the lag watch saw of one consumer group.
+type groupDrain struct {
+	Group    string
+	Topics   []string
+	PeakLag  int64
+	Lag      int64         // at the last poll
+	ZeroAt   time.Duration // since the first send, of the poll that began the current run of lag 0 (0: lag not 0)
+	Records  int64         // records its topics took from the first send until it drained
+	startEnd int64         // its topics' end offsets summed at the first send
+	endAtZ   int64         // ... at ZeroAt
+}
+
+// LagWatch polls every group's committed offsets against its topics' end
+// offsets (kadm), from the first send on.
+type LagWatch struct {
+	adm    *kadm.Client
+	groups map[string][]string
+	t0     time.Time
+	mu     sync.Mutex
+	state  map[string]*groupDrain
+	polls  int
+	last   time.Duration // since the first send, of the last successful poll
+	errs   int
+	lastE  error
+}
+
+func newLagWatch(adm *kadm.Client, groups map[string][]string) *LagWatch {
+	w := &LagWatch{adm: adm, groups: groups, state: map[string]*groupDrain{}}
+	for g, ts := range groups {
+		w.state[g] = &groupDrain{Group: g, Topics: ts}
+	}
+	return w
+}
+
+// lags returns each group's lag (committed offset, 0 when none, to its
+// topics' end offsets, summed over partitions) and its topics' end
+// offsets summed.
+func (w *LagWatch) lags(ctx context.Context) (lag, ends map[string]int64, err error) {
+	var topics []string
+	for _, ts := range w.groups {
+		for _, t := range ts {
+			if !slices.Contains(topics, t) {
+				topics = append(topics, t)
+			}
+		}
+	}
+	end, err := w.adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := end.Error(); err != nil {
+		return nil, nil, err
+	}
+	lag, ends = map[string]int64{}, map[string]int64{}
+	for g, ts := range w.groups {
+		committed, err := w.adm.FetchOffsets(ctx, g)
+		if err != nil {
+			return nil, nil, fmt.Errorf("offsets of %s: %w", g, err)
+		}
+		for _, t := range ts {
+			for _, o := range end[t] {
+				at := int64(0)
+				if c, ok := committed.Lookup(t, o.Partition); ok && c.Err == nil && c.At >= 0 {
+					at = c.At
+				}
+				lag[g] += max(0, o.Offset-at)
+				ends[g] += o.Offset
+			}
+		}
+	}
+	return lag, ends, nil
+}
+
+// start records the end offsets at the first send and polls every
+// interval until ctx ends.
+func (w *LagWatch) start(ctx context.Context, t0 time.Time, interval time.Duration) error {
+	w.t0 = t0
+	_, ends, err := w.lags(ctx)
+	if err != nil {
+		return err
+	}
+	for g, s := range w.state {
+		s.startEnd = ends[g]
+	}
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			w.poll(ctx)
+		}
+	}()
+	return nil
+}
+
+func (w *LagWatch) poll(ctx context.Context) {
+	lag, ends, err := w.lags(ctx)
+	at := time.Since(w.t0)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.polls++
+	if err != nil {
+		w.errs++
+		w.lastE = err
+		return
+	}
+	w.last = at
+	for g, s := range w.state {
+		l := lag[g]
+		s.Lag = l
+		s.PeakLag = max(s.PeakLag, l)
+		switch {
+		case l > 0:
+			s.ZeroAt = 0
+		case s.ZeroAt == 0:
+			s.ZeroAt, s.endAtZ = at, ends[g]
+			s.Records = s.endAtZ - s.startEnd
+		}
+	}
+}
+
+// drained reports whether every group stood at lag 0 at the last poll
+// taken at or after since (since the first send).
+func (w *LagWatch) drained(since time.Duration) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.last <= since {
+		return false
+	}
+	for _, s := range w.state {
+		if s.ZeroAt == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (w *LagWatch) snapshot() []groupDrain {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]groupDrain, 0, len(w.state))
+	for _, s := range w.state {
+		out = append(out, *s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Group < out[j].Group })
+	return out
+}
+
+// burstSend sends events events spread evenly over the clusters, each
+// cluster's share from workers callers in gRPC batches of batch, as fast
+// as the gateway acknowledges them (backpressure is backed off and sent
+// again with the same ids: stored once).
+func (e *Env) burstSend(ctx context.Context, events int64, nodes, batch, workers int) LoadResult {
+	var sent, failed, pushed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	per := events / int64(len(e.Clusters))
+	for ci, c := range e.Clusters {
+		share := per
+		if ci == len(e.Clusters)-1 {
+			share = events - per*int64(len(e.Clusters)-1)
+		}
+		var next atomic.Int64
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					first := next.Add(int64(batch)) - int64(batch)
+					if first >= share {
+						return
+					}
+					evs := make([]*datamodels.HealthEvent, 0, batch)
+					for s := first; s < min(share, first+int64(batch)); s++ {
+						evs = append(evs, BurstEvent(nodes, s))
+					}
+					for try := 0; ; try++ {
+						err := e.Send(ctx, GRPC, c, evs)
+						if err == nil {
+							sent.Add(int64(len(evs)))
+							break
+						}
+						if Backpressure(err) && try < 1000 && ctx.Err() == nil {
+							pushed.Add(1)
+							time.Sleep(time.Duration(min(5+try*5, 200)) * time.Millisecond)
+							continue
+						}
+						failed.Add(int64(len(evs)))
+						e.TB.Logf("fleet: burst: %v", err)
+						break
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	el := time.Since(start)
+	return LoadResult{Sent: sent.Load(), Failed: failed.Load(), PushedBack: pushed.Load(), Elapsed: el, Delivered: float64(sent.Load()) / el.Seconds()}
+}
+
+func runBurst(ctx context.Context, e *Env, p Params, r *Report) error {
+	groups, err := groupTopics(e.Opts.Roles)
+	if err != nil {
+		return err
+	}
+	if strings.Contains(e.Opts.Roles, "quarantine") && len(e.Kubes) < len(e.Clusters) {
+		return fmt.Errorf("burst: %d of %d clusters have a kube-apiserver (is kube installed? scripts/testenv/install.sh kube)", len(e.Kubes), len(e.Clusters))
+	}
+	lw := newLagWatch(e.Kafka.Admin(e.TB), groups)
+	nodesAll := p.Nodes * len(e.Clusters)
+	want := breakerShare(p.Nodes)
+	if p.BreakerOff {
+		want = p.Nodes
+	}
+	workers := 8
+	const batch = 500
+
+	t0 := time.Now() // the clock starts when the first request is sent
+	lctx, stopLag := context.WithCancel(ctx)
+	defer stopLag()
+	if err := lw.start(lctx, t0, 250*time.Millisecond); err != nil {
+		return fmt.Errorf("burst: lag: %w", err)
+	}
+	res := e.burstSend(ctx, int64(p.Events), p.Nodes, batch, workers)
+	sentIn := time.Since(t0)
+	r.Figure("burst over %s: %d fabric-outage events (PortDown, link_downed, GPUFabricHealth; every node's ports, round after round) sent in gRPC batches of %d from %d callers per cluster: %s",
+		e.Describe(), p.Events, batch, workers, res)
+	r.Check(res.Failed == 0 && res.Sent == int64(p.Events), "acknowledged %d of %d events (%d in failed calls)", res.Sent, p.Events, res.Failed)
+
+	// Drained: every group at lag 0 on all of its topics in one poll
+	// taken after the last send was acknowledged.
+	drained := waitFor(ctx, p.Duration, func() bool { return lw.drained(sentIn) })
+	allIn := time.Since(t0)
+	for _, g := range lw.snapshot() {
+		state := fmt.Sprintf("lag 0 at %s from the first send (%s after the last ack)", g.ZeroAt.Round(time.Millisecond), max(0, g.ZeroAt-sentIn).Round(time.Millisecond))
+		if g.ZeroAt == 0 {
+			state = fmt.Sprintf("NOT drained after %s: lag %d", allIn.Round(time.Second), g.Lag)
+		}
+		rate := ""
+		if g.ZeroAt > 0 && g.Records > 0 {
+			rate = fmt.Sprintf(", %.0f records/s from the first send", float64(g.Records)/g.ZeroAt.Seconds())
+		}
+		r.Figure("burst drain %s (%s): %s; peak lag %d; %d records appended to its topics meanwhile%s",
+			g.Group, strings.Join(g.Topics, ","), state, g.PeakLag, g.Records, rate)
+		r.Check(g.ZeroAt > 0, "group %s not drained within %s (lag %d)", g.Group, p.Duration, g.Lag)
+	}
+	lw.mu.Lock()
+	polls, errs, lastE := lw.polls, lw.errs, lw.lastE
+	lw.mu.Unlock()
+	if errs > 0 {
+		r.Figure("burst: %d of %d lag polls failed (last: %v)", errs, polls, lastE)
+	}
+	if !drained {
+		r.Check(false, "not every group drained within %s", p.Duration)
+	}
+
+	// Zero loss: every acknowledged event's id is in the store.
+	var stored, rows uint64
+	q := "SELECT uniqExact(id), count() FROM events WHERE has(`metadata.key`, '" + burstMarker + "')"
+	if strings.Contains(e.Opts.Roles, "store") {
+		waitFor(ctx, 60*time.Second, func() bool {
+			_ = e.CH.QueryRow(ctx, q).Scan(&stored, &rows)
+			return stored >= uint64(res.Sent)
+		})
+		r.Figure("burst zero loss: %d distinct burst event ids in ClickHouse (%d rows before merges) for %d acknowledged", stored, rows, res.Sent)
+		r.Check(stored == uint64(res.Sent), "stored %d distinct burst ids, acknowledged %d: %d lost", stored, res.Sent, int64(res.Sent)-int64(stored))
+	}
+
+	// The breaker: its policy share cordoned per cluster, every other
+	// node held (a held_by_breaker action), decided once.
+	if strings.Contains(e.Opts.Roles, "quarantine") {
+		ok := waitFor(ctx, 60*time.Second, func() bool {
+			for _, c := range e.Clusters {
+				if e.Cordons.CountIn(c) < want || (!p.BreakerOff && e.Cordons.CountIn(c)+e.Actions.NodesIn("quarantine/held_by_breaker", c) < p.Nodes) {
+					return false
+				}
+			}
+			return true
+		})
+		time.Sleep(2 * time.Second) // anything beyond the share would show now
+		cordoned, twice := e.Cordons.Count()
+		heldActions, held := e.Actions.Count("quarantine/held_by_breaker")
+		applied, _ := e.Actions.Count("quarantine/applied")
+		var per []string
+		for _, c := range e.Clusters {
+			cc, hc := e.Cordons.CountIn(c), e.Actions.NodesIn("quarantine/held_by_breaker", c)
+			per = append(per, fmt.Sprintf("%s %d cordoned + %d held", c, cc, hc))
+			r.Check(ok && cc == want, "%s: cordoned %d nodes, the breaker's policy share of %d is %d", c, cc, p.Nodes, want)
+			if !p.BreakerOff {
+				r.Check(cc+hc == p.Nodes, "%s: cordoned %d + held %d != %d nodes", c, cc, hc, p.Nodes)
+			}
+		}
+		r.Figure("burst breaker: %d of %d nodes cordoned (policy share %d per cluster; %d twice), %d held (%d held_by_breaker actions), %d quarantine/applied: %s",
+			cordoned, nodesAll, want, twice, held, heldActions, applied, strings.Join(per, ", "))
+		r.Check(twice == 0, "%d nodes cordoned twice", twice)
+	}
+	r.Figure("burst: all %d acknowledged events drained by every role in %s from the first send (send %s, %.0f events/s end to end)",
+		res.Sent, allIn.Round(time.Millisecond), sentIn.Round(time.Millisecond), float64(res.Sent)/allIn.Seconds())
+	return nil
+}
