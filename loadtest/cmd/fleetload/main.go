@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -51,6 +52,7 @@ func main() {
 	transport := flag.String("transport", "", "grpc or rest (scenario default)")
 	nodeEvents := flag.String("node-events", "", "quarantine.node_events: true or false (default: shipped)")
 	verbose := flag.Bool("v", false, "print the servers' log lines")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the scenario (gateway, roles and load generator: this process) to this file")
 	replicas := flag.String("replicas", "1,2,4", "scale: replica counts")
 	latency := flag.Duration("latency", 50*time.Millisecond, "scale: apiserver latency per request")
 	kill := flag.Bool("kill", true, "scale: add a round in which one of two replicas is SIGKILLed")
@@ -89,8 +91,22 @@ func main() {
 	tb := standalone.New("fleetload")
 	tb.Verbose = *verbose
 	fmt.Printf("fleetload %s: %+v\n", s.Name, s.Prepare(p))
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fleetload:", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "fleetload:", err)
+			os.Exit(1)
+		}
+	}
 	t0 := time.Now()
 	r, err := s.Execute(tb, p, func(l string) { fmt.Println(l) })
+	if *cpuprofile != "" {
+		pprof.StopCPUProfile()
+	}
 	tb.Close()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fleetload:", err)
