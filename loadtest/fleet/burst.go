@@ -121,11 +121,11 @@ type groupDrain struct {
 	Group    string
 	Topics   []string
 	PeakLag  int64
-	Lag      int64         // at the last poll
-	ZeroAt   time.Duration // since the first send, of the poll that began the current run of lag 0 (0: lag not 0)
-	Records  int64         // records its topics took from the first send until it drained
-	startEnd int64         // its topics' end offsets summed at the first send
-	endAtZ   int64         // ... at ZeroAt
+	Lag      int64                    // at the last poll
+	ZeroAt   time.Duration            // since the first send, of the poll that began the current run of lag 0 on every topic (0: lag not 0)
+	TopicAt  map[string]time.Duration // the same per topic
+	Records  int64                    // records its topics took from the first send until it drained
+	startEnd int64                    // its topics' end offsets summed at the first send
 }
 
 // LagWatch polls every group's committed offsets against its topics' end
@@ -145,15 +145,15 @@ type LagWatch struct {
 func newLagWatch(adm *kadm.Client, groups map[string][]string) *LagWatch {
 	w := &LagWatch{adm: adm, groups: groups, state: map[string]*groupDrain{}}
 	for g, ts := range groups {
-		w.state[g] = &groupDrain{Group: g, Topics: ts}
+		w.state[g] = &groupDrain{Group: g, Topics: ts, TopicAt: map[string]time.Duration{}}
 	}
 	return w
 }
 
-// lags returns each group's lag (committed offset, 0 when none, to its
-// topics' end offsets, summed over partitions) and its topics' end
+// lags returns each group's lag per topic (committed offset, 0 when
+// none, to the end offset, summed over partitions) and its topics' end
 // offsets summed.
-func (w *LagWatch) lags(ctx context.Context) (lag, ends map[string]int64, err error) {
+func (w *LagWatch) lags(ctx context.Context) (lag map[string]map[string]int64, ends map[string]int64, err error) {
 	var topics []string
 	for _, ts := range w.groups {
 		for _, t := range ts {
@@ -169,19 +169,20 @@ func (w *LagWatch) lags(ctx context.Context) (lag, ends map[string]int64, err er
 	if err := end.Error(); err != nil {
 		return nil, nil, err
 	}
-	lag, ends = map[string]int64{}, map[string]int64{}
+	lag, ends = map[string]map[string]int64{}, map[string]int64{}
 	for g, ts := range w.groups {
 		committed, err := w.adm.FetchOffsets(ctx, g)
 		if err != nil {
 			return nil, nil, fmt.Errorf("offsets of %s: %w", g, err)
 		}
+		lag[g] = map[string]int64{}
 		for _, t := range ts {
 			for _, o := range end[t] {
 				at := int64(0)
 				if c, ok := committed.Lookup(t, o.Partition); ok && c.Err == nil && c.At >= 0 {
 					at = c.At
 				}
-				lag[g] += max(0, o.Offset-at)
+				lag[g][t] += max(0, o.Offset-at)
 				ends[g] += o.Offset
 			}
 		}
@@ -228,15 +229,25 @@ func (w *LagWatch) poll(ctx context.Context) {
 	}
 	w.last = at
 	for g, s := range w.state {
-		l := lag[g]
+		var l int64
+		for _, t := range s.Topics {
+			tl := lag[g][t]
+			l += tl
+			switch {
+			case tl > 0:
+				delete(s.TopicAt, t)
+			case s.TopicAt[t] == 0:
+				s.TopicAt[t] = at
+			}
+		}
 		s.Lag = l
 		s.PeakLag = max(s.PeakLag, l)
 		switch {
 		case l > 0:
 			s.ZeroAt = 0
 		case s.ZeroAt == 0:
-			s.ZeroAt, s.endAtZ = at, ends[g]
-			s.Records = s.endAtZ - s.startEnd
+			s.ZeroAt = at
+			s.Records = ends[g] - s.startEnd
 		}
 	}
 }
@@ -362,8 +373,16 @@ func runBurst(ctx context.Context, e *Env, p Params, r *Report) error {
 		if g.ZeroAt > 0 && g.Records > 0 {
 			rate = fmt.Sprintf(", %.0f records/s from the first send", float64(g.Records)/g.ZeroAt.Seconds())
 		}
-		r.Figure("burst drain %s (%s): %s; peak lag %d; %d records appended to its topics meanwhile%s",
-			g.Group, strings.Join(g.Topics, ","), state, g.PeakLag, g.Records, rate)
+		var per []string
+		for _, t := range g.Topics {
+			if at, ok := g.TopicAt[t]; ok {
+				per = append(per, fmt.Sprintf("%s at %s", t, at.Round(time.Millisecond)))
+			} else {
+				per = append(per, t+" not drained")
+			}
+		}
+		r.Figure("burst drain %s: %s; per topic %s; peak lag %d; %d records appended to its topics meanwhile%s",
+			g.Group, state, strings.Join(per, ", "), g.PeakLag, g.Records, rate)
 		r.Check(g.ZeroAt > 0, "group %s not drained within %s (lag %d)", g.Group, p.Duration, g.Lag)
 	}
 	lw.mu.Lock()
@@ -388,32 +407,67 @@ func runBurst(ctx context.Context, e *Env, p Params, r *Report) error {
 		r.Check(stored == uint64(res.Sent), "stored %d distinct burst ids, acknowledged %d: %d lost", stored, res.Sent, int64(res.Sent)-int64(stored))
 	}
 
-	// The breaker: its policy share cordoned per cluster, every other
-	// node held (a held_by_breaker action), decided once.
+	// The breaker: its policy share cordoned per cluster within its
+	// window (max_percent of the nodes per sliding window; it closes by
+	// itself a window after it opened, so a backlog that takes longer than
+	// the window lets the next share through — counted apart), every other
+	// node held (a held_by_breaker action); none cordoned twice.
 	if strings.Contains(e.Opts.Roles, "quarantine") {
+		window := processors.DefaultConfig().Quarantine.Breaker.Window
+		covered := func(c string) (cordoned map[string]time.Time, held map[string]bool, union int) {
+			cordoned, held = e.Cordons.FirstIn(c), e.Actions.NodeSetIn("quarantine/held_by_breaker", c)
+			union = len(cordoned)
+			for n := range held {
+				if _, ok := cordoned[n]; !ok {
+					union++
+				}
+			}
+			return cordoned, held, union
+		}
 		ok := waitFor(ctx, 60*time.Second, func() bool {
 			for _, c := range e.Clusters {
-				if e.Cordons.CountIn(c) < want || (!p.BreakerOff && e.Cordons.CountIn(c)+e.Actions.NodesIn("quarantine/held_by_breaker", c) < p.Nodes) {
+				cordoned, _, union := covered(c)
+				if len(cordoned) < want || (!p.BreakerOff && union < p.Nodes) {
 					return false
 				}
 			}
 			return true
 		})
 		time.Sleep(2 * time.Second) // anything beyond the share would show now
-		cordoned, twice := e.Cordons.Count()
-		heldActions, held := e.Actions.Count("quarantine/held_by_breaker")
+		cordonedAll, twice := e.Cordons.Count()
+		heldActions, _ := e.Actions.Count("quarantine/held_by_breaker")
 		applied, _ := e.Actions.Count("quarantine/applied")
+		windows := 1 + int(time.Since(t0)/window)
 		var per []string
 		for _, c := range e.Clusters {
-			cc, hc := e.Cordons.CountIn(c), e.Actions.NodesIn("quarantine/held_by_breaker", c)
-			per = append(per, fmt.Sprintf("%s %d cordoned + %d held", c, cc, hc))
-			r.Check(ok && cc == want, "%s: cordoned %d nodes, the breaker's policy share of %d is %d", c, cc, p.Nodes, want)
-			if !p.BreakerOff {
-				r.Check(cc+hc == p.Nodes, "%s: cordoned %d + held %d != %d nodes", c, cc, hc, p.Nodes)
+			cordoned, held, union := covered(c)
+			var firstAt time.Time
+			for _, t := range cordoned {
+				if firstAt.IsZero() || t.Before(firstAt) {
+					firstAt = t
+				}
 			}
+			inWindow, later := 0, time.Duration(0)
+			for _, t := range cordoned {
+				if t.Sub(firstAt) < window {
+					inWindow++
+				} else if d := t.Sub(t0); later == 0 || d < later {
+					later = d
+				}
+			}
+			neverCordoned := union - len(cordoned)
+			line := fmt.Sprintf("%s %d cordoned within the breaker's window (%s) + %d after it, %d held and never cordoned (%d held at some point)",
+				c, inWindow, window, len(cordoned)-inWindow, neverCordoned, len(held))
+			if later > 0 {
+				line += fmt.Sprintf(", the first cordon after the window %s after the first send", later.Round(time.Millisecond))
+			}
+			per = append(per, line)
+			r.Check(ok && inWindow == want, "%s: cordoned %d nodes within the breaker's window, its policy share of %d is %d", c, inWindow, p.Nodes, want)
+			r.Check(len(cordoned) <= want*windows, "%s: cordoned %d nodes in %d breaker window(s), the policy allows %d", c, len(cordoned), windows, want*windows)
+			r.Check(union == p.Nodes, "%s: cordoned or held %d of %d nodes: some never decided", c, union, p.Nodes)
 		}
-		r.Figure("burst breaker: %d of %d nodes cordoned (policy share %d per cluster; %d twice), %d held (%d held_by_breaker actions), %d quarantine/applied: %s",
-			cordoned, nodesAll, want, twice, held, heldActions, applied, strings.Join(per, ", "))
+		r.Figure("burst breaker: %d of %d nodes cordoned (policy share %d per cluster per %s; %d twice), %d held_by_breaker actions, %d quarantine/applied: %s",
+			cordonedAll, nodesAll, want, window, twice, heldActions, applied, strings.Join(per, "; "))
 		r.Check(twice == 0, "%d nodes cordoned twice", twice)
 	}
 	r.Figure("burst: all %d acknowledged events drained by every role in %s from the first send (send %s, %.0f events/s end to end)",

@@ -113,16 +113,20 @@ func (w *CordonWatch) Count() (cordoned, twice int) {
 }
 
 // CountIn returns the nodes of cluster seen cordoned (ever).
-func (w *CordonWatch) CountIn(cluster string) int {
+func (w *CordonWatch) CountIn(cluster string) int { return len(w.FirstIn(cluster)) }
+
+// FirstIn returns, for each node of cluster seen cordoned, when it was
+// first seen cordoned.
+func (w *CordonWatch) FirstIn(cluster string) map[string]time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	n := 0
-	for k := range w.first {
-		if strings.HasPrefix(k, cluster+"/") {
-			n++
+	out := map[string]time.Time{}
+	for k, t := range w.first {
+		if c, n, _ := strings.Cut(k, "/"); c == cluster {
+			out[n] = t
 		}
 	}
-	return n
+	return out
 }
 
 // NodeWrites returns the Node updates seen on the watch, in all and for
@@ -184,16 +188,19 @@ func (w *ActionWatch) Count(kindOutcome string) (actions, nodes int) {
 
 // NodesIn returns the distinct nodes of cluster with actions of
 // kind/outcome.
-func (w *ActionWatch) NodesIn(kindOutcome, cluster string) int {
+func (w *ActionWatch) NodesIn(kindOutcome, cluster string) int { return len(w.NodeSetIn(kindOutcome, cluster)) }
+
+// NodeSetIn returns the nodes of cluster with actions of kind/outcome.
+func (w *ActionWatch) NodeSetIn(kindOutcome, cluster string) map[string]bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	n := 0
+	out := map[string]bool{}
 	for k := range w.nodes[kindOutcome] {
-		if strings.HasPrefix(k, cluster+"/") {
-			n++
+		if c, n, _ := strings.Cut(k, "/"); c == cluster {
+			out[n] = true
 		}
 	}
-	return n
+	return out
 }
 
 // Snapshot returns every kind/outcome count.
