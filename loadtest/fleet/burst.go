@@ -118,14 +118,19 @@ func groupTopics(roles string) (map[string][]string, error) {
 
 // groupDrain is what the lag watch saw of one consumer group.
 type groupDrain struct {
-	Group    string
-	Topics   []string
-	PeakLag  int64
-	Lag      int64                    // at the last poll
-	ZeroAt   time.Duration            // since the first send, of the poll that began the current run of lag 0 on every topic (0: lag not 0)
-	TopicAt  map[string]time.Duration // the same per topic
-	Records  int64                    // records its topics took from the first send until it drained
-	startEnd int64                    // its topics' end offsets summed at the first send
+	Group   string
+	Topics  []string
+	PeakLag int64
+	Lag     int64                    // at the last poll
+	ZeroAt  time.Duration            // since the first send, of the poll that began the current run of lag 0 on every topic (0: lag not 0)
+	TopicAt map[string]time.Duration // the same per topic
+	// BacklogAt is when (since the first send) the group had committed
+	// every partition of the topic up to its end offset at the moment the
+	// last send was acknowledged: the burst's backlog drained, whatever
+	// was appended later (actions, derived events).
+	BacklogAt map[string]time.Duration
+	Records   int64 // records its topics took from the first send until it drained
+	startEnd  int64 // its topics' end offsets summed at the first send
 }
 
 // LagWatch polls every group's committed offsets against its topics' end
@@ -140,12 +145,15 @@ type LagWatch struct {
 	last   time.Duration // since the first send, of the last successful poll
 	errs   int
 	lastE  error
+	// target: each topic's end offsets per partition when the last send
+	// was acknowledged (nil before).
+	target map[string]map[int32]int64
 }
 
 func newLagWatch(adm *kadm.Client, groups map[string][]string) *LagWatch {
 	w := &LagWatch{adm: adm, groups: groups, state: map[string]*groupDrain{}}
 	for g, ts := range groups {
-		w.state[g] = &groupDrain{Group: g, Topics: ts, TopicAt: map[string]time.Duration{}}
+		w.state[g] = &groupDrain{Group: g, Topics: ts, TopicAt: map[string]time.Duration{}, BacklogAt: map[string]time.Duration{}}
 	}
 	return w
 }
@@ -154,6 +162,14 @@ func newLagWatch(adm *kadm.Client, groups map[string][]string) *LagWatch {
 // none, to the end offset, summed over partitions) and its topics' end
 // offsets summed.
 func (w *LagWatch) lags(ctx context.Context) (lag map[string]map[string]int64, ends map[string]int64, err error) {
+	lag, ends, _, _, err = w.offsets(ctx)
+	return lag, ends, err
+}
+
+// offsets is lags, with each group's committed offsets and each topic's
+// end offsets per partition.
+func (w *LagWatch) offsets(ctx context.Context) (lag map[string]map[string]int64, ends map[string]int64,
+	commits map[string]map[string]map[int32]int64, endp map[string]map[int32]int64, err error) {
 	var topics []string
 	for _, ts := range w.groups {
 		for _, t := range ts {
@@ -164,30 +180,52 @@ func (w *LagWatch) lags(ctx context.Context) (lag map[string]map[string]int64, e
 	}
 	end, err := w.adm.ListEndOffsets(ctx, topics...)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	if err := end.Error(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, nil, err
 	}
-	lag, ends = map[string]map[string]int64{}, map[string]int64{}
+	endp = map[string]map[int32]int64{}
+	for t, ps := range end {
+		endp[t] = map[int32]int64{}
+		for p, o := range ps {
+			endp[t][p] = o.Offset
+		}
+	}
+	lag, ends, commits = map[string]map[string]int64{}, map[string]int64{}, map[string]map[string]map[int32]int64{}
 	for g, ts := range w.groups {
 		committed, err := w.adm.FetchOffsets(ctx, g)
 		if err != nil {
-			return nil, nil, fmt.Errorf("offsets of %s: %w", g, err)
+			return nil, nil, nil, nil, fmt.Errorf("offsets of %s: %w", g, err)
 		}
-		lag[g] = map[string]int64{}
+		lag[g], commits[g] = map[string]int64{}, map[string]map[int32]int64{}
 		for _, t := range ts {
+			commits[g][t] = map[int32]int64{}
 			for _, o := range end[t] {
 				at := int64(0)
 				if c, ok := committed.Lookup(t, o.Partition); ok && c.Err == nil && c.At >= 0 {
 					at = c.At
 				}
+				commits[g][t][o.Partition] = at
 				lag[g][t] += max(0, o.Offset-at)
 				ends[g] += o.Offset
 			}
 		}
 	}
-	return lag, ends, nil
+	return lag, ends, commits, endp, nil
+}
+
+// markSent records each topic's end offsets now (the last send
+// acknowledged): the backlog each group must commit past.
+func (w *LagWatch) markSent(ctx context.Context) error {
+	_, _, _, endp, err := w.offsets(ctx)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.target = endp
+	w.mu.Unlock()
+	return nil
 }
 
 // start records the end offsets at the first send and polls every
@@ -217,7 +255,7 @@ func (w *LagWatch) start(ctx context.Context, t0 time.Time, interval time.Durati
 }
 
 func (w *LagWatch) poll(ctx context.Context) {
-	lag, ends, err := w.lags(ctx)
+	lag, ends, commits, _, err := w.offsets(ctx)
 	at := time.Since(w.t0)
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -231,6 +269,17 @@ func (w *LagWatch) poll(ctx context.Context) {
 	for g, s := range w.state {
 		var l int64
 		for _, t := range s.Topics {
+			if _, done := s.BacklogAt[t]; !done && w.target != nil {
+				caught := true
+				for p, off := range w.target[t] {
+					if commits[g][t][p] < off {
+						caught = false
+					}
+				}
+				if caught {
+					s.BacklogAt[t] = at
+				}
+			}
 			tl := lag[g][t]
 			l += tl
 			switch {
@@ -356,6 +405,9 @@ func runBurst(ctx context.Context, e *Env, p Params, r *Report) error {
 	}
 	res := e.burstSend(ctx, int64(p.Events), p.Nodes, batch, workers)
 	sentIn := time.Since(t0)
+	if err := lw.markSent(ctx); err != nil {
+		return fmt.Errorf("burst: lag: %w", err)
+	}
 	r.Figure("burst over %s: %d fabric-outage events (PortDown, link_downed, GPUFabricHealth; every node's ports, round after round) sent in gRPC batches of %d from %d callers per cluster: %s",
 		e.Describe(), p.Events, batch, workers, res)
 	r.Check(res.Failed == 0 && res.Sent == int64(p.Events), "acknowledged %d of %d events (%d in failed calls)", res.Sent, p.Events, res.Failed)
@@ -373,16 +425,21 @@ func runBurst(ctx context.Context, e *Env, p Params, r *Report) error {
 		if g.ZeroAt > 0 && g.Records > 0 {
 			rate = fmt.Sprintf(", %.0f records/s from the first send", float64(g.Records)/g.ZeroAt.Seconds())
 		}
-		var per []string
+		var per, backlog []string
 		for _, t := range g.Topics {
 			if at, ok := g.TopicAt[t]; ok {
 				per = append(per, fmt.Sprintf("%s at %s", t, at.Round(time.Millisecond)))
 			} else {
 				per = append(per, t+" not drained")
 			}
+			if at, ok := g.BacklogAt[t]; ok {
+				backlog = append(backlog, fmt.Sprintf("%s at %s", t, at.Round(time.Millisecond)))
+			} else {
+				backlog = append(backlog, t+" not caught up")
+			}
 		}
-		r.Figure("burst drain %s: %s; per topic %s; peak lag %d; %d records appended to its topics meanwhile%s",
-			g.Group, state, strings.Join(per, ", "), g.PeakLag, g.Records, rate)
+		r.Figure("burst drain %s: the backlog at the last ack committed past: %s; %s (per topic, start of the final run of lag 0: %s); peak lag %d; %d records appended to its topics meanwhile%s",
+			g.Group, strings.Join(backlog, ", "), state, strings.Join(per, ", "), g.PeakLag, g.Records, rate)
 		r.Check(g.ZeroAt > 0, "group %s not drained within %s (lag %d)", g.Group, p.Duration, g.Lag)
 	}
 	lw.mu.Lock()
