@@ -188,7 +188,9 @@ func (w *ActionWatch) Count(kindOutcome string) (actions, nodes int) {
 
 // NodesIn returns the distinct nodes of cluster with actions of
 // kind/outcome.
-func (w *ActionWatch) NodesIn(kindOutcome, cluster string) int { return len(w.NodeSetIn(kindOutcome, cluster)) }
+func (w *ActionWatch) NodesIn(kindOutcome, cluster string) int {
+	return len(w.NodeSetIn(kindOutcome, cluster))
+}
 
 // NodeSetIn returns the nodes of cluster with actions of kind/outcome.
 func (w *ActionWatch) NodeSetIn(kindOutcome, cluster string) map[string]bool {
