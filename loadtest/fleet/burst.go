@@ -45,6 +45,9 @@ func burstOpts(p Params) Options {
 			if p.NodeEvents != nil {
 				c.Quarantine.NodeEvents = *p.NodeEvents
 			}
+			if p.KubeQPS > 0 {
+				c.Kube.QPS, c.Kube.Burst = p.KubeQPS, int(2*p.KubeQPS)
+			}
 		}}
 }
 

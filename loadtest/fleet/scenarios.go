@@ -31,9 +31,10 @@ type Params struct {
 	Faults     int           // nodes that fail (xid-burst, mass-failure, fault-to-cordon)
 	BreakerOff bool
 	Transport  Transport
-	NodeEvents *bool  // quarantine.node_events (default: the shipped true)
-	Events     int    // burst: events sent in all
-	Roles      string // burst: the roles run (default store,correlate,quarantine)
+	NodeEvents *bool   // quarantine.node_events (default: the shipped true)
+	Events     int     // burst: events sent in all
+	Roles      string  // burst: the roles run (default store,correlate,quarantine)
+	KubeQPS    float32 // burst: kube.qps and kube.burst (2x) per cluster (0: the shipped 200/400)
 }
 
 // Report collects a scenario's figures, each stamped with the machine's
