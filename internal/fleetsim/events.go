@@ -65,3 +65,14 @@ func ConformanceDrift(node, what string) *datamodels.HealthEvent {
 	return event(node, "Node", "NodeConformanceCheck", false, "conformance drift: "+what,
 		datamodels.RecommendedAction_NONE, []string{"CONFORMANCE-DRIFT"})
 }
+
+// FabricUnhealthy is the fabric check's report that GPU g's NVLink fabric
+// health is degraded (GPUFabricHealth FABRIC-HEALTH-UNHEALTHY, as
+// agents/fabric reports it from nvidia-smi -q: not fatal, watched).
+func FabricUnhealthy(node string, g int) *datamodels.HealthEvent {
+	ev := event(node, "GPU", "GPUFabricHealth", false,
+		fmt.Sprintf("GPU %s fabric health is degraded: summary Unhealthy, route unhealthy True (registration Completed/Success)", gpu(g)),
+		datamodels.RecommendedAction_NONE, []string{"FABRIC-HEALTH-UNHEALTHY"}, entity(events.EntityGPU, gpu(g)))
+	ev.Metadata = map[string]string{"degraded": "true"}
+	return ev
+}

@@ -31,7 +31,10 @@ type Params struct {
 	Faults     int           // nodes that fail (xid-burst, mass-failure, fault-to-cordon)
 	BreakerOff bool
 	Transport  Transport
-	NodeEvents *bool // quarantine.node_events (default: the shipped true)
+	NodeEvents *bool   // quarantine.node_events (default: the shipped true)
+	Events     int     // burst: events sent in all
+	Roles      string  // burst: the roles run (default store,correlate,quarantine)
+	KubeQPS    float32 // burst: kube.qps and kube.burst (2x) per cluster (0: the shipped 200/400)
 }
 
 // Report collects a scenario's figures, each stamped with the machine's
@@ -91,6 +94,12 @@ func withDefaults(p, d Params) Params {
 	}
 	if p.Transport == "" {
 		p.Transport = d.Transport
+	}
+	if p.Events == 0 {
+		p.Events = d.Events
+	}
+	if p.Roles == "" {
+		p.Roles = d.Roles
 	}
 	if p.Transport == "" {
 		p.Transport = GRPC
@@ -164,6 +173,12 @@ var Scenarios = []Scenario{
 				Gateway: func(c *gateway.Config) { c.RatePerCaller = 0 }}
 		},
 		Run: runIngest,
+	},
+	{
+		Name: "burst", Doc: "Events fabric-outage events (every node's IB ports DOWN, link_downed, degraded NVLink fabric health, round after round) sent as fast as the gateway takes gRPC batches, roles store,correlate,quarantine (-roles): zero loss (every acknowledged id in ClickHouse), the breaker's share cordoned per cluster and the rest held, each consumer group's time from the first send to lag 0 (Duration bounds the wait)",
+		Defaults: Params{Clusters: 2, Nodes: 500, Events: 500_000, Duration: 30 * time.Minute, Roles: burstRoles},
+		Options:  burstOpts,
+		Run:      runBurst,
 	},
 }
 

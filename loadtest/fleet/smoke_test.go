@@ -20,6 +20,7 @@ func TestScenariosSmoke(t *testing.T) {
 		"flap":              {Nodes: 5, Duration: 2 * time.Second},
 		"mass-failure":      {Nodes: 30, Faults: 30},
 		"ingest":            {Nodes: 20, Duration: time.Second},
+		"burst":             {Clusters: 1, Nodes: 50, Events: 5000, Duration: 2 * time.Minute},
 	}
 	for _, s := range Scenarios {
 		p, ok := tiny[s.Name]

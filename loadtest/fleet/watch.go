@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -111,6 +112,23 @@ func (w *CordonWatch) Count() (cordoned, twice int) {
 	return len(w.first), twice
 }
 
+// CountIn returns the nodes of cluster seen cordoned (ever).
+func (w *CordonWatch) CountIn(cluster string) int { return len(w.FirstIn(cluster)) }
+
+// FirstIn returns, for each node of cluster seen cordoned, when it was
+// first seen cordoned.
+func (w *CordonWatch) FirstIn(cluster string) map[string]time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]time.Time{}
+	for k, t := range w.first {
+		if c, n, _ := strings.Cut(k, "/"); c == cluster {
+			out[n] = t
+		}
+	}
+	return out
+}
+
 // NodeWrites returns the Node updates seen on the watch, in all and for
 // the nodes seen cordoned (a cordon with a taint and a condition in one
 // update is one write; the apiserver may coalesce none of them).
@@ -166,6 +184,25 @@ func (w *ActionWatch) Count(kindOutcome string) (actions, nodes int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.count[kindOutcome], len(w.nodes[kindOutcome])
+}
+
+// NodesIn returns the distinct nodes of cluster with actions of
+// kind/outcome.
+func (w *ActionWatch) NodesIn(kindOutcome, cluster string) int {
+	return len(w.NodeSetIn(kindOutcome, cluster))
+}
+
+// NodeSetIn returns the nodes of cluster with actions of kind/outcome.
+func (w *ActionWatch) NodeSetIn(kindOutcome, cluster string) map[string]bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]bool{}
+	for k := range w.nodes[kindOutcome] {
+		if c, n, _ := strings.Cut(k, "/"); c == cluster {
+			out[n] = true
+		}
+	}
+	return out
 }
 
 // Snapshot returns every kind/outcome count.

@@ -46,6 +46,9 @@ func main() {
 	flag.Float64Var(&p.Rate, "rate", 0, "background events/s")
 	flag.DurationVar(&p.Duration, "duration", 0, "duration of the load")
 	flag.IntVar(&p.Faults, "faults", 0, "nodes that fail")
+	flag.IntVar(&p.Events, "events", 0, "burst: events sent in all")
+	kubeQPS := flag.Float64("kube-qps", 0, "burst: the roles' client QPS per cluster, burst 2x (default: shipped 200/400)")
+	flag.StringVar(&p.Roles, "roles", "", "burst: processor roles run (default store,correlate,quarantine)")
 	flag.BoolVar(&p.BreakerOff, "breaker-off", false, "disable quarantine's circuit breaker")
 	transport := flag.String("transport", "", "grpc or rest (scenario default)")
 	nodeEvents := flag.String("node-events", "", "quarantine.node_events: true or false (default: shipped)")
@@ -82,6 +85,7 @@ func main() {
 		os.Exit(2)
 	}
 	p.Transport = fleet.Transport(*transport)
+	p.KubeQPS = float32(*kubeQPS)
 	if *nodeEvents != "" {
 		v := *nodeEvents == "true"
 		p.NodeEvents = &v
