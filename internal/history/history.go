@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"math"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -231,30 +230,13 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 		w.add("is_fatal = 1")
 	}
 	w.timeBounds(req.GetSince(), req.GetUntil(), cur)
-	qctx := queryContext(ctx)
-	// Two steps. A node's rows are ordered by (check, entity, ts) within
-	// each part, not by time, so the newest page of a node means reading
-	// all of its rows: the first step reads only the narrow key columns
-	// (ts, ts_ms, id and the filters') to find the page's ids, the second
-	// reads the ~34 wide columns (message, arrays, metadata) only for
-	// those ids, within the page's time range.
-	page, err := h.pageIDs(qctx, w, limit+1)
-	if err != nil {
-		return nil, h.unavailable(ctx, "list events", err)
-	}
-	resp := &faultlinev1.ListEventsResponse{}
-	if len(page.ids) == 0 {
-		return resp, nil
-	}
-	w2 := where{conds: slices.Clone(w.conds), args: slices.Clone(w.args)}
-	w2.add("ts >= ? AND ts <= ?", page.oldest, page.newest)
-	w2.add("id IN (?"+strings.Repeat(", ?", len(page.ids)-1)+")", page.ids...)
-	q := newestFirst(eventSelect+" WHERE "+w2.sql(), limit+1)
-	rows, err := h.conn.Query(qctx, q, w2.args...)
+	q := newestFirst(eventSelect+" WHERE "+w.sql(), limit+1)
+	rows, err := h.conn.Query(queryContext(ctx), q, w.args...)
 	if err != nil {
 		return nil, h.unavailable(ctx, "list events", err)
 	}
 	defer rows.Close()
+	resp := &faultlinev1.ListEventsResponse{}
 	var last cursor
 	for rows.Next() {
 		ev, c, err := scanEvent(rows)
@@ -272,41 +254,6 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 		return nil, h.unavailable(ctx, "list events", err)
 	}
 	return resp, nil
-}
-
-// idPage is the first step of a page of events: its distinct ids and the
-// range of their times (whole seconds, as stored in ts).
-type idPage struct {
-	ids            []any
-	oldest, newest time.Time
-}
-
-// pageIDs returns the first n distinct ids matching w, newest first, and
-// their time range, reading only the narrow columns.
-func (h *ClickHouse) pageIDs(ctx context.Context, w where, n int) (idPage, error) {
-	q := newestFirst("SELECT ts, ts_ms, id FROM events WHERE "+w.sql(), n)
-	rows, err := h.conn.Query(ctx, q, w.args...)
-	if err != nil {
-		return idPage{}, err
-	}
-	defer rows.Close()
-	var p idPage
-	for rows.Next() {
-		var (
-			ts time.Time
-			ms uint16
-			id string
-		)
-		if err := rows.Scan(&ts, &ms, &id); err != nil {
-			return idPage{}, fmt.Errorf("scan event id: %w", err)
-		}
-		if len(p.ids) == 0 {
-			p.newest = ts
-		}
-		p.oldest = ts
-		p.ids = append(p.ids, id)
-	}
-	return p, rows.Err()
 }
 
 // unavailable turns a ClickHouse failure into the gRPC status the client
