@@ -3,11 +3,9 @@ package quarantine
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -16,32 +14,6 @@ import (
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
-
-// collector is a pipeline.Producer that keeps the actions produced.
-type collector struct {
-	mu   sync.Mutex
-	acts []*faultlinev1.Action
-}
-
-func (c *collector) ProduceSync(_ context.Context, rs ...*kgo.Record) kgo.ProduceResults {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var res kgo.ProduceResults
-	for _, r := range rs {
-		a, err := events.UnmarshalAction(r.Value)
-		if err == nil {
-			c.acts = append(c.acts, a)
-		}
-		res = append(res, kgo.ProduceResult{Record: r, Err: err})
-	}
-	return res
-}
-
-func (c *collector) snapshot() []*faultlinev1.Action {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]*faultlinev1.Action(nil), c.acts...)
-}
 
 // TestFlapKube: on a real apiserver, a fault that flaps keeps its node
 // cordoned through its recoveries from the third occurrence on, and the
@@ -135,7 +107,7 @@ func TestFlapKube(t *testing.T) {
 	h.PartitionsAssigned(events.TopicEvents, []int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 12)
 
 	// The role's loop lifts it and produces the action.
-	var prod collector
+	var prod actionSink
 	loopCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { h.RunStabilization(loopCtx, &prod, []string{"c1"}); close(done) }()

@@ -746,6 +746,12 @@ func (s *actionSink) ProduceSync(_ context.Context, rs ...*kgo.Record) kgo.Produ
 	return out
 }
 
+func (s *actionSink) snapshot() []*faultlinev1.Action {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*faultlinev1.Action(nil), s.acts...)
+}
+
 func (s *actionSink) kinds() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
