@@ -73,15 +73,16 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	if ev.GetQuarantineOverrides().GetSkip() {
 		return []*faultlinev1.Action{h.action(it, events.KindSkip, events.OutcomeSkipped, "quarantineOverrides.skip", "", cl)}, nil
 	}
-	if acts, ok, err := h.nonFatalFromCache(ctx, cl, it, force); ok || err != nil {
-		return acts, err
-	}
 	// The watch's copy when it has one: the write below carries its
 	// resourceVersion, so a stale copy costs a conflict and a live read,
 	// never a wrong write; a fresh one saves a GET per fault (a fleet-wide
 	// failure is bounded by the client's QPS).
 	node, cached := h.nodes.cached(cl, it.node, h.now())
-	if !cached {
+	if cached {
+		if acts, ok, err := h.nonFatalFromCache(ctx, cl, it, force, node); ok || err != nil {
+			return acts, err
+		}
+	} else {
 		var err error
 		node, err = h.getNode(ctx, cl, it.node)
 		if apierrors.IsNotFound(err) {
@@ -201,18 +202,14 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 }
 
 // nonFatalFromCache decides a non-fatal event that no rule set matches from
-// the node watch's copy of the node, without an API request: under a fleet's
-// background of warnings that read alone would spend the client's QPS and
-// queue the fatal events behind it. ok false: decide it live (a fatal or
-// forced event, a node the cache does not know or this replica just wrote,
-// an opted-out node, or a rule set that matches — whatever could change the
-// node is decided on a fresh read).
-func (h *Handler) nonFatalFromCache(ctx context.Context, cl *clusters.Client, it item, force bool) (acts []*faultlinev1.Action, ok bool, err error) {
-	if it.ev.GetIsFatal() || force {
-		return nil, false, nil
-	}
-	node, cached := h.nodes.cached(cl, it.node, h.now())
-	if !cached || (h.optKey != "" && node.Labels[h.optKey] == h.optVal) {
+// node, the node watch's copy, without an API request: under a fleet's
+// background of warnings a request each would spend the client's QPS and
+// queue the fatal events behind it. ok false: fault decides it (a fatal or
+// forced event, an opted-out node, or a rule set that matches — whatever
+// could change the node goes through updateNode, whose patches carry the
+// copy's resourceVersion).
+func (h *Handler) nonFatalFromCache(ctx context.Context, cl *clusters.Client, it item, force bool, node *corev1.Node) (acts []*faultlinev1.Action, ok bool, err error) {
+	if it.ev.GetIsFatal() || force || (h.optKey != "" && node.Labels[h.optKey] == h.optVal) {
 		return nil, false, nil
 	}
 	dec, errs := h.policy.Evaluate(it.ev, node)
