@@ -3,6 +3,7 @@ package janitor
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -81,6 +82,10 @@ func (r *recorder) expect(t *testing.T, node string, want []string) {
 // polls each system's PowerState, and when a system powers off it marks
 // its node NotReady; when it is On again it gives the node a new boot ID
 // and marks it Ready — what a real node's kubelet reports after a reboot.
+// The fake driver may turn a restarted system On again within
+// milliseconds (its delay is whole seconds from a truncated clock), too
+// fast for a poll to see it Off: resets sent through observe count too,
+// so a cycle the poll missed is still reported.
 type machine struct {
 	t      *testing.T
 	bmc    *testenv.Sushy
@@ -88,6 +93,26 @@ type machine struct {
 	mu     sync.Mutex
 	nodes  map[string]string // system UUID → node
 	cycles map[string]int    // node → power cycles seen
+	resets map[string]int    // node → resets sent through observe
+}
+
+// observe wraps the emulator's provider so that every reset it sends
+// reaches m.
+func (m *machine) observe(p Provider) Provider { return observed{Provider: p, m: m} }
+
+type observed struct {
+	Provider
+	m *machine
+}
+
+func (o observed) Reboot(ctx context.Context, t Target, mode RebootMode) error {
+	err := o.Provider.Reboot(ctx, t, mode)
+	if err == nil {
+		o.m.mu.Lock()
+		o.m.resets[t.Node.Name]++
+		o.m.mu.Unlock()
+	}
+	return err
 }
 
 func (m *machine) add(uuid, node string) {
@@ -106,21 +131,21 @@ func (m *machine) run(ctx context.Context) {
 	off := map[string]bool{}
 	for ctx.Err() == nil {
 		m.mu.Lock()
-		nodes := make(map[string]string, len(m.nodes))
-		for k, v := range m.nodes {
-			nodes[k] = v
-		}
+		nodes := maps.Clone(m.nodes)
 		m.mu.Unlock()
 		for sys, node := range nodes {
 			ps, err := m.bmc.PowerState(ctx, sys)
 			if err != nil {
 				continue
 			}
-			switch {
-			case ps == "Off" && !off[sys]:
+			m.mu.Lock()
+			missed := ps == "On" && !off[sys] && m.cycles[node] < m.resets[node]
+			m.mu.Unlock()
+			if (ps == "Off" || missed) && !off[sys] {
 				off[sys] = true
 				m.setNode(ctx, node, corev1.ConditionFalse, "")
-			case ps == "On" && off[sys]:
+			}
+			if ps == "On" && off[sys] {
 				off[sys] = false
 				m.mu.Lock()
 				m.cycles[node]++
@@ -213,10 +238,7 @@ func (e *env) janitor(cfg Config, dryRun bool, prov map[string]Provider) (*Janit
 	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
 	reg.SetClient(cluster, e.kube, dryRun)
 	if prov == nil {
-		var err error
-		if prov, err = BuildProviders(cfg, testLog); err != nil {
-			e.t.Fatal(err)
-		}
+		prov = e.providers(cfg)
 	}
 	rec := &recorder{}
 	j, err := New(cfg, clusters.Config{}, reg, Options{Log: testLog, Providers: prov, Producer: rec})
@@ -225,6 +247,18 @@ func (e *env) janitor(cfg Config, dryRun bool, prov map[string]Provider) (*Janit
 	}
 	j.SetDynamic(cluster, e.dyn)
 	return j, rec
+}
+
+// providers builds cfg's providers, the emulator's observed by the
+// machine stand-in.
+func (e *env) providers(cfg Config) map[string]Provider {
+	e.t.Helper()
+	prov, err := BuildProviders(cfg, testLog)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	prov[ProviderRedfish] = e.m.observe(prov[ProviderRedfish])
+	return prov
 }
 
 func (e *env) config() Config {
@@ -309,7 +343,7 @@ func newEnv(t *testing.T, systems int, kwok ...bool) *env {
 			t.Fatal(err)
 		}
 	}
-	m := &machine{t: t, bmc: bmc, kube: k, nodes: map[string]string{}, cycles: map[string]int{}}
+	m := &machine{t: t, bmc: bmc, kube: k, nodes: map[string]string{}, cycles: map[string]int{}, resets: map[string]int{}}
 	mctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	if bmc != nil {

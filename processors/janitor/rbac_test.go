@@ -30,10 +30,7 @@ func TestRBACIsEnough(t *testing.T) {
 	e.node("rbac-1", sysID(0), true, nil)
 	e.node("rbac-2", sysID(1), true, nil)
 	cfg := e.config()
-	provs, err := BuildProviders(cfg, testLog)
-	if err != nil {
-		t.Fatal(err)
-	}
+	provs := e.providers(cfg)
 	admin, admDyn := e.kube, e.dyn
 	e.kube, e.dyn = sa, sdyn
 	j, rec := e.janitor(cfg, false, provs)

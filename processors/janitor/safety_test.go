@@ -63,11 +63,8 @@ func TestJanitorSafety(t *testing.T) {
 	cfg := e.config()
 	cfg.MaxConcurrentPerRack = 1
 	cfg.Cooldown = time.Hour
-	cfg.ForceAfter = 6 * time.Second // longer than the stand-in takes to notice a power-off under load
-	provs, err := BuildProviders(cfg, testLog)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg.ForceAfter = 6 * time.Second // longer than the stand-in takes to mark a reset node NotReady under load
+	provs := e.providers(cfg)
 	real := provs[ProviderRedfish]
 	provs[ProviderRedfish] = realOrIgnored{real: real, ignore: map[string]bool{"force-4": true}}
 	j, rec := e.janitor(cfg, false, provs)
