@@ -76,7 +76,8 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 			if err := produce(ctx, []string{probe}); err != nil {
 				return false, err
 			}
-			return waitFor(ctx, 120*time.Second, func() bool { return w.Has(probe) }), nil
+			// Its applied action too, so none of it falls in the round.
+			return waitFor(ctx, 120*time.Second, func() bool { return w.Has(probe) && e.Actions.NodeSetIn(applied, cluster)[probe] }), nil
 		},
 		blast: func(ctx context.Context, from, n int) LoadResult {
 			nodes := make([]string, n)
