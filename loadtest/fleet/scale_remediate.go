@@ -44,7 +44,8 @@ func DrainSucceeded(cluster, node string) *faultlinev1.Action {
 // node on the actions topic. After each round the test plays the janitor
 // (every RebootNode NodeReady=True, completionTime set) and waits until
 // the replicas followed each to remediate/succeeded (a poll every
-// poll_interval, shipped 15s), so one round's polls do not load the next.
+// poll_interval, shipped 15s), so one round's polls do not load the next;
+// the probe is completed so too before the round starts (see probe).
 func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kube, proxy *LatencyProxy) (*scaleTarget, error) {
 	_, self, _, _ := runtime.Caller(0)
 	k.ApplyCRDs(e.TB, filepath.Join(filepath.Dir(self), "..", "..", "deploy", "crds", "rebootnode.yaml"))
@@ -69,6 +70,19 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 		return cl.ProduceSync(ctx, recs...).FirstErr()
 	}
 	const applied = events.KindRemediate + "/" + events.OutcomeApplied
+	// finish plays the janitor and waits until every RebootNode was
+	// followed to remediate/succeeded: no remediation is left in progress.
+	finish := func(ctx context.Context) (ok bool, succeeded, nodes int, err error) {
+		if err := completeRebootNodes(ctx, dyn); err != nil {
+			return false, 0, 0, err
+		}
+		nodes, _ = w.Count()
+		ok = waitFor(ctx, 2*time.Minute, func() bool {
+			_, succeeded = e.Actions.Count(events.KindRemediate + "/" + events.OutcomeSucceeded)
+			return succeeded >= nodes
+		})
+		return ok, succeeded, nodes, nil
+	}
 	var created0, exists0, applied0, appliedNodes0 int
 	var created, exists int
 	return &scaleTarget{prefix: "scale remediate", noun: "RebootNodes created", unit: "RebootNodes", done: "with a RebootNode", twice: "with more than one",
@@ -76,8 +90,17 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 			if err := produce(ctx, []string{probe}); err != nil {
 				return false, err
 			}
-			// Its applied action too, so none of it falls in the round.
-			return waitFor(ctx, 120*time.Second, func() bool { return w.Has(probe) && e.Actions.NodeSetIn(applied, cluster)[probe] }), nil
+			// Its applied action too, so none of it falls in the round;
+			// then its completion: a remediation in progress would put a
+			// requeue record in a replica's poll, and the poll waits for
+			// its not-before time (requeue.MaxWait, up to poll_interval)
+			// before the replica polls again — the round would measure
+			// that wait, not the creates.
+			if !waitFor(ctx, 120*time.Second, func() bool { return w.Has(probe) && e.Actions.NodeSetIn(applied, cluster)[probe] }) {
+				return false, nil
+			}
+			ok, _, _, err := finish(ctx)
+			return ok, err
 		},
 		blast: func(ctx context.Context, from, n int) LoadResult {
 			nodes := make([]string, n)
@@ -105,17 +128,9 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 		},
 		settle: func(ctx context.Context, r *Report, done int) error {
 			r.Check(created == done, "%d RebootNodes created by %d successful creates", done, created)
-			if err := completeRebootNodes(ctx, dyn); err != nil {
-				return err
-			}
-			nodes, _ := w.Count()
-			ok := waitFor(ctx, 2*time.Minute, func() bool {
-				_, n := e.Actions.Count(events.KindRemediate + "/" + events.OutcomeSucceeded)
-				return n >= nodes
-			})
-			_, n := e.Actions.Count(events.KindRemediate + "/" + events.OutcomeSucceeded)
+			ok, n, nodes, err := finish(ctx)
 			r.Check(ok, "remediate/succeeded for %d of %d nodes with a completed RebootNode", n, nodes)
-			return nil
+			return err
 		},
 	}, nil
 }
