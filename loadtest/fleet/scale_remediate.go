@@ -84,7 +84,7 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 		return ok, succeeded, nodes, nil
 	}
 	var created0, exists0, applied0, appliedNodes0 int
-	var created, exists int
+	var created, exists, appliedNodes int
 	return &scaleTarget{prefix: "scale remediate", noun: "RebootNodes created", unit: "RebootNodes", done: "with a RebootNode", twice: "with more than one",
 		probe: func(ctx context.Context, probe string) (bool, error) {
 			if err := produce(ctx, []string{probe}); err != nil {
@@ -119,15 +119,20 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 			applied0, appliedNodes0 = e.Actions.Count(applied)
 		},
 		detail: func(done int) string {
-			// The applied actions follow their batch; a replay's a while later.
-			waitFor(ctx, 30*time.Second, func() bool { _, n := e.Actions.Count(applied); return n-appliedNodes0 >= done })
+			// The applied actions follow their batch; after a SIGKILL
+			// between a create and its batch's output, the replay's come
+			// once the survivor has the partitions (the group's session
+			// timeout, 45s).
+			waitFor(ctx, 90*time.Second, func() bool { _, n := e.Actions.Count(applied); return n-appliedNodes0 >= done })
 			c, x := proxy.Creates(RebootNodes.Resource)
 			created, exists = c-created0, x-exists0
 			a, n := e.Actions.Count(applied)
-			return fmt.Sprintf(", creates answered: %d Created, %d AlreadyExists; %d remediate/applied actions for %d nodes", created, exists, a-applied0, n-appliedNodes0)
+			appliedNodes = n - appliedNodes0
+			return fmt.Sprintf(", creates answered: %d Created, %d AlreadyExists; %d remediate/applied actions for %d nodes", created, exists, a-applied0, appliedNodes)
 		},
 		settle: func(ctx context.Context, r *Report, done int) error {
 			r.Check(created == done, "%d RebootNodes created by %d successful creates", done, created)
+			r.Check(appliedNodes == done, "remediate/applied recorded for %d of %d nodes with a RebootNode", appliedNodes, done)
 			ok, n, nodes, err := finish(ctx)
 			r.Check(ok, "remediate/succeeded for %d of %d nodes with a completed RebootNode", n, nodes)
 			return err
