@@ -60,37 +60,43 @@ func StartLatencyProxy(ctx context.Context, k *testenv.Kube, delay time.Duration
 		case <-r.Context().Done():
 			return
 		}
-		if r.Method != http.MethodPost {
-			rp.ServeHTTP(w, r)
-			return
-		}
-		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
-		rp.ServeHTTP(sw, r)
-		p.mu.Lock()
-		p.creates[path.Base(r.URL.Path)+" "+strconv.Itoa(sw.code)]++
-		p.mu.Unlock()
+		rp.ServeHTTP(w, r)
 	}), ReadHeaderTimeout: 10 * time.Second}
+	// Creates are counted by the apiserver's answer, whether or not the
+	// client is still there to read it (a SIGKILLed replica's create may
+	// be done without it knowing); one cut off before an answer counts as
+	// unanswered: it may or may not have been done.
+	rp.ModifyResponse = func(resp *http.Response) error {
+		p.countCreate(resp.Request, strconv.Itoa(resp.StatusCode))
+		return nil
+	}
+	rp.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		p.countCreate(r, "unanswered")
+		w.WriteHeader(http.StatusBadGateway)
+	}
 	go p.srv.Serve(ln)
 	go func() { <-ctx.Done(); p.srv.Close() }()
 	return p, nil
 }
 
+func (p *LatencyProxy) countCreate(r *http.Request, answer string) {
+	if r.Method != http.MethodPost {
+		return
+	}
+	p.mu.Lock()
+	p.creates[path.Base(r.URL.Path)+" "+answer]++
+	p.mu.Unlock()
+}
+
 // Creates returns the creates (POSTs) of resource ("rebootnodes") the
-// apiserver answered 201 Created and 409 (AlreadyExists), as the proxy saw
-// them: every create attempt of every replica.
-func (p *LatencyProxy) Creates(resource string) (created, exists int) {
+// proxy forwarded, by the apiserver's answer: 201 Created, 409
+// AlreadyExists, and those cut off before an answer (their client gone):
+// every create attempt of every replica that reached the apiserver.
+func (p *LatencyProxy) Creates(resource string) (created, exists, unanswered int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.creates[resource+" 201"], p.creates[resource+" 409"]
+	return p.creates[resource+" 201"], p.creates[resource+" 409"], p.creates[resource+" unanswered"]
 }
-
-type statusWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *statusWriter) WriteHeader(code int)        { w.code = code; w.ResponseWriter.WriteHeader(code) }
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // Kubeconfig writes a kubeconfig for the proxy with k's admin token.
 func (p *LatencyProxy) Kubeconfig(dir string, k *testenv.Kube) (string, error) {

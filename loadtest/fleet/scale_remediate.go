@@ -83,8 +83,8 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 		})
 		return ok, succeeded, nodes, nil
 	}
-	var created0, exists0, applied0, appliedNodes0 int
-	var created, exists, appliedNodes int
+	var created0, exists0, cut0, applied0, appliedNodes0 int
+	var created, exists, cut, appliedNodes int
 	return &scaleTarget{prefix: "scale remediate", noun: "RebootNodes created", unit: "RebootNodes", done: "with a RebootNode", twice: "with more than one",
 		probe: func(ctx context.Context, probe string) (bool, error) {
 			if err := produce(ctx, []string{probe}); err != nil {
@@ -115,7 +115,7 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 		},
 		count: w.Count,
 		mark: func() {
-			created0, exists0 = proxy.Creates(RebootNodes.Resource)
+			created0, exists0, cut0 = proxy.Creates(RebootNodes.Resource)
 			applied0, appliedNodes0 = e.Actions.Count(applied)
 		},
 		detail: func(done int) string {
@@ -124,14 +124,14 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 			// once the survivor has the partitions (the group's session
 			// timeout, 45s).
 			waitFor(ctx, 90*time.Second, func() bool { _, n := e.Actions.Count(applied); return n-appliedNodes0 >= done })
-			c, x := proxy.Creates(RebootNodes.Resource)
-			created, exists = c-created0, x-exists0
+			c, x, u := proxy.Creates(RebootNodes.Resource)
+			created, exists, cut = c-created0, x-exists0, u-cut0
 			a, n := e.Actions.Count(applied)
 			appliedNodes = n - appliedNodes0
-			return fmt.Sprintf(", creates answered: %d Created, %d AlreadyExists; %d remediate/applied actions for %d nodes", created, exists, a-applied0, appliedNodes)
+			return fmt.Sprintf(", creates: %d Created, %d AlreadyExists, %d cut off unanswered; %d remediate/applied actions for %d nodes", created, exists, cut, a-applied0, appliedNodes)
 		},
 		settle: func(ctx context.Context, r *Report, done int) error {
-			r.Check(created == done, "%d RebootNodes created by %d successful creates", done, created)
+			r.Check(created <= done && created+cut >= done, "%d RebootNodes, %d creates answered Created and %d cut off", done, created, cut)
 			r.Check(appliedNodes == done, "remediate/applied recorded for %d of %d nodes with a RebootNode", appliedNodes, done)
 			ok, n, nodes, err := finish(ctx)
 			r.Check(ok, "remediate/succeeded for %d of %d nodes with a completed RebootNode", n, nodes)
