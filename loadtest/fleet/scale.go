@@ -31,7 +31,7 @@ type LatencyProxy struct {
 	srv *http.Server
 
 	mu      sync.Mutex
-	creates map[string]int // "resource status": POSTs answered, e.g. "rebootnodes 409"
+	creates map[string]int // "resource answer": forwarded POSTs, e.g. "rebootnodes 409", "rebootnodes unanswered"
 }
 
 // StartLatencyProxy proxies to k with delay per request until ctx ends.
