@@ -100,10 +100,10 @@ func (p *LatencyProxy) Creates(resource string) (created, exists, unanswered int
 
 // Kubeconfig writes a kubeconfig for the proxy with k's admin token.
 func (p *LatencyProxy) Kubeconfig(dir string, k *testenv.Kube) (string, error) {
-	path := filepath.Join(dir, fmt.Sprintf("kubeconfig-proxy-%d", time.Now().UnixNano()))
+	file := filepath.Join(dir, fmt.Sprintf("kubeconfig-proxy-%d", time.Now().UnixNano()))
 	y := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: %s\nusers:\n- name: admin\n  user:\n    token: %s\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: admin\ncurrent-context: proxy\n",
 		p.URL, k.RESTConfig().BearerToken)
-	return path, os.WriteFile(path, []byte(y), 0o600)
+	return file, os.WriteFile(file, []byte(y), 0o600)
 }
 
 // Replica is a processors.Run in its own process (the command's -replica
