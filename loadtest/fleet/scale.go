@@ -10,7 +10,10 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -26,6 +29,9 @@ type LatencyProxy struct {
 	URL string
 	ln  net.Listener
 	srv *http.Server
+
+	mu      sync.Mutex
+	creates map[string]int // "resource answer": forwarded POSTs, e.g. "rebootnodes 409", "rebootnodes unanswered"
 }
 
 // StartLatencyProxy proxies to k with delay per request until ctx ends.
@@ -47,7 +53,7 @@ func StartLatencyProxy(ctx context.Context, k *testenv.Kube, delay time.Duration
 	if err != nil {
 		return nil, err
 	}
-	p := &LatencyProxy{URL: "http://" + ln.Addr().String(), ln: ln}
+	p := &LatencyProxy{URL: "http://" + ln.Addr().String(), ln: ln, creates: map[string]int{}}
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-time.After(delay):
@@ -56,17 +62,48 @@ func StartLatencyProxy(ctx context.Context, k *testenv.Kube, delay time.Duration
 		}
 		rp.ServeHTTP(w, r)
 	}), ReadHeaderTimeout: 10 * time.Second}
+	// Creates are counted by the apiserver's answer, whether or not the
+	// client is still there to read it (a SIGKILLed replica's create may
+	// be done without it knowing); one cut off before an answer counts as
+	// unanswered: it may or may not have been done.
+	rp.ModifyResponse = func(resp *http.Response) error {
+		p.countCreate(resp.Request, strconv.Itoa(resp.StatusCode))
+		return nil
+	}
+	rp.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		p.countCreate(r, "unanswered")
+		w.WriteHeader(http.StatusBadGateway)
+	}
 	go p.srv.Serve(ln)
 	go func() { <-ctx.Done(); p.srv.Close() }()
 	return p, nil
 }
 
+func (p *LatencyProxy) countCreate(r *http.Request, answer string) {
+	if r.Method != http.MethodPost {
+		return
+	}
+	p.mu.Lock()
+	p.creates[path.Base(r.URL.Path)+" "+answer]++
+	p.mu.Unlock()
+}
+
+// Creates returns the creates (POSTs) of resource ("rebootnodes") the
+// proxy forwarded, by the apiserver's answer: 201 Created, 409
+// AlreadyExists, and those cut off before an answer (their client gone):
+// every create attempt of every replica that reached the apiserver.
+func (p *LatencyProxy) Creates(resource string) (created, exists, unanswered int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.creates[resource+" 201"], p.creates[resource+" 409"], p.creates[resource+" unanswered"]
+}
+
 // Kubeconfig writes a kubeconfig for the proxy with k's admin token.
 func (p *LatencyProxy) Kubeconfig(dir string, k *testenv.Kube) (string, error) {
-	path := filepath.Join(dir, fmt.Sprintf("kubeconfig-proxy-%d", time.Now().UnixNano()))
+	file := filepath.Join(dir, fmt.Sprintf("kubeconfig-proxy-%d", time.Now().UnixNano()))
 	y := fmt.Sprintf("apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: %s\nusers:\n- name: admin\n  user:\n    token: %s\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: admin\ncurrent-context: proxy\n",
 		p.URL, k.RESTConfig().BearerToken)
-	return path, os.WriteFile(path, []byte(y), 0o600)
+	return file, os.WriteFile(file, []byte(y), 0o600)
 }
 
 // Replica is a processors.Run in its own process (the command's -replica
@@ -111,18 +148,36 @@ func (r *Replica) Stop() {
 // ScaleParams configure RunScale.
 type ScaleParams struct {
 	Exe      string        // the fleetload binary (its -replica mode)
+	Role     string        // the replicas' role: quarantine (default) or remediate
 	Replicas []int         // replica counts, e.g. 1, 2, 4
 	Nodes    int           // nodes failing per round
 	Latency  time.Duration // per apiserver request
 	Kill     bool          // a SIGKILL round: 2 replicas, one killed at a third
 }
 
-// RunScale measures quarantine throughput (cordons/s) with 1, 2, 4 ...
-// replicas as separate processes against one kube-apiserver behind a
-// latency proxy, each round failing its own Nodes nodes at once (breaker
-// off); then a round in which one of two replicas is SIGKILLed a third of
-// the way in: every node must be cordoned exactly once (flips counted on
-// the watch) and the Node writes per node must not grow.
+// scaleTarget is what the rounds of one role send and count.
+type scaleTarget struct {
+	prefix, noun, unit, done, twice string // the figures' words
+	// probe sends one node's work and reports whether it was done.
+	probe func(ctx context.Context, node string) (bool, error)
+	blast func(ctx context.Context, from, n int) LoadResult
+	count func() (done, twice int)
+	// mark is called before a round's blast; detail after it (done: the
+	// round's nodes done) says more for the figure; settle, if not nil,
+	// after the figure (the replicas still up) checks more.
+	mark   func()
+	detail func(done int) string
+	settle func(ctx context.Context, r *Report, done int) error
+}
+
+// RunScale measures a role's throughput with 1, 2, 4 ... replicas as
+// separate processes against one kube-apiserver behind a latency proxy,
+// each round failing its own Nodes nodes at once; then a round in which
+// one of two replicas is SIGKILLed a third of the way in: every node must
+// be done exactly once. Quarantine (breaker off): cordons/s, flips counted
+// on the watch, the Node writes per node must not grow. Remediate:
+// RebootNodes/s for drain/succeeded actions produced to the actions topic
+// (scaleRemediate).
 func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 	cluster := e.Clusters[0]
 	k := e.Kubes[cluster]
@@ -135,8 +190,22 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 	if err != nil {
 		return err
 	}
+	var tg *scaleTarget
+	switch sp.Role {
+	case "", "quarantine":
+		tg = e.scaleQuarantine(cluster, k)
+	case "remediate":
+		if tg, err = e.scaleRemediate(ctx, cluster, k, proxy); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("scale: role %q: want quarantine or remediate", sp.Role)
+	}
 	logf := os.Stderr // the replicas' warnings, with the command's
 	args := []string{"-replica.brokers", e.Kafka.Addr(), "-replica.kube", cluster + "=" + kc}
+	if sp.Role != "" {
+		args = append(args, "-replica.role", sp.Role)
+	}
 	rounds := append([]int(nil), sp.Replicas...)
 	if sp.Kill {
 		rounds = append(rounds, -2)
@@ -163,24 +232,21 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 			reps = append(reps, rep)
 			all = append(all, rep)
 		}
-		// Wait for the group to settle: a probe node cordoned.
-		probe := fmt.Sprintf("probe-%d", ri)
-		if err := createNamedNode(k, probe); err != nil {
+		// Wait for the group to settle: a probe node done.
+		ok, err := tg.probe(ctx, fmt.Sprintf("probe-%d", ri))
+		if err != nil {
 			return err
 		}
-		if err := e.Send(ctx, GRPC, cluster, []*datamodels.HealthEvent{fleetsim.Xid(probe, 0, 79)}); err != nil {
-			return err
+		if !ok {
+			return fmt.Errorf("scale: %d replicas never %s the probe node", n, tg.done)
 		}
-		if !waitFor(ctx, 120*time.Second, func() bool { _, ok := e.Cordons.At(cluster, probe); return ok }) {
-			return fmt.Errorf("scale: %d replicas never cordoned the probe node", n)
-		}
-		_, w0 := e.Cordons.NodeWrites()
-		c0, _ := e.Cordons.Count()
+		tg.mark()
+		c0, _ := tg.count()
 		t0 := time.Now()
-		res := e.blastRange(ctx, cluster, from, sp.Nodes)
+		res := tg.blast(ctx, from, sp.Nodes)
 		killed := false
-		ok := waitFor(ctx, 5*time.Minute, func() bool {
-			c, _ := e.Cordons.Count()
+		ok = waitFor(ctx, 5*time.Minute, func() bool {
+			c, _ := tg.count()
 			if kill && !killed && c-c0 >= sp.Nodes/3 {
 				reps[0].Kill()
 				killed = true
@@ -189,26 +255,54 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		})
 		took := time.Since(t0)
 		time.Sleep(3 * time.Second) // a replayed batch would write now
-		c1, twice := e.Cordons.Count()
-		_, w1 := e.Cordons.NodeWrites()
+		c1, twice := tg.count()
 		rate := float64(c1-c0) / took.Seconds()
 		if base == 0 {
 			base = rate
 		}
 		if kill {
-			r.Figure("scale SIGKILL: 2 replicas, one SIGKILLed after %d cordons; %d of %d nodes cordoned in %s (%d cordoned twice), %.2f Node writes per node",
-				sp.Nodes/3, c1-c0, sp.Nodes, took.Round(time.Millisecond), twice, float64(w1-w0)/float64(max(1, c1-c0)))
-			r.Check(ok && c1-c0 == sp.Nodes && twice == 0 && res.Failed == 0, "SIGKILL round: %d of %d cordoned, %d twice, %d events failed", c1-c0, sp.Nodes, twice, res.Failed)
+			r.Figure("%s SIGKILL: 2 replicas, one SIGKILLed after %d %s; %d of %d nodes %s in %s (%d %s)%s",
+				tg.prefix, sp.Nodes/3, tg.unit, c1-c0, sp.Nodes, tg.done, took.Round(time.Millisecond), twice, tg.twice, tg.detail(c1-c0))
+			r.Check(ok && c1-c0 == sp.Nodes && twice == 0 && res.Failed == 0, "SIGKILL round: %d of %d %s, %d twice, %d events failed", c1-c0, sp.Nodes, tg.done, twice, res.Failed)
 		} else {
-			r.Figure("scale %d replica(s), %s apiserver latency: %d nodes cordoned in %s = %.1f cordons/s (%.2fx of 1 replica, %.0f%% of linear), %.2f Node writes per node",
-				n, sp.Latency, c1-c0, took.Round(time.Millisecond), rate, rate/base, 100*rate/base/float64(n), float64(w1-w0)/float64(max(1, c1-c0)))
-			r.Check(ok && c1-c0 == sp.Nodes && twice == 0, "%d replicas: %d of %d cordoned, %d twice", n, c1-c0, sp.Nodes, twice)
+			r.Figure("%s %d replica(s), %s apiserver latency: %d %s in %s = %.1f %s/s (%.2fx of 1 replica, %.0f%% of linear)%s",
+				tg.prefix, n, sp.Latency, c1-c0, tg.noun, took.Round(time.Millisecond), rate, tg.unit, rate/base, 100*rate/base/float64(n), tg.detail(c1-c0))
+			r.Check(ok && c1-c0 == sp.Nodes && twice == 0, "%d replicas: %d of %d %s, %d twice", n, c1-c0, sp.Nodes, tg.done, twice)
+		}
+		if tg.settle != nil {
+			if err := tg.settle(ctx, r, c1-c0); err != nil {
+				return err
+			}
 		}
 		for _, rep := range reps {
 			rep.Stop()
 		}
 	}
 	return nil
+}
+
+// scaleQuarantine: Xid 79 events through the gateway, cordons seen on the
+// Node watch.
+func (e *Env) scaleQuarantine(cluster string, k *testenv.Kube) *scaleTarget {
+	var w0 int
+	return &scaleTarget{prefix: "scale", noun: "nodes cordoned", unit: "cordons", done: "cordoned", twice: "cordoned twice",
+		probe: func(ctx context.Context, probe string) (bool, error) {
+			if err := createNamedNode(k, probe); err != nil {
+				return false, err
+			}
+			if err := e.Send(ctx, GRPC, cluster, []*datamodels.HealthEvent{fleetsim.Xid(probe, 0, 79)}); err != nil {
+				return false, err
+			}
+			return waitFor(ctx, 120*time.Second, func() bool { _, ok := e.Cordons.At(cluster, probe); return ok }), nil
+		},
+		blast: func(ctx context.Context, from, n int) LoadResult { return e.blastRange(ctx, cluster, from, n) },
+		count: e.Cordons.Count,
+		mark:  func() { _, w0 = e.Cordons.NodeWrites() },
+		detail: func(done int) string {
+			_, w1 := e.Cordons.NodeWrites()
+			return fmt.Sprintf(", %.2f Node writes per node", float64(w1-w0)/float64(max(1, done)))
+		},
+	}
 }
 
 func (e *Env) blastRange(ctx context.Context, cluster string, from, n int) LoadResult {

@@ -10,9 +10,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/remediate"
 	"github.com/faultline/faultline/schemas/events"
 )
 
@@ -214,4 +218,83 @@ func (w *ActionWatch) Snapshot() map[string]int {
 		out[k] = v
 	}
 	return out
+}
+
+// ResourceWatch counts the objects of one resource created on an
+// apiserver (RebootNodes), seen ADDED on a watch, by name and by the node
+// of their faultline.io/node label.
+type ResourceWatch struct {
+	mu    sync.Mutex
+	names map[string]bool
+	nodes map[string]int // node label -> objects
+}
+
+// WatchResources watches gvr (cluster-scoped) on k until ctx ends; it
+// returns once the first list is seen.
+func WatchResources(ctx context.Context, tb testing.TB, k *testenv.Kube, gvr schema.GroupVersionResource) (*ResourceWatch, error) {
+	dyn, err := dynamic.NewForConfig(k.RESTConfig())
+	if err != nil {
+		return nil, err
+	}
+	w := &ResourceWatch{names: map[string]bool{}, nodes: map[string]int{}}
+	res := dyn.Resource(gvr)
+	ready := make(chan struct{})
+	once := sync.OnceFunc(func() { close(ready) })
+	go func() {
+		defer once()
+		for ctx.Err() == nil {
+			list, err := res.List(ctx, metav1.ListOptions{})
+			if err != nil {
+				if ctx.Err() == nil {
+					tb.Logf("fleet: list %s: %v", gvr.Resource, err)
+					time.Sleep(time.Second)
+				}
+				continue
+			}
+			for i := range list.Items {
+				w.see(&list.Items[i])
+			}
+			wi, err := res.Watch(ctx, metav1.ListOptions{ResourceVersion: list.GetResourceVersion()})
+			if err != nil {
+				continue
+			}
+			once()
+			for ev := range wi.ResultChan() {
+				if o, ok := ev.Object.(*unstructured.Unstructured); ok && ev.Type == watch.Added {
+					w.see(o)
+				}
+			}
+			wi.Stop()
+		}
+	}()
+	<-ready
+	return w, ctx.Err()
+}
+
+func (w *ResourceWatch) see(o *unstructured.Unstructured) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.names[o.GetName()] {
+		w.names[o.GetName()] = true
+		w.nodes[o.GetLabels()[remediate.LabelNode]]++
+	}
+}
+
+// Has reports whether an object of node was seen.
+func (w *ResourceWatch) Has(node string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.nodes[node] > 0
+}
+
+// Count returns the nodes with an object and those with more than one.
+func (w *ResourceWatch) Count() (nodes, twice int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, n := range w.nodes {
+		if n > 1 {
+			twice++
+		}
+	}
+	return len(w.nodes), twice
 }

@@ -57,26 +57,28 @@ func main() {
 	replicas := flag.String("replicas", "1,2,4", "scale: replica counts")
 	latency := flag.Duration("latency", 50*time.Millisecond, "scale: apiserver latency per request")
 	kill := flag.Bool("kill", true, "scale: add a round in which one of two replicas is SIGKILLed")
-	replica := flag.Bool("replica", false, "internal: run one quarantine replica (the scale scenario starts them)")
+	role := flag.String("role", "quarantine", "scale: the replicas' role, quarantine or remediate")
+	replica := flag.Bool("replica", false, "internal: run one replica of -replica.role (the scale scenario starts them)")
 	rBrokers := flag.String("replica.brokers", "", "internal: replica's Kafka brokers")
 	rKube := flag.String("replica.kube", "", "internal: replica's cluster=kubeconfig")
-	rIdentity := flag.String("replica.identity", "", "internal: replica's quarantine identity")
+	rIdentity := flag.String("replica.identity", "", "internal: replica's identity")
+	rRole := flag.String("replica.role", "quarantine", "internal: replica's role, quarantine or remediate")
 	flag.Parse()
 	if *replica {
-		if err := runReplica(*rBrokers, *rKube, *rIdentity); err != nil {
+		if err := runReplica(*rBrokers, *rKube, *rIdentity, *rRole); err != nil {
 			fmt.Fprintln(os.Stderr, "fleetload replica:", err)
 			os.Exit(1)
 		}
 		return
 	}
 	if *name == "scale" {
-		os.Exit(runScale(p, *replicas, *latency, *kill, *verbose))
+		os.Exit(runScale(p, *role, *replicas, *latency, *kill, *verbose))
 	}
 	if *list {
 		for _, s := range fleet.Scenarios {
 			fmt.Printf("%-18s %s\n", s.Name, s.Doc)
 		}
-		fmt.Printf("%-18s %s\n", "scale", "quarantine replicas (-replicas 1,2,4) as processes against an apiserver behind a latency proxy (-latency), -nodes failing per round, breaker off; then one of two replicas SIGKILLed mid-run (-kill): every node cordoned once")
+		fmt.Printf("%-18s %s\n", "scale", "quarantine replicas (-replicas 1,2,4) as processes against an apiserver behind a latency proxy (-latency), -nodes failing per round, breaker off; then one of two replicas SIGKILLed mid-run (-kill): every node cordoned once; -role remediate: remediate replicas, drain/succeeded actions in, RebootNodes/s, every node one RebootNode created once")
 		return
 	}
 	s, ok := fleet.Lookup(*name)
@@ -118,10 +120,10 @@ func main() {
 	}
 }
 
-// runReplica is one quarantine replica: processors.Run as production
-// starts it (shipped defaults, the breaker off for the scale rounds)
-// until SIGTERM.
-func runReplica(brokers, kube, identity string) error {
+// runReplica is one replica of role (quarantine or remediate):
+// processors.Run as production starts it (shipped defaults, quarantine's
+// breaker off for the scale rounds) until SIGTERM.
+func runReplica(brokers, kube, identity, role string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	cluster, kc, ok := strings.Cut(kube, "=")
@@ -129,10 +131,14 @@ func runReplica(brokers, kube, identity string) error {
 		return fmt.Errorf("-replica.kube: want cluster=kubeconfig, got %q", kube)
 	}
 	pcfg := processors.DefaultConfig()
-	pcfg.Roles = "quarantine"
+	if role != "quarantine" && role != "remediate" {
+		return fmt.Errorf("-replica.role: want quarantine or remediate, got %q", role)
+	}
+	pcfg.Roles = role
 	pcfg.Kube.Clusters = []clusters.Cluster{{Name: cluster, Kubeconfig: kc}}
 	pcfg.Quarantine.Breaker.Enabled = false
 	pcfg.Quarantine.Identity = identity
+	pcfg.Remediate.Identity = identity
 	if err := pcfg.Validate(); err != nil {
 		return err
 	}
@@ -147,7 +153,7 @@ func runReplica(brokers, kube, identity string) error {
 	return err
 }
 
-func runScale(p fleet.Params, replicas string, latency time.Duration, kill, verbose bool) int {
+func runScale(p fleet.Params, role, replicas string, latency time.Duration, kill, verbose bool) int {
 	var counts []int
 	for _, f := range strings.Split(replicas, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -179,7 +185,10 @@ func runScale(p fleet.Params, replicas string, latency time.Duration, kill, verb
 	}
 	r := &fleet.Report{Print: func(l string) { fmt.Println(l) }}
 	r.Figure("scale: %s; %d nodes fail per round; replicas %v; apiserver latency %s", e.Describe(), p.Nodes, counts, latency)
-	if err := fleet.RunScale(e.Context(), e, fleet.ScaleParams{Exe: exe, Replicas: counts, Nodes: p.Nodes, Latency: latency, Kill: kill}, r); err != nil {
+	if role != "quarantine" {
+		r.Figure("scale: replicas of role %s, shipped defaults", role)
+	}
+	if err := fleet.RunScale(e.Context(), e, fleet.ScaleParams{Exe: exe, Role: role, Replicas: counts, Nodes: p.Nodes, Latency: latency, Kill: kill}, r); err != nil {
 		fmt.Fprintln(os.Stderr, "fleetload:", err)
 		return 1
 	}

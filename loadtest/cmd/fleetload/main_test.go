@@ -18,8 +18,9 @@ func TestMain(m *testing.M) {
 		brokers := fs.String("replica.brokers", "", "")
 		kube := fs.String("replica.kube", "", "")
 		identity := fs.String("replica.identity", "", "")
+		role := fs.String("replica.role", "quarantine", "")
 		fs.Parse(os.Args[2:])
-		if err := runReplica(*brokers, *kube, *identity); err != nil {
+		if err := runReplica(*brokers, *kube, *identity, *role); err != nil {
 			fmt.Fprintln(os.Stderr, "replica:", err)
 			os.Exit(1)
 		}
@@ -46,5 +47,28 @@ func TestScaleSmoke(t *testing.T) {
 	}
 	if len(r.Lines) != 2 {
 		t.Errorf("%d figures, want 2 (one round, one SIGKILL round)", len(r.Lines))
+	}
+}
+
+// TestScaleRemediateSmoke runs the scale scenario's remediate rounds tiny:
+// two remediate replica processes, drain results in, one RebootNode per
+// node created once, each followed to remediate/succeeded once the test
+// completes it. (The SIGKILL round is TestScaleSmoke's mechanism; here it
+// would add the group's session timeout.)
+func TestScaleRemediateSmoke(t *testing.T) {
+	e := fleet.Start(t, fleet.Options{Clusters: 1, Nodes: 20, Roles: "none", Kube: true})
+	if err := e.WarmUp(e.Context()); err != nil {
+		t.Fatal(err)
+	}
+	r := &fleet.Report{Print: func(l string) { t.Log(l) }}
+	err := fleet.RunScale(e.Context(), e, fleet.ScaleParams{Exe: os.Args[0], Role: "remediate", Replicas: []int{2}, Nodes: 20, Latency: 10 * time.Millisecond}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range r.Failures {
+		t.Error(f)
+	}
+	if len(r.Lines) != 1 {
+		t.Errorf("%d figures, want 1", len(r.Lines))
 	}
 }
