@@ -103,8 +103,9 @@ type Config struct {
 	MaxPDBBackoff time.Duration `toml:"max_pdb_backoff"`
 	// Workers bounds the nodes handled at once per batch. Default 64.
 	Workers int `toml:"workers"`
-	// BatchTimeout bounds one batch: a batch may wait for a requeued
-	// item's not-before time (at most 20s) and then act on a node's
+	// BatchTimeout bounds one batch: a batch may hold for a requeued
+	// item's not-before time (at most 1s, requeue.Hold; an item not due
+	// by then is handed on) and then act on a node's
 	// pods. Default 2m.
 	BatchTimeout time.Duration `toml:"batch_timeout"`
 	// PodWorkers bounds the API calls in flight for one node. Default 16.
@@ -180,7 +181,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often a drain in progress is looked at again")
 	fs.DurationVar(&c.PDBBackoff, prefix+"pdb-backoff", c.PDBBackoff, "first wait before retrying an eviction a PDB refused")
 	fs.DurationVar(&c.MaxPDBBackoff, prefix+"max-pdb-backoff", c.MaxPDBBackoff, "cap of the PDB retry backoff")
-	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 20s: a batch may wait that long for a requeued item)")
+	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 1s: a batch may hold that long for a requeued item)")
 	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes drained concurrently per batch")
 	fs.IntVar(&c.PodWorkers, prefix+"pod-workers", c.PodWorkers, "API calls in flight per node")
 	fs.Func(prefix+"gpu-annotations", "comma-separated pod annotation keys holding the pod's GPU UUIDs (default "+DefaultGPUAnnotation+")", func(s string) error {
@@ -271,7 +272,7 @@ func (c *Config) Validate(prefix string) error {
 		return fmt.Errorf("%sworkers: must be at least 1, got %d", prefix, c.Workers)
 	}
 	if c.BatchTimeout <= requeueWait {
-		return fmt.Errorf("%sbatch_timeout: must be more than %v (a batch may wait that long for a requeued item), got %v", prefix, requeueWait, c.BatchTimeout)
+		return fmt.Errorf("%sbatch_timeout: must be more than %v (a batch may hold that long for a requeued item), got %v", prefix, requeueWait, c.BatchTimeout)
 	}
 	if c.PodWorkers < 1 {
 		return fmt.Errorf("%spod_workers: must be at least 1, got %d", prefix, c.PodWorkers)
@@ -297,9 +298,9 @@ func (c *Config) timeout(m Mode, r *Rule) time.Duration {
 	}
 }
 
-// requeueWait is the longest a batch waits for a requeued item's
-// not-before time (requeue.ByNode).
-const requeueWait = requeue.MaxWait
+// requeueWait is the longest a batch holds for a requeued item's
+// not-before time before handing the item on (requeue.Hold).
+const requeueWait = requeue.Hold
 
 // Pipeline returns the runner settings of the role's consumer.
 func (c Config) Pipeline() pipeline.Config {

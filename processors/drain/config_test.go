@@ -25,7 +25,7 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 		{"empty dir", func(c *Config) { c.EmptyDir = "keep" }, "drain.empty_dir"},
 		{"poll", func(c *Config) { c.PollInterval = 0 }, "drain.poll_interval"},
 		{"workers", func(c *Config) { c.Workers = 0 }, "drain.workers"},
-		{"batch timeout", func(c *Config) { c.BatchTimeout = 20 * time.Second }, "drain.batch_timeout"},
+		{"batch timeout", func(c *Config) { c.BatchTimeout = requeueWait }, "drain.batch_timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

@@ -234,8 +234,9 @@ type Config struct {
 	PollInterval time.Duration `toml:"poll_interval"`
 	// Workers bounds the nodes handled at once per batch. Default 64.
 	Workers int `toml:"workers"`
-	// BatchTimeout bounds one batch: a batch may wait for a requeued
-	// item's not-before time (at most 20s) and then act on a node's
+	// BatchTimeout bounds one batch: a batch may hold for a requeued
+	// item's not-before time (at most 1s, requeue.Hold; an item not due
+	// by then is handed on) and then act on a node's
 	// resources. Default 2m.
 	BatchTimeout time.Duration `toml:"batch_timeout"`
 	// Identity names this processor on resources. Default "faultline-remediate/<hostname>".
@@ -280,7 +281,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.BudgetWindow, prefix+"budget-window", c.BudgetWindow, "window of the remediation budget")
 	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "a remediation neither complete nor failed this long after creation has failed")
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often a remediation in progress is looked at")
-	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 20s: a batch may wait that long for a requeued item)")
+	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 1s: a batch may hold that long for a requeued item)")
 	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes handled concurrently per batch")
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on resources")
 }
@@ -330,7 +331,7 @@ func (c *Config) Validate(prefix string) error {
 		return fmt.Errorf("%sworkers: must be at least 1, got %d", prefix, c.Workers)
 	}
 	if c.BatchTimeout <= requeueWait {
-		return fmt.Errorf("%sbatch_timeout: must be more than %v (a batch may wait that long for a requeued item), got %v", prefix, requeueWait, c.BatchTimeout)
+		return fmt.Errorf("%sbatch_timeout: must be more than %v (a batch may hold that long for a requeued item), got %v", prefix, requeueWait, c.BatchTimeout)
 	}
 	if c.Identity == "" {
 		return fmt.Errorf("%sidentity: required", prefix)
@@ -465,9 +466,9 @@ func (t *Template) compileCompletion(gk schema.GroupKind) error {
 // template returns the template for an action ("custom:<name>" for CUSTOM).
 func (c *Config) template(action string) *Template { return c.byAction[action] }
 
-// requeueWait is the longest a batch waits for a requeued item's
-// not-before time (requeue.ByNode).
-const requeueWait = requeue.MaxWait
+// requeueWait is the longest a batch holds for a requeued item's
+// not-before time before handing the item on (requeue.Hold).
+const requeueWait = requeue.Hold
 
 // Pipeline returns the runner settings of the role's consumer.
 func (c Config) Pipeline() pipeline.Config {

@@ -73,39 +73,50 @@ func Attempt(rec *kgo.Record) int {
 	return 0
 }
 
-// Wait blocks until the record's not-before time as seen by now, at most
-// max (so a batch timeout is never exceeded), or until ctx ends. It
-// reports false when ctx ended.
-func Wait(ctx context.Context, rec *kgo.Record, now func() time.Time, max time.Duration) bool {
-	nb := NotBefore(rec)
-	if nb.IsZero() {
-		return ctx.Err() == nil
-	}
-	d := min(nb.Sub(now()), max)
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
+// Forward returns rec handed on unchanged to topic: the same key, value
+// and headers, so the same not-before time and attempt count (Record
+// counts an attempt; a record handed on was not looked at). A record that
+// was not requeued (an original trigger) stays one: no not-before, attempt
+// 0.
+func Forward(topic string, rec *kgo.Record) *kgo.Record {
+	return &kgo.Record{
+		Topic:   topic,
+		Key:     rec.Key,
+		Value:   rec.Value,
+		Headers: append([]kgo.RecordHeader(nil), rec.Headers...),
 	}
 }
 
-// MaxWait is the longest ByNode waits for a record's not-before time; a
-// role's batch timeout must exceed it.
-const MaxWait = 20 * time.Second
+// Hold is the longest ByNode holds a batch for a requeue record that is
+// not yet due. A record not due by then is handed on unchanged (Forward)
+// to the requeue topic, to be looked at in a later poll, instead of
+// holding every other item of the batch and the role's next poll until
+// its not-before time (a remediation's follow-up is due a poll_interval,
+// 15s, later). The hold keeps a record that is not due from going round
+// the topic as fast as the role can poll: each trip costs at least Hold.
+//
+// The cost: a follow-up is re-produced (and its offset committed) about
+// once per Hold until it is due — ~15 times for remediate's 15s
+// poll_interval, ~5 for drain's 5s — so one small record per second per
+// node in progress on the requeue topic (1000 remediations in progress:
+// ~1000 records/s). In exchange new work polled beside a follow-up waits at
+// most Hold for it. 1s keeps that delay well under a step's own API calls
+// and a role's poll intervals while keeping the re-produced records per
+// node low; a longer hold trades first-action delay for fewer records.
+const Hold = time.Second
 
 // ByNode handles a batch of work items of a requeued role (pipeline.ByKey:
 // each node's items in order, the nodes concurrently, at most workers at a
 // time). For each item it waits until the item's record may be handled (a
-// requeue record's not-before time, at most MaxWait; on shutdown the record is
-// handed on unchanged), calls step, and collects the actions step returns
-// and, when step asks to look again, a requeue record to topic. It returns
-// what the batch must produce.
+// requeue record's not-before time) but never past Hold from the batch's
+// start: a record not due by then is handed on unchanged (Forward), and so
+// are the node's later items in the batch, in order, so no item of a node
+// runs ahead of an earlier one. On shutdown (ctx ended) the records not yet
+// handled are handed on unchanged too. Otherwise it calls step and
+// collects the actions step returns and, when step asks to look again, a
+// requeue record to topic (Record: one more attempt). It returns what the
+// batch must produce; a batch holding a record that is not due returns
+// about Hold after it started (plus the steps it runs).
 func ByNode[T any](ctx context.Context, workers int, topic string, now func() time.Time,
 	items []T, rec func(T) *kgo.Record,
 	step func(context.Context, T) ([]*faultlinev1.Action, time.Time)) ([]*kgo.Record, error) {
@@ -113,13 +124,21 @@ func ByNode[T any](ctx context.Context, workers int, topic string, now func() ti
 		acts    []*faultlinev1.Action
 		requeue []*kgo.Record
 	}
+	// One deadline for the batch, not one hold per item: the nodes are
+	// handled at most workers at a time, and per-item holds would add up.
+	deadline := now().Add(Hold)
 	results := pipeline.ByKey(items, func(it T) string { return string(rec(it).Key) }, workers, func(items []T) (o out) {
-		for _, it := range items {
+		for i, it := range items {
 			r := rec(it)
-			if !Wait(ctx, r, now, MaxWait) {
-				// Shutting down: hand the work on unchanged.
-				o.requeue = append(o.requeue, Record(topic, r, NotBefore(r)))
-				continue
+			if !due(ctx, r, now, deadline) {
+				// Not due within the hold, or shutting down: hand this
+				// item and the node's later ones on, in order. Running a
+				// later one first could act on the node (a new drain or
+				// remediation) while the earlier work is still pending.
+				for _, later := range items[i:] {
+					o.requeue = append(o.requeue, Forward(topic, rec(later)))
+				}
+				return o
 			}
 			acts, again := step(ctx, it)
 			o.acts = append(o.acts, acts...)
@@ -141,6 +160,40 @@ func ByNode[T any](ctx context.Context, workers int, topic string, now func() ti
 		produce = append(produce, r.requeue...)
 	}
 	return produce, nil
+}
+
+// due waits until rec may be handled (its not-before time as seen by now)
+// and reports true, or reports false at once when that time is after
+// deadline (after waiting until deadline, so a record that is not due is
+// not handed round faster than Hold), or when ctx ends.
+func due(ctx context.Context, rec *kgo.Record, now func() time.Time, deadline time.Time) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	nb := NotBefore(rec)
+	if nb.IsZero() {
+		return true
+	}
+	t := now()
+	if !nb.After(t) {
+		return true
+	}
+	until, ok := nb, true
+	if nb.After(deadline) {
+		until, ok = deadline, false
+	}
+	wait := until.Sub(t)
+	if wait <= 0 {
+		return ok
+	}
+	tm := time.NewTimer(wait)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-tm.C:
+		return ok
+	}
 }
 
 // Step is one look at a piece of requeued work on its cluster

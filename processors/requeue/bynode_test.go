@@ -1,0 +1,199 @@
+package requeue
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// TestByNode: a requeue record that is not due holds its batch at most
+// Hold and comes back unchanged (same not-before, same attempt), with its
+// node's later items behind it; other nodes' work runs at once; a due
+// record runs its step and is requeued with one more attempt; shutdown
+// hands everything on unchanged.
+func TestByNode(t *testing.T) {
+	const topic = "rq"
+	type item struct {
+		id, node string
+		in       time.Duration // not-before from the start; 0: an original record
+		attempt  int
+	}
+	mk := func(start time.Time, it item) *kgo.Record {
+		r := &kgo.Record{Topic: "src", Key: []byte(it.node), Value: []byte(it.id)}
+		if it.in != 0 {
+			r.Headers = []kgo.RecordHeader{
+				{Key: HeaderNotBefore, Value: []byte(strconv.FormatInt(start.Add(it.in).UnixMilli(), 10))},
+				{Key: HeaderAttempt, Value: []byte(strconv.Itoa(it.attempt))},
+			}
+		}
+		return r
+	}
+	type fwd struct {
+		id      string
+		in      time.Duration // 0: no not-before
+		attempt int
+	}
+	const slack = 700 * time.Millisecond // a loaded 2-core machine
+	for _, tc := range []struct {
+		name    string
+		items   []item
+		again   time.Duration // what every step asks (0: done)
+		cancel  bool
+		ran     []string      // ids whose step ran
+		soon    []string      // of those, the ones that must run at once (within slack)
+		late    time.Duration // the step of ran[0] not before this (0: no check)
+		out     []fwd         // requeue records, in order
+		minTook time.Duration
+		maxTook time.Duration
+	}{
+		{
+			name:  "not due beside new work of another node",
+			items: []item{{"follow-up", "n1", 15 * time.Second, 3}, {"new", "n2", 0, 0}},
+			ran:   []string{"new"}, soon: []string{"new"},
+			out:     []fwd{{"follow-up", 15 * time.Second, 3}},
+			minTook: Hold - 100*time.Millisecond, maxTook: Hold + slack,
+		},
+		{
+			name:  "beyond the old 20s cap: handed on, never run early",
+			items: []item{{"follow-up", "n1", time.Minute, 1}},
+			out:   []fwd{{"follow-up", time.Minute, 1}},
+			// Held, so a record that is not due goes round at most once
+			// per Hold.
+			minTook: Hold - 100*time.Millisecond, maxTook: Hold + slack,
+		},
+		{
+			name: "the node's later items stay behind it, in order",
+			items: []item{{"follow-up", "n1", 15 * time.Second, 2}, {"new n1", "n1", 0, 0},
+				{"due n1", "n1", -time.Second, 4}, {"new n2", "n2", 0, 0}},
+			ran: []string{"new n2"}, soon: []string{"new n2"},
+			out:     []fwd{{"follow-up", 15 * time.Second, 2}, {"new n1", 0, 0}, {"due n1", -time.Second, 4}},
+			minTook: Hold - 100*time.Millisecond, maxTook: Hold + slack,
+		},
+		{
+			name:  "a due record runs its step and is requeued with one more attempt",
+			items: []item{{"follow-up", "n1", -time.Second, 1}, {"new", "n2", 0, 0}},
+			again: 15 * time.Second,
+			ran:   []string{"follow-up", "new"}, soon: []string{"follow-up", "new"},
+			out:     []fwd{{"follow-up", 15 * time.Second, 2}, {"new", 15 * time.Second, 1}},
+			maxTook: slack,
+		},
+		{
+			name:    "due within the hold: waited for, then run",
+			items:   []item{{"follow-up", "n1", 400 * time.Millisecond, 1}},
+			ran:     []string{"follow-up"},
+			late:    400 * time.Millisecond,
+			minTook: 350 * time.Millisecond, maxTook: 400*time.Millisecond + slack,
+		},
+		{
+			name:    "shutdown hands everything on unchanged",
+			items:   []item{{"follow-up", "n1", -time.Second, 5}, {"new", "n2", 0, 0}},
+			cancel:  true,
+			out:     []fwd{{"follow-up", -time.Second, 5}, {"new", 0, 0}},
+			maxTook: slack,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tc.cancel {
+				cancel()
+			}
+			start := time.Now().Truncate(time.Millisecond) // headers carry milliseconds
+			var recs []*kgo.Record
+			for _, it := range tc.items {
+				recs = append(recs, mk(start, it))
+			}
+			var (
+				mu  sync.Mutex
+				ran = map[string]time.Duration{}
+				seq []string
+			)
+			out, err := ByNode(ctx, 2, topic, time.Now, recs, func(r *kgo.Record) *kgo.Record { return r },
+				func(_ context.Context, r *kgo.Record) ([]*faultlinev1.Action, time.Time) {
+					mu.Lock()
+					defer mu.Unlock()
+					ran[string(r.Value)] = time.Since(start)
+					seq = append(seq, string(r.Value))
+					if tc.again == 0 {
+						return nil, time.Time{}
+					}
+					return nil, start.Add(tc.again)
+				})
+			took := time.Since(start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(seq) != len(tc.ran) {
+				t.Fatalf("steps ran for %v, want %v", seq, tc.ran)
+			}
+			for _, id := range tc.ran {
+				if _, ok := ran[id]; !ok {
+					t.Fatalf("steps ran for %v, want %v", seq, tc.ran)
+				}
+			}
+			for _, id := range tc.soon {
+				if ran[id] > slack {
+					t.Errorf("step of %s ran after %v, want at once", id, ran[id])
+				}
+			}
+			if tc.late > 0 && ran[tc.ran[0]] < tc.late {
+				t.Errorf("step of %s ran after %v, before its not-before (%v)", tc.ran[0], ran[tc.ran[0]], tc.late)
+			}
+			if took < tc.minTook || took > tc.maxTook {
+				t.Errorf("ByNode took %v, want %v..%v", took, tc.minTook, tc.maxTook)
+			}
+			var got []fwd
+			for _, r := range out {
+				if r.Topic != topic {
+					t.Fatalf("record to %s, want %s", r.Topic, topic)
+				}
+				f := fwd{id: string(r.Value), attempt: Attempt(r)}
+				if nb := NotBefore(r); !nb.IsZero() {
+					f.in = nb.Sub(start)
+				}
+				got = append(got, f)
+			}
+			if len(got) != len(tc.out) {
+				t.Fatalf("requeued %+v, want %+v", got, tc.out)
+			}
+			for i := range got {
+				if got[i] != tc.out[i] {
+					t.Fatalf("requeued %+v, want %+v", got, tc.out)
+				}
+			}
+		})
+	}
+}
+
+// TestForward: a record handed on keeps its key, value and headers; an
+// original record stays one.
+func TestForward(t *testing.T) {
+	nb := time.UnixMilli(1_700_000_000_000)
+	orig := &kgo.Record{Topic: "faultline.actions", Key: []byte("c/n"), Value: []byte("v")}
+	req := Record("rq", Record("rq", orig, nb), nb) // attempt 2
+	for _, tc := range []struct {
+		name    string
+		rec     *kgo.Record
+		nb      time.Time
+		attempt int
+	}{
+		{"original", orig, time.Time{}, 0},
+		{"requeued twice", req, nb, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := Forward("rq", tc.rec)
+			if f.Topic != "rq" || string(f.Key) != "c/n" || string(f.Value) != "v" {
+				t.Fatalf("forwarded %+v", f)
+			}
+			if !NotBefore(f).Equal(tc.nb) || Attempt(f) != tc.attempt {
+				t.Fatalf("not-before %v attempt %d, want %v %d", NotBefore(f), Attempt(f), tc.nb, tc.attempt)
+			}
+		})
+	}
+}
