@@ -155,11 +155,12 @@ type ActionWatch struct {
 	mu    sync.Mutex
 	count map[string]int
 	nodes map[string]map[string]bool
+	per   map[string]int // kind/outcome cluster/node -> actions
 }
 
 // WatchActions consumes the actions topic from its start until ctx ends.
 func WatchActions(ctx context.Context, tb testing.TB, k *testenv.Kafka) *ActionWatch {
-	w := &ActionWatch{count: map[string]int{}, nodes: map[string]map[string]bool{}}
+	w := &ActionWatch{count: map[string]int{}, nodes: map[string]map[string]bool{}, per: map[string]int{}}
 	cl := k.Client(tb, kgo.ConsumeTopics(events.TopicActions), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	go func() {
 		for ctx.Err() == nil {
@@ -176,6 +177,7 @@ func WatchActions(ctx context.Context, tb testing.TB, k *testenv.Kafka) *ActionW
 					w.nodes[k] = map[string]bool{}
 				}
 				w.nodes[k][a.GetCluster()+"/"+a.GetNode()] = true
+				w.per[k+" "+a.GetCluster()+"/"+a.GetNode()]++
 				w.mu.Unlock()
 			})
 		}
@@ -207,6 +209,20 @@ func (w *ActionWatch) NodeSetIn(kindOutcome, cluster string) map[string]bool {
 		}
 	}
 	return out
+}
+
+// Repeated returns the nodes of cluster with more than one action of
+// kind/outcome.
+func (w *ActionWatch) Repeated(kindOutcome, cluster string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for k, c := range w.per {
+		if c > 1 && strings.HasPrefix(k, kindOutcome+" "+cluster+"/") {
+			n++
+		}
+	}
+	return n
 }
 
 // Snapshot returns every kind/outcome count.
@@ -297,4 +313,80 @@ func (w *ResourceWatch) Count() (nodes, twice int) {
 		}
 	}
 	return len(w.nodes), twice
+}
+
+// PodWatch counts the pods of one namespace deleted on an apiserver, seen
+// DELETED on a watch, and when the last was seen.
+type PodWatch struct {
+	mu      sync.Mutex
+	deleted map[string]int // pod name -> deletions seen
+	last    time.Time
+}
+
+// WatchPods watches the pods of namespace ns on k until ctx ends; it
+// returns once the first list is seen.
+func WatchPods(ctx context.Context, tb testing.TB, k *testenv.Kube, ns string) *PodWatch {
+	w := &PodWatch{deleted: map[string]int{}}
+	pods := k.Client().CoreV1().Pods(ns)
+	ready := make(chan struct{})
+	once := sync.OnceFunc(func() { close(ready) })
+	go func() {
+		defer once()
+		rv := ""
+		for ctx.Err() == nil {
+			if rv == "" {
+				list, err := pods.List(ctx, metav1.ListOptions{})
+				if err != nil {
+					if ctx.Err() == nil {
+						tb.Logf("fleet: list pods: %v", err)
+						time.Sleep(time.Second)
+					}
+					continue
+				}
+				rv = list.ResourceVersion
+			}
+			wi, err := pods.Watch(ctx, metav1.ListOptions{ResourceVersion: rv})
+			if err != nil {
+				rv = ""
+				continue
+			}
+			once()
+			for ev := range wi.ResultChan() {
+				if ev.Type == watch.Error { // e.g. 410 Gone: list afresh
+					if ctx.Err() == nil {
+						tb.Logf("fleet: pod watch: %v", ev.Object)
+					}
+					rv = ""
+					break
+				}
+				p, ok := ev.Object.(*corev1.Pod)
+				if !ok {
+					continue
+				}
+				rv = p.ResourceVersion
+				if ev.Type == watch.Deleted {
+					w.mu.Lock()
+					w.deleted[p.Name]++
+					w.last = time.Now()
+					w.mu.Unlock()
+				}
+			}
+			wi.Stop()
+		}
+	}()
+	<-ready
+	return w
+}
+
+// Deleted returns the pods seen deleted whose names start with prefix
+// ("" for all), and when the last deletion was seen.
+func (w *PodWatch) Deleted(prefix string) (pods int, last time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for name := range w.deleted {
+		if strings.HasPrefix(name, prefix) {
+			pods++
+		}
+	}
+	return pods, w.last
 }

@@ -1,0 +1,237 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/faultline/faultline/internal/fleetsim"
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// DrainPodsPerNode are the pods each node of the drain scale rounds runs.
+const DrainPodsPerNode = 3
+
+// drainNamespace holds the drain scale rounds' pods.
+const drainNamespace = "scale-drain"
+
+// QuarantineApplied is the quarantine role's action for an Xid 79 on node
+// it cordoned (RESTART_BM, the whole node, with the event's entities and
+// submitter role as quarantine writes them): what starts a drain.
+func QuarantineApplied(cluster, node string) *faultlinev1.Action {
+	ev := fleetsim.Xid(node, 0, 79)
+	return &faultlinev1.Action{
+		Id: "scale-q-" + node, Cluster: cluster, Node: node, Role: events.RoleQuarantine, Kind: events.KindQuarantine,
+		Outcome: events.OutcomeApplied, EventIds: []string{"scale-ev-" + node}, CheckName: ev.GetCheckName(),
+		RecommendedAction: ev.GetRecommendedAction().String(), Timestamp: timestamppb.Now(),
+		Details: map[string]string{events.DetailEntities: events.EntityKey(ev), events.DetailSubmitterRole: events.RoleName(events.SubmitterRole(ev))},
+	}
+}
+
+// scaleDrain: before each round its nodes are left as the quarantine role
+// leaves them (label faultline.io/quarantined=true, cordoned) with
+// DrainPodsPerNode pods each, bound with spec.nodeName, status Running
+// (the test writes the status, as a kubelet would) and
+// terminationGracePeriodSeconds 0, so an eviction (shipped grace_period:
+// the pod's own) deletes the pod at once: there is no kubelet to finish a
+// graceful deletion. Then quarantine/applied actions are produced to the
+// actions topic; a node is done when a drain/succeeded action for it is on
+// the topic. The apiserver side: evictions counted at the proxy by answer
+// (201, 429, 404, cut off) and per pod (a pod evicted twice), pod
+// deletions seen on a watch of the apiserver (not through the proxy).
+// Nothing applied twice: no pod evicted (201) twice, no node with two
+// drain/in_progress (a drain started twice); a replayed drain/succeeded
+// (same id: the role repeats a finished drain's result, by design) and a
+// replayed eviction answered 404 are counted and reported.
+func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, proxy *LatencyProxy) (*scaleTarget, error) {
+	kc := k.Client()
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: drainNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create namespace %s: %w", drainNamespace, err)
+	}
+	pw := WatchPods(ctx, e.TB, k, drainNamespace)
+	cl := e.Kafka.Client(e.TB)
+	produce := func(ctx context.Context, nodes []string) error {
+		recs := make([]*kgo.Record, len(nodes))
+		for i, n := range nodes {
+			rec, err := pipeline.ActionRecord(QuarantineApplied(cluster, n))
+			if err != nil {
+				return err
+			}
+			recs[i] = rec
+		}
+		return cl.ProduceSync(ctx, recs...).FirstErr()
+	}
+	const (
+		succeeded = events.KindDrain + "/" + events.OutcomeSucceeded
+		started   = events.KindDrain + "/" + events.OutcomeInProgress
+	)
+	count := func() (done, twice int) {
+		return e.Actions.NodesIn(succeeded, cluster), e.Actions.Repeated(started, cluster) + proxy.Repeated("eviction", "201")
+	}
+	var (
+		from, n         int
+		t0              time.Time
+		ev0             map[string]int
+		deleted0, acts0 int
+		ev              map[string]int
+		deleted         int
+		podBase         float64
+	)
+	return &scaleTarget{prefix: "scale drain", noun: "nodes drained", unit: "drains", done: "drained", twice: "drained twice (a drain started twice or a pod evicted twice)",
+		prepare: func(ctx context.Context, f, m int) error {
+			nodes := make([]string, m)
+			for i := range nodes {
+				nodes[i] = NodeName(f + i)
+			}
+			return quarantineWithPods(ctx, kc, nodes)
+		},
+		probe: func(ctx context.Context, probe string) (bool, error) {
+			if err := createNamedNode(k, probe); err != nil {
+				return false, err
+			}
+			if err := quarantineWithPods(ctx, kc, []string{probe}); err != nil {
+				return false, err
+			}
+			if err := produce(ctx, []string{probe}); err != nil {
+				return false, err
+			}
+			// Its drain/succeeded: a drain in progress would put a
+			// requeue record in a replica's poll.
+			return waitFor(ctx, 120*time.Second, func() bool { return e.Actions.NodeSetIn(succeeded, cluster)[probe] }), nil
+		},
+		blast: func(ctx context.Context, f, m int) LoadResult {
+			from, n = f, m
+			nodes := make([]string, n)
+			for i := range nodes {
+				nodes[i] = NodeName(from + i)
+			}
+			if err := produce(ctx, nodes); err != nil {
+				e.TB.Logf("fleet: produce quarantine actions: %v", err)
+				return LoadResult{Failed: int64(n)}
+			}
+			return LoadResult{Sent: int64(n)}
+		},
+		count: count,
+		mark: func() {
+			ev0 = proxy.Answers("eviction")
+			deleted0, _ = pw.Deleted("")
+			acts0, _ = e.Actions.Count(succeeded)
+			t0 = time.Now()
+		},
+		detail: func(done int) string {
+			// The pods' deletions follow the evictions on the watch.
+			waitFor(ctx, 30*time.Second, func() bool { d, _ := pw.Deleted(""); return d-deleted0 >= n*DrainPodsPerNode })
+			d, last := pw.Deleted("")
+			deleted = d - deleted0
+			ev = proxy.Answers("eviction")
+			for a := range ev {
+				ev[a] -= ev0[a]
+			}
+			a, _ := e.Actions.Count(succeeded)
+			var other []string
+			for ans, c := range ev {
+				if ans != "201" && ans != "429" && ans != "404" && ans != "unanswered" && c > 0 {
+					other = append(other, fmt.Sprintf("%d answered %s", c, ans))
+				}
+			}
+			extra := ""
+			if len(other) > 0 {
+				extra = ", " + strings.Join(other, ", ")
+			}
+			podRate := 0.0
+			if last.After(t0) {
+				podRate = float64(deleted) / last.Sub(t0).Seconds()
+			}
+			if podBase == 0 {
+				podBase = podRate
+			}
+			return fmt.Sprintf("; %d pods deleted on the watch, last %s after the start = %.1f pods/s (%.2fx of the first round); evictions: %d answered 201, %d 429, %d 404, %d cut off unanswered%s; %d drain/succeeded actions for %d nodes",
+				deleted, last.Sub(t0).Round(time.Millisecond), podRate, podRate/podBase, ev["201"], ev["429"], ev["404"], ev["unanswered"], extra, a-acts0, done)
+		},
+		settle: func(ctx context.Context, r *Report, done int) error {
+			pods := n * DrainPodsPerNode
+			r.Check(deleted == pods, "%d of %d pods deleted on the watch", deleted, pods)
+			r.Check(ev["201"] <= pods && ev["201"]+ev["unanswered"] >= pods, "%d pods, %d evictions answered 201 and %d cut off", pods, ev["201"], ev["unanswered"])
+			left, err := podsLeft(ctx, kc, from, n)
+			if err != nil {
+				return err
+			}
+			r.Check(left == 0, "%d pods of the round's nodes left on the apiserver", left)
+			return nil
+		},
+	}, nil
+}
+
+// quarantineWithPods leaves nodes as the quarantine role does (label
+// faultline.io/quarantined=true, cordoned) and gives each
+// DrainPodsPerNode Running pods (see scaleDrain).
+func quarantineWithPods(ctx context.Context, kc kubernetes.Interface, nodes []string) error {
+	patch := []byte(`{"metadata":{"labels":{"` + events.LabelQuarantined + `":"true"}},"spec":{"unschedulable":true}}`)
+	zero := int64(0)
+	var g errgroup.Group
+	g.SetLimit(16)
+	for _, node := range nodes {
+		g.Go(func() error {
+			if _, err := kc.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+				return fmt.Errorf("quarantine node %s: %w", node, err)
+			}
+			return nil
+		})
+		for j := range DrainPodsPerNode {
+			g.Go(func() error {
+				name := fmt.Sprintf("%s-p%d", node, j)
+				p := &corev1.Pod{
+					ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: drainNamespace, Labels: map[string]string{"app": "trainer"}},
+					Spec: corev1.PodSpec{
+						NodeName:                      node,
+						TerminationGracePeriodSeconds: &zero,
+						Containers:                    []corev1.Container{{Name: "c", Image: "busybox"}},
+						Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+					},
+				}
+				p, err := kc.CoreV1().Pods(drainNamespace).Create(ctx, p, metav1.CreateOptions{})
+				if err != nil {
+					return fmt.Errorf("create pod %s: %w", name, err)
+				}
+				p.Status.Phase = corev1.PodRunning
+				if _, err := kc.CoreV1().Pods(drainNamespace).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+					return fmt.Errorf("pod %s Running: %w", name, err)
+				}
+				return nil
+			})
+		}
+	}
+	return g.Wait()
+}
+
+// podsLeft counts the pods of nodes from..from+n still on the apiserver.
+func podsLeft(ctx context.Context, kc kubernetes.Interface, from, n int) (int, error) {
+	l, err := kc.CoreV1().Pods(drainNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("list pods: %w", err)
+	}
+	in := map[string]bool{}
+	for i := range n {
+		in[NodeName(from+i)] = true
+	}
+	left := 0
+	for _, p := range l.Items {
+		if in[p.Spec.NodeName] {
+			left++
+		}
+	}
+	return left, nil
+}
