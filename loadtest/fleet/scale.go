@@ -196,6 +196,11 @@ type scaleTarget struct {
 	probe func(ctx context.Context, node string) (bool, error)
 	blast func(ctx context.Context, from, n int) LoadResult
 	count func() (done, twice int)
+	// progress, if not nil, is what the SIGKILL waits for (a third of
+	// Nodes, in killUnit) instead of count's done: for a role whose
+	// results come in bursts, the kill must land mid-work.
+	progress func() int
+	killUnit string
 	// prepare, if not nil, sets up a round's nodes from..from+n before its
 	// replicas start (outside the clock).
 	prepare func(ctx context.Context, from, n int) error
@@ -289,12 +294,17 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		}
 		tg.mark()
 		c0, _ := tg.count()
+		progress, killUnit := func() int { c, _ := tg.count(); return c }, tg.unit
+		if tg.progress != nil {
+			progress, killUnit = tg.progress, tg.killUnit
+		}
+		p0 := progress()
 		t0 := time.Now()
 		res := tg.blast(ctx, from, sp.Nodes)
 		killed := false
 		ok = waitFor(ctx, 5*time.Minute, func() bool {
 			c, _ := tg.count()
-			if kill && !killed && c-c0 >= sp.Nodes/3 {
+			if kill && !killed && progress()-p0 >= sp.Nodes/3 {
 				reps[0].Kill()
 				killed = true
 			}
@@ -309,7 +319,7 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		}
 		if kill {
 			r.Figure("%s SIGKILL: 2 replicas, one SIGKILLed after %d %s; %d of %d nodes %s in %s (%d %s)%s",
-				tg.prefix, sp.Nodes/3, tg.unit, c1-c0, sp.Nodes, tg.done, took.Round(time.Millisecond), twice, tg.twice, tg.detail(c1-c0))
+				tg.prefix, sp.Nodes/3, killUnit, c1-c0, sp.Nodes, tg.done, took.Round(time.Millisecond), twice, tg.twice, tg.detail(c1-c0))
 			r.Check(ok && c1-c0 == sp.Nodes && twice == 0 && res.Failed == 0, "SIGKILL round: %d of %d %s, %d twice, %d events failed", c1-c0, sp.Nodes, tg.done, twice, res.Failed)
 		} else {
 			r.Figure("%s %d replica(s), %s apiserver latency: %d %s in %s = %.1f %s/s (%.2fx of 1 replica, %.0f%% of linear)%s",

@@ -47,7 +47,10 @@ func QuarantineApplied(cluster, node string) *faultlinev1.Action {
 // (the test writes the status, as a kubelet would) and
 // terminationGracePeriodSeconds 0, so an eviction (shipped grace_period:
 // the pod's own) deletes the pod at once: there is no kubelet to finish a
-// graceful deletion. Then quarantine/applied actions are produced to the
+// graceful deletion. An eviction cut off inside the apiserver (its client
+// SIGKILLed between the deletionTimestamp write and the delete) leaves the
+// pod terminating with grace period 0: the pod watch plays its kubelet and
+// deletes it (counted). Then quarantine/applied actions are produced to the
 // actions topic; a node is done when a drain/succeeded action for it is on
 // the topic. The apiserver side: evictions counted at the proxy by answer
 // (201, 429, 404, cut off) and per pod (a pod evicted twice), pod
@@ -61,7 +64,7 @@ func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, p
 	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: drainNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create namespace %s: %w", drainNamespace, err)
 	}
-	pw := WatchPods(ctx, e.TB, k, drainNamespace)
+	pw := WatchPods(ctx, e.TB, k, drainNamespace, true)
 	cl := e.Kafka.Client(e.TB)
 	produce := func(ctx context.Context, nodes []string) error {
 		recs := make([]*kgo.Record, len(nodes))
@@ -86,6 +89,7 @@ func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, p
 		t0              time.Time
 		ev0             map[string]int
 		deleted0, acts0 int
+		finished0       int
 		ev              map[string]int
 		deleted         int
 		podBase         float64
@@ -125,10 +129,16 @@ func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, p
 			return LoadResult{Sent: int64(n)}
 		},
 		count: count,
+		// The drains succeed in bursts, a poll_interval after their
+		// evictions: the SIGKILL lands a third of the way through the
+		// evictions, mid-batch.
+		progress: func() int { d, _ := pw.Deleted(""); return d / DrainPodsPerNode },
+		killUnit: "nodes' worth of pods deleted",
 		mark: func() {
 			ev0 = proxy.Answers("eviction")
 			deleted0, _ = pw.Deleted("")
 			acts0, _ = e.Actions.Count(succeeded)
+			finished0 = pw.Finished()
 			t0 = time.Now()
 		},
 		detail: func(done int) string {
@@ -158,8 +168,8 @@ func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, p
 			if podBase == 0 {
 				podBase = podRate
 			}
-			return fmt.Sprintf("; %d pods deleted on the watch, last %s after the start = %.1f pods/s (%.2fx of the first round); evictions: %d answered 201, %d 429, %d 404, %d cut off unanswered%s; %d drain/succeeded actions for %d nodes",
-				deleted, last.Sub(t0).Round(time.Millisecond), podRate, podRate/podBase, ev["201"], ev["429"], ev["404"], ev["unanswered"], extra, a-acts0, done)
+			return fmt.Sprintf("; %d pods deleted on the watch, last %s after the start = %.1f pods/s (%.2fx of the first round); evictions: %d answered 201, %d 429, %d 404, %d cut off unanswered%s; %d pods left terminating finished by the test as their kubelet; %d drain/succeeded actions for %d nodes",
+				deleted, last.Sub(t0).Round(time.Millisecond), podRate, podRate/podBase, ev["201"], ev["429"], ev["404"], ev["unanswered"], extra, pw.Finished()-finished0, a-acts0, done)
 		},
 		settle: func(ctx context.Context, r *Report, done int) error {
 			pods := n * DrainPodsPerNode

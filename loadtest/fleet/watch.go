@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -316,18 +317,41 @@ func (w *ResourceWatch) Count() (nodes, twice int) {
 }
 
 // PodWatch counts the pods of one namespace deleted on an apiserver, seen
-// DELETED on a watch, and when the last was seen.
+// DELETED on a watch, and when the last was seen. With kubelet, it also
+// plays the kubelet for a pod left terminating (deletionTimestamp set, the
+// object still there) and deletes it with grace period 0, as a kubelet
+// does once the containers stopped.
 type PodWatch struct {
-	mu      sync.Mutex
-	deleted map[string]int // pod name -> deletions seen
-	last    time.Time
+	mu       sync.Mutex
+	deleted  map[string]int // pod name -> deletions seen
+	finished map[string]bool
+	last     time.Time
 }
 
 // WatchPods watches the pods of namespace ns on k until ctx ends; it
 // returns once the first list is seen.
-func WatchPods(ctx context.Context, tb testing.TB, k *testenv.Kube, ns string) *PodWatch {
-	w := &PodWatch{deleted: map[string]int{}}
+func WatchPods(ctx context.Context, tb testing.TB, k *testenv.Kube, ns string, kubelet bool) *PodWatch {
+	w := &PodWatch{deleted: map[string]int{}, finished: map[string]bool{}}
 	pods := k.Client().CoreV1().Pods(ns)
+	finish := func(p *corev1.Pod) {
+		if !kubelet || p.DeletionTimestamp == nil {
+			return
+		}
+		w.mu.Lock()
+		done := w.finished[p.Name]
+		w.finished[p.Name] = true
+		w.mu.Unlock()
+		if done {
+			return
+		}
+		go func() {
+			zero, uid := int64(0), p.UID
+			err := pods.Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &uid}})
+			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && ctx.Err() == nil {
+				tb.Logf("fleet: finish terminating pod %s: %v", p.Name, err)
+			}
+		}()
+	}
 	ready := make(chan struct{})
 	once := sync.OnceFunc(func() { close(ready) })
 	go func() {
@@ -342,6 +366,9 @@ func WatchPods(ctx context.Context, tb testing.TB, k *testenv.Kube, ns string) *
 						time.Sleep(time.Second)
 					}
 					continue
+				}
+				for i := range list.Items {
+					finish(&list.Items[i])
 				}
 				rv = list.ResourceVersion
 			}
@@ -369,13 +396,23 @@ func WatchPods(ctx context.Context, tb testing.TB, k *testenv.Kube, ns string) *
 					w.deleted[p.Name]++
 					w.last = time.Now()
 					w.mu.Unlock()
+					continue
 				}
+				finish(p)
 			}
 			wi.Stop()
 		}
 	}()
 	<-ready
 	return w
+}
+
+// Finished returns the pods the watch found left terminating and deleted
+// (playing the kubelet).
+func (w *PodWatch) Finished() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.finished)
 }
 
 // Deleted returns the pods seen deleted whose names start with prefix
