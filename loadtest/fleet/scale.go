@@ -210,6 +210,9 @@ type scaleTarget struct {
 	mark   func()
 	detail func(done int) string
 	settle func(ctx context.Context, r *Report, done int) error
+	// ceiling, if not nil, measures after the rounds (no replica up) what
+	// the proxied apiserver sustains for n nodes' work without the role.
+	ceiling func(ctx context.Context, r *Report, n int) error
 }
 
 // RunScale measures a role's throughput with 1, 2, 4 ... replicas as
@@ -334,6 +337,9 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		for _, rep := range reps {
 			rep.Stop()
 		}
+	}
+	if tg.ceiling != nil {
+		return tg.ceiling(ctx, r, sp.Nodes)
 	}
 	return nil
 }

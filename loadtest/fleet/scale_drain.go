@@ -10,10 +10,12 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/internal/testenv"
@@ -171,6 +173,9 @@ func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, p
 			return fmt.Sprintf("; %d pods deleted on the watch, last %s after the start = %.1f pods/s (%.2fx of the first round); evictions: %d answered 201, %d 429, %d 404, %d cut off unanswered%s; %d pods left terminating finished by the test as their kubelet; %d drain/succeeded actions for %d nodes",
 				deleted, last.Sub(t0).Round(time.Millisecond), podRate, podRate/podBase, ev["201"], ev["429"], ev["404"], ev["unanswered"], extra, pw.Finished()-finished0, a-acts0, done)
 		},
+		ceiling: func(ctx context.Context, r *Report, m int) error {
+			return drainCeiling(ctx, k, proxy, pw, r, m)
+		},
 		settle: func(ctx context.Context, r *Report, done int) error {
 			pods := n * DrainPodsPerNode
 			r.Check(deleted == pods, "%d of %d pods deleted on the watch", deleted, pods)
@@ -244,4 +249,50 @@ func podsLeft(ctx context.Context, kc kubernetes.Interface, from, n int) (int, e
 		}
 	}
 	return left, nil
+}
+
+// drainCeiling: the evictions alone, made by the test through the latency
+// proxy for m fresh nodes' pods, ceilingInFlight at once and no client
+// rate limit: what the apiserver behind the proxy sustains on this machine
+// without the drain's other requests (get node, list pods, two state
+// patches per step) or its client QPS.
+func drainCeiling(ctx context.Context, k *testenv.Kube, proxy *LatencyProxy, pw *PodWatch, r *Report, m int) error {
+	const ceilingInFlight = 256
+	nodes := make([]string, m)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("ceiling-%05d", i)
+	}
+	if err := createNodesNamed(k, nodes); err != nil {
+		return err
+	}
+	if err := quarantineWithPods(ctx, k.Client(), nodes); err != nil {
+		return err
+	}
+	kc, err := kubernetes.NewForConfig(&rest.Config{Host: proxy.URL, BearerToken: k.RESTConfig().BearerToken, QPS: -1})
+	if err != nil {
+		return err
+	}
+	d0, _ := pw.Deleted("ceiling-")
+	ev0 := proxy.Answers("eviction")
+	t0 := time.Now()
+	var g errgroup.Group
+	g.SetLimit(ceilingInFlight)
+	for _, node := range nodes {
+		for j := range DrainPodsPerNode {
+			g.Go(func() error {
+				ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-p%d", node, j), Namespace: drainNamespace}}
+				return kc.CoreV1().Pods(drainNamespace).EvictV1(ctx, ev)
+			})
+		}
+	}
+	err = g.Wait()
+	took := time.Since(t0)
+	pods := m * DrainPodsPerNode
+	waitFor(ctx, 30*time.Second, func() bool { d, _ := pw.Deleted("ceiling-"); return d-d0 >= pods })
+	d, last := pw.Deleted("ceiling-")
+	created := proxy.Answers("eviction")["201"] - ev0["201"]
+	r.Figure("scale drain ceiling: the test's own evictions through the proxy, %d in flight, no client rate limit: %d of %d answered 201 in %s = %.1f evictions/s; %d pods deleted on the watch, last %s after the start = %.1f pods/s",
+		ceilingInFlight, created, pods, took.Round(time.Millisecond), float64(created)/took.Seconds(), d-d0, last.Sub(t0).Round(time.Millisecond), float64(d-d0)/last.Sub(t0).Seconds())
+	r.Check(err == nil && created == pods, "ceiling: %d of %d evictions answered 201 (%v)", created, pods, err)
+	return nil
 }

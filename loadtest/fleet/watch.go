@@ -322,35 +322,50 @@ func (w *ResourceWatch) Count() (nodes, twice int) {
 // object still there) and deletes it with grace period 0, as a kubelet
 // does once the containers stopped.
 type PodWatch struct {
-	mu       sync.Mutex
-	deleted  map[string]int // pod name -> deletions seen
-	finished map[string]bool
-	last     time.Time
+	mu          sync.Mutex
+	deleted     map[string]int // pod name -> deletions seen
+	terminating map[string]bool
+	finished    map[string]bool // deleted by the watch, playing the kubelet
+	last        time.Time
 }
 
 // WatchPods watches the pods of namespace ns on k until ctx ends; it
 // returns once the first list is seen.
 func WatchPods(ctx context.Context, tb testing.TB, k *testenv.Kube, ns string, kubelet bool) *PodWatch {
-	w := &PodWatch{deleted: map[string]int{}, finished: map[string]bool{}}
+	w := &PodWatch{deleted: map[string]int{}, terminating: map[string]bool{}, finished: map[string]bool{}}
 	pods := k.Client().CoreV1().Pods(ns)
+	// A pod the apiserver deletes at once (grace period 0) is seen
+	// terminating just before it is gone: only one still there a second
+	// later is finished.
 	finish := func(p *corev1.Pod) {
 		if !kubelet || p.DeletionTimestamp == nil {
 			return
 		}
 		w.mu.Lock()
-		done := w.finished[p.Name]
-		w.finished[p.Name] = true
+		seen := w.terminating[p.Name]
+		w.terminating[p.Name] = true
 		w.mu.Unlock()
-		if done {
+		if seen {
 			return
 		}
-		go func() {
+		time.AfterFunc(time.Second, func() {
+			w.mu.Lock()
+			gone := w.deleted[p.Name] > 0
+			w.mu.Unlock()
+			if gone {
+				return
+			}
 			zero, uid := int64(0), p.UID
 			err := pods.Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &uid}})
-			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && ctx.Err() == nil {
+			switch {
+			case err == nil:
+				w.mu.Lock()
+				w.finished[p.Name] = true
+				w.mu.Unlock()
+			case !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && ctx.Err() == nil:
 				tb.Logf("fleet: finish terminating pod %s: %v", p.Name, err)
 			}
-		}()
+		})
 	}
 	ready := make(chan struct{})
 	once := sync.OnceFunc(func() { close(ready) })

@@ -91,7 +91,7 @@ func TestScaleDrainSmoke(t *testing.T) {
 	for _, f := range r.Failures {
 		t.Error(f)
 	}
-	if len(r.Lines) != 1 {
-		t.Errorf("%d figures, want 1", len(r.Lines))
+	if len(r.Lines) != 2 {
+		t.Errorf("%d figures, want 2 (one round, the ceiling)", len(r.Lines))
 	}
 }
