@@ -62,7 +62,13 @@ func QuarantineApplied(cluster, node string) *faultlinev1.Action {
 // (same id: the role repeats a finished drain's result, by design) and a
 // replayed eviction answered 404 are counted and reported.
 func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, proxy *LatencyProxy) (*scaleTarget, error) {
-	kc := k.Client()
+	// The rounds' setup (outside the clock) with no client rate limit.
+	rc := rest.CopyConfig(k.RESTConfig())
+	rc.QPS = -1
+	kc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
 	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: drainNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create namespace %s: %w", drainNamespace, err)
 	}
@@ -170,8 +176,15 @@ func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, p
 			if podBase == 0 {
 				podBase = podRate
 			}
-			return fmt.Sprintf("; %d pods deleted on the watch, last %s after the start = %.1f pods/s (%.2fx of the first round); evictions: %d answered 201, %d 429, %d 404, %d cut off unanswered%s; %d pods left terminating finished by the test as their kubelet; %d drain/succeeded actions for %d nodes",
-				deleted, last.Sub(t0).Round(time.Millisecond), podRate, podRate/podBase, ev["201"], ev["429"], ev["404"], ev["unanswered"], extra, pw.Finished()-finished0, a-acts0, done)
+			at := pw.Since(t0)
+			q := func(f float64) time.Duration {
+				if len(at) == 0 {
+					return 0
+				}
+				return at[min(len(at)-1, int(f*float64(len(at))))].Round(time.Millisecond)
+			}
+			return fmt.Sprintf("; %d pods deleted on the watch (p50 %s, p90 %s, p99 %s), last %s after the start = %.1f pods/s (%.2fx of the first round); evictions: %d answered 201, %d 429, %d 404, %d cut off unanswered%s; %d pods left terminating finished by the test as their kubelet; %d drain/succeeded actions for %d nodes",
+				deleted, q(0.5), q(0.9), q(0.99), last.Sub(t0).Round(time.Millisecond), podRate, podRate/podBase, ev["201"], ev["429"], ev["404"], ev["unanswered"], extra, pw.Finished()-finished0, a-acts0, done)
 		},
 		ceiling: func(ctx context.Context, r *Report, m int) error {
 			return drainCeiling(ctx, k, proxy, pw, r, m)

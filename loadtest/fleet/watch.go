@@ -327,6 +327,7 @@ type PodWatch struct {
 	terminating map[string]bool
 	finished    map[string]bool // deleted by the watch, playing the kubelet
 	last        time.Time
+	at          []time.Time // each deletion seen, in order
 }
 
 // WatchPods watches the pods of namespace ns on k until ctx ends; it
@@ -410,6 +411,7 @@ func WatchPods(ctx context.Context, tb testing.TB, k *testenv.Kube, ns string, k
 					w.mu.Lock()
 					w.deleted[p.Name]++
 					w.last = time.Now()
+					w.at = append(w.at, w.last)
 					w.mu.Unlock()
 					continue
 				}
@@ -420,6 +422,20 @@ func WatchPods(ctx context.Context, tb testing.TB, k *testenv.Kube, ns string, k
 	}()
 	<-ready
 	return w
+}
+
+// Since returns how long after t0 each deletion seen since t0 came, in
+// order.
+func (w *PodWatch) Since(t0 time.Time) []time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []time.Duration
+	for _, t := range w.at {
+		if t.After(t0) {
+			out = append(out, t.Sub(t0))
+		}
+	}
+	return out
 }
 
 // Finished returns the pods the watch found left terminating and deleted
