@@ -13,6 +13,7 @@ import (
 	"path"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -32,6 +33,7 @@ type LatencyProxy struct {
 
 	mu      sync.Mutex
 	creates map[string]int // "resource answer": forwarded POSTs, e.g. "rebootnodes 409", "rebootnodes unanswered"
+	objects map[string]int // "resource answer path": POSTs per parent object, e.g. "eviction 201 /api/v1/namespaces/n/pods/p"
 }
 
 // StartLatencyProxy proxies to k with delay per request until ctx ends.
@@ -53,7 +55,7 @@ func StartLatencyProxy(ctx context.Context, k *testenv.Kube, delay time.Duration
 	if err != nil {
 		return nil, err
 	}
-	p := &LatencyProxy{URL: "http://" + ln.Addr().String(), ln: ln, creates: map[string]int{}}
+	p := &LatencyProxy{URL: "http://" + ln.Addr().String(), ln: ln, creates: map[string]int{}, objects: map[string]int{}}
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-time.After(delay):
@@ -83,9 +85,41 @@ func (p *LatencyProxy) countCreate(r *http.Request, answer string) {
 	if r.Method != http.MethodPost {
 		return
 	}
+	res := path.Base(r.URL.Path)
 	p.mu.Lock()
-	p.creates[path.Base(r.URL.Path)+" "+answer]++
+	p.creates[res+" "+answer]++
+	p.objects[res+" "+answer+" "+path.Dir(r.URL.Path)]++
 	p.mu.Unlock()
+}
+
+// Answers returns the POSTs to resource (a subresource too: "eviction")
+// the proxy forwarded, by the apiserver's answer ("201", "429", "404",
+// "unanswered").
+func (p *LatencyProxy) Answers(resource string) map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]int{}
+	for k, n := range p.creates {
+		if res, answer, _ := strings.Cut(k, " "); res == resource {
+			out[answer] += n
+		}
+	}
+	return out
+}
+
+// Repeated returns the parent objects (for a subresource such as
+// "eviction": the pods) that got more than one POST to resource answered
+// answer ("201": a pod evicted twice).
+func (p *LatencyProxy) Repeated(resource, answer string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for k, c := range p.objects {
+		if c > 1 && strings.HasPrefix(k, resource+" "+answer+" ") {
+			n++
+		}
+	}
+	return n
 }
 
 // Creates returns the creates (POSTs) of resource ("rebootnodes") the
@@ -148,7 +182,7 @@ func (r *Replica) Stop() {
 // ScaleParams configure RunScale.
 type ScaleParams struct {
 	Exe      string        // the fleetload binary (its -replica mode)
-	Role     string        // the replicas' role: quarantine (default) or remediate
+	Role     string        // the replicas' role: quarantine (default), remediate or drain
 	Replicas []int         // replica counts, e.g. 1, 2, 4
 	Nodes    int           // nodes failing per round
 	Latency  time.Duration // per apiserver request
@@ -162,12 +196,23 @@ type scaleTarget struct {
 	probe func(ctx context.Context, node string) (bool, error)
 	blast func(ctx context.Context, from, n int) LoadResult
 	count func() (done, twice int)
+	// progress, if not nil, is what the SIGKILL waits for (a third of
+	// Nodes, in killUnit) instead of count's done: for a role whose
+	// results come in bursts, the kill must land mid-work.
+	progress func() int
+	killUnit string
+	// prepare, if not nil, sets up a round's nodes from..from+n before its
+	// replicas start (outside the clock).
+	prepare func(ctx context.Context, from, n int) error
 	// mark is called before a round's blast; detail after it (done: the
 	// round's nodes done) says more for the figure; settle, if not nil,
 	// after the figure (the replicas still up) checks more.
 	mark   func()
 	detail func(done int) string
 	settle func(ctx context.Context, r *Report, done int) error
+	// ceiling, if not nil, measures after the rounds (no replica up) what
+	// the proxied apiserver sustains for n nodes' work without the role.
+	ceiling func(ctx context.Context, r *Report, n int) error
 }
 
 // RunScale measures a role's throughput with 1, 2, 4 ... replicas as
@@ -177,7 +222,8 @@ type scaleTarget struct {
 // be done exactly once. Quarantine (breaker off): cordons/s, flips counted
 // on the watch, the Node writes per node must not grow. Remediate:
 // RebootNodes/s for drain/succeeded actions produced to the actions topic
-// (scaleRemediate).
+// (scaleRemediate). Drain: nodes drained/s for quarantine/applied actions
+// produced to the actions topic, each node's pods evicted (scaleDrain).
 func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 	cluster := e.Clusters[0]
 	k := e.Kubes[cluster]
@@ -198,8 +244,12 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		if tg, err = e.scaleRemediate(ctx, cluster, k, proxy); err != nil {
 			return err
 		}
+	case "drain":
+		if tg, err = e.scaleDrain(ctx, cluster, k, proxy); err != nil {
+			return err
+		}
 	default:
-		return fmt.Errorf("scale: role %q: want quarantine or remediate", sp.Role)
+		return fmt.Errorf("scale: role %q: want quarantine, remediate or drain", sp.Role)
 	}
 	logf := os.Stderr // the replicas' warnings, with the command's
 	args := []string{"-replica.brokers", e.Kafka.Addr(), "-replica.kube", cluster + "=" + kc}
@@ -223,6 +273,11 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 			n = -n
 		}
 		from := ri * sp.Nodes
+		if tg.prepare != nil {
+			if err := tg.prepare(ctx, from, sp.Nodes); err != nil {
+				return err
+			}
+		}
 		var reps []*Replica
 		for i := range n {
 			rep, err := StartReplica(sp.Exe, append(args, "-replica.identity", fmt.Sprintf("replica-%d-%d", ri, i)), logf)
@@ -242,12 +297,17 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		}
 		tg.mark()
 		c0, _ := tg.count()
+		progress, killUnit := func() int { c, _ := tg.count(); return c }, tg.unit
+		if tg.progress != nil {
+			progress, killUnit = tg.progress, tg.killUnit
+		}
+		p0 := progress()
 		t0 := time.Now()
 		res := tg.blast(ctx, from, sp.Nodes)
 		killed := false
 		ok = waitFor(ctx, 5*time.Minute, func() bool {
 			c, _ := tg.count()
-			if kill && !killed && c-c0 >= sp.Nodes/3 {
+			if kill && !killed && progress()-p0 >= sp.Nodes/3 {
 				reps[0].Kill()
 				killed = true
 			}
@@ -262,7 +322,7 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		}
 		if kill {
 			r.Figure("%s SIGKILL: 2 replicas, one SIGKILLed after %d %s; %d of %d nodes %s in %s (%d %s)%s",
-				tg.prefix, sp.Nodes/3, tg.unit, c1-c0, sp.Nodes, tg.done, took.Round(time.Millisecond), twice, tg.twice, tg.detail(c1-c0))
+				tg.prefix, sp.Nodes/3, killUnit, c1-c0, sp.Nodes, tg.done, took.Round(time.Millisecond), twice, tg.twice, tg.detail(c1-c0))
 			r.Check(ok && c1-c0 == sp.Nodes && twice == 0 && res.Failed == 0, "SIGKILL round: %d of %d %s, %d twice, %d events failed", c1-c0, sp.Nodes, tg.done, twice, res.Failed)
 		} else {
 			r.Figure("%s %d replica(s), %s apiserver latency: %d %s in %s = %.1f %s/s (%.2fx of 1 replica, %.0f%% of linear)%s",
@@ -277,6 +337,9 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		for _, rep := range reps {
 			rep.Stop()
 		}
+	}
+	if tg.ceiling != nil {
+		return tg.ceiling(ctx, r, sp.Nodes)
 	}
 	return nil
 }

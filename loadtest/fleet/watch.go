@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -155,11 +156,12 @@ type ActionWatch struct {
 	mu    sync.Mutex
 	count map[string]int
 	nodes map[string]map[string]bool
+	per   map[string]int // kind/outcome cluster/node -> actions
 }
 
 // WatchActions consumes the actions topic from its start until ctx ends.
 func WatchActions(ctx context.Context, tb testing.TB, k *testenv.Kafka) *ActionWatch {
-	w := &ActionWatch{count: map[string]int{}, nodes: map[string]map[string]bool{}}
+	w := &ActionWatch{count: map[string]int{}, nodes: map[string]map[string]bool{}, per: map[string]int{}}
 	cl := k.Client(tb, kgo.ConsumeTopics(events.TopicActions), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	go func() {
 		for ctx.Err() == nil {
@@ -176,6 +178,7 @@ func WatchActions(ctx context.Context, tb testing.TB, k *testenv.Kafka) *ActionW
 					w.nodes[k] = map[string]bool{}
 				}
 				w.nodes[k][a.GetCluster()+"/"+a.GetNode()] = true
+				w.per[k+" "+a.GetCluster()+"/"+a.GetNode()]++
 				w.mu.Unlock()
 			})
 		}
@@ -207,6 +210,20 @@ func (w *ActionWatch) NodeSetIn(kindOutcome, cluster string) map[string]bool {
 		}
 	}
 	return out
+}
+
+// Repeated returns the nodes of cluster with more than one action of
+// kind/outcome.
+func (w *ActionWatch) Repeated(kindOutcome, cluster string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for k, c := range w.per {
+		if c > 1 && strings.HasPrefix(k, kindOutcome+" "+cluster+"/") {
+			n++
+		}
+	}
+	return n
 }
 
 // Snapshot returns every kind/outcome count.
@@ -297,4 +314,147 @@ func (w *ResourceWatch) Count() (nodes, twice int) {
 		}
 	}
 	return len(w.nodes), twice
+}
+
+// PodWatch counts the pods of one namespace deleted on an apiserver, seen
+// DELETED on a watch, and when the last was seen. With kubelet, it also
+// plays the kubelet for a pod left terminating (deletionTimestamp set, the
+// object still there) and deletes it with grace period 0, as a kubelet
+// does once the containers stopped.
+type PodWatch struct {
+	mu          sync.Mutex
+	deleted     map[string]int // pod name -> deletions seen
+	terminating map[string]bool
+	finished    map[string]bool // deleted by the watch, playing the kubelet
+	last        time.Time
+	at          []time.Time // each deletion seen, in order
+}
+
+// WatchPods watches the pods of namespace ns on k until ctx ends; it
+// returns once the first list is seen.
+func WatchPods(ctx context.Context, tb testing.TB, k *testenv.Kube, ns string, kubelet bool) *PodWatch {
+	w := &PodWatch{deleted: map[string]int{}, terminating: map[string]bool{}, finished: map[string]bool{}}
+	pods := k.Client().CoreV1().Pods(ns)
+	// A pod the apiserver deletes at once (grace period 0) is seen
+	// terminating just before it is gone: only one still there a second
+	// later is finished.
+	finish := func(p *corev1.Pod) {
+		if !kubelet || p.DeletionTimestamp == nil {
+			return
+		}
+		w.mu.Lock()
+		seen := w.terminating[p.Name]
+		w.terminating[p.Name] = true
+		w.mu.Unlock()
+		if seen {
+			return
+		}
+		time.AfterFunc(time.Second, func() {
+			w.mu.Lock()
+			gone := w.deleted[p.Name] > 0
+			w.mu.Unlock()
+			if gone {
+				return
+			}
+			zero, uid := int64(0), p.UID
+			err := pods.Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &uid}})
+			switch {
+			case err == nil:
+				w.mu.Lock()
+				w.finished[p.Name] = true
+				w.mu.Unlock()
+			case !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && ctx.Err() == nil:
+				tb.Logf("fleet: finish terminating pod %s: %v", p.Name, err)
+			}
+		})
+	}
+	ready := make(chan struct{})
+	once := sync.OnceFunc(func() { close(ready) })
+	go func() {
+		defer once()
+		rv := ""
+		for ctx.Err() == nil {
+			if rv == "" {
+				list, err := pods.List(ctx, metav1.ListOptions{})
+				if err != nil {
+					if ctx.Err() == nil {
+						tb.Logf("fleet: list pods: %v", err)
+						time.Sleep(time.Second)
+					}
+					continue
+				}
+				for i := range list.Items {
+					finish(&list.Items[i])
+				}
+				rv = list.ResourceVersion
+			}
+			wi, err := pods.Watch(ctx, metav1.ListOptions{ResourceVersion: rv})
+			if err != nil {
+				rv = ""
+				continue
+			}
+			once()
+			for ev := range wi.ResultChan() {
+				if ev.Type == watch.Error { // e.g. 410 Gone: list afresh
+					if ctx.Err() == nil {
+						tb.Logf("fleet: pod watch: %v", ev.Object)
+					}
+					rv = ""
+					break
+				}
+				p, ok := ev.Object.(*corev1.Pod)
+				if !ok {
+					continue
+				}
+				rv = p.ResourceVersion
+				if ev.Type == watch.Deleted {
+					w.mu.Lock()
+					w.deleted[p.Name]++
+					w.last = time.Now()
+					w.at = append(w.at, w.last)
+					w.mu.Unlock()
+					continue
+				}
+				finish(p)
+			}
+			wi.Stop()
+		}
+	}()
+	<-ready
+	return w
+}
+
+// Since returns how long after t0 each deletion seen since t0 came, in
+// order.
+func (w *PodWatch) Since(t0 time.Time) []time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []time.Duration
+	for _, t := range w.at {
+		if t.After(t0) {
+			out = append(out, t.Sub(t0))
+		}
+	}
+	return out
+}
+
+// Finished returns the pods the watch found left terminating and deleted
+// (playing the kubelet).
+func (w *PodWatch) Finished() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.finished)
+}
+
+// Deleted returns the pods seen deleted whose names start with prefix
+// ("" for all), and when the last deletion was seen.
+func (w *PodWatch) Deleted(prefix string) (pods int, last time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for name := range w.deleted {
+		if strings.HasPrefix(name, prefix) {
+			pods++
+		}
+	}
+	return pods, w.last
 }

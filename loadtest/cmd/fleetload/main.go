@@ -57,12 +57,12 @@ func main() {
 	replicas := flag.String("replicas", "1,2,4", "scale: replica counts")
 	latency := flag.Duration("latency", 50*time.Millisecond, "scale: apiserver latency per request")
 	kill := flag.Bool("kill", true, "scale: add a round in which one of two replicas is SIGKILLed")
-	role := flag.String("role", "quarantine", "scale: the replicas' role, quarantine or remediate")
+	role := flag.String("role", "quarantine", "scale: the replicas' role, quarantine, remediate or drain")
 	replica := flag.Bool("replica", false, "internal: run one replica of -replica.role (the scale scenario starts them)")
 	rBrokers := flag.String("replica.brokers", "", "internal: replica's Kafka brokers")
 	rKube := flag.String("replica.kube", "", "internal: replica's cluster=kubeconfig")
 	rIdentity := flag.String("replica.identity", "", "internal: replica's identity")
-	rRole := flag.String("replica.role", "quarantine", "internal: replica's role, quarantine or remediate")
+	rRole := flag.String("replica.role", "quarantine", "internal: replica's role, quarantine, remediate or drain")
 	flag.Parse()
 	if *replica {
 		if err := runReplica(*rBrokers, *rKube, *rIdentity, *rRole); err != nil {
@@ -78,7 +78,7 @@ func main() {
 		for _, s := range fleet.Scenarios {
 			fmt.Printf("%-18s %s\n", s.Name, s.Doc)
 		}
-		fmt.Printf("%-18s %s\n", "scale", "quarantine replicas (-replicas 1,2,4) as processes against an apiserver behind a latency proxy (-latency), -nodes failing per round, breaker off; then one of two replicas SIGKILLed mid-run (-kill): every node cordoned once; -role remediate: remediate replicas, drain/succeeded actions in, RebootNodes/s, every node one RebootNode created once")
+		fmt.Printf("%-18s %s\n", "scale", "quarantine replicas (-replicas 1,2,4) as processes against an apiserver behind a latency proxy (-latency), -nodes failing per round, breaker off; then one of two replicas SIGKILLed mid-run (-kill): every node cordoned once; -role remediate: remediate replicas, drain/succeeded actions in, RebootNodes/s, every node one RebootNode created once; -role drain: drain replicas, quarantine/applied actions in, each node's pods evicted, nodes drained/s, evictions counted at the proxy by answer")
 		return
 	}
 	s, ok := fleet.Lookup(*name)
@@ -120,7 +120,7 @@ func main() {
 	}
 }
 
-// runReplica is one replica of role (quarantine or remediate):
+// runReplica is one replica of role (quarantine, remediate or drain):
 // processors.Run as production starts it (shipped defaults, quarantine's
 // breaker off for the scale rounds) until SIGTERM.
 func runReplica(brokers, kube, identity, role string) error {
@@ -131,14 +131,15 @@ func runReplica(brokers, kube, identity, role string) error {
 		return fmt.Errorf("-replica.kube: want cluster=kubeconfig, got %q", kube)
 	}
 	pcfg := processors.DefaultConfig()
-	if role != "quarantine" && role != "remediate" {
-		return fmt.Errorf("-replica.role: want quarantine or remediate, got %q", role)
+	if role != "quarantine" && role != "remediate" && role != "drain" {
+		return fmt.Errorf("-replica.role: want quarantine, remediate or drain, got %q", role)
 	}
 	pcfg.Roles = role
 	pcfg.Kube.Clusters = []clusters.Cluster{{Name: cluster, Kubeconfig: kc}}
 	pcfg.Quarantine.Breaker.Enabled = false
 	pcfg.Quarantine.Identity = identity
 	pcfg.Remediate.Identity = identity
+	pcfg.Drain.Identity = identity
 	if err := pcfg.Validate(); err != nil {
 		return err
 	}

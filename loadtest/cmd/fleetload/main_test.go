@@ -72,3 +72,26 @@ func TestScaleRemediateSmoke(t *testing.T) {
 		t.Errorf("%d figures, want 1", len(r.Lines))
 	}
 }
+
+// TestScaleDrainSmoke runs the scale scenario's drain rounds tiny: two
+// drain replica processes, quarantine/applied actions in, every node's
+// pods evicted once (counted at the proxy and on a pod watch) and a
+// drain/succeeded for every node. (No SIGKILL round: it would add the
+// group's session timeout; TestScaleSmoke covers the mechanism.)
+func TestScaleDrainSmoke(t *testing.T) {
+	e := fleet.Start(t, fleet.Options{Clusters: 1, Nodes: 20, Roles: "none", Kube: true})
+	if err := e.WarmUp(e.Context()); err != nil {
+		t.Fatal(err)
+	}
+	r := &fleet.Report{Print: func(l string) { t.Log(l) }}
+	err := fleet.RunScale(e.Context(), e, fleet.ScaleParams{Exe: os.Args[0], Role: "drain", Replicas: []int{2}, Nodes: 20, Latency: 10 * time.Millisecond}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range r.Failures {
+		t.Error(f)
+	}
+	if len(r.Lines) != 2 {
+		t.Errorf("%d figures, want 2 (one round, the ceiling)", len(r.Lines))
+	}
+}
