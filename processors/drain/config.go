@@ -98,9 +98,9 @@ type Config struct {
 	// the delete plus the grace period, when the kubelet kills what is
 	// left; a pod still there long after is on a node whose kubelet is not
 	// finishing it (dead, hung), the node that most needs the remediation
-	// the drain leads to. 0 waits for every pod (kubectl's default); less
-	// than EvictionTimeout, or an Immediate drain of such a node ends
-	// gave_up first. Default 5m.
+	// the drain leads to. Keep it below EvictionTimeout, or an Immediate
+	// drain of such a node gives up first. 0 waits for every pod
+	// (kubectl's default). Default 5m.
 	SkipWaitForDeleteTimeout time.Duration `toml:"skip_wait_for_delete_timeout"`
 	// EmptyDir is "evict" or "skip". Default "evict".
 	EmptyDir string `toml:"empty_dir"`
