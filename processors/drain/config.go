@@ -91,6 +91,17 @@ type Config struct {
 	DeleteAfter time.Duration `toml:"delete_after"`
 	// GracePeriod of evictions; negative uses each pod's own. Default -1s.
 	GracePeriod time.Duration `toml:"grace_period"`
+	// SkipWaitForDeleteTimeout: a pod whose DeletionTimestamp is more than
+	// this in the past counts as gone, in every mode, and the drain stops
+	// waiting for it; the drain's actions name it (kubectl drain's
+	// --skip-wait-for-delete-timeout). The DeletionTimestamp is the time of
+	// the delete plus the grace period, when the kubelet kills what is
+	// left; a pod still there long after is on a node whose kubelet is not
+	// finishing it (dead, hung), the node that most needs the remediation
+	// the drain leads to. Keep it below EvictionTimeout, or an Immediate
+	// drain of such a node gives up first. 0 waits for every pod
+	// (kubectl's default). Default 5m.
+	SkipWaitForDeleteTimeout time.Duration `toml:"skip_wait_for_delete_timeout"`
 	// EmptyDir is "evict" or "skip". Default "evict".
 	EmptyDir string `toml:"empty_dir"`
 	// PollInterval is how often a drain in progress is looked at again.
@@ -136,21 +147,22 @@ func DefaultConfig() Config {
 		host = "unknown"
 	}
 	return Config{
-		SystemNamespaces:  DefaultSystemNamespaces,
-		Mode:              ModeImmediate,
-		EvictionTimeout:   10 * time.Minute,
-		CompletionTimeout: 24 * time.Hour,
-		DeleteAfter:       30 * time.Minute,
-		GracePeriod:       -time.Second,
-		EmptyDir:          EmptyDirEvict,
-		PollInterval:      5 * time.Second,
-		PDBBackoff:        5 * time.Second,
-		MaxPDBBackoff:     time.Minute,
-		Workers:           64,
-		BatchTimeout:      2 * time.Minute,
-		PodWorkers:        16,
-		GPUAnnotations:    []string{DefaultGPUAnnotation},
-		Identity:          "faultline-drain/" + host,
+		SystemNamespaces:         DefaultSystemNamespaces,
+		Mode:                     ModeImmediate,
+		EvictionTimeout:          10 * time.Minute,
+		CompletionTimeout:        24 * time.Hour,
+		DeleteAfter:              30 * time.Minute,
+		GracePeriod:              -time.Second,
+		SkipWaitForDeleteTimeout: 5 * time.Minute,
+		EmptyDir:                 EmptyDirEvict,
+		PollInterval:             5 * time.Second,
+		PDBBackoff:               5 * time.Second,
+		MaxPDBBackoff:            time.Minute,
+		Workers:                  64,
+		BatchTimeout:             2 * time.Minute,
+		PodWorkers:               16,
+		GPUAnnotations:           []string{DefaultGPUAnnotation},
+		Identity:                 "faultline-drain/" + host,
 	}
 }
 
@@ -177,6 +189,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "AllowCompletion: give a pod up this long after the drain began")
 	fs.DurationVar(&c.DeleteAfter, prefix+"delete-after", c.DeleteAfter, "DeleteAfterTimeout: force-delete pods left this long after the drain began")
 	fs.DurationVar(&c.GracePeriod, prefix+"grace-period", c.GracePeriod, "grace period of evictions (negative: the pod's own)")
+	fs.DurationVar(&c.SkipWaitForDeleteTimeout, prefix+"skip-wait-for-delete-timeout", c.SkipWaitForDeleteTimeout, "stop waiting for a pod whose DeletionTimestamp is more than this in the past (0: wait for every pod)")
 	fs.StringVar(&c.EmptyDir, prefix+"empty-dir", c.EmptyDir, "pods with emptyDir volumes: evict or skip")
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often a drain in progress is looked at again")
 	fs.DurationVar(&c.PDBBackoff, prefix+"pdb-backoff", c.PDBBackoff, "first wait before retrying an eviction a PDB refused")
@@ -264,6 +277,9 @@ func (c *Config) Validate(prefix string) error {
 		if d.v <= 0 {
 			return fmt.Errorf("%s%s: must be positive, got %v", prefix, d.key, d.v)
 		}
+	}
+	if c.SkipWaitForDeleteTimeout < 0 {
+		return fmt.Errorf("%sskip_wait_for_delete_timeout: must not be negative (0 disables), got %v", prefix, c.SkipWaitForDeleteTimeout)
 	}
 	if c.EmptyDir != EmptyDirEvict && c.EmptyDir != EmptyDirSkip {
 		return fmt.Errorf("%sempty_dir: %q is not %q or %q", prefix, c.EmptyDir, EmptyDirEvict, EmptyDirSkip)

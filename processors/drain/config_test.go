@@ -24,6 +24,7 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 		{"system", func(c *Config) { c.SystemNamespaces = "" }, "drain.system_namespaces"},
 		{"empty dir", func(c *Config) { c.EmptyDir = "keep" }, "drain.empty_dir"},
 		{"poll", func(c *Config) { c.PollInterval = 0 }, "drain.poll_interval"},
+		{"skip wait", func(c *Config) { c.SkipWaitForDeleteTimeout = -time.Second }, "drain.skip_wait_for_delete_timeout"},
 		{"workers", func(c *Config) { c.Workers = 0 }, "drain.workers"},
 		{"batch timeout", func(c *Config) { c.BatchTimeout = requeueWait }, "drain.batch_timeout"},
 	} {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -291,13 +292,18 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	before := blockedBy(st)
-	if ops := h.cfg.advance(st, pods, now); len(ops) > 0 {
+	before, skippedBefore := blockedBy(st), st.skippedTerminating()
+	ops := h.cfg.advance(st, pods, now)
+	// Pods no longer waited for, said once: after the write that keeps it.
+	skipped := newlySkipped(skippedBefore, st)
+	if len(ops) > 0 {
 		// Write the intent first: a restart after the calls and before the
 		// result write finds the pods marked and counts each once.
 		if node, err = h.writeState(ctx, cl, node, st); err != nil {
 			return nil, time.Time{}, err
 		}
+		h.noteSkipped(t, st, skipped)
+		skipped = nil
 		if err := h.runOps(ctx, cl, st, ops, now); err != nil {
 			// Keep what succeeded; the step is retried after the backoff.
 			if _, werr := h.writeState(ctx, cl, node, st); werr != nil && !apierrors.IsConflict(werr) {
@@ -310,6 +316,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	if _, err := h.writeState(ctx, cl, node, st); err != nil {
 		return nil, time.Time{}, err
 	}
+	h.noteSkipped(t, st, skipped)
 	// Newly blocked pods, one action per set of PDBs.
 	if newly := newlyBlocked(before, st); len(newly) > 0 {
 		a := h.action(t, st, events.OutcomeBlocked, blockedReason(newly),
@@ -322,6 +329,26 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	}
 	h.m.drains.WithLabelValues(t.cluster, st.Phase).Inc()
 	return append(acts, h.result(t, st)), time.Time{}, nil
+}
+
+// newlySkipped lists the pods done "skipped" that were not in before.
+func newlySkipped(before []string, st *State) []string {
+	var out []string
+	for _, k := range st.skippedTerminating() {
+		if !slices.Contains(before, k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// noteSkipped logs and counts the pods the drain just stopped waiting for.
+func (h *Handler) noteSkipped(t trigger, st *State, keys []string) {
+	for _, k := range keys {
+		h.log.Warn("pod stuck terminating; drain no longer waits for it",
+			"cluster", t.cluster, "node", t.node, "drain", st.ID, "pod", k, "reason", st.Pods[k].Reason)
+		h.m.skippedTerminating.WithLabelValues(t.cluster).Inc()
+	}
 }
 
 // runOps makes the step's evictions and deletions, PodWorkers at a time,
@@ -520,6 +547,9 @@ func (h *Handler) result(t trigger, st *State) *faultlinev1.Action {
 	case PhaseCancelled:
 		reason = "node no longer quarantined; drain stopped"
 	}
+	if k := st.skippedTerminating(); len(k) > 0 && st.Phase != PhaseCancelled {
+		reason += fmt.Sprintf("; %d stuck terminating, not waited for: %s", len(k), strings.Join(k, ", "))
+	}
 	return h.action(t, st, outcome, reason, pipeline.ActionID(st.ID, st.Phase))
 }
 
@@ -593,6 +623,12 @@ func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faul
 		}
 		a.Details[events.DetailSkipped] = strings.Join(parts, ",")
 	}
+	if k := st.skippedTerminating(); len(k) > 0 {
+		if len(k) > 20 {
+			k = append(k[:20:20], fmt.Sprintf("... %d more", len(k)-20))
+		}
+		a.Details[events.DetailSkippedTerminating] = strings.Join(k, ",")
+	}
 	if st.Force {
 		a.Details[events.DetailForce] = "true"
 	}
@@ -605,6 +641,9 @@ type metrics struct {
 	evictions *prometheus.CounterVec
 	apiErrors *prometheus.CounterVec
 	conflicts *prometheus.CounterVec
+	// skippedTerminating: pods no longer waited for
+	// (Config.SkipWaitForDeleteTimeout).
+	skippedTerminating *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -614,9 +653,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_pod_calls_total", Help: "Eviction and delete calls, by result (evicted, blocked, deleted)."}, []string{"cluster", "result"}),
 		apiErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
 		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_conflicts_total", Help: "Drain state writes redone after a resourceVersion conflict."}, []string{"cluster"}),
+		skippedTerminating: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_pods_skipped_terminating_total",
+			Help: "Pods a drain stopped waiting for: terminating more than skip_wait_for_delete_timeout past their DeletionTimestamp (kubelet not finishing them)."}, []string{"cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.actions, m.drains, m.evictions, m.apiErrors, m.conflicts)
+		reg.MustRegister(m.actions, m.drains, m.evictions, m.apiErrors, m.conflicts, m.skippedTerminating)
 	}
 	return m
 }

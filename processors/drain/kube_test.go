@@ -1,6 +1,7 @@
 package drain
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -431,6 +433,95 @@ func TestDrainKube(t *testing.T) {
 		}
 		if len(podsOn(t, k, node)) != 1 {
 			t.Fatal("Immediate must never delete through a PDB")
+		}
+	})
+
+	t.Run("StuckTerminatingSkipWait", func(t *testing.T) {
+		// A node whose kubelet never finishes its pods: a finalizer keeps
+		// the evicted pod Terminating (deletionTimestamp set, the object
+		// stays), as a dead kubelet does. DeletionTimestamp is the
+		// apiserver's clock, so this subtest's clock starts at the real time.
+		const hold = "faultline.io/test-hold"
+		withHold := func(p *corev1.Pod) { p.Finalizers = []string{hold} }
+		release := func(name string) {
+			_, err := k.CoreV1().Pods("hold").Patch(context.Background(), name, types.MergePatchType,
+				[]byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				t.Errorf("release %s: %v", name, err)
+			}
+		}
+		t.Cleanup(func() { release("h-1"); release("h-0") })
+		stuck := func(name string) *corev1.Pod {
+			t.Helper()
+			p, err := k.CoreV1().Pods("hold").Get(context.Background(), name, metav1.GetOptions{})
+			if err != nil || p.DeletionTimestamp == nil {
+				t.Fatalf("pod hold/%s not left terminating: %v %v", name, err, p)
+			}
+			return p
+		}
+
+		// skip_wait_for_delete_timeout 1s: the drain stops waiting for
+		// the stuck pod, succeeds and names it.
+		node := "stuck-1"
+		quarantined(t, k, node)
+		createPod(t, k, "hold", "h-1", node, withHold)
+		createPod(t, k, "hold", "w-1", node)
+		waitRunning(t, k, node, 2)
+		cfg := testConfig()
+		cfg.SkipWaitForDeleteTimeout = time.Second
+		rclk := &clock{t: time.Now()}
+		h := newHandler(t, cfg, k, rclk, false)
+		var logs bytes.Buffer
+		h.log = slog.New(slog.NewTextHandler(&logs, nil))
+		acts, left := drive(t, h, rclk, time.Second, 20, quarantineAction(node, "e-stuck1", "RESTART_VM", nil))
+		res := find(acts, events.OutcomeSucceeded)
+		if left != nil || res == nil {
+			t.Fatalf("want succeeded: %s", outcomes(acts))
+		}
+		key := podKey(stuck("h-1"))
+		if res.Details[events.DetailSkippedTerminating] != key || res.Details[events.DetailEvicted] != "2" ||
+			!strings.Contains(res.Reason, "1 stuck terminating, not waited for: "+key) {
+			t.Fatalf("result does not name the skipped pod %s: %s %v", key, res.Reason, res.Details)
+		}
+		if names := podNames(podsOn(t, k, node)); strings.Join(names, ",") != "hold/h-1" {
+			t.Fatalf("pods left: %v", names)
+		}
+		// Said once: a replayed trigger repeats the result, not the warning.
+		if again, _ := handle(t, h, quarantineAction(node, "e-stuck1", "RESTART_VM", nil)); len(again) != 1 || again[0].Id != res.Id {
+			t.Fatalf("replay: %s", outcomes(again))
+		}
+		if n := strings.Count(logs.String(), "pod stuck terminating"); n != 1 {
+			t.Fatalf("%d warnings, want 1:\n%s", n, logs.String())
+		}
+		var m dto.Metric
+		if err := h.m.skippedTerminating.WithLabelValues(cluster).Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+			t.Fatalf("skipped metric %v %v", m.GetCounter().GetValue(), err)
+		}
+
+		// 0 (kubectl's default): the drain keeps waiting, even 9m on
+		// (eviction_timeout is 10m), until the pod really goes.
+		node = "stuck-0"
+		quarantined(t, k, node)
+		createPod(t, k, "hold", "h-0", node, withHold)
+		waitRunning(t, k, node, 1)
+		cfg.SkipWaitForDeleteTimeout = 0
+		h = newHandler(t, cfg, k, rclk, false)
+		acts, left = drive(t, h, rclk, time.Second, 5, quarantineAction(node, "e-stuck0", "RESTART_VM", nil))
+		if left == nil {
+			t.Fatalf("with 0 the drain must keep waiting: %s", outcomes(acts))
+		}
+		stuck("h-0")
+		rclk.Add(9 * time.Minute)
+		more, left := drive(t, h, rclk, time.Second, 3, left)
+		acts = append(acts, more...)
+		if left == nil || find(acts, events.OutcomeSucceeded) != nil || find(acts, events.OutcomeGaveUp) != nil {
+			t.Fatalf("with 0 the drain must keep waiting: %s", outcomes(acts))
+		}
+		release("h-0")
+		acts, left = drive(t, h, rclk, time.Second, 20, left)
+		res = find(acts, events.OutcomeSucceeded)
+		if left != nil || res == nil || res.Details[events.DetailSkippedTerminating] != "" {
+			t.Fatalf("want succeeded with nothing skipped once the pod went: %s", outcomes(acts))
 		}
 	})
 

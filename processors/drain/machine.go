@@ -1,6 +1,7 @@
 package drain
 
 import (
+	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -99,9 +100,11 @@ func podKey(p *corev1.Pod) string {
 
 // advance moves each pod of the drain on, given the pods on the node now: a
 // pod seen for the first time is classified (in scope with its mode and
-// deadline, or counted as skipped); one that finished is done; one whose
-// deadline passed is given up (DeleteAfterTimeout: deleted); a pod no
-// longer on the node is gone. It returns the calls to make — evictions of
+// deadline, or counted as skipped); one that finished is done; one
+// terminating more than SkipWaitForDeleteTimeout past its DeletionTimestamp
+// is no longer waited for (done "skipped", skipWait); one whose deadline
+// passed is given up (DeleteAfterTimeout: deleted); a pod no longer on the
+// node is gone. It returns the calls to make — evictions of
 // pods due for one (not terminating, not waiting to complete, not backing
 // off after a PDB refusal) and deletions — with each eviction's intent
 // (EvictAt) recorded first, so a restart after the calls counts each pod
@@ -129,6 +132,11 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 		}
 		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			ps.Done = "completed"
+			continue
+		}
+		if c.skipWait(p, now) {
+			ps.Done, ps.Reason = "skipped", fmt.Sprintf("terminating since %s, more than skip_wait_for_delete_timeout %v ago",
+				p.DeletionTimestamp.UTC().Format(time.RFC3339), c.SkipWaitForDeleteTimeout)
 			continue
 		}
 		expired := !now.Before(ps.Deadline)
@@ -159,6 +167,24 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 		}
 	}
 	return ops
+}
+
+// skipWait reports whether the drain stops waiting for pod p: it is being
+// deleted and its DeletionTimestamp lies more than
+// Config.SkipWaitForDeleteTimeout before now (0: never). These are kubectl
+// drain's --skip-wait-for-delete-timeout semantics (k8s.io/kubectl
+// v0.34.4 pkg/drain/filters.go, shouldSkipPod, which drain.go's
+// waitForDelete and skipDeletedFilter use: SkipWaitForDeleteTimeoutSeconds
+// > 0, DeletionTimestamp set, and time.Now() minus it more than that many
+// seconds), here in a Duration rather than whole seconds. The apiserver
+// sets DeletionTimestamp to the time of the delete plus the grace period
+// (k8s.io/apiserver pkg/registry/rest/delete.go, BeforeDelete), so the
+// timeout runs from when the kubelet should have killed the pod. Like
+// kubectl, it compares the apiserver's timestamp with this processor's
+// clock: a skew between them shifts the timeout by as much.
+func (c *Config) skipWait(p *corev1.Pod, now time.Time) bool {
+	return c.SkipWaitForDeleteTimeout > 0 && p.DeletionTimestamp != nil &&
+		now.Sub(p.DeletionTimestamp.Time) > c.SkipWaitForDeleteTimeout
 }
 
 // giveUpReason says why a pod was given up at its deadline.

@@ -46,7 +46,14 @@ func runningPod(ns, name string, mod ...func(*corev1.Pod)) corev1.Pod {
 }
 
 func terminating(p *corev1.Pod) { ts := metav1.NewTime(t0); p.DeletionTimestamp = &ts }
-func succeeded(p *corev1.Pod)   { p.Status.Phase = corev1.PodSucceeded }
+
+// terminatingAt sets the pod's DeletionTimestamp (the delete's time plus
+// its grace period).
+func terminatingAt(at time.Time) func(*corev1.Pod) {
+	return func(p *corev1.Pod) { ts := metav1.NewTime(at); p.DeletionTimestamp = &ts }
+}
+
+func succeeded(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }
 func daemonSet(p *corev1.Pod) {
 	yes := true
 	p.OwnerReferences = []metav1.OwnerReference{{Kind: "DaemonSet", Name: "ds", Controller: &yes}}
@@ -80,6 +87,7 @@ func TestAdvance(t *testing.T) {
 	web, job, tmp := keyOf("web", "a"), keyOf("batch", "j"), keyOf("scratch", "s")
 	for _, tc := range []struct {
 		name    string
+		cfg     func(*Config)
 		force   bool
 		state   map[string]*PodState
 		pods    []corev1.Pod
@@ -158,9 +166,9 @@ func TestAdvance(t *testing.T) {
 			want:  map[string]PodState{job: {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour), Done: "gave_up", Reason: "still running at the completion timeout"}},
 		},
 		{
-			name:  "a terminating pod at its deadline is given up as such",
+			name:  "a terminating pod at its deadline is given up as such (its 8m grace period ran out 3m ago)",
 			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), Evicted: true, EvictAt: t0}},
-			pods:  []corev1.Pod{runningPod("web", "a", terminating)},
+			pods:  []corev1.Pod{runningPod("web", "a", terminatingAt(t0.Add(8*time.Minute)))},
 			now:   t0.Add(11 * time.Minute),
 			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Done: "gave_up", Reason: "still terminating at the timeout"}},
 		},
@@ -175,9 +183,48 @@ func TestAdvance(t *testing.T) {
 		{
 			name:  "a deleted DeleteAfterTimeout pod still terminating is not deleted again",
 			state: map[string]*PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), DeletedAt: t0.Add(30 * time.Minute)}},
-			pods:  []corev1.Pod{runningPod("scratch", "s", terminating)},
+			pods:  []corev1.Pod{runningPod("scratch", "s", terminatingAt(t0.Add(30*time.Minute)))},
 			now:   t0.Add(31 * time.Minute),
 			want:  map[string]PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute)}},
+		},
+		{
+			name:  "terminating more than skip_wait_for_delete_timeout past its DeletionTimestamp: no longer waited for",
+			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), Evicted: true, EvictAt: t0}},
+			pods:  []corev1.Pod{runningPod("web", "a", terminating)},
+			now:   t0.Add(5*time.Minute + time.Second),
+			want: map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0,
+				Done: "skipped", Reason: "terminating since 2026-11-22T12:00:00Z, more than skip_wait_for_delete_timeout 5m0s ago"}},
+		},
+		{
+			name:  "stuck terminating at the deadline: skipped, not given up",
+			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), Evicted: true, EvictAt: t0}},
+			pods:  []corev1.Pod{runningPod("web", "a", terminating)},
+			now:   t0.Add(11 * time.Minute),
+			want: map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0,
+				Done: "skipped", Reason: "terminating since 2026-11-22T12:00:00Z, more than skip_wait_for_delete_timeout 5m0s ago"}},
+		},
+		{
+			name:  "AllowCompletion: a pod deleted by its owner and stuck terminating is skipped too",
+			state: map[string]*PodState{job: {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour)}},
+			pods:  []corev1.Pod{runningPod("batch", "j", terminating)},
+			now:   t0.Add(6 * time.Minute),
+			want: map[string]PodState{job: {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour),
+				Done: "skipped", Reason: "terminating since 2026-11-22T12:00:00Z, more than skip_wait_for_delete_timeout 5m0s ago"}},
+		},
+		{
+			name: "a pod first seen already stuck terminating is classified and skipped, never evicted",
+			pods: []corev1.Pod{runningPod("web", "a", terminatingAt(t0.Add(-time.Hour)))},
+			now:  t0,
+			want: map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute),
+				Done: "skipped", Reason: "terminating since 2026-11-22T11:00:00Z, more than skip_wait_for_delete_timeout 5m0s ago"}},
+		},
+		{
+			name:  "skip_wait_for_delete_timeout 0: a stuck pod is waited for until the deadline",
+			cfg:   func(c *Config) { c.SkipWaitForDeleteTimeout = 0 },
+			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), Evicted: true, EvictAt: t0}},
+			pods:  []corev1.Pod{runningPod("web", "a", terminating)},
+			now:   t0.Add(9 * time.Minute),
+			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0}},
 		},
 		{
 			name:  "pods already done stay as they were",
@@ -188,7 +235,7 @@ func TestAdvance(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := machineConfig(t, nil)
+			c := machineConfig(t, tc.cfg)
 			st := running(tc.state)
 			st.Force = tc.force
 			ops := c.advance(st, tc.pods, tc.now)
@@ -206,6 +253,33 @@ func TestAdvance(t *testing.T) {
 				if !reflect.DeepEqual(st.Skipped, tc.skipped) {
 					t.Errorf("skipped %v, want %v", st.Skipped, tc.skipped)
 				}
+			}
+		})
+	}
+}
+
+// TestSkipWait: kubectl drain's --skip-wait-for-delete-timeout: a pod
+// whose DeletionTimestamp is more than the timeout in the past is no longer
+// waited for.
+func TestSkipWait(t *testing.T) {
+	now := t0.Add(time.Hour)
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration
+		pod     corev1.Pod
+		want    bool
+	}{
+		{"not being deleted", 5 * time.Minute, runningPod("web", "a"), false},
+		{"DeletionTimestamp in the future (grace period running)", 5 * time.Minute, runningPod("web", "a", terminatingAt(now.Add(time.Minute))), false},
+		{"past by less than the timeout", 5 * time.Minute, runningPod("web", "a", terminatingAt(now.Add(-4*time.Minute))), false},
+		{"past by exactly the timeout", 5 * time.Minute, runningPod("web", "a", terminatingAt(now.Add(-5*time.Minute))), false},
+		{"past by more than the timeout", 5 * time.Minute, runningPod("web", "a", terminatingAt(now.Add(-5*time.Minute-time.Second))), true},
+		{"timeout 0: never", 0, runningPod("web", "a", terminatingAt(now.Add(-24*time.Hour))), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := machineConfig(t, func(c *Config) { c.SkipWaitForDeleteTimeout = tc.timeout })
+			if got := c.skipWait(&tc.pod, now); got != tc.want {
+				t.Fatalf("skipWait = %v, want %v", got, tc.want)
 			}
 		})
 	}
@@ -261,6 +335,7 @@ func TestSettle(t *testing.T) {
 		{"no pods", nil, PhaseSucceeded, true},
 		{"all gone or completed", []string{"gone", "completed"}, PhaseSucceeded, true},
 		{"one given up", []string{"gone", "gave_up"}, PhaseGaveUp, true},
+		{"one stuck terminating, no longer waited for", []string{"gone", "skipped"}, PhaseSucceeded, true},
 		{"one remaining", []string{"gone", ""}, PhaseRunning, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

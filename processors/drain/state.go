@@ -150,7 +150,9 @@ type PodState struct {
 	// BlockedBy names the PDB of the last refusal.
 	BlockedBy string `json:"blockedBy,omitempty"`
 	// Done: "gone" (no longer on the node), "completed" (phase Succeeded or
-	// Failed) or "gave_up" (the mode's timeout ran out).
+	// Failed), "skipped" (terminating more than
+	// Config.SkipWaitForDeleteTimeout past its DeletionTimestamp: no
+	// longer waited for) or "gave_up" (the mode's timeout ran out).
 	Done   string `json:"done,omitempty"`
 	Reason string `json:"reason,omitempty"`
 }
@@ -190,6 +192,8 @@ func (s *State) addSeen(id string) {
 // key, however often the drain was resumed.
 type Counts struct {
 	InScope, Evicted, Deleted, Completed, Gone, GaveUp, Remaining, Blocked int
+	// SkippedTerminating counts the pods done "skipped".
+	SkippedTerminating int
 }
 
 // Count returns the drain's counts.
@@ -210,6 +214,8 @@ func (s *State) Count() Counts {
 			c.Gone++
 		case "gave_up":
 			c.GaveUp++
+		case "skipped":
+			c.SkippedTerminating++
 		case "":
 			c.Remaining++
 			if p.BlockedBy != "" {
@@ -218,6 +224,19 @@ func (s *State) Count() Counts {
 		}
 	}
 	return c
+}
+
+// skippedTerminating returns, sorted, the keys of the pods the drain
+// stopped waiting for (Done "skipped").
+func (s *State) skippedTerminating() []string {
+	var out []string
+	for k, p := range s.Pods {
+		if p.Done == "skipped" {
+			out = append(out, k)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // blockers returns the distinct PDBs holding pods that are not done.

@@ -173,6 +173,10 @@ const (
 	DetailGaveUp     = "gaveUp"
 	DetailSkipped    = "skipped"
 	DetailWouldDrain = "wouldDrain"
+	// DetailSkippedTerminating lists the pods ("ns/name@uid8") a drain
+	// stopped waiting for: terminating longer than its
+	// skip_wait_for_delete_timeout past their DeletionTimestamp.
+	DetailSkippedTerminating = "skippedTerminating"
 	// Remediations.
 	DetailResource        = "resource"
 	DetailTemplate        = "template"
