@@ -395,6 +395,9 @@ func (r *Runner) handleOnce(ctx context.Context, cl *kgo.Client, recs []*kgo.Rec
 	if err := cl.ProduceSync(pctx, out...).FirstErr(); err != nil {
 		return fmt.Errorf("produce %d outputs: %w", len(out), err)
 	}
+	for _, rec := range out {
+		r.metrics.produced.WithLabelValues(r.cfg.Role, rec.Topic).Inc()
+	}
 	return nil
 }
 
@@ -427,20 +430,24 @@ type Metrics struct {
 	records *prometheus.CounterVec
 	errors  *prometheus.CounterVec
 	dead    *prometheus.CounterVec
-	latency *prometheus.HistogramVec
-	lag     *prometheus.GaugeVec
+	// produced counts the outputs acknowledged by the broker, by topic: a
+	// requeued role's trips round its requeue topic show here.
+	produced *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+	lag      *prometheus.GaugeVec
 }
 
 // NewMetrics registers the pipeline metrics on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		records: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_processor_records_total", Help: "Records handled successfully."}, []string{"role"}),
-		errors:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_processor_batch_errors_total", Help: "Batches that failed and were retried."}, []string{"role"}),
-		dead:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_processor_dead_letters_total", Help: "Records sent to the dead-letter topic."}, []string{"role"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_processor_batch_seconds", Help: "Time to handle one partition batch.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"role"}),
+		records:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_processor_records_total", Help: "Records handled successfully."}, []string{"role"}),
+		errors:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_processor_batch_errors_total", Help: "Batches that failed and were retried."}, []string{"role"}),
+		dead:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_processor_dead_letters_total", Help: "Records sent to the dead-letter topic."}, []string{"role"}),
+		produced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_processor_produced_total", Help: "Records produced and acknowledged (outputs, requeues, dead letters), by topic."}, []string{"role", "topic"}),
+		latency:  prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_processor_batch_seconds", Help: "Time to handle one partition batch.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"role"}),
 	}
 	m.lag = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_processor_consumer_lag", Help: "Records of the consumed topics not yet committed by the role's consumer group."}, []string{"role", "topic", "partition"})
-	reg.MustRegister(m.records, m.errors, m.dead, m.latency, m.lag)
+	reg.MustRegister(m.records, m.errors, m.dead, m.produced, m.latency, m.lag)
 	return m
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,6 +47,7 @@ type harness struct {
 	kc   *kfake.Cluster
 	kcfg kafka.Config
 	cl   *kgo.Client
+	reg  *prometheus.Registry // the last runner's metrics
 }
 
 func newHarness(t *testing.T, partitions int32, topics ...string) *harness {
@@ -135,7 +137,8 @@ func (h *harness) run(role string, handler Handler, mod func(*Config)) (stop fun
 	if mod != nil {
 		mod(&cfg)
 	}
-	r := NewRunner(cfg, h.kcfg, handler, quiet, NewMetrics(prometheus.NewRegistry()))
+	h.reg = prometheus.NewRegistry()
+	r := NewRunner(cfg, h.kcfg, handler, quiet, NewMetrics(h.reg))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -275,6 +278,32 @@ func TestRunnerDeadLetters(t *testing.T) {
 	if got := values(h.read(topicOut, 3)); !slices.Equal(got, []string{"v0", "v1", "v3"}) {
 		t.Fatalf("outputs %v", got)
 	}
+	if got, want := produced(t, h.reg), map[string]float64{"dl " + events.TopicDeadLetter: 1, "dl " + topicOut: 3}; !maps.Equal(got, want) {
+		t.Fatalf("faultline_processor_produced_total %v, want %v", got, want)
+	}
+}
+
+// produced reads faultline_processor_produced_total from reg by "role topic".
+func produced(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "faultline_processor_produced_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			out[l["role"]+" "+l["topic"]] = m.GetCounter().GetValue()
+		}
+	}
+	return out
 }
 
 // TestRunnerCommitsOnlyAfterOutputsAcknowledged: while the batch's outputs

@@ -99,7 +99,8 @@ func Forward(topic string, rec *kgo.Record) *kgo.Record {
 // once per Hold until it is due — ~15 times for remediate's 15s
 // poll_interval, ~5 for drain's 5s — so one small record per second per
 // node in progress on the requeue topic (1000 remediations in progress:
-// ~1000 records/s). In exchange new work polled beside a follow-up waits at
+// ~1000 records/s; faultline_processor_produced_total{topic=<the role's
+// requeue topic>} counts them). In exchange new work polled beside a follow-up waits at
 // most Hold for it. 1s keeps that delay well under a step's own API calls
 // and a role's poll intervals while keeping the re-produced records per
 // node low; a longer hold trades first-action delay for fewer records.
