@@ -93,6 +93,9 @@ type Env struct {
 	done   chan error
 }
 
+// Database is the ClickHouse database of the fleet's history.
+const Database = "fleet"
+
 // NodeName is the name of node i of a cluster.
 func NodeName(i int) string { return fmt.Sprintf("gpu-%05d", i) }
 
@@ -149,7 +152,7 @@ func Start(tb testing.TB, o Options) *Env {
 	pcfg := processors.DefaultConfig()
 	if o.ClickHouse {
 		cfg := clickhouse.DefaultConfig()
-		cfg.Addr, cfg.Database = e.CHServer.Addr(), "fleet"
+		cfg.Addr, cfg.Database = e.CHServer.Addr(), Database
 		conn, err := clickhouse.Setup(e.ctx, cfg, o.Log)
 		if err != nil {
 			tb.Fatalf("fleet: clickhouse: %v", err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/store"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -181,17 +182,19 @@ func (r *Replica) Stop() {
 
 // ScaleParams configure RunScale.
 type ScaleParams struct {
-	Exe      string        // the fleetload binary (its -replica mode)
-	Role     string        // the replicas' role: quarantine (default), remediate or drain
+	Exe  string // the fleetload binary (its -replica mode)
+	Role string // the replicas' role: quarantine (default), remediate, drain or store
+
 	Replicas []int         // replica counts, e.g. 1, 2, 4
-	Nodes    int           // nodes failing per round
+	Nodes    int           // nodes failing per round (store: events per round)
 	Latency  time.Duration // per apiserver request
 	Kill     bool          // a SIGKILL round: 2 replicas, one killed at a third
 }
 
 // scaleTarget is what the rounds of one role send and count.
 type scaleTarget struct {
-	prefix, noun, unit, done, twice string // the figures' words
+	prefix, noun, unit, done, twice string // the figures' words ("" twice: not counted)
+	item                            string // what a round's Nodes are; "" is "nodes"
 	// probe sends one node's work and reports whether it was done.
 	probe func(ctx context.Context, node string) (bool, error)
 	blast func(ctx context.Context, from, n int) LoadResult
@@ -224,35 +227,19 @@ type scaleTarget struct {
 // RebootNodes/s for drain/succeeded actions produced to the actions topic
 // (scaleRemediate). Drain: nodes drained/s for quarantine/applied actions
 // produced to the actions topic, each node's pods evicted (scaleDrain).
+// Store: Nodes events per round produced to the events topic, events
+// stored/s counted as distinct ids in ClickHouse (scaleStore; no
+// apiserver).
 func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
-	cluster := e.Clusters[0]
-	k := e.Kubes[cluster]
-	proxy, err := StartLatencyProxy(ctx, k, sp.Latency)
+	tg, args, setting, err := e.scaleRole(ctx, sp)
 	if err != nil {
 		return err
 	}
-	dir := e.TB.TempDir()
-	kc, err := proxy.Kubeconfig(dir, k)
-	if err != nil {
-		return err
-	}
-	var tg *scaleTarget
-	switch sp.Role {
-	case "", "quarantine":
-		tg = e.scaleQuarantine(cluster, k)
-	case "remediate":
-		if tg, err = e.scaleRemediate(ctx, cluster, k, proxy); err != nil {
-			return err
-		}
-	case "drain":
-		if tg, err = e.scaleDrain(ctx, cluster, k, proxy); err != nil {
-			return err
-		}
-	default:
-		return fmt.Errorf("scale: role %q: want quarantine, remediate or drain", sp.Role)
+	if tg.item == "" {
+		tg.item = "nodes"
 	}
 	logf := os.Stderr // the replicas' warnings, with the command's
-	args := []string{"-replica.brokers", e.Kafka.Addr(), "-replica.kube", cluster + "=" + kc}
+	args = append([]string{"-replica.brokers", e.Kafka.Addr()}, args...)
 	if sp.Role != "" {
 		args = append(args, "-replica.role", sp.Role)
 	}
@@ -321,12 +308,16 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 			base = rate
 		}
 		if kill {
-			r.Figure("%s SIGKILL: 2 replicas, one SIGKILLed after %d %s; %d of %d nodes %s in %s (%d %s)%s",
-				tg.prefix, sp.Nodes/3, killUnit, c1-c0, sp.Nodes, tg.done, took.Round(time.Millisecond), twice, tg.twice, tg.detail(c1-c0))
+			tw := ""
+			if tg.twice != "" {
+				tw = fmt.Sprintf(" (%d %s)", twice, tg.twice)
+			}
+			r.Figure("%s SIGKILL: 2 replicas, one SIGKILLed after %d %s; %d of %d %s %s in %s%s%s",
+				tg.prefix, sp.Nodes/3, killUnit, c1-c0, sp.Nodes, tg.item, tg.done, took.Round(time.Millisecond), tw, tg.detail(c1-c0))
 			r.Check(ok && c1-c0 == sp.Nodes && twice == 0 && res.Failed == 0, "SIGKILL round: %d of %d %s, %d twice, %d events failed", c1-c0, sp.Nodes, tg.done, twice, res.Failed)
 		} else {
-			r.Figure("%s %d replica(s), %s apiserver latency: %d %s in %s = %.1f %s/s (%.2fx of 1 replica, %.0f%% of linear)%s",
-				tg.prefix, n, sp.Latency, c1-c0, tg.noun, took.Round(time.Millisecond), rate, tg.unit, rate/base, 100*rate/base/float64(n), tg.detail(c1-c0))
+			r.Figure("%s %d replica(s), %s: %d %s in %s = %.1f %s/s (%.2fx of 1 replica, %.0f%% of linear)%s",
+				tg.prefix, n, setting, c1-c0, tg.noun, took.Round(time.Millisecond), rate, tg.unit, rate/base, 100*rate/base/float64(n), tg.detail(c1-c0))
 			r.Check(ok && c1-c0 == sp.Nodes && twice == 0, "%d replicas: %d of %d %s, %d twice", n, c1-c0, sp.Nodes, tg.done, twice)
 		}
 		if tg.settle != nil {
@@ -342,6 +333,42 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		return tg.ceiling(ctx, r, sp.Nodes)
 	}
 	return nil
+}
+
+// scaleRole is sp.Role's target, the replicas' flags that reach its
+// servers, and the rounds' setting for the figures. The roles that act
+// on Kubernetes reach one kube-apiserver through a latency proxy; the
+// store reaches ClickHouse directly.
+func (e *Env) scaleRole(ctx context.Context, sp ScaleParams) (tg *scaleTarget, args []string, setting string, err error) {
+	if sp.Role == "store" {
+		if e.CHServer == nil {
+			return nil, nil, "", fmt.Errorf("scale: role store needs ClickHouse")
+		}
+		bc := store.DefaultConfig()
+		return e.scaleStore(ctx), []string{"-replica.clickhouse", e.CHServer.Addr()},
+			fmt.Sprintf("shipped batches (%d records or %s)", bc.BatchRecords, bc.BatchLinger), nil
+	}
+	cluster := e.Clusters[0]
+	k := e.Kubes[cluster]
+	proxy, err := StartLatencyProxy(ctx, k, sp.Latency)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	kc, err := proxy.Kubeconfig(e.TB.TempDir(), k)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	switch sp.Role {
+	case "", "quarantine":
+		tg = e.scaleQuarantine(cluster, k)
+	case "remediate":
+		tg, err = e.scaleRemediate(ctx, cluster, k, proxy)
+	case "drain":
+		tg, err = e.scaleDrain(ctx, cluster, k, proxy)
+	default:
+		err = fmt.Errorf("scale: role %q: want quarantine, remediate, drain or store", sp.Role)
+	}
+	return tg, []string{"-replica.kube", cluster + "=" + kc}, sp.Latency.String() + " apiserver latency", err
 }
 
 // scaleQuarantine: Xid 79 events through the gateway, cordons seen on the

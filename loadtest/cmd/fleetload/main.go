@@ -38,6 +38,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "-replica" {
+		os.Exit(replicaMain(os.Args[2:]))
+	}
 	var p fleet.Params
 	name := flag.String("scenario", "", "scenario: "+strings.Join(fleet.Names(), ", "))
 	list := flag.Bool("list", false, "list the scenarios and exit")
@@ -57,20 +60,8 @@ func main() {
 	replicas := flag.String("replicas", "1,2,4", "scale: replica counts")
 	latency := flag.Duration("latency", 50*time.Millisecond, "scale: apiserver latency per request")
 	kill := flag.Bool("kill", true, "scale: add a round in which one of two replicas is SIGKILLed")
-	role := flag.String("role", "quarantine", "scale: the replicas' role, quarantine, remediate or drain")
-	replica := flag.Bool("replica", false, "internal: run one replica of -replica.role (the scale scenario starts them)")
-	rBrokers := flag.String("replica.brokers", "", "internal: replica's Kafka brokers")
-	rKube := flag.String("replica.kube", "", "internal: replica's cluster=kubeconfig")
-	rIdentity := flag.String("replica.identity", "", "internal: replica's identity")
-	rRole := flag.String("replica.role", "quarantine", "internal: replica's role, quarantine, remediate or drain")
+	role := flag.String("role", "quarantine", "scale: the replicas' role, quarantine, remediate, drain or store")
 	flag.Parse()
-	if *replica {
-		if err := runReplica(*rBrokers, *rKube, *rIdentity, *rRole); err != nil {
-			fmt.Fprintln(os.Stderr, "fleetload replica:", err)
-			os.Exit(1)
-		}
-		return
-	}
 	if *name == "scale" {
 		os.Exit(runScale(p, *role, *replicas, *latency, *kill, *verbose))
 	}
@@ -78,7 +69,7 @@ func main() {
 		for _, s := range fleet.Scenarios {
 			fmt.Printf("%-18s %s\n", s.Name, s.Doc)
 		}
-		fmt.Printf("%-18s %s\n", "scale", "quarantine replicas (-replicas 1,2,4) as processes against an apiserver behind a latency proxy (-latency), -nodes failing per round, breaker off; then one of two replicas SIGKILLed mid-run (-kill): every node cordoned once; -role remediate: remediate replicas, drain/succeeded actions in, RebootNodes/s, every node one RebootNode created once; -role drain: drain replicas, quarantine/applied actions in, each node's pods evicted, nodes drained/s, evictions counted at the proxy by answer")
+		fmt.Printf("%-18s %s\n", "scale", "quarantine replicas (-replicas 1,2,4) as processes against an apiserver behind a latency proxy (-latency), -nodes failing per round, breaker off; then one of two replicas SIGKILLed mid-run (-kill): every node cordoned once; -role remediate: remediate replicas, drain/succeeded actions in, RebootNodes/s, every node one RebootNode created once; -role drain: drain replicas, quarantine/applied actions in, each node's pods evicted, nodes drained/s, evictions counted at the proxy by answer; -role store: store replicas, -nodes events per round produced to the events topic, events stored/s as distinct ids in ClickHouse, none lost after the SIGKILL")
 		return
 	}
 	s, ok := fleet.Lookup(*name)
@@ -120,22 +111,47 @@ func main() {
 	}
 }
 
-// runReplica is one replica of role (quarantine, remediate or drain):
-// processors.Run as production starts it (shipped defaults, quarantine's
-// breaker off for the scale rounds) until SIGTERM.
-func runReplica(brokers, kube, identity, role string) error {
+// replicaMain is "fleetload -replica ...": one replica, started by the
+// scale scenario (the command itself, or the test binary in its smoke
+// tests).
+func replicaMain(args []string) int {
+	fs := flag.NewFlagSet("fleetload -replica", flag.ExitOnError)
+	brokers := fs.String("replica.brokers", "", "Kafka brokers")
+	kube := fs.String("replica.kube", "", "cluster=kubeconfig (roles quarantine, remediate, drain)")
+	ch := fs.String("replica.clickhouse", "", "ClickHouse address (role store)")
+	identity := fs.String("replica.identity", "", "identity on nodes")
+	role := fs.String("replica.role", "quarantine", "quarantine, remediate, drain or store")
+	fs.Parse(args)
+	if err := runReplica(*brokers, *kube, *ch, *identity, *role); err != nil {
+		fmt.Fprintln(os.Stderr, "fleetload replica:", err)
+		return 1
+	}
+	return 0
+}
+
+// runReplica is one replica of role (quarantine, remediate, drain or
+// store): processors.Run as production starts it (shipped defaults,
+// quarantine's breaker off for the scale rounds) until SIGTERM.
+func runReplica(brokers, kube, ch, identity, role string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	cluster, kc, ok := strings.Cut(kube, "=")
-	if !ok {
-		return fmt.Errorf("-replica.kube: want cluster=kubeconfig, got %q", kube)
-	}
 	pcfg := processors.DefaultConfig()
-	if role != "quarantine" && role != "remediate" && role != "drain" {
-		return fmt.Errorf("-replica.role: want quarantine, remediate or drain, got %q", role)
+	switch role {
+	case "store":
+		if ch == "" {
+			return fmt.Errorf("-replica.clickhouse: required for role store")
+		}
+		pcfg.ClickHouse.Addr, pcfg.ClickHouse.Database = ch, fleet.Database
+	case "quarantine", "remediate", "drain":
+		cluster, kc, ok := strings.Cut(kube, "=")
+		if !ok {
+			return fmt.Errorf("-replica.kube: want cluster=kubeconfig, got %q", kube)
+		}
+		pcfg.Kube.Clusters = []clusters.Cluster{{Name: cluster, Kubeconfig: kc}}
+	default:
+		return fmt.Errorf("-replica.role: want quarantine, remediate, drain or store, got %q", role)
 	}
 	pcfg.Roles = role
-	pcfg.Kube.Clusters = []clusters.Cluster{{Name: cluster, Kubeconfig: kc}}
 	pcfg.Quarantine.Breaker.Enabled = false
 	pcfg.Quarantine.Identity = identity
 	pcfg.Remediate.Identity = identity
@@ -164,8 +180,12 @@ func runScale(p fleet.Params, role, replicas string, latency time.Duration, kill
 		}
 		counts = append(counts, n)
 	}
+	isStore := role == "store"
 	if p.Nodes == 0 {
 		p.Nodes = 600
+		if isStore {
+			p.Nodes = 300_000
+		}
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -179,13 +199,21 @@ func runScale(p fleet.Params, role, replicas string, latency time.Duration, kill
 	tb := standalone.New("fleetload")
 	tb.Verbose = verbose
 	defer tb.Close()
-	e := fleet.Start(tb, fleet.Options{Clusters: 1, Nodes: rounds * p.Nodes, Roles: "none", Kube: true})
+	opts := fleet.Options{Clusters: 1, Nodes: rounds * p.Nodes, Roles: "none", Kube: true}
+	if isStore {
+		opts = fleet.Options{Clusters: 1, Roles: "none", ClickHouse: true}
+	}
+	e := fleet.Start(tb, opts)
 	if err := e.WarmUp(e.Context()); err != nil {
 		fmt.Fprintln(os.Stderr, "fleetload:", err)
 		return 1
 	}
 	r := &fleet.Report{Print: func(l string) { fmt.Println(l) }}
-	r.Figure("scale: %s; %d nodes fail per round; replicas %v; apiserver latency %s", e.Describe(), p.Nodes, counts, latency)
+	if isStore {
+		r.Figure("scale: %s; %d events per round; replicas %v", e.Describe(), p.Nodes, counts)
+	} else {
+		r.Figure("scale: %s; %d nodes fail per round; replicas %v; apiserver latency %s", e.Describe(), p.Nodes, counts, latency)
+	}
 	if role != "quarantine" {
 		r.Figure("scale: replicas of role %s, shipped defaults", role)
 	}

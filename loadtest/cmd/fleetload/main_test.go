@@ -1,8 +1,6 @@
 package main
 
 import (
-	"flag"
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -14,17 +12,7 @@ import (
 // os.Args[0] -replica ..., as the command starts itself.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "-replica" {
-		fs := flag.NewFlagSet("replica", flag.ExitOnError)
-		brokers := fs.String("replica.brokers", "", "")
-		kube := fs.String("replica.kube", "", "")
-		identity := fs.String("replica.identity", "", "")
-		role := fs.String("replica.role", "quarantine", "")
-		fs.Parse(os.Args[2:])
-		if err := runReplica(*brokers, *kube, *identity, *role); err != nil {
-			fmt.Fprintln(os.Stderr, "replica:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
+		os.Exit(replicaMain(os.Args[2:]))
 	}
 	os.Exit(m.Run())
 }
@@ -93,5 +81,27 @@ func TestScaleDrainSmoke(t *testing.T) {
 	}
 	if len(r.Lines) != 2 {
 		t.Errorf("%d figures, want 2 (one round, the ceiling)", len(r.Lines))
+	}
+}
+
+// TestScaleStoreSmoke runs the scale scenario's store rounds tiny: one
+// store replica process, then two with one SIGKILLed a third of the way
+// (the survivor takes its partitions after the group's session timeout):
+// every event stored (distinct ids in ClickHouse), then the ceiling.
+func TestScaleStoreSmoke(t *testing.T) {
+	e := fleet.Start(t, fleet.Options{Clusters: 1, Roles: "none", ClickHouse: true})
+	if err := e.WarmUp(e.Context()); err != nil {
+		t.Fatal(err)
+	}
+	r := &fleet.Report{Print: func(l string) { t.Log(l) }}
+	err := fleet.RunScale(e.Context(), e, fleet.ScaleParams{Exe: os.Args[0], Role: "store", Replicas: []int{1}, Nodes: 30_000, Kill: true}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range r.Failures {
+		t.Error(f)
+	}
+	if len(r.Lines) != 4 {
+		t.Errorf("%d figures, want 4 (one round, the SIGKILL round, the ceiling with 1 and 4 writers)", len(r.Lines))
 	}
 }
