@@ -182,9 +182,8 @@ func (r *Replica) Stop() {
 
 // ScaleParams configure RunScale.
 type ScaleParams struct {
-	Exe  string // the fleetload binary (its -replica mode)
-	Role string // the replicas' role: quarantine (default), remediate, drain or store
-
+	Exe      string        // the fleetload binary (its -replica mode)
+	Role     string        // the replicas' role: quarantine (default), remediate, drain or store
 	Replicas []int         // replica counts, e.g. 1, 2, 4
 	Nodes    int           // nodes failing per round (store: events per round)
 	Latency  time.Duration // per apiserver request
