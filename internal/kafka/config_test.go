@@ -294,3 +294,32 @@ func TestKfakeACLsTopicsPrecreated(t *testing.T) {
 		t.Fatalf("missing topic, no create permission: %v", err)
 	}
 }
+
+// TestSessionTimeout: the session timeout is refused outside the broker's
+// default bounds, and sets the group's session and heartbeat.
+func TestSessionTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		set  time.Duration
+		want string // error, "" for none
+		opts int
+	}{
+		{15 * time.Second, "", 2},
+		{0, "", 0}, // franz-go's defaults
+		{6 * time.Second, "", 2},
+		{5 * time.Second, "kafka.session_timeout: must be between 6s and 30m", 0},
+		{31 * time.Minute, "kafka.session_timeout: must be between 6s and 30m", 0},
+	} {
+		c := DefaultConfig()
+		c.SessionTimeout = tt.set
+		err := c.Validate("kafka.")
+		if (tt.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+			t.Errorf("session_timeout %v: %v, want %q", tt.set, err, tt.want)
+		}
+		if err == nil && len(c.GroupOpts()) != tt.opts {
+			t.Errorf("session_timeout %v: %d group options, want %d", tt.set, len(c.GroupOpts()), tt.opts)
+		}
+	}
+	if d := DefaultConfig().SessionTimeout; d != 15*time.Second {
+		t.Errorf("default session_timeout %v, want 15s", d)
+	}
+}

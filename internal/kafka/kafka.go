@@ -37,6 +37,17 @@ type Config struct {
 	// broker may fail and writes go on, two and they stop), capped at the
 	// topic's replication factor. Default 0.
 	MinInsyncReplicas int `toml:"min_insync_replicas"`
+	// SessionTimeout is how long a processor role's consumer group waits
+	// for a member that stopped heartbeating (crashed, SIGKILLed, its host
+	// lost) before the member's partitions go to the others; their events
+	// wait that long. A member that stops cleanly leaves at once. The
+	// heartbeat is a fifth of it. Kafka's and franz-go's default is 45s
+	// (KIP-735 raised it from 10s against spurious rebalances on slow
+	// networks); faultline's is 15s: a failed node's events should not
+	// wait most of a minute behind a dead processor. The broker bounds it
+	// (group.min.session.timeout.ms 6s, group.max.session.timeout.ms 30m
+	// by default). Default 15s.
+	SessionTimeout time.Duration `toml:"session_timeout"`
 	// TLS to the brokers. Default off.
 	TLS TLSConfig `toml:"tls"`
 	// SASL authentication to the brokers. Default none.
@@ -45,7 +56,7 @@ type Config struct {
 
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
-	return Config{Brokers: "127.0.0.1:9092", Partitions: 12, ReplicationFactor: -1}
+	return Config{Brokers: "127.0.0.1:9092", Partitions: 12, ReplicationFactor: -1, SessionTimeout: 15 * time.Second}
 }
 
 // RegisterFlags adds the config's flags with the given prefix ("kafka.").
@@ -54,6 +65,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&c.Partitions, prefix+"partitions", c.Partitions, "partitions of topics created at start")
 	fs.IntVar(&c.ReplicationFactor, prefix+"replication-factor", c.ReplicationFactor, "replication factor of topics created at start (-1: broker default)")
 	fs.IntVar(&c.MinInsyncReplicas, prefix+"min-insync-replicas", c.MinInsyncReplicas, "min.insync.replicas of topics created at start (0: 2, capped at the replication factor)")
+	fs.DurationVar(&c.SessionTimeout, prefix+"session-timeout", c.SessionTimeout, "consumer group session timeout: how long a dead processor's partitions wait before others take them")
 	c.RegisterSecurityFlags(fs, prefix)
 }
 
@@ -80,6 +92,9 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.ReplicationFactor > 0 && c.MinInsyncReplicas > c.ReplicationFactor {
 		return fmt.Errorf("%smin_insync_replicas: %d is more than %sreplication_factor %d: no write could succeed", prefix, c.MinInsyncReplicas, prefix, c.ReplicationFactor)
+	}
+	if c.SessionTimeout != 0 && (c.SessionTimeout < 6*time.Second || c.SessionTimeout > 30*time.Minute) {
+		return fmt.Errorf("%ssession_timeout: must be between 6s and 30m (the broker's default group.min/max.session.timeout.ms), got %v", prefix, c.SessionTimeout)
 	}
 	if err := c.TLS.Validate(prefix + "tls."); err != nil {
 		return err
@@ -273,4 +288,14 @@ func CreateTopics(ctx context.Context, c Config, log *slog.Logger, topics ...str
 // CreatePipelineTopics is CreateTopics of PipelineTopics.
 func CreatePipelineTopics(ctx context.Context, c Config, log *slog.Logger) error {
 	return CreateTopics(ctx, c, log, PipelineTopics...)
+}
+
+// GroupOpts are the consumer group options the config sets: the session
+// timeout and a heartbeat a fifth of it (none when SessionTimeout is 0:
+// franz-go's defaults).
+func (c Config) GroupOpts() []kgo.Opt {
+	if c.SessionTimeout == 0 {
+		return nil
+	}
+	return []kgo.Opt{kgo.SessionTimeout(c.SessionTimeout), kgo.HeartbeatInterval(c.SessionTimeout / 5)}
 }

@@ -159,7 +159,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(0),
-	}, r.cfg.ConsumeOpts...)
+	}, append(r.kcfg.GroupOpts(), r.cfg.ConsumeOpts...)...)
 	if obs, ok := r.h.(PartitionObserver); ok {
 		opts = append(opts, observePartitions(obs, r.log)...)
 	}

@@ -139,6 +139,7 @@ keys the chart owns set from the structured values.
 {{- $c := deepCopy (default dict $v.config) -}}
 {{- $_ := set $c "metrics_addr" ":9464" -}}
 {{- $k := dict "brokers" (required "kafka.brokers is required: the bootstrap brokers of your Kafka (host:port,...)" $v.kafka.brokers) "partitions" $v.kafka.partitions "replication_factor" $v.kafka.replicationFactor "min_insync_replicas" $v.kafka.minInsyncReplicas -}}
+{{- if $v.kafka.sessionTimeout }}{{ $_ := set $k "session_timeout" $v.kafka.sessionTimeout }}{{ end -}}
 {{- if $v.kafka.tls.enabled -}}
 {{- $t := dict "enabled" true -}}
 {{- if $v.kafka.tls.caSecret.name }}{{ $_ := set $t "ca_file" (printf "%s/kafka/ca.crt" $dir) }}{{ end -}}
