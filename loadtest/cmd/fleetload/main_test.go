@@ -19,7 +19,7 @@ func TestMain(m *testing.M) {
 
 // TestScaleSmoke runs the scale scenario tiny: one replica process, then
 // two with one SIGKILLed (the survivor takes its partitions after the
-// consumer group's session timeout, ~45 s): every node cordoned once.
+// consumer group's session timeout, kafka.session_timeout 15s): every node cordoned once.
 func TestScaleSmoke(t *testing.T) {
 	e := fleet.Start(t, fleet.Options{Clusters: 1, Nodes: 2 * 20, Roles: "none", Kube: true})
 	if err := e.WarmUp(e.Context()); err != nil {
