@@ -206,9 +206,9 @@ type scaleTarget struct {
 	// prepare, if not nil, sets up a round's nodes from..from+n before its
 	// replicas start (outside the clock).
 	prepare func(ctx context.Context, from, n int) error
-	// mark is called before a round's blast; detail after it (done: the
-	// round's nodes done) says more for the figure; settle, if not nil,
-	// after the figure (the replicas still up) checks more.
+	// mark, if not nil, is called before a round's blast; detail after
+	// it (done: the round's nodes done) says more for the figure; settle,
+	// if not nil, after the figure (the replicas still up) checks more.
 	mark   func()
 	detail func(done int) string
 	settle func(ctx context.Context, r *Report, done int) error
@@ -281,7 +281,9 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		if !ok {
 			return fmt.Errorf("scale: %d replicas never %s the probe node", n, tg.done)
 		}
-		tg.mark()
+		if tg.mark != nil {
+			tg.mark()
+		}
 		c0, _ := tg.count()
 		progress, killUnit := func() int { c, _ := tg.count(); return c }, tg.unit
 		if tg.progress != nil {

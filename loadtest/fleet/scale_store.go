@@ -73,6 +73,7 @@ func (e *Env) scaleStore(ctx context.Context) *scaleTarget {
 		at    time.Time
 		last  int
 		round int
+		recs  []*kgo.Record // the round's events, encoded before the clock starts
 	)
 	distinct := func(cluster string) (ids, rows int) {
 		var d, r uint64
@@ -92,28 +93,26 @@ func (e *Env) scaleStore(ctx context.Context) *scaleTarget {
 	}
 	return &scaleTarget{prefix: "scale store", noun: "events stored", unit: "events", item: "events", done: "stored",
 		probe: func(ctx context.Context, probe string) (bool, error) {
-			recs, err := storeRecords("probe", 0, 1)
+			one, err := storeRecords("probe", 0, 1)
 			if err != nil {
-				return false, err
-			}
-			if err := produce(ctx, recs); err != nil {
 				return false, err
 			}
 			before, _ := distinct("probe")
+			if err := produce(ctx, one); err != nil {
+				return false, err
+			}
 			return waitFor(ctx, 2*time.Minute, func() bool { n, _ := distinct("probe"); return n > before }), nil
 		},
-		mark: func() {
+		prepare: func(_ context.Context, _, n int) (err error) {
 			mu.Lock()
+			defer mu.Unlock()
 			round++
 			cur, at, last = fmt.Sprintf("scale-%02d", round), time.Time{}, 0
-			mu.Unlock()
+			recs, err = storeRecords(cur, 0, n)
+			return err
 		},
 		blast: func(ctx context.Context, from, n int) LoadResult {
-			recs, err := storeRecords(cur, 0, n)
-			if err == nil {
-				err = produce(ctx, recs)
-			}
-			if err != nil {
+			if err := produce(ctx, recs); err != nil {
 				e.TB.Logf("fleet: produce store events: %v", err)
 				return LoadResult{Failed: int64(n)}
 			}
