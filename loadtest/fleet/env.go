@@ -99,6 +99,15 @@ const Database = "fleet"
 // NodeName is the name of node i of a cluster.
 func NodeName(i int) string { return fmt.Sprintf("gpu-%05d", i) }
 
+// nodeNames are the names of nodes from..from+n.
+func nodeNames(from, n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = NodeName(from + i)
+	}
+	return names
+}
+
 // ClusterName is the name of simulated cluster i.
 func ClusterName(i int) string { return fmt.Sprintf("sim-%02d", i) }
 
@@ -258,11 +267,7 @@ func (e *Env) ProcessorsErr() error {
 }
 
 func createNodes(k *testenv.Kube, n int) error {
-	names := make([]string, n)
-	for i := range n {
-		names[i] = NodeName(i)
-	}
-	return createNodesNamed(k, names)
+	return createNodesNamed(k, nodeNames(0, n))
 }
 
 func createNodesNamed(k *testenv.Kube, names []string) error {

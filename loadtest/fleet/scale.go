@@ -114,9 +114,14 @@ func (p *LatencyProxy) Answers(resource string) map[string]int {
 func (p *LatencyProxy) Repeated(resource, answer string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return repeated(p.objects, resource+" "+answer+" ")
+}
+
+// repeated counts the keys of counts with prefix counted more than once.
+func repeated(counts map[string]int, prefix string) int {
 	n := 0
-	for k, c := range p.objects {
-		if c > 1 && strings.HasPrefix(k, resource+" "+answer+" ") {
+	for k, c := range counts {
+		if c > 1 && strings.HasPrefix(k, prefix) {
 			n++
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
@@ -19,7 +18,6 @@ import (
 
 	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/internal/testenv"
-	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -73,18 +71,7 @@ func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, p
 		return nil, fmt.Errorf("create namespace %s: %w", drainNamespace, err)
 	}
 	pw := WatchPods(ctx, e.TB, k, drainNamespace, true)
-	cl := e.Kafka.Client(e.TB)
-	produce := func(ctx context.Context, nodes []string) error {
-		recs := make([]*kgo.Record, len(nodes))
-		for i, n := range nodes {
-			rec, err := pipeline.ActionRecord(QuarantineApplied(cluster, n))
-			if err != nil {
-				return err
-			}
-			recs[i] = rec
-		}
-		return cl.ProduceSync(ctx, recs...).FirstErr()
-	}
+	produce := e.actionProducer(cluster, QuarantineApplied)
 	const (
 		succeeded = events.KindDrain + "/" + events.OutcomeSucceeded
 		started   = events.KindDrain + "/" + events.OutcomeInProgress
@@ -104,11 +91,7 @@ func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, p
 	)
 	return &scaleTarget{prefix: "scale drain", noun: "nodes drained", unit: "drains", done: "drained", twice: "drained twice (a drain started twice or a pod evicted twice)",
 		prepare: func(ctx context.Context, f, m int) error {
-			nodes := make([]string, m)
-			for i := range nodes {
-				nodes[i] = NodeName(f + i)
-			}
-			return quarantineWithPods(ctx, kc, nodes)
+			return quarantineWithPods(ctx, kc, nodeNames(f, m))
 		},
 		probe: func(ctx context.Context, probe string) (bool, error) {
 			if err := createNamedNode(k, probe); err != nil {
@@ -126,11 +109,7 @@ func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, p
 		},
 		blast: func(ctx context.Context, f, m int) LoadResult {
 			from, n = f, m
-			nodes := make([]string, n)
-			for i := range nodes {
-				nodes[i] = NodeName(from + i)
-			}
-			if err := produce(ctx, nodes); err != nil {
+			if err := produce(ctx, nodeNames(from, n)); err != nil {
 				e.TB.Logf("fleet: produce quarantine actions: %v", err)
 				return LoadResult{Failed: int64(n)}
 			}
@@ -252,8 +231,8 @@ func podsLeft(ctx context.Context, kc kubernetes.Interface, from, n int) (int, e
 		return 0, fmt.Errorf("list pods: %w", err)
 	}
 	in := map[string]bool{}
-	for i := range n {
-		in[NodeName(from+i)] = true
+	for _, node := range nodeNames(from, n) {
+		in[node] = true
 	}
 	left := 0
 	for _, p := range l.Items {

@@ -57,18 +57,7 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 	if err != nil {
 		return nil, err
 	}
-	cl := e.Kafka.Client(e.TB)
-	produce := func(ctx context.Context, nodes []string) error {
-		recs := make([]*kgo.Record, len(nodes))
-		for i, n := range nodes {
-			rec, err := pipeline.ActionRecord(DrainSucceeded(cluster, n))
-			if err != nil {
-				return err
-			}
-			recs[i] = rec
-		}
-		return cl.ProduceSync(ctx, recs...).FirstErr()
-	}
+	produce := e.actionProducer(cluster, DrainSucceeded)
 	const applied = events.KindRemediate + "/" + events.OutcomeApplied
 	// finish plays the janitor and waits until every RebootNode was
 	// followed to remediate/succeeded: no remediation is left in progress.
@@ -104,11 +93,7 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 			return ok, err
 		},
 		blast: func(ctx context.Context, from, n int) LoadResult {
-			nodes := make([]string, n)
-			for i := range nodes {
-				nodes[i] = NodeName(from + i)
-			}
-			if err := produce(ctx, nodes); err != nil {
+			if err := produce(ctx, nodeNames(from, n)); err != nil {
 				e.TB.Logf("fleet: produce drain results: %v", err)
 				return LoadResult{Failed: int64(n)}
 			}
@@ -139,6 +124,24 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 			return err
 		},
 	}, nil
+}
+
+// actionProducer returns a function that produces action(cluster, node)
+// for each node to the actions topic, as the role before the one under
+// test would.
+func (e *Env) actionProducer(cluster string, action func(cluster, node string) *faultlinev1.Action) func(context.Context, []string) error {
+	cl := e.Kafka.Client(e.TB)
+	return func(ctx context.Context, nodes []string) error {
+		recs := make([]*kgo.Record, len(nodes))
+		for i, n := range nodes {
+			rec, err := pipeline.ActionRecord(action(cluster, n))
+			if err != nil {
+				return err
+			}
+			recs[i] = rec
+		}
+		return cl.ProduceSync(ctx, recs...).FirstErr()
+	}
 }
 
 // completeRebootNodes plays the janitor: every RebootNode not yet finished

@@ -217,13 +217,7 @@ func (w *ActionWatch) NodeSetIn(kindOutcome, cluster string) map[string]bool {
 func (w *ActionWatch) Repeated(kindOutcome, cluster string) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	n := 0
-	for k, c := range w.per {
-		if c > 1 && strings.HasPrefix(k, kindOutcome+" "+cluster+"/") {
-			n++
-		}
-	}
-	return n
+	return repeated(w.per, kindOutcome+" "+cluster+"/")
 }
 
 // Snapshot returns every kind/outcome count.

@@ -17,25 +17,35 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestScaleSmoke runs the scale scenario tiny: one replica process, then
-// two with one SIGKILLed (the survivor takes its partitions after the
-// consumer group's session timeout, kafka.session_timeout 15s): every node cordoned once.
-func TestScaleSmoke(t *testing.T) {
-	e := fleet.Start(t, fleet.Options{Clusters: 1, Nodes: 2 * 20, Roles: "none", Kube: true})
+// scaleSmoke starts a fleet with o, runs the scale rounds of sp (replicas
+// are this test binary's -replica mode) and checks that every round
+// passed and printed want figures (why: which they are).
+func scaleSmoke(t *testing.T, o fleet.Options, sp fleet.ScaleParams, want int, why string) {
+	t.Helper()
+	e := fleet.Start(t, o)
 	if err := e.WarmUp(e.Context()); err != nil {
 		t.Fatal(err)
 	}
 	r := &fleet.Report{Print: func(l string) { t.Log(l) }}
-	err := fleet.RunScale(e.Context(), e, fleet.ScaleParams{Exe: os.Args[0], Replicas: []int{1}, Nodes: 20, Latency: 10 * time.Millisecond, Kill: true}, r)
-	if err != nil {
+	sp.Exe = os.Args[0]
+	if err := fleet.RunScale(e.Context(), e, sp, r); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range r.Failures {
 		t.Error(f)
 	}
-	if len(r.Lines) != 2 {
-		t.Errorf("%d figures, want 2 (one round, one SIGKILL round)", len(r.Lines))
+	if len(r.Lines) != want {
+		t.Errorf("%d figures, want %d (%s)", len(r.Lines), want, why)
 	}
+}
+
+// TestScaleSmoke runs the scale scenario tiny: one replica process, then
+// two with one SIGKILLed (the survivor takes its partitions after the
+// consumer group's session timeout, kafka.session_timeout 15s): every
+// node cordoned once.
+func TestScaleSmoke(t *testing.T) {
+	scaleSmoke(t, fleet.Options{Clusters: 1, Nodes: 2 * 20, Roles: "none", Kube: true},
+		fleet.ScaleParams{Replicas: []int{1}, Nodes: 20, Latency: 10 * time.Millisecond, Kill: true}, 2, "one round, one SIGKILL round")
 }
 
 // TestScaleRemediateSmoke runs the scale scenario's remediate rounds tiny:
@@ -44,21 +54,8 @@ func TestScaleSmoke(t *testing.T) {
 // completes it. (The SIGKILL round is TestScaleSmoke's mechanism; here it
 // would add the group's session timeout.)
 func TestScaleRemediateSmoke(t *testing.T) {
-	e := fleet.Start(t, fleet.Options{Clusters: 1, Nodes: 20, Roles: "none", Kube: true})
-	if err := e.WarmUp(e.Context()); err != nil {
-		t.Fatal(err)
-	}
-	r := &fleet.Report{Print: func(l string) { t.Log(l) }}
-	err := fleet.RunScale(e.Context(), e, fleet.ScaleParams{Exe: os.Args[0], Role: "remediate", Replicas: []int{2}, Nodes: 20, Latency: 10 * time.Millisecond}, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range r.Failures {
-		t.Error(f)
-	}
-	if len(r.Lines) != 1 {
-		t.Errorf("%d figures, want 1", len(r.Lines))
-	}
+	scaleSmoke(t, fleet.Options{Clusters: 1, Nodes: 20, Roles: "none", Kube: true},
+		fleet.ScaleParams{Role: "remediate", Replicas: []int{2}, Nodes: 20, Latency: 10 * time.Millisecond}, 1, "one round")
 }
 
 // TestScaleDrainSmoke runs the scale scenario's drain rounds tiny: two
@@ -67,21 +64,8 @@ func TestScaleRemediateSmoke(t *testing.T) {
 // drain/succeeded for every node. (No SIGKILL round: it would add the
 // group's session timeout; TestScaleSmoke covers the mechanism.)
 func TestScaleDrainSmoke(t *testing.T) {
-	e := fleet.Start(t, fleet.Options{Clusters: 1, Nodes: 20, Roles: "none", Kube: true})
-	if err := e.WarmUp(e.Context()); err != nil {
-		t.Fatal(err)
-	}
-	r := &fleet.Report{Print: func(l string) { t.Log(l) }}
-	err := fleet.RunScale(e.Context(), e, fleet.ScaleParams{Exe: os.Args[0], Role: "drain", Replicas: []int{2}, Nodes: 20, Latency: 10 * time.Millisecond}, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range r.Failures {
-		t.Error(f)
-	}
-	if len(r.Lines) != 2 {
-		t.Errorf("%d figures, want 2 (one round, the ceiling)", len(r.Lines))
-	}
+	scaleSmoke(t, fleet.Options{Clusters: 1, Nodes: 20, Roles: "none", Kube: true},
+		fleet.ScaleParams{Role: "drain", Replicas: []int{2}, Nodes: 20, Latency: 10 * time.Millisecond}, 2, "one round, the ceiling")
 }
 
 // TestScaleStoreSmoke runs the scale scenario's store rounds tiny: one
@@ -89,19 +73,6 @@ func TestScaleDrainSmoke(t *testing.T) {
 // (the survivor takes its partitions after the group's session timeout):
 // every event stored (distinct ids in ClickHouse), then the ceiling.
 func TestScaleStoreSmoke(t *testing.T) {
-	e := fleet.Start(t, fleet.Options{Clusters: 1, Roles: "none", ClickHouse: true})
-	if err := e.WarmUp(e.Context()); err != nil {
-		t.Fatal(err)
-	}
-	r := &fleet.Report{Print: func(l string) { t.Log(l) }}
-	err := fleet.RunScale(e.Context(), e, fleet.ScaleParams{Exe: os.Args[0], Role: "store", Replicas: []int{1}, Nodes: 30_000, Kill: true}, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range r.Failures {
-		t.Error(f)
-	}
-	if len(r.Lines) != 4 {
-		t.Errorf("%d figures, want 4 (one round, the SIGKILL round, the ceiling with 1 and 4 writers)", len(r.Lines))
-	}
+	scaleSmoke(t, fleet.Options{Clusters: 1, Roles: "none", ClickHouse: true},
+		fleet.ScaleParams{Role: "store", Replicas: []int{1}, Nodes: 30_000, Kill: true}, 4, "one round, the SIGKILL round, the ceiling with 1 and 4 writers")
 }
