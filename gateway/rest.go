@@ -66,7 +66,9 @@ func (restBody) Close() error { return nil }
 // NewDecoder names the request body in decode errors (grpc-gateway returns
 // the bare decoder error, e.g. "unexpected EOF"); an empty body (io.EOF) is
 // left to the handler. A body read by the gateway is shape-checked, then
-// decoded by protojson straight from its bytes.
+// decoded by protojson straight from its bytes (a POST /v1/events body
+// of the common form by decodeSubmitFast, which protojson would decode
+// the same).
 func (c restCodec) NewDecoder(r io.Reader) runtime.Decoder {
 	if rb, ok := r.(*restBody); ok {
 		return runtime.DecoderFunc(func(v any) error {
@@ -79,6 +81,9 @@ func (c restCodec) NewDecoder(r io.Reader) runtime.Decoder {
 			}
 			if err := c.limits.checkJSON(rb.b, m.ProtoReflect().Descriptor()); err != nil {
 				return err
+			}
+			if req, ok := m.(*faultlinev1.SubmitEventsRequest); ok && decodeSubmitFast(rb.b, req) {
+				return nil
 			}
 			if err := c.UnmarshalOptions.Unmarshal(rb.b, m); err != nil {
 				// protobuf-go writes "proto:" and a space or, at random per
