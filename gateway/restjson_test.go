@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
@@ -64,6 +65,15 @@ func TestDecodeSubmitFast(t *testing.T) {
 	req := &faultlinev1.SubmitEventsRequest{}
 	if decodeSubmitFast([]byte(`{"events":[{"agent":"a"},{"bogus":1}]}`), req) || len(req.Events) != 0 {
 		t.Errorf("a refused body filled the request: %v", req)
+	}
+	// What protojson writes (a client built on it, e.g. the load
+	// generator) takes the fast path.
+	written, err := protojson.Marshal(&faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{validEvent(), validEvent()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !checkFastMatchesProtojson(t, written) {
+		t.Errorf("decodeSubmitFast refused protojson's own output %s", written)
 	}
 	// Many events.
 	many := `{"events":[` + strings.Repeat(fastEvent+",", 999) + fastEvent + `]}`
