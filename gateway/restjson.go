@@ -14,7 +14,7 @@ import (
 // into req without protojson's reflection, and reports whether it did.
 // It takes only a strict subset of what protojson accepts, read exactly
 // as protojson reads it: one "events" array of events whose fields are
-// the usual ones (agent, componentClass, checkName, isFatal, isHealthy,
+// the usual ones (version as digits, agent, componentClass, checkName, isFatal, isHealthy,
 // message, recommendedAction and processingStrategy by name, errorCode,
 // entitiesImpacted, metadata, generatedTimestamp, nodeName, id,
 // customRecommendedAction), strings without escapes in valid UTF-8, each
@@ -137,6 +137,29 @@ func (d *fastJSON) boolean() (v, ok bool) {
 	return false, false
 }
 
+// uint32 reads a number written as decimal digits alone, no leading
+// zero, at most 4294967295 (protojson also takes fractions, exponents and
+// quotes: those go to it).
+func (d *fastJSON) uint32() (uint32, bool) {
+	d.space()
+	start := d.i
+	var n uint64
+	for d.i < len(d.b) && d.b[d.i] >= '0' && d.b[d.i] <= '9' {
+		n = n*10 + uint64(d.b[d.i]-'0')
+		d.i++
+		if d.i-start > 10 {
+			return 0, false
+		}
+	}
+	switch {
+	case d.i == start, d.i-start > 1 && d.b[start] == '0', n > 1<<32-1:
+		return 0, false
+	case d.i < len(d.b) && (d.b[d.i] == '.' || d.b[d.i] == 'e' || d.b[d.i] == 'E'):
+		return 0, false
+	}
+	return uint32(n), true
+}
+
 // strings reads an array of strings.
 func (d *fastJSON) strings() ([]string, bool) {
 	if !d.next('[') {
@@ -188,6 +211,9 @@ func (d *fastJSON) event() *datamodels.HealthEvent {
 		var bit uint32
 		var ok bool
 		switch k {
+		case "version":
+			bit = 1 << 15
+			ev.Version, ok = d.uint32()
 		case "agent":
 			bit = 1 << 0
 			ev.Agent, ok = d.str()

@@ -25,7 +25,9 @@ var restJSONSeeds = []string{
 	"{\"events\":[{\"agent\":\"\xff\"}]}", "{\"events\":[{\"agent\":\"a\x01\"}]}", "\xef\xbb\xbf{\"events\":[]}",
 	`{"events":[{"recommendedAction":27}]}`, `{"events":[{"recommendedAction":"FOO"}]}`, `{"events":[{"recommendedAction":null}]}`,
 	`{"events":[{"isFatal":"true"}]}`, `{"events":[{"isFatal":truex}]}`, `{"events":[{"isFatal":tru}]}`, `{"events":[{"isFatal":True}]}`,
-	`{"events":[{"version":1}]}`, `{"events":[{"cluster":"c"}]}`, `{"events":[{"component_class":"c"}]}`, `{"events":[{"bogus":1}]}`,
+	`{"events":[{"version":1}]}`, `{"events":[{"version":0}]}`, `{"events":[{"version":4294967295}]}`, `{"events":[{"version":4294967296}]}`,
+	`{"events":[{"version":01}]}`, `{"events":[{"version":1.0}]}`, `{"events":[{"version":1e0}]}`, `{"events":[{"version":-1}]}`,
+	`{"events":[{"version":"1"}]}`, `{"events":[{"version":12345678901}]}`, `{"events":[{"version":1E2}]}`, `{"events":[{"version":1 }]}`, `{"events":[{"cluster":"c"}]}`, `{"events":[{"component_class":"c"}]}`, `{"events":[{"bogus":1}]}`,
 	`{"events":[{"generatedTimestamp":"2026-11-22T10:00:00+01:00"}]}`, `{"events":[{"generatedTimestamp":"2026-11-22"}]}`,
 	`{"events":[{"generatedTimestamp":"0000-01-01T00:00:00Z"}]}`, `{"events":[{"generatedTimestamp":"2026-11-22T10:00:00.1234567890Z"}]}`,
 	`{"events":[{"generatedTimestamp":1}]}`, `{"events":[{"entitiesImpacted":[{"entityType":"a","entityType":"b"}]}]}`,
@@ -55,6 +57,8 @@ func TestDecodeSubmitFast(t *testing.T) {
 	want := map[string]bool{ // the seeds it takes; every other one goes to protojson
 		restJSONSeeds[0]: true, restJSONSeeds[1]: true, restJSONSeeds[2]: true, `{"events":[]}`: true,
 		`{"events":[{"generatedTimestamp":"2026-11-22T10:00:00+01:00"}]}`: true,
+		`{"events":[{"version":1}]}`:                                      true, `{"events":[{"version":0}]}`: true, `{"events":[{"version":4294967295}]}`: true,
+		`{"events":[{"version":1 }]}`: true,
 	}
 	for _, body := range restJSONSeeds {
 		if took := checkFastMatchesProtojson(t, []byte(body)); took != want[body] {
@@ -68,7 +72,9 @@ func TestDecodeSubmitFast(t *testing.T) {
 	}
 	// What protojson writes (a client built on it, e.g. the load
 	// generator) takes the fast path.
-	written, err := protojson.Marshal(&faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{validEvent(), validEvent()}})
+	versioned := validEvent()
+	versioned.Version = 1
+	written, err := protojson.Marshal(&faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{validEvent(), versioned}})
 	if err != nil {
 		t.Fatal(err)
 	}
