@@ -113,7 +113,7 @@ func (s *Server) tap(door string) tap.ServerInHandle {
 			if !knownMethods[method] {
 				label = "other"
 			}
-			s.metrics.requests.WithLabelValues(door, label, code.String()).Inc()
+			s.metrics.request(door, label, code.String())
 			s.metrics.rejected(reason, 1)
 			return nil, status.Error(code, msg)
 		}
@@ -180,7 +180,7 @@ func (s *Server) grpcAdmit(ctx context.Context, req any, _ *grpc.UnaryServerInfo
 func (s *Server) grpcMetrics(door string) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		resp, err := h(ctx, req)
-		s.metrics.requests.WithLabelValues(door, info.FullMethod, status.Code(err).String()).Inc()
+		s.metrics.request(door, info.FullMethod, status.Code(err).String())
 		return resp, err
 	}
 }
@@ -208,7 +208,7 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 				}
 				if res := reservationFrom(ctx); res != nil && !s.growForRead(ctx, res) {
 					s.metrics.rejected("busy", 1)
-					s.metrics.requests.WithLabelValues(doorOf(ctx), "/"+sd.ServiceName+"/"+m.MethodName, codes.ResourceExhausted.String()).Inc()
+					s.metrics.request(doorOf(ctx), "/"+sd.ServiceName+"/"+m.MethodName, codes.ResourceExhausted.String())
 					return status.Error(codes.ResourceExhausted, "the gateway holds as many request bytes as it may; retry later")
 				}
 				sv := &shaped{msg: msg}
@@ -217,7 +217,7 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 				}
 				if sv.err != nil {
 					s.metrics.rejected("too_many_elements", 1)
-					s.metrics.requests.WithLabelValues(doorOf(ctx), "/"+sd.ServiceName+"/"+m.MethodName, codes.InvalidArgument.String()).Inc()
+					s.metrics.request(doorOf(ctx), "/"+sd.ServiceName+"/"+m.MethodName, codes.InvalidArgument.String())
 					return status.Error(codes.InvalidArgument, sv.err.Error())
 				}
 				return nil

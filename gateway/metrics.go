@@ -1,6 +1,9 @@
 package gateway
 
 import (
+	"strconv"
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -11,6 +14,21 @@ type metrics struct {
 	rejects        *prometheus.CounterVec
 	produceLatency prometheus.Histogram
 	connsRefused   *prometheus.CounterVec
+
+	// The children of the counters above, looked up once per label
+	// values instead of hashing them on every call: rejectsBy holds
+	// every reason of rejectReasons (read-only after newMetrics); the
+	// sync.Maps fill as label values are first seen (their number is
+	// that of the metric's series, which the labels already bound).
+	rejectsBy  map[string]prometheus.Counter
+	restReqs   sync.Map // restReqKey → prometheus.Counter
+	reqs       sync.Map // [3]string{door, method, code} → prometheus.Counter
+	acceptedBy sync.Map // [2]string{cluster, method} → prometheus.Counter
+}
+
+type restReqKey struct {
+	method, route string
+	code          int
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -34,8 +52,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	// Every refusal reason is exported from the start (at 0), so alerts
 	// on their rate (deploy/monitoring) see them before the first one.
+	m.rejectsBy = make(map[string]prometheus.Counter, len(rejectReasons))
 	for _, r := range rejectReasons {
-		m.rejects.WithLabelValues(r)
+		m.rejectsBy[r] = m.rejects.WithLabelValues(r)
 	}
 	reg.MustRegister(m.requests, m.accepted, m.rejects, m.produceLatency, m.connsRefused)
 	return m
@@ -46,5 +65,40 @@ var rejectReasons = []string{"busy", "content_type", "invalid", "kafka_unavailab
 	"read_rate_limited", "reads_busy", "too_large", "too_many_elements", "unauthenticated", "unreadable", "wrong_node"}
 
 func (m *metrics) rejected(reason string, n int) {
-	m.rejects.WithLabelValues(reason).Add(float64(max(n, 1)))
+	c, ok := m.rejectsBy[reason]
+	if !ok {
+		c = m.rejects.WithLabelValues(reason)
+	}
+	c.Add(float64(max(n, 1)))
+}
+
+// request counts a request of a door (faultline_gateway_requests_total).
+func (m *metrics) request(door, method, code string) {
+	k := [3]string{door, method, code}
+	c, ok := m.reqs.Load(k)
+	if !ok {
+		c, _ = m.reqs.LoadOrStore(k, m.requests.WithLabelValues(door, method, code))
+	}
+	c.(prometheus.Counter).Inc()
+}
+
+// restRequest counts a REST request: method (one of restMethods or
+// "other"), route pattern and HTTP status.
+func (m *metrics) restRequest(method, route string, code int) {
+	k := restReqKey{method, route, code}
+	c, ok := m.restReqs.Load(k)
+	if !ok {
+		c, _ = m.restReqs.LoadOrStore(k, m.requests.WithLabelValues(doorREST, method+" "+route, strconv.Itoa(code)))
+	}
+	c.(prometheus.Counter).Inc()
+}
+
+// acceptedEvents counts n events of a cluster accepted by a method.
+func (m *metrics) acceptedEvents(cluster, method string, n int) {
+	k := [2]string{cluster, method}
+	c, ok := m.acceptedBy.Load(k)
+	if !ok {
+		c, _ = m.acceptedBy.LoadOrStore(k, m.accepted.WithLabelValues(cluster, method))
+	}
+	c.(prometheus.Counter).Add(float64(n))
 }

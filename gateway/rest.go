@@ -13,13 +13,13 @@ import (
 	"mime"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -66,7 +66,9 @@ func (restBody) Close() error { return nil }
 // NewDecoder names the request body in decode errors (grpc-gateway returns
 // the bare decoder error, e.g. "unexpected EOF"); an empty body (io.EOF) is
 // left to the handler. A body read by the gateway is shape-checked, then
-// decoded by protojson straight from its bytes.
+// decoded by protojson straight from its bytes (a POST /v1/events body
+// of the common form by decodeSubmitFast, which protojson would decode
+// the same).
 func (c restCodec) NewDecoder(r io.Reader) runtime.Decoder {
 	if rb, ok := r.(*restBody); ok {
 		return runtime.DecoderFunc(func(v any) error {
@@ -79,6 +81,9 @@ func (c restCodec) NewDecoder(r io.Reader) runtime.Decoder {
 			}
 			if err := c.limits.checkJSON(rb.b, m.ProtoReflect().Descriptor()); err != nil {
 				return err
+			}
+			if req, ok := m.(*faultlinev1.SubmitEventsRequest); ok && decodeSubmitFast(rb.b, req) {
+				return nil
 			}
 			if err := c.UnmarshalOptions.Unmarshal(rb.b, m); err != nil {
 				// protobuf-go writes "proto:" and a space or, at random per
@@ -138,6 +143,10 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", gw)
+	var submit runtime.HandlerFunc
+	if !s.noSubmitFastPath {
+		submit = s.restAuth(s.readBody(s.submitEventsREST(gw)))
+	}
 	mux.HandleFunc("GET /v1/conformance/score", s.conformanceScore())
 	s.fleetRoutes(mux)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
@@ -147,7 +156,61 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(openapi.JSON)
 	})
-	return s.httpMetrics(mux), nil
+	return s.httpMetrics(mux, submit), nil
+}
+
+// submitRoute is the route of POST /v1/events, as grpc-gateway names it.
+const submitRoute = "/v1/events"
+
+// isSubmitFastPath reports whether a request may skip grpc-gateway's mux
+// for POST /v1/events (submitEventsREST): only when the mux would route it
+// there and grpc-gateway's request annotation could neither refuse it nor
+// change its context. That annotation turns headers into gRPC metadata
+// for a remote backend; the service, called in process, reads none of it
+// (the caller travels in the context, set by restAuth). It can refuse a
+// request or set its deadline only through Grpc-Timeout, an undecodable
+// *-Bin header, or X-HTTP-Method-Override: those, and any other path or
+// encoding of the path, go through grpc-gateway as before.
+func isSubmitFastPath(r *http.Request) bool {
+	if r.Method != http.MethodPost || r.URL.Path != submitRoute || r.URL.RawPath != "" {
+		return false
+	}
+	for k := range r.Header {
+		if len(k) >= 4 && strings.EqualFold(k[len(k)-4:], "-bin") {
+			return false
+		}
+		if strings.EqualFold(k, "Grpc-Timeout") || strings.EqualFold(k, "X-Http-Method-Override") {
+			return false
+		}
+	}
+	return true
+}
+
+// submitEventsREST is POST /v1/events without grpc-gateway's routing and
+// request annotation (see isSubmitFastPath), after the same middlewares
+// (restAuth, readBody): the same decoder, the same service call, and the
+// answer or error written by grpc-gateway's own ForwardResponseMessage
+// and HTTPError with the (empty) server metadata it would have, so the
+// status, headers and body are those of the generated handler.
+func (s *Server) submitEventsREST(gw *runtime.ServeMux) runtime.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, _ map[string]string) {
+		inbound, outbound := runtime.MarshalerForRequest(gw, r)
+		ctx := r.Context()
+		var req faultlinev1.SubmitEventsRequest
+		var resp proto.Message
+		err := inbound.NewDecoder(r.Body).Decode(&req)
+		if err != nil && !errors.Is(err, io.EOF) {
+			err = status.Errorf(codes.InvalidArgument, "%v", err)
+		} else {
+			resp, err = s.svc.SubmitEvents(ctx, &req)
+		}
+		ctx = runtime.NewServerMetadataContext(ctx, runtime.ServerMetadata{})
+		if err != nil {
+			runtime.HTTPError(ctx, gw, outbound, w, r, err)
+			return
+		}
+		runtime.ForwardResponseMessage(ctx, gw, outbound, w, r, resp, gw.GetForwardResponseOptions()...)
+	}
 }
 
 // restAuth authenticates REST calls before their body is read; the caller
@@ -353,15 +416,23 @@ var restMethods = map[string]bool{
 // and by a fixed set of methods, so that made-up paths and methods do not
 // grow the metrics; it also gives every request the gateway.call_timeout
 // deadline.
-func (s *Server) httpMetrics(mux *http.ServeMux) http.Handler {
+//
+// POST /v1/events, the hot path, goes to submit when isSubmitFastPath
+// (nil: always through mux).
+func (s *Server) httpMetrics(mux *http.ServeMux, submit runtime.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
 		lbl := &routeLabel{}
 		ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), routeLabelKey{}, lbl), s.cfg.CallTimeout)
 		defer cancel()
 		r = r.WithContext(ctx)
-		mux.ServeHTTP(rec, r) // sets r.Pattern
-		route := lbl.route    // grpc-gateway's route, e.g. /v1/events
+		if submit != nil && isSubmitFastPath(r) {
+			lbl.route = submitRoute
+			submit(rec, r, nil)
+		} else {
+			mux.ServeHTTP(rec, r) // sets r.Pattern
+		}
+		route := lbl.route // grpc-gateway's route, e.g. /v1/events
 		if route == "" {
 			// The standard mux's pattern ("GET /healthz"), minus its method.
 			route = r.Pattern
@@ -376,6 +447,6 @@ func (s *Server) httpMetrics(mux *http.ServeMux) http.Handler {
 		if !restMethods[method] {
 			method = "other"
 		}
-		s.metrics.requests.WithLabelValues(doorREST, method+" "+route, strconv.Itoa(rec.code)).Inc()
+		s.metrics.restRequest(method, route, rec.code)
 	})
 }

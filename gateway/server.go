@@ -61,6 +61,10 @@ type Server struct {
 	grpcLn, httpLn, unixLn net.Listener
 	grpcSrv, unixSrv       *grpc.Server
 	httpSrv                *http.Server
+
+	// noSubmitFastPath sends POST /v1/events through grpc-gateway's mux
+	// too (tests compare the two).
+	noSubmitFastPath bool
 }
 
 // New builds a gateway: loads credentials, connects the producer.

@@ -113,7 +113,7 @@ func (s *service) ingest(ctx context.Context, method string, evs []*datamodels.H
 		s.metrics.rejected("kafka_unavailable", len(evs))
 		return nil, status.Error(codes.Unavailable, "events not accepted: the event log is unavailable; retry later")
 	}
-	s.metrics.accepted.WithLabelValues(caller.Cluster, method).Add(float64(len(evs)))
+	s.metrics.acceptedEvents(caller.Cluster, method, len(evs))
 	return ids, nil
 }
 

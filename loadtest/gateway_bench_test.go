@@ -127,6 +127,10 @@ func BenchmarkIngest(b *testing.B) {
 			`"nodeName":"gpu-node-00042","message":"Port mlx5_3 port 1 state DOWN","recommendedAction":"REPLACE_VM",` +
 			`"entitiesImpacted":[{"entityType":"NIC","entityValue":"mlx5_3"},{"entityType":"NICPort","entityValue":"mlx5_3/1"}]}]}`
 		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: concurrency}}
+		// Each round (b.N) has its own client: close its connections when
+		// it ends, or the rounds' idle connections add up past the
+		// gateway's max_conns_per_address and it refuses the next ones.
+		defer client.CloseIdleConnections()
 		var next atomic.Int64
 		b.ResetTimer()
 		start := time.Now()
