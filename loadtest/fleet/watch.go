@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -13,8 +14,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/remediate"
@@ -22,7 +25,7 @@ import (
 )
 
 // CordonWatch sees nodes become unschedulable on the apiservers, through
-// a watch (what an operator's kubectl would see), and remembers when.
+// an informer (what an operator's kubectl would see), and remembers when.
 type CordonWatch struct {
 	mu    sync.Mutex
 	first map[string]time.Time // cluster/node -> first seen cordoned
@@ -31,61 +34,49 @@ type CordonWatch struct {
 	mods  map[string]int // cluster/node -> updates seen (each a write to the Node)
 }
 
-// WatchCordons watches the nodes of every cluster until ctx ends.
+// WatchCordons watches the nodes of every cluster until ctx ends; it
+// returns once every cluster's first list is seen.
 func WatchCordons(ctx context.Context, tb testing.TB, kubes map[string]*testenv.Kube) *CordonWatch {
 	w := &CordonWatch{first: map[string]time.Time{}, flips: map[string]int{}, state: map[string]bool{}, mods: map[string]int{}}
-	ready := make(chan struct{}, len(kubes))
+	var synced []cache.InformerSynced
 	for c, k := range kubes {
-		go w.run(ctx, tb, c, k, ready)
+		inf := informers.NewSharedInformerFactory(k.Client(), 0).Core().V1().Nodes().Informer()
+		synced = append(synced, inform(ctx, tb, "nodes of "+c, inf, cache.ResourceEventHandlerFuncs{
+			AddFunc: func(o any) { w.see(c, o.(*corev1.Node), false) },
+			// A relist delivers every node as an update: only a new
+			// resourceVersion is a write.
+			UpdateFunc: func(old, o any) {
+				w.see(c, o.(*corev1.Node), old.(*corev1.Node).ResourceVersion != o.(*corev1.Node).ResourceVersion)
+			},
+		}))
 	}
-	for range kubes {
-		<-ready
-	}
+	cache.WaitForCacheSync(ctx.Done(), synced...)
 	return w
 }
 
-func (w *CordonWatch) run(ctx context.Context, tb testing.TB, cluster string, k *testenv.Kube, ready chan<- struct{}) {
-	once := sync.OnceFunc(func() { ready <- struct{}{} })
-	defer once()
-	for ctx.Err() == nil {
-		list, err := k.Client().CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			if ctx.Err() == nil {
-				tb.Logf("fleet: list nodes of %s: %v", cluster, err)
-				time.Sleep(time.Second)
-			}
-			continue
+// inform has inf's events go to h and its list and watch failures logged
+// on tb while ctx lasts, and runs it until ctx ends; the InformerSynced
+// reports whether h has seen the first list.
+func inform(ctx context.Context, tb testing.TB, what string, inf cache.SharedIndexInformer, h cache.ResourceEventHandler) cache.InformerSynced {
+	_ = inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		// A watch closed or expired is listed afresh: no failure.
+		if ctx.Err() == nil && err != io.EOF && !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err) {
+			tb.Logf("fleet: watch %s: %v", what, err)
 		}
-		for i := range list.Items {
-			w.see(cluster, &list.Items[i])
-		}
-		wi, err := k.Client().CoreV1().Nodes().Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
-		if err != nil {
-			continue
-		}
-		once()
-		for ev := range wi.ResultChan() {
-			if ev.Type != watch.Added && ev.Type != watch.Modified {
-				continue
-			}
-			if n, ok := ev.Object.(*corev1.Node); ok {
-				if ev.Type == watch.Modified {
-					w.mu.Lock()
-					w.mods[cluster+"/"+n.Name]++
-					w.mu.Unlock()
-				}
-				w.see(cluster, n)
-			}
-		}
-		wi.Stop()
-	}
+	})
+	reg, _ := inf.AddEventHandler(h) // fails only once inf stopped
+	go inf.Run(ctx.Done())
+	return reg.HasSynced
 }
 
-func (w *CordonWatch) see(cluster string, n *corev1.Node) {
+func (w *CordonWatch) see(cluster string, n *corev1.Node, write bool) {
 	now := time.Now()
 	key := cluster + "/" + n.Name
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if write {
+		w.mods[key]++
+	}
 	was := w.state[key]
 	w.state[key] = n.Spec.Unschedulable
 	if n.Spec.Unschedulable && !was {
@@ -248,37 +239,10 @@ func WatchResources(ctx context.Context, tb testing.TB, k *testenv.Kube, gvr sch
 		return nil, err
 	}
 	w := &ResourceWatch{names: map[string]bool{}, nodes: map[string]int{}}
-	res := dyn.Resource(gvr)
-	ready := make(chan struct{})
-	once := sync.OnceFunc(func() { close(ready) })
-	go func() {
-		defer once()
-		for ctx.Err() == nil {
-			list, err := res.List(ctx, metav1.ListOptions{})
-			if err != nil {
-				if ctx.Err() == nil {
-					tb.Logf("fleet: list %s: %v", gvr.Resource, err)
-					time.Sleep(time.Second)
-				}
-				continue
-			}
-			for i := range list.Items {
-				w.see(&list.Items[i])
-			}
-			wi, err := res.Watch(ctx, metav1.ListOptions{ResourceVersion: list.GetResourceVersion()})
-			if err != nil {
-				continue
-			}
-			once()
-			for ev := range wi.ResultChan() {
-				if o, ok := ev.Object.(*unstructured.Unstructured); ok && ev.Type == watch.Added {
-					w.see(o)
-				}
-			}
-			wi.Stop()
-		}
-	}()
-	<-ready
+	inf := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0).ForResource(gvr).Informer()
+	cache.WaitForCacheSync(ctx.Done(), inform(ctx, tb, gvr.Resource, inf, cache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) { w.see(o.(*unstructured.Unstructured)) },
+	}))
 	return w, ctx.Err()
 }
 
@@ -362,59 +326,23 @@ func WatchPods(ctx context.Context, tb testing.TB, k *testenv.Kube, ns string, k
 			}
 		})
 	}
-	ready := make(chan struct{})
-	once := sync.OnceFunc(func() { close(ready) })
-	go func() {
-		defer once()
-		rv := ""
-		for ctx.Err() == nil {
-			if rv == "" {
-				list, err := pods.List(ctx, metav1.ListOptions{})
-				if err != nil {
-					if ctx.Err() == nil {
-						tb.Logf("fleet: list pods: %v", err)
-						time.Sleep(time.Second)
-					}
-					continue
-				}
-				for i := range list.Items {
-					finish(&list.Items[i])
-				}
-				rv = list.ResourceVersion
+	inf := informers.NewSharedInformerFactoryWithOptions(k.Client(), 0, informers.WithNamespace(ns)).Core().V1().Pods().Informer()
+	cache.WaitForCacheSync(ctx.Done(), inform(ctx, tb, "pods", inf, cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { finish(o.(*corev1.Pod)) },
+		UpdateFunc: func(_, o any) { finish(o.(*corev1.Pod)) },
+		DeleteFunc: func(o any) {
+			if d, ok := o.(cache.DeletedFinalStateUnknown); ok { // missed on the watch, found by a relist
+				o = d.Obj
 			}
-			wi, err := pods.Watch(ctx, metav1.ListOptions{ResourceVersion: rv})
-			if err != nil {
-				rv = ""
-				continue
+			if p, ok := o.(*corev1.Pod); ok {
+				w.mu.Lock()
+				w.deleted[p.Name]++
+				w.last = time.Now()
+				w.at = append(w.at, w.last)
+				w.mu.Unlock()
 			}
-			once()
-			for ev := range wi.ResultChan() {
-				if ev.Type == watch.Error { // e.g. 410 Gone: list afresh
-					if ctx.Err() == nil {
-						tb.Logf("fleet: pod watch: %v", ev.Object)
-					}
-					rv = ""
-					break
-				}
-				p, ok := ev.Object.(*corev1.Pod)
-				if !ok {
-					continue
-				}
-				rv = p.ResourceVersion
-				if ev.Type == watch.Deleted {
-					w.mu.Lock()
-					w.deleted[p.Name]++
-					w.last = time.Now()
-					w.at = append(w.at, w.last)
-					w.mu.Unlock()
-					continue
-				}
-				finish(p)
-			}
-			wi.Stop()
-		}
-	}()
-	<-ready
+		},
+	}))
 	return w
 }
 
