@@ -92,8 +92,10 @@ type LoadResult struct {
 	Delivered  float64       // Sent / Elapsed
 	MaxBehind  time.Duration // the furthest a worker fell behind its schedule
 	// Due is how many events the schedule had called for when the load was
-	// stopped (0: unpaced): a worker sends each batch once its events have
-	// accrued, so a short run is not judged by a rate it could not reach.
+	// stopped, less each worker's last batch (0: unpaced): a worker sends
+	// each batch once its events have accrued, so a short run is not judged
+	// by a rate it could not reach, nor by a batch that came due while the
+	// stop was being called (its worker may not have woken yet).
 	Due int64
 }
 
@@ -142,6 +144,10 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadR
 	)
 	start := time.Now()
 	per := l.Rate / float64(l.Workers) // events/s per worker
+	dueAt := func(k int) time.Time {   // batch k is due once its events have accrued
+		return start.Add(time.Duration(float64((k+1)*l.Batch) / per * float64(time.Second)))
+	}
+	next := make([]atomic.Int64, l.Workers) // each worker's first batch not yet started
 	for w := range l.Workers {
 		cluster := e.Clusters[w%len(e.Clusters)]
 		wg.Add(1)
@@ -154,9 +160,7 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadR
 				default:
 				}
 				if per > 0 {
-					// batch k is due once its events have accrued
-					due := start.Add(time.Duration(float64((k+1)*l.Batch) / per * float64(time.Second)))
-					if d := time.Until(due); d > 0 {
+					if d := time.Until(dueAt(k)); d > 0 {
 						select {
 						case <-stopping:
 							return
@@ -166,6 +170,7 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadR
 						behind.Store(int64(-d))
 					}
 				}
+				next[w].Store(int64(k + 1))
 				first := seq.Add(int64(l.Batch)) - int64(l.Batch)
 				if n > 0 && first >= n {
 					return
@@ -213,9 +218,16 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadR
 			}
 			var due int64
 			if per > 0 {
-				due = int64(l.Workers) * int64(time.Since(start).Seconds()*per/float64(l.Batch)) * int64(l.Batch)
+				now := time.Now()
+				due = int64(l.Workers) * max(0, int64(now.Sub(start).Seconds()*per/float64(l.Batch))-1) * int64(l.Batch)
 				if n > 0 {
 					due = min(due, n)
+				}
+				// a worker that has not started a batch already due is behind by now
+				for w := range next {
+					if d := now.Sub(dueAt(int(next[w].Load()))); d > time.Duration(behind.Load()) {
+						behind.Store(int64(d))
+					}
 				}
 			}
 			close(stopping)

@@ -12,7 +12,7 @@ import (
 // nothing; the full runs are `go run ./loadtest/cmd/fleetload`.
 func TestScenariosSmoke(t *testing.T) {
 	tiny := map[string]Params{
-		"trickle":           {Clusters: 2, Nodes: 40, Rate: 100, Duration: 2 * time.Second},
+		"trickle":           {Clusters: 2, Nodes: 40, Rate: 100, Duration: 4 * time.Second},
 		"fault-to-cordon":   {Nodes: 100, Rate: 100, Faults: 4},
 		"xid-burst":         {Nodes: 20, Rate: 50, Faults: 2},
 		"nic-outage":        {Clusters: 2, Nodes: 20},
