@@ -69,6 +69,9 @@ type Config struct {
 	// MaxBufferedRecords bounds the producer buffer; a request that does not
 	// fit gets 429. Default 100000.
 	MaxBufferedRecords int `toml:"max_buffered_records"`
+	// ProducerLinger is how long a producer client waits for more records
+	// before it sends a batch. Default 1ms.
+	ProducerLinger time.Duration `toml:"producer_linger"`
 
 	// MaxInflightBytes bounds the request bytes held at once by the whole
 	// gateway; past it requests are refused with 429/RESOURCE_EXHAUSTED. A
@@ -135,6 +138,7 @@ func DefaultConfig() Config {
 		RateBurst:          40000,
 		ProduceTimeout:     5 * time.Second,
 		MaxBufferedRecords: 100000,
+		ProducerLinger:     time.Millisecond,
 
 		MaxInflightBytes:        32 << 20,
 		MaxInflightBytesPerConn: 8 << 20,
@@ -174,6 +178,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RateBurst, "rate-burst", c.RateBurst, "burst of events per caller")
 	fs.DurationVar(&c.ProduceTimeout, "produce-timeout", c.ProduceTimeout, "longest wait for Kafka before answering 503")
 	fs.IntVar(&c.MaxBufferedRecords, "max-buffered-records", c.MaxBufferedRecords, "producer buffer; requests that do not fit get 429")
+	fs.DurationVar(&c.ProducerLinger, "producer-linger", c.ProducerLinger, "how long a producer client waits for more records before sending a batch")
 	fs.Int64Var(&c.MaxInflightBytes, "max-inflight-bytes", c.MaxInflightBytes, "request bytes held at once by the gateway; past it 429/RESOURCE_EXHAUSTED")
 	fs.Int64Var(&c.MaxInflightBytesPerConn, "max-inflight-bytes-per-conn", c.MaxInflightBytesPerConn, "request bytes held at once per connection")
 	fs.IntVar(&c.MaxStreamsPerConn, "max-streams-per-conn", c.MaxStreamsPerConn, "concurrent calls per HTTP/2 connection")
@@ -225,6 +230,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("gateway.produce_timeout: must be positive")
 	case c.MaxBufferedRecords < c.MaxBatch:
 		return fmt.Errorf("gateway.max_buffered_records: must be at least gateway.max_batch (%d)", c.MaxBatch)
+	case c.ProducerLinger < 0 || c.ProducerLinger >= c.ProduceTimeout:
+		return fmt.Errorf("gateway.producer_linger: must be 0 or more and shorter than gateway.produce_timeout (%s), got %s", c.ProduceTimeout, c.ProducerLinger)
 	case c.MaxInflightBytesPerConn < int64(c.MaxBodyBytes):
 		return fmt.Errorf("gateway.max_inflight_bytes_per_conn: must be at least gateway.max_body_bytes (%d), got %d", c.MaxBodyBytes, c.MaxInflightBytesPerConn)
 	case c.MaxInflightBytes < c.MaxInflightBytesPerConn:

@@ -40,7 +40,7 @@ func NewProducer(kcfg kafka.Config, cfg Config, log *slog.Logger) (*Producer, er
 		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotent writes are the default with acks=all
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
 		kgo.RecordDeliveryTimeout(cfg.ProduceTimeout),
-		kgo.ProducerLinger(time.Millisecond),
+		kgo.ProducerLinger(cfg.ProducerLinger),
 		kgo.ProducerBatchCompression(kgo.Lz4Compression(), kgo.NoCompression()),
 		kgo.DefaultProduceTopic(events.TopicEvents),
 	)

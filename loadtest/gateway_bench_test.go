@@ -23,6 +23,7 @@ import (
 	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/gateway/gatewaytest"
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/loadtest/machine"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -44,7 +45,9 @@ func benchEvent(i int) *datamodels.HealthEvent {
 
 // BenchmarkIngest compares, against one real broker: the raw franz-go
 // producer (the ceiling), the gateway over gRPC with batches of 100, and the
-// gateway over REST with one event per call. Each reports events/s.
+// gateway over REST with one event per call. Each reports events/s and the
+// CPU time per event of this process (the callers and the gateway, or the
+// raw producer) and of the broker.
 //
 //	make testenv && eval "$(scripts/testenv/env.sh)" && \
 //	  go test ./loadtest -run '^$' -bench Ingest -benchtime 20000x
@@ -57,6 +60,9 @@ func BenchmarkIngest(b *testing.B) {
 	gw := gatewaytest.Start(b, k.Addr(), func(c *gateway.Config) {
 		c.RatePerCaller = 0
 		c.MaxBufferedRecords = 1 << 20
+		if v, err := time.ParseDuration(os.Getenv("BENCH_LINGER")); err == nil {
+			c.ProducerLinger = v
+		}
 	}, gateway.Options{})
 	concurrency := 256
 	if v, err := strconv.Atoi(os.Getenv("BENCH_CONCURRENCY")); err == nil && v > 0 {
@@ -73,7 +79,7 @@ func BenchmarkIngest(b *testing.B) {
 			payload[i], _ = events.Marshal(benchEvent(i))
 		}
 		b.ResetTimer()
-		start := time.Now()
+		start, cpu := time.Now(), markCPU(k)
 		var failed atomic.Int64
 		for i := 0; i < b.N; i++ {
 			cl.Produce(context.Background(), &kgo.Record{Key: events.Key("alpha", fmt.Sprintf("gpu-node-%05d", i%10000)), Value: payload[i%1000]},
@@ -87,6 +93,7 @@ func BenchmarkIngest(b *testing.B) {
 			b.Fatalf("flush: %v, %d failed", err, failed.Load())
 		}
 		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+		cpu.report(b, b.N)
 	})
 
 	b.Run("GRPCBatch100", func(b *testing.B) {
@@ -103,7 +110,7 @@ func BenchmarkIngest(b *testing.B) {
 		batches := (b.N + 99) / 100
 		var next atomic.Int64
 		b.ResetTimer()
-		start := time.Now()
+		start, cpu := time.Now(), markCPU(k)
 		runConcurrently(b, concurrency, func() bool {
 			n := next.Add(1)
 			if n > int64(batches) {
@@ -120,6 +127,7 @@ func BenchmarkIngest(b *testing.B) {
 			return true
 		})
 		b.ReportMetric(float64(batches*100)/time.Since(start).Seconds(), "events/s")
+		cpu.report(b, batches*100)
 	})
 
 	b.Run("RESTSingle", func(b *testing.B) {
@@ -133,7 +141,7 @@ func BenchmarkIngest(b *testing.B) {
 		defer client.CloseIdleConnections()
 		var next atomic.Int64
 		b.ResetTimer()
-		start := time.Now()
+		start, cpu := time.Now(), markCPU(k)
 		runConcurrently(b, concurrency, func() bool {
 			if next.Add(1) > int64(b.N) {
 				return false
@@ -157,7 +165,25 @@ func BenchmarkIngest(b *testing.B) {
 			return true
 		})
 		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+		cpu.report(b, b.N)
 	})
+}
+
+// cpuMark is the CPU time this process and the broker had used at a moment.
+type cpuMark struct {
+	brokerPid    int
+	self, broker float64
+}
+
+func markCPU(k *testenv.Kafka) cpuMark {
+	return cpuMark{brokerPid: k.Pid(), self: machine.CPUSeconds(os.Getpid()), broker: machine.CPUSeconds(k.Pid())}
+}
+
+// report adds the CPU time per event since the mark, of this process and of
+// the broker (the machine's other big user), in microseconds.
+func (m cpuMark) report(b *testing.B, events int) {
+	b.ReportMetric((machine.CPUSeconds(os.Getpid())-m.self)*1e6/float64(events), "proc-cpu-us/event")
+	b.ReportMetric((machine.CPUSeconds(m.brokerPid)-m.broker)*1e6/float64(events), "broker-cpu-us/event")
 }
 
 // runConcurrently calls step from n goroutines until it returns false.

@@ -416,6 +416,10 @@ func (k *Kafka) Stop() {
 	k.tb.Logf("testenv: kafka stopped in %s", time.Since(began).Round(time.Millisecond))
 }
 
+// Pid is the broker's process id while it runs (0 otherwise), for the
+// benchmarks that count its CPU time.
+func (k *Kafka) Pid() int { return k.proc.pid() }
+
 // Kill kills the broker with SIGKILL, as a crash would.
 func (k *Kafka) Kill() { k.proc.stop(syscall.SIGKILL, 10*time.Second) }
 

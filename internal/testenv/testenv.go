@@ -287,6 +287,16 @@ func (p *process) start() error {
 	return nil
 }
 
+// pid is the process id while it runs, 0 otherwise.
+func (p *process) pid() int {
+	if !p.running() {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd.Process.Pid
+}
+
 // running reports whether the process was started and has not exited.
 func (p *process) running() bool {
 	p.mu.Lock()
