@@ -69,8 +69,9 @@ type Config struct {
 	// MaxBufferedRecords bounds the producer buffer; a request that does not
 	// fit gets 429. Default 100000.
 	MaxBufferedRecords int `toml:"max_buffered_records"`
-	// ProducerLinger is how long a producer client waits for more records
-	// before it sends a batch. Default 1ms.
+	// ProducerLinger is how long the producer waits for more records
+	// before it sends a batch (the Java producer's default since Kafka 4.0).
+	// Default 5ms.
 	ProducerLinger time.Duration `toml:"producer_linger"`
 
 	// MaxInflightBytes bounds the request bytes held at once by the whole
@@ -138,7 +139,7 @@ func DefaultConfig() Config {
 		RateBurst:          40000,
 		ProduceTimeout:     5 * time.Second,
 		MaxBufferedRecords: 100000,
-		ProducerLinger:     time.Millisecond,
+		ProducerLinger:     5 * time.Millisecond,
 
 		MaxInflightBytes:        32 << 20,
 		MaxInflightBytesPerConn: 8 << 20,
