@@ -123,7 +123,7 @@ func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options
 		lastEvent: map[string]time.Time{},
 		uncordons: make(chan nodeRef, 1024), Ownership: pipeline.Ownership{Topic: events.TopicEvents},
 	}
-	h.nodes = newNodeCaches(h.noticeUncordon)
+	h.nodes = newNodeCaches(h.log, h.noticeUncordon)
 	h.events = newEventWriter(cfg.NodeEventQPS, h.log, func(cluster string) { h.m.eventsFailed.WithLabelValues(cluster).Inc() })
 	return h, nil
 }

@@ -1,0 +1,49 @@
+package quarantine
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+func TestWatchErrorLogger(t *testing.T) {
+	tests := []struct {
+		name      string
+		err       error
+		wantLevel string // "" = not logged
+		wantMsg   string
+	}{
+		{"closed cleanly", io.EOF, "", ""},
+		{"expired resourceVersion", apierrors.NewResourceExpired("too old resource version: 1 (2)"), "INFO", "node watch expired; listing the nodes again"},
+		{"410 Gone", apierrors.NewGone("gone"), "INFO", "node watch expired; listing the nodes again"},
+		{"cut off", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), "INFO", "node watch cut off; watching again"},
+		{"forbidden", apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "", errors.New("RBAC")), "WARN", "node watch failed; retrying"},
+		{"refused", errors.New("dial tcp 127.0.0.1:6443: connect: connection refused"), "WARN", "node watch failed; retrying"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			watchErrorLogger(slog.New(slog.NewJSONHandler(&buf, nil)).With("cluster", "alpha"))(nil, tt.err)
+			if tt.wantLevel == "" {
+				if buf.Len() != 0 {
+					t.Fatalf("logged %s, want nothing", buf.String())
+				}
+				return
+			}
+			var rec map[string]any
+			if err := json.Unmarshal(buf.Bytes(), &rec); err != nil {
+				t.Fatalf("log line %q: %v", buf.String(), err)
+			}
+			if rec["level"] != tt.wantLevel || rec["msg"] != tt.wantMsg || rec["cluster"] != "alpha" || rec["err"] != tt.err.Error() {
+				t.Fatalf("logged %v, want level %s, msg %q, cluster alpha, err %q", rec, tt.wantLevel, tt.wantMsg, tt.err)
+			}
+		})
+	}
+}
