@@ -179,7 +179,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RateBurst, "rate-burst", c.RateBurst, "burst of events per caller")
 	fs.DurationVar(&c.ProduceTimeout, "produce-timeout", c.ProduceTimeout, "longest wait for Kafka before answering 503")
 	fs.IntVar(&c.MaxBufferedRecords, "max-buffered-records", c.MaxBufferedRecords, "producer buffer; requests that do not fit get 429")
-	fs.DurationVar(&c.ProducerLinger, "producer-linger", c.ProducerLinger, "how long a producer client waits for more records before sending a batch")
+	fs.DurationVar(&c.ProducerLinger, "producer-linger", c.ProducerLinger, "how long the producer waits for more records before sending a batch")
 	fs.Int64Var(&c.MaxInflightBytes, "max-inflight-bytes", c.MaxInflightBytes, "request bytes held at once by the gateway; past it 429/RESOURCE_EXHAUSTED")
 	fs.Int64Var(&c.MaxInflightBytesPerConn, "max-inflight-bytes-per-conn", c.MaxInflightBytesPerConn, "request bytes held at once per connection")
 	fs.IntVar(&c.MaxStreamsPerConn, "max-streams-per-conn", c.MaxStreamsPerConn, "concurrent calls per HTTP/2 connection")

@@ -180,10 +180,13 @@ func markCPU(k *testenv.Kafka) cpuMark {
 }
 
 // report adds the CPU time per event since the mark, of this process and of
-// the broker (the machine's other big user), in microseconds.
+// the broker (the machine's other big user; left out when the broker is not
+// this test's child), in microseconds.
 func (m cpuMark) report(b *testing.B, events int) {
 	b.ReportMetric((machine.CPUSeconds(os.Getpid())-m.self)*1e6/float64(events), "proc-cpu-us/event")
-	b.ReportMetric((machine.CPUSeconds(m.brokerPid)-m.broker)*1e6/float64(events), "broker-cpu-us/event")
+	if m.brokerPid != 0 {
+		b.ReportMetric((machine.CPUSeconds(m.brokerPid)-m.broker)*1e6/float64(events), "broker-cpu-us/event")
+	}
 }
 
 // runConcurrently calls step from n goroutines until it returns false.
