@@ -176,7 +176,8 @@ type cpuMark struct {
 }
 
 func markCPU(k *testenv.Kafka) cpuMark {
-	return cpuMark{brokerPid: k.Pid(), self: machine.CPUSeconds(os.Getpid()), broker: machine.CPUSeconds(k.Pid())}
+	pid := k.Pid()
+	return cpuMark{brokerPid: pid, self: machine.CPUSeconds(os.Getpid()), broker: machine.CPUSeconds(pid)}
 }
 
 // report adds the CPU time per event since the mark, of this process and of
