@@ -142,12 +142,18 @@ func (m *machine) run(ctx context.Context) {
 		nodes := maps.Clone(m.nodes)
 		m.mu.Unlock()
 		for sys, node := range nodes {
+			// The resets sent before the power state is read: one sent
+			// after it cannot explain an "On" read before it (counted as a
+			// missed cycle, it made the real cycle that followed a second).
+			m.mu.Lock()
+			resets := m.resets[node]
+			m.mu.Unlock()
 			ps, err := m.bmc.PowerState(ctx, sys)
 			if err != nil {
 				continue
 			}
 			m.mu.Lock()
-			missed := ps == "On" && !off[sys] && m.cycles[node] < m.resets[node]
+			missed := ps == "On" && !off[sys] && m.cycles[node] < resets
 			m.mu.Unlock()
 			if (ps == "Off" || missed) && !off[sys] {
 				off[sys] = true
