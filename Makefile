@@ -36,7 +36,10 @@ testenv:
 	scripts/testenv/install.sh all
 
 ## test: every test, against real servers, plus bounded fuzzing — what .ci/run calls
-test: testenv vet
+# testenv and vet side by side: on a fresh machine vet compiles the
+# module's dependencies (which the tests reuse) while the servers install.
+test:
+	$(MAKE) -j2 testenv vet
 	eval "$$(scripts/testenv/env.sh)" && FAULTLINE_REQUIRE_SERVERS=1 $(GO) test -timeout 30m -count=1 ./...
 	$(MAKE) test-clickhouse-cluster
 	$(MAKE) test-fuzz

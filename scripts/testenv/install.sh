@@ -484,11 +484,20 @@ EOF
 	local ldflags
 	ldflags=$(kube_ldflags)
 	(cd "$build" && GOFLAGS=-mod=mod go mod tidy >&2) || die "go mod tidy failed in $build"
+	# One go build for all of them: its scheduler keeps both cores busy
+	# across the three (one binary's link beside another's compiles).
+	local tmp="$out/build.tmp" pkgs=()
+	rm -rf "$tmp"
+	mkdir -p "$tmp"
 	for cmd in "${todo[@]}"; do
-		(cd "$build" && go build -trimpath -ldflags "$ldflags" -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd" >&2) ||
-			die "building $cmd failed"
-		mv "$out/$cmd.tmp" "$out/$cmd"
+		pkgs+=("k8s.io/kubernetes/cmd/$cmd")
 	done
+	(cd "$build" && go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}" >&2) ||
+		die "building ${todo[*]} failed"
+	for cmd in "${todo[@]}"; do
+		mv "$tmp/$cmd" "$out/$cmd"
+	done
+	rm -rf "$tmp"
 }
 
 build_kwok() {
@@ -557,6 +566,38 @@ install_helm() {
 
 # ---------------------------------------------------------------------- main
 
+# install_all installs every component in three streams side by side: the
+# downloads (apt, Maven, PyPI: mostly waiting on the network and the disk),
+# the Kubernetes build, and the promtool and helm builds. On 2 cores the two
+# Go build streams fill each other's idle time (go mod tidy's downloads,
+# single-threaded links), and the downloads cost almost nothing beside them.
+# Each stream runs its components in order; apt's lock keeps clickhouse and
+# chromium in the same one. Fails when any stream fails, after all finish.
+install_all() {
+	local pids=() names=() i rc=0
+	(
+		with_lock clickhouse install_clickhouse
+		with_lock kafka install_kafka
+		with_lock zookeeper install_zookeeper
+		with_lock chdb install_chdb
+		with_lock sushy install_sushy
+		with_lock moto install_moto
+		with_lock chromium install_chromium
+	) &
+	pids+=($!) names+=(downloads)
+	with_lock kube install_kube &
+	pids+=($!) names+=(kube)
+	(
+		with_lock promtool install_promtool
+		with_lock helm install_helm
+	) &
+	pids+=($!) names+=("promtool and helm")
+	for i in "${!pids[@]}"; do
+		wait "${pids[$i]}" || { log "error: the ${names[$i]} stream failed (its error is above)"; rc=1; }
+	done
+	return $rc
+}
+
 main() {
 	local targets=("$@")
 	[ ${#targets[@]} -eq 0 ] && targets=(all)
@@ -573,18 +614,7 @@ main() {
 		helm) with_lock helm install_helm ;;
 		promtool) with_lock promtool install_promtool ;;
 		chromium) with_lock chromium install_chromium ;;
-		all)
-			with_lock clickhouse install_clickhouse
-			with_lock kafka install_kafka
-			with_lock zookeeper install_zookeeper
-			with_lock chdb install_chdb
-			with_lock sushy install_sushy
-			with_lock moto install_moto
-			with_lock promtool install_promtool
-			with_lock chromium install_chromium
-			with_lock kube install_kube
-			with_lock helm install_helm
-			;;
+		all) install_all ;;
 		*) die "unknown component '$t' (want kafka, clickhouse, zookeeper, chdb, sushy, moto, promtool, chromium, kube, helm or all)" ;;
 		esac
 	done
