@@ -1,6 +1,8 @@
 // Package config loads a binary's typed configuration: defaults, then an
 // optional TOML file (--config), then flags, then validation. Unknown keys
-// in the file are an error that names them. Secret holds a password or
+// in the file are an error that names them, and so is a duration given as
+// a bare number (`linger = 5`, which the TOML decoder would read as 5 ns)
+// instead of a string with a unit ("5ms"). Secret holds a password or
 // token read from a file or an environment variable (ReadSecret) and never
 // prints it.
 //
@@ -63,6 +65,13 @@ func Load(name string, args []string, cfg any, register func(fs *flag.FlagSet), 
 				}
 			}
 			return nil, fmt.Errorf("config file %s: unknown keys: %s", path, strings.Join(keys, ", "))
+		}
+		var raw map[string]any
+		if _, err := toml.DecodeFile(path, &raw); err != nil {
+			return nil, fmt.Errorf("config file %s: %w", path, err)
+		}
+		if err := checkDurations(raw, reflect.TypeOf(cfg)); err != nil {
+			return nil, fmt.Errorf("config file %s: %w", path, err)
 		}
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)

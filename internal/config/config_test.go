@@ -34,8 +34,10 @@ type testConfig struct {
 		Insecure bool   `toml:"insecure"`
 	} `toml:"gateway"`
 	Rules []struct {
-		Mode string `toml:"mode"`
+		Mode  string        `toml:"mode"`
+		Every time.Duration `toml:"every"`
 	} `toml:"rules"`
+	Timeouts map[string]*time.Duration `toml:"timeouts"`
 	skipped string
 }
 
@@ -95,7 +97,7 @@ func TestLoadNaming(t *testing.T) {
 
 func TestKeysAndCheckFlags(t *testing.T) {
 	keys := Keys(&testConfig{})
-	want := []string{"log_level", "store", "store.batch_records", "store.linger", "gateway", "gateway.grpc_addr", "gateway.insecure", "rules", "rules.mode"}
+	want := []string{"log_level", "store", "store.batch_records", "store.linger", "gateway", "gateway.grpc_addr", "gateway.insecure", "rules", "rules.mode", "rules.every", "timeouts"}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("keys %v, want %v", keys, want)
 	}
@@ -113,5 +115,32 @@ func TestKeysAndCheckFlags(t *testing.T) {
 	fs.StringVar(&s, "store.batch_records", "", "")
 	if err := CheckFlags(fs, testConfig{}, "list"); err == nil || err.Error() != "flags that name no TOML key: --fabric-poll-interval, --store.batch_records" {
 		t.Fatalf("err %v", err)
+	}
+}
+
+// TestLoadDurationNeedsUnit: a duration key given a bare number is refused
+// with its key path (the decoder would read it as nanoseconds), wherever
+// the key is: a section, an embedded struct's section, an array of tables,
+// a map; a string with a unit and non-duration numbers are accepted.
+func TestLoadDurationNeedsUnit(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, err string
+	}{
+		{"units", "[store]\nbatch_records = 5\nlinger = \"7ms\"\n[[rules]]\nevery = \"1m\"\n[timeouts]\nread = \"2s\"\n", ""},
+		{"section", "[store]\nlinger = 7\n", `store.linger = 7: a duration needs a unit, such as "7ms" or "7s"`},
+		{"float", "[store]\nlinger = 0.5\n", `(last key "store.linger"): incompatible types`}, // the decoder's own refusal
+		{"dotted key", "store.linger = 0\n", `store.linger = 0: a duration needs a unit`},
+		{"array of tables", "[[rules]]\nevery = \"1s\"\n[[rules]]\nmode = \"x\"\nevery = 30\n", `rules[1].every = 30: a duration needs a unit`},
+		{"map", "[timeouts]\nread = \"1s\"\nwrite = 3\n", `timeouts.write = 3: a duration needs a unit`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := load(t, tc.file)
+			switch {
+			case tc.err == "" && err != nil:
+				t.Fatal(err)
+			case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+				t.Fatalf("err %v, want one containing %q", err, tc.err)
+			}
+		})
 	}
 }

@@ -1,0 +1,98 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"sort"
+	"strings"
+	"time"
+)
+
+var durationType = reflect.TypeFor[time.Duration]()
+
+// checkDurations returns an error naming the first key (in key order) of
+// the decoded file raw that gives a time.Duration of cfg's type a bare
+// number. The TOML decoder reads `linger = 5` as 5 ns, which nobody means;
+// a duration must be a string with a unit ("5ms"), as the flags take it.
+func checkDurations(raw map[string]any, t reflect.Type) error {
+	return walkDurations(raw, t, "")
+}
+
+func walkDurations(raw map[string]any, t reflect.Type, prefix string) error {
+	keys := make([]string, 0, len(raw))
+	for k := range raw {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		ft, ok := keyType(t, k)
+		if !ok {
+			continue // an unknown key: Load names it
+		}
+		if err := checkValue(raw[k], ft, prefix+k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkValue(v any, t reflect.Type, key string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch v := v.(type) {
+	case int64:
+		if t == durationType {
+			return fmt.Errorf("%s = %v: a duration needs a unit, such as \"%vms\" or \"%vs\" (a bare number would be read as nanoseconds)", key, v, v, v)
+		}
+	case map[string]any:
+		return walkDurations(v, t, key+".")
+	case []map[string]any:
+		if t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
+			for i, m := range v {
+				if err := walkDurations(m, t.Elem(), fmt.Sprintf("%s[%d].", key, i)); err != nil {
+					return err
+				}
+			}
+		}
+	case []any:
+		if t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
+			for i, e := range v {
+				if err := checkValue(e, t.Elem(), fmt.Sprintf("%s[%d]", key, i)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// keyType is the type that key decodes into within t: a struct's field by
+// its toml tag (an untagged embedded struct's fields being its parent's),
+// or a map's element.
+func keyType(t reflect.Type, key string) (reflect.Type, bool) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Map:
+		return t.Elem(), true
+	case reflect.Struct:
+	default:
+		return nil, false
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		switch {
+		case !f.IsExported() || tag == "-":
+		case f.Anonymous && tag == "":
+			if ft, ok := keyType(f.Type, key); ok {
+				return ft, true
+			}
+		case tag == key:
+			return f.Type, true
+		}
+	}
+	return nil, false
+}
