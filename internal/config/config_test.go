@@ -38,7 +38,7 @@ type testConfig struct {
 		Every time.Duration `toml:"every"`
 	} `toml:"rules"`
 	Timeouts map[string]*time.Duration `toml:"timeouts"`
-	skipped string
+	skipped  string
 }
 
 func load(t *testing.T, file string, args ...string) (testConfig, string, error) {
