@@ -104,8 +104,9 @@ type Config struct {
 	SkipWaitForDeleteTimeout time.Duration `toml:"skip_wait_for_delete_timeout"`
 	// EmptyDir is "evict" or "skip". Default "evict".
 	EmptyDir string `toml:"empty_dir"`
-	// PollInterval is how often a drain in progress is looked at again.
-	// Default 5s.
+	// PollInterval is the longest a drain in progress waits to be looked
+	// at again; a young drain is looked at sooner, after a quarter of its
+	// age but at least 1s (pollDelay). Default 5s.
 	PollInterval time.Duration `toml:"poll_interval"`
 	// PDBBackoff is the first wait before an eviction refused by a PDB
 	// (429) is tried again; it doubles up to MaxPDBBackoff. Default 5s.
@@ -191,7 +192,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.GracePeriod, prefix+"grace-period", c.GracePeriod, "grace period of evictions (negative: the pod's own)")
 	fs.DurationVar(&c.SkipWaitForDeleteTimeout, prefix+"skip-wait-for-delete-timeout", c.SkipWaitForDeleteTimeout, "stop waiting for a pod whose DeletionTimestamp is more than this in the past (0: wait for every pod)")
 	fs.StringVar(&c.EmptyDir, prefix+"empty-dir", c.EmptyDir, "pods with emptyDir volumes: evict or skip")
-	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often a drain in progress is looked at again")
+	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "the longest a drain in progress waits to be looked at again (a young one: a quarter of its age, at least 1s)")
 	fs.DurationVar(&c.PDBBackoff, prefix+"pdb-backoff", c.PDBBackoff, "first wait before retrying an eviction a PDB refused")
 	fs.DurationVar(&c.MaxPDBBackoff, prefix+"max-pdb-backoff", c.MaxPDBBackoff, "cap of the PDB retry backoff")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 1s: a batch may hold that long for a requeued item)")
