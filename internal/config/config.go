@@ -70,7 +70,7 @@ func Load(name string, args []string, cfg any, register func(fs *flag.FlagSet), 
 		if _, err := toml.DecodeFile(path, &raw); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", path, err)
 		}
-		if err := checkDurations(raw, reflect.TypeOf(cfg)); err != nil {
+		if err := checkDurations(raw, reflect.TypeOf(cfg), ""); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", path, err)
 		}
 	}

@@ -11,14 +11,11 @@ import (
 var durationType = reflect.TypeFor[time.Duration]()
 
 // checkDurations returns an error naming the first key (in key order) of
-// the decoded file raw that gives a time.Duration of cfg's type a bare
-// number. The TOML decoder reads `linger = 5` as 5 ns, which nobody means;
-// a duration must be a string with a unit ("5ms"), as the flags take it.
-func checkDurations(raw map[string]any, t reflect.Type) error {
-	return walkDurations(raw, t, "")
-}
-
-func walkDurations(raw map[string]any, t reflect.Type, prefix string) error {
+// the decoded file raw, under prefix, that gives a time.Duration of type t
+// a bare number. The TOML decoder reads `linger = 5` as 5 ns, which nobody
+// means; a duration must be a string with a unit ("5ms"), as the flags
+// take it.
+func checkDurations(raw map[string]any, t reflect.Type, prefix string) error {
 	keys := make([]string, 0, len(raw))
 	for k := range raw {
 		keys = append(keys, k)
@@ -46,11 +43,11 @@ func checkValue(v any, t reflect.Type, key string) error {
 			return fmt.Errorf("%s = %v: a duration needs a unit, such as \"%vms\" or \"%vs\" (a bare number would be read as nanoseconds)", key, v, v, v)
 		}
 	case map[string]any:
-		return walkDurations(v, t, key+".")
+		return checkDurations(v, t, key+".")
 	case []map[string]any:
 		if t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
 			for i, m := range v {
-				if err := walkDurations(m, t.Elem(), fmt.Sprintf("%s[%d].", key, i)); err != nil {
+				if err := checkDurations(m, t.Elem(), fmt.Sprintf("%s[%d].", key, i)); err != nil {
 					return err
 				}
 			}
