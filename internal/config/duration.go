@@ -2,8 +2,9 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"reflect"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 )
@@ -16,12 +17,7 @@ var durationType = reflect.TypeFor[time.Duration]()
 // means; a duration must be a string with a unit ("5ms"), as the flags
 // take it.
 func checkDurations(raw map[string]any, t reflect.Type, prefix string) error {
-	keys := make([]string, 0, len(raw))
-	for k := range raw {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		ft, ok := keyType(t, k)
 		if !ok {
 			continue // an unknown key: Load names it
