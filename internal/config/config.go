@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"reflect"
 	"slices"
 	"sort"
@@ -52,7 +53,12 @@ func Load(name string, args []string, cfg any, register func(fs *flag.FlagSet), 
 		opt(&o)
 	}
 	if path := configPath(args); path != "" {
-		md, err := toml.DecodeFile(path, cfg)
+		// Read once: both decodes below see the same file.
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("config file %s: %w", path, err)
+		}
+		md, err := toml.Decode(string(b), cfg)
 		if err != nil {
 			return nil, fmt.Errorf("config file %s: %w", path, err)
 		}
@@ -67,7 +73,7 @@ func Load(name string, args []string, cfg any, register func(fs *flag.FlagSet), 
 			return nil, fmt.Errorf("config file %s: unknown keys: %s", path, strings.Join(keys, ", "))
 		}
 		var raw map[string]any
-		if _, err := toml.DecodeFile(path, &raw); err != nil {
+		if _, err := toml.Decode(string(b), &raw); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", path, err)
 		}
 		if err := checkDurations(raw, reflect.TypeOf(cfg), ""); err != nil {
