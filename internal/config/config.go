@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"iter"
 	"os"
 	"reflect"
 	"slices"
@@ -180,6 +181,21 @@ func Keys(cfg any) []string {
 	var out []string
 	var walk func(t reflect.Type, prefix string)
 	walk = func(t reflect.Type, prefix string) {
+		for key, ft := range fields(t) {
+			out = append(out, prefix+key)
+			walk(ft, prefix+key+".")
+		}
+	}
+	walk(reflect.TypeOf(cfg), "")
+	return out
+}
+
+// fields yields the keys of the TOML table that t (a struct, or a pointer
+// to or slice of one) decodes, each with its field's type, in the order of
+// the struct: every exported field with a toml tag other than "-", and an
+// untagged embedded struct's keys as t's own. Any other t has none.
+func fields(t reflect.Type) iter.Seq2[string, reflect.Type] {
+	return func(yield func(string, reflect.Type) bool) {
 		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
 			t = t.Elem()
 		}
@@ -191,19 +207,19 @@ func Keys(cfg any) []string {
 			tag, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
 			switch {
 			case tag == "-" || !f.IsExported():
-				continue
 			case f.Anonymous && tag == "":
-				walk(f.Type, prefix)
-				continue
-			case tag == "":
-				continue // not a key
+				for key, ft := range fields(f.Type) {
+					if !yield(key, ft) {
+						return
+					}
+				}
+			case tag != "":
+				if !yield(tag, f.Type) {
+					return
+				}
 			}
-			out = append(out, prefix+tag)
-			walk(f.Type, prefix+tag+".")
 		}
 	}
-	walk(reflect.TypeOf(cfg), "")
-	return out
 }
 
 // CheckFlags returns an error naming every flag of fs that names no key of

@@ -5,7 +5,6 @@ import (
 	"maps"
 	"reflect"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -60,31 +59,18 @@ func checkValue(v any, t reflect.Type, key string) error {
 	return nil
 }
 
-// keyType is the type that key decodes into within t: a struct's field by
-// its toml tag (an untagged embedded struct's fields being its parent's),
-// or a map's element.
+// keyType is the type that key decodes into within t: a struct's field
+// (fields) or a map's element.
 func keyType(t reflect.Type, key string) (reflect.Type, bool) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	switch t.Kind() {
-	case reflect.Map:
+	if t.Kind() == reflect.Map {
 		return t.Elem(), true
-	case reflect.Struct:
-	default:
-		return nil, false
 	}
-	for i := range t.NumField() {
-		f := t.Field(i)
-		tag, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
-		switch {
-		case !f.IsExported() || tag == "-":
-		case f.Anonymous && tag == "":
-			if ft, ok := keyType(f.Type, key); ok {
-				return ft, true
-			}
-		case tag == key:
-			return f.Type, true
+	for k, ft := range fields(t) {
+		if k == key {
+			return ft, true
 		}
 	}
 	return nil, false
