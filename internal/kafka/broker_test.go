@@ -311,3 +311,49 @@ func TestRealBrokerRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestRealBrokerCreatedTopicsAnswer: CreateTopics returns once every
+// partition of the topics it created answers on its leader. Before that,
+// a produce to a partition its leader has not loaded yet is refused
+// (NOT_LEADER_OR_FOLLOWER) and franz-go retries it only after its next
+// metadata refresh, up to 5 s later: a new gateway's first events would
+// wait that long. Many partitions at once widen the window the broker
+// takes to load them.
+func TestRealBrokerCreatedTopicsAnswer(t *testing.T) {
+	k := testenv.SharedSecureKafka(t)
+	c := DefaultConfig()
+	c.Brokers, c.Partitions = k.Addr(), 64
+	topics := make([]string, 4)
+	for i := range topics {
+		topics[i] = fmt.Sprintf("answer-%d-%d", i, time.Now().UnixNano())
+	}
+	ctx := ctxT(t, 90*time.Second)
+	// connected before, so its question follows CreateTopics at once
+	cl, err := NewClient(c, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	if _, err := adm.BrokerMetadata(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), topics...) })
+	if err := CreateTopics(ctx, c, quietLog(), topics...); err != nil {
+		t.Fatal(err)
+	}
+	offs, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	offs.Each(func(o kadm.ListedOffset) {
+		n++
+		if o.Err != nil {
+			t.Errorf("%s/%d right after CreateTopics: %v", o.Topic, o.Partition, o.Err)
+		}
+	})
+	if want := len(topics) * c.Partitions; n != want {
+		t.Errorf("%d partitions listed, want %d", n, want)
+	}
+}

@@ -209,15 +209,20 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, c Config, topics ...strin
 			return err
 		}
 		if err == nil {
-			var denied []string
+			var created, denied []string
 			for _, t := range resp.Sorted() {
 				switch {
-				case t.Err == nil, errors.Is(t.Err, kerr.TopicAlreadyExists):
+				case t.Err == nil:
+					created = append(created, t.Topic)
+				case errors.Is(t.Err, kerr.TopicAlreadyExists):
 				case errors.Is(t.Err, kerr.TopicAuthorizationFailed), errors.Is(t.Err, kerr.ClusterAuthorizationFailed):
 					denied = append(denied, t.Topic)
 				default:
 					return fmt.Errorf("create topic %s: %w", t.Topic, Explain(t.Err))
 				}
+			}
+			if err := awaitLeaders(ctx, adm, created); err != nil {
+				return err
 			}
 			if len(denied) == 0 {
 				return nil
@@ -242,6 +247,37 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, c Config, topics ...strin
 		case <-ctx.Done():
 			return fmt.Errorf("create topics %v on %s: %w", topics, c.Brokers, Explain(err))
 		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// awaitLeaders returns once every partition of the topics, just created,
+// answers on its leader. The controller acknowledges a new topic before
+// its leaders have loaded their partitions, and a produce that arrives in
+// between fails with NOT_LEADER_OR_FOLLOWER; franz-go then retries after
+// its next metadata refresh, which comes at least 5 s (MetadataMinAge)
+// after the previous one: a gateway's first events, and their cordons,
+// would wait that long.
+func awaitLeaders(ctx context.Context, adm *kadm.Client, topics []string) error {
+	if len(topics) == 0 {
+		return nil
+	}
+	for {
+		offs, err := adm.ListEndOffsets(ctx, topics...)
+		if err == nil {
+			offs.Each(func(o kadm.ListedOffset) {
+				if o.Err != nil && err == nil {
+					err = fmt.Errorf("partition %s/%d: %w", o.Topic, o.Partition, o.Err)
+				}
+			})
+			if err == nil {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("created topics %v, but their leaders did not answer: %w", topics, Explain(err))
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
