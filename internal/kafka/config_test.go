@@ -16,6 +16,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/faultline/faultline/internal/testenv"
@@ -321,5 +322,27 @@ func TestSessionTimeout(t *testing.T) {
 	}
 	if d := DefaultConfig().SessionTimeout; d != 15*time.Second {
 		t.Errorf("default session_timeout %v, want 15s", d)
+	}
+}
+
+// TestClientMetadataMinAge: every client asks for metadata again within
+// MetadataMinAge of a failure, not franz-go's 5 s, unless its caller says
+// otherwise.
+func TestClientMetadataMinAge(t *testing.T) {
+	for _, tt := range []struct {
+		opts []kgo.Opt
+		want time.Duration
+	}{
+		{nil, MetadataMinAge},
+		{[]kgo.Opt{kgo.MetadataMinAge(3 * time.Second)}, 3 * time.Second},
+	} {
+		cl, err := NewClient(DefaultConfig(), quietLog(), tt.opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cl.OptValue(kgo.MetadataMinAge); got != tt.want {
+			t.Errorf("options %d: metadata min age %v, want %v", len(tt.opts), got, tt.want)
+		}
+		cl.Close()
 	}
 }
