@@ -346,3 +346,22 @@ func TestClientMetadataMinAge(t *testing.T) {
 		cl.Close()
 	}
 }
+
+// TestRetryBackoff: Kafka's client defaults, 100 ms doubling to 1 s, each
+// within ±20 % jitter.
+func TestRetryBackoff(t *testing.T) {
+	for _, tt := range []struct {
+		fails int
+		base  time.Duration
+	}{
+		{0, 100 * time.Millisecond}, {1, 100 * time.Millisecond}, {2, 200 * time.Millisecond},
+		{3, 400 * time.Millisecond}, {4, 800 * time.Millisecond}, {5, time.Second}, {64, time.Second},
+	} {
+		lo, hi := tt.base*8/10, tt.base*12/10
+		for range 100 {
+			if d := retryBackoff(tt.fails); d < lo || d > hi {
+				t.Fatalf("retryBackoff(%d) = %v, want %v to %v", tt.fails, d, lo, hi)
+			}
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -124,6 +125,7 @@ func NewClient(c Config, log *slog.Logger, opts ...kgo.Opt) (*kgo.Client, error)
 		kgo.SeedBrokers(c.SeedBrokers()...),
 		kgo.WithLogger(kslog.New(log.With("component", "kafka"))),
 		kgo.MetadataMinAge(MetadataMinAge),
+		kgo.RetryBackoffFn(retryBackoff),
 	}
 	sec, err := c.securityOpts(keyPrefix, log)
 	if err != nil {
@@ -144,6 +146,21 @@ func NewClient(c Config, log *slog.Logger, opts ...kgo.Opt) (*kgo.Client, error)
 // 1 s a client asks at most once a second, and only while something fails:
 // negligible for brokers serving a fleet's few faultline clients.
 const MetadataMinAge = time.Second
+
+// retryBackoff is how long a client waits before its fails-th retry:
+// Kafka's own client defaults (KIP-580: retry.backoff.ms 100 doubling up
+// to retry.backoff.max.ms 1000, ±20 % jitter) instead of franz-go's 250 ms
+// doubling up to 5 s. A consumer group that lost its broker for a few
+// seconds had reached a 5 s backoff, and waited it out after the broker
+// was back before it joined again: its events waited with it.
+func retryBackoff(fails int) time.Duration {
+	const least, most = 100 * time.Millisecond, time.Second
+	d := most
+	if fails < 5 { // 100 ms << 4 is already past most
+		d = min(most, least<<max(0, fails-1))
+	}
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
 
 // keyPrefix is the TOML section of Config in every faultline binary; the
 // errors NewClient returns name keys under it.

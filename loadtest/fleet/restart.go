@@ -1,0 +1,111 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/faultline/faultline/internal/fleetsim"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// BrokerRestartResult is what BrokerRestart measured.
+type BrokerRestartResult struct {
+	Stopping, Down, Starting time.Duration // SIGTERM to exit; exit to start; start to ready
+	Background               LoadResult
+	// FromReady is each cordoned fault's time from the broker being ready
+	// again to its cordon; FromSend from the send the gateway accepted.
+	FromReady, FromSend []time.Duration
+	Faults              int
+}
+
+// catchUp is how long the background of BrokerRestart goes on after the
+// faults are cordoned.
+const catchUp = 5 * time.Second
+
+// BrokerRestart runs p.Rate events/s of mixed background (BackgroundMix)
+// sent as an agent does (a call refused while the broker is away is sent
+// again), stops the broker gracefully, keeps it down for p.Duration and
+// starts it again; once it is ready it sends p.Faults fatal events, one
+// every 50ms, each for its own node and sent again until accepted. Each
+// fault's time runs to its cordon seen on a watch of the apiserver: what
+// it measures is how soon the gateway's producer and the quarantine
+// role's consumer find the broker again.
+func BrokerRestart(ctx context.Context, e *Env, p Params) (BrokerRestartResult, error) {
+	bgFatal := 5
+	if !p.BreakerOff && p.Faults+bgFatal > breakerShare(p.Nodes) {
+		return BrokerRestartResult{}, fmt.Errorf("broker-restart: %d faults + %d background fatal nodes exceed the default breaker's share of %d nodes (%d): use more nodes or -breaker-off",
+			p.Faults, bgFatal, p.Nodes, breakerShare(p.Nodes))
+	}
+	stop := e.StartLoad(ctx, Load{Rate: p.Rate, Batch: max(1, int(p.Rate/8/20)), Workers: 8, Transport: GRPC,
+		Gen: BackgroundMix(p.Faults, p.Nodes-p.Faults, 100, bgFatal)}, 0)
+	time.Sleep(2 * time.Second) // the background flows
+	res := BrokerRestartResult{Faults: p.Faults}
+	t0 := time.Now()
+	e.Kafka.Stop()
+	t1 := time.Now()
+	time.Sleep(p.Duration)
+	t2 := time.Now()
+	e.Kafka.Start()
+	ready := time.Now()
+	res.Stopping, res.Down, res.Starting = t1.Sub(t0), t2.Sub(t1), ready.Sub(t2)
+
+	cluster := e.Clusters[0]
+	sent := make([]time.Time, p.Faults)
+	for i := range p.Faults {
+		ev := []*datamodels.HealthEvent{fleetsim.Xid(NodeName(i), i%8, 79)}
+		for try := 0; ; try++ {
+			sent[i] = time.Now()
+			err := e.Send(ctx, GRPC, cluster, ev)
+			if err == nil {
+				break
+			}
+			if !Backpressure(err) || try == 100 || ctx.Err() != nil {
+				stop()
+				return res, fmt.Errorf("send fault %d after the restart: %w", i, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	waitFor(ctx, 60*time.Second, func() bool {
+		for i := range p.Faults {
+			if _, ok := e.Cordons.At(cluster, NodeName(i)); !ok {
+				return false
+			}
+		}
+		return true
+	})
+	// The background's calls made while the broker was away are answered
+	// after it (or refused and sent again), far behind their schedule; its
+	// workers catch up one call at a time. catchUp lets them, so that the
+	// delivered rate says whether they did.
+	time.Sleep(catchUp)
+	res.Background = stop()
+	for i := range p.Faults {
+		if t, ok := e.Cordons.At(cluster, NodeName(i)); ok {
+			res.FromReady = append(res.FromReady, t.Sub(ready))
+			res.FromSend = append(res.FromSend, t.Sub(sent[i]))
+		}
+	}
+	return res, nil
+}
+
+func runBrokerRestart(ctx context.Context, e *Env, p Params, r *Report) error {
+	res, err := BrokerRestart(ctx, e, p)
+	if err != nil {
+		return err
+	}
+	r.Figure("broker-restart over %s: broker stopped in %s, down %s, ready %s after its start; background %s",
+		e.Describe(), res.Stopping.Round(time.Millisecond), res.Down.Round(time.Millisecond), res.Starting.Round(time.Millisecond), res.Background)
+	rp50, rp99, rmx := percentiles(res.FromReady)
+	sp50, sp99, smx := percentiles(res.FromSend)
+	r.Figure("broker-restart: %d of %d faults sent after the broker was ready cordoned; ready->cordon p50 %s p99 %s max %s; send->cordon p50 %s p99 %s max %s",
+		len(res.FromReady), res.Faults, rp50.Round(time.Millisecond), rp99.Round(time.Millisecond), rmx.Round(time.Millisecond),
+		sp50.Round(time.Millisecond), sp99.Round(time.Millisecond), smx.Round(time.Millisecond))
+	cordoned, twice := e.Cordons.Count()
+	r.Check(len(res.FromReady) == res.Faults, "only %d of %d faults cordoned within 60s of their send", len(res.FromReady), res.Faults)
+	r.Check(twice == 0, "%d of %d cordoned nodes cordoned twice", twice, cordoned)
+	r.Check(res.Background.Verified(0.95) == nil, "background, %s after the faults: %v", catchUp, res.Background.Verified(0.95))
+	return nil
+}
