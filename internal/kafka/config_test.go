@@ -325,23 +325,27 @@ func TestSessionTimeout(t *testing.T) {
 	}
 }
 
-// TestClientMetadataMinAge: every client asks for metadata again within
-// MetadataMinAge of a failure, not franz-go's 5 s, unless its caller says
-// otherwise.
-func TestClientMetadataMinAge(t *testing.T) {
+// TestClientRetryOptions: every client asks for metadata again within
+// MetadataMinAge of a failure, not franz-go's 5 s, and retries a request
+// requestRetries times, unless its caller says otherwise.
+func TestClientRetryOptions(t *testing.T) {
 	for _, tt := range []struct {
-		opts []kgo.Opt
-		want time.Duration
+		opts    []kgo.Opt
+		minAge  time.Duration
+		retries int64
 	}{
-		{nil, MetadataMinAge},
-		{[]kgo.Opt{kgo.MetadataMinAge(3 * time.Second)}, 3 * time.Second},
+		{nil, MetadataMinAge, requestRetries},
+		{[]kgo.Opt{kgo.MetadataMinAge(3 * time.Second), kgo.RequestRetries(5)}, 3 * time.Second, 5},
 	} {
 		cl, err := NewClient(DefaultConfig(), quietLog(), tt.opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := cl.OptValue(kgo.MetadataMinAge); got != tt.want {
-			t.Errorf("options %d: metadata min age %v, want %v", len(tt.opts), got, tt.want)
+		if got := cl.OptValue(kgo.MetadataMinAge); got != tt.minAge {
+			t.Errorf("options %d: metadata min age %v, want %v", len(tt.opts), got, tt.minAge)
+		}
+		if got := cl.OptValue(kgo.RequestRetries); got != tt.retries {
+			t.Errorf("options %d: request retries %v, want %v", len(tt.opts), got, tt.retries)
 		}
 		cl.Close()
 	}

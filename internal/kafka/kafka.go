@@ -126,6 +126,7 @@ func NewClient(c Config, log *slog.Logger, opts ...kgo.Opt) (*kgo.Client, error)
 		kgo.WithLogger(kslog.New(log.With("component", "kafka"))),
 		kgo.MetadataMinAge(MetadataMinAge),
 		kgo.RetryBackoffFn(retryBackoff),
+		kgo.RequestRetries(requestRetries),
 	}
 	sec, err := c.securityOpts(keyPrefix, log)
 	if err != nil {
@@ -161,6 +162,12 @@ func retryBackoff(fails int) time.Duration {
 	}
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
+
+// requestRetries is how many times a client sends a request again: enough
+// that, as with franz-go's longer backoff, a request gives up after its
+// retry timeout (30 s; a group's join, sync and heartbeat: the session
+// timeout), not after franz-go's 20 tries, ≈ 18 s at retryBackoff.
+const requestRetries = 40
 
 // keyPrefix is the TOML section of Config in every faultline binary; the
 // errors NewClient returns name keys under it.
