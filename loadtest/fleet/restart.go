@@ -32,13 +32,10 @@ const catchUp = 5 * time.Second
 // it measures is how soon the gateway's producer and the quarantine
 // role's consumer find the broker again.
 func BrokerRestart(ctx context.Context, e *Env, p Params) (BrokerRestartResult, error) {
-	bgFatal := 5
-	if !p.BreakerOff && p.Faults+bgFatal > breakerShare(p.Nodes) {
-		return BrokerRestartResult{}, fmt.Errorf("broker-restart: %d faults + %d background fatal nodes exceed the default breaker's share of %d nodes (%d): use more nodes or -breaker-off",
-			p.Faults, bgFatal, p.Nodes, breakerShare(p.Nodes))
+	stop, err := faultBackground(ctx, e, p, "broker-restart")
+	if err != nil {
+		return BrokerRestartResult{}, err
 	}
-	stop := e.StartLoad(ctx, Load{Rate: p.Rate, Batch: max(1, int(p.Rate/8/20)), Workers: 8, Transport: GRPC,
-		Gen: BackgroundMix(p.Faults, p.Nodes-p.Faults, 100, bgFatal)}, 0)
 	time.Sleep(2 * time.Second) // the background flows
 	res := BrokerRestartResult{Faults: p.Faults}
 	t0 := time.Now()
@@ -68,26 +65,15 @@ func BrokerRestart(ctx context.Context, e *Env, p Params) (BrokerRestartResult, 
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	waitFor(ctx, 60*time.Second, func() bool {
-		for i := range p.Faults {
-			if _, ok := e.Cordons.At(cluster, NodeName(i)); !ok {
-				return false
-			}
-		}
-		return true
-	})
+	e.waitCordoned(ctx, cluster, p.Faults)
 	// The background's calls made while the broker was away are answered
 	// after it (or refused and sent again), far behind their schedule; its
 	// workers catch up one call at a time. catchUp lets them, so that the
 	// delivered rate says whether they did.
 	time.Sleep(catchUp)
 	res.Background = stop()
-	for i := range p.Faults {
-		if t, ok := e.Cordons.At(cluster, NodeName(i)); ok {
-			res.FromReady = append(res.FromReady, t.Sub(ready))
-			res.FromSend = append(res.FromSend, t.Sub(sent[i]))
-		}
-	}
+	res.FromReady = e.cordonedAfter(cluster, p.Faults, func(int) time.Time { return ready })
+	res.FromSend = e.cordonedAfter(cluster, p.Faults, func(i int) time.Time { return sent[i] })
 	return res, nil
 }
 

@@ -307,13 +307,10 @@ type FaultToCordonResult struct {
 // each latency runs from the moment its request is sent to the node's
 // cordon seen on a watch of the apiserver.
 func FaultToCordon(ctx context.Context, e *Env, p Params) (FaultToCordonResult, error) {
-	bgFatal := 5
-	if !p.BreakerOff && p.Faults+bgFatal > breakerShare(p.Nodes) {
-		return FaultToCordonResult{}, fmt.Errorf("fault-to-cordon: %d faults + %d background fatal nodes exceed the default breaker's share of %d nodes (%d): use more nodes or -breaker-off",
-			p.Faults, bgFatal, p.Nodes, breakerShare(p.Nodes))
+	stop, err := faultBackground(ctx, e, p, "fault-to-cordon")
+	if err != nil {
+		return FaultToCordonResult{}, err
 	}
-	stop := e.StartLoad(ctx, Load{Rate: p.Rate, Batch: max(1, int(p.Rate/8/20)), Workers: 8, Transport: GRPC,
-		Gen: BackgroundMix(p.Faults, p.Nodes-p.Faults, 100, bgFatal)}, 0)
 	time.Sleep(3 * time.Second) // the background flows, the group settled
 	cluster := e.Clusters[0]
 	sent := make([]time.Time, p.Faults)
@@ -326,21 +323,49 @@ func FaultToCordon(ctx context.Context, e *Env, p Params) (FaultToCordonResult, 
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	e.waitCordoned(ctx, cluster, p.Faults)
+	return FaultToCordonResult{Faults: p.Faults, Background: stop(),
+		Latencies: e.cordonedAfter(cluster, p.Faults, func(i int) time.Time { return sent[i] })}, nil
+}
+
+// faultBackground starts p.Rate events/s of mixed background for a
+// scenario whose first p.Faults nodes fail (BackgroundMix over the other
+// nodes: healthy and unhealthy events of several checks, fatal ones on 5
+// nodes). It refuses, naming the scenario, when the faults and those 5
+// exceed the default breaker's share.
+func faultBackground(ctx context.Context, e *Env, p Params, scenario string) (stop func() LoadResult, err error) {
+	const bgFatal = 5
+	if !p.BreakerOff && p.Faults+bgFatal > breakerShare(p.Nodes) {
+		return nil, fmt.Errorf("%s: %d faults + %d background fatal nodes exceed the default breaker's share of %d nodes (%d): use more nodes or -breaker-off",
+			scenario, p.Faults, bgFatal, p.Nodes, breakerShare(p.Nodes))
+	}
+	return e.StartLoad(ctx, Load{Rate: p.Rate, Batch: max(1, int(p.Rate/8/20)), Workers: 8, Transport: GRPC,
+		Gen: BackgroundMix(p.Faults, p.Nodes-p.Faults, 100, bgFatal)}, 0), nil
+}
+
+// waitCordoned waits, up to 60s, until nodes [0, n) of cluster are all
+// cordoned.
+func (e *Env) waitCordoned(ctx context.Context, cluster string, n int) {
 	waitFor(ctx, 60*time.Second, func() bool {
-		for i := range p.Faults {
+		for i := range n {
 			if _, ok := e.Cordons.At(cluster, NodeName(i)); !ok {
 				return false
 			}
 		}
 		return true
 	})
-	res := FaultToCordonResult{Faults: p.Faults, Background: stop()}
-	for i := range p.Faults {
+}
+
+// cordonedAfter returns, for each cordoned node i of [0, n), the time from
+// from(i) to its cordon seen on the watch.
+func (e *Env) cordonedAfter(cluster string, n int, from func(i int) time.Time) []time.Duration {
+	var out []time.Duration
+	for i := range n {
 		if t, ok := e.Cordons.At(cluster, NodeName(i)); ok {
-			res.Latencies = append(res.Latencies, t.Sub(sent[i]))
+			out = append(out, t.Sub(from(i)))
 		}
 	}
-	return res, nil
+	return out
 }
 
 func runFaultToCordon(ctx context.Context, e *Env, p Params, r *Report) error {
