@@ -47,7 +47,7 @@ func main() {
 	flag.IntVar(&p.Clusters, "clusters", 0, "simulated clusters, one kube-apiserver each")
 	flag.IntVar(&p.Nodes, "nodes", 0, "nodes per cluster")
 	flag.Float64Var(&p.Rate, "rate", 0, "background events/s")
-	flag.DurationVar(&p.Duration, "duration", 0, "duration of the load")
+	flag.DurationVar(&p.Duration, "duration", 0, "duration of the load (broker-restart: how long the broker stays down; burst: bound of the wait for the drain)")
 	flag.IntVar(&p.Faults, "faults", 0, "nodes that fail")
 	flag.IntVar(&p.Events, "events", 0, "burst: events sent in all")
 	kubeQPS := flag.Float64("kube-qps", 0, "burst: the roles' client QPS per cluster, burst 2x (default: shipped 200/400)")
