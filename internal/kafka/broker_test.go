@@ -316,8 +316,8 @@ func TestRealBrokerRefusals(t *testing.T) {
 // partition of the topics it created answers on its leader. Before that,
 // a produce to a partition its leader has not loaded yet is refused
 // (NOT_LEADER_OR_FOLLOWER) and franz-go retries it only after its next
-// metadata refresh, up to 5 s later: a new gateway's first events would
-// wait that long. Many partitions at once widen the window the broker
+// metadata refresh, up to metadataMinAge later (franz-go's default: 5 s):
+// a new gateway's first events would wait that long. Many partitions at once widen the window the broker
 // takes to load them.
 func TestRealBrokerCreatedTopicsAnswer(t *testing.T) {
 	k := testenv.SharedSecureKafka(t)

@@ -326,7 +326,7 @@ func TestSessionTimeout(t *testing.T) {
 }
 
 // TestClientRetryOptions: every client asks for metadata again within
-// MetadataMinAge of a failure, not franz-go's 5 s, and retries a request
+// metadataMinAge of a failure, not franz-go's 5 s, and retries a request
 // requestRetries times, unless its caller says otherwise.
 func TestClientRetryOptions(t *testing.T) {
 	for _, tt := range []struct {
@@ -334,7 +334,7 @@ func TestClientRetryOptions(t *testing.T) {
 		minAge  time.Duration
 		retries int64
 	}{
-		{nil, MetadataMinAge, requestRetries},
+		{nil, metadataMinAge, requestRetries},
 		{[]kgo.Opt{kgo.MetadataMinAge(3 * time.Second), kgo.RequestRetries(5)}, 3 * time.Second, 5},
 	} {
 		cl, err := NewClient(DefaultConfig(), quietLog(), tt.opts...)

@@ -124,7 +124,7 @@ func NewClient(c Config, log *slog.Logger, opts ...kgo.Opt) (*kgo.Client, error)
 	base := []kgo.Opt{
 		kgo.SeedBrokers(c.SeedBrokers()...),
 		kgo.WithLogger(kslog.New(log.With("component", "kafka"))),
-		kgo.MetadataMinAge(MetadataMinAge),
+		kgo.MetadataMinAge(metadataMinAge),
 		kgo.RetryBackoffFn(retryBackoff),
 		kgo.RequestRetries(requestRetries),
 	}
@@ -139,14 +139,14 @@ func NewClient(c Config, log *slog.Logger, opts ...kgo.Opt) (*kgo.Client, error)
 	return cl, nil
 }
 
-// MetadataMinAge is the least time between two metadata requests of a
+// metadataMinAge is the least time between two metadata requests of a
 // client (franz-go's default is 5 s). A record or fetch whose partition
 // lost its leader (a broker killed, or back after an outage) waits for the
 // next metadata request to find the new one, so franz-go's default let
 // events stall up to 5 s after Kafka had already moved the leader. With
 // 1 s a client asks at most once a second, and only while something fails:
 // negligible for brokers serving a fleet's few faultline clients.
-const MetadataMinAge = time.Second
+const metadataMinAge = time.Second
 
 // retryBackoff is how long a client waits before its fails-th retry:
 // Kafka's own client defaults (KIP-580: retry.backoff.ms 100 doubling up
@@ -158,7 +158,7 @@ func retryBackoff(fails int) time.Duration {
 	const least, most = 100 * time.Millisecond, time.Second
 	d := most
 	if fails < 5 { // 100 ms << 4 is already past most
-		d = min(most, least<<max(0, fails-1))
+		d = least << max(0, fails-1)
 	}
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
@@ -289,9 +289,9 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, c Config, topics ...strin
 // answers on its leader. The controller acknowledges a new topic before
 // its leaders have loaded their partitions, and a produce that arrives in
 // between fails with NOT_LEADER_OR_FOLLOWER; franz-go then retries after
-// its next metadata refresh, which comes at least 5 s (MetadataMinAge)
-// after the previous one: a gateway's first events, and their cordons,
-// would wait that long.
+// its next metadata refresh, which comes at least metadataMinAge (1 s;
+// franz-go's default 5 s) after the previous one: a gateway's first
+// events, and their cordons, would wait that long.
 func awaitLeaders(ctx context.Context, adm *kadm.Client, topics []string) error {
 	if len(topics) == 0 {
 		return nil
