@@ -331,6 +331,10 @@ func (w *LagWatch) snapshot() []groupDrain {
 	return out
 }
 
+// burstResend outlasts a backlog: up to 1,000 pushbacks, waiting 5 ms
+// longer after each up to 200 ms (≈ 3 min in all).
+var burstResend = resend{tries: 1000, wait: func(try int) time.Duration { return time.Duration(min(5+5*try, 200)) * time.Millisecond }}
+
 // burstSend sends events events spread evenly over the clusters, each
 // cluster's share from workers callers in gRPC batches of batch, as fast
 // as the gateway acknowledges them (backpressure is backed off and sent
@@ -359,21 +363,14 @@ func (e *Env) burstSend(ctx context.Context, events int64, nodes, batch, workers
 					for s := first; s < min(share, first+int64(batch)); s++ {
 						evs = append(evs, BurstEvent(nodes, s))
 					}
-					for try := 0; ; try++ {
-						err := e.Send(ctx, GRPC, c, evs)
-						if err == nil {
-							sent.Add(int64(len(evs)))
-							break
-						}
-						if Backpressure(err) && try < 1000 && ctx.Err() == nil {
-							pushed.Add(1)
-							time.Sleep(time.Duration(min(5+try*5, 200)) * time.Millisecond)
-							continue
-						}
+					_, pb, err := e.sendAccepted(ctx, GRPC, c, evs, burstResend)
+					pushed.Add(pb)
+					if err != nil {
 						failed.Add(int64(len(evs)))
 						e.TB.Logf("fleet: burst: %v", err)
-						break
+						continue
 					}
+					sent.Add(int64(len(evs)))
 				}
 			}()
 		}

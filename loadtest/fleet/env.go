@@ -86,11 +86,12 @@ type Env struct {
 	Actions  *ActionWatch
 	Registry *prometheus.Registry
 
-	conns  []*grpc.ClientConn
-	next   atomic.Uint64
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan error
+	conns         []*grpc.ClientConn
+	next          atomic.Uint64
+	firstPushback sync.Once
+	ctx           context.Context
+	cancel        context.CancelFunc
+	done          chan error
 }
 
 // Database is the ClickHouse database of the fleet's history.

@@ -140,7 +140,6 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadR
 		seq, sent, failed, pushed atomic.Int64
 		behind                    atomic.Int64
 		wg                        sync.WaitGroup
-		logOnce                   sync.Once
 	)
 	start := time.Now()
 	per := l.Rate / float64(l.Workers) // events/s per worker
@@ -183,28 +182,14 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadR
 				for j := range evs {
 					evs[j] = l.Gen(cluster, first+int64(j))
 				}
-				for try := 0; ; try++ {
-					err := e.Send(ctx, l.Transport, cluster, evs)
-					if err == nil {
-						sent.Add(cnt)
-						break
-					}
-					if ctx.Err() != nil {
-						break
-					}
-					if pushed.Load() == 0 {
-						logOnce.Do(func() { e.TB.Logf("fleet: load: first pushback: %v", err) })
-					}
-					if Backpressure(err) && try < 100 {
-						// The gateway's 429 / RESOURCE_EXHAUSTED: a client
-						// backs off and sends again; nothing is lost.
-						pushed.Add(1)
-						time.Sleep(time.Duration(5+try*5) * time.Millisecond)
-						continue
-					}
+				_, pb, err := e.sendAccepted(ctx, l.Transport, cluster, evs, agentResend)
+				pushed.Add(pb)
+				switch {
+				case err == nil:
+					sent.Add(cnt)
+				case ctx.Err() == nil: // a call cut short by the end of the run is not a failure
 					failed.Add(cnt)
 					e.TB.Logf("fleet: load: %v", err)
-					break
 				}
 			}
 		}()
@@ -290,15 +275,47 @@ func (e *Env) History(ctx context.Context, cluster, node string) (int, error) {
 	return len(out.Events), nil
 }
 
-// Backpressure reports whether err is the gateway asking the client to
+// backpressure reports whether err is the gateway asking the client to
 // slow down (gRPC RESOURCE_EXHAUSTED or UNAVAILABLE, HTTP 429 or 503).
-func Backpressure(err error) bool {
+func backpressure(err error) bool {
 	switch status.Code(err) {
 	case codes.ResourceExhausted, codes.Unavailable:
 		return true
 	}
 	var he *httpError
 	return errors.As(err, &he) && (he.code == http.StatusTooManyRequests || he.code == http.StatusServiceUnavailable)
+}
+
+// resend is how a sender answers the gateway's pushback: it waits
+// wait(try) and sends the same events again (same ids: stored once), at
+// most tries times.
+type resend struct {
+	tries int
+	wait  func(try int) time.Duration
+}
+
+// agentResend waits 5 ms longer after each pushback, up to 100 of them
+// (≈ 25 s in all), as the agents' senders do.
+var agentResend = resend{tries: 100, wait: func(try int) time.Duration { return time.Duration(5+5*try) * time.Millisecond }}
+
+// sendAccepted sends evs until the gateway accepts them, sending again
+// after each pushback as r says. It returns when the accepted call was
+// sent, how many calls were pushed back, and the last call's error when
+// none was accepted (any other error, r's tries spent or ctx ended). The
+// first pushback of the run is logged.
+func (e *Env) sendAccepted(ctx context.Context, t Transport, cluster string, evs []*datamodels.HealthEvent, r resend) (at time.Time, pushbacks int64, err error) {
+	for try := 0; ; try++ {
+		at = time.Now()
+		if err = e.Send(ctx, t, cluster, evs); err == nil {
+			return at, pushbacks, nil
+		}
+		if !backpressure(err) || try >= r.tries || ctx.Err() != nil {
+			return at, pushbacks, err
+		}
+		e.firstPushback.Do(func() { e.TB.Logf("fleet: first pushback: %v", err) })
+		pushbacks++
+		time.Sleep(r.wait(try))
+	}
 }
 
 type httpError struct {
@@ -331,21 +348,14 @@ func (e *Env) Blast(ctx context.Context, t Transport, nodes, batch, workers int,
 					for i := first; i < min(nodes, first+batch); i++ {
 						evs = append(evs, perNode(NodeName(i)))
 					}
-					for try := 0; ; try++ {
-						err := e.Send(ctx, t, c, evs)
-						if err == nil {
-							sent.Add(int64(len(evs)))
-							break
-						}
-						if Backpressure(err) && try < 100 && ctx.Err() == nil {
-							pushed.Add(1)
-							time.Sleep(time.Duration(5+try*5) * time.Millisecond)
-							continue
-						}
+					_, pb, err := e.sendAccepted(ctx, t, c, evs, agentResend)
+					pushed.Add(pb)
+					if err != nil {
 						failed.Add(int64(len(evs)))
 						e.TB.Logf("fleet: blast: %v", err)
-						break
+						continue
 					}
+					sent.Add(int64(len(evs)))
 				}
 			}()
 		}

@@ -23,6 +23,10 @@ type BrokerRestartResult struct {
 // faults are cordoned.
 const catchUp = 5 * time.Second
 
+// faultResend sends a fault again every 50 ms while the gateway pushes
+// back, up to 100 times.
+var faultResend = resend{tries: 100, wait: func(int) time.Duration { return 50 * time.Millisecond }}
+
 // BrokerRestart runs p.Rate events/s of mixed background (BackgroundMix)
 // sent as an agent does (a call refused while the broker is away is sent
 // again), stops the broker gracefully, keeps it down for p.Duration and
@@ -51,17 +55,10 @@ func BrokerRestart(ctx context.Context, e *Env, p Params) (BrokerRestartResult, 
 	sent := make([]time.Time, p.Faults)
 	for i := range p.Faults {
 		ev := []*datamodels.HealthEvent{fleetsim.Xid(NodeName(i), i%8, 79)}
-		for try := 0; ; try++ {
-			sent[i] = time.Now()
-			err := e.Send(ctx, GRPC, cluster, ev)
-			if err == nil {
-				break
-			}
-			if !Backpressure(err) || try == 100 || ctx.Err() != nil {
-				stop()
-				return res, fmt.Errorf("send fault %d after the restart: %w", i, err)
-			}
-			time.Sleep(50 * time.Millisecond)
+		var err error
+		if sent[i], _, err = e.sendAccepted(ctx, GRPC, cluster, ev, faultResend); err != nil {
+			stop()
+			return res, fmt.Errorf("send fault %d after the restart: %w", i, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -84,10 +81,17 @@ func runBrokerRestart(ctx context.Context, e *Env, p Params, r *Report) error {
 	}
 	r.Figure("broker-restart over %s: broker stopped in %s, down %s, ready %s after its start; background %s",
 		e.Describe(), res.Stopping.Round(time.Millisecond), res.Down.Round(time.Millisecond), res.Starting.Round(time.Millisecond), res.Background)
+	// The first fault goes the moment the broker is ready: its cordon is
+	// when the path was whole again. The later ones, 50 ms apart, add
+	// their place in the queue to ready->cordon, not to send->cordon.
+	var first time.Duration
+	if len(res.FromReady) > 0 {
+		first = res.FromReady[0]
+	}
 	rp50, rp99, rmx := percentiles(res.FromReady)
 	sp50, sp99, smx := percentiles(res.FromSend)
-	r.Figure("broker-restart: %d of %d faults sent after the broker was ready cordoned; ready->cordon p50 %s p99 %s max %s; send->cordon p50 %s p99 %s max %s",
-		len(res.FromReady), res.Faults, rp50.Round(time.Millisecond), rp99.Round(time.Millisecond), rmx.Round(time.Millisecond),
+	r.Figure("broker-restart: %d of %d faults sent after the broker was ready cordoned; ready->first fault's cordon %s; ready->cordon p50 %s p99 %s max %s; send->cordon p50 %s p99 %s max %s",
+		len(res.FromReady), res.Faults, first.Round(time.Millisecond), rp50.Round(time.Millisecond), rp99.Round(time.Millisecond), rmx.Round(time.Millisecond),
 		sp50.Round(time.Millisecond), sp99.Round(time.Millisecond), smx.Round(time.Millisecond))
 	cordoned, twice := e.Cordons.Count()
 	r.Check(len(res.FromReady) == res.Faults, "only %d of %d faults cordoned within 60s of their send", len(res.FromReady), res.Faults)
