@@ -136,14 +136,8 @@ var Scenarios = []Scenario{
 	{
 		Name: "broker-restart", Doc: "the broker stopped gracefully, down for Duration and started again under Rate events/s of mixed background (a refused call sent again, as agents do); then Faults fatal events, one every 50ms: each fault's time from the broker being ready, and from its accepted send, to its cordon on a watch",
 		Defaults: Params{Clusters: 1, Nodes: 500, Rate: 500, Faults: 20, Duration: 5 * time.Second},
-		Options: func(p Params) Options {
-			o := quarantineOpts(p, "quarantine")
-			// The shipped produce timeout (the test gateway's is 10 s):
-			// a call that waits longer for the broker is answered 503.
-			o.Gateway = func(c *gateway.Config) { c.ProduceTimeout = gateway.DefaultConfig().ProduceTimeout }
-			return o
-		},
-		Run: runBrokerRestart,
+		Options:  func(p Params) Options { return quarantineOpts(p, "quarantine") },
+		Run:      runBrokerRestart,
 	},
 	{
 		Name: "xid-burst", Doc: "bursts of fatal Xid 79 (20 events in 1s) on a few GPUs under mixed background: each node cordoned once, fault-to-cordon from the burst's first send",
