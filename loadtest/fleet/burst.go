@@ -455,7 +455,7 @@ func runBurst(ctx context.Context, e *Env, p Params, r *Report) error {
 	// Zero loss: every acknowledged event's id is in the store.
 	var stored, rows uint64
 	q := "SELECT uniqExact(id), count() FROM events WHERE has(`metadata.key`, '" + burstMarker + "')"
-	if strings.Contains(e.Opts.Roles, "store") {
+	if e.storing() {
 		waitFor(ctx, 60*time.Second, func() bool {
 			_ = e.CH.QueryRow(ctx, q).Scan(&stored, &rows)
 			return stored >= uint64(res.Sent)

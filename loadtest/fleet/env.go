@@ -240,6 +240,11 @@ func (e *Env) stop() {
 	}
 }
 
+// storing reports whether the store role runs in-process with ClickHouse.
+func (e *Env) storing() bool {
+	return e.CH != nil && (strings.Contains(e.Opts.Roles, "store") || e.Opts.Roles == "all")
+}
+
 // Context ends when the fleet stops.
 func (e *Env) Context() context.Context { return e.ctx }
 

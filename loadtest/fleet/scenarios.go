@@ -134,10 +134,14 @@ var Scenarios = []Scenario{
 		Run:      runFaultToCordon,
 	},
 	{
-		Name: "broker-restart", Doc: "the broker stopped gracefully, down for Duration and started again under Rate events/s of mixed background (a refused call sent again, as agents do); then Faults fatal events, one every 50ms: each fault's time from the broker being ready, and from its accepted send, to its cordon on a watch",
+		Name: "broker-restart", Doc: "the broker stopped gracefully, down for Duration and started again under Rate events/s of mixed background (a refused call sent again, as agents do); then Faults fatal events, one every 50ms: each fault's time from the broker being ready, and from its accepted send, to its cordon on a watch; every acknowledged background event stored",
 		Defaults: Params{Clusters: 1, Nodes: 500, Rate: 500, Faults: 20, Duration: 5 * time.Second},
-		Options:  func(p Params) Options { return quarantineOpts(p, "quarantine") },
-		Run:      runBrokerRestart,
+		Options: func(p Params) Options {
+			o := quarantineOpts(p, "store,quarantine")
+			o.ClickHouse = true
+			return o
+		},
+		Run: runBrokerRestart,
 	},
 	{
 		Name: "xid-burst", Doc: "bursts of fatal Xid 79 (20 events in 1s) on a few GPUs under mixed background: each node cordoned once, fault-to-cordon from the burst's first send",
@@ -322,19 +326,50 @@ func FaultToCordon(ctx context.Context, e *Env, p Params) (FaultToCordonResult, 
 		Latencies: e.cordonedAfter(cluster, p.Faults, func(i int) time.Time { return sent[i] })}, nil
 }
 
+// backgroundMarker is the metadata key (its value the scenario's name)
+// of every event of a fault scenario's background: a count in ClickHouse
+// of the events carrying it counts them and nothing else.
+const backgroundMarker = "loadtest_background"
+
 // faultBackground starts p.Rate events/s of mixed background for a
 // scenario whose first p.Faults nodes fail (BackgroundMix over the other
 // nodes: healthy and unhealthy events of several checks, fatal ones on 5
-// nodes). It refuses, naming the scenario, when the faults and those 5
-// exceed the default breaker's share.
+// nodes). Each event has a client id, "<scenario>-<seq>", as an agent's
+// spool gives it (a call sent again is stored once), and backgroundMarker.
+// It refuses, naming the scenario, when the faults and those 5 exceed the
+// default breaker's share.
 func faultBackground(ctx context.Context, e *Env, p Params, scenario string) (stop func() LoadResult, err error) {
 	const bgFatal = 5
 	if !p.BreakerOff && p.Faults+bgFatal > breakerShare(p.Nodes) {
 		return nil, fmt.Errorf("%s: %d faults + %d background fatal nodes exceed the default breaker's share of %d nodes (%d): use more nodes or -breaker-off",
 			scenario, p.Faults, bgFatal, p.Nodes, breakerShare(p.Nodes))
 	}
-	return e.StartLoad(ctx, Load{Rate: p.Rate, Batch: max(1, int(p.Rate/8/20)), Workers: 8, Transport: GRPC,
-		Gen: BackgroundMix(p.Faults, p.Nodes-p.Faults, 100, bgFatal)}, 0), nil
+	mix := BackgroundMix(p.Faults, p.Nodes-p.Faults, 100, bgFatal)
+	gen := func(cluster string, seq int64) *datamodels.HealthEvent {
+		ev := mix(cluster, seq)
+		ev.Id = fmt.Sprintf("%s-%d", scenario, seq)
+		if ev.Metadata == nil {
+			ev.Metadata = map[string]string{}
+		}
+		ev.Metadata[backgroundMarker] = scenario
+		return ev
+	}
+	return e.StartLoad(ctx, Load{Rate: p.Rate, Batch: max(1, int(p.Rate/8/20)), Workers: 8, Transport: GRPC, Gen: gen}, 0), nil
+}
+
+// storedBackground waits, up to 60s, until ClickHouse holds want distinct
+// events of the background, and returns how many distinct ids it holds
+// and in how many rows (a call sent again after its events were written
+// adds rows of the same ids until the table's merges fold them).
+func (e *Env) storedBackground(ctx context.Context, want int64) (distinct, rows uint64) {
+	q := "SELECT uniqExact(id), count() FROM events WHERE has(`metadata.key`, '" + backgroundMarker + "')"
+	waitFor(ctx, 60*time.Second, func() bool {
+		if err := e.CH.QueryRow(ctx, q).Scan(&distinct, &rows); err != nil {
+			e.TB.Logf("fleet: count the stored background: %v", err)
+		}
+		return distinct >= uint64(want)
+	})
+	return distinct, rows
 }
 
 // waitCordoned waits, up to 60s, until nodes [0, n) of cluster are all
