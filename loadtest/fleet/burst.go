@@ -453,13 +453,8 @@ func runBurst(ctx context.Context, e *Env, p Params, r *Report) error {
 	}
 
 	// Zero loss: every acknowledged event's id is in the store.
-	var stored, rows uint64
-	q := "SELECT uniqExact(id), count() FROM events WHERE has(`metadata.key`, '" + burstMarker + "')"
 	if e.storing() {
-		waitFor(ctx, 60*time.Second, func() bool {
-			_ = e.CH.QueryRow(ctx, q).Scan(&stored, &rows)
-			return stored >= uint64(res.Sent)
-		})
+		stored, rows := e.storedMarked(ctx, burstMarker, res.Sent)
 		r.Figure("burst zero loss: %d distinct burst event ids in ClickHouse (%d rows before merges) for %d acknowledged", stored, rows, res.Sent)
 		r.Check(stored == uint64(res.Sent), "stored %d distinct burst ids, acknowledged %d: %d lost", stored, res.Sent, int64(res.Sent)-int64(stored))
 	}

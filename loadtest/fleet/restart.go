@@ -74,7 +74,7 @@ func BrokerRestart(ctx context.Context, e *Env, p Params) (BrokerRestartResult, 
 	time.Sleep(catchUp)
 	res.Background = stop()
 	if e.storing() {
-		res.Stored, res.Rows = e.storedBackground(ctx, res.Background.Sent)
+		res.Stored, res.Rows = e.storedMarked(ctx, backgroundMarker, res.Background.Sent)
 	}
 	res.FromReady = e.cordonedAfter(cluster, p.Faults, func(int) time.Time { return ready })
 	res.FromSend = e.cordonedAfter(cluster, p.Faults, func(i int) time.Time { return sent[i] })

@@ -357,15 +357,16 @@ func faultBackground(ctx context.Context, e *Env, p Params, scenario string) (st
 	return e.StartLoad(ctx, Load{Rate: p.Rate, Batch: max(1, int(p.Rate/8/20)), Workers: 8, Transport: GRPC, Gen: gen}, 0), nil
 }
 
-// storedBackground waits, up to 60s, until ClickHouse holds want distinct
-// events of the background, and returns how many distinct ids it holds
-// and in how many rows (a call sent again after its events were written
-// adds rows of the same ids until the table's merges fold them).
-func (e *Env) storedBackground(ctx context.Context, want int64) (distinct, rows uint64) {
-	q := "SELECT uniqExact(id), count() FROM events WHERE has(`metadata.key`, '" + backgroundMarker + "')"
+// storedMarked waits, up to 60s, until ClickHouse holds want distinct
+// events carrying the metadata key marker, and returns how many distinct
+// ids it holds and in how many rows (a call sent again after its events
+// were written adds rows of the same ids until the table's merges fold
+// them).
+func (e *Env) storedMarked(ctx context.Context, marker string, want int64) (distinct, rows uint64) {
+	q := "SELECT uniqExact(id), count() FROM events WHERE has(`metadata.key`, '" + marker + "')"
 	waitFor(ctx, 60*time.Second, func() bool {
 		if err := e.CH.QueryRow(ctx, q).Scan(&distinct, &rows); err != nil {
-			e.TB.Logf("fleet: count the stored background: %v", err)
+			e.TB.Logf("fleet: count the stored %s events: %v", marker, err)
 		}
 		return distinct >= uint64(want)
 	})
