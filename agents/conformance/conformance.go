@@ -42,7 +42,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/prometheus/procfs"
 	"github.com/prometheus/procfs/sysfs"
@@ -332,7 +331,7 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 			out[name] = Unreadable + reason(err)
 			return
 		}
-		out[name] = clean(v)
+		out[name] = events.Printable(v)
 	}
 	v, err := c.readFile(filepath.Join(c.cfg.Sysfs, "module", "nvidia", "version"))
 	set(GPUDriver, v, err)
@@ -494,22 +493,5 @@ func firstLine(s string) string {
 
 // reason is an error's text, one line, printable, at most 200 bytes.
 func reason(err error) string {
-	return events.Truncate(clean(firstLine(err.Error())), 200)
-}
-
-// clean makes a value valid UTF-8 without control characters (newlines in
-// a multi-line value become spaces).
-func clean(s string) string {
-	s = strings.ToValidUTF8(s, "?")
-	if strings.IndexFunc(s, unicode.IsControl) < 0 {
-		return s
-	}
-	var b strings.Builder
-	for _, r := range s {
-		if unicode.IsControl(r) {
-			r = ' '
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+	return events.Truncate(events.Printable(firstLine(err.Error())), 200)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // Event conventions (see the package documentation).
@@ -293,7 +294,6 @@ func (p *Parser) xidEvent(r record, code int, pci, mig, rest string, t time.Time
 		"mnemonic":       info.Mnemonic,
 		"description":    info.Description,
 		"resolution":     info.Immediate,
-		"pci_bus_id":     pci,
 		"kernel_message": r.body,
 	}
 	if info.Investigatory != "" {
@@ -346,12 +346,18 @@ func (p *Parser) xidEvent(r record, code int, pci, mig, rest string, t time.Time
 	case code == 154:
 		action = xid154Action(text)
 	}
-	ents := []*datamodels.Entity{entity(events.EntityPCI, pci)}
-	if u := p.gpuUUID(pci); u != "" {
-		meta["gpu_uuid"] = u
-		ents = append(ents, entity(events.EntityGPU, u))
+	// A line that names no device ("Xid (): 79") still reports the fault:
+	// on the node, with no GPU entity the gateway would refuse as empty.
+	var ents []*datamodels.Entity
+	if pci != "" {
+		meta["pci_bus_id"] = pci
+		ents = append(ents, entity(events.EntityPCI, pci))
+		if u := p.gpuUUID(pci); u != "" {
+			meta["gpu_uuid"] = u
+			ents = append(ents, entity(events.EntityGPU, u))
+		}
 	}
-	msg := fmt.Sprintf("XID %d %s (%s) on GPU %s; Resolution: %s", code, info.Mnemonic, info.Description, pci, info.Immediate)
+	msg := fmt.Sprintf("XID %d %s (%s) on GPU %s; Resolution: %s", code, info.Mnemonic, info.Description, orUnknown(pci), info.Immediate)
 	if text != "" {
 		msg += "; " + text
 	}
@@ -609,6 +615,22 @@ func msgTail(b string) string {
 
 func (p *Parser) event(class, check, code string, fatal bool, action datamodels.RecommendedAction, msg string,
 	ents []*datamodels.Entity, meta map[string]string, t time.Time, known bool) *datamodels.HealthEvent {
+	// Whatever the log line held, the event passes the gateway's checks:
+	// one it refused would be dropped from the spool, its fault
+	// unreported. Text is made printable and cut to the limits; an entity
+	// left empty is left out (the event is then the node's).
+	kept := ents[:0]
+	for _, e := range ents {
+		if v := events.Printable(e.EntityValue); v != "" {
+			e.EntityValue = events.Truncate(v, validate.MaxEntityValue)
+			kept = append(kept, e)
+		}
+	}
+	ents = kept
+	for k, v := range meta {
+		meta[k] = events.Truncate(events.Printable(v), validate.MaxMetadataVal)
+	}
+	msg = events.Truncate(events.Printable(msg), validate.MaxMessageLen)
 	ev := &datamodels.HealthEvent{
 		Version:           1,
 		Agent:             Agent,

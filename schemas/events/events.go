@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -59,6 +60,23 @@ const MetaGPUPods = "faultline.io/gpu-pods"
 // MetaGPUPodsAt is when the kubelet was asked for MetaGPUPods (RFC 3339):
 // a pod created later is not in the list whatever GPU it holds.
 const MetaGPUPodsAt = "faultline.io/gpu-pods-at"
+
+// Printable returns s as valid UTF-8 ('?' for each invalid byte run)
+// with every control character, newlines included, turned into a space:
+// what an agent puts in an event from text it read (a kernel log line, a
+// tool's error) passes the gateway's checks on identifiers and free text.
+func Printable(s string) string {
+	s = strings.ToValidUTF8(s, "?")
+	if strings.IndexFunc(s, unicode.IsControl) < 0 {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+}
 
 // Truncate returns s cut to at most n bytes, ending in "...", on a UTF-8
 // boundary (protobuf strings must stay valid UTF-8), for the free-text
