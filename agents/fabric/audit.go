@@ -26,6 +26,9 @@ func ParseAudit(out string) (*AuditMatrix, error) {
 			continue
 		}
 		f := strings.Fields(strings.ReplaceAll(l, ",", " "))
+		if len(f) == 0 { // a CSV line of commas only
+			continue
+		}
 		if cols == nil {
 			if strings.EqualFold(f[0], "GPU") || strings.EqualFold(f[0], "src") {
 				f = f[1:]

@@ -12,6 +12,7 @@ import (
 	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // Check names of the fabric check's events.
@@ -220,6 +221,17 @@ func (e *Evaluator) Evaluate(s *Snapshot) []*datamodels.HealthEvent {
 	}
 	if s.Telemetry != nil {
 		e.telemetry(o, s)
+	}
+	// Whatever the outputs held, the gateway takes the events (one it
+	// refused, the agent would drop): their text cleaned, and a log line
+	// dated after the poll (written before the clock was set back) or
+	// before 2000 dated at the poll instead (the line, with the time it
+	// printed, stays in the metadata).
+	for _, ev := range o.evs {
+		validate.Clean(ev)
+		if t := ev.GetGeneratedTimestamp().AsTime(); t.After(s.Now) || t.Year() < 2000 {
+			ev.GeneratedTimestamp = timestamppb.New(s.Now)
+		}
 	}
 	return o.evs
 }

@@ -615,22 +615,6 @@ func msgTail(b string) string {
 
 func (p *Parser) event(class, check, code string, fatal bool, action datamodels.RecommendedAction, msg string,
 	ents []*datamodels.Entity, meta map[string]string, t time.Time, known bool) *datamodels.HealthEvent {
-	// Whatever the log line held, the event passes the gateway's checks:
-	// one it refused would be dropped from the spool, its fault
-	// unreported. Text is made printable and cut to the limits; an entity
-	// left empty is left out (the event is then the node's).
-	kept := ents[:0]
-	for _, e := range ents {
-		if v := events.Printable(e.EntityValue); v != "" {
-			e.EntityValue = events.Truncate(v, validate.MaxEntityValue)
-			kept = append(kept, e)
-		}
-	}
-	ents = kept
-	for k, v := range meta {
-		meta[k] = events.Truncate(events.Printable(v), validate.MaxMetadataVal)
-	}
-	msg = events.Truncate(events.Printable(msg), validate.MaxMessageLen)
 	ev := &datamodels.HealthEvent{
 		Version:           1,
 		Agent:             Agent,
@@ -646,9 +630,15 @@ func (p *Parser) event(class, check, code string, fatal bool, action datamodels.
 	}
 	meta["count"] = "1"
 	if known {
-		ev.GeneratedTimestamp = timestamppb.New(t)
 		meta["log_time"] = t.Format(time.RFC3339Nano)
+		// A line dated after now (written before the clock was set back)
+		// or before 2000 is no time the gateway takes: it would refuse the
+		// event and the agent drop it. Such an event is dated on receipt.
+		if !t.After(p.cfg.Now()) && t.Year() >= 2000 {
+			ev.GeneratedTimestamp = timestamppb.New(t)
+		}
 	}
+	validate.Clean(ev) // whatever the log line held, the gateway takes the event
 	return ev
 }
 

@@ -12,6 +12,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -250,6 +251,27 @@ func badString(v string, text bool) string {
 		return fmt.Sprintf("control character %U at byte %d is not allowed in %s", r, i, what)
 	}
 	return ""
+}
+
+// Clean makes the text an agent put into ev from what it read (a log
+// line, a tool's output) pass Validate: the message, metadata values and
+// entity values printable (events.Printable) and cut to their limits, an
+// entity left empty dropped (the event is then the node's). An event the
+// gateway refused would be dropped from the agent's spool, its fault
+// never reported.
+func Clean(ev *datamodels.HealthEvent) {
+	ev.Message = events.Truncate(events.Printable(ev.Message), MaxMessageLen)
+	for k, v := range ev.Metadata {
+		ev.Metadata[k] = events.Truncate(events.Printable(v), MaxMetadataVal)
+	}
+	kept := ev.EntitiesImpacted[:0]
+	for _, e := range ev.EntitiesImpacted {
+		if v := events.Printable(e.GetEntityValue()); v != "" {
+			e.EntityValue = events.Truncate(v, MaxEntityValue)
+			kept = append(kept, e)
+		}
+	}
+	ev.EntitiesImpacted = kept
 }
 
 // ValidNodeName reports whether n matches NodeNamePattern (a lowercase

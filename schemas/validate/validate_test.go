@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -148,4 +149,43 @@ func FuzzValidNodeName(f *testing.F) {
 			t.Errorf("ValidNodeName(%q) = %v, NodeNamePattern says %v", n, got, want)
 		}
 	})
+}
+
+func TestClean(t *testing.T) {
+	long := strings.Repeat("é", MaxMetadataVal) // 2 bytes each
+	cases := []struct {
+		name string
+		ev   *datamodels.HealthEvent
+		want *datamodels.HealthEvent
+	}{
+		{"already clean: unchanged",
+			&datamodels.HealthEvent{Message: "Xid 79 on 0000:3b:00", Metadata: map[string]string{"k": "v"},
+				EntitiesImpacted: []*datamodels.Entity{{EntityType: "PCI", EntityValue: "0000:3b:00"}}},
+			&datamodels.HealthEvent{Message: "Xid 79 on 0000:3b:00", Metadata: map[string]string{"k": "v"},
+				EntitiesImpacted: []*datamodels.Entity{{EntityType: "PCI", EntityValue: "0000:3b:00"}}}},
+		{"control characters and invalid UTF-8 become printable",
+			&datamodels.HealthEvent{Message: "a\x15b\nc", Metadata: map[string]string{"line": "x\x7fy\xffz"},
+				EntitiesImpacted: []*datamodels.Entity{{EntityType: "PCI", EntityValue: "\x1b[0m"}}},
+			&datamodels.HealthEvent{Message: "a b c", Metadata: map[string]string{"line": "x y?z"},
+				EntitiesImpacted: []*datamodels.Entity{{EntityType: "PCI", EntityValue: " [0m"}}}},
+		{"an empty entity is dropped",
+			&datamodels.HealthEvent{EntitiesImpacted: []*datamodels.Entity{{EntityType: "PCI"}, {EntityType: "GPU", EntityValue: "GPU-1"}}},
+			&datamodels.HealthEvent{EntitiesImpacted: []*datamodels.Entity{{EntityType: "GPU", EntityValue: "GPU-1"}}}},
+		{"over-long text is cut on a rune boundary",
+			&datamodels.HealthEvent{Message: strings.Repeat("m", MaxMessageLen+1), Metadata: map[string]string{"k": long}},
+			&datamodels.HealthEvent{Message: strings.Repeat("m", MaxMessageLen-3) + "...", Metadata: map[string]string{"k": long[:MaxMetadataVal-4] + "..."}}},
+	}
+	v := Validator{MaxBatch: 1, MaxFutureSkew: time.Minute}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			Clean(tc.ev)
+			if !proto.Equal(tc.ev, tc.want) {
+				t.Fatalf("got %v\nwant %v", tc.ev, tc.want)
+			}
+			tc.ev.Agent, tc.ev.ComponentClass, tc.ev.CheckName, tc.ev.NodeName = "a", "GPU", "c", "n"
+			if err := v.Validate(tc.ev, time.Now()); err != nil {
+				t.Fatalf("still refused: %v", err)
+			}
+		})
+	}
 }
