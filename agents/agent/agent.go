@@ -27,6 +27,7 @@ import (
 	"github.com/faultline/faultline/agents/relay"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // Scheduled is a check with its schedule.
@@ -317,12 +318,15 @@ func (a *Agent) stamp(name string, evs []*datamodels.HealthEvent) {
 		if ev.Agent == "" {
 			ev.Agent = "faultline-agent/" + name
 		}
-		if ev.GeneratedTimestamp == nil {
+		// A time no later than now and after 2000, or none: the gateway
+		// refuses the rest, and a refused event is dropped from the spool.
+		if t := ev.GetGeneratedTimestamp(); t == nil || t.AsTime().After(now.AsTime()) || t.AsTime().Year() < 2000 {
 			ev.GeneratedTimestamp = now
 		}
 		if ev.ProcessingStrategy == datamodels.ProcessingStrategy_UNSPECIFIED {
 			ev.ProcessingStrategy = ps
 		}
+		validate.Clean(ev) // whatever text a check read, the gateway takes it
 	}
 }
 

@@ -28,12 +28,14 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/agents/podres/podrestest"
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -397,6 +399,26 @@ func TestRunnerIsolation(t *testing.T) {
 	if got.GetNodeName() != "node-7" || got.GetAgent() != "faultline-agent/good" || got.GetGeneratedTimestamp() == nil ||
 		got.GetProcessingStrategy() != datamodels.ProcessingStrategy_STORE_ONLY {
 		t.Errorf("stamped event: %v", got)
+	}
+	// What a check read reaches the gateway in a form it takes: text
+	// printable and within limits, no empty entity, no time from a clock
+	// set back since.
+	raw := fakeCheck{"raw", func(context.Context) ([]*datamodels.HealthEvent, error) {
+		return []*datamodels.HealthEvent{{CheckName: "Raw", ComponentClass: "NIC", Message: "port\x15 down\xff",
+			EntitiesImpacted:   []*datamodels.Entity{{EntityType: "NIC"}, {EntityType: "NIC", EntityValue: "mlx5_0"}},
+			Metadata:           map[string]string{"sysfs": strings.Repeat("x", validate.MaxMetadataVal+1)},
+			GeneratedTimestamp: timestamppb.New(time.Now().Add(24 * time.Hour))}}, nil
+	}}
+	a.RunOnce(context.Background(), sched(raw))
+	evs, _, _ = a.Spool().Peek(2)
+	if len(evs) != 2 {
+		t.Fatalf("%d events spooled, want 2", len(evs))
+	}
+	if err := (validate.Validator{MaxBatch: 1, MaxFutureSkew: time.Minute}).Validate(evs[1], time.Now()); err != nil {
+		t.Errorf("raw check's event would be refused (%v): %v", err, evs[1])
+	}
+	if len(evs[1].EntitiesImpacted) != 1 || evs[1].Message != "port  down?" {
+		t.Errorf("raw check's event: %v", evs[1])
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
