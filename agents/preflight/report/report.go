@@ -30,6 +30,7 @@ import (
 	"github.com/faultline/faultline/agents/agent"
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // SpoolConfig is where and how long a run keeps undelivered events.
@@ -147,8 +148,13 @@ func Open(cfg Config, log *slog.Logger) (*Reporter, error) {
 func (r *Reporter) Dir() string { return r.dir }
 
 // Report appends events durably (fsync'd); an event the spool refuses (it
-// is full) is an error.
+// is full) is an error. Their text, read from the tools' output, is made
+// one the gateway takes first (validate.Clean): an event it refused would
+// be dropped from the spool.
 func (r *Reporter) Report(evs []*datamodels.HealthEvent) error {
+	for _, ev := range evs {
+		validate.Clean(ev)
+	}
 	n, err := r.spool.Append(evs)
 	if err != nil {
 		return fmt.Errorf("spool: %w", err)
