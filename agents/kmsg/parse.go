@@ -244,15 +244,7 @@ func (p *Parser) fallenOff(r record, pci string, t time.Time, known bool) {
 
 func (p *Parser) fallenEvent(r record, pci string, t time.Time, known bool) *datamodels.HealthEvent {
 	meta := map[string]string{"kernel_message": r.body}
-	var ents []*datamodels.Entity
-	if pci != "" {
-		meta["pci_bus_id"] = pci
-		ents = append(ents, entity(events.EntityPCI, pci))
-		if u := p.gpuUUID(pci); u != "" {
-			meta["gpu_uuid"] = u
-			ents = append(ents, entity(events.EntityGPU, u))
-		}
-	}
+	ents := p.gpuEntities(pci, meta)
 	return p.event(ClassGPU, CheckFallenOff, CodeFallenOff, true, datamodels.RecommendedAction_RESTART_BM,
 		fmt.Sprintf("GPU %s has fallen off the bus", orUnknown(pci)), ents, meta, t, known)
 }
@@ -346,17 +338,7 @@ func (p *Parser) xidEvent(r record, code int, pci, mig, rest string, t time.Time
 	case code == 154:
 		action = xid154Action(text)
 	}
-	// A line that names no device ("Xid (): 79") still reports the fault:
-	// on the node, with no GPU entity the gateway would refuse as empty.
-	var ents []*datamodels.Entity
-	if pci != "" {
-		meta["pci_bus_id"] = pci
-		ents = append(ents, entity(events.EntityPCI, pci))
-		if u := p.gpuUUID(pci); u != "" {
-			meta["gpu_uuid"] = u
-			ents = append(ents, entity(events.EntityGPU, u))
-		}
-	}
+	ents := p.gpuEntities(pci, meta)
 	msg := fmt.Sprintf("XID %d %s (%s) on GPU %s; Resolution: %s", code, info.Mnemonic, info.Description, orUnknown(pci), info.Immediate)
 	if text != "" {
 		msg += "; " + text
@@ -381,6 +363,22 @@ func xid154Action(text string) datamodels.RecommendedAction {
 	default:
 		return datamodels.RecommendedAction_CONTACT_SUPPORT
 	}
+}
+
+// gpuEntities are the entities of the GPU at pci, its PCI address and
+// (when an NVRM line named it) its UUID, also recorded in meta. A line that
+// names no device ("Xid (): 79") has none: its fault is the node's.
+func (p *Parser) gpuEntities(pci string, meta map[string]string) []*datamodels.Entity {
+	if pci == "" {
+		return nil
+	}
+	meta["pci_bus_id"] = pci
+	ents := []*datamodels.Entity{entity(events.EntityPCI, pci)}
+	if u := p.gpuUUID(pci); u != "" {
+		meta["gpu_uuid"] = u
+		ents = append(ents, entity(events.EntityGPU, u))
+	}
+	return ents
 }
 
 func (p *Parser) gpuUUID(pci string) string {
