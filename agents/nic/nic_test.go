@@ -337,6 +337,12 @@ func TestCorruptOrMissingStateFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantEvents(t, "corrupt", poll(t, e.check()), baselines())
+	for _, nulls := range []string{`"ports":{"mlx5_0/1":null}`, `"ports":{},"anomalous_cards":{"0000:40:00":null}`} {
+		if err := os.WriteFile(e.cfg.StateFile, []byte(`{"version":1,"boot_id":"boot-1",`+nulls+`}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		wantEvents(t, "null entries "+nulls, poll(t, e.check()), baselines())
+	}
 	os.Remove(e.cfg.StateFile)
 	wantEvents(t, "missing", poll(t, e.check()), baselines())
 }

@@ -85,6 +85,17 @@ func loadState(path, bootID string) (st *persisted, reason string) {
 		}
 		return newPersisted(bootID), "state file corrupt: " + err.Error()
 	}
+	// A null entry (the file edited or damaged) would stop every poll.
+	for k, v := range p.Ports {
+		if v == nil {
+			return newPersisted(bootID), fmt.Sprintf("state file corrupt: port %q is null", k)
+		}
+	}
+	for k, v := range p.AnomalousCards {
+		if v == nil {
+			return newPersisted(bootID), fmt.Sprintf("state file corrupt: card %q is null", k)
+		}
+	}
 	if p.BootID != bootID {
 		return newPersisted(bootID), fmt.Sprintf("boot id changed (%s → %s): host rebooted", p.BootID, bootID)
 	}
