@@ -59,7 +59,6 @@ func BrokerRestart(ctx context.Context, e *Env, p Params) (BrokerRestartResult, 
 	sent := make([]time.Time, p.Faults)
 	for i := range p.Faults {
 		ev := []*datamodels.HealthEvent{fleetsim.Xid(NodeName(i), i%8, 79)}
-		var err error
 		if sent[i], _, err = e.sendAccepted(ctx, GRPC, cluster, ev, faultResend); err != nil {
 			stop()
 			return res, fmt.Errorf("send fault %d after the restart: %w", i, err)
