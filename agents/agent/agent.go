@@ -318,15 +318,13 @@ func (a *Agent) stamp(name string, evs []*datamodels.HealthEvent) {
 		if ev.Agent == "" {
 			ev.Agent = "faultline-agent/" + name
 		}
-		// A time no later than now and after 2000, or none: the gateway
-		// refuses the rest, and a refused event is dropped from the spool.
-		if t := ev.GetGeneratedTimestamp(); t == nil || t.AsTime().After(now.AsTime()) || t.AsTime().Year() < 2000 {
+		if ev.GeneratedTimestamp == nil {
 			ev.GeneratedTimestamp = now
 		}
 		if ev.ProcessingStrategy == datamodels.ProcessingStrategy_UNSPECIFIED {
 			ev.ProcessingStrategy = ps
 		}
-		validate.Clean(ev) // whatever text a check read, the gateway takes it
+		validate.Clean(ev, now.AsTime()) // whatever a check read, the gateway takes it
 	}
 }
 

@@ -223,15 +223,10 @@ func (e *Evaluator) Evaluate(s *Snapshot) []*datamodels.HealthEvent {
 		e.telemetry(o, s)
 	}
 	// Whatever the outputs held, the gateway takes the events (one it
-	// refused, the agent would drop): their text cleaned, and a log line
-	// dated after the poll (written before the clock was set back) or
-	// before 2000 dated at the poll instead (the line, with the time it
-	// printed, stays in the metadata).
+	// refused, the agent would drop); a log line dated after the poll is
+	// dated at the poll, its printed time kept in the metadata's line.
 	for _, ev := range o.evs {
-		validate.Clean(ev)
-		if t := ev.GetGeneratedTimestamp().AsTime(); t.After(s.Now) || t.Year() < 2000 {
-			ev.GeneratedTimestamp = timestamppb.New(s.Now)
-		}
+		validate.Clean(ev, s.Now)
 	}
 	return o.evs
 }

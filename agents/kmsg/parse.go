@@ -628,15 +628,10 @@ func (p *Parser) event(class, check, code string, fatal bool, action datamodels.
 	}
 	meta["count"] = "1"
 	if known {
+		ev.GeneratedTimestamp = timestamppb.New(t)
 		meta["log_time"] = t.Format(time.RFC3339Nano)
-		// A line dated after now (written before the clock was set back)
-		// or before 2000 is no time the gateway takes: it would refuse the
-		// event and the agent drop it. Such an event is dated when read.
-		if !t.After(p.cfg.Now()) && t.Year() >= 2000 {
-			ev.GeneratedTimestamp = timestamppb.New(t)
-		}
 	}
-	validate.Clean(ev) // whatever the log line held, the gateway takes the event
+	validate.Clean(ev, p.cfg.Now()) // whatever the log line held, the gateway takes the event
 	return ev
 }
 

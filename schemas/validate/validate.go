@@ -12,6 +12,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -29,6 +31,7 @@ const (
 	MaxMetadata     = 64
 	MaxMetadataKey  = 128
 	MaxMetadataVal  = 2048
+	MinYear         = 2000 // of generatedTimestamp
 )
 
 // NodeNamePattern is an RFC 1123 subdomain, as Kubernetes requires of node
@@ -164,8 +167,8 @@ func (v Validator) Validate(ev *datamodels.HealthEvent, now time.Time) *FieldErr
 		if t.After(now.Add(v.MaxFutureSkew)) {
 			return fieldErr("generatedTimestamp", "%s is more than %s in the future", t.Format(time.RFC3339), v.MaxFutureSkew)
 		}
-		if t.Year() < 2000 {
-			return fieldErr("generatedTimestamp", "%s is before the year 2000", t.Format(time.RFC3339))
+		if t.Year() < MinYear {
+			return fieldErr("generatedTimestamp", "%s is before the year %d", t.Format(time.RFC3339), MinYear)
 		}
 	}
 	return nil
@@ -253,13 +256,19 @@ func badString(v string, text bool) string {
 	return ""
 }
 
-// Clean makes the text an agent put into ev from what it read (a log
-// line, a tool's output) pass Validate: the message, metadata values and
-// entity values printable (events.Printable) and cut to their limits, an
-// entity left empty dropped (the event is then the node's). An event the
-// gateway refused would be dropped from the agent's spool, its fault
-// never reported.
-func Clean(ev *datamodels.HealthEvent) {
+// Clean makes what an agent put into ev from what it read (a log line, a
+// tool's output) pass Validate: the message, metadata values and entity
+// values printable (events.Printable) and cut to their limits, an entity
+// left empty dropped (the event is then the node's), and a
+// generatedTimestamp after now (a line written before the clock was set
+// back) or before MinYear replaced by now. An event the gateway refused
+// would be dropped from the agent's spool, its fault never reported.
+func Clean(ev *datamodels.HealthEvent, now time.Time) {
+	if ts := ev.GetGeneratedTimestamp(); ts != nil {
+		if t := ts.AsTime(); t.After(now) || t.Year() < MinYear {
+			ev.GeneratedTimestamp = timestamppb.New(now)
+		}
+	}
 	ev.Message = events.Truncate(events.Printable(ev.Message), MaxMessageLen)
 	for k, v := range ev.Metadata {
 		ev.Metadata[k] = events.Truncate(events.Printable(v), MaxMetadataVal)

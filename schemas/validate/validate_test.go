@@ -174,16 +174,25 @@ func TestClean(t *testing.T) {
 		{"over-long text is cut on a rune boundary",
 			&datamodels.HealthEvent{Message: strings.Repeat("m", MaxMessageLen+1), Metadata: map[string]string{"k": long}},
 			&datamodels.HealthEvent{Message: strings.Repeat("m", MaxMessageLen-3) + "...", Metadata: map[string]string{"k": long[:MaxMetadataVal-4] + "..."}}},
+		{"a time before now is kept",
+			&datamodels.HealthEvent{GeneratedTimestamp: timestamppb.New(testNow.Add(-time.Hour))},
+			&datamodels.HealthEvent{GeneratedTimestamp: timestamppb.New(testNow.Add(-time.Hour))}},
+		{"a time after now becomes now",
+			&datamodels.HealthEvent{GeneratedTimestamp: timestamppb.New(testNow.Add(time.Hour))},
+			&datamodels.HealthEvent{GeneratedTimestamp: timestamppb.New(testNow)}},
+		{"a time before 2000 becomes now",
+			&datamodels.HealthEvent{GeneratedTimestamp: timestamppb.New(time.Date(1999, 12, 31, 0, 0, 0, 0, time.UTC))},
+			&datamodels.HealthEvent{GeneratedTimestamp: timestamppb.New(testNow)}},
 	}
 	v := Validator{MaxBatch: 1, MaxFutureSkew: time.Minute}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			Clean(tc.ev)
+			Clean(tc.ev, testNow)
 			if !proto.Equal(tc.ev, tc.want) {
 				t.Fatalf("got %v\nwant %v", tc.ev, tc.want)
 			}
 			tc.ev.Agent, tc.ev.ComponentClass, tc.ev.CheckName, tc.ev.NodeName = "a", "GPU", "c", "n"
-			if err := v.Validate(tc.ev, time.Now()); err != nil {
+			if err := v.Validate(tc.ev, testNow); err != nil {
 				t.Fatalf("still refused: %v", err)
 			}
 		})

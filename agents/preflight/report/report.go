@@ -152,8 +152,9 @@ func (r *Reporter) Dir() string { return r.dir }
 // one the gateway takes first (validate.Clean): an event it refused would
 // be dropped from the spool.
 func (r *Reporter) Report(evs []*datamodels.HealthEvent) error {
+	now := time.Now()
 	for _, ev := range evs {
-		validate.Clean(ev)
+		validate.Clean(ev, now)
 	}
 	n, err := r.spool.Append(evs)
 	if err != nil {
