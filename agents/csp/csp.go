@@ -64,6 +64,9 @@ func (c Config) Validate() error {
 type maint struct {
 	kind       string
 	start, end time.Time
+	// unreadable names window times the server gave that did not parse
+	// (the maintenance is reported anyway, its window said unknown).
+	unreadable string
 }
 
 // GCP reads the metadata server; it keeps the maintenance it reported.
@@ -135,8 +138,9 @@ func (g *GCP) read(ctx context.Context) (*maint, error) {
 		if err := json.Unmarshal([]byte(up), &u); err != nil {
 			return nil, fmt.Errorf("metadata upcoming-maintenance: %w", err)
 		}
-		start, _ := time.Parse(time.RFC3339, u.Start)
-		end, _ := time.Parse(time.RFC3339, u.End)
+		var bad []string
+		start := windowTime("window_start_time", u.Start, &bad)
+		end := windowTime("window_end_time", u.End, &bad)
 		kind := "SCHEDULED_MAINTENANCE"
 		if u.Type != "" {
 			kind = u.Type + "_MAINTENANCE"
@@ -145,10 +149,23 @@ func (g *GCP) read(ctx context.Context) (*maint, error) {
 			kind = m.kind // the imminent event's word wins
 		}
 		if end.IsZero() || g.now().Before(end) {
-			m = &maint{kind: kind, start: start.UTC(), end: end.UTC()}
+			m = &maint{kind: kind, start: start.UTC(), end: end.UTC(), unreadable: strings.Join(bad, ", ")}
 		}
 	}
 	return m, nil
+}
+
+// windowTime parses an RFC 3339 window time; one that does not parse is
+// added to bad and read as unknown (zero).
+func windowTime(key, v string, bad *[]string) time.Time {
+	if v == "" {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		*bad = append(*bad, fmt.Sprintf("%s %q", key, v))
+	}
+	return t
 }
 
 // Check reports a maintenance that appeared or changed, and its recovery.
@@ -182,6 +199,10 @@ func (g *GCP) event(m *maint, healthy bool) *datamodels.HealthEvent {
 		msg = fmt.Sprintf("GCP host maintenance %s is over (window %s)", m.kind, window)
 	}
 	md := map[string]string{"maintenance_kind": m.kind, "cloud_provider": "gcp"}
+	if m.unreadable != "" {
+		msg += " (unreadable: " + m.unreadable + ")"
+		md["window_unreadable"] = m.unreadable
+	}
 	if !m.start.IsZero() {
 		md["maintenance_start"] = m.start.Format(time.RFC3339)
 	}

@@ -109,6 +109,17 @@ func TestGCP(t *testing.T) {
 		t.Fatal("want the recovery of the terminate event")
 	}
 	step(0)
+	// A window time that does not parse: reported, the window said unknown.
+	md.set("NONE", `{"type":"SCHEDULED","window_start_time":"tomorrow 02:00","window_end_time":"2026-11-24T06:00:00Z"}`)
+	evs, err := g.Check(ctx)
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("unreadable start: %v %v", evs, err)
+	}
+	if msg, md := evs[0].GetMessage(), evs[0].GetMetadata(); msg != `GCP host maintenance SCHEDULED_MAINTENANCE, window now to 2026-11-24T06:00:00Z (unreadable: window_start_time "tomorrow 02:00")` ||
+		md["window_unreadable"] != `window_start_time "tomorrow 02:00"` || md["maintenance_start"] != "" {
+		t.Fatalf("unreadable start: %q %v", msg, md)
+	}
+	step(0)
 	// The metadata server gone: an error, not an event.
 	srv.Close()
 	if _, err := g.Check(ctx); err == nil {

@@ -39,6 +39,7 @@ import (
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // Names of the events of this package.
@@ -344,11 +345,48 @@ func LoadReplay(path string) (*Replay, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Replay{}
-	if err := json.Unmarshal(b, r); err != nil {
+	r, err := parseReplay(b)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return r, nil
+}
+
+// parseReplay decodes a recording and checks each incident names what an
+// event needs: a watch system and an error code the gateway takes as a
+// check name and code, and a health of WARN or FAIL.
+func parseReplay(b []byte) (*Replay, error) {
+	r := &Replay{}
+	if err := json.Unmarshal(b, r); err != nil {
+		return nil, err
+	}
+	for i, s := range r.Steps {
+		for j, in := range s.Incidents {
+			at := fmt.Sprintf("steps[%d].incidents[%d]", i, j)
+			switch {
+			case !identifier(in.System, validate.MaxNameLen-len("GpuWatch")):
+				return nil, fmt.Errorf("%s.system: want a watch name such as Mem or Nvlink, got %q", at, in.System)
+			case !identifier(in.Code, validate.MaxErrorCodeLen):
+				return nil, fmt.Errorf("%s.code: want an error code such as DCGM_FR_VOLATILE_DBE_DETECTED, got %q", at, in.Code)
+			case !strings.EqualFold(in.Health, "WARN") && !strings.EqualFold(in.Health, "FAIL"):
+				return nil, fmt.Errorf("%s.health: want WARN or FAIL, got %q", at, in.Health)
+			}
+		}
+	}
+	return r, nil
+}
+
+// identifier reports whether s is 1 to max letters, digits, '_' and '-'.
+func identifier(s string, max int) bool {
+	if s == "" || len(s) > max {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // Health implements Source.

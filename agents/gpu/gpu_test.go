@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -143,5 +144,31 @@ func TestNVMLWithoutLibrary(t *testing.T) {
 	incs, err := NewNVML().Health(context.Background())
 	if len(incs) != 0 || err == nil {
 		t.Fatalf("%v %v", incs, err)
+	}
+}
+
+// TestReplayRefusesBadIncidents: a recording whose incident could not
+// become an event the gateway takes is refused at load, naming the field.
+func TestReplayRefusesBadIncidents(t *testing.T) {
+	for _, tc := range []struct{ incident, want string }{
+		{`{"system":"Mem","health":"FAIL","code":"DCGM_FR_X"}`, ""},
+		{`{"system":"Mem","health":"warn","code":"DCGM_FR_X"}`, ""},
+		{`{"health":"FAIL","code":"DCGM_FR_X"}`, `steps[1].incidents[0].system: want a watch name such as Mem or Nvlink, got ""`},
+		{`{"system":"Mem Watch","health":"FAIL","code":"DCGM_FR_X"}`, `steps[1].incidents[0].system: want a watch name such as Mem or Nvlink, got "Mem Watch"`},
+		{`{"system":"Mem","health":"FAIL"}`, `steps[1].incidents[0].code: want an error code such as DCGM_FR_VOLATILE_DBE_DETECTED, got ""`},
+		{`{"system":"Mem","health":"FAIL","code":"DCGM\u0000"}`, `steps[1].incidents[0].code: want an error code such as DCGM_FR_VOLATILE_DBE_DETECTED, got "DCGM\x00"`},
+		{`{"system":"Mem","health":"BAD","code":"DCGM_FR_X"}`, `steps[1].incidents[0].health: want WARN or FAIL, got "BAD"`},
+	} {
+		path := filepath.Join(t.TempDir(), "replay.json")
+		if err := os.WriteFile(path, []byte(`{"steps":[{"incidents":[]},{"incidents":[`+tc.incident+`]}]}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := LoadReplay(path)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.incident, err)
+		case tc.want != "" && (err == nil || err.Error() != path+": "+tc.want):
+			t.Errorf("%s:\n got  %v\n want %s", tc.incident, err, tc.want)
+		}
 	}
 }
