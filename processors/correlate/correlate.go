@@ -71,6 +71,8 @@ type Handler struct {
 	ttl     time.Duration
 	metrics *Metrics
 
+	unstored *unstored // earlier batches' records the store may not have written
+
 	mu        sync.Mutex
 	cache     map[string]prior
 	errLogged map[string]time.Time // rule -> when its next trigger error is logged
@@ -92,6 +94,7 @@ type Metrics struct {
 	query         *prometheus.HistogramVec
 	triggerErrors *prometheus.CounterVec
 	triggers      *prometheus.CounterVec
+	forgotten     prometheus.Counter
 }
 
 // NewMetrics registers the metrics on reg (nil: not registered).
@@ -101,9 +104,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		query:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_correlate_query_seconds", Help: "Time of one rule query, by rule and pass (value: the window values of a batch or sweep; causes: the cause ids of new verdicts).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"rule", "pass"}),
 		triggerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_trigger_errors_total", Help: "Rule triggers that failed on a record (missing key, type error, cost limit); the record did not trigger the rule."}, []string{"rule"}),
 		triggers:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_triggers_total", Help: "Rule triggers, by rule and outcome (evaluated: its window query ran; skipped: its result could not change the standing verdict)."}, []string{"rule", "outcome"}),
+		forgotten:     prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_correlate_unstored_forgotten_total", Help: "Records of earlier batches forgotten before the store had written them (over the memory's bound): a window evaluated meanwhile may miss them."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.derived, m.query, m.triggerErrors, m.triggers)
+		reg.MustRegister(m.derived, m.query, m.triggerErrors, m.triggers, m.forgotten)
 	}
 	return m
 }
@@ -114,7 +118,8 @@ func New(conn clickhouse.Conn, rules []*Rule, now func() time.Time, ttl time.Dur
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	h := &Handler{conn: conn, rules: suppressorsFirst(rules), byName: map[string]*Rule{}, now: now, log: log, ttl: ttl, metrics: m, cache: map[string]prior{}, errLogged: map[string]time.Time{}}
+	h := &Handler{conn: conn, rules: suppressorsFirst(rules), byName: map[string]*Rule{}, now: now, log: log, ttl: ttl, metrics: m, cache: map[string]prior{}, errLogged: map[string]time.Time{},
+		unstored: &unstored{maxAge: ttl, max: maxUnstored, now: now, forgot: m.forgotten}}
 	h.Ownership.Topic = events.TopicEvents
 	for _, r := range rules {
 		h.byName[r.Name] = r
@@ -203,7 +208,20 @@ type prior struct {
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
 	items, dead := decode(recs, h.log)
 	h.expireCache()
-	bt, err := newBatchTables(recs)
+	trigs := make([][]trigger, len(h.rules))
+	clusterWide := map[string]bool{} // clusters a cluster-scope rule counts over in this batch
+	for i, r := range h.rules {
+		trigs[i] = h.triggers(r, items) // sequential: CEL variables are cached on the items
+		if r.Scope == ScopeCluster {
+			for _, t := range trigs[i] {
+				clusterWide[t.cluster] = true
+			}
+		}
+	}
+	if err := h.unstored.forget(ctx); err != nil {
+		h.log.Debug("store progress unknown; earlier batches kept until correlate.cache_ttl", "err", err)
+	}
+	bt, err := newBatchTables(append(slices.Clip(recs), h.unstored.of(recs, clusterWide)...))
 	if err != nil {
 		return pipeline.Result{}, err
 	}
@@ -211,12 +229,11 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(queryParallelism)
 	for i, r := range h.rules {
-		trigs := h.triggers(r, items) // sequential: CEL variables are cached on the items
-		if len(trigs) == 0 {
+		if len(trigs[i]) == 0 {
 			continue
 		}
 		g.Go(func() (err error) {
-			plans[i], err = h.prepare(gctx, r, trigs, bt)
+			plans[i], err = h.prepare(gctx, r, trigs[i], bt)
 			return err
 		})
 	}
@@ -244,14 +261,25 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 		if pl == nil {
 			continue
 		}
-		recs, err := h.emit(pl.r, decided[i])
+		derived, err := h.emit(pl.r, decided[i])
 		if err != nil {
 			return pipeline.Result{}, err
 		}
-		out = append(out, recs...)
+		out = append(out, derived...)
 	}
+	h.unstored.add(recs)
 	return pipeline.Result{Out: out, Dead: dead}, nil
 }
+
+// maxUnstored bounds the records of earlier batches remembered until the
+// store writes them (about 40 MB; at the store's usual lag of a second or
+// two a replica holds a few thousand).
+const maxUnstored = 100_000
+
+// SetStoreProgress sets how the handler learns which records the store
+// has written (Open: the store group's committed offsets); without it
+// earlier batches' records are remembered for correlate.cache_ttl.
+func (h *Handler) SetStoreProgress(p StoreProgress) { h.unstored.progress = p }
 
 // queryParallelism bounds the rule queries one batch runs at once.
 const queryParallelism = 4

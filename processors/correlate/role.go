@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/role"
+	"github.com/faultline/faultline/processors/store"
 )
 
 // Open is what the role does at start: compile the rules (a bad rule stops
@@ -35,10 +37,16 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	}
 	h := New(conn, rules, time.Now, cfg.CacheTTL, log, NewMetrics(deps.Registry))
 	log.Info("correlation rules loaded", "rules", Names(rules))
+	adm, err := kafka.NewClient(deps.Kafka, log)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	h.SetStoreProgress(storeProgress(kadm.NewClient(adm), pipeline.DefaultGroup(store.Role)))
 	r := &role.Role{
 		Name:      Role,
 		Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h}},
-		Close:     conn.Close,
+		Close:     func() error { adm.Close(); return conn.Close() },
 	}
 	if cfg.SweepInterval > 0 {
 		r.Loops = []role.Loop{{Name: "sweep", Run: func(ctx context.Context) error {
@@ -52,6 +60,27 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		}}}
 	}
 	return r, nil
+}
+
+// storeProgress reads the store group's committed offsets.
+func storeProgress(adm *kadm.Client, group string) StoreProgress {
+	return func(ctx context.Context) (map[string]map[int32]int64, error) {
+		resps, err := adm.FetchOffsets(ctx, group)
+		if err == nil {
+			err = resps.Error()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("committed offsets of %s: %w", group, err)
+		}
+		out := map[string]map[int32]int64{}
+		resps.Each(func(o kadm.OffsetResponse) {
+			if out[o.Topic] == nil {
+				out[o.Topic] = map[int32]int64{}
+			}
+			out[o.Topic][o.Partition] = o.At
+		})
+		return out, nil
+	}
 }
 
 // RunSweeps runs Sweep every interval until ctx ends, producing what it

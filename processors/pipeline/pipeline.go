@@ -77,7 +77,7 @@ type Config struct {
 	// Role names the processor role; it is the consumer group suffix and the
 	// metrics label.
 	Role string
-	// Group is the consumer group. Default "faultline-" + Role.
+	// Group is the consumer group. Default DefaultGroup(Role).
 	Group string
 	// Topics consumed.
 	Topics []string
@@ -117,10 +117,14 @@ type Runner struct {
 	metrics *Metrics
 }
 
+// DefaultGroup is a role's consumer group unless Config.Group says
+// otherwise: "faultline-" + role.
+func DefaultGroup(role string) string { return "faultline-" + role }
+
 // NewRunner returns a runner for the handler; metrics may be shared by roles.
 func NewRunner(cfg Config, kcfg kafka.Config, h Handler, log *slog.Logger, m *Metrics) *Runner {
 	if cfg.Group == "" {
-		cfg.Group = "faultline-" + cfg.Role
+		cfg.Group = DefaultGroup(cfg.Role)
 	}
 	if cfg.BatchTimeout == 0 {
 		cfg.BatchTimeout = 30 * time.Second

@@ -1,0 +1,114 @@
+package correlate
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/schemas/events"
+)
+
+// StoreProgress returns the store role's committed offsets, by topic and
+// partition: every record below its partition's offset is in ClickHouse
+// (the store commits a batch after inserting it).
+type StoreProgress func(ctx context.Context) (map[string]map[int32]int64, error)
+
+// unstored remembers the records of this replica's earlier batches until
+// the store has written them. A rule's window is the history in ClickHouse
+// plus the batch; an event of an earlier batch that the store has not
+// written yet is in neither, so two Xid 31 on one GPU that fall into two
+// batches would never reach the threshold of 2 (the second batch's query
+// would count 1 and nothing evaluates the group again). Each batch's
+// tables therefore carry the remembered records of the batch's nodes (and,
+// for a cluster-scope rule triggered in the batch, of its clusters); the
+// queries deduplicate by id, so a record both remembered and stored
+// counts once.
+//
+// A record is forgotten once the store's committed offset has passed it
+// (progress), or after maxAge, the most that is remembered when the
+// store's progress cannot be read; at most max records are kept, the
+// oldest forgotten first (forgot counts them: a window may then miss
+// them).
+type unstored struct {
+	progress StoreProgress
+	maxAge   time.Duration
+	max      int
+	now      func() time.Time
+
+	mu     sync.Mutex
+	recs   []remembered // in arrival order
+	forgot prometheus.Counter
+}
+
+type remembered struct {
+	rec     *kgo.Record
+	cluster string
+	at      time.Time
+}
+
+// add remembers the batch's records.
+func (u *unstored) add(recs []*kgo.Record) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	at := u.now()
+	for _, r := range recs {
+		cluster, _, err := events.SplitKey(r.Key)
+		if err != nil {
+			continue // a record without a cluster/node key is in no window
+		}
+		u.recs = append(u.recs, remembered{rec: r, cluster: cluster, at: at})
+	}
+	if over := len(u.recs) - u.max; over > 0 {
+		u.forgot.Add(float64(over))
+		u.recs = append(u.recs[:0], u.recs[over:]...)
+	}
+}
+
+// forget drops what the store has written and what is older than maxAge.
+func (u *unstored) forget(ctx context.Context) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.recs) == 0 {
+		return nil
+	}
+	var stored map[string]map[int32]int64
+	var err error
+	if u.progress != nil {
+		stored, err = u.progress(ctx)
+	}
+	oldest := u.now().Add(-u.maxAge)
+	kept := u.recs[:0]
+	for _, m := range u.recs {
+		if off, ok := stored[m.rec.Topic][m.rec.Partition]; (ok && m.rec.Offset < off) || m.at.Before(oldest) {
+			continue
+		}
+		kept = append(kept, m)
+	}
+	clear(u.recs[len(kept):])
+	u.recs = kept
+	return err
+}
+
+// of returns the remembered records with a key among recs' keys or a
+// cluster in clusters.
+func (u *unstored) of(recs []*kgo.Record, clusters map[string]bool) []*kgo.Record {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.recs) == 0 {
+		return nil
+	}
+	keys := make(map[string]bool, len(recs))
+	for _, r := range recs {
+		keys[string(r.Key)] = true
+	}
+	var out []*kgo.Record
+	for _, m := range u.recs {
+		if keys[string(m.rec.Key)] || clusters[m.cluster] {
+			out = append(out, m.rec)
+		}
+	}
+	return out
+}

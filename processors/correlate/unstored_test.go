@@ -1,0 +1,127 @@
+package correlate
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/events"
+)
+
+// TestWindowSpansUnstoredBatches: a window's events in two batches of
+// one replica, the first not yet written by the store (it lags behind
+// correlate), still reach the threshold — per GPU (two Xid 31) and per
+// cluster (four nodes' ports down, two in each batch) — and a node
+// whose earlier event is remembered does not lend it to another node.
+func TestWindowSpansUnstoredBatches(t *testing.T) {
+	s := server(t)
+	c := newCluster("unstored")
+	hs := newHarness(t, s, DefaultRules, nil)
+	hs.cluster = c
+	handle := func(evs ...*datamodels.HealthEvent) []string {
+		t.Helper()
+		var recs []*kgo.Record
+		for _, ev := range evs {
+			recs = append(recs, evRecord(t, ev))
+		}
+		res, err := hs.h.Handle(ctx(t), recs) // not stored: the store lags
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range res.Out {
+			ev, err := events.Unmarshal(r.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, ev.GetDerivedBy()+"@"+nodeOf(ev))
+		}
+		return out
+	}
+	if got := handle(xid(c, "n1", 0, 31, false, 1)); len(got) != 0 {
+		t.Fatalf("one Xid 31: %v", got)
+	}
+	if got := handle(xid(c, "n2", time.Minute, 31, false, 1)); len(got) != 0 {
+		t.Fatalf("another node's Xid 31 counted with n1's: %v", got)
+	}
+	if got := handle(xid(c, "n1", 2*time.Minute, 31, false, 1)); len(got) != 1 || got[0] != "RepeatedXID31OnSameGPU@n1" {
+		t.Fatalf("n1's second Xid 31, the first unstored: %v, want one RepeatedXID31OnSameGPU verdict on n1", got)
+	}
+	f := newCluster("unstored-fabric")
+	handle(nicState(f, "n1", 0, false), nicState(f, "n2", time.Second, false))
+	if got := handle(nicState(f, "n3", 2*time.Second, false), nicState(f, "n4", 3*time.Second, false)); len(got) != 1 || got[0] != "FabricIncident@"+ClusterNode {
+		t.Fatalf("4 nodes down over two batches, the first unstored: %v, want FabricIncident", got)
+	}
+}
+
+// TestUnstoredForget: a record is forgotten once the store's committed
+// offset has passed it, after maxAge when the store's progress cannot be
+// read, and over the bound (counted); of returns the batch's nodes' and
+// the named clusters' records.
+func TestUnstoredForget(t *testing.T) {
+	now := time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
+	var stored map[string]map[int32]int64
+	var progressErr error
+	forgot := prometheus.NewCounter(prometheus.CounterOpts{Name: "forgot"})
+	u := &unstored{maxAge: time.Minute, max: 5, now: func() time.Time { return now }, forgot: forgot,
+		progress: func(context.Context) (map[string]map[int32]int64, error) { return stored, progressErr }}
+	rec := func(cluster, node string, part int32, off int64) *kgo.Record {
+		return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, node), Partition: part, Offset: off}
+	}
+	a0, a1, b0 := rec("a", "n1", 0, 10), rec("a", "n2", 0, 11), rec("b", "n1", 1, 7)
+	u.add([]*kgo.Record{a0, a1, b0, {Key: []byte("no-node")}})
+	names := func(recs []*kgo.Record) (out []string) {
+		for _, r := range recs {
+			out = append(out, string(r.Key))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name     string
+		batch    []*kgo.Record
+		clusters map[string]bool
+		want     []string
+	}{
+		{"same node", []*kgo.Record{rec("a", "n1", 0, 12)}, nil, []string{"a/n1"}},
+		{"other node", []*kgo.Record{rec("a", "n3", 0, 12)}, nil, nil},
+		{"cluster-wide", []*kgo.Record{rec("a", "n3", 0, 12)}, map[string]bool{"a": true}, []string{"a/n1", "a/n2"}},
+	} {
+		if got := names(u.of(tc.batch, tc.clusters)); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	stored = map[string]map[int32]int64{events.TopicEvents: {0: 11, 1: 0}}
+	if err := u.forget(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(u.of([]*kgo.Record{rec("a", "n1", 0, 12), rec("a", "n2", 0, 12), rec("b", "n1", 1, 8)}, nil)); !slices.Equal(got, []string{"a/n2", "b/n1"}) {
+		t.Errorf("after the store committed partition 0 to 11: %v, want a/n2 and b/n1", got)
+	}
+	progressErr = errors.New("broker down")
+	now = now.Add(2 * time.Minute)
+	u.add([]*kgo.Record{rec("c", "n1", 2, 1)})
+	if err := u.forget(context.Background()); err == nil {
+		t.Error("the progress error is not returned")
+	}
+	if got := names(u.of(nil, map[string]bool{"a": true, "b": true, "c": true})); !slices.Equal(got, []string{"c/n1"}) {
+		t.Errorf("after maxAge without progress: %v, want only the new c/n1", got)
+	}
+	for i := range 7 {
+		u.add([]*kgo.Record{rec("d", "n1", 3, int64(i))})
+	}
+	var m dto.Metric
+	if err := forgot.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(u.of(nil, map[string]bool{"c": true, "d": true})); n != 5 || m.GetCounter().GetValue() != 3 {
+		t.Errorf("over the bound of 5: %d kept, %v forgotten, want 5 and 3", n, m.GetCounter().GetValue())
+	}
+}
+
