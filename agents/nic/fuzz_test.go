@@ -103,4 +103,3 @@ func stampValid(t *testing.T, v validate.Validator, step string, evs []*datamode
 		}
 	}
 }
-

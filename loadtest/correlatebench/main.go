@@ -148,6 +148,7 @@ FROM (SELECT number AS n FROM system.numbers LIMIT %d)`, *nodes, now.Unix(), now
 	}
 	reg := prometheus.NewRegistry()
 	h := correlate.New(conn, rules, time.Now, 2*time.Minute, log, correlate.NewMetrics(reg))
+	h.SetStoreProgress(correlate.StoredBeforeNext) // each batch is stored before the next (below)
 	st := store.New(conn, log, store.NewMetrics(nil))
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)

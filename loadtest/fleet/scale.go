@@ -188,7 +188,7 @@ func (r *Replica) Stop() {
 // ScaleParams configure RunScale.
 type ScaleParams struct {
 	Exe      string        // the fleetload binary (its -replica mode)
-	Role     string        // the replicas' role: quarantine (default), remediate, drain or store
+	Role     string        // the replicas' role: quarantine (default), remediate, drain, store or correlate
 	Replicas []int         // replica counts, e.g. 1, 2, 4
 	Nodes    int           // nodes failing per round (store: events per round)
 	Latency  time.Duration // per apiserver request
@@ -233,7 +233,9 @@ type scaleTarget struct {
 // produced to the actions topic, each node's pods evicted (scaleDrain).
 // Store: Nodes events per round produced to the events topic, events
 // stored/s counted as distinct ids in ClickHouse (scaleStore; no
-// apiserver).
+// apiserver). Correlate: Nodes nodes per round with a pair of events that
+// one rule judges, verdicts/s read back from the events topic
+// (scaleCorrelate; no apiserver).
 func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 	tg, args, setting, err := e.scaleRole(ctx, sp)
 	if err != nil {
@@ -346,13 +348,18 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 // on Kubernetes reach one kube-apiserver through a latency proxy; the
 // store reaches ClickHouse directly.
 func (e *Env) scaleRole(ctx context.Context, sp ScaleParams) (tg *scaleTarget, args []string, setting string, err error) {
-	if sp.Role == "store" {
+	switch sp.Role {
+	case "store", "correlate":
 		if e.CHServer == nil {
-			return nil, nil, "", fmt.Errorf("scale: role store needs ClickHouse")
+			return nil, nil, "", fmt.Errorf("scale: role %s needs ClickHouse", sp.Role)
+		}
+		args = []string{"-replica.clickhouse", e.CHServer.Addr()}
+		if sp.Role == "correlate" {
+			tg, err = e.scaleCorrelate(ctx)
+			return tg, args, "shipped defaults, the store role writing the events", err
 		}
 		bc := store.DefaultConfig()
-		return e.scaleStore(ctx), []string{"-replica.clickhouse", e.CHServer.Addr()},
-			fmt.Sprintf("shipped batches (%d records or %s)", bc.BatchRecords, bc.BatchLinger), nil
+		return e.scaleStore(ctx), args, fmt.Sprintf("shipped batches (%d records or %s)", bc.BatchRecords, bc.BatchLinger), nil
 	}
 	cluster := e.Clusters[0]
 	k := e.Kubes[cluster]
@@ -372,7 +379,7 @@ func (e *Env) scaleRole(ctx context.Context, sp ScaleParams) (tg *scaleTarget, a
 	case "drain":
 		tg, err = e.scaleDrain(ctx, cluster, k, proxy)
 	default:
-		err = fmt.Errorf("scale: role %q: want quarantine, remediate, drain or store", sp.Role)
+		err = fmt.Errorf("scale: role %q: want quarantine, remediate, drain, store or correlate", sp.Role)
 	}
 	return tg, []string{"-replica.kube", cluster + "=" + kc}, sp.Latency.String() + " apiserver latency", err
 }

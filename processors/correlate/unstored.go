@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 
@@ -15,6 +16,14 @@ import (
 // partition: every record below its partition's offset is in ClickHouse
 // (the store commits a batch after inserting it).
 type StoreProgress func(ctx context.Context) (map[string]map[int32]int64, error)
+
+// StoredBeforeNext is the StoreProgress of a caller that stores each batch
+// before it hands over the next and keeps its records in partition 0 (the
+// benchmarks): no earlier record is unstored.
+func StoredBeforeNext(context.Context) (map[string]map[int32]int64, error) {
+	all := map[int32]int64{0: math.MaxInt64}
+	return map[string]map[int32]int64{events.TopicEvents: all, events.TopicActions: all}, nil
+}
 
 // unstored remembers the records of this replica's earlier batches until
 // the store has written them. A rule's window is the history in ClickHouse

@@ -11,8 +11,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/faultline/faultline/schemas/gen/datamodels"
 	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // TestWindowSpansUnstoredBatches: a window's events in two batches of
@@ -124,4 +124,3 @@ func TestUnstoredForget(t *testing.T) {
 		t.Errorf("over the bound of 5: %d kept, %v forgotten, want 5 and 3", n, m.GetCounter().GetValue())
 	}
 }
-

@@ -60,7 +60,7 @@ func main() {
 	replicas := flag.String("replicas", "1,2,4", "scale: replica counts")
 	latency := flag.Duration("latency", 50*time.Millisecond, "scale: apiserver latency per request")
 	kill := flag.Bool("kill", true, "scale: add a round in which one of two replicas is SIGKILLed")
-	role := flag.String("role", "quarantine", "scale: the replicas' role, quarantine, remediate, drain or store")
+	role := flag.String("role", "quarantine", "scale: the replicas' role, quarantine, remediate, drain, store or correlate")
 	flag.Parse()
 	if *name == "scale" {
 		os.Exit(runScale(p, *role, *replicas, *latency, *kill, *verbose))
@@ -69,7 +69,7 @@ func main() {
 		for _, s := range fleet.Scenarios {
 			fmt.Printf("%-18s %s\n", s.Name, s.Doc)
 		}
-		fmt.Printf("%-18s %s\n", "scale", "quarantine replicas (-replicas 1,2,4) as processes against an apiserver behind a latency proxy (-latency), -nodes failing per round, breaker off; then one of two replicas SIGKILLed mid-run (-kill): every node cordoned once; -role remediate: remediate replicas, drain/succeeded actions in, RebootNodes/s, every node one RebootNode created once; -role drain: drain replicas, quarantine/applied actions in, each node's pods evicted, nodes drained/s, evictions counted at the proxy by answer; -role store: store replicas, -nodes events per round produced to the events topic, events stored/s as distinct ids in ClickHouse, none lost after the SIGKILL")
+		fmt.Printf("%-18s %s\n", "scale", "quarantine replicas (-replicas 1,2,4) as processes against an apiserver behind a latency proxy (-latency), -nodes failing per round, breaker off; then one of two replicas SIGKILLed mid-run (-kill): every node cordoned once; -role remediate: remediate replicas, drain/succeeded actions in, RebootNodes/s, every node one RebootNode created once; -role drain: drain replicas, quarantine/applied actions in, each node's pods evicted, nodes drained/s, evictions counted at the proxy by answer; -role store: store replicas, -nodes events per round produced to the events topic, events stored/s as distinct ids in ClickHouse, none lost after the SIGKILL; -role correlate: correlate replicas (the store role in the fleet), -nodes nodes per round each with two Xid 31 on a GPU, verdicts/s read back from the events topic, every node judged once")
 		return
 	}
 	s, ok := fleet.Lookup(*name)
@@ -118,9 +118,9 @@ func replicaMain(args []string) int {
 	fs := flag.NewFlagSet("fleetload -replica", flag.ExitOnError)
 	brokers := fs.String("replica.brokers", "", "Kafka brokers")
 	kube := fs.String("replica.kube", "", "cluster=kubeconfig (roles quarantine, remediate, drain)")
-	ch := fs.String("replica.clickhouse", "", "ClickHouse address (role store)")
+	ch := fs.String("replica.clickhouse", "", "ClickHouse address (roles store, correlate)")
 	identity := fs.String("replica.identity", "", "identity on nodes")
-	role := fs.String("replica.role", "quarantine", "quarantine, remediate, drain or store")
+	role := fs.String("replica.role", "quarantine", "quarantine, remediate, drain, store or correlate")
 	fs.Parse(args)
 	if err := runReplica(*brokers, *kube, *ch, *identity, *role); err != nil {
 		fmt.Fprintln(os.Stderr, "fleetload replica:", err)
@@ -129,17 +129,17 @@ func replicaMain(args []string) int {
 	return 0
 }
 
-// runReplica is one replica of role (quarantine, remediate, drain or
-// store): processors.Run as production starts it (shipped defaults,
+// runReplica is one replica of role (quarantine, remediate, drain, store
+// or correlate): processors.Run as production starts it (shipped defaults,
 // quarantine's breaker off for the scale rounds) until SIGTERM.
 func runReplica(brokers, kube, ch, identity, role string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	pcfg := processors.DefaultConfig()
 	switch role {
-	case "store":
+	case "store", "correlate":
 		if ch == "" {
-			return fmt.Errorf("-replica.clickhouse: required for role store")
+			return fmt.Errorf("-replica.clickhouse: required for role %s", role)
 		}
 		pcfg.ClickHouse.Addr, pcfg.ClickHouse.Database = ch, fleet.Database
 	case "quarantine", "remediate", "drain":
@@ -149,7 +149,7 @@ func runReplica(brokers, kube, ch, identity, role string) error {
 		}
 		pcfg.Kube.Clusters = []clusters.Cluster{{Name: cluster, Kubeconfig: kc}}
 	default:
-		return fmt.Errorf("-replica.role: want quarantine, remediate, drain or store, got %q", role)
+		return fmt.Errorf("-replica.role: want quarantine, remediate, drain, store or correlate, got %q", role)
 	}
 	pcfg.Roles = role
 	pcfg.Quarantine.Breaker.Enabled = false
@@ -180,11 +180,10 @@ func runScale(p fleet.Params, role, replicas string, latency time.Duration, kill
 		}
 		counts = append(counts, n)
 	}
-	isStore := role == "store"
 	if p.Nodes == 0 {
-		p.Nodes = 600
-		if isStore {
-			p.Nodes = 300_000
+		p.Nodes = map[string]int{"store": 300_000, "correlate": 20_000}[role]
+		if p.Nodes == 0 {
+			p.Nodes = 600
 		}
 	}
 	exe, err := os.Executable()
@@ -200,8 +199,11 @@ func runScale(p fleet.Params, role, replicas string, latency time.Duration, kill
 	tb.Verbose = verbose
 	defer tb.Close()
 	opts := fleet.Options{Clusters: 1, Nodes: rounds * p.Nodes, Roles: "none", Kube: true}
-	if isStore {
+	switch role {
+	case "store":
 		opts = fleet.Options{Clusters: 1, Roles: "none", ClickHouse: true}
+	case "correlate":
+		opts = fleet.Options{Clusters: 1, Roles: "store", ClickHouse: true}
 	}
 	e := fleet.Start(tb, opts)
 	if err := e.WarmUp(e.Context()); err != nil {
@@ -209,9 +211,12 @@ func runScale(p fleet.Params, role, replicas string, latency time.Duration, kill
 		return 1
 	}
 	r := &fleet.Report{Print: func(l string) { fmt.Println(l) }}
-	if isStore {
+	switch role {
+	case "store":
 		r.Figure("scale: %s; %d events per round; replicas %v", e.Describe(), p.Nodes, counts)
-	} else {
+	case "correlate":
+		r.Figure("scale: %s; %d nodes with 2 events each per round; replicas %v", e.Describe(), p.Nodes, counts)
+	default:
 		r.Figure("scale: %s; %d nodes fail per round; replicas %v; apiserver latency %s", e.Describe(), p.Nodes, counts, latency)
 	}
 	if role != "quarantine" {

@@ -76,3 +76,12 @@ func TestScaleStoreSmoke(t *testing.T) {
 	scaleSmoke(t, fleet.Options{Clusters: 1, Roles: "none", ClickHouse: true},
 		fleet.ScaleParams{Role: "store", Replicas: []int{1}, Nodes: 30_000, Kill: true}, 4, "one round, the SIGKILL round, the ceiling with 1 and 4 writers")
 }
+
+// TestScaleCorrelateSmoke runs the scale scenario's correlate rounds tiny:
+// one correlate replica process beside the fleet's store role, every
+// node's pair of Xid 31 judged once, its verdict read back from the
+// events topic. (No SIGKILL round: TestScaleSmoke covers the mechanism.)
+func TestScaleCorrelateSmoke(t *testing.T) {
+	scaleSmoke(t, fleet.Options{Clusters: 1, Roles: "store", ClickHouse: true},
+		fleet.ScaleParams{Role: "correlate", Replicas: []int{1}, Nodes: 200}, 1, "one round")
+}
