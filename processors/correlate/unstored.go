@@ -76,6 +76,10 @@ func (u *unstored) add(recs []*kgo.Record) {
 	}
 }
 
+// progressTimeout bounds the read of the store's progress, once per
+// batch: a slow broker delays the batch this much at most.
+const progressTimeout = 2 * time.Second
+
 // forget drops what the store has written and what is older than maxAge.
 func (u *unstored) forget(ctx context.Context) error {
 	u.mu.Lock()
@@ -86,7 +90,9 @@ func (u *unstored) forget(ctx context.Context) error {
 	var stored map[string]map[int32]int64
 	var err error
 	if u.progress != nil {
-		stored, err = u.progress(ctx)
+		pctx, cancel := context.WithTimeout(ctx, progressTimeout)
+		stored, err = u.progress(pctx)
+		cancel()
 	}
 	oldest := u.now().Add(-u.maxAge)
 	kept := u.recs[:0]
