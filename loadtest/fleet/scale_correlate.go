@@ -85,8 +85,9 @@ func (v *verdicts) count(cluster string) (nodes, twice int) {
 // query reads the pair when it spans two batches. Done is a node whose
 // verdict is on the events topic; twice, a node with two verdict ids (a
 // replica's replay after a SIGKILL emits the same deterministic id, which
-// is not twice). Correlation here is ClickHouse CPU on the same cores
-// (loadtest/correlatebench measures one replica against a 10M history).
+// is not twice). Correlation here is CPU on the same cores — the
+// replicas, ClickHouse, the store role — not I/O (loadtest/correlatebench
+// measures one replica against a 10M history).
 func (e *Env) scaleCorrelate(ctx context.Context) (*scaleTarget, error) {
 	if !e.storing() {
 		return nil, fmt.Errorf("scale: role correlate needs the fleet's store role and ClickHouse")
