@@ -119,7 +119,7 @@ func New(conn clickhouse.Conn, rules []*Rule, now func() time.Time, ttl time.Dur
 		m = NewMetrics(nil)
 	}
 	h := &Handler{conn: conn, rules: suppressorsFirst(rules), byName: map[string]*Rule{}, now: now, log: log, ttl: ttl, metrics: m, cache: map[string]prior{}, errLogged: map[string]time.Time{},
-		unstored: &unstored{maxAge: ttl, max: maxUnstored, now: now, forgot: m.forgotten}}
+		unstored: &unstored{maxAge: ttl, max: maxUnstored, now: now, forgot: m.forgotten, next: map[topicPartition]int64{}}}
 	h.Ownership.Topic = events.TopicEvents
 	for _, r := range rules {
 		h.byName[r.Name] = r
@@ -218,7 +218,7 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 			}
 		}
 	}
-	if err := h.unstored.forget(ctx); err != nil {
+	if err := h.unstored.refresh(ctx, recs); err != nil {
 		h.log.Debug("store progress unknown; earlier batches kept until correlate.cache_ttl", "err", err)
 	}
 	bt, err := newBatchTables(append(slices.Clip(recs), h.unstored.of(recs, clusterWide)...))
@@ -280,6 +280,12 @@ const maxUnstored = 100_000
 // has written (Open: the store group's committed offsets); without it
 // earlier batches' records are remembered for correlate.cache_ttl.
 func (h *Handler) SetStoreProgress(p StoreProgress) { h.unstored.progress = p }
+
+// SetReadBack sets how the handler reads back, for a partition handed over
+// to it, the records below its first batch that the store has not written
+// (Open: from Kafka); without it a handed-over partition's memory starts
+// empty.
+func (h *Handler) SetReadBack(r ReadBack) { h.unstored.readBack = r }
 
 // queryParallelism bounds the rule queries one batch runs at once.
 const queryParallelism = 4

@@ -3,6 +3,7 @@ package correlate
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -43,6 +44,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return nil, err
 	}
 	h.SetStoreProgress(storeProgress(kadm.NewClient(adm), pipeline.DefaultGroup(store.Role)))
+	h.SetReadBack(readBack(deps.Kafka, log))
 	r := &role.Role{
 		Name:      Role,
 		Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h}},
@@ -79,6 +81,38 @@ func storeProgress(adm *kadm.Client, group string) StoreProgress {
 			}
 			out[o.Topic][o.Partition] = o.At
 		})
+		return out, nil
+	}
+}
+
+// readBack reads a partition's range with a client of its own (a handed-
+// over partition's first batch: rare), until the record before to or the
+// partition's end.
+func readBack(cfg kafka.Config, log *slog.Logger) ReadBack {
+	return func(ctx context.Context, topic string, partition int32, from, to int64) ([]*kgo.Record, error) {
+		cl, err := kafka.NewClient(cfg, log, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(from)}}))
+		if err != nil {
+			return nil, err
+		}
+		defer cl.Close()
+		var out []*kgo.Record
+		for next := from; next < to; {
+			fs := cl.PollFetches(ctx)
+			if err := fs.Err0(); err != nil {
+				return out, err
+			}
+			fs.EachPartition(func(p kgo.FetchTopicPartition) {
+				for _, r := range p.Records {
+					if r.Offset < to {
+						out = append(out, r)
+					}
+					next = r.Offset + 1
+				}
+				if p.HighWatermark >= 0 && p.HighWatermark <= next {
+					next = to // the partition's end
+				}
+			})
+		}
 		return out, nil
 	}
 }

@@ -2,6 +2,8 @@ package correlate
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"time"
@@ -43,12 +45,14 @@ func StoredBeforeNext(context.Context) (map[string]map[int32]int64, error) {
 // them).
 type unstored struct {
 	progress StoreProgress
+	readBack ReadBack
 	maxAge   time.Duration
 	max      int
 	now      func() time.Time
 
 	mu     sync.Mutex
 	recs   []remembered // in arrival order
+	next   map[topicPartition]int64
 	forgot prometheus.Counter
 }
 
@@ -62,6 +66,13 @@ type remembered struct {
 func (u *unstored) add(recs []*kgo.Record) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	u.remember(recs)
+	for _, r := range recs {
+		u.next[topicPartition{r.Topic, r.Partition}] = r.Offset + 1
+	}
+}
+
+func (u *unstored) remember(recs []*kgo.Record) {
 	at := u.now()
 	for _, r := range recs {
 		cluster, _, err := events.SplitKey(r.Key)
@@ -77,14 +88,42 @@ func (u *unstored) add(recs []*kgo.Record) {
 }
 
 // progressTimeout bounds the read of the store's progress, once per
-// batch: a slow broker delays the batch this much at most.
-const progressTimeout = 2 * time.Second
+// batch: a slow broker delays the batch this much at most; readBackTimeout
+// bounds reading a handed-over partition's unstored records.
+const (
+	progressTimeout = 2 * time.Second
+	readBackTimeout = 10 * time.Second
+)
 
-// forget drops what the store has written and what is older than maxAge.
-func (u *unstored) forget(ctx context.Context) error {
+// ReadBack reads the records of topic's partition from offset from up to
+// (not including) to back from Kafka.
+type ReadBack func(ctx context.Context, topic string, partition int32, from, to int64) ([]*kgo.Record, error)
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+// refresh forgets what the store has written and what is older than
+// maxAge. For a partition whose batch does not go on where this replica's
+// last batch of it ended — a partition handed over by another replica, or
+// this replica's start — it reads back the records below the batch that
+// the store has not written (another replica correlated them), so the
+// memory is what it would be had this replica handled them.
+func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if len(u.recs) == 0 {
+	seen := map[topicPartition]bool{}
+	gaps := map[topicPartition]int64{} // the batch's first offset of each partition not continued
+	for _, r := range batch {
+		tp := topicPartition{r.Topic, r.Partition}
+		if !seen[tp] && u.next[tp] != r.Offset {
+			gaps[tp] = r.Offset
+		}
+		seen[tp] = true
+	}
+	seed := len(gaps) > 0 && u.readBack != nil && u.progress != nil
+	if len(u.recs) == 0 && !seed {
 		return nil
 	}
 	var stored map[string]map[int32]int64
@@ -104,6 +143,22 @@ func (u *unstored) forget(ctx context.Context) error {
 	}
 	clear(u.recs[len(kept):])
 	u.recs = kept
+	if !seed || stored == nil {
+		return err
+	}
+	for tp, first := range gaps {
+		from, ok := stored[tp.topic][tp.partition]
+		if !ok || from >= first {
+			continue // the store is past the batch's start (or never committed): nothing to read
+		}
+		rctx, cancel := context.WithTimeout(ctx, readBackTimeout)
+		recs, rerr := u.readBack(rctx, tp.topic, tp.partition, max(from, first-int64(u.max)), first)
+		cancel()
+		if rerr != nil {
+			err = errors.Join(err, fmt.Errorf("read back %s/%d [%d, %d): %w", tp.topic, tp.partition, from, first, rerr))
+		}
+		u.remember(recs)
+	}
 	return err
 }
 

@@ -3,6 +3,7 @@ package correlate
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -11,6 +12,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -70,7 +73,7 @@ func TestUnstoredForget(t *testing.T) {
 	var stored map[string]map[int32]int64
 	var progressErr error
 	forgot := prometheus.NewCounter(prometheus.CounterOpts{Name: "forgot"})
-	u := &unstored{maxAge: time.Minute, max: 5, now: func() time.Time { return now }, forgot: forgot,
+	u := &unstored{maxAge: time.Minute, max: 5, now: func() time.Time { return now }, forgot: forgot, next: map[topicPartition]int64{},
 		progress: func(context.Context) (map[string]map[int32]int64, error) { return stored, progressErr }}
 	rec := func(cluster, node string, part int32, off int64) *kgo.Record {
 		return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, node), Partition: part, Offset: off}
@@ -98,7 +101,7 @@ func TestUnstoredForget(t *testing.T) {
 		}
 	}
 	stored = map[string]map[int32]int64{events.TopicEvents: {0: 11, 1: 0}}
-	if err := u.forget(context.Background()); err != nil {
+	if err := u.refresh(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := names(u.of([]*kgo.Record{rec("a", "n1", 0, 12), rec("a", "n2", 0, 12), rec("b", "n1", 1, 8)}, nil)); !slices.Equal(got, []string{"a/n2", "b/n1"}) {
@@ -107,7 +110,7 @@ func TestUnstoredForget(t *testing.T) {
 	progressErr = errors.New("broker down")
 	now = now.Add(2 * time.Minute)
 	u.add([]*kgo.Record{rec("c", "n1", 2, 1)})
-	if err := u.forget(context.Background()); err == nil {
+	if err := u.refresh(context.Background(), nil); err == nil {
 		t.Error("the progress error is not returned")
 	}
 	if got := names(u.of(nil, map[string]bool{"a": true, "b": true, "c": true})); !slices.Equal(got, []string{"c/n1"}) {
@@ -122,5 +125,59 @@ func TestUnstoredForget(t *testing.T) {
 	}
 	if n := len(u.of(nil, map[string]bool{"c": true, "d": true})); n != 5 || m.GetCounter().GetValue() != 3 {
 		t.Errorf("over the bound of 5: %d kept, %v forgotten, want 5 and 3", n, m.GetCounter().GetValue())
+	}
+}
+
+// TestHandoverReadsBackUnstored: a partition handed over from another
+// replica (here: a fresh handler whose first batch starts at offset 1)
+// reads back from the real broker the records below its batch that the
+// store has not written (its committed offset 0), so the pair's first
+// Xid 31, correlated by the other replica, still counts. Without the read
+// back the window counts 1.
+func TestHandoverReadsBackUnstored(t *testing.T) {
+	s := server(t)
+	k := testenv.StartKafka(t)
+	c := newCluster("handover")
+	kcfg := kafka.DefaultConfig()
+	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = k.Addr(), 1, 1
+	log := slog.New(slog.DiscardHandler)
+	if err := kafka.CreatePipelineTopics(ctx(t), kcfg, log); err != nil {
+		t.Fatal(err)
+	}
+	cl := k.Client(t)
+	var recs []*kgo.Record
+	for _, at := range []time.Duration{0, time.Minute} {
+		r := evRecord(t, xid(c, "n1", at, 31, false, 1))
+		r.Timestamp = time.Time{}
+		if err := cl.ProduceSync(ctx(t), r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, r)
+	}
+	if recs[0].Partition != recs[1].Partition || recs[1].Offset != recs[0].Offset+1 {
+		t.Fatalf("records at %d/%d and %d/%d, want one partition, consecutive", recs[0].Partition, recs[0].Offset, recs[1].Partition, recs[1].Offset)
+	}
+	rules, err := ParseRules(DefaultRules, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		readBack bool
+		want     int
+	}{{false, 0}, {true, 1}} {
+		h := New(s.Conn, rules, func() time.Time { return base.Add(time.Hour) }, 2*time.Minute, log, nil)
+		h.SetStoreProgress(func(context.Context) (map[string]map[int32]int64, error) {
+			return map[string]map[int32]int64{events.TopicEvents: {recs[0].Partition: recs[0].Offset}}, nil // nothing stored
+		})
+		if tc.readBack {
+			h.SetReadBack(readBack(kcfg, log))
+		}
+		res, err := h.Handle(ctx(t), recs[1:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Out) != tc.want {
+			t.Errorf("read back %v: %d derived events, want %d", tc.readBack, len(res.Out), tc.want)
+		}
 	}
 }
