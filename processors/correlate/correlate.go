@@ -219,7 +219,7 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 		}
 	}
 	if err := h.unstored.refresh(ctx, recs); err != nil {
-		h.log.Debug("store progress unknown; earlier batches kept until correlate.cache_ttl", "err", err)
+		h.log.Warn("unstored records of earlier batches not all known; a window may miss some", "err", err)
 	}
 	bt, err := newBatchTables(append(slices.Clip(recs), h.unstored.of(recs, clusterWide)...))
 	if err != nil {

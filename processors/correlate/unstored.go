@@ -158,6 +158,7 @@ func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 			err = errors.Join(err, fmt.Errorf("read back %s/%d [%d, %d): %w", tp.topic, tp.partition, from, first, rerr))
 		}
 		u.remember(recs)
+		u.next[tp] = first // a retry of this batch does not read it back again
 	}
 	return err
 }
