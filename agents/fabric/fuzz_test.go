@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/faultline/faultline/schemas/validate"
+	"github.com/faultline/faultline/internal/fuzzseed"
 )
 
 // FuzzEvaluateEventsValid: whatever a recorded output of any kind holds,
@@ -37,7 +37,6 @@ func FuzzEvaluateEventsValid(f *testing.F) {
 		f.Fatal(err)
 	}
 	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC) // after every recording
-	v := validate.Validator{MaxBatch: 1000, MaxFutureSkew: 5 * time.Minute}
 	f.Fuzz(func(t *testing.T, kind uint8, text string) {
 		s := NewSnapshot(time.Time{})
 		if err := AddInput(s, Kinds[int(kind)%len(Kinds)], text, &LogReader{Loc: time.UTC, Year: 2024}); err != nil {
@@ -55,7 +54,7 @@ func FuzzEvaluateEventsValid(f *testing.F) {
 			if ev.NodeName == "" {
 				ev.NodeName = "gpu-node-1"
 			}
-			if err := v.Validate(ev, now); err != nil {
+			if err := fuzzseed.Gateway.Validate(ev, now); err != nil {
 				t.Fatalf("event the gateway would refuse (%v): %v", err, ev)
 			}
 		}

@@ -5,9 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/faultline/faultline/schemas/validate"
+	"github.com/faultline/faultline/internal/fuzzseed"
 )
 
 // FuzzParserEventsValid: whatever a kernel log holds, the parser does not
@@ -29,7 +28,6 @@ func FuzzParserEventsValid(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	v := validate.Validator{MaxBatch: 1000, MaxFutureSkew: 5 * time.Minute}
 	f.Fuzz(func(t *testing.T, log string) {
 		p := testParser(t, func(c *ParserConfig) { c.Catalog = cat })
 		for line := range strings.SplitSeq(log, "\n") {
@@ -40,7 +38,7 @@ func FuzzParserEventsValid(f *testing.F) {
 			if ev.NodeName == "" {
 				ev.NodeName = "gpu-node-1"
 			}
-			if err := v.Validate(ev, testNow); err != nil {
+			if err := fuzzseed.Gateway.Validate(ev, testNow); err != nil {
 				t.Fatalf("event the gateway would refuse (%v): %v", err, ev)
 			}
 		}

@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/faultline/faultline/agents/nic/nictest"
-	"github.com/faultline/faultline/schemas/gen/datamodels"
-	"github.com/faultline/faultline/schemas/validate"
+	"github.com/faultline/faultline/internal/fuzzseed"
 )
 
 // FuzzPollEventsValid: whatever sysfs and the state file hold — at
@@ -24,7 +23,6 @@ func FuzzPollEventsValid(f *testing.F) {
 	f.Add("1: DOWN", "3: Disabled", "100 Gb/sec (4X EDR)", "7", "down", []byte(`{"version":1,"boot_id":"boot-1","ports":{"mlx5_0/1":null}}`))
 	f.Add("4:", ": LinkUp", "Gb/sec", "18446744073709551615", "", []byte(`{"version":1,"boot_id":"boot-1","ports":{},"anomalous_cards":{"0000:10:00":{"expected":-1}}}`))
 	f.Add("4: ACTIVE: x", "\x1b[31m5: LinkUp", "", "-1", "up\x00", []byte(`{`))
-	v := validate.Validator{MaxBatch: 1000, MaxFutureSkew: 5 * time.Minute}
 	e := setup(f, small()) // one tree: building it is most of an input's time
 	ports := []string{"mlx5_0", "mlx5_1", "mlx5_4"}
 	f.Fuzz(func(t *testing.T, state, phys, rate, counter, operstate string, stateFile []byte) {
@@ -46,7 +44,7 @@ func FuzzPollEventsValid(f *testing.F) {
 			if err != nil {
 				t.Fatalf("%s: poll failed: %v", step, err)
 			}
-			stampValid(t, v, step, evs)
+			fuzzseed.Stamped(t, step, evs, fuzzNow)
 		}
 		// The tree as built: healthy ports, zero counters, no state file.
 		for _, dev := range ports {
@@ -88,18 +86,5 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
-	}
-}
-
-// stampValid stamps events as the agent does and fails on any the gateway
-// would refuse.
-func stampValid(t *testing.T, v validate.Validator, step string, evs []*datamodels.HealthEvent) {
-	t.Helper()
-	for _, ev := range evs {
-		ev.NodeName = "gpu-node-1"
-		validate.Clean(ev, fuzzNow)
-		if err := v.Validate(ev, fuzzNow); err != nil {
-			t.Fatalf("%s: event the gateway would refuse (%v): %v", step, err, ev)
-		}
 	}
 }

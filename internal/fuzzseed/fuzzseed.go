@@ -1,6 +1,6 @@
-// Package fuzzseed holds what the fuzz targets of the agents' parsers
-// share: their recorded outputs as seeds, and the least every parser owes
-// any input.
+// Package fuzzseed holds what the fuzz targets of the agents' parsers and
+// checks share: their recorded outputs as seeds, the least every parser
+// owes any input, and the gateway's validation every event must pass.
 package fuzzseed
 
 import (
@@ -8,7 +8,29 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
 )
+
+// Gateway is the gateway's validation at its shipped limits
+// (gateway.DefaultConfig: batches of 1,000, 5 minutes of future skew).
+var Gateway = validate.Validator{MaxBatch: 1000, MaxFutureSkew: 5 * time.Minute}
+
+// Stamped stamps evs as the agent stamps a check's events (its node name,
+// validate.Clean at now) and fails step on any the gateway would refuse:
+// the agent would drop it, its fault never reported.
+func Stamped(t *testing.T, step string, evs []*datamodels.HealthEvent, now time.Time) {
+	t.Helper()
+	for _, ev := range evs {
+		ev.NodeName = "gpu-node-1"
+		validate.Clean(ev, now)
+		if err := Gateway.Validate(ev, now); err != nil {
+			t.Fatalf("%s: event the gateway would refuse (%v): %v", step, err, ev)
+		}
+	}
+}
 
 // AddFiles adds every file of testdata matching pattern as a seed, leaving
 // out golden files and the fuzzer's own corpus.
