@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/schemas/events"
@@ -24,13 +23,11 @@ func correlateRecords(cluster string, from, n int) ([]*kgo.Record, error) {
 	recs := make([]*kgo.Record, 0, 2*n)
 	for i := range n {
 		for range 2 {
-			ev := fleetsim.Xid(NodeName(from+i), 0, 31)
-			ev.Id, ev.Cluster, ev.ReceivedTimestamp = events.NewID(), cluster, timestamppb.Now()
-			v, err := events.Marshal(ev)
+			r, err := gatewayRecord(cluster, fleetsim.Xid(NodeName(from+i), 0, 31))
 			if err != nil {
 				return nil, err
 			}
-			recs = append(recs, &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, ev.NodeName), Value: v})
+			recs = append(recs, r)
 		}
 	}
 	return recs, nil

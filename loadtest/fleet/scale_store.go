@@ -17,36 +17,41 @@ import (
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
-// storeEvent is event seq of a store round in cluster: the gateway's
-// output as the store reads it (an id, the cluster, received now), a mix
-// of a healthy GPU check, a port down, a link_downed counter increase and
-// a fatal Xid over 1,000 nodes.
-func storeEvent(cluster string, seq int) *datamodels.HealthEvent {
+// storeEvent is event seq of a store round: a mix of a healthy GPU check,
+// a port down, a link_downed counter increase and a fatal Xid over 1,000
+// nodes.
+func storeEvent(seq int) *datamodels.HealthEvent {
 	node := NodeName(seq % 1000)
-	var ev *datamodels.HealthEvent
 	switch seq % 4 {
 	case 0:
-		ev = fleetsim.Healthy(node, seq%8)
+		return fleetsim.Healthy(node, seq%8)
 	case 1:
-		ev = fleetsim.PortDown(node, seq%8)
+		return fleetsim.PortDown(node, seq%8)
 	case 2:
-		ev = fleetsim.LinkDowned(node, seq%8)
+		return fleetsim.LinkDowned(node, seq%8)
 	default:
-		ev = fleetsim.Xid(node, seq%8, 79)
+		return fleetsim.Xid(node, seq%8, 79)
 	}
+}
+
+// gatewayRecord is ev of cluster as the gateway produces it to the events
+// topic: an id, the cluster, received now.
+func gatewayRecord(cluster string, ev *datamodels.HealthEvent) (*kgo.Record, error) {
 	ev.Id, ev.Cluster, ev.ReceivedTimestamp = events.NewID(), cluster, timestamppb.Now()
-	return ev
+	v, err := events.Marshal(ev)
+	if err != nil {
+		return nil, err
+	}
+	return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, ev.NodeName), Value: v}, nil
 }
 
 func storeRecords(cluster string, from, n int) ([]*kgo.Record, error) {
 	recs := make([]*kgo.Record, n)
 	for i := range recs {
-		ev := storeEvent(cluster, from+i)
-		v, err := events.Marshal(ev)
-		if err != nil {
+		var err error
+		if recs[i], err = gatewayRecord(cluster, storeEvent(from+i)); err != nil {
 			return nil, err
 		}
-		recs[i] = &kgo.Record{Topic: events.TopicEvents, Key: events.Key(ev.Cluster, ev.NodeName), Value: v}
 	}
 	return recs, nil
 }
