@@ -20,12 +20,8 @@
 #               starts with Java 17 and -Xmx512m; ready in 9-18 s on the busy
 #               machine (CPU-bound; C1-only JIT halves it), ~310 MB RSS,
 #               graceful stop 1-1.6 s.
-#   kube        empty Go caches: 34 min (etcd 2.5, kube-apiserver 14.5,
-#               kube-controller-manager 10, kwok 7); warm Go caches but empty
-#               $FAULTLINE_CACHE: 3 min 14 s. kube-scheduler alone on a cache
-#               from before it was added: a few minutes (build cache warm).
-#   helm        go install helm v4.3.1, empty caches: 36 min at load 20-30
-#               (the other components building beside it), 86 MB.
+#   kube, tools the Go builds (etcd and the kube binaries; promtool, helm
+#               and kwok): the cold `make test` times in README.md.
 #   warm no-op for all components: 0.3 s
 set -euo pipefail
 
@@ -336,45 +332,6 @@ install_sushy() { py_venv sushy "$SUSHY_VERSION" sushy_tools.emulator.main "sush
 # janitor's AWS provider and maintenance monitor tests (EC2 RebootInstances,
 # TerminateInstances, DescribeInstanceStatus; internal/testenv StartMoto).
 install_moto() { py_venv moto "$MOTO_VERSION" moto.server "moto[server]==$MOTO_VERSION"; }
-# ------------------------------------------------------------------ promtool
-
-# install_promtool builds Prometheus's promtool (check rules, test rules for
-# deploy/monitoring) pinned, from the Go module proxy, into
-# $CACHE/promtool/<version>/promtool. A heavy build (the Prometheus
-# dependency tree): minutes cold on 2 cores, a no-op once cached. The
-# remove_all_sd tag (Prometheus's plugins/) leaves out the service-discovery
-# SDKs (AWS, Azure, GCE, ...), which check rules and test rules never use.
-install_promtool() {
-	local out="$CACHE/promtool/$PROMTOOL_VERSION"
-	if [ ! -x "$out/promtool" ]; then
-		command -v go >/dev/null || die "go is not on PATH"
-		log "building promtool $PROMTOOL_VERSION from the Go module proxy"
-		local build="$CACHE/build/promtool-$PROMTOOL_VERSION"
-		rm -rf "$build"
-		mkdir -p "$build" "$out"
-		cat >"$build/go.mod" <<EOF
-module faultline.local/testenv/promtool
-
-go 1.26
-
-require github.com/prometheus/prometheus $PROMTOOL_VERSION
-EOF
-		cat >"$build/tools.go" <<'EOF'
-//go:build tools
-
-package tools
-
-import _ "github.com/prometheus/prometheus/cmd/promtool"
-EOF
-		(cd "$build" && GOFLAGS=-mod=mod go mod tidy >&2 &&
-			go build -trimpath -tags remove_all_sd -ldflags "-s -w" -o "$out/promtool.tmp" github.com/prometheus/prometheus/cmd/promtool >&2) ||
-			die "building promtool $PROMTOOL_VERSION failed"
-		mv "$out/promtool.tmp" "$out/promtool"
-		rm -rf "$build"
-	fi
-	echo "testenv: promtool $PROMTOOL_VERSION $out/promtool"
-}
-
 # ------------------------------------------------------------------ chromium
 
 # install_chromium installs Debian's chromium and chromium-driver (the
@@ -396,7 +353,63 @@ install_chromium() {
 	echo "testenv: chromium $ver $(command -v chromium)"
 }
 
-# ---------------------------------------------------------------------- kube
+# ------------------------------------------------------------ the Go builds
+
+# The Go-built servers and tools come from the Go module proxy, built in two
+# throwaway modules under $CACHE/build with the default Go module and build
+# caches (so CI reuses them). Each module builds all its missing binaries in
+# one `go build`: the packages they share (k8s.io/api, client-go, grpc, ...)
+# compile once, at one version, and go's scheduler keeps both cores busy
+# across the binaries (one's link beside another's compiles).
+#   kube:  etcd and kube-apiserver, kube-controller-manager, kube-scheduler
+#          (etcd at the version k8s.io/kubernetes itself requires);
+#   tools: promtool, helm and kwok (all three on k8s.io/* v0.37: helm's and
+#          promtool's own, one minor above kwok's).
+
+# go_module DIR GOMOD-BODY IMPORT... writes a throwaway module (go.mod, and a
+# tools.go importing the commands) and tidies it.
+go_module() {
+	local dir=$1 body=$2
+	shift 2
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	printf '%s\n' "$body" >"$dir/go.mod"
+	{
+		printf '//go:build tools\n\npackage tools\n\nimport (\n'
+		local imp
+		for imp in "$@"; do printf '\t_ "%s"\n' "$imp"; done
+		printf ')\n'
+	} >"$dir/tools.go"
+	(cd "$dir" && GOFLAGS=-mod=mod go mod tidy >&2) || die "go mod tidy failed in $dir"
+}
+
+# require_version DIR MODULE VERSION fails when the module's build does not
+# use MODULE at VERSION (another module's requirement raised it).
+require_version() {
+	local got
+	got=$(cd "$1" && go list -m -f '{{.Version}}' "$2") || die "go list -m $2 failed in $1"
+	[ "$got" = "$3" ] || die "$2 resolves to $got in $1, want $3 (a pin needs updating)"
+}
+
+# go_build DIR TAGS LDFLAGS PKG=DEST... builds the PKGs of the module in DIR
+# in one go build and moves each binary to DEST (go names a binary after its
+# package's last path element, the one before a /vN suffix).
+go_build() {
+	local dir=$1 tags=$2 ldflags=$3 pkgs=() spec
+	shift 3
+	for spec in "$@"; do pkgs+=("${spec%%=*}"); done
+	mkdir -p "$dir/bin"
+	(cd "$dir" && go build -trimpath -tags "$tags" -ldflags "$ldflags" -o bin/ "${pkgs[@]}" >&2) ||
+		die "building ${pkgs[*]} failed"
+	local pkg dest name
+	for spec in "$@"; do
+		pkg=${spec%%=*} dest=${spec#*=}
+		name=${pkg##*/}
+		[[ $name =~ ^v[0-9]+$ ]] && { name=${pkg%/*}; name=${name##*/}; }
+		mkdir -p "$(dirname "$dest")"
+		mv "$dir/bin/$name" "$dest"
+	done
+}
 
 # build_ldflags for kube binaries, so `--version` reports the real version.
 kube_ldflags() {
@@ -405,114 +418,89 @@ kube_ldflags() {
 	echo "-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
 }
 
-build_etcd() {
-	local out=$1
-	[ -x "$out/etcd" ] && return 0
-	log "building etcd $ETCD_VERSION (about 1.5 min cold)"
-	local build="$CACHE/build/etcd-$ETCD_VERSION"
-	rm -rf "$build"
-	mkdir -p "$build"
-	cat >"$build/go.mod" <<EOF
-module faultline.local/testenv/etcd
-
-go 1.26
-
-require go.etcd.io/etcd/server/v3 $ETCD_VERSION
-EOF
-	cat >"$build/tools.go" <<'EOF'
-//go:build tools
-
-package tools
-
-import _ "go.etcd.io/etcd/server/v3"
-EOF
-	(cd "$build" && GOFLAGS=-mod=mod go mod tidy >&2 &&
-		go build -trimpath -ldflags "-s -w" -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3 >&2)
-	mv "$out/etcd.tmp" "$out/etcd"
-}
-
+# build_kube builds the missing ones of etcd, kube-apiserver,
+# kube-controller-manager and kube-scheduler into OUT.
 build_kube() {
-	local out=$1
-	local cmds=(kube-apiserver kube-controller-manager kube-scheduler) cmd todo=()
-	for cmd in "${cmds[@]}"; do
-		[ -x "$out/$cmd" ] || todo+=("$cmd")
+	local out=$1 todo=() cmd
+	[ -x "$out/etcd" ] || todo+=("go.etcd.io/etcd/server/v3=$out/etcd")
+	for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
+		[ -x "$out/$cmd" ] || todo+=("k8s.io/kubernetes/cmd/$cmd=$out/$cmd")
 	done
 	[ ${#todo[@]} -eq 0 ] && return 0
-	# A cache from before kube-scheduler was added builds just that one
-	# (the Go build cache shares most packages: a few minutes).
-	log "building ${todo[*]} $KUBE_VERSION (about 11 min cold on 2 cores for the apiserver)"
-	local build="$CACHE/build/kube-$KUBE_VERSION"
-	rm -rf "$build"
-	mkdir -p "$build"
-	cat >"$build/go.mod" <<EOF
-module faultline.local/testenv/kube
-
-go 1.26
-EOF
+	log "building ${todo[*]##*/} (kube $KUBE_VERSION, etcd $ETCD_VERSION; about 11 min cold on 2 cores for the apiserver)"
 	local gomod
-	gomod=$(cd "$build" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
+	gomod=$(cd "$CACHE/build" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
 		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
 	[ -f "$gomod" ] || die "could not download k8s.io/kubernetes@$KUBE_VERSION go.mod"
 	# k8s.io/kubernetes replaces its staging modules with ./staging/src/...,
 	# which do not exist in the module zip: pin each to its published version.
-	local staging
+	local build="$CACHE/build/kube-$KUBE_VERSION" staging m body
 	staging=$(sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging/src/.*#\1#p' "$gomod")
 	[ -n "$staging" ] || die "no staging replace directives found in $gomod"
-	{
-		echo "module faultline.local/testenv/kube"
-		echo
-		echo "go 1.26"
-		echo
-		echo "require k8s.io/kubernetes $KUBE_VERSION"
-		echo
-		echo "replace ("
-		local m
-		for m in $staging; do
-			echo "	$m => $m $KUBE_STAGING_VERSION"
-		done
-		echo ")"
-	} >"$build/go.mod"
-	cat >"$build/tools.go" <<'EOF'
-//go:build tools
+	body="module faultline.local/testenv/kube
 
-package tools
+go 1.26
 
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+require (
+	k8s.io/kubernetes $KUBE_VERSION
+	go.etcd.io/etcd/server/v3 $ETCD_VERSION
 )
-EOF
-	local ldflags
-	ldflags=$(kube_ldflags)
-	(cd "$build" && GOFLAGS=-mod=mod go mod tidy >&2) || die "go mod tidy failed in $build"
-	# One go build for all of them: its scheduler keeps both cores busy
-	# across the three (one binary's link beside another's compiles).
-	local tmp="$out/build.tmp" pkgs=()
-	rm -rf "$tmp"
-	mkdir -p "$tmp"
-	for cmd in "${todo[@]}"; do
-		pkgs+=("k8s.io/kubernetes/cmd/$cmd")
+
+replace ("
+	for m in $staging; do
+		body+="
+	$m => $m $KUBE_STAGING_VERSION"
 	done
-	(cd "$build" && go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}" >&2) ||
-		die "building ${todo[*]} failed"
-	for cmd in "${todo[@]}"; do
-		mv "$tmp/$cmd" "$out/$cmd"
-	done
-	rm -rf "$tmp"
+	body+="
+)"
+	go_module "$build" "$body" go.etcd.io/etcd/server/v3 \
+		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+	require_version "$build" go.etcd.io/etcd/server/v3 "$ETCD_VERSION"
+	go_build "$build" "" "$(kube_ldflags)" "${todo[@]}"
+	rm -rf "$build"
 }
 
-build_kwok() {
+# build_tools NAME... builds the missing ones of promtool, helm and kwok
+# (Prometheus's promtool for deploy/monitoring's check rules / test rules;
+# the helm CLI for the chart's lint, template and install; kwok for the
+# test clusters' nodes). The remove_all_sd tag (Prometheus's plugins/)
+# leaves out the service-discovery SDKs, which promtool's rule commands
+# never use.
+build_tools() {
+	local todo=() t
+	for t in "$@"; do
+		case $t in
+		promtool) [ -x "$CACHE/promtool/$PROMTOOL_VERSION/promtool" ] ||
+			todo+=("github.com/prometheus/prometheus/cmd/promtool=$CACHE/promtool/$PROMTOOL_VERSION/promtool") ;;
+		helm) [ -x "$CACHE/helm/$HELM_VERSION/helm" ] ||
+			todo+=("helm.sh/helm/v4/cmd/helm=$CACHE/helm/$HELM_VERSION/helm") ;;
+		kwok) [ -x "$CACHE/kube/$KUBE_VERSION/kwok" ] ||
+			todo+=("sigs.k8s.io/kwok/cmd/kwok=$CACHE/kube/$KUBE_VERSION/kwok") ;;
+		esac
+	done
+	[ ${#todo[@]} -eq 0 ] && return 0
+	command -v go >/dev/null || die "go is not on PATH"
+	log "building ${todo[*]##*/} (promtool $PROMTOOL_VERSION, helm $HELM_VERSION, kwok $KWOK_VERSION; about 5 min cold on 2 cores)"
+	local build="$CACHE/build/tools"
+	go_module "$build" "module faultline.local/testenv/tools
+
+go 1.26
+
+require (
+	github.com/prometheus/prometheus $PROMTOOL_VERSION
+	helm.sh/helm/v4 $HELM_VERSION
+	sigs.k8s.io/kwok $KWOK_VERSION
+)" github.com/prometheus/prometheus/cmd/promtool helm.sh/helm/v4/cmd/helm sigs.k8s.io/kwok/cmd/kwok
+	require_version "$build" github.com/prometheus/prometheus "$PROMTOOL_VERSION"
+	require_version "$build" helm.sh/helm/v4 "$HELM_VERSION"
+	require_version "$build" sigs.k8s.io/kwok "$KWOK_VERSION"
+	go_build "$build" remove_all_sd "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" "${todo[@]}"
+	rm -rf "$build"
+}
+
+# kwok_stages copies kwok's stage files (from its module) into OUT/stages.
+kwok_stages() {
 	local out=$1
-	if [ ! -x "$out/kwok" ]; then
-		log "building kwok $KWOK_VERSION (about 2.5 min cold)"
-		local tmpbin="$CACHE/build/kwok-$KWOK_VERSION-bin"
-		rm -rf "$tmpbin"
-		mkdir -p "$tmpbin"
-		GOBIN="$tmpbin" GOFLAGS=-mod=mod go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" >&2
-		mv "$tmpbin/kwok" "$out/kwok"
-		rm -rf "$tmpbin"
-	fi
 	if [ ! -f "$out/stages/.complete" ]; then
 		local moddir
 		moddir=$(cd "$CACHE/build" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" |
@@ -538,39 +526,31 @@ install_kube() {
 	local out="$CACHE/kube/$KUBE_VERSION"
 	mkdir -p "$out" "$CACHE/build"
 	command -v go >/dev/null || die "go is not on PATH"
-	build_etcd "$out"
 	build_kube "$out"
-	build_kwok "$out"
+	with_lock tools build_tools kwok
+	kwok_stages "$out"
 	echo "testenv: kube $KUBE_VERSION (etcd $ETCD_VERSION, kwok $KWOK_VERSION) $out"
 }
 
-# ---------------------------------------------------------------------- helm
-
-# install_helm builds the pinned helm CLI from the Go module proxy into
-# $CACHE/helm/<version>/helm (the chart's tests: lint, template, install
-# onto the test apiserver). About 5 min cold on 2 cores.
-install_helm() {
-	local dir="$CACHE/helm/$HELM_VERSION"
-	if [ ! -x "$dir/helm" ]; then
-		command -v go >/dev/null || die "go is not on PATH"
-		log "building helm $HELM_VERSION from the Go module proxy (about 5 min cold)"
-		local tmpbin="$CACHE/build/helm-$HELM_VERSION-bin"
-		rm -rf "$tmpbin"
-		mkdir -p "$tmpbin" "$dir"
-		GOBIN="$tmpbin" GOFLAGS=-mod=mod go install -trimpath \
-			-ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
-			"helm.sh/helm/v4/cmd/helm@$HELM_VERSION" >&2 || die "go install helm $HELM_VERSION failed"
-		mv "$tmpbin/helm" "$dir/helm"
-		rm -rf "$tmpbin"
-	fi
-	echo "testenv: helm $HELM_VERSION $dir/helm"
+# install_tools NAME... builds the missing ones of promtool, helm and kwok
+# and prints promtool's and helm's lines (kwok's is the kube line).
+install_tools() {
+	with_lock tools build_tools "$@"
+	local t
+	for t in "$@"; do
+		case $t in
+		promtool) echo "testenv: promtool $PROMTOOL_VERSION $CACHE/promtool/$PROMTOOL_VERSION/promtool" ;;
+		helm) echo "testenv: helm $HELM_VERSION $CACHE/helm/$HELM_VERSION/helm" ;;
+		esac
+	done
 }
 
 # ---------------------------------------------------------------------- main
 
 # install_all installs every component in three streams side by side: the
 # downloads (apt, Maven, PyPI: mostly waiting on the network and the disk),
-# the Kubernetes build, and the promtool and helm builds. On 2 cores the two
+# the Kubernetes build (etcd, the kube binaries), and the tools build
+# (promtool, helm, kwok; the kube stream waits for its kwok). On 2 cores the two
 # Go build streams fill each other's idle time (go mod tidy's downloads,
 # single-threaded links), and the downloads cost almost nothing beside them.
 # Each stream runs its components in order; apt's lock keeps clickhouse and
@@ -589,11 +569,8 @@ install_all() {
 	pids+=($!) names+=(downloads)
 	with_lock kube install_kube &
 	pids+=($!) names+=(kube)
-	(
-		with_lock promtool install_promtool
-		with_lock helm install_helm
-	) &
-	pids+=($!) names+=("promtool and helm")
+	install_tools promtool helm kwok &
+	pids+=($!) names+=("promtool, helm and kwok")
 	for i in "${!pids[@]}"; do
 		wait "${pids[$i]}" || { log "error: the ${names[$i]} stream failed (its error is above)"; rc=1; }
 	done
@@ -613,8 +590,8 @@ main() {
 		chdb) with_lock chdb install_chdb ;;
 		sushy) with_lock sushy install_sushy ;;
 		moto) with_lock moto install_moto ;;
-		helm) with_lock helm install_helm ;;
-		promtool) with_lock promtool install_promtool ;;
+		helm) install_tools helm ;;
+		promtool) install_tools promtool ;;
 		chromium) with_lock chromium install_chromium ;;
 		all) install_all ;;
 		*) die "unknown component '$t' (want kafka, clickhouse, zookeeper, chdb, sushy, moto, promtool, chromium, kube, helm or all)" ;;
