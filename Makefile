@@ -14,7 +14,7 @@ FUZZTIME ?= 20s
 CLUSTER_TESTS := ^(TestRules|TestSXidXidIncident|TestQueries|TestListEvents|TestListActions|TestFleet)$$
 CLUSTER_PKGS  := ./processors/correlate ./internal/analytics ./internal/history ./internal/fleet
 
-.PHONY: all build run test test-servers test-unit test-fuzz fuzz-build test-clickhouse-cluster testenv generate bench vet clean images
+.PHONY: all build run test test-unit test-fuzz test-clickhouse-cluster testenv generate bench vet clean images
 
 all: build
 
@@ -38,18 +38,11 @@ testenv:
 ## test: every test, against real servers, plus bounded fuzzing — what .ci/run calls
 # testenv and vet side by side: on a fresh machine vet compiles the
 # module's dependencies (which the tests reuse) while the servers install.
-# Then the tests beside fuzz-build: they leave about a quarter of the two
-# cores idle (waiting on servers), which the fuzz targets' instrumented
-# build fills (minutes on a fresh machine, a few seconds once cached).
 test:
 	$(MAKE) -j2 testenv vet
-	$(MAKE) -j2 test-servers fuzz-build
+	eval "$$(scripts/testenv/env.sh)" && FAULTLINE_REQUIRE_SERVERS=1 $(GO) test -timeout 30m -count=1 ./...
 	$(MAKE) test-clickhouse-cluster
 	$(MAKE) test-fuzz
-
-## test-servers: every package's tests, against the real servers
-test-servers:
-	eval "$$(scripts/testenv/env.sh)" && FAULTLINE_REQUIRE_SERVERS=1 $(GO) test -timeout 30m -count=1 ./...
 
 ## test-clickhouse-cluster: the ClickHouse-reading tests again on a two-shard cluster (sql/README.md)
 test-clickhouse-cluster:
@@ -65,16 +58,6 @@ test-fuzz:
 	  pkg=$${t%%:*}; fn=$${t##*:}; \
 	  echo "fuzz $$pkg $$fn for $(FUZZTIME)"; \
 	  $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
-	done
-
-# fuzz-build compiles each fuzzed package's instrumented test binary (all
-# its dependencies instrumented, so nothing shared with the plain build) and
-# runs its seeds once; test-fuzz then starts fuzzing at once.
-fuzz-build:
-	@seen=; for t in $(FUZZ_TARGETS); do \
-	  pkg=$${t%%:*}; fn=$${t##*:}; \
-	  case " $$seen " in *" $$pkg "*) continue ;; esac; seen="$$seen $$pkg"; \
-	  out=$$($(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime 1x $$pkg 2>&1) || { echo "$$out"; exit 1; }; \
 	done
 
 vet:

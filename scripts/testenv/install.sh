@@ -383,6 +383,14 @@ go_module() {
 	(cd "$dir" && GOFLAGS=-mod=mod go mod tidy >&2) || die "go mod tidy failed in $dir"
 }
 
+# mod_download MODULE@VERSION FIELD downloads the module (outside any
+# module) and prints FIELD of go mod download -json (Dir, GoMod, ...).
+mod_download() {
+	mkdir -p "$CACHE/build"
+	(cd "$CACHE/build" && GOFLAGS=-mod=mod go mod download -json "$1") |
+		sed -n 's/^[[:space:]]*"'"$2"'": "\(.*\)",\{0,1\}$/\1/p'
+}
+
 # require_version DIR MODULE VERSION fails when the module's build does not
 # use MODULE at VERSION (another module's requirement raised it).
 require_version() {
@@ -429,8 +437,7 @@ build_kube() {
 	[ ${#todo[@]} -eq 0 ] && return 0
 	log "building ${todo[*]##*/} (kube $KUBE_VERSION, etcd $ETCD_VERSION; about 11 min cold on 2 cores for the apiserver)"
 	local gomod
-	gomod=$(cd "$CACHE/build" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
-		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')
+	gomod=$(mod_download "k8s.io/kubernetes@$KUBE_VERSION" GoMod)
 	[ -f "$gomod" ] || die "could not download k8s.io/kubernetes@$KUBE_VERSION go.mod"
 	# k8s.io/kubernetes replaces its staging modules with ./staging/src/...,
 	# which do not exist in the module zip: pin each to its published version.
@@ -503,8 +510,7 @@ kwok_stages() {
 	local out=$1
 	if [ ! -f "$out/stages/.complete" ]; then
 		local moddir
-		moddir=$(cd "$CACHE/build" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" |
-			sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
+		moddir=$(mod_download "sigs.k8s.io/kwok@$KWOK_VERSION" Dir)
 		[ -d "$moddir/kustomize/stage" ] || die "kwok module has no kustomize/stage ($moddir)"
 		rm -rf "$out/stages"
 		mkdir -p "$out/stages"
