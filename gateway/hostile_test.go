@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/faultline/faultline/gateway"
+	"github.com/faultline/faultline/internal/syncbuf"
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -119,27 +120,7 @@ func gatewayBinary(t *testing.T) string {
 type hostileGateway struct {
 	cmd        *exec.Cmd
 	grpc, http string
-	log        *lockedBuffer
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.b.Len() > 1<<20 {
-		return len(p), nil
-	}
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	log        *syncbuf.Buffer
 }
 
 func freePort(t *testing.T) string {
@@ -166,7 +147,7 @@ func startHostileGateway(t *testing.T, k *testenv.Kafka, extra ...string) *hosti
 	if err := os.WriteFile(tokens, []byte(lines), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	g := &hostileGateway{grpc: freePort(t), http: freePort(t), log: &lockedBuffer{}}
+	g := &hostileGateway{grpc: freePort(t), http: freePort(t), log: &syncbuf.Buffer{Max: 1 << 20}}
 	args := append([]string{"gateway", "--kafka.brokers", k.Addr(), "--kafka.replication-factor", "1",
 		"--tokens-file", tokens, "--grpc-addr", g.grpc, "--http-addr", g.http, "--log-level", "warn",
 		"--clickhouse.addr", freePort(t)}, extra...)

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/faultline/faultline/deploy/chart"
+	"github.com/faultline/faultline/internal/syncbuf"
 	"github.com/faultline/faultline/internal/testenv"
 )
 
@@ -75,7 +76,7 @@ func TestChartWalkthrough(t *testing.T) {
 	// The gateway's and the store's Deployment args.
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	for _, args := range [][]string{
 		{"gateway", "--config", path},
 		{"process", "--config", path, "--role=store"},
@@ -129,7 +130,7 @@ func TestChartWalkthrough(t *testing.T) {
 }
 
 // waitForOrFail polls ok until d, failing at once if a component exits.
-func waitForOrFail(t *testing.T, d time.Duration, errs <-chan error, logs *lockedBuffer, ok func() bool) {
+func waitForOrFail(t *testing.T, d time.Duration, errs <-chan error, logs *syncbuf.Buffer, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !ok() {

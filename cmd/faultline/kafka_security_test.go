@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -18,29 +17,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/internal/syncbuf"
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/schemas/events"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
-
-// lockedBuffer collects a command's log output while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // freeAddr returns a 127.0.0.1 address that was free a moment ago.
 func freeAddr(t *testing.T) string {
@@ -88,8 +70,8 @@ username = %q
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	start := func(name string, args ...string) *lockedBuffer {
-		logs := &lockedBuffer{}
+	start := func(name string, args ...string) *syncbuf.Buffer {
+		logs := &syncbuf.Buffer{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -159,7 +141,7 @@ username = %q
 	}
 	t.Logf("action over SASL_SSL: %s", found)
 
-	for name, logs := range map[string]*lockedBuffer{"gateway": gwLogs, "process": procLogs} {
+	for name, logs := range map[string]*syncbuf.Buffer{"gateway": gwLogs, "process": procLogs} {
 		l := logs.String()
 		if !strings.Contains(l, "SCRAM-SHA-512") {
 			t.Errorf("the %s debug log shows no SCRAM-SHA-512 login:\n%s", name, tail(l))

@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/internal/syncbuf"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -168,7 +169,7 @@ token_file = %q
 
 	// The processors at work: logs, metrics, every record they produce.
 	metricsAddr := freeAddr(t)
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {

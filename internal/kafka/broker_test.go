@@ -1,7 +1,6 @@
 package kafka
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,33 +15,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/faultline/faultline/internal/syncbuf"
 	"github.com/faultline/faultline/internal/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// syncBuffer is a log sink that tests can read while clients write.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // debugLog returns a debug-level logger (franz-go logs every connection
 // and SASL step at debug) and what it wrote.
-func debugLog() (*slog.Logger, *syncBuffer) {
-	var buf syncBuffer
+func debugLog() (*slog.Logger, *syncbuf.Buffer) {
+	var buf syncbuf.Buffer
 	return slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), &buf
 }
 

@@ -355,6 +355,13 @@ func (r *Runner) handleWithRetry(ctx context.Context, cl *kgo.Client, recs []*kg
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
 		err := r.handleOnce(ctx, cl, recs)
+		if err != nil && ctx.Err() != nil {
+			// Cut by the shutdown, not failed: uncommitted, the group
+			// hands it out again.
+			r.log.Info("batch interrupted by the shutdown; it will be handled again", "partition", part,
+				"first_offset", recs[0].Offset, "records", len(recs))
+			return false
+		}
 		r.metrics.observe(r.cfg.Role, len(recs), time.Since(start), err)
 		if err == nil {
 			return true

@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/internal/syncbuf"
 	"github.com/faultline/faultline/schemas/events"
 )
 
@@ -48,6 +49,7 @@ type harness struct {
 	kcfg kafka.Config
 	cl   *kgo.Client
 	reg  *prometheus.Registry // the last runner's metrics
+	log  *slog.Logger         // the runners' logger (quiet when nil)
 }
 
 func newHarness(t *testing.T, partitions int32, topics ...string) *harness {
@@ -138,7 +140,11 @@ func (h *harness) run(role string, handler Handler, mod func(*Config)) (stop fun
 		mod(&cfg)
 	}
 	h.reg = prometheus.NewRegistry()
-	r := NewRunner(cfg, h.kcfg, handler, quiet, NewMetrics(h.reg))
+	log := h.log
+	if log == nil {
+		log = quiet
+	}
+	r := NewRunner(cfg, h.kcfg, handler, log, NewMetrics(h.reg))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -242,6 +248,44 @@ func TestRunnerRetriesFailedBatch(t *testing.T) {
 	}
 }
 
+// TestRunnerShutdownMidBatch: a batch the shutdown cuts is not a failure
+// (no warning, not counted as a batch error) and is not committed, so the
+// next runner of the group handles it.
+func TestRunnerShutdownMidBatch(t *testing.T) {
+	h := newHarness(t, 1, topicIn, topicOut, events.TopicDeadLetter)
+	h.produce(topicIn, 0, 3)
+	var logs syncbuf.Buffer
+	h.log = slog.New(slog.NewTextHandler(&logs, nil))
+	started := make(chan struct{})
+	var once sync.Once
+	stop := h.run("cut", HandlerFunc(func(ctx context.Context, _ []*kgo.Record) (Result, error) {
+		once.Do(func() { close(started) })
+		<-ctx.Done()
+		return Result{}, fmt.Errorf("query: %w", ctx.Err())
+	}), nil)
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the batch was not handed to the handler")
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if out := logs.String(); strings.Contains(out, "level=WARN") || strings.Contains(out, "level=ERROR") ||
+		!strings.Contains(out, "interrupted by the shutdown") {
+		t.Fatalf("log of a shutdown mid-batch:\n%s", out)
+	}
+	if got := counter(t, h.reg, "faultline_processor_batch_errors_total"); got != 0 {
+		t.Fatalf("batch errors %v, want 0", got)
+	}
+	if got := h.committed("faultline-cut", 1)[0]; got != -1 {
+		t.Fatalf("committed %d for a batch the shutdown cut", got)
+	}
+	h.log = nil
+	h.run("cut", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) { return echo(recs), nil }), nil)
+	eventually(t, 20*time.Second, "the cut batch handled by the next runner", func() bool { return h.committed("faultline-cut", 1)[0] == 3 })
+}
+
 // TestRunnerDeadLetters: a record the handler reports dead goes to the
 // dead-letter topic with its key and value, the reason, where it came
 // from and which role gave up; the batch's other records carry on and the
@@ -284,6 +328,24 @@ func TestRunnerDeadLetters(t *testing.T) {
 }
 
 // produced reads faultline_processor_produced_total from reg by "role topic".
+// counter returns the sum of the counter name over its labels (0 when absent).
+func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
 func produced(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	t.Helper()
 	mfs, err := reg.Gather()

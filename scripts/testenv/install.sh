@@ -435,7 +435,7 @@ build_kube() {
 		[ -x "$out/$cmd" ] || todo+=("k8s.io/kubernetes/cmd/$cmd=$out/$cmd")
 	done
 	[ ${#todo[@]} -eq 0 ] && return 0
-	log "building ${todo[*]##*/} (kube $KUBE_VERSION, etcd $ETCD_VERSION; about 11 min cold on 2 cores for the apiserver)"
+	log "building ${todo[*]##*/} (kube $KUBE_VERSION, etcd $ETCD_VERSION; cold on 2 cores: 25 min beside the tools build)"
 	local gomod
 	gomod=$(mod_download "k8s.io/kubernetes@$KUBE_VERSION" GoMod)
 	[ -f "$gomod" ] || die "could not download k8s.io/kubernetes@$KUBE_VERSION go.mod"
@@ -487,7 +487,7 @@ build_tools() {
 	done
 	[ ${#todo[@]} -eq 0 ] && return 0
 	command -v go >/dev/null || die "go is not on PATH"
-	log "building ${todo[*]##*/} (promtool $PROMTOOL_VERSION, helm $HELM_VERSION, kwok $KWOK_VERSION; about 5 min cold on 2 cores)"
+	log "building ${todo[*]##*/} (promtool $PROMTOOL_VERSION, helm $HELM_VERSION, kwok $KWOK_VERSION; cold on 2 cores: 20 min beside the kube build)"
 	local build="$CACHE/build/tools"
 	go_module "$build" "module faultline.local/testenv/tools
 
