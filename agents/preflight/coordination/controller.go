@@ -134,8 +134,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	c.factory.Start(ctx.Done())
 	for t, ok := range c.factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("gang controller: cache of %v did not sync", t)
+		if !ok { // the wait ends early only when ctx does: a stop, not a failure
+			c.log.Info("gang controller stopped before its cache synced", "type", fmt.Sprint(t))
+			return nil
 		}
 	}
 	c.log.Info("gang controller running", "workers", c.opt.Workers)
