@@ -18,7 +18,8 @@
 // Sources (paths relative to the configured sysfs and procfs roots, so
 // tests run on fixture trees): GPU driver /sys/module/nvidia/version; GPU
 // VBIOS the "Video BIOS" lines of /proc/driver/nvidia/gpus/*/information;
-// NIC firmware /sys/class/infiniband/*/fw_ver (prometheus/procfs); BIOS
+// NIC firmware /sys/class/infiniband/*/fw_ver (the devices listed by
+// prometheus/procfs); BIOS
 // /sys/class/dmi/id/bios_* (prometheus/procfs); BMC the firmware revision
 // printed by a command (default `ipmitool mc info`); kernel
 // /proc/sys/kernel/osrelease and /proc/cmdline (prometheus/procfs); the OS
@@ -48,6 +49,7 @@ import (
 
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // Names of the event this check reports.
@@ -81,6 +83,10 @@ const (
 
 // BuiltIns lists the built-in components in report order.
 var BuiltIns = []string{GPUDriver, GPUVBIOS, NICFirmware, BIOSVersion, BIOSDate, BMCVersion, Kernel, BootParams, OSImage}
+
+// MaxComponents is the most components one event carries: the gateway
+// takes validate.MaxMetadata metadata keys, one of them the fingerprint.
+const MaxComponents = validate.MaxMetadata - 1
 
 // MaxValue is the longest component value reported (the gateway refuses
 // metadata values over 2048 bytes); a longer value is cut and ends in
@@ -130,7 +136,7 @@ type Config struct {
 	// Disable lists built-in components left out of the fingerprint
 	// (e.g. "gpu_vbios" on nodes without NVIDIA's procfs). Default none.
 	Disable []string `toml:"disable"`
-	// Components are extra components.
+	// Components are extra components, at most MaxComponents - len(BuiltIns).
 	Components []Component `toml:"components"`
 
 	bmcRE *regexp.Regexp
@@ -202,6 +208,10 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("conformance.bmc_pattern: %w", err)
 		}
 		c.bmcRE = re
+	}
+	if n := MaxComponents - len(BuiltIns); len(c.Components) > n {
+		return fmt.Errorf("conformance.components: %d extra components, at most %d (the gateway takes %d metadata keys per event, %d of them the fingerprint and the built-in components)",
+			len(c.Components), n, validate.MaxMetadata, 1+len(BuiltIns))
 	}
 	seen := map[string]bool{}
 	for _, b := range BuiltIns {
@@ -421,7 +431,12 @@ func (c *Check) vbios() (string, error) {
 var vbiosRE = regexp.MustCompile(`(?m)^Video BIOS:\s*(\S+)`)
 
 // nicFirmware is the distinct firmware versions of the node's RDMA
-// devices, sorted, comma-separated (prometheus/procfs).
+// devices, sorted, comma-separated: the devices as prometheus/procfs lists
+// them, each one's fw_ver read alone. procfs's InfiniBandDevice also
+// parses every port, and fails the device on a port file it cannot read
+// or parse (a counter answering EINVAL on a ConnectX-7 port in switch
+// mode, node_exporter#3265): that would report the firmware unreadable,
+// a drift from the node's group, for a fault the NIC check reports.
 func (c *Check) nicFirmware() (string, error) {
 	names, err := c.sys.InfiniBandClassDevices()
 	if err != nil {
@@ -432,11 +447,11 @@ func (c *Check) nicFirmware() (string, error) {
 	}
 	set := map[string]bool{}
 	for _, n := range names {
-		d, err := c.sys.InfiniBandDevice(n)
+		v, err := c.readFile(filepath.Join(c.cfg.Sysfs, "class", "infiniband", n, "fw_ver"))
 		if err != nil {
 			return "", err
 		}
-		set[d.FirmwareVersion] = true
+		set[v] = true
 	}
 	return joinSet(set), nil
 }

@@ -3,7 +3,9 @@ package conformance
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -231,5 +233,61 @@ func TestEventPassesGatewayValidation(t *testing.T) {
 		if err := (validate.Validator{}).Validate(ev, time.Now()); err != nil {
 			t.Errorf("%s: %v", tree, err)
 		}
+	}
+}
+
+// TestNICFirmwareBesidePortFaults: a port file procfs cannot parse (a rate
+// or state no parser takes) is the NIC check's business; the firmware
+// versions are still read, and a device without fw_ver is named.
+func TestNICFirmwareBesidePortFaults(t *testing.T) {
+	for _, tc := range []struct{ file, content string }{
+		{"mlx5_0/ports/1/rate", "Invalid argument"},
+		{"mlx5_0/ports/1/state", "garbage"},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			root := t.TempDir()
+			if err := os.CopyFS(root, os.DirFS(filepath.Join("testdata", "h100-b"))); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, "sys/class/infiniband", tc.file), []byte(tc.content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c := fixture(t, "h100-b", func(c *Config) { c.Sysfs = filepath.Join(root, "sys") })
+			if got := c.Collect(t.Context())[NICFirmware]; got != "28.39.1002,28.41.1000" {
+				t.Fatalf("nic_firmware = %q, want both cards' firmware", got)
+			}
+		})
+	}
+	c := fixture(t, "h100-b", func(c *Config) { c.Sysfs = t.TempDir() })
+	if err := os.MkdirAll(filepath.Join(c.cfg.Sysfs, "class/infiniband/mlx5_0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Collect(t.Context())[NICFirmware]; !strings.HasPrefix(got, Unreadable) || !strings.Contains(got, "mlx5_0/fw_ver") {
+		t.Fatalf("nic_firmware = %q, want unreadable naming the missing fw_ver", got)
+	}
+}
+
+// TestMostComponents: the most extra components the config takes still
+// make an event the gateway takes; one more is refused at start, naming
+// the key.
+func TestMostComponents(t *testing.T) {
+	extra := func(n int) func(*Config) {
+		return func(c *Config) {
+			c.Components = nil
+			for i := range n {
+				c.Components = append(c.Components, Component{Name: fmt.Sprintf("extra-%02d", i), Command: []string{"echo", "v"}})
+			}
+		}
+	}
+	most := MaxComponents - len(BuiltIns)
+	ev := Event(fixture(t, "h100-a", extra(most)).Collect(t.Context()))
+	ev.NodeName, ev.GeneratedTimestamp = "node-1", timestamppb.Now()
+	if err := (validate.Validator{}).Validate(ev, time.Now()); err != nil {
+		t.Fatalf("%d extra components: %v", most, err)
+	}
+	cfg := DefaultConfig()
+	extra(most + 1)(&cfg)
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("conformance.components: %d extra components, at most %d", most+1, most)) {
+		t.Fatalf("Validate = %v, want the count refused", err)
 	}
 }
