@@ -16,7 +16,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -26,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	sigsjson "sigs.k8s.io/json"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -90,9 +90,12 @@ type WorkloadRef struct {
 }
 
 // DecodePod decodes a pod's JSON, keeping the newer scheduling fields.
+// Field names match case-sensitively, as the API server decodes them
+// (encoding/json would read "speC" as spec, which the API server drops):
+// the patch is written against the object as the API server holds it.
 func DecodePod(raw []byte) (Pod, error) {
 	var p corev1.Pod
-	if err := json.Unmarshal(raw, &p); err != nil {
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, &p); err != nil {
 		return Pod{}, err
 	}
 	var extra struct {
@@ -103,7 +106,7 @@ func DecodePod(raw []byte) (Pod, error) {
 			} `json:"schedulingGroup"`
 		} `json:"spec"`
 	}
-	if err := json.Unmarshal(raw, &extra); err != nil {
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, &extra); err != nil {
 		return Pod{}, err
 	}
 	out := Pod{Pod: &p, WorkloadRef: extra.Spec.WorkloadRef}

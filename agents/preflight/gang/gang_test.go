@@ -99,6 +99,15 @@ func TestDecodePod(t *testing.T) {
 	if _, err := DecodePod([]byte(`{"spec":`)); err == nil {
 		t.Fatal("truncated JSON accepted")
 	}
+	// Names match as the API server matches them, case-sensitively: it
+	// would drop "speC", so the webhook must not patch what it reads there.
+	p, err = DecodePod([]byte(`{"metadata":{"Name":"a"},"speC":{"containers":[{"name":"c"}],"workloadRef":{"name":"w"}},"spec":{"SchedulingGroup":{"podGroupName":"pg"}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Name != "" || len(p.Spec.Containers) != 0 || p.WorkloadRef != nil || p.SchedulingGroup != "" {
+		t.Fatalf("fields read under names the API server does not know: %+v", p)
+	}
 }
 
 type lister []*corev1.Pod

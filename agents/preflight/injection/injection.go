@@ -191,7 +191,11 @@ func (inj *Injector) Mutate(ctx context.Context, p gang.Pod) (Result, error) {
 		var inits []corev1.Container
 		var needGang bool
 		for _, spec := range inj.cfg.Checks {
+			why := clash(base, ContainerPrefix+spec.Name)
 			switch {
+			case why != "":
+				res.Skipped = append(res.Skipped, spec.Name+": "+why)
+				continue
 			case spec.requiresNetwork() && !hasNet:
 				res.Skipped = append(res.Skipped, spec.Name+": no network devices")
 				continue
@@ -243,6 +247,25 @@ func (inj *Injector) Mutate(ctx context.Context, p gang.Pod) (Result, error) {
 	}
 	res.Patch = patch
 	return res, nil
+}
+
+// clash says why a check's container cannot go into p ("" if it can): p
+// itself (an earlier injection is stripped first) already has a container
+// of its name or one of the volumes the checks mount, say a pod spec
+// copied from an injected pod. The API server refuses a pod with two
+// containers or volumes of one name, so injecting would fail the pod.
+func clash(p *corev1.Pod, container string) string {
+	for _, c := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {
+		if c.Name == container {
+			return "the pod already has a container named " + container
+		}
+	}
+	for _, v := range p.Spec.Volumes {
+		if v.Name == VolumeState || v.Name == VolumeToken || v.Name == VolumeGang {
+			return "the pod already has a volume named " + v.Name
+		}
+	}
+	return ""
 }
 
 // strip removes what an earlier invocation injected.

@@ -234,6 +234,13 @@ func TestMutate(t *testing.T) {
 					t.Errorf("loopback claims %v", got)
 				}
 			}},
+		{name: "the pod's own container of a check's name: that check left out (two of a name fail the pod)",
+			pod: pod(func(p *corev1.Pod) {
+				p.Spec.InitContainers = []corev1.Container{{Name: "preflight-dcgm-diag", Image: "user/own:1"}}
+				p.Spec.Containers[0].Resources = res("nvidia.com/gpu", "8", "rdma/ib", "4")
+			}),
+			outcome: "injected", inits: []string{"preflight-nccl-loopback", "preflight-dcgm-diag"},
+			skipped: "dcgm-diag: the pod already has a container named preflight-dcgm-diag; nccl-allreduce: not in a gang"},
 		{name: "DRA claim of another class only", pod: pod(func(p *corev1.Pod) {
 			p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "fpga", ResourceClaimName: ptr("other")}}
 		}), outcome: "no_gpu"},
@@ -344,3 +351,20 @@ func TestReinvocationChanges(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestOwnVolumeOfOurName: a pod that already has a volume of a name the
+// checks mount (a spec copied from an injected pod) gets no check rather
+// than a second volume of that name, which the API server would refuse.
+func TestOwnVolumeOfOurName(t *testing.T) {
+	p := pod(func(p *corev1.Pod) {
+		p.Spec.Containers[0].Resources = res("nvidia.com/gpu", "8")
+		p.Spec.Volumes = []corev1.Volume{{Name: VolumeToken, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	})
+	r, err := testInjector(nil).Mutate(context.Background(), gang.Pod{Pod: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Outcome != "no_check" || r.Patch != nil || len(r.Skipped) == 0 || !strings.Contains(r.Skipped[0], "the pod already has a volume named preflight-token") {
+		t.Fatalf("outcome %q patch %s skipped %q", r.Outcome, r.Patch, r.Skipped)
+	}
+}
