@@ -19,11 +19,10 @@
 // tests run on fixture trees): GPU driver /sys/module/nvidia/version; GPU
 // VBIOS the "Video BIOS" lines of /proc/driver/nvidia/gpus/*/information;
 // NIC firmware /sys/class/infiniband/*/fw_ver (the devices listed by
-// prometheus/procfs); BIOS
-// /sys/class/dmi/id/bios_* (prometheus/procfs); BMC the firmware revision
-// printed by a command (default `ipmitool mc info`); kernel
-// /proc/sys/kernel/osrelease and /proc/cmdline (prometheus/procfs); the OS
-// image hash a configured file or command.
+// prometheus/procfs); BIOS /sys/class/dmi/id/bios_* (prometheus/procfs);
+// BMC the firmware revision printed by a command (default `ipmitool mc
+// info`); kernel /proc/sys/kernel/osrelease and /proc/cmdline
+// (prometheus/procfs); the OS image hash a configured file or command.
 package conformance
 
 import (
