@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -32,11 +33,14 @@ func FuzzAdmitPod(f *testing.F) {
 	f.Add(`{"metadata":{"generateName":"w-"},"spec":{"containers":[{"name":"m","resources":{"limits":{"nvidia.com/gpu":"-1"}}}]}}`)
 	h := testHandler(f, nil)
 	f.Fuzz(func(t *testing.T, podJSON string) {
-		var obj struct{ Metadata, Spec map[string]any }
-		if sigsjson.UnmarshalCaseSensitivePreserveInts([]byte(podJSON), &obj) != nil || obj.Metadata == nil || obj.Spec == nil {
-			t.Skip("the API server sends a JSON object with metadata and spec") // a review that is not JSON: TestMalformedReviews
+		var obj struct {
+			Metadata map[string]any `json:"metadata"`
+			Spec     map[string]any `json:"spec"`
 		}
-		resp, code, body := call(h, review(t, "training", podJSON))
+		if sigsjson.UnmarshalCaseSensitivePreserveInts([]byte(podJSON), &obj) != nil || obj.Metadata == nil || obj.Spec == nil {
+			return // the API server sends a JSON object with metadata and spec; a review that is not JSON: TestMalformedReviews
+		}
+		resp, code, body := callWithin(t, h, review(t, "training", podJSON))
 		if code != 200 || resp == nil || resp.UID != "u-1" {
 			t.Fatalf("no answer in kind: %d %s", code, body)
 		}
@@ -71,7 +75,7 @@ func FuzzAdmitPod(f *testing.F) {
 			}
 			seen[n] = true
 		}
-		again, code, body := call(h, review(t, "training", string(patched)))
+		again, code, body := callWithin(t, h, review(t, "training", string(patched)))
 		if code != 200 || again == nil || !again.Allowed || again.Patch != nil {
 			t.Fatalf("the patched pod admitted again: %d %s (patch %s)", code, body, resp.Patch)
 		}
@@ -92,4 +96,27 @@ func volumeNames(vs []corev1.Volume) []string {
 		out[i] = "volume " + v.Name
 	}
 	return out
+}
+
+// callWithin is call, failing the test when no answer comes within the
+// API server's wait (webhook.timeout): a pod would be refused or delayed.
+func callWithin(t *testing.T, h *Handler, body []byte) (*admissionv1.AdmissionResponse, int, string) {
+	t.Helper()
+	type answer struct {
+		resp *admissionv1.AdmissionResponse
+		code int
+		body string
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, code, out := call(h, body)
+		done <- answer{resp, code, out}
+	}()
+	select {
+	case a := <-done:
+		return a.resp, a.code, a.body
+	case <-time.After(h.cfg.Webhook.Timeout):
+		t.Fatalf("no answer within webhook.timeout (%v) to %s", h.cfg.Webhook.Timeout, body)
+		return nil, 0, ""
+	}
 }

@@ -330,6 +330,18 @@ func TestWebhookInRealAPIServer(t *testing.T) {
 		}
 	})
 
+	t.Run("the pod's own container of a check's name: created, that check left out", func(t *testing.T) {
+		p := gpuPod("own-dcgm", 8, 4)
+		p.Spec.InitContainers = []corev1.Container{{Name: "preflight-dcgm-diag", Image: "user/own:1"}}
+		got := e.create(p) // two init containers of one name: the API server would refuse the pod
+		if names := initNames(got); !slices.Equal(names, []string{"preflight-nccl-loopback", "preflight-dcgm-diag"}) {
+			t.Fatalf("init containers %v", names)
+		}
+		if s := got.Annotations[injection.AnnotationSkipped]; !strings.Contains(s, "dcgm-diag: the pod already has a container named preflight-dcgm-diag") {
+			t.Errorf("skipped %q", s)
+		}
+	})
+
 	t.Run("DRA claims and claim templates by device class", func(t *testing.T) {
 		rapi := e.admin.ResourceV1()
 		_, err := rapi.ResourceClaimTemplates("training").Create(ctx, &resourcev1.ResourceClaimTemplate{
