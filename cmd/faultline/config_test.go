@@ -103,7 +103,7 @@ func TestProcessorSections(t *testing.T) {
 }
 
 // repoRoot is the repository's root directory.
-func repoRoot(t *testing.T) string {
+func repoRoot(t testing.TB) string {
 	t.Helper()
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -114,7 +114,7 @@ func repoRoot(t *testing.T) string {
 
 // docs returns the repository's Markdown files (path relative to the root
 // → content).
-func docs(t *testing.T) map[string]string {
+func docs(t testing.TB) map[string]string {
 	t.Helper()
 	root := repoRoot(t)
 	out := map[string]string{}

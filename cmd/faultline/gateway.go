@@ -20,9 +20,11 @@ import (
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
-func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
+// loadGatewayConfig is `faultline gateway`'s configuration: defaults, the
+// --config file, flags, validated.
+func loadGatewayConfig(args []string, stderr io.Writer) (Config, error) {
 	cfg := DefaultConfig()
-	if _, err := config.Load("faultline gateway", args, &cfg, func(fs *flag.FlagSet) {
+	_, err := config.Load("faultline gateway", args, &cfg, func(fs *flag.FlagSet) {
 		cfg.registerLogFlags(fs)
 		cfg.Kafka.RegisterFlags(fs, "kafka.")
 		cfg.registerGatewayFlags(fs)
@@ -35,7 +37,13 @@ func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
 			return err
 		}
 		return cfg.Gateway.Validate()
-	}, stderr, moved); err != nil {
+	}, stderr, moved)
+	return cfg, err
+}
+
+func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
+	cfg, err := loadGatewayConfig(args, stderr)
+	if err != nil {
 		return err
 	}
 	log, err := newLogger(stderr, cfg)

@@ -16,9 +16,11 @@ import (
 	"github.com/faultline/faultline/processors/pipeline"
 )
 
-func runProcess(ctx context.Context, args []string, _, stderr io.Writer) error {
+// loadProcessConfig is `faultline process`'s configuration: defaults, the
+// --config file, flags, validated.
+func loadProcessConfig(args []string, stderr io.Writer) (Config, error) {
 	cfg := DefaultConfig()
-	if _, err := config.Load("faultline process", args, &cfg, func(fs *flag.FlagSet) {
+	_, err := config.Load("faultline process", args, &cfg, func(fs *flag.FlagSet) {
 		cfg.registerLogFlags(fs)
 		cfg.Kafka.RegisterFlags(fs, "kafka.")
 		cfg.Processors.RegisterFlags(fs)
@@ -28,7 +30,13 @@ func runProcess(ctx context.Context, args []string, _, stderr io.Writer) error {
 			return err
 		}
 		return cfg.Processors.Validate()
-	}, stderr, moved); err != nil {
+	}, stderr, moved)
+	return cfg, err
+}
+
+func runProcess(ctx context.Context, args []string, _, stderr io.Writer) error {
+	cfg, err := loadProcessConfig(args, stderr)
+	if err != nil {
 		return err
 	}
 	log, err := newLogger(stderr, cfg)
