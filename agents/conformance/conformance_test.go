@@ -102,6 +102,17 @@ func TestCollect(t *testing.T) {
 	}
 }
 
+// components are the component values an event's metadata carries.
+func components(md map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range md {
+		if n, ok := strings.CutPrefix(k, MetaComponentPrefix); ok {
+			out[n] = v
+		}
+	}
+	return out
+}
+
 func contains(s []string, v string) bool {
 	for _, x := range s {
 		if x == v {
@@ -122,12 +133,7 @@ func TestEvent(t *testing.T) {
 		t.Fatalf("event %v", ev)
 	}
 	md := ev.Metadata
-	comps := map[string]string{}
-	for k, v := range md {
-		if n, ok := strings.CutPrefix(k, MetaComponentPrefix); ok {
-			comps[n] = v
-		}
-	}
+	comps := components(md)
 	if md[MetaFingerprint] != Fingerprint(comps) || len(md[MetaFingerprint]) != 64 {
 		t.Fatalf("fingerprint %q does not match components %v", md[MetaFingerprint], comps)
 	}

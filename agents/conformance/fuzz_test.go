@@ -59,12 +59,7 @@ func FuzzCheck(f *testing.F) {
 			t.Fatalf("Check = %d events, %v; want one", len(evs), err)
 		}
 		ev := evs[0]
-		comps := map[string]string{}
-		for k, v := range ev.Metadata {
-			if n, ok := strings.CutPrefix(k, MetaComponentPrefix); ok {
-				comps[n] = v
-			}
-		}
+		comps := components(ev.Metadata)
 		for _, n := range append(BuiltIns, "bios_from_file") {
 			if _, ok := comps[n]; !ok {
 				t.Errorf("component %s not reported: %v", n, ev.Metadata)

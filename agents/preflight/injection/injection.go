@@ -261,11 +261,16 @@ func clash(p *corev1.Pod, container string) string {
 		}
 	}
 	for _, v := range p.Spec.Volumes {
-		if v.Name == VolumeState || v.Name == VolumeToken || v.Name == VolumeGang {
+		if ours(v) {
 			return "the pod already has a volume named " + v.Name
 		}
 	}
 	return ""
+}
+
+// ours says whether v has the name of a volume the checks mount.
+func ours(v corev1.Volume) bool {
+	return v.Name == VolumeState || v.Name == VolumeToken || v.Name == VolumeGang
 }
 
 // strip removes what an earlier invocation injected.
@@ -276,9 +281,7 @@ func strip(p *corev1.Pod) *corev1.Pod {
 		out.Spec.InitContainers = slices.DeleteFunc(out.Spec.InitContainers, func(c corev1.Container) bool {
 			return slices.Contains(injected, c.Name)
 		})
-		out.Spec.Volumes = slices.DeleteFunc(out.Spec.Volumes, func(v corev1.Volume) bool {
-			return v.Name == VolumeState || v.Name == VolumeToken || v.Name == VolumeGang
-		})
+		out.Spec.Volumes = slices.DeleteFunc(out.Spec.Volumes, ours)
 		delete(out.Annotations, AnnotationInjected)
 		delete(out.Annotations, AnnotationSkipped)
 		delete(out.Annotations, gang.AnnotationMethod)
