@@ -388,7 +388,7 @@ func runBurst(ctx context.Context, e *Env, p Params, r *Report) error {
 	if strings.Contains(e.Opts.Roles, "quarantine") && len(e.Kubes) < len(e.Clusters) {
 		return fmt.Errorf("burst: %d of %d clusters have a kube-apiserver (is kube installed? scripts/testenv/install.sh kube)", len(e.Kubes), len(e.Clusters))
 	}
-	lw := newLagWatch(e.Kafka.Admin(e.TB), groups)
+	lw := newLagWatch(kadm.NewClient(e.KafkaClient()), groups)
 	nodesAll := p.Nodes * len(e.Clusters)
 	want := breakerShare(p.Nodes)
 	if p.BreakerOff {

@@ -1,5 +1,5 @@
 // Package fleet runs faultline end to end against real servers for load
-// scenarios: a real Kafka broker, ClickHouse, one real kube-apiserver per
+// scenarios: a real Kafka broker (or a KRaft cluster of three), ClickHouse, one real kube-apiserver per
 // simulated cluster (its nodes created as Node objects, optionally kept
 // Ready by KWOK), the gateway (gRPC and REST) and the processor roles —
 // all started through internal/testenv and gateway/gatewaytest, so the
@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -38,6 +39,7 @@ import (
 	"github.com/faultline/faultline/processors"
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -62,6 +64,11 @@ type Options struct {
 	ClickHouse bool
 	// KWOK keeps the nodes Ready with kwok. Default false.
 	KWOK bool
+	// Brokers above 1 starts a KRaft cluster of that many brokers
+	// (testenv.KafkaClusterDefaults) instead of one broker, and creates
+	// the pipeline's topics replicated 3 times (at most Brokers), with
+	// min.insync.replicas 2, as a production fleet runs them. Default 1.
+	Brokers int
 	// Gateway, if not nil, adjusts the gateway's config (every other
 	// setting is the shipped default).
 	Gateway func(*gateway.Config)
@@ -76,8 +83,9 @@ type Options struct {
 type Env struct {
 	TB       testing.TB
 	Opts     Options
-	Kafka    *testenv.Kafka
-	CH       clickhouse.Conn // nil without ClickHouse
+	Kafka    *testenv.Kafka        // nil with Options.Brokers > 1
+	Cluster  *testenv.KafkaCluster // nil unless Options.Brokers > 1
+	CH       clickhouse.Conn       // nil without ClickHouse
 	CHServer *testenv.ClickHouse
 	GW       *gatewaytest.Server
 	Clusters []string
@@ -132,7 +140,14 @@ func Start(tb testing.TB, o Options) *Env {
 	// The servers start concurrently: on 2 busy cores each takes seconds.
 	var mu sync.Mutex
 	var g errgroup.Group
-	g.Go(func() error { e.Kafka = testenv.StartKafka(tb, testenv.KafkaPartitions(12)); return nil })
+	g.Go(func() error {
+		if o.Brokers > 1 {
+			e.Cluster = testenv.StartKafkaCluster(tb, o.Brokers, testenv.KafkaPartitions(12))
+		} else {
+			e.Kafka = testenv.StartKafka(tb, testenv.KafkaPartitions(12))
+		}
+		return nil
+	})
 	if o.ClickHouse {
 		g.Go(func() error { e.CHServer = testenv.StartClickHouse(tb); return nil })
 	}
@@ -171,9 +186,18 @@ func Start(tb testing.TB, o Options) *Env {
 		hist = history.New(conn, o.Log)
 		pcfg.ClickHouse.Addr, pcfg.ClickHouse.Database = cfg.Addr, cfg.Database
 	}
+	kcfg := kafka.DefaultConfig()
+	kcfg.Brokers = e.brokers()
+	if e.Cluster != nil {
+		// Created before the gateway's (replication factor 1) would be.
+		kcfg.ReplicationFactor = min(3, o.Brokers)
+		if err := kafka.CreatePipelineTopics(e.ctx, kcfg, o.Log); err != nil {
+			tb.Fatalf("fleet: %v", err)
+		}
+	}
 	// gatewaytest gives every cluster it lists an agent token.
 	gatewaytest.Clusters = e.Clusters
-	e.GW = gatewaytest.Start(tb, e.Kafka.Addr(), func(c *gateway.Config) {
+	e.GW = gatewaytest.Start(tb, kcfg.Brokers, func(c *gateway.Config) {
 		// Every simulated agent connects from 127.0.0.1: the per-address
 		// connection bound (256), meant for one client host, is lifted.
 		c.MaxConnsPerAddress = 0
@@ -183,7 +207,7 @@ func Start(tb testing.TB, o Options) *Env {
 	}, gateway.Options{History: hist})
 
 	e.Cordons = WatchCordons(e.ctx, tb, e.Kubes)
-	e.Actions = WatchActions(e.ctx, tb, e.Kafka)
+	e.Actions = WatchActions(e.ctx, e.KafkaClient(kgo.ConsumeTopics(events.TopicActions), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())))
 	// Agents connect on their own: 16 connections stand for them (the
 	// gateway bounds the bytes held per connection).
 	for range 16 {
@@ -209,8 +233,6 @@ func Start(tb testing.TB, o Options) *Env {
 		if err := pcfg.Validate(); err != nil {
 			tb.Fatalf("fleet: processors config: %v", err)
 		}
-		kcfg := kafka.DefaultConfig()
-		kcfg.Brokers = e.Kafka.Addr()
 		e.done = make(chan error, 1)
 		go func() {
 			e.done <- processors.Run(e.ctx, pcfg, processors.Deps{Log: o.Log, Registry: e.Registry, Kafka: kcfg, Metrics: pipeline.NewMetrics(e.Registry)})
@@ -218,6 +240,23 @@ func Start(tb testing.TB, o Options) *Env {
 	}
 	e.Opts = o
 	return e
+}
+
+// brokers are the fleet's Kafka bootstrap addresses.
+func (e *Env) brokers() string {
+	if e.Cluster != nil {
+		return e.Cluster.Addrs()
+	}
+	return e.Kafka.Addr()
+}
+
+// KafkaClient is a client of the fleet's broker or brokers, closed when
+// the fleet's test ends.
+func (e *Env) KafkaClient(opts ...kgo.Opt) *kgo.Client {
+	if e.Cluster != nil {
+		return e.Cluster.Client(e.TB, opts...)
+	}
+	return e.Kafka.Client(e.TB, opts...)
 }
 
 func (e *Env) stop() {
@@ -295,6 +334,9 @@ func createNodesNamed(k *testenv.Kube, names []string) error {
 // Describe is one line naming the fleet, for reports.
 func (e *Env) Describe() string {
 	d := fmt.Sprintf("%d cluster(s) x %d nodes, roles %s, kafka %s", len(e.Clusters), e.Opts.Nodes, e.Opts.Roles, testenv.KafkaVersion)
+	if e.Cluster != nil {
+		d += fmt.Sprintf(" (%d brokers, topics replicated %d times, min.insync.replicas 2)", len(e.Cluster.Brokers), min(3, len(e.Cluster.Brokers)))
+	}
 	if len(e.Kubes) > 0 {
 		d += fmt.Sprintf(", kube-apiserver %s per cluster, breaker %s", testenv.KubeVersion, map[bool]string{true: "off", false: "default"}[e.Opts.BreakerOff])
 	}

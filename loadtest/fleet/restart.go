@@ -3,9 +3,14 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"golang.org/x/sync/errgroup"
+
 	"github.com/faultline/faultline/internal/fleetsim"
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -107,6 +112,159 @@ func runBrokerRestart(ctx context.Context, e *Env, p Params, r *Report) error {
 		// At least once: events of a call that failed at the run's end
 		// may be stored without being counted as acknowledged.
 		r.Figure("broker-restart zero loss: %d distinct background event ids in ClickHouse (%d rows before merges) for %d acknowledged",
+			res.Stored, res.Rows, res.Background.Sent)
+		r.Check(res.Stored >= uint64(res.Background.Sent), "stored %d distinct background ids, acknowledged %d: %d lost", res.Stored, res.Background.Sent, res.Background.Sent-int64(res.Stored))
+	}
+	return nil
+}
+
+// BrokerFailoverResult is what BrokerFailover measured.
+type BrokerFailoverResult struct {
+	Victim int32 // node id of the killed broker
+	// Led is how many of the events topic's partitions the victim led
+	// when it was killed, of Partitions.
+	Led, Partitions int
+	// Moved is the time from the kill until no partition of the events
+	// topic was led by the victim (0: not seen within a minute).
+	Moved      time.Duration
+	Background LoadResult
+	// Latencies are each cordoned fault's time from its first send to its
+	// cordon on a watch, in the order sent; Sent each fault's first send
+	// after the kill.
+	Latencies, Sent []time.Duration
+	Faults          int
+	Pushbacks       int64 // the faults' calls pushed back and sent again
+	Stored, Rows    uint64
+}
+
+// BrokerFailover runs p.Rate events/s of mixed background against a
+// cluster of brokers (Options.Brokers), kills with SIGKILL the broker
+// that coordinates the quarantine role's consumer group — the worst one
+// to lose for fault→cordon: the role must find a new coordinator, and
+// the broker leads about a third of the events topic's partitions — and
+// from the kill on sends p.Faults fatal events spread over p.Duration,
+// each for its own node and sent again while pushed back, as an agent
+// does. Each fault's time runs from its first send to its cordon seen on
+// a watch. With the store role, every background event the gateway
+// acknowledged must reach ClickHouse. The killed broker stays down.
+func BrokerFailover(ctx context.Context, e *Env, p Params) (BrokerFailoverResult, error) {
+	if e.Cluster == nil {
+		return BrokerFailoverResult{}, fmt.Errorf("broker-failover needs a cluster of brokers (Options.Brokers)")
+	}
+	adm := kadm.NewClient(e.KafkaClient())
+	stop, err := faultBackground(ctx, e, p, "broker-failover")
+	if err != nil {
+		return BrokerFailoverResult{}, err
+	}
+	time.Sleep(3 * time.Second) // the background flows, the group settled
+	res := BrokerFailoverResult{Faults: p.Faults}
+	co := adm.FindGroupCoordinators(ctx, "faultline-quarantine")["faultline-quarantine"]
+	if co.Err != nil {
+		stop()
+		return res, fmt.Errorf("find the quarantine group's coordinator: %w", co.Err)
+	}
+	res.Victim = co.NodeID
+	led := func() (int, int, error) {
+		td, err := adm.ListTopics(ctx, events.TopicEvents)
+		if err != nil {
+			return 0, 0, err
+		}
+		n := 0
+		for _, pd := range td[events.TopicEvents].Partitions {
+			if pd.Leader == res.Victim {
+				n++
+			}
+		}
+		return n, len(td[events.TopicEvents].Partitions), nil
+	}
+	if res.Led, res.Partitions, err = led(); err != nil {
+		stop()
+		return res, fmt.Errorf("list the events topic's leaders: %w", err)
+	}
+
+	cluster := e.Clusters[0]
+	killed := time.Now()
+	e.Cluster.Brokers[res.Victim-1].Kill()
+	moved := make(chan time.Duration, 1)
+	go func() {
+		var d time.Duration
+		waitFor(ctx, time.Minute, func() bool {
+			n, _, err := led()
+			if err == nil && n == 0 {
+				d = time.Since(killed)
+			}
+			return d > 0
+		})
+		moved <- d
+	}()
+	sent := make([]time.Time, p.Faults)
+	var pushbacks atomic.Int64
+	var g errgroup.Group
+	for i := range p.Faults {
+		time.Sleep(time.Until(killed.Add(p.Duration * time.Duration(i) / time.Duration(p.Faults))))
+		sent[i] = time.Now() // the clock starts at the first send
+		g.Go(func() error {
+			ev := []*datamodels.HealthEvent{fleetsim.Xid(NodeName(i), i%8, 79)}
+			_, n, err := e.sendAccepted(ctx, GRPC, cluster, ev, faultResend)
+			pushbacks.Add(n)
+			if err != nil {
+				return fmt.Errorf("send fault %d, %s after the kill: %w", i, sent[i].Sub(killed).Round(time.Millisecond), err)
+			}
+			return nil
+		})
+	}
+	err = g.Wait()
+	res.Moved = <-moved
+	if err != nil {
+		stop()
+		return res, err
+	}
+	res.Pushbacks = pushbacks.Load()
+	e.waitCordoned(ctx, cluster, p.Faults)
+	time.Sleep(catchUp)
+	res.Background = stop()
+	if e.storing() {
+		res.Stored, res.Rows = e.storedMarked(ctx, backgroundMarker, res.Background.Sent)
+	}
+	for i := range p.Faults {
+		if t, ok := e.Cordons.At(cluster, NodeName(i)); ok {
+			res.Latencies = append(res.Latencies, t.Sub(sent[i]))
+			res.Sent = append(res.Sent, sent[i].Sub(killed))
+		}
+	}
+	return res, nil
+}
+
+func runBrokerFailover(ctx context.Context, e *Env, p Params, r *Report) error {
+	res, err := BrokerFailover(ctx, e, p)
+	if err != nil {
+		return err
+	}
+	r.Figure("broker-failover over %s: broker %d (the quarantine group's coordinator, leader of %d of %d events partitions) killed; its partitions led by others %s after the kill; background %s",
+		e.Describe(), res.Victim, res.Led, res.Partitions, res.Moved.Round(time.Millisecond), res.Background)
+	// A fault for a node whose partition the victim led waits for the
+	// cluster to fence it and elect another leader; one sent after that
+	// should not notice the loss.
+	var before, after []time.Duration
+	for i, l := range res.Latencies {
+		if res.Moved == 0 || res.Sent[i] < res.Moved {
+			before = append(before, l)
+		} else {
+			after = append(after, l)
+		}
+	}
+	bp50, bp99, bmx := percentiles(before)
+	ap50, ap99, amx := percentiles(after)
+	r.Figure("broker-failover: %d of %d faults sent over the %s after the kill cordoned, %d calls pushed back; send->cordon of the %d sent before the partitions moved p50 %s p99 %s max %s, of the %d sent after p50 %s p99 %s max %s",
+		len(res.Latencies), res.Faults, p.Duration, res.Pushbacks, len(before), bp50.Round(time.Millisecond), bp99.Round(time.Millisecond), bmx.Round(time.Millisecond),
+		len(after), ap50.Round(time.Millisecond), ap99.Round(time.Millisecond), amx.Round(time.Millisecond))
+	cordoned, twice := e.Cordons.Count()
+	r.Check(len(res.Latencies) == res.Faults, "only %d of %d faults cordoned within 60s", len(res.Latencies), res.Faults)
+	r.Check(twice == 0, "%d of %d cordoned nodes cordoned twice", twice, cordoned)
+	r.Check(res.Moved > 0, "the victim still led events partitions a minute after its kill")
+	r.Check(res.Background.Verified(0.95) == nil, "background, %s after the faults: %v", catchUp, res.Background.Verified(0.95))
+	if e.storing() {
+		r.Figure("broker-failover zero loss: %d distinct background event ids in ClickHouse (%d rows before merges) for %d acknowledged",
 			res.Stored, res.Rows, res.Background.Sent)
 		r.Check(res.Stored >= uint64(res.Background.Sent), "stored %d distinct background ids, acknowledged %d: %d lost", res.Stored, res.Background.Sent, res.Background.Sent-int64(res.Stored))
 	}

@@ -245,7 +245,7 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		tg.item = "nodes"
 	}
 	logf := os.Stderr // the replicas' warnings, with the command's
-	args = append([]string{"-replica.brokers", e.Kafka.Addr()}, args...)
+	args = append([]string{"-replica.brokers", e.brokers()}, args...)
 	if sp.Role != "" {
 		args = append(args, "-replica.role", sp.Role)
 	}

@@ -90,9 +90,9 @@ func (e *Env) scaleCorrelate(ctx context.Context) (*scaleTarget, error) {
 		return nil, fmt.Errorf("scale: role correlate needs the fleet's store role and ClickHouse")
 	}
 	v := &verdicts{ids: map[string]map[string]map[string]bool{}}
-	cl := e.Kafka.Client(e.TB, kgo.ConsumeTopics(events.TopicEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()))
+	cl := e.KafkaClient(kgo.ConsumeTopics(events.TopicEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()))
 	go v.follow(ctx, cl)
-	pcl := e.Kafka.Client(e.TB)
+	pcl := e.KafkaClient()
 	produce := func(ctx context.Context, recs []*kgo.Record) error {
 		return pcl.ProduceSync(ctx, recs...).FirstErr()
 	}

@@ -130,7 +130,7 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 // for each node to the actions topic, as the role before the one under
 // test would.
 func (e *Env) actionProducer(cluster string, action func(cluster, node string) *faultlinev1.Action) func(context.Context, []string) error {
-	cl := e.Kafka.Client(e.TB)
+	cl := e.KafkaClient()
 	return func(ctx context.Context, nodes []string) error {
 		recs := make([]*kgo.Record, len(nodes))
 		for i, n := range nodes {

@@ -66,7 +66,7 @@ func storeRecords(cluster string, from, n int) ([]*kgo.Record, error) {
 // replica's write path) and 4 at a time: decoding, columns and ClickHouse
 // without the broker, the consumer group or the replicas' processes.
 func (e *Env) scaleStore(ctx context.Context) *scaleTarget {
-	cl := e.Kafka.Client(e.TB)
+	cl := e.KafkaClient()
 	produce := func(ctx context.Context, recs []*kgo.Record) error {
 		return cl.ProduceSync(ctx, recs...).FirstErr()
 	}

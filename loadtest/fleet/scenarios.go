@@ -144,6 +144,16 @@ var Scenarios = []Scenario{
 		Run: runBrokerRestart,
 	},
 	{
+		Name: "broker-failover", Doc: "a cluster of three brokers (topics replicated 3 times, min.insync.replicas 2) under Rate events/s of mixed background: the broker coordinating the quarantine group killed (SIGKILL) and left down; from the kill, Faults fatal events spread over Duration, each sent again while pushed back: each fault's time from its first send to its cordon on a watch; every acknowledged background event stored",
+		Defaults: Params{Clusters: 1, Nodes: 500, Rate: 500, Faults: 40, Duration: 10 * time.Second},
+		Options: func(p Params) Options {
+			o := quarantineOpts(p, "store,quarantine")
+			o.ClickHouse, o.Brokers = true, 3
+			return o
+		},
+		Run: runBrokerFailover,
+	},
+	{
 		Name: "xid-burst", Doc: "bursts of fatal Xid 79 (20 events in 1s) on a few GPUs under mixed background: each node cordoned once, fault-to-cordon from the burst's first send",
 		Defaults: Params{Clusters: 1, Nodes: 500, Rate: 500, Faults: 5},
 		Options:  func(p Params) Options { return quarantineOpts(p, "quarantine") },
@@ -578,7 +588,7 @@ func runIngest(ctx context.Context, e *Env, p Params, r *Report) error {
 	gen := BackgroundMix(0, p.Nodes, 0, 0)
 	// The ceiling: the raw franz-go producer, the gateway's settings,
 	// pre-encoded records, to the same broker in the same run.
-	cl := e.Kafka.Client(e.TB, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(time.Millisecond),
+	cl := e.KafkaClient(kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(time.Millisecond),
 		kgo.ProducerBatchCompression(kgo.Lz4Compression(), kgo.NoCompression()), kgo.MaxBufferedRecords(1<<20),
 		kgo.DefaultProduceTopic("loadtest.raw"))
 	e.Kafka.CreateTopic(e.TB, "loadtest.raw", 12)

@@ -150,10 +150,10 @@ type ActionWatch struct {
 	per   map[string]int // kind/outcome cluster/node -> actions
 }
 
-// WatchActions consumes the actions topic from its start until ctx ends.
-func WatchActions(ctx context.Context, tb testing.TB, k *testenv.Kafka) *ActionWatch {
+// WatchActions counts the actions cl consumes (the actions topic) until
+// ctx ends.
+func WatchActions(ctx context.Context, cl *kgo.Client) *ActionWatch {
 	w := &ActionWatch{count: map[string]int{}, nodes: map[string]map[string]bool{}, per: map[string]int{}}
-	cl := k.Client(tb, kgo.ConsumeTopics(events.TopicActions), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	go func() {
 		for ctx.Err() == nil {
 			fs := cl.PollFetches(ctx)
