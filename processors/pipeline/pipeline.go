@@ -1,7 +1,11 @@
 // Package pipeline is the one shape every processor role has: consume a
 // Kafka topic as a consumer group, hand each partition's batch to the role's
 // Handler, produce what it returns (outputs and dead letters), and only then
-// commit the offsets (at-least-once; every side effect is idempotent).
+// mark the offsets for commit (at-least-once; every side effect is
+// idempotent). Marked offsets are committed in the background every
+// CommitInterval, and synchronously before partitions move to another
+// replica and at shutdown, so a slow or failing-over group coordinator
+// never holds up the next batch.
 //
 // Retry with backoff, dead-lettering of poison records, per-batch timeouts
 // and metrics are written here once and wrap every role.
@@ -20,7 +24,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/schemas/events"
@@ -103,6 +109,10 @@ type Config struct {
 	// the faultline_processor_consumer_lag metric; 0 uses the default,
 	// negative disables it. Default 15s.
 	LagInterval time.Duration
+	// CommitInterval is how often the offsets of handled batches are
+	// committed; a replica that crashes hands at most about this much
+	// work to its successor again. Default 1s.
+	CommitInterval time.Duration
 	// ConsumeOpts are extra franz-go options (tests use them for short
 	// session timeouts).
 	ConsumeOpts []kgo.Opt
@@ -141,6 +151,9 @@ func NewRunner(cfg Config, kcfg kafka.Config, h Handler, log *slog.Logger, m *Me
 	if cfg.LagInterval == 0 {
 		cfg.LagInterval = 15 * time.Second
 	}
+	if cfg.CommitInterval == 0 {
+		cfg.CommitInterval = time.Second
+	}
 	if m != nil {
 		// Exported from the start (at 0), so alerts on their rate see the
 		// role before its first error.
@@ -154,17 +167,28 @@ func NewRunner(cfg Config, kcfg kafka.Config, h Handler, log *slog.Logger, m *Me
 // Run consumes until ctx ends, then commits what was finished and leaves the
 // group.
 func (r *Runner) Run(ctx context.Context) error {
+	obs, _ := r.h.(PartitionObserver)
 	opts := append([]kgo.Opt{
 		kgo.ConsumerGroup(r.cfg.Group),
 		kgo.ConsumeTopics(r.cfg.Topics...),
-		kgo.DisableAutoCommit(),
+		kgo.AutoCommitMarks(),
+		kgo.AutoCommitInterval(r.cfg.CommitInterval),
+		kgo.AutoCommitCallback(r.committed),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(0),
+		kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
+			// What was handled is committed before the partitions move,
+			// so their next owner does not handle it again.
+			r.commit(ctx, cl)
+			if obs != nil {
+				revoked(obs, m)
+			}
+		}),
 	}, append(r.kcfg.GroupOpts(), r.cfg.ConsumeOpts...)...)
-	if obs, ok := r.h.(PartitionObserver); ok {
+	if obs != nil {
 		opts = append(opts, observePartitions(obs, r.log)...)
 	}
 	cl, err := kafka.NewClient(r.kcfg, r.log, opts...)
@@ -181,6 +205,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	for {
 		batches := r.poll(ctx, cl)
 		if ctx.Err() != nil {
+			// Commit with a fresh context so a shutdown does not lose
+			// finished work.
+			r.commit(context.WithoutCancel(ctx), cl)
 			cl.AllowRebalance()
 			r.log.Info("processor stopping")
 			return nil
@@ -192,28 +219,53 @@ func (r *Runner) Run(ctx context.Context) error {
 			}
 			batches = [][]*kgo.Record{all}
 		}
-		done := r.handleAll(ctx, cl, batches)
-		if len(done) > 0 {
-			// Commit with a fresh context so a shutdown does not lose
-			// finished work.
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			if err := cl.CommitRecords(cctx, done...); err != nil {
-				r.log.Warn("commit failed; records will be redelivered", "err", err)
-			}
-			cancel()
-		}
+		cl.MarkCommitRecords(r.handleAll(ctx, cl, batches)...)
 		cl.AllowRebalance()
 	}
 }
 
-// observePartitions tells obs of the group's assignments and revocations
-// (a lost partition is a revoked one).
-func observePartitions(obs PartitionObserver, log *slog.Logger) []kgo.Opt {
-	revoked := func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
-		for t, ps := range m {
-			obs.PartitionsRevoked(t, ps)
+// commit commits the marked offsets now, waiting up to 10s.
+func (r *Runner) commit(ctx context.Context, cl *kgo.Client) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := cl.CommitMarkedOffsets(ctx); err != nil {
+		r.log.Warn("commit failed; records will be redelivered", "err", err)
+	}
+}
+
+// committed logs a background commit that failed (one superseded by the
+// next is canceled, not failed): its records are committed by a later
+// one, or handled again by the next owner of their partitions.
+func (r *Runner) committed(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+	if err == nil {
+		err = commitError(resp)
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		r.log.Warn("commit failed; records will be redelivered", "err", err)
+	}
+}
+
+// commitError is the first partition error of a commit's response.
+func commitError(resp *kmsg.OffsetCommitResponse) error {
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+				return fmt.Errorf("%s[%d]: %w", t.Topic, p.Partition, err)
+			}
 		}
 	}
+	return nil
+}
+
+func revoked(obs PartitionObserver, m map[string][]int32) {
+	for t, ps := range m {
+		obs.PartitionsRevoked(t, ps)
+	}
+}
+
+// observePartitions tells obs of the group's assignments and of lost
+// partitions (Run tells it of revoked ones).
+func observePartitions(obs PartitionObserver, log *slog.Logger) []kgo.Opt {
 	return []kgo.Opt{
 		kgo.OnPartitionsAssigned(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
 			topics := make([]string, 0, len(m))
@@ -228,8 +280,7 @@ func observePartitions(obs PartitionObserver, log *slog.Logger) []kgo.Opt {
 				obs.PartitionsAssigned(t, ps, len(details[t].Partitions))
 			}
 		}),
-		kgo.OnPartitionsRevoked(revoked),
-		kgo.OnPartitionsLost(revoked),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { revoked(obs, m) }),
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/internal/syncbuf"
@@ -30,9 +31,10 @@ import (
 // Kafka): a failed batch is retried with the same records; a record the
 // handler cannot process goes to the dead-letter topic with its reason and
 // origin; offsets are committed only once the batch's outputs are
-// acknowledged; a handler panic is a failed batch, not a crash; a
-// rebalance lets the batch in flight finish and commit before its
-// partitions move, so the new owner does not handle it again.
+// acknowledged, and a commit the coordinator does not answer holds up no
+// batch; a handler panic is a failed batch, not a crash; a rebalance lets
+// the batch in flight finish and commit before its partitions move, so the
+// new owner does not handle it again.
 
 const (
 	topicIn  = "runner.in"
@@ -540,4 +542,35 @@ func TestRunnerPartitionRevocation(t *testing.T) {
 	if byB == 0 {
 		t.Fatal("b handled nothing after it joined")
 	}
+}
+
+// TestRunnerCommitDoesNotHoldBatches: while the group coordinator does not
+// answer commits (it is failing over to another broker), the runner goes on
+// handling new batches; the offsets are committed once it answers again.
+// (Committing after each batch before polling the next stalled every
+// partition's records for the whole failover.)
+func TestRunnerCommitDoesNotHoldBatches(t *testing.T) {
+	h := newHarness(t, 1, topicIn, topicOut, events.TopicDeadLetter)
+	answer := make(chan struct{})
+	var held atomic.Int32
+	h.kc.ControlKey(int16(kmsg.OffsetCommit), func(kmsg.Request) (kmsg.Response, error, bool) {
+		h.kc.KeepControl()
+		held.Add(1)
+		h.kc.SleepControl(func() { <-answer })
+		return nil, nil, false // then the cluster answers it
+	})
+	h.produce(topicIn, 0, 3)
+	var handled atomic.Int32
+	h.run("held", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		handled.Add(int32(len(recs)))
+		return echo(recs), nil
+	}), func(c *Config) { c.CommitInterval = 100 * time.Millisecond })
+	eventually(t, 10*time.Second, "the first batch handled and its commit held", func() bool { return handled.Load() == 3 && held.Load() > 0 })
+	h.produce(topicIn, 3, 2)
+	eventually(t, 5*time.Second, "the next batch handled while the commit is held", func() bool { return handled.Load() == 5 })
+	if got := h.committed("faultline-held", 1)[0]; got != -1 {
+		t.Fatalf("offset %d committed while the coordinator answered no commit", got)
+	}
+	close(answer)
+	eventually(t, 10*time.Second, "offset 5 committed once the coordinator answers", func() bool { return h.committed("faultline-held", 1)[0] == 5 })
 }
