@@ -135,7 +135,7 @@ func (h *harness) committed(group string, partitions int32) []int64 {
 // run starts a runner for the handler; stop ends it and returns Run's error.
 func (h *harness) run(role string, handler Handler, mod func(*Config)) (stop func() error) {
 	h.t.Helper()
-	cfg := Config{Role: role, Topics: []string{topicIn}, MaxBackoff: 50 * time.Millisecond, LagInterval: -1,
+	cfg := Config{Role: role, Topics: []string{topicIn}, MaxBackoff: 50 * time.Millisecond, LagInterval: -1, CommitInterval: 100 * time.Millisecond,
 		ConsumeOpts: []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(200 * time.Millisecond),
 			kgo.RebalanceTimeout(10 * time.Second)}}
 	if mod != nil {
@@ -564,7 +564,7 @@ func TestRunnerCommitDoesNotHoldBatches(t *testing.T) {
 	h.run("held", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
 		handled.Add(int32(len(recs)))
 		return echo(recs), nil
-	}), func(c *Config) { c.CommitInterval = 100 * time.Millisecond })
+	}), nil)
 	eventually(t, 10*time.Second, "the first batch handled and its commit held", func() bool { return handled.Load() == 3 && held.Load() > 0 })
 	h.produce(topicIn, 3, 2)
 	eventually(t, 5*time.Second, "the next batch handled while the commit is held", func() bool { return handled.Load() == 5 })
@@ -573,4 +573,77 @@ func TestRunnerCommitDoesNotHoldBatches(t *testing.T) {
 	}
 	close(answer)
 	eventually(t, 10*time.Second, "offset 5 committed once the coordinator answers", func() bool { return h.committed("faultline-held", 1)[0] == 5 })
+}
+
+// TestRunnerPartitionsIndependent: while one partition's batch waits (its
+// outputs' leader failing over, a slow apiserver), the other partitions'
+// batches are handled; the waiting partition's later records are handled
+// after it, in offset order (past MaxPollRecords of them, the partition
+// is paused until they are taken), and every offset is committed in the
+// end.
+func TestRunnerPartitionsIndependent(t *testing.T) {
+	h := newHarness(t, 2, topicIn, topicOut, events.TopicDeadLetter)
+	release := make(chan struct{})
+	free := sync.OnceFunc(func() { close(release) })
+	var (
+		mu      sync.Mutex
+		held    = int32(-1) // the partition whose first batch waits
+		offsets = map[int32][]int64{}
+	)
+	h.run("independent", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		p := recs[0].Partition
+		mu.Lock()
+		if held < 0 {
+			held = p
+			mu.Unlock()
+			<-release
+			mu.Lock()
+		}
+		for _, r := range recs {
+			offsets[p] = append(offsets[p], r.Offset)
+		}
+		mu.Unlock()
+		return echo(recs), nil
+	}), func(c *Config) { c.MaxPollRecords = 5 })
+	t.Cleanup(free) // before the runner stops
+	h.produce(topicIn, 0, 40)
+	count := func(p int32) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(offsets[p])
+	}
+	eventually(t, 10*time.Second, "a batch waiting", func() bool { mu.Lock(); defer mu.Unlock(); return held >= 0 })
+	other := 1 - held
+	end := func(p int32) int64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ends, err := kadm.NewClient(h.cl).ListEndOffsets(ctx, topicIn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, _ := ends.Lookup(topicIn, p)
+		return o.Offset
+	}
+	eventually(t, 10*time.Second, "the other partition's records handled while the first waits", func() bool {
+		return int64(count(other)) == end(other)
+	})
+	if n := count(held); n != 0 {
+		t.Fatalf("%d records of the waiting partition handled", n)
+	}
+	h.produce(topicIn, 40, 20)
+	free()
+	eventually(t, 10*time.Second, "every record handled", func() bool {
+		return int64(count(0)) == end(0) && int64(count(1)) == end(1)
+	})
+	mu.Lock()
+	for p, offs := range offsets {
+		if !slices.IsSorted(offs) || len(slices.Compact(slices.Clone(offs))) != len(offs) {
+			t.Errorf("partition %d handled out of order or twice: %v", p, offs)
+		}
+	}
+	mu.Unlock()
+	eventually(t, 10*time.Second, "every offset committed", func() bool {
+		c := h.committed("faultline-independent", 2)
+		return c[0] == end(0) && c[1] == end(1)
+	})
 }
