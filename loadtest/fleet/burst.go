@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/internal/fleetsim"
@@ -198,6 +199,11 @@ func (w *LagWatch) offsets(ctx context.Context) (lag map[string]map[string]int64
 	lag, ends, commits = map[string]map[string]int64{}, map[string]int64{}, map[string]map[string]map[int32]int64{}
 	for g, ts := range w.groups {
 		committed, err := w.adm.FetchOffsets(ctx, g)
+		// A group just formed may not have its coordinator yet.
+		for deadline := time.Now().Add(10 * time.Second); kerr.IsRetriable(err) && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond)
+			committed, err = w.adm.FetchOffsets(ctx, g)
+		}
 		if err != nil {
 			return nil, nil, nil, nil, fmt.Errorf("offsets of %s: %w", g, err)
 		}

@@ -2,12 +2,10 @@
 // Kafka topic as a consumer group, hand each partition's batch to the role's
 // Handler, produce what it returns (outputs and dead letters), and only then
 // mark the offsets for commit (at-least-once; every side effect is
-// idempotent). Each partition's batches are handled in order, apart from
-// the other partitions', so one whose outputs wait (their leader failing
-// over) holds up no other. Marked offsets are committed in the background
-// every CommitInterval, and synchronously before partitions move to
-// another replica and at shutdown, so a slow or failing-over group
-// coordinator holds up no batch either.
+// idempotent). Marked offsets are committed in the background every
+// CommitInterval, and synchronously before partitions move to another
+// replica and at shutdown, so a slow or failing-over group coordinator
+// never holds up the next batch.
 //
 // Retry with backoff, dead-lettering of poison records, per-batch timeouts
 // and metrics are written here once and wrap every role.
@@ -104,9 +102,8 @@ type Config struct {
 	MinBatch int
 	// MergePartitions hands all the partitions gathered together to one
 	// Handle call (each partition's records in offset order, partitions one
-	// after the other), so a bulk writer writes once per batch, one batch
-	// at a time. Default false: one Handle call per partition, each
-	// partition's calls in order and concurrent with the other partitions'.
+	// after the other), so a bulk writer writes once per batch. Default
+	// false: one Handle call per partition, run concurrently.
 	MergePartitions bool
 	// LagInterval is how often the group's consumer lag is measured for
 	// the faultline_processor_consumer_lag metric; 0 uses the default,
@@ -171,8 +168,6 @@ func NewRunner(cfg Config, kcfg kafka.Config, h Handler, log *slog.Logger, m *Me
 // group.
 func (r *Runner) Run(ctx context.Context) error {
 	obs, _ := r.h.(PartitionObserver)
-	w := &workers{r: r, queued: map[topicPartition][]*kgo.Record{}, paused: map[topicPartition]bool{}}
-	w.idle = sync.NewCond(&w.mu)
 	opts := append([]kgo.Opt{
 		kgo.ConsumerGroup(r.cfg.Group),
 		kgo.ConsumeTopics(r.cfg.Topics...),
@@ -180,40 +175,27 @@ func (r *Runner) Run(ctx context.Context) error {
 		kgo.AutoCommitInterval(r.cfg.CommitInterval),
 		kgo.AutoCommitCallback(r.committed),
 		kgo.BlockRebalanceOnPoll(),
-		// A paused partition resumed is fetched with the next fetch
-		// request: a broker answers one at the latest after this wait
-		// (franz-go's default, 5s) when none of its partitions has data.
-		kgo.FetchMaxWait(500 * time.Millisecond),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(0),
 		kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
-			// The batches in flight finish and what was handled is
-			// committed before the partitions move, so their next owner
-			// does not handle it again.
-			w.wait()
+			// What was handled is committed before the partitions move,
+			// so their next owner does not handle it again.
 			r.commit(ctx, cl)
-			if obs != nil {
-				revoked(obs, m)
-			}
-		}),
-		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
-			w.wait()
 			if obs != nil {
 				revoked(obs, m)
 			}
 		}),
 	}, append(r.kcfg.GroupOpts(), r.cfg.ConsumeOpts...)...)
 	if obs != nil {
-		opts = append(opts, observeAssigned(obs, r.log))
+		opts = append(opts, observePartitions(obs, r.log)...)
 	}
 	cl, err := kafka.NewClient(r.kcfg, r.log, opts...)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	w.cl = cl
 	r.log.Info("processor started", "group", r.cfg.Group, "topics", r.cfg.Topics)
 	if r.cfg.LagInterval > 0 {
 		lctx, stopLag := context.WithCancel(ctx)
@@ -225,106 +207,20 @@ func (r *Runner) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			// Commit with a fresh context so a shutdown does not lose
 			// finished work.
-			w.wait()
 			r.commit(context.WithoutCancel(ctx), cl)
 			cl.AllowRebalance()
 			r.log.Info("processor stopping")
 			return nil
 		}
-		if r.cfg.MergePartitions {
-			// One bulk write at a time, of every partition gathered.
+		if r.cfg.MergePartitions && len(batches) > 1 {
 			var all []*kgo.Record
 			for _, b := range batches {
 				all = append(all, b...)
 			}
-			if len(all) > 0 && r.handleWithRetry(ctx, cl, all) {
-				cl.MarkCommitRecords(lastPerPartition(all)...)
-			}
-		} else {
-			for _, b := range batches {
-				w.add(ctx, b)
-			}
+			batches = [][]*kgo.Record{all}
 		}
+		cl.MarkCommitRecords(r.handleAll(ctx, cl, batches)...)
 		cl.AllowRebalance()
-	}
-}
-
-// workers handle each partition's batches in order, one at a time, each
-// partition in its own goroutine, so a partition whose batch waits (its
-// outputs' leader failing over, a slow apiserver) holds up no other. The
-// records polled for a partition while its batch is handled wait for it;
-// past MaxPollRecords of them the partition is paused until its worker
-// takes them.
-type workers struct {
-	r      *Runner
-	cl     *kgo.Client
-	mu     sync.Mutex
-	queued map[topicPartition][]*kgo.Record // a worker runs for each key
-	paused map[topicPartition]bool
-	idle   *sync.Cond // no worker runs
-}
-
-type topicPartition struct {
-	topic string
-	part  int32
-}
-
-// add hands b, the records of one partition, to its worker.
-func (w *workers) add(ctx context.Context, b []*kgo.Record) {
-	tp := topicPartition{b[0].Topic, b[0].Partition}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if q, running := w.queued[tp]; running {
-		w.queued[tp] = append(q, b...)
-		if len(w.queued[tp]) >= w.r.cfg.MaxPollRecords && !w.paused[tp] {
-			w.paused[tp] = true
-			w.cl.PauseFetchPartitions(map[string][]int32{tp.topic: {tp.part}})
-		}
-		return
-	}
-	w.queued[tp] = nil
-	go w.run(ctx, tp, b)
-}
-
-// run handles b and then what was queued for its partition meanwhile,
-// marking each batch's offsets once it is handled, until nothing waits or
-// the shutdown cuts a batch.
-func (w *workers) run(ctx context.Context, tp topicPartition, b []*kgo.Record) {
-	for {
-		ok := w.r.handleWithRetry(ctx, w.cl, b)
-		if ok {
-			w.cl.MarkCommitRecords(b[len(b)-1])
-		}
-		w.mu.Lock()
-		q := w.queued[tp]
-		n := min(len(q), w.r.cfg.MaxPollRecords)
-		b, q = q[:n], q[n:]
-		stop := !ok || len(b) == 0 || ctx.Err() != nil
-		if w.paused[tp] && (stop || len(q) < w.r.cfg.MaxPollRecords) {
-			delete(w.paused, tp)
-			w.cl.ResumeFetchPartitions(map[string][]int32{tp.topic: {tp.part}})
-		}
-		if stop {
-			// A cut batch leaves its partition's later records
-			// unhandled and unmarked: the group hands them out again.
-			delete(w.queued, tp)
-			if len(w.queued) == 0 {
-				w.idle.Broadcast()
-			}
-			w.mu.Unlock()
-			return
-		}
-		w.queued[tp] = q
-		w.mu.Unlock()
-	}
-}
-
-// wait returns once no worker runs.
-func (w *workers) wait() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for len(w.queued) > 0 {
-		w.idle.Wait()
 	}
 }
 
@@ -367,22 +263,25 @@ func revoked(obs PartitionObserver, m map[string][]int32) {
 	}
 }
 
-// observeAssigned tells obs of the group's assignments (Run tells it of
-// revoked and lost partitions).
-func observeAssigned(obs PartitionObserver, log *slog.Logger) kgo.Opt {
-	return kgo.OnPartitionsAssigned(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
-		topics := make([]string, 0, len(m))
-		for t := range m {
-			topics = append(topics, t)
-		}
-		details, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
-		if err != nil {
-			log.Warn("partition counts unknown", "topics", topics, "err", err)
-		}
-		for t, ps := range m {
-			obs.PartitionsAssigned(t, ps, len(details[t].Partitions))
-		}
-	})
+// observePartitions tells obs of the group's assignments and of lost
+// partitions (Run tells it of revoked ones).
+func observePartitions(obs PartitionObserver, log *slog.Logger) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.OnPartitionsAssigned(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
+			topics := make([]string, 0, len(m))
+			for t := range m {
+				topics = append(topics, t)
+			}
+			details, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
+			if err != nil {
+				log.Warn("partition counts unknown", "topics", topics, "err", err)
+			}
+			for t, ps := range m {
+				obs.PartitionsAssigned(t, ps, len(details[t].Partitions))
+			}
+		}),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { revoked(obs, m) }),
+	}
 }
 
 // poll returns the next records, one slice per partition in offset order:
@@ -464,6 +363,29 @@ func (r *Runner) watchLag(ctx context.Context, cl *kgo.Client) {
 			}
 		})
 	}
+}
+
+// handleAll handles each partition's batch concurrently and returns the last
+// record of every batch that finished (outputs produced).
+func (r *Runner) handleAll(ctx context.Context, cl *kgo.Client, batches [][]*kgo.Record) []*kgo.Record {
+	var (
+		mu   sync.Mutex
+		done []*kgo.Record
+		wg   sync.WaitGroup
+	)
+	for _, b := range batches {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r.handleWithRetry(ctx, cl, b) {
+				mu.Lock()
+				done = append(done, lastPerPartition(b)...)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return done
 }
 
 // lastPerPartition returns the last record of each partition in recs.
