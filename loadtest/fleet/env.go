@@ -1,7 +1,8 @@
 // Package fleet runs faultline end to end against real servers for load
-// scenarios: a real Kafka broker (or a KRaft cluster of three), ClickHouse, one real kube-apiserver per
-// simulated cluster (its nodes created as Node objects, optionally kept
-// Ready by KWOK), the gateway (gRPC and REST) and the processor roles —
+// scenarios: a real Kafka broker (or a KRaft cluster of several),
+// ClickHouse, one real kube-apiserver per simulated cluster (its nodes
+// created as Node objects, optionally kept Ready by KWOK), the gateway
+// (gRPC and REST) and the processor roles —
 // all started through internal/testenv and gateway/gatewaytest, so the
 // scenarios (cmd/fleetload) and their smoke tests (make test) run the same
 // code. It also holds the load generator (Load: a verified delivered

@@ -104,18 +104,25 @@ func runBrokerRestart(ctx context.Context, e *Env, p Params, r *Report) error {
 	r.Figure("broker-restart: %d of %d faults sent after the broker was ready cordoned; ready->first fault's cordon %s; ready->cordon p50 %s p99 %s max %s; send->cordon p50 %s p99 %s max %s",
 		len(res.FromReady), res.Faults, first.Round(time.Millisecond), rp50.Round(time.Millisecond), rp99.Round(time.Millisecond), rmx.Round(time.Millisecond),
 		sp50.Round(time.Millisecond), sp99.Round(time.Millisecond), smx.Round(time.Millisecond))
+	checkOutage(r, e, "broker-restart", len(res.FromReady), res.Faults, res.Background, res.Stored, res.Rows)
+	return nil
+}
+
+// checkOutage checks a run of BrokerRestart or BrokerFailover: every
+// fault cordoned, no node twice, the background delivered once it caught
+// up, and with the store role every acknowledged background event stored.
+func checkOutage(r *Report, e *Env, scenario string, cordonedFaults, faults int, bg LoadResult, stored, rows uint64) {
 	cordoned, twice := e.Cordons.Count()
-	r.Check(len(res.FromReady) == res.Faults, "only %d of %d faults cordoned within 60s of their send", len(res.FromReady), res.Faults)
+	r.Check(cordonedFaults == faults, "only %d of %d faults cordoned within 60s of their send", cordonedFaults, faults)
 	r.Check(twice == 0, "%d of %d cordoned nodes cordoned twice", twice, cordoned)
-	r.Check(res.Background.Verified(0.95) == nil, "background, %s after the faults: %v", catchUp, res.Background.Verified(0.95))
+	r.Check(bg.Verified(0.95) == nil, "background, %s after the faults: %v", catchUp, bg.Verified(0.95))
 	if e.storing() {
 		// At least once: events of a call that failed at the run's end
 		// may be stored without being counted as acknowledged.
-		r.Figure("broker-restart zero loss: %d distinct background event ids in ClickHouse (%d rows before merges) for %d acknowledged",
-			res.Stored, res.Rows, res.Background.Sent)
-		r.Check(res.Stored >= uint64(res.Background.Sent), "stored %d distinct background ids, acknowledged %d: %d lost", res.Stored, res.Background.Sent, res.Background.Sent-int64(res.Stored))
+		r.Figure("%s zero loss: %d distinct background event ids in ClickHouse (%d rows before merges) for %d acknowledged",
+			scenario, stored, rows, bg.Sent)
+		r.Check(stored >= uint64(bg.Sent), "stored %d distinct background ids, acknowledged %d: %d lost", stored, bg.Sent, bg.Sent-int64(stored))
 	}
-	return nil
 }
 
 // BrokerFailoverResult is what BrokerFailover measured.
@@ -258,15 +265,7 @@ func runBrokerFailover(ctx context.Context, e *Env, p Params, r *Report) error {
 	r.Figure("broker-failover: %d of %d faults sent over the %s after the kill cordoned, %d calls pushed back; send->cordon of the %d sent before the partitions moved p50 %s p99 %s max %s, of the %d sent after p50 %s p99 %s max %s",
 		len(res.Latencies), res.Faults, p.Duration, res.Pushbacks, len(before), bp50.Round(time.Millisecond), bp99.Round(time.Millisecond), bmx.Round(time.Millisecond),
 		len(after), ap50.Round(time.Millisecond), ap99.Round(time.Millisecond), amx.Round(time.Millisecond))
-	cordoned, twice := e.Cordons.Count()
-	r.Check(len(res.Latencies) == res.Faults, "only %d of %d faults cordoned within 60s", len(res.Latencies), res.Faults)
-	r.Check(twice == 0, "%d of %d cordoned nodes cordoned twice", twice, cordoned)
 	r.Check(res.Moved > 0, "the victim still led events partitions a minute after its kill")
-	r.Check(res.Background.Verified(0.95) == nil, "background, %s after the faults: %v", catchUp, res.Background.Verified(0.95))
-	if e.storing() {
-		r.Figure("broker-failover zero loss: %d distinct background event ids in ClickHouse (%d rows before merges) for %d acknowledged",
-			res.Stored, res.Rows, res.Background.Sent)
-		r.Check(res.Stored >= uint64(res.Background.Sent), "stored %d distinct background ids, acknowledged %d: %d lost", res.Stored, res.Background.Sent, res.Background.Sent-int64(res.Stored))
-	}
+	checkOutage(r, e, "broker-failover", len(res.Latencies), res.Faults, res.Background, res.Stored, res.Rows)
 	return nil
 }
