@@ -198,12 +198,12 @@ func (w *LagWatch) offsets(ctx context.Context) (lag map[string]map[string]int64
 	}
 	lag, ends, commits = map[string]map[string]int64{}, map[string]int64{}, map[string]map[string]map[int32]int64{}
 	for g, ts := range w.groups {
-		committed, err := w.adm.FetchOffsets(ctx, g)
 		// A group just formed may not have its coordinator yet.
-		for deadline := time.Now().Add(10 * time.Second); kerr.IsRetriable(err) && time.Now().Before(deadline); {
-			time.Sleep(100 * time.Millisecond)
+		var committed kadm.OffsetResponses
+		waitFor(ctx, 10*time.Second, func() bool {
 			committed, err = w.adm.FetchOffsets(ctx, g)
-		}
+			return !kerr.IsRetriable(err)
+		})
 		if err != nil {
 			return nil, nil, nil, nil, fmt.Errorf("offsets of %s: %w", g, err)
 		}

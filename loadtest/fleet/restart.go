@@ -17,19 +17,42 @@ import (
 // BrokerRestartResult is what BrokerRestart measured.
 type BrokerRestartResult struct {
 	Stopping, Down, Starting time.Duration // SIGTERM to exit; exit to start; start to ready
-	Background               LoadResult
 	// FromReady is each cordoned fault's time from the broker being ready
 	// again to its cordon; FromSend from the send the gateway accepted.
 	FromReady, FromSend []time.Duration
 	Faults              int
+	OutageBackground
+}
+
+// OutageBackground is the background of an outage scenario, and what the
+// store wrote of it.
+type OutageBackground struct {
+	Background LoadResult
 	// Stored and Rows are the background's distinct event ids and rows
 	// in ClickHouse (with the store role).
 	Stored, Rows uint64
 }
 
-// catchUp is how long the background of BrokerRestart goes on after the
-// faults are cordoned.
+// catchUp is how long the background of an outage scenario goes on after
+// the faults are cordoned.
 const catchUp = 5 * time.Second
+
+// endOutage waits until the first faults nodes of cluster are cordoned,
+// lets the background catch up, stops it and, with the store role, counts
+// what ClickHouse holds of it.
+func (e *Env) endOutage(ctx context.Context, cluster string, faults int, stop func() LoadResult) OutageBackground {
+	e.waitCordoned(ctx, cluster, faults)
+	// The background's calls made while the broker was away are answered
+	// after it (or refused and sent again), far behind their schedule; its
+	// workers catch up one call at a time. catchUp lets them, so that the
+	// delivered rate says whether they did.
+	time.Sleep(catchUp)
+	out := OutageBackground{Background: stop()}
+	if e.storing() {
+		out.Stored, out.Rows = e.storedMarked(ctx, backgroundMarker, out.Background.Sent)
+	}
+	return out
+}
 
 // faultResend sends a fault again every 50 ms while the gateway pushes
 // back, up to 100 times.
@@ -70,16 +93,7 @@ func BrokerRestart(ctx context.Context, e *Env, p Params) (BrokerRestartResult, 
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	e.waitCordoned(ctx, cluster, p.Faults)
-	// The background's calls made while the broker was away are answered
-	// after it (or refused and sent again), far behind their schedule; its
-	// workers catch up one call at a time. catchUp lets them, so that the
-	// delivered rate says whether they did.
-	time.Sleep(catchUp)
-	res.Background = stop()
-	if e.storing() {
-		res.Stored, res.Rows = e.storedMarked(ctx, backgroundMarker, res.Background.Sent)
-	}
+	res.OutageBackground = e.endOutage(ctx, cluster, p.Faults, stop)
 	res.FromReady = e.cordonedAfter(cluster, p.Faults, func(int) time.Time { return ready })
 	res.FromSend = e.cordonedAfter(cluster, p.Faults, func(i int) time.Time { return sent[i] })
 	return res, nil
@@ -104,14 +118,15 @@ func runBrokerRestart(ctx context.Context, e *Env, p Params, r *Report) error {
 	r.Figure("broker-restart: %d of %d faults sent after the broker was ready cordoned; ready->first fault's cordon %s; ready->cordon p50 %s p99 %s max %s; send->cordon p50 %s p99 %s max %s",
 		len(res.FromReady), res.Faults, first.Round(time.Millisecond), rp50.Round(time.Millisecond), rp99.Round(time.Millisecond), rmx.Round(time.Millisecond),
 		sp50.Round(time.Millisecond), sp99.Round(time.Millisecond), smx.Round(time.Millisecond))
-	checkOutage(r, e, "broker-restart", len(res.FromReady), res.Faults, res.Background, res.Stored, res.Rows)
+	checkOutage(r, e, "broker-restart", len(res.FromReady), res.Faults, res.OutageBackground)
 	return nil
 }
 
 // checkOutage checks a run of BrokerRestart or BrokerFailover: every
 // fault cordoned, no node twice, the background delivered once it caught
 // up, and with the store role every acknowledged background event stored.
-func checkOutage(r *Report, e *Env, scenario string, cordonedFaults, faults int, bg LoadResult, stored, rows uint64) {
+func checkOutage(r *Report, e *Env, scenario string, cordonedFaults, faults int, o OutageBackground) {
+	bg, stored, rows := o.Background, o.Stored, o.Rows
 	cordoned, twice := e.Cordons.Count()
 	r.Check(cordonedFaults == faults, "only %d of %d faults cordoned within 60s of their send", cordonedFaults, faults)
 	r.Check(twice == 0, "%d of %d cordoned nodes cordoned twice", twice, cordoned)
@@ -133,15 +148,14 @@ type BrokerFailoverResult struct {
 	Led, Partitions int
 	// Moved is the time from the kill until no partition of the events
 	// topic was led by the victim (0: not seen within a minute).
-	Moved      time.Duration
-	Background LoadResult
+	Moved time.Duration
 	// Latencies are each cordoned fault's time from its first send to its
 	// cordon on a watch, in the order sent; Sent each fault's first send
 	// after the kill.
 	Latencies, Sent []time.Duration
 	Faults          int
 	Pushbacks       int64 // the faults' calls pushed back and sent again
-	Stored, Rows    uint64
+	OutageBackground
 }
 
 // BrokerFailover runs p.Rate events/s of mixed background against a
@@ -227,12 +241,7 @@ func BrokerFailover(ctx context.Context, e *Env, p Params) (BrokerFailoverResult
 		return res, err
 	}
 	res.Pushbacks = pushbacks.Load()
-	e.waitCordoned(ctx, cluster, p.Faults)
-	time.Sleep(catchUp)
-	res.Background = stop()
-	if e.storing() {
-		res.Stored, res.Rows = e.storedMarked(ctx, backgroundMarker, res.Background.Sent)
-	}
+	res.OutageBackground = e.endOutage(ctx, cluster, p.Faults, stop)
 	for i := range p.Faults {
 		if t, ok := e.Cordons.At(cluster, NodeName(i)); ok {
 			res.Latencies = append(res.Latencies, t.Sub(sent[i]))
@@ -266,6 +275,6 @@ func runBrokerFailover(ctx context.Context, e *Env, p Params, r *Report) error {
 		len(res.Latencies), res.Faults, p.Duration, res.Pushbacks, len(before), bp50.Round(time.Millisecond), bp99.Round(time.Millisecond), bmx.Round(time.Millisecond),
 		len(after), ap50.Round(time.Millisecond), ap99.Round(time.Millisecond), amx.Round(time.Millisecond))
 	r.Check(res.Moved > 0, "the victim still led events partitions a minute after its kill")
-	checkOutage(r, e, "broker-failover", len(res.Latencies), res.Faults, res.Background, res.Stored, res.Rows)
+	checkOutage(r, e, "broker-failover", len(res.Latencies), res.Faults, res.OutageBackground)
 	return nil
 }
