@@ -187,7 +187,6 @@ func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, p
 // DrainPodsPerNode Running pods (see scaleDrain).
 func quarantineWithPods(ctx context.Context, kc kubernetes.Interface, nodes []string) error {
 	patch := []byte(`{"metadata":{"labels":{"` + events.LabelQuarantined + `":"true"}},"spec":{"unschedulable":true}}`)
-	zero := int64(0)
 	var g errgroup.Group
 	g.SetLimit(16)
 	for _, node := range nodes {
@@ -197,6 +196,20 @@ func quarantineWithPods(ctx context.Context, kc kubernetes.Interface, nodes []st
 			}
 			return nil
 		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return createPods(ctx, kc, nodes)
+}
+
+// createPods gives each of nodes DrainPodsPerNode Running pods in
+// drainNamespace, which must exist.
+func createPods(ctx context.Context, kc kubernetes.Interface, nodes []string) error {
+	zero := int64(0)
+	var g errgroup.Group
+	g.SetLimit(16)
+	for _, node := range nodes {
 		for j := range DrainPodsPerNode {
 			g.Go(func() error {
 				name := fmt.Sprintf("%s-p%d", node, j)

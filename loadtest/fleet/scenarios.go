@@ -33,7 +33,7 @@ type Params struct {
 	Transport  Transport
 	NodeEvents *bool   // quarantine.node_events (default: the shipped true)
 	Events     int     // burst: events sent in all
-	Roles      string  // burst: the roles run (default store,correlate,quarantine)
+	Roles      string  // burst, broker-roll: the roles run (default store,correlate,quarantine; rollRoles)
 	KubeQPS    float32 // burst: kube.qps and kube.burst (2x) per cluster (0: the shipped 200/400)
 }
 
@@ -152,6 +152,16 @@ var Scenarios = []Scenario{
 			return o
 		},
 		Run: runBrokerFailover,
+	},
+	{
+		Name: "broker-roll", Doc: "a cluster of three brokers restarted one after the other (SIGTERM, start, every replica in sync, next), as an upgrade does, under Rate events/s of mixed background, roles store,quarantine,drain,remediate: a fatal event every 500ms, each for its own node with 3 pods, the first 10 before the roll (its baseline), the rest until it ends (at most Faults in all): each node cordoned once, drained once and given one RebootNode; send->cordon and send->RebootNode before and during the roll; every acknowledged background event stored",
+		Defaults: Params{Clusters: 1, Nodes: 1000, Rate: 500, Faults: 90, Roles: rollRoles},
+		Options: func(p Params) Options {
+			o := quarantineOpts(p, p.Roles)
+			o.ClickHouse, o.Brokers = true, 3
+			return o
+		},
+		Run: runBrokerRoll,
 	},
 	{
 		Name: "xid-burst", Doc: "bursts of fatal Xid 79 (20 events in 1s) on a few GPUs under mixed background: each node cordoned once, fault-to-cordon from the burst's first send",

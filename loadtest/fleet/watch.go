@@ -147,13 +147,14 @@ type ActionWatch struct {
 	mu    sync.Mutex
 	count map[string]int
 	nodes map[string]map[string]bool
-	per   map[string]int // kind/outcome cluster/node -> actions
+	per   map[string]int       // kind/outcome cluster/node -> actions
+	first map[string]time.Time // kind/outcome cluster/node -> when the first was seen
 }
 
 // WatchActions counts the actions cl consumes (the actions topic) until
 // ctx ends.
 func WatchActions(ctx context.Context, cl *kgo.Client) *ActionWatch {
-	w := &ActionWatch{count: map[string]int{}, nodes: map[string]map[string]bool{}, per: map[string]int{}}
+	w := &ActionWatch{count: map[string]int{}, nodes: map[string]map[string]bool{}, per: map[string]int{}, first: map[string]time.Time{}}
 	go func() {
 		for ctx.Err() == nil {
 			fs := cl.PollFetches(ctx)
@@ -169,7 +170,10 @@ func WatchActions(ctx context.Context, cl *kgo.Client) *ActionWatch {
 					w.nodes[k] = map[string]bool{}
 				}
 				w.nodes[k][a.GetCluster()+"/"+a.GetNode()] = true
-				w.per[k+" "+a.GetCluster()+"/"+a.GetNode()]++
+				kn := k + " " + a.GetCluster() + "/" + a.GetNode()
+				if w.per[kn]++; w.per[kn] == 1 {
+					w.first[kn] = time.Now()
+				}
 				w.mu.Unlock()
 			})
 		}
@@ -211,6 +215,15 @@ func (w *ActionWatch) Repeated(kindOutcome, cluster string) int {
 	return repeated(w.per, kindOutcome+" "+cluster+"/")
 }
 
+// Of returns the actions of kind/outcome for cluster/node, and when the
+// first was seen.
+func (w *ActionWatch) Of(kindOutcome, cluster, node string) (int, time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	kn := kindOutcome + " " + cluster + "/" + node
+	return w.per[kn], w.first[kn]
+}
+
 // Snapshot returns every kind/outcome count.
 func (w *ActionWatch) Snapshot() map[string]int {
 	w.mu.Lock()
@@ -228,7 +241,8 @@ func (w *ActionWatch) Snapshot() map[string]int {
 type ResourceWatch struct {
 	mu    sync.Mutex
 	names map[string]bool
-	nodes map[string]int // node label -> objects
+	nodes map[string]int       // node label -> objects
+	first map[string]time.Time // node label -> when its first object was seen
 }
 
 // WatchResources watches gvr (cluster-scoped) on k until ctx ends; it
@@ -238,7 +252,7 @@ func WatchResources(ctx context.Context, tb testing.TB, k *testenv.Kube, gvr sch
 	if err != nil {
 		return nil, err
 	}
-	w := &ResourceWatch{names: map[string]bool{}, nodes: map[string]int{}}
+	w := &ResourceWatch{names: map[string]bool{}, nodes: map[string]int{}, first: map[string]time.Time{}}
 	inf := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0).ForResource(gvr).Informer()
 	cache.WaitForCacheSync(ctx.Done(), inform(ctx, tb, gvr.Resource, inf, cache.ResourceEventHandlerFuncs{
 		AddFunc: func(o any) { w.see(o.(*unstructured.Unstructured)) },
@@ -250,16 +264,26 @@ func (w *ResourceWatch) see(o *unstructured.Unstructured) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.names[o.GetName()] {
+		node := o.GetLabels()[remediate.LabelNode]
 		w.names[o.GetName()] = true
-		w.nodes[o.GetLabels()[remediate.LabelNode]]++
+		if w.nodes[node]++; w.nodes[node] == 1 {
+			w.first[node] = time.Now()
+		}
 	}
 }
 
 // Has reports whether an object of node was seen.
 func (w *ResourceWatch) Has(node string) bool {
+	_, ok := w.At(node)
+	return ok
+}
+
+// At returns when the first object of node was seen.
+func (w *ResourceWatch) At(node string) (time.Time, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.nodes[node] > 0
+	t, ok := w.first[node]
+	return t, ok
 }
 
 // Count returns the nodes with an object and those with more than one.

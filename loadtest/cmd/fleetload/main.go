@@ -51,7 +51,7 @@ func main() {
 	flag.IntVar(&p.Faults, "faults", 0, "nodes that fail")
 	flag.IntVar(&p.Events, "events", 0, "burst: events sent in all")
 	kubeQPS := flag.Float64("kube-qps", 0, "burst: the roles' client QPS per cluster, burst 2x (default: shipped 200/400)")
-	flag.StringVar(&p.Roles, "roles", "", "burst: processor roles run (default store,correlate,quarantine)")
+	flag.StringVar(&p.Roles, "roles", "", "burst, broker-roll: processor roles run (default store,correlate,quarantine; store,quarantine,drain,remediate)")
 	flag.BoolVar(&p.BreakerOff, "breaker-off", false, "disable quarantine's circuit breaker")
 	transport := flag.String("transport", "", "grpc or rest (scenario default)")
 	nodeEvents := flag.String("node-events", "", "quarantine.node_events: true or false (default: shipped)")
