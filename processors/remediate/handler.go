@@ -344,7 +344,21 @@ func nodeLabel(node string) string {
 	return "h-" + shortHash(node, 20)
 }
 
+// step takes the trigger's remediation one step. A write that meets a
+// conflict (another writer changed the resource since it was read: a
+// replica, the same node's follow-up in another batch, the janitor) makes
+// it read again and redo the step; every call it repeats is idempotent.
 func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
+	for attempt := 1; ; attempt++ {
+		acts, again, err := h.stepOnce(ctx, cl, t)
+		if apierrors.IsConflict(err) && attempt < 20 {
+			continue
+		}
+		return acts, again, err
+	}
+}
+
+func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
 	ra := t.src.GetRecommendedAction()
 	switch ra {
 	case "", datamodels.RecommendedAction_NONE.String(), datamodels.RecommendedAction_UNKNOWN.String():
@@ -519,11 +533,8 @@ func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *
 		"annotations":     map[string]string{AnnotationTriggers: strings.Join(trs, ",")},
 	}})
 	out, err := res.Patch(ctx, o.GetName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-remediate"})
-	if apierrors.IsConflict(err) {
-		// Changed under us: the caller's retry re-reads it.
-		return nil, time.Time{}, fmt.Errorf("join %s %s: %w", tm.kind, o.GetName(), err)
-	}
 	if err != nil {
+		// A conflict (changed under us) is redone by step.
 		return nil, time.Time{}, fmt.Errorf("join %s %s: %w", tm.kind, o.GetName(), err)
 	}
 	h.m.joined.WithLabelValues(t.cluster, tm.Group).Inc()

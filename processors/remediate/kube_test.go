@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -235,6 +236,26 @@ func TestRemediateKube(t *testing.T) {
 		done, rq2 := poll(t, a, clk, rq[0])
 		if len(done) != 1 || done[0].Outcome != events.OutcomeSucceeded || len(rq2) != 0 {
 			t.Fatalf("completion: %s", outcomes(done))
+		}
+	})
+
+	t.Run("JoinRedoneAfterConflict", func(t *testing.T) {
+		node := "gpu-node-43"
+		createNode(t, k, node)
+		a := newHandler(t, testConfig(), k, dyn, clk)
+		if acts, _ := handle(t, a, drained(node, "c-1", "RESTART_BM", nil)); len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied {
+			t.Fatalf("first fault: %s", outcomes(acts))
+		}
+		// Another writer changes the RebootNode between the second
+		// fault's read and its join.
+		b := newHandler(t, testConfig(), k, racedPatch{Interface: dyn, once: &sync.Once{}}, clk)
+		joined, _ := handle(t, b, drained(node, "c-2", "RESTART_BM", nil))
+		if len(joined) != 1 || joined[0].Outcome != events.OutcomeInProgress {
+			t.Fatalf("second fault: %s", outcomes(joined))
+		}
+		items := list(t, dyn, rebootGVR, node)
+		if len(items) != 1 || len(triggersOf(&items[0])) != 2 || items[0].GetLabels()["raced"] != "true" {
+			t.Fatalf("%d RebootNodes, triggers %v, labels %v", len(items), triggersOf(&items[0]), items[0].GetLabels())
 		}
 	})
 
@@ -541,4 +562,35 @@ func TestRemediateKube(t *testing.T) {
 		}
 		t.Logf("MEASURE quarantine action → RebootNode created for an empty node: %s (drain step + remediate step, in-process)", took.Round(time.Microsecond))
 	})
+}
+
+// racedPatch is a dynamic client whose first Patch is raced by another
+// writer: the object changes just before the patch, so a patch carrying
+// the resourceVersion it read meets a real conflict.
+type racedPatch struct {
+	dynamic.Interface
+	once *sync.Once
+}
+
+func (d racedPatch) Resource(gvr schema.GroupVersionResource) dynamic.NamespaceableResourceInterface {
+	return racedResource{d.Interface.Resource(gvr), d.once}
+}
+
+type racedResource struct {
+	dynamic.NamespaceableResourceInterface
+	once *sync.Once
+}
+
+func (r racedResource) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) (*unstructured.Unstructured, error) {
+	r.once.Do(func() {
+		o, err := r.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return
+		}
+		labels := o.GetLabels()
+		labels["raced"] = "true"
+		o.SetLabels(labels)
+		_, _ = r.Update(ctx, o, metav1.UpdateOptions{})
+	})
+	return r.NamespaceableResourceInterface.Patch(ctx, name, pt, data, opts, sub...)
 }
