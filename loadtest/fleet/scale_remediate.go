@@ -80,11 +80,11 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 				return false, err
 			}
 			// Its applied action too, so none of it falls in the round;
-			// then its completion: a remediation in progress would put a
-			// requeue record in a replica's poll, and the poll holds for
-			// its not-before time (up to requeue.Hold, then hands it on;
-			// before that change up to poll_interval) before the replica
-			// polls again — the round would measure that wait, not the
+			// then its completion: a remediation in progress would go
+			// round the requeue topic during the round (handed on, the
+			// topic resting up to requeue.Hold; before that change the
+			// poll held for it up to Hold, before that up to
+			// poll_interval) — the round would measure that, not only the
 			// creates.
 			if !waitFor(ctx, 120*time.Second, func() bool { return w.Has(probe) && e.Actions.NodeSetIn(applied, cluster)[probe] }) {
 				return false, nil

@@ -115,9 +115,7 @@ type Config struct {
 	MaxPDBBackoff time.Duration `toml:"max_pdb_backoff"`
 	// Workers bounds the nodes handled at once per batch. Default 64.
 	Workers int `toml:"workers"`
-	// BatchTimeout bounds one batch: a batch may hold for a requeued
-	// item's not-before time (at most 1s, requeue.Hold; an item not due
-	// by then is handed on) and then act on a node's
+	// BatchTimeout bounds one batch: the calls it makes on its nodes'
 	// pods. Default 2m.
 	BatchTimeout time.Duration `toml:"batch_timeout"`
 	// PodWorkers bounds the API calls in flight for one node. Default 16.
@@ -288,8 +286,8 @@ func (c *Config) Validate(prefix string) error {
 	if c.Workers < 1 {
 		return fmt.Errorf("%sworkers: must be at least 1, got %d", prefix, c.Workers)
 	}
-	if c.BatchTimeout <= requeueWait {
-		return fmt.Errorf("%sbatch_timeout: must be more than %v (a batch may hold that long for a requeued item), got %v", prefix, requeueWait, c.BatchTimeout)
+	if c.BatchTimeout <= 0 {
+		return fmt.Errorf("%sbatch_timeout: must be positive, got %v", prefix, c.BatchTimeout)
 	}
 	if c.PodWorkers < 1 {
 		return fmt.Errorf("%spod_workers: must be at least 1, got %d", prefix, c.PodWorkers)
@@ -315,11 +313,7 @@ func (c *Config) timeout(m Mode, r *Rule) time.Duration {
 	}
 }
 
-// requeueWait is the longest a batch holds for a requeued item's
-// not-before time before handing the item on (requeue.Hold).
-const requeueWait = requeue.Hold
-
 // Pipeline returns the runner settings of the role's consumer.
 func (c Config) Pipeline() pipeline.Config {
-	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout}
+	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout, FetchMaxWait: requeue.FetchMaxWait}
 }

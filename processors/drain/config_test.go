@@ -26,7 +26,7 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 		{"poll", func(c *Config) { c.PollInterval = 0 }, "drain.poll_interval"},
 		{"skip wait", func(c *Config) { c.SkipWaitForDeleteTimeout = -time.Second }, "drain.skip_wait_for_delete_timeout"},
 		{"workers", func(c *Config) { c.Workers = 0 }, "drain.workers"},
-		{"batch timeout", func(c *Config) { c.BatchTimeout = requeueWait }, "drain.batch_timeout"},
+		{"batch timeout", func(c *Config) { c.BatchTimeout = 0 }, "drain.batch_timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

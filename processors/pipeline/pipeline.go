@@ -70,6 +70,12 @@ type Result struct {
 	Out []*kgo.Record
 	// Dead are records that can never be processed, with the reason.
 	Dead []Dead
+	// Rest are topics the batch asks the runner not to fetch until the
+	// time given (a requeue topic whose records are not due yet): once
+	// the batch's offsets are marked, each is paused until the earliest
+	// time any batch of the poll asked for. Records of other topics are
+	// fetched and handled meanwhile.
+	Rest map[string]time.Time
 }
 
 // Dead is a poison record and why.
@@ -113,6 +119,11 @@ type Config struct {
 	// committed; a replica that crashes hands at most about this much
 	// work to its successor again. Default 1s.
 	CommitInterval time.Duration
+	// FetchMaxWait bounds how long a fetch waits for new records. A role
+	// whose batches rest a topic (Result.Rest) sets it short: a rested
+	// topic is fetched again only with the next fetch request, and an idle
+	// one waits this long. Default franz-go's 5s.
+	FetchMaxWait time.Duration
 	// ConsumeOpts are extra franz-go options (tests use them for short
 	// session timeouts).
 	ConsumeOpts []kgo.Opt
@@ -188,6 +199,9 @@ func (r *Runner) Run(ctx context.Context) error {
 			}
 		}),
 	}, append(r.kcfg.GroupOpts(), r.cfg.ConsumeOpts...)...)
+	if r.cfg.FetchMaxWait > 0 {
+		opts = append(opts, kgo.FetchMaxWait(r.cfg.FetchMaxWait))
+	}
 	if obs != nil {
 		opts = append(opts, observePartitions(obs, r.log)...)
 	}
@@ -196,6 +210,8 @@ func (r *Runner) Run(ctx context.Context) error {
 		return err
 	}
 	defer cl.Close()
+	var rests resting
+	defer rests.stop()
 	r.log.Info("processor started", "group", r.cfg.Group, "topics", r.cfg.Topics)
 	if r.cfg.LagInterval > 0 {
 		lctx, stopLag := context.WithCancel(ctx)
@@ -219,8 +235,42 @@ func (r *Runner) Run(ctx context.Context) error {
 			}
 			batches = [][]*kgo.Record{all}
 		}
-		cl.MarkCommitRecords(r.handleAll(ctx, cl, batches)...)
+		done, rest := r.handleAll(ctx, cl, batches)
+		cl.MarkCommitRecords(done...)
+		rests.rest(cl, rest)
 		cl.AllowRebalance()
+	}
+}
+
+// resting pauses fetching topics until a time, each with its own timer.
+type resting struct {
+	mu     sync.Mutex
+	timers map[string]*time.Timer
+}
+
+// rest pauses each topic of until, and resumes it then; a topic already
+// resting rests until the new time instead.
+func (rs *resting) rest(cl *kgo.Client, until map[string]time.Time) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for topic, t := range until {
+		if rs.timers == nil {
+			rs.timers = map[string]*time.Timer{}
+		}
+		if tm := rs.timers[topic]; tm != nil {
+			tm.Stop()
+		}
+		cl.PauseFetchTopics(topic)
+		rs.timers[topic] = time.AfterFunc(time.Until(t), func() { cl.ResumeFetchTopics(topic) })
+	}
+}
+
+// stop stops the timers (the client is closing).
+func (rs *resting) stop() {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for _, tm := range rs.timers {
+		tm.Stop()
 	}
 }
 
@@ -366,26 +416,36 @@ func (r *Runner) watchLag(ctx context.Context, cl *kgo.Client) {
 }
 
 // handleAll handles each partition's batch concurrently and returns the last
-// record of every batch that finished (outputs produced).
-func (r *Runner) handleAll(ctx context.Context, cl *kgo.Client, batches [][]*kgo.Record) []*kgo.Record {
+// record of every batch that finished (outputs produced), and the topics
+// they ask to rest, each until the earliest time asked.
+func (r *Runner) handleAll(ctx context.Context, cl *kgo.Client, batches [][]*kgo.Record) ([]*kgo.Record, map[string]time.Time) {
 	var (
 		mu   sync.Mutex
 		done []*kgo.Record
+		rest map[string]time.Time
 		wg   sync.WaitGroup
 	)
 	for _, b := range batches {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if r.handleWithRetry(ctx, cl, b) {
+			if ok, until := r.handleWithRetry(ctx, cl, b); ok {
 				mu.Lock()
 				done = append(done, lastPerPartition(b)...)
+				for topic, t := range until {
+					if rest == nil {
+						rest = map[string]time.Time{}
+					}
+					if old, ok := rest[topic]; !ok || t.Before(old) {
+						rest[topic] = t
+					}
+				}
 				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
-	return done
+	return done, rest
 }
 
 // lastPerPartition returns the last record of each partition in recs.
@@ -399,36 +459,37 @@ func lastPerPartition(recs []*kgo.Record) []*kgo.Record {
 	return out
 }
 
-// handleWithRetry retries the batch until it succeeds or ctx ends.
-func (r *Runner) handleWithRetry(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) bool {
+// handleWithRetry retries the batch until it succeeds or ctx ends; it
+// returns whether it succeeded and the topics the batch asks to rest.
+func (r *Runner) handleWithRetry(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) (bool, map[string]time.Time) {
 	backoff := 100 * time.Millisecond
 	part := strconv.Itoa(int(recs[0].Partition))
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
-		err := r.handleOnce(ctx, cl, recs)
+		rest, err := r.handleOnce(ctx, cl, recs)
 		if err != nil && ctx.Err() != nil {
 			// Cut by the shutdown, not failed: uncommitted, the group
 			// hands it out again.
 			r.log.Info("batch interrupted by the shutdown; it will be handled again", "partition", part,
 				"first_offset", recs[0].Offset, "records", len(recs))
-			return false
+			return false, nil
 		}
 		r.metrics.observe(r.cfg.Role, len(recs), time.Since(start), err)
 		if err == nil {
-			return true
+			return true, rest
 		}
 		r.log.Warn("batch failed; retrying", "partition", part, "first_offset", recs[0].Offset,
 			"records", len(recs), "attempt", attempt, "backoff", backoff, "err", err)
 		select {
 		case <-ctx.Done():
-			return false
+			return false, nil
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, r.cfg.MaxBackoff)
 	}
 }
 
-func (r *Runner) handleOnce(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) (err error) {
+func (r *Runner) handleOnce(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) (rest map[string]time.Time, err error) {
 	hctx, cancel := context.WithTimeout(ctx, r.cfg.BatchTimeout)
 	defer cancel()
 	defer func() {
@@ -438,7 +499,7 @@ func (r *Runner) handleOnce(ctx context.Context, cl *kgo.Client, recs []*kgo.Rec
 	}()
 	res, err := r.h.Handle(hctx, recs)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	out := res.Out
 	for _, d := range res.Dead {
@@ -450,17 +511,17 @@ func (r *Runner) handleOnce(ctx context.Context, cl *kgo.Client, recs []*kgo.Rec
 			"offset", d.Record.Offset, "reason", d.Reason)
 	}
 	if len(out) == 0 {
-		return nil
+		return res.Rest, nil
 	}
 	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.BatchTimeout)
 	defer pcancel()
 	if err := cl.ProduceSync(pctx, out...).FirstErr(); err != nil {
-		return fmt.Errorf("produce %d outputs: %w", len(out), err)
+		return nil, fmt.Errorf("produce %d outputs: %w", len(out), err)
 	}
 	for _, rec := range out {
 		r.metrics.produced.WithLabelValues(r.cfg.Role, rec.Topic).Inc()
 	}
-	return nil
+	return res.Rest, nil
 }
 
 // HeaderRole names the role that dead-lettered a record (every role that

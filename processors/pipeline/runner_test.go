@@ -574,3 +574,55 @@ func TestRunnerCommitDoesNotHoldBatches(t *testing.T) {
 	close(answer)
 	eventually(t, 10*time.Second, "offset 5 committed once the coordinator answers", func() bool { return h.committed("faultline-held", 1)[0] == 5 })
 }
+
+// TestRunnerRestsTopic: a batch asking a topic to rest (Result.Rest) is
+// committed, and the topic is not fetched again until the time asked,
+// but soon after it (a short FetchMaxWait), while the other topic's
+// records are handled as they come.
+func TestRunnerRestsTopic(t *testing.T) {
+	const topicRest = "runner.rest"
+	h := newHarness(t, 1, topicIn, topicRest, topicOut, events.TopicDeadLetter)
+	const rest = 1500 * time.Millisecond
+	var (
+		mu      sync.Mutex
+		handled = map[string]time.Time{}
+		until   time.Time
+	)
+	h.run("rest", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		var res Result
+		for _, r := range recs {
+			handled[string(r.Value)] = time.Now()
+			if r.Topic == topicRest && until.IsZero() {
+				until = time.Now().Add(rest)
+				res.Rest = map[string]time.Time{topicRest: until}
+			}
+		}
+		return res, nil
+	}), func(c *Config) { c.Topics, c.FetchMaxWait = []string{topicIn, topicRest}, 200*time.Millisecond })
+	at := func(v string) (time.Time, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		t, ok := handled[v]
+		return t, ok
+	}
+	h.produce(topicRest, 0, 1)
+	eventually(t, 10*time.Second, "the first record of the resting topic handled", func() bool { _, ok := at("v0"); return ok })
+	h.produce(topicRest, 1, 1)
+	sent := time.Now()
+	h.produce(topicIn, 2, 1)
+	eventually(t, 10*time.Second, "the other topic's record handled", func() bool { _, ok := at("v2"); return ok })
+	if got, _ := at("v2"); got.Sub(sent) > rest/2 {
+		t.Errorf("the other topic's record handled %v after its send, want well within the rest (%v)", got.Sub(sent), rest)
+	}
+	eventually(t, 10*time.Second, "the resting topic's next record handled", func() bool { _, ok := at("v1"); return ok })
+	mu.Lock()
+	defer mu.Unlock()
+	switch got := handled["v1"]; {
+	case got.Before(until):
+		t.Errorf("the resting topic's next record handled %v before its rest ended", until.Sub(got))
+	case got.Sub(until) > time.Second:
+		t.Errorf("the resting topic's next record handled %v after its rest ended, want within a fetch's wait", got.Sub(until))
+	}
+}

@@ -234,9 +234,7 @@ type Config struct {
 	PollInterval time.Duration `toml:"poll_interval"`
 	// Workers bounds the nodes handled at once per batch. Default 64.
 	Workers int `toml:"workers"`
-	// BatchTimeout bounds one batch: a batch may hold for a requeued
-	// item's not-before time (at most 1s, requeue.Hold; an item not due
-	// by then is handed on) and then act on a node's
+	// BatchTimeout bounds one batch: the calls it makes on its nodes'
 	// resources. Default 2m.
 	BatchTimeout time.Duration `toml:"batch_timeout"`
 	// Identity names this processor on resources. Default "faultline-remediate/<hostname>".
@@ -330,8 +328,8 @@ func (c *Config) Validate(prefix string) error {
 	if c.Workers < 1 {
 		return fmt.Errorf("%sworkers: must be at least 1, got %d", prefix, c.Workers)
 	}
-	if c.BatchTimeout <= requeueWait {
-		return fmt.Errorf("%sbatch_timeout: must be more than %v (a batch may hold that long for a requeued item), got %v", prefix, requeueWait, c.BatchTimeout)
+	if c.BatchTimeout <= 0 {
+		return fmt.Errorf("%sbatch_timeout: must be positive, got %v", prefix, c.BatchTimeout)
 	}
 	if c.Identity == "" {
 		return fmt.Errorf("%sidentity: required", prefix)
@@ -466,11 +464,7 @@ func (t *Template) compileCompletion(gk schema.GroupKind) error {
 // template returns the template for an action ("custom:<name>" for CUSTOM).
 func (c *Config) template(action string) *Template { return c.byAction[action] }
 
-// requeueWait is the longest a batch holds for a requeued item's
-// not-before time before handing the item on (requeue.Hold).
-const requeueWait = requeue.Hold
-
 // Pipeline returns the runner settings of the role's consumer.
 func (c Config) Pipeline() pipeline.Config {
-	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout}
+	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout, FetchMaxWait: requeue.FetchMaxWait}
 }

@@ -12,11 +12,11 @@ import (
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
-// TestByNode: a requeue record that is not due holds its batch at most
-// Hold and comes back unchanged (same not-before, same attempt), with its
-// node's later items behind it; other nodes' work runs at once; a due
-// record runs its step and is requeued with one more attempt; shutdown
-// hands everything on unchanged.
+// TestByNode: a requeue record that is not due is handed on at once,
+// unchanged (same not-before, same attempt), with its node's later items
+// behind it, and the topic asked to rest until it is due, at most Hold;
+// other nodes' work runs at once; a due record runs its step and is
+// requeued with one more attempt; shutdown hands everything on unchanged.
 func TestByNode(t *testing.T) {
 	const topic = "rq"
 	type item struct {
@@ -41,61 +41,56 @@ func TestByNode(t *testing.T) {
 	}
 	const slack = 700 * time.Millisecond // a loaded 2-core machine
 	for _, tc := range []struct {
-		name    string
-		items   []item
-		again   time.Duration // what every step asks (0: done)
-		cancel  bool
-		ran     []string      // ids whose step ran
-		soon    []string      // of those, the ones that must run at once (within slack)
-		late    time.Duration // the step of ran[0] not before this (0: no check)
-		out     []fwd         // requeue records, in order
-		minTook time.Duration
-		maxTook time.Duration
+		name   string
+		items  []item
+		again  time.Duration // what every step asks (0: done)
+		cancel bool
+		ran    []string      // ids whose step ran
+		soon   []string      // of those, the ones that must run at once (within slack)
+		out    []fwd         // requeue records, in order
+		rest   time.Duration // the topic's rest asked, from the start (0: none)
 	}{
 		{
 			name:  "not due beside new work of another node",
 			items: []item{{"follow-up", "n1", 15 * time.Second, 3}, {"new", "n2", 0, 0}},
 			ran:   []string{"new"}, soon: []string{"new"},
-			out:     []fwd{{"follow-up", 15 * time.Second, 3}},
-			minTook: Hold - 100*time.Millisecond, maxTook: Hold + slack,
+			out:  []fwd{{"follow-up", 15 * time.Second, 3}},
+			rest: Hold,
 		},
 		{
 			name:  "beyond the old 20s cap: handed on, never run early",
 			items: []item{{"follow-up", "n1", time.Minute, 1}},
 			out:   []fwd{{"follow-up", time.Minute, 1}},
-			// Held, so a record that is not due goes round at most once
-			// per Hold.
-			minTook: Hold - 100*time.Millisecond, maxTook: Hold + slack,
+			// The topic rests, so a record that is not due goes round at
+			// most once per Hold.
+			rest: Hold,
 		},
 		{
 			name: "the node's later items stay behind it, in order",
 			items: []item{{"follow-up", "n1", 15 * time.Second, 2}, {"new n1", "n1", 0, 0},
 				{"due n1", "n1", -time.Second, 4}, {"new n2", "n2", 0, 0}},
 			ran: []string{"new n2"}, soon: []string{"new n2"},
-			out:     []fwd{{"follow-up", 15 * time.Second, 2}, {"new n1", 0, 0}, {"due n1", -time.Second, 4}},
-			minTook: Hold - 100*time.Millisecond, maxTook: Hold + slack,
+			out:  []fwd{{"follow-up", 15 * time.Second, 2}, {"new n1", 0, 0}, {"due n1", -time.Second, 4}},
+			rest: Hold,
 		},
 		{
 			name:  "a due record runs its step and is requeued with one more attempt",
 			items: []item{{"follow-up", "n1", -time.Second, 1}, {"new", "n2", 0, 0}},
 			again: 15 * time.Second,
 			ran:   []string{"follow-up", "new"}, soon: []string{"follow-up", "new"},
-			out:     []fwd{{"follow-up", 15 * time.Second, 2}, {"new", 15 * time.Second, 1}},
-			maxTook: slack,
+			out: []fwd{{"follow-up", 15 * time.Second, 2}, {"new", 15 * time.Second, 1}},
 		},
 		{
-			name:    "due within the hold: waited for, then run",
-			items:   []item{{"follow-up", "n1", 400 * time.Millisecond, 1}},
-			ran:     []string{"follow-up"},
-			late:    400 * time.Millisecond,
-			minTook: 350 * time.Millisecond, maxTook: 400*time.Millisecond + slack,
+			name:  "due within the hold: handed on, the topic rests until it is due",
+			items: []item{{"follow-up", "n1", 400 * time.Millisecond, 1}, {"later", "n2", 700 * time.Millisecond, 1}},
+			out:   []fwd{{"follow-up", 400 * time.Millisecond, 1}, {"later", 700 * time.Millisecond, 1}},
+			rest:  400 * time.Millisecond,
 		},
 		{
-			name:    "shutdown hands everything on unchanged",
-			items:   []item{{"follow-up", "n1", -time.Second, 5}, {"new", "n2", 0, 0}},
-			cancel:  true,
-			out:     []fwd{{"follow-up", -time.Second, 5}, {"new", 0, 0}},
-			maxTook: slack,
+			name:   "shutdown hands everything on unchanged",
+			items:  []item{{"follow-up", "n1", -time.Second, 5}, {"new", "n2", 0, 0}},
+			cancel: true,
+			out:    []fwd{{"follow-up", -time.Second, 5}, {"new", 0, 0}},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -114,7 +109,7 @@ func TestByNode(t *testing.T) {
 				ran = map[string]time.Duration{}
 				seq []string
 			)
-			out, err := ByNode(ctx, 2, topic, time.Now, recs, func(r *kgo.Record) *kgo.Record { return r },
+			out, rest, err := ByNode(ctx, 2, topic, time.Now, recs, func(r *kgo.Record) *kgo.Record { return r },
 				func(_ context.Context, r *kgo.Record) ([]*faultlinev1.Action, time.Time) {
 					mu.Lock()
 					defer mu.Unlock()
@@ -142,11 +137,15 @@ func TestByNode(t *testing.T) {
 					t.Errorf("step of %s ran after %v, want at once", id, ran[id])
 				}
 			}
-			if tc.late > 0 && ran[tc.ran[0]] < tc.late {
-				t.Errorf("step of %s ran after %v, before its not-before (%v)", tc.ran[0], ran[tc.ran[0]], tc.late)
+			// Nothing waits for a record that is not due.
+			if took > slack {
+				t.Errorf("ByNode took %v, want at most %v", took, slack)
 			}
-			if took < tc.minTook || took > tc.maxTook {
-				t.Errorf("ByNode took %v, want %v..%v", took, tc.minTook, tc.maxTook)
+			switch {
+			case tc.rest == 0 && !rest.IsZero():
+				t.Errorf("topic asked to rest until %v from the start, want no rest", rest.Sub(start))
+			case tc.rest > 0 && (rest.Sub(start) < tc.rest || rest.Sub(start) > tc.rest+slack):
+				t.Errorf("topic asked to rest until %v from the start, want %v", rest.Sub(start), tc.rest)
 			}
 			var got []fwd
 			for _, r := range out {

@@ -87,57 +87,66 @@ func Forward(topic string, rec *kgo.Record) *kgo.Record {
 	}
 }
 
-// Hold is the longest ByNode holds a batch for a requeue record that is
-// not yet due. A record not due by then is handed on unchanged (Forward)
-// to the requeue topic, to be looked at in a later poll, instead of
-// holding every other item of the batch and the role's next poll until
-// its not-before time (a remediation's follow-up is due a poll_interval,
-// 15s, later). The hold keeps a record that is not due from going round
-// the topic as fast as the role can poll: each trip costs at least Hold.
+// Hold is the longest the requeue topic rests after ByNode handed on a
+// record that was not due. ByNode hands such a record on at once,
+// unchanged (Forward), and asks the runner (pipeline.Result.Rest) not to
+// fetch the requeue topic again until the earliest not-before time it saw,
+// but for no longer than Hold: the topic's other records may be due
+// sooner. The rest keeps a record that is not due from going round the
+// topic as fast as the role can poll — each trip costs up to Hold — while
+// the role's other topic (new work) is fetched and handled meanwhile:
+// neither new work nor the role's next poll waits for a follow-up.
 //
 // The cost: a follow-up is re-produced (and its offset committed) about
 // once per Hold until it is due — ~15 times for remediate's 15s
 // poll_interval, ~5 for drain's 5s — so one small record per second per
 // node in progress on the requeue topic (1000 remediations in progress:
 // ~1000 records/s; faultline_processor_produced_total{topic=<the role's
-// requeue topic>} counts them). In exchange new work polled beside a follow-up waits at
-// most Hold for it. 1s keeps that delay well under a step's own API calls
-// and a role's poll intervals while keeping the re-produced records per
-// node low; a longer hold trades first-action delay for fewer records.
+// requeue topic>} counts them), and a follow-up may be looked at up to
+// Hold after it is due when the topic rests for a later one. 1s keeps
+// that well under a role's poll intervals while keeping the re-produced
+// records per node low.
 const Hold = time.Second
+
+// FetchMaxWait is the fetch wait of a requeued role's consumer
+// (pipeline.Config.FetchMaxWait): a rested requeue topic is fetched again
+// with the next fetch request after its rest, at most this long later
+// when the role is idle.
+const FetchMaxWait = 250 * time.Millisecond
 
 // ByNode handles a batch of work items of a requeued role (pipeline.ByKey:
 // each node's items in order, the nodes concurrently, at most workers at a
-// time). For each item it waits until the item's record may be handled (a
-// requeue record's not-before time) but never past Hold from the batch's
-// start: a record not due by then is handed on unchanged (Forward), and so
-// are the node's later items in the batch, in order, so no item of a node
-// runs ahead of an earlier one. On shutdown (ctx ended) the records not yet
-// handled are handed on unchanged too. Otherwise it calls step and
-// collects the actions step returns and, when step asks to look again, a
-// requeue record to topic (Record: one more attempt). It returns what the
-// batch must produce; a batch holding a record that is not due returns
-// about Hold after it started (plus the steps it runs).
+// time). An item whose record is not due yet (a requeue record's
+// not-before time) is handed on unchanged (Forward), and so are the node's
+// later items in the batch, in order, so no item of a node runs ahead of
+// an earlier one. On shutdown (ctx ended) the records not yet handled are
+// handed on unchanged too. Otherwise it calls step and collects the
+// actions step returns and, when step asks to look again, a requeue record
+// to topic (Record: one more attempt). It returns what the batch must
+// produce and, when it handed on a record that was not due, until when
+// topic should rest (the earliest such not-before time, at most Hold
+// from now; zero otherwise).
 func ByNode[T any](ctx context.Context, workers int, topic string, now func() time.Time,
 	items []T, rec func(T) *kgo.Record,
-	step func(context.Context, T) ([]*faultlinev1.Action, time.Time)) ([]*kgo.Record, error) {
+	step func(context.Context, T) ([]*faultlinev1.Action, time.Time)) ([]*kgo.Record, time.Time, error) {
 	type out struct {
 		acts    []*faultlinev1.Action
 		requeue []*kgo.Record
+		due     time.Time // the earliest not-before of a record not due
 	}
-	// One deadline for the batch, not one hold per item: the nodes are
-	// handled at most workers at a time, and per-item holds would add up.
-	deadline := now().Add(Hold)
 	results := pipeline.ByKey(items, func(it T) string { return string(rec(it).Key) }, workers, func(items []T) (o out) {
 		for i, it := range items {
 			r := rec(it)
-			if !due(ctx, r, now, deadline) {
-				// Not due within the hold, or shutting down: hand this
-				// item and the node's later ones on, in order. Running a
-				// later one first could act on the node (a new drain or
+			if nb := NotBefore(r); ctx.Err() != nil || nb.After(now()) {
+				// Not due, or shutting down: hand this item and the
+				// node's later ones on, in order. Running a later one
+				// first could act on the node (a new drain or
 				// remediation) while the earlier work is still pending.
 				for _, later := range items[i:] {
 					o.requeue = append(o.requeue, Forward(topic, rec(later)))
+				}
+				if ctx.Err() == nil {
+					o.due = nb
 				}
 				return o
 			}
@@ -149,52 +158,27 @@ func ByNode[T any](ctx context.Context, workers int, topic string, now func() ti
 		}
 		return o
 	})
-	var produce []*kgo.Record
+	var (
+		produce []*kgo.Record
+		rest    time.Time
+	)
 	for _, r := range results {
 		for _, a := range r.acts {
 			rec, err := pipeline.ActionRecord(a)
 			if err != nil {
-				return nil, err
+				return nil, time.Time{}, err
 			}
 			produce = append(produce, rec)
 		}
 		produce = append(produce, r.requeue...)
+		if !r.due.IsZero() && (rest.IsZero() || r.due.Before(rest)) {
+			rest = r.due
+		}
 	}
-	return produce, nil
-}
-
-// due waits until rec may be handled (its not-before time as seen by now)
-// and reports true, or reports false at once when that time is after
-// deadline (after waiting until deadline, so a record that is not due is
-// not handed round faster than Hold), or when ctx ends.
-func due(ctx context.Context, rec *kgo.Record, now func() time.Time, deadline time.Time) bool {
-	if ctx.Err() != nil {
-		return false
+	if limit := now().Add(Hold); rest.After(limit) {
+		rest = limit
 	}
-	nb := NotBefore(rec)
-	if nb.IsZero() {
-		return true
-	}
-	t := now()
-	if !nb.After(t) {
-		return true
-	}
-	until, ok := nb, true
-	if nb.After(deadline) {
-		until, ok = deadline, false
-	}
-	wait := until.Sub(t)
-	if wait <= 0 {
-		return ok
-	}
-	tm := time.NewTimer(wait)
-	defer tm.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-tm.C:
-		return ok
-	}
+	return produce, rest, nil
 }
 
 // Step is one look at a piece of requeued work on its cluster
@@ -243,9 +227,13 @@ func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what strin
 func Handle(ctx context.Context, recs []*kgo.Record, keep func(*faultlinev1.Action) bool, workers int, topic string,
 	now func() time.Time, step func(context.Context, pipeline.ActionRec) ([]*faultlinev1.Action, time.Time)) (pipeline.Result, error) {
 	acts, dead := pipeline.DecodeActions(recs, keep)
-	out, err := ByNode(ctx, workers, topic, now, acts, func(a pipeline.ActionRec) *kgo.Record { return a.Rec }, step)
+	out, rest, err := ByNode(ctx, workers, topic, now, acts, func(a pipeline.ActionRec) *kgo.Record { return a.Rec }, step)
 	if err != nil {
 		return pipeline.Result{}, err
 	}
-	return pipeline.Result{Out: out, Dead: dead}, nil
+	res := pipeline.Result{Out: out, Dead: dead}
+	if !rest.IsZero() {
+		res.Rest = map[string]time.Time{topic: rest}
+	}
+	return res, nil
 }
