@@ -582,7 +582,7 @@ func TestRunnerCommitDoesNotHoldBatches(t *testing.T) {
 func TestRunnerRestsTopic(t *testing.T) {
 	const topicRest = "runner.rest"
 	h := newHarness(t, 1, topicIn, topicRest, topicOut, events.TopicDeadLetter)
-	const rest = 1500 * time.Millisecond
+	const rest = 2 * time.Second
 	var (
 		mu      sync.Mutex
 		handled = map[string]time.Time{}
