@@ -3,16 +3,11 @@ package fleet
 import (
 	"context"
 	"fmt"
-	"path/filepath"
-	"runtime"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"golang.org/x/sync/errgroup"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/schemas/events"
@@ -89,14 +84,13 @@ func BrokerRoll(ctx context.Context, e *Env, p Params) (BrokerRollResult, error)
 	}
 	cluster := e.Clusters[0]
 	k := e.Kubes[cluster]
-	_, self, _, _ := runtime.Caller(0)
-	k.ApplyCRDs(e.TB, filepath.Join(filepath.Dir(self), "..", "..", "deploy", "crds", "rebootnode.yaml"))
+	k.ApplyCRDs(e.TB, rebootNodeCRD())
 	reboots, err := WatchResources(ctx, e.TB, k, RebootNodes)
 	if err != nil {
 		return res, err
 	}
-	if _, err := k.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: drainNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return res, fmt.Errorf("create namespace %s: %w", drainNamespace, err)
+	if err := createDrainNamespace(ctx, k.Client()); err != nil {
+		return res, err
 	}
 	WatchPods(ctx, e.TB, k, drainNamespace, true)
 	if err := createPods(ctx, k.Client(), nodeNames(0, p.Faults)); err != nil {

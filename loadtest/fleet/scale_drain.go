@@ -67,8 +67,8 @@ func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, p
 	if err != nil {
 		return nil, err
 	}
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: drainNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return nil, fmt.Errorf("create namespace %s: %w", drainNamespace, err)
+	if err := createDrainNamespace(ctx, kc); err != nil {
+		return nil, err
 	}
 	pw := WatchPods(ctx, e.TB, k, drainNamespace, true)
 	produce := e.actionProducer(cluster, QuarantineApplied)
@@ -201,6 +201,15 @@ func quarantineWithPods(ctx context.Context, kc kubernetes.Interface, nodes []st
 		return err
 	}
 	return createPods(ctx, kc, nodes)
+}
+
+// createDrainNamespace creates drainNamespace unless it exists.
+func createDrainNamespace(ctx context.Context, kc kubernetes.Interface) error {
+	_, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: drainNamespace}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create namespace %s: %w", drainNamespace, err)
+	}
+	return nil
 }
 
 // createPods gives each of nodes DrainPodsPerNode Running pods in

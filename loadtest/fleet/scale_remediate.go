@@ -36,6 +36,12 @@ func DrainSucceeded(cluster, node string) *faultlinev1.Action {
 	}
 }
 
+// rebootNodeCRD is the path of the RebootNode CRD the chart installs.
+func rebootNodeCRD() string {
+	_, self, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(self), "..", "..", "deploy", "crds", "rebootnode.yaml")
+}
+
 // scaleRemediate: drain/succeeded actions produced to the actions topic,
 // RebootNodes seen ADDED on a watch of the apiserver (not through the
 // proxy). Nothing applied twice is shown three ways: RebootNodes per node
@@ -47,8 +53,7 @@ func DrainSucceeded(cluster, node string) *faultlinev1.Action {
 // poll_interval, shipped 15s), so one round's polls do not load the next;
 // the probe is completed so too before the round starts (see probe).
 func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kube, proxy *LatencyProxy) (*scaleTarget, error) {
-	_, self, _, _ := runtime.Caller(0)
-	k.ApplyCRDs(e.TB, filepath.Join(filepath.Dir(self), "..", "..", "deploy", "crds", "rebootnode.yaml"))
+	k.ApplyCRDs(e.TB, rebootNodeCRD())
 	w, err := WatchResources(ctx, e.TB, k, RebootNodes)
 	if err != nil {
 		return nil, err

@@ -242,17 +242,15 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 }
 
-// resting pauses fetching topics until a time, each with its own timer.
+// resting pauses fetching topics until a time, each with its own timer
+// (Run's goroutine alone calls its methods).
 type resting struct {
-	mu     sync.Mutex
 	timers map[string]*time.Timer
 }
 
 // rest pauses each topic of until, and resumes it then; a topic already
 // resting rests until the new time instead.
 func (rs *resting) rest(cl *kgo.Client, until map[string]time.Time) {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
 	for topic, t := range until {
 		if rs.timers == nil {
 			rs.timers = map[string]*time.Timer{}
@@ -267,8 +265,6 @@ func (rs *resting) rest(cl *kgo.Client, until map[string]time.Time) {
 
 // stop stops the timers (the client is closing).
 func (rs *resting) stop() {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
 	for _, tm := range rs.timers {
 		tm.Stop()
 	}
