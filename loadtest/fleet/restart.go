@@ -58,6 +58,19 @@ func (e *Env) endOutage(ctx context.Context, cluster string, faults int, stop fu
 // back, up to 100 times.
 var faultResend = resend{tries: 100, wait: func(int) time.Duration { return 50 * time.Millisecond }}
 
+// sendFault sends node i's fatal event (an Xid 79) through the gateway,
+// again while it pushes back (faultResend), as an agent does, and adds
+// the pushbacks to pushbacks.
+func (e *Env) sendFault(ctx context.Context, cluster string, i int, pushbacks *atomic.Int64) error {
+	ev := []*datamodels.HealthEvent{fleetsim.Xid(NodeName(i), i%8, 79)}
+	_, n, err := e.sendAccepted(ctx, GRPC, cluster, ev, faultResend)
+	pushbacks.Add(n)
+	if err != nil {
+		return fmt.Errorf("send fault %d: %w", i, err)
+	}
+	return nil
+}
+
 // BrokerRestart runs p.Rate events/s of mixed background (BackgroundMix)
 // sent as an agent does (a call refused while the broker is away is sent
 // again), stops the broker gracefully, keeps it down for p.Duration and
@@ -113,12 +126,10 @@ func runBrokerRestart(ctx context.Context, e *Env, p Params, r *Report) error {
 	if len(res.FromReady) > 0 {
 		first = res.FromReady[0]
 	}
-	rp50, rp99, rmx := percentiles(res.FromReady)
-	sp50, sp99, smx := percentiles(res.FromSend)
-	r.Figure("broker-restart: %d of %d faults sent after the broker was ready cordoned; ready->first fault's cordon %s; ready->cordon p50 %s p99 %s max %s; send->cordon p50 %s p99 %s max %s",
-		len(res.FromReady), res.Faults, first.Round(time.Millisecond), rp50.Round(time.Millisecond), rp99.Round(time.Millisecond), rmx.Round(time.Millisecond),
-		sp50.Round(time.Millisecond), sp99.Round(time.Millisecond), smx.Round(time.Millisecond))
-	checkOutage(r, e, "broker-restart", len(res.FromReady), res.Faults, res.OutageBackground)
+	cordoned := len(res.FromReady)
+	r.Figure("broker-restart: %d of %d faults sent after the broker was ready cordoned; ready->first fault's cordon %s; ready->cordon %s; send->cordon %s",
+		cordoned, res.Faults, first.Round(time.Millisecond), spread(res.FromReady), spread(res.FromSend))
+	checkOutage(r, e, "broker-restart", cordoned, res.Faults, res.OutageBackground)
 	return nil
 }
 
@@ -225,11 +236,8 @@ func BrokerFailover(ctx context.Context, e *Env, p Params) (BrokerFailoverResult
 		time.Sleep(time.Until(killed.Add(p.Duration * time.Duration(i) / time.Duration(p.Faults))))
 		sent[i] = time.Now() // the clock starts at the first send
 		g.Go(func() error {
-			ev := []*datamodels.HealthEvent{fleetsim.Xid(NodeName(i), i%8, 79)}
-			_, n, err := e.sendAccepted(ctx, GRPC, cluster, ev, faultResend)
-			pushbacks.Add(n)
-			if err != nil {
-				return fmt.Errorf("send fault %d, %s after the kill: %w", i, sent[i].Sub(killed).Round(time.Millisecond), err)
+			if err := e.sendFault(ctx, cluster, i, &pushbacks); err != nil {
+				return fmt.Errorf("%s after the kill: %w", sent[i].Sub(killed).Round(time.Millisecond), err)
 			}
 			return nil
 		})
@@ -269,11 +277,8 @@ func runBrokerFailover(ctx context.Context, e *Env, p Params, r *Report) error {
 			after = append(after, l)
 		}
 	}
-	bp50, bp99, bmx := percentiles(before)
-	ap50, ap99, amx := percentiles(after)
-	r.Figure("broker-failover: %d of %d faults sent over the %s after the kill cordoned, %d calls pushed back; send->cordon of the %d sent before the partitions moved p50 %s p99 %s max %s, of the %d sent after p50 %s p99 %s max %s",
-		len(res.Latencies), res.Faults, p.Duration, res.Pushbacks, len(before), bp50.Round(time.Millisecond), bp99.Round(time.Millisecond), bmx.Round(time.Millisecond),
-		len(after), ap50.Round(time.Millisecond), ap99.Round(time.Millisecond), amx.Round(time.Millisecond))
+	r.Figure("broker-failover: %d of %d faults sent over the %s after the kill cordoned, %d calls pushed back; send->cordon of the %d sent before the partitions moved %s, of the %d sent after %s",
+		len(res.Latencies), res.Faults, p.Duration, res.Pushbacks, len(before), spread(before), len(after), spread(after))
 	r.Check(res.Moved > 0, "the victim still led events partitions a minute after its kill")
 	checkOutage(r, e, "broker-failover", len(res.Latencies), res.Faults, res.OutageBackground)
 	return nil

@@ -9,9 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/schemas/events"
-	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // rollRoles are the roles broker-roll runs: a fault's whole path, from
@@ -115,15 +113,7 @@ func BrokerRoll(ctx context.Context, e *Env, p Params) (BrokerRollResult, error)
 		for i := range p.Faults {
 			at := time.Now() // the clock starts at the first send
 			sent = append(sent, at)
-			g.Go(func() error {
-				ev := []*datamodels.HealthEvent{fleetsim.Xid(NodeName(i), i%8, 79)}
-				_, n, err := e.sendAccepted(ctx, GRPC, cluster, ev, faultResend)
-				pushbacks.Add(n)
-				if err != nil {
-					return fmt.Errorf("send fault %d: %w", i, err)
-				}
-				return nil
-			})
+			g.Go(func() error { return e.sendFault(ctx, cluster, i, &pushbacks) })
 			if i == res.Baseline-1 {
 				close(baseline)
 			}
@@ -244,8 +234,7 @@ func runBrokerRoll(ctx context.Context, e *Env, p Params, r *Report) error {
 					ds = append(ds, d(f))
 				}
 			}
-			p50, p99, mx := percentiles(ds)
-			return fmt.Sprintf("p50 %s p99 %s max %s", p50.Round(time.Millisecond), p99.Round(time.Millisecond), mx.Round(time.Millisecond))
+			return spread(ds)
 		}
 		r.Figure("broker-roll: the %d faults sent %s, from the send: cordon %s; drain started %s; drained %s; RebootNode %s",
 			len(part.faults), part.name, step(func(f RollFault) time.Duration { return f.ToCordon }), step(func(f RollFault) time.Duration { return f.ToDrain }),

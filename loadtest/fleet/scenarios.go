@@ -275,6 +275,13 @@ func percentiles(lat []time.Duration) (p50, p99, mx time.Duration) {
 	return pct(0.50), pct(0.99), lat[len(lat)-1]
 }
 
+// spread is a latency sample's "p50 X p99 Y max Z", each rounded to the
+// millisecond (percentiles sorts lat).
+func spread(lat []time.Duration) string {
+	p50, p99, mx := percentiles(lat)
+	return fmt.Sprintf("p50 %s p99 %s max %s", p50.Round(time.Millisecond), p99.Round(time.Millisecond), mx.Round(time.Millisecond))
+}
+
 // breakerShare is how many of n nodes the default breaker cordons.
 func breakerShare(n int) int { return max(1, int(math.Floor(float64(n)*10/100))) }
 
@@ -423,10 +430,8 @@ func runFaultToCordon(ctx context.Context, e *Env, p Params, r *Report) error {
 	if err != nil {
 		return err
 	}
-	p50, p99, mx := percentiles(res.Latencies)
 	r.Figure("fault-to-cordon over %s: background %s", e.Describe(), res.Background)
-	r.Figure("fault-to-cordon: %d of %d faults cordoned, send->watch p50 %s p99 %s max %s (client QPS default)", len(res.Latencies), p.Faults,
-		p50.Round(time.Millisecond), p99.Round(time.Millisecond), mx.Round(time.Millisecond))
+	r.Figure("fault-to-cordon: %d of %d faults cordoned, send->watch %s (client QPS default)", len(res.Latencies), p.Faults, spread(res.Latencies))
 	r.Check(res.Background.Verified(0.95) == nil, "%v", res.Background.Verified(0.95))
 	r.Check(len(res.Latencies) == p.Faults, "only %d of %d faulted nodes cordoned within 60s", len(res.Latencies), p.Faults)
 	return nil
