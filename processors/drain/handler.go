@@ -105,7 +105,7 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 // be looked at again, when: at the step's asking, or when a cluster in
 // trouble may be tried again.
 func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, time.Time) {
-	acts, again, err := requeue.Step(ctx, h.reg, t.cluster, t.node, "drain", h.now().Add(h.cfg.PollInterval), h.log, h.m.apiErrors,
+	acts, again, err := requeue.Step(ctx, h.reg, t.cluster, t.node, "drain", h.now().Add(h.cfg.PollInterval), h.log, h.m.apiErrors, h.m.conflicts,
 		func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
 			return h.step(ctx, cl, t)
 		})
@@ -207,21 +207,14 @@ func scopeString(gpus []string) string {
 	return "gpu:" + strings.Join(gpus, ",")
 }
 
-// step advances the node's drain once. Conflicting writes make it re-read
-// and redo the step; every API call it repeats is idempotent.
+// step advances the node's drain once (a conflicting write makes
+// requeue.Step redo it; every API call it repeats is idempotent).
 func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
 	if cl == nil || cl.Kube == nil || cl.DryRun || t.src.GetDryRun() || t.src.GetOutcome() == events.OutcomeDryRun {
 		acts, err := h.dryRun(ctx, cl, t)
 		return acts, time.Time{}, err
 	}
-	for attempt := 1; ; attempt++ {
-		acts, again, err := h.stepOnce(ctx, cl, t)
-		if apierrors.IsConflict(err) && attempt < 20 {
-			h.m.conflicts.WithLabelValues(t.cluster).Inc()
-			continue
-		}
-		return acts, again, err
-	}
+	return h.stepOnce(ctx, cl, t)
 }
 
 func (h *Handler) getNode(ctx context.Context, cl *clusters.Client, name string) (*corev1.Node, error) {

@@ -193,7 +193,7 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 // (clusters.Registry.Try). It returns the actions and, when the
 // remediation must be looked at again, when.
 func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, time.Time) {
-	acts, again, err := requeue.Step(ctx, h.reg, t.cluster, t.node, "remediation", h.now().Add(h.cfg.PollInterval), h.log, h.m.apiErrors,
+	acts, again, err := requeue.Step(ctx, h.reg, t.cluster, t.node, "remediation", h.now().Add(h.cfg.PollInterval), h.log, h.m.apiErrors, nil,
 		func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
 			return h.step(ctx, cl, t)
 		})
@@ -344,21 +344,11 @@ func nodeLabel(node string) string {
 	return "h-" + shortHash(node, 20)
 }
 
-// step takes the trigger's remediation one step. A write that meets a
-// conflict (another writer changed the resource since it was read: a
-// replica, the same node's follow-up in another batch, the janitor) makes
-// it read again and redo the step; every call it repeats is idempotent.
+// step takes the trigger's remediation one step (a write that meets a
+// conflict — the resource changed since it was read by a replica, the
+// node's follow-up in another batch, the janitor — makes requeue.Step redo
+// it; every call it repeats is idempotent).
 func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
-	for attempt := 1; ; attempt++ {
-		acts, again, err := h.stepOnce(ctx, cl, t)
-		if apierrors.IsConflict(err) && attempt < 20 {
-			continue
-		}
-		return acts, again, err
-	}
-}
-
-func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
 	ra := t.src.GetRecommendedAction()
 	switch ra {
 	case "", datamodels.RecommendedAction_NONE.String(), datamodels.RecommendedAction_UNKNOWN.String():
@@ -534,7 +524,7 @@ func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *
 	}})
 	out, err := res.Patch(ctx, o.GetName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-remediate"})
 	if err != nil {
-		// A conflict (changed under us) is redone by step.
+		// A conflict (changed under us) is redone by requeue.Step.
 		return nil, time.Time{}, fmt.Errorf("join %s %s: %w", tm.kind, o.GetName(), err)
 	}
 	h.m.joined.WithLabelValues(t.cluster, tm.Group).Inc()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
@@ -181,6 +182,9 @@ func ByNode[T any](ctx context.Context, workers int, topic string, now func() ti
 	return produce, rest, nil
 }
 
+// maxRedo bounds how often Step redoes a step that met a conflict.
+const maxRedo = 20
+
 // Step is one look at a piece of requeued work on its cluster
 // (clusters.Registry.Try: the cluster's gate decides whether step runs,
 // step's error decides the gate). It returns step's actions and when to
@@ -189,17 +193,27 @@ func ByNode[T any](ctx context.Context, workers int, topic string, now func() ti
 // fallback where that is unknown. The cluster's trouble is logged, naming
 // what the work is ("drain"), and counted in apiErrors by cluster; an error
 // that is the work's own is returned, for the role to record as a failed
-// action.
+// action. A step whose write met a conflict (another writer changed what
+// it read: a replica, the node's work in another batch, a controller) is
+// redone at once, up to maxRedo times, counted in conflicts (nil: not
+// counted): it reads again, and every call it repeats is idempotent.
 func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what string, fallback time.Time,
-	log *slog.Logger, apiErrors *prometheus.CounterVec,
+	log *slog.Logger, apiErrors, conflicts *prometheus.CounterVec,
 	step func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error)) ([]*faultlinev1.Action, time.Time, error) {
 	var (
 		acts  []*faultlinev1.Action
 		again time.Time
 	)
 	at := reg.Try(ctx, cluster, func(ctx context.Context, cl *clusters.Client) (err error) {
-		acts, again, err = step(ctx, cl)
-		return err
+		for attempt := 1; ; attempt++ {
+			acts, again, err = step(ctx, cl)
+			if !apierrors.IsConflict(err) || attempt == maxRedo {
+				return err
+			}
+			if conflicts != nil {
+				conflicts.WithLabelValues(cluster).Inc()
+			}
+		}
 	})
 	switch {
 	case at.Err == nil:

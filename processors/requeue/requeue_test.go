@@ -2,6 +2,7 @@ package requeue
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -50,7 +52,7 @@ func TestStep(t *testing.T) {
 		{"client not built (logged, not an API error)", "broken", nil, time.Time{}, fallback, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			acts, again, err := Step(context.Background(), reg, tc.cluster, "n1", "drain", fallback, log, apiErrors,
+			acts, again, err := Step(context.Background(), reg, tc.cluster, "n1", "drain", fallback, log, apiErrors, nil,
 				func(context.Context, *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
 					return act, tc.again, tc.err
 				})
@@ -80,6 +82,53 @@ func TestStep(t *testing.T) {
 			}
 			if got := m.GetCounter().GetValue(); got != tc.counted {
 				t.Fatalf("api errors of %s: %v, want %v", tc.cluster, got, tc.counted)
+			}
+		})
+	}
+}
+
+// TestStepRedoesConflicts: a step whose write met a conflict is redone at
+// once (it reads again), each redo counted; one that keeps conflicting is
+// returned as the work's failure after maxRedo tries.
+func TestStepRedoesConflicts(t *testing.T) {
+	kube, err := kubernetes.NewForConfig(&rest.Config{Host: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := clusters.NewRegistry(clusters.DefaultConfig(), time.Now)
+	reg.SetClient("live", kube, false)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	conflict := apierrors.NewConflict(schema.GroupResource{Resource: "rebootnodes"}, "r", errors.New("changed"))
+	for _, tc := range []struct {
+		name      string
+		conflicts int // the step's first calls that conflict
+		calls     int
+		wantErr   bool
+	}{
+		{"redone until it passes", 2, 3, false},
+		{"given up after maxRedo", 1000, maxRedo, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			counted := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c"}, []string{"cluster"})
+			apiErrors := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x"}, []string{"cluster"})
+			calls := 0
+			acts, _, err := Step(context.Background(), reg, "live", "n1", "remediation", time.Now(), log, apiErrors, counted,
+				func(context.Context, *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
+					calls++
+					if calls <= tc.conflicts {
+						return nil, time.Time{}, conflict
+					}
+					return []*faultlinev1.Action{{Id: "a"}}, time.Time{}, nil
+				})
+			if calls != tc.calls || (err != nil) != tc.wantErr || (!tc.wantErr && len(acts) != 1) {
+				t.Fatalf("%d calls, err %v, acts %v; want %d calls, error %v", calls, err, acts, tc.calls, tc.wantErr)
+			}
+			var m dto.Metric
+			if err := counted.WithLabelValues("live").Write(&m); err != nil {
+				t.Fatal(err)
+			}
+			if got := int(m.GetCounter().GetValue()); got != min(tc.conflicts, tc.calls-1) {
+				t.Fatalf("%d conflicts counted, want %d", got, min(tc.conflicts, tc.calls-1))
 			}
 		})
 	}
