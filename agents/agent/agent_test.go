@@ -423,15 +423,17 @@ func TestRunnerIsolation(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- a.Run(ctx) }()
-	waitFor(t, 5*time.Second, func() bool { return len(g.received()) >= 3 }, "good events")
 	m := a.Metrics()
+	// The good check's events and the other two checks' first results come
+	// from separate goroutines: wait for all of them, not just the events.
+	waitFor(t, 5*time.Second, func() bool {
+		return len(g.received()) >= 3 && val(m.checkRuns.WithLabelValues("bad", "panic")) >= 1 &&
+			val(m.checkRuns.WithLabelValues("slow", "timeout")) >= 1
+	}, "good events and the bad and slow checks' results")
 	for name, want := range map[string]float64{"good": 1, "bad": 0, "slow": 0} {
 		if v := val(m.checkSuccess.WithLabelValues(name)); v != want {
 			t.Errorf("check_success{%s} = %v, want %v", name, v, want)
 		}
-	}
-	if val(m.checkRuns.WithLabelValues("bad", "panic")) < 1 || val(m.checkRuns.WithLabelValues("slow", "timeout")) < 1 {
-		t.Error("panic/timeout results not counted")
 	}
 	rec := httptest.NewRecorder()
 	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
