@@ -42,7 +42,10 @@ func TestJanitorSafety(t *testing.T) {
 		j, rec := e.janitor(e.config(), true, nil)
 		stop := run(t, j)
 		e.create(kindReboot, "dry-1", "dry-1", false)
-		time.Sleep(3 * time.Second)
+		// Handled (its dry-run action recorded), then a second for a
+		// write it must not make to land before the janitor stops.
+		rec.expect(t, "dry-1", []string{"reboot/dry_run"})
+		time.Sleep(time.Second)
 		stop()
 		o, err := e.dyn.Resource(kindReboot.GVR).Get(ctx, "dry-1", metav1.GetOptions{})
 		if err != nil {
@@ -51,7 +54,6 @@ func TestJanitorSafety(t *testing.T) {
 		if stateOf(o) != nil || o.Object["status"] != nil {
 			t.Fatalf("dry-run changed the resource: %v", o.Object)
 		}
-		rec.expect(t, "dry-1", []string{"reboot/dry_run"})
 		if e.m.cyclesOf("dry-1") != 0 {
 			t.Fatal("dry-run power cycled")
 		}
@@ -94,8 +96,15 @@ func TestJanitorSafety(t *testing.T) {
 	})
 
 	t.Run("Cooldown", func(t *testing.T) {
+		before := len(rec.of("rack-2"))
 		e.create(kindReboot, "rack-2-again", "rack-2", false)
-		time.Sleep(3 * time.Second)
+		// The new resource is handled (deferred) within seconds; then
+		// a second for a write it must not make.
+		deadline := time.Now().Add(10 * time.Second)
+		for len(rec.of("rack-2")) == before && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		time.Sleep(time.Second)
 		o, _ := e.dyn.Resource(kindReboot.GVR).Get(ctx, "rack-2-again", metav1.GetOptions{})
 		if stateOf(o) != nil || finished(o) {
 			t.Fatalf("acted within the node's cooldown: %v", o.Object)

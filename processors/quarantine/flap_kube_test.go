@@ -25,7 +25,7 @@ func TestFlapKube(t *testing.T) {
 	k := kube.Client()
 	createNodes(t, k, "flap", "flap-1")
 	cfg := testConfig("flap")
-	cfg.FlapThreshold, cfg.FlapWindow, cfg.StabilizationWindow = 3, time.Minute, 3*time.Second
+	cfg.FlapThreshold, cfg.FlapWindow, cfg.StabilizationWindow = 3, time.Minute, 6*time.Second // the window outlasts the calls before the first sweep on a loaded machine
 	h := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
 	t.Cleanup(h.Close)
 
