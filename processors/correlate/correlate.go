@@ -218,7 +218,10 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 			}
 		}
 	}
-	if err := h.unstored.refresh(ctx, recs); err != nil {
+	switch err := h.unstored.refresh(ctx, recs); {
+	case errors.Is(err, errProgressUnknown):
+		h.log.Info("store progress unknown", "err", err)
+	case err != nil:
 		h.log.Warn("unstored records of earlier batches not all known; a window may miss some", "err", err)
 	}
 	bt, err := newBatchTables(append(slices.Clip(recs), h.unstored.of(recs, clusterWide)...))

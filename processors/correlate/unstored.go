@@ -95,6 +95,11 @@ const (
 	readBackTimeout = 10 * time.Second
 )
 
+// errProgressUnknown: the store's progress could not be read (a broker
+// restarting, say). Nothing is missed for it: the remembered records are
+// kept until it is known again, or maxAge.
+var errProgressUnknown = errors.New("the store's progress is unknown; earlier batches' records are kept until it is known")
+
 // ReadBack reads the records of topic's partition from offset from up to
 // (not including) to back from Kafka.
 type ReadBack func(ctx context.Context, topic string, partition int32, from, to int64) ([]*kgo.Record, error)
@@ -132,6 +137,9 @@ func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 		pctx, cancel := context.WithTimeout(ctx, progressTimeout)
 		stored, err = u.progress(pctx)
 		cancel()
+		if err != nil {
+			stored = nil // not known
+		}
 	}
 	oldest := u.now().Add(-u.maxAge)
 	kept := u.recs[:0]
@@ -143,8 +151,14 @@ func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 	}
 	clear(u.recs[len(kept):])
 	u.recs = kept
-	if !seed || stored == nil {
-		return err
+	if err != nil {
+		if seed {
+			return fmt.Errorf("partitions handed to this replica: the records below its batch that the store has not written are not read back: %w", err)
+		}
+		return fmt.Errorf("%w: %w", errProgressUnknown, err)
+	}
+	if !seed {
+		return nil
 	}
 	for tp, first := range gaps {
 		from, ok := stored[tp.topic][tp.partition]

@@ -110,12 +110,22 @@ func TestUnstoredForget(t *testing.T) {
 	progressErr = errors.New("broker down")
 	now = now.Add(2 * time.Minute)
 	u.add([]*kgo.Record{rec("c", "n1", 2, 1)})
-	if err := u.refresh(context.Background(), nil); err == nil {
-		t.Error("the progress error is not returned")
+	if err := u.refresh(context.Background(), nil); !errors.Is(err, errProgressUnknown) {
+		t.Errorf("the progress error is returned as %v, want errProgressUnknown (nothing missed)", err)
 	}
 	if got := names(u.of(nil, map[string]bool{"a": true, "b": true, "c": true})); !slices.Equal(got, []string{"c/n1"}) {
 		t.Errorf("after maxAge without progress: %v, want only the new c/n1", got)
 	}
+	// A batch of a partition handed to this replica cannot be read back
+	// without the progress: that may miss records, and says so.
+	u.readBack = func(context.Context, string, int32, int64, int64) ([]*kgo.Record, error) {
+		t.Fatal("read back without the store's progress")
+		return nil, nil
+	}
+	if err := u.refresh(context.Background(), []*kgo.Record{rec("e", "n1", 4, 10)}); err == nil || errors.Is(err, errProgressUnknown) {
+		t.Errorf("a handed-over partition without progress: %v, want an error that is not errProgressUnknown", err)
+	}
+	u.readBack = nil
 	for i := range 7 {
 		u.add([]*kgo.Record{rec("d", "n1", 3, int64(i))})
 	}
