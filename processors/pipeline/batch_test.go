@@ -15,6 +15,8 @@ func TestByKey(t *testing.T) {
 	items := []string{"a1", "b1", "a2", "c1", "b2", "a3", "d1", "e1"}
 	var running, most atomic.Int32
 	var mu sync.Mutex
+	met := make(chan struct{})
+	meet := sync.OnceFunc(func() { close(met) })
 	results := ByKey(items, func(s string) string { return s[:1] }, 2, func(group []string) string {
 		n := running.Add(1)
 		mu.Lock()
@@ -22,6 +24,16 @@ func TestByKey(t *testing.T) {
 			most.Store(n)
 		}
 		mu.Unlock()
+		if n == 2 {
+			meet()
+		}
+		// Until two keys have run at once, wait for the other worker
+		// (a starved machine may start it late); a bound, not a sleep,
+		// so one worker alone still shows as most == 1.
+		select {
+		case <-met:
+		case <-time.After(2 * time.Second):
+		}
 		time.Sleep(20 * time.Millisecond)
 		running.Add(-1)
 		return strings.Join(group, "+")
