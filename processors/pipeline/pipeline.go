@@ -242,31 +242,60 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 }
 
-// resting pauses fetching topics until a time, each with its own timer
-// (Run's goroutine alone calls its methods).
+// resting pauses fetching topics until a time, each with its own timer.
+// A timer that had already fired when its topic was rested again must not
+// resume the new rest: each rest has a generation, and a timer resumes
+// its topic only while its generation is the topic's latest (checked and
+// resumed under mu, which rest holds while it pauses).
 type resting struct {
+	mu     sync.Mutex
+	gen    map[string]uint64
 	timers map[string]*time.Timer
+}
+
+// fetchPauser is the part of *kgo.Client that resting uses.
+type fetchPauser interface {
+	PauseFetchTopics(topics ...string) []string
+	ResumeFetchTopics(topics ...string)
 }
 
 // rest pauses each topic of until, and resumes it then; a topic already
 // resting rests until the new time instead.
-func (rs *resting) rest(cl *kgo.Client, until map[string]time.Time) {
+func (rs *resting) rest(cl fetchPauser, until map[string]time.Time) {
+	if len(until) == 0 {
+		return
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.timers == nil {
+		rs.timers = map[string]*time.Timer{}
+		rs.gen = map[string]uint64{}
+	}
 	for topic, t := range until {
-		if rs.timers == nil {
-			rs.timers = map[string]*time.Timer{}
-		}
 		if tm := rs.timers[topic]; tm != nil {
 			tm.Stop()
 		}
+		rs.gen[topic]++
+		gen := rs.gen[topic]
 		cl.PauseFetchTopics(topic)
-		rs.timers[topic] = time.AfterFunc(time.Until(t), func() { cl.ResumeFetchTopics(topic) })
+		rs.timers[topic] = time.AfterFunc(time.Until(t), func() {
+			rs.mu.Lock()
+			defer rs.mu.Unlock()
+			if rs.gen[topic] == gen {
+				cl.ResumeFetchTopics(topic)
+			}
+		})
 	}
 }
 
-// stop stops the timers (the client is closing).
+// stop stops the timers (the client is closing); a timer already firing
+// resumes nothing.
 func (rs *resting) stop() {
-	for _, tm := range rs.timers {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for topic, tm := range rs.timers {
 		tm.Stop()
+		rs.gen[topic]++
 	}
 }
 

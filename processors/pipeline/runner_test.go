@@ -630,3 +630,72 @@ func TestRunnerRestsTopic(t *testing.T) {
 		t.Errorf("the resting topic's next record handled %v after its rest ended, want within a fetch's wait", got.Sub(until))
 	}
 }
+
+// pauser records the client's pause state; its Resume can be held so a
+// test can rest a topic again while an earlier rest's timer is resuming.
+type pauser struct {
+	mu       sync.Mutex
+	paused   map[string]bool
+	resumes  int           // Resume calls finished
+	resuming chan struct{} // signalled when a Resume starts (if set)
+	release  chan struct{} // a Resume waits for it (if set)
+}
+
+func (p *pauser) PauseFetchTopics(topics ...string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, t := range topics {
+		p.paused[t] = true
+	}
+	return nil
+}
+
+func (p *pauser) ResumeFetchTopics(topics ...string) {
+	if p.resuming != nil {
+		p.resuming <- struct{}{}
+		<-p.release
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, t := range topics {
+		p.paused[t] = false
+	}
+	p.resumes++
+}
+
+func (p *pauser) isPaused(topic string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.paused[topic]
+}
+
+// TestRestingNewRestOutlivesFiredTimer: a topic rested again while its
+// earlier rest's timer is already resuming stays paused for the new rest
+// (the old code's late Resume undid the new Pause: one extra fetch of a
+// record not yet due).
+func TestRestingNewRestOutlivesFiredTimer(t *testing.T) {
+	p := &pauser{paused: map[string]bool{}, resuming: make(chan struct{}), release: make(chan struct{})}
+	var rs resting
+	defer rs.stop()
+	rs.rest(p, map[string]time.Time{"requeue": time.Now()}) // due at once
+	<-p.resuming                                             // its timer is resuming
+	p.resuming = nil                                         // (no Resume is expected while the test looks)
+	again := make(chan struct{})
+	go func() {
+		rs.rest(p, map[string]time.Time{"requeue": time.Now().Add(time.Hour)})
+		close(again)
+	}()
+	time.Sleep(100 * time.Millisecond) // the new rest's Pause, had it not waited for the firing timer
+	close(p.release)
+	<-again
+	eventually(t, 5*time.Second, "the earlier rest's Resume finished", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.resumes == 1
+	})
+	if !p.isPaused("requeue") {
+		t.Fatal("the topic was resumed by the earlier rest's timer while its new rest (an hour) lasts")
+	}
+	rs.rest(p, map[string]time.Time{"requeue": time.Now().Add(50 * time.Millisecond)})
+	eventually(t, 5*time.Second, "the topic resumed when its rest ends", func() bool { return !p.isPaused("requeue") })
+}
