@@ -48,6 +48,7 @@ type unstored struct {
 	readBack ReadBack
 	maxAge   time.Duration
 	max      int
+	seedWait time.Duration // how long a batch with a handed-over partition retries reading the progress
 	now      func() time.Time
 
 	mu     sync.Mutex
@@ -90,9 +91,15 @@ func (u *unstored) remember(recs []*kgo.Record) {
 // progressTimeout bounds the read of the store's progress, once per
 // batch: a slow broker delays the batch this much at most; readBackTimeout
 // bounds reading a handed-over partition's unstored records.
+// seedWait is how long a batch with a handed-over partition retries
+// reading the store's progress, every seedRetry, before it goes on without
+// reading back (a broker restarting: its group coordinator moves within
+// seconds).
 const (
 	progressTimeout = 2 * time.Second
 	readBackTimeout = 10 * time.Second
+	seedWait        = 10 * time.Second
+	seedRetry       = 500 * time.Millisecond
 )
 
 // errProgressUnknown: the store's progress could not be read (a broker
@@ -131,16 +138,7 @@ func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 	if len(u.recs) == 0 && !seed {
 		return nil
 	}
-	var stored map[string]map[int32]int64
-	var err error
-	if u.progress != nil {
-		pctx, cancel := context.WithTimeout(ctx, progressTimeout)
-		stored, err = u.progress(pctx)
-		cancel()
-		if err != nil {
-			stored = nil // not known
-		}
-	}
+	stored, err := u.readProgress(ctx, seed)
 	oldest := u.now().Add(-u.maxAge)
 	kept := u.recs[:0]
 	for _, m := range u.recs {
@@ -175,6 +173,32 @@ func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 		u.next[tp] = first // a retry of this batch does not read it back again
 	}
 	return err
+}
+
+// readProgress reads the store's progress (nil if not known). For a batch
+// with a handed-over partition (seed), whose records below the batch
+// cannot be read back without it, it retries for up to seedWait.
+func (u *unstored) readProgress(ctx context.Context, seed bool) (map[string]map[int32]int64, error) {
+	if u.progress == nil {
+		return nil, nil
+	}
+	deadline := time.Now().Add(u.seedWait)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, progressTimeout)
+		stored, err := u.progress(pctx)
+		cancel()
+		if err == nil {
+			return stored, nil
+		}
+		if !seed || time.Now().Add(seedRetry).After(deadline) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(seedRetry):
+		}
+	}
 }
 
 // of returns the remembered records with a key among recs' keys or a

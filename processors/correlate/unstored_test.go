@@ -73,8 +73,9 @@ func TestUnstoredForget(t *testing.T) {
 	var stored map[string]map[int32]int64
 	var progressErr error
 	forgot := prometheus.NewCounter(prometheus.CounterOpts{Name: "forgot"})
-	u := &unstored{maxAge: time.Minute, max: 5, now: func() time.Time { return now }, forgot: forgot, next: map[topicPartition]int64{},
-		progress: func(context.Context) (map[string]map[int32]int64, error) { return stored, progressErr }}
+	var reads int // of the progress
+	u := &unstored{maxAge: time.Minute, max: 5, seedWait: 3 * seedRetry, now: func() time.Time { return now }, forgot: forgot, next: map[topicPartition]int64{},
+		progress: func(context.Context) (map[string]map[int32]int64, error) { reads++; return stored, progressErr }}
 	rec := func(cluster, node string, part int32, off int64) *kgo.Record {
 		return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, node), Partition: part, Offset: off}
 	}
@@ -108,6 +109,7 @@ func TestUnstoredForget(t *testing.T) {
 		t.Errorf("after the store committed partition 0 to 11: %v, want a/n2 and b/n1", got)
 	}
 	progressErr = errors.New("broker down")
+	reads = 0
 	now = now.Add(2 * time.Minute)
 	u.add([]*kgo.Record{rec("c", "n1", 2, 1)})
 	if err := u.refresh(context.Background(), nil); !errors.Is(err, errProgressUnknown) {
@@ -116,14 +118,22 @@ func TestUnstoredForget(t *testing.T) {
 	if got := names(u.of(nil, map[string]bool{"a": true, "b": true, "c": true})); !slices.Equal(got, []string{"c/n1"}) {
 		t.Errorf("after maxAge without progress: %v, want only the new c/n1", got)
 	}
+	if reads != 1 {
+		t.Errorf("the progress read %d times for a batch without a handed-over partition, want once (no retry)", reads)
+	}
 	// A batch of a partition handed to this replica cannot be read back
-	// without the progress: that may miss records, and says so.
+	// without the progress: it retries reading it for seedWait, then goes
+	// on (a window may miss records) and says so.
 	u.readBack = func(context.Context, string, int32, int64, int64) ([]*kgo.Record, error) {
 		t.Fatal("read back without the store's progress")
 		return nil, nil
 	}
+	reads = 0
 	if err := u.refresh(context.Background(), []*kgo.Record{rec("e", "n1", 4, 10)}); err == nil || errors.Is(err, errProgressUnknown) {
 		t.Errorf("a handed-over partition without progress: %v, want an error that is not errProgressUnknown", err)
+	}
+	if reads < 2 {
+		t.Errorf("the progress read %d times for a handed-over partition, want retries (every %v for %v)", reads, seedRetry, u.seedWait)
 	}
 	u.readBack = nil
 	for i := range 7 {
@@ -135,6 +145,25 @@ func TestUnstoredForget(t *testing.T) {
 	}
 	if n := len(u.of(nil, map[string]bool{"c": true, "d": true})); n != 5 || m.GetCounter().GetValue() != 3 {
 		t.Errorf("over the bound of 5: %d kept, %v forgotten, want 5 and 3", n, m.GetCounter().GetValue())
+	}
+	// … and reads back once the progress is known within seedWait.
+	var readFrom int64 = -1
+	u.readBack = func(_ context.Context, _ string, _ int32, from, _ int64) ([]*kgo.Record, error) {
+		readFrom = from
+		return []*kgo.Record{rec("f", "n1", 5, from)}, nil
+	}
+	reads, u.seedWait = 0, time.Minute // it returns on the third read
+	u.progress = func(context.Context) (map[string]map[int32]int64, error) {
+		if reads++; reads < 3 {
+			return nil, progressErr
+		}
+		return map[string]map[int32]int64{events.TopicEvents: {5: 20}}, nil
+	}
+	if err := u.refresh(context.Background(), []*kgo.Record{rec("f", "n2", 5, 22)}); err != nil {
+		t.Errorf("a handed-over partition whose progress is known on the third read: %v", err)
+	}
+	if readFrom != 20 || !slices.Contains(names(u.of(nil, map[string]bool{"f": true})), "f/n1") {
+		t.Errorf("read back from %d (want 20, the store's progress), remembered %v", readFrom, names(u.of(nil, map[string]bool{"f": true})))
 	}
 }
 
