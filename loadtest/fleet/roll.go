@@ -3,13 +3,16 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // rollRoles are the roles broker-roll runs: a fault's whole path, from
@@ -50,6 +53,14 @@ type BrokerRollResult struct {
 	// Cordoned and Rebooted are the faults' nodes seen cordoned and with
 	// a RebootNode; RebootedTwice the nodes with more than one RebootNode.
 	Cordoned, Rebooted, RebootedTwice int
+	// With the correlate role, each fault comes with a pair of Xid 31 on
+	// GPU 0 of a node of its own beyond the fleet's, rollPairGap apart
+	// (two batches, mostly: the window needs the first from ClickHouse or
+	// correlate's memory of unstored records). Judged are those nodes with
+	// a verdict of correlateRule on the events topic, JudgedTwice those
+	// with two verdict ids.
+	Judging             bool
+	Judged, JudgedTwice int
 	OutageBackground
 }
 
@@ -60,6 +71,33 @@ type BrokerRollResult struct {
 type RollFault struct {
 	Sent                                       time.Duration
 	ToCordon, ToDrain, ToDrained, ToRebootNode time.Duration
+	// ToVerdict: from the send of its pair's second Xid 31 to the verdict
+	// (with the correlate role).
+	ToVerdict time.Duration
+}
+
+// rollPairGap is the time between a pair's two Xid 31.
+const rollPairGap = 250 * time.Millisecond
+
+// sendPair sends the two Xid 31 of fault i's pair (node pairNode), each
+// with an id of its own and sent again while pushed back, and returns
+// when the second was sent.
+func (e *Env) sendPair(ctx context.Context, cluster, pairNode string, i int, pushbacks *atomic.Int64) (time.Time, error) {
+	var at time.Time
+	for k := range 2 {
+		if k > 0 {
+			time.Sleep(rollPairGap)
+		}
+		ev := fleetsim.Xid(pairNode, 0, 31)
+		ev.Id = fmt.Sprintf("broker-roll-pair-%d-%d", i, k)
+		t, n, err := e.sendAccepted(ctx, GRPC, cluster, []*datamodels.HealthEvent{ev}, faultResend)
+		pushbacks.Add(n)
+		if err != nil {
+			return at, fmt.Errorf("send pair %d's Xid 31 #%d: %w", i, k+1, err)
+		}
+		at = t
+	}
+	return at, nil
 }
 
 // BrokerRoll restarts every broker of a cluster of brokers
@@ -71,7 +109,9 @@ type RollFault struct {
 // back, through the whole path (rollRoles) — the first few before the
 // roll, the rest until it ends. Each node must be cordoned once, drained
 // once (every pod gone) and get one RebootNode, and every background
-// event the gateway acknowledged must reach ClickHouse.
+// event the gateway acknowledged must reach ClickHouse. With the correlate
+// role each fault comes with a pair of Xid 31 (RollFault.ToVerdict): each
+// pair's node must be judged once.
 func BrokerRoll(ctx context.Context, e *Env, p Params) (BrokerRollResult, error) {
 	res := BrokerRollResult{Baseline: max(1, min(10, p.Faults/2))}
 	if e.Cluster == nil {
@@ -95,6 +135,11 @@ func BrokerRoll(ctx context.Context, e *Env, p Params) (BrokerRollResult, error)
 		return res, err
 	}
 	adm := kadm.NewClient(e.KafkaClient())
+	var judged *verdicts
+	if res.Judging = strings.Contains(e.Opts.Roles, "correlate") || e.Opts.Roles == "all"; res.Judging {
+		judged = e.followVerdicts(ctx)
+	}
+	pairNode := func(i int) string { return NodeName(p.Nodes + i) } // beyond the background's nodes
 	stop, err := faultBackground(ctx, e, p, "broker-roll")
 	if err != nil {
 		return res, err
@@ -103,6 +148,7 @@ func BrokerRoll(ctx context.Context, e *Env, p Params) (BrokerRollResult, error)
 
 	// The faults: sent from this goroutine, each call in its own.
 	sent := make([]time.Time, 0, p.Faults)
+	pairSent := make([]time.Time, p.Faults) // the pair's second send, by fault
 	var pushbacks atomic.Int64
 	var g errgroup.Group
 	baseline, rolled, faults := make(chan struct{}), make(chan struct{}), make(chan struct{})
@@ -114,6 +160,12 @@ func BrokerRoll(ctx context.Context, e *Env, p Params) (BrokerRollResult, error)
 			at := time.Now() // the clock starts at the first send
 			sent = append(sent, at)
 			g.Go(func() error { return e.sendFault(ctx, cluster, i, &pushbacks) })
+			if judged != nil {
+				g.Go(func() (err error) {
+					pairSent[i], err = e.sendPair(ctx, cluster, pairNode(i), i, &pushbacks)
+					return err
+				})
+			}
 			if i == res.Baseline-1 {
 				close(baseline)
 			}
@@ -163,6 +215,16 @@ func BrokerRoll(ctx context.Context, e *Env, p Params) (BrokerRollResult, error)
 		}
 		return true
 	})
+	if judged != nil {
+		waitFor(ctx, time.Minute, func() bool {
+			for i := range n {
+				if _, ok := judged.at(cluster, pairNode(i)); !ok {
+					return false
+				}
+			}
+			return true
+		})
+	}
 	for i, at := range sent {
 		node := NodeName(i)
 		f := RollFault{Sent: at.Sub(began)}
@@ -183,6 +245,15 @@ func BrokerRoll(ctx context.Context, e *Env, p Params) (BrokerRollResult, error)
 		if n, t := e.Actions.Of(events.KindDrain+"/"+events.OutcomeSucceeded, cluster, node); n > 0 {
 			f.ToDrained = t.Sub(at)
 			res.Drained++
+		}
+		if judged != nil {
+			if t, ok := judged.at(cluster, pairNode(i)); ok {
+				f.ToVerdict = t.Sub(pairSent[i])
+				res.Judged++
+			}
+			if judged.of(cluster, pairNode(i)) > 1 {
+				res.JudgedTwice++
+			}
 		}
 		res.Faults = append(res.Faults, f)
 	}
@@ -236,9 +307,13 @@ func runBrokerRoll(ctx context.Context, e *Env, p Params, r *Report) error {
 			}
 			return spread(ds)
 		}
-		r.Figure("broker-roll: the %d faults sent %s, from the send: cordon %s; drain started %s; drained %s; RebootNode %s",
+		verdict := ""
+		if res.Judging {
+			verdict = "; " + correlateRule + " verdict from its pair's second Xid 31 " + step(func(f RollFault) time.Duration { return f.ToVerdict })
+		}
+		r.Figure("broker-roll: the %d faults sent %s, from the send: cordon %s; drain started %s; drained %s; RebootNode %s%s",
 			len(part.faults), part.name, step(func(f RollFault) time.Duration { return f.ToCordon }), step(func(f RollFault) time.Duration { return f.ToDrain }),
-			step(func(f RollFault) time.Duration { return f.ToDrained }), step(func(f RollFault) time.Duration { return f.ToRebootNode }))
+			step(func(f RollFault) time.Duration { return f.ToDrained }), step(func(f RollFault) time.Duration { return f.ToRebootNode }), verdict)
 	}
 	if slow, in, ok := res.slowestCordon(); ok {
 		r.Figure("broker-roll: the slowest cordon during the roll, %s, was of a fault sent %s after broker %d's SIGTERM",
@@ -250,6 +325,10 @@ func runBrokerRoll(ctx context.Context, e *Env, p Params, r *Report) error {
 	r.Check(res.Drained == n && res.PodsLeft == 0, "%d of %d faults' nodes drained, %d of their pods left", res.Drained, n, res.PodsLeft)
 	r.Check(res.Rebooted == n, "%d of %d faults' nodes got a RebootNode within a minute of the last cordon", res.Rebooted, n)
 	r.Check(res.DrainedTwice == 0 && res.RebootedTwice == 0, "applied twice: %d drains started twice, %d nodes with two RebootNodes", res.DrainedTwice, res.RebootedTwice)
+	if res.Judging {
+		r.Figure("broker-roll: %d of %d pairs' nodes judged (%s), %d judged twice", res.Judged, n, correlateRule, res.JudgedTwice)
+		r.Check(res.Judged == n && res.JudgedTwice == 0, "%d of %d pairs' nodes judged (%s) within a minute of the last cordon, %d judged twice", res.Judged, n, correlateRule, res.JudgedTwice)
+	}
 	checkOutage(r, e, "broker-roll", res.Cordoned, n, res.OutageBackground)
 	return nil
 }

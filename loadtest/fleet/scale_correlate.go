@@ -34,10 +34,21 @@ func correlateRecords(cluster string, from, n int) ([]*kgo.Record, error) {
 }
 
 // verdicts follows the derived events of correlateRule on the events
-// topic: per cluster, per node, the distinct ids.
+// topic: per cluster, per node, the distinct ids and when the first was
+// seen.
 type verdicts struct {
-	mu  sync.Mutex
-	ids map[string]map[string]map[string]bool
+	mu    sync.Mutex
+	ids   map[string]map[string]map[string]bool
+	first map[string]time.Time // by cluster/node
+}
+
+// followVerdicts follows the events topic from its end for verdicts of
+// correlateRule.
+func (e *Env) followVerdicts(ctx context.Context) *verdicts {
+	v := &verdicts{ids: map[string]map[string]map[string]bool{}, first: map[string]time.Time{}}
+	cl := e.KafkaClient(kgo.ConsumeTopics(events.TopicEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()))
+	go v.follow(ctx, cl)
+	return v
 }
 
 func (v *verdicts) follow(ctx context.Context, cl *kgo.Client) {
@@ -56,10 +67,26 @@ func (v *verdicts) follow(ctx context.Context, cl *kgo.Client) {
 			}
 			if nodes[ev.GetNodeName()] == nil {
 				nodes[ev.GetNodeName()] = map[string]bool{}
+				v.first[string(events.Key(ev.GetCluster(), ev.GetNodeName()))] = time.Now()
 			}
 			nodes[ev.GetNodeName()][ev.GetId()] = true
 		})
 	}
+}
+
+// at is when node's first verdict was seen.
+func (v *verdicts) at(cluster, node string) (time.Time, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	t, ok := v.first[string(events.Key(cluster, node))]
+	return t, ok
+}
+
+// of is node's distinct verdict ids.
+func (v *verdicts) of(cluster, node string) int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return len(v.ids[cluster][node])
 }
 
 // count is cluster's nodes with a verdict, and those with two different
@@ -89,9 +116,7 @@ func (e *Env) scaleCorrelate(ctx context.Context) (*scaleTarget, error) {
 	if !e.storing() {
 		return nil, fmt.Errorf("scale: role correlate needs the fleet's store role and ClickHouse")
 	}
-	v := &verdicts{ids: map[string]map[string]map[string]bool{}}
-	cl := e.KafkaClient(kgo.ConsumeTopics(events.TopicEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()))
-	go v.follow(ctx, cl)
+	v := e.followVerdicts(ctx)
 	pcl := e.KafkaClient()
 	produce := func(ctx context.Context, recs []*kgo.Record) error {
 		return pcl.ProduceSync(ctx, recs...).FirstErr()

@@ -16,7 +16,7 @@ func TestScenariosSmoke(t *testing.T) {
 		"fault-to-cordon":   {Nodes: 100, Rate: 100, Faults: 4},
 		"broker-restart":    {Nodes: 100, Rate: 50, Faults: 2, Duration: time.Second},
 		"broker-failover":   {Nodes: 100, Rate: 50, Faults: 4, Duration: 2 * time.Second},
-		"broker-roll":       {Nodes: 100, Rate: 50, Faults: 4},
+		"broker-roll":       {Nodes: 100, Rate: 50, Faults: 4, Roles: rollRoles + ",correlate", BreakerOff: true}, // correlate too: its verdicts across the roll
 		"xid-burst":         {Nodes: 20, Rate: 50, Faults: 2},
 		"nic-outage":        {Clusters: 2, Nodes: 20},
 		"conformance-drift": {Nodes: 10, Duration: time.Second},
