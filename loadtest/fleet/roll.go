@@ -53,6 +53,10 @@ type BrokerRollResult struct {
 	// Cordoned and Rebooted are the faults' nodes seen cordoned and with
 	// a RebootNode; RebootedTwice the nodes with more than one RebootNode.
 	Cordoned, Rebooted, RebootedTwice int
+	// CordonedAll and RebootedAll count every node of the cluster, the
+	// background's included (its fatal nodes; with the correlate role
+	// and the breaker off, the nodes its verdicts quarantine).
+	CordonedAll, RebootedAll int
 	// With the correlate role, each fault comes with a pair of Xid 31 on
 	// GPU 0 of a node of its own beyond the fleet's, rollPairGap apart
 	// (two batches, mostly: the window needs the first from ClickHouse or
@@ -257,7 +261,8 @@ func BrokerRoll(ctx context.Context, e *Env, p Params) (BrokerRollResult, error)
 		}
 		res.Faults = append(res.Faults, f)
 	}
-	_, res.RebootedTwice = reboots.Count()
+	res.RebootedAll, res.RebootedTwice = reboots.Count()
+	res.CordonedAll = e.Cordons.CountIn(cluster)
 	if res.PodsLeft, err = podsLeft(ctx, k.Client(), 0, n); err != nil {
 		return res, err
 	}
@@ -320,8 +325,8 @@ func runBrokerRoll(ctx context.Context, e *Env, p Params, r *Report) error {
 			slow.ToCordon.Round(time.Millisecond), (slow.Sent - in.At).Round(time.Millisecond), in.Broker)
 	}
 	n := len(res.Faults)
-	r.Figure("broker-roll: %d of %d faults' nodes drained (%d pods left), %d with a RebootNode; %d drains started twice, %d nodes with two RebootNodes",
-		res.Drained, n, res.PodsLeft, res.Rebooted, res.DrainedTwice, res.RebootedTwice)
+	r.Figure("broker-roll: %d of %d faults' nodes drained (%d pods left), %d with a RebootNode; %d drains started twice, %d nodes with two RebootNodes; in all (the background's nodes too) %d nodes cordoned, %d with a RebootNode",
+		res.Drained, n, res.PodsLeft, res.Rebooted, res.DrainedTwice, res.RebootedTwice, res.CordonedAll, res.RebootedAll)
 	r.Check(res.Drained == n && res.PodsLeft == 0, "%d of %d faults' nodes drained, %d of their pods left", res.Drained, n, res.PodsLeft)
 	r.Check(res.Rebooted == n, "%d of %d faults' nodes got a RebootNode within a minute of the last cordon", res.Rebooted, n)
 	r.Check(res.DrainedTwice == 0 && res.RebootedTwice == 0, "applied twice: %d drains started twice, %d nodes with two RebootNodes", res.DrainedTwice, res.RebootedTwice)
