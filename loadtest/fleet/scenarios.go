@@ -154,7 +154,7 @@ var Scenarios = []Scenario{
 		Run: runBrokerFailover,
 	},
 	{
-		Name: "broker-roll", Doc: "a cluster of three brokers restarted one after the other (SIGTERM, start, every replica in sync, next), as an upgrade does, under Rate events/s of mixed background, roles store,quarantine,drain,remediate: a fatal event every 500ms, each for its own node with 3 pods, the first 10 before the roll (its baseline), the rest until it ends (at most Faults in all): each node cordoned once, drained once and given one RebootNode; send->cordon and send->RebootNode before and during the roll; every acknowledged background event stored",
+		Name: "broker-roll", Doc: "a cluster of three brokers restarted one after the other (SIGTERM, start, every replica in sync, next), as an upgrade does, under Rate events/s of mixed background, roles store,quarantine,drain,remediate: a fatal event every 500ms, each for its own node with 3 pods, the first 10 before the roll (its baseline), the rest until it ends (at most Faults in all): each node cordoned once, drained once and given one RebootNode; send->cordon and send->RebootNode before and during the roll; every acknowledged background event stored; with the correlate role (-roles), each fault also a pair of Xid 31 on a node of its own, each node judged once (send->verdict)",
 		Defaults: Params{Clusters: 1, Nodes: 1000, Rate: 500, Faults: 90, Roles: rollRoles},
 		Options: func(p Params) Options {
 			o := quarantineOpts(p, p.Roles)
