@@ -74,7 +74,7 @@ func TestUnstoredForget(t *testing.T) {
 	var progressErr error
 	forgot := prometheus.NewCounter(prometheus.CounterOpts{Name: "forgot"})
 	var reads int // of the progress
-	u := &unstored{maxAge: time.Minute, max: 5, seedWait: 3 * seedRetry, now: func() time.Time { return now }, forgot: forgot, next: map[topicPartition]int64{},
+	u := &unstored{maxAge: time.Minute, max: 5, seedWait: 4 * seedRetry, now: func() time.Time { return now }, forgot: forgot, next: map[topicPartition]int64{},
 		progress: func(context.Context) (map[string]map[int32]int64, error) { reads++; return stored, progressErr }}
 	rec := func(cluster, node string, part int32, off int64) *kgo.Record {
 		return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, node), Partition: part, Offset: off}
