@@ -27,6 +27,9 @@ type Spec struct {
 	Name        string // image and binary name
 	Package     string // Go package path relative to the module root
 	Description string
+	// NVML: the binary loads libnvidia-ml.so.1 at run time (the agent's
+	// gpu check), so it is built with cgo and the image carries glibc.
+	NVML bool
 }
 
 // Specs are the images `make images` builds.
@@ -34,7 +37,7 @@ var Specs = map[string]Spec{
 	"faultline": {Name: "faultline", Package: "./cmd/faultline",
 		Description: "faultline gateway, processor roles, migrations and queries"},
 	"faultline-agent": {Name: "faultline-agent", Package: "./agents/cmd/faultline-agent",
-		Description: "faultline node agent (DaemonSet)"},
+		Description: "faultline node agent (DaemonSet)", NVML: true},
 	"faultline-preflight": {Name: "faultline-preflight", Package: "./agents/cmd/faultline-preflight",
 		Description: "faultline preflight admission webhook and checks"},
 }
@@ -67,6 +70,7 @@ type Result struct {
 	Digest v1.Hash
 	Layout string // OCI layout directory
 	Tar    string // docker-save tarball
+	Note   string // what the build left out, if anything (NVML)
 }
 
 const (
@@ -82,15 +86,22 @@ func Build(ctx context.Context, spec Spec, o Options, out string) (Result, error
 	if !ok || goos == "" || goarch == "" {
 		return Result{}, fmt.Errorf("--platform: %q is not OS/ARCH", o.Platform)
 	}
-	bin, err := compile(ctx, spec, o, goos, goarch)
+	cgo, note := cgoFor(spec, goos, goarch)
+	bin, err := compile(ctx, spec, o, goos, goarch, cgo)
 	if err != nil {
 		return Result{}, err
+	}
+	var libs []file
+	if cgo {
+		if libs, err = runtimeFiles(bin); err != nil {
+			return Result{}, fmt.Errorf("%s's libraries: %w", spec.Name, err)
+		}
 	}
 	ca, err := os.ReadFile(o.CABundle)
 	if err != nil {
 		return Result{}, fmt.Errorf("--ca-bundle: %w", err)
 	}
-	img, err := Image(spec, o, goos, goarch, bin, ca)
+	img, err := Image(spec, o, goos, goarch, bin, libs, ca)
 	if err != nil {
 		return Result{}, err
 	}
@@ -98,7 +109,7 @@ func Build(ctx context.Context, spec Spec, o Options, out string) (Result, error
 	if err != nil {
 		return Result{}, fmt.Errorf("image reference: %w", err)
 	}
-	res := Result{Ref: ref.String(), Layout: filepath.Join(out, spec.Name), Tar: filepath.Join(out, spec.Name+".tar")}
+	res := Result{Ref: ref.String(), Layout: filepath.Join(out, spec.Name), Tar: filepath.Join(out, spec.Name+".tar"), Note: note}
 	if res.Digest, err = img.Digest(); err != nil {
 		return Result{}, err
 	}
@@ -144,8 +155,8 @@ func tagOf(v string) string {
 	return s
 }
 
-// compile builds the static binary and returns its bytes.
-func compile(ctx context.Context, spec Spec, o Options, goos, goarch string) ([]byte, error) {
+// compile builds the binary (static unless cgo) and returns its bytes.
+func compile(ctx context.Context, spec Spec, o Options, goos, goarch string, cgo bool) ([]byte, error) {
 	dir, err := os.MkdirTemp("", "faultline-images-")
 	if err != nil {
 		return nil, err
@@ -156,7 +167,7 @@ func compile(ctx context.Context, spec Spec, o Options, goos, goarch string) ([]
 	ldflags := fmt.Sprintf("-s -w -buildid= -X %s.Version=%s -X %s.Revision=%s", vpkg, o.Version, vpkg, o.Revision)
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", outFile, spec.Package)
 	cmd.Dir = o.ModuleRoot
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+goos, "GOARCH="+goarch)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED="+cgoEnabled(cgo), "GOOS="+goos, "GOARCH="+goarch)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
@@ -165,13 +176,32 @@ func compile(ctx context.Context, spec Spec, o Options, goos, goarch string) ([]
 	return os.ReadFile(outFile)
 }
 
-// Image assembles the image from the binary and the CA bundle: a base layer
-// (users, CA bundle, /tmp) and the binary's layer, the config naming the
-// entrypoint, user and labels. Pure: the same arguments give the same digest.
-func Image(spec Spec, o Options, goos, goarch string, bin, ca []byte) (v1.Image, error) {
+func cgoEnabled(cgo bool) string {
+	if cgo {
+		return "1"
+	}
+	return "0"
+}
+
+// Image assembles the image from the binary, the files a cgo binary needs
+// (libs: its loader and glibc, runtimeFiles; none for a static one) and the
+// CA bundle: a base layer (users, CA bundle, /tmp), the libraries' layer,
+// and the binary's layer, the config naming the entrypoint, user and
+// labels. Pure: the same arguments give the same digest.
+func Image(spec Spec, o Options, goos, goarch string, bin []byte, libs []file, ca []byte) (v1.Image, error) {
 	base, err := layer(baseFiles(ca), o.Created)
 	if err != nil {
 		return nil, err
+	}
+	adds := []mutate.Addendum{{Layer: base, MediaType: types.OCILayer, History: v1.History{
+		Created: v1.Time{Time: o.Created}, CreatedBy: "faultline images: base (nonroot user 65532, CA bundle, /tmp)", Comment: "deploy/images"}}}
+	if len(libs) > 0 {
+		libLayer, err := layer(libs, o.Created)
+		if err != nil {
+			return nil, err
+		}
+		adds = append(adds, mutate.Addendum{Layer: libLayer, MediaType: types.OCILayer, History: v1.History{
+			Created: v1.Time{Time: o.Created}, CreatedBy: "faultline images: the ELF loader and glibc of the build machine (the binary is cgo: NVML)", Comment: "deploy/images"}})
 	}
 	binLayer, err := layer([]file{
 		{path: "usr/", mode: 0o755, dir: true},
@@ -184,12 +214,8 @@ func Image(spec Spec, o Options, goos, goarch string, bin, ca []byte) (v1.Image,
 	}
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.Append(img,
-		mutate.Addendum{Layer: base, MediaType: types.OCILayer, History: v1.History{
-			Created: v1.Time{Time: o.Created}, CreatedBy: "faultline images: base (nonroot user 65532, CA bundle, /tmp)", Comment: "deploy/images"}},
-		mutate.Addendum{Layer: binLayer, MediaType: types.OCILayer, History: v1.History{
-			Created: v1.Time{Time: o.Created}, CreatedBy: "faultline images: " + BinDir + "/" + spec.Name + " (go build " + spec.Package + ", CGO_ENABLED=0)", Comment: "deploy/images"}},
-	)
+	img, err = mutate.Append(img, append(adds, mutate.Addendum{Layer: binLayer, MediaType: types.OCILayer, History: v1.History{
+		Created: v1.Time{Time: o.Created}, CreatedBy: "faultline images: " + BinDir + "/" + spec.Name + " (go build " + spec.Package + ", CGO_ENABLED=" + cgoEnabled(len(libs) > 0) + ")", Comment: "deploy/images"}})...)
 	if err != nil {
 		return nil, err
 	}

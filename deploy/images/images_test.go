@@ -4,11 +4,14 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"debug/elf"
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -149,21 +152,98 @@ func checkImage(t *testing.T, dir, imgName string) {
 			t.Errorf("%s mtime %s, want SOURCE_DATE_EPOCH", path, f.mtime)
 		}
 	}
-	// The binary runs (static: no loader or libc in the image) and
-	// answers --version with the version and revision it was built with.
-	exe := filepath.Join(t.TempDir(), imgName)
-	if err := os.WriteFile(exe, bin.data, 0o755); err != nil {
-		t.Fatal(err)
+	// The binary runs and answers --version with the version and revision
+	// it was built with: a static one as it is; a cgo one (the agent, for
+	// NVML) with the image's own loader and libraries only.
+	root := t.TempDir()
+	for p, f := range files {
+		if len(f.data) == 0 {
+			continue // a directory
+		}
+		if err := os.MkdirAll(filepath.Join(root, path.Dir(p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, p), f.data, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	out, err := exec.Command(exe, "--version").CombinedOutput()
+	exe := filepath.Join(root, entry)
+	spec := Specs[imgName]
+	cmd := exec.Command(exe, "--version")
+	if cgo, _ := cgoFor(spec, "linux", runtime.GOARCH); cgo {
+		inImage := imageLoader(t, root, bin.data, exe)
+		cmd = inImage("--version")
+		if !strings.Contains(cf.History[len(cf.History)-1].CreatedBy, "CGO_ENABLED=1") {
+			t.Errorf("%s's layer history %q, want CGO_ENABLED=1", imgName, cf.History[len(cf.History)-1].CreatedBy)
+		}
+		// NVML is reached: no library here (or the machine's, on a GPU
+		// machine), not "built without cgo".
+		out, err := inImage("gpu", "check").CombinedOutput()
+		if err != nil && !bytes.Contains(out, []byte("no NVIDIA GPU or driver")) {
+			t.Errorf("%s gpu check in its image: %v: %s", imgName, err, out)
+		}
+	} else if fo, err := exec.Command("file", exe).Output(); err == nil && !bytes.Contains(fo, []byte("statically linked")) {
+		t.Errorf("binary is not static: %s", fo)
+	}
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s --version: %v: %s", imgName, err, out)
 	}
 	if wantOut := imgName + " v9.8.7-test (revision 0123456789abcdef, "; !strings.HasPrefix(string(out), wantOut) {
 		t.Errorf("%s --version = %q, want prefix %q", imgName, out, wantOut)
 	}
-	if fo, err := exec.Command("file", exe).Output(); err == nil && !bytes.Contains(fo, []byte("statically linked")) {
-		t.Errorf("binary is not static: %s", fo)
+}
+
+// imageLoader returns how to run exe (extracted under root) with the
+// loader and libraries of its image only, after checking that the image
+// holds every library the binary names and those NVML's library needs, and
+// that the loader resolves each of them under root.
+func imageLoader(t *testing.T, root string, bin []byte, exe string) func(args ...string) *exec.Cmd {
+	t.Helper()
+	ef, err := elf.NewFile(bytes.NewReader(bin))
+	if err != nil {
+		t.Fatal(err)
+	}
+	libs, err := runtimeFiles(bin)
+	if err != nil || len(libs) == 0 {
+		t.Fatalf("a cgo binary's runtime files: %d, %v", len(libs), err)
+	}
+	var interp string
+	for _, p := range ef.Progs {
+		if p.Type == elf.PT_INTERP {
+			b := make([]byte, p.Filesz)
+			_, _ = p.ReadAt(b, 0)
+			interp = string(bytes.TrimRight(b, "\x00"))
+		}
+	}
+	needed, _ := ef.ImportedLibraries()
+	var dirs []string
+	for _, d := range libDirs() {
+		dirs = append(dirs, filepath.Join(root, d))
+	}
+	for _, lib := range append(needed, nvmlNeeds...) {
+		found := false
+		for _, d := range dirs {
+			if _, err := os.Stat(filepath.Join(d, lib)); err == nil {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("the image has no %s (needed by %s)", lib, map[bool]string{true: "the binary", false: "libnvidia-ml.so.1"}[slices.Contains(needed, lib)])
+		}
+	}
+	loader := filepath.Join(root, interp)
+	list, err := exec.Command(loader, "--inhibit-cache", "--library-path", strings.Join(dirs, ":"), "--list", exe).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s --list: %v: %s", loader, err, list)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(string(list)), "\n") {
+		if _, resolved, ok := strings.Cut(l, "=> "); ok && !strings.HasPrefix(resolved, root) {
+			t.Errorf("the image's loader resolves %q outside the image", strings.TrimSpace(l))
+		}
+	}
+	return func(args ...string) *exec.Cmd {
+		return exec.Command(loader, append([]string{"--inhibit-cache", "--library-path", strings.Join(dirs, ":"), exe}, args...)...)
 	}
 }
 
@@ -202,12 +282,12 @@ func extract(t *testing.T, img v1.Image) map[string]entry {
 func TestImagePure(t *testing.T) {
 	o := Options{Version: "v1", Revision: "r", Source: "s", Created: time.Unix(1, 0)}
 	spec := Specs["faultline"]
-	a, err := Image(spec, o, "linux", "amd64", []byte("bin"), []byte("ca"))
+	a, err := Image(spec, o, "linux", "amd64", []byte("bin"), nil, []byte("ca"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := Image(spec, o, "linux", "amd64", []byte("bin"), []byte("ca"))
-	c, _ := Image(spec, o, "linux", "amd64", []byte("bin2"), []byte("ca"))
+	b, _ := Image(spec, o, "linux", "amd64", []byte("bin"), nil, []byte("ca"))
+	c, _ := Image(spec, o, "linux", "amd64", []byte("bin2"), nil, []byte("ca"))
 	da, _ := a.Digest()
 	db, _ := b.Digest()
 	dc, _ := c.Digest()

@@ -1,8 +1,11 @@
 // Command images builds the OCI images of faultline, faultline-agent and
 // faultline-preflight without a container daemon (`make images`): each is
-// a static (CGO_ENABLED=0) binary appended, with go-containerregistry, to an
-// empty base that holds only /etc/passwd and /etc/group (user nonroot,
-// 65532), a CA bundle and /tmp. Images are reproducible: every timestamp is
+// a binary appended, with go-containerregistry, to an empty base that
+// holds only /etc/passwd and /etc/group (user nonroot, 65532), a CA bundle
+// and /tmp. The binaries are static (CGO_ENABLED=0) except the agent's,
+// built with cgo for its gpu check (NVML, loaded at run time) when the
+// platform is this machine's and a C compiler is present; its image adds
+// the ELF loader and glibc of the build machine. Images are reproducible: every timestamp is
 // SOURCE_DATE_EPOCH (default: the commit time of HEAD), so the same sources,
 // Go toolchain and CA bundle give the same digest.
 //
@@ -80,6 +83,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		res, err := Build(ctx, spec, opts, *out)
 		if err != nil {
 			return fmt.Errorf("%s: %w", spec.Name, err)
+		}
+		if res.Note != "" {
+			fmt.Fprintf(stderr, "%s: %s\n", spec.Name, res.Note)
 		}
 		line := fmt.Sprintf("%s %s %s", spec.Name, res.Ref, res.Digest)
 		fmt.Fprintln(stdout, line)

@@ -35,6 +35,7 @@ var commands = []command{
 	{"nic", "nic check --sysfs DIR --metadata FILE --once [--state-file F]   one NIC poll as JSON", nicCmd},
 	{"kmsg", "kmsg parse [--utc] [--boot-time T] [FILE]   kernel log (any format, stdin without FILE) → events as JSON lines", kmsgCmd},
 	{"fabric", "fabric parse [--kind K] [--nvswitches N] FILE...   Fabric Manager outputs (kind detected) → events as JSON lines", fabricCmd},
+	{"gpu", "gpu check   one NVML health read (what the gpu check sees) as JSON", gpuCmd},
 }
 
 func main() {

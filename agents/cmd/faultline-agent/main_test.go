@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/faultline/faultline/agents/gpu"
 	"github.com/faultline/faultline/agents/nic/nictest"
 	"github.com/faultline/faultline/agents/topology"
 )
@@ -137,6 +139,26 @@ func TestFabricParseCommand(t *testing.T) {
 	} {
 		if _, err := run(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("%v: %v, want %q", tc.args, err, tc.msg)
+		}
+	}
+}
+
+// TestGPUCheckCommand: one NVML read. Without a GPU or driver (these
+// machines) it says so; with one it prints the incidents as a JSON list.
+func TestGPUCheckCommand(t *testing.T) {
+	if _, err := run(t, "gpu"); err == nil || !strings.Contains(err.Error(), "usage: gpu check") {
+		t.Errorf("gpu without check: %v, want the usage", err)
+	}
+	out, err := run(t, "gpu", "check")
+	switch {
+	case errors.Is(err, gpu.ErrNotPresent), err != nil && strings.Contains(err.Error(), "without cgo"):
+		t.Logf("no NVML here: %v", err)
+	case err != nil:
+		t.Fatal(err)
+	default:
+		var incidents []gpu.Incident
+		if err := json.Unmarshal([]byte(out), &incidents); err != nil || incidents == nil {
+			t.Errorf("output %q: %v, want a JSON list", out, err)
 		}
 	}
 }

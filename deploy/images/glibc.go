@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bytes"
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path"
+	"runtime"
+	"sort"
+	"strings"
+)
+
+// nvmlNeeds are the glibc libraries NVIDIA's driver libraries such as
+// libnvidia-ml.so.1 are linked against (glibc 2.34 and later keep libdl,
+// libpthread and librt as stubs for them): the NVIDIA container runtime
+// injects libnvidia-ml.so.1 into the agent's container at run time, and
+// the image must carry what it needs. (Not checked against a real driver
+// here: no GPU machine was lent.)
+var nvmlNeeds = []string{"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1"}
+
+// cgoFor reports whether spec's binary is built with cgo on this machine:
+// only an image that needs it (NVML), for this machine's platform (cgo
+// across platforms needs a cross C toolchain) and with a C compiler; why
+// not otherwise.
+func cgoFor(spec Spec, goos, goarch string) (bool, string) {
+	switch {
+	case !spec.NVML:
+		return false, ""
+	case goos != runtime.GOOS || goarch != runtime.GOARCH:
+		return false, fmt.Sprintf("static build for %s/%s (cgo is built for this machine's platform only): the gpu check reports NVML unavailable", goos, goarch)
+	case cCompiler() == "":
+		return false, "static build (no C compiler: install gcc): the gpu check reports NVML unavailable"
+	}
+	return true, ""
+}
+
+// cCompiler is the path of go's C compiler, or "" when there is none.
+func cCompiler() string {
+	cc := "gcc"
+	if b, err := exec.Command("go", "env", "CC").Output(); err == nil && strings.TrimSpace(string(b)) != "" {
+		cc = strings.Fields(string(b))[0]
+	}
+	p, err := exec.LookPath(cc)
+	if err != nil {
+		return ""
+	}
+	return p
+}
+
+// libDirs are where the libraries are looked for on the build machine,
+// and where they go in the image (the loader's default directories).
+func libDirs() []string {
+	multiarch := map[string]string{"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}[runtime.GOARCH]
+	dirs := []string{"/lib64", "/usr/lib64", "/lib", "/usr/lib"}
+	if multiarch != "" {
+		dirs = append([]string{"/lib/" + multiarch, "/usr/lib/" + multiarch}, dirs...)
+	}
+	return dirs
+}
+
+// runtimeFiles returns what a dynamically linked binary needs in an empty
+// image: its ELF interpreter and the libraries it names (DT_NEEDED), plus
+// nvmlNeeds, copied from this machine to the paths the loader looks in.
+// A static binary needs none.
+func runtimeFiles(bin []byte) ([]file, error) {
+	ef, err := elf.NewFile(bytes.NewReader(bin))
+	if err != nil {
+		return nil, fmt.Errorf("reading the binary: %w", err)
+	}
+	var interp string
+	for _, p := range ef.Progs {
+		if p.Type == elf.PT_INTERP {
+			b := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(b, 0); err != nil {
+				return nil, fmt.Errorf("reading the binary's interpreter: %w", err)
+			}
+			interp = string(bytes.TrimRight(b, "\x00"))
+		}
+	}
+	if interp == "" {
+		return nil, nil
+	}
+	needed, err := ef.ImportedLibraries()
+	if err != nil {
+		return nil, fmt.Errorf("reading the binary's libraries: %w", err)
+	}
+	paths := map[string]bool{interp: true}
+	for _, lib := range append(needed, nvmlNeeds...) {
+		found := ""
+		for _, d := range libDirs() {
+			if _, err := os.Stat(path.Join(d, lib)); err == nil {
+				found = path.Join(d, lib)
+				break
+			}
+		}
+		if found == "" {
+			return nil, fmt.Errorf("%s not found in %s", lib, strings.Join(libDirs(), ", "))
+		}
+		paths[found] = true
+	}
+	var files []file
+	dirs := map[string]bool{}
+	for p := range paths {
+		data, err := os.ReadFile(p) // a symlink's target, as a file
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, file{path: strings.TrimPrefix(p, "/"), mode: 0o755, data: data})
+		for d := path.Dir(p); d != "/"; d = path.Dir(d) {
+			dirs[strings.TrimPrefix(d, "/")+"/"] = true
+		}
+	}
+	for d := range dirs {
+		files = append(files, file{path: d, mode: 0o755, dir: true})
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].path < files[j].path })
+	return files, nil
+}
