@@ -182,6 +182,7 @@ func checkImage(t *testing.T, dir, imgName string) {
 		if err != nil && !bytes.Contains(out, []byte("no NVIDIA GPU or driver")) {
 			t.Errorf("%s gpu check in its image: %v: %s", imgName, err, out)
 		}
+		injectedNVML(t, root, inImage)
 	} else if fo, err := exec.Command("file", exe).Output(); err == nil && !bytes.Contains(fo, []byte("statically linked")) {
 		t.Errorf("binary is not static: %s", fo)
 	}
@@ -244,6 +245,59 @@ func imageLoader(t *testing.T, root string, bin []byte, exe string) func(args ..
 	}
 	return func(args ...string) *exec.Cmd {
 		return exec.Command(loader, append([]string{"--inhibit-cache", "--library-path", strings.Join(dirs, ":"), exe}, args...)...)
+	}
+}
+
+// fakeNVML is a libnvidia-ml.so.1 with the calls the gpu check makes on a
+// node without GPUs, linked against what NVIDIA's is (libc, libm, libdl,
+// libpthread, librt).
+const fakeNVML = `
+int nvmlInit_v2(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+int nvmlDeviceGetCount_v2(unsigned int *n) { *n = 0; return 0; }
+const char *nvmlErrorString(int r) { return "fake"; }
+`
+
+// injectedNVML puts a fake libnvidia-ml.so.1 where the NVIDIA container
+// runtime injects the real one and runs the agent's gpu check with it: the
+// library and everything it is linked against must load from the image
+// (LD_DEBUG=libs names every library it initialises), and the check must
+// report no incidents.
+func injectedNVML(t *testing.T, root string, inImage func(args ...string) *exec.Cmd) {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "nvml.c")
+	if err := os.WriteFile(src, []byte(fakeNVML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, libDirs()[1]) // /usr/lib/<multiarch>
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(dir, "libnvidia-ml.so.1")
+	if out, err := exec.Command(cCompiler(), "-shared", "-fPIC", "-o", lib, src, "-Wl,--no-as-needed", "-lm", "-ldl", "-lpthread", "-lrt").CombinedOutput(); err != nil {
+		t.Fatalf("building the fake libnvidia-ml.so.1: %v: %s", err, out)
+	}
+	defer os.Remove(lib)
+	cmd := inImage("gpu", "check")
+	cmd.Env = append(os.Environ(), "LD_DEBUG=libs")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("gpu check with an injected libnvidia-ml.so.1: %v: %s", err, stderr.String())
+	}
+	if got := strings.TrimSpace(stdout.String()); got != "[]" {
+		t.Errorf("gpu check with an injected libnvidia-ml.so.1 (no GPUs) = %q, want []", got)
+	}
+	// (glibc's libdl, libpthread and librt are stubs without an init:
+	// imageLoader checked they are in the image, ahead of the machine's
+	// directories on the library path.)
+	for _, l := range strings.Split(stderr.String(), "\n") {
+		if _, p, ok := strings.Cut(l, "calling init: "); ok && !strings.HasPrefix(p, root) {
+			t.Errorf("%s loaded from outside the image", p)
+		}
+	}
+	if !strings.Contains(stderr.String(), "calling init: "+lib) {
+		t.Errorf("the fake libnvidia-ml.so.1 was not loaded:\n%s", stderr.String())
 	}
 }
 
