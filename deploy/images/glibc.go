@@ -60,6 +60,20 @@ func libDirs() []string {
 	return dirs
 }
 
+// elfInterp is the binary's ELF interpreter (its loader), "" if static.
+func elfInterp(ef *elf.File) (string, error) {
+	for _, p := range ef.Progs {
+		if p.Type == elf.PT_INTERP {
+			b := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(b, 0); err != nil {
+				return "", fmt.Errorf("reading the binary's interpreter: %w", err)
+			}
+			return string(bytes.TrimRight(b, "\x00")), nil
+		}
+	}
+	return "", nil
+}
+
 // runtimeFiles returns what a dynamically linked binary needs in an empty
 // image: its ELF interpreter and the libraries it names (DT_NEEDED), plus
 // nvmlNeeds, copied from this machine to the paths the loader looks in.
@@ -69,18 +83,9 @@ func runtimeFiles(bin []byte) ([]file, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the binary: %w", err)
 	}
-	var interp string
-	for _, p := range ef.Progs {
-		if p.Type == elf.PT_INTERP {
-			b := make([]byte, p.Filesz)
-			if _, err := p.ReadAt(b, 0); err != nil {
-				return nil, fmt.Errorf("reading the binary's interpreter: %w", err)
-			}
-			interp = string(bytes.TrimRight(b, "\x00"))
-		}
-	}
-	if interp == "" {
-		return nil, nil
+	interp, err := elfInterp(ef)
+	if err != nil || interp == "" {
+		return nil, err
 	}
 	needed, err := ef.ImportedLibraries()
 	if err != nil {

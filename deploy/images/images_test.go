@@ -209,13 +209,9 @@ func imageLoader(t *testing.T, root string, bin []byte, exe string) func(args ..
 	if err != nil || len(libs) == 0 {
 		t.Fatalf("a cgo binary's runtime files: %d, %v", len(libs), err)
 	}
-	var interp string
-	for _, p := range ef.Progs {
-		if p.Type == elf.PT_INTERP {
-			b := make([]byte, p.Filesz)
-			_, _ = p.ReadAt(b, 0)
-			interp = string(bytes.TrimRight(b, "\x00"))
-		}
+	interp, err := elfInterp(ef)
+	if err != nil {
+		t.Fatal(err)
 	}
 	needed, _ := ef.ImportedLibraries()
 	var dirs []string
