@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
@@ -60,6 +61,17 @@ func libDirs() []string {
 	return dirs
 }
 
+// findLib is the path of the library name in the first of dirs that has
+// it, "" if none does.
+func findLib(dirs []string, name string) string {
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, name)); err == nil {
+			return filepath.Join(d, name)
+		}
+	}
+	return ""
+}
+
 // elfInterp is the binary's ELF interpreter (its loader), "" if static.
 func elfInterp(ef *elf.File) (string, error) {
 	for _, p := range ef.Progs {
@@ -92,21 +104,16 @@ func runtimeFiles(bin []byte) ([]file, error) {
 		return nil, fmt.Errorf("reading the binary's libraries: %w", err)
 	}
 	paths := map[string]bool{interp: true}
+	dirs := libDirs()
 	for _, lib := range append(needed, nvmlNeeds...) {
-		found := ""
-		for _, d := range libDirs() {
-			if _, err := os.Stat(path.Join(d, lib)); err == nil {
-				found = path.Join(d, lib)
-				break
-			}
-		}
+		found := findLib(dirs, lib)
 		if found == "" {
-			return nil, fmt.Errorf("%s not found in %s", lib, strings.Join(libDirs(), ", "))
+			return nil, fmt.Errorf("%s not found in %s", lib, strings.Join(dirs, ", "))
 		}
 		paths[found] = true
 	}
 	var files []file
-	dirs := map[string]bool{}
+	parents := map[string]bool{}
 	for p := range paths {
 		data, err := os.ReadFile(p) // a symlink's target, as a file
 		if err != nil {
@@ -114,10 +121,10 @@ func runtimeFiles(bin []byte) ([]file, error) {
 		}
 		files = append(files, file{path: strings.TrimPrefix(p, "/"), mode: 0o755, data: data})
 		for d := path.Dir(p); d != "/"; d = path.Dir(d) {
-			dirs[strings.TrimPrefix(d, "/")+"/"] = true
+			parents[strings.TrimPrefix(d, "/")+"/"] = true
 		}
 	}
-	for d := range dirs {
+	for d := range parents {
 		files = append(files, file{path: d, mode: 0o755, dir: true})
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].path < files[j].path })

@@ -219,13 +219,7 @@ func imageLoader(t *testing.T, root string, bin []byte, exe string) func(args ..
 		dirs = append(dirs, filepath.Join(root, d))
 	}
 	for _, lib := range append(needed, nvmlNeeds...) {
-		found := false
-		for _, d := range dirs {
-			if _, err := os.Stat(filepath.Join(d, lib)); err == nil {
-				found = true
-			}
-		}
-		if !found {
+		if findLib(dirs, lib) == "" {
 			t.Errorf("the image has no %s (needed by %s)", lib, map[bool]string{true: "the binary", false: "libnvidia-ml.so.1"}[slices.Contains(needed, lib)])
 		}
 	}

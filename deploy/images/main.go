@@ -5,9 +5,10 @@
 // and /tmp. The binaries are static (CGO_ENABLED=0) except the agent's,
 // built with cgo for its gpu check (NVML, loaded at run time) when the
 // platform is this machine's and a C compiler is present; its image adds
-// the ELF loader and glibc of the build machine. Images are reproducible: every timestamp is
-// SOURCE_DATE_EPOCH (default: the commit time of HEAD), so the same sources,
-// Go toolchain and CA bundle give the same digest.
+// the ELF loader and glibc of the build machine. Images are reproducible:
+// every timestamp is SOURCE_DATE_EPOCH (default: the commit time of HEAD),
+// so the same sources, Go toolchain, CA bundle (and, for the agent, glibc)
+// give the same digest.
 //
 //	go run ./deploy/images [--out bin/images] [--version V] [--revision R]
 //	    [--platform linux/amd64] [--repository ghcr.io/faultline] [--only faultline,...]
