@@ -21,7 +21,9 @@ type vtMessage interface {
 // for every string it accepts, and stamp drops unknown fields, so what is
 // produced to Kafka always decodes with the standard decoder
 // (FuzzCodecMatchesProto). The gateway's own codec also checks the shape of
-// every request before decoding it (see shapeLimits).
+// every request before decoding it (see shapeLimits), and refuses a map
+// entry whose key or value has the wrong wire type, which the generated
+// decoder would read differently from the standard one (checkMapEntry).
 type Codec struct {
 	limits shapeLimits
 }

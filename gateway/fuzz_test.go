@@ -51,10 +51,11 @@ func FuzzDecodeValidate(f *testing.F) {
 	})
 }
 
-// FuzzCodecMatchesProto holds the gRPC door's vtprotobuf decoder to the
-// standard one: where both accept they decode the same message, and
-// whatever the door accepts is written as a record the standard decoder
-// reads downstream.
+// FuzzCodecMatchesProto holds the gRPC door's decoding (the server's
+// codec: its shape check, then vtprotobuf's decoder) to the standard
+// decoder: where both accept they decode the same message, and whatever
+// the door accepts is written as a record the standard decoder reads
+// downstream.
 func FuzzCodecMatchesProto(f *testing.F) {
 	good, _ := proto.Marshal(&faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{validEvent(), validEvent()}})
 	f.Add(good)
@@ -67,9 +68,13 @@ func FuzzCodecMatchesProto(f *testing.F) {
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fast, std := &faultlinev1.SubmitEventsRequest{}, &faultlinev1.SubmitEventsRequest{}
-		errFast := Codec{}.Unmarshal(b, fast)
+		sv := &shaped{msg: fast}
+		errFast := Codec{limits: shapeLimits{maxEvents: v.MaxBatch}}.Unmarshal(b, sv)
+		if errFast == nil {
+			errFast = sv.err
+		}
 		errStd := proto.Unmarshal(b, std)
-		// The fast decoder may refuse what the standard one accepts (it is
+		// The door may refuse what the standard decoder accepts (it is
 		// stricter about wire types in known fields and map entries); where
 		// both accept they must agree on every field the gateway keeps
 		// (it drops unknown fields of events, see stamp).

@@ -156,6 +156,11 @@ func (l shapeLimits) walkProto(b []byte, md protoreflect.MessageDescriptor, at e
 		if fd == nil {
 			continue
 		}
+		if fd.IsMap() && typ == protowire.BytesType {
+			if err := checkMapEntry(val, fd, at); err != nil {
+				return err
+			}
+		}
 		count := 1
 		if fd.IsList() || fd.IsMap() {
 			if i := fd.Index(); i < maxCounted {
@@ -201,6 +206,57 @@ func (l shapeLimits) walkProto(b []byte, md protoreflect.MessageDescriptor, at e
 		}
 	}
 	return nil
+}
+
+// checkMapEntry refuses a map entry whose key or value has another wire
+// type than its field's. The standard decoder skips such a field as
+// unknown (the key or value stays empty); vtprotobuf's generated decoder
+// does not look at a map entry's wire types and reads it as its field's,
+// so the two would decode the same bytes into different entries
+// (FuzzCodecMatchesProto found one). A malformed entry is left to the
+// decoder.
+func checkMapEntry(b []byte, fd protoreflect.FieldDescriptor, at elemPath) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return nil
+		}
+		b = b[m:]
+		var part protoreflect.FieldDescriptor
+		switch num {
+		case 1:
+			part = fd.MapKey()
+		case 2:
+			part = fd.MapValue()
+		default:
+			continue
+		}
+		if want := wireType(part.Kind()); typ != want {
+			return fmt.Errorf("%s: a map entry's %s has wire type %d, want %d", joinPath(at.String(), fd.JSONName()), part.Name(), typ, want)
+		}
+	}
+	return nil
+}
+
+// wireType is the wire type a (non-packed) field of kind k is encoded with.
+func wireType(k protoreflect.Kind) protowire.Type {
+	switch k {
+	case protoreflect.BoolKind, protoreflect.EnumKind, protoreflect.Int32Kind, protoreflect.Int64Kind,
+		protoreflect.Uint32Kind, protoreflect.Uint64Kind, protoreflect.Sint32Kind, protoreflect.Sint64Kind:
+		return protowire.VarintType
+	case protoreflect.Fixed32Kind, protoreflect.Sfixed32Kind, protoreflect.FloatKind:
+		return protowire.Fixed32Type
+	case protoreflect.Fixed64Kind, protoreflect.Sfixed64Kind, protoreflect.DoubleKind:
+		return protowire.Fixed64Type
+	case protoreflect.GroupKind:
+		return protowire.StartGroupType
+	}
+	return protowire.BytesType // string, bytes, message
 }
 
 // checkJSON checks a JSON body that protojson will decode into a message

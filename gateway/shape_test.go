@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -32,6 +33,22 @@ func manyEntities(events, entities int) *faultlinev1.SubmitEventsRequest {
 		req.Events = append(req.Events, ev)
 	}
 	return req
+}
+
+// metadataEntry is a request of one event whose metadata has one entry of
+// the given fields (number, wire type, encoded value).
+func metadataEntry(fields ...[]byte) []byte {
+	var entry []byte
+	for _, f := range fields {
+		entry = append(entry, f...)
+	}
+	num := (&datamodels.HealthEvent{}).ProtoReflect().Descriptor().Fields().ByName("metadata").Number()
+	ev := protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), entry)
+	return protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), ev)
+}
+
+func field(num protowire.Number, typ protowire.Type, val []byte) []byte {
+	return append(protowire.AppendTag(nil, num, typ), val...)
 }
 
 func TestShape(t *testing.T) {
@@ -63,6 +80,12 @@ func TestShape(t *testing.T) {
 			want: "events[1].entitiesImpacted: 65 entities exceed the limit of 64"},
 		{name: "33 error codes", msg: &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{codes}}, want: "events[0].errorCode: 33 codes exceed the limit of 32"},
 		{name: "71 metadata keys", msg: &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{meta}}, want: "events[0].metadata: 71 keys exceed the limit of 64"},
+		{name: "a metadata entry", wire: metadataEntry(field(1, protowire.BytesType, []byte{1, 'k'}), field(2, protowire.BytesType, []byte{1, 'v'}))},
+		{name: "a metadata entry with an unknown field", wire: metadataEntry(field(1, protowire.BytesType, []byte{1, 'k'}), field(3, protowire.VarintType, []byte{7}))},
+		{name: "a metadata key as fixed32 (FuzzCodecMatchesProto's find)", wire: metadataEntry(field(1, protowire.Fixed32Type, []byte("0000"))),
+			want: "events[0].metadata: a map entry's key has wire type 5, want 2"},
+		{name: "a metadata value as varint", wire: metadataEntry(field(1, protowire.BytesType, []byte{1, 'k'}), field(2, protowire.VarintType, []byte{3})),
+			want: "events[0].metadata: a map entry's value has wire type 0, want 2"},
 		{name: "NVSentinel's request", msg: &datamodels.HealthEvents{Version: 1, Events: manyEntities(1001, 0).Events}, want: "events: 1001 events exceed the batch limit of 1000"},
 		{name: "JSON: empty objects", json: `{"events":[` + strings.Repeat(`{},`, 1000) + `{}]}`, want: "events: 1001 events exceed"},
 		{name: "JSON: proto field name, escaped key, odd spacing", json: "{ \"\\u0065vents\" :\n[" + strings.Repeat(`{ "entitiesImpacted" : [ {} , {"entityType":"a]}"} ] } ,`, 1000) + `{}]}`, want: "events: 1001 events exceed"},
