@@ -96,6 +96,7 @@ type machine struct {
 	cycles map[string]int    // node → power cycles seen
 	resets map[string]int    // node → resets sent through observe
 	boots  map[string]string // node → the boot ID it last came back with
+	held   map[string]bool   // nodes kept down after their power cycle until let go
 }
 
 // observe wraps the emulator's provider so that every reset it sends
@@ -129,6 +130,14 @@ func (m *machine) bootOf(node string) string {
 	return m.boots[node]
 }
 
+// hold keeps node down (NotReady) after its next power cycle until
+// hold(node, false): an operation provably in progress.
+func (m *machine) hold(node string, on bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.held[node] = on
+}
+
 func (m *machine) cyclesOf(node string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -154,12 +163,13 @@ func (m *machine) run(ctx context.Context) {
 			}
 			m.mu.Lock()
 			missed := ps == "On" && !off[sys] && m.cycles[node] < resets
+			held := m.held[node]
 			m.mu.Unlock()
 			if (ps == "Off" || missed) && !off[sys] {
 				off[sys] = true
 				m.setNode(ctx, node, corev1.ConditionFalse, "")
 			}
-			if ps == "On" && off[sys] {
+			if ps == "On" && off[sys] && !held {
 				off[sys] = false
 				boot := uuid.NewString()
 				m.mu.Lock()
@@ -359,7 +369,7 @@ func newEnv(t *testing.T, systems int, kwok ...bool) *env {
 			t.Fatal(err)
 		}
 	}
-	m := &machine{t: t, bmc: bmc, kube: k, nodes: map[string]string{}, cycles: map[string]int{}, resets: map[string]int{}, boots: map[string]string{}}
+	m := &machine{t: t, bmc: bmc, kube: k, nodes: map[string]string{}, cycles: map[string]int{}, resets: map[string]int{}, boots: map[string]string{}, held: map[string]bool{}}
 	mctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	if bmc != nil {
