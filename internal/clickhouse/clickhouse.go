@@ -6,6 +6,7 @@ package clickhouse
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -283,14 +284,35 @@ func EnsureDatabase(ctx context.Context, c Config, log *slog.Logger) error {
 
 // quietHandler drops the driver's per-connection warning that the server
 // is older than the driver supports: faultline supports 18.16 on purpose
-// (see sql/README.md) and Setup logs the server version once.
+// (see sql/README.md) and Setup logs the server version once. It lowers
+// to DEBUG the driver's errors for a query its caller cancelled (a role
+// stopping): the caller has the error and knows why; at ERROR they read
+// as a fault in every clean shutdown.
 type quietHandler struct{ slog.Handler }
 
 func (h quietHandler) Handle(ctx context.Context, r slog.Record) error {
 	if r.Message == "unsupported clickhouse version" {
 		return nil
 	}
+	if r.Level > slog.LevelDebug && cancelled(r) {
+		if !h.Handler.Enabled(ctx, slog.LevelDebug) {
+			return nil
+		}
+		r = r.Clone()
+		r.Level = slog.LevelDebug
+	}
 	return h.Handler.Handle(ctx, r)
+}
+
+// cancelled reports whether the record's error is a cancelled context.
+func cancelled(r slog.Record) bool {
+	found := false
+	r.Attrs(func(a slog.Attr) bool {
+		err, ok := a.Value.Any().(error)
+		found = ok && errors.Is(err, context.Canceled)
+		return !found
+	})
+	return found
 }
 
 func (h quietHandler) WithAttrs(as []slog.Attr) slog.Handler {

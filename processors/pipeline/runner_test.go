@@ -678,8 +678,8 @@ func TestRestingNewRestOutlivesFiredTimer(t *testing.T) {
 	var rs resting
 	defer rs.stop()
 	rs.rest(p, map[string]time.Time{"requeue": time.Now()}) // due at once
-	<-p.resuming                                             // its timer is resuming
-	p.resuming = nil                                         // (no Resume is expected while the test looks)
+	<-p.resuming                                            // its timer is resuming
+	p.resuming = nil                                        // (no Resume is expected while the test looks)
 	again := make(chan struct{})
 	go func() {
 		rs.rest(p, map[string]time.Time{"requeue": time.Now().Add(time.Hour)})
