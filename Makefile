@@ -54,14 +54,12 @@ test-unit:
 	$(GO) test -short ./...
 
 test-fuzz:
-	@for t in $(FUZZ_TARGETS); do \
-	  pkg=$${t%%:*}; fn=$${t##*:}; \
-	  echo "fuzz $$pkg $$fn for $(FUZZTIME)"; \
-	  $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
-	done
+	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh $(FUZZ_TARGETS)
 
 vet:
 	$(GO) vet ./...
+	@unformatted=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt: these files are not formatted (gofmt -w them):"; echo "$$unformatted"; exit 1; fi
 
 ## generate: regenerate code and the OpenAPI document from schemas/proto
 generate:
