@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -176,6 +178,18 @@ func (s *Sushy) PowerState(ctx context.Context, uuid string) (string, error) {
 	ps, _ := m["PowerState"].(string)
 	return ps, nil
 }
+
+// Resets counts the reset requests the emulator accepted for a system,
+// from its request log. A restart's Off can last milliseconds (the fake
+// driver turns the system On again at a whole second), too short for a
+// poll of PowerState to see; the request log always has it.
+func (s *Sushy) Resets(uuid string) int {
+	b, _ := os.ReadFile(s.proc.logPath)
+	log := ansiColor.ReplaceAllString(string(b), "") // werkzeug colours its request log
+	return strings.Count(log, `"POST `+s.SystemPath(uuid)+`/Actions/ComputerSystem.Reset HTTP/1.1" 204`)
+}
+
+var ansiColor = regexp.MustCompile(`\x1b\[[0-9;]*m`)
 
 // Stop stops the emulator (a BMC that went away).
 func (s *Sushy) Stop() { s.proc.stop(syscall.SIGTERM, 5*time.Second) }
