@@ -99,6 +99,8 @@ func (k *Kube) ApplyRBAC(tb testing.TB, path string) {
 			tb.Fatal(err)
 		}
 	}
+	rules := map[string][]rbacv1.PolicyRule{} // "ClusterRole/name", "Role/ns/name"
+	var bindings []binding
 	for _, doc := range strings.Split(string(raw), "\n---\n") {
 		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
 		if err != nil {
@@ -109,14 +111,18 @@ func (k *Kube) ApplyRBAC(tb testing.TB, path string) {
 			ns(o.Namespace)
 			_, err = c.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		case *rbacv1.ClusterRole:
+			rules["ClusterRole/"+o.Name] = o.Rules
 			_, err = c.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
 		case *rbacv1.ClusterRoleBinding:
+			bindings = append(bindings, binding{"", o.RoleRef, o.Subjects})
 			_, err = c.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
 		case *rbacv1.Role:
 			ns(o.Namespace)
+			rules["Role/"+o.Namespace+"/"+o.Name] = o.Rules
 			_, err = c.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		case *rbacv1.RoleBinding:
 			ns(o.Namespace)
+			bindings = append(bindings, binding{o.Namespace, o.RoleRef, o.Subjects})
 			_, err = c.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		default:
 			tb.Fatalf("%s: unexpected object %T", path, obj)
@@ -124,6 +130,60 @@ func (k *Kube) ApplyRBAC(tb testing.TB, path string) {
 		if err != nil {
 			tb.Fatalf("%s: %v", path, err)
 		}
+	}
+	// The apiserver's RBAC authorizer learns of new objects through its
+	// own watch, a moment after they are created: wait until each
+	// binding's subjects are granted its role's first resource rule, so a
+	// test's first call does not meet a 403 the manifest does not cause.
+	for _, b := range bindings {
+		key := b.ref.Kind + "/" + b.ref.Name
+		if b.ref.Kind == "Role" {
+			key = "Role/" + b.ns + "/" + b.ref.Name
+		}
+		for _, r := range rules[key] {
+			if len(r.Resources) == 0 || len(r.Verbs) == 0 || len(r.APIGroups) == 0 {
+				continue
+			}
+			ra := &authorizationv1.ResourceAttributes{Verb: r.Verbs[0], Group: r.APIGroups[0], Namespace: b.ns}
+			ra.Resource, ra.Subresource, _ = strings.Cut(r.Resources[0], "/")
+			if len(r.ResourceNames) > 0 {
+				ra.Name = r.ResourceNames[0]
+			}
+			for _, sub := range b.subjects {
+				k.waitGranted(tb, path, sub, ra)
+			}
+			break
+		}
+	}
+}
+
+type binding struct {
+	ns       string // "" for a ClusterRoleBinding
+	ref      rbacv1.RoleRef
+	subjects []rbacv1.Subject
+}
+
+// waitGranted waits (30 s) until the apiserver allows the subject ra.
+func (k *Kube) waitGranted(tb testing.TB, path string, sub rbacv1.Subject, ra *authorizationv1.ResourceAttributes) {
+	tb.Helper()
+	spec := authorizationv1.SubjectAccessReviewSpec{User: sub.Name, ResourceAttributes: ra}
+	switch sub.Kind {
+	case rbacv1.ServiceAccountKind:
+		spec.User = "system:serviceaccount:" + sub.Namespace + ":" + sub.Name
+	case rbacv1.GroupKind:
+		spec.User, spec.Groups = "testenv:member", []string{sub.Name}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, err := k.Client().AuthorizationV1().SubjectAccessReviews().Create(context.Background(),
+			&authorizationv1.SubjectAccessReview{Spec: spec}, metav1.CreateOptions{})
+		if err == nil && r.Status.Allowed {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%s: %s %s is not granted %s %s/%s within 30 s (err %v)", path, sub.Kind, sub.Name, ra.Verb, ra.Group, ra.Resource, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
