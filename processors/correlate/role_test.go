@@ -65,7 +65,7 @@ func TestRoleThroughKafka(t *testing.T) {
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute) // the whole test; each step has its own deadline
 	defer cancel()
 	if err := kafka.CreatePipelineTopics(ctx, kcfg, log); err != nil {
 		t.Fatal(err)

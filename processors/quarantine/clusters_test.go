@@ -51,6 +51,10 @@ func TestTwoClustersIsolated(t *testing.T) {
 	// The shipped wait: long enough that "deferred at once" (the second
 	// batch) cannot be mistaken for "waited" on a loaded machine.
 	cfg.ClusterWait = 3 * time.Second
+	// A failed cluster's records are deferred at once for 2×RetryWait:
+	// long enough here that the second batch falls within it however
+	// slowly the first one's checks run.
+	cfg.RetryWait = 5 * time.Second
 	h := newTestHandler(t, cfg, map[string]kubernetes.Interface{"a": ka.Client(), "b": kb.Client()})
 
 	handle(t, h, record("a", fatal("node-1", "XID_ERROR_48", "GPU-1")))
@@ -77,12 +81,12 @@ func TestTwoClustersIsolated(t *testing.T) {
 		}
 	}
 	// The next batch defers a's record at once (keeping a's order) and
-	// applies b's.
+	// applies b's: a wait for a would take ClusterWait.
 	start = time.Now()
 	acts2, deferred2 := handle(t, h,
 		record("a", healthy("node-1", "XID_ERROR_48", "GPU-1")),
 		record("b", healthy("node-2", "XID_ERROR_48", "GPU-1")))
-	if kinds(acts2) != "unquarantine/applied" || len(deferred2) != 1 || time.Since(start) > h.cfg.ClusterWait/2 {
+	if kinds(acts2) != "unquarantine/applied" || len(deferred2) != 1 || time.Since(start) >= h.cfg.ClusterWait {
 		t.Fatalf("second batch: %s, %d deferred, %v", kinds(acts2), len(deferred2), time.Since(start))
 	}
 	// While a is down the retry consumer fails its batch (to be retried).

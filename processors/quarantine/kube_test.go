@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,6 +64,26 @@ func createNodes(t testing.TB, k kubernetes.Interface, group string, names ...st
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{"test": group}}}
 		if _, err := k.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create node %s: %v", n, err)
+		}
+	}
+	// The breaker counts nodes from the apiserver's watch cache (a list at
+	// resourceVersion 0), which has new nodes a moment later: wait for
+	// them, so a count does not miss some (and hold for NodeCountTTL).
+	sel := metav1.ListOptions{LabelSelector: "test=" + group, ResourceVersion: "0"}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		list, err := k.CoreV1().Nodes().List(context.Background(), sel)
+		seen := map[string]bool{}
+		if err == nil {
+			for _, n := range list.Items {
+				seen[n.Name] = true
+			}
+		}
+		missing := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return seen[n] })
+		if len(missing) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nodes %v not in the apiserver's watch cache (err %v)", missing, err)
 		}
 	}
 }
@@ -234,6 +255,7 @@ func TestKube(t *testing.T) {
 		// kubelet's, a podCIDR, someone's taint and label.
 		createNodes(t, k, "cached", "cached-1", "cached-2")
 		ctx := context.Background()
+		latest := map[string]string{} // node → its resourceVersion after the writes below
 		for _, name := range []string{"cached-1", "cached-2"} {
 			n := getNode(t, k, name)
 			n.Spec.PodCIDR, n.Spec.ProviderID = "10.1.0.0/24", "test://"+name
@@ -244,9 +266,11 @@ func TestKube(t *testing.T) {
 				t.Fatal(err)
 			}
 			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", Message: "kubelet is posting ready status"}}
-			if _, err := k.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+			n, err = k.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+			if err != nil {
 				t.Fatal(err)
 			}
+			latest[name] = n.ResourceVersion
 		}
 		// The handler's client counts its requests by verb.
 		var gets, patches atomic.Int64
@@ -268,7 +292,16 @@ func TestKube(t *testing.T) {
 		h := newTestHandler(t, testConfig("cached"), map[string]kubernetes.Interface{"c1": counted})
 		h.WatchClusters([]string{"c1"})
 		cl, _ := h.reg.Get("c1")
-		waitUntil(t, 10*time.Second, func() bool { _, ok := h.nodes.cached(cl, "cached-2", h.now()); return ok }, "the node watch to sync")
+		// The watch's first list may be older than the writes above (a
+		// stale copy's patch conflicts and is redone: more requests).
+		waitUntil(t, 10*time.Second, func() bool {
+			for name, rv := range latest {
+				if n, ok := h.nodes.cached(cl, name, h.now()); !ok || n.ResourceVersion != rv {
+					return false
+				}
+			}
+			return true
+		}, "the node watch to hold the nodes as written")
 		acts, _ := handle(t, h, record("c1", fatal("cached-1", "XID_ERROR_48", "GPU-1")))
 		if kinds(acts) != "quarantine/applied" {
 			t.Fatalf("actions %s", kinds(acts))
