@@ -370,10 +370,12 @@ func TestBrokerRestart(t *testing.T) {
 	if lost > 0 {
 		t.Fatalf("%d of %d acknowledged events are not in Kafka", lost, len(acked))
 	}
-	// The gateway recovers: a request after the restart succeeds.
-	if _, err := cl.SubmitEvents(ctx, &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("after")}}); err != nil {
-		t.Fatalf("after restart: %v", err)
-	}
+	// The gateway recovers: a request after the restart succeeds (within
+	// seconds: its producer may still be reconnecting).
+	waitUntil(t, func() bool {
+		_, err := cl.SubmitEvents(ctx, &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("after")}})
+		return err == nil
+	})
 }
 
 // testInflightBudget: while a slow REST body holds the gateway's whole
