@@ -175,9 +175,8 @@ func (k *Kube) waitGranted(tb testing.TB, path string, sub rbacv1.Subject, ra *a
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		r, err := k.Client().AuthorizationV1().SubjectAccessReviews().Create(context.Background(),
-			&authorizationv1.SubjectAccessReview{Spec: spec}, metav1.CreateOptions{})
-		if err == nil && r.Status.Allowed {
+		ok, err := k.review(spec)
+		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -212,12 +211,20 @@ type Access struct {
 func (k *Kube) Allowed(tb testing.TB, user string, a Access) bool {
 	tb.Helper()
 	res, sub, _ := strings.Cut(a.Resource, "/")
-	r, err := k.Client().AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authorizationv1.SubjectAccessReview{
-		Spec: authorizationv1.SubjectAccessReviewSpec{User: user, ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Verb: a.Verb, Group: a.Group, Resource: res, Subresource: sub, Namespace: a.Namespace}},
-	}, metav1.CreateOptions{})
+	ok, err := k.review(authorizationv1.SubjectAccessReviewSpec{User: user, ResourceAttributes: &authorizationv1.ResourceAttributes{
+		Verb: a.Verb, Group: a.Group, Resource: res, Subresource: sub, Namespace: a.Namespace}})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return r.Status.Allowed
+	return ok
+}
+
+// review asks the apiserver whether spec's subject may do its request.
+func (k *Kube) review(spec authorizationv1.SubjectAccessReviewSpec) (bool, error) {
+	r, err := k.Client().AuthorizationV1().SubjectAccessReviews().Create(context.Background(),
+		&authorizationv1.SubjectAccessReview{Spec: spec}, metav1.CreateOptions{})
+	if err != nil {
+		return false, err
+	}
+	return r.Status.Allowed, nil
 }
