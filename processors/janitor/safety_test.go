@@ -64,12 +64,9 @@ func TestJanitorSafety(t *testing.T) {
 	cfg := e.config()
 	cfg.MaxConcurrentPerRack = 1
 	cfg.Cooldown = time.Hour
-	cfg.ForceAfter = 6 * time.Second // longer than the stand-in takes to mark a reset node NotReady under load
-	provs := e.providers(cfg)
-	real := provs[ProviderRedfish]
-	provs[ProviderRedfish] = realOrIgnored{real: real, ignore: map[string]bool{"force-4": true}}
-	j, rec := e.janitor(cfg, false, provs)
-	run(t, j)
+	cfg.ForceAfter = 0 // never: a node the stand-in is slow to mark down must not get a forced reboot here
+	j, rec := e.janitor(cfg, false, nil)
+	stop := run(t, j)
 
 	t.Run("RackLimit", func(t *testing.T) {
 		e.node("rack-2", sysID(1), true, nil)
@@ -116,6 +113,12 @@ func TestJanitorSafety(t *testing.T) {
 	})
 
 	t.Run("ForceAfterGracefulIgnored", func(t *testing.T) {
+		stop()
+		cfg.ForceAfter = 6 * time.Second // longer than the stand-in takes to mark a reset node NotReady under load
+		provs := e.providers(cfg)
+		provs[ProviderRedfish] = realOrIgnored{real: provs[ProviderRedfish], ignore: map[string]bool{"force-4": true}}
+		j, rec := e.janitor(cfg, false, provs)
+		run(t, j)
 		e.node("force-4", sysID(3), true, nil)
 		e.create(kindReboot, "force-4", "force-4", false)
 		o := e.wait(kindReboot, "force-4", 60*time.Second)
