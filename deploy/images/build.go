@@ -189,33 +189,33 @@ func cgoEnabled(cgo bool) string {
 // and the binary's layer, the config naming the entrypoint, user and
 // labels. Pure: the same arguments give the same digest.
 func Image(spec Spec, o Options, goos, goarch string, bin []byte, libs []file, ca []byte) (v1.Image, error) {
-	base, err := layer(baseFiles(ca), o.Created)
-	if err != nil {
-		return nil, err
+	// The layers, bottom up, each with the history line that says what it is.
+	type part struct {
+		files []file
+		by    string
 	}
-	adds := []mutate.Addendum{{Layer: base, MediaType: types.OCILayer, History: v1.History{
-		Created: v1.Time{Time: o.Created}, CreatedBy: "faultline images: base (nonroot user 65532, CA bundle, /tmp)", Comment: "deploy/images"}}}
+	parts := []part{{baseFiles(ca), "base (nonroot user 65532, CA bundle, /tmp)"}}
 	if len(libs) > 0 {
-		libLayer, err := layer(libs, o.Created)
-		if err != nil {
-			return nil, err
-		}
-		adds = append(adds, mutate.Addendum{Layer: libLayer, MediaType: types.OCILayer, History: v1.History{
-			Created: v1.Time{Time: o.Created}, CreatedBy: "faultline images: the ELF loader and glibc of the build machine (the binary is cgo: NVML)", Comment: "deploy/images"}})
+		parts = append(parts, part{libs, "the ELF loader and glibc of the build machine (the binary is cgo: NVML)"})
 	}
-	binLayer, err := layer([]file{
+	parts = append(parts, part{[]file{
 		{path: "usr/", mode: 0o755, dir: true},
 		{path: "usr/local/", mode: 0o755, dir: true},
 		{path: "usr/local/bin/", mode: 0o755, dir: true},
 		{path: "usr/local/bin/" + spec.Name, mode: 0o755, data: bin},
-	}, o.Created)
-	if err != nil {
-		return nil, err
+	}, BinDir + "/" + spec.Name + " (go build " + spec.Package + ", CGO_ENABLED=" + cgoEnabled(len(libs) > 0) + ")"})
+	var adds []mutate.Addendum
+	for _, p := range parts {
+		l, err := layer(p.files, o.Created)
+		if err != nil {
+			return nil, err
+		}
+		adds = append(adds, mutate.Addendum{Layer: l, MediaType: types.OCILayer, History: v1.History{
+			Created: v1.Time{Time: o.Created}, CreatedBy: "faultline images: " + p.by, Comment: "deploy/images"}})
 	}
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.Append(img, append(adds, mutate.Addendum{Layer: binLayer, MediaType: types.OCILayer, History: v1.History{
-		Created: v1.Time{Time: o.Created}, CreatedBy: "faultline images: " + BinDir + "/" + spec.Name + " (go build " + spec.Package + ", CGO_ENABLED=" + cgoEnabled(len(libs) > 0) + ")", Comment: "deploy/images"}})...)
+	img, err := mutate.Append(img, adds...)
 	if err != nil {
 		return nil, err
 	}
