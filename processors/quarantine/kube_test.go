@@ -70,22 +70,17 @@ func createNodes(t testing.TB, k kubernetes.Interface, group string, names ...st
 	// resourceVersion 0), which has new nodes a moment later: wait for
 	// them, so a count does not miss some (and hold for NodeCountTTL).
 	sel := metav1.ListOptions{LabelSelector: "test=" + group, ResourceVersion: "0"}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	waitUntil(t, 30*time.Second, func() bool {
 		list, err := k.CoreV1().Nodes().List(context.Background(), sel)
+		if err != nil {
+			return false
+		}
 		seen := map[string]bool{}
-		if err == nil {
-			for _, n := range list.Items {
-				seen[n.Name] = true
-			}
+		for _, n := range list.Items {
+			seen[n.Name] = true
 		}
-		missing := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return seen[n] })
-		if len(missing) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nodes %v not in the apiserver's watch cache (err %v)", missing, err)
-		}
-	}
+		return !slices.ContainsFunc(names, func(n string) bool { return !seen[n] })
+	}, fmt.Sprintf("nodes %v in the apiserver's watch cache", names))
 }
 
 func getNode(t testing.TB, k kubernetes.Interface, name string) *corev1.Node {
@@ -795,7 +790,7 @@ func (s *actionSink) kinds() []string {
 	return out
 }
 
-func waitUntil(t *testing.T, d time.Duration, cond func() bool, what string) {
+func waitUntil(t testing.TB, d time.Duration, cond func() bool, what string) {
 	t.Helper()
 	for deadline := time.Now().Add(d); !cond(); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
