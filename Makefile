@@ -40,14 +40,14 @@ testenv:
 # module's dependencies (which the tests reuse) while the servers install.
 test:
 	$(MAKE) -j2 testenv vet
-	eval "$$(scripts/testenv/env.sh)" && FAULTLINE_REQUIRE_SERVERS=1 $(GO) test -timeout 30m -count=1 ./...
+	eval "$$(scripts/testenv/env.sh)" && FAULTLINE_REQUIRE_SERVERS=1 GO=$(GO) scripts/gotest.sh -timeout 30m -count=1 -- ./...
 	$(MAKE) test-clickhouse-cluster
 	$(MAKE) test-fuzz
 
 ## test-clickhouse-cluster: the ClickHouse-reading tests again on a two-shard cluster (sql/README.md)
 test-clickhouse-cluster:
 	eval "$$(scripts/testenv/env.sh)" && FAULTLINE_REQUIRE_SERVERS=1 FAULTLINE_TEST_CLICKHOUSE_CLUSTER=sharded \
-	  $(GO) test -timeout 20m -count=1 -run '$(CLUSTER_TESTS)' $(CLUSTER_PKGS)
+	  GO=$(GO) scripts/gotest.sh -timeout 20m -count=1 -run '$(CLUSTER_TESTS)' -- $(CLUSTER_PKGS)
 
 ## test-unit: the fast tests only (servers not required; those tests skip)
 test-unit:

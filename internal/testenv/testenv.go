@@ -5,7 +5,9 @@
 // Every server runs as a child process of the test binary, listens only on
 // free 127.0.0.1 ports, keeps its data and logs in the test's temporary
 // directory, and is stopped by t.Cleanup. When a test fails, the tail of each
-// server's log is printed with the test output.
+// server's log is printed with the test output. A server that exits with an
+// error without being stopped (a crash) is reported after those logs, on a
+// line holding CrashMarker, with its crash lines.
 //
 // The binaries come from scripts/testenv/install.sh and are found through
 // environment variables (set them with `eval "$(scripts/testenv/env.sh)"`),
@@ -53,6 +55,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -239,10 +243,12 @@ type process struct {
 	dir     string
 	logPath string
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
-	err  error         // cmd.Wait result, valid after done is closed
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	done     chan struct{} // closed when cmd has exited
+	err      error         // cmd.Wait result, valid after done is closed
+	stopping bool          // stop signalled the current run
+	crashes  []string      // runs that failed without stop: how and when
 }
 
 // start launches the process, appending its output to logPath.
@@ -274,13 +280,17 @@ func (p *process) start() error {
 		return fmt.Errorf("start %s: %w", p.name, err)
 	}
 	done := make(chan struct{})
-	p.cmd, p.done = cmd, done
+	p.cmd, p.done, p.stopping = cmd, done, false
 	go func() {
 		err := cmd.Wait()
-		fmt.Fprintf(logf, "==== testenv: %s exited %s: %v\n", p.name, time.Now().Format(time.RFC3339Nano), err)
+		at := time.Now().Format(time.RFC3339Nano)
+		fmt.Fprintf(logf, "==== testenv: %s exited %s: %v\n", p.name, at, err)
 		logf.Close()
 		p.mu.Lock()
 		p.err = err
+		if err != nil && !p.stopping {
+			p.crashes = append(p.crashes, fmt.Sprintf("%v at %s", err, at))
+		}
 		p.mu.Unlock()
 		close(done)
 	}()
@@ -325,15 +335,18 @@ func (p *process) exited() <-chan struct{} {
 func (p *process) stop(sig syscall.Signal, grace time.Duration) {
 	p.mu.Lock()
 	cmd, done := p.cmd, p.done
-	p.mu.Unlock()
 	if cmd == nil {
+		p.mu.Unlock()
 		return
 	}
 	select {
 	case <-done:
+		p.mu.Unlock()
 		return
 	default:
 	}
+	p.stopping = true
+	p.mu.Unlock()
 	_ = syscall.Kill(-cmd.Process.Pid, sig)
 	select {
 	case <-done:
@@ -355,7 +368,11 @@ func (p *process) exitErr() error {
 }
 
 // logTail returns the last n lines of the process log (n <= 0: all).
-func (p *process) logTail(n int) string {
+func (p *process) logTail(n int) string { return p.logLines(n, nil) }
+
+// logLines returns the last n lines of the process log that keep accepts
+// (nil: every line; n <= 0: all of them).
+func (p *process) logLines(n int, keep func(string) bool) string {
 	f, err := os.Open(p.logPath)
 	if err != nil {
 		return fmt.Sprintf("(no log: %v)", err)
@@ -365,6 +382,9 @@ func (p *process) logTail(n int) string {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
+		if keep != nil && !keep(sc.Text()) {
+			continue
+		}
 		if n > 0 && len(ring) == n {
 			ring = ring[1:]
 		}
@@ -373,18 +393,67 @@ func (p *process) logTail(n int) string {
 	return strings.Join(ring, "\n")
 }
 
+// crashLine matches what a dying server writes: ClickHouse's fatal-signal
+// report (BaseDaemon, with its stack), std::terminate, a JVM's fatal error.
+var crashLine = regexp.MustCompile(`BaseDaemon|<Fatal>|Received signal|terminate called|Terminating|hs_err|OutOfMemoryError|==== testenv: `)
+
+// CrashMarker starts the line testenv logs for each server that exited on
+// its own while a test ran; scripts/gotest.sh looks for it.
+const CrashMarker = "testenv: server crashed:"
+
+// crashWatch holds, per test, every process it started, so that one report
+// of those that crashed prints after all the server logs.
+var crashWatch sync.Map // testing.TB -> *watched
+
+type watched struct {
+	mu    sync.Mutex
+	procs []*process
+}
+
+// watchedFor returns tb's crash watch. The first call for a test registers
+// the report's cleanup before any server's: cleanups run last-in first-out,
+// so the report prints after every server's log and every server stopped.
+func watchedFor(tb testing.TB) *watched {
+	v, loaded := crashWatch.LoadOrStore(tb, new(watched))
+	w := v.(*watched)
+	if !loaded {
+		tb.Cleanup(func() {
+			crashWatch.Delete(tb)
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			for _, p := range w.procs {
+				p.mu.Lock()
+				crashes := slices.Clone(p.crashes)
+				p.mu.Unlock()
+				for _, c := range crashes {
+					tb.Logf("%s %s exited on its own (%s), not stopped by the test; its last crash lines (%s):\n%s",
+						CrashMarker, p.name, c, p.logPath, p.logLines(40, crashLine.MatchString))
+				}
+			}
+		})
+	}
+	return w
+}
+
+func (w *watched) add(p *process) {
+	w.mu.Lock()
+	w.procs = append(w.procs, p)
+	w.mu.Unlock()
+}
+
 // group is the set of processes of one server, with the cleanup that
 // prints their logs when the test failed.
 type group struct {
-	tb    testing.TB
-	procs []*process
+	tb      testing.TB
+	procs   []*process
+	watched *watched
 }
 
 // newGroup registers a cleanup that prints the tail of every process log
 // if the test failed. Register it before the cleanup that stops the
 // processes, so the logs include the shutdown.
 func newGroup(tb testing.TB) *group {
-	g := &group{tb: tb}
+	g := &group{tb: tb, watched: watchedFor(tb)}
 	tb.Cleanup(func() {
 		if !tb.Failed() && os.Getenv("FAULTLINE_TESTENV_LOGS") == "" {
 			return
@@ -407,6 +476,7 @@ const logTailLines = 120
 
 func (g *group) add(p *process) *process {
 	g.procs = append(g.procs, p)
+	g.watched.add(p)
 	return p
 }
 
