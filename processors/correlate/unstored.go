@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"sync"
 	"time"
@@ -55,6 +56,10 @@ type unstored struct {
 	recs   []remembered // in arrival order
 	next   map[topicPartition]int64
 	forgot prometheus.Counter
+	// pending holds, per handed-over partition whose records below the
+	// batch were not read back (the store's progress or the read failed),
+	// that batch's first offset: a later batch reads them back.
+	pending map[topicPartition]int64
 }
 
 type remembered struct {
@@ -121,7 +126,8 @@ type topicPartition struct {
 // last batch of it ended — a partition handed over by another replica, or
 // this replica's start — it reads back the records below the batch that
 // the store has not written (another replica correlated them), so the
-// memory is what it would be had this replica handled them.
+// memory is what it would be had this replica handled them. What it could
+// not read back is read back with a later batch (pending).
 func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -134,11 +140,18 @@ func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 		}
 		seen[tp] = true
 	}
-	seed := len(gaps) > 0 && u.readBack != nil && u.progress != nil
+	toRead := maps.Clone(gaps)
+	for tp, first := range u.pending {
+		if _, ok := toRead[tp]; !ok { // handed over again: read from the new batch
+			toRead[tp] = first
+		}
+	}
+	seed := len(toRead) > 0 && u.readBack != nil && u.progress != nil
 	if len(u.recs) == 0 && !seed {
 		return nil
 	}
-	stored, err := u.readProgress(ctx, seed)
+	// Only a batch with a handed-over partition waits for the progress.
+	stored, err := u.readProgress(ctx, seed && len(gaps) > 0)
 	oldest := u.now().Add(-u.maxAge)
 	kept := u.recs[:0]
 	for _, m := range u.recs {
@@ -151,14 +164,19 @@ func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 	u.recs = kept
 	if err != nil {
 		if seed {
-			return fmt.Errorf("partitions handed to this replica: the records below its batch that the store has not written are not read back: %w", err)
+			u.keepPending(toRead)
+			return fmt.Errorf("partitions handed to this replica: the records below its batch that the store has not written are not read back yet (a later batch reads them back): %w", err)
 		}
 		return fmt.Errorf("%w: %w", errProgressUnknown, err)
 	}
 	if !seed {
 		return nil
 	}
-	for tp, first := range gaps {
+	for tp, first := range toRead {
+		delete(u.pending, tp)
+		if _, ok := gaps[tp]; ok {
+			u.next[tp] = first // a retry of this batch does not read it back again
+		}
 		from, ok := stored[tp.topic][tp.partition]
 		if !ok || from >= first {
 			continue // the store is past the batch's start (or never committed): nothing to read
@@ -167,12 +185,21 @@ func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 		recs, rerr := u.readBack(rctx, tp.topic, tp.partition, max(from, first-int64(u.max)), first)
 		cancel()
 		if rerr != nil {
-			err = errors.Join(err, fmt.Errorf("read back %s/%d [%d, %d): %w", tp.topic, tp.partition, from, first, rerr))
+			err = errors.Join(err, fmt.Errorf("read back %s/%d [%d, %d) (a later batch tries again): %w", tp.topic, tp.partition, from, first, rerr))
+			u.keepPending(map[topicPartition]int64{tp: first})
+			continue
 		}
 		u.remember(recs)
-		u.next[tp] = first // a retry of this batch does not read it back again
 	}
 	return err
+}
+
+// keepPending records gaps as not read back yet.
+func (u *unstored) keepPending(gaps map[topicPartition]int64) {
+	if u.pending == nil {
+		u.pending = map[topicPartition]int64{}
+	}
+	maps.Copy(u.pending, gaps)
 }
 
 // readProgress reads the store's progress (nil if not known). For a batch

@@ -3,6 +3,7 @@ package correlate
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"testing"
@@ -164,6 +165,63 @@ func TestUnstoredForget(t *testing.T) {
 	}
 	if readFrom != 20 || !slices.Contains(names(u.of(nil, map[string]bool{"f": true})), "f/n1") {
 		t.Errorf("read back from %d (want 20, the store's progress), remembered %v", readFrom, names(u.of(nil, map[string]bool{"f": true})))
+	}
+}
+
+// TestUnstoredReadsBackLater: a handed-over partition whose records below
+// the batch could not be read back — the store's progress unreadable past
+// seedWait, or the read itself failing — is read back with a later batch
+// of the partition, once, without that batch waiting for the progress.
+func TestUnstoredReadsBackLater(t *testing.T) {
+	var progressErr, readErr error
+	var progressReads int
+	var readBacks []string // "partition:[from,to)"
+	u := &unstored{maxAge: time.Hour, max: 100, seedWait: 2 * seedRetry, now: time.Now,
+		forgot: prometheus.NewCounter(prometheus.CounterOpts{Name: "forgot"}), next: map[topicPartition]int64{},
+		progress: func(context.Context) (map[string]map[int32]int64, error) {
+			progressReads++
+			return map[string]map[int32]int64{events.TopicEvents: {4: 6, 7: 25}}, progressErr
+		},
+		readBack: func(_ context.Context, _ string, p int32, from, to int64) ([]*kgo.Record, error) {
+			readBacks = append(readBacks, fmt.Sprintf("%d:[%d,%d)", p, from, to))
+			if readErr != nil {
+				return nil, readErr
+			}
+			return []*kgo.Record{{Topic: events.TopicEvents, Key: events.Key("a", fmt.Sprint("read-", p)), Partition: p, Offset: from}}, nil
+		}}
+	batch := func(p int32, off int64) []*kgo.Record {
+		return []*kgo.Record{{Topic: events.TopicEvents, Key: events.Key("a", "n1"), Partition: p, Offset: off}}
+	}
+	steps := []struct {
+		name                  string
+		progressErr, readErr  error
+		batch                 []*kgo.Record
+		wantErr               bool
+		wantReads             []string
+		wantProgressReadsOver int // more than this many reads of the progress
+	}{
+		{"partition 4 handed over, the progress unreadable", errors.New("coordinator moving"), nil, batch(4, 10), true, nil, 1},
+		{"its next batch reads back below the first, not waiting", nil, nil, batch(4, 11), false, []string{"4:[6,10)"}, 0},
+		{"and only once", nil, nil, batch(4, 12), false, nil, 0},
+		{"partition 7 handed over, the read back failing", nil, errors.New("broker gone"), batch(7, 30), true, []string{"7:[25,30)"}, 0},
+		{"its next batch reads back again", nil, nil, batch(7, 31), false, []string{"7:[25,30)"}, 0},
+	}
+	for _, st := range steps {
+		progressErr, readErr, readBacks, progressReads = st.progressErr, st.readErr, nil, 0
+		err := u.refresh(context.Background(), st.batch)
+		if (err != nil) != st.wantErr || errors.Is(err, errProgressUnknown) {
+			t.Errorf("%s: refresh: %v, want an error %v (not errProgressUnknown)", st.name, err, st.wantErr)
+		}
+		if !slices.Equal(readBacks, st.wantReads) {
+			t.Errorf("%s: read back %v, want %v", st.name, readBacks, st.wantReads)
+		}
+		if over := st.wantProgressReadsOver; (over == 0 && progressReads != 1) || progressReads <= over {
+			t.Errorf("%s: the progress read %d times, want %s", st.name, progressReads, map[bool]string{true: "once", false: "retries for seedWait"}[over == 0])
+		}
+		u.add(st.batch)
+	}
+	if got := len(u.of(nil, map[string]bool{"a": true})); got != 5+2 {
+		t.Errorf("%d records remembered, want the 5 batches' and the 2 read back", got)
 	}
 }
 
