@@ -397,8 +397,8 @@ func (p *process) logLines(n int, keep func(string) bool) string {
 // report (BaseDaemon, with its stack), std::terminate, a JVM's fatal error.
 var crashLine = regexp.MustCompile(`BaseDaemon|<Fatal>|Received signal|terminate called|Terminating|hs_err|OutOfMemoryError|==== testenv: `)
 
-// CrashMarker starts the line testenv logs for each server that exited on
-// its own while a test ran; scripts/gotest.sh looks for it.
+// CrashMarker begins the message testenv logs for each server that exited
+// with an error on its own while a test ran; scripts/gotest.sh looks for it.
 const CrashMarker = "testenv: server crashed:"
 
 // crashWatch holds, per test, every process it started, so that one report
