@@ -50,6 +50,9 @@ func payloadKey(rec *kgo.Record, what, nodeField string, clusterNum, nodeNum pro
 		if n < 0 {
 			return "", "", fmt.Errorf("decode %s: malformed protobuf: %w", what, protowire.ParseError(n))
 		}
+		if !num.IsValid() { // ConsumeTag checks only the lower bound; proto.Unmarshal both
+			return "", "", fmt.Errorf("decode %s: malformed protobuf: field number %d is over the maximum %d", what, num, protowire.MaxValidNumber)
+		}
 		b = b[n:]
 		if typ == protowire.BytesType && (num == clusterNum || num == nodeNum) {
 			v, m := protowire.ConsumeBytes(b)

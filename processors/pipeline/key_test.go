@@ -28,6 +28,9 @@ func TestEventKey(t *testing.T) {
 	// proto.Unmarshal.
 	twice := protowire.AppendTag(ev("prod", "n1"), eventCluster, protowire.BytesType)
 	twice = protowire.AppendString(twice, "staging")
+	// A field number over protowire.MaxValidNumber, which proto.Unmarshal
+	// rejects.
+	overMax := protowire.AppendVarint(protowire.AppendTag(ev("prod", "n1"), protowire.MaxValidNumber+1, protowire.VarintType), 1)
 	tests := []struct {
 		name        string
 		key         string
@@ -45,6 +48,7 @@ func TestEventKey(t *testing.T) {
 		{"bad key", "prod", ev("prod", "n1"), "", "", `record key "prod" is not cluster/node`},
 		{"nil key", "", ev("prod", "n1"), "", "", `is not cluster/node`},
 		{"malformed", "prod/n1", []byte{0x0a, 0x05, 'a'}, "", "", "malformed protobuf"},
+		{"malformed: field number over the maximum", "prod/n1", overMax, "", "", "malformed protobuf: field number 536870912 is over the maximum"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -53,7 +57,7 @@ func TestEventKey(t *testing.T) {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
 				}
-				if tc.name != "malformed" && !errors.Is(err, ErrKeyMismatch) {
+				if !strings.HasPrefix(tc.name, "malformed") && !errors.Is(err, ErrKeyMismatch) {
 					t.Fatalf("err = %v, not ErrKeyMismatch", err)
 				}
 				return

@@ -74,6 +74,9 @@ func fieldLoop(msg []byte, f func(num protowire.Number, typ protowire.Type, b []
 		if n < 0 {
 			return fmt.Errorf("%w: %w", errBadWire, protowire.ParseError(n))
 		}
+		if !num.IsValid() { // ConsumeTag checks only the lower bound; proto.Unmarshal both
+			return fmt.Errorf("%w: field number %d is over the maximum %d", errBadWire, num, protowire.MaxValidNumber)
+		}
 		msg = msg[n:]
 		m := f(num, typ, msg)
 		if m < 0 {
