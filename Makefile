@@ -6,7 +6,7 @@ GO    ?= go
 export GOTOOLCHAIN ?= auto
 BIN   := bin
 # Fuzz targets run for a bounded time by `make test` (package:target).
-FUZZ_TARGETS := ./gateway:FuzzDecodeValidate ./gateway:FuzzCodecMatchesProto ./gateway:FuzzShapeJSON ./agents/kmsg:FuzzParserEventsValid ./agents/fabric:FuzzEvaluateEventsValid ./agents/nic:FuzzPollEventsValid ./agents/csp:FuzzCheck ./agents/conformance:FuzzCheck
+FUZZ_TARGETS := ./gateway:FuzzDecodeValidate ./gateway:FuzzCodecMatchesProto ./gateway:FuzzShapeJSON ./agents/kmsg:FuzzParserEventsValid ./agents/fabric:FuzzEvaluateEventsValid ./agents/nic:FuzzPollEventsValid ./agents/csp:FuzzCheck ./agents/conformance:FuzzCheck ./processors/rows:FuzzDecode
 FUZZTIME ?= 20s
 
 # Tests run again on a two-shard ClickHouse cluster (Distributed tables) by
