@@ -97,9 +97,9 @@ func (u *unstored) remember(recs []*kgo.Record) {
 // batch: a slow broker delays the batch this much at most; readBackTimeout
 // bounds reading a handed-over partition's unstored records.
 // seedWait is how long a batch with a handed-over partition retries
-// reading the store's progress, every seedRetry, before it goes on without
-// reading back (a broker restarting: its group coordinator moves within
-// seconds).
+// reading the store's progress, every seedRetry, before it goes on and
+// leaves the read back to a later batch (a broker restarting: its group
+// coordinator moves within seconds).
 const (
 	progressTimeout = 2 * time.Second
 	readBackTimeout = 10 * time.Second
