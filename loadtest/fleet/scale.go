@@ -18,8 +18,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+
 	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/store"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -249,6 +252,11 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 	if sp.Role != "" {
 		args = append(args, "-replica.role", sp.Role)
 	}
+	role := sp.Role
+	if role == "" {
+		role = "quarantine"
+	}
+	adm, group := kadm.NewClient(e.KafkaClient()), pipeline.DefaultGroup(role)
 	rounds := append([]int(nil), sp.Replicas...)
 	if sp.Kill {
 		rounds = append(rounds, -2)
@@ -280,7 +288,13 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 			reps = append(reps, rep)
 			all = append(all, rep)
 		}
-		// Wait for the group to settle: a probe node done.
+		// Wait for the group to settle (every replica consuming) and a
+		// probe node done: a round that starts while a late replica still
+		// joins measures the rebalance, which waits for every replica's
+		// batch in flight (BlockRebalanceOnPoll), not the replicas.
+		if err := waitGroupSettled(ctx, adm, group, n); err != nil {
+			return err
+		}
 		ok, err := tg.probe(ctx, fmt.Sprintf("probe-%d", ri))
 		if err != nil {
 			return err
@@ -341,6 +355,37 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		return tg.ceiling(ctx, r, sp.Nodes)
 	}
 	return nil
+}
+
+// waitGroupSettled waits until group is stable with n members, each
+// consuming at least one partition: the cooperative-sticky balancer
+// gives a late member its partitions in a second rebalance, after the
+// first has settled with that member idle.
+func waitGroupSettled(ctx context.Context, adm *kadm.Client, group string, n int) error {
+	var last string
+	if waitFor(ctx, 2*time.Minute, func() bool {
+		gs, err := adm.DescribeGroups(ctx, group)
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		g := gs[group]
+		if err := g.Err; err != nil {
+			last = err.Error()
+			return false
+		}
+		consuming := 0
+		for _, m := range g.Members {
+			if c, ok := m.Assigned.AsConsumer(); ok && len(c.Topics) > 0 {
+				consuming++
+			}
+		}
+		last = fmt.Sprintf("state %s, %d members, %d consuming", g.State, len(g.Members), consuming)
+		return g.State == "Stable" && len(g.Members) == n && consuming == n
+	}) {
+		return nil
+	}
+	return fmt.Errorf("scale: group %s never settled with %d replicas consuming (last: %s)", group, n, last)
 }
 
 // scaleRole is sp.Role's target, the replicas' flags that reach its
