@@ -461,3 +461,32 @@ func (k *Kafka) CreateTopic(tb testing.TB, topic string, partitions int32) {
 		tb.Fatalf("testenv: create topic %q: %v", topic, err)
 	}
 }
+
+// GroupsSettled reports whether every group is Stable with n members,
+// each holding partitions, and otherwise what it saw. The
+// cooperative-sticky balancer gives a member that joins last its
+// partitions in a second rebalance, after the first settled with that
+// member idle: a test that counts on every replica consuming waits for this.
+func GroupsSettled(ctx context.Context, adm *kadm.Client, n int, groups ...string) (bool, string) {
+	gs, err := adm.DescribeGroups(ctx, groups...)
+	if err != nil {
+		return false, err.Error()
+	}
+	var seen []string
+	settled := true
+	for _, name := range groups {
+		g, ok := gs[name]
+		if !ok || g.Err != nil {
+			return false, fmt.Sprintf("group %s not described: %v", name, g.Err)
+		}
+		consuming := 0
+		for _, m := range g.Members {
+			if c, ok := m.Assigned.AsConsumer(); ok && len(c.Topics) > 0 {
+				consuming++
+			}
+		}
+		settled = settled && g.State == "Stable" && len(g.Members) == n && consuming == n
+		seen = append(seen, fmt.Sprintf("%s: state %s, %d members, %d consuming", name, g.State, len(g.Members), consuming))
+	}
+	return settled, strings.Join(seen, "; ")
+}

@@ -240,6 +240,9 @@ type scaleTarget struct {
 // one rule judges, verdicts/s read back from the events topic
 // (scaleCorrelate; no apiserver).
 func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
+	if sp.Role == "" {
+		sp.Role = "quarantine"
+	}
 	tg, args, setting, err := e.scaleRole(ctx, sp)
 	if err != nil {
 		return err
@@ -248,15 +251,8 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		tg.item = "nodes"
 	}
 	logf := os.Stderr // the replicas' warnings, with the command's
-	args = append([]string{"-replica.brokers", e.brokers()}, args...)
-	if sp.Role != "" {
-		args = append(args, "-replica.role", sp.Role)
-	}
-	role := sp.Role
-	if role == "" {
-		role = "quarantine"
-	}
-	adm, group := kadm.NewClient(e.KafkaClient()), pipeline.DefaultGroup(role)
+	args = append([]string{"-replica.brokers", e.brokers(), "-replica.role", sp.Role}, args...)
+	adm, group := kadm.NewClient(e.KafkaClient()), pipeline.DefaultGroup(sp.Role)
 	rounds := append([]int(nil), sp.Replicas...)
 	if sp.Kill {
 		rounds = append(rounds, -2)
@@ -358,30 +354,13 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 }
 
 // waitGroupSettled waits until group is stable with n members, each
-// consuming at least one partition: the cooperative-sticky balancer
-// gives a late member its partitions in a second rebalance, after the
-// first has settled with that member idle.
+// consuming (testenv.GroupsSettled).
 func waitGroupSettled(ctx context.Context, adm *kadm.Client, group string, n int) error {
 	var last string
 	if waitFor(ctx, 2*time.Minute, func() bool {
-		gs, err := adm.DescribeGroups(ctx, group)
-		if err != nil {
-			last = err.Error()
-			return false
-		}
-		g := gs[group]
-		if err := g.Err; err != nil {
-			last = err.Error()
-			return false
-		}
-		consuming := 0
-		for _, m := range g.Members {
-			if c, ok := m.Assigned.AsConsumer(); ok && len(c.Topics) > 0 {
-				consuming++
-			}
-		}
-		last = fmt.Sprintf("state %s, %d members, %d consuming", g.State, len(g.Members), consuming)
-		return g.State == "Stable" && len(g.Members) == n && consuming == n
+		var ok bool
+		ok, last = testenv.GroupsSettled(ctx, adm, n, group)
+		return ok
 	}) {
 		return nil
 	}
@@ -417,7 +396,7 @@ func (e *Env) scaleRole(ctx context.Context, sp ScaleParams) (tg *scaleTarget, a
 		return nil, nil, "", err
 	}
 	switch sp.Role {
-	case "", "quarantine":
+	case "quarantine":
 		tg = e.scaleQuarantine(cluster, k)
 	case "remediate":
 		tg, err = e.scaleRemediate(ctx, cluster, k, proxy)

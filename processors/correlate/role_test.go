@@ -98,21 +98,12 @@ func TestRoleThroughKafka(t *testing.T) {
 	// Both replicas are in both groups, each with partitions, before
 	// anything is produced.
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		gs, err := adm.DescribeGroups(ctx, "faultline-store", "faultline-correlate")
-		ready := err == nil && len(gs) == 2
-		for _, g := range gs {
-			ready = ready && g.State == "Stable" && len(g.Members) == 2
-			for _, m := range g.Members {
-				if a, ok := m.Assigned.AsConsumer(); !ok || len(a.Topics) == 0 {
-					ready = false
-				}
-			}
-		}
+		ready, seen := testenv.GroupsSettled(ctx, adm, 2, "faultline-store", "faultline-correlate")
 		if ready {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the two replicas did not both join the store and correlate groups: %v", err)
+			t.Fatalf("the two replicas did not both join the store and correlate groups: %s", seen)
 		}
 	}
 
