@@ -127,6 +127,14 @@ func New(conn clickhouse.Conn, rules []*Rule, now func() time.Time, ttl time.Dur
 	return h
 }
 
+// PartitionsRevoked implements pipeline.PartitionObserver: the sweep's
+// share, and the records of the partitions that were not read back yet,
+// are the next owner's.
+func (h *Handler) PartitionsRevoked(topic string, partitions []int32) {
+	h.Ownership.PartitionsRevoked(topic, partitions)
+	h.unstored.revoked(topic, partitions)
+}
+
 // suppressorsFirst orders the rules that suppress others (named in a
 // suppressed_by) before the rest, each part in file order.
 func suppressorsFirst(rules []*Rule) []*Rule {

@@ -202,6 +202,16 @@ func (u *unstored) keepPending(gaps map[topicPartition]int64) {
 	maps.Copy(u.pending, gaps)
 }
 
+// revoked forgets the partitions' records not read back yet: they are
+// now another replica's, which reads them back itself.
+func (u *unstored) revoked(topic string, partitions []int32) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, p := range partitions {
+		delete(u.pending, topicPartition{topic, p})
+	}
+}
+
 // readProgress reads the store's progress (nil if not known). For a batch
 // with a handed-over partition (seed), whose records below the batch
 // cannot be read back without it, it retries for up to seedWait.

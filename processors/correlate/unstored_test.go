@@ -15,6 +15,7 @@ import (
 
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -171,7 +172,8 @@ func TestUnstoredForget(t *testing.T) {
 // TestUnstoredReadsBackLater: a handed-over partition whose records below
 // the batch could not be read back — the store's progress unreadable past
 // seedWait, or the read itself failing — is read back with a later batch
-// of the partition, once, without that batch waiting for the progress.
+// of the partition, once, without that batch waiting for the progress; not
+// once the partition is revoked (its next owner reads it back).
 func TestUnstoredReadsBackLater(t *testing.T) {
 	var progressErr, readErr error
 	var progressReads int
@@ -180,7 +182,7 @@ func TestUnstoredReadsBackLater(t *testing.T) {
 		forgot: prometheus.NewCounter(prometheus.CounterOpts{Name: "forgot"}), next: map[topicPartition]int64{},
 		progress: func(context.Context) (map[string]map[int32]int64, error) {
 			progressReads++
-			return map[string]map[int32]int64{events.TopicEvents: {4: 6, 7: 25}}, progressErr
+			return map[string]map[int32]int64{events.TopicEvents: {4: 6, 5: 6, 7: 25}}, progressErr
 		},
 		readBack: func(_ context.Context, _ string, p int32, from, to int64) ([]*kgo.Record, error) {
 			readBacks = append(readBacks, fmt.Sprintf("%d:[%d,%d)", p, from, to))
@@ -194,20 +196,24 @@ func TestUnstoredReadsBackLater(t *testing.T) {
 	}
 	steps := []struct {
 		name                  string
+		revoke                []int32 // before the batch
 		progressErr, readErr  error
 		batch                 []*kgo.Record
 		wantErr               bool
 		wantReads             []string
 		wantProgressReadsOver int // more than this many reads of the progress
 	}{
-		{"partition 4 handed over, the progress unreadable", errors.New("coordinator moving"), nil, batch(4, 10), true, nil, 1},
-		{"its next batch reads back below the first, not waiting", nil, nil, batch(4, 11), false, []string{"4:[6,10)"}, 0},
-		{"and only once", nil, nil, batch(4, 12), false, nil, 0},
-		{"partition 7 handed over, the read back failing", nil, errors.New("broker gone"), batch(7, 30), true, []string{"7:[25,30)"}, 0},
-		{"its next batch reads back again", nil, nil, batch(7, 31), false, []string{"7:[25,30)"}, 0},
+		{"partition 4 handed over, the progress unreadable", nil, errors.New("coordinator moving"), nil, batch(4, 10), true, nil, 1},
+		{"its next batch reads back below the first, not waiting", nil, nil, nil, batch(4, 11), false, []string{"4:[6,10)"}, 0},
+		{"and only once", nil, nil, nil, batch(4, 12), false, nil, 0},
+		{"partition 5 handed over, the progress unreadable", nil, errors.New("coordinator moving"), nil, batch(5, 10), true, nil, 1},
+		{"partition 5 revoked: its next owner reads it back, not this replica", []int32{5}, nil, nil, batch(4, 13), false, nil, 0},
+		{"partition 7 handed over, the read back failing", nil, nil, errors.New("broker gone"), batch(7, 30), true, []string{"7:[25,30)"}, 0},
+		{"its next batch reads back again", nil, nil, nil, batch(7, 31), false, []string{"7:[25,30)"}, 0},
 	}
 	for _, st := range steps {
 		progressErr, readErr, readBacks, progressReads = st.progressErr, st.readErr, nil, 0
+		u.revoked(events.TopicEvents, st.revoke)
 		err := u.refresh(context.Background(), st.batch)
 		if (err != nil) != st.wantErr || errors.Is(err, errProgressUnknown) {
 			t.Errorf("%s: refresh: %v, want an error %v (not errProgressUnknown)", st.name, err, st.wantErr)
@@ -220,8 +226,8 @@ func TestUnstoredReadsBackLater(t *testing.T) {
 		}
 		u.add(st.batch)
 	}
-	if got := len(u.of(nil, map[string]bool{"a": true})); got != 5+2 {
-		t.Errorf("%d records remembered, want the 5 batches' and the 2 read back", got)
+	if got := len(u.of(nil, map[string]bool{"a": true})); got != 7+2 {
+		t.Errorf("%d records remembered, want the 7 batches' and the 2 read back", got)
 	}
 }
 
@@ -275,6 +281,25 @@ func TestHandoverReadsBackUnstored(t *testing.T) {
 		}
 		if len(res.Out) != tc.want {
 			t.Errorf("read back %v: %d derived events, want %d", tc.readBack, len(res.Out), tc.want)
+		}
+	}
+}
+
+// TestHandlerRevokedForgetsPending: the role's revocation (the pipeline's
+// PartitionObserver) reaches both the sweep's ownership and the records
+// not read back yet.
+func TestHandlerRevokedForgetsPending(t *testing.T) {
+	h := New(nil, nil, time.Now, time.Minute, slog.New(slog.DiscardHandler), nil)
+	h.PartitionsAssigned(events.TopicEvents, []int32{0, 1}, 2)
+	h.unstored.keepPending(map[topicPartition]int64{{events.TopicEvents, 0}: 10, {events.TopicEvents, 1}: 20})
+	var obs pipeline.PartitionObserver = h
+	obs.PartitionsRevoked(events.TopicEvents, []int32{0})
+	if _, ok := h.unstored.pending[topicPartition{events.TopicEvents, 0}]; ok || len(h.unstored.pending) != 1 {
+		t.Errorf("pending after revoking partition 0: %v, want partition 1's only", h.unstored.pending)
+	}
+	for _, key := range []string{"a/n1", "a/n2", "a/n3", "a/n4"} {
+		if h.Owns([]byte(key)) == (kgo.StickyKeyPartitioner(nil).ForTopic("").Partition(&kgo.Record{Key: []byte(key)}, 2) == 0) {
+			t.Errorf("Owns(%q) after revoking partition 0 disagrees with its partition", key)
 		}
 	}
 }
