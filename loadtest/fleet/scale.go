@@ -19,6 +19,11 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"golang.org/x/sync/errgroup"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/internal/testenv"
@@ -397,7 +402,7 @@ func (e *Env) scaleRole(ctx context.Context, sp ScaleParams) (tg *scaleTarget, a
 	}
 	switch sp.Role {
 	case "quarantine":
-		tg = e.scaleQuarantine(cluster, k)
+		tg = e.scaleQuarantine(cluster, k, proxy)
 	case "remediate":
 		tg, err = e.scaleRemediate(ctx, cluster, k, proxy)
 	case "drain":
@@ -410,7 +415,7 @@ func (e *Env) scaleRole(ctx context.Context, sp ScaleParams) (tg *scaleTarget, a
 
 // scaleQuarantine: Xid 79 events through the gateway, cordons seen on the
 // Node watch.
-func (e *Env) scaleQuarantine(cluster string, k *testenv.Kube) *scaleTarget {
+func (e *Env) scaleQuarantine(cluster string, k *testenv.Kube, proxy *LatencyProxy) *scaleTarget {
 	var w0 int
 	return &scaleTarget{prefix: "scale", noun: "nodes cordoned", unit: "cordons", done: "cordoned", twice: "cordoned twice",
 		probe: func(ctx context.Context, probe string) (bool, error) {
@@ -429,7 +434,56 @@ func (e *Env) scaleQuarantine(cluster string, k *testenv.Kube) *scaleTarget {
 			_, w1 := e.Cordons.NodeWrites()
 			return fmt.Sprintf(", %.2f Node writes per node", float64(w1-w0)/float64(max(1, done)))
 		},
+		ceiling: func(ctx context.Context, r *Report, m int) error {
+			return e.quarantineCeiling(ctx, cluster, k, proxy, r, m)
+		},
 	}
+}
+
+// quarantineCeiling: a cordon's two Node writes alone, made by the test
+// through the latency proxy for m fresh nodes — a status patch with the
+// condition, then a patch of the metadata and spec (unschedulable, the
+// taint, the label and annotations): the fields the role writes —
+// quarantineCeilingInFlight nodes at once and no client rate limit: what
+// the apiserver behind the proxy sustains on this machine without the
+// role's client QPS, its decisions, the gateway or the broker.
+func (e *Env) quarantineCeiling(ctx context.Context, cluster string, k *testenv.Kube, proxy *LatencyProxy, r *Report, m int) error {
+	const quarantineCeilingInFlight = 1024
+	nodes := make([]string, m)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("ceiling-%05d", i)
+	}
+	if err := createNodesNamed(k, nodes); err != nil {
+		return err
+	}
+	kc, err := kubernetes.NewForConfig(&rest.Config{Host: proxy.URL, BearerToken: k.RESTConfig().BearerToken, QPS: -1})
+	if err != nil {
+		return err
+	}
+	c0, _ := e.Cordons.Count()
+	t0 := time.Now()
+	var g errgroup.Group
+	g.SetLimit(quarantineCeilingInFlight)
+	for _, node := range nodes {
+		g.Go(func() error {
+			at := time.Now().UTC().Format(time.RFC3339)
+			status := fmt.Sprintf(`{"status":{"conditions":[{"type":"GpuHealthy","status":"False","reason":"XidError79","message":"GPU has fallen off the bus (Xid 79)","lastHeartbeatTime":%q,"lastTransitionTime":%q}]}}`, at, at)
+			if _, err := kc.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, []byte(status), metav1.PatchOptions{FieldManager: "ceiling"}, "status"); err != nil {
+				return err
+			}
+			object := fmt.Sprintf(`{"metadata":{"labels":{"faultline.io/quarantined":"true"},"annotations":{"faultline.io/quarantined-by":"ceiling","faultline.io/quarantined-at":%q,"faultline.io/quarantine-reason":"rule gpu-fatal: XID_ERROR_79 on GPU 0","faultline.io/quarantine-state":"{\"faults\":{\"XID_ERROR_79/GPU=0\":{\"rule\":\"gpu-fatal\",\"at\":\"%s\",\"cordon\":true,\"taints\":[\"faultline.io/unhealthy\"]}}}"}},"spec":{"unschedulable":true,"taints":[{"key":"faultline.io/unhealthy","value":"gpu-fatal","effect":"NoSchedule"}]}}`, at, at)
+			_, err := kc.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, []byte(object), metav1.PatchOptions{FieldManager: "ceiling"})
+			return err
+		})
+	}
+	err = g.Wait()
+	took := time.Since(t0)
+	waitFor(ctx, 30*time.Second, func() bool { c, _ := e.Cordons.Count(); return c-c0 >= m })
+	c1, _ := e.Cordons.Count()
+	r.Figure("scale ceiling: the test's own two Node patches per node through the proxy, %d nodes in flight, no client rate limit: %d nodes in %s = %.1f cordons/s; %d cordons seen on the watch",
+		quarantineCeilingInFlight, m, took.Round(time.Millisecond), float64(m)/took.Seconds(), c1-c0)
+	r.Check(err == nil && c1-c0 == m, "ceiling: %d of %d nodes cordoned (%v)", c1-c0, m, err)
+	return nil
 }
 
 func (e *Env) blastRange(ctx context.Context, cluster string, from, n int) LoadResult {

@@ -42,10 +42,10 @@ func scaleSmoke(t *testing.T, o fleet.Options, sp fleet.ScaleParams, want int, w
 // TestScaleSmoke runs the scale scenario tiny: one replica process, then
 // two with one SIGKILLed (the survivor takes its partitions after the
 // consumer group's session timeout, kafka.session_timeout 15s): every
-// node cordoned once.
+// node cordoned once; then the ceiling.
 func TestScaleSmoke(t *testing.T) {
 	scaleSmoke(t, fleet.Options{Clusters: 1, Nodes: 2 * 20, Roles: "none", Kube: true},
-		fleet.ScaleParams{Replicas: []int{1}, Nodes: 20, Latency: 10 * time.Millisecond, Kill: true}, 2, "one round, one SIGKILL round")
+		fleet.ScaleParams{Replicas: []int{1}, Nodes: 20, Latency: 10 * time.Millisecond, Kill: true}, 3, "one round, one SIGKILL round, the ceiling")
 }
 
 // TestScaleRemediateSmoke runs the scale scenario's remediate rounds tiny:
