@@ -58,7 +58,8 @@ type unstored struct {
 	forgot prometheus.Counter
 	// pending holds, per handed-over partition whose records below the
 	// batch were not read back (the store's progress or the read failed),
-	// that batch's first offset: a later batch reads them back.
+	// that batch's first offset: a later batch reads them back (unless
+	// the partition is revoked first).
 	pending map[topicPartition]int64
 }
 
