@@ -435,7 +435,7 @@ func (e *Env) scaleQuarantine(cluster string, k *testenv.Kube, proxy *LatencyPro
 			return fmt.Sprintf(", %.2f Node writes per node", float64(w1-w0)/float64(max(1, done)))
 		},
 		ceiling: func(ctx context.Context, r *Report, m int) error {
-			return e.quarantineCeiling(ctx, cluster, k, proxy, r, m)
+			return e.quarantineCeiling(ctx, k, proxy, r, m)
 		},
 	}
 }
@@ -447,16 +447,9 @@ func (e *Env) scaleQuarantine(cluster string, k *testenv.Kube, proxy *LatencyPro
 // quarantineCeilingInFlight nodes at once and no client rate limit: what
 // the apiserver behind the proxy sustains on this machine without the
 // role's client QPS, its decisions, the gateway or the broker.
-func (e *Env) quarantineCeiling(ctx context.Context, cluster string, k *testenv.Kube, proxy *LatencyProxy, r *Report, m int) error {
+func (e *Env) quarantineCeiling(ctx context.Context, k *testenv.Kube, proxy *LatencyProxy, r *Report, m int) error {
 	const quarantineCeilingInFlight = 1024
-	nodes := make([]string, m)
-	for i := range nodes {
-		nodes[i] = fmt.Sprintf("ceiling-%05d", i)
-	}
-	if err := createNodesNamed(k, nodes); err != nil {
-		return err
-	}
-	kc, err := kubernetes.NewForConfig(&rest.Config{Host: proxy.URL, BearerToken: k.RESTConfig().BearerToken, QPS: -1})
+	nodes, kc, err := ceilingNodes(k, proxy, m)
 	if err != nil {
 		return err
 	}
@@ -484,6 +477,21 @@ func (e *Env) quarantineCeiling(ctx context.Context, cluster string, k *testenv.
 		quarantineCeilingInFlight, m, took.Round(time.Millisecond), float64(m)/took.Seconds(), c1-c0)
 	r.Check(err == nil && c1-c0 == m, "ceiling: %d of %d nodes cordoned (%v)", c1-c0, m, err)
 	return nil
+}
+
+// ceilingNodes creates m fresh nodes for a ceiling (ceiling-00000, ...)
+// and returns them with a client that reaches the apiserver through the
+// proxy without a client rate limit.
+func ceilingNodes(k *testenv.Kube, proxy *LatencyProxy, m int) ([]string, kubernetes.Interface, error) {
+	nodes := make([]string, m)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("ceiling-%05d", i)
+	}
+	if err := createNodesNamed(k, nodes); err != nil {
+		return nil, nil, err
+	}
+	kc, err := kubernetes.NewForConfig(&rest.Config{Host: proxy.URL, BearerToken: k.RESTConfig().BearerToken, QPS: -1})
+	return nodes, kc, err
 }
 
 func (e *Env) blastRange(ctx context.Context, cluster string, from, n int) LoadResult {

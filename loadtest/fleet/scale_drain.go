@@ -272,18 +272,11 @@ func podsLeft(ctx context.Context, kc kubernetes.Interface, from, n int) (int, e
 // patches per step) or its client QPS.
 func drainCeiling(ctx context.Context, k *testenv.Kube, proxy *LatencyProxy, pw *PodWatch, r *Report, m int) error {
 	const ceilingInFlight = 256
-	nodes := make([]string, m)
-	for i := range nodes {
-		nodes[i] = fmt.Sprintf("ceiling-%05d", i)
-	}
-	if err := createNodesNamed(k, nodes); err != nil {
+	nodes, kc, err := ceilingNodes(k, proxy, m)
+	if err != nil {
 		return err
 	}
 	if err := quarantineWithPods(ctx, k.Client(), nodes); err != nil {
-		return err
-	}
-	kc, err := kubernetes.NewForConfig(&rest.Config{Host: proxy.URL, BearerToken: k.RESTConfig().BearerToken, QPS: -1})
-	if err != nil {
 		return err
 	}
 	d0, _ := pw.Deleted("ceiling-")
