@@ -440,6 +440,7 @@ func TestJanitorKube(t *testing.T) {
 		t.Fatal(err)
 	}
 	rem.SetDynamic(cluster, e.dyn)
+	t.Cleanup(rem.Close)
 	j, rec := e.janitor(e.config(), false, nil)
 	stopJ := run(t, j)
 

@@ -1,15 +1,12 @@
 package quarantine
 
 import (
-	"errors"
-	"io"
 	"log/slog"
 	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -74,7 +71,7 @@ func (c *nodeCaches) get(cl *clusters.Client) *nodeCache {
 	}
 	f := informers.NewSharedInformerFactory(cl.Kube, 0)
 	inf := f.Core().V1().Nodes()
-	_ = inf.Informer().SetWatchErrorHandler(watchErrorLogger(c.log.With("cluster", cl.Name)))
+	_ = inf.Informer().SetWatchErrorHandler(clusters.WatchErrorLogger(c.log.With("cluster", cl.Name), "nodes"))
 	_ = inf.Informer().SetTransform(func(obj any) (any, error) {
 		n, ok := obj.(*corev1.Node)
 		if !ok {
@@ -108,27 +105,6 @@ func (c *nodeCaches) get(cl *clusters.Client) *nodeCache {
 	f.Start(c.stop)
 	c.byName[cl.Name] = nc
 	return nc
-}
-
-// watchErrorLogger reports a node watch that failed in the role's log
-// (client-go's default handler writes to klog, outside it), at client-go's
-// levels: a watch closed cleanly is not logged, an expired resourceVersion
-// (410 Gone: the informer lists again) and a connection cut off are routine
-// (Info), anything else is a Warning. The informer retries with backoff
-// either way, and the decisions re-read a node live while the cache is
-// not synced.
-func watchErrorLogger(log *slog.Logger) cache.WatchErrorHandler {
-	return func(_ *cache.Reflector, err error) {
-		switch {
-		case errors.Is(err, io.EOF):
-		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
-			log.Info("node watch expired; listing the nodes again", "err", err)
-		case errors.Is(err, io.ErrUnexpectedEOF):
-			log.Info("node watch cut off; watching again", "err", err)
-		default:
-			log.Warn("node watch failed; retrying", "err", err)
-		}
-	}
 }
 
 // nothingStanding reports whether the cache knows the node carries no

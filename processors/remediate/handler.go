@@ -93,6 +93,9 @@ type Handler struct {
 	now func() time.Time
 	m   *metrics
 
+	// caches watch the resources faultline created.
+	caches *resourceCaches
+
 	mu       sync.Mutex
 	dyn      map[string]dynamic.Interface
 	clusters clusters.Config
@@ -119,8 +122,11 @@ func New(cfg Config, reg *clusters.Registry, opts Options) (*Handler, error) {
 		opts.Now = time.Now
 	}
 	return &Handler{cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
-		m: newMetrics(opts.Registerer), dyn: map[string]dynamic.Interface{}, clusters: opts.Clusters}, nil
+		m: newMetrics(opts.Registerer), caches: newResourceCaches(opts.Log.With("role", Role)), dyn: map[string]dynamic.Interface{}, clusters: opts.Clusters}, nil
 }
+
+// Close stops the handler's watches.
+func (h *Handler) Close() { h.caches.close() }
 
 // SetDynamic installs a dynamic client for a cluster (tests, dev mode).
 func (h *Handler) SetDynamic(cluster string, d dynamic.Interface) {
@@ -373,12 +379,33 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 	if err != nil {
 		return nil, time.Time{}, err
 	}
+	return h.decide(ctx, cl, t, tm, d, dyn, false)
+}
+
+// decide takes the remediation one step on the node's resources of the
+// template's group, read from the watch (resourceCaches) or, when live is
+// set or the watch's copy is not to be trusted, listed.
+func (h *Handler) decide(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, d Data, dyn dynamic.Interface, live bool) ([]*faultlinev1.Action, time.Time, error) {
 	res := h.resource(dyn, tm)
-	list, err := res.List(ctx, metav1.ListOptions{LabelSelector: LabelNode + "=" + nodeLabel(t.node) + "," + LabelGroup + "=" + tm.Group})
-	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("list %s of node %s: %w", tm.gvr.Resource, t.node, err)
+	g := nodeGroup{watchKey: watchKey{cluster: t.cluster, gvr: tm.gvr}, node: nodeLabel(t.node), group: tm.Group}
+	if tm.namespaced {
+		g.namespace = tm.namespace
 	}
-	items := list.Items
+	var items []unstructured.Unstructured
+	cached := false
+	if !live {
+		items, cached = h.caches.items(dyn, g)
+	}
+	if cached {
+		h.m.reads.WithLabelValues(t.cluster, "watch").Inc()
+	} else {
+		h.m.reads.WithLabelValues(t.cluster, "live").Inc()
+		list, err := res.List(ctx, metav1.ListOptions{LabelSelector: LabelNode + "=" + g.node + "," + LabelGroup + "=" + tm.Group})
+		if err != nil {
+			return nil, time.Time{}, fmt.Errorf("list %s of node %s: %w", tm.gvr.Resource, t.node, err)
+		}
+		items = list.Items
+	}
 	sort.Slice(items, func(i, j int) bool { return createdAt(&items[i]).Before(createdAt(&items[j])) })
 
 	// Already ours (a retry, a replay, or a second replica)?
@@ -390,7 +417,7 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 	// An equivalent remediation in progress: join it.
 	for i := range items {
 		if st, _ := h.status(tm, &items[i]); st == inProgress {
-			return h.join(ctx, cl, t, tm, res, &items[i])
+			return h.join(ctx, cl, t, tm, res, g, &items[i])
 		}
 	}
 	// Escalation: the last one failed, or the budget is spent.
@@ -445,9 +472,15 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 		ann[AnnotationBy] = h.cfg.Identity
 		ann[AnnotationEvents] = strings.Join(t.src.GetEventIds(), ",")
 		obj.SetAnnotations(ann)
+		h.caches.wrote(g, "", "")
 		created, err := res.Create(ctx, obj, metav1.CreateOptions{FieldManager: "faultline-remediate"})
 		if apierrors.IsAlreadyExists(err) {
 			h.m.races.WithLabelValues(t.cluster).Inc()
+			if cached {
+				// The watch had not shown it: decide again on what the
+				// apiserver holds (the budget, the last result).
+				return h.decide(ctx, cl, t, tm, d, dyn, true)
+			}
 			cur, gerr := res.Get(ctx, d.Name, metav1.GetOptions{})
 			if apierrors.IsNotFound(gerr) {
 				continue
@@ -459,13 +492,14 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 				return h.follow(ctx, cl, t, tm, cur)
 			}
 			if st, _ := h.status(tm, cur); st == inProgress {
-				return h.join(ctx, cl, t, tm, res, cur)
+				return h.join(ctx, cl, t, tm, res, g, cur)
 			}
 			continue
 		}
 		if err != nil {
 			return nil, time.Time{}, fmt.Errorf("create %s %s: %w", tm.kind, d.Name, err)
 		}
+		h.caches.wrote(g, created.GetName(), created.GetResourceVersion())
 		h.m.created.WithLabelValues(t.cluster, tm.Group).Inc()
 		a := h.action(t, events.KindRemediate, events.OutcomeApplied, fmt.Sprintf("created %s %s", tm.kind, created.GetName()), "applied")
 		a.Details[events.DetailResource] = tm.kind + "/" + created.GetName()
@@ -513,7 +547,7 @@ func (h *Handler) follow(ctx context.Context, cl *clusters.Client, t trigger, tm
 
 // join adds the trigger to a resource in progress (so its retries find it)
 // and creates nothing.
-func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, res dynamic.ResourceInterface, o *unstructured.Unstructured) ([]*faultlinev1.Action, time.Time, error) {
+func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, res dynamic.ResourceInterface, g nodeGroup, o *unstructured.Unstructured) ([]*faultlinev1.Action, time.Time, error) {
 	trs := append(triggersOf(o), t.id)
 	if len(trs) > maxTriggers {
 		trs = trs[len(trs)-maxTriggers:]
@@ -522,11 +556,15 @@ func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *
 		"resourceVersion": o.GetResourceVersion(),
 		"annotations":     map[string]string{AnnotationTriggers: strings.Join(trs, ",")},
 	}})
+	h.caches.wrote(g, "", "")
 	out, err := res.Patch(ctx, o.GetName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-remediate"})
 	if err != nil {
-		// A conflict (changed under us) is redone by requeue.Step.
+		// A conflict (changed under us, or a stale copy of the watch) is
+		// redone by requeue.Step, on a live list (the write is in flight
+		// for the cache).
 		return nil, time.Time{}, fmt.Errorf("join %s %s: %w", tm.kind, o.GetName(), err)
 	}
+	h.caches.wrote(g, out.GetName(), out.GetResourceVersion())
 	h.m.joined.WithLabelValues(t.cluster, tm.Group).Inc()
 	return h.follow(ctx, cl, t, tm, out)
 }
@@ -587,7 +625,7 @@ func shortHash(s string, n int) string {
 }
 
 type metrics struct {
-	actions, created, joined, races, escalations, apiErrors, refused *prometheus.CounterVec
+	actions, created, joined, races, escalations, apiErrors, refused, reads *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -599,9 +637,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		escalations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_escalations_total", Help: "Nodes escalated to CONTACT_SUPPORT."}, []string{"cluster"}),
 		apiErrors:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
 		refused:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_refused_total", Help: "Rendered remediation objects refused because they did not target the event's node."}, []string{"cluster"}),
+		reads:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_reads_total", Help: "A node's remediation resources read, from the watch or live (a list request)."}, []string{"cluster", "from"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.actions, m.created, m.joined, m.races, m.escalations, m.apiErrors, m.refused)
+		reg.MustRegister(m.actions, m.created, m.joined, m.races, m.escalations, m.apiErrors, m.refused, m.reads)
 	}
 	return m
 }

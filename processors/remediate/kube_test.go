@@ -4,11 +4,16 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"maps"
+	"net/http"
+	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -52,6 +57,7 @@ func newHandler(t testing.TB, cfg Config, k kubernetes.Interface, dyn dynamic.In
 		t.Fatal(err)
 	}
 	h.SetDynamic(cluster, dyn)
+	t.Cleanup(h.Close)
 	return h
 }
 
@@ -162,7 +168,44 @@ func setStatus(t testing.TB, dyn dynamic.Interface, gvr schema.GroupVersionResou
 func poll(t testing.TB, h *Handler, clk *clock, rq *kgo.Record) ([]*faultlinev1.Action, []*kgo.Record) {
 	t.Helper()
 	clk.Add(testConfig().PollInterval)
+	caughtUp(t, h)
 	return handle(t, h, rq)
+}
+
+// caughtUp waits until the handler's watches show what the apiserver holds
+// (the test's status writes just before a poll; in production a poll
+// interval lies between them, and a status the watch has not delivered yet
+// is seen a poll later).
+func caughtUp(t testing.TB, h *Handler) {
+	t.Helper()
+	h.caches.mu.Lock()
+	watches := maps.Clone(h.caches.byKey)
+	h.caches.mu.Unlock()
+	for k, rc := range watches {
+		dyn, err := h.dynamicFor(k.cluster)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := dyn.Resource(k.gvr).List(context.Background(), metav1.ListOptions{LabelSelector: LabelManagedBy + "=faultline"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			behind := 0
+			for _, o := range want.Items {
+				got, ok, _ := rc.inf.GetIndexer().GetByKey(o.GetName())
+				if u, isU := got.(*unstructured.Unstructured); !ok || !isU || u.GetResourceVersion() != o.GetResourceVersion() {
+					behind++
+				}
+			}
+			if rc.inf.HasSynced() && behind == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the watch of %s is %d resources behind after 5s", k.gvr.Resource, behind)
+			}
+		}
+	}
 }
 
 func createNode(t testing.TB, k kubernetes.Interface, name string) {
@@ -530,6 +573,98 @@ func TestRemediateKube(t *testing.T) {
 		}
 	})
 
+	t.Run("PollsReadTheWatch", func(t *testing.T) {
+		node := "watched-1"
+		createNode(t, k, node)
+		lists := &listCounter{}
+		cfg := kube.RESTConfig()
+		cfg.Wrap(lists.wrap)
+		cdyn, err := dynamic.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := newHandler(t, testConfig(), k, cdyn, clk)
+		acts, rq := handle(t, h, drained(node, "w1", "RESTART_BM", nil))
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(rq) != 1 {
+			t.Fatalf("fault: %s", outcomes(acts))
+		}
+		rn := list(t, dyn, rebootGVR, node)[0]
+		g := nodeGroup{watchKey: watchKey{cluster: cluster, gvr: rebootGVR}, node: node, group: "reboot"}
+		// watched waits until the watch shows the RebootNode as cond says
+		// (its own create first: read live until then).
+		watched := func(what string, cond func(o *unstructured.Unstructured) bool) {
+			t.Helper()
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				if items, ok := h.caches.items(cdyn, g); ok && len(items) == 1 && cond(&items[0]) {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the watch did not show %s within 5s", what)
+				}
+			}
+		}
+		watched("the create", func(*unstructured.Unstructured) bool { return true })
+		if acts, rq = poll(t, h, clk, rq[0]); len(acts) != 0 || len(rq) != 1 {
+			t.Fatalf("in progress: %s", outcomes(acts))
+		}
+		setStatus(t, dyn, rebootGVR, rn.GetName(), true, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "True", "Succeeded"})
+		watched("the completion", func(o *unstructured.Unstructured) bool { _, ok := o.Object["status"]; return ok })
+		if acts, rq = poll(t, h, clk, rq[0]); len(acts) != 1 || acts[0].Outcome != events.OutcomeSucceeded || len(rq) != 0 {
+			t.Fatalf("completed: %s", outcomes(acts))
+		}
+		// One list (the fault's, before the watch synced); the two polls
+		// read the watch.
+		if n := lists.n.Load(); n != 1 {
+			t.Fatalf("%d list requests by label, want 1 (reads: %v live, %v from the watch)", n, reads(h, "live"), reads(h, "watch"))
+		}
+		if n := reads(h, "watch"); n != 2 {
+			t.Fatalf("%v reads from the watch, want 2", n)
+		}
+	})
+
+	t.Run("StaleWatchDecidedLive", func(t *testing.T) {
+		// Another replica spent the node's budget (2 per hour); this
+		// replica's watch shows one of the two RebootNodes only (a watch
+		// that lags). The next fault must still be escalated, not a third
+		// reboot: the create meets the second's name and the step is
+		// decided again on a live list.
+		node := "stale-1"
+		createNode(t, k, node)
+		other := newHandler(t, testConfig(), k, dyn, clk)
+		for _, id := range []string{"s1", "s2"} {
+			if acts, _ := handle(t, other, drained(node, id, "RESTART_VM", nil)); len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied {
+				t.Fatalf("reboot %s: %s", id, outcomes(acts))
+			}
+			for _, it := range list(t, dyn, rebootGVR, node) {
+				setStatus(t, dyn, rebootGVR, it.GetName(), true, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "True", "Succeeded"})
+			}
+			clk.Add(10 * time.Minute)
+		}
+		h := newHandler(t, testConfig(), k, dyn, clk)
+		g := nodeGroup{watchKey: watchKey{cluster: cluster, gvr: rebootGVR}, node: node, group: "reboot"}
+		var items []unstructured.Unstructured
+		for deadline := time.Now().Add(5 * time.Second); len(items) != 2; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the watch shows %d RebootNodes, want 2", len(items))
+			}
+			items, _ = h.caches.items(dyn, g)
+		}
+		sort.Slice(items, func(i, j int) bool { return createdAt(&items[i]).Before(createdAt(&items[j])) })
+		if err := h.caches.byKey[g.watchKey].inf.GetIndexer().Delete(&items[1]); err != nil {
+			t.Fatal(err)
+		}
+		acts, _ := handle(t, h, drained(node, "s3", "RESTART_VM", nil))
+		if len(acts) != 1 || acts[0].Kind != events.KindEscalate || !strings.Contains(acts[0].Reason, "budget spent") {
+			t.Fatalf("third fault: %s", outcomes(acts))
+		}
+		if n := len(list(t, dyn, rebootGVR, node)); n != 2 {
+			t.Fatalf("%d RebootNodes, want 2", n)
+		}
+		if w, l := reads(h, "watch"), reads(h, "live"); w != 1 || l != 1 {
+			t.Fatalf("reads: %v from the watch, %v live; want 1 and 1", w, l)
+		}
+	})
+
 	t.Run("EmptyNodeQuarantineToRebootNode", func(t *testing.T) {
 		// The chain the pipeline runs: quarantine action → drain (empty
 		// node) → drain result → RebootNode. Kafka hops are not included.
@@ -593,4 +728,32 @@ func (r racedResource) Patch(ctx context.Context, name string, pt types.PatchTyp
 		_, _ = r.Update(ctx, o, metav1.UpdateOptions{})
 	})
 	return r.NamespaceableResourceInterface.Patch(ctx, name, pt, data, opts, sub...)
+}
+
+// listCounter counts the list requests by node label the apiserver
+// answered (the remediate role's reads of a node's resources; not the
+// watch's list, nor a 429 client-go retried while the CRD was new).
+type listCounter struct{ n atomic.Int64 }
+
+func (c *listCounter) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := rt.RoundTrip(r)
+		if err == nil && resp.StatusCode == http.StatusOK && r.Method == http.MethodGet && strings.Contains(r.URL.Query().Get("labelSelector"), LabelNode+"=") {
+			c.n.Add(1)
+		}
+		return resp, err
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// reads is faultline_remediate_reads_total{from}.
+func reads(h *Handler, from string) float64 {
+	var m dto.Metric
+	if err := h.m.reads.WithLabelValues(cluster, from).Write(&m); err != nil {
+		return 0
+	}
+	return m.GetCounter().GetValue()
 }

@@ -46,7 +46,9 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		h.m.apiErrors.WithLabelValues(c)
 	}
 	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, TopicRequeue); err != nil {
+		h.Close()
 		return nil, fmt.Errorf("remediate: %w", err)
 	}
-	return &role.Role{Name: Role, Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h}}}, nil
+	return &role.Role{Name: Role, Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h}},
+		Close: func() error { h.Close(); return nil }}, nil
 }

@@ -1,4 +1,4 @@
-package quarantine
+package clusters
 
 import (
 	"bytes"
@@ -21,16 +21,16 @@ func TestWatchErrorLogger(t *testing.T) {
 		wantMsg   string
 	}{
 		{"closed cleanly", io.EOF, "", ""},
-		{"expired resourceVersion", apierrors.NewResourceExpired("too old resource version: 1 (2)"), "INFO", "node watch expired; listing the nodes again"},
-		{"410 Gone", apierrors.NewGone("gone"), "INFO", "node watch expired; listing the nodes again"},
-		{"cut off", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), "INFO", "node watch cut off; watching again"},
-		{"forbidden", apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "", errors.New("RBAC")), "WARN", "node watch failed; retrying"},
-		{"refused", errors.New("dial tcp 127.0.0.1:6443: connect: connection refused"), "WARN", "node watch failed; retrying"},
+		{"expired resourceVersion", apierrors.NewResourceExpired("too old resource version: 1 (2)"), "INFO", "watch of nodes expired; listing them again"},
+		{"410 Gone", apierrors.NewGone("gone"), "INFO", "watch of nodes expired; listing them again"},
+		{"cut off", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), "INFO", "watch of nodes cut off; watching again"},
+		{"forbidden", apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "", errors.New("RBAC")), "WARN", "watch of nodes failed; retrying"},
+		{"refused", errors.New("dial tcp 127.0.0.1:6443: connect: connection refused"), "WARN", "watch of nodes failed; retrying"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var buf bytes.Buffer
-			watchErrorLogger(slog.New(slog.NewJSONHandler(&buf, nil)).With("cluster", "alpha"))(nil, tt.err)
+			WatchErrorLogger(slog.New(slog.NewJSONHandler(&buf, nil)).With("cluster", "alpha"), "nodes")(nil, tt.err)
 			if tt.wantLevel == "" {
 				if buf.Len() != 0 {
 					t.Fatalf("logged %s, want nothing", buf.String())

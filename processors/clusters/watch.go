@@ -1,0 +1,31 @@
+package clusters
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/cache"
+)
+
+// WatchErrorLogger reports a failed watch of resource (plural: "nodes") in
+// the role's log (client-go's default handler writes to klog, outside it),
+// at client-go's levels: a watch closed cleanly is not logged, an expired
+// resourceVersion (410 Gone: the informer lists again) and a connection cut
+// off are routine (Info), anything else is a Warning. The informer retries
+// with backoff either way; the roles read live while a watch is not to be
+// trusted.
+func WatchErrorLogger(log *slog.Logger, resource string) cache.WatchErrorHandler {
+	return func(_ *cache.Reflector, err error) {
+		switch {
+		case errors.Is(err, io.EOF):
+		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
+			log.Info("watch of "+resource+" expired; listing them again", "err", err)
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			log.Info("watch of "+resource+" cut off; watching again", "err", err)
+		default:
+			log.Warn("watch of "+resource+" failed; retrying", "err", err)
+		}
+	}
+}
