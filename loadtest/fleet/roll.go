@@ -126,7 +126,7 @@ func BrokerRoll(ctx context.Context, e *Env, p Params) (BrokerRollResult, error)
 	}
 	cluster := e.Clusters[0]
 	k := e.Kubes[cluster]
-	k.ApplyCRDs(e.TB, rebootNodeCRD())
+	k.ApplyCRDs(e.TB, janitorCRDs())
 	reboots, err := WatchResources(ctx, e.TB, k, RebootNodes)
 	if err != nil {
 		return res, err

@@ -11,8 +11,10 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/pipeline"
@@ -36,10 +38,11 @@ func DrainSucceeded(cluster, node string) *faultlinev1.Action {
 	}
 }
 
-// rebootNodeCRD is the path of the RebootNode CRD the chart installs.
-func rebootNodeCRD() string {
+// janitorCRDs are the janitor's CRDs the chart installs (RebootNode,
+// GPUReset, TerminateNode): a glob.
+func janitorCRDs() string {
 	_, self, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(self), "..", "..", "deploy", "crds", "rebootnode.yaml")
+	return filepath.Join(filepath.Dir(self), "..", "..", "deploy", "crds", "*.yaml")
 }
 
 // scaleRemediate: drain/succeeded actions produced to the actions topic,
@@ -53,7 +56,7 @@ func rebootNodeCRD() string {
 // poll_interval, shipped 15s), so one round's polls do not load the next;
 // the probe is completed so too before the round starts (see probe).
 func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kube, proxy *LatencyProxy) (*scaleTarget, error) {
-	k.ApplyCRDs(e.TB, rebootNodeCRD())
+	k.ApplyCRDs(e.TB, janitorCRDs())
 	w, err := WatchResources(ctx, e.TB, k, RebootNodes)
 	if err != nil {
 		return nil, err
@@ -121,6 +124,9 @@ func (e *Env) scaleRemediate(ctx context.Context, cluster string, k *testenv.Kub
 			appliedNodes = n - appliedNodes0
 			return fmt.Sprintf(", creates: %d Created, %d AlreadyExists, %d cut off unanswered; %d remediate/applied actions for %d nodes", created, exists, cut, a-applied0, appliedNodes)
 		},
+		ceiling: func(ctx context.Context, r *Report, m int) error {
+			return remediateCeiling(ctx, k, proxy, w, r, m)
+		},
 		settle: func(ctx context.Context, r *Report, done int) error {
 			r.Check(created <= done && created+cut >= done, "%d RebootNodes, %d creates answered Created and %d cut off", done, created, cut)
 			r.Check(appliedNodes == done, "remediate/applied recorded for %d of %d nodes with a RebootNode", appliedNodes, done)
@@ -177,4 +183,50 @@ func completeRebootNodes(ctx context.Context, dyn dynamic.Interface) error {
 		})
 	}
 	return g.Wait()
+}
+
+// remediateCeiling: a remediation's one request alone, the RebootNode's
+// create (the object the role creates: labels, annotations, spec), made by
+// the test through the latency proxy for m nodes, 1,024 at once and no
+// client rate limit: what the apiserver behind the proxy sustains on this
+// machine without the role's client QPS, its watch, the broker. (Its
+// creates are the role's one request since it reads a node's RebootNodes
+// from its watch; before that a list by label came first.)
+func remediateCeiling(ctx context.Context, k *testenv.Kube, proxy *LatencyProxy, w *ResourceWatch, r *Report, m int) error {
+	const inFlight = 1024
+	dyn, err := dynamic.NewForConfig(&rest.Config{Host: proxy.URL, BearerToken: k.RESTConfig().BearerToken, QPS: -1})
+	if err != nil {
+		return err
+	}
+	res := dyn.Resource(RebootNodes)
+	n0, _ := w.Count()
+	t0 := time.Now()
+	var g errgroup.Group
+	g.SetLimit(inFlight)
+	for i := range m {
+		node := fmt.Sprintf("ceiling-%05d", i)
+		g.Go(func() error {
+			at := time.Now().UTC().Format(time.RFC3339Nano)
+			o := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": RebootNodes.Group + "/" + RebootNodes.Version, "kind": "RebootNode",
+				"metadata": map[string]any{
+					"name":   "maintenance-" + node + "-000000000000",
+					"labels": map[string]any{remediate.LabelNode: node, remediate.LabelGroup: "reboot", remediate.LabelManagedBy: "faultline"},
+					"annotations": map[string]any{remediate.AnnotationTriggers: "ceiling-" + node, remediate.AnnotationCreated: at,
+						remediate.AnnotationBy: "ceiling", remediate.AnnotationEvents: "ceiling-ev-" + node},
+				},
+				"spec": map[string]any{"nodeName": node, "force": false},
+			}}
+			_, err := res.Create(ctx, o, metav1.CreateOptions{FieldManager: "ceiling"})
+			return err
+		})
+	}
+	err = g.Wait()
+	took := time.Since(t0)
+	waitFor(ctx, 30*time.Second, func() bool { n, _ := w.Count(); return n-n0 >= m })
+	n1, _ := w.Count()
+	r.Figure("scale remediate ceiling: the test's own RebootNode creates through the proxy, %d in flight, no client rate limit: %d in %s = %.1f RebootNodes/s; %d seen on the watch",
+		inFlight, m, took.Round(time.Millisecond), float64(m)/took.Seconds(), n1-n0)
+	r.Check(err == nil && n1-n0 == m, "ceiling: %d of %d RebootNodes created (%v)", n1-n0, m, err)
+	return nil
 }

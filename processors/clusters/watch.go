@@ -1,6 +1,7 @@
 package clusters
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -11,7 +12,8 @@ import (
 
 // WatchErrorLogger reports a failed watch of resource (plural: "nodes") in
 // the role's log (client-go's default handler writes to klog, outside it),
-// at client-go's levels: a watch closed cleanly is not logged, an expired
+// at client-go's levels: a watch closed cleanly or stopped (the role
+// closing: context canceled) is not logged, an expired
 // resourceVersion (410 Gone: the informer lists again) and a connection cut
 // off are routine (Info), anything else is a Warning. The informer retries
 // with backoff either way; the roles read live while a watch is not to be
@@ -19,7 +21,7 @@ import (
 func WatchErrorLogger(log *slog.Logger, resource string) cache.WatchErrorHandler {
 	return func(_ *cache.Reflector, err error) {
 		switch {
-		case errors.Is(err, io.EOF):
+		case errors.Is(err, io.EOF), errors.Is(err, context.Canceled):
 		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
 			log.Info("watch of "+resource+" expired; listing them again", "err", err)
 		case errors.Is(err, io.ErrUnexpectedEOF):

@@ -2,6 +2,7 @@ package clusters
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ func TestWatchErrorLogger(t *testing.T) {
 		wantMsg   string
 	}{
 		{"closed cleanly", io.EOF, "", ""},
+		{"stopped", fmt.Errorf("Get \"http://127.0.0.1/apis/x\": %w", context.Canceled), "", ""},
 		{"expired resourceVersion", apierrors.NewResourceExpired("too old resource version: 1 (2)"), "INFO", "watch of nodes expired; listing them again"},
 		{"410 Gone", apierrors.NewGone("gone"), "INFO", "watch of nodes expired; listing them again"},
 		{"cut off", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), "INFO", "watch of nodes cut off; watching again"},

@@ -1,12 +1,14 @@
 package remediate
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -80,8 +82,9 @@ type write struct {
 type resourceCache struct {
 	inf cache.SharedIndexInformer
 
-	mu       sync.Mutex
-	failedAt time.Time
+	mu        sync.Mutex
+	failedAt  time.Time
+	notServed bool // the last failure was a 404: warned once
 }
 
 func newResourceCaches(log *slog.Logger) *resourceCaches {
@@ -111,14 +114,25 @@ func (c *resourceCaches) get(dyn dynamic.Interface, k watchKey) *resourceCache {
 		}
 	}
 	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: delivered, UpdateFunc: func(_, o any) { delivered(o) }})
-	logErr := clusters.WatchErrorLogger(c.log.With("cluster", k.cluster), k.gvr.Resource)
+	log := c.log.With("cluster", k.cluster)
+	logErr := clusters.WatchErrorLogger(log, k.gvr.Resource)
 	_ = inf.SetWatchErrorHandler(func(r *cache.Reflector, err error) {
-		if !errors.Is(err, io.EOF) { // a watch closed cleanly resumes where it was
-			rc.mu.Lock()
-			rc.failedAt = time.Now()
-			rc.mu.Unlock()
+		if errors.Is(err, io.EOF) || errors.Is(err, context.Canceled) { // closed cleanly, or stopped
+			return
 		}
-		logErr(r, err)
+		rc.mu.Lock()
+		rc.failedAt = time.Now()
+		warned := rc.notServed
+		rc.notServed = apierrors.IsNotFound(err)
+		rc.mu.Unlock()
+		switch {
+		case !apierrors.IsNotFound(err):
+			logErr(r, err)
+		case !warned:
+			// Once, not at every retry: a template whose resource is not
+			// installed fails its remediations, each with its own error.
+			log.Warn("the cluster does not serve "+k.gvr.Resource+" (its CRD is not installed?); remediations of that kind fail until it does", "err", err)
+		}
 	})
 	_ = inf.SetTransform(func(o any) (any, error) {
 		if u, ok := o.(*unstructured.Unstructured); ok {

@@ -125,6 +125,34 @@ func New(cfg Config, reg *clusters.Registry, opts Options) (*Handler, error) {
 		m: newMetrics(opts.Registerer), caches: newResourceCaches(opts.Log.With("role", Role)), dyn: map[string]dynamic.Interface{}, clusters: opts.Clusters}, nil
 }
 
+// WatchClusters starts the watches of every template's resource on each
+// configured cluster that is not dry-run, so that replicas have synced
+// before the first remediation.
+func (h *Handler) WatchClusters(names []string) {
+	for _, name := range names {
+		cl, err := h.reg.Get(name)
+		if err != nil || cl.Kube == nil || cl.DryRun {
+			continue
+		}
+		dyn, err := h.dynamicFor(name)
+		if err != nil {
+			continue
+		}
+		for _, tm := range h.cfg.byAction {
+			h.caches.get(dyn, h.watchKey(name, tm))
+		}
+	}
+}
+
+// watchKey is the watch of the template's resource on the cluster.
+func (h *Handler) watchKey(cluster string, tm *Template) watchKey {
+	k := watchKey{cluster: cluster, gvr: tm.gvr}
+	if tm.namespaced {
+		k.namespace = tm.namespace
+	}
+	return k
+}
+
 // Close stops the handler's watches.
 func (h *Handler) Close() { h.caches.close() }
 
@@ -387,10 +415,7 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 // set or the watch's copy is not to be trusted, listed.
 func (h *Handler) decide(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, d Data, dyn dynamic.Interface, live bool) ([]*faultlinev1.Action, time.Time, error) {
 	res := h.resource(dyn, tm)
-	g := nodeGroup{watchKey: watchKey{cluster: t.cluster, gvr: tm.gvr}, node: nodeLabel(t.node), group: tm.Group}
-	if tm.namespaced {
-		g.namespace = tm.namespace
-	}
+	g := nodeGroup{watchKey: h.watchKey(t.cluster, tm), node: nodeLabel(t.node), group: tm.Group}
 	var items []unstructured.Unstructured
 	cached := false
 	if !live {

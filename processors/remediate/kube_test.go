@@ -1,6 +1,7 @@
 package remediate
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -523,6 +524,7 @@ func TestRemediateKube(t *testing.T) {
 		if len(esc) != 1 || esc[0].Kind != events.KindEscalate || n.Annotations[AnnotationEscalated] == "" {
 			t.Fatalf("escalation: %s", outcomes(esc))
 		}
+		caughtUp(t, h) // its watch works as its ServiceAccount
 		for _, tc := range []struct {
 			a    testenv.Access
 			want bool
@@ -531,7 +533,7 @@ func TestRemediateKube(t *testing.T) {
 			{testenv.Access{Verb: "patch", Group: JanitorGroup, Resource: "gpuresets"}, true},
 			{testenv.Access{Verb: "delete", Group: JanitorGroup, Resource: "rebootnodes"}, false},
 			{testenv.Access{Verb: "update", Group: JanitorGroup, Resource: "rebootnodes"}, false},
-			{testenv.Access{Verb: "watch", Group: JanitorGroup, Resource: "rebootnodes"}, false},
+			{testenv.Access{Verb: "watch", Group: JanitorGroup, Resource: "rebootnodes"}, true},
 			{testenv.Access{Verb: "create", Group: JanitorGroup, Resource: "terminatenodes"}, false},
 			{testenv.Access{Verb: "patch", Resource: "nodes"}, true},
 			{testenv.Access{Verb: "get", Resource: "nodes"}, false},
@@ -665,6 +667,32 @@ func TestRemediateKube(t *testing.T) {
 		}
 	})
 
+	t.Run("ResourceNotServedWarnedOnce", func(t *testing.T) {
+		// A template whose resource the cluster does not serve (its CRD
+		// not installed): its watch fails at every retry (client-go's
+		// backoff starts at 800ms), the role warns once.
+		cfg := testConfig()
+		cfg.Templates = append(cfg.Templates, Template{Action: "custom:widget", Group: "widget",
+			Object: "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {{ .Name }}\nspec:\n  nodeName: {{ .NodeName }}\n"})
+		var buf syncBuffer
+		reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+		reg.SetClient(cluster, k, false)
+		h, err := New(cfg, reg, Options{Log: slog.New(slog.NewTextHandler(&buf, nil)), Now: clk.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.SetDynamic(cluster, dyn)
+		t.Cleanup(h.Close)
+		h.WatchClusters([]string{cluster})
+		time.Sleep(3 * time.Second)
+		if n := strings.Count(buf.String(), "level=WARN"); n != 1 || !strings.Contains(buf.String(), "does not serve widgets") {
+			t.Fatalf("%d warnings, want 1 about widgets:\n%s", n, buf.String())
+		}
+		if _, ok := h.caches.items(dyn, nodeGroup{watchKey: watchKey{cluster: cluster, gvr: rebootGVR}, node: "any", group: "reboot"}); !ok {
+			t.Fatal("the RebootNode watch, started beside it, is not in use")
+		}
+	})
+
 	t.Run("EmptyNodeQuarantineToRebootNode", func(t *testing.T) {
 		// The chain the pipeline runs: quarantine action → drain (empty
 		// node) → drain result → RebootNode. Kafka hops are not included.
@@ -757,3 +785,16 @@ func reads(h *Handler, from string) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// syncBuffer is a bytes.Buffer the watch's goroutines and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+func (b *syncBuffer) String() string { b.mu.Lock(); defer b.mu.Unlock(); return b.b.String() }

@@ -45,6 +45,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		h.m.escalations.WithLabelValues(c)
 		h.m.apiErrors.WithLabelValues(c)
 	}
+	h.WatchClusters(deps.Kube.Names())
 	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, TopicRequeue); err != nil {
 		h.Close()
 		return nil, fmt.Errorf("remediate: %w", err)

@@ -55,7 +55,7 @@ func TestScaleSmoke(t *testing.T) {
 // would add the group's session timeout.)
 func TestScaleRemediateSmoke(t *testing.T) {
 	scaleSmoke(t, fleet.Options{Clusters: 1, Nodes: 20, Roles: "none", Kube: true},
-		fleet.ScaleParams{Role: "remediate", Replicas: []int{2}, Nodes: 20, Latency: 10 * time.Millisecond}, 1, "one round")
+		fleet.ScaleParams{Role: "remediate", Replicas: []int{2}, Nodes: 20, Latency: 10 * time.Millisecond}, 2, "one round, the ceiling")
 }
 
 // TestScaleDrainSmoke runs the scale scenario's drain rounds tiny: two
