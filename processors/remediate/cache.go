@@ -20,9 +20,14 @@ import (
 )
 
 // recentWrite is how long after this replica wrote a node's resources of a
-// group the watch's copy is not trusted unless it delivered the write, and
-// how long after a watch failed it is not trusted at all.
+// group the watch's copy is not trusted unless it delivered the write.
 const recentWrite = 10 * time.Second
+
+// watchDown is how long after a watch failed its copy is not trusted at
+// all: client-go's reflector retries a failing list and watch at most
+// every 30s, jittered up to 60s, so a watch that keeps failing (its verb
+// forbidden, the apiserver refusing) is never trusted between its tries.
+const watchDown = time.Minute
 
 const indexNodeGroup = "node/group"
 
@@ -44,7 +49,7 @@ const indexNodeGroup = "node/group"
 //     resourceVersion precondition (Conflict), and the step is decided
 //     again on a live list, so the budget and the escalations count what
 //     the apiserver holds;
-//   - a failed watch: live reads for recentWrite after each failure.
+//   - a failed watch: live reads for watchDown after each failure.
 //
 // A status the janitor just wrote is seen one poll later at worst.
 type resourceCaches struct {
@@ -155,7 +160,7 @@ func (c *resourceCaches) items(dyn dynamic.Interface, g nodeGroup) ([]unstructur
 	}
 	now := time.Now()
 	rc.mu.Lock()
-	failed := now.Sub(rc.failedAt) < recentWrite
+	failed := now.Sub(rc.failedAt) < watchDown
 	rc.mu.Unlock()
 	if failed {
 		return nil, false

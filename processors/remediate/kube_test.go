@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -690,6 +691,61 @@ func TestRemediateKube(t *testing.T) {
 		}
 		if _, ok := h.caches.items(dyn, nodeGroup{watchKey: watchKey{cluster: cluster, gvr: rebootGVR}, node: "any", group: "reboot"}); !ok {
 			t.Fatal("the RebootNode watch, started beside it, is not in use")
+		}
+	})
+
+	t.Run("WatchForbiddenReadsLive", func(t *testing.T) {
+		// The ClusterRole before the role watched (get, list, create,
+		// patch): the watch keeps failing, the role warns and reads live,
+		// and still remediates.
+		const user = "faultline-remediate-before-watch"
+		ctx := context.Background()
+		cr := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{JanitorGroup}, Resources: []string{"rebootnodes", "gpuresets"}, Verbs: []string{"get", "list", "create", "patch"}},
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"patch"}},
+		}}
+		if _, err := k.RbacV1().ClusterRoles().Create(ctx, cr, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		crb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: user},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}
+		if _, err := k.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		node := "old-rbac-1"
+		createNode(t, k, node)
+		as, rc := kube.ClientAs(t, user)
+		asDyn, err := dynamic.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf syncBuffer
+		reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+		reg.SetClient(cluster, as, false)
+		h, err := New(testConfig(), reg, Options{Log: slog.New(slog.NewTextHandler(&buf, nil)), Now: clk.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.SetDynamic(cluster, asDyn)
+		t.Cleanup(h.Close)
+		h.WatchClusters([]string{cluster})
+		for deadline := time.Now().Add(5 * time.Second); !strings.Contains(buf.String(), "watch of rebootnodes failed"); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no warning of the forbidden watch within 5s:\n%s", buf.String())
+			}
+		}
+		acts, rq := handle(t, h, drained(node, "o1", "RESTART_BM", nil))
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(rq) != 1 {
+			t.Fatalf("fault: %s", outcomes(acts))
+		}
+		setStatus(t, dyn, rebootGVR, list(t, dyn, rebootGVR, node)[0].GetName(), true, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "True", "Succeeded"})
+		clk.Add(testConfig().PollInterval)
+		if acts, _ = handle(t, h, rq[0]); len(acts) != 1 || acts[0].Outcome != events.OutcomeSucceeded {
+			t.Fatalf("completed: %s", outcomes(acts))
+		}
+		if w, l := reads(h, "watch"), reads(h, "live"); w != 0 || l != 2 {
+			t.Fatalf("reads: %v from the watch, %v live; want 0 and 2", w, l)
 		}
 	})
 
