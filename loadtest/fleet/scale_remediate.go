@@ -14,7 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/pipeline"
@@ -189,44 +191,60 @@ func completeRebootNodes(ctx context.Context, dyn dynamic.Interface) error {
 // create (the object the role creates: labels, annotations, spec), made by
 // the test through the latency proxy for m nodes, 1,024 at once and no
 // client rate limit: what the apiserver behind the proxy sustains on this
-// machine without the role's client QPS, its watch, the broker. (Its
-// creates are the role's one request since it reads a node's RebootNodes
-// from its watch; before that a list by label came first.)
+// machine without the role's client QPS or the broker. Twice: with no
+// watch of the RebootNodes but the test's, and with four more through the
+// proxy, decoded in this process, as four replicas hold. (Its creates are
+// the role's one request since it reads a node's RebootNodes from its
+// watch; before that a list by label came first.)
 func remediateCeiling(ctx context.Context, k *testenv.Kube, proxy *LatencyProxy, w *ResourceWatch, r *Report, m int) error {
 	const inFlight = 1024
-	dyn, err := dynamic.NewForConfig(&rest.Config{Host: proxy.URL, BearerToken: k.RESTConfig().BearerToken, QPS: -1})
+	cfg := &rest.Config{Host: proxy.URL, BearerToken: k.RESTConfig().BearerToken, QPS: -1}
+	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}
 	res := dyn.Resource(RebootNodes)
-	n0, _ := w.Count()
-	t0 := time.Now()
-	var g errgroup.Group
-	g.SetLimit(inFlight)
-	for i := range m {
-		node := fmt.Sprintf("ceiling-%05d", i)
-		g.Go(func() error {
-			at := time.Now().UTC().Format(time.RFC3339Nano)
-			o := &unstructured.Unstructured{Object: map[string]any{
-				"apiVersion": RebootNodes.Group + "/" + RebootNodes.Version, "kind": "RebootNode",
-				"metadata": map[string]any{
-					"name":   "maintenance-" + node + "-000000000000",
-					"labels": map[string]any{remediate.LabelNode: node, remediate.LabelGroup: "reboot", remediate.LabelManagedBy: "faultline"},
-					"annotations": map[string]any{remediate.AnnotationTriggers: "ceiling-" + node, remediate.AnnotationCreated: at,
-						remediate.AnnotationBy: "ceiling", remediate.AnnotationEvents: "ceiling-ev-" + node},
-				},
-				"spec": map[string]any{"nodeName": node, "force": false},
-			}}
-			_, err := res.Create(ctx, o, metav1.CreateOptions{FieldManager: "ceiling"})
-			return err
-		})
+	for _, watches := range []int{0, 4} {
+		stop := make(chan struct{})
+		for range watches {
+			inf := dynamicinformer.NewFilteredDynamicInformer(dyn, RebootNodes, "", 0, cache.Indexers{},
+				func(o *metav1.ListOptions) { o.LabelSelector = remediate.LabelManagedBy + "=faultline" }).Informer()
+			go inf.Run(stop)
+			if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+				close(stop)
+				return fmt.Errorf("scale remediate ceiling: a watch did not sync")
+			}
+		}
+		n0, _ := w.Count()
+		t0 := time.Now()
+		var g errgroup.Group
+		g.SetLimit(inFlight)
+		for i := range m {
+			node := fmt.Sprintf("ceiling-w%d-%05d", watches, i)
+			g.Go(func() error {
+				at := time.Now().UTC().Format(time.RFC3339Nano)
+				o := &unstructured.Unstructured{Object: map[string]any{
+					"apiVersion": RebootNodes.Group + "/" + RebootNodes.Version, "kind": "RebootNode",
+					"metadata": map[string]any{
+						"name":   "maintenance-" + node + "-000000000000",
+						"labels": map[string]any{remediate.LabelNode: node, remediate.LabelGroup: "reboot", remediate.LabelManagedBy: "faultline"},
+						"annotations": map[string]any{remediate.AnnotationTriggers: "ceiling-" + node, remediate.AnnotationCreated: at,
+							remediate.AnnotationBy: "ceiling", remediate.AnnotationEvents: "ceiling-ev-" + node},
+					},
+					"spec": map[string]any{"nodeName": node, "force": false},
+				}}
+				_, err := res.Create(ctx, o, metav1.CreateOptions{FieldManager: "ceiling"})
+				return err
+			})
+		}
+		err = g.Wait()
+		took := time.Since(t0)
+		waitFor(ctx, 30*time.Second, func() bool { n, _ := w.Count(); return n-n0 >= m })
+		n1, _ := w.Count()
+		close(stop)
+		r.Figure("scale remediate ceiling: the test's own RebootNode creates through the proxy, %d in flight, no client rate limit, %d more watches of the RebootNodes: %d in %s = %.1f RebootNodes/s; %d seen on the watch",
+			inFlight, watches, m, took.Round(time.Millisecond), float64(m)/took.Seconds(), n1-n0)
+		r.Check(err == nil && n1-n0 == m, "ceiling with %d more watches: %d of %d RebootNodes created (%v)", watches, n1-n0, m, err)
 	}
-	err = g.Wait()
-	took := time.Since(t0)
-	waitFor(ctx, 30*time.Second, func() bool { n, _ := w.Count(); return n-n0 >= m })
-	n1, _ := w.Count()
-	r.Figure("scale remediate ceiling: the test's own RebootNode creates through the proxy, %d in flight, no client rate limit: %d in %s = %.1f RebootNodes/s; %d seen on the watch",
-		inFlight, m, took.Round(time.Millisecond), float64(m)/took.Seconds(), n1-n0)
-	r.Check(err == nil && n1-n0 == m, "ceiling: %d of %d RebootNodes created (%v)", n1-n0, m, err)
 	return nil
 }

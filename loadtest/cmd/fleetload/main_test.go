@@ -55,7 +55,7 @@ func TestScaleSmoke(t *testing.T) {
 // would add the group's session timeout.)
 func TestScaleRemediateSmoke(t *testing.T) {
 	scaleSmoke(t, fleet.Options{Clusters: 1, Nodes: 20, Roles: "none", Kube: true},
-		fleet.ScaleParams{Role: "remediate", Replicas: []int{2}, Nodes: 20, Latency: 10 * time.Millisecond}, 2, "one round, the ceiling")
+		fleet.ScaleParams{Role: "remediate", Replicas: []int{2}, Nodes: 20, Latency: 10 * time.Millisecond}, 3, "one round, the ceiling without and with four more watches")
 }
 
 // TestScaleDrainSmoke runs the scale scenario's drain rounds tiny: two
