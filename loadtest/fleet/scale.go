@@ -490,8 +490,14 @@ func ceilingNodes(k *testenv.Kube, proxy *LatencyProxy, m int) ([]string, kubern
 	if err := createNodesNamed(k, nodes); err != nil {
 		return nil, nil, err
 	}
-	kc, err := kubernetes.NewForConfig(&rest.Config{Host: proxy.URL, BearerToken: k.RESTConfig().BearerToken, QPS: -1})
+	kc, err := kubernetes.NewForConfig(unthrottled(k, proxy))
 	return nodes, kc, err
+}
+
+// unthrottled is a client config that reaches k's apiserver through the
+// proxy without a client rate limit (the ceilings' client).
+func unthrottled(k *testenv.Kube, proxy *LatencyProxy) *rest.Config {
+	return &rest.Config{Host: proxy.URL, BearerToken: k.RESTConfig().BearerToken, QPS: -1}
 }
 
 func (e *Env) blastRange(ctx context.Context, cluster string, from, n int) LoadResult {

@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/faultline/faultline/internal/testenv"
@@ -198,8 +197,7 @@ func completeRebootNodes(ctx context.Context, dyn dynamic.Interface) error {
 // watch; before that a list by label came first.)
 func remediateCeiling(ctx context.Context, k *testenv.Kube, proxy *LatencyProxy, w *ResourceWatch, r *Report, m int) error {
 	const inFlight = 1024
-	cfg := &rest.Config{Host: proxy.URL, BearerToken: k.RESTConfig().BearerToken, QPS: -1}
-	dyn, err := dynamic.NewForConfig(cfg)
+	dyn, err := dynamic.NewForConfig(unthrottled(k, proxy))
 	if err != nil {
 		return err
 	}

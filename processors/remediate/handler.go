@@ -121,8 +121,9 @@ func New(cfg Config, reg *clusters.Registry, opts Options) (*Handler, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Handler{cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
-		m: newMetrics(opts.Registerer), caches: newResourceCaches(opts.Log.With("role", Role)), dyn: map[string]dynamic.Interface{}, clusters: opts.Clusters}, nil
+	log := opts.Log.With("role", Role)
+	return &Handler{cfg: cfg, reg: reg, log: log, now: opts.Now,
+		m: newMetrics(opts.Registerer), caches: newResourceCaches(log), dyn: map[string]dynamic.Interface{}, clusters: opts.Clusters}, nil
 }
 
 // WatchClusters starts the watches of every template's resource on each

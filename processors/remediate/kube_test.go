@@ -1,7 +1,6 @@
 package remediate
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -25,6 +24,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/faultline/faultline/internal/syncbuf"
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/drain"
@@ -52,9 +52,15 @@ func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unloc
 
 func newHandler(t testing.TB, cfg Config, k kubernetes.Interface, dyn dynamic.Interface, clk *clock) *Handler {
 	t.Helper()
+	return newLoggedHandler(t, cfg, k, dyn, clk, testLog)
+}
+
+// newLoggedHandler is newHandler logging to log.
+func newLoggedHandler(t testing.TB, cfg Config, k kubernetes.Interface, dyn dynamic.Interface, clk *clock, log *slog.Logger) *Handler {
+	t.Helper()
 	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
 	reg.SetClient(cluster, k, false)
-	h, err := New(cfg, reg, Options{Log: testLog, Now: clk.Now})
+	h, err := New(cfg, reg, Options{Log: log, Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -675,15 +681,8 @@ func TestRemediateKube(t *testing.T) {
 		cfg := testConfig()
 		cfg.Templates = append(cfg.Templates, Template{Action: "custom:widget", Group: "widget",
 			Object: "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: {{ .Name }}\nspec:\n  nodeName: {{ .NodeName }}\n"})
-		var buf syncBuffer
-		reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
-		reg.SetClient(cluster, k, false)
-		h, err := New(cfg, reg, Options{Log: slog.New(slog.NewTextHandler(&buf, nil)), Now: clk.Now})
-		if err != nil {
-			t.Fatal(err)
-		}
-		h.SetDynamic(cluster, dyn)
-		t.Cleanup(h.Close)
+		var buf syncbuf.Buffer
+		h := newLoggedHandler(t, cfg, k, dyn, clk, slog.New(slog.NewTextHandler(&buf, nil)))
 		h.WatchClusters([]string{cluster})
 		time.Sleep(3 * time.Second)
 		if n := strings.Count(buf.String(), "level=WARN"); n != 1 || !strings.Contains(buf.String(), "does not serve widgets") {
@@ -720,15 +719,8 @@ func TestRemediateKube(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var buf syncBuffer
-		reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
-		reg.SetClient(cluster, as, false)
-		h, err := New(testConfig(), reg, Options{Log: slog.New(slog.NewTextHandler(&buf, nil)), Now: clk.Now})
-		if err != nil {
-			t.Fatal(err)
-		}
-		h.SetDynamic(cluster, asDyn)
-		t.Cleanup(h.Close)
+		var buf syncbuf.Buffer
+		h := newLoggedHandler(t, testConfig(), as, asDyn, clk, slog.New(slog.NewTextHandler(&buf, nil)))
 		h.WatchClusters([]string{cluster})
 		for deadline := time.Now().Add(5 * time.Second); !strings.Contains(buf.String(), "watch of rebootnodes failed"); time.Sleep(10 * time.Millisecond) {
 			if time.Now().After(deadline) {
@@ -841,16 +833,3 @@ func reads(h *Handler, from string) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
-
-// syncBuffer is a bytes.Buffer the watch's goroutines and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-func (b *syncBuffer) String() string { b.mu.Lock(); defer b.mu.Unlock(); return b.b.String() }
