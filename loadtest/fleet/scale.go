@@ -15,9 +15,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/procfs"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"golang.org/x/sync/errgroup"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,6 +41,8 @@ type LatencyProxy struct {
 	URL string
 	ln  net.Listener
 	srv *http.Server
+
+	watches atomic.Int64 // watch requests received
 
 	mu      sync.Mutex
 	creates map[string]int // "resource answer": forwarded POSTs, e.g. "rebootnodes 409", "rebootnodes unanswered"
@@ -66,6 +70,9 @@ func StartLatencyProxy(ctx context.Context, k *testenv.Kube, delay time.Duration
 	}
 	p := &LatencyProxy{URL: "http://" + ln.Addr().String(), ln: ln, creates: map[string]int{}, objects: map[string]int{}}
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if q := r.URL.Query().Get("watch"); q == "true" || q == "1" {
+			p.watches.Add(1)
+		}
 		select {
 		case <-time.After(delay):
 		case <-r.Context().Done():
@@ -100,6 +107,9 @@ func (p *LatencyProxy) countCreate(r *http.Request, answer string) {
 	p.objects[res+" "+answer+" "+path.Dir(r.URL.Path)]++
 	p.mu.Unlock()
 }
+
+// Watches returns the watch requests the proxy received.
+func (p *LatencyProxy) Watches() int64 { return p.watches.Load() }
 
 // Answers returns the POSTs to resource (a subresource too: "eviction")
 // the proxy forwarded, by the apiserver's answer ("201", "429", "404",
@@ -178,6 +188,32 @@ func (r *Replica) Kill() {
 	}
 }
 
+// PeakRSS is the process's peak resident set so far (VmHWM), in bytes.
+func (r *Replica) PeakRSS() (uint64, error) {
+	p, err := procfs.NewProc(r.cmd.Process.Pid)
+	if err != nil {
+		return 0, err
+	}
+	st, err := p.NewStatus()
+	if err != nil {
+		return 0, fmt.Errorf("replica %d status: %w", r.cmd.Process.Pid, err)
+	}
+	return st.VmHWM, nil
+}
+
+// peakRSS is reps' PeakRSS for a figure, e.g. "peak RSS 41/44 MiB".
+func peakRSS(reps []*Replica) string {
+	mib := make([]string, 0, len(reps))
+	for _, rep := range reps {
+		b, err := rep.PeakRSS()
+		if err != nil {
+			return "peak RSS unknown (" + err.Error() + ")"
+		}
+		mib = append(mib, strconv.FormatUint(b>>20, 10))
+	}
+	return "peak RSS " + strings.Join(mib, "/") + " MiB"
+}
+
 // Stop sends SIGTERM and waits up to 30s, then kills.
 func (r *Replica) Stop() {
 	if r.cmd.ProcessState != nil {
@@ -225,6 +261,9 @@ type scaleTarget struct {
 	mark   func()
 	detail func(done int) string
 	settle func(ctx context.Context, r *Report, done int) error
+	// proxy, if not nil, is the replicas' way to the apiserver: a round's
+	// figure counts the watch requests opened during it.
+	proxy *LatencyProxy
 	// ceiling, if not nil, measures after the rounds (no replica up) what
 	// the proxied apiserver sustains for n nodes' work without the role.
 	ceiling func(ctx context.Context, r *Report, n int) error
@@ -311,7 +350,7 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		if tg.progress != nil {
 			progress, killUnit = tg.progress, tg.killUnit
 		}
-		p0 := progress()
+		p0, w0 := progress(), tg.watchRequests()
 		t0 := time.Now()
 		res := tg.blast(ctx, from, sp.Nodes)
 		killed := false
@@ -339,8 +378,8 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 				tg.prefix, sp.Nodes/3, killUnit, c1-c0, sp.Nodes, tg.item, tg.done, took.Round(time.Millisecond), tw, tg.detail(c1-c0))
 			r.Check(ok && c1-c0 == sp.Nodes && twice == 0 && res.Failed == 0, "SIGKILL round: %d of %d %s, %d twice, %d events failed", c1-c0, sp.Nodes, tg.done, twice, res.Failed)
 		} else {
-			r.Figure("%s %d replica(s), %s: %d %s in %s = %.1f %s/s (%.2fx of 1 replica, %.0f%% of linear)%s",
-				tg.prefix, n, setting, c1-c0, tg.noun, took.Round(time.Millisecond), rate, tg.unit, rate/base, 100*rate/base/float64(n), tg.detail(c1-c0))
+			r.Figure("%s %d replica(s), %s: %d %s in %s = %.1f %s/s (%.2fx of 1 replica, %.0f%% of linear)%s; %s",
+				tg.prefix, n, setting, c1-c0, tg.noun, took.Round(time.Millisecond), rate, tg.unit, rate/base, 100*rate/base/float64(n), tg.detail(c1-c0)+tg.watchesSince(w0), peakRSS(reps))
 			r.Check(ok && c1-c0 == sp.Nodes && twice == 0, "%d replicas: %d of %d %s, %d twice", n, c1-c0, sp.Nodes, tg.done, twice)
 		}
 		if tg.settle != nil {
@@ -356,6 +395,24 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		return tg.ceiling(ctx, r, sp.Nodes)
 	}
 	return nil
+}
+
+// watchRequests is the watch requests the proxy received so far (0 without one).
+func (tg *scaleTarget) watchRequests() int64 {
+	if tg.proxy == nil {
+		return 0
+	}
+	return tg.proxy.Watches()
+}
+
+// watchesSince says, for a round's figure, how many watches the replicas
+// opened since w0 (their first ones are older: a watch cut and opened
+// again counts).
+func (tg *scaleTarget) watchesSince(w0 int64) string {
+	if tg.proxy == nil {
+		return ""
+	}
+	return fmt.Sprintf(", %d watch requests", tg.watchRequests()-w0)
 }
 
 // waitGroupSettled waits until group is stable with n members, each
@@ -409,6 +466,9 @@ func (e *Env) scaleRole(ctx context.Context, sp ScaleParams) (tg *scaleTarget, a
 		tg, err = e.scaleDrain(ctx, cluster, k, proxy)
 	default:
 		err = fmt.Errorf("scale: role %q: want quarantine, remediate, drain, store or correlate", sp.Role)
+	}
+	if tg != nil {
+		tg.proxy = proxy
 	}
 	return tg, []string{"-replica.kube", cluster + "=" + kc}, sp.Latency.String() + " apiserver latency", err
 }

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -218,13 +219,23 @@ func (c Config) Names() []string {
 // configured.
 var ErrUnknownCluster = errors.New("cluster not configured")
 
-// Client is one cluster's API client and health.
+// Client is one cluster's API clients and health.
 type Client struct {
 	// Name of the cluster.
 	Name string
-	// Kube is the typed client; nil when the cluster is dry-run without a
-	// kubeconfig.
-	Kube kubernetes.Interface
+	// Kube and Dynamic are the typed and dynamic clients for requests,
+	// each bounded by kube.timeout; nil when the cluster is dry-run
+	// without a kubeconfig.
+	Kube    kubernetes.Interface
+	Dynamic dynamic.Interface
+	// WatchKube and WatchDynamic are the same clients for informers,
+	// without kube.timeout: client-go makes rest.Config.Timeout the
+	// http.Client's, which ends a watch's response too, so every watch
+	// would be cut and opened again each kube.timeout. A watch's life is
+	// bounded by the reflector's own timeoutSeconds (5-10 min), a dead
+	// connection by client-go's HTTP/2 pings.
+	WatchKube    kubernetes.Interface
+	WatchDynamic dynamic.Interface
 	// DryRun: decide and record, never change the cluster.
 	DryRun bool
 	// Gate tracks the cluster's API health.
@@ -235,7 +246,7 @@ type Client struct {
 type Registry struct {
 	cfg   Config
 	now   func() time.Time
-	build func(Cluster) (kubernetes.Interface, error)
+	build func(Cluster, *Client) error
 
 	mu      sync.Mutex
 	clients map[string]*Client
@@ -251,14 +262,24 @@ func NewRegistry(cfg Config, now func() time.Time) *Registry {
 	return r
 }
 
-// SetClient installs a prebuilt client for a cluster (tests, and the
-// all-in-one dev mode).
+// SetClient installs a prebuilt typed client for a cluster, for requests
+// and watches (tests, and the all-in-one dev mode).
 func (r *Registry) SetClient(name string, kube kubernetes.Interface, dryRun bool) *Client {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c := &Client{Name: name, Kube: kube, DryRun: dryRun, Gate: NewGate(r.now)}
+	c := &Client{Name: name, Kube: kube, WatchKube: kube, DryRun: dryRun, Gate: NewGate(r.now)}
 	r.clients[name] = c
 	return c
+}
+
+// SetDynamic installs a prebuilt dynamic client, for requests and watches,
+// on a cluster that SetClient installed (tests).
+func (r *Registry) SetDynamic(name string, d dynamic.Interface) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.clients[name]; ok {
+		c.Dynamic, c.WatchDynamic = d, d
+	}
 }
 
 // Get returns the cluster's client, building it on first use. A cluster
@@ -277,11 +298,9 @@ func (r *Registry) Get(name string) (*Client, error) {
 	cl := r.cfg.Clusters[i]
 	c := &Client{Name: name, DryRun: cl.DryRun, Gate: NewGate(r.now)}
 	if cl.Kubeconfig != "" {
-		kube, err := r.build(cl)
-		if err != nil {
+		if err := r.build(cl, c); err != nil {
 			return nil, err
 		}
-		c.Kube = kube
 	}
 	r.clients[name] = c
 	return c, nil
@@ -349,16 +368,29 @@ func (cl Cluster) token(prefix string) (config.Secret, error) {
 	return s, nil
 }
 
-func (r *Registry) buildClient(cl Cluster) (kubernetes.Interface, error) {
+// buildClient builds c's clients for requests from the cluster's
+// rest.Config, and its clients for watches from the same without the
+// timeout.
+func (r *Registry) buildClient(cl Cluster, c *Client) error {
 	rc, err := r.RESTConfig(cl)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	kube, err := kubernetes.NewForConfig(rc)
+	wc := rest.CopyConfig(rc)
+	wc.Timeout = 0
+	if c.Kube, err = kubernetes.NewForConfig(rc); err == nil {
+		c.WatchKube, err = kubernetes.NewForConfig(wc)
+	}
+	if err == nil {
+		c.Dynamic, err = dynamic.NewForConfig(rc)
+	}
+	if err == nil {
+		c.WatchDynamic, err = dynamic.NewForConfig(wc)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("cluster %q: client: %w", cl.Name, err)
+		return fmt.Errorf("cluster %q: client: %w", cl.Name, err)
 	}
-	return kube, nil
+	return nil
 }
 
 // Gate tracks one cluster's API health: after a failure the cluster is

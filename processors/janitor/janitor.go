@@ -43,7 +43,6 @@ const (
 type Janitor struct {
 	cfg       Config
 	reg       *clusters.Registry
-	kube      clusters.Config
 	log       *slog.Logger
 	now       func() time.Time
 	providers map[string]Provider
@@ -52,7 +51,6 @@ type Janitor struct {
 	m         *metrics
 
 	mu      sync.Mutex
-	dyn     map[string]dynamic.Interface
 	sent    map[string]time.Time // resource UID+step → signal sent by this process
 	ended   map[string]bool      // resource UIDs this process ended (the cache may not show it yet)
 	dryRun  map[string]bool      // resource UID → dry-run action written
@@ -87,43 +85,12 @@ func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options)
 		reg = clusters.NewRegistry(kube, opts.Now)
 	}
 	return &Janitor{
-		cfg: cfg, reg: reg, kube: kube, log: opts.Log.With("role", Role), now: opts.Now,
+		cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		providers: opts.Providers, prod: opts.Producer,
 		lim: newLimiter(cfg.MaxConcurrent, cfg.MaxConcurrentPerRack, cfg.MaxConcurrentPerProvider),
-		m:   newMetrics(opts.Registerer), dyn: map[string]dynamic.Interface{}, sent: map[string]time.Time{},
+		m:   newMetrics(opts.Registerer), sent: map[string]time.Time{},
 		dryRun: map[string]bool{}, ended: map[string]bool{}, running: map[string]*clusterRun{},
 	}, nil
-}
-
-// SetDynamic installs a cluster's dynamic client (tests, dev mode).
-func (j *Janitor) SetDynamic(cluster string, d dynamic.Interface) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	j.dyn[cluster] = d
-}
-
-func (j *Janitor) dynamicFor(cluster string) (dynamic.Interface, error) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if d, ok := j.dyn[cluster]; ok {
-		return d, nil
-	}
-	for _, c := range j.kube.Clusters {
-		if c.Name != cluster || c.Kubeconfig == "" {
-			continue
-		}
-		rc, err := j.reg.RESTConfig(c)
-		if err != nil {
-			return nil, err
-		}
-		d, err := dynamic.NewForConfig(rc)
-		if err != nil {
-			return nil, fmt.Errorf("cluster %q: dynamic client: %w", cluster, err)
-		}
-		j.dyn[cluster] = d
-		return d, nil
-	}
-	return nil, fmt.Errorf("cluster %q: %w", cluster, clusters.ErrUnknownCluster)
 }
 
 // Run watches the named clusters until ctx ends; each cluster runs on its
@@ -192,25 +159,24 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 		<-ctx.Done()
 		return nil
 	}
-	dyn, err := j.dynamicFor(name)
-	if err != nil {
-		return err
+	if cl.Dynamic == nil {
+		return fmt.Errorf("cluster %q: no dynamic client", name)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cr := &clusterRun{name: name, cl: cl, dyn: dyn, res: map[string]cache.Indexer{},
+	cr := &clusterRun{name: name, cl: cl, dyn: cl.Dynamic, res: map[string]cache.Indexer{},
 		q: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.NewTypedItemExponentialFailureRateLimiter[qkey](200*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[qkey]{Name: "janitor-" + name})}
 	defer cr.q.ShutDown()
 
-	nf := informers.NewSharedInformerFactory(cl.Kube, 0)
+	nf := informers.NewSharedInformerFactory(cl.WatchKube, 0)
 	ninf := nf.Core().V1().Nodes().Informer()
-	df := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
+	df := dynamicinformer.NewDynamicSharedInformerFactory(cl.WatchDynamic, 0)
 	var syncs []cache.InformerSynced
 	for _, k := range kinds {
 		// A kind whose CRD is not installed is left out (its informer
 		// would never sync).
-		if _, err := dyn.Resource(k.GVR).List(cctx, metav1.ListOptions{Limit: 1}); err != nil {
+		if _, err := cl.Dynamic.Resource(k.GVR).List(cctx, metav1.ListOptions{Limit: 1}); err != nil {
 			if apierrors.IsNotFound(err) {
 				j.log.Warn("janitor: CRD not installed; kind not watched", "cluster", name, "kind", k.Name)
 				continue

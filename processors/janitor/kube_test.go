@@ -271,7 +271,7 @@ func (e *env) janitor(cfg Config, dryRun bool, prov map[string]Provider) (*Janit
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	j.SetDynamic(cluster, e.dyn)
+	reg.SetDynamic(cluster, e.dyn)
 	return j, rec
 }
 
@@ -439,7 +439,7 @@ func TestJanitorKube(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rem.SetDynamic(cluster, e.dyn)
+	reg.SetDynamic(cluster, e.dyn)
 	t.Cleanup(rem.Close)
 	j, rec := e.janitor(e.config(), false, nil)
 	stopJ := run(t, j)

@@ -147,7 +147,7 @@ func TestLoadRebootStarts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			j.SetDynamic(cluster, dyn)
+			reg.SetDynamic(cluster, dyn)
 			stop := run(t, j)
 			defer stop()
 			time.Sleep(2 * time.Second) // the janitor's caches synced

@@ -69,7 +69,7 @@ func (c *nodeCaches) get(cl *clusters.Client) *nodeCache {
 	if nc, ok := c.byName[cl.Name]; ok || c.closed {
 		return nc
 	}
-	f := informers.NewSharedInformerFactory(cl.Kube, 0)
+	f := informers.NewSharedInformerFactory(cl.WatchKube, 0)
 	inf := f.Core().V1().Nodes()
 	_ = inf.Informer().SetWatchErrorHandler(clusters.WatchErrorLogger(c.log.With("cluster", cl.Name), "nodes"))
 	_ = inf.Informer().SetTransform(func(obj any) (any, error) {
@@ -124,7 +124,7 @@ func (c *nodeCaches) nothingStanding(cl *clusters.Client, node string, now time.
 // replica has not written the node recently; false: read it live. The copy
 // is shared with the cache: never modify it.
 func (c *nodeCaches) cached(cl *clusters.Client, node string, now time.Time) (*corev1.Node, bool) {
-	if cl == nil || cl.Kube == nil {
+	if cl == nil || cl.WatchKube == nil {
 		return nil, false
 	}
 	nc := c.get(cl)

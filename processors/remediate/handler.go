@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,10 +94,6 @@ type Handler struct {
 
 	// caches watch the resources faultline created.
 	caches *resourceCaches
-
-	mu       sync.Mutex
-	dyn      map[string]dynamic.Interface
-	clusters clusters.Config
 }
 
 // Options are a Handler's collaborators.
@@ -106,8 +101,6 @@ type Options struct {
 	Log        *slog.Logger
 	Now        func() time.Time
 	Registerer prometheus.Registerer
-	// Clusters is the cluster config, to build dynamic clients from.
-	Clusters clusters.Config
 }
 
 // New validates cfg (compiling the templates) and returns the handler.
@@ -123,7 +116,7 @@ func New(cfg Config, reg *clusters.Registry, opts Options) (*Handler, error) {
 	}
 	log := opts.Log.With("role", Role)
 	return &Handler{cfg: cfg, reg: reg, log: log, now: opts.Now,
-		m: newMetrics(opts.Registerer), caches: newResourceCaches(log), dyn: map[string]dynamic.Interface{}, clusters: opts.Clusters}, nil
+		m: newMetrics(opts.Registerer), caches: newResourceCaches(log)}, nil
 }
 
 // WatchClusters starts the watches of every template's resource on each
@@ -132,15 +125,11 @@ func New(cfg Config, reg *clusters.Registry, opts Options) (*Handler, error) {
 func (h *Handler) WatchClusters(names []string) {
 	for _, name := range names {
 		cl, err := h.reg.Get(name)
-		if err != nil || cl.Kube == nil || cl.DryRun {
-			continue
-		}
-		dyn, err := h.dynamicFor(name)
-		if err != nil {
+		if err != nil || cl.WatchDynamic == nil || cl.DryRun {
 			continue
 		}
 		for _, tm := range h.cfg.byAction {
-			h.caches.get(dyn, h.watchKey(name, tm))
+			h.caches.get(cl.WatchDynamic, h.watchKey(name, tm))
 		}
 	}
 }
@@ -156,37 +145,6 @@ func (h *Handler) watchKey(cluster string, tm *Template) watchKey {
 
 // Close stops the handler's watches.
 func (h *Handler) Close() { h.caches.close() }
-
-// SetDynamic installs a dynamic client for a cluster (tests, dev mode).
-func (h *Handler) SetDynamic(cluster string, d dynamic.Interface) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.dyn[cluster] = d
-}
-
-func (h *Handler) dynamicFor(cluster string) (dynamic.Interface, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if d, ok := h.dyn[cluster]; ok {
-		return d, nil
-	}
-	for _, c := range h.clusters.Clusters {
-		if c.Name != cluster || c.Kubeconfig == "" {
-			continue
-		}
-		rc, err := h.reg.RESTConfig(c)
-		if err != nil {
-			return nil, err
-		}
-		d, err := dynamic.NewForConfig(rc)
-		if err != nil {
-			return nil, fmt.Errorf("cluster %q: dynamic client: %w", cluster, err)
-		}
-		h.dyn[cluster] = d
-		return d, nil
-	}
-	return nil, fmt.Errorf("cluster %q: %w", cluster, clusters.ErrUnknownCluster)
-}
 
 // IsTrigger reports whether an action starts a remediation: a drain that
 // finished, or gave up under its policy, or was decided dry-run.
@@ -404,23 +362,22 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 		a.DryRun = true
 		return []*faultlinev1.Action{a}, time.Time{}, nil
 	}
-	dyn, err := h.dynamicFor(t.cluster)
-	if err != nil {
-		return nil, time.Time{}, err
+	if cl.Dynamic == nil {
+		return nil, time.Time{}, fmt.Errorf("cluster %q: no dynamic client", t.cluster)
 	}
-	return h.decide(ctx, cl, t, tm, d, dyn, false)
+	return h.decide(ctx, cl, t, tm, d, false)
 }
 
 // decide takes the remediation one step on the node's resources of the
 // template's group, read from the watch (resourceCaches) or, when live is
 // set or the watch's copy is not to be trusted, listed.
-func (h *Handler) decide(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, d Data, dyn dynamic.Interface, live bool) ([]*faultlinev1.Action, time.Time, error) {
-	res := h.resource(dyn, tm)
+func (h *Handler) decide(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, d Data, live bool) ([]*faultlinev1.Action, time.Time, error) {
+	res := h.resource(cl.Dynamic, tm)
 	g := nodeGroup{watchKey: h.watchKey(t.cluster, tm), node: nodeLabel(t.node), group: tm.Group}
 	var items []unstructured.Unstructured
 	cached := false
 	if !live {
-		items, cached = h.caches.items(dyn, g)
+		items, cached = h.caches.items(cl.WatchDynamic, g)
 	}
 	if cached {
 		h.m.reads.WithLabelValues(t.cluster, "watch").Inc()
@@ -505,7 +462,7 @@ func (h *Handler) decide(ctx context.Context, cl *clusters.Client, t trigger, tm
 			if cached {
 				// The watch had not shown it: decide again on what the
 				// apiserver holds (the budget, the last result).
-				return h.decide(ctx, cl, t, tm, d, dyn, true)
+				return h.decide(ctx, cl, t, tm, d, true)
 			}
 			cur, gerr := res.Get(ctx, d.Name, metav1.GetOptions{})
 			if apierrors.IsNotFound(gerr) {

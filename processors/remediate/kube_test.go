@@ -64,7 +64,7 @@ func newLoggedHandler(t testing.TB, cfg Config, k kubernetes.Interface, dyn dyna
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.SetDynamic(cluster, dyn)
+	reg.SetDynamic(cluster, dyn)
 	t.Cleanup(h.Close)
 	return h
 }
@@ -190,11 +190,11 @@ func caughtUp(t testing.TB, h *Handler) {
 	watches := maps.Clone(h.caches.byKey)
 	h.caches.mu.Unlock()
 	for k, rc := range watches {
-		dyn, err := h.dynamicFor(k.cluster)
+		cl, err := h.reg.Get(k.cluster)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := dyn.Resource(k.gvr).List(context.Background(), metav1.ListOptions{LabelSelector: LabelManagedBy + "=faultline"})
+		want, err := cl.Dynamic.Resource(k.gvr).List(context.Background(), metav1.ListOptions{LabelSelector: LabelManagedBy + "=faultline"})
 		if err != nil {
 			t.Fatal(err)
 		}
