@@ -108,8 +108,13 @@ func (p *LatencyProxy) countCreate(r *http.Request, answer string) {
 	p.mu.Unlock()
 }
 
-// Watches returns the watch requests the proxy received.
-func (p *LatencyProxy) Watches() int64 { return p.watches.Load() }
+// Watches returns the watch requests the proxy received (0 without a proxy).
+func (p *LatencyProxy) Watches() int64 {
+	if p == nil {
+		return 0
+	}
+	return p.watches.Load()
+}
 
 // Answers returns the POSTs to resource (a subresource too: "eviction")
 // the proxy forwarded, by the apiserver's answer ("201", "429", "404",
@@ -350,7 +355,7 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 		if tg.progress != nil {
 			progress, killUnit = tg.progress, tg.killUnit
 		}
-		p0, w0 := progress(), tg.watchRequests()
+		p0, w0 := progress(), tg.proxy.Watches()
 		t0 := time.Now()
 		res := tg.blast(ctx, from, sp.Nodes)
 		killed := false
@@ -397,14 +402,6 @@ func RunScale(ctx context.Context, e *Env, sp ScaleParams, r *Report) error {
 	return nil
 }
 
-// watchRequests is the watch requests the proxy received so far (0 without one).
-func (tg *scaleTarget) watchRequests() int64 {
-	if tg.proxy == nil {
-		return 0
-	}
-	return tg.proxy.Watches()
-}
-
 // watchesSince says, for a round's figure, how many watches the replicas
 // opened since w0 (their first ones are older: a watch cut and opened
 // again counts).
@@ -412,7 +409,7 @@ func (tg *scaleTarget) watchesSince(w0 int64) string {
 	if tg.proxy == nil {
 		return ""
 	}
-	return fmt.Sprintf(", %d watch requests", tg.watchRequests()-w0)
+	return fmt.Sprintf(", %d watch requests", tg.proxy.Watches()-w0)
 }
 
 // waitGroupSettled waits until group is stable with n members, each

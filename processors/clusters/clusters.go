@@ -306,9 +306,9 @@ func (r *Registry) Get(name string) (*Client, error) {
 	return c, nil
 }
 
-// RESTConfig returns the rest.Config of a configured cluster, with the
+// restConfig returns the rest.Config of a configured cluster, with the
 // registry's rate limits applied.
-func (r *Registry) RESTConfig(cl Cluster) (*rest.Config, error) {
+func (r *Registry) restConfig(cl Cluster) (*rest.Config, error) {
 	var (
 		rc  *rest.Config
 		err error
@@ -372,7 +372,7 @@ func (cl Cluster) token(prefix string) (config.Secret, error) {
 // rest.Config, and its clients for watches from the same without the
 // timeout.
 func (r *Registry) buildClient(cl Cluster, c *Client) error {
-	rc, err := r.RESTConfig(cl)
+	rc, err := r.restConfig(cl)
 	if err != nil {
 		return err
 	}

@@ -81,7 +81,7 @@ current-context: x
 	if c2, _ := r.Get("a"); c2 != c {
 		t.Fatal("client not reused")
 	}
-	rc, err := r.RESTConfig(cfg.Clusters[0])
+	rc, err := r.restConfig(cfg.Clusters[0])
 	if err != nil || rc.QPS != 42 || rc.Burst != DefaultBurst {
 		t.Fatalf("rest config qps %v burst %v err %v", rc.QPS, rc.Burst, err)
 	}
@@ -227,18 +227,18 @@ current-context: x
 	}
 	t.Setenv("FAULTLINE_TEST_KUBE_TOKEN", planted)
 	r := NewRegistry(DefaultConfig(), nil)
-	rc, err := r.RESTConfig(Cluster{Name: "f", Kubeconfig: kc, TokenFile: tokFile})
+	rc, err := r.restConfig(Cluster{Name: "f", Kubeconfig: kc, TokenFile: tokFile})
 	if err != nil || rc.BearerTokenFile != tokFile || rc.BearerToken != "" {
 		t.Fatalf("token_file: %v token %q file %q", err, rc.BearerToken, rc.BearerTokenFile)
 	}
-	rc, err = r.RESTConfig(Cluster{Name: "e", Kubeconfig: kc, TokenEnv: "FAULTLINE_TEST_KUBE_TOKEN"})
+	rc, err = r.restConfig(Cluster{Name: "e", Kubeconfig: kc, TokenEnv: "FAULTLINE_TEST_KUBE_TOKEN"})
 	if err != nil || rc.BearerToken != planted || rc.BearerTokenFile != "" {
 		t.Fatalf("token_env: %v", err)
 	}
 	if s := fmt.Sprintf("%v %+v %s", rc, rc, rc); strings.Contains(s, planted) {
 		t.Fatalf("the rest config prints the token: %s", s)
 	}
-	rc, err = r.RESTConfig(Cluster{Name: "k", Kubeconfig: kc})
+	rc, err = r.restConfig(Cluster{Name: "k", Kubeconfig: kc})
 	if err != nil || rc.BearerToken != "kubeconfig-token" {
 		t.Fatalf("kubeconfig credentials: %v", err)
 	}
@@ -251,7 +251,7 @@ current-context: x
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.RESTConfig(Cluster{Name: "p", Kubeconfig: plain, TokenFile: tokFile}); err == nil || !strings.Contains(err.Error(), "never sent in clear") {
+	if _, err := r.restConfig(Cluster{Name: "p", Kubeconfig: plain, TokenFile: tokFile}); err == nil || !strings.Contains(err.Error(), "never sent in clear") {
 		t.Fatalf("token over http: %v", err)
 	}
 	cfg := DefaultConfig()
