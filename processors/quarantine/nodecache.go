@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -84,7 +85,7 @@ func (c *nodeCaches) get(cl *clusters.Client) *nodeCache {
 			}
 		}
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
-			Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels, Annotations: n.Annotations,
+			Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: interned(n.Labels), Annotations: interned(n.Annotations),
 		}, Spec: corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints},
 			Status: corev1.NodeStatus{Conditions: conds}}, nil
 	})
@@ -105,6 +106,20 @@ func (c *nodeCaches) get(cl *clusters.Client) *nodeCache {
 	f.Start(c.stop)
 	c.byName[cl.Name] = nc
 	return nc
+}
+
+// interned is m with its keys and values interned (unique.Make): a
+// fleet's nodes carry the same few dozen label keys (and mostly the same
+// values), which the decoder allocates once per node.
+func interned(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[unique.Make(k).Value()] = unique.Make(v).Value()
+	}
+	return out
 }
 
 // nothingStanding reports whether the cache knows the node carries no

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"runtime"
 	"testing"
 	"time"
 
@@ -17,14 +16,11 @@ import (
 )
 
 // BenchmarkWatchMemory measures what a replica's watch holds per
-// RebootNode: watchMemNodes RebootNodes created by the role (one per node,
+// RebootNode: 5,000 RebootNodes created by the role (one per node,
 // as drain results ask), finished by the test as the janitor finishes
 // them (conditions, startTime, completionTime), then a new handler's
-// watches started and synced; the Go heap in use after a GC, before and
-// after, per RebootNode, beside the objects' size as the apiserver's JSON.
-// What it skips: the transient heap of the initial list (a peak, not
-// held) and the Go runtime's GC headroom (RSS ≈ 2× the live heap at
-// GOGC=100).
+// watches started and synced (testenv.HeldHeap), beside the objects' size
+// as the apiserver's JSON.
 //
 //	go test -run '^$' -bench WatchMemory -benchtime 1x ./processors/remediate
 func BenchmarkWatchMemory(b *testing.B) {
@@ -77,21 +73,12 @@ func BenchmarkWatchMemory(b *testing.B) {
 	h.Close()
 	b.ResetTimer()
 	for range b.N {
-		var m0, m1 runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&m0)
-		w := newHandler(b, testConfig(), k, dyn, clk)
-		w.WatchClusters([]string{cluster})
-		rc := w.caches.get(nil, w.watchKey(cluster, w.cfg.template("REPLACE_VM")))
-		for deadline := time.Now().Add(time.Minute); !rc.inf.HasSynced() || len(rc.inf.GetStore().ListKeys()) != n; time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				b.Fatalf("the watch holds %d of %d RebootNodes after a minute", len(rc.inf.GetStore().ListKeys()), n)
-			}
-		}
-		runtime.GC()
-		runtime.ReadMemStats(&m1)
-		b.ReportMetric(float64(int64(m1.HeapAlloc)-int64(m0.HeapAlloc))/n, "heap-B/RebootNode")
-		w.Close()
+		b.ReportMetric(testenv.HeldHeap(b, n, func() (func() bool, func()) {
+			w := newHandler(b, testConfig(), k, dyn, clk)
+			w.WatchClusters([]string{cluster})
+			rc := w.caches.get(nil, w.watchKey(cluster, w.cfg.template("REPLACE_VM")))
+			return func() bool { return rc.inf.HasSynced() && len(rc.inf.GetStore().ListKeys()) == n }, w.Close
+		}), "heap-B/RebootNode")
 	}
 	b.ReportMetric(float64(size)/n, "json-B/RebootNode")
 }
