@@ -10,6 +10,13 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
+// WatchStopped reports whether a watch error is no failure: the watch
+// closed cleanly (it resumes where it was) or was stopped (the role
+// closing: context canceled).
+func WatchStopped(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, context.Canceled)
+}
+
 // WatchErrorLogger reports a failed watch of resource (plural: "nodes") in
 // the role's log (client-go's default handler writes to klog, outside it),
 // at client-go's levels: a watch closed cleanly or stopped (the role
@@ -21,7 +28,7 @@ import (
 func WatchErrorLogger(log *slog.Logger, resource string) cache.WatchErrorHandler {
 	return func(_ *cache.Reflector, err error) {
 		switch {
-		case errors.Is(err, io.EOF), errors.Is(err, context.Canceled):
+		case WatchStopped(err):
 		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
 			log.Info("watch of "+resource+" expired; listing them again", "err", err)
 		case errors.Is(err, io.ErrUnexpectedEOF):

@@ -127,7 +127,6 @@ type qkey struct{ kind, name string }
 type clusterRun struct {
 	name  string
 	cl    *clusters.Client
-	dyn   dynamic.Interface
 	nodes cache.Indexer
 	res   map[string]cache.Indexer // by kind name
 	q     workqueue.TypedRateLimitingInterface[qkey]
@@ -164,7 +163,7 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cr := &clusterRun{name: name, cl: cl, dyn: cl.Dynamic, res: map[string]cache.Indexer{},
+	cr := &clusterRun{name: name, cl: cl, res: map[string]cache.Indexer{},
 		q: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.NewTypedItemExponentialFailureRateLimiter[qkey](200*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[qkey]{Name: "janitor-" + name})}
 	defer cr.q.ShutDown()
@@ -361,7 +360,7 @@ type operation struct {
 	st       *opState
 }
 
-func (op *operation) res() dynamic.ResourceInterface { return op.cr.dyn.Resource(op.kd.GVR) }
+func (op *operation) res() dynamic.ResourceInterface { return op.cr.cl.Dynamic.Resource(op.kd.GVR) }
 
 func (op *operation) ref() string { return op.kd.Name + "/" + op.u.GetName() }
 

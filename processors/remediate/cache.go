@@ -1,9 +1,6 @@
 package remediate
 
 import (
-	"context"
-	"errors"
-	"io"
 	"log/slog"
 	"sync"
 	"time"
@@ -122,7 +119,7 @@ func (c *resourceCaches) get(dyn dynamic.Interface, k watchKey) *resourceCache {
 	log := c.log.With("cluster", k.cluster)
 	logErr := clusters.WatchErrorLogger(log, k.gvr.Resource)
 	_ = inf.SetWatchErrorHandler(func(r *cache.Reflector, err error) {
-		if errors.Is(err, io.EOF) || errors.Is(err, context.Canceled) { // closed cleanly, or stopped
+		if clusters.WatchStopped(err) {
 			return
 		}
 		rc.mu.Lock()
