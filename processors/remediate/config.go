@@ -229,6 +229,14 @@ type Config struct {
 	// its own timeout (30 minutes when its config sets none) and says so
 	// in its conditions, which faultline reads as a failure first.
 	CompletionTimeout time.Duration `toml:"completion_timeout"`
+	// Retention: a finished resource created longer ago than this is
+	// deleted the next time the role reads its node's group, unless it is
+	// the group's newest (whose result and sequence number the next
+	// remediation reads). A trigger older than this is not acted on (its
+	// resource may be gone). 0 keeps every resource and acts on every
+	// trigger; else at least BudgetWindow and more than
+	// CompletionTimeout. Default 168h (7 days).
+	Retention time.Duration `toml:"retention"`
 	// PollInterval is how often a remediation in progress is looked at.
 	// Default 15s.
 	PollInterval time.Duration `toml:"poll_interval"`
@@ -264,6 +272,7 @@ func DefaultConfig() Config {
 		Budget:            3,
 		BudgetWindow:      24 * time.Hour,
 		CompletionTimeout: time.Hour,
+		Retention:         7 * 24 * time.Hour,
 		PollInterval:      15 * time.Second,
 		Workers:           64,
 		BatchTimeout:      2 * time.Minute,
@@ -278,6 +287,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&c.Budget, prefix+"budget", c.Budget, "remediations of one group per node within the budget window before CONTACT_SUPPORT (0: no budget)")
 	fs.DurationVar(&c.BudgetWindow, prefix+"budget-window", c.BudgetWindow, "window of the remediation budget")
 	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "a remediation neither complete nor failed this long after creation has failed")
+	fs.DurationVar(&c.Retention, prefix+"retention", c.Retention, "finished remediations older than this are deleted, triggers older than this ignored (0: keep all)")
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often a remediation in progress is looked at")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 1s: a batch may hold that long for a requeued item)")
 	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes handled concurrently per batch")
@@ -324,6 +334,14 @@ func (c *Config) Validate(prefix string) error {
 		if d.v <= 0 {
 			return fmt.Errorf("%s%s: must be positive, got %v", prefix, d.key, d.v)
 		}
+	}
+	switch {
+	case c.Retention < 0:
+		return fmt.Errorf("%sretention: must not be negative, got %v", prefix, c.Retention)
+	case c.Retention > 0 && c.Retention < c.BudgetWindow:
+		return fmt.Errorf("%sretention: must be 0 (keep all) or at least budget_window (%v): the budget counts the resources; got %v", prefix, c.BudgetWindow, c.Retention)
+	case c.Retention > 0 && c.Retention <= c.CompletionTimeout:
+		return fmt.Errorf("%sretention: must be 0 (keep all) or more than completion_timeout (%v); got %v", prefix, c.CompletionTimeout, c.Retention)
 	}
 	if c.Workers < 1 {
 		return fmt.Errorf("%sworkers: must be at least 1, got %d", prefix, c.Workers)

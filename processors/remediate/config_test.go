@@ -19,6 +19,11 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 		{"budget", func(c *Config) { c.Budget = -1 }, "remediate.budget"},
 		{"window", func(c *Config) { c.BudgetWindow = 0 }, "remediate.budget_window"},
 		{"prefix", func(c *Config) { c.NamePrefix = "Maint" }, "remediate.name_prefix"},
+		{"retention negative", func(c *Config) { c.Retention = -time.Hour }, "remediate.retention"},
+		{"retention under the budget window", func(c *Config) { c.Retention = 12 * time.Hour }, "remediate.retention"},
+		{"retention within the completion timeout", func(c *Config) {
+			c.BudgetWindow, c.CompletionTimeout, c.Retention = time.Hour, 2*time.Hour, 2*time.Hour
+		}, "remediate.retention"},
 		{"template syntax", func(c *Config) { c.Templates = []Template{{Action: "RESTART_VM", Object: "{{ .Name "}} }, "remediate.templates[0]"},
 		{"template field", func(c *Config) {
 			c.Templates = []Template{{Action: "RESTART_VM", Object: "kind: X\napiVersion: a/v1\nmetadata: {name: {{ .Nope }}}"}}

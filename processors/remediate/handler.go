@@ -47,6 +47,10 @@ const (
 	AnnotationCreated  = "faultline.io/created-at"
 	AnnotationBy       = "faultline.io/created-by"
 	AnnotationEvents   = "faultline.io/event-ids"
+	// AnnotationSeq is the resource's sequence number in its node's group
+	// (its name is derived from it); the next one is one more than the
+	// newest's, so that a pruned resource's name is never used again.
+	AnnotationSeq = "faultline.io/seq"
 	// AnnotationEscalated is set on the node when faultline escalates it to
 	// CONTACT_SUPPORT: the time and why.
 	AnnotationEscalated = "faultline.io/remediation-escalated"
@@ -342,6 +346,13 @@ func nodeLabel(node string) string {
 // node's follow-up in another batch, the janitor — makes requeue.Step redo
 // it; every call it repeats is idempotent).
 func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
+	if ts := t.src.GetTimestamp(); h.cfg.Retention > 0 && ts != nil && h.now().Sub(ts.AsTime()) > h.cfg.Retention {
+		// Its resource may have been pruned: acting on a replayed or
+		// long-delayed trigger could repeat a remediation long done.
+		reason := fmt.Sprintf("trigger of %s is older than remediate.retention (%s): its remediation may have been pruned; not acted on",
+			ts.AsTime().UTC().Format(time.RFC3339), h.cfg.Retention)
+		return []*faultlinev1.Action{h.action(t, events.KindRemediate, events.OutcomeSkipped, reason, "skip")}, time.Time{}, nil
+	}
 	ra := t.src.GetRecommendedAction()
 	switch ra {
 	case "", datamodels.RecommendedAction_NONE.String(), datamodels.RecommendedAction_UNKNOWN.String():
@@ -370,7 +381,8 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 
 // decide takes the remediation one step on the node's resources of the
 // template's group, read from the watch (resourceCaches) or, when live is
-// set or the watch's copy is not to be trusted, listed.
+// set or the watch's copy is not to be trusted, listed; then it prunes
+// the group's old finished resources.
 func (h *Handler) decide(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, d Data, live bool) ([]*faultlinev1.Action, time.Time, error) {
 	res := h.resource(cl.Dynamic, tm)
 	g := nodeGroup{watchKey: h.watchKey(t.cluster, tm), node: nodeLabel(t.node), group: tm.Group}
@@ -390,7 +402,18 @@ func (h *Handler) decide(ctx context.Context, cl *clusters.Client, t trigger, tm
 		items = list.Items
 	}
 	sort.Slice(items, func(i, j int) bool { return createdAt(&items[i]).Before(createdAt(&items[j])) })
+	acts, again, err := h.choose(ctx, cl, t, tm, d, res, g, items, cached)
+	if err != nil {
+		return acts, again, err
+	}
+	return append(acts, h.prune(ctx, t, tm, res, items)...), again, nil
+}
 
+// choose takes the step on the node's resources of the group (oldest
+// first): follow the trigger's own, join one in progress, escalate, or
+// create the next.
+func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, d Data, res dynamic.ResourceInterface,
+	g nodeGroup, items []unstructured.Unstructured, cached bool) ([]*faultlinev1.Action, time.Time, error) {
 	// Already ours (a retry, a replay, or a second replica)?
 	for i := range items {
 		if slices.Contains(triggersOf(&items[i]), t.id) {
@@ -425,7 +448,8 @@ func (h *Handler) decide(ctx context.Context, cl *clusters.Client, t trigger, tm
 	}
 	// Create, with the next sequence number of the node's group: two
 	// replicas racing pick the same name and one of them wins.
-	for seq := len(items) + 1; seq < len(items)+10; seq++ {
+	next := nextSeq(items)
+	for seq := next; seq < next+10; seq++ {
 		d.Name = h.name(t.node, tm.Group, seq)
 		obj, err := tm.render(d)
 		if err != nil {
@@ -454,6 +478,7 @@ func (h *Handler) decide(ctx context.Context, cl *clusters.Client, t trigger, tm
 		ann[AnnotationCreated] = h.now().UTC().Format(time.RFC3339Nano)
 		ann[AnnotationBy] = h.cfg.Identity
 		ann[AnnotationEvents] = strings.Join(t.src.GetEventIds(), ",")
+		ann[AnnotationSeq] = strconv.Itoa(seq)
 		obj.SetAnnotations(ann)
 		h.caches.wrote(g, "", "")
 		created, err := res.Create(ctx, obj, metav1.CreateOptions{FieldManager: "faultline-remediate"})
@@ -489,6 +514,66 @@ func (h *Handler) decide(ctx context.Context, cl *clusters.Client, t trigger, tm
 		return []*faultlinev1.Action{a}, h.now().Add(h.cfg.PollInterval), nil
 	}
 	return nil, time.Time{}, fmt.Errorf("create %s for node %s: no free name after 10 tries", tm.kind, t.node)
+}
+
+// nextSeq is the sequence number of the group's next resource: one more
+// than the highest of items (AnnotationSeq; a resource created before the
+// annotation counts as its place among them, oldest first, which was its
+// number while nothing was pruned).
+func nextSeq(items []unstructured.Unstructured) int {
+	n := 0
+	for i := range items {
+		s, err := strconv.Atoi(items[i].GetAnnotations()[AnnotationSeq])
+		if err != nil || s < 1 {
+			s = i + 1
+		}
+		n = max(n, s)
+	}
+	return n + 1
+}
+
+// prune deletes the group's finished resources (items, oldest first)
+// created longer ago than Retention, never the newest: its result and
+// sequence number are what the next remediation reads. A delete is
+// conditional on the uid and resourceVersion read, so a resource changed
+// since (or a stale copy of the watch) is left for the next look, as is
+// one whose delete failed. Every delete is an action; none fails the step.
+func (h *Handler) prune(ctx context.Context, t trigger, tm *Template, res dynamic.ResourceInterface, items []unstructured.Unstructured) []*faultlinev1.Action {
+	if h.cfg.Retention == 0 || len(items) < 2 {
+		return nil
+	}
+	var acts []*faultlinev1.Action
+	for i := range items[:len(items)-1] {
+		o := &items[i]
+		age := h.now().Sub(createdAt(o))
+		if age <= h.cfg.Retention {
+			break // the rest are newer
+		}
+		st, why := h.status(tm, o)
+		if st == inProgress {
+			continue
+		}
+		uid, rv := o.GetUID(), o.GetResourceVersion()
+		err := res.Delete(ctx, o.GetName(), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+		if err != nil {
+			if !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				h.m.apiErrors.WithLabelValues(t.cluster).Inc()
+				h.log.Warn("pruning an old remediation failed; tried again at the node's next one", "cluster", t.cluster, "node", t.node,
+					"resource", tm.kind+"/"+o.GetName(), "err", err)
+			}
+			continue
+		}
+		result := "completed"
+		if st == failed {
+			result = "failed: " + why
+		}
+		ref := tm.kind + "/" + o.GetName()
+		a := h.action(t, events.KindPrune, events.OutcomeApplied,
+			fmt.Sprintf("deleted %s, created %s ago (retention %s), %s", ref, age.Round(time.Minute), h.cfg.Retention, result), "prune/"+o.GetName())
+		a.Details[events.DetailResource] = ref
+		acts = append(acts, a)
+	}
+	return acts
 }
 
 // resource is the dynamic client of a template's resource.

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -235,7 +237,18 @@ func TestRemediateKube(t *testing.T) {
 		t.Fatal(err)
 	}
 	kube.ApplyCRDs(t, "../../deploy/crds/*.yaml")
+	kube.ApplyRBAC(t, "../../deploy/rbac/remediate.yaml")
 	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	// clientsAs are a typed and a dynamic client acting as user.
+	clientsAs := func(t *testing.T, user string) (kubernetes.Interface, dynamic.Interface) {
+		as, rc := kube.ClientAs(t, user)
+		asDyn, err := dynamic.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return as, asDyn
+	}
+	const sa = "system:serviceaccount:faultline:faultline-remediate"
 
 	t.Run("RebootNodeOnceAcrossRetriesAndReplicas", func(t *testing.T) {
 		node := "gpu-node-42"
@@ -506,15 +519,9 @@ func TestRemediateKube(t *testing.T) {
 	// The role as the ServiceAccount of deploy/rbac/remediate.yaml: create,
 	// join, and escalate work, and nothing it does not call is granted.
 	t.Run("RBACIsEnough", func(t *testing.T) {
-		const sa = "system:serviceaccount:faultline:faultline-remediate"
-		kube.ApplyRBAC(t, "../../deploy/rbac/remediate.yaml")
 		node := "rbac-1"
 		createNode(t, k, node)
-		as, rc := kube.ClientAs(t, sa)
-		asDyn, err := dynamic.NewForConfig(rc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		as, asDyn := clientsAs(t, sa)
 		cfg := testConfig()
 		cfg.Budget = 1
 		h := newHandler(t, cfg, as, asDyn, clk)
@@ -538,7 +545,8 @@ func TestRemediateKube(t *testing.T) {
 		}{
 			{testenv.Access{Verb: "create", Group: JanitorGroup, Resource: "rebootnodes"}, true},
 			{testenv.Access{Verb: "patch", Group: JanitorGroup, Resource: "gpuresets"}, true},
-			{testenv.Access{Verb: "delete", Group: JanitorGroup, Resource: "rebootnodes"}, false},
+			{testenv.Access{Verb: "delete", Group: JanitorGroup, Resource: "rebootnodes"}, true},
+			{testenv.Access{Verb: "deletecollection", Group: JanitorGroup, Resource: "rebootnodes"}, false},
 			{testenv.Access{Verb: "update", Group: JanitorGroup, Resource: "rebootnodes"}, false},
 			{testenv.Access{Verb: "watch", Group: JanitorGroup, Resource: "rebootnodes"}, true},
 			{testenv.Access{Verb: "create", Group: JanitorGroup, Resource: "terminatenodes"}, false},
@@ -550,6 +558,135 @@ func TestRemediateKube(t *testing.T) {
 			if got := kube.Allowed(t, sa, tc.a); got != tc.want {
 				t.Errorf("%+v: allowed %v, want %v", tc.a, got, tc.want)
 			}
+		}
+	})
+
+	t.Run("OldFinishedPruned", func(t *testing.T) {
+		// As the role's ServiceAccount: a finished RebootNode older than
+		// the retention goes once a newer one exists; the newest stays
+		// (also when old, also when failed); names are never used again; a
+		// trigger older than the retention is not acted on.
+		node := "pruned-1"
+		createNode(t, k, node)
+		as, asDyn := clientsAs(t, sa)
+		cfg := testConfig()
+		cfg.Retention = 48 * time.Hour
+		h := newHandler(t, cfg, as, asDyn, clk)
+		done := func(name string, ok bool) {
+			t.Helper()
+			c := cond{"NodeReady", "True", "Succeeded"}
+			if !ok {
+				c = cond{"NodeReady", "False", "Timeout"}
+			}
+			setStatus(t, dyn, rebootGVR, name, true, cond{"SignalSent", "True", "Succeeded"}, c)
+		}
+		names := func() []string {
+			var out []string
+			for _, it := range list(t, dyn, rebootGVR, node) {
+				out = append(out, it.GetName())
+			}
+			sort.Strings(out)
+			return out
+		}
+		first := drained(node, "p1", "RESTART_VM", nil)
+		sent := clk.Now()
+		if acts, _ := handle(t, h, first); len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied {
+			t.Fatalf("first fault: %s", outcomes(acts))
+		}
+		name1 := h.name(node, "reboot", 1)
+		done(name1, true)
+
+		clk.Add(49 * time.Hour) // #1 is past the retention, and the newest: kept
+		caughtUp(t, h)
+		acts, rq := handle(t, h, drained(node, "p2", "RESTART_VM", nil))
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(rq) != 1 {
+			t.Fatalf("second fault: %s", outcomes(acts))
+		}
+		name2 := h.name(node, "reboot", 2)
+		if got := names(); len(got) != 2 {
+			t.Fatalf("RebootNodes %v, want the old one kept beside %s", got, name2)
+		}
+		done(name2, true)
+		acts, _ = poll(t, h, clk, rq[0]) // #2 done: #1 is no longer the newest
+		if len(acts) != 2 || acts[0].Outcome != events.OutcomeSucceeded || acts[1].Kind != events.KindPrune ||
+			!strings.Contains(acts[1].Reason, "deleted RebootNode/"+name1) || acts[1].Details[events.DetailResource] != "RebootNode/"+name1 {
+			t.Fatalf("after the second: %s", outcomes(acts))
+		}
+		if got := names(); len(got) != 1 || got[0] != name2 {
+			t.Fatalf("RebootNodes %v, want only %s", got, name2)
+		}
+
+		// remediate runs the node's next remediation (#seq) to done (ok
+		// or failed): the actions of its fault and of the poll that saw
+		// it done, as "kind/outcome resource".
+		remediate := func(id string, seq int, ok bool) string {
+			t.Helper()
+			caughtUp(t, h)
+			acts, rq := handle(t, h, drained(node, id, "RESTART_VM", nil))
+			name := h.name(node, "reboot", seq)
+			if len(acts) == 0 || acts[0].Details[events.DetailResource] != "RebootNode/"+name || len(rq) != 1 {
+				t.Fatalf("fault %s, want RebootNode #%d: %s", id, seq, outcomes(acts))
+			}
+			o, err := dyn.Resource(rebootGVR).Get(context.Background(), name, metav1.GetOptions{})
+			if err != nil || o.GetAnnotations()[AnnotationSeq] != strconv.Itoa(seq) {
+				t.Fatalf("RebootNode #%d: %v %v", seq, err, o.GetAnnotations())
+			}
+			done(name, ok)
+			polled, _ := poll(t, h, clk, rq[0])
+			var out []string
+			for _, a := range append(acts, polled...) {
+				r := a.Details[events.DetailResource]
+				for i := 1; i < 10; i++ {
+					r = strings.Replace(r, h.name(node, "reboot", i), "#"+strconv.Itoa(i), 1)
+				}
+				out = append(out, a.Kind+"/"+a.Outcome+" "+r)
+			}
+			return strings.Join(out, ", ")
+		}
+		// #3 is the node's third, though one RebootNode is left; #4's
+		// fault prunes #2, its poll #3 (old, no longer the newest).
+		clk.Add(time.Hour)
+		if got, want := remediate("p3", 3, true), "remediate/applied RebootNode/#3, remediate/succeeded RebootNode/#3"; got != want {
+			t.Fatalf("#3: %s, want %s", got, want)
+		}
+		clk.Add(49 * time.Hour)
+		if got, want := remediate("p4", 4, true),
+			"remediate/applied RebootNode/#4, prune/applied RebootNode/#2, remediate/succeeded RebootNode/#4, prune/applied RebootNode/#3"; got != want {
+			t.Fatalf("#4: %s, want %s", got, want)
+		}
+		// One RebootNode left: the next is #5, not the pruned #2's name
+		// again.
+		if got := names(); len(got) != 1 || got[0] != h.name(node, "reboot", 4) {
+			t.Fatalf("RebootNodes %v, want only #4", got)
+		}
+		clk.Add(time.Hour)
+		if got, want := remediate("p5", 5, false), "remediate/applied RebootNode/#5, remediate/failed RebootNode/#5, escalate/applied "; got != want {
+			t.Fatalf("#5: %s, want %s", got, want)
+		}
+		// An old failed newest stays: the next fault is escalated, and #4
+		// pruned.
+		clk.Add(49 * time.Hour)
+		caughtUp(t, h)
+		acts, _ = handle(t, h, drained(node, "p6", "RESTART_VM", nil))
+		if len(acts) != 2 || acts[0].Kind != events.KindEscalate || acts[1].Kind != events.KindPrune || !strings.Contains(acts[1].Reason, h.name(node, "reboot", 4)) {
+			t.Fatalf("fault after an old failed reboot: %s", outcomes(acts))
+		}
+		if got := names(); len(got) != 1 || got[0] != h.name(node, "reboot", 5) {
+			t.Fatalf("RebootNodes %v, want only the failed newest #5", got)
+		}
+
+		// The first trigger replayed (its RebootNode is gone): skipped.
+		a, err := events.UnmarshalAction(first.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Timestamp = timestamppb.New(sent)
+		first.Value, _ = events.MarshalAction(a)
+		if acts, _ = handle(t, h, first); len(acts) != 1 || acts[0].Outcome != events.OutcomeSkipped || !strings.Contains(acts[0].Reason, "older than remediate.retention") {
+			t.Fatalf("replayed first trigger: %s", outcomes(acts))
+		}
+		if got := names(); len(got) != 1 {
+			t.Fatalf("RebootNodes %v after the replay", got)
 		}
 	})
 
@@ -714,11 +851,7 @@ func TestRemediateKube(t *testing.T) {
 		}
 		node := "old-rbac-1"
 		createNode(t, k, node)
-		as, rc := kube.ClientAs(t, user)
-		asDyn, err := dynamic.NewForConfig(rc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		as, asDyn := clientsAs(t, user)
 		var buf syncbuf.Buffer
 		h := newLoggedHandler(t, testConfig(), as, asDyn, clk, slog.New(slog.NewTextHandler(&buf, nil)))
 		h.WatchClusters([]string{cluster})

@@ -40,6 +40,9 @@ const (
 	// KindRemediate: a remediation resource was created, joined or
 	// followed to its result.
 	KindRemediate = "remediate"
+	// KindPrune: a finished remediation resource older than the remediate
+	// role's retention was deleted.
+	KindPrune = "prune"
 	// KindEscalate: the node was escalated to CONTACT_SUPPORT (the
 	// remediate role), or a drifted node was escalated to a fatal event
 	// after the conformance role's drift_remediation_timeout.
