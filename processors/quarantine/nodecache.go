@@ -73,22 +73,7 @@ func (c *nodeCaches) get(cl *clusters.Client) *nodeCache {
 	f := informers.NewSharedInformerFactory(cl.WatchKube, 0)
 	inf := f.Core().V1().Nodes()
 	_ = inf.Informer().SetWatchErrorHandler(clusters.WatchErrorLogger(c.log.With("cluster", cl.Name), "nodes"))
-	_ = inf.Informer().SetTransform(func(obj any) (any, error) {
-		n, ok := obj.(*corev1.Node)
-		if !ok {
-			return obj, nil
-		}
-		var conds []corev1.NodeCondition
-		for _, c := range n.Status.Conditions {
-			if strings.HasPrefix(c.Message, conditionPrefix) {
-				conds = append(conds, c)
-			}
-		}
-		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
-			Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: interned(n.Labels), Annotations: interned(n.Annotations),
-		}, Spec: corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints},
-			Status: corev1.NodeStatus{Conditions: conds}}, nil
-	})
+	_ = inf.Informer().SetTransform(watchCopy)
 	if c.uncordoned != nil {
 		name := cl.Name
 		_, _ = inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{UpdateFunc: func(oldObj, newObj any) {
@@ -106,6 +91,26 @@ func (c *nodeCaches) get(cl *clusters.Client) *nodeCache {
 	f.Start(c.stop)
 	c.byName[cl.Name] = nc
 	return nc
+}
+
+// watchCopy is what the node watch keeps of a node: name, UID,
+// resourceVersion, labels and annotations (interned), unschedulable,
+// taints and faultline's conditions.
+func watchCopy(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	var conds []corev1.NodeCondition
+	for _, c := range n.Status.Conditions {
+		if strings.HasPrefix(c.Message, conditionPrefix) {
+			conds = append(conds, c)
+		}
+	}
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: interned(n.Labels), Annotations: interned(n.Annotations),
+	}, Spec: corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints},
+		Status: corev1.NodeStatus{Conditions: conds}}, nil
 }
 
 // interned is m with its keys and values interned (unique.Make): a

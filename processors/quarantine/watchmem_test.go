@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
@@ -116,4 +118,51 @@ func BenchmarkNodeWatchMemory(b *testing.B) {
 		}), "heap-B/node")
 	}
 	b.ReportMetric(float64(size), "json-B/node")
+}
+
+// BenchmarkNodeWatchCopy is the CPU the node watch spends per node event
+// on what it keeps (watchCopy: labels and annotations interned), beside
+// the same copy with maps.Clone (no interning) and the decoding of the
+// event's node from the apiserver's JSON, which the watch does first:
+// a GPU node as gpuNode writes it, with a kubelet's status (conditions,
+// capacity, 40 images).
+//
+//	go test -run '^$' -bench NodeWatchCopy ./processors/quarantine
+func BenchmarkNodeWatchCopy(b *testing.B) {
+	nd := gpuNode(7)
+	for _, t := range []string{"Ready", "MemoryPressure", "DiskPressure", "PIDPressure"} {
+		nd.Status.Conditions = append(nd.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeConditionType(t), Status: corev1.ConditionFalse,
+			Reason: "Kubelet" + t, Message: "kubelet reports " + t, LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()})
+	}
+	nd.Status.Capacity = corev1.ResourceList{"cpu": resource.MustParse("192"), "memory": resource.MustParse("2Ti"), "nvidia.com/gpu": resource.MustParse("8")}
+	nd.Status.Allocatable = nd.Status.Capacity
+	for i := range 40 {
+		nd.Status.Images = append(nd.Status.Images, corev1.ContainerImage{Names: []string{fmt.Sprintf("nvcr.io/nvidia/image-%d@sha256:%064x", i, i), fmt.Sprintf("nvcr.io/nvidia/image-%d:v1.%d", i, i)}, SizeBytes: int64(i) << 24})
+	}
+	raw, err := json.Marshal(nd)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("decode", func(b *testing.B) {
+		b.ReportMetric(float64(len(raw)), "json-B")
+		for range b.N {
+			var n corev1.Node
+			if err := json.Unmarshal(raw, &n); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("copy-interned", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			_, _ = watchCopy(nd)
+		}
+	})
+	b.Run("copy-cloned", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			_ = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nd.Name, UID: nd.UID, ResourceVersion: nd.ResourceVersion,
+				Labels: maps.Clone(nd.Labels), Annotations: maps.Clone(nd.Annotations)}}
+		}
+	})
 }

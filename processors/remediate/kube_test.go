@@ -154,9 +154,17 @@ type cond [3]string
 // success and failure alike).
 func setStatus(t testing.TB, dyn dynamic.Interface, gvr schema.GroupVersionResource, name string, finished bool, conds ...cond) {
 	t.Helper()
+	if err := writeStatus(dyn, gvr, name, finished, conds...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeStatus is setStatus returning its error (for other goroutines than
+// the test's).
+func writeStatus(dyn dynamic.Interface, gvr schema.GroupVersionResource, name string, finished bool, conds ...cond) error {
 	o, err := dyn.Resource(gvr).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	now := time.Now().UTC().Format(time.RFC3339)
 	var cs []any
@@ -168,9 +176,8 @@ func setStatus(t testing.TB, dyn dynamic.Interface, gvr schema.GroupVersionResou
 		st["completionTime"] = now
 	}
 	o.Object["status"] = st
-	if _, err := dyn.Resource(gvr).UpdateStatus(context.Background(), o, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	_, err = dyn.Resource(gvr).UpdateStatus(context.Background(), o, metav1.UpdateOptions{})
+	return err
 }
 
 // poll handles a requeue record after a poll interval: the remediation's

@@ -53,11 +53,12 @@ func BenchmarkWatchMemory(b *testing.B) {
 	g.SetLimit(32)
 	for _, o := range l.Items {
 		g.Go(func() error {
-			setStatus(b, dyn, rebootGVR, o.GetName(), true, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "True", "Succeeded"})
-			return nil
+			return writeStatus(dyn, rebootGVR, o.GetName(), true, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "True", "Succeeded"})
 		})
 	}
-	_ = g.Wait()
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
 	l, err = dyn.Resource(rebootGVR).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		b.Fatal(err)
