@@ -192,7 +192,16 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 				cr.q.Add(qkey{kn, u.GetName()})
 			}
 		}
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enq, UpdateFunc: func(_, o any) { enq(o) }}); err != nil {
+		gone := func(o any) {
+			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			if u, ok := o.(*unstructured.Unstructured); ok {
+				j.forget(u.GetUID())
+				enq(u) // its reconcile releases its limiter slot
+			}
+		}
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enq, UpdateFunc: func(_, o any) { enq(o) }, DeleteFunc: gone}); err != nil {
 			return err
 		}
 		cr.res[kn] = inf.GetIndexer()
@@ -315,6 +324,20 @@ func (j *Janitor) rackOf(cr *clusterRun, u *unstructured.Unstructured) string {
 		}
 	}
 	return "node:" + nn
+}
+
+// forget drops what this process remembers of a deleted resource (the
+// remediate role prunes finished ones), so a long-running janitor's memory
+// follows the resources that exist.
+func (j *Janitor) forget(uid types.UID) {
+	id := string(uid)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	delete(j.sent, id+"/signal")
+	delete(j.sent, id+"/force")
+	delete(j.ended, id)
+	delete(j.dryRun, id)
+	delete(j.dryRun, id+"/deferred")
 }
 
 // reconcile takes one resource a step further. It returns when to look

@@ -488,6 +488,38 @@ func TestJanitorKube(t *testing.T) {
 			t.Fatalf("%d power cycles of gpu-a's system, want 1", n)
 		}
 		rec.expect(t, "gpu-a", []string{"reboot/applied", "reboot/succeeded"})
+
+		// Deleted (the remediate role prunes finished ones): the janitor
+		// forgets what it kept of it.
+		remembers := func(uid string) bool {
+			j.mu.Lock()
+			defer j.mu.Unlock()
+			for _, m := range []map[string]bool{j.ended, j.dryRun} {
+				for k := range m {
+					if strings.HasPrefix(k, uid) {
+						return true
+					}
+				}
+			}
+			for k := range j.sent {
+				if strings.HasPrefix(k, uid) {
+					return true
+				}
+			}
+			return false
+		}
+		uid := string(o.GetUID())
+		if !remembers(uid) {
+			t.Fatal("the janitor keeps nothing of the reboot it sent")
+		}
+		if err := e.dyn.Resource(kindReboot.GVR).Delete(context.Background(), o.GetName(), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); remembers(uid); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the janitor still keeps the deleted RebootNode's state after 5s")
+			}
+		}
 	})
 
 	t.Run("FailuresEscalate", func(t *testing.T) {
