@@ -227,10 +227,16 @@ func (c *Controller) Reconcile(ctx context.Context, ns, id string) (retry time.D
 	if err != nil {
 		return 0, err
 	}
-	if len(pods) == 0 {
-		return 0, nil // the garbage collector removes the ConfigMap with its owners
-	}
 	key := ns + "/" + id
+	if len(pods) == 0 {
+		// The gang is over: its size is forgotten (learned again should
+		// its pods come back), the garbage collector removes its
+		// ConfigMap with its owners.
+		c.mu.Lock()
+		delete(c.size, key)
+		c.mu.Unlock()
+		return 0, nil
+	}
 	c.mu.Lock()
 	expected := c.size[key]
 	c.mu.Unlock()

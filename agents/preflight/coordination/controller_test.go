@@ -6,8 +6,13 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
+
+	"github.com/faultline/faultline/agents/preflight/gang"
 )
 
 // TestRunStoppedBeforeSync: a controller stopped while its pod cache has not
@@ -31,5 +36,56 @@ func TestRunStoppedBeforeSync(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after the stop")
+	}
+}
+
+// TestGangSizeForgottenWithItsPods: the size learned for a gang is kept
+// while it has pods and dropped once they are gone, so a long-running
+// webhook's memory follows the gangs that exist, not every job it saw.
+// (A fake clientset: the bookkeeping only; the ConfigMaps are tested on a
+// real apiserver in the webhook package.)
+func TestGangSizeForgottenWithItsPods(t *testing.T) {
+	const ns, id = "team-a", "lbl-job1"
+	pod := func(name string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name,
+			Labels:      map[string]string{gang.LabelGang: id, "job": "job1", "job-size": "2"},
+			Annotations: map[string]string{gang.AnnotationMethod: "labels", gang.AnnotationName: "job1"}}}
+	}
+	kc := fake.NewClientset(pod("a"), pod("b"))
+	c := New(kc, gang.NewDiscovery(gang.LabelsMethod{IDLabel: "job", SizeLabel: "job-size"}), slog.New(slog.DiscardHandler), Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c.factory.Start(ctx.Done())
+	c.factory.WaitForCacheSync(ctx.Done())
+	known := func() (int, bool) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		n, ok := c.size[ns+"/"+id]
+		return n, ok
+	}
+	if _, err := c.Reconcile(ctx, ns, id); err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := known(); !ok || n != 2 {
+		t.Fatalf("size known %v (%d), want 2", ok, n)
+	}
+	for _, name := range []string{"a", "b"} {
+		if err := kc.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if pods, _ := c.GangPods(ns, id); len(pods) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the informer still shows the gang's pods after 5s")
+		}
+	}
+	if _, err := c.Reconcile(ctx, ns, id); err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := known(); ok {
+		t.Fatalf("the ended gang's size (%d) is still kept", n)
 	}
 }
