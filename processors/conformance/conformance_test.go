@@ -386,6 +386,22 @@ func TestDriftOnKube(t *testing.T) {
 		if n := e.get(t, dc+"-n3"); hasTaint(n) != nil || n.Annotations[AnnotationState] != "" {
 			t.Fatal("dry run changed the node")
 		}
+		// The drifted node deleted: its dry-run state is forgotten.
+		dryNodes := func() int { dsw.mu.Lock(); defer dsw.mu.Unlock(); return len(dsw.dry[dc]) }
+		if n := dryNodes(); n != 1 {
+			t.Fatalf("%d nodes with dry-run state, want the drifted one", n)
+		}
+		if err := e.kube.CoreV1().Nodes().Delete(ctx, dc+"-n3", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); dryNodes() != 0; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the deleted node's dry-run state is still kept after 5s of sweeps")
+			}
+			if _, err := dsw.Sweep(ctx, dc); err != nil { // lists at resourceVersion 0: the apiserver's cache
+				t.Fatal(err)
+			}
+		}
 	})
 
 	t.Run("sensitive", func(t *testing.T) {

@@ -64,9 +64,10 @@ type Sweeper struct {
 	queue *Queue // nil: no notifier
 
 	// dry is the state of nodes of clusters the role cannot change
-	// (dry-run, or no kubeconfig), so each decision is recorded once.
+	// (dry-run, or no kubeconfig), by cluster and node, so each decision
+	// is recorded once. A sweep forgets the nodes it no longer sees.
 	mu  sync.Mutex
-	dry map[string]State
+	dry map[string]map[string]State
 }
 
 // NewSweeper returns the sweeper (cfg validated).
@@ -74,7 +75,7 @@ func NewSweeper(cfg Config, conn clickhouse.Conn, reg *clusters.Registry, log *s
 	if now == nil {
 		now = time.Now
 	}
-	return &Sweeper{cfg: cfg, conn: conn, reg: reg, log: log, now: now, queue: queue, dry: map[string]State{}}
+	return &Sweeper{cfg: cfg, conn: conn, reg: reg, log: log, now: now, queue: queue, dry: map[string]map[string]State{}}
 }
 
 // GroupValue is the label and taint value naming a pool's group: the pool,
@@ -150,7 +151,30 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 			}
 		}
 	}
+	s.forgetDry(cluster, members, s.live(cl))
 	return out, nil
+}
+
+// forgetDry drops the dry-run state of the cluster's nodes this sweep did
+// not see (deleted, or without a report within staleness when the
+// cluster has no kubeconfig), and all of it once the cluster is live
+// (its state is on the nodes then).
+func (s *Sweeper) forgetDry(cluster string, members []member, live bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if live {
+		delete(s.dry, cluster)
+		return
+	}
+	seen := make(map[string]bool, len(members))
+	for _, m := range members {
+		seen[m.name] = true
+	}
+	for node := range s.dry[cluster] {
+		if !seen[node] {
+			delete(s.dry[cluster], node)
+		}
+	}
 }
 
 func (s *Sweeper) live(cl *clusters.Client) bool { return cl != nil && cl.Kube != nil && !cl.DryRun }
@@ -282,7 +306,7 @@ func (s *Sweeper) readState(cluster string, m member, live bool) (State, bool) {
 	if !live || m.node == nil {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		st, ok := s.dry[cluster+"/"+m.name]
+		st, ok := s.dry[cluster][m.name]
 		return st, ok
 	}
 	raw, ok := m.node.Annotations[AnnotationState]
@@ -301,10 +325,13 @@ func (s *Sweeper) setDry(cluster, node string, st *State) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if st == nil {
-		delete(s.dry, cluster+"/"+node)
+		delete(s.dry[cluster], node)
 		return
 	}
-	s.dry[cluster+"/"+node] = *st
+	if s.dry[cluster] == nil {
+		s.dry[cluster] = map[string]State{}
+	}
+	s.dry[cluster][node] = *st
 }
 
 // diff names the components that differ between the group's expected
