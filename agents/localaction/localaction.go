@@ -19,12 +19,14 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -118,7 +120,14 @@ type Answer struct {
 	Message string `json:"message,omitempty"`
 	// Repeated: the id was handled before; this is the first answer.
 	Repeated bool `json:"repeated,omitempty"`
+	// At is when the answer was recorded.
+	At time.Time `json:"at,omitzero"`
 }
+
+// maxRecorded is how many answers the state file keeps, the newest: a
+// node's reboots and resets of years (the janitor repeats a request only
+// while its resource exists).
+const maxRecorded = 256
 
 // PodLister tells which pods hold GPUs (podres.Allocations.Pods).
 type PodLister interface {
@@ -149,9 +158,17 @@ func New(cfg Config, log *slog.Logger, pods PodLister) (*Server, error) {
 	return s, nil
 }
 
-// record writes the state file (rename, so a crash leaves the old one).
-func (s *Server) record(a Answer) error {
-	s.state[a.ID] = a
+// record writes the state file (rename, so a crash leaves the old one),
+// keeping the newest maxRecorded answers.
+func (s *Server) record(a *Answer) error {
+	a.At = time.Now().UTC()
+	s.state[a.ID] = *a
+	if over := len(s.state) - maxRecorded; over > 0 {
+		ids := slices.SortedFunc(maps.Keys(s.state), func(x, y string) int { return s.state[x].At.Compare(s.state[y].At) })
+		for _, id := range ids[:over] {
+			delete(s.state, id)
+		}
+	}
 	b, _ := json.Marshal(s.state)
 	if err := os.MkdirAll(filepath.Dir(s.cfg.StateFile), 0o755); err != nil {
 		return err
@@ -219,13 +236,13 @@ func (s *Server) run(ctx context.Context, argv []string) error {
 // reboot records the request, then starts the reboot command.
 func (s *Server) reboot(ctx context.Context, req Request) Answer {
 	a := Answer{ID: req.ID, OK: true, Message: "reboot started: " + strings.Join(s.cfg.RebootCommand, " ")}
-	if err := s.record(a); err != nil {
+	if err := s.record(&a); err != nil {
 		return Answer{ID: req.ID, Reason: "StateNotRecorded", Message: err.Error()}
 	}
 	s.log.Warn("local action: rebooting the node", "id", req.ID, "command", s.cfg.RebootCommand)
 	if err := s.run(ctx, s.cfg.RebootCommand); err != nil {
 		a = Answer{ID: req.ID, Reason: "CommandFailed", Message: err.Error()}
-		_ = s.record(a)
+		_ = s.record(&a)
 	}
 	return a
 }
@@ -274,13 +291,13 @@ func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 		}
 		if err := s.run(ctx, argv); err != nil {
 			a := Answer{ID: req.ID, Reason: "CommandFailed", Message: fmt.Sprintf("reset %s (after %d done): %v", g, len(done), err)}
-			_ = s.record(a)
+			_ = s.record(&a)
 			return a
 		}
 		done = append(done, g)
 	}
 	a := Answer{ID: req.ID, OK: true, Message: "reset " + strings.Join(done, ",")}
-	if err := s.record(a); err != nil {
+	if err := s.record(&a); err != nil {
 		s.log.Warn("local action: state not recorded", "err", err)
 	}
 	return a

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -128,5 +129,36 @@ func TestServer(t *testing.T) {
 	}
 	if code, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g5", GPUs: []string{"0"}}); code != 400 || a.Reason != "InvalidRequest" {
 		t.Fatalf("bad uuid: %d %+v", code, a)
+	}
+}
+
+// TestStateKeepsTheNewest: the state file keeps the newest maxRecorded
+// answers, so it no longer grows with every reboot a node ever had; a
+// kept id is still answered as a repeat after a restart.
+func TestStateKeepsTheNewest(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.StateFile = filepath.Join(t.TempDir(), "local-actions.json")
+	s, err := New(cfg, testLog, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxRecorded + 10 {
+		if err := s.record(&Answer{ID: fmt.Sprintf("uid-%03d/signal", i), OK: true}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Microsecond) // distinct times
+	}
+	s2, err := New(cfg, testLog, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s2.state) != maxRecorded {
+		t.Fatalf("%d answers kept, want %d", len(s2.state), maxRecorded)
+	}
+	for i, want := range map[int]bool{0: false, 9: false, 10: true, maxRecorded + 9: true} {
+		a, ok := s2.state[fmt.Sprintf("uid-%03d/signal", i)]
+		if ok != want || (ok && a.At.IsZero()) {
+			t.Fatalf("answer %d kept %v (at %v), want kept %v", i, ok, a.At, want)
+		}
 	}
 }
