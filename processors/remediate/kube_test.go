@@ -579,14 +579,6 @@ func TestRemediateKube(t *testing.T) {
 		cfg := testConfig()
 		cfg.Retention = 48 * time.Hour
 		h := newHandler(t, cfg, as, asDyn, clk)
-		done := func(name string, ok bool) {
-			t.Helper()
-			c := cond{"NodeReady", "True", "Succeeded"}
-			if !ok {
-				c = cond{"NodeReady", "False", "Timeout"}
-			}
-			setStatus(t, dyn, rebootGVR, name, true, cond{"SignalSent", "True", "Succeeded"}, c)
-		}
 		names := func() []string {
 			var out []string
 			for _, it := range list(t, dyn, rebootGVR, node) {
@@ -595,34 +587,7 @@ func TestRemediateKube(t *testing.T) {
 			sort.Strings(out)
 			return out
 		}
-		first := drained(node, "p1", "RESTART_VM", nil)
-		sent := clk.Now()
-		if acts, _ := handle(t, h, first); len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied {
-			t.Fatalf("first fault: %s", outcomes(acts))
-		}
-		name1 := h.name(node, "reboot", 1)
-		done(name1, true)
-
-		clk.Add(49 * time.Hour) // #1 is past the retention, and the newest: kept
-		caughtUp(t, h)
-		acts, rq := handle(t, h, drained(node, "p2", "RESTART_VM", nil))
-		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(rq) != 1 {
-			t.Fatalf("second fault: %s", outcomes(acts))
-		}
-		name2 := h.name(node, "reboot", 2)
-		if got := names(); len(got) != 2 {
-			t.Fatalf("RebootNodes %v, want the old one kept beside %s", got, name2)
-		}
-		done(name2, true)
-		acts, _ = poll(t, h, clk, rq[0]) // #2 done: #1 is no longer the newest
-		if len(acts) != 2 || acts[0].Outcome != events.OutcomeSucceeded || acts[1].Kind != events.KindPrune ||
-			!strings.Contains(acts[1].Reason, "deleted RebootNode/"+name1) || acts[1].Details[events.DetailResource] != "RebootNode/"+name1 {
-			t.Fatalf("after the second: %s", outcomes(acts))
-		}
-		if got := names(); len(got) != 1 || got[0] != name2 {
-			t.Fatalf("RebootNodes %v, want only %s", got, name2)
-		}
-
+		sent := clk.Now() // the first trigger's time
 		// remediate runs the node's next remediation (#seq) to done (ok
 		// or failed): the actions of its fault and of the poll that saw
 		// it done, as "kind/outcome resource".
@@ -638,7 +603,11 @@ func TestRemediateKube(t *testing.T) {
 			if err != nil || o.GetAnnotations()[AnnotationSeq] != strconv.Itoa(seq) {
 				t.Fatalf("RebootNode #%d: %v %v", seq, err, o.GetAnnotations())
 			}
-			done(name, ok)
+			result := cond{"NodeReady", "True", "Succeeded"}
+			if !ok {
+				result = cond{"NodeReady", "False", "Timeout"}
+			}
+			setStatus(t, dyn, rebootGVR, name, true, cond{"SignalSent", "True", "Succeeded"}, result)
 			polled, _ := poll(t, h, clk, rq[0])
 			var out []string
 			for _, a := range append(acts, polled...) {
@@ -649,6 +618,16 @@ func TestRemediateKube(t *testing.T) {
 				out = append(out, a.Kind+"/"+a.Outcome+" "+r)
 			}
 			return strings.Join(out, ", ")
+		}
+		if got, want := remediate("p1", 1, true), "remediate/applied RebootNode/#1, remediate/succeeded RebootNode/#1"; got != want {
+			t.Fatalf("#1: %s, want %s", got, want)
+		}
+		// #1 is past the retention but the newest at #2's fault: kept;
+		// pruned at #2's poll.
+		clk.Add(49 * time.Hour)
+		if got, want := remediate("p2", 2, true),
+			"remediate/applied RebootNode/#2, remediate/succeeded RebootNode/#2, prune/applied RebootNode/#1"; got != want {
+			t.Fatalf("#2: %s, want %s", got, want)
 		}
 		// #3 is the node's third, though one RebootNode is left; #4's
 		// fault prunes #2, its poll #3 (old, no longer the newest).
@@ -674,7 +653,7 @@ func TestRemediateKube(t *testing.T) {
 		// pruned.
 		clk.Add(49 * time.Hour)
 		caughtUp(t, h)
-		acts, _ = handle(t, h, drained(node, "p6", "RESTART_VM", nil))
+		acts, _ := handle(t, h, drained(node, "p6", "RESTART_VM", nil))
 		if len(acts) != 2 || acts[0].Kind != events.KindEscalate || acts[1].Kind != events.KindPrune || !strings.Contains(acts[1].Reason, h.name(node, "reboot", 4)) {
 			t.Fatalf("fault after an old failed reboot: %s", outcomes(acts))
 		}
@@ -683,6 +662,7 @@ func TestRemediateKube(t *testing.T) {
 		}
 
 		// The first trigger replayed (its RebootNode is gone): skipped.
+		first := drained(node, "p1", "RESTART_VM", nil)
 		a, err := events.UnmarshalAction(first.Value)
 		if err != nil {
 			t.Fatal(err)
