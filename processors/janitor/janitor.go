@@ -47,6 +47,7 @@ type Janitor struct {
 	now       func() time.Time
 	providers map[string]Provider
 	prod      pipeline.Producer
+	emitTry   time.Duration // bound of one try to produce an action
 	lim       *limiter
 	m         *metrics
 
@@ -86,7 +87,7 @@ func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options)
 	}
 	return &Janitor{
 		cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
-		providers: opts.Providers, prod: opts.Producer,
+		providers: opts.Providers, prod: opts.Producer, emitTry: emitTry,
 		lim: newLimiter(cfg.MaxConcurrent, cfg.MaxConcurrentPerRack, cfg.MaxConcurrentPerProvider),
 		m:   newMetrics(opts.Registerer), sent: map[string]time.Time{},
 		dryRun: map[string]bool{}, ended: map[string]bool{}, running: map[string]*clusterRun{},
@@ -779,8 +780,15 @@ func (op *operation) action(outcome, reason, step string, details map[string]str
 	}
 }
 
-// emit produces an action to the actions topic (a few tries; the audit is
-// not skipped silently: a record that cannot be produced is logged whole).
+// emitTry bounds one try to produce an action: the producer waits for a
+// broker that is down, and a worker blocked there would stop following
+// the reboots in progress (their timeouts, the forced reboot). Five tries
+// wait ≈ 2.5 min, longer than a broker's restart.
+const emitTry = 30 * time.Second
+
+// emit produces an action to the actions topic (a few tries, each bounded
+// by emitTry; the audit is not skipped silently: a record that cannot be
+// produced is logged whole and counted).
 func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) {
 	j.log.Info("janitor: action", "cluster", a.Cluster, "node", a.Node, "kind", a.Kind, "outcome", a.Outcome, "reason", a.Reason)
 	if j.prod == nil {
@@ -792,11 +800,16 @@ func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) {
 		return
 	}
 	for try := 0; ; try++ {
-		err = j.prod.ProduceSync(ctx, rec).FirstErr()
+		tctx, cancel := context.WithTimeout(ctx, j.emitTry)
+		err = j.prod.ProduceSync(tctx, rec).FirstErr()
+		cancel()
 		if err == nil || try == 4 || ctx.Err() != nil {
 			break
 		}
-		time.Sleep(time.Duration(200<<try) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(200<<try) * time.Millisecond):
+		}
 	}
 	if err != nil {
 		j.m.auditErrors.Inc()
