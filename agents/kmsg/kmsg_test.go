@@ -557,6 +557,20 @@ func TestJournalSource(t *testing.T) {
 	if got := strings.Join(calls[1], " "); got != "-k -o json --no-pager --after-cursor=s=1;i=99" {
 		t.Errorf("second call %q", got)
 	}
+	// At most max entries a read; the next goes on from the last one read.
+	calls = nil
+	out = strings.Join([]string{
+		`{"__CURSOR":"s=1;i=100","MESSAGE":"one","__REALTIME_TIMESTAMP":"1"}`,
+		`{"__CURSOR":"s=1;i=101","MESSAGE":"two","__REALTIME_TIMESTAMP":"2"}`,
+		`{"__CURSOR":"s=1;i=102","MESSAGE":"three","__REALTIME_TIMESTAMP":"3"}`,
+	}, "\n")
+	var lines []string
+	if err := j.read(context.Background(), 2, func(l Line) { lines = append(lines, l.Text) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(lines) != 2 || j.cursor != "s=1;i=101" {
+		t.Fatalf("read %d entries, cursor %q; want 2 and the second's", len(lines), j.cursor)
+	}
 	j.run = func(context.Context, string, ...string) (io.ReadCloser, func() error, error) {
 		return nil, nil, errors.New("exec: not found")
 	}

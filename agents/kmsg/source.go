@@ -188,7 +188,12 @@ func (j *journalSource) args() []string {
 	return append(a, "-b")
 }
 
+// read reads at most max entries; journalctl is stopped after them and
+// the next read goes on from the last one's cursor (a whole boot's
+// backlog, the first time, is read a check at a time).
 func (j *journalSource) read(ctx context.Context, max int, fn func(Line)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	out, wait, err := j.run(ctx, j.path, j.args()...)
 	if err != nil {
 		return fmt.Errorf("journalctl: %w", err)
@@ -196,14 +201,23 @@ func (j *journalSource) read(ctx context.Context, max int, fn func(Line)) error 
 	sc := bufio.NewScanner(out)
 	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
 	last := ""
-	for sc.Scan() {
+	n := 0
+	for n < max && sc.Scan() {
 		line := sc.Text()
 		last = line
 		fn(Line{Text: line, Mono: -1})
+		n++
 	}
 	scanErr := sc.Err()
+	stopped := n == max
+	if stopped {
+		cancel() // the rest at the next read
+	}
 	_ = out.Close()
 	werr := wait()
+	if stopped {
+		werr = nil // killed by us
+	}
 	if last != "" {
 		var c struct {
 			Cursor string `json:"__CURSOR"`
