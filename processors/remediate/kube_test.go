@@ -2,10 +2,12 @@ package remediate
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -619,35 +621,40 @@ func TestRemediateKube(t *testing.T) {
 			}
 			return strings.Join(out, ", ")
 		}
-		if got, want := remediate("p1", 1, true), "remediate/applied RebootNode/#1, remediate/succeeded RebootNode/#1"; got != want {
-			t.Fatalf("#1: %s, want %s", got, want)
-		}
-		// #1 is past the retention but the newest at #2's fault: kept;
-		// pruned at #2's poll.
-		clk.Add(49 * time.Hour)
-		if got, want := remediate("p2", 2, true),
-			"remediate/applied RebootNode/#2, remediate/succeeded RebootNode/#2, prune/applied RebootNode/#1"; got != want {
-			t.Fatalf("#2: %s, want %s", got, want)
-		}
-		// #3 is the node's third, though one RebootNode is left; #4's
-		// fault prunes #2, its poll #3 (old, no longer the newest).
-		clk.Add(time.Hour)
-		if got, want := remediate("p3", 3, true), "remediate/applied RebootNode/#3, remediate/succeeded RebootNode/#3"; got != want {
-			t.Fatalf("#3: %s, want %s", got, want)
-		}
-		clk.Add(49 * time.Hour)
-		if got, want := remediate("p4", 4, true),
-			"remediate/applied RebootNode/#4, prune/applied RebootNode/#2, remediate/succeeded RebootNode/#4, prune/applied RebootNode/#3"; got != want {
-			t.Fatalf("#4: %s, want %s", got, want)
-		}
-		// One RebootNode left: the next is #5, not the pruned #2's name
-		// again.
-		if got := names(); len(got) != 1 || got[0] != h.name(node, "reboot", 4) {
-			t.Fatalf("RebootNodes %v, want only #4", got)
-		}
-		clk.Add(time.Hour)
-		if got, want := remediate("p5", 5, false), "remediate/applied RebootNode/#5, remediate/failed RebootNode/#5, escalate/applied "; got != want {
-			t.Fatalf("#5: %s, want %s", got, want)
+		// Each step: the clock moved by after, #seq run to done (ok or
+		// failed), its actions, and the RebootNodes left.
+		for _, st := range []struct {
+			after time.Duration
+			seq   int
+			ok    bool
+			want  string
+			left  []int
+		}{
+			{0, 1, true, "remediate/applied RebootNode/#1, remediate/succeeded RebootNode/#1", []int{1}},
+			// #1 is past the retention but the newest at #2's fault:
+			// kept; pruned at #2's poll.
+			{49 * time.Hour, 2, true, "remediate/applied RebootNode/#2, remediate/succeeded RebootNode/#2, prune/applied RebootNode/#1", []int{2}},
+			// #3 is the node's third, though one RebootNode is left.
+			{time.Hour, 3, true, "remediate/applied RebootNode/#3, remediate/succeeded RebootNode/#3", []int{2, 3}},
+			// #4's fault prunes #2, its poll #3 (old, no longer the newest).
+			{49 * time.Hour, 4, true,
+				"remediate/applied RebootNode/#4, prune/applied RebootNode/#2, remediate/succeeded RebootNode/#4, prune/applied RebootNode/#3", []int{4}},
+			// One RebootNode left: the next is #5, not the pruned #2's
+			// name again.
+			{time.Hour, 5, false, "remediate/applied RebootNode/#5, remediate/failed RebootNode/#5, escalate/applied ", []int{4, 5}},
+		} {
+			clk.Add(st.after)
+			if got := remediate(fmt.Sprintf("p%d", st.seq), st.seq, st.ok); got != st.want {
+				t.Fatalf("#%d: %s, want %s", st.seq, got, st.want)
+			}
+			var left []string
+			for _, seq := range st.left {
+				left = append(left, h.name(node, "reboot", seq))
+			}
+			sort.Strings(left)
+			if got := names(); !slices.Equal(got, left) {
+				t.Fatalf("after #%d: RebootNodes %v, want %v (#%v)", st.seq, got, left, st.left)
+			}
 		}
 		// An old failed newest stays: the next fault is escalated, and #4
 		// pruned.
