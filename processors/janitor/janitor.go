@@ -52,10 +52,36 @@ type Janitor struct {
 	m         *metrics
 
 	mu      sync.Mutex
-	sent    map[string]time.Time // resource UID+step → signal sent by this process
-	ended   map[string]bool      // resource UIDs this process ended (the cache may not show it yet)
-	dryRun  map[string]bool      // resource UID → dry-run action written
+	mem     map[types.UID]memory // by resource UID; forgotten when it is deleted
 	running map[string]*clusterRun
+}
+
+// memory is what this process did to a resource that its watch's copy may
+// not show yet, or that is written once.
+type memory struct {
+	signalSent bool // this process sent its signal
+	ended      bool // this process wrote its end
+	dryRun     bool // its dry-run action was written
+	deferred   bool // its deferred action was written
+}
+
+// recall is what this process remembers of a resource.
+func (j *Janitor) recall(uid types.UID) memory {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.mem[uid]
+}
+
+// remember applies set to what this process remembers of a resource and
+// returns what it remembered before.
+func (j *Janitor) remember(uid types.UID, set func(*memory)) memory {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	before := j.mem[uid]
+	m := before
+	set(&m)
+	j.mem[uid] = m
+	return before
 }
 
 // Options are a Janitor's collaborators.
@@ -89,8 +115,7 @@ func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options)
 		cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		providers: opts.Providers, prod: opts.Producer, emitTry: emitTry,
 		lim: newLimiter(cfg.MaxConcurrent, cfg.MaxConcurrentPerRack, cfg.MaxConcurrentPerProvider),
-		m:   newMetrics(opts.Registerer), sent: map[string]time.Time{},
-		dryRun: map[string]bool{}, ended: map[string]bool{}, running: map[string]*clusterRun{},
+		m:   newMetrics(opts.Registerer), mem: map[types.UID]memory{}, running: map[string]*clusterRun{},
 	}, nil
 }
 
@@ -331,14 +356,9 @@ func (j *Janitor) rackOf(cr *clusterRun, u *unstructured.Unstructured) string {
 // remediate role prunes finished ones), so a long-running janitor's memory
 // follows the resources that exist.
 func (j *Janitor) forget(uid types.UID) {
-	id := string(uid)
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	delete(j.sent, id+"/signal")
-	delete(j.sent, id+"/force")
-	delete(j.ended, id)
-	delete(j.dryRun, id)
-	delete(j.dryRun, id+"/deferred")
+	delete(j.mem, uid)
 }
 
 // reconcile takes one resource a step further. It returns when to look
@@ -352,10 +372,7 @@ func (j *Janitor) reconcile(ctx context.Context, cr *clusterRun, k qkey) (time.D
 		return 0, nil
 	}
 	u := o.(*unstructured.Unstructured)
-	j.mu.Lock()
-	ended := j.ended[string(u.GetUID())]
-	j.mu.Unlock()
-	if finished(u) || ended {
+	if finished(u) || j.recall(u.GetUID()).ended {
 		j.lim.release(key)
 		return 0, nil
 	}
@@ -392,11 +409,7 @@ func (op *operation) ref() string { return op.kd.Name + "/" + op.u.GetName() }
 func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	j := op.j
 	if op.cr.cl.DryRun {
-		j.mu.Lock()
-		done := j.dryRun[string(op.u.GetUID())]
-		j.dryRun[string(op.u.GetUID())] = true
-		j.mu.Unlock()
-		if !done {
+		if !j.remember(op.u.GetUID(), func(m *memory) { m.dryRun = true }).dryRun {
 			a := op.action(events.OutcomeDryRun, fmt.Sprintf("would carry out %s on node %s (cluster is dry-run)", op.ref(), op.nodeName), "dry_run", nil)
 			a.DryRun = true
 			j.emit(ctx, a)
@@ -469,9 +482,7 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, op.fail(ctx, reasonOf(err), fmt.Sprintf("%s via %s: %v", op.kd.ActionKind, pname, err), true)
 	}
-	j.mu.Lock()
-	j.sent[t.RequestID] = j.now()
-	j.mu.Unlock()
+	j.remember(op.u.GetUID(), func(m *memory) { m.signalSent = true })
 	if created := op.u.GetCreationTimestamp().Time; !created.IsZero() {
 		j.m.signalLatency.WithLabelValues(op.cr.name).Observe(j.now().Sub(created).Seconds())
 	}
@@ -546,12 +557,7 @@ func (op *operation) cooldown() time.Duration {
 // deferOnce writes a deferred action the first time a resource waits.
 func (op *operation) deferOnce(ctx context.Context, why string) {
 	j := op.j
-	id := string(op.u.GetUID()) + "/deferred"
-	j.mu.Lock()
-	seen := j.dryRun[id]
-	j.dryRun[id] = true
-	j.mu.Unlock()
-	if !seen {
+	if !j.remember(op.u.GetUID(), func(m *memory) { m.deferred = true }).deferred {
 		j.m.deferred.WithLabelValues(op.cr.name).Inc()
 		j.emit(ctx, op.action(events.OutcomeDeferred, why, "deferred", nil))
 	}
@@ -562,10 +568,7 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 	j := op.j
 	j.lim.acquire(op.key, op.cr.name, j.rackOf(op.cr, op.u), op.st.Provider, true)
 	if !condIs(op.u, CondSignalSent, "True") && op.kd != kindGPUReset {
-		j.mu.Lock()
-		_, mine := j.sent[string(op.u.GetUID())+"/signal"]
-		j.mu.Unlock()
-		if mine {
+		if j.recall(op.u.GetUID()).signalSent {
 			return time.Second, nil // our status write is not in the cache yet
 		}
 		// Read it fresh: the cache may be behind our own write.
@@ -752,9 +755,7 @@ func (op *operation) writeStatus(ctx context.Context, done bool, cs ...cond) err
 	}
 	op.u = out
 	if done {
-		op.j.mu.Lock()
-		op.j.ended[string(out.GetUID())] = true
-		op.j.mu.Unlock()
+		op.j.remember(out.GetUID(), func(m *memory) { m.ended = true })
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -491,24 +492,13 @@ func TestJanitorKube(t *testing.T) {
 
 		// Deleted (the remediate role prunes finished ones): the janitor
 		// forgets what it kept of it.
-		remembers := func(uid string) bool {
+		remembers := func(uid types.UID) bool {
 			j.mu.Lock()
 			defer j.mu.Unlock()
-			for _, m := range []map[string]bool{j.ended, j.dryRun} {
-				for k := range m {
-					if strings.HasPrefix(k, uid) {
-						return true
-					}
-				}
-			}
-			for k := range j.sent {
-				if strings.HasPrefix(k, uid) {
-					return true
-				}
-			}
-			return false
+			_, ok := j.mem[uid]
+			return ok
 		}
-		uid := string(o.GetUID())
+		uid := o.GetUID()
 		if !remembers(uid) {
 			t.Fatal("the janitor keeps nothing of the reboot it sent")
 		}
