@@ -8,7 +8,10 @@
 // API; the drain evicted them). Every request carries an id; the agent
 // records it in its state file before it acts (a reboot's record survives
 // the reboot) and answers a repeated id with the first answer, so a
-// janitor that asks again never reboots or resets twice.
+// janitor that asks again never reboots or resets twice. One action runs
+// at a time (a reboot and a reset never overlap); a request is answered
+// within seconds, in_progress while its action is queued or running, so a
+// reset that takes minutes is polled for, not waited on.
 package localaction
 
 import (
@@ -115,11 +118,14 @@ type Answer struct {
 	// OK: done (a reboot: the command was started).
 	OK bool `json:"ok"`
 	// Reason is a CamelCase reason when not OK (GPUInUse, CommandFailed,
-	// InvalidRequest).
+	// InvalidRequest, StateNotRecorded, InProgress, Interrupted).
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
 	// Repeated: the id was handled before; this is the first answer.
 	Repeated bool `json:"repeated,omitempty"`
+	// InProgress: the action is queued or running (Reason "InProgress");
+	// ask again with the same id for its answer.
+	InProgress bool `json:"in_progress,omitempty"`
 	// At is when the answer was recorded.
 	At time.Time `json:"at,omitzero"`
 }
@@ -129,6 +135,10 @@ type Answer struct {
 // while its resource exists).
 const maxRecorded = 256
 
+// answerWait is how long a request waits for its action before it is
+// answered in_progress: well inside the janitor's request timeout.
+const answerWait = 5 * time.Second
+
 // PodLister tells which pods hold GPUs (podres.Allocations.Pods).
 type PodLister interface {
 	PodsOf(ctx context.Context, gpus []string) ([]string, error)
@@ -136,12 +146,20 @@ type PodLister interface {
 
 // Server serves POST /v1/local/reboot and /v1/local/gpu-reset.
 type Server struct {
+	// AnswerWait is how long a request waits for its action before it is
+	// answered in_progress (default answerWait).
+	AnswerWait time.Duration
+
 	cfg  Config
 	log  *slog.Logger
 	pods PodLister
 
-	mu    sync.Mutex
-	state map[string]Answer
+	// exec is held while an action runs: one at a time.
+	exec sync.Mutex
+
+	mu      sync.Mutex
+	state   map[string]Answer
+	running map[string]chan struct{} // closed when the id's action ends
 }
 
 var uuidRE = regexp.MustCompile(`^GPU-[0-9a-fA-F-]{36}$`)
@@ -149,17 +167,33 @@ var uuidRE = regexp.MustCompile(`^GPU-[0-9a-fA-F-]{36}$`)
 // New returns the server; pods may be nil (no pod-resources socket: the
 // drain's word is taken).
 func New(cfg Config, log *slog.Logger, pods PodLister) (*Server, error) {
-	s := &Server{cfg: cfg, log: log, pods: pods, state: map[string]Answer{}}
+	s := &Server{cfg: cfg, log: log, pods: pods, AnswerWait: answerWait, state: map[string]Answer{}, running: map[string]chan struct{}{}}
 	if b, err := os.ReadFile(cfg.StateFile); err == nil {
 		if err := json.Unmarshal(b, &s.state); err != nil {
 			return nil, fmt.Errorf("local_actions.state_file %s: %w", cfg.StateFile, err)
 		}
 	}
+	// An action in progress when the agent stopped did not finish (a
+	// reboot is recorded done before its command runs): it is not run
+	// again, its caller learns it was interrupted.
+	for id, a := range s.state {
+		if a.InProgress {
+			s.state[id] = Answer{ID: id, Reason: "Interrupted", At: a.At,
+				Message: "the agent stopped before the action finished (recorded in progress at " + a.At.Format(time.RFC3339) + "); not run again"}
+		}
+	}
 	return s, nil
 }
 
+// put records a under the lock.
+func (s *Server) put(a *Answer) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.record(a)
+}
+
 // record writes the state file (rename, so a crash leaves the old one),
-// keeping the newest maxRecorded answers.
+// keeping the newest maxRecorded answers; s.mu is held.
 func (s *Server) record(a *Answer) error {
 	a.At = time.Now().UTC()
 	s.state[a.ID] = *a
@@ -206,18 +240,59 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, do func(context.C
 			return
 		}
 	}
-	// One request at a time: a reboot and a reset never overlap.
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if a, ok := s.state[req.ID]; ok {
-		a.Repeated = true
-		writeJSON(w, http.StatusOK, a)
-		return
+	a, known := s.state[req.ID]
+	done, running := s.running[req.ID]
+	if !known {
+		a = Answer{ID: req.ID, InProgress: true, Reason: "InProgress", Message: "accepted"}
+		if err := s.record(&a); err != nil {
+			s.mu.Unlock()
+			writeJSON(w, http.StatusOK, Answer{ID: req.ID, Reason: "StateNotRecorded", Message: err.Error()})
+			return
+		}
+		done = make(chan struct{})
+		s.running[req.ID] = done
+		running = true
+		// The action outlives the request (the caller asks again), bounded
+		// by the command and pods-gone timeouts.
+		go s.act(context.WithoutCancel(r.Context()), req, do, done)
 	}
-	writeJSON(w, http.StatusOK, do(r.Context(), req))
+	s.mu.Unlock()
+	if running {
+		t := time.NewTimer(s.AnswerWait)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C:
+		case <-r.Context().Done():
+			return
+		}
+		s.mu.Lock()
+		a = s.state[req.ID]
+		s.mu.Unlock()
+	}
+	a.Repeated = known
+	writeJSON(w, http.StatusOK, a)
+}
+
+// act runs one action after any running before it and records its answer.
+func (s *Server) act(ctx context.Context, req Request, do func(context.Context, Request) Answer, done chan struct{}) {
+	s.exec.Lock()
+	a := do(ctx, req)
+	s.exec.Unlock()
+	s.mu.Lock()
+	if err := s.record(&a); err != nil {
+		s.log.Warn("local action: answer not recorded", "id", req.ID, "err", err)
+	}
+	delete(s.running, req.ID)
+	s.mu.Unlock()
+	close(done)
 }
 
 func writeJSON(w http.ResponseWriter, code int, a Answer) {
+	if a.InProgress {
+		code = http.StatusAccepted
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(a)
@@ -233,16 +308,16 @@ func (s *Server) run(ctx context.Context, argv []string) error {
 	return nil
 }
 
-// reboot records the request, then starts the reboot command.
+// reboot records the reboot done, then starts the reboot command (the
+// record must be on disk before the node goes down).
 func (s *Server) reboot(ctx context.Context, req Request) Answer {
 	a := Answer{ID: req.ID, OK: true, Message: "reboot started: " + strings.Join(s.cfg.RebootCommand, " ")}
-	if err := s.record(&a); err != nil {
+	if err := s.put(&a); err != nil {
 		return Answer{ID: req.ID, Reason: "StateNotRecorded", Message: err.Error()}
 	}
 	s.log.Warn("local action: rebooting the node", "id", req.ID, "command", s.cfg.RebootCommand)
 	if err := s.run(ctx, s.cfg.RebootCommand); err != nil {
-		a = Answer{ID: req.ID, Reason: "CommandFailed", Message: err.Error()}
-		_ = s.record(&a)
+		return Answer{ID: req.ID, Reason: "CommandFailed", Message: err.Error()}
 	}
 	return a
 }
@@ -290,17 +365,11 @@ func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 			argv[i] = strings.ReplaceAll(a, "{uuid}", g)
 		}
 		if err := s.run(ctx, argv); err != nil {
-			a := Answer{ID: req.ID, Reason: "CommandFailed", Message: fmt.Sprintf("reset %s (after %d done): %v", g, len(done), err)}
-			_ = s.record(&a)
-			return a
+			return Answer{ID: req.ID, Reason: "CommandFailed", Message: fmt.Sprintf("reset %s (after %d done): %v", g, len(done), err)}
 		}
 		done = append(done, g)
 	}
-	a := Answer{ID: req.ID, OK: true, Message: "reset " + strings.Join(done, ",")}
-	if err := s.record(&a); err != nil {
-		s.log.Warn("local action: state not recorded", "err", err)
-	}
-	return a
+	return Answer{ID: req.ID, OK: true, Message: "reset " + strings.Join(done, ",")}
 }
 
 // Serve listens on cfg.Listen until ctx ends.

@@ -162,3 +162,106 @@ func TestStateKeepsTheNewest(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowActionsAnsweredInProgress: an action longer than the answer wait
+// is answered in_progress (202) and asked for again with the same id; a
+// reboot asked for during a reset waits for it (never overlapping) and
+// each command runs once; an action in progress when the agent stops is
+// answered Interrupted after the restart and not run again.
+func TestSlowActionsAnsweredInProgress(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls.log")
+	slow := filepath.Join(dir, "slow")
+	script := "#!/bin/sh\necho \"start $*\" >> " + log + "\nsleep 1\necho \"end $*\" >> " + log + "\n"
+	if err := os.WriteFile(slow, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.TokenFile = filepath.Join(dir, "token")
+	if err := os.WriteFile(cfg.TokenFile, []byte("tok"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.RebootCommand = []string{slow, "reboot"}
+	cfg.GPUResetCommand = []string{slow, "reset", "{uuid}"}
+	cfg.StateFile = filepath.Join(dir, "local-actions.json")
+	start := func() (*Server, *httptest.Server) {
+		s, err := New(cfg, testLog, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.AnswerWait = 100 * time.Millisecond
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(srv.Close)
+		return s, srv
+	}
+	_, srv := start()
+	call := func(srv *httptest.Server, path, id string) (int, Answer) {
+		t.Helper()
+		b, _ := json.Marshal(Request{ID: id, GPUs: []string{"GPU-00000000-0000-0000-0000-00000000000a"}})
+		hr, _ := http.NewRequest(http.MethodPost, srv.URL+path, bytes.NewReader(b))
+		hr.Header.Set("Authorization", "Bearer tok")
+		resp, err := http.DefaultClient.Do(hr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var a Answer
+		if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, a
+	}
+	calls := func() string { b, _ := os.ReadFile(log); return string(b) }
+	waitDone := func(srv *httptest.Server, path, id string) Answer {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+			if _, a := call(srv, path, id); !a.InProgress {
+				return a
+			}
+		}
+		t.Fatalf("%s still in progress:\n%s", id, calls())
+		return Answer{}
+	}
+
+	for _, step := range []struct {
+		path, id string
+		repeated bool
+	}{
+		{"/v1/local/gpu-reset", "g1", false}, // running
+		{"/v1/local/reboot", "r1", false},    // queued behind the reset
+		{"/v1/local/gpu-reset", "g1", true},  // asked again
+	} {
+		began := time.Now()
+		code, a := call(srv, step.path, step.id)
+		if code != http.StatusAccepted || !a.InProgress || a.Reason != "InProgress" || a.Repeated != step.repeated || time.Since(began) > 900*time.Millisecond {
+			t.Fatalf("%s %s: %d %+v after %v", step.path, step.id, code, a, time.Since(began))
+		}
+	}
+	if a := waitDone(srv, "/v1/local/gpu-reset", "g1"); !a.OK || !a.Repeated {
+		t.Fatalf("g1: %+v", a)
+	}
+	if a := waitDone(srv, "/v1/local/reboot", "r1"); !a.OK {
+		t.Fatalf("r1: %+v", a)
+	}
+	// A reboot is answered once recorded, its command still running.
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(calls(), "end reboot") && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	want := "start reset GPU-00000000-0000-0000-0000-00000000000a\nend reset GPU-00000000-0000-0000-0000-00000000000a\nstart reboot\nend reboot\n"
+	if got := calls(); got != want {
+		t.Fatalf("commands ran\n%s\nwant (each once, never overlapping)\n%s", got, want)
+	}
+
+	// The agent stops (restarts) while g2 resets.
+	if _, a := call(srv, "/v1/local/gpu-reset", "g2"); !a.InProgress {
+		t.Fatalf("g2: %+v", a)
+	}
+	_, srv2 := start()
+	if _, a := call(srv2, "/v1/local/gpu-reset", "g2"); a.OK || a.InProgress || a.Reason != "Interrupted" || !a.Repeated {
+		t.Fatalf("g2 after a restart: %+v", a)
+	}
+	time.Sleep(1200 * time.Millisecond) // the first agent's command ends
+	if n := strings.Count(calls(), "start reset"); n != 2 {
+		t.Fatalf("reset ran %d times, want 2 (g1, g2 once):\n%s", n, calls())
+	}
+}

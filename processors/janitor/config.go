@@ -120,8 +120,8 @@ type LocalConfig struct {
 	// TokenFile holds the bearer token the agent's endpoint wants.
 	// Default none.
 	TokenFile string `toml:"token_file"`
-	// Timeout bounds one request (a GPU reset waits for the command).
-	// Default 2m.
+	// Timeout bounds one request (the agent answers within 5 s, with
+	// in_progress while a reset runs). Default 2m.
 	Timeout time.Duration `toml:"timeout"`
 }
 

@@ -494,8 +494,9 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	return j.cfg.PollInterval, nil
 }
 
-// resetGPUs runs a GPU reset (synchronous: the provider returns once the
-// reset ran) and completes the resource.
+// resetGPUs asks for a GPU reset and completes the resource once the
+// provider says it ran; while it runs (ErrInProgress) the resource says
+// so and the janitor asks again each poll, within gpu_reset_timeout.
 func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (time.Duration, error) {
 	j := op.j
 	var uuids []string
@@ -506,7 +507,19 @@ func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (ti
 	if len(uuids) > 0 {
 		what = strings.Join(uuids, ",")
 	}
-	if err := prov.ResetGPUs(ctx, t, uuids); err != nil {
+	err := prov.ResetGPUs(ctx, t, uuids)
+	if errors.Is(err, ErrInProgress) {
+		if !condIs(op.u, CondResetJobCreated, "True") {
+			msg := fmt.Sprintf("reset of %s sent via %s; the node is resetting", what, op.st.Provider)
+			if err := op.writeStatus(ctx, false, cond{CondReady, "True", ReasonSucceeded, "accepted"},
+				cond{CondResetJobCreated, "True", ReasonSucceeded, msg}); err != nil {
+				return 0, err
+			}
+			j.emit(ctx, op.action(events.OutcomeInProgress, msg+" (node "+op.nodeName+")", "signal", nil))
+		}
+		return j.cfg.PollInterval, nil
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			return 0, ctx.Err()
 		}
@@ -605,9 +618,10 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 			j.lim.release(op.key)
 			return 0, nil
 		}
-		// Recorded but not completed: the reset was interrupted. Only the
-		// node-local agent resets GPUs, and it answers a repeated request
-		// id with the first answer, so sending it again is safe.
+		// Recorded but not completed: the reset is running, or was
+		// interrupted. Only the node-local agent resets GPUs, and it
+		// answers a repeated request id with the first answer (or
+		// in_progress), so sending it again is safe.
 		prov := j.providers[op.st.Provider]
 		if prov == nil {
 			return 0, op.fail(ctx, ReasonNoProvider, "provider "+op.st.Provider+" is not configured", true)

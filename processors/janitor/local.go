@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -33,7 +34,8 @@ const (
 // `systemctl reboot` by default) and GPU resets (`nvidia-smi -r -i
 // <uuid>` once the GPU's pods are gone). The request id is the
 // resource's, so asking again gets the first answer, never a second
-// reboot or reset.
+// reboot or reset. The agent answers within seconds: a reset still
+// running is ErrInProgress, asked again at the next poll.
 type Local struct {
 	cfg    LocalConfig
 	client *http.Client
@@ -89,6 +91,9 @@ func (l *Local) call(ctx context.Context, t Target, path string, req localaction
 	if err := json.Unmarshal(b, &a); err != nil {
 		return fmt.Errorf("agent %s of node %s: %s: %q", addr, t.Node.Name, resp.Status, b)
 	}
+	if a.InProgress {
+		return fmt.Errorf("agent %s of node %s: %s: %w", addr, t.Node.Name, a.Message, ErrInProgress)
+	}
 	if !a.OK {
 		reason := a.Reason
 		if reason == "" {
@@ -100,12 +105,17 @@ func (l *Local) call(ctx context.Context, t Target, path string, req localaction
 }
 
 // Reboot asks the agent to reboot the node (Force: ErrUnsupported; a
-// node whose OS hangs needs its BMC).
+// node whose OS hangs needs its BMC). A reboot the agent queued behind a
+// reset, or whose command is still running, is sent: the node's boot ID
+// tells the rest.
 func (l *Local) Reboot(ctx context.Context, t Target, mode RebootMode) error {
 	if mode == Force {
 		return ErrUnsupported
 	}
-	return l.call(ctx, t, "/v1/local/reboot", localaction.Request{ID: t.RequestID})
+	if err := l.call(ctx, t, "/v1/local/reboot", localaction.Request{ID: t.RequestID}); !errors.Is(err, ErrInProgress) {
+		return err
+	}
+	return nil
 }
 
 // Terminate is not the agent's.

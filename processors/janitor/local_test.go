@@ -25,8 +25,9 @@ import (
 // reset command once per GPU and completes GPUResetSucceeded; a
 // RebootNode runs the reboot command (the test then gives the node a new
 // boot ID, as the rebooted node's kubelet would) and completes; a failing
-// reset ends Complete=True with the agent's reason; a wrong token ends
-// AgentAuthFailed.
+// reset ends Complete=True with the agent's reason; a reset that outlasts
+// the janitor's request timeout is polled for and succeeds; a wrong token
+// ends AgentAuthFailed.
 func TestJanitorLocal(t *testing.T) {
 	e := newEnv(t, 0)
 	dir := t.TempDir()
@@ -37,7 +38,7 @@ func TestJanitorLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"systemctl", "nvidia-smi"} {
-		script := "#!/bin/sh\necho \"" + name + " $*\" >> " + log + "\ncase \"$*\" in *GPU-dead*) echo 'GPU is busy' >&2; exit 3;; esac\n"
+		script := "#!/bin/sh\necho \"" + name + " $*\" >> " + log + "\ncase \"$*\" in *GPU-dead*) echo 'GPU is busy' >&2; exit 3;; *GPU-51ee*) sleep 2;; esac\n"
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -48,6 +49,7 @@ func TestJanitorLocal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	srvAgent.AnswerWait = 200 * time.Millisecond
 	agent := httptest.NewServer(srvAgent.Handler())
 	defer agent.Close()
 	addr := strings.TrimPrefix(agent.URL, "http://")
@@ -57,6 +59,7 @@ func TestJanitorLocal(t *testing.T) {
 	if err := os.WriteFile(cfg.Local.TokenFile, []byte("agent-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	cfg.Local.Timeout = time.Second // shorter than the slow reset
 	j, rec := e.janitor(cfg, false, nil)
 	run(t, j)
 	ctx := context.Background()
@@ -112,6 +115,17 @@ func TestJanitorLocal(t *testing.T) {
 		if got := condOf(o, CondComplete); got != "True/CommandFailed" {
 			t.Fatalf("Complete %s; status %v", got, o.Object["status"])
 		}
+	})
+
+	t.Run("SlowGPUReset", func(t *testing.T) {
+		localNode("gpu-l5")
+		g := "GPU-51ee0000-0000-0000-0000-000000000000"
+		reset("reset-l5", "gpu-l5", g)
+		o := e.wait(kindGPUReset, "reset-l5", 30*time.Second)
+		if got := condOf(o, CondComplete); got != "True/"+ReasonGPUResetSucceeded || strings.Count(calls(), "nvidia-smi -r -i "+g) != 1 {
+			t.Fatalf("Complete %s; status %v\n%s", got, o.Object["status"], calls())
+		}
+		rec.expect(t, "gpu-l5", []string{"gpu_reset/in_progress", "gpu_reset/succeeded"})
 	})
 
 	t.Run("Reboot", func(t *testing.T) {

@@ -71,6 +71,10 @@ type Provider interface {
 // ErrUnsupported is returned by a provider for an operation it has not.
 var ErrUnsupported = errors.New("not supported by this provider")
 
+// ErrInProgress is returned by ResetGPUs while the reset runs: the janitor
+// asks again (the same request id) at its next poll.
+var ErrInProgress = errors.New("in progress")
+
 // ProviderError is a provider's failure with the condition reason it
 // writes (CamelCase, the CRDs' reason pattern).
 type ProviderError struct {
