@@ -86,17 +86,26 @@ func (c Config) Validate(prefix string) error {
 	if c.Listen == "" {
 		return nil
 	}
-	switch {
-	case c.TokenFile == "":
+	if c.TokenFile == "" {
 		return fmt.Errorf("%stoken_file: required when %slisten is set", prefix, prefix)
-	case len(c.RebootCommand) == 0:
-		return fmt.Errorf("%sreboot_command: must not be empty", prefix)
-	case len(c.GPUResetCommand) == 0 || !strings.Contains(strings.Join(c.GPUResetCommand, " "), "{uuid}"):
-		return fmt.Errorf("%sgpu_reset_command: must name {uuid}", prefix)
+	}
+	for _, cmd := range []struct {
+		key  string
+		argv []string
+	}{{"reboot_command", c.RebootCommand}, {"gpu_reset_command", c.GPUResetCommand}, {"gpu_list_command", c.GPUListCommand}} {
+		if len(cmd.argv) == 0 || strings.TrimSpace(cmd.argv[0]) == "" {
+			return fmt.Errorf("%s%s: want the program and its arguments, got %q", prefix, cmd.key, cmd.argv)
+		}
+	}
+	switch {
+	case !slices.ContainsFunc(c.GPUResetCommand, func(a string) bool { return strings.Contains(a, "{uuid}") }):
+		return fmt.Errorf("%sgpu_reset_command: must name {uuid}, got %q", prefix, c.GPUResetCommand)
 	case c.StateFile == "":
 		return fmt.Errorf("%sstate_file: must not be empty", prefix)
-	case c.PodsGoneTimeout <= 0 || c.CommandTimeout <= 0:
-		return fmt.Errorf("%spods_gone_timeout/command_timeout: must be positive", prefix)
+	case c.PodsGoneTimeout <= 0:
+		return fmt.Errorf("%spods_gone_timeout: must be positive, got %v", prefix, c.PodsGoneTimeout)
+	case c.CommandTimeout <= 0:
+		return fmt.Errorf("%scommand_timeout: must be positive, got %v", prefix, c.CommandTimeout)
 	}
 	if _, err := config.ReadSecret(c.TokenFile, ""); err != nil {
 		return fmt.Errorf("%stoken_file: %w", prefix, err)
@@ -217,28 +226,50 @@ func (s *Server) record(a *Answer) error {
 // Handler is the endpoint's HTTP handler.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/local/reboot", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, s.reboot) })
-	mux.HandleFunc("POST /v1/local/gpu-reset", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, s.gpuReset) })
+	mux.HandleFunc("POST /v1/local/reboot", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, false, s.reboot) })
+	mux.HandleFunc("POST /v1/local/gpu-reset", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, true, s.gpuReset) })
 	return mux
 }
 
-func (s *Server) serve(w http.ResponseWriter, r *http.Request, do func(context.Context, Request) Answer) {
+// maxID bounds a request id (the janitor's are a UID and a step).
+const maxID = 256
+
+// decode reads a request, saying what is wrong with a bad one; gpus is
+// whether the action takes GPUs.
+func decode(w http.ResponseWriter, r *http.Request, gpus bool) (Request, error) {
+	var req Request
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
+	dec.DisallowUnknownFields() // a misspelt "gpus" must not mean every GPU
+	if err := dec.Decode(&req); err != nil {
+		return req, fmt.Errorf("body: %v; want JSON {\"id\": ..., \"gpus\": [...]}", err)
+	}
+	switch {
+	case req.ID == "":
+		return req, errors.New("id: required")
+	case len(req.ID) > maxID:
+		return req, fmt.Errorf("id: %d bytes, at most %d", len(req.ID), maxID)
+	case !gpus && len(req.GPUs) > 0:
+		return req, errors.New("gpus: a reboot takes none")
+	}
+	for _, g := range req.GPUs {
+		if !uuidRE.MatchString(g) {
+			return req, fmt.Errorf("gpus: %q is not a GPU UUID", g)
+		}
+	}
+	return req, nil
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, gpus bool, do func(context.Context, Request) Answer) {
 	tok, err := config.ReadSecret(s.cfg.TokenFile, "")
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if err != nil || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(tok.Reveal())) != 1 {
 		http.Error(w, "unauthorized", http.StatusUnauthorized)
 		return
 	}
-	var req Request
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&req); err != nil || req.ID == "" {
-		writeJSON(w, http.StatusBadRequest, Answer{Reason: "InvalidRequest", Message: "want JSON {\"id\": ..., \"gpus\": [...]}"})
+	req, err := decode(w, r, gpus)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, Answer{ID: req.ID, Reason: "InvalidRequest", Message: err.Error()})
 		return
-	}
-	for _, g := range req.GPUs {
-		if !uuidRE.MatchString(g) {
-			writeJSON(w, http.StatusBadRequest, Answer{ID: req.ID, Reason: "InvalidRequest", Message: fmt.Sprintf("gpu %q is not a GPU UUID", g)})
-			return
-		}
 	}
 	s.mu.Lock()
 	a, known := s.state[req.ID]
@@ -332,10 +363,17 @@ func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 		if err != nil {
 			return Answer{ID: req.ID, Reason: "CommandFailed", Message: "list GPUs: " + err.Error()}
 		}
-		for _, l := range strings.Split(string(out), "\n") {
-			if l = strings.TrimSpace(l); l != "" {
-				gpus = append(gpus, l)
+		for i, l := range strings.Split(string(out), "\n") {
+			if l = strings.TrimSpace(l); l == "" {
+				continue
 			}
+			if !uuidRE.MatchString(l) {
+				return Answer{ID: req.ID, Reason: "CommandFailed", Message: fmt.Sprintf("list GPUs: line %d %q is not a GPU UUID", i+1, l)}
+			}
+			gpus = append(gpus, l)
+		}
+		if len(gpus) == 0 {
+			return Answer{ID: req.ID, Reason: "CommandFailed", Message: "list GPUs: " + strings.Join(s.cfg.GPUListCommand, " ") + " listed none"}
 		}
 	}
 	if s.pods != nil {

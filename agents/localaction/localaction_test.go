@@ -127,8 +127,71 @@ func TestServer(t *testing.T) {
 	if _, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g4", GPUs: []string{g}}); a.OK || a.Reason != "GPUInUse" || !strings.Contains(a.Message, "ml/train-0") {
 		t.Fatalf("GPU in use: %+v", a)
 	}
-	if code, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g5", GPUs: []string{"0"}}); code != 400 || a.Reason != "InvalidRequest" {
-		t.Fatalf("bad uuid: %d %+v", code, a)
+	// Bad requests say what is wrong and run nothing.
+	before := calls()
+	for _, tc := range []struct{ path, body, want string }{
+		{"/v1/local/gpu-reset", `{"id":"g6","gpu":["` + g + `"]}`, `body: json: unknown field "gpu"`}, // not every GPU
+		{"/v1/local/gpu-reset", `{"gpus":["` + g + `"]}`, "id: required"},
+		{"/v1/local/gpu-reset", `{"id":"g7","gpus":"` + g + `"}`, "body: json: cannot unmarshal string"},
+		{"/v1/local/gpu-reset", `{"id":"g5","gpus":["0"]}`, `gpus: "0" is not a GPU UUID`},
+		{"/v1/local/gpu-reset", `{"id":"` + strings.Repeat("x", maxID+1) + `"}`, "id: 257 bytes, at most 256"},
+		{"/v1/local/reboot", `{"id":"r9","gpus":["` + g + `"]}`, "gpus: a reboot takes none"},
+	} {
+		hr, _ := http.NewRequest(http.MethodPost, srv.URL+tc.path, strings.NewReader(tc.body))
+		hr.Header.Set("Authorization", "Bearer tok")
+		resp, err := http.DefaultClient.Do(hr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var a Answer
+		_ = json.NewDecoder(resp.Body).Decode(&a)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || a.Reason != "InvalidRequest" || !strings.Contains(a.Message, tc.want) {
+			t.Errorf("%s %s: %d %+v, want 400 InvalidRequest %q", tc.path, tc.body, resp.StatusCode, a, tc.want)
+		}
+	}
+	if calls() != before {
+		t.Fatalf("a bad request ran a command:\n%s", strings.TrimPrefix(calls(), before))
+	}
+	// A GPU list that is not one UUID a line resets nothing.
+	s2.cfg.GPUListCommand = []string{"/bin/echo", "No devices were found"}
+	if _, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g8"}); a.Reason != "CommandFailed" || !strings.Contains(a.Message, `line 1 "No devices were found" is not a GPU UUID`) {
+		t.Fatalf("bad GPU list: %+v", a)
+	}
+	if calls() != before {
+		t.Fatalf("a bad GPU list ran a reset:\n%s", strings.TrimPrefix(calls(), before))
+	}
+}
+
+func TestValidateNamesTheBadKey(t *testing.T) {
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte("tok"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		set  func(*Config)
+		want string
+	}{
+		{"ok", func(*Config) {}, ""},
+		{"no token", func(c *Config) { c.TokenFile = "" }, "local_actions.token_file: required"},
+		{"token missing", func(c *Config) { c.TokenFile = tok + ".gone" }, "local_actions.token_file: "},
+		{"empty list command", func(c *Config) { c.GPUListCommand = nil }, "local_actions.gpu_list_command: want the program and its arguments, got []"},
+		{"empty program", func(c *Config) { c.RebootCommand = []string{""} }, `local_actions.reboot_command: want the program and its arguments, got [""]`},
+		{"no {uuid}", func(c *Config) { c.GPUResetCommand = []string{"nvidia-smi", "-r"} }, "local_actions.gpu_reset_command: must name {uuid}"},
+		{"no state file", func(c *Config) { c.StateFile = "" }, "local_actions.state_file: must not be empty"},
+		{"pods gone", func(c *Config) { c.PodsGoneTimeout = 0 }, "local_actions.pods_gone_timeout: must be positive, got 0s"},
+		{"command timeout", func(c *Config) { c.CommandTimeout = -5 * time.Second }, "local_actions.command_timeout: must be positive, got -5s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.Listen, c.TokenFile = "127.0.0.1:0", tok
+			tc.set(&c)
+			err := c.Validate("local_actions.")
+			if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("got %v, want %q", err, tc.want)
+			}
+		})
 	}
 }
 
@@ -197,7 +260,11 @@ func TestSlowActionsAnsweredInProgress(t *testing.T) {
 	_, srv := start()
 	call := func(srv *httptest.Server, path, id string) (int, Answer) {
 		t.Helper()
-		b, _ := json.Marshal(Request{ID: id, GPUs: []string{"GPU-00000000-0000-0000-0000-00000000000a"}})
+		req := Request{ID: id}
+		if path == "/v1/local/gpu-reset" {
+			req.GPUs = []string{"GPU-00000000-0000-0000-0000-00000000000a"}
+		}
+		b, _ := json.Marshal(req)
 		hr, _ := http.NewRequest(http.MethodPost, srv.URL+path, bytes.NewReader(b))
 		hr.Header.Set("Authorization", "Bearer tok")
 		resp, err := http.DefaultClient.Do(hr)
