@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 )
@@ -195,9 +196,20 @@ func (c *Config) Validate(prefix string) error {
 	n := c.Notifier
 	p := prefix + "notifier."
 	if n.URL != "" {
-		u, err := url.Parse(strings.NewReplacer("{node}", "n", "{xname}", "x").Replace(n.URL))
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		filled := strings.NewReplacer("{node}", "n", "{xname}", "x").Replace(n.URL)
+		u, err := url.Parse(filled)
+		switch {
+		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
 			return fmt.Errorf("%surl: want an http(s) URL, got %q", p, n.URL)
+		case strings.ContainsAny(filled, "{}"):
+			return fmt.Errorf("%surl: only {node} and {xname} are replaced, got %q", p, n.URL)
+		case filled == n.URL:
+			return fmt.Errorf("%surl: must name the node with {node} or {xname}, got %q", p, n.URL)
+		}
+	}
+	if n.TokenFile != "" {
+		if _, err := config.ReadSecret(n.TokenFile, ""); err != nil {
+			return fmt.Errorf("%stoken_file: %w", p, err)
 		}
 	}
 	switch {

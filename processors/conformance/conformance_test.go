@@ -557,6 +557,11 @@ func TestValidate(t *testing.T) {
 			c.Baselines = []Baseline{{Cluster: "c", Fingerprint: strings.Repeat("a", 64)}, {Cluster: "c", Fingerprint: strings.Repeat("b", 64)}}
 		}, "conformance.baselines[1]"},
 		{func(c *Config) { c.Notifier.URL = "ftp://x" }, "conformance.notifier.url"},
+		{func(c *Config) { c.Notifier.URL = "http://smd/hsm/v2/State/Components/{xnme}" }, `conformance.notifier.url: only {node} and {xname} are replaced, got "http://smd/hsm/v2/State/Components/{xnme}"`},
+		{func(c *Config) { c.Notifier.URL = "http://smd/hsm/v2/State/Components" }, "conformance.notifier.url: must name the node with {node} or {xname}"},
+		{func(c *Config) {
+			c.Notifier.URL, c.Notifier.TokenFile = "http://smd/{xname}", "/nonexistent/token"
+		}, "conformance.notifier.token_file: "},
 		{func(c *Config) { c.Notifier.Attempts = 0 }, "conformance.notifier.attempts"},
 		{func(c *Config) { c.Notifier.Queue = 0 }, "conformance.notifier.queue"},
 	} {

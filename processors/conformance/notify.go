@@ -9,10 +9,11 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/faultline/faultline/internal/config"
 )
 
 // Notification tells the infrastructure that a node drifted or conforms
@@ -65,11 +66,11 @@ func (h *HTTPNotifier) Notify(ctx context.Context, n Notification) error {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if h.cfg.TokenFile != "" {
-		tok, err := os.ReadFile(h.cfg.TokenFile)
+		tok, err := config.ReadSecret(h.cfg.TokenFile, "")
 		if err != nil {
 			return fmt.Errorf("notifier.token_file: %w", err)
 		}
-		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+		req.Header.Set("Authorization", "Bearer "+tok.Reveal())
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/processors/pipeline"
 )
 
@@ -256,6 +257,11 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.Local.Timeout <= 0 {
 		return fmt.Errorf("%slocal.timeout: must be positive, got %v", prefix, c.Local.Timeout)
+	}
+	if c.Local.TokenFile != "" {
+		if _, err := config.ReadSecret(c.Local.TokenFile, ""); err != nil {
+			return fmt.Errorf("%slocal.token_file: %w", prefix, err)
+		}
 	}
 	return nil
 }

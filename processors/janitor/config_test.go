@@ -26,6 +26,7 @@ func TestValidate(t *testing.T) {
 		{"ca file", func(c *Config) { c.Redfish.CAFile = "/nonexistent/ca.pem" }, "janitor.redfish.ca_file"},
 		{"maintenance cluster", func(c *Config) { c.AWS.MaintenanceRegions = []string{"us-east-1"} }, "janitor.aws.maintenance_cluster"},
 		{"local port", func(c *Config) { c.Local.Port = 0 }, "janitor.local.port"},
+		{"local token file", func(c *Config) { c.Local.TokenFile = "/nonexistent/token" }, "janitor.local.token_file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

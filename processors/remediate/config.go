@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/requeue"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // TopicRequeue carries remediations waiting for their resource's condition
@@ -321,8 +323,8 @@ var otherSample = Data{
 // Validate names the first bad key, with the given prefix ("remediate."),
 // and compiles the templates (the defaults, overridden by Templates).
 func (c *Config) Validate(prefix string) error {
-	if c.NamePrefix == "" || strings.ToLower(c.NamePrefix) != c.NamePrefix {
-		return fmt.Errorf("%sname_prefix: must be non-empty lower case, got %q", prefix, c.NamePrefix)
+	if errs := validation.IsDNS1123Label(c.NamePrefix); len(errs) > 0 {
+		return fmt.Errorf("%sname_prefix: %q begins every resource name: %s", prefix, c.NamePrefix, strings.Join(errs, "; "))
 	}
 	if c.Budget < 0 {
 		return fmt.Errorf("%sbudget: must not be negative, got %d", prefix, c.Budget)
@@ -353,12 +355,18 @@ func (c *Config) Validate(prefix string) error {
 		return fmt.Errorf("%sidentity: required", prefix)
 	}
 	c.byAction = map[string]*Template{}
+	defaults := len(DefaultTemplates())
 	all := append(DefaultTemplates(), c.Templates...)
+	seen := map[string]int{} // action → index in c.Templates
 	for i := range all {
 		t := all[i]
-		key := fmt.Sprintf("%stemplates[%d]", prefix, i-len(DefaultTemplates()))
-		if i < len(DefaultTemplates()) {
+		key := fmt.Sprintf("%stemplates[%d]", prefix, i-defaults)
+		if i < defaults {
 			key = "default template " + t.Action
+		} else if j, dup := seen[t.Action]; dup {
+			return fmt.Errorf("%s.action: %q already set by %stemplates[%d]", key, t.Action, prefix, j)
+		} else {
+			seen[t.Action] = i - defaults
 		}
 		if err := t.compile(); err != nil {
 			return fmt.Errorf("%s: %w", key, err)
@@ -368,12 +376,31 @@ func (c *Config) Validate(prefix string) error {
 	return nil
 }
 
+// templated lists the recommended actions a template can serve: not NONE
+// or UNKNOWN (nothing to do), CONTACT_SUPPORT (escalated) or CUSTOM
+// (custom:<name>).
+var templated = func() []string {
+	var names []string
+	for name := range datamodels.RecommendedAction_value {
+		switch datamodels.RecommendedAction(datamodels.RecommendedAction_value[name]) {
+		case datamodels.RecommendedAction_NONE, datamodels.RecommendedAction_UNKNOWN,
+			datamodels.RecommendedAction_CONTACT_SUPPORT, datamodels.RecommendedAction_CUSTOM:
+			continue
+		}
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}()
+
 func (t *Template) compile() error {
 	if t.Action == "" {
 		return fmt.Errorf("action: required")
 	}
 	if name, ok := strings.CutPrefix(t.Action, "custom:"); ok && name == "" {
 		return fmt.Errorf("action: %q names no custom action", t.Action)
+	} else if !ok && !slices.Contains(templated, t.Action) {
+		return fmt.Errorf("action: %q is not a recommended action a template serves (%s) nor custom:<name>", t.Action, strings.Join(templated, ", "))
 	}
 	if t.Group == "" {
 		t.Group = strings.ToLower(strings.ReplaceAll(t.Action, "_", "-"))

@@ -19,6 +19,13 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 		{"budget", func(c *Config) { c.Budget = -1 }, "remediate.budget"},
 		{"window", func(c *Config) { c.BudgetWindow = 0 }, "remediate.budget_window"},
 		{"prefix", func(c *Config) { c.NamePrefix = "Maint" }, "remediate.name_prefix"},
+		{"prefix not a DNS label", func(c *Config) { c.NamePrefix = "my_maint" }, `remediate.name_prefix: "my_maint" begins every resource name: a lowercase RFC 1123 label`},
+		{"action unknown", func(c *Config) { c.Templates = []Template{{Action: "RESTART_VMM", Object: RebootNodeTemplate}} },
+			`remediate.templates[0]: action: "RESTART_VMM" is not a recommended action a template serves (COMPONENT_RESET, REPLACE_VM, RESTART_BM, RESTART_VM, RUN_DCGMEUD, RUN_FIELDDIAG) nor custom:<name>`},
+		{"action never templated", func(c *Config) { c.Templates = []Template{{Action: "CONTACT_SUPPORT", Object: RebootNodeTemplate}} }, "remediate.templates[0]: action: \"CONTACT_SUPPORT\""},
+		{"action twice", func(c *Config) {
+			c.Templates = []Template{{Action: "custom:x", Object: RebootNodeTemplate}, {Action: "COMPONENT_RESET", Object: RebootNodeTemplate}, {Action: "COMPONENT_RESET", Object: RebootNodeTemplate}}
+		}, `remediate.templates[2].action: "COMPONENT_RESET" already set by remediate.templates[1]`},
 		{"retention negative", func(c *Config) { c.Retention = -time.Hour }, "remediate.retention"},
 		{"retention under the budget window", func(c *Config) { c.Retention = 12 * time.Hour }, "remediate.retention"},
 		{"retention within the completion timeout", func(c *Config) {
