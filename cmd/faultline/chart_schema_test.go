@@ -6,10 +6,12 @@ import (
 	"encoding"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +37,7 @@ var chartOwned = map[string][]string{
 	"agentConfig": {"node_name", "checks", "metrics_addr", "pod_resources_socket",
 		"gateway.addr", "gateway.token_file", "gateway.insecure", "gateway.ca_file", "spool.dir",
 		"nic.sysfs_root", "nic.state_file", "nic.metadata_path", "kmsg.state_dir",
-		"fabric.sys_root", "fabric.proc_root", "fabric.nvswitch_glob"},
+		"fabric.sys_root", "fabric.proc_root", "fabric.nvswitch_glob", "conformance.sysfs", "conformance.procfs"},
 	"preflightConfig": {"webhook.listen", "webhook.metrics_addr", "webhook.service_name", "webhook.service_namespace",
 		"webhook.service_port", "webhook.configuration_name", "tls", "namespaces.include",
 		"inject.image", "inject.image_pull_policy", "inject.token_secret", "check.gateway.addr"},
@@ -44,8 +46,10 @@ var chartOwned = map[string][]string{
 // TestChartValuesSchema: the chart's values.schema.json describes, under
 // config, agent.config and preflight.config, exactly the keys of the
 // binaries' config.toml (less the ones the chart owns), so a misspelled
-// key fails `helm install` instead of the pod. -update-chart-schema
-// rewrites the definitions from the config types.
+// key fails `helm install` instead of the pod, and that agent.checks
+// accepts exactly the checks the agent registers (agent.CheckNames), so a
+// new check cannot be left out of the chart. -update-chart-schema
+// rewrites the definitions and that list from the code.
 func TestChartValuesSchema(t *testing.T) {
 	raw, err := os.ReadFile(chartSchema)
 	if err != nil {
@@ -67,6 +71,11 @@ func TestChartValuesSchema(t *testing.T) {
 	for k, v := range want {
 		defs[k] = v
 	}
+	checks, err := schemaAt(doc, "properties", "agent", "properties", "checks", "items")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks["enum"] = agent.CheckNames()
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
@@ -81,8 +90,21 @@ func TestChartValuesSchema(t *testing.T) {
 		return
 	}
 	if !bytes.Equal(raw, buf.Bytes()) {
-		t.Fatalf("%s is out of date with the config types: go test ./cmd/faultline -run TestChartValuesSchema -update-chart-schema", chartSchema)
+		t.Fatalf("%s is out of date with the config types or the agent's registered checks: go test ./cmd/faultline -run TestChartValuesSchema -update-chart-schema", chartSchema)
 	}
+}
+
+// schemaAt is the schema object at that path of doc.
+func schemaAt(doc map[string]any, path ...string) (map[string]any, error) {
+	m := doc
+	for i, k := range path {
+		next, ok := m[k].(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("values.schema.json has no object at %s", strings.Join(path[:i+1], "."))
+		}
+		m = next
+	}
+	return m, nil
 }
 
 var (
@@ -151,15 +173,27 @@ func addFields(t reflect.Type, prefix string, owned []string, props map[string]a
 	}
 }
 
-// TestChartConfigLoads renders the chart's value sets and loads each
-// config.toml it makes with the binaries' own loader (unknown keys and
-// wrong types fail), then checks the values reached their keys.
+// TestChartConfigLoads renders the chart's value sets (and the default
+// set with the conformance and csp checks) and loads each config.toml it
+// makes with the binaries' own loader (unknown keys and wrong types fail),
+// validates the agent's (every enabled check's section; not the gateway
+// keys, whose files are mounted Secrets), then checks the values reached
+// their keys.
 func TestChartConfigLoads(t *testing.T) {
 	helm := testenv.Helm(t)
 	ctx := context.Background()
+	type valueSet struct {
+		file string
+		args []string
+	}
+	sets := map[string]valueSet{}
 	for set, file := range chart.ValueSets() {
+		sets[set] = valueSet{file: file}
+	}
+	sets["conformance-csp"] = valueSet{chart.ValueSets()["default"], []string{"--set", "agent.checks={nic,conformance,csp}"}}
+	for set, vs := range sets {
 		t.Run(set, func(t *testing.T) {
-			objs, err := chart.Render(ctx, helm, t.TempDir(), "faultline", "faultline", []string{file})
+			objs, err := chart.Render(ctx, helm, t.TempDir(), "faultline", "faultline", []string{vs.file}, vs.args...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -191,6 +225,11 @@ func TestChartConfigLoads(t *testing.T) {
 			}
 			ac := agent.DefaultConfig()
 			load(fn+"-agent", &ac)
+			v := ac
+			v.NodeName, v.Gateway = "gpu-node-1", agent.DefaultConfig().Gateway
+			if err := v.Validate(); err != nil {
+				t.Errorf("agent config: %v", err)
+			}
 			wc := webhook.DefaultConfig()
 			load(fn+"-preflight", &wc)
 			switch set {
@@ -213,8 +252,21 @@ func TestChartConfigLoads(t *testing.T) {
 				}
 			case "cloud":
 				if cfg.Kafka.SASL.Mechanism != "OAUTHBEARER" || cfg.Kafka.SASL.TokenFile == "" || cfg.Kafka.ReplicationFactor != 2 || ac.Kmsg.Source != "file" ||
-					!ac.Gateway.Insecure || ac.PodResourcesSocket != "" || len(ac.Checks) != 4 {
+					!ac.Gateway.Insecure || ac.PodResourcesSocket != "" {
 					t.Errorf("kafka %+v agent %+v", cfg.Kafka, ac)
+				}
+				// The cloud set enables every check the agent registers.
+				if got, want := slices.Sorted(slices.Values(ac.Checks)), slices.Sorted(slices.Values(agent.CheckNames())); !slices.Equal(got, want) {
+					t.Errorf("cloud set's agent checks %q, want every registered check %q", got, want)
+				}
+				if ac.Conformance.OSImageFile != "/host/etc/faultline/os-image.sha256" || ac.CSP.PollInterval != time.Minute {
+					t.Errorf("conformance %+v csp %+v", ac.Conformance, ac.CSP)
+				}
+			case "conformance-csp":
+				if !slices.Equal(ac.Checks, []string{"nic", "conformance", "csp"}) || ac.Conformance.Sysfs != "/host/sys" || ac.Conformance.Procfs != "/host/proc" ||
+					len(ac.Conformance.BMCCommand) != 0 || ac.Conformance.Interval != 6*time.Hour ||
+					ac.CSP.MetadataURL != "http://metadata.google.internal/computeMetadata/v1/instance" {
+					t.Errorf("agent checks %q conformance %+v csp %+v", ac.Checks, ac.Conformance, ac.CSP)
 				}
 			case "default":
 				if len(ac.Checks) != 2 || ac.NIC.SysfsRoot != "/host/sys" || ac.Spool.Dir != "/var/lib/faultline-agent/spool" || ac.Gateway.Addr != "faultline-gateway.faultline.svc:50051" ||

@@ -57,6 +57,8 @@ func TestSchemaRefusesTypos(t *testing.T) {
 		{[]string{"agent.config.kmsg.pol_interval=1s"}, "at '/agent/config/kmsg': additional properties 'pol_interval' not allowed"},
 		{[]string{"preflight.config.webhook.failure_polcy=Fail"}, "additional properties 'failure_polcy' not allowed"},
 		{[]string{"agent.checks={nic,gpus}"}, "at '/agent/checks/1'"},
+		{[]string{"agent.conformanceHostPaths={/etc/faultline,/sys/class}"}, "at '/agent/conformanceHostPaths/1'"},
+		{[]string{"agent.conformanceHostPaths={/}"}, "at '/agent/conformanceHostPaths/0'"},
 		{[]string{"config.store.batch_records=lots"}, "at '/config/store/batch_records': got string, want integer"},
 		{[]string{"config.store.retention=3 days"}, "at '/config/store/retention'"},
 		{[]string{"kafka.brokers="}, "kafka.brokers is required"},
@@ -136,7 +138,12 @@ func TestAgentMounts(t *testing.T) {
 		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel"}, false, false},
 		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/dev/kmsg"}, true, true},
 		{"default", []string{"--set", "agent.checks={nic}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/lib/kubelet/pod-resources"}, false, true},
-		{"cloud", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d"}, false, true},
+		{"cloud", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc/faultline"}, false, true},
+		{"default", []string{"--set", "agent.checks={conformance}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/host/proc"}, false, false},
+		{"default", []string{"--set", "agent.checks={csp}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent"}, false, false},
+		{"default", []string{"--set", "agent.checks={nic,conformance,csp}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline,/opt/image/hash}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/etc/faultline", "/host/opt/image/hash"}, false, false},
+		// conformanceHostPaths are mounted only for the conformance check.
+		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel"}, false, false},
 	} {
 		t.Run(tc.set+strings.Join(tc.args, ""), func(t *testing.T) {
 			ds := Find(render(t, tc.set, tc.args...), "DaemonSet", "faultline-agent")
@@ -170,6 +177,66 @@ func TestAgentMounts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAgentConformanceAndCSP: with agent.checks [nic, conformance, csp]
+// the conformance check reads the host's /sys and /proc through read-only
+// mounts its config points at, and its host paths read-only at
+// /host<path>; bmc_command is empty (no ipmitool in the image) unless the
+// user sets it; csp asks the node's metadata server over the host network.
+// TestChartConfigLoads (cmd/faultline) loads the rendered config with the
+// agent's loader.
+func TestAgentConformanceAndCSP(t *testing.T) {
+	objs := render(t, "default", "--set", "agent.checks={nic,conformance,csp}", "--set", "agent.conformanceHostPaths={/etc/faultline}")
+	ds := Find(objs, "DaemonSet", "faultline-agent")
+	if ds == nil {
+		t.Fatal("no agent DaemonSet")
+	}
+	if hn, _, _ := unstructured.NestedBool(ds.Object, "spec", "template", "spec", "hostNetwork"); !hn {
+		t.Error("csp: not on the host network (the node's metadata server)")
+	}
+	vms, _, _ := unstructured.NestedSlice(firstContainer(t, ds), "volumeMounts")
+	mounts := map[string]map[string]any{}
+	for _, vm := range vms {
+		m := vm.(map[string]any)
+		mounts[m["mountPath"].(string)] = m
+	}
+	vols, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+	hostPaths := map[string]string{}
+	for _, v := range vols {
+		v := v.(map[string]any)
+		if p, ok, _ := unstructured.NestedString(v, "hostPath", "path"); ok {
+			hostPaths[v["name"].(string)] = p
+		}
+	}
+	for mountPath, host := range map[string]string{"/host/sys": "/sys", "/host/proc": "/proc", "/host/etc/faultline": "/etc/faultline"} {
+		m := mounts[mountPath]
+		switch {
+		case m == nil:
+			t.Errorf("no mount at %s", mountPath)
+		case m["readOnly"] != true:
+			t.Errorf("%s is not read-only", mountPath)
+		case hostPaths[m["name"].(string)] != host:
+			t.Errorf("%s mounts host path %q, want %q", mountPath, hostPaths[m["name"].(string)], host)
+		}
+	}
+	conf, err := ConfigTOML(objs, "faultline-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`checks = ["nic", "conformance", "csp"]`, "[conformance]\nbmc_command = []\nprocfs = \"/host/proc\"\nsysfs = \"/host/sys\"\n"} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("agent config.toml lacks %q:\n%s", want, conf)
+		}
+	}
+	// The user's bmc_command is kept.
+	objs = render(t, "default", "--set", "agent.checks={conformance}", "--set", "agent.config.conformance.bmc_command={ipmitool,mc,info}")
+	if conf, err = ConfigTOML(objs, "faultline-agent"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(conf, `bmc_command = ["ipmitool", "mc", "info"]`) {
+		t.Errorf("agent.config.conformance.bmc_command was not kept:\n%s", conf)
 	}
 }
 
