@@ -8,10 +8,12 @@
 // API; the drain evicted them). Every request carries an id; the agent
 // records it in its state file before it acts (a reboot's record survives
 // the reboot) and answers a repeated id with the first answer, so a
-// janitor that asks again never reboots or resets twice. One action runs
-// at a time (a reboot and a reset never overlap); a request is answered
-// within seconds, in_progress while its action is queued or running, so a
-// reset that takes minutes is polled for, not waited on.
+// janitor that asks again never reboots or resets twice. GPU resets run
+// one at a time; a reboot runs at once, even during a reset (it resets
+// every GPU, and a reset stuck in its command must not hold it back). A
+// request is answered within seconds, in_progress while its action is
+// queued or running, so a reset that takes minutes is polled for, not
+// waited on.
 package localaction
 
 import (
@@ -163,8 +165,8 @@ type Server struct {
 	log  *slog.Logger
 	pods PodLister
 
-	// exec is held while an action runs: one at a time.
-	exec sync.Mutex
+	// resetting is held while a GPU reset runs: one at a time.
+	resetting sync.Mutex
 
 	mu      sync.Mutex
 	state   map[string]Answer
@@ -306,11 +308,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, gpus bool, do fun
 	writeJSON(w, http.StatusOK, a)
 }
 
-// act runs one action after any running before it and records its answer.
+// act runs an action and records its answer.
 func (s *Server) act(ctx context.Context, req Request, do func(context.Context, Request) Answer, done chan struct{}) {
-	s.exec.Lock()
 	a := do(ctx, req)
-	s.exec.Unlock()
 	s.mu.Lock()
 	if err := s.record(&a); err != nil {
 		s.log.Warn("local action: answer not recorded", "id", req.ID, "err", err)
@@ -353,8 +353,11 @@ func (s *Server) reboot(ctx context.Context, req Request) Answer {
 	return a
 }
 
-// gpuReset waits until no pod holds the GPUs, then resets each.
+// gpuReset waits for any reset before it and until no pod holds the GPUs,
+// then resets each.
 func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
+	s.resetting.Lock()
+	defer s.resetting.Unlock()
 	gpus := req.GPUs
 	if len(gpus) == 0 {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -228,9 +229,11 @@ func TestStateKeepsTheNewest(t *testing.T) {
 
 // TestSlowActionsAnsweredInProgress: an action longer than the answer wait
 // is answered in_progress (202) and asked for again with the same id; a
-// reboot asked for during a reset waits for it (never overlapping) and
-// each command runs once; an action in progress when the agent stops is
-// answered Interrupted after the restart and not run again.
+// second reset waits for the first (each command once, never
+// overlapping); a reboot asked for during a reset runs at once (it resets
+// every GPU; a stuck reset must not hold it back); a reset in progress
+// when the agent stops is answered Interrupted after the restart and not
+// run again.
 func TestSlowActionsAnsweredInProgress(t *testing.T) {
 	dir := t.TempDir()
 	log := filepath.Join(dir, "calls.log")
@@ -247,7 +250,7 @@ func TestSlowActionsAnsweredInProgress(t *testing.T) {
 	cfg.RebootCommand = []string{slow, "reboot"}
 	cfg.GPUResetCommand = []string{slow, "reset", "{uuid}"}
 	cfg.StateFile = filepath.Join(dir, "local-actions.json")
-	start := func() (*Server, *httptest.Server) {
+	start := func() *httptest.Server {
 		s, err := New(cfg, testLog, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -255,14 +258,15 @@ func TestSlowActionsAnsweredInProgress(t *testing.T) {
 		s.AnswerWait = 100 * time.Millisecond
 		srv := httptest.NewServer(s.Handler())
 		t.Cleanup(srv.Close)
-		return s, srv
+		return srv
 	}
-	_, srv := start()
-	call := func(srv *httptest.Server, path, id string) (int, Answer) {
+	srv := start()
+	const gpuA, gpuB = "GPU-00000000-0000-0000-0000-00000000000a", "GPU-00000000-0000-0000-0000-00000000000b"
+	call := func(srv *httptest.Server, id, gpu string) (int, Answer) {
 		t.Helper()
-		req := Request{ID: id}
-		if path == "/v1/local/gpu-reset" {
-			req.GPUs = []string{"GPU-00000000-0000-0000-0000-00000000000a"}
+		path, req := "/v1/local/reboot", Request{ID: id}
+		if gpu != "" {
+			path, req.GPUs = "/v1/local/gpu-reset", []string{gpu}
 		}
 		b, _ := json.Marshal(req)
 		hr, _ := http.NewRequest(http.MethodPost, srv.URL+path, bytes.NewReader(b))
@@ -278,11 +282,11 @@ func TestSlowActionsAnsweredInProgress(t *testing.T) {
 		}
 		return resp.StatusCode, a
 	}
-	calls := func() string { b, _ := os.ReadFile(log); return string(b) }
-	waitDone := func(srv *httptest.Server, path, id string) Answer {
+	calls := func() []string { b, _ := os.ReadFile(log); return strings.Split(strings.TrimSpace(string(b)), "\n") }
+	waitDone := func(id, gpu string) Answer {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-			if _, a := call(srv, path, id); !a.InProgress {
+			if _, a := call(srv, id, gpu); !a.InProgress {
 				return a
 			}
 		}
@@ -291,44 +295,50 @@ func TestSlowActionsAnsweredInProgress(t *testing.T) {
 	}
 
 	for _, step := range []struct {
-		path, id string
-		repeated bool
+		id, gpu    string
+		code       int
+		inProgress bool
+		repeated   bool
 	}{
-		{"/v1/local/gpu-reset", "g1", false}, // running
-		{"/v1/local/reboot", "r1", false},    // queued behind the reset
-		{"/v1/local/gpu-reset", "g1", true},  // asked again
+		{"g1", gpuA, http.StatusAccepted, true, false}, // running
+		{"g2", gpuB, http.StatusAccepted, true, false}, // waits for g1
+		{"r1", "", http.StatusOK, false, false},        // recorded, its command started at once
+		{"g1", gpuA, http.StatusAccepted, true, true},  // asked again
 	} {
 		began := time.Now()
-		code, a := call(srv, step.path, step.id)
-		if code != http.StatusAccepted || !a.InProgress || a.Reason != "InProgress" || a.Repeated != step.repeated || time.Since(began) > 900*time.Millisecond {
-			t.Fatalf("%s %s: %d %+v after %v", step.path, step.id, code, a, time.Since(began))
+		code, a := call(srv, step.id, step.gpu)
+		if code != step.code || a.InProgress != step.inProgress || a.Repeated != step.repeated || time.Since(began) > 900*time.Millisecond {
+			t.Fatalf("%s: %d %+v after %v", step.id, code, a, time.Since(began))
 		}
 	}
-	if a := waitDone(srv, "/v1/local/gpu-reset", "g1"); !a.OK || !a.Repeated {
+	if a := waitDone("g1", gpuA); !a.OK || !a.Repeated {
 		t.Fatalf("g1: %+v", a)
 	}
-	if a := waitDone(srv, "/v1/local/reboot", "r1"); !a.OK {
-		t.Fatalf("r1: %+v", a)
-	}
-	// A reboot is answered once recorded, its command still running.
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(calls(), "end reboot") && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
-	}
-	want := "start reset GPU-00000000-0000-0000-0000-00000000000a\nend reset GPU-00000000-0000-0000-0000-00000000000a\nstart reboot\nend reboot\n"
-	if got := calls(); got != want {
-		t.Fatalf("commands ran\n%s\nwant (each once, never overlapping)\n%s", got, want)
-	}
-
-	// The agent stops (restarts) while g2 resets.
-	if _, a := call(srv, "/v1/local/gpu-reset", "g2"); !a.InProgress {
+	if a := waitDone("g2", gpuB); !a.OK || !a.Repeated {
 		t.Fatalf("g2: %+v", a)
 	}
-	_, srv2 := start()
-	if _, a := call(srv2, "/v1/local/gpu-reset", "g2"); a.OK || a.InProgress || a.Reason != "Interrupted" || !a.Repeated {
-		t.Fatalf("g2 after a restart: %+v", a)
+	at := func(line string) int {
+		t.Helper()
+		i := slices.Index(calls(), line)
+		if i < 0 {
+			t.Fatalf("%q never ran:\n%s", line, strings.Join(calls(), "\n"))
+		}
+		return i
+	}
+	if len(calls()) != 6 || at("start reboot") > at("end reset "+gpuA) || at("start reset "+gpuB) < at("end reset "+gpuA) {
+		t.Fatalf("want each command once, the reboot during reset A, reset B after it:\n%s", strings.Join(calls(), "\n"))
+	}
+
+	// The agent stops (restarts) while g3 resets.
+	if _, a := call(srv, "g3", gpuA); !a.InProgress {
+		t.Fatalf("g3: %+v", a)
+	}
+	srv2 := start()
+	if _, a := call(srv2, "g3", gpuA); a.OK || a.InProgress || a.Reason != "Interrupted" || !a.Repeated {
+		t.Fatalf("g3 after a restart: %+v", a)
 	}
 	time.Sleep(1200 * time.Millisecond) // the first agent's command ends
-	if n := strings.Count(calls(), "start reset"); n != 2 {
-		t.Fatalf("reset ran %d times, want 2 (g1, g2 once):\n%s", n, calls())
+	if n := strings.Count(strings.Join(calls(), "\n"), "start reset"); n != 3 {
+		t.Fatalf("resets ran %d times, want 3 (g1, g2, g3 once):\n%s", n, strings.Join(calls(), "\n"))
 	}
 }

@@ -105,9 +105,9 @@ func (l *Local) call(ctx context.Context, t Target, path string, req localaction
 }
 
 // Reboot asks the agent to reboot the node (Force: ErrUnsupported; a
-// node whose OS hangs needs its BMC). A reboot the agent queued behind a
-// reset, or whose command is still running, is sent: the node's boot ID
-// tells the rest.
+// node whose OS hangs needs its BMC). A reboot the agent answers in
+// progress (accepted, not yet recorded) is sent: the node's boot ID tells
+// the rest.
 func (l *Local) Reboot(ctx context.Context, t Target, mode RebootMode) error {
 	if mode == Force {
 		return ErrUnsupported
