@@ -581,9 +581,6 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 	j := op.j
 	j.lim.acquire(op.key, op.cr.name, j.rackOf(op.cr, op.u), op.st.Provider, true)
 	if !condIs(op.u, CondSignalSent, "True") && op.kd != kindGPUReset {
-		if j.recall(op.u.GetUID()).signalSent {
-			return time.Second, nil // our status write is not in the cache yet
-		}
 		// Read it fresh: the cache may be behind our own write.
 		fresh, err := op.res().Get(ctx, op.u.GetName(), metav1.GetOptions{})
 		if err != nil {
@@ -593,6 +590,17 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 		if finished(fresh) {
 			j.lim.release(op.key)
 			return 0, nil
+		}
+		if !condIs(fresh, CondSignalSent, "True") && j.recall(op.u.GetUID()).signalSent {
+			// This janitor sent it; writing SignalSent failed: write it now
+			// (else the resource waits here for ever, holding its slot).
+			msg := fmt.Sprintf("%s signal sent via %s", op.kd.ActionKind, op.st.Provider)
+			if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonSucceeded, msg},
+				cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
+				return 0, err
+			}
+			j.emit(ctx, op.action(events.OutcomeApplied, msg+" to node "+op.nodeName, "signal", nil))
+			return j.cfg.PollInterval, nil
 		}
 		if !condIs(fresh, CondSignalSent, "True") {
 			// Recorded by a janitor that stopped before it wrote

@@ -2,10 +2,14 @@ package janitor
 
 import (
 	"context"
+	"errors"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/faultline/faultline/agents/localaction"
 	"github.com/faultline/faultline/schemas/events"
@@ -60,6 +65,16 @@ func TestJanitorLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Local.Timeout = time.Second // shorter than the slow reset
+	// The janitor's resource client can be made to fail its next
+	// SignalSent status write.
+	failSignalSent := &failWrite{match: `"SignalSent"`}
+	rc := e.kc.RESTConfig()
+	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { failSignalSent.rt = rt; return failSignalSent }
+	flaky, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.dyn = flaky
 	j, rec := e.janitor(cfg, false, nil)
 	run(t, j)
 	ctx := context.Background()
@@ -142,6 +157,24 @@ func TestJanitorLocal(t *testing.T) {
 		}
 	})
 
+	// The signal went out, writing SignalSent failed: the janitor writes
+	// it at its next look and follows the reboot to the end (it waited
+	// for ever, holding the rack's slot).
+	t.Run("SignalSentNotWritten", func(t *testing.T) {
+		localNode("gpu-l6")
+		failSignalSent.armed.Store(true)
+		e.create(kindReboot, "reboot-l6", "gpu-l6", false)
+		deadline := time.Now().Add(20 * time.Second)
+		for strings.Count(calls(), "systemctl reboot") < 2 && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		e.m.setNode(ctx, "gpu-l6", corev1.ConditionTrue, uuid.NewString())
+		o := e.wait(kindReboot, "reboot-l6", 30*time.Second)
+		if failSignalSent.armed.Load() || condOf(o, CondSignalSent) != "True/Succeeded" || condOf(o, CondNodeReady) != "True/Succeeded" || strings.Count(calls(), "systemctl reboot") != 2 {
+			t.Fatalf("write failed %v; status %v\n%s", !failSignalSent.armed.Load(), o.Object["status"], calls())
+		}
+	})
+
 	t.Run("WrongToken", func(t *testing.T) {
 		if err := os.WriteFile(acfg.TokenFile, []byte("rotated"), 0o600); err != nil {
 			t.Fatal(err)
@@ -153,4 +186,26 @@ func TestJanitorLocal(t *testing.T) {
 			t.Fatalf("Complete %s", got)
 		}
 	})
+}
+
+// failWrite fails the next status PATCH whose body holds match, once
+// armed, as an apiserver that went away would.
+type failWrite struct {
+	rt    http.RoundTripper
+	match string
+	armed atomic.Bool
+}
+
+func (f *failWrite) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPatch && strings.HasSuffix(r.URL.Path, "/status") && r.GetBody != nil && f.armed.Load() {
+		body, err := r.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		b, _ := io.ReadAll(body)
+		if strings.Contains(string(b), f.match) && f.armed.CompareAndSwap(true, false) {
+			return nil, errors.New("injected: connection reset by the apiserver")
+		}
+	}
+	return f.rt.RoundTrip(r)
 }
