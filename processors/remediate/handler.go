@@ -51,6 +51,12 @@ const (
 	// (its name is derived from it); the next one is one more than the
 	// newest's, so that a pruned resource's name is never used again.
 	AnnotationSeq = "faultline.io/seq"
+	// AnnotationCovers is the newest trigger time (the drain result's
+	// timestamp) a resource answers, its creator's or a joiner's: a
+	// trigger no newer that it does not list (the list keeps the newest
+	// maxTriggers) follows it once it is finished instead of remediating
+	// the node again.
+	AnnotationCovers = "faultline.io/covers-until"
 	// AnnotationEscalated is set on the node when faultline escalates it to
 	// CONTACT_SUPPORT: the time and why.
 	AnnotationEscalated = "faultline.io/remediation-escalated"
@@ -325,6 +331,20 @@ func createdAt(o *unstructured.Unstructured) time.Time {
 	return o.GetCreationTimestamp().Time
 }
 
+// at is the trigger's time (the drain result's timestamp; zero if none).
+func (t trigger) at() time.Time {
+	if ts := t.src.GetTimestamp(); ts != nil {
+		return ts.AsTime()
+	}
+	return time.Time{}
+}
+
+// coversUntil is AnnotationCovers (zero when absent or unreadable).
+func coversUntil(o *unstructured.Unstructured) time.Time {
+	at, _ := time.Parse(time.RFC3339Nano, o.GetAnnotations()[AnnotationCovers])
+	return at
+}
+
 func triggersOf(o *unstructured.Unstructured) []string {
 	v := o.GetAnnotations()[AnnotationTriggers]
 	if v == "" {
@@ -346,11 +366,11 @@ func nodeLabel(node string) string {
 // node's follow-up in another batch, the janitor — makes requeue.Step redo
 // it; every call it repeats is idempotent).
 func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
-	if ts := t.src.GetTimestamp(); h.cfg.Retention > 0 && ts != nil && h.now().Sub(ts.AsTime()) > h.cfg.Retention {
+	if at := t.at(); h.cfg.Retention > 0 && !at.IsZero() && h.now().Sub(at) > h.cfg.Retention {
 		// Its resource may have been pruned: acting on a replayed or
 		// long-delayed trigger could repeat a remediation long done.
 		reason := fmt.Sprintf("trigger of %s is older than remediate.retention (%s): its remediation may have been pruned; not acted on",
-			ts.AsTime().UTC().Format(time.RFC3339), h.cfg.Retention)
+			at.UTC().Format(time.RFC3339), h.cfg.Retention)
 		return []*faultlinev1.Action{h.action(t, events.KindRemediate, events.OutcomeSkipped, reason, "skip")}, time.Time{}, nil
 	}
 	ra := t.src.GetRecommendedAction()
@@ -420,6 +440,13 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 			return h.follow(ctx, cl, t, tm, &items[i])
 		}
 	}
+	// Answered by the newest, finished, though not listed (its id was
+	// trimmed from the list, or it was late)?
+	if n := len(items); n > 0 && !t.at().IsZero() && !t.at().After(coversUntil(&items[n-1])) {
+		if st, _ := h.status(tm, &items[n-1]); st != inProgress {
+			return h.follow(ctx, cl, t, tm, &items[n-1])
+		}
+	}
 	// An equivalent remediation in progress: join it.
 	for i := range items {
 		if st, _ := h.status(tm, &items[i]); st == inProgress {
@@ -479,6 +506,9 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 		ann[AnnotationBy] = h.cfg.Identity
 		ann[AnnotationEvents] = strings.Join(t.src.GetEventIds(), ",")
 		ann[AnnotationSeq] = strconv.Itoa(seq)
+		if !t.at().IsZero() {
+			ann[AnnotationCovers] = t.at().UTC().Format(time.RFC3339Nano)
+		}
 		obj.SetAnnotations(ann)
 		h.caches.wrote(g, "", "")
 		created, err := res.Create(ctx, obj, metav1.CreateOptions{FieldManager: "faultline-remediate"})
@@ -620,9 +650,13 @@ func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *
 	if len(trs) > maxTriggers {
 		trs = trs[len(trs)-maxTriggers:]
 	}
+	ann := map[string]string{AnnotationTriggers: strings.Join(trs, ",")}
+	if at := t.at(); at.After(coversUntil(o)) {
+		ann[AnnotationCovers] = at.UTC().Format(time.RFC3339Nano)
+	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
 		"resourceVersion": o.GetResourceVersion(),
-		"annotations":     map[string]string{AnnotationTriggers: strings.Join(trs, ",")},
+		"annotations":     ann,
 	}})
 	h.caches.wrote(g, "", "")
 	out, err := res.Patch(ctx, o.GetName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-remediate"})

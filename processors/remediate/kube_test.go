@@ -332,6 +332,48 @@ func TestRemediateKube(t *testing.T) {
 		}
 	})
 
+	// More faults join a reboot in progress than its list keeps; the
+	// first one's follow-up (or replay) after the reboot finished must not
+	// reboot the node again: it is answered by the reboot it joined. A
+	// fault after the reboot is a new remediation.
+	t.Run("TrimmedTriggerFollowsItsReboot", func(t *testing.T) {
+		node := "gpu-node-44"
+		createNode(t, k, node)
+		h := newHandler(t, testConfig(), k, dyn, clk)
+		at := func(drainID string) *kgo.Record {
+			r := drained(node, drainID, "RESTART_BM", nil)
+			a, _ := events.UnmarshalAction(r.Value)
+			a.Timestamp = timestamppb.New(clk.Now())
+			r.Value, _ = events.MarshalAction(a)
+			clk.Add(time.Second)
+			return r
+		}
+		first := at("t-0")
+		if acts, _ := handle(t, h, first); len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied {
+			t.Fatalf("first fault: %s", outcomes(acts))
+		}
+		for i := 1; i <= maxTriggers; i++ {
+			caughtUp(t, h)
+			if acts, _ := handle(t, h, at(fmt.Sprintf("t-%d", i))); len(acts) != 1 || acts[0].Outcome != events.OutcomeInProgress {
+				t.Fatalf("fault %d: %s", i, outcomes(acts))
+			}
+		}
+		items := list(t, dyn, rebootGVR, node)
+		if len(items) != 1 || slices.Contains(triggersOf(&items[0]), "t-0") {
+			t.Fatalf("%d RebootNodes, triggers %v: want one, t-0 trimmed", len(items), triggersOf(&items[0]))
+		}
+		setStatus(t, dyn, rebootGVR, items[0].GetName(), true, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "True", "Succeeded"})
+		clk.Add(time.Minute)
+		caughtUp(t, h)
+		acts, rq := handle(t, h, first)
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeSucceeded || len(rq) != 0 || len(list(t, dyn, rebootGVR, node)) != 1 {
+			t.Fatalf("the trimmed fault again: %s, %d RebootNodes", outcomes(acts), len(list(t, dyn, rebootGVR, node)))
+		}
+		if acts, _ := handle(t, h, at("t-new")); len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(list(t, dyn, rebootGVR, node)) != 2 {
+			t.Fatalf("a fault after the reboot: %s", outcomes(acts))
+		}
+	})
+
 	t.Run("EscalationAfterBudget", func(t *testing.T) {
 		node := "flaky-1"
 		createNode(t, k, node)
