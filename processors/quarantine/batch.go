@@ -31,6 +31,48 @@ type seqResult struct {
 	actions  []*faultlinev1.Action
 	deferred []item
 	failed   error
+	// applied: each retry record applied, with its actions.
+	applied map[string][]*faultlinev1.Action
+}
+
+// retriedActions are a retry record's actions kept for its batch's redo.
+type retriedActions struct {
+	acts []*faultlinev1.Action
+	at   time.Time
+}
+
+// recordKey names a record by its place in the log.
+func recordKey(r *kgo.Record) string {
+	return fmt.Sprintf("%s/%d/%d", r.Topic, r.Partition, r.Offset)
+}
+
+// keepRetried keeps the actions of a failed retry batch's applied records
+// for its redo; kept actions older than an hour (a batch this replica no
+// longer redoes: its partition moved) are dropped.
+func (h *Handler) keepRetried(results []seqResult) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	for k, r := range h.retried {
+		if now.Sub(r.at) > time.Hour {
+			delete(h.retried, k)
+		}
+	}
+	for _, r := range results {
+		for k, acts := range r.applied {
+			h.retried[k] = retriedActions{acts: acts, at: now}
+		}
+	}
+}
+
+// takeRetried returns (and forgets) the kept actions of a retry record.
+func (h *Handler) takeRetried(r *kgo.Record) ([]*faultlinev1.Action, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	k := recordKey(r)
+	kept, ok := h.retried[k]
+	delete(h.retried, k)
+	return kept.acts, ok
 }
 
 // Handle handles a batch of the events topic.
@@ -85,6 +127,7 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 		}
 	}
 	if len(failed) > 0 {
+		h.keepRetried(results)
 		return pipeline.Result{}, fmt.Errorf("quarantine retry batch: %w", errors.Join(failed...))
 	}
 	return res, nil
@@ -119,6 +162,13 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 			r.deferred = items[i:]
 			return r
 		}
+		if retry {
+			if acts, ok := h.takeRetried(it.rec); ok {
+				r.actions = append(r.actions, acts...)
+				r.keep(it, acts)
+				continue
+			}
+		}
 		for {
 			var acts []*faultlinev1.Action
 			at := h.reg.Try(ctx, cluster, func(ctx context.Context, cl *clusters.Client) (err error) {
@@ -127,6 +177,9 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 			})
 			if at.Err == nil {
 				r.actions = append(r.actions, acts...)
+				if retry {
+					r.keep(it, acts)
+				}
 				break
 			}
 			if !at.Retriable {
@@ -173,6 +226,14 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 		}
 	}
 	return r
+}
+
+// keep records an applied retry record's actions.
+func (r *seqResult) keep(it item, acts []*faultlinev1.Action) {
+	if r.applied == nil {
+		r.applied = map[string][]*faultlinev1.Action{}
+	}
+	r.applied[recordKey(it.rec)] = acts
 }
 
 func (h *Handler) deferring(cluster string) bool {

@@ -104,6 +104,30 @@ func TestTwoClustersIsolated(t *testing.T) {
 	if !getNode(t, ka.Client(), "node-2").Spec.Unschedulable || getNode(t, ka.Client(), "node-1").Spec.Unschedulable {
 		t.Fatal("a's deferred records not applied in order")
 	}
+
+	// A retry batch fails for a down cluster after it released a node of
+	// the other: the redo finds the node released and decides nothing, so
+	// the release's action is the one kept from the failed try.
+	kb.Stop()
+	_, deferredB := handle(t, h, record("b", healthy("node-3", "XID_ERROR_48", "GPU-1")))
+	kb.Start()
+	ka.Stop()
+	batch := append(deferredB, retryRecord(record("a", fatal("node-3", "XID_ERROR_48", "GPU-1"))))
+	for i, r := range batch {
+		r.Topic, r.Partition, r.Offset = TopicRetry, 0, int64(100+i) // as consumed
+	}
+	for deadline := time.Now().Add(30 * time.Second); getNode(t, kb.Client(), "node-3").Spec.Unschedulable; {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := h.HandleRetry(ctx, batch)
+		cancel()
+		if err == nil || time.Now().After(deadline) {
+			t.Fatalf("retry batch with a down: %v", err)
+		}
+	}
+	ka.Start()
+	if acts := retryUntil(t, h, batch, 30*time.Second); kinds(acts) != "unquarantine/applied,quarantine/applied" {
+		t.Fatalf("redo after a is back: %s", kinds(acts))
+	}
 }
 
 // The apiserver is stopped while a batch of 40 failing nodes is being

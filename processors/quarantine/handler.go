@@ -57,6 +57,11 @@ type Handler struct {
 	breakers      map[string]*breaker
 	deferUntil    map[string]time.Time
 	ruleErrLogged map[string]time.Time
+	// retried: the actions of retry records applied in a retry batch that
+	// failed for another cluster, by record, for the batch's redo (which
+	// finds them applied and would decide no action, a release's or the
+	// breaker's opening, again).
+	retried map[string]retriedActions
 
 	// lastEvent: when each cluster/node/reason last got a node Event
 	// (eventDue).
@@ -120,6 +125,7 @@ func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options
 		cfg: cfg, policy: pol, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		m: newMetrics(opts.Registerer), optKey: k, optVal: v,
 		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{}, ruleErrLogged: map[string]time.Time{},
+		retried: map[string]retriedActions{},
 		lastEvent: map[string]time.Time{},
 		uncordons: make(chan nodeRef, 1024), Ownership: pipeline.Ownership{Topic: events.TopicEvents},
 	}
