@@ -12,6 +12,7 @@ package gateway
 import (
 	"flag"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -223,8 +224,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("gateway.max_body_bytes: must be at least 1024, got %d", c.MaxBodyBytes)
 	case c.MaxFutureSkew < 0:
 		return fmt.Errorf("gateway.max_future_skew: must not be negative")
-	case c.RatePerCaller < 0:
-		return fmt.Errorf("gateway.rate_per_caller: must not be negative")
+	case math.IsNaN(c.RatePerCaller) || math.IsInf(c.RatePerCaller, 0) || c.RatePerCaller < 0:
+		return fmt.Errorf("gateway.rate_per_caller: must be a finite number not below 0 (0: unlimited), got %v", c.RatePerCaller)
 	case c.RatePerCaller > 0 && c.RateBurst < c.MaxBatch:
 		return fmt.Errorf("gateway.rate_burst: must be at least gateway.max_batch (%d), got %d", c.MaxBatch, c.RateBurst)
 	case c.ProduceTimeout <= 0:
@@ -253,8 +254,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("gateway.idle_timeout: must be positive")
 	case c.MaxConnectionAge <= 0:
 		return fmt.Errorf("gateway.max_connection_age: must be positive")
-	case c.ReadRatePerCaller < 0:
-		return fmt.Errorf("gateway.read_rate_per_caller: must not be negative")
+	case math.IsNaN(c.ReadRatePerCaller) || math.IsInf(c.ReadRatePerCaller, 0) || c.ReadRatePerCaller < 0:
+		return fmt.Errorf("gateway.read_rate_per_caller: must be a finite number not below 0 (0: unlimited), got %v", c.ReadRatePerCaller)
 	case c.ReadRatePerCaller > 0 && c.ReadBurst < 1:
 		return fmt.Errorf("gateway.read_burst: must be at least 1, got %d", c.ReadBurst)
 	case c.MaxConcurrentReads < 1:

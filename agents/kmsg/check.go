@@ -104,10 +104,16 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("kmsg.source: %q is not kmsg, journal or file", c.Source)
 	}
 	if c.MaxLinesPerCheck < 0 {
-		return errors.New("kmsg.max_lines_per_check: must not be negative")
+		return fmt.Errorf("kmsg.max_lines_per_check: must not be negative, got %d", c.MaxLinesPerCheck)
 	}
-	if c.PollInterval < 0 || c.FloodWindow < 0 || c.FloodBurst < 0 {
-		return errors.New("kmsg.poll_interval, flood_window, flood_burst: must not be negative")
+	if c.PollInterval < 0 {
+		return fmt.Errorf("kmsg.poll_interval: must not be negative, got %s", c.PollInterval)
+	}
+	if c.FloodWindow < 0 {
+		return fmt.Errorf("kmsg.flood_window: must not be negative, got %s", c.FloodWindow)
+	}
+	if c.FloodBurst < 0 {
+		return fmt.Errorf("kmsg.flood_burst: must not be negative, got %d", c.FloodBurst)
 	}
 	return nil
 }

@@ -93,7 +93,7 @@ func TestProcessorSections(t *testing.T) {
 		{"role = \"store\"\n[store]\nbatch_records = 0\n", "invalid configuration: store.batch_records: must be at least 1, got 0"},
 		{"[processors.store]\nbatch_records = 5\n", "processors.store: no longer a key: use [store]"},
 		{"[clickhouse]\npassword = \"x\"\n", "clickhouse.password: no longer a key: put the password in a file (clickhouse.password_file)"},
-		{"[kube]\nqps = -1\n", "kube.qps: must be positive"},
+		{"[kube]\nqps = -1\n", "kube.qps: must be a finite number above 0, got -1"},
 	} {
 		err := run(context.Background(), []string{"process", "--config", write(tc.toml)}, &bytes.Buffer{}, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -81,8 +82,8 @@ func (c DevConfig) validate() error {
 		return fmt.Errorf("dev.clickhouse_port: %d is not a port", c.ClickHousePort)
 	case c.FleetNodes < 0:
 		return fmt.Errorf("dev.fleet_nodes: must not be negative, got %d", c.FleetNodes)
-	case c.FleetRate < 0:
-		return fmt.Errorf("dev.fleet_rate: must not be negative, got %g", c.FleetRate)
+	case math.IsNaN(c.FleetRate) || math.IsInf(c.FleetRate, 0) || c.FleetRate < 0:
+		return fmt.Errorf("dev.fleet_rate: must be a finite number not below 0, got %g", c.FleetRate)
 	}
 	return nil
 }

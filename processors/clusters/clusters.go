@@ -15,6 +15,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -167,8 +168,8 @@ func (c Config) index(name string) int {
 
 // Validate names the first bad key, with the given prefix ("kube.").
 func (c Config) Validate(prefix string) error {
-	if c.QPS <= 0 {
-		return fmt.Errorf("%sqps: must be positive, got %v", prefix, c.QPS)
+	if q := float64(c.QPS); math.IsNaN(q) || math.IsInf(q, 0) || q <= 0 {
+		return fmt.Errorf("%sqps: must be a finite number above 0, got %v", prefix, c.QPS)
 	}
 	if c.Burst < 1 {
 		return fmt.Errorf("%sburst: must be at least 1, got %d", prefix, c.Burst)
@@ -189,8 +190,11 @@ func (c Config) Validate(prefix string) error {
 		if cl.Kubeconfig == "" && !cl.DryRun && !slices.Contains(c.DryRunClusters, cl.Name) {
 			return fmt.Errorf("%s.kubeconfig: cluster %q needs a kubeconfig path or %q (or dry_run)", key, cl.Name, InCluster)
 		}
-		if cl.QPS < 0 || cl.Burst < 0 {
-			return fmt.Errorf("%s.qps: cluster %q has a negative qps or burst", key, cl.Name)
+		if q := float64(cl.QPS); math.IsNaN(q) || math.IsInf(q, 0) || q < 0 {
+			return fmt.Errorf("%s.qps: cluster %q: must be a finite number not below 0, got %v", key, cl.Name, cl.QPS)
+		}
+		if cl.Burst < 0 {
+			return fmt.Errorf("%s.burst: cluster %q: must not be negative, got %d", key, cl.Name, cl.Burst)
 		}
 		if _, err := cl.token(key + "."); err != nil {
 			return err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -40,6 +41,12 @@ func TestFlagsAndValidate(t *testing.T) {
 		want string
 	}{
 		{func(c *Config) { c.QPS = 0 }, "kube.qps"},
+		// NaN compares false with every bound.
+		{func(c *Config) { c.QPS = float32(math.NaN()) }, "kube.qps: must be a finite number above 0, got NaN"},
+		{func(c *Config) { c.QPS = float32(math.Inf(1)) }, "kube.qps: must be a finite number above 0, got +Inf"},
+		{func(c *Config) { c.Clusters[0].QPS = float32(math.NaN()) }, `kube.clusters[0].qps: cluster "a": must be a finite number not below 0, got NaN`},
+		{func(c *Config) { c.Clusters[0].QPS = -1 }, `kube.clusters[0].qps: cluster "a": must be a finite number not below 0, got -1`},
+		{func(c *Config) { c.Clusters[0].Burst = -1 }, `kube.clusters[0].burst: cluster "a": must not be negative, got -1`},
 		{func(c *Config) { c.Burst = 0 }, "kube.burst"},
 		{func(c *Config) { c.Clusters = append(c.Clusters, Cluster{Name: "a", Kubeconfig: "x"}) }, "kube.clusters[2].name"},
 		{func(c *Config) { c.Clusters = append(c.Clusters, Cluster{Name: "d"}) }, "kube.clusters[2].kubeconfig"},

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -279,8 +280,8 @@ func compileRule(s RuleSpec, dir fs.FS) (*Rule, error) {
 			return nil, bad("stabilization", fmt.Errorf("%q is not a duration >= 0", s.Stabilization))
 		}
 	}
-	if s.Threshold <= 0 {
-		return nil, bad("threshold", fmt.Errorf("must be positive, got %v", s.Threshold))
+	if math.IsNaN(s.Threshold) || math.IsInf(s.Threshold, 0) || s.Threshold <= 0 {
+		return nil, bad("threshold", fmt.Errorf("must be a finite number above 0, got %v", s.Threshold))
 	}
 	if r.Query, err = loadSQL(s.Query, dir); err != nil {
 		return nil, bad("query", err)

@@ -420,6 +420,9 @@ threshold = 2
 	cases := []struct{ name, edit, field string }{
 		{"window", `window = "10m"|window = "soon"`, "window"},
 		{"threshold", `threshold = 2|threshold = 0`, "threshold"},
+		// NaN compares false with every bound; a NaN threshold never holds.
+		{"threshold nan", `threshold = 2|threshold = nan`, "threshold"},
+		{"threshold inf", `threshold = 2|threshold = inf`, "threshold"},
 		{"trigger", `trigger = "event.isFatal"|trigger = "event.isFatal &&"`, "trigger"},
 		{"trigger type", `trigger = "event.isFatal"|trigger = "1 + 1"`, "trigger"},
 		{"query file", `query = "SELECT 1"|query = "missing.sql"`, "query"},

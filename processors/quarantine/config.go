@@ -3,6 +3,7 @@ package quarantine
 import (
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -205,8 +206,8 @@ func (c Config) Validate(prefix string) error {
 	if c.RetryWait <= 0 {
 		return fmt.Errorf("%sretry_wait: must be positive, got %v", prefix, c.RetryWait)
 	}
-	if c.NodeEvents && c.NodeEventQPS <= 0 {
-		return fmt.Errorf("%snode_event_qps: must be positive when node_events is on, got %v", prefix, c.NodeEventQPS)
+	if q := c.NodeEventQPS; c.NodeEvents && (math.IsNaN(q) || math.IsInf(q, 0) || q <= 0) {
+		return fmt.Errorf("%snode_event_qps: must be a finite number above 0 when node_events is on, got %v", prefix, c.NodeEventQPS)
 	}
 	if c.NodeEventInterval < 0 {
 		return fmt.Errorf("%snode_event_interval: must not be negative, got %v", prefix, c.NodeEventInterval)
@@ -242,7 +243,7 @@ func (c Config) Validate(prefix string) error {
 	if !b.Enabled {
 		return nil
 	}
-	if b.MaxPercent <= 0 || b.MaxPercent > 100 {
+	if math.IsNaN(b.MaxPercent) || b.MaxPercent <= 0 || b.MaxPercent > 100 {
 		return fmt.Errorf("%smax_percent: must be in (0, 100], got %v", p, b.MaxPercent)
 	}
 	if b.Window <= 0 {

@@ -1,6 +1,7 @@
 package quarantine
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -180,6 +181,11 @@ func TestConfigValidateNamesKey(t *testing.T) {
 		{func(c *Config) { c.Workers = 0 }, "quarantine.workers"},
 		{func(c *Config) { c.OptOutLabel = "novalue" }, "quarantine.opt_out_label"},
 		{func(c *Config) { c.Breaker.MaxPercent = 150 }, "quarantine.breaker.max_percent"},
+		// NaN compares false with both bounds.
+		{func(c *Config) { c.Breaker.MaxPercent = math.NaN() }, "quarantine.breaker.max_percent: must be in (0, 100], got NaN"},
+		{func(c *Config) { c.NodeEvents, c.NodeEventQPS = true, math.NaN() }, "quarantine.node_event_qps: must be a finite number above 0 when node_events is on, got NaN"},
+		{func(c *Config) { c.NodeEvents, c.NodeEventQPS = true, math.Inf(1) }, "quarantine.node_event_qps: must be a finite number above 0 when node_events is on, got +Inf"},
+		{func(c *Config) { c.NodeEvents, c.NodeEventQPS = true, 0 }, "quarantine.node_event_qps"},
 		{func(c *Config) { c.Breaker.GPUNodeSelector = "a in (" }, "quarantine.breaker.gpu_node_selector"},
 		{func(c *Config) { c.Breaker.Namespace = "Bad_NS" }, "quarantine.breaker.namespace"},
 	} {

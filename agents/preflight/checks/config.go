@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -275,8 +276,14 @@ func (c *Config) ValidateSettings() error {
 	if g.TokenFile == "" && g.CertFile == "" {
 		return errors.New("gateway.token_file: must be set (or gateway.cert_file, to authenticate with a client certificate)")
 	}
-	if g.Timeout <= 0 || g.BatchSize < 1 || g.MaxBackoff < 100*time.Millisecond {
-		return errors.New("gateway.timeout: timeout must be positive, batch_size at least 1, max_backoff at least 100ms")
+	if g.Timeout <= 0 {
+		return fmt.Errorf("gateway.timeout: must be positive, got %s", g.Timeout)
+	}
+	if g.BatchSize < 1 || g.BatchSize > 10000 {
+		return fmt.Errorf("gateway.batch_size: must be in 1..10000, got %d", g.BatchSize)
+	}
+	if g.MaxBackoff < 100*time.Millisecond {
+		return fmt.Errorf("gateway.max_backoff: must be at least 100ms, got %s", g.MaxBackoff)
 	}
 	if err := c.Spool.Validate(); err != nil {
 		return err
@@ -296,14 +303,21 @@ func (c *Config) ValidateSettings() error {
 	if c.DCGM.Format != "table" && c.DCGM.Format != "json" {
 		return fmt.Errorf("dcgm.format: %q is not table or json", c.DCGM.Format)
 	}
-	if c.NCCL.LoopbackThresholdGBps < 0 {
-		return errors.New("nccl.loopback_threshold_gbps: must not be negative")
-	}
-	if c.NCCL.AllreduceThresholdGBps < 0 {
-		return errors.New("nccl.allreduce_threshold_gbps: must not be negative")
+	// A NaN threshold would pass every bandwidth: no comparison with NaN
+	// is true.
+	for _, kv := range []struct {
+		key string
+		v   float64
+	}{{"loopback_threshold_gbps", c.NCCL.LoopbackThresholdGBps}, {"allreduce_threshold_gbps", c.NCCL.AllreduceThresholdGBps}} {
+		if math.IsNaN(kv.v) || math.IsInf(kv.v, 0) || kv.v < 0 {
+			return fmt.Errorf("nccl.%s: must be a finite number not below 0, got %v", kv.key, kv.v)
+		}
 	}
 	if c.NCCL.MasterPort < 1 || c.NCCL.MasterPort > 65535 {
 		return fmt.Errorf("nccl.master_port: %d is not a port", c.NCCL.MasterPort)
+	}
+	if c.NCCL.AllreduceBytes < 4 {
+		return fmt.Errorf("nccl.allreduce_bytes: must be at least 4 (one float32 element), got %d", c.NCCL.AllreduceBytes)
 	}
 	if !strings.Contains(c.NCCL.AllreduceCommand, "{") && c.NCCL.AllreduceCommand == "" {
 		return errors.New("nccl.allreduce_command: must be set")

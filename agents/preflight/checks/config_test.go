@@ -66,6 +66,15 @@ timeout = "30s"
 		{"[gateway]\ninsecure = true\nca_file = \"/x\"\n", "", "gateway.ca_file: set, but gateway.insecure is true"},
 		{"", "--nccl.instance-types=nokey", `"nokey" is not key=value`},
 		{"", "--gang.poll-interval=0s", "gang.poll_interval: must be positive"},
+		// NaN compares false with every bound: a NaN threshold would
+		// pass every bandwidth.
+		{"", "--nccl.loopback-threshold-gbps=NaN", "nccl.loopback_threshold_gbps: must be a finite number not below 0, got NaN"},
+		{"[nccl]\nallreduce_threshold_gbps = nan\n", "", "nccl.allreduce_threshold_gbps: must be a finite number not below 0, got NaN"},
+		{"", "--nccl.allreduce-threshold-gbps=+Inf", "nccl.allreduce_threshold_gbps: must be a finite number not below 0, got +Inf"},
+		{"", "--nccl.loopback-threshold-gbps=-1", "nccl.loopback_threshold_gbps: must be a finite number not below 0, got -1"},
+		{"", "--nccl.allreduce-bytes=0", "nccl.allreduce_bytes: must be at least 4 (one float32 element), got 0"},
+		{"", "--nccl.allreduce-bytes=-1", "nccl.allreduce_bytes: must be at least 4 (one float32 element), got -1"},
+		{"", "--gateway.batch-size=0", "gateway.batch_size: 0 is not in 1..10000"},
 	} {
 		var args []string
 		if tc.flag != "" {
@@ -87,6 +96,7 @@ func TestRenderFlags(t *testing.T) {
 	want.NCCL.AllreduceThresholdGBps = 7.5
 	want.NCCL.InstanceTypes = map[string]string{"p5.48xlarge": "aws-p5.48xlarge.xml"}
 	want.Gateway.Insecure = true
+	want.Gateway.BatchSize = 250
 	want.Gang.Timeout = 10 * time.Minute
 	want.NodeName = "must-not-render"
 	flags := RenderFlags(want)

@@ -144,9 +144,9 @@ func Parse(r io.Reader) (*Result, error) {
 				continue
 			}
 			if v, ok := footerValue(body, "Avg bus bandwidth"); ok {
-				f, perr := strconv.ParseFloat(firstField(v), 64)
-				if perr != nil {
-					return nil, &ParseError{lineNo, fmt.Sprintf("Avg bus bandwidth %q is not a number", v)}
+				f, bad := bandwidth(firstField(v))
+				if bad != "" {
+					return nil, &ParseError{lineNo, fmt.Sprintf("Avg bus bandwidth %q %s", v, bad)}
 				}
 				res.AvgBusBw, res.HasAvg, seen = f, true, true
 				continue
@@ -389,9 +389,9 @@ func parseRow(f []string, l *layout) (Row, tolerance, error) {
 	}
 	row.Bytes = size
 	num := func(i int, what string) (float64, error) {
-		v, err := strconv.ParseFloat(f[i], 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s (field %d) %q is not a number", what, i+1, f[i])
+		v, bad := bandwidth(f[i])
+		if bad != "" {
+			return 0, fmt.Errorf("%s (field %d) %q %s", what, i+1, f[i], bad)
 		}
 		return v, nil
 	}
@@ -435,6 +435,22 @@ func parseRow(f []string, l *layout) (Row, tolerance, error) {
 	}
 	tol.out, tol.in = errOut, errIn
 	return row, tol, nil
+}
+
+// bandwidth reads a bus bandwidth in GB/s, a finite number not below 0,
+// or says what s is instead ("is not a number", "is not a bandwidth").
+// nccl-tests prints "nan" or "inf" when its timing went wrong; such a
+// value (or a negative one) measures nothing, and compared with a
+// threshold a NaN would pass (every comparison with NaN is false).
+func bandwidth(s string) (float64, string) {
+	v, err := strconv.ParseFloat(s, 64)
+	switch {
+	case err != nil:
+		return 0, "is not a number"
+	case math.IsNaN(v) || math.IsInf(v, 0) || v < 0:
+		return 0, "is not a bandwidth"
+	}
+	return v, ""
 }
 
 // footerValue returns what follows "name :" in a footer line.

@@ -172,6 +172,7 @@ func TestErrorColumnTolerance(t *testing.T) {
 // TestUnreadable: input that is no nccl-tests log, and a full-width row
 // whose numbers do not read, are errors naming the line.
 func TestUnreadable(t *testing.T) {
+	const hdr = "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n"
 	for _, tc := range []struct {
 		name, in, want string
 		line           int
@@ -183,6 +184,19 @@ func TestUnreadable(t *testing.T) {
 		{"bad wrong", "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n" +
 			"   134217728      33554432     float     sum      -1    613.3  218.85  382.99     -3    614.3  218.48  382.34      0\n", `#wrong (field 9) "-3" is not a count or N/A`, 2},
 		{"bad avg", "# Avg bus bandwidth    : fast\n", `Avg bus bandwidth "fast" is not a number`, 1},
+		// A bandwidth that measures nothing: compared with a threshold,
+		// NaN would pass.
+		{"nan busbw", hdr + "   134217728      33554432     float     sum      -1    613.3     nan     nan      0    614.3  218.48  382.34      0\n",
+			`line 2: busbw (field 8) "nan" is not a bandwidth`, 2},
+		{"-nan in-place busbw", hdr + "   134217728      33554432     float     sum      -1    613.3  218.85  382.99      0    614.3    -nan    -nan      0\n",
+			`in-place busbw (field 12) "-nan" is not a number`, 2},
+		{"inf busbw", hdr + "   134217728      33554432     float     sum      -1    613.3  218.85  382.99      0    614.3     inf     inf      0\n",
+			`in-place busbw (field 12) "inf" is not a bandwidth`, 2},
+		{"negative busbw", hdr + "   134217728      33554432     float     sum      -1    613.3  218.85   -3.10      0    614.3  218.48  382.34      0\n",
+			`busbw (field 8) "-3.10" is not a bandwidth`, 2},
+		{"nan avg", "# Avg bus bandwidth    : nan \n", `Avg bus bandwidth "nan" is not a bandwidth`, 1},
+		{"negative avg", "# Avg bus bandwidth    : -5\n", `Avg bus bandwidth "-5" is not a bandwidth`, 1},
+		{"inf avg", "# Avg bus bandwidth    : +Inf\n", `Avg bus bandwidth "+Inf" is not a bandwidth`, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse(strings.NewReader(tc.in))

@@ -76,6 +76,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&g.CertFile, "gateway.cert-file", g.CertFile, "PEM client certificate (mutual TLS)")
 	fs.StringVar(&g.KeyFile, "gateway.key-file", g.KeyFile, "PEM key of the client certificate")
 	fs.DurationVar(&g.Timeout, "gateway.timeout", g.Timeout, "one SubmitEvents call")
+	fs.IntVar(&g.BatchSize, "gateway.batch-size", g.BatchSize, "most events per SubmitEvents call")
 	fs.DurationVar(&g.MaxBackoff, "gateway.max-backoff", g.MaxBackoff, "retry backoff cap")
 	fs.StringVar(&c.Spool.Dir, "spool.dir", c.Spool.Dir, "root of the per-run spools (a directory on the node)")
 	fs.Int64Var(&c.Spool.MaxBytes, "spool.max-bytes", c.Spool.MaxBytes, "one run's spool capacity in bytes")

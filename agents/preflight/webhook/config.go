@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"path"
 	"slices"
 	"strings"
@@ -343,6 +344,12 @@ func (c *Config) Validate() error {
 		}
 	default:
 		return fmt.Errorf("tls.mode: %q is not self-signed or files", c.TLS.Mode)
+	}
+	if q := float64(c.Kube.QPS); math.IsNaN(q) || math.IsInf(q, 0) || q <= 0 {
+		return fmt.Errorf("kube.qps: must be a finite number above 0, got %v", c.Kube.QPS)
+	}
+	if c.Kube.Burst < 1 {
+		return fmt.Errorf("kube.burst: must be at least 1, got %d", c.Kube.Burst)
 	}
 	if len(c.Namespaces.Include) == 0 {
 		return errors.New("namespaces.include: no namespace opted in (preflight checks are opt-in per namespace)")

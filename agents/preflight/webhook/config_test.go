@@ -1,0 +1,44 @@
+package webhook
+
+import (
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/faultline/faultline/internal/config"
+)
+
+// TestConfigValidate: bad values are refused naming the key and quoting
+// the value, the [check] section's included (as check.<key>); a NaN is
+// refused, though it compares false with every bound.
+func TestConfigValidate(t *testing.T) {
+	load := func(args ...string) (Config, error) {
+		cfg := DefaultConfig()
+		_, err := config.Load("faultline-preflight webhook", append([]string{"--namespaces.include=training"}, args...),
+			&cfg, cfg.RegisterFlags, cfg.Validate, io.Discard)
+		return cfg, err
+	}
+	if cfg, err := load("--check.gateway.batch-size=250", "--kube.qps=5.5", "--kube.burst=7"); err != nil ||
+		cfg.Check.Gateway.BatchSize != 250 || cfg.Kube.QPS != 5.5 || cfg.Kube.Burst != 7 {
+		t.Fatalf("valid flags: %v (%+v)", err, cfg)
+	}
+	for _, tc := range []struct{ flag, want string }{
+		{"--kube.qps=NaN", "kube.qps: must be a finite number above 0, got NaN"},
+		{"--kube.qps=+Inf", "kube.qps: must be a finite number above 0, got +Inf"},
+		{"--kube.qps=0", "kube.qps: must be a finite number above 0, got 0"},
+		{"--kube.burst=-1", "kube.burst: must be at least 1, got -1"},
+		{"--kube.burst=0", "kube.burst: must be at least 1, got 0"},
+		{"--check.gateway.timeout=0s", "check.gateway.timeout: must be positive, got 0s"},
+		{"--check.gateway.batch-size=0", "check.gateway.batch_size: must be in 1..10000, got 0"},
+		{"--check.gateway.batch-size=10001", "check.gateway.batch_size: must be in 1..10000, got 10001"},
+		{"--check.gateway.max-backoff=10ms", "check.gateway.max_backoff: must be at least 100ms, got 10ms"},
+		{"--check.nccl.loopback-threshold-gbps=NaN", "check.nccl.loopback_threshold_gbps: must be a finite number not below 0, got NaN"},
+		{"--check.nccl.allreduce-threshold-gbps=-Inf", "check.nccl.allreduce_threshold_gbps: must be a finite number not below 0, got -Inf"},
+		{"--check.nccl.allreduce-bytes=0", "check.nccl.allreduce_bytes: must be at least 4 (one float32 element), got 0"},
+		{"--check.nccl.allreduce-bytes=-1", "check.nccl.allreduce_bytes: must be at least 4 (one float32 element), got -1"},
+	} {
+		if _, err := load(tc.flag); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want %q", tc.flag, err, tc.want)
+		}
+	}
+}
