@@ -125,7 +125,7 @@ func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options
 		cfg: cfg, policy: pol, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		m: newMetrics(opts.Registerer), optKey: k, optVal: v,
 		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{}, ruleErrLogged: map[string]time.Time{},
-		retried: map[string]retriedActions{},
+		retried:   map[string]retriedActions{},
 		lastEvent: map[string]time.Time{},
 		uncordons: make(chan nodeRef, 1024), Ownership: pipeline.Ownership{Topic: events.TopicEvents},
 	}
