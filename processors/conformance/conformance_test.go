@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -404,6 +405,72 @@ func TestDriftOnKube(t *testing.T) {
 		}
 	})
 
+	// Notifications are level-triggered: a drift whose notice was queued
+	// but not delivered when the role restarted is told by the next
+	// process's first sweep; a return to conformance keeps the node's
+	// state (Restoring, taint and label gone) until its notice is
+	// delivered, across a restart too.
+	t.Run("notices survive a restart", func(t *testing.T) {
+		nc := uniq("nt")
+		nreg := clusters.NewRegistry(clusters.DefaultConfig(), e.clk.Now)
+		nreg.SetClient(nc, e.kube, false)
+		for i := 1; i <= 4; i++ {
+			e.node(t, fmt.Sprintf("%s-n%d", nc, i), nil)
+			c := comps("")
+			if i == 4 {
+				c = comps("nt")
+			}
+			store(t, e.h, record(t, nc, fmt.Sprintf("%s-n%d", nc, i), c, e.clk.Now()))
+		}
+		drifted := nc + "-n4"
+		told := &recordingNotifier{}
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		// A process whose notifier never ran (it stopped first), then the
+		// next one, running.
+		process := func(run bool) *Sweeper {
+			cfg := testConfig()
+			q := NewQueue(told, cfg.Notifier, testLog, func(Notification, int, error) {})
+			if run {
+				go q.Run(ctx)
+			}
+			return NewSweeper(cfg, e.s.Conn, nreg, testLog, e.clk.Now, q)
+		}
+		sweep := func(sw *Sweeper, want string) {
+			t.Helper()
+			out, err := sw.Sweep(ctx, nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, a := range out.Actions {
+				got = append(got, a.Kind)
+			}
+			if strings.Join(got, ",") != want {
+				t.Fatalf("actions %v, want %q", got, want)
+			}
+		}
+		sweep(process(false), events.KindConformanceDrift)
+		sw := process(true)
+		sweep(sw, "") // nothing new to decide, the drift told again
+		told.wait(t, drifted+" drifted")
+		sweep(sw, "")
+		e.clk.Add(time.Minute)
+		store(t, e.h, record(t, nc, drifted, comps(""), e.clk.Now()))
+		sweep(process(false), events.KindConformanceRestored)
+		n := e.get(t, drifted)
+		if hasTaint(n) != nil || n.Labels[LabelGroup] != "" || !strings.Contains(n.Annotations[AnnotationState], `"restoring":true`) {
+			t.Fatalf("restored, not yet told: taints %v labels %v annotations %v", n.Spec.Taints, n.Labels, n.Annotations)
+		}
+		sw = process(true)
+		sweep(sw, "")
+		told.wait(t, drifted+" drifted", drifted+" restored")
+		sweep(sw, "")
+		if a := e.get(t, drifted).Annotations[AnnotationState]; a != "" {
+			t.Fatalf("state kept after the return was told: %s", a)
+		}
+	})
+
 	t.Run("sensitive", func(t *testing.T) {
 		sens := cluster + "-s1"
 		labels := map[string]string{"faultline.io/node-pool": "h100", "faultline.io/sensitive": "true"}
@@ -641,5 +708,39 @@ func TestUnproducedOutputIsKept(t *testing.T) {
 	l.produce(context.Background(), "c", Output{Actions: []*faultlinev1.Action{a2}})
 	if len(p.got) != 2 || len(l.pending) != 0 {
 		t.Fatalf("after recovery: produced %d, pending %v", len(p.got), l.pending)
+	}
+}
+
+// recordingNotifier records the notices delivered, "node drifted" or
+// "node restored".
+type recordingNotifier struct {
+	mu   sync.Mutex
+	told []string
+}
+
+func (r *recordingNotifier) Notify(_ context.Context, n Notification) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	what := " restored"
+	if n.Drifted {
+		what = " drifted"
+	}
+	r.told = append(r.told, n.Node+what)
+	return nil
+}
+
+// wait waits until exactly want were delivered.
+func (r *recordingNotifier) wait(t *testing.T, want ...string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		r.mu.Lock()
+		got := slices.Clone(r.told)
+		r.mu.Unlock()
+		if slices.Equal(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("notices %v, want %v", got, want)
+		}
 	}
 }

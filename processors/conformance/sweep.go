@@ -45,6 +45,10 @@ type State struct {
 	Escalated bool `json:"escalated,omitempty"`
 	// Awaiting: conforms again, waits for AnnotationApproved.
 	Awaiting bool `json:"awaitingApproval,omitempty"`
+	// Restoring: conforms again, the taint and label are gone; the state
+	// stays until the notifier delivered the return to conformance (a
+	// restart re-sends it).
+	Restoring bool `json:"restoring,omitempty"`
 }
 
 // Output is what one sweep produces.
@@ -68,6 +72,15 @@ type Sweeper struct {
 	// is recorded once. A sweep forgets the nodes it no longer sees.
 	mu  sync.Mutex
 	dry map[string]map[string]State
+	// notices: the notification last queued for each cluster/node and
+	// whether it was delivered. A live node's state whose notification is
+	// not here (the process restarted) or failed is notified again.
+	notices map[string]notice
+}
+
+type notice struct {
+	key       string // Notification.Key
+	delivered bool
 }
 
 // NewSweeper returns the sweeper (cfg validated).
@@ -75,7 +88,28 @@ func NewSweeper(cfg Config, conn clickhouse.Conn, reg *clusters.Registry, log *s
 	if now == nil {
 		now = time.Now
 	}
-	return &Sweeper{cfg: cfg, conn: conn, reg: reg, log: log, now: now, queue: queue, dry: map[string]map[string]State{}}
+	s := &Sweeper{cfg: cfg, conn: conn, reg: reg, log: log, now: now, queue: queue, dry: map[string]map[string]State{}, notices: map[string]notice{}}
+	if queue != nil {
+		done := queue.done
+		queue.done = func(n Notification, attempts int, err error) { s.settled(n, err); done(n, attempts, err) }
+	}
+	return s
+}
+
+// settled records a notification's result: delivered, or to be queued
+// again by the next sweep.
+func (s *Sweeper) settled(n Notification, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := n.Cluster + "/" + n.Node
+	if s.notices[k].key != n.Key {
+		return // superseded
+	}
+	if err != nil {
+		delete(s.notices, k)
+		return
+	}
+	s.notices[k] = notice{key: n.Key, delivered: true}
 }
 
 // GroupValue is the label and taint value naming a pool's group: the pool,
@@ -186,6 +220,9 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 	group := GroupValue(pool)
 	switch v.State {
 	case ic.Drifted:
+		if st.Restoring { // drifted again before its return was told: a new drift
+			st, has = State{}, false
+		}
 		next := State{Since: now, Group: group, Expected: v.Expected, Actual: v.Actual, Sensitive: m.sensitive || st.Sensitive}
 		if has {
 			next.Since, next.Drained, next.Escalated = st.Since, st.Drained, st.Escalated
@@ -221,6 +258,9 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 				fmt.Sprintf("drift_remediation_timeout %v passed: fatal event %s", timeout, CheckDriftTimeout), details, next.Since.String(), !live))
 		}
 		if len(acts) == 0 {
+			if live {
+				s.notify(cl, m, true, v, next) // unless queued or delivered
+			}
 			return nil
 		}
 		if live {
@@ -229,8 +269,8 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 			}
 			if changed {
 				s.kubeEvent(ctx, cl.Kube, m, "ConformanceDrift", acts[0].Reason+": "+details[events.DetailDiffering])
-				s.notify(cl, m, true, v, next)
 			}
+			s.notify(cl, m, true, v, next)
 			out.Events = append(out.Events, evs...)
 		} else {
 			s.setDry(cluster, m.name, &next)
@@ -239,6 +279,14 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 	case ic.Conforming:
 		if !has {
 			return nil
+		}
+		if st.Restoring {
+			if !s.delivered(cl.Name, m.name, notificationKey(false, v, st)) {
+				s.notify(cl, m, false, v, st) // unless queued
+				return nil
+			}
+			s.forgetNotice(cl.Name, m.name)
+			return s.clearDrift(ctx, cl.Kube, m.name, nil)
 		}
 		details := map[string]string{events.DetailConformanceGroup: groupKey(cluster, pool), events.DetailBasis: v.Basis,
 			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: st.Since.UTC().Format(time.RFC3339)}
@@ -272,7 +320,14 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 				"re-verified and approved by "+AnnotationApproved+": quarantine lifted", details, st.Since.String(), !live))
 		}
 		if live {
-			if err := s.clearDrift(ctx, cl.Kube, m.name); err != nil {
+			// With a notifier the state stays (Restoring) until the return
+			// is delivered; the taint and label go now.
+			var keep *State
+			if s.queue != nil {
+				st.Restoring = true
+				keep = &st
+			}
+			if err := s.clearDrift(ctx, cl.Kube, m.name, keep); err != nil {
 				return err
 			}
 			s.notify(cl, m, false, v, st)
@@ -400,11 +455,17 @@ func (s *Sweeper) setDrift(ctx context.Context, kube kubernetes.Interface, name 
 
 // clearDrift removes what setDrift set, and the approval (a later drift
 // needs a new one).
-func (s *Sweeper) clearDrift(ctx context.Context, kube kubernetes.Interface, name string) error {
+// clearDrift removes the drift's taint, label and approval, and its state
+// unless keep is set (then written instead).
+func (s *Sweeper) clearDrift(ctx context.Context, kube kubernetes.Interface, name string, keep *State) error {
+	raw, _ := json.Marshal(keep)
 	return s.updateNode(ctx, kube, name, func(n *corev1.Node) bool {
 		delete(n.Labels, LabelGroup)
 		delete(n.Annotations, AnnotationState)
 		delete(n.Annotations, AnnotationApproved)
+		if keep != nil {
+			n.Annotations[AnnotationState] = string(raw)
+		}
 		var keep []corev1.Taint
 		for _, t := range n.Spec.Taints {
 			if t.Key != TaintDrift {
@@ -433,18 +494,47 @@ func (s *Sweeper) kubeEvent(ctx context.Context, kube kubernetes.Interface, m me
 	}
 }
 
+// notificationKey identifies a notification: the drift (its start), its
+// direction and the fingerprint.
+func notificationKey(drifted bool, v ic.Verdict, st State) string {
+	return st.Since.String() + fmt.Sprint(drifted) + v.Actual
+}
+
+// delivered says whether the node's notification key was delivered.
+func (s *Sweeper) delivered(cluster, node, key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.notices[cluster+"/"+node]
+	return n.key == key && n.delivered
+}
+
+func (s *Sweeper) forgetNotice(cluster, node string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.notices, cluster+"/"+node)
+}
+
+// notify queues the node's notification unless it is queued or delivered
+// already.
 func (s *Sweeper) notify(cl *clusters.Client, m member, drifted bool, v ic.Verdict, st State) {
 	if s.queue == nil {
 		return
 	}
+	key := notificationKey(drifted, v, st)
+	s.mu.Lock()
+	if s.notices[cl.Name+"/"+m.name].key == key {
+		s.mu.Unlock()
+		return
+	}
+	s.notices[cl.Name+"/"+m.name] = notice{key: key}
+	s.mu.Unlock()
 	xname := m.name
 	if m.node != nil && s.cfg.Notifier.XnameLabel != "" {
 		if x := m.node.Labels[s.cfg.Notifier.XnameLabel]; x != "" {
 			xname = x
 		}
 	}
-	n := Notification{Cluster: cl.Name, Node: m.name, Xname: xname, Drifted: drifted, Expected: v.Expected, Actual: v.Actual,
-		Key: st.Since.String() + fmt.Sprint(drifted) + v.Actual}
+	n := Notification{Cluster: cl.Name, Node: m.name, Xname: xname, Drifted: drifted, Expected: v.Expected, Actual: v.Actual, Key: key}
 	if !s.queue.Enqueue(n) {
 		s.queue.done(n, 0, fmt.Errorf("notifier queue full (%d waiting)", s.cfg.Notifier.Queue))
 	}
