@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -430,6 +431,7 @@ func TestDriftOnKube(t *testing.T) {
 		// next one, running.
 		process := func(run bool) *Sweeper {
 			cfg := testConfig()
+			cfg.Notifier.Attempts = 1
 			q := NewQueue(told, cfg.Notifier, testLog, func(Notification, int, error) {})
 			if run {
 				go q.Run(ctx)
@@ -469,6 +471,22 @@ func TestDriftOnKube(t *testing.T) {
 		if a := e.get(t, drifted).Annotations[AnnotationState]; a != "" {
 			t.Fatalf("state kept after the return was told: %s", a)
 		}
+		// A notice whose every attempt failed is tried again 10 minutes
+		// later, not at every sweep.
+		told.mu.Lock()
+		told.failNext = 1
+		told.mu.Unlock()
+		e.clk.Add(time.Minute)
+		store(t, e.h, record(t, nc, drifted, comps("nt2"), e.clk.Now()))
+		sweep(sw, events.KindConformanceDrift)
+		told.wait(t, drifted+" drifted", drifted+" restored", "failed")
+		sweep(sw, "")
+		time.Sleep(200 * time.Millisecond) // a notice queued now would be delivered within it
+		told.wait(t, drifted+" drifted", drifted+" restored", "failed")
+		e.clk.Add(renotifyAfter)
+		store(t, e.h, record(t, nc, drifted, comps("nt2"), e.clk.Now()))
+		sweep(sw, "")
+		told.wait(t, drifted+" drifted", drifted+" restored", "failed", drifted+" drifted")
 	})
 
 	t.Run("sensitive", func(t *testing.T) {
@@ -712,15 +730,21 @@ func TestUnproducedOutputIsKept(t *testing.T) {
 }
 
 // recordingNotifier records the notices delivered, "node drifted" or
-// "node restored".
+// "node restored", and "failed" for each of the next failNext.
 type recordingNotifier struct {
-	mu   sync.Mutex
-	told []string
+	mu       sync.Mutex
+	told     []string
+	failNext int
 }
 
 func (r *recordingNotifier) Notify(_ context.Context, n Notification) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.failNext > 0 {
+		r.failNext--
+		r.told = append(r.told, "failed")
+		return errors.New("smd down")
+	}
 	what := " restored"
 	if n.Drifted {
 		what = " drifted"

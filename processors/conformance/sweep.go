@@ -81,7 +81,14 @@ type Sweeper struct {
 type notice struct {
 	key       string // Notification.Key
 	delivered bool
+	failed    time.Time // when it last failed: queued again renotifyAfter later
 }
+
+// renotifyAfter spaces the tries of a notification that failed (every
+// attempt, or a full queue), so that a long notifier outage writes one
+// failed conformance_notify action per node every 10 minutes, not every
+// sweep.
+const renotifyAfter = 10 * time.Minute
 
 // NewSweeper returns the sweeper (cfg validated).
 func NewSweeper(cfg Config, conn clickhouse.Conn, reg *clusters.Registry, log *slog.Logger, now func() time.Time, queue *Queue) *Sweeper {
@@ -96,8 +103,8 @@ func NewSweeper(cfg Config, conn clickhouse.Conn, reg *clusters.Registry, log *s
 	return s
 }
 
-// settled records a notification's result: delivered, or to be queued
-// again by the next sweep.
+// settled records a notification's result: delivered, or failed (queued
+// again by a sweep renotifyAfter later).
 func (s *Sweeper) settled(n Notification, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -106,7 +113,7 @@ func (s *Sweeper) settled(n Notification, err error) {
 		return // superseded
 	}
 	if err != nil {
-		delete(s.notices, k)
+		s.notices[k] = notice{key: n.Key, failed: s.now()}
 		return
 	}
 	s.notices[k] = notice{key: n.Key, delivered: true}
@@ -522,9 +529,9 @@ func (s *Sweeper) notify(cl *clusters.Client, m member, drifted bool, v ic.Verdi
 	}
 	key := notificationKey(drifted, v, st)
 	s.mu.Lock()
-	if s.notices[cl.Name+"/"+m.name].key == key {
+	if last := s.notices[cl.Name+"/"+m.name]; last.key == key && (last.failed.IsZero() || s.now().Sub(last.failed) < renotifyAfter) {
 		s.mu.Unlock()
-		return
+		return // queued, delivered, or failed a short while ago
 	}
 	s.notices[cl.Name+"/"+m.name] = notice{key: key}
 	s.mu.Unlock()
