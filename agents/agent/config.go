@@ -137,13 +137,13 @@ func (g GatewayConfig) Validate() error {
 		return errors.New("gateway.token_file: must be set (or gateway.cert_file, to authenticate with a client certificate)")
 	}
 	if g.Timeout <= 0 {
-		return errors.New("gateway.timeout: must be positive")
+		return fmt.Errorf("gateway.timeout: must be positive, got %v", g.Timeout)
 	}
 	if g.BatchSize < 1 || g.BatchSize > 10000 {
 		return fmt.Errorf("gateway.batch_size: %d is not in 1..10000", g.BatchSize)
 	}
 	if g.MaxBackoff < 100*time.Millisecond {
-		return errors.New("gateway.max_backoff: below 100ms")
+		return fmt.Errorf("gateway.max_backoff: must be at least 100ms, got %v", g.MaxBackoff)
 	}
 	return nil
 }
