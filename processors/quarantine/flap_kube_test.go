@@ -106,18 +106,22 @@ func TestFlapKube(t *testing.T) {
 	}
 	h.PartitionsAssigned(events.TopicEvents, []int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 12)
 
-	// The role's loop lifts it and produces the action.
-	var prod actionSink
+	// The role's loop lifts it and produces the action; the broker
+	// refuses it the first time: the next sweep, which finds nothing to
+	// lift, produces it.
+	prod := actionSink{refuse: 1}
 	loopCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { h.RunStabilization(loopCtx, &prod, []string{"c1"}); close(done) }()
-	for ctx.Err() == nil && len(prod.snapshot()) == 0 {
-		time.Sleep(50 * time.Millisecond)
+	for deadline := time.Now().Add(20 * time.Second); len(prod.snapshot()) == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lift's action not produced (produce refused %d times)", prod.refused)
+		}
 	}
 	stop()
 	<-done
 	acts := prod.snapshot()
-	if kinds(acts) != "unquarantine/applied" || acts[0].CheckName != check || acts[0].Details[events.DetailUncordoned] != "true" ||
+	if prod.refused != 1 || kinds(acts) != "unquarantine/applied" || acts[0].CheckName != check || acts[0].Details[events.DetailUncordoned] != "true" ||
 		acts[0].Details[events.DetailEntities] != "GPU="+gpu {
 		t.Fatalf("sweep actions: %s %v", kinds(acts), acts[0].GetDetails())
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
@@ -758,12 +759,23 @@ func TestKube(t *testing.T) {
 type actionSink struct {
 	mu   sync.Mutex
 	acts []*faultlinev1.Action
+	// refuse: how many more produce calls fail (the broker down), each
+	// counted in refused.
+	refuse, refused int
 }
 
 func (s *actionSink) ProduceSync(_ context.Context, rs ...*kgo.Record) kgo.ProduceResults {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out kgo.ProduceResults
+	if s.refuse > 0 {
+		s.refuse--
+		s.refused++
+		for _, r := range rs {
+			out = append(out, kgo.ProduceResult{Record: r, Err: kerr.NotEnoughReplicas})
+		}
+		return out
+	}
 	for _, r := range rs {
 		a, err := events.UnmarshalAction(r.Value)
 		if err == nil {

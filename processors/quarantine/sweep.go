@@ -25,6 +25,7 @@ import (
 func (h *Handler) RunStabilization(ctx context.Context, p pipeline.Producer, clusterNames []string) {
 	t := time.NewTicker(h.cfg.sweepInterval())
 	defer t.Stop()
+	var out outbox
 	for {
 		select {
 		case <-ctx.Done():
@@ -32,22 +33,36 @@ func (h *Handler) RunStabilization(ctx context.Context, p pipeline.Producer, clu
 		case <-t.C:
 		}
 		acts, err := h.SweepStabilized(ctx, clusterNames)
-		var recs []*kgo.Record
-		for _, a := range acts {
-			rec, rerr := pipeline.ActionRecord(a)
-			if rerr != nil {
-				err = errors.Join(err, rerr)
-				continue
-			}
-			recs = append(recs, rec)
-		}
-		if len(recs) > 0 {
-			err = errors.Join(err, p.ProduceSync(ctx, recs...).FirstErr())
-		}
-		if err != nil && ctx.Err() == nil {
-			h.log.Warn("stabilization sweep incomplete; retried next sweep", "err", err)
+		if err = errors.Join(err, out.produce(ctx, p, acts...)); err != nil && ctx.Err() == nil {
+			h.log.Warn("stabilization sweep incomplete; retried next sweep", "err", err, "unproduced", len(out.recs))
 		}
 	}
+}
+
+// outbox produces a loop's actions, keeping those the broker refused to
+// produce first the next time: the node is written before its action is
+// produced, so the next sweep finds nothing to decide and the action
+// would be lost. (A process killed in between still loses them.)
+type outbox struct{ recs []*kgo.Record }
+
+func (o *outbox) produce(ctx context.Context, p pipeline.Producer, acts ...*faultlinev1.Action) error {
+	var err error
+	for _, a := range acts {
+		rec, rerr := pipeline.ActionRecord(a)
+		if rerr != nil {
+			err = errors.Join(err, rerr)
+			continue
+		}
+		o.recs = append(o.recs, rec)
+	}
+	if len(o.recs) == 0 {
+		return err
+	}
+	if perr := p.ProduceSync(ctx, o.recs...).FirstErr(); perr != nil {
+		return errors.Join(err, perr) // all kept: a repeat has the same id
+	}
+	o.recs = nil
+	return err
 }
 
 // SweepStabilized lifts, on the nodes of the named clusters that this

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -45,20 +44,32 @@ func (h *Handler) WatchClusters(names []string) {
 // RunUncordons acknowledges the queued manual uncordons until ctx ends,
 // producing each one's action through p.
 func (h *Handler) RunUncordons(ctx context.Context, p pipeline.Producer) {
+	var out outbox
+	retry := time.NewTicker(10 * time.Second) // actions the broker refused
+	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case r := <-h.uncordons:
-			a, err := h.AcknowledgeUncordon(ctx, r.cluster, r.node)
-			if err == nil && a != nil {
-				var rec *kgo.Record
-				if rec, err = pipeline.ActionRecord(a); err == nil {
-					err = p.ProduceSync(ctx, rec).FirstErr()
+		case <-retry.C:
+			if len(out.recs) > 0 {
+				if err := out.produce(ctx, p); err != nil && ctx.Err() == nil {
+					h.log.Warn("manual uncordon actions not produced; retried", "unproduced", len(out.recs), "err", err)
 				}
 			}
-			if err != nil && ctx.Err() == nil {
-				h.log.Warn("manual uncordon not acknowledged; left to the node's next event", "cluster", r.cluster, "node", r.node, "err", err)
+		case r := <-h.uncordons:
+			a, err := h.AcknowledgeUncordon(ctx, r.cluster, r.node)
+			if err != nil {
+				if ctx.Err() == nil {
+					h.log.Warn("manual uncordon not acknowledged; left to the node's next event", "cluster", r.cluster, "node", r.node, "err", err)
+				}
+				continue
+			}
+			if a == nil {
+				continue
+			}
+			if err := out.produce(ctx, p, a); err != nil && ctx.Err() == nil {
+				h.log.Warn("manual uncordon acknowledged, its action not produced; retried", "cluster", r.cluster, "node", r.node, "err", err)
 			}
 		}
 	}
