@@ -329,12 +329,12 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 		if live {
 			// With a notifier the state stays (Restoring) until the return
 			// is delivered; the taint and label go now.
-			var keep *State
+			var restoring *State
 			if s.queue != nil {
 				st.Restoring = true
-				keep = &st
+				restoring = &st
 			}
-			if err := s.clearDrift(ctx, cl.Kube, m.name, keep); err != nil {
+			if err := s.clearDrift(ctx, cl.Kube, m.name, restoring); err != nil {
 				return err
 			}
 			s.notify(cl, m, false, v, st)
@@ -461,16 +461,15 @@ func (s *Sweeper) setDrift(ctx context.Context, kube kubernetes.Interface, name 
 }
 
 // clearDrift removes what setDrift set, and the approval (a later drift
-// needs a new one).
-// clearDrift removes the drift's taint, label and approval, and its state
-// unless keep is set (then written instead).
-func (s *Sweeper) clearDrift(ctx context.Context, kube kubernetes.Interface, name string, keep *State) error {
-	raw, _ := json.Marshal(keep)
+// needs a new one); with restoring set, the state annotation is written
+// as it instead of removed.
+func (s *Sweeper) clearDrift(ctx context.Context, kube kubernetes.Interface, name string, restoring *State) error {
+	raw, _ := json.Marshal(restoring)
 	return s.updateNode(ctx, kube, name, func(n *corev1.Node) bool {
 		delete(n.Labels, LabelGroup)
 		delete(n.Annotations, AnnotationState)
 		delete(n.Annotations, AnnotationApproved)
-		if keep != nil {
+		if restoring != nil {
 			n.Annotations[AnnotationState] = string(raw)
 		}
 		var keep []corev1.Taint
