@@ -19,15 +19,11 @@ package quarantine
 import (
 	"context"
 	"fmt"
-	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors/clusters"
-	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/role"
 	"github.com/faultline/faultline/schemas/events"
 )
@@ -51,9 +47,6 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	}
 	h.log.Info("quarantine policy compiled", "rule_sets", h.policy.Names(), "clusters", deps.Kube.Names())
 	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, TopicRetry); err != nil {
-		return nil, fmt.Errorf("quarantine: %w", err)
-	}
-	if err := h.deferBehindRetries(ctx, deps.Kafka, deps.Kube.Names()); err != nil {
 		return nil, fmt.Errorf("quarantine: %w", err)
 	}
 	h.WatchClusters(deps.Kube.Names())
@@ -91,7 +84,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		}})
 	}
 	retry := cfg.Pipeline()
-	retry.Role, retry.Topics, retry.Group = Role+"-retry", []string{TopicRetry}, retryGroup
+	retry.Role, retry.Topics = Role+"-retry", []string{TopicRetry}
 	return &role.Role{
 		Name: Role,
 		Consumers: []role.Consumer{
@@ -101,82 +94,4 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		Loops: loops,
 		Close: func() error { h.Close(); return nil },
 	}, nil
-}
-
-// retryGroup is the retry consumer's group.
-var retryGroup = pipeline.DefaultGroup(Role + "-retry")
-
-// deferBehindRetries defers the clusters' records for 2×retry_wait when
-// TopicRetry holds records its group has not consumed: records deferred
-// before this process started (a cluster's API was down) whose order the
-// replica that deferred them kept in memory. Decided now, a later record
-// of the same node (a recovery) would be applied before the fault it
-// ends, and the retried fault would then cordon a healthy node.
-func (h *Handler) deferBehindRetries(ctx context.Context, kcfg kafka.Config, names []string) error {
-	cl, err := kafka.NewClient(kcfg, h.log)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	switch n, err := pendingRetries(ctx, kadm.NewClient(cl), retryGroup); {
-	case err != nil:
-		h.log.Warn("records waiting on the retry topic not counted; deferring every cluster's records behind any", "err", err)
-	case n == 0:
-		return nil
-	default:
-		h.log.Info("records deferred before this start wait on the retry topic; deferring every cluster's records behind them",
-			"records", n, "for", 2*h.cfg.RetryWait)
-	}
-	for _, c := range names {
-		h.markDeferring(c)
-	}
-	return nil
-}
-
-// pendingRetries counts TopicRetry's records after group's committed
-// offsets (from the log start on a partition it never committed).
-func pendingRetries(ctx context.Context, adm *kadm.Client, group string) (int64, error) {
-	ends, err := adm.ListEndOffsets(ctx, TopicRetry)
-	if err == nil {
-		err = ends.Error()
-	}
-	if err != nil {
-		return 0, fmt.Errorf("end offsets of %s: %w", TopicRetry, err)
-	}
-	starts, err := adm.ListStartOffsets(ctx, TopicRetry)
-	if err == nil {
-		err = starts.Error()
-	}
-	if err != nil {
-		return 0, fmt.Errorf("start offsets of %s: %w", TopicRetry, err)
-	}
-	var held int64
-	ends.Each(func(e kadm.ListedOffset) {
-		if s, ok := starts.Lookup(e.Topic, e.Partition); ok {
-			held += e.Offset - s.Offset
-		}
-	})
-	if held == 0 {
-		return 0, nil
-	}
-	committed, err := adm.FetchOffsets(ctx, group)
-	for try := 1; kerr.IsRetriable(err) && try < 10; try++ { // a coordinator still loading
-		time.Sleep(200 * time.Millisecond)
-		committed, err = adm.FetchOffsets(ctx, group)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("offsets of group %s: %w", group, err)
-	}
-	var n int64
-	ends.Each(func(e kadm.ListedOffset) {
-		from := int64(0)
-		if s, ok := starts.Lookup(e.Topic, e.Partition); ok {
-			from = s.Offset
-		}
-		if c, ok := committed.Lookup(e.Topic, e.Partition); ok && c.Err == nil && c.At >= 0 {
-			from = c.At
-		}
-		n += max(0, e.Offset-from)
-	})
-	return n, nil
 }

@@ -129,22 +129,6 @@ func TestRoleThroughKafka(t *testing.T) {
 		}
 		return false
 	})
-	// A replica started now defers its records behind the one waiting
-	// there (the deferring replica kept that order in memory).
-	startsDeferring := func() bool {
-		h, err := New(cfg, clusters.NewRegistry(deps.Kube, nil), Options{Log: testLog})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Close()
-		if err := h.deferBehindRetries(ctx, kcfg, []string{"prod"}); err != nil {
-			t.Fatal(err)
-		}
-		return h.deferring("prod")
-	}
-	if !startsDeferring() {
-		t.Fatal("a replica started with a record waiting on the retry topic does not defer")
-	}
 	mu.Lock()
 	for _, r := range retried {
 		if got := header(r, HeaderRetryAttempt); got != "1" {
@@ -159,13 +143,6 @@ func TestRoleThroughKafka(t *testing.T) {
 	waitFor("quarantine/applied action for role-2 after the outage", 90*time.Second, applied("role-2"))
 	if !getNode(t, kube.Client(), "role-2").Spec.Unschedulable {
 		t.Fatal("role-2 not cordoned after the outage")
-	}
-	// The retry topic consumed, a replica started now decides at once.
-	for deadline := time.Now().Add(30 * time.Second); startsDeferring(); {
-		if time.Now().After(deadline) {
-			t.Fatal("a replica started after the retry topic was consumed still defers")
-		}
-		time.Sleep(500 * time.Millisecond)
 	}
 	cancel()
 	if err := <-done; err != nil {
