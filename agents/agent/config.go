@@ -105,47 +105,49 @@ type GatewayConfig struct {
 	MaxBackoff time.Duration `toml:"max_backoff"`
 }
 
-// validateTLS checks the TLS keys against Insecure and that the files
-// they name load.
-func (g GatewayConfig) validateTLS() error {
+// ValidateSettings checks the gateway keys without reading the files they
+// name, naming the first bad one: the address, the TLS keys against
+// Insecure, a client certificate and key together, that a token file or a
+// client certificate authenticates, the timeout, batch size and backoff
+// cap. It is what faultline-preflight's webhook can check of the keys it
+// renders for check containers (the files exist only inside them).
+func (g GatewayConfig) ValidateSettings() error {
+	if g.Addr == "" {
+		return errors.New("gateway.addr: must be set")
+	}
 	if g.Insecure {
 		for _, kv := range [][2]string{{"ca_file", g.CAFile}, {"server_name", g.ServerName}, {"cert_file", g.CertFile}, {"key_file", g.KeyFile}} {
 			if kv[1] != "" {
 				return fmt.Errorf("gateway.%s: set, but gateway.insecure is true (no TLS)", kv[0])
 			}
 		}
-		return nil
 	}
-	_, err := g.tlsConfig()
-	return err
-}
-
-// Validate checks the gateway keys, naming the first bad one
-// ("gateway.ca_file: ..."): the address, the TLS settings against
-// Insecure (the files they name must load), that a token file or a client
-// certificate authenticates, the timeout, batch size and backoff cap. It is
-// exported for other senders that reuse GatewayConfig under a [gateway]
-// section, such as faultline-preflight's check runners.
-func (g GatewayConfig) Validate() error {
-	if g.Addr == "" {
-		return errors.New("gateway.addr: must be set")
-	}
-	if err := g.validateTLS(); err != nil {
-		return err
-	}
-	if g.TokenFile == "" && g.CertFile == "" {
+	switch {
+	case g.CertFile == "" && g.KeyFile != "":
+		return errors.New("gateway.cert_file: required with gateway.key_file")
+	case g.KeyFile == "" && g.CertFile != "":
+		return errors.New("gateway.key_file: required with gateway.cert_file")
+	case g.TokenFile == "" && g.CertFile == "":
 		return errors.New("gateway.token_file: must be set (or gateway.cert_file, to authenticate with a client certificate)")
-	}
-	if g.Timeout <= 0 {
+	case g.Timeout <= 0:
 		return fmt.Errorf("gateway.timeout: must be positive, got %v", g.Timeout)
-	}
-	if g.BatchSize < 1 || g.BatchSize > 10000 {
-		return fmt.Errorf("gateway.batch_size: %d is not in 1..10000", g.BatchSize)
-	}
-	if g.MaxBackoff < 100*time.Millisecond {
+	case g.BatchSize < 1 || g.BatchSize > 10000:
+		return fmt.Errorf("gateway.batch_size: must be in 1..10000, got %d", g.BatchSize)
+	case g.MaxBackoff < 100*time.Millisecond:
 		return fmt.Errorf("gateway.max_backoff: must be at least 100ms, got %v", g.MaxBackoff)
 	}
 	return nil
+}
+
+// Validate is ValidateSettings, then the TLS files named must load. It is
+// exported for other senders that reuse GatewayConfig under a [gateway]
+// section, such as faultline-preflight's check runners.
+func (g GatewayConfig) Validate() error {
+	if err := g.ValidateSettings(); err != nil || g.Insecure {
+		return err
+	}
+	_, err := g.tlsConfig()
+	return err
 }
 
 // SpoolConfig is the on-disk spool (see Spool for the full policy).

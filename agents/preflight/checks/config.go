@@ -259,31 +259,8 @@ func (c *Config) Validate() error {
 // check containers: what the webhook can check before it renders the
 // configuration as flags.
 func (c *Config) ValidateSettings() error {
-	g := c.Gateway
-	if g.Addr == "" {
-		return errors.New("gateway.addr: must be set")
-	}
-	if g.Insecure {
-		for _, kv := range [][2]string{{"ca_file", g.CAFile}, {"server_name", g.ServerName}, {"cert_file", g.CertFile}, {"key_file", g.KeyFile}} {
-			if kv[1] != "" {
-				return fmt.Errorf("gateway.%s: set, but gateway.insecure is true (no TLS)", kv[0])
-			}
-		}
-	}
-	if (g.CertFile == "") != (g.KeyFile == "") {
-		return errors.New("gateway.cert_file: gateway.cert_file and gateway.key_file go together")
-	}
-	if g.TokenFile == "" && g.CertFile == "" {
-		return errors.New("gateway.token_file: must be set (or gateway.cert_file, to authenticate with a client certificate)")
-	}
-	if g.Timeout <= 0 {
-		return fmt.Errorf("gateway.timeout: must be positive, got %s", g.Timeout)
-	}
-	if g.BatchSize < 1 || g.BatchSize > 10000 {
-		return fmt.Errorf("gateway.batch_size: must be in 1..10000, got %d", g.BatchSize)
-	}
-	if g.MaxBackoff < 100*time.Millisecond {
-		return fmt.Errorf("gateway.max_backoff: must be at least 100ms, got %s", g.MaxBackoff)
+	if err := c.Gateway.ValidateSettings(); err != nil {
+		return err
 	}
 	if err := c.Spool.Validate(); err != nil {
 		return err

@@ -74,7 +74,7 @@ timeout = "30s"
 		{"", "--nccl.loopback-threshold-gbps=-1", "nccl.loopback_threshold_gbps: must be a finite number not below 0, got -1"},
 		{"", "--nccl.allreduce-bytes=0", "nccl.allreduce_bytes: must be at least 4 (one float32 element), got 0"},
 		{"", "--nccl.allreduce-bytes=-1", "nccl.allreduce_bytes: must be at least 4 (one float32 element), got -1"},
-		{"", "--gateway.batch-size=0", "gateway.batch_size: 0 is not in 1..10000"},
+		{"", "--gateway.batch-size=0", "gateway.batch_size: must be in 1..10000, got 0"},
 	} {
 		var args []string
 		if tc.flag != "" {
