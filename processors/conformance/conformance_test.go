@@ -260,6 +260,24 @@ func (e *kubeEnv) node(t *testing.T, name string, labels map[string]string) {
 	}
 }
 
+// oneDrifted creates n nodes of cluster (no pool), <cluster>-n1…, each
+// reporting the same components but the last, which reports firmware fw;
+// it returns the last one's name.
+func (e *kubeEnv) oneDrifted(t *testing.T, cluster string, n int, fw string) string {
+	t.Helper()
+	var name string
+	for i := 1; i <= n; i++ {
+		name = fmt.Sprintf("%s-n%d", cluster, i)
+		e.node(t, name, nil)
+		c := comps("")
+		if i == n {
+			c = comps(fw)
+		}
+		store(t, e.h, record(t, cluster, name, c, e.clk.Now()))
+	}
+	return name
+}
+
 func (e *kubeEnv) get(t *testing.T, name string) *corev1.Node {
 	t.Helper()
 	n, err := e.kube.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
@@ -369,14 +387,7 @@ func TestDriftOnKube(t *testing.T) {
 		dc := uniq("dry")
 		dreg := clusters.NewRegistry(clusters.DefaultConfig(), e.clk.Now)
 		dreg.SetClient(dc, e.kube, true)
-		for i := 1; i <= 3; i++ {
-			e.node(t, fmt.Sprintf("%s-n%d", dc, i), nil)
-			c := comps("")
-			if i == 3 {
-				c = comps("dry")
-			}
-			store(t, e.h, record(t, dc, fmt.Sprintf("%s-n%d", dc, i), c, e.clk.Now()))
-		}
+		dryDrifted := e.oneDrifted(t, dc, 3, "dry")
 		dsw := NewSweeper(testConfig(), e.s.Conn, dreg, testLog, e.clk.Now, nil)
 		out, _ := dsw.Sweep(ctx, dc)
 		if len(out.Actions) != 1 || out.Actions[0].Outcome != events.OutcomeDryRun || !out.Actions[0].DryRun || len(out.Events) != 0 {
@@ -385,7 +396,7 @@ func TestDriftOnKube(t *testing.T) {
 		if out, _ := dsw.Sweep(ctx, dc); len(out.Actions) != 0 {
 			t.Fatalf("dry run repeated: %v", out.Actions)
 		}
-		if n := e.get(t, dc+"-n3"); hasTaint(n) != nil || n.Annotations[AnnotationState] != "" {
+		if n := e.get(t, dryDrifted); hasTaint(n) != nil || n.Annotations[AnnotationState] != "" {
 			t.Fatal("dry run changed the node")
 		}
 		// The drifted node deleted: its dry-run state is forgotten.
@@ -393,7 +404,7 @@ func TestDriftOnKube(t *testing.T) {
 		if n := dryNodes(); n != 1 {
 			t.Fatalf("%d nodes with dry-run state, want the drifted one", n)
 		}
-		if err := e.kube.CoreV1().Nodes().Delete(ctx, dc+"-n3", metav1.DeleteOptions{}); err != nil {
+		if err := e.kube.CoreV1().Nodes().Delete(ctx, dryDrifted, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		for deadline := time.Now().Add(5 * time.Second); dryNodes() != 0; time.Sleep(20 * time.Millisecond) {
@@ -415,15 +426,7 @@ func TestDriftOnKube(t *testing.T) {
 		nc := uniq("nt")
 		nreg := clusters.NewRegistry(clusters.DefaultConfig(), e.clk.Now)
 		nreg.SetClient(nc, e.kube, false)
-		for i := 1; i <= 4; i++ {
-			e.node(t, fmt.Sprintf("%s-n%d", nc, i), nil)
-			c := comps("")
-			if i == 4 {
-				c = comps("nt")
-			}
-			store(t, e.h, record(t, nc, fmt.Sprintf("%s-n%d", nc, i), c, e.clk.Now()))
-		}
-		drifted := nc + "-n4"
+		drifted := e.oneDrifted(t, nc, 4, "nt")
 		told := &recordingNotifier{}
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
