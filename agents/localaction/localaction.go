@@ -233,8 +233,12 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
-// maxID bounds a request id (the janitor's are a UID and a step).
+// maxID bounds a request id (the janitor's are a UID and a step), idRE
+// says its characters (no control characters into the logs and the state
+// file).
 const maxID = 256
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9._:/-]+$`)
 
 // decode reads a request, saying what is wrong with a bad one; gpus is
 // whether the action takes GPUs.
@@ -250,6 +254,8 @@ func decode(w http.ResponseWriter, r *http.Request, gpus bool) (Request, error) 
 		return req, errors.New("id: required")
 	case len(req.ID) > maxID:
 		return req, fmt.Errorf("id: %d bytes, at most %d", len(req.ID), maxID)
+	case !idRE.MatchString(req.ID):
+		return req, fmt.Errorf("id: %q has a character outside %s", req.ID, idRE)
 	case !gpus && len(req.GPUs) > 0:
 		return req, errors.New("gpus: a reboot takes none")
 	}

@@ -137,6 +137,7 @@ func TestServer(t *testing.T) {
 		{"/v1/local/gpu-reset", `{"id":"g5","gpus":["0"]}`, `gpus: "0" is not a GPU UUID`},
 		{"/v1/local/gpu-reset", `{"id":"` + strings.Repeat("x", maxID+1) + `"}`, "id: 257 bytes, at most 256"},
 		{"/v1/local/reboot", `{"id":"r9","gpus":["` + g + `"]}`, "gpus: a reboot takes none"},
+		{"/v1/local/reboot", `{"id":"r\u0000\u001b[31m"}`, `id: "r\x00\x1b[31m" has a character outside ^[A-Za-z0-9._:/-]+$`},
 	} {
 		hr, _ := http.NewRequest(http.MethodPost, srv.URL+tc.path, strings.NewReader(tc.body))
 		hr.Header.Set("Authorization", "Bearer tok")
