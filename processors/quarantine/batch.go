@@ -157,6 +157,12 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 		return r
 	}
 	live := cl != nil && cl.Kube != nil
+	if live && !retry && h.retries != nil && h.retries.waits(items[0].rec.Key) {
+		// An older record of this node waits on TopicRetry (deferred by
+		// any replica): this one goes behind it.
+		r.deferred = items
+		return r
+	}
 	for i, it := range items {
 		if live && !retry && h.deferring(cluster) {
 			r.deferred = items[i:]

@@ -32,7 +32,9 @@ const RuleForce = "override-force"
 // offsets are committed, so nothing is lost and the other clusters' records
 // of the same partition are not held up. For a grace period after a
 // deferral (2×RetryWait) every new record of that cluster is deferred too,
-// so a node's records stay in order behind the deferred ones. The retry
+// and so is every record of a node with an older record still waiting on
+// TopicRetry (retryWaiting, whichever replica deferred it), so a node's
+// records stay in order behind the deferred ones. The retry
 // consumer (HandleRetry) waits for the cluster and fails its batch while
 // the cluster is still down, so the pipeline retries it with backoff.
 type Handler struct {
@@ -69,6 +71,9 @@ type Handler struct {
 	eventsMu     sync.Mutex
 	lastEvent    map[string]time.Time
 	eventsPruned time.Time
+
+	// retries: the records waiting on TopicRetry, by key (Open sets it).
+	retries *retryWaiting
 
 	// dryRunLifts: the would-lifts the stabilization sweep reported for
 	// dry-run clusters, by action id (reported once each; nothing is

@@ -83,8 +83,27 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 			return nil
 		}})
 	}
+	// The records already waiting on the retry topic are read before the
+	// consumers start: a node's newer records go behind them.
+	w, caughtUp, err := openRetryWaiting(ctx, deps.Kafka, h.log, retryGroup)
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("quarantine: %w", err)
+	}
+	if !caughtUp {
+		h.log.Warn("the records waiting on the retry topic were not all read in time; deferring every cluster's records for 2×retry_wait",
+			"within", catchUpTimeout)
+		for _, c := range deps.Kube.Names() {
+			h.markDeferring(c)
+		}
+	}
+	h.retries = w
+	loops = append(loops, role.Loop{Name: "retry topic follower", Run: func(ctx context.Context) error {
+		w.run(ctx)
+		return nil
+	}})
 	retry := cfg.Pipeline()
-	retry.Role, retry.Topics = Role+"-retry", []string{TopicRetry}
+	retry.Role, retry.Topics, retry.Group = Role+"-retry", []string{TopicRetry}, retryGroup
 	return &role.Role{
 		Name: Role,
 		Consumers: []role.Consumer{

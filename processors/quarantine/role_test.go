@@ -2,6 +2,7 @@ package quarantine
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -49,98 +50,37 @@ func TestRoleThroughKafka(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx, deps) }()
 
-	// Everything on the actions and retry topics, read as it comes.
-	cl := k.Client(t, kgo.ConsumeTopics(events.TopicActions, TopicRetry), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	var (
-		mu      sync.Mutex
-		actions []*faultlinev1.Action
-		retried []*kgo.Record
-	)
-	go func() {
-		for ctx.Err() == nil {
-			fs := cl.PollFetches(ctx)
-			mu.Lock()
-			fs.EachRecord(func(r *kgo.Record) {
-				if r.Topic == TopicRetry {
-					retried = append(retried, r)
-					return
-				}
-				if a, err := events.UnmarshalAction(r.Value); err == nil {
-					actions = append(actions, a)
-				}
-			})
-			mu.Unlock()
-		}
-	}()
-	produce := func(r *kgo.Record) {
-		t.Helper()
-		r.Offset = 0
-		pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
-		defer pcancel()
-		if err := cl.ProduceSync(pctx, r).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitFor := func(what string, within time.Duration, ok func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(within)
-		for time.Now().Before(deadline) {
-			mu.Lock()
-			done := ok()
-			mu.Unlock()
-			if done {
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		t.Fatalf("no %s within %v", what, within)
-	}
-	applied := func(node string) func() bool {
-		return func() bool {
-			for _, a := range actions {
-				if a.Node == node && a.Cluster == "prod" && a.Kind == events.KindQuarantine && a.Outcome == events.OutcomeApplied {
-					return true
-				}
-			}
-			return false
-		}
-	}
+	tap := newTap(ctx, t, k)
+	produce, waitFor, applied := tap.produce, tap.waitFor, tap.applied
 
 	produce(record("prod", fatal("role-1", "XID_ERROR_48", "GPU-1")))
-	waitFor("quarantine/applied action for role-1", 60*time.Second, applied("role-1"))
+	waitFor("quarantine/applied action for role-1", 60*time.Second, applied("role-1", events.KindQuarantine))
 	if !getNode(t, kube.Client(), "role-1").Spec.Unschedulable {
 		t.Fatal("role-1 not cordoned")
 	}
-	mu.Lock()
-	if len(retried) != 0 {
-		t.Fatalf("%d records deferred while the cluster was up", len(retried))
+	tap.mu.Lock()
+	if n := len(tap.retried); n != 0 {
+		t.Fatalf("%d records deferred while the cluster was up", n)
 	}
-	mu.Unlock()
+	tap.mu.Unlock()
 
 	kube.Stop()
 	produce(record("prod", fatal("role-2", "XID_ERROR_48", "GPU-1")))
 	// The record goes to the retry topic, with its key and an attempt
 	// count; nothing is decided while the apiserver is down.
-	waitFor("record for role-2 on the retry topic", 60*time.Second, func() bool {
-		for _, r := range retried {
-			if string(r.Key) == "prod/role-2" {
-				return true
-			}
-		}
-		return false
-	})
-	mu.Lock()
-	for _, r := range retried {
+	waitFor("record for role-2 on the retry topic", 60*time.Second, func() bool { return tap.deferred("prod/role-2") == 1 })
+	tap.mu.Lock()
+	for _, r := range tap.retried {
 		if got := header(r, HeaderRetryAttempt); got != "1" {
 			t.Errorf("retry record %s: attempt header %q, want 1", r.Key, got)
 		}
 	}
-	if applied("role-2")() {
+	if applied("role-2", events.KindQuarantine)() {
 		t.Fatal("role-2 decided while its apiserver was down")
 	}
-	mu.Unlock()
+	tap.mu.Unlock()
 	kube.Start()
-	waitFor("quarantine/applied action for role-2 after the outage", 90*time.Second, applied("role-2"))
+	waitFor("quarantine/applied action for role-2 after the outage", 90*time.Second, applied("role-2", events.KindQuarantine))
 	if !getNode(t, kube.Client(), "role-2").Spec.Unschedulable {
 		t.Fatal("role-2 not cordoned after the outage")
 	}
@@ -157,4 +97,196 @@ func header(r *kgo.Record, key string) string {
 		}
 	}
 	return ""
+}
+
+// TestRestartKeepsNodeOrderBehindRetries: a fault deferred to the retry
+// topic during an outage by a replica that then stopped, and the node's
+// recovery sent after it. The replica started next must not apply the
+// recovery before the retry consumer applied the fault (the fault would
+// then cordon a healthy node): it defers the recovery behind it, while
+// another node of the same cluster is decided at once. Once the retry
+// topic is consumed, the node's records are decided at once again.
+func TestRestartKeepsNodeOrderBehindRetries(t *testing.T) {
+	kube := testenv.StartKube(t, testenv.KubeOptions{})
+	k := testenv.StartKafka(t)
+	createNodes(t, kube.Client(), "order", "order-1", "order-2")
+	kcfg := kafka.DefaultConfig()
+	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = k.Addr(), 3, 1
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := kafka.CreatePipelineTopics(ctx, kcfg, testLog); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig("order")
+	cfg.ClusterWait = 300 * time.Millisecond
+	deps := role.Deps{Log: testLog, Kafka: kcfg, Kube: clusters.DefaultConfig()}
+	deps.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: kube.Kubeconfig()}}
+	// start runs a replica with the chosen consumers (0: events, 1: retry).
+	start := func(consumers ...int) (stop func()) {
+		t.Helper()
+		r, err := Open(ctx, cfg, deps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cs []role.Consumer
+		for _, i := range consumers {
+			c := r.Consumers[i]
+			c.Pipeline.MaxBackoff = 500 * time.Millisecond
+			cs = append(cs, c)
+		}
+		r.Consumers = cs
+		rctx, rcancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(rctx, deps) }()
+		return func() {
+			rcancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	tap := newTap(ctx, t, k)
+
+	stopA := start(0, 1)
+	kube.Stop()
+	tap.produce(record("prod", fatal("order-1", "XID_ERROR_48", "GPU-1")))
+	tap.waitFor("the fault of order-1 on the retry topic", 60*time.Second, func() bool { return tap.deferred("prod/order-1") == 1 })
+	stopA()
+	kube.Start()
+
+	// The next replica's events consumer runs alone: the fault waits.
+	tap.produce(record("prod", healthy("order-1", "XID_ERROR_48", "GPU-1")))
+	tap.produce(record("prod", fatal("order-2", "XID_ERROR_48", "GPU-1")))
+	stopB := start(0)
+	defer stopB()
+	tap.waitFor("order-2 quarantined", 60*time.Second, tap.applied("order-2", events.KindQuarantine))
+	tap.waitFor("the recovery of order-1 deferred behind its fault", 30*time.Second, func() bool { return tap.deferred("prod/order-1") == 2 })
+
+	stopC := start(1)
+	defer stopC()
+	tap.waitFor("order-1 quarantined, then lifted", 90*time.Second, tap.applied("order-1", events.KindUnquarantine))
+	if getNode(t, kube.Client(), "order-1").Spec.Unschedulable {
+		t.Fatal("order-1 cordoned after its recovery")
+	}
+	tap.mu.Lock()
+	var kinds []string
+	for _, a := range tap.actions {
+		if a.Node == "order-1" {
+			kinds = append(kinds, a.Kind+"/"+a.Outcome)
+		}
+	}
+	tap.mu.Unlock()
+	if want := []string{"quarantine/applied", "unquarantine/applied"}; !slices.Equal(kinds, want) {
+		t.Fatalf("order-1's actions %v, want %v", kinds, want)
+	}
+
+	// Consumed (and the replica's follower saw the group commit, within
+	// its second): order-1's next fault is decided at once.
+	adm := k.Admin(t)
+	tap.waitFor("the retry group's commit", 30*time.Second, func() bool {
+		lags, err := adm.Lag(ctx, retryGroup)
+		if err != nil {
+			return false
+		}
+		l := lags[retryGroup]
+		return l.Error() == nil && l.Lag.Total() == 0 && len(l.Lag) > 0
+	})
+	time.Sleep(5 * time.Second)
+	tap.produce(record("prod", fatal("order-1", "XID_ERROR_48", "GPU-2")))
+	tap.waitFor("order-1 quarantined again", 60*time.Second, func() bool {
+		n := 0
+		for _, a := range tap.actions {
+			if a.Node == "order-1" && a.Kind == events.KindQuarantine && a.Outcome == events.OutcomeApplied {
+				n++
+			}
+		}
+		return n == 2
+	})
+	tap.mu.Lock()
+	defer tap.mu.Unlock()
+	if n := tap.deferred("prod/order-1"); n != 2 {
+		t.Fatalf("order-1's fault after the retry topic was consumed deferred (%d records of it there)", n)
+	}
+}
+
+// tap reads the actions and retry topics of a test broker as they come.
+type tap struct {
+	t   *testing.T
+	ctx context.Context
+	cl  *kgo.Client
+
+	mu      sync.Mutex
+	actions []*faultlinev1.Action
+	retried []*kgo.Record
+}
+
+func newTap(ctx context.Context, t *testing.T, k *testenv.Kafka) *tap {
+	tp := &tap{t: t, ctx: ctx, cl: k.Client(t, kgo.ConsumeTopics(events.TopicActions, TopicRetry), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))}
+	go func() {
+		for ctx.Err() == nil {
+			fs := tp.cl.PollFetches(ctx)
+			tp.mu.Lock()
+			fs.EachRecord(func(r *kgo.Record) {
+				if r.Topic == TopicRetry {
+					tp.retried = append(tp.retried, r)
+					return
+				}
+				if a, err := events.UnmarshalAction(r.Value); err == nil {
+					tp.actions = append(tp.actions, a)
+				}
+			})
+			tp.mu.Unlock()
+		}
+	}()
+	return tp
+}
+
+func (tp *tap) produce(r *kgo.Record) {
+	tp.t.Helper()
+	r.Offset = 0
+	pctx, pcancel := context.WithTimeout(tp.ctx, 10*time.Second)
+	defer pcancel()
+	if err := tp.cl.ProduceSync(pctx, r).FirstErr(); err != nil {
+		tp.t.Fatal(err)
+	}
+}
+
+// waitFor waits until ok (called with mu held) holds.
+func (tp *tap) waitFor(what string, within time.Duration, ok func() bool) {
+	tp.t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		tp.mu.Lock()
+		done := ok()
+		tp.mu.Unlock()
+		if done {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	tp.t.Fatalf("no %s within %v", what, within)
+}
+
+// applied returns whether an applied action of kind for node of cluster
+// prod was read (call with mu held).
+func (tp *tap) applied(node, kind string) func() bool {
+	return func() bool {
+		for _, a := range tp.actions {
+			if a.Node == node && a.Cluster == "prod" && a.Kind == kind && a.Outcome == events.OutcomeApplied {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// deferred counts the retry topic's records keyed key (call with mu held).
+func (tp *tap) deferred(key string) int {
+	n := 0
+	for _, r := range tp.retried {
+		if string(r.Key) == key {
+			n++
+		}
+	}
+	return n
 }

@@ -1,0 +1,225 @@
+package quarantine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/processors/pipeline"
+)
+
+// retryGroup is the retry consumer's group.
+var retryGroup = pipeline.DefaultGroup(Role + "-retry")
+
+// retryWaiting follows TopicRetry and knows, by key (cluster/node), the
+// records the retry consumer's group has not consumed yet — deferred by
+// any replica, before or after this one started. A node's newer record
+// must not be decided before them: a recovery applied first, the retried
+// fault would cordon a healthy node. The in-memory grace period after a
+// deferral (Handler.deferring) keeps that order only on the replica that
+// deferred, and only for 2×retry_wait.
+//
+// It holds ≈ 50 bytes per waiting record (a 500,000-record backlog:
+// ≈ 25 MB per replica) and reads each record once; an empty retry topic
+// costs two requests a second.
+type retryWaiting struct {
+	log   *slog.Logger
+	group string
+	cl    *kgo.Client
+
+	mu     sync.Mutex
+	keys   map[string]int            // waiting records per key
+	queued map[int32][]waitingRecord // per partition, in offset order
+	next   map[int32]int64           // the next offset to read, per partition
+}
+
+type waitingRecord struct {
+	offset int64
+	key    string
+}
+
+// catchUpTimeout bounds how long opening reads the records already
+// waiting.
+const catchUpTimeout = 30 * time.Second
+
+// openRetryWaiting reads TopicRetry from group's committed offsets to its
+// end as of now (for at most catchUpTimeout) and returns the follower,
+// its client still consuming; run it to keep up. caughtUp is false when
+// the end was not reached in time (the rest is read by run).
+func openRetryWaiting(ctx context.Context, kcfg kafka.Config, log *slog.Logger, group string) (w *retryWaiting, caughtUp bool, err error) {
+	cl, err := kafka.NewClient(kcfg, log)
+	if err != nil {
+		return nil, false, err
+	}
+	w = &retryWaiting{log: log, group: group, cl: cl, keys: map[string]int{}, queued: map[int32][]waitingRecord{}, next: map[int32]int64{}}
+	ends, err := w.start(ctx)
+	if err != nil {
+		cl.Close()
+		return nil, false, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, catchUpTimeout)
+	defer cancel()
+	for !w.reached(ends) {
+		if cctx.Err() != nil {
+			return w, false, nil
+		}
+		w.poll(cctx)
+	}
+	return w, true, nil
+}
+
+// start begins consuming every partition of TopicRetry where the group
+// stands and returns the partitions' end offsets.
+func (w *retryWaiting) start(ctx context.Context) (map[int32]int64, error) {
+	adm := kadm.NewClient(w.cl)
+	starts, err := adm.ListStartOffsets(ctx, TopicRetry)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("start offsets of %s: %w", TopicRetry, err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, TopicRetry)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("end offsets of %s: %w", TopicRetry, err)
+	}
+	committed, err := w.committed(ctx)
+	if err != nil {
+		return nil, err
+	}
+	from := map[int32]kgo.Offset{}
+	end := map[int32]int64{}
+	starts.Each(func(s kadm.ListedOffset) {
+		at := max(s.Offset, committed[s.Partition])
+		from[s.Partition] = kgo.NewOffset().At(at)
+		w.next[s.Partition] = at
+	})
+	ends.Each(func(e kadm.ListedOffset) { end[e.Partition] = e.Offset })
+	w.cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{TopicRetry: from})
+	return end, nil
+}
+
+// committed returns the group's committed offsets on TopicRetry
+// (partitions it never committed are absent).
+func (w *retryWaiting) committed(ctx context.Context) (map[int32]int64, error) {
+	adm := kadm.NewClient(w.cl)
+	resp, err := adm.FetchOffsets(ctx, w.group)
+	for try := 1; kerr.IsRetriable(err) && try < 50 && ctx.Err() == nil; try++ { // a coordinator still loading
+		time.Sleep(200 * time.Millisecond)
+		resp, err = adm.FetchOffsets(ctx, w.group)
+	}
+	out := map[int32]int64{}
+	if errors.Is(err, kerr.GroupIDNotFound) { // never committed
+		return out, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("offsets of group %s: %w", w.group, err)
+	}
+	resp.Each(func(o kadm.OffsetResponse) {
+		if o.Topic == TopicRetry && o.Err == nil && o.At >= 0 {
+			out[o.Partition] = o.At
+		}
+	})
+	return out, nil
+}
+
+// reached reports whether every partition was read up to ends.
+func (w *retryWaiting) reached(ends map[int32]int64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for p, e := range ends {
+		if w.next[p] < e {
+			return false
+		}
+	}
+	return true
+}
+
+// poll reads what TopicRetry has now (waiting at most until ctx ends).
+func (w *retryWaiting) poll(ctx context.Context) error {
+	fs := w.cl.PollFetches(ctx)
+	var errs []error
+	fs.EachError(func(_ string, _ int32, err error) {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			errs = append(errs, err)
+		}
+	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	fs.EachRecord(func(r *kgo.Record) {
+		key := string(r.Key)
+		w.keys[key]++
+		w.queued[r.Partition] = append(w.queued[r.Partition], waitingRecord{offset: r.Offset, key: key})
+		w.next[r.Partition] = r.Offset + 1
+	})
+	return errors.Join(errs...)
+}
+
+// consumed forgets the records before the group's committed offsets.
+func (w *retryWaiting) consumed(committed map[int32]int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for p, q := range w.queued {
+		c, ok := committed[p]
+		if !ok {
+			continue
+		}
+		i := sort.Search(len(q), func(i int) bool { return q[i].offset >= c })
+		if i == 0 {
+			continue
+		}
+		for _, r := range q[:i] {
+			if w.keys[r.key]--; w.keys[r.key] <= 0 {
+				delete(w.keys, r.key)
+			}
+		}
+		w.queued[p] = append([]waitingRecord(nil), q[i:]...)
+	}
+}
+
+// waits reports whether a record keyed key waits on TopicRetry.
+func (w *retryWaiting) waits(key []byte) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.keys[string(key)] > 0
+}
+
+// run keeps up with TopicRetry and with the group's progress (every
+// second) until ctx ends; failures are logged at most once a minute.
+func (w *retryWaiting) run(ctx context.Context) {
+	defer w.cl.Close()
+	var lastLog time.Time
+	report := func(what string, err error) {
+		if err != nil && ctx.Err() == nil && time.Since(lastLog) > time.Minute {
+			lastLog = time.Now()
+			w.log.Warn("following the retry topic: "+what, "err", err)
+		}
+	}
+	var refreshed time.Time
+	for ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		report("read", w.poll(pctx))
+		cancel()
+		if time.Since(refreshed) < time.Second {
+			continue
+		}
+		refreshed = time.Now()
+		committed, err := w.committed(ctx)
+		report("group offsets", err)
+		if err == nil {
+			w.consumed(committed)
+		}
+	}
+}
