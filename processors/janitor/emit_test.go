@@ -8,6 +8,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/schemas/events"
@@ -51,5 +52,44 @@ func TestEmitBoundedWhileKafkaIsDown(t *testing.T) {
 	}
 	if n := prod.tries.Load(); n != 5 || m.GetCounter().GetValue() != 1 {
 		t.Fatalf("%d tries, %v audit errors; want 5 and 1", n, m.GetCounter().GetValue())
+	}
+}
+
+// TestActionIDs: an action's id is its resource's, step's, outcome's and
+// failure reason's, not the time it was produced: a step a restarted
+// janitor does again produces the same id (the store keeps one), while
+// another step, outcome or failure reason of the resource keeps its own.
+func TestActionIDs(t *testing.T) {
+	j, err := New(DefaultConfig(), clusters.Config{}, clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	j.now = func() time.Time { clk = clk.Add(time.Minute); return clk }
+	u := &unstructured.Unstructured{}
+	u.SetName("r1")
+	u.SetUID("uid-1")
+	op := &operation{j: j, cr: &clusterRun{name: "c1"}, kd: kindReboot, u: u, nodeName: "n1"}
+	failed := func(reason string) map[string]string { return map[string]string{"reason": reason} }
+	for _, tc := range []struct {
+		name            string
+		outcome, step   string
+		details         map[string]string
+		outcome2, step2 string
+		details2        map[string]string
+		same            bool
+	}{
+		{"StepDoneAgain", events.OutcomeSucceeded, "complete", nil, events.OutcomeSucceeded, "complete", nil, true},
+		{"FailureDoneAgain", events.OutcomeFailed, "failed", failed(ReasonTimeout), events.OutcomeFailed, "failed", failed(ReasonTimeout), true},
+		{"OtherStep", events.OutcomeApplied, "signal", nil, events.OutcomeApplied, "force", nil, false},
+		{"OtherOutcome", events.OutcomeInProgress, "signal", nil, events.OutcomeApplied, "signal", nil, false},
+		{"OtherFailure", events.OutcomeFailed, "failed", failed(ReasonBMCAuthFailed), events.OutcomeFailed, "failed", failed(ReasonTimeout), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := op.action(tc.outcome, "first", tc.step, tc.details), op.action(tc.outcome2, "second", tc.step2, tc.details2)
+			if (a.Id == b.Id) != tc.same {
+				t.Fatalf("ids %s and %s; want the same: %v", a.Id, b.Id, tc.same)
+			}
+		})
 	}
 }

@@ -63,6 +63,7 @@ type memory struct {
 	ended      bool // this process wrote its end
 	dryRun     bool // its dry-run action was written
 	deferred   bool // its deferred action was written
+	forced     bool // this process recorded its forced reboot, or wrote the forced reboot's resumed action
 }
 
 // recall is what this process remembers of a resource.
@@ -487,10 +488,13 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		j.m.signalLatency.WithLabelValues(op.cr.name).Observe(j.now().Sub(created).Seconds())
 	}
 	msg := fmt.Sprintf("%s signal sent via %s", op.kd.ActionKind, pname)
+	// The action before the status it reports, here and at every step: a
+	// janitor that stops in between finds the step not written and does it
+	// again, producing the same action (same id) again.
+	j.emit(ctx, op.action(events.OutcomeApplied, msg+" to node "+op.nodeName, "signal", nil))
 	if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonSucceeded, msg}, cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
 		return 0, err
 	}
-	j.emit(ctx, op.action(events.OutcomeApplied, msg+" to node "+op.nodeName, "signal", nil))
 	return j.cfg.PollInterval, nil
 }
 
@@ -511,11 +515,11 @@ func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (ti
 	if errors.Is(err, ErrInProgress) {
 		if !condIs(op.u, CondResetJobCreated, "True") {
 			msg := fmt.Sprintf("reset of %s sent via %s; the node is resetting", what, op.st.Provider)
+			j.emit(ctx, op.action(events.OutcomeInProgress, msg+" (node "+op.nodeName+")", "signal", nil))
 			if err := op.writeStatus(ctx, false, cond{CondReady, "True", ReasonSucceeded, "accepted"},
 				cond{CondResetJobCreated, "True", ReasonSucceeded, msg}); err != nil {
 				return 0, err
 			}
-			j.emit(ctx, op.action(events.OutcomeInProgress, msg+" (node "+op.nodeName+")", "signal", nil))
 		}
 		return j.cfg.PollInterval, nil
 	}
@@ -530,6 +534,7 @@ func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (ti
 		return 0, op.fail(ctx, reason, fmt.Sprintf("reset of %s via %s: %v", what, op.st.Provider, err), true)
 	}
 	msg := fmt.Sprintf("reset %s of node %s via %s", what, op.nodeName, op.st.Provider)
+	j.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
 	if err := op.writeStatus(ctx, true, cond{CondReady, "True", ReasonSucceeded, "accepted"},
 		cond{CondResetJobCreated, "True", ReasonSucceeded, "sent via " + op.st.Provider},
 		cond{CondComplete, "True", ReasonGPUResetSucceeded, msg}); err != nil {
@@ -537,7 +542,6 @@ func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (ti
 	}
 	j.lim.release(op.key)
 	j.m.completed.WithLabelValues(op.cr.name, op.kd.ActionKind, events.OutcomeSucceeded).Inc()
-	j.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
 	return 0, nil
 }
 
@@ -595,11 +599,11 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 			// This janitor sent it; writing SignalSent failed: write it now
 			// (else the resource waits here for ever, holding its slot).
 			msg := fmt.Sprintf("%s signal sent via %s", op.kd.ActionKind, op.st.Provider)
+			j.emit(ctx, op.action(events.OutcomeApplied, msg+" to node "+op.nodeName, "signal", nil))
 			if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonSucceeded, msg},
 				cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
 				return 0, err
 			}
-			j.emit(ctx, op.action(events.OutcomeApplied, msg+" to node "+op.nodeName, "signal", nil))
 			return j.cfg.PollInterval, nil
 		}
 		if !condIs(fresh, CondSignalSent, "True") {
@@ -607,11 +611,11 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 			// SignalSent: it may have been sent. Never twice.
 			msg := fmt.Sprintf("the signal was recorded at %s by %s, which stopped before confirming it; not sent again",
 				op.st.At.Format(time.RFC3339), op.st.By)
+			j.emit(ctx, op.action(events.OutcomeInProgress, "resumed "+op.ref()+": "+msg, "resumed", nil))
 			if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonRecorded, msg},
 				cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
 				return 0, err
 			}
-			j.emit(ctx, op.action(events.OutcomeInProgress, "resumed "+op.ref()+": "+msg, "resumed", nil))
 			return j.cfg.PollInterval, nil
 		}
 	}
@@ -646,15 +650,22 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 
 func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 	j := op.j
+	if !op.st.ForcedAt.IsZero() && !j.remember(op.u.GetUID(), func(m *memory) { m.forced = true }).forced {
+		// A forced reboot recorded before this janitor started: its
+		// recorder may have stopped before it produced the action. Not
+		// sent again, but audited (the same id at each restart).
+		j.emit(ctx, op.action(events.OutcomeInProgress, fmt.Sprintf("resumed %s: a forced reboot was recorded at %s; not sent again",
+			op.ref(), op.st.ForcedAt.Format(time.RFC3339)), "force-resumed", nil))
+	}
 	elapsed := j.now().Sub(op.st.At)
 	if n := op.node; n != nil && nodeReady(n) && n.Status.NodeInfo.BootID != "" && n.Status.NodeInfo.BootID != op.st.BootID {
 		msg := fmt.Sprintf("node %s is Ready with a new boot ID %s (was %s) after %v", op.nodeName, n.Status.NodeInfo.BootID, op.st.BootID, elapsed.Round(time.Second))
+		j.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
 		if err := op.writeStatus(ctx, true, cond{CondNodeReady, "True", ReasonSucceeded, msg}); err != nil {
 			return 0, err
 		}
 		j.lim.release(op.key)
 		j.m.completed.WithLabelValues(op.cr.name, op.kd.ActionKind, events.OutcomeSucceeded).Inc()
-		j.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
 		return 0, nil
 	}
 	if elapsed > j.cfg.RebootTimeout {
@@ -682,6 +693,7 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 				return 0, fmt.Errorf("record %s force: %w", op.ref(), err)
 			}
 			op.u, op.st = upd, &st
+			j.remember(op.u.GetUID(), func(m *memory) { m.forced = true })
 			t := Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/force"}
 			err = prov.Reboot(ctx, t, Force)
 			switch {
@@ -714,12 +726,12 @@ func (op *operation) followTerminate(ctx context.Context) (time.Duration, error)
 	}
 	if gone {
 		msg := fmt.Sprintf("node %s terminated via %s and its Node object is gone", op.nodeName, op.st.Provider)
+		j.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
 		if err := op.writeStatus(ctx, true, cond{CondNodeTerminated, "True", ReasonSucceeded, msg}); err != nil {
 			return 0, err
 		}
 		j.lim.release(op.key)
 		j.m.completed.WithLabelValues(op.cr.name, op.kd.ActionKind, events.OutcomeSucceeded).Inc()
-		j.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
 		return 0, nil
 	}
 	if j.now().Sub(op.st.At) > j.cfg.TerminateTimeout {
@@ -741,17 +753,17 @@ func (op *operation) fail(ctx context.Context, reason, msg string, signalled boo
 	default:
 		cs = []cond{{op.kd.Result, "False", reason, msg}}
 	}
+	outcome := events.OutcomeFailed
+	if reason == ReasonNotDrained {
+		outcome = events.OutcomeRefused
+	}
+	j.emit(ctx, op.action(outcome, reason+": "+msg, "failed", map[string]string{"reason": reason}))
 	if err := op.writeStatus(ctx, true, cs...); err != nil {
 		return err
 	}
 	j.lim.release(op.key)
 	j.m.completed.WithLabelValues(op.cr.name, op.kd.ActionKind, events.OutcomeFailed).Inc()
 	j.log.Warn("janitor: operation failed", "cluster", op.cr.name, "resource", op.ref(), "node", op.nodeName, "reason", reason, "msg", msg)
-	outcome := events.OutcomeFailed
-	if reason == ReasonNotDrained {
-		outcome = events.OutcomeRefused
-	}
-	j.emit(ctx, op.action(outcome, reason+": "+msg, "failed", map[string]string{"reason": reason}))
 	return nil
 }
 
@@ -796,8 +808,12 @@ func (op *operation) action(outcome, reason, step string, details map[string]str
 	for k, v := range details {
 		d[k] = v
 	}
+	// The id is the resource's, the step's, the outcome's and a failure's
+	// reason: a step done again (by a janitor that restarted before it
+	// wrote the step's status) produces the same id, and the store keeps
+	// one; two different failures of one resource keep two.
 	return &faultlinev1.Action{
-		Id:      shortHash(strings.Join([]string{op.cr.name, string(op.u.GetUID()), op.u.GetName(), step, outcome}, "\x00"), 32),
+		Id:      shortHash(strings.Join([]string{op.cr.name, string(op.u.GetUID()), op.u.GetName(), step, outcome, details["reason"]}, "\x00"), 32),
 		Cluster: op.cr.name, Node: op.nodeName, Role: Role, Kind: op.kd.ActionKind, Outcome: outcome,
 		Reason: events.Truncate(reason, 1024), Timestamp: timestamppb.New(j.now()), Details: d,
 	}

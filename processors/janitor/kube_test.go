@@ -23,6 +23,7 @@ import (
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/remediate"
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -262,18 +263,24 @@ func (e *env) node(name, sys string, drained bool, ann map[string]string) {
 
 func (e *env) janitor(cfg Config, dryRun bool, prov map[string]Provider) (*Janitor, *recorder) {
 	e.t.Helper()
+	rec := &recorder{}
+	return e.janitorTo(rec, cfg, dryRun, prov), rec
+}
+
+// janitorTo is a janitor whose actions go to prod.
+func (e *env) janitorTo(prod pipeline.Producer, cfg Config, dryRun bool, prov map[string]Provider) *Janitor {
+	e.t.Helper()
 	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
 	reg.SetClient(cluster, e.kube, dryRun)
 	if prov == nil {
 		prov = e.providers(cfg)
 	}
-	rec := &recorder{}
-	j, err := New(cfg, clusters.Config{}, reg, Options{Log: testLog, Providers: prov, Producer: rec})
+	j, err := New(cfg, clusters.Config{}, reg, Options{Log: testLog, Providers: prov, Producer: prod})
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	reg.SetDynamic(cluster, e.dyn)
-	return j, rec
+	return j
 }
 
 // providers builds cfg's providers, the emulator's observed by the
