@@ -132,6 +132,22 @@ func TestFlapKube(t *testing.T) {
 	if c := condition(n, "GPUHealthy"); c == nil || c.Status != corev1.ConditionTrue {
 		t.Fatalf("condition after the lift: %+v", c)
 	}
+	// The dry-run view forgets its would-lift once a sweep no longer finds
+	// it (its watch sees the lift).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := dry.SweepStabilized(ctx, []string{"c1"}); err != nil {
+			t.Fatal(err)
+		}
+		dry.mu.Lock()
+		left := len(dry.dryRunLifts)
+		dry.mu.Unlock()
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d would-lifts kept after the lift", left)
+		}
+	}
 	// The onsets stay for the flap window: the next occurrence is the
 	// fifth within it, so its recovery is held at once.
 	if st, _ := ReadState(n); len(st.Faults) != 0 || len(st.History) != 1 {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -77,8 +78,10 @@ type Handler struct {
 
 	// dryRunLifts: the would-lifts the stabilization sweep reported for
 	// dry-run clusters, by action id (reported once each; nothing is
-	// written there, so every sweep finds them again).
-	dryRunLifts sync.Map
+	// written there, so every sweep finds them again), forgotten when a
+	// sweep no longer finds them; sweeps numbers the sweeps. Under mu.
+	dryRunLifts map[string]wouldLift
+	sweeps      atomic.Uint64
 }
 
 // Close stops the handler's node watches.
@@ -130,7 +133,7 @@ func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options
 		cfg: cfg, policy: pol, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		m: newMetrics(opts.Registerer), optKey: k, optVal: v,
 		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{}, ruleErrLogged: map[string]time.Time{},
-		retried:   map[string]retriedActions{},
+		retried: map[string]retriedActions{}, dryRunLifts: map[string]wouldLift{},
 		lastEvent: map[string]time.Time{},
 		uncordons: make(chan nodeRef, 1024), Ownership: pipeline.Ownership{Topic: events.TopicEvents},
 	}

@@ -98,6 +98,7 @@ func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([
 			continue
 		}
 		now := h.now()
+		sweep := h.sweeps.Add(1)
 		for _, n := range nodes {
 			if ctx.Err() != nil {
 				return acts, errors.Join(append(errs, ctx.Err())...)
@@ -115,7 +116,7 @@ func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([
 				continue
 			}
 			if cl.DryRun {
-				acts = append(acts, h.wouldLift(cl, n.Name, st, now)...)
+				acts = append(acts, h.wouldLift(cl, n.Name, st, now, sweep)...)
 				continue
 			}
 			a, err := h.liftStabilized(ctx, cl, n, flap)
@@ -124,6 +125,9 @@ func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([
 				continue
 			}
 			acts = append(acts, a...)
+		}
+		if cl.DryRun {
+			h.forgetWouldLifts(name, sweep)
 		}
 	}
 	return acts, errors.Join(errs...)
@@ -175,8 +179,8 @@ func (h *Handler) liftStabilized(ctx context.Context, cl *clusters.Client, node 
 }
 
 // wouldLift reports, once each, the lifts a dry-run cluster's sweep would
-// make.
-func (h *Handler) wouldLift(cl *clusters.Client, node string, st *State, now time.Time) []*faultlinev1.Action {
+// make; sweep is the sweep's number (forgetWouldLifts).
+func (h *Handler) wouldLift(cl *clusters.Client, node string, st *State, now time.Time, sweep uint64) []*faultlinev1.Action {
 	var acts []*faultlinev1.Action
 	for _, k := range st.keys() {
 		f := st.Faults[k]
@@ -184,13 +188,37 @@ func (h *Handler) wouldLift(cl *clusters.Client, node string, st *State, now tim
 			continue
 		}
 		id := pipeline.ActionID(cl.Name, node, k, f.LiftAt.UTC().Format(time.RFC3339Nano), events.KindUnquarantine)
-		if _, seen := h.dryRunLifts.LoadOrStore(id, true); seen {
+		h.mu.Lock()
+		_, seen := h.dryRunLifts[id]
+		h.dryRunLifts[id] = wouldLift{cluster: cl.Name, sweep: sweep}
+		h.mu.Unlock()
+		if seen {
 			continue
 		}
 		acts = append(acts, h.sweepAction(cl, node, k, *f, events.OutcomeDryRun,
 			"would lift: flapping fault stayed healthy for its stabilization window (cluster is dry-run)", now))
 	}
 	return acts
+}
+
+// wouldLift is a would-lift reported: its cluster and the last sweep that
+// found it.
+type wouldLift struct {
+	cluster string
+	sweep   uint64
+}
+
+// forgetWouldLifts forgets the would-lifts of cluster its sweep (number
+// sweep, run to its end) no longer found: the fault recurred, or the
+// node's events moved to another replica.
+func (h *Handler) forgetWouldLifts(cluster string, sweep uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id, w := range h.dryRunLifts {
+		if w.cluster == cluster && w.sweep != sweep {
+			delete(h.dryRunLifts, id)
+		}
+	}
 }
 
 // sweepAction is the unquarantine action of a fault the sweep lifted; its
