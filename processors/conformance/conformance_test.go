@@ -771,3 +771,41 @@ func (r *recordingNotifier) wait(t *testing.T, want ...string) {
 		}
 	}
 }
+
+// TestQueueKeepsNodeOrder: while a node's drift notice is being delivered
+// (SMD slow), its return waits behind it and another node's notice goes
+// through.
+func TestQueueKeepsNodeOrder(t *testing.T) {
+	release := make(chan struct{})
+	rec := &recordingNotifier{}
+	slow := notifierFunc(func(ctx context.Context, n Notification) error {
+		if n.Node == "a" && n.Drifted {
+			<-release
+		}
+		return rec.Notify(ctx, n)
+	})
+	cfg := DefaultConfig().Notifier
+	q := NewQueue(slow, cfg, testLog, func(Notification, int, error) {})
+	for _, n := range []Notification{{Cluster: "c", Node: "a", Drifted: true}, {Cluster: "c", Node: "a"}, {Cluster: "c", Node: "b", Drifted: true}} {
+		if !q.Enqueue(n) {
+			t.Fatal("enqueue refused")
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go q.Run(ctx)
+	rec.wait(t, "b drifted")
+	time.Sleep(100 * time.Millisecond) // the return would be delivered by now
+	rec.mu.Lock()
+	told := slices.Clone(rec.told)
+	rec.mu.Unlock()
+	if !slices.Equal(told, []string{"b drifted"}) {
+		t.Fatalf("delivered while a's drift was in flight: %v", told)
+	}
+	close(release)
+	rec.wait(t, "b drifted", "a drifted", "a restored")
+}
+
+type notifierFunc func(ctx context.Context, n Notification) error
+
+func (f notifierFunc) Notify(ctx context.Context, n Notification) error { return f(ctx, n) }

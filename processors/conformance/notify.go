@@ -85,7 +85,8 @@ func (h *HTTPNotifier) Notify(ctx context.Context, n Notification) error {
 }
 
 // Queue delivers notifications in the background, each retried with
-// exponential backoff up to Attempts times, at most 16 at once; Enqueue
+// exponential backoff up to Attempts times, at most 16 at once and one
+// node's in the order queued (a return never overtakes its drift); Enqueue
 // never blocks (a full queue refuses). Done is called with each
 // notification's result.
 type Queue struct {
@@ -127,13 +128,31 @@ func (q *Queue) Enqueue(n Notification) bool {
 // Run delivers until ctx ends.
 func (q *Queue) Run(ctx context.Context) error {
 	sem := make(chan struct{}, 16)
-	var wg sync.WaitGroup
+	var (
+		wg sync.WaitGroup
+		mu sync.Mutex
+		// behind: the notifications waiting for their node's delivery in
+		// progress, by cluster/node (a key present: one is in progress).
+		behind = map[string][]Notification{}
+	)
 	defer wg.Wait()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case n := <-q.ch:
+			key := n.Cluster + "/" + n.Node
+			mu.Lock()
+			waiting, busy := behind[key]
+			if busy {
+				behind[key] = append(waiting, n)
+			} else {
+				behind[key] = nil
+			}
+			mu.Unlock()
+			if busy {
+				continue
+			}
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
@@ -143,7 +162,18 @@ func (q *Queue) Run(ctx context.Context) error {
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				q.deliver(ctx, n)
+				for {
+					q.deliver(ctx, n)
+					mu.Lock()
+					next := behind[key]
+					if len(next) == 0 || ctx.Err() != nil {
+						delete(behind, key)
+						mu.Unlock()
+						return
+					}
+					n, behind[key] = next[0], next[1:]
+					mu.Unlock()
+				}
 			}()
 		}
 	}
