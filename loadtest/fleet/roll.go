@@ -45,8 +45,9 @@ type BrokerRollResult struct {
 	Baseline  int
 	Pushbacks int64 // the faults' calls pushed back and sent again
 	// Drained are the faults' nodes with a drain/succeeded action;
-	// DrainedTwice those with more than one drain/in_progress (a drain
-	// started twice); PodsLeft the faults' pods still on the apiserver.
+	// DrainedTwice those with more than one drain/in_progress id (a drain
+	// started twice; a resumed drain says its start again with its id);
+	// PodsLeft the faults' pods still on the apiserver.
 	// (The background's fatal nodes are left out: each of their repeated
 	// faults is a new quarantine/applied, and a new drain by design.)
 	Drained, DrainedTwice, PodsLeft int

@@ -56,7 +56,8 @@ func QuarantineApplied(cluster, node string) *faultlinev1.Action {
 // (201, 429, 404, cut off) and per pod (a pod evicted twice), pod
 // deletions seen on a watch of the apiserver (not through the proxy).
 // Nothing applied twice: no pod evicted (201) twice, no node with two
-// drain/in_progress (a drain started twice); a replayed drain/succeeded
+// drain/in_progress ids (a drain started twice; one resumed after the
+// SIGKILL says its start again with the same id); a replayed drain/succeeded
 // (same id: the role repeats a finished drain's result, by design) and a
 // replayed eviction answered 404 are counted and reported.
 func (e *Env) scaleDrain(ctx context.Context, cluster string, k *testenv.Kube, proxy *LatencyProxy) (*scaleTarget, error) {

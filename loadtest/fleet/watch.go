@@ -142,19 +142,22 @@ func (w *CordonWatch) NodeWrites() (all, ofCordoned int) {
 
 // ActionWatch counts the audit actions on the actions topic by
 // kind/outcome ("quarantine/applied", "quarantine/held_by_breaker", ...),
-// and the distinct nodes of each.
+// and the distinct nodes of each. Per node (Of, Repeated) it counts
+// distinct ids, as the store does: an action produced again with its id
+// (a drain resumed after a kill says its start again) is one.
 type ActionWatch struct {
 	mu    sync.Mutex
 	count map[string]int
 	nodes map[string]map[string]bool
-	per   map[string]int       // kind/outcome cluster/node -> actions
+	per   map[string]int       // kind/outcome cluster/node -> distinct action ids
+	ids   map[string]bool      // kind/outcome cluster/node id -> seen
 	first map[string]time.Time // kind/outcome cluster/node -> when the first was seen
 }
 
 // WatchActions counts the actions cl consumes (the actions topic) until
 // ctx ends.
 func WatchActions(ctx context.Context, cl *kgo.Client) *ActionWatch {
-	w := &ActionWatch{count: map[string]int{}, nodes: map[string]map[string]bool{}, per: map[string]int{}, first: map[string]time.Time{}}
+	w := &ActionWatch{count: map[string]int{}, nodes: map[string]map[string]bool{}, per: map[string]int{}, ids: map[string]bool{}, first: map[string]time.Time{}}
 	go func() {
 		for ctx.Err() == nil {
 			fs := cl.PollFetches(ctx)
@@ -171,8 +174,11 @@ func WatchActions(ctx context.Context, cl *kgo.Client) *ActionWatch {
 				}
 				w.nodes[k][a.GetCluster()+"/"+a.GetNode()] = true
 				kn := k + " " + a.GetCluster() + "/" + a.GetNode()
-				if w.per[kn]++; w.per[kn] == 1 {
-					w.first[kn] = time.Now()
+				if id := kn + " " + a.GetId(); !w.ids[id] {
+					w.ids[id] = true
+					if w.per[kn]++; w.per[kn] == 1 {
+						w.first[kn] = time.Now()
+					}
 				}
 				w.mu.Unlock()
 			})
@@ -208,15 +214,15 @@ func (w *ActionWatch) NodeSetIn(kindOutcome, cluster string) map[string]bool {
 }
 
 // Repeated returns the nodes of cluster with more than one action of
-// kind/outcome.
+// kind/outcome (distinct ids).
 func (w *ActionWatch) Repeated(kindOutcome, cluster string) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return repeated(w.per, kindOutcome+" "+cluster+"/")
 }
 
-// Of returns the actions of kind/outcome for cluster/node, and when the
-// first was seen.
+// Of returns the actions of kind/outcome for cluster/node (distinct ids),
+// and when the first was seen.
 func (w *ActionWatch) Of(kindOutcome, cluster, node string) (int, time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

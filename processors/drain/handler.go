@@ -255,27 +255,38 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	quarantined := node.Labels[events.LabelQuarantined] == "true"
 	st, adm := admit(st, t.eventID, h.options(t), quarantined, now,
 		pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], h.cfg.Identity)
+	// acts are what the node's state says: returned even when the step
+	// fails after them (the retry's record is newer than the state, so it
+	// would not say them again). A new drain's start joins them once a
+	// write put it on the node (wrote).
 	var acts []*faultlinev1.Action
+	starting := adm == admitStart
+	wrote := func() {
+		if starting {
+			starting = false
+			acts = append(acts, h.started(t, st))
+			h.m.drains.WithLabelValues(t.cluster, PhaseRunning).Inc()
+		}
+	}
 	switch adm {
 	case admitReplay:
 		// Say the result again (same id), so a result lost in a crash
 		// still reaches remediate.
-		return []*faultlinev1.Action{h.result(t, st)}, time.Time{}, nil
+		return append(h.unaudited(t, st), h.result(t, st)), time.Time{}, nil
+	case admitResume:
+		acts = h.unaudited(t, st)
 	case admitSkip:
 		return []*faultlinev1.Action{h.action(t, nil, events.OutcomeSkipped, "drainOverrides.skip: pods left running, no remediation",
 			pipeline.ActionID(t.cluster, t.node, t.eventID, "skip"))}, time.Time{}, nil
 	case admitUnquarantined:
 		return []*faultlinev1.Action{h.action(t, nil, events.OutcomeSkipped, "node no longer quarantined by faultline",
 			pipeline.ActionID(t.cluster, t.node, t.eventID, "unquarantined"))}, time.Time{}, nil
-	case admitStart:
-		acts = append(acts, h.action(t, st, events.OutcomeInProgress, "drain started ("+scopeString(st.GPUs)+")", pipeline.ActionID(st.ID, "started")))
-		h.m.drains.WithLabelValues(t.cluster, PhaseRunning).Inc()
 	}
 
 	if !quarantined {
 		cancel(st, now)
 		if _, err := h.writeState(ctx, cl, node, st); err != nil {
-			return nil, time.Time{}, err
+			return acts, time.Time{}, err
 		}
 		h.m.drains.WithLabelValues(t.cluster, PhaseCancelled).Inc()
 		return append(acts, h.result(t, st)), time.Time{}, nil
@@ -283,9 +294,9 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 
 	pods, err := h.listPods(ctx, cl, t.node)
 	if err != nil {
-		return nil, time.Time{}, err
+		return acts, time.Time{}, err
 	}
-	before, skippedBefore := blockedBy(st), st.skippedTerminating()
+	skippedBefore := st.skippedTerminating()
 	ops := h.cfg.advance(st, pods, now)
 	// Pods no longer waited for, said once: after the write that keeps it.
 	skipped := newlySkipped(skippedBefore, st)
@@ -293,13 +304,18 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 		// Write the intent first: a restart after the calls and before the
 		// result write finds the pods marked and counts each once.
 		if node, err = h.writeState(ctx, cl, node, st); err != nil {
-			return nil, time.Time{}, err
+			return acts, time.Time{}, err
 		}
+		wrote()
 		h.noteSkipped(t, st, skipped)
 		skipped = nil
 		if err := h.runOps(ctx, cl, st, ops, now); err != nil {
-			// Keep what succeeded; the step is retried after the backoff.
-			if _, werr := h.writeState(ctx, cl, node, st); werr != nil && !apierrors.IsConflict(werr) {
+			// Keep what succeeded (and say it); the step is retried
+			// after the backoff.
+			_, werr := h.writeState(ctx, cl, node, st)
+			if werr == nil {
+				acts = append(acts, h.blocked(t, st, now)...)
+			} else if !apierrors.IsConflict(werr) {
 				h.log.Warn("drain state not written", "cluster", t.cluster, "node", t.node, "err", werr)
 			}
 			return acts, time.Time{}, err
@@ -307,15 +323,13 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	}
 	settle(st, now)
 	if _, err := h.writeState(ctx, cl, node, st); err != nil {
-		return nil, time.Time{}, err
+		return acts, time.Time{}, err
 	}
+	wrote()
 	h.noteSkipped(t, st, skipped)
-	// Newly blocked pods, one action per set of PDBs.
-	if newly := newlyBlocked(before, st); len(newly) > 0 {
-		a := h.action(t, st, events.OutcomeBlocked, blockedReason(newly),
-			pipeline.ActionID(st.ID, "blocked", strings.Join(newly, ","), strconv.Itoa(st.Count().Remaining)))
-		a.Details[events.DetailBlockedBy] = strings.Join(newly, ",")
-		acts = append(acts, a)
+	if len(ops) > 0 {
+		// The PDBs its calls newly found blocking, one action.
+		acts = append(acts, h.blocked(t, st, now)...)
 	}
 	if st.running() {
 		return acts, now.Add(pollDelay(now.Sub(st.StartedAt), h.cfg.PollInterval)), nil
@@ -527,6 +541,52 @@ func (h *Handler) dryRun(ctx context.Context, cl *clusters.Client, t trigger) ([
 	}
 	a.Details[events.DetailWouldDrain] = strings.Join(would, " ")
 	return []*faultlinev1.Action{a}, nil
+}
+
+// unaudited says again the actions of the steps of st that the record
+// now handled may be the input of: a record not newer than a step (the
+// trigger itself, a requeue record due no later than the step ran) may be
+// the one whose batch died after the step wrote the state and before its
+// actions were produced, and the state cannot tell. A record that step
+// produced asks for a time after it, so a drain that was not interrupted
+// says nothing twice. Same ids (and times) as the first time: the store
+// keeps one.
+func (h *Handler) unaudited(t trigger, st *State) []*faultlinev1.Action {
+	nb := requeue.NotBefore(t.rec)
+	var acts []*faultlinev1.Action
+	if !nb.After(st.StartedAt) {
+		acts = append(acts, h.started(t, st))
+	}
+	for _, at := range blockTimes(st) {
+		if !nb.After(at) {
+			acts = append(acts, h.blocked(t, st, at)...)
+		}
+	}
+	return acts
+}
+
+// started is the action that starts a drain: its id is the drain's, its
+// time the drain's start, its counts zero, as when the drain began.
+func (h *Handler) started(t trigger, st *State) *faultlinev1.Action {
+	s := *st
+	s.Pods, s.Skipped = nil, nil
+	a := h.action(t, &s, events.OutcomeInProgress, "drain started ("+scopeString(st.GPUs)+")", pipeline.ActionID(st.ID, "started"))
+	a.Timestamp = timestamppb.New(st.StartedAt)
+	return a
+}
+
+// blocked is the action of the pods a step made at newly found blocked:
+// one for the set of PDBs, its id the drain's and those pods' with their
+// PDBs, its time the step's (nil when there are none).
+func (h *Handler) blocked(t trigger, st *State, at time.Time) []*faultlinev1.Action {
+	pdbs, pods := blockedAt(st, at)
+	if len(pdbs) == 0 {
+		return nil
+	}
+	a := h.action(t, st, events.OutcomeBlocked, blockedReason(pdbs), pipeline.ActionID(st.ID, "blocked", strings.Join(pods, ",")))
+	a.Details[events.DetailBlockedBy] = strings.Join(pdbs, ",")
+	a.Timestamp = timestamppb.New(at)
+	return []*faultlinev1.Action{a}
 }
 
 // result is the action that ends a drain; its id depends only on the drain

@@ -1,8 +1,18 @@
 package drain
 
 import (
+	"errors"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	ktesting "k8s.io/client-go/testing"
+
+	"github.com/faultline/faultline/schemas/events"
 )
 
 func TestPollDelay(t *testing.T) {
@@ -21,5 +31,40 @@ func TestPollDelay(t *testing.T) {
 		if got := pollDelay(tc.age, tc.poll); got != tc.want {
 			t.Errorf("pollDelay(%v, %v) = %v, want %v", tc.age, tc.poll, got, tc.want)
 		}
+	}
+}
+
+// TestStartSaidWhenALaterWriteFails: a step whose intent write put a new
+// drain on the node and whose last write then failed (a 500) returns the
+// drain's start with the retry: the retry's record comes after the start,
+// so it would not say it again, and the state already says "running".
+func TestStartSaidWhenALaterWriteFails(t *testing.T) {
+	const node = "n1"
+	k := fake.NewSimpleClientset(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{events.LabelQuarantined: "true"}}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p"}, Spec: corev1.PodSpec{NodeName: node},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+	var patches int
+	k.PrependReactor("patch", "nodes", func(ktesting.Action) (bool, runtime.Object, error) {
+		if patches++; patches == 2 {
+			return true, nil, apierrors.NewInternalError(errors.New("etcd leader changed"))
+		}
+		return false, nil, nil
+	})
+	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+		return a.GetSubresource() == "eviction", nil, nil
+	})
+	// The cluster's backoff sets the retry's time by the wall clock.
+	clk := &clock{t: time.Now()}
+	h := newHandler(t, testConfig(), k, clk, false)
+	acts, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
+	started := find(acts, events.OutcomeInProgress)
+	if started == nil || len(rq) != 1 || patches != 2 {
+		t.Fatalf("the failed step: %s, %d requeues, %d patches", outcomes(acts), len(rq), patches)
+	}
+	clk.Add(5 * time.Second)
+	time.Sleep(200 * time.Millisecond) // the cluster's backoff: at most 100ms (newHandler)
+	if again, _ := handle(t, h, rq[0]); find(again, events.OutcomeInProgress) != nil || patches < 3 {
+		t.Fatalf("the retry (%d patches) said the start again: %s", patches, outcomes(again))
 	}
 }

@@ -251,6 +251,35 @@ func find(acts []*faultlinev1.Action, outcome string) *faultlinev1.Action {
 	return nil
 }
 
+// sameActions reports whether acts are want, one for one: the same ids,
+// outcomes and times (a store row said twice).
+func sameActions(acts []*faultlinev1.Action, want ...*faultlinev1.Action) bool {
+	if len(acts) != len(want) {
+		return false
+	}
+	for i, a := range acts {
+		w := want[i]
+		if w == nil || a.Id != w.Id || a.Outcome != w.Outcome || !a.Timestamp.AsTime().Equal(w.Timestamp.AsTime()) {
+			return false
+		}
+	}
+	return true
+}
+
+// drainState reads the node's drain state.
+func drainState(t testing.TB, k kubernetes.Interface, node string) *State {
+	t.Helper()
+	n, err := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := ReadState(n)
+	if err != nil || st == nil {
+		t.Fatalf("node %s: drain state %v, %v", node, st, err)
+	}
+	return st
+}
+
 func outcomes(acts []*faultlinev1.Action) string {
 	var out []string
 	for _, a := range acts {
@@ -324,9 +353,10 @@ func TestDrainKube(t *testing.T) {
 		if strings.Join(names, ",") != "kube-system/sys-imm,work/ds-imm,work/mirror-imm" {
 			t.Fatalf("pods left: %v", names)
 		}
-		// A replayed trigger says the same result again and evicts nothing.
+		// A replayed trigger says the same start and result again (same
+		// ids: the store keeps one of each) and evicts nothing.
 		again, _ := handle(t, h, quarantineAction(node, "e-imm", "RESTART_VM", nil))
-		if len(again) != 1 || again[0].Id != res.Id {
+		if !sameActions(again, find(acts, events.OutcomeInProgress), res) {
 			t.Fatalf("replay: %s", outcomes(again))
 		}
 		n, _ := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
@@ -486,8 +516,9 @@ func TestDrainKube(t *testing.T) {
 		if names := podNames(podsOn(t, k, node)); strings.Join(names, ",") != "hold/h-1" {
 			t.Fatalf("pods left: %v", names)
 		}
-		// Said once: a replayed trigger repeats the result, not the warning.
-		if again, _ := handle(t, h, quarantineAction(node, "e-stuck1", "RESTART_VM", nil)); len(again) != 1 || again[0].Id != res.Id {
+		// Said once: a replayed trigger repeats the start and the result,
+		// not the warning.
+		if again, _ := handle(t, h, quarantineAction(node, "e-stuck1", "RESTART_VM", nil)); !sameActions(again, find(acts, events.OutcomeInProgress), res) {
 			t.Fatalf("replay: %s", outcomes(again))
 		}
 		if n := strings.Count(logs.String(), "pod stuck terminating"); n != 1 {
@@ -566,6 +597,12 @@ func TestDrainKube(t *testing.T) {
 		}
 	})
 
+	// A processor killed after a step wrote the node's state and before
+	// the step's actions were produced: the trigger is redelivered to a
+	// fresh one, which cannot know whether they reached the topic. It says
+	// them again with the same ids and times (the store keeps one of each,
+	// as if said once), and the drain goes on where it stood: not started
+	// over, no pod evicted twice, every pod counted once.
 	t.Run("ResumeAfterRestartNeverDoubleCounts", func(t *testing.T) {
 		node := "res-1"
 		quarantined(t, k, node)
@@ -578,15 +615,25 @@ func TestDrainKube(t *testing.T) {
 		trig := quarantineAction(node, "e-res", "RESTART_VM", nil)
 		h1 := newHandler(t, testConfig(), k, clk, false)
 		acts1, rq := handle(t, h1, trig)
-		if len(rq) != 1 || find(acts1, events.OutcomeInProgress) == nil {
+		started, blocked := find(acts1, events.OutcomeInProgress), find(acts1, events.OutcomeBlocked)
+		if len(rq) != 1 || started == nil || blocked == nil || testutilCount(h1, "evicted") != 2 {
 			t.Fatalf("first step: %s", outcomes(acts1))
 		}
-		// The processor dies here: its requeue record may or may not have
-		// been produced, and the trigger is redelivered to a fresh one.
+		st1 := drainState(t, k, node)
+		// The processor dies here: its actions and its requeue record may
+		// or may not have been produced, and the trigger is redelivered to
+		// a fresh one.
 		h2 := newHandler(t, testConfig(), k, clk, false)
 		acts2, rq2 := handle(t, h2, trig)
-		if find(acts2, events.OutcomeInProgress) != nil {
-			t.Fatalf("the fresh processor started the drain over: %s", outcomes(acts2))
+		if !sameActions(acts2, started, blocked) {
+			t.Fatalf("the fresh processor did not say the drain's start and blocker again with acts1's ids %s, %s: %s",
+				started.Id, blocked.Id, outcomes(acts2))
+		}
+		if st2 := drainState(t, k, node); st2.ID != st1.ID || !st2.StartedAt.Equal(st1.StartedAt) || st2.By != st1.By {
+			t.Fatalf("the fresh processor started the drain over: %+v, was %+v", st2, st1)
+		}
+		if n := testutilCount(h2, "evicted"); n != 0 {
+			t.Fatalf("the fresh processor evicted %v pods again", n)
 		}
 		if len(rq2) != 1 {
 			t.Fatalf("fresh processor did not go on: %s", outcomes(acts2))
@@ -594,19 +641,78 @@ func TestDrainKube(t *testing.T) {
 		if err := k.PolicyV1().PodDisruptionBudgets("resume").Delete(context.Background(), "held-pdb", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		// Both the old requeue record and the new one are handled.
+		// Both the old requeue record and the new one are handled: they
+		// came after the step, so neither says it again.
 		clk.Add(3 * time.Second)
 		acts3, left := drive(t, h2, clk, 3*time.Second, 40, rq[0])
 		res := find(acts3, events.OutcomeSucceeded)
-		if left != nil || res == nil {
-			t.Fatalf("resumed drain did not finish: %s", outcomes(acts3))
+		if left != nil || res == nil || find(acts3, events.OutcomeInProgress) != nil || find(acts3, events.OutcomeBlocked) != nil {
+			t.Fatalf("resumed drain did not finish, or said its start or blocker again: %s", outcomes(acts3))
 		}
-		if res.Details[events.DetailEvicted] != "3" || res.Details[events.DetailInScope] != "3" || res.Details[events.DetailDrainID] != find(acts1, events.OutcomeInProgress).Details[events.DetailDrainID] {
+		if res.Details[events.DetailEvicted] != "3" || res.Details[events.DetailInScope] != "3" || res.Details[events.DetailDrainID] != started.Details[events.DetailDrainID] {
 			t.Fatalf("counts after resume: %v", res.Details)
 		}
+		if n := testutilCount(h1, "evicted") + testutilCount(h2, "evicted"); n != 3 {
+			t.Fatalf("%v evictions of 3 pods", n)
+		}
 		acts4, left := drive(t, h2, clk, time.Second, 5, rq2[0])
-		if left != nil || len(acts4) != 1 || acts4[0].Id != res.Id {
+		if left != nil || !sameActions(acts4, res) {
 			t.Fatalf("the duplicate requeue must only repeat the result: %s", outcomes(acts4))
+		}
+	})
+
+	// A processor killed after a later step (a requeue record's) wrote a
+	// new blocker and before its blocked action was produced: the requeue
+	// record is redelivered to a fresh one, which says that step's
+	// blocked action again with its id, and not the drain's start (that
+	// step's record was committed with its actions).
+	t.Run("ResumeSaysALostBlockedAgain", func(t *testing.T) {
+		node := "res-2"
+		quarantined(t, k, node)
+		createPod(t, k, "resume2", "free-0", node)
+		waitRunning(t, k, node, 1)
+		trig := quarantineAction(node, "e-res2", "RESTART_VM", nil)
+		h1 := newHandler(t, testConfig(), k, clk, false)
+		acts1, rq := handle(t, h1, trig)
+		if len(rq) != 1 || find(acts1, events.OutcomeInProgress) == nil || find(acts1, events.OutcomeBlocked) != nil {
+			t.Fatalf("first step: %s", outcomes(acts1))
+		}
+		// A pod under a PDB lands on the node while it drains.
+		createPod(t, k, "resume2", "held-0", node, withLabels("app", "held2"))
+		for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			p, err := k.CoreV1().Pods("resume2").Get(context.Background(), "held-0", metav1.GetOptions{})
+			if err == nil && p.Status.Phase == corev1.PodRunning {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("held-0 not running: %v", err)
+			}
+		}
+		pdb(t, k, "resume2", "held2-pdb", 1, "held2")
+		waitPDB(t, k, "resume2", "held2-pdb", 0)
+		clk.Add(2 * time.Second)
+		acts2, rq2 := handle(t, h1, rq[0])
+		blocked := find(acts2, events.OutcomeBlocked)
+		if len(rq2) != 1 || blocked == nil || blocked.Details[events.DetailBlockedBy] != "held2-pdb" {
+			t.Fatalf("second step: %s", outcomes(acts2))
+		}
+		// h1 dies here; rq[0] is redelivered to a fresh processor.
+		h2 := newHandler(t, testConfig(), k, clk, false)
+		acts3, rq3 := handle(t, h2, rq[0])
+		if !sameActions(acts3, blocked) || len(rq3) != 1 {
+			t.Fatalf("the fresh processor did not say the lost blocker again with its id %s: %s", blocked.Id, outcomes(acts3))
+		}
+		// The record the step produced comes after it: nothing said again.
+		clk.Add(2 * time.Second)
+		if acts4, _ := handle(t, h2, rq2[0]); len(acts4) != 0 {
+			t.Fatalf("a record after the step said: %s", outcomes(acts4))
+		}
+		if err := k.PolicyV1().PodDisruptionBudgets("resume2").Delete(context.Background(), "held2-pdb", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		acts5, left := drive(t, h2, clk, 3*time.Second, 40, rq3[0])
+		if res := find(acts5, events.OutcomeSucceeded); left != nil || res == nil || res.Details[events.DetailEvicted] != "2" {
+			t.Fatalf("resumed drain did not finish: %s", outcomes(acts5))
 		}
 	})
 

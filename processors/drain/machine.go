@@ -226,11 +226,14 @@ func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 		return "deleted"
 	case r.err == nil && r.blockedBy != "":
 		ps.Attempts++
-		ps.BlockedBy = r.blockedBy
+		if ps.BlockedBy != r.blockedBy {
+			// A new blocker: this step says so (blockedAt).
+			ps.BlockedBy, ps.BlockedAt = r.blockedBy, now
+		}
 		ps.NextTry = now.Add(c.backoff(ps.Attempts))
 		return "blocked"
 	case r.err == nil:
-		ps.Evicted, ps.BlockedBy = true, ""
+		ps.Evicted, ps.BlockedBy, ps.BlockedAt = true, "", time.Time{}
 		return "evicted"
 	case r.notFound:
 		ps.Done = "gone"
@@ -268,25 +271,36 @@ func settle(st *State, now time.Time) bool {
 	return true
 }
 
-// blockedBy is what blocks each pod that is not done: the PDB, by pod key.
-func blockedBy(st *State) map[string]string {
-	out := map[string]string{}
+// blockedAt lists, sorted, the PDBs that newly blocked a pod (not done)
+// in the step made at, and those pods ("ns/name@uid8=pdb"): what that
+// step's blocked action says, and its id. A step that is done again reads
+// the same from the state the first one wrote.
+func blockedAt(st *State, at time.Time) (pdbs, pods []string) {
 	for k, p := range st.Pods {
-		out[k] = p.BlockedBy
-	}
-	return out
-}
-
-// newlyBlocked lists, sorted, the PDBs that block a pod they did not
-// block before the step (before is blockedBy of the state before it).
-func newlyBlocked(before map[string]string, st *State) []string {
-	var out []string
-	for k, p := range st.Pods {
-		if p.Done == "" && p.BlockedBy != "" && p.BlockedBy != before[k] && !slices.Contains(out, p.BlockedBy) {
-			out = append(out, p.BlockedBy)
+		if p.Done == "" && p.BlockedBy != "" && p.BlockedAt.Equal(at) {
+			pods = append(pods, k+"="+p.BlockedBy)
+			if !slices.Contains(pdbs, p.BlockedBy) {
+				pdbs = append(pdbs, p.BlockedBy)
+			}
 		}
 	}
-	sort.Strings(out)
+	sort.Strings(pdbs)
+	sort.Strings(pods)
+	return pdbs, pods
+}
+
+// blockTimes lists, sorted, the times of the steps whose new blockers
+// still block a pod (not done): the steps whose blocked actions the state
+// can say again.
+func blockTimes(st *State) []time.Time {
+	var out []time.Time
+	for _, p := range st.Pods {
+		if p.Done == "" && p.BlockedBy != "" && !p.BlockedAt.IsZero() &&
+			!slices.ContainsFunc(out, p.BlockedAt.Equal) {
+			out = append(out, p.BlockedAt)
+		}
+	}
+	slices.SortFunc(out, time.Time.Compare)
 	return out
 }
 

@@ -297,14 +297,16 @@ func TestRecord(t *testing.T) {
 		want    PodState
 		compare func(PodState) PodState
 	}{
-		{"evicted", PodState{BlockedBy: "old"}, callResult{}, "evicted", PodState{Evicted: true}, nil},
+		{"evicted", PodState{BlockedBy: "old", BlockedAt: t0}, callResult{}, "evicted", PodState{Evicted: true}, nil},
 		{"deleted", PodState{}, callResult{deleted: true}, "deleted", PodState{DeletedAt: now}, nil},
 		{"first refusal backs off PDBBackoff", PodState{}, callResult{blockedBy: "pdb-a"}, "blocked",
-			PodState{Attempts: 1, BlockedBy: "pdb-a", NextTry: now.Add(5 * time.Second)}, nil},
-		{"third refusal backs off 4×", PodState{Attempts: 2, BlockedBy: "pdb-a"}, callResult{blockedBy: "pdb-a"}, "blocked",
-			PodState{Attempts: 3, BlockedBy: "pdb-a", NextTry: now.Add(20 * time.Second)}, nil},
+			PodState{Attempts: 1, BlockedBy: "pdb-a", BlockedAt: now, NextTry: now.Add(5 * time.Second)}, nil},
+		{"another PDB: a new blocker", PodState{Attempts: 1, BlockedBy: "pdb-a", BlockedAt: t0}, callResult{blockedBy: "pdb-b"}, "blocked",
+			PodState{Attempts: 2, BlockedBy: "pdb-b", BlockedAt: now, NextTry: now.Add(10 * time.Second)}, nil},
+		{"third refusal backs off 4×, the blocker not new", PodState{Attempts: 2, BlockedBy: "pdb-a", BlockedAt: t0}, callResult{blockedBy: "pdb-a"}, "blocked",
+			PodState{Attempts: 3, BlockedBy: "pdb-a", BlockedAt: t0, NextTry: now.Add(20 * time.Second)}, nil},
 		{"refusals back off at most MaxPDBBackoff", PodState{Attempts: 30}, callResult{blockedBy: "pdb-a"}, "blocked",
-			PodState{Attempts: 31, BlockedBy: "pdb-a", NextTry: now.Add(time.Minute)}, nil},
+			PodState{Attempts: 31, BlockedBy: "pdb-a", BlockedAt: now, NextTry: now.Add(time.Minute)}, nil},
 		{"not found: gone", PodState{}, callResult{err: errors.New("404"), notFound: true}, "", PodState{Done: "gone"}, nil},
 		{"the cluster's error: left for the retry", PodState{Attempts: 1}, callResult{err: errors.New("503"), retriable: true}, "", PodState{Attempts: 1}, nil},
 		{"the pod's error: noted and backed off", PodState{}, callResult{err: errors.New("invalid")}, "",
@@ -354,26 +356,43 @@ func TestSettle(t *testing.T) {
 	}
 }
 
-// TestNewlyBlocked names each PDB once, only for pods it did not block
-// before, and not for pods that are done.
-func TestNewlyBlocked(t *testing.T) {
+// TestBlockedAt names each PDB that newly blocked a pod in a step once,
+// with those pods, not the pods blocked in another step nor those done;
+// blockTimes lists the steps whose blockers still block.
+func TestBlockedAt(t *testing.T) {
+	t1, t2 := t0.Add(time.Minute), t0.Add(2*time.Minute)
 	st := running(map[string]*PodState{
-		"a": {BlockedBy: "pdb-2"},
-		"b": {BlockedBy: "pdb-1"},
-		"c": {BlockedBy: "pdb-1"},
-		"d": {BlockedBy: "pdb-3"},               // blocked by it before
-		"e": {BlockedBy: "pdb-4", Done: "gone"}, // done
+		"a": {BlockedBy: "pdb-2", BlockedAt: t2},
+		"b": {BlockedBy: "pdb-1", BlockedAt: t2},
+		"c": {BlockedBy: "pdb-1", BlockedAt: t2},
+		"d": {BlockedBy: "pdb-3", BlockedAt: t1},               // blocked in an earlier step
+		"e": {BlockedBy: "pdb-4", BlockedAt: t2, Done: "gone"}, // done
+		"f": {BlockedBy: "pdb-5", BlockedAt: t0, Done: "gone"}, // done
+		"g": {Evicted: true},
 	})
-	before := map[string]string{"d": "pdb-3"}
-	got := newlyBlocked(before, st)
-	if want := []string{"pdb-1", "pdb-2"}; !reflect.DeepEqual(got, want) {
-		t.Fatalf("got %v, want %v", got, want)
+	pdbs, pods := blockedAt(st, t2)
+	if want := []string{"pdb-1", "pdb-2"}; !reflect.DeepEqual(pdbs, want) {
+		t.Fatalf("got %v, want %v", pdbs, want)
 	}
-	if r := blockedReason(got); r != "blocked by PDB pdb-1, PDB pdb-2" {
+	if want := []string{"a=pdb-2", "b=pdb-1", "c=pdb-1"}; !reflect.DeepEqual(pods, want) {
+		t.Fatalf("pods %v, want %v", pods, want)
+	}
+	if r := blockedReason(pdbs); r != "blocked by PDB pdb-1, PDB pdb-2" {
 		t.Fatalf("reason %q", r)
 	}
-	if got := newlyBlocked(blockedBy(st), st); len(got) != 0 {
-		t.Fatalf("nothing changed, got %v", got)
+	if got, _ := blockedAt(st, t2.Add(time.Second)); len(got) != 0 {
+		t.Fatalf("another step blocked nothing, got %v", got)
+	}
+	// The state as read back (JSON) says the same.
+	back, err := ReadState(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AnnotationState: st.encode()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := blockedAt(back, t2); !reflect.DeepEqual(got, pdbs) {
+		t.Fatalf("read back: %v", got)
+	}
+	if got := blockTimes(back); !reflect.DeepEqual(got, []time.Time{t1, t2}) {
+		t.Fatalf("block times %v", got)
 	}
 }
 

@@ -149,6 +149,9 @@ type PodState struct {
 	NextTry  time.Time `json:"nextTry,omitzero"`
 	// BlockedBy names the PDB of the last refusal.
 	BlockedBy string `json:"blockedBy,omitempty"`
+	// BlockedAt is the time of the step that found BlockedBy (a new
+	// blocker): the step whose blocked action named it.
+	BlockedAt time.Time `json:"blockedAt,omitzero"`
 	// Done: "gone" (no longer on the node), "completed" (phase Succeeded or
 	// Failed), "skipped" (terminating more than
 	// Config.SkipWaitForDeleteTimeout past its DeletionTimestamp: no
