@@ -260,12 +260,19 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	// would not say them again). A new drain's start joins them once a
 	// write put it on the node (wrote).
 	var acts []*faultlinev1.Action
-	starting := adm == admitStart
+	starting, joining := adm == admitStart, adm == admitWiden
 	wrote := func() {
 		if starting {
 			starting = false
 			acts = append(acts, h.started(t, st))
 			h.m.drains.WithLabelValues(t.cluster, PhaseRunning).Inc()
+		}
+		if joining {
+			// A second fault joined the drain in progress (its scope
+			// widened): said once the state holds it.
+			joining = false
+			acts = append(acts, h.action(t, st, events.OutcomeInProgress, "fault joined the drain in progress ("+scopeString(st.GPUs)+")",
+				pipeline.ActionID(st.ID, "joined", t.eventID)))
 		}
 	}
 	switch adm {

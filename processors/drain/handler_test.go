@@ -68,3 +68,35 @@ func TestStartSaidWhenALaterWriteFails(t *testing.T) {
 		t.Fatalf("the retry (%d patches) said the start again: %s", patches, outcomes(again))
 	}
 }
+
+// TestJoinedFaultSaid: a second fault during a drain joins it (no second
+// drain) with one in_progress action naming the widened scope; its
+// redelivery says nothing new.
+func TestJoinedFaultSaid(t *testing.T) {
+	const node = "n1"
+	k := fake.NewSimpleClientset(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{events.LabelQuarantined: "true"}}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p"}, Spec: corev1.PodSpec{NodeName: node},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+	// Evicted, the pod stays (the fake deletes nothing): the drain runs on.
+	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+		return a.GetSubresource() == "eviction", nil, nil
+	})
+	h := newHandler(t, testConfig(), k, &clock{t: time.Now()}, false)
+	first, _ := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
+	if find(first, events.OutcomeInProgress) == nil {
+		t.Fatalf("first fault: %s", outcomes(first))
+	}
+	second := quarantineAction(node, "e2", "RESTART_VM", nil)
+	acts, _ := handle(t, h, second)
+	joined := find(acts, events.OutcomeInProgress)
+	if len(acts) != 1 || joined == nil || joined.Reason != "fault joined the drain in progress (node)" || joined.Id == first[0].Id {
+		t.Fatalf("second fault: %s", outcomes(acts))
+	}
+	again, _ := handle(t, h, second)
+	for _, a := range again {
+		if a.Id != first[0].Id { // the start may be said again (unaudited)
+			t.Fatalf("the second fault redelivered said: %s", outcomes(again))
+		}
+	}
+}
