@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/drain"
 	"github.com/faultline/faultline/processors/remediate"
 	"github.com/faultline/faultline/schemas/events"
 )
@@ -154,6 +155,10 @@ type ActionWatch struct {
 	first map[string]time.Time // kind/outcome cluster/node -> when the first was seen
 }
 
+// DrainJoined is what ActionWatch counts a fault that joined a drain in
+// progress under: a drain/in_progress action that starts no drain.
+const DrainJoined = events.KindDrain + "/joined"
+
 // WatchActions counts the actions cl consumes (the actions topic) until
 // ctx ends.
 func WatchActions(ctx context.Context, cl *kgo.Client) *ActionWatch {
@@ -167,6 +172,9 @@ func WatchActions(ctx context.Context, cl *kgo.Client) *ActionWatch {
 					return
 				}
 				k := a.GetKind() + "/" + a.GetOutcome()
+				if a.GetKind() == events.KindDrain && a.GetOutcome() == events.OutcomeInProgress && strings.HasPrefix(a.GetReason(), drain.ReasonJoined) {
+					k = DrainJoined
+				}
 				w.mu.Lock()
 				w.count[k]++
 				if w.nodes[k] == nil {

@@ -200,6 +200,10 @@ func entityValues(key, typ string) []string {
 	return out
 }
 
+// ReasonJoined begins the reason of the drain/in_progress action of a
+// fault that joined a drain in progress (not a drain started).
+const ReasonJoined = "fault joined the drain in progress"
+
 func scopeString(gpus []string) string {
 	if len(gpus) == 0 {
 		return "node"
@@ -271,7 +275,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 			// A second fault joined the drain in progress (its scope
 			// widened): said once the state holds it.
 			joining = false
-			acts = append(acts, h.action(t, st, events.OutcomeInProgress, "fault joined the drain in progress ("+scopeString(st.GPUs)+")",
+			acts = append(acts, h.action(t, st, events.OutcomeInProgress, ReasonJoined+" ("+scopeString(st.GPUs)+")",
 				pipeline.ActionID(st.ID, "joined", t.eventID)))
 		}
 	}

@@ -90,7 +90,7 @@ func TestJoinedFaultSaid(t *testing.T) {
 	second := quarantineAction(node, "e2", "RESTART_VM", nil)
 	acts, _ := handle(t, h, second)
 	joined := find(acts, events.OutcomeInProgress)
-	if len(acts) != 1 || joined == nil || joined.Reason != "fault joined the drain in progress (node)" || joined.Id == first[0].Id {
+	if len(acts) != 1 || joined == nil || joined.Reason != ReasonJoined+" (node)" || joined.Id == first[0].Id {
 		t.Fatalf("second fault: %s", outcomes(acts))
 	}
 	again, _ := handle(t, h, second)
