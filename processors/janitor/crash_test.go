@@ -88,7 +88,7 @@ func (s *signals) Terminate(ctx context.Context, t Target) error {
 // and no signal goes out twice. Before the action was produced ahead of
 // the status it reports, a kill after the status write lost it for ever.
 func TestJanitorActionSurvivesKill(t *testing.T) {
-	e := newEnv(t, 5)
+	e := newEnv(t, 7)
 	for _, tc := range []struct {
 		name     string
 		kd       kind
@@ -112,6 +112,9 @@ func TestJanitorActionSurvivesKill(t *testing.T) {
 			wantB: []string{"reboot/in_progress", "reboot/succeeded"}, signalsA: map[string]int{"reboot/graceful": 1, "reboot/force": 1}},
 		{name: "Terminated", kd: kindTerminate, node: "kill-terminate", sys: 4, drained: true, die: "terminate/succeeded", nth: 1,
 			wantB: []string{"terminate/succeeded"}, sameID: true, signalsA: map[string]int{"terminate": 1}},
+		// Resumed (Recorded): its Node goes once the machine is down.
+		{name: "TerminateSignalSent", kd: kindTerminate, node: "kill-terminate-signal", sys: 6, drained: true, die: "terminate/applied", nth: 1,
+			wantB: []string{"terminate/in_progress", "terminate/succeeded"}, signalsA: map[string]int{"terminate": 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e.node(tc.node, sysID(tc.sys), tc.drained, nil)
@@ -172,4 +175,49 @@ func TestJanitorActionSurvivesKill(t *testing.T) {
 			}
 		})
 	}
+
+	// A terminate recorded by a janitor killed before its provider sent it
+	// (the state cannot tell): the next janitor resumes it as Recorded and
+	// keeps the Node of a machine still Ready — a timeout, not a Node
+	// deleted from under a running machine and the terminate called done.
+	t.Run("TerminateRecordedNeverSent", func(t *testing.T) {
+		const node = "kill-unsent"
+		e.node(node, sysID(5), true, nil)
+		cfg := e.config()
+		cfg.TerminateTimeout = 3 * time.Second
+		pa := e.providers(cfg)
+		called := make(chan struct{})
+		pa[ProviderRedfish] = unsent{Provider: pa[ProviderRedfish], called: called}
+		stopA := run(t, e.janitorTo(&recorder{}, cfg, false, pa))
+		e.create(kindTerminate, node, node, false)
+		select {
+		case <-called:
+		case <-time.After(60 * time.Second):
+			t.Fatal("janitor A never tried the terminate")
+		}
+		stopA()
+		b, recB := e.janitor(cfg, false, nil)
+		run(t, b)
+		o := e.wait(kindTerminate, node, 60*time.Second)
+		if condOf(o, CondSignalSent) != "True/"+ReasonRecorded || condOf(o, CondNodeTerminated) != "False/"+ReasonTimeout {
+			t.Fatalf("status %v", o.Object["status"])
+		}
+		if _, err := e.kube.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{}); err != nil {
+			t.Fatalf("the Ready node of a terminate never sent: %v", err)
+		}
+		recB.expect(t, node, []string{"terminate/in_progress", "terminate/failed"})
+	})
+}
+
+// unsent stands in for a janitor killed inside its provider's call,
+// before the terminate went out: it says it was called and blocks.
+type unsent struct {
+	Provider
+	called chan struct{}
+}
+
+func (u unsent) Terminate(ctx context.Context, _ Target) error {
+	close(u.called)
+	<-ctx.Done()
+	return ctx.Err()
 }
