@@ -551,6 +551,41 @@ func TestDriftOnKube(t *testing.T) {
 			t.Fatalf("approved node keeps %v %v", n.Spec.Taints, n.Annotations)
 		}
 	})
+
+	// With a sender (the role's), a node's derived events are produced
+	// before the state that says they were: a broker that refuses them
+	// leaves the node for the next sweep, which sends them and then
+	// writes the state (a kill after the write can no longer lose them).
+	t.Run("events sent before the state", func(t *testing.T) {
+		sens := cluster + "-s2"
+		e.node(t, sens, map[string]string{"faultline.io/node-pool": "h100", "faultline.io/sensitive": "true"})
+		store(t, e.h, record(t, cluster, sens, comps("evil"), e.clk.Now()))
+		var sent []*datamodels.HealthEvent
+		refuse := true
+		ssw := NewSweeper(testConfig(), e.s.Conn, reg, testLog, e.clk.Now, nil)
+		ssw.SendEventsWith(func(_ context.Context, evs []*datamodels.HealthEvent) error {
+			if refuse {
+				return errors.New("broker down")
+			}
+			sent = append(sent, evs...)
+			return nil
+		})
+		if out, _ := ssw.Sweep(ctx, cluster); len(out.Events) != 0 || len(out.Actions) != 0 {
+			t.Fatalf("refused: actions %v events %v", out.Actions, out.Events)
+		}
+		if n := e.get(t, sens); hasTaint(n) != nil || n.Annotations[AnnotationState] != "" {
+			t.Fatalf("state written though its event was not sent: %v %v", n.Spec.Taints, n.Annotations)
+		}
+		refuse = false
+		out, _ := ssw.Sweep(ctx, cluster)
+		if len(sent) != 1 || sent[0].CheckName != CheckDriftSensitive || !sent[0].IsFatal || len(out.Events) != 0 ||
+			len(kinds(out.Actions)[events.KindConformanceDrain]) != 1 {
+			t.Fatalf("sent %v; actions %v events %v", sent, out.Actions, out.Events)
+		}
+		if n := e.get(t, sens); hasTaint(n) == nil || !strings.Contains(n.Annotations[AnnotationState], `"drained":true`) {
+			t.Fatalf("drained node: %v %v", n.Spec.Taints, n.Annotations)
+		}
+	})
 }
 
 // TestNotifierRetries: the HTTP notifier against a local server that

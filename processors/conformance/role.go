@@ -37,6 +37,7 @@ import (
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/role"
 	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
@@ -114,6 +115,11 @@ func (l *sweepLoop) run(ctx context.Context) error {
 	}
 	defer prod.Close()
 	l.prod = prod
+	l.sweeper.SendEventsWith(func(ctx context.Context, evs []*datamodels.HealthEvent) error {
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return Produce(pctx, prod, Output{Events: evs})
+	})
 	t := time.NewTicker(l.cfg.SweepInterval)
 	defer t.Stop()
 	for {

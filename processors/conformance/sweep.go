@@ -66,6 +66,10 @@ type Sweeper struct {
 	log   *slog.Logger
 	now   func() time.Time
 	queue *Queue // nil: no notifier
+	// send produces a node's derived events before the state that says
+	// they were sent is written (SendEventsWith); nil: they join the
+	// sweep's Output.
+	send func(ctx context.Context, evs []*datamodels.HealthEvent) error
 
 	// dry is the state of nodes of clusters the role cannot change
 	// (dry-run, or no kubeconfig), by cluster and node, so each decision
@@ -101,6 +105,32 @@ func NewSweeper(cfg Config, conn clickhouse.Conn, reg *clusters.Registry, log *s
 		queue.done = func(n Notification, attempts int, err error) { s.settled(n, err); done(n, attempts, err) }
 	}
 	return s
+}
+
+// SendEventsWith makes the sweep produce each node's derived events
+// through send before it writes the node's state: the state says they
+// were sent (Drained, Escalated), so an event lost after the write — the
+// process killed before the sweep's output was produced — would never be
+// sent again, and the node never quarantined. A send that fails leaves
+// the node for the next sweep (same event ids: a repeat is harmless).
+// Call it before the first Sweep.
+func (s *Sweeper) SendEventsWith(send func(ctx context.Context, evs []*datamodels.HealthEvent) error) {
+	s.send = send
+}
+
+// sendFirst sends evs (SendEventsWith), or adds them to out.
+func (s *Sweeper) sendFirst(ctx context.Context, evs []*datamodels.HealthEvent, out *Output) error {
+	if s.send == nil {
+		out.Events = append(out.Events, evs...)
+		return nil
+	}
+	if len(evs) == 0 {
+		return nil
+	}
+	if err := s.send(ctx, evs); err != nil {
+		return fmt.Errorf("produce %d derived event(s) before the node's state: %w", len(evs), err)
+	}
+	return nil
 }
 
 // settled records a notification's result: delivered, or failed (queued
@@ -271,6 +301,9 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 			return nil
 		}
 		if live {
+			if err := s.sendFirst(ctx, evs, out); err != nil {
+				return err
+			}
 			if err := s.setDrift(ctx, cl.Kube, m.name, next); err != nil {
 				return err
 			}
@@ -278,7 +311,6 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 				s.kubeEvent(ctx, cl.Kube, m, "ConformanceDrift", acts[0].Reason+": "+details[events.DetailDiffering])
 			}
 			s.notify(cl, m, true, v, next)
-			out.Events = append(out.Events, evs...)
 		} else {
 			s.setDry(cluster, m.name, &next)
 		}
@@ -320,8 +352,10 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 				return nil
 			}
 			if live {
-				out.Events = append(out.Events, s.derived(cluster, m.name, CheckDriftSensitive, true, datamodels.RecommendedAction_NONE, st,
-					"sensitive node re-verified ("+short(v.Actual)+") and approved: drain lifted"))
+				if err := s.sendFirst(ctx, []*datamodels.HealthEvent{s.derived(cluster, m.name, CheckDriftSensitive, true, datamodels.RecommendedAction_NONE, st,
+					"sensitive node re-verified ("+short(v.Actual)+") and approved: drain lifted")}, out); err != nil {
+					return err
+				}
 			}
 			out.Actions = append(out.Actions, s.action(cluster, m.name, events.KindConformanceUndrain, outcome(live),
 				"re-verified and approved by "+AnnotationApproved+": quarantine lifted", details, st.Since.String(), !live))
