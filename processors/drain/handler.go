@@ -261,8 +261,8 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 		pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], h.cfg.Identity)
 	// acts are what the node's state says: returned even when the step
 	// fails after them (the retry's record is newer than the state, so it
-	// would not say them again). A new drain's start joins them once a
-	// write put it on the node (wrote).
+	// would not say them again). A new drain's start, or a joined fault's
+	// action, joins them once a write put it on the node (wrote).
 	var acts []*faultlinev1.Action
 	starting, joining := adm == admitStart, adm == admitWiden
 	wrote := func() {

@@ -2,6 +2,9 @@ package quarantine
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"sync"
 	"testing"
@@ -121,8 +124,21 @@ func TestRestartKeepsNodeOrderBehindRetries(t *testing.T) {
 	cfg.ClusterWait = 300 * time.Millisecond
 	deps := role.Deps{Log: testLog, Kafka: kcfg, Kube: clusters.DefaultConfig()}
 	deps.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: kube.Kubeconfig()}}
+	// Replica A reaches the cluster through a dead address (the cluster
+	// down for it, quicker than stopping the apiserver).
+	kc, err := os.ReadFile(kube.Kubeconfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := regexp.MustCompile(`server: \S+`)
+	dead := filepath.Join(t.TempDir(), "dead.kubeconfig")
+	if err := os.WriteFile(dead, server.ReplaceAll(kc, []byte("server: https://127.0.0.1:1")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	down := deps
+	down.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: dead}}
 	// start runs a replica with the chosen consumers (0: events, 1: retry).
-	start := func(consumers ...int) (stop func()) {
+	start := func(deps role.Deps, consumers ...int) (stop func()) {
 		t.Helper()
 		r, err := Open(ctx, cfg, deps)
 		if err != nil {
@@ -147,22 +163,20 @@ func TestRestartKeepsNodeOrderBehindRetries(t *testing.T) {
 	}
 	tap := newTap(ctx, t, k)
 
-	stopA := start(0, 1)
-	kube.Stop()
+	stopA := start(down, 0, 1)
 	tap.produce(record("prod", fatal("order-1", "XID_ERROR_48", "GPU-1")))
 	tap.waitFor("the fault of order-1 on the retry topic", 60*time.Second, func() bool { return tap.deferred("prod/order-1") == 1 })
 	stopA()
-	kube.Start()
 
 	// The next replica's events consumer runs alone: the fault waits.
 	tap.produce(record("prod", healthy("order-1", "XID_ERROR_48", "GPU-1")))
 	tap.produce(record("prod", fatal("order-2", "XID_ERROR_48", "GPU-1")))
-	stopB := start(0)
+	stopB := start(deps, 0)
 	defer stopB()
 	tap.waitFor("order-2 quarantined", 60*time.Second, tap.applied("order-2", events.KindQuarantine))
 	tap.waitFor("the recovery of order-1 deferred behind its fault", 30*time.Second, func() bool { return tap.deferred("prod/order-1") == 2 })
 
-	stopC := start(1)
+	stopC := start(deps, 1)
 	defer stopC()
 	tap.waitFor("order-1 quarantined, then lifted", 90*time.Second, tap.applied("order-1", events.KindUnquarantine))
 	if getNode(t, kube.Client(), "order-1").Spec.Unschedulable {
