@@ -241,16 +241,21 @@ func TestAgentConformanceAndCSP(t *testing.T) {
 }
 
 // TestRBACMatchesDeployRBAC: each role's ClusterRole in the chart has the
-// rules of its deploy/rbac/*.yaml (the verbs its code uses), no more.
+// rules of its deploy/rbac/*.yaml (the verbs its code uses), no more (but
+// the value set's rbac.extraRules, after them).
 func TestRBACMatchesDeployRBAC(t *testing.T) {
 	objs := render(t, "secure")
-	for _, tc := range []struct{ file, chartName, refName string }{
-		{"drain.yaml", "faultline-drain", "faultline-drain"},
-		{"quarantine.yaml", "faultline-quarantine", "faultline-quarantine"},
-		{"remediate.yaml", "faultline-remediate", "faultline-remediate"},
-		{"conformance.yaml", "faultline-conformance", "faultline-conformance"},
-		{"preflight.yaml", "faultline-preflight-webhook", "faultline-preflight-webhook"},
-		{"preflight.yaml", "faultline-preflight-check", "faultline-preflight-check"},
+	for _, tc := range []struct {
+		file, chartName, refName string
+		extra                    int // rules the secure set adds (rbac.extraRules)
+	}{
+		{"drain.yaml", "faultline-drain", "faultline-drain", 0},
+		{"quarantine.yaml", "faultline-quarantine", "faultline-quarantine", 0},
+		{"remediate.yaml", "faultline-remediate", "faultline-remediate", 0},
+		{"conformance.yaml", "faultline-conformance", "faultline-conformance", 0},
+		{"janitor.yaml", "faultline-janitor", "faultline-janitor", 1},
+		{"preflight.yaml", "faultline-preflight-webhook", "faultline-preflight-webhook", 0},
+		{"preflight.yaml", "faultline-preflight-check", "faultline-preflight-check", 0},
 	} {
 		b, err := os.ReadFile(filepath.Join("..", "rbac", tc.file))
 		if err != nil {
@@ -268,6 +273,7 @@ func TestRBACMatchesDeployRBAC(t *testing.T) {
 		}
 		wr, _, _ := unstructured.NestedSlice(want.Object, "rules")
 		gr, _, _ := unstructured.NestedSlice(got.Object, "rules")
+		gr = gr[:max(0, len(gr)-tc.extra)]
 		if w, g := rulesYAML(t, wr), rulesYAML(t, gr); w != g {
 			t.Errorf("%s rules differ from deploy/rbac/%s:\nchart:\n%s\ndeploy/rbac:\n%s", tc.chartName, tc.file, g, w)
 		}
@@ -281,6 +287,10 @@ func TestRBACMatchesDeployRBAC(t *testing.T) {
 		if auto, _, _ := unstructured.NestedBool(d.Object, "spec", "template", "spec", "automountServiceAccountToken"); auto {
 			t.Errorf("%s mounts a service account token", c)
 		}
+	}
+	// The janitor reads the BMC credential Secrets in their namespace only.
+	if r := Find(objs, "Role", "faultline-janitor-bmc-credentials"); r == nil || r.GetNamespace() != "faultline" {
+		t.Errorf("janitor's Secret Role: %v", r)
 	}
 	// quarantine's namespaced rights are where its config says.
 	if r := Find(objs, "Role", "faultline-quarantine"); r == nil || (r.GetNamespace() != "faultline-events" && r.GetNamespace() != "faultline") {
@@ -361,6 +371,15 @@ func TestOverrides(t *testing.T) {
 		if Find(sec, "Deployment", name) == nil {
 			t.Errorf("secure set: no Deployment %s", name)
 		}
+	}
+	// One janitor (its limits are counted in the process), its BMC
+	// Secrets in the release namespace.
+	if r, _, _ := unstructured.NestedFieldNoCopy(Find(sec, "Deployment", "faultline-janitor").Object, "spec", "replicas"); fmt.Sprint(r) != "1" ||
+		Find(sec, "HorizontalPodAutoscaler", "faultline-janitor") != nil {
+		t.Errorf("janitor replicas %v, HPA %v; want 1, none", r, Find(sec, "HorizontalPodAutoscaler", "faultline-janitor") != nil)
+	}
+	if conf, _, _ := unstructured.NestedString(Find(sec, "ConfigMap", "faultline-config").Object, "data", "config.toml"); !strings.Contains(conf, `secret_namespace = "`+namespace+`"`) {
+		t.Errorf("janitor.redfish.secret_namespace not the release namespace:\n%s", conf)
 	}
 }
 

@@ -193,6 +193,12 @@ keys the chart owns set from the structured values.
 {{- if $v.roles.quarantine.rules -}}
 {{- $r := deepCopy (default dict $c.quarantine) }}{{ $_ := set $r "rules" "/etc/faultline/rules/quarantine.toml" }}{{ $_ := set $c "quarantine" $r -}}
 {{- end -}}
+{{- if $v.roles.janitor.enabled -}}
+{{- /* The BMC credential Secrets: in the release namespace unless config.janitor.redfish.secret_namespace says. */ -}}
+{{- $j := deepCopy (default dict $c.janitor) }}{{ $rf := default dict $j.redfish -}}
+{{- if not $rf.secret_namespace }}{{ $_ := set $rf "secret_namespace" .Release.Namespace }}{{ end -}}
+{{- $_ := set $j "redfish" $rf }}{{ $_ := set $c "janitor" $j -}}
+{{- end -}}
 {{- include "faultline.toml" (dict "m" $c "p" "") -}}
 {{- end -}}
 
