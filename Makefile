@@ -6,7 +6,10 @@ GO    ?= go
 export GOTOOLCHAIN ?= auto
 BIN   := bin
 # Fuzz targets run for a bounded time by `make test` (package:target).
-FUZZ_TARGETS := ./gateway:FuzzDecodeValidate ./gateway:FuzzCodecMatchesProto ./gateway:FuzzShapeJSON ./agents/kmsg:FuzzParserEventsValid ./agents/fabric:FuzzEvaluateEventsValid ./agents/nic:FuzzPollEventsValid ./agents/csp:FuzzCheck ./agents/conformance:FuzzCheck ./processors/rows:FuzzDecode
+FUZZ_TARGETS := ./gateway:FuzzDecodeValidate ./gateway:FuzzCodecMatchesProto ./gateway:FuzzShapeJSON ./gateway:FuzzDecodeSubmitFastMatchesProtojson \
+	./agents/kmsg:FuzzParserEventsValid ./agents/fabric:FuzzEvaluateEventsValid ./agents/nic:FuzzPollEventsValid ./agents/csp:FuzzCheck ./agents/conformance:FuzzCheck \
+	./agents/gpu:FuzzReplay ./agents/topology:FuzzParse ./agents/preflight/dcgm:FuzzParse ./agents/preflight/nccl:FuzzParse ./agents/preflight/webhook:FuzzAdmitPod \
+	./agents/agent:FuzzLoadConfig ./cmd/faultline:FuzzLoadConfig ./schemas/validate:FuzzValidNodeName ./processors/rows:FuzzDecode
 FUZZTIME ?= 20s
 
 # Tests run again on a two-shard ClickHouse cluster (Distributed tables) by
