@@ -40,19 +40,13 @@ func TestPollDelay(t *testing.T) {
 // so it would not say it again, and the state already says "running".
 func TestStartSaidWhenALaterWriteFails(t *testing.T) {
 	const node = "n1"
-	k := fake.NewSimpleClientset(
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{events.LabelQuarantined: "true"}}},
-		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p"}, Spec: corev1.PodSpec{NodeName: node},
-			Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+	k := quarantinedWithPod(node)
 	var patches int
 	k.PrependReactor("patch", "nodes", func(ktesting.Action) (bool, runtime.Object, error) {
 		if patches++; patches == 2 {
 			return true, nil, apierrors.NewInternalError(errors.New("etcd leader changed"))
 		}
 		return false, nil, nil
-	})
-	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
-		return a.GetSubresource() == "eviction", nil, nil
 	})
 	// The cluster's backoff sets the retry's time by the wall clock.
 	clk := &clock{t: time.Now()}
@@ -74,14 +68,7 @@ func TestStartSaidWhenALaterWriteFails(t *testing.T) {
 // redelivery says nothing new.
 func TestJoinedFaultSaid(t *testing.T) {
 	const node = "n1"
-	k := fake.NewSimpleClientset(
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{events.LabelQuarantined: "true"}}},
-		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p"}, Spec: corev1.PodSpec{NodeName: node},
-			Status: corev1.PodStatus{Phase: corev1.PodRunning}})
-	// Evicted, the pod stays (the fake deletes nothing): the drain runs on.
-	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
-		return a.GetSubresource() == "eviction", nil, nil
-	})
+	k := quarantinedWithPod(node)
 	h := newHandler(t, testConfig(), k, &clock{t: time.Now()}, false)
 	first, _ := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
 	if find(first, events.OutcomeInProgress) == nil {
@@ -99,4 +86,18 @@ func TestJoinedFaultSaid(t *testing.T) {
 			t.Fatalf("the second fault redelivered said: %s", outcomes(again))
 		}
 	}
+}
+
+// quarantinedWithPod is client-go's fake with node quarantined and one
+// running pod on it; an eviction is answered and the pod stays (the fake
+// deletes nothing), so a drain of the node runs on.
+func quarantinedWithPod(node string) *fake.Clientset {
+	k := fake.NewSimpleClientset(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{events.LabelQuarantined: "true"}}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p"}, Spec: corev1.PodSpec{NodeName: node},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+		return a.GetSubresource() == "eviction", nil, nil
+	})
+	return k
 }

@@ -28,32 +28,10 @@ import (
 // retry topic (the test reads it there), and the retry consumer applies
 // it once the apiserver is back.
 func TestRoleThroughKafka(t *testing.T) {
-	kube := testenv.StartKube(t, testenv.KubeOptions{})
-	k := testenv.StartKafka(t)
-	createNodes(t, kube.Client(), "role", "role-1", "role-2")
-	kcfg := kafka.DefaultConfig()
-	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = k.Addr(), 3, 1
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := kafka.CreatePipelineTopics(ctx, kcfg, testLog); err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig("role")
-	cfg.ClusterWait = 300 * time.Millisecond
-	deps := role.Deps{Log: testLog, Kafka: kcfg, Kube: clusters.DefaultConfig()}
-	deps.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: kube.Kubeconfig()}}
-	r, err := Open(ctx, cfg, deps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range r.Consumers {
-		r.Consumers[i].Pipeline.MaxBackoff = 500 * time.Millisecond
-	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx, deps) }()
-
-	tap := newTap(ctx, t, k)
+	e := startRoleEnv(t, "role", "role-1", "role-2")
+	kube := e.kube
+	stop := e.start(e.deps, 0, 1)
+	tap := newTap(e.ctx, t, e.kafka)
 	produce, waitFor, applied := tap.produce, tap.waitFor, tap.applied
 
 	produce(record("prod", fatal("role-1", "XID_ERROR_48", "GPU-1")))
@@ -87,10 +65,7 @@ func TestRoleThroughKafka(t *testing.T) {
 	if !getNode(t, kube.Client(), "role-2").Spec.Unschedulable {
 		t.Fatal("role-2 not cordoned after the outage")
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }
 
 func header(r *kgo.Record, key string) string {
@@ -110,20 +85,8 @@ func header(r *kgo.Record, key string) string {
 // another node of the same cluster is decided at once. Once the retry
 // topic is consumed, the node's records are decided at once again.
 func TestRestartKeepsNodeOrderBehindRetries(t *testing.T) {
-	kube := testenv.StartKube(t, testenv.KubeOptions{})
-	k := testenv.StartKafka(t)
-	createNodes(t, kube.Client(), "order", "order-1", "order-2")
-	kcfg := kafka.DefaultConfig()
-	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = k.Addr(), 3, 1
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := kafka.CreatePipelineTopics(ctx, kcfg, testLog); err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig("order")
-	cfg.ClusterWait = 300 * time.Millisecond
-	deps := role.Deps{Log: testLog, Kafka: kcfg, Kube: clusters.DefaultConfig()}
-	deps.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: kube.Kubeconfig()}}
+	e := startRoleEnv(t, "order", "order-1", "order-2")
+	ctx, kube, k, deps, start := e.ctx, e.kube, e.kafka, e.deps, e.start
 	// Replica A reaches the cluster through a dead address (the cluster
 	// down for it, quicker than stopping the apiserver).
 	kc, err := os.ReadFile(kube.Kubeconfig())
@@ -137,30 +100,6 @@ func TestRestartKeepsNodeOrderBehindRetries(t *testing.T) {
 	}
 	down := deps
 	down.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: dead}}
-	// start runs a replica with the chosen consumers (0: events, 1: retry).
-	start := func(deps role.Deps, consumers ...int) (stop func()) {
-		t.Helper()
-		r, err := Open(ctx, cfg, deps)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var cs []role.Consumer
-		for _, i := range consumers {
-			c := r.Consumers[i]
-			c.Pipeline.MaxBackoff = 500 * time.Millisecond
-			cs = append(cs, c)
-		}
-		r.Consumers = cs
-		rctx, rcancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(rctx, deps) }()
-		return func() {
-			rcancel()
-			if err := <-done; err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	tap := newTap(ctx, t, k)
 
 	stopA := start(down, 0, 1)
@@ -220,6 +159,62 @@ func TestRestartKeepsNodeOrderBehindRetries(t *testing.T) {
 	defer tap.mu.Unlock()
 	if n := tap.deferred("prod/order-1"); n != 2 {
 		t.Fatalf("order-1's fault after the retry topic was consumed deferred (%d records of it there)", n)
+	}
+}
+
+// roleEnv is a real apiserver (cluster "prod", nodes of a group) and a
+// real broker with the pipeline's topics, for the role as `faultline
+// process` runs it.
+type roleEnv struct {
+	t     *testing.T
+	ctx   context.Context
+	kube  *testenv.Kube
+	kafka *testenv.Kafka
+	cfg   Config
+	deps  role.Deps
+}
+
+func startRoleEnv(t *testing.T, group string, nodes ...string) *roleEnv {
+	kube := testenv.StartKube(t, testenv.KubeOptions{})
+	k := testenv.StartKafka(t)
+	createNodes(t, kube.Client(), group, nodes...)
+	kcfg := kafka.DefaultConfig()
+	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = k.Addr(), 3, 1
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := kafka.CreatePipelineTopics(ctx, kcfg, testLog); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(group)
+	cfg.ClusterWait = 300 * time.Millisecond
+	deps := role.Deps{Log: testLog, Kafka: kcfg, Kube: clusters.DefaultConfig()}
+	deps.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: kube.Kubeconfig()}}
+	return &roleEnv{t: t, ctx: ctx, kube: kube, kafka: k, cfg: cfg, deps: deps}
+}
+
+// start runs a replica (Open, Run) with deps and the chosen consumers (0:
+// events, 1: retry) until stop.
+func (e *roleEnv) start(deps role.Deps, consumers ...int) (stop func()) {
+	e.t.Helper()
+	r, err := Open(e.ctx, e.cfg, deps)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var cs []role.Consumer
+	for _, i := range consumers {
+		c := r.Consumers[i]
+		c.Pipeline.MaxBackoff = 500 * time.Millisecond
+		cs = append(cs, c)
+	}
+	r.Consumers = cs
+	rctx, rcancel := context.WithCancel(e.ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx, deps) }()
+	return func() {
+		rcancel()
+		if err := <-done; err != nil {
+			e.t.Fatal(err)
+		}
 	}
 }
 
