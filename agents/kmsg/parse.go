@@ -487,7 +487,12 @@ func (p *Parser) flushPending() {
 	}
 	p.pending = nil
 	if len(pd.details) > 0 {
-		pd.ev.Metadata["details"] = strings.Join(pd.details, "\n")
+		// Added after event cleaned the rest: each line made printable on
+		// its own, so the newlines between them stay.
+		for i, d := range pd.details {
+			pd.details[i] = events.Printable(d)
+		}
+		pd.ev.Metadata["details"] = events.Truncate(strings.Join(pd.details, "\n"), validate.MaxMetadataVal)
 	}
 	link := pd.ev.Metadata["link"]
 	p.emit(pd.ev.ErrorCode[0]+"|"+pd.ev.Metadata["pci_bus_id"]+"|"+link, pd.t, func() *datamodels.HealthEvent { return pd.ev })
