@@ -55,6 +55,11 @@ type State struct {
 type Output struct {
 	Actions []*faultlinev1.Action
 	Events  []*datamodels.HealthEvent
+
+	// sendErr is the sweep's first refused send (sendFirst): the sweep's
+	// other nodes are left for the next sweep at once, not each after
+	// its own wait on a broker that is down.
+	sendErr error
 }
 
 // Sweeper evaluates each cluster's conformance groups and responds to
@@ -127,7 +132,11 @@ func (s *Sweeper) sendFirst(ctx context.Context, evs []*datamodels.HealthEvent, 
 	if len(evs) == 0 {
 		return nil
 	}
+	if out.sendErr != nil {
+		return fmt.Errorf("left for the next sweep: an earlier derived event of this sweep was not produced: %w", out.sendErr)
+	}
 	if err := s.send(ctx, evs); err != nil {
+		out.sendErr = err
 		return fmt.Errorf("produce %d derived event(s) before the node's state: %w", len(evs), err)
 	}
 	return nil
