@@ -106,26 +106,41 @@ func TestFlapKube(t *testing.T) {
 	}
 	h.PartitionsAssigned(events.TopicEvents, []int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 12)
 
-	// The role's loop lifts it and produces the action; the broker
-	// refuses it the first time: the next sweep, which finds nothing to
-	// lift, produces it.
+	// The role's loop lifts it; the broker refuses the action: it stays on
+	// the node (AnnotationUnsaid), which a replica started after this one
+	// stopped produces and removes.
 	prod := actionSink{refuse: 1}
 	loopCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { h.RunStabilization(loopCtx, &prod, []string{"c1"}); close(done) }()
-	for deadline := time.Now().Add(20 * time.Second); len(prod.snapshot()) == 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the lift's action not produced (produce refused %d times)", prod.refused)
-		}
-	}
+	waitUntil(t, 20*time.Second, func() bool {
+		prod.mu.Lock()
+		defer prod.mu.Unlock()
+		return prod.refused == 1
+	}, "the lift's action refused")
 	stop()
 	<-done
+	n = getNode(t, k, "flap-1")
+	if n.Spec.Unschedulable || !strings.Contains(n.Annotations[AnnotationUnsaid], `"unquarantine"`) {
+		t.Fatalf("lifted, its action refused: cordoned %v, annotations %v", n.Spec.Unschedulable, n.Annotations)
+	}
+	h2 := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
+	t.Cleanup(h2.Close)
+	h2.WatchClusters([]string{"c1"})
+	cl, _ := h2.reg.Get("c1")
+	waitUntil(t, 10*time.Second, h2.nodes.get(cl).synced, "node watch synced")
+	if err := h2.resay(ctx, &prod); err != nil {
+		t.Fatal(err)
+	}
 	acts := prod.snapshot()
-	if prod.refused != 1 || kinds(acts) != "unquarantine/applied" || acts[0].CheckName != check || acts[0].Details[events.DetailUncordoned] != "true" ||
+	if kinds(acts) != "unquarantine/applied" || acts[0].CheckName != check || acts[0].Details[events.DetailUncordoned] != "true" ||
 		acts[0].Details[events.DetailEntities] != "GPU="+gpu {
 		t.Fatalf("sweep actions: %s %v", kinds(acts), acts[0].GetDetails())
 	}
 	n = getNode(t, k, "flap-1")
+	if _, ok := n.Annotations[AnnotationUnsaid]; ok {
+		t.Fatalf("produced action left on the node: %s", n.Annotations[AnnotationUnsaid])
+	}
 	if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Labels[LabelQuarantined] != "" || n.Annotations[AnnotationReason] != "" {
 		t.Fatalf("not lifted: %+v labels %v annotations %v", n.Spec, n.Labels, n.Annotations)
 	}

@@ -521,6 +521,59 @@ func TestKube(t *testing.T) {
 		}
 	})
 
+	t.Run("ManualUncordonActionSurvivesKill", func(t *testing.T) {
+		// The acknowledgement is written and the replica dies before its
+		// action is produced: the node keeps the action; the replica that
+		// owns the node next produces it (once the broker takes it) with
+		// the same id, and removes it.
+		createNodes(t, k, "unsaid", "unsaid-1")
+		h := newTestHandler(t, testConfig("unsaid"), map[string]kubernetes.Interface{"c1": k})
+		handle(t, h, record("c1", fatal("unsaid-1", "XID_ERROR_48", "GPU-1")))
+		n := getNode(t, k, "unsaid-1")
+		n.Spec.Unschedulable = false // kubectl uncordon
+		if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		a, err := h.AcknowledgeUncordon(context.Background(), "c1", "unsaid-1")
+		if err != nil || a == nil {
+			t.Fatalf("acknowledged: %v %v", a, err)
+		}
+		h.Close() // killed before the produce
+		if n = getNode(t, k, "unsaid-1"); !strings.Contains(n.Annotations[AnnotationUnsaid], a.Id) {
+			t.Fatalf("action %s not kept on the node: %v", a.Id, n.Annotations)
+		}
+
+		h2 := newTestHandler(t, testConfig("unsaid"), map[string]kubernetes.Interface{"c1": k})
+		t.Cleanup(h2.Close)
+		h2.WatchClusters([]string{"c1"})
+		cl, _ := h2.reg.Get("c1")
+		waitUntil(t, 10*time.Second, h2.nodes.get(cl).synced, "node watch synced")
+		p := &actionSink{refuse: 1}
+		if err := h2.resay(context.Background(), p); err == nil {
+			t.Fatal("a refused produce reported no error")
+		}
+		if n = getNode(t, k, "unsaid-1"); !strings.Contains(n.Annotations[AnnotationUnsaid], a.Id) {
+			t.Fatalf("refused action removed from the node: %v", n.Annotations)
+		}
+		if err := h2.resay(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.snapshot(); len(got) != 1 || got[0].Id != a.Id || got[0].Kind != events.KindManualUncordon {
+			t.Fatalf("produced %v, want %s once", got, a.Id)
+		}
+		if n = getNode(t, k, "unsaid-1"); n.Annotations[AnnotationUnsaid] != "" || n.Annotations[AnnotationManualUncordon] == "" {
+			t.Fatalf("after the produce: %v", n.Annotations)
+		}
+		// Nothing left: the next round produces nothing.
+		waitUntil(t, 10*time.Second, func() bool {
+			c, ok := h2.nodes.cached(cl, "unsaid-1", h2.now())
+			return ok && c.Annotations[AnnotationUnsaid] == ""
+		}, "the watch sees the removal")
+		if err := h2.resay(context.Background(), p); err != nil || len(p.snapshot()) != 1 {
+			t.Fatalf("produced again: %v %v", p.snapshot(), err)
+		}
+	})
+
 	t.Run("ManualUncordonRespected", func(t *testing.T) {
 		createNodes(t, k, "manual", "manual-1")
 		h := newTestHandler(t, testConfig("manual"), map[string]kubernetes.Interface{"c1": k})

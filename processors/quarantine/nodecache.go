@@ -181,6 +181,17 @@ func (c *nodeCaches) wrote(cluster, node string, now time.Time, rv string) {
 	}
 }
 
+// names returns the clusters whose nodes are watched.
+func (c *nodeCaches) names() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	names := make([]string, 0, len(c.byName))
+	for name := range c.byName {
+		names = append(names, name)
+	}
+	return names
+}
+
 // close stops every watch.
 func (c *nodeCaches) close() {
 	c.mu.Lock()

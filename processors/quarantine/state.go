@@ -36,6 +36,11 @@ const (
 	// (flap.go): the only mark faultline leaves on a node where nothing
 	// stands, and only while a fault of it may still be flapping.
 	AnnotationOnsets = "faultline.io/quarantine-onsets"
+	// AnnotationUnsaid holds State.Unsaid: the audit actions of writes made
+	// outside an event's handling (a stabilization lift, a manual uncordon
+	// noticed by the watch), written with the change they record and
+	// removed once produced (unsaid.go).
+	AnnotationUnsaid = "faultline.io/quarantine-unsaid"
 	// LabelQuarantined is "true" while a standing fault cordons or taints
 	// the node (not for faults acknowledged by a manual uncordon); the
 	// drain role reads it (events.LabelQuarantined).
@@ -92,6 +97,12 @@ type State struct {
 	// (AnnotationOnsets); with AnnotationState it stays within
 	// MaxStateBytes.
 	History map[string][]time.Time `json:"-"`
+	// Unsaid are the actions (protojson) of changes made by the sweep or
+	// the uncordon loop not yet produced, newest maxUnsaid, in their own
+	// annotation (AnnotationUnsaid): no redelivered record would decide
+	// them again, so the node keeps them until they are on the actions
+	// topic.
+	Unsaid []json.RawMessage `json:"-"`
 }
 
 // Fault is one standing fault: a check on an entity.
@@ -164,12 +175,15 @@ func ReadState(n *corev1.Node) (*State, error) {
 			st.History = h
 		}
 	}
+	if raw := n.Annotations[AnnotationUnsaid]; raw != "" {
+		_ = json.Unmarshal([]byte(raw), &st.Unsaid) // corrupt: dropped (set by hand; only a record)
+	}
 	raw, ok := n.Annotations[AnnotationState]
 	if !ok || raw == "" {
 		return st, nil
 	}
 	if err := json.Unmarshal([]byte(raw), st); err != nil {
-		return &State{Faults: map[string]*Fault{}, History: st.History}, fmt.Errorf("node %s: annotation %s: %w", n.Name, AnnotationState, err)
+		return &State{Faults: map[string]*Fault{}, History: st.History, Unsaid: st.Unsaid}, fmt.Errorf("node %s: annotation %s: %w", n.Name, AnnotationState, err)
 	}
 	if st.Faults == nil {
 		st.Faults = map[string]*Fault{}
@@ -483,6 +497,15 @@ func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
 		}
 		b, _ := json.Marshal(s.History)
 		n.Annotations[AnnotationOnsets] = string(b)
+	}
+	if len(s.Unsaid) == 0 {
+		delete(n.Annotations, AnnotationUnsaid)
+	} else {
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		b, _ := json.Marshal(s.Unsaid)
+		n.Annotations[AnnotationUnsaid] = string(b)
 	}
 	return !equalObject(before, n)
 }

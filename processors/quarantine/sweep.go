@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -25,7 +24,6 @@ import (
 func (h *Handler) RunStabilization(ctx context.Context, p pipeline.Producer, clusterNames []string) {
 	t := time.NewTicker(h.cfg.sweepInterval())
 	defer t.Stop()
-	var out outbox
 	for {
 		select {
 		case <-ctx.Done():
@@ -33,36 +31,8 @@ func (h *Handler) RunStabilization(ctx context.Context, p pipeline.Producer, clu
 		case <-t.C:
 		}
 		acts, err := h.SweepStabilized(ctx, clusterNames)
-		if err = errors.Join(err, out.produce(ctx, p, acts...)); err != nil && ctx.Err() == nil {
-			h.log.Warn("stabilization sweep incomplete; retried next sweep", "err", err, "unproduced", len(out.recs))
-		}
+		h.sayLoop(ctx, p, "stabilization sweep", acts, err)
 	}
-}
-
-// outbox produces a loop's actions, keeping those the broker refused to
-// produce first the next time: the node is written before its action is
-// produced, so the next sweep finds nothing to decide and the action
-// would be lost. (A process killed in between still loses them.)
-type outbox struct{ recs []*kgo.Record }
-
-func (o *outbox) produce(ctx context.Context, p pipeline.Producer, acts ...*faultlinev1.Action) error {
-	var err error
-	for _, a := range acts {
-		rec, rerr := pipeline.ActionRecord(a)
-		if rerr != nil {
-			err = errors.Join(err, rerr)
-			continue
-		}
-		o.recs = append(o.recs, rec)
-	}
-	if len(o.recs) == 0 {
-		return err
-	}
-	if perr := p.ProduceSync(ctx, o.recs...).FirstErr(); perr != nil {
-		return errors.Join(err, perr) // all kept: a repeat has the same id
-	}
-	o.recs = nil
-	return err
 }
 
 // SweepStabilized lifts, on the nodes of the named clusters that this
@@ -133,47 +103,41 @@ func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([
 	return acts, errors.Join(errs...)
 }
 
-// liftStabilized writes one node's due lifts and returns their actions.
+// liftStabilized writes one node's due lifts, with their actions as
+// unsaid (unsaid.go), and returns the actions.
 func (h *Handler) liftStabilized(ctx context.Context, cl *clusters.Client, node *corev1.Node, flap FlapPolicy) ([]*faultlinev1.Action, error) {
-	var (
-		lifted    []Fault
-		keys      []string
-		remaining int
-		uncordon  bool
-		now       time.Time
-	)
+	var acts []*faultlinev1.Action
 	_, err := h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
-		now = h.now()
-		lifted = lifted[:0] // a conflict re-decides on the node as it is now
+		now := h.now()
+		acts = acts[:0] // a conflict re-decides on the node as it is now
 		due := map[string]Fault{}
 		for k, f := range st.Faults {
 			if f.Stabilizing() && !now.Before(f.LiftAt) {
 				due[k] = *f
 			}
 		}
-		var changed bool
-		keys, changed = st.LiftStabilized(now, flap)
+		keys, changed := st.LiftStabilized(now, flap)
+		remaining := len(st.Faults)
+		uncordon := st.Cordoned && !st.Active()
 		for _, k := range keys {
-			lifted = append(lifted, due[k])
+			outcome, reason := events.OutcomeApplied, "flapping fault stayed healthy for its stabilization window; lifted what faultline set"
+			if remaining > 0 {
+				outcome = events.OutcomeInProgress
+				reason = fmt.Sprintf("flapping fault stayed healthy for its stabilization window; lifted, %d still standing", remaining)
+			}
+			a := sweepAction(cl, node.Name, k, due[k], outcome, reason, now)
+			a.Details[events.DetailRemaining] = strconv.Itoa(remaining)
+			a.Details[events.DetailUncordoned] = strconv.FormatBool(uncordon)
+			acts = append(acts, a)
 		}
-		remaining = len(st.Faults)
-		uncordon = st.Cordoned && !st.Active()
+		st.addUnsaid(acts...)
 		return changed, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cluster %s: lift stabilized faults of node %s: %w", cl.Name, node.Name, err)
 	}
-	acts := make([]*faultlinev1.Action, 0, len(lifted))
-	for i, f := range lifted {
-		outcome, reason := events.OutcomeApplied, "flapping fault stayed healthy for its stabilization window; lifted what faultline set"
-		if remaining > 0 {
-			outcome = events.OutcomeInProgress
-			reason = fmt.Sprintf("flapping fault stayed healthy for its stabilization window; lifted, %d still standing", remaining)
-		}
-		a := h.sweepAction(cl, node.Name, keys[i], f, outcome, reason, now)
-		a.Details[events.DetailRemaining] = strconv.Itoa(remaining)
-		a.Details[events.DetailUncordoned] = strconv.FormatBool(uncordon)
-		acts = append(acts, a)
+	for _, a := range acts {
+		h.m.decisions.WithLabelValues(cl.Name, events.KindUnquarantine, a.Outcome).Inc()
 	}
 	return acts, nil
 }
@@ -195,7 +159,8 @@ func (h *Handler) wouldLift(cl *clusters.Client, node string, st *State, now tim
 		if seen {
 			continue
 		}
-		acts = append(acts, h.sweepAction(cl, node, k, *f, events.OutcomeDryRun,
+		h.m.decisions.WithLabelValues(cl.Name, events.KindUnquarantine, events.OutcomeDryRun).Inc()
+		acts = append(acts, sweepAction(cl, node, k, *f, events.OutcomeDryRun,
 			"would lift: flapping fault stayed healthy for its stabilization window (cluster is dry-run)", now))
 	}
 	return acts
@@ -224,8 +189,7 @@ func (h *Handler) forgetWouldLifts(cluster string, sweep uint64) {
 // sweepAction is the unquarantine action of a fault the sweep lifted; its
 // id is the cluster, node, fault and deadline, so a retried lift writes
 // the same id.
-func (h *Handler) sweepAction(cl *clusters.Client, node, key string, f Fault, outcome, reason string, now time.Time) *faultlinev1.Action {
-	h.m.decisions.WithLabelValues(cl.Name, events.KindUnquarantine, outcome).Inc()
+func sweepAction(cl *clusters.Client, node, key string, f Fault, outcome, reason string, now time.Time) *faultlinev1.Action {
 	details := map[string]string{
 		events.DetailRecovered: fmt.Sprint([]string{key}),
 		events.DetailLiftAt:    f.LiftAt.UTC().Format(time.RFC3339),

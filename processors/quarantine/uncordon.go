@@ -42,20 +42,18 @@ func (h *Handler) WatchClusters(names []string) {
 }
 
 // RunUncordons acknowledges the queued manual uncordons until ctx ends,
-// producing each one's action through p.
+// producing each one's action through p, and every resayInterval produces
+// the actions left unsaid on this replica's nodes (unsaid.go).
 func (h *Handler) RunUncordons(ctx context.Context, p pipeline.Producer) {
-	var out outbox
-	retry := time.NewTicker(10 * time.Second) // actions the broker refused
-	defer retry.Stop()
+	resay := time.NewTicker(resayInterval)
+	defer resay.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-retry.C:
-			if len(out.recs) > 0 {
-				if err := out.produce(ctx, p); err != nil && ctx.Err() == nil {
-					h.log.Warn("manual uncordon actions not produced; retried", "unproduced", len(out.recs), "err", err)
-				}
+		case <-resay.C:
+			if err := h.resay(ctx, p); err != nil && ctx.Err() == nil {
+				h.log.Warn("unsaid actions not produced; tried again within "+resayInterval.String(), "err", err)
 			}
 		case r := <-h.uncordons:
 			a, err := h.AcknowledgeUncordon(ctx, r.cluster, r.node)
@@ -65,11 +63,8 @@ func (h *Handler) RunUncordons(ctx context.Context, p pipeline.Producer) {
 				}
 				continue
 			}
-			if a == nil {
-				continue
-			}
-			if err := out.produce(ctx, p, a); err != nil && ctx.Err() == nil {
-				h.log.Warn("manual uncordon acknowledged, its action not produced; retried", "cluster", r.cluster, "node", r.node, "err", err)
+			if a != nil {
+				h.sayLoop(ctx, p, "manual uncordon", []*faultlinev1.Action{a}, nil)
 			}
 		}
 	}
@@ -90,21 +85,23 @@ func (h *Handler) AcknowledgeUncordon(ctx context.Context, cluster, node string)
 	if err != nil {
 		return nil, fmt.Errorf("get node %s/%s: %w", cluster, node, err)
 	}
-	var at time.Time
+	var a *faultlinev1.Action
 	if _, err := h.updateNode(ctx, cl, n, func(n *corev1.Node, st *State) (bool, error) {
-		at = time.Time{} // a conflict retries with the node as it is now
+		a = nil // a conflict retries with the node as it is now
 		if !st.DetectManualUncordon(n, h.now()) {
 			return false, nil
 		}
-		at = st.ManualUncordonAt
+		at := st.ManualUncordonAt
+		a = &faultlinev1.Action{
+			Id: pipeline.ActionID(cluster, node, at.UTC().Format(time.RFC3339Nano), events.KindManualUncordon), Cluster: cluster, Node: node,
+			Role: Role, Kind: events.KindManualUncordon, Outcome: events.OutcomeDecided, Timestamp: timestamppb.New(at),
+			Reason: "a person uncordoned the node; its standing faults no longer cordon it (noticed by the node watch)",
+		}
+		st.addUnsaid(a)
 		return true, nil
-	}); err != nil || at.IsZero() {
+	}); err != nil || a == nil {
 		return nil, err
 	}
 	h.m.decisions.WithLabelValues(cluster, events.KindManualUncordon, events.OutcomeDecided).Inc()
-	return &faultlinev1.Action{
-		Id: pipeline.ActionID(cluster, node, at.UTC().Format(time.RFC3339Nano), events.KindManualUncordon), Cluster: cluster, Node: node,
-		Role: Role, Kind: events.KindManualUncordon, Outcome: events.OutcomeDecided, Timestamp: timestamppb.New(at),
-		Reason: "a person uncordoned the node; its standing faults no longer cordon it (noticed by the node watch)",
-	}, nil
+	return a, nil
 }

@@ -1,0 +1,184 @@
+package quarantine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/encoding/protojson"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// The stabilization sweep and the manual-uncordon loop change a node
+// without a record to redeliver: a process killed between the node's write
+// and its action's produce, or restarted while Kafka was down, would lose
+// the action for ever (the next sweep finds nothing left to decide). So
+// the write that makes the change also writes its action into the node
+// (State.Unsaid, AnnotationUnsaid); once produced it is removed, by one
+// more write. What a process could not produce, the replica owning the
+// node produces again (resay, every resayInterval): the same id, which
+// the store keeps once.
+
+const (
+	// maxUnsaid bounds the actions a node keeps unsaid: past it (a node
+	// lifted and uncordoned this often during one Kafka outage) the oldest
+	// are dropped.
+	maxUnsaid = 16
+	// resayInterval is how often a replica produces the unsaid actions of
+	// its nodes.
+	resayInterval = 10 * time.Second
+)
+
+// addUnsaid adds acts to the node's unsaid actions.
+func (s *State) addUnsaid(acts ...*faultlinev1.Action) {
+	for _, a := range acts {
+		b, err := protojson.Marshal(a)
+		if err != nil {
+			continue // every field of an Action is encodable
+		}
+		s.Unsaid = append(s.Unsaid, b)
+	}
+	if over := len(s.Unsaid) - maxUnsaid; over > 0 {
+		s.Unsaid = s.Unsaid[over:]
+	}
+}
+
+// unsaid decodes the node's unsaid actions; one that does not decode (the
+// annotation edited by hand) is dropped.
+func (s *State) unsaid() []*faultlinev1.Action {
+	var acts []*faultlinev1.Action
+	for _, raw := range s.Unsaid {
+		a := &faultlinev1.Action{}
+		if protojson.Unmarshal(raw, a) == nil && a.GetId() != "" {
+			acts = append(acts, a)
+		}
+	}
+	return acts
+}
+
+// say produces acts, then removes from their nodes the live ones (written
+// there as unsaid). Dry-run would-lifts, written nowhere, are reported
+// again by the next sweep when the produce fails.
+func (h *Handler) say(ctx context.Context, p pipeline.Producer, acts []*faultlinev1.Action) error {
+	if len(acts) == 0 {
+		return nil
+	}
+	var (
+		recs []*kgo.Record
+		errs []error
+	)
+	for _, a := range acts {
+		rec, err := pipeline.ActionRecord(a)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		recs = append(recs, rec)
+	}
+	if err := p.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		h.mu.Lock()
+		for _, a := range acts {
+			if a.GetDryRun() {
+				delete(h.dryRunLifts, a.GetId())
+			}
+		}
+		h.mu.Unlock()
+		return errors.Join(append(errs, fmt.Errorf("produce %d action(s): %w", len(recs), err))...)
+	}
+	type nodeKey struct{ cluster, node string }
+	said := map[nodeKey][]string{}
+	for _, a := range acts {
+		if !a.GetDryRun() {
+			k := nodeKey{a.GetCluster(), a.GetNode()}
+			said[k] = append(said[k], a.GetId())
+		}
+	}
+	for k, ids := range said {
+		if err := h.forgetUnsaid(ctx, k.cluster, k.node, ids); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// forgetUnsaid removes the produced actions ids from the node.
+func (h *Handler) forgetUnsaid(ctx context.Context, cluster, node string, ids []string) error {
+	cl, err := h.reg.Get(cluster)
+	if err != nil || cl.Kube == nil {
+		return err
+	}
+	n, ok := h.nodes.cached(cl, node, h.now())
+	if !ok {
+		if n, err = h.getNode(ctx, cl, node); err != nil {
+			return err
+		}
+	}
+	_, err = h.updateNode(ctx, cl, n, func(_ *corev1.Node, st *State) (bool, error) {
+		before := len(st.Unsaid)
+		st.Unsaid = slices.DeleteFunc(st.Unsaid, func(raw json.RawMessage) bool {
+			var a struct {
+				ID string `json:"id"`
+			}
+			return json.Unmarshal(raw, &a) == nil && slices.Contains(ids, a.ID)
+		})
+		return len(st.Unsaid) != before, nil
+	})
+	if err != nil {
+		return fmt.Errorf("cluster %s: remove the produced actions of node %s: %w", cluster, node, err)
+	}
+	return nil
+}
+
+// resay produces the unsaid actions of the nodes this replica owns, in
+// every cluster it watches; a node this replica wrote moments ago is left
+// to the writer, which is producing them.
+func (h *Handler) resay(ctx context.Context, p pipeline.Producer) error {
+	var errs []error
+	for _, name := range h.nodes.names() {
+		cl, err := h.reg.Get(name)
+		if err != nil || cl.Kube == nil || cl.DryRun {
+			continue
+		}
+		nc := h.nodes.get(cl)
+		if nc == nil || !nc.synced() {
+			continue
+		}
+		nodes, err := nc.lister.List(labels.Everything())
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cluster %s: list nodes: %w", name, err))
+			continue
+		}
+		var acts []*faultlinev1.Action
+		for _, n := range nodes {
+			if _, ok := n.Annotations[AnnotationUnsaid]; !ok || !h.Owns(events.Key(name, n.Name)) {
+				continue
+			}
+			if _, trusted := h.nodes.cached(cl, n.Name, h.now()); !trusted {
+				continue // written by this replica within recentWrite
+			}
+			st, _ := ReadState(n)
+			acts = append(acts, st.unsaid()...)
+		}
+		if err := h.say(ctx, p, acts); err != nil {
+			errs = append(errs, fmt.Errorf("cluster %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sayLoop is a loop's way to produce its actions: say, with a warning
+// naming what is left to resay.
+func (h *Handler) sayLoop(ctx context.Context, p pipeline.Producer, what string, acts []*faultlinev1.Action, err error) {
+	if err = errors.Join(err, h.say(ctx, p, acts)); err != nil && ctx.Err() == nil {
+		h.log.Warn(what+" incomplete; the actions it wrote on nodes are produced again within "+resayInterval.String(), "err", err)
+	}
+}
