@@ -552,30 +552,31 @@ func TestDriftOnKube(t *testing.T) {
 		}
 	})
 
-	// With a sender (the role's), a node's derived events are produced
-	// before the state that says they were: a broker that refuses them
-	// leaves the node for the next sweep, which sends them and then
-	// writes the state (a kill after the write can no longer lose them).
-	// The sweep asks the refusing broker once: its other nodes are left
-	// for the next sweep at once.
-	t.Run("events sent before the state", func(t *testing.T) {
+	// With a sender (the role's), a node's derived events and actions are
+	// produced before the state that says they were: a broker that
+	// refuses them leaves the node for the next sweep, which sends them
+	// and then writes the state (a kill after the write can no longer lose
+	// them). The sweep asks the refusing broker once: its other nodes are
+	// left for the next sweep at once.
+	t.Run("events and actions sent before the state", func(t *testing.T) {
 		sens := []string{cluster + "-s2", cluster + "-s3"}
 		for _, name := range sens {
 			e.node(t, name, map[string]string{"faultline.io/node-pool": "h100", "faultline.io/sensitive": "true"})
 			store(t, e.h, record(t, cluster, name, comps("evil"), e.clk.Now()))
 		}
 		var (
-			sent    []*datamodels.HealthEvent
+			sent    Output
 			refused int
 		)
 		refuse := true
 		ssw := NewSweeper(testConfig(), e.s.Conn, reg, testLog, e.clk.Now, nil)
-		ssw.SendEventsWith(func(_ context.Context, evs []*datamodels.HealthEvent) error {
+		ssw.SendWith(func(_ context.Context, o Output) error {
 			if refuse {
 				refused++
 				return errors.New("broker down")
 			}
-			sent = append(sent, evs...)
+			sent.Events = append(sent.Events, o.Events...)
+			sent.Actions = append(sent.Actions, o.Actions...)
 			return nil
 		})
 		if out, _ := ssw.Sweep(ctx, cluster); len(out.Events) != 0 || len(out.Actions) != 0 || refused != 1 {
@@ -588,14 +589,41 @@ func TestDriftOnKube(t *testing.T) {
 		}
 		refuse = false
 		out, _ := ssw.Sweep(ctx, cluster)
-		if len(sent) != 2 || sent[0].CheckName != CheckDriftSensitive || !sent[0].IsFatal || len(out.Events) != 0 ||
-			len(kinds(out.Actions)[events.KindConformanceDrain]) != 2 {
-			t.Fatalf("sent %v; actions %v events %v", sent, out.Actions, out.Events)
+		if len(sent.Events) != 2 || sent.Events[0].CheckName != CheckDriftSensitive || !sent.Events[0].IsFatal || len(out.Events) != 0 || len(out.Actions) != 0 ||
+			len(kinds(sent.Actions)[events.KindConformanceDrain]) != 2 || len(kinds(sent.Actions)[events.KindConformanceDrift]) != 2 {
+			t.Fatalf("sent %v %v; output actions %v events %v", sent.Events, sent.Actions, out.Actions, out.Events)
 		}
 		for _, name := range sens {
 			if n := e.get(t, name); hasTaint(n) == nil || !strings.Contains(n.Annotations[AnnotationState], `"drained":true`) {
 				t.Fatalf("drained node: %v %v", n.Spec.Taints, n.Annotations)
 			}
+		}
+		// Conforming again and approved: the undrain and restored actions
+		// and the recovery are sent before the state is cleared.
+		sent = Output{}
+		e.clk.Add(time.Minute) // the reports below are the newest
+		for _, name := range sens {
+			store(t, e.h, record(t, cluster, name, comps(""), e.clk.Now()))
+			n := e.get(t, name)
+			n.Annotations[AnnotationApproved] = agentconf.Fingerprint(comps(""))[:16]
+			if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		refuse = true
+		if out, _ := ssw.Sweep(ctx, cluster); len(out.Actions) != 0 {
+			t.Fatalf("refused: output actions %v", out.Actions)
+		}
+		if n := e.get(t, sens[0]); hasTaint(n) == nil {
+			t.Fatal("drift cleared though its actions were not sent")
+		}
+		refuse = false
+		if out, _ := ssw.Sweep(ctx, cluster); len(out.Actions) != 0 || len(sent.Events) != 2 || !sent.Events[0].IsHealthy ||
+			len(kinds(sent.Actions)[events.KindConformanceUndrain]) != 2 || len(kinds(sent.Actions)[events.KindConformanceRestored]) != 2 {
+			t.Fatalf("approved: sent %v %v; output actions %v", sent.Events, sent.Actions, out.Actions)
+		}
+		if n := e.get(t, sens[0]); hasTaint(n) != nil {
+			t.Fatalf("approved node keeps %v", n.Spec.Taints)
 		}
 	})
 }

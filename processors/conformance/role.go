@@ -37,7 +37,6 @@ import (
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/role"
 	"github.com/faultline/faultline/schemas/events"
-	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
@@ -115,10 +114,10 @@ func (l *sweepLoop) run(ctx context.Context) error {
 	}
 	defer prod.Close()
 	l.prod = prod
-	l.sweeper.SendEventsWith(func(ctx context.Context, evs []*datamodels.HealthEvent) error {
+	l.sweeper.SendWith(func(ctx context.Context, o Output) error {
 		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		return Produce(pctx, prod, Output{Events: evs})
+		return Produce(pctx, prod, o)
 	})
 	t := time.NewTicker(l.cfg.SweepInterval)
 	defer t.Stop()
@@ -179,9 +178,10 @@ const (
 	sweepTimeout  = 5 * time.Minute
 )
 
-// produce writes a cluster's sweep output, with what an earlier sweep of
-// the cluster could not produce first: a step already taken on the node is
-// not decided again, so its Action must not be lost to a Kafka outage.
+// produce writes a cluster's sweep output — the dry-run decisions (a live
+// node's are sent before its state, SendWith) — with what an earlier sweep
+// of the cluster could not produce first: a dry-run decision is remembered
+// (not decided again), so its Action must not be lost to a Kafka outage.
 func (l *sweepLoop) produce(ctx context.Context, cluster string, out Output) {
 	l.mu.Lock()
 	prev := l.pending[cluster]

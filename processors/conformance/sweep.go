@@ -71,10 +71,10 @@ type Sweeper struct {
 	log   *slog.Logger
 	now   func() time.Time
 	queue *Queue // nil: no notifier
-	// send produces a node's derived events before the state that says
-	// they were sent is written (SendEventsWith); nil: they join the
+	// send produces a node's derived events and actions before the state
+	// that says they were sent is written (SendWith); nil: they join the
 	// sweep's Output.
-	send func(ctx context.Context, evs []*datamodels.HealthEvent) error
+	send func(ctx context.Context, o Output) error
 
 	// dry is the state of nodes of clusters the role cannot change
 	// (dry-run, or no kubeconfig), by cluster and node, so each decision
@@ -112,32 +112,35 @@ func NewSweeper(cfg Config, conn clickhouse.Conn, reg *clusters.Registry, log *s
 	return s
 }
 
-// SendEventsWith makes the sweep produce each node's derived events
-// through send before it writes the node's state: the state says they
-// were sent (Drained, Escalated), so an event lost after the write — the
-// process killed before the sweep's output was produced — would never be
-// sent again, and the node never quarantined. A send that fails leaves
-// the node for the next sweep (same event ids: a repeat is harmless).
-// Call it before the first Sweep.
-func (s *Sweeper) SendEventsWith(send func(ctx context.Context, evs []*datamodels.HealthEvent) error) {
+// SendWith makes the sweep produce each live node's derived events and
+// actions through send before it writes the node's state: the state says
+// they were sent (Drained, Escalated, or the step itself), so an event or
+// action lost after the write — the process killed before the sweep's
+// output was produced, or restarted while Kafka was down — would never be
+// sent again: the node never quarantined, the step never audited. A send
+// that fails leaves the node for the next sweep, which decides the same
+// step with the same ids (a repeat is harmless). Call it before the first
+// Sweep.
+func (s *Sweeper) SendWith(send func(ctx context.Context, o Output) error) {
 	s.send = send
 }
 
-// sendFirst sends evs (SendEventsWith), or adds them to out.
-func (s *Sweeper) sendFirst(ctx context.Context, evs []*datamodels.HealthEvent, out *Output) error {
+// sendFirst sends o (SendWith), or adds it to out.
+func (s *Sweeper) sendFirst(ctx context.Context, o Output, out *Output) error {
 	if s.send == nil {
-		out.Events = append(out.Events, evs...)
+		out.Actions = append(out.Actions, o.Actions...)
+		out.Events = append(out.Events, o.Events...)
 		return nil
 	}
-	if len(evs) == 0 {
+	if len(o.Actions)+len(o.Events) == 0 {
 		return nil
 	}
 	if out.sendErr != nil {
-		return fmt.Errorf("left for the next sweep: an earlier derived event of this sweep was not produced: %w", out.sendErr)
+		return fmt.Errorf("left for the next sweep: an earlier send of this sweep was not produced: %w", out.sendErr)
 	}
-	if err := s.send(ctx, evs); err != nil {
+	if err := s.send(ctx, o); err != nil {
 		out.sendErr = err
-		return fmt.Errorf("produce %d derived event(s) before the node's state: %w", len(evs), err)
+		return fmt.Errorf("produce %d derived event(s) and %d action(s) before the node's state: %w", len(o.Events), len(o.Actions), err)
 	}
 	return nil
 }
@@ -310,7 +313,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 			return nil
 		}
 		if live {
-			if err := s.sendFirst(ctx, evs, out); err != nil {
+			if err := s.sendFirst(ctx, Output{Actions: acts, Events: evs}, out); err != nil {
 				return err
 			}
 			if err := s.setDrift(ctx, cl.Kube, m.name, next); err != nil {
@@ -322,8 +325,8 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 			s.notify(cl, m, true, v, next)
 		} else {
 			s.setDry(cluster, m.name, &next)
+			out.Actions = append(out.Actions, acts...)
 		}
-		out.Actions = append(out.Actions, acts...)
 	case ic.Conforming:
 		if !has {
 			return nil
@@ -338,6 +341,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 		}
 		details := map[string]string{events.DetailConformanceGroup: groupKey(cluster, pool), events.DetailBasis: v.Basis,
 			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: st.Since.UTC().Format(time.RFC3339)}
+		var first Output // sent before the state is cleared
 		if st.Drained {
 			approved := ""
 			if m.node != nil {
@@ -351,44 +355,46 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 				a := s.action(cluster, m.name, events.KindConformanceUndrain, events.OutcomeInProgress,
 					fmt.Sprintf("conforms again (%s); stays drained until an operator sets %s=<fingerprint>", short(v.Actual), AnnotationApproved), details, st.Since.String()+"awaiting", !live)
 				if live {
-					if err := s.setDrift(ctx, cl.Kube, m.name, st); err != nil {
+					if err := s.sendFirst(ctx, Output{Actions: []*faultlinev1.Action{a}}, out); err != nil {
 						return err
 					}
-				} else {
-					s.setDry(cluster, m.name, &st)
+					return s.setDrift(ctx, cl.Kube, m.name, st)
 				}
+				s.setDry(cluster, m.name, &st)
 				out.Actions = append(out.Actions, a)
 				return nil
 			}
 			if live {
-				if err := s.sendFirst(ctx, []*datamodels.HealthEvent{s.derived(cluster, m.name, CheckDriftSensitive, true, datamodels.RecommendedAction_NONE, st,
-					"sensitive node re-verified ("+short(v.Actual)+") and approved: drain lifted")}, out); err != nil {
-					return err
-				}
+				first.Events = append(first.Events, s.derived(cluster, m.name, CheckDriftSensitive, true, datamodels.RecommendedAction_NONE, st,
+					"sensitive node re-verified ("+short(v.Actual)+") and approved: drain lifted"))
 			}
-			out.Actions = append(out.Actions, s.action(cluster, m.name, events.KindConformanceUndrain, outcome(live),
+			first.Actions = append(first.Actions, s.action(cluster, m.name, events.KindConformanceUndrain, outcome(live),
 				"re-verified and approved by "+AnnotationApproved+": quarantine lifted", details, st.Since.String(), !live))
-		}
-		if live {
-			// With a notifier the state stays (Restoring) until the return
-			// is delivered; the taint and label go now.
-			var restoring *State
-			if s.queue != nil {
-				st.Restoring = true
-				restoring = &st
-			}
-			if err := s.clearDrift(ctx, cl.Kube, m.name, restoring); err != nil {
-				return err
-			}
-			s.notify(cl, m, false, v, st)
-		} else {
-			s.setDry(cluster, m.name, nil)
 		}
 		reason := "conforms again: taint and label removed"
 		if st.Escalated {
 			reason += " (the timeout's quarantine stays until an operator lifts it)"
 		}
-		out.Actions = append(out.Actions, s.action(cluster, m.name, events.KindConformanceRestored, outcome(live), reason, details, st.Since.String(), !live))
+		first.Actions = append(first.Actions, s.action(cluster, m.name, events.KindConformanceRestored, outcome(live), reason, details, st.Since.String(), !live))
+		if !live {
+			s.setDry(cluster, m.name, nil)
+			out.Actions = append(out.Actions, first.Actions...)
+			return nil
+		}
+		if err := s.sendFirst(ctx, first, out); err != nil {
+			return err
+		}
+		// With a notifier the state stays (Restoring) until the return is
+		// delivered; the taint and label go now.
+		var restoring *State
+		if s.queue != nil {
+			st.Restoring = true
+			restoring = &st
+		}
+		if err := s.clearDrift(ctx, cl.Kube, m.name, restoring); err != nil {
+			return err
+		}
+		s.notify(cl, m, false, v, st)
 	}
 	return nil
 }
