@@ -34,7 +34,8 @@ const (
 	// are dropped.
 	maxUnsaid = 16
 	// resayInterval is how often a replica produces the unsaid actions of
-	// its nodes.
+	// its nodes, and the bound of one produce (the loops go on while the
+	// broker is down).
 	resayInterval = 10 * time.Second
 )
 
@@ -84,7 +85,10 @@ func (h *Handler) say(ctx context.Context, p pipeline.Producer, acts []*faultlin
 		}
 		recs = append(recs, rec)
 	}
-	if err := p.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	pctx, cancel := context.WithTimeout(ctx, resayInterval) // a broker that is down: the node keeps them
+	err := p.ProduceSync(pctx, recs...).FirstErr()
+	cancel()
+	if err != nil {
 		h.mu.Lock()
 		for _, a := range acts {
 			if a.GetDryRun() {
