@@ -307,7 +307,7 @@ func parseHeader(body string) (*layout, bool) {
 	if l.busOut < 0 || l.preamble < 0 {
 		return nil, false
 	}
-	last := max(l.busOut, l.busIn, l.wrongOut, l.wrongIn)
+	last := max(l.busOut, l.busIn, l.wrongOut, l.wrongIn, l.typeIdx)
 	l.fields = last + 1
 	return l, true
 }
