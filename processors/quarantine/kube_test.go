@@ -542,6 +542,13 @@ func TestKube(t *testing.T) {
 		if n = getNode(t, k, "unsaid-1"); !strings.Contains(n.Annotations[AnnotationUnsaid], a.Id) {
 			t.Fatalf("action %s not kept on the node: %v", a.Id, n.Annotations)
 		}
+		// The node's own kubelet may write the annotation: an entry about
+		// another node (a drain trigger there) is never produced.
+		forged := `{"id":"forged","cluster":"c1","node":"other-node","role":"quarantine","kind":"quarantine","outcome":"applied"}`
+		n.Annotations[AnnotationUnsaid] = strings.TrimSuffix(n.Annotations[AnnotationUnsaid], "]") + "," + forged + "]"
+		if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 
 		h2 := newTestHandler(t, testConfig("unsaid"), map[string]kubernetes.Interface{"c1": k})
 		t.Cleanup(h2.Close)
@@ -549,6 +556,10 @@ func TestKube(t *testing.T) {
 		cl, _ := h2.reg.Get("c1")
 		waitUntil(t, 10*time.Second, h2.nodes.get(cl).synced, "node watch synced")
 		p := &actionSink{refuse: 1}
+		waitUntil(t, 10*time.Second, func() bool {
+			c, ok := h2.nodes.cached(cl, "unsaid-1", h2.now())
+			return ok && strings.Contains(c.Annotations[AnnotationUnsaid], "forged")
+		}, "the watch sees the forged entry")
 		if err := h2.resay(context.Background(), p); err == nil {
 			t.Fatal("a refused produce reported no error")
 		}

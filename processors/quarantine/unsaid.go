@@ -53,17 +53,32 @@ func (s *State) addUnsaid(acts ...*faultlinev1.Action) {
 	}
 }
 
-// unsaid decodes the node's unsaid actions; one that does not decode (the
-// annotation edited by hand) is dropped.
-func (s *State) unsaid() []*faultlinev1.Action {
-	var acts []*faultlinev1.Action
+// unsaid decodes the node's unsaid actions. Only the actions the loops
+// write, about this very node, are taken: the annotation is the node's,
+// which its own kubelet may write, so an entry naming another node (a
+// forged quarantine/applied would start a drain there), another kind or
+// role, or one that does not decode, is not produced; bad counts them
+// (forgetUnsaid removes them).
+func (s *State) unsaid(cluster, node string) (acts []*faultlinev1.Action, bad int) {
 	for _, raw := range s.Unsaid {
-		a := &faultlinev1.Action{}
-		if protojson.Unmarshal(raw, a) == nil && a.GetId() != "" {
+		if a, ok := ownUnsaid(raw, cluster, node); ok {
 			acts = append(acts, a)
+		} else {
+			bad++
 		}
 	}
-	return acts
+	return acts, bad
+}
+
+// ownUnsaid decodes raw when it is an action the loops write about
+// cluster/node.
+func ownUnsaid(raw json.RawMessage, cluster, node string) (*faultlinev1.Action, bool) {
+	a := &faultlinev1.Action{}
+	if protojson.Unmarshal(raw, a) != nil || a.GetId() == "" || a.GetCluster() != cluster || a.GetNode() != node ||
+		a.GetRole() != Role || a.GetDryRun() || (a.GetKind() != events.KindUnquarantine && a.GetKind() != events.KindManualUncordon) {
+		return nil, false
+	}
+	return a, true
 }
 
 // say produces acts, then removes from their nodes the live ones (written
@@ -114,7 +129,8 @@ func (h *Handler) say(ctx context.Context, p pipeline.Producer, acts []*faultlin
 	return errors.Join(errs...)
 }
 
-// forgetUnsaid removes the produced actions ids from the node.
+// forgetUnsaid removes the produced actions ids from the node, and any
+// entry that is not the node's own (State.unsaid).
 func (h *Handler) forgetUnsaid(ctx context.Context, cluster, node string, ids []string) error {
 	cl, err := h.reg.Get(cluster)
 	if err != nil || cl.Kube == nil {
@@ -129,10 +145,8 @@ func (h *Handler) forgetUnsaid(ctx context.Context, cluster, node string, ids []
 	_, err = h.updateNode(ctx, cl, n, func(_ *corev1.Node, st *State) (bool, error) {
 		before := len(st.Unsaid)
 		st.Unsaid = slices.DeleteFunc(st.Unsaid, func(raw json.RawMessage) bool {
-			var a struct {
-				ID string `json:"id"`
-			}
-			return json.Unmarshal(raw, &a) == nil && slices.Contains(ids, a.ID)
+			a, ok := ownUnsaid(raw, cluster, node)
+			return !ok || slices.Contains(ids, a.GetId())
 		})
 		return len(st.Unsaid) != before, nil
 	})
@@ -170,7 +184,17 @@ func (h *Handler) resay(ctx context.Context, p pipeline.Producer) error {
 				continue // written by this replica within recentWrite
 			}
 			st, _ := ReadState(n)
-			acts = append(acts, st.unsaid()...)
+			own, bad := st.unsaid(name, n.Name)
+			if bad > 0 {
+				h.log.Warn("entries of "+AnnotationUnsaid+" that are not this node's own quarantine actions; removed, not produced",
+					"cluster", name, "node", n.Name, "entries", bad)
+				if len(own) == 0 {
+					if err := h.forgetUnsaid(ctx, name, n.Name, nil); err != nil {
+						errs = append(errs, err)
+					}
+				}
+			}
+			acts = append(acts, own...)
 		}
 		if err := h.say(ctx, p, acts); err != nil {
 			errs = append(errs, fmt.Errorf("cluster %s: %w", name, err))
