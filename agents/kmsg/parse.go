@@ -487,8 +487,8 @@ func (p *Parser) flushPending() {
 	}
 	p.pending = nil
 	if len(pd.details) > 0 {
-		// Added after event cleaned the rest: each line made printable on
-		// its own, so the newlines between them stay.
+		// The details join the event after event() cleaned it: each line
+		// is made printable on its own (the newlines between them stay).
 		for i, d := range pd.details {
 			pd.details[i] = events.Printable(d)
 		}
