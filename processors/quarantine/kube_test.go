@@ -59,6 +59,22 @@ func newTestHandler(t testing.TB, cfg Config, kubes map[string]kubernetes.Interf
 	return h
 }
 
+// uncordonedByHand creates node (of group), quarantines it through a new
+// handler of cluster c1 and uncordons it as a person would (kubectl
+// uncordon); it returns the handler.
+func uncordonedByHand(t *testing.T, k kubernetes.Interface, group, node string) *Handler {
+	t.Helper()
+	createNodes(t, k, group, node)
+	h := newTestHandler(t, testConfig(group), map[string]kubernetes.Interface{"c1": k})
+	handle(t, h, record("c1", fatal(node, "XID_ERROR_48", "GPU-1")))
+	n := getNode(t, k, node)
+	n.Spec.Unschedulable = false // kubectl uncordon
+	if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 func createNodes(t testing.TB, k kubernetes.Interface, group string, names ...string) {
 	t.Helper()
 	for _, n := range names {
@@ -526,24 +542,18 @@ func TestKube(t *testing.T) {
 		// action is produced: the node keeps the action; the replica that
 		// owns the node next produces it (once the broker takes it) with
 		// the same id, and removes it.
-		createNodes(t, k, "unsaid", "unsaid-1")
-		h := newTestHandler(t, testConfig("unsaid"), map[string]kubernetes.Interface{"c1": k})
-		handle(t, h, record("c1", fatal("unsaid-1", "XID_ERROR_48", "GPU-1")))
-		n := getNode(t, k, "unsaid-1")
-		n.Spec.Unschedulable = false // kubectl uncordon
-		if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		h := uncordonedByHand(t, k, "unsaid", "unsaid-1")
 		a, err := h.AcknowledgeUncordon(context.Background(), "c1", "unsaid-1")
 		if err != nil || a == nil {
 			t.Fatalf("acknowledged: %v %v", a, err)
 		}
 		h.Close() // killed before the produce
-		if n = getNode(t, k, "unsaid-1"); !strings.Contains(n.Annotations[AnnotationUnsaid], a.Id) {
+		if n := getNode(t, k, "unsaid-1"); !strings.Contains(n.Annotations[AnnotationUnsaid], a.Id) {
 			t.Fatalf("action %s not kept on the node: %v", a.Id, n.Annotations)
 		}
 		// The node's own kubelet may write the annotation: an entry about
 		// another node (a drain trigger there) is never produced.
+		n := getNode(t, k, "unsaid-1")
 		forged := `{"id":"forged","cluster":"c1","node":"other-node","role":"quarantine","kind":"quarantine","outcome":"applied"}`
 		n.Annotations[AnnotationUnsaid] = strings.TrimSuffix(n.Annotations[AnnotationUnsaid], "]") + "," + forged + "]"
 		if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
@@ -586,14 +596,7 @@ func TestKube(t *testing.T) {
 	})
 
 	t.Run("ManualUncordonRespected", func(t *testing.T) {
-		createNodes(t, k, "manual", "manual-1")
-		h := newTestHandler(t, testConfig("manual"), map[string]kubernetes.Interface{"c1": k})
-		handle(t, h, record("c1", fatal("manual-1", "XID_ERROR_48", "GPU-1")))
-		n := getNode(t, k, "manual-1")
-		n.Spec.Unschedulable = false // kubectl uncordon
-		if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		h := uncordonedByHand(t, k, "manual", "manual-1")
 		// The same fault again, once the node watch has seen the uncordon
 		// (a repeat of a standing fault is decided on the watch's copy; one
 		// that comes within the watch's latency is decided as the node
@@ -608,7 +611,7 @@ func TestKube(t *testing.T) {
 		if kinds(acts) != "manual_uncordon/decided,quarantine/skipped" {
 			t.Fatalf("actions %s", kinds(acts))
 		}
-		n = getNode(t, k, "manual-1")
+		n := getNode(t, k, "manual-1")
 		if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Annotations[AnnotationManualUncordon] == "" ||
 			n.Labels[LabelQuarantined] != "" {
 			t.Fatalf("manual uncordon not respected: %+v %v", n.Spec, n.Annotations)

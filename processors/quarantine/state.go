@@ -488,26 +488,25 @@ func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
 		b, _ := json.Marshal(s)
 		n.Annotations[AnnotationState] = string(b)
 	}
-	// The onsets of faults, standing or lifted, for flap_window (flap.go).
-	if len(s.History) == 0 {
-		delete(n.Annotations, AnnotationOnsets)
-	} else {
-		if n.Annotations == nil {
-			n.Annotations = map[string]string{}
-		}
-		b, _ := json.Marshal(s.History)
-		n.Annotations[AnnotationOnsets] = string(b)
-	}
-	if len(s.Unsaid) == 0 {
-		delete(n.Annotations, AnnotationUnsaid)
-	} else {
-		if n.Annotations == nil {
-			n.Annotations = map[string]string{}
-		}
-		b, _ := json.Marshal(s.Unsaid)
-		n.Annotations[AnnotationUnsaid] = string(b)
-	}
+	// The onsets of faults, standing or lifted, for flap_window (flap.go),
+	// and the actions not yet produced (unsaid.go).
+	setJSONAnnotation(n, AnnotationOnsets, s.History, len(s.History) == 0)
+	setJSONAnnotation(n, AnnotationUnsaid, s.Unsaid, len(s.Unsaid) == 0)
 	return !equalObject(before, n)
+}
+
+// setJSONAnnotation writes v's JSON as the node's annotation key, or
+// removes the key when empty.
+func setJSONAnnotation(n *corev1.Node, key string, v any, empty bool) {
+	if empty {
+		delete(n.Annotations, key)
+		return
+	}
+	if n.Annotations == nil {
+		n.Annotations = map[string]string{}
+	}
+	b, _ := json.Marshal(v)
+	n.Annotations[key] = string(b)
 }
 
 func equalObject(a, b *corev1.Node) bool {
