@@ -76,6 +76,10 @@ type Result struct {
 	// time any batch of the poll asked for. Records of other topics are
 	// fetched and handled meanwhile.
 	Rest map[string]time.Time
+	// Produced, when set, is called once Out is on the broker (before the
+	// batch's offsets are marked): what the handler keeps until its
+	// outputs are produced may go.
+	Produced func()
 }
 
 // Dead is a poison record and why.
@@ -535,16 +539,18 @@ func (r *Runner) handleOnce(ctx context.Context, cl *kgo.Client, recs []*kgo.Rec
 		r.log.Warn("record dead-lettered", "topic", d.Record.Topic, "partition", d.Record.Partition,
 			"offset", d.Record.Offset, "reason", d.Reason)
 	}
-	if len(out) == 0 {
-		return res.Rest, nil
+	if len(out) > 0 {
+		pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.BatchTimeout)
+		defer pcancel()
+		if err := cl.ProduceSync(pctx, out...).FirstErr(); err != nil {
+			return nil, fmt.Errorf("produce %d outputs: %w", len(out), err)
+		}
+		for _, rec := range out {
+			r.metrics.produced.WithLabelValues(r.cfg.Role, rec.Topic).Inc()
+		}
 	}
-	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.BatchTimeout)
-	defer pcancel()
-	if err := cl.ProduceSync(pctx, out...).FirstErr(); err != nil {
-		return nil, fmt.Errorf("produce %d outputs: %w", len(out), err)
-	}
-	for _, rec := range out {
-		r.metrics.produced.WithLabelValues(r.cfg.Role, rec.Topic).Inc()
+	if res.Produced != nil {
+		res.Produced()
 	}
 	return res.Rest, nil
 }

@@ -373,18 +373,21 @@ func produced(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // TestRunnerCommitsOnlyAfterOutputsAcknowledged: while the batch's outputs
 // cannot be produced (their topic does not exist yet), the offsets stay
 // where they were and the batch is handled again; once the outputs are
-// acknowledged, the offsets are committed.
+// acknowledged, Result.Produced is called (once) and the offsets are
+// committed.
 func TestRunnerCommitsOnlyAfterOutputsAcknowledged(t *testing.T) {
 	h := newHarness(t, 1, topicIn, events.TopicDeadLetter) // no topicOut
 	h.produce(topicIn, 0, 3)
-	var calls atomic.Int32
+	var calls, produced atomic.Int32
 	h.run("ack", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
 		calls.Add(1)
-		return echo(recs), nil
+		res := echo(recs)
+		res.Produced = func() { produced.Add(1) }
+		return res, nil
 	}), func(c *Config) { c.BatchTimeout = 300 * time.Millisecond })
 	eventually(t, 10*time.Second, "the batch handled twice (its outputs failed)", func() bool { return calls.Load() >= 2 })
-	if got := h.committed("faultline-ack", 1)[0]; got != -1 {
-		t.Fatalf("offset %d committed while the outputs were not produced", got)
+	if got := h.committed("faultline-ack", 1)[0]; got != -1 || produced.Load() != 0 {
+		t.Fatalf("offset %d committed (Produced called %d times) while the outputs were not produced", got, produced.Load())
 	}
 	adm := kadm.NewClient(h.cl)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -395,6 +398,9 @@ func TestRunnerCommitsOnlyAfterOutputsAcknowledged(t *testing.T) {
 	eventually(t, 15*time.Second, "offset 3 committed once the outputs were produced", func() bool {
 		return h.committed("faultline-ack", 1)[0] == 3
 	})
+	if produced.Load() != 1 {
+		t.Fatalf("Produced called %d times, want once", produced.Load())
+	}
 	if got := values(h.read(topicOut, 3)); !slices.Equal(got, want(0, 3)) {
 		t.Fatalf("outputs %v", got)
 	}

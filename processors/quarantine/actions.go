@@ -83,8 +83,14 @@ func (h *Handler) breakerEvent(ctx context.Context, cl *clusters.Client, reason,
 // deterministic (cluster, node, event, kind), so a retried decision writes
 // the same id.
 func (h *Handler) action(it item, kind, outcome, reason, rule string, cl *clusters.Client) *faultlinev1.Action {
-	ev := it.ev
 	h.m.decisions.WithLabelValues(it.cluster, kind, outcome).Inc()
+	return h.newAction(it, kind, outcome, reason, rule, cl)
+}
+
+// newAction is action, not yet counted: for a decision made inside a node
+// write, which a conflict makes again (count it once the write succeeded).
+func (h *Handler) newAction(it item, kind, outcome, reason, rule string, cl *clusters.Client) *faultlinev1.Action {
+	ev := it.ev
 	var ids []string
 	if ev.GetId() != "" {
 		ids = []string{ev.GetId()}

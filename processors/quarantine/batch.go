@@ -109,7 +109,10 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 	results := pipeline.ByKey(items, func(it item) string { return string(it.rec.Key) }, h.cfg.Workers,
 		func(seq []item) seqResult { return h.handleSeq(ctx, seq, retry, deadline) })
 	res := pipeline.Result{Dead: dead}
-	var failed []error
+	var (
+		failed []error
+		unsaid []string
+	)
 	for _, r := range results {
 		if r.failed != nil {
 			failed = append(failed, r.failed)
@@ -120,6 +123,9 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 				return pipeline.Result{}, err
 			}
 			res.Out = append(res.Out, rec)
+			if writtenUnsaid(a) {
+				unsaid = append(unsaid, a.GetId())
+			}
 		}
 		for _, it := range r.deferred {
 			res.Out = append(res.Out, retryRecord(it.rec))
@@ -129,6 +135,9 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 	if len(failed) > 0 {
 		h.keepRetried(results)
 		return pipeline.Result{}, fmt.Errorf("quarantine retry batch: %w", errors.Join(failed...))
+	}
+	if len(unsaid) > 0 {
+		res.Produced = func() { h.markSaid(unsaid) }
 	}
 	return res, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -311,61 +312,70 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 		}
 		return acts, nil
 	}
-	var (
-		removed, held, stale []string
-		manual               bool
-		remaining            int
-		uncordon             bool
-		liftAt               time.Time
-	)
+	// The actions of a write go into the node with it (State.Unsaid): a
+	// redelivered recovery finds its faults gone and decides nothing, so a
+	// process killed between the write and the produce (or a retry batch
+	// failed for another cluster, then restarted) would lose them; the
+	// owning replica produces them again (unsaid.go).
+	var acts []*faultlinev1.Action
 	_, err = h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
+		acts = acts[:0] // a conflict re-decides on the node as it is now
 		now := h.now()
-		manual = st.DetectManualUncordon(n, now)
-		removed, held, stale = st.RecoverFlapping(ev.GetCheckName(), entity, at, now, flap)
-		remaining = len(st.Faults)
-		uncordon = st.Cordoned && !st.Active()
-		if len(held) > 0 {
-			liftAt = st.Faults[held[0]].LiftAt
+		manual := st.DetectManualUncordon(n, now)
+		removed, held, stale := st.RecoverFlapping(ev.GetCheckName(), entity, at, now, flap)
+		if manual {
+			acts = append(acts, h.newAction(it, events.KindManualUncordon, events.OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
 		}
+		if len(stale) > 0 && len(removed) == 0 && len(held) == 0 {
+			acts = append(acts, h.newAction(it, events.KindSkip, events.OutcomeSkipped, "recovery older than the fault's last occurrence", "", cl))
+		}
+		if len(removed) > 0 || len(held) > 0 {
+			acts = append(acts, h.recoveryAction(it, cl, st, removed, held, flap))
+		}
+		st.addUnsaid(slices.DeleteFunc(slices.Clone(acts), func(a *faultlinev1.Action) bool { return a.GetKind() == events.KindSkip })...)
 		return len(removed) > 0 || len(held) > 0 || manual, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	var acts []*faultlinev1.Action
-	if manual {
-		acts = append(acts, h.action(it, events.KindManualUncordon, events.OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
+	for _, a := range acts {
+		h.m.decisions.WithLabelValues(it.cluster, a.GetKind(), a.GetOutcome()).Inc()
 	}
-	if len(stale) > 0 && len(removed) == 0 && len(held) == 0 {
-		acts = append(acts, h.action(it, events.KindSkip, events.OutcomeSkipped, "recovery older than the fault's last occurrence", "", cl))
+	return acts, nil
+}
+
+// recoveryAction is the unquarantine action of a recovery that removed
+// or held faults (st: the state after it).
+func (h *Handler) recoveryAction(it item, cl *clusters.Client, st *State, removed, held []string, flap FlapPolicy) *faultlinev1.Action {
+	remaining := len(st.Faults)
+	var liftAt time.Time
+	if len(held) > 0 {
+		liftAt = st.Faults[held[0]].LiftAt
 	}
-	if len(held) > 0 && len(removed) == 0 {
+	if len(removed) == 0 {
 		// A flapping fault recovered: it stands until its entity has been
 		// healthy for stabilization_window (the sweep lifts it then).
-		a := h.action(it, events.KindUnquarantine, events.OutcomeDeferred, fmt.Sprintf(
+		a := h.newAction(it, events.KindUnquarantine, events.OutcomeDeferred, fmt.Sprintf(
 			"flapping fault (%d+ occurrences within %v) recovered: stands, stabilizing, until %s unless it recurs",
 			flap.Threshold, flap.Window, liftAt.UTC().Format(time.RFC3339)), "", cl)
 		a.Details[events.DetailStabilizing] = fmt.Sprint(held)
 		a.Details[events.DetailLiftAt] = liftAt.UTC().Format(time.RFC3339)
 		a.Details[events.DetailRemaining] = strconv.Itoa(remaining)
-		acts = append(acts, a)
+		return a
 	}
-	if len(removed) > 0 {
-		outcome, reason := events.OutcomeApplied, "every fault recovered; lifted what faultline set"
-		if remaining > 0 {
-			outcome, reason = events.OutcomeInProgress, fmt.Sprintf("fault recovered; %d still standing", remaining)
-		}
-		a := h.action(it, events.KindUnquarantine, outcome, reason, "", cl)
-		a.Details[events.DetailRecovered] = fmt.Sprint(removed)
-		a.Details[events.DetailRemaining] = strconv.Itoa(remaining)
-		a.Details[events.DetailUncordoned] = strconv.FormatBool(uncordon)
-		if len(held) > 0 {
-			a.Details[events.DetailStabilizing] = fmt.Sprint(held)
-			a.Details[events.DetailLiftAt] = liftAt.UTC().Format(time.RFC3339)
-		}
-		acts = append(acts, a)
+	outcome, reason := events.OutcomeApplied, "every fault recovered; lifted what faultline set"
+	if remaining > 0 {
+		outcome, reason = events.OutcomeInProgress, fmt.Sprintf("fault recovered; %d still standing", remaining)
 	}
-	return acts, nil
+	a := h.newAction(it, events.KindUnquarantine, outcome, reason, "", cl)
+	a.Details[events.DetailRecovered] = fmt.Sprint(removed)
+	a.Details[events.DetailRemaining] = strconv.Itoa(remaining)
+	a.Details[events.DetailUncordoned] = strconv.FormatBool(st.Cordoned && !st.Active())
+	if len(held) > 0 {
+		a.Details[events.DetailStabilizing] = fmt.Sprint(held)
+		a.Details[events.DetailLiftAt] = liftAt.UTC().Format(time.RFC3339)
+	}
+	return a
 }
 
 func eventTime(ev *datamodels.HealthEvent, now time.Time) time.Time {

@@ -71,6 +71,23 @@ func TestFlapKube(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// The recoveries' actions were written on the node with their changes
+	// and went out with their batches: resay only removes them.
+	if !strings.Contains(n.Annotations[AnnotationUnsaid], `"deferred"`) {
+		t.Fatalf("the recoveries' actions not on the node: %v", n.Annotations)
+	}
+	cl, _ := h.reg.Get("c1")
+	waitUntil(t, 10*time.Second, func() bool {
+		c, ok := h.nodes.cached(cl, "flap-1", h.now())
+		return ok && c.Annotations[AnnotationUnsaid] != ""
+	}, "the watch has the last recovery")
+	var said actionSink
+	if err := h.resay(ctx, &said); err != nil || len(said.snapshot()) > 0 {
+		t.Fatalf("resay of actions the batches produced: %s, %v", kinds(said.snapshot()), err)
+	}
+	if n := getNode(t, k, "flap-1"); n.Annotations[AnnotationUnsaid] != "" {
+		t.Fatalf("produced actions left on the node: %s", n.Annotations[AnnotationUnsaid])
+	}
 	// Before the deadline the sweep lifts nothing.
 	if acts, err := h.SweepStabilized(ctx, []string{"c1"}); err != nil || len(acts) > 0 || !cordoned() {
 		t.Fatalf("sweep before the deadline: %s, %v; cordoned %v", kinds(acts), err, cordoned())
@@ -127,7 +144,7 @@ func TestFlapKube(t *testing.T) {
 	h2 := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
 	t.Cleanup(h2.Close)
 	h2.WatchClusters([]string{"c1"})
-	cl, _ := h2.reg.Get("c1")
+	cl, _ = h2.reg.Get("c1")
 	waitUntil(t, 10*time.Second, h2.nodes.get(cl).synced, "node watch synced")
 	if err := h2.resay(ctx, &prod); err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -169,6 +170,9 @@ func handle(t testing.TB, h *Handler, recs ...*kgo.Record) ([]*faultlinev1.Actio
 	if len(res.Dead) > 0 {
 		t.Fatalf("dead letters: %v", res.Dead[0].Reason)
 	}
+	if res.Produced != nil {
+		res.Produced() // as the pipeline does once Out is produced
+	}
 	return splitOut(t, res.Out)
 }
 
@@ -190,6 +194,11 @@ func splitOut(t testing.TB, out []*kgo.Record) ([]*faultlinev1.Action, []*kgo.Re
 		}
 	}
 	return acts, retry
+}
+
+// onNode returns the actions about node.
+func onNode(acts []*faultlinev1.Action, node string) []*faultlinev1.Action {
+	return slices.DeleteFunc(slices.Clone(acts), func(a *faultlinev1.Action) bool { return a.GetNode() != node })
 }
 
 func kinds(acts []*faultlinev1.Action) string {
@@ -579,7 +588,7 @@ func TestKube(t *testing.T) {
 		if err := h2.resay(context.Background(), p); err != nil {
 			t.Fatal(err)
 		}
-		if got := p.snapshot(); len(got) != 1 || got[0].Id != a.Id || got[0].Kind != events.KindManualUncordon {
+		if got := onNode(p.snapshot(), "unsaid-1"); len(got) != 1 || got[0].Id != a.Id || got[0].Kind != events.KindManualUncordon {
 			t.Fatalf("produced %v, want %s once", got, a.Id)
 		}
 		if n = getNode(t, k, "unsaid-1"); n.Annotations[AnnotationUnsaid] != "" || n.Annotations[AnnotationManualUncordon] == "" {
@@ -590,8 +599,49 @@ func TestKube(t *testing.T) {
 			c, ok := h2.nodes.cached(cl, "unsaid-1", h2.now())
 			return ok && c.Annotations[AnnotationUnsaid] == ""
 		}, "the watch sees the removal")
-		if err := h2.resay(context.Background(), p); err != nil || len(p.snapshot()) != 1 {
+		if err := h2.resay(context.Background(), p); err != nil || len(onNode(p.snapshot(), "unsaid-1")) != 1 {
 			t.Fatalf("produced again: %v %v", p.snapshot(), err)
+		}
+	})
+
+	t.Run("RecoveryActionSurvivesKill", func(t *testing.T) {
+		// The recovery lifts the node and the replica dies before its
+		// batch's output is produced: redelivered, the recovery finds
+		// nothing standing and decides nothing; the node kept the action,
+		// which the replica owning it next produces, the same record.
+		createNodes(t, k, "rekill", "rekill-1")
+		h := newTestHandler(t, testConfig("rekill"), map[string]kubernetes.Interface{"c1": k})
+		handle(t, h, record("c1", fatal("rekill-1", "XID_ERROR_48", "GPU-1")))
+		rec := record("c1", healthy("rekill-1", "XID_ERROR_48", "GPU-1"))
+		res, err := h.Handle(context.Background(), []*kgo.Record{rec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lifted, _ := splitOut(t, res.Out)
+		h.Close() // killed before the produce: res.Produced never called
+		if kinds(lifted) != "unquarantine/applied" || getNode(t, k, "rekill-1").Spec.Unschedulable {
+			t.Fatalf("recovery: %s", kinds(lifted))
+		}
+
+		h2 := newTestHandler(t, testConfig("rekill"), map[string]kubernetes.Interface{"c1": k})
+		t.Cleanup(h2.Close)
+		h2.WatchClusters([]string{"c1"})
+		cl, _ := h2.reg.Get("c1")
+		waitUntil(t, 10*time.Second, h2.nodes.get(cl).synced, "node watch synced")
+		if again, _ := handle(t, h2, rec); len(again) > 0 {
+			t.Fatalf("redelivered recovery decided %s", kinds(again))
+		}
+		p := &actionSink{}
+		if err := h2.resay(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+		got := onNode(p.snapshot(), "rekill-1")
+		if len(got) != 1 || got[0].Id != lifted[0].Id || !proto.Equal(got[0].Timestamp, lifted[0].Timestamp) ||
+			got[0].Details[events.DetailUncordoned] != "true" {
+			t.Fatalf("produced %v, want %v", got, lifted[0])
+		}
+		if n := getNode(t, k, "rekill-1"); n.Annotations[AnnotationUnsaid] != "" {
+			t.Fatalf("produced action left on the node: %s", n.Annotations[AnnotationUnsaid])
 		}
 	})
 

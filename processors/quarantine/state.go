@@ -36,10 +36,10 @@ const (
 	// (flap.go): the only mark faultline leaves on a node where nothing
 	// stands, and only while a fault of it may still be flapping.
 	AnnotationOnsets = "faultline.io/quarantine-onsets"
-	// AnnotationUnsaid holds State.Unsaid: the audit actions of writes made
-	// outside an event's handling (a stabilization lift, a manual uncordon
-	// noticed by the watch), written with the change they record and
-	// removed once produced (unsaid.go).
+	// AnnotationUnsaid holds State.Unsaid: the audit actions of writes that
+	// nothing decides again (a recovery's lift, a stabilization lift, a
+	// manual uncordon), written with the change they record and removed
+	// once produced (unsaid.go).
 	AnnotationUnsaid = "faultline.io/quarantine-unsaid"
 	// LabelQuarantined is "true" while a standing fault cordons or taints
 	// the node (not for faults acknowledged by a manual uncordon); the
@@ -97,11 +97,10 @@ type State struct {
 	// (AnnotationOnsets); with AnnotationState it stays within
 	// MaxStateBytes.
 	History map[string][]time.Time `json:"-"`
-	// Unsaid are the actions (protojson) of changes made by the sweep or
-	// the uncordon loop not yet produced, newest maxUnsaid, in their own
-	// annotation (AnnotationUnsaid): no redelivered record would decide
-	// them again, so the node keeps them until they are on the actions
-	// topic.
+	// Unsaid are the actions (protojson) of lifts and manual uncordons
+	// not yet produced, newest maxUnsaid, in their own annotation
+	// (AnnotationUnsaid): nothing would decide them again, so the node
+	// keeps them until they are on the actions topic.
 	Unsaid []json.RawMessage `json:"-"`
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -18,39 +19,99 @@ import (
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
-// The stabilization sweep and the manual-uncordon loop change a node
-// without a record to redeliver: a process killed between the node's write
-// and its action's produce, or restarted while Kafka was down, would lose
-// the action for ever (the next sweep finds nothing left to decide). So
-// the write that makes the change also writes its action into the node
-// (State.Unsaid, AnnotationUnsaid); once produced it is removed, by one
-// more write. What a process could not produce, the replica owning the
+// A recovery's lift, the stabilization sweep's and a manual uncordon
+// noticed by the watch change a node in a way nothing decides again: a
+// redelivered recovery finds its faults gone, the next sweep finds nothing
+// left to lift. A process killed between the node's write and its action's
+// produce, or restarted while Kafka was down, would lose the action for
+// ever. So the write that makes the change also writes its action into the
+// node (State.Unsaid, AnnotationUnsaid); once produced it is removed, by
+// one more write. What a process could not produce, the replica owning the
 // node produces again (resay, every resayInterval): the same id, which
-// the store keeps once.
+// the store keeps once. An event's actions go out with its batch's output
+// (the pipeline says when: markSaid); resay then only removes them.
 
 const (
 	// maxUnsaid bounds the actions a node keeps unsaid: past it (a node
 	// lifted and uncordoned this often during one Kafka outage) the oldest
 	// are dropped.
 	maxUnsaid = 16
+	// maxUnsaidBytes bounds them together (beside the state's
+	// MaxStateBytes, within Kubernetes' 256 KiB of annotations), and
+	// maxUnsaidDetail each detail of the copy kept on the node: an
+	// event's entities and pods may be tens of KiB.
+	maxUnsaidBytes  = 16 << 10
+	maxUnsaidDetail = 256
 	// resayInterval is how often a replica produces the unsaid actions of
 	// its nodes, and the bound of one produce (the loops go on while the
 	// broker is down).
 	resayInterval = 10 * time.Second
+	// saidFor is how long a batch's produced unsaid action is remembered
+	// for resay to remove it without producing it again; a node the watch
+	// has not shown written by then gets its action produced twice.
+	saidFor = 2 * time.Minute
 )
 
-// addUnsaid adds acts to the node's unsaid actions.
+// writtenUnsaid reports whether a is of the kinds written on their node
+// until produced (ownUnsaid).
+func writtenUnsaid(a *faultlinev1.Action) bool {
+	return a.GetRole() == Role && !a.GetDryRun() && (a.GetKind() == events.KindUnquarantine || a.GetKind() == events.KindManualUncordon)
+}
+
+// markSaid remembers that the pipeline produced the actions ids.
+func (h *Handler) markSaid(ids []string) {
+	now := h.now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, id := range ids {
+		h.said[id] = now
+	}
+}
+
+// takeSaid splits acts into those a batch's output produced (forgotten
+// here) and the rest; remembered ids older than saidFor go.
+func (h *Handler) takeSaid(acts []*faultlinev1.Action) (said []string, rest []*faultlinev1.Action) {
+	now := h.now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id, at := range h.said {
+		if now.Sub(at) > saidFor {
+			delete(h.said, id)
+		}
+	}
+	for _, a := range acts {
+		if _, ok := h.said[a.GetId()]; ok {
+			delete(h.said, a.GetId())
+			said = append(said, a.GetId())
+		} else {
+			rest = append(rest, a)
+		}
+	}
+	return said, rest
+}
+
+// addUnsaid adds acts to the node's unsaid actions, each detail cut to
+// maxUnsaidDetail; the oldest go past maxUnsaid or maxUnsaidBytes.
 func (s *State) addUnsaid(acts ...*faultlinev1.Action) {
 	for _, a := range acts {
+		a = proto.CloneOf(a)
+		for k, v := range a.Details {
+			a.Details[k] = events.Truncate(v, maxUnsaidDetail)
+		}
 		b, err := protojson.Marshal(a)
 		if err != nil {
 			continue // every field of an Action is encodable
 		}
 		s.Unsaid = append(s.Unsaid, b)
 	}
-	if over := len(s.Unsaid) - maxUnsaid; over > 0 {
-		s.Unsaid = s.Unsaid[over:]
+	size, keep := 0, 0
+	for i := len(s.Unsaid) - 1; i >= 0 && keep < maxUnsaid; i-- {
+		if size += len(s.Unsaid[i]); size > maxUnsaidBytes {
+			break
+		}
+		keep++
 	}
+	s.Unsaid = s.Unsaid[len(s.Unsaid)-keep:]
 }
 
 // unsaid decodes the node's unsaid actions. Only the actions the loops
@@ -74,8 +135,7 @@ func (s *State) unsaid(cluster, node string) (acts []*faultlinev1.Action, bad in
 // cluster/node.
 func ownUnsaid(raw json.RawMessage, cluster, node string) (*faultlinev1.Action, bool) {
 	a := &faultlinev1.Action{}
-	if protojson.Unmarshal(raw, a) != nil || a.GetId() == "" || a.GetCluster() != cluster || a.GetNode() != node ||
-		a.GetRole() != Role || a.GetDryRun() || (a.GetKind() != events.KindUnquarantine && a.GetKind() != events.KindManualUncordon) {
+	if protojson.Unmarshal(raw, a) != nil || a.GetId() == "" || a.GetCluster() != cluster || a.GetNode() != node || !writtenUnsaid(a) {
 		return nil, false
 	}
 	return a, true
@@ -188,13 +248,14 @@ func (h *Handler) resay(ctx context.Context, p pipeline.Producer) error {
 			if bad > 0 {
 				h.log.Warn("entries of "+AnnotationUnsaid+" that are not this node's own quarantine actions; removed, not produced",
 					"cluster", name, "node", n.Name, "entries", bad)
-				if len(own) == 0 {
-					if err := h.forgetUnsaid(ctx, name, n.Name, nil); err != nil {
-						errs = append(errs, err)
-					}
+			}
+			said, rest := h.takeSaid(own)
+			if len(said) > 0 || (bad > 0 && len(rest) == 0) {
+				if err := h.forgetUnsaid(ctx, name, n.Name, said); err != nil {
+					errs = append(errs, err)
 				}
 			}
-			acts = append(acts, own...)
+			acts = append(acts, rest...)
 		}
 		if err := h.say(ctx, p, acts); err != nil {
 			errs = append(errs, fmt.Errorf("cluster %s: %w", name, err))
