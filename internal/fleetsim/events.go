@@ -21,6 +21,15 @@ func Healthy(node string, g int) *datamodels.HealthEvent {
 	return ev
 }
 
+// Recovered is the all-clear of fault's check on the same entities: what
+// its agent reports once the check passes again.
+func Recovered(fault *datamodels.HealthEvent) *datamodels.HealthEvent {
+	ev := event(fault.GetNodeName(), fault.GetComponentClass(), fault.GetCheckName(), false, fault.GetCheckName()+" passes again",
+		datamodels.RecommendedAction_NONE, nil, fault.GetEntitiesImpacted()...)
+	ev.IsHealthy = true
+	return ev
+}
+
 // PortUp is an InfiniBand port's healthy state event.
 func PortUp(node string, nic int) *datamodels.HealthEvent {
 	n := fmt.Sprintf("mlx5_%d", nic)

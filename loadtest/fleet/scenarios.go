@@ -12,11 +12,13 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/loadtest/machine"
 	"github.com/faultline/faultline/processors"
+	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -595,6 +597,52 @@ func runMassFailure(ctx context.Context, e *Env, p Params, r *Report) error {
 	if !p.BreakerOff {
 		r.Check(cordoned+held == n, "cordoned %d + held %d != %d failed nodes", cordoned, held, n)
 	}
+	return massRecovery(ctx, e, p, r, n, cordoned)
+}
+
+// massRecovery: the nodes of mass-failure recover at once: every cordoned
+// node uncordoned, each lift's action produced and gone from its node
+// (the quarantine role writes it there until it is on the actions topic).
+func massRecovery(ctx context.Context, e *Env, p Params, r *Report, n, cordoned int) error {
+	writes0, _ := e.Cordons.NodeWrites()
+	t0 := time.Now()
+	res := e.Blast(ctx, p.Transport, n, 1, 64, func(node string) *datamodels.HealthEvent {
+		return fleetsim.Recovered(fleetsim.Xid(node, 0, 79))
+	})
+	sentIn := time.Since(t0)
+	ok := waitFor(ctx, 120*time.Second, func() bool { return e.Cordons.Uncordoned() >= cordoned })
+	liftedIn := time.Since(t0)
+	var left int
+	said := waitFor(ctx, 120*time.Second, func() bool {
+		if _, nodes := e.Actions.Count("unquarantine/applied"); nodes < cordoned {
+			return false
+		}
+		time.Sleep(500 * time.Millisecond) // a list of the fleet's nodes per try
+		left = 0
+		for _, c := range e.Clusters {
+			nodes, err := e.Kubes[c].Client().CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				left = -1
+				return false
+			}
+			for _, node := range nodes.Items {
+				if _, ok := node.Annotations[quarantine.AnnotationUnsaid]; ok {
+					left++
+				}
+			}
+		}
+		return left == 0
+	})
+	saidIn := time.Since(t0)
+	time.Sleep(2 * time.Second)
+	writes, _ := e.Cordons.NodeWrites()
+	lifts, _ := e.Actions.Count("unquarantine/applied")
+	r.Figure("mass recovery over %s: the %d nodes recover at once (%s, sent in %s); %d uncordoned (want %d) in %s from the first send; %d unquarantine/applied actions, every one produced and gone from its node in %s; %d Node updates seen (%.1f per uncordoned node: the lift, then the removal of its action)",
+		e.Describe(), n, p.Transport, sentIn.Round(time.Millisecond), e.Cordons.Uncordoned(), cordoned, liftedIn.Round(time.Millisecond),
+		lifts, saidIn.Round(time.Millisecond), writes-writes0, float64(writes-writes0)/float64(max(1, cordoned)))
+	r.Check(res.Failed == 0 && res.Sent == int64(n*len(e.Clusters)), "recoveries: sent %d of %d (%d failed)", res.Sent, n, res.Failed)
+	r.Check(ok, "uncordoned %d of %d", e.Cordons.Uncordoned(), cordoned)
+	r.Check(said && lifts == cordoned, "%d unquarantine/applied actions for %d lifted nodes; %d nodes still carry an unsaid action", lifts, cordoned, left)
 	return nil
 }
 

@@ -109,6 +109,19 @@ func (w *CordonWatch) Count() (cordoned, twice int) {
 	return len(w.first), twice
 }
 
+// Uncordoned returns the nodes seen cordoned that are schedulable now.
+func (w *CordonWatch) Uncordoned() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for k := range w.first {
+		if !w.state[k] {
+			n++
+		}
+	}
+	return n
+}
+
 // CountIn returns the nodes of cluster seen cordoned (ever).
 func (w *CordonWatch) CountIn(cluster string) int { return len(w.FirstIn(cluster)) }
 

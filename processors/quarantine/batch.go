@@ -109,10 +109,7 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 	results := pipeline.ByKey(items, func(it item) string { return string(it.rec.Key) }, h.cfg.Workers,
 		func(seq []item) seqResult { return h.handleSeq(ctx, seq, retry, deadline) })
 	res := pipeline.Result{Dead: dead}
-	var (
-		failed []error
-		unsaid []string
-	)
+	var failed []error
 	for _, r := range results {
 		if r.failed != nil {
 			failed = append(failed, r.failed)
@@ -123,9 +120,6 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 				return pipeline.Result{}, err
 			}
 			res.Out = append(res.Out, rec)
-			if writtenUnsaid(a) {
-				unsaid = append(unsaid, a.GetId())
-			}
 		}
 		for _, it := range r.deferred {
 			res.Out = append(res.Out, retryRecord(it.rec))
@@ -136,8 +130,12 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 		h.keepRetried(results)
 		return pipeline.Result{}, fmt.Errorf("quarantine retry batch: %w", errors.Join(failed...))
 	}
-	if len(unsaid) > 0 {
-		res.Produced = func() { h.markSaid(unsaid) }
+	var unsaid []*faultlinev1.Action
+	for _, r := range results {
+		unsaid = append(unsaid, r.actions...)
+	}
+	if ids := unsaidIDs(unsaid); len(ids) > 0 {
+		res.Produced = func() { h.track(ids, true) }
 	}
 	return res, nil
 }

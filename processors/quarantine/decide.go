@@ -280,16 +280,25 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 	if events.NeverActs(ev) || cl == nil || cl.Kube == nil {
 		return nil, nil
 	}
-	if h.nodes.nothingStanding(cl, it.node, h.now()) {
-		h.m.cacheHits.WithLabelValues(it.cluster).Inc()
-		return nil, nil // the common case, decided without a request
-	}
-	node, err := h.getNode(ctx, cl, it.node)
-	if apierrors.IsNotFound(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
+	// The watch's copy when it has one, as for a fault: the write below
+	// carries its resourceVersion, so a stale copy costs a conflict and a
+	// live read; a fresh one saves a GET per recovery (a fleet-wide
+	// recovery is bounded by the client's QPS).
+	node, cached := h.nodes.cached(cl, it.node, h.now())
+	if cached {
+		if st, err := ReadState(node); err == nil && len(st.Faults) == 0 {
+			h.m.cacheHits.WithLabelValues(it.cluster).Inc()
+			return nil, nil // the common case, decided without a request
+		}
+	} else {
+		var err error
+		node, err = h.getNode(ctx, cl, it.node)
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	entity := events.EntityKey(ev)
 	at := time.Time{}
@@ -318,7 +327,7 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 	// failed for another cluster, then restarted) would lose them; the
 	// owning replica produces them again (unsaid.go).
 	var acts []*faultlinev1.Action
-	_, err = h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
+	_, err := h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
 		acts = acts[:0] // a conflict re-decides on the node as it is now
 		now := h.now()
 		manual := st.DetectManualUncordon(n, now)
@@ -332,12 +341,13 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 		if len(removed) > 0 || len(held) > 0 {
 			acts = append(acts, h.recoveryAction(it, cl, st, removed, held, flap))
 		}
-		st.addUnsaid(slices.DeleteFunc(slices.Clone(acts), func(a *faultlinev1.Action) bool { return a.GetKind() == events.KindSkip })...)
+		st.addUnsaid(slices.DeleteFunc(slices.Clone(acts), func(a *faultlinev1.Action) bool { return !writtenUnsaid(a) })...)
 		return len(removed) > 0 || len(held) > 0 || manual, nil
 	})
 	if err != nil {
 		return nil, err
 	}
+	h.track(unsaidIDs(acts), false) // in flight until the batch's output is produced
 	for _, a := range acts {
 		h.m.decisions.WithLabelValues(it.cluster, a.GetKind(), a.GetOutcome()).Inc()
 	}

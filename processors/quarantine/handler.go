@@ -82,9 +82,9 @@ type Handler struct {
 	// sweep no longer finds them; sweeps numbers the sweeps. Under mu.
 	dryRunLifts map[string]wouldLift
 	sweeps      atomic.Uint64
-	// said: when the pipeline produced each unsaid action a batch returned
-	// (by id), so resay only removes it from its node (unsaid.go). Under mu.
-	said map[string]time.Time
+	// saying: the unsaid actions this replica wrote, by id, in flight or
+	// produced (unsaid.go). Under mu.
+	saying map[string]saying
 }
 
 // Close stops the handler's node watches.
@@ -136,7 +136,7 @@ func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options
 		cfg: cfg, policy: pol, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		m: newMetrics(opts.Registerer), optKey: k, optVal: v,
 		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{}, ruleErrLogged: map[string]time.Time{},
-		retried: map[string]retriedActions{}, dryRunLifts: map[string]wouldLift{}, said: map[string]time.Time{},
+		retried: map[string]retriedActions{}, dryRunLifts: map[string]wouldLift{}, saying: map[string]saying{},
 		lastEvent: map[string]time.Time{},
 		uncordons: make(chan nodeRef, 1024), Ownership: pipeline.Ownership{Topic: events.TopicEvents},
 	}

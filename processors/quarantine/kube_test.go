@@ -606,7 +606,8 @@ func TestKube(t *testing.T) {
 
 	t.Run("RecoveryActionSurvivesKill", func(t *testing.T) {
 		// The recovery lifts the node and the replica dies before its
-		// batch's output is produced: redelivered, the recovery finds
+		// batch's output is produced (resay leaves an action in flight
+		// alone until then): redelivered, the recovery finds
 		// nothing standing and decides nothing; the node kept the action,
 		// which the replica owning it next produces, the same record.
 		createNodes(t, k, "rekill", "rekill-1")
@@ -618,15 +619,26 @@ func TestKube(t *testing.T) {
 			t.Fatal(err)
 		}
 		lifted, _ := splitOut(t, res.Out)
-		h.Close() // killed before the produce: res.Produced never called
 		if kinds(lifted) != "unquarantine/applied" || getNode(t, k, "rekill-1").Spec.Unschedulable {
 			t.Fatalf("recovery: %s", kinds(lifted))
 		}
+		// While the batch's output is in flight, resay leaves its action.
+		h.WatchClusters([]string{"c1"})
+		cl, _ := h.reg.Get("c1")
+		waitUntil(t, 10*time.Second, func() bool {
+			c, ok := h.nodes.cached(cl, "rekill-1", h.now())
+			return ok && c.Annotations[AnnotationUnsaid] != ""
+		}, "the watch has the lift")
+		inFlight := &actionSink{}
+		if err := h.resay(context.Background(), inFlight); err != nil || len(onNode(inFlight.snapshot(), "rekill-1")) > 0 {
+			t.Fatalf("resay of an action in flight: %s, %v", kinds(inFlight.snapshot()), err)
+		}
+		h.Close() // killed before the produce: res.Produced never called
 
 		h2 := newTestHandler(t, testConfig("rekill"), map[string]kubernetes.Interface{"c1": k})
 		t.Cleanup(h2.Close)
 		h2.WatchClusters([]string{"c1"})
-		cl, _ := h2.reg.Get("c1")
+		cl, _ = h2.reg.Get("c1")
 		waitUntil(t, 10*time.Second, h2.nodes.get(cl).synced, "node watch synced")
 		if again, _ := handle(t, h2, rec); len(again) > 0 {
 			t.Fatalf("redelivered recovery decided %s", kinds(again))

@@ -127,17 +127,6 @@ func interned(m map[string]string) map[string]string {
 	return out
 }
 
-// nothingStanding reports whether the cache knows the node carries no
-// faultline fault and this replica has not written it recently.
-func (c *nodeCaches) nothingStanding(cl *clusters.Client, node string, now time.Time) bool {
-	n, ok := c.cached(cl, node, now)
-	if !ok {
-		return false
-	}
-	st, err := ReadState(n)
-	return err == nil && len(st.Faults) == 0
-}
-
 // cached returns the watch's copy of the node (name, UID, labels,
 // annotations, taints, unschedulable, the conditions faultline set: all
 // that quarantine reads and writes) when the watch has synced and this

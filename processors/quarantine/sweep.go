@@ -139,6 +139,7 @@ func (h *Handler) liftStabilized(ctx context.Context, cl *clusters.Client, node 
 	for _, a := range acts {
 		h.m.decisions.WithLabelValues(cl.Name, events.KindUnquarantine, a.Outcome).Inc()
 	}
+	h.track(unsaidIDs(acts), false) // in flight until the loop says them
 	return acts, nil
 }
 

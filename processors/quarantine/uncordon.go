@@ -103,5 +103,6 @@ func (h *Handler) AcknowledgeUncordon(ctx context.Context, cluster, node string)
 		return nil, err
 	}
 	h.m.decisions.WithLabelValues(cluster, events.KindManualUncordon, events.OutcomeDecided).Inc()
+	h.track([]string{a.Id}, false) // in flight until the loop says it
 	return a, nil
 }

@@ -29,7 +29,8 @@ import (
 // one more write. What a process could not produce, the replica owning the
 // node produces again (resay, every resayInterval): the same id, which
 // the store keeps once. An event's actions go out with its batch's output
-// (the pipeline says when: markSaid); resay then only removes them.
+// (the pipeline says when); resay leaves the actions a batch or loop of
+// this replica has in flight, and only removes those it produced.
 
 const (
 	// maxUnsaid bounds the actions a node keeps unsaid: past it (a node
@@ -46,10 +47,12 @@ const (
 	// its nodes, and the bound of one produce (the loops go on while the
 	// broker is down).
 	resayInterval = 10 * time.Second
-	// saidFor is how long a batch's produced unsaid action is remembered
-	// for resay to remove it without producing it again; a node the watch
-	// has not shown written by then gets its action produced twice.
-	saidFor = 2 * time.Minute
+	// sayingFor bounds how long this replica remembers an unsaid action
+	// it wrote: in flight (its batch or loop has not produced it; resay
+	// leaves it), or produced (resay only removes it from its node). Past
+	// it, resay produces the action again: a batch that failed and will
+	// not decide it again, a node the watch did not show in time.
+	sayingFor = 2 * time.Minute
 )
 
 // writtenUnsaid reports whether a is of the kinds written on their node
@@ -58,36 +61,58 @@ func writtenUnsaid(a *faultlinev1.Action) bool {
 	return a.GetRole() == Role && !a.GetDryRun() && (a.GetKind() == events.KindUnquarantine || a.GetKind() == events.KindManualUncordon)
 }
 
-// markSaid remembers that the pipeline produced the actions ids.
-func (h *Handler) markSaid(ids []string) {
+// saying is what this replica knows of an unsaid action it wrote.
+type saying struct {
+	at       time.Time
+	produced bool
+}
+
+// track remembers the unsaid actions ids this replica wrote: in flight,
+// or produced.
+func (h *Handler) track(ids []string, produced bool) {
 	now := h.now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, id := range ids {
-		h.said[id] = now
+		h.saying[id] = saying{at: now, produced: produced}
 	}
 }
 
-// takeSaid splits acts into those a batch's output produced (forgotten
-// here) and the rest; remembered ids older than saidFor go.
-func (h *Handler) takeSaid(acts []*faultlinev1.Action) (said []string, rest []*faultlinev1.Action) {
+// unsaidIDs returns the ids of the actions among acts of the kinds
+// written unsaid.
+func unsaidIDs(acts []*faultlinev1.Action) []string {
+	var ids []string
+	for _, a := range acts {
+		if writtenUnsaid(a) {
+			ids = append(ids, a.GetId())
+		}
+	}
+	return ids
+}
+
+// sort splits a node's unsaid actions into those produced (their ids;
+// forgotten here), those to produce, and (neither) those still in flight;
+// what was tracked longer than sayingFor is forgotten.
+func (h *Handler) sort(acts []*faultlinev1.Action) (produced []string, unsaid []*faultlinev1.Action) {
 	now := h.now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for id, at := range h.said {
-		if now.Sub(at) > saidFor {
-			delete(h.said, id)
+	for id, s := range h.saying {
+		if now.Sub(s.at) > sayingFor {
+			delete(h.saying, id)
 		}
 	}
 	for _, a := range acts {
-		if _, ok := h.said[a.GetId()]; ok {
-			delete(h.said, a.GetId())
-			said = append(said, a.GetId())
-		} else {
-			rest = append(rest, a)
+		s, ok := h.saying[a.GetId()]
+		switch {
+		case !ok:
+			unsaid = append(unsaid, a)
+		case s.produced:
+			delete(h.saying, a.GetId())
+			produced = append(produced, a.GetId())
 		}
 	}
-	return said, rest
+	return produced, unsaid
 }
 
 // addUnsaid adds acts to the node's unsaid actions, each detail cut to
@@ -114,8 +139,8 @@ func (s *State) addUnsaid(acts ...*faultlinev1.Action) {
 	s.Unsaid = s.Unsaid[len(s.Unsaid)-keep:]
 }
 
-// unsaid decodes the node's unsaid actions. Only the actions the loops
-// write, about this very node, are taken: the annotation is the node's,
+// unsaid decodes the node's unsaid actions. Only the kinds written there
+// (writtenUnsaid), about this very node, are taken: the annotation is the node's,
 // which its own kubelet may write, so an entry naming another node (a
 // forged quarantine/applied would start a drain there), another kind or
 // role, or one that does not decode, is not produced; bad counts them
@@ -131,8 +156,8 @@ func (s *State) unsaid(cluster, node string) (acts []*faultlinev1.Action, bad in
 	return acts, bad
 }
 
-// ownUnsaid decodes raw when it is an action the loops write about
-// cluster/node.
+// ownUnsaid decodes raw when it is an action of the kinds written unsaid,
+// about cluster/node.
 func ownUnsaid(raw json.RawMessage, cluster, node string) (*faultlinev1.Action, bool) {
 	a := &faultlinev1.Action{}
 	if protojson.Unmarshal(raw, a) != nil || a.GetId() == "" || a.GetCluster() != cluster || a.GetNode() != node || !writtenUnsaid(a) {
@@ -166,13 +191,13 @@ func (h *Handler) say(ctx context.Context, p pipeline.Producer, acts []*faultlin
 	if err != nil {
 		h.mu.Lock()
 		for _, a := range acts {
-			if a.GetDryRun() {
-				delete(h.dryRunLifts, a.GetId())
-			}
+			delete(h.dryRunLifts, a.GetId())
+			delete(h.saying, a.GetId()) // no longer in flight: the next resay produces it
 		}
 		h.mu.Unlock()
 		return errors.Join(append(errs, fmt.Errorf("produce %d action(s): %w", len(recs), err))...)
 	}
+	h.track(unsaidIDs(acts), true)
 	type nodeKey struct{ cluster, node string }
 	said := map[nodeKey][]string{}
 	for _, a := range acts {
@@ -249,13 +274,13 @@ func (h *Handler) resay(ctx context.Context, p pipeline.Producer) error {
 				h.log.Warn("entries of "+AnnotationUnsaid+" that are not this node's own quarantine actions; removed, not produced",
 					"cluster", name, "node", n.Name, "entries", bad)
 			}
-			said, rest := h.takeSaid(own)
-			if len(said) > 0 || (bad > 0 && len(rest) == 0) {
-				if err := h.forgetUnsaid(ctx, name, n.Name, said); err != nil {
+			produced, unsaid := h.sort(own)
+			if len(produced) > 0 || (bad > 0 && len(unsaid) == 0) {
+				if err := h.forgetUnsaid(ctx, name, n.Name, produced); err != nil {
 					errs = append(errs, err)
 				}
 			}
-			acts = append(acts, rest...)
+			acts = append(acts, unsaid...)
 		}
 		if err := h.say(ctx, p, acts); err != nil {
 			errs = append(errs, fmt.Errorf("cluster %s: %w", name, err))
