@@ -604,6 +604,34 @@ func TestKube(t *testing.T) {
 		}
 	})
 
+	t.Run("ManualUncordonActionSaidOnce", func(t *testing.T) {
+		// The loop produces its acknowledgement; the next resay round only
+		// removes it from the node (from the watch's copy).
+		h := uncordonedByHand(t, k, "saidonce", "saidonce-1")
+		t.Cleanup(h.Close)
+		a, err := h.AcknowledgeUncordon(context.Background(), "c1", "saidonce-1")
+		if err != nil || a == nil {
+			t.Fatalf("acknowledged: %v %v", a, err)
+		}
+		p := &actionSink{}
+		h.sayLoop(context.Background(), p, "manual uncordon", []*faultlinev1.Action{a}, nil)
+		h.WatchClusters([]string{"c1"})
+		cl, _ := h.reg.Get("c1")
+		waitUntil(t, 10*time.Second, func() bool {
+			c, ok := h.nodes.cached(cl, "saidonce-1", h.now())
+			return ok && strings.Contains(c.Annotations[AnnotationUnsaid], a.Id)
+		}, "the watch has the acknowledgement")
+		if err := h.resay(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+		if got := onNode(p.snapshot(), "saidonce-1"); len(got) != 1 || got[0].Id != a.Id {
+			t.Fatalf("produced %s, want %s once", kinds(got), a.Id)
+		}
+		if n := getNode(t, k, "saidonce-1"); n.Annotations[AnnotationUnsaid] != "" {
+			t.Fatalf("produced action left on the node: %s", n.Annotations[AnnotationUnsaid])
+		}
+	})
+
 	t.Run("RecoveryActionSurvivesKill", func(t *testing.T) {
 		// The recovery lifts the node and the replica dies before its
 		// batch's output is produced (resay leaves an action in flight

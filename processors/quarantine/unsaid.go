@@ -25,12 +25,13 @@ import (
 // left to lift. A process killed between the node's write and its action's
 // produce, or restarted while Kafka was down, would lose the action for
 // ever. So the write that makes the change also writes its action into the
-// node (State.Unsaid, AnnotationUnsaid); once produced it is removed, by
-// one more write. What a process could not produce, the replica owning the
-// node produces again (resay, every resayInterval): the same id, which
-// the store keeps once. An event's actions go out with its batch's output
-// (the pipeline says when); resay leaves the actions a batch or loop of
-// this replica has in flight, and only removes those it produced.
+// node (State.Unsaid, AnnotationUnsaid). An event's actions go out with
+// its batch's output (the pipeline says when), the loops' with say. Every
+// resayInterval the replica owning the node removes from it, by one more
+// write of the watch's copy, what was produced, leaves what a batch or
+// loop of this replica has in flight, and produces the rest: what a
+// process could not produce, or was killed before producing (the same id,
+// which the store keeps once).
 
 const (
 	// maxUnsaid bounds the actions a node keeps unsaid: past it (a node
@@ -166,9 +167,9 @@ func ownUnsaid(raw json.RawMessage, cluster, node string) (*faultlinev1.Action, 
 	return a, true
 }
 
-// say produces acts, then removes from their nodes the live ones (written
-// there as unsaid). Dry-run would-lifts, written nowhere, are reported
-// again by the next sweep when the produce fails.
+// say produces acts; resay removes the live ones (written there as
+// unsaid) from their nodes. Dry-run would-lifts, written nowhere, are
+// reported again by the next sweep when the produce fails.
 func (h *Handler) say(ctx context.Context, p pipeline.Producer, acts []*faultlinev1.Action) error {
 	if len(acts) == 0 {
 		return nil
@@ -198,19 +199,6 @@ func (h *Handler) say(ctx context.Context, p pipeline.Producer, acts []*faultlin
 		return errors.Join(append(errs, fmt.Errorf("produce %d action(s): %w", len(recs), err))...)
 	}
 	h.track(unsaidIDs(acts), true)
-	type nodeKey struct{ cluster, node string }
-	said := map[nodeKey][]string{}
-	for _, a := range acts {
-		if !a.GetDryRun() {
-			k := nodeKey{a.GetCluster(), a.GetNode()}
-			said[k] = append(said[k], a.GetId())
-		}
-	}
-	for k, ids := range said {
-		if err := h.forgetUnsaid(ctx, k.cluster, k.node, ids); err != nil {
-			errs = append(errs, err)
-		}
-	}
 	return errors.Join(errs...)
 }
 
@@ -242,8 +230,9 @@ func (h *Handler) forgetUnsaid(ctx context.Context, cluster, node string, ids []
 }
 
 // resay produces the unsaid actions of the nodes this replica owns, in
-// every cluster it watches; a node this replica wrote moments ago is left
-// to the writer, which is producing them.
+// every cluster it watches, and removes from the nodes what was produced
+// (by resay, a batch or a loop); what a batch or loop of this replica has
+// in flight is left to it.
 func (h *Handler) resay(ctx context.Context, p pipeline.Producer) error {
 	var errs []error
 	for _, name := range h.nodes.names() {
@@ -260,7 +249,12 @@ func (h *Handler) resay(ctx context.Context, p pipeline.Producer) error {
 			errs = append(errs, fmt.Errorf("cluster %s: list nodes: %w", name, err))
 			continue
 		}
-		var acts []*faultlinev1.Action
+		var (
+			acts []*faultlinev1.Action
+			// By node: the produced ids to remove, and whether entries that
+			// are not its own are to go too (an entry without ids).
+			forget = map[string][]string{}
+		)
 		for _, n := range nodes {
 			if _, ok := n.Annotations[AnnotationUnsaid]; !ok || !h.Owns(events.Key(name, n.Name)) {
 				continue
@@ -275,15 +269,22 @@ func (h *Handler) resay(ctx context.Context, p pipeline.Producer) error {
 					"cluster", name, "node", n.Name, "entries", bad)
 			}
 			produced, unsaid := h.sort(own)
-			if len(produced) > 0 || (bad > 0 && len(unsaid) == 0) {
-				if err := h.forgetUnsaid(ctx, name, n.Name, produced); err != nil {
-					errs = append(errs, err)
-				}
+			if len(produced) > 0 || bad > 0 {
+				forget[n.Name] = produced
 			}
 			acts = append(acts, unsaid...)
 		}
 		if err := h.say(ctx, p, acts); err != nil {
 			errs = append(errs, fmt.Errorf("cluster %s: %w", name, err))
+		} else {
+			for _, a := range acts {
+				forget[a.GetNode()] = append(forget[a.GetNode()], a.GetId())
+			}
+		}
+		for node, ids := range forget {
+			if err := h.forgetUnsaid(ctx, name, node, ids); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)
