@@ -2,14 +2,19 @@ package janitor
 
 import (
 	"context"
+	"encoding/json"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/encoding/protojson"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -88,7 +93,7 @@ func (s *signals) Terminate(ctx context.Context, t Target) error {
 // and no signal goes out twice. Before the action was produced ahead of
 // the status it reports, a kill after the status write lost it for ever.
 func TestJanitorActionSurvivesKill(t *testing.T) {
-	e := newEnv(t, 7)
+	e := newEnv(t, 8)
 	for _, tc := range []struct {
 		name     string
 		kd       kind
@@ -176,6 +181,69 @@ func TestJanitorActionSurvivesKill(t *testing.T) {
 		})
 	}
 
+	// Kafka refuses every action of a reboot: the reboot goes on, each
+	// action kept on the resource; the next janitor produces them (the
+	// same ids) and removes them. A forged entry about another node, or of
+	// another kind, is removed, never produced.
+	t.Run("KeptWhileKafkaIsDown", func(t *testing.T) {
+		const node = "kept-1"
+		e.node(node, sysID(7), true, nil)
+		stopA := run(t, e.janitorTo(refusing{}, e.config(), false, nil))
+		e.create(kindReboot, node, node, false)
+		o := e.wait(kindReboot, node, 60*time.Second)
+		stopA()
+		var kept []*faultlinev1.Action
+		for _, raw := range unsaidOf(o) {
+			a := &faultlinev1.Action{}
+			if err := protojson.Unmarshal(raw, a); err != nil {
+				t.Fatal(err)
+			}
+			kept = append(kept, a)
+		}
+		if len(kept) != 2 || kept[0].Kind+"/"+kept[0].Outcome != "reboot/applied" || kept[1].Kind+"/"+kept[1].Outcome != "reboot/succeeded" ||
+			condOf(o, CondNodeReady) != "True/"+ReasonSucceeded {
+			t.Fatalf("kept %v; status %v", kept, o.Object["status"])
+		}
+		forged := `[{"id":"f1","cluster":"c1","node":"other","role":"janitor","kind":"reboot","outcome":"succeeded"},` +
+			`{"id":"f2","cluster":"c1","node":"kept-1","role":"quarantine","kind":"quarantine","outcome":"applied"},`
+		ann := strings.Replace(o.GetAnnotations()[AnnotationUnsaid], "[", forged, 1)
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{AnnotationUnsaid: ann}}})
+		if _, err := e.dyn.Resource(kindReboot.GVR).Patch(context.Background(), node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+
+		b, recB := e.janitor(e.config(), false, nil)
+		run(t, b)
+		recB.expect(t, node, []string{"reboot/applied", "reboot/succeeded"})
+		if forgedOut := recB.of("other"); len(forgedOut) > 0 {
+			t.Fatalf("forged actions produced: %v", forgedOut)
+		}
+		recB.mu.Lock()
+		for i, a := range recB.acts {
+			if a.Id != kept[i].Id {
+				t.Errorf("produced %s/%s with id %s, kept with %s", a.Kind, a.Outcome, a.Id, kept[i].Id)
+			}
+		}
+		recB.mu.Unlock()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			o, err := e.dyn.Resource(kindReboot.GVR).Get(context.Background(), node, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := o.GetAnnotations()[AnnotationUnsaid]; !ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("produced actions left on the resource: %s", o.GetAnnotations()[AnnotationUnsaid])
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if n := e.m.cyclesOf(node); n != 1 {
+			t.Fatalf("%d power cycles, want 1", n)
+		}
+	})
+
 	// A terminate recorded by a janitor killed before its provider sent it
 	// (the state cannot tell): the next janitor resumes it as Recorded and
 	// keeps the Node of a machine still Ready — a timeout, not a Node
@@ -207,6 +275,18 @@ func TestJanitorActionSurvivesKill(t *testing.T) {
 		}
 		recB.expect(t, node, []string{"terminate/in_progress", "terminate/failed"})
 	})
+}
+
+// refusing is an actions topic whose broker refuses every record at once
+// (a partition without its in-sync replicas).
+type refusing struct{}
+
+func (refusing) ProduceSync(_ context.Context, rs ...*kgo.Record) kgo.ProduceResults {
+	var out kgo.ProduceResults
+	for _, r := range rs {
+		out = append(out, kgo.ProduceResult{Record: r, Err: kerr.NotEnoughReplicas})
+	}
+	return out
 }
 
 // unsent stands in for a janitor killed inside its provider's call,

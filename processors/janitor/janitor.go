@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +51,9 @@ type Janitor struct {
 	emitTry   time.Duration // bound of one try to produce an action
 	lim       *limiter
 	m         *metrics
+	// refusedAt: when the broker last refused the actions kept on a
+	// resource (unix nanoseconds); resay waits resayAfter from it.
+	refusedAt atomic.Int64
 
 	mu      sync.Mutex
 	mem     map[types.UID]memory // by resource UID; forgotten when it is deleted
@@ -373,20 +377,30 @@ func (j *Janitor) reconcile(ctx context.Context, cr *clusterRun, k qkey) (time.D
 		return 0, nil
 	}
 	u := o.(*unstructured.Unstructured)
-	if finished(u) || j.recall(u.GetUID()).ended {
-		j.lim.release(key)
-		return 0, nil
-	}
-	kd := kindByName(k.kind)
-	op := &operation{j: j, cr: cr, kd: kd, u: u, key: key}
+	op := &operation{j: j, cr: cr, kd: kindByName(k.kind), u: u, key: key}
 	op.nodeName, _, _ = unstructured.NestedString(u.Object, "spec", "nodeName")
+	// The actions kept on the resource first (finished or not), in order.
+	again := op.resay(ctx)
+	if finished(op.u) || j.recall(u.GetUID()).ended {
+		j.lim.release(key)
+		return again, nil
+	}
 	op.force, _, _ = unstructured.NestedBool(u.Object, "spec", "force")
 	op.node = cr.node(op.nodeName)
-	if st := stateOf(u); st != nil {
+	var (
+		wait time.Duration
+		err  error
+	)
+	if st := stateOf(op.u); st != nil {
 		op.st = st
-		return op.follow(ctx)
+		wait, err = op.follow(ctx)
+	} else {
+		wait, err = op.start(ctx)
 	}
-	return op.start(ctx)
+	if again > 0 && (wait == 0 || again < wait) {
+		wait = again
+	}
+	return wait, err
 }
 
 // operation is one reconcile of one resource.
@@ -413,7 +427,7 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		if !j.remember(op.u.GetUID(), func(m *memory) { m.dryRun = true }).dryRun {
 			a := op.action(events.OutcomeDryRun, fmt.Sprintf("would carry out %s on node %s (cluster is dry-run)", op.ref(), op.nodeName), "dry_run", nil)
 			a.DryRun = true
-			j.emit(ctx, a)
+			op.emit(ctx, a)
 		}
 		return 0, nil
 	}
@@ -491,7 +505,7 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	// The action before the status it reports, here and at every step: a
 	// janitor that stops in between finds the step not written and does it
 	// again, producing the same action (same id) again.
-	j.emit(ctx, op.action(events.OutcomeApplied, msg+" to node "+op.nodeName, "signal", nil))
+	op.emit(ctx, op.action(events.OutcomeApplied, msg+" to node "+op.nodeName, "signal", nil))
 	if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonSucceeded, msg}, cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
 		return 0, err
 	}
@@ -515,7 +529,7 @@ func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (ti
 	if errors.Is(err, ErrInProgress) {
 		if !condIs(op.u, CondResetJobCreated, "True") {
 			msg := fmt.Sprintf("reset of %s sent via %s; the node is resetting", what, op.st.Provider)
-			j.emit(ctx, op.action(events.OutcomeInProgress, msg+" (node "+op.nodeName+")", "signal", nil))
+			op.emit(ctx, op.action(events.OutcomeInProgress, msg+" (node "+op.nodeName+")", "signal", nil))
 			if err := op.writeStatus(ctx, false, cond{CondReady, "True", ReasonSucceeded, "accepted"},
 				cond{CondResetJobCreated, "True", ReasonSucceeded, msg}); err != nil {
 				return 0, err
@@ -534,7 +548,7 @@ func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (ti
 		return 0, op.fail(ctx, reason, fmt.Sprintf("reset of %s via %s: %v", what, op.st.Provider, err), true)
 	}
 	msg := fmt.Sprintf("reset %s of node %s via %s", what, op.nodeName, op.st.Provider)
-	j.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
+	op.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
 	if err := op.writeStatus(ctx, true, cond{CondReady, "True", ReasonSucceeded, "accepted"},
 		cond{CondResetJobCreated, "True", ReasonSucceeded, "sent via " + op.st.Provider},
 		cond{CondComplete, "True", ReasonGPUResetSucceeded, msg}); err != nil {
@@ -576,7 +590,7 @@ func (op *operation) deferOnce(ctx context.Context, why string) {
 	j := op.j
 	if !j.remember(op.u.GetUID(), func(m *memory) { m.deferred = true }).deferred {
 		j.m.deferred.WithLabelValues(op.cr.name).Inc()
-		j.emit(ctx, op.action(events.OutcomeDeferred, why, "deferred", nil))
+		op.emit(ctx, op.action(events.OutcomeDeferred, why, "deferred", nil))
 	}
 }
 
@@ -599,7 +613,7 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 			// This janitor sent it; writing SignalSent failed: write it now
 			// (else the resource waits here for ever, holding its slot).
 			msg := fmt.Sprintf("%s signal sent via %s", op.kd.ActionKind, op.st.Provider)
-			j.emit(ctx, op.action(events.OutcomeApplied, msg+" to node "+op.nodeName, "signal", nil))
+			op.emit(ctx, op.action(events.OutcomeApplied, msg+" to node "+op.nodeName, "signal", nil))
 			if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonSucceeded, msg},
 				cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
 				return 0, err
@@ -611,7 +625,7 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 			// SignalSent: it may have been sent. Never twice.
 			msg := fmt.Sprintf("the signal was recorded at %s by %s, which stopped before confirming it; not sent again",
 				op.st.At.Format(time.RFC3339), op.st.By)
-			j.emit(ctx, op.action(events.OutcomeInProgress, "resumed "+op.ref()+": "+msg, "resumed", nil))
+			op.emit(ctx, op.action(events.OutcomeInProgress, "resumed "+op.ref()+": "+msg, "resumed", nil))
 			if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonRecorded, msg},
 				cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
 				return 0, err
@@ -654,13 +668,13 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 		// A forced reboot recorded before this janitor started: its
 		// recorder may have stopped before it produced the action. Not
 		// sent again, but audited (the same id at each restart).
-		j.emit(ctx, op.action(events.OutcomeInProgress, fmt.Sprintf("resumed %s: a forced reboot was recorded at %s; not sent again",
+		op.emit(ctx, op.action(events.OutcomeInProgress, fmt.Sprintf("resumed %s: a forced reboot was recorded at %s; not sent again",
 			op.ref(), op.st.ForcedAt.Format(time.RFC3339)), "force-resumed", nil))
 	}
 	elapsed := j.now().Sub(op.st.At)
 	if n := op.node; n != nil && nodeReady(n) && n.Status.NodeInfo.BootID != "" && n.Status.NodeInfo.BootID != op.st.BootID {
 		msg := fmt.Sprintf("node %s is Ready with a new boot ID %s (was %s) after %v", op.nodeName, n.Status.NodeInfo.BootID, op.st.BootID, elapsed.Round(time.Second))
-		j.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
+		op.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
 		if err := op.writeStatus(ctx, true, cond{CondNodeReady, "True", ReasonSucceeded, msg}); err != nil {
 			return 0, err
 		}
@@ -701,7 +715,7 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 			case err != nil:
 				return 0, op.fail(ctx, reasonOf(err), fmt.Sprintf("forced reboot via %s after %v: %v", op.st.Provider, j.cfg.ForceAfter, err), true)
 			default:
-				j.emit(ctx, op.action(events.OutcomeApplied, fmt.Sprintf("forced reboot via %s: the graceful one did not take node %s down within %v",
+				op.emit(ctx, op.action(events.OutcomeApplied, fmt.Sprintf("forced reboot via %s: the graceful one did not take node %s down within %v",
 					op.st.Provider, op.nodeName, j.cfg.ForceAfter), "force", nil))
 			}
 		}
@@ -732,7 +746,7 @@ func (op *operation) followTerminate(ctx context.Context) (time.Duration, error)
 	}
 	if gone {
 		msg := fmt.Sprintf("node %s terminated via %s and its Node object is gone", op.nodeName, op.st.Provider)
-		j.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
+		op.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
 		if err := op.writeStatus(ctx, true, cond{CondNodeTerminated, "True", ReasonSucceeded, msg}); err != nil {
 			return 0, err
 		}
@@ -763,7 +777,7 @@ func (op *operation) fail(ctx context.Context, reason, msg string, signalled boo
 	if reason == ReasonNotDrained {
 		outcome = events.OutcomeRefused
 	}
-	j.emit(ctx, op.action(outcome, reason+": "+msg, "failed", map[string]string{"reason": reason}))
+	op.emit(ctx, op.action(outcome, reason+": "+msg, "failed", map[string]string{"reason": reason}))
 	if err := op.writeStatus(ctx, true, cs...); err != nil {
 		return err
 	}
@@ -832,17 +846,18 @@ func (op *operation) action(outcome, reason, step string, details map[string]str
 const emitTry = 30 * time.Second
 
 // emit produces an action to the actions topic (a few tries, each bounded
-// by emitTry; the audit is not skipped silently: a record that cannot be
-// produced is logged whole and counted).
-func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) {
+// by emitTry) and reports whether it is done with it: false when it could
+// not be produced (counted and logged: operation.emit keeps it on its
+// resource).
+func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) bool {
 	j.log.Info("janitor: action", "cluster", a.Cluster, "node", a.Node, "kind", a.Kind, "outcome", a.Outcome, "reason", a.Reason)
 	if j.prod == nil {
-		return
+		return true
 	}
 	rec, err := pipeline.ActionRecord(a)
 	if err != nil {
 		j.log.Error("janitor: action not encoded", "err", err, "id", a.Id)
-		return
+		return true
 	}
 	for try := 0; ; try++ {
 		tctx, cancel := context.WithTimeout(ctx, j.emitTry)
@@ -857,10 +872,11 @@ func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) {
 		}
 	}
 	if err != nil {
-		j.m.auditErrors.Inc()
-		j.log.Error("janitor: action not produced", "err", err, "id", a.Id, "cluster", a.Cluster, "node", a.Node,
-			"kind", a.Kind, "outcome", a.Outcome, "reason", a.Reason)
+		j.log.Warn("janitor: action not produced", "err", err, "id", a.Id, "cluster", a.Cluster, "node", a.Node,
+			"kind", a.Kind, "outcome", a.Outcome)
+		return false
 	}
+	return true
 }
 
 func shortHash(s string, n int) string {
@@ -881,7 +897,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		completed:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_completed_total", Help: "Operations ended."}, []string{"cluster", "kind", "outcome"}),
 		apiErrors:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_step_errors_total", Help: "Steps retried after an error."}, []string{"cluster"}),
 		deferred:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_deferred_total", Help: "Operations that waited for a limit or cooldown."}, []string{"cluster"}),
-		auditErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_janitor_audit_errors_total", Help: "Actions that could not be produced."}),
+		auditErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_janitor_audit_errors_total", Help: "Actions lost: neither produced nor kept on their resource."}),
 		signalLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_janitor_signal_seconds", Help: "Resource created to SignalSent.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"cluster"}),
 	}
