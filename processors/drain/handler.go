@@ -275,8 +275,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 			// A second fault joined the drain in progress (its scope
 			// widened): said once the state holds it.
 			joining = false
-			acts = append(acts, h.action(t, st, events.OutcomeInProgress, ReasonJoined+" ("+scopeString(st.GPUs)+")",
-				pipeline.ActionID(st.ID, "joined", t.eventID)))
+			acts = append(acts, h.joined(t, st))
 		}
 	}
 	switch adm {
@@ -561,12 +560,18 @@ func (h *Handler) dryRun(ctx context.Context, cl *clusters.Client, t trigger) ([
 // actions were produced, and the state cannot tell. A record that step
 // produced asks for a time after it, so a drain that was not interrupted
 // says nothing twice. Same ids (and times) as the first time: the store
-// keeps one.
+// keeps one. A joined fault's own trigger says its join again (same id,
+// the time of now).
 func (h *Handler) unaudited(t trigger, st *State) []*faultlinev1.Action {
 	nb := requeue.NotBefore(t.rec)
 	var acts []*faultlinev1.Action
 	if !nb.After(st.StartedAt) {
 		acts = append(acts, h.started(t, st))
+	}
+	if nb.IsZero() && slices.Contains(st.Trigger.EventIDs, t.eventID) && pipeline.ActionID(t.cluster, t.node, t.eventID)[:16] != st.ID {
+		// The trigger of a fault that joined the drain: its batch may
+		// have died before producing the joined action.
+		acts = append(acts, h.joined(t, st))
 	}
 	for _, at := range blockTimes(st) {
 		if !nb.After(at) {
@@ -574,6 +579,12 @@ func (h *Handler) unaudited(t trigger, st *State) []*faultlinev1.Action {
 		}
 	}
 	return acts
+}
+
+// joined is the action of a fault that joined the drain in progress (st
+// holds it, its scope widened): its id is the drain's and the fault's.
+func (h *Handler) joined(t trigger, st *State) *faultlinev1.Action {
+	return h.action(t, st, events.OutcomeInProgress, ReasonJoined+" ("+scopeString(st.GPUs)+")", pipeline.ActionID(st.ID, "joined", t.eventID))
 }
 
 // started is the action that starts a drain: its id is the drain's, its
