@@ -114,7 +114,7 @@ func unsaidOf(u *unstructured.Unstructured) []json.RawMessage {
 // whoever may edit the resource may write the annotation, and a forged
 // action about another node goes nowhere but away.
 func (op *operation) resay(ctx context.Context) time.Duration {
-	if _, ok := op.u.GetAnnotations()[AnnotationUnsaid]; !ok || op.cr.cl.DryRun {
+	if _, ok := op.u.GetAnnotations()[AnnotationUnsaid]; !ok || op.cr.cl.DryRun || op.j.prod == nil {
 		return 0
 	}
 	var recs []*kgo.Record
@@ -137,7 +137,7 @@ func (op *operation) resay(ctx context.Context) time.Duration {
 		op.j.log.Warn("entries of "+AnnotationUnsaid+" that are not this resource's own janitor actions; removed, not produced",
 			"cluster", op.cr.name, "resource", op.ref(), "entries", bad)
 	}
-	if len(recs) > 0 && op.j.prod != nil {
+	if len(recs) > 0 {
 		j := op.j
 		if wait := time.Unix(0, j.refusedAt.Load()).Add(resayAfter).Sub(j.now()); wait > 0 {
 			return wait // the broker refused moments ago: no worker waits on it again yet
