@@ -839,16 +839,15 @@ func (op *operation) action(outcome, reason, step string, details map[string]str
 	}
 }
 
-// emitTry bounds one try to produce an action: the producer waits for a
-// broker that is down, and a worker blocked there would stop following
-// the reboots in progress (their timeouts, the forced reboot). Five tries
-// wait ≈ 2.5 min, longer than a broker's restart.
+// emitTry bounds the try to produce an action (the producer retries
+// within it): it outlasts a broker's restart, and a worker blocked longer
+// would stop following the reboots in progress (their timeouts, the
+// forced reboot). An action not produced by then is kept on its resource.
 const emitTry = 30 * time.Second
 
-// emit produces an action to the actions topic (a few tries, each bounded
-// by emitTry) and reports whether it is done with it: false when it could
-// not be produced (counted and logged: operation.emit keeps it on its
-// resource).
+// emit produces an action to the actions topic (bounded by emitTry) and
+// reports whether it is done with it: false when it could not be produced
+// (operation.emit keeps it on its resource).
 func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) bool {
 	j.log.Info("janitor: action", "cluster", a.Cluster, "node", a.Node, "kind", a.Kind, "outcome", a.Outcome, "reason", a.Reason)
 	if j.prod == nil {
@@ -859,18 +858,9 @@ func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) bool {
 		j.log.Error("janitor: action not encoded", "err", err, "id", a.Id)
 		return true
 	}
-	for try := 0; ; try++ {
-		tctx, cancel := context.WithTimeout(ctx, j.emitTry)
-		err = j.prod.ProduceSync(tctx, rec).FirstErr()
-		cancel()
-		if err == nil || try == 4 || ctx.Err() != nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(200<<try) * time.Millisecond):
-		}
-	}
+	tctx, cancel := context.WithTimeout(ctx, j.emitTry)
+	err = j.prod.ProduceSync(tctx, rec).FirstErr()
+	cancel()
 	if err != nil {
 		j.log.Warn("janitor: action not produced", "err", err, "id", a.Id, "cluster", a.Cluster, "node", a.Node,
 			"kind", a.Kind, "outcome", a.Outcome)

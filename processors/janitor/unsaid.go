@@ -18,7 +18,7 @@ import (
 )
 
 // AnnotationUnsaid holds the actions (protojson, newest maxUnsaid) the
-// janitor could not produce — Kafka down through every try of emit — kept
+// janitor could not produce — Kafka down through emit's try — kept
 // on the resource they report so that no audit record is lost: the next
 // reconcile of the resource, by this janitor or the next, produces them
 // (the same ids, which the store keeps once) and removes them. The
