@@ -109,11 +109,15 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 	results := pipeline.ByKey(items, func(it item) string { return string(it.rec.Key) }, h.cfg.Workers,
 		func(seq []item) seqResult { return h.handleSeq(ctx, seq, retry, deadline) })
 	res := pipeline.Result{Dead: dead}
-	var failed []error
+	var (
+		failed []error
+		acts   []*faultlinev1.Action
+	)
 	for _, r := range results {
 		if r.failed != nil {
 			failed = append(failed, r.failed)
 		}
+		acts = append(acts, r.actions...)
 		for _, a := range r.actions {
 			rec, err := pipeline.ActionRecord(a)
 			if err != nil {
@@ -130,12 +134,8 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 		h.keepRetried(results)
 		return pipeline.Result{}, fmt.Errorf("quarantine retry batch: %w", errors.Join(failed...))
 	}
-	var unsaid []*faultlinev1.Action
-	for _, r := range results {
-		unsaid = append(unsaid, r.actions...)
-	}
-	if ids := unsaidIDs(unsaid); len(ids) > 0 {
-		res.Produced = func() { h.track(ids, true) }
+	if ids := unsaidIDs(acts); len(ids) > 0 {
+		res.Produced = func() { h.track(ids, true) } // resay only removes them from their nodes
 	}
 	return res, nil
 }
