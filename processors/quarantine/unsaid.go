@@ -91,10 +91,8 @@ func unsaidIDs(acts []*faultlinev1.Action) []string {
 	return ids
 }
 
-// sort splits a node's unsaid actions into those produced (their ids;
-// forgotten here), those to produce, and (neither) those still in flight;
-// what was tracked longer than sayingFor is forgotten.
-func (h *Handler) sort(acts []*faultlinev1.Action) (produced []string, unsaid []*faultlinev1.Action) {
+// forgetSaying forgets what was tracked longer than sayingFor.
+func (h *Handler) forgetSaying() {
 	now := h.now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -103,6 +101,13 @@ func (h *Handler) sort(acts []*faultlinev1.Action) (produced []string, unsaid []
 			delete(h.saying, id)
 		}
 	}
+}
+
+// sortUnsaid splits a node's unsaid actions into those produced (their ids;
+// forgotten here), those to produce, and (neither) those still in flight.
+func (h *Handler) sortUnsaid(acts []*faultlinev1.Action) (produced []string, unsaid []*faultlinev1.Action) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	for _, a := range acts {
 		s, ok := h.saying[a.GetId()]
 		switch {
@@ -234,6 +239,7 @@ func (h *Handler) forgetUnsaid(ctx context.Context, cluster, node string, ids []
 // (by resay, a batch or a loop); what a batch or loop of this replica has
 // in flight is left to it.
 func (h *Handler) resay(ctx context.Context, p pipeline.Producer) error {
+	h.forgetSaying()
 	var errs []error
 	for _, name := range h.nodes.names() {
 		cl, err := h.reg.Get(name)
@@ -268,7 +274,7 @@ func (h *Handler) resay(ctx context.Context, p pipeline.Producer) error {
 				h.log.Warn("entries of "+AnnotationUnsaid+" that are not this node's own quarantine actions; removed, not produced",
 					"cluster", name, "node", n.Name, "entries", bad)
 			}
-			produced, unsaid := h.sort(own)
+			produced, unsaid := h.sortUnsaid(own)
 			if len(produced) > 0 || bad > 0 {
 				forget[n.Name] = produced
 			}
