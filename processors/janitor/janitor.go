@@ -51,8 +51,8 @@ type Janitor struct {
 	emitTry   time.Duration // bound of one try to produce an action
 	lim       *limiter
 	m         *metrics
-	// refusedAt: when the broker last refused the actions kept on a
-	// resource (unix nanoseconds); resay waits resayAfter from it.
+	// refusedAt: when the broker last refused an action (unix
+	// nanoseconds); resay waits resayAfter from it.
 	refusedAt atomic.Int64
 
 	mu      sync.Mutex

@@ -42,6 +42,7 @@ func (op *operation) emit(ctx context.Context, a *faultlinev1.Action) {
 	if op.j.emit(ctx, a) || ctx.Err() != nil {
 		return
 	}
+	op.j.refusedAt.Store(op.j.now().UnixNano()) // resay does not wait on it again at once
 	err := errors.New("the cluster is dry-run: nothing is written there")
 	if !op.cr.cl.DryRun {
 		err = op.keep(ctx, a)
