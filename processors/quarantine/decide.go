@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -341,7 +340,7 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 		if len(removed) > 0 || len(held) > 0 {
 			acts = append(acts, h.recoveryAction(it, cl, st, removed, held, flap))
 		}
-		st.addUnsaid(slices.DeleteFunc(slices.Clone(acts), func(a *faultlinev1.Action) bool { return !writtenUnsaid(a) })...)
+		st.addUnsaid(acts...) // the lift's and the manual uncordon's, not the skip
 		return len(removed) > 0 || len(held) > 0 || manual, nil
 	})
 	if err != nil {

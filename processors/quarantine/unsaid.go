@@ -121,10 +121,14 @@ func (h *Handler) sortUnsaid(acts []*faultlinev1.Action) (produced []string, uns
 	return produced, unsaid
 }
 
-// addUnsaid adds acts to the node's unsaid actions, each detail cut to
-// maxUnsaidDetail; the oldest go past maxUnsaid or maxUnsaidBytes.
+// addUnsaid adds those of acts of the kinds written unsaid to the node's
+// unsaid actions, each detail cut to maxUnsaidDetail; the oldest go past
+// maxUnsaid or maxUnsaidBytes.
 func (s *State) addUnsaid(acts ...*faultlinev1.Action) {
 	for _, a := range acts {
+		if !writtenUnsaid(a) {
+			continue
+		}
 		a = proto.CloneOf(a)
 		for k, v := range a.Details {
 			a.Details[k] = events.Truncate(v, maxUnsaidDetail)
