@@ -30,8 +30,9 @@ func (h *Handler) breaker(cl *clusters.Client) *breaker {
 }
 
 // breakerActions reports a breaker transition: an action, the metric, and
-// a Kubernetes Event on the breaker's ConfigMap.
-func (h *Handler) breakerActions(ctx context.Context, cl *clusters.Client, it item, v breakerVerdict) []*faultlinev1.Action {
+// a Kubernetes Event on the breaker's ConfigMap. closing is the closing's
+// action when it was already built (written on the node it cordons).
+func (h *Handler) breakerActions(ctx context.Context, cl *clusters.Client, it item, v breakerVerdict, closing *faultlinev1.Action) []*faultlinev1.Action {
 	if v.Allowed {
 		h.m.breakerOpen.WithLabelValues(cl.Name).Set(0)
 	} else {
@@ -39,9 +40,11 @@ func (h *Handler) breakerActions(ctx context.Context, cl *clusters.Client, it it
 	}
 	var acts []*faultlinev1.Action
 	if v.Closed {
-		a := h.action(it, events.KindBreakerClose, events.OutcomeApplied, "circuit breaker closed after its window", "", cl)
-		a.Id = pipeline.ActionID(cl.Name, events.KindBreakerClose, recordID(it))
-		acts = append(acts, a)
+		if closing == nil {
+			closing = h.breakerClose(it, cl)
+		}
+		h.m.decisions.WithLabelValues(it.cluster, events.KindBreakerClose, events.OutcomeApplied).Inc()
+		acts = append(acts, closing)
 		h.breakerEvent(ctx, cl, "QuarantineBreakerClosed", "faultline closed the quarantine circuit breaker after its window", it)
 	}
 	if v.Opened {
@@ -55,6 +58,14 @@ func (h *Handler) breakerActions(ctx context.Context, cl *clusters.Client, it it
 		h.breakerEvent(ctx, cl, "QuarantineBreakerOpen", "faultline stopped quarantining new nodes: "+v.Reason, it)
 	}
 	return acts
+}
+
+// breakerClose is the action of the breaker closed by the reservation of it
+// (counted by breakerActions).
+func (h *Handler) breakerClose(it item, cl *clusters.Client) *faultlinev1.Action {
+	a := h.newAction(it, events.KindBreakerClose, events.OutcomeApplied, "circuit breaker closed after its window", "", cl)
+	a.Id = pipeline.ActionID(cl.Name, events.KindBreakerClose, recordID(it))
+	return a
 }
 
 func (h *Handler) breakerEvent(ctx context.Context, cl *clusters.Client, reason, msg string, it item) {

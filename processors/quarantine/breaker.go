@@ -25,6 +25,9 @@ import (
 //	  cordons:  JSON [{"node":"n1","at":"RFC3339"}...]  (faultline's new
 //	            quarantines within the window)
 //	  openedAt, reason: when and why it opened
+//	  openedBy: JSON {"record":..., "count":n, ...}  (the record whose
+//	            reservation opened it, with the figures it reported)
+//	  closedBy: the record whose reservation closed it after its window
 //
 // Every new quarantine first reserves a slot in `cordons` with an update
 // guarded by resourceVersion (a conflict re-reads and re-decides), so two
@@ -36,6 +39,14 @@ import (
 // deleting the ConfigMap); with AutoClose it closes by itself once Window has
 // passed since it opened. Events held while it was open are not replayed:
 // they were recorded as held_by_breaker actions and their offsets committed.
+//
+// A transition is reported by the record whose reservation made it
+// (breakerVerdict.Opened, Closed). That record is handed out again when
+// its replica dies between the write and its batch's produce (or the
+// batch fails and is redone, on another replica): its reservation then
+// finds openedBy or closedBy naming it and reports the transition again,
+// with the figures first reported — the same action id, so the audit
+// record is never lost and the store keeps one.
 
 // Breaker ConfigMap keys and states.
 const (
@@ -43,6 +54,8 @@ const (
 	breakerKeyCordons  = "cordons"
 	breakerKeyOpenedAt = "openedAt"
 	breakerKeyReason   = "reason"
+	breakerKeyOpenedBy = "openedBy"
+	breakerKeyClosedBy = "closedBy"
 	breakerOpen        = "open"
 	breakerClosed      = "closed"
 )
@@ -76,14 +89,24 @@ type cordonEntry struct {
 type breakerVerdict struct {
 	// Allowed: the node may be quarantined.
 	Allowed bool
-	// Opened: this reservation tripped the breaker (report it once).
+	// Opened: this reservation's record tripped the breaker (report it).
 	Opened bool
-	// Closed: this reservation found the window over and closed it.
+	// Closed: this reservation's record found the window over and closed it.
 	Closed bool
 	// Reason says why it is open.
 	Reason string
 	// Count and Limit are the window's quarantines and the cap.
 	Count, Limit, Total, Schedulable int
+}
+
+// openedBy is what the ConfigMap keeps of the reservation that opened
+// the breaker: its record and the figures its verdict reported.
+type openedBy struct {
+	Record      string `json:"record"`
+	Count       int    `json:"count"`
+	Limit       int    `json:"limit"`
+	Total       int    `json:"total"`
+	Schedulable int    `json:"schedulable"`
 }
 
 func newBreaker(cfg BreakerConfig, kube kubernetes.Interface, now func() time.Time) *breaker {
@@ -94,6 +117,7 @@ func newBreaker(cfg BreakerConfig, kube kubernetes.Interface, now func() time.Ti
 // reservation is one caller's request, decided in a group (see reserve).
 type reservation struct {
 	node        string
+	record      string // the record asking, by recordID
 	schedulable bool
 	verdict     breakerVerdict
 	err         error
@@ -108,11 +132,11 @@ type reservation struct {
 // whoever holds the breaker decides every queued request in order with one
 // ConfigMap write, so a burst of simultaneous failures costs a few writes,
 // not one serialized write per node.
-func (b *breaker) reserve(ctx context.Context, node string, schedulable bool) (breakerVerdict, error) {
+func (b *breaker) reserve(ctx context.Context, node, record string, schedulable bool) (breakerVerdict, error) {
 	if !b.cfg.Enabled {
 		return breakerVerdict{Allowed: true}, nil
 	}
-	req := &reservation{node: node, schedulable: schedulable, done: make(chan struct{})}
+	req := &reservation{node: node, record: record, schedulable: schedulable, done: make(chan struct{})}
 	b.qmu.Lock()
 	b.queue = append(b.queue, req)
 	b.qmu.Unlock()
@@ -159,6 +183,7 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 		return err
 	}
 	state, entries, openedAt := parseBreaker(cm)
+	opener, closer := parseTransitions(cm)
 	// Prune the window.
 	kept := entries[:0]
 	for _, e := range entries {
@@ -167,13 +192,17 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 		}
 	}
 	entries = kept
-	closed := false
 	if state == breakerOpen && b.cfg.AutoClose && !openedAt.IsZero() && now.Sub(openedAt) >= b.cfg.Window {
-		state, closed = breakerClosed, true
+		state, closer = breakerClosed, batch[0].record
 	}
 	if state == breakerOpen {
 		for _, r := range batch {
-			r.verdict = breakerVerdict{Reason: cm.Data[breakerKeyReason], Count: len(entries)}
+			r.verdict = breakerVerdict{Reason: cm.Data[breakerKeyReason], Count: len(entries), Closed: r.record == closer}
+			if r.record == opener.Record {
+				// Its first report may have been lost: report it again.
+				r.verdict = breakerVerdict{Opened: true, Closed: r.verdict.Closed, Reason: r.verdict.Reason,
+					Count: opener.Count, Limit: opener.Limit, Total: opener.Total, Schedulable: opener.Schedulable}
+			}
 		}
 		return nil
 	}
@@ -194,8 +223,8 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 		limit = 1
 	}
 	var reason string
-	for i, r := range batch {
-		v := breakerVerdict{Closed: closed && i == 0, Total: counts.total, Limit: limit}
+	for _, r := range batch {
+		v := breakerVerdict{Closed: r.record == closer, Total: counts.total, Limit: limit}
 		switch {
 		case slices.ContainsFunc(entries, func(e cordonEntry) bool { return e.Node == r.node }):
 			v.Allowed = true // a retry of a reservation already taken
@@ -217,12 +246,15 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 			}
 		}
 		v.Count, v.Schedulable = len(entries), schedulable
+		if v.Opened {
+			opener = openedBy{Record: r.record, Count: v.Count, Limit: v.Limit, Total: v.Total, Schedulable: v.Schedulable}
+		}
 		r.verdict = v
 	}
 	if state == breakerOpen {
-		return b.write(ctx, cm, breakerOpen, entries, openedAt, reason)
+		return b.write(ctx, cm, breakerOpen, entries, openedAt, reason, opener, closer)
 	}
-	return b.write(ctx, cm, breakerClosed, entries, time.Time{}, "")
+	return b.write(ctx, cm, breakerClosed, entries, time.Time{}, "", openedBy{}, closer)
 }
 
 // read returns the ConfigMap (cached for a second; a write refreshes it);
@@ -242,7 +274,10 @@ func (b *breaker) read(ctx context.Context, now time.Time) (*corev1.ConfigMap, e
 	return cm, nil
 }
 
-func (b *breaker) write(ctx context.Context, cm *corev1.ConfigMap, state string, entries []cordonEntry, openedAt time.Time, reason string) error {
+// write stores the breaker's state; opener names the reservation that
+// opened it (kept while it is open), closer the last that closed it.
+func (b *breaker) write(ctx context.Context, cm *corev1.ConfigMap, state string, entries []cordonEntry, openedAt time.Time, reason string,
+	opener openedBy, closer string) error {
 	cm = cm.DeepCopy()
 	if cm.Data == nil {
 		cm.Data = map[string]string{}
@@ -255,9 +290,17 @@ func (b *breaker) write(ctx context.Context, cm *corev1.ConfigMap, state string,
 			cm.Data[breakerKeyOpenedAt] = openedAt.UTC().Format(time.RFC3339Nano)
 			cm.Data[breakerKeyReason] = reason
 		}
+		if opener.Record != "" {
+			raw, _ := json.Marshal(opener)
+			cm.Data[breakerKeyOpenedBy] = string(raw)
+		}
 	} else {
 		delete(cm.Data, breakerKeyOpenedAt)
 		delete(cm.Data, breakerKeyReason)
+		delete(cm.Data, breakerKeyOpenedBy)
+	}
+	if closer != "" {
+		cm.Data[breakerKeyClosedBy] = closer
 	}
 	var (
 		out *corev1.ConfigMap
@@ -284,6 +327,13 @@ func parseBreaker(cm *corev1.ConfigMap) (state string, entries []cordonEntry, op
 	_ = json.Unmarshal([]byte(cm.Data[breakerKeyCordons]), &entries)
 	openedAt, _ = time.Parse(time.RFC3339Nano, cm.Data[breakerKeyOpenedAt])
 	return state, entries, openedAt
+}
+
+// parseTransitions returns the reservations that last opened and closed
+// the breaker (zero where none is recorded).
+func parseTransitions(cm *corev1.ConfigMap) (opener openedBy, closer string) {
+	_ = json.Unmarshal([]byte(cm.Data[breakerKeyOpenedBy]), &opener)
+	return opener, cm.Data[breakerKeyClosedBy]
 }
 
 // counts returns the cluster's GPU node count and how many are schedulable,

@@ -138,9 +138,11 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		manual, already bool
 		preCordon       bool
 		acked           bool
+		closing         *faultlinev1.Action
 	)
 	br := h.breaker(cl)
 	_, err := h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
+		closing = nil // a conflict re-decides on the node as it is now
 		now := h.now()
 		manual = st.DetectManualUncordon(n, now)
 		wasActive := st.Active()
@@ -154,7 +156,7 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		// Every new quarantine takes a breaker slot, an operator's force
 		// included: nothing bypasses the breaker.
 		if !wasActive && st.Active() {
-			v, err := br.reserve(ctx, n.Name, !n.Spec.Unschedulable)
+			v, err := br.reserve(ctx, n.Name, recordID(it), !n.Spec.Unschedulable)
 			if err != nil {
 				return false, err
 			}
@@ -162,6 +164,14 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 			if !v.Allowed {
 				held = true
 				return false, nil
+			}
+			if v.Closed {
+				// This write cordons the node: the breaker's closing goes
+				// into it too (unsaid.go), as a redelivery of this fault
+				// finds the node quarantined and reserves nothing. (A
+				// held record is asked again: breaker.go's closedBy.)
+				closing = h.breakerClose(it, cl)
+				st.addUnsaid(closing)
 			}
 		}
 		return changed || manual, nil
@@ -171,7 +181,10 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	}
 	var acts []*faultlinev1.Action
 	if reserved {
-		acts = append(acts, h.breakerActions(ctx, cl, it, verdict)...)
+		if closing != nil {
+			h.track([]string{closing.Id}, false) // in flight until the batch's output is produced
+		}
+		acts = append(acts, h.breakerActions(ctx, cl, it, verdict, closing)...)
 	}
 	if manual {
 		acts = append(acts, h.action(it, events.KindManualUncordon, events.OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))

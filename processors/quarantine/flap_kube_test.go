@@ -76,11 +76,7 @@ func TestFlapKube(t *testing.T) {
 	if !strings.Contains(n.Annotations[AnnotationUnsaid], `"deferred"`) {
 		t.Fatalf("the recoveries' actions not on the node: %v", n.Annotations)
 	}
-	cl, _ := h.reg.Get("c1")
-	waitUntil(t, 10*time.Second, func() bool {
-		c, ok := h.nodes.cached(cl, "flap-1", h.now())
-		return ok && c.Annotations[AnnotationUnsaid] != ""
-	}, "the watch has the last recovery")
+	waitWatchedUnsaid(t, h, "flap-1", some, "the watch has the last recovery")
 	var said actionSink
 	if err := h.resay(ctx, &said); err != nil || len(said.snapshot()) > 0 {
 		t.Fatalf("resay of actions the batches produced: %s, %v", kinds(said.snapshot()), err)
@@ -143,9 +139,7 @@ func TestFlapKube(t *testing.T) {
 	}
 	h2 := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
 	t.Cleanup(h2.Close)
-	h2.WatchClusters([]string{"c1"})
-	cl, _ = h2.reg.Get("c1")
-	waitUntil(t, 10*time.Second, h2.nodes.get(cl).synced, "node watch synced")
+	watchSynced(t, h2)
 	if err := h2.resay(ctx, &prod); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -513,9 +514,7 @@ func TestKube(t *testing.T) {
 		if n := getNode(t, k, "live-1"); !n.Spec.Unschedulable || !hasTaint(n, "faultline.io/unhealthy") {
 			t.Fatal("not quarantined")
 		}
-		h.WatchClusters([]string{"c1"})
-		cl, _ := h.reg.Get("c1")
-		waitUntil(t, 10*time.Second, h.nodes.get(cl).synced, "node watch synced")
+		watchSynced(t, h)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		p := &actionSink{}
@@ -571,14 +570,9 @@ func TestKube(t *testing.T) {
 
 		h2 := newTestHandler(t, testConfig("unsaid"), map[string]kubernetes.Interface{"c1": k})
 		t.Cleanup(h2.Close)
-		h2.WatchClusters([]string{"c1"})
-		cl, _ := h2.reg.Get("c1")
-		waitUntil(t, 10*time.Second, h2.nodes.get(cl).synced, "node watch synced")
+		watchSynced(t, h2)
 		p := &actionSink{refuse: 1}
-		waitUntil(t, 10*time.Second, func() bool {
-			c, ok := h2.nodes.cached(cl, "unsaid-1", h2.now())
-			return ok && strings.Contains(c.Annotations[AnnotationUnsaid], "forged")
-		}, "the watch sees the forged entry")
+		waitWatchedUnsaid(t, h2, "unsaid-1", func(u string) bool { return strings.Contains(u, "forged") }, "the watch sees the forged entry")
 		if err := h2.resay(context.Background(), p); err == nil {
 			t.Fatal("a refused produce reported no error")
 		}
@@ -595,10 +589,7 @@ func TestKube(t *testing.T) {
 			t.Fatalf("after the produce: %v", n.Annotations)
 		}
 		// Nothing left: the next round produces nothing.
-		waitUntil(t, 10*time.Second, func() bool {
-			c, ok := h2.nodes.cached(cl, "unsaid-1", h2.now())
-			return ok && c.Annotations[AnnotationUnsaid] == ""
-		}, "the watch sees the removal")
+		waitWatchedUnsaid(t, h2, "unsaid-1", func(u string) bool { return u == "" }, "the watch sees the removal")
 		if err := h2.resay(context.Background(), p); err != nil || len(onNode(p.snapshot(), "unsaid-1")) != 1 {
 			t.Fatalf("produced again: %v %v", p.snapshot(), err)
 		}
@@ -616,11 +607,7 @@ func TestKube(t *testing.T) {
 		p := &actionSink{}
 		h.sayLoop(context.Background(), p, "manual uncordon", []*faultlinev1.Action{a}, nil)
 		h.WatchClusters([]string{"c1"})
-		cl, _ := h.reg.Get("c1")
-		waitUntil(t, 10*time.Second, func() bool {
-			c, ok := h.nodes.cached(cl, "saidonce-1", h.now())
-			return ok && strings.Contains(c.Annotations[AnnotationUnsaid], a.Id)
-		}, "the watch has the acknowledgement")
+		waitWatchedUnsaid(t, h, "saidonce-1", func(u string) bool { return strings.Contains(u, a.Id) }, "the watch has the acknowledgement")
 		if err := h.resay(context.Background(), p); err != nil {
 			t.Fatal(err)
 		}
@@ -652,11 +639,7 @@ func TestKube(t *testing.T) {
 		}
 		// While the batch's output is in flight, resay leaves its action.
 		h.WatchClusters([]string{"c1"})
-		cl, _ := h.reg.Get("c1")
-		waitUntil(t, 10*time.Second, func() bool {
-			c, ok := h.nodes.cached(cl, "rekill-1", h.now())
-			return ok && c.Annotations[AnnotationUnsaid] != ""
-		}, "the watch has the lift")
+		waitWatchedUnsaid(t, h, "rekill-1", some, "the watch has the lift")
 		inFlight := &actionSink{}
 		if err := h.resay(context.Background(), inFlight); err != nil || len(onNode(inFlight.snapshot(), "rekill-1")) > 0 {
 			t.Fatalf("resay of an action in flight: %s, %v", kinds(inFlight.snapshot()), err)
@@ -665,9 +648,7 @@ func TestKube(t *testing.T) {
 
 		h2 := newTestHandler(t, testConfig("rekill"), map[string]kubernetes.Interface{"c1": k})
 		t.Cleanup(h2.Close)
-		h2.WatchClusters([]string{"c1"})
-		cl, _ = h2.reg.Get("c1")
-		waitUntil(t, 10*time.Second, h2.nodes.get(cl).synced, "node watch synced")
+		watchSynced(t, h2)
 		if again, _ := handle(t, h2, rec); len(again) > 0 {
 			t.Fatalf("redelivered recovery decided %s", kinds(again))
 		}
@@ -838,9 +819,8 @@ func TestKube(t *testing.T) {
 		if err != nil || cm.Data["state"] != "open" {
 			t.Fatalf("breaker configmap %v %v", cm.Data, err)
 		}
-		evs, _ := k.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + cfg.Breaker.Name})
-		if len(evs.Items) != 1 || evs.Items[0].Reason != "QuarantineBreakerOpen" {
-			t.Fatalf("breaker events %+v", evs.Items)
+		if got := breakerEvents(t, k, cfg); got != "QuarantineBreakerOpen" {
+			t.Fatalf("breaker events %s", got)
 		}
 		// Another fault on an already quarantined node is still recorded.
 		acts, _ := handle(t, h, record("c1", fatal(names[0], "XID_ERROR_79", "GPU-2")))
@@ -873,29 +853,112 @@ func TestKube(t *testing.T) {
 		cfg := testConfig("autoclose")
 		cfg.Breaker.MaxPercent = 25 // 1 of 4
 		cfg.Breaker.Window = time.Minute
-		now := time.Now()
-		var mu sync.Mutex
-		clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-		reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
-		reg.SetClient("c1", k, false)
-		h, err := New(cfg, reg, Options{Log: testLog, Now: clock})
-		if err != nil {
-			t.Fatal(err)
-		}
+		h, later := clockHandler(t, cfg, k, time.Now())
 		a1, _ := handle(t, h, record("c1", fatal("autoclose-0", "X", "")))
 		a2, _ := handle(t, h, record("c1", fatal("autoclose-1", "X", "")))
 		if kinds(append(a1, a2...)) != "quarantine/applied,breaker_open/applied,quarantine/held_by_breaker" {
 			t.Fatalf("actions %s", kinds(append(a1, a2...)))
 		}
-		mu.Lock()
-		now = now.Add(61 * time.Second)
-		mu.Unlock()
-		a3, _ := handle(t, h, record("c1", fatal("autoclose-2", "X", "")))
+		at := later(61 * time.Second)
+		rec := record("c1", fatal("autoclose-2", "X", ""))
+		a3, _ := handle(t, h, rec)
 		if kinds(a3) != "breaker_close/applied,quarantine/applied" {
 			t.Fatalf("after the window: %s", kinds(a3))
 		}
 		if getNode(t, k, "autoclose-1").Spec.Unschedulable {
 			t.Fatal("held event replayed after close")
+		}
+
+		// Killed before the produce: the closing record was let through
+		// and its node's write carries the closing, which the next
+		// replica finds there (a redelivered fault on a quarantined node
+		// reserves nothing).
+		h.Close()
+		h2, _ := clockHandler(t, cfg, k, at)
+		watchSynced(t, h2)
+		if again, _ := handle(t, h2, rec); kinds(again) != "quarantine/applied" {
+			t.Fatalf("redelivered: %s", kinds(again))
+		}
+		closing := a3[0]
+		waitWatchedUnsaid(t, h2, "autoclose-2", func(u string) bool { return strings.Contains(u, closing.Id) }, "the watch has the closing")
+		p := &actionSink{}
+		if err := h2.resay(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+		if got := onNode(p.snapshot(), "autoclose-2"); len(got) != 1 || got[0].Id != closing.Id || !proto.Equal(got[0].Timestamp, closing.Timestamp) {
+			t.Fatalf("produced %v, want %v", got, closing)
+		}
+		if got := breakerEvents(t, k, cfg); got != "QuarantineBreakerClosed,QuarantineBreakerOpen" {
+			t.Fatalf("breaker events %s", got)
+		}
+	})
+
+	// A breaker transition is reported by the record that made it; the
+	// replica dies between the ConfigMap's write and its batch's produce,
+	// and the record is handed to the next one. Each transition's action
+	// is said again, the same id and figures, and its Event not doubled
+	// (the closing let through: BreakerAutoClosesAfterWindow).
+	t.Run("BreakerOpenSaidAgainAfterKill", func(t *testing.T) {
+		createNodes(t, k, "openkill", "openkill-0", "openkill-1", "openkill-2", "openkill-3")
+		cfg := testConfig("openkill")
+		cfg.Breaker.MaxPercent = 25 // 1 of 4
+		cfg.Breaker.AutoClose = false
+		h := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
+		handle(t, h, record("c1", fatal("openkill-0", "X", "")))
+		rec := record("c1", fatal("openkill-1", "X", ""))
+		first, _ := handle(t, h, rec)
+		h.Close() // killed before the produce
+
+		h2 := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
+		t.Cleanup(h2.Close)
+		again, _ := handle(t, h2, rec)
+		const want = "breaker_open/applied,quarantine/held_by_breaker"
+		if kinds(first) != want || kinds(again) != want {
+			t.Fatalf("first %s, redelivered %s, want %s both", kinds(first), kinds(again), want)
+		}
+		if o, a := first[0], again[0]; o.Id != a.Id || o.Reason != a.Reason || !maps.Equal(o.Details, a.Details) {
+			t.Fatalf("said again as\n %v\nfirst said as\n %v", a, o)
+		}
+		if acts, _ := handle(t, h2, record("c1", fatal("openkill-2", "X", ""))); kinds(acts) != "quarantine/held_by_breaker" {
+			t.Fatalf("another record while open: %s", kinds(acts))
+		}
+		if got := breakerEvents(t, k, cfg); got != "QuarantineBreakerOpen" {
+			t.Fatalf("breaker events %s", got)
+		}
+	})
+
+	t.Run("BreakerReopenSaidAgainAfterKill", func(t *testing.T) {
+		// The record that closes the breaker after its window opens it
+		// again at once (the floor) and is held: its redelivery reserves
+		// again and reports both.
+		names := []string{"reopen-0", "reopen-1", "reopen-2", "reopen-3"}
+		createNodes(t, k, "reopen", names...)
+		cordonByHand(t, k, "reopen", names[2:]...)
+		cfg := testConfig("reopen")
+		cfg.Breaker.MinHealthy = 2 // 2 schedulable: any quarantine goes below
+		cfg.Breaker.Window = time.Minute
+		h, later := clockHandler(t, cfg, k, time.Now())
+		if acts, _ := handle(t, h, record("c1", fatal(names[0], "X", ""))); kinds(acts) != "breaker_open/applied,quarantine/held_by_breaker" {
+			t.Fatalf("first fault: %s", kinds(acts))
+		}
+		at := later(61 * time.Second)
+		rec := record("c1", fatal(names[1], "X", ""))
+		first, _ := handle(t, h, rec)
+		h.Close() // killed before the produce
+
+		h2, _ := clockHandler(t, cfg, k, at)
+		again, _ := handle(t, h2, rec)
+		const want = "breaker_close/applied,breaker_open/applied,quarantine/held_by_breaker"
+		if kinds(first) != want || kinds(again) != want {
+			t.Fatalf("first %s, redelivered %s, want %s both", kinds(first), kinds(again), want)
+		}
+		for i := range 2 {
+			if first[i].Id != again[i].Id || !maps.Equal(first[i].Details, again[i].Details) {
+				t.Fatalf("said again as\n %v\nfirst said as\n %v", again[i], first[i])
+			}
+		}
+		if got := breakerEvents(t, k, cfg); got != "QuarantineBreakerClosed,QuarantineBreakerOpen,QuarantineBreakerOpen" {
+			t.Fatalf("breaker events %s", got)
 		}
 	})
 
@@ -958,6 +1021,87 @@ func (s *actionSink) kinds() []string {
 	}
 	return out
 }
+
+// clockHandler returns a handler of cluster c1 whose clock starts at
+// start, and the function that moves it on (returning the new time).
+func clockHandler(t testing.TB, cfg Config, k kubernetes.Interface, start time.Time) (*Handler, func(time.Duration) time.Time) {
+	t.Helper()
+	var mu sync.Mutex
+	now := start
+	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+	reg.SetClient("c1", k, false)
+	h, err := New(cfg, reg, Options{Log: testLog, Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return h, func(d time.Duration) time.Time { mu.Lock(); defer mu.Unlock(); now = now.Add(d); return now }
+}
+
+// cordonByHand cordons nodes of group as a person would, and waits until
+// the apiserver's watch cache (what the breaker counts from) has it.
+func cordonByHand(t testing.TB, k kubernetes.Interface, group string, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		n := getNode(t, k, name)
+		n.Spec.Unschedulable = true
+		if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, 30*time.Second, func() bool {
+		list, err := k.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{LabelSelector: "test=" + group, ResourceVersion: "0"})
+		if err != nil {
+			return false
+		}
+		cordoned := 0
+		for _, n := range list.Items {
+			if n.Spec.Unschedulable {
+				cordoned++
+			}
+		}
+		return cordoned == len(names)
+	}, "the cordons in the watch cache")
+}
+
+// breakerEvents returns the reasons of the Kubernetes Events on cfg's
+// breaker, sorted.
+func breakerEvents(t testing.TB, k kubernetes.Interface, cfg Config) string {
+	t.Helper()
+	evs, err := k.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + cfg.Breaker.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, e := range evs.Items {
+		reasons = append(reasons, e.Reason)
+	}
+	slices.Sort(reasons)
+	return strings.Join(reasons, ",")
+}
+
+// watchSynced starts h's node watch of c1 and waits until it has listed
+// the nodes.
+func watchSynced(t testing.TB, h *Handler) {
+	t.Helper()
+	h.WatchClusters([]string{"c1"})
+	cl, _ := h.reg.Get("c1")
+	waitUntil(t, 10*time.Second, h.nodes.get(cl).synced, "node watch synced")
+}
+
+// waitWatchedUnsaid waits until the node watch's copy of c1's node has
+// unsaid actions that satisfy has (what resay decides on).
+func waitWatchedUnsaid(t testing.TB, h *Handler, node string, has func(unsaid string) bool, what string) {
+	t.Helper()
+	cl, _ := h.reg.Get("c1")
+	waitUntil(t, 10*time.Second, func() bool {
+		c, ok := h.nodes.cached(cl, node, h.now())
+		return ok && has(c.Annotations[AnnotationUnsaid])
+	}, what)
+}
+
+// some reports whether unsaid actions are kept.
+func some(unsaid string) bool { return unsaid != "" }
 
 func waitUntil(t testing.TB, d time.Duration, cond func() bool, what string) {
 	t.Helper()

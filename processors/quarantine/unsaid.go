@@ -19,10 +19,11 @@ import (
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
-// A recovery's lift, the stabilization sweep's and a manual uncordon
-// noticed by the watch change a node in a way nothing decides again: a
-// redelivered recovery finds its faults gone, the next sweep finds nothing
-// left to lift. A process killed between the node's write and its action's
+// A recovery's lift, the stabilization sweep's, a manual uncordon
+// noticed by the watch and a breaker closed by a fault let through change
+// a node in a way nothing decides again: a redelivered recovery finds its
+// faults gone, the next sweep finds nothing left to lift, a redelivered
+// fault finds its node quarantined. A process killed between the node's write and its action's
 // produce, or restarted while Kafka was down, would lose the action for
 // ever. So the write that makes the change also writes its action into the
 // node (State.Unsaid, AnnotationUnsaid). An event's actions go out with
@@ -59,7 +60,11 @@ const (
 // writtenUnsaid reports whether a is of the kinds written on their node
 // until produced (ownUnsaid).
 func writtenUnsaid(a *faultlinev1.Action) bool {
-	return a.GetRole() == Role && !a.GetDryRun() && (a.GetKind() == events.KindUnquarantine || a.GetKind() == events.KindManualUncordon)
+	switch a.GetKind() {
+	case events.KindUnquarantine, events.KindManualUncordon, events.KindBreakerClose:
+		return a.GetRole() == Role && !a.GetDryRun()
+	}
+	return false
 }
 
 // saying is what this replica knows of an unsaid action it wrote.
