@@ -505,7 +505,20 @@ func runNICOutage(ctx context.Context, e *Env, p Params, r *Report) error {
 	if !p.BreakerOff {
 		r.Check(cordoned+held == total, "cordoned %d + held %d != %d nodes: something lost", cordoned, held, total)
 	}
+	checkBreakerOpened(e, p, r, p.Nodes)
 	return nil
+}
+
+// checkBreakerOpened checks that each cluster's breaker opened once, and
+// said so once (the raw count on the actions topic), when failed of its
+// nodes are more than its share; none when it is off.
+func checkBreakerOpened(e *Env, p Params, r *Report, failed int) {
+	want := 0
+	if !p.BreakerOff && failed > breakerShare(p.Nodes) {
+		want = len(e.Clusters)
+	}
+	opened, _ := e.Actions.Count("breaker_open/applied")
+	r.Check(opened == want, "%d breaker_open actions, want %d (one per cluster whose breaker had to open)", opened, want)
 }
 
 func runConformanceDrift(ctx context.Context, e *Env, p Params, r *Report) error {
@@ -597,6 +610,7 @@ func runMassFailure(ctx context.Context, e *Env, p Params, r *Report) error {
 	if !p.BreakerOff {
 		r.Check(cordoned+held == n, "cordoned %d + held %d != %d failed nodes", cordoned, held, n)
 	}
+	checkBreakerOpened(e, p, r, n)
 	return massRecovery(ctx, e, p, r, n, cordoned)
 }
 
