@@ -183,6 +183,12 @@ func NewRunner(cfg Config, kcfg kafka.Config, h Handler, log *slog.Logger, m *Me
 // group.
 func (r *Runner) Run(ctx context.Context) error {
 	obs, _ := r.h.(PartitionObserver)
+	var (
+		cl   *kgo.Client
+		held holding // failed batches (held.go)
+	)
+	held.pause = func(m map[string][]int32) { cl.PauseFetchPartitions(m) }
+	held.wake = func(m map[string][]int32) { cl.ResumeFetchPartitions(m) }
 	opts := append([]kgo.Opt{
 		kgo.ConsumerGroup(r.cfg.Group),
 		kgo.ConsumeTopics(r.cfg.Topics...),
@@ -198,6 +204,13 @@ func (r *Runner) Run(ctx context.Context) error {
 			// What was handled is committed before the partitions move,
 			// so their next owner does not handle it again.
 			r.commit(ctx, cl)
+			held.revoked(m)
+			if obs != nil {
+				revoked(obs, m)
+			}
+		}),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			held.revoked(m)
 			if obs != nil {
 				revoked(obs, m)
 			}
@@ -209,7 +222,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	if obs != nil {
 		opts = append(opts, observePartitions(obs, r.log)...)
 	}
-	cl, err := kafka.NewClient(r.kcfg, r.log, opts...)
+	var err error
+	cl, err = kafka.NewClient(r.kcfg, r.log, opts...)
 	if err != nil {
 		return err
 	}
@@ -223,7 +237,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		go r.watchLag(lctx, cl)
 	}
 	for {
-		batches := r.poll(ctx, cl)
+		pctx, cancel := held.untilDue(ctx) // a held batch's next try ends the wait
+		polled := r.poll(pctx, cl)
+		cancel()
 		if ctx.Err() != nil {
 			// Commit with a fresh context so a shutdown does not lose
 			// finished work.
@@ -232,15 +248,24 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.log.Info("processor stopping")
 			return nil
 		}
-		if r.cfg.MergePartitions && len(batches) > 1 {
+		if r.cfg.MergePartitions && len(polled) > 1 {
 			var all []*kgo.Record
-			for _, b := range batches {
+			for _, b := range polled {
 				all = append(all, b...)
 			}
-			batches = [][]*kgo.Record{all}
+			polled = [][]*kgo.Record{all}
 		}
-		done, rest := r.handleAll(ctx, cl, batches)
+		batches := held.take(time.Now())
+		for _, recs := range polled {
+			batches = append(batches, &batch{recs: recs})
+		}
+		done, rest, failed := r.handleAll(ctx, cl, batches)
 		cl.MarkCommitRecords(done...)
+		if ctx.Err() == nil {
+			for _, b := range failed {
+				held.failed(b, r.cfg.MaxBackoff)
+			}
+		}
 		rests.rest(cl, rest)
 		cl.AllowRebalance()
 	}
@@ -342,8 +367,8 @@ func revoked(obs PartitionObserver, m map[string][]int32) {
 	}
 }
 
-// observePartitions tells obs of the group's assignments and of lost
-// partitions (Run tells it of revoked ones).
+// observePartitions tells obs of the group's assignments (Run tells it of
+// revoked and lost ones).
 func observePartitions(obs PartitionObserver, log *slog.Logger) []kgo.Opt {
 	return []kgo.Opt{
 		kgo.OnPartitionsAssigned(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
@@ -359,7 +384,6 @@ func observePartitions(obs PartitionObserver, log *slog.Logger) []kgo.Opt {
 				obs.PartitionsAssigned(t, ps, len(details[t].Partitions))
 			}
 		}),
-		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { revoked(obs, m) }),
 	}
 }
 
@@ -444,37 +468,44 @@ func (r *Runner) watchLag(ctx context.Context, cl *kgo.Client) {
 	}
 }
 
-// handleAll handles each partition's batch concurrently and returns the last
-// record of every batch that finished (outputs produced), and the topics
-// they ask to rest, each until the earliest time asked.
-func (r *Runner) handleAll(ctx context.Context, cl *kgo.Client, batches [][]*kgo.Record) ([]*kgo.Record, map[string]time.Time) {
+// handleAll handles the batches concurrently (each a partition's, or a
+// merged poll) and returns the last record of every partition of the
+// batches that succeeded (outputs produced), the topics they ask to rest,
+// each until the earliest time asked, and the batches that failed (to be
+// held; none on shutdown). A held batch that succeeded resumes its
+// partitions.
+func (r *Runner) handleAll(ctx context.Context, cl *kgo.Client, batches []*batch) (done []*kgo.Record, rest map[string]time.Time, failed []*batch) {
 	var (
-		mu   sync.Mutex
-		done []*kgo.Record
-		rest map[string]time.Time
-		wg   sync.WaitGroup
+		mu sync.Mutex
+		wg sync.WaitGroup
 	)
 	for _, b := range batches {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if ok, until := r.handleWithRetry(ctx, cl, b); ok {
-				mu.Lock()
-				done = append(done, lastPerPartition(b)...)
-				for topic, t := range until {
-					if rest == nil {
-						rest = map[string]time.Time{}
-					}
-					if old, ok := rest[topic]; !ok || t.Before(old) {
-						rest[topic] = t
-					}
+			ok, until := r.try(ctx, cl, b)
+			mu.Lock()
+			defer mu.Unlock()
+			if !ok {
+				failed = append(failed, b)
+				return
+			}
+			done = append(done, lastPerPartition(b.recs)...)
+			if b.tries > 0 { // held until now
+				cl.ResumeFetchPartitions(partitions(b.recs))
+			}
+			for topic, t := range until {
+				if rest == nil {
+					rest = map[string]time.Time{}
 				}
-				mu.Unlock()
+				if old, ok := rest[topic]; !ok || t.Before(old) {
+					rest[topic] = t
+				}
 			}
 		}()
 	}
 	wg.Wait()
-	return done, rest
+	return done, rest, failed
 }
 
 // lastPerPartition returns the last record of each partition in recs.
@@ -488,34 +519,28 @@ func lastPerPartition(recs []*kgo.Record) []*kgo.Record {
 	return out
 }
 
-// handleWithRetry retries the batch until it succeeds or ctx ends; it
-// returns whether it succeeded and the topics the batch asks to rest.
-func (r *Runner) handleWithRetry(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) (bool, map[string]time.Time) {
-	backoff := 100 * time.Millisecond
-	part := strconv.Itoa(int(recs[0].Partition))
-	for attempt := 1; ; attempt++ {
-		start := time.Now()
-		rest, err := r.handleOnce(ctx, cl, recs)
-		if err != nil && ctx.Err() != nil {
-			// Cut by the shutdown, not failed: uncommitted, the group
-			// hands it out again.
-			r.log.Info("batch interrupted by the shutdown; it will be handled again", "partition", part,
-				"first_offset", recs[0].Offset, "records", len(recs))
-			return false, nil
-		}
-		r.metrics.observe(r.cfg.Role, len(recs), time.Since(start), err)
-		if err == nil {
-			return true, rest
-		}
-		r.log.Warn("batch failed; retrying", "partition", part, "first_offset", recs[0].Offset,
-			"records", len(recs), "attempt", attempt, "backoff", backoff, "err", err)
-		select {
-		case <-ctx.Done():
-			return false, nil
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, r.cfg.MaxBackoff)
+// try handles the batch once; it returns whether it succeeded and the
+// topics the batch asks to rest. A failure is logged with the wait before
+// the next try (held.go).
+func (r *Runner) try(ctx context.Context, cl *kgo.Client, b *batch) (bool, map[string]time.Time) {
+	part := strconv.Itoa(int(b.recs[0].Partition))
+	start := time.Now()
+	rest, err := r.handleOnce(ctx, cl, b.recs)
+	if err != nil && ctx.Err() != nil {
+		// Cut by the shutdown, not failed: uncommitted, the group
+		// hands it out again.
+		r.log.Info("batch interrupted by the shutdown; it will be handled again", "partition", part,
+			"first_offset", b.recs[0].Offset, "records", len(b.recs))
+		return false, nil
 	}
+	r.metrics.observe(r.cfg.Role, len(b.recs), time.Since(start), err)
+	if err == nil {
+		return true, rest
+	}
+	backoff := max(b.backoff, 100*time.Millisecond)
+	r.log.Warn("batch failed; retrying", "partition", part, "first_offset", b.recs[0].Offset,
+		"records", len(b.recs), "attempt", b.tries+1, "backoff", backoff, "err", err)
+	return false, nil
 }
 
 func (r *Runner) handleOnce(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) (rest map[string]time.Time, err error) {

@@ -250,6 +250,178 @@ func TestRunnerRetriesFailedBatch(t *testing.T) {
 	}
 }
 
+// putTo returns a function that writes n records "v<i>" to partition p
+// of topicIn.
+func (h *harness) putTo() func(p int32, from, n int) {
+	h.t.Helper()
+	cl, err := kafka.NewClient(h.kcfg, quiet, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(cl.Close)
+	return func(p int32, from, n int) {
+		h.t.Helper()
+		for i := from; i < from+n; i++ {
+			r := &kgo.Record{Topic: topicIn, Partition: p, Value: []byte("v" + strconv.Itoa(i))}
+			if err := cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+				h.t.Fatal(err)
+			}
+		}
+	}
+}
+
+// inOrder records the values each replica's successful batches handled,
+// by partition, in order.
+type inOrder struct {
+	mu sync.Mutex
+	ok map[int32][]string
+}
+
+func (o *inOrder) add(recs []*kgo.Record) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.ok == nil {
+		o.ok = map[int32][]string{}
+	}
+	for _, r := range recs {
+		o.ok[r.Partition] = append(o.ok[r.Partition], string(r.Value))
+	}
+}
+
+func (o *inOrder) of(p int32) []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.ok[p])
+}
+
+// seq returns "v<from>" … "v<from+n-1>" in that order.
+func seq(from, n int) []string {
+	var out []string
+	for i := from; i < from+n; i++ {
+		out = append(out, "v"+strconv.Itoa(i))
+	}
+	return out
+}
+
+// TestRunnerFailingPartitionHoldsOnlyItself: a partition whose batch
+// keeps failing (its cluster is down) is held, paused, while the
+// replica's other partition is fetched and handled, round after round;
+// once the batch succeeds, the partition goes on: every record handled
+// once, in order, and committed.
+func TestRunnerFailingPartitionHoldsOnlyItself(t *testing.T) {
+	h := newHarness(t, 2, topicIn, topicOut, events.TopicDeadLetter)
+	put := h.putTo()
+	put(0, 0, 5)
+	put(1, 100, 5)
+	var (
+		down   atomic.Bool
+		tries0 atomic.Int32
+		ok     inOrder
+	)
+	down.Store(true)
+	h.run("hold", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		if recs[0].Partition == 0 {
+			tries0.Add(1)
+			if down.Load() {
+				return Result{}, errors.New("partition 0's cluster is down")
+			}
+		}
+		ok.add(recs)
+		return echo(recs), nil
+	}), nil)
+	committed := func(p int32, at int64) func() bool {
+		return func() bool { return h.committed("faultline-hold", 2)[p] == at }
+	}
+	eventually(t, 10*time.Second, "partition 1 committed while 0 fails", committed(1, 5))
+	put(1, 105, 5)
+	put(0, 5, 5)
+	eventually(t, 10*time.Second, "partition 1's next records committed while 0 fails", committed(1, 10))
+	if got := h.committed("faultline-hold", 2)[0]; got != -1 || tries0.Load() < 2 || len(ok.of(0)) > 0 {
+		t.Fatalf("partition 0 while failing: committed %d, %d tries, handled %v", got, tries0.Load(), ok.of(0))
+	}
+	down.Store(false)
+	eventually(t, 10*time.Second, "partition 0 committed once it succeeds", committed(0, 10))
+	if got := ok.of(0); !slices.Equal(got, seq(0, 10)) {
+		t.Fatalf("partition 0 handled %v, want v0…v9 once each, in order", got)
+	}
+	if got := ok.of(1); !slices.Equal(got, seq(100, 10)) {
+		t.Fatalf("partition 1 handled %v", got)
+	}
+}
+
+// TestRunnerHeldPartitionRevoked: every partition of replica a fails and
+// is held when replica b joins; the partitions moved to b are handled
+// there from their committed offsets, never by a (its held batches
+// dropped), and those a keeps are handled by a once they succeed: every
+// record once, in order.
+func TestRunnerHeldPartitionRevoked(t *testing.T) {
+	h := newHarness(t, 4, topicIn, topicOut, events.TopicDeadLetter)
+	put := h.putTo()
+	for p := range int32(4) {
+		put(p, int(p)*100, 5)
+	}
+	var (
+		down  atomic.Bool
+		tries atomic.Int32
+		ok    inOrder
+		byA   sync.Map // values a handled
+	)
+	down.Store(true)
+	a := &observer{assigned: map[int32]bool{}}
+	a.HandlerFunc = func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		tries.Add(1)
+		if down.Load() {
+			return Result{}, errors.New("down")
+		}
+		for _, r := range recs {
+			byA.Store(string(r.Value), true)
+		}
+		ok.add(recs)
+		return echo(recs), nil
+	}
+	h.run("heldmove", a, nil)
+	eventually(t, 10*time.Second, "a's batches held", func() bool { return tries.Load() >= 8 })
+	b := &observer{assigned: map[int32]bool{}}
+	b.HandlerFunc = func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		ok.add(recs)
+		return echo(recs), nil
+	}
+	h.run("heldmove", b, nil)
+	eventually(t, 20*time.Second, "the partitions split between a and b", func() bool {
+		return len(a.owned()) > 0 && len(b.owned()) > 0 && len(a.owned())+len(b.owned()) == 4
+	})
+	moved, kept := b.owned(), a.owned()
+	eventually(t, 10*time.Second, "b handles the moved partitions", func() bool {
+		return !slices.ContainsFunc(moved, func(p int32) bool { return len(ok.of(p)) < 5 })
+	})
+	down.Store(false)
+	eventually(t, 10*time.Second, "a handles the partitions it kept", func() bool {
+		return !slices.ContainsFunc(kept, func(p int32) bool { return len(ok.of(p)) < 5 })
+	})
+	for _, p := range moved {
+		put(p, int(p)*100+50, 3)
+	}
+	eventually(t, 10*time.Second, "b handles what comes next", func() bool {
+		return !slices.ContainsFunc(moved, func(p int32) bool { return len(ok.of(p)) < 8 })
+	})
+	time.Sleep(300 * time.Millisecond) // a held batch of a moved partition would be handled by now
+	for _, p := range moved {
+		if got, want := ok.of(p), append(seq(int(p)*100, 5), seq(int(p)*100+50, 3)...); !slices.Equal(got, want) {
+			t.Errorf("moved partition %d handled %v, want %v", p, got, want)
+		}
+		for _, v := range ok.of(p) {
+			if _, by := byA.Load(v); by {
+				t.Errorf("a handled %s of partition %d, moved to b", v, p)
+			}
+		}
+	}
+	for _, p := range kept {
+		if got := ok.of(p); !slices.Equal(got, seq(int(p)*100, 5)) {
+			t.Errorf("kept partition %d handled %v", p, got)
+		}
+	}
+}
+
 // TestRunnerShutdownMidBatch: a batch the shutdown cuts is not a failure
 // (no warning, not counted as a batch error) and is not committed, so the
 // next runner of the group handles it.

@@ -1,0 +1,135 @@
+package pipeline
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// A batch that fails is retried after a backoff (100 ms doubling to
+// Config.MaxBackoff) until it succeeds, and its offsets are committed
+// only then. Meanwhile it is held: its partitions are paused (nothing
+// after it is fetched, so each partition stays in order) and the
+// replica's other partitions are fetched and handled as usual. A role
+// whose batch fails for one cluster of a fleet (quarantine's retry
+// consumer, while that cluster's apiserver is down) holds only the
+// partitions that carry that batch, not the whole replica.
+//
+// Pausing drops what the client had fetched of a partition beyond the
+// held batch (it is fetched again on resume). A held partition revoked
+// by a rebalance (or lost) is dropped from the held batch and resumed:
+// its next owner handles it from the committed offset.
+
+// batch is the records of one Handle call and their failed tries.
+type batch struct {
+	recs    []*kgo.Record
+	tries   int           // failed tries
+	backoff time.Duration // the wait after the next failure
+	due     time.Time     // when a held batch is tried again
+}
+
+// holding keeps the failed batches until their next try.
+type holding struct {
+	mu    sync.Mutex
+	held  []*batch
+	pause func(map[string][]int32)
+	wake  func(map[string][]int32)
+}
+
+// failed records a failed try of b and holds it, its partitions paused.
+func (h *holding) failed(b *batch, maxBackoff time.Duration) {
+	b.tries++
+	if b.backoff == 0 {
+		b.backoff = 100 * time.Millisecond
+	}
+	b.due = time.Now().Add(b.backoff)
+	b.backoff = min(b.backoff*2, maxBackoff)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.held = append(h.held, b)
+	h.pause(partitions(b.recs))
+}
+
+// next returns when the earliest held batch is due (zero: none held).
+func (h *holding) next() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var t time.Time
+	for _, b := range h.held {
+		if t.IsZero() || b.due.Before(t) {
+			t = b.due
+		}
+	}
+	return t
+}
+
+// take returns (and stops holding) the batches due by now.
+func (h *holding) take(now time.Time) []*batch {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var due []*batch
+	kept := h.held[:0]
+	for _, b := range h.held {
+		if b.due.After(now) {
+			kept = append(kept, b)
+		} else {
+			due = append(due, b)
+		}
+	}
+	clear(h.held[len(kept):])
+	h.held = kept
+	return due
+}
+
+// revoked drops the records of partitions this replica no longer owns
+// from the held batches (a batch left empty goes) and resumes those
+// partitions, for when they come back.
+func (h *holding) revoked(gone map[string][]int32) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	isGone := func(r *kgo.Record) bool {
+		for _, p := range gone[r.Topic] {
+			if p == r.Partition {
+				return true
+			}
+		}
+		return false
+	}
+	kept := h.held[:0]
+	for _, b := range h.held {
+		var recs []*kgo.Record
+		for _, r := range b.recs {
+			if !isGone(r) {
+				recs = append(recs, r)
+			}
+		}
+		if len(recs) > 0 {
+			b.recs = recs
+			kept = append(kept, b)
+		}
+	}
+	clear(h.held[len(kept):])
+	h.held = kept
+	h.wake(gone)
+}
+
+// untilDue returns ctx bounded by the earliest held batch's next try.
+func (h *holding) untilDue(ctx context.Context) (context.Context, context.CancelFunc) {
+	if t := h.next(); !t.IsZero() {
+		return context.WithDeadline(ctx, t)
+	}
+	return context.WithCancel(ctx)
+}
+
+// partitions returns the topic partitions of recs.
+func partitions(recs []*kgo.Record) map[string][]int32 {
+	out := map[string][]int32{}
+	for i, r := range recs {
+		if i == 0 || recs[i-1].Topic != r.Topic || recs[i-1].Partition != r.Partition {
+			out[r.Topic] = append(out[r.Topic], r.Partition)
+		}
+	}
+	return out
+}
