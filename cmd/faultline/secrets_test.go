@@ -24,6 +24,7 @@ import (
 
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/internal/syncbuf"
+	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -176,7 +177,7 @@ token_file = %q
 		done <- run(ctx, []string{"process", "--config", conf, "--metrics-addr", metricsAddr}, io.Discard, logs)
 	}()
 	cl, err := kafka.NewClient(kafka.Config{Brokers: brokers}, quietLog(),
-		kgo.ConsumeTopics(events.TopicActions, events.TopicDeadLetter, "faultline.quarantine.retry"),
+		kgo.ConsumeTopics(events.TopicActions, events.TopicDeadLetter, quarantine.RetryTopic("unauthorized")),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +211,7 @@ token_file = %q
 				records.WriteString(h.Key + "=" + string(h.Value) + "\n")
 			}
 			switch r.Topic {
-			case "faultline.quarantine.retry":
+			case quarantine.RetryTopic("unauthorized"):
 				retried++
 			case events.TopicActions:
 				if a, err := events.UnmarshalAction(r.Value); err == nil && a.GetOutcome() == events.OutcomeFailed {

@@ -83,7 +83,7 @@ func BurstEvent(nodes int, seq int64) *datamodels.HealthEvent {
 // groupTopics are the consumer groups of the roles run and the topics
 // each consumes (processors' role contract: group "faultline-<role>",
 // quarantine's retry consumer its own group over its retry topic).
-func groupTopics(roles string) (map[string][]string, error) {
+func groupTopics(roles string, clusters []string) (map[string][]string, error) {
 	cfg := processors.DefaultConfig()
 	cfg.Roles = roles
 	sel, err := cfg.Selected()
@@ -107,7 +107,7 @@ func groupTopics(roles string) (map[string][]string, error) {
 		case "quarantine":
 			pc := cfg.Quarantine.Pipeline()
 			add(pc)
-			pc.Role, pc.Topics = quarantine.Role+"-retry", []string{quarantine.TopicRetry}
+			pc.Role, pc.Topics = quarantine.Role+"-retry", quarantine.RetryTopics(clusters)
 			add(pc)
 		case "drain":
 			add(cfg.Drain.Pipeline())
@@ -387,7 +387,7 @@ func (e *Env) burstSend(ctx context.Context, events int64, nodes, batch, workers
 }
 
 func runBurst(ctx context.Context, e *Env, p Params, r *Report) error {
-	groups, err := groupTopics(e.Opts.Roles)
+	groups, err := groupTopics(e.Opts.Roles, e.Clusters)
 	if err != nil {
 		return err
 	}

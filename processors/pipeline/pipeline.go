@@ -7,8 +7,10 @@
 // replica and at shutdown, so a slow or failing-over group coordinator
 // never holds up the next batch.
 //
-// Retry with backoff, dead-lettering of poison records, per-batch timeouts
-// and metrics are written here once and wrap every role.
+// Retry with backoff (a failed batch is held, its partitions paused, while
+// the replica's other partitions go on: held.go), dead-lettering of poison
+// records, per-batch timeouts and metrics are written here once and wrap
+// every role.
 package pipeline
 
 import (

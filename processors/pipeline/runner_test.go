@@ -28,7 +28,8 @@ import (
 )
 
 // The Runner's contract, each part against kfake (franz-go's in-process
-// Kafka): a failed batch is retried with the same records; a record the
+// Kafka): a failed batch is retried with the same records, holding only
+// its own partition while the others go on; a record the
 // handler cannot process goes to the dead-letter topic with its reason and
 // origin; offsets are committed only once the batch's outputs are
 // acknowledged, and a commit the coordinator does not answer holds up no

@@ -80,8 +80,10 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 	return h.handle(ctx, recs, false)
 }
 
-// HandleRetry handles a batch of TopicRetry: it waits for each cluster up to
-// Config.RetryWait and fails the batch (to be retried) while one is down.
+// HandleRetry handles a batch of the retry topics: it waits for each
+// cluster up to Config.RetryWait and fails the batch (to be retried) while
+// one is down — a batch of one cluster's RetryTopic, held by the pipeline
+// while the other clusters' go on.
 func (h *Handler) HandleRetry(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
 	return h.handle(ctx, recs, true)
 }
@@ -126,7 +128,7 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 			res.Out = append(res.Out, rec)
 		}
 		for _, it := range r.deferred {
-			res.Out = append(res.Out, retryRecord(it.rec))
+			res.Out = append(res.Out, retryRecord(it.cluster, it.rec))
 			h.m.deferred.WithLabelValues(it.cluster).Inc()
 		}
 	}
@@ -143,7 +145,7 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 // handleSeq handles one node's records in order, each through
 // clusters.Registry.Try. A cluster in trouble is waited for until
 // deadline; past it (or when the batch runs out of time) the node's
-// remaining records are deferred to TopicRetry, or, in the retry consumer,
+// remaining records are deferred to RetryTopic, or, in the retry consumer,
 // the batch fails to be retried.
 func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadline time.Time) seqResult {
 	var r seqResult
@@ -165,7 +167,7 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 	}
 	live := cl != nil && cl.Kube != nil
 	if live && !retry && h.retries != nil && h.retries.waits(items[0].rec.Key) {
-		// An older record of this node waits on TopicRetry (deferred by
+		// An older record of this node waits on a retry topic (deferred by
 		// any replica): this one goes behind it.
 		r.deferred = items
 		return r
@@ -264,7 +266,9 @@ func (h *Handler) markDeferring(cluster string) {
 // HeaderRetryAttempt counts how often a record was deferred.
 const HeaderRetryAttempt = "faultline-retry-attempt"
 
-func retryRecord(r *kgo.Record) *kgo.Record {
+// retryRecord is r deferred to its cluster's RetryTopic, one more attempt
+// counted.
+func retryRecord(cluster string, r *kgo.Record) *kgo.Record {
 	attempt := 0
 	var hdrs []kgo.RecordHeader
 	for _, hd := range r.Headers {
@@ -275,5 +279,5 @@ func retryRecord(r *kgo.Record) *kgo.Record {
 		hdrs = append(hdrs, hd)
 	}
 	hdrs = append(hdrs, kgo.RecordHeader{Key: HeaderRetryAttempt, Value: []byte(strconv.Itoa(attempt + 1))})
-	return &kgo.Record{Topic: TopicRetry, Key: r.Key, Value: r.Value, Headers: hdrs}
+	return &kgo.Record{Topic: RetryTopic(cluster), Key: r.Key, Value: r.Value, Headers: hdrs}
 }

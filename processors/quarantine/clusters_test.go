@@ -112,9 +112,11 @@ func TestTwoClustersIsolated(t *testing.T) {
 	_, deferredB := handle(t, h, record("b", healthy("node-3", "XID_ERROR_48", "GPU-1")))
 	kb.Start()
 	ka.Stop()
-	batch := append(deferredB, retryRecord(record("a", fatal("node-3", "XID_ERROR_48", "GPU-1"))))
+	// As consumed from TopicRetry, where every cluster's records waited
+	// before each had its own topic.
+	batch := append(deferredB, retryRecord("a", record("a", fatal("node-3", "XID_ERROR_48", "GPU-1"))))
 	for i, r := range batch {
-		r.Topic, r.Partition, r.Offset = TopicRetry, 0, int64(100+i) // as consumed
+		r.Topic, r.Partition, r.Offset = TopicRetry, 0, int64(100+i)
 	}
 	for deadline := time.Now().Add(30 * time.Second); getNode(t, kb.Client(), "node-3").Spec.Unschedulable; {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -1,6 +1,8 @@
 package quarantine
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"math"
@@ -14,10 +16,35 @@ import (
 	"github.com/faultline/faultline/processors/pipeline"
 )
 
-// TopicRetry holds records of clusters that were unreachable when their
-// records were handled; the role's own retry consumer applies them once the
-// cluster answers again (see Handler).
+// TopicRetry held the records of every cluster that was unreachable when
+// its records were handled, before each cluster had its own (RetryTopic);
+// the retry consumer still reads it.
 const TopicRetry = "faultline.quarantine.retry"
+
+// RetryTopic is the topic of cluster's records deferred while it was
+// unreachable; the role's own retry consumer applies them once the
+// cluster answers again (see Handler). Each cluster has its own, so a
+// cluster down for hours holds only its own records (the retry batch
+// fails and is held, pipeline/held.go), never another cluster's behind
+// them. A name that is not a DNS label (lower-case letters, digits, '-';
+// Kafka's '.' and '_' collide in its metric names) is named by a hash.
+func RetryTopic(cluster string) string {
+	if len(validation.IsDNS1123Label(cluster)) == 0 {
+		return TopicRetry + "." + cluster
+	}
+	sum := sha256.Sum256([]byte(cluster))
+	return TopicRetry + ".h" + hex.EncodeToString(sum[:8])
+}
+
+// RetryTopics are the topics the retry consumer reads: the clusters' own,
+// and TopicRetry.
+func RetryTopics(clusters []string) []string {
+	topics := []string{TopicRetry}
+	for _, c := range clusters {
+		topics = append(topics, RetryTopic(c))
+	}
+	return topics
+}
 
 // Config is the quarantine role's configuration (flags "quarantine.*").
 type Config struct {

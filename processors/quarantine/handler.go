@@ -29,15 +29,16 @@ const RuleForce = "override-force"
 // batch are handled concurrently (Config.Workers). Clusters are isolated:
 // a cluster whose API fails is retried inside the batch for at most
 // Config.ClusterWait, then its remaining records (per node, in order) are
-// deferred to TopicRetry, produced with the batch's outputs before the
+// deferred to the cluster's RetryTopic, produced with the batch's outputs before the
 // offsets are committed, so nothing is lost and the other clusters' records
 // of the same partition are not held up. For a grace period after a
 // deferral (2×RetryWait) every new record of that cluster is deferred too,
 // and so is every record of a node with an older record still waiting on
-// TopicRetry (retryWaiting, whichever replica deferred it), so a node's
+// a retry topic (retryWaiting, whichever replica deferred it), so a node's
 // records stay in order behind the deferred ones. The retry
 // consumer (HandleRetry) waits for the cluster and fails its batch while
-// the cluster is still down, so the pipeline retries it with backoff.
+// the cluster is still down, so the pipeline holds it and retries it with
+// backoff, the other clusters' retry topics going on.
 type Handler struct {
 	cfg    Config
 	policy *Policy
@@ -73,7 +74,7 @@ type Handler struct {
 	lastEvent    map[string]time.Time
 	eventsPruned time.Time
 
-	// retries: the records waiting on TopicRetry, by key (Open sets it).
+	// retries: the records waiting on the retry topics, by key (Open sets it).
 	retries *retryWaiting
 
 	// dryRunLifts: the would-lifts the stabilization sweep reported for

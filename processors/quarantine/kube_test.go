@@ -24,6 +24,7 @@ import (
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -188,10 +189,11 @@ func splitOut(t testing.TB, out []*kgo.Record) ([]*faultlinev1.Action, []*kgo.Re
 				t.Fatal(err)
 			}
 			acts = append(acts, a)
-		case TopicRetry:
-			retry = append(retry, r)
 		default:
-			t.Fatalf("output to unexpected topic %s", r.Topic)
+			if c, _, err := pipeline.EventKey(r); err != nil || r.Topic != RetryTopic(c) {
+				t.Fatalf("output to unexpected topic %s (cluster %q, %v)", r.Topic, c, err)
+			}
+			retry = append(retry, r)
 		}
 	}
 	return acts, retry

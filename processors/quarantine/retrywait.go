@@ -20,8 +20,8 @@ import (
 // retryGroup is the retry consumer's group.
 var retryGroup = pipeline.DefaultGroup(Role + "-retry")
 
-// retryWaiting follows TopicRetry and knows, by key (cluster/node), the
-// records the retry consumer's group has not consumed yet — deferred by
+// retryWaiting follows the retry topics (RetryTopics) and knows, by key
+// (cluster/node), the records the retry consumer's group has not consumed yet — deferred by
 // any replica, before or after this one started. A node's newer record
 // must not be decided before them: a recovery applied first, the retried
 // fault would cordon a healthy node. The in-memory grace period after a
@@ -32,14 +32,20 @@ var retryGroup = pipeline.DefaultGroup(Role + "-retry")
 // ≈ 25 MB per replica) and reads each record once; an empty retry topic
 // costs two requests a second.
 type retryWaiting struct {
-	log   *slog.Logger
-	group string
-	cl    *kgo.Client
+	log    *slog.Logger
+	group  string
+	topics []string
+	cl     *kgo.Client
 
 	mu     sync.Mutex
-	keys   map[string]int            // waiting records per key
-	queued map[int32][]waitingRecord // per partition, in offset order
-	next   map[int32]int64           // the next offset to read, per partition
+	keys   map[string]int                     // waiting records per key
+	queued map[topicPartition][]waitingRecord // in offset order
+	next   map[topicPartition]int64           // the next offset to read
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
 }
 
 type waitingRecord struct {
@@ -51,16 +57,17 @@ type waitingRecord struct {
 // waiting.
 const catchUpTimeout = 30 * time.Second
 
-// openRetryWaiting reads TopicRetry from group's committed offsets to its
-// end as of now (for at most catchUpTimeout) and returns the follower,
+// openRetryWaiting reads topics from group's committed offsets to their
+// ends as of now (for at most catchUpTimeout) and returns the follower,
 // its client still consuming; run it to keep up. caughtUp is false when
 // the end was not reached in time (the rest is read by run).
-func openRetryWaiting(ctx context.Context, kcfg kafka.Config, log *slog.Logger, group string) (w *retryWaiting, caughtUp bool, err error) {
+func openRetryWaiting(ctx context.Context, kcfg kafka.Config, log *slog.Logger, group string, topics []string) (w *retryWaiting, caughtUp bool, err error) {
 	cl, err := kafka.NewClient(kcfg, log)
 	if err != nil {
 		return nil, false, err
 	}
-	w = &retryWaiting{log: log, group: group, cl: cl, keys: map[string]int{}, queued: map[int32][]waitingRecord{}, next: map[int32]int64{}}
+	w = newRetryWaiting(log, group, topics)
+	w.cl = cl
 	ends, err := w.start(ctx)
 	if err != nil {
 		cl.Close()
@@ -77,50 +84,59 @@ func openRetryWaiting(ctx context.Context, kcfg kafka.Config, log *slog.Logger, 
 	return w, true, nil
 }
 
-// start begins consuming every partition of TopicRetry where the group
+func newRetryWaiting(log *slog.Logger, group string, topics []string) *retryWaiting {
+	return &retryWaiting{log: log, group: group, topics: topics, keys: map[string]int{},
+		queued: map[topicPartition][]waitingRecord{}, next: map[topicPartition]int64{}}
+}
+
+// start begins consuming every partition of the topics where the group
 // stands and returns the partitions' end offsets.
-func (w *retryWaiting) start(ctx context.Context) (map[int32]int64, error) {
+func (w *retryWaiting) start(ctx context.Context) (map[topicPartition]int64, error) {
 	adm := kadm.NewClient(w.cl)
-	starts, err := adm.ListStartOffsets(ctx, TopicRetry)
+	starts, err := adm.ListStartOffsets(ctx, w.topics...)
 	if err == nil {
 		err = starts.Error()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("start offsets of %s: %w", TopicRetry, err)
+		return nil, fmt.Errorf("start offsets of the retry topics: %w", err)
 	}
-	ends, err := adm.ListEndOffsets(ctx, TopicRetry)
+	ends, err := adm.ListEndOffsets(ctx, w.topics...)
 	if err == nil {
 		err = ends.Error()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("end offsets of %s: %w", TopicRetry, err)
+		return nil, fmt.Errorf("end offsets of the retry topics: %w", err)
 	}
 	committed, err := w.committed(ctx)
 	if err != nil {
 		return nil, err
 	}
-	from := map[int32]kgo.Offset{}
-	end := map[int32]int64{}
+	from := map[string]map[int32]kgo.Offset{}
+	end := map[topicPartition]int64{}
 	starts.Each(func(s kadm.ListedOffset) {
-		at := max(s.Offset, committed[s.Partition])
-		from[s.Partition] = kgo.NewOffset().At(at)
-		w.next[s.Partition] = at
+		tp := topicPartition{s.Topic, s.Partition}
+		at := max(s.Offset, committed[tp])
+		if from[s.Topic] == nil {
+			from[s.Topic] = map[int32]kgo.Offset{}
+		}
+		from[s.Topic][s.Partition] = kgo.NewOffset().At(at)
+		w.next[tp] = at
 	})
-	ends.Each(func(e kadm.ListedOffset) { end[e.Partition] = e.Offset })
-	w.cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{TopicRetry: from})
+	ends.Each(func(e kadm.ListedOffset) { end[topicPartition{e.Topic, e.Partition}] = e.Offset })
+	w.cl.AddConsumePartitions(from)
 	return end, nil
 }
 
-// committed returns the group's committed offsets on TopicRetry
+// committed returns the group's committed offsets on the topics
 // (partitions it never committed are absent).
-func (w *retryWaiting) committed(ctx context.Context) (map[int32]int64, error) {
+func (w *retryWaiting) committed(ctx context.Context) (map[topicPartition]int64, error) {
 	adm := kadm.NewClient(w.cl)
 	resp, err := adm.FetchOffsets(ctx, w.group)
 	for try := 1; kerr.IsRetriable(err) && try < 50 && ctx.Err() == nil; try++ { // a coordinator still loading
 		time.Sleep(200 * time.Millisecond)
 		resp, err = adm.FetchOffsets(ctx, w.group)
 	}
-	out := map[int32]int64{}
+	out := map[topicPartition]int64{}
 	if errors.Is(err, kerr.GroupIDNotFound) { // never committed
 		return out, nil
 	}
@@ -128,15 +144,15 @@ func (w *retryWaiting) committed(ctx context.Context) (map[int32]int64, error) {
 		return nil, fmt.Errorf("offsets of group %s: %w", w.group, err)
 	}
 	resp.Each(func(o kadm.OffsetResponse) {
-		if o.Topic == TopicRetry && o.Err == nil && o.At >= 0 {
-			out[o.Partition] = o.At
+		if o.Err == nil && o.At >= 0 {
+			out[topicPartition{o.Topic, o.Partition}] = o.At
 		}
 	})
 	return out, nil
 }
 
 // reached reports whether every partition was read up to ends.
-func (w *retryWaiting) reached(ends map[int32]int64) bool {
+func (w *retryWaiting) reached(ends map[topicPartition]int64) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for p, e := range ends {
@@ -147,7 +163,7 @@ func (w *retryWaiting) reached(ends map[int32]int64) bool {
 	return true
 }
 
-// poll reads what TopicRetry has now (waiting at most until ctx ends).
+// poll reads what the topics have now (waiting at most until ctx ends).
 func (w *retryWaiting) poll(ctx context.Context) error {
 	fs := w.cl.PollFetches(ctx)
 	var errs []error
@@ -159,16 +175,16 @@ func (w *retryWaiting) poll(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	fs.EachRecord(func(r *kgo.Record) {
-		key := string(r.Key)
+		key, tp := string(r.Key), topicPartition{r.Topic, r.Partition}
 		w.keys[key]++
-		w.queued[r.Partition] = append(w.queued[r.Partition], waitingRecord{offset: r.Offset, key: key})
-		w.next[r.Partition] = r.Offset + 1
+		w.queued[tp] = append(w.queued[tp], waitingRecord{offset: r.Offset, key: key})
+		w.next[tp] = r.Offset + 1
 	})
 	return errors.Join(errs...)
 }
 
 // consumed forgets the records before the group's committed offsets.
-func (w *retryWaiting) consumed(committed map[int32]int64) {
+func (w *retryWaiting) consumed(committed map[topicPartition]int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for p, q := range w.queued {
@@ -189,14 +205,14 @@ func (w *retryWaiting) consumed(committed map[int32]int64) {
 	}
 }
 
-// waits reports whether a record keyed key waits on TopicRetry.
+// waits reports whether a record keyed key waits on a retry topic.
 func (w *retryWaiting) waits(key []byte) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.keys[string(key)] > 0
 }
 
-// run keeps up with TopicRetry and with the group's progress (every
+// run keeps up with the retry topics and with the group's progress (every
 // second) until ctx ends; failures are logged at most once a minute.
 func (w *retryWaiting) run(ctx context.Context) {
 	defer w.cl.Close()

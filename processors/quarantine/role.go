@@ -29,13 +29,13 @@ import (
 )
 
 // Topics are what the role's own consumer reads; its retry consumer reads
-// TopicRetry.
+// RetryTopics.
 var Topics = []string{events.TopicEvents}
 
 // Open builds the role: it compiles the rules (an invalid rule stops
-// start-up, naming the rule set), creates TopicRetry if missing and
+// start-up, naming the rule set), creates the retry topics if missing and
 // starts the node watch of every configured cluster. The role is its
-// consumer of Topics, its retry consumer of TopicRetry (group
+// consumer of Topics, its retry consumer of RetryTopics (group
 // "faultline-quarantine-retry"), the loop that acknowledges manual
 // uncordons (RunUncordons) and, unless flapping faults are off, the sweep
 // that lifts them after their stabilization window (RunStabilization).
@@ -46,7 +46,8 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return nil, err
 	}
 	h.log.Info("quarantine policy compiled", "rule_sets", h.policy.Names(), "clusters", deps.Kube.Names())
-	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, TopicRetry); err != nil {
+	retryTopics := RetryTopics(deps.Kube.Names())
+	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, retryTopics...); err != nil {
 		return nil, fmt.Errorf("quarantine: %w", err)
 	}
 	h.WatchClusters(deps.Kube.Names())
@@ -85,7 +86,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	}
 	// The records already waiting on the retry topic are read before the
 	// consumers start: a node's newer records go behind them.
-	w, caughtUp, err := openRetryWaiting(ctx, deps.Kafka, h.log, retryGroup)
+	w, caughtUp, err := openRetryWaiting(ctx, deps.Kafka, h.log, retryGroup, retryTopics)
 	if err != nil {
 		h.Close()
 		return nil, fmt.Errorf("quarantine: %w", err)
@@ -103,7 +104,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return nil
 	}})
 	retry := cfg.Pipeline()
-	retry.Role, retry.Topics, retry.Group = Role+"-retry", []string{TopicRetry}, retryGroup
+	retry.Role, retry.Topics, retry.Group = Role+"-retry", retryTopics, retryGroup
 	return &role.Role{
 		Name: Role,
 		Consumers: []role.Consumer{

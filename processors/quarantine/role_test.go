@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/role"
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -89,17 +91,8 @@ func TestRestartKeepsNodeOrderBehindRetries(t *testing.T) {
 	ctx, kube, k, deps, start := e.ctx, e.kube, e.kafka, e.deps, e.start
 	// Replica A reaches the cluster through a dead address (the cluster
 	// down for it, quicker than stopping the apiserver).
-	kc, err := os.ReadFile(kube.Kubeconfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	server := regexp.MustCompile(`server: \S+`)
-	dead := filepath.Join(t.TempDir(), "dead.kubeconfig")
-	if err := os.WriteFile(dead, server.ReplaceAll(kc, []byte("server: https://127.0.0.1:1")), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	down := deps
-	down.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: dead}}
+	down.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: deadKubeconfig(t, kube)}}
 	tap := newTap(ctx, t, k)
 
 	stopA := start(down, 0, 1)
@@ -160,6 +153,64 @@ func TestRestartKeepsNodeOrderBehindRetries(t *testing.T) {
 	if n := tap.deferred("prod/order-1"); n != 2 {
 		t.Fatalf("order-1's fault after the retry topic was consumed deferred (%d records of it there)", n)
 	}
+}
+
+// TestDownClusterHoldsOnlyItsOwnRetries: cluster "down" is down for the
+// whole test, its record waiting on its retry topic, the retry consumer
+// failing on it; cluster "prod" blinks (for replica A), and its record
+// deferred meanwhile is applied by the retry consumer while "down" stays
+// down. (With one retry topic for every cluster, and the retry consumer
+// retrying a failed batch before it polled again, prod's record waited
+// for "down" to come back.)
+func TestDownClusterHoldsOnlyItsOwnRetries(t *testing.T) {
+	e := startRoleEnv(t, "hol", "hol-1")
+	dead := deadKubeconfig(t, e.kube)
+	tap := newTap(e.ctx, t, e.kafka)
+	blinking := e.deps
+	blinking.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: dead}, {Name: "down", Kubeconfig: dead}}
+	stopA := e.start(blinking, 0)
+	defer stopA()
+	tap.produce(record("down", fatal("hol-1", "XID_ERROR_48", "GPU-1")))
+	tap.waitFor("down's record on its retry topic", 60*time.Second, func() bool { return tap.deferred("down/hol-1") == 1 })
+
+	back := e.deps
+	back.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: e.kube.Kubeconfig()}, {Name: "down", Kubeconfig: dead}}
+	stopB := e.start(back, 1)
+	defer stopB()
+	time.Sleep(2 * time.Second) // B's retry consumer fails on down's record, again and again
+	tap.produce(record("prod", fatal("hol-1", "XID_ERROR_48", "GPU-1")))
+	tap.waitFor("prod's record on its retry topic", 60*time.Second, func() bool { return tap.deferred("prod/hol-1") == 1 })
+	tap.waitFor("prod's deferred record applied while down stays down", 60*time.Second, tap.applied("hol-1", events.KindQuarantine))
+	if !getNode(t, e.kube.Client(), "hol-1").Spec.Unschedulable {
+		t.Fatal("prod's hol-1 not cordoned")
+	}
+	tap.mu.Lock()
+	defer tap.mu.Unlock()
+	for _, a := range tap.actions {
+		if a.Cluster == "down" {
+			t.Fatalf("decided for the cluster that is down: %v", a)
+		}
+	}
+	for _, r := range tap.retried {
+		if c, _, _ := pipeline.EventKey(r); r.Topic != RetryTopic(c) {
+			t.Errorf("%s's record deferred to %s", c, r.Topic)
+		}
+	}
+}
+
+// deadKubeconfig is kube's kubeconfig with a dead server address: the
+// cluster down for whoever uses it, quicker than stopping the apiserver.
+func deadKubeconfig(t *testing.T, kube *testenv.Kube) string {
+	kc, err := os.ReadFile(kube.Kubeconfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := regexp.MustCompile(`server: \S+`)
+	dead := filepath.Join(t.TempDir(), "dead.kubeconfig")
+	if err := os.WriteFile(dead, server.ReplaceAll(kc, []byte("server: https://127.0.0.1:1")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dead
 }
 
 // roleEnv is a real apiserver (cluster "prod", nodes of a group) and a
@@ -230,13 +281,20 @@ type tap struct {
 }
 
 func newTap(ctx context.Context, t *testing.T, k *testenv.Kafka) *tap {
-	tp := &tap{t: t, ctx: ctx, cl: k.Client(t, kgo.ConsumeTopics(events.TopicActions, TopicRetry), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))}
+	// The retry topics of the tests' clusters, created here so the tap
+	// reads them from their start whoever creates them.
+	retryTopics := RetryTopics([]string{"prod", "down"})
+	if err := kafka.CreateTopics(ctx, kafka.Config{Brokers: k.Addr(), Partitions: 3, ReplicationFactor: 1}, testLog, retryTopics...); err != nil {
+		t.Fatal(err)
+	}
+	tp := &tap{t: t, ctx: ctx, cl: k.Client(t, kgo.ConsumeTopics(append(retryTopics, events.TopicActions)...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))}
 	go func() {
 		for ctx.Err() == nil {
 			fs := tp.cl.PollFetches(ctx)
 			tp.mu.Lock()
 			fs.EachRecord(func(r *kgo.Record) {
-				if r.Topic == TopicRetry {
+				if strings.HasPrefix(r.Topic, TopicRetry) {
 					tp.retried = append(tp.retried, r)
 					return
 				}
