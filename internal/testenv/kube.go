@@ -336,6 +336,15 @@ func (k *Kube) Stop() {
 	k.tb.Logf("testenv: kube-apiserver stopped in %s", time.Since(began).Round(time.Millisecond))
 }
 
+// Kill kills kube-apiserver (SIGKILL): an apiserver that died or was cut
+// off, at once — a graceful Stop waits out its 30 s while clients hold
+// watches open. Start brings it back.
+func (k *Kube) Kill() {
+	k.tb.Helper()
+	k.apiserver.stop(syscall.SIGKILL, 0)
+	k.tb.Logf("testenv: kube-apiserver killed")
+}
+
 // Close stops every process of the control plane. It is called by the test
 // cleanup and is safe to call more than once.
 func (k *Kube) Close() {

@@ -196,6 +196,12 @@ var Scenarios = []Scenario{
 		Run:      runMassFailure,
 	},
 	{
+		Name: "cluster-outage", Doc: "one cluster's apiserver down for the whole run, another's down while Faults fatal events per cluster are sent (both deferred to their own retry topics), a third up throughout: the third cordoned at once, the second as soon as it answers again while the first stays down, then the first once it answers; each fault cordoned once",
+		Defaults: Params{Clusters: 3, Nodes: 200, Faults: 20},
+		Options:  func(p Params) Options { return quarantineOpts(p, "quarantine") },
+		Run:      runClusterOutage,
+	},
+	{
 		Name: "ingest", Doc: "sustained ingest: the raw franz-go producer (ceiling) beside the gateway's gRPC batches of 100 and REST single events (keep-alive), then gRPC until visible in the history API (store role, ClickHouse)",
 		Defaults: Params{Clusters: 1, Nodes: 1000, Duration: 10 * time.Second},
 		Options: func(p Params) Options {

@@ -22,6 +22,7 @@ func TestScenariosSmoke(t *testing.T) {
 		"conformance-drift": {Nodes: 10, Duration: time.Second},
 		"flap":              {Nodes: 5, Duration: 2 * time.Second},
 		"mass-failure":      {Nodes: 30, Faults: 30},
+		"cluster-outage":    {Clusters: 3, Nodes: 20, Faults: 2},
 		"ingest":            {Nodes: 20, Duration: time.Second},
 		"burst":             {Clusters: 1, Nodes: 50, Events: 5000, Duration: 2 * time.Minute},
 	}

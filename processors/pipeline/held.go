@@ -17,8 +17,12 @@ import (
 // consumer, while that cluster's apiserver is down) holds only the
 // partitions that carry that batch, not the whole replica.
 //
-// Pausing drops what the client had fetched of a partition beyond the
-// held batch (it is fetched again on resume). A held partition revoked
+// A held batch is tried again within a round of the loop, beside the
+// batches just polled, and the round ends when every batch of it did: a
+// try that waits (quarantine's retry batch waits up to retry_wait for its
+// cluster) slows the other partitions to one round per try, never stops
+// them. Pausing drops what the client had fetched of a partition beyond
+// the held batch (it is fetched again on resume). A held partition revoked
 // by a rebalance (or lost) is dropped from the held batch and resumed:
 // its next owner handles it from the committed offset.
 

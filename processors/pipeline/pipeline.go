@@ -539,9 +539,13 @@ func (r *Runner) try(ctx context.Context, cl *kgo.Client, b *batch) (bool, map[s
 	if err == nil {
 		return true, rest
 	}
-	backoff := max(b.backoff, 100*time.Millisecond)
-	r.log.Warn("batch failed; retrying", "partition", part, "first_offset", b.recs[0].Offset,
-		"records", len(b.recs), "attempt", b.tries+1, "backoff", backoff, "err", err)
+	// Logged at the 1st, 2nd, 4th, 8th… failed try: a batch held through
+	// an hour's outage (of a cluster, say) logs a dozen lines, not one per
+	// try. Each try is counted in the metrics.
+	if attempt := b.tries + 1; attempt&(attempt-1) == 0 {
+		r.log.Warn("batch failed; retrying", "partition", part, "first_offset", b.recs[0].Offset,
+			"records", len(b.recs), "attempt", attempt, "backoff", max(b.backoff, 100*time.Millisecond), "err", err)
+	}
 	return false, nil
 }
 

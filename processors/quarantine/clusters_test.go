@@ -38,7 +38,7 @@ func retryUntil(t *testing.T, h *Handler, recs []*kgo.Record, within time.Durati
 }
 
 // Two clusters, two apiservers, the same node names: events act only on
-// their own cluster, and a stopped apiserver does not hold up the other
+// their own cluster, and a dead apiserver (killed) does not hold up the other
 // cluster's records of the same batch; its records are deferred and applied
 // once it is back.
 func TestTwoClustersIsolated(t *testing.T) {
@@ -62,7 +62,7 @@ func TestTwoClustersIsolated(t *testing.T) {
 		t.Fatal("an event of cluster a must cordon a's node-1 and only it")
 	}
 
-	ka.Stop()
+	ka.Kill()
 	start := time.Now()
 	acts, deferred := handle(t, h,
 		record("a", fatal("node-2", "XID_ERROR_48", "GPU-1")),
@@ -108,10 +108,10 @@ func TestTwoClustersIsolated(t *testing.T) {
 	// A retry batch fails for a down cluster after it released a node of
 	// the other: the redo finds the node released and decides nothing, so
 	// the release's action is the one kept from the failed try.
-	kb.Stop()
+	kb.Kill()
 	_, deferredB := handle(t, h, record("b", healthy("node-3", "XID_ERROR_48", "GPU-1")))
 	kb.Start()
-	ka.Stop()
+	ka.Kill()
 	// As consumed from TopicRetry, where every cluster's records waited
 	// before each had its own topic.
 	batch := append(deferredB, retryRecord("a", record("a", fatal("node-3", "XID_ERROR_48", "GPU-1"))))
@@ -132,7 +132,7 @@ func TestTwoClustersIsolated(t *testing.T) {
 	}
 }
 
-// The apiserver is stopped while a batch of 40 failing nodes is being
+// The apiserver is killed while a batch of 40 failing nodes is being
 // handled: whatever was not applied is deferred, retried while the
 // apiserver is down, and applied once it is back. No fault is lost.
 func TestAPIServerStoppedMidRunRetriedWithoutLoss(t *testing.T) {
@@ -153,7 +153,7 @@ func TestAPIServerStoppedMidRunRetriedWithoutLoss(t *testing.T) {
 	stopped := make(chan struct{})
 	go func() {
 		time.Sleep(150 * time.Millisecond)
-		k.Stop()
+		k.Kill()
 		close(stopped)
 	}()
 	acts, deferred := handle(t, h, recs...)

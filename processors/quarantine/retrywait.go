@@ -21,16 +21,16 @@ import (
 var retryGroup = pipeline.DefaultGroup(Role + "-retry")
 
 // retryWaiting follows the retry topics (RetryTopics) and knows, by key
-// (cluster/node), the records the retry consumer's group has not consumed yet — deferred by
-// any replica, before or after this one started. A node's newer record
-// must not be decided before them: a recovery applied first, the retried
-// fault would cordon a healthy node. The in-memory grace period after a
-// deferral (Handler.deferring) keeps that order only on the replica that
-// deferred, and only for 2×retry_wait.
+// (cluster/node), the records the retry consumer's group has not consumed
+// yet — deferred by any replica, before or after this one started. A
+// node's newer record must not be decided before them: a recovery applied
+// first, the retried fault would cordon a healthy node. The in-memory
+// grace period after a deferral (Handler.deferring) keeps that order only
+// on the replica that deferred, and only for 2×retry_wait.
 //
 // It holds ≈ 50 bytes per waiting record (a 500,000-record backlog:
-// ≈ 25 MB per replica) and reads each record once; an empty retry topic
-// costs two requests a second.
+// ≈ 25 MB per replica) and reads each record once; idle retry topics cost
+// two requests a second (a fetch of them all, the group's offsets).
 type retryWaiting struct {
 	log    *slog.Logger
 	group  string

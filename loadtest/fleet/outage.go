@@ -1,0 +1,92 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/faultline/faultline/processors/quarantine"
+)
+
+// runClusterOutage: the first cluster's apiserver is down for the whole
+// run and the second's blinks; Faults fatal events are sent to each while
+// they are down (the breaker's share at most, so none is held). Both are
+// deferred to their retry topics; the third cluster, up throughout, is
+// cordoned at once meanwhile. The blinking cluster answers again and its
+// faults must be cordoned while the first stays down — with one retry
+// topic for every cluster and a failed batch retried before the next
+// poll, they waited for the first to come back. Then the first answers
+// and its faults are cordoned: every fault once, none lost.
+func runClusterOutage(ctx context.Context, e *Env, p Params, r *Report) error {
+	if len(e.Clusters) < 3 || len(e.Kubes) < len(e.Clusters) {
+		return fmt.Errorf("cluster-outage: needs 3 clusters, each with a kube-apiserver (%d clusters, %d apiservers)", len(e.Clusters), len(e.Kubes))
+	}
+	down, blink, up := e.Clusters[0], e.Clusters[1], e.Clusters[2]
+	faults := min(p.Faults, breakerShare(p.Nodes))
+	var pushbacks atomic.Int64
+	send := func(cluster string) (time.Time, error) {
+		t0 := time.Now()
+		for i := range faults {
+			if err := e.sendFault(ctx, cluster, i, &pushbacks); err != nil {
+				return t0, err
+			}
+		}
+		return t0, nil
+	}
+	adm := kadm.NewClient(e.KafkaClient())
+	deferred := func(cluster string) int64 {
+		ends, err := adm.ListEndOffsets(ctx, quarantine.RetryTopic(cluster))
+		if err != nil {
+			return -1
+		}
+		var n int64
+		ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+		return n
+	}
+	cordoned := func(cluster string) func() bool {
+		return func() bool { return e.Cordons.CountIn(cluster) >= faults }
+	}
+
+	e.Kubes[down].Kill()
+	e.Kubes[blink].Kill()
+	for _, c := range []string{down, blink} {
+		if _, err := send(c); err != nil {
+			return err
+		}
+	}
+	okDeferred := waitFor(ctx, 60*time.Second, func() bool { return deferred(down) >= int64(faults) && deferred(blink) >= int64(faults) })
+	r.Check(okDeferred, "deferred %d of %s's and %d of %s's %d faults to their retry topics", deferred(down), down, deferred(blink), blink, faults)
+
+	sentUp, err := send(up)
+	if err != nil {
+		return err
+	}
+	okUp := waitFor(ctx, 60*time.Second, cordoned(up))
+	upTook := time.Since(sentUp)
+
+	e.Kubes[blink].Start()
+	back := time.Now()
+	okBlink := waitFor(ctx, 120*time.Second, cordoned(blink))
+	blinkTook := time.Since(back)
+	downWhile := e.Cordons.CountIn(down)
+
+	e.Kubes[down].Start()
+	backDown := time.Now()
+	okDown := waitFor(ctx, 120*time.Second, cordoned(down))
+	downTook := time.Since(backDown)
+	time.Sleep(2 * time.Second) // a fault cordoned twice would show now
+	_, twice := e.Cordons.Count()
+
+	r.Figure("cluster-outage over %s: %d faults per cluster; %s down throughout, %s down while its faults were sent: %d and %d deferred to their retry topics; %s (up) cordoned in %s from the first send; %s cordoned %s after its apiserver was ready again (%s still down: %d cordoned); %s cordoned %s after it was; %d cordoned twice, %d sends pushed back",
+		e.Describe(), faults, down, blink, deferred(down), deferred(blink), up, upTook.Round(time.Millisecond),
+		blink, blinkTook.Round(time.Millisecond), down, downWhile, down, downTook.Round(time.Millisecond), twice, pushbacks.Load())
+	r.Check(okUp, "%s: %d of %d faults cordoned while the others were down", up, e.Cordons.CountIn(up), faults)
+	r.Check(okBlink, "%s: %d of %d faults cordoned within 120s of its apiserver being back, %s still down", blink, e.Cordons.CountIn(blink), faults, down)
+	r.Check(downWhile == 0, "%s: %d nodes cordoned while its apiserver was down", down, downWhile)
+	r.Check(okDown, "%s: %d of %d faults cordoned within 120s of its apiserver being back", down, e.Cordons.CountIn(down), faults)
+	r.Check(twice == 0, "%d nodes cordoned twice", twice)
+	return nil
+}
