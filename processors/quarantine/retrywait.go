@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,6 +53,32 @@ type topicPartition struct {
 type waitingRecord struct {
 	offset int64
 	key    string
+}
+
+// openRetryTopics creates the retry topics of clusters where missing and
+// returns them with every other cluster's found on the broker: a cluster
+// since removed from the configuration leaves its records there, which
+// are decided as any unknown cluster's (dry-run), not left unread.
+func openRetryTopics(ctx context.Context, kcfg kafka.Config, log *slog.Logger, clusters []string) ([]string, error) {
+	topics := RetryTopics(clusters)
+	if err := kafka.CreateTopics(ctx, kcfg, log, topics...); err != nil {
+		return nil, err
+	}
+	cl, err := kafka.NewClient(kcfg, log)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	listed, err := kadm.NewClient(cl).ListTopics(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list the retry topics: %w", err)
+	}
+	for _, t := range listed.Names() {
+		if strings.HasPrefix(t, TopicRetry+".") && !slices.Contains(topics, t) {
+			topics = append(topics, t)
+		}
+	}
+	return topics, nil
 }
 
 // catchUpTimeout bounds how long opening reads the records already

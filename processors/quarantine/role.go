@@ -46,8 +46,8 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return nil, err
 	}
 	h.log.Info("quarantine policy compiled", "rule_sets", h.policy.Names(), "clusters", deps.Kube.Names())
-	retryTopics := RetryTopics(deps.Kube.Names())
-	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, retryTopics...); err != nil {
+	retryTopics, err := openRetryTopics(ctx, deps.Kafka, deps.Log, deps.Kube.Names())
+	if err != nil {
 		return nil, fmt.Errorf("quarantine: %w", err)
 	}
 	h.WatchClusters(deps.Kube.Names())

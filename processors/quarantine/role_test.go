@@ -161,7 +161,8 @@ func TestRestartKeepsNodeOrderBehindRetries(t *testing.T) {
 // deferred meanwhile is applied by the retry consumer while "down" stays
 // down. (With one retry topic for every cluster, and the retry consumer
 // retrying a failed batch before it polled again, prod's record waited
-// for "down" to come back.)
+// for "down" to come back.) The retry topic of a cluster no longer
+// configured is read too: its record decided as an unknown cluster's.
 func TestDownClusterHoldsOnlyItsOwnRetries(t *testing.T) {
 	e := startRoleEnv(t, "hol", "hol-1")
 	dead := deadKubeconfig(t, e.kube)
@@ -172,6 +173,15 @@ func TestDownClusterHoldsOnlyItsOwnRetries(t *testing.T) {
 	defer stopA()
 	tap.produce(record("down", fatal("hol-1", "XID_ERROR_48", "GPU-1")))
 	tap.waitFor("down's record on its retry topic", 60*time.Second, func() bool { return tap.deferred("down/hol-1") == 1 })
+
+	// A cluster since removed from the configuration left a record on
+	// its retry topic: read, and decided as an unknown cluster's.
+	if err := kafka.CreateTopics(e.ctx, e.deps.Kafka, testLog, RetryTopic("gone")); err != nil {
+		t.Fatal(err)
+	}
+	left := record("gone", fatal("hol-1", "XID_ERROR_48", "GPU-1"))
+	left.Topic = RetryTopic("gone")
+	tap.produce(left)
 
 	back := e.deps
 	back.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: e.kube.Kubeconfig()}, {Name: "down", Kubeconfig: dead}}
@@ -184,11 +194,17 @@ func TestDownClusterHoldsOnlyItsOwnRetries(t *testing.T) {
 	if !getNode(t, e.kube.Client(), "hol-1").Spec.Unschedulable {
 		t.Fatal("prod's hol-1 not cordoned")
 	}
+	tap.waitFor("the removed cluster's record decided", 30*time.Second, func() bool {
+		return slices.ContainsFunc(tap.actions, func(a *faultlinev1.Action) bool { return a.Cluster == "gone" })
+	})
 	tap.mu.Lock()
 	defer tap.mu.Unlock()
 	for _, a := range tap.actions {
 		if a.Cluster == "down" {
 			t.Fatalf("decided for the cluster that is down: %v", a)
+		}
+		if a.Cluster == "gone" && (!a.DryRun || a.Outcome != events.OutcomeDryRun) {
+			t.Fatalf("the removed cluster's record decided as %s/%s, dry-run %v", a.Kind, a.Outcome, a.DryRun)
 		}
 	}
 	for _, r := range tap.retried {
