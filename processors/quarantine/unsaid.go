@@ -23,9 +23,9 @@ import (
 // noticed by the watch and a breaker closed by a fault let through change
 // a node in a way nothing decides again: a redelivered recovery finds its
 // faults gone, the next sweep finds nothing left to lift, a redelivered
-// fault finds its node quarantined. A process killed between the node's write and its action's
-// produce, or restarted while Kafka was down, would lose the action for
-// ever. So the write that makes the change also writes its action into the
+// fault finds its node quarantined. A process killed between the node's
+// write and its action's produce, or restarted while Kafka was down, would
+// lose the action for ever. So the write that makes the change also writes its action into the
 // node (State.Unsaid, AnnotationUnsaid). An event's actions go out with
 // its batch's output (the pipeline says when), the loops' with say. Every
 // resayInterval the replica owning the node removes from it, by one more
