@@ -7,7 +7,9 @@
 // event for a cluster, so a processor starts even while some clusters are
 // unreachable. Every cluster has a Gate that tracks its API health with an
 // exponential backoff, so a cluster that fails is skipped quickly (its work
-// deferred, never dropped) while the others proceed.
+// deferred, never dropped) while the others proceed, and one that cannot
+// be reached at all is probed while work waits for it, so the work resumes
+// as soon as it answers.
 package clusters
 
 import (
@@ -25,6 +27,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -272,6 +275,7 @@ func (r *Registry) SetClient(name string, kube kubernetes.Interface, dryRun bool
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c := &Client{Name: name, Kube: kube, WatchKube: kube, DryRun: dryRun, Gate: NewGate(r.now)}
+	c.Gate.Probe = readyz(kube)
 	r.clients[name] = c
 	return c
 }
@@ -394,24 +398,37 @@ func (r *Registry) buildClient(cl Cluster, c *Client) error {
 	if err != nil {
 		return fmt.Errorf("cluster %q: client: %w", cl.Name, err)
 	}
+	c.Gate.Probe = readyz(c.Kube)
 	return nil
 }
 
 // Gate tracks one cluster's API health: after a failure the cluster is
 // backed off exponentially (MinBackoff doubling to MaxBackoff, with jitter);
 // a success resets it. Callers ask Ready before talking to the cluster and
-// report the outcome with Fail or OK.
+// report the outcome with Fail or OK. While the cluster cannot be reached
+// at all (Unreachable), Wait probes it, so its work resumes within about a
+// ProbeInterval of the API server answering again rather than at the end
+// of a backoff of up to MaxBackoff.
 type Gate struct {
 	now func() time.Time
 	// MinBackoff is the first backoff. Default 200ms.
 	MinBackoff time.Duration
 	// MaxBackoff caps the backoff. Default 30s.
 	MaxBackoff time.Duration
+	// Probe asks the API server whether it serves (GET /readyz); nil: the
+	// backoff alone decides. Set before the gate is shared.
+	Probe func(context.Context) error
+	// ProbeInterval is how often Wait probes an unreachable cluster, and
+	// the longest a probe may take. Default 500ms.
+	ProbeInterval time.Duration
 
 	mu       sync.Mutex
 	failures int
 	next     time.Time
 	lastErr  error
+	probing  bool
+	probed   time.Time     // when the last probe ended
+	reopened chan struct{} // closed when the gate opens early; nil until waited on
 }
 
 // NewGate returns a healthy gate.
@@ -419,7 +436,8 @@ func NewGate(now func() time.Time) *Gate {
 	if now == nil {
 		now = time.Now
 	}
-	return &Gate{now: now, MinBackoff: 200 * time.Millisecond, MaxBackoff: 30 * time.Second}
+	return &Gate{now: now, MinBackoff: 200 * time.Millisecond, MaxBackoff: 30 * time.Second,
+		ProbeInterval: 500 * time.Millisecond}
 }
 
 // Ready reports whether the cluster may be tried now, and if not, when.
@@ -465,6 +483,122 @@ func (g *Gate) OK() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.failures, g.lastErr, g.next = 0, nil, time.Time{}
+	g.wake()
+}
+
+// wake lets every Wait go on; g.mu held.
+func (g *Gate) wake() {
+	if g.reopened != nil {
+		close(g.reopened)
+		g.reopened = nil
+	}
+}
+
+// Wait blocks until the gate is ready, or ctx ends, and reports whether
+// it is ready — but returns false at once when the backoff ends after
+// until. While the cluster is unreachable and Probe is set, it first asks
+// the cluster (at most once per ProbeInterval, however many wait; a probe
+// takes at most ProbeInterval) and keeps asking while it waits: an answer
+// opens the gate for every caller. The failure count is kept, so a
+// cluster that answers the probe but fails the work again backs off
+// further. A caller that gives up comes back (quarantine's retry batch,
+// tried again within a second) and probes again.
+func (g *Gate) Wait(ctx context.Context, until time.Time) bool {
+	for {
+		g.probe(ctx)
+		g.mu.Lock()
+		now := g.now()
+		if !now.Before(g.next) {
+			g.mu.Unlock()
+			return true
+		}
+		if g.next.After(until) {
+			g.mu.Unlock()
+			return false
+		}
+		wake := g.next
+		if g.probeable() {
+			wake = minTime(wake, now.Add(g.ProbeInterval))
+		}
+		if g.reopened == nil {
+			g.reopened = make(chan struct{})
+		}
+		reopened := g.reopened
+		g.mu.Unlock()
+
+		t := time.NewTimer(wake.Sub(now))
+		select {
+		case <-ctx.Done():
+		case <-reopened:
+		case <-t.C:
+		}
+		t.Stop()
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+}
+
+// probeable reports whether the cluster is backing off unreachable and can
+// be probed; g.mu held.
+func (g *Gate) probeable() bool {
+	return g.Probe != nil && Unreachable(g.lastErr) && g.now().Before(g.next)
+}
+
+// probe asks the cluster once if it is probeable, no other caller probes
+// and no probe ended in the last ProbeInterval; an answer opens the gate.
+func (g *Gate) probe(ctx context.Context) {
+	g.mu.Lock()
+	if !g.probeable() || g.probing || g.now().Sub(g.probed) < g.ProbeInterval {
+		g.mu.Unlock()
+		return
+	}
+	g.probing = true
+	g.mu.Unlock()
+	pctx, cancel := context.WithTimeout(ctx, g.ProbeInterval)
+	err := g.Probe(pctx)
+	cancel()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.probing, g.probed = false, g.now()
+	if err == nil && g.probed.Before(g.next) {
+		g.next = g.probed
+		g.wake()
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// Unreachable reports whether err means the API server could not be
+// reached at all — a connection refused or cut, a name that does not
+// resolve — rather than an answer (an API status, however bad) or a slow
+// one (a timeout): a cluster worth probing cheaply until it answers.
+func Unreachable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err)
+}
+
+// readyz returns a probe of kube's API server (GET /readyz), or nil for a
+// client without a REST client (a fake).
+func readyz(kube kubernetes.Interface) func(context.Context) error {
+	rc := kube.Discovery().RESTClient()
+	if rc == nil {
+		return nil
+	}
+	return func(ctx context.Context) error {
+		return rc.Get().AbsPath("/readyz").Do(ctx).Error()
+	}
 }
 
 // Retriable reports whether an API error means the cluster (not the

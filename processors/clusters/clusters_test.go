@@ -5,11 +5,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -130,23 +133,135 @@ func TestGateBackoff(t *testing.T) {
 	}
 }
 
+// TestGateWait: a backoff ending by until is waited for; one ending after
+// it is not — unless the cluster is unreachable and answers a probe, which
+// opens the gate early.
+func TestGateWait(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
+	unavailable := apierrors.NewServiceUnavailable("down")
+	for _, tc := range []struct {
+		name    string
+		err     error
+		backoff time.Duration
+		until   time.Duration
+		answers int // the probe answers from this call on (0: never); no probe when < 0
+		want    bool
+		probes  int // probes made by one Wait
+	}{
+		{"backoff past until, no probe", refused, time.Minute, 0, -1, false, 0},
+		{"backoff past until, probe silent", refused, time.Minute, 0, 0, false, 1},
+		{"backoff past until, probe answers", refused, time.Minute, 0, 1, true, 1},
+		{"an answering cluster is not probed", unavailable, time.Minute, 0, 1, false, 0},
+		{"probed while waiting, until it answers", refused, 2 * time.Second, 3 * time.Second, 3, true, 3},
+		{"backoff ending by until waited out", unavailable, 100 * time.Millisecond, time.Minute, 1, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewGate(nil)
+			g.MinBackoff, g.MaxBackoff, g.ProbeInterval = tc.backoff, tc.backoff, 20*time.Millisecond
+			probes := 0
+			if tc.answers >= 0 {
+				g.Probe = func(context.Context) error {
+					if probes++; tc.answers > 0 && probes >= tc.answers {
+						return nil
+					}
+					return refused
+				}
+			}
+			g.Fail(tc.err)
+			start := time.Now()
+			if got := g.Wait(context.Background(), start.Add(tc.until)); got != tc.want || probes != tc.probes {
+				t.Fatalf("Wait = %v after %d probes, want %v after %d", got, probes, tc.want, tc.probes)
+			}
+			if took := time.Since(start); took > time.Second {
+				t.Fatalf("Wait took %v", took)
+			}
+			if ready, _ := g.Ready(); ready != tc.want || g.Failures() != 1 {
+				t.Fatalf("after Wait: ready %v, %d failures", ready, g.Failures())
+			}
+		})
+	}
+}
+
+// TestGateWaitShared: many callers waiting on one unreachable cluster
+// probe it one at a time, and all go on once it answers — or once another
+// caller's work succeeds (OK).
+func TestGateWaitShared(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
+	for _, byProbe := range []bool{true, false} {
+		g := NewGate(nil)
+		g.MinBackoff, g.MaxBackoff, g.ProbeInterval = time.Minute, time.Minute, 10*time.Millisecond
+		var (
+			mu               sync.Mutex
+			probes, at, peak int
+			answer           bool
+		)
+		g.Probe = func(context.Context) error {
+			mu.Lock()
+			probes, at = probes+1, at+1
+			peak = max(peak, at)
+			ok := answer
+			mu.Unlock()
+			time.Sleep(5 * time.Millisecond)
+			mu.Lock()
+			at--
+			mu.Unlock()
+			if ok {
+				return nil
+			}
+			return refused
+		}
+		g.Fail(refused)
+		start := time.Now()
+		results := make(chan bool)
+		for range 20 {
+			go func() { results <- g.Wait(context.Background(), start.Add(2*time.Minute)) }()
+		}
+		time.Sleep(100 * time.Millisecond)
+		if byProbe {
+			mu.Lock()
+			answer = true
+			mu.Unlock()
+		} else {
+			g.OK()
+		}
+		for range 20 {
+			if !<-results {
+				t.Fatal("a caller gave up")
+			}
+		}
+		took := time.Since(start)
+		mu.Lock()
+		if peak != 1 || probes > int(took/g.ProbeInterval)+1 || probes < 3 {
+			t.Fatalf("byProbe %v: %d probes in %v, %d at once", byProbe, probes, took, peak)
+		}
+		mu.Unlock()
+	}
+}
+
 func TestRetriable(t *testing.T) {
 	gr := schema.GroupResource{Resource: "nodes"}
+	refused := &url.Error{Op: "Patch", URL: "https://127.0.0.1:6443/api/v1/nodes/n",
+		Err: &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}}
 	for _, tc := range []struct {
-		err  error
-		want bool
+		err                    error
+		retriable, unreachable bool
 	}{
-		{nil, false},
-		{apierrors.NewConflict(gr, "n", errors.New("x")), false},
-		{apierrors.NewNotFound(gr, "n"), false},
-		{apierrors.NewServiceUnavailable("down"), true},
-		{apierrors.NewTooManyRequests("slow", 1), true},
-		{apierrors.NewForbidden(gr, "n", errors.New("rbac")), true},
-		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, true},
-		{context.DeadlineExceeded, true},
+		{nil, false, false},
+		{apierrors.NewConflict(gr, "n", errors.New("x")), false, false},
+		{apierrors.NewNotFound(gr, "n"), false, false},
+		{apierrors.NewServiceUnavailable("down"), true, false},
+		{apierrors.NewTooManyRequests("slow", 1), true, false},
+		{apierrors.NewForbidden(gr, "n", errors.New("rbac")), true, false},
+		{refused, true, true},
+		{&url.Error{Op: "Get", URL: "https://127.0.0.1:6443/readyz", Err: io.EOF}, true, true},
+		{fmt.Errorf("patch: %w", errors.New("read tcp: connection reset by peer")), true, true},
+		{context.DeadlineExceeded, true, false},
 	} {
-		if got := Retriable(tc.err); got != tc.want {
-			t.Errorf("Retriable(%v) = %v, want %v", tc.err, got, tc.want)
+		if got := Retriable(tc.err); got != tc.retriable {
+			t.Errorf("Retriable(%v) = %v, want %v", tc.err, got, tc.retriable)
+		}
+		if got := Unreachable(tc.err); got != tc.unreachable {
+			t.Errorf("Unreachable(%v) = %v, want %v", tc.err, got, tc.unreachable)
 		}
 	}
 }

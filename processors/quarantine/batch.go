@@ -221,23 +221,18 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 				h.m.apiErrors.WithLabelValues(cluster).Inc()
 				h.log.Warn("cluster API error; will retry", "cluster", cluster, "node", it.node, "retry_at", at.RetryAt, "err", at.Err)
 			}
-			if at.RetryAt.IsZero() || at.RetryAt.After(deadline) {
-				h.markDeferring(cluster)
-				if retry {
-					r.failed = fmt.Errorf("cluster %s: unreachable: %w", cluster, at.Err)
-					return r
-				}
-				h.log.Warn("cluster unreachable; deferring records", "cluster", cluster, "node", it.node,
-					"records", len(items)-i, "err", at.Err)
-				r.deferred = items[i:]
+			if !at.RetryAt.IsZero() && at.Client.Gate.Wait(ctx, deadline) || ctx.Err() != nil {
+				continue // its backoff over, or the cluster answers again; or out of time (above)
+			}
+			h.markDeferring(cluster)
+			if retry {
+				r.failed = fmt.Errorf("cluster %s: unreachable: %w", cluster, at.Err)
 				return r
 			}
-			t := time.NewTimer(time.Until(at.RetryAt))
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
+			h.log.Warn("cluster unreachable; deferring records", "cluster", cluster, "node", it.node,
+				"records", len(items)-i, "err", at.Err)
+			r.deferred = items[i:]
+			return r
 		}
 	}
 	return r

@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -188,5 +189,45 @@ func TestAPIServerStoppedMidRunRetriedWithoutLoss(t *testing.T) {
 		if !getNode(t, k.Client(), n).Spec.Unschedulable {
 			t.Fatalf("%s not cordoned after the outage", n)
 		}
+	}
+}
+
+// An apiserver back after a long outage, its gate backed off to the
+// shipped cap (15-30 s): the deferred fault is applied within seconds,
+// because each try of the retry batch probes the cluster (GET /readyz)
+// rather than waiting the backoff out.
+func TestClusterBackRetriedWithinSeconds(t *testing.T) {
+	k := testenv.StartKube(t, testenv.KubeOptions{})
+	createNodes(t, k.Client(), "back", "node-1")
+	h := newTestHandler(t, testConfig("back"), map[string]kubernetes.Interface{"c1": k.Client()})
+	cl, err := h.reg.Get("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shipped := clusters.NewGate(nil)
+	cl.Gate.MinBackoff, cl.Gate.MaxBackoff = shipped.MinBackoff, shipped.MaxBackoff
+
+	k.Kill()
+	_, deferred := handle(t, h, record("c1", fatal("node-1", "XID_ERROR_48", "GPU-1")))
+	if len(deferred) != 1 {
+		t.Fatalf("%d records deferred with the apiserver down, want 1", len(deferred))
+	}
+	down := cl.Gate.LastError()
+	if !clusters.Unreachable(down) {
+		t.Fatalf("a killed apiserver's error is not Unreachable: %v", down)
+	}
+	for cl.Gate.Failures() < 12 { // an outage of minutes
+		cl.Gate.Fail(down)
+	}
+	if _, next := cl.Gate.Ready(); time.Until(next) < 14*time.Second {
+		t.Fatalf("gate backed off only until %v", next)
+	}
+
+	k.Start()
+	back := time.Now()
+	acts := retryUntil(t, h, deferred, 10*time.Second)
+	t.Logf("applied %v after the apiserver was back", time.Since(back))
+	if kinds(acts) != "quarantine/applied" || !getNode(t, k.Client(), "node-1").Spec.Unschedulable {
+		t.Fatalf("after the apiserver is back: %s", kinds(acts))
 	}
 }

@@ -19,6 +19,7 @@ package quarantine
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -105,6 +106,11 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	}})
 	retry := cfg.Pipeline()
 	retry.Role, retry.Topics, retry.Group = Role+"-retry", retryTopics, retryGroup
+	// A held retry batch comes back within a second: each try asks a
+	// cluster that was unreachable whether it answers again (its gate's
+	// probe), so its deferred faults are applied about a second after its
+	// API server is back, not at the end of a backoff of up to 30 s.
+	retry.MaxBackoff = time.Second
 	return &role.Role{
 		Name: Role,
 		Consumers: []role.Consumer{
