@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -116,8 +117,8 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 		acts   []*faultlinev1.Action
 	)
 	for _, r := range results {
-		if r.failed != nil {
-			failed = append(failed, r.failed)
+		if r.failed != nil && !slices.ContainsFunc(failed, func(e error) bool { return e.Error() == r.failed.Error() }) {
+			failed = append(failed, r.failed) // the nodes waiting on one cluster share its error
 		}
 		acts = append(acts, r.actions...)
 		for _, a := range r.actions {
