@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,7 +25,9 @@ import (
 // them. Pausing drops what the client had fetched of a partition beyond
 // the held batch (it is fetched again on resume). A held partition revoked
 // by a rebalance (or lost) is dropped from the held batch and resumed:
-// its next owner handles it from the committed offset.
+// its next owner handles it from the committed offset. So is one lost
+// while its batch is being tried (a lost session is not held back by the
+// try, as a rebalance is): the failed try holds only what is still owned.
 
 // batch is the records of one Handle call and their failed tries.
 type batch struct {
@@ -36,14 +39,31 @@ type batch struct {
 
 // holding keeps the failed batches until their next try.
 type holding struct {
-	mu    sync.Mutex
-	held  []*batch
-	pause func(map[string][]int32)
-	wake  func(map[string][]int32)
+	mu      sync.Mutex
+	held    []*batch
+	pause   func(map[string][]int32)
+	wake    func(map[string][]int32)
+	revokes uint64               // calls of revoked
+	goneAt  map[topicPart]uint64 // revokes when each partition last went
 }
 
-// failed records a failed try of b and holds it, its partitions paused.
-func (h *holding) failed(b *batch, maxBackoff time.Duration) {
+type topicPart struct {
+	topic string
+	part  int32
+}
+
+// round marks the start of a round's tries: failed drops the records of
+// partitions revoked after it.
+func (h *holding) round() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.revokes
+}
+
+// failed records a failed try of b, begun in round, and holds it, its
+// partitions paused — but for the partitions revoked or lost since the
+// round began, which are no longer this replica's.
+func (h *holding) failed(b *batch, round uint64, maxBackoff time.Duration) {
 	b.tries++
 	if b.backoff == 0 {
 		b.backoff = 100 * time.Millisecond
@@ -52,6 +72,14 @@ func (h *holding) failed(b *batch, maxBackoff time.Duration) {
 	b.backoff = min(b.backoff*2, maxBackoff)
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.revokes != round {
+		b.recs = slices.DeleteFunc(b.recs, func(r *kgo.Record) bool {
+			return h.goneAt[topicPart{r.Topic, r.Partition}] > round
+		})
+		if len(b.recs) == 0 {
+			return
+		}
+	}
 	h.held = append(h.held, b)
 	h.pause(partitions(b.recs))
 }
@@ -93,24 +121,19 @@ func (h *holding) take(now time.Time) []*batch {
 func (h *holding) revoked(gone map[string][]int32) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	isGone := func(r *kgo.Record) bool {
-		for _, p := range gone[r.Topic] {
-			if p == r.Partition {
-				return true
-			}
-		}
-		return false
+	h.revokes++
+	if h.goneAt == nil {
+		h.goneAt = map[topicPart]uint64{}
 	}
+	for t, ps := range gone {
+		for _, p := range ps {
+			h.goneAt[topicPart{t, p}] = h.revokes
+		}
+	}
+	isGone := func(r *kgo.Record) bool { return h.goneAt[topicPart{r.Topic, r.Partition}] == h.revokes }
 	kept := h.held[:0]
 	for _, b := range h.held {
-		var recs []*kgo.Record
-		for _, r := range b.recs {
-			if !isGone(r) {
-				recs = append(recs, r)
-			}
-		}
-		if len(recs) > 0 {
-			b.recs = recs
+		if b.recs = slices.DeleteFunc(b.recs, isGone); len(b.recs) > 0 {
 			kept = append(kept, b)
 		}
 	}

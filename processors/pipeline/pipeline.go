@@ -257,6 +257,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			}
 			polled = [][]*kgo.Record{all}
 		}
+		round := held.round()
 		batches := held.take(time.Now())
 		for _, recs := range polled {
 			batches = append(batches, &batch{recs: recs})
@@ -265,7 +266,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		cl.MarkCommitRecords(done...)
 		if ctx.Err() == nil {
 			for _, b := range failed {
-				held.failed(b, r.cfg.MaxBackoff)
+				held.failed(b, round, r.cfg.MaxBackoff)
 			}
 		}
 		rests.rest(cl, rest)
