@@ -405,10 +405,11 @@ func (r *Registry) buildClient(cl Cluster, c *Client) error {
 // Gate tracks one cluster's API health: after a failure the cluster is
 // backed off exponentially (MinBackoff doubling to MaxBackoff, with jitter);
 // a success resets it. Callers ask Ready before talking to the cluster and
-// report the outcome with Fail or OK. While the cluster cannot be reached
-// at all (Unreachable), Wait probes it, so its work resumes within about a
-// ProbeInterval of the API server answering again rather than at the end
-// of a backoff of up to MaxBackoff.
+// report the outcome with Fail or OK, or call Wait after a failure. While
+// the cluster cannot be reached at all (Unreachable), Wait probes it
+// rather than waiting: its work is deferred at once, and resumes at the
+// next Wait after the API server answers again, not at the end of a
+// backoff of up to MaxBackoff.
 type Gate struct {
 	now func() time.Time
 	// MinBackoff is the first backoff. Default 200ms.
@@ -418,8 +419,8 @@ type Gate struct {
 	// Probe asks the API server whether it serves (GET /readyz); nil: the
 	// backoff alone decides. Set before the gate is shared.
 	Probe func(context.Context) error
-	// ProbeInterval is how often Wait probes an unreachable cluster, and
-	// the longest a probe may take. Default 500ms.
+	// ProbeInterval is the least time between two probes, and the longest
+	// a probe may take. Default 500ms.
 	ProbeInterval time.Duration
 
 	mu       sync.Mutex
@@ -427,8 +428,7 @@ type Gate struct {
 	next     time.Time
 	lastErr  error
 	probing  bool
-	probed   time.Time     // when the last probe ended
-	reopened chan struct{} // closed when the gate opens early; nil until waited on
+	probed   time.Time // when the last probe ended
 }
 
 // NewGate returns a healthy gate.
@@ -483,59 +483,34 @@ func (g *Gate) OK() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.failures, g.lastErr, g.next = 0, nil, time.Time{}
-	g.wake()
 }
 
-// wake lets every Wait go on; g.mu held.
-func (g *Gate) wake() {
-	if g.reopened != nil {
-		close(g.reopened)
-		g.reopened = nil
-	}
-}
-
-// Wait blocks until the gate is ready, or ctx ends, and reports whether
-// it is ready — but returns false at once when the backoff ends after
-// until. While the cluster is unreachable and Probe is set, it first asks
-// the cluster (at most once per ProbeInterval, however many wait; a probe
-// takes at most ProbeInterval) and keeps asking while it waits: an answer
-// opens the gate for every caller. The failure count is kept, so a
-// cluster that answers the probe but fails the work again backs off
-// further. A caller that gives up comes back (quarantine's retry batch,
-// tried again within a second) and probes again.
+// Wait reports whether the cluster may be tried: at once when the gate
+// is ready; false at once when its backoff ends after until, or when the
+// cluster cannot be reached at all and Probe is set — then the probe
+// decides: Wait asks the cluster (at most once per ProbeInterval however
+// many call, a probe taking at most ProbeInterval) and an answer opens the
+// gate for every caller. Otherwise it waits the backoff out (false when
+// ctx ends first). A probe keeps the failure count, so a cluster that
+// answers it but fails the work again backs off further.
 func (g *Gate) Wait(ctx context.Context, until time.Time) bool {
-	for {
-		g.probe(ctx)
-		g.mu.Lock()
-		now := g.now()
-		if !now.Before(g.next) {
-			g.mu.Unlock()
-			return true
-		}
-		if g.next.After(until) {
-			g.mu.Unlock()
-			return false
-		}
-		wake := g.next
-		if g.probeable() {
-			wake = minTime(wake, now.Add(g.ProbeInterval))
-		}
-		if g.reopened == nil {
-			g.reopened = make(chan struct{})
-		}
-		reopened := g.reopened
-		g.mu.Unlock()
-
-		t := time.NewTimer(wake.Sub(now))
-		select {
-		case <-ctx.Done():
-		case <-reopened:
-		case <-t.C:
-		}
-		t.Stop()
-		if ctx.Err() != nil {
-			return false
-		}
+	g.probe(ctx)
+	g.mu.Lock()
+	now, next, unreachable := g.now(), g.next, g.probeable()
+	g.mu.Unlock()
+	switch {
+	case !now.Before(next):
+		return true
+	case unreachable || next.After(until):
+		return false
+	}
+	t := time.NewTimer(next.Sub(now))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -563,15 +538,7 @@ func (g *Gate) probe(ctx context.Context) {
 	g.probing, g.probed = false, g.now()
 	if err == nil && g.probed.Before(g.next) {
 		g.next = g.probed
-		g.wake()
 	}
-}
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
 }
 
 // Unreachable reports whether err means the API server could not be

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -133,9 +134,9 @@ func TestGateBackoff(t *testing.T) {
 	}
 }
 
-// TestGateWait: a backoff ending by until is waited for; one ending after
-// it is not — unless the cluster is unreachable and answers a probe, which
-// opens the gate early.
+// TestGateWait: a backoff ending by until is waited out, one ending after
+// it is not; a cluster that cannot be reached is not waited for but
+// probed, and an answer opens the gate.
 func TestGateWait(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
 	unavailable := apierrors.NewServiceUnavailable("down")
@@ -145,19 +146,19 @@ func TestGateWait(t *testing.T) {
 		backoff time.Duration
 		until   time.Duration
 		answers int // the probe answers from this call on (0: never); no probe when < 0
-		want    bool
-		probes  int // probes made by one Wait
+		want    []bool
+		probes  int // probes made by the Waits
 	}{
-		{"backoff past until, no probe", refused, time.Minute, 0, -1, false, 0},
-		{"backoff past until, probe silent", refused, time.Minute, 0, 0, false, 1},
-		{"backoff past until, probe answers", refused, time.Minute, 0, 1, true, 1},
-		{"an answering cluster is not probed", unavailable, time.Minute, 0, 1, false, 0},
-		{"probed while waiting, until it answers", refused, 2 * time.Second, 3 * time.Second, 3, true, 3},
-		{"backoff ending by until waited out", unavailable, 100 * time.Millisecond, time.Minute, 1, true, 0},
+		{"backoff past until", unavailable, time.Minute, time.Second, 1, []bool{false}, 0},
+		{"backoff by until waited out", unavailable, 100 * time.Millisecond, time.Minute, 1, []bool{true}, 0},
+		{"unreachable, no probe: backoff waited out", refused, 100 * time.Millisecond, time.Minute, -1, []bool{true}, 0},
+		{"unreachable, silent: not waited for", refused, 100 * time.Millisecond, time.Minute, 0, []bool{false}, 1},
+		{"unreachable, answers", refused, time.Minute, 0, 1, []bool{true}, 1},
+		{"one probe per interval", refused, time.Minute, 0, 2, []bool{false, false}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewGate(nil)
-			g.MinBackoff, g.MaxBackoff, g.ProbeInterval = tc.backoff, tc.backoff, 20*time.Millisecond
+			g.MinBackoff, g.MaxBackoff, g.ProbeInterval = tc.backoff, tc.backoff, time.Minute
 			probes := 0
 			if tc.answers >= 0 {
 				g.Probe = func(context.Context) error {
@@ -169,72 +170,82 @@ func TestGateWait(t *testing.T) {
 			}
 			g.Fail(tc.err)
 			start := time.Now()
-			if got := g.Wait(context.Background(), start.Add(tc.until)); got != tc.want || probes != tc.probes {
+			var got []bool
+			for range tc.want {
+				got = append(got, g.Wait(context.Background(), start.Add(tc.until)))
+			}
+			if !reflect.DeepEqual(got, tc.want) || probes != tc.probes {
 				t.Fatalf("Wait = %v after %d probes, want %v after %d", got, probes, tc.want, tc.probes)
 			}
 			if took := time.Since(start); took > time.Second {
 				t.Fatalf("Wait took %v", took)
 			}
-			if ready, _ := g.Ready(); ready != tc.want || g.Failures() != 1 {
+			if ready, _ := g.Ready(); ready != tc.want[len(tc.want)-1] || g.Failures() != 1 {
 				t.Fatalf("after Wait: ready %v, %d failures", ready, g.Failures())
 			}
 		})
 	}
 }
 
-// TestGateWaitShared: many callers waiting on one unreachable cluster
-// probe it one at a time, and all go on once it answers — or once another
-// caller's work succeeds (OK).
+// TestGateWaitShared: callers of Wait on one unreachable cluster probe it
+// one at a time, at most once per ProbeInterval, and all may go on once
+// it answers.
 func TestGateWaitShared(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
-	for _, byProbe := range []bool{true, false} {
-		g := NewGate(nil)
-		g.MinBackoff, g.MaxBackoff, g.ProbeInterval = time.Minute, time.Minute, 10*time.Millisecond
-		var (
-			mu               sync.Mutex
-			probes, at, peak int
-			answer           bool
-		)
-		g.Probe = func(context.Context) error {
-			mu.Lock()
-			probes, at = probes+1, at+1
-			peak = max(peak, at)
-			ok := answer
-			mu.Unlock()
-			time.Sleep(5 * time.Millisecond)
-			mu.Lock()
-			at--
-			mu.Unlock()
-			if ok {
-				return nil
-			}
-			return refused
-		}
-		g.Fail(refused)
-		start := time.Now()
-		results := make(chan bool)
-		for range 20 {
-			go func() { results <- g.Wait(context.Background(), start.Add(2*time.Minute)) }()
-		}
-		time.Sleep(100 * time.Millisecond)
-		if byProbe {
-			mu.Lock()
-			answer = true
-			mu.Unlock()
-		} else {
-			g.OK()
-		}
-		for range 20 {
-			if !<-results {
-				t.Fatal("a caller gave up")
-			}
-		}
-		took := time.Since(start)
+	g := NewGate(nil)
+	g.MinBackoff, g.MaxBackoff, g.ProbeInterval = time.Minute, time.Minute, 10*time.Millisecond
+	var (
+		mu               sync.Mutex
+		probes, at, peak int
+		answer           bool
+	)
+	g.Probe = func(context.Context) error {
 		mu.Lock()
-		if peak != 1 || probes > int(took/g.ProbeInterval)+1 || probes < 3 {
-			t.Fatalf("byProbe %v: %d probes in %v, %d at once", byProbe, probes, took, peak)
-		}
+		probes, at = probes+1, at+1
+		peak = max(peak, at)
+		ok := answer
 		mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		mu.Lock()
+		at--
+		mu.Unlock()
+		if ok {
+			return nil
+		}
+		return refused
+	}
+	g.Fail(refused)
+	start := time.Now()
+	var wg sync.WaitGroup
+	var opened sync.Map // caller -> whether its Wait reported the gate open
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Since(start) < 2*time.Second {
+				if g.Wait(context.Background(), time.Now()) {
+					opened.Store(i, true)
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	time.Sleep(100 * time.Millisecond)
+	mu.Lock()
+	answer = true
+	mu.Unlock()
+	wg.Wait()
+	took := time.Since(start)
+	for i := range 20 {
+		if _, ok := opened.Load(i); !ok {
+			t.Fatalf("caller %d never found the gate open", i)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if peak != 1 || probes > int(took/g.ProbeInterval)+1 || probes < 3 {
+		t.Fatalf("%d probes in %v, %d at once", probes, took, peak)
 	}
 }
 

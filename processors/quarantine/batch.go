@@ -145,7 +145,8 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 
 // handleSeq handles one node's records in order, each through
 // clusters.Registry.Try. A cluster in trouble is waited for until
-// deadline; past it (or when the batch runs out of time) the node's
+// deadline (clusters.Gate.Wait: one that cannot be reached is probed, not
+// waited for); past it (or when the batch runs out of time) the node's
 // remaining records are deferred to RetryTopic, or, in the retry consumer,
 // the batch fails to be retried.
 func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadline time.Time) seqResult {

@@ -58,13 +58,15 @@ type Config struct {
 	OptOutLabel string `toml:"opt_out_label"`
 	// Workers bounds the nodes handled at once per batch. Default 64.
 	Workers int `toml:"workers"`
-	// ClusterWait is how long a batch keeps retrying an unreachable
-	// cluster before deferring that cluster's records to TopicRetry (other
-	// clusters' records are not held up). Default 3s.
+	// ClusterWait is how long a batch keeps retrying a cluster whose API
+	// fails before deferring that cluster's records to its RetryTopic
+	// (other clusters' records are not held up). One that cannot be
+	// reached at all (connection refused) is deferred at once, unless it
+	// answers a probe of its /readyz. Default 3s.
 	ClusterWait time.Duration `toml:"cluster_wait"`
 	// RetryWait is how long the retry consumer waits for a cluster in one
-	// batch before failing the batch (it is then retried with backoff).
-	// Default 10s.
+	// batch before failing the batch (it is then retried within a second;
+	// a cluster that cannot be reached is probed instead). Default 10s.
 	RetryWait time.Duration `toml:"retry_wait"`
 	// NodeEvents: create a Kubernetes Event on the node for non-fatal
 	// unhealthy events. Default true.
@@ -191,7 +193,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Rules, prefix+"rules", c.Rules, "quarantine rule file (TOML); empty: the shipped default rule sets")
 	fs.StringVar(&c.OptOutLabel, prefix+"opt-out-label", c.OptOutLabel, "key=value label that exempts a node from quarantine")
 	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes handled concurrently per batch")
-	fs.DurationVar(&c.ClusterWait, prefix+"cluster-wait", c.ClusterWait, "how long a batch retries an unreachable cluster before deferring its records")
+	fs.DurationVar(&c.ClusterWait, prefix+"cluster-wait", c.ClusterWait, "how long a batch retries a cluster whose API fails before deferring its records (one that cannot be reached: at once)")
 	fs.DurationVar(&c.RetryWait, prefix+"retry-wait", c.RetryWait, "how long the retry consumer waits for a cluster per batch")
 	fs.BoolVar(&c.NodeEvents, prefix+"node-events", c.NodeEvents, "create a Kubernetes Event on the node for non-fatal events")
 	fs.StringVar(&c.EventNamespace, prefix+"event-namespace", c.EventNamespace, "namespace of node Events")

@@ -28,7 +28,8 @@ const RuleForce = "override-force"
 // Records of one node are handled in offset order; different nodes of a
 // batch are handled concurrently (Config.Workers). Clusters are isolated:
 // a cluster whose API fails is retried inside the batch for at most
-// Config.ClusterWait, then its remaining records (per node, in order) are
+// Config.ClusterWait (one that cannot be reached at all, unless it answers
+// a probe, not at all), then its remaining records (per node, in order) are
 // deferred to the cluster's RetryTopic, produced with the batch's outputs before the
 // offsets are committed, so nothing is lost and the other clusters' records
 // of the same partition are not held up. For a grace period after a
