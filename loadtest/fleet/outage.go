@@ -3,19 +3,23 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"golang.org/x/sync/errgroup"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/processors/quarantine"
 )
 
 // runClusterOutage: the first cluster's apiserver is down for the whole
 // run and the second's blinks; Faults fatal events are sent to each while
 // they are down (the breaker's share at most, so none is held). Both are
-// deferred to their retry topics; the third cluster, up throughout, is
-// cordoned at once meanwhile. The blinking cluster answers again and its
+// deferred to their retry topics; the third cluster, up throughout, its
+// faults sent beside theirs, is cordoned at once meanwhile. The blinking cluster answers again and its
 // faults must be cordoned while the first stays down — with one retry
 // topic for every cluster and a failed batch retried before the next
 // poll, they waited for the first to come back. Then the first answers
@@ -27,14 +31,13 @@ func runClusterOutage(ctx context.Context, e *Env, p Params, r *Report) error {
 	down, blink, up := e.Clusters[0], e.Clusters[1], e.Clusters[2]
 	faults := min(p.Faults, breakerShare(p.Nodes))
 	var pushbacks atomic.Int64
-	send := func(cluster string) (time.Time, error) {
-		t0 := time.Now()
+	send := func(cluster string) error {
 		for i := range faults {
 			if err := e.sendFault(ctx, cluster, i, &pushbacks); err != nil {
-				return t0, err
+				return err
 			}
 		}
-		return t0, nil
+		return nil
 	}
 	adm := kadm.NewClient(e.KafkaClient())
 	deferred := func(cluster string) int64 {
@@ -49,38 +52,60 @@ func runClusterOutage(ctx context.Context, e *Env, p Params, r *Report) error {
 	cordoned := func(cluster string) func() bool {
 		return func() bool { return e.Cordons.CountIn(cluster) >= faults }
 	}
-
-	e.Kubes[down].Kill()
-	e.Kubes[blink].Kill()
-	for _, c := range []string{down, blink} {
-		if _, err := send(c); err != nil {
-			return err
+	// After an apiserver is back, the cordons are seen by listing: the
+	// tool's own watch of it reconnects with client-go's backoff (up to
+	// seconds after an outage), which the pipeline does not wait for.
+	listed := func(cluster string) func() bool {
+		return func() bool {
+			l, err := e.Kubes[cluster].Client().CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: "spec.unschedulable=true"})
+			return err == nil && len(l.Items) >= faults
 		}
 	}
-	okDeferred := waitFor(ctx, 60*time.Second, func() bool { return deferred(down) >= int64(faults) && deferred(blink) >= int64(faults) })
-	r.Check(okDeferred, "deferred %d of %s's and %d of %s's %d faults to their retry topics", deferred(down), down, deferred(blink), blink, faults)
 
-	sentUp, err := send(up)
-	if err != nil {
+	// The up cluster's faults are sent beside the others', as their
+	// apiservers have just died: the batches that meet a dead cluster
+	// first must not hold them up. The warm-up is handled before the
+	// kills (the quarantine group caught up), so those batches are the
+	// faults'.
+	group := pipeline.DefaultGroup(quarantine.Role)
+	caughtUp := waitFor(ctx, 60*time.Second, func() bool {
+		lags, err := adm.Lag(ctx, group)
+		l, ok := lags[group]
+		return err == nil && ok && l.Error() == nil && l.Lag.Total() == 0
+	})
+	r.Check(caughtUp, "the quarantine group caught up with the warm-up before the kills")
+	e.Kubes[down].Kill()
+	e.Kubes[blink].Kill()
+	var sends errgroup.Group
+	sentUp := time.Now()
+	for _, c := range []string{down, blink, up} {
+		sends.Go(func() error { return send(c) })
+	}
+	if err := sends.Wait(); err != nil {
 		return err
 	}
 	okUp := waitFor(ctx, 60*time.Second, cordoned(up))
 	upTook := time.Since(sentUp)
+	okDeferred := waitFor(ctx, 60*time.Second, func() bool { return deferred(down) >= int64(faults) && deferred(blink) >= int64(faults) })
+	r.Check(okDeferred, "deferred %d of %s's and %d of %s's %d faults to their retry topics", deferred(down), down, deferred(blink), blink, faults)
 
 	e.Kubes[blink].Start()
 	back := time.Now()
-	okBlink := waitFor(ctx, 120*time.Second, cordoned(blink))
+	fmt.Fprintf(os.Stderr, "DEBUG back %s\n", back.UTC().Format("15:04:05.000"))
+	okBlink := waitFor(ctx, 120*time.Second, listed(blink))
 	blinkTook := time.Since(back)
 	downWhile := e.Cordons.CountIn(down)
 
 	e.Kubes[down].Start()
 	backDown := time.Now()
-	okDown := waitFor(ctx, 120*time.Second, cordoned(down))
+	okDown := waitFor(ctx, 120*time.Second, listed(down))
 	downTook := time.Since(backDown)
-	time.Sleep(2 * time.Second) // a fault cordoned twice would show now
+	// Once the watch is back, a fault cordoned twice would show within 2 s.
+	waitFor(ctx, time.Minute, func() bool { return cordoned(blink)() && cordoned(down)() })
+	time.Sleep(2 * time.Second)
 	_, twice := e.Cordons.Count()
 
-	r.Figure("cluster-outage over %s: %d faults per cluster; %s down throughout, %s down while its faults were sent: %d and %d deferred to their retry topics; %s (up) cordoned in %s from the first send; %s cordoned %s after its apiserver was ready again (%s still down: %d cordoned); %s cordoned %s after it was; %d cordoned twice, %d sends pushed back",
+	r.Figure("cluster-outage over %s: %d faults per cluster; %s down throughout, %s down while its faults were sent: %d and %d deferred to their retry topics; %s (up, its faults sent beside theirs) cordoned in %s from the first send; %s cordoned %s after its apiserver was ready again (listed; %s still down: %d cordoned); %s cordoned %s after it was; %d cordoned twice, %d sends pushed back",
 		e.Describe(), faults, down, blink, deferred(down), deferred(blink), up, upTook.Round(time.Millisecond),
 		blink, blinkTook.Round(time.Millisecond), down, downWhile, down, downTook.Round(time.Millisecond), twice, pushbacks.Load())
 	r.Check(okUp, "%s: %d of %d faults cordoned while the others were down", up, e.Cordons.CountIn(up), faults)

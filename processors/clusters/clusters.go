@@ -404,11 +404,11 @@ func (r *Registry) buildClient(cl Cluster, c *Client) error {
 
 // Gate tracks one cluster's API health: after a failure the cluster is
 // backed off exponentially (MinBackoff doubling to MaxBackoff, with jitter);
-// a success resets it. Callers ask Ready before talking to the cluster and
-// report the outcome with Fail or OK, or call Wait after a failure. While
-// the cluster cannot be reached at all (Unreachable), Wait probes it
-// rather than waiting: its work is deferred at once, and resumes at the
-// next Wait after the API server answers again, not at the end of a
+// a success resets it. Callers ask Ready (or Wait) before talking to the
+// cluster and report the outcome with Fail or OK. A cluster that cannot be
+// reached at all (Unreachable) is not tried again until it answers a
+// probe (Probe, at most once per ProbeInterval, made by whoever asks): the
+// work resumes as soon as the API server answers, not at the end of a
 // backoff of up to MaxBackoff.
 type Gate struct {
 	now func() time.Time
@@ -429,6 +429,7 @@ type Gate struct {
 	lastErr  error
 	probing  bool
 	probed   time.Time // when the last probe ended
+	answered bool      // a probe answered since the last failure
 }
 
 // NewGate returns a healthy gate.
@@ -440,11 +441,22 @@ func NewGate(now func() time.Time) *Gate {
 		ProbeInterval: 500 * time.Millisecond}
 }
 
-// Ready reports whether the cluster may be tried now, and if not, when.
-func (g *Gate) Ready() (bool, time.Time) {
+// Ready reports whether the cluster may be tried now, and if not, when to
+// ask again (the end of its backoff). An unreachable cluster is probed
+// first, when a probe is due.
+func (g *Gate) Ready(ctx context.Context) (bool, time.Time) {
+	ready, next, _ := g.state(ctx)
+	return ready, next
+}
+
+// state probes an unreachable cluster when due and reports whether it may
+// be tried, when to ask again, and whether it is still unreachable.
+func (g *Gate) state(ctx context.Context) (ready bool, next time.Time, unreachable bool) {
+	g.probe(ctx)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return !g.now().Before(g.next), g.next
+	unreachable = g.unreachable()
+	return !unreachable && !g.now().Before(g.next), g.next, unreachable
 }
 
 // Failures is the number of consecutive failures.
@@ -465,8 +477,14 @@ func (g *Gate) LastError() error {
 func (g *Gate) Fail(err error) time.Time {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.lastErr, g.answered = err, false
+	g.backOff()
+	return g.next
+}
+
+// backOff counts a failure and pushes next out; g.mu held.
+func (g *Gate) backOff() {
 	g.failures++
-	g.lastErr = err
 	d := g.MinBackoff << min(g.failures-1, 20)
 	if d > g.MaxBackoff || d <= 0 {
 		d = g.MaxBackoff
@@ -475,36 +493,28 @@ func (g *Gate) Fail(err error) time.Time {
 	if n := g.now().Add(d); n.After(g.next) {
 		g.next = n
 	}
-	return g.next
 }
 
 // OK records a success.
 func (g *Gate) OK() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.failures, g.lastErr, g.next = 0, nil, time.Time{}
+	g.failures, g.lastErr, g.next, g.answered = 0, nil, time.Time{}, false
 }
 
-// Wait reports whether the cluster may be tried: at once when the gate
-// is ready; false at once when its backoff ends after until, or when the
-// cluster cannot be reached at all and Probe is set — then the probe
-// decides: Wait asks the cluster (at most once per ProbeInterval however
-// many call, a probe taking at most ProbeInterval) and an answer opens the
-// gate for every caller. Otherwise it waits the backoff out (false when
-// ctx ends first). A probe keeps the failure count, so a cluster that
-// answers it but fails the work again backs off further.
+// Wait reports whether the cluster may be tried, waiting out a backoff
+// that ends by until (false when ctx ends first). It does not wait for one
+// ending later, nor for an unreachable cluster: that one's probe (Ready)
+// decides at once.
 func (g *Gate) Wait(ctx context.Context, until time.Time) bool {
-	g.probe(ctx)
-	g.mu.Lock()
-	now, next, unreachable := g.now(), g.next, g.probeable()
-	g.mu.Unlock()
+	ready, next, unreachable := g.state(ctx)
 	switch {
-	case !now.Before(next):
+	case ready:
 		return true
 	case unreachable || next.After(until):
 		return false
 	}
-	t := time.NewTimer(next.Sub(now))
+	t := time.NewTimer(time.Until(next))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -514,17 +524,21 @@ func (g *Gate) Wait(ctx context.Context, until time.Time) bool {
 	}
 }
 
-// probeable reports whether the cluster is backing off unreachable and can
-// be probed; g.mu held.
-func (g *Gate) probeable() bool {
-	return g.Probe != nil && Unreachable(g.lastErr) && g.now().Before(g.next)
+// unreachable reports whether the cluster's last failure was not being
+// able to reach it, with no probe answered since; g.mu held.
+func (g *Gate) unreachable() bool {
+	return g.Probe != nil && Unreachable(g.lastErr) && !g.answered
 }
 
-// probe asks the cluster once if it is probeable, no other caller probes
-// and no probe ended in the last ProbeInterval; an answer opens the gate.
+// probe asks an unreachable cluster once, unless another caller does or
+// one did in the last ProbeInterval. Any answer (even "not ready": an API
+// server restarting says so for seconds while it serves) opens the gate
+// with its backoff begun afresh — the cluster is back, its work is tried
+// and a failure of it backs off from MinBackoff again; silence keeps the
+// gate shut, its backoff grown once over.
 func (g *Gate) probe(ctx context.Context) {
 	g.mu.Lock()
-	if !g.probeable() || g.probing || g.now().Sub(g.probed) < g.ProbeInterval {
+	if !g.unreachable() || g.probing || g.now().Sub(g.probed) < g.ProbeInterval {
 		g.mu.Unlock()
 		return
 	}
@@ -533,11 +547,16 @@ func (g *Gate) probe(ctx context.Context) {
 	pctx, cancel := context.WithTimeout(ctx, g.ProbeInterval)
 	err := g.Probe(pctx)
 	cancel()
+	var st apierrors.APIStatus
+	answered := err == nil || errors.As(err, &st)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.probing, g.probed = false, g.now()
-	if err == nil && g.probed.Before(g.next) {
-		g.next = g.probed
+	switch {
+	case answered:
+		g.answered, g.failures, g.next = true, 0, g.probed
+	case !g.probed.Before(g.next) && ctx.Err() == nil:
+		g.backOff() // so that callers that come back at the backoff's end are spaced too
 	}
 }
 
@@ -648,7 +667,7 @@ func (r *Registry) Try(ctx context.Context, name string, step func(ctx context.C
 	}
 	a := Attempt{Client: cl}
 	if a.Live() {
-		if ready, next := cl.Gate.Ready(); !ready {
+		if ready, next := cl.Gate.Ready(ctx); !ready {
 			a.Err, a.Retriable, a.RetryAt = cl.Gate.LastError(), true, next
 			if a.Err == nil {
 				a.Err = errors.New("backing off")

@@ -110,7 +110,7 @@ current-context: x
 func TestGateBackoff(t *testing.T) {
 	now := time.Unix(1000, 0)
 	g := NewGate(func() time.Time { return now })
-	if ok, _ := g.Ready(); !ok {
+	if ok, _ := g.Ready(context.Background()); !ok {
 		t.Fatal("new gate not ready")
 	}
 	var last time.Duration
@@ -125,63 +125,67 @@ func TestGateBackoff(t *testing.T) {
 	if last < g.MaxBackoff/2 {
 		t.Fatalf("backoff did not grow to the cap: %v", last)
 	}
-	if ok, _ := g.Ready(); ok {
+	if ok, _ := g.Ready(context.Background()); ok {
 		t.Fatal("ready during backoff")
 	}
 	g.OK()
-	if ok, _ := g.Ready(); !ok || g.Failures() != 0 {
+	if ok, _ := g.Ready(context.Background()); !ok || g.Failures() != 0 {
 		t.Fatal("OK did not reset the gate")
 	}
 }
 
 // TestGateWait: a backoff ending by until is waited out, one ending after
-// it is not; a cluster that cannot be reached is not waited for but
-// probed, and an answer opens the gate.
+// it is not; a cluster that cannot be reached is not tried again until it
+// answers a probe, and not waited for.
 func TestGateWait(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
 	unavailable := apierrors.NewServiceUnavailable("down")
+	forbidden := apierrors.NewForbidden(schema.GroupResource{}, "", errors.New("rbac"))
 	for _, tc := range []struct {
-		name    string
-		err     error
-		backoff time.Duration
-		until   time.Duration
-		answers int // the probe answers from this call on (0: never); no probe when < 0
-		want    []bool
-		probes  int // probes made by the Waits
+		name     string
+		err      error
+		backoff  time.Duration
+		until    time.Duration
+		probe    []error // the probe's answers in turn (the last repeated); nil: no probe
+		want     []bool  // one Wait each, ProbeInterval after the failure and apart
+		probes   int
+		failures int // after the Waits
 	}{
-		{"backoff past until", unavailable, time.Minute, time.Second, 1, []bool{false}, 0},
-		{"backoff by until waited out", unavailable, 100 * time.Millisecond, time.Minute, 1, []bool{true}, 0},
-		{"unreachable, no probe: backoff waited out", refused, 100 * time.Millisecond, time.Minute, -1, []bool{true}, 0},
-		{"unreachable, silent: not waited for", refused, 100 * time.Millisecond, time.Minute, 0, []bool{false}, 1},
-		{"unreachable, answers", refused, time.Minute, 0, 1, []bool{true}, 1},
-		{"one probe per interval", refused, time.Minute, 0, 2, []bool{false, false}, 1},
+		{"backoff past until", unavailable, time.Minute, time.Second, []error{nil}, []bool{false}, 0, 1},
+		{"backoff by until waited out", unavailable, 100 * time.Millisecond, time.Minute, []error{nil}, []bool{true}, 0, 1},
+		{"unreachable, no probe: backoff waited out", refused, 100 * time.Millisecond, time.Minute, nil, []bool{true}, 0, 1},
+		{"unreachable, silent: not waited for", refused, time.Second, time.Minute, []error{refused}, []bool{false}, 1, 1},
+		{"unreachable, answers: backoff afresh", refused, time.Minute, 0, []error{nil}, []bool{true}, 1, 0},
+		{"unreachable, answers the second probe", refused, time.Minute, 0, []error{refused, nil}, []bool{false, true}, 2, 0},
+		{"unreachable, answers not ready: it serves", refused, time.Minute, 0, []error{unavailable}, []bool{true}, 1, 0},
+		{"unreachable, answers forbidden: it serves", refused, time.Minute, 0, []error{forbidden}, []bool{true}, 1, 0},
+		{"unreachable past its backoff: probed first, backed off again", refused, time.Millisecond, 0, []error{refused}, []bool{false, false}, 2, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewGate(nil)
-			g.MinBackoff, g.MaxBackoff, g.ProbeInterval = tc.backoff, tc.backoff, time.Minute
+			g.MinBackoff, g.MaxBackoff, g.ProbeInterval = tc.backoff, tc.backoff, 20*time.Millisecond
 			probes := 0
-			if tc.answers >= 0 {
+			if tc.probe != nil {
 				g.Probe = func(context.Context) error {
-					if probes++; tc.answers > 0 && probes >= tc.answers {
-						return nil
-					}
-					return refused
+					probes++
+					return tc.probe[min(probes, len(tc.probe))-1]
 				}
 			}
 			g.Fail(tc.err)
-			start := time.Now()
 			var got []bool
 			for range tc.want {
+				time.Sleep(g.ProbeInterval)
+				start := time.Now()
 				got = append(got, g.Wait(context.Background(), start.Add(tc.until)))
+				if took := time.Since(start); took > time.Second {
+					t.Fatalf("Wait took %v", took)
+				}
 			}
-			if !reflect.DeepEqual(got, tc.want) || probes != tc.probes {
-				t.Fatalf("Wait = %v after %d probes, want %v after %d", got, probes, tc.want, tc.probes)
+			if !reflect.DeepEqual(got, tc.want) || probes != tc.probes || g.Failures() != tc.failures {
+				t.Fatalf("Wait = %v after %d probes, %d failures; want %v, %d, %d", got, probes, g.Failures(), tc.want, tc.probes, tc.failures)
 			}
-			if took := time.Since(start); took > time.Second {
-				t.Fatalf("Wait took %v", took)
-			}
-			if ready, _ := g.Ready(); ready != tc.want[len(tc.want)-1] || g.Failures() != 1 {
-				t.Fatalf("after Wait: ready %v, %d failures", ready, g.Failures())
+			if ready, _ := g.Ready(context.Background()); ready != tc.want[len(tc.want)-1] {
+				t.Fatalf("after Wait: ready %v", ready)
 			}
 		})
 	}

@@ -23,7 +23,8 @@ import (
 // try that waits (quarantine's retry batch waits up to retry_wait for its
 // cluster) slows the other partitions to one round per try, never stops
 // them. Pausing drops what the client had fetched of a partition beyond
-// the held batch (it is fetched again on resume). A held partition revoked
+// the held batch (it is fetched again on resume, with the next fetch
+// request: a role whose batches are often held sets FetchMaxWait short). A held partition revoked
 // by a rebalance (or lost) is dropped from the held batch and resumed:
 // its next owner handles it from the committed offset. So is one lost
 // while its batch is being tried (a lost session is not held back by the

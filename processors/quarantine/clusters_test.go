@@ -219,7 +219,7 @@ func TestClusterBackRetriedWithinSeconds(t *testing.T) {
 	for cl.Gate.Failures() < 12 { // an outage of minutes
 		cl.Gate.Fail(down)
 	}
-	if _, next := cl.Gate.Ready(); time.Until(next) < 14*time.Second {
+	if _, next := cl.Gate.Ready(context.Background()); time.Until(next) < 14*time.Second {
 		t.Fatalf("gate backed off only until %v", next)
 	}
 

@@ -109,8 +109,11 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	// A held retry batch comes back within a second: each try asks a
 	// cluster that was unreachable whether it answers again (its gate's
 	// probe), so its deferred faults are applied about a second after its
-	// API server is back, not at the end of a backoff of up to 30 s.
+	// API server is back, not at the end of a backoff of up to 30 s. The
+	// records behind it (its partitions paused meanwhile) come with the
+	// next fetch after it succeeds: an idle fetch waits 250 ms, not 5 s.
 	retry.MaxBackoff = time.Second
+	retry.FetchMaxWait = 250 * time.Millisecond
 	return &role.Role{
 		Name: Role,
 		Consumers: []role.Consumer{
