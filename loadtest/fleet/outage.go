@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync/atomic"
 	"time"
 
@@ -19,11 +18,12 @@ import (
 // run and the second's blinks; Faults fatal events are sent to each while
 // they are down (the breaker's share at most, so none is held). Both are
 // deferred to their retry topics; the third cluster, up throughout, its
-// faults sent beside theirs, is cordoned at once meanwhile. The blinking cluster answers again and its
-// faults must be cordoned while the first stays down — with one retry
-// topic for every cluster and a failed batch retried before the next
-// poll, they waited for the first to come back. Then the first answers
-// and its faults are cordoned: every fault once, none lost.
+// faults sent beside theirs, is cordoned at once meanwhile. The blinking
+// cluster answers again and its faults must be cordoned while the first
+// stays down — with one retry topic for every cluster and a failed batch
+// retried before the next poll, they waited for the first to come back.
+// Then the first answers and its faults are cordoned: every fault once,
+// none lost.
 func runClusterOutage(ctx context.Context, e *Env, p Params, r *Report) error {
 	if len(e.Clusters) < 3 || len(e.Kubes) < len(e.Clusters) {
 		return fmt.Errorf("cluster-outage: needs 3 clusters, each with a kube-apiserver (%d clusters, %d apiservers)", len(e.Clusters), len(e.Kubes))
@@ -91,7 +91,6 @@ func runClusterOutage(ctx context.Context, e *Env, p Params, r *Report) error {
 
 	e.Kubes[blink].Start()
 	back := time.Now()
-	fmt.Fprintf(os.Stderr, "DEBUG back %s\n", back.UTC().Format("15:04:05.000"))
 	okBlink := waitFor(ctx, 120*time.Second, listed(blink))
 	blinkTook := time.Since(back)
 	downWhile := e.Cordons.CountIn(down)

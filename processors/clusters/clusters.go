@@ -7,9 +7,9 @@
 // event for a cluster, so a processor starts even while some clusters are
 // unreachable. Every cluster has a Gate that tracks its API health with an
 // exponential backoff, so a cluster that fails is skipped quickly (its work
-// deferred, never dropped) while the others proceed, and one that cannot
-// be reached at all is probed while work waits for it, so the work resumes
-// as soon as it answers.
+// deferred, never dropped) while the others proceed; one that cannot be
+// reached at all is probed rather than backed off, so its work resumes as
+// soon as it answers.
 package clusters
 
 import (
@@ -416,8 +416,9 @@ type Gate struct {
 	MinBackoff time.Duration
 	// MaxBackoff caps the backoff. Default 30s.
 	MaxBackoff time.Duration
-	// Probe asks the API server whether it serves (GET /readyz); nil: the
-	// backoff alone decides. Set before the gate is shared.
+	// Probe asks the API server whether it answers at all (GET /readyz:
+	// any answer counts); nil: the backoff alone decides. Set before the
+	// gate is shared.
 	Probe func(context.Context) error
 	// ProbeInterval is the least time between two probes, and the longest
 	// a probe may take. Default 500ms.

@@ -49,8 +49,8 @@ func TestTwoClustersIsolated(t *testing.T) {
 		createNodes(t, k.Client(), "two", "node-1", "node-2", "node-3")
 	}
 	cfg := testConfig("two")
-	// The shipped wait: long enough that "deferred at once" (the second
-	// batch) cannot be mistaken for "waited" on a loaded machine.
+	// The shipped wait (a killed apiserver is probed, not waited for: a's
+	// records are deferred at once either way).
 	cfg.ClusterWait = 3 * time.Second
 	// A failed cluster's records are deferred at once for 2×RetryWait:
 	// long enough here that the second batch falls within it however
@@ -82,7 +82,7 @@ func TestTwoClustersIsolated(t *testing.T) {
 		}
 	}
 	// The next batch defers a's record at once (keeping a's order) and
-	// applies b's: a wait for a would take ClusterWait.
+	// applies b's.
 	start = time.Now()
 	acts2, deferred2 := handle(t, h,
 		record("a", healthy("node-1", "XID_ERROR_48", "GPU-1")),
