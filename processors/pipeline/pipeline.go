@@ -393,13 +393,9 @@ func observePartitions(obs PartitionObserver, log *slog.Logger) []kgo.Opt {
 // poll returns the next records, one slice per partition in offset order:
 // one poll, or with Linger set, polls until MinBatch records or Linger.
 func (r *Runner) poll(ctx context.Context, cl *kgo.Client) [][]*kgo.Record {
-	type tp struct {
-		topic string
-		part  int32
-	}
 	var (
-		order []tp
-		parts = map[tp][]*kgo.Record{}
+		order []topicPart
+		parts = map[topicPart][]*kgo.Record{}
 		n     int
 	)
 	add := func(fetches kgo.Fetches) {
@@ -413,7 +409,7 @@ func (r *Runner) poll(ctx context.Context, cl *kgo.Client) [][]*kgo.Record {
 			if len(p.Records) == 0 {
 				return
 			}
-			k := tp{p.Topic, p.Partition}
+			k := topicPart{p.Topic, p.Partition}
 			if _, ok := parts[k]; !ok {
 				order = append(order, k)
 			}

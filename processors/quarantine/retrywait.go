@@ -60,15 +60,17 @@ type waitingRecord struct {
 // since removed from the configuration leaves its records there, which
 // are decided as any unknown cluster's (dry-run), not left unread.
 func openRetryTopics(ctx context.Context, kcfg kafka.Config, log *slog.Logger, clusters []string) ([]string, error) {
-	topics := RetryTopics(clusters)
-	if err := kafka.CreateTopics(ctx, kcfg, log, topics...); err != nil {
-		return nil, err
-	}
 	cl, err := kafka.NewClient(kcfg, log)
 	if err != nil {
 		return nil, err
 	}
 	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute) // kafka.CreateTopics' bound
+	defer cancel()
+	topics := RetryTopics(clusters)
+	if err := kafka.EnsureTopics(ctx, cl, kcfg, topics...); err != nil {
+		return nil, err
+	}
 	listed, err := kadm.NewClient(cl).ListTopics(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list the retry topics: %w", err)
