@@ -314,6 +314,18 @@ func (r *Registry) Get(name string) (*Client, error) {
 	return c, nil
 }
 
+// Ready reports whether work on the named cluster may be tried now: its
+// client is live and its Gate ready (an unreachable cluster probed, when a
+// probe is due).
+func (r *Registry) Ready(ctx context.Context, name string) bool {
+	cl, err := r.Get(name)
+	if err != nil || cl.Kube == nil {
+		return false
+	}
+	ready, _ := cl.Gate.Ready(ctx)
+	return ready
+}
+
 // restConfig returns the rest.Config of a configured cluster, with the
 // registry's rate limits applied.
 func (r *Registry) restConfig(cl Cluster) (*rest.Config, error) {

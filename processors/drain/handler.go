@@ -90,8 +90,8 @@ func IsTrigger(a *faultlinev1.Action) bool {
 
 // Handle handles one partition's batch of the actions topic or TopicRequeue.
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
-	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now,
-		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, time.Time) {
+	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now, h.reg,
+		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, requeue.Again) {
 			id := a.Action.GetId()
 			if len(a.Action.GetEventIds()) > 0 {
 				id = a.Action.GetEventIds()[0]
@@ -104,7 +104,7 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 // (clusters.Registry.Try). It returns the actions and, when the drain must
 // be looked at again, when: at the step's asking, or when a cluster in
 // trouble may be tried again.
-func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, time.Time) {
+func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, requeue.Again) {
 	acts, again, err := requeue.Step(ctx, h.reg, t.cluster, t.node, "drain", h.now().Add(h.cfg.PollInterval), h.log, h.m.apiErrors, h.m.conflicts,
 		func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
 			return h.step(ctx, cl, t)
@@ -113,7 +113,7 @@ func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action
 		return acts, again
 	}
 	h.log.Warn("drain failed", "cluster", t.cluster, "node", t.node, "err", err)
-	return append(acts, h.action(t, nil, events.OutcomeFailed, err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))), time.Time{}
+	return append(acts, h.action(t, nil, events.OutcomeFailed, err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))), requeue.Again{}
 }
 
 // opts are the drain inputs read from the trigger action.

@@ -960,3 +960,49 @@ func TestPDBRefusalWithoutDisruptionController(t *testing.T) {
 		t.Fatalf("pods %v: the PDB-covered pod must stay", podNames(got))
 	}
 }
+
+// TestDrainResumedWhenClusterAnswers: a drain that met its cluster's API
+// server down waits for the cluster, not for the backoff it met — an
+// outage of minutes backs the cluster off by up to 30s, and the drain's
+// follow-up is due once the API server answers.
+func TestDrainResumedWhenClusterAnswers(t *testing.T) {
+	kube := testenv.StartKube(t, testenv.KubeOptions{})
+	node := "back-1"
+	quarantined(t, kube.Client(), node)
+	kc := clusters.DefaultConfig()
+	kc.Clusters = []clusters.Cluster{{Name: cluster, Kubeconfig: kube.Kubeconfig()}}
+	reg := clusters.NewRegistry(kc, nil)
+	clk := &clock{t: time.Now()}
+	h, err := New(testConfig(), reg, Options{Log: testLog, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := reg.Get(cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	kube.Kill()
+	acts, rq := handle(t, h, quarantineAction(node, "e-back", "RESTART_VM", nil))
+	if len(acts) != 0 || len(rq) != 1 {
+		t.Fatalf("with the apiserver down: %s and %d requeue records, want nothing but the drain requeued", outcomes(acts), len(rq))
+	}
+	down := cl.Gate.LastError()
+	for cl.Gate.Failures() < 12 { // an outage of minutes
+		cl.Gate.Fail(down)
+	}
+	if _, next := cl.Gate.Ready(context.Background()); next.Sub(clk.Now()) < 14*time.Second {
+		t.Fatalf("gate backed off only until %v", next)
+	}
+
+	kube.Start()
+	back := time.Now()
+	for acts == nil && time.Since(back) < 10*time.Second {
+		time.Sleep(200 * time.Millisecond)
+		acts, rq = handle(t, h, rq...)
+	}
+	t.Logf("drain stepped %v after the apiserver was back", time.Since(back))
+	if find(acts, events.OutcomeSucceeded) == nil {
+		t.Fatalf("after the apiserver is back: %s", outcomes(acts))
+	}
+}

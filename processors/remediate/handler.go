@@ -179,8 +179,8 @@ type trigger struct {
 
 // Handle handles one partition's batch of the actions topic or TopicRequeue.
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
-	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now,
-		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, time.Time) {
+	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now, h.reg,
+		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, requeue.Again) {
 			t := trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, id: a.Action.GetDetails()[events.DetailDrainID]}
 			if t.id == "" && len(a.Action.GetEventIds()) > 0 {
 				t.id = a.Action.GetEventIds()[0]
@@ -195,7 +195,7 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 // process runs one step of the trigger's remediation on its cluster
 // (clusters.Registry.Try). It returns the actions and, when the
 // remediation must be looked at again, when.
-func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, time.Time) {
+func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, requeue.Again) {
 	acts, again, err := requeue.Step(ctx, h.reg, t.cluster, t.node, "remediation", h.now().Add(h.cfg.PollInterval), h.log, h.m.apiErrors, nil,
 		func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
 			return h.step(ctx, cl, t)
@@ -204,7 +204,7 @@ func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action
 		return acts, again
 	}
 	h.log.Warn("remediation failed", "cluster", t.cluster, "node", t.node, "err", err)
-	return append(acts, h.action(t, events.KindRemediate, events.OutcomeFailed, err.Error(), "error")), time.Time{}
+	return append(acts, h.action(t, events.KindRemediate, events.OutcomeFailed, err.Error(), "error")), requeue.Again{}
 }
 
 // actionKey is the template key of the trigger's recommended action.

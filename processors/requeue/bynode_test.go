@@ -16,7 +16,8 @@ import (
 // unchanged (same not-before, same attempt), with its node's later items
 // behind it, and the topic asked to rest until it is due, at most Hold;
 // other nodes' work runs at once; a due record runs its step and is
-// requeued with one more attempt; shutdown hands everything on unchanged.
+// requeued with one more attempt; one waiting for its cluster runs as soon
+// as the cluster may be tried; shutdown hands everything on unchanged.
 func TestByNode(t *testing.T) {
 	const topic = "rq"
 	type item struct {
@@ -24,13 +25,16 @@ func TestByNode(t *testing.T) {
 		in       time.Duration // not-before from the start; 0: an original record
 		attempt  int
 	}
-	mk := func(start time.Time, it item) *kgo.Record {
+	mk := func(start time.Time, it item, cluster string) *kgo.Record {
 		r := &kgo.Record{Topic: "src", Key: []byte(it.node), Value: []byte(it.id)}
 		if it.in != 0 {
 			r.Headers = []kgo.RecordHeader{
 				{Key: HeaderNotBefore, Value: []byte(strconv.FormatInt(start.Add(it.in).UnixMilli(), 10))},
 				{Key: HeaderAttempt, Value: []byte(strconv.Itoa(it.attempt))},
 			}
+		}
+		if cluster != "" {
+			r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderCluster, Value: []byte(cluster)})
 		}
 		return r
 	}
@@ -45,7 +49,8 @@ func TestByNode(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		items  []item
-		again  time.Duration // what every step asks (0: done)
+		waits  map[string]string // item id -> the cluster it waits for (HeaderCluster)
+		again  time.Duration     // what every step asks (0: done)
 		cancel bool
 		ran    []string      // ids whose step ran
 		soon   []string      // of those, the ones that must run at once (within slack)
@@ -89,6 +94,19 @@ func TestByNode(t *testing.T) {
 			rest:  400 * time.Millisecond,
 		},
 		{
+			// The cluster answers long before the backoff the work met
+			// ends; another is still down; work waiting for itself waits.
+			name: "work waiting for a cluster that may be tried again is due",
+			items: []item{{"back", "n1", 20 * time.Second, 1}, {"still down", "n2", 20 * time.Second, 1},
+				{"own wait", "n3", 5 * time.Second, 1}},
+			waits: map[string]string{"back": "up", "still down": "down"},
+			again: 15 * time.Second,
+			ran:   []string{"back"}, soon: []string{"back"},
+			out: []fwd{{"back", 15 * time.Second, 2}, {"still down", 20 * time.Second, 1},
+				{"own wait", 5 * time.Second, 1}},
+			rest: Hold,
+		},
+		{
 			name:   "shutdown hands everything on unchanged",
 			items:  []item{{"follow-up", "n1", -time.Second, 5}, {"new", "n2", 0, 0}},
 			cancel: true,
@@ -104,7 +122,7 @@ func TestByNode(t *testing.T) {
 			start := time.Now().Truncate(time.Millisecond) // headers carry milliseconds
 			var recs []*kgo.Record
 			for _, it := range tc.items {
-				recs = append(recs, mk(start, it))
+				recs = append(recs, mk(start, it, tc.waits[it.id]))
 			}
 			var (
 				mu  sync.Mutex
@@ -114,16 +132,17 @@ func TestByNode(t *testing.T) {
 			// The clock stands at the start: what is due and what is not
 			// does not move with the machine's load.
 			now := func() time.Time { return start }
-			out, rest, err := ByNode(ctx, 2, topic, now, recs, func(r *kgo.Record) *kgo.Record { return r },
-				func(_ context.Context, r *kgo.Record) ([]*faultlinev1.Action, time.Time) {
+			ready := func(_ context.Context, cluster string) bool { return cluster == "up" }
+			out, rest, err := ByNode(ctx, 2, topic, now, ready, recs, func(r *kgo.Record) *kgo.Record { return r },
+				func(_ context.Context, r *kgo.Record) ([]*faultlinev1.Action, Again) {
 					mu.Lock()
 					defer mu.Unlock()
 					ran[string(r.Value)] = time.Since(start)
 					seq = append(seq, string(r.Value))
 					if tc.again == 0 {
-						return nil, time.Time{}
+						return nil, Again{}
 					}
-					return nil, start.Add(tc.again)
+					return nil, Again{At: start.Add(tc.again)}
 				})
 			took := time.Since(start)
 			if err != nil {
@@ -175,28 +194,30 @@ func TestByNode(t *testing.T) {
 	}
 }
 
-// TestForward: a record handed on keeps its key, value and headers; an
-// original record stays one.
+// TestForward: a record handed on keeps its key, value and headers (the
+// cluster it waits for too); an original record stays one.
 func TestForward(t *testing.T) {
 	nb := time.UnixMilli(1_700_000_000_000)
 	orig := &kgo.Record{Topic: "faultline.actions", Key: []byte("c/n"), Value: []byte("v")}
-	req := Record("rq", Record("rq", orig, nb), nb) // attempt 2
+	req := Record("rq", Record("rq", orig, Again{At: nb}), Again{At: nb, Cluster: "c1"}) // attempt 2
 	for _, tc := range []struct {
 		name    string
 		rec     *kgo.Record
 		nb      time.Time
 		attempt int
+		cluster string
 	}{
-		{"original", orig, time.Time{}, 0},
-		{"requeued twice", req, nb, 2},
+		{"original", orig, time.Time{}, 0, ""},
+		{"requeued twice, waiting for its cluster", req, nb, 2, "c1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := Forward("rq", tc.rec)
 			if f.Topic != "rq" || string(f.Key) != "c/n" || string(f.Value) != "v" {
 				t.Fatalf("forwarded %+v", f)
 			}
-			if !NotBefore(f).Equal(tc.nb) || Attempt(f) != tc.attempt {
-				t.Fatalf("not-before %v attempt %d, want %v %d", NotBefore(f), Attempt(f), tc.nb, tc.attempt)
+			if !NotBefore(f).Equal(tc.nb) || Attempt(f) != tc.attempt || header(f, HeaderCluster) != tc.cluster {
+				t.Fatalf("not-before %v attempt %d cluster %q, want %v %d %q", NotBefore(f), Attempt(f), header(f, HeaderCluster),
+					tc.nb, tc.attempt, tc.cluster)
 			}
 		})
 	}

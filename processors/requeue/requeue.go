@@ -31,47 +31,68 @@ const (
 	HeaderNotBefore = "faultline-not-before"
 	// HeaderAttempt counts how often the work was requeued.
 	HeaderAttempt = "faultline-requeue-attempt"
+	// HeaderCluster names the cluster the work waits for: it met the
+	// cluster in trouble (Again.Cluster).
+	HeaderCluster = "faultline-requeue-cluster"
 )
 
+// Again says when to look at a piece of work again.
+type Again struct {
+	// At is when; zero: the work is done.
+	At time.Time
+	// Cluster, when set, names the cluster the work waits for — it met the
+	// cluster in trouble (backing off, unreachable), At is when the
+	// cluster's backoff ends — rather than waiting for itself. Such work is
+	// looked at before At once the cluster may be tried again (ByNode): an
+	// unreachable cluster's backoff grows to 30s, and it may answer long
+	// before.
+	Cluster string
+}
+
 // Record returns a record for topic that carries rec's key and value (the
-// work's original trigger) and may be handled from notBefore on.
-func Record(topic string, rec *kgo.Record, notBefore time.Time) *kgo.Record {
-	return &kgo.Record{
+// work's original trigger) and may be handled from again.At on, or once
+// again.Cluster may be tried.
+func Record(topic string, rec *kgo.Record, again Again) *kgo.Record {
+	r := &kgo.Record{
 		Topic: topic,
 		Key:   rec.Key,
 		Value: rec.Value,
 		Headers: []kgo.RecordHeader{
-			{Key: HeaderNotBefore, Value: []byte(strconv.FormatInt(notBefore.UnixMilli(), 10))},
+			{Key: HeaderNotBefore, Value: []byte(strconv.FormatInt(again.At.UnixMilli(), 10))},
 			{Key: HeaderAttempt, Value: []byte(strconv.Itoa(Attempt(rec) + 1))},
 		},
 	}
+	if again.Cluster != "" {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderCluster, Value: []byte(again.Cluster)})
+	}
+	return r
+}
+
+// header returns the value of rec's header key ("" when absent).
+func header(rec *kgo.Record, key string) string {
+	for _, h := range rec.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
 
 // NotBefore returns the record's not-before time; zero for a record that
 // was not requeued.
 func NotBefore(rec *kgo.Record) time.Time {
-	for _, h := range rec.Headers {
-		if h.Key == HeaderNotBefore {
-			ms, err := strconv.ParseInt(string(h.Value), 10, 64)
-			if err != nil {
-				return time.Time{}
-			}
-			return time.UnixMilli(ms)
-		}
+	ms, err := strconv.ParseInt(header(rec, HeaderNotBefore), 10, 64)
+	if err != nil {
+		return time.Time{}
 	}
-	return time.Time{}
+	return time.UnixMilli(ms)
 }
 
 // Attempt returns how often the record's work was requeued (0 for an
 // original record).
 func Attempt(rec *kgo.Record) int {
-	for _, h := range rec.Headers {
-		if h.Key == HeaderAttempt {
-			n, _ := strconv.Atoi(string(h.Value))
-			return n
-		}
-	}
-	return 0
+	n, _ := strconv.Atoi(header(rec, HeaderAttempt))
+	return n
 }
 
 // Forward returns rec handed on unchanged to topic: the same key, value
@@ -120,16 +141,18 @@ const FetchMaxWait = 250 * time.Millisecond
 // time). An item whose record is not due yet (a requeue record's
 // not-before time) is handed on unchanged (Forward), and so are the node's
 // later items in the batch, in order, so no item of a node runs ahead of
-// an earlier one. On shutdown (ctx ended) the records not yet handled are
-// handed on unchanged too. Otherwise it calls step and collects the
-// actions step returns and, when step asks to look again, a requeue record
-// to topic (Record: one more attempt). It returns what the batch must
-// produce and, when it handed on a record that was not due, until when
-// topic should rest (the earliest such not-before time, at most Hold
-// from now; zero otherwise).
+// an earlier one — unless the record waits for its cluster (HeaderCluster)
+// and ready says the cluster may be tried now (nil: never): then it is due.
+// On shutdown (ctx ended) the records not yet handled are handed on
+// unchanged too. Otherwise it calls step and collects the actions step
+// returns and, when step asks to look again, a requeue record to topic
+// (Record: one more attempt). It returns what the batch must produce and,
+// when it handed on a record that was not due, until when topic should
+// rest (the earliest such not-before time, at most Hold from now; zero
+// otherwise).
 func ByNode[T any](ctx context.Context, workers int, topic string, now func() time.Time,
-	items []T, rec func(T) *kgo.Record,
-	step func(context.Context, T) ([]*faultlinev1.Action, time.Time)) ([]*kgo.Record, time.Time, error) {
+	ready func(ctx context.Context, cluster string) bool, items []T, rec func(T) *kgo.Record,
+	step func(context.Context, T) ([]*faultlinev1.Action, Again)) ([]*kgo.Record, time.Time, error) {
 	type out struct {
 		acts    []*faultlinev1.Action
 		requeue []*kgo.Record
@@ -138,7 +161,7 @@ func ByNode[T any](ctx context.Context, workers int, topic string, now func() ti
 	results := pipeline.ByKey(items, func(it T) string { return string(rec(it).Key) }, workers, func(items []T) (o out) {
 		for i, it := range items {
 			r := rec(it)
-			if nb := NotBefore(r); ctx.Err() != nil || nb.After(now()) {
+			if nb := NotBefore(r); ctx.Err() != nil || nb.After(now()) && !clusterBack(ctx, ready, r) {
 				// Not due, or shutting down: hand this item and the
 				// node's later ones on, in order. Running a later one
 				// first could act on the node (a new drain or
@@ -153,7 +176,7 @@ func ByNode[T any](ctx context.Context, workers int, topic string, now func() ti
 			}
 			acts, again := step(ctx, it)
 			o.acts = append(o.acts, acts...)
-			if !again.IsZero() {
+			if !again.At.IsZero() {
 				o.requeue = append(o.requeue, Record(topic, r, again))
 			}
 		}
@@ -182,6 +205,13 @@ func ByNode[T any](ctx context.Context, workers int, topic string, now func() ti
 	return produce, rest, nil
 }
 
+// clusterBack reports whether r waits for a cluster (HeaderCluster) that
+// may be tried now.
+func clusterBack(ctx context.Context, ready func(context.Context, string) bool, r *kgo.Record) bool {
+	c := header(r, HeaderCluster)
+	return c != "" && ready != nil && ready(ctx, c)
+}
+
 // maxRedo bounds how often Step redoes a step that met a conflict.
 const maxRedo = 20
 
@@ -190,7 +220,7 @@ const maxRedo = 20
 // step's error decides the gate). It returns step's actions and when to
 // look again: step's choice or, when the cluster is in trouble (backing
 // off, failing, its client not built), when it may be tried again —
-// fallback where that is unknown. The cluster's trouble is logged, naming
+// fallback where that is unknown — naming the cluster (Again.Cluster). The cluster's trouble is logged, naming
 // what the work is ("drain"), and counted in apiErrors by cluster; an error
 // that is the work's own is returned, for the role to record as a failed
 // action. A step whose write met a conflict (another writer changed what
@@ -199,7 +229,7 @@ const maxRedo = 20
 // counted): it reads again, and every call it repeats is idempotent.
 func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what string, fallback time.Time,
 	log *slog.Logger, apiErrors, conflicts *prometheus.CounterVec,
-	step func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error)) ([]*faultlinev1.Action, time.Time, error) {
+	step func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error)) ([]*faultlinev1.Action, Again, error) {
 	var (
 		acts  []*faultlinev1.Action
 		again time.Time
@@ -217,9 +247,9 @@ func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what strin
 	})
 	switch {
 	case at.Err == nil:
-		return acts, again, nil
+		return acts, Again{At: again}, nil
 	case !at.Retriable:
-		return acts, time.Time{}, at.Err
+		return acts, Again{}, at.Err
 	}
 	if at.RetryAt.IsZero() {
 		at.RetryAt = fallback
@@ -231,17 +261,18 @@ func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what strin
 	case at.Client == nil:
 		log.Warn("cluster client unavailable; "+what+" requeued", "cluster", cluster, "node", node, "err", at.Err)
 	}
-	return acts, at.RetryAt, nil
+	return acts, Again{At: at.RetryAt, Cluster: cluster}, nil
 }
 
 // Handle is the Handle of a requeued role whose work starts from actions
 // (drain, remediate): it decodes the batch (pipeline.DecodeActions; a
 // record that does not decode, or whose key and payload disagree, is dead),
-// keeps the actions keep accepts, and hands them to step through ByNode.
+// keeps the actions keep accepts, and hands them to step through ByNode
+// (work waiting for its cluster is due once reg may try the cluster).
 func Handle(ctx context.Context, recs []*kgo.Record, keep func(*faultlinev1.Action) bool, workers int, topic string,
-	now func() time.Time, step func(context.Context, pipeline.ActionRec) ([]*faultlinev1.Action, time.Time)) (pipeline.Result, error) {
+	now func() time.Time, reg *clusters.Registry, step func(context.Context, pipeline.ActionRec) ([]*faultlinev1.Action, Again)) (pipeline.Result, error) {
 	acts, dead := pipeline.DecodeActions(recs, keep)
-	out, rest, err := ByNode(ctx, workers, topic, now, acts, func(a pipeline.ActionRec) *kgo.Record { return a.Rec }, step)
+	out, rest, err := ByNode(ctx, workers, topic, now, reg.Ready, acts, func(a pipeline.ActionRec) *kgo.Record { return a.Rec }, step)
 	if err != nil {
 		return pipeline.Result{}, err
 	}

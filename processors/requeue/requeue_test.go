@@ -52,13 +52,20 @@ func TestStep(t *testing.T) {
 		{"client not built (logged, not an API error)", "broken", nil, time.Time{}, fallback, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			acts, again, err := Step(context.Background(), reg, tc.cluster, "n1", "drain", fallback, log, apiErrors, nil,
+			acts, ag, err := Step(context.Background(), reg, tc.cluster, "n1", "drain", fallback, log, apiErrors, nil,
 				func(context.Context, *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
 					return act, tc.again, tc.err
 				})
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("err %v", err)
 			}
+			// The work waits for its cluster exactly when the cluster was
+			// in trouble.
+			trouble := tc.name == "the cluster's trouble" || tc.cluster == "broken"
+			if want := map[bool]string{true: tc.cluster}[trouble]; ag.Cluster != want {
+				t.Fatalf("waits for cluster %q, want %q", ag.Cluster, want)
+			}
+			again := ag.At
 			switch {
 			case tc.name == "the cluster's trouble":
 				if again.IsZero() || !again.After(now) {
