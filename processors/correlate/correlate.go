@@ -119,7 +119,7 @@ func New(conn clickhouse.Conn, rules []*Rule, now func() time.Time, ttl time.Dur
 		m = NewMetrics(nil)
 	}
 	h := &Handler{conn: conn, rules: suppressorsFirst(rules), byName: map[string]*Rule{}, now: now, log: log, ttl: ttl, metrics: m, cache: map[string]prior{}, errLogged: map[string]time.Time{},
-		unstored: &unstored{maxAge: ttl, max: maxUnstored, seedWait: seedWait, now: now, forgot: m.forgotten, next: map[topicPartition]int64{}}}
+		unstored: &unstored{maxAge: ttl, max: maxUnstored, seedWait: seedWait, now: now, forgot: m.forgotten, next: map[pipeline.TopicPart]int64{}}}
 	h.Ownership.Topic = events.TopicEvents
 	for _, r := range rules {
 		h.byName[r.Name] = r

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 )
 
@@ -54,13 +55,13 @@ type unstored struct {
 
 	mu     sync.Mutex
 	recs   []remembered // in arrival order
-	next   map[topicPartition]int64
+	next   map[pipeline.TopicPart]int64
 	forgot prometheus.Counter
 	// pending holds, per handed-over partition whose records below the
 	// batch were not read back (the store's progress or the read failed),
 	// that batch's first offset: a later batch reads them back (unless
 	// the partition is revoked first).
-	pending map[topicPartition]int64
+	pending map[pipeline.TopicPart]int64
 }
 
 type remembered struct {
@@ -75,7 +76,7 @@ func (u *unstored) add(recs []*kgo.Record) {
 	defer u.mu.Unlock()
 	u.remember(recs)
 	for _, r := range recs {
-		u.next[topicPartition{r.Topic, r.Partition}] = r.Offset + 1
+		u.next[pipeline.PartOf(r)] = r.Offset + 1
 	}
 }
 
@@ -117,11 +118,6 @@ var errProgressUnknown = errors.New("the store's progress is unknown; earlier ba
 // (not including) to back from Kafka.
 type ReadBack func(ctx context.Context, topic string, partition int32, from, to int64) ([]*kgo.Record, error)
 
-type topicPartition struct {
-	topic     string
-	partition int32
-}
-
 // refresh forgets what the store has written and what is older than
 // maxAge. For a partition whose batch does not go on where this replica's
 // last batch of it ended — a partition handed over by another replica, or
@@ -132,10 +128,10 @@ type topicPartition struct {
 func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	seen := map[topicPartition]bool{}
-	gaps := map[topicPartition]int64{} // the batch's first offset of each partition not continued
+	seen := map[pipeline.TopicPart]bool{}
+	gaps := map[pipeline.TopicPart]int64{} // the batch's first offset of each partition not continued
 	for _, r := range batch {
-		tp := topicPartition{r.Topic, r.Partition}
+		tp := pipeline.PartOf(r)
 		if !seen[tp] && u.next[tp] != r.Offset {
 			gaps[tp] = r.Offset
 		}
@@ -178,16 +174,16 @@ func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 		if _, ok := gaps[tp]; ok {
 			u.next[tp] = first // a retry of this batch does not read it back again
 		}
-		from, ok := stored[tp.topic][tp.partition]
+		from, ok := stored[tp.Topic][tp.Partition]
 		if !ok || from >= first {
 			continue // the store is past the batch's start (or never committed): nothing to read
 		}
 		rctx, cancel := context.WithTimeout(ctx, readBackTimeout)
-		recs, rerr := u.readBack(rctx, tp.topic, tp.partition, max(from, first-int64(u.max)), first)
+		recs, rerr := u.readBack(rctx, tp.Topic, tp.Partition, max(from, first-int64(u.max)), first)
 		cancel()
 		if rerr != nil {
-			err = errors.Join(err, fmt.Errorf("read back %s/%d [%d, %d) (a later batch tries again): %w", tp.topic, tp.partition, from, first, rerr))
-			u.keepPending(map[topicPartition]int64{tp: first})
+			err = errors.Join(err, fmt.Errorf("read back %s/%d [%d, %d) (a later batch tries again): %w", tp.Topic, tp.Partition, from, first, rerr))
+			u.keepPending(map[pipeline.TopicPart]int64{tp: first})
 			continue
 		}
 		u.remember(recs)
@@ -196,9 +192,9 @@ func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 }
 
 // keepPending records gaps as not read back yet.
-func (u *unstored) keepPending(gaps map[topicPartition]int64) {
+func (u *unstored) keepPending(gaps map[pipeline.TopicPart]int64) {
 	if u.pending == nil {
-		u.pending = map[topicPartition]int64{}
+		u.pending = map[pipeline.TopicPart]int64{}
 	}
 	maps.Copy(u.pending, gaps)
 }
@@ -209,7 +205,7 @@ func (u *unstored) revoked(topic string, partitions []int32) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	for _, p := range partitions {
-		delete(u.pending, topicPartition{topic, p})
+		delete(u.pending, pipeline.TopicPart{Topic: topic, Partition: p})
 	}
 }
 

@@ -76,7 +76,7 @@ func TestUnstoredForget(t *testing.T) {
 	var progressErr error
 	forgot := prometheus.NewCounter(prometheus.CounterOpts{Name: "forgot"})
 	var reads int // of the progress
-	u := &unstored{maxAge: time.Minute, max: 5, seedWait: 4 * seedRetry, now: func() time.Time { return now }, forgot: forgot, next: map[topicPartition]int64{},
+	u := &unstored{maxAge: time.Minute, max: 5, seedWait: 4 * seedRetry, now: func() time.Time { return now }, forgot: forgot, next: map[pipeline.TopicPart]int64{},
 		progress: func(context.Context) (map[string]map[int32]int64, error) { reads++; return stored, progressErr }}
 	rec := func(cluster, node string, part int32, off int64) *kgo.Record {
 		return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, node), Partition: part, Offset: off}
@@ -179,7 +179,7 @@ func TestUnstoredReadsBackLater(t *testing.T) {
 	var progressReads int
 	var readBacks []string // "partition:[from,to)"
 	u := &unstored{maxAge: time.Hour, max: 100, seedWait: 2 * seedRetry, now: time.Now,
-		forgot: prometheus.NewCounter(prometheus.CounterOpts{Name: "forgot"}), next: map[topicPartition]int64{},
+		forgot: prometheus.NewCounter(prometheus.CounterOpts{Name: "forgot"}), next: map[pipeline.TopicPart]int64{},
 		progress: func(context.Context) (map[string]map[int32]int64, error) {
 			progressReads++
 			return map[string]map[int32]int64{events.TopicEvents: {4: 6, 5: 6, 7: 25}}, progressErr
@@ -291,10 +291,10 @@ func TestHandoverReadsBackUnstored(t *testing.T) {
 func TestHandlerRevokedForgetsPending(t *testing.T) {
 	h := New(nil, nil, time.Now, time.Minute, slog.New(slog.DiscardHandler), nil)
 	h.PartitionsAssigned(events.TopicEvents, []int32{0, 1}, 2)
-	h.unstored.keepPending(map[topicPartition]int64{{events.TopicEvents, 0}: 10, {events.TopicEvents, 1}: 20})
+	h.unstored.keepPending(map[pipeline.TopicPart]int64{{Topic: events.TopicEvents, Partition: 0}: 10, {Topic: events.TopicEvents, Partition: 1}: 20})
 	var obs pipeline.PartitionObserver = h
 	obs.PartitionsRevoked(events.TopicEvents, []int32{0})
-	if _, ok := h.unstored.pending[topicPartition{events.TopicEvents, 0}]; ok || len(h.unstored.pending) != 1 {
+	if _, ok := h.unstored.pending[pipeline.TopicPart{Topic: events.TopicEvents, Partition: 0}]; ok || len(h.unstored.pending) != 1 {
 		t.Errorf("pending after revoking partition 0: %v, want partition 1's only", h.unstored.pending)
 	}
 	for _, key := range []string{"a/n1", "a/n2", "a/n3", "a/n4"} {

@@ -45,13 +45,17 @@ type holding struct {
 	pause   func(map[string][]int32)
 	wake    func(map[string][]int32)
 	revokes uint64               // calls of revoked
-	goneAt  map[topicPart]uint64 // revokes when each partition last went
+	goneAt  map[TopicPart]uint64 // revokes when each partition last went
 }
 
-type topicPart struct {
-	topic string
-	part  int32
+// TopicPart names a partition of a topic: a map key.
+type TopicPart struct {
+	Topic     string
+	Partition int32
 }
+
+// PartOf returns the partition r was read from.
+func PartOf(r *kgo.Record) TopicPart { return TopicPart{r.Topic, r.Partition} }
 
 // round marks the start of a round's tries: failed drops the records of
 // partitions revoked after it.
@@ -75,7 +79,7 @@ func (h *holding) failed(b *batch, round uint64, maxBackoff time.Duration) {
 	defer h.mu.Unlock()
 	if h.revokes != round {
 		b.recs = slices.DeleteFunc(b.recs, func(r *kgo.Record) bool {
-			return h.goneAt[topicPart{r.Topic, r.Partition}] > round
+			return h.goneAt[PartOf(r)] > round
 		})
 		if len(b.recs) == 0 {
 			return
@@ -124,14 +128,14 @@ func (h *holding) revoked(gone map[string][]int32) {
 	defer h.mu.Unlock()
 	h.revokes++
 	if h.goneAt == nil {
-		h.goneAt = map[topicPart]uint64{}
+		h.goneAt = map[TopicPart]uint64{}
 	}
 	for t, ps := range gone {
 		for _, p := range ps {
-			h.goneAt[topicPart{t, p}] = h.revokes
+			h.goneAt[TopicPart{t, p}] = h.revokes
 		}
 	}
-	isGone := func(r *kgo.Record) bool { return h.goneAt[topicPart{r.Topic, r.Partition}] == h.revokes }
+	isGone := func(r *kgo.Record) bool { return h.goneAt[PartOf(r)] == h.revokes }
 	kept := h.held[:0]
 	for _, b := range h.held {
 		if b.recs = slices.DeleteFunc(b.recs, isGone); len(b.recs) > 0 {

@@ -394,8 +394,8 @@ func observePartitions(obs PartitionObserver, log *slog.Logger) []kgo.Opt {
 // one poll, or with Linger set, polls until MinBatch records or Linger.
 func (r *Runner) poll(ctx context.Context, cl *kgo.Client) [][]*kgo.Record {
 	var (
-		order []topicPart
-		parts = map[topicPart][]*kgo.Record{}
+		order []TopicPart
+		parts = map[TopicPart][]*kgo.Record{}
 		n     int
 	)
 	add := func(fetches kgo.Fetches) {
@@ -409,7 +409,7 @@ func (r *Runner) poll(ctx context.Context, cl *kgo.Client) [][]*kgo.Record {
 			if len(p.Records) == 0 {
 				return
 			}
-			k := topicPart{p.Topic, p.Partition}
+			k := TopicPart{p.Topic, p.Partition}
 			if _, ok := parts[k]; !ok {
 				order = append(order, k)
 			}

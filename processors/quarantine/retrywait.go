@@ -40,14 +40,9 @@ type retryWaiting struct {
 	cl     *kgo.Client
 
 	mu     sync.Mutex
-	keys   map[string]int                     // waiting records per key
-	queued map[topicPartition][]waitingRecord // in offset order
-	next   map[topicPartition]int64           // the next offset to read
-}
-
-type topicPartition struct {
-	topic     string
-	partition int32
+	keys   map[string]int                         // waiting records per key
+	queued map[pipeline.TopicPart][]waitingRecord // in offset order
+	next   map[pipeline.TopicPart]int64           // the next offset to read
 }
 
 type waitingRecord struct {
@@ -116,12 +111,12 @@ func openRetryWaiting(ctx context.Context, kcfg kafka.Config, log *slog.Logger, 
 
 func newRetryWaiting(log *slog.Logger, group string, topics []string) *retryWaiting {
 	return &retryWaiting{log: log, group: group, topics: topics, keys: map[string]int{},
-		queued: map[topicPartition][]waitingRecord{}, next: map[topicPartition]int64{}}
+		queued: map[pipeline.TopicPart][]waitingRecord{}, next: map[pipeline.TopicPart]int64{}}
 }
 
 // start begins consuming every partition of the topics where the group
 // stands and returns the partitions' end offsets.
-func (w *retryWaiting) start(ctx context.Context) (map[topicPartition]int64, error) {
+func (w *retryWaiting) start(ctx context.Context) (map[pipeline.TopicPart]int64, error) {
 	adm := kadm.NewClient(w.cl)
 	starts, err := adm.ListStartOffsets(ctx, w.topics...)
 	if err == nil {
@@ -142,9 +137,9 @@ func (w *retryWaiting) start(ctx context.Context) (map[topicPartition]int64, err
 		return nil, err
 	}
 	from := map[string]map[int32]kgo.Offset{}
-	end := map[topicPartition]int64{}
+	end := map[pipeline.TopicPart]int64{}
 	starts.Each(func(s kadm.ListedOffset) {
-		tp := topicPartition{s.Topic, s.Partition}
+		tp := pipeline.TopicPart{Topic: s.Topic, Partition: s.Partition}
 		at := max(s.Offset, committed[tp])
 		if from[s.Topic] == nil {
 			from[s.Topic] = map[int32]kgo.Offset{}
@@ -152,21 +147,21 @@ func (w *retryWaiting) start(ctx context.Context) (map[topicPartition]int64, err
 		from[s.Topic][s.Partition] = kgo.NewOffset().At(at)
 		w.next[tp] = at
 	})
-	ends.Each(func(e kadm.ListedOffset) { end[topicPartition{e.Topic, e.Partition}] = e.Offset })
+	ends.Each(func(e kadm.ListedOffset) { end[pipeline.TopicPart{Topic: e.Topic, Partition: e.Partition}] = e.Offset })
 	w.cl.AddConsumePartitions(from)
 	return end, nil
 }
 
 // committed returns the group's committed offsets on the topics
 // (partitions it never committed are absent).
-func (w *retryWaiting) committed(ctx context.Context) (map[topicPartition]int64, error) {
+func (w *retryWaiting) committed(ctx context.Context) (map[pipeline.TopicPart]int64, error) {
 	adm := kadm.NewClient(w.cl)
 	resp, err := adm.FetchOffsets(ctx, w.group)
 	for try := 1; kerr.IsRetriable(err) && try < 50 && ctx.Err() == nil; try++ { // a coordinator still loading
 		time.Sleep(200 * time.Millisecond)
 		resp, err = adm.FetchOffsets(ctx, w.group)
 	}
-	out := map[topicPartition]int64{}
+	out := map[pipeline.TopicPart]int64{}
 	if errors.Is(err, kerr.GroupIDNotFound) { // never committed
 		return out, nil
 	}
@@ -175,14 +170,14 @@ func (w *retryWaiting) committed(ctx context.Context) (map[topicPartition]int64,
 	}
 	resp.Each(func(o kadm.OffsetResponse) {
 		if o.Err == nil && o.At >= 0 {
-			out[topicPartition{o.Topic, o.Partition}] = o.At
+			out[pipeline.TopicPart{Topic: o.Topic, Partition: o.Partition}] = o.At
 		}
 	})
 	return out, nil
 }
 
 // reached reports whether every partition was read up to ends.
-func (w *retryWaiting) reached(ends map[topicPartition]int64) bool {
+func (w *retryWaiting) reached(ends map[pipeline.TopicPart]int64) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for p, e := range ends {
@@ -205,7 +200,7 @@ func (w *retryWaiting) poll(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	fs.EachRecord(func(r *kgo.Record) {
-		key, tp := string(r.Key), topicPartition{r.Topic, r.Partition}
+		key, tp := string(r.Key), pipeline.PartOf(r)
 		w.keys[key]++
 		w.queued[tp] = append(w.queued[tp], waitingRecord{offset: r.Offset, key: key})
 		w.next[tp] = r.Offset + 1
@@ -214,7 +209,7 @@ func (w *retryWaiting) poll(ctx context.Context) error {
 }
 
 // consumed forgets the records before the group's committed offsets.
-func (w *retryWaiting) consumed(committed map[topicPartition]int64) {
+func (w *retryWaiting) consumed(committed map[pipeline.TopicPart]int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for p, q := range w.queued {

@@ -4,14 +4,16 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/faultline/faultline/processors/pipeline"
 )
 
 // TestRetryWaitingConsumed: records are waiting from when they are read
 // until the group's committed offset of their partition passes them.
 func TestRetryWaitingConsumed(t *testing.T) {
 	w := newRetryWaiting(nil, retryGroup, []string{RetryTopic("c")})
-	p0, p1 := topicPartition{RetryTopic("c"), 0}, topicPartition{RetryTopic("c"), 1}
-	read := func(tp topicPartition, off int64, key string) {
+	p0, p1 := pipeline.TopicPart{Topic: RetryTopic("c"), Partition: 0}, pipeline.TopicPart{Topic: RetryTopic("c"), Partition: 1}
+	read := func(tp pipeline.TopicPart, off int64, key string) {
 		w.keys[key]++
 		w.queued[tp] = append(w.queued[tp], waitingRecord{offset: off, key: key})
 	}
@@ -20,14 +22,14 @@ func TestRetryWaitingConsumed(t *testing.T) {
 	read(p0, 12, "c/a")
 	read(p1, 3, "c/a")
 	for _, step := range []struct {
-		committed map[topicPartition]int64
+		committed map[pipeline.TopicPart]int64
 		waits     map[string]bool
 	}{
 		{nil, map[string]bool{"c/a": true, "c/b": true, "c/c": false}},
-		{map[topicPartition]int64{p0: 10}, map[string]bool{"c/a": true, "c/b": true}},          // nothing before 10
-		{map[topicPartition]int64{p0: 12}, map[string]bool{"c/a": true, "c/b": false}},         // a's second and p1's wait
-		{map[topicPartition]int64{p0: 13}, map[string]bool{"c/a": true}},                       // p1 not committed
-		{map[topicPartition]int64{p0: 13, p1: 4}, map[string]bool{"c/a": false, "c/b": false}}, // all consumed
+		{map[pipeline.TopicPart]int64{p0: 10}, map[string]bool{"c/a": true, "c/b": true}},          // nothing before 10
+		{map[pipeline.TopicPart]int64{p0: 12}, map[string]bool{"c/a": true, "c/b": false}},         // a's second and p1's wait
+		{map[pipeline.TopicPart]int64{p0: 13}, map[string]bool{"c/a": true}},                       // p1 not committed
+		{map[pipeline.TopicPart]int64{p0: 13, p1: 4}, map[string]bool{"c/a": false, "c/b": false}}, // all consumed
 	} {
 		w.consumed(step.committed)
 		for key, want := range step.waits {
