@@ -52,6 +52,61 @@ func TestEmitBoundedWhileKafkaIsDown(t *testing.T) {
 	}
 }
 
+// deadlines is a producer that records each try's bound and answers at
+// once: refusing (err) or producing.
+type deadlines struct {
+	err   error
+	tries []time.Duration
+}
+
+func (d *deadlines) ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.ProduceResults {
+	dl, _ := ctx.Deadline()
+	d.tries = append(d.tries, time.Until(dl).Round(time.Second))
+	return kgo.ProduceResults{{Record: rs[0], Err: d.err}}
+}
+
+// TestEmitTryWhileRefused: once the broker refused an action, the next
+// ones try for a second, not emitTry, until resayAfter has passed or one
+// is produced: a Kafka outage costs each worker a second per action.
+func TestEmitTryWhileRefused(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		name      string
+		refused   time.Time // zero: never
+		err       error
+		want      time.Duration
+		refusedTo time.Time // refusedAt after the try
+	}{
+		{"never refused", time.Time{}, nil, emitTry, time.Time{}},
+		{"refused a moment ago, still down", now.Add(-5 * time.Second), context.DeadlineExceeded, emitTryRefused, now.Add(-5 * time.Second)},
+		{"refused a moment ago, back", now.Add(-5 * time.Second), nil, emitTryRefused, time.Time{}},
+		{"refused longer ago than resayAfter", now.Add(-resayAfter - time.Second), context.DeadlineExceeded, emitTry, now.Add(-resayAfter - time.Second)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prod := &deadlines{err: tc.err}
+			j, err := New(DefaultConfig(), clusters.Config{}, clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog, Producer: prod})
+			if err != nil {
+				t.Fatal(err)
+			}
+			j.now = func() time.Time { return now }
+			if !tc.refused.IsZero() {
+				j.refusedAt.Store(tc.refused.UnixNano())
+			}
+			produced := j.emit(context.Background(), &faultlinev1.Action{Id: "a1", Cluster: "c1", Node: "n1", Role: Role, Kind: events.KindReboot, Outcome: events.OutcomeApplied})
+			if produced != (tc.err == nil) || len(prod.tries) != 1 || prod.tries[0] != tc.want {
+				t.Fatalf("produced %v after tries bounded by %v; want %v, one try of %v", produced, prod.tries, tc.err == nil, tc.want)
+			}
+			var want int64
+			if !tc.refusedTo.IsZero() {
+				want = tc.refusedTo.UnixNano()
+			}
+			if got := j.refusedAt.Load(); got != want {
+				t.Fatalf("refusedAt %v, want %v", time.Unix(0, got), tc.refusedTo)
+			}
+		})
+	}
+}
+
 // TestActionIDs: an action's id is its resource's, step's, outcome's and
 // failure reason's, not the time it was produced: a step a restarted
 // janitor does again produces the same id (the store keeps one), while

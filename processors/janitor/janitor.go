@@ -52,7 +52,8 @@ type Janitor struct {
 	lim       *limiter
 	m         *metrics
 	// refusedAt: when the broker last refused an action (unix
-	// nanoseconds); resay waits resayAfter from it.
+	// nanoseconds; 0 once one is produced again); emit tries briefly and
+	// resay waits, for resayAfter from it.
 	refusedAt atomic.Int64
 
 	mu      sync.Mutex
@@ -843,11 +844,18 @@ func (op *operation) action(outcome, reason, step string, details map[string]str
 // within it): it outlasts a broker's restart, and a worker blocked longer
 // would stop following the reboots in progress (their timeouts, the
 // forced reboot). An action not produced by then is kept on its resource.
-const emitTry = 30 * time.Second
+// While the broker refused one within resayAfter, a try is bounded by
+// emitTryRefused instead: a Kafka outage costs each worker a second per
+// action, not 30, and an action produced again means the broker is back.
+const (
+	emitTry        = 30 * time.Second
+	emitTryRefused = time.Second
+)
 
-// emit produces an action to the actions topic (bounded by emitTry) and
-// reports whether it is done with it: false when it could not be produced
-// (operation.emit keeps it on its resource).
+// emit produces an action to the actions topic (bounded by emitTry, or
+// emitTryRefused while the broker refuses) and reports whether it is done
+// with it: false when it could not be produced (operation.emit keeps it on
+// its resource and marks the refusal).
 func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) bool {
 	j.log.Info("janitor: action", "cluster", a.Cluster, "node", a.Node, "kind", a.Kind, "outcome", a.Outcome, "reason", a.Reason)
 	if j.prod == nil {
@@ -858,7 +866,11 @@ func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) bool {
 		j.log.Error("janitor: action not encoded", "err", err, "id", a.Id)
 		return true
 	}
-	tctx, cancel := context.WithTimeout(ctx, j.emitTry)
+	try := j.emitTry
+	if j.now().Before(time.Unix(0, j.refusedAt.Load()).Add(resayAfter)) {
+		try = min(try, emitTryRefused)
+	}
+	tctx, cancel := context.WithTimeout(ctx, try)
 	err = j.prod.ProduceSync(tctx, rec).FirstErr()
 	cancel()
 	if err != nil {
@@ -866,6 +878,7 @@ func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) bool {
 			"kind", a.Kind, "outcome", a.Outcome)
 		return false
 	}
+	j.refusedAt.Store(0) // the broker is back: the next emits try for emitTry again
 	return true
 }
 
