@@ -89,6 +89,13 @@ func (h *holding) failed(b *batch, round uint64, maxBackoff time.Duration) {
 	h.pause(partitions(b.recs))
 }
 
+// succeeded resumes the partitions of b when it was held until now.
+func (h *holding) succeeded(b *batch) {
+	if b.tries > 0 {
+		h.wake(partitions(b.recs))
+	}
+}
+
 // next returns when the earliest held batch is due (zero: none held).
 func (h *holding) next() time.Time {
 	h.mu.Lock()

@@ -262,7 +262,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		for _, recs := range polled {
 			batches = append(batches, &batch{recs: recs})
 		}
-		done, rest, failed := r.handleAll(ctx, cl, batches)
+		done, rest, failed := r.handleAll(ctx, cl, &held, batches)
 		cl.MarkCommitRecords(done...)
 		if ctx.Err() == nil {
 			for _, b := range failed {
@@ -471,9 +471,9 @@ func (r *Runner) watchLag(ctx context.Context, cl *kgo.Client) {
 // merged poll) and returns the last record of every partition of the
 // batches that succeeded (outputs produced), the topics they ask to rest,
 // each until the earliest time asked, and the batches that failed (to be
-// held; none on shutdown). A held batch that succeeded resumes its
-// partitions.
-func (r *Runner) handleAll(ctx context.Context, cl *kgo.Client, batches []*batch) (done []*kgo.Record, rest map[string]time.Time, failed []*batch) {
+// held; none on shutdown). A held batch that succeeded is let go
+// (holding.succeeded).
+func (r *Runner) handleAll(ctx context.Context, cl *kgo.Client, held *holding, batches []*batch) (done []*kgo.Record, rest map[string]time.Time, failed []*batch) {
 	var (
 		mu sync.Mutex
 		wg sync.WaitGroup
@@ -490,9 +490,7 @@ func (r *Runner) handleAll(ctx context.Context, cl *kgo.Client, batches []*batch
 				return
 			}
 			done = append(done, lastPerPartition(b.recs)...)
-			if b.tries > 0 { // held until now
-				cl.ResumeFetchPartitions(partitions(b.recs))
-			}
+			held.succeeded(b)
 			for topic, t := range until {
 				if rest == nil {
 					rest = map[string]time.Time{}
