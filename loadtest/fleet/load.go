@@ -121,9 +121,21 @@ func (r LoadResult) String() string {
 		r.Sent, r.Elapsed.Round(time.Millisecond), r.Delivered, target, r.Failed, r.PushedBack)
 }
 
-// StartLoad runs l until stop is called (or n events are sent when n > 0)
-// and returns stop, which waits for the workers and returns the result.
-func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadResult) {
+// Running is a load that StartLoad started.
+type Running struct {
+	stop   func() LoadResult
+	behind func(now time.Time) time.Duration
+}
+
+// Stop stops the load, waits for its workers and returns the result.
+func (r *Running) Stop() LoadResult { return r.stop() }
+
+// Behind is how far the furthest worker is behind its schedule now: how
+// long ago its first batch not yet started came due (0: none is due).
+func (r *Running) Behind() time.Duration { return r.behind(time.Now()) }
+
+// StartLoad runs l until stopped (or n events are sent when n > 0).
+func (e *Env) StartLoad(ctx context.Context, l Load, n int64) *Running {
 	if l.Batch <= 0 {
 		l.Batch = 1
 	}
@@ -147,6 +159,13 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadR
 		return start.Add(time.Duration(float64((k+1)*l.Batch) / per * float64(time.Second)))
 	}
 	next := make([]atomic.Int64, l.Workers) // each worker's first batch not yet started
+	lag := func(now time.Time) time.Duration {
+		var d time.Duration
+		for w := range next {
+			d = max(d, now.Sub(dueAt(int(next[w].Load()))))
+		}
+		return d
+	}
 	for w := range l.Workers {
 		cluster := e.Clusters[w%len(e.Clusters)]
 		wg.Add(1)
@@ -196,7 +215,7 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadR
 	}
 	var once sync.Once
 	var res LoadResult
-	return func() LoadResult {
+	stop := func() LoadResult {
 		once.Do(func() {
 			if n > 0 {
 				wg.Wait()
@@ -209,10 +228,8 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadR
 					due = min(due, n)
 				}
 				// a worker that has not started a batch already due is behind by now
-				for w := range next {
-					if d := now.Sub(dueAt(int(next[w].Load()))); d > time.Duration(behind.Load()) {
-						behind.Store(int64(d))
-					}
+				if d := lag(now); d > time.Duration(behind.Load()) {
+					behind.Store(int64(d))
 				}
 			}
 			close(stopping)
@@ -223,6 +240,13 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) (stop func() LoadR
 		})
 		return res
 	}
+	behindNow := func(now time.Time) time.Duration {
+		if per <= 0 {
+			return 0
+		}
+		return lag(now)
+	}
+	return &Running{stop: stop, behind: behindNow}
 }
 
 // BackgroundMix is a fleet's everyday stream over nodes [from, from+n):

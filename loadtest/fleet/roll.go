@@ -145,7 +145,7 @@ func BrokerRoll(ctx context.Context, e *Env, p Params) (BrokerRollResult, error)
 		judged = e.followVerdicts(ctx)
 	}
 	pairNode := func(i int) string { return NodeName(p.Nodes + i) } // beyond the background's nodes
-	stop, err := faultBackground(ctx, e, p, "broker-roll")
+	bg, err := faultBackground(ctx, e, p, "broker-roll")
 	if err != nil {
 		return res, err
 	}
@@ -197,7 +197,7 @@ func BrokerRoll(ctx context.Context, e *Env, p Params) (BrokerRollResult, error)
 		t2 := time.Now()
 		if !waitFor(ctx, 2*time.Minute, func() bool { return inSync(ctx, adm) }) {
 			_ = endFaults()
-			stop()
+			bg.Stop()
 			return res, fmt.Errorf("broker %d: replicas not in sync 2m after its restart", step.Broker)
 		}
 		step.At, step.Stopping, step.Starting, step.InSync = t0.Sub(began), t1.Sub(t0), t2.Sub(t1), time.Since(t2)
@@ -207,11 +207,11 @@ func BrokerRoll(ctx context.Context, e *Env, p Params) (BrokerRollResult, error)
 	err = endFaults()
 	res.Pushbacks = pushbacks.Load()
 	if err != nil {
-		stop()
+		bg.Stop()
 		return res, err
 	}
 	n := len(sent)
-	res.OutageBackground = e.endOutage(ctx, cluster, n, stop)
+	res.OutageBackground = e.endOutage(ctx, cluster, n, bg)
 	waitFor(ctx, time.Minute, func() bool {
 		for i := range n {
 			if !reboots.Has(NodeName(i)) {

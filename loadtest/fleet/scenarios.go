@@ -305,7 +305,7 @@ func runTrickle(ctx context.Context, e *Env, p Params, r *Report) error {
 		return ev
 	}
 	workers := 8
-	stop := e.StartLoad(ctx, Load{Rate: p.Rate, Batch: max(1, int(p.Rate/float64(workers)/10)), Workers: workers, Transport: p.Transport, Gen: gen}, 0)
+	stop := e.StartLoad(ctx, Load{Rate: p.Rate, Batch: max(1, int(p.Rate/float64(workers)/10)), Workers: workers, Transport: p.Transport, Gen: gen}, 0).Stop
 	time.Sleep(p.Duration)
 	res := stop()
 	r.Figure("trickle %s over %s: %s", p.Transport, e.Describe(), res)
@@ -340,10 +340,11 @@ type FaultToCordonResult struct {
 // each latency runs from the moment its request is sent to the node's
 // cordon seen on a watch of the apiserver.
 func FaultToCordon(ctx context.Context, e *Env, p Params) (FaultToCordonResult, error) {
-	stop, err := faultBackground(ctx, e, p, "fault-to-cordon")
+	bg, err := faultBackground(ctx, e, p, "fault-to-cordon")
 	if err != nil {
 		return FaultToCordonResult{}, err
 	}
+	stop := bg.Stop
 	time.Sleep(3 * time.Second) // the background flows, the group settled
 	cluster := e.Clusters[0]
 	sent := make([]time.Time, p.Faults)
@@ -373,7 +374,7 @@ const backgroundMarker = "loadtest_background"
 // spool gives it (a call sent again is stored once), and backgroundMarker.
 // It refuses, naming the scenario, when the faults and those 5 exceed the
 // default breaker's share.
-func faultBackground(ctx context.Context, e *Env, p Params, scenario string) (stop func() LoadResult, err error) {
+func faultBackground(ctx context.Context, e *Env, p Params, scenario string) (*Running, error) {
 	const bgFatal = 5
 	if !p.BreakerOff && p.Faults+bgFatal > breakerShare(p.Nodes) {
 		return nil, fmt.Errorf("%s: %d faults + %d background fatal nodes exceed the default breaker's share of %d nodes (%d): use more nodes or -breaker-off",
@@ -449,7 +450,7 @@ func runFaultToCordon(ctx context.Context, e *Env, p Params, r *Report) error {
 func Percentiles(lat []time.Duration) (p50, p99, max time.Duration) { return percentiles(lat) }
 
 func runXidBurst(ctx context.Context, e *Env, p Params, r *Report) error {
-	stop := e.StartLoad(ctx, Load{Rate: p.Rate, Batch: max(1, int(p.Rate/100)), Workers: 4, Gen: BackgroundMix(p.Faults, p.Nodes-p.Faults, 0, 0)}, 0)
+	stop := e.StartLoad(ctx, Load{Rate: p.Rate, Batch: max(1, int(p.Rate/100)), Workers: 4, Gen: BackgroundMix(p.Faults, p.Nodes-p.Faults, 0, 0)}, 0).Stop
 	time.Sleep(2 * time.Second)
 	cluster := e.Clusters[0]
 	first := make([]time.Time, p.Faults)
@@ -712,7 +713,7 @@ func runIngest(ctx context.Context, e *Env, p Params, r *Report) error {
 
 	var before uint64
 	_ = e.CH.QueryRow(ctx, "SELECT count() FROM events").Scan(&before)
-	g := e.StartLoad(ctx, Load{Batch: 100, Workers: 256, Transport: GRPC, Gen: gen}, 0)
+	g := e.StartLoad(ctx, Load{Batch: 100, Workers: 256, Transport: GRPC, Gen: gen}, 0).Stop
 	time.Sleep(p.Duration)
 	gres := g()
 	r.Figure("ingest gRPC batches of 100, 256 callers over %s: %s = %.2f of raw", e.Describe(), gres, gres.Delivered/raw)
@@ -733,7 +734,7 @@ func runIngest(ctx context.Context, e *Env, p Params, r *Report) error {
 	r.Check(err == nil && got > 0, "history API GET /v1/events?node=%s: %d events, %v", NodeName(1), got, err)
 	r.Figure("history API GET /v1/events?node=%s: %d events on the first page in %s", NodeName(1), got, time.Since(t2).Round(time.Millisecond))
 
-	rs := e.StartLoad(ctx, Load{Batch: 1, Workers: 128, Transport: REST, Gen: gen}, 0)
+	rs := e.StartLoad(ctx, Load{Batch: 1, Workers: 128, Transport: REST, Gen: gen}, 0).Stop
 	time.Sleep(p.Duration)
 	rres := rs()
 	r.Figure("ingest REST single events, keep-alive, 128 callers over %s: %s = %.2f of raw", e.Describe(), rres, rres.Delivered/raw)
