@@ -178,6 +178,12 @@ func handle(t testing.TB, h *Handler, recs ...*kgo.Record) ([]*faultlinev1.Actio
 	return splitOut(t, res.Out)
 }
 
+// retryOffsets numbers the deferred records as their retry topic would:
+// each its own offset, so that a retry batch's records are told apart
+// (recordKey) as the retry consumer's are.
+var retryOffsets atomic.Int64
+
+// splitOut splits a batch's output into actions and deferred records.
 func splitOut(t testing.TB, out []*kgo.Record) ([]*faultlinev1.Action, []*kgo.Record) {
 	var acts []*faultlinev1.Action
 	var retry []*kgo.Record
@@ -193,6 +199,7 @@ func splitOut(t testing.TB, out []*kgo.Record) ([]*faultlinev1.Action, []*kgo.Re
 			if c, _, err := pipeline.EventKey(r); err != nil || r.Topic != RetryTopic(c) {
 				t.Fatalf("output to unexpected topic %s (cluster %q, %v)", r.Topic, c, err)
 			}
+			r.Offset = retryOffsets.Add(1)
 			retry = append(retry, r)
 		}
 	}
