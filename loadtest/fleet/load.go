@@ -158,9 +158,11 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) *Running {
 	dueAt := func(k int) time.Time {   // batch k is due once its events have accrued
 		return start.Add(time.Duration(float64((k+1)*l.Batch) / per * float64(time.Second)))
 	}
-	next := make([]atomic.Int64, l.Workers) // each worker's first batch not yet started
-	lag := func(now time.Time) time.Duration {
-		var d time.Duration
+	next := make([]atomic.Int64, l.Workers)        // each worker's first batch not yet started
+	lag := func(now time.Time) (d time.Duration) { // how far the furthest worker is behind
+		if per <= 0 {
+			return 0 // unpaced
+		}
 		for w := range next {
 			d = max(d, now.Sub(dueAt(int(next[w].Load()))))
 		}
@@ -240,13 +242,7 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) *Running {
 		})
 		return res
 	}
-	behindNow := func(now time.Time) time.Duration {
-		if per <= 0 {
-			return 0
-		}
-		return lag(now)
-	}
-	return &Running{stop: stop, behind: behindNow}
+	return &Running{stop: stop, behind: lag}
 }
 
 // BackgroundMix is a fleet's everyday stream over nodes [from, from+n):

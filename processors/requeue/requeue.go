@@ -220,10 +220,10 @@ const maxRedo = 20
 // step's error decides the gate). It returns step's actions and when to
 // look again: step's choice or, when the cluster is in trouble (backing
 // off, failing, its client not built), when it may be tried again —
-// fallback where that is unknown — naming the cluster (Again.Cluster). The cluster's trouble is logged, naming
-// what the work is ("drain"), and counted in apiErrors by cluster; an error
-// that is the work's own is returned, for the role to record as a failed
-// action. A step whose write met a conflict (another writer changed what
+// fallback where that is unknown — naming the cluster (Again.Cluster).
+// The cluster's trouble is logged, naming what the work is ("drain"), and
+// counted in apiErrors by cluster; an error that is the work's own is
+// returned, for the role to record as a failed action. A step whose write met a conflict (another writer changed what
 // it read: a replica, the node's work in another batch, a controller) is
 // redone at once, up to maxRedo times, counted in conflicts (nil: not
 // counted): it reads again, and every call it repeats is idempotent.
