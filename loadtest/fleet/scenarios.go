@@ -344,7 +344,6 @@ func FaultToCordon(ctx context.Context, e *Env, p Params) (FaultToCordonResult, 
 	if err != nil {
 		return FaultToCordonResult{}, err
 	}
-	stop := bg.Stop
 	time.Sleep(3 * time.Second) // the background flows, the group settled
 	cluster := e.Clusters[0]
 	sent := make([]time.Time, p.Faults)
@@ -352,13 +351,13 @@ func FaultToCordon(ctx context.Context, e *Env, p Params) (FaultToCordonResult, 
 		ev := fleetsim.Xid(NodeName(i), i%8, 79)
 		sent[i] = time.Now() // the clock starts when the request is sent
 		if err := e.Send(ctx, GRPC, cluster, []*datamodels.HealthEvent{ev}); err != nil {
-			stop()
+			bg.Stop()
 			return FaultToCordonResult{}, fmt.Errorf("send fault %d: %w", i, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	e.waitCordoned(ctx, cluster, p.Faults)
-	return FaultToCordonResult{Faults: p.Faults, Background: stop(),
+	return FaultToCordonResult{Faults: p.Faults, Background: bg.Stop(),
 		Latencies: e.cordonedAfter(cluster, p.Faults, func(i int) time.Time { return sent[i] })}, nil
 }
 

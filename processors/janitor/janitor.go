@@ -867,7 +867,7 @@ func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) bool {
 		return true
 	}
 	try := j.emitTry
-	if j.now().Before(time.Unix(0, j.refusedAt.Load()).Add(resayAfter)) {
+	if j.refusedFor() > 0 {
 		try = min(try, emitTryRefused)
 	}
 	tctx, cancel := context.WithTimeout(ctx, try)
@@ -880,6 +880,12 @@ func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) bool {
 	}
 	j.refusedAt.Store(0) // the broker is back: the next emits try for emitTry again
 	return true
+}
+
+// refusedFor is how much longer the broker's last refusal holds (the
+// rest of resayAfter from refusedAt; 0 or less: none holds).
+func (j *Janitor) refusedFor() time.Duration {
+	return time.Unix(0, j.refusedAt.Load()).Add(resayAfter).Sub(j.now())
 }
 
 func shortHash(s string, n int) string {

@@ -140,7 +140,7 @@ func (op *operation) resay(ctx context.Context) time.Duration {
 	}
 	if len(recs) > 0 {
 		j := op.j
-		if wait := time.Unix(0, j.refusedAt.Load()).Add(resayAfter).Sub(j.now()); wait > 0 {
+		if wait := j.refusedFor(); wait > 0 {
 			return wait // the broker refused moments ago: no worker waits on it again yet
 		}
 		pctx, cancel := context.WithTimeout(ctx, j.emitTry)

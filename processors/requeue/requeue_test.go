@@ -61,8 +61,11 @@ func TestStep(t *testing.T) {
 			}
 			// The work waits for its cluster exactly when the cluster was
 			// in trouble.
-			trouble := tc.name == "the cluster's trouble" || tc.cluster == "broken"
-			if want := map[bool]string{true: tc.cluster}[trouble]; ag.Cluster != want {
+			want := ""
+			if tc.name == "the cluster's trouble" || tc.cluster == "broken" {
+				want = tc.cluster
+			}
+			if ag.Cluster != want {
 				t.Fatalf("waits for cluster %q, want %q", ag.Cluster, want)
 			}
 			again := ag.At
