@@ -166,6 +166,7 @@ type ActionWatch struct {
 	per   map[string]int       // kind/outcome cluster/node -> distinct action ids
 	ids   map[string]bool      // kind/outcome cluster/node id -> seen
 	first map[string]time.Time // kind/outcome cluster/node -> when the first was seen
+	made  map[string]time.Time // … -> when the first was produced (its record's timestamp)
 }
 
 // DrainJoined is what ActionWatch counts a fault that joined a drain in
@@ -175,7 +176,7 @@ const DrainJoined = events.KindDrain + "/joined"
 // WatchActions counts the actions cl consumes (the actions topic) until
 // ctx ends.
 func WatchActions(ctx context.Context, cl *kgo.Client) *ActionWatch {
-	w := &ActionWatch{count: map[string]int{}, nodes: map[string]map[string]bool{}, per: map[string]int{}, ids: map[string]bool{}, first: map[string]time.Time{}}
+	w := &ActionWatch{count: map[string]int{}, nodes: map[string]map[string]bool{}, per: map[string]int{}, ids: map[string]bool{}, first: map[string]time.Time{}, made: map[string]time.Time{}}
 	go func() {
 		for ctx.Err() == nil {
 			fs := cl.PollFetches(ctx)
@@ -198,7 +199,7 @@ func WatchActions(ctx context.Context, cl *kgo.Client) *ActionWatch {
 				if id := kn + " " + a.GetId(); !w.ids[id] {
 					w.ids[id] = true
 					if w.per[kn]++; w.per[kn] == 1 {
-						w.first[kn] = time.Now()
+						w.first[kn], w.made[kn] = time.Now(), r.Timestamp
 					}
 				}
 				w.mu.Unlock()
@@ -249,6 +250,16 @@ func (w *ActionWatch) Of(kindOutcome, cluster, node string) (int, time.Time) {
 	defer w.mu.Unlock()
 	kn := kindOutcome + " " + cluster + "/" + node
 	return w.per[kn], w.first[kn]
+}
+
+// Produced returns the actions of kind/outcome for cluster/node (distinct
+// ids), and when the first was produced: its record's timestamp, the
+// producing role's clock — without the watch's own lag behind the topic.
+func (w *ActionWatch) Produced(kindOutcome, cluster, node string) (int, time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	kn := kindOutcome + " " + cluster + "/" + node
+	return w.per[kn], w.made[kn]
 }
 
 // Snapshot returns every kind/outcome count.
@@ -358,7 +369,8 @@ func WatchPods(ctx context.Context, tb testing.TB, k *testenv.Kube, ns string, k
 		if seen {
 			return
 		}
-		time.AfterFunc(time.Second, func() {
+		var try func()
+		try = func() {
 			w.mu.Lock()
 			gone := w.deleted[p.Name] > 0
 			w.mu.Unlock()
@@ -373,9 +385,12 @@ func WatchPods(ctx context.Context, tb testing.TB, k *testenv.Kube, ns string, k
 				w.finished[p.Name] = true
 				w.mu.Unlock()
 			case !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && ctx.Err() == nil:
-				tb.Logf("fleet: finish terminating pod %s: %v", p.Name, err)
+				// As a kubelet does, again until the apiserver answers.
+				tb.Logf("fleet: finish terminating pod %s (again in 1s): %v", p.Name, err)
+				time.AfterFunc(time.Second, try)
 			}
-		})
+		}
+		time.AfterFunc(time.Second, try)
 	}
 	inf := informers.NewSharedInformerFactoryWithOptions(k.Client(), 0, informers.WithNamespace(ns)).Core().V1().Pods().Informer()
 	cache.WaitForCacheSync(ctx.Done(), inform(ctx, tb, "pods", inf, cache.ResourceEventHandlerFuncs{
