@@ -54,7 +54,8 @@ type Janitor struct {
 	// refusedAt: when the broker last refused an action (unix
 	// nanoseconds; 0 once one is produced again); emit tries briefly and
 	// resay waits, for resayAfter from it.
-	refusedAt atomic.Int64
+	refusedAt  atomic.Int64
+	resayAfter time.Duration
 
 	mu      sync.Mutex
 	mem     map[types.UID]memory // by resource UID; forgotten when it is deleted
@@ -119,7 +120,7 @@ func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options)
 	}
 	return &Janitor{
 		cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
-		providers: opts.Providers, prod: opts.Producer, emitTry: emitTry,
+		providers: opts.Providers, prod: opts.Producer, emitTry: emitTry, resayAfter: resayAfter,
 		lim: newLimiter(cfg.MaxConcurrent, cfg.MaxConcurrentPerRack, cfg.MaxConcurrentPerProvider),
 		m:   newMetrics(opts.Registerer), mem: map[types.UID]memory{}, running: map[string]*clusterRun{},
 	}, nil
@@ -845,8 +846,10 @@ func (op *operation) action(outcome, reason, step string, details map[string]str
 // would stop following the reboots in progress (their timeouts, the
 // forced reboot). An action not produced by then is kept on its resource.
 // While the broker refused one within resayAfter, a try is bounded by
-// emitTryRefused instead: a Kafka outage costs each worker a second per
-// action, not 30, and an action produced again means the broker is back.
+// emitTryRefused instead: a Kafka outage costs each worker a second or
+// two per action, not 30, and an action produced again means the broker
+// is back. (A try ends up to a retry backoff of the client after its bound:
+// see actionsProducer.)
 const (
 	emitTry        = 30 * time.Second
 	emitTryRefused = time.Second
@@ -885,7 +888,7 @@ func (j *Janitor) emit(ctx context.Context, a *faultlinev1.Action) bool {
 // refusedFor is how much longer the broker's last refusal holds (the
 // rest of resayAfter from refusedAt; 0 or less: none holds).
 func (j *Janitor) refusedFor() time.Duration {
-	return time.Unix(0, j.refusedAt.Load()).Add(resayAfter).Sub(j.now())
+	return time.Unix(0, j.refusedAt.Load()).Add(j.resayAfter).Sub(j.now())
 }
 
 func shortHash(s string, n int) string {

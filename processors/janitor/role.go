@@ -20,6 +20,7 @@ package janitor
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -58,8 +59,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return nil, err
 	}
 	r.Loops = append(r.Loops, role.Loop{Name: "watch", Run: func(ctx context.Context) error {
-		p, err := kafka.NewClient(deps.Kafka, deps.Log, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0),
-			kgo.DefaultProduceTopic(events.TopicActions))
+		p, err := actionsProducer(deps.Kafka, deps.Log)
 		if err != nil {
 			return fmt.Errorf("janitor: kafka: %w", err)
 		}
@@ -88,4 +88,17 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return nil
 	}
 	return r, nil
+}
+
+// actionsProducer is the janitor's producer of its audit actions: each
+// one acknowledged by every in-sync replica, sent at once. A try's context
+// bounds it (emit's emitTry) even for a record already written to a broker
+// that went away: without AllowIdempotentProduceCancellation the
+// idempotent producer holds such a record — and the worker in emit — until
+// the broker is back. An action cancelled so is kept on its resource and
+// produced again with its id; should the broker have stored the first copy
+// too, the store keeps one row per id.
+func actionsProducer(cfg kafka.Config, log *slog.Logger) (*kgo.Client, error) {
+	return kafka.NewClient(cfg, log, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0), kgo.DefaultProduceTopic(events.TopicActions),
+		kgo.AllowIdempotentProduceCancellation())
 }

@@ -149,7 +149,7 @@ func (op *operation) resay(ctx context.Context) time.Duration {
 		if err != nil {
 			j.refusedAt.Store(j.now().UnixNano())
 			j.log.Warn("janitor: kept actions not produced yet", "cluster", op.cr.name, "resource", op.ref(), "actions", len(recs), "err", err)
-			return resayAfter
+			return j.resayAfter
 		}
 	}
 	out, err := op.setUnsaid(ctx, op.u, "")
