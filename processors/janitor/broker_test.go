@@ -61,9 +61,9 @@ func (t *timed) all() []try {
 // TestActionsKeptWhileTheBrokerIsDown: the janitor's own producer
 // (actionsProducer, franz-go) to a real broker stopped before a reboot.
 // The reboot goes on; its first action waits out emitTry, the next only
-// emitTryRefused (franz-go fails a record written to a broker that went
-// away only with AllowIdempotentProduceCancellation: without it the first
-// try waited for the broker); both are kept on the resource. Once the broker is back the same client
+// emitTryRefused (franz-go fails a record it put in a produce request
+// only with AllowIdempotentProduceCancellation: without it the first try
+// waited for the broker); both are kept on the resource. Once the broker is back the same client
 // produces them (resay, resayAfter after the refusal), each once with its
 // id, and the resource is cleared. The fake brokers of the other tests
 // answer at once or never; this one is franz-go finding a broker again.
@@ -123,7 +123,8 @@ func TestActionsKeptWhileTheBrokerIsDown(t *testing.T) {
 	// between its tries to reach the broker: a try ends up to one retry
 	// backoff (≤ 1.2 s) and a dial after its bound. Without
 	// AllowIdempotentProduceCancellation the first try never ended (the
-	// record had been written to the broker's socket).
+	// record was in a produce request before the dial failed, and the
+	// idempotent producer holds such a record until it knows its fate).
 	succeeded := slices.IndexFunc(tries, func(t try) bool { return strings.HasPrefix(t.action, "reboot/succeeded ") })
 	if succeeded < 0 {
 		t.Fatalf("reboot/succeeded never tried: %v", tries)

@@ -846,8 +846,8 @@ func (op *operation) action(outcome, reason, step string, details map[string]str
 // would stop following the reboots in progress (their timeouts, the
 // forced reboot). An action not produced by then is kept on its resource.
 // While the broker refused one within resayAfter, a try is bounded by
-// emitTryRefused instead: a Kafka outage costs each worker a second or
-// two per action, not 30, and an action produced again means the broker
+// emitTryRefused instead: a Kafka outage costs each worker one to three
+// seconds per action, not 30, and an action produced again means the broker
 // is back. (A try ends up to a retry backoff of the client after its bound:
 // see actionsProducer.)
 const (

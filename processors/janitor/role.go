@@ -92,10 +92,10 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 
 // actionsProducer is the janitor's producer of its audit actions: each
 // one acknowledged by every in-sync replica, sent at once. A try's context
-// bounds it (emit's emitTry) even for a record already written to a broker
-// that went away: without AllowIdempotentProduceCancellation the
-// idempotent producer holds such a record — and the worker in emit — until
-// the broker is back. An action cancelled so is kept on its resource and
+// bounds it (emit's emitTry) even once the record is in a produce request
+// to a broker that went away: without AllowIdempotentProduceCancellation
+// the idempotent producer holds such a record — and the worker in emit —
+// until the broker is back. An action cancelled so is kept on its resource and
 // produced again with its id; should the broker have stored the first copy
 // too, the store keeps one row per id.
 func actionsProducer(cfg kafka.Config, log *slog.Logger) (*kgo.Client, error) {
