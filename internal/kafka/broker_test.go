@@ -338,3 +338,76 @@ func TestRealBrokerCreatedTopicsAnswer(t *testing.T) {
 		t.Errorf("%d partitions listed, want %d", n, want)
 	}
 }
+
+// TestBoundedProducerWhileTheBrokerIsDown: with its broker stopped, a
+// try of NewBoundedProducer ends with an error within a retry backoff of
+// its context's end, and the client produces again once the broker is
+// back; a plain idempotent client (acks=all) given the same try is still
+// waiting for the broker seconds after its context ended — what the
+// janitor's emit and quarantine's loops met (they stalled for the whole
+// outage).
+func TestBoundedProducerWhileTheBrokerIsDown(t *testing.T) {
+	k := testenv.StartKafka(t)
+	c := DefaultConfig()
+	c.Brokers = k.Addr()
+	const topic = "bounded"
+	ctx := ctxT(t, 2*time.Minute)
+	if err := CreateTopics(ctx, c, quietLog(), topic); err != nil {
+		t.Fatal(err)
+	}
+	bounded, err := NewBoundedProducer(c, quietLog(), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bounded.Close()
+	plain, err := NewClient(c, quietLog(), kgo.RequiredAcks(kgo.AllISRAcks()), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	for _, cl := range []*kgo.Client{bounded, plain} { // both have found the broker
+		if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("warm")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k.Stop()
+
+	const try = time.Second
+	ended := func(cl *kgo.Client) <-chan error {
+		out := make(chan error, 1)
+		go func() {
+			tctx, cancel := context.WithTimeout(ctx, try)
+			defer cancel()
+			out <- cl.ProduceSync(tctx, &kgo.Record{Value: []byte("during")}).FirstErr()
+		}()
+		return out
+	}
+	began := time.Now()
+	plainTry, boundedTry := ended(plain), ended(bounded)
+	select {
+	case err := <-boundedTry:
+		if err == nil {
+			t.Fatal("produced with the broker down")
+		}
+		t.Logf("bounded: the %s try ended after %s: %v", try, time.Since(began).Round(time.Millisecond), err)
+	case <-time.After(try + 3*time.Second):
+		t.Fatalf("bounded: the %s try still waiting after %s", try, time.Since(began).Round(time.Millisecond))
+	}
+	select {
+	case err := <-plainTry:
+		t.Fatalf("plain: the %s try ended after %s (%v): franz-go no longer holds a record in a produce request, and NewBoundedProducer's AllowIdempotentProduceCancellation may be needless", try, time.Since(began).Round(time.Millisecond), err)
+	case <-time.After(try + 5*time.Second - time.Since(began)):
+		t.Logf("plain: the %s try still waiting after %s", try, time.Since(began).Round(time.Millisecond))
+	}
+
+	k.Start()
+	if err := bounded.ProduceSync(ctx, &kgo.Record{Value: []byte("after")}).FirstErr(); err != nil {
+		t.Fatalf("bounded: produce after the broker is back: %v", err)
+	}
+	select { // the held record goes once the broker is back
+	case err := <-plainTry:
+		t.Logf("plain: the held try ended once the broker was back: %v", err)
+	case <-ctx.Done():
+		t.Fatal("plain: the held try never ended")
+	}
+}

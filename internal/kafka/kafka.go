@@ -139,6 +139,22 @@ func NewClient(c Config, log *slog.Logger, opts ...kgo.Opt) (*kgo.Client, error)
 	return cl, nil
 }
 
+// NewBoundedProducer returns a client for records that the caller keeps
+// elsewhere until they are produced, and produces again with the same ids
+// when a try fails (the janitor's actions kept on their resource,
+// quarantine's on their node): each acknowledged by every in-sync replica,
+// sent at once, and each try bounded by its context. franz-go's idempotent
+// producer holds a record it has put in a produce request until it knows
+// whether the broker stored it — with the broker gone, until it is back —
+// whatever the context says; AllowIdempotentProduceCancellation lets the
+// context end the try (within one retry backoff). The price is a copy the
+// broker may have stored beside the one produced again: the same id, which
+// the store reads once.
+func NewBoundedProducer(c Config, log *slog.Logger, opts ...kgo.Opt) (*kgo.Client, error) {
+	return NewClient(c, log, append([]kgo.Opt{kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0),
+		kgo.AllowIdempotentProduceCancellation()}, opts...)...)
+}
+
 // metadataMinAge is the least time between two metadata requests of a
 // client (franz-go's default is 5 s). A record or fetch whose partition
 // lost its leader (a broker killed, or back after an outage) waits for the

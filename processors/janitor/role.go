@@ -90,15 +90,9 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	return r, nil
 }
 
-// actionsProducer is the janitor's producer of its audit actions: each
-// one acknowledged by every in-sync replica, sent at once. A try's context
-// bounds it (emit's emitTry) even once the record is in a produce request
-// to a broker that went away: without AllowIdempotentProduceCancellation
-// the idempotent producer holds such a record — and the worker in emit —
-// until the broker is back. An action cancelled so is kept on its resource and
-// produced again with its id; should the broker have stored the first copy
-// too, the store keeps one row per id.
+// actionsProducer is the janitor's producer of its audit actions, each
+// try bounded by emit's (kafka.NewBoundedProducer): an action not
+// produced is kept on its resource and produced again with its id.
 func actionsProducer(cfg kafka.Config, log *slog.Logger) (*kgo.Client, error) {
-	return kafka.NewClient(cfg, log, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0), kgo.DefaultProduceTopic(events.TopicActions),
-		kgo.AllowIdempotentProduceCancellation())
+	return kafka.NewBoundedProducer(cfg, log, kgo.DefaultProduceTopic(events.TopicActions))
 }

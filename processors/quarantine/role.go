@@ -21,8 +21,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/role"
@@ -63,7 +61,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		h.m.breakerOpen.WithLabelValues(c)
 	}
 	loops := []role.Loop{{Name: "manual uncordons", Run: func(ctx context.Context) error {
-		prod, err := kafka.NewClient(deps.Kafka, deps.Log, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
+		prod, err := kafka.NewBoundedProducer(deps.Kafka, deps.Log)
 		if err != nil {
 			return err
 		}
@@ -76,7 +74,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		// sweep once their stabilization window passed (flap.go).
 		names := deps.Kube.Names()
 		loops = append(loops, role.Loop{Name: "stabilization sweep", Run: func(ctx context.Context) error {
-			prod, err := kafka.NewClient(deps.Kafka, deps.Log, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0))
+			prod, err := kafka.NewBoundedProducer(deps.Kafka, deps.Log)
 			if err != nil {
 				return err
 			}
