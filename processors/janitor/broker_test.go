@@ -63,10 +63,11 @@ func (t *timed) all() []try {
 // The reboot goes on; its first action waits out emitTry, the next only
 // emitTryRefused (franz-go fails a record it put in a produce request
 // only with AllowIdempotentProduceCancellation: without it the first try
-// waited for the broker); both are kept on the resource. Once the broker is back the same client
-// produces them (resay, resayAfter after the refusal), each once with its
-// id, and the resource is cleared. The fake brokers of the other tests
-// answer at once or never; this one is franz-go finding a broker again.
+// waited for the broker); both are kept on the resource. Once the broker
+// is back the same client produces them (resay, resayAfter after the
+// refusal), each once with its id, and the resource is cleared. The fake
+// brokers of the other tests answer at once or never; this one is
+// franz-go losing a broker and finding it again.
 func TestActionsKeptWhileTheBrokerIsDown(t *testing.T) {
 	e := newEnv(t, 1)
 	k := testenv.StartKafka(t)
@@ -147,27 +148,23 @@ func TestActionsKeptWhileTheBrokerIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	for deadline := time.Now().Add(60 * time.Second); len(seen) < len(kept); {
-		if time.Now().After(deadline) {
-			t.Fatalf("after the broker was back: %v of the kept %v produced", seen, kept)
-		}
+	poll := func() { // counts the kept actions read from the topic
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
 		cl.PollFetches(pctx).EachRecord(func(r *kgo.Record) {
 			if a, err := events.UnmarshalAction(r.Value); err == nil && kept[a.Id] != "" {
 				seen[a.Id]++
 			}
 		})
-		cancel()
+	}
+	for deadline := time.Now().Add(60 * time.Second); len(seen) < len(kept); poll() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the broker was back: %v of the kept %v produced", seen, kept)
+		}
 	}
 	t.Logf("kept actions produced %s after the broker was back", time.Since(back).Round(time.Millisecond))
 	time.Sleep(2 * time.Second) // a second copy would show by now
-	pctx, cancel := context.WithTimeout(ctx, time.Second)
-	cl.PollFetches(pctx).EachRecord(func(r *kgo.Record) {
-		if a, err := events.UnmarshalAction(r.Value); err == nil && kept[a.Id] != "" {
-			seen[a.Id]++
-		}
-	})
-	cancel()
+	poll()
 	for id, n := range seen {
 		if n != 1 {
 			t.Errorf("kept action %s (%s) produced %d times", id, kept[id], n)
