@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/encoding/protojson"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/internal/testenv"
@@ -105,11 +103,7 @@ func TestActionsKeptWhileTheBrokerIsDown(t *testing.T) {
 		t.Fatalf("reboot not succeeded while the broker was down: %v", o.Object["status"])
 	}
 	kept := map[string]string{} // id -> kind/outcome
-	for _, raw := range unsaidOf(o) {
-		a := &faultlinev1.Action{}
-		if err := protojson.Unmarshal(raw, a); err != nil {
-			t.Fatal(err)
-		}
+	for _, a := range keptActions(t, o) {
 		kept[a.Id] = a.Kind + "/" + a.Outcome
 	}
 	tries := tp.all()
@@ -170,16 +164,5 @@ func TestActionsKeptWhileTheBrokerIsDown(t *testing.T) {
 			t.Errorf("kept action %s (%s) produced %d times", id, kept[id], n)
 		}
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		o, err := e.dyn.Resource(kindReboot.GVR).Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, ok := o.GetAnnotations()[AnnotationUnsaid]; !ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("produced actions left on the resource: %s", o.GetAnnotations()[AnnotationUnsaid])
-		}
-	}
+	e.waitUnsaidCleared(kindReboot, node, 10*time.Second)
 }

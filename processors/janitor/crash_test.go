@@ -12,7 +12,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/protobuf/encoding/protojson"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -192,14 +191,7 @@ func TestJanitorActionSurvivesKill(t *testing.T) {
 		e.create(kindReboot, node, node, false)
 		o := e.wait(kindReboot, node, 60*time.Second)
 		stopA()
-		var kept []*faultlinev1.Action
-		for _, raw := range unsaidOf(o) {
-			a := &faultlinev1.Action{}
-			if err := protojson.Unmarshal(raw, a); err != nil {
-				t.Fatal(err)
-			}
-			kept = append(kept, a)
-		}
+		kept := keptActions(t, o)
 		if len(kept) != 2 || kept[0].Kind+"/"+kept[0].Outcome != "reboot/applied" || kept[1].Kind+"/"+kept[1].Outcome != "reboot/succeeded" ||
 			condOf(o, CondNodeReady) != "True/"+ReasonSucceeded {
 			t.Fatalf("kept %v; status %v", kept, o.Object["status"])
@@ -225,20 +217,7 @@ func TestJanitorActionSurvivesKill(t *testing.T) {
 			}
 		}
 		recB.mu.Unlock()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			o, err := e.dyn.Resource(kindReboot.GVR).Get(context.Background(), node, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, ok := o.GetAnnotations()[AnnotationUnsaid]; !ok {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("produced actions left on the resource: %s", o.GetAnnotations()[AnnotationUnsaid])
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		e.waitUnsaidCleared(kindReboot, node, 10*time.Second)
 		if n := e.m.cyclesOf(node); n != 1 {
 			t.Fatalf("%d power cycles, want 1", n)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/encoding/protojson"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -338,6 +339,37 @@ func (e *env) wait(k kind, name string, within time.Duration) *unstructured.Unst
 	}
 	e.t.Fatalf("%s %s not finished within %v: %v %v", k.Name, name, within, err, o)
 	return nil
+}
+
+// keptActions decodes the actions kept on o (AnnotationUnsaid), oldest first.
+func keptActions(t testing.TB, o *unstructured.Unstructured) []*faultlinev1.Action {
+	t.Helper()
+	var out []*faultlinev1.Action
+	for _, raw := range unsaidOf(o) {
+		a := &faultlinev1.Action{}
+		if err := protojson.Unmarshal(raw, a); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// waitUnsaidCleared polls the resource until it keeps no actions.
+func (e *env) waitUnsaidCleared(k kind, name string, within time.Duration) {
+	e.t.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(100 * time.Millisecond) {
+		o, err := e.dyn.Resource(k.GVR).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if _, ok := o.GetAnnotations()[AnnotationUnsaid]; !ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("produced actions left on the resource: %s", o.GetAnnotations()[AnnotationUnsaid])
+		}
+	}
 }
 
 func condOf(o *unstructured.Unstructured, typ string) string {

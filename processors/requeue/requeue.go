@@ -223,10 +223,11 @@ const maxRedo = 20
 // fallback where that is unknown — naming the cluster (Again.Cluster).
 // The cluster's trouble is logged, naming what the work is ("drain"), and
 // counted in apiErrors by cluster; an error that is the work's own is
-// returned, for the role to record as a failed action. A step whose write met a conflict (another writer changed what
-// it read: a replica, the node's work in another batch, a controller) is
-// redone at once, up to maxRedo times, counted in conflicts (nil: not
-// counted): it reads again, and every call it repeats is idempotent.
+// returned, for the role to record as a failed action. A step whose write
+// met a conflict (another writer changed what it read: a replica, the
+// node's work in another batch, a controller) is redone at once, up to
+// maxRedo times, counted in conflicts (nil: not counted): it reads again,
+// and every call it repeats is idempotent.
 func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what string, fallback time.Time,
 	log *slog.Logger, apiErrors, conflicts *prometheus.CounterVec,
 	step func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error)) ([]*faultlinev1.Action, Again, error) {
