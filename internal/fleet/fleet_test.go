@@ -13,6 +13,7 @@ import (
 	"github.com/faultline/faultline/internal/clickhouse/chtest"
 	"github.com/faultline/faultline/internal/fleet"
 	"github.com/faultline/faultline/internal/fleet/fleettest"
+	"github.com/faultline/faultline/schemas/events"
 )
 
 func newStore(t *testing.T, srv *chtest.Server) *fleet.Store {
@@ -117,6 +118,14 @@ func TestFleet(t *testing.T) {
 		p, err := st.Nodes(ctx, "alpha", fleet.NodesQuery{State: fleet.StateQuarantined, Limit: 1})
 		if err != nil {
 			t.Fatal(err)
+		}
+		rem, err := st.Nodes(ctx, "alpha", fleet.NodesQuery{State: fleet.StateRemediating})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// n03's last drain action is a fault its finished drain covered.
+		if len(rem.Nodes) != 1 || rem.Nodes[0].Drain != events.OutcomeSucceeded {
+			t.Errorf("remediating: %+v", rem.Nodes)
 		}
 		n := p.Nodes[0]
 		if n.Node != "n09" || !n.Drifted || n.Reason != "rule nic matched" || p.NextPageToken == "" {

@@ -124,6 +124,10 @@ type opts struct {
 	skip  bool
 	// ignored says why the trigger's drainOverrides were not honoured.
 	ignored string
+	// decidedAt is when the quarantine was decided (the action's time);
+	// already: the node was quarantined then (DetailAlreadyQuarantined).
+	decidedAt time.Time
+	already   bool
 }
 
 // overrides reads the trigger's drainOverrides: "force" or "skip", honoured
@@ -159,6 +163,10 @@ func (h *Handler) options(t trigger) opts {
 		o.trig.EventIDs = []string{t.eventID}
 	}
 	o.force, o.skip, o.ignored = overrides(a)
+	if ts := a.GetTimestamp(); ts != nil {
+		o.decidedAt = ts.AsTime()
+	}
+	o.already = a.GetDetails()[events.DetailAlreadyQuarantined] == "true"
 	if o.trig.RecommendedAction == datamodels.RecommendedAction_COMPONENT_RESET.String() {
 		o.scope.GPUs = entityValues(o.trig.Entities, events.EntityGPU)
 		if len(o.scope.GPUs) > maxScopeGPUs {
@@ -291,6 +299,8 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	case admitUnquarantined:
 		return []*faultlinev1.Action{h.action(t, nil, events.OutcomeSkipped, "node no longer quarantined by faultline",
 			pipeline.ActionID(t.cluster, t.node, t.eventID, "unquarantined"))}, time.Time{}, nil
+	case admitCovered:
+		return []*faultlinev1.Action{h.covered(t, st)}, time.Time{}, nil
 	}
 
 	if !quarantined {
@@ -585,6 +595,22 @@ func (h *Handler) unaudited(t trigger, st *State) []*faultlinev1.Action {
 // holds it, its scope widened): its id is the drain's and the fault's.
 func (h *Handler) joined(t trigger, st *State) *faultlinev1.Action {
 	return h.action(t, st, events.OutcomeInProgress, ReasonJoined+" ("+scopeString(st.GPUs)+")", pipeline.ActionID(st.ID, "joined", t.eventID))
+}
+
+// ReasonCovered begins the reason of the drain/skipped action of a fault
+// that a finished drain covered (State.covers): no drain, and no
+// remediation of its own.
+const ReasonCovered = "fault covered by the finished drain"
+
+// covered is the action of a fault the node's finished drain covers: the
+// fault's own (its event ids and check), naming that drain. It writes
+// nothing, so a redelivery decides the same and says the same id.
+func (h *Handler) covered(t trigger, st *State) *faultlinev1.Action {
+	a := h.action(t, nil, events.OutcomeSkipped, fmt.Sprintf("%s %s (%s at %s, after this quarantine was decided); its remediation serves this fault",
+		ReasonCovered, st.ID, st.Phase, st.FinishedAt.UTC().Format(time.RFC3339Nano)), pipeline.ActionID(st.ID, "covered", t.eventID))
+	a.Details[events.DetailDrainID] = st.ID
+	a.Details[events.DetailScope] = scopeString(st.GPUs)
+	return a
 }
 
 // started is the action that starts a drain: its id is the drain's, its

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -190,6 +192,21 @@ func quarantineAction(node, eventID, action string, details map[string]string) *
 	return &kgo.Record{Topic: events.TopicActions, Key: events.Key(cluster, node), Value: b}
 }
 
+// repeatAction is a quarantine of a node already quarantined, decided at
+// decided.
+func repeatAction(node, eventID, action string, decided time.Time) *kgo.Record {
+	r := quarantineAction(node, eventID, action, map[string]string{events.DetailAlreadyQuarantined: "true"})
+	a, err := events.UnmarshalAction(r.Value)
+	if err != nil {
+		panic(err)
+	}
+	a.Timestamp = timestamppb.New(decided)
+	if r.Value, err = events.MarshalAction(a); err != nil {
+		panic(err)
+	}
+	return r
+}
+
 // handle runs one batch and splits its outputs into actions and requeues.
 func handle(t testing.TB, h *Handler, recs ...*kgo.Record) ([]*faultlinev1.Action, []*kgo.Record) {
 	t.Helper()
@@ -362,6 +379,45 @@ func TestDrainKube(t *testing.T) {
 		n, _ := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
 		if n.Labels[LabelDrain] != PhaseSucceeded {
 			t.Fatalf("label %s=%q", LabelDrain, n.Labels[LabelDrain])
+		}
+	})
+
+	t.Run("RepeatCoveredByTheFinishedDrain", func(t *testing.T) {
+		node := "rep-1"
+		quarantined(t, k, node)
+		createPod(t, k, "work", "rep-w0", node)
+		waitRunning(t, k, node, 1)
+		h := newHandler(t, testConfig(), k, clk, false)
+		acts, left := drive(t, h, clk, time.Second, 40, quarantineAction(node, "e-rep1", "RESTART_VM", nil))
+		res := find(acts, events.OutcomeSucceeded)
+		if left != nil || res == nil {
+			t.Fatalf("drain did not finish: %s", outcomes(acts))
+		}
+		finished := res.Timestamp.AsTime()
+		before, _ := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		// The same fault again, its quarantine decided before the drain
+		// finished (an outage held it back): covered, nothing written.
+		rep := repeatAction(node, "e-rep2", "RESTART_VM", finished.Add(-time.Second))
+		got, _ := handle(t, h, rep)
+		if len(got) != 1 || got[0].Outcome != events.OutcomeSkipped || !strings.HasPrefix(got[0].Reason, ReasonCovered+" ") ||
+			got[0].Details[events.DetailDrainID] != res.Details[events.DetailDrainID] || !slices.Equal(got[0].EventIds, []string{"e-rep2"}) {
+			t.Fatalf("repeat: %s", outcomes(got))
+		}
+		after, _ := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if after.ResourceVersion != before.ResourceVersion {
+			t.Fatal("a covered repeat wrote the node")
+		}
+		if again, _ := handle(t, h, rep); len(again) != 1 || again[0].Id != got[0].Id {
+			t.Fatalf("redelivered: %s, want %s again", outcomes(again), got[0].Id)
+		}
+		// A pod bound to the node since, and a fault decided after the
+		// drain finished: a new drain, which evicts it.
+		createPod(t, k, "work", "rep-w1", node)
+		waitRunning(t, k, node, 1)
+		acts, left = drive(t, h, clk, time.Second, 40, repeatAction(node, "e-rep3", "RESTART_VM", finished.Add(time.Second)))
+		res2 := find(acts, events.OutcomeSucceeded)
+		if left != nil || res2 == nil || res2.Details[events.DetailDrainID] == res.Details[events.DetailDrainID] || res2.Details[events.DetailEvicted] != "1" {
+			t.Fatalf("the later fault: %s", outcomes(acts))
 		}
 	})
 

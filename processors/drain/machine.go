@@ -31,6 +31,9 @@ const (
 	admitWiden
 	// admitUnquarantined: the node is no longer quarantined; no drain.
 	admitUnquarantined
+	// admitCovered: the fault is covered by the drain that finished last
+	// (State.covers); no drain, nothing written.
+	admitCovered
 	// admitStart: a new drain began.
 	admitStart
 )
@@ -65,6 +68,8 @@ func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, i
 		return st, admitWiden
 	case !quarantined:
 		return st, admitUnquarantined
+	case st.covers(o):
+		return st, admitCovered
 	}
 	var seen []string
 	if st != nil {
@@ -76,6 +81,23 @@ func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, i
 	}
 	next.addSeen(eventID)
 	return next, admitStart
+}
+
+// covers reports whether the drain st, finished, already did what a new
+// drain for o would: it succeeded after o's quarantine was decided on a
+// node already quarantined (so its last look at the pods came after the
+// fault, and the node stayed cordoned since: a lift and a new quarantine
+// in between would have started a drain of their own, earlier on the
+// node's partition), over a scope that holds o's, with the same
+// remediation asked for and no force it lacked. Such a fault — a GPU
+// repeating a fatal Xid while an outage held its quarantine back, say —
+// joins that drain's remediation instead of draining the node again. The
+// times are two processors' clocks: a skew between them shifts the bound
+// by as much.
+func (s *State) covers(o opts) bool {
+	return s != nil && s.Phase == PhaseSucceeded && o.already && !o.decidedAt.IsZero() && !o.decidedAt.After(s.FinishedAt) &&
+		s.Scope.holds(o.scope) && (s.Force || !o.force) &&
+		s.Trigger.RecommendedAction == o.trig.RecommendedAction && s.Trigger.CustomAction == o.trig.CustomAction
 }
 
 // cancel ends a running drain whose node is no longer quarantined.

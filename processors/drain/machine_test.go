@@ -406,6 +406,22 @@ func TestAdmit(t *testing.T) {
 	finished := func() *State {
 		return &State{ID: "old", Phase: PhaseSucceeded, Seen: []string{"e1"}, Pods: map[string]*PodState{}}
 	}
+	// drained finished (succeeded) at t0 over scope, for a RESTART_VM.
+	drained := func(sc Scope) *State {
+		return &State{ID: "old", Phase: PhaseSucceeded, FinishedAt: t0, Scope: sc, Trigger: Trigger{RecommendedAction: "RESTART_VM"},
+			Seen: []string{"e1"}, Pods: map[string]*PodState{}}
+	}
+	// gpuRestart is a GPU's fault that asks for RESTART_VM.
+	gpuRestart := func(g string) opts {
+		o := gpu(g)
+		o.trig.RecommendedAction = "RESTART_VM"
+		return o
+	}
+	// repeat is o decided at t0+d on a node already quarantined.
+	repeat := func(o opts, d time.Duration) opts {
+		o.already, o.decidedAt = true, t0.Add(d)
+		return o
+	}
 	inProgress := func(o opts) *State {
 		return &State{ID: "d1", Phase: PhaseRunning, StartedAt: t0, Scope: o.scope, Trigger: Trigger{EventIDs: []string{"e1"}},
 			Seen: []string{"e1"}, Pods: map[string]*PodState{}}
@@ -455,6 +471,24 @@ func TestAdmit(t *testing.T) {
 				t.Fatal("not forced")
 			}
 		}},
+		{"a repeat decided before the drain succeeded is covered", drained(Scope{}), "e2", repeat(whole, -time.Second), true, admitCovered, func(t *testing.T, st *State) {
+			if st.ID != "old" || !reflect.DeepEqual(st.Seen, []string{"e1"}) {
+				t.Fatalf("state changed: %+v", st)
+			}
+		}},
+		{"decided as the drain finished: covered", drained(Scope{}), "e2", repeat(whole, 0), true, admitCovered, nil},
+		{"a GPU fault under a whole-node drain: covered", drained(Scope{}), "e2", repeat(gpuRestart("GPU-1"), -time.Second), true, admitCovered, nil},
+		{"the same GPU under a GPU drain: covered", drained(Scope{GPUs: []string{"GPU-1"}}), "e2", repeat(gpuRestart("GPU-1"), -time.Second), true, admitCovered, nil},
+		{"decided after the drain finished: a new drain", drained(Scope{}), "e2", repeat(whole, time.Second), true, admitStart, nil},
+		{"a node newly quarantined: a new drain", drained(Scope{}), "e2", func() opts { o := repeat(whole, -time.Second); o.already = false; return o }(), true, admitStart, nil},
+		{"no decision time: a new drain", drained(Scope{}), "e2", func() opts { o := repeat(whole, 0); o.decidedAt = time.Time{}; return o }(), true, admitStart, nil},
+		{"another GPU: a new drain", drained(Scope{GPUs: []string{"GPU-1"}}), "e2", repeat(gpuRestart("GPU-2"), -time.Second), true, admitStart, nil},
+		{"a whole-node fault after a GPU drain: a new drain", drained(Scope{GPUs: []string{"GPU-1"}}), "e2", repeat(whole, -time.Second), true, admitStart, nil},
+		{"another remediation asked for: a new drain", drained(Scope{}), "e2", repeat(gpu("GPU-1"), -time.Second), true, admitStart, nil},
+		{"another custom remediation: a new drain", drained(Scope{}), "e2", func() opts { o := repeat(whole, -time.Second); o.trig.CustomAction = "FLASH"; return o }(), true, admitStart, nil},
+		{"forced where the drain was not: a new drain", drained(Scope{}), "e2", func() opts { o := repeat(whole, -time.Second); o.force = true; return o }(), true, admitStart, nil},
+		{"a drain that gave up covers nothing", func() *State { st := drained(Scope{}); st.Phase = PhaseGaveUp; return st }(), "e2", repeat(whole, -time.Second), true, admitStart, nil},
+		{"no longer quarantined: no drain", drained(Scope{}), "e2", repeat(whole, -time.Second), false, admitUnquarantined, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st, adm := admit(tc.st, tc.event, tc.o, tc.quarantined, t0, "new", "me")

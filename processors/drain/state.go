@@ -87,6 +87,23 @@ type PodList struct {
 	At   time.Time `json:"at"`
 }
 
+// holds reports whether s covers o: a whole-node scope covers everything,
+// a GPU scope the faults of its GPUs.
+func (s Scope) holds(o Scope) bool {
+	if len(s.GPUs) == 0 {
+		return true
+	}
+	if len(o.GPUs) == 0 {
+		return false
+	}
+	for _, g := range o.GPUs {
+		if !slices.Contains(s.GPUs, g) {
+			return false
+		}
+	}
+	return true
+}
+
 // widen is the scope of a drain that must also cover o: a whole-node
 // scope covers everything; GPU scopes add up, and their pod listings too
 // (the earlier one's time, so a pod created in between is judged without

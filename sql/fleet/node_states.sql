@@ -49,15 +49,18 @@ FROM
         argMaxIf(check, t, kind = 'quarantine' AND outcome = 'held_by_breaker') AS h_check,
         argMaxIf(rule, t, kind = 'quarantine' AND outcome = 'held_by_breaker') AS h_rule,
         argMaxIf(reason, t, kind = 'quarantine' AND outcome = 'held_by_breaker') AS h_reason,
-        maxIf(t, role = 'drain') AS d_at,
-        argMaxIf(outcome, t, role = 'drain') AS d_outcome,
+        maxIf(t, drain_step) AS d_at,
+        argMaxIf(outcome, t, drain_step) AS d_outcome,
         maxIf(t, kind = 'remediate') AS m_at,
         argMaxIf(outcome, t, kind = 'remediate') AS m_outcome,
         maxIf(t, kind = 'escalate') AS e_at,
         max(t) AS last_at
     FROM
     (
-        SELECT node, id, role, kind, outcome, reason, rule, check, dry_run, toUInt64(ts) * 1000 + ts_ms AS t
+        SELECT node, id, role, kind, outcome, reason, rule, check, dry_run, toUInt64(ts) * 1000 + ts_ms AS t,
+            -- a fault the finished drain covered (drain.ReasonCovered) is
+            -- not a step of the node's drain
+            role = 'drain' AND NOT (outcome = 'skipped' AND reason LIKE 'fault covered by the finished drain %') AS drain_step
         FROM actions
         WHERE cluster = @cluster AND ts <= @now AND (@node = '' OR node = @node)
     )

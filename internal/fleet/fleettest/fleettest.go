@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/processors/drain"
 	"github.com/faultline/faultline/processors/store"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -99,6 +100,10 @@ func Seed(t testing.TB, conn clickhouse.Conn) {
 	s.quarantine("alpha", "n03", 3*m, events.OutcomeApplied)
 	s.action("alpha", "n03", events.RoleDrain, events.KindDrain, events.OutcomeSucceeded, 4*m, "drained", nil)
 	s.action("alpha", "n03", events.RoleRemediate, events.KindRemediate, events.OutcomeInProgress, 5*m, "RebootNode created", nil)
+	// A repeat of the fault, decided before the drain finished, that the
+	// drain covered: not a step of the node's drain (its state stays).
+	s.action("alpha", "n03", events.RoleDrain, events.KindDrain, events.OutcomeSkipped, 5*m+30*time.Second,
+		drain.ReasonCovered+" d1 (succeeded at …)", nil)
 	s.quarantine("alpha", "n04", 4*m, events.OutcomeApplied)
 	s.action("alpha", "n04", events.RoleRemediate, events.KindRemediate, events.OutcomeFailed, 5*m, "reboot failed", nil)
 	s.action("alpha", "n04", events.RoleRemediate, events.KindEscalate, events.OutcomeApplied, 6*m, "CONTACT_SUPPORT", nil)
