@@ -38,35 +38,46 @@ var apiserverSteps = []struct{ name, kindOutcome string }{
 	{"RebootNode", events.KindRemediate + "/" + events.OutcomeApplied},
 }
 
-// runAPIServerRestart sends Faults fatal events under Rate events/s of
-// mixed background, one every apiserverFaultEvery, each for its own node
-// with DrainPodsPerNode pods,
-// and kills the cluster's apiserver (SIGKILL) once half of them have
+// runAPIServerRestart sends Faults fatal events to the first cluster under
+// Rate events/s of mixed background (over every cluster), one every
+// apiserverFaultEvery, each for its own node with DrainPodsPerNode pods,
+// and kills that cluster's apiserver (SIGKILL) once half of them have
 // their drains started: the kill finds the faults at every step of their
 // path (cordoned or not yet, draining, drained and waiting for their
-// RebootNode). It stays down for Duration — long enough for the gate's
-// backoff to reach its cap — and is started again. Every fault's path must
-// then go on as soon as the apiserver answers: each node cordoned, drained
-// and given its RebootNode once, within resumeBound of the apiserver being
-// back; the figures are each step's time from then.
+// RebootNode). The other clusters then get Faults each, which must reach
+// their RebootNodes while the first is down. It stays down for Duration —
+// long enough for the gate's backoff to reach its cap — and is started
+// again. Every fault's path must then go on as soon as the apiserver
+// answers: each node cordoned, drained and given its RebootNode once,
+// within resumeBound of the apiserver answering again; the figures are
+// each step's time from then.
 func runAPIServerRestart(ctx context.Context, e *Env, p Params, r *Report) error {
 	cluster := e.Clusters[0]
 	k := e.Kubes[cluster]
 	faults := min(p.Faults, breakerShare(p.Nodes))
-	k.ApplyCRDs(e.TB, janitorCRDs())
-	if err := createDrainNamespace(ctx, k.Client()); err != nil {
-		return err
+	for _, c := range e.Clusters {
+		kc := e.Kubes[c]
+		kc.ApplyCRDs(e.TB, janitorCRDs())
+		if err := createDrainNamespace(ctx, kc.Client()); err != nil {
+			return err
+		}
+		WatchPods(ctx, e.TB, kc, drainNamespace, true)
+		if err := createPods(ctx, kc.Client(), nodeNames(0, faults)); err != nil {
+			return err
+		}
 	}
-	WatchPods(ctx, e.TB, k, drainNamespace, true)
-	if err := createPods(ctx, k.Client(), nodeNames(0, faults)); err != nil {
-		return err
+	// produced returns when fault i's step (apiserverSteps[s]) on cluster
+	// c was produced, if it was seen on the actions topic.
+	produced := func(c string, s, i int) (time.Time, bool) {
+		n, t := e.Actions.Produced(apiserverSteps[s].kindOutcome, c, NodeName(i))
+		return t, n > 0
 	}
-	// seen returns when each fault's step (apiserverSteps[s]) seen on the
-	// actions topic was produced, for those seen.
+	// seen returns when each of cluster's faults' step s was produced, for
+	// those seen.
 	seen := func(s int) []time.Time {
 		var out []time.Time
 		for i := range faults {
-			if n, t := e.Actions.Produced(apiserverSteps[s].kindOutcome, cluster, NodeName(i)); n > 0 {
+			if t, ok := produced(cluster, s, i); ok {
 				out = append(out, t)
 			}
 		}
@@ -101,25 +112,54 @@ func runAPIServerRestart(ctx context.Context, e *Env, p Params, r *Report) error
 		bg.Stop()
 		return err
 	}
-	time.Sleep(p.Duration)
-	restart := time.Now()
-	k.Start()
-	back := time.Now()
-	done := waitFor(ctx, 2*time.Minute, func() bool { return len(seen(last)) >= faults })
-	load := bg.Stop()
-	rebooted, twice, err := rebootNodesOf(ctx, k, faults)
+	// The other clusters' faults, sent while the first is down: each path
+	// must go to its end meanwhile (the roles' requeue topics are shared
+	// by every cluster). The first stays down Duration, and longer until
+	// they are through (at most a minute), so the check does not hang on
+	// how busy the machine is.
+	byStart := time.Now()
+	bySent, err := sendEach(ctx, e, e.Clusters[1:], faults, &pushbacks)
 	if err != nil {
+		bg.Stop()
 		return err
 	}
-	left, err := podsLeft(ctx, k.Client(), 0, faults)
-	if err != nil {
-		return err
+	byDone := func() bool {
+		for _, c := range e.Clusters[1:] {
+			for i := range faults {
+				if _, ok := produced(c, last, i); !ok {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	time.Sleep(p.Duration - time.Since(byStart))
+	waitFor(ctx, time.Minute, byDone)
+	restart := time.Now()
+	answered := firstAnswer(ctx, k, NodeName(0))
+	k.Start()
+	ready := time.Now()
+	back := <-answered
+	done := waitFor(ctx, 2*time.Minute, func() bool { return len(seen(last)) >= faults })
+	load := bg.Stop()
+	var rebooted, twice, left int
+	for _, c := range e.Clusters {
+		n, tw, err := rebootNodesOf(ctx, e.Kubes[c], faults)
+		if err != nil {
+			return err
+		}
+		l, err := podsLeft(ctx, e.Kubes[c].Client(), 0, faults)
+		if err != nil {
+			return err
+		}
+		rebooted, twice, left = rebooted+n, twice+tw, left+l
 	}
 
 	// Each fault's step was produced before the kill, while the apiserver
-	// was down or starting (decided before the kill, produced with a batch
-	// that met the dead apiserver; or needing none) or after it was ready
-	// (its time from then).
+	// was down (decided before the kill, produced with a batch that met the
+	// dead apiserver; or needing none) or after it answered again (its
+	// time from then: a role's request may succeed from that moment, some
+	// way ahead of /readyz).
 	type when struct { // one step's faults
 		before, during int
 		after          []time.Duration
@@ -137,38 +177,81 @@ func runAPIServerRestart(ctx context.Context, e *Env, p Params, r *Report) error
 			}
 		}
 	}
-	r.Figure("apiserver-restart over %s: %d faults sent one every %s; the apiserver killed %s after the first send, once %d drains had started; down %s, ready again %s after its start; background %s",
-		e.Describe(), faults, apiserverFaultEvery, killed.Sub(first).Round(time.Millisecond), steps[1].before, p.Duration, back.Sub(restart).Round(time.Millisecond), load)
+	r.Figure("apiserver-restart over %s: %d faults sent one every %s; the apiserver killed %s after the first send, once %d drains had started; down %s, answering again %s after its start (ready %s); background %s",
+		e.Describe(), faults, apiserverFaultEvery, killed.Sub(first).Round(time.Millisecond), steps[1].before, restart.Sub(killed).Round(time.Millisecond),
+		back.Sub(restart).Round(time.Millisecond), ready.Sub(restart).Round(time.Millisecond), load)
 	for s, st := range apiserverSteps {
 		w := steps[s]
-		r.Figure("apiserver-restart: %s: %d before the kill, %d before it was ready again, %d after, from then %s", st.name, w.before, w.during, len(w.after), spread(w.after))
+		r.Figure("apiserver-restart: %s: %d before the kill, %d while it was down, %d after it answered, from then %s", st.name, w.before, w.during, len(w.after), spread(w.after))
 	}
 	snap := e.Actions.Snapshot()
 	r.Figure("apiserver-restart: %d nodes with a RebootNode (%d with two), %d of the faults' pods left, %d calls pushed back; in all (the background's fatal nodes too): quarantine/applied %d, drain/in_progress %d, drain/skipped %d (repeats a finished drain covered), remediate/applied %d, drain/failed %d, remediate/failed %d",
 		rebooted, twice, left, pushbacks.Load(), snap[apiserverSteps[0].kindOutcome], snap[apiserverSteps[1].kindOutcome],
 		snap[events.KindDrain+"/"+events.OutcomeSkipped], snap[apiserverSteps[3].kindOutcome], snap[events.KindDrain+"/"+events.OutcomeFailed], snap[events.KindRemediate+"/"+events.OutcomeFailed])
 	r.Check(started, "%d of %d faults' drains started within a minute (before the kill)", steps[1].before, faults)
-	r.Check(done, "%d of %d faults' nodes got a RebootNode within 2 minutes of the apiserver being back", len(seen(last)), faults)
+	r.Check(done, "%d of %d faults' nodes got a RebootNode within 2 minutes of the apiserver answering again", len(seen(last)), faults)
 	if after := steps[last].after; len(after) > 0 {
 		_, _, slowest := percentiles(after)
-		r.Check(slowest <= resumeBound, "the slowest fault's RebootNode came %s after the apiserver was back (bound %s: work waited out its backoff)", slowest.Round(time.Millisecond), resumeBound)
+		r.Check(slowest <= resumeBound, "the slowest fault's RebootNode came %s after the apiserver answered again (bound %s: work waited out its backoff)", slowest.Round(time.Millisecond), resumeBound)
 	}
-	r.Check(left == 0, "%d of the faults' pods left", left)
+	if len(e.Clusters) > 1 {
+		for s, st := range apiserverSteps {
+			var from []time.Duration
+			for c, sent := range bySent {
+				for i, t0 := range sent {
+					if t, ok := produced(c, s, i); ok {
+						from = append(from, t.Sub(t0))
+					}
+				}
+			}
+			r.Figure("apiserver-restart: the other %d cluster(s)' %d faults, sent while the first was down: %s %d, from the send %s", len(bySent), len(bySent)*faults, st.name, len(from), spread(from))
+		}
+		late := 0
+		for c := range bySent {
+			for i := range faults {
+				if t, ok := produced(c, last, i); !ok || !t.Before(restart) {
+					late++
+				}
+			}
+		}
+		r.Check(late == 0, "%d of the other clusters' faults had no RebootNode before the first cluster's apiserver was started again (it stayed down %s)", late, restart.Sub(killed).Round(time.Millisecond))
+	}
+	r.Check(left == 0, "%d of the faults' pods left (every cluster)", left)
 	r.Check(load.Verified(0.95) == nil, "background: %v", load.Verified(0.95))
 	// The faults' nodes only: each repeated fatal event of the
 	// background's nodes is a new cordon and drain by design.
 	twiceCordoned, twiceStarted := 0, 0
-	for i := range faults {
-		if n, _ := e.Actions.Produced(apiserverSteps[0].kindOutcome, cluster, NodeName(i)); n > 1 {
-			twiceCordoned++
-		}
-		if n, _ := e.Actions.Produced(apiserverSteps[1].kindOutcome, cluster, NodeName(i)); n > 1 {
-			twiceStarted++
+	for _, c := range e.Clusters {
+		for i := range faults {
+			if n, _ := e.Actions.Produced(apiserverSteps[0].kindOutcome, c, NodeName(i)); n > 1 {
+				twiceCordoned++
+			}
+			if n, _ := e.Actions.Produced(apiserverSteps[1].kindOutcome, c, NodeName(i)); n > 1 {
+				twiceStarted++
+			}
 		}
 	}
-	r.Check(twiceCordoned == 0 && twiceStarted == 0 && twice == 0 && rebooted == faults,
-		"applied twice: %d nodes cordoned twice, %d drains started twice, %d nodes with two RebootNodes; %d of %d with one", twiceCordoned, twiceStarted, twice, rebooted, faults)
+	all := faults * len(e.Clusters)
+	r.Check(twiceCordoned == 0 && twiceStarted == 0 && twice == 0 && rebooted == all,
+		"applied twice: %d nodes cordoned twice, %d drains started twice, %d nodes with two RebootNodes; %d of %d with one", twiceCordoned, twiceStarted, twice, rebooted, all)
 	return nil
+}
+
+// sendEach sends faults fatal events to each of clusters (nodes 0..faults-1
+// of each), one every apiserverFaultEvery, and returns when each was sent.
+func sendEach(ctx context.Context, e *Env, clusters []string, faults int, pushbacks *atomic.Int64) (map[string][]time.Time, error) {
+	sent := map[string][]time.Time{}
+	var g errgroup.Group
+	tick := time.NewTicker(apiserverFaultEvery)
+	defer tick.Stop()
+	for i := range faults {
+		for _, c := range clusters {
+			sent[c] = append(sent[c], time.Now())
+			g.Go(func() error { return e.sendFault(ctx, c, i, pushbacks) })
+		}
+		<-tick.C
+	}
+	return sent, g.Wait()
 }
 
 // rebootNodesOf lists the RebootNodes on k and returns how many of nodes
@@ -195,4 +278,24 @@ func rebootNodesOf(ctx context.Context, k *testenv.Kube, n int) (nodes, twice in
 		}
 	}
 	return nodes, twice, nil
+}
+
+// firstAnswer asks the restarting apiserver of k for node every 20 ms and
+// sends when it first answered (the first moment a role's request could
+// succeed), or the time ctx ended.
+func firstAnswer(ctx context.Context, k *testenv.Kube, node string) <-chan time.Time {
+	out := make(chan time.Time, 1)
+	go func() {
+		for ctx.Err() == nil {
+			c, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			_, err := k.Client().CoreV1().Nodes().Get(c, node, metav1.GetOptions{})
+			cancel()
+			if err == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		out <- time.Now()
+	}()
+	return out
 }
