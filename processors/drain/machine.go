@@ -86,7 +86,7 @@ func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, i
 // covers reports whether the drain st, finished, already did what a new
 // drain for o would: it succeeded after o's quarantine was decided on a
 // node already quarantined (so its last look at the pods came after the
-// fault, and the node stayed cordoned since: a lift and a new quarantine
+// fault, and the node stayed quarantined since: a lift and a new quarantine
 // in between would have started a drain of their own, earlier on the
 // node's partition), over a scope that holds o's, with the same
 // remediation asked for and no force it lacked. Such a fault — a GPU
