@@ -202,7 +202,7 @@ var Scenarios = []Scenario{
 		Run:      runClusterOutage,
 	},
 	{
-		Name: "apiserver-restart", Doc: "Faults fatal events per cluster, one every 100ms, each for its own node with 3 pods, under Rate events/s of mixed background (the whole fleet's), roles quarantine,drain,remediate; the first cluster's apiserver killed (SIGKILL) once half its drains started, down for Duration (and until the other clusters' faults, sent meanwhile, have their RebootNodes), started again: each node cordoned, drained and given one RebootNode, the other clusters' while the first is down, the first's paths resumed within 10s of its apiserver answering again (not at its backoff's end); each step's time from then",
+		Name: "apiserver-restart", Doc: "Faults fatal events per cluster, one every 100ms, each for its own node with 3 pods, under Rate events/s of mixed background (the whole fleet's), roles quarantine,drain,remediate; the first cluster's apiserver killed (SIGKILL) once half its drains started, down for Duration (and until the other clusters' faults, sent meanwhile, have their RebootNodes), started again: each node cordoned, drained and given one RebootNode, the other clusters' while the first is down, the first's paths resumed within 10s of its apiserver being ready (not at its backoff's end); each step's time from its first answer",
 		Defaults: Params{Clusters: 2, Nodes: 500, Rate: 1000, Faults: 20, Duration: 20 * time.Second},
 		Options:  func(p Params) Options { return quarantineOpts(p, apiserverRoles) },
 		Run:      runAPIServerRestart,
