@@ -94,22 +94,15 @@ func runAPIServerRestart(ctx context.Context, e *Env, p Params, r *Report) error
 
 	var pushbacks atomic.Int64
 	var sends errgroup.Group
-	sendsDone := make(chan struct{})
 	first := time.Now()
-	go func() {
-		defer close(sendsDone)
-		tick := time.NewTicker(apiserverFaultEvery)
-		defer tick.Stop()
-		for i := range faults {
-			sends.Go(func() error { return e.sendFault(ctx, cluster, i, &pushbacks) })
-			<-tick.C
-		}
-	}()
+	sends.Go(func() error {
+		_, err := sendEach(ctx, e, []string{cluster}, faults, &pushbacks)
+		return err
+	})
 	last := len(apiserverSteps) - 1
 	started := waitFor(ctx, time.Minute, func() bool { return len(seen(1)) >= max(1, faults/2) })
 	k.Kill()
 	killed := time.Now()
-	<-sendsDone
 	if err := sends.Wait(); err != nil {
 		bg.Stop()
 		return err
