@@ -180,8 +180,9 @@ func runAPIServerRestart(ctx context.Context, e *Env, p Params, r *Report) error
 		r.Figure("apiserver-restart: %s: %d before the kill, %d while it was down, %d after it answered, from then %s", st.name, w.before, w.during, len(w.after), spread(w.after))
 	}
 	snap := e.Actions.Snapshot()
-	r.Figure("apiserver-restart: %d nodes with a RebootNode (%d with two), %d of the faults' pods left, %d calls pushed back; in all (the background's fatal nodes too): quarantine/applied %d, drain/in_progress %d, drain/skipped %d (repeats a finished drain covered), remediate/applied %d, drain/failed %d, remediate/failed %d",
-		rebooted, twice, left, pushbacks.Load(), snap[apiserverSteps[0].kindOutcome], snap[apiserverSteps[1].kindOutcome],
+	r.Figure("apiserver-restart: %d nodes with a RebootNode (%d with two), %d of the faults' pods left, %d calls pushed back; in all (the background's fatal nodes too; records, distinct ids): quarantine/applied %d (%d), drain/in_progress %d (%d), drain/skipped %d (repeats a finished drain covered), remediate/applied %d, drain/failed %d, remediate/failed %d",
+		rebooted, twice, left, pushbacks.Load(), snap[apiserverSteps[0].kindOutcome], e.Actions.Distinct(apiserverSteps[0].kindOutcome),
+		snap[apiserverSteps[1].kindOutcome], e.Actions.Distinct(apiserverSteps[1].kindOutcome),
 		snap[events.KindDrain+"/"+events.OutcomeSkipped], snap[apiserverSteps[3].kindOutcome], snap[events.KindDrain+"/"+events.OutcomeFailed], snap[events.KindRemediate+"/"+events.OutcomeFailed])
 	r.Check(started, "%d of %d faults' drains started within a minute (before the kill)", steps[1].before, faults)
 	r.Check(done, "%d of %d faults' nodes got a RebootNode within 2 minutes of the apiserver answering again", len(seen(last)), faults)

@@ -262,6 +262,20 @@ func (w *ActionWatch) Produced(kindOutcome, cluster, node string) (int, time.Tim
 	return w.per[kn], w.made[kn]
 }
 
+// Distinct returns the distinct action ids of kind/outcome (Count's
+// records less those said again with their ids).
+func (w *ActionWatch) Distinct(kindOutcome string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for kn, c := range w.per {
+		if k, _, _ := strings.Cut(kn, " "); k == kindOutcome {
+			n += c
+		}
+	}
+	return n
+}
+
 // Snapshot returns every kind/outcome count.
 func (w *ActionWatch) Snapshot() map[string]int {
 	w.mu.Lock()
