@@ -118,18 +118,22 @@ func runAPIServerRestart(ctx context.Context, e *Env, p Params, r *Report) error
 		bg.Stop()
 		return err
 	}
-	byDone := func() bool {
-		for _, c := range e.Clusters[1:] {
+	// rebootedBefore counts the other clusters' faults whose RebootNode
+	// was produced before t.
+	rebootedBefore := func(t time.Time) int {
+		n := 0
+		for c := range bySent {
 			for i := range faults {
-				if _, ok := produced(c, last, i); !ok {
-					return false
+				if at, ok := produced(c, last, i); ok && at.Before(t) {
+					n++
 				}
 			}
 		}
-		return true
+		return n
 	}
+	others := len(bySent) * faults
 	time.Sleep(p.Duration - time.Since(byStart))
-	waitFor(ctx, time.Minute, byDone)
+	waitFor(ctx, time.Minute, func() bool { return rebootedBefore(time.Now().Add(time.Hour)) == others })
 	restart := time.Now()
 	answered := firstAnswer(ctx, k, NodeName(0))
 	k.Start()
@@ -202,16 +206,9 @@ func runAPIServerRestart(ctx context.Context, e *Env, p Params, r *Report) error
 					}
 				}
 			}
-			r.Figure("apiserver-restart: the other %d cluster(s)' %d faults, sent while the first was down: %s %d, from the send %s", len(bySent), len(bySent)*faults, st.name, len(from), spread(from))
+			r.Figure("apiserver-restart: the other %d cluster(s)' %d faults, sent while the first was down: %s %d, from the send %s", len(bySent), others, st.name, len(from), spread(from))
 		}
-		late := 0
-		for c := range bySent {
-			for i := range faults {
-				if t, ok := produced(c, last, i); !ok || !t.Before(restart) {
-					late++
-				}
-			}
-		}
+		late := others - rebootedBefore(restart)
 		r.Check(late == 0, "%d of the other clusters' faults had no RebootNode before the first cluster's apiserver was started again (it stayed down %s)", late, restart.Sub(killed).Round(time.Millisecond))
 	}
 	r.Check(left == 0, "%d of the faults' pods left (every cluster)", left)
