@@ -106,7 +106,8 @@ type Config struct {
 	EmptyDir string `toml:"empty_dir"`
 	// PollInterval is the longest a drain in progress waits to be looked
 	// at again; a young drain is looked at sooner, after a quarter of its
-	// age but at least 1s (pollDelay). Default 5s.
+	// age but at least 1s (pollDelay), and a step that made calls after
+	// 1s. Default 5s.
 	PollInterval time.Duration `toml:"poll_interval"`
 	// PDBBackoff is the first wait before an eviction refused by a PDB
 	// (429) is tried again; it doubles up to MaxPDBBackoff. Default 5s.

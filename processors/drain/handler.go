@@ -352,7 +352,15 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 		acts = append(acts, h.blocked(t, st, now)...)
 	}
 	if st.running() {
-		return acts, now.Add(pollDelay(now.Sub(st.StartedAt), h.cfg.PollInterval)), nil
+		// Looked at again after a quarter of its age — or, when this step
+		// made calls, of theirs: the pods it evicted usually go within a
+		// second, however old the drain (resumed after an outage, a PDB's
+		// backoff ended).
+		since := st.StartedAt
+		if len(ops) > 0 {
+			since = now
+		}
+		return acts, now.Add(pollDelay(now.Sub(since), h.cfg.PollInterval)), nil
 	}
 	h.m.drains.WithLabelValues(t.cluster, st.Phase).Inc()
 	return append(acts, h.result(t, st)), time.Time{}, nil

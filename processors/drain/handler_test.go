@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	ktesting "k8s.io/client-go/testing"
 
+	"github.com/faultline/faultline/processors/requeue"
 	"github.com/faultline/faultline/schemas/events"
 )
 
@@ -31,6 +32,51 @@ func TestPollDelay(t *testing.T) {
 		if got := pollDelay(tc.age, tc.poll); got != tc.want {
 			t.Errorf("pollDelay(%v, %v) = %v, want %v", tc.age, tc.poll, got, tc.want)
 		}
+	}
+}
+
+// TestLookedAtSoonAfterCalls: a step that evicts is looked at again a
+// second later, as a young drain is, however old the drain: one whose
+// evictions failed through an outage has its pods seen gone a second
+// after they are evicted, not poll_interval later; a step without calls
+// keeps the delay of the drain's age.
+func TestLookedAtSoonAfterCalls(t *testing.T) {
+	const node = "n1"
+	k := quarantinedWithPod(node)
+	down := true
+	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "eviction" && down {
+			return true, nil, apierrors.NewServiceUnavailable("apiserver restarting")
+		}
+		return false, nil, nil
+	})
+	cfg := testConfig()
+	cfg.PollInterval = 5 * time.Second
+	clk := &clock{t: time.Now().Truncate(time.Millisecond)} // requeue keeps milliseconds
+	h := newHandler(t, cfg, k, clk, false)
+	_, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
+	if len(rq) != 1 {
+		t.Fatalf("the step in the outage: %d requeues", len(rq))
+	}
+	clk.Add(30 * time.Second)
+	down = false
+	time.Sleep(200 * time.Millisecond) // the cluster's backoff: at most 100ms (newHandler)
+	for _, tc := range []struct {
+		what string
+		want time.Duration
+	}{
+		{"the step that evicts, 30s into the drain", time.Second},
+		{"the next, without calls", 5 * time.Second}, // a quarter of 31s, capped at poll_interval
+	} {
+		acts, next := handle(t, h, rq...)
+		if len(next) != 1 {
+			t.Fatalf("%s: %s, %d requeues", tc.what, outcomes(acts), len(next))
+		}
+		if got := requeue.NotBefore(next[0]).Sub(clk.Now()); got != tc.want {
+			t.Errorf("%s: looked at again after %v, want %v", tc.what, got, tc.want)
+		}
+		rq = next
+		clk.Add(time.Second)
 	}
 }
 
