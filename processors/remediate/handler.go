@@ -631,7 +631,10 @@ func (h *Handler) follow(ctx context.Context, cl *clusters.Client, t trigger, tm
 		return append([]*faultlinev1.Action{a}, acts...), time.Time{}, err
 	}
 	var acts []*faultlinev1.Action
-	if requeue.Attempt(t.rec) == 0 {
+	// Said at the first look (a replay says it again, same id) and after
+	// a step that failed: it may have been this trigger's create or join,
+	// taken by the apiserver and its answer lost.
+	if requeue.Attempt(t.rec) == 0 || requeue.AfterTrouble(t.rec) {
 		kind, outcome, reason := events.KindRemediate, events.OutcomeApplied, "created "+ref
 		if o.GetAnnotations()[AnnotationTriggers] != t.id && !strings.HasPrefix(o.GetAnnotations()[AnnotationTriggers], t.id+",") {
 			outcome, reason = events.OutcomeInProgress, "joined "+ref+": an equivalent remediation is in progress"

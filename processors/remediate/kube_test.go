@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"slices"
 	"sort"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -755,6 +757,38 @@ func TestRemediateKube(t *testing.T) {
 		}
 	})
 
+	// The apiserver takes a create or a join and its answer is lost (the
+	// connection cut as it dies): the retry finds the resource its own and
+	// says what the lost step did, with the id its answer would have had;
+	// a poll after a step that was said says nothing.
+	t.Run("LostAnswerSaidByTheRetry", func(t *testing.T) {
+		node := "gpu-node-49"
+		createNode(t, k, node)
+		lost := lostAnswer{Interface: dyn, next: &atomic.Bool{}}
+		h := newHandler(t, testConfig(), k, lost, clk)
+		for _, tc := range []struct{ drainID, outcome string }{
+			{"l-1", events.OutcomeApplied},    // its create
+			{"l-2", events.OutcomeInProgress}, // its join
+		} {
+			lost.next.Store(true)
+			acts, rq := handle(t, h, drained(node, tc.drainID, "RESTART_BM", nil))
+			if len(acts) != 0 || len(rq) != 1 || lost.next.Load() {
+				t.Fatalf("%s, its answer lost: %s, %d requeued", tc.drainID, outcomes(acts), len(rq))
+			}
+			time.Sleep(700 * time.Millisecond) // the cluster's probe, at most one per 500ms (wall clock)
+			acts, rq = handle(t, h, rq[0])
+			if len(acts) != 1 || acts[0].Outcome != tc.outcome || len(rq) != 1 {
+				t.Fatalf("%s, the retry: %s, %d requeued", tc.drainID, outcomes(acts), len(rq))
+			}
+			if acts, _ = poll(t, h, clk, rq[0]); len(acts) != 0 {
+				t.Fatalf("%s, the poll after: %s", tc.drainID, outcomes(acts))
+			}
+		}
+		if items := list(t, dyn, rebootGVR, node); len(items) != 1 || len(triggersOf(&items[0])) != 2 {
+			t.Fatalf("%d RebootNodes", len(items))
+		}
+	})
+
 	t.Run("PollsReadTheWatch", func(t *testing.T) {
 		node := "watched-1"
 		createNode(t, k, node)
@@ -973,6 +1007,41 @@ func (r racedResource) Patch(ctx context.Context, name string, pt types.PatchTyp
 		_, _ = r.Update(ctx, o, metav1.UpdateOptions{})
 	})
 	return r.NamespaceableResourceInterface.Patch(ctx, name, pt, data, opts, sub...)
+}
+
+// lostAnswer makes the next create or patch (when next is set) on the
+// apiserver and answers it with a cut connection, as an apiserver dying
+// after its write does.
+type lostAnswer struct {
+	dynamic.Interface
+	next *atomic.Bool
+}
+
+func (d lostAnswer) Resource(gvr schema.GroupVersionResource) dynamic.NamespaceableResourceInterface {
+	return lostResource{d.Interface.Resource(gvr), d.next}
+}
+
+type lostResource struct {
+	dynamic.NamespaceableResourceInterface
+	next *atomic.Bool
+}
+
+var errCut = &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+
+func (r lostResource) Create(ctx context.Context, o *unstructured.Unstructured, opts metav1.CreateOptions, sub ...string) (*unstructured.Unstructured, error) {
+	out, err := r.NamespaceableResourceInterface.Create(ctx, o, opts, sub...)
+	if err == nil && r.next.CompareAndSwap(true, false) {
+		return nil, errCut
+	}
+	return out, err
+}
+
+func (r lostResource) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) (*unstructured.Unstructured, error) {
+	out, err := r.NamespaceableResourceInterface.Patch(ctx, name, pt, data, opts, sub...)
+	if err == nil && r.next.CompareAndSwap(true, false) {
+		return nil, errCut
+	}
+	return out, err
 }
 
 // listCounter counts the list requests by node label the apiserver

@@ -95,6 +95,14 @@ func Attempt(rec *kgo.Record) int {
 	return n
 }
 
+// AfterTrouble reports whether the record was requeued after its step met
+// the cluster in trouble (Again.Cluster): what that step did on the cluster
+// before it failed — a write the apiserver took, its answer lost — may not
+// have been said.
+func AfterTrouble(rec *kgo.Record) bool {
+	return header(rec, HeaderCluster) != ""
+}
+
 // Forward returns rec handed on unchanged to topic: the same key, value
 // and headers, so the same not-before time and attempt count (Record
 // counts an attempt; a record handed on was not looked at). A record that
