@@ -577,11 +577,19 @@ func (h *Handler) dryRun(ctx context.Context, cl *clusters.Client, t trigger) ([
 // the one whose batch died after the step wrote the state and before its
 // actions were produced, and the state cannot tell. A record that step
 // produced asks for a time after it, so a drain that was not interrupted
-// says nothing twice. Same ids (and times) as the first time: the store
-// keeps one. A joined fault's own trigger says its join again (same id,
+// says nothing twice — unless the step before it failed (its write may
+// have been taken with its answer lost): then it says them all, as the
+// trigger does. Same ids (and times) as the first time: the store keeps
+// one. A joined fault's own trigger says its join again (same id,
 // the time of now).
 func (h *Handler) unaudited(t trigger, st *State) []*faultlinev1.Action {
 	nb := requeue.NotBefore(t.rec)
+	if requeue.AfterTrouble(t.rec) {
+		// The step before failed: its write may have been taken with
+		// its answer lost (the apiserver killed mid-request), what it
+		// wrote unsaid. Said as a replay says it (same ids).
+		nb = time.Time{}
+	}
 	var acts []*faultlinev1.Action
 	if !nb.After(st.StartedAt) {
 		acts = append(acts, h.started(t, st))

@@ -2,6 +2,8 @@ package drain
 
 import (
 	"errors"
+	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,32 +82,53 @@ func TestLookedAtSoonAfterCalls(t *testing.T) {
 	}
 }
 
-// TestStartSaidWhenALaterWriteFails: a step whose intent write put a new
-// drain on the node and whose last write then failed (a 500) returns the
-// drain's start with the retry: the retry's record comes after the start,
-// so it would not say it again, and the state already says "running".
-func TestStartSaidWhenALaterWriteFails(t *testing.T) {
-	const node = "n1"
-	k := quarantinedWithPod(node)
-	var patches int
-	k.PrependReactor("patch", "nodes", func(ktesting.Action) (bool, runtime.Object, error) {
-		if patches++; patches == 2 {
-			return true, nil, apierrors.NewInternalError(errors.New("etcd leader changed"))
-		}
-		return false, nil, nil
-	})
-	// The cluster's backoff sets the retry's time by the wall clock.
-	clk := &clock{t: time.Now()}
-	h := newHandler(t, testConfig(), k, clk, false)
-	acts, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
-	started := find(acts, events.OutcomeInProgress)
-	if started == nil || len(rq) != 1 || patches != 2 {
-		t.Fatalf("the failed step: %s, %d requeues, %d patches", outcomes(acts), len(rq), patches)
-	}
-	clk.Add(5 * time.Second)
-	time.Sleep(200 * time.Millisecond) // the cluster's backoff: at most 100ms (newHandler)
-	if again, _ := handle(t, h, rq[0]); find(again, events.OutcomeInProgress) != nil || patches < 3 {
-		t.Fatalf("the retry (%d patches) said the start again: %s", patches, outcomes(again))
+// TestStartSaidAcrossAFailedStep: a step that puts a new drain on the node
+// and fails says the start when its write was answered, and the retry
+// says it (again: the same id) either way — the failed step's write may
+// have been taken with its answer lost, the apiserver killed mid-request.
+func TestStartSaidAcrossAFailedStep(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// failing is the node patch that fails; lost: after the
+		// apiserver took it.
+		failing int
+		lost    bool
+	}{
+		{"a later write fails", 2, false},
+		{"the start's answer lost", 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const node = "n1"
+			k := quarantinedWithPod(node)
+			apply := ktesting.ObjectReaction(k.Tracker())
+			var patches int
+			k.PrependReactor("patch", "nodes", func(a ktesting.Action) (bool, runtime.Object, error) {
+				if patches++; patches != tc.failing {
+					return false, nil, nil
+				}
+				if !tc.lost {
+					return true, nil, apierrors.NewInternalError(errors.New("etcd leader changed"))
+				}
+				if _, _, err := apply(a); err != nil {
+					t.Error(err)
+				}
+				return true, nil, &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+			})
+			// The cluster's backoff sets the retry's time by the wall clock.
+			clk := &clock{t: time.Now()}
+			h := newHandler(t, testConfig(), k, clk, false)
+			acts, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
+			first := find(acts, events.OutcomeInProgress)
+			if (first == nil) != tc.lost || len(rq) != 1 || patches != tc.failing {
+				t.Fatalf("the failed step: %s, %d requeues, %d patches", outcomes(acts), len(rq), patches)
+			}
+			clk.Add(5 * time.Second)
+			time.Sleep(200 * time.Millisecond) // the cluster's backoff: at most 100ms (newHandler)
+			again, _ := handle(t, h, rq[0])
+			if retry := find(again, events.OutcomeInProgress); retry == nil || first != nil && retry.Id != first.Id {
+				t.Fatalf("the retry: %s", outcomes(again))
+			}
+		})
 	}
 }
 
