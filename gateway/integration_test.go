@@ -396,6 +396,7 @@ func testInflightBudget(t *testing.T, k *testenv.Kafka) {
 		gw.Token("alpha"), budget-10)
 	valid := `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1"}]}`
 	cl := faultlinev1.NewEventsClient(dial(t, gw.GRPCAddr()))
+	var last string // the last answer, said if the 429 never comes
 	waitUntil(t, func() bool {
 		req, _ := http.NewRequest(http.MethodPost, gw.URL()+"/v1/events", strings.NewReader(valid))
 		req.Header.Set("Authorization", "Bearer "+gw.Token("beta"))
@@ -406,8 +407,9 @@ func testInflightBudget(t *testing.T, k *testenv.Kafka) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		last = fmt.Sprintf("%d Retry-After %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), b)
 		return resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "1" && strings.Contains(string(b), "retry later")
-	})
+	}, func() string { return last })
 	_, err = cl.SubmitEvents(withToken(context.Background(), gw.Token("alpha")), &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("n1")}})
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("gRPC while the budget is held: %v", err)
@@ -422,11 +424,16 @@ func testInflightBudget(t *testing.T, k *testenv.Kafka) {
 	}
 }
 
-func waitUntil(t *testing.T, ok func() bool) {
+// waitUntil waits up to 10s for ok; state, when given, says on failure
+// what was seen last.
+func waitUntil(t *testing.T, ok func() bool, state ...func() string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !ok() {
 		if time.Now().After(deadline) {
+			for _, s := range state {
+				t.Errorf("last seen: %s", s())
+			}
 			t.Fatal("condition not met within 10s")
 		}
 		time.Sleep(20 * time.Millisecond)
