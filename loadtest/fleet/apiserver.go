@@ -54,8 +54,8 @@ var apiserverSteps = []struct{ name, kindOutcome string }{
 // long enough for the gate's backoff to reach its cap — and is started
 // again. Every fault's path must then go on as soon as the apiserver is
 // ready: each node cordoned, drained and given its RebootNode once, within
-// resumeBound of that (or of its pods' end, kubeletHeld); the figures are each step's time from the
-// apiserver's first answer.
+// resumeBound of that (or of its pods' end, kubeletHeld); the figures are
+// each step's time from the apiserver's first answer.
 func runAPIServerRestart(ctx context.Context, e *Env, p Params, r *Report) error {
 	cluster := e.Clusters[0]
 	k := e.Kubes[cluster]
