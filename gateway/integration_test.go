@@ -409,7 +409,12 @@ func testInflightBudget(t *testing.T, k *testenv.Kafka) {
 		resp.Body.Close()
 		last = fmt.Sprintf("%d Retry-After %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), b)
 		return resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "1" && strings.Contains(string(b), "retry later")
-	}, func() string { return last })
+	}, func() string {
+		// And what the slow connection was told, if anything.
+		slow.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		b, err := io.ReadAll(slow)
+		return fmt.Sprintf("%s; the slow connection: %q (%v)", last, b, err)
+	})
 	_, err = cl.SubmitEvents(withToken(context.Background(), gw.Token("alpha")), &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("n1")}})
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("gRPC while the budget is held: %v", err)
