@@ -207,6 +207,9 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 					return dec(v)
 				}
 				if res := reservationFrom(ctx); res != nil && !s.growForRead(ctx, res) {
+					if err := ctx.Err(); err != nil { // the call is over: not a refusal
+						return status.FromContextError(err).Err()
+					}
 					s.metrics.rejected("busy", 1)
 					s.metrics.request(doorOf(ctx), "/"+sd.ServiceName+"/"+m.MethodName, codes.ResourceExhausted.String())
 					return status.Error(codes.ResourceExhausted, "the gateway holds as many request bytes as it may; retry later")

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/stats"
@@ -21,6 +22,7 @@ import (
 type inflight struct {
 	total   *semaphore.Weighted
 	perConn int64
+	held    atomic.Int64 // what the reservations hold, for the gauge
 
 	// freed, when not nil, is closed the next time bytes are given back:
 	// growWait's waiters wake on it.
@@ -61,12 +63,16 @@ func (f *inflight) connContext(ctx context.Context) context.Context {
 	return context.WithValue(ctx, connBudgetKey{}, semaphore.NewWeighted(f.perConn))
 }
 
-// reservation is bytes held on a connection and in total.
+// reservation is bytes held on a connection and in total. Once released
+// it holds nothing for good: a call's goroutine growing it after its
+// context ended (and the tap's release ran) would otherwise hold bytes
+// nothing gives back.
 type reservation struct {
-	f    *inflight
-	conn *semaphore.Weighted
-	mu   sync.Mutex
-	n    int64
+	f        *inflight
+	conn     *semaphore.Weighted
+	mu       sync.Mutex
+	n        int64
+	released bool
 }
 
 // reserve holds n bytes for a request on ctx's connection, or returns nil
@@ -80,8 +86,14 @@ func (f *inflight) reserve(ctx context.Context, n int64) *reservation {
 	return r
 }
 
-// grow adds n bytes to the reservation, or nothing when a budget is full.
+// grow adds n bytes to the reservation, or nothing when a budget is full
+// or the reservation was released.
 func (r *reservation) grow(n int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.released {
+		return false
+	}
 	if n <= 0 {
 		return true
 	}
@@ -95,14 +107,13 @@ func (r *reservation) grow(n int64) bool {
 		}
 		return false
 	}
-	r.mu.Lock()
+	r.f.held.Add(n)
 	r.n += n
-	r.mu.Unlock()
 	return true
 }
 
 // growWait is grow, retried each time bytes are given back until it
-// succeeds or ctx is done. It does not queue on the semaphores: a queued
+// succeeds, the reservation is released or ctx is done. It does not queue on the semaphores: a queued
 // waiter would make every TryAcquire on the same budget fail
 // (golang.org/x/sync/semaphore is FIFO), refusing the calls and bodies
 // that would fit. Only a call's own goroutine may wait (never a
@@ -112,6 +123,12 @@ func (r *reservation) growWait(ctx context.Context, n int64) bool {
 		freed := r.f.changed() // before trying: a release in between wakes us
 		if r.grow(n) {
 			return true
+		}
+		r.mu.Lock()
+		released := r.released
+		r.mu.Unlock()
+		if released {
+			return false
 		}
 		select {
 		case <-ctx.Done():
@@ -140,6 +157,7 @@ func (r *reservation) shrink(n int64) {
 	}
 	if extra := r.n - n; extra > 0 {
 		r.n = n
+		r.f.held.Add(-extra)
 		r.f.total.Release(extra)
 		if r.conn != nil {
 			r.conn.Release(extra)
@@ -148,8 +166,16 @@ func (r *reservation) shrink(n int64) {
 	}
 }
 
-// release gives everything back; it may be called more than once.
-func (r *reservation) release() { r.shrink(0) }
+// release gives everything back for good; it may be called more than once.
+func (r *reservation) release() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	r.released = true
+	r.mu.Unlock()
+	r.shrink(0)
+}
 
 type reservationKey struct{}
 

@@ -169,3 +169,36 @@ func TestInflightGrowWait(t *testing.T) {
 		t.Errorf("after a failed wait: held %d, want 60", w.held())
 	}
 }
+
+// TestInflightReleasedForGood: a released reservation never holds bytes
+// again — not by grow, nor by a growWait woken by its own release (the
+// gRPC tap releases a call's bytes when its context ends, while the
+// call's goroutine may still be waiting to read its message).
+func TestInflightReleasedForGood(t *testing.T) {
+	f := newInflight(100, 100)
+	conn := f.connContext(context.Background())
+	hog := f.reserve(conn, 90)
+	w := f.reserve(conn, 10)
+	got := make(chan bool)
+	go func() { got <- w.growWait(context.Background(), 50) }()
+	time.Sleep(20 * time.Millisecond)
+	w.release() // wakes the waiter: 10 bytes given back
+	hog.release()
+	select {
+	case ok := <-got:
+		if ok {
+			t.Error("growWait grew a released reservation")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("growWait still waiting after its reservation was released")
+	}
+	if w.grow(10) {
+		t.Error("grow grew a released reservation")
+	}
+	if held := f.held.Load(); held != 0 {
+		t.Errorf("%d bytes held after every reservation was released", held)
+	}
+	if !f.total.TryAcquire(100) {
+		t.Error("the budget is not whole again")
+	}
+}
