@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -394,6 +395,14 @@ func testInflightBudget(t *testing.T, k *testenv.Kafka) {
 	defer slow.Close()
 	fmt.Fprintf(slow, "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{",
 		gw.Token("alpha"), budget-10)
+	// The slow body holds the budget before any other request is sent: a
+	// request answered meanwhile would hold bytes the slow body needs,
+	// and the slow body would be the one refused.
+	waitUntil(t, func() bool { return inflightBytes(t, gw.URL()) >= budget-10 }, func() string {
+		slow.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		b, err := io.ReadAll(slow)
+		return fmt.Sprintf("%d bytes held; the slow connection: %q (%v)", inflightBytes(t, gw.URL()), b, err)
+	})
 	valid := `{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"n1"}]}`
 	cl := faultlinev1.NewEventsClient(dial(t, gw.GRPCAddr()))
 	var last string // the last answer, said if the 429 never comes
@@ -409,12 +418,7 @@ func testInflightBudget(t *testing.T, k *testenv.Kafka) {
 		resp.Body.Close()
 		last = fmt.Sprintf("%d Retry-After %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), b)
 		return resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "1" && strings.Contains(string(b), "retry later")
-	}, func() string {
-		// And what the slow connection was told, if anything.
-		slow.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-		b, err := io.ReadAll(slow)
-		return fmt.Sprintf("%s; the slow connection: %q (%v)", last, b, err)
-	})
+	}, func() string { return last })
 	_, err = cl.SubmitEvents(withToken(context.Background(), gw.Token("alpha")), &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("n1")}})
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("gRPC while the budget is held: %v", err)
@@ -427,6 +431,33 @@ func testInflightBudget(t *testing.T, k *testenv.Kafka) {
 	if _, err := cl.SubmitEvents(withToken(context.Background(), gw.Token("alpha")), &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("n1")}}); err != nil {
 		t.Fatalf("gRPC once the budget is free: %v", err)
 	}
+	// Every answered request gave its bytes back.
+	waitUntil(t, func() bool { return inflightBytes(t, gw.URL()) == 0 }, func() string {
+		return fmt.Sprintf("%d bytes still held", inflightBytes(t, gw.URL()))
+	})
+}
+
+// inflightBytes reads faultline_gateway_inflight_bytes from the gateway
+// at base (http://host:port).
+func inflightBytes(t *testing.T, base string) int64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "faultline_gateway_inflight_bytes "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("faultline_gateway_inflight_bytes %q: %v", v, err)
+			}
+			return int64(f)
+		}
+	}
+	t.Fatal("/metrics has no faultline_gateway_inflight_bytes")
+	return 0
 }
 
 // waitUntil waits up to 10s for ok; state, when given, says on failure
