@@ -51,7 +51,8 @@ import (
 //     connections are cut the in-flight budget holds nothing;
 //   - 2,000 made-up paths and a 64 KiB method leave the metrics series fixed;
 //   - 300 connections whose body never arrives are cut off within the
-//     configured read timeout;
+//     configured read timeout, holding 64 KiB of the in-flight budget
+//     each meanwhile;
 //   - an agent credential's overrides are stamped as an agent's, and a
 //     node-bound credential cannot report for another node.
 //
@@ -668,19 +669,34 @@ func testSlowBodies(t *testing.T, g *hostileGateway, readTimeout time.Duration) 
 	var (
 		slowest time.Duration
 		open    int
+		held    int64 // the most the in-flight budget held meanwhile
+		tick    = time.NewTicker(50 * time.Millisecond)
 	)
-	for range conns {
-		r := <-results
-		if r.err != nil {
-			open++
-			continue
+	defer tick.Stop()
+	for got := 0; got < conns; {
+		select {
+		case r := <-results:
+			got++
+			if r.err != nil {
+				open++
+				continue
+			}
+			slowest = max(slowest, r.d)
+		case <-tick.C:
+			if !legacy() {
+				held = max(held, inflightBytes(t, "http://"+g.http))
+			}
 		}
-		slowest = max(slowest, r.d)
 	}
-	t.Logf("%d slow-body connections: %d closed by the gateway, the last after %s (read timeout %s); %d still open after %s",
-		conns, conns-open, slowest.Round(time.Millisecond), readTimeout, open, readTimeout+30*time.Second)
+	t.Logf("%d slow-body connections: %d closed by the gateway, the last after %s (read timeout %s); %d still open after %s; the in-flight budget held at most %d bytes",
+		conns, conns-open, slowest.Round(time.Millisecond), readTimeout, open, readTimeout+30*time.Second, held)
 	if legacy() {
 		return
+	}
+	// The authenticated half's bodies sent one byte each: each holds its
+	// first chunk (64 KiB), not the length it declared (1 MiB).
+	if bound := int64(conns/2) * 64 << 10; held > bound {
+		t.Errorf("the slow bodies held %d bytes of the in-flight budget, more than %d", held, bound)
 	}
 	if open > 0 {
 		t.Errorf("%d connections still open %s after the read timeout", open, 30*time.Second)
