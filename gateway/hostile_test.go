@@ -346,9 +346,7 @@ func TestHostile(t *testing.T) {
 			for range 4 {
 				testStreams(t, g)
 			}
-			waitUntil(t, func() bool { return inflightBytes(t, "http://"+g.http) == 0 }, func() string {
-				return fmt.Sprintf("%d bytes still held", inflightBytes(t, "http://"+g.http))
-			})
+			waitBudgetFree(t, "http://"+g.http)
 		})
 	}
 }

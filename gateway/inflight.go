@@ -113,11 +113,11 @@ func (r *reservation) grow(n int64) bool {
 }
 
 // growWait is grow, retried each time bytes are given back until it
-// succeeds, the reservation is released or ctx is done. It does not queue on the semaphores: a queued
-// waiter would make every TryAcquire on the same budget fail
-// (golang.org/x/sync/semaphore is FIFO), refusing the calls and bodies
-// that would fit. Only a call's own goroutine may wait (never a
-// connection's reader).
+// succeeds, the reservation is released or ctx is done. It does not queue
+// on the semaphores: a queued waiter would make every TryAcquire on the
+// same budget fail (golang.org/x/sync/semaphore is FIFO), refusing the
+// calls and bodies that would fit. Only a call's own goroutine may wait
+// (never a connection's reader).
 func (r *reservation) growWait(ctx context.Context, n int64) bool {
 	for {
 		freed := r.f.changed() // before trying: a release in between wakes us

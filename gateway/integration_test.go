@@ -432,8 +432,14 @@ func testInflightBudget(t *testing.T, k *testenv.Kafka) {
 		t.Fatalf("gRPC once the budget is free: %v", err)
 	}
 	// Every answered request gave its bytes back.
-	waitUntil(t, func() bool { return inflightBytes(t, gw.URL()) == 0 }, func() string {
-		return fmt.Sprintf("%d bytes still held", inflightBytes(t, gw.URL()))
+	waitBudgetFree(t, gw.URL())
+}
+
+// waitBudgetFree waits until the gateway at base holds no request bytes.
+func waitBudgetFree(t *testing.T, base string) {
+	t.Helper()
+	waitUntil(t, func() bool { return inflightBytes(t, base) == 0 }, func() string {
+		return fmt.Sprintf("%d bytes still held", inflightBytes(t, base))
 	})
 }
 
