@@ -7,12 +7,13 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
@@ -452,18 +453,16 @@ func inflightBytes(t *testing.T, base string) int64 {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "faultline_gateway_inflight_bytes "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("faultline_gateway_inflight_bytes %q: %v", v, err)
-			}
-			return int64(f)
-		}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("/metrics: %v", err)
 	}
-	t.Fatal("/metrics has no faultline_gateway_inflight_bytes")
-	return 0
+	fam := fams["faultline_gateway_inflight_bytes"]
+	if fam == nil || len(fam.GetMetric()) != 1 {
+		t.Fatal("/metrics has no faultline_gateway_inflight_bytes")
+	}
+	return int64(fam.GetMetric()[0].GetGauge().GetValue())
 }
 
 // waitUntil waits up to 10s for ok; state, when given, says on failure
