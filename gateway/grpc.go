@@ -99,12 +99,13 @@ func (s *Server) newGRPCServer(door string, tlsCfg *tls.Config) *grpc.Server {
 
 // tap admits a call when its headers arrive, before its message is read:
 // a known method, an authenticated caller (the unix socket's configured
-// one, ingest only), room in the connection's and the gateway's in-flight
-// budgets for what the call can hold before its handler reads the message
-// (its stream's flow-control window, grpcStreamWindow; the reservation
-// grows to gateway.max_body_bytes before the message is read). It runs on
+// one, ingest only), room in the connection's, the credential's and the
+// gateway's in-flight budgets for what the call can hold before its
+// handler reads the message (its stream's flow-control window,
+// grpcStreamWindow; the reservation grows to gateway.max_body_bytes
+// before the message is read). It runs on
 // the connection's reader goroutine, so it only does map lookups, a hash
-// and non-blocking semaphore tries.
+// and the in-flight budget's counters under its lock.
 func (s *Server) tap(door string) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		method := info.FullMethodName
@@ -144,9 +145,10 @@ func (s *Server) tap(door string) tap.ServerInHandle {
 			}
 			caller = c
 		}
-		res := s.flight.reserve(ctx, int64(min(s.cfg.MaxBodyBytes, grpcStreamWindow)))
-		if res == nil {
-			return refuse(codes.ResourceExhausted, "busy", "the gateway holds as many request bytes as it may; retry later")
+		res, err := s.flight.reserve(ctx, caller.Name, int64(min(s.cfg.MaxBodyBytes, grpcStreamWindow)))
+		if err != nil {
+			reason, msg := busyRefusal(err)
+			return refuse(codes.ResourceExhausted, reason, msg)
 		}
 		ctx, cancel := context.WithTimeout(withReservation(withCaller(ctx, caller), res), s.cfg.CallTimeout)
 		context.AfterFunc(ctx, func() { cancel(); res.release() })
@@ -206,13 +208,14 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 				if !ok {
 					return dec(v)
 				}
-				if res := reservationFrom(ctx); res != nil && !s.growForRead(ctx, res) {
+				if err := s.growForRead(ctx, reservationFrom(ctx)); err != nil {
 					if err := ctx.Err(); err != nil { // the call is over: not a refusal
 						return status.FromContextError(err).Err()
 					}
-					s.metrics.rejected("busy", 1)
+					reason, msg := busyRefusal(err)
+					s.metrics.rejected(reason, 1)
 					s.metrics.request(doorOf(ctx), "/"+sd.ServiceName+"/"+m.MethodName, codes.ResourceExhausted.String())
-					return status.Error(codes.ResourceExhausted, "the gateway holds as many request bytes as it may; retry later")
+					return status.Error(codes.ResourceExhausted, msg)
 				}
 				sv := &shaped{msg: msg}
 				if err := dec(sv); err != nil {
@@ -240,10 +243,13 @@ const grpcReadWait = time.Second
 // its message is read, waiting up to grpcReadWait for the budgets. It runs
 // on the call's goroutine: while it waits the client's message stays
 // behind the stream's window, which the reservation already holds.
-func (s *Server) growForRead(ctx context.Context, res *reservation) bool {
+func (s *Server) growForRead(ctx context.Context, res *reservation) error {
+	if res == nil {
+		return nil
+	}
 	need := int64(s.cfg.MaxBodyBytes) - res.held()
-	if res.grow(need) {
-		return true
+	if err := res.grow(need); err == nil {
+		return nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, grpcReadWait)
 	defer cancel()

@@ -338,6 +338,7 @@ func TestHostile(t *testing.T) {
 	t.Run("SlowBodies", func(t *testing.T) { testSlowBodies(t, g, 2*time.Second) })
 	if !legacy() {
 		t.Run("Submitter", func(t *testing.T) { testSubmitter(t, g, k) })
+		t.Run("HeaderOnlyCalls", func(t *testing.T) { testHeaderOnlyCalls(t, g) })
 		// Whatever the probes held, refused or cut is given back. The
 		// streams probe again: before the fix, 2 in 3 cut connections
 		// left 8 MiB held for good (a call waiting to read its message
@@ -370,7 +371,13 @@ func testMemoryUnauthenticated(t *testing.T, k *testenv.Kafka) {
 }
 
 func testMemoryAuthenticated(t *testing.T, k *testenv.Kafka) {
-	g := startHostileGateway(t, k)
+	// One credential may hold a quarter of the budget; the probes measure
+	// the whole budget's worst case (several credentials at once).
+	var whole []string
+	if !legacy() {
+		whole = []string{"--max-inflight-bytes-per-caller", "33554432"}
+	}
+	g := startHostileGateway(t, k, whole...)
 	idle := g.status(t, "VmHWM")
 
 	// REST: 4 bodies of 4 MiB of empty events (~1.4 million each).
@@ -692,8 +699,10 @@ func testSlowBodies(t *testing.T, g *hostileGateway, readTimeout time.Duration) 
 		return
 	}
 	// The authenticated half's bodies sent one byte each: each holds its
-	// first chunk (64 KiB), not the length it declared (1 MiB).
-	if bound := int64(conns/2) * 64 << 10; held > bound {
+	// first chunk (64 KiB), not the length it declared (1 MiB), and
+	// together no more than their credential's share (8 MiB: the rest are
+	// refused 429).
+	if bound := min(int64(conns/2)*64<<10, 8<<20); held > bound {
 		t.Errorf("the slow bodies held %d bytes of the in-flight budget, more than %d", held, bound)
 	}
 	if open > 0 {
@@ -702,6 +711,61 @@ func testSlowBodies(t *testing.T, g *hostileGateway, readTimeout time.Duration) 
 	if slowest > readTimeout+5*time.Second {
 		t.Errorf("the slowest connection was closed after %s, read timeout %s", slowest, readTimeout)
 	}
+}
+
+// testHeaderOnlyCalls: gRPC calls whose headers arrive and whose message
+// never does hold at most their credential's share of the in-flight
+// budget (8 MiB of 32), so another credential's calls are still accepted
+// while they wait; the credential's own calls are refused, naming its
+// share. (Before the share, 8 such calls held the whole budget for
+// call_timeout and every call was refused.)
+func testHeaderOnlyCalls(t *testing.T, g *hostileGateway) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	conns := make([]*grpc.ClientConn, 4)
+	for i := range conns {
+		conn, err := grpc.NewClient(g.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conns[i] = conn
+	}
+	headersOnly := func(conn *grpc.ClientConn) {
+		// The headers go now; the message never does.
+		if _, err := conn.NewStream(withToken(ctx, hostileAgent), &grpc.StreamDesc{ClientStreams: true},
+			faultlinev1.Events_SubmitEvents_FullMethodName); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, conn := range conns {
+		headersOnly(conn)
+		headersOnly(conn)
+	}
+	// The first calls grow to max_body_bytes (4 MiB) and wait for their
+	// message; the others wait 1 s for room in the share and are refused.
+	base := "http://" + g.http
+	held := func() string { return fmt.Sprintf("%d bytes held", inflightBytes(t, base)) }
+	waitUntil(t, func() bool { n := inflightBytes(t, base); return n == 4<<20 || n == 8<<20 }, held)
+	headersOnly(conns[0]) // fills the share if one call holds it so far
+	waitUntil(t, func() bool { return inflightBytes(t, base) == 8<<20 }, held)
+
+	cl := faultlinev1.NewEventsClient(conns[1])
+	req := &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("gpu-node-1")}}
+	for range 3 {
+		if _, err := cl.SubmitEvents(withToken(ctx, hostileBound), req); err != nil {
+			t.Fatalf("another credential's call while the header-only calls wait (%s): %v", held(), err)
+		}
+	}
+	_, err := cl.SubmitEvents(withToken(ctx, hostileAgent), req)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "max_inflight_bytes_per_caller") {
+		t.Errorf("the waiting credential's own call: %v, want RESOURCE_EXHAUSTED naming its share", err)
+	}
+	if n := inflightBytes(t, base); n != 8<<20 {
+		t.Errorf("header-only calls of one credential hold %d bytes, want its share, 8 MiB", n)
+	}
+	cancel()
+	waitBudgetFree(t, base)
 }
 
 // testSubmitter: an agent credential's overrides reach Kafka stamped as an

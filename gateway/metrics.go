@@ -61,7 +61,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 // rejectReasons are the reason labels of faultline_gateway_events_rejected_total.
-var rejectReasons = []string{"busy", "content_type", "invalid", "kafka_unavailable", "overloaded", "rate_limited",
+var rejectReasons = []string{"busy", "caller_busy", "content_type", "invalid", "kafka_unavailable", "overloaded", "rate_limited",
 	"read_rate_limited", "reads_busy", "too_large", "too_many_elements", "unauthenticated", "unreadable", "wrong_node"}
 
 func (m *metrics) rejected(reason string, n int) {

@@ -267,15 +267,17 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 				fmt.Sprintf("request body of %d bytes exceeds the limit of %d", r.ContentLength, max))
 			return
 		}
-		res := s.flight.reserve(r.Context(), 0)
+		caller, _ := CallerFrom(r.Context())
+		res, _ := s.flight.reserve(r.Context(), caller.Name, 0) // nothing yet: cannot be refused
 		defer res.release()
 		body, err := readReserved(r.Body, r.ContentLength, max, res)
 		switch {
-		case errors.Is(err, errBusy):
-			s.metrics.rejected("busy", 1)
+		case errors.Is(err, errBusy), errors.Is(err, errCallerBusy):
+			reason, msg := busyRefusal(err)
+			s.metrics.rejected(reason, 1)
 			refuseUnread(w, r)
 			w.Header().Set("Retry-After", "1")
-			writeStatus(w, http.StatusTooManyRequests, codes.ResourceExhausted, "the gateway holds as many request bytes as it may; retry later")
+			writeStatus(w, http.StatusTooManyRequests, codes.ResourceExhausted, msg)
 			return
 		case errors.Is(err, errTooLarge):
 			s.metrics.rejected("too_large", 1)
@@ -302,10 +304,7 @@ func isJSONMediaType(ct string) bool {
 	return err == nil && mt == "application/json"
 }
 
-var (
-	errBusy     = errors.New("in-flight budget full")
-	errTooLarge = errors.New("body too large")
-)
+var errTooLarge = errors.New("body too large")
 
 // readReserved reads a body of at most maxBytes bytes (declared, when not -1,
 // is its Content-Length), growing res by the buffer's capacity before
@@ -326,8 +325,8 @@ func readReserved(r io.Reader, declared, maxBytes int64, res *reservation) ([]by
 			if next <= c {
 				return nil, errTooLarge
 			}
-			if !res.grow(next - c) {
-				return nil, errBusy
+			if err := res.grow(next - c); err != nil {
+				return nil, err
 			}
 			grown := make([]byte, len(buf), next)
 			copy(grown, buf)

@@ -88,10 +88,10 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 		opts.Now = time.Now
 	}
 	m := newMetrics(reg)
-	flight := newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn)
+	flight := newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxInflightBytesPerCaller)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "faultline_gateway_inflight_bytes", Help: "Request bytes held now in the in-flight budget (gateway.max_inflight_bytes bounds it).",
-	}, func() float64 { return float64(flight.held.Load()) }))
+	}, func() float64 { return float64(flight.inUse()) }))
 	s := &Server{
 		cfg: cfg, log: log, auth: auth, metrics: m, producer: prod, reg: reg,
 		ready:       append([]ReadyCheck{{Name: "kafka", Check: prod.Ping}}, opts.Ready...),

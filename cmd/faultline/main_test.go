@@ -52,6 +52,8 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"tokens file bad role", []string{"gateway", "--tokens-file", badRole}, `gateway.tokens_file: tokens file ` + badRole + `: line 1: role "root" is not agent or operator`},
 		{"read timeout below header timeout", []string{"gateway", "--tokens-file", tokens, "--read-timeout", "1s"}, "gateway.read_timeout: must be at least gateway.read_header_timeout (10s), got 1s"},
 		{"in-flight below a message", []string{"gateway", "--tokens-file", tokens, "--max-inflight-bytes-per-conn", "1024"}, "gateway.max_inflight_bytes_per_conn: must be at least gateway.max_body_bytes"},
+		{"credential's share below a message", []string{"gateway", "--tokens-file", tokens, "--max-inflight-bytes-per-caller", "1024"}, "gateway.max_inflight_bytes_per_caller: must be at least gateway.max_body_bytes"},
+		{"credential's share past the budget", []string{"gateway", "--tokens-file", tokens, "--max-inflight-bytes-per-caller", "67108864"}, "at most gateway.max_inflight_bytes (33554432), got 67108864"},
 		{"linger past the produce timeout", []string{"gateway", "--tokens-file", tokens, "--producer-linger", "5s"}, "gateway.producer_linger: must be 0 or more and shorter than gateway.produce_timeout (5s), got 5s"},
 		{"binding certificates without a CA", []string{"gateway", "--tokens-file", tokens, "--client-cert-binds-node"}, "gateway.client_cert_binds_node: needs gateway.client_ca"},
 		{"unknown role", []string{"process", "--role", "store,cook"}, `role: unknown role "cook"`},
