@@ -86,14 +86,14 @@ type Config struct {
 	MaxInflightBytes int64 `toml:"max_inflight_bytes"`
 	// MaxInflightBytesPerConn is the same bound per connection. Default 8 MiB.
 	MaxInflightBytesPerConn int64 `toml:"max_inflight_bytes_per_conn"`
-	// MaxInflightBytesPerCaller is the same bound per credential, over all
-	// its connections: a credential whose calls never send their messages
-	// (each holds MaxBodyBytes while the gateway waits for it) refuses its
-	// own calls, not everyone's. With a 64 KiB window per gRPC call, one
-	// credential has at most 128 calls in progress at the default. Raise it
-	// when many agents share one token (or give each its own). Default
-	// 8 MiB.
-	MaxInflightBytesPerCaller int64 `toml:"max_inflight_bytes_per_caller"`
+	// MaxReadBytesPerCaller bounds the bytes one credential's gRPC calls
+	// hold at once for messages being read: a call holds MaxBodyBytes from
+	// just before its message is read until it is decoded, however long
+	// the client takes to send it, and the credential's other calls wait
+	// their turn (up to a second, then RESOURCE_EXHAUSTED). A credential
+	// whose calls never send their messages then refuses its own calls,
+	// not everyone's. Default 8 MiB (two reads at once).
+	MaxReadBytesPerCaller int64 `toml:"max_read_bytes_per_caller"`
 	// MaxStreamsPerConn bounds the concurrent calls of one HTTP/2
 	// connection (gRPC, and REST over TLS). Default 64.
 	MaxStreamsPerConn int `toml:"max_streams_per_conn"`
@@ -150,17 +150,17 @@ func DefaultConfig() Config {
 		MaxBufferedRecords: 100000,
 		ProducerLinger:     5 * time.Millisecond,
 
-		MaxInflightBytes:          32 << 20,
-		MaxInflightBytesPerConn:   8 << 20,
-		MaxInflightBytesPerCaller: 8 << 20,
-		MaxStreamsPerConn:         64,
-		MaxConns:                  4096,
-		MaxConnsPerAddress:        256,
-		ReadHeaderTimeout:         10 * time.Second,
-		ReadTimeout:               30 * time.Second,
-		CallTimeout:               60 * time.Second,
-		IdleTimeout:               5 * time.Minute,
-		MaxConnectionAge:          30 * time.Minute,
+		MaxInflightBytes:        32 << 20,
+		MaxInflightBytesPerConn: 8 << 20,
+		MaxReadBytesPerCaller:   8 << 20,
+		MaxStreamsPerConn:       64,
+		MaxConns:                4096,
+		MaxConnsPerAddress:      256,
+		ReadHeaderTimeout:       10 * time.Second,
+		ReadTimeout:             30 * time.Second,
+		CallTimeout:             60 * time.Second,
+		IdleTimeout:             5 * time.Minute,
+		MaxConnectionAge:        30 * time.Minute,
 
 		ReadRatePerCaller:  10,
 		ReadBurst:          20,
@@ -192,7 +192,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ProducerLinger, "producer-linger", c.ProducerLinger, "how long the producer waits for more records before sending a batch")
 	fs.Int64Var(&c.MaxInflightBytes, "max-inflight-bytes", c.MaxInflightBytes, "request bytes held at once by the gateway; past it 429/RESOURCE_EXHAUSTED")
 	fs.Int64Var(&c.MaxInflightBytesPerConn, "max-inflight-bytes-per-conn", c.MaxInflightBytesPerConn, "request bytes held at once per connection")
-	fs.Int64Var(&c.MaxInflightBytesPerCaller, "max-inflight-bytes-per-caller", c.MaxInflightBytesPerCaller, "request bytes held at once per credential, over all its connections")
+	fs.Int64Var(&c.MaxReadBytesPerCaller, "max-read-bytes-per-caller", c.MaxReadBytesPerCaller, "bytes one credential's gRPC calls hold at once for messages being read")
 	fs.IntVar(&c.MaxStreamsPerConn, "max-streams-per-conn", c.MaxStreamsPerConn, "concurrent calls per HTTP/2 connection")
 	fs.IntVar(&c.MaxConns, "max-conns", c.MaxConns, "open connections per TCP door (0: no limit)")
 	fs.IntVar(&c.MaxConnsPerAddress, "max-conns-per-address", c.MaxConnsPerAddress, "open connections per client IP per TCP door (0: no limit)")
@@ -248,8 +248,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("gateway.max_inflight_bytes_per_conn: must be at least gateway.max_body_bytes (%d), got %d", c.MaxBodyBytes, c.MaxInflightBytesPerConn)
 	case c.MaxInflightBytes < c.MaxInflightBytesPerConn:
 		return fmt.Errorf("gateway.max_inflight_bytes: must be at least gateway.max_inflight_bytes_per_conn (%d), got %d", c.MaxInflightBytesPerConn, c.MaxInflightBytes)
-	case c.MaxInflightBytesPerCaller < int64(c.MaxBodyBytes) || c.MaxInflightBytesPerCaller > c.MaxInflightBytes:
-		return fmt.Errorf("gateway.max_inflight_bytes_per_caller: must be at least gateway.max_body_bytes (%d) and at most gateway.max_inflight_bytes (%d), got %d", c.MaxBodyBytes, c.MaxInflightBytes, c.MaxInflightBytesPerCaller)
+	case c.MaxReadBytesPerCaller < int64(c.MaxBodyBytes) || c.MaxReadBytesPerCaller > c.MaxInflightBytes:
+		return fmt.Errorf("gateway.max_read_bytes_per_caller: must be at least gateway.max_body_bytes (%d) and at most gateway.max_inflight_bytes (%d), got %d", c.MaxBodyBytes, c.MaxInflightBytes, c.MaxReadBytesPerCaller)
 	case c.MaxStreamsPerConn < 1:
 		return fmt.Errorf("gateway.max_streams_per_conn: must be at least 1, got %d", c.MaxStreamsPerConn)
 	case c.MaxConns < 0:

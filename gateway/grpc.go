@@ -99,11 +99,10 @@ func (s *Server) newGRPCServer(door string, tlsCfg *tls.Config) *grpc.Server {
 
 // tap admits a call when its headers arrive, before its message is read:
 // a known method, an authenticated caller (the unix socket's configured
-// one, ingest only), room in the connection's, the credential's and the
-// gateway's in-flight budgets for what the call can hold before its
-// handler reads the message (its stream's flow-control window,
-// grpcStreamWindow; the reservation grows to gateway.max_body_bytes
-// before the message is read). It runs on
+// one, ingest only), room in the connection's and the gateway's in-flight
+// budgets for what the call can hold before its handler reads the message
+// (its stream's flow-control window, grpcStreamWindow; the reservation
+// grows to gateway.max_body_bytes before the message is read). It runs on
 // the connection's reader goroutine, so it only does map lookups, a hash
 // and the in-flight budget's counters under its lock.
 func (s *Server) tap(door string) tap.ServerInHandle {
@@ -145,10 +144,9 @@ func (s *Server) tap(door string) tap.ServerInHandle {
 			}
 			caller = c
 		}
-		res, err := s.flight.reserve(ctx, caller.Name, int64(min(s.cfg.MaxBodyBytes, grpcStreamWindow)))
+		res, err := s.flight.reserve(ctx, int64(min(s.cfg.MaxBodyBytes, grpcStreamWindow)))
 		if err != nil {
-			reason, msg := busyRefusal(err)
-			return refuse(codes.ResourceExhausted, reason, msg)
+			return refuse(codes.ResourceExhausted, "busy", msgBusy)
 		}
 		ctx, cancel := context.WithTimeout(withReservation(withCaller(ctx, caller), res), s.cfg.CallTimeout)
 		context.AfterFunc(ctx, func() { cancel(); res.release() })
@@ -233,27 +231,37 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 	return &out
 }
 
-// grpcReadWait is how long a call waits for room in the in-flight budgets
-// to read its message before it is refused: the other calls' reads on the
-// connection are usually over in microseconds (their messages have
-// arrived), and a refusal costs the client a backoff and a resend.
+// grpcReadWait is how long a call waits for its credential's read share,
+// and then for room in the in-flight budgets, to read its message before
+// it is refused: the other calls' reads are usually over in microseconds (their
+// messages have arrived), and a refusal costs the client a backoff and a
+// resend.
 const grpcReadWait = time.Second
 
 // growForRead grows a call's reservation to gateway.max_body_bytes before
-// its message is read, waiting up to grpcReadWait for the budgets. It runs
-// on the call's goroutine: while it waits the client's message stays
-// behind the stream's window, which the reservation already holds.
+// its message is read: in its credential's read share first (in turn with
+// the credential's other calls), then in the in-flight budgets, waiting up
+// to grpcReadWait for each. It runs on the call's goroutine: while it
+// waits the client's message stays behind the stream's window, which the
+// reservation already holds. A call refused gives everything back at once.
 func (s *Server) growForRead(ctx context.Context, res *reservation) error {
 	if res == nil {
 		return nil
 	}
+	caller, _ := CallerFrom(ctx)
 	need := int64(s.cfg.MaxBodyBytes) - res.held()
-	if err := res.grow(need); err == nil {
-		return nil
+	err := res.takeRead(ctx, caller.Name, need, grpcReadWait)
+	if err == nil {
+		if err = res.grow(need); err != nil {
+			wctx, cancel := context.WithTimeout(ctx, grpcReadWait)
+			err = res.growWait(wctx, need)
+			cancel()
+		}
 	}
-	wctx, cancel := context.WithTimeout(ctx, grpcReadWait)
-	defer cancel()
-	return res.growWait(wctx, need)
+	if err != nil {
+		res.release()
+	}
+	return err
 }
 
 // doorOf names the door of a call for metrics from its peer.

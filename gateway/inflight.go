@@ -4,29 +4,31 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/stats"
 )
 
-// inflight bounds the request bytes the gateway holds at once, in total,
-// per connection and per credential, so that memory stays bounded whoever
-// connects: a request that does not fit is refused at once
-// (RESOURCE_EXHAUSTED, 429) rather than queued. A gRPC call reserves its
-// stream's flow-control window (grpcStreamWindow, all a client can send
-// before the call's message is read) when its headers arrive, grows the
-// reservation to gateway.max_body_bytes just before its message is read
-// (its size is not known yet), and shrinks it to the message's size once
-// it is decoded; a REST request reserves its body as it is read. Each
-// holds its reservation until it is answered.
+// inflight bounds the request bytes the gateway holds at once, in total
+// and per connection, so that memory stays bounded whoever connects: a
+// request that does not fit is refused at once (RESOURCE_EXHAUSTED, 429)
+// rather than queued. A gRPC call reserves its stream's flow-control
+// window (grpcStreamWindow, all a client can send before the call's
+// message is read) when its headers arrive, grows the reservation to
+// gateway.max_body_bytes just before its message is read (its size is not
+// known yet), and shrinks it to the message's size once it is decoded; a
+// REST request reserves its body as it is read. Each holds its reservation
+// until it is answered.
 //
-// One credential's reservations together hold at most perCaller bytes: a
-// gRPC call grown to max_body_bytes holds it until its message arrives, so
-// a caller whose messages never come can refuse its own calls, not
-// everyone else's.
+// The growth to max_body_bytes is held until the message arrives, however
+// long the client takes to send it, so one credential's calls may hold at
+// most perCaller bytes of it at once (readShare): a caller whose messages
+// never come refuses its own calls, not everyone else's.
 //
-// The three bounds are counters under one lock, so a reservation grows in
-// all of them or in none: no other request sees bytes held for a moment
-// and given back.
+// The connection's and the gateway's bounds are counters under one lock,
+// so a reservation grows in both or in neither: no other request sees
+// bytes held for a moment and given back.
 type inflight struct {
 	total, perConn, perCaller int64
 
@@ -35,36 +37,45 @@ type inflight struct {
 	// freed, when not nil, is closed the next time bytes are given back:
 	// growWait's waiters wake on it.
 	freed chan struct{}
-	// callers are the credentials with a reservation, by Caller.Name.
-	callers map[string]*callerShare
+	// reads are the read shares of the credentials with a call reading
+	// or waiting to read its message, by Caller.Name.
+	reads map[string]*readShare
 }
 
 // connBudget is what one connection's reservations hold (under
 // inflight.mu).
 type connBudget struct{ held int64 }
 
-// callerShare is what one credential's reservations hold (under
-// inflight.mu); it is dropped with the credential's last reservation.
-type callerShare struct{ held, reservations int64 }
+// readShare is one credential's share of the bytes held for messages being
+// read: calls wait for it in turn (a FIFO semaphore: every call asks for
+// about max_body_bytes, so none is passed over). It is dropped when no
+// call holds or waits for it.
+type readShare struct {
+	sem   *semaphore.Weighted
+	calls int // under inflight.mu
+}
 
 // Why a reservation could not grow.
 var (
 	errBusy       = errors.New("in-flight budget full")
-	errCallerBusy = errors.New("the credential's in-flight share is full")
+	errCallerBusy = errors.New("the credential's share of message reads is full")
 	errReleased   = errors.New("reservation released")
 )
 
+// msgBusy answers a request the in-flight budget refused.
+const msgBusy = "the gateway holds as many request bytes as it may; retry later"
+
 // busyRefusal is the metrics reason and the message of an answer to a
-// request the in-flight budget refused with err (errBusy or errCallerBusy).
+// call the in-flight budget refused with err (errBusy or errCallerBusy).
 func busyRefusal(err error) (reason, msg string) {
 	if errors.Is(err, errCallerBusy) {
-		return "caller_busy", "this credential's requests hold as many bytes as one credential may (gateway.max_inflight_bytes_per_caller); retry later"
+		return "caller_busy", "this credential's calls hold as many bytes for messages being read as one credential may (gateway.max_read_bytes_per_caller); retry later"
 	}
-	return "busy", "the gateway holds as many request bytes as it may; retry later"
+	return "busy", msgBusy
 }
 
 func newInflight(total, perConn, perCaller int64) *inflight {
-	return &inflight{total: total, perConn: perConn, perCaller: perCaller, callers: map[string]*callerShare{}}
+	return &inflight{total: total, perConn: perConn, perCaller: perCaller, reads: map[string]*readShare{}}
 }
 
 // inUse is what the reservations hold now.
@@ -93,44 +104,38 @@ func (f *inflight) connContext(ctx context.Context) context.Context {
 	return context.WithValue(ctx, connBudgetKey{}, &connBudget{})
 }
 
-// reservation is bytes held on a connection, in its credential's share
-// and in total. Once released it holds nothing for good: a call's
-// goroutine growing it after its context ended (and the tap's release ran)
-// would otherwise hold bytes nothing gives back.
+// reservation is bytes held on a connection and in total, and, while its
+// call's message is read, in its credential's read share. Once released
+// it holds nothing for good: a call's goroutine growing it after its
+// context ended (and the tap's release ran) would otherwise hold bytes
+// nothing gives back.
 type reservation struct {
 	f        *inflight
 	conn     *connBudget
-	caller   string
-	share    *callerShare
-	mu       sync.Mutex // guards n and released; taken before inflight.mu
+	mu       sync.Mutex // guards the fields below; taken before inflight.mu
 	n        int64
 	released bool
+	// reading is the read share held (n bytes of it) by a call whose
+	// message is being read; reader is its credential.
+	reading *readShare
+	reader  string
+	readN   int64
 }
 
-// reserve holds n bytes for a request of caller (its Caller.Name) on
-// ctx's connection, or returns errBusy or errCallerBusy when the
-// connection's, the gateway's or the credential's budget cannot take them
+// reserve holds n bytes for a request on ctx's connection, or returns
+// errBusy when the connection's or the gateway's budget cannot take them
 // now.
-func (f *inflight) reserve(ctx context.Context, caller string, n int64) (*reservation, error) {
-	r := &reservation{f: f, caller: caller}
+func (f *inflight) reserve(ctx context.Context, n int64) (*reservation, error) {
+	r := &reservation{f: f}
 	r.conn, _ = ctx.Value(connBudgetKey{}).(*connBudget)
-	f.mu.Lock()
-	if r.share = f.callers[caller]; r.share == nil {
-		r.share = &callerShare{}
-		f.callers[caller] = r.share
-	}
-	r.share.reservations++
-	f.mu.Unlock()
 	if err := r.grow(n); err != nil {
-		r.release()
 		return nil, err
 	}
 	return r, nil
 }
 
 // grow adds n bytes to the reservation, or nothing when a budget is full
-// (errBusy; errCallerBusy when only the credential's share is) or the
-// reservation was released (errReleased).
+// (errBusy) or the reservation was released (errReleased).
 func (r *reservation) grow(n int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -143,13 +148,9 @@ func (r *reservation) grow(n int64) error {
 	f := r.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	switch {
-	case r.conn != nil && r.conn.held+n > f.perConn, f.held+n > f.total:
+	if r.conn != nil && r.conn.held+n > f.perConn || f.held+n > f.total {
 		return errBusy
-	case r.share.held+n > f.perCaller:
-		return errCallerBusy
 	}
-	r.share.held += n
 	if r.conn != nil {
 		r.conn.held += n
 	}
@@ -178,6 +179,51 @@ func (r *reservation) growWait(ctx context.Context, n int64) error {
 	}
 }
 
+// takeRead holds n bytes of caller's read share until the reservation
+// shrinks (its message decoded) or is released, waiting in turn up to
+// wait or until ctx is done (errCallerBusy).
+func (r *reservation) takeRead(ctx context.Context, caller string, n int64, wait time.Duration) error {
+	f := r.f
+	f.mu.Lock()
+	share := f.reads[caller]
+	if share == nil {
+		share = &readShare{sem: semaphore.NewWeighted(f.perCaller)}
+		f.reads[caller] = share
+	}
+	share.calls++
+	f.mu.Unlock()
+	n = min(n, f.perCaller)
+	var err error
+	if !share.sem.TryAcquire(n) {
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		err = share.sem.Acquire(wctx, n)
+		cancel()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case err != nil:
+		err = errCallerBusy
+	case r.released: // released while it waited
+		share.sem.Release(n)
+		err = errReleased
+	default:
+		r.reading, r.reader, r.readN = share, caller, n
+		return nil
+	}
+	f.leaveRead(caller, share)
+	return err
+}
+
+// leaveRead drops a call from a read share it no longer holds or waits for.
+func (f *inflight) leaveRead(caller string, share *readShare) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if share.calls--; share.calls == 0 {
+		delete(f.reads, caller)
+	}
+}
+
 // held is what the reservation holds.
 func (r *reservation) held() int64 {
 	r.mu.Lock()
@@ -185,7 +231,8 @@ func (r *reservation) held() int64 {
 	return r.n
 }
 
-// shrink gives back what the reservation holds beyond n bytes.
+// shrink gives back what the reservation holds beyond n bytes, and its
+// read share: its message has been read.
 func (r *reservation) shrink(n int64) {
 	if r == nil {
 		return
@@ -196,6 +243,11 @@ func (r *reservation) shrink(n int64) {
 }
 
 func (r *reservation) shrinkLocked(n int64) {
+	if r.reading != nil {
+		r.reading.sem.Release(r.readN)
+		r.f.leaveRead(r.reader, r.reading)
+		r.reading = nil
+	}
 	extra := r.n - n
 	if extra <= 0 {
 		return
@@ -204,7 +256,6 @@ func (r *reservation) shrinkLocked(n int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r.n = n
-	r.share.held -= extra
 	if r.conn != nil {
 		r.conn.held -= extra
 	}
@@ -222,17 +273,8 @@ func (r *reservation) release() {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.released {
-		return
-	}
 	r.shrinkLocked(0)
 	r.released = true
-	f := r.f
-	f.mu.Lock()
-	if r.share.reservations--; r.share.reservations == 0 {
-		delete(f.callers, r.caller)
-	}
-	f.mu.Unlock()
 }
 
 type reservationKey struct{}

@@ -12,25 +12,21 @@ import (
 	"time"
 )
 
-// TestInflight: reservations count against their connection, their
-// credential and the gateway, refuse what does not fit (naming the
-// credential's share when it is that), and give everything back.
+// TestInflight: reservations count against their connection and the
+// gateway, refuse what does not fit, and give everything back.
 func TestInflight(t *testing.T) {
-	f := newInflight(100, 60, 70)
+	f := newInflight(100, 60, 100)
 	c1, c2 := f.connContext(context.Background()), f.connContext(context.Background())
-	a := mustReserve(t, f, c1, "x", 50)
-	if _, err := f.reserve(c1, "y", 20); !errors.Is(err, errBusy) {
+	a := mustReserve(t, f, c1, 50)
+	if _, err := f.reserve(c1, 20); !errors.Is(err, errBusy) {
 		t.Fatalf("70 bytes on a connection of 60: %v, want errBusy", err)
 	}
-	if _, err := f.reserve(c2, "x", 30); !errors.Is(err, errCallerBusy) {
-		t.Fatalf("80 bytes for a credential of 70: %v, want errCallerBusy", err)
-	}
-	b := mustReserve(t, f, c2, "y", 50)
-	if _, err := f.reserve(context.Background(), "z", 1); !errors.Is(err, errBusy) {
+	b := mustReserve(t, f, c2, 50)
+	if _, err := f.reserve(context.Background(), 1); !errors.Is(err, errBusy) {
 		t.Fatalf("101 bytes held of a total of 100: %v, want errBusy", err)
 	}
 	a.shrink(10) // a message smaller than reserved
-	c := mustReserve(t, f, c1, "x", 40)
+	c := mustReserve(t, f, c1, 40)
 	a.release()
 	a.release() // idempotent
 	b.release()
@@ -38,19 +34,64 @@ func TestInflight(t *testing.T) {
 		t.Fatalf("%d bytes held with one reservation of 40 left", got)
 	}
 	c.release()
-	if got, shares := f.inUse(), len(f.callers); got != 0 || shares != 0 {
-		t.Fatalf("after every release: %d bytes held, %d credentials' shares kept", got, shares)
-	}
-	mustReserve(t, f, context.Background(), "x", 70).release() // whole again
+	mustReserve(t, f, context.Background(), 100).release() // whole again
 }
 
-func mustReserve(t *testing.T, f *inflight, ctx context.Context, caller string, n int64) *reservation {
+func mustReserve(t *testing.T, f *inflight, ctx context.Context, n int64) *reservation {
 	t.Helper()
-	r, err := f.reserve(ctx, caller, n)
+	r, err := f.reserve(ctx, n)
 	if err != nil {
-		t.Fatalf("%d bytes for %s refused: %v (%d held)", n, caller, err, f.inUse())
+		t.Fatalf("%d bytes refused: %v (%d held)", n, err, f.inUse())
 	}
 	return r
+}
+
+// TestInflightReadShare: one credential's calls hold at most its read
+// share for messages being read, in turn; another credential's calls are
+// not held back by it; a share is given back when the message is decoded
+// (shrink) or the call released, and dropped once nobody uses it.
+func TestInflightReadShare(t *testing.T) {
+	f := newInflight(1000, 1000, 100)
+	ctx := context.Background()
+	a, b, c := mustReserve(t, f, ctx, 10), mustReserve(t, f, ctx, 10), mustReserve(t, f, ctx, 10)
+	if err := a.takeRead(ctx, "x", 60, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.takeRead(ctx, "x", 60, 20*time.Millisecond); !errors.Is(err, errCallerBusy) {
+		t.Fatalf("120 bytes of a share of 100: %v, want errCallerBusy", err)
+	}
+	if err := c.takeRead(ctx, "y", 60, 20*time.Millisecond); err != nil {
+		t.Fatalf("another credential's read: %v", err)
+	}
+	got := make(chan error)
+	go func() { got <- b.takeRead(ctx, "x", 60, 5*time.Second) }()
+	time.Sleep(20 * time.Millisecond)
+	a.shrink(10) // a's message decoded: its read share is given back
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("a waiting read after the share was given back: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a waiting read did not get the share given back")
+	}
+	b.release()
+	c.release()
+	a.release()
+	if n := len(f.reads); n != 0 {
+		t.Fatalf("%d read shares kept after every call was done", n)
+	}
+	d := mustReserve(t, f, ctx, 0)
+	if err := d.takeRead(ctx, "x", 100, 20*time.Millisecond); err != nil {
+		t.Fatalf("the whole share after every call was done: %v", err)
+	}
+	d.release()
+	if err := d.takeRead(ctx, "x", 10, time.Second); !errors.Is(err, errReleased) {
+		t.Fatalf("a read on a released reservation: %v, want errReleased", err)
+	}
+	if n := len(f.reads); n != 0 {
+		t.Fatalf("%d read shares kept after a released reservation's read", n)
+	}
 }
 
 // TestReadReserved: a body is held in the budget as it is read, chunk by
@@ -58,7 +99,7 @@ func mustReserve(t *testing.T, f *inflight, ctx context.Context, caller string, 
 func TestReadReserved(t *testing.T) {
 	body := bytes.Repeat([]byte("x"), 200<<10)
 	f := newInflight(1<<20, 1<<20, 1<<20)
-	res := mustReserve(t, f, f.connContext(context.Background()), "x", 0)
+	res := mustReserve(t, f, f.connContext(context.Background()), 0)
 	got, err := readReserved(bytes.NewReader(body), -1, 1<<20, res)
 	if err != nil || !bytes.Equal(got, body) {
 		t.Fatalf("read %d bytes, %v", len(got), err)
@@ -68,21 +109,17 @@ func TestReadReserved(t *testing.T) {
 	}
 	res.release()
 
-	if _, err := readReserved(bytes.NewReader(body), -1, 100<<10, mustReserve(t, f, context.Background(), "x", 0)); !errors.Is(err, errTooLarge) {
+	if _, err := readReserved(bytes.NewReader(body), -1, 100<<10, mustReserve(t, f, context.Background(), 0)); !errors.Is(err, errTooLarge) {
 		t.Fatalf("a 200 KiB body with a 100 KiB limit: %v", err)
 	}
 	small := newInflight(128<<10, 128<<10, 128<<10)
-	if _, err := readReserved(bytes.NewReader(body), -1, 1<<20, mustReserve(t, small, context.Background(), "x", 0)); !errors.Is(err, errBusy) {
+	if _, err := readReserved(bytes.NewReader(body), -1, 1<<20, mustReserve(t, small, context.Background(), 0)); !errors.Is(err, errBusy) {
 		t.Fatalf("a 200 KiB body in a 128 KiB budget: %v", err)
-	}
-	shared := newInflight(1<<20, 1<<20, 128<<10)
-	if _, err := readReserved(bytes.NewReader(body), -1, 1<<20, mustReserve(t, shared, context.Background(), "x", 0)); !errors.Is(err, errCallerBusy) {
-		t.Fatalf("a 200 KiB body with a credential's share of 128 KiB: %v", err)
 	}
 	// A body that stalls holds only what it sent, rounded up to a chunk.
 	pr, pw := io.Pipe()
 	go func() { _, _ = pw.Write([]byte(strings.Repeat("y", 10))) }()
-	res = mustReserve(t, small, context.Background(), "x", 0)
+	res = mustReserve(t, small, context.Background(), 0)
 	done := make(chan struct{})
 	go func() { _, _ = readReserved(pr, -1, 1<<20, res); close(done) }()
 	time.Sleep(50 * time.Millisecond)
@@ -151,8 +188,8 @@ func TestLimitListener(t *testing.T) {
 func TestInflightGrowWait(t *testing.T) {
 	f := newInflight(100, 100, 100)
 	conn := f.connContext(context.Background())
-	a := mustReserve(t, f, conn, "x", 80)
-	w := mustReserve(t, f, conn, "x", 10)
+	a := mustReserve(t, f, conn, 80)
+	w := mustReserve(t, f, conn, 10)
 	got := make(chan error)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -160,7 +197,7 @@ func TestInflightGrowWait(t *testing.T) {
 		got <- w.growWait(ctx, 50)
 	}()
 	time.Sleep(20 * time.Millisecond)
-	mustReserve(t, f, conn, "x", 5).release() // fits while another waits
+	mustReserve(t, f, conn, 5).release() // fits while another waits
 	a.shrink(30)
 	if err := <-got; err != nil {
 		t.Fatalf("growWait did not get the bytes given back: %v", err)
@@ -186,8 +223,8 @@ func TestInflightGrowWait(t *testing.T) {
 func TestInflightWaitIsIdle(t *testing.T) {
 	f := newInflight(100, 100, 100)
 	conn := f.connContext(context.Background())
-	mustReserve(t, f, context.Background(), "hog", 90)
-	w := mustReserve(t, f, conn, "x", 10)
+	mustReserve(t, f, context.Background(), 90)
+	w := mustReserve(t, f, conn, 10)
 	before := cpuTime(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
@@ -214,8 +251,8 @@ func cpuTime(t *testing.T) time.Duration {
 func TestInflightReleasedForGood(t *testing.T) {
 	f := newInflight(100, 100, 100)
 	conn := f.connContext(context.Background())
-	hog := mustReserve(t, f, conn, "x", 90)
-	w := mustReserve(t, f, conn, "x", 10)
+	hog := mustReserve(t, f, conn, 90)
+	w := mustReserve(t, f, conn, 10)
 	got := make(chan error)
 	go func() { got <- w.growWait(context.Background(), 50) }()
 	time.Sleep(20 * time.Millisecond)
@@ -235,5 +272,5 @@ func TestInflightReleasedForGood(t *testing.T) {
 	if held := f.inUse(); held != 0 {
 		t.Errorf("%d bytes held after every reservation was released", held)
 	}
-	mustReserve(t, f, conn, "x", 100).release() // the budget is whole again
+	mustReserve(t, f, conn, 100).release() // the budget is whole again
 }

@@ -387,7 +387,7 @@ func TestBrokerRestart(t *testing.T) {
 func testInflightBudget(t *testing.T, k *testenv.Kafka) {
 	const budget = 64 << 10
 	gw := gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) {
-		c.MaxBodyBytes, c.MaxInflightBytesPerConn, c.MaxInflightBytesPerCaller, c.MaxInflightBytes = budget, budget, budget, budget
+		c.MaxBodyBytes, c.MaxInflightBytesPerConn, c.MaxReadBytesPerCaller, c.MaxInflightBytes = budget, budget, budget, budget
 	}, gateway.Options{})
 	slow, err := net.Dial("tcp", gw.HTTPAddr())
 	if err != nil {

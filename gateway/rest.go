@@ -267,17 +267,15 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 				fmt.Sprintf("request body of %d bytes exceeds the limit of %d", r.ContentLength, max))
 			return
 		}
-		caller, _ := CallerFrom(r.Context())
-		res, _ := s.flight.reserve(r.Context(), caller.Name, 0) // nothing yet: cannot be refused
+		res, _ := s.flight.reserve(r.Context(), 0) // nothing yet: cannot be refused
 		defer res.release()
 		body, err := readReserved(r.Body, r.ContentLength, max, res)
 		switch {
-		case errors.Is(err, errBusy), errors.Is(err, errCallerBusy):
-			reason, msg := busyRefusal(err)
-			s.metrics.rejected(reason, 1)
+		case errors.Is(err, errBusy):
+			s.metrics.rejected("busy", 1)
 			refuseUnread(w, r)
 			w.Header().Set("Retry-After", "1")
-			writeStatus(w, http.StatusTooManyRequests, codes.ResourceExhausted, msg)
+			writeStatus(w, http.StatusTooManyRequests, codes.ResourceExhausted, msgBusy)
 			return
 		case errors.Is(err, errTooLarge):
 			s.metrics.rejected("too_large", 1)

@@ -88,7 +88,7 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 		opts.Now = time.Now
 	}
 	m := newMetrics(reg)
-	flight := newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxInflightBytesPerCaller)
+	flight := newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "faultline_gateway_inflight_bytes", Help: "Request bytes held now in the in-flight budget (gateway.max_inflight_bytes bounds it).",
 	}, func() float64 { return float64(flight.inUse()) }))

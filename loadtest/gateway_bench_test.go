@@ -58,8 +58,7 @@ func benchEvent(i int) *datamodels.HealthEvent {
 func BenchmarkIngest(b *testing.B) {
 	k := testenv.StartKafka(b)
 	gw := gatewaytest.Start(b, k.Addr(), func(c *gateway.Config) {
-		c.RatePerCaller = 0 // one token stands for the fleet's agents
-		c.MaxInflightBytesPerCaller = c.MaxInflightBytes
+		c.RatePerCaller = 0
 		c.MaxBufferedRecords = 1 << 20
 		if v, err := time.ParseDuration(os.Getenv("BENCH_LINGER")); err == nil {
 			c.ProducerLinger = v

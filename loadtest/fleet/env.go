@@ -202,10 +202,6 @@ func Start(tb testing.TB, o Options) *Env {
 		// Every simulated agent connects from 127.0.0.1: the per-address
 		// connection bound (256), meant for one client host, is lifted.
 		c.MaxConnsPerAddress = 0
-		// One token per cluster stands for all of its nodes' agents, each
-		// of which would be its own credential: the per-credential share
-		// of the in-flight budget (a quarter) is lifted to the whole.
-		c.MaxInflightBytesPerCaller = c.MaxInflightBytes
 		if o.Gateway != nil {
 			o.Gateway(c)
 		}
