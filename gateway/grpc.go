@@ -102,7 +102,8 @@ func (s *Server) newGRPCServer(door string, tlsCfg *tls.Config) *grpc.Server {
 // one, ingest only), room in the connection's and the gateway's in-flight
 // budgets for what the call can hold before its handler reads the message
 // (its stream's flow-control window, grpcStreamWindow; the reservation
-// grows to gateway.max_body_bytes before the message is read). It runs on
+// grows to gateway.max_body_bytes before the message is read, and the
+// windows leave room for that). It runs on
 // the connection's reader goroutine, so it only does map lookups, a hash
 // and the in-flight budget's counters under its lock.
 func (s *Server) tap(door string) tap.ServerInHandle {
@@ -144,7 +145,8 @@ func (s *Server) tap(door string) tap.ServerInHandle {
 			}
 			caller = c
 		}
-		res, err := s.flight.reserve(ctx, int64(min(s.cfg.MaxBodyBytes, grpcStreamWindow)))
+		window := int64(min(s.cfg.MaxBodyBytes, grpcStreamWindow))
+		res, err := s.flight.reserve(ctx, window, int64(s.cfg.MaxBodyBytes)-window)
 		if err != nil {
 			return refuse(codes.ResourceExhausted, "busy", msgBusy)
 		}

@@ -51,8 +51,9 @@ type connBudget struct{ held int64 }
 // about max_body_bytes, so none is passed over). It is dropped when no
 // call holds or waits for it.
 type readShare struct {
-	sem   *semaphore.Weighted
-	calls int // under inflight.mu
+	caller string
+	sem    *semaphore.Weighted
+	calls  int // under inflight.mu
 }
 
 // Why a reservation could not grow.
@@ -115,20 +116,21 @@ type reservation struct {
 	mu       sync.Mutex // guards the fields below; taken before inflight.mu
 	n        int64
 	released bool
-	// reading is the read share held (n bytes of it) by a call whose
-	// message is being read; reader is its credential.
+	// reading is the read share a call holds (readN bytes of it) while
+	// its message is read.
 	reading *readShare
-	reader  string
 	readN   int64
 }
 
-// reserve holds n bytes for a request on ctx's connection, or returns
-// errBusy when the connection's or the gateway's budget cannot take them
-// now.
-func (f *inflight) reserve(ctx context.Context, n int64) (*reservation, error) {
+// reserve holds n bytes for a request on ctx's connection, leaving at
+// least keep bytes of the connection's and the gateway's budgets free, or
+// returns errBusy. A gRPC call keeps free what a call needs to read its
+// message: were the budget all stream windows of calls waiting to read,
+// none could grow to read, and every call would wait and be refused.
+func (f *inflight) reserve(ctx context.Context, n, keep int64) (*reservation, error) {
 	r := &reservation{f: f}
 	r.conn, _ = ctx.Value(connBudgetKey{}).(*connBudget)
-	if err := r.grow(n); err != nil {
+	if err := r.growKeeping(n, keep); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -136,7 +138,10 @@ func (f *inflight) reserve(ctx context.Context, n int64) (*reservation, error) {
 
 // grow adds n bytes to the reservation, or nothing when a budget is full
 // (errBusy) or the reservation was released (errReleased).
-func (r *reservation) grow(n int64) error {
+func (r *reservation) grow(n int64) error { return r.growKeeping(n, 0) }
+
+// growKeeping is grow leaving at least keep bytes of each budget free.
+func (r *reservation) growKeeping(n, keep int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.released {
@@ -148,7 +153,7 @@ func (r *reservation) grow(n int64) error {
 	f := r.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if r.conn != nil && r.conn.held+n > f.perConn || f.held+n > f.total {
+	if r.conn != nil && r.conn.held+n > f.perConn-keep || f.held+n > f.total-keep {
 		return errBusy
 	}
 	if r.conn != nil {
@@ -187,7 +192,7 @@ func (r *reservation) takeRead(ctx context.Context, caller string, n int64, wait
 	f.mu.Lock()
 	share := f.reads[caller]
 	if share == nil {
-		share = &readShare{sem: semaphore.NewWeighted(f.perCaller)}
+		share = &readShare{caller: caller, sem: semaphore.NewWeighted(f.perCaller)}
 		f.reads[caller] = share
 	}
 	share.calls++
@@ -208,19 +213,19 @@ func (r *reservation) takeRead(ctx context.Context, caller string, n int64, wait
 		share.sem.Release(n)
 		err = errReleased
 	default:
-		r.reading, r.reader, r.readN = share, caller, n
+		r.reading, r.readN = share, n
 		return nil
 	}
-	f.leaveRead(caller, share)
+	f.leaveRead(share)
 	return err
 }
 
 // leaveRead drops a call from a read share it no longer holds or waits for.
-func (f *inflight) leaveRead(caller string, share *readShare) {
+func (f *inflight) leaveRead(share *readShare) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if share.calls--; share.calls == 0 {
-		delete(f.reads, caller)
+		delete(f.reads, share.caller)
 	}
 }
 
@@ -245,7 +250,7 @@ func (r *reservation) shrink(n int64) {
 func (r *reservation) shrinkLocked(n int64) {
 	if r.reading != nil {
 		r.reading.sem.Release(r.readN)
-		r.f.leaveRead(r.reader, r.reading)
+		r.f.leaveRead(r.reading)
 		r.reading = nil
 	}
 	extra := r.n - n

@@ -18,11 +18,11 @@ func TestInflight(t *testing.T) {
 	f := newInflight(100, 60, 100)
 	c1, c2 := f.connContext(context.Background()), f.connContext(context.Background())
 	a := mustReserve(t, f, c1, 50)
-	if _, err := f.reserve(c1, 20); !errors.Is(err, errBusy) {
+	if _, err := f.reserve(c1, 20, 0); !errors.Is(err, errBusy) {
 		t.Fatalf("70 bytes on a connection of 60: %v, want errBusy", err)
 	}
 	b := mustReserve(t, f, c2, 50)
-	if _, err := f.reserve(context.Background(), 1); !errors.Is(err, errBusy) {
+	if _, err := f.reserve(context.Background(), 1, 0); !errors.Is(err, errBusy) {
 		t.Fatalf("101 bytes held of a total of 100: %v, want errBusy", err)
 	}
 	a.shrink(10) // a message smaller than reserved
@@ -35,11 +35,20 @@ func TestInflight(t *testing.T) {
 	}
 	c.release()
 	mustReserve(t, f, context.Background(), 100).release() // whole again
+
+	// A window leaves room for a read: 40 bytes kept free.
+	w := mustReserve(t, f, c1, 30)
+	if _, err := f.reserve(c2, 40, 40); !errors.Is(err, errBusy) {
+		t.Fatalf("a reservation leaving 30 of the 40 bytes to keep free: %v, want errBusy", err)
+	}
+	if err := w.grow(30); err != nil { // a read may use what windows leave
+		t.Fatalf("a read into the bytes kept free: %v", err)
+	}
 }
 
 func mustReserve(t *testing.T, f *inflight, ctx context.Context, n int64) *reservation {
 	t.Helper()
-	r, err := f.reserve(ctx, n)
+	r, err := f.reserve(ctx, n, 0)
 	if err != nil {
 		t.Fatalf("%d bytes refused: %v (%d held)", n, err, f.inUse())
 	}

@@ -267,7 +267,7 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 				fmt.Sprintf("request body of %d bytes exceeds the limit of %d", r.ContentLength, max))
 			return
 		}
-		res, _ := s.flight.reserve(r.Context(), 0) // nothing yet: cannot be refused
+		res, _ := s.flight.reserve(r.Context(), 0, 0) // nothing yet: cannot be refused
 		defer res.release()
 		body, err := readReserved(r.Body, r.ContentLength, max, res)
 		switch {
