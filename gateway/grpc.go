@@ -103,9 +103,9 @@ func (s *Server) newGRPCServer(door string, tlsCfg *tls.Config) *grpc.Server {
 // budgets for what the call can hold before its handler reads the message
 // (its stream's flow-control window, grpcStreamWindow; the reservation
 // grows to gateway.max_body_bytes before the message is read, and the
-// windows leave room for that). It runs on
-// the connection's reader goroutine, so it only does map lookups, a hash
-// and the in-flight budget's counters under its lock.
+// windows leave room for that). It runs on the connection's reader
+// goroutine, so it only does map lookups, a hash and the in-flight
+// budget's counters under its lock.
 func (s *Server) tap(door string) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		method := info.FullMethodName
@@ -235,9 +235,9 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 
 // grpcReadWait is how long a call waits for its credential's read share,
 // and then for room in the in-flight budgets, to read its message before
-// it is refused: the other calls' reads are usually over in microseconds (their
-// messages have arrived), and a refusal costs the client a backoff and a
-// resend.
+// it is refused: the other calls' reads are usually over in microseconds
+// (their messages have arrived), and a refusal costs the client a backoff
+// and a resend.
 const grpcReadWait = time.Second
 
 // growForRead grows a call's reservation to gateway.max_body_bytes before
