@@ -148,7 +148,8 @@ func (s *Server) tap(door string) tap.ServerInHandle {
 		window := int64(min(s.cfg.MaxBodyBytes, grpcStreamWindow))
 		res, err := s.flight.reserve(ctx, window, int64(s.cfg.MaxBodyBytes)-window)
 		if err != nil {
-			return refuse(codes.ResourceExhausted, "busy", msgBusy)
+			reason, msg := busyRefusal(err)
+			return refuse(codes.ResourceExhausted, reason, msg)
 		}
 		ctx, cancel := context.WithTimeout(withReservation(withCaller(ctx, caller), res), s.cfg.CallTimeout)
 		context.AfterFunc(ctx, func() { cancel(); res.release() })

@@ -747,14 +747,20 @@ func testHeaderOnlyCalls(t *testing.T, g *hostileGateway) {
 	held := func() string { return fmt.Sprintf("%d bytes held", inflightBytes(t, base)) }
 	waitUntil(t, func() bool { return inflightBytes(t, base) == 8<<20 }, held)
 
-	cl := faultlinev1.NewEventsClient(conns[1])
+	// Another agent, on its own connection (the share's two holders may
+	// both be on one of the four, whose 8 MiB they then fill).
+	other, err := grpc.NewClient(g.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
 	req := &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("gpu-node-1")}}
 	for range 3 {
-		if _, err := cl.SubmitEvents(withToken(ctx, hostileBound), req); err != nil {
+		if _, err := faultlinev1.NewEventsClient(other).SubmitEvents(withToken(ctx, hostileBound), req); err != nil {
 			t.Fatalf("another credential's call while the header-only calls wait (%s): %v", held(), err)
 		}
 	}
-	_, err := cl.SubmitEvents(withToken(ctx, hostileAgent), req)
+	_, err = faultlinev1.NewEventsClient(other).SubmitEvents(withToken(ctx, hostileAgent), req)
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "max_read_bytes_per_caller") {
 		t.Errorf("the waiting credential's own call: %v, want RESOURCE_EXHAUSTED naming its share", err)
 	}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -56,23 +57,25 @@ type readShare struct {
 	calls  int // under inflight.mu
 }
 
-// Why a reservation could not grow.
+// Why a reservation could not grow. errConnBusy is an errBusy.
 var (
 	errBusy       = errors.New("in-flight budget full")
+	errConnBusy   = fmt.Errorf("connection's %w", errBusy)
 	errCallerBusy = errors.New("the credential's share of message reads is full")
 	errReleased   = errors.New("reservation released")
 )
 
-// msgBusy answers a request the in-flight budget refused.
-const msgBusy = "the gateway holds as many request bytes as it may; retry later"
-
 // busyRefusal is the metrics reason and the message of an answer to a
-// call the in-flight budget refused with err (errBusy or errCallerBusy).
+// request the in-flight budget refused with err; the message names the
+// bound that refused it.
 func busyRefusal(err error) (reason, msg string) {
-	if errors.Is(err, errCallerBusy) {
+	switch {
+	case errors.Is(err, errCallerBusy):
 		return "caller_busy", "this credential's calls hold as many bytes for messages being read as one credential may (gateway.max_read_bytes_per_caller); retry later"
+	case errors.Is(err, errConnBusy):
+		return "busy", "this connection holds as many request bytes as one connection may (gateway.max_inflight_bytes_per_conn); retry later"
 	}
-	return "busy", msgBusy
+	return "busy", "the gateway holds as many request bytes as it may (gateway.max_inflight_bytes); retry later"
 }
 
 func newInflight(total, perConn, perCaller int64) *inflight {
@@ -124,9 +127,10 @@ type reservation struct {
 
 // reserve holds n bytes for a request on ctx's connection, leaving at
 // least keep bytes of the connection's and the gateway's budgets free, or
-// returns errBusy. A gRPC call keeps free what a call needs to read its
-// message: were the budget all stream windows of calls waiting to read,
-// none could grow to read, and every call would wait and be refused.
+// returns errBusy (errConnBusy when it is the connection's that is full).
+// A gRPC call keeps free what a call needs to read its message: were the
+// budget all stream windows of calls waiting to read, none could grow to
+// read, and every call would wait and be refused.
 func (f *inflight) reserve(ctx context.Context, n, keep int64) (*reservation, error) {
 	r := &reservation{f: f}
 	r.conn, _ = ctx.Value(connBudgetKey{}).(*connBudget)
@@ -137,7 +141,7 @@ func (f *inflight) reserve(ctx context.Context, n, keep int64) (*reservation, er
 }
 
 // grow adds n bytes to the reservation, or nothing when a budget is full
-// (errBusy) or the reservation was released (errReleased).
+// (errBusy, errConnBusy) or the reservation was released (errReleased).
 func (r *reservation) grow(n int64) error { return r.growKeeping(n, 0) }
 
 // growKeeping is grow leaving at least keep bytes of each budget free.
@@ -153,8 +157,11 @@ func (r *reservation) growKeeping(n, keep int64) error {
 	f := r.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if r.conn != nil && r.conn.held+n > f.perConn-keep || f.held+n > f.total-keep {
+	if f.held+n > f.total-keep {
 		return errBusy
+	}
+	if r.conn != nil && r.conn.held+n > f.perConn-keep {
+		return errConnBusy
 	}
 	if r.conn != nil {
 		r.conn.held += n

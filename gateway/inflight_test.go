@@ -18,12 +18,12 @@ func TestInflight(t *testing.T) {
 	f := newInflight(100, 60, 100)
 	c1, c2 := f.connContext(context.Background()), f.connContext(context.Background())
 	a := mustReserve(t, f, c1, 50)
-	if _, err := f.reserve(c1, 20, 0); !errors.Is(err, errBusy) {
-		t.Fatalf("70 bytes on a connection of 60: %v, want errBusy", err)
+	if _, err := f.reserve(c1, 20, 0); !errors.Is(err, errConnBusy) {
+		t.Fatalf("70 bytes on a connection of 60: %v, want errConnBusy", err)
 	}
 	b := mustReserve(t, f, c2, 50)
-	if _, err := f.reserve(context.Background(), 1, 0); !errors.Is(err, errBusy) {
-		t.Fatalf("101 bytes held of a total of 100: %v, want errBusy", err)
+	if _, err := f.reserve(context.Background(), 1, 0); !errors.Is(err, errBusy) || errors.Is(err, errConnBusy) {
+		t.Fatalf("101 bytes held of a total of 100: %v, want errBusy (the gateway's)", err)
 	}
 	a.shrink(10) // a message smaller than reserved
 	c := mustReserve(t, f, c1, 40)

@@ -272,10 +272,11 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 		body, err := readReserved(r.Body, r.ContentLength, max, res)
 		switch {
 		case errors.Is(err, errBusy):
-			s.metrics.rejected("busy", 1)
+			reason, msg := busyRefusal(err)
+			s.metrics.rejected(reason, 1)
 			refuseUnread(w, r)
 			w.Header().Set("Retry-After", "1")
-			writeStatus(w, http.StatusTooManyRequests, codes.ResourceExhausted, msgBusy)
+			writeStatus(w, http.StatusTooManyRequests, codes.ResourceExhausted, msg)
 			return
 		case errors.Is(err, errTooLarge):
 			s.metrics.rejected("too_large", 1)
