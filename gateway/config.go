@@ -86,13 +86,14 @@ type Config struct {
 	MaxInflightBytes int64 `toml:"max_inflight_bytes"`
 	// MaxInflightBytesPerConn is the same bound per connection. Default 8 MiB.
 	MaxInflightBytesPerConn int64 `toml:"max_inflight_bytes_per_conn"`
-	// MaxReadBytesPerCaller bounds the bytes one credential's gRPC calls
-	// hold at once for messages being read: a call holds MaxBodyBytes from
-	// just before its message is read until it is decoded, however long
-	// the client takes to send it, and the credential's other calls wait
-	// their turn (up to a second, then RESOURCE_EXHAUSTED). A credential
-	// whose calls never send their messages then refuses its own calls,
-	// not everyone's. Default 8 MiB (two reads at once).
+	// MaxReadBytesPerCaller bounds the bytes one credential's requests
+	// hold at once for messages being read: a gRPC call holds MaxBodyBytes
+	// from just before its message is read until it is decoded, a REST
+	// body the length it declares (MaxBodyBytes when chunked) while it is
+	// read, however long the client takes to send it, and the
+	// credential's other requests wait their turn (up to a second, then
+	// RESOURCE_EXHAUSTED, 429). A credential whose messages never come
+	// then refuses its own requests, not everyone's. Default 8 MiB.
 	MaxReadBytesPerCaller int64 `toml:"max_read_bytes_per_caller"`
 	// MaxStreamsPerConn bounds the concurrent calls of one HTTP/2
 	// connection (gRPC, and REST over TLS). Default 64.
@@ -192,7 +193,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ProducerLinger, "producer-linger", c.ProducerLinger, "how long the producer waits for more records before sending a batch")
 	fs.Int64Var(&c.MaxInflightBytes, "max-inflight-bytes", c.MaxInflightBytes, "request bytes held at once by the gateway; past it 429/RESOURCE_EXHAUSTED")
 	fs.Int64Var(&c.MaxInflightBytesPerConn, "max-inflight-bytes-per-conn", c.MaxInflightBytesPerConn, "request bytes held at once per connection")
-	fs.Int64Var(&c.MaxReadBytesPerCaller, "max-read-bytes-per-caller", c.MaxReadBytesPerCaller, "bytes one credential's gRPC calls hold at once for messages being read")
+	fs.Int64Var(&c.MaxReadBytesPerCaller, "max-read-bytes-per-caller", c.MaxReadBytesPerCaller, "bytes one credential's gRPC calls and REST bodies hold at once for messages being read")
 	fs.IntVar(&c.MaxStreamsPerConn, "max-streams-per-conn", c.MaxStreamsPerConn, "concurrent calls per HTTP/2 connection")
 	fs.IntVar(&c.MaxConns, "max-conns", c.MaxConns, "open connections per TCP door (0: no limit)")
 	fs.IntVar(&c.MaxConnsPerAddress, "max-conns-per-address", c.MaxConnsPerAddress, "open connections per client IP per TCP door (0: no limit)")

@@ -190,7 +190,7 @@ func (s *Server) grpcMetrics(door string) grpc.UnaryServerInterceptor {
 
 // shapeChecked returns a copy of a generated service description whose
 // handlers grow the call's in-flight reservation to gateway.max_body_bytes
-// before the message is read (waiting up to grpcReadWait, then
+// before the message is read (waiting up to readWait, then
 // RESOURCE_EXHAUSTED when the connection's or the gateway's budget cannot
 // take it: meanwhile the client's message stays behind its stream's
 // window), decode each request through the codec's
@@ -234,17 +234,10 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 	return &out
 }
 
-// grpcReadWait is how long a call waits for its credential's read share,
-// and then for room in the in-flight budgets, to read its message before
-// it is refused: the other calls' reads are usually over in microseconds
-// (their messages have arrived), and a refusal costs the client a backoff
-// and a resend.
-const grpcReadWait = time.Second
-
 // growForRead grows a call's reservation to gateway.max_body_bytes before
 // its message is read: in its credential's read share first (in turn with
 // the credential's other calls), then in the in-flight budgets, waiting up
-// to grpcReadWait for each. It runs on the call's goroutine: while it
+// to readWait for each. It runs on the call's goroutine: while it
 // waits the client's message stays behind the stream's window, which the
 // reservation already holds. A call refused gives everything back at once.
 func (s *Server) growForRead(ctx context.Context, res *reservation) error {
@@ -253,10 +246,10 @@ func (s *Server) growForRead(ctx context.Context, res *reservation) error {
 	}
 	caller, _ := CallerFrom(ctx)
 	need := int64(s.cfg.MaxBodyBytes) - res.held()
-	err := res.takeRead(ctx, caller.Name, need, grpcReadWait)
+	err := res.takeRead(ctx, caller.Name, need, readWait)
 	if err == nil {
 		if err = res.grow(need); err != nil {
-			wctx, cancel := context.WithTimeout(ctx, grpcReadWait)
+			wctx, cancel := context.WithTimeout(ctx, readWait)
 			err = res.growWait(wctx, need)
 			cancel()
 		}

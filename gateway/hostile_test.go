@@ -299,16 +299,7 @@ func restPosts(t *testing.T, addr string, n int, body []byte) map[int]int {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/events", bytes.NewReader(body))
-			req.Header.Set("Authorization", "Bearer "+hostileAgent)
-			req.Header.Set("Content-Type", "application/json")
-			resp, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
-			code := 0
-			if err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				code = resp.StatusCode
-			}
+			code, _ := restPost(addr, hostileAgent, body)
 			mu.Lock()
 			got[code]++
 			mu.Unlock()
@@ -316,6 +307,21 @@ func restPosts(t *testing.T, addr string, n int, body []byte) map[int]int {
 	}
 	wg.Wait()
 	return got
+}
+
+// restPost POSTs body with token; its status (0 when the request failed)
+// and answer.
+func restPost(addr, token string, body []byte) (int, string) {
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/events", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	answer, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(answer)
 }
 
 // TestHostile runs the probes; see the comment at the top of the file.
@@ -637,7 +643,9 @@ func testMetricsSeries(t *testing.T, g *hostileGateway) {
 // testSlowBodies opens 300 connections that send the headers of a POST
 // and one byte of its body, then nothing: each must be closed by the
 // gateway within the read timeout (plus scheduling slack), or at once when
-// over the per-address connection cap.
+// over the per-address connection cap. The authenticated half (one
+// credential) holds at most its read share of the in-flight budget while
+// another credential's POST is accepted.
 func testSlowBodies(t *testing.T, g *hostileGateway, readTimeout time.Duration) {
 	const conns = 300
 	type result struct {
@@ -645,9 +653,12 @@ func testSlowBodies(t *testing.T, g *hostileGateway, readTimeout time.Duration) 
 		err error
 	}
 	results := make(chan result, conns)
+	// From an address of their own: the per-address connection cap they
+	// reach does not refuse the probe's scrapes and POSTs.
+	dialer := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
 	for i := range conns {
 		go func() {
-			c, err := net.DialTimeout("tcp", g.http, 5*time.Second)
+			c, err := dialer.Dial("tcp", g.http)
 			if err != nil {
 				results <- result{err: err}
 				return
@@ -671,12 +682,23 @@ func testSlowBodies(t *testing.T, g *hostileGateway, readTimeout time.Duration) 
 			results <- result{d: time.Since(start)}
 		}()
 	}
+	// Each of the authenticated half's bodies sent one byte and holds its
+	// first chunk (64 KiB), and 1 MiB (what it declared) of its
+	// credential's 8 MiB read share: eight at a time, the others wait
+	// their turn and are refused.
+	const shareHeld = (8 << 20) / (1 << 20) * (64 << 10)
 	var (
 		slowest time.Duration
 		open    int
 		held    int64 // the most the in-flight budget held meanwhile
 		tick    = time.NewTicker(50 * time.Millisecond)
+		others  = make(chan string, 2)
+		asked   bool
 	)
+	body, err := gatewayMarshalJSON(&faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("gpu-node-1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer tick.Stop()
 	for got := 0; got < conns; {
 		select {
@@ -688,8 +710,20 @@ func testSlowBodies(t *testing.T, g *hostileGateway, readTimeout time.Duration) 
 			}
 			slowest = max(slowest, r.d)
 		case <-tick.C:
-			if !legacy() {
-				held = max(held, inflightBytes(t, "http://"+g.http))
+			if legacy() {
+				continue
+			}
+			n := inflightBytes(t, "http://"+g.http)
+			held = max(held, n)
+			if !asked && n >= shareHeld {
+				// Meanwhile: another credential's POST, and the slow one's own.
+				asked = true
+				for _, token := range []string{hostileBound, hostileAgent} {
+					go func() {
+						code, answer := restPost(g.http, token, body)
+						others <- fmt.Sprintf("%s: %d %s", token, code, strings.TrimSpace(answer))
+					}()
+				}
 			}
 		}
 	}
@@ -698,10 +732,20 @@ func testSlowBodies(t *testing.T, g *hostileGateway, readTimeout time.Duration) 
 	if legacy() {
 		return
 	}
-	// The authenticated half's bodies sent one byte each: each holds its
-	// first chunk (64 KiB), not the length it declared (1 MiB).
-	if bound := int64(conns/2) * 64 << 10; held > bound {
-		t.Errorf("the slow bodies held %d bytes of the in-flight budget, more than %d", held, bound)
+	if bound := int64(shareHeld + 2*(len(body)+1)); held > bound { // and the two POSTs'
+		t.Errorf("the slow bodies held %d bytes of the in-flight budget, more than %d (their credential's read share's worth)", held, bound)
+	}
+	if !asked {
+		t.Errorf("the slow bodies never held their share (at most %d bytes held)", held)
+	} else {
+		for range 2 {
+			switch got := <-others; {
+			case strings.HasPrefix(got, hostileBound+":") && !strings.HasPrefix(got, hostileBound+": 200 "):
+				t.Errorf("another credential's POST while the slow bodies wait: %s, want 200", got)
+			case strings.HasPrefix(got, hostileAgent+":") && !(strings.HasPrefix(got, hostileAgent+": 429 ") && strings.Contains(got, "max_read_bytes_per_caller")):
+				t.Errorf("the slow bodies' credential's own POST: %s, want 429 naming its share", got)
+			}
+		}
 	}
 	if open > 0 {
 		t.Errorf("%d connections still open %s after the read timeout", open, 30*time.Second)

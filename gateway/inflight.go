@@ -25,7 +25,8 @@ import (
 // The growth to max_body_bytes is held until the message arrives, however
 // long the client takes to send it, so one credential's calls may hold at
 // most perCaller bytes of it at once (readShare): a caller whose messages
-// never come refuses its own calls, not everyone else's.
+// never come refuses its own calls, not everyone else's. A REST body
+// holds the share for the length it declares while it is read.
 //
 // The connection's and the gateway's bounds are counters under one lock,
 // so a reservation grows in both or in neither: no other request sees
@@ -190,6 +191,13 @@ func (r *reservation) growWait(ctx context.Context, n int64) error {
 		}
 	}
 }
+
+// readWait is how long a gRPC call or a REST body waits for its
+// credential's read share (and a gRPC call then for room in the in-flight
+// budgets) before it is refused: the other reads are usually over in
+// microseconds (their messages have arrived), and a refusal costs the
+// client a backoff and a resend.
+const readWait = time.Second
 
 // takeRead holds n bytes of caller's read share until the reservation
 // shrinks (its message decoded) or is released, waiting in turn up to

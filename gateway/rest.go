@@ -245,7 +245,8 @@ func refuseUnread(w http.ResponseWriter, r *http.Request) {
 // (415), and the body is read whole, at most gateway.max_body_bytes (413),
 // while holding its bytes in the in-flight budget, chunk by chunk as they
 // arrive (429 when the connection's or the gateway's budget is full),
-// until the request is answered.
+// until the request is answered, and its credential's read share while it
+// is read (429 after waiting readWait for its turn).
 func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
 		if r.Method != http.MethodPost {
@@ -269,9 +270,21 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 		}
 		res, _ := s.flight.reserve(r.Context(), 0, 0) // nothing yet: cannot be refused
 		defer res.release()
-		body, err := readReserved(r.Body, r.ContentLength, max, res)
+		// While it is read, a body holds its credential's read share for
+		// what it declares (max_body_bytes when chunked): one credential's
+		// bodies that never arrive hold at most its share of the budget.
+		claim := max
+		if r.ContentLength >= 0 {
+			claim = r.ContentLength
+		}
+		caller, _ := CallerFrom(r.Context())
+		err := res.takeRead(r.Context(), caller.Name, claim, readWait)
+		var body []byte
+		if err == nil {
+			body, err = readReserved(r.Body, r.ContentLength, max, res)
+		}
 		switch {
-		case errors.Is(err, errBusy):
+		case errors.Is(err, errBusy), errors.Is(err, errCallerBusy):
 			reason, msg := busyRefusal(err)
 			s.metrics.rejected(reason, 1)
 			refuseUnread(w, r)
@@ -290,6 +303,7 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 			writeStatus(w, http.StatusBadRequest, codes.InvalidArgument, "reading body: "+err.Error())
 			return
 		}
+		res.shrink(int64(cap(body))) // read: the share is given back, the body held
 		r.Body = &restBody{Reader: bytes.NewReader(body), b: body}
 		r.ContentLength = int64(len(body))
 		next(w, r, params)
