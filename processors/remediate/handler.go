@@ -567,7 +567,9 @@ func nextSeq(items []unstructured.Unstructured) int {
 // sequence number are what the next remediation reads. A delete is
 // conditional on the uid and resourceVersion read, so a resource changed
 // since (or a stale copy of the watch) is left for the next look, as is
-// one whose delete failed. Every delete is an action; none fails the step.
+// one whose delete failed; one whose delete's answer was lost and that is
+// gone when read again was deleted. Every delete is an action; none fails
+// the step.
 func (h *Handler) prune(ctx context.Context, t trigger, tm *Template, res dynamic.ResourceInterface, items []unstructured.Unstructured) []*faultlinev1.Action {
 	if h.cfg.Retention == 0 || len(items) < 2 {
 		return nil
@@ -585,6 +587,10 @@ func (h *Handler) prune(ctx context.Context, t trigger, tm *Template, res dynami
 		}
 		uid, rv := o.GetUID(), o.GetResourceVersion()
 		err := res.Delete(ctx, o.GetName(), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+		lost := err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && gone(ctx, res, o)
+		if lost {
+			err = nil // the delete went through and its answer was lost
+		}
 		if err != nil {
 			if !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 				h.m.apiErrors.WithLabelValues(t.cluster).Inc()
@@ -597,6 +603,9 @@ func (h *Handler) prune(ctx context.Context, t trigger, tm *Template, res dynami
 		if st == failed {
 			result = "failed: " + why
 		}
+		if lost {
+			result += " (the delete's answer was lost; the resource is gone)"
+		}
 		ref := tm.kind + "/" + o.GetName()
 		a := h.action(t, events.KindPrune, events.OutcomeApplied,
 			fmt.Sprintf("deleted %s, created %s ago (retention %s), %s", ref, age.Round(time.Minute), h.cfg.Retention, result), "prune/"+o.GetName())
@@ -604,6 +613,14 @@ func (h *Handler) prune(ctx context.Context, t trigger, tm *Template, res dynami
 		acts = append(acts, a)
 	}
 	return acts
+}
+
+// gone reports whether o no longer exists, as read now: a delete whose
+// answer was lost (a connection cut after the apiserver acted) went
+// through.
+func gone(ctx context.Context, res dynamic.ResourceInterface, o *unstructured.Unstructured) bool {
+	now, err := res.Get(ctx, o.GetName(), metav1.GetOptions{})
+	return apierrors.IsNotFound(err) || err == nil && now.GetUID() != o.GetUID()
 }
 
 // resource is the dynamic client of a template's resource.

@@ -621,7 +621,14 @@ func TestRemediateKube(t *testing.T) {
 		// trigger older than the retention is not acted on.
 		node := "pruned-1"
 		createNode(t, k, node)
-		as, asDyn := clientsAs(t, sa)
+		// The handler's deletes lose their answers while lose is set.
+		as, rc := kube.ClientAs(t, sa)
+		lose := &answerLost{}
+		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { lose.rt = rt; return lose })
+		asDyn, err := dynamic.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
 		cfg := testConfig()
 		cfg.Retention = 48 * time.Hour
 		h := newHandler(t, cfg, as, asDyn, clk)
@@ -671,25 +678,32 @@ func TestRemediateKube(t *testing.T) {
 			after time.Duration
 			seq   int
 			ok    bool
+			lose  bool // the prunes' deletes lose their answers
 			want  string
 			left  []int
 		}{
-			{0, 1, true, "remediate/applied RebootNode/#1, remediate/succeeded RebootNode/#1", []int{1}},
+			{0, 1, true, false, "remediate/applied RebootNode/#1, remediate/succeeded RebootNode/#1", []int{1}},
 			// #1 is past the retention but the newest at #2's fault:
 			// kept; pruned at #2's poll.
-			{49 * time.Hour, 2, true, "remediate/applied RebootNode/#2, remediate/succeeded RebootNode/#2, prune/applied RebootNode/#1", []int{2}},
+			{49 * time.Hour, 2, true, false, "remediate/applied RebootNode/#2, remediate/succeeded RebootNode/#2, prune/applied RebootNode/#1", []int{2}},
 			// #3 is the node's third, though one RebootNode is left.
-			{time.Hour, 3, true, "remediate/applied RebootNode/#3, remediate/succeeded RebootNode/#3", []int{2, 3}},
-			// #4's fault prunes #2, its poll #3 (old, no longer the newest).
-			{49 * time.Hour, 4, true,
+			{time.Hour, 3, true, false, "remediate/applied RebootNode/#3, remediate/succeeded RebootNode/#3", []int{2, 3}},
+			// #4's fault prunes #2, its poll #3 (old, no longer the
+			// newest); their deletes' answers are lost, and each is said
+			// all the same (read again, it is gone).
+			{49 * time.Hour, 4, true, true,
 				"remediate/applied RebootNode/#4, prune/applied RebootNode/#2, remediate/succeeded RebootNode/#4, prune/applied RebootNode/#3", []int{4}},
 			// One RebootNode left: the next is #5, not the pruned #2's
 			// name again.
-			{time.Hour, 5, false, "remediate/applied RebootNode/#5, remediate/failed RebootNode/#5, escalate/applied ", []int{4, 5}},
+			{time.Hour, 5, false, false, "remediate/applied RebootNode/#5, remediate/failed RebootNode/#5, escalate/applied ", []int{4, 5}},
 		} {
 			clk.Add(st.after)
+			lose.on.Store(st.lose)
 			if got := remediate(fmt.Sprintf("p%d", st.seq), st.seq, st.ok); got != st.want {
 				t.Fatalf("#%d: %s, want %s", st.seq, got, st.want)
+			}
+			if lost := lose.lost.Swap(0); st.lose && lost != 2 {
+				t.Fatalf("#%d: %d deletes' answers lost, want the two prunes'", st.seq, lost)
 			}
 			var left []string
 			for _, seq := range st.left {
@@ -1070,4 +1084,23 @@ func reads(h *Handler, from string) float64 {
 		return 0
 	}
 	return m.GetCounter().GetValue()
+}
+
+// answerLost passes requests through and, while on, answers each DELETE
+// that the apiserver carried out with an error instead, as a connection cut
+// after the apiserver acted.
+type answerLost struct {
+	rt   http.RoundTripper
+	on   atomic.Bool
+	lost atomic.Int32
+}
+
+func (a *answerLost) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := a.rt.RoundTrip(r)
+	if err != nil || r.Method != http.MethodDelete || !a.on.Load() {
+		return resp, err
+	}
+	resp.Body.Close()
+	a.lost.Add(1)
+	return nil, fmt.Errorf("connection reset by peer (the test lost the answer, %s)", resp.Status)
 }
