@@ -72,7 +72,7 @@ var (
 func busyRefusal(err error) (reason, msg string) {
 	switch {
 	case errors.Is(err, errCallerBusy):
-		return "caller_busy", "this credential's calls hold as many bytes for messages being read as one credential may (gateway.max_read_bytes_per_caller); retry later"
+		return "caller_busy", "this credential's requests hold as many bytes for messages being read as one credential may (gateway.max_read_bytes_per_caller); retry later"
 	case errors.Is(err, errConnBusy):
 		return "busy", "this connection holds as many request bytes as one connection may (gateway.max_inflight_bytes_per_conn); retry later"
 	}
