@@ -214,6 +214,10 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 						return status.FromContextError(err).Err()
 					}
 					reason, msg := busyRefusal(err)
+					if reason == "caller_busy" {
+						caller, _ := CallerFrom(ctx)
+						s.warnCallerBusy(caller)
+					}
 					s.metrics.rejected(reason, 1)
 					s.metrics.request(doorOf(ctx), "/"+sd.ServiceName+"/"+m.MethodName, codes.ResourceExhausted.String())
 					return status.Error(codes.ResourceExhausted, msg)

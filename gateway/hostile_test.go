@@ -735,6 +735,9 @@ func testSlowBodies(t *testing.T, g *hostileGateway, readTimeout time.Duration) 
 	if bound := int64(shareHeld + 2*(len(body)+1)); held > bound { // and the two POSTs'
 		t.Errorf("the slow bodies held %d bytes of the in-flight budget, more than %d (their credential's read share's worth)", held, bound)
 	}
+	if want := "caller=token:alpha#1 "; !strings.Contains(g.log.String(), want) || !strings.Contains(g.log.String(), "revoke the credential") {
+		t.Errorf("the gateway's log does not name the credential whose requests were refused (want a warning with %q)", want)
+	}
 	if !asked {
 		t.Errorf("the slow bodies never held their share (at most %d bytes held)", held)
 	} else {

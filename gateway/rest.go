@@ -286,6 +286,9 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 		switch {
 		case errors.Is(err, errBusy), errors.Is(err, errCallerBusy):
 			reason, msg := busyRefusal(err)
+			if reason == "caller_busy" {
+				s.warnCallerBusy(caller)
+			}
 			s.metrics.rejected(reason, 1)
 			refuseUnread(w, r)
 			w.Header().Set("Retry-After", "1")

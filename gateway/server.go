@@ -65,6 +65,21 @@ type Server struct {
 	// noSubmitFastPath sends POST /v1/events through grpc-gateway's mux
 	// too (tests compare the two).
 	noSubmitFastPath bool
+
+	lastCallerBusyWarn atomic.Int64 // unix nanoseconds
+}
+
+// warnCallerBusy logs a credential refused because its requests held its
+// read share past readWait, at most once per 10 s (under a flood the
+// metric counts): the name an operator revokes when its messages never
+// come.
+func (s *Server) warnCallerBusy(c Caller) {
+	now, last := time.Now().UnixNano(), s.lastCallerBusyWarn.Load()
+	if now-last <= int64(10*time.Second) || !s.lastCallerBusyWarn.CompareAndSwap(last, now) {
+		return
+	}
+	s.log.Warn("request refused: its credential's requests hold the credential's share of message reads (gateway.max_read_bytes_per_caller); if their messages never come, revoke the credential",
+		"caller", c.Name, "cluster", c.Cluster)
 }
 
 // New builds a gateway: loads credentials, connects the producer.
