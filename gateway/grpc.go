@@ -213,12 +213,8 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 					if err := ctx.Err(); err != nil { // the call is over: not a refusal
 						return status.FromContextError(err).Err()
 					}
-					reason, msg := busyRefusal(err)
-					if reason == "caller_busy" {
-						caller, _ := CallerFrom(ctx)
-						s.warnCallerBusy(caller)
-					}
-					s.metrics.rejected(reason, 1)
+					caller, _ := CallerFrom(ctx)
+					msg := s.refusedBusy(err, caller)
 					s.metrics.request(doorOf(ctx), "/"+sd.ServiceName+"/"+m.MethodName, codes.ResourceExhausted.String())
 					return status.Error(codes.ResourceExhausted, msg)
 				}

@@ -285,11 +285,7 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 		}
 		switch {
 		case errors.Is(err, errBusy), errors.Is(err, errCallerBusy):
-			reason, msg := busyRefusal(err)
-			if reason == "caller_busy" {
-				s.warnCallerBusy(caller)
-			}
-			s.metrics.rejected(reason, 1)
+			msg := s.refusedBusy(err, caller)
 			refuseUnread(w, r)
 			w.Header().Set("Retry-After", "1")
 			writeStatus(w, http.StatusTooManyRequests, codes.ResourceExhausted, msg)

@@ -69,17 +69,21 @@ type Server struct {
 	lastCallerBusyWarn atomic.Int64 // unix nanoseconds
 }
 
-// warnCallerBusy logs a credential refused because its requests held its
-// read share past readWait, at most once per 10 s (under a flood the
-// metric counts): the name an operator revokes when its messages never
-// come.
-func (s *Server) warnCallerBusy(c Caller) {
+// refusedBusy counts a request of caller's that the in-flight budget
+// refused with err and returns the answer's message. When it was the
+// credential's read share, the log names the credential, at most once per
+// 10 s (under a flood the metric counts): the name an operator revokes
+// when its messages never come.
+func (s *Server) refusedBusy(err error, c Caller) string {
+	reason, msg := busyRefusal(err)
+	s.metrics.rejected(reason, 1)
 	now, last := time.Now().UnixNano(), s.lastCallerBusyWarn.Load()
-	if now-last <= int64(10*time.Second) || !s.lastCallerBusyWarn.CompareAndSwap(last, now) {
-		return
+	if reason != "caller_busy" || now-last <= int64(10*time.Second) || !s.lastCallerBusyWarn.CompareAndSwap(last, now) {
+		return msg
 	}
 	s.log.Warn("request refused: its credential's requests hold the credential's share of message reads (gateway.max_read_bytes_per_caller); if their messages never come, revoke the credential",
 		"caller", c.Name, "cluster", c.Cluster)
+	return msg
 }
 
 // New builds a gateway: loads credentials, connects the producer.
