@@ -587,12 +587,12 @@ func (h *Handler) prune(ctx context.Context, t trigger, tm *Template, res dynami
 		}
 		uid, rv := o.GetUID(), o.GetResourceVersion()
 		err := res.Delete(ctx, o.GetName(), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
-		lost := err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && gone(ctx, res, o)
-		if lost {
-			err = nil // the delete went through and its answer was lost
-		}
-		if err != nil {
-			if !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		// Gone or changed since it was read: left. Failed: read again, it
+		// may have gone through with its answer lost.
+		apiErr := err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err)
+		lost := apiErr && gone(ctx, res, o)
+		if err != nil && !lost {
+			if apiErr {
 				h.m.apiErrors.WithLabelValues(t.cluster).Inc()
 				h.log.Warn("pruning an old remediation failed; tried again at the node's next one", "cluster", t.cluster, "node", t.node,
 					"resource", tm.kind+"/"+o.GetName(), "err", err)
