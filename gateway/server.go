@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,24 +65,53 @@ type Server struct {
 	// too (tests compare the two).
 	noSubmitFastPath bool
 
-	lastCallerBusyWarn atomic.Int64 // unix nanoseconds
+	// busyWarns names the credentials whose requests the read share
+	// refused; connWarns the addresses the connection caps refused.
+	busyWarns, connWarns *warnLimit
 }
 
 // refusedBusy counts a request of caller's that the in-flight budget
 // refused with err and returns the answer's message. When it was the
-// credential's read share, the log names the credential, at most once per
-// 10 s (under a flood the metric counts): the name an operator revokes
-// when its messages never come.
+// credential's read share, the log names the credential (each at most
+// once per 10 s, warnLimit; under a flood the metric counts): the name an
+// operator revokes when its messages never come.
 func (s *Server) refusedBusy(err error, c Caller) string {
 	reason, msg := busyRefusal(err)
 	s.metrics.rejected(reason, 1)
-	now, last := time.Now().UnixNano(), s.lastCallerBusyWarn.Load()
-	if reason != "caller_busy" || now-last <= int64(10*time.Second) || !s.lastCallerBusyWarn.CompareAndSwap(last, now) {
+	if reason != "caller_busy" {
 		return msg
 	}
-	s.log.Warn("request refused: its credential's requests hold the credential's share of message reads (gateway.max_read_bytes_per_caller); if their messages never come, revoke the credential",
-		"caller", c.Name, "cluster", c.Cluster)
+	const why = "request refused: its credential's requests hold the credential's share of message reads (gateway.max_read_bytes_per_caller); if their messages never come, revoke the credential"
+	switch named, full := s.busyWarns.allow(c.Name, time.Now()); {
+	case named:
+		s.log.Warn(why, "caller", c.Name, "cluster", c.Cluster)
+	case full:
+		s.log.Warn(why + fmt.Sprintf("; more than %d credentials refused within %s, the rest not named until then (the metric counts them)", warnKeys, warnWindow))
+	}
 	return msg
+}
+
+// connRefused counts a connection a door closed on accept and logs the
+// cap (the address over max_conns_per_address, each at most once per
+// 10 s; warnLimit).
+func (s *Server) connRefused(door string) func(addr string, total bool) {
+	return func(addr string, total bool) {
+		s.metrics.connsRefused.WithLabelValues(door).Inc()
+		key := door + " " + addr
+		if total {
+			key = door // one line for the total cap, not one per address
+		}
+		named, full := s.connWarns.allow(key, time.Now())
+		switch {
+		case named && total:
+			s.log.Warn("connection refused: gateway.max_conns reached", "door", door, "max_conns", s.cfg.MaxConns)
+		case named:
+			s.log.Warn("connection refused: gateway.max_conns_per_address reached (behind a NAT or a load balancer that hides client addresses, raise it)",
+				"door", door, "client", addr, "max_conns_per_address", s.cfg.MaxConnsPerAddress)
+		case full:
+			s.log.Warn(fmt.Sprintf("connection refused: more than %d addresses refused within %s, the rest not named until then (faultline_gateway_connections_refused_total counts them)", warnKeys, warnWindow), "door", door)
+		}
+	}
 }
 
 // New builds a gateway: loads credentials, connects the producer.
@@ -115,6 +143,8 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 		cfg: cfg, log: log, auth: auth, metrics: m, producer: prod, reg: reg,
 		ready:       append([]ReadyCheck{{Name: "kafka", Check: prod.Ping}}, opts.Ready...),
 		flight:      flight,
+		busyWarns:   newWarnLimit(warnWindow, warnKeys),
+		connWarns:   newWarnLimit(warnWindow, warnKeys),
 		codec:       Codec{limits: shapeLimits{maxEvents: cfg.MaxBatch}},
 		fleet:       opts.Fleet,
 		conformance: opts.Conformance,
@@ -179,24 +209,8 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.httpSrv = s.newHTTPServer(handler, tlsCfg)
 
-	var lastWarn atomic.Int64
-	refused := func(door string) func(addr string, total bool) {
-		return func(addr string, total bool) {
-			s.metrics.connsRefused.WithLabelValues(door).Inc()
-			// One line per 10 s at most: under a flood the metric counts.
-			if now := time.Now().UnixNano(); now-lastWarn.Load() > int64(10*time.Second) {
-				lastWarn.Store(now)
-				if total {
-					s.log.Warn("connection refused: gateway.max_conns reached", "door", door, "max_conns", s.cfg.MaxConns)
-				} else {
-					s.log.Warn("connection refused: gateway.max_conns_per_address reached (behind a NAT or a load balancer that hides client addresses, raise it)",
-						"door", door, "client", addr, "max_conns_per_address", s.cfg.MaxConnsPerAddress)
-				}
-			}
-		}
-	}
-	grpcLn := newLimitListener(s.grpcLn, s.cfg.MaxConns, s.cfg.MaxConnsPerAddress, refused(doorGRPC))
-	httpLn := newLimitListener(s.httpLn, s.cfg.MaxConns, s.cfg.MaxConnsPerAddress, refused(doorREST))
+	grpcLn := newLimitListener(s.grpcLn, s.cfg.MaxConns, s.cfg.MaxConnsPerAddress, s.connRefused(doorGRPC))
+	httpLn := newLimitListener(s.httpLn, s.cfg.MaxConns, s.cfg.MaxConnsPerAddress, s.connRefused(doorREST))
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return serveErr(s.grpcSrv.Serve(grpcLn)) })
@@ -208,7 +222,7 @@ func (s *Server) Run(ctx context.Context) error {
 	})
 	if s.unixLn != nil {
 		s.unixSrv = s.newGRPCServer(doorUnix, nil)
-		unixLn := newLimitListener(s.unixLn, s.cfg.MaxConns, 0, refused(doorUnix))
+		unixLn := newLimitListener(s.unixLn, s.cfg.MaxConns, 0, s.connRefused(doorUnix))
 		g.Go(func() error { return serveErr(s.unixSrv.Serve(unixLn)) })
 	}
 	s.log.Info("gateway serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "unix", s.cfg.UnixSocket, "tls", tlsCfg != nil)
