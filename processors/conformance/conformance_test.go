@@ -28,6 +28,7 @@ import (
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/quarantine"
+	storerole "github.com/faultline/faultline/processors/store"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -229,6 +230,85 @@ func TestGroupsOnClickHouse(t *testing.T) {
 		if latest["n"].Fingerprint != agentconf.Fingerprint(comps("new")) || len(latest) != 1 {
 			t.Fatalf("latest %v", latest)
 		}
+	})
+
+	// A restart reads the dry-run state back from the audit trail: the drift
+	// is not recorded again, its timeout counts from the drift (not from the
+	// restart), the escalation is recorded once, and a return to
+	// conformance ends it.
+	t.Run("dry-run state survives a restart", func(t *testing.T) {
+		c := uniq("restart")
+		rc := &clock{t: clk.Now()}
+		rh := NewHandler(s.Conn, testLog, rc.Now)
+		report := func(n4 string) {
+			t.Helper()
+			var recs []*kgo.Record
+			for i := 1; i <= 3; i++ {
+				recs = append(recs, record(t, c, fmt.Sprintf("n%d", i), comps(""), rc.Now()))
+			}
+			store(t, rh, append(recs, record(t, c, "n4", comps(n4), rc.Now()))...)
+		}
+		audit := storerole.New(s.Conn, testLog, nil) // the store role: actions into ClickHouse
+		restart := func(step string) (Output, *Sweeper) {
+			t.Helper()
+			sw := NewSweeper(testConfig(), s.Conn, clusters.NewRegistry(clusters.DefaultConfig(), nil), testLog, rc.Now, nil)
+			out, err := sw.Sweep(ctx, c)
+			if err != nil {
+				t.Fatalf("%s: %v", step, err)
+			}
+			var recs []*kgo.Record
+			for _, a := range out.Actions {
+				b, err := events.MarshalAction(a)
+				if err != nil {
+					t.Fatal(err)
+				}
+				recs = append(recs, &kgo.Record{Topic: events.TopicActions, Key: events.Key(c, a.Node), Value: b, Timestamp: rc.Now()})
+			}
+			if res, err := audit.Handle(ctx, recs); err != nil || len(res.Dead) > 0 {
+				t.Fatalf("%s: storing the actions: %v, dead %v", step, err, res.Dead)
+			}
+			return out, sw
+		}
+		want := func(step string, out Output, kind string) {
+			t.Helper()
+			if kind == "" && len(out.Actions) == 0 || len(out.Actions) == 1 && out.Actions[0].Kind == kind && out.Actions[0].Node == "n4" {
+				return
+			}
+			t.Fatalf("%s: actions %v, want %q of n4", step, out.Actions, kind)
+		}
+
+		report("28.41.1000")
+		out, _ := restart("first sweep")
+		want("first sweep", out, events.KindConformanceDrift)
+		since := out.Actions[0].Details[events.DetailDriftSince]
+
+		rc.Add(12 * time.Hour)
+		report("28.41.1000")
+		out, _ = restart("restarted 12h later")
+		want("restarted 12h later", out, "") // the drift is not recorded again
+
+		rc.Add(12*time.Hour + time.Minute) // 24h01m after the drift: past drift_remediation_timeout
+		report("28.41.1000")
+		out, _ = restart("restarted past the timeout")
+		want("restarted past the timeout", out, events.KindEscalate)
+		if got := out.Actions[0].Details[events.DetailDriftSince]; got != since {
+			t.Fatalf("escalated the drift since %s, want the first sweep's %s", got, since)
+		}
+
+		rc.Add(time.Hour)
+		report("28.41.1000")
+		out, _ = restart("restarted after the escalation")
+		want("restarted after the escalation", out, "")
+
+		rc.Add(time.Minute)
+		report("")
+		out, sw := restart("conforms again")
+		want("conforms again", out, events.KindConformanceRestored)
+		if out, _ := sw.Sweep(ctx, c); len(out.Actions) != 0 {
+			t.Fatalf("restored twice: %v", out.Actions)
+		}
+		out, _ = restart("restarted after its return")
+		want("restarted after its return", out, "")
 	})
 }
 

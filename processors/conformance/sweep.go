@@ -81,6 +81,9 @@ type Sweeper struct {
 	// is recorded once. A sweep forgets the nodes it no longer sees.
 	mu  sync.Mutex
 	dry map[string]map[string]State
+	// restored: the cluster's dry-run state was read back from ClickHouse
+	// (restoreDry), once per process.
+	restored map[string]bool
 	// notices: the notification last queued for each cluster/node and
 	// whether it was delivered. A live node's state whose notification is
 	// not here (the process restarted) or failed is notified again.
@@ -104,7 +107,7 @@ func NewSweeper(cfg Config, conn clickhouse.Conn, reg *clusters.Registry, log *s
 	if now == nil {
 		now = time.Now
 	}
-	s := &Sweeper{cfg: cfg, conn: conn, reg: reg, log: log, now: now, queue: queue, dry: map[string]map[string]State{}, notices: map[string]notice{}}
+	s := &Sweeper{cfg: cfg, conn: conn, reg: reg, log: log, now: now, queue: queue, dry: map[string]map[string]State{}, restored: map[string]bool{}, notices: map[string]notice{}}
 	if queue != nil {
 		done := queue.done
 		queue.done = func(n Notification, attempts int, err error) { s.settled(n, err); done(n, attempts, err) }
@@ -188,6 +191,11 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 		return out, err
 	}
 	cl, _ := s.reg.Get(cluster) // unconfigured: nil, decisions only
+	if !s.live(cl) {
+		if err := s.restoreDry(ctx, cluster); err != nil {
+			return out, err
+		}
+	}
 	var members []member
 	if cl != nil && cl.Kube != nil {
 		list, err := cl.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{ResourceVersion: "0"})
@@ -247,6 +255,7 @@ func (s *Sweeper) forgetDry(cluster string, members []member, live bool) {
 	defer s.mu.Unlock()
 	if live {
 		delete(s.dry, cluster)
+		delete(s.restored, cluster) // dry-run again later: read back then
 		return
 	}
 	seen := make(map[string]bool, len(members))
