@@ -434,7 +434,17 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		return 0, nil
 	}
 	if op.node == nil {
-		return 0, op.fail(ctx, ReasonNodeNotFound, fmt.Sprintf("node %s not found", op.nodeName), false)
+		// Not in the watch's copy: read it before failing for good — a
+		// node created just before the resource may not have reached
+		// the watch yet.
+		n, err := op.cr.cl.Kube.CoreV1().Nodes().Get(ctx, op.nodeName, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err) || op.nodeName == "":
+			return 0, op.fail(ctx, ReasonNodeNotFound, fmt.Sprintf("node %s not found", op.nodeName), false)
+		case err != nil:
+			return 0, fmt.Errorf("read node %s: %w", op.nodeName, err)
+		}
+		op.node = n
 	}
 	if j.cfg.RequireDrained && !op.force {
 		q, d := op.node.Labels[labelQuarantined], op.node.Labels[labelDrain]

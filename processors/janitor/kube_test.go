@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
@@ -662,4 +663,45 @@ type counting struct {
 func (c *counting) Reboot(ctx context.Context, t Target, mode RebootMode) error {
 	c.n.Add(1)
 	return c.Provider.Reboot(ctx, t, mode)
+}
+
+// TestStartReadsANodeTheWatchHasNotSeen: a resource whose node is not in
+// the watch's copy yet (created just before it; seen in CI as a
+// TerminateNode failed "node not found" for a node that existed) reads the
+// node before failing: here it is found and judged (not drained: refused),
+// and only a node the API server does not have fails NodeNotFound.
+func TestStartReadsANodeTheWatchHasNotSeen(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	j, rec := e.janitor(e.config(), false, nil)
+	cl, err := j.reg.Get(cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "fresh"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ resource, node, want, action string }{
+		{"reboot-fresh", "fresh", "False/" + ReasonNotDrained, "reboot/refused"},
+		{"reboot-absent", "absent", "False/" + ReasonNodeNotFound, "reboot/failed"},
+	} {
+		e.create(kindReboot, tc.resource, tc.node, false)
+		u, err := e.dyn.Resource(kindReboot.GVR).Get(ctx, tc.resource, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		empty := cache.NewIndexer(cache.MetaNamespaceKeyFunc, nil) // the watch has seen no node
+		op := &operation{j: j, cr: &clusterRun{name: cluster, cl: cl, nodes: empty}, kd: kindReboot, u: u, nodeName: tc.node, key: tc.resource}
+		if _, err := op.start(ctx); err != nil {
+			t.Fatalf("%s: %v", tc.resource, err)
+		}
+		o, err := e.dyn.Resource(kindReboot.GVR).Get(ctx, tc.resource, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := condOf(o, CondSignalSent); got != tc.want {
+			t.Fatalf("%s: SignalSent %s, want %s; status %v", tc.resource, got, tc.want, o.Object["status"])
+		}
+		rec.expect(t, tc.node, []string{tc.action})
+	}
 }
