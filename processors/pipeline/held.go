@@ -89,10 +89,26 @@ func (h *holding) failed(b *batch, round uint64, maxBackoff time.Duration) {
 	h.pause(partitions(b.recs))
 }
 
-// succeeded resumes the partitions of b when it was held until now.
+// succeeded resumes the partitions of b when it was held until now, and
+// brings every other held batch's next try forward to now: what held b (a
+// cluster's API server, ClickHouse, the broker) is back and may have held
+// them too. Each is tried once more at once, not at the end of its backoff
+// (up to MaxBackoff, its due times spread over it): quarantine's deferred
+// faults, held in several partitions of their cluster's retry topic, are
+// all cordoned with the first instead of over the next second. A batch held
+// by something else costs one more try, and backs off again from where it was.
 func (h *holding) succeeded(b *batch) {
-	if b.tries > 0 {
-		h.wake(partitions(b.recs))
+	if b.tries == 0 {
+		return
+	}
+	h.wake(partitions(b.recs))
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, o := range h.held {
+		if o.due.After(now) {
+			o.due = now
+		}
 	}
 }
 
