@@ -348,15 +348,20 @@ func kindByName(name string) kind {
 	return kind{}
 }
 
-// rackOf is the rack of the resource's node ("" node → its own name).
+// rackOf is the rack of the resource's node, as the watch has it.
 func (j *Janitor) rackOf(cr *clusterRun, u *unstructured.Unstructured) string {
 	nn, _, _ := unstructured.NestedString(u.Object, "spec", "nodeName")
-	if n := cr.node(nn); n != nil {
+	return j.rack(cr.node(nn), nn)
+}
+
+// rack is node n's rack label ("node:<name>" without one, or without n).
+func (j *Janitor) rack(n *corev1.Node, name string) string {
+	if n != nil {
 		if r := n.Labels[j.cfg.RackLabel]; r != "" {
 			return r
 		}
 	}
-	return "node:" + nn
+	return "node:" + name
 }
 
 // forget drops what this process remembers of a deleted resource (the
@@ -466,7 +471,7 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		op.deferOnce(ctx, fmt.Sprintf("node %s is in its cooldown (%v) for %v more", op.nodeName, j.cfg.Cooldown, wait.Round(time.Second)))
 		return wait, nil
 	}
-	rack := j.rackOf(op.cr, op.u)
+	rack := j.rack(op.node, op.nodeName) // the node read live when the watch lacks it
 	if lim := j.lim.acquire(op.key, op.cr.name, rack, pname, false); lim != "" {
 		op.deferOnce(ctx, "waiting for a slot: "+lim+" reached")
 		return time.Second, nil

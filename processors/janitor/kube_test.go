@@ -668,21 +668,34 @@ func (c *counting) Reboot(ctx context.Context, t Target, mode RebootMode) error 
 // TestStartReadsANodeTheWatchHasNotSeen: a resource whose node is not in
 // the watch's copy yet (created just before it; seen in CI as a
 // TerminateNode failed "node not found" for a node that existed) reads the
-// node before failing: here it is found and judged (not drained: refused),
-// and only a node the API server does not have fails NodeNotFound.
+// node before failing: here it is found and judged (not drained: refused;
+// drained, in a rack whose one slot is taken: waits for it), and only a
+// node the API server does not have fails NodeNotFound.
 func TestStartReadsANodeTheWatchHasNotSeen(t *testing.T) {
 	e := newEnv(t, 0)
 	ctx := context.Background()
-	j, rec := e.janitor(e.config(), false, nil)
+	cfg := e.config()
+	cfg.MaxConcurrentPerRack = 1
+	j, rec := e.janitor(cfg, false, nil)
 	cl, err := j.reg.Get(cluster)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "fresh"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	for _, n := range []*corev1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: "fresh"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "fresh-r1", Labels: map[string]string{AnnotationProvider: ProviderRedfish, cfg.RackLabel: "r1",
+			events.LabelQuarantined: "true", labelDrain: "succeeded"}}},
+	} {
+		if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if lim := j.lim.acquire("another-reboot", cluster, "r1", ProviderRedfish, true); lim != "" {
+		t.Fatalf("taking rack r1's slot: %s", lim)
 	}
 	for _, tc := range []struct{ resource, node, want, action string }{
 		{"reboot-fresh", "fresh", "False/" + ReasonNotDrained, "reboot/refused"},
+		{"reboot-fresh-r1", "fresh-r1", "none", "reboot/deferred"}, // its rack read from the node, not "node:fresh-r1"
 		{"reboot-absent", "absent", "False/" + ReasonNodeNotFound, "reboot/failed"},
 	} {
 		e.create(kindReboot, tc.resource, tc.node, false)
