@@ -742,11 +742,12 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 
 func (op *operation) followTerminate(ctx context.Context) (time.Duration, error) {
 	j := op.j
-	gone := op.node == nil
-	if !gone {
-		if _, err := op.cr.cl.Kube.CoreV1().Nodes().Get(ctx, op.nodeName, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-			gone = true
-		}
+	// Read live, not from the watch: a node the watch has not seen yet
+	// (a terminate of a node read live at its start) is not gone.
+	n, err := op.cr.cl.Kube.CoreV1().Nodes().Get(ctx, op.nodeName, metav1.GetOptions{})
+	gone := apierrors.IsNotFound(err)
+	if err != nil && !gone {
+		return 0, fmt.Errorf("read node %s: %w", op.nodeName, err)
 	}
 	// A signal this janitor's provider confirmed: the Node goes at once. A
 	// resumed one (Recorded: the janitor that recorded it stopped before
@@ -754,7 +755,7 @@ func (op *operation) followTerminate(ctx context.Context) (time.Duration, error)
 	// is down (NotReady), else a running machine would lose its Node and
 	// the terminate be reported done; a node still Ready ends in Timeout.
 	confirmed := condition(op.u, CondSignalSent)["reason"] != ReasonRecorded
-	if !gone && j.cfg.DeleteNodeOnTerminate && (confirmed || (op.node != nil && !nodeReady(op.node))) {
+	if !gone && j.cfg.DeleteNodeOnTerminate && (confirmed || !nodeReady(n)) {
 		err := op.cr.cl.Kube.CoreV1().Nodes().Delete(ctx, op.nodeName, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return 0, fmt.Errorf("delete node %s: %w", op.nodeName, err)

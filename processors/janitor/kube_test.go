@@ -717,4 +717,26 @@ func TestStartReadsANodeTheWatchHasNotSeen(t *testing.T) {
 		}
 		rec.expect(t, tc.node, []string{tc.action})
 	}
+
+	// A terminate signalled for a node the watch has not seen: the node is
+	// not taken for gone (before: success said, the Node left in place); it
+	// is deleted, then the terminate succeeds.
+	if _, err := e.kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "fresh-t"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.create(kindTerminate, "terminate-fresh-t", "fresh-t", false)
+	u, err := e.dyn.Resource(kindTerminate.GVR).Get(ctx, "terminate-fresh-t", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unstructured.SetNestedSlice(u.Object, []any{map[string]any{"type": CondSignalSent, "status": "True", "reason": ReasonSucceeded, "message": "sent", "lastTransitionTime": time.Now().UTC().Format(time.RFC3339)}}, "status", "conditions")
+	op := &operation{j: j, cr: &clusterRun{name: cluster, cl: cl, nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, nil)}, kd: kindTerminate, u: u,
+		nodeName: "fresh-t", key: "terminate-fresh-t", st: &opState{Step: "signal", At: time.Now(), Provider: ProviderRedfish}}
+	if _, err := op.followTerminate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.kube.CoreV1().Nodes().Get(ctx, "fresh-t", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the terminated node's Node object is still there (%v): taken for gone from the watch's copy", err)
+	}
+	rec.expect(t, "fresh-t", []string{"terminate/succeeded"})
 }
