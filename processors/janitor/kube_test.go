@@ -685,6 +685,7 @@ func TestStartReadsANodeTheWatchHasNotSeen(t *testing.T) {
 		{ObjectMeta: metav1.ObjectMeta{Name: "fresh"}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "fresh-r1", Labels: map[string]string{AnnotationProvider: ProviderRedfish, cfg.RackLabel: "r1",
 			events.LabelQuarantined: "true", labelDrain: "succeeded"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "fresh-t"}},
 	} {
 		if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -693,19 +694,23 @@ func TestStartReadsANodeTheWatchHasNotSeen(t *testing.T) {
 	if lim := j.lim.acquire("another-reboot", cluster, "r1", ProviderRedfish, true); lim != "" {
 		t.Fatalf("taking rack r1's slot: %s", lim)
 	}
+	// unwatched creates a resource of node and returns its operation with
+	// a watch that has seen no node.
+	unwatched := func(kd kind, name, node string) *operation {
+		t.Helper()
+		e.create(kd, name, node, false)
+		u, err := e.dyn.Resource(kd.GVR).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &operation{j: j, cr: &clusterRun{name: cluster, cl: cl, nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, nil)}, kd: kd, u: u, nodeName: node, key: name}
+	}
 	for _, tc := range []struct{ resource, node, want, action string }{
 		{"reboot-fresh", "fresh", "False/" + ReasonNotDrained, "reboot/refused"},
 		{"reboot-fresh-r1", "fresh-r1", "none", "reboot/deferred"}, // its rack read from the node, not "node:fresh-r1"
 		{"reboot-absent", "absent", "False/" + ReasonNodeNotFound, "reboot/failed"},
 	} {
-		e.create(kindReboot, tc.resource, tc.node, false)
-		u, err := e.dyn.Resource(kindReboot.GVR).Get(ctx, tc.resource, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		empty := cache.NewIndexer(cache.MetaNamespaceKeyFunc, nil) // the watch has seen no node
-		op := &operation{j: j, cr: &clusterRun{name: cluster, cl: cl, nodes: empty}, kd: kindReboot, u: u, nodeName: tc.node, key: tc.resource}
-		if _, err := op.start(ctx); err != nil {
+		if _, err := unwatched(kindReboot, tc.resource, tc.node).start(ctx); err != nil {
 			t.Fatalf("%s: %v", tc.resource, err)
 		}
 		o, err := e.dyn.Resource(kindReboot.GVR).Get(ctx, tc.resource, metav1.GetOptions{})
@@ -721,17 +726,12 @@ func TestStartReadsANodeTheWatchHasNotSeen(t *testing.T) {
 	// A terminate signalled for a node the watch has not seen: the node is
 	// not taken for gone (before: success said, the Node left in place); it
 	// is deleted, then the terminate succeeds.
-	if _, err := e.kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "fresh-t"}}, metav1.CreateOptions{}); err != nil {
+	op := unwatched(kindTerminate, "terminate-fresh-t", "fresh-t")
+	op.st = &opState{Step: "signal", At: time.Now(), Provider: ProviderRedfish}
+	sent := map[string]any{"type": CondSignalSent, "status": "True", "reason": ReasonSucceeded, "message": "sent", "lastTransitionTime": time.Now().UTC().Format(time.RFC3339)}
+	if err := unstructured.SetNestedSlice(op.u.Object, []any{sent}, "status", "conditions"); err != nil {
 		t.Fatal(err)
 	}
-	e.create(kindTerminate, "terminate-fresh-t", "fresh-t", false)
-	u, err := e.dyn.Resource(kindTerminate.GVR).Get(ctx, "terminate-fresh-t", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	unstructured.SetNestedSlice(u.Object, []any{map[string]any{"type": CondSignalSent, "status": "True", "reason": ReasonSucceeded, "message": "sent", "lastTransitionTime": time.Now().UTC().Format(time.RFC3339)}}, "status", "conditions")
-	op := &operation{j: j, cr: &clusterRun{name: cluster, cl: cl, nodes: cache.NewIndexer(cache.MetaNamespaceKeyFunc, nil)}, kd: kindTerminate, u: u,
-		nodeName: "fresh-t", key: "terminate-fresh-t", st: &opState{Step: "signal", At: time.Now(), Provider: ProviderRedfish}}
 	if _, err := op.followTerminate(ctx); err != nil {
 		t.Fatal(err)
 	}
