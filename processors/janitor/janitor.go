@@ -272,7 +272,12 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 		for _, o := range idx.List() {
 			u := o.(*unstructured.Unstructured)
 			if st := stateOf(u); st != nil && !finished(u) {
-				j.lim.acquire(cr.resKey(kn, u.GetName()), name, j.rackOf(cr, u), st.Provider, true)
+				nn, _, _ := unstructured.NestedString(u.Object, "spec", "nodeName")
+				n, err := cr.findNode(cctx, nn)
+				if err != nil {
+					return err
+				}
+				j.lim.acquire(cr.resKey(kn, u.GetName()), name, j.rack(n, nn), st.Provider, true)
 			}
 		}
 	}
@@ -309,12 +314,26 @@ func (cr *clusterRun) enqueueNode(o any) {
 
 func (cr *clusterRun) resKey(kind, name string) string { return cr.name + "/" + kind + "/" + name }
 
-func (cr *clusterRun) node(name string) *corev1.Node {
-	o, ok, _ := cr.nodes.GetByKey(name)
-	if !ok {
-		return nil
+// findNode is node name as the watch has it, or, when the watch's copy
+// lacks it, as the API server has it: a node created just before a
+// resource for it may not have reached the watch yet (CI saw a
+// TerminateNode fail NodeNotFound for a node that existed). nil: the API
+// server has no such node.
+func (cr *clusterRun) findNode(ctx context.Context, name string) (*corev1.Node, error) {
+	if o, ok, _ := cr.nodes.GetByKey(name); ok {
+		return o.(*corev1.Node), nil
 	}
-	return o.(*corev1.Node)
+	if name == "" {
+		return nil, nil
+	}
+	n, err := cr.cl.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read node %s: %w", name, err)
+	}
+	return n, nil
 }
 
 // work handles one queue item; false when the queue is shut down.
@@ -346,12 +365,6 @@ func kindByName(name string) kind {
 		}
 	}
 	return kind{}
-}
-
-// rackOf is the rack of the resource's node, as the watch has it.
-func (j *Janitor) rackOf(cr *clusterRun, u *unstructured.Unstructured) string {
-	nn, _, _ := unstructured.NestedString(u.Object, "spec", "nodeName")
-	return j.rack(cr.node(nn), nn)
 }
 
 // rack is node n's rack label ("node:<name>" without one, or without n).
@@ -393,7 +406,6 @@ func (j *Janitor) reconcile(ctx context.Context, cr *clusterRun, k qkey) (time.D
 		return again, nil
 	}
 	op.force, _, _ = unstructured.NestedBool(u.Object, "spec", "force")
-	op.node = cr.node(op.nodeName)
 	var (
 		wait time.Duration
 		err  error
@@ -438,18 +450,12 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		}
 		return 0, nil
 	}
+	var err error
+	if op.node, err = op.cr.findNode(ctx, op.nodeName); err != nil {
+		return 0, err
+	}
 	if op.node == nil {
-		// Not in the watch's copy: read it before failing for good — a
-		// node created just before the resource may not have reached
-		// the watch yet.
-		n, err := op.cr.cl.Kube.CoreV1().Nodes().Get(ctx, op.nodeName, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err) || op.nodeName == "":
-			return 0, op.fail(ctx, ReasonNodeNotFound, fmt.Sprintf("node %s not found", op.nodeName), false)
-		case err != nil:
-			return 0, fmt.Errorf("read node %s: %w", op.nodeName, err)
-		}
-		op.node = n
+		return 0, op.fail(ctx, ReasonNodeNotFound, fmt.Sprintf("node %s not found", op.nodeName), false)
 	}
 	if j.cfg.RequireDrained && !op.force {
 		q, d := op.node.Labels[labelQuarantined], op.node.Labels[labelDrain]
@@ -471,8 +477,7 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		op.deferOnce(ctx, fmt.Sprintf("node %s is in its cooldown (%v) for %v more", op.nodeName, j.cfg.Cooldown, wait.Round(time.Second)))
 		return wait, nil
 	}
-	rack := j.rack(op.node, op.nodeName) // the node read live when the watch lacks it
-	if lim := j.lim.acquire(op.key, op.cr.name, rack, pname, false); lim != "" {
+	if lim := j.lim.acquire(op.key, op.cr.name, j.rack(op.node, op.nodeName), pname, false); lim != "" {
 		op.deferOnce(ctx, "waiting for a slot: "+lim+" reached")
 		return time.Second, nil
 	}
@@ -614,7 +619,11 @@ func (op *operation) deferOnce(ctx context.Context, why string) {
 // follow observes an operation whose signal was recorded.
 func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 	j := op.j
-	j.lim.acquire(op.key, op.cr.name, j.rackOf(op.cr, op.u), op.st.Provider, true)
+	var err error
+	if op.node, err = op.cr.findNode(ctx, op.nodeName); err != nil {
+		return 0, err
+	}
+	j.lim.acquire(op.key, op.cr.name, j.rack(op.node, op.nodeName), op.st.Provider, true)
 	if !condIs(op.u, CondSignalSent, "True") && op.kd != kindGPUReset {
 		// Read it fresh: the cache may be behind our own write.
 		fresh, err := op.res().Get(ctx, op.u.GetName(), metav1.GetOptions{})
@@ -671,6 +680,10 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 		}
 		if j.now().Sub(op.st.At) > j.cfg.GPUResetTimeout {
 			return 0, op.fail(ctx, ReasonTimeout, fmt.Sprintf("not completed within %v", j.cfg.GPUResetTimeout), true)
+		}
+		if op.node == nil {
+			// Deleted while its GPUs reset: there is no agent to ask.
+			return 0, op.fail(ctx, ReasonNodeNotFound, fmt.Sprintf("node %s is gone; its GPU reset cannot be followed", op.nodeName), true)
 		}
 		return op.resetGPUs(ctx, prov, Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/signal"})
 	case kindTerminate:
@@ -742,13 +755,8 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 
 func (op *operation) followTerminate(ctx context.Context) (time.Duration, error) {
 	j := op.j
-	// Read live, not from the watch: a node the watch has not seen yet
-	// (a terminate of a node read live at its start) is not gone.
-	n, err := op.cr.cl.Kube.CoreV1().Nodes().Get(ctx, op.nodeName, metav1.GetOptions{})
-	gone := apierrors.IsNotFound(err)
-	if err != nil && !gone {
-		return 0, fmt.Errorf("read node %s: %w", op.nodeName, err)
-	}
+	n := op.node // read live where the watch's copy lacks it (follow)
+	gone := n == nil
 	// A signal this janitor's provider confirmed: the Node goes at once. A
 	// resumed one (Recorded: the janitor that recorded it stopped before
 	// it knew) may never have gone out: the Node goes only once the node

@@ -665,13 +665,14 @@ func (c *counting) Reboot(ctx context.Context, t Target, mode RebootMode) error 
 	return c.Provider.Reboot(ctx, t, mode)
 }
 
-// TestStartReadsANodeTheWatchHasNotSeen: a resource whose node is not in
-// the watch's copy yet (created just before it; seen in CI as a
-// TerminateNode failed "node not found" for a node that existed) reads the
-// node before failing: here it is found and judged (not drained: refused;
-// drained, in a rack whose one slot is taken: waits for it), and only a
-// node the API server does not have fails NodeNotFound.
-func TestStartReadsANodeTheWatchHasNotSeen(t *testing.T) {
+// TestReadsANodeTheWatchHasNotSeen: a resource whose node is not in the
+// watch's copy yet (created just before it; seen in CI as a TerminateNode
+// failed "node not found" for a node that existed) reads the node before
+// failing: here it is found and judged (not drained: refused; drained, in
+// a rack whose one slot is taken: waits for it), and only a node the API
+// server does not have fails NodeNotFound. Followed, a terminate deletes
+// the node and a reboot completes on the node read.
+func TestReadsANodeTheWatchHasNotSeen(t *testing.T) {
 	e := newEnv(t, 0)
 	ctx := context.Background()
 	cfg := e.config()
@@ -726,17 +727,39 @@ func TestStartReadsANodeTheWatchHasNotSeen(t *testing.T) {
 	// A terminate signalled for a node the watch has not seen: the node is
 	// not taken for gone (before: success said, the Node left in place); it
 	// is deleted, then the terminate succeeds.
-	op := unwatched(kindTerminate, "terminate-fresh-t", "fresh-t")
-	op.st = &opState{Step: "signal", At: time.Now(), Provider: ProviderRedfish}
-	sent := map[string]any{"type": CondSignalSent, "status": "True", "reason": ReasonSucceeded, "message": "sent", "lastTransitionTime": time.Now().UTC().Format(time.RFC3339)}
-	if err := unstructured.SetNestedSlice(op.u.Object, []any{sent}, "status", "conditions"); err != nil {
-		t.Fatal(err)
+	// signalled is an operation whose signal was sent at boot ID boot-0.
+	signalled := func(kd kind, name, node string) *operation {
+		t.Helper()
+		op := unwatched(kd, name, node)
+		op.st = &opState{Step: "signal", At: time.Now(), BootID: "boot-0", Provider: ProviderRedfish}
+		sent := map[string]any{"type": CondSignalSent, "status": "True", "reason": ReasonSucceeded, "message": "sent", "lastTransitionTime": time.Now().UTC().Format(time.RFC3339)}
+		if err := unstructured.SetNestedSlice(op.u.Object, []any{sent}, "status", "conditions"); err != nil {
+			t.Fatal(err)
+		}
+		return op
 	}
-	if _, err := op.followTerminate(ctx); err != nil {
+	if _, err := signalled(kindTerminate, "terminate-fresh-t", "fresh-t").follow(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.kube.CoreV1().Nodes().Get(ctx, "fresh-t", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("the terminated node's Node object is still there (%v): taken for gone from the watch's copy", err)
 	}
 	rec.expect(t, "fresh-t", []string{"terminate/succeeded"})
+
+	// A reboot followed for a node the watch lacks, back Ready with a new
+	// boot ID: it completes (before: it waited, until reboot_timeout if the
+	// watch never showed the node).
+	back, err := e.kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "fresh-b"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setReady(back, corev1.ConditionTrue)
+	back.Status.NodeInfo.BootID = "boot-1"
+	if _, err := e.kube.CoreV1().Nodes().UpdateStatus(ctx, back, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if wait, err := signalled(kindReboot, "reboot-fresh-b", "fresh-b").follow(ctx); err != nil || wait != 0 {
+		t.Fatalf("following the reboot of a node back with a new boot ID: look again in %v, %v; want done", wait, err)
+	}
+	rec.expect(t, "fresh-b", []string{"reboot/succeeded"})
 }

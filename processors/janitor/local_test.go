@@ -43,7 +43,7 @@ func TestJanitorLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"systemctl", "nvidia-smi"} {
-		script := "#!/bin/sh\necho \"" + name + " $*\" >> " + log + "\ncase \"$*\" in *GPU-dead*) echo 'GPU is busy' >&2; exit 3;; *GPU-51ee*) sleep 2;; esac\n"
+		script := "#!/bin/sh\necho \"" + name + " $*\" >> " + log + "\ncase \"$*\" in *GPU-dead*) echo 'GPU is busy' >&2; exit 3;; *GPU-51ee*) sleep 2;; *GPU-5107*) sleep 5;; esac\n"
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -141,6 +141,34 @@ func TestJanitorLocal(t *testing.T) {
 			t.Fatalf("Complete %s; status %v\n%s", got, o.Object["status"], calls())
 		}
 		rec.expect(t, "gpu-l5", []string{"gpu_reset/in_progress", "gpu_reset/succeeded"})
+	})
+
+	// The node deleted while its GPUs reset: the reset ends NodeNotFound
+	// (it has no agent to ask any more) and the janitor goes on — it
+	// asked the agent of a nil node, and crashed, at every restart.
+	t.Run("NodeGoneDuringReset", func(t *testing.T) {
+		localNode("gpu-l7")
+		reset("reset-l7", "gpu-l7", "GPU-51070000-0000-0000-0000-000000000000")
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			o, err := e.dyn.Resource(kindGPUReset.GVR).Get(ctx, "reset-l7", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if condIs(o, CondResetJobCreated, "True") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the reset is not running: status %v", o.Object["status"])
+			}
+		}
+		if err := e.kube.CoreV1().Nodes().Delete(ctx, "gpu-l7", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		o := e.wait(kindGPUReset, "reset-l7", 30*time.Second)
+		if got := condOf(o, CondComplete); got != "True/"+ReasonNodeNotFound {
+			t.Fatalf("Complete %s; status %v", got, o.Object["status"])
+		}
+		rec.expect(t, "gpu-l7", []string{"gpu_reset/in_progress", "gpu_reset/failed"})
 	})
 
 	t.Run("Reboot", func(t *testing.T) {

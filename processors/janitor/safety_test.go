@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -142,7 +143,7 @@ func cached(t *testing.T, j *Janitor, node, key, value string) {
 		cr := j.running[cluster]
 		j.mu.Unlock()
 		if cr != nil {
-			if n := cr.node(node); n != nil && n.Labels[key] == value {
+			if o, ok, _ := cr.nodes.GetByKey(node); ok && o.(*corev1.Node).Labels[key] == value {
 				return
 			}
 		}
