@@ -160,6 +160,13 @@ func (l *sweepLoop) sweepAll(ctx context.Context) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			defer func() {
+				// A panic is this cluster's failed sweep (the next one tries
+				// again), not the end of the process.
+				if p := recover(); p != nil {
+					l.log.Error("conformance: sweep failed", "cluster", c, "err", pipeline.Panic(p))
+				}
+			}()
 			cctx, cancel := context.WithTimeout(ctx, sweepTimeout)
 			defer cancel()
 			out, err := l.sweeper.Sweep(cctx, c)

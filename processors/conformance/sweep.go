@@ -528,6 +528,9 @@ func (s *Sweeper) clearDrift(ctx context.Context, kube kubernetes.Interface, nam
 		delete(n.Annotations, AnnotationState)
 		delete(n.Annotations, AnnotationApproved)
 		if restoring != nil {
+			if n.Annotations == nil {
+				n.Annotations = map[string]string{}
+			}
 			n.Annotations[AnnotationState] = string(raw)
 		}
 		var keep []corev1.Taint

@@ -501,3 +501,21 @@ func TestAdmit(t *testing.T) {
 		})
 	}
 }
+
+// TestReadStateDropsNullPods: a null pod in the annotation (edited by
+// hand) is no pod — every walk of the pods dereferenced it, a panic at
+// each redelivery of the node's drain.
+func TestReadStateDropsNullPods(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: map[string]string{
+		AnnotationState: `{"phase":"running","pods":{"ns/a@1":null,"ns/b@2":{"evicted":true}}}`}}}
+	st, err := ReadState(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := st.Pods["ns/a@1"]; ok || st.Pods["ns/b@2"] == nil {
+		t.Fatalf("pods %v: want the null one dropped", st.Pods)
+	}
+	if c := st.Count(); c.InScope != 1 {
+		t.Fatalf("counts %+v, want one pod", c)
+	}
+}

@@ -3,6 +3,7 @@ package drain
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"time"
@@ -191,6 +192,9 @@ func ReadState(n *corev1.Node) (*State, error) {
 	if st.Pods == nil {
 		st.Pods = map[string]*PodState{}
 	}
+	// A null pod (the annotation edited by hand) is no pod: kept, every
+	// walk of the pods would dereference it.
+	maps.DeleteFunc(st.Pods, func(_ string, p *PodState) bool { return p == nil })
 	return st, nil
 }
 

@@ -343,7 +343,16 @@ func (j *Janitor) work(ctx context.Context, cr *clusterRun) bool {
 		return false
 	}
 	defer cr.q.Done(k)
-	again, err := j.reconcile(ctx, cr, k)
+	again, err := func() (again time.Duration, err error) {
+		// A panic is this resource's failed step (retried with backoff),
+		// not the end of every cluster's janitor.
+		defer func() {
+			if p := recover(); p != nil {
+				err = pipeline.Panic(p)
+			}
+		}()
+		return j.reconcile(ctx, cr, k)
+	}()
 	switch {
 	case err != nil && ctx.Err() == nil:
 		j.m.apiErrors.WithLabelValues(cr.name).Inc()
@@ -481,17 +490,8 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		op.deferOnce(ctx, "waiting for a slot: "+lim+" reached")
 		return time.Second, nil
 	}
-	// Record the signal before sending it (optimistic concurrency: a
-	// second janitor, or a stale cache, gets a conflict here).
-	st := opState{Step: "signal", At: j.now().UTC(), BootID: op.node.Status.NodeInfo.BootID, Provider: pname, By: j.cfg.Identity}
-	obj := op.u.DeepCopy()
-	ann := obj.GetAnnotations()
-	if ann == nil {
-		ann = map[string]string{}
-	}
-	ann[AnnotationState] = st.encode()
-	obj.SetAnnotations(ann)
-	upd, err := op.res().Update(ctx, obj, metav1.UpdateOptions{FieldManager: "faultline-janitor"})
+	// Record the signal before sending it.
+	err = op.record(ctx, opState{Step: "signal", At: j.now().UTC(), BootID: op.node.Status.NodeInfo.BootID, Provider: pname, By: j.cfg.Identity})
 	if apierrors.IsConflict(err) {
 		j.lim.release(op.key)
 		return time.Second, nil // re-read; another janitor may have it
@@ -500,7 +500,6 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		j.lim.release(op.key)
 		return 0, fmt.Errorf("record %s state: %w", op.ref(), err)
 	}
-	op.u, op.st = upd, &st
 	j.m.started.WithLabelValues(op.cr.name, op.kd.ActionKind, pname).Inc()
 	t := Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/signal"}
 	switch op.kd {
@@ -692,6 +691,24 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 	return op.followReboot(ctx)
 }
 
+// record writes st as the resource's state annotation (optimistic
+// concurrency: a second janitor, or a stale cache, gets a conflict).
+func (op *operation) record(ctx context.Context, st opState) error {
+	obj := op.u.DeepCopy()
+	ann := obj.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[AnnotationState] = st.encode()
+	obj.SetAnnotations(ann)
+	upd, err := op.res().Update(ctx, obj, metav1.UpdateOptions{FieldManager: "faultline-janitor"})
+	if err != nil {
+		return err
+	}
+	op.u, op.st = upd, &st
+	return nil
+}
+
 func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 	j := op.j
 	if !op.st.ForcedAt.IsZero() && !j.remember(op.u.GetUID(), func(m *memory) { m.forced = true }).forced {
@@ -725,18 +742,13 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 		if prov := j.providers[op.st.Provider]; prov != nil {
 			st := *op.st
 			st.Step, st.ForcedAt = "force", j.now().UTC()
-			obj := op.u.DeepCopy()
-			ann := obj.GetAnnotations()
-			ann[AnnotationState] = st.encode()
-			obj.SetAnnotations(ann)
-			upd, err := op.res().Update(ctx, obj, metav1.UpdateOptions{FieldManager: "faultline-janitor"})
+			err := op.record(ctx, st)
 			if apierrors.IsConflict(err) {
 				return time.Second, nil
 			}
 			if err != nil {
 				return 0, fmt.Errorf("record %s force: %w", op.ref(), err)
 			}
-			op.u, op.st = upd, &st
 			j.remember(op.u.GetUID(), func(m *memory) { m.forced = true })
 			t := Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/force"}
 			err = prov.Reboot(ctx, t, Force)

@@ -763,3 +763,59 @@ func TestReadsANodeTheWatchHasNotSeen(t *testing.T) {
 	}
 	rec.expect(t, "fresh-b", []string{"reboot/succeeded"})
 }
+
+// panicky is a provider whose first reboot panics (a bug of its own).
+type panicky struct{ calls atomic.Int32 }
+
+func (p *panicky) Reboot(context.Context, Target, RebootMode) error {
+	if p.calls.Add(1) == 1 {
+		var n *corev1.Node
+		_ = n.Name // a nil dereference: a runtime panic
+	}
+	return nil
+}
+func (p *panicky) Terminate(context.Context, Target) error { return ErrUnsupported }
+func (p *panicky) ResetGPUs(context.Context, Target, []string) error {
+	return ErrUnsupported
+}
+
+// TestPanicIsAFailedStep: a step that panics is that resource's failed
+// step, retried — the janitor goes on with it and with the others (a
+// worker's panic ended the process, every cluster's janitor with it).
+// The signal whose sending panicked was recorded first, so it is resumed,
+// not sent again.
+func TestPanicIsAFailedStep(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	prov := &panicky{}
+	j, _ := e.janitor(e.config(), false, map[string]Provider{ProviderRedfish: prov})
+	run(t, j)
+	for _, name := range []string{"p1", "p2"} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{AnnotationProvider: ProviderRedfish,
+			events.LabelQuarantined: "true", labelDrain: "succeeded"}}}
+		if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	signalSent := func(name, want string) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			o, err := e.dyn.Resource(kindReboot.GVR).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := condOf(o, CondSignalSent); got == want {
+				return
+			} else if time.Now().After(deadline) {
+				t.Fatalf("%s: SignalSent %s, want %s", name, got, want)
+			}
+		}
+	}
+	e.create(kindReboot, "reboot-p1", "p1", false)
+	signalSent("reboot-p1", "True/"+ReasonRecorded)
+	e.create(kindReboot, "reboot-p2", "p2", false)
+	signalSent("reboot-p2", "True/"+ReasonSucceeded)
+	if n := prov.calls.Load(); n != 2 {
+		t.Fatalf("%d reboots sent, want 2 (the one that panicked not sent again)", n)
+	}
+}

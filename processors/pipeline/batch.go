@@ -1,6 +1,9 @@
 package pipeline
 
 import (
+	"cmp"
+	"fmt"
+	"runtime/debug"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -15,7 +18,10 @@ import (
 // key's items in their order, different keys concurrently, at most workers
 // at a time (workers < 1 means one), and returns do's results in the order
 // the keys first appear in items. One node's records are so handled in
-// offset order while a batch's nodes proceed side by side.
+// offset order while a batch's nodes proceed side by side. A panic in do
+// is raised again in the caller once every key is done, where the
+// runner's recover fails the batch (it is held and retried): from a
+// worker goroutine it would end the process, every replica in turn.
 func ByKey[T, R any](items []T, key func(T) string, workers int, do func(items []T) R) []R {
 	var keys []string
 	groups := map[string][]T{}
@@ -28,18 +34,44 @@ func ByKey[T, R any](items []T, key func(T) string, workers int, do func(items [
 	}
 	results := make([]R, len(keys))
 	sem := make(chan struct{}, max(workers, 1))
-	var wg sync.WaitGroup
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		panicked error
+	)
 	for i, k := range keys {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
+			defer func() {
+				if p := recover(); p != nil {
+					mu.Lock()
+					panicked = cmp.Or(panicked, Panic(p))
+					mu.Unlock()
+				}
+			}()
 			results[i] = do(groups[k])
 		}()
 	}
 	wg.Wait()
+	if panicked != nil {
+		panic(raised{panicked})
+	}
 	return results
 }
+
+// Panic is the error of a recovered panic p, with the stack that raised
+// it; called from the deferred function that recovered it.
+func Panic(p any) error {
+	if r, ok := p.(raised); ok {
+		return r.error // ByKey's: its stack is the worker's
+	}
+	return fmt.Errorf("panic: %v\n%s", p, debug.Stack())
+}
+
+// raised is a worker's panic raised again by ByKey.
+type raised struct{ error }
 
 // ActionRec is one decoded record of the actions topic (or of a requeue
 // topic carrying its records).

@@ -549,7 +549,7 @@ func (r *Runner) handleOnce(ctx context.Context, cl *kgo.Client, recs []*kgo.Rec
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("handler panic: %v", p)
+			err = fmt.Errorf("handler: %w", Panic(p))
 		}
 	}()
 	res, err := r.h.Handle(hctx, recs)

@@ -580,27 +580,38 @@ func TestRunnerCommitsOnlyAfterOutputsAcknowledged(t *testing.T) {
 }
 
 // TestRunnerRecoversPanic: a handler that panics fails the batch (it is
-// retried); the runner keeps running.
+// retried); the runner keeps running — also when the panic is in one of
+// ByKey's workers, as the roles that act per node run their work (there
+// it ended the process).
 func TestRunnerRecoversPanic(t *testing.T) {
-	h := newHarness(t, 1, topicIn, topicOut, events.TopicDeadLetter)
-	h.produce(topicIn, 0, 2)
-	var calls atomic.Int32
-	stop := h.run("panic", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
-		if calls.Add(1) == 1 {
-			var m map[string]int
-			m["boom"]++ // a nil map write: a runtime panic
-		}
-		return echo(recs), nil
-	}), nil)
-	eventually(t, 10*time.Second, "offset 2 committed after the panic", func() bool { return h.committed("faultline-panic", 1)[0] == 2 })
-	if calls.Load() != 2 {
-		t.Fatalf("%d calls, want 2", calls.Load())
-	}
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if got := values(h.read(topicOut, 2)); !slices.Equal(got, want(0, 2)) {
-		t.Fatalf("outputs %v", got)
+	for _, where := range []string{"handler", "worker"} {
+		t.Run(where, func(t *testing.T) {
+			h := newHarness(t, 1, topicIn, topicOut, events.TopicDeadLetter)
+			h.produce(topicIn, 0, 2)
+			var calls atomic.Int32
+			boom := func() {
+				if calls.Add(1) == 1 {
+					var m map[string]int
+					m["boom"]++ // a nil map write: a runtime panic
+				}
+			}
+			group := "panic-" + where
+			stop := h.run(group, HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+				if where == "worker" {
+					ByKey(recs, func(r *kgo.Record) string { return string(r.Value) }, 2, func([]*kgo.Record) int { boom(); return 0 })
+				} else {
+					boom()
+				}
+				return echo(recs), nil
+			}), nil)
+			eventually(t, 10*time.Second, "offset 2 committed after the panic", func() bool { return h.committed("faultline-"+group, 1)[0] == 2 })
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if got := values(h.read(topicOut, 2)); !slices.Equal(got, want(0, 2)) {
+				t.Fatalf("outputs %v", got)
+			}
+		})
 	}
 }
 

@@ -318,3 +318,36 @@ func TestFlapConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestStateAtItsBounds: a fault recorded on a node holding maxFaults,
+// older than all of them (a late event, an agent's clock behind), is kept
+// and the oldest other goes (it dropped itself, and deciding on it read a
+// nil fault: a panic, at every redelivery); a null fault in the
+// annotation is no fault (every walk of the faults dereferenced it).
+func TestStateAtItsBounds(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	st := &State{Faults: map[string]*Fault{}}
+	for i := range maxFaults {
+		st.AddFault(FaultKey("C", fmt.Sprint(i)), Fault{Check: "C", Rule: "r", Cordon: true, LastSeen: t0.Add(time.Duration(i) * time.Minute)}, "")
+	}
+	late := FaultKey("Late", "")
+	if !st.AddFault(late, Fault{Check: "Late", Rule: "r", Cordon: true, LastSeen: t0.Add(-time.Hour)}, "e1") {
+		t.Fatal("the late fault changed nothing")
+	}
+	if f := st.Faults[late]; f == nil || len(st.Faults) != maxFaults {
+		t.Fatalf("late fault %v, %d faults; want it kept among %d", f, len(st.Faults), maxFaults)
+	}
+	if _, ok := st.Faults[FaultKey("C", "0")]; ok {
+		t.Fatal("the oldest other fault was kept")
+	}
+
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: map[string]string{
+		AnnotationState: `{"faults":{"a":null,"b":{"check":"B","rule":"r","cordon":true}}}`}}}
+	got, err := ReadState(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got.Faults["a"]; ok || got.Faults["b"] == nil || !got.Active() {
+		t.Fatalf("faults %v: want the null one dropped, b standing", got.Faults)
+	}
+}

@@ -3,6 +3,7 @@ package quarantine
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -187,6 +188,10 @@ func ReadState(n *corev1.Node) (*State, error) {
 	if st.Faults == nil {
 		st.Faults = map[string]*Fault{}
 	}
+	// A null fault (the annotation edited by hand, or by whoever may write
+	// the node's annotations) is no fault: kept, every walk of the faults
+	// would dereference it.
+	maps.DeleteFunc(st.Faults, func(_ string, f *Fault) bool { return f == nil })
 	return st, nil
 }
 
@@ -213,7 +218,7 @@ func (s *State) AddFault(key string, f Fault, eventID string) bool {
 			f.EventIDs = []string{eventID}
 		}
 		s.Faults[key] = &f
-		s.trim()
+		s.trim(key)
 		return true
 	}
 	if eventID != "" && slices.Contains(old.EventIDs, eventID) {
@@ -253,14 +258,16 @@ func (s *State) Repeats(key string, f Fault, within time.Duration) bool {
 		old.Message == f.Message && f.LastSeen.Sub(old.LastSeen) < within
 }
 
-// trim drops the oldest faults beyond maxFaults.
-func (s *State) trim() {
+// trim drops the oldest faults beyond maxFaults, never added, the fault
+// just recorded: an occurrence older than every standing fault (a late
+// event, an agent's clock behind) still counts.
+func (s *State) trim(added string) {
 	if len(s.Faults) <= maxFaults {
 		return
 	}
-	keys := s.keys()
+	keys := slices.DeleteFunc(s.keys(), func(k string) bool { return k == added })
 	sort.Slice(keys, func(i, j int) bool { return s.Faults[keys[i]].LastSeen.Before(s.Faults[keys[j]].LastSeen) })
-	for _, k := range keys[:len(keys)-maxFaults] {
+	for _, k := range keys[:len(s.Faults)-maxFaults] {
 		delete(s.Faults, k)
 	}
 }
