@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"runtime/debug"
 	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -85,7 +88,8 @@ func (s *Server) newGRPCServer(door string, tlsCfg *tls.Config) *grpc.Server {
 			Time:                  2 * time.Minute,  // ping a silent client, and drop it
 			Timeout:               20 * time.Second, // when it does not answer
 		}),
-		grpc.ChainUnaryInterceptor(s.grpcMetrics(door), s.grpcAdmit),
+		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(s.recovered(door))),
+			s.grpcMetrics(door), s.grpcAdmit),
 	}
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
@@ -95,6 +99,16 @@ func (s *Server) newGRPCServer(door string, tlsCfg *tls.Config) *grpc.Server {
 		g.RegisterService(s.shapeChecked(sd), s.svc)
 	}
 	return g
+}
+
+// recovered answers a call whose handler panicked Internal and logs the
+// panic with its stack: that call fails, not the gateway (and with it, in
+// `faultline dev`, every role) — as net/http does for the REST door.
+func (s *Server) recovered(door string) recovery.RecoveryHandlerFuncContext {
+	return func(_ context.Context, p any) error {
+		s.log.Error("gateway: call panicked", "door", door, "panic", p, "stack", string(debug.Stack()))
+		return status.Error(codes.Internal, "internal error")
+	}
 }
 
 // tap admits a call when its headers arrive, before its message is read:

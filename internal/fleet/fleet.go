@@ -29,6 +29,7 @@ import (
 	"log/slog"
 	"math"
 	"regexp"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -146,12 +147,20 @@ func (s *Store) run(ctx context.Context, name string, params map[string]string) 
 }
 
 // parallel runs fs at once (each a query on its own pooled connection)
-// and returns the first error.
+// and returns their errors; a panic is its function's error (net/http
+// recovers the request's own goroutine, not these: it ended the gateway).
 func parallel(fs ...func() error) error {
 	errs := make([]error, len(fs))
 	var wg sync.WaitGroup
 	for i, f := range fs {
-		wg.Go(func() { errs[i] = f() })
+		wg.Go(func() {
+			defer func() {
+				if p := recover(); p != nil {
+					errs[i] = fmt.Errorf("panic: %v\n%s", p, debug.Stack())
+				}
+			}()
+			errs[i] = f()
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)

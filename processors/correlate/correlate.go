@@ -243,10 +243,10 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 		if len(trigs[i]) == 0 {
 			continue
 		}
-		g.Go(func() (err error) {
+		g.Go(pipeline.Safe(func() (err error) {
 			plans[i], err = h.prepare(gctx, r, trigs[i], bt)
 			return err
-		})
+		}))
 	}
 	if err := g.Wait(); err != nil {
 		return pipeline.Result{}, err
@@ -262,7 +262,7 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 		if decided[i], err = h.decide(ctx, pl); err != nil {
 			return pipeline.Result{}, err
 		}
-		g.Go(func() error { return h.causes(gctx, pl.r, decided[i], bt) })
+		g.Go(pipeline.Safe(func() error { return h.causes(gctx, pl.r, decided[i], bt) }))
 	}
 	if err := g.Wait(); err != nil {
 		return pipeline.Result{}, err

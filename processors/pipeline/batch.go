@@ -70,6 +70,19 @@ func Panic(p any) error {
 	return fmt.Errorf("panic: %v\n%s", p, debug.Stack())
 }
 
+// Safe returns f with a panic made its error, for the goroutines a
+// handler starts itself (errgroup's), where it would end the process.
+func Safe(f func() error) func() error {
+	return func() (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = Panic(p)
+			}
+		}()
+		return f()
+	}
+}
+
 // raised is a worker's panic raised again by ByKey.
 type raised struct{ error }
 

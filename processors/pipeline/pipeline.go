@@ -585,18 +585,40 @@ func (r *Runner) handleOnce(ctx context.Context, cl *kgo.Client, recs []*kgo.Rec
 // cannot process a record dead-letters its own copy).
 const HeaderRole = "faultline-role"
 
+// deadLetterMax bounds a dead letter's key, value and headers, under what
+// the producer sends (franz-go's 1,000,012-byte batch): a record near the
+// broker's own limit (1 MiB by default) failed its dead letter, and so
+// its batch, at every try — the partition stopped for good.
+const deadLetterMax = 900_000
+
 // DeadLetter returns the dead-letter record for rec: same key and value,
-// with the reason and the source position in headers.
+// with the reason (at most 4 KiB) and the source position in headers. A
+// record whose dead letter would pass deadLetterMax goes without its
+// value and its own headers, its key bounded: its value's size and
+// SHA-256 say which it was.
 func DeadLetter(rec *kgo.Record, reason error) *kgo.Record {
 	msg := "unknown"
 	if reason != nil {
-		msg = reason.Error()
+		msg = events.Truncate(reason.Error(), 4096)
+	}
+	key, value, hdrs := rec.Key, rec.Value, append([]kgo.RecordHeader(nil), rec.Headers...)
+	size := len(key) + len(value)
+	for _, h := range hdrs {
+		size += len(h.Key) + len(h.Value)
+	}
+	if size > deadLetterMax-len(msg)-1024 {
+		sum := sha256.Sum256(value)
+		key, value = []byte(events.BoundKey(string(key), 512)), nil
+		hdrs = []kgo.RecordHeader{
+			{Key: events.HeaderValueBytes, Value: []byte(strconv.Itoa(len(rec.Value)))},
+			{Key: events.HeaderValueSHA256, Value: []byte(hex.EncodeToString(sum[:]))},
+		}
 	}
 	return &kgo.Record{
 		Topic: events.TopicDeadLetter,
-		Key:   rec.Key,
-		Value: rec.Value,
-		Headers: append(append([]kgo.RecordHeader(nil), rec.Headers...),
+		Key:   key,
+		Value: value,
+		Headers: append(hdrs,
 			kgo.RecordHeader{Key: events.HeaderError, Value: []byte(msg)},
 			kgo.RecordHeader{Key: events.HeaderSource, Value: []byte(rec.Topic)},
 			kgo.RecordHeader{Key: events.HeaderSourcePart, Value: []byte(strconv.Itoa(int(rec.Partition)))},

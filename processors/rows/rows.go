@@ -174,18 +174,20 @@ func (b *Events) Add(rec *kgo.Record) error {
 	for i, e := range meta {
 		mk[i], mv[i] = e.k, e.v
 	}
-	entity := ""
+	var entity strings.Builder // not +=: quadratic in a record of 10⁵ entities (none from the gateway, which bounds them)
 	for i := range ev.entType {
 		if i > 0 {
-			entity += ","
+			entity.WriteByte(',')
 		}
-		entity += ev.entType[i] + "=" + ev.entValue[i]
+		entity.WriteString(ev.entType[i])
+		entity.WriteByte('=')
+		entity.WriteString(ev.entValue[i])
 	}
 
 	b.cluster = append(b.cluster, cluster)
 	b.node = append(b.node, node)
 	b.check = append(b.check, ev.check)
-	b.entity = append(b.entity, entity)
+	b.entity = append(b.entity, entity.String())
 	b.ts = append(b.ts, tsSec)
 	b.tsMS = append(b.tsMS, tsMS)
 	b.id = append(b.id, ev.id)

@@ -37,6 +37,10 @@ const (
 	HeaderSource     = "faultline-source-topic"
 	HeaderSourcePart = "faultline-source-partition"
 	HeaderSourceOff  = "faultline-source-offset"
+	// A dead letter too large to carry its record's value carries these
+	// instead (the source position finds the record while it is kept).
+	HeaderValueBytes  = "faultline-value-bytes"
+	HeaderValueSHA256 = "faultline-value-sha256"
 )
 
 // Entity types reported in entitiesImpacted.
