@@ -118,7 +118,7 @@ func OpenSpool(dir string, maxBytes int64, log *slog.Logger, m *Metrics) (*Spool
 			s.cur = Cursor{Seg: a, Off: o}
 		}
 	}
-	if len(s.segs) == 0 || s.cur.Seg < s.segs[0] || s.sizes[s.cur.Seg] < s.cur.Off {
+	if len(s.segs) == 0 || s.cur.Seg < s.segs[0] || s.sizes[s.cur.Seg] < s.cur.Off || s.cur.Off < 0 {
 		s.cur = Cursor{}
 		if len(s.segs) > 0 {
 			s.cur.Seg = s.segs[0]
@@ -169,7 +169,10 @@ func (s *Spool) decode(b []byte) ([]byte, int64, error) {
 		return nil, 0, errTorn
 	}
 	n := binary.BigEndian.Uint32(b)
-	if uint64(len(b)-recordHeader) < uint64(n) {
+	if n == 0 || uint64(len(b)-recordHeader) < uint64(n) {
+		// n == 0: no event encodes to nothing, and a zero-filled tail (a
+		// file extended but not written before a power cut) would pass
+		// the checksum (CRC-32C of nothing is 0) as empty events.
 		return nil, 0, errTorn
 	}
 	p := b[recordHeader : recordHeader+int(n)]

@@ -1,7 +1,10 @@
 package agent
 
 import (
+	"cmp"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -60,5 +63,47 @@ func TestSpoolAppendAll(t *testing.T) {
 	sp.Close()
 	if err := sp.AppendAll([]*datamodels.HealthEvent{ev("late", true)}); !errors.Is(err, ErrSpoolClosed) {
 		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// TestSpoolReopensDamage: a cursor with a negative offset (damaged on
+// disk) starts from the spool's start — its reads failed for ever, the
+// sender wedged — and a zero-filled tail (a file extended but not written
+// before a power cut) is torn, not read as empty events (CRC-32C of
+// nothing is 0: 4 KiB of zeros were 512 empty events).
+func TestSpoolReopensDamage(t *testing.T) {
+	dir := t.TempDir()
+	sp, err := OpenSpool(dir, 64<<10, quiet(), NewMetrics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.AppendAll([]*datamodels.HealthEvent{ev("a", false)}); err != nil {
+		t.Fatal(err)
+	}
+	sp.Close()
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
+	if len(segs) != 1 {
+		t.Fatalf("segments %v", segs)
+	}
+	f, err := os.OpenFile(segs[0], os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	seq := strings.TrimLeft(strings.TrimSuffix(filepath.Base(segs[0]), ".seg"), "0")
+	if err := os.WriteFile(filepath.Join(dir, "cursor"), []byte(cmp.Or(seq, "0")+" -8\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sp, err = OpenSpool(dir, 64<<10, quiet(), NewMetrics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	got, _, err := sp.Peek(1000)
+	if err != nil || strings.Join(msgs(got), ",") != "a" {
+		t.Fatalf("reopened: %d events %v, %v; want the one event", len(got), msgs(got), err)
 	}
 }

@@ -17,6 +17,7 @@
 package localaction
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -36,6 +37,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/faultline/faultline/agents/topology"
 	"github.com/faultline/faultline/internal/config"
 )
 
@@ -180,8 +182,19 @@ var uuidRE = regexp.MustCompile(`^GPU-[0-9a-fA-F-]{36}$`)
 func New(cfg Config, log *slog.Logger, pods PodLister) (*Server, error) {
 	s := &Server{cfg: cfg, log: log, pods: pods, AnswerWait: answerWait, state: map[string]Answer{}, running: map[string]chan struct{}{}}
 	if b, err := os.ReadFile(cfg.StateFile); err == nil {
-		if err := json.Unmarshal(b, &s.state); err != nil {
-			return nil, fmt.Errorf("local_actions.state_file %s: %w", cfg.StateFile, err)
+		if err := json.Unmarshal(b, &s.state); err != nil || s.state == nil {
+			// Empty or cut short (a power cut while it was first written) or
+			// damaged: kept aside and started afresh — the agent refused to
+			// start, its every check down, until someone deleted it. What
+			// is lost is which request ids were answered: a GPU reset asked
+			// again under one of them runs again.
+			aside := cfg.StateFile + ".corrupt"
+			log.Error("local actions: state file unreadable; moved aside, starting with no recorded actions",
+				"state_file", cfg.StateFile, "moved_to", aside, "err", cmp.Or(err, errors.New("null")))
+			if err := os.Rename(cfg.StateFile, aside); err != nil {
+				return nil, fmt.Errorf("local_actions.state_file %s: unreadable, and moving it aside: %w", cfg.StateFile, err)
+			}
+			s.state = map[string]Answer{}
 		}
 	}
 	// An action in progress when the agent stopped did not finish (a
@@ -218,11 +231,9 @@ func (s *Server) record(a *Answer) error {
 	if err := os.MkdirAll(filepath.Dir(s.cfg.StateFile), 0o755); err != nil {
 		return err
 	}
-	tmp := s.cfg.StateFile + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, s.cfg.StateFile)
+	// Synced before the rename and the directory after it: a reboot runs
+	// right after this write, and a power cut must not leave it empty.
+	return topology.AtomicWrite(s.cfg.StateFile, b)
 }
 
 // Handler is the endpoint's HTTP handler.
@@ -279,25 +290,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, gpus bool, do fun
 		writeJSON(w, http.StatusBadRequest, Answer{ID: req.ID, Reason: "InvalidRequest", Message: err.Error()})
 		return
 	}
-	s.mu.Lock()
-	a, known := s.state[req.ID]
-	done, running := s.running[req.ID]
-	if !known {
-		a = Answer{ID: req.ID, InProgress: true, Reason: "InProgress", Message: "accepted"}
-		if err := s.record(&a); err != nil {
-			s.mu.Unlock()
-			writeJSON(w, http.StatusOK, Answer{ID: req.ID, Reason: "StateNotRecorded", Message: err.Error()})
-			return
-		}
-		done = make(chan struct{})
-		s.running[req.ID] = done
-		running = true
-		// The action outlives the request (the caller asks again), bounded
-		// by the command and pods-gone timeouts.
-		go s.act(context.WithoutCancel(r.Context()), req, do, done)
+	a, known, done, err := s.begin(r.Context(), req, do)
+	if err != nil {
+		writeJSON(w, http.StatusOK, Answer{ID: req.ID, Reason: "StateNotRecorded", Message: err.Error()})
+		return
 	}
-	s.mu.Unlock()
-	if running {
+	if done != nil { // running
 		t := time.NewTimer(s.AnswerWait)
 		defer t.Stop()
 		select {
@@ -312,6 +310,28 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, gpus bool, do fun
 	}
 	a.Repeated = known
 	writeJSON(w, http.StatusOK, a)
+}
+
+// begin returns the answer recorded for req's id (known) and, while its
+// action runs, the channel closed when it ends; an unknown id is recorded
+// in progress and its action started. The lock is released by a defer: a
+// panic on the way cannot leave it held, every later request waiting.
+func (s *Server) begin(ctx context.Context, req Request, do func(context.Context, Request) Answer) (a Answer, known bool, done chan struct{}, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a, known = s.state[req.ID]; known {
+		return a, true, s.running[req.ID], nil
+	}
+	a = Answer{ID: req.ID, InProgress: true, Reason: "InProgress", Message: "accepted"}
+	if err := s.record(&a); err != nil {
+		return a, false, nil, err
+	}
+	done = make(chan struct{})
+	s.running[req.ID] = done
+	// The action outlives the request (the caller asks again), bounded by
+	// the command and pods-gone timeouts.
+	go s.act(context.WithoutCancel(ctx), req, do, done)
+	return a, false, done, nil
 }
 
 // act runs an action and records its answer.

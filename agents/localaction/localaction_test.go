@@ -228,6 +228,56 @@ func TestStateKeepsTheNewest(t *testing.T) {
 	}
 }
 
+// TestUnreadableStateStartsAfresh: a state file left empty (a power cut
+// while it was first written), cut short or "null" is moved aside and the
+// endpoint starts with no recorded actions, then records and answers
+// (before: the agent refused to start — every check down — or, on
+// "null", the first request panicked holding the lock and every later one
+// hung).
+func TestUnreadableStateStartsAfresh(t *testing.T) {
+	for name, content := range map[string]string{"empty": "", "cut short": `{"uid-1/signal":{"id":"uid-1/sig`, "null": "null"} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			log := filepath.Join(dir, "calls.log")
+			cfg := DefaultConfig()
+			cfg.StateFile, cfg.TokenFile = filepath.Join(dir, "state.json"), filepath.Join(dir, "token")
+			cfg.RebootCommand = []string{standIn(t, dir, "systemctl", log), "reboot"}
+			if err := os.WriteFile(cfg.TokenFile, []byte("tok"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(cfg.StateFile, []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			s, err := New(cfg, testLog, nil)
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			if b, err := os.ReadFile(cfg.StateFile + ".corrupt"); err != nil || string(b) != content {
+				t.Fatalf("the unreadable file not kept aside: %q, %v", b, err)
+			}
+			srv := httptest.NewServer(s.Handler())
+			defer srv.Close()
+			client := &http.Client{Timeout: 5 * time.Second}
+			for try := range 2 {
+				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/local/reboot", strings.NewReader(`{"id":"uid-2/signal"}`))
+				req.Header.Set("Authorization", "Bearer tok")
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatalf("request %d: %v", try, err)
+				}
+				resp.Body.Close()
+			}
+			if b, _ := os.ReadFile(log); strings.Count(string(b), "systemctl reboot") != 1 {
+				t.Fatalf("reboot ran: %q, want once", b)
+			}
+			s2, err := New(cfg, testLog, nil)
+			if err != nil || len(s2.state) != 1 {
+				t.Fatalf("restarted: %v, %d answers recorded, want the reboot's", err, len(s2.state))
+			}
+		})
+	}
+}
+
 // TestSlowActionsAnsweredInProgress: an action longer than the answer wait
 // is answered in_progress (202) and asked for again with the same id; a
 // second reset waits for the first (each command once, never
