@@ -129,7 +129,7 @@ func (s *selfSigned) Refresh(ctx context.Context) error {
 		if why == "" {
 			return s.load(caPEM, certPEM, keyPEM)
 		}
-		if !validCA(caPEM, caKeyPEM, s.now().Add(s.validity)) {
+		if !validCA(caPEM, caKeyPEM, s.now(), s.now().Add(s.validity)) {
 			if caPEM, caKeyPEM, err = newCA(s.now(), 10*s.validity); err != nil {
 				return err
 			}
@@ -173,6 +173,14 @@ func (s *selfSigned) needsRenewal(caPEM, caKeyPEM, certPEM, keyPEM []byte) strin
 	}
 	if s.now().Add(s.renewBefore).After(cert.NotAfter) {
 		return "expires " + cert.NotAfter.Format(time.RFC3339)
+	}
+	// Issued by a replica whose clock ran ahead (an NTP step, a bad RTC
+	// after a power cut): the API server refuses it until then, every
+	// admission failing — reissued, not waited for.
+	for _, c := range []*x509.Certificate{ca, cert} {
+		if s.now().Before(c.NotBefore) {
+			return "not valid before " + c.NotBefore.Format(time.RFC3339) + " (issued by a clock ahead)"
+		}
 	}
 	for _, n := range s.dnsNames {
 		if !slices.Contains(cert.DNSNames, n) {
@@ -246,9 +254,10 @@ func newCA(now time.Time, validity time.Duration) ([]byte, []byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
 }
 
-func validCA(caPEM, caKeyPEM []byte, until time.Time) bool {
+// validCA: the CA is valid from now until until.
+func validCA(caPEM, caKeyPEM []byte, now, until time.Time) bool {
 	ca, err := parseCert(caPEM)
-	if err != nil || !ca.IsCA || until.After(ca.NotAfter) {
+	if err != nil || !ca.IsCA || now.Before(ca.NotBefore) || until.After(ca.NotAfter) {
 		return false
 	}
 	_, err = parseKey(caKeyPEM)

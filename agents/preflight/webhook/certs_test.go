@@ -125,6 +125,26 @@ func TestSelfSignedRenewal(t *testing.T) {
 	}
 	verify(a, now)
 
+	// Issued by a replica whose clock ran 30 days ahead: the others (and
+	// it, once its clock is right) reissue it and a new CA, rather than
+	// serve what the API server refuses until then.
+	real := now
+	now = now.Add(30 * 24 * time.Hour)
+	if _, err := kc.CoreV1().Secrets("faultline").Update(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "tls", Namespace: "faultline"}}, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now = real
+	if err := b.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	verify(b, now)
+	if bytes.Equal(a.CABundle(), b.CABundle()) {
+		t.Fatal("the CA issued by the clock ahead kept")
+	}
+
 	// Past the CA's own validity (10 x validity): a new CA.
 	oldCA := a.CABundle()
 	now = now.Add(1000 * time.Hour)
