@@ -293,6 +293,7 @@ type fileCerts struct {
 	mu    sync.Mutex
 	cert  *tls.Certificate
 	stamp string
+	ca    []byte // the CA file as Refresh checked it
 }
 
 func (f *fileCerts) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -323,15 +324,13 @@ func (f *fileCerts) fileStamp() string {
 	return s
 }
 
+// CABundle is the CA file as the last Refresh read and checked it (read
+// again here, a rotation rewriting it in between could publish an empty
+// caBundle, every admission failing until the next resync).
 func (f *fileCerts) CABundle() []byte {
-	if f.caFile == "" {
-		return nil
-	}
-	b, err := os.ReadFile(f.caFile)
-	if err != nil {
-		return nil
-	}
-	return b
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ca
 }
 
 func (f *fileCerts) Refresh(context.Context) error {
@@ -346,6 +345,9 @@ func (f *fileCerts) Refresh(context.Context) error {
 		if blk, _ := pem.Decode(b); blk == nil {
 			return fmt.Errorf("tls.ca_file: no PEM certificate in %s", f.caFile)
 		}
+		f.mu.Lock()
+		f.ca = b
+		f.mu.Unlock()
 	}
 	return nil
 }

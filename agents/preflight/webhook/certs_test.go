@@ -222,4 +222,9 @@ func TestFileCertsReload(t *testing.T) {
 	if err := f.Refresh(context.Background()); err == nil {
 		t.Fatal("unreadable ca_file accepted")
 	}
+	// The caBundle is the CA as checked, not the file as it is now (half
+	// rewritten: an empty caBundle would fail every admission).
+	if !bytes.Equal(f.CABundle(), caPEM) {
+		t.Fatalf("caBundle %q, want the CA the last good refresh read", f.CABundle())
+	}
 }
