@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,7 +34,12 @@ type ExecRunner struct{}
 
 // Run implements Runner.
 func (ExecRunner) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
-	return exec.CommandContext(ctx, name, args...).Output()
+	cmd := exec.CommandContext(ctx, name, args...)
+	// Past the deadline the command is killed, and its output no longer
+	// waited for after this: a wrapper's child (nsenter, chroot) holding
+	// the pipe kept the check, and its lock, until it ended.
+	cmd.WaitDelay = 2 * time.Second
+	return cmd.Output()
 }
 
 // Config configures the fabric check (TOML section [fabric], flags
@@ -479,12 +485,18 @@ func (c *Check) nvlsmRunning() bool {
 	return err == nil && strings.Contains(string(comm), "nvlsm")
 }
 
-// tailer reads a log file incrementally, following rotation.
+// tailer reads a log file incrementally, following rotation: a new inode
+// (rename), a file shorter than the offset, or a file whose first bytes
+// changed (copytruncate, then more written than was read before: read on
+// from the old offset, it lost the new file's start and cut a line).
 type tailer struct {
 	offset int64
 	inode  uint64
+	head   []byte // the file's first headBytes (fewer while it is shorter)
 	reader *LogReader
 }
+
+const headBytes = 256
 
 func (t *tailer) read(path string, r *LogReader) ([]LogLine, error) {
 	if t.reader == nil {
@@ -502,9 +514,14 @@ func (t *tailer) read(path string, r *LogReader) ([]LogLine, error) {
 	if err != nil {
 		return nil, err
 	}
-	if ino := inodeOf(fi); ino != t.inode || fi.Size() < t.offset {
+	head := make([]byte, min(fi.Size(), headBytes))
+	if _, err := io.ReadFull(f, head); err != nil {
+		return nil, err
+	}
+	if ino := inodeOf(fi); ino != t.inode || fi.Size() < t.offset || !bytes.HasPrefix(head, t.head) {
 		t.inode, t.offset = ino, 0
 	}
+	t.head = head
 	if _, err := f.Seek(t.offset, io.SeekStart); err != nil {
 		return nil, err
 	}
