@@ -515,9 +515,8 @@ func (t *tailer) read(path string, r *LogReader) ([]LogLine, error) {
 		return nil, err
 	}
 	head := make([]byte, min(fi.Size(), headBytes))
-	if _, err := io.ReadFull(f, head); err != nil {
-		return nil, err
-	}
+	n, _ := io.ReadFull(f, head) // short: truncated since the stat
+	head = head[:n]
 	if ino := inodeOf(fi); ino != t.inode || fi.Size() < t.offset || !bytes.HasPrefix(head, t.head) {
 		t.inode, t.offset = ino, 0
 	}
