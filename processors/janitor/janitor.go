@@ -767,15 +767,14 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 
 func (op *operation) followTerminate(ctx context.Context) (time.Duration, error) {
 	j := op.j
-	n := op.node // read live where the watch's copy lacks it (follow)
-	gone := n == nil
+	gone := op.node == nil // read live where the watch's copy lacks it (follow)
 	// A signal this janitor's provider confirmed: the Node goes at once. A
 	// resumed one (Recorded: the janitor that recorded it stopped before
 	// it knew) may never have gone out: the Node goes only once the node
 	// is down (NotReady), else a running machine would lose its Node and
 	// the terminate be reported done; a node still Ready ends in Timeout.
 	confirmed := condition(op.u, CondSignalSent)["reason"] != ReasonRecorded
-	if !gone && j.cfg.DeleteNodeOnTerminate && (confirmed || !nodeReady(n)) {
+	if !gone && j.cfg.DeleteNodeOnTerminate && (confirmed || !nodeReady(op.node)) {
 		err := op.cr.cl.Kube.CoreV1().Nodes().Delete(ctx, op.nodeName, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return 0, fmt.Errorf("delete node %s: %w", op.nodeName, err)

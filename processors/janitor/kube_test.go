@@ -687,6 +687,7 @@ func TestReadsANodeTheWatchHasNotSeen(t *testing.T) {
 		{ObjectMeta: metav1.ObjectMeta{Name: "fresh-r1", Labels: map[string]string{AnnotationProvider: ProviderRedfish, cfg.RackLabel: "r1",
 			events.LabelQuarantined: "true", labelDrain: "succeeded"}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "fresh-t"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "fresh-b"}},
 	} {
 		if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -749,15 +750,7 @@ func TestReadsANodeTheWatchHasNotSeen(t *testing.T) {
 	// A reboot followed for a node the watch lacks, back Ready with a new
 	// boot ID: it completes (before: it waited, until reboot_timeout if the
 	// watch never showed the node).
-	back, err := e.kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "fresh-b"}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	setReady(back, corev1.ConditionTrue)
-	back.Status.NodeInfo.BootID = "boot-1"
-	if _, err := e.kube.CoreV1().Nodes().UpdateStatus(ctx, back, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.m.setNode(ctx, "fresh-b", corev1.ConditionTrue, "boot-1")
 	if wait, err := signalled(kindReboot, "reboot-fresh-b", "fresh-b").follow(ctx); err != nil || wait != 0 {
 		t.Fatalf("following the reboot of a node back with a new boot ID: look again in %v, %v; want done", wait, err)
 	}
