@@ -1,14 +1,11 @@
 package fabric
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -483,60 +480,6 @@ func (c *Check) nvlsmRunning() bool {
 	}
 	comm, err := os.ReadFile(filepath.Join(c.cfg.ProcRoot, strconv.Itoa(pid), "comm"))
 	return err == nil && strings.Contains(string(comm), "nvlsm")
-}
-
-// tailer reads a log file incrementally, following rotation: a new inode
-// (rename), a file shorter than the offset, or a file whose first bytes
-// changed (copytruncate, then more written than was read before: read on
-// from the old offset, it lost the new file's start and cut a line).
-type tailer struct {
-	offset int64
-	inode  uint64
-	head   []byte // the file's first headBytes (fewer while it is shorter)
-	reader *LogReader
-}
-
-const headBytes = 256
-
-func (t *tailer) read(path string, r *LogReader) ([]LogLine, error) {
-	if t.reader == nil {
-		t.reader = r
-	}
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	head := make([]byte, min(fi.Size(), headBytes))
-	n, _ := io.ReadFull(f, head) // short: truncated since the stat
-	head = head[:n]
-	if ino := inodeOf(fi); ino != t.inode || fi.Size() < t.offset || !bytes.HasPrefix(head, t.head) {
-		t.inode, t.offset = ino, 0
-	}
-	t.head = head
-	if _, err := f.Seek(t.offset, io.SeekStart); err != nil {
-		return nil, err
-	}
-	var out []LogLine
-	br := bufio.NewReader(f)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			break // a partial line waits for the next call
-		}
-		t.offset += int64(len(line))
-		out = append(out, t.reader.Feed(line)...)
-	}
-	// A message may still receive continuation lines; it is reported
-	// with the next read, unless the file is idle: flush what waits.
-	return append(out, t.reader.Flush()...), nil
 }
 
 // parseMetadata reads the expected GPUs of a gpu_metadata.json.

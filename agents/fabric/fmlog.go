@@ -55,6 +55,9 @@ type LogReader struct {
 	pending *LogLine
 }
 
+// maxMessageBytes bounds a message joined from continuation lines.
+const maxMessageBytes = 16 << 10
+
 // Feed reads one raw line; it returns the lines completed by it (the
 // previous message, when this line starts a new one).
 func (r *LogReader) Feed(raw string) []LogLine {
@@ -64,10 +67,14 @@ func (r *LogReader) Feed(raw string) []LogLine {
 	}
 	ll, ok := r.parse(raw)
 	if !ok {
-		// A continuation of the previous FM message.
+		// A continuation of the previous FM message (past maxMessageBytes
+		// dropped: a message of endless unprefixed lines grew without
+		// bound, each line copying all before it).
 		if r.pending != nil {
-			r.pending.Msg += "\n" + strings.TrimSpace(raw)
-			r.pending.Raw += "\n" + raw
+			if len(r.pending.Raw) < maxMessageBytes {
+				r.pending.Msg += "\n" + strings.TrimSpace(raw)
+				r.pending.Raw += "\n" + raw
+			}
 			return nil
 		}
 		ll = LogLine{Source: r.source(), Msg: strings.TrimSpace(raw), Raw: raw}

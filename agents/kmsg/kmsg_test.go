@@ -527,9 +527,10 @@ func TestFileSourceFollowAndRotate(t *testing.T) {
 	if evs, _ := c2.Check(ctx); len(evs) != 0 {
 		t.Fatalf("restart re-reported %d events", len(evs))
 	}
+	write("[ 2.5] NVRM: Xid (PCI:0000:86:00): 48, pid=1, name=x, DBE\n", os.O_APPEND) // written before the rotation
 	os.Rename(path, path+".1")
 	write("[ 3.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n", os.O_TRUNC)
-	check(1) // rotated: the new file is read from its start
+	check(2) // rotated: the old file's rest (it was lost), then the new file from its start
 }
 
 func TestJournalSource(t *testing.T) {

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/faultline/faultline/agents/logtail"
 )
 
 // source delivers kernel-log lines. read is non-blocking: it hands over what
@@ -240,66 +242,41 @@ func (j *journalSource) close() error          { return nil }
 
 // --- file ---
 
-// fileSource follows a text file (kern.log, a dmesg capture) like tail -F:
-// it resumes at the saved offset, starts over when the file was rotated
-// (another inode) or truncated, and leaves a partial last line for later.
+// fileSource follows a text file (kern.log, a dmesg capture) like tail -F
+// (logtail): it resumes at the saved offset, reads a rotated file to its
+// end before the new one, starts over when the file was truncated, and
+// leaves a partial last line for later.
 type fileSource struct {
-	path   string
-	inode  uint64
-	offset int64
+	path string
+	tail logtail.Follower
 }
+
+// fileReadBytes bounds one read (with max lines).
+const fileReadBytes = 64 << 20
 
 func newFile(path string, st sourceState) *fileSource {
 	f := &fileSource{path: path}
 	if st.File == path {
-		f.inode, f.offset = st.Inode, st.Offset
+		f.tail.Resume(st.Inode, st.Offset)
 	}
 	return f
 }
 
 func (f *fileSource) read(ctx context.Context, max int, fn func(Line)) error {
-	fh, err := os.Open(f.path)
-	if err != nil {
-		return err
+	n := 0
+	err := f.tail.Read(f.path, fileReadBytes, func(line string) bool {
+		fn(Line{Text: line, Mono: -1})
+		n++
+		return n < max && (n%4096 != 0 || ctx.Err() == nil)
+	})
+	if err == nil {
+		err = ctx.Err()
 	}
-	defer fh.Close()
-	fi, err := fh.Stat()
-	if err != nil {
-		return err
-	}
-	ino := inodeOf(fi)
-	if ino != f.inode || fi.Size() < f.offset {
-		f.inode, f.offset = ino, 0
-	}
-	if _, err := fh.Seek(f.offset, io.SeekStart); err != nil {
-		return err
-	}
-	r := bufio.NewReaderSize(fh, 256*1024)
-	for n := 0; n < max; n++ {
-		if n%4096 == 0 && ctx.Err() != nil {
-			return ctx.Err()
-		}
-		line, err := r.ReadString('\n')
-		if err == io.EOF {
-			return nil // a partial line stays for the next read
-		}
-		if err != nil {
-			return err
-		}
-		f.offset += int64(len(line))
-		fn(Line{Text: line[:len(line)-1], Mono: -1})
-	}
-	return nil
+	return err
 }
 
 func (f *fileSource) position() sourceState {
-	return sourceState{File: f.path, Inode: f.inode, Offset: f.offset}
+	ino, off := f.tail.Position()
+	return sourceState{File: f.path, Inode: ino, Offset: off}
 }
-func (f *fileSource) close() error { return nil }
-
-func inodeOf(fi os.FileInfo) uint64 {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Ino
-	}
-	return 0
-}
+func (f *fileSource) close() error { return f.tail.Close() }
