@@ -8,6 +8,7 @@ package validate
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -261,8 +262,12 @@ func badString(v string, text bool) string {
 // values printable (events.Printable) and cut to their limits, an entity
 // left empty dropped (the event is then the node's), and a
 // generatedTimestamp after now (a line written before the clock was set
-// back) or before MinYear replaced by now. An event the gateway refused
-// would be dropped from the agent's spool, its fault never reported.
+// back) or before MinYear replaced by now; error codes printable, cut,
+// the empty and repeated ones dropped and the rest cut to MaxErrorCodes
+// (a DCGM diagnostic failing eleven tests on a GPU with the same two
+// errors made 33), entities past MaxEntities dropped. An event the gateway
+// refused would be dropped from the agent's spool, its fault never
+// reported.
 func Clean(ev *datamodels.HealthEvent, now time.Time) {
 	if ts := ev.GetGeneratedTimestamp(); ts != nil {
 		if t := ts.AsTime(); t.After(now) || t.Year() < MinYear {
@@ -280,7 +285,15 @@ func Clean(ev *datamodels.HealthEvent, now time.Time) {
 			kept = append(kept, e)
 		}
 	}
-	ev.EntitiesImpacted = kept
+	ev.EntitiesImpacted = kept[:min(len(kept), MaxEntities)]
+	codes := ev.ErrorCode[:0]
+	for _, c := range ev.ErrorCode {
+		c = events.Truncate(events.Printable(c), MaxErrorCodeLen)
+		if c != "" && len(codes) < MaxErrorCodes && !slices.Contains(codes, c) {
+			codes = append(codes, c)
+		}
+	}
+	ev.ErrorCode = codes
 }
 
 // ValidNodeName reports whether n matches NodeNamePattern (a lowercase

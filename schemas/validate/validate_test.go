@@ -1,6 +1,7 @@
 package validate
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -174,6 +175,12 @@ func TestClean(t *testing.T) {
 		{"over-long text is cut on a rune boundary",
 			&datamodels.HealthEvent{Message: strings.Repeat("m", MaxMessageLen+1), Metadata: map[string]string{"k": long}},
 			&datamodels.HealthEvent{Message: strings.Repeat("m", MaxMessageLen-3) + "...", Metadata: map[string]string{"k": long[:MaxMetadataVal-4] + "..."}}},
+		{"codes: repeated and empty ones dropped, the rest cut to the limit (the event was refused, then dropped)",
+			&datamodels.HealthEvent{ErrorCode: append([]string{"DCGM_FR_43", "", "DCGM_FR_43", strings.Repeat("C", MaxErrorCodeLen+1)}, manyCodes(40)...)},
+			&datamodels.HealthEvent{ErrorCode: append([]string{"DCGM_FR_43", strings.Repeat("C", MaxErrorCodeLen-3) + "..."}, manyCodes(MaxErrorCodes-2)...)}},
+		{"entities past the limit are dropped",
+			&datamodels.HealthEvent{EntitiesImpacted: manyGPUs(MaxEntities + 3)},
+			&datamodels.HealthEvent{EntitiesImpacted: manyGPUs(MaxEntities)}},
 		{"a time before now is kept",
 			&datamodels.HealthEvent{GeneratedTimestamp: timestamppb.New(testNow.Add(-time.Hour))},
 			&datamodels.HealthEvent{GeneratedTimestamp: timestamppb.New(testNow.Add(-time.Hour))}},
@@ -197,4 +204,20 @@ func TestClean(t *testing.T) {
 			}
 		})
 	}
+}
+
+func manyCodes(n int) []string {
+	var out []string
+	for i := range n {
+		out = append(out, fmt.Sprintf("CODE_%d", i))
+	}
+	return out
+}
+
+func manyGPUs(n int) []*datamodels.Entity {
+	var out []*datamodels.Entity
+	for i := range n {
+		out = append(out, &datamodels.Entity{EntityType: "GPU", EntityValue: fmt.Sprintf("GPU-%d", i)})
+	}
+	return out
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/faultline/faultline/agents/preflight/report"
-	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // Config is the one typed configuration of `faultline-preflight check`
@@ -268,7 +267,7 @@ func (c *Config) ValidateSettings() error {
 	if c.Timeout <= 0 {
 		return errors.New("timeout: must be positive")
 	}
-	if v, ok := datamodels.ProcessingStrategy_value[c.ProcessingStrategy]; !ok || v == 0 {
+	if c.ProcessingStrategy != "EXECUTE_REMEDIATION" && c.ProcessingStrategy != "STORE_ONLY" {
 		return fmt.Errorf("processing_strategy: %q is not EXECUTE_REMEDIATION or STORE_ONLY", c.ProcessingStrategy)
 	}
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
@@ -300,7 +299,7 @@ func (c *Config) ValidateSettings() error {
 		return errors.New("nccl.allreduce_command: must be set")
 	}
 	for k, v := range c.NCCL.InstanceTypes {
-		if strings.ContainsAny(v, "/\\") {
+		if v == "" || v == "." || v == ".." || strings.ContainsAny(v, "/\\") {
 			return fmt.Errorf("nccl.instance_types: %s = %q: a file name in nccl.topology_dir, not a path", k, v)
 		}
 	}

@@ -63,6 +63,10 @@ timeout = "30s"
 		{"[dcgm]\ndiag_levle = 2\n", "", "unknown keys: dcgm.diag_levle"},
 		{"", "--dcgm.format=xml", `dcgm.format: "xml" is not table or json`},
 		{"[nccl]\ninstance_types = { \"a\" = \"../etc/passwd\" }\n", "", "nccl.instance_types: a"},
+		// An empty name made NCCL_TOPO_FILE the topology directory itself.
+		{"[nccl]\ninstance_types = { \"p5.48xlarge\" = \"\" }\n", "", `nccl.instance_types: p5.48xlarge = ""`},
+		{"[nccl]\ninstance_types = { \"a\" = \"..\" }\n", "", `nccl.instance_types: a = ".."`},
+		{"processing_strategy = \"STORE_AND_ANALYSE\"\n", "", `processing_strategy: "STORE_AND_ANALYSE" is not EXECUTE_REMEDIATION or STORE_ONLY`},
 		{"[gateway]\ninsecure = true\nca_file = \"/x\"\n", "", "gateway.ca_file: set, but gateway.insecure is true"},
 		{"", "--nccl.instance-types=nokey", `"nokey" is not key=value`},
 		{"", "--gang.poll-interval=0s", "gang.poll_interval: must be positive"},

@@ -123,6 +123,13 @@ func runDCGMDiag(ctx context.Context, env *Env) (Outcome, error) {
 		return Outcome{Failed: true, Codes: []string{CodeDCGMError}, Summary: msg,
 			Events: []*datamodels.HealthEvent{env.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, []string{CodeDCGMError}, node, meta)}}, nil
 	}
+	if len(res.Tests) == 0 || out.ExitCode != 0 && res.Overall == dcgm.Pass {
+		// Output cut short (dcgmi killed, crashed): no test, or passes
+		// with a failing exit — not a pass.
+		msg := fmt.Sprintf("dcgmi diag exited %d with %d tests and no failure: its output is incomplete", out.ExitCode, len(res.Tests))
+		return Outcome{Failed: true, Codes: []string{CodeDCGMUnreadable}, Summary: msg,
+			Events: []*datamodels.HealthEvent{env.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, []string{CodeDCGMUnreadable}, node, meta)}}, nil
+	}
 	return dcgmOutcome(env, res, uuidOf, meta), nil
 }
 
@@ -207,7 +214,7 @@ func dcgmOutcome(env *Env, res *dcgm.Result, uuidOf map[int]string, meta map[str
 		f := per[g]
 		m := withMeta(meta, "preflight.faultline.io/dcgm-gpu-id", strconv.Itoa(g))
 		ent := []*datamodels.Entity{gpuEntity(name(g))}
-		codes := slices.Compact(f.codes)
+		codes := distinct(f.codes)
 		switch {
 		case len(f.failed) > 0:
 			msg := fmt.Sprintf("DCGM diagnostic failed on GPU %d (%s): %s", g, name(g), strings.Join(f.failed, ", "))
@@ -237,6 +244,7 @@ func dcgmOutcome(env *Env, res *dcgm.Result, uuidOf map[int]string, meta map[str
 		if len(texts) > 0 {
 			msg += ": " + strings.Join(texts, "; ")
 		}
+		codes = distinct(codes)
 		out.Events = append(out.Events, env.Unhealthy(true, DCGMAction(t), msg, codes, node, meta))
 		out.Codes = append(out.Codes, codes...)
 	}
@@ -269,4 +277,15 @@ func withMeta(base map[string]string, k, v string) map[string]string {
 	}
 	m[k] = v
 	return m
+}
+
+// distinct returns codes without repeats, in their order.
+func distinct(codes []string) []string {
+	var out []string
+	for _, c := range codes {
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }

@@ -2,6 +2,8 @@ package checks
 
 import (
 	"fmt"
+	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/push"
@@ -40,11 +42,17 @@ func NewMetrics() *Metrics {
 	return m
 }
 
+// pushTimeout bounds a push to the Pushgateway.
+var pushTimeout = 10 * time.Second
+
 // Publish pushes the metrics to a Pushgateway (grouped by node and pod)
 // and/or writes them to a textfile; both are optional.
 func (m *Metrics) Publish(cfg MetricsConfig, node, pod string) error {
 	if cfg.Pushgateway != "" {
-		p := push.New(cfg.Pushgateway, "faultline_preflight").Gatherer(m.Registry).Grouping("node", node)
+		// Bounded: a Pushgateway that accepts and never answers held the
+		// init container — its check done — for ever.
+		p := push.New(cfg.Pushgateway, "faultline_preflight").Client(&http.Client{Timeout: pushTimeout}).
+			Gatherer(m.Registry).Grouping("node", node)
 		if pod != "" {
 			p = p.Grouping("pod", pod)
 		}

@@ -241,6 +241,19 @@ func runAllreduce(ctx context.Context, env *Env) (Outcome, error) {
 		}
 	}
 	waited := env.Now().Sub(start)
+	// The check's own time starts once the gang formed (Main allowed
+	// gang.timeout on top of it).
+	ctx, cancelCheck := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancelCheck()
+	if len(g.Peers) != g.Expected {
+		// More peers than the PodGroup's minMember (replicas above it, a
+		// stale peer): ranks over them would reach past --nnodes, and pods
+		// that read the list at different moments would disagree.
+		msg := fmt.Sprintf("gang %s lists %d peers, expected %d: ranks cannot be assigned", g.ID, len(g.Peers), g.Expected)
+		return Outcome{Failed: true, Codes: []string{CodeGangMismatch}, Summary: msg, Gang: g.ID, GangWait: waited,
+			Events: []*datamodels.HealthEvent{env.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, []string{CodeGangMismatch},
+				nodeEntity(cfg.NodeName), map[string]string{"preflight.faultline.io/gang": g.ID})}}, nil
+	}
 	names := make([]string, 0, len(g.Peers))
 	for n := range g.Peers {
 		names = append(names, n)

@@ -59,10 +59,11 @@ func AgentName(check string) string { return "preflight-" + check }
 
 // Error codes the runner itself reports.
 const (
-	CodeTimeout     = "PREFLIGHT_CHECK_TIMEOUT"
-	CodeCheckError  = "PREFLIGHT_CHECK_ERROR"
-	CodeGPUsMissing = "PREFLIGHT_GPU_NOT_VISIBLE"
-	CodeGangTimeout = "PREFLIGHT_GANG_TIMEOUT"
+	CodeTimeout      = "PREFLIGHT_CHECK_TIMEOUT"
+	CodeCheckError   = "PREFLIGHT_CHECK_ERROR"
+	CodeGPUsMissing  = "PREFLIGHT_GPU_NOT_VISIBLE"
+	CodeGangTimeout  = "PREFLIGHT_GANG_TIMEOUT"
+	CodeGangMismatch = "PREFLIGHT_GANG_MISMATCH"
 )
 
 // ConfigError stops a check before it ran: exit 2, counted in
@@ -194,7 +195,11 @@ func Main(ctx context.Context, name string, args []string, opt Options) int {
 	}
 
 	start := opt.Now()
-	cctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	limit := cfg.Timeout
+	if name == NCCLAllreduce {
+		limit += cfg.Gang.Timeout // the gang wait is not the check's time
+	}
+	cctx, cancel := context.WithTimeout(ctx, limit)
 	out, err := fn(cctx, env)
 	cancel()
 	dur := opt.Now().Sub(start)
@@ -207,7 +212,7 @@ func Main(ctx context.Context, name string, args []string, opt Options) int {
 		_ = m.Publish(cfg.Metrics, cfg.NodeName, cfg.Pod.Name)
 		return ExitConfig
 	case err != nil && errors.Is(err, context.DeadlineExceeded):
-		msg := fmt.Sprintf("%s did not finish within %s", name, cfg.Timeout)
+		msg := fmt.Sprintf("%s did not finish within %s", name, limit)
 		out = Outcome{Failed: true, Codes: []string{CodeTimeout}, Summary: msg,
 			Events: []*datamodels.HealthEvent{env.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, []string{CodeTimeout}, nodeEntity(cfg.NodeName), nil)}}
 	case err != nil:

@@ -294,6 +294,59 @@ func TestDCGMDiag(t *testing.T) {
 		}
 	})
 
+	// dcgmi killed (or crashed) mid-output: the table cut after its
+	// metadata, or after passing deployment rows with a failing exit,
+	// passed — no GPU test had run.
+	t.Run("output cut short: not a pass", func(t *testing.T) {
+		full, err := os.ReadFile(dcgmData("table-4.4.2-pass.txt"))
+		must(t, err)
+		text := string(full)
+		for _, tc := range []struct{ name, upTo, exit string }{
+			{"metadata only, exit 0", "|-----  Deployment", "0"},
+			{"deployment passed, killed", "+-----  Hardware", "137"},
+		} {
+			cut := filepath.Join(t.TempDir(), "cut.txt")
+			must(t, os.WriteFile(cut, []byte(text[:strings.Index(text, tc.upTo)]), 0o644))
+			r := h.run(checks.DCGMDiag, map[string]string{
+				"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuid-t4.txt"),
+				"STANDIN_DISCOVERY_OUT":  dcgmData("discovery-1gpu.txt"),
+				"STANDIN_DCGMI_OUT":      cut, "STANDIN_DCGMI_EXIT": tc.exit})
+			if r.code != checks.ExitFail {
+				t.Fatalf("%s: exit %d, want %d (fail)\n%s", tc.name, r.code, checks.ExitFail, r.stderr)
+			}
+			if ev := h.events(r.node, 1)[0]; ev.GetIsFatal() || ev.GetIsHealthy() || !slices.Contains(ev.GetErrorCode(), checks.CodeDCGMUnreadable) {
+				t.Errorf("%s: event %v", tc.name, ev)
+			}
+		}
+	})
+
+	// A GPU failing eleven tests, each with the same two DCGM errors, made
+	// an event of 33 codes: refused by the gateway, dropped by the sender —
+	// the GPU that most needed it never quarantined.
+	t.Run("eleven failed tests on a GPU: its fatal event arrives", func(t *testing.T) {
+		var tests []string
+		for _, n := range []string{"software", "memory", "pcie", "nvlink", "targeted_stress", "targeted_power",
+			"memory_bandwidth", "diagnostic", "pulse_test", "memtest", "eud"} {
+			tests = append(tests, `{"name":"`+n+`","results":[{"entity_group":"GPU","entity_group_id":1,"entity_id":0,"status":"Fail","warnings":[`+
+				`{"error_category":10,"error_id":43,"error_severity":2,"warning":"Detected XID 79 for GPU 0"},`+
+				`{"error_category":10,"error_id":95,"error_severity":2,"warning":"Uncontained ECC error on GPU 0"}]}],"test_summary":{"status":"Fail"}}`)
+		}
+		doc := filepath.Join(t.TempDir(), "diag.json")
+		must(t, os.WriteFile(doc, []byte(`{"DCGM Diagnostic":{"test_categories":[{"category":"Hardware","tests":[`+
+			strings.Join(tests, ",")+`]}]},"metadata":{"version":"4.4.2"}}`), 0o644))
+		r := h.run(checks.DCGMDiag, map[string]string{
+			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuid-t4.txt"),
+			"STANDIN_DISCOVERY_OUT":  dcgmData("discovery-1gpu.txt"),
+			"STANDIN_DCGMI_OUT":      doc, "STANDIN_DCGMI_EXIT": "226"}, "--dcgm.format=json")
+		if r.code != checks.ExitFail {
+			t.Fatalf("exit %d\n%s", r.code, r.stderr)
+		}
+		ev := h.events(r.node, 1)[0]
+		if !ev.GetIsFatal() || len(ev.GetErrorCode()) != 13 || !slices.Contains(ev.GetErrorCode(), "DCGM_FR_95") {
+			t.Errorf("fatal event for GPU 0: %v; want 13 codes (11 tests, 2 errors)", ev)
+		}
+	})
+
 	t.Run("STORE_ONLY: recorded, pod not blocked", func(t *testing.T) {
 		r := h.run(checks.DCGMDiag, map[string]string{
 			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
@@ -427,6 +480,36 @@ func TestNCCLAllreduce(t *testing.T) {
 			if !strings.Contains(string(m), want) {
 				t.Errorf("metrics lack %s:\n%s", want, m)
 			}
+		}
+	})
+
+	// The gang wait was inside the check's timeout (300s against
+	// gang.timeout's 600s by default): a gang forming after it failed as a
+	// check timeout.
+	t.Run("gang forms after the check's timeout, within gang.timeout", func(t *testing.T) {
+		d := gang("2", "trainer-0:10.0.1.5\n")
+		time.AfterFunc(1500*time.Millisecond, func() {
+			_ = os.WriteFile(filepath.Join(d, "peers"), []byte("trainer-0:10.0.1.5\ntrainer-1:10.0.1.6\n"), 0o644)
+		})
+		r := h.run(checks.NCCLAllreduce, map[string]string{"STANDIN_NVIDIA_SMI_OUT": smi, "STANDIN_TORCHRUN_OUT": ok},
+			"--gang.dir="+d, "--pod.name=trainer-1", "--timeout=1s", "--gang.timeout=5s", "--gang.poll-interval=100ms")
+		if r.code != checks.ExitPass || !strings.Contains(r.args, "--node_rank=1") {
+			t.Fatalf("exit %d, torchrun %q\n%s", r.code, r.args, r.stderr)
+		}
+	})
+
+	// More peers than expected_count (replicas above minMember, a stale
+	// peer): torchrun got --node_rank=2 --nnodes=2.
+	t.Run("more peers than expected: non-fatal mismatch, torchrun not run", func(t *testing.T) {
+		d := gang("2", "trainer-0:10.0.1.5\ntrainer-1:10.0.1.6\ntrainer-2:10.0.1.7\n")
+		r := h.run(checks.NCCLAllreduce, map[string]string{"STANDIN_NVIDIA_SMI_OUT": smi, "STANDIN_TORCHRUN_OUT": ok},
+			"--gang.dir="+d, "--pod.name=trainer-2")
+		if r.code != checks.ExitFail || strings.Contains(r.args, "torchrun") {
+			t.Fatalf("exit %d, torchrun ran: %q", r.code, r.args)
+		}
+		if ev := h.events(r.node, 1)[0]; ev.GetIsFatal() || !slices.Contains(ev.GetErrorCode(), checks.CodeGangMismatch) ||
+			!strings.Contains(ev.GetMessage(), "lists 3 peers, expected 2") {
+			t.Errorf("event %v", ev)
 		}
 	})
 
