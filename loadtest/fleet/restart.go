@@ -151,7 +151,15 @@ func checkOutage(r *Report, e *Env, scenario string, cordonedFaults, faults int,
 	r.Check(cordonedFaults == faults, "only %d of %d faults cordoned within 60s of their send", cordonedFaults, faults)
 	r.Check(twice == 0, "%d of %d cordoned nodes cordoned twice", twice, cordoned)
 	r.Figure("%s: the background back on its schedule %s after the faults were cordoned", scenario, o.CaughtUp.Round(time.Millisecond))
-	r.Check(bg.Verified(0.95) == nil, "background, %s after the faults: %v", o.CaughtUp.Round(time.Millisecond), bg.Verified(0.95))
+	// The background was stopped once at most caughtUp behind its
+	// schedule: the events due in that last stretch may be outstanding
+	// (25 of the smoke run's ~340 at 50/s — past 5%, it failed runs that
+	// had caught up).
+	share := 0.95
+	if bg.Due > 0 {
+		share = min(share, 1-bg.Target*caughtUp.Seconds()/float64(bg.Due))
+	}
+	r.Check(bg.Verified(share) == nil, "background, %s after the faults: %v", o.CaughtUp.Round(time.Millisecond), bg.Verified(share))
 	if e.storing() {
 		// At least once: events of a call that failed at the run's end
 		// may be stored without being counted as acknowledged.
