@@ -23,7 +23,7 @@ type vtMessage interface {
 // (FuzzCodecMatchesProto). The gateway's own codec also checks the shape of
 // every request before decoding it (see shapeLimits), and refuses a map
 // entry whose key or value has the wrong wire type, which the generated
-// decoder would read differently from the standard one (checkMapEntry).
+// decoder would read differently from the standard one (internal/protoshape).
 type Codec struct {
 	limits shapeLimits
 }

@@ -9,8 +9,9 @@
 // the agent's own credential: nothing is lost while the gateway is down,
 // events are resent in order, and each is stored once (the spool gives it
 // the idempotency key the gateway stores it under). Before accepting, the
-// relay checks each event as the gateway would (schemas/validate) and that
-// it is for the agent's own node, and refuses the whole call otherwise,
+// relay checks, as the gateway does, the shape of the call before decoding
+// it (internal/protoshape) and each event (schemas/validate), and that it
+// is for the agent's own node, and refuses the whole call otherwise,
 // so that a monitor learns at once what can never be delivered. It stamps
 // nothing the gateway owns (cluster, submitter, receivedTimestamp, the
 // stored id): it only replaces a monitor's id with the spool's key and
@@ -35,6 +36,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/faultline/faultline/internal/protoshape"
 	"github.com/faultline/faultline/internal/unixsock"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	"github.com/faultline/faultline/schemas/validate"
@@ -136,8 +138,9 @@ func New(cfg Config, node string, spool Spool, log *slog.Logger, reg prometheus.
 		return nil, err
 	}
 	s.ln = ln
-	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxConcurrentStreams(maxStreams))
-	datamodels.RegisterPlatformConnectorServer(s.srv, s)
+	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxConcurrentStreams(maxStreams),
+		grpc.ForceServerCodec(codec{limits: protoshape.Limits{MaxEvents: MaxBatch}}))
+	s.srv.RegisterService(s.shapeChecked(&datamodels.PlatformConnector_ServiceDesc), s)
 	return s, nil
 }
 

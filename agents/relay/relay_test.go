@@ -1,12 +1,14 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/faultline/faultline/agents/agent"
 	"github.com/faultline/faultline/agents/relay"
@@ -197,6 +200,67 @@ func TestRelayRefuses(t *testing.T) {
 			t.Fatalf("%d events spooled after %d accepted calls of 2: a refused call left some", n, sent-1)
 		}
 	})
+}
+
+// TestRelayChecksShapeBeforeDecoding: a call with more elements in a list
+// than the validator accepts is refused InvalidArgument, naming the field,
+// before it is decoded. Decoding allocates a struct per element however
+// small it is on the wire: a 4 MiB message of empty events (two bytes each)
+// allocated 835 MB (now 9 MB), and the agent's memory limit is 128 MiB; a
+// 200 KB one of 100,000 empty entities 13.6 MB (now 0.3 MB). The events of
+// a call over the batch limit count as invalid. A valid batch still passes.
+func TestRelayChecksShapeBeforeDecoding(t *testing.T) {
+	f := start(t, 1<<20)
+	// n empty messages in field num: two bytes each.
+	empty := func(num protowire.Number, n int) []byte {
+		return bytes.Repeat(protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), nil), n)
+	}
+	// HealthEvents.events is field 2, HealthEvent.entitiesImpacted 10.
+	oneEvent := func(ev []byte) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), ev)
+	}
+	tests := []struct {
+		name     string
+		msg      []byte
+		code     codes.Code
+		want     string // the status message
+		maxAlloc uint64 // what the call may allocate, client and relay together
+		invalid  float64
+		spooled  int
+	}{
+		{"4 MiB of empty events", empty(2, 2<<20), codes.InvalidArgument,
+			"events: 2097152 events exceed the batch limit of 1000", 64 << 20, 2 << 20, 0},
+		{"100,000 empty entities", oneEvent(empty(10, 100_000)), codes.InvalidArgument,
+			"events[0].entitiesImpacted: 100000 entities exceed the limit of 64", 2 << 20, 0, 0},
+		{"a valid batch", nvsentinel.Encode(1, []nvsentinel.Event{xid("gpu-node-42", "first"), xid("gpu-node-42", "second")}), codes.OK,
+			"", 2 << 20, 0, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			invalid := metric(t, f.reg, "invalid")
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			err := f.mon.SendEncoded(ctx, tt.msg)
+			runtime.ReadMemStats(&after)
+			alloc := after.TotalAlloc - before.TotalAlloc
+			t.Logf("%d-byte message: allocated %.1f MB", len(tt.msg), float64(alloc)/1e6)
+			if st, _ := status.FromError(err); st.Code() != tt.code || st.Message() != tt.want {
+				t.Errorf("got %v, want %v %q", err, tt.code, tt.want)
+			}
+			if alloc > tt.maxAlloc {
+				t.Errorf("the call allocated %.1f MB, want at most %d MiB: the message was decoded before its shape was checked", float64(alloc)/1e6, tt.maxAlloc>>20)
+			}
+			if n := metric(t, f.reg, "invalid") - invalid; n != tt.invalid {
+				t.Errorf("invalid counted %v, want %v", n, tt.invalid)
+			}
+			if n := len(f.spooled(t)); n != tt.spooled {
+				t.Errorf("%d events spooled, want %d", n, tt.spooled)
+			}
+		})
+	}
 }
 
 // TestRelaySocket: the socket is 0660 and the relay never replaces a file

@@ -231,8 +231,15 @@ func Dial(path string) (*Monitor, error) {
 // Send calls HealthEventOccurredV1 with HealthEvents{version 1, evs}; the
 // error is the call's gRPC status.
 func (m *Monitor) Send(ctx context.Context, evs ...Event) error {
+	return m.SendEncoded(ctx, Encode(1, evs))
+}
+
+// SendEncoded calls HealthEventOccurredV1 with msg, an already encoded
+// HealthEvents (any bytes: a hostile or broken monitor's too); the error
+// is the call's gRPC status.
+func (m *Monitor) SendEncoded(ctx context.Context, msg []byte) error {
 	var out []byte
-	return m.conn.Invoke(ctx, Method, Encode(1, evs), &out, grpc.ForceCodec(rawCodec{}))
+	return m.conn.Invoke(ctx, Method, msg, &out, grpc.ForceCodec(rawCodec{}))
 }
 
 // Close closes the connection.
