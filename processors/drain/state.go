@@ -42,6 +42,10 @@ const (
 	maxTriggerEntities = 4096
 	// maxScopeGPUs bounds the GPUs of a partial drain.
 	maxScopeGPUs = 64
+	// maxScopePodBytes bounds a partial drain's pod listing, as the state
+	// writes it: ~four listings of the gateway's largest metadata value
+	// (2 KiB), far more pods than a node's GPUs are held by.
+	maxScopePodBytes = 8 << 10
 )
 
 // State is one node's drain, kept in AnnotationState.
@@ -108,7 +112,11 @@ func (s Scope) holds(o Scope) bool {
 // widen is the scope of a drain that must also cover o: a whole-node
 // scope covers everything; GPU scopes add up, and their pod listings too
 // (the earlier one's time, so a pod created in between is judged without
-// them), as long as both are known.
+// them), as long as both are known. Past maxScopeGPUs GPUs or
+// maxScopePodBytes of listing it is the whole node, which drains every pod
+// a GPU scope would and more (dropping only the listing would not: a pod
+// listed but naming another GPU would be left), so the drain state stays
+// bounded however many faults join.
 func (s Scope) widen(o Scope) Scope {
 	if len(s.GPUs) == 0 || len(o.GPUs) == 0 {
 		return Scope{}
@@ -119,12 +127,23 @@ func (s Scope) widen(o Scope) Scope {
 			w.GPUs = append(w.GPUs, g)
 		}
 	}
+	if len(w.GPUs) > maxScopeGPUs {
+		return Scope{}
+	}
 	if s.GPUPods != nil && o.GPUPods != nil {
 		w.GPUPods = &PodList{Pods: slices.Clone(s.GPUPods.Pods), At: s.GPUPods.At}
+		listed := make(map[string]bool, len(w.GPUPods.Pods)+len(o.GPUPods.Pods))
+		for _, p := range w.GPUPods.Pods {
+			listed[p] = true
+		}
 		for _, p := range o.GPUPods.Pods {
-			if !slices.Contains(w.GPUPods.Pods, p) {
+			if !listed[p] {
+				listed[p] = true
 				w.GPUPods.Pods = append(w.GPUPods.Pods, p)
 			}
+		}
+		if b, _ := json.Marshal(w.GPUPods.Pods); len(b) > maxScopePodBytes {
+			return Scope{}
 		}
 		if o.GPUPods.At.Before(w.GPUPods.At) {
 			w.GPUPods.At = o.GPUPods.At
