@@ -119,7 +119,7 @@ func New(conn clickhouse.Conn, rules []*Rule, now func() time.Time, ttl time.Dur
 		m = NewMetrics(nil)
 	}
 	h := &Handler{conn: conn, rules: suppressorsFirst(rules), byName: map[string]*Rule{}, now: now, log: log, ttl: ttl, metrics: m, cache: map[string]prior{}, errLogged: map[string]time.Time{},
-		unstored: &unstored{maxAge: ttl, max: maxUnstored, seedWait: seedWait, now: now, forgot: m.forgotten, next: map[pipeline.TopicPart]int64{}}}
+		unstored: &unstored{maxAge: ttl, max: maxUnstored, maxBytes: maxUnstoredBytes, seedWait: seedWait, now: now, forgot: m.forgotten, next: map[pipeline.TopicPart]int64{}}}
 	h.Ownership.Topic = events.TopicEvents
 	for _, r := range rules {
 		h.byName[r.Name] = r
@@ -282,10 +282,17 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 	return pipeline.Result{Out: out, Dead: dead}, nil
 }
 
-// maxUnstored bounds the records of earlier batches remembered until the
-// store writes them (about 40 MB; at the store's usual lag of a second or
-// two a replica holds a few thousand).
-const maxUnstored = 100_000
+// maxUnstored and maxUnstoredBytes bound the records of earlier batches
+// remembered until the store writes them, by count and by the bytes of
+// their keys and values (at the store's usual lag of a second or two a
+// replica holds a few thousand). Records of ~400 bytes meet the count
+// first, at ~40 MB; the gateway's largest events (~200 KB: 64 metadata
+// values of 2 KiB, 64 entities) meet the bytes, at ~1,300 records —
+// 100,000 of them were ~20 GB.
+const (
+	maxUnstored      = 100_000
+	maxUnstoredBytes = 256 << 20
+)
 
 // SetStoreProgress sets how the handler learns which records the store
 // has written (Open: the store group's committed offsets); without it

@@ -42,19 +42,21 @@ func StoredBeforeNext(context.Context) (map[string]map[int32]int64, error) {
 //
 // A record is forgotten once the store's committed offset has passed it
 // (progress), or after maxAge, the most that is remembered when the
-// store's progress cannot be read; at most max records are kept, the
-// oldest forgotten first (forgot counts them: a window may then miss
-// them).
+// store's progress cannot be read; at most max records and maxBytes of
+// their keys and values are kept, the oldest forgotten first (forgot
+// counts them: a window may then miss them).
 type unstored struct {
 	progress StoreProgress
 	readBack ReadBack
 	maxAge   time.Duration
 	max      int
+	maxBytes int
 	seedWait time.Duration // how long a batch with a handed-over partition retries reading the progress
 	now      func() time.Time
 
 	mu     sync.Mutex
 	recs   []remembered // in arrival order
+	bytes  int          // of recs' keys and values
 	next   map[pipeline.TopicPart]int64
 	forgot prometheus.Counter
 	// pending holds, per handed-over partition whose records below the
@@ -88,12 +90,25 @@ func (u *unstored) remember(recs []*kgo.Record) {
 			continue // a record without a cluster/node key is in no window
 		}
 		u.recs = append(u.recs, remembered{rec: r, cluster: cluster, at: at})
+		u.bytes += recordBytes(r)
 	}
-	if over := len(u.recs) - u.max; over > 0 {
+	over := max(len(u.recs)-u.max, 0)
+	for _, m := range u.recs[:over] {
+		u.bytes -= recordBytes(m.rec)
+	}
+	for ; over < len(u.recs) && u.bytes > u.maxBytes; over++ {
+		u.bytes -= recordBytes(u.recs[over].rec)
+	}
+	if over > 0 {
 		u.forgot.Add(float64(over))
-		u.recs = append(u.recs[:0], u.recs[over:]...)
+		n := copy(u.recs, u.recs[over:])
+		clear(u.recs[n:]) // the forgotten records are freed
+		u.recs = u.recs[:n]
 	}
 }
+
+// recordBytes is what a remembered record counts against maxBytes.
+func recordBytes(r *kgo.Record) int { return len(r.Key) + len(r.Value) }
 
 // progressTimeout bounds the read of the store's progress, once per
 // batch: a slow broker delays the batch this much at most; readBackTimeout
@@ -153,6 +168,7 @@ func (u *unstored) refresh(ctx context.Context, batch []*kgo.Record) error {
 	kept := u.recs[:0]
 	for _, m := range u.recs {
 		if off, ok := stored[m.rec.Topic][m.rec.Partition]; (ok && m.rec.Offset < off) || m.at.Before(oldest) {
+			u.bytes -= recordBytes(m.rec)
 			continue
 		}
 		kept = append(kept, m)

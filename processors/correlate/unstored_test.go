@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // TestWindowSpansUnstoredBatches: a window's events in two batches of
@@ -76,7 +78,7 @@ func TestUnstoredForget(t *testing.T) {
 	var progressErr error
 	forgot := prometheus.NewCounter(prometheus.CounterOpts{Name: "forgot"})
 	var reads int // of the progress
-	u := &unstored{maxAge: time.Minute, max: 5, seedWait: 4 * seedRetry, now: func() time.Time { return now }, forgot: forgot, next: map[pipeline.TopicPart]int64{},
+	u := &unstored{maxAge: time.Minute, max: 5, maxBytes: maxUnstoredBytes, seedWait: 4 * seedRetry, now: func() time.Time { return now }, forgot: forgot, next: map[pipeline.TopicPart]int64{},
 		progress: func(context.Context) (map[string]map[int32]int64, error) { reads++; return stored, progressErr }}
 	rec := func(cluster, node string, part int32, off int64) *kgo.Record {
 		return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, node), Partition: part, Offset: off}
@@ -167,6 +169,74 @@ func TestUnstoredForget(t *testing.T) {
 	if readFrom != 20 || !slices.Contains(names(u.of(nil, map[string]bool{"f": true})), "f/n1") {
 		t.Errorf("read back from %d (want 20, the store's progress), remembered %v", readFrom, names(u.of(nil, map[string]bool{"f": true})))
 	}
+	held := 0
+	for _, m := range u.recs {
+		held += len(m.rec.Key) + len(m.rec.Value)
+	}
+	if u.bytes != held {
+		t.Errorf("the memory counts %d bytes, holds %d", u.bytes, held)
+	}
+}
+
+// TestUnstoredBoundedByBytes: the memory holds at most maxUnstoredBytes
+// of records, the newest, and counts those it forgot as the count bound
+// does. It was bounded by count only: at the gateway's largest event
+// (~200 KB) 100,000 records were ~20 GB.
+func TestUnstoredBoundedByBytes(t *testing.T) {
+	ev := &datamodels.HealthEvent{Agent: "a", ComponentClass: "GPU", CheckName: "XID", Cluster: "c", NodeName: "n",
+		Message: strings.Repeat("m", validate.MaxMessageLen), Metadata: map[string]string{}}
+	for j := range validate.MaxErrorCodes {
+		ev.ErrorCode = append(ev.ErrorCode, fmt.Sprintf("%0*d", validate.MaxErrorCodeLen, j))
+	}
+	for j := range validate.MaxEntities {
+		ev.EntitiesImpacted = append(ev.EntitiesImpacted, &datamodels.Entity{EntityType: fmt.Sprintf("%0*d", validate.MaxNameLen, j),
+			EntityValue: fmt.Sprintf("%0*d", validate.MaxEntityValue, j)})
+	}
+	for j := range validate.MaxMetadata {
+		ev.Metadata[fmt.Sprintf("%0*d", validate.MaxMetadataKey, j)] = strings.Repeat("v", validate.MaxMetadataVal)
+	}
+	if err := (validate.Validator{MaxBatch: 1, MaxFutureSkew: time.Minute}).Validate(ev, time.Now()); err != nil {
+		t.Fatalf("the gateway refuses the event: %v", err)
+	}
+	large := evRecord(t, ev) // its value shared by every record below: the test holds ~200 KB
+	size := len(large.Key) + len(large.Value)
+	h := New(nil, nil, time.Now, time.Minute, slog.New(slog.DiscardHandler), nil)
+	u := h.unstored
+	n := maxUnstoredBytes/size + 1000
+	for i := 0; i < n; i += 100 { // batches of 100
+		var batch []*kgo.Record
+		for j := i; j < min(i+100, n); j++ {
+			r := *large
+			r.Offset = int64(j)
+			batch = append(batch, &r)
+		}
+		u.add(batch)
+	}
+	held := 0
+	for _, m := range u.recs {
+		held += len(m.rec.Key) + len(m.rec.Value)
+	}
+	var m dto.Metric
+	if err := u.forgot.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d records of %d bytes added: %d kept, %d bytes (bound %d), %v forgotten", n, size, len(u.recs), held, maxUnstoredBytes, m.GetCounter().GetValue())
+	if held > maxUnstoredBytes || held+size <= maxUnstoredBytes {
+		t.Errorf("%d bytes kept, want as many records as fit in %d", held, maxUnstoredBytes)
+	}
+	if int(m.GetCounter().GetValue()) != n-len(u.recs) {
+		t.Errorf("%v forgotten, want %d", m.GetCounter().GetValue(), n-len(u.recs))
+	}
+	for i, r := range u.recs {
+		if want := int64(n - len(u.recs) + i); r.rec.Offset != want {
+			t.Fatalf("record %d kept is offset %d, want %d (the newest, in order)", i, r.rec.Offset, want)
+		}
+	}
+	for _, r := range u.recs[len(u.recs):cap(u.recs)] {
+		if r.rec != nil {
+			t.Fatalf("a forgotten record (offset %d) is still held past the kept ones", r.rec.Offset)
+		}
+	}
 }
 
 // TestUnstoredReadsBackLater: a handed-over partition whose records below
@@ -178,7 +248,7 @@ func TestUnstoredReadsBackLater(t *testing.T) {
 	var progressErr, readErr error
 	var progressReads int
 	var readBacks []string // "partition:[from,to)"
-	u := &unstored{maxAge: time.Hour, max: 100, seedWait: 2 * seedRetry, now: time.Now,
+	u := &unstored{maxAge: time.Hour, max: 100, maxBytes: maxUnstoredBytes, seedWait: 2 * seedRetry, now: time.Now,
 		forgot: prometheus.NewCounter(prometheus.CounterOpts{Name: "forgot"}), next: map[pipeline.TopicPart]int64{},
 		progress: func(context.Context) (map[string]map[int32]int64, error) {
 			progressReads++
