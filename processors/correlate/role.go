@@ -44,7 +44,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return nil, err
 	}
 	h.SetStoreProgress(storeProgress(kadm.NewClient(adm), pipeline.DefaultGroup(store.Role)))
-	h.SetReadBack(readBack(deps.Kafka, log))
+	h.SetReadBack(readBack(deps.Kafka, log, maxUnstoredBytes))
 	r := &role.Role{
 		Name:      Role,
 		Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h}},
@@ -87,8 +87,10 @@ func storeProgress(adm *kadm.Client, group string) StoreProgress {
 
 // readBack reads a partition's range with a client of its own (a handed-
 // over partition's first batch: rare), until the record before to or the
-// partition's end.
-func readBack(cfg kafka.Config, log *slog.Logger) ReadBack {
+// partition's end, keeping the newest maxBytes (key and value) of it as it
+// goes: the memory it is for keeps no more (up to 100,000 records of the
+// gateway's largest events were 20 GB).
+func readBack(cfg kafka.Config, log *slog.Logger, maxBytes int) ReadBack {
 	return func(ctx context.Context, topic string, partition int32, from, to int64) ([]*kgo.Record, error) {
 		cl, err := kafka.NewClient(cfg, log, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(from)}}))
 		if err != nil {
@@ -96,6 +98,7 @@ func readBack(cfg kafka.Config, log *slog.Logger) ReadBack {
 		}
 		defer cl.Close()
 		var out []*kgo.Record
+		held := 0
 		for next := from; next < to; {
 			fs := cl.PollFetches(ctx)
 			if err := fs.Err0(); err != nil {
@@ -105,6 +108,7 @@ func readBack(cfg kafka.Config, log *slog.Logger) ReadBack {
 				for _, r := range p.Records {
 					if r.Offset < to {
 						out = append(out, r)
+						held += recordBytes(r)
 					}
 					next = r.Offset + 1
 				}
@@ -112,6 +116,13 @@ func readBack(cfg kafka.Config, log *slog.Logger) ReadBack {
 					next = to // the partition's end
 				}
 			})
+			drop := 0
+			for ; held > maxBytes && drop < len(out); drop++ {
+				held -= recordBytes(out[drop])
+			}
+			n := copy(out, out[drop:])
+			clear(out[n:])
+			out = out[:n]
 		}
 		return out, nil
 	}

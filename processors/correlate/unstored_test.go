@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/internal/kafka"
@@ -343,7 +344,7 @@ func TestHandoverReadsBackUnstored(t *testing.T) {
 			return map[string]map[int32]int64{events.TopicEvents: {recs[0].Partition: recs[0].Offset}}, nil // nothing stored
 		})
 		if tc.readBack {
-			h.SetReadBack(readBack(kcfg, log))
+			h.SetReadBack(readBack(kcfg, log, maxUnstoredBytes))
 		}
 		res, err := h.Handle(ctx(t), recs[1:])
 		if err != nil {
@@ -352,6 +353,49 @@ func TestHandoverReadsBackUnstored(t *testing.T) {
 		if len(res.Out) != tc.want {
 			t.Errorf("read back %v: %d derived events, want %d", tc.readBack, len(res.Out), tc.want)
 		}
+	}
+}
+
+// TestReadBackKeepsTheNewest: reading back a handed-over partition keeps
+// the newest maxBytes of it as it reads — it held the whole range (up to
+// 100,000 records: 20 GB of the gateway's largest events) before the
+// memory trimmed it.
+func TestReadBackKeepsTheNewest(t *testing.T) {
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, events.TopicEvents))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	kcfg := kafka.DefaultConfig()
+	kcfg.Brokers = strings.Join(kc.ListenAddrs(), ",")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kc.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	value := make([]byte, 100<<10)
+	for i := range 30 {
+		if err := cl.ProduceSync(ctx(t), &kgo.Record{Topic: events.TopicEvents, Key: []byte(fmt.Sprint(i)), Value: value}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const maxBytes = 1 << 20
+	recs, err := readBack(kcfg, slog.New(slog.DiscardHandler), maxBytes)(ctx(t), events.TopicEvents, 0, 0, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) == 0 {
+		t.Fatal("nothing read back")
+	}
+	held := 0
+	for i, r := range recs {
+		held += recordBytes(r)
+		if i > 0 && r.Offset != recs[i-1].Offset+1 {
+			t.Fatalf("offsets %d then %d: want the newest in order", recs[i-1].Offset, r.Offset)
+		}
+	}
+	if len(recs) == 0 || recs[len(recs)-1].Offset != 29 || held > maxBytes || len(recs) < 9 {
+		t.Fatalf("read back %d records (%d bytes, the last at %v); want the newest ~10, at most %d bytes, up to offset 29", len(recs), held, recs[len(recs)-1].Offset, maxBytes)
 	}
 }
 
