@@ -91,7 +91,6 @@ func (t *Follower) Read(path string, limit int64, fn func(line string) bool) err
 		if err != nil {
 			return err
 		}
-		first = false
 	}
 	if fi == nil {
 		return nil
@@ -115,9 +114,6 @@ func (t *Follower) Read(path string, limit int64, fn func(line string) bool) err
 	case first && t.Replay > 0 && fi.Size() > t.Replay:
 		// From the first line that starts in the last Replay bytes.
 		t.offset, t.skip = fi.Size()-t.Replay-1, true
-		if t.head, err = t.readHead(fi.Size()); err != nil {
-			return err
-		}
 	default:
 		t.offset = 0
 	}
