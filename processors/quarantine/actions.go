@@ -33,11 +33,7 @@ func (h *Handler) breaker(cl *clusters.Client) *breaker {
 // a Kubernetes Event on the breaker's ConfigMap. closing is the closing's
 // action when it was already built (written on the node it cordons).
 func (h *Handler) breakerActions(ctx context.Context, cl *clusters.Client, it item, v breakerVerdict, closing *faultlinev1.Action) []*faultlinev1.Action {
-	if v.Allowed {
-		h.m.breakerOpen.WithLabelValues(cl.Name).Set(0)
-	} else {
-		h.m.breakerOpen.WithLabelValues(cl.Name).Set(1)
-	}
+	h.showBreaker(cl.Name, h.breaker(cl), !v.Allowed)
 	var acts []*faultlinev1.Action
 	if v.Closed {
 		if closing == nil {
@@ -58,6 +54,42 @@ func (h *Handler) breakerActions(ctx context.Context, cl *clusters.Client, it it
 		h.breakerEvent(ctx, cl, "QuarantineBreakerOpen", "faultline stopped quarantining new nodes: "+v.Reason, it)
 	}
 	return acts
+}
+
+// showBreaker sets the cluster's faultline_quarantine_breaker_open.
+func (h *Handler) showBreaker(cluster string, b *breaker, open bool) {
+	b.shownOpen.Store(open)
+	if open {
+		h.m.breakerOpen.WithLabelValues(cluster).Set(1)
+	} else {
+		h.m.breakerOpen.WithLabelValues(cluster).Set(0)
+	}
+}
+
+// RefreshBreakerGauges looks again at each breaker this replica shows
+// open, and shows it closed once its ConfigMap says so — closed by an
+// operator (FaultlineBreakerTripped's runbook) or past its window with
+// auto_close. The gauge was set only at this replica's next reservation:
+// with no new fault, the alert kept firing after the close.
+func (h *Handler) RefreshBreakerGauges(ctx context.Context) {
+	h.mu.Lock()
+	shown := map[string]*breaker{}
+	for c, b := range h.breakers {
+		if b.shownOpen.Load() {
+			shown[c] = b
+		}
+	}
+	h.mu.Unlock()
+	for c, b := range shown {
+		open, err := b.isOpen(ctx)
+		if err != nil {
+			h.log.Warn("circuit breaker not read; its gauge is looked at again later", "cluster", c, "err", err)
+			continue
+		}
+		if !open {
+			h.showBreaker(c, b, false)
+		}
+	}
 }
 
 // breakerClose is the action of the breaker closed by the reservation of it

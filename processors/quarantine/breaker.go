@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -74,6 +75,10 @@ type breaker struct {
 	cmAt    time.Time
 	nodes   nodeCounts
 	nodesAt time.Time
+
+	// shownOpen: this replica's faultline_quarantine_breaker_open says
+	// open (refreshGauges looks again).
+	shownOpen atomic.Bool
 }
 
 type nodeCounts struct {
@@ -192,7 +197,7 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 		}
 	}
 	entries = kept
-	if state == breakerOpen && b.cfg.AutoClose && !openedAt.IsZero() && now.Sub(openedAt) >= b.cfg.Window {
+	if state == breakerOpen && b.expired(openedAt, now) {
 		state, closer = breakerClosed, batch[0].record
 	}
 	if state == breakerOpen {
@@ -255,6 +260,26 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 		return b.write(ctx, cm, breakerOpen, entries, openedAt, reason, opener, closer)
 	}
 	return b.write(ctx, cm, breakerClosed, entries, time.Time{}, "", openedBy{}, closer)
+}
+
+// expired: an open breaker opened at openedAt closes by itself now (the
+// next reservation closes it).
+func (b *breaker) expired(openedAt, now time.Time) bool {
+	return b.cfg.AutoClose && !openedAt.IsZero() && now.Sub(openedAt) >= b.cfg.Window
+}
+
+// isOpen reads whether the breaker holds new quarantines now, as its
+// ConfigMap says (closed by an operator, or expired: not).
+func (b *breaker) isOpen(ctx context.Context) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	cm, err := b.read(ctx, now)
+	if err != nil {
+		return false, err
+	}
+	state, _, openedAt := parseBreaker(cm)
+	return state == breakerOpen && !b.expired(openedAt, now), nil
 }
 
 // read returns the ConfigMap (cached for a second; a write refreshes it);

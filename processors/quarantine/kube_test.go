@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
@@ -849,6 +850,19 @@ func TestKube(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(1100 * time.Millisecond) // the ConfigMap cache
+		// Both replicas showed it open; with no new fault they show it
+		// closed once they look again (it stayed 1 until their next
+		// reservation: FaultlineBreakerTripped kept firing after the close
+		// its runbook asks for).
+		for i, r := range []*Handler{h, h2} {
+			if g := breakerGauge(r); g != 1 {
+				t.Fatalf("replica %d: breaker_open %v before the close was looked at, want 1", i+1, g)
+			}
+			r.RefreshBreakerGauges(context.Background())
+			if g := breakerGauge(r); g != 0 {
+				t.Fatalf("replica %d: breaker_open %v after an operator closed it, want 0", i+1, g)
+			}
+		}
 		if getNode(t, k, names[5]).Spec.Unschedulable {
 			t.Fatal("held event replayed")
 		}
@@ -868,7 +882,15 @@ func TestKube(t *testing.T) {
 		if kinds(append(a1, a2...)) != "quarantine/applied,breaker_open/applied,quarantine/held_by_breaker" {
 			t.Fatalf("actions %s", kinds(append(a1, a2...)))
 		}
+		h.RefreshBreakerGauges(context.Background())
+		if g := breakerGauge(h); g != 1 {
+			t.Fatalf("breaker_open %v within the window, want 1", g)
+		}
 		at := later(61 * time.Second)
+		h.RefreshBreakerGauges(context.Background())
+		if g := breakerGauge(h); g != 0 {
+			t.Fatalf("breaker_open %v past the window (auto_close), want 0", g)
+		}
 		rec := record("c1", fatal("autoclose-2", "X", ""))
 		a3, _ := handle(t, h, rec)
 		if kinds(a3) != "breaker_close/applied,quarantine/applied" {
@@ -1033,6 +1055,13 @@ func (s *actionSink) kinds() []string {
 
 // clockHandler returns a handler of cluster c1 whose clock starts at
 // start, and the function that moves it on (returning the new time).
+// breakerGauge is the handler's faultline_quarantine_breaker_open of c1.
+func breakerGauge(h *Handler) float64 {
+	var m dto.Metric
+	_ = h.m.breakerOpen.WithLabelValues("c1").Write(&m)
+	return m.GetGauge().GetValue()
+}
+
 func clockHandler(t testing.TB, cfg Config, k kubernetes.Interface, start time.Time) (*Handler, func(time.Duration) time.Time) {
 	t.Helper()
 	var mu sync.Mutex

@@ -27,6 +27,10 @@ import (
 	"github.com/faultline/faultline/schemas/events"
 )
 
+// breakerGaugeInterval is how often a breaker shown open is looked at
+// again (RefreshBreakerGauges).
+const breakerGaugeInterval = 15 * time.Second
+
 // Topics are what the role's own consumer reads; its retry consumer reads
 // RetryTopics.
 var Topics = []string{events.TopicEvents}
@@ -69,6 +73,18 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		h.RunUncordons(ctx, prod)
 		return nil
 	}}}
+	loops = append(loops, role.Loop{Name: "breaker gauges", Run: func(ctx context.Context) error {
+		t := time.NewTicker(breakerGaugeInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+				h.RefreshBreakerGauges(ctx)
+			}
+		}
+	}})
 	if cfg.Flap().Enabled() {
 		// Flapping faults held after their recovery are lifted by this
 		// sweep once their stabilization window passed (flap.go).
