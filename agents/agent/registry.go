@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -68,7 +69,12 @@ var registry = []CheckSpec{
 		Name:     "kmsg",
 		Interval: func(c *Config) time.Duration { return c.Kmsg.PollInterval },
 		Timeout:  func(c *Config) time.Duration { return c.Kmsg.PollInterval },
-		Validate: func(c *Config) error { return c.Kmsg.Validate() },
+		Validate: func(c *Config) error {
+			if err := positive("kmsg.poll_interval", c.Kmsg.PollInterval); err != nil {
+				return err
+			}
+			return c.Kmsg.Validate()
+		},
 		New: func(c *Config, log *slog.Logger) (check.Check, error) {
 			k := c.Kmsg
 			k.Logger = log
@@ -100,7 +106,12 @@ var registry = []CheckSpec{
 		Name:     "fabric",
 		Interval: func(c *Config) time.Duration { return c.Fabric.PollInterval },
 		Timeout:  func(c *Config) time.Duration { return c.Fabric.PollInterval },
-		Validate: func(c *Config) error { return c.Fabric.Validate() },
+		Validate: func(c *Config) error {
+			if err := positive("fabric.poll_interval", c.Fabric.PollInterval); err != nil {
+				return err
+			}
+			return c.Fabric.Validate()
+		},
 		New: func(c *Config, log *slog.Logger) (check.Check, error) {
 			f := c.Fabric
 			f.Logger = log
@@ -114,7 +125,12 @@ var registry = []CheckSpec{
 		Name:     "gpu",
 		Interval: func(c *Config) time.Duration { return c.GPU.PollInterval },
 		Timeout:  func(c *Config) time.Duration { return c.GPU.PollInterval },
-		Validate: func(c *Config) error { return c.GPU.Validate() },
+		Validate: func(c *Config) error {
+			if err := positive("gpu.poll_interval", c.GPU.PollInterval); err != nil {
+				return err
+			}
+			return c.GPU.Validate()
+		},
 		New: func(c *Config, log *slog.Logger) (check.Check, error) {
 			g := c.GPU
 			g.Logger = log
@@ -132,6 +148,17 @@ var registry = []CheckSpec{
 			return conformance.New(c.Conformance, log)
 		},
 	},
+}
+
+// positive refuses a poll interval the check's own Validate allows (its
+// package runs without a schedule) but the agent cannot run: the interval
+// is the check's ticker, which panics on 0 and takes every check down, and
+// its per-run deadline.
+func positive(key string, d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("%s: must be positive, got %v", key, d)
+	}
+	return nil
 }
 
 // CheckNames lists the registered checks.

@@ -1,0 +1,26 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestCheckIntervalsArePositive: a check's poll interval is its schedule
+// (time.NewTicker, which panics on 0 and takes the whole agent down) and
+// its per-run deadline, so 0 is refused at start, naming the key.
+func TestCheckIntervalsArePositive(t *testing.T) {
+	env := func(string) string { return "node-1" }
+	for _, tc := range []struct {
+		check, flag, want string
+	}{
+		{"kmsg", "--kmsg.poll-interval=0s", "kmsg.poll_interval: must be positive, got 0s"},
+		{"fabric", "--fabric.poll-interval=0s", "fabric.poll_interval: must be positive, got 0s"},
+		{"gpu", "--gpu.poll-interval=0s", "gpu.poll_interval: must be positive, got 0s"},
+		{"kmsg", "--kmsg.poll-interval=-1s", "kmsg.poll_interval: must be positive, got -1s"},
+	} {
+		_, err := LoadConfig("t", []string{"--checks=" + tc.check, tc.flag}, env)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want %q", tc.flag, err, tc.want)
+		}
+	}
+}
