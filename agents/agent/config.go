@@ -248,9 +248,12 @@ func (c *Config) Validate() error {
 	if c.NVSentinelSocketGroup != "" && c.NVSentinelSocket == "" {
 		return errors.New("nvsentinel_socket_group: set, but nvsentinel_socket is off")
 	}
-	for _, n := range c.Checks {
+	for i, n := range c.Checks {
 		if spec(n) == nil {
 			return fmt.Errorf("checks: unknown check %q (registered: %s)", n, strings.Join(CheckNames(), ", "))
+		}
+		if slices.Contains(c.Checks[:i], n) {
+			return fmt.Errorf("checks: %q listed twice (each check runs once)", n)
 		}
 	}
 	if _, ok := datamodels.ProcessingStrategy_value[c.ProcessingStrategy]; !ok || c.ProcessingStrategy == "UNSPECIFIED" {

@@ -24,3 +24,19 @@ func TestCheckIntervalsArePositive(t *testing.T) {
 		}
 	}
 }
+
+// TestChecksListedOnce: a check named twice ran twice, each instance
+// reading the same source (every new kernel log line reported twice) and
+// writing the same state file; it is refused at start.
+func TestChecksListedOnce(t *testing.T) {
+	env := func(string) string { return "node-1" }
+	for _, args := range [][]string{
+		{"--checks=kmsg,kmsg"},
+		{"--checks=nic,csp,nic"},
+	} {
+		_, err := LoadConfig("t", args, env)
+		if err == nil || !strings.Contains(err.Error(), "checks: ") || !strings.Contains(err.Error(), "listed twice") {
+			t.Errorf("%v: err %v, want it to name checks and the repeated check", args, err)
+		}
+	}
+}
