@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/faultline/faultline/agents/preflight/checks"
 	"github.com/faultline/faultline/agents/preflight/injection"
 )
@@ -406,8 +408,11 @@ func (c *Config) Validate() error {
 		if !builtin && (s.Image == "" || len(s.Command)+len(s.Args) == 0) {
 			return fmt.Errorf("checks[%d] (%s): a third-party check needs image and command or args", i, s.Name)
 		}
-		if strings.ContainsAny(s.Name, "/_ .") || strings.ToLower(s.Name) != s.Name {
-			return fmt.Errorf("checks[%d].name: %q must be lower-case letters, digits and '-'", i, s.Name)
+		// Its init container is "preflight-<name>", a DNS-1123 label the
+		// API server checks after the patch: every mutated pod would fail.
+		if len(validation.IsDNS1123Label(injection.ContainerPrefix+s.Name)) > 0 {
+			return fmt.Errorf("checks[%d].name: %q must be lower-case letters, digits and '-', end in a letter or digit, and be at most %d characters (its init container is %q)",
+				i, s.Name, validation.DNS1123LabelMaxLength-len(injection.ContainerPrefix), injection.ContainerPrefix+s.Name)
 		}
 	}
 	if err := c.Check.ValidateSettings(); err != nil {

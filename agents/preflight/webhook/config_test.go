@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/faultline/faultline/agents/preflight/injection"
 	"github.com/faultline/faultline/internal/config"
 )
 
@@ -40,5 +41,31 @@ func TestConfigValidate(t *testing.T) {
 		if _, err := load(tc.flag); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want %q", tc.flag, err, tc.want)
 		}
+	}
+}
+
+// TestCheckNamesAreContainerNames: a check's name makes its init container
+// "preflight-<name>", which the API server validates as a DNS-1123 label
+// after the webhook's patch; a name that cannot be one would make every
+// mutated pod fail creation, so it is refused at start.
+func TestCheckNamesAreContainerNames(t *testing.T) {
+	for _, tc := range []struct{ name, want string }{
+		{"gpu:burn", `checks[2].name: "gpu:burn"`},
+		{"burn-", `checks[2].name: "burn-"`},
+		{"brûler", `checks[2].name: "brûler"`},
+		{strings.Repeat("x", 54), `checks[2].name: "` + strings.Repeat("x", 54) + `"`},
+	} {
+		cfg := DefaultConfig()
+		cfg.Namespaces.Include = []string{"training"}
+		cfg.Checks = append(cfg.Checks, injection.CheckSpec{Name: tc.name, Image: "example.com/burn:1", Command: []string{"burn"}})
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.Namespaces.Include = []string{"training"}
+	cfg.Checks = append(cfg.Checks, injection.CheckSpec{Name: strings.Repeat("x", 53), Image: "example.com/burn:1", Command: []string{"burn"}})
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("a 53-character name (a 63-character container name): %v", err)
 	}
 }
