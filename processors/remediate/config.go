@@ -144,7 +144,9 @@ type Template struct {
 	Action string `toml:"action"`
 	// Group is the equivalence group: while a resource of the group is in
 	// progress on a node, another fault of any action of the group creates
-	// nothing. The budget counts per group. Default the action.
+	// nothing. The budget counts per group; it labels the resources, so it
+	// is a label value. Default the action, lower case, "_" and ":"
+	// written "-" ("custom:flash" → "custom-flash").
 	Group string `toml:"group"`
 	// Object is a Go text/template of the object (YAML) over Data. The
 	// values of Data are placed into the parsed object as strings, never
@@ -403,7 +405,12 @@ func (t *Template) compile() error {
 		return fmt.Errorf("action: %q is not a recommended action a template serves (%s) nor custom:<name>", t.Action, strings.Join(templated, ", "))
 	}
 	if t.Group == "" {
-		t.Group = strings.ToLower(strings.ReplaceAll(t.Action, "_", "-"))
+		t.Group = strings.ToLower(strings.NewReplacer("_", "-", ":", "-").Replace(t.Action))
+	}
+	// The group is the value of LabelGroup on the resources and in the
+	// selector that lists them: anything else fails every create and list.
+	if errs := validation.IsValidLabelValue(t.Group); len(errs) > 0 {
+		return fmt.Errorf("group: %q is not a label value (it labels the resources, %s): %s", t.Group, LabelGroup, strings.Join(errs, "; "))
 	}
 	tm, err := template.New(t.Action).Funcs(templateFuncs).Option("missingkey=error").Parse(t.Object)
 	if err != nil {

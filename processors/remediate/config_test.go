@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/faultline/faultline/processors/clusters"
 )
@@ -67,6 +68,34 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 				t.Fatalf("want error naming %s, got %v", tc.key, err)
 			}
 		})
+	}
+}
+
+// TestGroupIsALabelValue: a template's group is the value of the
+// faultline.io/group label on its resources and in the selector that lists
+// them, so it must be a label value. The group a custom action defaulted
+// to ("custom:flash") was not: every create (422) and list (400) of that
+// action failed at run time.
+func TestGroupIsALabelValue(t *testing.T) {
+	c := DefaultConfig()
+	c.Templates = []Template{{Action: "custom:Flash_FW", Object: RebootNodeTemplate}}
+	if err := c.Validate("remediate."); err != nil {
+		t.Fatal(err)
+	}
+	if g := c.template("custom:Flash_FW").Group; len(validation.IsValidLabelValue(g)) > 0 {
+		t.Errorf("default group of custom:Flash_FW is %q, not a label value: %v", g, validation.IsValidLabelValue(g))
+	}
+	for _, tc := range []struct{ action, group, want string }{
+		{"RESTART_VM", "reboot node", `remediate.templates[0]: group: "reboot node" is not a label value`},
+		{"custom:flash", "custom:flash", `remediate.templates[0]: group: "custom:flash" is not a label value`},
+		{"custom:flash fw", "", `remediate.templates[0]: group: "custom-flash fw" is not a label value`},
+		{"RESTART_VM", strings.Repeat("g", 64), `remediate.templates[0]: group: "` + strings.Repeat("g", 64) + `" is not a label value`},
+	} {
+		c := DefaultConfig()
+		c.Templates = []Template{{Action: tc.action, Group: tc.group, Object: RebootNodeTemplate}}
+		if err := c.Validate("remediate."); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%s group %q: err %v, want %q", tc.action, tc.group, err, tc.want)
+		}
 	}
 }
 
