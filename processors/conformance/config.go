@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
@@ -176,7 +178,20 @@ func (c *Config) Validate(prefix string) error {
 		if !ok || k == "" {
 			return fmt.Errorf("%ssensitive_label: want key=value, got %q", prefix, c.SensitiveLabel)
 		}
+		// A key or value no node can carry never matches: sensitive
+		// nodes would drift without being drained.
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return fmt.Errorf("%ssensitive_label: key %q: %s", prefix, k, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			return fmt.Errorf("%ssensitive_label: value %q: %s", prefix, v, strings.Join(errs, "; "))
+		}
 		c.sensKey, c.sensVal = k, v
+	}
+	if c.PoolLabel != "" {
+		if errs := validation.IsQualifiedName(c.PoolLabel); len(errs) > 0 {
+			return fmt.Errorf("%spool_label: %q is not a label key: %s", prefix, c.PoolLabel, strings.Join(errs, "; "))
+		}
 	}
 	c.baseline = map[string]string{}
 	for i, b := range c.Baselines {

@@ -794,6 +794,11 @@ func TestValidate(t *testing.T) {
 		{func(c *Config) { c.Staleness = 0 }, "conformance.staleness"},
 		{func(c *Config) { c.DriftRemediationTimeout = -1 }, "conformance.drift_remediation_timeout"},
 		{func(c *Config) { c.SensitiveLabel = "novalue" }, "conformance.sensitive_label"},
+		// Label keys and values no node can carry: nothing would ever
+		// match, and sensitive nodes would drift without being drained.
+		{func(c *Config) { c.SensitiveLabel = "faultline.io/sensitive = true" }, `conformance.sensitive_label: key "faultline.io/sensitive "`},
+		{func(c *Config) { c.SensitiveLabel = "faultline.io/sensitive=yes please" }, `conformance.sensitive_label: value "yes please"`},
+		{func(c *Config) { c.PoolLabel = "node pool" }, `conformance.pool_label: "node pool"`},
 		{func(c *Config) { c.Baselines = []Baseline{{Fingerprint: strings.Repeat("a", 64)}} }, "conformance.baselines[0].cluster"},
 		{func(c *Config) { c.Baselines = []Baseline{{Cluster: "c", Fingerprint: "abc"}} }, "conformance.baselines[0].fingerprint"},
 		{func(c *Config) {
