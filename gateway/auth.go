@@ -10,11 +10,11 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"unicode"
 
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -69,8 +69,6 @@ var (
 	ErrNoCredential  = errors.New("missing credential: send 'Authorization: Bearer <token>' or a client certificate")
 	ErrBadCredential = errors.New("invalid token")
 )
-
-var clusterName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$`)
 
 // Tokens maps bearer tokens to callers. Tokens are kept as SHA-256 digests:
 // a lookup hashes the presented token and finds its entry in one map probe,
@@ -142,7 +140,7 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 			return nil, fmt.Errorf("line %d: token must be at least 16 characters", n)
 		case strings.IndexFunc(token, isSpaceOrControl) >= 0:
 			return nil, fmt.Errorf("line %d: token must not contain spaces or control characters", n)
-		case !clusterName.MatchString(c.Cluster):
+		case !events.IsClusterName(c.Cluster):
 			return nil, fmt.Errorf("line %d: cluster %q is not a lowercase DNS label", n, c.Cluster)
 		}
 		if len(f) > 2 {
@@ -220,7 +218,7 @@ func (a *Authenticator) Authenticate(authorization string, verified [][]*x509.Ce
 		if cn == "" || len(cn) > 256 || strings.IndexFunc(cn, unicode.IsControl) >= 0 {
 			return Caller{}, fmt.Errorf("%w: client certificate CommonName %q must be 1 to 256 characters, no control characters", ErrBadCredential, truncate(cn))
 		}
-		if len(leaf.Subject.Organization) == 0 || !clusterName.MatchString(leaf.Subject.Organization[0]) {
+		if len(leaf.Subject.Organization) == 0 || !events.IsClusterName(leaf.Subject.Organization[0]) {
 			return Caller{}, fmt.Errorf("%w: client certificate %q has no valid cluster in Organization", ErrBadCredential, truncate(cn))
 		}
 		c := Caller{Cluster: leaf.Subject.Organization[0], Name: "cert:" + leaf.Subject.Organization[0] + "/" + cn, Role: RoleAgent}

@@ -14,6 +14,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // Config is the gateway's configuration.
@@ -223,7 +225,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("gateway.tokens_file: required unless gateway.client_ca is set")
 	case c.UnixSocket != "" && c.UnixSocketCluster == "":
 		return fmt.Errorf("gateway.unix_socket_cluster: required with gateway.unix_socket")
-	case c.UnixSocketCluster != "" && !clusterName.MatchString(c.UnixSocketCluster):
+	case c.UnixSocketCluster != "" && !events.IsClusterName(c.UnixSocketCluster):
 		return fmt.Errorf("gateway.unix_socket_cluster: %q is not a lowercase DNS label", c.UnixSocketCluster)
 	case c.UnixSocketNode != "" && (len(c.UnixSocketNode) > maxNodeNameLen || !nodeNamePattern.MatchString(c.UnixSocketNode)):
 		return fmt.Errorf("gateway.unix_socket_node: %q is not a Kubernetes node name", truncate(c.UnixSocketNode))

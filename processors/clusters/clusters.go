@@ -34,6 +34,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // InCluster is the kubeconfig value that selects the pod's service account.
@@ -169,6 +170,11 @@ func (c Config) index(name string) int {
 	return -1
 }
 
+// nameForm says what a cluster name is (events.IsClusterName): the
+// gateway stamps no other on events, and a cluster configured under
+// another name would never be found, its events all decided as dry-run.
+const nameForm = "lower-case letters, digits, '-' and '.', at most 63 characters, as the gateway stamps them on events"
+
 // Validate names the first bad key, with the given prefix ("kube.").
 func (c Config) Validate(prefix string) error {
 	if q := float64(c.QPS); math.IsNaN(q) || math.IsInf(q, 0) || q <= 0 {
@@ -183,8 +189,8 @@ func (c Config) Validate(prefix string) error {
 	seen := map[string]bool{}
 	for i, cl := range c.Clusters {
 		key := fmt.Sprintf("%sclusters[%d]", prefix, i)
-		if cl.Name == "" || strings.Contains(cl.Name, "/") {
-			return fmt.Errorf("%s.name: must be non-empty and have no '/', got %q", key, cl.Name)
+		if !events.IsClusterName(cl.Name) {
+			return fmt.Errorf("%s.name: %q is not a cluster name (%s)", key, cl.Name, nameForm)
 		}
 		if seen[cl.Name] {
 			return fmt.Errorf("%s.name: cluster %q is listed twice", key, cl.Name)
@@ -204,8 +210,8 @@ func (c Config) Validate(prefix string) error {
 		}
 	}
 	for i, name := range c.DryRunClusters {
-		if name == "" || strings.Contains(name, "/") {
-			return fmt.Errorf("%sdry_run_clusters[%d]: must be non-empty and have no '/', got %q", prefix, i, name)
+		if !events.IsClusterName(name) {
+			return fmt.Errorf("%sdry_run_clusters[%d]: %q is not a cluster name (%s)", prefix, i, name, nameForm)
 		}
 	}
 	return nil

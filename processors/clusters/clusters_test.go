@@ -56,6 +56,12 @@ func TestFlagsAndValidate(t *testing.T) {
 		{func(c *Config) { c.Clusters = append(c.Clusters, Cluster{Name: "d"}) }, "kube.clusters[2].kubeconfig"},
 		{func(c *Config) { c.DryRunClusters = append(c.DryRunClusters, "x/y") }, "kube.dry_run_clusters[2]"},
 		{func(c *Config) { c.Clusters[0].Name = "a/b" }, "kube.clusters[0].name"},
+		// Names the gateway never stamps (tokens and certificates name
+		// lowercase DNS labels): no event would ever match, and the
+		// cluster's events would all be decided as dry-run.
+		{func(c *Config) { c.Clusters[0].Name = "Prod" }, `kube.clusters[0].name: "Prod" is not a cluster name`},
+		{func(c *Config) { c.Clusters[0].Name = "prod_east" }, `kube.clusters[0].name: "prod_east" is not a cluster name`},
+		{func(c *Config) { c.DryRunClusters = append(c.DryRunClusters, "Staging") }, `kube.dry_run_clusters[2]: "Staging" is not a cluster name`},
 	} {
 		cc := c
 		cc.Clusters = append([]Cluster(nil), c.Clusters...)

@@ -199,6 +199,8 @@ func (c *Config) Validate(prefix string) error {
 		switch {
 		case b.Cluster == "":
 			return fmt.Errorf("%s.cluster: required", key)
+		case !events.IsClusterName(b.Cluster):
+			return fmt.Errorf("%s.cluster: %q is not a cluster name (lower-case letters, digits, '-' and '.', at most 63 characters): no report would match it", key, b.Cluster)
 		case !hex64.MatchString(b.Fingerprint):
 			return fmt.Errorf("%s.fingerprint: want 64 lower-case hex digits (a SHA-256), got %q", key, b.Fingerprint)
 		}

@@ -801,6 +801,8 @@ func TestValidate(t *testing.T) {
 		{func(c *Config) { c.PoolLabel = "node pool" }, `conformance.pool_label: "node pool"`},
 		{func(c *Config) { c.Baselines = []Baseline{{Fingerprint: strings.Repeat("a", 64)}} }, "conformance.baselines[0].cluster"},
 		{func(c *Config) { c.Baselines = []Baseline{{Cluster: "c", Fingerprint: "abc"}} }, "conformance.baselines[0].fingerprint"},
+		// A cluster no event names: the baseline would never apply.
+		{func(c *Config) { c.Baselines = []Baseline{{Cluster: "Prod", Fingerprint: strings.Repeat("a", 64)}} }, `conformance.baselines[0].cluster: "Prod" is not a cluster name`},
 		{func(c *Config) {
 			c.Baselines = []Baseline{{Cluster: "c", Fingerprint: strings.Repeat("a", 64)}, {Cluster: "c", Fingerprint: strings.Repeat("b", 64)}}
 		}, "conformance.baselines[1]"},

@@ -10,6 +10,7 @@ import (
 
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // Config is the [janitor] section. README.md has every key with its
@@ -251,6 +252,9 @@ func (c Config) Validate(prefix string) error {
 	}
 	if len(c.AWS.MaintenanceRegions) > 0 && c.AWS.MaintenanceCluster == "" {
 		return fmt.Errorf("%saws.maintenance_cluster: must be set when aws.maintenance_regions is", prefix)
+	}
+	if c.AWS.MaintenanceCluster != "" && !events.IsClusterName(c.AWS.MaintenanceCluster) {
+		return fmt.Errorf("%saws.maintenance_cluster: %q is not a cluster name (lower-case letters, digits, '-' and '.', at most 63 characters)", prefix, c.AWS.MaintenanceCluster)
 	}
 	if c.Local.Port < 1 || c.Local.Port > 65535 {
 		return fmt.Errorf("%slocal.port: want 1-65535, got %d", prefix, c.Local.Port)

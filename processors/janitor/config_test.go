@@ -25,6 +25,11 @@ func TestValidate(t *testing.T) {
 		{"terminate action", func(c *Config) { c.Redfish.TerminateAction = "Nmi" }, "janitor.redfish.terminate_action"},
 		{"ca file", func(c *Config) { c.Redfish.CAFile = "/nonexistent/ca.pem" }, "janitor.redfish.ca_file"},
 		{"maintenance cluster", func(c *Config) { c.AWS.MaintenanceRegions = []string{"us-east-1"} }, "janitor.aws.maintenance_cluster"},
+		// A name no cluster can be configured under: its events would be
+		// decided as dry-run, never acted on.
+		{"maintenance cluster name", func(c *Config) {
+			c.AWS.MaintenanceRegions, c.AWS.MaintenanceCluster = []string{"us-east-1"}, "Prod_East"
+		}, "janitor.aws.maintenance_cluster"},
 		{"local port", func(c *Config) { c.Local.Port = 0 }, "janitor.local.port"},
 		{"local token file", func(c *Config) { c.Local.TokenFile = "/nonexistent/token" }, "janitor.local.token_file"},
 	} {

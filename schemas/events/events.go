@@ -6,6 +6,7 @@ package events
 import (
 	"crypto/sha256"
 	"fmt"
+	"regexp"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -95,6 +96,15 @@ func Truncate(s string, n int) string {
 	}
 	return s[:cut] + "..."
 }
+
+// clusterName is the form of a cluster name: a lowercase DNS label, dots
+// allowed, at most 63 characters.
+var clusterName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$`)
+
+// IsClusterName reports whether s is a cluster name: what the gateway
+// accepts in a tokens file or client certificate and stamps on events,
+// and so the only names the processors can find a cluster's events by.
+func IsClusterName(s string) bool { return clusterName.MatchString(s) }
 
 // Key is the Kafka record key of a node's records: "cluster/node".
 func Key(cluster, node string) []byte {
