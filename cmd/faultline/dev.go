@@ -31,6 +31,7 @@ import (
 	"github.com/faultline/faultline/processors"
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // DevConfig configures the all-in-one mode.
@@ -76,6 +77,8 @@ func (c DevConfig) validate() error {
 		return errors.New("dev.dir: required")
 	case c.Cluster == "":
 		return errors.New("dev.cluster: required")
+	case !events.IsClusterName(c.Cluster):
+		return fmt.Errorf("dev.cluster: %q is not a cluster name (lower-case letters, digits, '-' and '.', at most 63 characters)", c.Cluster)
 	case c.KafkaPort < 0 || c.KafkaPort > 65535:
 		return fmt.Errorf("dev.kafka_port: %d is not a port", c.KafkaPort)
 	case c.ClickHousePort < 0 || c.ClickHousePort > 65535:

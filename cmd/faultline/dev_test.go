@@ -20,6 +20,7 @@ func TestDevConfigValidate(t *testing.T) {
 		want string
 	}{
 		{"port", func(c *DevConfig) { c.KafkaPort = 70000 }, "dev.kafka_port: 70000 is not a port"},
+		{"cluster name", func(c *DevConfig) { c.Cluster = "Dev" }, `dev.cluster: "Dev" is not a cluster name`},
 		{"negative rate", func(c *DevConfig) { c.FleetRate = -1 }, "dev.fleet_rate: must be a finite number not below 0, got -1"},
 		{"NaN rate", func(c *DevConfig) { c.FleetRate = math.NaN() }, "dev.fleet_rate: must be a finite number not below 0, got NaN"},
 		{"Inf rate", func(c *DevConfig) { c.FleetRate = math.Inf(1) }, "dev.fleet_rate: must be a finite number not below 0, got +Inf"},
