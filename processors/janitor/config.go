@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
@@ -213,6 +215,10 @@ func (c Config) Validate(prefix string) error {
 		return fmt.Errorf("%smax_concurrent_per_rack: must not be negative, got %d", prefix, c.MaxConcurrentPerRack)
 	case c.MaxConcurrentPerProvider < 0:
 		return fmt.Errorf("%smax_concurrent_per_provider: must not be negative, got %d", prefix, c.MaxConcurrentPerProvider)
+	case c.MaxConcurrentPerRack > 0 && len(validation.IsQualifiedName(c.RackLabel)) > 0:
+		// No node carries such a label: each would be its own rack, and
+		// the per-rack limit would limit nothing.
+		return fmt.Errorf("%srack_label: %q is not a label key (needed by max_concurrent_per_rack): %s", prefix, c.RackLabel, strings.Join(validation.IsQualifiedName(c.RackLabel), "; "))
 	case c.Cooldown < 0:
 		return fmt.Errorf("%scooldown: must not be negative, got %v", prefix, c.Cooldown)
 	case c.RebootTimeout <= 0:

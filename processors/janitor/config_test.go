@@ -30,6 +30,11 @@ func TestValidate(t *testing.T) {
 		{"maintenance cluster name", func(c *Config) {
 			c.AWS.MaintenanceRegions, c.AWS.MaintenanceCluster = []string{"us-east-1"}, "Prod_East"
 		}, "janitor.aws.maintenance_cluster"},
+		// A rack label no node can carry makes every node its own rack:
+		// max_concurrent_per_rack would silently limit nothing.
+		{"rack label empty", func(c *Config) { c.RackLabel = "" }, "janitor.rack_label"},
+		{"rack label malformed", func(c *Config) { c.RackLabel = "faultline.io/rack " }, "janitor.rack_label"},
+		{"rack label unused", func(c *Config) { c.RackLabel, c.MaxConcurrentPerRack = "", 0 }, ""},
 		{"local port", func(c *Config) { c.Local.Port = 0 }, "janitor.local.port"},
 		{"local token file", func(c *Config) { c.Local.TokenFile = "/nonexistent/token" }, "janitor.local.token_file"},
 	} {
