@@ -1,0 +1,276 @@
+package monitoring_test
+
+import (
+	"encoding/json"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/faultline/faultline/deploy/monitoring"
+)
+
+// repoRoot is the module's root, from this package's directory.
+const repoRoot = "../.."
+
+type ruleFile struct {
+	Groups []struct {
+		Name  string `json:"name"`
+		Rules []struct {
+			Record      string            `json:"record"`
+			Alert       string            `json:"alert"`
+			Expr        string            `json:"expr"`
+			Labels      map[string]string `json:"labels"`
+			Annotations map[string]string `json:"annotations"`
+		} `json:"rules"`
+	} `json:"groups"`
+}
+
+var templateLabelRE = regexp.MustCompile(`\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)`)
+
+// TestRulesMatchRegisteredMetrics checks the rules, the dashboards and the
+// rules' promtool tests against the metrics the binaries register (read
+// from their source, so no server is started): every faultline metric a
+// query names is registered, every label it matches or groups by is one
+// the series carry, rate and increase read counters, delta and deriv
+// gauges, histogram_quantile keeps le, the labels an alert's annotations
+// or a panel's legend print are in the query's result, and every series a
+// promtool test feeds in is one a binary exports, with its labels.
+// TestMonitoringMetricsExported (cmd/faultline) checks the names against
+// a live /metrics; this test needs no server and also reads the labels.
+func TestRulesMatchRegisteredMetrics(t *testing.T) {
+	reg, errs := registeredMetrics(repoRoot)
+	for _, err := range errs {
+		t.Error(err)
+	}
+	if len(reg) < 50 {
+		t.Fatalf("only %d metrics read from the source: the reader is broken", len(reg))
+	}
+	b, err := fs.ReadFile(monitoring.Files, monitoring.RulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules ruleFile
+	if err := yaml.Unmarshal(b, &rules); err != nil {
+		t.Fatal(err)
+	}
+	pc := &promChecker{reg: reg, recorded: map[string]map[string]bool{}}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			name := r.Record + r.Alert
+			labels, errs := pc.check(r.Expr)
+			for _, e := range errs {
+				t.Errorf("%s %s: %s", monitoring.RulesFile, name, e)
+			}
+			if r.Record != "" {
+				pc.recorded[r.Record] = labels
+				continue
+			}
+			for k, text := range r.Annotations {
+				for _, m := range templateLabelRE.FindAllStringSubmatch(text, -1) {
+					if labels != nil && !labels[m[1]] && r.Labels[m[1]] == "" {
+						t.Errorf("%s %s: annotation %s prints $labels.%s, which the alert's series do not have (%v)", monitoring.RulesFile, name, k, m[1], keys(labels))
+					}
+				}
+			}
+		}
+	}
+
+	ds, err := monitoring.Dashboards()
+	if err != nil {
+		t.Fatal(err)
+	}
+	legendRE := regexp.MustCompile(`\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}`)
+	for _, d := range ds {
+		raw, err := fs.ReadFile(monitoring.Files, d.File)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var dash struct {
+			Panels []struct {
+				Title   string `json:"title"`
+				Targets []struct {
+					Expr         string `json:"expr"`
+					LegendFormat string `json:"legendFormat"`
+				} `json:"targets"`
+			} `json:"panels"`
+		}
+		if err := json.Unmarshal(raw, &dash); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range dash.Panels {
+			for _, tg := range p.Targets {
+				if tg.Expr == "" {
+					continue
+				}
+				labels, errs := pc.check(tg.Expr)
+				for _, e := range errs {
+					t.Errorf("%s %q: %s", d.File, p.Title, e)
+				}
+				for _, m := range legendRE.FindAllStringSubmatch(tg.LegendFormat, -1) {
+					if labels != nil && !labels[m[1]] {
+						t.Errorf("%s %q: legend prints {{%s}}, which the query's series do not have (%v)", d.File, p.Title, m[1], keys(labels))
+					}
+				}
+			}
+		}
+	}
+
+	// The promtool tests feed series a binary exports, with all its labels.
+	b, err = fs.ReadFile(monitoring.Files, monitoring.RulesTestFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tests struct {
+		Tests []struct {
+			InputSeries []struct {
+				Series string `json:"series"`
+			} `json:"input_series"`
+		} `json:"tests"`
+	}
+	if err := yaml.Unmarshal(b, &tests); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range tests.Tests {
+		for _, in := range tc.InputSeries {
+			name, labels := parseSeries(t, in.Series)
+			s, ok := series(reg, name)
+			if !ok {
+				t.Errorf("%s: input series %s: no faultline binary exports %s", monitoring.RulesTestFile, in.Series, name)
+				continue
+			}
+			want := slices.Clone(s.Metric.Labels)
+			if strings.HasSuffix(name, "_bucket") {
+				want = append(want, "le")
+			}
+			for _, l := range want {
+				if _, ok := labels[l]; !ok {
+					t.Errorf("%s: input series %s lacks label %q (%s has %v)", monitoring.RulesTestFile, in.Series, l, name, want)
+				}
+			}
+			for l := range labels {
+				if !s.Labels[l] {
+					t.Errorf("%s: input series %s: %s has no label %q (it has %v)", monitoring.RulesTestFile, in.Series, name, l, want)
+				}
+			}
+		}
+	}
+}
+
+var seriesRE = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?$`)
+var seriesLabelRE = regexp.MustCompile(`\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?`)
+
+func parseSeries(t *testing.T, s string) (string, map[string]string) {
+	t.Helper()
+	m := seriesRE.FindStringSubmatch(strings.TrimSpace(s))
+	if m == nil {
+		t.Fatalf("cannot read series %q", s)
+	}
+	labels := map[string]string{}
+	for _, l := range seriesLabelRE.FindAllStringSubmatch(m[2], -1) {
+		labels[l[1]] = l[2]
+	}
+	return m[1], labels
+}
+
+// docMetricRE is a metric named in prose, with the labels written after
+// it: {label}, {label,label}, {label="value"} or {label=a|b}.
+var docMetricRE = regexp.MustCompile("\\b((?:faultline|preflight)_[a-z0-9_]+)(\\{[^}`]*\\})?")
+
+// notMetrics are faultline_/preflight_ words in the docs that name no
+// metric.
+var notMetrics = map[string]bool{
+	"faultline_preflight": true, // the Pushgateway job of the preflight checks
+}
+
+// TestDocsNameRegisteredMetrics: every faultline metric the Markdown
+// documents name is one a binary registers, with the labels they write
+// after it; the alert table of deploy/monitoring/README.md is the rules'
+// alerts.
+func TestDocsNameRegisteredMetrics(t *testing.T) {
+	reg, errs := registeredMetrics(repoRoot)
+	for _, err := range errs {
+		t.Error(err)
+	}
+	err := filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") && path != repoRoot || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".md") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(repoRoot, path)
+		for i, line := range strings.Split(string(b), "\n") {
+			for _, m := range docMetricRE.FindAllStringSubmatch(line, -1) {
+				name := m[1]
+				if notMetrics[name] {
+					continue
+				}
+				s, ok := series(reg, name)
+				if !ok {
+					if _, isHist := reg[name]; !isHist {
+						t.Errorf("%s:%d: %s: no faultline binary registers it", rel, i+1, name)
+						continue
+					}
+					s, _ = series(reg, name+"_count")
+				}
+				if m[2] == "" {
+					continue
+				}
+				for _, part := range strings.Split(strings.Trim(m[2], "{}"), ",") {
+					l, _, _ := strings.Cut(part, "=")
+					l = strings.TrimSpace(l)
+					if l != "" && !s.Labels[l] {
+						t.Errorf("%s:%d: %s%s: %s has no label %q (it has %v)", rel, i+1, name, m[2], name, l, s.Metric.Labels)
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	b, err := fs.ReadFile(monitoring.Files, monitoring.RulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules ruleFile
+	if err := yaml.Unmarshal(b, &rules); err != nil {
+		t.Fatal(err)
+	}
+	var alerts []string
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "" {
+				alerts = append(alerts, r.Alert)
+			}
+		}
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var documented []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `(Faultline[A-Za-z]+)` \\|").FindAllStringSubmatch(string(readme), -1) {
+		documented = append(documented, m[1])
+	}
+	slices.Sort(alerts)
+	slices.Sort(documented)
+	if !slices.Equal(alerts, documented) {
+		t.Errorf("deploy/monitoring/README.md's alert table %v, the rules' alerts %v", documented, alerts)
+	}
+}
