@@ -244,6 +244,8 @@ func TestDocsNameRegisteredMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	checkMetricTables(t, reg)
+
 	b, err := fs.ReadFile(monitoring.Files, monitoring.RulesFile)
 	if err != nil {
 		t.Fatal(err)
@@ -272,5 +274,67 @@ func TestDocsNameRegisteredMetrics(t *testing.T) {
 	slices.Sort(documented)
 	if !slices.Equal(alerts, documented) {
 		t.Errorf("deploy/monitoring/README.md's alert table %v, the rules' alerts %v", documented, alerts)
+	}
+}
+
+// metricTables are the Markdown tables of a binary's metrics (columns
+// metric | type | labels | …) and the prefix of the metrics each must
+// list, all of them.
+var metricTables = map[string]string{
+	"agents/preflight/README.md": "preflight_",
+}
+
+var backtickRE = regexp.MustCompile("`([^`]+)`")
+
+// checkMetricTables: each row's type and label names are the registered
+// metric's, and the table lists every registered metric of its prefix.
+func checkMetricTables(t *testing.T, reg map[string]registered) {
+	for file, prefix := range metricTables {
+		b, err := os.ReadFile(filepath.Join(repoRoot, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed := map[string]bool{}
+		inTable := false
+		for i, line := range strings.Split(string(b), "\n") {
+			cells := strings.Split(strings.Trim(strings.TrimSpace(line), "|"), "|")
+			if len(cells) < 3 || !strings.HasPrefix(strings.TrimSpace(line), "|") {
+				inTable = false
+				continue
+			}
+			if strings.TrimSpace(cells[0]) == "metric" && strings.TrimSpace(cells[1]) == "type" && strings.TrimSpace(cells[2]) == "labels" {
+				inTable = true
+				continue
+			}
+			m := backtickRE.FindStringSubmatch(cells[0])
+			if !inTable || m == nil {
+				continue
+			}
+			name := m[1]
+			listed[name] = true
+			r, ok := reg[name]
+			if !ok {
+				t.Errorf("%s:%d: %s: no binary registers it", file, i+1, name)
+				continue
+			}
+			if kind := strings.TrimSpace(cells[1]); kind != string(r.Kind) {
+				t.Errorf("%s:%d: %s is a %s, the table says %s", file, i+1, name, r.Kind, kind)
+			}
+			var labels []string
+			for _, l := range backtickRE.FindAllStringSubmatch(cells[2], -1) {
+				labels = append(labels, l[1])
+			}
+			want := slices.Clone(r.Labels)
+			slices.Sort(want)
+			slices.Sort(labels)
+			if !slices.Equal(labels, want) {
+				t.Errorf("%s:%d: %s has labels %v, the table says %v", file, i+1, name, want, labels)
+			}
+		}
+		for name, r := range reg {
+			if strings.HasPrefix(name, prefix) && !listed[name] {
+				t.Errorf("%s: the metrics table lacks %s (%s %v, %s)", file, name, r.Kind, r.Labels, r.Where)
+			}
+		}
 	}
 }
