@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql/parser"
 	"sigs.k8s.io/yaml"
 
 	"github.com/faultline/faultline/deploy/monitoring"
@@ -63,18 +65,18 @@ func TestRulesMatchRegisteredMetrics(t *testing.T) {
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
 			name := r.Record + r.Alert
-			labels, errs := pc.check(r.Expr)
+			got, errs := pc.check(r.Expr)
 			for _, e := range errs {
 				t.Errorf("%s %s: %s", monitoring.RulesFile, name, e)
 			}
 			if r.Record != "" {
-				pc.recorded[r.Record] = labels
+				pc.recorded[r.Record] = got
 				continue
 			}
 			for k, text := range r.Annotations {
 				for _, m := range templateLabelRE.FindAllStringSubmatch(text, -1) {
-					if labels != nil && !labels[m[1]] && r.Labels[m[1]] == "" {
-						t.Errorf("%s %s: annotation %s prints $labels.%s, which the alert's series do not have (%v)", monitoring.RulesFile, name, k, m[1], keys(labels))
+					if got != nil && !got[m[1]] && r.Labels[m[1]] == "" {
+						t.Errorf("%s %s: annotation %s prints $labels.%s, which the alert's series do not have (%v)", monitoring.RulesFile, name, k, m[1], keys(got))
 					}
 				}
 			}
@@ -108,13 +110,13 @@ func TestRulesMatchRegisteredMetrics(t *testing.T) {
 				if tg.Expr == "" {
 					continue
 				}
-				labels, errs := pc.check(tg.Expr)
+				got, errs := pc.check(expandGrafana(tg.Expr))
 				for _, e := range errs {
 					t.Errorf("%s %q: %s", d.File, p.Title, e)
 				}
 				for _, m := range legendRE.FindAllStringSubmatch(tg.LegendFormat, -1) {
-					if labels != nil && !labels[m[1]] {
-						t.Errorf("%s %q: legend prints {{%s}}, which the query's series do not have (%v)", d.File, p.Title, m[1], keys(labels))
+					if got != nil && !got[m[1]] {
+						t.Errorf("%s %q: legend prints {{%s}}, which the query's series do not have (%v)", d.File, p.Title, m[1], keys(got))
 					}
 				}
 			}
@@ -138,7 +140,12 @@ func TestRulesMatchRegisteredMetrics(t *testing.T) {
 	}
 	for _, tc := range tests.Tests {
 		for _, in := range tc.InputSeries {
-			name, labels := parseSeries(t, in.Series)
+			ls, err := parser.ParseMetric(in.Series)
+			if err != nil {
+				t.Errorf("%s: input series %s: %v", monitoring.RulesTestFile, in.Series, err)
+				continue
+			}
+			name := ls.Get(labels.MetricName)
 			s, ok := series(reg, name)
 			if !ok {
 				t.Errorf("%s: input series %s: no faultline binary exports %s", monitoring.RulesTestFile, in.Series, name)
@@ -149,33 +156,17 @@ func TestRulesMatchRegisteredMetrics(t *testing.T) {
 				want = append(want, "le")
 			}
 			for _, l := range want {
-				if _, ok := labels[l]; !ok {
+				if !ls.Has(l) {
 					t.Errorf("%s: input series %s lacks label %q (%s has %v)", monitoring.RulesTestFile, in.Series, l, name, want)
 				}
 			}
-			for l := range labels {
-				if !s.Labels[l] {
-					t.Errorf("%s: input series %s: %s has no label %q (it has %v)", monitoring.RulesTestFile, in.Series, name, l, want)
+			ls.Range(func(l labels.Label) {
+				if l.Name != labels.MetricName && !s.Labels[l.Name] {
+					t.Errorf("%s: input series %s: %s has no label %q (it has %v)", monitoring.RulesTestFile, in.Series, name, l.Name, want)
 				}
-			}
+			})
 		}
 	}
-}
-
-var seriesRE = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?$`)
-var seriesLabelRE = regexp.MustCompile(`\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?`)
-
-func parseSeries(t *testing.T, s string) (string, map[string]string) {
-	t.Helper()
-	m := seriesRE.FindStringSubmatch(strings.TrimSpace(s))
-	if m == nil {
-		t.Fatalf("cannot read series %q", s)
-	}
-	labels := map[string]string{}
-	for _, l := range seriesLabelRE.FindAllStringSubmatch(m[2], -1) {
-		labels[l[1]] = l[2]
-	}
-	return m[1], labels
 }
 
 // docMetricRE is a metric named in prose, with the labels written after
