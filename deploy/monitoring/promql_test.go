@@ -18,7 +18,6 @@ import (
 // rate or increase over a gauge, delta or deriv over a counter, and
 // histogram_quantile over buckets whose le was aggregated away.
 
-
 // pval is the inferred value of a subexpression.
 type pval struct {
 	// scalar: a number or string, no series.
