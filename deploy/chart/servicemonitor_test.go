@@ -1,6 +1,7 @@
 package chart
 
 import (
+	"fmt"
 	"net"
 	"reflect"
 	"slices"
@@ -51,8 +52,65 @@ func TestServiceMonitorsScrapeWhatServes(t *testing.T) {
 			if n < 3 {
 				t.Fatalf("%d ServiceMonitors rendered, want the gateway's, the roles' and the webhook's", n)
 			}
+			checkAgentPodMonitor(t, objs)
 		})
 	}
+}
+
+// checkAgentPodMonitor: the agents (no Service: they serve /metrics on
+// the node's address) are scraped by a PodMonitor whose port is the
+// DaemonSet's container port their --metrics-addr listens on (none with
+// agent.metricsPort 0: they listen on loopback).
+func checkAgentPodMonitor(t *testing.T, objs []*unstructured.Unstructured) {
+	var pm, ds *unstructured.Unstructured
+	for _, o := range objs {
+		c := o.GetLabels()["app.kubernetes.io/component"]
+		switch {
+		case o.GetKind() == "PodMonitor" && c == "agent":
+			pm = o
+		case o.GetKind() == "DaemonSet" && c == "agent":
+			ds = o
+		}
+	}
+	if ds == nil {
+		t.Fatal("no agent DaemonSet")
+	}
+	containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	agent := containers[0].(map[string]any)
+	if pm == nil {
+		if agent["ports"] != nil {
+			t.Fatalf("the agents serve /metrics on %v; no PodMonitor scrapes them", agent["ports"])
+		}
+		return // agent.metricsPort 0: loopback only, nothing to scrape
+	}
+	sel, _, _ := unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
+	if pods, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "template", "metadata", "labels"); !labelsMatch(sel, pods) {
+		t.Errorf("PodMonitor %s selects %v; the agent's pods are labelled %v", pm.GetName(), sel, pods)
+	}
+	eps, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
+	if len(eps) != 1 {
+		t.Fatalf("PodMonitor %s: %d endpoints, want 1", pm.GetName(), len(eps))
+	}
+	ep := eps[0].(map[string]any)
+	var port any
+	for _, p := range agent["ports"].([]any) {
+		if p := p.(map[string]any); p["name"] == ep["port"] {
+			port = p["containerPort"]
+		}
+	}
+	want := fmt.Sprintf("--metrics-addr=$(HOST_IP):%v", port)
+	if port == nil || ep["path"] != "/metrics" || !slices.Contains(agent["args"].([]any), any(want)) {
+		t.Errorf("PodMonitor %s scrapes port %v (container port %v) path %v; the agent runs with %v", pm.GetName(), ep["port"], port, ep["path"], agent["args"])
+	}
+}
+
+func labelsMatch(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return len(sel) > 0
 }
 
 func checkServiceMonitor(t *testing.T, objs []*unstructured.Unstructured, sm *unstructured.Unstructured, metricsFrom []any) {
