@@ -273,6 +273,11 @@ func (c *Config) ValidateSettings() error {
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
 		return fmt.Errorf("log_level: %q is not debug, info, warn or error", c.LogLevel)
 	}
+	if strings.TrimSpace(c.DCGM.HostengineAddr) == "" {
+		// dcgmi diag --host "" never reaches a hostengine: every GPU pod
+		// would stay in Init:Error on a non-fatal DCGM_DIAG_ERROR.
+		return errors.New("dcgm.hostengine_addr: required (the DCGM hostengine, host:port)")
+	}
 	if c.DCGM.DiagLevel < 1 || c.DCGM.DiagLevel > 4 {
 		return fmt.Errorf("dcgm.diag_level: %d is not 1..4", c.DCGM.DiagLevel)
 	}

@@ -67,6 +67,7 @@ timeout = "30s"
 		{"[nccl]\ninstance_types = { \"p5.48xlarge\" = \"\" }\n", "", `nccl.instance_types: p5.48xlarge = ""`},
 		{"[nccl]\ninstance_types = { \"a\" = \"..\" }\n", "", `nccl.instance_types: a = ".."`},
 		{"processing_strategy = \"STORE_AND_ANALYSE\"\n", "", `processing_strategy: "STORE_AND_ANALYSE" is not EXECUTE_REMEDIATION or STORE_ONLY`},
+		{"[dcgm]\nhostengine_addr = \"\"\n", "", "dcgm.hostengine_addr: required"},
 		{"[gateway]\ninsecure = true\nca_file = \"/x\"\n", "", "gateway.ca_file: set, but gateway.insecure is true"},
 		{"", "--nccl.instance-types=nokey", `"nokey" is not key=value`},
 		{"", "--gang.poll-interval=0s", "gang.poll_interval: must be positive"},
