@@ -7,7 +7,9 @@ import (
 	"errors"
 	"io/fs"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -52,6 +54,9 @@ func (s *Server) fleetRoutes(mux *http.ServeMux) {
 	// The summary; with limit (and state, pageToken) also that page of
 	// nodes: the fleet view's first render in one request.
 	mux.HandleFunc("GET /v1/fleet/summary", s.fleetRead(false, func(ctx context.Context, c Caller, r *http.Request) (any, error) {
+		if err := onlyParams(r, "since", "until", "limit", "state", "pageToken"); err != nil {
+			return nil, err
+		}
 		rg, err := parseRange(r)
 		if err != nil {
 			return nil, err
@@ -67,6 +72,9 @@ func (s *Server) fleetRoutes(mux *http.ServeMux) {
 		return s.fleet.Summary(ctx, c.Cluster, rg, page)
 	}))
 	mux.HandleFunc("GET /v1/fleet/nodes", s.fleetRead(false, func(ctx context.Context, c Caller, r *http.Request) (any, error) {
+		if err := onlyParams(r, "state", "limit", "pageToken"); err != nil {
+			return nil, err
+		}
 		q, err := nodesQuery(r)
 		if err != nil {
 			return nil, err
@@ -74,9 +82,15 @@ func (s *Server) fleetRoutes(mux *http.ServeMux) {
 		return s.fleet.Nodes(ctx, c.Cluster, q)
 	}))
 	mux.HandleFunc("GET /v1/fleet/nodes/{node}", s.fleetRead(true, func(ctx context.Context, c Caller, r *http.Request) (any, error) {
+		if err := onlyParams(r); err != nil {
+			return nil, err
+		}
 		return s.fleet.Node(ctx, c.Cluster, r.PathValue("node"))
 	}))
-	mux.HandleFunc("GET /v1/fleet/analytics", s.fleetRead(false, func(context.Context, Caller, *http.Request) (any, error) {
+	mux.HandleFunc("GET /v1/fleet/analytics", s.fleetRead(false, func(_ context.Context, _ Caller, r *http.Request) (any, error) {
+		if err := onlyParams(r); err != nil {
+			return nil, err
+		}
 		qs, err := fleet.AnalyticsList()
 		return map[string]any{"queries": qs}, err
 	}))
@@ -90,6 +104,23 @@ func (s *Server) fleetRoutes(mux *http.ServeMux) {
 		}
 		return s.fleet.Analytics(ctx, c.Cluster, r.PathValue("name"), params)
 	}))
+}
+
+// onlyParams refuses a query parameter the read does not take, or one
+// given more than once (400 naming it): ignored, a misspelt filter
+// (State=held) answered as if there were none.
+func onlyParams(r *http.Request, names ...string) error {
+	for k, v := range r.URL.Query() {
+		switch {
+		case !slices.Contains(names, k) && len(names) == 0:
+			return badParam(truncate(k) + ": unknown parameter (this read takes none)")
+		case !slices.Contains(names, k):
+			return badParam(truncate(k) + ": unknown parameter (parameters: " + strings.Join(names, ", ") + ")")
+		case len(v) != 1:
+			return badParam(k + ": give it once")
+		}
+	}
+	return nil
 }
 
 // nodesQuery reads state, limit and pageToken.

@@ -13,15 +13,19 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/grpc-ecosystem/grpc-gateway/v2/utilities"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/faultline/faultline/gateway/openapi"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -134,6 +138,8 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 		// Run in this order once a request matched a route: note the
 		// route for metrics, authenticate, admit the body.
 		runtime.WithMiddlewares(recordRoute, s.restAuth, s.readBody),
+		// grpc-gateway keeps the parser process-wide: every mux sets the same one.
+		runtime.SetQueryParameterParser(strictQuery{}),
 	)
 	if err := faultlinev1.RegisterEventsHandlerServer(ctx, gw, s.svc); err != nil {
 		return nil, err
@@ -157,6 +163,30 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 		_, _ = w.Write(openapi.JSON)
 	})
 	return s.httpMetrics(mux, submit), nil
+}
+
+// strictQuery is grpc-gateway's query parser refusing a parameter the
+// request has no field for (400 naming it), where grpc-gateway's own
+// ignores it: GET /v1/events?nodeName=… (for node=) answered the whole
+// cluster's history as if it were the node's.
+type strictQuery struct{ runtime.DefaultQueryParser }
+
+func (p strictQuery) Parse(msg proto.Message, values url.Values, filter *utilities.DoubleArray) error {
+	fields := msg.ProtoReflect().Descriptor().Fields()
+	for k := range values {
+		// A field's own (since.seconds) or a map's (details[k]) key.
+		name, _, _ := strings.Cut(k, ".")
+		name, _, _ = strings.Cut(name, "[")
+		if fields.ByName(protoreflect.Name(name)) == nil && fields.ByJSONName(name) == nil {
+			names := make([]string, fields.Len())
+			for i := range names {
+				names[i] = fields.Get(i).JSONName()
+			}
+			slices.Sort(names)
+			return fmt.Errorf("%s: unknown parameter (parameters: %s)", truncate(k), strings.Join(names, ", "))
+		}
+	}
+	return p.DefaultQueryParser.Parse(msg, values, filter)
 }
 
 // submitRoute is the route of POST /v1/events, as grpc-gateway names it.
