@@ -203,14 +203,24 @@ type Result struct {
 	Columns []string
 	Types   []string
 	Rows    [][]any
+	// Truncated: the query had more rows than RunMax's bound.
+	Truncated bool
 }
 
 // Run runs q with values bound (see Args) and reads the whole result.
 func Run(ctx context.Context, conn clickhouse.Conn, q Query, values map[string]string, now time.Time) (*Result, error) {
+	return RunMax(ctx, conn, q, values, now, 0)
+}
+
+// RunMax is Run reading at most maxRows rows (0: no bound): at a row past
+// it, the query is cancelled and the result is Truncated.
+func RunMax(ctx context.Context, conn clickhouse.Conn, q Query, values map[string]string, now time.Time, maxRows int) (*Result, error) {
 	args, err := q.Args(values, now)
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	rows, err := conn.Query(ctx, q.SQL, args...)
 	if err != nil {
 		return nil, fmt.Errorf("query %s: %w", q.Name, err)
@@ -222,6 +232,11 @@ func Run(ctx context.Context, conn clickhouse.Conn, q Query, values map[string]s
 		res.Types = append(res.Types, ct.DatabaseTypeName())
 	}
 	for rows.Next() {
+		if maxRows > 0 && len(res.Rows) == maxRows {
+			res.Truncated = true
+			cancel() // ClickHouse stops the query; Close drops what already came
+			return res, nil
+		}
 		dest := make([]any, len(cts))
 		for i, ct := range cts {
 			dest[i] = newScan(ct.ScanType())

@@ -221,3 +221,23 @@ func seedConformance(t *testing.T, srv *chtest.Server) {
 		t.Fatalf("seed conformance actions: %v %v", err, res.Dead)
 	}
 }
+
+// TestRunMaxStopsTheQuery: RunMax reads its bound of rows and stops the
+// query (here an endless one), and the connection pool serves the next.
+func TestRunMaxStopsTheQuery(t *testing.T) {
+	srv := chtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	res, err := analytics.RunMax(ctx, srv.Conn, analytics.Query{Name: "endless", SQL: "SELECT number FROM system.numbers"}, nil, start, 10)
+	if err != nil || len(res.Rows) != 10 || !res.Truncated {
+		t.Fatalf("RunMax: %v, %d rows, truncated %v", err, len(res.Rows), res != nil && res.Truncated)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("RunMax took %s to stop an endless query", d)
+	}
+	res, err = analytics.RunMax(ctx, srv.Conn, analytics.Query{Name: "three", SQL: "SELECT number FROM system.numbers LIMIT 3"}, nil, start, 3)
+	if err != nil || len(res.Rows) != 3 || res.Truncated {
+		t.Fatalf("then a query of 3 rows, bound 3: %v, %+v", err, res)
+	}
+}

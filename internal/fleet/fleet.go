@@ -760,9 +760,12 @@ type Table struct {
 	Columns []string `json:"columns"`
 	Types   []string `json:"types"`
 	Rows    [][]any  `json:"rows"`
+	// Truncated: the query has more rows than maxAnalyticsRows; Rows are
+	// its first ones.
+	Truncated bool `json:"truncated"`
 }
 
-// maxAnalyticsRows bounds an analytics answer.
+// maxAnalyticsRows bounds an analytics answer, and what is read of it.
 const maxAnalyticsRows = 10000
 
 // Analytics runs the named analytics query on cluster with params (text
@@ -787,14 +790,11 @@ func (s *Store) Analytics(ctx context.Context, cluster, name string, params map[
 	if _, err := q.Args(vals, s.now()); err != nil {
 		return nil, &BadRequest{msg: err.Error()}
 	}
-	res, err := analytics.Run(queryContext(ctx), s.conn, q, vals, s.now())
+	res, err := analytics.RunMax(queryContext(ctx), s.conn, q, vals, s.now(), maxAnalyticsRows)
 	if err != nil {
 		return nil, err
 	}
-	if len(res.Rows) > maxAnalyticsRows {
-		res.Rows = res.Rows[:maxAnalyticsRows]
-	}
-	t := &Table{Query: name, Columns: res.Columns, Types: res.Types, Rows: res.Rows}
+	t := &Table{Query: name, Columns: res.Columns, Types: res.Types, Rows: res.Rows, Truncated: res.Truncated}
 	if t.Rows == nil {
 		t.Rows = [][]any{}
 	}

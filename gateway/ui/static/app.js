@@ -299,6 +299,7 @@ async function faultsView(v) {
     }
     const tab = await api("/v1/fleet/analytics/" + encodeURIComponent(name) + "?" + qs);
     out.push(barChart(tab), resultTable(tab));
+    if (tab.truncated) out.push(el("p", { class: "mute", id: "truncated", text: "Only the first " + tab.rows.length + " rows: narrow the range for the rest." }));
   }
   v.replaceChildren(...out);
 }
