@@ -1,7 +1,8 @@
 // Package history serves the read side of the API from ClickHouse: the
 // events (GET /v1/events) and the audit trail of actions (GET /v1/actions)
-// of one cluster, newest first, paged with an opaque token, each event or
-// action once however many times the store processor wrote it. Parameters
+// of one cluster, newest first, paged with an opaque token (a page holds
+// at most limit rows and MaxPageBytes), each event or action once however
+// many times the store processor wrote it. Parameters
 // that cannot match anything (a time outside DateTime's 1970-2106 range, a
 // node name longer than Kubernetes allows, a page token it did not issue)
 // are refused as InvalidArgument before any query; a query runs at most
@@ -36,6 +37,11 @@ const (
 	DefaultLimit = 100
 	// MaxLimit is the largest page size.
 	MaxLimit = 1000
+	// MaxPageBytes bounds a page's encoded (protobuf) size: a page ends
+	// before the event or action that would take it past this, whatever
+	// the limit (its nextPageToken goes on from there), and holds at least
+	// one. 1000 of the largest events the gateway accepts are ~200 MB.
+	MaxPageBytes = 4 << 20
 )
 
 // ClickHouse implements the gateway's History over the events and actions
@@ -238,15 +244,18 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 	defer rows.Close()
 	resp := &faultlinev1.ListEventsResponse{}
 	var last cursor
+	size := 0
 	for rows.Next() {
 		ev, c, err := scanEvent(rows)
 		if err != nil {
 			return nil, h.unavailable(ctx, "list events", err)
 		}
-		if len(resp.Events) == limit {
+		n := ev.SizeVT()
+		if len(resp.Events) == limit || (len(resp.Events) > 0 && size+n > MaxPageBytes) {
 			resp.NextPageToken = last.token()
 			break
 		}
+		size += n
 		resp.Events = append(resp.Events, ev)
 		last = c
 	}
@@ -363,6 +372,7 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 	defer rows.Close()
 	resp := &faultlinev1.ListActionsResponse{}
 	var last cursor
+	size := 0
 	for rows.Next() {
 		var (
 			a           faultlinev1.Action
@@ -375,10 +385,6 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 			&ts, &ms, &dk, &dv, &a.CheckName, &a.RecommendedAction); err != nil {
 			return nil, h.unavailable(ctx, "list actions", fmt.Errorf("scan action: %w", err))
 		}
-		if len(resp.Actions) == limit {
-			resp.NextPageToken = last.token()
-			break
-		}
 		a.EventIds = nilIfEmpty(ids)
 		a.DryRun = dry == 1
 		a.Timestamp = toTimestamp(ts, ms)
@@ -388,6 +394,12 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 				a.Details[dk[i]] = dv[i]
 			}
 		}
+		n := a.SizeVT()
+		if len(resp.Actions) == limit || (len(resp.Actions) > 0 && size+n > MaxPageBytes) {
+			resp.NextPageToken = last.token()
+			break
+		}
+		size += n
 		resp.Actions = append(resp.Actions, &a)
 		last = cursor{ms: ts.Unix()*1000 + int64(ms), id: a.Id}
 	}

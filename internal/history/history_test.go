@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/internal/clickhouse/chtest"
@@ -244,5 +245,58 @@ func TestBadParameters(t *testing.T) {
 				t.Fatalf("got %v, want InvalidArgument containing %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestPageBytes: a page of the largest events the gateway accepts (8 KiB
+// message, 64 metadata values of 2 KiB: ~140 KB each) ends at 4 MiB
+// (history.MaxPageBytes) whatever the limit, and the pages that follow
+// give every event once. Before, limit=1000 answered 1000 such events in
+// one page: ~140 MB read, held and encoded at once per request (~200 MB
+// with entities and error codes too).
+func TestPageBytes(t *testing.T) {
+	const pageBytes = 4 << 20
+	srv := chtest.Start(t)
+	meta := map[string]string{}
+	for i := range 64 {
+		meta[fmt.Sprintf("k%02d", i)] = strings.Repeat("v", 2048)
+	}
+	var recs []*kgo.Record
+	for i := range 40 {
+		ev := &datamodels.HealthEvent{
+			Id: fmt.Sprintf("big-e%02d", i), Cluster: "alpha", NodeName: "big", CheckName: "XID",
+			Message: strings.Repeat("m", 8192), Metadata: meta,
+			GeneratedTimestamp: timestamppb.New(base.Add(time.Duration(i) * time.Second)),
+		}
+		v, _ := events.Marshal(ev)
+		recs = append(recs, &kgo.Record{Topic: events.TopicEvents, Key: events.Key("alpha", "big"), Value: v, Timestamp: base})
+	}
+	if _, err := store.New(srv.Conn, slog.Default(), nil).Handle(context.Background(), recs); err != nil {
+		t.Fatal(err)
+	}
+	h := history.New(srv.Conn, slog.Default())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var got []string
+	tok := ""
+	for page := 0; ; page++ {
+		resp, err := h.ListEvents(ctx, "alpha", &faultlinev1.ListEventsRequest{Node: "big", Limit: 1000, PageToken: tok})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := proto.Size(resp); n > pageBytes {
+			t.Fatalf("page %d: %d events, %d bytes: over %d", page, len(resp.Events), n, pageBytes)
+		}
+		got = append(got, ids(resp.Events)...)
+		if tok = resp.NextPageToken; tok == "" {
+			break
+		}
+	}
+	var want []string
+	for i := 39; i >= 0; i-- {
+		want = append(want, fmt.Sprintf("big-e%02d", i))
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("pages gave %v, want %v", got, want)
 	}
 }

@@ -205,7 +205,7 @@ async function nodeView(v, node) {
     el("thead", {}, el("tr", {}, ["time", "", "what", "detail", "cause ids"].map(h => el("th", { text: h })))),
     el("tbody", {}, items.map(it => it.ev ? eventRow(it.ev) : actionRow(it.act))));
   const more = [];
-  if (evs.nextPageToken || acts.nextPageToken) more.push(el("p", { class: "mute", text: "Showing the newest 200 events and 200 actions; older ones: GET /v1/events?node=" + node + "&pageToken=…" }));
+  if (evs.nextPageToken || acts.nextPageToken) more.push(el("p", { class: "mute", text: "Showing the newest " + (evs.events || []).length + " events and " + (acts.actions || []).length + " actions; older ones: GET /v1/events?node=" + node + "&pageToken=…" }));
 
   v.replaceChildren(el("p", {}, el("a", { href: "#/", text: "« fleet" })), head, since,
     el("h2", { text: "What faultline holds it for" }), faults,
