@@ -227,7 +227,6 @@ func (s *Server) clusterRead(what string, configured func() bool, nodeScoped boo
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Cache-Control", "no-store")
 		enc := json.NewEncoder(w)
 		enc.SetEscapeHTML(true)
 		_ = enc.Encode(out)

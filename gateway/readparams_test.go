@@ -116,3 +116,24 @@ func TestReadsRefuseUnknownParameters(t *testing.T) {
 		t.Errorf("the parameters a read takes still reach it: %v", hist.lastReq)
 	}
 }
+
+// TestReadsAreNotCached: every read's answer, the history's as the fleet
+// page's, is marked no-store (the page fetches GET /v1/events and
+// /v1/actions with the token; their answers had no Cache-Control, so a
+// browser could keep a cluster's history in its disk cache after the tab,
+// and the token, are gone) and nosniff.
+func TestReadsAreNotCached(t *testing.T) {
+	h, _ := newReadTestServer(t)
+	for _, path := range []string{
+		"/v1/events?node=gpu-node-1", "/v1/actions", "/v1/events?limit=x",
+		"/v1/fleet/nodes", "/v1/fleet/nodes?state=bogus",
+	} {
+		req := httptest.NewRequest(http.MethodGet, path, nil)
+		req.Header.Set("Authorization", "Bearer test-token-of-alpha-0001")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if cc, ns := rec.Header().Get("Cache-Control"), rec.Header().Get("X-Content-Type-Options"); cc != "no-store" || ns != "nosniff" {
+			t.Errorf("GET %s: %d, Cache-Control %q, X-Content-Type-Options %q: want no-store, nosniff", path, rec.Code, cc, ns)
+		}
+	}
+}

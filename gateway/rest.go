@@ -447,6 +447,15 @@ func recordRoute(next runtime.HandlerFunc) runtime.HandlerFunc {
 	}
 }
 
+// noStore marks an answer of the API (one credential's data, or its
+// refusal) as not to be kept by any cache, the browser's included, nor
+// read as anything but its Content-Type.
+func noStore(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+}
+
 // restMethods are the methods metrics name; any other is "other".
 var restMethods = map[string]bool{
 	http.MethodGet: true, http.MethodHead: true, http.MethodPost: true, http.MethodPut: true,
@@ -456,7 +465,7 @@ var restMethods = map[string]bool{
 // httpMetrics counts REST requests by route pattern (never the raw path)
 // and by a fixed set of methods, so that made-up paths and methods do not
 // grow the metrics; it also gives every request the gateway.call_timeout
-// deadline.
+// deadline, and marks the API's answers (/v1/…) no-store and nosniff.
 //
 // POST /v1/events, the hot path, goes to submit when isSubmitFastPath
 // (nil: always through mux).
@@ -467,6 +476,9 @@ func (s *Server) httpMetrics(mux *http.ServeMux, submit runtime.HandlerFunc) htt
 		ctx, cancel := context.WithTimeout(context.WithValue(r.Context(), routeLabelKey{}, lbl), s.cfg.CallTimeout)
 		defer cancel()
 		r = r.WithContext(ctx)
+		if strings.HasPrefix(r.URL.Path, "/v1/") {
+			noStore(rec) // the API's answers, never /ui/'s files
+		}
 		if submit != nil && isSubmitFastPath(r) {
 			lbl.route = submitRoute
 			submit(rec, r, nil)
