@@ -1,7 +1,6 @@
 package monitoring_test
 
 import (
-	"encoding/json"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -19,19 +18,6 @@ import (
 
 // repoRoot is the module's root, from this package's directory.
 const repoRoot = "../.."
-
-type ruleFile struct {
-	Groups []struct {
-		Name  string `json:"name"`
-		Rules []struct {
-			Record      string            `json:"record"`
-			Alert       string            `json:"alert"`
-			Expr        string            `json:"expr"`
-			Labels      map[string]string `json:"labels"`
-			Annotations map[string]string `json:"annotations"`
-		} `json:"rules"`
-	} `json:"groups"`
-}
 
 var templateLabelRE = regexp.MustCompile(`\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)`)
 
@@ -53,12 +39,8 @@ func TestRulesMatchRegisteredMetrics(t *testing.T) {
 	if len(reg) < 50 {
 		t.Fatalf("only %d metrics read from the source: the reader is broken", len(reg))
 	}
-	b, err := fs.ReadFile(monitoring.Files, monitoring.RulesFile)
+	rules, err := monitoring.ReadRules()
 	if err != nil {
-		t.Fatal(err)
-	}
-	var rules ruleFile
-	if err := yaml.Unmarshal(b, &rules); err != nil {
 		t.Fatal(err)
 	}
 	pc := &promChecker{reg: reg, recorded: map[string]map[string]bool{}}
@@ -89,23 +71,7 @@ func TestRulesMatchRegisteredMetrics(t *testing.T) {
 	}
 	legendRE := regexp.MustCompile(`\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}`)
 	for _, d := range ds {
-		raw, err := fs.ReadFile(monitoring.Files, d.File)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var dash struct {
-			Panels []struct {
-				Title   string `json:"title"`
-				Targets []struct {
-					Expr         string `json:"expr"`
-					LegendFormat string `json:"legendFormat"`
-				} `json:"targets"`
-			} `json:"panels"`
-		}
-		if err := json.Unmarshal(raw, &dash); err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range dash.Panels {
+		for _, p := range d.Panels {
 			for _, tg := range p.Targets {
 				if tg.Expr == "" {
 					continue
@@ -124,7 +90,7 @@ func TestRulesMatchRegisteredMetrics(t *testing.T) {
 	}
 
 	// The promtool tests feed series a binary exports, with all its labels.
-	b, err = fs.ReadFile(monitoring.Files, monitoring.RulesTestFile)
+	b, err := fs.ReadFile(monitoring.Files, monitoring.RulesTestFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,12 +203,8 @@ func TestDocsNameRegisteredMetrics(t *testing.T) {
 
 	checkMetricTables(t, reg)
 
-	b, err := fs.ReadFile(monitoring.Files, monitoring.RulesFile)
+	rules, err := monitoring.ReadRules()
 	if err != nil {
-		t.Fatal(err)
-	}
-	var rules ruleFile
-	if err := yaml.Unmarshal(b, &rules); err != nil {
 		t.Fatal(err)
 	}
 	var alerts []string

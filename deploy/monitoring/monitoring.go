@@ -41,22 +41,9 @@ var histogramSuffixes = []string{"_bucket", "_sum", "_count"}
 // each named by where it is.
 func Exprs() (map[string]string, error) {
 	out := map[string]string{}
-	b, err := fs.ReadFile(Files, RulesFile)
+	rules, err := ReadRules()
 	if err != nil {
 		return nil, err
-	}
-	var rules struct {
-		Groups []struct {
-			Name  string `json:"name"`
-			Rules []struct {
-				Record string `json:"record"`
-				Alert  string `json:"alert"`
-				Expr   string `json:"expr"`
-			} `json:"rules"`
-		} `json:"groups"`
-	}
-	if err := yaml.Unmarshal(b, &rules); err != nil {
-		return nil, fmt.Errorf("%s: %w", RulesFile, err)
 	}
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
@@ -77,6 +64,33 @@ func Exprs() (map[string]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// Rules is the part of the rules file the tests read.
+type Rules struct {
+	Groups []struct {
+		Name  string `json:"name"`
+		Rules []struct {
+			Record      string            `json:"record"`
+			Alert       string            `json:"alert"`
+			Expr        string            `json:"expr"`
+			Labels      map[string]string `json:"labels"`
+			Annotations map[string]string `json:"annotations"`
+		} `json:"rules"`
+	} `json:"groups"`
+}
+
+// ReadRules reads RulesFile.
+func ReadRules() (*Rules, error) {
+	b, err := fs.ReadFile(Files, RulesFile)
+	if err != nil {
+		return nil, err
+	}
+	var rules Rules
+	if err := yaml.Unmarshal(b, &rules); err != nil {
+		return nil, fmt.Errorf("%s: %w", RulesFile, err)
+	}
+	return &rules, nil
 }
 
 // MetricNames returns the faultline metrics the rules and dashboards use
@@ -117,9 +131,10 @@ type Panel struct {
 	Title   string `json:"title"`
 	Type    string `json:"type"`
 	Targets []struct {
-		RefID  string `json:"refId"`
-		Expr   string `json:"expr"`
-		RawSQL string `json:"rawSql"`
+		RefID        string `json:"refId"`
+		Expr         string `json:"expr"`
+		RawSQL       string `json:"rawSql"`
+		LegendFormat string `json:"legendFormat"`
 	} `json:"targets"`
 }
 
