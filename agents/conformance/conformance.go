@@ -360,7 +360,7 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 	v, err = c.readFile(filepath.Join(c.cfg.Procfs, "sys", "kernel", "osrelease"))
 	set(Kernel, v, err)
 	args, err := c.prc.CmdLine()
-	set(BootParams, strings.Join(args, " "), err)
+	set(BootParams, bootParams(args), err)
 	switch {
 	case c.cfg.OSImageFile != "":
 		v, err = c.readFile(c.cfg.OSImageFile)
@@ -382,6 +382,30 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 		set(x.Name, v, err)
 	}
 	return out
+}
+
+// bootParams is the kernel command line without what names this node's
+// own disks rather than its configuration: GRUB's BOOT_IMAGE (the kernel
+// by the disk it was read from, "(hd1,gpt2)/vmlinuz-…"; the kernel
+// version is its own component) is left out, and the identifier of a
+// root= or resume= given by UUID or PARTUUID (each installed node's
+// filesystems have their own) is written "*": "root=UUID=*". Every other
+// parameter is kept as is, in its order.
+func bootParams(args []string) string {
+	out := make([]string, 0, len(args))
+	for _, a := range args {
+		if strings.HasPrefix(a, "BOOT_IMAGE=") {
+			continue
+		}
+		for _, p := range []string{"root=UUID=", "root=PARTUUID=", "resume=UUID=", "resume=PARTUUID="} {
+			if strings.HasPrefix(a, p) {
+				a = p + "*"
+				break
+			}
+		}
+		out = append(out, a)
+	}
+	return strings.Join(out, " ")
 }
 
 func deref(d *sysfs.DMIClass, err error, f func(*sysfs.DMIClass) *string, file string) (string, error) {

@@ -53,7 +53,7 @@ func TestCollect(t *testing.T) {
 		{name: "h100 reference", tree: "h100-a", want: map[string]string{
 			GPUDriver: "550.54.14", GPUVBIOS: "96.00.89.00.01", NICFirmware: "28.39.1002",
 			BIOSVersion: "2.1.5", BIOSDate: "03/14/2024", BMCVersion: "1.12", Kernel: "6.8.0-45-generic",
-			BootParams: "BOOT_IMAGE=/vmlinuz-6.8.0-45-generic root=UUID=0f3a ro iommu=pt pci=realloc=off",
+			BootParams: "root=UUID=* ro iommu=pt pci=realloc=off",
 			OSImage:    "sha256:4b1f0c8e2d7a9b3c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5",
 		}},
 		{name: "mixed NIC firmware is the sorted set", tree: "h100-b", want: map[string]string{NICFirmware: "28.39.1002,28.41.1000"}},
@@ -295,5 +295,38 @@ func TestMostComponents(t *testing.T) {
 	extra(most + 1)(&cfg)
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("conformance.components: %d extra components, at most %d", most+1, most)) {
 		t.Fatalf("Validate = %v, want the count refused", err)
+	}
+}
+
+// TestBootParamsPerNodeIdentity: two nodes installed from the same image
+// have the same boot configuration, but the installer gives each root
+// filesystem (and swap) its own UUID, and GRUB names the kernel by the
+// disk it booted from: the kernel command lines differ only there. Those
+// are not configuration; they must not split the nodes' fingerprints. A
+// real change of a parameter, or of how root is found, still does.
+func TestBootParamsPerNodeIdentity(t *testing.T) {
+	collect := func(cmdline string) map[string]string {
+		t.Helper()
+		root := t.TempDir()
+		if err := os.CopyFS(root, os.DirFS(filepath.Join("testdata", "h100-a"))); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, "proc", "cmdline"), []byte(cmdline+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return fixture(t, "h100-a", func(c *Config) { c.Procfs = filepath.Join(root, "proc") }).Collect(t.Context())
+	}
+	a := collect("BOOT_IMAGE=(hd0,gpt2)/vmlinuz-6.8.0-45-generic root=UUID=0f3a9c1e-5b7d-4e2a-9f11-2c4d6e8a0b13 ro resume=UUID=8c2e ro iommu=pt pci=realloc=off")
+	b := collect("BOOT_IMAGE=(hd1,gpt2)/vmlinuz-6.8.0-45-generic root=UUID=7d41b0aa-13c2-4f6e-8a5d-90e1f2a3b4c5 ro resume=UUID=11d0 ro iommu=pt pci=realloc=off")
+	if Fingerprint(a) != Fingerprint(b) {
+		t.Errorf("same boot configuration, different fingerprints: boot_params %q vs %q", a[BootParams], b[BootParams])
+	}
+	for _, changed := range []string{
+		"BOOT_IMAGE=(hd0,gpt2)/vmlinuz-6.8.0-45-generic root=UUID=0f3a ro resume=UUID=8c2e ro iommu=off pci=realloc=off",
+		"BOOT_IMAGE=(hd0,gpt2)/vmlinuz-6.8.0-45-generic root=/dev/nfs ro resume=UUID=8c2e ro iommu=pt pci=realloc=off",
+	} {
+		if c := collect(changed); Fingerprint(c) == Fingerprint(a) {
+			t.Errorf("boot_params %q: a real change kept the fingerprint", c[BootParams])
+		}
 	}
 }
