@@ -166,6 +166,33 @@ func TestGroupsOnClickHouse(t *testing.T) {
 		}
 	})
 
+	// A component the node could not read (a driver not loaded yet after a
+	// reboot, a BMC tool that timed out) is no drift: that one report
+	// tainted the node, and drained a sensitive one. An unreadable
+	// component beside a real difference is still drift.
+	t.Run("unreadable only is not drift", func(t *testing.T) {
+		c := uniq("unread")
+		unread := comps("")
+		unread["gpu_driver"] = agentconf.Unreadable + "open /host/sys/module/nvidia/version: no such file or directory"
+		both := comps("28.41.1000")
+		both["gpu_driver"] = unread["gpu_driver"]
+		var recs []*kgo.Record
+		for i := 1; i <= 3; i++ {
+			recs = append(recs, record(t, c, fmt.Sprintf("n%d", i), comps(""), clk.Now()))
+		}
+		recs = append(recs, record(t, c, "n4", unread, clk.Now()), record(t, c, "n5", both, clk.Now()))
+		store(t, h, recs...)
+		sw := NewSweeper(testConfig(), s.Conn, clusters.NewRegistry(clusters.DefaultConfig(), nil), testLog, clk.Now, nil)
+		out, err := sw.Sweep(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		drift := kinds(out.Actions)[events.KindConformanceDrift]
+		if len(out.Actions) != 1 || len(drift) != 1 || drift[0].Node != "n5" {
+			t.Fatalf("actions %v; want n5's drift only (n4 differs only by what it could not read)", out.Actions)
+		}
+	})
+
 	t.Run("no majority is undecided", func(t *testing.T) {
 		c := uniq("tie")
 		store(t, h, record(t, c, "a", comps(""), clk.Now()), record(t, c, "b", comps("x"), clk.Now()))

@@ -274,6 +274,9 @@ func (s *Sweeper) live(cl *clusters.Client) bool { return cl != nil && cl.Kube !
 // reconcile moves one node toward its verdict's response.
 func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, pool string, m member, v ic.Verdict, now time.Time, cache map[string]map[string]string, out *Output) error {
 	live := s.live(cl)
+	if v.State == ic.Drifted && s.unreadableOnly(ctx, cache, cluster, v) {
+		return nil
+	}
 	st, has := s.readState(cluster, m, live)
 	group := GroupValue(pool)
 	switch v.State {
@@ -457,25 +460,60 @@ func (s *Sweeper) setDry(cluster, node string, st *State) {
 // diff names the components that differ between the group's expected
 // fingerprint and the node's (from any node's report of each).
 func (s *Sweeper) diff(ctx context.Context, cache map[string]map[string]string, cluster string, v ic.Verdict) []string {
-	get := func(fp string) (map[string]string, error) {
-		if c, ok := cache[fp]; ok {
-			return c, nil
-		}
-		c, err := ic.ComponentsOf(ctx, s.conn, cluster, fp)
-		if err == nil {
-			cache[fp] = c
-		}
-		return c, err
-	}
-	exp, err := get(v.Expected)
+	exp, err := s.components(ctx, cache, cluster, v.Expected)
 	if err != nil || len(exp) == 0 {
 		return []string{"components of the expected fingerprint unknown (no node of " + cluster + " reported it)"}
 	}
-	act, err := get(v.Actual)
+	act, err := s.components(ctx, cache, cluster, v.Actual)
 	if err != nil {
 		return []string{"components unknown: " + err.Error()}
 	}
 	return ic.Diff(exp, act)
+}
+
+// components are a fingerprint's, read once a sweep (cache).
+func (s *Sweeper) components(ctx context.Context, cache map[string]map[string]string, cluster, fp string) (map[string]string, error) {
+	if c, ok := cache[fp]; ok {
+		return c, nil
+	}
+	c, err := ic.ComponentsOf(ctx, s.conn, cluster, fp)
+	if err == nil {
+		cache[fp] = c
+	}
+	return c, err
+}
+
+// unreadableOnly: every component in which a drifted node differs from
+// its expected fingerprint could not be read on it ("unreadable: …") — a
+// driver not loaded yet after a reboot, a BMC tool that timed out. That
+// is no evidence of drift: the node is left as it is (as without a fresh
+// report) until a report that reads them; it was tainted, and a sensitive
+// one drained, on that one report.
+func (s *Sweeper) unreadableOnly(ctx context.Context, cache map[string]map[string]string, cluster string, v ic.Verdict) bool {
+	exp, err := s.components(ctx, cache, cluster, v.Expected)
+	if err != nil || len(exp) == 0 {
+		return false
+	}
+	act, err := s.components(ctx, cache, cluster, v.Actual)
+	if err != nil {
+		return false
+	}
+	differ := 0
+	for name, a := range act {
+		if e, ok := exp[name]; ok && e == a {
+			continue
+		}
+		if !strings.HasPrefix(a, agentconf.Unreadable) {
+			return false
+		}
+		differ++
+	}
+	for name := range exp {
+		if _, ok := act[name]; !ok {
+			return false // a component the node no longer reports
+		}
+	}
+	return differ > 0
 }
 
 func (s *Sweeper) updateNode(ctx context.Context, kube kubernetes.Interface, name string, mutate func(n *corev1.Node) bool) error {
