@@ -1,10 +1,10 @@
 package gateway
 
 import (
-	"fmt"
-
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/faultline/faultline/internal/protoshape"
 )
 
 // vtMessage is a message with vtprotobuf's generated fast paths (every
@@ -28,44 +28,24 @@ type Codec struct {
 	limits shapeLimits
 }
 
-// shaped is what the gateway's gRPC handlers decode a request into: the
-// codec checks the encoded shape of msg first and reports a violation in
-// err, without decoding, instead of failing (gRPC would answer a codec
-// failure as Internal; the handler answers InvalidArgument).
-type shaped struct {
-	msg proto.Message
-	err error
-}
-
 func (Codec) Name() string { return "proto" }
 
 func (Codec) Marshal(v any) ([]byte, error) {
 	if m, ok := v.(vtMessage); ok {
 		return m.MarshalVT()
 	}
-	m, ok := v.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("codec: %T is not a protobuf message", v)
-	}
-	return proto.Marshal(m)
+	return protoshape.Marshal(v)
 }
 
+// Unmarshal decodes into a message, or into a *protoshape.Shaped
+// (the gateway's gRPC handlers) after its shape check.
 func (c Codec) Unmarshal(data []byte, v any) error {
-	if sv, ok := v.(*shaped); ok {
-		if err := c.limits.checkProto(data, sv.msg.ProtoReflect().Descriptor(), ""); err != nil {
-			sv.err = err
-			return nil
+	return c.limits.shape().Decode(data, v, func(b []byte, m proto.Message) error {
+		if m, ok := m.(vtMessage); ok {
+			return m.UnmarshalVT(b)
 		}
-		v = sv.msg
-	}
-	if m, ok := v.(vtMessage); ok {
-		return m.UnmarshalVT(data)
-	}
-	m, ok := v.(proto.Message)
-	if !ok {
-		return fmt.Errorf("codec: %T is not a protobuf message", v)
-	}
-	return proto.Unmarshal(data, m)
+		return proto.Unmarshal(b, m)
+	})
 }
 
 // serverCodec is the gateway's codec as the gRPC server uses it

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/faultline/faultline/internal/protoshape"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -68,10 +69,10 @@ func FuzzCodecMatchesProto(f *testing.F) {
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fast, std := &faultlinev1.SubmitEventsRequest{}, &faultlinev1.SubmitEventsRequest{}
-		sv := &shaped{msg: fast}
+		sv := &protoshape.Shaped{Msg: fast}
 		errFast := Codec{limits: shapeLimits{maxEvents: v.MaxBatch}}.Unmarshal(b, sv)
 		if errFast == nil {
-			errFast = sv.err
+			errFast = sv.Err
 		}
 		errStd := proto.Unmarshal(b, std)
 		// The door may refuse what the standard decoder accepts (it is

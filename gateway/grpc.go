@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/faultline/faultline/internal/protoshape"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -213,39 +214,26 @@ func (s *Server) grpcMetrics(door string) grpc.UnaryServerInterceptor {
 // decode, which gRPC answers as Internal, and a client would retry it
 // forever).
 func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
-	out := *sd
-	out.Methods = make([]grpc.MethodDesc, len(sd.Methods))
-	for i, m := range sd.Methods {
-		h := m.Handler
-		out.Methods[i] = grpc.MethodDesc{MethodName: m.MethodName, Handler: func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
-			return h(srv, ctx, func(v any) error {
-				msg, ok := v.(proto.Message)
-				if !ok {
-					return dec(v)
-				}
-				if err := s.growForRead(ctx, reservationFrom(ctx)); err != nil {
-					if err := ctx.Err(); err != nil { // the call is over: not a refusal
-						return status.FromContextError(err).Err()
-					}
-					caller, _ := CallerFrom(ctx)
-					msg := s.refusedBusy(err, caller)
-					s.metrics.request(doorOf(ctx), "/"+sd.ServiceName+"/"+m.MethodName, codes.ResourceExhausted.String())
-					return status.Error(codes.ResourceExhausted, msg)
-				}
-				sv := &shaped{msg: msg}
-				if err := dec(sv); err != nil {
-					return err
-				}
-				if sv.err != nil {
-					s.metrics.rejected("too_many_elements", 1)
-					s.metrics.request(doorOf(ctx), "/"+sd.ServiceName+"/"+m.MethodName, codes.InvalidArgument.String())
-					return status.Error(codes.InvalidArgument, sv.err.Error())
-				}
-				return nil
-			}, ic)
-		}}
-	}
-	return &out
+	return protoshape.ServiceDesc(sd, func(ctx context.Context, method string, sv *protoshape.Shaped, dec func(any) error) error {
+		if err := s.growForRead(ctx, reservationFrom(ctx)); err != nil {
+			if err := ctx.Err(); err != nil { // the call is over: not a refusal
+				return status.FromContextError(err).Err()
+			}
+			caller, _ := CallerFrom(ctx)
+			msg := s.refusedBusy(err, caller)
+			s.metrics.request(doorOf(ctx), method, codes.ResourceExhausted.String())
+			return status.Error(codes.ResourceExhausted, msg)
+		}
+		if err := dec(sv); err != nil {
+			return err
+		}
+		if sv.Err != nil {
+			s.metrics.rejected("too_many_elements", 1)
+			s.metrics.request(doorOf(ctx), method, codes.InvalidArgument.String())
+			return status.Error(codes.InvalidArgument, sv.Err.Error())
+		}
+		return nil
+	})
 }
 
 // growForRead grows a call's reservation to gateway.max_body_bytes before
