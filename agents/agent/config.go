@@ -275,7 +275,13 @@ func (c *Config) Validate() error {
 		return err
 	}
 	for _, s := range registry {
-		if slices.Contains(c.Checks, s.Name) && s.Validate != nil {
+		if !slices.Contains(c.Checks, s.Name) {
+			continue
+		}
+		if d := s.Interval(c); d <= 0 {
+			return fmt.Errorf("%s: must be positive, got %v", s.IntervalKey, d)
+		}
+		if s.Validate != nil {
 			if err := s.Validate(c); err != nil {
 				return err
 			}

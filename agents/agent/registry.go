@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -37,9 +36,13 @@ import (
 type CheckSpec struct {
 	// Name is the name used in Config.Checks, metrics and logs.
 	Name string
-	// Interval and Timeout give the schedule and per-call deadline.
-	Interval func(*Config) time.Duration
-	Timeout  func(*Config) time.Duration
+	// Interval and Timeout give the schedule and per-call deadline;
+	// IntervalKey is the interval's key, for Config.Validate's error (the
+	// interval must be positive: it is the check's ticker, which panics on
+	// 0 and takes every check down).
+	IntervalKey string
+	Interval    func(*Config) time.Duration
+	Timeout     func(*Config) time.Duration
 	// Validate checks the check's section (only when enabled); may be nil.
 	Validate func(*Config) error
 	// New builds the check. An error stops the agent at start (a hard
@@ -50,31 +53,29 @@ type CheckSpec struct {
 // registry is the explicit list of checks the agent can run.
 var registry = []CheckSpec{
 	{
-		Name:     "csp",
-		Interval: func(c *Config) time.Duration { return c.CSP.PollInterval },
-		Timeout:  func(c *Config) time.Duration { return c.CSP.PollInterval },
-		Validate: func(c *Config) error { return c.CSP.Validate() },
-		New:      func(c *Config, _ *slog.Logger) (check.Check, error) { return csp.New(c.CSP), nil },
+		Name:        "csp",
+		IntervalKey: "csp.poll_interval",
+		Interval:    func(c *Config) time.Duration { return c.CSP.PollInterval },
+		Timeout:     func(c *Config) time.Duration { return c.CSP.PollInterval },
+		Validate:    func(c *Config) error { return c.CSP.Validate() },
+		New:         func(c *Config, _ *slog.Logger) (check.Check, error) { return csp.New(c.CSP), nil },
 	},
 	{
-		Name:     "nic",
-		Interval: func(c *Config) time.Duration { return c.NIC.PollInterval },
-		Timeout:  func(c *Config) time.Duration { return c.NIC.PollInterval },
-		Validate: func(c *Config) error { return c.NIC.Validate() },
+		Name:        "nic",
+		IntervalKey: "nic.state_polling_interval",
+		Interval:    func(c *Config) time.Duration { return c.NIC.PollInterval },
+		Timeout:     func(c *Config) time.Duration { return c.NIC.PollInterval },
+		Validate:    func(c *Config) error { return c.NIC.Validate() },
 		New: func(c *Config, log *slog.Logger) (check.Check, error) {
 			return nic.New(c.NIC, nic.Options{Logger: log})
 		},
 	},
 	{
-		Name:     "kmsg",
-		Interval: func(c *Config) time.Duration { return c.Kmsg.PollInterval },
-		Timeout:  func(c *Config) time.Duration { return c.Kmsg.PollInterval },
-		Validate: func(c *Config) error {
-			if err := positive("kmsg.poll_interval", c.Kmsg.PollInterval); err != nil {
-				return err
-			}
-			return c.Kmsg.Validate()
-		},
+		Name:        "kmsg",
+		IntervalKey: "kmsg.poll_interval",
+		Interval:    func(c *Config) time.Duration { return c.Kmsg.PollInterval },
+		Timeout:     func(c *Config) time.Duration { return c.Kmsg.PollInterval },
+		Validate:    func(c *Config) error { return c.Kmsg.Validate() },
 		New: func(c *Config, log *slog.Logger) (check.Check, error) {
 			k := c.Kmsg
 			k.Logger = log
@@ -103,15 +104,11 @@ var registry = []CheckSpec{
 		},
 	},
 	{
-		Name:     "fabric",
-		Interval: func(c *Config) time.Duration { return c.Fabric.PollInterval },
-		Timeout:  func(c *Config) time.Duration { return c.Fabric.PollInterval },
-		Validate: func(c *Config) error {
-			if err := positive("fabric.poll_interval", c.Fabric.PollInterval); err != nil {
-				return err
-			}
-			return c.Fabric.Validate()
-		},
+		Name:        "fabric",
+		IntervalKey: "fabric.poll_interval",
+		Interval:    func(c *Config) time.Duration { return c.Fabric.PollInterval },
+		Timeout:     func(c *Config) time.Duration { return c.Fabric.PollInterval },
+		Validate:    func(c *Config) error { return c.Fabric.Validate() },
 		New: func(c *Config, log *slog.Logger) (check.Check, error) {
 			f := c.Fabric
 			f.Logger = log
@@ -122,15 +119,11 @@ var registry = []CheckSpec{
 		},
 	},
 	{
-		Name:     "gpu",
-		Interval: func(c *Config) time.Duration { return c.GPU.PollInterval },
-		Timeout:  func(c *Config) time.Duration { return c.GPU.PollInterval },
-		Validate: func(c *Config) error {
-			if err := positive("gpu.poll_interval", c.GPU.PollInterval); err != nil {
-				return err
-			}
-			return c.GPU.Validate()
-		},
+		Name:        "gpu",
+		IntervalKey: "gpu.poll_interval",
+		Interval:    func(c *Config) time.Duration { return c.GPU.PollInterval },
+		Timeout:     func(c *Config) time.Duration { return c.GPU.PollInterval },
+		Validate:    func(c *Config) error { return c.GPU.Validate() },
 		New: func(c *Config, log *slog.Logger) (check.Check, error) {
 			g := c.GPU
 			g.Logger = log
@@ -140,25 +133,15 @@ var registry = []CheckSpec{
 	{
 		// Reports at start, every conformance.interval, and on request
 		// (Agent.Trigger: SIGUSR1, POST /checks/conformance/run).
-		Name:     "conformance",
-		Interval: func(c *Config) time.Duration { return c.Conformance.Interval },
-		Timeout:  func(c *Config) time.Duration { return c.Conformance.Timeout },
-		Validate: func(c *Config) error { return c.Conformance.Validate() },
+		Name:        "conformance",
+		IntervalKey: "conformance.interval",
+		Interval:    func(c *Config) time.Duration { return c.Conformance.Interval },
+		Timeout:     func(c *Config) time.Duration { return c.Conformance.Timeout },
+		Validate:    func(c *Config) error { return c.Conformance.Validate() },
 		New: func(c *Config, log *slog.Logger) (check.Check, error) {
 			return conformance.New(c.Conformance, log)
 		},
 	},
-}
-
-// positive refuses a poll interval the check's own Validate allows (its
-// package runs without a schedule) but the agent cannot run: the interval
-// is the check's ticker, which panics on 0 and takes every check down, and
-// its per-run deadline.
-func positive(key string, d time.Duration) error {
-	if d <= 0 {
-		return fmt.Errorf("%s: must be positive, got %v", key, d)
-	}
-	return nil
 }
 
 // CheckNames lists the registered checks.
