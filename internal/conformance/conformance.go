@@ -33,16 +33,26 @@ type Report struct {
 	At time.Time
 	// Components are filled by Components only.
 	Components map[string]string
+	// Partial: the agent could not read some component (its value starts
+	// with agents/conformance.Unreadable) — a driver not loaded yet after
+	// a reboot, a BMC tool that timed out. Such a report counts in no
+	// majority (filled by Latest).
+	Partial bool
 }
+
+// unreadablePattern matches a component value the agent could not read
+// (it starts with agents/conformance.Unreadable; a test keeps them equal).
+const unreadablePattern = "unreadable: %"
 
 // Latest returns the latest report of each node of cluster taken at or
 // after since (older ones are stale), restricted to nodes when nodes is
 // not nil. A node without such a report is absent from the map.
 func Latest(ctx context.Context, conn clickhouse.Conn, cluster string, since time.Time, nodes []string) (map[string]Report, error) {
-	q := `SELECT node, argMax(fingerprint, toUInt64(ts) * 1000 + ts_ms) AS fp, max(toUInt64(ts) * 1000 + ts_ms) AS at_ms
+	q := `SELECT node, argMax(fingerprint, toUInt64(ts) * 1000 + ts_ms) AS fp, max(toUInt64(ts) * 1000 + ts_ms) AS at_ms,
+	argMax(arrayExists(v -> v LIKE ?, components.version), toUInt64(ts) * 1000 + ts_ms) AS partial
 FROM conformance
 WHERE cluster = ? AND ts >= ?`
-	args := []any{cluster, clampTime(since)}
+	args := []any{unreadablePattern, cluster, clampTime(since)}
 	if nodes != nil {
 		if len(nodes) == 0 {
 			return map[string]Report{}, nil
@@ -64,13 +74,14 @@ GROUP BY node`
 	out := map[string]Report{}
 	for rows.Next() {
 		var (
-			r  Report
-			ms uint64
+			r       Report
+			ms      uint64
+			partial uint8
 		)
-		if err := rows.Scan(&r.Node, &r.Fingerprint, &ms); err != nil {
+		if err := rows.Scan(&r.Node, &r.Fingerprint, &ms, &partial); err != nil {
 			return nil, fmt.Errorf("conformance: latest reports of %s: %w", cluster, err)
 		}
-		r.At = time.UnixMilli(int64(ms)).UTC()
+		r.At, r.Partial = time.UnixMilli(int64(ms)).UTC(), partial == 1
 		out[r.Node] = r
 	}
 	if err := rows.Err(); err != nil {
@@ -229,8 +240,11 @@ type Verdict struct {
 
 // Evaluate decides each member's state: the expected fingerprint is
 // baseline when set, else the one held by more than half of the members
-// with a fresh report (none: Undecided). Members without a fresh report
-// are StateUnknown; they count in no majority.
+// with a fresh, complete report (none: Undecided). Members without a fresh
+// report are StateUnknown; they and partial reports count in no majority
+// (half a pool rebooting, its drivers not loaded yet, would otherwise
+// leave it without one, or make the unreadable fingerprint the expected
+// one).
 func Evaluate(members []Member, baseline string) []Verdict {
 	expected, basis := baseline, BasisBaseline
 	if expected == "" {
@@ -238,7 +252,7 @@ func Evaluate(members []Member, baseline string) []Verdict {
 		counts := map[string]int{}
 		fresh := 0
 		for _, m := range members {
-			if m.Report != nil {
+			if m.Report != nil && !m.Report.Partial {
 				counts[m.Report.Fingerprint]++
 				fresh++
 			}

@@ -3,7 +3,10 @@ package conformance
 import (
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
+
+	agentconf "github.com/faultline/faultline/agents/conformance"
 )
 
 func reports(m map[string]string) map[string]Report {
@@ -45,8 +48,8 @@ func TestEvaluate(t *testing.T) {
 		var out []Member
 		for i, fp := range fps {
 			mm := Member{Node: fmt.Sprintf("n%d", i)}
-			if fp != "" {
-				mm.Report = &Report{Fingerprint: fp}
+			if fp != "" { // "!fp": a partial report
+				mm.Report = &Report{Fingerprint: strings.TrimPrefix(fp, "!"), Partial: strings.HasPrefix(fp, "!")}
 			}
 			out = append(out, mm)
 		}
@@ -71,12 +74,21 @@ func TestEvaluate(t *testing.T) {
 		{"baseline wins over majority", m("x", "x", "y"), "y", []State{Drifted, Drifted, Conforming}},
 		{"baseline nobody has", m("x"), "z", []State{Drifted}},
 		{"lone node is its majority", m("x"), "", []State{Conforming}},
+		{"partial reports do not vote", m("x", "x", "y", "!u", "!u"), "", []State{Conforming, Conforming, Drifted, Drifted, Drifted}},
+		{"only partial reports: undecided", m("!u", "!u"), "", []State{Undecided, Undecided}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := states(Evaluate(tc.members, tc.baseline)); !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("got %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestUnreadablePattern: Latest's pattern matches what the agent writes.
+func TestUnreadablePattern(t *testing.T) {
+	if got := strings.TrimSuffix(unreadablePattern, "%"); got != agentconf.Unreadable {
+		t.Fatalf("pattern %q, agent writes %q", unreadablePattern, agentconf.Unreadable)
 	}
 }
 

@@ -193,6 +193,30 @@ func TestGroupsOnClickHouse(t *testing.T) {
 		}
 	})
 
+	// Reports with unreadable components count in no majority: half a
+	// pool just rebooted (drivers not loaded yet) left it without one, and
+	// a real drift beside them went unreported.
+	t.Run("unreadable reports do not vote", func(t *testing.T) {
+		c := uniq("unvote")
+		unread := comps("")
+		unread["gpu_driver"] = agentconf.Unreadable + "open /host/sys/module/nvidia/version: no such file or directory"
+		recs := []*kgo.Record{record(t, c, "n1", comps(""), clk.Now()), record(t, c, "n2", comps(""), clk.Now()),
+			record(t, c, "n3", comps("28.41.1000"), clk.Now())}
+		for i := 4; i <= 5; i++ {
+			recs = append(recs, record(t, c, fmt.Sprintf("n%d", i), unread, clk.Now()))
+		}
+		store(t, h, recs...)
+		sw := NewSweeper(testConfig(), s.Conn, clusters.NewRegistry(clusters.DefaultConfig(), nil), testLog, clk.Now, nil)
+		out, err := sw.Sweep(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		drift := kinds(out.Actions)[events.KindConformanceDrift]
+		if len(out.Actions) != 1 || len(drift) != 1 || drift[0].Node != "n3" || drift[0].Details[events.DetailBasis] != ic.BasisMajority {
+			t.Fatalf("actions %v; want n3's drift from the majority of the complete reports", out.Actions)
+		}
+	})
+
 	t.Run("no majority is undecided", func(t *testing.T) {
 		c := uniq("tie")
 		store(t, h, record(t, c, "a", comps(""), clk.Now()), record(t, c, "b", comps("x"), clk.Now()))
