@@ -280,7 +280,12 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 				for _, ev := range counterEvents(p, ps) {
 					emit(ev)
 				}
-				ps.Counters = maps.Clone(p.Counters)
+				// A counter unreadable this poll keeps its last reading, so
+				// that an increase across the failed read is still seen.
+				if ps.Counters == nil {
+					ps.Counters = make(map[string]uint64, len(p.Counters))
+				}
+				maps.Copy(ps.Counters, p.Counters)
 			}
 			if ps.Level != "" || len(ps.Counters) > 0 {
 				c.st.Ports[key] = ps
