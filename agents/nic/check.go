@@ -462,7 +462,11 @@ func deviceEvent(name, linkLayer string, back bool) *datamodels.HealthEvent {
 	return newEvent(checkName(linkLayer, false), fmt.Sprintf("NIC %s disappeared from /sys/class/infiniband/ - hardware failure", name), true, false, ents, nil)
 }
 
-// card is one physical card (PCI bus:device) of monitored NICs.
+// card is one physical card (PCI bus:device) of monitored NICs. A card
+// with a port unreadable this poll is left out of the homogeneity check:
+// counting that port as inactive would report a healthy card below its
+// peer mode (a false REPLACE_VM, which §4.1.2 ranks worse than a missed
+// failure).
 type card struct {
 	addr      string
 	role      Role
@@ -474,6 +478,7 @@ type card struct {
 
 func (c *Check) cards() map[string]*card {
 	out := map[string]*card{}
+	unreadable := map[string]bool{}
 	for _, name := range slices.Sorted(maps.Keys(c.nics)) {
 		n := c.nics[name]
 		if !n.Monitored {
@@ -491,10 +496,15 @@ func (c *Check) cards() map[string]*card {
 		cd.devices = append(cd.devices, n.Name)
 		for i := range n.Ports {
 			cd.ports++
-			if lvl, _, _ := evaluate(&n.Ports[i]); lvl == levelHealthy {
+			if n.Ports[i].ReadError != "" {
+				unreadable[addr] = true
+			} else if lvl, _, _ := evaluate(&n.Ports[i]); lvl == levelHealthy {
 				cd.active++
 			}
 		}
+	}
+	for addr := range unreadable {
+		delete(out, addr)
 	}
 	return out
 }

@@ -266,6 +266,13 @@ func (r *sysReader) readState(p *Port) {
 	if p.PhysicalState, err = r.readSmall(pd + "/phys_state"); err != nil && p.ReadError == "" {
 		p.ReadError = err.Error()
 	}
+	// An empty or truncated value (a read racing a reset) says nothing
+	// about the port: unreadable, not unhealthy.
+	for _, f := range []struct{ name, v string }{{"state", p.State}, {"phys_state", p.PhysicalState}} {
+		if id, _ := stateName(f.v); id < 0 && p.ReadError == "" {
+			p.ReadError = fmt.Sprintf("%s/%s: %q is not \"<id>: <name>\"", pd, f.name, f.v)
+		}
+	}
 	if p.operPath != "" {
 		p.OperState, _ = r.readSmall(p.operPath)
 	}

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/faultline/faultline/agents/nic/nictest"
 )
 
 // unreadable makes a sysfs file fail to read (EISDIR), as a file that
@@ -47,6 +49,65 @@ func TestCounterReadFailureKeepsSnapshot(t *testing.T) {
 			restore("3")
 			wantEvents(t, "after restart", poll(t, e.check()), []string{
 				"F InfiniBandDegradationCheck: Port mlx5_0 port 1: link_downed increased by 2 (now 3)"})
+		})
+	}
+}
+
+// TestPortStateUnreadableOrGarbled: a state or phys_state that cannot be
+// read, or holds no "<id>: <name>" (empty, truncated), says nothing about
+// the port: no transition, no duplicate fatal, and no card below its peer
+// mode on a first poll (a false REPLACE_VM; §4.1.2 prefers missing a
+// failure to a false REPLACE_VM).
+func TestPortStateUnreadableOrGarbled(t *testing.T) {
+	type bad struct {
+		file, v string // v "" with unreadable: EISDIR
+		unread  bool
+	}
+	for _, tc := range []struct {
+		name string
+		bad  bad
+	}{
+		{"state unreadable", bad{file: "state", unread: true}},
+		{"phys_state unreadable", bad{file: "phys_state", unread: true}},
+		{"state empty", bad{file: "state", v: ""}},
+		{"state truncated", bad{file: "state", v: "4"}},
+		{"phys_state whitespace", bad{file: "phys_state", v: " \n"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := setup(t, small())
+			path := filepath.Join(e.tree.PortDir("mlx5_1", 1), tc.bad.file)
+			orig, err := os.ReadFile(path)
+			must(t, err)
+			spoil := func() func() {
+				if tc.bad.unread {
+					r := unreadable(t, path)
+					return func() { r(string(orig[:len(orig)-1])) }
+				}
+				must(t, os.WriteFile(path, []byte(tc.bad.v), 0o644))
+				return func() { must(t, os.WriteFile(path, orig, 0o644)) }
+			}
+			// First poll: the unreadable port is not counted against its card.
+			restore := spoil()
+			c := e.check()
+			want := baselines()
+			want = append(want[:1:1], want[2:]...)
+			wantEvents(t, "first poll", poll(t, c), want)
+			restore()
+			wantEvents(t, "readable", poll(t, c), []string{"H InfiniBandStateCheck: Port mlx5_1 port 1: healthy (ACTIVE, LinkUp)"})
+			// Healthy port: a bad read is no transition.
+			restore = spoil()
+			wantEvents(t, "healthy, bad read", poll(t, c), nil)
+			restore()
+			wantEvents(t, "healthy again", poll(t, c), nil)
+			// Fatal port: a bad read between two DOWN reads is no second fatal.
+			must(t, e.tree.SetPort("mlx5_1", 1, nictest.Down, nictest.Polling))
+			wantEvents(t, "down", poll(t, c), []string{"F InfiniBandStateCheck: Port mlx5_1 port 1: state DOWN, phys_state Polling"})
+			orig, err = os.ReadFile(path)
+			must(t, err)
+			restore = spoil()
+			wantEvents(t, "down, bad read", poll(t, c), nil)
+			restore()
+			wantEvents(t, "still down", poll(t, c), nil)
 		})
 	}
 }
