@@ -170,6 +170,12 @@ func (r *sysReader) discover(name string) (*Device, error) {
 			r.readState(&d.Ports[i])
 		}
 	}
+	if len(d.Ports) == 0 {
+		// Caught between its class link and its ports (the IB core adds
+		// ports/ after the device): read it again next poll rather than
+		// cache it portless until the agent restarts.
+		return nil, fmt.Errorf("device %s: no ports yet", name)
+	}
 	for _, p := range d.Ports {
 		if d.LinkLayer == "" || p.LinkLayer == "InfiniBand" {
 			d.LinkLayer = p.LinkLayer

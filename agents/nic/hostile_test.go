@@ -111,3 +111,24 @@ func TestPortStateUnreadableOrGarbled(t *testing.T) {
 		})
 	}
 }
+
+// TestDeviceWithoutPortsYet: a device caught between its class link and its
+// ports (the IB core adds ports/ after the device: a driver load, reload or
+// hot-plug) is not cached portless: it is read again once its ports exist,
+// and is no card with 0 active ports on a first poll.
+func TestDeviceWithoutPortsYet(t *testing.T) {
+	e := setup(t, small())
+	ports := filepath.Join(e.tree.Root, "class/infiniband/mlx5_2/ports")
+	hidden := filepath.Join(e.dir, "ports-mlx5_2")
+	must(t, os.Rename(ports, hidden))
+	must(t, os.Mkdir(ports, 0o755))
+	c := e.check()
+	want := baselines()
+	want = append(want[:2:2], want[3:]...)
+	wantEvents(t, "first poll, no ports yet", poll(t, c), want)
+	must(t, os.Remove(ports))
+	must(t, os.Rename(hidden, ports))
+	wantEvents(t, "ports added", poll(t, c), []string{"H InfiniBandStateCheck: Port mlx5_2 port 1: healthy (ACTIVE, LinkUp)"})
+	must(t, e.tree.SetPort("mlx5_2", 1, nictest.Down, nictest.Disabled))
+	wantEvents(t, "down", poll(t, c), []string{"F InfiniBandStateCheck: Port mlx5_2 port 1: state DOWN, phys_state Disabled"})
+}
