@@ -205,6 +205,27 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		ll := c.st.KnownDevices[name]
 		gone := slices.Contains(c.st.Disappeared, name)
 		nic, ok := c.nics[name]
+		to := ""
+		if !ok {
+			to = c.renamedTo(name)
+		}
+		if to != "" {
+			// Same PCI function, another name (udev's rdma_rename, `rdma dev
+			// set name`): not a hardware loss. A fatal sent for the old name
+			// is cleared, as nothing will ever come back under it.
+			c.log.Info("NIC renamed", "device", name, "now", to)
+			delete(c.st.KnownDevices, name)
+			delete(c.st.KnownPCI, name)
+			if gone {
+				c.st.Disappeared = slices.DeleteFunc(c.st.Disappeared, func(s string) bool { return s == name })
+				if stateOn(ll) {
+					ev := deviceEvent(name, ll, true)
+					ev.Message = fmt.Sprintf("NIC %s present again in /sys/class/infiniband/ as %s", name, to)
+					emit(ev)
+				}
+			}
+			continue
+		}
 		if !ok && !gone {
 			c.st.Disappeared = append(c.st.Disappeared, name)
 			c.log.Error("NIC disappeared", "device", name)
@@ -222,6 +243,9 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 	for _, n := range c.nics {
 		if n.Monitored {
 			c.st.KnownDevices[n.Name] = n.LinkLayer
+			if n.PCIAddress != "" {
+				c.st.KnownPCI[n.Name] = n.PCIAddress
+			}
 		}
 	}
 
@@ -298,6 +322,21 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		c.log.Error("NIC state not persisted", "err", err)
 	}
 	return c.NICs(), out, nil
+}
+
+// renamedTo returns the present device, under another name, on the PCI
+// function a known device was on ("" if none).
+func (c *Check) renamedTo(name string) string {
+	pci := c.st.KnownPCI[name]
+	if pci == "" {
+		return ""
+	}
+	for _, other := range slices.Sorted(maps.Keys(c.nics)) {
+		if other != name && c.nics[other].PCIAddress == pci {
+			return other
+		}
+	}
+	return ""
 }
 
 // transition applies §3.4 to one port, updates its snapshot and returns the

@@ -132,3 +132,59 @@ func TestDeviceWithoutPortsYet(t *testing.T) {
 	must(t, e.tree.SetPort("mlx5_2", 1, nictest.Down, nictest.Disabled))
 	wantEvents(t, "down", poll(t, c), []string{"F InfiniBandStateCheck: Port mlx5_2 port 1: state DOWN, phys_state Disabled"})
 }
+
+// renameDevice renames an IB device as the kernel does (ib_device_rename:
+// rdma-core's udev rule turning mlx5_N into ibpXsY, `rdma dev set name`):
+// same PCI function, new class name.
+func renameDevice(t *testing.T, tree *nictest.Tree, from, to string) {
+	t.Helper()
+	link := filepath.Join(tree.Root, "class/infiniband", from)
+	target, err := os.Readlink(link)
+	must(t, err)
+	real, err := filepath.EvalSymlinks(link)
+	must(t, err)
+	must(t, os.Rename(real, filepath.Join(filepath.Dir(real), to)))
+	must(t, os.Remove(link))
+	must(t, os.Symlink(filepath.Join(filepath.Dir(target), to), filepath.Join(tree.Root, "class/infiniband", to)))
+}
+
+// TestRenamedDeviceIsNotDisappeared: a device renamed in place (same PCI
+// function now listed under another name) did not fall off the bus (§7:
+// disappearance is a hardware failure): no fatal for the old name, which
+// would never be cleared, at runtime or across a restart.
+func TestRenamedDeviceIsNotDisappeared(t *testing.T) {
+	for _, restart := range []bool{false, true} {
+		t.Run(map[bool]string{false: "runtime", true: "across restart"}[restart], func(t *testing.T) {
+			e := setup(t, small())
+			c := e.check()
+			poll(t, c)
+			renameDevice(t, e.tree, "mlx5_2", "ibp48s0")
+			if restart {
+				c = e.check()
+			}
+			wantEvents(t, "renamed", poll(t, c), []string{"H InfiniBandStateCheck: Port ibp48s0 port 1: healthy (ACTIVE, LinkUp)"})
+			// A real disappearance is still one.
+			must(t, e.tree.Remove("ibp48s0"))
+			wantEvents(t, "removed", poll(t, c), []string{"F InfiniBandStateCheck: NIC ibp48s0 disappeared from /sys/class/infiniband/ - hardware failure"})
+		})
+	}
+}
+
+// TestDisappearedThenBackRenamed: a device reported gone that comes back on
+// its PCI function under another name (an mlx5 reset, then udev's rename)
+// gets its NIC fatal cleared.
+func TestDisappearedThenBackRenamed(t *testing.T) {
+	e := setup(t, small())
+	c := e.check()
+	poll(t, c)
+	must(t, e.tree.Remove("mlx5_2"))
+	wantEvents(t, "removed", poll(t, c), []string{"F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"})
+	d := small().Devices[2]
+	d.Name = "ibp48s0"
+	must(t, e.tree.Add(d))
+	c = e.check() // across a restart: the PCI function comes from the state file
+	wantEvents(t, "back renamed", poll(t, c), []string{
+		"H InfiniBandStateCheck: NIC mlx5_2 present again in /sys/class/infiniband/ as ibp48s0",
+		"H InfiniBandStateCheck: Port ibp48s0 port 1: healthy (ACTIVE, LinkUp)"})
+	wantEvents(t, "steady", poll(t, c), nil)
+}

@@ -52,6 +52,10 @@ type persisted struct {
 	// KnownDevices are the monitored devices seen this boot, with their link
 	// layer.
 	KnownDevices map[string]string `json:"known_devices"`
+	// KnownPCI is the PCI function of each known device: a known name
+	// missing while its function backs a device of another name was
+	// renamed, not lost.
+	KnownPCI map[string]string `json:"known_pci,omitempty"`
 	// Disappeared are known devices reported gone.
 	Disappeared []string `json:"disappeared,omitempty"`
 	// AnomalousCards are cards reported below peer mode, by card address.
@@ -60,7 +64,7 @@ type persisted struct {
 
 func newPersisted(bootID string) *persisted {
 	return &persisted{Version: stateVersion, BootID: bootID, Ports: map[string]*portState{},
-		KnownDevices: map[string]string{}, AnomalousCards: map[string]*cardFlag{}}
+		KnownDevices: map[string]string{}, KnownPCI: map[string]string{}, AnomalousCards: map[string]*cardFlag{}}
 }
 
 func portKey(dev string, port uint) string { return fmt.Sprintf("%s/%d", dev, port) }
@@ -101,6 +105,9 @@ func loadState(path, bootID string) (st *persisted, reason string) {
 	}
 	if p.KnownDevices == nil {
 		p.KnownDevices = map[string]string{}
+	}
+	if p.KnownPCI == nil {
+		p.KnownPCI = map[string]string{}
 	}
 	if p.AnomalousCards == nil {
 		p.AnomalousCards = map[string]*cardFlag{}
