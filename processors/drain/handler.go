@@ -724,8 +724,12 @@ func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faul
 	a.CheckName, a.RecommendedAction = st.Trigger.CheckName, st.Trigger.RecommendedAction
 	// The state keeps a bounded stand-in of a long entity list; the
 	// trigger's own details have it whole.
-	if e := st.Trigger.Entities; e != "" && events.BoundKey(a.Details[events.DetailEntities], maxTriggerEntities) != e {
+	// Those of another fault that joined the drain are not the drain's.
+	if e := st.Trigger.Entities; events.BoundKey(a.Details[events.DetailEntities], maxTriggerEntities) != e {
 		a.Details[events.DetailEntities] = e
+		if e == "" {
+			delete(a.Details, events.DetailEntities)
+		}
 	}
 	if st.Trigger.CustomAction != "" {
 		a.Details[events.DetailCustomAction] = st.Trigger.CustomAction

@@ -1,6 +1,7 @@
 package drain
 
 import (
+	"context"
 	"errors"
 	"net"
 	"syscall"
@@ -179,4 +180,59 @@ func quarantinedWithPod(node string) *fake.Clientset {
 		return a.GetSubresource() == "eviction", nil, nil
 	})
 	return k
+}
+
+// TestJoinedFaultRemediated: the result of a drain that faults joined asks
+// remediate for what every one of them needs — a second GPU's reset adds
+// its GPU to the reset, a fault asking for no remediation does not take
+// the place of one that asks for a reboot, and a GPU's reset joining a
+// drain that asks for nothing becomes the drain's remediation. Before, a
+// GPU fault never changed the trigger and a whole-node fault always
+// replaced it, so remediate reset only the first GPU, or skipped the
+// reboot ("recommendedAction NONE: nothing to remediate"): the joined
+// fault was never remediated and its node stayed quarantined.
+func TestJoinedFaultRemediated(t *testing.T) {
+	reset := func(g string) map[string]string { return map[string]string{events.DetailEntities: "GPU=" + g} }
+	for _, tc := range []struct {
+		name             string
+		first, second    string
+		firstD, secondD  map[string]string
+		action, entities string
+	}{
+		{"a second GPU's reset", "COMPONENT_RESET", "COMPONENT_RESET", reset("GPU-A"), reset("GPU-B"), "COMPONENT_RESET", "GPU=GPU-A,GPU=GPU-B"},
+		{"a fault asking for nothing keeps the reboot", "RESTART_BM", "NONE", nil, nil, "RESTART_BM", ""},
+		{"a GPU's reset joining a drain that asks for nothing", "NONE", "COMPONENT_RESET", nil, reset("GPU-B"), "COMPONENT_RESET", "GPU=GPU-B"},
+		{"a reboot joining a GPU's reset takes its place", "COMPONENT_RESET", "RESTART_BM", reset("GPU-A"), nil, "RESTART_BM", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const node = "n1"
+			k := fake.NewSimpleClientset(
+				&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{events.LabelQuarantined: "true"}}},
+				// On every GPU: in the scope of any GPU's drain.
+				&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p", Annotations: map[string]string{DefaultGPUAnnotation: "all"}},
+					Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+			k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+				return a.GetSubresource() == "eviction", nil, nil
+			})
+			clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+			h := newHandler(t, testConfig(), k, clk, false)
+			_, rq := handle(t, h, quarantineAction(node, "e1", tc.first, tc.firstD))
+			if acts, _ := handle(t, h, quarantineAction(node, "e2", tc.second, tc.secondD)); find(acts, events.OutcomeInProgress) == nil {
+				t.Fatalf("the second fault did not join: %s", outcomes(acts))
+			}
+			if err := k.CoreV1().Pods("work").Delete(context.Background(), "p", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			clk.Add(10 * time.Second)
+			acts, _ := handle(t, h, rq...)
+			res := find(acts, events.OutcomeSucceeded)
+			if res == nil {
+				t.Fatalf("no result: %s", outcomes(acts))
+			}
+			if res.RecommendedAction != tc.action || res.Details[events.DetailEntities] != tc.entities {
+				t.Fatalf("the drain's result asks remediate for %s on %q, want %s on %q (event ids %v)",
+					res.RecommendedAction, res.Details[events.DetailEntities], tc.action, tc.entities, res.EventIds)
+			}
+		})
+	}
 }

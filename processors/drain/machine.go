@@ -58,11 +58,9 @@ func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, i
 		if len(st.Trigger.EventIDs) > maxSeen {
 			st.Trigger.EventIDs = st.Trigger.EventIDs[len(st.Trigger.EventIDs)-maxSeen:]
 		}
-		if len(o.scope.GPUs) == 0 {
-			ids := st.Trigger.EventIDs
-			st.Trigger = o.trig.bounded()
-			st.Trigger.EventIDs = ids
-		}
+		ids := st.Trigger.EventIDs
+		st.Trigger = st.Trigger.join(o.trig)
+		st.Trigger.EventIDs = ids
 		st.Scope = st.Scope.widen(o.scope)
 		st.Force = st.Force || o.force
 		return st, admitWiden

@@ -6,11 +6,13 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // Keys the drain role owns on a node; it writes nothing else.
@@ -166,6 +168,55 @@ type Trigger struct {
 func (t Trigger) bounded() Trigger {
 	t.Entities = events.BoundKey(t.Entities, maxTriggerEntities)
 	return t
+}
+
+// remedyRank orders what remediations do: asking for none, resetting
+// GPUs, anything else (a reboot, a replacement, a custom or diagnostic
+// remediation, support).
+func remedyRank(action string) int {
+	switch action {
+	case "", datamodels.RecommendedAction_NONE.String(), datamodels.RecommendedAction_UNKNOWN.String():
+		return 0
+	case datamodels.RecommendedAction_COMPONENT_RESET.String():
+		return 1
+	}
+	return 2
+}
+
+// join is the trigger of a drain that fault o joined: the drain's one
+// result must ask remediate for what each fault needs. A fault asking for
+// less than the drain's trigger (nothing, where it asks for a reboot; a
+// GPU's reset under a reboot) leaves it; a GPU's reset joining a reset of
+// other GPUs adds its entities, so the reset covers both (a reset naming
+// no GPU resets them all); otherwise o's trigger takes its place, as a
+// whole-node fault's always did. The event ids are the caller's.
+func (t Trigger) join(o Trigger) Trigger {
+	r, ro := remedyRank(t.RecommendedAction), remedyRank(o.RecommendedAction)
+	switch {
+	case ro < r:
+		return t
+	case ro == 1 && r == 1:
+		have := entityValues(t.Entities, events.EntityGPU)
+		add := entityValues(o.Entities, events.EntityGPU)
+		if len(have) == 0 || len(add) == 0 {
+			// One of them resets every GPU of the node: that one.
+			if len(have) == 0 {
+				return t
+			}
+			return o.bounded()
+		}
+		parts := strings.Split(t.Entities, ",")
+		for _, p := range strings.Split(o.Entities, ",") {
+			if p != "" && !slices.Contains(parts, p) {
+				parts = append(parts, p)
+			}
+		}
+		if merged := strings.Join(parts, ","); len(merged) <= maxTriggerEntities {
+			t.Entities = merged
+		}
+		return t
+	}
+	return o.bounded()
 }
 
 // PodState is one pod's progress.
