@@ -185,6 +185,10 @@ type Template struct {
 	complete   []condMatch
 	failed     []condMatch
 	finished   []string // path under .status; nil: none
+	// byGPU: the object depends on the event's GPUs (a GPUReset's
+	// selector), so a resource serves only the GPUs it was made for
+	// (AnnotationGPUs).
+	byGPU bool
 }
 
 // condMatch is one parsed condition matcher.
@@ -423,6 +427,11 @@ func (t *Template) compile() error {
 	obj, err := t.render(sampleData)
 	if err != nil {
 		return fmt.Errorf("object: %w", err)
+	}
+	otherGPU := sampleData
+	otherGPU.GPUs, otherGPU.Entities = []string{"GPU-9"}, []Entity{{Type: "GPU", Value: "GPU-9"}}
+	if o, err := t.render(otherGPU); err == nil && !sameObject(o.Object, obj.Object) {
+		t.byGPU = true
 	}
 	gv, err := schema.ParseGroupVersion(obj.GetAPIVersion())
 	if err != nil || obj.GetAPIVersion() == "" || obj.GetKind() == "" {

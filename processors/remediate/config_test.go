@@ -226,3 +226,19 @@ func TestCompletion(t *testing.T) {
 		}
 	}
 }
+
+// TestByGPU: a template whose object depends on the event's GPUs (the
+// default GPUReset's selector) makes resources that serve only their own
+// GPUs; a reboot, or a reset naming no GPU, serves any.
+func TestByGPU(t *testing.T) {
+	c := DefaultConfig()
+	c.Templates = []Template{{Action: "custom:flash", Object: "apiVersion: janitor.dgxc.nvidia.com/v1alpha1\nkind: GPUReset\nmetadata: {name: {{ .Name }}}\nspec: {nodeName: {{ .NodeName }}}\n"}}
+	if err := c.Validate("remediate."); err != nil {
+		t.Fatal(err)
+	}
+	for action, want := range map[string]bool{"COMPONENT_RESET": true, "RESTART_BM": false, "REPLACE_VM": false, "custom:flash": false} {
+		if got := c.template(action).byGPU; got != want {
+			t.Errorf("%s: byGPU %v, want %v", action, got, want)
+		}
+	}
+}

@@ -57,6 +57,10 @@ const (
 	// maxTriggers) follows it once it is finished instead of remediating
 	// the node again.
 	AnnotationCovers = "faultline.io/covers-until"
+	// AnnotationGPUs lists the GPUs a resource of a template that depends
+	// on them (a GPUReset's selector) was made for; empty: every GPU of
+	// the node. A fault of other GPUs does not join it.
+	AnnotationGPUs = "faultline.io/gpus"
 	// AnnotationEscalated is set on the node when faultline escalates it to
 	// CONTACT_SUPPORT: the time and why.
 	AnnotationEscalated = "faultline.io/remediation-escalated"
@@ -442,16 +446,24 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 	}
 	// Answered by the newest, finished, though not listed (its id was
 	// trimmed from the list, or it was late)?
-	if n := len(items); n > 0 && !t.at().IsZero() && !t.at().After(coversUntil(&items[n-1])) {
+	if n := len(items); n > 0 && !t.at().IsZero() && !t.at().After(coversUntil(&items[n-1])) && serves(tm, &items[n-1], d) {
 		if st, _ := h.status(tm, &items[n-1]); st != inProgress {
 			return h.follow(ctx, cl, t, tm, &items[n-1])
 		}
 	}
-	// An equivalent remediation in progress: join it.
+	// An equivalent remediation in progress: join it. One of other GPUs
+	// (a reset of GPUs that are not the trigger's) is waited for.
+	var busy *unstructured.Unstructured
 	for i := range items {
 		if st, _ := h.status(tm, &items[i]); st == inProgress {
-			return h.join(ctx, cl, t, tm, res, g, &items[i])
+			if serves(tm, &items[i], d) {
+				return h.join(ctx, cl, t, tm, res, g, &items[i])
+			}
+			busy = &items[i]
 		}
+	}
+	if busy != nil {
+		return h.wait(t, tm, busy)
 	}
 	// Escalation: the last one failed, or the budget is spent.
 	if n := len(items); n > 0 {
@@ -509,6 +521,9 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 		if !t.at().IsZero() {
 			ann[AnnotationCovers] = t.at().UTC().Format(time.RFC3339Nano)
 		}
+		if tm.byGPU {
+			ann[AnnotationGPUs] = strings.Join(d.GPUs, ",")
+		}
 		obj.SetAnnotations(ann)
 		h.caches.wrote(g, "", "")
 		created, err := res.Create(ctx, obj, metav1.CreateOptions{FieldManager: "faultline-remediate"})
@@ -530,6 +545,9 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 				return h.follow(ctx, cl, t, tm, cur)
 			}
 			if st, _ := h.status(tm, cur); st == inProgress {
+				if !serves(tm, cur, d) {
+					return h.wait(t, tm, cur)
+				}
 				return h.join(ctx, cl, t, tm, res, g, cur)
 			}
 			continue
@@ -657,6 +675,39 @@ func (h *Handler) follow(ctx context.Context, cl *clusters.Client, t trigger, tm
 			outcome, reason = events.OutcomeInProgress, "joined "+ref+": an equivalent remediation is in progress"
 		}
 		a := h.action(t, kind, outcome, reason, outcome)
+		a.Details[events.DetailResource] = ref
+		acts = append(acts, a)
+	}
+	return acts, h.now().Add(h.cfg.PollInterval), nil
+}
+
+// serves reports whether resource o answers the trigger's GPUs (d): a
+// template that does not depend on them serves any, as does a resource
+// made for every GPU of the node (or before AnnotationGPUs); one made for
+// some GPUs serves a trigger of those only.
+func serves(tm *Template, o *unstructured.Unstructured, d Data) bool {
+	v, ok := o.GetAnnotations()[AnnotationGPUs]
+	if !tm.byGPU || !ok || v == "" {
+		return true
+	}
+	have := strings.Split(v, ",")
+	for _, g := range d.GPUs {
+		if !slices.Contains(have, g) {
+			return false
+		}
+	}
+	return len(d.GPUs) > 0
+}
+
+// wait looks at the trigger again after poll_interval: a remediation of
+// other GPUs (o) is in progress on the node, and the trigger's is created
+// once it has finished (said at the first look, and after a failed step).
+func (h *Handler) wait(t trigger, tm *Template, o *unstructured.Unstructured) ([]*faultlinev1.Action, time.Time, error) {
+	var acts []*faultlinev1.Action
+	if requeue.Attempt(t.rec) == 0 || requeue.AfterTrouble(t.rec) {
+		ref := tm.kind + "/" + o.GetName()
+		a := h.action(t, events.KindRemediate, events.OutcomeInProgress,
+			fmt.Sprintf("waiting for %s (GPUs %s) to finish: it does not serve this fault's GPUs", ref, o.GetAnnotations()[AnnotationGPUs]), "waiting")
 		a.Details[events.DetailResource] = ref
 		acts = append(acts, a)
 	}

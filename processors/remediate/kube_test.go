@@ -501,6 +501,51 @@ func TestRemediateKube(t *testing.T) {
 		}
 	})
 
+	// A GPU's reset does not join a reset of other GPUs in progress (its
+	// selector names only those): it waits for it to finish and is then
+	// created. Joining it answered the second GPU's fault with the first
+	// GPU's reset: remediate/succeeded, the second GPU never reset.
+	t.Run("GPUResetOfOtherGPUsWaits", func(t *testing.T) {
+		node := "reset-2"
+		createNode(t, k, node)
+		h := newHandler(t, testConfig(), k, dyn, clk)
+		gpuA, gpuB := "GPU-aaaaaaaa-0000-1111-2222-333344445555", "GPU-bbbbbbbb-0000-1111-2222-333344445555"
+		acts, rqA := handle(t, h, drained(node, "ga", "COMPONENT_RESET", map[string]string{events.DetailEntities: "GPU=" + gpuA}))
+		items := list(t, dyn, resetGVR, node)
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(items) != 1 {
+			t.Fatalf("GPU A: %s", outcomes(acts))
+		}
+		resetA := items[0].GetName()
+		caughtUp(t, h)
+		acts, rqB := handle(t, h, drained(node, "gb", "COMPONENT_RESET", map[string]string{events.DetailEntities: "GPU=" + gpuB}))
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeInProgress || strings.Contains(acts[0].Reason, "joined") || len(rqB) != 1 {
+			t.Fatalf("GPU B while GPU A's reset is in progress: %s", outcomes(acts))
+		}
+		if trs := triggersOf(&list(t, dyn, resetGVR, node)[0]); len(trs) != 1 {
+			t.Fatalf("GPU B joined GPU A's reset: triggers %v", trs)
+		}
+		if acts, rqB = poll(t, h, clk, rqB[0]); len(acts) != 0 || len(rqB) != 1 || len(list(t, dyn, resetGVR, node)) != 1 {
+			t.Fatalf("GPU B's poll while A's reset runs: %s", outcomes(acts))
+		}
+		setStatus(t, dyn, resetGVR, resetA, true, cond{"ServicesRestored", "True", "ServiceRestoreSucceeded"}, cond{"Complete", "True", "GPUResetSucceeded"})
+		if acts, _ = poll(t, h, clk, rqA[0]); len(acts) != 1 || acts[0].Outcome != events.OutcomeSucceeded {
+			t.Fatalf("GPU A's reset done: %s", outcomes(acts))
+		}
+		acts, _ = poll(t, h, clk, rqB[0])
+		items = list(t, dyn, resetGVR, node)
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(items) != 2 {
+			t.Fatalf("GPU B after A's reset: %s, %d resets", outcomes(acts), len(items))
+		}
+		for _, it := range items {
+			if it.GetName() == resetA {
+				continue
+			}
+			if g, _, _ := unstructured.NestedStringSlice(it.Object, "spec", "selector", "uuids"); len(g) != 1 || g[0] != gpuB {
+				t.Fatalf("GPU B's reset: spec.selector.uuids %v", g)
+			}
+		}
+	})
+
 	// Client strings in a custom template stay strings where it put them
 	// (the check name of the security review cannot set force: true nor
 	// retarget the reboot), and an object that names another node is
