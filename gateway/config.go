@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // Config is the gateway's configuration.
@@ -235,8 +236,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("gateway.max_batch: must be at least 1, got %d", c.MaxBatch)
 	case c.MaxBodyBytes < 1024:
 		return fmt.Errorf("gateway.max_body_bytes: must be at least 1024, got %d", c.MaxBodyBytes)
-	case c.MaxFutureSkew < 0:
-		return fmt.Errorf("gateway.max_future_skew: must not be negative")
+	case c.MaxFutureSkew < 0 || c.MaxFutureSkew > validate.MaxFutureSkewLimit:
+		return fmt.Errorf("gateway.max_future_skew: must be between 0 and %s, got %s", validate.MaxFutureSkewLimit, c.MaxFutureSkew)
 	case math.IsNaN(c.RatePerCaller) || math.IsInf(c.RatePerCaller, 0) || c.RatePerCaller < 0:
 		return fmt.Errorf("gateway.rate_per_caller: must be a finite number not below 0 (0: unlimited), got %v", c.RatePerCaller)
 	case c.RatePerCaller > 0 && c.RateBurst < c.MaxBatch:

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 const (
@@ -182,6 +184,25 @@ func (w *where) add(cond string, args ...any) {
 
 func (w *where) sql() string { return strings.Join(w.conds, " AND ") }
 
+// clone returns a copy of w to add to.
+func (w where) clone() where {
+	return where{conds: slices.Clone(w.conds), args: slices.Clone(w.args)}
+}
+
+// notBefore adds ts >= t, in seconds, and received >= t less
+// validate.MaxFutureSkewLimit: no accepted event was generated later than
+// that after it was received, and received is what the tables are
+// partitioned by (each part knows its range), so ClickHouse skips every
+// month, and every part, received too early instead of reading the ts of
+// all the cluster's rows.
+func (w *where) notBefore(t time.Time) {
+	r := t.Add(-validate.MaxFutureSkewLimit)
+	if r.Before(minTime) {
+		r = minTime
+	}
+	w.add("ts >= ? AND received >= ?", t.UTC().Truncate(time.Second), r.UTC().Truncate(time.Second))
+}
+
 // timeBounds adds since (inclusive), until (exclusive) and the page cursor
 // on a (ts DateTime, ts_ms UInt16) pair: a coarse condition on ts that the
 // index uses, and the exact one in milliseconds.
@@ -189,7 +210,8 @@ func (w *where) timeBounds(since, until *timestamppb.Timestamp, cur *cursor) {
 	const ms = "(toUInt64(ts) * 1000 + ts_ms)"
 	if since != nil {
 		t := since.AsTime()
-		w.add("ts >= ? AND "+ms+" >= ?", t.UTC().Truncate(time.Second), uint64(t.UnixMilli()))
+		w.notBefore(t)
+		w.add(ms+" >= ?", uint64(t.UnixMilli()))
 	}
 	if until != nil {
 		t := until.AsTime()
@@ -236,10 +258,71 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 		w.add("is_fatal = 1")
 	}
 	w.timeBounds(req.GetSince(), req.GetUntil(), cur)
+	var lows []time.Time
+	if req.GetNode() == "" {
+		lows = windows(newest(req.GetUntil(), cur), req.GetSince())
+	}
+	return inWindows(w, lows, func(w where) (*faultlinev1.ListEventsResponse, bool, error) { return h.eventPage(ctx, w, limit) })
+}
+
+// windowSpans: a listing without a node (events or actions) would read
+// every row of the cluster (the tables are ordered by node first) and
+// deduplicate them all before it can sort — seconds and gigabytes of
+// ClickHouse's memory over a large history for a page of the newest 100
+// (2.8 s for 5M rows). It looks in the last hour first,
+// then the last day, week and month, and in the whole range only when
+// those hold less than a page: the newest rows of a window that holds a
+// full page are the newest of all. A window is only a lower bound on ts
+// (until and the page cursor still apply), received-pruned (notBefore).
+var windowSpans = []time.Duration{time.Hour, 24 * time.Hour, 7 * 24 * time.Hour, 31 * 24 * time.Hour}
+
+// inWindows returns the first full page that page reads with each lower
+// bound of lows added to w, else the page of the whole range.
+func inWindows[R any](w where, lows []time.Time, page func(where) (R, bool, error)) (R, error) {
+	for _, lo := range lows {
+		ww := w.clone()
+		ww.notBefore(lo)
+		if r, full, err := page(ww); err != nil || full {
+			return r, err
+		}
+	}
+	r, _, err := page(w)
+	return r, err
+}
+
+// newest is the latest time a page can hold: now, until or the cursor.
+func newest(until *timestamppb.Timestamp, cur *cursor) time.Time {
+	t := time.Now()
+	if until != nil && until.AsTime().Before(t) {
+		t = until.AsTime()
+	}
+	if cur != nil && time.UnixMilli(cur.ms).Before(t) {
+		t = time.UnixMilli(cur.ms)
+	}
+	return t
+}
+
+// windows are the lower bounds to try, newest first, before the whole
+// range; none starts at or before since.
+func windows(top time.Time, since *timestamppb.Timestamp) []time.Time {
+	var out []time.Time
+	for _, d := range windowSpans {
+		lo := top.Add(-d)
+		if since != nil && !lo.After(since.AsTime()) {
+			break
+		}
+		out = append(out, lo)
+	}
+	return out
+}
+
+// eventPage reads one page of the events matching w; full: the rows went
+// on past it (it has a nextPageToken).
+func (h *ClickHouse) eventPage(ctx context.Context, w where, limit int) (*faultlinev1.ListEventsResponse, bool, error) {
 	q := newestFirst(eventSelect+" WHERE "+w.sql(), limit+1)
 	rows, err := h.conn.Query(queryContext(ctx), q, w.args...)
 	if err != nil {
-		return nil, h.unavailable(ctx, "list events", err)
+		return nil, false, h.unavailable(ctx, "list events", err)
 	}
 	defer rows.Close()
 	resp := &faultlinev1.ListEventsResponse{}
@@ -248,7 +331,7 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 	for rows.Next() {
 		ev, c, err := scanEvent(rows)
 		if err != nil {
-			return nil, h.unavailable(ctx, "list events", err)
+			return nil, false, h.unavailable(ctx, "list events", err)
 		}
 		n := ev.SizeVT()
 		if len(resp.Events) == limit || (len(resp.Events) > 0 && size+n > MaxPageBytes) {
@@ -260,9 +343,9 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 		last = c
 	}
 	if err := rows.Err(); err != nil {
-		return nil, h.unavailable(ctx, "list events", err)
+		return nil, false, h.unavailable(ctx, "list events", err)
 	}
-	return resp, nil
+	return resp, resp.NextPageToken != "", nil
 }
 
 // unavailable turns a ClickHouse failure into the gRPC status the client
@@ -364,10 +447,20 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 		w.add("node = ?", req.GetNode())
 	}
 	w.timeBounds(req.GetSince(), nil, cur)
+	var lows []time.Time
+	if req.GetNode() == "" {
+		lows = windows(newest(nil, cur), req.GetSince())
+	}
+	return inWindows(w, lows, func(w where) (*faultlinev1.ListActionsResponse, bool, error) { return h.actionPage(ctx, w, limit) })
+}
+
+// actionPage reads one page of the actions matching w; full: the rows
+// went on past it (it has a nextPageToken).
+func (h *ClickHouse) actionPage(ctx context.Context, w where, limit int) (*faultlinev1.ListActionsResponse, bool, error) {
 	q := newestFirst(actionSelect+" WHERE "+w.sql(), limit+1)
 	rows, err := h.conn.Query(queryContext(ctx), q, w.args...)
 	if err != nil {
-		return nil, h.unavailable(ctx, "list actions", err)
+		return nil, false, h.unavailable(ctx, "list actions", err)
 	}
 	defer rows.Close()
 	resp := &faultlinev1.ListActionsResponse{}
@@ -383,7 +476,7 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 		)
 		if err := rows.Scan(&a.Id, &a.Cluster, &a.Node, &a.Role, &a.Kind, &a.Outcome, &a.Reason, &a.Rule, &ids, &dry,
 			&ts, &ms, &dk, &dv, &a.CheckName, &a.RecommendedAction); err != nil {
-			return nil, h.unavailable(ctx, "list actions", fmt.Errorf("scan action: %w", err))
+			return nil, false, h.unavailable(ctx, "list actions", fmt.Errorf("scan action: %w", err))
 		}
 		a.EventIds = nilIfEmpty(ids)
 		a.DryRun = dry == 1
@@ -404,9 +497,9 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 		last = cursor{ms: ts.Unix()*1000 + int64(ms), id: a.Id}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, h.unavailable(ctx, "list actions", err)
+		return nil, false, h.unavailable(ctx, "list actions", err)
 	}
-	return resp, nil
+	return resp, resp.NextPageToken != "", nil
 }
 
 func toTimestamp(sec time.Time, ms uint16) *timestamppb.Timestamp {

@@ -3,7 +3,8 @@
 //	chbench store  [flags]   events/s the store role drains from a real Kafka
 //	                         broker into ClickHouse, beside the raw franz-go
 //	                         consumer's rate from the same broker (the ceiling)
-//	chbench window [flags]   p50/p99 of the history API (GET /v1/events?node=,
+//	chbench window [flags]   p50/p99 of the history API (GET /v1/events?node=
+//	                         and a cluster's newest page without a node,
 //	                         internal/history over the events table) and of
 //	                         each correlation rule's per-batch work (its
 //	                         queries over recent_events and derived_events),
@@ -415,6 +416,23 @@ func benchWindow(ctx context.Context, conn clickhouse.Conn, o opts) error {
 		}
 	}
 	report("history GET /v1/events?node=", lat, fmt.Sprintf("  (%.1f events per page)", float64(returned)/float64(len(lat))))
+
+	// A cluster's newest page, no node (GET /v1/events): 20 calls, the
+	// first 2 warm up.
+	lat, returned = lat[:0], 0
+	for i := range 22 {
+		t0 := time.Now()
+		resp, err := hist.ListEvents(ctx, fmt.Sprintf("cluster-%d", i%2), &faultlinev1.ListEventsRequest{})
+		d := time.Since(t0)
+		if err != nil {
+			return fmt.Errorf("history without a node: %w", err)
+		}
+		if i >= 2 {
+			lat = append(lat, d)
+			returned += len(resp.Events)
+		}
+	}
+	report("history GET /v1/events", lat, fmt.Sprintf("  (%.1f events per page)", float64(returned)/float64(len(lat))))
 
 	// The rules: one correlate handler per rule, a one-event batch per
 	// call at the current time (Handle: the standing verdicts from

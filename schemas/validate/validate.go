@@ -57,9 +57,16 @@ type Validator struct {
 	// gateway.max_batch, 1000 by default).
 	MaxBatch int
 	// MaxFutureSkew is how far ahead of now generatedTimestamp may be
-	// (the gateway's gateway.max_future_skew, 5m by default).
+	// (the gateway's gateway.max_future_skew, 5m by default; at most
+	// MaxFutureSkewLimit).
 	MaxFutureSkew time.Duration
 }
+
+// MaxFutureSkewLimit bounds Validator.MaxFutureSkew: an accepted event's
+// generatedTimestamp is at most this after the gateway received it, which
+// the history reader relies on to skip what was received too early to
+// hold a time it asks for (an agent clock a day ahead is broken anyway).
+const MaxFutureSkewLimit = 24 * time.Hour
 
 // ValidateBatch checks a whole request; the first problem is returned with
 // the path of its field ("events[2].nodeName").
