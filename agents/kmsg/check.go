@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -128,6 +130,10 @@ type Check struct {
 	parser *Parser
 	src    source
 	absent bool
+	// bootID is this boot's; cleared is the boot whose start was last
+	// reported healthy (afterReboot), rebooted whether that is still to do.
+	bootID, cleared string
+	rebooted        bool
 }
 
 // New returns the kmsg check.
@@ -194,13 +200,57 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	if c.src == nil {
 		return nil, nil
 	}
-	rerr := c.src.read(ctx, c.cfg.MaxLinesPerCheck, c.parser.Process)
+	lines := 0
+	rerr := c.src.read(ctx, c.cfg.MaxLinesPerCheck, func(l Line) { lines++; c.parser.Process(l) })
 	c.parser.Flush(false)
 	evs := c.parser.Drain()
-	if err := saveState(c.statePath(), c.src.position()); err != nil {
+	if c.rebooted {
+		evs = c.afterReboot(evs, rerr == nil && lines < c.cfg.MaxLinesPerCheck)
+	}
+	pos := c.src.position()
+	pos.BootID, pos.ClearedBoot = c.bootID, c.cleared
+	if err := saveState(c.statePath(), pos); err != nil {
 		c.log.Warn("kmsg state not saved", "err", err)
 	}
 	return evs, rerr
+}
+
+// afterReboot reports, once after the node rebooted, one healthy event
+// per check without entities — a reboot clears what the kernel reported
+// in the boot before (the quarantine of an Xid a remediation rebooted the
+// node for is lifted by nothing else) — generated at the boot's start.
+// They go after the lines of the previous boot still unread (a journal or
+// a file source resumes there) and before those of this boot, so a fault
+// the new boot reports again stands; so they wait for a read that reached
+// this boot's lines or the end. NVSentinel's syslog monitor does the same
+// on a boot id change.
+func (c *Check) afterReboot(evs []*datamodels.HealthEvent, drained bool) []*datamodels.HealthEvent {
+	boot := c.cfg.Parser.BootTime
+	before := 0
+	for before < len(evs) && !boot.IsZero() && evs[before].GetGeneratedTimestamp() != nil && evs[before].GetGeneratedTimestamp().AsTime().Before(boot) {
+		before++
+	}
+	if before == len(evs) && !drained {
+		return evs
+	}
+	c.rebooted, c.cleared = false, c.bootID
+	c.log.Info("node rebooted: reporting the kernel-log checks healthy", "boot", c.bootID)
+	healthy := make([]*datamodels.HealthEvent, 0, len(evs)+len(rebootClears))
+	healthy = append(healthy, evs[:before]...)
+	for _, k := range rebootClears {
+		ev := &datamodels.HealthEvent{Version: 1, Agent: Agent, ComponentClass: k.class, CheckName: k.check, IsHealthy: true,
+			RecommendedAction: datamodels.RecommendedAction_NONE, Message: "No health failures: the node rebooted (boot " + c.bootID + ")"}
+		if !boot.IsZero() {
+			ev.GeneratedTimestamp = timestamppb.New(boot)
+		}
+		healthy = append(healthy, ev)
+	}
+	return append(healthy, evs[before:]...)
+}
+
+// rebootClears are the checks a reboot reports healthy.
+var rebootClears = []struct{ check, class string }{
+	{CheckXID, ClassGPU}, {CheckSXID, ClassNVSwitch}, {CheckFallenOff, ClassGPU}, {CheckNIC, ClassNIC},
 }
 
 // Close releases the source.
@@ -224,6 +274,18 @@ func (c *Check) statePath() string {
 
 func (c *Check) open() (source, error) {
 	st := loadState(c.statePath())
+	bid, _ := os.ReadFile(c.cfg.BootIDPath)
+	c.bootID = strings.TrimSpace(string(bid))
+	c.cleared = st.ClearedBoot
+	if c.cleared == "" {
+		c.cleared = st.BootID // a state file from before ClearedBoot
+	}
+	c.rebooted = c.cleared != "" && c.bootID != "" && c.cleared != c.bootID
+	if c.bootID == "" {
+		c.cleared = "" // unknown boot: nothing to compare next time
+	} else if !c.rebooted {
+		c.cleared = c.bootID
+	}
 	switch c.cfg.Source {
 	case SourceJournal:
 		return newJournal(c.cfg.JournalctlPath, st), nil
@@ -233,8 +295,7 @@ func (c *Check) open() (source, error) {
 		}
 		return newFile(c.cfg.File, st), nil
 	default:
-		bid, _ := os.ReadFile(c.cfg.BootIDPath)
-		return openKmsg(c.cfg.KmsgPath, strings.TrimSpace(string(bid)), st)
+		return openKmsg(c.cfg.KmsgPath, c.bootID, st)
 	}
 }
 

@@ -1,6 +1,11 @@
 package kmsg
 
 import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,5 +37,69 @@ func TestConfigValidate(t *testing.T) {
 				t.Fatalf("err %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestRebootReportsHealthy: after a reboot the check reports each of its
+// checks healthy once, generated at the boot's start and naming no entity
+// — nothing else lifted the quarantine of an Xid the node was rebooted
+// for — after the previous boot's unread lines and before this boot's.
+func TestRebootReportsHealthy(t *testing.T) {
+	dir := t.TempDir()
+	logf, bootf := filepath.Join(dir, "kern.log"), filepath.Join(dir, "boot_id")
+	write := func(at time.Time, xid string) {
+		t.Helper()
+		f, err := os.OpenFile(logf, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		fmt.Fprintf(f, "%s gpu-node-42 kernel: NVRM: Xid (PCI:0000:3b:00): %s, pid=1, name=x, DBE\n", at.Format("Jan _2 15:04:05"), xid)
+	}
+	boot1 := time.Date(2024, 10, 28, 9, 0, 0, 0, time.UTC)
+	boot2 := boot1.Add(2 * time.Hour)
+	run := func(boot string, at time.Time) []string {
+		t.Helper()
+		if err := os.WriteFile(bootf, []byte(boot+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := New(Config{Source: SourceFile, File: logf, StateDir: dir, BootIDPath: bootf, ProcStatPath: "/nonexistent",
+			Parser: ParserConfig{BootTime: at, Year: 2024, Location: time.UTC, Now: func() time.Time { return at.Add(time.Hour) }}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, err := c.Check(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, ev := range evs {
+			out = append(out, fmt.Sprintf("%s %v %v entities=%d %s", ev.GetCheckName(), ev.GetErrorCode(), ev.GetIsHealthy(),
+				len(ev.GetEntitiesImpacted()), ev.GetGeneratedTimestamp().AsTime().Format("15:04")))
+		}
+		return out
+	}
+	write(boot1.Add(time.Minute), "48")
+	if got := run("boot-a", boot1); len(got) != 1 {
+		t.Fatalf("first boot: %q", got)
+	}
+	if got := run("boot-a", boot1); len(got) != 0 {
+		t.Fatalf("restart on the same boot: %q", got)
+	}
+	write(boot2.Add(-time.Minute), "79") // before the reboot, not read yet
+	write(boot2.Add(time.Minute), "48")  // this boot's
+	want := []string{
+		"SysLogsXIDError [XID-79] false entities=1 10:59",
+		"SysLogsXIDError [] true entities=0 11:00",
+		"SysLogsSXIDError [] true entities=0 11:00",
+		"SysLogsGPUFallenOff [] true entities=0 11:00",
+		"SysLogsNICDriverError [] true entities=0 11:00",
+		"SysLogsXIDError [XID-48] false entities=1 11:01",
+	}
+	if got := run("boot-b", boot2); !slices.Equal(got, want) {
+		t.Fatalf("after the reboot:\n got %q\nwant %q", got, want)
+	}
+	if got := run("boot-b", boot2); len(got) != 0 {
+		t.Fatalf("restart after the reboot reported again: %q", got)
 	}
 }

@@ -30,12 +30,15 @@ type source interface {
 
 // sourceState is the persisted read position (state.json under StateDir).
 type sourceState struct {
-	BootID  string `json:"bootId,omitempty"`
-	KmsgSeq int64  `json:"kmsgSeq,omitempty"`
-	Cursor  string `json:"journalCursor,omitempty"`
-	File    string `json:"file,omitempty"`
-	Inode   uint64 `json:"inode,omitempty"`
-	Offset  int64  `json:"offset,omitempty"`
+	BootID string `json:"bootId,omitempty"`
+	// ClearedBoot is the boot whose start the check reported healthy
+	// (Check.afterReboot); another boot id at start means a reboot.
+	ClearedBoot string `json:"clearedBoot,omitempty"`
+	KmsgSeq     int64  `json:"kmsgSeq,omitempty"`
+	Cursor      string `json:"journalCursor,omitempty"`
+	File        string `json:"file,omitempty"`
+	Inode       uint64 `json:"inode,omitempty"`
+	Offset      int64  `json:"offset,omitempty"`
 }
 
 func loadState(path string) sourceState {
