@@ -294,17 +294,22 @@ func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 	a.mu.Lock()
 	a.lastRun[name] = a.now()
 	a.mu.Unlock()
-	if len(evs) == 0 {
-		return
+	if len(evs) > 0 {
+		a.m.checkEvents.WithLabelValues(name).Add(float64(len(evs)))
+		a.stamp(name, evs)
+		a.attachGPUPods(ctx, evs)
+		for _, ev := range evs {
+			a.log.Info("event", "check", name, "checkName", ev.GetCheckName(), "fatal", ev.GetIsFatal(), "healthy", ev.GetIsHealthy(), "message", ev.GetMessage())
+		}
+		if _, err := a.spool.Append(evs); err != nil {
+			a.log.Error("events not spooled; the check's state is not saved", "check", name, "events", len(evs), "err", err)
+			return
+		}
 	}
-	a.m.checkEvents.WithLabelValues(name).Add(float64(len(evs)))
-	a.stamp(name, evs)
-	a.attachGPUPods(ctx, evs)
-	for _, ev := range evs {
-		a.log.Info("event", "check", name, "checkName", ev.GetCheckName(), "fatal", ev.GetIsFatal(), "healthy", ev.GetIsHealthy(), "message", ev.GetMessage())
-	}
-	if _, err := a.spool.Append(evs); err != nil {
-		a.log.Error("events not spooled", "check", name, "events", len(evs), "err", err)
+	if c, ok := s.Check.(check.Committer); ok && result != "panic" {
+		if err := c.Commit(); err != nil {
+			a.log.Warn("check state not saved", "check", name, "err", err)
+		}
 	}
 }
 

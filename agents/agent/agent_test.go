@@ -451,6 +451,59 @@ func TestRunnerIsolation(t *testing.T) {
 	}
 }
 
+// committingCheck records what the spool held when the runner committed.
+type committingCheck struct {
+	fakeCheck
+	spool   func() *Spool
+	commits []int64 // the spool's pending bytes at each Commit
+}
+
+func (c *committingCheck) Commit() error {
+	c.commits = append(c.commits, c.spool().Pending())
+	return nil
+}
+
+// TestStateCommittedAfterSpooling: a check's persisted state (kmsg's read
+// position, the NIC's reported states) was saved inside Check, before the
+// runner spooled its events — a crash or an OOM kill between the two, or a
+// spool that refused them, lost them for good (a restart resumed past
+// them). The runner commits a check's state once its events are in the
+// spool (at once when there are none), and not when they could not be
+// spooled, nor after a panic.
+func TestStateCommittedAfterSpooling(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	var a *Agent
+	evs := []*datamodels.HealthEvent{{CheckName: "Xid", ComponentClass: "GPU", Message: "Xid 79"}}
+	c := &committingCheck{spool: func() *Spool { return a.Spool() }}
+	c.fakeCheck = fakeCheck{"kmsg", func(context.Context) ([]*datamodels.HealthEvent, error) { return evs, nil }}
+	sched := Scheduled{Check: c, Interval: time.Minute, Timeout: time.Second}
+	a, err := New(cfg, quiet(), Options{Checks: []Scheduled{sched}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.RunOnce(context.Background(), sched)
+	if len(c.commits) != 1 || c.commits[0] == 0 {
+		t.Fatalf("commits %v: want one, with the events already in the spool", c.commits)
+	}
+	evs = nil
+	a.RunOnce(context.Background(), sched)
+	if len(c.commits) != 2 {
+		t.Fatalf("no events: commits %v, want a second", c.commits)
+	}
+	c.fakeCheck.run = func(context.Context) ([]*datamodels.HealthEvent, error) { panic("boom") }
+	a.RunOnce(context.Background(), sched)
+	if len(c.commits) != 2 {
+		t.Fatalf("committed after a panic: %v", c.commits)
+	}
+	evs = []*datamodels.HealthEvent{{CheckName: "Xid", ComponentClass: "GPU", Message: "Xid 48"}}
+	c.fakeCheck.run = func(context.Context) ([]*datamodels.HealthEvent, error) { return evs, nil }
+	a.Spool().Close()
+	a.RunOnce(context.Background(), sched)
+	if len(c.commits) != 2 {
+		t.Fatalf("committed although the events were not spooled: %v", c.commits)
+	}
+}
+
 func TestHealthzStale(t *testing.T) {
 	cfg := testConfig(t, "127.0.0.1:1")
 	now := time.Unix(1000, 0)

@@ -25,3 +25,13 @@ type Check interface {
 	// "Hardware not present" is not an error: it returns no events.
 	Check(ctx context.Context) ([]*datamodels.HealthEvent, error)
 }
+
+// Committer is a Check that persists state across restarts (a read
+// position, the states it reported). The runner calls Commit once the
+// events of the last Check call are in the spool (at once when there were
+// none), and not when they could not be spooled: a crash or an OOM kill
+// before it leaves the state from which a restart reports them again,
+// instead of a state that says they were reported.
+type Committer interface {
+	Commit() error
+}

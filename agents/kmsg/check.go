@@ -134,6 +134,7 @@ type Check struct {
 	// reported healthy (afterReboot), rebooted whether that is still to do.
 	bootID, cleared string
 	rebooted        bool
+	pos             sourceState // to save at Commit
 }
 
 // New returns the kmsg check.
@@ -207,12 +208,20 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	if c.rebooted {
 		evs = c.afterReboot(evs, rerr == nil && lines < c.cfg.MaxLinesPerCheck)
 	}
-	pos := c.src.position()
-	pos.BootID, pos.ClearedBoot = c.bootID, c.cleared
-	if err := saveState(c.statePath(), pos); err != nil {
-		c.log.Warn("kmsg state not saved", "err", err)
-	}
+	c.pos = c.src.position()
+	c.pos.BootID, c.pos.ClearedBoot = c.bootID, c.cleared
 	return evs, rerr
+}
+
+// Commit implements check.Committer: the read position is saved once the
+// events of the lines read are spooled.
+func (c *Check) Commit() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.src == nil {
+		return nil
+	}
+	return saveState(c.statePath(), c.pos)
 }
 
 // afterReboot reports, once after the node rebooted, one healthy event

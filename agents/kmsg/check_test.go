@@ -69,6 +69,9 @@ func TestRebootReportsHealthy(t *testing.T) {
 			t.Fatal(err)
 		}
 		evs, err := c.Check(context.Background())
+		if err == nil {
+			err = c.Commit()
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -101,5 +104,41 @@ func TestRebootReportsHealthy(t *testing.T) {
 	}
 	if got := run("boot-b", boot2); len(got) != 0 {
 		t.Fatalf("restart after the reboot reported again: %q", got)
+	}
+}
+
+// TestPositionSavedOnCommit: the read position is saved when the runner
+// commits (the events spooled), not when the lines are read: an agent
+// killed in between reads them again instead of resuming past them.
+func TestPositionSavedOnCommit(t *testing.T) {
+	dir := t.TempDir()
+	logf := filepath.Join(dir, "kern.log")
+	if err := os.WriteFile(logf, []byte("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check := func() (*Check, int) {
+		t.Helper()
+		c, err := New(Config{Source: SourceFile, File: logf, StateDir: dir, ProcStatPath: "/nonexistent"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, err := c.Check(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, len(evs)
+	}
+	if _, n := check(); n != 1 {
+		t.Fatalf("first read: %d events", n)
+	}
+	c, n := check() // killed before its events were spooled: read again
+	if n != 1 {
+		t.Fatalf("after a kill before the commit: %d events, want the line's again", n)
+	}
+	if err := c.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if _, n := check(); n != 0 {
+		t.Fatalf("after the commit: %d events, want none", n)
 	}
 }

@@ -511,6 +511,9 @@ func TestFileSourceFollowAndRotate(t *testing.T) {
 	check := func(want int) {
 		t.Helper()
 		evs, err := c.Check(ctx)
+		if err == nil {
+			err = c.Commit()
+		}
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -318,10 +318,16 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 	}
 
 	c.fresh = false
-	if err := c.st.save(c.cfg.StateFile, &c.lastSaved); err != nil {
-		c.log.Error("NIC state not persisted", "err", err)
-	}
 	return c.NICs(), out, nil
+}
+
+// Commit implements check.Committer: the state file is written once the
+// last poll's events are spooled (only when it changed).
+func (c *Check) Commit() error {
+	if err := c.st.save(c.cfg.StateFile, &c.lastSaved); err != nil {
+		return fmt.Errorf("NIC state not persisted: %w", err)
+	}
+	return nil
 }
 
 // renamedTo returns the present device, under another name, on the PCI

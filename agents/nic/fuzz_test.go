@@ -41,6 +41,9 @@ func FuzzPollEventsValid(f *testing.F) {
 		polled := func(step string, c *Check) {
 			t.Helper()
 			evs, err := c.Check(t.Context())
+			if err == nil {
+				err = c.Commit()
+			}
 			if err != nil {
 				t.Fatalf("%s: poll failed: %v", step, err)
 			}

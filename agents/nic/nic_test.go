@@ -92,6 +92,9 @@ func poll(t testing.TB, c *Check) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := c.Commit(); err != nil { // as the runner does once they are spooled
+		t.Fatal(err)
+	}
 	out := make([]string, 0, len(evs))
 	for _, ev := range evs {
 		if ev.GetAgent() != Agent || ev.GetComponentClass() != "NIC" || ev.GetGeneratedTimestamp() == nil {

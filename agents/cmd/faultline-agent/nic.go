@@ -55,6 +55,9 @@ func nicCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 				return err
 			}
 		}
+		if err := c.Commit(); err != nil {
+			return err
+		}
 		if *once {
 			return nil
 		}
