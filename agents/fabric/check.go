@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/faultline/faultline/agents/topology"
 	"github.com/faultline/faultline/internal/config"
@@ -87,6 +90,12 @@ type Config struct {
 	// TopologyInterval is how often `nvidia-smi nvlink -R` (the NVSwitch
 	// port map) and nvswitch-audit run (default 10m).
 	TopologyInterval time.Duration `toml:"topology_interval"`
+	// StateFile keeps the standing conditions, the boot and the time the
+	// log was evaluated up to across restarts of the agent (default
+	// /var/lib/faultline-agent/fabric/state.json; "" none: a fault that
+	// clears while the agent is down, or that a reboot remediates, is then
+	// never reported healthy).
+	StateFile string `toml:"state_file"`
 	// TelemetryURL is dcgm-exporter's /metrics, read for NVSwitch
 	// telemetry on HGX B200 (default "": off).
 	TelemetryURL string `toml:"telemetry_url"`
@@ -107,7 +116,7 @@ func DefaultConfig() Config {
 		NVLSMLogFile: "/var/log/nvlsm.log", NVLSMPIDFile: "/var/run/nvidia-fabricmanager/nvlsm.pid",
 		ProcRoot: "/proc", SysRoot: "/sys", ModprobeDir: "/etc/modprobe.d",
 		Systemctl: "systemctl", Journalctl: "journalctl", NvidiaSMI: "nvidia-smi", NVSwitchAudit: "nvswitch-audit", FMPM: "fmpm",
-		InProgressTimeout: 5 * time.Minute, TopologyInterval: 10 * time.Minute}
+		InProgressTimeout: 5 * time.Minute, TopologyInterval: 10 * time.Minute, StateFile: "/var/lib/faultline-agent/fabric/state.json"}
 }
 
 // RegisterFlags adds the check's flags under prefix ("fabric."), each named
@@ -124,6 +133,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.NvidiaSMI, prefix+"nvidia-smi", c.NvidiaSMI, "nvidia-smi binary")
 	fs.DurationVar(&c.InProgressTimeout, prefix+"in-progress-timeout", c.InProgressTimeout, "longest a GPU fabric registration may stay in progress after FM start-up")
 	fs.StringVar(&c.TelemetryURL, prefix+"telemetry-url", c.TelemetryURL, "dcgm-exporter /metrics URL for NVSwitch telemetry, HGX B200")
+	fs.StringVar(&c.StateFile, prefix+"state-file", c.StateFile, "file keeping the standing conditions across restarts; empty: none")
 	// The spellings before flags were named after their TOML keys.
 	config.Alias(fs, "fabric-poll-interval", prefix+"poll-interval")
 	config.Alias(fs, "fabric-platform", prefix+"platform")
@@ -210,6 +220,8 @@ type Check struct {
 	fmLog, lsmLog tailer
 	journalCursor string
 	lastTopology  time.Time
+	bootID        string
+	saved         []byte
 }
 
 // New returns the fabric check.
@@ -222,7 +234,95 @@ func New(cfg Config) (*Check, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Check{cfg: cfg, log: cfg.Logger, eval: ev}, nil
+	c := &Check{cfg: cfg, log: cfg.Logger, eval: ev}
+	c.resume()
+	return c, nil
+}
+
+// fabricState is the state file.
+type fabricState struct {
+	BootID     string                     `json:"boot_id"`
+	Reported   time.Time                  `json:"reported"`
+	Conditions map[string]json.RawMessage `json:"conditions"`
+}
+
+// resume gives the evaluator what the previous run of the agent left.
+func (c *Check) resume() {
+	b, _ := os.ReadFile(filepath.Join(c.cfg.ProcRoot, "sys/kernel/random/boot_id"))
+	c.bootID = strings.TrimSpace(string(b))
+	boot := c.bootStart()
+	c.eval.SetBootStart(boot)
+	if c.cfg.StateFile == "" {
+		return
+	}
+	b, err := os.ReadFile(c.cfg.StateFile)
+	if err != nil {
+		return
+	}
+	var st fabricState
+	if err := json.Unmarshal(b, &st); err != nil {
+		c.log.Warn("fabric state file not read", "path", c.cfg.StateFile, "err", err)
+		return
+	}
+	conds := map[string]*datamodels.HealthEvent{}
+	for k, raw := range st.Conditions {
+		ev := &datamodels.HealthEvent{}
+		if protojson.Unmarshal(raw, ev) == nil {
+			conds[k] = ev
+		}
+	}
+	newBoot := st.BootID != "" && c.bootID != "" && st.BootID != c.bootID
+	c.eval.Resume(Standing{Conditions: conds, Reported: st.Reported}, boot, newBoot)
+}
+
+// bootStart is this boot's start (/proc/stat btime; zero unknown).
+func (c *Check) bootStart() time.Time {
+	b, err := os.ReadFile(filepath.Join(c.cfg.ProcRoot, "stat"))
+	if err != nil {
+		return time.Time{}
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "btime" {
+			if n, err := strconv.ParseInt(f[1], 10, 64); err == nil && n > 0 {
+				return time.Unix(n, 0)
+			}
+		}
+	}
+	return time.Time{}
+}
+
+// save writes the state file (when it changed).
+func (c *Check) save() {
+	if c.cfg.StateFile == "" {
+		return
+	}
+	st := c.eval.Standing()
+	fs := fabricState{BootID: c.bootID, Reported: st.Reported.UTC(), Conditions: map[string]json.RawMessage{}}
+	for k, ev := range st.Conditions {
+		if raw, err := protojson.Marshal(ev); err == nil {
+			fs.Conditions[k] = raw
+		}
+	}
+	b, err := json.Marshal(fs)
+	if err != nil || bytes.Equal(b, c.saved) {
+		return
+	}
+	if err := writeFileAtomic(c.cfg.StateFile, b); err != nil {
+		c.log.Warn("fabric state not saved", "path", c.cfg.StateFile, "err", err)
+		return
+	}
+	c.saved = b
+}
+
+func writeFileAtomic(path string, b []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // Name implements check.Check.
@@ -237,7 +337,9 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, err := c.Collect(ctx)
-	return c.eval.Evaluate(s), err
+	evs := c.eval.Evaluate(s)
+	c.save()
+	return evs, err
 }
 
 // Collect reads every source of the node into a snapshot.

@@ -379,3 +379,109 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRestartAndReboot: what stood before the agent restarted, or before
+// the node rebooted, is cleared when it is over (the state file keeps the
+// standing conditions), a fatal occurrence of the previous boot (an SXid:
+// the reboot reset the NVSwitches and GPUs) is reported healthy once, and
+// the FM log's replay does not report an occurrence again.
+func TestRestartAndReboot(t *testing.T) {
+	const sxid = "[Oct 28 2024 10:29:00] [ERROR] [tid 9] detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus id 00000000:07:00.0 physical id 2 port 46"
+	// reboot: the checks whose faults are occurrences, healthy once.
+	const reboot = "FabricManagerNVSwitchError::healthy@ FabricManagerPartition::healthy@ NVSwitchTelemetry::healthy@"
+	const start = "[Oct 28 2024 10:00:01] [INFO] [tid 1] Fabric Manager version 550.127.05 is running with the following configuration options"
+	cases := []struct {
+		name   string
+		before func(n *node) // the first agent run's node
+		after  func(n *node) // what changed while the agent was down
+		reboot bool          // the node rebooted meanwhile
+		first  string        // the first run's events
+		want   string        // the restarted agent's first poll
+	}{
+		{"service failed, running again after an agent restart",
+			func(n *node) { n.r.out["systemctl show"] = showFailed },
+			func(n *node) { n.r.out["systemctl show"] = showActive }, false,
+			"FabricManagerService:FM-SERVICE-FAILED:fatal@0000:05:00.0",
+			"FabricManagerService::healthy@0000:05:00.0"},
+		{"service failed, running after the reboot",
+			func(n *node) { n.r.out["systemctl show"] = showFailed },
+			func(n *node) { n.r.out["systemctl show"] = showActive }, true,
+			"FabricManagerService:FM-SERVICE-FAILED:fatal@0000:05:00.0",
+			reboot + " FabricManagerService::healthy@0000:05:00.0"},
+		{"fabric probe timeout, completed after the reboot",
+			func(n *node) { n.r.out["nvidia-smi -q"] = testdata(t, "smi/h100-560-layout.txt") },
+			func(n *node) { n.r.out["nvidia-smi -q"] = testdata(t, "smi/hgx-h100-topology.txt") }, true,
+			"GPUFabricState:FABRIC-PROBE-TIMEOUT:fatal@GPU-d100d100-0000-0000-0000-000000000002 GPUFabricHealth:FABRIC-BANDWIDTH-DEGRADED:nonfatal@GPU-d100d100-0000-0000-0000-000000000006",
+			reboot + " GPUFabricHealth::healthy@GPU-d100d100-0000-0000-0000-000000000006 GPUFabricState::healthy@GPU-d100d100-0000-0000-0000-000000000002"},
+		{"fatal SXid, node rebooted",
+			func(n *node) { n.appendLog("fabricmanager.log", sxid) },
+			func(n *node) {
+				n.appendLog("fabricmanager.log", "[Oct 28 2024 11:00:30] [INFO] [tid 1] Fabric Manager version 550.127.05 is running with the following configuration options")
+				n.appendLog("fabricmanager.log", "[Oct 28 2024 11:00:39] [INFO] [tid 1] Successfully configured all the available NVSwitches to route GPU NVLink traffic.")
+			}, true,
+			"FabricManagerNVSwitchError:SXID-20034:fatal@0000:07:00.0",
+			reboot},
+		{"fatal SXid, agent restarted: the log's replay is not reported again",
+			func(n *node) { n.appendLog("fabricmanager.log", sxid) },
+			func(n *node) {}, false,
+			"FabricManagerNVSwitchError:SXID-20034:fatal@0000:07:00.0",
+			""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			state := filepath.Join(t.TempDir(), "fabric-state.json")
+			n := newNode(t, func(c *Config) { c.StateFile = state })
+			n.switches("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
+			n.write("proc/sys/kernel/random/boot_id", "6f7a1c2e-0000-4000-8000-000000000001\n")
+			n.write("proc/stat", "cpu  1 2 3 4\nbtime 1730109000\n") // 2024-10-28 09:50:00 UTC
+			n.write("fabricmanager.cfg", testdata(t, "config/h100-default.cfg"))
+			n.write("fabricmanager.log", start+"\n")
+			n.r.out["systemctl show"] = showActive
+			n.r.out["nvidia-smi -q"] = testdata(t, "smi/hgx-h100-topology.txt")
+			n.r.out["nvidia-smi nvlink -s"] = testdata(t, "nvlink/h100-status.txt")
+			n.r.out["nvidia-smi nvlink -R"] = testdata(t, "nvlink/h100-remote.txt")
+			n.c, _ = New(n.c.cfg) // started on this boot
+			tc.before(n)
+			if got := shortsOrNode(n.poll(0)); got != tc.first {
+				t.Fatalf("first run: %s\nwant %s", got, tc.first)
+			}
+			tc.after(n)
+			n.now = n.now.Add(10 * time.Minute)
+			if tc.reboot {
+				n.now = n.now.Add(30 * time.Minute)
+				n.write("proc/sys/kernel/random/boot_id", "6f7a1c2e-0000-4000-8000-000000000002\n")
+				n.write("proc/stat", "cpu  1 2 3 4\nbtime 1730113200\n") // 2024-10-28 11:00:00 UTC
+			}
+			c, err := New(n.c.cfg) // the agent restarted
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.c = c
+			evs := n.poll(0)
+			if got := shortsOrNode(evs); got != tc.want {
+				t.Fatalf("after the restart: %s\nwant %s", got, tc.want)
+			}
+			for _, e := range evs {
+				if e.IsHealthy && len(e.EntitiesImpacted) == 0 && !e.GeneratedTimestamp.AsTime().Equal(time.Unix(1730113200, 0)) {
+					t.Errorf("%s healthy at %v, want the boot's start", e.CheckName, e.GeneratedTimestamp.AsTime())
+				}
+			}
+			if evs := n.poll(30 * time.Second); len(evs) != 0 {
+				t.Fatalf("reported again: %s", shortsOrNode(evs))
+			}
+		})
+	}
+}
+
+// shortsOrNode is shorts, "@" for an event without entities.
+func shortsOrNode(evs []*datamodels.HealthEvent) string {
+	var s []string
+	for _, e := range evs {
+		if len(e.EntitiesImpacted) == 0 {
+			s = append(s, e.CheckName+"::healthy@")
+			continue
+		}
+		s = append(s, shorts([]*datamodels.HealthEvent{e}))
+	}
+	return strings.Join(s, " ")
+}

@@ -133,6 +133,15 @@ type Evaluator struct {
 	fmRunning  bool
 	fmKnown    bool
 	nvswitches []string
+
+	// Across a restart of the agent (Resume): log lines dated before
+	// reported were evaluated by the previous run, those before bootStart
+	// belong to a previous boot; rebootClear: report the occurrence checks
+	// healthy once (the node rebooted since the previous run).
+	reported, bootStart time.Time
+	rebootClear         bool
+	// logUpTo is the newest log line evaluated.
+	logUpTo time.Time
 }
 
 // NewEvaluator returns an Evaluator.
@@ -179,6 +188,10 @@ func (o *out) add(ev *datamodels.HealthEvent) {
 func (e *Evaluator) Evaluate(s *Snapshot) []*datamodels.HealthEvent {
 	o := &out{}
 	e.learn(s)
+	if e.rebootClear {
+		e.rebootClear = false
+		e.clearOccurrences(o, s.Now)
+	}
 	if s.Config != nil {
 		e.sync(o, "cfg", e.configConds(s), s.Now)
 	}
@@ -187,6 +200,9 @@ func (e *Evaluator) Evaluate(s *Snapshot) []*datamodels.HealthEvent {
 	}
 	svc := s.Service
 	for _, ll := range s.Log {
+		if ll.Time.After(e.logUpTo) && !ll.Time.After(s.Now) {
+			e.logUpTo = ll.Time
+		}
 		if ll.Source == SourceSystemd {
 			if st := systemdLineState(ll); st != nil && s.Service == nil {
 				svc = st
@@ -398,6 +414,97 @@ func (e *Evaluator) ev(t time.Time, class, check, code string, fatal bool, actio
 
 func (e *Evaluator) mode() string { return e.config.Mode() }
 
+// --- across restarts of the agent and reboots of the node ---
+
+// Standing is what an Evaluator keeps across a restart of the agent (the
+// check's state file).
+type Standing struct {
+	// Conditions are the unhealthy conditions that stand, by key.
+	Conditions map[string]*datamodels.HealthEvent
+	// Reported: the log lines dated before it were evaluated (their
+	// occurrences sent): the newest line evaluated.
+	Reported time.Time
+}
+
+// Standing returns what stands now.
+func (e *Evaluator) Standing() Standing {
+	c := make(map[string]*datamodels.HealthEvent, len(e.bad))
+	for k, v := range e.bad {
+		c[k] = v
+	}
+	r := e.reported
+	if e.logUpTo.After(r) {
+		r = e.logUpTo
+	}
+	return Standing{Conditions: c, Reported: r}
+}
+
+// Resume continues from what a previous run of the agent left: its
+// standing conditions are cleared when a poll finds them over (a fault
+// that cleared while the agent was down, or that a reboot remediated,
+// otherwise stood in the quarantine for ever: nothing else reports it
+// healthy), and the FM log's replay does not send its occurrences again.
+// bootStart is this boot's start (zero: unknown): an occurrence before it
+// belongs to a previous boot. newBoot: the node rebooted since the
+// previous run; the reboot reset the NVSwitches and GPUs, so the checks
+// whose faults are occurrences (SXids, partition errors, telemetry
+// counters: no line says they cleared) are reported healthy once, without
+// an entity, dated at the boot's start, and the FM run of the previous boot
+// is over (its initialization errors clear with this run's successful
+// configuration).
+func (e *Evaluator) Resume(st Standing, bootStart time.Time, newBoot bool) {
+	for k, v := range st.Conditions {
+		if v != nil && len(v.ErrorCode) > 0 {
+			e.bad[k] = v
+		}
+	}
+	e.reported, e.bootStart = st.Reported, bootStart
+	if newBoot {
+		e.rebootClear = true
+		e.markStale("fmrun")
+		e.markStale("nvlsm")
+	}
+}
+
+// SetBootStart sets the start of this boot (an occurrence before it belongs
+// to a previous boot).
+func (e *Evaluator) SetBootStart(t time.Time) { e.bootStart = t }
+
+// past reports a log line that a previous run of the agent evaluated, or
+// that belongs to a previous boot (the first poll replays the log's tail).
+func (e *Evaluator) past(ll LogLine) bool {
+	if ll.Time.IsZero() {
+		return false
+	}
+	return ll.Time.Before(e.bootStart) || (!e.reported.IsZero() && !ll.Time.After(e.reported))
+}
+
+// occurrenceChecks are the checks whose fatal events are occurrences.
+var occurrenceChecks = []string{CheckNVSwitch, CheckPartition, CheckTelemetry}
+
+func (e *Evaluator) clearOccurrences(o *out, now time.Time) {
+	if !e.platform.HasFabric() {
+		return // no NVSwitch: none of these occurs
+	}
+	at := e.bootStart
+	if at.IsZero() || at.After(now) {
+		at = now
+	}
+	for _, check := range occurrenceChecks {
+		standing := false
+		for _, ev := range e.bad {
+			standing = standing || ev.CheckName == check
+		}
+		if standing {
+			continue // a no-entity recovery would lift the condition that stands
+		}
+		o.add(&datamodels.HealthEvent{Version: 1, Agent: Agent, ComponentClass: classNVSwitch, CheckName: check, IsHealthy: true,
+			Message:           check + ": the node rebooted since the previous run of the agent (NVSwitches and GPUs reset): its occurrences of the previous boot are over",
+			RecommendedAction: datamodels.RecommendedAction_NONE, Metadata: map[string]string{"reason": "reboot"},
+			GeneratedTimestamp: timestamppb.New(at)})
+	}
+}
+
 // --- entities ---
 
 func gpuEntities(id, pci string) []*datamodels.Entity {
@@ -585,11 +692,15 @@ func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 		t = s.Now
 	}
 	if sx, ok := parseSXidLine(ll.Msg); ok && ll.Source == SourceFM {
-		o.add(e.sxidEvent(t, ll, sx))
+		if !e.past(ll) {
+			o.add(e.sxidEvent(t, ll, sx))
+		}
 		return
 	}
 	if p := partitionCodeOf(e.cat, ll.Msg); p != nil && ll.Source != SourceNVLSM {
-		o.add(e.partitionCodeEvent(t, ll, p))
+		if !e.past(ll) {
+			o.add(e.partitionCodeEvent(t, ll, p))
+		}
 		return
 	}
 	r := e.cat.Match(ll.Source, ll.Level, ll.Msg)
@@ -699,7 +810,9 @@ func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 	ev := e.ev(t, class, check, code, fatal, action, prefixFor(check)+msg, ents, meta)
 	switch r.State {
 	case "oneoff":
-		o.add(ev)
+		if !e.past(ll) {
+			o.add(ev)
+		}
 	case "nvlsm":
 		o.add(e.raise("nvlsm|"+code+"|"+entKey, ev))
 	default:
