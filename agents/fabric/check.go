@@ -291,10 +291,13 @@ func (c *Check) bootStart() time.Time {
 	return time.Time{}
 }
 
-// save writes the state file (when it changed).
-func (c *Check) save() {
+// Commit implements check.Committer: the state file is written (when it
+// changed) once the last poll's events are spooled.
+func (c *Check) Commit() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.cfg.StateFile == "" {
-		return
+		return nil
 	}
 	st := c.eval.Standing()
 	fs := fabricState{BootID: c.bootID, Reported: st.Reported.UTC(), Conditions: map[string]json.RawMessage{}}
@@ -305,24 +308,16 @@ func (c *Check) save() {
 	}
 	b, err := json.Marshal(fs)
 	if err != nil || bytes.Equal(b, c.saved) {
-		return
+		return err
 	}
-	if err := writeFileAtomic(c.cfg.StateFile, b); err != nil {
-		c.log.Warn("fabric state not saved", "path", c.cfg.StateFile, "err", err)
-		return
+	if err := os.MkdirAll(filepath.Dir(c.cfg.StateFile), 0o755); err != nil {
+		return fmt.Errorf("fabric state: %w", err)
+	}
+	if err := topology.AtomicWrite(c.cfg.StateFile, b); err != nil {
+		return fmt.Errorf("fabric state: %w", err)
 	}
 	c.saved = b
-}
-
-func writeFileAtomic(path string, b []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return nil
 }
 
 // Name implements check.Check.
@@ -337,9 +332,7 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, err := c.Collect(ctx)
-	evs := c.eval.Evaluate(s)
-	c.save()
-	return evs, err
+	return c.eval.Evaluate(s), err
 }
 
 // Collect reads every source of the node into a snapshot.

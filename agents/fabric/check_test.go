@@ -130,6 +130,9 @@ func (n *node) poll(advance time.Duration) []*datamodels.HealthEvent {
 	n.t.Helper()
 	n.now = n.now.Add(advance)
 	evs, err := n.c.Check(context.Background())
+	if err == nil {
+		err = n.c.Commit() // as the runner does once they are spooled
+	}
 	if err != nil {
 		n.t.Fatalf("check: %v", err)
 	}
