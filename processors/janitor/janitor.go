@@ -163,6 +163,17 @@ type clusterRun struct {
 	nodes cache.Indexer
 	res   map[string]cache.Indexer // by kind name
 	q     workqueue.TypedRateLimitingInterface[qkey]
+
+	// claims: the node whose cooldown a resource's signal started, by node
+	// name, until the cooldown passes (operation.claimNode).
+	claimMu sync.Mutex
+	claims  map[string]nodeClaim
+}
+
+// nodeClaim is the resource that claimed a node, and when.
+type nodeClaim struct {
+	uid types.UID
+	at  time.Time
 }
 
 const nodeIndex = "node"
@@ -482,11 +493,12 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		}
 		return 0, op.fail(ctx, ReasonNoProvider, why, false)
 	}
-	if wait := op.cooldown(); wait > 0 {
+	if wait := op.claimNode(); wait > 0 {
 		op.deferOnce(ctx, fmt.Sprintf("node %s is in its cooldown (%v) for %v more", op.nodeName, j.cfg.Cooldown, wait.Round(time.Second)))
 		return wait, nil
 	}
 	if lim := j.lim.acquire(op.key, op.cr.name, j.rack(op.node, op.nodeName), pname, false); lim != "" {
+		op.unclaimNode()
 		op.deferOnce(ctx, "waiting for a slot: "+lim+" reached")
 		return time.Second, nil
 	}
@@ -494,10 +506,12 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	err = op.record(ctx, opState{Step: "signal", At: j.now().UTC(), BootID: op.node.Status.NodeInfo.BootID, Provider: pname, By: j.cfg.Identity})
 	if apierrors.IsConflict(err) {
 		j.lim.release(op.key)
+		op.unclaimNode()
 		return time.Second, nil // re-read; another janitor may have it
 	}
 	if err != nil {
 		j.lim.release(op.key)
+		op.unclaimNode()
 		return 0, fmt.Errorf("record %s state: %w", op.ref(), err)
 	}
 	j.m.started.WithLabelValues(op.cr.name, op.kd.ActionKind, pname).Inc()
@@ -604,6 +618,50 @@ func (op *operation) cooldown() time.Duration {
 		return 0
 	}
 	return last.Add(j.cfg.Cooldown).Sub(j.now())
+}
+
+// claimNode is cooldown, and when it is over, claims the node for this
+// resource until Config.Cooldown passes; a resource of the node that
+// another worker claimed meanwhile waits for it. The watch's copy of the
+// node's other resources shows their state records only some time after
+// they were written: two resources of a node taken by two workers at once
+// both passed the cooldown read from it, and the node got both signals.
+// Nothing to claim without a cooldown.
+func (op *operation) claimNode() time.Duration {
+	j, cr := op.j, op.cr
+	if j.cfg.Cooldown <= 0 {
+		return 0
+	}
+	cr.claimMu.Lock()
+	defer cr.claimMu.Unlock()
+	now := j.now()
+	for n, c := range cr.claims { // the expired go: the map follows the nodes signalled within a cooldown
+		if now.Sub(c.at) >= j.cfg.Cooldown {
+			delete(cr.claims, n)
+		}
+	}
+	if c, ok := cr.claims[op.nodeName]; ok && c.uid != op.u.GetUID() {
+		return c.at.Add(j.cfg.Cooldown).Sub(now)
+	}
+	if wait := op.cooldown(); wait > 0 {
+		return wait
+	}
+	if cr.claims == nil {
+		cr.claims = map[string]nodeClaim{}
+	}
+	cr.claims[op.nodeName] = nodeClaim{uid: op.u.GetUID(), at: now}
+	return 0
+}
+
+// unclaimNode drops the resource's claim on its node: its signal was not
+// recorded.
+func (op *operation) unclaimNode() {
+	cr := op.cr
+	cr.claimMu.Lock()
+	defer cr.claimMu.Unlock()
+	if c, ok := cr.claims[op.nodeName]; ok && c.uid == op.u.GetUID() {
+		delete(cr.claims, op.nodeName)
+	}
 }
 
 // deferOnce writes a deferred action the first time a resource waits.

@@ -2,12 +2,16 @@ package janitor
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // gracefulIgnored is a BMC whose GracefulRestart does nothing (the OS
@@ -171,4 +175,77 @@ func (r realOrIgnored) Terminate(ctx context.Context, t Target) error {
 }
 func (r realOrIgnored) ResetGPUs(ctx context.Context, t Target, u []string) error {
 	return r.real.ResetGPUs(ctx, t, u)
+}
+
+// perNode is a provider that accepts every signal at once and counts
+// them per node.
+type perNode struct {
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (c *perNode) add(node string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.calls == nil {
+		c.calls = map[string]int{}
+	}
+	c.calls[node]++
+	return nil
+}
+func (c *perNode) of(node string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls[node]
+}
+func (c *perNode) Reboot(_ context.Context, t Target, _ RebootMode) error { return c.add(t.Node.Name) }
+func (c *perNode) Terminate(_ context.Context, t Target) error            { return c.add(t.Node.Name) }
+func (c *perNode) ResetGPUs(_ context.Context, t Target, _ []string) error {
+	return c.add(t.Node.Name)
+}
+
+// TestCooldownHoldsConcurrentResources: two resources of one node that
+// two workers take at once — a RebootNode and a TerminateNode, or two
+// RebootNodes — send one signal; the other waits for the node's cooldown.
+// The cooldown was read from the watch's copy of the node's other
+// resources, which the first one's state record reaches only later: both
+// passed it, both were recorded and the node got two signals.
+func TestCooldownHoldsConcurrentResources(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	cfg := e.config()
+	cfg.Cooldown = time.Hour
+	cfg.MaxConcurrent, cfg.MaxConcurrentPerRack = 0, 0
+	prov := &perNode{}
+	j, _ := e.janitor(cfg, false, map[string]Provider{ProviderRedfish: prov})
+	const rounds = 5
+	for i := range rounds {
+		name := fmt.Sprintf("cool-%d", i)
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{AnnotationProvider: ProviderRedfish,
+			events.LabelQuarantined: "true", labelDrain: "succeeded"}}}
+		if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// Both there before the janitor starts: its workers take them at once.
+		e.create(kindReboot, name+"-a", name, false)
+		e.create(kindReboot, name+"-b", name, false)
+	}
+	run(t, j)
+	time.Sleep(3 * time.Second)
+	for i := range rounds {
+		name := fmt.Sprintf("cool-%d", i)
+		recorded := 0
+		for _, r := range []string{name + "-a", name + "-b"} {
+			o, err := e.dyn.Resource(kindReboot.GVR).Get(ctx, r, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stateOf(o) != nil {
+				recorded++
+			}
+		}
+		if n := prov.of(name); n != 1 || recorded != 1 {
+			t.Errorf("node %s: %d signals sent, %d resources recorded; want 1 (the other in the node's cooldown)", name, n, recorded)
+		}
+	}
 }
