@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -29,6 +31,37 @@ const (
 	ReasonSystemNotFound   = "SystemNotFound"
 	ReasonResetRejected    = "ResetRejected"
 )
+
+// Bounds on what a BMC's answers make the provider read: a Redfish
+// resource is a few KiB, a chassis holds a few systems.
+const (
+	// maxRedfishBody bounds what is read of one answer (past it the
+	// answer reads as cut off: a JSON error, an error page's start).
+	maxRedfishBody = 1 << 20
+	// maxSystemPages and maxSystems bound the listing of a BMC's systems.
+	maxSystemPages = 16
+	maxSystems     = 256
+)
+
+// boundedBodies reads at most max bytes of each answer's body.
+type boundedBodies struct {
+	rt  *http.Transport
+	max int64
+}
+
+func (b boundedBodies) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := b.rt.RoundTrip(r)
+	if resp != nil && resp.Body != nil {
+		resp.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.LimitReader(resp.Body, b.max), resp.Body}
+	}
+	return resp, err
+}
+
+// CloseIdleConnections is the transport's (http.Client's reaches it).
+func (b boundedBodies) CloseIdleConnections() { b.rt.CloseIdleConnections() }
 
 // Redfish carries operations out through a node's BMC with gofish:
 // ComputerSystem.Reset GracefulRestart (Force: ForceRestart) for a
@@ -57,7 +90,7 @@ func NewRedfish(cfg RedfishConfig, log *slog.Logger) (*Redfish, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = tc
 	tr.Proxy = nil
-	return &Redfish{cfg: cfg, http: &http.Client{Transport: tr, Timeout: cfg.Timeout}, log: log}, nil
+	return &Redfish{cfg: cfg, http: &http.Client{Transport: boundedBodies{tr, maxRedfishBody}, Timeout: cfg.Timeout}, log: log}, nil
 }
 
 // bmc is a node's BMC endpoint and system path.
@@ -172,21 +205,68 @@ func (r *Redfish) system(c *gofish.APIClient, t Target, path string) (*redfish.C
 		}
 		return s, nil
 	}
-	systems, err := c.Service.Systems()
+	links, err := systemLinks(c)
 	if err != nil {
 		return nil, err
 	}
-	if len(systems) == 1 {
-		return systems[0], nil
+	if len(links) == 1 {
+		return redfish.GetComputerSystem(c, links[0])
 	}
 	want := strings.ToLower(t.Node.Status.NodeInfo.SystemUUID)
-	for _, s := range systems {
-		if want != "" && strings.ToLower(s.UUID) == want {
-			return s, nil
+	if want != "" {
+		for _, l := range links {
+			s, err := redfish.GetComputerSystem(c, l)
+			if err != nil {
+				return nil, err
+			}
+			if strings.ToLower(s.UUID) == want {
+				return s, nil
+			}
 		}
 	}
 	return nil, perr(ReasonSystemNotFound, "BMC has %d systems and none has node %s's system UUID %q (name one in %s)",
-		len(systems), t.Node.Name, want, AnnotationBMC)
+		len(links), t.Node.Name, want, AnnotationBMC)
+}
+
+// systemLinks lists the BMC's systems: at most maxSystems over at most
+// maxSystemPages pages, each page read once. (gofish's Service.Systems
+// followed Members@odata.nextLink without end — a collection whose next
+// page was itself recursed until the process died — and fetched every
+// member of every page.)
+func systemLinks(c *gofish.APIClient) ([]string, error) {
+	resp, err := c.Get(common.DefaultServiceRoot)
+	if err != nil {
+		return nil, err
+	}
+	var root struct {
+		Systems common.Link `json:"Systems"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&root)
+	resp.Body.Close()
+	if err != nil {
+		return nil, fmt.Errorf("service root: %w", err)
+	}
+	if root.Systems == "" {
+		return nil, perr(ReasonSystemNotFound, "the BMC's service root lists no Systems collection")
+	}
+	var links []string
+	seen := map[string]bool{}
+	for page := root.Systems.String(); page != "" && !seen[page]; {
+		if len(seen) == maxSystemPages {
+			return nil, perr(ReasonSystemNotFound, "the BMC's Systems collection has more than %d pages (name the system in %s)", maxSystemPages, AnnotationBMC)
+		}
+		seen[page] = true
+		col, err := common.GetCollection(c, page)
+		if err != nil {
+			return nil, err
+		}
+		links = append(links, col.ItemLinks...)
+		if len(links) > maxSystems {
+			return nil, perr(ReasonSystemNotFound, "the BMC lists more than %d systems (name the system in %s)", maxSystems, AnnotationBMC)
+		}
+		page = col.MembersNextLink
+	}
+	return links, nil
 }
 
 func (r *Redfish) reset(ctx context.Context, t Target, rt redfish.ResetType) error {

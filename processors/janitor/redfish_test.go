@@ -3,8 +3,13 @@ package janitor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/schemas/events"
 )
 
 var testLog = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -130,6 +136,137 @@ func TestRedfishEmulator(t *testing.T) {
 			var pe *ProviderError
 			if !errors.As(err, &pe) || pe.Reason != tc.reason {
 				t.Fatalf("err %v, want reason %s", err, tc.reason)
+			}
+		})
+	}
+}
+
+// misbehavingBMC is a Redfish service over plain HTTP whose Systems
+// collection and reset answers are the test's; it counts the requests
+// it got and the bytes it wrote.
+type misbehavingBMC struct {
+	collection func(w http.ResponseWriter) // GET /redfish/v1/Systems
+	reset      func(w http.ResponseWriter) // POST .../Actions/ComputerSystem.Reset
+	lists      atomic.Int32
+	written    atomic.Int64
+}
+
+func (b *misbehavingBMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	cw := &countingWriter{ResponseWriter: w, n: &b.written}
+	w.Header().Set("Content-Type", "application/json")
+	switch p := strings.TrimSuffix(r.URL.Path, "/"); {
+	case p == "/redfish/v1":
+		fmt.Fprint(cw, `{"@odata.id":"/redfish/v1/","Id":"RootService","Systems":{"@odata.id":"/redfish/v1/Systems"}}`)
+	case p == "/redfish/v1/Systems":
+		b.lists.Add(1)
+		b.collection(cw)
+	case strings.HasSuffix(p, "/Actions/ComputerSystem.Reset"):
+		b.reset(cw)
+	case strings.HasPrefix(p, "/redfish/v1/Systems/"):
+		fmt.Fprintf(cw, `{"@odata.id":%q,"Id":"x","UUID":"00000000-0000-0000-0000-%012d","PowerState":"On",
+			"Actions":{"#ComputerSystem.Reset":{"target":%q}}}`, p, len(p), p+"/Actions/ComputerSystem.Reset")
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+type countingWriter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (c *countingWriter) Write(b []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(b)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// TestRedfishMisbehavingBMC: a BMC's answers cannot hold a worker or
+// the process's memory: a Systems collection whose next page is itself
+// is read once (gofish followed it for ever, recursing, every page's
+// members fetched again, until the stack or the memory gave out — the
+// whole janitor with it), and a huge answer is read only up to the
+// bound (an error page of 64 MiB was read whole into the error, the
+// status message and the log).
+func TestRedfishMisbehavingBMC(t *testing.T) {
+	const huge = 64 << 20
+	for _, tc := range []struct {
+		name       string
+		system     string // the annotation's system path ("": found by listing)
+		collection func(w http.ResponseWriter)
+		reset      func(w http.ResponseWriter)
+		reason     string
+		maxLists   int32
+	}{
+		{name: "next page is itself",
+			collection: func(w http.ResponseWriter) {
+				fmt.Fprint(w, `{"@odata.id":"/redfish/v1/Systems","Members":[{"@odata.id":"/redfish/v1/Systems/1"},{"@odata.id":"/redfish/v1/Systems/2"}],
+					"Members@odata.count":2,"Members@odata.nextLink":"/redfish/v1/Systems"}`)
+			},
+			reason: ReasonSystemNotFound, maxLists: 1},
+		{name: "huge error page", system: "/redfish/v1/Systems/1",
+			reset: func(w http.ResponseWriter) {
+				w.Header().Set("Content-Type", "text/html")
+				w.WriteHeader(http.StatusInternalServerError)
+				chunk := []byte("<html>" + strings.Repeat("x", 64<<10) + "</html>\n")
+				for n := 0; n < huge; n += len(chunk) {
+					if _, err := w.Write(chunk); err != nil {
+						return
+					}
+				}
+			},
+			reason: ReasonResetRejected},
+		{name: "huge system list",
+			collection: func(w http.ResponseWriter) {
+				fmt.Fprint(w, `{"@odata.id":"/redfish/v1/Systems","Members":[`)
+				for i := 0; i < huge/40; i++ {
+					if i > 0 {
+						fmt.Fprint(w, ",")
+					}
+					if _, err := fmt.Fprintf(w, `{"@odata.id":"/redfish/v1/Systems/%d"}`, i); err != nil {
+						return
+					}
+				}
+				fmt.Fprint(w, `]}`)
+			},
+			reason: ReasonFailed, maxLists: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bmc := &misbehavingBMC{collection: tc.collection, reset: tc.reset}
+			srv := httptest.NewServer(bmc)
+			t.Cleanup(srv.Close)
+			cfg := DefaultConfig().Redfish
+			cfg.Timeout = 5 * time.Second
+			rf, err := NewRedfish(cfg, testLog)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				done <- rf.Reboot(ctx, Target{Cluster: "c1", Node: bmcNode("n1", srv.URL+tc.system, "11111111-0000-4000-8000-000000000009"), Kube: kube}, Graceful)
+			}()
+			var err2 error
+			select {
+			case err2 = <-done:
+			case <-time.After(10 * time.Second):
+				cancel()
+				<-done
+				t.Fatalf("the reboot still runs after 10 s: the BMC listed its systems %d times, wrote %d bytes", bmc.lists.Load(), bmc.written.Load())
+			}
+			if got := reasonOf(err2); got != tc.reason {
+				t.Errorf("reason %s (%v), want %s", got, events.Truncate(fmt.Sprint(err2), 300), tc.reason)
+			}
+			if tc.maxLists > 0 && bmc.lists.Load() > tc.maxLists {
+				t.Errorf("the Systems collection was read %d times, want at most %d", bmc.lists.Load(), tc.maxLists)
+			}
+			if n := bmc.written.Load(); n >= huge/2 {
+				t.Errorf("the BMC wrote %d MiB of its answer before the janitor stopped reading", n>>20)
+			}
+			if err2 != nil && len(err2.Error()) > 2*maxRedfishBody {
+				t.Errorf("the error is %d bytes long", len(err2.Error()))
 			}
 		})
 	}
