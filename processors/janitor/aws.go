@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/smithy-go"
@@ -56,7 +57,10 @@ func NewAWS(cfg AWSConfig, log *slog.Logger) *AWS {
 }
 
 func newEC2(ctx context.Context, cfg AWSConfig, region string) (*ec2.Client, error) {
-	ac, err := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRegion(region))
+	// The SDK's HTTP client has no timeout: an endpoint that takes a
+	// request and never answers would hold the worker for ever.
+	hc := awshttp.NewBuildableClient().WithTimeout(cfg.Timeout)
+	ac, err := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRegion(region), awsconfig.WithHTTPClient(hc))
 	if err != nil {
 		return nil, fmt.Errorf("aws config: %w", err)
 	}

@@ -2,6 +2,8 @@ package janitor
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -299,5 +301,43 @@ func TestMaintenanceMonitor(t *testing.T) {
 	now = end.Add(time.Minute)
 	if got := decode(poll()); len(got) != 1 || !got[0].GetIsHealthy() {
 		t.Fatalf("after the window: %v", got)
+	}
+}
+
+// TestAWSAnswerNeverComes: an EC2 endpoint that takes the request and
+// never answers (a hung proxy, a VPC endpoint in trouble) fails the call
+// CloudUnreachable after aws.timeout per try. The SDK's client has no
+// timeout of its own: the worker (and, for DescribeInstanceStatus, the
+// maintenance monitor) waited for ever.
+func TestAWSAnswerNeverComes(t *testing.T) {
+	hung := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-hung:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(hung) })
+	t.Setenv("AWS_ACCESS_KEY_ID", "testing")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "testing")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	cfg := DefaultConfig().AWS
+	cfg.Endpoint = srv.URL
+	cfg.Timeout = 500 * time.Millisecond
+	a := NewAWS(cfg, testLog)
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: corev1.NodeSpec{ProviderID: "aws:///us-east-1a/i-0123456789abcdef0"}}
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- a.Reboot(ctx, Target{Cluster: "c1", Node: n}, Graceful) }()
+	select {
+	case err := <-done:
+		if got := reasonOf(err); got != ReasonCloudUnreachable {
+			t.Fatalf("reason %s (%v), want %s", got, err, ReasonCloudUnreachable)
+		}
+	case <-time.After(15 * time.Second):
+		cancel()
+		t.Fatalf("RebootInstances still waits for the endpoint after 15 s (aws.timeout %v)", cfg.Timeout)
 	}
 }

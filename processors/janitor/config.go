@@ -114,6 +114,9 @@ type AWSConfig struct {
 	// MaintenanceCluster is the cluster stamped on maintenance events.
 	// Default "" (the monitor needs it when regions are set).
 	MaintenanceCluster string `toml:"maintenance_cluster"`
+	// Timeout bounds one try of an EC2 request (the SDK tries up to
+	// three times). Default 30s.
+	Timeout time.Duration `toml:"timeout"`
 }
 
 // LocalConfig is [janitor.local].
@@ -140,7 +143,7 @@ func DefaultConfig() Config {
 		ProviderIDPrefixes: []string{"aws://=aws"},
 		Redfish: RedfishConfig{SecretNamespace: "faultline", DefaultSecret: "bmc-credentials", Session: true,
 			TerminateAction: "ForceOff", Timeout: 30 * time.Second},
-		AWS:   AWSConfig{Region: "us-east-1", MaintenanceInterval: 5 * time.Minute},
+		AWS:   AWSConfig{Region: "us-east-1", MaintenanceInterval: 5 * time.Minute, Timeout: 30 * time.Second},
 		Local: LocalConfig{Port: 9477, Timeout: 2 * time.Minute},
 	}
 }
@@ -193,6 +196,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	})
 	fs.DurationVar(&a.MaintenanceInterval, prefix+"aws.maintenance-interval", a.MaintenanceInterval, "how often scheduled events are polled")
 	fs.StringVar(&a.MaintenanceCluster, prefix+"aws.maintenance-cluster", a.MaintenanceCluster, "cluster stamped on maintenance events")
+	fs.DurationVar(&a.Timeout, prefix+"aws.timeout", a.Timeout, "timeout of one try of an EC2 request")
 	l := &c.Local
 	fs.IntVar(&l.Port, prefix+"local.port", l.Port, "port of the agent's local action endpoint")
 	fs.StringVar(&l.TokenFile, prefix+"local.token-file", l.TokenFile, "file holding the agent endpoint's bearer token")
@@ -252,6 +256,9 @@ func (c Config) Validate(prefix string) error {
 		if _, err := os.Stat(c.Redfish.CAFile); err != nil {
 			return fmt.Errorf("%sredfish.ca_file: %w", prefix, err)
 		}
+	}
+	if c.AWS.Timeout <= 0 {
+		return fmt.Errorf("%saws.timeout: must be positive, got %v", prefix, c.AWS.Timeout)
 	}
 	if c.AWS.MaintenanceInterval <= 0 {
 		return fmt.Errorf("%saws.maintenance_interval: must be positive, got %v", prefix, c.AWS.MaintenanceInterval)
