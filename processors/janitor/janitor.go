@@ -70,6 +70,9 @@ type memory struct {
 	dryRun     bool // its dry-run action was written
 	deferred   bool // its deferred action was written
 	forced     bool // this process recorded its forced reboot, or wrote the forced reboot's resumed action
+	// failReason and failMsg: the provider refused the signal this process
+	// sent; written failed again should the first write have failed.
+	failReason, failMsg string
 }
 
 // recall is what this process remembers of a resource.
@@ -530,7 +533,9 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		return 0, ctx.Err()
 	}
 	if err != nil {
-		return 0, op.fail(ctx, reasonOf(err), fmt.Sprintf("%s via %s: %v", op.kd.ActionKind, pname, err), true)
+		reason, msg := reasonOf(err), fmt.Sprintf("%s via %s: %v", op.kd.ActionKind, pname, err)
+		j.remember(op.u.GetUID(), func(m *memory) { m.failReason, m.failMsg = reason, msg })
+		return 0, op.fail(ctx, reason, msg, true)
 	}
 	j.remember(op.u.GetUID(), func(m *memory) { m.signalSent = true })
 	if created := op.u.GetCreationTimestamp().Time; !created.IsZero() {
@@ -691,6 +696,11 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 		if finished(fresh) {
 			j.lim.release(op.key)
 			return 0, nil
+		}
+		if m := j.recall(op.u.GetUID()); !condIs(fresh, CondSignalSent, "True") && m.failReason != "" {
+			// This janitor's provider refused the signal; writing the
+			// failure failed: write it now (not "recorded, may have gone out").
+			return 0, op.fail(ctx, m.failReason, m.failMsg, true)
 		}
 		if !condIs(fresh, CondSignalSent, "True") && j.recall(op.u.GetUID()).signalSent {
 			// This janitor sent it; writing SignalSent failed: write it now

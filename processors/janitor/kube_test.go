@@ -2,6 +2,7 @@ package janitor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -810,5 +812,78 @@ func TestPanicIsAFailedStep(t *testing.T) {
 	signalSent("reboot-p2", "True/"+ReasonSucceeded)
 	if n := prov.calls.Load(); n != 2 {
 		t.Fatalf("%d reboots sent, want 2 (the one that panicked not sent again)", n)
+	}
+}
+
+// bmcRefuses is a provider whose BMC refuses every signal.
+type bmcRefuses struct{ calls atomic.Int32 }
+
+func (r *bmcRefuses) Reboot(context.Context, Target, RebootMode) error {
+	r.calls.Add(1)
+	return perr(ReasonBMCAuthFailed, "BMC refused the credentials (401)")
+}
+func (r *bmcRefuses) Terminate(context.Context, Target) error { return ErrUnsupported }
+func (r *bmcRefuses) ResetGPUs(context.Context, Target, []string) error {
+	return ErrUnsupported
+}
+
+// statusRefusedOnce is a dynamic client whose first status write fails
+// (an apiserver that answers 500 once: etcd changing leaders).
+type statusRefusedOnce struct {
+	dynamic.Interface
+	left *atomic.Int32
+}
+
+func (s statusRefusedOnce) Resource(gvr schema.GroupVersionResource) dynamic.NamespaceableResourceInterface {
+	return statusRefusedOnceRes{s.Interface.Resource(gvr), s.left}
+}
+
+type statusRefusedOnceRes struct {
+	dynamic.NamespaceableResourceInterface
+	left *atomic.Int32
+}
+
+func (r statusRefusedOnceRes) Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, sub ...string) (*unstructured.Unstructured, error) {
+	if len(sub) == 1 && sub[0] == "status" && r.left.Add(-1) >= 0 {
+		return nil, apierrors.NewInternalError(errors.New("etcdserver: leader changed"))
+	}
+	return r.NamespaceableResourceInterface.Patch(ctx, name, pt, data, opts, sub...)
+}
+
+// TestFailedSignalIsNotResumed: a signal the provider refused, whose
+// failure could not be written at once, is written failed when the step
+// is retried — not taken for a signal recorded by a janitor that stopped
+// (SignalSent=True/Recorded: "may have been sent", while this janitor knew
+// the BMC had refused it), which held its slot and left the remediate role
+// waiting reboot_timeout for a Timeout instead of the provider's reason.
+func TestFailedSignalIsNotResumed(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	prov := &bmcRefuses{}
+	left := &atomic.Int32{}
+	left.Store(1)
+	j, rec := e.janitor(e.config(), false, map[string]Provider{ProviderRedfish: prov})
+	reg := j.reg
+	reg.SetDynamic(cluster, statusRefusedOnce{e.dyn, left})
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "f1", Labels: map[string]string{AnnotationProvider: ProviderRedfish,
+		events.LabelQuarantined: "true", labelDrain: "succeeded"}}}
+	if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	run(t, j)
+	e.create(kindReboot, "reboot-f1", "f1", false)
+	o := e.wait(kindReboot, "reboot-f1", 10*time.Second)
+	if got := condOf(o, CondSignalSent); got != "False/"+ReasonBMCAuthFailed {
+		t.Fatalf("SignalSent %s, want False/%s; status %v", got, ReasonBMCAuthFailed, o.Object["status"])
+	}
+	if got := condOf(o, CondNodeReady); got != "False/"+ReasonBMCAuthFailed {
+		t.Fatalf("NodeReady %s, want False/%s", got, ReasonBMCAuthFailed)
+	}
+	if n := prov.calls.Load(); n != 1 {
+		t.Fatalf("%d signals sent, want 1", n)
+	}
+	rec.expect(t, "f1", []string{"reboot/failed", "reboot/failed"}) // the same action (id) again with the retried step
+	if held := j.lim.inProgress(cluster); held != 0 {
+		t.Fatalf("%d slots held after the failure", held)
 	}
 }
