@@ -284,6 +284,12 @@ func (r *Redfish) reset(ctx context.Context, t Target, rt redfish.ResetType) err
 		return classify(c.GetService().ODataID, err)
 	}
 	if err := s.Reset(rt); err != nil {
+		if rt == redfish.ForceOffResetType && s.PowerState == redfish.OffPowerState {
+			// A machine to terminate is often a dead one, already Off, and
+			// BMCs refuse to power off what is off (409): it is terminated.
+			r.log.Info("janitor: redfish ForceOff refused for a system already Off; terminated", "node", t.Node.Name, "system", s.ODataID, "err", err)
+			return nil
+		}
 		return classify(s.ODataID, err)
 	}
 	r.log.Info("janitor: redfish reset sent", "node", t.Node.Name, "system", s.ODataID, "reset", rt)

@@ -147,7 +147,9 @@ func TestRedfishEmulator(t *testing.T) {
 type misbehavingBMC struct {
 	collection func(w http.ResponseWriter) // GET /redfish/v1/Systems
 	reset      func(w http.ResponseWriter) // POST .../Actions/ComputerSystem.Reset
+	power      string                      // the systems' PowerState ("": On)
 	lists      atomic.Int32
+	resets     atomic.Int32
 	written    atomic.Int64
 }
 
@@ -161,10 +163,15 @@ func (b *misbehavingBMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b.lists.Add(1)
 		b.collection(cw)
 	case strings.HasSuffix(p, "/Actions/ComputerSystem.Reset"):
+		b.resets.Add(1)
 		b.reset(cw)
 	case strings.HasPrefix(p, "/redfish/v1/Systems/"):
-		fmt.Fprintf(cw, `{"@odata.id":%q,"Id":"x","UUID":"00000000-0000-0000-0000-%012d","PowerState":"On",
-			"Actions":{"#ComputerSystem.Reset":{"target":%q}}}`, p, len(p), p+"/Actions/ComputerSystem.Reset")
+		power := b.power
+		if power == "" {
+			power = "On"
+		}
+		fmt.Fprintf(cw, `{"@odata.id":%q,"Id":"x","UUID":"00000000-0000-0000-0000-%012d","PowerState":%q,
+			"Actions":{"#ComputerSystem.Reset":{"target":%q}}}`, p, len(p), power, p+"/Actions/ComputerSystem.Reset")
 	default:
 		http.NotFound(w, r)
 	}
@@ -187,7 +194,8 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 // members fetched again, until the stack or the memory gave out — the
 // whole janitor with it), and a huge answer is read only up to the
 // bound (an error page of 64 MiB was read whole into the error, the
-// status message and the log).
+// status message and the log). A ForceOff refused for a system already
+// Off terminated it (it failed ResetRejected, and the Node stayed).
 func TestRedfishMisbehavingBMC(t *testing.T) {
 	const huge = 64 << 20
 	for _, tc := range []struct {
@@ -195,7 +203,9 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 		system     string // the annotation's system path ("": found by listing)
 		collection func(w http.ResponseWriter)
 		reset      func(w http.ResponseWriter)
-		reason     string
+		power      string
+		terminate  bool   // Terminate, not Reboot
+		reason     string // "": no error
 		maxLists   int32
 	}{
 		{name: "next page is itself",
@@ -230,9 +240,17 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 				fmt.Fprint(w, `]}`)
 			},
 			reason: ReasonFailed, maxLists: 1},
+		// A machine to terminate is often a dead one, already Off; a BMC
+		// answers ForceOff of it 409 (iDRAC: "Server is already powered
+		// OFF"). It is terminated: its Node goes.
+		{name: "terminate a system already off", system: "/redfish/v1/Systems/1", power: "Off", terminate: true,
+			reset: func(w http.ResponseWriter) {
+				w.WriteHeader(http.StatusConflict)
+				fmt.Fprint(w, `{"error":{"code":"Base.1.8.GeneralError","message":"Server is already powered OFF."}}`)
+			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			bmc := &misbehavingBMC{collection: tc.collection, reset: tc.reset}
+			bmc := &misbehavingBMC{collection: tc.collection, reset: tc.reset, power: tc.power}
 			srv := httptest.NewServer(bmc)
 			t.Cleanup(srv.Close)
 			cfg := DefaultConfig().Redfish
@@ -246,7 +264,12 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 			defer cancel()
 			done := make(chan error, 1)
 			go func() {
-				done <- rf.Reboot(ctx, Target{Cluster: "c1", Node: bmcNode("n1", srv.URL+tc.system, "11111111-0000-4000-8000-000000000009"), Kube: kube}, Graceful)
+				tg := Target{Cluster: "c1", Node: bmcNode("n1", srv.URL+tc.system, "11111111-0000-4000-8000-000000000009"), Kube: kube}
+				if tc.terminate {
+					done <- rf.Terminate(ctx, tg)
+					return
+				}
+				done <- rf.Reboot(ctx, tg, Graceful)
 			}()
 			var err2 error
 			select {
@@ -256,7 +279,10 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 				<-done
 				t.Fatalf("the reboot still runs after 10 s: the BMC listed its systems %d times, wrote %d bytes", bmc.lists.Load(), bmc.written.Load())
 			}
-			if got := reasonOf(err2); got != tc.reason {
+			if tc.reason == "" && err2 != nil {
+				t.Errorf("%v, want no error", err2)
+			}
+			if got := reasonOf(err2); tc.reason != "" && got != tc.reason {
 				t.Errorf("reason %s (%v), want %s", got, events.Truncate(fmt.Sprint(err2), 300), tc.reason)
 			}
 			if tc.maxLists > 0 && bmc.lists.Load() > tc.maxLists {
