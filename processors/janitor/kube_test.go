@@ -597,6 +597,34 @@ func TestJanitorKube(t *testing.T) {
 		}
 	})
 
+	t.Run("LiftedBeforeRebootCancelledNotEscalated", func(t *testing.T) {
+		// The fault recovered and the quarantine lifted the node before
+		// the janitor came to its RebootNode: refused NotDrained, which
+		// the remediate role reads as cancelled — no escalation, and the
+		// node's next fault, drained, is rebooted.
+		e.node("gpu-f", sysID(5), false, nil)
+		acts := remediated("gpu-f", "drain-f1")
+		if !slices.Contains(acts, "remediate/cancelled") || slices.Contains(acts, "escalate/applied") {
+			t.Fatalf("remediate actions %v, want cancelled and no escalation", acts)
+		}
+		if got := condOf(resourceOf("gpu-f"), CondSignalSent); got != "False/"+ReasonNotDrained {
+			t.Fatalf("SignalSent %s", got)
+		}
+		rec.expect(t, "gpu-f", []string{"reboot/refused"})
+		// Quarantined and drained again for a new fault.
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true",%q:"succeeded"}}}`, events.LabelQuarantined, labelDrain)
+		if _, err := e.kube.CoreV1().Nodes().Patch(context.Background(), "gpu-f", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		acts = remediated("gpu-f", "drain-f2")
+		if !slices.Contains(acts, "remediate/succeeded") || slices.Contains(acts, "escalate/applied") {
+			t.Fatalf("next fault: remediate actions %v, want succeeded", acts)
+		}
+		if n := e.m.cyclesOf("gpu-f"); n != 1 {
+			t.Fatalf("%d power cycles of gpu-f's system, want 1", n)
+		}
+	})
+
 	t.Run("StoppedMidRebootResumesWithoutSecondReset", func(t *testing.T) {
 		e.node("gpu-e", sysID(4), true, nil)
 		// Janitor A sends the reset, then stops before it writes

@@ -79,6 +79,13 @@ type Completion struct {
 	CompleteWhen []string
 	// FailedWhen: the work failed when a condition matches one of these.
 	FailedWhen []string
+	// CancelledWhen: the operator did not attempt the work because its
+	// premise is gone (the janitor's NotDrained: the node is no longer
+	// quarantined and drained, the fault having recovered meanwhile) when a
+	// condition matches one of these. Looked at before FailedWhen. A
+	// cancelled remediation is neither a failure (no escalation, not the
+	// node's last result) nor spent budget.
+	CancelledWhen []string
 	// FinishedField is a field of .status (dotted path) the operator sets
 	// once it stops working on the resource, whatever the outcome: set,
 	// with no CompleteWhen match, means failed. Empty: none.
@@ -110,21 +117,30 @@ type Completion struct {
 //     ResetJobNotFound, InternalError, ...) is a failure (status.phase
 //     Failed).
 //
+// faultline's janitor (processors/janitor) refuses a resource whose node is
+// no longer quarantined and drained with reason NotDrained, no signal sent:
+// SignalSent=False/NotDrained (RebootNode, TerminateNode) or
+// Complete=True/NotDrained (GPUReset). That is a cancellation, not a
+// failure (CancelledWhen).
+//
 // Kinds not in the map get GenericCompletion.
 var KindCompletion = map[schema.GroupKind]Completion{
 	{Group: JanitorGroup, Kind: "RebootNode"}: {
 		CompleteWhen:  []string{"NodeReady=True"},
 		FailedWhen:    []string{"NodeReady=False", "SignalSent=False"},
+		CancelledWhen: []string{"SignalSent=False/NotDrained"},
 		FinishedField: "completionTime",
 	},
 	{Group: JanitorGroup, Kind: "TerminateNode"}: {
 		CompleteWhen:  []string{"NodeTerminated=True"},
 		FailedWhen:    []string{"NodeTerminated=False", "SignalSent=False"},
+		CancelledWhen: []string{"SignalSent=False/NotDrained"},
 		FinishedField: "completionTime",
 	},
 	{Group: JanitorGroup, Kind: "GPUReset"}: {
 		CompleteWhen:  []string{"Complete=True/GPUResetSucceeded"},
 		FailedWhen:    []string{"Complete=True"},
+		CancelledWhen: []string{"Complete=True/NotDrained"},
 		FinishedField: "completionTime",
 	},
 }
@@ -166,6 +182,10 @@ type Template struct {
 	CompleteWhen []string `toml:"complete_when"`
 	// FailedWhen are the condition matchers of failure. Default by kind.
 	FailedWhen []string `toml:"failed_when"`
+	// CancelledWhen are the condition matchers of a remediation not
+	// attempted because its premise is gone (looked at before
+	// FailedWhen; neither a failure nor budget). Default by kind.
+	CancelledWhen []string `toml:"cancelled_when"`
 	// FinishedField is the .status field whose presence ends the work
 	// ("completionTime"); "none" for no such field. Default by kind.
 	FinishedField string `toml:"finished_field"`
@@ -184,6 +204,7 @@ type Template struct {
 	nodePath   []string
 	complete   []condMatch
 	failed     []condMatch
+	cancelled  []condMatch
 	finished   []string // path under .status; nil: none
 	// byGPU: the object depends on the event's GPUs (a GPUReset's
 	// selector), so a resource serves only the GPUs it was made for
@@ -475,6 +496,7 @@ func (t *Template) compileCompletion(gk schema.GroupKind) error {
 	}{
 		{"complete_condition", "complete_when", t.CompleteCondition, &t.CompleteWhen, def.CompleteWhen},
 		{"failed_condition", "failed_when", t.FailedCondition, &t.FailedWhen, def.FailedWhen},
+		{"", "cancelled_when", "", &t.CancelledWhen, def.CancelledWhen},
 	} {
 		switch {
 		case f.cond != "" && len(*f.when) > 0:
@@ -493,7 +515,7 @@ func (t *Template) compileCompletion(gk schema.GroupKind) error {
 		key  string
 		when []string
 		out  *[]condMatch
-	}{{"complete_when", t.CompleteWhen, &t.complete}, {"failed_when", t.FailedWhen, &t.failed}} {
+	}{{"complete_when", t.CompleteWhen, &t.complete}, {"failed_when", t.FailedWhen, &t.failed}, {"cancelled_when", t.CancelledWhen, &t.cancelled}} {
 		*f.out = nil
 		for i, s := range f.when {
 			m, err := parseCondMatch(s)

@@ -164,7 +164,7 @@ func TestCompletion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := map[status]string{inProgress: "in progress", completed: "completed", failed: "failed"}
+	names := map[status]string{inProgress: "in progress", completed: "completed", failed: "failed", cancelled: "cancelled"}
 	for _, tc := range []struct {
 		action string
 		status map[string]any
@@ -181,6 +181,8 @@ func TestCompletion(t *testing.T) {
 		{"RESTART_VM", st(true, "SignalSent=True/Succeeded", "NodeReady=False/MaxRetriesExceeded"), time.Minute, failed},
 		{"RESTART_VM", st(true, "SignalSent=True/Succeeded", "NodeReady=False/Failed"), time.Minute, failed},
 		{"RESTART_VM", st(true, "SignalSent=False/Failed", "NodeReady=Unknown/Initializing"), time.Minute, failed},
+		// faultline's janitor refused it, the node no longer drained.
+		{"RESTART_VM", st(true, "SignalSent=False/NotDrained", "NodeReady=False/NotDrained"), time.Minute, cancelled},
 		{"RESTART_VM", st(true, "SignalSent=True/Succeeded", "NodeReady=Unknown/Initializing"), time.Minute, failed}, // finished, not ready
 		{"RESTART_VM", st(false, "SignalSent=True/Succeeded", "NodeReady=Unknown/Initializing"), 2 * time.Hour, failed},
 		// TerminateNode.
@@ -188,6 +190,7 @@ func TestCompletion(t *testing.T) {
 		{"custom:terminate", st(true, "SignalSent=True/Succeeded", "NodeTerminated=True/Succeeded"), time.Minute, completed},
 		{"custom:terminate", st(true, "SignalSent=True/Succeeded", "NodeTerminated=False/Timeout"), time.Minute, failed},
 		{"custom:terminate", st(true, "SignalSent=False/Failed", "NodeTerminated=Unknown/Initializing"), time.Minute, failed},
+		{"custom:terminate", st(true, "SignalSent=False/NotDrained", "NodeTerminated=False/NotDrained"), time.Minute, cancelled},
 		// GPUReset.
 		{"COMPONENT_RESET", st(false, "Ready=False/Pending"), time.Minute, inProgress},
 		{"COMPONENT_RESET", st(false, "Ready=True/ReadyForReset", "ResetJobCompleted=True/ResetJobSucceeded", "ServicesRestored=False/RestoringServices"), time.Minute, inProgress},
@@ -196,6 +199,7 @@ func TestCompletion(t *testing.T) {
 		{"COMPONENT_RESET", st(true, "ResetJobCompleted=True/ResetJobFailed", "Complete=True/ResetJobFailed"), time.Minute, failed},
 		{"COMPONENT_RESET", st(true, "Ready=True/ReadyForReset", "Complete=True/NodeNotFound"), time.Minute, failed},
 		{"COMPONENT_RESET", st(true, "Ready=False/Pending", "Complete=True/GPUAlreadyUnderMaintenance"), time.Minute, failed},
+		{"COMPONENT_RESET", st(true, "Complete=True/NotDrained"), time.Minute, cancelled},
 		// Other kinds: Completed / Failed, no finished field.
 		{"custom:generic", st(true), time.Minute, inProgress},
 		{"custom:generic", st(false, "Completed=True/X"), time.Minute, completed},

@@ -248,15 +248,23 @@ const (
 	inProgress status = iota
 	completed
 	failed
+	// cancelled: the operator did not attempt it, its premise gone (the
+	// janitor's NotDrained: the node was lifted before the reboot
+	// started). Neither a failure nor spent budget.
+	cancelled
 )
 
-// status reads a resource's completion (Template.complete, .failed,
-// .finished; see Completion): a complete matcher first, then a failed
-// one, then the finished field, then completion_timeout.
+// status reads a resource's completion (Template.complete, .cancelled,
+// .failed, .finished; see Completion): a complete matcher first, then a
+// cancelled one, then a failed one, then the finished field, then
+// completion_timeout.
 func (h *Handler) status(tm *Template, o *unstructured.Unstructured) (status, string) {
 	conds, _, _ := unstructured.NestedSlice(o.Object, "status", "conditions")
 	if m, c := matchCondition(conds, tm.complete); c != nil {
 		return completed, describeCondition(m, c)
+	}
+	if m, c := matchCondition(conds, tm.cancelled); c != nil {
+		return cancelled, describeCondition(m, c)
 	}
 	if m, c := matchCondition(conds, tm.failed); c != nil {
 		return failed, describeCondition(m, c)
@@ -465,10 +473,12 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 	if busy != nil {
 		return h.wait(t, tm, busy)
 	}
-	// Escalation: the last one failed, or the budget is spent.
-	if n := len(items); n > 0 {
-		if st, why := h.status(tm, &items[n-1]); st == failed {
-			acts, err := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("the last %s %s failed (%s)", tm.kind, items[n-1].GetName(), why))
+	// Escalation: the last one attempted failed, or the budget is spent.
+	// A cancelled one (not attempted: the node was no longer drained) is
+	// neither.
+	if last := h.lastAttempted(tm, items); last >= 0 {
+		if st, why := h.status(tm, &items[last]); st == failed {
+			acts, err := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("the last %s %s failed (%s)", tm.kind, items[last].GetName(), why))
 			return acts, time.Time{}, err
 		}
 	}
@@ -476,7 +486,9 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 		recent := 0
 		for i := range items {
 			if h.now().Sub(createdAt(&items[i])) < h.cfg.BudgetWindow {
-				recent++
+				if st, _ := h.status(tm, &items[i]); st != cancelled {
+					recent++
+				}
 			}
 		}
 		if recent >= h.cfg.Budget {
@@ -564,6 +576,17 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 	return nil, time.Time{}, fmt.Errorf("create %s for node %s: no free name after 10 tries", tm.kind, t.node)
 }
 
+// lastAttempted is the index of the newest of items (oldest first) that
+// is not cancelled, -1 if none: its result is the node's last.
+func (h *Handler) lastAttempted(tm *Template, items []unstructured.Unstructured) int {
+	for i := len(items) - 1; i >= 0; i-- {
+		if st, _ := h.status(tm, &items[i]); st != cancelled {
+			return i
+		}
+	}
+	return -1
+}
+
 // nextSeq is the sequence number of the group's next resource: one more
 // than the highest of items (AnnotationSeq; a resource created before the
 // annotation counts as its place among them, oldest first, which was its
@@ -581,8 +604,9 @@ func nextSeq(items []unstructured.Unstructured) int {
 }
 
 // prune deletes the group's finished resources (items, oldest first)
-// created longer ago than Retention, never the newest: its result and
-// sequence number are what the next remediation reads. A delete is
+// created longer ago than Retention, never the newest (its sequence
+// number is what the next remediation reads) nor the newest not cancelled
+// (its result is). A delete is
 // conditional on the uid and resourceVersion read, so a resource changed
 // since (or a stale copy of the watch) is left for the next look, as is
 // one whose delete failed; one whose delete's answer was lost and that is
@@ -593,8 +617,12 @@ func (h *Handler) prune(ctx context.Context, t trigger, tm *Template, res dynami
 		return nil
 	}
 	var acts []*faultlinev1.Action
+	last := h.lastAttempted(tm, items)
 	for i := range items[:len(items)-1] {
 		o := &items[i]
+		if i == last {
+			continue
+		}
 		age := h.now().Sub(createdAt(o))
 		if age <= h.cfg.Retention {
 			break // the rest are newer
@@ -664,6 +692,13 @@ func (h *Handler) follow(ctx context.Context, cl *clusters.Client, t trigger, tm
 		a.Details[events.DetailResource] = ref
 		acts, err := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s failed (%s)", ref, why))
 		return append([]*faultlinev1.Action{a}, acts...), time.Time{}, err
+	case cancelled:
+		// Not attempted: the node was no longer quarantined and drained
+		// when the operator came to it (the fault recovered meanwhile).
+		// No escalation; the node's next fault is remediated afresh.
+		a := h.action(t, events.KindRemediate, events.OutcomeCancelled, ref+" cancelled, not attempted: "+why, "cancelled")
+		a.Details[events.DetailResource] = ref
+		return []*faultlinev1.Action{a}, time.Time{}, nil
 	}
 	var acts []*faultlinev1.Action
 	// Said at the first look (a replay says it again, same id) and after

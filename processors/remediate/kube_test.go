@@ -444,6 +444,48 @@ func TestRemediateKube(t *testing.T) {
 		}
 	})
 
+	t.Run("RefusedNotDrainedIsCancelled", func(t *testing.T) {
+		// The janitor held the RebootNode (a slot, its cooldown), the
+		// fault recovered meanwhile and the quarantine lifted the node:
+		// the janitor refuses it, no signal sent (janitor.go start:
+		// SignalSent=False/NotDrained, NodeReady=False/NotDrained,
+		// completionTime). Not a failure: no escalation, the node's next
+		// faults are rebooted, and it spends no budget (2 here).
+		node := "lifted-1"
+		createNode(t, k, node)
+		h := newHandler(t, testConfig(), k, dyn, clk)
+		notDrained := []cond{{"SignalSent", "False", "NotDrained"}, {"NodeReady", "False", "NotDrained"}}
+		for i, f := range []string{"l1", "l2", "l3"} {
+			acts, rq := handle(t, h, drained(node, f, "RESTART_VM", nil))
+			items := list(t, dyn, rebootGVR, node)
+			if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(items) != i+1 {
+				t.Fatalf("fault %s after %d refused reboots: %s (%d RebootNodes)", f, i, outcomes(acts), len(items))
+			}
+			sort.Slice(items, func(a, b int) bool { return createdAt(&items[a]).Before(createdAt(&items[b])) })
+			setStatus(t, dyn, rebootGVR, items[i].GetName(), true, notDrained...)
+			acts, rq = poll(t, h, clk, rq[0])
+			if len(acts) != 1 || acts[0].Kind != events.KindRemediate || acts[0].Outcome != events.OutcomeCancelled || len(rq) != 0 ||
+				!strings.Contains(acts[0].Reason, "SignalSent=False NotDrained") {
+				t.Fatalf("reboot %s refused NotDrained: %s", f, outcomes(acts))
+			}
+		}
+		n, err := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := n.Annotations[AnnotationEscalated]; ok {
+			t.Fatalf("node escalated: %s", v)
+		}
+		// A genuine failure after them still escalates.
+		_, rq := handle(t, h, drained(node, "l4", "RESTART_VM", nil))
+		items := list(t, dyn, rebootGVR, node)
+		sort.Slice(items, func(a, b int) bool { return createdAt(&items[a]).Before(createdAt(&items[b])) })
+		setStatus(t, dyn, rebootGVR, items[len(items)-1].GetName(), true, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "False", "Timeout"})
+		if acts, _ := poll(t, h, clk, rq[0]); len(acts) != 2 || acts[1].Kind != events.KindEscalate {
+			t.Fatalf("failed reboot after refused ones: %s", outcomes(acts))
+		}
+	})
+
 	t.Run("GPUResetCustomAndNone", func(t *testing.T) {
 		node := "reset-1"
 		createNode(t, k, node)

@@ -97,7 +97,8 @@ const (
 	// OutcomeGaveUp: a drain ended with pods its policy stopped waiting for.
 	OutcomeGaveUp = "gave_up"
 	// OutcomeCancelled: a drain stopped because the node is no longer
-	// quarantined.
+	// quarantined; a remediation its operator did not attempt because the
+	// node was no longer quarantined and drained (the janitor's NotDrained).
 	OutcomeCancelled = "cancelled"
 	// OutcomeRefused: a rendered remediation object did not target the
 	// event's node; nothing was created.
