@@ -159,6 +159,9 @@ func (h *Handler) options(t trigger) opts {
 		CheckName: a.GetCheckName(), RecommendedAction: a.GetRecommendedAction(),
 		CustomAction: a.GetDetails()[events.DetailCustomAction], Entities: a.GetDetails()[events.DetailEntities],
 	}}
+	if at, err := time.Parse(time.RFC3339Nano, a.GetDetails()[events.DetailGeneratedAt]); err == nil {
+		o.trig.GeneratedAt = at.UTC()
+	}
 	if t.eventID != "" {
 		o.trig.EventIDs = []string{t.eventID}
 	}
@@ -705,7 +708,7 @@ func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faul
 	// Who sent the event, and what the quarantine already ignored, stay
 	// on the audit trail.
 	for _, k := range []string{events.DetailEntities, events.DetailCustomAction, events.DetailDrainOverrides,
-		events.DetailSubmitterRole, events.DetailSubmitter, events.DetailOverridesIgnored} {
+		events.DetailSubmitterRole, events.DetailSubmitter, events.DetailOverridesIgnored, events.DetailGeneratedAt} {
 		if v := t.src.GetDetails()[k]; v != "" {
 			a.Details[k] = v
 		}
@@ -733,6 +736,13 @@ func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faul
 	}
 	if st.Trigger.CustomAction != "" {
 		a.Details[events.DetailCustomAction] = st.Trigger.CustomAction
+	}
+	// The newest of the drain's faults (a state from before it has none:
+	// then remediate does not compare).
+	if g := st.Trigger.GeneratedAt; !g.IsZero() {
+		a.Details[events.DetailGeneratedAt] = g.UTC().Format(time.RFC3339Nano)
+	} else {
+		delete(a.Details, events.DetailGeneratedAt)
 	}
 	a.Details[events.DetailDrainID] = st.ID
 	a.Details[events.DetailScope] = scopeString(st.GPUs)

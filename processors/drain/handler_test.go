@@ -236,3 +236,54 @@ func TestJoinedFaultRemediated(t *testing.T) {
 		})
 	}
 }
+
+// TestResultSaysNewestFaultTime: a drain's result says when the newest of
+// the faults it served was generated (events.DetailGeneratedAt, from the
+// quarantine's actions), also when the fault that joined did not change
+// what it asks for; remediate answers a fault older than a reboot that
+// succeeded with that reboot.
+func TestResultSaysNewestFaultTime(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	gen := func(d time.Duration) map[string]string {
+		return map[string]string{events.DetailGeneratedAt: t0.Add(d).Format(time.RFC3339Nano)}
+	}
+	for _, tc := range []struct {
+		name            string
+		second          string
+		firstG, secondG map[string]string
+		want            string
+	}{
+		{"a newer fault that asks for nothing", "NONE", gen(0), gen(time.Minute), t0.Add(time.Minute).Format(time.RFC3339Nano)},
+		{"an older fault that replaces the trigger", "RESTART_BM", gen(time.Minute), gen(0), t0.Add(time.Minute).Format(time.RFC3339Nano)},
+		{"none said", "RESTART_BM", nil, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const node = "n1"
+			k := fake.NewSimpleClientset(
+				&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{events.LabelQuarantined: "true"}}},
+				&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p"},
+					Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+			k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+				return a.GetSubresource() == "eviction", nil, nil
+			})
+			clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+			h := newHandler(t, testConfig(), k, clk, false)
+			_, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_BM", tc.firstG))
+			if acts, _ := handle(t, h, quarantineAction(node, "e2", tc.second, tc.secondG)); find(acts, events.OutcomeInProgress) == nil {
+				t.Fatalf("the second fault did not join: %s", outcomes(acts))
+			}
+			if err := k.CoreV1().Pods("work").Delete(context.Background(), "p", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			clk.Add(10 * time.Second)
+			acts, _ := handle(t, h, rq...)
+			res := find(acts, events.OutcomeSucceeded)
+			if res == nil {
+				t.Fatalf("no result: %s", outcomes(acts))
+			}
+			if got, ok := res.Details[events.DetailGeneratedAt]; got != tc.want || ok != (tc.want != "") {
+				t.Fatalf("the drain's result says %s %q, want %q", events.DetailGeneratedAt, got, tc.want)
+			}
+		})
+	}
+}

@@ -161,6 +161,10 @@ type Trigger struct {
 	RecommendedAction string   `json:"recommendedAction,omitempty"`
 	CustomAction      string   `json:"customRecommendedAction,omitempty"`
 	Entities          string   `json:"entities,omitempty"`
+	// GeneratedAt is when the newest of the drain's faults was generated
+	// (events.DetailGeneratedAt; zero when none said): remediate answers a
+	// fault older than a remediation that succeeded with that one.
+	GeneratedAt time.Time `json:"generatedAt,omitzero"`
 }
 
 // bounded is t as the state keeps it: the entity list bounded (the other
@@ -191,6 +195,17 @@ func remedyRank(action string) int {
 // no GPU resets them all); otherwise o's trigger takes its place, as a
 // whole-node fault's always did. The event ids are the caller's.
 func (t Trigger) join(o Trigger) Trigger {
+	j := t.joinRemedy(o)
+	if o.GeneratedAt.After(t.GeneratedAt) {
+		j.GeneratedAt = o.GeneratedAt
+	} else {
+		j.GeneratedAt = t.GeneratedAt
+	}
+	return j
+}
+
+// joinRemedy is join without GeneratedAt.
+func (t Trigger) joinRemedy(o Trigger) Trigger {
 	r, ro := remedyRank(t.RecommendedAction), remedyRank(o.RecommendedAction)
 	switch {
 	case ro < r:

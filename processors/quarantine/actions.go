@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
@@ -143,6 +144,9 @@ func (h *Handler) newAction(it item, kind, outcome, reason, rule string, cl *clu
 	details := map[string]string{}
 	if e := events.EntityKey(ev); e != "" {
 		details[events.DetailEntities] = e
+	}
+	if ts := ev.GetGeneratedTimestamp(); ts != nil && ts.IsValid() {
+		details[events.DetailGeneratedAt] = ts.AsTime().UTC().Format(time.RFC3339Nano)
 	}
 	switch o := ev.GetDrainOverrides(); {
 	case o.GetSkip():

@@ -351,6 +351,13 @@ func (t trigger) at() time.Time {
 	return time.Time{}
 }
 
+// faultAt is when the trigger's newest fault was generated
+// (events.DetailGeneratedAt on the drain's result; zero if none).
+func (t trigger) faultAt() time.Time {
+	at, _ := time.Parse(time.RFC3339Nano, t.src.GetDetails()[events.DetailGeneratedAt])
+	return at
+}
+
 // coversUntil is AnnotationCovers (zero when absent or unreadable).
 func coversUntil(o *unstructured.Unstructured) time.Time {
 	at, _ := time.Parse(time.RFC3339Nano, o.GetAnnotations()[AnnotationCovers])
@@ -457,6 +464,17 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 	if n := len(items); n > 0 && !t.at().IsZero() && !t.at().After(coversUntil(&items[n-1])) && serves(tm, &items[n-1], d) {
 		if st, _ := h.status(tm, &items[n-1]); st != inProgress {
 			return h.follow(ctx, cl, t, tm, &items[n-1])
+		}
+	}
+	// Answered by a remediation that succeeded and was started after the
+	// fault was generated: a repeat generated before the reboot and
+	// delivered after it (the agent's spool), decided by a new drain after
+	// the first had finished, would otherwise reboot the node again.
+	if fa := t.faultAt(); !fa.IsZero() {
+		for i := len(items) - 1; i >= 0 && createdAt(&items[i]).After(fa); i-- {
+			if st, _ := h.status(tm, &items[i]); st == completed && serves(tm, &items[i], d) {
+				return h.follow(ctx, cl, t, tm, &items[i])
+			}
 		}
 	}
 	// An equivalent remediation in progress: join it. One of other GPUs

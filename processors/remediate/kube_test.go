@@ -486,6 +486,50 @@ func TestRemediateKube(t *testing.T) {
 		}
 	})
 
+	t.Run("LateRepeatFollowsTheReboot", func(t *testing.T) {
+		// An Xid flood: repeats generated before the reboot reach the
+		// pipeline after it, from the agent's spool once the node is back;
+		// decided after the first drain had finished, they start a new
+		// drain whose result comes long after the first RebootNode's
+		// covers-until. Generated before that reboot was created, the
+		// reboot answers them: no second reboot. A fault generated after
+		// it is remediated again.
+		node := "flood-1"
+		createNode(t, k, node)
+		h := newHandler(t, testConfig(), k, dyn, clk)
+		at := func(r *kgo.Record, generated time.Time) *kgo.Record {
+			a, err := events.UnmarshalAction(r.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.Timestamp = timestamppb.New(clk.Now())
+			a.Details[events.DetailGeneratedAt] = generated.UTC().Format(time.RFC3339Nano)
+			r.Value, _ = events.MarshalAction(a)
+			return r
+		}
+		first := clk.Now().Add(-2 * time.Minute)
+		acts, rq := handle(t, h, at(drained(node, "fl1", "RESTART_BM", nil), first))
+		items := list(t, dyn, rebootGVR, node)
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(items) != 1 {
+			t.Fatalf("first fault: %s", outcomes(acts))
+		}
+		rebootAt := createdAt(&items[0])
+		setStatus(t, dyn, rebootGVR, items[0].GetName(), true, cond{"SignalSent", "True", "Succeeded"}, cond{"NodeReady", "True", "Succeeded"})
+		if acts, _ = poll(t, h, clk, rq[0]); len(acts) != 1 || acts[0].Outcome != events.OutcomeSucceeded {
+			t.Fatalf("reboot: %s", outcomes(acts))
+		}
+		clk.Add(10 * time.Minute) // the node is back; its spool is sent
+		acts, _ = handle(t, h, at(drained(node, "fl2", "RESTART_BM", nil), rebootAt.Add(-time.Second)))
+		if n := len(list(t, dyn, rebootGVR, node)); len(acts) != 1 || acts[0].Outcome != events.OutcomeSucceeded ||
+			acts[0].Details[events.DetailResource] != "RebootNode/"+items[0].GetName() || n != 1 {
+			t.Fatalf("repeat generated before the reboot, drained after it: %s (%d RebootNodes, want 1)", outcomes(acts), n)
+		}
+		acts, _ = handle(t, h, at(drained(node, "fl3", "RESTART_BM", nil), rebootAt.Add(time.Second)))
+		if n := len(list(t, dyn, rebootGVR, node)); len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || n != 2 {
+			t.Fatalf("fault generated after the reboot began: %s (%d RebootNodes, want 2)", outcomes(acts), n)
+		}
+	})
+
 	t.Run("GPUResetCustomAndNone", func(t *testing.T) {
 		node := "reset-1"
 		createNode(t, k, node)

@@ -135,6 +135,13 @@ const (
 	// MetaGPUPodsAt: the pods a GPU reset's drain evicts.
 	DetailGPUPods   = MetaGPUPods
 	DetailGPUPodsAt = MetaGPUPodsAt
+	// DetailGeneratedAt is when the fault was generated (the event's
+	// generatedTimestamp, RFC 3339 with nanoseconds, UTC); on a drain's
+	// result the newest of the faults it served. The remediate role
+	// compares it with its resources: a fault generated before a
+	// remediation that succeeded started is answered by it (a repeat the
+	// agent spooled across the reboot), not remediated again.
+	DetailGeneratedAt = "generatedAt"
 	// DetailDrainID identifies a drain; the remediate role keys its
 	// resources' triggers by it.
 	DetailDrainID = "drainId"
