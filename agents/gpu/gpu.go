@@ -17,6 +17,20 @@
 // isHealthy event when it clears. Losing the health source is its own event
 // (GpuDcgmConnectivityFailure, DCGM-CONNECTIVITY-FAILURE, not fatal), never
 // raised while the node is still booting (uptime below BootGrace).
+//
+// That state lives in memory, so a new process (agent restart, rollout,
+// node reboot) does not know what an earlier one reported unhealthy; the
+// healthy event of a fault it raised would never come and the node would
+// stay quarantined. So the first successful read of a process reports a
+// healthy baseline (see Check.baseline): each watch of Watches in which
+// every GPU is healthy gets one isHealthy event naming no entity (it clears
+// that check on the whole node), a watch in which some GPU is unhealthy an
+// isHealthy event for each healthy GPU (the unhealthy ones are reported as
+// usual, so their faults do not flap), and GpuDcgmConnectivityFailure one
+// without entity. A watch the source cannot tell yet on some GPU
+// (GPU.Unknown: a rate before its second sample) is baselined at the first
+// read that can. No baseline before the source answers: while the node
+// boots, a source not up yet reports nothing, as before.
 package gpu
 
 import (
@@ -28,6 +42,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -68,6 +83,32 @@ type Incident struct {
 type Source interface {
 	Health(ctx context.Context) ([]Incident, error)
 }
+
+// GPU names one GPU as the events name it (GPU=<uuid, else gpu<index>>,
+// PCI=<bus id>).
+type GPU struct {
+	Index int    `json:"gpu"`
+	UUID  string `json:"uuid"`
+	PCI   string `json:"pci"`
+	// Unknown names the watches (systems: Pcie, Nvlink...) whose health
+	// the last read could not tell for this GPU, so that no incident of
+	// them does not mean healthy: a rate before its second sample, an
+	// NVLink seen inactive since the process started (down, or unused).
+	Unknown []string `json:"unknown,omitempty"`
+}
+
+// Inventory is implemented by a Source that names every GPU of its last
+// successful Health call. The healthy baseline of a watch in which some GPU
+// is unhealthy names the others; without an inventory it knows only the
+// GPUs named by incidents.
+type Inventory interface {
+	GPUs() []GPU
+}
+
+// Watches are the health watches (Incident.System) that the first
+// successful read of a process reports healthy where they are (the healthy
+// baseline): the six of the check names above.
+var Watches = []string{"Mem", "Pcie", "Nvlink", "Thermal", "Power", "Inforom"}
 
 //go:embed dcgm_actions.json
 var actionsJSON []byte
@@ -165,6 +206,10 @@ type Check struct {
 	bad    map[string]*datamodels.HealthEvent // "gpu|system" → its unhealthy event
 	lost   *datamodels.HealthEvent
 	absent bool
+	// pending: the watches whose healthy baseline is still to be sent;
+	// connBaselined: the connectivity check's was (or was not needed).
+	pending       map[string]bool
+	connBaselined bool
 }
 
 // New returns the GPU check.
@@ -201,7 +246,11 @@ func New(cfg Config) (*Check, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Check{cfg: cfg, bad: map[string]*datamodels.HealthEvent{}}, nil
+	pending := map[string]bool{}
+	for _, w := range Watches {
+		pending[w] = true
+	}
+	return &Check{cfg: cfg, bad: map[string]*datamodels.HealthEvent{}, pending: pending}, nil
 }
 
 // Name implements check.Check.
@@ -223,10 +272,15 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 		return c.lostSource(err)
 	}
 	var out []*datamodels.HealthEvent
-	if c.lost != nil {
+	switch {
+	case c.lost != nil:
 		out = append(out, c.healthy(c.lost))
 		c.lost = nil
+	case !c.connBaselined:
+		// A connectivity failure an earlier process raised.
+		out = append(out, c.baselineEvent(CheckConnectivity, nil))
 	}
+	c.connBaselined = true
 	cur := map[string]*datamodels.HealthEvent{}
 	for _, in := range incs {
 		key := gpuID(in) + "|" + in.System
@@ -260,7 +314,89 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 			out = append(out, c.healthy(prev))
 		}
 	}
+	if len(c.pending) > 0 {
+		out = append(out, c.baseline(incs, cur)...)
+	}
 	return out, nil
+}
+
+// baseline reports, once a process, what is healthy in each watch still
+// pending, so that faults an earlier process raised are lifted: a watch
+// with no incident on any GPU, one isHealthy event without entity (the
+// quarantine lifts every fault of that check on the node: 6 events a node,
+// not one per GPU and watch); a watch with some GPU unhealthy, one for each
+// other GPU (from the source's inventory and the incidents), so the
+// unhealthy GPU's fault stands untouched. A watch that some GPU cannot tell
+// yet (GPU.Unknown) waits for a read that can. The events carry this read's
+// time: after any fault of an earlier process, and clearing nothing of this
+// read (no entity-less event for a watch with an incident now).
+func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent) []*datamodels.HealthEvent {
+	var gpus []GPU
+	seen := map[string]bool{}
+	add := func(g GPU) {
+		if id := gpuID(Incident{GPU: g.Index, UUID: g.UUID}); !seen[id] {
+			seen[id] = true
+			gpus = append(gpus, g)
+		}
+	}
+	if inv, ok := c.cfg.Source.(Inventory); ok {
+		for _, g := range inv.GPUs() {
+			add(g)
+		}
+	}
+	for _, in := range incs {
+		add(GPU{Index: in.GPU, UUID: in.UUID, PCI: in.PCI})
+	}
+	sort.SliceStable(gpus, func(i, j int) bool { return gpus[i].Index < gpus[j].Index })
+	var out []*datamodels.HealthEvent
+	for _, w := range Watches {
+		if !c.pending[w] || slices.ContainsFunc(gpus, func(g GPU) bool { return slices.Contains(g.Unknown, w) }) {
+			continue
+		}
+		delete(c.pending, w)
+		check := "Gpu" + w + "Watch"
+		mixed := false
+		for k := range cur {
+			mixed = mixed || strings.HasSuffix(k, "|"+w)
+		}
+		if !mixed {
+			out = append(out, c.baselineEvent(check, nil))
+			continue
+		}
+		for i := range gpus {
+			if cur[gpuID(Incident{GPU: gpus[i].Index, UUID: gpus[i].UUID})+"|"+w] == nil {
+				out = append(out, c.baselineEvent(check, &gpus[i]))
+			}
+		}
+	}
+	return out
+}
+
+// baselineEvent is the isHealthy event of a baseline: of check on the whole
+// node (g nil), or on one GPU.
+func (c *Check) baselineEvent(check string, g *GPU) *datamodels.HealthEvent {
+	ev := &datamodels.HealthEvent{Version: 1, Agent: Agent, ComponentClass: "GPU", CheckName: check, IsHealthy: true,
+		Message: check + ": no incident on any GPU (healthy baseline of a new agent process)", RecommendedAction: datamodels.RecommendedAction_NONE,
+		Metadata: map[string]string{"baseline": "true"}, GeneratedTimestamp: timestamppb.New(c.cfg.Now())}
+	if check == CheckConnectivity {
+		ev.Message = check + ": the GPU health source answered (healthy baseline of a new agent process)"
+	}
+	if g != nil {
+		id := gpuID(Incident{GPU: g.Index, UUID: g.UUID})
+		ev.Message = fmt.Sprintf("%s: no incident on GPU %d (healthy baseline of a new agent process)", check, g.Index)
+		ev.EntitiesImpacted = entities(id, g.PCI)
+		ev.Metadata["gpu_index"], ev.Metadata["gpu_uuid"] = strconv.Itoa(g.Index), g.UUID
+	}
+	return ev
+}
+
+// entities are the entities of a GPU's events.
+func entities(id, pci string) []*datamodels.Entity {
+	ents := []*datamodels.Entity{{EntityType: events.EntityGPU, EntityValue: id}}
+	if pci != "" {
+		ents = append(ents, &datamodels.Entity{EntityType: events.EntityPCI, EntityValue: pci})
+	}
+	return ents
 }
 
 func (c *Check) lostSource(err error) ([]*datamodels.HealthEvent, error) {
@@ -281,10 +417,7 @@ func (c *Check) lostSource(err error) ([]*datamodels.HealthEvent, error) {
 
 func (c *Check) event(in Incident) *datamodels.HealthEvent {
 	action, fatal := c.cfg.Actions.Resolve(in)
-	ents := []*datamodels.Entity{{EntityType: events.EntityGPU, EntityValue: gpuID(in)}}
-	if in.PCI != "" {
-		ents = append(ents, &datamodels.Entity{EntityType: events.EntityPCI, EntityValue: in.PCI})
-	}
+	ents := entities(gpuID(in), in.PCI)
 	return &datamodels.HealthEvent{Version: 1, Agent: Agent, ComponentClass: "GPU", CheckName: "Gpu" + in.System + "Watch",
 		IsFatal: fatal, Message: fmt.Sprintf("GPU %d %s watch %s: %s", in.GPU, in.System, in.Health, in.Message),
 		RecommendedAction: action, ErrorCode: []string{in.Code}, EntitiesImpacted: ents,
@@ -330,11 +463,14 @@ type Replay struct {
 	mu    sync.Mutex
 	Steps []ReplayStep `json:"steps"`
 	i     int
+	gpus  []GPU
 }
 
-// ReplayStep is one recorded response: incidents, or an error.
+// ReplayStep is one recorded response: incidents, or an error; GPUs, when
+// recorded, is the inventory of that read (Inventory).
 type ReplayStep struct {
 	Incidents  []Incident `json:"incidents"`
+	GPUs       []GPU      `json:"gpus,omitempty"`
 	Error      string     `json:"error,omitempty"`
 	NotPresent bool       `json:"notPresent,omitempty"`
 }
@@ -406,5 +542,14 @@ func (r *Replay) Health(ctx context.Context) ([]Incident, error) {
 	case s.Error != "":
 		return nil, errors.New(s.Error)
 	}
+	r.gpus = s.GPUs
 	return s.Incidents, nil
+}
+
+// GPUs implements Inventory: the GPUs recorded with the last step played
+// that answered (none when it recorded none).
+func (r *Replay) GPUs() []GPU {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.gpus)
 }

@@ -39,7 +39,8 @@ func summary(evs []*datamodels.HealthEvent) string {
 }
 
 // TestRecordedHGX plays a recorded DCGM session through the check: the
-// connection lost while booting is not reported, incidents become events
+// connection lost while booting is not reported, the first read that
+// answers is the healthy baseline, incidents become events
 // once with the table's action, changes and recoveries are reported, a
 // lost connection after boot is one event and its return a healthy one.
 func TestRecordedHGX(t *testing.T) {
@@ -55,7 +56,9 @@ func TestRecordedHGX(t *testing.T) {
 	}
 	want := []string{
 		"", // DCGM not up yet, node booting: nothing
-		"",
+		// DCGM up: the healthy baseline of the process's first read.
+		"GpuDcgmConnectivityFailure:healthy GpuMemWatch:healthy GpuPcieWatch:healthy GpuNvlinkWatch:healthy " +
+			"GpuThermalWatch:healthy GpuPowerWatch:healthy GpuInforomWatch:healthy",
 		"GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-7b4f2c1a-8d6e-4c5b-9a1f-2e3d4c5a6b7c " +
 			"GpuThermalWatch:DCGM_FR_CLOCKS_EVENT_THERMAL/NONE@GPU-c43f0536-e751-7211-d7a7-78c95249ee7d",
 		"GpuNvlinkWatch:DCGM_FR_NVLINK_DOWN!/COMPONENT_RESET@GPU-11111111-2222-3333-4444-555555555555 " +

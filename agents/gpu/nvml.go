@@ -5,6 +5,7 @@ package gpu
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -20,6 +21,7 @@ type NVML struct {
 	inited bool
 	replay map[string]replaySample // uuid → last PCIe replay counter
 	links  map[string]bool         // "uuid/link" → was active
+	gpus   []GPU                   // the GPUs of the last successful read (Inventory)
 	// ReplayPerMinute is the PCIe replay rate that raises
 	// DCGM_FR_PCI_REPLAY_RATE (DCGM's default limit is 8 per minute).
 	ReplayPerMinute float64
@@ -60,6 +62,7 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 		return nil, fmt.Errorf("nvml device count: %s", nvml.ErrorString(r))
 	}
 	var out []Incident
+	gpus := make([]GPU, 0, n)
 	for i := 0; i < n; i++ {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -68,14 +71,29 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 		if r != nvml.SUCCESS {
 			out = append(out, Incident{GPU: i, System: "Pcie", Health: "FAIL", Code: "DCGM_FR_NVML_API",
 				Message: "cannot get a handle for the GPU: " + nvml.ErrorString(r)})
+			gpus = append(gpus, GPU{Index: i})
 			continue
 		}
-		out = append(out, s.device(i, d)...)
+		incs, g := s.device(i, d)
+		out = append(out, incs...)
+		gpus = append(gpus, g)
 	}
+	s.gpus = gpus
 	return out, nil
 }
 
-func (s *NVML) device(i int, d nvml.Device) []Incident {
+// GPUs implements Inventory. Pcie is unknown on a GPU until its second
+// replay-counter sample (a rate); Nvlink while one of its links has been
+// seen inactive since this process started and never active (a link is
+// reported down only once seen up: inactive at the first read may be a
+// link down since before the restart, or one not in use).
+func (s *NVML) GPUs() []GPU {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.gpus)
+}
+
+func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 	uuid, _ := d.GetUUID()
 	pci := ""
 	if p, r := d.GetPciInfo(); r == nvml.SUCCESS {
@@ -92,6 +110,7 @@ func (s *NVML) device(i int, d nvml.Device) []Incident {
 		return Incident{GPU: i, UUID: uuid, PCI: pci, System: system, Health: health, Code: code, Message: fmt.Sprintf(msg, args...)}
 	}
 	var out []Incident
+	g := GPU{Index: i, UUID: uuid, PCI: pci}
 	// Memory: volatile DBEs, row remapping.
 	if v, r := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); r == nvml.SUCCESS && v > 0 {
 		out = append(out, inc("Mem", "FAIL", "DCGM_FR_VOLATILE_DBE_DETECTED", "Detected %d volatile double-bit ECC error(s)", v))
@@ -113,6 +132,9 @@ func (s *NVML) device(i int, d nvml.Device) []Incident {
 				out = append(out, inc("Pcie", "WARN", "DCGM_FR_PCI_REPLAY_RATE", "Detected %.0f PCIe replays per minute (limit %.0f)", rate, s.ReplayPerMinute))
 			}
 		}
+		if _, ok := s.replay[uuid]; !ok {
+			g.Unknown = append(g.Unknown, "Pcie")
+		}
 		s.replay[uuid] = replaySample{n, now}
 	}
 	// NVLink: a link that was active and is not any more.
@@ -128,6 +150,9 @@ func (s *NVML) device(i int, d nvml.Device) []Incident {
 			continue // keep it marked active so the incident stands
 		}
 		s.links[key] = active
+		if !active && !slices.Contains(g.Unknown, "Nvlink") {
+			g.Unknown = append(g.Unknown, "Nvlink")
+		}
 	}
 	// Thermal and power.
 	if t, r := d.GetTemperature(nvml.TEMPERATURE_GPU); r == nvml.SUCCESS {
@@ -143,5 +168,5 @@ func (s *NVML) device(i int, d nvml.Device) []Incident {
 			out = append(out, inc("Power", "WARN", "DCGM_FR_CLOCKS_EVENT_POWER", "Clocks slowed down by the power brake (reasons 0x%x)", reasons))
 		}
 	}
-	return out
+	return out, g
 }

@@ -1,0 +1,273 @@
+package gpu
+
+import (
+	"context"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/faultline/faultline/processors/quarantine"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// A GPU's events of one watch (Mem: fatal COMPONENT_RESET, Thermal: not fatal).
+var (
+	gpuA = GPU{Index: 0, UUID: "GPU-A", PCI: "00000000:1b:00.0"}
+	gpuB = GPU{Index: 1, UUID: "GPU-B", PCI: "00000000:43:00.0"}
+)
+
+func incident(g GPU, system, code string) Incident {
+	return Incident{GPU: g.Index, UUID: g.UUID, PCI: g.PCI, System: system, Health: "FAIL", Code: code, Message: "recorded"}
+}
+
+func memDBE(g GPU) Incident { return incident(g, "Mem", "DCGM_FR_VOLATILE_DBE_DETECTED") }
+
+// node plays the quarantine processor's bookkeeping of one node
+// (processors/quarantine State: AddFault for an unhealthy event,
+// Recover for a healthy one, keyed by check and entities, a recovery
+// older than the fault's last occurrence ignored).
+type node struct {
+	st      *quarantine.State
+	lifted  []string // every fault key a recovery removed, in order
+	stale   []string // recoveries ignored as older than the fault
+	unknown []string // unhealthy events of no check (should not happen)
+}
+
+func newNode() *node { return &node{st: &quarantine.State{Faults: map[string]*quarantine.Fault{}}} }
+
+func (n *node) apply(evs []*datamodels.HealthEvent) {
+	for _, ev := range evs {
+		at := ev.GetGeneratedTimestamp().AsTime()
+		if ev.GetIsHealthy() {
+			removed, stale := n.st.Recover(ev.GetCheckName(), events.EntityKey(ev), at)
+			n.lifted = append(n.lifted, removed...)
+			n.stale = append(n.stale, stale...)
+			continue
+		}
+		if ev.GetCheckName() == "" {
+			n.unknown = append(n.unknown, ev.String())
+		}
+		f := quarantine.Fault{Check: ev.GetCheckName(), Entity: events.EntityKey(ev), Since: at, LastSeen: at, Cordon: ev.GetIsFatal()}
+		n.st.AddFault(quarantine.FaultKey(f.Check, f.Entity), f, "")
+	}
+}
+
+func (n *node) faults() string {
+	var k []string
+	for key := range n.st.Faults {
+		k = append(k, key)
+	}
+	sort.Strings(k)
+	return strings.Join(k, " ")
+}
+
+// TestBaselineAfterRestart: a new Check (the agent restarted, or the node
+// rebooted) knows nothing of the faults an earlier one raised; its first
+// successful read reports what is healthy, so the quarantine lifts those
+// faults — one event without entity per watch that is healthy on every
+// GPU, one per healthy GPU in a watch where another GPU is unhealthy (that
+// one's fault stands, never lifted in between), none while the source is
+// not up (booting) or cannot tell yet (GPU.Unknown), and only once.
+func TestBaselineAfterRestart(t *testing.T) {
+	const healthyRest = "GpuNvlinkWatch:healthy GpuThermalWatch:healthy GpuPowerWatch:healthy GpuInforomWatch:healthy"
+	for _, tc := range []struct {
+		name   string
+		before [][]Incident  // the earlier process's reads (GPUs A and B inventoried)
+		after  []ReplayStep  // the new process's reads
+		uptime time.Duration // of the new process's node (default an hour)
+		want   []string      // the new process's events, one string a read
+		faults string        // the faults standing at the end
+		never  string        // a fault that must never be lifted on the way
+	}{{
+		name:   "restart, all healthy now: the fault is lifted",
+		before: [][]Incident{{memDBE(gpuA)}},
+		after:  []ReplayStep{{GPUs: []GPU{gpuA, gpuB}}, {GPUs: []GPU{gpuA, gpuB}}},
+		want: []string{"GpuDcgmConnectivityFailure:healthy GpuMemWatch:healthy GpuPcieWatch:healthy " + healthyRest,
+			""},
+	}, {
+		name:   "reboot: the source is not up while booting, then healthy",
+		before: [][]Incident{{memDBE(gpuA), incident(gpuB, "Thermal", "DCGM_FR_CLOCKS_EVENT_THERMAL")}},
+		after: []ReplayStep{{Error: "Host engine connection invalid/disconnected"}, {NotPresent: true},
+			{GPUs: []GPU{gpuA, gpuB}}},
+		uptime: time.Minute,
+		want:   []string{"", "", "GpuDcgmConnectivityFailure:healthy GpuMemWatch:healthy GpuPcieWatch:healthy " + healthyRest},
+	}, {
+		name:   "one GPU still unhealthy: the other's fault is lifted, its own stands",
+		before: [][]Incident{{memDBE(gpuA), memDBE(gpuB)}},
+		after:  []ReplayStep{{Incidents: []Incident{memDBE(gpuA)}, GPUs: []GPU{gpuA, gpuB}}, {Incidents: []Incident{memDBE(gpuA)}}},
+		want: []string{"GpuDcgmConnectivityFailure:healthy GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-A " +
+			"GpuMemWatch:healthy@GPU-B GpuPcieWatch:healthy " + healthyRest, ""},
+		faults: "GpuMemWatch|GPU=GPU-A,PCI=00000000:1b:00.0",
+		never:  "GpuMemWatch|GPU=GPU-A,PCI=00000000:1b:00.0",
+	}, {
+		name:   "no inventory: the GPUs of the incidents",
+		before: [][]Incident{{memDBE(gpuA), memDBE(gpuB), incident(gpuA, "Thermal", "DCGM_FR_CLOCKS_EVENT_THERMAL")}},
+		after:  []ReplayStep{{Incidents: []Incident{memDBE(gpuA), incident(gpuB, "Thermal", "DCGM_FR_TEMP_VIOLATION")}}},
+		want: []string{"GpuDcgmConnectivityFailure:healthy GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-A " +
+			"GpuThermalWatch:DCGM_FR_TEMP_VIOLATION!/CONTACT_SUPPORT@GPU-B GpuMemWatch:healthy@GPU-B GpuPcieWatch:healthy GpuNvlinkWatch:healthy " +
+			"GpuThermalWatch:healthy@GPU-A GpuPowerWatch:healthy GpuInforomWatch:healthy"},
+		faults: "GpuMemWatch|GPU=GPU-A,PCI=00000000:1b:00.0 GpuThermalWatch|GPU=GPU-B,PCI=00000000:43:00.0",
+		never:  "GpuMemWatch|GPU=GPU-A,PCI=00000000:1b:00.0",
+	}, {
+		name:   "a watch the source cannot tell yet waits for the read that can",
+		before: [][]Incident{{incident(gpuB, "Pcie", "DCGM_FR_PCI_REPLAY_RATE")}},
+		after: []ReplayStep{{GPUs: []GPU{gpuA, {Index: 1, UUID: "GPU-B", PCI: gpuB.PCI, Unknown: []string{"Pcie"}}}},
+			{GPUs: []GPU{gpuA, gpuB}}, {GPUs: []GPU{gpuA, gpuB}}},
+		want:   []string{"GpuDcgmConnectivityFailure:healthy GpuMemWatch:healthy " + healthyRest, "GpuPcieWatch:healthy", ""},
+		faults: "",
+	}, {
+		name:   "still unknown: the fault stands",
+		before: [][]Incident{{incident(gpuB, "Nvlink", "DCGM_FR_NVLINK_DOWN")}},
+		after:  []ReplayStep{{GPUs: []GPU{gpuA, {Index: 1, UUID: "GPU-B", PCI: gpuB.PCI, Unknown: []string{"Nvlink"}}}}},
+		want: []string{"GpuDcgmConnectivityFailure:healthy GpuMemWatch:healthy GpuPcieWatch:healthy " +
+			"GpuThermalWatch:healthy GpuPowerWatch:healthy GpuInforomWatch:healthy", ""},
+		faults: "GpuNvlinkWatch|GPU=GPU-B,PCI=00000000:43:00.0",
+	}, {
+		name:   "a connectivity failure of the earlier process",
+		before: [][]Incident{nil},
+		after:  []ReplayStep{{GPUs: []GPU{gpuA}}},
+		want:   []string{"GpuDcgmConnectivityFailure:healthy GpuMemWatch:healthy GpuPcieWatch:healthy " + healthyRest},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := time.Date(2024, 10, 28, 10, 0, 0, 0, time.UTC)
+			clock := func() time.Time { return now }
+			n := newNode()
+			// The earlier process: its reads after boot; the last
+			// case's lost its source (a connectivity failure).
+			steps := make([]ReplayStep, len(tc.before))
+			for i, incs := range tc.before {
+				steps[i] = ReplayStep{Incidents: incs, GPUs: []GPU{gpuA, gpuB}}
+				if incs == nil {
+					steps[i] = ReplayStep{Error: "Host engine connection invalid/disconnected"}
+				}
+			}
+			old, err := New(Config{Source: &Replay{Steps: steps}, Now: clock,
+				Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range steps {
+				evs, err := old.Check(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The earlier process's own baseline is not what is tested.
+				n.apply(slices.DeleteFunc(evs, func(ev *datamodels.HealthEvent) bool { return ev.GetIsHealthy() }))
+				now = now.Add(30 * time.Second)
+			}
+			if n.faults() == "" {
+				t.Fatal("the earlier process raised no fault")
+			}
+			// The restart: a new Check, the node's quarantine state kept.
+			uptime := tc.uptime
+			if uptime == 0 {
+				uptime = time.Hour
+			}
+			c, err := New(Config{Source: &Replay{Steps: tc.after}, Now: clock,
+				Uptime: func() (time.Duration, error) { return uptime, nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range tc.want {
+				evs, err := c.Check(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := summary(evs); got != tc.want[i] {
+					t.Errorf("read %d after the restart:\n got  %s\n want %s", i, got, tc.want[i])
+				}
+				for _, ev := range evs {
+					if ts := ev.GetGeneratedTimestamp().AsTime(); !ts.Equal(now) {
+						t.Errorf("read %d: %s generated %v, want the read's time %v", i, ev.GetCheckName(), ts, now)
+					}
+				}
+				n.apply(evs)
+				now = now.Add(30 * time.Second)
+			}
+			if got := n.faults(); got != tc.faults {
+				t.Errorf("faults standing after the restart:\n got  %q\n want %q (the node stays quarantined)", got, tc.faults)
+			}
+			if tc.never != "" && slices.Contains(n.lifted, tc.never) {
+				t.Errorf("%s was lifted on the way (it flapped): lifted %v", tc.never, n.lifted)
+			}
+			if len(n.stale) > 0 || len(n.unknown) > 0 {
+				t.Errorf("stale recoveries %v, events without check %v", n.stale, n.unknown)
+			}
+		})
+	}
+}
+
+// TestBaselineOncePerProcess: the baseline is of the process, not of the
+// source's state: a source lost after boot and back reports only the
+// transitions (its own connectivity recovery, the incidents that changed),
+// never another baseline.
+func TestBaselineOncePerProcess(t *testing.T) {
+	now := time.Date(2024, 10, 28, 10, 0, 0, 0, time.UTC)
+	steps := []ReplayStep{{GPUs: []GPU{gpuA, gpuB}}, {Error: "lost"}, {Incidents: []Incident{memDBE(gpuB)}, GPUs: []GPU{gpuA, gpuB}},
+		{NotPresent: true}, {GPUs: []GPU{gpuA, gpuB}}}
+	c, err := New(Config{Source: &Replay{Steps: steps}, Now: func() time.Time { return now },
+		Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{
+		"GpuDcgmConnectivityFailure:healthy GpuMemWatch:healthy GpuPcieWatch:healthy GpuNvlinkWatch:healthy " +
+			"GpuThermalWatch:healthy GpuPowerWatch:healthy GpuInforomWatch:healthy",
+		"GpuDcgmConnectivityFailure:DCGM-CONNECTIVITY-FAILURE/CONTACT_SUPPORT@dcgm",
+		"GpuDcgmConnectivityFailure:healthy@dcgm GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-B",
+		"",
+		"GpuMemWatch:healthy@GPU-B",
+		"",
+	} {
+		evs, err := c.Check(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := summary(evs); got != want {
+			t.Errorf("read %d:\n got  %s\n want %s", i, got, want)
+		}
+	}
+}
+
+// TestNVMLBaseline (a machine with an NVIDIA driver only): NVML names
+// every GPU; the PCIe replay rate is unknown at the first read and known
+// at the second, so a new Check baselines GpuPcieWatch one read later.
+func TestNVMLBaseline(t *testing.T) {
+	if _, err := os.Stat("/dev/nvidiactl"); err != nil {
+		t.Skip("no NVIDIA driver here")
+	}
+	src := NewNVML()
+	inv, ok := any(src).(Inventory)
+	if !ok {
+		t.Skip("built without cgo")
+	}
+	c, err := New(Config{Source: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		evs, err := c.Check(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("read %d: %s; GPUs %+v", i, summary(evs), inv.GPUs())
+		if len(inv.GPUs()) == 0 {
+			t.Fatalf("read %d: NVML named no GPU", i)
+		}
+		if i > 0 {
+			for _, g := range inv.GPUs() {
+				if slices.Contains(g.Unknown, "Pcie") {
+					t.Errorf("read %d: GPU %d: Pcie still unknown after a second sample", i, g.Index)
+				}
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	if c.pending["Pcie"] {
+		t.Error("GpuPcieWatch never baselined")
+	}
+}
