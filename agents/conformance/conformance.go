@@ -34,6 +34,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -384,29 +385,61 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 	return out
 }
 
-// bootParams is the kernel command line without what names this node's
-// own disks rather than its configuration: GRUB's BOOT_IMAGE (the kernel
-// by the disk it was read from, "(hd1,gpt2)/vmlinuz-…"; the kernel
-// version is its own component) is left out, and the identifier of a
-// root= or resume= given by UUID or PARTUUID (each installed node's
-// filesystems have their own) is written "*": "root=UUID=*". Every other
-// parameter is kept as is, in its order.
+// bootParams is the kernel command line without what names this node
+// rather than its configuration, so that nodes installed or netbooted from
+// one image have one fingerprint:
+//   - GRUB's BOOT_IMAGE (the kernel by the disk it was read from,
+//     "(hd1,gpt2)/vmlinuz-…"; the kernel version is its own component) is
+//     left out;
+//   - the identifier of a root= or resume= given by UUID or PARTUUID (each
+//     installed node's filesystems have their own): "root=UUID=*";
+//   - a netbooted node's identity: PXELINUX's BOOTIF= (the boot NIC's MAC),
+//     hostname= and systemd.hostname=, any MAC address (dracut's ifname=,
+//     ip='s macaddr), and the client address and hostname of a static
+//     ip= (the kernel's and dracut's <client>:<server>:<gateway>:<netmask>:
+//     <hostname>:<device>:<autoconf>…): "*".
+//
+// Every other parameter, and the rest of those (gateway, netmask, device,
+// autoconf), is kept as is, in its order.
 func bootParams(args []string) string {
 	out := make([]string, 0, len(args))
 	for _, a := range args {
 		if strings.HasPrefix(a, "BOOT_IMAGE=") {
 			continue
 		}
-		for _, p := range []string{"root=UUID=", "root=PARTUUID=", "resume=UUID=", "resume=PARTUUID="} {
-			if strings.HasPrefix(a, p) {
-				a = p + "*"
-				break
+		key, val, _ := strings.Cut(a, "=")
+		switch key {
+		case "root", "resume":
+			for _, p := range []string{"UUID=", "PARTUUID="} {
+				if strings.HasPrefix(val, p) {
+					val = p + "*"
+				}
 			}
+		case "BOOTIF", "hostname", "systemd.hostname":
+			val = "*"
+		default:
+			val = macAddress.ReplaceAllString(val, "*")
+		}
+		if key == "ip" {
+			if f := strings.Split(val, ":"); len(f) >= 5 && (f[0] == "" || net.ParseIP(f[0]) != nil) {
+				for _, i := range []int{0, 4} {
+					if f[i] != "" {
+						f[i] = "*"
+					}
+				}
+				val = strings.Join(f, ":")
+			}
+		}
+		if val != "" || strings.Contains(a, "=") {
+			a = key + "=" + val
 		}
 		out = append(out, a)
 	}
 	return strings.Join(out, " ")
 }
+
+// macAddress is a MAC address written with colons or dashes.
+var macAddress = regexp.MustCompile(`(?i)\b[0-9a-f]{2}(?:[:-][0-9a-f]{2}){5}\b`)
 
 func deref(d *sysfs.DMIClass, err error, f func(*sysfs.DMIClass) *string, file string) (string, error) {
 	if err != nil {

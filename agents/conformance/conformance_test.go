@@ -329,4 +329,20 @@ func TestBootParamsPerNodeIdentity(t *testing.T) {
 			t.Errorf("boot_params %q: a real change kept the fingerprint", c[BootParams])
 		}
 	}
+
+	// Netbooted nodes (PXE, dracut): each names its boot NIC, its address
+	// and its hostname on the command line.
+	netboot := func(n int, gateway, autoconf string) string {
+		return fmt.Sprintf("BOOTIF=01-0c-42-a1-00-00-%02x ip=10.0.0.%d::%s:255.255.255.0:gpu-%03d:eth0:%s ifname=eth0:0c:42:a1:00:00:%02x "+
+			"systemd.hostname=gpu-%03d root=/dev/nfs nfsroot=10.0.0.1:/images/gpu-ubuntu ro iommu=pt", n, n, gateway, n, autoconf, n, n)
+	}
+	a, b = collect(netboot(5, "10.0.0.1", "none")), collect(netboot(6, "10.0.0.1", "none"))
+	if Fingerprint(a) != Fingerprint(b) {
+		t.Errorf("netbooted from one image, different fingerprints: boot_params %q vs %q", a[BootParams], b[BootParams])
+	}
+	for _, c := range []map[string]string{collect(netboot(5, "10.0.0.254", "none")), collect(netboot(5, "10.0.0.1", "dhcp"))} {
+		if Fingerprint(c) == Fingerprint(a) {
+			t.Errorf("boot_params %q: a real change kept the fingerprint", c[BootParams])
+		}
+	}
 }
