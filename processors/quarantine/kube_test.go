@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -23,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
@@ -488,6 +491,61 @@ func TestKube(t *testing.T) {
 		}
 		if c := condition(n, "GPUHealthy"); c == nil || c.Status != corev1.ConditionTrue {
 			t.Fatalf("condition %+v", c)
+		}
+	})
+
+	// The life of an Xid the node is rebooted for, with the real kernel-log
+	// check: its fault cordons the node; after the reboot the check's
+	// healthy events (one per check, no entity, at the boot's start) lift
+	// it — before them nothing did, and the node stayed cordoned.
+	t.Run("RebootReportLiftsTheNode", func(t *testing.T) {
+		createNodes(t, k, "reboot", "reboot-1")
+		h := newTestHandler(t, testConfig("reboot"), map[string]kubernetes.Interface{"c1": k})
+		dir := t.TempDir()
+		logf, bootf := filepath.Join(dir, "kern.log"), filepath.Join(dir, "boot_id")
+		bootA := time.Now().Add(-2 * time.Hour).UTC().Truncate(time.Second)
+		bootB := time.Now().Add(-time.Minute).UTC().Truncate(time.Second)
+		line := bootA.Add(time.Hour).Format("Jan _2 15:04:05") + " reboot-1 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+		if err := os.WriteFile(logf, []byte(line), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		poll := func(boot string, at time.Time) []*kgo.Record {
+			t.Helper()
+			if err := os.WriteFile(bootf, []byte(boot), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c, err := kmsg.New(kmsg.Config{Source: kmsg.SourceFile, File: logf, StateDir: dir, BootIDPath: bootf, ProcStatPath: "/nonexistent",
+				Parser: kmsg.ParserConfig{BootTime: at, Year: at.Year(), Location: time.UTC}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs, err := c.Check(context.Background())
+			if err == nil {
+				err = c.Commit()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var recs []*kgo.Record
+			for _, ev := range evs {
+				ev.NodeName = "reboot-1"
+				recs = append(recs, record("c1", ev))
+			}
+			return recs
+		}
+		if acts, _ := handle(t, h, poll("boot-a", bootA)...); kinds(acts) != "quarantine/applied" {
+			t.Fatalf("the Xid: %s", kinds(acts))
+		}
+		if n := getNode(t, k, "reboot-1"); !n.Spec.Unschedulable {
+			t.Fatal("not cordoned")
+		}
+		recs := poll("boot-b", bootB)
+		if len(recs) == 0 {
+			t.Fatal("after the reboot the kernel-log check reported nothing: the node stays cordoned")
+		}
+		handle(t, h, recs...)
+		if n := getNode(t, k, "reboot-1"); n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") {
+			t.Fatalf("still cordoned after the reboot's healthy events: %+v", n.Spec)
 		}
 	})
 
