@@ -17,6 +17,7 @@ import (
 
 	"github.com/faultline/faultline/processors/requeue"
 	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
 func TestPollDelay(t *testing.T) {
@@ -182,6 +183,38 @@ func quarantinedWithPod(node string) *fake.Clientset {
 	return k
 }
 
+// joinedResult is the result of a drain of a node with one pod on every
+// GPU that a second fault joined: quarantine actions asking for first and
+// second, with those details.
+func joinedResult(t *testing.T, first string, firstD map[string]string, second string, secondD map[string]string) *faultlinev1.Action {
+	t.Helper()
+	const node = "n1"
+	k := fake.NewSimpleClientset(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{events.LabelQuarantined: "true"}}},
+		// On every GPU: in the scope of any GPU's drain.
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p", Annotations: map[string]string{DefaultGPUAnnotation: "all"}},
+			Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+		return a.GetSubresource() == "eviction", nil, nil
+	})
+	clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+	h := newHandler(t, testConfig(), k, clk, false)
+	_, rq := handle(t, h, quarantineAction(node, "e1", first, firstD))
+	if acts, _ := handle(t, h, quarantineAction(node, "e2", second, secondD)); find(acts, events.OutcomeInProgress) == nil {
+		t.Fatalf("the second fault did not join: %s", outcomes(acts))
+	}
+	if err := k.CoreV1().Pods("work").Delete(context.Background(), "p", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(10 * time.Second)
+	acts, _ := handle(t, h, rq...)
+	res := find(acts, events.OutcomeSucceeded)
+	if res == nil {
+		t.Fatalf("no result: %s", outcomes(acts))
+	}
+	return res
+}
+
 // TestJoinedFaultRemediated: the result of a drain that faults joined asks
 // remediate for what every one of them needs — a second GPU's reset adds
 // its GPU to the reset, a fault asking for no remediation does not take
@@ -205,30 +238,7 @@ func TestJoinedFaultRemediated(t *testing.T) {
 		{"a reboot joining a GPU's reset takes its place", "COMPONENT_RESET", "RESTART_BM", reset("GPU-A"), nil, "RESTART_BM", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			const node = "n1"
-			k := fake.NewSimpleClientset(
-				&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{events.LabelQuarantined: "true"}}},
-				// On every GPU: in the scope of any GPU's drain.
-				&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p", Annotations: map[string]string{DefaultGPUAnnotation: "all"}},
-					Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})
-			k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
-				return a.GetSubresource() == "eviction", nil, nil
-			})
-			clk := &clock{t: time.Now().Truncate(time.Millisecond)}
-			h := newHandler(t, testConfig(), k, clk, false)
-			_, rq := handle(t, h, quarantineAction(node, "e1", tc.first, tc.firstD))
-			if acts, _ := handle(t, h, quarantineAction(node, "e2", tc.second, tc.secondD)); find(acts, events.OutcomeInProgress) == nil {
-				t.Fatalf("the second fault did not join: %s", outcomes(acts))
-			}
-			if err := k.CoreV1().Pods("work").Delete(context.Background(), "p", metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			clk.Add(10 * time.Second)
-			acts, _ := handle(t, h, rq...)
-			res := find(acts, events.OutcomeSucceeded)
-			if res == nil {
-				t.Fatalf("no result: %s", outcomes(acts))
-			}
+			res := joinedResult(t, tc.first, tc.firstD, tc.second, tc.secondD)
 			if res.RecommendedAction != tc.action || res.Details[events.DetailEntities] != tc.entities {
 				t.Fatalf("the drain's result asks remediate for %s on %q, want %s on %q (event ids %v)",
 					res.RecommendedAction, res.Details[events.DetailEntities], tc.action, tc.entities, res.EventIds)
@@ -258,29 +268,7 @@ func TestResultSaysNewestFaultTime(t *testing.T) {
 		{"none said", "RESTART_BM", nil, nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			const node = "n1"
-			k := fake.NewSimpleClientset(
-				&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{events.LabelQuarantined: "true"}}},
-				&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p"},
-					Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})
-			k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
-				return a.GetSubresource() == "eviction", nil, nil
-			})
-			clk := &clock{t: time.Now().Truncate(time.Millisecond)}
-			h := newHandler(t, testConfig(), k, clk, false)
-			_, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_BM", tc.firstG))
-			if acts, _ := handle(t, h, quarantineAction(node, "e2", tc.second, tc.secondG)); find(acts, events.OutcomeInProgress) == nil {
-				t.Fatalf("the second fault did not join: %s", outcomes(acts))
-			}
-			if err := k.CoreV1().Pods("work").Delete(context.Background(), "p", metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			clk.Add(10 * time.Second)
-			acts, _ := handle(t, h, rq...)
-			res := find(acts, events.OutcomeSucceeded)
-			if res == nil {
-				t.Fatalf("no result: %s", outcomes(acts))
-			}
+			res := joinedResult(t, "RESTART_BM", tc.firstG, tc.second, tc.secondG)
 			if got, ok := res.Details[events.DetailGeneratedAt]; got != tc.want || ok != (tc.want != "") {
 				t.Fatalf("the drain's result says %s %q, want %q", events.DetailGeneratedAt, got, tc.want)
 			}
