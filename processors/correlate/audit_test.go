@@ -61,3 +61,44 @@ func TestFlapCountsLinkDowns(t *testing.T) {
 		})
 	})
 }
+
+// TestXidGPUKnownByPCIOnly: the kmsg agent names a GPU "PCI=…" alone until
+// it knows the GPU's UUID (the driver's NVRM line or the topology metadata)
+// and "PCI=…,GPU=GPU-…" afterwards; both are the same GPU, and its repeated
+// Xids count together. A GPU at the same PCI address with another UUID (a
+// replaced board) is another GPU.
+func TestXidGPUKnownByPCIOnly(t *testing.T) {
+	s := server(t)
+	m, h := time.Minute, time.Hour
+	pciOnly := func(ev *datamodels.HealthEvent) *datamodels.HealthEvent {
+		ev.EntitiesImpacted = ev.EntitiesImpacted[:1]
+		return ev
+	}
+	otherBoard := func(ev *datamodels.HealthEvent) *datamodels.HealthEvent {
+		ev.EntitiesImpacted[1].EntityValue = "GPU-2"
+		return ev
+	}
+	t.Run("xid 31 count", func(t *testing.T) {
+		c := newCluster("xidpci")
+		hs := newHarness(t, s, DefaultRules, nil)
+		hs.cluster = c
+		runSteps(t, hs, []step{
+			{evs: evs(pciOnly(xid(c, "n1", 0, 31, false, 1))), want: none},
+			{evs: evs(xid(c, "n1", 1*h, 31, false, 1)), want: "RepeatedXID31OnSameGPU:fault"},
+			{evs: evs(xid(c, "n2", 0, 31, false, 1)), want: none},
+			{evs: evs(otherBoard(xid(c, "n2", 1*h, 31, false, 1))), want: none},
+		})
+	})
+	t.Run("xid bursts", func(t *testing.T) {
+		c := newCluster("xidpci")
+		hs := newHarness(t, s, DefaultRules, nil)
+		hs.cluster = c
+		runSteps(t, hs, []step{
+			{evs: evs(pciOnly(xid(c, "n1", 0, 48, true, 1))), want: none},
+			{evs: evs(pciOnly(xid(c, "n1", 10*m, 48, true, 1))), want: none},
+			{evs: evs(xid(c, "n1", 20*m, 48, true, 1)), want: none},
+			{evs: evs(xid(c, "n1", 30*m, 48, true, 1)), want: none},
+			{evs: evs(xid(c, "n1", 40*m, 48, true, 1)), want: "RepeatedXIDOnSameGPU:fault"},
+		})
+	})
+}

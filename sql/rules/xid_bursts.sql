@@ -5,6 +5,11 @@
 -- 95, 109, 119); an event after every earlier event's horizon starts a new
 -- burst. A flood summary (metadata count=N) is one point in time like any
 -- other event: bursts count time, not occurrences.
+-- The GPU is matched by identity, not by the exact entity key: an event
+-- counts for the trigger's GPU when its key is the trigger's, when both
+-- name the same PCI address and not two different UUIDs (the kmsg agent
+-- names a GPU "PCI=…" alone until it knows its UUID, "PCI=…,GPU=GPU-…"
+-- after), or when both name the same UUID.
 -- param: checks Array(String)        Xid check names
 -- param: sticky_codes Array(String)  error codes that keep a burst open for sticky_gap
 -- param: gap_ms UInt64               quiet time that ends a burst (3m)
@@ -28,28 +33,38 @@ FROM
             arraySort(groupArray(t)) AS ts_sorted,
             arraySort((h, x) -> x, groupArray(h), groupArray(t)) AS h_sorted,
             arraySort(groupArray(id)) AS ids_sorted
-        FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers) AS tr
+        FROM
+        (
+            SELECT tid, cityHash64(cluster, node) AS nh, at_ms, gkey,
+                extract(gkey, 'GPU=([^,]+)') AS tgpu, extract(gkey, 'PCI=([^,]+)') AS tpci
+            FROM triggers
+        ) AS tr
         ALL INNER JOIN
         (
-            SELECT gh, id, t, t + if(sticky = 1, @sticky_gap_ms, @gap_ms) AS h
+            SELECT nh, id, t, t + if(sticky = 1, @sticky_gap_ms, @gap_ms) AS h, entity, gpu, pci
             FROM
             (
-                SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
+                SELECT cityHash64(cluster, node) AS nh, id, toUInt64(ts) * 1000 + ts_ms AS t, entity,
+                    entities.value[indexOf(entities.type, 'GPU')] AS gpu, entities.value[indexOf(entities.type, 'PCI')] AS pci,
                     toUInt8(hasAny(error_codes, @sticky_codes)) AS sticky
                 FROM recent_events
                 PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
                 WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
                     AND is_fatal = 1 AND is_healthy = 0
                 UNION ALL
-                SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
+                SELECT cityHash64(cluster, node) AS nh, id, toUInt64(ts) * 1000 + ts_ms AS t, entity,
+                    entities.value[indexOf(entities.type, 'GPU')] AS gpu, entities.value[indexOf(entities.type, 'PCI')] AS pci,
                     toUInt8(hasAny(error_codes, @sticky_codes)) AS sticky
                 FROM batch
                 WHERE has(@checks, check) AND is_fatal = 1 AND is_healthy = 0
                     AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
             )
             LIMIT 1 BY id
-        ) AS w USING (gh)
+        ) AS w USING (nh)
         WHERE t > at_ms - @window_ms AND t <= at_ms
+            AND (entity = gkey
+                OR (tpci != '' AND pci = tpci AND (tgpu = '' OR gpu = '' OR gpu = tgpu))
+                OR (tgpu != '' AND gpu = tgpu))
         GROUP BY tid
     )
 )

@@ -2,6 +2,11 @@
 -- rule): occurrences of the codes on one GPU (gkey = the event's entity key)
 -- in (at - window, at]. An event stands for metadata "count" occurrences
 -- (kmsg flood summaries; 1 when absent), so the value is their sum.
+-- The GPU is matched by identity, not by the exact entity key: an event
+-- counts for the trigger's GPU when its key is the trigger's, when both
+-- name the same PCI address and not two different UUIDs (the kmsg agent
+-- names a GPU "PCI=…" alone until it knows its UUID, "PCI=…,GPU=GPU-…"
+-- after), or when both name the same UUID.
 -- param: checks Array(String)  Xid check names
 -- param: codes Array(String)   error codes counted, e.g. ['XID-31']
 SELECT
@@ -9,26 +14,36 @@ SELECT
     toFloat64(sum(n)) AS value,
     arraySlice(arraySort(groupUniqArray(id)), 1, 100) AS cause_ids,
     max(t) AS last_ms
-FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers) AS tr
+FROM
+(
+    SELECT tid, cityHash64(cluster, node) AS nh, at_ms, gkey,
+        extract(gkey, 'GPU=([^,]+)') AS tgpu, extract(gkey, 'PCI=([^,]+)') AS tpci
+    FROM triggers
+) AS tr
 ALL INNER JOIN
 (
-    SELECT gh, id, t, n
+    SELECT nh, id, t, n, entity, gpu, pci
     FROM
     (
-        SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
+        SELECT cityHash64(cluster, node) AS nh, id, toUInt64(ts) * 1000 + ts_ms AS t, entity,
+            entities.value[indexOf(entities.type, 'GPU')] AS gpu, entities.value[indexOf(entities.type, 'PCI')] AS pci,
             greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'count')]), 1) AS n
         FROM recent_events
         PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
         WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
             AND hasAny(error_codes, @codes) AND is_healthy = 0
         UNION ALL
-        SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
+        SELECT cityHash64(cluster, node) AS nh, id, toUInt64(ts) * 1000 + ts_ms AS t, entity,
+            entities.value[indexOf(entities.type, 'GPU')] AS gpu, entities.value[indexOf(entities.type, 'PCI')] AS pci,
             greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'count')]), 1) AS n
         FROM batch
         WHERE has(@checks, check) AND hasAny(error_codes, @codes) AND is_healthy = 0
             AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
     )
     LIMIT 1 BY id
-) AS w USING (gh)
+) AS w USING (nh)
 WHERE t > at_ms - @window_ms AND t <= at_ms
+    AND (entity = gkey
+        OR (tpci != '' AND pci = tpci AND (tgpu = '' OR gpu = '' OR gpu = tgpu))
+        OR (tgpu != '' AND gpu = tgpu))
 GROUP BY tid
