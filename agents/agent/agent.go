@@ -196,7 +196,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if a.podres != nil {
 			pods = podLister{a.podres}
 		}
-		la, err := localaction.New(a.cfg.LocalActions, a.log, pods)
+		la, err := localaction.New(a.cfg.LocalActions, a.cfg.NodeName, a.log, pods)
 		if err != nil {
 			return err
 		}

@@ -14,7 +14,7 @@ import (
 func FuzzLoadConfig(f *testing.F) {
 	f.Add("node_name = \"gpu-node-42\"\n[gateway]\naddr = \"faultline-gateway.faultline.svc:50051\"\ntoken_file = \"/var/run/secrets/faultline/token\"\n" +
 		"[nic]\nsysfs_root = \"/host/sys\"\nproc_net_route = \"/host/proc/net/route\"\nboot_id_path = \"/host/proc/sys/kernel/random/boot_id\"\n")
-	f.Add("[local_actions]\nlisten = \"10.0.0.7:9477\"\ntoken_file = \"/etc/faultline/local-actions-token\"\nreboot_command = [\"systemctl\", \"reboot\"]\n" +
+	f.Add("[local_actions]\nlisten = \"10.0.0.7:9477\"\nverify_key_file = \"/etc/faultline/local-actions.pub\"\nreboot_command = [\"systemctl\", \"reboot\"]\n" +
 		"gpu_reset_command = [\"nvidia-smi\", \"-r\", \"-i\", \"{uuid}\"]\npods_gone_timeout = \"2m\"\ncommand_timeout = \"2m\"\n")
 	f.Add("checks = [\"nic\", \"csp\"]\n[csp]\nmetadata_url = \"http://metadata.google.internal/computeMetadata/v1/instance\"\npoll_interval = \"30s\"\n")
 	f.Add("checks = [\"nic\", \"conformance\"]\n[conformance]\ninterval = \"6h\"\nos_image_file = \"/etc/os-image\"\n" +

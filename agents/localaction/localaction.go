@@ -14,16 +14,25 @@
 // request is answered within seconds, in_progress while its action is
 // queued or running, so a reset that takes minutes is polled for, not
 // waited on.
+//
+// Only the janitor can ask: every request is signed with its Ed25519 key
+// (sign.go) over the method, the path and the body, and the body names
+// the node, the request id, the action and when it was issued. The agent
+// holds only the public key; it refuses a request that is unsigned,
+// signed by another key, for another node than its own, or issued
+// outside max_clock_skew of its clock. Root on one node therefore cannot
+// reboot or reset another.
 package localaction
 
 import (
+	"bytes"
 	"cmp"
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -38,7 +47,6 @@ import (
 	"time"
 
 	"github.com/faultline/faultline/agents/topology"
-	"github.com/faultline/faultline/internal/config"
 )
 
 // Config is the agent's [local_actions] section.
@@ -46,9 +54,18 @@ type Config struct {
 	// Listen is the endpoint's address ("$(HOST_IP):9477"); "" (default)
 	// turns the endpoint off.
 	Listen string `toml:"listen"`
-	// TokenFile holds the bearer token callers must send (required when
-	// Listen is set).
-	TokenFile string `toml:"token_file"`
+	// VerifyKeyFile holds the janitor's Ed25519 public key (PEM PUBLIC
+	// KEY blocks, several while a key is rotated; required when Listen is
+	// set). It is read at start and again for every request, so a new key
+	// mounted in its place is used without a restart.
+	VerifyKeyFile string `toml:"verify_key_file"`
+	// MaxClockSkew: a request issued more than this before or after the
+	// agent's clock is refused (Expired). Default 5m.
+	MaxClockSkew time.Duration `toml:"max_clock_skew"`
+	// TokenFile was the bearer token every node shared; removed (any
+	// node's root could act on every other node with it). Set: an error
+	// naming verify_key_file.
+	TokenFile string `toml:"token_file" chart:"-"`
 	// RebootCommand is run for a reboot. Default ["systemctl", "reboot"].
 	RebootCommand []string `toml:"reboot_command"`
 	// GPUResetCommand is run once per GPU, "{uuid}" replaced by its UUID.
@@ -73,13 +90,15 @@ func DefaultConfig() Config {
 		RebootCommand: []string{"systemctl", "reboot"}, GPUResetCommand: []string{"nvidia-smi", "-r", "-i", "{uuid}"},
 		GPUListCommand: []string{"nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"},
 		StateFile:      "/var/lib/faultline/local-actions.json", PodsGoneTimeout: 2 * time.Minute, CommandTimeout: 2 * time.Minute,
+		MaxClockSkew: 5 * time.Minute,
 	}
 }
 
 // RegisterFlags adds the flags under prefix ("local-actions.").
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Listen, prefix+"listen", c.Listen, "address of the local action endpoint the janitor calls (\"\": off)")
-	fs.StringVar(&c.TokenFile, prefix+"token-file", c.TokenFile, "file holding the endpoint's bearer token")
+	fs.StringVar(&c.VerifyKeyFile, prefix+"verify-key-file", c.VerifyKeyFile, "PEM file of the janitor's Ed25519 public key(s); only requests it signed for this node are served")
+	fs.DurationVar(&c.MaxClockSkew, prefix+"max-clock-skew", c.MaxClockSkew, "refuse a request issued further than this from the agent's clock")
 	fs.StringVar(&c.StateFile, prefix+"state-file", c.StateFile, "file recording the requests handled")
 	fs.DurationVar(&c.PodsGoneTimeout, prefix+"pods-gone-timeout", c.PodsGoneTimeout, "wait for a GPU's pods to be gone before its reset")
 	fs.DurationVar(&c.CommandTimeout, prefix+"command-timeout", c.CommandTimeout, "time bound of one command")
@@ -87,11 +106,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 
 // Validate names the first bad key.
 func (c Config) Validate(prefix string) error {
+	if c.TokenFile != "" {
+		return fmt.Errorf("%stoken_file: removed (the same token on every node let any node's root reboot every other); "+
+			"set %sverify_key_file to the janitor's Ed25519 public key instead (agents/README.md, \"Local actions\")", prefix, prefix)
+	}
 	if c.Listen == "" {
 		return nil
 	}
-	if c.TokenFile == "" {
-		return fmt.Errorf("%stoken_file: required when %slisten is set", prefix, prefix)
+	if c.VerifyKeyFile == "" {
+		return fmt.Errorf("%sverify_key_file: required when %slisten is set (the janitor's Ed25519 public key, PEM)", prefix, prefix)
 	}
 	for _, cmd := range []struct {
 		key  string
@@ -110,17 +133,33 @@ func (c Config) Validate(prefix string) error {
 		return fmt.Errorf("%spods_gone_timeout: must be positive, got %v", prefix, c.PodsGoneTimeout)
 	case c.CommandTimeout <= 0:
 		return fmt.Errorf("%scommand_timeout: must be positive, got %v", prefix, c.CommandTimeout)
+	case c.MaxClockSkew <= 0:
+		return fmt.Errorf("%smax_clock_skew: must be positive, got %v", prefix, c.MaxClockSkew)
 	}
-	if _, err := config.ReadSecret(c.TokenFile, ""); err != nil {
-		return fmt.Errorf("%stoken_file: %w", prefix, err)
+	if _, err := LoadVerifyKeys(c.VerifyKeyFile); err != nil {
+		return fmt.Errorf("%sverify_key_file: %w", prefix, err)
 	}
 	return nil
 }
 
-// Request is what the janitor sends.
+// Actions, a Request's Action and the last element of its path.
+const (
+	ActionReboot   = "reboot"
+	ActionGPUReset = "gpu-reset"
+)
+
+// Request is what the janitor sends, signed (Sign) over the method, the
+// path and these exact bytes.
 type Request struct {
 	// ID identifies the request; a repeated id gets the first answer.
 	ID string `json:"id"`
+	// Node is the node the request is for; any other agent refuses it.
+	Node string `json:"node"`
+	// Action is ActionReboot or ActionGPUReset, the path's.
+	Action string `json:"action"`
+	// Issued is when the janitor signed it; refused outside
+	// max_clock_skew of the agent's clock.
+	Issued time.Time `json:"issued"`
 	// GPUs to reset (UUIDs); empty: every GPU of the node.
 	GPUs []string `json:"gpus,omitempty"`
 }
@@ -164,8 +203,10 @@ type Server struct {
 	AnswerWait time.Duration
 
 	cfg  Config
+	node string
 	log  *slog.Logger
 	pods PodLister
+	now  func() time.Time
 
 	// resetting is held while a GPU reset runs: one at a time.
 	resetting sync.Mutex
@@ -177,10 +218,14 @@ type Server struct {
 
 var uuidRE = regexp.MustCompile(`^GPU-[0-9a-fA-F-]{36}$`)
 
-// New returns the server; pods may be nil (no pod-resources socket: the
-// drain's word is taken).
-func New(cfg Config, log *slog.Logger, pods PodLister) (*Server, error) {
-	s := &Server{cfg: cfg, log: log, pods: pods, AnswerWait: answerWait, state: map[string]Answer{}, running: map[string]chan struct{}{}}
+// New returns the server of node (the agent's node_name: a request for
+// any other node is refused); pods may be nil (no pod-resources socket:
+// the drain's word is taken).
+func New(cfg Config, node string, log *slog.Logger, pods PodLister) (*Server, error) {
+	if node == "" {
+		return nil, errors.New("local actions: the node name is required (a request names the node it is for)")
+	}
+	s := &Server{cfg: cfg, node: node, log: log, pods: pods, now: time.Now, AnswerWait: answerWait, state: map[string]Answer{}, running: map[string]chan struct{}{}}
 	if b, err := os.ReadFile(cfg.StateFile); err == nil {
 		if err := json.Unmarshal(b, &s.state); err != nil || s.state == nil {
 			// Empty or cut short (a power cut while it was first written) or
@@ -239,8 +284,8 @@ func (s *Server) record(a *Answer) error {
 // Handler is the endpoint's HTTP handler.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/local/reboot", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, false, s.reboot) })
-	mux.HandleFunc("POST /v1/local/gpu-reset", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, true, s.gpuReset) })
+	mux.HandleFunc("POST /v1/local/reboot", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, ActionReboot, s.reboot) })
+	mux.HandleFunc("POST /v1/local/gpu-reset", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, ActionGPUReset, s.gpuReset) })
 	return mux
 }
 
@@ -251,16 +296,26 @@ const maxID = 256
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9._:/-]+$`)
 
-// decode reads a request, saying what is wrong with a bad one; gpus is
-// whether the action takes GPUs.
-func decode(w http.ResponseWriter, r *http.Request, gpus bool) (Request, error) {
+// maxBody bounds a request's body.
+const maxBody = 1 << 16
+
+// decode parses a signed request's body, saying what is wrong with a bad
+// one; action is the path's.
+func decode(body []byte, action string) (Request, error) {
 	var req Request
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields() // a misspelt "gpus" must not mean every GPU
 	if err := dec.Decode(&req); err != nil {
-		return req, fmt.Errorf("body: %v; want JSON {\"id\": ..., \"gpus\": [...]}", err)
+		return req, fmt.Errorf("body: %v; want JSON {\"id\": ..., \"node\": ..., \"action\": ..., \"issued\": ..., \"gpus\": [...]}", err)
 	}
+	gpus := action == ActionGPUReset
 	switch {
+	case req.Action != action:
+		return req, fmt.Errorf("action: %q sent to the %s endpoint", req.Action, action)
+	case req.Node == "":
+		return req, errors.New("node: required")
+	case req.Issued.IsZero():
+		return req, errors.New("issued: required")
 	case req.ID == "":
 		return req, errors.New("id: required")
 	case len(req.ID) > maxID:
@@ -278,18 +333,50 @@ func decode(w http.ResponseWriter, r *http.Request, gpus bool) (Request, error) 
 	return req, nil
 }
 
-func (s *Server) serve(w http.ResponseWriter, r *http.Request, gpus bool, do func(context.Context, Request) Answer) {
-	tok, err := config.ReadSecret(s.cfg.TokenFile, "")
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if err != nil || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(tok.Reveal())) != 1 {
-		http.Error(w, "unauthorized", http.StatusUnauthorized)
-		return
+// authorize reads the body and checks its signature, its node and its
+// time; a refusal is written and nil returned.
+func (s *Server) authorize(w http.ResponseWriter, r *http.Request, action string) *Request {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, Answer{Reason: "InvalidRequest", Message: "body: " + err.Error()})
+		return nil
 	}
-	req, err := decode(w, r, gpus)
+	keys, err := LoadVerifyKeys(s.cfg.VerifyKeyFile)
+	if err != nil {
+		s.log.Error("local actions: verify key unreadable; refusing every request", "verify_key_file", s.cfg.VerifyKeyFile, "err", err)
+		writeJSON(w, http.StatusUnauthorized, Answer{Reason: "Unauthorized", Message: "the agent cannot read local_actions.verify_key_file"})
+		return nil
+	}
+	if err := verify(keys, r.Header.Get("Authorization"), r.Method, r.URL.Path, body); err != nil {
+		writeJSON(w, http.StatusUnauthorized, Answer{Reason: "Unauthorized", Message: err.Error()})
+		return nil
+	}
+	req, err := decode(body, action)
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, Answer{ID: req.ID, Reason: "InvalidRequest", Message: err.Error()})
+		return nil
+	}
+	if req.Node != s.node {
+		s.log.Warn("local actions: refused a request signed for another node", "id", req.ID, "for", req.Node, "node", s.node)
+		writeJSON(w, http.StatusForbidden, Answer{ID: req.ID, Reason: "WrongNode",
+			Message: fmt.Sprintf("node: the request is for node %q, this agent is node %q", req.Node, s.node)})
+		return nil
+	}
+	if now := s.now(); req.Issued.Before(now.Add(-s.cfg.MaxClockSkew)) || req.Issued.After(now.Add(s.cfg.MaxClockSkew)) {
+		writeJSON(w, http.StatusForbidden, Answer{ID: req.ID, Reason: "Expired",
+			Message: fmt.Sprintf("issued: %s, further than max_clock_skew %v from the agent's clock (%s)",
+				req.Issued.UTC().Format(time.RFC3339), s.cfg.MaxClockSkew, now.UTC().Format(time.RFC3339))})
+		return nil
+	}
+	return &req
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, action string, do func(context.Context, Request) Answer) {
+	rp := s.authorize(w, r, action)
+	if rp == nil {
 		return
 	}
+	req := *rp
 	a, known, done, err := s.begin(r.Context(), req, do)
 	if err != nil {
 		writeJSON(w, http.StatusOK, Answer{ID: req.ID, Reason: "StateNotRecorded", Message: err.Error()})

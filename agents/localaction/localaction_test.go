@@ -1,9 +1,12 @@
 package localaction
 
 import (
-	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
@@ -34,6 +37,78 @@ func standIn(t *testing.T, dir, name, log string) string {
 	return p
 }
 
+// testNode is the node the tests' agents serve.
+const testNode = "node-a"
+
+// janitorKey is a janitor's signing key, its public key written where
+// an agent's verify_key_file names it.
+type janitorKey struct {
+	priv    ed25519.PrivateKey
+	pubFile string
+}
+
+// newJanitorKey makes a key pair and writes the public key as PEM to
+// dir/name.pub.
+func newJanitorKey(t *testing.T, dir, name string) janitorKey {
+	t.Helper()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := janitorKey{priv: priv, pubFile: filepath.Join(dir, name+".pub")}
+	if err := os.WriteFile(k.pubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// post signs body for path and posts it; auth, when not "", replaces the
+// signature.
+func (k janitorKey) post(t *testing.T, url, path, body, auth string) (int, Answer) {
+	t.Helper()
+	hr, _ := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
+	if auth == "" {
+		auth = Sign(k.priv, http.MethodPost, path, []byte(body))
+	}
+	hr.Header.Set("Authorization", auth)
+	resp, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var a Answer
+	_ = json.NewDecoder(resp.Body).Decode(&a)
+	return resp.StatusCode, a
+}
+
+// call sends req as the janitor would: for testNode, issued now, the
+// action of the path, signed.
+func (k janitorKey) call(t *testing.T, url string, req Request) (int, Answer) {
+	t.Helper()
+	path := "/v1/local/reboot"
+	if req.Action == "" {
+		req.Action = ActionReboot
+		if req.GPUs != nil {
+			req.Action = ActionGPUReset
+		}
+	}
+	if req.Action == ActionGPUReset {
+		path = "/v1/local/gpu-reset"
+	}
+	if req.Node == "" {
+		req.Node = testNode
+	}
+	if req.Issued.IsZero() {
+		req.Issued = time.Now()
+	}
+	b, _ := json.Marshal(req)
+	return k.post(t, url, path, string(b), "")
+}
+
 type pods struct{ busy atomic.Int32 }
 
 func (p *pods) PodsOf(context.Context, []string) ([]string, error) {
@@ -48,10 +123,8 @@ func TestServer(t *testing.T) {
 	log := filepath.Join(dir, "calls.log")
 	cfg := DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
-	cfg.TokenFile = filepath.Join(dir, "token")
-	if err := os.WriteFile(cfg.TokenFile, []byte("tok\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	k := newJanitorKey(t, dir, "janitor")
+	cfg.VerifyKeyFile = k.pubFile
 	cfg.RebootCommand = []string{standIn(t, dir, "systemctl", log), "reboot"}
 	smi := standIn(t, dir, "nvidia-smi", log)
 	cfg.GPUResetCommand = []string{smi, "-r", "-i", "{uuid}"}
@@ -62,94 +135,76 @@ func TestServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := &pods{}
-	s, err := New(cfg, testLog, p)
+	s, err := New(cfg, testNode, testLog, p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(s.Handler())
 	defer srv.Close()
-	call := func(path, token string, req Request) (int, Answer) {
-		t.Helper()
-		b, _ := json.Marshal(req)
-		hr, _ := http.NewRequest(http.MethodPost, srv.URL+path, bytes.NewReader(b))
-		hr.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(hr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var a Answer
-		_ = json.NewDecoder(resp.Body).Decode(&a)
-		return resp.StatusCode, a
-	}
+	call := func(req Request) (int, Answer) { t.Helper(); return k.call(t, srv.URL, req) }
 	calls := func() string { b, _ := os.ReadFile(log); return string(b) }
 
-	if code, _ := call("/v1/local/reboot", "wrong", Request{ID: "r1"}); code != http.StatusUnauthorized {
-		t.Fatalf("wrong token: %d", code)
-	}
-	if code, a := call("/v1/local/reboot", "tok", Request{ID: "r1"}); code != 200 || !a.OK || a.Repeated {
+	if code, a := call(Request{ID: "r1"}); code != 200 || !a.OK || a.Repeated {
 		t.Fatalf("reboot: %d %+v", code, a)
 	}
-	if code, a := call("/v1/local/reboot", "tok", Request{ID: "r1"}); code != 200 || !a.OK || !a.Repeated {
+	if code, a := call(Request{ID: "r1"}); code != 200 || !a.OK || !a.Repeated {
 		t.Fatalf("repeated reboot: %d %+v", code, a)
 	}
 	if got := strings.Count(calls(), "systemctl reboot"); got != 1 {
 		t.Fatalf("reboot command ran %d times:\n%s", got, calls())
 	}
 	// The record survives the agent (and the node) restarting.
-	s2, err := New(cfg, testLog, p)
+	s2, err := New(cfg, testNode, testLog, p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv.Config.Handler = s2.Handler()
-	if _, a := call("/v1/local/reboot", "tok", Request{ID: "r1"}); !a.Repeated || strings.Count(calls(), "systemctl reboot") != 1 {
+	if _, a := call(Request{ID: "r1"}); !a.Repeated || strings.Count(calls(), "systemctl reboot") != 1 {
 		t.Fatalf("after a restart: %+v\n%s", a, calls())
 	}
 
 	// GPU reset: waits for the pods, resets each GPU once.
 	p.busy.Store(2)
 	g := "GPU-00000000-0000-0000-0000-00000000000a"
-	if _, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g1", GPUs: []string{g}}); !a.OK {
+	if _, a := call(Request{ID: "g1", GPUs: []string{g}}); !a.OK {
 		t.Fatalf("gpu reset: %+v", a)
 	}
 	if p.busy.Load() >= 0 || !strings.Contains(calls(), "nvidia-smi -r -i "+g) {
 		t.Fatalf("reset before the pods were gone, or not at all:\n%s", calls())
 	}
 	// Every GPU: listed by the GPU list command.
-	if _, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g2"}); !a.OK || !strings.Contains(calls(), "-i GPU-00000000-0000-0000-0000-000000000002") {
+	if _, a := call(Request{ID: "g2", Action: ActionGPUReset}); !a.OK || !strings.Contains(calls(), "-i GPU-00000000-0000-0000-0000-000000000002") {
 		t.Fatalf("all GPUs: %+v\n%s", a, calls())
 	}
 	// Failures.
-	if _, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g3", GPUs: []string{"GPU-00000000-dead-0000-0000-000000000000"}}); a.OK || a.Reason != "CommandFailed" {
+	if _, a := call(Request{ID: "g3", GPUs: []string{"GPU-00000000-dead-0000-0000-000000000000"}}); a.OK || a.Reason != "CommandFailed" {
 		t.Fatalf("failing reset: %+v", a)
 	}
 	p.busy.Store(1 << 20)
 	s2.cfg.PodsGoneTimeout = 1500 * time.Millisecond
-	if _, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g4", GPUs: []string{g}}); a.OK || a.Reason != "GPUInUse" || !strings.Contains(a.Message, "ml/train-0") {
+	if _, a := call(Request{ID: "g4", GPUs: []string{g}}); a.OK || a.Reason != "GPUInUse" || !strings.Contains(a.Message, "ml/train-0") {
 		t.Fatalf("GPU in use: %+v", a)
 	}
 	// Bad requests say what is wrong and run nothing.
 	before := calls()
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	reset := `"node":"node-a","action":"gpu-reset","issued":"` + now + `"`
+	reboot := `"node":"node-a","action":"reboot","issued":"` + now + `"`
 	for _, tc := range []struct{ path, body, want string }{
-		{"/v1/local/gpu-reset", `{"id":"g6","gpu":["` + g + `"]}`, `body: json: unknown field "gpu"`}, // not every GPU
-		{"/v1/local/gpu-reset", `{"gpus":["` + g + `"]}`, "id: required"},
-		{"/v1/local/gpu-reset", `{"id":"g7","gpus":"` + g + `"}`, "body: json: cannot unmarshal string"},
-		{"/v1/local/gpu-reset", `{"id":"g5","gpus":["0"]}`, `gpus: "0" is not a GPU UUID`},
-		{"/v1/local/gpu-reset", `{"id":"` + strings.Repeat("x", maxID+1) + `"}`, "id: 257 bytes, at most 256"},
-		{"/v1/local/reboot", `{"id":"r9","gpus":["` + g + `"]}`, "gpus: a reboot takes none"},
-		{"/v1/local/reboot", `{"id":"r\u0000\u001b[31m"}`, `id: "r\x00\x1b[31m" has a character outside ^[A-Za-z0-9._:/-]+$`},
+		{"/v1/local/gpu-reset", `{"id":"g6",` + reset + `,"gpu":["` + g + `"]}`, `body: json: unknown field "gpu"`}, // not every GPU
+		{"/v1/local/gpu-reset", `{` + reset + `,"gpus":["` + g + `"]}`, "id: required"},
+		{"/v1/local/gpu-reset", `{"id":"g7",` + reset + `,"gpus":"` + g + `"}`, "body: json: cannot unmarshal string"},
+		{"/v1/local/gpu-reset", `{"id":"g5",` + reset + `,"gpus":["0"]}`, `gpus: "0" is not a GPU UUID`},
+		{"/v1/local/gpu-reset", `{"id":"` + strings.Repeat("x", maxID+1) + `",` + reset + `}`, "id: 257 bytes, at most 256"},
+		{"/v1/local/reboot", `{"id":"r9",` + reboot + `,"gpus":["` + g + `"]}`, "gpus: a reboot takes none"},
+		{"/v1/local/reboot", `{"id":"r\u0000\u001b[31m",` + reboot + `}`, `id: "r\x00\x1b[31m" has a character outside ^[A-Za-z0-9._:/-]+$`},
+		{"/v1/local/reboot", `{"id":"r10",` + reset + `}`, `action: "gpu-reset" sent to the reboot endpoint`},
+		{"/v1/local/reboot", `{"id":"r11","action":"reboot","issued":"` + now + `"}`, `node: required`},
+		{"/v1/local/reboot", `{"id":"r12","node":"node-a","action":"reboot"}`, `issued: required`},
 	} {
-		hr, _ := http.NewRequest(http.MethodPost, srv.URL+tc.path, strings.NewReader(tc.body))
-		hr.Header.Set("Authorization", "Bearer tok")
-		resp, err := http.DefaultClient.Do(hr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var a Answer
-		_ = json.NewDecoder(resp.Body).Decode(&a)
-		resp.Body.Close()
-		if resp.StatusCode != 400 || a.Reason != "InvalidRequest" || !strings.Contains(a.Message, tc.want) {
-			t.Errorf("%s %s: %d %+v, want 400 InvalidRequest %q", tc.path, tc.body, resp.StatusCode, a, tc.want)
+		code, a := k.post(t, srv.URL, tc.path, tc.body, "")
+		if code != 400 || a.Reason != "InvalidRequest" || !strings.Contains(a.Message, tc.want) {
+			t.Errorf("%s %s: %d %+v, want 400 InvalidRequest %q", tc.path, tc.body, code, a, tc.want)
 		}
 	}
 	if calls() != before {
@@ -157,7 +212,7 @@ func TestServer(t *testing.T) {
 	}
 	// A GPU list that is not one UUID a line resets nothing.
 	s2.cfg.GPUListCommand = []string{"/bin/echo", "No devices were found"}
-	if _, a := call("/v1/local/gpu-reset", "tok", Request{ID: "g8"}); a.Reason != "CommandFailed" || !strings.Contains(a.Message, `line 1 "No devices were found" is not a GPU UUID`) {
+	if _, a := call(Request{ID: "g8", Action: ActionGPUReset}); a.Reason != "CommandFailed" || !strings.Contains(a.Message, `line 1 "No devices were found" is not a GPU UUID`) {
 		t.Fatalf("bad GPU list: %+v", a)
 	}
 	if calls() != before {
@@ -166,8 +221,18 @@ func TestServer(t *testing.T) {
 }
 
 func TestValidateNamesTheBadKey(t *testing.T) {
-	tok := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tok, []byte("tok"), 0o600); err != nil {
+	dir := t.TempDir()
+	pub := newJanitorKey(t, dir, "janitor").pubFile
+	priv := filepath.Join(dir, "janitor.key")
+	der, err := x509.MarshalPKCS8PrivateKey(newJanitorKey(t, dir, "other").priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(priv, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	garbage := filepath.Join(dir, "garbage")
+	if err := os.WriteFile(garbage, []byte("tok"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -176,8 +241,14 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 		want string
 	}{
 		{"ok", func(*Config) {}, ""},
-		{"no token", func(c *Config) { c.TokenFile = "" }, "local_actions.token_file: required"},
-		{"token missing", func(c *Config) { c.TokenFile = tok + ".gone" }, "local_actions.token_file: "},
+		{"no verify key", func(c *Config) { c.VerifyKeyFile = "" }, "local_actions.verify_key_file: required when local_actions.listen is set"},
+		{"verify key missing", func(c *Config) { c.VerifyKeyFile = pub + ".gone" }, "local_actions.verify_key_file: open "},
+		{"verify key not PEM", func(c *Config) { c.VerifyKeyFile = garbage }, "local_actions.verify_key_file: " + garbage + ": no PEM PUBLIC KEY block"},
+		{"the private key", func(c *Config) { c.VerifyKeyFile = priv }, "a PEM PRIVATE KEY block, want PUBLIC KEY (openssl pkey -pubout); never give agents the private key"},
+		// The shared bearer token is gone, and saying so beats "unknown key".
+		{"token file", func(c *Config) { c.TokenFile = garbage }, "local_actions.token_file: removed (the same token on every node let any node's root reboot every other); set local_actions.verify_key_file"},
+		{"token file, endpoint off", func(c *Config) { c.Listen, c.TokenFile = "", garbage }, "local_actions.token_file: removed"},
+		{"clock skew", func(c *Config) { c.MaxClockSkew = 0 }, "local_actions.max_clock_skew: must be positive, got 0s"},
 		{"empty list command", func(c *Config) { c.GPUListCommand = nil }, "local_actions.gpu_list_command: want the program and its arguments, got []"},
 		{"empty program", func(c *Config) { c.RebootCommand = []string{""} }, `local_actions.reboot_command: want the program and its arguments, got [""]`},
 		{"no {uuid}", func(c *Config) { c.GPUResetCommand = []string{"nvidia-smi", "-r"} }, "local_actions.gpu_reset_command: must name {uuid}"},
@@ -187,7 +258,7 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
-			c.Listen, c.TokenFile = "127.0.0.1:0", tok
+			c.Listen, c.VerifyKeyFile = "127.0.0.1:0", pub
 			tc.set(&c)
 			err := c.Validate("local_actions.")
 			if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
@@ -203,7 +274,7 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 func TestStateKeepsTheNewest(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.StateFile = filepath.Join(t.TempDir(), "local-actions.json")
-	s, err := New(cfg, testLog, nil)
+	s, err := New(cfg, testNode, testLog, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +284,7 @@ func TestStateKeepsTheNewest(t *testing.T) {
 		}
 		time.Sleep(time.Microsecond) // distinct times
 	}
-	s2, err := New(cfg, testLog, nil)
+	s2, err := New(cfg, testNode, testLog, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,15 +311,13 @@ func TestUnreadableStateStartsAfresh(t *testing.T) {
 			dir := t.TempDir()
 			log := filepath.Join(dir, "calls.log")
 			cfg := DefaultConfig()
-			cfg.StateFile, cfg.TokenFile = filepath.Join(dir, "state.json"), filepath.Join(dir, "token")
+			k := newJanitorKey(t, dir, "janitor")
+			cfg.StateFile, cfg.VerifyKeyFile = filepath.Join(dir, "state.json"), k.pubFile
 			cfg.RebootCommand = []string{standIn(t, dir, "systemctl", log), "reboot"}
-			if err := os.WriteFile(cfg.TokenFile, []byte("tok"), 0o600); err != nil {
-				t.Fatal(err)
-			}
 			if err := os.WriteFile(cfg.StateFile, []byte(content), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			s, err := New(cfg, testLog, nil)
+			s, err := New(cfg, testNode, testLog, nil)
 			if err != nil {
 				t.Fatalf("New: %v", err)
 			}
@@ -257,20 +326,13 @@ func TestUnreadableStateStartsAfresh(t *testing.T) {
 			}
 			srv := httptest.NewServer(s.Handler())
 			defer srv.Close()
-			client := &http.Client{Timeout: 5 * time.Second}
-			for try := range 2 {
-				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/local/reboot", strings.NewReader(`{"id":"uid-2/signal"}`))
-				req.Header.Set("Authorization", "Bearer tok")
-				resp, err := client.Do(req)
-				if err != nil {
-					t.Fatalf("request %d: %v", try, err)
-				}
-				resp.Body.Close()
+			for range 2 {
+				k.call(t, srv.URL, Request{ID: "uid-2/signal"})
 			}
 			if b, _ := os.ReadFile(log); strings.Count(string(b), "systemctl reboot") != 1 {
 				t.Fatalf("reboot ran: %q, want once", b)
 			}
-			s2, err := New(cfg, testLog, nil)
+			s2, err := New(cfg, testNode, testLog, nil)
 			if err != nil || len(s2.state) != 1 {
 				t.Fatalf("restarted: %v, %d answers recorded, want the reboot's", err, len(s2.state))
 			}
@@ -294,15 +356,13 @@ func TestSlowActionsAnsweredInProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
-	cfg.TokenFile = filepath.Join(dir, "token")
-	if err := os.WriteFile(cfg.TokenFile, []byte("tok"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	k := newJanitorKey(t, dir, "janitor")
+	cfg.VerifyKeyFile = k.pubFile
 	cfg.RebootCommand = []string{slow, "reboot"}
 	cfg.GPUResetCommand = []string{slow, "reset", "{uuid}"}
 	cfg.StateFile = filepath.Join(dir, "local-actions.json")
 	start := func() *httptest.Server {
-		s, err := New(cfg, testLog, nil)
+		s, err := New(cfg, testNode, testLog, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -315,23 +375,11 @@ func TestSlowActionsAnsweredInProgress(t *testing.T) {
 	const gpuA, gpuB = "GPU-00000000-0000-0000-0000-00000000000a", "GPU-00000000-0000-0000-0000-00000000000b"
 	call := func(srv *httptest.Server, id, gpu string) (int, Answer) {
 		t.Helper()
-		path, req := "/v1/local/reboot", Request{ID: id}
+		req := Request{ID: id}
 		if gpu != "" {
-			path, req.GPUs = "/v1/local/gpu-reset", []string{gpu}
+			req.GPUs = []string{gpu}
 		}
-		b, _ := json.Marshal(req)
-		hr, _ := http.NewRequest(http.MethodPost, srv.URL+path, bytes.NewReader(b))
-		hr.Header.Set("Authorization", "Bearer tok")
-		resp, err := http.DefaultClient.Do(hr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var a Answer
-		if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, a
+		return k.call(t, srv.URL, req)
 	}
 	calls := func() []string { b, _ := os.ReadFile(log); return strings.Split(strings.TrimSpace(string(b)), "\n") }
 	waitDone := func(id, gpu string) Answer {
@@ -391,5 +439,74 @@ func TestSlowActionsAnsweredInProgress(t *testing.T) {
 	time.Sleep(1200 * time.Millisecond) // the first agent's command ends
 	if n := strings.Count(strings.Join(calls(), "\n"), "start reset"); n != 3 {
 		t.Fatalf("resets ran %d times, want 3 (g1, g2, g3 once):\n%s", n, strings.Join(calls(), "\n"))
+	}
+}
+
+// TestOnlyTheJanitorForThisNode: the endpoint serves only a request the
+// janitor signed for this node, issued within max_clock_skew. Before, it
+// took a bearer token that was the same on every node, so root on one node
+// (a container escape) could reboot or reset every node of the fleet:
+// each refused row here was served. Nothing refused runs a command.
+func TestOnlyTheJanitorForThisNode(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls.log")
+	janitor, other := newJanitorKey(t, dir, "janitor"), newJanitorKey(t, dir, "node-b")
+	next := newJanitorKey(t, dir, "next") // rotation: both public keys listed
+	rotated := filepath.Join(dir, "rotated.pub")
+	a, _ := os.ReadFile(janitor.pubFile)
+	b, _ := os.ReadFile(next.pubFile)
+	if err := os.WriteFile(rotated, append(a, b...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Listen, cfg.VerifyKeyFile, cfg.StateFile = "127.0.0.1:0", rotated, filepath.Join(dir, "state.json")
+	cfg.RebootCommand = []string{standIn(t, dir, "systemctl", log), "reboot"}
+	cfg.GPUResetCommand = []string{standIn(t, dir, "nvidia-smi", log), "-r", "-i", "{uuid}"}
+	if err := cfg.Validate("local_actions."); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(cfg, testNode, testLog, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	s.now = func() time.Time { return clock }
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	calls := func() string { b, _ := os.ReadFile(log); return string(b) }
+	const g = "GPU-00000000-0000-0000-0000-00000000000a"
+	body := func(id, node, action string, issued time.Time, gpus ...string) string {
+		b, _ := json.Marshal(Request{ID: id, Node: node, Action: action, Issued: issued, GPUs: gpus})
+		return string(b)
+	}
+	resetBody := body("g-signed", testNode, ActionGPUReset, clock, g)
+	for _, tc := range []struct {
+		name, path, body, auth string
+		key                    janitorKey
+		code                   int
+		reason, want           string
+	}{
+		{"the token every node held", "/v1/local/reboot", body("r1", testNode, ActionReboot, clock), "Bearer agent-token", janitor, 401, "Unauthorized", "not a signed request"},
+		{"nothing", "/v1/local/reboot", body("r2", testNode, ActionReboot, clock), " ", janitor, 401, "Unauthorized", "not a signed request"},
+		{"not a signature", "/v1/local/reboot", body("r3", testNode, ActionReboot, clock), AuthScheme + " c2lnbmF0dXJl", janitor, 401, "Unauthorized", "not a base64 Ed25519 signature"},
+		{"a node's own key", "/v1/local/reboot", body("r4", testNode, ActionReboot, clock), "", other, 401, "Unauthorized", "made by no key of local_actions.verify_key_file"},
+		{"signed for another node", "/v1/local/reboot", body("r5", "node-b", ActionReboot, clock), "", janitor, 403, "WrongNode", `the request is for node "node-b", this agent is node "node-a"`},
+		{"issued 6m ago", "/v1/local/reboot", body("r6", testNode, ActionReboot, clock.Add(-6*time.Minute)), "", janitor, 403, "Expired", "issued: 2026-03-01T09:54:00Z, further than max_clock_skew 5m0s"},
+		{"issued 6m ahead", "/v1/local/reboot", body("r7", testNode, ActionReboot, clock.Add(6*time.Minute)), "", janitor, 403, "Expired", "further than max_clock_skew"},
+		{"a reset's signature on the reboot path", "/v1/local/reboot", resetBody, Sign(janitor.priv, http.MethodPost, "/v1/local/gpu-reset", []byte(resetBody)), janitor, 401, "Unauthorized", "or over another method, path or body"},
+		{"a body changed after signing (every GPU)", "/v1/local/gpu-reset", body("g-signed", testNode, ActionGPUReset, clock), Sign(janitor.priv, http.MethodPost, "/v1/local/gpu-reset", []byte(resetBody)), janitor, 401, "Unauthorized", "or over another method, path or body"},
+		{"signed for this node, 4m skew", "/v1/local/reboot", body("r8", testNode, ActionReboot, clock.Add(-4*time.Minute)), "", janitor, 200, "", "reboot started"},
+		{"the rotated-in key", "/v1/local/gpu-reset", body("g9", testNode, ActionGPUReset, clock.Add(4*time.Minute), g), "", next, 200, "", "reset " + g},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := calls()
+			code, a := tc.key.post(t, srv.URL, tc.path, tc.body, tc.auth)
+			if code != tc.code || a.Reason != tc.reason || !strings.Contains(a.Message, tc.want) {
+				t.Fatalf("%d %+v, want %d %s %q", code, a, tc.code, tc.reason, tc.want)
+			}
+			if ran := strings.TrimPrefix(calls(), before); (ran != "") != (tc.code == 200) {
+				t.Fatalf("answered %d and ran %q", code, ran)
+			}
+		})
 	}
 }

@@ -33,9 +33,10 @@ const chartSchema = "../../deploy/chart/faultline/values.schema.json"
 var chartOwned = map[string][]string{
 	"faultlineConfig": {"metrics_addr", "role", "dev", "kafka", "clickhouse",
 		"gateway.grpc_addr", "gateway.http_addr", "gateway.tokens_file", "gateway.tls_cert", "gateway.tls_key", "gateway.client_ca",
-		"kube.clusters", "kube.dry_run_clusters"},
+		"kube.clusters", "kube.dry_run_clusters", "janitor.local.signing_key_file"},
 	"agentConfig": {"node_name", "checks", "metrics_addr", "pod_resources_socket",
 		"gateway.addr", "gateway.token_file", "gateway.insecure", "gateway.ca_file", "spool.dir",
+		"local_actions.listen", "local_actions.verify_key_file", "local_actions.state_file",
 		"nic.sysfs_root", "nic.state_file", "nic.metadata_path", "kmsg.state_dir",
 		"fabric.sys_root", "fabric.proc_root", "fabric.nvswitch_glob", "conformance.sysfs", "conformance.procfs"},
 	"preflightConfig": {"webhook.listen", "webhook.metrics_addr", "webhook.service_name", "webhook.service_namespace",
@@ -151,7 +152,9 @@ func addFields(t reflect.Type, prefix string, owned []string, props map[string]a
 		f := t.Field(i)
 		tag, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
 		switch {
-		case tag == "-" || !f.IsExported():
+		case tag == "-" || !f.IsExported() || f.Tag.Get("chart") == "-":
+			// chart:"-": a removed key, kept in the type only to name
+			// its replacement when set; the schema refuses it.
 			continue
 		case f.Anonymous && tag == "":
 			addFields(f.Type, prefix, owned, props)

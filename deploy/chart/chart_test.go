@@ -383,6 +383,79 @@ func TestOverrides(t *testing.T) {
 	}
 }
 
+// TestLocalActionsSigned: with agent.localActions the agents serve the
+// local action endpoint on the node's address, holding only the janitor's
+// public key (a ConfigMap) and keeping their record in the state host
+// path; the janitor's private key is mounted in the janitor's pod alone
+// and named by a flag. No bearer token is shared by the nodes, and a
+// private key given as the agents' key, or no key, fails the install.
+func TestLocalActionsSigned(t *testing.T) {
+	sec := render(t, "secure")
+	ds := Find(sec, "DaemonSet", "faultline-agent")
+	c := firstContainer(t, ds)
+	args, _, _ := unstructured.NestedStringSlice(c, "args")
+	if !slices.Contains(args, "--local-actions.listen=$(HOST_IP):9477") {
+		t.Errorf("agent args %q", args)
+	}
+	conf, err := ConfigTOML(sec, "faultline-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(conf, `verify_key_file = "/etc/faultline-agent-local-actions/verify.pub"`) ||
+		!strings.Contains(conf, `state_file = "/var/lib/faultline-agent/local-actions.json"`) || strings.Contains(conf, "token_file = \"/etc") {
+		t.Errorf("agent local_actions config:\n%s", conf)
+	}
+	pub, _, _ := unstructured.NestedString(Find(sec, "ConfigMap", "faultline-agent-local-actions").Object, "data", "local-actions.pub")
+	if !strings.HasPrefix(pub, "-----BEGIN PUBLIC KEY-----") {
+		t.Errorf("verify key ConfigMap %q", pub)
+	}
+	vols, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+	for _, v := range vols {
+		if strings.Contains(fmt.Sprint(v), "faultline-janitor-local-actions") {
+			t.Errorf("the agents mount the janitor's private key: %v", v)
+		}
+	}
+	j := Find(sec, "Deployment", "faultline-janitor")
+	jargs, _, _ := unstructured.NestedStringSlice(firstContainer(t, j), "args")
+	if !slices.Contains(jargs, "--janitor.local.signing-key-file=/var/run/secrets/faultline/janitor/local-actions.key") {
+		t.Errorf("janitor args %q", jargs)
+	}
+	jvols, _, _ := unstructured.NestedSlice(j.Object, "spec", "template", "spec", "volumes")
+	if !strings.Contains(fmt.Sprint(jvols), "name:faultline-janitor-local-actions") || !strings.Contains(fmt.Sprint(jvols), "path:janitor/local-actions.key") {
+		t.Errorf("janitor volumes %v", jvols)
+	}
+	for _, name := range []string{"faultline-store", "faultline-gateway"} {
+		vols, _, _ := unstructured.NestedSlice(Find(sec, "Deployment", name).Object, "spec", "template", "spec", "volumes")
+		if strings.Contains(fmt.Sprint(vols), "local-actions") {
+			t.Errorf("%s mounts the janitor's key: %v", name, vols)
+		}
+	}
+	if def := render(t, "default"); strings.Contains(fmt.Sprint(firstContainer(t, Find(def, "DaemonSet", "faultline-agent"))["args"]), "local-actions") {
+		t.Error("the default set serves local actions")
+	}
+	helm := testenv.Helm(t)
+	for _, tc := range []struct {
+		set  []string
+		want string
+	}{
+		{[]string{"agent.localActions.enabled=true"}, "agent.localActions.verifyKey (the janitor's Ed25519 public key, PEM) or agent.localActions.verifyKeyConfigMap is required"},
+		{[]string{"agent.localActions.enabled=true", "agent.localActions.verifyKey=-----BEGIN PRIVATE KEY-----"}, "agent.localActions.verifyKey holds a PRIVATE KEY"},
+		{[]string{"agent.config.local_actions.token_file=/etc/token"}, "at '/agent/config/local_actions': additional properties 'token_file' not allowed"},
+		{[]string{"config.janitor.local.token_file=/etc/token"}, "at '/config/janitor/local': additional properties 'token_file' not allowed"},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			args := []string{"template", release, Dir(), "-n", namespace, "-f", ValueSets()["default"]}
+			for _, s := range tc.set {
+				args = append(args, "--set", s)
+			}
+			_, err := Helm(context.Background(), helm, t.TempDir(), args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("--set %v: error %v, want one naming %q", tc.set, err, tc.want)
+			}
+		})
+	}
+}
+
 // TestAgentOnly: an agent-only install on a member cluster (no gateway,
 // roles or webhook; no Kafka or ClickHouse values) renders the agent
 // alone, sending with TLS to the gateway elsewhere, verified by its CA.

@@ -10,7 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/agents/localaction"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 )
@@ -124,9 +124,15 @@ type LocalConfig struct {
 	// Port of the agent's local action endpoint on the node's
 	// InternalIP. Default 9477.
 	Port int `toml:"port"`
-	// TokenFile holds the bearer token the agent's endpoint wants.
-	// Default none.
-	TokenFile string `toml:"token_file"`
+	// SigningKeyFile holds the Ed25519 private key (PEM PRIVATE KEY,
+	// PKCS #8: `openssl genpkey -algorithm ed25519`) every request to an
+	// agent is signed with; agents hold its public key
+	// (local_actions.verify_key_file). Read at start and for every
+	// request. Required for the local provider; default none.
+	SigningKeyFile string `toml:"signing_key_file"`
+	// TokenFile was the bearer token shared by every node's agent;
+	// removed. Set: an error naming signing_key_file.
+	TokenFile string `toml:"token_file" chart:"-"`
 	// Timeout bounds one request (the agent answers within 5 s, with
 	// in_progress while a reset runs). Default 2m.
 	Timeout time.Duration `toml:"timeout"`
@@ -199,7 +205,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&a.Timeout, prefix+"aws.timeout", a.Timeout, "timeout of one try of an EC2 request")
 	l := &c.Local
 	fs.IntVar(&l.Port, prefix+"local.port", l.Port, "port of the agent's local action endpoint")
-	fs.StringVar(&l.TokenFile, prefix+"local.token-file", l.TokenFile, "file holding the agent endpoint's bearer token")
+	fs.StringVar(&l.SigningKeyFile, prefix+"local.signing-key-file", l.SigningKeyFile, "PEM Ed25519 private key the requests to agents are signed with")
 	fs.DurationVar(&l.Timeout, prefix+"local.timeout", l.Timeout, "timeout of one agent request")
 }
 
@@ -276,9 +282,15 @@ func (c Config) Validate(prefix string) error {
 		return fmt.Errorf("%slocal.timeout: must be positive, got %v", prefix, c.Local.Timeout)
 	}
 	if c.Local.TokenFile != "" {
-		if _, err := config.ReadSecret(c.Local.TokenFile, ""); err != nil {
-			return fmt.Errorf("%slocal.token_file: %w", prefix, err)
+		return fmt.Errorf("%slocal.token_file: removed (agents no longer take the bearer token every node held); "+
+			"set %slocal.signing_key_file to the Ed25519 key whose public key the agents verify (processors/janitor/README.md, \"local\")", prefix, prefix)
+	}
+	if c.Local.SigningKeyFile != "" {
+		if _, err := localaction.LoadSigningKey(c.Local.SigningKeyFile); err != nil {
+			return fmt.Errorf("%slocal.signing_key_file: %w", prefix, err)
 		}
+	} else if c.usesProvider(ProviderLocal) {
+		return fmt.Errorf("%slocal.signing_key_file: required: the local provider is configured (default_provider or provider_id_prefixes) and signs every request", prefix)
 	}
 	return nil
 }
@@ -288,6 +300,15 @@ func (c Config) Validate(prefix string) error {
 // produces actions), so Topics is empty and Open registers no consumer.
 func (c Config) Pipeline() pipeline.Config {
 	return pipeline.Config{Role: Role, Topics: Topics}
+}
+
+// usesProvider: the provider serves nodes by configuration (not only by a
+// node's own annotation or label).
+func (c Config) usesProvider(name string) bool {
+	if c.DefaultProvider == name {
+		return true
+	}
+	return slices.ContainsFunc(c.ProviderIDPrefixes, func(p string) bool { _, n, _ := strings.Cut(p, "="); return n == name })
 }
 
 // providerForPrefix returns the provider of a providerID, "" when no

@@ -1,6 +1,7 @@
 package janitor
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,12 @@ import (
 )
 
 func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	key, keyPub := writeKeyPair(t, dir, "janitor")
+	keyOpen, _ := writeKeyPair(t, dir, "open")
+	if err := os.Chmod(keyOpen, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		mod  func(*Config)
@@ -36,7 +43,16 @@ func TestValidate(t *testing.T) {
 		{"rack label malformed", func(c *Config) { c.RackLabel = "faultline.io/rack " }, "janitor.rack_label"},
 		{"rack label unused", func(c *Config) { c.RackLabel, c.MaxConcurrentPerRack = "", 0 }, ""},
 		{"local port", func(c *Config) { c.Local.Port = 0 }, "janitor.local.port"},
-		{"local token file", func(c *Config) { c.Local.TokenFile = "/nonexistent/token" }, "janitor.local.token_file"},
+		// The bearer token every node held is gone: saying so beats
+		// "unknown key".
+		{"local token file", func(c *Config) { c.Local.TokenFile = "/etc/faultline/token" }, "janitor.local.token_file"},
+		{"signing key missing", func(c *Config) { c.Local.SigningKeyFile = "/nonexistent/key" }, "janitor.local.signing_key_file"},
+		{"signing key is the public one", func(c *Config) { c.Local.SigningKeyFile = keyPub }, "janitor.local.signing_key_file"},
+		{"signing key open to all", func(c *Config) { c.Local.SigningKeyFile = keyOpen }, "janitor.local.signing_key_file"},
+		{"signing key", func(c *Config) { c.Local.SigningKeyFile = key }, ""},
+		{"local provider without a key", func(c *Config) { c.DefaultProvider = ProviderLocal }, "janitor.local.signing_key_file"},
+		{"local prefix without a key", func(c *Config) { c.ProviderIDPrefixes = []string{"kwok://=local"} }, "janitor.local.signing_key_file"},
+		{"local provider", func(c *Config) { c.DefaultProvider, c.Local.SigningKeyFile = ProviderLocal, key }, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

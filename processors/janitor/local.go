@@ -10,11 +10,11 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/faultline/faultline/agents/localaction"
-	"github.com/faultline/faultline/internal/config"
 )
 
 // AnnotationAgent overrides the address (host:port) of a node's agent
@@ -35,7 +35,9 @@ const (
 // <uuid>` once the GPU's pods are gone). The request id is the
 // resource's, so asking again gets the first answer, never a second
 // reboot or reset. The agent answers within seconds: a reset still
-// running is ErrInProgress, asked again at the next poll.
+// running is ErrInProgress, asked again at the next poll. Every request
+// names its node and the time and is signed with local.signing_key_file;
+// the agent of another node refuses it.
 type Local struct {
 	cfg    LocalConfig
 	client *http.Client
@@ -60,24 +62,29 @@ func (l *Local) address(n *corev1.Node) (string, error) {
 	return "", perr(ReasonNoAddress, "node %s has no InternalIP (or %s annotation)", n.Name, AnnotationAgent)
 }
 
-func (l *Local) call(ctx context.Context, t Target, path string, req localaction.Request) error {
+func (l *Local) call(ctx context.Context, t Target, req localaction.Request) error {
 	addr, err := l.address(t.Node)
 	if err != nil {
 		return err
 	}
+	if l.cfg.SigningKeyFile == "" {
+		return perr(ReasonAgentAuthFailed, "janitor.local.signing_key_file is not set: the local provider signs every request to an agent")
+	}
+	// Read for every request, as the agents read the public key: a new
+	// key mounted in its place is used without a restart.
+	key, err := localaction.LoadSigningKey(l.cfg.SigningKeyFile)
+	if err != nil {
+		return perr(ReasonAgentAuthFailed, "janitor.local.signing_key_file: %v", err)
+	}
+	req.Node, req.Issued = t.Node.Name, time.Now().UTC()
+	path := "/v1/local/" + req.Action
 	body, _ := json.Marshal(req)
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
 	hr.Header.Set("Content-Type", "application/json")
-	if l.cfg.TokenFile != "" {
-		tok, err := config.ReadSecret(l.cfg.TokenFile, "")
-		if err != nil {
-			return fmt.Errorf("janitor.local.token_file: %w", err)
-		}
-		hr.Header.Set("Authorization", "Bearer "+tok.Reveal())
-	}
+	hr.Header.Set("Authorization", localaction.Sign(key, http.MethodPost, path, body))
 	resp, err := l.client.Do(hr)
 	if err != nil {
 		return perr(ReasonAgentUnreachable, "agent %s of node %s: %v", addr, t.Node.Name, err)
@@ -85,7 +92,9 @@ func (l *Local) call(ctx context.Context, t Target, path string, req localaction
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
-		return perr(ReasonAgentAuthFailed, "agent %s of node %s refused the token (%s)", addr, t.Node.Name, resp.Status)
+		var a localaction.Answer
+		_ = json.Unmarshal(b, &a)
+		return perr(ReasonAgentAuthFailed, "agent %s of node %s refused the request (%s): %s %s", addr, t.Node.Name, resp.Status, a.Reason, a.Message)
 	}
 	var a localaction.Answer
 	if err := json.Unmarshal(b, &a); err != nil {
@@ -112,7 +121,7 @@ func (l *Local) Reboot(ctx context.Context, t Target, mode RebootMode) error {
 	if mode == Force {
 		return ErrUnsupported
 	}
-	if err := l.call(ctx, t, "/v1/local/reboot", localaction.Request{ID: t.RequestID}); !errors.Is(err, ErrInProgress) {
+	if err := l.call(ctx, t, localaction.Request{ID: t.RequestID, Action: localaction.ActionReboot}); !errors.Is(err, ErrInProgress) {
 		return err
 	}
 	return nil
@@ -123,5 +132,5 @@ func (l *Local) Terminate(context.Context, Target) error { return ErrUnsupported
 
 // ResetGPUs asks the agent to reset the GPUs (none: every GPU).
 func (l *Local) ResetGPUs(ctx context.Context, t Target, uuids []string) error {
-	return l.call(ctx, t, "/v1/local/gpu-reset", localaction.Request{ID: t.RequestID, GPUs: uuids})
+	return l.call(ctx, t, localaction.Request{ID: t.RequestID, Action: localaction.ActionGPUReset, GPUs: uuids})
 }

@@ -2,7 +2,12 @@ package janitor
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -31,17 +36,16 @@ import (
 // RebootNode runs the reboot command (the test then gives the node a new
 // boot ID, as the rebooted node's kubelet would) and completes; a failing
 // reset ends Complete=True with the agent's reason; a reset that outlasts
-// the janitor's request timeout is polled for and succeeds; a wrong token
-// ends AgentAuthFailed.
+// the janitor's request timeout is polled for and succeeds; a request
+// signed with a key the agents do not hold, and one that reaches the
+// agent of another node, end AgentAuthFailed and run nothing.
 func TestJanitorLocal(t *testing.T) {
 	e := newEnv(t, 0)
 	dir := t.TempDir()
 	log := filepath.Join(dir, "calls.log")
+	signingKey, verifyKey := writeKeyPair(t, dir, "janitor")
 	acfg := localaction.DefaultConfig()
-	acfg.Listen, acfg.TokenFile, acfg.StateFile = "127.0.0.1:0", filepath.Join(dir, "token"), filepath.Join(dir, "state.json")
-	if err := os.WriteFile(acfg.TokenFile, []byte("agent-token"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	acfg.Listen, acfg.VerifyKeyFile = "127.0.0.1:0", verifyKey
 	for _, name := range []string{"systemctl", "nvidia-smi"} {
 		script := "#!/bin/sh\necho \"" + name + " $*\" >> " + log + "\ncase \"$*\" in *GPU-dead*) echo 'GPU is busy' >&2; exit 3;; *GPU-51ee*) sleep 2;; *GPU-5107*) sleep 5;; esac\n"
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
@@ -50,20 +54,25 @@ func TestJanitorLocal(t *testing.T) {
 	}
 	acfg.RebootCommand = []string{filepath.Join(dir, "systemctl"), "reboot"}
 	acfg.GPUResetCommand = []string{filepath.Join(dir, "nvidia-smi"), "-r", "-i", "{uuid}"}
-	srvAgent, err := localaction.New(acfg, testLog, nil)
-	if err != nil {
-		t.Fatal(err)
+	// Each node has its own agent, which knows its node's name.
+	agents := map[string]string{}
+	startAgent := func(node string) string {
+		t.Helper()
+		c := acfg
+		c.StateFile = filepath.Join(dir, node+"-state.json")
+		srvAgent, err := localaction.New(c, node, testLog, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srvAgent.AnswerWait = 200 * time.Millisecond
+		agent := httptest.NewServer(srvAgent.Handler())
+		t.Cleanup(agent.Close)
+		agents[node] = strings.TrimPrefix(agent.URL, "http://")
+		return agents[node]
 	}
-	srvAgent.AnswerWait = 200 * time.Millisecond
-	agent := httptest.NewServer(srvAgent.Handler())
-	defer agent.Close()
-	addr := strings.TrimPrefix(agent.URL, "http://")
 
 	cfg := e.config()
-	cfg.Local.TokenFile = filepath.Join(dir, "janitor-token")
-	if err := os.WriteFile(cfg.Local.TokenFile, []byte("agent-token\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg.Local.SigningKeyFile = signingKey
 	cfg.Local.Timeout = time.Second // shorter than the slow reset
 	// The janitor's resource client can be made to fail its next
 	// SignalSent status write.
@@ -78,11 +87,15 @@ func TestJanitorLocal(t *testing.T) {
 	j, rec := e.janitor(cfg, false, nil)
 	run(t, j)
 	ctx := context.Background()
-	localNode := func(name string) {
+	// localNode creates a node whose agent is at addr (default its own).
+	localNode := func(name string, addr ...string) {
 		t.Helper()
+		if len(addr) == 0 {
+			addr = append(addr, startAgent(name))
+		}
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
 			Labels:      map[string]string{events.LabelQuarantined: "true", labelDrain: "succeeded", AnnotationProvider: ProviderLocal},
-			Annotations: map[string]string{AnnotationAgent: addr}}}
+			Annotations: map[string]string{AnnotationAgent: addr[0]}}}
 		created, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -203,15 +216,35 @@ func TestJanitorLocal(t *testing.T) {
 		}
 	})
 
-	t.Run("WrongToken", func(t *testing.T) {
-		if err := os.WriteFile(acfg.TokenFile, []byte("rotated"), 0o600); err != nil {
+	// A request that reaches the agent of another node (the annotation
+	// pointed there) is refused by it: the request names gpu-l8.
+	t.Run("AgentOfAnotherNode", func(t *testing.T) {
+		before := calls()
+		localNode("gpu-l8", agents["gpu-l1"])
+		reset("reset-l8", "gpu-l8", "GPU-"+uuid.NewString())
+		o := e.wait(kindGPUReset, "reset-l8", 30*time.Second)
+		msg := fmt.Sprint(o.Object["status"])
+		if got := condOf(o, CondComplete); got != "True/"+ReasonAgentAuthFailed || !strings.Contains(msg, `WrongNode node: the request is for node "gpu-l8", this agent is node "gpu-l1"`) || calls() != before {
+			t.Fatalf("Complete %s; status %s\nran %q", got, msg, strings.TrimPrefix(calls(), before))
+		}
+	})
+
+	// The janitor's key is one the agents do not hold.
+	t.Run("WrongKey", func(t *testing.T) {
+		before := calls()
+		other, _ := writeKeyPair(t, t.TempDir(), "other")
+		b, err := os.ReadFile(other)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(signingKey, b, 0o600); err != nil {
 			t.Fatal(err)
 		}
 		localNode("gpu-l4")
 		reset("reset-l4", "gpu-l4", "GPU-"+uuid.NewString())
 		o := e.wait(kindGPUReset, "reset-l4", 30*time.Second)
-		if got := condOf(o, CondComplete); got != "True/"+ReasonAgentAuthFailed {
-			t.Fatalf("Complete %s", got)
+		if got := condOf(o, CondComplete); got != "True/"+ReasonAgentAuthFailed || calls() != before {
+			t.Fatalf("Complete %s; ran %q", got, strings.TrimPrefix(calls(), before))
 		}
 	})
 }
@@ -236,4 +269,30 @@ func (f *failWrite) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	return f.rt.RoundTrip(r)
+}
+
+// writeKeyPair writes an Ed25519 key pair as OpenSSL would: dir/name.key
+// (PEM PRIVATE KEY, 0600) and dir/name.pub (PEM PUBLIC KEY).
+func writeKeyPair(t *testing.T, dir, name string) (private, public string) {
+	t.Helper()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pk, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	private, public = filepath.Join(dir, name+".key"), filepath.Join(dir, name+".pub")
+	if err := os.WriteFile(private, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: pk}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(public, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pp}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return private, public
 }

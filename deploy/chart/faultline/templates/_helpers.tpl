@@ -258,6 +258,11 @@ include "faultline.secretSources" (dict "ctx" $ "component" "gateway")
       {{- end }}
 {{- end }}
 {{- end }}
+{{- if and (eq .component "janitor") $v.roles.janitor.localSigningKeySecret.name }}
+- secret:
+    name: {{ $v.roles.janitor.localSigningKeySecret.name }}
+    items: [{key: {{ $v.roles.janitor.localSigningKeySecret.key | quote }}, path: janitor/local-actions.key}]
+{{- end }}
 {{- if has .component (splitList "," (include "faultline.kubeRoles" .ctx)) }}
 {{- range $v.kube.clusters }}
 - secret:
