@@ -97,6 +97,18 @@ type RedfishConfig struct {
 	TerminateAction string `toml:"terminate_action"`
 	// Timeout bounds one BMC request. Default 30s.
 	Timeout time.Duration `toml:"timeout"`
+	// AllowedNetworks are the networks (CIDRs; a bare address is its
+	// own) a node's BMC address (faultline.io/bmc-address, which the
+	// node's kubelet may edit) must be in: every address its host name
+	// resolves to, and the address of every connection. Default none:
+	// every BMC address is refused (BMCAddressNotAllowed), no credential
+	// is read or sent.
+	AllowedNetworks []string `toml:"allowed_networks"`
+	// AllowedSecrets are the Secrets a node's faultline.io/bmc-secret
+	// annotation may name (an entry ending in "*" is a prefix:
+	// "bmc-rack-*"). Default none: a node's annotation naming any Secret
+	// but default_secret is refused (BMCSecretNotAllowed), nothing read.
+	AllowedSecrets []string `toml:"allowed_secrets"`
 }
 
 // AWSConfig is [janitor.aws].
@@ -136,6 +148,12 @@ type LocalConfig struct {
 	// Timeout bounds one request (the agent answers within 5 s, with
 	// in_progress while a reset runs). Default 2m.
 	Timeout time.Duration `toml:"timeout"`
+	// AllowedNetworks are the networks (CIDRs) an agent's address must
+	// be in. Default none: a node's faultline.io/agent-address annotation
+	// (which its kubelet may edit) is refused (AgentAddressNotAllowed) and
+	// its InternalIP used; set, the annotation and the InternalIP alike
+	// must be in it (every resolved address, every connection).
+	AllowedNetworks []string `toml:"allowed_networks"`
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -188,6 +206,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.BoolVar(&r.Session, prefix+"redfish.session", r.Session, "log in through the BMC's SessionService when it has one")
 	fs.StringVar(&r.TerminateAction, prefix+"redfish.terminate-action", r.TerminateAction, "Reset type of a TerminateNode: ForceOff or PowerCycle")
 	fs.DurationVar(&r.Timeout, prefix+"redfish.timeout", r.Timeout, "timeout of one BMC request")
+	fs.Func(prefix+"redfish.allowed-networks", "comma-separated CIDRs a node's BMC address must be in (default none: every BMC address refused)", listFlag(&r.AllowedNetworks))
+	fs.Func(prefix+"redfish.allowed-secrets", "comma-separated Secrets (name, or prefix*) a node's faultline.io/bmc-secret may name (default none: only default_secret)", listFlag(&r.AllowedSecrets))
 	a := &c.AWS
 	fs.StringVar(&a.Region, prefix+"aws.region", a.Region, "EC2 region of nodes whose providerID names none")
 	fs.StringVar(&a.Endpoint, prefix+"aws.endpoint", a.Endpoint, "EC2 endpoint override")
@@ -207,6 +227,20 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&l.Port, prefix+"local.port", l.Port, "port of the agent's local action endpoint")
 	fs.StringVar(&l.SigningKeyFile, prefix+"local.signing-key-file", l.SigningKeyFile, "PEM Ed25519 private key the requests to agents are signed with")
 	fs.DurationVar(&l.Timeout, prefix+"local.timeout", l.Timeout, "timeout of one agent request")
+	fs.Func(prefix+"local.allowed-networks", "comma-separated CIDRs an agent's address must be in (default none: faultline.io/agent-address refused, the InternalIP used)", listFlag(&l.AllowedNetworks))
+}
+
+// listFlag sets *dst to a comma-separated list (replacing the default).
+func listFlag(dst *[]string) func(string) error {
+	return func(s string) error {
+		*dst = nil
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				*dst = append(*dst, p)
+			}
+		}
+		return nil
+	}
 }
 
 // Providers are the provider names.
@@ -262,6 +296,22 @@ func (c Config) Validate(prefix string) error {
 		if _, err := os.Stat(c.Redfish.CAFile); err != nil {
 			return fmt.Errorf("%sredfish.ca_file: %w", prefix, err)
 		}
+	}
+	if _, err := parseNetworks(prefix+"redfish.allowed_networks", c.Redfish.AllowedNetworks); err != nil {
+		return err
+	}
+	if len(c.Redfish.AllowedNetworks) == 0 && c.usesProvider(ProviderRedfish) {
+		return fmt.Errorf("%sredfish.allowed_networks: required: the redfish provider is configured (default_provider or provider_id_prefixes), "+
+			"and a BMC address outside it is refused (the node's own annotation names it): list the BMC networks", prefix)
+	}
+	for i, s := range c.Redfish.AllowedSecrets {
+		name, isPrefix := strings.CutSuffix(s, "*")
+		if strings.Contains(name, "*") || !isPrefix && len(validation.IsDNS1123Subdomain(name)) > 0 {
+			return fmt.Errorf("%sredfish.allowed_secrets[%d]: %q is not a Secret name or a prefix ending in *", prefix, i, s)
+		}
+	}
+	if _, err := parseNetworks(prefix+"local.allowed_networks", c.Local.AllowedNetworks); err != nil {
+		return err
 	}
 	if c.AWS.Timeout <= 0 {
 		return fmt.Errorf("%saws.timeout: must be positive, got %v", prefix, c.AWS.Timeout)

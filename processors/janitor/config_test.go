@@ -53,6 +53,15 @@ func TestValidate(t *testing.T) {
 		{"local provider without a key", func(c *Config) { c.DefaultProvider = ProviderLocal }, "janitor.local.signing_key_file"},
 		{"local prefix without a key", func(c *Config) { c.ProviderIDPrefixes = []string{"kwok://=local"} }, "janitor.local.signing_key_file"},
 		{"local provider", func(c *Config) { c.DefaultProvider, c.Local.SigningKeyFile = ProviderLocal, key }, ""},
+		{"bmc networks", func(c *Config) { c.Redfish.AllowedNetworks = []string{"10.20.0.0/16", "10.21.0.7", "fd00::/64"} }, ""},
+		{"bmc network malformed", func(c *Config) { c.Redfish.AllowedNetworks = []string{"10.20.0.0/16", "10.20/16"} }, "janitor.redfish.allowed_networks[1]"},
+		{"redfish provider without bmc networks", func(c *Config) { c.DefaultProvider = ProviderRedfish }, "janitor.redfish.allowed_networks"},
+		{"redfish provider", func(c *Config) {
+			c.DefaultProvider, c.Redfish.AllowedNetworks = ProviderRedfish, []string{"10.20.0.0/16"}
+		}, ""},
+		{"bmc secrets", func(c *Config) { c.Redfish.AllowedSecrets = []string{"bmc-east", "bmc-rack-*"} }, ""},
+		{"bmc secret malformed", func(c *Config) { c.Redfish.AllowedSecrets = []string{"bmc-*-east"} }, "janitor.redfish.allowed_secrets[0]"},
+		{"agent network malformed", func(c *Config) { c.Local.AllowedNetworks = []string{"nodes"} }, "janitor.local.allowed_networks[0]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

@@ -302,6 +302,10 @@ func (e *env) providers(cfg Config) map[string]Provider {
 func (e *env) config() Config {
 	c := DefaultConfig()
 	c.Redfish.CAFile = e.ca.File
+	// The emulated BMCs and the agents listen on loopback; "wrong" is
+	// TestJanitorKube's node with wrong credentials.
+	c.Redfish.AllowedNetworks, c.Redfish.AllowedSecrets = []string{"127.0.0.0/8"}, []string{"wrong"}
+	c.Local.AllowedNetworks = []string{"127.0.0.0/8"}
 	c.PollInterval = 200 * time.Millisecond
 	c.Cooldown = 0
 	return c

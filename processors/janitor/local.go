@@ -41,21 +41,48 @@ const (
 type Local struct {
 	cfg    LocalConfig
 	client *http.Client
+	nets   networks
+	lookup lookupFunc
 }
+
+// keyAgentNetworks names the agent allowlist in refusals.
+const keyAgentNetworks = "janitor.local.allowed_networks"
 
 // NewLocal builds the provider.
-func NewLocal(cfg LocalConfig) *Local {
+func NewLocal(cfg LocalConfig) (*Local, error) {
+	nets, err := parseNetworks(keyAgentNetworks, cfg.AllowedNetworks)
+	if err != nil {
+		return nil, err
+	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil
-	return &Local{cfg: cfg, client: &http.Client{Transport: tr, Timeout: cfg.Timeout}}
+	if len(nets) > 0 {
+		tr.DialContext = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: nets.control(keyAgentNetworks)}).DialContext
+	}
+	return &Local{cfg: cfg, client: &http.Client{Transport: tr, Timeout: cfg.Timeout}, nets: nets, lookup: defaultLookup}, nil
 }
 
-func (l *Local) address(n *corev1.Node) (string, error) {
+// address is the node's agent: the annotation, only into
+// local.allowed_networks (the node's kubelet may edit it), else its
+// InternalIP (checked too when the allowlist is set).
+func (l *Local) address(ctx context.Context, n *corev1.Node) (string, error) {
 	if a := n.Annotations[AnnotationAgent]; a != "" {
+		host, _, err := net.SplitHostPort(a)
+		if err != nil {
+			return "", perr(ReasonNoAddress, "node %s: %s %q is not host:port", n.Name, AnnotationAgent, a)
+		}
+		if err := l.nets.check(ctx, l.lookup, keyAgentNetworks, host); err != nil {
+			return "", perr(ReasonAgentAddressNotAllowed, "node %s: %s %q refused: %v", n.Name, AnnotationAgent, a, err)
+		}
 		return a, nil
 	}
 	for _, a := range n.Status.Addresses {
 		if a.Type == corev1.NodeInternalIP && a.Address != "" {
+			if len(l.nets) > 0 {
+				if err := l.nets.check(ctx, l.lookup, keyAgentNetworks, a.Address); err != nil {
+					return "", perr(ReasonAgentAddressNotAllowed, "node %s: InternalIP refused: %v", n.Name, err)
+				}
+			}
 			return net.JoinHostPort(a.Address, strconv.Itoa(l.cfg.Port)), nil
 		}
 	}
@@ -63,7 +90,7 @@ func (l *Local) address(n *corev1.Node) (string, error) {
 }
 
 func (l *Local) call(ctx context.Context, t Target, req localaction.Request) error {
-	addr, err := l.address(t.Node)
+	addr, err := l.address(ctx, t.Node)
 	if err != nil {
 		return err
 	}
@@ -86,6 +113,9 @@ func (l *Local) call(ctx context.Context, t Target, req localaction.Request) err
 	hr.Header.Set("Content-Type", "application/json")
 	hr.Header.Set("Authorization", localaction.Sign(key, http.MethodPost, path, body))
 	resp, err := l.client.Do(hr)
+	if na := notAllowed(err); na != nil {
+		return perr(ReasonAgentAddressNotAllowed, "agent %s of node %s: %s", addr, t.Node.Name, na.msg)
+	}
 	if err != nil {
 		return perr(ReasonAgentUnreachable, "agent %s of node %s: %v", addr, t.Node.Name, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/stmcginnis/gofish"
 	"github.com/stmcginnis/gofish/common"
@@ -68,10 +69,15 @@ func (b boundedBodies) CloseIdleConnections() { b.rt.CloseIdleConnections() }
 // reboot, terminate_action (ForceOff or PowerCycle) for a terminate. GPU
 // resets are not a BMC's (ErrUnsupported).
 type Redfish struct {
-	cfg  RedfishConfig
-	http *http.Client
-	log  *slog.Logger
+	cfg    RedfishConfig
+	http   *http.Client
+	log    *slog.Logger
+	nets   networks
+	lookup lookupFunc
 }
+
+// keyBMCNetworks names the BMC allowlist in refusals.
+const keyBMCNetworks = "janitor.redfish.allowed_networks"
 
 // NewRedfish builds the provider; the CA file is read here.
 func NewRedfish(cfg RedfishConfig, log *slog.Logger) (*Redfish, error) {
@@ -87,14 +93,24 @@ func NewRedfish(cfg RedfishConfig, log *slog.Logger) (*Redfish, error) {
 		}
 		tc.RootCAs = pool
 	}
+	nets, err := parseNetworks(keyBMCNetworks, cfg.AllowedNetworks)
+	if err != nil {
+		return nil, err
+	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = tc
 	tr.Proxy = nil
-	return &Redfish{cfg: cfg, http: &http.Client{Transport: boundedBodies{tr, maxRedfishBody}, Timeout: cfg.Timeout}, log: log}, nil
+	// Every connection's address is checked, not only the annotation's
+	// host: a name that resolves otherwise now, or a redirect, stays in
+	// the BMC networks.
+	tr.DialContext = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: nets.control(keyBMCNetworks)}).DialContext
+	return &Redfish{cfg: cfg, http: &http.Client{Transport: boundedBodies{tr, maxRedfishBody}, Timeout: cfg.Timeout}, log: log,
+		nets: nets, lookup: defaultLookup}, nil
 }
 
-// bmc is a node's BMC endpoint and system path.
-func bmcOf(t Target) (endpoint, system string, err error) {
+// bmc is a node's BMC endpoint and system path, its host in the BMC
+// networks.
+func (r *Redfish) bmc(ctx context.Context, t Target) (endpoint, system string, err error) {
 	raw := t.Node.Annotations[AnnotationBMC]
 	if raw == "" {
 		return "", "", perr(ReasonNoBMC, "node %s has no %s annotation", t.Node.Name, AnnotationBMC)
@@ -102,6 +118,9 @@ func bmcOf(t Target) (endpoint, system string, err error) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 		return "", "", perr(ReasonNoBMC, "node %s: %s %q is not an http(s) URL", t.Node.Name, AnnotationBMC, raw)
+	}
+	if err := r.nets.check(ctx, r.lookup, keyBMCNetworks, u.Hostname()); err != nil {
+		return "", "", perr(ReasonBMCAddressNotAllowed, "node %s: %s %q refused, no credential sent: %v", t.Node.Name, AnnotationBMC, raw, err)
 	}
 	if strings.Contains(u.Path, "/redfish/v1/Systems/") {
 		system = strings.TrimSuffix(u.Path, "/")
@@ -114,6 +133,10 @@ func (r *Redfish) credentials(ctx context.Context, t Target) (user, pass string,
 	name := t.Node.Annotations[AnnotationBMCSecret]
 	if name == "" {
 		name = r.cfg.DefaultSecret
+	}
+	if name != r.cfg.DefaultSecret && !secretAllowed(r.cfg.AllowedSecrets, name) {
+		return "", "", perr(ReasonBMCSecretNotAllowed, "node %s: %s names Secret %q, which janitor.redfish.allowed_secrets does not list (the annotation is the node's own); nothing read",
+			t.Node.Name, AnnotationBMCSecret, name)
 	}
 	if t.Kube == nil {
 		return "", "", perr(ReasonNoBMCCredentials, "no cluster client to read Secret %s/%s", r.cfg.SecretNamespace, name)
@@ -134,6 +157,9 @@ func (r *Redfish) credentials(ctx context.Context, t Target) (user, pass string,
 
 // classify turns a BMC error into its reason.
 func classify(endpoint string, err error) error {
+	if na := notAllowed(err); na != nil {
+		return perr(ReasonBMCAddressNotAllowed, "BMC %s: %s", endpoint, na.msg)
+	}
 	var ce *common.CollectionError
 	if errors.As(err, &ce) {
 		for _, f := range ce.Failures {
@@ -163,7 +189,7 @@ func classify(endpoint string, err error) error {
 // connect logs in: a session through the SessionService when configured
 // and offered, else basic auth. The returned func logs out.
 func (r *Redfish) connect(ctx context.Context, t Target) (*gofish.APIClient, string, func(), error) {
-	endpoint, system, err := bmcOf(t)
+	endpoint, system, err := r.bmc(ctx, t)
 	if err != nil {
 		return nil, "", nil, err
 	}
@@ -319,6 +345,10 @@ func BuildProviders(cfg Config, log *slog.Logger) (map[string]Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]Provider{ProviderRedfish: rf, ProviderAWS: NewAWS(cfg.AWS, log), ProviderLocal: NewLocal(cfg.Local)}
+	local, err := NewLocal(cfg.Local)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Provider{ProviderRedfish: rf, ProviderAWS: NewAWS(cfg.AWS, log), ProviderLocal: local}
 	return out, nil
 }

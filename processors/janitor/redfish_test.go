@@ -77,6 +77,7 @@ func TestRedfishEmulator(t *testing.T) {
 	s := testenv.StartSushy(t, testenv.SushyOptions{Systems: systems, Username: "admin", Password: "s3cret", TLS: ca})
 	cfg := DefaultConfig().Redfish
 	cfg.CAFile = ca.File
+	cfg.AllowedNetworks, cfg.AllowedSecrets = []string{"127.0.0.0/8"}, []string{"wrong", "absent"}
 	rf, err := NewRedfish(cfg, testLog)
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +118,9 @@ func TestRedfishEmulator(t *testing.T) {
 		}
 		return n
 	}
-	untrusted, _ := NewRedfish(DefaultConfig().Redfish, testLog)
+	ucfg := DefaultConfig().Redfish
+	ucfg.AllowedNetworks = cfg.AllowedNetworks
+	untrusted, _ := NewRedfish(ucfg, testLog)
 	for _, tc := range []struct {
 		name   string
 		p      *Redfish
@@ -255,6 +258,7 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 			t.Cleanup(srv.Close)
 			cfg := DefaultConfig().Redfish
 			cfg.Timeout = 5 * time.Second
+			cfg.AllowedNetworks = []string{"127.0.0.0/8"}
 			rf, err := NewRedfish(cfg, testLog)
 			if err != nil {
 				t.Fatal(err)
