@@ -68,6 +68,10 @@ func newEC2(ctx context.Context, cfg AWSConfig, region string) (*ec2.Client, err
 		if cfg.Endpoint != "" {
 			o.BaseEndpoint = aws.String(cfg.Endpoint)
 		}
+		// Tells a signal's request that went out unanswered (ErrMaybeSent)
+		// from one that did not go out. Here, not in the config: the SDK
+		// adds AWS_CA_BUNDLE only to its own BuildableClient.
+		o.HTTPClient = trackingDoer{o.HTTPClient}
 	}), nil
 }
 
@@ -127,6 +131,26 @@ func classifyAWS(id string, err error) error {
 	return fmt.Errorf("instance %s: %w", id, err)
 }
 
+// sendOnce is a signal's call option: no try after one whose request
+// went out unanswered (the SDK would retry the timeout, and reboot twice).
+func sendOnce(p *sendProbe) func(*ec2.Options) {
+	return func(o *ec2.Options) {
+		if o.Retryer != nil {
+			o.Retryer = onceSent{Retryer: o.Retryer, p: p}
+		}
+	}
+}
+
+// signalError classifies a signal's error: ErrMaybeSent when a try's
+// request went out and no answer came (a later try's answer, say a dial
+// refused, does not undo it).
+func signalError(p *sendProbe, id string, err error) error {
+	if p.sentUnanswered() {
+		return maybeSent(classifyAWS(id, err))
+	}
+	return classifyAWS(id, err)
+}
+
 // Reboot calls RebootInstances (Force: ErrUnsupported, EC2 forces by itself).
 func (a *AWS) Reboot(ctx context.Context, t Target, mode RebootMode) error {
 	if mode == Force {
@@ -140,8 +164,9 @@ func (a *AWS) Reboot(ctx context.Context, t Target, mode RebootMode) error {
 	if err != nil {
 		return err
 	}
-	if _, err := c.RebootInstances(ctx, &ec2.RebootInstancesInput{InstanceIds: []string{id}}); err != nil {
-		return classifyAWS(id, err)
+	ctx, probe := withSendProbe(ctx, true)
+	if _, err := c.RebootInstances(ctx, &ec2.RebootInstancesInput{InstanceIds: []string{id}}, sendOnce(probe)); err != nil {
+		return signalError(probe, id, err)
 	}
 	a.log.Info("janitor: ec2 reboot sent", "node", t.Node.Name, "instance", id, "region", region)
 	return nil
@@ -157,8 +182,9 @@ func (a *AWS) Terminate(ctx context.Context, t Target) error {
 	if err != nil {
 		return err
 	}
-	if _, err := c.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}}); err != nil {
-		return classifyAWS(id, err)
+	ctx, probe := withSendProbe(ctx, true)
+	if _, err := c.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}}, sendOnce(probe)); err != nil {
+		return signalError(probe, id, err)
 	}
 	a.log.Info("janitor: ec2 terminate sent", "node", t.Node.Name, "instance", id, "region", region)
 	return nil

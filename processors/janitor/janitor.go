@@ -73,6 +73,10 @@ type memory struct {
 	// failReason and failMsg: the provider refused the signal this process
 	// sent; written failed again should the first write have failed.
 	failReason, failMsg string
+	// maybeSentMsg: the signal this process sent went out unanswered
+	// (ErrMaybeSent); written SignalSent=True/MaybeSent again should the
+	// first write have failed.
+	maybeSentMsg string
 }
 
 // recall is what this process remembers of a resource.
@@ -532,6 +536,18 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		// does not send it again.
 		return 0, ctx.Err()
 	}
+	if errors.Is(err, ErrMaybeSent) {
+		// Written, never answered: the machine may be doing it. Followed
+		// as a sent signal (a new boot ID, else reboot_timeout), never sent
+		// again; not a failed signal, which the remediate role escalates.
+		msg := fmt.Sprintf("%s signal may have been sent via %s, not sent again: %v", op.kd.ActionKind, pname, err)
+		j.remember(op.u.GetUID(), func(m *memory) { m.maybeSentMsg = msg })
+		op.emit(ctx, op.action(events.OutcomeApplied, msg+" (node "+op.nodeName+")", "signal", nil))
+		if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonMaybeSent, msg}, cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
+			return 0, err
+		}
+		return j.cfg.PollInterval, nil
+	}
 	if err != nil {
 		reason, msg := reasonOf(err), fmt.Sprintf("%s via %s: %v", op.kd.ActionKind, pname, err)
 		j.remember(op.u.GetUID(), func(m *memory) { m.failReason, m.failMsg = reason, msg })
@@ -566,7 +582,9 @@ func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (ti
 		what = strings.Join(uuids, ",")
 	}
 	err := prov.ResetGPUs(ctx, t, uuids)
-	if errors.Is(err, ErrInProgress) {
+	// Sent unanswered (ErrMaybeSent): the agent may be resetting; asked
+	// again at the next poll (the same request id gets the first answer).
+	if errors.Is(err, ErrInProgress) || errors.Is(err, ErrMaybeSent) {
 		if !condIs(op.u, CondResetJobCreated, "True") {
 			msg := fmt.Sprintf("reset of %s sent via %s; the node is resetting", what, op.st.Provider)
 			op.emit(ctx, op.action(events.OutcomeInProgress, msg+" (node "+op.nodeName+")", "signal", nil))
@@ -702,6 +720,15 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 			// failure failed: write it now (not "recorded, may have gone out").
 			return 0, op.fail(ctx, m.failReason, m.failMsg, true)
 		}
+		if m := j.recall(op.u.GetUID()); !condIs(fresh, CondSignalSent, "True") && m.maybeSentMsg != "" {
+			// Sent unanswered by this janitor; writing it failed: now.
+			op.emit(ctx, op.action(events.OutcomeApplied, m.maybeSentMsg+" (node "+op.nodeName+")", "signal", nil))
+			if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonMaybeSent, m.maybeSentMsg},
+				cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
+				return 0, err
+			}
+			return j.cfg.PollInterval, nil
+		}
 		if !condIs(fresh, CondSignalSent, "True") && j.recall(op.u.GetUID()).signalSent {
 			// This janitor sent it; writing SignalSent failed: write it now
 			// (else the resource waits here for ever, holding its slot).
@@ -822,6 +849,10 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 			err = prov.Reboot(ctx, t, Force)
 			switch {
 			case errors.Is(err, ErrUnsupported):
+			case errors.Is(err, ErrMaybeSent):
+				// Followed as sent: a new boot ID, else reboot_timeout.
+				op.emit(ctx, op.action(events.OutcomeApplied, fmt.Sprintf("forced reboot may have been sent via %s (node %s): %v",
+					op.st.Provider, op.nodeName, err), "force", nil))
 			case err != nil:
 				return 0, op.fail(ctx, reasonOf(err), fmt.Sprintf("forced reboot via %s after %v: %v", op.st.Provider, j.cfg.ForceAfter, err), true)
 			default:
@@ -841,7 +872,9 @@ func (op *operation) followTerminate(ctx context.Context) (time.Duration, error)
 	// it knew) may never have gone out: the Node goes only once the node
 	// is down (NotReady), else a running machine would lose its Node and
 	// the terminate be reported done; a node still Ready ends in Timeout.
-	confirmed := condition(op.u, CondSignalSent)["reason"] != ReasonRecorded
+	// So may one sent unanswered (MaybeSent).
+	reason := condition(op.u, CondSignalSent)["reason"]
+	confirmed := reason != ReasonRecorded && reason != ReasonMaybeSent
 	if !gone && j.cfg.DeleteNodeOnTerminate && (confirmed || !nodeReady(op.node)) {
 		err := op.cr.cl.Kube.CoreV1().Nodes().Delete(ctx, op.nodeName, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {

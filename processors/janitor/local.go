@@ -112,15 +112,25 @@ func (l *Local) call(ctx context.Context, t Target, req localaction.Request) err
 	}
 	hr.Header.Set("Content-Type", "application/json")
 	hr.Header.Set("Authorization", localaction.Sign(key, http.MethodPost, path, body))
-	resp, err := l.client.Do(hr)
+	resp, unanswered, err := doTracked(hr, l.client.Do)
 	if na := notAllowed(err); na != nil {
 		return perr(ReasonAgentAddressNotAllowed, "agent %s of node %s: %s", addr, t.Node.Name, na.msg)
 	}
 	if err != nil {
-		return perr(ReasonAgentUnreachable, "agent %s of node %s: %v", addr, t.Node.Name, err)
+		err = perr(ReasonAgentUnreachable, "agent %s of node %s: %v", addr, t.Node.Name, err)
+		if unanswered {
+			// Written, no answer: a reboot kills the agent (and its
+			// connection) as it starts.
+			return maybeSent(err)
+		}
+		return err
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	b, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if rerr != nil && resp.StatusCode < 300 {
+		// Accepted, the answer cut off: done or doing.
+		return maybeSent(perr(ReasonAgentUnreachable, "agent %s of node %s: %s, answer cut off: %v", addr, t.Node.Name, resp.Status, rerr))
+	}
 	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
 		var a localaction.Answer
 		_ = json.Unmarshal(b, &a)

@@ -104,7 +104,7 @@ func NewRedfish(cfg RedfishConfig, log *slog.Logger) (*Redfish, error) {
 	// host: a name that resolves otherwise now, or a redirect, stays in
 	// the BMC networks.
 	tr.DialContext = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: nets.control(keyBMCNetworks)}).DialContext
-	return &Redfish{cfg: cfg, http: &http.Client{Transport: boundedBodies{tr, maxRedfishBody}, Timeout: cfg.Timeout}, log: log,
+	return &Redfish{cfg: cfg, http: &http.Client{Transport: sendTracker{boundedBodies{tr, maxRedfishBody}}, Timeout: cfg.Timeout}, log: log,
 		nets: nets, lookup: defaultLookup}, nil
 }
 
@@ -296,6 +296,9 @@ func systemLinks(c *gofish.APIClient) ([]string, error) {
 }
 
 func (r *Redfish) reset(ctx context.Context, t Target, rt redfish.ResetType) error {
+	// gofish makes every request with the context it connected with: the
+	// probe is armed for the reset's POST alone.
+	ctx, probe := withSendProbe(ctx, false)
 	c, path, done, err := r.connect(ctx, t)
 	if err != nil {
 		return err
@@ -309,7 +312,13 @@ func (r *Redfish) reset(ctx context.Context, t Target, rt redfish.ResetType) err
 		}
 		return classify(c.GetService().ODataID, err)
 	}
+	probe.arm()
 	if err := s.Reset(rt); err != nil {
+		if probe.sentUnanswered() {
+			// The BMC took the reset and did not answer (slow to answer a
+			// reset it carried out; the connection cut): it may be done.
+			return maybeSent(classify(s.ODataID, err))
+		}
 		if rt == redfish.ForceOffResetType && s.PowerState == redfish.OffPowerState {
 			// A machine to terminate is often a dead one, already Off, and
 			// BMCs refuse to power off what is off (409): it is terminated.

@@ -58,6 +58,11 @@ const (
 	// ReasonRecorded: the signal was recorded by a janitor that stopped
 	// before it wrote SignalSent; it is not sent again (at most once).
 	ReasonRecorded = "Recorded"
+	// ReasonMaybeSent: the provider's request carrying the signal went out
+	// and no answer came (a timeout, a cut connection: ErrMaybeSent); it
+	// may have been carried out, so it is followed as sent and never sent
+	// again.
+	ReasonMaybeSent = "MaybeSent"
 )
 
 // AnnotationState is the janitor's record of an operation on the resource,

@@ -1,0 +1,143 @@
+package janitor
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+)
+
+// A provider's call can fail in two ways that must not be told apart by
+// the error's text. Either the request that carries the signal certainly
+// did not reach the machine's controller — the dial was refused, the name
+// did not resolve, TLS failed, an allowlist refused the address, or the
+// controller answered (a status: 401, 404, 409, 500 …) — and nothing
+// happened; or it was written whole and no answer was read — the answer
+// timed out, the connection was cut (a BMC slow to answer a reset it
+// carried out; the agent killed by the reboot it started; an EC2 answer
+// lost) — and the machine may well be doing it. The second is
+// ErrMaybeSent: the janitor treats it as a signal that may have gone out
+// (SignalSent=True/MaybeSent), follows the node as for a sent signal, and
+// never sends it again.
+
+// ErrMaybeSent marks a provider error after which the signal may have
+// gone out: its request was written whole and no answer was read.
+var ErrMaybeSent = errors.New("the request was sent and no answer came back: it may have been carried out")
+
+// maybeSentError is a provider error marked ErrMaybeSent; it keeps the
+// provider's reason (errors.As a *ProviderError) for the message.
+type maybeSentError struct{ err error }
+
+func (e *maybeSentError) Error() string {
+	return "sent, no answer (it may have been carried out): " + e.err.Error()
+}
+func (e *maybeSentError) Unwrap() error        { return e.err }
+func (e *maybeSentError) Is(target error) bool { return target == ErrMaybeSent }
+
+func maybeSent(err error) error { return &maybeSentError{err} }
+
+// doTracked runs do (an http.Client's Do, a RoundTripper's RoundTrip) for
+// r and says whether r was written whole and no answer read: the
+// request's WroteRequest (httptrace) fired without an error, and do
+// returned an error, no response. net/http waits for the writing
+// goroutine before it returns a failed round trip, so a request it wrote
+// has said so by then. A dial, DNS, TLS or allowlist failure happens
+// before anything is written; an answer of any status is an answer.
+func doTracked(r *http.Request, do func(*http.Request) (*http.Response, error)) (resp *http.Response, unanswered bool, err error) {
+	var wrote atomic.Bool
+	ctx := httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
+		WroteRequest: func(i httptrace.WroteRequestInfo) {
+			if i.Err == nil {
+				wrote.Store(true)
+			}
+		},
+	})
+	resp, err = do(r.WithContext(ctx))
+	return resp, err != nil && resp == nil && wrote.Load(), err
+}
+
+// sendProbe notes, for the requests made with its context through a
+// sendTracker (a client whose requests are not the caller's: gofish's,
+// the AWS SDK's), whether one was written and got no answer while armed.
+type sendProbe struct {
+	armed      atomic.Bool
+	unanswered atomic.Bool
+}
+
+type probeKey struct{}
+
+// withSendProbe is ctx with a probe, armed or not.
+func withSendProbe(ctx context.Context, armed bool) (context.Context, *sendProbe) {
+	p := &sendProbe{}
+	p.armed.Store(armed)
+	return context.WithValue(ctx, probeKey{}, p), p
+}
+
+// arm starts counting requests (the ones before it do not: a login, a
+// GET of the system).
+func (p *sendProbe) arm() { p.unanswered.Store(false); p.armed.Store(true) }
+
+// sentUnanswered: an armed request was written and got no answer.
+func (p *sendProbe) sentUnanswered() bool { return p.unanswered.Load() }
+
+// track runs do for r, noting an unanswered request in r's probe.
+func track(r *http.Request, do func(*http.Request) (*http.Response, error)) (*http.Response, error) {
+	p, _ := r.Context().Value(probeKey{}).(*sendProbe)
+	if p == nil {
+		return do(r)
+	}
+	resp, unanswered, err := doTracked(r, do)
+	if unanswered && p.armed.Load() {
+		p.unanswered.Store(true)
+	}
+	return resp, err
+}
+
+// sendTracker is a RoundTripper that reports to its request's probe. It
+// sits inside an http.Client: the client's own timeout cancels the round
+// trip, which then returns here (the client's error keeps only the text).
+type sendTracker struct{ next http.RoundTripper }
+
+func (s sendTracker) RoundTrip(r *http.Request) (*http.Response, error) {
+	return track(r, s.next.RoundTrip)
+}
+
+// CloseIdleConnections is the next transport's.
+func (s sendTracker) CloseIdleConnections() {
+	if c, ok := s.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// trackingDoer is an HTTP client (the AWS SDK's aws.HTTPClient) that
+// reports to its request's probe.
+type trackingDoer struct {
+	next interface {
+		Do(*http.Request) (*http.Response, error)
+	}
+}
+
+func (d trackingDoer) Do(r *http.Request) (*http.Response, error) { return track(r, d.next.Do) }
+
+// onceSent keeps the SDK from trying a signal again once one try's
+// request went out unanswered: the SDK retries a timeout or a cut
+// connection, which would reboot the instance a second time.
+type onceSent struct {
+	aws.Retryer
+	p *sendProbe
+}
+
+func (o onceSent) IsErrorRetryable(err error) bool {
+	return !o.p.sentUnanswered() && o.Retryer.IsErrorRetryable(err)
+}
+
+// GetAttemptToken is the retryer's (aws.RetryerV2), else its initial token.
+func (o onceSent) GetAttemptToken(ctx context.Context) (func(error) error, error) {
+	if v2, ok := o.Retryer.(aws.RetryerV2); ok {
+		return v2.GetAttemptToken(ctx)
+	}
+	return o.GetInitialToken(), nil //nolint:staticcheck // the SDK does the same for a Retryer that is not a RetryerV2
+}
