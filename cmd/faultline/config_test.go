@@ -94,6 +94,7 @@ func TestProcessorSections(t *testing.T) {
 		{"[processors.store]\nbatch_records = 5\n", "processors.store: no longer a key: use [store]"},
 		{"[clickhouse]\npassword = \"x\"\n", "clickhouse.password: no longer a key: put the password in a file (clickhouse.password_file)"},
 		{"[kube]\nqps = -1\n", "kube.qps: must be a finite number above 0, got -1"},
+		{"[correlate]\ncache_ttl = \"0s\"\n", "correlate.cache_ttl: must be positive (it covers the store's lag), got 0s"},
 	} {
 		err := run(context.Background(), []string{"process", "--config", write(tc.toml)}, &bytes.Buffer{}, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -64,8 +64,11 @@ func (c Config) Validate(prefix string) error {
 		return fmt.Errorf("%sbatch_records: must be at least 1, got %d", prefix, c.BatchRecords)
 	case c.BatchLinger < 0:
 		return fmt.Errorf("%sbatch_linger: must not be negative, got %s", prefix, c.BatchLinger)
-	case c.CacheTTL < 0:
-		return fmt.Errorf("%scache_ttl: must not be negative, got %s", prefix, c.CacheTTL)
+	case c.CacheTTL <= 0:
+		// 0 forgot every batch's records at once: the events the store had
+		// not written yet were in no window (a repeat missed), and each
+		// verdict was emitted again by every batch until stored.
+		return fmt.Errorf("%scache_ttl: must be positive (it covers the store's lag), got %s", prefix, c.CacheTTL)
 	}
 	rules, err := LoadRules(c.Rules)
 	if err != nil {
