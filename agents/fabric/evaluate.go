@@ -140,6 +140,11 @@ type Evaluator struct {
 	// healthy once (the node rebooted since the previous run).
 	reported, bootStart time.Time
 	rebootClear         bool
+	// prevBoot are the GPU fabric conditions (gpu|...) of a previous boot
+	// not raised again since: a GPU the rebooted node no longer lists lets
+	// them clear (the reboot reset it; a GPU that failed to enumerate is
+	// the exclusion conditions' to report).
+	prevBoot map[string]bool
 	// logUpTo is the newest log line evaluated.
 	logUpTo time.Time
 }
@@ -352,6 +357,7 @@ func (e *Evaluator) sync(o *out, family string, now []cond, t time.Time) {
 
 func (e *Evaluator) raise(key string, ev *datamodels.HealthEvent) *datamodels.HealthEvent {
 	delete(e.stale, key)
+	delete(e.prevBoot, key)
 	prev := e.bad[key]
 	if prev != nil && prev.ErrorCode[0] == ev.ErrorCode[0] {
 		return nil
@@ -461,6 +467,12 @@ func (e *Evaluator) Resume(st Standing, bootStart time.Time, newBoot bool) {
 	e.reported, e.bootStart = st.Reported, bootStart
 	if newBoot {
 		e.rebootClear = true
+		e.prevBoot = map[string]bool{}
+		for k := range e.bad {
+			if strings.HasPrefix(k, "gpu|") {
+				e.prevBoot[k] = true
+			}
+		}
 		e.markStale("fmrun")
 		e.markStale("nvlsm")
 	}
@@ -1053,6 +1065,29 @@ func (e *Evaluator) gpuConds(s *Snapshot) []cond {
 	gpus := append([]GPUFabric(nil), s.SMI.GPUs...)
 	sort.SliceStable(gpus, func(i, j int) bool { return gpus[i].ID() < gpus[j].ID() })
 	seen := map[string]bool{}
+	listed := map[string]bool{} // every GPU nvidia-smi -q shows, fabric or not
+	for _, g := range gpus {
+		listed[g.ID()] = true
+		if g.UUID != "" {
+			listed[g.UUID] = true
+		}
+		if g.PCI != "" {
+			listed[pci4(g.PCI)] = true
+		}
+	}
+	// A GPU with a fabric condition that nvidia-smi no longer lists fell
+	// off the bus (or the driver lost it): absence is not health, its
+	// condition stands until the GPU is seen again; only the previous
+	// boot's conditions clear (the reboot reset the GPU).
+	for k, ev := range e.bad {
+		rest, ok := strings.CutPrefix(k, "gpu|")
+		if !ok || e.prevBoot[k] {
+			continue
+		}
+		if _, id, _ := strings.Cut(rest, "|"); id != "" && !listed[id] && !listed[pci4(id)] {
+			cs = append(cs, cond{rest, ev})
+		}
+	}
 	for _, g := range gpus {
 		if g.NoFabric() {
 			continue // no NVLink fabric on this GPU: an all-N/A block is not a failure

@@ -1,0 +1,119 @@
+package fabric
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// dropGPU removes the blocks of the GPUs with these bus ids ("3A:00.0")
+// from nvidia-smi -q output: the GPUs fell off the bus.
+func dropGPU(out string, pcis ...string) string {
+	var keep []string
+	skip := false
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "GPU ") {
+			skip = false
+			for _, p := range pcis {
+				if strings.HasSuffix(strings.TrimRight(l, "\r"), p) {
+					skip = true
+				}
+			}
+		}
+		if !skip {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
+// healthySMI is h100-560-layout.txt with every GPU registered and at full
+// bandwidth.
+func healthySMI(t *testing.T) string {
+	r := strings.NewReplacer("In Progress", "Completed", ": N/A", ": Success", "Degraded", "Full")
+	return r.Replace(testdata(t, "smi/h100-560-layout.txt"))
+}
+
+// TestGPUAbsentIsNotRecovered: a GPU with a fabric fault that drops out of
+// nvidia-smi -q (fell off the bus) keeps its condition; it clears when the
+// GPU is seen healthy again. Absence is not health.
+func TestGPUAbsentIsNotRecovered(t *testing.T) {
+	const gpu2, gpu6 = "GPU-d100d100-0000-0000-0000-000000000002", "GPU-d100d100-0000-0000-0000-000000000006"
+	type step struct {
+		smi  string
+		want string
+	}
+	faulty := testdata(t, "smi/h100-560-layout.txt")
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"both faulty GPUs fall off the bus, then come back healthy", []step{
+			{faulty, "GPUFabricState:FABRIC-PROBE-TIMEOUT:fatal@" + gpu2 + " GPUFabricHealth:FABRIC-BANDWIDTH-DEGRADED:nonfatal@" + gpu6},
+			{dropGPU(faulty, "3A:00.0", "BA:00.0"), ""},
+			{dropGPU(faulty, "3A:00.0", "BA:00.0"), ""},
+			{healthySMI(t), "GPUFabricHealth::healthy@" + gpu6 + " GPUFabricState::healthy@" + gpu2},
+		}},
+		{"no GPU listed at all", []step{
+			{faulty, "GPUFabricState:FABRIC-PROBE-TIMEOUT:fatal@" + gpu2 + " GPUFabricHealth:FABRIC-BANDWIDTH-DEGRADED:nonfatal@" + gpu6},
+			{"==============NVSMI LOG==============\n\nAttached GPUs : 0\n", ""},
+			{faulty, ""},
+		}},
+		{"a faulty GPU absent, another comes back healthy", []step{
+			{faulty, "GPUFabricState:FABRIC-PROBE-TIMEOUT:fatal@" + gpu2 + " GPUFabricHealth:FABRIC-BANDWIDTH-DEGRADED:nonfatal@" + gpu6},
+			{dropGPU(healthySMI(t), "3A:00.0"), "GPUFabricHealth::healthy@" + gpu6},
+			{healthySMI(t), "GPUFabricState::healthy@" + gpu2},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t, nil)
+			n.switches("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
+			n.write("fabricmanager.cfg", testdata(t, "config/h100-default.cfg"))
+			n.r.out["systemctl show"] = showActive
+			for i, st := range tc.steps {
+				n.r.out["nvidia-smi -q"] = st.smi
+				if got := shorts(n.poll(30 * time.Second)); got != st.want {
+					t.Fatalf("poll %d: %q\nwant %q", i, got, st.want)
+				}
+			}
+		})
+	}
+}
+
+// TestGPUAbsentAfterRebootClears: the previous boot's fabric condition of
+// a GPU the rebooted node no longer lists clears through the reboot path
+// (the exclusion conditions report a GPU that failed to enumerate).
+func TestGPUAbsentAfterRebootClears(t *testing.T) {
+	const gpu2 = "GPU-d100d100-0000-0000-0000-000000000002"
+	for _, tc := range []struct {
+		name    string
+		newBoot bool
+		want    string
+	}{
+		{"agent restarted, same boot", false, ""},
+		{"node rebooted", true, "GPUFabricState::healthy@" + gpu2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := NewEvaluator(EvalConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Date(2024, 10, 28, 11, 0, 0, 0, time.UTC)
+			e.Resume(Standing{Conditions: map[string]*datamodels.HealthEvent{"gpu|state|" + gpu2: e.ev(now.Add(-time.Hour), classGPU, CheckState,
+				"FABRIC-PROBE-TIMEOUT", true, datamodels.RecommendedAction_RESTART_BM, "timeout", gpuEntities(gpu2, "0000:3a:00.0"), nil)}}, now.Add(-5*time.Minute), tc.newBoot)
+			s := NewSnapshot(now)
+			s.SMI = ParseSMI(dropGPU(healthySMI(t), "3A:00.0"))
+			var got []string
+			for _, ev := range e.Evaluate(s) {
+				if ev.CheckName == CheckState || ev.CheckName == CheckHealth {
+					got = append(got, shorts([]*datamodels.HealthEvent{ev}))
+				}
+			}
+			if g := strings.Join(got, " "); g != tc.want {
+				t.Fatalf("%q, want %q", g, tc.want)
+			}
+		})
+	}
+}
