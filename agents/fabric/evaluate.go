@@ -378,6 +378,15 @@ func (e *Evaluator) clear(key string, t time.Time) *datamodels.HealthEvent {
 		GeneratedTimestamp: timestamppb.New(t)}
 }
 
+// standing returns a family's condition key as it stands (none when it
+// does not): given to sync, it neither reports it again nor clears it.
+func (e *Evaluator) standing(family, key string) []cond {
+	if ev := e.bad[family+"|"+key]; ev != nil {
+		return []cond{{key, ev}}
+	}
+	return nil
+}
+
 // markStale marks the standing conditions of a family as belonging to a
 // previous run (FM restarted): the new run's initialization either reports
 // them again (they stand, without a new event) or ends with a successful
@@ -618,6 +627,13 @@ func (e *Evaluator) serviceConds(s *Snapshot, st *ServiceState) []cond {
 		state = "INACTIVE"
 	case st.ActiveState == "active" && st.SubState == "exited":
 		state = "NOT-RUNNING"
+	}
+	if state == "" && !st.Running() && (st.ActiveState == "activating" || st.SubState == "auto-restart") {
+		// Starting (again): a unit that Restart= brings back after a
+		// failure is not healthy until it runs; what was reported stands
+		// (otherwise a unit failing in a restart loop alternates
+		// fatal/healthy every poll).
+		return e.standing("svc", "service")
 	}
 	if state == "" {
 		return nil
