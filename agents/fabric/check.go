@@ -87,6 +87,10 @@ type Config struct {
 	// In Progress / Not Started after FM started before it is reported
 	// (default 5m).
 	InProgressTimeout time.Duration `toml:"in_progress_timeout"`
+	// BootGrace is how long after boot (/proc/stat btime) an FM unit
+	// that systemd has not started yet this boot is not reported as
+	// inactive (default 10m).
+	BootGrace time.Duration `toml:"boot_grace"`
 	// TopologyInterval is how often `nvidia-smi nvlink -R` (the NVSwitch
 	// port map) and nvswitch-audit run (default 10m).
 	TopologyInterval time.Duration `toml:"topology_interval"`
@@ -116,7 +120,7 @@ func DefaultConfig() Config {
 		NVLSMLogFile: "/var/log/nvlsm.log", NVLSMPIDFile: "/var/run/nvidia-fabricmanager/nvlsm.pid",
 		ProcRoot: "/proc", SysRoot: "/sys", ModprobeDir: "/etc/modprobe.d",
 		Systemctl: "systemctl", Journalctl: "journalctl", NvidiaSMI: "nvidia-smi", NVSwitchAudit: "nvswitch-audit", FMPM: "fmpm",
-		InProgressTimeout: 5 * time.Minute, TopologyInterval: 10 * time.Minute, StateFile: "/var/lib/faultline-agent/fabric/state.json"}
+		InProgressTimeout: 5 * time.Minute, BootGrace: 10 * time.Minute, TopologyInterval: 10 * time.Minute, StateFile: "/var/lib/faultline-agent/fabric/state.json"}
 }
 
 // RegisterFlags adds the check's flags under prefix ("fabric."), each named
@@ -132,6 +136,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.NVLSMLogFile, prefix+"nvlsm-log-file", c.NVLSMLogFile, "NVLSM log file, HGX B200")
 	fs.StringVar(&c.NvidiaSMI, prefix+"nvidia-smi", c.NvidiaSMI, "nvidia-smi binary")
 	fs.DurationVar(&c.InProgressTimeout, prefix+"in-progress-timeout", c.InProgressTimeout, "longest a GPU fabric registration may stay in progress after FM start-up")
+	fs.DurationVar(&c.BootGrace, prefix+"boot-grace", c.BootGrace, "time after boot during which an FM unit not yet started is not reported")
 	fs.StringVar(&c.TelemetryURL, prefix+"telemetry-url", c.TelemetryURL, "dcgm-exporter /metrics URL for NVSwitch telemetry, HGX B200")
 	fs.StringVar(&c.StateFile, prefix+"state-file", c.StateFile, "file keeping the standing conditions across restarts; empty: none")
 	// The spellings before flags were named after their TOML keys.
@@ -156,6 +161,8 @@ func (c *Config) Validate() error {
 		return errors.New("fabric.poll_interval: must not be negative")
 	case c.TopologyInterval < 0:
 		return errors.New("fabric.topology_interval: must not be negative")
+	case c.BootGrace < 0:
+		return errors.New("fabric.boot_grace: must not be negative")
 	}
 	switch c.Platform {
 	case "", "auto", PlatformA100, PlatformH100, PlatformB200:
@@ -191,6 +198,9 @@ func (c *Config) defaults() {
 	set(&c.FMPM, d.FMPM)
 	if c.InProgressTimeout == 0 {
 		c.InProgressTimeout = d.InProgressTimeout
+	}
+	if c.BootGrace == 0 {
+		c.BootGrace = d.BootGrace
 	}
 	if c.TopologyInterval == 0 {
 		c.TopologyInterval = d.TopologyInterval
@@ -230,7 +240,7 @@ func New(cfg Config) (*Check, error) {
 		return nil, err
 	}
 	cfg.defaults()
-	ev, err := NewEvaluator(EvalConfig{Platform: cfg.Platform, InProgressTimeout: cfg.InProgressTimeout, Service: cfg.Service})
+	ev, err := NewEvaluator(EvalConfig{Platform: cfg.Platform, InProgressTimeout: cfg.InProgressTimeout, Service: cfg.Service, BootGrace: cfg.BootGrace})
 	if err != nil {
 		return nil, err
 	}
@@ -349,7 +359,7 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 	fabric := s.NVSwitchCount > 0 || s.NVLinkBridges > 0 || c.cfg.Platform == PlatformB200
 	// The service: looked at on every host (a unit failing on a host
 	// without NVSwitches is a misconfiguration).
-	if out, err := c.run(ctx, c.cfg.Systemctl, "show", c.cfg.Service, "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ActiveEnterTimestamp"); err != nil {
+	if out, err := c.run(ctx, c.cfg.Systemctl, "show", c.cfg.Service, "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ActiveEnterTimestamp,InactiveExitTimestamp"); err != nil {
 		errs = append(errs, err)
 	} else if out != nil {
 		s.Service = ParseSystemctlShow(string(out))

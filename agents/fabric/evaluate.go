@@ -105,6 +105,9 @@ type EvalConfig struct {
 	InProgressTimeout time.Duration
 	// Service is the FM unit name, for messages.
 	Service string
+	// BootGrace: how long after boot an FM unit that systemd has not
+	// started yet this boot is not reported (default 10m).
+	BootGrace time.Duration
 }
 
 // Evaluator turns snapshots into HealthEvents. Conditions (the service,
@@ -163,6 +166,9 @@ func NewEvaluator(cfg EvalConfig) (*Evaluator, error) {
 	}
 	if cfg.Service == "" {
 		cfg.Service = "nvidia-fabricmanager"
+	}
+	if cfg.BootGrace == 0 {
+		cfg.BootGrace = 10 * time.Minute
 	}
 	switch cfg.Platform {
 	case "", "auto", PlatformA100, PlatformH100, PlatformB200:
@@ -628,6 +634,11 @@ func (e *Evaluator) serviceConds(s *Snapshot, st *ServiceState) []cond {
 	case st.ActiveState == "active" && st.SubState == "exited":
 		state = "NOT-RUNNING"
 	}
+	if state == "INACTIVE" && st.NotStartedThisBoot && e.booting(s.Now) {
+		// The node is booting and systemd has not started FM yet: not a
+		// fault (yet); what a previous boot left stands.
+		return e.standing("svc", "service")
+	}
 	if state == "" && !st.Running() && (st.ActiveState == "activating" || st.SubState == "auto-restart") {
 		// Starting (again): a unit that Restart= brings back after a
 		// failure is not healthy until it runs; what was reported stands
@@ -646,6 +657,11 @@ func (e *Evaluator) serviceConds(s *Snapshot, st *ServiceState) []cond {
 	return []cond{{"service", e.ev(s.Now, classNVSwitch, CheckService, "FM-SERVICE-"+state, true, h.Action(e.mode()),
 		fmt.Sprintf("Fabric Manager service %s is %s (%s/%s, result %s) on an NVSwitch system: CUDA jobs cannot start",
 			e.cfg.Service, strings.ToLower(state), st.ActiveState, st.SubState, orNA(st.Result)), e.nodeEntities(), meta)}}
+}
+
+// booting reports a poll within the boot grace (the boot's start known).
+func (e *Evaluator) booting(now time.Time) bool {
+	return !e.bootStart.IsZero() && !now.Before(e.bootStart) && now.Sub(e.bootStart) < e.cfg.BootGrace
 }
 
 // abortCUDA describes what happens to CUDA jobs while FM is down.

@@ -20,6 +20,10 @@ type ServiceState struct {
 	// ActiveSince is when the unit last entered its active state (FM's
 	// start-up time while it runs).
 	ActiveSince time.Time
+	// NotStartedThisBoot: systemd has no record of starting the unit
+	// this boot (`systemctl show` InactiveExitTimestamp and
+	// ActiveEnterTimestamp empty): at boot, FM not started yet.
+	NotStartedThisBoot bool
 	// Processes are the command lines of the unit's cgroup (status only):
 	// nv-fabricmanager and, on HGX B200, nvlsm.
 	Processes []string
@@ -47,6 +51,10 @@ func (s *ServiceState) HasProcess(name string) bool {
 // ParseSystemctlShow reads `systemctl show UNIT --property=...` output.
 func ParseSystemctlShow(out string) *ServiceState {
 	s := &ServiceState{}
+	// unset: a timestamp property shown empty ("n/a" in newer systemd);
+	// both must be shown for the unit to count as not started.
+	unset := func(v string) bool { v = strings.TrimSpace(v); return v == "" || v == "n/a" }
+	enterUnset, exitUnset := false, false
 	for _, l := range strings.Split(out, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(l), "=")
 		if !ok {
@@ -67,8 +75,12 @@ func ParseSystemctlShow(out string) *ServiceState {
 			s.MainPID, _ = strconv.Atoi(v)
 		case "ActiveEnterTimestamp":
 			s.ActiveSince = parseSystemdTime(v)
+			enterUnset = unset(v)
+		case "InactiveExitTimestamp":
+			exitUnset = unset(v)
 		}
 	}
+	s.NotStartedThisBoot = enterUnset && exitUnset
 	return s
 }
 
