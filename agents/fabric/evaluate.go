@@ -1145,7 +1145,8 @@ func (e *Evaluator) gpuConds(s *Snapshot) []cond {
 				if g.CliqueID == "0" && isZeroUUID(g.ClusterUUID) {
 					m["fabric_attached"] = "false"
 				}
-				cs = append(cs, cond{"state|" + id, e.ev(s.Now, classGPU, CheckState, "FABRIC-PROBE-FAILURE", true, hFM.Action(e.mode()),
+				action := e.offNode(m, hFM.Action(e.mode()))
+				cs = append(cs, cond{"state|" + id, e.ev(s.Now, classGPU, CheckState, "FABRIC-PROBE-FAILURE", true, action,
 					fmt.Sprintf("GPU %s fabric registration completed with status %q (not Success)", id, g.Status), ents, m)})
 			}
 		default: // In Progress, Not Started: Status N/A means "no result yet"
@@ -1163,7 +1164,8 @@ func (e *Evaluator) gpuConds(s *Snapshot) []cond {
 				m["recovery"] = "The GPU did not complete fabric registration: check that FM (and on HGX B200 NVLSM) runs; restart the FM service, then the host (FM guide, Table 17)."
 				m["pending_since"] = since.UTC().Format(time.RFC3339)
 				m["pending_since_source"] = from
-				cs = append(cs, cond{"state|" + id, e.ev(s.Now, classGPU, CheckState, "FABRIC-PROBE-TIMEOUT", true, hFM.Action(e.mode()),
+				action := e.offNode(m, hFM.Action(e.mode()))
+				cs = append(cs, cond{"state|" + id, e.ev(s.Now, classGPU, CheckState, "FABRIC-PROBE-TIMEOUT", true, action,
 					fmt.Sprintf("GPU %s fabric state %q for %s after %s", id, g.State, s.Now.Sub(since).Round(time.Second), from), ents, m)})
 			}
 		}
@@ -1177,6 +1179,21 @@ func (e *Evaluator) gpuConds(s *Snapshot) []cond {
 		}
 	}
 	return cs
+}
+
+// offNode returns the action of a GPU fabric registration failure: the
+// local FM's (Table 17) where FM runs here; where the fabric is managed off
+// the node (GB200/GB300 NVL72 compute tray), the FM guide's local recovery
+// (restart the FM service and the host) does not apply: the rack's fabric
+// management is to be looked at (CONTACT_SUPPORT), the GPU still unusable
+// for NVLink (fatal).
+func (e *Evaluator) offNode(m map[string]string, local datamodels.RecommendedAction) datamodels.RecommendedAction {
+	if !e.platform.OffNodeFabric {
+		return local
+	}
+	m["fabric_manager"] = "off-node"
+	m["recovery"] = "This GPU's NVLink fabric is managed off this node (GB200/GB300 NVL72: Fabric Manager runs on the rack's NVLink switch trays, not here): check the rack's fabric management for this compute tray; the FM guide's local recovery does not apply."
+	return datamodels.RecommendedAction_CONTACT_SUPPORT
 }
 
 func (e *Evaluator) healthCond(s *Snapshot, g GPUFabric, id string, ents []*datamodels.Entity, meta map[string]string) *cond {

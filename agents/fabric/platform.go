@@ -21,6 +21,10 @@ type PlatformInfo struct {
 	NVLinkBridges int
 	// GPUs is the number of GPUs seen (-1 unknown).
 	GPUs int
+	// OffNodeFabric: the GPUs' NVLink fabric is managed off this node
+	// (GB200/GB300 NVL72 compute tray: FM runs on the NVLink switch
+	// trays), so the local FM's recovery does not apply.
+	OffNodeFabric bool
 }
 
 // HasFabric reports a host that has NVSwitches for FM to manage: switches
@@ -98,6 +102,10 @@ func platformOfProduct(product string) string {
 // override wins.
 func DetectPlatform(override, product string, nvswitches, bridges, gpus int) PlatformInfo {
 	p := PlatformInfo{NVSwitches: nvswitches, NVLinkBridges: bridges, GPUs: gpus}
+	if override == "" || override == "auto" {
+		up := strings.ToUpper(product)
+		p.OffNodeFabric = strings.Contains(up, "GB200") || strings.Contains(up, "GB300")
+	}
 	switch {
 	case override != "" && override != "auto":
 		p.Name = override
