@@ -312,6 +312,12 @@ func TestCheckB200(t *testing.T) {
 		"NVSwitchTelemetry:NVSWITCH-LINK-DOWN:fatal@nvswitch0 NVSwitchTelemetry:NVSWITCH-THERMAL-SLOWDOWN:nonfatal@nvswitch1") {
 		t.Fatalf("nvlsm gone, telemetry: %s", got)
 	}
+	// FM fails too: NVLSM (which FM starts) is not judged while FM is
+	// down, and its fault stands — it was reported healthy as if it ran.
+	n.r.out["systemctl show"] = showFailed
+	if got := shorts(n.poll(30 * time.Second)); strings.Contains(got, "NVLSMService") || !strings.Contains(got, "FabricManagerService:FM-SERVICE-FAILED") {
+		t.Fatalf("FM failed beside NVLSM: %s", got)
+	}
 }
 
 // TestKmsgSXidGetsTheGPU: the port map learned from nvidia-smi nvlink -R,

@@ -681,8 +681,13 @@ func (e *Evaluator) abortCUDA() string {
 }
 
 func (e *Evaluator) nvlsmConds(s *Snapshot, st *ServiceState) []cond {
-	if e.platform.Name != PlatformB200 || *s.NVLSMRunning || (st != nil && !st.Running()) {
+	if e.platform.Name != PlatformB200 || *s.NVLSMRunning {
 		return nil
+	}
+	if st != nil && !st.Running() {
+		// FM is down (its own fault stands) and starts NVLSM: NVLSM is not
+		// judged, and what was reported of it stays, not cleared as if it ran.
+		return e.standing("nvlsmproc", "proc")
 	}
 	h := e.cat.Handling["nvlsm"]
 	return []cond{{"proc", e.ev(s.Now, classNVSwitch, CheckNVLSM, "NVLSM-NOT-RUNNING", h.Fatal, h.Action(e.mode()),
