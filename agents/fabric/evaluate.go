@@ -613,6 +613,12 @@ func (e *Evaluator) serviceConds(s *Snapshot, st *ServiceState) []cond {
 		}
 	}
 	if !e.platform.HasFabric() {
+		if e.booting(s.Now) {
+			// Early in a boot the NVSwitch driver may not have probed its
+			// switches yet: nothing is decided of the service, what a
+			// previous boot reported stands.
+			return append(e.standing("svc", "service"), e.standing("svc", "nofabric")...)
+		}
 		// FM has nothing to manage here; a unit that fails or keeps
 		// restarting is a misconfiguration, not a fabric failure.
 		if st.LoadState == "not-found" || st.LoadState == "" || st.Running() || st.ActiveState == "inactive" {

@@ -80,3 +80,26 @@ func TestServiceBootGraceKeepsPreviousFailure(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceBootGraceNoSwitchesYet: early in the boot the NVSwitch
+// driver may not have probed its switches yet (count 0, the host looks
+// like one without a fabric): the previous boot's FM failure is not
+// cleared then — it was, and a failure of this boot's FM cordoned the
+// node again a minute later.
+func TestServiceBootGraceNoSwitchesYet(t *testing.T) {
+	e, err := NewEvaluator(EvalConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2024, 10, 28, 11, 1, 0, 0, time.UTC)
+	e.Resume(Standing{Conditions: map[string]*datamodels.HealthEvent{"svc|service": e.ev(now.Add(-time.Hour), classNVSwitch, CheckService,
+		"FM-SERVICE-FAILED", true, datamodels.RecommendedAction_RESTART_BM, "failed", e.nodeEntities(), nil)}}, now.Add(-time.Minute), true)
+	s := NewSnapshot(now)
+	s.NVSwitchCount = 0
+	s.Service = ParseSystemctlShow(showNeverStarted)
+	for _, ev := range e.Evaluate(s) {
+		if ev.CheckName == CheckService {
+			t.Fatalf("booting, no NVSwitch probed yet: %s", shorts([]*datamodels.HealthEvent{ev}))
+		}
+	}
+}
