@@ -19,6 +19,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/agents/topology"
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -258,9 +259,8 @@ type fabricState struct {
 
 // resume gives the evaluator what the previous run of the agent left.
 func (c *Check) resume() {
-	b, _ := os.ReadFile(filepath.Join(c.cfg.ProcRoot, "sys/kernel/random/boot_id"))
-	c.bootID = strings.TrimSpace(string(b))
-	boot := c.bootStart()
+	c.bootID = kmsg.BootID(filepath.Join(c.cfg.ProcRoot, "sys/kernel/random/boot_id"))
+	boot := kmsg.BootTime(filepath.Join(c.cfg.ProcRoot, "stat"))
 	c.eval.SetBootStart(boot)
 	if c.cfg.StateFile == "" {
 		return
@@ -283,22 +283,6 @@ func (c *Check) resume() {
 	}
 	newBoot := st.BootID != "" && c.bootID != "" && st.BootID != c.bootID
 	c.eval.Resume(Standing{Conditions: conds, Reported: st.Reported}, boot, newBoot)
-}
-
-// bootStart is this boot's start (/proc/stat btime; zero unknown).
-func (c *Check) bootStart() time.Time {
-	b, err := os.ReadFile(filepath.Join(c.cfg.ProcRoot, "stat"))
-	if err != nil {
-		return time.Time{}
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) == 2 && f[0] == "btime" {
-			if n, err := strconv.ParseInt(f[1], 10, 64); err == nil && n > 0 {
-				return time.Unix(n, 0)
-			}
-		}
-	}
-	return time.Time{}
 }
 
 // Commit implements check.Committer: the state file is written (when it

@@ -170,7 +170,7 @@ func New(cfg Config) (*Check, error) {
 		cfg.Parser.FloodBurst = cfg.FloodBurst
 	}
 	if cfg.Parser.BootTime.IsZero() {
-		cfg.Parser.BootTime = bootTime(cfg.ProcStatPath)
+		cfg.Parser.BootTime = BootTime(cfg.ProcStatPath)
 	}
 	p, err := NewParser(cfg.Parser)
 	if err != nil {
@@ -283,8 +283,7 @@ func (c *Check) statePath() string {
 
 func (c *Check) open() (source, error) {
 	st := loadState(c.statePath())
-	bid, _ := os.ReadFile(c.cfg.BootIDPath)
-	c.bootID = strings.TrimSpace(string(bid))
+	c.bootID = BootID(c.cfg.BootIDPath)
 	c.cleared = st.ClearedBoot
 	if c.cleared == "" {
 		c.cleared = st.BootID // a state file from before ClearedBoot
@@ -308,18 +307,26 @@ func (c *Check) open() (source, error) {
 	}
 }
 
-// bootTime reads btime from /proc/stat; zero when unavailable.
-func bootTime(path string) time.Time {
+// BootTime reads this boot's start, btime, from path (/proc/stat); zero
+// when unavailable.
+func BootTime(path string) time.Time {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return time.Time{}
 	}
 	for _, l := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(l, "btime "); ok {
-			if s, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+			if s, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && s > 0 {
 				return time.Unix(s, 0).UTC()
 			}
 		}
 	}
 	return time.Time{}
+}
+
+// BootID reads the boot's id from path (/proc/sys/kernel/random/boot_id);
+// "" when unavailable.
+func BootID(path string) string {
+	b, _ := os.ReadFile(path)
+	return strings.TrimSpace(string(b))
 }
