@@ -60,46 +60,37 @@ func TestServiceBootGrace(t *testing.T) {
 
 // TestServiceBootGraceKeepsPreviousFailure: the previous boot's FM failure
 // neither turns into FM-SERVICE-INACTIVE nor clears while the rebooted node
-// has not started FM yet.
+// has not started FM yet — also while the NVSwitch driver has not probed
+// its switches yet (count 0, the host looks like one without a fabric):
+// it was cleared then, and a failure of this boot's FM cordoned the node
+// again a minute later.
 func TestServiceBootGraceKeepsPreviousFailure(t *testing.T) {
-	e, err := NewEvaluator(EvalConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Date(2024, 10, 28, 11, 1, 0, 0, time.UTC)
-	e.Resume(Standing{Conditions: map[string]*datamodels.HealthEvent{"svc|service": e.ev(now.Add(-time.Hour), classNVSwitch, CheckService,
-		"FM-SERVICE-FAILED", true, datamodels.RecommendedAction_RESTART_BM, "failed", e.nodeEntities(), nil)}}, now.Add(-time.Minute), true)
-	for i, show := range []string{showNeverStarted, showStarting} {
-		s := NewSnapshot(now.Add(time.Duration(i) * 30 * time.Second))
-		s.NVSwitchCount, s.NVSwitchPCIs = 4, []string{"0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"}
-		s.Service = ParseSystemctlShow(show)
-		for _, ev := range e.Evaluate(s) {
-			if ev.CheckName == CheckService {
-				t.Fatalf("poll %d: %s", i, shorts([]*datamodels.HealthEvent{ev}))
+	for _, tc := range []struct {
+		name     string
+		switches []string
+		shows    []string
+	}{
+		{"FM not started yet", []string{"0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"}, []string{showNeverStarted, showStarting}},
+		{"no NVSwitch probed yet", nil, []string{showNeverStarted}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := NewEvaluator(EvalConfig{})
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-	}
-}
-
-// TestServiceBootGraceNoSwitchesYet: early in the boot the NVSwitch
-// driver may not have probed its switches yet (count 0, the host looks
-// like one without a fabric): the previous boot's FM failure is not
-// cleared then — it was, and a failure of this boot's FM cordoned the
-// node again a minute later.
-func TestServiceBootGraceNoSwitchesYet(t *testing.T) {
-	e, err := NewEvaluator(EvalConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Date(2024, 10, 28, 11, 1, 0, 0, time.UTC)
-	e.Resume(Standing{Conditions: map[string]*datamodels.HealthEvent{"svc|service": e.ev(now.Add(-time.Hour), classNVSwitch, CheckService,
-		"FM-SERVICE-FAILED", true, datamodels.RecommendedAction_RESTART_BM, "failed", e.nodeEntities(), nil)}}, now.Add(-time.Minute), true)
-	s := NewSnapshot(now)
-	s.NVSwitchCount = 0
-	s.Service = ParseSystemctlShow(showNeverStarted)
-	for _, ev := range e.Evaluate(s) {
-		if ev.CheckName == CheckService {
-			t.Fatalf("booting, no NVSwitch probed yet: %s", shorts([]*datamodels.HealthEvent{ev}))
-		}
+			now := time.Date(2024, 10, 28, 11, 1, 0, 0, time.UTC)
+			e.Resume(Standing{Conditions: map[string]*datamodels.HealthEvent{"svc|service": e.ev(now.Add(-time.Hour), classNVSwitch, CheckService,
+				"FM-SERVICE-FAILED", true, datamodels.RecommendedAction_RESTART_BM, "failed", e.nodeEntities(), nil)}}, now.Add(-time.Minute), true)
+			for i, show := range tc.shows {
+				s := NewSnapshot(now.Add(time.Duration(i) * 30 * time.Second))
+				s.NVSwitchCount, s.NVSwitchPCIs = len(tc.switches), tc.switches
+				s.Service = ParseSystemctlShow(show)
+				for _, ev := range e.Evaluate(s) {
+					if ev.CheckName == CheckService {
+						t.Fatalf("poll %d: %s", i, shorts([]*datamodels.HealthEvent{ev}))
+					}
+				}
+			}
+		})
 	}
 }
