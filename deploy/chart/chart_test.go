@@ -63,16 +63,20 @@ func TestSchemaRefusesTypos(t *testing.T) {
 		{[]string{"config.store.retention=3 days"}, "at '/config/store/retention'"},
 		{[]string{"kafka.brokers="}, "kafka.brokers is required"},
 	} {
-		t.Run(tc.want, func(t *testing.T) {
-			args := []string{"template", release, Dir(), "-n", namespace, "-f", ValueSets()["default"]}
-			for _, s := range tc.set {
-				args = append(args, "--set", s)
-			}
-			_, err := Helm(context.Background(), helm, t.TempDir(), args...)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("--set %v: error %v, want one naming %q", tc.set, err, tc.want)
-			}
-		})
+		t.Run(tc.want, func(t *testing.T) { refused(t, helm, tc.set, tc.want) })
+	}
+}
+
+// refused: the default set with set is refused, the error naming want.
+func refused(t *testing.T, helm string, set []string, want string) {
+	t.Helper()
+	args := []string{"template", release, Dir(), "-n", namespace, "-f", ValueSets()["default"]}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	_, err := Helm(context.Background(), helm, t.TempDir(), args...)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("--set %v: error %v, want one naming %q", set, err, want)
 	}
 }
 
@@ -443,16 +447,7 @@ func TestLocalActionsSigned(t *testing.T) {
 		{[]string{"agent.config.local_actions.token_file=/etc/token"}, "at '/agent/config/local_actions': additional properties 'token_file' not allowed"},
 		{[]string{"config.janitor.local.token_file=/etc/token"}, "at '/config/janitor/local': additional properties 'token_file' not allowed"},
 	} {
-		t.Run(tc.want, func(t *testing.T) {
-			args := []string{"template", release, Dir(), "-n", namespace, "-f", ValueSets()["default"]}
-			for _, s := range tc.set {
-				args = append(args, "--set", s)
-			}
-			_, err := Helm(context.Background(), helm, t.TempDir(), args...)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("--set %v: error %v, want one naming %q", tc.set, err, tc.want)
-			}
-		})
+		t.Run(tc.want, func(t *testing.T) { refused(t, helm, tc.set, tc.want) })
 	}
 }
 
