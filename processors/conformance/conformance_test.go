@@ -59,6 +59,13 @@ func comps(variant string) map[string]string {
 	return c
 }
 
+// unreadDriver is c with the GPU driver version unread (the module not
+// loaded yet after a reboot).
+func unreadDriver(c map[string]string) map[string]string {
+	c["gpu_driver"] = agentconf.Unreadable + "open /host/sys/module/nvidia/version: no such file or directory"
+	return c
+}
+
 // record is the events-topic record of a node's NodeConformance report.
 func record(t testing.TB, cluster, node string, c map[string]string, at time.Time) *kgo.Record {
 	t.Helper()
@@ -131,6 +138,17 @@ func TestGroupsOnClickHouse(t *testing.T) {
 	clk := &clock{t: time.Now().UTC().Truncate(time.Second)}
 	h := NewHandler(s.Conn, testLog, clk.Now)
 	ctx := context.Background()
+	// storeAndSweep stores the reports and sweeps cluster c once.
+	storeAndSweep := func(t *testing.T, c string, recs ...*kgo.Record) Output {
+		t.Helper()
+		store(t, h, recs...)
+		sw := NewSweeper(testConfig(), s.Conn, clusters.NewRegistry(clusters.DefaultConfig(), nil), testLog, clk.Now, nil)
+		out, err := sw.Sweep(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
 
 	t.Run("majority", func(t *testing.T) {
 		c := uniq("maj")
@@ -172,21 +190,14 @@ func TestGroupsOnClickHouse(t *testing.T) {
 	// component beside a real difference is still drift.
 	t.Run("unreadable only is not drift", func(t *testing.T) {
 		c := uniq("unread")
-		unread := comps("")
-		unread["gpu_driver"] = agentconf.Unreadable + "open /host/sys/module/nvidia/version: no such file or directory"
-		both := comps("28.41.1000")
-		both["gpu_driver"] = unread["gpu_driver"]
+		unread := unreadDriver(comps(""))
+		both := unreadDriver(comps("28.41.1000"))
 		var recs []*kgo.Record
 		for i := 1; i <= 3; i++ {
 			recs = append(recs, record(t, c, fmt.Sprintf("n%d", i), comps(""), clk.Now()))
 		}
 		recs = append(recs, record(t, c, "n4", unread, clk.Now()), record(t, c, "n5", both, clk.Now()))
-		store(t, h, recs...)
-		sw := NewSweeper(testConfig(), s.Conn, clusters.NewRegistry(clusters.DefaultConfig(), nil), testLog, clk.Now, nil)
-		out, err := sw.Sweep(ctx, c)
-		if err != nil {
-			t.Fatal(err)
-		}
+		out := storeAndSweep(t, c, recs...)
 		drift := kinds(out.Actions)[events.KindConformanceDrift]
 		if len(out.Actions) != 1 || len(drift) != 1 || drift[0].Node != "n5" {
 			t.Fatalf("actions %v; want n5's drift only (n4 differs only by what it could not read)", out.Actions)
@@ -198,19 +209,13 @@ func TestGroupsOnClickHouse(t *testing.T) {
 	// a real drift beside them went unreported.
 	t.Run("unreadable reports do not vote", func(t *testing.T) {
 		c := uniq("unvote")
-		unread := comps("")
-		unread["gpu_driver"] = agentconf.Unreadable + "open /host/sys/module/nvidia/version: no such file or directory"
+		unread := unreadDriver(comps(""))
 		recs := []*kgo.Record{record(t, c, "n1", comps(""), clk.Now()), record(t, c, "n2", comps(""), clk.Now()),
 			record(t, c, "n3", comps("28.41.1000"), clk.Now())}
 		for i := 4; i <= 5; i++ {
 			recs = append(recs, record(t, c, fmt.Sprintf("n%d", i), unread, clk.Now()))
 		}
-		store(t, h, recs...)
-		sw := NewSweeper(testConfig(), s.Conn, clusters.NewRegistry(clusters.DefaultConfig(), nil), testLog, clk.Now, nil)
-		out, err := sw.Sweep(ctx, c)
-		if err != nil {
-			t.Fatal(err)
-		}
+		out := storeAndSweep(t, c, recs...)
 		drift := kinds(out.Actions)[events.KindConformanceDrift]
 		if len(out.Actions) != 1 || len(drift) != 1 || drift[0].Node != "n3" || drift[0].Details[events.DetailBasis] != ic.BasisMajority {
 			t.Fatalf("actions %v; want n3's drift from the majority of the complete reports", out.Actions)
