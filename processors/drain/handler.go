@@ -268,7 +268,8 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	}
 	now := h.now()
 	quarantined := node.Labels[events.LabelQuarantined] == "true"
-	st, adm := admit(st, t.eventID, h.options(t), quarantined, now,
+	o := h.options(t)
+	st, adm := admit(st, t.eventID, o, quarantined, now,
 		pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], h.cfg.Identity)
 	// acts are what the node's state says: returned even when the step
 	// fails after them (the retry's record is newer than the state, so it
@@ -303,7 +304,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 		return []*faultlinev1.Action{h.action(t, nil, events.OutcomeSkipped, "node no longer quarantined by faultline",
 			pipeline.ActionID(t.cluster, t.node, t.eventID, "unquarantined"))}, time.Time{}, nil
 	case admitCovered:
-		return []*faultlinev1.Action{h.covered(t, st)}, time.Time{}, nil
+		return []*faultlinev1.Action{h.covered(t, st, o)}, time.Time{}, nil
 	}
 
 	if !quarantined {
@@ -624,9 +625,13 @@ const ReasonCovered = "fault covered by the finished drain"
 // covered is the action of a fault the node's finished drain covers: the
 // fault's own (its event ids and check), naming that drain. It writes
 // nothing, so a redelivery decides the same and says the same id.
-func (h *Handler) covered(t trigger, st *State) *faultlinev1.Action {
-	a := h.action(t, nil, events.OutcomeSkipped, fmt.Sprintf("%s %s (%s at %s, after this quarantine was decided); its remediation serves this fault",
-		ReasonCovered, st.ID, st.Phase, st.FinishedAt.UTC().Format(time.RFC3339Nano)), pipeline.ActionID(st.ID, "covered", t.eventID))
+func (h *Handler) covered(t trigger, st *State, o opts) *faultlinev1.Action {
+	after := "this quarantine was decided"
+	if st.generatedBefore(o) {
+		after = "this fault was generated at " + o.trig.GeneratedAt.UTC().Format(time.RFC3339Nano)
+	}
+	a := h.action(t, nil, events.OutcomeSkipped, fmt.Sprintf("%s %s (%s at %s, after %s); its remediation serves this fault",
+		ReasonCovered, st.ID, st.Phase, st.FinishedAt.UTC().Format(time.RFC3339Nano), after), pipeline.ActionID(st.ID, "covered", t.eventID))
 	a.Details[events.DetailDrainID] = st.ID
 	a.Details[events.DetailScope] = scopeString(st.GPUs)
 	return a

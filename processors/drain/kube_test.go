@@ -193,9 +193,13 @@ func quarantineAction(node, eventID, action string, details map[string]string) *
 }
 
 // repeatAction is a quarantine of a node already quarantined, decided at
-// decided.
-func repeatAction(node, eventID, action string, decided time.Time) *kgo.Record {
-	r := quarantineAction(node, eventID, action, map[string]string{events.DetailAlreadyQuarantined: "true"})
+// decided; generated, when not zero, is when its fault was.
+func repeatAction(node, eventID, action string, decided, generated time.Time) *kgo.Record {
+	details := map[string]string{events.DetailAlreadyQuarantined: "true"}
+	if !generated.IsZero() {
+		details[events.DetailGeneratedAt] = generated.UTC().Format(time.RFC3339Nano)
+	}
+	r := quarantineAction(node, eventID, action, details)
 	a, err := events.UnmarshalAction(r.Value)
 	if err != nil {
 		panic(err)
@@ -397,7 +401,7 @@ func TestDrainKube(t *testing.T) {
 		before, _ := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
 		// The same fault again, its quarantine decided before the drain
 		// finished (an outage held it back): covered, nothing written.
-		rep := repeatAction(node, "e-rep2", "RESTART_VM", finished.Add(-time.Second))
+		rep := repeatAction(node, "e-rep2", "RESTART_VM", finished.Add(-time.Second), time.Time{})
 		got, _ := handle(t, h, rep)
 		if len(got) != 1 || got[0].Outcome != events.OutcomeSkipped || !strings.HasPrefix(got[0].Reason, ReasonCovered+" ") ||
 			got[0].Details[events.DetailDrainID] != res.Details[events.DetailDrainID] || !slices.Equal(got[0].EventIds, []string{"e-rep2"}) {
@@ -410,11 +414,20 @@ func TestDrainKube(t *testing.T) {
 		if again, _ := handle(t, h, rep); len(again) != 1 || again[0].Id != got[0].Id {
 			t.Fatalf("redelivered: %s, want %s again", outcomes(again), got[0].Id)
 		}
-		// A pod bound to the node since, and a fault decided after the
-		// drain finished: a new drain, which evicts it.
+		// A pod bound to the node since. A repeat generated before the
+		// drain finished (so before the reboot that follows it), sent from
+		// the agent's spool once the node is back and decided long after:
+		// covered too, the pod left running.
 		createPod(t, k, "work", "rep-w1", node)
 		waitRunning(t, k, node, 1)
-		acts, left = drive(t, h, clk, time.Second, 40, repeatAction(node, "e-rep3", "RESTART_VM", finished.Add(time.Second)))
+		late := repeatAction(node, "e-rep-late", "RESTART_VM", finished.Add(10*time.Minute), finished.Add(-time.Second))
+		if got, _ := handle(t, h, late); len(got) != 1 || got[0].Outcome != events.OutcomeSkipped || !strings.HasPrefix(got[0].Reason, ReasonCovered+" ") ||
+			got[0].Details[events.DetailDrainID] != res.Details[events.DetailDrainID] || len(podsOn(t, k, node)) != 1 {
+			t.Fatalf("late repeat generated before the drain finished: %s (%d pods, want 1)", outcomes(got), len(podsOn(t, k, node)))
+		}
+		// A fault generated, or decided, after the drain finished: a new
+		// drain, which evicts the pod.
+		acts, left = drive(t, h, clk, time.Second, 40, repeatAction(node, "e-rep3", "RESTART_VM", finished.Add(time.Second), finished.Add(time.Second)))
 		res2 := find(acts, events.OutcomeSucceeded)
 		if left != nil || res2 == nil || res2.Details[events.DetailDrainID] == res.Details[events.DetailDrainID] || res2.Details[events.DetailEvicted] != "1" {
 			t.Fatalf("the later fault: %s", outcomes(acts))

@@ -82,20 +82,36 @@ func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, i
 }
 
 // covers reports whether the drain st, finished, already did what a new
-// drain for o would: it succeeded after o's quarantine was decided on a
-// node already quarantined (so its last look at the pods came after the
-// fault, and the node stayed quarantined since: a lift and a new quarantine
-// in between would have started a drain of their own, earlier on the
-// node's partition), over a scope that holds o's, with the same
-// remediation asked for and no force it lacked. Such a fault — a GPU
-// repeating a fatal Xid while an outage held its quarantine back, say —
-// joins that drain's remediation instead of draining the node again. The
-// times are two processors' clocks: a skew between them shifts the bound
-// by as much.
+// drain for o would: it succeeded after o's fault was generated or its
+// quarantine was decided (before), on a node already quarantined (so its
+// last look at the pods came after the fault, and the node stayed
+// quarantined since: a lift and a new quarantine in between would have
+// started a drain of their own, earlier on the node's partition), over a
+// scope that holds o's, with the same remediation asked for and no force
+// it lacked. Such a fault joins that drain's remediation instead of
+// draining the node again: a GPU repeating a fatal Xid while an outage
+// held its quarantine back; an Xid flood's repeats generated before the
+// remediation's reboot (which follows the drain's end) and sent from the
+// agent's spool once the node was back, decided after the drain finished
+// — each of them drained the rebooted node again. The times are three
+// clocks (the agent's, the quarantine's, the drain's): a skew between
+// them shifts the bound by as much.
 func (s *State) covers(o opts) bool {
-	return s != nil && s.Phase == PhaseSucceeded && o.already && !o.decidedAt.IsZero() && !o.decidedAt.After(s.FinishedAt) &&
+	return s != nil && s.Phase == PhaseSucceeded && o.already && s.finishedAfter(o) &&
 		s.Scope.holds(o.scope) && (s.Force || !o.force) &&
 		s.Trigger.RecommendedAction == o.trig.RecommendedAction && s.Trigger.CustomAction == o.trig.CustomAction
+}
+
+// finishedAfter reports whether the drain st finished no earlier than o's
+// fault was generated (when it says) or its quarantine was decided.
+func (s *State) finishedAfter(o opts) bool {
+	return s.generatedBefore(o) || (!o.decidedAt.IsZero() && !o.decidedAt.After(s.FinishedAt))
+}
+
+// generatedBefore reports whether o's fault was generated (it says when)
+// no later than the drain st finished.
+func (s *State) generatedBefore(o opts) bool {
+	return !o.trig.GeneratedAt.IsZero() && !o.trig.GeneratedAt.After(s.FinishedAt)
 }
 
 // cancel ends a running drain whose node is no longer quarantined.

@@ -422,6 +422,13 @@ func TestAdmit(t *testing.T) {
 		o.already, o.decidedAt = true, t0.Add(d)
 		return o
 	}
+	// late is o generated at t0+d, decided on a node already quarantined
+	// ten minutes after the drain finished.
+	late := func(o opts, d time.Duration) opts {
+		o = repeat(o, 10*time.Minute)
+		o.trig.GeneratedAt = t0.Add(d)
+		return o
+	}
 	inProgress := func(o opts) *State {
 		return &State{ID: "d1", Phase: PhaseRunning, StartedAt: t0, Scope: o.scope, Trigger: Trigger{EventIDs: []string{"e1"}},
 			Seen: []string{"e1"}, Pods: map[string]*PodState{}}
@@ -489,6 +496,15 @@ func TestAdmit(t *testing.T) {
 		{"forced where the drain was not: a new drain", drained(Scope{}), "e2", func() opts { o := repeat(whole, -time.Second); o.force = true; return o }(), true, admitStart, nil},
 		{"a drain that gave up covers nothing", func() *State { st := drained(Scope{}); st.Phase = PhaseGaveUp; return st }(), "e2", repeat(whole, -time.Second), true, admitStart, nil},
 		{"no longer quarantined: no drain", drained(Scope{}), "e2", repeat(whole, -time.Second), false, admitUnquarantined, nil},
+		// An Xid flood's repeats generated before the remediation's reboot
+		// (which follows the drain's end), sent from the agent's spool once
+		// the node is back: decided long after the drain finished.
+		{"generated before the drain finished, decided after it: covered", drained(Scope{}), "e2", late(whole, -time.Second), true, admitCovered, nil},
+		{"generated as the drain finished: covered", drained(Scope{}), "e2", late(whole, 0), true, admitCovered, nil},
+		{"a GPU's late repeat under a GPU drain: covered", drained(Scope{GPUs: []string{"GPU-1"}}), "e2", late(gpuRestart("GPU-1"), -time.Second), true, admitCovered, nil},
+		{"generated after the drain finished: a new drain", drained(Scope{}), "e2", late(whole, time.Second), true, admitStart, nil},
+		{"generated before, another GPU: a new drain", drained(Scope{GPUs: []string{"GPU-1"}}), "e2", late(gpuRestart("GPU-2"), -time.Second), true, admitStart, nil},
+		{"generated before, newly quarantined: a new drain", drained(Scope{}), "e2", func() opts { o := late(whole, -time.Second); o.already = false; return o }(), true, admitStart, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st, adm := admit(tc.st, tc.event, tc.o, tc.quarantined, t0, "new", "me")
