@@ -1109,26 +1109,45 @@ func (e *Evaluator) gpuConds(s *Snapshot) []cond {
 	sort.SliceStable(gpus, func(i, j int) bool { return gpus[i].ID() < gpus[j].ID() })
 	seen := map[string]bool{}
 	listed := map[string]bool{} // every GPU nvidia-smi -q shows, fabric or not
+	unread := map[string]bool{} // those whose Fabric section says nothing (NoFabric)
+	fabricHost := e.platform.HasFabric() || e.platform.OffNodeFabric
 	for _, g := range gpus {
-		listed[g.ID()] = true
-		if g.UUID != "" {
-			listed[g.UUID] = true
-		}
+		ids := []string{g.ID(), g.UUID}
 		if g.PCI != "" {
-			listed[pci4(g.PCI)] = true
+			ids = append(ids, pci4(g.PCI))
 		}
+		for _, id := range ids {
+			if id != "" {
+				listed[id] = true
+				unread[id] = unread[id] || g.NoFabric()
+			}
+		}
+		fabricHost = fabricHost || !g.NoFabric()
 	}
 	// A GPU with a fabric condition that nvidia-smi no longer lists fell
 	// off the bus (or the driver lost it): absence is not health, its
-	// condition stands until the GPU is seen again; only the previous
-	// boot's conditions clear (the reboot reset the GPU).
+	// condition stands until the GPU is seen again. Nor is a Fabric State
+	// that turned N/A (or Not Supported, or no Fabric section) on a host
+	// that still has a fabric (NVSwitches, the B200 bridge, an off-node
+	// fabric, another GPU with a fabric state): N/A is the normal state of
+	// a GPU without an NVLink fabric (PCIe boards, no NVSwitch), not of one
+	// that was registering; the GPU no longer says, so its condition stands
+	// until it reads again (its pending registration too). Only the
+	// previous boot's conditions clear (the reboot reset the GPU), and
+	// every one of a host no longer showing a fabric.
 	for k, ev := range e.bad {
 		rest, ok := strings.CutPrefix(k, "gpu|")
 		if !ok || e.prevBoot[k] {
 			continue
 		}
-		if _, id, _ := strings.Cut(rest, "|"); id != "" && !listed[id] && !listed[pci4(id)] {
+		_, id, _ := strings.Cut(rest, "|")
+		switch {
+		case id == "":
+		case !listed[id] && !listed[pci4(id)]:
 			cs = append(cs, cond{rest, ev})
+		case fabricHost && (unread[id] || unread[pci4(id)]):
+			cs = append(cs, cond{rest, ev})
+			seen[id] = true
 		}
 	}
 	for _, g := range gpus {

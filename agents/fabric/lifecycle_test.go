@@ -1,6 +1,9 @@
 package fabric
 
 import (
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -75,6 +78,98 @@ func TestGPUAbsentIsNotRecovered(t *testing.T) {
 			for i, st := range tc.steps {
 				n.r.out["nvidia-smi -q"] = st.smi
 				if got := shorts(n.poll(30 * time.Second)); got != st.want {
+					t.Fatalf("poll %d: %q\nwant %q", i, got, st.want)
+				}
+			}
+		})
+	}
+}
+
+// naGPU sets the Fabric State, Status and Bandwidth of the GPUs with these
+// bus ids ("3A:00.0"), or of every GPU when none is named, to N/A in
+// nvidia-smi -q output: they no longer say anything of their fabric.
+func naGPU(out string, pcis ...string) string {
+	lines := strings.Split(out, "\n")
+	on := false
+	for i, l := range lines {
+		if strings.HasPrefix(l, "GPU ") {
+			on = len(pcis) == 0
+			for _, p := range pcis {
+				on = on || strings.HasSuffix(strings.TrimRight(l, "\r"), p)
+			}
+		}
+		k, _, ok := strings.Cut(l, ":")
+		if f := strings.TrimSpace(k); on && ok && (f == "State" || f == "Status" || f == "Bandwidth") {
+			lines[i] = k + ": N/A"
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// shortsOf is shorts of the events of these checks only.
+func shortsOf(evs []*datamodels.HealthEvent, checks ...string) string {
+	var keep []*datamodels.HealthEvent
+	for _, ev := range evs {
+		if slices.Contains(checks, ev.CheckName) {
+			keep = append(keep, ev)
+		}
+	}
+	return shorts(keep)
+}
+
+// TestGPUFabricNAIsNotRecovered: a GPU with a fabric fault whose Fabric
+// State turns N/A on a host that still has a fabric says nothing of its
+// fabric (N/A is the normal state of a GPU without an NVLink fabric, not
+// of one that was registering): its condition stands until it reads
+// again. On a host that no longer shows a fabric (no NVSwitch, no GPU
+// with a fabric state) N/A is normal and the condition clears.
+func TestGPUFabricNAIsNotRecovered(t *testing.T) {
+	const gpu2, gpu6 = "GPU-d100d100-0000-0000-0000-000000000002", "GPU-d100d100-0000-0000-0000-000000000006"
+	const both = "GPUFabricState:FABRIC-PROBE-TIMEOUT:fatal@" + gpu2 + " GPUFabricHealth:FABRIC-BANDWIDTH-DEGRADED:nonfatal@" + gpu6
+	type step struct {
+		smi      string
+		noSwitch bool // the NVSwitches are gone from the host
+		want     string
+	}
+	faulty := testdata(t, "smi/h100-560-layout.txt")
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"both faulty GPUs read N/A, then register healthy", []step{
+			{smi: faulty, want: both},
+			{smi: naGPU(faulty, "3A:00.0", "BA:00.0")},
+			{smi: naGPU(faulty, "3A:00.0", "BA:00.0")},
+			{smi: healthySMI(t), want: "GPUFabricHealth::healthy@" + gpu6 + " GPUFabricState::healthy@" + gpu2},
+		}},
+		{"every GPU reads N/A on the NVSwitch host", []step{
+			{smi: faulty, want: both},
+			{smi: naGPU(faulty)},
+			{smi: faulty},
+		}},
+		{"N/A, then still registering: the timeout stands", []step{
+			{smi: faulty, want: both},
+			{smi: naGPU(faulty, "3A:00.0")},
+			{smi: faulty},
+		}},
+		{"the host no longer shows a fabric: N/A is normal, cleared", []step{
+			{smi: faulty, want: both},
+			{smi: naGPU(faulty), noSwitch: true, want: "GPUFabricHealth::healthy@" + gpu6 + " GPUFabricState::healthy@" + gpu2},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t, nil)
+			n.switches("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
+			n.write("fabricmanager.cfg", testdata(t, "config/h100-default.cfg"))
+			n.r.out["systemctl show"] = showActive
+			for i, st := range tc.steps {
+				if st.noSwitch {
+					if err := os.RemoveAll(filepath.Join(n.dir, "proc/driver/nvidia-nvswitch")); err != nil {
+						t.Fatal(err)
+					}
+				}
+				n.r.out["nvidia-smi -q"] = st.smi
+				if got := shortsOf(n.poll(30*time.Second), CheckState, CheckHealth); got != st.want {
 					t.Fatalf("poll %d: %q\nwant %q", i, got, st.want)
 				}
 			}
