@@ -226,13 +226,31 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			}
 			continue
 		}
-		if !ok && !gone {
+		switch {
+		case !ok && !gone:
 			c.st.Disappeared = append(c.st.Disappeared, name)
 			c.log.Error("NIC disappeared", "device", name)
 			if stateOn(ll) {
 				emit(deviceEvent(name, ll, false))
 			}
-		} else if ok && gone && nic.Monitored {
+		case ok && !nic.Monitored:
+			// There, but no longer monitored (excluded by the config the
+			// agent restarted with, or classified management): no longer
+			// known, so its loss is not reported, and a fatal sent when it
+			// disappeared is cleared — nothing would ever clear it, and
+			// the node stayed quarantined for a device it does not watch.
+			delete(c.st.KnownDevices, name)
+			delete(c.st.KnownPCI, name)
+			if gone {
+				c.st.Disappeared = slices.DeleteFunc(c.st.Disappeared, func(s string) bool { return s == name })
+				c.log.Info("NIC present again, no longer monitored", "device", name, "role", nic.Role, "reason", nic.Reason)
+				if stateOn(ll) {
+					ev := deviceEvent(name, ll, true)
+					ev.Message = fmt.Sprintf("NIC %s present again in /sys/class/infiniband/, no longer monitored (%s: %s)", name, nic.Role, nic.Reason)
+					emit(ev)
+				}
+			}
+		case ok && gone:
 			c.st.Disappeared = slices.DeleteFunc(c.st.Disappeared, func(s string) bool { return s == name })
 			c.log.Info("NIC present again", "device", name)
 			if stateOn(ll) {

@@ -188,3 +188,46 @@ func TestDisappearedThenBackRenamed(t *testing.T) {
 		"H InfiniBandStateCheck: Port ibp48s0 port 1: healthy (ACTIVE, LinkUp)"})
 	wantEvents(t, "steady", poll(t, c), nil)
 }
+
+// TestExcludedDeviceForgotten: a known device the agent no longer monitors
+// (excluded by the config it restarted with) is forgotten: a fatal sent
+// when it disappeared is cleared once it is back — nothing else would
+// clear it, and the node stayed quarantined for a device the agent does
+// not watch — and its later loss is not reported.
+func TestExcludedDeviceForgotten(t *testing.T) {
+	const gone = "F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"
+	for _, tc := range []struct {
+		name     string
+		removed  bool   // mlx5_2 disappeared (reported) before the restart
+		exclude  string // nic_exclusion_regex after the restart
+		wantBack []string
+	}{
+		{"back, now excluded", true, "^mlx5_2$", []string{
+			"H InfiniBandStateCheck: NIC mlx5_2 present again in /sys/class/infiniband/, no longer monitored (excluded: matches nic_exclusion_regex)"}},
+		{"back, still monitored", true, DefaultConfig().ExclusionRegex, []string{
+			"H InfiniBandStateCheck: NIC mlx5_2 present again in /sys/class/infiniband/"}},
+		{"never gone, now excluded", false, "^mlx5_2$", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := setup(t, small())
+			c := e.check()
+			poll(t, c)
+			if tc.removed {
+				must(t, e.tree.Remove("mlx5_2"))
+				wantEvents(t, "removed", poll(t, c), []string{gone})
+				must(t, e.tree.Add(small().Devices[2]))
+			}
+			e.cfg.ExclusionRegex = tc.exclude
+			c = e.check()
+			wantEvents(t, "after restart", poll(t, c), tc.wantBack)
+			wantEvents(t, "steady", poll(t, c), nil)
+			// Removed again: reported only while it is monitored.
+			must(t, e.tree.Remove("mlx5_2"))
+			var want []string
+			if tc.exclude == DefaultConfig().ExclusionRegex {
+				want = []string{gone}
+			}
+			wantEvents(t, "removed again", poll(t, c), want)
+		})
+	}
+}
