@@ -106,12 +106,18 @@ func New(cfg Config, opt Options) (*Check, error) {
 	if c.bootID == "" {
 		log.Warn("boot id unreadable: reboots cannot be told from restarts", "path", cfg.BootIDPath)
 	}
-	var reason string
-	c.st, reason = loadState(cfg.StateFile, c.bootID)
+	var (
+		reason string
+		bad    bool
+	)
+	c.st, reason, bad = loadState(cfg.StateFile, c.bootID)
 	c.fresh = reason != ""
-	if c.fresh {
+	switch {
+	case bad:
+		log.Warn("NIC state file not used: state starts fresh, healthy baselines will be emitted", "path", cfg.StateFile, "reason", reason)
+	case c.fresh:
 		log.Info("NIC state starts fresh: healthy baselines will be emitted", "reason", reason)
-	} else {
+	default:
 		log.Info("NIC state restored", "ports", len(c.st.Ports), "known_devices", len(c.st.KnownDevices))
 	}
 	return c, nil

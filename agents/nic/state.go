@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,39 +70,47 @@ func newPersisted(bootID string) *persisted {
 
 func portKey(dev string, port uint) string { return fmt.Sprintf("%s/%d", dev, port) }
 
+// maxStateBytes bounds the state file read at start: the state of a node
+// with 64 dual-port devices is a few tens of KiB; a larger file is not
+// one the check wrote (damaged, or state_file pointed at another file) and
+// is not read into memory whole.
+const maxStateBytes = 1 << 20
+
 // loadState returns the persisted state and whether it is usable; the
-// reason says why not (missing, corrupt, reboot).
-func loadState(path, bootID string) (st *persisted, reason string) {
+// reason says why not (missing, corrupt, oversized, reboot), and bad
+// whether that is a fault of the file (warned about) rather than a normal
+// fresh start.
+func loadState(path, bootID string) (st *persisted, reason string, bad bool) {
 	if path == "" {
-		return newPersisted(bootID), "no state file configured"
+		return newPersisted(bootID), "no state file configured", false
 	}
-	b, err := os.ReadFile(path)
+	b, err := readCapped(path, maxStateBytes)
 	if errors.Is(err, os.ErrNotExist) {
-		return newPersisted(bootID), "state file missing"
+		return newPersisted(bootID), "state file missing", false
 	}
 	if err != nil {
-		return newPersisted(bootID), "state file unreadable: " + err.Error()
+		return newPersisted(bootID), "state file unreadable: " + err.Error(), true
 	}
 	var p persisted
 	if err := json.Unmarshal(b, &p); err != nil || p.Version != stateVersion || p.Ports == nil {
 		if err == nil {
 			err = fmt.Errorf("version %d, ports %v", p.Version, p.Ports != nil)
 		}
-		return newPersisted(bootID), "state file corrupt: " + err.Error()
+		return newPersisted(bootID), "state file corrupt: " + err.Error(), true
 	}
 	// A null entry (the file edited or damaged) would stop every poll.
 	for k, v := range p.Ports {
 		if v == nil {
-			return newPersisted(bootID), fmt.Sprintf("state file corrupt: port %q is null", k)
+			return newPersisted(bootID), fmt.Sprintf("state file corrupt: port %q is null", k), true
 		}
 	}
 	for k, v := range p.AnomalousCards {
 		if v == nil {
-			return newPersisted(bootID), fmt.Sprintf("state file corrupt: card %q is null", k)
+			return newPersisted(bootID), fmt.Sprintf("state file corrupt: card %q is null", k), true
 		}
 	}
 	if p.BootID != bootID {
-		return newPersisted(bootID), fmt.Sprintf("boot id changed (%s → %s): host rebooted", p.BootID, bootID)
+		return newPersisted(bootID), fmt.Sprintf("boot id changed (%s → %s): host rebooted", p.BootID, bootID), false
 	}
 	if p.KnownDevices == nil {
 		p.KnownDevices = map[string]string{}
@@ -112,7 +121,25 @@ func loadState(path, bootID string) (st *persisted, reason string) {
 	if p.AnomalousCards == nil {
 		p.AnomalousCards = map[string]*cardFlag{}
 	}
-	return &p, ""
+	return &p, "", false
+}
+
+// readCapped reads the file at path, at most max bytes: a larger file is
+// an error (nothing of it is used).
+func readCapped(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("larger than %d bytes", max)
+	}
+	return b, nil
 }
 
 // save writes the state atomically when it changed since last written.
