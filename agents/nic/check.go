@@ -211,22 +211,28 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		ll := c.st.KnownDevices[name]
 		gone := slices.Contains(c.st.Disappeared, name)
 		nic, ok := c.nics[name]
-		to := ""
+		to, how := "", ""
 		if !ok {
-			to = c.renamedTo(name)
+			if to = c.renamedTo(name); to != "" {
+				how = "as " + to
+			} else if to = c.bondedInto(name); to != "" {
+				how = "in " + to + " (RoCE LAG: its PF bonded with " + to + "'s)"
+			}
 		}
 		if to != "" {
 			// Same PCI function, another name (udev's rdma_rename, `rdma dev
-			// set name`): not a hardware loss. A fatal sent for the old name
-			// is cleared, as nothing will ever come back under it.
-			c.log.Info("NIC renamed", "device", name, "now", to)
+			// set name`), or its PF bonded into another's RDMA device (mlx5
+			// RoCE LAG): configuration, not a hardware loss. A fatal sent
+			// for the old name is cleared, as nothing will ever come back
+			// under it.
+			c.log.Info("NIC renamed or bonded", "device", name, "now", to)
 			delete(c.st.KnownDevices, name)
 			delete(c.st.KnownPCI, name)
 			if gone {
 				c.st.Disappeared = slices.DeleteFunc(c.st.Disappeared, func(s string) bool { return s == name })
 				if stateOn(ll) {
 					ev := deviceEvent(name, ll, true)
-					ev.Message = fmt.Sprintf("NIC %s present again in /sys/class/infiniband/ as %s", name, to)
+					ev.Message = fmt.Sprintf("NIC %s present again in /sys/class/infiniband/ %s", name, how)
 					emit(ev)
 				}
 			}
@@ -363,6 +369,33 @@ func (c *Check) renamedTo(name string) string {
 	}
 	for _, other := range slices.Sorted(maps.Keys(c.nics)) {
 		if other != name && c.nics[other].PCIAddress == pci {
+			return other
+		}
+	}
+	return ""
+}
+
+// bondedInto returns the present device that a known device's PF was
+// bonded into ("" if none). Once both PFs of a dual-port card have their
+// net devices enslaved to one bond, mlx5 activates RoCE LAG: the kernel
+// removes both RDMA devices and registers one (mlx5_bond_N) on the first
+// PF's function. The first PF's device looks renamed (renamedTo); the
+// second's vanishes while its PCI function is still there, its net device
+// enslaved to the same master as a present device's on the same card —
+// that is the LAG, configuration. A function gone from the bus, or not
+// enslaved with a present sibling, is not.
+func (c *Check) bondedInto(name string) string {
+	pci := c.st.KnownPCI[name]
+	if pci == "" {
+		return ""
+	}
+	master := c.r.masterOf(pci)
+	if master == "" {
+		return ""
+	}
+	for _, other := range slices.Sorted(maps.Keys(c.nics)) {
+		n := c.nics[other]
+		if other != name && n.PCIAddress != "" && n.PCIAddress != pci && cardOf(n.PCIAddress) == cardOf(pci) && c.r.masterOf(n.PCIAddress) == master {
 			return other
 		}
 	}

@@ -305,6 +305,23 @@ func (r *sysReader) readCounters(p *Port) {
 	}
 }
 
+// masterOf returns the upper device (a bond) that a net device of the PCI
+// function pci is enslaved to (its net/<iface>/master link), "" when none
+// is, or when the function is not on the bus.
+func (r *sysReader) masterOf(pci string) string {
+	dir := filepath.Join(r.root, "bus", "pci", "devices", pci, "net")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return ""
+	}
+	for _, e := range ents {
+		if target, err := os.Readlink(filepath.Join(dir, e.Name(), "master")); err == nil {
+			return filepath.Base(target)
+		}
+	}
+	return ""
+}
+
 func pciSlot(uevent string) string {
 	f, err := os.Open(uevent)
 	if err != nil {

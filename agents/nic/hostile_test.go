@@ -1,6 +1,7 @@
 package nic
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -228,6 +229,58 @@ func TestExcludedDeviceForgotten(t *testing.T) {
 				want = []string{gone}
 			}
 			wantEvents(t, "removed again", poll(t, c), want)
+		})
+	}
+}
+
+// TestRoCEBondIsNotDisappeared: both PFs of a dual-port card enslaved to
+// one bond make mlx5 activate RoCE LAG: their RDMA devices go and one,
+// mlx5_bond_0, is registered on the first PF's function. The first PF's
+// device looks renamed; the second PF's vanished, its function still on
+// the bus — configuration, not a hardware loss: no fatal. A bonded PF
+// whose function leaves the bus is still one.
+func TestRoCEBondIsNotDisappeared(t *testing.T) {
+	p := small()
+	var pfs []nictest.Device
+	for i, nd := range []string{"ens7f0np0", "ens7f1np1"} {
+		name := fmt.Sprintf("mlx5_%d", 6+i)
+		pfs = append(pfs, nictest.Device{Name: name, PCI: fmt.Sprintf("0000:70:00.%d", i), Ports: []nictest.Port{{LinkLayer: nictest.Eth, NetDev: nd}}})
+		p.Metadata.NICTopology[name] = []string{"NODE", "NODE"}
+		p.Want[name] = "storage"
+	}
+	p.Devices = append(p.Devices, pfs...)
+	p.Metadata.NICTopology["mlx5_bond_0"] = []string{"NODE", "NODE"}
+	const bondPort = "H EthernetStateCheck: RoCE port mlx5_bond_0 port 1: healthy (ACTIVE, LinkUp, operstate up)"
+	for _, tc := range []struct {
+		name    string
+		restart bool
+		change  func(t *testing.T, e *env)
+		want    []string
+	}{
+		{"bonded at runtime", false, func(t *testing.T, e *env) { must(t, e.tree.Bond("bond0", "mlx5_bond_0", pfs...)) }, []string{bondPort}},
+		{"bonded across a restart", true, func(t *testing.T, e *env) { must(t, e.tree.Bond("bond0", "mlx5_bond_0", pfs...)) }, []string{bondPort}},
+		{"reported gone by an older agent, cleared", true, func(t *testing.T, e *env) {
+			must(t, e.tree.Bond("bond0", "mlx5_bond_0", pfs...))
+			st, _, _ := loadState(e.cfg.StateFile, "boot-1")
+			st.Disappeared = []string{"mlx5_7"}
+			var last []byte
+			must(t, st.save(e.cfg.StateFile, &last))
+		}, []string{"H EthernetStateCheck: NIC mlx5_7 present again in /sys/class/infiniband/ in mlx5_bond_0 (RoCE LAG: its PF bonded with mlx5_bond_0's)", bondPort}},
+		{"enslaved without LAG, a PF off the bus", false, func(t *testing.T, e *env) {
+			must(t, e.tree.Enslave("bond0", pfs[0].PCI, pfs[1].PCI))
+			must(t, e.tree.Remove("mlx5_7"))
+		}, []string{"F EthernetStateCheck: NIC mlx5_7 disappeared from /sys/class/infiniband/ - hardware failure"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := setup(t, p)
+			c := e.check()
+			poll(t, c)
+			tc.change(t, e)
+			if tc.restart {
+				c = e.check()
+			}
+			wantEvents(t, "changed", poll(t, c), tc.want)
+			wantEvents(t, "steady", poll(t, c), nil)
 		})
 	}
 }

@@ -71,7 +71,7 @@ type Tree struct {
 // New creates an empty tree under dir.
 func New(dir string) (*Tree, error) {
 	t := &Tree{Root: dir}
-	for _, d := range []string{"class/infiniband", "class/net", "devices/pci0000:00", "bus/pci/drivers/mlx5_core"} {
+	for _, d := range []string{"class/infiniband", "class/net", "devices/pci0000:00", "devices/virtual/net", "bus/pci/devices", "bus/pci/drivers/mlx5_core"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, err
 		}
@@ -128,6 +128,11 @@ func (t *Tree) Add(d Device) error {
 	if err := os.MkdirAll(pdir, 0o755); err != nil {
 		return err
 	}
+	if bus := filepath.Join(t.Root, "bus/pci/devices", d.PCI); !exists(bus) {
+		if err := os.Symlink("../../../devices/pci0000:00/"+d.PCI, bus); err != nil {
+			return err
+		}
+	}
 	files := map[string]string{
 		"uevent":    "DRIVER=" + d.Driver + "\nPCI_CLASS=20000\nPCI_ID=15B3:1021\nPCI_SLOT_NAME=" + d.PCI + "\nMODALIAS=pci:v000015B3d00001021",
 		"numa_node": strconv.Itoa(d.NUMA),
@@ -141,7 +146,7 @@ func (t *Tree) Add(d Device) error {
 			return err
 		}
 	}
-	if d.Driver != "-" {
+	if d.Driver != "-" && !exists(filepath.Join(pdir, "driver")) {
 		if err := os.MkdirAll(filepath.Join(t.Root, "bus/pci/drivers", d.Driver), 0o755); err != nil {
 			return err
 		}
@@ -205,7 +210,7 @@ func (t *Tree) Add(d Device) error {
 				return err
 			}
 		}
-		if p.NetDev != "" {
+		if p.NetDev != "" && !exists(filepath.Join(pdir, "net", p.NetDev)) {
 			if p.OperState == "" {
 				p.OperState = "down"
 				if p.State == Active {
@@ -275,7 +280,66 @@ func (t *Tree) Remove(dev string) error {
 			os.Remove(filepath.Join(t.Root, "class/net", e.Name()))
 		}
 	}
+	if err := os.Remove(filepath.Join(t.Root, "bus/pci/devices", filepath.Base(pci))); err != nil {
+		return err
+	}
 	return os.RemoveAll(pci)
+}
+
+// Enslave makes master (a bond) the upper device of the net devices of
+// the PCI functions pcis, as `ip link set <dev> master <master>` does:
+// each gets a master link.
+func (t *Tree) Enslave(master string, pcis ...string) error {
+	if err := write(filepath.Join(t.Root, "devices/virtual/net", master, "operstate"), "up"); err != nil {
+		return err
+	}
+	if link := filepath.Join(t.Root, "class/net", master); !exists(link) {
+		if err := os.Symlink("../../devices/virtual/net/"+master, link); err != nil {
+			return err
+		}
+	}
+	for _, pci := range pcis {
+		ents, err := os.ReadDir(filepath.Join(t.pciDir(pci), "net"))
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			if err := os.Symlink("../../../../virtual/net/"+master, filepath.Join(t.pciDir(pci), "net", e.Name(), "master")); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Bond does what mlx5's RoCE LAG does once both PFs of a dual-port card
+// are enslaved to one bond (Enslave): their RDMA devices go and one, name
+// (the kernel's mlx5_bond_N), is registered on the first PF's function
+// with its ports; the PCI functions and their net devices stay.
+func (t *Tree) Bond(master, name string, pfs ...Device) error {
+	pcis := make([]string, len(pfs))
+	for i, d := range pfs {
+		pcis[i] = d.PCI
+	}
+	if err := t.Enslave(master, pcis...); err != nil {
+		return err
+	}
+	for _, d := range pfs {
+		if err := os.Remove(filepath.Join(t.Root, "class/infiniband", d.Name)); err != nil {
+			return err
+		}
+		if err := os.RemoveAll(filepath.Join(t.pciDir(d.PCI), "infiniband", d.Name)); err != nil {
+			return err
+		}
+	}
+	b := pfs[0]
+	b.Name = name
+	return t.Add(b)
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
 // WriteRoute writes a /proc/net/route file at path whose default route
