@@ -68,15 +68,37 @@ func (e *Env) topologyEnv(ctx context.Context) ([]string, string, error) {
 	return env, "nccl-auto", nil
 }
 
+// gangVerdict is what a failure of the gang-wide run says about this node:
+// ADR-026's verdict, except for the failures a peer causes as much as this
+// node, which cannot be placed on it and so are non-fatal (NONE): a remote
+// error (a peer exited or its network failed — every other rank of the
+// gang reports it), a system error (a socket or verbs call failed on a
+// connection with some peer) and low bandwidth (one slow link). Fatal,
+// they cordoned every healthy node of a gang because one of its nodes
+// failed, or one of its pods was killed; the failing node's own checks
+// and agents place it.
+func gangVerdict(c nccl.Code) nccl.Verdict {
+	switch c {
+	case nccl.RemoteError, nccl.SystemError, nccl.BandwidthDegraded:
+		return nccl.Verdict{Action: datamodels.RecommendedAction_NONE}
+	}
+	return nccl.Verdicts[c]
+}
+
 // ncclVerdict judges a finished NCCL run: an NCCL failure by ADR-026's
 // table, then wrong data (corruption, whatever the bandwidth), then an
-// unexplained non-zero exit, then the bandwidth at the largest size.
-func (e *Env) ncclVerdict(check string, out output, threshold float64, bwFatal bool, meta map[string]string) Outcome {
+// unexplained non-zero exit, then the bandwidth at the largest size. gang:
+// the run spans a gang's nodes, so its failures are judged by gangVerdict.
+func (e *Env) ncclVerdict(check string, out output, threshold float64, gang bool, meta map[string]string) Outcome {
 	node := nodeEntity(e.Cfg.NodeName)
+	verdict := func(c nccl.Code) nccl.Verdict { return nccl.Verdicts[c] }
+	if gang {
+		verdict = gangVerdict
+	}
 	res, perr := nccl.Parse(strings.NewReader(out.Text))
 	if res != nil {
-		if w, ok := nccl.Worst(res.Failures); ok {
-			v := nccl.Verdicts[w.Code]
+		if w, ok := nccl.WorstBy(res.Failures, verdict); ok {
+			v := verdict(w.Code)
 			msg := fmt.Sprintf("%s failed: %s", check, w.Text)
 			return Outcome{Failed: true, Codes: []string{string(w.Code)}, Summary: msg,
 				Events: []*datamodels.HealthEvent{e.Unhealthy(v.Fatal, v.Action, msg, []string{string(w.Code)}, node, meta)}}
@@ -88,7 +110,7 @@ func (e *Env) ncclVerdict(check string, out output, threshold float64, bwFatal b
 			Events: []*datamodels.HealthEvent{e.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, []string{CodeNCCLUnreadable}, node, meta)}}
 	}
 	if res.Wrong {
-		v := nccl.Verdicts[nccl.DataCorruption]
+		v := verdict(nccl.DataCorruption)
 		msg := fmt.Sprintf("%s: NCCL delivered wrong data (#wrong non-zero)", check)
 		return Outcome{Failed: true, Codes: []string{string(nccl.DataCorruption)}, Summary: msg,
 			Events: []*datamodels.HealthEvent{e.Unhealthy(v.Fatal, v.Action, msg, []string{string(nccl.DataCorruption)}, node, meta)}}
@@ -106,10 +128,7 @@ func (e *Env) ncclVerdict(check string, out output, threshold float64, bwFatal b
 	}
 	meta = withMeta(meta, "preflight.faultline.io/busbw-gbps", strconv.FormatFloat(bw, 'f', 2, 64))
 	if bw < threshold {
-		v := nccl.Verdicts[nccl.BandwidthDegraded]
-		if !bwFatal {
-			v = nccl.Verdict{Action: datamodels.RecommendedAction_NONE, Fatal: false}
-		}
+		v := verdict(nccl.BandwidthDegraded)
 		msg := fmt.Sprintf("%s: bus bandwidth %.2f GB/s at %d bytes is below the threshold %.2f GB/s", check, bw, size, threshold)
 		return Outcome{Failed: true, Codes: []string{string(nccl.BandwidthDegraded)}, Summary: msg,
 			Events: []*datamodels.HealthEvent{e.Unhealthy(v.Fatal, v.Action, msg, []string{string(nccl.BandwidthDegraded)}, node, meta)}}
@@ -155,7 +174,7 @@ func runLoopback(ctx context.Context, env *Env) (Outcome, error) {
 		return Outcome{}, err
 	}
 	meta := map[string]string{"preflight.faultline.io/gpus": strings.Join(uuids, ","), "preflight.faultline.io/nccl-topology": topo}
-	return env.ncclVerdict(NCCLLoopback, out, cfg.LoopbackThresholdGBps, true, meta), nil
+	return env.ncclVerdict(NCCLLoopback, out, cfg.LoopbackThresholdGBps, false, meta), nil
 }
 
 // gangState is what the mounted gang ConfigMap says.
@@ -306,7 +325,7 @@ func runAllreduce(ctx context.Context, env *Env) (Outcome, error) {
 	meta := map[string]string{"preflight.faultline.io/gang": g.ID, "preflight.faultline.io/rank": strconv.Itoa(rank),
 		"preflight.faultline.io/peers": strings.Join(names, ","), "preflight.faultline.io/nccl-topology": topo,
 		"preflight.faultline.io/gpus": strings.Join(uuids, ",")}
-	o := env.ncclVerdict(NCCLAllreduce, out, cfg.NCCL.AllreduceThresholdGBps, false, meta)
+	o := env.ncclVerdict(NCCLAllreduce, out, cfg.NCCL.AllreduceThresholdGBps, true, meta)
 	o.Gang, o.GangWait = g.ID, waited
 	return o, nil
 }

@@ -17,7 +17,8 @@ import (
 // as the runner stamps them, meet the shipped quarantine rule sets
 // (processors/quarantine/default_rules.toml): hardware failures match
 // "preflight-checks" and quarantine the node; the diagnostic's own
-// errors, warnings, gang timeouts and low gang-wide bandwidth do not.
+// errors, warnings, gang timeouts, and the gang-wide run's failures that a
+// peer causes (remote and system errors, low bandwidth) do not.
 func TestShippedQuarantinePolicyApplies(t *testing.T) {
 	rs, err := quarantine.LoadRules("")
 	if err != nil {
@@ -66,26 +67,30 @@ func TestShippedQuarantinePolicyApplies(t *testing.T) {
 			t.Errorf("DCGM internal error quarantined by %q: %v", got, ev)
 		}
 	}
-	nccl := func(check, file string, threshold float64, bwFatal bool, exit int) *datamodels.HealthEvent {
+	nccl := func(check, file string, threshold float64, gang bool, exit int) *datamodels.HealthEvent {
 		b, err := os.ReadFile("../nccl/testdata/" + file)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return env.ncclVerdict(check, output{Text: string(b), ExitCode: exit}, threshold, bwFatal, nil).Events[0]
+		return env.ncclVerdict(check, output{Text: string(b), ExitCode: exit}, threshold, gang, nil).Events[0]
 	}
 	for _, tc := range []struct {
 		name string
 		ev   *datamodels.HealthEvent
 		want string
 	}{
-		{"loopback system error", nccl(NCCLLoopback, "system-error.log", 10, true, 2), "preflight-checks"},
-		{"loopback corruption", nccl(NCCLLoopback, "derived-corruption.log", 10, true, 0), "preflight-checks"},
-		{"loopback low bandwidth", nccl(NCCLLoopback, "h100-single-node.log", 500, true, 0), "preflight-checks"},
-		{"loopback pass", nccl(NCCLLoopback, "h100-single-node.log", 10, true, 0), "healthy"},
-		{"allreduce remote error", nccl(NCCLAllreduce, "torch-remote-error.log", 5, false, 1), "preflight-checks"},
-		{"allreduce internal error", nccl(NCCLAllreduce, "torch-internal-error.log", 5, false, 1), "preflight-checks"},
-		{"allreduce watchdog timeout", nccl(NCCLAllreduce, "torch-timeout.log", 5, false, 1), ""},
-		{"allreduce low bandwidth (not placeable on one node)", nccl(NCCLAllreduce, "h100-single-node.log", 500, false, 0), ""},
+		{"loopback system error", nccl(NCCLLoopback, "system-error.log", 10, false, 2), "preflight-checks"},
+		{"loopback remote error", nccl(NCCLLoopback, "torch-remote-error.log", 10, false, 1), "preflight-checks"},
+		{"loopback corruption", nccl(NCCLLoopback, "derived-corruption.log", 10, false, 0), "preflight-checks"},
+		{"loopback low bandwidth", nccl(NCCLLoopback, "h100-single-node.log", 500, false, 0), "preflight-checks"},
+		{"loopback pass", nccl(NCCLLoopback, "h100-single-node.log", 10, false, 0), "healthy"},
+		// A peer of the gang exited or its link failed: every other rank
+		// reports it, so it cannot be placed on this node.
+		{"allreduce remote error (a peer's, not placeable on this node)", nccl(NCCLAllreduce, "torch-remote-error.log", 5, true, 1), ""},
+		{"allreduce system error (a connection's, not placeable on this node)", nccl(NCCLAllreduce, "torch-system-error.log", 5, true, 1), ""},
+		{"allreduce internal error", nccl(NCCLAllreduce, "torch-internal-error.log", 5, true, 1), "preflight-checks"},
+		{"allreduce watchdog timeout", nccl(NCCLAllreduce, "torch-timeout.log", 5, true, 1), ""},
+		{"allreduce low bandwidth (not placeable on one node)", nccl(NCCLAllreduce, "h100-single-node.log", 500, true, 0), ""},
 		{"gang timeout", env.Unhealthy(false, datamodels.RecommendedAction_NONE, "gang did not form", []string{CodeGangTimeout}, nodeEntity("gpu-node-1"), nil), ""},
 	} {
 		if got := rule(strings.SplitN(tc.name, " ", 2)[0], tc.ev); got != tc.want {

@@ -37,8 +37,9 @@ type Verdict struct {
 // CUDA error in a collective is treated like an internal error (fatal, run
 // DCGM EUD to find the part); wrong data is corruption (fatal, contact
 // support); a loopback bandwidth below threshold is degraded NVLink/PCIe
-// (fatal, contact support — the gang-wide check reports it non-fatal, see
-// the checks package, because one slow link cannot be placed on one node).
+// (fatal, contact support). The gang-wide check reports low bandwidth,
+// remote and system errors non-fatal (the checks package's gangVerdict):
+// a peer causes them as much as the node that reports them.
 var Verdicts = map[Code]Verdict{
 	SystemError:        {datamodels.RecommendedAction_CONTACT_SUPPORT, true},
 	InternalError:      {datamodels.RecommendedAction_RUN_DCGMEUD, true},
@@ -131,10 +132,15 @@ func failureLine(line string) bool {
 // before a non-fatal one, then the first printed. ok is false when there
 // are none.
 func Worst(fs []Failure) (Failure, bool) {
+	return WorstBy(fs, func(c Code) Verdict { return Verdicts[c] })
+}
+
+// WorstBy is Worst with the verdicts of verdict instead of Verdicts.
+func WorstBy(fs []Failure, verdict func(Code) Verdict) (Failure, bool) {
 	var best Failure
 	found := false
 	for _, f := range fs {
-		if !found || (Verdicts[f.Code].Fatal && !Verdicts[best.Code].Fatal) {
+		if !found || (verdict(f.Code).Fatal && !verdict(best.Code).Fatal) {
 			best, found = f, true
 		}
 	}
