@@ -105,6 +105,11 @@ type Config struct {
 	// healthy before the fault is lifted (by the role's sweep; a new
 	// occurrence meanwhile cancels the lift). 0 disables. Default 30m.
 	StabilizationWindow time.Duration `toml:"stabilization_window"`
+	// RecoveryMemory is how long a lifted fault's recovery is remembered on
+	// the node (AnnotationRecovered): meanwhile an occurrence of the fault
+	// generated no later than that recovery (a late or repeated copy) does
+	// not quarantine the node again. 0: not remembered. Default 1h.
+	RecoveryMemory time.Duration `toml:"recovery_memory"`
 	// Identity names this processor in annotations and Events.
 	// Default "faultline-quarantine/<hostname>".
 	Identity string `toml:"identity"`
@@ -172,6 +177,7 @@ func DefaultConfig() Config {
 		FlapThreshold:       3,
 		FlapWindow:          10 * time.Minute,
 		StabilizationWindow: 30 * time.Minute,
+		RecoveryMemory:      time.Hour,
 		Identity:            "faultline-quarantine/" + host,
 		BatchTimeout:        2 * time.Minute,
 		MaxPollRecords:      2000,
@@ -203,6 +209,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&c.FlapThreshold, prefix+"flap-threshold", c.FlapThreshold, "a fault begun this many times within flap-window is flapping: its recovery waits for stabilization-window (0: off)")
 	fs.DurationVar(&c.FlapWindow, prefix+"flap-window", c.FlapWindow, "window flap-threshold counts in (0: off)")
 	fs.DurationVar(&c.StabilizationWindow, prefix+"stabilization-window", c.StabilizationWindow, "how long a flapping fault must stay healthy before it is lifted (0: off)")
+	fs.DurationVar(&c.RecoveryMemory, prefix+"recovery-memory", c.RecoveryMemory, "how long a lifted fault's recovery is remembered: an occurrence generated before it does not quarantine again (0: off)")
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch")
 	fs.IntVar(&c.MaxPollRecords, prefix+"max-poll-records", c.MaxPollRecords, "records fetched per poll")
@@ -252,6 +259,9 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.StabilizationWindow < 0 {
 		return fmt.Errorf("%sstabilization_window: must not be negative, got %v", prefix, c.StabilizationWindow)
+	}
+	if c.RecoveryMemory < 0 {
+		return fmt.Errorf("%srecovery_memory: must not be negative, got %v", prefix, c.RecoveryMemory)
 	}
 	if c.NodeEvents && c.EventNamespace == "" {
 		return fmt.Errorf("%sevent_namespace: required when node_events is on", prefix)
@@ -303,8 +313,12 @@ func (c Config) Flap() FlapPolicy {
 }
 
 // sweepInterval is how often the stabilization sweep looks for faults
-// whose window passed: a tenth of the window, between 100ms and 30s.
+// whose window passed: a tenth of the window, between 100ms and 30s; 30s
+// when flapping is off (it only forgets remembered recoveries then).
 func (c Config) sweepInterval() time.Duration {
+	if !c.Flap().Enabled() {
+		return 30 * time.Second
+	}
 	return min(max(c.StabilizationWindow/10, 100*time.Millisecond), 30*time.Second)
 }
 

@@ -139,12 +139,21 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		preCordon       bool
 		acked           bool
 		closing         *faultlinev1.Action
+		superseded      time.Time
 	)
 	br := h.breaker(cl)
 	_, err := h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
-		closing = nil // a conflict re-decides on the node as it is now
+		closing, superseded = nil, time.Time{} // a conflict re-decides on the node as it is now
 		now := h.now()
 		manual = st.DetectManualUncordon(n, now)
+		if ev.GetGeneratedTimestamp().IsValid() {
+			if rec, ok := st.Superseded(key, f.LastSeen, now, h.cfg.RecoveryMemory); ok {
+				// Generated before the recovery that lifted its fault: a
+				// late or repeated copy (recovered.go).
+				superseded = rec
+				return manual, nil
+			}
+		}
 		wasActive := st.Active()
 		already = len(st.Faults) > 0
 		preCordon = n.Spec.Unschedulable && !st.Cordoned
@@ -188,6 +197,12 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	}
 	if manual {
 		acts = append(acts, h.action(it, events.KindManualUncordon, events.OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
+	}
+	if !superseded.IsZero() {
+		a := h.action(it, events.KindQuarantine, events.OutcomeSkipped, fmt.Sprintf(
+			"occurrence generated at %s, not after the recovery generated at %s that lifted this fault: a late or repeated copy, not acted on",
+			f.LastSeen.UTC().Format(time.RFC3339Nano), superseded.UTC().Format(time.RFC3339Nano)), dec.Rule, cl)
+		return withRuleErrors(append(acts, a), ruleErrs), nil
 	}
 	if held {
 		a := h.action(it, events.KindQuarantine, events.OutcomeHeld, "would quarantine: circuit breaker open: "+verdict.Reason, dec.Rule, cl)
@@ -344,6 +359,9 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 		now := h.now()
 		manual := st.DetectManualUncordon(n, now)
 		removed, held, stale := st.RecoverFlapping(ev.GetCheckName(), entity, at, now, flap)
+		for _, k := range removed {
+			st.rememberRecovery(k, at, now, h.cfg.RecoveryMemory)
+		}
 		if manual {
 			acts = append(acts, h.newAction(it, events.KindManualUncordon, events.OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
 		}

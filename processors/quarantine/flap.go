@@ -222,13 +222,18 @@ func (s *State) LiftStabilized(now time.Time, p FlapPolicy) (lifted []string, ch
 
 // NextSweep is when the state next needs the sweep: the earliest deadline
 // of a stabilizing fault, or, with nothing standing, when the newest
-// remembered onset leaves the window (so the annotation goes); zero: never.
+// remembered onset leaves the window (so the annotation goes), or when a
+// remembered recovery is forgotten; zero: never.
 func (s *State) NextSweep(p FlapPolicy) time.Time {
 	var next time.Time
 	earlier := func(t time.Time) {
 		if next.IsZero() || t.Before(next) {
 			next = t
 		}
+	}
+	if t := s.nextForget(); !t.IsZero() {
+		// After Until: pruneRecovered forgets what is past it.
+		earlier(t.Add(time.Nanosecond))
 	}
 	for _, f := range s.Faults {
 		if f.Stabilizing() {

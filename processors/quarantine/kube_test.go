@@ -494,6 +494,51 @@ func TestKube(t *testing.T) {
 		}
 	})
 
+	// Copies of a lifted fault's occurrences that arrive after its recovery
+	// — a gateway's produce that timed out and was written after the
+	// agent's resend (to another gateway) and its recovery, a record of the
+	// episode reordered otherwise — are not a new fault: nothing recovers
+	// them again, so they quarantined a healthy node for good. An
+	// occurrence generated after the recovery is a new fault and cordons.
+	t.Run("LateCopyAfterRecoveryIgnored", func(t *testing.T) {
+		createNodes(t, k, "late", "late-1")
+		h := newTestHandler(t, testConfig("late"), map[string]kubernetes.Interface{"c1": k})
+		t0 := time.Now().Add(-time.Minute)
+		at := func(ev *datamodels.HealthEvent, d time.Duration) *datamodels.HealthEvent {
+			ev.GeneratedTimestamp = timestamppb.New(t0.Add(d))
+			return ev
+		}
+		first := at(fatal("late-1", "XID_ERROR_48", "GPU-1"), 0)
+		handle(t, h, record("c1", first), record("c1", at(fatal("late-1", "XID_ERROR_48", "GPU-1"), 5*time.Second)))
+		if n := getNode(t, k, "late-1"); !n.Spec.Unschedulable {
+			t.Fatal("the fault did not cordon")
+		}
+		if acts, _ := handle(t, h, record("c1", at(healthy("late-1", "XID_ERROR_48", "GPU-1"), 20*time.Second))); kinds(acts) != "unquarantine/applied" {
+			t.Fatalf("recovery: %s", kinds(acts))
+		}
+		for _, tc := range []struct {
+			name string
+			ev   *datamodels.HealthEvent
+		}{
+			{"the first occurrence's record again (same id)", first},
+			{"another occurrence from before the recovery", at(fatal("late-1", "XID_ERROR_48", "GPU-1"), 10*time.Second)},
+			{"an occurrence generated with the recovery", at(fatal("late-1", "XID_ERROR_48", "GPU-1"), 20*time.Second)},
+		} {
+			acts, _ := handle(t, h, record("c1", tc.ev))
+			n := getNode(t, k, "late-1")
+			if kinds(acts) != "quarantine/skipped" || n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Labels[LabelQuarantined] != "" {
+				t.Errorf("%s: actions %s, a healthy node quarantined again: unschedulable %v, taints %v, labels %v",
+					tc.name, kinds(acts), n.Spec.Unschedulable, n.Spec.Taints, n.Labels)
+			}
+		}
+		if acts, _ := handle(t, h, record("c1", at(fatal("late-1", "XID_ERROR_48", "GPU-1"), 30*time.Second))); kinds(acts) != "quarantine/applied" {
+			t.Fatalf("an occurrence after the recovery: %s", kinds(acts))
+		}
+		if n := getNode(t, k, "late-1"); !n.Spec.Unschedulable {
+			t.Fatal("an occurrence after the recovery did not cordon")
+		}
+	})
+
 	// The life of an Xid the node is rebooted for, with the real kernel-log
 	// check: its fault cordons the node; after the reboot the check's
 	// healthy events (one per check, no entity, at the boot's start) lift

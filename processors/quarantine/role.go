@@ -85,9 +85,10 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 			}
 		}
 	}})
-	if cfg.Flap().Enabled() {
+	if cfg.Flap().Enabled() || cfg.RecoveryMemory > 0 {
 		// Flapping faults held after their recovery are lifted by this
-		// sweep once their stabilization window passed (flap.go).
+		// sweep once their stabilization window passed (flap.go), and
+		// remembered recoveries forgotten (recovered.go).
 		names := deps.Kube.Names()
 		loops = append(loops, role.Loop{Name: "stabilization sweep", Run: func(ctx context.Context) error {
 			prod, err := kafka.NewBoundedProducer(deps.Kafka, deps.Log)

@@ -42,6 +42,11 @@ const (
 	// manual uncordon), written with the change they record and removed
 	// once produced (unsaid.go).
 	AnnotationUnsaid = "faultline.io/quarantine-unsaid"
+	// AnnotationRecovered holds State.Recovered: when each lifted fault's
+	// recovery was generated, kept for recovery_memory after the lift, so
+	// that a late or repeated copy of an occurrence from before the
+	// recovery does not quarantine the node again (recovered.go).
+	AnnotationRecovered = "faultline.io/quarantine-recovered"
 	// LabelQuarantined is "true" while a standing fault cordons or taints
 	// the node (not for faults acknowledged by a manual uncordon); the
 	// drain role reads it (events.LabelQuarantined).
@@ -103,6 +108,11 @@ type State struct {
 	// (AnnotationUnsaid): nothing would decide them again, so the node
 	// keeps them until they are on the actions topic.
 	Unsaid []json.RawMessage `json:"-"`
+	// Recovered is, by FaultKey, the recovery that last lifted the fault,
+	// kept for recovery_memory in its own annotation (AnnotationRecovered):
+	// an occurrence generated no later than it is a late or repeated copy
+	// (recovered.go).
+	Recovered map[string]Recovery `json:"-"`
 }
 
 // Fault is one standing fault: a check on an entity.
@@ -178,12 +188,18 @@ func ReadState(n *corev1.Node) (*State, error) {
 	if raw := n.Annotations[AnnotationUnsaid]; raw != "" {
 		_ = json.Unmarshal([]byte(raw), &st.Unsaid) // corrupt: dropped (set by hand; only a record)
 	}
+	if raw := n.Annotations[AnnotationRecovered]; raw != "" {
+		var r map[string]Recovery
+		if json.Unmarshal([]byte(raw), &r) == nil && len(r) > 0 {
+			st.Recovered = r // corrupt: dropped, as the onsets
+		}
+	}
 	raw, ok := n.Annotations[AnnotationState]
 	if !ok || raw == "" {
 		return st, nil
 	}
 	if err := json.Unmarshal([]byte(raw), st); err != nil {
-		return &State{Faults: map[string]*Fault{}, History: st.History, Unsaid: st.Unsaid}, fmt.Errorf("node %s: annotation %s: %w", n.Name, AnnotationState, err)
+		return &State{Faults: map[string]*Fault{}, History: st.History, Unsaid: st.Unsaid, Recovered: st.Recovered}, fmt.Errorf("node %s: annotation %s: %w", n.Name, AnnotationState, err)
 	}
 	if st.Faults == nil {
 		st.Faults = map[string]*Fault{}
@@ -304,11 +320,16 @@ func (s *State) Fit(budget int) FitReport {
 	var rep FitReport
 	size := func() int {
 		b, _ := json.Marshal(s)
-		if len(s.History) == 0 {
-			return len(b)
+		n := len(b)
+		if len(s.History) > 0 {
+			h, _ := json.Marshal(s.History)
+			n += len(h)
 		}
-		h, _ := json.Marshal(s.History)
-		return len(b) + len(h)
+		if len(s.Recovered) > 0 {
+			r, _ := json.Marshal(s.Recovered)
+			n += len(r)
+		}
+		return n
 	}
 	rep.Bytes = size()
 	if rep.Bytes <= budget {
@@ -334,8 +355,16 @@ func (s *State) Fit(budget int) FitReport {
 			rep.Bytes = size()
 		}
 	}
-	// Onsets of faults no longer standing go first: they only damp the
-	// next flaps.
+	// Remembered recoveries go first, oldest first: they only guard
+	// against late copies; then the onsets of faults no longer standing:
+	// they only damp the next flaps.
+	for _, k := range s.recoveredByAge() {
+		if rep.Bytes <= budget {
+			break
+		}
+		delete(s.Recovered, k)
+		rep.Bytes = size()
+	}
 	for _, k := range s.historyByAge() {
 		if rep.Bytes <= budget {
 			break
@@ -498,6 +527,8 @@ func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
 	// and the actions not yet produced (unsaid.go).
 	setJSONAnnotation(n, AnnotationOnsets, s.History, len(s.History) == 0)
 	setJSONAnnotation(n, AnnotationUnsaid, s.Unsaid, len(s.Unsaid) == 0)
+	s.pruneRecovered(now)
+	setJSONAnnotation(n, AnnotationRecovered, s.Recovered, len(s.Recovered) == 0)
 	return !equalObject(before, n)
 }
 

@@ -38,7 +38,8 @@ func (h *Handler) RunStabilization(ctx context.Context, p pipeline.Producer, clu
 // SweepStabilized lifts, on the nodes of the named clusters that this
 // replica owns (their events land on its partitions), the flapping faults
 // whose entity stayed healthy for the stabilization window, and drops
-// onsets older than the flap window from nodes where nothing stands. It
+// onsets older than the flap window from nodes where nothing stands, and
+// recoveries remembered past recovery_memory (recovered.go). It
 // picks nodes from the node watch's copy and writes each with
 // updateNode, which re-reads and re-decides on a conflict (a new
 // occurrence that cancelled the lift in the meantime wins). It returns
@@ -46,7 +47,7 @@ func (h *Handler) RunStabilization(ctx context.Context, p pipeline.Producer, clu
 // nothing and reports each would-lift once.
 func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([]*faultlinev1.Action, error) {
 	flap := h.cfg.Flap()
-	if !flap.Enabled() {
+	if !flap.Enabled() && h.cfg.RecoveryMemory <= 0 {
 		return nil, nil
 	}
 	var (
@@ -75,7 +76,8 @@ func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([
 			}
 			_, standing := n.Annotations[AnnotationState]
 			_, onsets := n.Annotations[AnnotationOnsets]
-			if !(standing || onsets) || !h.Owns(events.Key(name, n.Name)) {
+			_, recovered := n.Annotations[AnnotationRecovered]
+			if !(standing || onsets || recovered) || !h.Owns(events.Key(name, n.Name)) {
 				continue
 			}
 			st, err := ReadState(n)
@@ -117,6 +119,10 @@ func (h *Handler) liftStabilized(ctx context.Context, cl *clusters.Client, node 
 			}
 		}
 		keys, changed := st.LiftStabilized(now, flap)
+		for _, k := range keys {
+			st.rememberRecovery(k, due[k].RecoveredAt, now, h.cfg.RecoveryMemory)
+		}
+		changed = st.pruneRecovered(now) || changed
 		remaining := len(st.Faults)
 		uncordon := st.Cordoned && !st.Active()
 		for _, k := range keys {
