@@ -38,7 +38,40 @@ import (
 const (
 	labelQuarantined = events.LabelQuarantined // "true" while quarantined
 	labelDrain       = "faultline.io/drain"    // succeeded, gave_up when drained
+	// annotationQuarantinedAt is when the node's quarantine began (RFC
+	// 3339), annotationDrainState the drain's state (JSON, its finishedAt).
+	annotationQuarantinedAt = "faultline.io/quarantined-at"
+	annotationDrainState    = "faultline.io/drain-state"
 )
+
+// drainSlack is how far a drain's finish may seem to precede the
+// quarantine it drained for: the two times are two processors' clocks.
+const drainSlack = time.Minute
+
+// staleDrain says why the node's finished drain is not one of its current
+// quarantine ("" when it is, or when either mark has no time): the drain
+// label stays after a lift, so a node lifted and quarantined again (by
+// another fault, before the drain role started its new drain) still read
+// "drained" — and a resource held meanwhile (a slot, the cooldown)
+// rebooted the node with the pods scheduled since the lift on it.
+func staleDrain(n *corev1.Node) string {
+	qat, err := time.Parse(time.RFC3339, n.Annotations[annotationQuarantinedAt])
+	if err != nil {
+		return ""
+	}
+	var d struct {
+		ID         string    `json:"id"`
+		FinishedAt time.Time `json:"finishedAt"`
+	}
+	if json.Unmarshal([]byte(n.Annotations[annotationDrainState]), &d) != nil || d.FinishedAt.IsZero() {
+		return ""
+	}
+	if !qat.After(d.FinishedAt.Add(drainSlack)) {
+		return ""
+	}
+	return fmt.Sprintf("its drain %s finished at %s, before its quarantine began at %s (the node was lifted and quarantined again since)",
+		d.ID, d.FinishedAt.UTC().Format(time.RFC3339), qat.UTC().Format(time.RFC3339))
+}
 
 // Janitor carries out the janitor resources of every configured cluster.
 type Janitor struct {
@@ -489,6 +522,10 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		if q != "true" || (d != "succeeded" && d != "gave_up") {
 			return 0, op.fail(ctx, ReasonNotDrained, fmt.Sprintf("node %s is not quarantined and drained by faultline (%s=%q, %s=%q) and spec.force is not set",
 				op.nodeName, labelQuarantined, q, labelDrain, d), false)
+		}
+		if why := staleDrain(op.node); why != "" {
+			return 0, op.fail(ctx, ReasonNotDrained, fmt.Sprintf("node %s is not drained for its current quarantine: %s; spec.force is not set",
+				op.nodeName, why), false)
 		}
 	}
 	pname := j.cfg.providerName(op.node)

@@ -475,7 +475,7 @@ func remediateStep(t *testing.T, h *remediate.Handler, recs ...*kgo.Record) ([]s
 // escalates them; a janitor stopped mid-reboot is resumed by another
 // without a second reset.
 func TestJanitorKube(t *testing.T) {
-	e := newEnv(t, 6, true) // KWOK nodes
+	e := newEnv(t, 8, true) // KWOK nodes
 	clk := time.Now()
 	var clkMu sync.Mutex
 	now := func() time.Time { clkMu.Lock(); defer clkMu.Unlock(); return clk }
@@ -598,6 +598,37 @@ func TestJanitorKube(t *testing.T) {
 		}
 		if n := e.m.cyclesOf("gpu-d"); n != 1 {
 			t.Fatalf("%d power cycles", n)
+		}
+	})
+
+	// The drain label stays after a lift: a node lifted and quarantined
+	// again (another fault, its new drain not started yet) still reads
+	// "drained". A resource held meanwhile must not reboot it with the pods
+	// scheduled since the lift: refused NotDrained unless the drain finished
+	// after the quarantine began.
+	t.Run("DrainOfAnEarlierQuarantineRefused", func(t *testing.T) {
+		now := time.Now().UTC()
+		for _, tc := range []struct {
+			name, node, sys  string
+			finished, qBegan time.Duration
+			refused          bool
+		}{
+			{"drained for an earlier quarantine, lifted and quarantined again", "gpu-h", sysID(6), -30 * time.Minute, -5 * time.Minute, true},
+			{"drained for the current quarantine", "gpu-i", sysID(7), -time.Minute, -3 * time.Minute, false},
+		} {
+			e.node(tc.node, tc.sys, true, map[string]string{
+				annotationDrainState:    fmt.Sprintf(`{"id":"d-%s","phase":"succeeded","finishedAt":%q}`, tc.node, now.Add(tc.finished).Format(time.RFC3339Nano)),
+				annotationQuarantinedAt: now.Add(tc.qBegan).Format(time.RFC3339),
+			})
+			e.create(kindReboot, "held-"+tc.node, tc.node, false)
+			o := e.wait(kindReboot, "held-"+tc.node, 40*time.Second)
+			cycles := e.m.cyclesOf(tc.node)
+			if tc.refused && (condOf(o, CondSignalSent) != "False/"+ReasonNotDrained || cycles != 0) {
+				t.Errorf("%s: SignalSent %s, %d power cycles: rebooted with pods never drained", tc.name, condOf(o, CondSignalSent), cycles)
+			}
+			if !tc.refused && (condOf(o, CondNodeReady) != "True/Succeeded" || cycles != 1) {
+				t.Errorf("%s: NodeReady %s, %d power cycles; status %v", tc.name, condOf(o, CondNodeReady), cycles, o.Object["status"])
+			}
 		}
 	})
 

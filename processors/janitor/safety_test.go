@@ -249,3 +249,34 @@ func TestCooldownHoldsConcurrentResources(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleDrain: a finished drain counts for the node's current
+// quarantine unless it finished before that quarantine began (beyond the
+// clocks' slack); a node without either mark's time is judged by its
+// labels alone.
+func TestStaleDrain(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	drain := func(finished time.Time) string {
+		return fmt.Sprintf(`{"id":"d1","phase":"succeeded","finishedAt":%q}`, finished.Format(time.RFC3339Nano))
+	}
+	for _, tc := range []struct {
+		name  string
+		ann   map[string]string
+		stale bool
+	}{
+		{"drained after the quarantine began", map[string]string{annotationQuarantinedAt: t0.Format(time.RFC3339), annotationDrainState: drain(t0.Add(time.Minute))}, false},
+		{"drained before the quarantine began: lifted and quarantined since", map[string]string{annotationQuarantinedAt: t0.Format(time.RFC3339), annotationDrainState: drain(t0.Add(-time.Hour))}, true},
+		{"within the clocks' slack", map[string]string{annotationQuarantinedAt: t0.Format(time.RFC3339), annotationDrainState: drain(t0.Add(-30 * time.Second))}, false},
+		{"no quarantine time", map[string]string{annotationDrainState: drain(t0.Add(-time.Hour))}, false},
+		{"no drain state", map[string]string{annotationQuarantinedAt: t0.Format(time.RFC3339)}, false},
+		{"a drain state without a finish", map[string]string{annotationQuarantinedAt: t0.Format(time.RFC3339), annotationDrainState: `{"id":"d1","phase":"running"}`}, false},
+		{"corrupt marks", map[string]string{annotationQuarantinedAt: "yesterday", annotationDrainState: "{"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			why := staleDrain(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: tc.ann}})
+			if (why != "") != tc.stale {
+				t.Fatalf("staleDrain = %q, want stale %v", why, tc.stale)
+			}
+		})
+	}
+}
