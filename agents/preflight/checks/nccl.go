@@ -174,7 +174,18 @@ func runLoopback(ctx context.Context, env *Env) (Outcome, error) {
 		return Outcome{}, err
 	}
 	meta := map[string]string{"preflight.faultline.io/gpus": strings.Join(uuids, ","), "preflight.faultline.io/nccl-topology": topo}
-	return env.ncclVerdict(NCCLLoopback, out, cfg.LoopbackThresholdGBps, false, meta), nil
+	threshold := cfg.LoopbackThresholdGBps
+	if len(uuids) < 2 {
+		// One GPU: an all-reduce of one rank moves nothing between GPUs,
+		// so nccl-tests reports a bus bandwidth of 0 (busbw = algbw ×
+		// 2(n−1)/n) — no NVLink or PCIe path to judge. Judged against the
+		// threshold, every healthy node running a one-GPU pod was
+		// NCCL_BW_DEGRADED, fatal, and quarantined. NCCL failures and wrong
+		// data still fail it.
+		threshold = 0
+		meta["preflight.faultline.io/bandwidth"] = "not judged: one GPU"
+	}
+	return env.ncclVerdict(NCCLLoopback, out, threshold, false, meta), nil
 }
 
 // gangState is what the mounted gang ConfigMap says.

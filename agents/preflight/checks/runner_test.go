@@ -394,13 +394,20 @@ func TestNCCLLoopback(t *testing.T) {
 		{"unhandled cuda error", with("STANDIN_ALL_REDUCE_PERF_OUT", ncclData("rtx5090-cuda-failure.log"), "STANDIN_ALL_REDUCE_PERF_EXIT", "2"), nil, 1, true, "NCCL_UNHANDLED_CUDA_ERROR", datamodels.RecommendedAction_RUN_DCGMEUD},
 		{"mpirun prefix, error column", with("STANDIN_ALL_REDUCE_PERF_OUT", ncclData("mpirun-error-column.log")), []string{"--nccl.loopback-threshold-gbps=30"}, 0, false, "", datamodels.RecommendedAction_NONE},
 		{"slurm labels, N/A", with("STANDIN_ALL_REDUCE_PERF_OUT", ncclData("slurm-label-two-nodes.log")), nil, 0, false, "", datamodels.RecommendedAction_NONE},
+		// A one-GPU pod: nccl-tests prints a bus bandwidth of 0 for one
+		// rank (nothing crosses a bus); the node is healthy.
+		{"one GPU: no bus bandwidth to judge", with("STANDIN_ALL_REDUCE_PERF_OUT", ncclData("rtx5090-wide-values.log"), "STANDIN_NVIDIA_SMI_OUT", ownData("nvidia-smi-uuid-t4.txt")), nil, 0, false, "", datamodels.RecommendedAction_NONE},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := h.run(checks.NCCLLoopback, tc.env, tc.flags...)
 			if r.code != tc.exit {
 				t.Fatalf("exit %d, want %d\n%s", r.code, tc.exit, r.stderr)
 			}
-			if !strings.Contains(r.args, "all_reduce_perf -b 8 -e 256M -f 2 -g 2") {
+			gpus := "2"
+			if tc.env["STANDIN_NVIDIA_SMI_OUT"] == ownData("nvidia-smi-uuid-t4.txt") {
+				gpus = "1"
+			}
+			if !strings.Contains(r.args, "all_reduce_perf -b 8 -e 256M -f 2 -g "+gpus) {
 				t.Errorf("all_reduce_perf called as %q", r.args)
 			}
 			ev := h.events(r.node, 1)[0]
