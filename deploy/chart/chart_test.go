@@ -487,3 +487,51 @@ func TestAgentOnly(t *testing.T) {
 		t.Errorf("agent gateway config:\n%s", conf)
 	}
 }
+
+// TestValuesChangeRollsPods: a values change that a component reads only
+// at start — its config, its rule file, the gateway's tokens the chart
+// writes — changes that component's pod template (a checksum annotation),
+// so helm upgrade rolls it; without, the ConfigMap or Secret changes and
+// the running pods keep the old rules or refuse the new tokens until
+// something restarts them. A change another component does not read
+// leaves its pods alone.
+func TestValuesChangeRollsPods(t *testing.T) {
+	base := []string{"--set", "roles.quarantine.rules=# rules v1", "--set", "roles.correlate.rules=# rules v1"}
+	templates := func(set ...string) map[string]string {
+		out := map[string]string{}
+		args := slices.Clone(base)
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		for _, o := range render(t, "default", args...) {
+			if o.GetKind() == "Deployment" || o.GetKind() == "DaemonSet" {
+				a, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "annotations")
+				out[o.GetName()] = fmt.Sprint(a)
+			}
+		}
+		return out
+	}
+	before := templates()
+	for _, tc := range []struct {
+		name  string
+		set   []string
+		rolls []string
+	}{
+		{"quarantine rules", []string{"roles.quarantine.rules=# rules v2"}, []string{"faultline-quarantine"}},
+		{"correlate rules", []string{"roles.correlate.rules=# rules v2"}, []string{"faultline-correlate"}},
+		{"a gateway token added", []string{"gateway.tokens.items[0].token=agent-token-0123456789abcdef", "gateway.tokens.items[0].cluster=gpu-east",
+			"gateway.tokens.items[0].role=agent", "gateway.tokens.items[1].token=agent-token-fedcba9876543210", "gateway.tokens.items[1].cluster=gpu-west"},
+			[]string{"faultline-gateway"}},
+		{"config", []string{"config.store.batch_records=7"}, []string{"faultline-gateway", "faultline-store", "faultline-correlate",
+			"faultline-quarantine", "faultline-drain", "faultline-remediate", "faultline-conformance"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			after := templates(tc.set...)
+			for name, a := range before {
+				if rolled := after[name] != a; rolled != slices.Contains(tc.rolls, name) {
+					t.Errorf("%s: pod template changed %v, want %v (annotations before %s, after %s)", name, rolled, !rolled, a, after[name])
+				}
+			}
+		})
+	}
+}

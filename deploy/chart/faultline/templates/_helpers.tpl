@@ -305,6 +305,11 @@ include "faultline.workload" (dict "ctx" $ "component" "store" "args" (list ...)
 {{- $name := printf "%s-%s" $fn .component -}}
 {{- $kube := has .component (splitList "," (include "faultline.kubeRoles" $ctx)) -}}
 {{- $sources := include "faultline.secretSources" (dict "ctx" $ctx "component" .component) -}}
+{{- /* What else the component reads only at start from what the chart writes: a change rolls its pods. */ -}}
+{{- $files := "" -}}
+{{- if and (eq .component "gateway") (not $ctx.Values.gateway.tokens.existingSecret) }}{{ $files = toJson $ctx.Values.gateway.tokens }}{{ end -}}
+{{- if eq .component "quarantine" }}{{ $files = $ctx.Values.roles.quarantine.rules }}{{ end -}}
+{{- if eq .component "correlate" }}{{ $files = $ctx.Values.roles.correlate.rules }}{{ end -}}
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -325,6 +330,9 @@ spec:
         {{- include "faultline.selectorLabels" (dict "ctx" $ctx "component" .component) | nindent 8 }}
       annotations:
         checksum/config: {{ include "faultline.config" $ctx | sha256sum }}
+        {{- if $files }}
+        checksum/files: {{ $files | sha256sum }}
+        {{- end }}
         {{- with $s.podAnnotations }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
