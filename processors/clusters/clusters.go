@@ -3,7 +3,8 @@
 //
 // One processor fleet serves many clusters. Each cluster is configured by
 // name with a kubeconfig path (or in-cluster credentials), its own client
-// rate limits and a dry-run switch. Clients are built lazily, on the first
+// rate limits and a dry-run switch. A kubeconfig's credentials that change
+// on disk are followed without a restart. Clients are built lazily, on the first
 // event for a cluster, so a processor starts even while some clusters are
 // unreachable. Every cluster has a Gate that tracks its API health with an
 // exponential backoff, so a cluster that fails is skipped quickly (its work
@@ -13,6 +14,7 @@
 package clusters
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -20,6 +22,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"net/http"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -59,7 +63,8 @@ type Cluster struct {
 	Context string `toml:"context"`
 	// TokenFile is a file holding the bearer token the cluster's API
 	// server is called with, instead of the kubeconfig's credentials (a
-	// mounted service-account token); re-read as it changes. Default none.
+	// mounted service-account token); re-read as it changes (reloading).
+	// Default none.
 	TokenFile string `toml:"token_file"`
 	// TokenEnv names an environment variable holding that token, read
 	// when the client is built. Default none. The token is never printed
@@ -396,11 +401,25 @@ func (cl Cluster) token(prefix string) (config.Secret, error) {
 
 // buildClient builds c's clients for requests from the cluster's
 // rest.Config, and its clients for watches from the same without the
-// timeout.
+// timeout. A kubeconfig file's clients follow its changes (reloading).
 func (r *Registry) buildClient(cl Cluster, c *Client) error {
+	var k *reloading
+	if cl.Kubeconfig != InCluster {
+		k = &reloading{paths: []string{cl.Kubeconfig}, checked: time.Now(),
+			load: func() (*rest.Config, error) { return r.restConfig(cl) }}
+		if cl.TokenFile != "" {
+			k.paths = append(k.paths, cl.TokenFile)
+		}
+		// Read before the config is loaded: a change in between is seen
+		// by the first look.
+		k.content, _ = k.read()
+	}
 	rc, err := r.restConfig(cl)
 	if err != nil {
 		return err
+	}
+	if k != nil {
+		rc.WrapTransport = func(own http.RoundTripper) http.RoundTripper { return reloadingRT{own: own, k: k} }
 	}
 	wc := rest.CopyConfig(rc)
 	wc.Timeout = 0
@@ -419,6 +438,90 @@ func (r *Registry) buildClient(cl Cluster, c *Client) error {
 	c.Gate.Probe = readyz(c.Kube)
 	return nil
 }
+
+// ReloadEvery is the least time between two looks at a cluster's
+// kubeconfig file for a change (made by a request).
+const ReloadEvery = time.Second
+
+// reloading keeps a cluster's kubeconfig file (and token_file) in step
+// with its clients. A kubeconfig mounted from a Secret is rewritten in
+// place when the Secret changes — a token or client certificate rotated, a
+// CA renewed — and a client built from the file's first content would send
+// the old credentials (every request refused, 401, until a restart);
+// client-go re-reads a token_file only once a minute. At most once per
+// ReloadEvery a request reads the files; when their content changed, the
+// config is loaded again and requests go through a transport built from
+// it (its credentials, CA and client certificate) from then on. Files that
+// cannot be loaded (half written, broken) leave the transport as it was
+// and are read again at the next look. The API server's address is the one
+// the clients were built with: a change of it takes a restart.
+type reloading struct {
+	paths []string
+	load  func() (*rest.Config, error)
+
+	mu      sync.Mutex
+	checked time.Time
+	content [][]byte          // the files as last loaded
+	rt      http.RoundTripper // the reloaded config's transport; nil: the client's own
+}
+
+// read returns the files' content.
+func (k *reloading) read() ([][]byte, error) {
+	out := make([][]byte, len(k.paths))
+	for i, p := range k.paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
+// current returns the transport of the files' latest content that loaded
+// (nil: the one the client was built with).
+func (k *reloading) current() http.RoundTripper {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if now := time.Now(); now.Sub(k.checked) >= ReloadEvery {
+		k.checked = now
+		if b, err := k.read(); err == nil && !slices.EqualFunc(b, k.content, bytes.Equal) {
+			if rc, err := k.load(); err == nil {
+				if rt, err := rest.TransportFor(rc); err == nil {
+					if k.rt != nil {
+						utilnet.CloseIdleConnectionsFor(k.rt)
+					}
+					k.rt, k.content = rt, b
+				}
+			}
+		}
+	}
+	return k.rt
+}
+
+// reloadingRT is a client's transport (own, with the credentials the
+// client was built with) that sends through the reloaded one once the
+// kubeconfig changed.
+type reloadingRT struct {
+	own http.RoundTripper
+	k   *reloading
+}
+
+func (t reloadingRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	rt := t.k.current()
+	if rt == nil {
+		return t.own.RoundTrip(req)
+	}
+	// The client's wrappers set the old credentials; the reloaded
+	// transport sets its own only on a request without any.
+	req = req.Clone(req.Context())
+	req.Header.Del("Authorization")
+	return rt.RoundTrip(req)
+}
+
+// WrappedRoundTripper lets client-go reach the client's own transport
+// (utilnet.CloseIdleConnectionsFor).
+func (t reloadingRT) WrappedRoundTripper() http.RoundTripper { return t.own }
 
 // Gate tracks one cluster's API health: after a failure the cluster is
 // backed off exponentially (MinBackoff doubling to MaxBackoff, with jitter);

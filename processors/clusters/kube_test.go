@@ -2,12 +2,23 @@ package clusters
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/faultline/faultline/internal/testenv"
 )
@@ -66,5 +77,157 @@ func TestWatchClientsOutliveTimeout(t *testing.T) {
 				t.Errorf("%s: watch still open after 4s with kube.timeout 1s; this test no longer shows why the watch clients exist", w.name)
 			}
 		}
+	}
+}
+
+// TestRotatedCredentialsFollowed: a cluster's credentials rotated on disk
+// (a kubeconfig Secret rewritten with a new token, or the token_file
+// renewed) while the old one is revoked: the cluster's clients — requests
+// and watches, typed and dynamic — use the new one within seconds, without
+// a restart. Before, a kubeconfig's clients kept the credentials of its
+// first read and every request was refused (401) until the processor was
+// restarted.
+func TestRotatedCredentialsFollowed(t *testing.T) {
+	k := testenv.StartKube(t, testenv.KubeOptions{})
+	ctx := context.Background()
+	admin := k.Client()
+	rc := k.RESTConfig()
+	const ns = "default"
+	for i, tc := range []struct {
+		name string
+		// write puts token in the cluster's files under dir (atomically, as
+		// the kubelet updates a mounted Secret) and returns its Cluster.
+		write func(t *testing.T, dir, token string) Cluster
+	}{
+		{"kubeconfig token", func(t *testing.T, dir, token string) Cluster {
+			writeAtomic(t, filepath.Join(dir, "kubeconfig"), kubeconfigWith(t, rc, token))
+			return Cluster{Name: "c", Kubeconfig: filepath.Join(dir, "kubeconfig")}
+		}},
+		{"token_file", func(t *testing.T, dir, token string) Cluster {
+			writeAtomic(t, filepath.Join(dir, "kubeconfig"), kubeconfigWith(t, rc, ""))
+			writeAtomic(t, filepath.Join(dir, "token"), []byte(token))
+			return Cluster{Name: "c", Kubeconfig: filepath.Join(dir, "kubeconfig"), TokenFile: filepath.Join(dir, "token")}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sa := fmt.Sprintf("rotated-%d", i)
+			if _, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+				ObjectMeta: metav1.ObjectMeta{Name: sa},
+				RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "cluster-admin"},
+				Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: ns}},
+			}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			// A token valid while its Secret exists: deleting the Secret
+			// revokes it.
+			token := func(secret string) (string, *corev1.Secret) {
+				s, err := admin.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: secret}}, metav1.CreateOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				tr, err := admin.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{
+					BoundObjectRef: &authnv1.BoundObjectReference{APIVersion: "v1", Kind: "Secret", Name: s.Name, UID: s.UID},
+				}}, metav1.CreateOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return tr.Status.Token, s
+			}
+			dir := t.TempDir()
+			old, oldSecret := token(sa + "-old")
+			cfg := DefaultConfig()
+			cfg.Clusters = []Cluster{tc.write(t, dir, old)}
+			cl, err := NewRegistry(cfg, nil).Get("c")
+			if err != nil {
+				t.Fatal(err)
+			}
+			nsRes := schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
+			calls := []struct {
+				name string
+				call func(context.Context) error
+			}{
+				{"Kube", func(ctx context.Context) error {
+					_, err := cl.Kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+					return err
+				}},
+				{"WatchKube", func(ctx context.Context) error {
+					_, err := cl.WatchKube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+					return err
+				}},
+				{"Dynamic", func(ctx context.Context) error {
+					_, err := cl.Dynamic.Resource(nsRes).List(ctx, metav1.ListOptions{})
+					return err
+				}},
+				{"WatchDynamic", func(ctx context.Context) error {
+					_, err := cl.WatchDynamic.Resource(nsRes).List(ctx, metav1.ListOptions{})
+					return err
+				}},
+			}
+			for _, c := range calls {
+				if err := c.call(ctx); err != nil {
+					t.Fatalf("%s before the rotation: %v", c.name, err)
+				}
+			}
+
+			// Rotate: the new token on disk, the old one revoked.
+			fresh, _ := token(sa + "-new")
+			tc.write(t, dir, fresh)
+			if err := admin.CoreV1().Secrets(ns).Delete(ctx, oldSecret.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			oldClient := kubernetes.NewForConfigOrDie(&rest.Config{Host: rc.Host, BearerToken: old, TLSClientConfig: rc.TLSClientConfig})
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+				_, err := oldClient.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+				if apierrors.IsUnauthorized(err) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the old token still works 30s after its Secret was deleted: %v", err)
+				}
+			}
+			for _, c := range calls {
+				var err error
+				for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+					if err = c.call(ctx); err == nil || time.Now().After(deadline) {
+						break
+					}
+				}
+				if err != nil {
+					t.Errorf("%s: 5s after the credentials were rotated on disk: %v", c.name, err)
+				}
+			}
+		})
+	}
+}
+
+// kubeconfigWith is a kubeconfig for rc's API server and CA with token as
+// its user's credential (none when empty).
+func kubeconfigWith(t *testing.T, rc *rest.Config, token string) []byte {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: rc.Host, CertificateAuthorityData: rc.CAData}
+	kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: token}
+	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	kc.CurrentContext = "c"
+	b, err := clientcmd.Write(*kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// writeAtomic replaces path with b by a rename, as the kubelet updates a
+// mounted Secret.
+func writeAtomic(t *testing.T, path string, b []byte) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
 	}
 }
