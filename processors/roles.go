@@ -144,6 +144,10 @@ type Deps struct {
 	Registry prometheus.Registerer
 	Kafka    kafka.Config
 	Metrics  *pipeline.Metrics
+	// Opened, when set, is called once every selected role is open (its
+	// dependencies reached, ClickHouse migrated) and about to run: the
+	// process is ready.
+	Opened func()
 }
 
 // Role is one entry of the roles table.
@@ -220,6 +224,9 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	g, gctx := errgroup.WithContext(ctx)
 	for _, b := range built {
 		g.Go(func() error { return b.Run(gctx, rd) })
+	}
+	if deps.Opened != nil {
+		deps.Opened()
 	}
 	return g.Wait()
 }

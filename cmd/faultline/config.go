@@ -23,8 +23,8 @@ type Config struct {
 	// log_level; `faultline dev` defaults it to warn, so its output is the
 	// pipeline's decisions and summaries.
 	LibraryLogLevel string `toml:"library_log_level"`
-	// MetricsAddr serves /metrics and /healthz of `faultline process`
-	// (empty: off). Default 127.0.0.1:9464.
+	// MetricsAddr serves /metrics, /healthz and /readyz of `faultline
+	// process` (empty: off). Default 127.0.0.1:9464.
 	MetricsAddr string       `toml:"metrics_addr"`
 	Kafka       kafka.Config `toml:"kafka"`
 	// Gateway is `faultline gateway` (and dev): flags --gateway.*.

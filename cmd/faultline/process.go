@@ -5,6 +5,7 @@ import (
 	"flag"
 	"io"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -24,7 +25,7 @@ func loadProcessConfig(args []string, stderr io.Writer) (Config, error) {
 		cfg.registerLogFlags(fs)
 		cfg.Kafka.RegisterFlags(fs, "kafka.")
 		cfg.Processors.RegisterFlags(fs)
-		fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address of /metrics and /healthz (empty: off)")
+		fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address of /metrics, /healthz and /readyz (empty: off)")
 	}, func() error {
 		if err := cfg.Kafka.Validate("kafka."); err != nil {
 			return err
@@ -48,10 +49,21 @@ func runProcess(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
+	// Ready once every role is open: a role waiting for ClickHouse (or
+	// migrating it) is alive (/healthz) but not ready, so a rolling update
+	// keeps the old pods until the new ones run.
+	var opened atomic.Bool
 	if cfg.MetricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if !opened.Load() {
+				http.Error(w, "not ready: roles starting", http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = io.WriteString(w, "ok\n")
+		})
 		srv := &http.Server{Addr: cfg.MetricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error { return serveErr(srv.ListenAndServe()) })
 		g.Go(func() error {
@@ -62,6 +74,7 @@ func runProcess(ctx context.Context, args []string, _, stderr io.Writer) error {
 	g.Go(func() error {
 		return processors.Run(gctx, cfg.Processors, processors.Deps{
 			Log: log, Registry: reg, Kafka: cfg.Kafka, Metrics: pipeline.NewMetrics(reg),
+			Opened: func() { opened.Store(true) },
 		})
 	})
 	return g.Wait()
