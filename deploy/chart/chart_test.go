@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
@@ -531,6 +532,67 @@ func TestValuesChangeRollsPods(t *testing.T) {
 				if rolled := after[name] != a; rolled != slices.Contains(tc.rolls, name) {
 					t.Errorf("%s: pod template changed %v, want %v (annotations before %s, after %s)", name, rolled, !rolled, a, after[name])
 				}
+			}
+		})
+	}
+}
+
+// TestGoMemLimitUnderMemoryLimit: every faultline container with a memory
+// limit runs with GOMEMLIMIT at 90% of it, so the Go runtime collects
+// before the kernel kills the pod: without, the heap grows to twice what is
+// live before a collection, and a role holding half its limit —
+// correlate's remembered records (up to 256 MiB) under the default 512Mi,
+// quarantine's node watch of many clusters — is OOMKilled. A GOMEMLIMIT of
+// the operator's own is kept, and a container without a limit gets none.
+func TestGoMemLimitUnderMemoryLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  string
+		args []string
+		want map[string]string // container's workload → GOMEMLIMIT ("": none); others: 90% of the limit
+	}{
+		{"default", "default", nil, map[string]string{"faultline-store": "483183820", "faultline-agent": "120795955", "faultline-preflight": "241591910"}},
+		{"secure", "secure", nil, nil},
+		{"cloud", "cloud", nil, nil},
+		{"a role's own limit", "default", []string{"--set", "roles.correlate.overrides.resources.limits.memory=2Gi"},
+			map[string]string{"faultline-correlate": "1932735283", "faultline-store": "483183820"}},
+		{"the operator's GOMEMLIMIT", "default", []string{"--set", "roles.store.overrides.env[0].name=GOMEMLIMIT", "--set", "roles.store.overrides.env[0].value=300MiB"},
+			map[string]string{"faultline-store": "300MiB"}},
+		{"no limit", "default", []string{"--set", "defaults.resources.limits=null"}, map[string]string{"faultline-store": "", "faultline-gateway": ""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checked := 0
+			for _, o := range render(t, tc.set, tc.args...) {
+				if o.GetKind() != "Deployment" && o.GetKind() != "DaemonSet" {
+					continue
+				}
+				c := firstContainer(t, o)
+				var got []string
+				env, _, _ := unstructured.NestedSlice(c, "env")
+				for _, e := range env {
+					if e := e.(map[string]any); e["name"] == "GOMEMLIMIT" {
+						got = append(got, fmt.Sprint(e["value"]))
+					}
+				}
+				want, ok := tc.want[o.GetName()]
+				if !ok {
+					limit, _, _ := unstructured.NestedString(c, "resources", "limits", "memory")
+					if limit == "" {
+						continue
+					}
+					q, err := resource.ParseQuantity(limit)
+					if err != nil {
+						t.Fatalf("%s: limit %q: %v", o.GetName(), limit, err)
+					}
+					want = fmt.Sprint(q.Value() * 9 / 10)
+				}
+				checked++
+				if want == "" && len(got) != 0 || want != "" && !slices.Equal(got, []string{want}) {
+					t.Errorf("%s: GOMEMLIMIT %q, want %q", o.GetName(), got, want)
+				}
+			}
+			if checked == 0 {
+				t.Fatal("no container checked")
 			}
 		})
 	}

@@ -277,6 +277,29 @@ include "faultline.secretSources" (dict "ctx" $ "component" "gateway")
 {{- range $name, $r := .Values.roles }}{{ if $r.enabled }}{{ $name }}{{ end }}{{ end -}}
 {{- end -}}
 
+{{/*
+GOMEMLIMIT of a container: 90% of its memory limit, in bytes. Without it the
+Go runtime lets the heap grow to twice what is live before it collects, so
+a role holding half its limit (correlate's remembered records, quarantine's
+node watch of many clusters) is killed by the kernel (OOMKilled) instead of
+collecting. "" when the container has no memory limit, the limit is not a
+whole number with an optional Ki/Mi/Gi/Ti/k/M/G/T suffix, or env sets
+GOMEMLIMIT already.
+include "faultline.gomemlimit" (dict "resources" $resources "env" $env)
+*/}}
+{{- define "faultline.gomemlimit" -}}
+{{- $q := dig "limits" "memory" "" (default dict .resources) -}}
+{{- if kindIs "float64" $q }}{{ $q = int64 $q }}{{ end -}}
+{{- $q = toString $q -}}
+{{- $own := false -}}
+{{- range .env }}{{ if eq (toString .name) "GOMEMLIMIT" }}{{ $own = true }}{{ end }}{{ end -}}
+{{- if and (not $own) (regexMatch "^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$" $q) -}}
+{{- $n := regexFind "^[0-9]+" $q -}}
+{{- $unit := get (dict "" 1 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000) (trimPrefix $n $q) -}}
+{{- div (mul (atoi $n) $unit 9) 10 -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Pod and container security of the faultline Deployments. */}}
 {{- define "faultline.podSecurity" -}}
 runAsNonRoot: true
@@ -353,9 +376,15 @@ spec:
           imagePullPolicy: {{ $ctx.Values.image.pullPolicy }}
           args:
             {{- toYaml .args | nindent 12 }}
-          {{- with $s.env }}
+          {{- $gml := include "faultline.gomemlimit" (dict "resources" $s.resources "env" $s.env) }}
+          {{- if or $s.env $gml }}
           env:
+            {{- with $s.env }}
             {{- toYaml . | nindent 12 }}
+            {{- end }}
+            {{- if $gml }}
+            - {name: GOMEMLIMIT, value: {{ $gml | quote }}}
+            {{- end }}
           {{- end }}
           ports:
             {{- toYaml .ports | nindent 12 }}
