@@ -10,7 +10,9 @@
 // exponential backoff, so a cluster that fails is skipped quickly (its work
 // deferred, never dropped) while the others proceed; one that cannot be
 // reached at all is probed rather than backed off, so its work resumes as
-// soon as it answers.
+// soon as it answers, and one that stops answering (a request that timed
+// out) is probed before it is tried again, so it costs kube.timeout once,
+// not at every end of its backoff.
 package clusters
 
 import (
@@ -530,7 +532,13 @@ func (t reloadingRT) WrappedRoundTripper() http.RoundTripper { return t.own }
 // reached at all (Unreachable) is not tried again until it answers a
 // probe (Probe, at most once per ProbeInterval, made by whoever asks): the
 // work resumes as soon as the API server answers, not at the end of a
-// backoff of up to MaxBackoff.
+// backoff of up to MaxBackoff. A cluster whose request got no answer in
+// time (TimedOut: its network dropping packets, its API server frozen or
+// overloaded) is not tried again until it answers a probe either, and its
+// backoff stands then (an overloaded server is not pressed harder): each
+// try in between costs a probe of at most ProbeInterval, not another
+// request's whole timeout — the batch that holds its work beside other
+// clusters' is not held that long at every end of its backoff.
 type Gate struct {
 	now func() time.Time
 	// MinBackoff is the first backoff. Default 200ms.
@@ -647,17 +655,19 @@ func (g *Gate) Wait(ctx context.Context, until time.Time) bool {
 }
 
 // unreachable reports whether the cluster's last failure was not being
-// able to reach it, with no probe answered since; g.mu held.
+// able to reach it, or getting no answer in time, with no probe answered
+// since; g.mu held.
 func (g *Gate) unreachable() bool {
-	return g.Probe != nil && Unreachable(g.lastErr) && !g.answered
+	return g.Probe != nil && (Unreachable(g.lastErr) || TimedOut(g.lastErr)) && !g.answered
 }
 
 // probe asks an unreachable cluster once, unless another caller does or
 // one did in the last ProbeInterval. Any answer (even "not ready": an API
 // server restarting says so for seconds while it serves) opens the gate
-// with its backoff begun afresh — the cluster is back, its work is tried
-// and a failure of it backs off from MinBackoff again; silence keeps the
-// gate shut, its backoff grown once over.
+// — for one that could not be reached, with its backoff begun afresh: the
+// cluster is back, its work is tried and a failure of it backs off from
+// MinBackoff again; for one that timed out, at the end of its backoff;
+// silence keeps the gate shut, its backoff grown once over.
 func (g *Gate) probe(ctx context.Context) {
 	g.mu.Lock()
 	if !g.unreachable() || g.probing || g.now().Sub(g.probed) < g.ProbeInterval {
@@ -675,6 +685,8 @@ func (g *Gate) probe(ctx context.Context) {
 	defer g.mu.Unlock()
 	g.probing, g.probed = false, g.now()
 	switch {
+	case answered && TimedOut(g.lastErr):
+		g.answered = true
 	case answered:
 		g.answered, g.failures, g.next = true, 0, g.probed
 	case !g.probed.Before(g.next) && ctx.Err() == nil:
@@ -695,6 +707,18 @@ func Unreachable(err error) bool {
 		return true
 	}
 	return utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err)
+}
+
+// TimedOut reports whether err is a request that got no answer in time
+// (kube.timeout, a dial or TLS handshake that timed out) — not an API
+// status (a 504 is an answer).
+func TimedOut(err error) bool {
+	var st apierrors.APIStatus
+	if err == nil || errors.As(err, &st) {
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.DeadlineExceeded)
 }
 
 // readyz returns a probe of kube's API server (GET /readyz), or nil for a

@@ -147,6 +147,7 @@ func TestGateWait(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
 	unavailable := apierrors.NewServiceUnavailable("down")
 	forbidden := apierrors.NewForbidden(schema.GroupResource{}, "", errors.New("rbac"))
+	timedOut := &url.Error{Op: "Get", URL: "https://127.0.0.1:6443/api/v1/nodes", Err: context.DeadlineExceeded}
 	for _, tc := range []struct {
 		name     string
 		err      error
@@ -166,6 +167,12 @@ func TestGateWait(t *testing.T) {
 		{"unreachable, answers not ready: it serves", refused, time.Minute, 0, []error{unavailable}, []bool{true}, 1, 0},
 		{"unreachable, answers forbidden: it serves", refused, time.Minute, 0, []error{forbidden}, []bool{true}, 1, 0},
 		{"unreachable past its backoff: probed first, backed off again", refused, time.Millisecond, 0, []error{refused}, []bool{false, false}, 2, 3},
+		// A request that got no answer in time: probed before it is
+		// tried again; once it answers, its backoff stands.
+		{"timed out, silent: not waited for", timedOut, time.Millisecond, time.Minute, []error{timedOut}, []bool{false, false}, 2, 3},
+		{"timed out, answers: its backoff stands", timedOut, time.Minute, time.Second, []error{nil}, []bool{false}, 1, 1},
+		{"timed out, answers: its backoff waited out", timedOut, 100 * time.Millisecond, time.Minute, []error{nil}, []bool{true}, 1, 1},
+		{"timed out, no probe: backoff waited out", timedOut, 100 * time.Millisecond, time.Minute, nil, []bool{true}, 0, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewGate(nil)
@@ -264,19 +271,21 @@ func TestRetriable(t *testing.T) {
 	refused := &url.Error{Op: "Patch", URL: "https://127.0.0.1:6443/api/v1/nodes/n",
 		Err: &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}}
 	for _, tc := range []struct {
-		err                    error
-		retriable, unreachable bool
+		err                              error
+		retriable, unreachable, timedOut bool
 	}{
-		{nil, false, false},
-		{apierrors.NewConflict(gr, "n", errors.New("x")), false, false},
-		{apierrors.NewNotFound(gr, "n"), false, false},
-		{apierrors.NewServiceUnavailable("down"), true, false},
-		{apierrors.NewTooManyRequests("slow", 1), true, false},
-		{apierrors.NewForbidden(gr, "n", errors.New("rbac")), true, false},
-		{refused, true, true},
-		{&url.Error{Op: "Get", URL: "https://127.0.0.1:6443/readyz", Err: io.EOF}, true, true},
-		{fmt.Errorf("patch: %w", errors.New("read tcp: connection reset by peer")), true, true},
-		{context.DeadlineExceeded, true, false},
+		{nil, false, false, false},
+		{apierrors.NewConflict(gr, "n", errors.New("x")), false, false, false},
+		{apierrors.NewNotFound(gr, "n"), false, false, false},
+		{apierrors.NewServiceUnavailable("down"), true, false, false},
+		{apierrors.NewTooManyRequests("slow", 1), true, false, false},
+		{apierrors.NewForbidden(gr, "n", errors.New("rbac")), true, false, false},
+		{apierrors.NewTimeoutError("slow", 1), true, false, false}, // a 504 is an answer
+		{refused, true, true, false},
+		{&url.Error{Op: "Get", URL: "https://127.0.0.1:6443/readyz", Err: io.EOF}, true, true, false},
+		{fmt.Errorf("patch: %w", errors.New("read tcp: connection reset by peer")), true, true, false},
+		{context.DeadlineExceeded, true, false, true},
+		{&url.Error{Op: "Get", URL: "https://127.0.0.1:6443/api", Err: timeoutErr{}}, true, false, true},
 	} {
 		if got := Retriable(tc.err); got != tc.retriable {
 			t.Errorf("Retriable(%v) = %v, want %v", tc.err, got, tc.retriable)
@@ -284,8 +293,18 @@ func TestRetriable(t *testing.T) {
 		if got := Unreachable(tc.err); got != tc.unreachable {
 			t.Errorf("Unreachable(%v) = %v, want %v", tc.err, got, tc.unreachable)
 		}
+		if got := TimedOut(tc.err); got != tc.timedOut {
+			t.Errorf("TimedOut(%v) = %v, want %v", tc.err, got, tc.timedOut)
+		}
 	}
 }
+
+// timeoutErr is a transport's timeout (net/http's "Client.Timeout exceeded").
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "Client.Timeout exceeded while awaiting headers" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
 
 // TestTry: the per-cluster step every Kubernetes-facing role takes — the
 // Gate decides whether the step runs, the step's error decides the Gate.

@@ -3,8 +3,12 @@ package clusters
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -229,5 +233,139 @@ func writeAtomic(t *testing.T, path string, b []byte) {
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// switchProxy forwards TCP to a real API server, or — as a cluster's
+// network or API server can fail — holds every connection without a byte
+// (hang: packets dropped, a frozen apiserver) or closes it at once
+// (refuse). Switching mode cuts the connections open.
+type switchProxy struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	mode   string
+	conns  []net.Conn
+}
+
+func newSwitchProxy(t *testing.T, target string) *switchProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &switchProxy{l: l, target: target, mode: "forward"}
+	t.Cleanup(func() {
+		l.Close()
+		p.set("refuse")
+	})
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			mode := p.mode
+			if mode != "refuse" {
+				p.conns = append(p.conns, c)
+			}
+			p.mu.Unlock()
+			switch mode {
+			case "refuse":
+				c.Close()
+			case "forward":
+				go func() {
+					up, err := net.Dial("tcp", target)
+					if err != nil {
+						c.Close()
+						return
+					}
+					go func() { _, _ = io.Copy(up, c); up.Close() }()
+					_, _ = io.Copy(c, up)
+					c.Close()
+				}()
+			}
+		}
+	}()
+	return p
+}
+
+func (p *switchProxy) set(mode string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.mode = mode
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// TestSilentClusterNotWaitedFor: a cluster whose API server stops
+// answering — its network dropping packets, or the server frozen — costs
+// the request that finds it out kube.timeout, and then no more: the next
+// tries are not run (a probe of at most 500 ms decides), so the batches
+// that mix its nodes with other clusters' are not held kube.timeout again
+// at every end of its backoff; its work resumes within about a second of
+// it answering. A cluster that refuses connections behaves the same.
+func TestSilentClusterNotWaitedFor(t *testing.T) {
+	k := testenv.StartKube(t, testenv.KubeOptions{})
+	rc := k.RESTConfig()
+	host := strings.TrimPrefix(rc.Host, "https://")
+	const timeout = 3 * time.Second
+	list := func(ctx context.Context, cl *Client) error {
+		_, err := cl.Kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+		return err
+	}
+	for _, mode := range []string{"hang", "refuse"} {
+		t.Run(mode, func(t *testing.T) {
+			p := newSwitchProxy(t, host)
+			kc := clientcmdapi.NewConfig()
+			kc.Clusters["c"] = &clientcmdapi.Cluster{Server: "https://" + p.l.Addr().String(), CertificateAuthorityData: rc.CAData,
+				TLSServerName: "127.0.0.1"}
+			kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: rc.BearerToken}
+			kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+			kc.CurrentContext = "c"
+			path := filepath.Join(t.TempDir(), "kubeconfig")
+			if err := clientcmd.WriteToFile(*kc, path); err != nil {
+				t.Fatal(err)
+			}
+			cfg := DefaultConfig()
+			cfg.Timeout = timeout
+			cfg.Clusters = []Cluster{{Name: "c", Kubeconfig: path}}
+			reg := NewRegistry(cfg, nil)
+			ctx := context.Background()
+			if a := reg.Try(ctx, "c", list); a.Err != nil {
+				t.Fatalf("through the proxy: %v", a.Err)
+			}
+
+			p.set(mode)
+			a := reg.Try(ctx, "c", list)
+			if !a.Ran || !a.Retriable {
+				t.Fatalf("the first try after the cluster went silent: %+v", a)
+			}
+			// Past its first backoff (at most MinBackoff), each try is
+			// decided at once.
+			time.Sleep(600 * time.Millisecond)
+			for i := range 3 {
+				start := time.Now()
+				a = reg.Try(ctx, "c", list)
+				if took := time.Since(start); took > time.Second || a.Ran || !a.Retriable {
+					t.Fatalf("try %d while the cluster is silent: ran %v, retriable %v, took %v (kube.timeout %v): %v",
+						i+2, a.Ran, a.Retriable, took.Round(time.Millisecond), timeout, a.Err)
+				}
+				time.Sleep(700 * time.Millisecond)
+			}
+
+			p.set("forward")
+			back := time.Now()
+			for a = reg.Try(ctx, "c", list); a.Err != nil || !a.Ran; a = reg.Try(ctx, "c", list) {
+				if time.Since(back) > 3*time.Second {
+					t.Fatalf("3s after the cluster answers again: ran %v: %v", a.Ran, a.Err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			t.Logf("%s: work resumed %v after the cluster answered", mode, time.Since(back).Round(time.Millisecond))
+		})
 	}
 }
