@@ -597,3 +597,37 @@ func TestGoMemLimitUnderMemoryLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestJanitorNeverTwo: the janitor counts its concurrency limits
+// (max_concurrent, _per_rack, _per_provider) in its process, from the
+// operations it started and those in progress when it started; a second
+// janitor beside it counts its own. A rolling update (a new image, a
+// config change) ran the new janitor beside the old one until the new was
+// ready and the old stopped: both started operations meanwhile, and a rack
+// limit of 1 let two of a rack's nodes reboot at once. The janitor's
+// Deployment is replaced (Recreate), never surged; the other components
+// roll as before.
+func TestJanitorNeverTwo(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"secure", nil},
+		{"with overrides", []string{"--set", "roles.janitor.overrides.resources.limits.memory=1Gi"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, o := range render(t, "secure", tc.args...) {
+				if o.GetKind() != "Deployment" {
+					continue
+				}
+				strategy, _, _ := unstructured.NestedString(o.Object, "spec", "strategy", "type")
+				switch {
+				case o.GetName() == "faultline-janitor" && strategy != "Recreate":
+					t.Errorf("janitor: strategy %q, want Recreate (a rolling update runs two janitors at once, each counting only its own operations against the limits)", strategy)
+				case o.GetName() != "faultline-janitor" && strategy != "":
+					t.Errorf("%s: strategy %q, want the default rolling update", o.GetName(), strategy)
+				}
+			}
+		})
+	}
+}

@@ -344,6 +344,10 @@ spec:
   {{- if not $s.autoscaling.enabled }}
   replicas: {{ $s.replicas }}
   {{- end }}
+  {{- with .strategy }}
+  strategy:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   selector:
     matchLabels:
       {{- include "faultline.selectorLabels" (dict "ctx" $ctx "component" .component) | nindent 6 }}
