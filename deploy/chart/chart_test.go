@@ -175,6 +175,11 @@ func TestAgentMounts(t *testing.T) {
 			if (fmt.Sprint(uid) == "0") != tc.root {
 				t.Errorf("runAsUser %v, want root %v", uid, tc.root)
 			}
+			// A non-root agent's state host path is given to it first.
+			inits, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "initContainers")
+			if len(inits) == 0 == !tc.root {
+				t.Errorf("%d init containers, want one (state-dir) exactly when the agent is not root", len(inits))
+			}
 			if !tc.privileged {
 				drop, _, _ := unstructured.NestedStringSlice(c, "securityContext", "capabilities", "drop")
 				if !slices.Equal(drop, []string{"ALL"}) {

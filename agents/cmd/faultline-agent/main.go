@@ -36,6 +36,7 @@ var commands = []command{
 	{"kmsg", "kmsg parse [--utc] [--boot-time T] [FILE]   kernel log (any format, stdin without FILE) → events as JSON lines", kmsgCmd},
 	{"fabric", "fabric parse [--kind K] [--nvswitches N] FILE...   Fabric Manager outputs (kind detected) → events as JSON lines", fabricCmd},
 	{"gpu", "gpu check   one NVML health read (what the gpu check sees) as JSON", gpuCmd},
+	{"state-dir", "state-dir --dir DIR --owner UID:GID   give the state directory to the user the agent runs as (the chart's init container)", stateDirCmd},
 }
 
 func main() {
