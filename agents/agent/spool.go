@@ -27,8 +27,9 @@ import (
 //	4 bytes big-endian payload length | 4 bytes CRC-32C of the payload | payload
 //
 // where the payload is one protobuf HealthEvent. Appends go to the newest
-// segment and are fsync'd before Append returns; a new segment starts when
-// the current one reaches segmentBytes. The read position (segment, offset)
+// segment and are fsync'd before Append returns; an append that fails (a
+// full disk) leaves nothing of itself, so the appends after it stay
+// readable. A new segment starts when the current one reaches segmentBytes. The read position (segment, offset)
 // lives in the file "cursor", replaced atomically after the gateway has
 // returned ids for everything before it; segments wholly before the cursor
 // are deleted. A crash between the gateway's answer and the cursor update
@@ -57,6 +58,7 @@ type Spool struct {
 	cur     Cursor
 	full    bool
 	closed  bool
+	sealed  bool // the newest segment takes no more appends (cutFailedWrite)
 	notify  chan struct{}
 	crc     *crc32.Table
 	scratch []byte
@@ -337,7 +339,7 @@ func (s *Spool) AppendAll(evs []*datamodels.HealthEvent) error {
 }
 
 func (s *Spool) writeLocked(buf []byte) error {
-	if s.w == nil || s.sizes[s.segs[len(s.segs)-1]] >= s.segmentBytes {
+	if s.w == nil || s.sealed || s.sizes[s.segs[len(s.segs)-1]] >= s.segmentBytes {
 		if s.w != nil {
 			s.w.Close()
 			s.w = nil
@@ -346,7 +348,7 @@ func (s *Spool) writeLocked(buf []byte) error {
 		if len(s.segs) > 0 {
 			last := s.segs[len(s.segs)-1]
 			seq = last
-			if s.sizes[last] >= s.segmentBytes {
+			if s.sealed || s.sizes[last] >= s.segmentBytes {
 				seq = last + 1
 			}
 		}
@@ -362,17 +364,40 @@ func (s *Spool) writeLocked(buf []byte) error {
 			}
 			syncDir(s.dir)
 		}
-		s.w = f
+		s.w, s.sealed = f, false
 	}
 	seq := s.segs[len(s.segs)-1]
-	if _, err := s.w.Write(buf); err != nil {
-		return fmt.Errorf("spool write: %w", err)
+	_, err := s.w.Write(buf)
+	if err == nil {
+		if err = s.w.Sync(); err != nil {
+			err = fmt.Errorf("spool fsync: %w", err)
+		}
+	} else {
+		err = fmt.Errorf("spool write: %w", err)
 	}
-	if err := s.w.Sync(); err != nil {
-		return fmt.Errorf("spool fsync: %w", err)
+	if err != nil {
+		s.cutFailedWrite(seq)
+		return err
 	}
 	s.sizes[seq] += int64(len(buf))
 	return nil
+}
+
+// cutFailedWrite removes what a failed write (a full disk writes part of
+// it) left after the last whole record of segment seq: appends go to the
+// file's end, and a torn record before them made them unreadable (Peek
+// skips the rest of a segment at a corrupt record; OpenSpool cuts the
+// newest segment there). When it cannot be cut, the segment takes no
+// more appends: the next starts a new one.
+func (s *Spool) cutFailedWrite(seq uint64) {
+	err := s.w.Truncate(s.sizes[seq])
+	if err == nil {
+		return
+	}
+	s.log.Error("spool: cannot cut a failed write off its segment; starting a new one", "segment", seq, "err", err)
+	s.w.Close()
+	s.w = nil
+	s.sealed = true
 }
 
 func syncDir(dir string) {

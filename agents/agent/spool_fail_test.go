@@ -1,0 +1,85 @@
+//go:build linux
+
+package agent
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// TestSpoolFailedWriteKeepsLaterEvents: an append the disk cuts short
+// (full: the kernel writes part of the record, then refuses the rest)
+// fails, and leaves nothing of itself behind — the events appended after
+// it, accepted and fsync'd, are read back, in this run and after a
+// restart. A torn record left in the middle of the segment made every
+// later record of it unreadable (the rest of the segment was skipped as
+// corrupt) and, on reopen, cut off as a torn tail.
+func TestSpoolFailedWriteKeepsLaterEvents(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		room int64 // bytes the disk takes of the failing append
+	}{
+		{"header cut", 3},
+		{"payload cut", recordHeader + 5},
+		{"nothing written", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			sp, err := OpenSpool(dir, 64<<10, quiet(), NewMetrics())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { sp.Close() }()
+			if err := sp.AppendAll([]*datamodels.HealthEvent{ev("a", false), ev("b", false)}); err != nil {
+				t.Fatal(err)
+			}
+			diskFull(t, sp.Pending()+tc.room, func() {
+				if err := sp.AppendAll([]*datamodels.HealthEvent{ev("refused "+strings.Repeat("x", 100), true)}); err == nil {
+					t.Fatal("append on a full disk succeeded")
+				}
+			})
+			if err := sp.AppendAll([]*datamodels.HealthEvent{ev("c", false)}); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := sp.Append([]*datamodels.HealthEvent{ev("d", true)}); err != nil || n != 1 {
+				t.Fatalf("append d: %d %v", n, err)
+			}
+			const want = "a,b,c,d"
+			got, _, err := sp.Peek(100)
+			if err != nil || strings.Join(msgs(got), ",") != want {
+				t.Fatalf("read back %v (%v), want %s", msgs(got), err, want)
+			}
+			sp.Close()
+			if sp, err = OpenSpool(dir, 64<<10, quiet(), NewMetrics()); err != nil {
+				t.Fatal(err)
+			}
+			got, _, err = sp.Peek(100)
+			if err != nil || strings.Join(msgs(got), ",") != want {
+				t.Fatalf("after restart %v (%v), want %s", msgs(got), err, want)
+			}
+		})
+	}
+}
+
+// diskFull runs f while no file of the process may grow past size bytes
+// (RLIMIT_FSIZE: a write across the limit writes up to it, then fails,
+// as on a full disk; Go ignores the SIGXFSZ that comes with it).
+func diskFull(t *testing.T, size int64, f func()) {
+	t.Helper()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+		t.Skip("RLIMIT_FSIZE:", err)
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &syscall.Rlimit{Cur: uint64(size), Max: old.Max}); err != nil {
+		t.Skip("RLIMIT_FSIZE:", err)
+	}
+	defer func() {
+		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+			t.Fatal("restore RLIMIT_FSIZE:", err)
+		}
+	}()
+	f()
+}
