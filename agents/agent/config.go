@@ -99,7 +99,8 @@ type GatewayConfig struct {
 	KeyFile  string `toml:"key_file"`
 	// Timeout bounds one SubmitEvents call (default 10s).
 	Timeout time.Duration `toml:"timeout"`
-	// BatchSize is the most events per SubmitEvents call (default 500).
+	// BatchSize is the most events per SubmitEvents call (default 500);
+	// a call also carries at most 2 MiB of events, whatever their number.
 	BatchSize int `toml:"batch_size"`
 	// MaxBackoff caps the retry backoff (default 30s).
 	MaxBackoff time.Duration `toml:"max_backoff"`

@@ -23,7 +23,8 @@ import (
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
-// Sender drains the spool to the gateway's SubmitEvents, oldest first,
+// Sender drains the spool to the gateway's SubmitEvents, oldest first, in
+// batches of at most GatewayConfig.BatchSize events and maxBatchBytes,
 // committing a batch only after the gateway returned one id per event.
 // Failures back off exponentially (200ms doubling to MaxBackoff, with
 // jitter) and retry the same batch, so order is kept. An InvalidArgument
@@ -39,6 +40,13 @@ type Sender struct {
 	conn   *grpc.ClientConn
 	client faultlinev1.EventsClient
 }
+
+// maxBatchBytes bounds the encoded events of one SubmitEvents call, half
+// the gateway's default gateway.max_body_bytes (4 MiB): a batch of large
+// events (kmsg details, GPU pods, an 8 KiB message) over the gateway's
+// bound was refused (ResourceExhausted) at every try, and the node's
+// spool, behind it, stopped draining for good.
+const maxBatchBytes = 2 << 20
 
 // NewSender dials (lazily) the gateway: with TLS unless cfg.Insecure, in
 // which case it warns that the token and events travel in clear.
@@ -136,7 +144,7 @@ func (s *Sender) Run(ctx context.Context) error {
 		if single {
 			n = 1
 		}
-		evs, next, err := s.spool.Peek(n)
+		evs, next, err := s.spool.PeekBytes(n, maxBatchBytes)
 		if err != nil {
 			s.log.Error("spool read failed", "err", err)
 			backoff = s.nextBackoff(backoff)

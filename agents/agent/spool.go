@@ -412,11 +412,21 @@ func syncDir(dir string) {
 // record skips the rest of its segment (counted in
 // faultline_agent_spool_corrupt_total).
 func (s *Spool) Peek(max int) ([]*datamodels.HealthEvent, Cursor, error) {
+	return s.PeekBytes(max, 0)
+}
+
+// PeekBytes is Peek of at most maxBytes of encoded events (0: no bound),
+// but at least one event.
+func (s *Spool) PeekBytes(max int, maxBytes int64) ([]*datamodels.HealthEvent, Cursor, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.cur
-	var out []*datamodels.HealthEvent
-	for len(out) < max {
+	var (
+		out   []*datamodels.HealthEvent
+		bytes int64
+		full  bool // the next event would pass maxBytes
+	)
+	for len(out) < max && !full {
 		if !slices.Contains(s.segs, c.Seg) {
 			break
 		}
@@ -450,6 +460,11 @@ func (s *Spool) Peek(max int) ([]*datamodels.HealthEvent, Cursor, error) {
 				off = int64(len(b))
 				break
 			}
+			if maxBytes > 0 && len(out) > 0 && bytes+n > maxBytes {
+				full = true
+				break
+			}
+			bytes += n
 			ev := &datamodels.HealthEvent{}
 			if err := proto.Unmarshal(p, ev); err != nil {
 				s.log.Error("spool: undecodable event skipped", "segment", c.Seg, "err", err)
