@@ -71,7 +71,8 @@ type Agent struct {
 
 	mu        sync.Mutex
 	lastRun   map[string]time.Time
-	podresErr string // the last pod-resources error logged
+	unspooled map[string][]*datamodels.HealthEvent // by check: its last run's events the spool could not take
+	podresErr string                               // the last pod-resources error logged
 	started   time.Time
 }
 
@@ -79,7 +80,8 @@ type Agent struct {
 // as the NIC check without GPU metadata, is an error), the spool and the
 // sender.
 func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
-	a := &Agent{cfg: cfg, log: log, m: NewMetrics(), now: opt.Now, lastRun: map[string]time.Time{}}
+	a := &Agent{cfg: cfg, log: log, m: NewMetrics(), now: opt.Now, lastRun: map[string]time.Time{},
+		unspooled: map[string][]*datamodels.HealthEvent{}}
 	if a.now == nil {
 		a.now = time.Now
 	}
@@ -266,9 +268,15 @@ func (a *Agent) Trigger(name string) bool {
 }
 
 // RunOnce calls one check once with its deadline and recovery, records the
-// metrics, stamps and spools the events.
+// metrics, stamps and spools the events. Events the spool cannot take (a
+// full or failing disk) are kept and spooled first at the check's next
+// run, which waits for them: the check's state has moved past them, and
+// it would not report them again.
 func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 	name := s.Check.Name()
+	if !a.spoolUnspooled(s) {
+		return
+	}
 	cctx, cancel := context.WithTimeout(ctx, s.Timeout)
 	defer cancel()
 	start := a.now()
@@ -302,13 +310,50 @@ func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 			a.log.Info("event", "check", name, "checkName", ev.GetCheckName(), "fatal", ev.GetIsFatal(), "healthy", ev.GetIsHealthy(), "message", ev.GetMessage())
 		}
 		if _, err := a.spool.Append(evs); err != nil {
-			a.log.Error("events not spooled; the check's state is not saved", "check", name, "events", len(evs), "err", err)
+			a.log.Error("events not spooled; kept for the check's next run, its state not saved", "check", name, "events", len(evs), "err", err)
+			a.mu.Lock()
+			a.unspooled[name] = evs
+			a.mu.Unlock()
 			return
 		}
 	}
-	if c, ok := s.Check.(check.Committer); ok && result != "panic" {
+	if result != "panic" {
+		a.commit(s)
+	}
+}
+
+// spoolUnspooled spools the events of the check's last run that the spool
+// could not take, then commits the check's state; it reports whether the
+// check may run again (nothing is left unspooled).
+func (a *Agent) spoolUnspooled(s Scheduled) bool {
+	name := s.Check.Name()
+	a.mu.Lock()
+	evs := a.unspooled[name]
+	a.mu.Unlock()
+	if len(evs) == 0 {
+		return true
+	}
+	if _, err := a.spool.Append(evs); err != nil {
+		a.log.Error("events still not spooled; the check waits for the spool", "check", name, "events", len(evs), "err", err)
+		a.mu.Lock()
+		a.lastRun[name] = a.now() // waiting for the disk, not wedged
+		a.mu.Unlock()
+		return false
+	}
+	a.mu.Lock()
+	delete(a.unspooled, name)
+	a.mu.Unlock()
+	a.log.Info("events spooled at last", "check", name, "events", len(evs))
+	a.commit(s)
+	return true
+}
+
+// commit saves the check's state (check.Committer), once its events are
+// in the spool.
+func (a *Agent) commit(s Scheduled) {
+	if c, ok := s.Check.(check.Committer); ok {
 		if err := c.Commit(); err != nil {
-			a.log.Warn("check state not saved", "check", name, "err", err)
+			a.log.Warn("check state not saved", "check", s.Check.Name(), "err", err)
 		}
 	}
 }

@@ -3,9 +3,12 @@
 package agent
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -82,4 +85,55 @@ func diskFull(t *testing.T, size int64, f func()) {
 		}
 	}()
 	f()
+}
+
+// TestCheckEventsWaitOutAFullDisk: a check reports a transition once (its
+// state, in memory, moves past it at once, as the NIC and kmsg checks'
+// do); the spool cannot take it (the disk is full). It was dropped — the
+// check never reported it again while the agent ran, the node's fault was
+// never sent. It is kept, spooled first when the disk has room again, and
+// the check runs again, and its state is saved, only then.
+func TestCheckEventsWaitOutAFullDisk(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		fullRuns int // runs while the disk is full
+	}{
+		{"full for one run", 1},
+		{"full for three runs", 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t, "127.0.0.1:1")
+			var (
+				a    *Agent
+				runs int
+			)
+			c := &committingCheck{spool: func() *Spool { return a.Spool() }}
+			c.fakeCheck = fakeCheck{"nic", func(context.Context) ([]*datamodels.HealthEvent, error) {
+				runs++
+				return []*datamodels.HealthEvent{{CheckName: "Port", ComponentClass: "NIC", Message: fmt.Sprintf("run %d", runs)}}, nil
+			}}
+			sched := Scheduled{Check: c, Interval: time.Minute, Timeout: time.Second}
+			a, err := New(cfg, quiet(), Options{Checks: []Scheduled{sched}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Spool().Close()
+			diskFull(t, 0, func() {
+				for range tc.fullRuns {
+					a.RunOnce(context.Background(), sched)
+				}
+			})
+			if runs != 1 || len(c.commits) != 0 {
+				t.Fatalf("while the disk is full: %d runs, %d commits; want the check run once, its state not saved", runs, len(c.commits))
+			}
+			a.RunOnce(context.Background(), sched)
+			got, _, err := a.Spool().Peek(10)
+			if err != nil || strings.Join(msgs(got), ",") != "run 1,run 2" {
+				t.Fatalf("spooled %v (%v), want the event of the run on a full disk, then the next", msgs(got), err)
+			}
+			if len(c.commits) != 2 {
+				t.Fatalf("commits %v, want two (after each run's events were spooled)", c.commits)
+			}
+		})
+	}
 }
