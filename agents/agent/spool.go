@@ -140,21 +140,25 @@ func (s *Spool) segPath(seq uint64) string {
 	return filepath.Join(s.dir, fmt.Sprintf("%016d.seg", seq))
 }
 
-// repairTail truncates a torn record at the end of a segment.
+// repairTail truncates a torn record at the end of a segment: what
+// follows its last whole record. A corrupt record with whole records after
+// it is not a tail; Peek skips it.
 func (s *Spool) repairTail(seq uint64) error {
 	b, err := os.ReadFile(s.segPath(seq))
 	if err != nil {
 		return fmt.Errorf("spool segment: %w", err)
 	}
-	var off int64
-	for {
+	var off, end int64 // end: past the last whole record
+	for off < int64(len(b)) {
 		_, n, err := s.decode(b[off:])
 		if err != nil {
-			break
+			off = s.resync(b, off)
+			continue
 		}
 		off += n
+		end = off
 	}
-	if off != int64(len(b)) {
+	if off = end; off != int64(len(b)) {
 		s.log.Warn("spool: cutting a torn record off the newest segment", "segment", seq, "bytes", int64(len(b))-off)
 		if err := os.Truncate(s.segPath(seq), off); err != nil {
 			return fmt.Errorf("spool repair: %w", err)
@@ -165,6 +169,20 @@ func (s *Spool) repairTail(seq uint64) error {
 }
 
 var errTorn = errors.New("torn or corrupt record")
+
+// resync returns where the first whole record after the corrupt one at
+// off starts (len(b) when none does): a damaged record costs itself, not
+// the records after it. Whole means its length fits and its CRC-32C
+// matches, which the bytes inside a damaged record match by chance once
+// in 2³² offsets.
+func (s *Spool) resync(b []byte, off int64) int64 {
+	for off++; off+recordHeader < int64(len(b)); off++ {
+		if _, _, err := s.decode(b[off:]); err == nil {
+			return off
+		}
+	}
+	return int64(len(b))
+}
 
 func (s *Spool) decode(b []byte) ([]byte, int64, error) {
 	if len(b) < recordHeader {
@@ -385,10 +403,9 @@ func (s *Spool) writeLocked(buf []byte) error {
 
 // cutFailedWrite removes what a failed write (a full disk writes part of
 // it) left after the last whole record of segment seq: appends go to the
-// file's end, and a torn record before them made them unreadable (Peek
-// skips the rest of a segment at a corrupt record; OpenSpool cuts the
-// newest segment there). When it cannot be cut, the segment takes no
-// more appends: the next starts a new one.
+// file's end, and a torn record before them cost them too when its
+// length field ran over them. When it cannot be cut, the segment takes
+// no more appends: the next starts a new one.
 func (s *Spool) cutFailedWrite(seq uint64) {
 	err := s.w.Truncate(s.sizes[seq])
 	if err == nil {
@@ -409,7 +426,7 @@ func syncDir(dir string) {
 
 // Peek returns up to max events from the read position, oldest first, and
 // the cursor just past them; nothing is removed until Commit. A corrupt
-// record skips the rest of its segment (counted in
+// record is skipped, up to the next whole record (counted in
 // faultline_agent_spool_corrupt_total).
 func (s *Spool) Peek(max int) ([]*datamodels.HealthEvent, Cursor, error) {
 	return s.PeekBytes(max, 0)
@@ -453,12 +470,13 @@ func (s *Spool) PeekBytes(max int, maxBytes int64) ([]*datamodels.HealthEvent, C
 		for len(out) < max && off < int64(len(b)) {
 			p, n, err := s.decode(b[off:])
 			if err != nil {
-				s.log.Error("spool: corrupt record, skipping the rest of the segment", "segment", c.Seg, "offset", c.Off+off)
+				next := s.resync(b, off)
+				s.log.Error("spool: corrupt record skipped", "segment", c.Seg, "offset", c.Off+off, "bytes", next-off)
 				if s.m != nil {
 					s.m.spoolCorrupt.Inc()
 				}
-				off = int64(len(b))
-				break
+				off = next
+				continue
 			}
 			if maxBytes > 0 && len(out) > 0 && bytes+n > maxBytes {
 				full = true
