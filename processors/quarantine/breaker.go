@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -60,6 +61,10 @@ const (
 	breakerOpen        = "open"
 	breakerClosed      = "closed"
 )
+
+// maxConflictPause caps the random pause before a reservation's write is
+// tried again after another replica's write won (breaker.decide).
+const maxConflictPause = 100 * time.Millisecond
 
 // breaker is one cluster's circuit breaker.
 type breaker struct {
@@ -159,7 +164,14 @@ func (b *breaker) reserve(ctx context.Context, node, record string, schedulable 
 	return req.verdict, req.err
 }
 
-// decide settles a group of reservations, retrying conflicts.
+// decide settles a group of reservations, retrying conflicts until ctx
+// ends. A burst of faults (a fabric incident) has every replica reserving
+// at once, each round of writes won by one: a cap on the rounds recorded
+// the last replicas' faults as failed quarantines, their offsets
+// committed, the nodes never quarantined. Each retry waits a random pause
+// (growing to maxConflictPause) to spread the contenders; a ctx that ends
+// first is the error, so the fault is tried again later (the batch's
+// deadline: deferred to the retry topic).
 func (b *breaker) decide(ctx context.Context, batch []*reservation) {
 	var err error
 	for attempt := 0; ; attempt++ {
@@ -168,10 +180,19 @@ func (b *breaker) decide(ctx context.Context, batch []*reservation) {
 			break
 		}
 		b.cm = nil // re-read on the next attempt
-		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) || attempt >= 20 {
+		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
 			err = fmt.Errorf("breaker %s/%s: %w", b.cfg.Namespace, b.cfg.Name, err)
 			break
 		}
+		pause := time.NewTimer(rand.N(min(time.Millisecond<<min(attempt, 10), maxConflictPause)) + time.Millisecond)
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			err = fmt.Errorf("breaker %s/%s: %d writes met another replica's: %w", b.cfg.Namespace, b.cfg.Name, attempt+1, ctx.Err())
+		case <-pause.C:
+			continue
+		}
+		break
 	}
 	for _, r := range batch {
 		if err != nil {

@@ -1107,6 +1107,77 @@ func TestKube(t *testing.T) {
 			t.Fatalf("actions %s", kinds(append(a1, a2...)))
 		}
 	})
+
+	// A burst of faults (a fabric incident) reaches every replica at once,
+	// each reserving breaker slots in the cluster's one ConfigMap: each
+	// round of writes one wins, the others conflict and try again. A
+	// replica that lost 20 rounds recorded its fault as quarantine/failed
+	// and committed it — the node was never quarantined.
+	t.Run("BreakerContendedByManyReplicas", func(t *testing.T) {
+		for _, tc := range []struct {
+			name     string
+			replicas int
+		}{
+			{"two replicas", 2},
+			{"forty replicas", 40},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				group := fmt.Sprintf("contend%d", tc.replicas)
+				var names []string
+				for i := range tc.replicas {
+					names = append(names, fmt.Sprintf("%s-%02d", group, i))
+				}
+				createNodes(t, k, group, names...)
+				cfg := testConfig(group)
+				hs := make([]*Handler, tc.replicas)
+				for i := range hs {
+					hs[i] = newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
+				}
+				got := make([]string, tc.replicas)
+				start := make(chan struct{})
+				var wg sync.WaitGroup
+				for i, h := range hs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						rec := record("c1", fatal(names[i], "XID_ERROR_79", "GPU-1"))
+						<-start
+						ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+						defer cancel()
+						res, err := h.Handle(ctx, []*kgo.Record{rec})
+						if err != nil {
+							got[i] = "error: " + err.Error()
+							return
+						}
+						var acts []*faultlinev1.Action
+						for _, r := range res.Out {
+							if a, err := events.UnmarshalAction(r.Value); err == nil {
+								acts = append(acts, a)
+							} else {
+								acts = append(acts, &faultlinev1.Action{Kind: "deferred:" + r.Topic})
+							}
+						}
+						got[i] = kinds(acts)
+						for _, a := range acts {
+							if a.GetOutcome() == events.OutcomeFailed {
+								got[i] += " (" + a.GetReason() + ")"
+							}
+						}
+					}()
+				}
+				close(start)
+				wg.Wait()
+				for i, g := range got {
+					if g != "quarantine/applied" {
+						t.Errorf("replica %d: %s, want quarantine/applied", i, g)
+					}
+					if !getNode(t, k, names[i]).Spec.Unschedulable {
+						t.Errorf("node %s not cordoned", names[i])
+					}
+				}
+			})
+		}
+	})
 }
 
 // actionSink records the actions produced to it.
