@@ -29,8 +29,9 @@ import (
 // where the payload is one protobuf HealthEvent. Appends go to the newest
 // segment and are fsync'd before Append returns; an append that fails (a
 // full disk) leaves nothing of itself, so the appends after it stay
-// readable. A new segment starts when the current one reaches segmentBytes. The read position (segment, offset)
-// lives in the file "cursor", replaced atomically after the gateway has
+// readable. A new segment starts when the current one reaches
+// segmentBytes. The read position (segment, offset) lives in the file
+// "cursor", replaced atomically after the gateway has
 // returned ids for everything before it; segments wholly before the cursor
 // are deleted. A crash between the gateway's answer and the cursor update
 // resends that batch (at-least-once).
@@ -158,12 +159,12 @@ func (s *Spool) repairTail(seq uint64) error {
 		off += n
 		end = off
 	}
-	if off = end; off != int64(len(b)) {
-		s.log.Warn("spool: cutting a torn record off the newest segment", "segment", seq, "bytes", int64(len(b))-off)
-		if err := os.Truncate(s.segPath(seq), off); err != nil {
+	if end != int64(len(b)) {
+		s.log.Warn("spool: cutting a torn record off the newest segment", "segment", seq, "bytes", int64(len(b))-end)
+		if err := os.Truncate(s.segPath(seq), end); err != nil {
 			return fmt.Errorf("spool repair: %w", err)
 		}
-		s.sizes[seq] = off
+		s.sizes[seq] = end
 	}
 	return nil
 }
@@ -439,9 +440,9 @@ func (s *Spool) PeekBytes(max int, maxBytes int64) ([]*datamodels.HealthEvent, C
 	defer s.mu.Unlock()
 	c := s.cur
 	var (
-		out   []*datamodels.HealthEvent
-		bytes int64
-		full  bool // the next event would pass maxBytes
+		out  []*datamodels.HealthEvent
+		took int64 // bytes of the records of out
+		full bool  // the next event would pass maxBytes
 	)
 	for len(out) < max && !full {
 		if !slices.Contains(s.segs, c.Seg) {
@@ -478,11 +479,11 @@ func (s *Spool) PeekBytes(max int, maxBytes int64) ([]*datamodels.HealthEvent, C
 				off = next
 				continue
 			}
-			if maxBytes > 0 && len(out) > 0 && bytes+n > maxBytes {
+			if maxBytes > 0 && len(out) > 0 && took+n > maxBytes {
 				full = true
 				break
 			}
-			bytes += n
+			took += n
 			ev := &datamodels.HealthEvent{}
 			if err := proto.Unmarshal(p, ev); err != nil {
 				s.log.Error("spool: undecodable event skipped", "segment", c.Seg, "err", err)
