@@ -3,6 +3,7 @@ package quarantine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -61,6 +62,10 @@ const (
 	breakerOpen        = "open"
 	breakerClosed      = "closed"
 )
+
+// errBreakerNamespace: the breaker's ConfigMap cannot be created, its
+// namespace missing in the cluster.
+var errBreakerNamespace = errors.New("breaker namespace missing")
 
 // maxConflictPause caps the random pause before a reservation's write is
 // tried again after another replica's write won (breaker.decide).
@@ -180,7 +185,9 @@ func (b *breaker) decide(ctx context.Context, batch []*reservation) {
 			break
 		}
 		b.cm = nil // re-read on the next attempt
-		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+		// NotFound: an operator deleted the ConfigMap (closing the
+		// breaker) since it was read; read again, it is made anew.
+		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) && !apierrors.IsNotFound(err) {
 			err = fmt.Errorf("breaker %s/%s: %w", b.cfg.Namespace, b.cfg.Name, err)
 			break
 		}
@@ -355,6 +362,13 @@ func (b *breaker) write(ctx context.Context, cm *corev1.ConfigMap, state string,
 	cms := b.kube.CoreV1().ConfigMaps(b.cfg.Namespace)
 	if cm.ResourceVersion == "" {
 		out, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+		if apierrors.IsNotFound(err) {
+			// Its namespace is missing: a configuration error an
+			// operator fixes, as a Forbidden one — not an API status, so
+			// clusters.Retriable holds the cluster's work for it instead
+			// of recording a failed quarantine.
+			return fmt.Errorf("%w: quarantine.breaker.namespace %q does not exist in the cluster: %v", errBreakerNamespace, b.cfg.Namespace, err)
+		}
 	} else {
 		out, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
 	}

@@ -1108,6 +1108,53 @@ func TestKube(t *testing.T) {
 		}
 	})
 
+	// The breaker's ConfigMap cannot be written where it was: its namespace
+	// does not exist in the cluster (quarantine.breaker.namespace changed,
+	// a member cluster without it), or an operator deleted the ConfigMap
+	// (to close the breaker) since this replica read it. The fault was
+	// recorded as quarantine/failed and committed: the node was never
+	// quarantined. A missing namespace is a configuration error an
+	// operator fixes, as a Forbidden one: the cluster's records wait
+	// (deferred); a deleted ConfigMap is read again and made anew.
+	t.Run("BreakerConfigMapNotThere", func(t *testing.T) {
+		for _, tc := range []struct {
+			name      string
+			namespace string
+			deleted   bool // the ConfigMap is deleted after the first fault's write
+			want      string
+			deferred  int
+		}{
+			{"namespace missing", "no-such-namespace", false, "", 1},
+			{"ConfigMap deleted since read", "default", true, "quarantine/applied", 0},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				group := "nocm" + strings.ReplaceAll(strings.ToLower(tc.name[:9]), " ", "")
+				createNodes(t, k, group, group+"-0", group+"-1")
+				cfg := testConfig(group)
+				cfg.Breaker.Namespace = tc.namespace
+				h := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
+				if tc.deleted {
+					if acts, _ := handle(t, h, record("c1", fatal(group+"-0", "XID_ERROR_79", "GPU-1"))); kinds(acts) != "quarantine/applied" {
+						t.Fatalf("first fault: %s", kinds(acts))
+					}
+					if err := k.CoreV1().ConfigMaps(tc.namespace).Delete(context.Background(), cfg.Breaker.Name, metav1.DeleteOptions{}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				acts, deferred := handle(t, h, record("c1", fatal(group+"-1", "XID_ERROR_79", "GPU-1")))
+				got := kinds(acts)
+				for _, a := range acts {
+					if a.GetOutcome() == events.OutcomeFailed {
+						got += " (" + a.GetReason() + ")"
+					}
+				}
+				if got != tc.want || len(deferred) != tc.deferred {
+					t.Fatalf("actions %q, %d deferred; want %q, %d deferred", got, len(deferred), tc.want, tc.deferred)
+				}
+			})
+		}
+	})
+
 	// A burst of faults (a fabric incident) reaches every replica at once,
 	// each reserving breaker slots in the cluster's one ConfigMap: each
 	// round of writes one wins, the others conflict and try again. A
