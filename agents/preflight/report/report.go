@@ -8,9 +8,9 @@
 // Check runs are short-lived init containers, several of which can run on
 // one node at once (one per pod), so each run spools into its own
 // directory under the configured root, locked with flock(2) while the run
-// lives. A run also adopts the directories of earlier runs that left
-// events behind (unlocked: their process is gone), sends those, and
-// removes directories it emptied.
+// lives (from before it is in view under its name). A run also adopts the
+// directories of earlier runs that left events behind (unlocked: their
+// process is gone), sends those, and removes directories it emptied.
 package report
 
 import (
@@ -129,12 +129,21 @@ func Open(cfg Config, log *slog.Logger) (*Reporter, error) {
 	}
 	name := fmt.Sprintf("run-%d-%d", time.Now().UnixNano(), os.Getpid())
 	dir := filepath.Join(cfg.Spool.Dir, name)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	// Made under a name Flush passes over (newPrefix) and locked before
+	// it is renamed into view: another run's Flush never finds a live
+	// run's directory unlocked, to adopt, find empty and remove.
+	tmp := filepath.Join(cfg.Spool.Dir, newPrefix+name)
+	if err := os.Mkdir(tmp, 0o750); err != nil {
 		return nil, fmt.Errorf("spool.dir: %w", err)
 	}
-	lock, err := lockDir(dir, false)
+	lock, err := lockDir(tmp, false)
 	if err != nil {
-		return nil, fmt.Errorf("spool.dir: lock %s: %w", dir, err)
+		_ = os.RemoveAll(tmp)
+		return nil, fmt.Errorf("spool.dir: lock %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		removeLocked(tmp, lock)
+		return nil, fmt.Errorf("spool.dir: %w", err)
 	}
 	m := agent.NewMetrics()
 	sp, err := agent.OpenSpool(dir, cfg.Spool.MaxBytes, log, m)
@@ -191,10 +200,21 @@ func (r *Reporter) Flush(ctx context.Context) FlushResult {
 	res := FlushResult{}
 	ents, _ := os.ReadDir(r.cfg.Spool.Dir)
 	for _, e := range ents {
+		dir := filepath.Join(r.cfg.Spool.Dir, e.Name())
+		if e.IsDir() && strings.HasPrefix(e.Name(), newPrefix) {
+			// A run that died before its directory was renamed into view
+			// spooled nothing there; one younger than a minute may be
+			// starting (not yet locked).
+			if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > time.Minute {
+				if lock, err := lockDir(dir, true); err == nil {
+					removeLocked(dir, lock)
+				}
+			}
+			continue
+		}
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), "run-") {
 			continue
 		}
-		dir := filepath.Join(r.cfg.Spool.Dir, e.Name())
 		if dir == r.dir {
 			continue
 		}
@@ -274,6 +294,9 @@ func (r *Reporter) Close() error {
 	}
 	return err
 }
+
+// newPrefix names a run's directory until it is locked (Open).
+const newPrefix = ".new-"
 
 // lockDir takes an exclusive flock on dir/.lock; with nonBlocking a held
 // lock is an error instead of a wait.
