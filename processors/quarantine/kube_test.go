@@ -1178,7 +1178,13 @@ func TestKube(t *testing.T) {
 				cfg := testConfig(group)
 				hs := make([]*Handler, tc.replicas)
 				for i := range hs {
-					hs[i] = newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
+					// Each replica its own client (and rate limiter), as
+					// each is its own process.
+					ki, err := kubernetes.NewForConfig(kube.RESTConfig())
+					if err != nil {
+						t.Fatal(err)
+					}
+					hs[i] = newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": ki})
 				}
 				got := make([]string, tc.replicas)
 				start := make(chan struct{})
