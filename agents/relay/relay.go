@@ -7,17 +7,22 @@
 // An accepted call means every event of it is in the agent's spool
 // (fsync'd), from which the agent's sender delivers it to the gateway with
 // the agent's own credential: nothing is lost while the gateway is down,
-// events are resent in order, and each is stored once (the spool gives it
-// the idempotency key the gateway stores it under). Before accepting, the
+// events are resent in order, and each is stored once (it carries the
+// idempotency key the gateway stores it under). Before accepting, the
 // relay checks, as the gateway does, the shape of the call before decoding
 // it (internal/protoshape) and each event (schemas/validate), and that it
 // is for the agent's own node, and refuses the whole call otherwise,
 // so that a monitor learns at once what can never be delivered. It stamps
 // nothing the gateway owns (cluster, submitter, receivedTimestamp, the
-// stored id): it only replaces a monitor's id with the spool's key and
+// stored id): it only replaces a monitor's id with its own key — a hash
+// of the event as the monitor sent it (events.OccurrenceID), so a
+// monitor's resend of a call whose answer was lost is one event
+// downstream (NVSentinel's monitors resend a call unchanged,
+// commons/pkg/healthpub: up to 5 attempts on Unavailable,
+// DeadlineExceeded, EOF or a reset connection) — and
 // gives an event without generatedTimestamp the time the agent received
-// it, so an event that waits out a gateway outage keeps the time it
-// happened.
+// it (and a new key), so an event that waits out a gateway outage keeps
+// the time it happened.
 package relay
 
 import (
@@ -38,6 +43,7 @@ import (
 
 	"github.com/faultline/faultline/internal/protoshape"
 	"github.com/faultline/faultline/internal/unixsock"
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	"github.com/faultline/faultline/schemas/validate"
 )
@@ -187,10 +193,12 @@ func (s *Server) HealthEventOccurredV1(_ context.Context, req *datamodels.Health
 		if ev == nil {
 			continue // the validator names it
 		}
-		ev.Id = "" // the spool gives it the agent's key
 		if ev.GeneratedTimestamp == nil {
+			ev.Id = "" // the spool gives it a new key
 			ev.GeneratedTimestamp = received
+			continue
 		}
+		ev.Id = events.OccurrenceID(ev)
 	}
 	if err := s.v.ValidateBatch(evs, now); err != nil {
 		return nil, s.refuse(resultInvalid, len(evs), codes.InvalidArgument, err.Error())

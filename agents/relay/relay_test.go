@@ -95,7 +95,7 @@ func (f *fixture) spooled(t *testing.T) []*datamodels.HealthEvent {
 }
 
 // TestRelayAccepts: a monitor's events are spooled whole and in order,
-// with the spool's idempotency key in place of any id the monitor set,
+// with the relay's idempotency key in place of any id the monitor set,
 // its own generatedTimestamp kept (or the time the agent received it),
 // its processingStrategy (STORE_AND_ANALYSE too) untouched, and none of
 // the fields the gateway owns stamped.
@@ -140,6 +140,53 @@ func TestRelayAccepts(t *testing.T) {
 	}
 	if n := metric(t, f.reg, "accepted"); n != 3 {
 		t.Fatalf("accepted = %v", n)
+	}
+}
+
+// TestRelayResendIsOneEvent: NVSentinel's monitors resend a call unchanged
+// when its answer was lost (commons/pkg/healthpub retries Unavailable,
+// DeadlineExceeded and a dropped connection); the resent events carry the
+// ids of the first sending, so the gateway stores (events.StoredID) and
+// the rules count them once. Events that differ in anything the monitor
+// sent — its time above all — are different occurrences; an event the
+// monitor sent without generatedTimestamp cannot be told from its resend.
+func TestRelayResendIsOneEvent(t *testing.T) {
+	base := xid("gpu-node-42", "Xid 31")
+	later := base
+	later.GeneratedTimestamp = base.GeneratedTimestamp.Add(time.Millisecond)
+	otherGPU := base
+	otherGPU.Entities = []nvsentinel.Entity{{Type: "GPU", Value: "1"}, {Type: "GPU_UUID", Value: "GPU-77aa"}}
+	withMeta := base
+	withMeta.Metadata = map[string]string{"a": "1", "b": "2", "c": "3"}
+	untimed := base
+	untimed.GeneratedTimestamp = time.Time{}
+	for _, tc := range []struct {
+		name        string
+		first, then nvsentinel.Event
+		same        bool
+	}{
+		{"the call resent", base, base, true},
+		{"the call resent, metadata in another map order", withMeta, withMeta, true},
+		{"a later occurrence", base, later, false},
+		{"another GPU", base, otherGPU, false},
+		{"without generatedTimestamp", untimed, untimed, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := start(t, 1<<20)
+			if err := f.send(t, tc.first); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.send(t, tc.then); err != nil {
+				t.Fatal(err)
+			}
+			got := f.spooled(t)
+			if len(got) != 2 || got[0].GetId() == "" || got[1].GetId() == "" {
+				t.Fatalf("spooled %v", got)
+			}
+			if same := got[0].GetId() == got[1].GetId(); same != tc.same {
+				t.Fatalf("ids %q and %q: same %v, want %v", got[0].GetId(), got[1].GetId(), same, tc.same)
+			}
+		})
 	}
 }
 

@@ -145,6 +145,21 @@ func StoredID(cluster, clientID string) string {
 	return HashID("faultline-event/v1", cluster, clientID)
 }
 
+// OccurrenceID is the id of a client's event that came without one: a
+// function of everything the client sent of it (deterministic protobuf
+// encoding), so a resend of the same event gets the same id — for a
+// client that resends a call unchanged after losing its answer, as
+// NVSentinel's monitors do. Only meaningful for an event that carries its
+// own generatedTimestamp (two occurrences then never share every field);
+// "" when the event cannot be encoded (the caller gives it a new id).
+func OccurrenceID(ev *datamodels.HealthEvent) string {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(ev)
+	if err != nil {
+		return ""
+	}
+	return HashID("faultline-occurrence/v1", string(b))
+}
+
 // Marshal encodes a HealthEvent as a Kafka record value (vtprotobuf's
 // generated encoder: the same bytes format as proto.Marshal, without
 // reflection).
