@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"golang.org/x/sync/semaphore"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -62,12 +64,50 @@ func (s *service) SubmitEvents(ctx context.Context, req *faultlinev1.SubmitEvent
 	return &faultlinev1.SubmitEventsResponse{Ids: ids}, nil
 }
 
-// HealthEventOccurredV1 is NVSentinel's submission.
+// HealthEventOccurredV1 is NVSentinel's submission. Its events get client
+// ids where they have none (nvsentinelIDs), so a monitor's resend is one
+// event downstream.
 func (s *service) HealthEventOccurredV1(ctx context.Context, req *datamodels.HealthEvents) (*emptypb.Empty, error) {
+	nvsentinelIDs(ctx, req.GetEvents())
 	if _, err := s.ingest(ctx, "HealthEventOccurredV1", req.GetEvents()); err != nil {
 		return nil, err
 	}
 	return &emptypb.Empty{}, nil
+}
+
+// idempotencyKeyHeader is the gRPC metadata key of NVSentinel's
+// per-call idempotency key (healthpub.IdempotencyKeyHeader): its monitors
+// publishing to a remote platform connector (HEALTH_PUBLISH_TARGET, "direct
+// mode") generate one per call and send it on every retry of the call.
+const idempotencyKeyHeader = "idempotency-key"
+
+// nvsentinelIDs gives NVSentinel's events that carry no id the client id
+// the gateway then stores them under (events.StoredID): a function of the
+// call's idempotency-key header and the event's place in the call, or,
+// without that header, of the event itself when it carries its
+// generatedTimestamp (events.OccurrenceID). NVSentinel's monitors set no
+// id and resend a call unchanged when its answer is lost (healthpub: in
+// direct mode within a retry window on any transient failure, on the
+// socket up to 5 attempts on Unavailable, DeadlineExceeded or a dropped
+// connection), so without this each resend — a Kafka write that succeeded
+// after the monitor's deadline, a gateway replica restarting before it
+// answered — was another event, counted again toward the rules' thresholds.
+func nvsentinelIDs(ctx context.Context, evs []*datamodels.HealthEvent) {
+	key := ""
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get(idempotencyKeyHeader); len(v) > 0 {
+			key = v[0]
+		}
+	}
+	for i, ev := range evs {
+		switch {
+		case ev == nil || ev.GetId() != "":
+		case key != "":
+			ev.Id = events.HashID("nvsentinel-idempotency-key/v1", key, strconv.Itoa(i))
+		case ev.GetGeneratedTimestamp() != nil:
+			ev.Id = events.OccurrenceID(ev)
+		}
+	}
 }
 
 // ingest authenticates, validates, stamps and produces a batch; it is

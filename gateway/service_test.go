@@ -12,7 +12,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -127,6 +130,73 @@ func TestClientIDIsAnIdempotencyKey(t *testing.T) {
 	}
 	if _, err := send("alpha", strings.Repeat("x", 129)); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "id") {
 		t.Errorf("a 129-byte id: %v, want InvalidArgument naming id", err)
+	}
+}
+
+// TestNVSentinelResendIsOneEvent: NVSentinel's monitors set no event id and
+// resend a call unchanged when they lose its answer — in direct mode with
+// the call's idempotency-key header, on a socket without one. Each event
+// of the resend gets the stored id of the first sending; different calls,
+// and different events, get different ids.
+func TestNVSentinelResendIsOneEvent(t *testing.T) {
+	caller := Caller{Cluster: "alpha", Name: "token:alpha"}
+	later := validEvent()
+	later.GeneratedTimestamp = timestamppb.New(testNow.Add(-time.Second))
+	untimed := validEvent()
+	untimed.GeneratedTimestamp = nil
+	withKey := func(k string) context.Context {
+		return metadata.NewIncomingContext(withCaller(context.Background(), caller), metadata.Pairs(idempotencyKeyHeader, k))
+	}
+	plain := withCaller(context.Background(), caller)
+	for _, tc := range []struct {
+		name        string
+		ctx1, ctx2  context.Context
+		first, then []*datamodels.HealthEvent
+		wantSame    []bool // per event: the resend has the first's id
+	}{
+		{"direct mode: the call resent with its key", withKey("k1"), withKey("k1"),
+			[]*datamodels.HealthEvent{validEvent(), later}, []*datamodels.HealthEvent{validEvent(), later}, []bool{true, true}},
+		{"direct mode: another call", withKey("k1"), withKey("k2"),
+			[]*datamodels.HealthEvent{validEvent()}, []*datamodels.HealthEvent{validEvent()}, []bool{false}},
+		{"direct mode: an event without generatedTimestamp resent", withKey("k1"), withKey("k1"),
+			[]*datamodels.HealthEvent{untimed}, []*datamodels.HealthEvent{untimed}, []bool{true}},
+		{"socket: the call resent", plain, plain,
+			[]*datamodels.HealthEvent{validEvent(), later}, []*datamodels.HealthEvent{validEvent(), later}, []bool{true, true}},
+		{"socket: a later occurrence", plain, plain,
+			[]*datamodels.HealthEvent{validEvent()}, []*datamodels.HealthEvent{later}, []bool{false}},
+		{"socket: without generatedTimestamp", plain, plain,
+			[]*datamodels.HealthEvent{untimed}, []*datamodels.HealthEvent{untimed}, []bool{false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &capture{}
+			s := testService(c, 0, 0)
+			clone := func(evs []*datamodels.HealthEvent) []*datamodels.HealthEvent {
+				out := make([]*datamodels.HealthEvent, len(evs))
+				for i, ev := range evs {
+					out[i] = proto.Clone(ev).(*datamodels.HealthEvent)
+				}
+				return out
+			}
+			if _, err := s.HealthEventOccurredV1(tc.ctx1, &datamodels.HealthEvents{Version: 1, Events: clone(tc.first)}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.HealthEventOccurredV1(tc.ctx2, &datamodels.HealthEvents{Version: 1, Events: clone(tc.then)}); err != nil {
+				t.Fatal(err)
+			}
+			n := len(tc.first)
+			if len(c.evs) != 2*n {
+				t.Fatalf("produced %d events", len(c.evs))
+			}
+			for i, want := range tc.wantSame {
+				a, b := c.evs[i].GetId(), c.evs[n+i].GetId()
+				if a == "" || b == "" || (a == b) != want {
+					t.Errorf("event %d: ids %q and %q, same %v, want %v", i, a, b, a == b, want)
+				}
+			}
+			if n > 1 && c.evs[0].GetId() == c.evs[1].GetId() {
+				t.Errorf("two events of one call share id %s", c.evs[0].GetId())
+			}
+		})
 	}
 }
 
