@@ -114,7 +114,7 @@ func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
 		return nil, err
 	}
 	if cfg.NVSentinelSocket != "" {
-		a.relay, err = relay.New(relay.Config{Socket: cfg.NVSentinelSocket, Group: cfg.NVSentinelSocketGroup},
+		a.relay, err = relay.New(relay.Config{Socket: cfg.NVSentinelSocket, Group: cfg.NVSentinelSocketGroup, Own: reportedBy(cfg.Checks)},
 			cfg.NodeName, sp, log, a.m.Registry, a.now)
 		if err != nil {
 			a.sender.Close()

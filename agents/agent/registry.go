@@ -48,6 +48,10 @@ type CheckSpec struct {
 	// New builds the check. An error stops the agent at start (a hard
 	// dependency missing, like the NIC check's GPU metadata).
 	New func(cfg *Config, log *slog.Logger) (check.Check, error)
+	// Reports lists the checkNames of the check's events that NVSentinel's
+	// monitors report too (from the same facts); while the check runs, the
+	// relay stores those monitors' events only (relay.Config.Own).
+	Reports []string
 }
 
 // registry is the explicit list of checks the agent can run.
@@ -69,6 +73,8 @@ var registry = []CheckSpec{
 		New: func(c *Config, log *slog.Logger) (check.Check, error) {
 			return nic.New(c.NIC, nic.Options{Logger: log})
 		},
+		// NVSentinel's NIC monitor (link-state design, §5)
+		Reports: []string{nic.InfiniBandStateCheck, nic.InfiniBandDegradationCheck, nic.EthernetStateCheck, nic.EthernetDegradationCheck},
 	},
 	{
 		Name:        "kmsg",
@@ -102,6 +108,8 @@ var registry = []CheckSpec{
 			}
 			return kmsg.New(k)
 		},
+		// NVSentinel's syslog-health-monitor
+		Reports: []string{kmsg.CheckXID, kmsg.CheckSXID, kmsg.CheckFallenOff, kmsg.CheckNIC},
 	},
 	{
 		Name:        "fabric",
@@ -142,6 +150,20 @@ var registry = []CheckSpec{
 			return conformance.New(c.Conformance, log)
 		},
 	},
+}
+
+// reportedBy maps the checkNames the enabled checks report that
+// NVSentinel's monitors report too to the check that reports them.
+func reportedBy(checks []string) map[string]string {
+	own := map[string]string{}
+	for _, name := range checks {
+		if sp := spec(name); sp != nil {
+			for _, cn := range sp.Reports {
+				own[cn] = name
+			}
+		}
+	}
+	return own
 }
 
 // CheckNames lists the registered checks.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 	"github.com/faultline/faultline/schemas/nvsentinel"
 )
 
@@ -138,5 +139,90 @@ func TestAgentRelayRemovedOnFailedStart(t *testing.T) {
 	}
 	if _, err := os.Stat(cfg.NVSentinelSocket); !os.IsNotExist(err) {
 		t.Fatalf("socket left after a failed start: %v", err)
+	}
+}
+
+// TestRelayedOverlapStoredOnly: NVSentinel's syslog monitor and the kmsg
+// check report the same kernel lines, each at its own time (the monitor
+// at its journal poll), so the rules would count every Xid twice; with
+// kmsg enabled, the monitor's events of kmsg's checkNames are spooled
+// STORE_ONLY (stored, never counted or acted on), and its other events,
+// or all of them without kmsg, keep their strategy.
+func TestRelayedOverlapStoredOnly(t *testing.T) {
+	unset, storeOnly := datamodels.ProcessingStrategy_UNSPECIFIED, datamodels.ProcessingStrategy_STORE_ONLY
+	for _, tc := range []struct {
+		name     string
+		checks   []string
+		xid, gpu datamodels.ProcessingStrategy
+	}{
+		{"relay only", nil, unset, unset},
+		{"relay and kmsg", []string{"kmsg"}, storeOnly, unset},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := DefaultConfig()
+			cfg.NodeName, cfg.Checks, cfg.MetricsAddr, cfg.PodResourcesSocket = "gpu-node-42", tc.checks, "", ""
+			cfg.Gateway.Addr, cfg.Gateway.Insecure = "127.0.0.1:1", true // nothing listens: events stay spooled
+			cfg.Spool.Dir = filepath.Join(dir, "spool")
+			cfg.NVSentinelSocket = filepath.Join(dir, "nvsentinel.sock")
+			cfg.Kmsg.Source, cfg.Kmsg.File, cfg.Kmsg.StateDir = "file", filepath.Join(dir, "kern.log"), filepath.Join(dir, "kmsg")
+			cfg.NIC.MetadataPath = filepath.Join(dir, "none.json")
+			cfg.Fabric.NvidiaSMI = filepath.Join(dir, "no-nvidia-smi")
+			if err := os.WriteFile(cfg.Kmsg.File, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			a, err := New(cfg, quiet(), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- a.Run(ctx) }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Error(err)
+				}
+			}()
+			mon, err := nvsentinel.Dial(cfg.NVSentinelSocket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mon.Close()
+			at := time.Now().Add(-time.Minute)
+			xid := nvsentinel.Event{Agent: "syslog-health-monitor", ComponentClass: "GPU", CheckName: "SysLogsXIDError",
+				IsFatal: true, NodeName: "gpu-node-42", Message: "xid", ErrorCode: []string{"48"}, GeneratedTimestamp: at}
+			gpu := nvsentinel.Event{Agent: "gpu-health-monitor", ComponentClass: "GPU", CheckName: "GpuDbeError",
+				IsFatal: true, NodeName: "gpu-node-42", Message: "gpu", GeneratedTimestamp: at}
+			sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+			defer scancel()
+			var sendErr error
+			for sctx.Err() == nil {
+				if sendErr = mon.Send(sctx, xid, gpu); sendErr == nil {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if sendErr != nil {
+				t.Fatal(sendErr)
+			}
+			evs, _, err := a.Spool().Peek(10)
+			var got []*datamodels.HealthEvent
+			for _, ev := range evs {
+				if ev.GetAgent() != "faultline-agent" {
+					got = append(got, ev)
+				}
+			}
+			if err != nil || len(got) != 2 {
+				t.Fatalf("spool %v %v", evs, err)
+			}
+			if got[0].GetProcessingStrategy() != tc.xid || got[1].GetProcessingStrategy() != tc.gpu {
+				t.Fatalf("relayed %s: %v, %s: %v; want %v, %v", got[0].GetCheckName(), got[0].GetProcessingStrategy(),
+					got[1].GetCheckName(), got[1].GetProcessingStrategy(), tc.xid, tc.gpu)
+			}
+		})
 	}
 }

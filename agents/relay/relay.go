@@ -58,6 +58,17 @@ type Config struct {
 	// mode 0660 (the agent's nvsentinel_socket_group; default the agent's
 	// group). Membership of it is the credential of a monitor.
 	Group string
+	// Own maps the checkNames the agent's own enabled checks report to the
+	// check ("SysLogsXIDError": "kmsg"). A monitor's event of one of them
+	// is spooled STORE_ONLY: stored, neither counted by correlation nor
+	// acted on. Both read the same facts (NVSentinel's syslog monitor and
+	// the kmsg check the same kernel lines, its NIC monitor and the nic
+	// check the same ports), each with its own time — the syslog monitor
+	// stamps the time it polled the journal (every 30 min by default) —
+	// so no key tells their two reports of one occurrence apart, and the
+	// rules would count each occurrence twice (an Xid as two bursts, a
+	// link-down as two downs). Nil: none.
+	Own map[string]string
 }
 
 // Keys are the agent's configuration keys of Config, named in errors.
@@ -97,8 +108,11 @@ type Server struct {
 	srv   *grpc.Server
 	path  string
 
+	own map[string]string
+
 	mu      sync.Mutex
 	lastLog map[string]time.Time
+	ownSeen map[string]bool // checkNames of Own already logged
 }
 
 // metrics are the relay's Prometheus metrics.
@@ -127,7 +141,7 @@ func New(cfg Config, node string, spool Spool, log *slog.Logger, reg prometheus.
 	}
 	s := &Server{node: node, spool: spool, log: log.With("component", "nvsentinel-relay"), now: now, path: cfg.Socket,
 		v:       validate.Validator{MaxBatch: MaxBatch, MaxFutureSkew: maxFutureSkew},
-		lastLog: map[string]time.Time{},
+		lastLog: map[string]time.Time{}, own: cfg.Own, ownSeen: map[string]bool{},
 		m: metrics{events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_agent_relay_events_total",
 			Help: "Events NVSentinel monitors sent to the agent's relay socket, by result (accepted: spooled; invalid, other_node, not_spooled: the call was refused and nothing of it spooled)."},
 			[]string{"result"})},
@@ -210,12 +224,31 @@ func (s *Server) HealthEventOccurredV1(_ context.Context, req *datamodels.Health
 					i, validate.Short(ev.GetNodeName()), s.node))
 		}
 	}
+	for _, ev := range evs {
+		if check, ok := s.own[ev.GetCheckName()]; ok {
+			ev.ProcessingStrategy = datamodels.ProcessingStrategy_STORE_ONLY
+			s.logOwn(ev.GetCheckName(), check)
+		}
+	}
 	if err := s.spool.AppendAll(evs); err != nil {
 		return nil, s.refuse(resultNotSpool, len(evs), codes.Unavailable,
 			"the faultline agent could not keep these events, resend them later: "+err.Error())
 	}
 	s.m.events.WithLabelValues(resultAccepted).Add(float64(len(evs)))
 	return &emptypb.Empty{}, nil
+}
+
+// logOwn logs, once per checkName, that a monitor reports what the
+// agent's own check does.
+func (s *Server) logOwn(checkName, check string) {
+	s.mu.Lock()
+	seen := s.ownSeen[checkName]
+	s.ownSeen[checkName] = true
+	s.mu.Unlock()
+	if !seen {
+		s.log.Info("an NVSentinel monitor reports what the agent's own check reports: its events are stored only (STORE_ONLY), the check's are counted and acted on",
+			"checkName", checkName, "check", check)
+	}
 }
 
 // refuse counts and logs (at most once per result every 10 seconds) a
