@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -208,9 +209,28 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	if c.rebooted {
 		evs = c.afterReboot(evs, rerr == nil && lines < c.cfg.MaxLinesPerCheck)
 	}
+	c.occurrenceIDs(evs)
 	c.pos = c.src.position()
 	c.pos.BootID, c.pos.ClearedBoot = c.bootID, c.cleared
 	return evs, rerr
+}
+
+// occurrenceIDs gives each event that carries its line's time an id made
+// of this boot's id and the event (events.OccurrenceID): the lines a
+// restart reads again — the agent killed after it spooled their events
+// but before Commit saved the position past them, or a position that
+// could not be saved — make the same events, stored and counted once
+// instead of again under new ids. Without the boot's id, or the line's
+// time, the spool gives the event a new id, as before.
+func (c *Check) occurrenceIDs(evs []*datamodels.HealthEvent) {
+	if c.bootID == "" {
+		return
+	}
+	for _, ev := range evs {
+		if ev.GetId() == "" && ev.GetGeneratedTimestamp() != nil {
+			ev.Id = events.HashID("faultline-kmsg/v1", c.bootID, events.OccurrenceID(ev))
+		}
+	}
 }
 
 // Commit implements check.Committer: the read position is saved once the

@@ -142,3 +142,80 @@ func TestPositionSavedOnCommit(t *testing.T) {
 		t.Fatalf("after the commit: %d events, want none", n)
 	}
 }
+
+// TestRereadLinesKeepTheirIDs: the lines a restart reads again (the agent
+// killed after spooling their events, before Commit) make events with the
+// ids of the first read, so the gateway stores them once and the rules
+// count them once; different lines have different ids. Without the boot's
+// id (or the line's time) the check sets none: the spool gives a new one.
+func TestRereadLinesKeepTheirIDs(t *testing.T) {
+	lines := "[ 1.0] NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n" +
+		"[ 2.0] NVRM: Xid (PCI:0000:5d:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n"
+	for _, tc := range []struct {
+		name       string
+		bootID     bool
+		procStat   bool
+		wantStable bool
+	}{
+		{"boot id and line times known", true, true, true},
+		{"no boot id", false, true, false},
+		{"no line times", true, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			logf := filepath.Join(dir, "kern.log")
+			if err := os.WriteFile(logf, []byte(lines), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cfg := Config{Source: SourceFile, File: logf, StateDir: dir,
+				BootIDPath: filepath.Join(dir, "boot_id"), ProcStatPath: filepath.Join(dir, "stat")}
+			if tc.bootID {
+				if err := os.WriteFile(cfg.BootIDPath, []byte("5c1e9a2b-0d3f-4e7a-9b1c-2d3e4f5a6b7c\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.procStat {
+				if err := os.WriteFile(cfg.ProcStatPath, []byte("cpu 1 2 3\nbtime 1764763200\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			read := func() []string {
+				t.Helper()
+				c, err := New(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				evs, err := c.Check(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ids []string
+				for _, ev := range evs {
+					if ev.GetCheckName() == CheckXID {
+						ids = append(ids, ev.GetId())
+					}
+				}
+				if len(ids) != 2 {
+					t.Fatalf("%d Xid events, want 2", len(ids))
+				}
+				return ids
+			}
+			first := read()
+			again := read() // killed before Commit: the same lines again
+			if !tc.wantStable {
+				if first[0] != "" || again[0] != "" {
+					t.Fatalf("ids %q, %q: want none (the spool's)", first, again)
+				}
+				return
+			}
+			for i := range first {
+				if first[i] == "" || first[i] != again[i] {
+					t.Fatalf("event %d: id %q on the first read, %q after the restart: want one id", i, first[i], again[i])
+				}
+			}
+			if first[0] == first[1] {
+				t.Fatalf("two lines share id %s", first[0])
+			}
+		})
+	}
+}

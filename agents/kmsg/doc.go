@@ -28,11 +28,15 @@
 // occurrence is in some event's count. A line is one occurrence: the same
 // line read twice (from /dev/kmsg and the journal, or again after a restart)
 // is recognised by its body and kernel or wall-clock timestamp and reported
-// once. A flood — one error code on one device repeating — is rate-limited:
-// the first occurrence in a window (FloodWindow, default 10s) is reported at
-// once; later ones are counted and closed by one event with
-// metadata count=N and flood=true per window while the flood lasts. Summing
-// metadata "count" gives the exact number of occurrences.
+// once; and an event of a line with a known time has an id of the boot's
+// id and the event (Check.occurrenceIDs), so the lines a restart reads
+// again before the read position was saved are the same events
+// downstream, not new occurrences. A flood — one error code on one device
+// repeating — is rate-limited: the first occurrence in a window
+// (FloodWindow, default 10s) is reported at once; later ones are counted
+// and closed by one event with metadata count=N and flood=true per window
+// while the flood lasts. Summing metadata "count" gives the exact number
+// of occurrences.
 //
 // Multi-line messages are grouped: an SXid header line with its
 // "Severity…"/"Data {…}" detail lines is one event (metadata "details");
