@@ -55,7 +55,8 @@ type Spool struct {
 	mu      sync.Mutex
 	segs    []uint64         // ascending
 	sizes   map[uint64]int64 // bytes per segment
-	w       *os.File         // newest segment, opened for append
+	w       segmentFile      // newest segment, opened for append
+	open    func(path string) (segmentFile, error)
 	cur     Cursor
 	full    bool
 	closed  bool
@@ -63,6 +64,18 @@ type Spool struct {
 	notify  chan struct{}
 	crc     *crc32.Table
 	scratch []byte
+}
+
+// segmentFile is the newest segment, open for appends: an *os.File (a
+// test's is one whose disk fills).
+type segmentFile interface {
+	io.WriteCloser
+	Sync() error
+	Truncate(size int64) error
+}
+
+func openSegment(path string) (segmentFile, error) {
+	return os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
 }
 
 // Cursor is a read position in the spool.
@@ -84,7 +97,7 @@ func OpenSpool(dir string, maxBytes int64, log *slog.Logger, m *Metrics) (*Spool
 	}
 	seg := maxBytes / 8
 	seg = max(min(seg, 4<<20), 4<<10)
-	s := &Spool{dir: dir, maxBytes: maxBytes, segmentBytes: seg, log: log, m: m,
+	s := &Spool{dir: dir, maxBytes: maxBytes, segmentBytes: seg, log: log, m: m, open: openSegment,
 		sizes: map[uint64]int64{}, notify: make(chan struct{}, 1), crc: crc32.MakeTable(crc32.Castagnoli)}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -371,7 +384,7 @@ func (s *Spool) writeLocked(buf []byte) error {
 				seq = last + 1
 			}
 		}
-		f, err := os.OpenFile(s.segPath(seq), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+		f, err := s.open(s.segPath(seq))
 		if err != nil {
 			return fmt.Errorf("spool segment: %w", err)
 		}

@@ -5,6 +5,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -39,7 +40,7 @@ func TestSpoolFailedWriteKeepsLaterEvents(t *testing.T) {
 			if err := sp.AppendAll([]*datamodels.HealthEvent{ev("a", false), ev("b", false)}); err != nil {
 				t.Fatal(err)
 			}
-			diskFull(t, sp.Pending()+tc.room, func() {
+			diskFull(t, sp, sp.Pending()+tc.room, func() {
 				if err := sp.AppendAll([]*datamodels.HealthEvent{ev("refused "+strings.Repeat("x", 100), true)}); err == nil {
 					t.Fatal("append on a full disk succeeded")
 				}
@@ -67,24 +68,57 @@ func TestSpoolFailedWriteKeepsLaterEvents(t *testing.T) {
 	}
 }
 
-// diskFull runs f while no file of the process may grow past size bytes
-// (RLIMIT_FSIZE: a write across the limit writes up to it, then fails,
-// as on a full disk; Go ignores the SIGXFSZ that comes with it).
-func diskFull(t *testing.T, size int64, f func()) {
+// diskFull runs f while no segment of the spool sp may grow past size
+// bytes: a write across it writes up to it, then fails (ENOSPC), as on a
+// full disk. (RLIMIT_FSIZE would do it in the kernel, but for the whole
+// test process: go test's own log file could not be written either.)
+func diskFull(t *testing.T, sp *Spool, size int64, f func()) {
 	t.Helper()
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
-		t.Skip("RLIMIT_FSIZE:", err)
+	full := func(w segmentFile) segmentFile { return &fullDisk{File: w.(*os.File), size: size} }
+	sp.mu.Lock()
+	open := sp.open
+	sp.open = func(path string) (segmentFile, error) {
+		w, err := open(path)
+		if err != nil {
+			return nil, err
+		}
+		return full(w), nil
 	}
-	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &syscall.Rlimit{Cur: uint64(size), Max: old.Max}); err != nil {
-		t.Skip("RLIMIT_FSIZE:", err)
+	if sp.w != nil {
+		sp.w = full(sp.w)
 	}
+	sp.mu.Unlock()
 	defer func() {
-		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
-			t.Fatal("restore RLIMIT_FSIZE:", err)
+		sp.mu.Lock()
+		defer sp.mu.Unlock()
+		sp.open = open
+		if fd, ok := sp.w.(*fullDisk); ok {
+			sp.w = fd.File
 		}
 	}()
 	f()
+}
+
+// fullDisk is a segment on a disk with room for size bytes of it.
+type fullDisk struct {
+	*os.File
+	size int64
+}
+
+func (d *fullDisk) Write(b []byte) (int, error) {
+	st, err := d.Stat()
+	if err != nil {
+		return 0, err
+	}
+	room := max(d.size-st.Size(), 0)
+	if int64(len(b)) <= room {
+		return d.File.Write(b)
+	}
+	n, err := d.File.Write(b[:room])
+	if err == nil {
+		err = &os.PathError{Op: "write", Path: d.Name(), Err: syscall.ENOSPC}
+	}
+	return n, err
 }
 
 // TestCheckEventsWaitOutAFullDisk: a check reports a transition once (its
@@ -118,7 +152,7 @@ func TestCheckEventsWaitOutAFullDisk(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer a.Spool().Close()
-			diskFull(t, 0, func() {
+			diskFull(t, a.Spool(), 0, func() {
 				for range tc.fullRuns {
 					a.RunOnce(context.Background(), sched)
 				}
