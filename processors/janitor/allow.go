@@ -24,9 +24,12 @@ import (
 
 // Reasons of a refused annotation.
 const (
-	ReasonBMCAddressNotAllowed   = "BMCAddressNotAllowed"
-	ReasonBMCSecretNotAllowed    = "BMCSecretNotAllowed"
-	ReasonAgentAddressNotAllowed = "AgentAddressNotAllowed"
+	ReasonBMCAddressNotAllowed = "BMCAddressNotAllowed"
+	ReasonBMCSecretNotAllowed  = "BMCSecretNotAllowed"
+	// ReasonBMCAnnotationNotAllowed: redfish.labels_only, and the node
+	// names its BMC only by its own annotation.
+	ReasonBMCAnnotationNotAllowed = "BMCAnnotationNotAllowed"
+	ReasonAgentAddressNotAllowed  = "AgentAddressNotAllowed"
 )
 
 // networks is an allowlist of networks; empty allows nothing.

@@ -2,9 +2,11 @@ package janitor
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -213,4 +215,155 @@ func TestAllowlists(t *testing.T) {
 			})
 		}
 	})
+}
+
+// recordingBMC is a Redfish service with systems "1" and "2" (UUIDs
+// ...0001, ...0002) that records every request and the resets it got.
+type recordingBMC struct {
+	mu     sync.Mutex
+	got    []string
+	resets []string
+}
+
+func (b *recordingBMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b.mu.Lock()
+	b.got = append(b.got, r.Method+" "+r.URL.Path)
+	b.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	switch p := strings.TrimSuffix(r.URL.Path, "/"); {
+	case p == "/redfish/v1":
+		_, _ = w.Write([]byte(`{"@odata.id":"/redfish/v1/","Id":"RootService","Systems":{"@odata.id":"/redfish/v1/Systems"}}`))
+	case p == "/redfish/v1/Systems":
+		_, _ = w.Write([]byte(`{"@odata.id":"/redfish/v1/Systems","Members":[{"@odata.id":"/redfish/v1/Systems/1"},{"@odata.id":"/redfish/v1/Systems/2"}],"Members@odata.count":2}`))
+	case r.Method == http.MethodPost && strings.HasSuffix(p, "/Actions/ComputerSystem.Reset"):
+		b.mu.Lock()
+		b.resets = append(b.resets, strings.TrimSuffix(p, "/Actions/ComputerSystem.Reset"))
+		b.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	case p == "/redfish/v1/Systems/1" || p == "/redfish/v1/Systems/2":
+		_, _ = fmt.Fprintf(w, `{"@odata.id":%q,"Id":%q,"UUID":"00000000-0000-4000-8000-00000000000%s","PowerState":"On",
+			"Actions":{"#ComputerSystem.Reset":{"target":%q}}}`, p, p[len(p)-1:], p[len(p)-1:], p+"/Actions/ComputerSystem.Reset")
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (b *recordingBMC) seen() (requests, resets []string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.got...), append([]string(nil), b.resets...)
+}
+
+// TestBMCFromRestrictedLabels: a node's BMC is read from the
+// node-restriction.kubernetes.io/faultline-bmc-* labels, which no kubelet
+// may set or change under the NodeRestriction admission plugin, before its
+// own annotations: a node that points faultline.io/bmc-address at another
+// node's BMC (inside allowed_networks, the same credential) resets its
+// own system, not that one; with redfish.labels_only the annotation is
+// refused outright (BMCAnnotationNotAllowed), and the node's own system
+// UUID does not pick among a BMC's systems. The allowlists still bound
+// the labels. Before, the labels were not read: the annotation was
+// followed and the other node's machine was reset.
+func TestBMCFromRestrictedLabels(t *testing.T) {
+	ctx := context.Background()
+	kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"),
+		bmcSecret("faultline", "bmc-a", "admin", "s3cret"), bmcSecret("faultline", "other", "root", "calvin"))
+	start := func(t *testing.T) (*recordingBMC, string) {
+		b := &recordingBMC{}
+		srv := httptest.NewTLSServer(b)
+		t.Cleanup(srv.Close)
+		return b, srv.URL
+	}
+	for _, tc := range []struct {
+		name       string
+		labelsOnly bool
+		networks   []string
+		secrets    []string
+		labels     func(own string) map[string]string // own: the node's BMC's host:port
+		annotation bool                               // faultline.io/bmc-address: the other BMC's system 2
+		uuid       string                             // the node's reported system UUID
+		reason     string                             // "": reset sent
+		want       string                             // in the error
+		ownResets  []string
+		otherSent  bool // the other BMC was asked anything
+	}{
+		{name: "labels win over the annotation", annotation: true,
+			labels: func(own string) map[string]string {
+				h, p, _ := strings.Cut(own, ":")
+				return map[string]string{LabelBMCHost: h, LabelBMCPort: p, LabelBMCSystem: "1"}
+			},
+			ownResets: []string{"/redfish/v1/Systems/1"}},
+		{name: "labels only, labelled", labelsOnly: true,
+			labels: func(own string) map[string]string {
+				h, p, _ := strings.Cut(own, ":")
+				return map[string]string{LabelBMCHost: h, LabelBMCPort: p, LabelBMCSystem: "2", LabelBMCSecret: "bmc-a"}
+			},
+			secrets: []string{"bmc-*"}, ownResets: []string{"/redfish/v1/Systems/2"}},
+		{name: "labels only, the annotation alone", labelsOnly: true, annotation: true, reason: ReasonBMCAnnotationNotAllowed,
+			want: "janitor.redfish.labels_only is set and the annotation is the node's own"},
+		{name: "labels only, neither", labelsOnly: true, reason: ReasonNoBMC, want: "has no node-restriction.kubernetes.io/faultline-bmc-host label"},
+		// Compatibility: without labels_only an unlabelled node is still
+		// served by its annotation.
+		{name: "no labels, annotation followed", annotation: true, otherSent: true},
+		{name: "port label without the host", annotation: true, labels: func(string) map[string]string { return map[string]string{LabelBMCPort: "443"} },
+			reason: ReasonNoBMC, want: "has the label node-restriction.kubernetes.io/faultline-bmc-port but not node-restriction.kubernetes.io/faultline-bmc-host"},
+		{name: "not a port", labels: func(own string) map[string]string {
+			h, _, _ := strings.Cut(own, ":")
+			return map[string]string{LabelBMCHost: h, LabelBMCPort: "https"}
+		}, reason: ReasonNoBMC, want: `faultline-bmc-port "https" is not a port`},
+		{name: "label host outside the networks", networks: []string{"10.0.0.0/8"}, labels: func(own string) map[string]string {
+			h, p, _ := strings.Cut(own, ":")
+			return map[string]string{LabelBMCHost: h, LabelBMCPort: p}
+		}, reason: ReasonBMCAddressNotAllowed, want: `label node-restriction.kubernetes.io/faultline-bmc-host "127.0.0.1" refused`},
+		{name: "label Secret not allowed", labels: func(own string) map[string]string {
+			h, p, _ := strings.Cut(own, ":")
+			return map[string]string{LabelBMCHost: h, LabelBMCPort: p, LabelBMCSecret: "other"}
+		}, reason: ReasonBMCSecretNotAllowed, want: `node-restriction.kubernetes.io/faultline-bmc-secret names Secret "other"`},
+		// Two systems, none named: the node's reported UUID picks one
+		// unless labels_only (the node reports it itself).
+		{name: "system by the node's UUID", uuid: "00000000-0000-4000-8000-000000000002", labels: func(own string) map[string]string {
+			h, p, _ := strings.Cut(own, ":")
+			return map[string]string{LabelBMCHost: h, LabelBMCPort: p}
+		}, ownResets: []string{"/redfish/v1/Systems/2"}},
+		{name: "labels only, system not by the node's UUID", labelsOnly: true, uuid: "00000000-0000-4000-8000-000000000002", labels: func(own string) map[string]string {
+			h, p, _ := strings.Cut(own, ":")
+			return map[string]string{LabelBMCHost: h, LabelBMCPort: p}
+		}, reason: ReasonSystemNotFound, want: "name node gpu-1's in the label node-restriction.kubernetes.io/faultline-bmc-system"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			own, ownURL := start(t)
+			other, otherURL := start(t)
+			cfg := DefaultConfig().Redfish
+			cfg.InsecureSkipVerify, cfg.Timeout, cfg.LabelsOnly, cfg.AllowedSecrets = true, 5*time.Second, tc.labelsOnly, tc.secrets
+			cfg.AllowedNetworks = []string{"127.0.0.0/8"}
+			if tc.networks != nil {
+				cfg.AllowedNetworks = tc.networks
+			}
+			rf, err := NewRedfish(cfg, testLog)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1", Labels: map[string]string{}, Annotations: map[string]string{}}}
+			n.Status.NodeInfo.SystemUUID = tc.uuid
+			if tc.labels != nil {
+				n.Labels = tc.labels(strings.TrimPrefix(ownURL, "https://"))
+			}
+			if tc.annotation {
+				n.Annotations[AnnotationBMC] = otherURL + "/redfish/v1/Systems/2"
+			}
+			err = rf.Reboot(ctx, Target{Node: n, Kube: kube}, Graceful)
+			_, resets := own.seen()
+			otherReqs, _ := other.seen()
+			switch {
+			case tc.reason != "" && (reasonOf(err) != tc.reason || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("%v (reason %s), want %s %q", err, reasonOf(err), tc.reason, tc.want)
+			case tc.reason == "" && err != nil:
+				t.Fatalf("%v, want the reset sent", err)
+			case !slices.Equal(resets, tc.ownResets):
+				t.Fatalf("the node's BMC got resets %q, want %q", resets, tc.ownResets)
+			case tc.otherSent != (len(otherReqs) > 0):
+				t.Fatalf("the other node's BMC was sent %q, want anything sent %v", otherReqs, tc.otherSent)
+			}
+		})
+	}
 }

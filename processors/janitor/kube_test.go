@@ -391,7 +391,12 @@ func condOf(o *unstructured.Unstructured, typ string) string {
 // when kwok is set) and, for systems > 0, the Redfish emulator with that
 // many systems.
 func newEnv(t *testing.T, systems int, kwok ...bool) *env {
-	kube := testenv.StartKube(t, testenv.KubeOptions{KWOK: len(kwok) > 0 && kwok[0]})
+	return newEnvWith(t, systems, testenv.KubeOptions{KWOK: len(kwok) > 0 && kwok[0]})
+}
+
+// newEnvWith is newEnv with the control plane's options.
+func newEnvWith(t *testing.T, systems int, opts testenv.KubeOptions) *env {
+	kube := testenv.StartKube(t, opts)
 	kube.ApplyCRDs(t, "../../deploy/crds/*.yaml")
 	dyn, err := dynamic.NewForConfig(kube.RESTConfig())
 	if err != nil {

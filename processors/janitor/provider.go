@@ -30,6 +30,30 @@ const (
 	AnnotationBMCSecret = "faultline.io/bmc-secret"
 )
 
+// Node labels an administrator sets to name a node's BMC. They are under
+// node-restriction.kubernetes.io/, the prefix the NodeRestriction
+// admission plugin forbids kubelets to add, change or remove
+// (https://kubernetes.io/docs/reference/access-authn-authz/admission-controllers/#noderestriction),
+// so, unlike the annotations above, a compromised node cannot point them at
+// another node's BMC. A node with LabelBMCHost takes its BMC from these
+// labels alone (its annotations are not read). A label value cannot hold
+// ':' or '/': the host is an IPv4 address or a DNS name (an IPv6 BMC is
+// named by a DNS name), the port and the system are labels of their own.
+const (
+	// LabelBMCHost is the BMC's IPv4 address or DNS name (HTTPS).
+	LabelBMCHost = corev1.LabelNamespaceNodeRestriction + "/faultline-bmc-host"
+	// LabelBMCPort is the BMC's HTTPS port; default 443.
+	LabelBMCPort = corev1.LabelNamespaceNodeRestriction + "/faultline-bmc-port"
+	// LabelBMCSystem is the Id of the node's ComputerSystem
+	// (/redfish/v1/Systems/<Id>: "1", "System.Embedded.1"); default the
+	// BMC's only system (or, unless redfish.labels_only, the one whose
+	// UUID is the node's status.nodeInfo.systemUUID).
+	LabelBMCSystem = corev1.LabelNamespaceNodeRestriction + "/faultline-bmc-system"
+	// LabelBMCSecret names the Secret with the BMC's credentials, as
+	// AnnotationBMCSecret; default redfish.default_secret.
+	LabelBMCSecret = corev1.LabelNamespaceNodeRestriction + "/faultline-bmc-secret"
+)
+
 // Target is the node an operation acts on, with its cluster's client (to
 // read a BMC Secret).
 type Target struct {

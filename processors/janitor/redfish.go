@@ -11,8 +11,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/stmcginnis/gofish/redfish"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Reasons the Redfish provider writes.
@@ -108,35 +111,83 @@ func NewRedfish(cfg RedfishConfig, log *slog.Logger) (*Redfish, error) {
 		nets: nets, lookup: defaultLookup}, nil
 }
 
-// bmc is a node's BMC endpoint and system path, its host in the BMC
-// networks.
-func (r *Redfish) bmc(ctx context.Context, t Target) (endpoint, system string, err error) {
-	raw := t.Node.Annotations[AnnotationBMC]
-	if raw == "" {
-		return "", "", perr(ReasonNoBMC, "node %s has no %s annotation", t.Node.Name, AnnotationBMC)
+// bmcRef is a node's BMC: its endpoint (its host in the BMC networks),
+// the system's path ("" when not named), the credentials' Secret ("":
+// default_secret), and what named them, for messages.
+type bmcRef struct {
+	endpoint, system, secret string
+	from, secretFrom         string
+}
+
+// bmc reads a node's BMC from its node-restriction labels when it has
+// LabelBMCHost, else (unless labels_only) from its annotations.
+func (r *Redfish) bmc(ctx context.Context, t Target) (bmcRef, error) {
+	n := t.Node
+	if _, ok := n.Labels[LabelBMCHost]; ok {
+		return r.bmcFromLabels(ctx, t)
+	}
+	for _, k := range []string{LabelBMCPort, LabelBMCSystem, LabelBMCSecret} {
+		if _, ok := n.Labels[k]; ok {
+			return bmcRef{}, perr(ReasonNoBMC, "node %s has the label %s but not %s", n.Name, k, LabelBMCHost)
+		}
+	}
+	raw := n.Annotations[AnnotationBMC]
+	switch {
+	case raw == "" && r.cfg.LabelsOnly:
+		return bmcRef{}, perr(ReasonNoBMC, "node %s has no %s label", n.Name, LabelBMCHost)
+	case raw == "":
+		return bmcRef{}, perr(ReasonNoBMC, "node %s has no %s label nor %s annotation", n.Name, LabelBMCHost, AnnotationBMC)
+	case r.cfg.LabelsOnly:
+		return bmcRef{}, perr(ReasonBMCAnnotationNotAllowed, "node %s: %s %q refused, nothing sent: janitor.redfish.labels_only is set "+
+			"and the annotation is the node's own (its kubelet may edit it); label the node %s (kubelets cannot set it)", n.Name, AnnotationBMC, raw, LabelBMCHost)
 	}
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-		return "", "", perr(ReasonNoBMC, "node %s: %s %q is not an http(s) URL", t.Node.Name, AnnotationBMC, raw)
+		return bmcRef{}, perr(ReasonNoBMC, "node %s: %s %q is not an http(s) URL", n.Name, AnnotationBMC, raw)
 	}
 	if err := r.nets.check(ctx, r.lookup, keyBMCNetworks, u.Hostname()); err != nil {
-		return "", "", perr(ReasonBMCAddressNotAllowed, "node %s: %s %q refused, no credential sent: %v", t.Node.Name, AnnotationBMC, raw, err)
+		return bmcRef{}, perr(ReasonBMCAddressNotAllowed, "node %s: %s %q refused, no credential sent: %v", n.Name, AnnotationBMC, raw, err)
 	}
+	ref := bmcRef{endpoint: u.Scheme + "://" + u.Host, secret: n.Annotations[AnnotationBMCSecret], from: AnnotationBMC, secretFrom: AnnotationBMCSecret}
 	if strings.Contains(u.Path, "/redfish/v1/Systems/") {
-		system = strings.TrimSuffix(u.Path, "/")
+		ref.system = strings.TrimSuffix(u.Path, "/")
 	}
-	return u.Scheme + "://" + u.Host, system, nil
+	return ref, nil
+}
+
+// bmcFromLabels reads a node's BMC from its LabelBMC* labels (HTTPS).
+func (r *Redfish) bmcFromLabels(ctx context.Context, t Target) (bmcRef, error) {
+	n := t.Node
+	host := n.Labels[LabelBMCHost]
+	if _, err := netip.ParseAddr(host); err != nil && len(validation.IsDNS1123Subdomain(strings.ToLower(host))) > 0 {
+		return bmcRef{}, perr(ReasonNoBMC, "node %s: label %s %q is not an IPv4 address or a DNS name", n.Name, LabelBMCHost, host)
+	}
+	hostPort := host
+	if p, ok := n.Labels[LabelBMCPort]; ok {
+		if port, err := strconv.Atoi(p); err != nil || port < 1 || port > 65535 {
+			return bmcRef{}, perr(ReasonNoBMC, "node %s: label %s %q is not a port (1-65535)", n.Name, LabelBMCPort, p)
+		}
+		hostPort = net.JoinHostPort(host, p)
+	}
+	if err := r.nets.check(ctx, r.lookup, keyBMCNetworks, host); err != nil {
+		return bmcRef{}, perr(ReasonBMCAddressNotAllowed, "node %s: label %s %q refused, no credential sent: %v", n.Name, LabelBMCHost, host, err)
+	}
+	ref := bmcRef{endpoint: "https://" + hostPort, secret: n.Labels[LabelBMCSecret], from: LabelBMCHost, secretFrom: LabelBMCSecret}
+	if id := n.Labels[LabelBMCSystem]; id != "" {
+		ref.system = "/redfish/v1/Systems/" + url.PathEscape(id)
+	}
+	return ref, nil
 }
 
 // credentials reads the node's BMC Secret from its cluster.
-func (r *Redfish) credentials(ctx context.Context, t Target) (user, pass string, err error) {
-	name := t.Node.Annotations[AnnotationBMCSecret]
+func (r *Redfish) credentials(ctx context.Context, t Target, ref bmcRef) (user, pass string, err error) {
+	name := ref.secret
 	if name == "" {
 		name = r.cfg.DefaultSecret
 	}
 	if name != r.cfg.DefaultSecret && !secretAllowed(r.cfg.AllowedSecrets, name) {
-		return "", "", perr(ReasonBMCSecretNotAllowed, "node %s: %s names Secret %q, which janitor.redfish.allowed_secrets does not list (the annotation is the node's own); nothing read",
-			t.Node.Name, AnnotationBMCSecret, name)
+		return "", "", perr(ReasonBMCSecretNotAllowed, "node %s: %s names Secret %q, which janitor.redfish.allowed_secrets does not list; nothing read",
+			t.Node.Name, ref.secretFrom, name)
 	}
 	if t.Kube == nil {
 		return "", "", perr(ReasonNoBMCCredentials, "no cluster client to read Secret %s/%s", r.cfg.SecretNamespace, name)
@@ -188,44 +239,51 @@ func classify(endpoint string, err error) error {
 
 // connect logs in: a session through the SessionService when configured
 // and offered, else basic auth. The returned func logs out.
-func (r *Redfish) connect(ctx context.Context, t Target) (*gofish.APIClient, string, func(), error) {
-	endpoint, system, err := r.bmc(ctx, t)
+func (r *Redfish) connect(ctx context.Context, t Target) (*gofish.APIClient, bmcRef, func(), error) {
+	ref, err := r.bmc(ctx, t)
 	if err != nil {
-		return nil, "", nil, err
+		return nil, bmcRef{}, nil, err
 	}
-	user, pass, err := r.credentials(ctx, t)
+	endpoint := ref.endpoint
+	user, pass, err := r.credentials(ctx, t, ref)
 	if err != nil {
-		return nil, "", nil, err
+		return nil, bmcRef{}, nil, err
 	}
 	cfg := gofish.ClientConfig{Endpoint: endpoint, Username: user, Password: pass, BasicAuth: true, HTTPClient: r.http}
 	c, err := gofish.ConnectContext(ctx, cfg)
 	if err != nil {
-		return nil, "", nil, classify(endpoint, err)
+		return nil, bmcRef{}, nil, classify(endpoint, err)
 	}
 	if r.cfg.Session {
 		if _, serr := c.Service.SessionService(); serr == nil {
 			cfg.BasicAuth = false
 			sc, err := gofish.ConnectContext(ctx, cfg)
 			if err == nil {
-				return sc, system, sc.Logout, nil
+				return sc, ref, sc.Logout, nil
 			}
 			// A BMC that lists a SessionService without a Sessions
 			// collection (sushy-tools, some older firmware) keeps basic
 			// auth; refused credentials are refused either way.
 			if cerr := classify(endpoint, err); reasonOf(cerr) == ReasonBMCAuthFailed {
-				return nil, "", nil, cerr
+				return nil, bmcRef{}, nil, cerr
 			}
 			r.log.Debug("janitor: redfish session login failed; using basic auth", "bmc", endpoint, "err", err)
 		}
 	}
-	return c, system, func() { r.http.CloseIdleConnections() }, nil
+	return c, ref, func() { r.http.CloseIdleConnections() }, nil
 }
 
-// system finds the node's ComputerSystem: the annotation's path, else the
-// BMC's only system, else the one whose UUID is the node's SystemUUID.
-func (r *Redfish) system(c *gofish.APIClient, t Target, path string) (*redfish.ComputerSystem, error) {
-	if path != "" {
-		s, err := redfish.GetComputerSystem(c, path)
+// system finds the node's ComputerSystem: the one its label or
+// annotation names, else the BMC's only system, else (unless labels_only:
+// the node reports its own system UUID) the one whose UUID is the node's
+// SystemUUID.
+func (r *Redfish) system(c *gofish.APIClient, t Target, ref bmcRef) (*redfish.ComputerSystem, error) {
+	nameIn := AnnotationBMC
+	if ref.from == LabelBMCHost {
+		nameIn = LabelBMCSystem
+	}
+	if ref.system != "" {
+		s, err := redfish.GetComputerSystem(c, ref.system)
 		if err != nil {
 			return nil, err
 		}
@@ -237,6 +295,10 @@ func (r *Redfish) system(c *gofish.APIClient, t Target, path string) (*redfish.C
 	}
 	if len(links) == 1 {
 		return redfish.GetComputerSystem(c, links[0])
+	}
+	if r.cfg.LabelsOnly {
+		return nil, perr(ReasonSystemNotFound, "BMC has %d systems: name node %s's in the label %s (janitor.redfish.labels_only: "+
+			"the system UUID the node reports is not followed)", len(links), t.Node.Name, LabelBMCSystem)
 	}
 	want := strings.ToLower(t.Node.Status.NodeInfo.SystemUUID)
 	if want != "" {
@@ -251,7 +313,7 @@ func (r *Redfish) system(c *gofish.APIClient, t Target, path string) (*redfish.C
 		}
 	}
 	return nil, perr(ReasonSystemNotFound, "BMC has %d systems and none has node %s's system UUID %q (name one in %s)",
-		len(links), t.Node.Name, want, AnnotationBMC)
+		len(links), t.Node.Name, want, nameIn)
 }
 
 // systemLinks lists the BMC's systems: at most maxSystems over at most
@@ -299,12 +361,12 @@ func (r *Redfish) reset(ctx context.Context, t Target, rt redfish.ResetType) err
 	// gofish makes every request with the context it connected with: the
 	// probe is armed for the reset's POST alone.
 	ctx, probe := withSendProbe(ctx, false)
-	c, path, done, err := r.connect(ctx, t)
+	c, ref, done, err := r.connect(ctx, t)
 	if err != nil {
 		return err
 	}
 	defer done()
-	s, err := r.system(c, t, path)
+	s, err := r.system(c, t, ref)
 	if err != nil {
 		var pe *ProviderError
 		if errors.As(err, &pe) {
