@@ -259,7 +259,7 @@ func (r *Redfish) connect(ctx context.Context, t Target) (*gofish.APIClient, bmc
 			cfg.BasicAuth = false
 			sc, err := gofish.ConnectContext(ctx, cfg)
 			if err == nil {
-				return sc, ref, sc.Logout, nil
+				return sc, ref, func() { r.logout(ctx, sc, endpoint) }, nil
 			}
 			// A BMC that lists a SessionService without a Sessions
 			// collection (sushy-tools, some older firmware) keeps basic
@@ -271,6 +271,38 @@ func (r *Redfish) connect(ctx context.Context, t Target) (*gofish.APIClient, bmc
 		}
 	}
 	return c, ref, func() { r.http.CloseIdleConnections() }, nil
+}
+
+// logout deletes the session c logged in with, with a context of its
+// own: the operation's may be cancelled (the janitor stopping mid-reset)
+// or spent, and gofish's Logout makes its request with it — so it sent
+// nothing, and the BMC kept the session until its timeout. BMCs allow a
+// handful of sessions (iDRAC, iLO): a few leaked ones and every login to
+// that BMC fails. Bounded by redfish.timeout; a failure is logged.
+func (r *Redfish) logout(ctx context.Context, c *gofish.APIClient, endpoint string) {
+	defer r.http.CloseIdleConnections()
+	s, err := c.GetSession()
+	if err != nil || s.ID == "" {
+		r.log.Warn("janitor: redfish session without a location to log out of; the BMC keeps it until it times out", "bmc", endpoint)
+		return
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(lctx, http.MethodDelete, endpoint+s.ID, nil)
+	if err == nil {
+		req.Header.Set("X-Auth-Token", s.Token)
+		var resp *http.Response
+		if resp, err = r.http.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode >= 300 && resp.StatusCode != http.StatusNotFound {
+				err = fmt.Errorf("answered %s", resp.Status)
+			}
+		}
+	}
+	if err != nil {
+		r.log.Warn("janitor: redfish logout failed; the BMC keeps the session until it times out", "bmc", endpoint, "session", s.ID, "err", err)
+	}
 }
 
 // system finds the node's ComputerSystem: the one its label or

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -297,6 +298,135 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 			}
 			if err2 != nil && len(err2.Error()) > 2*maxRedfishBody {
 				t.Errorf("the error is %d bytes long", len(err2.Error()))
+			}
+		})
+	}
+}
+
+// sessionBMC is a Redfish service with a SessionService that counts the
+// sessions logged in and not yet logged out; the system GET and the
+// reset POST behave as the test's hold says ("" answers at once).
+type sessionBMC struct {
+	mu      sync.Mutex
+	live    map[string]bool // token → session not logged out
+	next    int
+	hold    string        // "system", "reset": that request waits for its client to go
+	arrived chan struct{} // closed when the held request arrived
+	once    sync.Once
+	reset   int // status of the reset's answer (0: 204)
+}
+
+func (b *sessionBMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	p := strings.TrimSuffix(r.URL.Path, "/")
+	b.mu.Lock()
+	authed := b.live[r.Header.Get("X-Auth-Token")] || r.Header.Get("Authorization") != ""
+	b.mu.Unlock()
+	wait := func(what string) {
+		if b.hold == what {
+			_, _ = io.Copy(io.Discard, r.Body) // read whole: the server then sees the client go
+			b.once.Do(func() { close(b.arrived) })
+			<-r.Context().Done()
+		}
+	}
+	switch {
+	case p == "/redfish/v1":
+		fmt.Fprint(w, `{"@odata.id":"/redfish/v1/","Id":"RootService","Systems":{"@odata.id":"/redfish/v1/Systems"},
+			"SessionService":{"@odata.id":"/redfish/v1/SessionService"},"Links":{"Sessions":{"@odata.id":"/redfish/v1/SessionService/Sessions"}}}`)
+	case p == "/redfish/v1/SessionService/Sessions" && r.Method == http.MethodPost:
+		b.mu.Lock()
+		b.next++
+		tok := fmt.Sprintf("tok-%d", b.next)
+		b.live[tok] = true
+		b.mu.Unlock()
+		w.Header().Set("X-Auth-Token", tok)
+		w.Header().Set("Location", "/redfish/v1/SessionService/Sessions/"+tok)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"@odata.id":"/redfish/v1/SessionService/Sessions/%s","Id":%q}`, tok, tok)
+	case !authed:
+		w.WriteHeader(http.StatusUnauthorized)
+	case p == "/redfish/v1/SessionService" && r.Method == http.MethodGet:
+		fmt.Fprint(w, `{"@odata.id":"/redfish/v1/SessionService","Id":"SessionService","Sessions":{"@odata.id":"/redfish/v1/SessionService/Sessions"}}`)
+	case strings.HasPrefix(p, "/redfish/v1/SessionService/Sessions/") && r.Method == http.MethodDelete:
+		b.mu.Lock()
+		delete(b.live, strings.TrimPrefix(p, "/redfish/v1/SessionService/Sessions/"))
+		b.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	case p == "/redfish/v1/Systems/1" && r.Method == http.MethodGet:
+		wait("system")
+		fmt.Fprint(w, `{"@odata.id":"/redfish/v1/Systems/1","Id":"1","PowerState":"On",
+			"Actions":{"#ComputerSystem.Reset":{"target":"/redfish/v1/Systems/1/Actions/ComputerSystem.Reset"}}}`)
+	case p == "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset":
+		wait("reset")
+		if b.reset != 0 {
+			w.WriteHeader(b.reset)
+			fmt.Fprint(w, `{"error":{"code":"Base.1.8.GeneralError","message":"no"}}`)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (b *sessionBMC) sessions() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.live)
+}
+
+// TestRedfishSessionLoggedOut: a session the provider logged in with is
+// logged out on every path — the reset answered or refused, the
+// operation cancelled while it read the system or waited for the reset's
+// answer (the janitor stopping mid-signal), the reset unanswered past
+// redfish.timeout. BMCs allow a handful of sessions (iDRAC, iLO); before,
+// a cancelled operation's logout was made with its cancelled context, so
+// nothing was sent, and each one left a session on the BMC until it
+// timed out: a few, and every reset on that BMC failed to log in.
+func TestRedfishSessionLoggedOut(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		hold   string // the request that waits until the test cancels ("": none)
+		cancel bool   // cancel the operation once the held request arrived
+		status int    // the reset's answer (0: 204)
+		reason string // "": no error
+		maybe  bool   // ErrMaybeSent
+	}{
+		{name: "reset answered"},
+		{name: "reset refused", status: http.StatusConflict, reason: ReasonResetRejected},
+		{name: "cancelled while reading the system", hold: "system", cancel: true, reason: ReasonBMCUnreachable},
+		{name: "cancelled while the reset is unanswered", hold: "reset", cancel: true, reason: ReasonBMCUnreachable, maybe: true},
+		{name: "reset unanswered past the timeout", hold: "reset", reason: ReasonBMCUnreachable, maybe: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &sessionBMC{live: map[string]bool{}, hold: tc.hold, arrived: make(chan struct{}), reset: tc.status}
+			srv := httptest.NewServer(b)
+			t.Cleanup(srv.Close)
+			cfg := DefaultConfig().Redfish
+			cfg.Timeout, cfg.AllowedNetworks = time.Second, []string{"127.0.0.0/8"}
+			rf, err := NewRedfish(cfg, testLog)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tc.cancel {
+				go func() {
+					<-b.arrived
+					cancel()
+				}()
+			}
+			began := time.Now()
+			err = rf.Reboot(ctx, Target{Cluster: "c1", Node: bmcNode("n1", srv.URL+"/redfish/v1/Systems/1", ""), Kube: kube}, Graceful)
+			if tc.reason == "" && err != nil || tc.reason != "" && reasonOf(err) != tc.reason || errors.Is(err, ErrMaybeSent) != tc.maybe {
+				t.Fatalf("%v (reason %s, may have been sent %v), want %q, %v", err, reasonOf(err), errors.Is(err, ErrMaybeSent), tc.reason, tc.maybe)
+			}
+			if n := b.sessions(); n != 0 || b.next != 1 {
+				t.Fatalf("%d of the %d sessions logged in left on the BMC, want 1 logged in and out", n, b.next)
+			}
+			if d := time.Since(began); d > 3*cfg.Timeout {
+				t.Fatalf("the reboot took %v", d)
 			}
 		})
 	}
