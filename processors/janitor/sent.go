@@ -3,6 +3,7 @@ package janitor
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptrace"
 	"sync/atomic"
@@ -55,9 +56,29 @@ func doTracked(r *http.Request, do func(*http.Request) (*http.Response, error)) 
 			}
 		},
 	})
-	resp, err = do(r.WithContext(ctx))
+	r = r.WithContext(ctx) // a copy: its GetBody is this call's
+	if getBody := r.GetBody; getBody != nil {
+		// Go's HTTP/2 transport sends a request again on its own when its
+		// stream was reset REFUSED_STREAM or PROTOCOL_ERROR, or a GOAWAY
+		// left it out, after it was written whole — whatever its method,
+		// rewinding the body through GetBody: a signal the controller may
+		// have carried out went out twice. Once written, it cannot be
+		// rewound (the transport returns the error, read here as
+		// unanswered); one that failed before it was written still can
+		// (HTTP/1's retry of a request on a connection found closed).
+		r.GetBody = func() (io.ReadCloser, error) {
+			if wrote.Load() {
+				return nil, errNotAgain
+			}
+			return getBody()
+		}
+	}
+	resp, err = do(r)
 	return resp, err != nil && resp == nil && wrote.Load(), err
 }
+
+// errNotAgain refuses to rewind a written signal's body for a replay.
+var errNotAgain = errors.New("the request was written whole: it is not sent again")
 
 // sendProbe notes, for the requests made with its context through a
 // sendTracker (a client whose requests are not the caller's: gofish's,
@@ -86,11 +107,11 @@ func (p *sendProbe) sentUnanswered() bool { return p.unanswered.Load() }
 // track runs do for r, noting an unanswered request in r's probe.
 func track(r *http.Request, do func(*http.Request) (*http.Response, error)) (*http.Response, error) {
 	p, _ := r.Context().Value(probeKey{}).(*sendProbe)
-	if p == nil {
-		return do(r)
+	if p == nil || !p.armed.Load() {
+		return do(r) // not the signal (a login, a GET): the transport may replay it
 	}
 	resp, unanswered, err := doTracked(r, do)
-	if unanswered && p.armed.Load() {
+	if unanswered {
 		p.unanswered.Store(true)
 	}
 	return resp, err
