@@ -140,12 +140,19 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		acked           bool
 		closing         *faultlinev1.Action
 		superseded      time.Time
+		before          time.Time // the node's creation, when the event was received before it
 	)
 	br := h.breaker(cl)
 	_, err := h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
-		closing, superseded = nil, time.Time{} // a conflict re-decides on the node as it is now
+		closing, superseded, before = nil, time.Time{}, time.Time{} // a conflict re-decides on the node as it is now
 		now := h.now()
 		manual = st.DetectManualUncordon(n, now)
+		if created, ok := predates(ev, n); ok {
+			// Received before this Node object existed: of the machine an
+			// earlier Node of this name was (replaced, its name reused).
+			before = created
+			return manual, nil
+		}
 		if ev.GetGeneratedTimestamp().IsValid() {
 			if rec, ok := st.Superseded(key, f.LastSeen, now, h.cfg.RecoveryMemory); ok {
 				// Generated before the recovery that lifted its fault: a
@@ -197,6 +204,12 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	}
 	if manual {
 		acts = append(acts, h.action(it, events.KindManualUncordon, events.OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
+	}
+	if !before.IsZero() {
+		a := h.action(it, events.KindQuarantine, events.OutcomeSkipped, fmt.Sprintf(
+			"event received at %s, before this node object was created at %s: it is of the machine an earlier node of this name was, not acted on",
+			ev.GetReceivedTimestamp().AsTime().UTC().Format(time.RFC3339Nano), before.UTC().Format(time.RFC3339)), dec.Rule, cl)
+		return withRuleErrors(append(acts, a), ruleErrs), nil
 	}
 	if !superseded.IsZero() {
 		a := h.action(it, events.KindQuarantine, events.OutcomeSkipped, fmt.Sprintf(
@@ -426,4 +439,22 @@ func eventTime(ev *datamodels.HealthEvent, now time.Time) time.Time {
 		return ts.AsTime()
 	}
 	return now
+}
+
+// predates reports whether ev was received (the gateway's time) before the
+// Node object n was created, and its creation time. Node names are reused
+// — on AWS the private DNS name of an IP handed to a replacement instance,
+// on premises a replaced server's hostname — and a new machine registers a
+// new Node object; an event received before that is of the machine the
+// name belonged to before (a Kafka backlog, a retry topic, a requeue), not
+// of this one. Both clocks are the control plane's (the gateway's and the
+// apiserver's), never an agent's. An event without a received time (an
+// older record) is not compared.
+func predates(ev *datamodels.HealthEvent, n *corev1.Node) (time.Time, bool) {
+	rt := ev.GetReceivedTimestamp()
+	created := n.CreationTimestamp.Time
+	if rt == nil || !rt.IsValid() || created.IsZero() {
+		return time.Time{}, false
+	}
+	return created, rt.AsTime().Before(created)
 }

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -536,6 +537,58 @@ func TestKube(t *testing.T) {
 		}
 		if n := getNode(t, k, "late-1"); !n.Spec.Unschedulable {
 			t.Fatal("an occurrence after the recovery did not cordon")
+		}
+	})
+
+	// A machine replaced under the same name (an AWS node name is the
+	// private DNS name of an IP the replacement is often given; a replaced
+	// server keeps its hostname): the new machine registers a new Node
+	// object, and the old machine's events still in flight — a Kafka
+	// backlog, the cluster's retry topic after an outage, the correlator's
+	// verdict on them — must not cordon it.
+	t.Run("EventOfAnEarlierMachineIgnored", func(t *testing.T) {
+		createNodes(t, k, "ident", "ident-1")
+		h := newTestHandler(t, testConfig("ident"), map[string]kubernetes.Interface{"c1": k})
+		received := func(ev *datamodels.HealthEvent, at time.Time) *datamodels.HealthEvent {
+			ev.GeneratedTimestamp, ev.ReceivedTimestamp = timestamppb.New(at), timestamppb.New(at)
+			return ev
+		}
+		oldAt := time.Now()
+		old := received(fatal("ident-1", "XID_ERROR_48", "GPU-1"), oldAt)
+		if acts, _ := handle(t, h, record("c1", old)); kinds(acts) != "quarantine/applied" {
+			t.Fatalf("the old machine's fault: %s", kinds(acts))
+		}
+		// The machine is replaced: its Node goes (the cloud's node
+		// controller deletes it), the new machine registers its own.
+		if err := k.CoreV1().Nodes().Delete(context.Background(), "ident-1", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, 30*time.Second, func() bool {
+			_, err := k.CoreV1().Nodes().Get(context.Background(), "ident-1", metav1.GetOptions{})
+			return apierrors.IsNotFound(err)
+		}, "the old node gone")
+		time.Sleep(2 * time.Second) // creationTimestamp has seconds
+		createNodes(t, k, "ident", "ident-1")
+		created := getNode(t, k, "ident-1").CreationTimestamp.Time
+		verdict := received(fatal("ident-1", "RepeatedXIDOnSameGPU", "GPU-1"), oldAt.Add(500*time.Millisecond))
+		verdict.DerivedBy, verdict.RecommendedAction = "RepeatedXIDOnSameGPU", datamodels.RecommendedAction_CONTACT_SUPPORT
+		for _, tc := range []struct {
+			name string
+			ev   *datamodels.HealthEvent
+			want string
+		}{
+			{"the old machine's fault redelivered", old, "quarantine/skipped"},
+			{"another fault of the old machine from a backlog", received(fatal("ident-1", "XID_ERROR_79", "GPU-2"), oldAt.Add(500*time.Millisecond)), "quarantine/skipped"},
+			{"the correlator's verdict on the old machine's events", verdict, "quarantine/skipped"},
+			{"the new machine's own fault", received(fatal("ident-1", "XID_ERROR_48", "GPU-1"), created.Add(time.Second)), "quarantine/applied"},
+		} {
+			acts, _ := handle(t, h, record("c1", tc.ev))
+			n := getNode(t, k, "ident-1")
+			if got := kinds(acts); got != tc.want || n.Spec.Unschedulable != (tc.want == "quarantine/applied") {
+				t.Errorf("%s (received %s, node created %s): actions %s, want %s; node unschedulable %v, taints %v",
+					tc.name, tc.ev.GetReceivedTimestamp().AsTime().Format(time.RFC3339Nano), created.Format(time.RFC3339), got, tc.want,
+					n.Spec.Unschedulable, n.Spec.Taints)
+			}
 		}
 	})
 

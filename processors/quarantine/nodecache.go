@@ -94,7 +94,7 @@ func (c *nodeCaches) get(cl *clusters.Client) *nodeCache {
 }
 
 // watchCopy is what the node watch keeps of a node: name, UID,
-// resourceVersion, labels and annotations (interned), unschedulable,
+// resourceVersion, creationTimestamp, labels and annotations (interned), unschedulable,
 // taints and faultline's conditions.
 func watchCopy(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
@@ -108,7 +108,7 @@ func watchCopy(obj any) (any, error) {
 		}
 	}
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
-		Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: interned(n.Labels), Annotations: interned(n.Annotations),
+		Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, CreationTimestamp: n.CreationTimestamp, Labels: interned(n.Labels), Annotations: interned(n.Annotations),
 	}, Spec: corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints},
 		Status: corev1.NodeStatus{Conditions: conds}}, nil
 }
