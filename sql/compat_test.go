@@ -203,6 +203,15 @@ type seedAction struct {
 	id, cluster, node, role, kind, outcome, rule string
 	at                                           time.Time
 	dryRun                                       bool
+	nodeCreated                                  time.Time // details nodeCreated when set
+}
+
+// details are the action's details keys and values.
+func (a seedAction) details() (keys, values []string) {
+	if a.nodeCreated.IsZero() {
+		return []string{"k"}, []string{"v"}
+	}
+	return []string{"k", "nodeCreated"}, []string{"v", a.nodeCreated.UTC().Format(time.RFC3339)}
 }
 
 func gpu(pci, uuid string) []entity { return []entity{{"PCI", pci}, {"GPU", uuid}} }
@@ -318,10 +327,15 @@ func seed() (stored, batch []seedEvent, actions, batchActions []seedAction) {
 		actions = append(actions, x)
 	}
 	// MultipleRemediations: six remediations of n-rem in a week, one
-	// failed; quarantines for quarantined_longest.
+	// failed; quarantines for quarantined_longest. n-rem2's machine was
+	// replaced (a new Node under its name) after its first three.
 	for i := range 6 {
 		a(seedAction{node: "n-rem", role: "remediate", kind: "remediate", outcome: "applied", rule: "reboot", at: s(-time.Duration(i) * 20 * time.Hour)})
+		a(seedAction{node: "n-rem2", role: "remediate", kind: "remediate", outcome: "applied", rule: "reboot", at: s(-time.Duration(i) * 20 * time.Hour)})
 	}
+	a(seedAction{node: "n-rem2", role: "quarantine", kind: "quarantine", outcome: "applied", rule: "xid", at: s(-90 * time.Hour), nodeCreated: s(-200 * time.Hour)})
+	a(seedAction{node: "n-rem2", role: "quarantine", kind: "quarantine", outcome: "applied", rule: "xid", at: s(-45 * time.Hour), nodeCreated: s(-50 * time.Hour)})
+	a(seedAction{node: "n-rem2", role: "quarantine", kind: "unquarantine", outcome: "applied", rule: "xid", at: s(-39 * time.Hour)})
 	a(seedAction{node: "n-rem", role: "remediate", kind: "remediate", outcome: "failed", rule: "reboot", at: s(-time.Hour)})
 	a(seedAction{node: "n-xid", role: "quarantine", kind: "quarantine", outcome: "applied", rule: "xid", at: s(-2 * time.Hour)})
 	a(seedAction{node: "n-xid", role: "quarantine", kind: "unquarantine", outcome: "applied", rule: "xid", at: s(-30 * time.Minute)})
@@ -479,8 +493,10 @@ func actionsInsert(as []seedAction) string {
 	var rows []string
 	for _, a := range as {
 		ts, ms := splitMS(a.at)
-		rows = append(rows, fmt.Sprintf("(%s, %s, %s, %s, %s, %s, %s, %s, 'because', %s, [], %s, ['k'], ['v'], 'c', 'NONE', %s)",
-			quote(a.cluster), quote(a.node), ts, ms, quote(a.id), quote(a.role), quote(a.kind), quote(a.outcome), quote(a.rule), u8(a.dryRun), ts))
+		dk, dv := a.details()
+		rows = append(rows, fmt.Sprintf("(%s, %s, %s, %s, %s, %s, %s, %s, 'because', %s, [], %s, %s, %s, 'c', 'NONE', %s)",
+			quote(a.cluster), quote(a.node), ts, ms, quote(a.id), quote(a.role), quote(a.kind), quote(a.outcome), quote(a.rule), u8(a.dryRun),
+			strArray(dk), strArray(dv), ts))
 	}
 	return `INSERT INTO actions (cluster, node, ts, ts_ms, id, role, kind, outcome, reason, rule, event_ids, dry_run,
 	details.key, details.value, check, recommended_action, received) VALUES ` + strings.Join(rows, ",\n")
@@ -494,7 +510,7 @@ const (
 	is_fatal UInt8, is_healthy UInt8, error_codes Array(String), "entities.type" Array(String), "entities.value" Array(String),
 	"metadata.key" Array(String), "metadata.value" Array(String), derived_by String, processing_strategy String) ENGINE = Memory`
 	batchActionsDDL = `CREATE TABLE batch_actions (cluster String, node String, ts DateTime, ts_ms UInt16, id String,
-	kind String, outcome String, role String, rule String, dry_run UInt8) ENGINE = Memory`
+	kind String, outcome String, role String, rule String, dry_run UInt8, "details.key" Array(String), "details.value" Array(String)) ENGINE = Memory`
 )
 
 func batchInsert(evs []seedEvent) string {
@@ -523,8 +539,10 @@ func batchActionsInsert(as []seedAction) string {
 	var rows []string
 	for _, a := range as {
 		ts, ms := splitMS(a.at)
-		rows = append(rows, fmt.Sprintf("(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-			quote(a.cluster), quote(a.node), ts, ms, quote(a.id), quote(a.kind), quote(a.outcome), quote(a.role), quote(a.rule), u8(a.dryRun)))
+		dk, dv := a.details()
+		rows = append(rows, fmt.Sprintf("(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+			quote(a.cluster), quote(a.node), ts, ms, quote(a.id), quote(a.kind), quote(a.outcome), quote(a.role), quote(a.rule), u8(a.dryRun),
+			strArray(dk), strArray(dv)))
 	}
 	return "INSERT INTO batch_actions VALUES " + strings.Join(rows, ",\n")
 }

@@ -233,6 +233,13 @@ func remediation(cluster, node string, at time.Duration) *faultlinev1.Action {
 		Timestamp: timestamppb.New(base.Add(at))}
 }
 
+// quarantined is the quarantine role's action on node at at, applied to
+// the Node object created at created.
+func quarantined(cluster, node string, at time.Duration, created time.Time) *faultlinev1.Action {
+	return &faultlinev1.Action{Id: nextID(), Cluster: cluster, Node: node, Role: "quarantine", Kind: "quarantine", Outcome: "applied",
+		Timestamp: timestamppb.New(base.Add(at)), Details: map[string]string{events.DetailNodeCreated: created.UTC().Format(time.RFC3339)}}
+}
+
 func uniqDerived(t *testing.T, s *chtest.Server, cluster, rule string) uint64 {
 	t.Helper()
 	return chtest.Count(t, s.Conn, "SELECT uniqExact(id) FROM events WHERE cluster = @c AND derived_by = @r",

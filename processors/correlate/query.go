@@ -34,7 +34,8 @@ type batchTables struct {
 var (
 	batchColumns = []string{"cluster", "node", "check", "entity", "ts", "ts_ms", "id", "is_fatal", "is_healthy",
 		"error_codes", "entities.type", "entities.value", "metadata.key", "metadata.value", "derived_by", "processing_strategy"}
-	batchActionColumns = []string{"cluster", "node", "ts", "ts_ms", "id", "kind", "outcome", "role", "rule", "dry_run"}
+	batchActionColumns = []string{"cluster", "node", "ts", "ts_ms", "id", "kind", "outcome", "role", "rule", "dry_run",
+		"details.key", "details.value"}
 )
 
 // newBatchTables maps the batch's records to rows. A record that can

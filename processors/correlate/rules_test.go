@@ -189,6 +189,29 @@ func TestRules(t *testing.T) {
 				{acts: []*faultlinev1.Action{remediation(c, "n1", 7*d+1*h)}, want: "MultipleRemediations:fault"},
 			}
 		}},
+		{"remediations: a machine replaced under the node's name starts afresh", func(c string) []step {
+			d := 24 * h
+			acts := func(a ...*faultlinev1.Action) []*faultlinev1.Action { return a }
+			rem := func(at ...time.Duration) []*faultlinev1.Action {
+				var out []*faultlinev1.Action
+				for _, x := range at {
+					out = append(out, remediation(c, "n1", x))
+				}
+				return out
+			}
+			return []step{
+				// The old machine, its Node a month old: four remediations.
+				{acts: acts(quarantined(c, "n1", 0, base.Add(-30*d)), remediation(c, "n1", 1*m)), want: none},
+				{acts: rem(1*d, 2*d, 3*d), want: none},
+				// Replaced: a new Node under the name; the new machine's
+				// first fault and remediation are the node name's fifth
+				// within 7 days, the machine's first.
+				{acts: acts(quarantined(c, "n1", 3*d+2*h, base.Add(3*d+1*h)), remediation(c, "n1", 3*d+3*h)), want: none},
+				{acts: rem(4*d, 5*d, 6*d), want: none},
+				// Its own fifth.
+				{acts: rem(6*d + 1*h), want: "MultipleRemediations:fault"},
+			}
+		}},
 		{"fabric: four nodes within 2m is one incident; per-node verdicts suppressed", func(c string) []step {
 			return []step{
 				{evs: evs(nicState(c, "n1", 0, false), nicState(c, "n2", 10*sec, false)), want: none},

@@ -141,16 +141,18 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		closing         *faultlinev1.Action
 		superseded      time.Time
 		before          time.Time // the node's creation, when the event was received before it
+		created         time.Time // the node's creation
 	)
 	br := h.breaker(cl)
 	_, err := h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
 		closing, superseded, before = nil, time.Time{}, time.Time{} // a conflict re-decides on the node as it is now
 		now := h.now()
 		manual = st.DetectManualUncordon(n, now)
-		if created, ok := predates(ev, n); ok {
+		created = n.CreationTimestamp.Time
+		if c, ok := predates(ev, n); ok {
 			// Received before this Node object existed: of the machine an
 			// earlier Node of this name was (replaced, its name reused).
-			before = created
+			before = c
 			return manual, nil
 		}
 		if ev.GetGeneratedTimestamp().IsValid() {
@@ -233,6 +235,9 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	a.Details[events.DetailCordon] = strconv.FormatBool(dec.Cordon)
 	a.Details[events.DetailAlreadyQuarantined] = strconv.FormatBool(already)
 	a.Details[events.DetailPreexistingCordon] = strconv.FormatBool(preCordon)
+	if !created.IsZero() {
+		a.Details[events.DetailNodeCreated] = created.UTC().Format(time.RFC3339)
+	}
 	if dec.Taint != nil {
 		a.Details[events.DetailTaint] = dec.Taint.Key + "=" + dec.Taint.Value + ":" + dec.Taint.Effect
 	}

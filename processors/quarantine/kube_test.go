@@ -584,6 +584,11 @@ func TestKube(t *testing.T) {
 		} {
 			acts, _ := handle(t, h, record("c1", tc.ev))
 			n := getNode(t, k, "ident-1")
+			// The Node object a quarantine applies to goes with it: the
+			// correlator counts a node's remediations from its creation.
+			if tc.want == "quarantine/applied" && acts[0].GetDetails()[events.DetailNodeCreated] != created.UTC().Format(time.RFC3339) {
+				t.Errorf("%s: details %v, want %s=%s", tc.name, acts[0].GetDetails(), events.DetailNodeCreated, created.UTC().Format(time.RFC3339))
+			}
 			if got := kinds(acts); got != tc.want || n.Spec.Unschedulable != (tc.want == "quarantine/applied") {
 				t.Errorf("%s (received %s, node created %s): actions %s, want %s; node unschedulable %v, taints %v",
 					tc.name, tc.ev.GetReceivedTimestamp().AsTime().Format(time.RFC3339Nano), created.Format(time.RFC3339), got, tc.want,

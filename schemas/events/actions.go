@@ -154,6 +154,12 @@ const (
 	// DetailRemaining counts what is still standing: faults after an
 	// unquarantine, pods after a drain step.
 	DetailRemaining = "remaining"
+	// DetailNodeCreated is the creationTimestamp of the Node object a
+	// quarantine was applied to (RFC 3339, UTC). A node name outlives its
+	// machine (a replacement registers a new Node under the same name):
+	// the MultipleRemediations rule (sql/rules/remediations.sql) counts a
+	// node's remediations only from its newest Node object's creation.
+	DetailNodeCreated = "nodeCreated"
 )
 
 // Detail keys a role writes for people and the analytics queries (read
