@@ -78,6 +78,11 @@ type trigger struct {
 	cluster string
 	node    string
 	eventID string
+	// nodeCreated is the creationTimestamp of the Node object the step
+	// read (zero before it has): its actions carry it, so the remediate
+	// role tells this machine's remediations from those of an earlier
+	// machine of the same name.
+	nodeCreated time.Time
 }
 
 // IsTrigger reports whether an action starts a drain: a quarantine that was
@@ -261,6 +266,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	if err != nil {
 		return nil, time.Time{}, err
 	}
+	t.nodeCreated = node.CreationTimestamp.Time
 	st, err := ReadState(node)
 	if err != nil {
 		h.log.Warn("corrupt drain state; starting afresh", "cluster", t.cluster, "node", t.node, "err", err)
@@ -722,6 +728,9 @@ func (h *Handler) action(t trigger, st *State, outcome, reason, id string) *faul
 		// Only honoured overrides travel on (to remediate).
 		delete(a.Details, events.DetailDrainOverrides)
 		a.Details[events.DetailOverridesIgnored] = ignored
+	}
+	if !t.nodeCreated.IsZero() {
+		a.Details[events.DetailNodeCreated] = t.nodeCreated.UTC().Format(time.RFC3339)
 	}
 	if st == nil {
 		return a

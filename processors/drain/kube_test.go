@@ -370,6 +370,12 @@ func TestDrainKube(t *testing.T) {
 		if res.RecommendedAction != "RESTART_VM" || res.Details[events.DetailDrainID] == "" {
 			t.Fatalf("result lacks the trigger: %v", res)
 		}
+		// Which Node object was drained (remediate tells a replacement
+		// machine under the same name by it).
+		n0, _ := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if want := n0.CreationTimestamp.UTC().Format(time.RFC3339); res.Details[events.DetailNodeCreated] != want {
+			t.Fatalf("result details %s=%q, want the node's creationTimestamp %s", events.DetailNodeCreated, res.Details[events.DetailNodeCreated], want)
+		}
 		names := podNames(podsOn(t, k, node))
 		if strings.Join(names, ",") != "kube-system/sys-imm,work/ds-imm,work/mirror-imm" {
 			t.Fatalf("pods left: %v", names)

@@ -351,6 +351,30 @@ func (t trigger) at() time.Time {
 	return time.Time{}
 }
 
+// nodeCreated is the creationTimestamp of the Node object the drain read
+// (events.DetailNodeCreated on the drain's result; zero if none).
+func (t trigger) nodeCreated() time.Time {
+	at, _ := time.Parse(time.RFC3339, t.src.GetDetails()[events.DetailNodeCreated])
+	return at
+}
+
+// ofThisNode is items (oldest first) less those created before the
+// trigger's Node object was (all of them when it is not known). Both
+// clocks are the control plane's: faultline's annotation and the
+// apiserver's creationTimestamp (whole seconds, so a resource of the
+// same second counts as this node's).
+func ofThisNode(t trigger, items []unstructured.Unstructured) []unstructured.Unstructured {
+	nc := t.nodeCreated()
+	if nc.IsZero() {
+		return items
+	}
+	i := 0
+	for i < len(items) && createdAt(&items[i]).Before(nc) {
+		i++
+	}
+	return items[i:]
+}
+
 // faultAt is when the trigger's newest fault was generated
 // (events.DetailGeneratedAt on the drain's result; zero if none).
 func (t trigger) faultAt() time.Time {
@@ -459,6 +483,12 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 			return h.follow(ctx, cl, t, tm, &items[i])
 		}
 	}
+	// The resources made before the node's Node object was created were
+	// for the machine an earlier Node of this name was (a replacement
+	// registered under it): they neither answer, nor are joined by, nor
+	// escalate or spend the budget of this one. Only the names count on.
+	all := items
+	items = ofThisNode(t, items)
 	// Answered by the newest, finished, though not listed (its id was
 	// trimmed from the list, or it was late)?
 	if n := len(items); n > 0 && !t.at().IsZero() && !t.at().After(coversUntil(&items[n-1])) && serves(tm, &items[n-1], d) {
@@ -517,7 +547,7 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 	}
 	// Create, with the next sequence number of the node's group: two
 	// replicas racing pick the same name and one of them wins.
-	next := nextSeq(items)
+	next := nextSeq(all)
 	for seq := next; seq < next+10; seq++ {
 		d.Name = h.name(t.node, tm.Group, seq)
 		obj, err := tm.render(d)

@@ -444,6 +444,54 @@ func TestRemediateKube(t *testing.T) {
 		}
 	})
 
+	// A node name outlives its machine: on AWS the private DNS name of an
+	// IP a REPLACE_VM'd instance's replacement is often given, on premises
+	// a replaced server's hostname. The old machine's resources under the
+	// name (its last reboot failed: it was replaced for that; or it spent
+	// the budget) must not escalate the new machine's first fault.
+	t.Run("ReplacedMachineStartsAfresh", func(t *testing.T) {
+		for _, tc := range []struct {
+			name string
+			old  []cond // the old machine's reboots' results, in order
+		}{
+			{"its last reboot failed", []cond{{"NodeReady", "False", "Timeout"}}},
+			{"it spent the budget", []cond{{"NodeReady", "True", "Succeeded"}, {"NodeReady", "True", "Succeeded"}}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				node := "reused-" + strings.ReplaceAll(tc.name, " ", "-")
+				createNode(t, k, node)
+				h := newHandler(t, testConfig(), k, dyn, clk) // budget 2 per hour
+				for i, c := range tc.old {
+					id := fmt.Sprintf("old%d", i)
+					acts, _ := handle(t, h, drained(node, id, "RESTART_VM", nil))
+					if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied {
+						t.Fatalf("old machine's reboot %d: %s", i+1, outcomes(acts))
+					}
+					items := list(t, dyn, rebootGVR, node)
+					setStatus(t, dyn, rebootGVR, items[len(items)-1].GetName(), true, cond{"SignalSent", "True", "Succeeded"}, c)
+					clk.Add(5 * time.Minute)
+				}
+				// Replaced: its Node deleted, the new machine registers
+				// one under the name. The drain's result says when (the
+				// apiserver's creationTimestamp; here on the test's clock,
+				// which the resources' created-at annotations are on).
+				if err := k.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				createNode(t, k, node)
+				clk.Add(5 * time.Minute)
+				created := clk.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
+				acts, rq := handle(t, h, drained(node, "new1", "RESTART_VM", map[string]string{events.DetailNodeCreated: created}))
+				if len(acts) != 1 || acts[0].Kind != events.KindRemediate || acts[0].Outcome != events.OutcomeApplied || len(rq) != 1 {
+					t.Fatalf("the new machine's first fault (node created %s): %s, want remediate/applied (a reboot of its own)", created, outcomes(acts))
+				}
+				if n := len(list(t, dyn, rebootGVR, node)); n != len(tc.old)+1 {
+					t.Fatalf("%d RebootNodes, want %d", n, len(tc.old)+1)
+				}
+			})
+		}
+	})
+
 	t.Run("RefusedNotDrainedIsCancelled", func(t *testing.T) {
 		// The janitor held the RebootNode (a slot, its cooldown), the
 		// fault recovered meanwhile and the quarantine lifted the node:

@@ -155,10 +155,13 @@ const (
 	// unquarantine, pods after a drain step.
 	DetailRemaining = "remaining"
 	// DetailNodeCreated is the creationTimestamp of the Node object a
-	// quarantine was applied to (RFC 3339, UTC). A node name outlives its
-	// machine (a replacement registers a new Node under the same name):
-	// the MultipleRemediations rule (sql/rules/remediations.sql) counts a
-	// node's remediations only from its newest Node object's creation.
+	// quarantine was applied to, or a drain step read (RFC 3339, UTC). A
+	// node name outlives its machine (a replacement registers a new Node
+	// under the same name): the MultipleRemediations rule
+	// (sql/rules/remediations.sql) counts a node's remediations only from
+	// its newest Node object's creation, and the remediate role neither
+	// escalates for, joins nor counts in the budget the resources made
+	// before it.
 	DetailNodeCreated = "nodeCreated"
 )
 
