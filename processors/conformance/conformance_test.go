@@ -950,6 +950,49 @@ func TestUnproducedOutputIsKept(t *testing.T) {
 	}
 }
 
+// TestNotifierActionIsKept: the Action recording a notifier's result
+// (the audit of what SMD was told) that Kafka refused is produced with the
+// cluster's next sweep, not lost — also when that sweep's own output is
+// refused too.
+func TestNotifierActionIsKept(t *testing.T) {
+	n := Notification{Cluster: "c", Node: "n", Drifted: true, Expected: "e", Actual: "a", Key: "k"}
+	for _, tt := range []struct {
+		name string
+		// notifyErr is the notifier's result; sweepsRefused, how many
+		// sweeps' produces Kafka refuses after the action's.
+		notifyErr     error
+		sweepsRefused int
+		want          []string
+	}{
+		{name: "notified", want: []string{events.KindConformanceNotify + "/" + events.OutcomeApplied}},
+		{name: "not notified", notifyErr: errors.New("smd down"), want: []string{events.KindConformanceNotify + "/" + events.OutcomeFailed}},
+		{name: "next sweep refused too", sweepsRefused: 1,
+			want: []string{events.KindConformanceNotify + "/" + events.OutcomeApplied, events.KindConformanceDrift + "/" + events.OutcomeApplied}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &flakyProducer{fail: 1 + tt.sweepsRefused}
+			l := &sweepLoop{log: testLog, prod: p, sweeper: NewSweeper(testConfig(), nil, nil, testLog, nil, nil)}
+			l.notified(n, 1, tt.notifyErr)
+			for range tt.sweepsRefused {
+				l.produce(context.Background(), "c", Output{Actions: []*faultlinev1.Action{
+					{Id: "d", Cluster: "c", Node: "n", Kind: events.KindConformanceDrift, Outcome: events.OutcomeApplied}}})
+			}
+			l.produce(context.Background(), "c", Output{})
+			var got []string
+			for _, r := range p.got {
+				a, err := events.UnmarshalAction(r.Value)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, a.Kind+"/"+a.Outcome)
+			}
+			if !slices.Equal(got, tt.want) || len(l.pending) != 0 {
+				t.Fatalf("produced %v, want %v; still held %v", got, tt.want, l.pending)
+			}
+		})
+	}
+}
+
 // recordingNotifier records the notices delivered, "node drifted" or
 // "node restored", and "failed" for each of the next failNext.
 type recordingNotifier struct {

@@ -203,16 +203,24 @@ func (l *sweepLoop) produce(ctx context.Context, cluster string, out Output) {
 	if err := Produce(pctx, l.prod, all); err != nil {
 		l.log.Error("conformance: sweep output not produced; kept for the next sweep", "cluster", cluster,
 			"actions", len(all.Actions), "events", len(all.Events), "err", err)
-		l.mu.Lock()
-		if l.pending == nil {
-			l.pending = map[string]Output{}
-		}
-		l.pending[cluster] = all
-		l.mu.Unlock()
+		l.keep(cluster, all)
 	}
 }
 
-// notified records a notifier result as an Action.
+// keep holds out for the cluster's next sweep to produce, after what is
+// held already.
+func (l *sweepLoop) keep(cluster string, out Output) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pending == nil {
+		l.pending = map[string]Output{}
+	}
+	p := l.pending[cluster]
+	l.pending[cluster] = Output{Actions: append(p.Actions, out.Actions...), Events: append(p.Events, out.Events...)}
+}
+
+// notified records a notifier result as an Action; one Kafka refused is
+// held and produced with the cluster's next sweep, as a sweep's are.
 func (l *sweepLoop) notified(n Notification, attempts int, err error) {
 	outcome, reason := events.OutcomeApplied, fmt.Sprintf("notified after %d attempt(s)", attempts)
 	if err != nil {
@@ -229,8 +237,10 @@ func (l *sweepLoop) notified(n Notification, attempts int, err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := Produce(ctx, l.prod, Output{Actions: []*faultlinev1.Action{a}}); err != nil {
-		l.log.Error("conformance: notifier action not produced", "node", n.Node, "err", err)
+	out := Output{Actions: []*faultlinev1.Action{a}}
+	if err := Produce(ctx, l.prod, out); err != nil {
+		l.log.Error("conformance: notifier action not produced; kept for the next sweep", "cluster", n.Cluster, "node", n.Node, "err", err)
+		l.keep(n.Cluster, out)
 	}
 }
 
