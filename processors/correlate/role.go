@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -129,22 +130,99 @@ func readBack(cfg kafka.Config, log *slog.Logger, maxBytes int) ReadBack {
 }
 
 // RunSweeps runs Sweep every interval until ctx ends, producing what it
-// returns. A failed sweep is logged and tried again at the next tick.
+// returns. A failed sweep is logged and tried again at the next tick. Derived
+// events Kafka refused are produced again on their own, after a backoff
+// (sweepMinBackoff doubling to sweepMaxBackoff), not left to the next sweep:
+// that one takes them for standing (this replica remembers what it emitted)
+// and would not derive them again until correlate.cache_ttl has passed.
+// Those acknowledged are not sent again; those still refused after
+// cache_ttl are dropped, as the sweep then derives them again (the same ids).
 func (h *Handler) RunSweeps(ctx context.Context, interval time.Duration, p pipeline.Producer) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	retry := time.NewTimer(0)
+	retry.Stop()
+	defer retry.Stop()
+	var (
+		unsent  []sweptRecord
+		backoff = sweepMinBackoff
+	)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			at := h.now()
+			recs, err := h.Sweep(ctx)
+			if err != nil && ctx.Err() == nil {
+				h.log.Warn("sweep failed; retrying at the next tick", "err", err)
+			}
+			for _, r := range recs {
+				unsent = append(unsent, sweptRecord{r, at})
+			}
+		case <-retry.C:
 		}
-		recs, err := h.Sweep(ctx)
-		if err == nil && len(recs) > 0 {
-			err = p.ProduceSync(ctx, recs...).FirstErr()
+		if len(unsent) == 0 {
+			continue
 		}
-		if err != nil && ctx.Err() == nil {
-			h.log.Warn("sweep failed; retrying at the next tick", "err", err)
+		unsent = h.produceSwept(ctx, p, unsent)
+		if len(unsent) == 0 {
+			retry.Stop()
+			backoff = sweepMinBackoff
+			continue
+		}
+		retry.Reset(backoff)
+		backoff = min(2*backoff, sweepMaxBackoff)
+	}
+}
+
+// The backoff of RunSweeps' produce retries.
+const (
+	sweepMinBackoff = 100 * time.Millisecond
+	sweepMaxBackoff = 10 * time.Second
+)
+
+// sweptRecord is a derived event of a sweep and when the sweep began.
+type sweptRecord struct {
+	rec *kgo.Record
+	at  time.Time
+}
+
+// produceSwept produces the records and returns those Kafka refused that
+// are younger than the cache (what the sweep would not derive again).
+func (h *Handler) produceSwept(ctx context.Context, p pipeline.Producer, recs []sweptRecord) []sweptRecord {
+	out := make([]*kgo.Record, len(recs))
+	index := make(map[*kgo.Record]int, len(recs)) // results come in any order
+	for i, r := range recs {
+		// A fresh record: franz-go owns one it was given until produced.
+		out[i] = &kgo.Record{Topic: r.rec.Topic, Key: r.rec.Key, Value: r.rec.Value, Headers: r.rec.Headers}
+		index[out[i]] = i
+	}
+	var (
+		refused []int
+		dropped int
+		err     error
+	)
+	now := h.now()
+	for _, r := range p.ProduceSync(ctx, out...) {
+		if r.Err == nil {
+			continue
+		}
+		err = r.Err
+		if i := index[r.Record]; now.Sub(recs[i].at) <= h.ttl {
+			refused = append(refused, i)
+		} else {
+			dropped++
 		}
 	}
+	slices.Sort(refused) // one node's records stay in their order
+	left := make([]sweptRecord, 0, len(refused))
+	for _, i := range refused {
+		left = append(left, recs[i])
+	}
+	if err != nil && ctx.Err() == nil {
+		h.log.Warn("sweep's derived events not produced; retrying", "refused", len(left)+dropped,
+			"dropped", dropped, "err", err)
+	}
+	return left
 }
