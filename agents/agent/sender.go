@@ -109,6 +109,13 @@ func (g GatewayConfig) tlsConfig() (*tls.Config, error) {
 	return tc, nil
 }
 
+// Submit sends evs in one SubmitEvents call, outside the spool (for a
+// caller that could not spool them); nil once the gateway returned their
+// ids.
+func (s *Sender) Submit(ctx context.Context, evs []*datamodels.HealthEvent) error {
+	return s.send(ctx, evs)
+}
+
 // Close closes the connection.
 func (s *Sender) Close() error { return s.conn.Close() }
 

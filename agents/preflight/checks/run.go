@@ -224,15 +224,21 @@ func Main(ctx context.Context, name string, args []string, opt Options) int {
 	for _, ev := range out.Events {
 		env.stamp(ev, name)
 	}
+	lost := 0
 	if len(out.Events) > 0 {
 		if err := rep.Report(out.Events); err != nil {
-			log.Error("events could not be spooled", "err", err)
+			log.Error("events could not be spooled; sending them directly", "err", err)
 		}
 		fr := rep.Flush(ctx)
-		if fr.Pending > 0 {
+		lost = fr.Lost
+		switch {
+		case fr.Lost > 0:
+			log.Error("events neither spooled nor delivered: the check's result would be lost", "events", fr.Lost, "spool", rep.Dir())
+			m.configErrors.WithLabelValues("spool").Inc()
+		case fr.Pending > 0:
 			log.Warn("the gateway did not take every event in time; they stay spooled for the next run on this node",
 				"pending_bytes", fr.Pending, "spool", rep.Dir())
-		} else {
+		default:
 			log.Info("events delivered", "events", len(out.Events), "adopted_spools", fr.Adopted)
 		}
 	}
@@ -253,6 +259,12 @@ func Main(ctx context.Context, name string, args []string, opt Options) int {
 	}
 	if err := m.Publish(cfg.Metrics, cfg.NodeName, cfg.Pod.Name); err != nil {
 		log.Warn("metrics not published", "err", err)
+	}
+	if lost > 0 && cfg.ProcessingStrategy != "STORE_ONLY" {
+		// The spool failing as it does when it cannot be opened: the pod
+		// shows Init:Error and the kubelet runs the check again.
+		log.Error("exiting so that the kubelet runs the check again: its events were not recorded", "failed", out.Failed, "summary", out.Summary)
+		return ExitConfig
 	}
 	if !out.Failed {
 		log.Info("check passed", "summary", out.Summary, "duration", dur.String())

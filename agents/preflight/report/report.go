@@ -27,8 +27,12 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/faultline/faultline/agents/agent"
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	"github.com/faultline/faultline/schemas/validate"
 )
@@ -120,6 +124,9 @@ type Reporter struct {
 	dir   string
 	lock  *os.File
 	spool *agent.Spool
+	// unspooled are the events Report could not spool, for Flush to send
+	// directly.
+	unspooled []*datamodels.HealthEvent
 }
 
 // Open creates this run's spool directory under cfg.Spool.Dir and locks it.
@@ -157,21 +164,25 @@ func Open(cfg Config, log *slog.Logger) (*Reporter, error) {
 // Dir is this run's spool directory.
 func (r *Reporter) Dir() string { return r.dir }
 
-// Report appends events durably (fsync'd); an event the spool refuses (it
-// is full) is an error. Their text, read from the tools' output, is made
-// one the gateway takes first (validate.Clean): an event it refused would
-// be dropped from the spool.
+// Report appends events durably (fsync'd), all or none. Events the spool
+// refuses (full, or the node's disk failing) are an error, and are kept
+// for Flush to send directly: a check's result is never dropped silently.
+// Their text, read from the tools' output, is made one the gateway takes
+// first (validate.Clean): an event it refused would be dropped from the
+// spool.
 func (r *Reporter) Report(evs []*datamodels.HealthEvent) error {
 	now := time.Now()
 	for _, ev := range evs {
 		validate.Clean(ev, now)
+		if ev.Id == "" {
+			// The idempotency key, as the spool gives it: an event both
+			// spooled and sent directly is stored once.
+			ev.Id = events.NewID()
+		}
 	}
-	n, err := r.spool.Append(evs)
-	if err != nil {
-		return fmt.Errorf("spool: %w", err)
-	}
-	if n != len(evs) {
-		return fmt.Errorf("spool: full, %d of %d events refused", len(evs)-n, len(evs))
+	if err := r.spool.AppendAll(evs); err != nil {
+		r.unspooled = append(r.unspooled, evs...)
+		return fmt.Errorf("spool: %w; Flush sends the %d events directly", err, len(evs))
 	}
 	return nil
 }
@@ -181,8 +192,11 @@ type FlushResult struct {
 	// Adopted is the number of earlier runs' spools this run sent from.
 	Adopted int
 	// Pending is the bytes still spooled (this run's and adopted) when
-	// Flush returned: 0 means everything reached the gateway.
+	// Flush returned: 0 means everything spooled reached the gateway.
 	Pending int64
+	// Lost is the number of events Report could not spool that did not
+	// reach the gateway either: no later run sends them.
+	Lost int
 }
 
 // Flush sends this run's events and any earlier run left behind until all
@@ -238,6 +252,10 @@ func (r *Reporter) Flush(ctx context.Context) FlushResult {
 		jobs = append(jobs, job{dir: dir, spool: sp, lock: lock})
 	}
 	var wg sync.WaitGroup
+	if len(r.unspooled) > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); res.Lost = r.sendUnspooled(ctx) }()
+	}
 	for _, j := range jobs {
 		if j.spool.Pending() == 0 {
 			continue
@@ -279,6 +297,39 @@ func (r *Reporter) Flush(ctx context.Context) FlushResult {
 		}
 	}
 	return res
+}
+
+// sendUnspooled sends the events Report could not spool, one per call (one
+// may be what overflowed the spool), each retried with backoff until the
+// gateway returned its id or ctx ends; it returns how many were not
+// delivered (an event the gateway refuses as invalid is not retried).
+func (r *Reporter) sendUnspooled(ctx context.Context) int {
+	s, err := agent.NewSender(r.cfg.Gateway, nil, r.log, r.m)
+	if err != nil {
+		r.log.Error("cannot build the gateway sender for the events not spooled", "err", err)
+		return len(r.unspooled)
+	}
+	defer s.Close()
+	backoff := 200 * time.Millisecond
+	for len(r.unspooled) > 0 {
+		err := s.Submit(ctx, r.unspooled[:1])
+		switch {
+		case err == nil:
+			r.unspooled = r.unspooled[1:]
+			continue
+		case status.Code(err) == codes.InvalidArgument:
+			r.log.Error("gateway refused an event that could not be spooled", "err", err)
+			return len(r.unspooled)
+		}
+		r.log.Warn("sending the events not spooled failed; retrying", "events", len(r.unspooled), "err", err)
+		select {
+		case <-ctx.Done():
+			return len(r.unspooled)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, max(r.cfg.Gateway.MaxBackoff, 200*time.Millisecond))
+	}
+	return 0
 }
 
 // Close closes this run's spool; its directory is removed when empty and
