@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	agentconf "github.com/faultline/faultline/agents/conformance"
 	"github.com/faultline/faultline/internal/clickhouse/chtest"
@@ -372,6 +373,7 @@ func TestGroupsOnClickHouse(t *testing.T) {
 type kubeEnv struct {
 	s    *chtest.Server
 	kube kubernetes.Interface
+	rest *rest.Config
 	reg  *clusters.Registry
 	h    *Handler
 	clk  *clock
@@ -385,7 +387,7 @@ func startKube(t *testing.T) *kubeEnv {
 	s := chtest.Start(t)
 	k := testenv.StartKube(t, testenv.KubeOptions{})
 	clk := &clock{t: time.Now().UTC().Truncate(time.Second)}
-	return &kubeEnv{s: s, kube: k.Client(), clk: clk, h: NewHandler(s.Conn, testLog, clk.Now)}
+	return &kubeEnv{s: s, kube: k.Client(), rest: k.RESTConfig(), clk: clk, h: NewHandler(s.Conn, testLog, clk.Now)}
 }
 
 func (e *kubeEnv) node(t *testing.T, name string, labels map[string]string) {
@@ -990,6 +992,68 @@ func TestNotifierActionIsKept(t *testing.T) {
 				t.Fatalf("produced %v, want %v; still held %v", got, tt.want, l.pending)
 			}
 		})
+	}
+}
+
+// roundTripFunc is an http.RoundTripper.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestSlowClusterStallsNoOther: rounds start every 100 ms, as the sweep
+// loop's ticker does; one member cluster's API server answers, but each
+// request takes 2 s (its sweep some 10 s). The other cluster is swept at
+// every round meanwhile, not once per slow sweep, and the slow one is not
+// swept again while its sweep runs.
+func TestSlowClusterStallsNoOther(t *testing.T) {
+	e := startKube(t)
+	cfg := testConfig()
+	reg := clusters.NewRegistry(clusters.DefaultConfig(), e.clk.Now)
+	lists := map[string]*atomic.Int32{}
+	var names []string
+	for _, tt := range []struct {
+		name  string
+		delay time.Duration
+	}{{"fast", 0}, {"slow", 2 * time.Second}} {
+		c := uniq(tt.name)
+		e.oneDrifted(t, c, 3, "28.41.1000")
+		n := &atomic.Int32{}
+		lists[tt.name] = n
+		rc := rest.CopyConfig(e.rest)
+		rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				if r.Method == http.MethodGet && r.URL.Path == "/api/v1/nodes" {
+					n.Add(1) // a sweep's list of the cluster's nodes
+				}
+				select {
+				case <-time.After(tt.delay):
+				case <-r.Context().Done():
+					return nil, r.Context().Err()
+				}
+				return rt.RoundTrip(r)
+			})
+		}
+		kube, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg.SetClient(c, kube, false)
+		names = append(names, c)
+	}
+	l := &sweepLoop{cfg: cfg, log: testLog, handler: e.h, prod: &flakyProducer{},
+		sweeper: NewSweeper(cfg, e.s.Conn, reg, testLog, e.clk.Now, nil), configured: names}
+	ctx, cancel := context.WithCancel(context.Background())
+	start := time.Now()
+	for time.Since(start) < 3*time.Second {
+		l.sweepAll(ctx)
+		time.Sleep(100 * time.Millisecond)
+	}
+	took := time.Since(start)
+	cancel()
+	l.wg.Wait()
+	if fast, slow := lists["fast"].Load(), lists["slow"].Load(); fast < 10 || slow != 1 {
+		t.Fatalf("in %s of rounds every 100ms: the fast cluster swept %d times, want at least 10; the slow one %d, want 1",
+			took.Round(100*time.Millisecond), fast, slow)
 	}
 }
 

@@ -103,8 +103,13 @@ type sweepLoop struct {
 
 	prod pipeline.Producer
 
-	mu      sync.Mutex
-	pending map[string]Output // by cluster: not yet produced
+	// sem bounds the clusters swept at once; wg holds the sweeps running.
+	sem chan struct{}
+	wg  sync.WaitGroup
+
+	mu       sync.Mutex
+	pending  map[string]Output // by cluster: not yet produced
+	sweeping map[string]bool   // clusters whose sweep runs
 }
 
 func (l *sweepLoop) run(ctx context.Context) error {
@@ -113,6 +118,7 @@ func (l *sweepLoop) run(ctx context.Context) error {
 		return err
 	}
 	defer prod.Close()
+	defer l.wg.Wait() // the sweeps still running, before prod closes
 	l.prod = prod
 	l.sweeper.SendWith(func(ctx context.Context, o Output) error {
 		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -131,8 +137,11 @@ func (l *sweepLoop) run(ctx context.Context) error {
 	}
 }
 
-// sweepAll sweeps the configured clusters and those with recent reports
-// whose key this replica owns.
+// sweepAll starts the sweeps of the configured clusters and those with
+// recent reports whose key this replica owns, and returns without waiting
+// for them: a cluster whose previous sweep still runs is passed over this
+// round, so a slow cluster delays its own sweeps only, never another's
+// (unless sweepParallel clusters are slow at once).
 func (l *sweepLoop) sweepAll(ctx context.Context) {
 	names := slices.Clone(l.configured)
 	rows, err := l.handler.conn.Query(ctx, "SELECT DISTINCT cluster FROM conformance WHERE ts >= ?", clampDT(l.sweeper.now().Add(-l.cfg.Staleness)))
@@ -148,18 +157,40 @@ func (l *sweepLoop) sweepAll(ctx context.Context) {
 		rows.Close()
 	}
 	// Clusters are swept concurrently (at most sweepParallel at once),
-	// each within its own deadline, so a slow cluster never stalls another.
-	sem := make(chan struct{}, sweepParallel)
-	var wg sync.WaitGroup
+	// each within its own deadline.
+	if l.sem == nil {
+		l.sem = make(chan struct{}, sweepParallel)
+	}
 	for _, c := range names {
 		if !l.handler.Owns(events.Key(c, "")) {
 			continue
 		}
-		sem <- struct{}{}
-		wg.Add(1)
+		l.mu.Lock()
+		busy := l.sweeping[c]
+		if !busy {
+			if l.sweeping == nil {
+				l.sweeping = map[string]bool{}
+			}
+			l.sweeping[c] = true
+		}
+		l.mu.Unlock()
+		if busy {
+			continue
+		}
+		l.wg.Add(1)
 		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
+			defer l.wg.Done()
+			defer func() {
+				l.mu.Lock()
+				delete(l.sweeping, c)
+				l.mu.Unlock()
+			}()
+			select {
+			case l.sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			defer func() { <-l.sem }()
 			defer func() {
 				// A panic is this cluster's failed sweep (the next one tries
 				// again), not the end of the process.
@@ -176,7 +207,6 @@ func (l *sweepLoop) sweepAll(ctx context.Context) {
 			l.produce(ctx, c, out)
 		}()
 	}
-	wg.Wait()
 }
 
 // sweepParallel bounds the clusters swept at once; sweepTimeout bounds one.
