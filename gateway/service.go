@@ -20,6 +20,7 @@ import (
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+	"github.com/faultline/faultline/schemas/nvsentinel"
 )
 
 // History serves the read side of the API (GET /v1/events, /v1/actions),
@@ -66,9 +67,14 @@ func (s *service) SubmitEvents(ctx context.Context, req *faultlinev1.SubmitEvent
 
 // HealthEventOccurredV1 is NVSentinel's submission. Its events get client
 // ids where they have none (nvsentinelIDs), so a monitor's resend is one
-// event downstream.
+// event downstream, and then faultline's vocabulary where they report what
+// faultline's checks do (nvsentinel.Normalize: Xid "31" is "XID-31"), so
+// the correlation rules count them.
 func (s *service) HealthEventOccurredV1(ctx context.Context, req *datamodels.HealthEvents) (*emptypb.Empty, error) {
 	nvsentinelIDs(ctx, req.GetEvents())
+	for _, ev := range req.GetEvents() {
+		nvsentinel.Normalize(ev) // after the id, derived from the event as sent
+	}
 	if _, err := s.ingest(ctx, "HealthEventOccurredV1", req.GetEvents()); err != nil {
 		return nil, err
 	}

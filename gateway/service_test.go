@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -17,8 +18,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+	"github.com/faultline/faultline/schemas/nvsentinel"
 )
 
 // fakeProducer records what would go to Kafka (a unit-test stand-in; the
@@ -197,6 +200,41 @@ func TestNVSentinelResendIsOneEvent(t *testing.T) {
 				t.Errorf("two events of one call share id %s", c.evs[0].GetId())
 			}
 		})
+	}
+}
+
+// TestNVSentinelNormalised: NVSentinel's syslog monitor's Xid, sent in
+// direct mode, is produced in faultline's vocabulary (nvsentinel.Normalize:
+// "31" → "XID-31", GPU_UUID → GPU), with the same id when resent; an event
+// sent through faultline's own API is left as it is.
+func TestNVSentinelNormalised(t *testing.T) {
+	c := &capture{}
+	s := testService(c, 0, 0)
+	ctx := withCaller(context.Background(), Caller{Cluster: "alpha", Name: "token:alpha"})
+	nv := func() *datamodels.HealthEvent {
+		ev := validEvent()
+		ev.Agent, ev.CheckName, ev.ErrorCode = "syslog-health-monitor", "SysLogsXIDError", []string{"31"}
+		ev.EntitiesImpacted = []*datamodels.Entity{{EntityType: "PCI", EntityValue: "0000:17:00"}, {EntityType: "GPU_UUID", EntityValue: "GPU-3f2a"}}
+		return ev
+	}
+	for range 2 {
+		if _, err := s.HealthEventOccurredV1(ctx, &datamodels.HealthEvents{Version: 1, Events: []*datamodels.HealthEvent{nv()}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.SubmitEvents(ctx, &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{nv()}}); err != nil {
+		t.Fatal(err)
+	}
+	for i, ev := range c.evs[:2] {
+		if fmt.Sprint(ev.GetErrorCode()) != "[XID-31]" || events.EntityKey(ev) != "PCI=0000:17:00,GPU=GPU-3f2a" || ev.GetMetadata()[nvsentinel.MetaErrorCode] != "31" {
+			t.Fatalf("event %d: errorCode %v, entities %s, metadata %v: not normalised", i, ev.GetErrorCode(), events.EntityKey(ev), ev.GetMetadata())
+		}
+	}
+	if c.evs[0].GetId() != c.evs[1].GetId() {
+		t.Errorf("resend: ids %s and %s", c.evs[0].GetId(), c.evs[1].GetId())
+	}
+	if got := c.evs[2]; fmt.Sprint(got.GetErrorCode()) != "[31]" {
+		t.Errorf("SubmitEvents: errorCode %v, want it as sent", got.GetErrorCode())
 	}
 }
 

@@ -22,7 +22,10 @@
 // DeadlineExceeded, EOF or a reset connection) — and
 // gives an event without generatedTimestamp the time the agent received
 // it (and a new key), so an event that waits out a gateway outage keeps
-// the time it happened.
+// the time it happened. Each event is then given faultline's vocabulary
+// where it reports what faultline's own checks do (nvsentinel.Normalize:
+// the syslog monitor's Xid "31" is the kmsg check's "XID-31"), so the
+// correlation rules count it.
 package relay
 
 import (
@@ -45,6 +48,7 @@ import (
 	"github.com/faultline/faultline/internal/unixsock"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/nvsentinel"
 	"github.com/faultline/faultline/schemas/validate"
 )
 
@@ -210,9 +214,12 @@ func (s *Server) HealthEventOccurredV1(_ context.Context, req *datamodels.Health
 		if ev.GeneratedTimestamp == nil {
 			ev.Id = "" // the spool gives it a new key
 			ev.GeneratedTimestamp = received
-			continue
+		} else {
+			ev.Id = events.OccurrenceID(ev)
 		}
-		ev.Id = events.OccurrenceID(ev)
+		// After the id (derived from the event as sent), before the
+		// checks (which then see what is spooled).
+		nvsentinel.Normalize(ev)
 	}
 	if err := s.v.ValidateBatch(evs, now); err != nil {
 		return nil, s.refuse(resultInvalid, len(evs), codes.InvalidArgument, err.Error())

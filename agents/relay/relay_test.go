@@ -21,6 +21,7 @@ import (
 
 	"github.com/faultline/faultline/agents/agent"
 	"github.com/faultline/faultline/agents/relay"
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	"github.com/faultline/faultline/schemas/nvsentinel"
 )
@@ -187,6 +188,31 @@ func TestRelayResendIsOneEvent(t *testing.T) {
 				t.Fatalf("ids %q and %q: same %v, want %v", got[0].GetId(), got[1].GetId(), same, tc.same)
 			}
 		})
+	}
+}
+
+// TestRelayNormalises: the syslog monitor's Xid 31 (errorCode "31", PCI
+// and GPU_UUID entities, health-monitors/syslog-health-monitor/pkg/xid/
+// xid_handler.go in NVIDIA/NVSentinel) is spooled in faultline's
+// vocabulary (nvsentinel.Normalize), so the Xid rules count it, and its
+// resend keeps its id (derived from the event as sent).
+func TestRelayNormalises(t *testing.T) {
+	f := start(t, 1<<20)
+	ev := xid("gpu-node-42", "NVRM: Xid (PCI:0000:17:00): 31, pid=91237, name=python3")
+	ev.ErrorCode = []string{"31"}
+	ev.Entities = []nvsentinel.Entity{{Type: "PCI", Value: "0000:17:00"}, {Type: "GPU_UUID", Value: "GPU-3f2a"}}
+	for range 2 {
+		if err := f.send(t, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := f.spooled(t)
+	if len(got) != 2 || got[0].GetId() == "" || got[0].GetId() != got[1].GetId() {
+		t.Fatalf("spooled %v: want the event and its resend under one id", got)
+	}
+	if e := got[0]; strings.Join(e.GetErrorCode(), ",") != "XID-31" || events.EntityKey(e) != "PCI=0000:17:00,GPU=GPU-3f2a" ||
+		e.GetMetadata()[nvsentinel.MetaErrorCode] != "31" {
+		t.Fatalf("spooled errorCode %v, entities %s, metadata %v: not normalised", e.GetErrorCode(), events.EntityKey(e), e.GetMetadata())
 	}
 }
 

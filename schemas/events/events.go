@@ -66,6 +66,68 @@ const MetaGPUPods = "faultline.io/gpu-pods"
 // a pod created later is not in the list whatever GPU it holds.
 const MetaGPUPodsAt = "faultline.io/gpu-pods-at"
 
+// NormalizePCI returns a PCI address as "dddd:bb:dd" (or "dddd:bb:dd.f" with
+// keepFunc), lower case, with the domain cut or padded to four digits:
+// "00000000:3B:00.0", "0000:3b:00" and "3b:00.0" all become "0000:3b:00".
+// It is the form of a GPU event's PCI entity (the kmsg check's, and
+// NVSentinel's once schemas/nvsentinel normalised it), by which the Xid
+// rules match a GPU.
+func NormalizePCI(s string, keepFunc bool) string {
+	if canonicalPCI(s, keepFunc) {
+		return s
+	}
+	s = strings.ToLower(strings.TrimSpace(strings.TrimPrefix(s, "PCI:")))
+	fn := ""
+	if i := strings.LastIndexByte(s, '.'); i >= 0 {
+		fn = s[i:]
+		s = s[:i]
+	}
+	parts := strings.Split(s, ":")
+	switch len(parts) {
+	case 2:
+		parts = append([]string{"0000"}, parts...)
+	case 3:
+	default:
+		return s + fn
+	}
+	d := parts[0]
+	if len(d) > 4 {
+		d = d[len(d)-4:]
+	}
+	for len(d) < 4 {
+		d = "0" + d
+	}
+	out := d + ":" + parts[1] + ":" + parts[2]
+	if keepFunc {
+		if fn == "" {
+			fn = ".0"
+		}
+		out += fn
+	}
+	return out
+}
+
+// canonicalPCI reports whether s is already in NormalizePCI's form.
+func canonicalPCI(s string, keepFunc bool) bool {
+	n := 10
+	if keepFunc {
+		n = 12
+	}
+	if len(s) != n || s[4] != ':' || s[7] != ':' || (keepFunc && s[10] != '.') {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if i == 4 || i == 7 || (keepFunc && i == 10) {
+			continue
+		}
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // Printable returns s as valid UTF-8 ('?' for each invalid byte run)
 // with every control character, newlines included, turned into a space:
 // what an agent puts in an event from text it read (a kernel log line, a

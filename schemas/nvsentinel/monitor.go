@@ -9,7 +9,10 @@
 //   - the snapshot of NVSentinel's data-models (testdata/datamodels.txt,
 //     with the commits it was taken from) that TestMatchesNVSentinel holds
 //     faultline's schemas/proto/datamodels to, by descriptor: every name,
-//     number, type and enum value.
+//     number, type and enum value;
+//   - Normalize, which gives the events of NVSentinel's syslog monitor
+//     faultline's vocabulary ("XID-31" for its "31"), for both doors of
+//     NVSentinel's events (agents/relay, the gateway).
 package nvsentinel
 
 import (

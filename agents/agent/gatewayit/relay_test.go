@@ -155,7 +155,8 @@ func TestNVSentinelMonitorThroughRelay(t *testing.T) {
 		if ev.GetCluster() != "alpha" || ev.GetSubmitter().GetRole() != datamodels.SubmitterRole_SUBMITTER_ROLE_AGENT {
 			t.Errorf("%q: cluster %q submitter %v, want the agent credential's (alpha, agent)", m, ev.GetCluster(), ev.GetSubmitter())
 		}
-		if ev.GetProcessingStrategy() != strategy[m] || ev.GetAgent() != "syslog-health-monitor" || ev.GetErrorCode()[0] != "79" {
+		// the relay gives the syslog monitor's "79" faultline's name (nvsentinel.Normalize)
+		if ev.GetProcessingStrategy() != strategy[m] || ev.GetAgent() != "syslog-health-monitor" || ev.GetErrorCode()[0] != "XID-79" {
 			t.Errorf("%q: %v", m, ev)
 		}
 	}
