@@ -175,6 +175,11 @@ type fakeGateway struct {
 	// authorization header and TLS state of every call, before any check.
 	opts  []grpc.ServerOption
 	calls []fakeCall
+	// busy is how many calls, first, are refused as the gateway refuses
+	// one over its in-flight or rate budget; sizes records every call's
+	// number of events.
+	busy  int
+	sizes []int
 }
 
 // fakeCall is what the fake gateway saw of one SubmitEvents call.
@@ -223,6 +228,12 @@ func (g *fakeGateway) SubmitEvents(ctx context.Context, req *faultlinev1.SubmitE
 	}
 	g.mu.Lock()
 	g.calls = append(g.calls, call)
+	g.sizes = append(g.sizes, len(req.GetEvents()))
+	if g.busy > 0 {
+		g.busy--
+		g.mu.Unlock()
+		return nil, status.Error(codes.ResourceExhausted, "the gateway holds as many request bytes as it may (gateway.max_inflight_bytes); retry later")
+	}
 	g.mu.Unlock()
 	if g.token == "" { // client certificates authenticate
 		if call.tls == nil || len(call.tls.PeerCertificates) == 0 {

@@ -100,7 +100,9 @@ type GatewayConfig struct {
 	// Timeout bounds one SubmitEvents call (default 10s).
 	Timeout time.Duration `toml:"timeout"`
 	// BatchSize is the most events per SubmitEvents call (default 500);
-	// a call also carries at most 2 MiB of events, whatever their number.
+	// a call also carries at most 2 MiB of events, whatever their number,
+	// and half as much after each refusal as larger than the gateway's
+	// gateway.max_body_bytes, until the spool is empty.
 	BatchSize int `toml:"batch_size"`
 	// MaxBackoff caps the retry backoff (default 30s).
 	MaxBackoff time.Duration `toml:"max_backoff"`

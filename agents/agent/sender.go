@@ -31,7 +31,11 @@ import (
 // answer for a batch is retried one event at a time; a single event the
 // gateway rejects as invalid is dropped from the spool, logged and counted
 // (faultline_agent_rejected_events_total), since resending it can never
-// succeed.
+// succeed. A refusal that the message was larger than the gateway's
+// gateway.max_body_bytes (possibly set below maxBatchBytes) halves the
+// bytes of the next call, at once and until the spool is empty; a single
+// event larger alone can never be accepted and is dropped like an invalid
+// one (logged, counted in faultline_agent_rejected_events_total).
 type Sender struct {
 	cfg    GatewayConfig
 	spool  *Spool
@@ -39,6 +43,7 @@ type Sender struct {
 	m      *Metrics
 	conn   *grpc.ClientConn
 	client faultlinev1.EventsClient
+	budget int64 // bytes of one call's events: maxBatchBytes, halved by each too-large refusal
 }
 
 // maxBatchBytes bounds the encoded events of one SubmitEvents call, half
@@ -68,7 +73,7 @@ func NewSender(cfg GatewayConfig, spool *Spool, log *slog.Logger, m *Metrics, op
 	if err != nil {
 		return nil, fmt.Errorf("gateway.addr: %w", err)
 	}
-	return &Sender{cfg: cfg, spool: spool, log: log, m: m, conn: conn, client: faultlinev1.NewEventsClient(conn)}, nil
+	return &Sender{cfg: cfg, spool: spool, log: log, m: m, conn: conn, client: faultlinev1.NewEventsClient(conn), budget: maxBatchBytes}, nil
 }
 
 // tlsConfig is the TLS of the connection to the gateway: TLS 1.2 or later,
@@ -151,14 +156,14 @@ func (s *Sender) Run(ctx context.Context) error {
 		if single {
 			n = 1
 		}
-		evs, next, err := s.spool.PeekBytes(n, maxBatchBytes)
+		evs, next, err := s.spool.PeekBytes(n, s.budget)
 		if err != nil {
 			s.log.Error("spool read failed", "err", err)
 			backoff = s.nextBackoff(backoff)
 			continue
 		}
 		if len(evs) == 0 {
-			single = false
+			single, s.budget = false, maxBatchBytes // a gateway whose limit was raised gets whole batches again
 			select {
 			case <-ctx.Done():
 				return nil
@@ -182,8 +187,14 @@ func (s *Sender) Run(ctx context.Context) error {
 		case code == codes.InvalidArgument && len(evs) > 1:
 			s.log.Warn("gateway rejected a batch as invalid; retrying one event at a time", "events", len(evs), "err", err)
 			single = true
-		case code == codes.InvalidArgument:
-			s.log.Error("gateway rejected an event as invalid; dropped from the spool", "check", evs[0].GetCheckName(), "message", evs[0].GetMessage(), "err", err)
+		case tooLarge(err) && len(evs) > 1:
+			s.m.sendErrors.WithLabelValues(code.String()).Inc()
+			size := encodedSize(evs)
+			s.budget = max(min(s.budget, size)/2, 1)
+			s.log.Warn("gateway refused a call as larger than its gateway.max_body_bytes; sending smaller calls", "events", len(evs), "bytes", size, "next_bytes", s.budget, "err", err)
+		case code == codes.InvalidArgument || tooLarge(err):
+			s.log.Error("gateway rejected an event as invalid or larger than its gateway.max_body_bytes; dropped from the spool",
+				"check", evs[0].GetCheckName(), "message", evs[0].GetMessage(), "bytes", encodedSize(evs), "err", err)
 			s.m.rejected.Inc()
 			if err := s.spool.Commit(next); err != nil {
 				s.log.Error("spool commit failed", "err", err)
@@ -196,6 +207,22 @@ func (s *Sender) Run(ctx context.Context) error {
 			backoff = s.nextBackoff(backoff)
 		}
 	}
+}
+
+// tooLarge reports whether err is gRPC's refusal of a message over the
+// gateway's receive limit (gateway.max_body_bytes): ResourceExhausted
+// "grpc: received message larger than max (N vs. M)" (and its
+// after-decompression forms). The gateway's other ResourceExhausted
+// answers (rate, in-flight bytes: "retry later") are not: those back off
+// with the batch kept whole.
+func tooLarge(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.ResourceExhausted && strings.Contains(st.Message(), "larger than max")
+}
+
+// encodedSize is the bytes of evs in a SubmitEventsRequest.
+func encodedSize(evs []*datamodels.HealthEvent) int64 {
+	return int64((&faultlinev1.SubmitEventsRequest{Events: evs}).SizeVT())
 }
 
 func (s *Sender) nextBackoff(b time.Duration) time.Duration {
