@@ -241,9 +241,11 @@ func seed() (stored, batch []seedEvent, actions, batchActions []seedAction) {
 	}
 	ib, ibDeg, xid, sxid, fm := "InfiniBandStateCheck", "InfiniBandDegradationCheck", "SysLogsXIDError", "SysLogsSXIDError", "FabricManagerNVSwitchError"
 	// RepeatedNICLinkFlap: a port going down three times in two minutes
-	// (state check and link_downed counter), recovering in between.
+	// (state check and link_downed counter), recovering in between; its
+	// first DOWN reported again (a second source) is no second down.
 	add(
 		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(0)},
+		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(2 * time.Second)},
 		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(30 * time.Second), healthy: true},
 		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(60*time.Second + 250*time.Millisecond)},
 		seedEvent{node: "n-flap", check: ibDeg, ents: port("mlx5_0"), at: s(61 * time.Second), codes: []string{"link_downed"}, meta: [][2]string{{"delta", "2"}}},

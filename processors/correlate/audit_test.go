@@ -4,6 +4,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -37,29 +40,86 @@ func nicDegraded(cluster, node string, at time.Duration) *datamodels.HealthEvent
 	return ev
 }
 
-// TestFlapCountsLinkDowns: RepeatedNICLinkFlap counts link-downs — the
-// state check's unhealthy reports and the link_downed increases — not
-// the NIC agent's escalation: a port going ACTIVE → LinkErrorRecovery →
-// DOWN is reported as two unhealthy events (non-fatal, then fatal) and
-// went down once.
+// TestFlapCountsLinkDowns: RepeatedNICLinkFlap counts link-downs — a
+// port's healthy → unhealthy transitions and the link_downed increases —
+// not every unhealthy report: unhealthy events with no healthy one between
+// are one down. The NIC agent's escalation (ACTIVE → LinkErrorRecovery →
+// DOWN, two unhealthy events, non-fatal then fatal), its DOWN reported
+// again (it restarted between spooling the event and saving its state: a
+// new id and time) and NVSentinel's NIC monitor's report of the same DOWN
+// beside the agent's each went down once.
 func TestFlapCountsLinkDowns(t *testing.T) {
 	s := server(t)
-	m, sec := time.Minute, time.Second
-	t.Run("an escalation within unhealthy is not another down", func(t *testing.T) {
-		c := newCluster("flapx")
-		hs := newHarness(t, s, DefaultRules, nil)
-		hs.cluster = c
-		runSteps(t, hs, []step{
-			// one link-down: error recovery, then DOWN (counter +1), back up
-			{evs: evs(nicDegraded(c, "n1", 0), nicState(c, "n1", 1*sec, false), linkDowned(c, "n1", 2*sec, 1)), want: none},
-			{evs: evs(nicState(c, "n1", 30*sec, true)), want: none},
-			// a second link-down
-			{evs: evs(nicState(c, "n1", 2*m, false), linkDowned(c, "n1", 2*m+1*sec, 1)), want: none},
-			{evs: evs(nicState(c, "n1", 2*m+30*sec, true)), want: none},
-			// the third is a flap
-			{evs: evs(nicState(c, "n1", 4*m, false)), want: "RepeatedNICLinkFlap:fault"},
+	m, sec, ms := time.Minute, time.Second, time.Millisecond
+	// again is ev reported a second time under its own id, shift later.
+	again := func(ev *datamodels.HealthEvent, shift time.Duration) *datamodels.HealthEvent {
+		c := proto.Clone(ev).(*datamodels.HealthEvent)
+		c.Id = ""
+		c.GeneratedTimestamp = timestamppb.New(ev.GetGeneratedTimestamp().AsTime().Add(shift))
+		return c
+	}
+	// twoSources is a flap at at as faultline's nic check and NVSentinel's
+	// NIC monitor (polling 400ms later) both report it: their DOWNs, then
+	// their UPs 20s later.
+	twoSources := func(c string, at time.Duration) []*datamodels.HealthEvent {
+		d, u := nicState(c, "n1", at, false), nicState(c, "n1", at+20*sec, true)
+		return evs(d, again(d, 400*ms), u, again(u, 400*ms))
+	}
+	for _, tc := range []struct {
+		name  string
+		steps func(c string) []step
+	}{
+		{"an escalation within unhealthy is not another down", func(c string) []step {
+			return []step{
+				// one link-down: error recovery, then DOWN (counter +1), back up
+				{evs: evs(nicDegraded(c, "n1", 0), nicState(c, "n1", 1*sec, false), linkDowned(c, "n1", 2*sec, 1)), want: none},
+				{evs: evs(nicState(c, "n1", 30*sec, true)), want: none},
+				// a second link-down
+				{evs: evs(nicState(c, "n1", 2*m, false), linkDowned(c, "n1", 2*m+1*sec, 1)), want: none},
+				{evs: evs(nicState(c, "n1", 2*m+30*sec, true)), want: none},
+				// the third is a flap
+				{evs: evs(nicState(c, "n1", 4*m, false)), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
+		{"a DOWN reported again before an UP is one down", func(c string) []step {
+			d := nicState(c, "n1", 0, false)
+			return []step{
+				{evs: evs(d), want: none},
+				// the agent restarted before saving its state: the DOWN again
+				{evs: evs(again(d, 5*sec)), want: none},
+				{evs: evs(nicState(c, "n1", 30*sec, true)), want: none},
+				{evs: evs(nicState(c, "n1", 2*m, false)), want: none},
+				{evs: evs(nicState(c, "n1", 2*m+30*sec, true)), want: none},
+				{evs: evs(nicState(c, "n1", 4*m, false)), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
+		{"two sources' DOWNs for one flap are one down", func(c string) []step {
+			return []step{
+				{evs: twoSources(c, 0), want: none},
+				{evs: twoSources(c, 2*m), want: none},
+				{evs: twoSources(c, 4*m), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
+		{"two sources' DOWNs in separate batches are one down", func(c string) []step {
+			var out []step
+			for i, at := range []time.Duration{0, 2 * m, 4 * m} {
+				f := twoSources(c, at)
+				want := none
+				if i == 2 {
+					want = "RepeatedNICLinkFlap:fault"
+				}
+				out = append(out, step{evs: f[:1], want: want}, step{evs: f[1:2], want: none}, step{evs: f[2:], want: none})
+			}
+			return out
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster("flapx")
+			hs := newHarness(t, s, DefaultRules, nil)
+			hs.cluster = c
+			runSteps(t, hs, tc.steps(c))
 		})
-	})
+	}
 }
 
 // TestXidGPUKnownByPCIOnly: the kmsg agent names a GPU "PCI=…" alone until

@@ -16,9 +16,11 @@ import (
 // same id counts once, even in the same batch or a later one; the same
 // report under a second id counts twice — what a relayed NVSentinel resend
 // was before the relay and the gateway kept its id, and what NVSentinel's
-// syslog and NIC monitors add beside the agent's own kmsg and nic checks
-// (their copies come at other times, with other codes), unless the agent
-// stores those copies only (STORE_ONLY).
+// syslog monitor adds beside the agent's own kmsg check (its copies come
+// at other times, with other codes), unless the agent stores those copies
+// only (STORE_ONLY). A NIC port's link-downs are its healthy → unhealthy
+// transitions, so NVSentinel's NIC monitor's copy of a DOWN, unhealthy
+// after unhealthy, is no second down.
 func TestOneOccurrenceCountsOnce(t *testing.T) {
 	s := server(t)
 	m, sec := time.Minute, time.Second
@@ -59,10 +61,10 @@ func TestOneOccurrenceCountsOnce(t *testing.T) {
 			a := xid(c, "n1", 0, 31, false, 1)
 			return [][]*datamodels.HealthEvent{{a}, {copied(a, 2*sec, live, "")}}
 		}, "RepeatedXID31OnSameGPU:fault"},
-		{"two flaps, each also from NVSentinel's NIC monitor: four downs", func(c string) [][]*datamodels.HealthEvent {
-			d1, d2 := nicState(c, "n1", 0, false), nicState(c, "n1", 4*m, false)
-			return [][]*datamodels.HealthEvent{{d1, copied(d1, sec, live, "")}, {nicState(c, "n1", 1*m, true)}, {d2, copied(d2, sec, live, "")}}
-		}, "RepeatedNICLinkFlap:fault"},
+		{"two flaps, each also from NVSentinel's NIC monitor: two downs (a flap is a transition)", func(c string) [][]*datamodels.HealthEvent {
+			d1, u1, d2 := nicState(c, "n1", 0, false), nicState(c, "n1", 1*m, true), nicState(c, "n1", 4*m, false)
+			return [][]*datamodels.HealthEvent{{d1, copied(d1, sec, live, "")}, {u1, copied(u1, sec, live, "")}, {d2, copied(d2, sec, live, "")}}
+		}, none},
 		{"two flaps, the monitor's copies STORE_ONLY: two downs", func(c string) [][]*datamodels.HealthEvent {
 			d1, d2 := nicState(c, "n1", 0, false), nicState(c, "n1", 4*m, false)
 			return [][]*datamodels.HealthEvent{{d1, copied(d1, sec, storeOnly, "")}, {nicState(c, "n1", 1*m, true)}, {d2, copied(d2, sec, storeOnly, "")}}

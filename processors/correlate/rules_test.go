@@ -36,6 +36,17 @@ func flap(c, node string, at time.Duration) []*datamodels.HealthEvent {
 	return evs(nicState(c, node, at, false), nicState(c, node, at+10*time.Second, true))
 }
 
+// redown is a port back ACTIVE 10s before at and DOWN again at at.
+func redown(c, node string, at time.Duration) []*datamodels.HealthEvent {
+	return evs(nicState(c, node, at-10*time.Second, true), nicState(c, node, at, false))
+}
+
+// threeFlapRecords is a port going DOWN at 0, 1m and 2m, back ACTIVE
+// between: a flap's verdict at the third down.
+func threeFlapRecords(t *testing.T, c string) []*kgo.Record {
+	return records(t, append(append(flap(c, "n1", 0), flap(c, "n1", 1*time.Minute)...), nicState(c, "n1", 2*time.Minute, false)))
+}
+
 func records(t *testing.T, evs []*datamodels.HealthEvent) []*kgo.Record {
 	var out []*kgo.Record
 	for _, e := range evs {
@@ -90,21 +101,21 @@ func TestRules(t *testing.T) {
 				{evs: evs(nicState(c, "n1", 4*m+10*sec, true)), want: none},
 				{evs: evs(nicState(c, "n1", 9*m+59*sec, false)), want: "RepeatedNICLinkFlap:fault"},
 				// stabilization: the verdict stands, a fourth down emits nothing
-				{evs: evs(nicState(c, "n1", 10*m+30*sec, false)), want: none},
+				{evs: redown(c, "n1", 10*m+30*sec), want: none},
 			}
 		}},
 		{"flap window edge: a down exactly 10m before does not count", func(c string) []step {
 			return []step{
-				{evs: evs(nicState(c, "n1", 0, false)), want: none},
-				{evs: evs(nicState(c, "n1", 5*m, false)), want: none},
+				{evs: flap(c, "n1", 0), want: none},
+				{evs: flap(c, "n1", 5*m), want: none},
 				{evs: evs(nicState(c, "n1", 10*m, false)), want: none},
-				{evs: evs(nicState(c, "n1", 10*m+1*sec, false)), want: "RepeatedNICLinkFlap:fault"},
+				{evs: evs(nicState(c, "n1", 10*m+500*time.Millisecond, true), nicState(c, "n1", 10*m+1*sec, false)), want: "RepeatedNICLinkFlap:fault"},
 			}
 		}},
 		{"flap: state event and counter increase of one flap count once", func(c string) []step {
 			return []step{
 				{evs: evs(nicState(c, "n1", 0, false), linkDowned(c, "n1", 1*sec, 1)), want: none},
-				{evs: evs(nicState(c, "n1", 2*m, false), linkDowned(c, "n1", 2*m+1*sec, 1)), want: none},
+				{evs: evs(nicState(c, "n1", 1*m, true), nicState(c, "n1", 2*m, false), linkDowned(c, "n1", 2*m+1*sec, 1)), want: none},
 				// a sub-second flap only the counter saw
 				{evs: evs(linkDowned(c, "n1", 3*m, 1)), want: "RepeatedNICLinkFlap:fault"},
 			}
@@ -117,17 +128,19 @@ func TestRules(t *testing.T) {
 				{sweep: 32 * m, want: "RepeatedNICLinkFlap:recovery"},
 				{sweep: 40 * m, want: none},
 				// it flaps again: a new verdict
-				{evs: evs(nicState(c, "n1", 50*m, false), nicState(c, "n1", 51*m, false), nicState(c, "n1", 52*m, false)), want: "RepeatedNICLinkFlap:fault"},
+				{evs: append(append(flap(c, "n1", 50*m), flap(c, "n1", 51*m)...), flap(c, "n1", 52*m)...), want: "RepeatedNICLinkFlap:fault"},
 			}
 		}},
 		{"STORE_ONLY events never trigger nor count", func(c string) []step {
-			so := func(e *datamodels.HealthEvent) *datamodels.HealthEvent {
-				e.ProcessingStrategy = datamodels.ProcessingStrategy_STORE_ONLY
-				return e
+			so := func(es []*datamodels.HealthEvent) []*datamodels.HealthEvent {
+				for _, e := range es {
+					e.ProcessingStrategy = datamodels.ProcessingStrategy_STORE_ONLY
+				}
+				return es
 			}
 			return []step{
-				{evs: evs(so(nicState(c, "n1", 0, false)), so(nicState(c, "n1", 1*m, false)), so(nicState(c, "n1", 2*m, false))), want: none},
-				{evs: evs(nicState(c, "n1", 3*m, false), nicState(c, "n1", 4*m, false)), want: none},
+				{evs: so(append(append(flap(c, "n1", 0), flap(c, "n1", 1*m)...), flap(c, "n1", 2*m)...)), want: none},
+				{evs: append(flap(c, "n1", 3*m), flap(c, "n1", 4*m)...), want: none},
 				{evs: evs(nicState(c, "n1", 5*m, false)), want: "RepeatedNICLinkFlap:fault"},
 			}
 		}},
@@ -221,14 +234,14 @@ func TestRules(t *testing.T) {
 				{evs: evs(nicState(c, "n6", 2*m+25*sec, false)), want: "FabricIncident:fault"},
 				{evs: evs(nicState(c, "n7", 2*m+30*sec, false)), want: none},
 				// n1 flaps a third time while the incident stands
-				{evs: evs(nicState(c, "n1", 3*m, false)), want: none},
-				{evs: evs(nicState(c, "n1", 4*m, false)), want: "RepeatedNICLinkFlap:fault:suppressed"},
+				{evs: redown(c, "n1", 3*m), want: none},
+				{evs: redown(c, "n1", 4*m), want: "RepeatedNICLinkFlap:fault:suppressed"},
 			}
 		}},
 		{"fabric: the incident and the per-node verdicts in one batch: suppressed already", func(c string) []step {
 			return []step{
-				{evs: evs(nicState(c, "n1", 0, false), nicState(c, "n1", 10*sec, false), nicState(c, "n2", 15*sec, false),
-					nicState(c, "n3", 16*sec, false), nicState(c, "n1", 20*sec, false), nicState(c, "n4", 20*sec, false)),
+				{evs: evs(nicState(c, "n1", 0, false), nicState(c, "n1", 5*sec, true), nicState(c, "n1", 10*sec, false), nicState(c, "n1", 12*sec, true),
+					nicState(c, "n2", 15*sec, false), nicState(c, "n3", 16*sec, false), nicState(c, "n1", 20*sec, false), nicState(c, "n4", 20*sec, false)),
 					want: "FabricIncident:fault,RepeatedNICLinkFlap:fault:suppressed"},
 			}
 		}},
@@ -283,7 +296,7 @@ func TestRules(t *testing.T) {
 	t.Run("no loop: derived events fed back derive nothing", func(t *testing.T) {
 		c := newCluster("loop")
 		hs := newHarness(t, s, DefaultRules, nil)
-		got := hs.batch(evRecord(t, nicState(c, "n1", 0, false)), evRecord(t, nicState(c, "n1", 1*m, false)), evRecord(t, nicState(c, "n1", 2*m, false)))
+		got := hs.batch(threeFlapRecords(t, c)...)
 		if describe(got) != "RepeatedNICLinkFlap:fault" {
 			t.Fatalf("derived %q", describe(got))
 		}
@@ -305,7 +318,7 @@ func TestRules(t *testing.T) {
 	t.Run("derived events are the pipeline's; key and payload must agree", func(t *testing.T) {
 		c := newCluster("pipeline")
 		hs := newHarness(t, s, DefaultRules, nil)
-		got := hs.batch(evRecord(t, nicState(c, "n1", 0, false)), evRecord(t, nicState(c, "n1", 1*m, false)), evRecord(t, nicState(c, "n1", 2*m, false)))
+		got := hs.batch(threeFlapRecords(t, c)...)
 		if len(got) != 1 {
 			t.Fatalf("derived %q", describe(got))
 		}
@@ -412,7 +425,7 @@ func TestRules(t *testing.T) {
 	t.Run("a retried batch re-emits the same verdict", func(t *testing.T) {
 		c := newCluster("retry")
 		hs := newHarness(t, s, DefaultRules, nil)
-		r := []*kgo.Record{evRecord(t, nicState(c, "n1", 0, false)), evRecord(t, nicState(c, "n1", 1*m, false)), evRecord(t, nicState(c, "n1", 2*m, false))}
+		r := threeFlapRecords(t, c)
 		first, err := hs.h.Handle(ctx(t), r) // outputs lost: produce failed
 		if err != nil {
 			t.Fatal(err)

@@ -1,15 +1,19 @@
--- RepeatedNICLinkFlap: link-down occurrences on one NIC port (gkey = the
--- port's entity key "NIC=mlx5_0,NICPort=1") in (at - window, at].
--- A link-down is a state-check event reporting the port unhealthy (the
--- healthy->unhealthy crossing) or a link_downed counter increase from the
--- degradation check. A fatal state event right after a non-fatal unhealthy
--- one (no healthy event between) is not another down: the NIC agent
--- reports a port going ACTIVE -> LinkErrorRecovery/INIT (non-fatal) ->
--- DOWN (fatal) as two unhealthy events, its escalation, and the port went
--- down once. One real flap usually produces both a state event and a
--- counter increase, so the two are not added: the value is
--- max(state-check downs, sum of link_downed deltas), which also counts
--- the sub-second flaps only the counter sees.
+-- RepeatedNICLinkFlap: link-downs of one NIC port (gkey = the port's
+-- entity key "NIC=mlx5_0,NICPort=1") in (at - window, at].
+-- A flap is a transition: a state-check down is an unhealthy state event
+-- of the port whose previous state event (per port in time order, over
+-- every source) is healthy, or that is the port's first state event read
+-- (the port was up before, or it would not be reported). Unhealthy events
+-- with no healthy one between are one down: the NIC agent's escalation
+-- ACTIVE -> LinkErrorRecovery/INIT (non-fatal) -> DOWN (fatal), reported
+-- as two unhealthy events; a DOWN reported again (the agent restarted
+-- between spooling it and saving its state: a new id and time); a second
+-- source's report of the same DOWN (NVSentinel's NIC monitor beside
+-- faultline's nic check). A link_downed counter increase from the
+-- degradation check counts its delta. One real flap usually produces
+-- both a state event and a counter increase, so the two are not added:
+-- the value is max(state-check downs, sum of link_downed deltas), which
+-- also counts the sub-second flaps only the counter sees.
 -- param: state_checks Array(String)    state-check names
 -- param: counter_checks Array(String)  degradation-check names
 SELECT
@@ -21,15 +25,15 @@ FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers) AS
 ALL INNER JOIN
 (
     -- per port, its state events in time order: an unhealthy one counts
-    -- (down = 1) unless it is a fatal one right after a non-fatal unhealthy
-    -- one (an escalation); counter increases (down = 0) are kept as they
-    -- are; healthy state events only tell escalations apart
+    -- (down = 1) when it is the first or follows a healthy one (a
+    -- healthy -> unhealthy crossing); counter increases (down = 0) are
+    -- kept as they are; healthy state events only tell crossings apart
     SELECT gh, tupleElement(r, 1) AS id, tupleElement(r, 2) AS t, tupleElement(r, 3) AS down, tupleElement(r, 4) AS delta
     FROM
     (
         SELECT gh,
             arrayConcat(
-                arrayFilter((x, i) -> kinds_s[i] != 0 AND NOT (kinds_s[i] = 1 AND i > 1 AND kinds_s[i - 1] = 3),
+                arrayFilter((x, i) -> kinds_s[i] != 0 AND (i = 1 OR kinds_s[i - 1] = 0),
                     arrayMap((a, b, k) -> tuple(a, b, toUInt8(1), toUInt64(0)), ids_s, ts_s, kinds_s), arrayEnumerate(ids_s)),
                 arrayMap((a, b, d) -> tuple(a, b, toUInt8(0), d), cids, cts, cdeltas)) AS rs
         FROM
