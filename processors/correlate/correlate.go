@@ -164,7 +164,10 @@ type item struct {
 	cluster string
 	node    string
 	atMS    int64
-	vars    map[string]any
+	// recvMS is when the record reached faultline (an event's
+	// receivedTimestamp, the gateway's clock; an action's time).
+	recvMS int64
+	vars   map[string]any
 }
 
 // trigger is one evaluation of a rule: a group at a time.
@@ -177,6 +180,7 @@ type trigger struct {
 	class     string
 	check     string
 	atMS      int64
+	recvMS    int64 // the trigger's receivedTimestamp (item.recvMS); 0: atMS
 	sourceID  string
 	dnode     string // node of the derived event
 	dentity   string // entity key of the derived event
@@ -341,7 +345,7 @@ func decode(recs []*kgo.Record, log *slog.Logger) ([]item, []pipeline.Dead) {
 			if a.GetTimestamp() != nil {
 				ts = a.GetTimestamp().AsTime()
 			}
-			it.atMS = ts.UnixMilli()
+			it.atMS, it.recvMS = ts.UnixMilli(), ts.UnixMilli()
 			items = append(items, it)
 		default:
 			ev, err := events.Unmarshal(rec.Value)
@@ -354,6 +358,7 @@ func decode(recs []*kgo.Record, log *slog.Logger) ([]item, []pipeline.Dead) {
 			if ev.GetReceivedTimestamp() != nil {
 				ts = ev.GetReceivedTimestamp().AsTime()
 			}
+			it.recvMS = ts.UnixMilli()
 			if ev.GetGeneratedTimestamp() != nil {
 				ts = ev.GetGeneratedTimestamp().AsTime()
 			}
@@ -382,7 +387,7 @@ func (h *Handler) triggers(r *Rule, items []item) []trigger {
 				continue
 			}
 			out = append(out, trigger{
-				tid: strconv.Itoa(len(out)), cluster: it.cluster, node: it.node, atMS: it.atMS, sourceID: it.act.GetId(),
+				tid: strconv.Itoa(len(out)), cluster: it.cluster, node: it.node, atMS: it.atMS, recvMS: it.recvMS, sourceID: it.act.GetId(),
 				entities: []*datamodels.Entity{{EntityType: events.EntityNode, EntityValue: it.node}},
 				check:    it.act.GetCheckName(), dnode: it.node, dentity: events.EntityNode + "=" + it.node,
 			})
@@ -398,7 +403,7 @@ func (h *Handler) triggers(r *Rule, items []item) []trigger {
 		if !h.matches(r, it.vars) {
 			continue
 		}
-		t := trigger{tid: strconv.Itoa(len(out)), cluster: it.cluster, node: it.node, atMS: it.atMS, sourceID: ev.GetId(),
+		t := trigger{tid: strconv.Itoa(len(out)), cluster: it.cluster, node: it.node, atMS: it.atMS, recvMS: it.recvMS, sourceID: ev.GetId(),
 			class: ev.GetComponentClass(), check: ev.GetCheckName()}
 		switch r.Scope {
 		case ScopeEntity:
@@ -646,6 +651,15 @@ func (h *Handler) derive(r *Rule, em emission) *datamodels.HealthEvent {
 		class = t.class
 	}
 	ts := timestamppb.New(time.UnixMilli(t.atMS).UTC())
+	// Received: when its trigger reached faultline (the gateway's clock),
+	// not the trigger's generatedTimestamp (an agent's): the quarantine
+	// role tells an earlier machine's events from a Node object's own by
+	// the received time (an event of a new machine's boot, generated
+	// before its Node registered, is its own).
+	recv := ts
+	if t.recvMS != 0 {
+		recv = timestamppb.New(time.UnixMilli(t.recvMS).UTC())
+	}
 	ev := &datamodels.HealthEvent{
 		Version:            1,
 		Id:                 em.id,
@@ -654,7 +668,7 @@ func (h *Handler) derive(r *Rule, em emission) *datamodels.HealthEvent {
 		CheckName:          r.CheckName,
 		EntitiesImpacted:   t.entities,
 		GeneratedTimestamp: ts,
-		ReceivedTimestamp:  ts,
+		ReceivedTimestamp:  recv,
 		Cluster:            t.cluster,
 		DerivedBy:          r.Name,
 		ProcessingStrategy: r.Strategy,

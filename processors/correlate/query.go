@@ -395,7 +395,7 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 				continue
 			}
 			seen[k] = true
-			t.tid, t.atMS = fmt.Sprint(len(uniq)), now.UnixMilli()
+			t.tid, t.atMS, t.recvMS = fmt.Sprint(len(uniq)), now.UnixMilli(), now.UnixMilli()
 			uniq = append(uniq, t)
 		}
 		empty, err := newBatchTables(nil) // a sweep has no records

@@ -1,0 +1,62 @@
+package correlate
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// TestDerivedKeepsTheTriggersReceivedTime: a derived event is received
+// when its trigger reached faultline (the gateway's receivedTimestamp),
+// not when an agent says it generated it. The quarantine role skips an
+// event received before the Node object was created (one of an earlier
+// machine of that name), so a verdict on a new machine's boot-time
+// fault — generated (the kernel's time) before its Node registered,
+// received after — must not read as received before the Node existed.
+func TestDerivedKeepsTheTriggersReceivedTime(t *testing.T) {
+	rules, err := LoadRules("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rule *Rule
+	for _, r := range rules {
+		if r.Name == "RepeatedNICLinkFlap" {
+			rule = r
+		}
+	}
+	if rule == nil {
+		t.Fatal("no shipped RepeatedNICLinkFlap rule")
+	}
+	h := New(nil, rules, time.Now, time.Minute, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	generated := base                      // the agent's time: the node's boot, before it registered
+	received := base.Add(90 * time.Second) // the gateway's: after the Node was created
+	for _, tc := range []struct {
+		name          string
+		gen, recv     *timestamppb.Timestamp
+		wantGenerated time.Time
+		wantReceived  time.Time
+	}{
+		{"generated before received", timestamppb.New(generated), timestamppb.New(received), generated, received},
+		{"no generated time", nil, timestamppb.New(received), received, received},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ev := nicState("c1", "n1", 0, false)
+			ev.GeneratedTimestamp, ev.ReceivedTimestamp = tc.gen, tc.recv
+			items, _ := decode(records(t, evs(ev)), slog.New(slog.NewTextHandler(io.Discard, nil)))
+			trigs := h.triggers(rule, items)
+			if len(trigs) != 1 {
+				t.Fatalf("%d triggers, want 1", len(trigs))
+			}
+			d := h.derive(rule, emission{t: trigs[0], res: result{value: 3}, mode: ModeLive})
+			if got := d.GetGeneratedTimestamp().AsTime(); !got.Equal(tc.wantGenerated) {
+				t.Errorf("derived generatedTimestamp %s, want %s (the trigger's)", got.Format(time.RFC3339Nano), tc.wantGenerated.Format(time.RFC3339Nano))
+			}
+			if got := d.GetReceivedTimestamp().AsTime(); !got.Equal(tc.wantReceived) {
+				t.Errorf("derived receivedTimestamp %s, want %s (when the trigger reached the gateway)", got.Format(time.RFC3339Nano), tc.wantReceived.Format(time.RFC3339Nano))
+			}
+		})
+	}
+}
