@@ -110,6 +110,21 @@ func (hs *harness) batch(recs ...*kgo.Record) []*datamodels.HealthEvent {
 	return hs.storeDerived(recs, res.Out)
 }
 
+// batches hands each batch of events to batch in turn; it returns every
+// derived event.
+func (hs *harness) batches(bs [][]*datamodels.HealthEvent) []*datamodels.HealthEvent {
+	hs.t.Helper()
+	var got []*datamodels.HealthEvent
+	for _, b := range bs {
+		var recs []*kgo.Record
+		for _, ev := range b {
+			recs = append(recs, evRecord(hs.t, ev))
+		}
+		got = append(got, hs.batch(recs...)...)
+	}
+	return got
+}
+
 func (hs *harness) storeDerived(in, out []*kgo.Record) []*datamodels.HealthEvent {
 	hs.t.Helper()
 	all := append(append([]*kgo.Record(nil), in...), out...)

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/schemas/events"
@@ -74,15 +73,7 @@ func TestNVSentinelEventsCount(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster("nvs")
 			hs := newHarness(t, s, DefaultRules, nil)
-			var got []*datamodels.HealthEvent
-			for _, b := range tc.steps(c) {
-				var recs []*kgo.Record
-				for _, ev := range b {
-					recs = append(recs, evRecord(t, ev))
-				}
-				got = append(got, hs.batch(recs...)...)
-			}
-			if d := describe(got); d != tc.want {
+			if d := describe(hs.batches(tc.steps(c))); d != tc.want {
 				t.Fatalf("derived %q, want %q", d, tc.want)
 			}
 		})

@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -91,15 +90,7 @@ func TestOneOccurrenceCountsOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster("occ")
 			hs := newHarness(t, s, DefaultRules, nil)
-			var got []*datamodels.HealthEvent
-			for _, b := range tc.steps(c) {
-				var recs []*kgo.Record
-				for _, ev := range b {
-					recs = append(recs, evRecord(t, ev))
-				}
-				got = append(got, hs.batch(recs...)...)
-			}
-			if d := describe(got); d != tc.want {
+			if d := describe(hs.batches(tc.steps(c))); d != tc.want {
 				t.Fatalf("derived %q, want %q", d, tc.want)
 			}
 		})
