@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -39,18 +37,8 @@ func TestSpoolDrainsThroughSmallMaxBody(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			gw := gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) { c.MaxBodyBytes = tc.maxBody }, gateway.Options{})
-			dir := t.TempDir()
-			tok := filepath.Join(dir, "token")
-			if err := os.WriteFile(tok, []byte(gw.Token("alpha")+"\n"), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			cfg := agent.DefaultConfig()
-			node := fmt.Sprintf("node-maxbody-%d", time.Now().UnixNano())
-			cfg.NodeName, cfg.MetricsAddr = node, ""
-			cfg.Gateway.Addr, cfg.Gateway.TokenFile, cfg.Gateway.MaxBackoff = gw.GRPCAddr(), tok, 300*time.Millisecond
-			cfg.Gateway.Timeout = 3 * time.Second
-			cfg.Gateway.Insecure = true // gatewaytest serves plaintext
-			cfg.Spool.Dir = filepath.Join(dir, "spool")
+			cfg := agentConfig(t, gw, "node-maxbody")
+			node := cfg.NodeName
 			// The whole backlog is in the check's first answer: one
 			// spool append, then calls of 500 events at most.
 			qc := &queueCheck{}

@@ -44,6 +44,25 @@ func (c *queueCheck) add(msg string) {
 		EntitiesImpacted:  []*datamodels.Entity{{EntityType: events.EntityNIC, EntityValue: "mlx5_0"}}})
 }
 
+// agentConfig is an agent's config for the gateway gw (plaintext, the
+// alpha cluster's token, short backoff), named prefix-<now>, spooling in
+// a temporary directory.
+func agentConfig(t *testing.T, gw *gatewaytest.Server, prefix string) agent.Config {
+	t.Helper()
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	if err := os.WriteFile(tok, []byte(gw.Token("alpha")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := agent.DefaultConfig()
+	cfg.NodeName, cfg.MetricsAddr = fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano()), ""
+	cfg.Gateway.Addr, cfg.Gateway.TokenFile, cfg.Gateway.MaxBackoff = gw.GRPCAddr(), tok, 300*time.Millisecond
+	cfg.Gateway.Timeout = 3 * time.Second
+	cfg.Gateway.Insecure = true // gatewaytest serves plaintext
+	cfg.Spool.Dir = filepath.Join(dir, "spool")
+	return cfg
+}
+
 // TestSpoolSurvivesGatewayOutage: the agent sends to a real gateway backed
 // by real Kafka; the gateway stops, the agent keeps producing events into
 // its spool, the gateway comes back, and every event reaches Kafka exactly
@@ -52,18 +71,8 @@ func TestSpoolSurvivesGatewayOutage(t *testing.T) {
 	k := testenv.SharedSecureKafka(t) // its plaintext listener; shared with the TLS test
 	gw := gatewaytest.Start(t, k.Addr(), nil, gateway.Options{})
 
-	dir := t.TempDir()
-	tok := filepath.Join(dir, "token")
-	if err := os.WriteFile(tok, []byte(gw.Token("alpha")+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg := agent.DefaultConfig()
-	node := fmt.Sprintf("node-outage-%d", time.Now().UnixNano())
-	cfg.NodeName, cfg.MetricsAddr = node, ""
-	cfg.Gateway.Addr, cfg.Gateway.TokenFile, cfg.Gateway.MaxBackoff = gw.GRPCAddr(), tok, 300*time.Millisecond
-	cfg.Gateway.Timeout = 3 * time.Second
-	cfg.Gateway.Insecure = true // gatewaytest serves plaintext
-	cfg.Spool.Dir = filepath.Join(dir, "spool")
+	cfg := agentConfig(t, gw, "node-outage")
+	node := cfg.NodeName
 	qc := &queueCheck{}
 	a, err := agent.New(cfg, slog.Default(), agent.Options{Checks: []agent.Scheduled{{Check: qc, Interval: 50 * time.Millisecond, Timeout: time.Second}}})
 	if err != nil {
