@@ -9,7 +9,6 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	"github.com/faultline/faultline/schemas/validate"
@@ -1086,7 +1085,7 @@ func (e *Evaluator) sxidEvent(t time.Time, ll LogLine, sx SXidLine) *datamodels.
 }
 
 // kmsgPCI is the "dddd:bb:dd" form the kernel-log events use for GPUs.
-func kmsgPCI(p string) string { return kmsg.NormalizePCI(p, false) }
+func kmsgPCI(p string) string { return events.NormalizePCI(p, false) }
 
 func (e *Evaluator) partitionCodeEvent(t time.Time, ll LogLine, p *PartitionCode) *datamodels.HealthEvent {
 	meta := map[string]string{"fm_return": p.Name, "fm_return_value": strconv.Itoa(p.Value), "guide": p.Guide, "condition": p.Condition,
@@ -1389,5 +1388,5 @@ func after(s, sep string) string {
 }
 
 // normPCI turns "00000000:18:00.0" into "0000:18:00.0" (lower case), the
-// form kmsg.NormalizePCI gives every PCI address.
-func normPCI(s string) string { return kmsg.NormalizePCI(s, true) }
+// form events.NormalizePCI gives every PCI address.
+func normPCI(s string) string { return events.NormalizePCI(s, true) }

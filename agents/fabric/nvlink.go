@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/faultline/faultline/agents/kmsg"
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // NVLinkGPU is one GPU of `nvidia-smi nvlink -s` / `-R` output.
@@ -225,10 +225,10 @@ func BuildTopology(gpus []*NVLinkGPU, gpuPCIs map[string]bool, gpuPCIByUUID map[
 	t := &Topology{Access: map[string]AccessLink{}, Switches: map[string]bool{}}
 	for _, g := range gpus {
 		for _, l := range g.Links {
-			if l.RemotePCI == "" || gpuPCIs[kmsg.NormalizePCI(l.RemotePCI, false)] {
+			if l.RemotePCI == "" || gpuPCIs[events.NormalizePCI(l.RemotePCI, false)] {
 				continue
 			}
-			sw := kmsg.NormalizePCI(l.RemotePCI, false)
+			sw := events.NormalizePCI(l.RemotePCI, false)
 			t.Switches[sw] = true
 			t.Access[sw+"/"+strconv.Itoa(l.RemoteLink)] = AccessLink{GPUIndex: g.Index, GPUUUID: g.UUID,
 				GPUPCI: gpuPCIByUUID[g.UUID], LocalLink: l.Link}
@@ -242,7 +242,7 @@ func (t *Topology) Port(switchPCI string, port int, hasTrunks bool) (AccessLink,
 	if t == nil || port < 0 {
 		return AccessLink{}, PortUnknown
 	}
-	sw := kmsg.NormalizePCI(switchPCI, false)
+	sw := events.NormalizePCI(switchPCI, false)
 	if a, ok := t.Access[sw+"/"+strconv.Itoa(port)]; ok {
 		return a, PortAccess
 	}
@@ -289,7 +289,7 @@ func CollectSwitchLinks(ctx context.Context, r Runner, nvidiaSMI string) (map[st
 	pcis, byUUID := map[string]bool{}, map[string]string{}
 	for _, g := range ParseSMI(string(q)).GPUs {
 		if g.PCI != "" {
-			pcis[kmsg.NormalizePCI(g.PCI, false)] = true
+			pcis[events.NormalizePCI(g.PCI, false)] = true
 			byUUID[g.UUID] = g.PCI
 		}
 	}

@@ -204,13 +204,13 @@ func (p *Parser) nvrm(r record, t time.Time, known bool) {
 	if rest, ok := cutAfter(b, "GPU at PCI:"); ok {
 		// "NVRM: GPU at PCI:0000:34:00: GPU-c43f0536-…"
 		if j := strings.Index(rest, ": GPU-"); j > 0 {
-			p.uuids[NormalizePCI(rest[:j], false)] = strings.TrimSpace(rest[j+2:])
+			p.uuids[events.NormalizePCI(rest[:j], false)] = strings.TrimSpace(rest[j+2:])
 		}
 		return
 	}
 	if rest, ok := cutAfter(b, "The NVIDIA GPU "); ok {
 		// First line of the split "fallen off the bus" message.
-		p.fallenCtx.pci = NormalizePCI(firstField(rest), false)
+		p.fallenCtx.pci = events.NormalizePCI(firstField(rest), false)
 		p.fallenCtx.at = p.lines
 	}
 	if strings.Contains(b, "fallen off the bus") {
@@ -221,7 +221,7 @@ func (p *Parser) nvrm(r record, t time.Time, known bool) {
 			rest = strings.TrimPrefix(rest, "at ")
 			f := strings.TrimSuffix(firstField(rest), ":")
 			if strings.Count(f, ":") >= 1 && !strings.EqualFold(f, "has") {
-				pci = NormalizePCI(f, false)
+				pci = events.NormalizePCI(f, false)
 			}
 		}
 		if pci == "" && p.fallenCtx.pci != "" && p.lines-p.fallenCtx.at <= 3 {
@@ -267,7 +267,7 @@ func (p *Parser) xid(r record, s string, t time.Time, known bool) {
 	}
 	code, _ := strconv.Atoi(rest[:n])
 	rest = strings.TrimPrefix(strings.TrimLeft(rest[n:], " "), ",")
-	pci := NormalizePCI(pciRaw, false)
+	pci := events.NormalizePCI(pciRaw, false)
 	if code == 79 {
 		p.xid79[pci] = t
 		p.fallen[pci] = t
@@ -408,7 +408,7 @@ func (p *Parser) sxid(r record, t time.Time, known bool) {
 		p.flushPending()
 		return
 	}
-	swPCI := NormalizePCI(s[:close], true)
+	swPCI := events.NormalizePCI(s[:close], true)
 	rest := strings.TrimLeft(strings.TrimPrefix(s[close+1:], ":"), " ")
 	num := leadingInt(rest)
 	if num == "" {
@@ -550,7 +550,7 @@ func (p *Parser) mlx5(r record, t time.Time, known bool) {
 	} else if rest, ok := cutAfter(b, anchorMLX5+" "); ok {
 		f := strings.Fields(rest)
 		if len(f) > 0 {
-			pci = NormalizePCI(strings.TrimSuffix(f[0], ":"), true)
+			pci = events.NormalizePCI(strings.TrimSuffix(f[0], ":"), true)
 			if !strings.HasSuffix(f[0], ":") && len(f) > 1 && strings.HasSuffix(f[1], ":") {
 				netdev = strings.TrimSuffix(f[1], ":")
 			}

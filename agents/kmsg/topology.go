@@ -35,7 +35,7 @@ type StaticTopology struct {
 // GPUUUID implements Topology.
 func (t StaticTopology) GPUUUID(pci string) string {
 	for k, v := range t.GPUs {
-		if NormalizePCI(k, false) == NormalizePCI(pci, false) {
+		if events.NormalizePCI(k, false) == events.NormalizePCI(pci, false) {
 			return v
 		}
 	}
@@ -46,7 +46,7 @@ func (t StaticTopology) GPUUUID(pci string) string {
 func (t StaticTopology) GPUAtNVSwitchLink(sw string, link int) string {
 	for k, v := range t.SwitchLinks {
 		p, l, ok := strings.Cut(k, "/")
-		if ok && NormalizePCI(p, false) == NormalizePCI(sw, false) && l == itoa(link) {
+		if ok && events.NormalizePCI(p, false) == events.NormalizePCI(sw, false) && l == itoa(link) {
 			return v
 		}
 	}
@@ -56,13 +56,9 @@ func (t StaticTopology) GPUAtNVSwitchLink(sw string, link int) string {
 // NICName implements Topology.
 func (t StaticTopology) NICName(pci string) string {
 	for k, v := range t.NICs {
-		if NormalizePCI(k, true) == NormalizePCI(pci, true) {
+		if events.NormalizePCI(k, true) == events.NormalizePCI(pci, true) {
 			return v
 		}
 	}
 	return ""
 }
-
-// NormalizePCI returns a PCI address as "dddd:bb:dd" (or "dddd:bb:dd.f" with
-// keepFunc): events.NormalizePCI.
-func NormalizePCI(s string, keepFunc bool) string { return events.NormalizePCI(s, keepFunc) }
