@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"unique"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/cache"
@@ -37,4 +38,18 @@ func WatchErrorLogger(log *slog.Logger, resource string) cache.WatchErrorHandler
 			log.Warn("watch of "+resource+" failed; retrying", "err", err)
 		}
 	}
+}
+
+// Interned is m with its keys and values interned (unique.Make): a
+// fleet's nodes carry the same few dozen label keys (and mostly the same
+// values), which the decoder allocates once per node.
+func Interned(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[unique.Make(k).Value()] = unique.Make(v).Value()
+	}
+	return out
 }

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
@@ -252,8 +253,7 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 			workqueue.TypedRateLimitingQueueConfig[qkey]{Name: "janitor-" + name})}
 	defer cr.q.ShutDown()
 
-	nf := informers.NewSharedInformerFactory(cl.WatchKube, 0)
-	ninf := nf.Core().V1().Nodes().Informer()
+	nf, ninf := nodeWatch(cl.WatchKube)
 	df := dynamicinformer.NewDynamicSharedInformerFactory(cl.WatchDynamic, 0)
 	var syncs []cache.InformerSynced
 	for _, k := range kinds {
@@ -361,6 +361,34 @@ func (cr *clusterRun) enqueueNode(o any) {
 			}
 		}
 	}
+}
+
+// nodeWatch is the janitor's watch of a cluster's nodes, keeping of each
+// what the janitor reads (nodeCopy).
+func nodeWatch(kc kubernetes.Interface) (informers.SharedInformerFactory, cache.SharedIndexInformer) {
+	nf := informers.NewSharedInformerFactory(kc, 0)
+	ninf := nf.Core().V1().Nodes().Informer()
+	_ = ninf.SetTransform(nodeCopy)
+	return nf, ninf
+}
+
+// nodeCopy is what the node watch keeps of a node: its metadata but the
+// managedFields, its spec (providerID), and of its status the conditions
+// (Ready), the addresses (the local provider's InternalIP) and the node
+// info (boot ID, system UUID), labels and annotations interned. A
+// kubelet's images, capacity and volumes, most of a GPU node's size, are
+// dropped: the janitor is one replica watching every node of every
+// cluster.
+func nodeCopy(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	c := &corev1.Node{ObjectMeta: n.ObjectMeta, Spec: n.Spec,
+		Status: corev1.NodeStatus{Conditions: n.Status.Conditions, Addresses: n.Status.Addresses, NodeInfo: n.Status.NodeInfo}}
+	c.ManagedFields = nil
+	c.Labels, c.Annotations = clusters.Interned(n.Labels), clusters.Interned(n.Annotations)
+	return c, nil
 }
 
 func (cr *clusterRun) resKey(kind, name string) string { return cr.name + "/" + kind + "/" + name }

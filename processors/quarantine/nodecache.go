@@ -5,7 +5,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -108,23 +107,9 @@ func watchCopy(obj any) (any, error) {
 		}
 	}
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
-		Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, CreationTimestamp: n.CreationTimestamp, Labels: interned(n.Labels), Annotations: interned(n.Annotations),
+		Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, CreationTimestamp: n.CreationTimestamp, Labels: clusters.Interned(n.Labels), Annotations: clusters.Interned(n.Annotations),
 	}, Spec: corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints},
 		Status: corev1.NodeStatus{Conditions: conds}}, nil
-}
-
-// interned is m with its keys and values interned (unique.Make): a
-// fleet's nodes carry the same few dozen label keys (and mostly the same
-// values), which the decoder allocates once per node.
-func interned(m map[string]string) map[string]string {
-	if m == nil {
-		return nil
-	}
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[unique.Make(k).Value()] = unique.Make(v).Value()
-	}
-	return out
 }
 
 // cached returns the watch's copy of the node (name, UID, labels,
