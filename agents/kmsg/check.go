@@ -216,20 +216,30 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 }
 
 // occurrenceIDs gives each event that carries its line's time an id made
-// of this boot's id and the event (events.OccurrenceID): the lines a
-// restart reads again — the agent killed after it spooled their events
-// but before Commit saved the position past them, or a position that
-// could not be saved — make the same events, stored and counted once
-// instead of again under new ids. Without the boot's id, or the line's
-// time, the spool gives the event a new id, as before.
+// of the boot the line was logged in and the event (events.OccurrenceID):
+// the lines a restart reads again — the agent killed after it spooled
+// their events but before Commit saved the position past them, or a
+// position that could not be saved — make the same events, stored and
+// counted once instead of again under new ids, also when the restart is
+// in a later boot (a journal or file source resumes in the boot before).
+// The boot is the line's own where the source records it (the journal's
+// _BOOT_ID, metadata boot_id); /dev/kmsg holds only this boot's lines; a
+// file does not say, and its lines need none: each carries its own time
+// (or one of this boot's start, the same in no other boot). Without the
+// line's time, or a /dev/kmsg line's boot id, the spool gives the event a
+// new id.
 func (c *Check) occurrenceIDs(evs []*datamodels.HealthEvent) {
-	if c.bootID == "" {
-		return
-	}
 	for _, ev := range evs {
-		if ev.GetId() == "" && ev.GetGeneratedTimestamp() != nil {
-			ev.Id = events.HashID("faultline-kmsg/v1", c.bootID, events.OccurrenceID(ev))
+		if ev.GetId() != "" || ev.GetGeneratedTimestamp() == nil {
+			continue
 		}
+		boot := ev.GetMetadata()[MetaBootID]
+		if boot == "" && c.cfg.Source == SourceKmsg {
+			if boot = c.bootID; boot == "" {
+				continue
+			}
+		}
+		ev.Id = events.HashID("faultline-kmsg/v1", boot, events.OccurrenceID(ev))
 	}
 }
 

@@ -146,8 +146,9 @@ func TestPositionSavedOnCommit(t *testing.T) {
 // TestRereadLinesKeepTheirIDs: the lines a restart reads again (the agent
 // killed after spooling their events, before Commit) make events with the
 // ids of the first read, so the gateway stores them once and the rules
-// count them once; different lines have different ids. Without the boot's
-// id (or the line's time) the check sets none: the spool gives a new one.
+// count them once; different lines have different ids. A file's lines
+// need no boot id (each has its own time); without the line's time the
+// check sets none: the spool gives a new one.
 func TestRereadLinesKeepTheirIDs(t *testing.T) {
 	lines := "[ 1.0] NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n" +
 		"[ 2.0] NVRM: Xid (PCI:0000:5d:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n"
@@ -158,7 +159,7 @@ func TestRereadLinesKeepTheirIDs(t *testing.T) {
 		wantStable bool
 	}{
 		{"boot id and line times known", true, true, true},
-		{"no boot id", false, true, false},
+		{"no boot id", false, true, true},
 		{"no line times", true, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -215,6 +216,129 @@ func TestRereadLinesKeepTheirIDs(t *testing.T) {
 			}
 			if first[0] == first[1] {
 				t.Fatalf("two lines share id %s", first[0])
+			}
+		})
+	}
+}
+
+// TestLinesOfTheBootBeforeKeepTheirIDs: a journal or file source read
+// again after a reboot — the agent killed after spooling their events but
+// before Commit, or keeping no position at all — serves lines of the boot
+// before; their events have the ids they had when read in that boot, not
+// new ones of this boot's id (the gateway would store them again and the
+// rules count each Xid again: one Xid 31 twice reaches
+// RepeatedXID31OnSameGPU's 2). The journal's lines carry their boot
+// (metadata boot_id); this boot's lines have ids of their own.
+func TestLinesOfTheBootBeforeKeepTheirIDs(t *testing.T) {
+	bootA, bootB := "0a1b2c3d-4e5f-4061-8273-94a5b6c7d8e9", "f9e8d7c6-b5a4-4392-8170-6f5e4d3c2b1a"
+	startA := time.Date(2024, 10, 28, 9, 0, 0, 0, time.UTC)
+	startB := startA.Add(2 * time.Hour)
+	line := func(source string, i int, boot string, at time.Time) string {
+		msg := fmt.Sprintf("NVRM: Xid (PCI:0000:3b:00): 31, pid=%d, name=x, Ch 00000008, intr 10000000. MMU Fault", 100+i)
+		if source == SourceJournal {
+			return fmt.Sprintf(`{"__CURSOR":"s=1;i=%d","__REALTIME_TIMESTAMP":"%d","_BOOT_ID":%q,"_TRANSPORT":"kernel","MESSAGE":%q}`,
+				i, at.UnixMicro(), strings.ReplaceAll(boot, "-", ""), msg)
+		}
+		return at.Format("Jan _2 15:04:05") + " gpu-node-42 kernel: " + msg
+	}
+	for _, tc := range []struct {
+		name   string
+		source string
+		state  bool // a state dir keeps the read position
+	}{
+		{"journal, killed before its commit", SourceJournal, true},
+		{"file, killed before its commit", SourceFile, true},
+		{"file, no position kept", SourceFile, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			logf, bootf, statf := filepath.Join(dir, "log"), filepath.Join(dir, "boot_id"), filepath.Join(dir, "stat")
+			journalctl := filepath.Join(dir, "journalctl")
+			// The fake journalctl prints the entries after --after-cursor.
+			script := "#!/bin/sh\nc=\nfor a in \"$@\"; do case \"$a\" in --after-cursor=*) c=\"${a#--after-cursor=}\";; esac; done\n" +
+				"if [ -z \"$c\" ]; then cat " + logf + "; else awk -v c=\"\\\"__CURSOR\\\":\\\"$c\\\"\" 'f{print} index($0,c){f=1}' " + logf + "; fi\n"
+			if err := os.WriteFile(journalctl, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cfg := Config{Source: tc.source, File: logf, JournalctlPath: journalctl, BootIDPath: bootf, ProcStatPath: statf}
+			if tc.state {
+				cfg.StateDir = filepath.Join(dir, "state")
+			}
+			n := 0
+			logged := func(boot string, at time.Time) string {
+				t.Helper()
+				n++
+				f, err := os.OpenFile(logf, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				fmt.Fprintln(f, line(tc.source, n, boot, at))
+				return fmt.Sprintf("pid=%d", 100+n)
+			}
+			// read runs the check once in a boot: the ids of its Xid events
+			// by line, committed or not.
+			read := func(boot string, start time.Time, commit bool) map[string]string {
+				t.Helper()
+				if err := os.WriteFile(bootf, []byte(boot+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(statf, []byte(fmt.Sprintf("cpu 1 2 3\nbtime %d\n", start.Unix())), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				c, err := New(Config{Source: cfg.Source, File: cfg.File, JournalctlPath: cfg.JournalctlPath, BootIDPath: cfg.BootIDPath,
+					ProcStatPath: cfg.ProcStatPath, StateDir: cfg.StateDir,
+					Parser: ParserConfig{Year: 2024, Location: time.UTC, Now: func() time.Time { return start.Add(time.Hour) }}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				evs, err := c.Check(context.Background())
+				if err == nil && commit {
+					err = c.Commit()
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids := map[string]string{}
+				for _, ev := range evs {
+					if ev.GetCheckName() == CheckXID && !ev.GetIsHealthy() {
+						msg := ev.GetMetadata()["kernel_message"]
+						ids[msg[strings.Index(msg, "pid="):strings.Index(msg, ", name")]] = ev.GetId()
+					}
+				}
+				return ids
+			}
+			first := logged(bootA, startA.Add(time.Minute))
+			a1 := read(bootA, startA, true)
+			second := logged(bootA, startA.Add(time.Hour))
+			a2 := read(bootA, startA, false) // spooled, killed before the commit
+			third := logged(bootB, startB.Add(time.Minute))
+			b := read(bootB, startB, false)
+			want := map[string]string{second: a2[second], third: b[third]}
+			if !tc.state {
+				want[first] = a1[first] // read from the start again
+			}
+			for l, id := range want {
+				if id == "" {
+					t.Fatalf("%s: no id (first read %q, %q; after the reboot %q)", l, a1, a2, b)
+				}
+			}
+			for l := range want {
+				if l == third {
+					continue
+				}
+				before := a1[l]
+				if a2[l] != "" && before != "" && a2[l] != before {
+					t.Fatalf("%s: id %q, then %q in its own boot", l, before, a2[l])
+				} else if before == "" {
+					before = a2[l]
+				}
+				if b[l] != before {
+					t.Errorf("%s, logged in the boot before: id %q after the reboot, %q when read in its boot: want the same", l, b[l], before)
+				}
+			}
+			if b[third] == b[second] {
+				t.Errorf("this boot's line has the id of the one before: %s", b[third])
 			}
 		})
 	}

@@ -28,10 +28,12 @@
 // occurrence is in some event's count. A line is one occurrence: the same
 // line read twice (from /dev/kmsg and the journal, or again after a restart)
 // is recognised by its body and kernel or wall-clock timestamp and reported
-// once; and an event of a line with a known time has an id of the boot's
-// id and the event (Check.occurrenceIDs), so the lines a restart reads
-// again before the read position was saved are the same events
-// downstream, not new occurrences. A flood — one error code on one device
+// once; and an event of a line with a known time has an id of the boot the
+// line was logged in and the event (Check.occurrenceIDs), so the lines a
+// restart reads again before the read position was saved — after a reboot
+// too, a journal or file source resuming in the boot before — are the same
+// events downstream, not new occurrences. A journal line's event carries
+// its boot as metadata "boot_id". A flood — one error code on one device
 // repeating — is rate-limited: the first occurrence in a window
 // (FloodWindow, default 10s) is reported at once; later ones are counted
 // and closed by one event with metadata count=N and flood=true per window

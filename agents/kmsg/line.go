@@ -52,6 +52,7 @@ type record struct {
 	mono int64 // µs since boot, -1 unknown
 	wall time.Time
 	body string
+	boot string // the boot the line was logged in, when the source says (the journal)
 }
 
 // splitLine finds the message body in one line of any of the formats a
@@ -86,6 +87,7 @@ func splitJournalJSON(s string, rec record) (record, bool) {
 		Realtime string `json:"__REALTIME_TIMESTAMP"`
 		SrcMono  string `json:"_SOURCE_MONOTONIC_TIMESTAMP"`
 		Mono     string `json:"__MONOTONIC_TIMESTAMP"`
+		Boot     string `json:"_BOOT_ID"`
 	}
 	if err := json.Unmarshal([]byte(s), &e); err != nil {
 		return rec, false
@@ -99,6 +101,7 @@ func splitJournalJSON(s string, rec record) (record, bool) {
 		return rec, false
 	}
 	rec.body = strings.TrimRight(msg[i:], "\r\n")
+	rec.boot = journalBootID(e.Boot)
 	if v, err := strconv.ParseInt(e.Realtime, 10, 64); err == nil && rec.wall.IsZero() {
 		rec.wall = time.UnixMicro(v).UTC()
 	}
@@ -111,6 +114,22 @@ func splitJournalJSON(s string, rec record) (record, bool) {
 		parsePrefix(msg[:i], 0, time.UTC, &rec)
 	}
 	return rec, true
+}
+
+// journalBootID writes the journal's _BOOT_ID (32 hex digits) as the
+// kernel writes the boot's id in /proc/sys/kernel/random/boot_id (a UUID
+// with dashes), so a line of this boot has this boot's id however it was
+// read; anything else is kept as it is.
+func journalBootID(s string) string {
+	if len(s) != 32 {
+		return s
+	}
+	for i := 0; i < len(s); i++ {
+		if !isDigit(s[i]) && (s[i] < 'a' || s[i] > 'f') {
+			return s
+		}
+	}
+	return s[:8] + "-" + s[8:12] + "-" + s[12:16] + "-" + s[16:20] + "-" + s[20:]
 }
 
 // parsePrefix reads the timestamps of the text in front of a message body.

@@ -243,7 +243,7 @@ func (p *Parser) fallenOff(r record, pci string, t time.Time, known bool) {
 }
 
 func (p *Parser) fallenEvent(r record, pci string, t time.Time, known bool) *datamodels.HealthEvent {
-	meta := map[string]string{"kernel_message": r.body}
+	meta := lineMeta(r)
 	ents := p.gpuEntities(pci, meta)
 	return p.event(ClassGPU, CheckFallenOff, CodeFallenOff, true, datamodels.RecommendedAction_RESTART_BM,
 		fmt.Sprintf("GPU %s has fallen off the bus", orUnknown(pci)), ents, meta, t, known)
@@ -281,13 +281,11 @@ func (p *Parser) xidEvent(r record, code int, pci, mig, rest string, t time.Time
 	info, listed := p.cat.XID(code)
 	action := info.Action
 
-	meta := map[string]string{
-		"xid":            strconv.Itoa(code),
-		"mnemonic":       info.Mnemonic,
-		"description":    info.Description,
-		"resolution":     info.Immediate,
-		"kernel_message": r.body,
-	}
+	meta := lineMeta(r)
+	meta["xid"] = strconv.Itoa(code)
+	meta["mnemonic"] = info.Mnemonic
+	meta["description"] = info.Description
+	meta["resolution"] = info.Immediate
 	if info.Investigatory != "" {
 		meta["investigatory_action"] = info.Investigatory
 	}
@@ -448,16 +446,14 @@ func (p *Parser) sxid(r record, t time.Time, known bool) {
 		// Non-fatal does not abort jobs.
 		action = datamodels.RecommendedAction_NONE
 	}
-	meta := map[string]string{
-		"sxid":           num,
-		"severity":       sev,
-		"table_class":    info.Class,
-		"table_text":     info.Text,
-		"recovery":       info.Recovery,
-		"nvswitch":       anchorNVSwitch + idx,
-		"pci_bus_id":     swPCI,
-		"kernel_message": r.body,
-	}
+	meta := lineMeta(r)
+	meta["sxid"] = num
+	meta["severity"] = sev
+	meta["table_class"] = info.Class
+	meta["table_text"] = info.Text
+	meta["recovery"] = info.Recovery
+	meta["nvswitch"] = anchorNVSwitch + idx
+	meta["pci_bus_id"] = swPCI
 	if !listed {
 		meta["catalog"] = "unlisted"
 	}
@@ -566,7 +562,7 @@ func (p *Parser) mlx5(r record, t time.Time, known bool) {
 	if nic == "" {
 		nic = pci
 	}
-	meta := map[string]string{"kernel_message": b}
+	meta := lineMeta(r)
 	var ents []*datamodels.Entity
 	if nic != "" {
 		ents = append(ents, entity(events.EntityNIC, nic))
@@ -615,6 +611,21 @@ func msgTail(b string) string {
 }
 
 // --- helpers ---
+
+// MetaBootID is the metadata key of the boot a line was logged in, where
+// the source records it (the journal's _BOOT_ID, written as
+// /proc/sys/kernel/random/boot_id writes it).
+const MetaBootID = "boot_id"
+
+// lineMeta is the metadata an event of a line starts with: the line, and
+// the boot it was logged in when known.
+func lineMeta(r record) map[string]string {
+	m := map[string]string{"kernel_message": r.body}
+	if r.boot != "" {
+		m[MetaBootID] = r.boot
+	}
+	return m
+}
 
 func (p *Parser) event(class, check, code string, fatal bool, action datamodels.RecommendedAction, msg string,
 	ents []*datamodels.Entity, meta map[string]string, t time.Time, known bool) *datamodels.HealthEvent {
