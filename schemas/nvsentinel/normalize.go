@@ -28,6 +28,10 @@ var (
 	xidCode = regexp.MustCompile(`^(?:Xid )?([0-9]+)(?:\.[0-9A-Za-z_]+)?$`)
 	// number is an SXid as NVSentinel's SXid handler writes it.
 	number = regexp.MustCompile(`^[0-9]+$`)
+	// gpuWatch is the checkName of a DCGM health watch, as NVSentinel's
+	// gpu-health-monitor and faultline's gpu check both name it
+	// (DCGM_HEALTH_WATCH_MEM → GpuMemWatch).
+	gpuWatch = regexp.MustCompile(`^Gpu[A-Za-z]+Watch$`)
 )
 
 // Normalize gives an event of NVIDIA NVSentinel's syslog-health-monitor
@@ -59,6 +63,28 @@ var (
 //   - SysLogsGPUFallenOff (gpufallen/gpufallen_handler.go): errorCode
 //     "GPU_FALLEN_OFF_BUS" → "GPU-FALLEN-OFF-BUS"; PCI normalised; PCI_ID
 //     → metadata pci_id.
+//
+// And of NVSentinel's gpu-health-monitor (health-monitors/gpu-health-monitor/
+// gpu_health_monitor/platform_connector/platform_connector.py,
+// health_event_occurred), whose DCGM health watches have faultline's gpu
+// check's checkNames (GpuMemWatch, …) and errorCodes (DCGM_FR_…) already:
+//
+//   - Gpu<Watch>Watch naming its GPU as GPU=<index>, PCI and GPU_UUID (a
+//     fault and its clear alike) → GPU=<UUID>, the PCI normalised, metadata
+//     gpu_index: the drain scopes a COMPONENT_RESET (a volatile DBE's) to the
+//     pods of its GPU entities' UUIDs and the remediation's GPUReset selects
+//     them — an index selects nothing. Without a GPU_UUID (the monitor's
+//     metadata lacked it) the event is left as it is: its index is all that
+//     tells its GPU apart, and an entity-less healthy event would clear the
+//     check on every GPU. The NVSwitch watches' events (NVSWITCH=<index>,
+//     STORE_ONLY) are left as they are.
+//
+// Not rewritten, as no faultline rule reads them: NVSentinel's
+// SysLogsNICDriverError codes (syslog-health-monitor pkg/nicdriver/config.go:
+// the pattern's name, "cmd_exec_timeout", "netdev_watchdog", …, where the kmsg
+// check writes MLX5-CMD-TIMEOUT, MLX5-TX-TIMEOUT, …) stay as a migrated
+// fleet's quarantine rules match them, and GpuDcgmConnectivityFailure's
+// "DCGM_CONNECTIVITY_ERROR".
 //
 // Rewritten codes are kept as sent in metadata MetaErrorCode. An event of
 // any other check, or already in faultline's vocabulary (a faultline
@@ -96,7 +122,21 @@ func Normalize(ev *datamodels.HealthEvent) {
 		}) || hasNVSentinelGPUEntities(ev) {
 			gpuEntities(ev)
 		}
+	default:
+		if gpuWatch.MatchString(ev.GetCheckName()) && hasEntity(ev, "GPU_UUID") {
+			gpuEntities(ev)
+		}
 	}
+}
+
+// hasEntity reports whether the event names an entity of type typ.
+func hasEntity(ev *datamodels.HealthEvent, typ string) bool {
+	for _, e := range ev.GetEntitiesImpacted() {
+		if e.GetEntityType() == typ {
+			return true
+		}
+	}
+	return false
 }
 
 // renameCodes rewrites the event's error codes with rename and reports

@@ -45,6 +45,19 @@ func TestNormalize(t *testing.T) {
 		f(ev)
 		return ev
 	}
+	// NVSentinel's gpu-health-monitor's DCGM health watch events
+	// (health-monitors/gpu-health-monitor/gpu_health_monitor/
+	// platform_connector/platform_connector.py health_event_occurred: GPU
+	// index, PCI and GPU_UUID entities; its DCGM error map sends a volatile
+	// DBE as COMPONENT_RESET).
+	dcgm := func(ev *datamodels.HealthEvent) *datamodels.HealthEvent {
+		ev.Agent, ev.RecommendedAction = "gpu-health-monitor", datamodels.RecommendedAction_COMPONENT_RESET
+		return ev
+	}
+	healthy := func(ev *datamodels.HealthEvent) {
+		ev.IsHealthy, ev.IsFatal, ev.RecommendedAction = true, false, datamodels.RecommendedAction_NONE
+	}
+	dbe := "Detected 1 volatile double-bit ECC error(s) in GPU 7."
 	for _, tc := range []struct {
 		name   string
 		in     *datamodels.HealthEvent
@@ -105,6 +118,34 @@ func TestNormalize(t *testing.T) {
 				ev.Metadata[MetaErrorCode] = "GPU_FALLEN_OFF_BUS"
 				ev.Metadata["pci_id"] = "10de:26b5"
 			}), "PCI=0000:b3:00"},
+		{"DCGM volatile DBE (COMPONENT_RESET): the GPU by its UUID, its index to metadata",
+			dcgm(nvEvent("GpuMemWatch", "DCGM_FR_VOLATILE_DBE_DETECTED", dbe, "GPU", "7", "PCI", "0000:17:00.0", "GPU_UUID", uuid)),
+			dcgm(with(nvEvent("GpuMemWatch", "DCGM_FR_VOLATILE_DBE_DETECTED", dbe, "PCI", "0000:17:00", "GPU", uuid), func(ev *datamodels.HealthEvent) {
+				ev.Metadata["gpu_index"] = "7"
+			})), "PCI=0000:17:00,GPU=" + uuid},
+		{"DCGM watch cleared: its GPU named as the fault's",
+			with(dcgm(nvEvent("GpuMemWatch", "DCGM_FR_VOLATILE_DBE_DETECTED", "GPU Mem watch no longer reports DCGM_FR_VOLATILE_DBE_DETECTED",
+				"GPU", "7", "PCI", "0000:17:00.0", "GPU_UUID", uuid)), healthy),
+			with(dcgm(nvEvent("GpuMemWatch", "DCGM_FR_VOLATILE_DBE_DETECTED", "GPU Mem watch no longer reports DCGM_FR_VOLATILE_DBE_DETECTED",
+				"PCI", "0000:17:00", "GPU", uuid)), func(ev *datamodels.HealthEvent) {
+				healthy(ev)
+				ev.Metadata["gpu_index"] = "7"
+			}), "PCI=0000:17:00,GPU=" + uuid},
+		{"DCGM watch without the GPU's UUID keeps its index: nothing else tells the GPU",
+			dcgm(nvEvent("GpuPcieWatch", "DCGM_FR_PCI_REPLAY_RATE", "replays", "GPU", "3", "PCI", "0000:2a:00.0")),
+			dcgm(nvEvent("GpuPcieWatch", "DCGM_FR_PCI_REPLAY_RATE", "replays", "GPU", "3", "PCI", "0000:2a:00.0")),
+			"GPU=3,PCI=0000:2a:00.0"},
+		{"DCGM NVSwitch watch is left as it is",
+			dcgm(nvEvent("GpuNvswitchFatalWatch", "DCGM_FR_NVSWITCH_FATAL_ERROR", "fatal", "NVSWITCH", "2")),
+			dcgm(nvEvent("GpuNvswitchFatalWatch", "DCGM_FR_NVSWITCH_FATAL_ERROR", "fatal", "NVSWITCH", "2")), "NVSWITCH=2"},
+		{"faultline's gpu check's event is left as it is",
+			with(nvEvent("GpuMemWatch", "DCGM_FR_VOLATILE_DBE_DETECTED", dbe, "GPU", uuid, "PCI", "00000000:17:00.0"), func(ev *datamodels.HealthEvent) { ev.Agent = "faultline-agent" }),
+			with(nvEvent("GpuMemWatch", "DCGM_FR_VOLATILE_DBE_DETECTED", dbe, "GPU", uuid, "PCI", "00000000:17:00.0"), func(ev *datamodels.HealthEvent) { ev.Agent = "faultline-agent" }),
+			"GPU=" + uuid + ",PCI=00000000:17:00.0"},
+		{"NVSentinel's NIC driver pattern names are left as sent",
+			nvEvent("SysLogsNICDriverError", "cmd_exec_timeout", "mlx5_core 0000:0c:00.0: wait_func:1185:(pid 0): CREATE_CQ(0x400) timeout. Will cause a leak of a command resource", "NIC", "mlx5_0"),
+			nvEvent("SysLogsNICDriverError", "cmd_exec_timeout", "mlx5_core 0000:0c:00.0: wait_func:1185:(pid 0): CREATE_CQ(0x400) timeout. Will cause a leak of a command resource", "NIC", "mlx5_0"),
+			"NIC=mlx5_0"},
 		{"a healthy event without entities (the monitor's reboot clear) is left as it is",
 			nvEvent("SysLogsXIDError", "", "No Health Failures"),
 			nvEvent("SysLogsXIDError", "", "No Health Failures"), ""},
