@@ -112,6 +112,23 @@ func TestFlapCountsLinkDowns(t *testing.T) {
 			}
 			return out
 		}},
+		{"NVSentinel's degradation events name no link_downed code: not added to the agent's increases", func(c string) []step {
+			// health-monitors/nic-health-monitor/pkg/checks/counter/evaluator.go
+			// recordBreach: checks.NewHealthEvent sets no errorCode, the
+			// counter is in the message only.
+			nv := func(at time.Duration) *datamodels.HealthEvent {
+				ev := linkDowned(c, "n1", at, 1)
+				ev.ErrorCode, ev.Metadata = nil, nil
+				ev.Message = "Port mlx5_0 port 1: link_downed - link down events (value=9, delta=1, rate=0.00/interval)"
+				ev.RecommendedAction = datamodels.RecommendedAction_REPLACE_VM
+				return ev
+			}
+			return []step{
+				{evs: evs(linkDowned(c, "n1", 0, 1), nv(400*ms)), want: none},
+				{evs: evs(linkDowned(c, "n1", 2*m, 1), nv(2*m+400*ms)), want: none},
+				{evs: evs(linkDowned(c, "n1", 4*m, 1)), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster("flapx")
