@@ -112,6 +112,19 @@ func TestFlapCountsLinkDowns(t *testing.T) {
 			}
 			return out
 		}},
+		{"a sub-second flap seen by two sources is one down", func(c string) []step {
+			// the port down for 300ms: each source's DOWN falls within it,
+			// each source's UP at its next poll, after it
+			flap := func(at time.Duration) []*datamodels.HealthEvent {
+				d, u := nicState(c, "n1", at, false), nicState(c, "n1", at+1*sec, true)
+				return evs(d, again(d, 200*ms), u, again(u, 200*ms))
+			}
+			return []step{
+				{evs: flap(0), want: none},
+				{evs: flap(2 * m), want: none},
+				{evs: flap(4 * m), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
 		{"NVSentinel's degradation events name no link_downed code: not added to the agent's increases", func(c string) []step {
 			// health-monitors/nic-health-monitor/pkg/checks/counter/evaluator.go
 			// recordBreach: checks.NewHealthEvent sets no errorCode, the
