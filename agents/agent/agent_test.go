@@ -180,6 +180,10 @@ type fakeGateway struct {
 	// number of events.
 	busy  int
 	sizes []int
+	// front, when set, is a proxy in front of the gateway (nginx, envoy):
+	// the gRPC server is served through it, over HTTP/2 in clear.
+	front func(http.Handler) http.Handler
+	web   *http.Server
 }
 
 // fakeCall is what the fake gateway saw of one SubmitEvents call.
@@ -210,10 +214,21 @@ func (g *fakeGateway) start() {
 	g.addr = ln.Addr().String()
 	g.srv = grpc.NewServer(g.opts...)
 	faultlinev1.RegisterEventsServer(g.srv, g)
-	go g.srv.Serve(ln)
+	if g.front == nil {
+		go g.srv.Serve(ln)
+		return
+	}
+	g.web = &http.Server{Handler: g.front(g.srv), Protocols: new(http.Protocols)}
+	g.web.Protocols.SetUnencryptedHTTP2(true) // gRPC's prior knowledge, as a proxy's h2c listener
+	go g.web.Serve(ln)
 }
 
-func (g *fakeGateway) stop() { g.srv.Stop() }
+func (g *fakeGateway) stop() {
+	if g.web != nil {
+		g.web.Close()
+	}
+	g.srv.Stop()
+}
 
 func (g *fakeGateway) SubmitEvents(ctx context.Context, req *faultlinev1.SubmitEventsRequest) (*faultlinev1.SubmitEventsResponse, error) {
 	md, _ := metadata.FromIncomingContext(ctx)

@@ -32,7 +32,8 @@ import (
 // gateway rejects as invalid is dropped from the spool, logged and counted
 // (faultline_agent_rejected_events_total), since resending it can never
 // succeed. A refusal that the message was larger than the gateway's
-// gateway.max_body_bytes (possibly set below maxBatchBytes) halves the
+// gateway.max_body_bytes (possibly set below maxBatchBytes), or a proxy's
+// body limit in front of it (tooLarge), halves the
 // bytes of the next call, at once and until the spool is empty; a single
 // event larger alone can never be accepted and is dropped like an invalid
 // one (logged, counted in faultline_agent_rejected_events_total).
@@ -191,9 +192,9 @@ func (s *Sender) Run(ctx context.Context) error {
 			s.m.sendErrors.WithLabelValues(code.String()).Inc()
 			size := encodedSize(evs)
 			s.budget = max(min(s.budget, size)/2, 1)
-			s.log.Warn("gateway refused a call as larger than its gateway.max_body_bytes; sending smaller calls", "events", len(evs), "bytes", size, "next_bytes", s.budget, "err", err)
+			s.log.Warn("gateway (or a proxy in front of it) refused a call as too large; sending smaller calls", "events", len(evs), "bytes", size, "next_bytes", s.budget, "err", err)
 		case code == codes.InvalidArgument || tooLarge(err):
-			s.log.Error("gateway rejected an event as invalid or larger than its gateway.max_body_bytes; dropped from the spool",
+			s.log.Error("gateway rejected an event as invalid or larger than it (or a proxy in front of it) takes; dropped from the spool",
 				"check", evs[0].GetCheckName(), "message", evs[0].GetMessage(), "bytes", encodedSize(evs), "err", err)
 			s.m.rejected.Inc()
 			if err := s.spool.Commit(next); err != nil {
@@ -209,15 +210,34 @@ func (s *Sender) Run(ctx context.Context) error {
 	}
 }
 
-// tooLarge reports whether err is gRPC's refusal of a message over the
-// gateway's receive limit (gateway.max_body_bytes): ResourceExhausted
-// "grpc: received message larger than max (N vs. M)" (and its
-// after-decompression forms). The gateway's other ResourceExhausted
-// answers (rate, in-flight bytes: "retry later") are not: those back off
-// with the batch kept whole.
+// tooLarge reports whether err refuses a call as larger than the gateway,
+// or a proxy in front of it, takes:
+//   - the gateway's own limit (gateway.max_body_bytes, gRPC's
+//     MaxRecvMsgSize): ResourceExhausted "grpc: received message larger
+//     than max (N vs. M)" and its after-decompression forms (grpc-go's
+//     rpc_util.go);
+//   - a proxy's HTTP 413 (nginx's client_max_body_size, ingress-nginx's
+//     proxy-body-size of 1m by default, an L7 load balancer), which grpc-go
+//     (internal/transport/http2_client.go) reads as "unexpected HTTP status
+//     code received from server: 413 (Request Entity Too Large)", code
+//     Unknown (413 is not in its HTTPStatusConvTab);
+//   - envoy's local reply to a gRPC call over its buffer limit (the buffer
+//     filter's max_request_bytes, per_connection_buffer_limit_bytes):
+//     grpc-status Unknown (its httpToGrpcStatus of 413), grpc-message
+//     "Payload Too Large" (its CodeUtility::toString of 413).
+//
+// The gateway's other ResourceExhausted answers (rate, in-flight bytes:
+// "retry later") and a proxy's rate limit are not: those back off with the
+// batch kept whole.
 func tooLarge(err error) bool {
 	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.ResourceExhausted && strings.Contains(st.Message(), "larger than max")
+	if !ok {
+		return false
+	}
+	msg := st.Message()
+	return st.Code() == codes.ResourceExhausted && strings.Contains(msg, "larger than max") ||
+		strings.Contains(msg, "HTTP status code received from server: 413") || // whatever code a grpc-go release maps 413 to
+		st.Code() == codes.Unknown && msg == "Payload Too Large"
 }
 
 // encodedSize is the bytes of evs in a SubmitEventsRequest.
