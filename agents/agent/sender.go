@@ -193,7 +193,7 @@ func (s *Sender) Run(ctx context.Context) error {
 			size := encodedSize(evs)
 			s.budget = max(min(s.budget, size)/2, 1)
 			s.log.Warn("gateway (or a proxy in front of it) refused a call as too large; sending smaller calls", "events", len(evs), "bytes", size, "next_bytes", s.budget, "err", err)
-		case code == codes.InvalidArgument || tooLarge(err):
+		case Undeliverable(err):
 			s.log.Error("gateway rejected an event as invalid or larger than it (or a proxy in front of it) takes; dropped from the spool",
 				"check", evs[0].GetCheckName(), "message", evs[0].GetMessage(), "bytes", encodedSize(evs), "err", err)
 			s.m.rejected.Inc()
@@ -238,6 +238,15 @@ func tooLarge(err error) bool {
 	return st.Code() == codes.ResourceExhausted && strings.Contains(msg, "larger than max") ||
 		strings.Contains(msg, "HTTP status code received from server: 413") || // whatever code a grpc-go release maps 413 to
 		st.Code() == codes.Unknown && msg == "Payload Too Large"
+}
+
+// Undeliverable reports whether err is the gateway's (or a proxy's) answer
+// to a call of one event that no resend can change: the event refused as
+// invalid (InvalidArgument), or larger alone than the gateway or a proxy
+// in front of it takes (tooLarge). For a call of several events both may
+// be one event's or the call's size, and are resolved by smaller calls.
+func Undeliverable(err error) bool {
+	return status.Code(err) == codes.InvalidArgument || tooLarge(err)
 }
 
 // encodedSize is the bytes of evs in a SubmitEventsRequest.

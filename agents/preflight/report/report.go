@@ -27,9 +27,6 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/faultline/faultline/agents/agent"
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/events"
@@ -302,7 +299,9 @@ func (r *Reporter) Flush(ctx context.Context) FlushResult {
 // sendUnspooled sends the events Report could not spool, one per call (one
 // may be what overflowed the spool), each retried with backoff until the
 // gateway returned its id or ctx ends; it returns how many were not
-// delivered (an event the gateway refuses as invalid is not retried).
+// delivered. An event the gateway can never take (refused as invalid, or
+// larger alone than it or a proxy in front of it takes) is not retried:
+// it is logged, counted as not delivered, and the next one is sent.
 func (r *Reporter) sendUnspooled(ctx context.Context) int {
 	s, err := agent.NewSender(r.cfg.Gateway, nil, r.log, r.m)
 	if err != nil {
@@ -310,26 +309,31 @@ func (r *Reporter) sendUnspooled(ctx context.Context) int {
 		return len(r.unspooled)
 	}
 	defer s.Close()
+	lost := 0
 	backoff := 200 * time.Millisecond
 	for len(r.unspooled) > 0 {
+		ev := r.unspooled[0]
 		err := s.Submit(ctx, r.unspooled[:1])
 		switch {
 		case err == nil:
 			r.unspooled = r.unspooled[1:]
 			continue
-		case status.Code(err) == codes.InvalidArgument:
-			r.log.Error("gateway refused an event that could not be spooled", "err", err)
-			return len(r.unspooled)
+		case agent.Undeliverable(err):
+			r.log.Error("gateway refused an event that could not be spooled as invalid or too large; it can never be delivered",
+				"check", ev.GetCheckName(), "message", ev.GetMessage(), "bytes", ev.SizeVT(), "err", err)
+			lost++
+			r.unspooled = r.unspooled[1:]
+			continue
 		}
 		r.log.Warn("sending the events not spooled failed; retrying", "events", len(r.unspooled), "err", err)
 		select {
 		case <-ctx.Done():
-			return len(r.unspooled)
+			return lost + len(r.unspooled)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, max(r.cfg.Gateway.MaxBackoff, 200*time.Millisecond))
 	}
-	return 0
+	return lost
 }
 
 // Close closes this run's spool; its directory is removed when empty and

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -46,7 +48,10 @@ func TestReportCleansText(t *testing.T) {
 	}
 }
 
-// gateway is a fake gateway that takes every event.
+// gateway is a fake gateway that takes every event but one whose metadata
+// "refuse" is "invalid" (InvalidArgument, as a gateway older or newer than
+// the check refuses a field); opts are its server options (the gateway's
+// gateway.max_body_bytes as grpc.MaxRecvMsgSize).
 type gateway struct {
 	faultlinev1.UnimplementedEventsServer
 	mu  sync.Mutex
@@ -57,6 +62,11 @@ func (g *gateway) SubmitEvents(_ context.Context, req *faultlinev1.SubmitEventsR
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	resp := &faultlinev1.SubmitEventsResponse{}
+	for i, ev := range req.GetEvents() {
+		if ev.GetMetadata()["refuse"] == "invalid" {
+			return nil, status.Errorf(codes.InvalidArgument, "events[%d].metadata: refused", i)
+		}
+	}
 	for _, ev := range req.GetEvents() {
 		g.got = append(g.got, ev.GetId())
 		resp.Ids = append(resp.Ids, ev.GetId())
@@ -64,13 +74,13 @@ func (g *gateway) SubmitEvents(_ context.Context, req *faultlinev1.SubmitEventsR
 	return resp, nil
 }
 
-func startGateway(t *testing.T) (*gateway, string) {
+func startGateway(t *testing.T, opts ...grpc.ServerOption) (*gateway, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, srv := &gateway{}, grpc.NewServer()
+	g, srv := &gateway{}, grpc.NewServer(opts...)
 	faultlinev1.RegisterEventsServer(srv, g)
 	go srv.Serve(ln)
 	t.Cleanup(srv.Stop)
@@ -80,26 +90,40 @@ func startGateway(t *testing.T) (*gateway, string) {
 // TestUnspooledEventsSentDirectly: a check's events the spool refuses (too
 // large for it, or the node's disk failing) are sent to the gateway
 // directly, each once; while the gateway is down too, Flush says they are
-// lost (the run exits non-zero), never drops them silently.
+// lost (the run exits non-zero), never drops them silently. An event the
+// gateway can never take (larger alone than its gateway.max_body_bytes,
+// refused as invalid) is lost at once: it is neither retried until the
+// drain timeout nor keeps the events after it from being sent.
 func TestUnspooledEventsSentDirectly(t *testing.T) {
 	for _, tt := range []struct {
 		name      string
 		events    int // of 2000-byte messages: 100 overflow the 64 KiB spool
 		gatewayUp bool
+		maxRecv   int    // the gateway's gateway.max_body_bytes; 0: 4 MiB
+		refuse    string // event 37 is "large" (16 KiB of metadata) or "invalid"
 		wantSent  int
 		wantLost  int
 	}{
 		{name: "spooled", events: 3, gatewayUp: true, wantSent: 3},
 		{name: "spool refuses, gateway up", events: 100, gatewayUp: true, wantSent: 100},
 		{name: "spool refuses, gateway down", events: 100, wantLost: 100},
+		{name: "spool refuses, an event larger alone than gateway.max_body_bytes", events: 100, gatewayUp: true, maxRecv: 8 << 10, refuse: "large", wantSent: 99, wantLost: 1},
+		{name: "spool refuses, the gateway refuses an event as invalid", events: 100, gatewayUp: true, refuse: "invalid", wantSent: 99, wantLost: 1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.Spool.Dir, cfg.Spool.MaxBytes, cfg.Spool.DrainTimeout = t.TempDir(), 64<<10, time.Second
 			cfg.Gateway.Addr, cfg.Gateway.Insecure, cfg.Gateway.TokenFile = "127.0.0.1:1", true, ""
+			if tt.refuse != "" {
+				cfg.Spool.DrainTimeout = 20 * time.Second // what an event the gateway can never take must not wait for
+			}
 			g := &gateway{}
 			if tt.gatewayUp {
-				g, cfg.Gateway.Addr = startGateway(t)
+				var opts []grpc.ServerOption
+				if tt.maxRecv > 0 {
+					opts = append(opts, grpc.MaxRecvMsgSize(tt.maxRecv)) // as the gateway sets it
+				}
+				g, cfg.Gateway.Addr = startGateway(t, opts...)
 			}
 			r, err := Open(cfg, slog.New(slog.DiscardHandler))
 			if err != nil {
@@ -108,19 +132,34 @@ func TestUnspooledEventsSentDirectly(t *testing.T) {
 			defer r.Close()
 			var evs []*datamodels.HealthEvent
 			for i := range tt.events {
-				evs = append(evs, &datamodels.HealthEvent{Agent: "faultline-preflight", CheckName: "PreflightDCGMDiag", NodeName: "gpu-1",
-					IsFatal: true, Message: fmt.Sprintf("%d %s", i, strings.Repeat("x", 2000))})
+				ev := &datamodels.HealthEvent{Agent: "faultline-preflight", CheckName: "PreflightDCGMDiag", NodeName: "gpu-1",
+					IsFatal: true, Message: fmt.Sprintf("%d %s", i, strings.Repeat("x", 2000))}
+				switch {
+				case i == 37 && tt.refuse == "large":
+					ev.Metadata = map[string]string{}
+					for k := range 8 {
+						ev.Metadata[fmt.Sprint("output", k)] = strings.Repeat("o", 2048)
+					}
+				case i == 37 && tt.refuse == "invalid":
+					ev.Metadata = map[string]string{"refuse": "invalid"}
+				}
+				evs = append(evs, ev)
 			}
 			err = r.Report(evs)
+			start := time.Now()
 			res := r.Flush(context.Background())
+			took := time.Since(start)
 			g.mu.Lock()
 			sent := len(g.got)
 			slices.Sort(g.got)
 			dup := len(slices.Compact(g.got)) != sent
 			g.mu.Unlock()
 			if sent != tt.wantSent || dup || res.Lost != tt.wantLost {
-				t.Fatalf("gateway received %d of %d events (duplicates %v), %d lost, want %d lost (Report: %v)",
-					sent, tt.events, dup, res.Lost, tt.wantLost, err)
+				t.Fatalf("gateway received %d of %d events (duplicates %v), %d lost, want %d lost, in %s (Report: %v)",
+					sent, tt.events, dup, res.Lost, tt.wantLost, took.Round(time.Millisecond), err)
+			}
+			if tt.refuse != "" && took > cfg.Spool.DrainTimeout/2 {
+				t.Errorf("Flush took %s (drain timeout %s): an event the gateway can never take was retried", took, cfg.Spool.DrainTimeout)
 			}
 		})
 	}
