@@ -312,7 +312,7 @@ func (c *Check) statePath() string {
 }
 
 func (c *Check) open() (source, error) {
-	st := loadState(c.statePath())
+	st := loadState(c.statePath(), c.log)
 	c.bootID = BootID(c.cfg.BootIDPath)
 	c.cleared = st.ClearedBoot
 	if c.cleared == "" {

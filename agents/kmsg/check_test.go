@@ -3,6 +3,7 @@ package kmsg
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -339,6 +340,102 @@ func TestLinesOfTheBootBeforeKeepTheirIDs(t *testing.T) {
 			}
 			if b[third] == b[second] {
 				t.Errorf("this boot's line has the id of the one before: %s", b[third])
+			}
+		})
+	}
+}
+
+// TestStateFileNotUsed: a state file the check cannot use — larger than it
+// ever writes (damaged, or state_dir holding another file under its name),
+// corrupt, unreadable — is not read into memory whole nor silently taken
+// for a first start: the check starts afresh (the log read from its start,
+// its lines' events keeping their ids) and warns why; a missing one is a
+// first start, not warned about.
+func TestStateFileNotUsed(t *testing.T) {
+	lines := "[ 1.0] NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n" +
+		"[ 2.0] NVRM: Xid (PCI:0000:5d:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n"
+	for _, tc := range []struct {
+		name  string
+		alter func(t *testing.T, path string)
+		warn  string // in the warning; "" for none
+	}{
+		{"larger than the cap", func(t *testing.T, path string) {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Still valid JSON: only its size makes it unusable.
+			if err := os.WriteFile(path, append(b, strings.Repeat(" ", maxStateBytes)...), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, fmt.Sprintf("larger than %d bytes", maxStateBytes)},
+		{"corrupt", func(t *testing.T, path string) {
+			if err := os.WriteFile(path, []byte("{\"file\": \"/var/log/kern"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "unexpected end of JSON input"},
+		{"unreadable", func(t *testing.T, path string) {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Mkdir(path, 0o755); err != nil { // read(2) fails: EISDIR
+				t.Fatal(err)
+			}
+		}, "is a directory"},
+		{"missing", func(t *testing.T, path string) {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			logf := filepath.Join(dir, "kern.log")
+			if err := os.WriteFile(logf, []byte(lines), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cfg := Config{Source: SourceFile, File: logf, StateDir: dir,
+				BootIDPath: filepath.Join(dir, "boot_id"), ProcStatPath: filepath.Join(dir, "stat")}
+			if err := os.WriteFile(cfg.BootIDPath, []byte("5c1e9a2b-0d3f-4e7a-9b1c-2d3e4f5a6b7c\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var logs strings.Builder
+			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			xids := func(commit bool) int {
+				t.Helper()
+				c, err := New(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				evs, err := c.Check(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if commit {
+					if err := c.Commit(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				n := 0
+				for _, ev := range evs {
+					if ev.GetCheckName() == CheckXID {
+						n++
+					}
+				}
+				return n
+			}
+			if n := xids(true); n != 2 {
+				t.Fatalf("first run: %d Xid events, want 2", n)
+			}
+			tc.alter(t, filepath.Join(dir, "kmsg-file.json"))
+			logs.Reset()
+			if n := xids(false); n != 2 {
+				t.Errorf("restart: %d Xid events, want 2 (the log read again from its start)", n)
+			}
+			warned := strings.Contains(logs.String(), "level=WARN")
+			if warned != (tc.warn != "") || !strings.Contains(logs.String(), tc.warn) {
+				t.Errorf("log, want a warning naming %q: %s", tc.warn, logs.String())
 			}
 		})
 	}

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -469,7 +470,7 @@ func TestKmsgSourceRestart(t *testing.T) {
 	if err := saveState(path, st); err != nil {
 		t.Fatal(err)
 	}
-	st = loadState(path)
+	st = loadState(path, slog.New(slog.DiscardHandler))
 	// Same boot: the ring buffer is read from its start again, and what was
 	// read before the restart is skipped.
 	again := &kmsgSource{rd: (&fakeKmsg{recs: append(recs, "4,104,4000000,-;NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, MMU\n")}).read,

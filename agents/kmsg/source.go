@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"syscall"
 
 	"github.com/faultline/faultline/agents/logtail"
+	"github.com/faultline/faultline/agents/topology"
 )
 
 // source delivers kernel-log lines. read is non-blocking: it hands over what
@@ -41,16 +43,29 @@ type sourceState struct {
 	Offset      int64  `json:"offset,omitempty"`
 }
 
-func loadState(path string) sourceState {
+// maxStateBytes bounds the state file read at start: the check writes a
+// few hundred bytes (boot ids, a sequence number, a journal cursor, a
+// file's path and offset); a larger file is not one it wrote.
+const maxStateBytes = 64 << 10
+
+// loadState reads the read position saved at path. A file that cannot be
+// used (larger than maxStateBytes, corrupt, unreadable) is a fresh start,
+// as a missing one is, but warned about: the log is read from its start.
+func loadState(path string, log *slog.Logger) sourceState {
 	var s sourceState
 	if path == "" {
 		return s
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return s
+	b, err := topology.ReadCapped(path, maxStateBytes)
+	if err == nil {
+		err = json.Unmarshal(b, &s)
 	}
-	_ = json.Unmarshal(b, &s)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			log.Warn("kmsg state file not used: reading the kernel log from its start", "path", path, "err", err)
+		}
+		return sourceState{}
+	}
 	return s
 }
 
@@ -65,11 +80,10 @@ func saveState(path string, s sourceState) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("kmsg state: %w", err)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := topology.AtomicWrite(path, b); err != nil {
 		return fmt.Errorf("kmsg state: %w", err)
 	}
-	return os.Rename(tmp, path)
+	return nil
 }
 
 // --- /dev/kmsg ---

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,7 +83,7 @@ func loadState(path, bootID string) (st *persisted, reason string, bad bool) {
 	if path == "" {
 		return newPersisted(bootID), "no state file configured", false
 	}
-	b, err := readCapped(path, maxStateBytes)
+	b, err := topology.ReadCapped(path, maxStateBytes)
 	if errors.Is(err, os.ErrNotExist) {
 		return newPersisted(bootID), "state file missing", false
 	}
@@ -122,24 +121,6 @@ func loadState(path, bootID string) (st *persisted, reason string, bad bool) {
 		p.AnomalousCards = map[string]*cardFlag{}
 	}
 	return &p, "", false
-}
-
-// readCapped reads the file at path, at most max bytes: a larger file is
-// an error (nothing of it is used).
-func readCapped(path string, max int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > max {
-		return nil, fmt.Errorf("larger than %d bytes", max)
-	}
-	return b, nil
 }
 
 // save writes the state atomically when it changed since last written.

@@ -479,6 +479,28 @@ func WriteFile(path string, m *Metadata) error {
 	return AtomicWrite(path, append(b, '\n'))
 }
 
+// ReadCapped reads the file at path, at most max bytes: a larger file is
+// an error (nothing of it is used). A check reads its state file, written
+// by AtomicWrite, with it: a file far larger than the check writes is not
+// its own (damaged, or the setting pointed at another file) and is not
+// read into the agent's memory whole. A missing file's error is
+// os.ErrNotExist.
+func ReadCapped(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, max)
+	}
+	return b, nil
+}
+
 // AtomicWrite replaces path with data: write to a temporary file in the same
 // directory, fsync it, rename it over path, fsync the directory.
 func AtomicWrite(path string, data []byte) error {
