@@ -40,12 +40,8 @@ func BenchmarkFMLog(b *testing.B) {
 // outputs come from the fake runner: this is the check's own cost).
 func BenchmarkPoll(b *testing.B) {
 	t := &testing.T{}
-	n := newNode(t, nil)
-	n.switches("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
-	n.r.out["systemctl show"] = showActive
-	n.r.out["nvidia-smi -q"] = read(t, "testdata/smi/hgx-h100-topology.txt")
-	n.r.out["nvidia-smi nvlink -s"] = read(t, "testdata/nvlink/h100-status.txt")
-	n.r.out["nvidia-smi nvlink -R"] = read(t, "testdata/nvlink/h100-remote.txt")
+	n := h100Node(t, nil)
+	n.healthy()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		n.now = n.now.Add(30 * time.Second)

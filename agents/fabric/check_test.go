@@ -118,6 +118,27 @@ func (n *node) switches(pcis ...string) {
 	}
 }
 
+// h100Switches are the NVSwitches of the HGX H100 in testdata.
+var h100Switches = []string{"0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"}
+
+// h100Node is newNode for an HGX H100 host: its four NVSwitches and FM's
+// default configuration; the service and the tools' output are each
+// test's (healthy sets those of a healthy host).
+func h100Node(t *testing.T, cfg func(*Config)) *node {
+	n := newNode(t, cfg)
+	n.switches(h100Switches...)
+	n.write("fabricmanager.cfg", testdata(t, "config/h100-default.cfg"))
+	return n
+}
+
+// healthy sets FM running and the tools' output of a healthy HGX H100.
+func (n *node) healthy() {
+	n.r.out["systemctl show"] = showActive
+	n.r.out["nvidia-smi -q"] = testdata(n.t, "smi/hgx-h100-topology.txt")
+	n.r.out["nvidia-smi nvlink -s"] = testdata(n.t, "nvlink/h100-status.txt")
+	n.r.out["nvidia-smi nvlink -R"] = testdata(n.t, "nvlink/h100-remote.txt")
+}
+
 // pci creates sysfs PCI functions (class 0x0302 GPU, 0x0680 NVSwitch).
 func (n *node) pci(class string, pcis ...string) {
 	for _, p := range pcis {
@@ -166,14 +187,9 @@ func testdata(t *testing.T, p string) string { return read(t, filepath.Join("tes
 // it clears; the FM service failing and coming back; nvidia-smi nvlink -R
 // runs once per topology interval.
 func TestCheckH100Node(t *testing.T) {
-	n := newNode(t, nil)
-	n.switches("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
-	n.write("fabricmanager.cfg", testdata(t, "config/h100-default.cfg"))
+	n := h100Node(t, nil)
+	n.healthy()
 	n.write("fabricmanager.log", "[Oct 28 2024 10:00:01] [INFO] [tid 1] Fabric Manager version 550.127.05 is running with the following configuration options\n")
-	n.r.out["systemctl show"] = showActive
-	n.r.out["nvidia-smi -q"] = testdata(t, "smi/hgx-h100-topology.txt")
-	n.r.out["nvidia-smi nvlink -s"] = testdata(t, "nvlink/h100-status.txt")
-	n.r.out["nvidia-smi nvlink -R"] = testdata(t, "nvlink/h100-remote.txt")
 	if evs := n.poll(0); len(evs) != 0 {
 		t.Fatalf("healthy node: %s", shorts(evs))
 	}
@@ -439,16 +455,11 @@ func TestRestartAndReboot(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			state := filepath.Join(t.TempDir(), "fabric-state.json")
-			n := newNode(t, func(c *Config) { c.StateFile = state })
-			n.switches("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
+			n := h100Node(t, func(c *Config) { c.StateFile = state })
+			n.healthy()
 			n.write("proc/sys/kernel/random/boot_id", "6f7a1c2e-0000-4000-8000-000000000001\n")
 			n.write("proc/stat", "cpu  1 2 3 4\nbtime 1730109000\n") // 2024-10-28 09:50:00 UTC
-			n.write("fabricmanager.cfg", testdata(t, "config/h100-default.cfg"))
 			n.write("fabricmanager.log", start+"\n")
-			n.r.out["systemctl show"] = showActive
-			n.r.out["nvidia-smi -q"] = testdata(t, "smi/hgx-h100-topology.txt")
-			n.r.out["nvidia-smi nvlink -s"] = testdata(t, "nvlink/h100-status.txt")
-			n.r.out["nvidia-smi nvlink -R"] = testdata(t, "nvlink/h100-remote.txt")
 			n.c, _ = New(n.c.cfg) // started on this boot
 			tc.before(n)
 			if got := shortsOrNode(n.poll(0)); got != tc.first {

@@ -71,9 +71,7 @@ func TestGPUAbsentIsNotRecovered(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := newNode(t, nil)
-			n.switches("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
-			n.write("fabricmanager.cfg", testdata(t, "config/h100-default.cfg"))
+			n := h100Node(t, nil)
 			n.r.out["systemctl show"] = showActive
 			for i, st := range tc.steps {
 				n.r.out["nvidia-smi -q"] = st.smi
@@ -158,9 +156,7 @@ func TestGPUFabricNAIsNotRecovered(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := newNode(t, nil)
-			n.switches("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
-			n.write("fabricmanager.cfg", testdata(t, "config/h100-default.cfg"))
+			n := h100Node(t, nil)
 			n.r.out["systemctl show"] = showActive
 			for i, st := range tc.steps {
 				if st.noSwitch {

@@ -27,7 +27,7 @@ func TestOffNodeFabricProbe(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newNode(t, nil)
 			if tc.localFM {
-				n.switches("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
+				n.switches(h100Switches...)
 				n.r.out["systemctl show"] = showActive
 			} else {
 				n.r.out["systemctl show"] = showAbsent

@@ -33,9 +33,7 @@ func TestServiceBootGrace(t *testing.T) {
 		{"boot time unknown: reported", 0, []step{{showNeverStarted, inactive}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := newNode(t, nil)
-			n.switches("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
-			n.write("fabricmanager.cfg", testdata(t, "config/h100-default.cfg"))
+			n := h100Node(t, nil)
 			if tc.uptime > 0 {
 				n.write("proc/stat", "cpu  1 2 3 4\nbtime "+strconv.FormatInt(n.now.Add(-tc.uptime).Unix(), 10)+"\n")
 			}
@@ -70,7 +68,7 @@ func TestServiceBootGraceKeepsPreviousFailure(t *testing.T) {
 		switches []string
 		shows    []string
 	}{
-		{"FM not started yet", []string{"0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"}, []string{showNeverStarted, showStarting}},
+		{"FM not started yet", h100Switches, []string{showNeverStarted, showStarting}},
 		{"no NVSwitch probed yet", nil, []string{showNeverStarted}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -39,9 +39,7 @@ func TestServiceAutoRestart(t *testing.T) {
 		{"activating with nothing standing", []step{{showAutoRestart, ""}, {showActive, ""}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := newNode(t, nil)
-			n.switches("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
-			n.write("fabricmanager.cfg", testdata(t, "config/h100-default.cfg"))
+			n := h100Node(t, nil)
 			for i, st := range tc.steps {
 				n.r.out["systemctl show"] = st.show
 				if got := shorts(n.poll(30 * time.Second)); got != st.want {
