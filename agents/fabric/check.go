@@ -257,6 +257,12 @@ type fabricState struct {
 	Conditions map[string]json.RawMessage `json:"conditions"`
 }
 
+// maxStateBytes bounds the state file read at start: the standing
+// conditions of a node (a few hundred at most — per GPU, NVLink, NVSwitch
+// — of a few hundred bytes each) are well under 1 MiB; a larger file is
+// not one the check wrote.
+const maxStateBytes = 4 << 20
+
 // resume gives the evaluator what the previous run of the agent left.
 func (c *Check) resume() {
 	c.bootID = kmsg.BootID(filepath.Join(c.cfg.ProcRoot, "sys/kernel/random/boot_id"))
@@ -265,13 +271,15 @@ func (c *Check) resume() {
 	if c.cfg.StateFile == "" {
 		return
 	}
-	b, err := os.ReadFile(c.cfg.StateFile)
-	if err != nil {
-		return
-	}
 	var st fabricState
-	if err := json.Unmarshal(b, &st); err != nil {
-		c.log.Warn("fabric state file not read", "path", c.cfg.StateFile, "err", err)
+	b, err := topology.ReadCapped(c.cfg.StateFile, maxStateBytes)
+	if err == nil {
+		err = json.Unmarshal(b, &st)
+	}
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			c.log.Warn("fabric state file not read: starting afresh", "path", c.cfg.StateFile, "err", err)
+		}
 		return
 	}
 	conds := map[string]*datamodels.HealthEvent{}
