@@ -25,6 +25,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // MetadataVersion is the version written into gpu_metadata.json.
@@ -430,7 +432,7 @@ func (m *Metadata) ParseGPUQuery(r io.Reader) error {
 			if m.GPUs[i].GPUID != idx {
 				continue
 			}
-			m.GPUs[i].PCIAddress = NormalizePCI(f[1])
+			m.GPUs[i].PCIAddress = events.NormalizePCI(f[1], true) // nvidia-smi's "00000000:0F:00.0": sysfs's "0000:0f:00.0"
 			if len(f) > 2 && f[2] != "[N/A]" {
 				m.GPUs[i].UUID = f[2]
 			}
@@ -440,20 +442,6 @@ func (m *Metadata) ParseGPUQuery(r io.Reader) error {
 		}
 	}
 	return sc.Err()
-}
-
-// NormalizePCI turns nvidia-smi's "00000000:0F:00.0" into sysfs form
-// "0000:0f:00.0".
-func NormalizePCI(s string) string {
-	s = strings.ToLower(strings.TrimSpace(s))
-	dom, rest, ok := strings.Cut(s, ":")
-	if ok && len(dom) > 4 {
-		dom = dom[len(dom)-4:]
-	}
-	if !ok {
-		return s
-	}
-	return dom + ":" + rest
 }
 
 // Load reads gpu_metadata.json.
