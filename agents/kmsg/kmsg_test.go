@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -322,6 +324,46 @@ func TestFormats(t *testing.T) {
 			exp := testBoot.Add(101*time.Second + 250*time.Millisecond)
 			if d := ts.Sub(exp); d < -time.Second || d > time.Second {
 				t.Errorf("timestamp %v, want %v", ts, exp)
+			}
+		})
+	}
+}
+
+// TestJournalMessageBytes: journalctl -o json writes a field that is not
+// printable UTF-8 — a byte that is not UTF-8 or a control character, as a
+// process name in an Xid line can hold — as an array of its bytes, not a
+// string (systemd's logs-show.c); such an entry's Xid is still read, its
+// text made printable.
+func TestJournalMessageBytes(t *testing.T) {
+	entry := func(msg string) string {
+		return fmt.Sprintf(`{"__CURSOR":"s=1;i=7","__REALTIME_TIMESTAMP":"%d","_TRANSPORT":"kernel","MESSAGE":%s,"_SOURCE_MONOTONIC_TIMESTAMP":"100250000"}`,
+			testBoot.Add(100*time.Second).UnixMicro(), msg)
+	}
+	bytesOf := func(s string) string {
+		n := make([]string, len(s))
+		for i := range len(s) {
+			n[i] = strconv.Itoa(int(s[i]))
+		}
+		return "[" + strings.Join(n, ",") + "]"
+	}
+	const xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=2231, name=%s, GPU has fallen off the bus."
+	for _, tc := range []struct {
+		name, message string // MESSAGE as journalctl writes it
+		want          []want
+	}{
+		{"a string", strconv.Quote(fmt.Sprintf(xid, "python3")), []want{{CheckXID, "XID-79", true, rbm, "PCI=0000:3b:00", ""}}},
+		{"bytes: a name that is not UTF-8", bytesOf(fmt.Sprintf(xid, "caf\xe9")), []want{{CheckXID, "XID-79", true, rbm, "PCI=0000:3b:00", ""}}},
+		{"bytes: a control character", bytesOf(fmt.Sprintf(xid, "job\x1b[0m")), []want{{CheckXID, "XID-79", true, rbm, "PCI=0000:3b:00", ""}}},
+		{"bytes: not a kernel line we read", bytesOf("usb 1-1: \xff"), nil},
+		{"not bytes", `[1,"x"]`, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := parseAll(t, testParser(t, nil), entry(tc.message)+"\n")
+			matchEvents(t, got, tc.want)
+			for _, ev := range got {
+				if !utf8.ValidString(ev.Message) || strings.ContainsFunc(ev.Message, unicode.IsControl) {
+					t.Errorf("message %q is not printable", ev.Message)
+				}
 			}
 		})
 	}

@@ -64,7 +64,7 @@ func splitLine(l Line, year int, loc *time.Location) (record, bool) {
 	s := l.Text
 	rec := record{mono: l.Mono, wall: l.Wall}
 	if len(s) > 0 && s[0] == '{' {
-		if _, ok := interesting(s); !ok {
+		if _, ok := interesting(s); !ok && !strings.Contains(s, `"MESSAGE":[`) {
 			return rec, false
 		}
 		return splitJournalJSON(s, rec)
@@ -92,7 +92,7 @@ func splitJournalJSON(s string, rec record) (record, bool) {
 	if err := json.Unmarshal([]byte(s), &e); err != nil {
 		return rec, false
 	}
-	msg, ok := e.Message.(string)
+	msg, ok := journalString(e.Message)
 	if !ok {
 		return rec, false
 	}
@@ -130,6 +130,29 @@ func journalBootID(s string) string {
 		}
 	}
 	return s[:8] + "-" + s[8:12] + "-" + s[12:16] + "-" + s[16:20] + "-" + s[20:]
+}
+
+// journalString is a field of journalctl -o json: a string, or, for a
+// value that is not printable UTF-8 (a control character, a byte that is
+// not UTF-8: an Xid line's process name can hold either), the array of its
+// bytes (systemd's logs-show.c). The event made of it is made printable
+// later (validate.Clean).
+func journalString(v any) (string, bool) {
+	switch x := v.(type) {
+	case string:
+		return x, true
+	case []any:
+		b := make([]byte, len(x))
+		for i, n := range x {
+			f, ok := n.(float64)
+			if !ok || f < 0 || f > 255 || f != float64(byte(f)) {
+				return "", false
+			}
+			b[i] = byte(f)
+		}
+		return string(b), true
+	}
+	return "", false
 }
 
 // parsePrefix reads the timestamps of the text in front of a message body.
