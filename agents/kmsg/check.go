@@ -136,6 +136,7 @@ type Check struct {
 	bootID, cleared string
 	rebooted        bool
 	pos             sourceState // to save at Commit
+	saved           sourceState // as the state file holds it
 }
 
 // New returns the kmsg check.
@@ -251,7 +252,14 @@ func (c *Check) Commit() error {
 	if c.src == nil {
 		return nil
 	}
-	return saveState(c.statePath(), c.pos)
+	if c.pos == c.saved {
+		return nil // nothing read since: no write (and fsync) every poll
+	}
+	if err := saveState(c.statePath(), c.pos); err != nil {
+		return err
+	}
+	c.saved = c.pos
+	return nil
 }
 
 // afterReboot reports, once after the node rebooted, one healthy event
@@ -313,6 +321,7 @@ func (c *Check) statePath() string {
 
 func (c *Check) open() (source, error) {
 	st := loadState(c.statePath(), c.log)
+	c.saved = st
 	c.bootID = BootID(c.cfg.BootIDPath)
 	c.cleared = st.ClearedBoot
 	if c.cleared == "" {

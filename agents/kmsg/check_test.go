@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -438,5 +439,72 @@ func TestStateFileNotUsed(t *testing.T) {
 				t.Errorf("log, want a warning naming %q: %s", tc.warn, logs.String())
 			}
 		})
+	}
+}
+
+// TestPositionWrittenWhenMoved: the read position is written (fsync'd,
+// renamed into place) at a Commit after lines were read, not at every
+// poll of a quiet kernel log — a write and two fsyncs every 5s on every
+// node for nothing.
+func TestPositionWrittenWhenMoved(t *testing.T) {
+	dir := t.TempDir()
+	logf := filepath.Join(dir, "kern.log")
+	if err := os.WriteFile(logf, []byte("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, MMU Fault\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Source: SourceFile, File: logf, StateDir: dir,
+		BootIDPath: filepath.Join(dir, "boot_id"), ProcStatPath: filepath.Join(dir, "stat")}
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	state := filepath.Join(dir, "kmsg-file.json")
+	poll := func(what string, lines string) uint64 {
+		t.Helper()
+		if lines != "" {
+			f, err := os.OpenFile(logf, os.O_APPEND|os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.WriteString(lines)
+			f.Close()
+		}
+		if _, err := c.Check(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(state)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return fi.Sys().(*syscall.Stat_t).Ino
+	}
+	for _, step := range []struct {
+		what, lines string
+		written     bool
+	}{
+		{"lines read", "", true},
+		{"nothing new", "", false},
+		{"nothing new again", "", false},
+		{"a new line", "[ 2.0] usb 1-1: new device\n", true},
+		{"nothing new after it", "", false},
+	} {
+		before, _ := os.Stat(state)
+		ino := poll(step.what, step.lines)
+		if written := before == nil || before.Sys().(*syscall.Stat_t).Ino != ino; written != step.written {
+			t.Errorf("%s: state file written %v, want %v", step.what, written, step.written)
+		}
+	}
+	// A restart resumes where the position was last written.
+	c2, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if evs, err := c2.Check(context.Background()); err != nil || len(evs) != 0 {
+		t.Fatalf("after a restart: %d events (%v), want none", len(evs), err)
 	}
 }
