@@ -449,7 +449,8 @@ func (c *Check) run(ctx context.Context, name string, args ...string) ([]byte, e
 // the first time).
 func (c *Check) journal(ctx context.Context) ([]LogLine, error) {
 	args := []string{"-u", c.cfg.Service, "-o", "json", "--no-pager"}
-	if c.journalCursor != "" {
+	first := c.journalCursor == ""
+	if !first {
 		args = append(args, "--after-cursor="+c.journalCursor)
 	} else {
 		args = append(args, "-n", "100")
@@ -469,7 +470,11 @@ func (c *Check) journal(ctx context.Context) ([]LogLine, error) {
 		}
 		lines = append(lines, r.Feed(l)...)
 	}
-	return append(lines, r.Flush()...), nil
+	lines = append(lines, r.Flush()...)
+	for i := range lines {
+		lines[i].Replayed = first // the last 100 entries, of any boot
+	}
+	return lines, nil
 }
 
 // nvswitches lists the NVSwitches the NVSwitch driver bound

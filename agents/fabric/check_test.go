@@ -579,3 +579,54 @@ func TestStateFileNotUsed(t *testing.T) {
 		})
 	}
 }
+
+// TestLogTimesOfThisBoot: FM writes its log in the host's local time, and
+// the agent reads a time without a zone in its own (UTC in the
+// DaemonSet's container). On a host west of UTC a line reads as hours
+// older than it is, and this boot's SXids, in its first hours, read as
+// older than the boot (/proc/stat btime is zone-free): only the log's tail
+// replayed at start can hold an earlier boot's lines; a line written while
+// the agent reads the log is this boot's whatever its time says.
+func TestLogTimesOfThisBoot(t *testing.T) {
+	const sxid = "[Oct 28 2024 %s] [ERROR] [tid 9] detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus id 00000000:07:00.0 physical id 2 port 46"
+	const want = "FabricManagerNVSwitchError:SXID-20034:fatal@0000:07:00.0"
+	for _, tc := range []struct {
+		name     string
+		at       string // the line's time; the node booted at 10:00 UTC, the agent's clock reads 10:30
+		replayed bool   // in the log when the agent started, else written after its first poll
+		want     string
+	}{
+		{"replayed, of an earlier boot", "09:40:00", true, ""},
+		{"replayed, of this boot", "10:10:00", true, want},
+		{"written since, host in UTC", "10:31:00", false, want},
+		{"written since, host 5h behind UTC", "05:31:00", false, want},
+		{"written since, host 8h behind UTC", "02:31:00", false, want},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := h100Node(t, nil)
+			n.healthy()
+			n.write("proc/stat", "cpu  1 2 3 4\nbtime 1730109600\n") // 2024-10-28 10:00:00 UTC
+			log := ""
+			if tc.replayed {
+				log = fmt.Sprintf(sxid, tc.at) + "\n"
+			}
+			n.write("fabricmanager.log", log)
+			c, err := New(n.c.cfg) // reads the boot's start
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.c = c
+			got := shorts(n.poll(0))
+			if !tc.replayed {
+				if got != "" {
+					t.Fatalf("first poll: %s", got)
+				}
+				n.appendLog("fabricmanager.log", fmt.Sprintf(sxid, tc.at))
+				got = shorts(n.poll(time.Minute))
+			}
+			if got != tc.want {
+				t.Errorf("SXid at %s: %q, want %q", tc.at, got, tc.want)
+			}
+		})
+	}
+}

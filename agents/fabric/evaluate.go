@@ -497,12 +497,18 @@ func (e *Evaluator) Resume(st Standing, bootStart time.Time, newBoot bool) {
 func (e *Evaluator) SetBootStart(t time.Time) { e.bootStart = t }
 
 // past reports a log line that a previous run of the agent evaluated, or
-// that belongs to a previous boot (the first poll replays the log's tail).
+// that belongs to a previous boot. Only the first read's lines (the log's
+// tail replayed at start) can be of a previous boot: a line written while
+// the agent reads the log is this boot's whatever its time says — FM's log
+// is in the host's local time, which the agent reads as its own zone (UTC
+// in the DaemonSet's container), so on a host west of UTC every line of
+// the first hours after boot reads as older than the boot (/proc/stat
+// btime, zone-free).
 func (e *Evaluator) past(ll LogLine) bool {
 	if ll.Time.IsZero() {
 		return false
 	}
-	return ll.Time.Before(e.bootStart) || (!e.reported.IsZero() && !ll.Time.After(e.reported))
+	return (ll.Replayed && ll.Time.Before(e.bootStart)) || (!e.reported.IsZero() && !ll.Time.After(e.reported))
 }
 
 // occurrenceChecks are the checks whose fatal events are occurrences.

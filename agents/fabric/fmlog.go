@@ -27,6 +27,10 @@ type LogLine struct {
 	Time time.Time
 	// Raw is the line as read (continuation lines joined with "\n").
 	Raw string
+	// Replayed: read by the agent's first read of the log (its tail as it
+	// was when the agent started, which may hold earlier boots' lines),
+	// not written while the agent reads it.
+	Replayed bool `json:"-"`
 }
 
 var (

@@ -21,7 +21,8 @@ const (
 )
 
 func (t *tailer) read(path string, r *LogReader) ([]LogLine, error) {
-	if t.reader == nil {
+	first := t.reader == nil
+	if first {
 		t.reader, t.Replay = r, replayBytes
 	}
 	var out []LogLine
@@ -31,5 +32,9 @@ func (t *tailer) read(path string, r *LogReader) ([]LogLine, error) {
 	})
 	// A message may still receive continuation lines; it is reported
 	// with the next read, unless the file is idle: flush what waits.
-	return append(out, t.reader.Flush()...), err
+	out = append(out, t.reader.Flush()...)
+	for i := range out {
+		out[i].Replayed = first
+	}
+	return out, err
 }
