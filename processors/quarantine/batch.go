@@ -34,6 +34,8 @@ type seqResult struct {
 	failed   error
 	// applied: each retry record applied, with its actions.
 	applied map[string][]*faultlinev1.Action
+	// stale: the records not acted on for their age (staleAge).
+	stale staleCount
 }
 
 // retriedActions are a retry record's actions kept for its batch's redo.
@@ -115,8 +117,10 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 	var (
 		failed []error
 		acts   []*faultlinev1.Action
+		stale  staleCount
 	)
 	for _, r := range results {
+		stale.merge(r.stale)
 		if r.failed != nil && !slices.ContainsFunc(failed, func(e error) bool { return e.Error() == r.failed.Error() }) {
 			failed = append(failed, r.failed) // the nodes waiting on one cluster share its error
 		}
@@ -133,6 +137,7 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 			h.m.deferred.WithLabelValues(it.cluster).Inc()
 		}
 	}
+	h.logStale(stale, retry)
 	if len(failed) > 0 {
 		h.keepRetried(results)
 		return pipeline.Result{}, fmt.Errorf("quarantine retry batch: %w", errors.Join(failed...))
@@ -175,6 +180,13 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 		return r
 	}
 	for i, it := range items {
+		if age, ok := h.staleAge(it, h.now()); ok {
+			// Nothing to write on the node and no API request: decided
+			// here, even while the cluster is deferring or down.
+			r.actions = append(r.actions, h.staleSkip(it, age, cl))
+			r.stale.add(it.cluster, age)
+			continue
+		}
 		if live && !retry && h.deferring(cluster) {
 			r.deferred = items[i:]
 			return r

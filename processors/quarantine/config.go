@@ -110,6 +110,17 @@ type Config struct {
 	// generated no later than that recovery (a late or repeated copy) does
 	// not quarantine the node again. 0: not remembered. Default 1h.
 	RecoveryMemory time.Duration `toml:"recovery_memory"`
+	// MaxEventAge: an unhealthy event the gateway received longer ago than
+	// this is not acted on (recorded as a skipped quarantine, counted in
+	// faultline_quarantine_stale_events_total): a consumer group with no
+	// committed offset (first start, offsets expired after the broker's
+	// offsets.retention.minutes, a renamed group) reads the topic from its
+	// start, and its week of faults were of machines long repaired. The
+	// age is the gateway's receivedTimestamp, not the agent's generated
+	// time: an agent offline for a day sends its spooled faults with a
+	// fresh received time, and they act. Recoveries are decided whatever
+	// their age (lifting is the safe direction). 0: no limit. Default 6h.
+	MaxEventAge time.Duration `toml:"max_event_age"`
 	// Identity names this processor in annotations and Events.
 	// Default "faultline-quarantine/<hostname>".
 	Identity string `toml:"identity"`
@@ -178,6 +189,7 @@ func DefaultConfig() Config {
 		FlapWindow:          10 * time.Minute,
 		StabilizationWindow: 30 * time.Minute,
 		RecoveryMemory:      time.Hour,
+		MaxEventAge:         6 * time.Hour,
 		Identity:            "faultline-quarantine/" + host,
 		BatchTimeout:        2 * time.Minute,
 		MaxPollRecords:      2000,
@@ -210,6 +222,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.FlapWindow, prefix+"flap-window", c.FlapWindow, "window flap-threshold counts in (0: off)")
 	fs.DurationVar(&c.StabilizationWindow, prefix+"stabilization-window", c.StabilizationWindow, "how long a flapping fault must stay healthy before it is lifted (0: off)")
 	fs.DurationVar(&c.RecoveryMemory, prefix+"recovery-memory", c.RecoveryMemory, "how long a lifted fault's recovery is remembered: an occurrence generated before it does not quarantine again (0: off)")
+	fs.DurationVar(&c.MaxEventAge, prefix+"max-event-age", c.MaxEventAge, "unhealthy events received by the gateway longer ago than this are recorded as skipped, not acted on (0: no limit)")
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch")
 	fs.IntVar(&c.MaxPollRecords, prefix+"max-poll-records", c.MaxPollRecords, "records fetched per poll")
@@ -262,6 +275,9 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.RecoveryMemory < 0 {
 		return fmt.Errorf("%srecovery_memory: must not be negative, got %v", prefix, c.RecoveryMemory)
+	}
+	if c.MaxEventAge < 0 {
+		return fmt.Errorf("%smax_event_age: must not be negative (0: no limit), got %v", prefix, c.MaxEventAge)
 	}
 	if c.NodeEvents && c.EventNamespace == "" {
 		return fmt.Errorf("%sevent_namespace: required when node_events is on", prefix)

@@ -597,6 +597,48 @@ func TestKube(t *testing.T) {
 		}
 	})
 
+	// A consumer group with no committed offset (first start, offsets
+	// expired) reads the events topic from its start: days-old faults of
+	// machines long repaired. The handler's clock is 3 days past the
+	// nodes' creation, so what was received when they were created is 3
+	// days old (and not of an earlier machine: received after the Node
+	// objects were created).
+	t.Run("StaleEventNotActedOn", func(t *testing.T) {
+		createNodes(t, k, "stale", "stale-1", "stale-2")
+		then := time.Now() // after the nodes' creation (seconds, rounded down)
+		h, _ := clockHandler(t, testConfig("stale"), k, then.Add(72*time.Hour))
+		now := h.now()
+		at := func(ev *datamodels.HealthEvent, generated, received time.Time) *datamodels.HealthEvent {
+			ev.GeneratedTimestamp, ev.ReceivedTimestamp = timestamppb.New(generated), timestamppb.New(received)
+			return ev
+		}
+		verdict := fatal("stale-1", "RepeatedXIDOnSameGPU", "GPU-1")
+		verdict.DerivedBy, verdict.RecommendedAction = "RepeatedXIDOnSameGPU", datamodels.RecommendedAction_CONTACT_SUPPORT
+		for _, tc := range []struct {
+			name     string
+			ev       *datamodels.HealthEvent
+			want     string
+			cordoned bool
+		}{
+			{"a fault received 3 days ago, replayed", at(fatal("stale-1", "XID_ERROR_48", "GPU-1"), then, then), "quarantine/skipped", false},
+			{"the correlator's verdict on it (its trigger's received time)", at(verdict, then, then.Add(time.Second)), "quarantine/skipped", false},
+			{"a fault generated 3 days ago, received now (an agent's spool)", at(fatal("stale-2", "XID_ERROR_48", "GPU-1"), then, now), "quarantine/applied", true},
+			{"its recovery, received 3 days ago: lifts", at(healthy("stale-2", "XID_ERROR_48", "GPU-1"), then.Add(time.Second), then.Add(time.Second)), "unquarantine/applied", false},
+			{"a fresh fault", at(fatal("stale-1", "XID_ERROR_79", "GPU-2"), now, now), "quarantine/applied", true},
+		} {
+			acts, _ := handle(t, h, record("c1", tc.ev))
+			n := getNode(t, k, tc.ev.GetNodeName())
+			if got := kinds(acts); got != tc.want || n.Spec.Unschedulable != tc.cordoned || hasTaint(n, "faultline.io/unhealthy") != tc.cordoned {
+				t.Errorf("%s (received %s, now %s): actions %s, want %s; node unschedulable %v, taints %v, want cordoned %v",
+					tc.name, tc.ev.GetReceivedTimestamp().AsTime().Format(time.RFC3339), now.Format(time.RFC3339), got, tc.want,
+					n.Spec.Unschedulable, n.Spec.Taints, tc.cordoned)
+			}
+			if tc.want == "quarantine/skipped" && len(acts) > 0 && !strings.Contains(acts[0].GetReason(), "older than quarantine.max_event_age (6h0m0s)") {
+				t.Errorf("%s: reason %q does not say it is stale", tc.name, acts[0].GetReason())
+			}
+		}
+	})
+
 	// The life of an Xid the node is rebooted for, with the real kernel-log
 	// check: its fault cordons the node; after the reboot the check's
 	// healthy events (one per check, no entity, at the boot's start) lift

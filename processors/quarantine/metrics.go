@@ -20,6 +20,9 @@ type metrics struct {
 	// overridesIgnored counts events whose overrides were ignored (not an
 	// operator's).
 	overridesIgnored *prometheus.CounterVec
+	// stale counts unhealthy events not acted on for their age
+	// (Config.MaxEventAge).
+	stale *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -39,9 +42,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		stateTrimmed:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_state_trimmed_total", Help: "Node state writes that compacted or dropped old faults to stay within the annotation budget."}, []string{"cluster"}),
 		ruleErrors:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_rule_errors_total", Help: "Rule expressions that failed on an event (missing key, type error, cost limit); the rule set did not match."}, []string{"rule"}),
 		overridesIgnored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_overrides_ignored_total", Help: "Events whose quarantineOverrides/drainOverrides were ignored because no operator credential sent them."}, []string{"cluster"}),
+		stale:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_stale_events_total", Help: "Unhealthy events not acted on because the gateway received them longer ago than quarantine.max_event_age (a replay or a long delay)."}, []string{"cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.cacheHits, m.warnCache, m.eventsMerged, m.eventsDropped, m.eventsFailed, m.ruleErrors, m.overridesIgnored, m.stateTrimmed)
+		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.cacheHits, m.warnCache, m.eventsMerged, m.eventsDropped, m.eventsFailed, m.ruleErrors, m.overridesIgnored, m.stateTrimmed, m.stale)
 	}
 	return m
 }
