@@ -130,6 +130,15 @@ type Config struct {
 	// topic is fetched again only with the next fetch request, and an idle
 	// one waits this long. Default franz-go's 5s.
 	FetchMaxWait time.Duration
+	// StartWithin, when positive, is where the group starts a partition it
+	// has no committed offset for (its first start, a renamed group, or
+	// offsets the broker dropped after offsets.retention.minutes): at the
+	// first record stamped (Kafka's record timestamp, the producer's clock)
+	// no more than StartWithin before the runner started, instead of the
+	// log's start. A committed offset always wins. For a role that acts on
+	// nothing older (quarantine's max_event_age): it does not read a
+	// week of the topic to decide none of it. Default 0: the log's start.
+	StartWithin time.Duration
 	// ConsumeOpts are extra franz-go options (tests use them for short
 	// session timeouts).
 	ConsumeOpts []kgo.Opt
@@ -221,6 +230,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.cfg.FetchMaxWait > 0 {
 		opts = append(opts, kgo.FetchMaxWait(r.cfg.FetchMaxWait))
 	}
+	startLog := []any{"group", r.cfg.Group, "topics", r.cfg.Topics}
+	if r.cfg.StartWithin > 0 {
+		// ConsumeResetOffset (AtStart, above) still handles a committed
+		// offset that fell below the log's start.
+		from := time.Now().Add(-r.cfg.StartWithin)
+		opts = append(opts, kgo.ConsumeStartOffset(kgo.NewOffset().AfterMilli(from.UnixMilli())))
+		startLog = append(startLog, "uncommitted_partitions_from", from.UTC().Format(time.RFC3339))
+	}
 	if obs != nil {
 		opts = append(opts, observePartitions(obs, r.log)...)
 	}
@@ -232,7 +249,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer cl.Close()
 	var rests resting
 	defer rests.stop()
-	r.log.Info("processor started", "group", r.cfg.Group, "topics", r.cfg.Topics)
+	r.log.Info("processor started", startLog...)
 	if r.cfg.LagInterval > 0 {
 		lctx, stopLag := context.WithCancel(ctx)
 		defer stopLag()

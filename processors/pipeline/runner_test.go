@@ -889,3 +889,73 @@ func TestRestingNewRestOutlivesFiredTimer(t *testing.T) {
 	rs.rest(p, map[string]time.Time{"requeue": time.Now().Add(50 * time.Millisecond)})
 	eventually(t, 5*time.Second, "the topic resumed when its rest ends", func() bool { return !p.isPaused("requeue") })
 }
+
+// TestRunnerStartWithin: a group with no committed offset starts at the
+// first record stamped within Config.StartWithin, not at the log's start
+// (a role that acts on nothing older does not read a week of the topic);
+// without it, at the start; and a committed offset wins, however old the
+// records after it.
+func TestRunnerStartWithin(t *testing.T) {
+	old := time.Now().Add(-72 * time.Hour)
+	for _, tc := range []struct {
+		name        string
+		startWithin time.Duration
+		committed   bool // the group consumed the first record before
+		want        []string
+	}{
+		{"no committed offset, no bound: the log's start", 0, false, []string{"old0", "old1", "new0"}},
+		{"no committed offset, 6h: the records of the last 6h", 6 * time.Hour, false, []string{"new0"}},
+		{"a committed offset wins over the bound", 6 * time.Hour, true, []string{"old1", "new0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, 1, topicIn, topicOut)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			produce := func(v string, at time.Time) {
+				t.Helper()
+				if err := h.cl.ProduceSync(ctx, &kgo.Record{Topic: topicIn, Value: []byte(v), Timestamp: at}).FirstErr(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var (
+				mu  sync.Mutex
+				got []string
+			)
+			collect := HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, r := range recs {
+					got = append(got, string(r.Value))
+				}
+				return Result{}, nil
+			})
+			produce("old0", old)
+			if tc.committed {
+				stop := h.run("startwithin", collect, nil)
+				eventually(t, 20*time.Second, "old0 handled and committed", func() bool { return h.committed(DefaultGroup("startwithin"), 1)[0] == 1 })
+				if err := stop(); err != nil {
+					t.Fatal(err)
+				}
+				mu.Lock()
+				got = nil
+				mu.Unlock()
+			}
+			produce("old1", old.Add(time.Second))
+			produce("new0", time.Now().Add(-time.Minute))
+			stop := h.run("startwithin", collect, func(c *Config) { c.StartWithin = tc.startWithin })
+			eventually(t, 20*time.Second, "new0 handled", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return slices.Contains(got, "new0")
+			})
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("handled %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

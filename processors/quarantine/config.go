@@ -119,7 +119,10 @@ type Config struct {
 	// age is the gateway's receivedTimestamp, not the agent's generated
 	// time: an agent offline for a day sends its spooled faults with a
 	// fresh received time, and they act. Recoveries are decided whatever
-	// their age (lifting is the safe direction). 0: no limit. Default 6h.
+	// their age (lifting is the safe direction). A partition the group
+	// has no committed offset for is read from this far back
+	// (pipeline.Config.StartWithin), not from its start. 0: no limit.
+	// Default 6h.
 	MaxEventAge time.Duration `toml:"max_event_age"`
 	// Identity names this processor in annotations and Events.
 	// Default "faultline-quarantine/<hostname>".
@@ -139,9 +142,12 @@ type Config struct {
 }
 
 // Pipeline returns the runner settings of the role's consumer (the retry
-// consumer takes the same, with its own Role and Topics).
+// consumer takes the same, with its own Role and Topics). A partition the
+// group has no committed offset for is read from MaxEventAge back, not
+// from the topic's start: nothing older would be acted on.
 func (c Config) Pipeline() pipeline.Config {
-	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout, MaxPollRecords: c.MaxPollRecords}
+	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout, MaxPollRecords: c.MaxPollRecords,
+		StartWithin: c.MaxEventAge}
 }
 
 // BreakerConfig configures the per-cluster circuit breaker.

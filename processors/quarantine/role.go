@@ -122,6 +122,11 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	}})
 	retry := cfg.Pipeline()
 	retry.Role, retry.Topics, retry.Group = Role+"-retry", retryTopics, retryGroup
+	// The retry topics are read from their start (their records are few;
+	// the stale ones are skipped one by one): retryWaiting read them so
+	// too, and keeps a node's records behind those until this group
+	// consumes them.
+	retry.StartWithin = 0
 	// A held retry batch comes back within a second: each try asks a
 	// cluster that was unreachable whether it answers again (its gate's
 	// probe), so its deferred faults are applied about a second after its

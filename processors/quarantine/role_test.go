@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/internal/testenv"
@@ -68,6 +69,34 @@ func TestRoleThroughKafka(t *testing.T) {
 		t.Fatal("role-2 not cordoned after the outage")
 	}
 	stop()
+}
+
+// TestRoleFirstStartSkipsOldRecords: the role's first start (no committed
+// offset) on a topic holding days of events reads it from
+// quarantine.max_event_age back (real Kafka: the broker's timestamp index),
+// not from its start: a fault received 3 days ago is not even read (no
+// action), the node's fresh fault behind it (same partition, its actions
+// after the old one's would be) cordons.
+func TestRoleFirstStartSkipsOldRecords(t *testing.T) {
+	e := startRoleEnv(t, "firststart", "firststart-1")
+	tap := newTap(e.ctx, t, e.kafka)
+	old := time.Now().Add(-72 * time.Hour)
+	ev := fatal("firststart-1", "XID_ERROR_48", "GPU-1")
+	ev.GeneratedTimestamp, ev.ReceivedTimestamp = timestamppb.New(old), timestamppb.New(old)
+	r := record("prod", ev)
+	r.Timestamp = old // as the gateway produced it then
+	tap.produce(r)
+	tap.produce(record("prod", fatal("firststart-1", "XID_ERROR_79", "GPU-2")))
+	stop := e.start(e.deps, 0)
+	tap.waitFor("quarantine/applied action for firststart-1", 60*time.Second, tap.applied("firststart-1", events.KindQuarantine))
+	stop()
+	tap.mu.Lock()
+	defer tap.mu.Unlock()
+	for _, a := range tap.actions {
+		if slices.Contains(a.GetEventIds(), ev.GetId()) {
+			t.Errorf("the fault received 3 days ago was read: action %s/%s %q, want none", a.Kind, a.Outcome, a.Reason)
+		}
+	}
 }
 
 func header(r *kgo.Record, key string) string {
