@@ -126,6 +126,18 @@ type Config struct {
 	// NVIDIA_VISIBLE_DEVICES env of the pod's containers is read after them.
 	// Default ["faultline.io/gpu-uuids"].
 	GPUAnnotations []string `toml:"gpu_annotations"`
+	// MaxTriggerAge: a quarantine decided (the action's timestamp) longer
+	// ago than this, first read now, starts no drain and joins none
+	// (recorded as a skipped drain, counted in
+	// faultline_drain_stale_triggers_total): a consumer group with no
+	// committed offset (first start, offsets expired after the broker's
+	// offsets.retention.minutes) reads the actions topic of days ago, and
+	// a node quarantined now was drained — and remediated — for an
+	// earlier episode's fault. A drain in progress (its requeued record)
+	// goes on whatever its age. A partition the group has no committed
+	// offset for is read from this far back (pipeline.Config.StartWithin).
+	// 0: no limit. Default 6h.
+	MaxTriggerAge time.Duration `toml:"max_trigger_age"`
 	// Identity names this processor on nodes. Default "faultline-drain/<hostname>".
 	Identity string `toml:"identity"`
 
@@ -162,6 +174,7 @@ func DefaultConfig() Config {
 		BatchTimeout:             2 * time.Minute,
 		PodWorkers:               16,
 		GPUAnnotations:           []string{DefaultGPUAnnotation},
+		MaxTriggerAge:            6 * time.Hour,
 		Identity:                 "faultline-drain/" + host,
 	}
 }
@@ -197,6 +210,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 1s: a batch may hold that long for a requeued item)")
 	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes drained concurrently per batch")
 	fs.IntVar(&c.PodWorkers, prefix+"pod-workers", c.PodWorkers, "API calls in flight per node")
+	fs.DurationVar(&c.MaxTriggerAge, prefix+"max-trigger-age", c.MaxTriggerAge, "a quarantine decided longer ago than this, first read now, starts or joins no drain (0: no limit)")
 	fs.Func(prefix+"gpu-annotations", "comma-separated pod annotation keys holding the pod's GPU UUIDs (default "+DefaultGPUAnnotation+")", func(s string) error {
 		c.GPUAnnotations = nil
 		for _, k := range strings.Split(s, ",") {
@@ -293,6 +307,9 @@ func (c *Config) Validate(prefix string) error {
 	if c.PodWorkers < 1 {
 		return fmt.Errorf("%spod_workers: must be at least 1, got %d", prefix, c.PodWorkers)
 	}
+	if c.MaxTriggerAge < 0 {
+		return fmt.Errorf("%smax_trigger_age: must not be negative (0: no limit), got %v", prefix, c.MaxTriggerAge)
+	}
 	if c.Identity == "" {
 		return fmt.Errorf("%sidentity: required", prefix)
 	}
@@ -314,7 +331,11 @@ func (c *Config) timeout(m Mode, r *Rule) time.Duration {
 	}
 }
 
-// Pipeline returns the runner settings of the role's consumer.
+// Pipeline returns the runner settings of the role's consumer. A
+// partition the group has no committed offset for is read from
+// MaxTriggerAge back, not from the topic's start: nothing older would
+// start a drain (the requeue topic's records go round every few seconds).
 func (c Config) Pipeline() pipeline.Config {
-	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout, FetchMaxWait: requeue.FetchMaxWait}
+	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout, FetchMaxWait: requeue.FetchMaxWait,
+		StartWithin: c.MaxTriggerAge}
 }

@@ -95,13 +95,20 @@ func IsTrigger(a *faultlinev1.Action) bool {
 
 // Handle handles one partition's batch of the actions topic or TopicRequeue.
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
+	var stale pipeline.Stale
+	defer h.logStale(&stale)
 	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now, h.reg,
 		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, requeue.Again) {
 			id := a.Action.GetId()
 			if len(a.Action.GetEventIds()) > 0 {
 				id = a.Action.GetEventIds()[0]
 			}
-			return h.process(ctx, trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, eventID: id})
+			t := trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, eventID: id}
+			if age, ok := h.staleAge(t, h.now()); ok {
+				stale.Add(t.cluster, age)
+				return []*faultlinev1.Action{h.staleSkip(t, age)}, requeue.Again{}
+			}
+			return h.process(ctx, t)
 		})
 }
 
@@ -798,6 +805,8 @@ type metrics struct {
 	// skippedTerminating: pods no longer waited for
 	// (Config.SkipWaitForDeleteTimeout).
 	skippedTerminating *prometheus.CounterVec
+	// staleTriggers: triggers too old to act on (Config.MaxTriggerAge).
+	staleTriggers *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -809,9 +818,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_conflicts_total", Help: "Drain state writes redone after a resourceVersion conflict."}, []string{"cluster"}),
 		skippedTerminating: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_pods_skipped_terminating_total",
 			Help: "Pods a drain stopped waiting for: terminating more than skip_wait_for_delete_timeout past their DeletionTimestamp (kubelet not finishing them)."}, []string{"cluster"}),
+		staleTriggers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_stale_triggers_total",
+			Help: "Quarantines first read longer than drain.max_trigger_age after they were decided (a replay or a long delay): no drain started or joined."}, []string{"cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.actions, m.drains, m.evictions, m.apiErrors, m.conflicts, m.skippedTerminating)
+		reg.MustRegister(m.actions, m.drains, m.evictions, m.apiErrors, m.conflicts, m.skippedTerminating, m.staleTriggers)
 	}
 	return m
 }

@@ -199,16 +199,7 @@ func repeatAction(node, eventID, action string, decided, generated time.Time) *k
 	if !generated.IsZero() {
 		details[events.DetailGeneratedAt] = generated.UTC().Format(time.RFC3339Nano)
 	}
-	r := quarantineAction(node, eventID, action, details)
-	a, err := events.UnmarshalAction(r.Value)
-	if err != nil {
-		panic(err)
-	}
-	a.Timestamp = timestamppb.New(decided)
-	if r.Value, err = events.MarshalAction(a); err != nil {
-		panic(err)
-	}
-	return r
+	return decidedAt(quarantineAction(node, eventID, action, details), decided)
 }
 
 // handle runs one batch and splits its outputs into actions and requeues.
@@ -238,6 +229,20 @@ func handle(t testing.TB, h *Handler, recs ...*kgo.Record) ([]*faultlinev1.Actio
 		}
 	}
 	return acts, rq
+}
+
+// decidedAt returns the action record r with its timestamp (when the
+// quarantine decided it) at.
+func decidedAt(r *kgo.Record, at time.Time) *kgo.Record {
+	a, err := events.UnmarshalAction(r.Value)
+	if err != nil {
+		panic(err)
+	}
+	a.Timestamp = timestamppb.New(at)
+	if r.Value, err = events.MarshalAction(a); err != nil {
+		panic(err)
+	}
+	return r
 }
 
 // drive handles rec and then its requeues, advancing the clock by step
@@ -437,6 +442,46 @@ func TestDrainKube(t *testing.T) {
 		res2 := find(acts, events.OutcomeSucceeded)
 		if left != nil || res2 == nil || res2.Details[events.DetailDrainID] == res.Details[events.DetailDrainID] || res2.Details[events.DetailEvicted] != "1" {
 			t.Fatalf("the later fault: %s", outcomes(acts))
+		}
+	})
+
+	// A consumer group with no committed offset (first start, offsets
+	// expired) reads the actions topic of days ago: a node quarantined now
+	// must not be drained (and remediated) for an earlier episode's
+	// quarantine; a drain in progress goes on however old its trigger.
+	t.Run("StaleTriggerStartsNoDrain", func(t *testing.T) {
+		node, long := "stale-1", "stale-2"
+		quarantined(t, k, node)
+		quarantined(t, k, long)
+		createPod(t, k, "work", "stale-w0", node)
+		createPod(t, k, "batch", "stale-b0", long)
+		waitRunning(t, k, node, 1)
+		waitRunning(t, k, long, 1)
+		sclk := &clock{t: time.Now()}
+		h := newHandler(t, testConfig(), k, sclk, false)
+		old := decidedAt(quarantineAction(node, "e-stale-old", "REPLACE_VM", nil), sclk.Now().Add(-72*time.Hour))
+		got, rq := handle(t, h, old)
+		n, _ := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		st, _ := ReadState(n)
+		if len(got) != 1 || got[0].Outcome != events.OutcomeSkipped || !strings.Contains(got[0].Reason, "older than drain.max_trigger_age (6h0m0s)") ||
+			len(rq) != 0 || st != nil || len(podsOn(t, k, node)) != 1 {
+			t.Fatalf("a quarantine decided 3 days ago: actions %s, %d requeued, drain state %+v, %d pods; want one stale skip, no drain, the pod running",
+				outcomes(got), len(rq), st, len(podsOn(t, k, node)))
+		}
+		// The node's fresh quarantine drains it.
+		acts, left := drive(t, h, sclk, time.Second, 40, decidedAt(quarantineAction(node, "e-stale-new", "RESTART_VM", nil), sclk.Now()))
+		if res := find(acts, events.OutcomeSucceeded); left != nil || res == nil || res.Details[events.DetailEvicted] != "1" {
+			t.Fatalf("the fresh quarantine: %s", outcomes(acts))
+		}
+		// A drain waiting for a job (AllowCompletion) past the age goes on.
+		acts, rq = handle(t, h, decidedAt(quarantineAction(long, "e-stale-long", "RESTART_VM", nil), sclk.Now()))
+		if len(rq) != 1 {
+			t.Fatalf("the long drain did not start: %s", outcomes(acts))
+		}
+		sclk.Add(7 * time.Hour)
+		acts, rq = handle(t, h, rq...)
+		if len(rq) != 1 || drainState(t, k, long).Phase != PhaseRunning || find(acts, events.OutcomeSkipped) != nil {
+			t.Fatalf("the drain in progress 7h later: %s, %d requeued, phase %s; want it running", outcomes(acts), len(rq), drainState(t, k, long).Phase)
 		}
 	})
 

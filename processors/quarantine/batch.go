@@ -34,8 +34,6 @@ type seqResult struct {
 	failed   error
 	// applied: each retry record applied, with its actions.
 	applied map[string][]*faultlinev1.Action
-	// stale: the records not acted on for their age (staleAge).
-	stale staleCount
 }
 
 // retriedActions are a retry record's actions kept for its batch's redo.
@@ -111,16 +109,15 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 		wait = h.cfg.RetryWait
 	}
 	deadline := time.Now().Add(wait)
+	var stale pipeline.Stale // the records not acted on for their age (staleAge)
 	results := pipeline.ByKey(items, func(it item) string { return string(it.rec.Key) }, h.cfg.Workers,
-		func(seq []item) seqResult { return h.handleSeq(ctx, seq, retry, deadline) })
+		func(seq []item) seqResult { return h.handleSeq(ctx, seq, retry, deadline, &stale) })
 	res := pipeline.Result{Dead: dead}
 	var (
 		failed []error
 		acts   []*faultlinev1.Action
-		stale  staleCount
 	)
 	for _, r := range results {
-		stale.merge(r.stale)
 		if r.failed != nil && !slices.ContainsFunc(failed, func(e error) bool { return e.Error() == r.failed.Error() }) {
 			failed = append(failed, r.failed) // the nodes waiting on one cluster share its error
 		}
@@ -137,7 +134,7 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 			h.m.deferred.WithLabelValues(it.cluster).Inc()
 		}
 	}
-	h.logStale(stale, retry)
+	h.logStale(&stale, retry)
 	if len(failed) > 0 {
 		h.keepRetried(results)
 		return pipeline.Result{}, fmt.Errorf("quarantine retry batch: %w", errors.Join(failed...))
@@ -148,13 +145,14 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 	return res, nil
 }
 
-// handleSeq handles one node's records in order, each through
+// handleSeq handles one node's records in order (stale ones, counted in
+// stale, recorded without acting: staleAge), each other through
 // clusters.Registry.Try. A cluster in trouble is waited for until
 // deadline (clusters.Gate.Wait: one that cannot be reached is probed, not
 // waited for); past it (or when the batch runs out of time) the node's
 // remaining records are deferred to RetryTopic, or, in the retry consumer,
 // the batch fails to be retried.
-func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadline time.Time) seqResult {
+func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadline time.Time, stale *pipeline.Stale) seqResult {
 	var r seqResult
 	cluster := items[0].cluster
 	cl, err := h.reg.Get(cluster)
@@ -184,7 +182,7 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 			// Nothing to write on the node and no API request: decided
 			// here, even while the cluster is deferring or down.
 			r.actions = append(r.actions, h.staleSkip(it, age, cl))
-			r.stale.add(it.cluster, age)
+			stale.Add(it.cluster, age)
 			continue
 		}
 		if live && !retry && h.deferring(cluster) {

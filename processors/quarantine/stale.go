@@ -2,10 +2,10 @@ package quarantine
 
 import (
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -39,40 +39,9 @@ func (h *Handler) staleSkip(it item, age time.Duration, cl *clusters.Client) *fa
 		it.ev.GetReceivedTimestamp().AsTime().UTC().Format(time.RFC3339Nano), age.Round(time.Second), h.cfg.MaxEventAge), "", cl)
 }
 
-// staleCount is what a batch did not act on for its age: how many, the
-// oldest, and their clusters.
-type staleCount struct {
-	n        int
-	oldest   time.Duration
-	clusters []string
-}
-
-func (s *staleCount) add(cluster string, age time.Duration) {
-	s.n++
-	s.oldest = max(s.oldest, age)
-	if !slices.Contains(s.clusters, cluster) {
-		s.clusters = append(s.clusters, cluster)
-	}
-}
-
-func (s *staleCount) merge(o staleCount) {
-	for _, c := range o.clusters {
-		if !slices.Contains(s.clusters, c) {
-			s.clusters = append(s.clusters, c)
-		}
-	}
-	s.n += o.n
-	s.oldest = max(s.oldest, o.oldest)
-}
-
 // logStale says once per batch what it did not act on for its age, so an
 // operator who wants such events acted on knows to raise the age.
-func (h *Handler) logStale(s staleCount, retry bool) {
-	if s.n == 0 {
-		return
-	}
-	slices.Sort(s.clusters)
-	h.log.Warn("stale events not acted on: received longer ago than quarantine.max_event_age (raise it to act on them)",
-		"events", s.n, "oldest_age", s.oldest.Round(time.Second), "max_event_age", h.cfg.MaxEventAge,
-		"clusters", s.clusters, "retry", retry)
+func (h *Handler) logStale(s *pipeline.Stale, retry bool) {
+	s.Log(h.log, "stale events not acted on: received longer ago than quarantine.max_event_age (raise it to act on them)",
+		"max_event_age", h.cfg.MaxEventAge, "retry", retry)
 }

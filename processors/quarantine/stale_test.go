@@ -119,8 +119,8 @@ func TestStaleEventsLoggedOncePerBatch(t *testing.T) {
 		t.Fatalf("actions %s, want three stale skips", got)
 	}
 	out := logs.String()
-	if strings.Count(out, "stale events not acted on") != 1 || !strings.Contains(out, "events=3") || !strings.Contains(out, "oldest_age=72h0m0s") {
-		t.Errorf("want one warning with events=3 oldest_age=72h0m0s, got:\n%s", out)
+	if strings.Count(out, "stale events not acted on") != 1 || !strings.Contains(out, "records=3") || !strings.Contains(out, "oldest_age=72h0m0s") {
+		t.Errorf("want one warning with records=3 oldest_age=72h0m0s, got:\n%s", out)
 	}
 }
 
