@@ -178,6 +178,15 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 		return r
 	}
 	for i, it := range items {
+		if retry {
+			// First: a record this batch applied before it failed says
+			// what it did, even if it has grown stale since.
+			if acts, ok := h.takeRetried(it.rec); ok {
+				r.actions = append(r.actions, acts...)
+				r.keep(it, acts)
+				continue
+			}
+		}
 		if age, ok := h.staleAge(it, h.now()); ok {
 			// Nothing to write on the node and no API request: decided
 			// here, even while the cluster is deferring or down.
@@ -188,13 +197,6 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 		if live && !retry && h.deferring(cluster) {
 			r.deferred = items[i:]
 			return r
-		}
-		if retry {
-			if acts, ok := h.takeRetried(it.rec); ok {
-				r.actions = append(r.actions, acts...)
-				r.keep(it, acts)
-				continue
-			}
 		}
 		for {
 			var acts []*faultlinev1.Action

@@ -2,6 +2,7 @@ package quarantine
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"strings"
 	"testing"
@@ -130,4 +131,30 @@ func reasons(acts []*faultlinev1.Action) []string {
 		out = append(out, a.GetReason())
 	}
 	return out
+}
+
+// TestStaleRetryRedoSaysWhatWasApplied: a retry batch that failed for
+// another cluster after applying a fault is redone; if the fault has grown
+// stale meanwhile, the redo still says what was applied (the drain starts
+// from it), not a stale skip of a node it cordoned.
+func TestStaleRetryRedoSaysWhatWasApplied(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	h, err := New(DefaultConfig(), clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := fatal("n1", "XID_ERROR_48", "GPU-1")
+	ev.GeneratedTimestamp, ev.ReceivedTimestamp = timestamppb.New(now.Add(-7*time.Hour)), timestamppb.New(now.Add(-7*time.Hour))
+	rec := retryRecord("c1", record("c1", ev))
+	rec.Partition, rec.Offset = 0, 7
+	applied := h.newAction(item{rec: rec, ev: ev, cluster: "c1", node: "n1"}, "quarantine", "applied", "rule r matched XID_ERROR_48", "r", nil)
+	h.keepRetried([]seqResult{{applied: map[string][]*faultlinev1.Action{recordKey(rec): {applied}}}})
+	res, err := h.HandleRetry(context.Background(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acts, _ := splitOut(t, res.Out)
+	if kinds(acts) != "quarantine/applied" {
+		t.Fatalf("redo: %s %v, want the kept quarantine/applied", kinds(acts), reasons(acts))
+	}
 }
