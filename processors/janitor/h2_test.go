@@ -118,8 +118,9 @@ func (b *h2BMC) serve(c net.Conn) {
 			if !f.StreamEnded() || !strings.HasSuffix(paths[f.StreamID], "/Actions/ComputerSystem.Reset") {
 				continue
 			}
-			// The reset, read whole: the BMC carries it out.
-			if b.resets.Add(1) > 1 {
+			// The reset, read whole: the BMC carries it out (or, refusing
+			// the stream, does nothing).
+			if b.resets.Add(1) > 1 && b.after != "rst:REFUSED_STREAM,always" {
 				answer(f.StreamID, "204", "")
 				continue
 			}
@@ -131,8 +132,9 @@ func (b *h2BMC) serve(c net.Conn) {
 				_ = fr.WriteGoAway(f.StreamID, http2.ErrCodeNo, nil)
 				return
 			case strings.HasPrefix(b.after, "rst:"):
+				name, _, _ := strings.Cut(strings.TrimPrefix(b.after, "rst:"), ",")
 				code := map[string]http2.ErrCode{"INTERNAL_ERROR": http2.ErrCodeInternal, "CANCEL": http2.ErrCodeCancel,
-					"PROTOCOL_ERROR": http2.ErrCodeProtocol, "REFUSED_STREAM": http2.ErrCodeRefusedStream}[strings.TrimPrefix(b.after, "rst:")]
+					"PROTOCOL_ERROR": http2.ErrCodeProtocol, "REFUSED_STREAM": http2.ErrCodeRefusedStream}[name]
 				_ = fr.WriteRSTStream(f.StreamID, code)
 			}
 		}
@@ -143,13 +145,13 @@ func (b *h2BMC) serve(c net.Conn) {
 // offers h2), a reset the BMC read to its END_STREAM and never answered
 // is ErrMaybeSent, and is sent once, however the answer was lost: the
 // connection closed, the stream reset (INTERNAL_ERROR, CANCEL,
-// PROTOCOL_ERROR, REFUSED_STREAM), a GOAWAY. Go's HTTP/2 transport fires
-// WroteRequest once the request's END_STREAM is written, so the probe
-// holds; but it replays on its own a request whose stream was reset
-// PROTOCOL_ERROR or REFUSED_STREAM (the body rewound through GetBody,
-// POST or not): before, the BMC got the reset a second time, and its 204
-// read as a clean Succeeded. A written signal's body is now not
-// rewindable, so no transport sends it again.
+// PROTOCOL_ERROR), a GOAWAY. Go's HTTP/2 transport fires WroteRequest once
+// the request's END_STREAM is written, so the probe holds; but it replays
+// on its own a request whose stream was reset PROTOCOL_ERROR (the body
+// rewound through GetBody, POST or not): before, the BMC got the reset a
+// second time, and its 204 read as a clean Succeeded. A written signal's
+// body is now not rewindable, so no transport sends it again — unless the
+// stream was refused (TestHTTP2RefusedStreamIsNotSent).
 func TestHTTP2SignalUnanswered(t *testing.T) {
 	kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
 	reboot := func(t *testing.T, url string) error {
@@ -196,13 +198,55 @@ func TestHTTP2SignalUnanswered(t *testing.T) {
 			t.Fatalf("the BMC read %d resets, and the reboot returned %v; want 1 reset, ErrMaybeSent", n, err)
 		}
 	})
-	for _, after := range []string{"close", "goaway", "rst:INTERNAL_ERROR", "rst:CANCEL", "rst:PROTOCOL_ERROR", "rst:REFUSED_STREAM"} {
+	for _, after := range []string{"close", "goaway", "rst:INTERNAL_ERROR", "rst:CANCEL", "rst:PROTOCOL_ERROR"} {
 		t.Run(after, func(t *testing.T) {
 			b := startH2BMC(t, after)
 			err := reboot(t, b.url())
 			if n := b.resets.Load(); n != 1 || !errors.Is(err, ErrMaybeSent) {
 				t.Fatalf("the BMC read %d resets, and the reboot returned %v (may have been sent: %v); want 1 reset, ErrMaybeSent",
 					n, err, errors.Is(err, ErrMaybeSent))
+			}
+		})
+	}
+}
+
+// TestHTTP2RefusedStreamIsNotSent: a stream the BMC reset REFUSED_STREAM
+// was not processed (RFC 9113 §8.7: "the stream was closed prior to any
+// processing"), written whole or not. Go's HTTP/2 transport sends it again
+// on its own, and the provider lets it: refused once, the reset goes out
+// on the next try and its 204 is a clean success; refused on every try
+// until redfish.timeout, nothing went out (SignalSent=False/BMCUnreachable),
+// not MaybeSent. Before, a refused reset was MaybeSent like a lost answer,
+// and the reboot waited force_after for a reset the BMC never took.
+func TestHTTP2RefusedStreamIsNotSent(t *testing.T) {
+	kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
+	for _, tc := range []struct {
+		after      string
+		wantResets int32 // at least
+		wantReason string
+	}{
+		{"rst:REFUSED_STREAM", 2, ""},
+		{"rst:REFUSED_STREAM,always", 2, ReasonBMCUnreachable},
+	} {
+		t.Run(tc.after, func(t *testing.T) {
+			b := startH2BMC(t, tc.after)
+			cfg := DefaultConfig().Redfish
+			cfg.InsecureSkipVerify, cfg.Timeout, cfg.AllowedNetworks = true, 3*time.Second, []string{"127.0.0.0/8"}
+			rf, err := NewRedfish(cfg, testLog)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			err = rf.Reboot(ctx, Target{Cluster: "c1", Node: bmcNode("n1", b.url()+"/redfish/v1/Systems/1", ""), Kube: kube}, Graceful)
+			n := b.resets.Load()
+			reason := ""
+			if err != nil {
+				reason = reasonOf(err)
+			}
+			if n < tc.wantResets || errors.Is(err, ErrMaybeSent) || reason != tc.wantReason {
+				t.Fatalf("the BMC refused %d resets, and the reboot returned %v (may have been sent: %v); want at least %d tries, reason %q, not ErrMaybeSent",
+					n, err, errors.Is(err, ErrMaybeSent), tc.wantResets, tc.wantReason)
 			}
 		})
 	}

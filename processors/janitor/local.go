@@ -112,7 +112,7 @@ func (l *Local) call(ctx context.Context, t Target, req localaction.Request) err
 	}
 	hr.Header.Set("Content-Type", "application/json")
 	hr.Header.Set("Authorization", localaction.Sign(key, http.MethodPost, path, body))
-	resp, unanswered, err := doTracked(hr, l.client.Do)
+	resp, unanswered, err := doTracked(hr, nil, l.client.Do)
 	if na := notAllowed(err); na != nil {
 		return perr(ReasonAgentAddressNotAllowed, "agent %s of node %s: %s", addr, t.Node.Name, na.msg)
 	}

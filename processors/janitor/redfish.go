@@ -21,6 +21,7 @@ import (
 	"github.com/stmcginnis/gofish"
 	"github.com/stmcginnis/gofish/common"
 	"github.com/stmcginnis/gofish/redfish"
+	"golang.org/x/net/http2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -73,7 +74,7 @@ func (b boundedBodies) CloseIdleConnections() { b.rt.CloseIdleConnections() }
 // resets are not a BMC's (ErrUnsupported).
 type Redfish struct {
 	cfg    RedfishConfig
-	http   *http.Client
+	tr     *http.Transport // cloned for each operation (client)
 	log    *slog.Logger
 	nets   networks
 	lookup lookupFunc
@@ -107,8 +108,24 @@ func NewRedfish(cfg RedfishConfig, log *slog.Logger) (*Redfish, error) {
 	// host: a name that resolves otherwise now, or a redirect, stays in
 	// the BMC networks.
 	tr.DialContext = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: nets.control(keyBMCNetworks)}).DialContext
-	return &Redfish{cfg: cfg, http: &http.Client{Transport: sendTracker{boundedBodies{tr, maxRedfishBody}}, Timeout: cfg.Timeout}, log: log,
-		nets: nets, lookup: defaultLookup}, nil
+	return &Redfish{cfg: cfg, tr: tr, log: log, nets: nets, lookup: defaultLookup}, nil
+}
+
+// client is one operation's HTTP client, on a transport of its own: what
+// its HTTP/2 connections report (a stream the BMC refused) is that
+// operation's, noted in p. Its connections are closed when it is done.
+// (net/http's HTTP2Config.CountError does not reach its transport's
+// stream resets; x/net's Transport.CountError does.)
+func (r *Redfish) client(p *sendProbe) *http.Client {
+	tr := r.tr.Clone()
+	if h2, err := http2.ConfigureTransports(tr); err == nil {
+		h2.CountError = p.countH2Error
+	} else {
+		// Not reached (tr has no h2 of its own yet); net/http's h2 then
+		// serves it, and a refused stream reads as unanswered.
+		r.log.Warn("janitor: redfish HTTP/2 transport not configured", "err", err)
+	}
+	return &http.Client{Transport: sendTracker{boundedBodies{tr, maxRedfishBody}}, Timeout: r.cfg.Timeout}
 }
 
 // bmcRef is a node's BMC: its endpoint (its host in the BMC networks),
@@ -239,7 +256,7 @@ func classify(endpoint string, err error) error {
 
 // connect logs in: a session through the SessionService when configured
 // and offered, else basic auth. The returned func logs out.
-func (r *Redfish) connect(ctx context.Context, t Target) (*gofish.APIClient, bmcRef, func(), error) {
+func (r *Redfish) connect(ctx context.Context, t Target, hc *http.Client) (*gofish.APIClient, bmcRef, func(), error) {
 	ref, err := r.bmc(ctx, t)
 	if err != nil {
 		return nil, bmcRef{}, nil, err
@@ -249,7 +266,7 @@ func (r *Redfish) connect(ctx context.Context, t Target) (*gofish.APIClient, bmc
 	if err != nil {
 		return nil, bmcRef{}, nil, err
 	}
-	cfg := gofish.ClientConfig{Endpoint: endpoint, Username: user, Password: pass, BasicAuth: true, HTTPClient: r.http}
+	cfg := gofish.ClientConfig{Endpoint: endpoint, Username: user, Password: pass, BasicAuth: true, HTTPClient: hc}
 	c, err := gofish.ConnectContext(ctx, cfg)
 	if err != nil {
 		return nil, bmcRef{}, nil, classify(endpoint, err)
@@ -270,7 +287,7 @@ func (r *Redfish) connect(ctx context.Context, t Target) (*gofish.APIClient, bmc
 			r.log.Debug("janitor: redfish session login failed; using basic auth", "bmc", endpoint, "err", err)
 		}
 	}
-	return c, ref, func() { r.http.CloseIdleConnections() }, nil
+	return c, ref, hc.CloseIdleConnections, nil
 }
 
 // logout deletes the session c logged in with, with a context of its
@@ -280,7 +297,7 @@ func (r *Redfish) connect(ctx context.Context, t Target) (*gofish.APIClient, bmc
 // handful of sessions (iDRAC, iLO): a few leaked ones and every login to
 // that BMC fails. Bounded by redfish.timeout; a failure is logged.
 func (r *Redfish) logout(ctx context.Context, c *gofish.APIClient, endpoint string) {
-	defer r.http.CloseIdleConnections()
+	defer c.HTTPClient.CloseIdleConnections()
 	s, err := c.GetSession()
 	if err != nil || s.ID == "" {
 		r.log.Warn("janitor: redfish session without a location to log out of; the BMC keeps it until it times out", "bmc", endpoint)
@@ -292,7 +309,7 @@ func (r *Redfish) logout(ctx context.Context, c *gofish.APIClient, endpoint stri
 	if err == nil {
 		req.Header.Set("X-Auth-Token", s.Token)
 		var resp *http.Response
-		if resp, err = r.http.Do(req); err == nil {
+		if resp, err = c.HTTPClient.Do(req); err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode >= 300 && resp.StatusCode != http.StatusNotFound {
@@ -393,7 +410,7 @@ func (r *Redfish) reset(ctx context.Context, t Target, rt redfish.ResetType) err
 	// gofish makes every request with the context it connected with: the
 	// probe is armed for the reset's POST alone.
 	ctx, probe := withSendProbe(ctx, false)
-	c, ref, done, err := r.connect(ctx, t)
+	c, ref, done, err := r.connect(ctx, t, r.client(probe))
 	if err != nil {
 		return err
 	}

@@ -47,8 +47,17 @@ func maybeSent(err error) error { return &maybeSentError{err} }
 // goroutine before it returns a failed round trip, so a request it wrote
 // has said so by then. A dial, DNS, TLS or allowlist failure happens
 // before anything is written; an answer of any status is an answer.
-func doTracked(r *http.Request, do func(*http.Request) (*http.Response, error)) (resp *http.Response, unanswered bool, err error) {
+//
+// A request whose HTTP/2 stream the server reset REFUSED_STREAM (refused,
+// when not nil, is set for it by the transport's CountError) was not
+// processed at all (RFC 9113 §8.7): neither unanswered nor kept from the
+// transport's own retry.
+func doTracked(r *http.Request, refused *atomic.Bool, do func(*http.Request) (*http.Response, error)) (resp *http.Response, unanswered bool, err error) {
 	var wrote atomic.Bool
+	streamRefused := func() bool { return refused != nil && refused.Load() }
+	if refused != nil {
+		refused.Store(false)
+	}
 	ctx := httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
 		WroteRequest: func(i httptrace.WroteRequestInfo) {
 			if i.Err == nil {
@@ -64,17 +73,23 @@ func doTracked(r *http.Request, do func(*http.Request) (*http.Response, error)) 
 		// rewinding the body through GetBody: a signal the controller may
 		// have carried out went out twice. Once written, it cannot be
 		// rewound (the transport returns the error, read here as
-		// unanswered); one that failed before it was written still can
-		// (HTTP/1's retry of a request on a connection found closed).
+		// unanswered) — unless the server refused the stream, which says
+		// it processed nothing; one that failed before it was written
+		// still can (HTTP/1's retry of a request on a connection found
+		// closed).
 		r.GetBody = func() (io.ReadCloser, error) {
 			if wrote.Load() {
-				return nil, errNotAgain
+				if !streamRefused() {
+					return nil, errNotAgain
+				}
+				wrote.Store(false) // the next try is a try of its own
+				refused.Store(false)
 			}
 			return getBody()
 		}
 	}
 	resp, err = do(r)
-	return resp, err != nil && resp == nil && wrote.Load(), err
+	return resp, err != nil && resp == nil && wrote.Load() && !streamRefused(), err
 }
 
 // errNotAgain refuses to rewind a written signal's body for a replay.
@@ -86,6 +101,18 @@ var errNotAgain = errors.New("the request was written whole: it is not sent agai
 type sendProbe struct {
 	armed      atomic.Bool
 	unanswered atomic.Bool
+	// refused: the armed request's HTTP/2 stream was reset
+	// REFUSED_STREAM (countH2Error, on a transport of the probe's own).
+	refused atomic.Bool
+}
+
+// countH2Error is an HTTP/2 transport's CountError: it notes a stream
+// the server refused. The transport calls it from its read loop before
+// it fails the stream's round trip.
+func (p *sendProbe) countH2Error(errType string) {
+	if errType == "recv_rststream_REFUSED_STREAM" {
+		p.refused.Store(true)
+	}
 }
 
 type probeKey struct{}
@@ -110,7 +137,7 @@ func track(r *http.Request, do func(*http.Request) (*http.Response, error)) (*ht
 	if p == nil || !p.armed.Load() {
 		return do(r) // not the signal (a login, a GET): the transport may replay it
 	}
-	resp, unanswered, err := doTracked(r, do)
+	resp, unanswered, err := doTracked(r, &p.refused, do)
 	if unanswered {
 		p.unanswered.Store(true)
 	}
