@@ -115,9 +115,11 @@ type RedfishConfig struct {
 	// with faultline.io/bmc-address and not the labels is refused
 	// (BMCAnnotationNotAllowed), and a BMC with several systems is not
 	// searched for the node's own status.nodeInfo.systemUUID (name the
-	// system's label). Default false: a node without the labels is still
-	// served by its annotations (which its kubelet may edit: it can name
-	// another BMC in allowed_networks).
+	// system's label). It also stops the node's own faultline.io/janitor-provider
+	// picking its provider (see Config.providerName). Default false: a node
+	// without the labels is still served by its annotations (which its
+	// kubelet may edit: it can name another BMC in allowed_networks), each
+	// such signal counted in faultline_janitor_node_named_total.
 	LabelsOnly bool `toml:"labels_only"`
 }
 
@@ -217,7 +219,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&r.TerminateAction, prefix+"redfish.terminate-action", r.TerminateAction, "Reset type of a TerminateNode: ForceOff or PowerCycle")
 	fs.DurationVar(&r.Timeout, prefix+"redfish.timeout", r.Timeout, "timeout of one BMC request")
 	fs.Func(prefix+"redfish.allowed-networks", "comma-separated CIDRs a node's BMC address must be in (default none: every BMC address refused)", listFlag(&r.AllowedNetworks))
-	fs.BoolVar(&r.LabelsOnly, prefix+"redfish.labels-only", r.LabelsOnly, "take a node's BMC only from its node-restriction.kubernetes.io/faultline-bmc-* labels (kubelets cannot set them), never from its annotations")
+	fs.BoolVar(&r.LabelsOnly, prefix+"redfish.labels-only", r.LabelsOnly, "take a node's BMC only from its node-restriction.kubernetes.io/faultline-bmc-* labels (kubelets cannot set them), never from its annotations, and its provider not from its own faultline.io/janitor-provider")
 	fs.Func(prefix+"redfish.allowed-secrets", "comma-separated Secrets (name, or prefix*) a node's faultline.io/bmc-secret may name (default none: only default_secret)", listFlag(&r.AllowedSecrets))
 	a := &c.AWS
 	fs.StringVar(&a.Region, prefix+"aws.region", a.Region, "EC2 region of nodes whose providerID names none")

@@ -85,18 +85,27 @@ func TestProviderName(t *testing.T) {
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Annotations: ann, Labels: lbl}, Spec: corev1.NodeSpec{ProviderID: pid}}
 	}
 	for _, tc := range []struct {
-		name string
-		n    *corev1.Node
-		want string
+		name       string
+		labelsOnly bool
+		n          *corev1.Node
+		want, key  string // the provider, the node's own key that picked it
+		wantErr    bool
 	}{
-		{"annotation wins", node(map[string]string{AnnotationProvider: "redfish"}, map[string]string{AnnotationProvider: "aws"}, "aws:///us/i-1"), "redfish"},
-		{"label", node(nil, map[string]string{AnnotationProvider: "redfish"}, "aws:///us/i-1"), "redfish"},
-		{"prefix", node(nil, nil, "aws:///us-east-1a/i-1"), "aws"},
-		{"longest prefix", node(nil, nil, "aws:///eu-west-1a/i-1"), "redfish"},
-		{"default", node(nil, nil, "kwok://n"), "local"},
+		{"annotation wins", false, node(map[string]string{AnnotationProvider: "redfish"}, map[string]string{AnnotationProvider: "aws"}, "aws:///us/i-1"), "redfish", AnnotationProvider, false},
+		{"label", false, node(nil, map[string]string{AnnotationProvider: "redfish"}, "aws:///us/i-1"), "redfish", AnnotationProvider, false},
+		{"the node's own naming its pick anyway", false, node(map[string]string{AnnotationProvider: "aws"}, nil, "aws:///us/i-1"), "aws", "", false},
+		{"the administrator's label wins", false, node(map[string]string{AnnotationProvider: "redfish"}, map[string]string{LabelProvider: "local"}, "aws:///us/i-1"), "local", "", false},
+		{"labels_only: the node's own pick refused", true, node(map[string]string{AnnotationProvider: "redfish"}, nil, "aws:///us/i-1"), "", "", true},
+		{"labels_only: the node's own naming its pick anyway", true, node(map[string]string{AnnotationProvider: "aws"}, nil, "aws:///us/i-1"), "aws", "", false},
+		{"labels_only: the administrator's label", true, node(map[string]string{AnnotationProvider: "redfish"}, map[string]string{LabelProvider: "local"}, "aws:///us/i-1"), "local", "", false},
+		{"prefix", false, node(nil, nil, "aws:///us-east-1a/i-1"), "aws", "", false},
+		{"longest prefix", false, node(nil, nil, "aws:///eu-west-1a/i-1"), "redfish", "", false},
+		{"default", false, node(nil, nil, "kwok://n"), "local", "", false},
 	} {
-		if got := c.providerName(tc.n); got != tc.want {
-			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		c.Redfish.LabelsOnly = tc.labelsOnly
+		got, key, err := c.providerName(tc.n)
+		if got != tc.want || key != tc.key || (err != nil) != tc.wantErr {
+			t.Errorf("%s: %q (node's key %q, err %v), want %q (%q, err %v)", tc.name, got, key, err, tc.want, tc.key, tc.wantErr)
 		}
 	}
 }

@@ -94,6 +94,9 @@ type Janitor struct {
 	mu      sync.Mutex
 	mem     map[types.UID]memory // by resource UID; forgotten when it is deleted
 	running map[string]*clusterRun
+	// namedWarned: the cluster/node/key a signal followed a node's own
+	// key of, warned of once (Janitor.nodeNamed).
+	namedWarned map[string]bool
 }
 
 // memory is what this process did to a resource that its watch's copy may
@@ -163,7 +166,7 @@ func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options)
 		cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		providers: opts.Providers, prod: opts.Producer, emitTry: emitTry, resayAfter: resayAfter,
 		lim: newLimiter(cfg.MaxConcurrent, cfg.MaxConcurrentPerRack, cfg.MaxConcurrentPerProvider),
-		m:   newMetrics(opts.Registerer), mem: map[types.UID]memory{}, running: map[string]*clusterRun{},
+		m:   newMetrics(opts.Registerer), mem: map[types.UID]memory{}, running: map[string]*clusterRun{}, namedWarned: map[string]bool{},
 	}, nil
 }
 
@@ -556,10 +559,14 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 				op.nodeName, why), false)
 		}
 	}
-	pname := j.cfg.providerName(op.node)
+	pname, nodeKey, err := j.cfg.providerName(op.node)
+	if err != nil {
+		return 0, op.fail(ctx, ReasonNoProvider, err.Error(), false)
+	}
 	prov := j.providers[pname]
 	if prov == nil {
-		why := "no provider for node " + op.nodeName + " (annotation/label " + AnnotationProvider + ", providerID " + op.node.Spec.ProviderID + ", default_provider)"
+		why := "no provider for node " + op.nodeName + " (label " + LabelProvider + ", annotation/label " + AnnotationProvider +
+			", providerID " + op.node.Spec.ProviderID + ", default_provider)"
 		if pname != "" {
 			why = fmt.Sprintf("provider %q of node %s is not configured", pname, op.nodeName)
 		}
@@ -587,6 +594,7 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		return 0, fmt.Errorf("record %s state: %w", op.ref(), err)
 	}
 	j.m.started.WithLabelValues(op.cr.name, op.kd.ActionKind, pname).Inc()
+	named := op.nodeNamed(pname, nodeKey)
 	t := Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/signal"}
 	switch op.kd {
 	case kindGPUReset:
@@ -607,7 +615,7 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		// again; not a failed signal, which the remediate role escalates.
 		msg := fmt.Sprintf("%s signal may have been sent via %s, not sent again: %v", op.kd.ActionKind, pname, err)
 		j.remember(op.u.GetUID(), func(m *memory) { m.maybeSentMsg = msg })
-		op.emit(ctx, op.action(events.OutcomeApplied, msg+" (node "+op.nodeName+")", "signal", nil))
+		op.emit(ctx, op.action(events.OutcomeApplied, msg+" (node "+op.nodeName+")", "signal", named))
 		if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonMaybeSent, msg}, cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
 			return 0, err
 		}
@@ -626,11 +634,40 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	// The action before the status it reports, here and at every step: a
 	// janitor that stops in between finds the step not written and does it
 	// again, producing the same action (same id) again.
-	op.emit(ctx, op.action(events.OutcomeApplied, msg+" to node "+op.nodeName, "signal", nil))
+	op.emit(ctx, op.action(events.OutcomeApplied, msg+" to node "+op.nodeName, "signal", named))
 	if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonSucceeded, msg}, cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
 		return 0, err
 	}
 	return j.cfg.PollInterval, nil
+}
+
+// nodeNamed accounts for the node's own keys (its kubelet may write them)
+// that the signal about to be sent through pname follows: each counted
+// in faultline_janitor_node_named_total, warned of once per node and key
+// in this process, and returned as the signal action's details (nil
+// when none). A compromised node can point them elsewhere: another
+// node's BMC, another provider (SECURITY.md, "What a node may say about
+// itself").
+func (op *operation) nodeNamed(pname, nodeKey string) map[string]string {
+	j := op.j
+	keys := j.cfg.nodeNamed(op.node, pname, nodeKey)
+	if len(keys) == 0 {
+		return nil
+	}
+	for _, k := range keys {
+		j.m.nodeNamed.WithLabelValues(op.cr.name, k).Inc()
+		j.mu.Lock()
+		id := op.cr.name + "/" + op.nodeName + "/" + k
+		warned := j.namedWarned[id]
+		j.namedWarned[id] = true
+		j.mu.Unlock()
+		if !warned {
+			j.log.Warn("janitor: a signal follows the node's own "+k+" (its kubelet may write it); name it with a "+
+				corev1.LabelNamespaceNodeRestriction+"/ label and set janitor.redfish.labels_only",
+				"cluster", op.cr.name, "node", op.nodeName, "key", k, "value", op.node.Annotations[k]+op.node.Labels[k], "provider", pname)
+		}
+	}
+	return map[string]string{events.DetailNodeNamed: strings.Join(keys, ",")}
 }
 
 // resetGPUs asks for a GPU reset and completes the resource once the
@@ -1101,6 +1138,7 @@ type metrics struct {
 	actions, started, completed, apiErrors, deferred *prometheus.CounterVec
 	auditErrors                                      prometheus.Counter
 	signalLatency                                    *prometheus.HistogramVec
+	nodeNamed                                        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -1113,9 +1151,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		auditErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_janitor_audit_errors_total", Help: "Actions lost: neither produced nor kept on their resource."}),
 		signalLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_janitor_signal_seconds", Help: "Resource created to SignalSent.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"cluster"}),
+		nodeNamed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_node_named_total",
+			Help: "Signals sent that followed a key of the node's own (its kubelet may write it): its provider's or its BMC's annotation."}, []string{"cluster", "key"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.actions, m.started, m.completed, m.apiErrors, m.deferred, m.auditErrors, m.signalLatency)
+		reg.MustRegister(m.actions, m.started, m.completed, m.apiErrors, m.deferred, m.auditErrors, m.signalLatency, m.nodeNamed)
 	}
 	return m
 }

@@ -19,7 +19,9 @@ const (
 // Node annotations and labels the janitor reads to carry out an operation.
 const (
 	// AnnotationProvider (or the label of the same name) picks the node's
-	// provider; it wins over the providerID prefix and default_provider.
+	// provider; it wins over the providerID prefix and default_provider,
+	// not over LabelProvider. It is the node's own (its kubelet may write
+	// it): not followed with redfish.labels_only.
 	AnnotationProvider = "faultline.io/janitor-provider"
 	// AnnotationBMC is the node's BMC: its Redfish base URL
 	// ("https://10.0.0.5"), optionally with the system's path
@@ -52,6 +54,9 @@ const (
 	// LabelBMCSecret names the Secret with the BMC's credentials, as
 	// AnnotationBMCSecret; default redfish.default_secret.
 	LabelBMCSecret = corev1.LabelNamespaceNodeRestriction + "/faultline-bmc-secret"
+	// LabelProvider names the node's provider, as AnnotationProvider,
+	// and wins over it.
+	LabelProvider = corev1.LabelNamespaceNodeRestriction + "/faultline-janitor-provider"
 )
 
 // Target is the node an operation acts on, with its cluster's client (to
@@ -125,17 +130,47 @@ func reasonOf(err error) string {
 	return "Failed"
 }
 
-// providerName picks the provider of a node: the annotation, then the
-// label AnnotationProvider, then the providerID prefix, then the default.
-func (c Config) providerName(n *corev1.Node) string {
-	if v := n.Annotations[AnnotationProvider]; v != "" {
-		return v
+// providerName picks the provider of a node: the label LabelProvider (an
+// administrator's: no kubelet may set it), then the annotation, then the
+// label AnnotationProvider (the node's own), then the providerID prefix,
+// then the default. nodeKey is the node's own key when it decided ("" when
+// it named nothing or what the rest would pick). With redfish.labels_only
+// the node's own key is not followed: one naming another provider than
+// the rest would pick is refused (nothing is sent through either).
+func (c Config) providerName(n *corev1.Node) (name, nodeKey string, err error) {
+	if v := n.Labels[LabelProvider]; v != "" {
+		return v, "", nil
 	}
-	if v := n.Labels[AnnotationProvider]; v != "" {
-		return v
+	own, where := n.Annotations[AnnotationProvider], "annotation"
+	if own == "" {
+		own, where = n.Labels[AnnotationProvider], "label"
 	}
-	if v := c.providerForPrefix(n.Spec.ProviderID); v != "" {
-		return v
+	name = c.providerForPrefix(n.Spec.ProviderID)
+	if name == "" {
+		name = c.DefaultProvider
 	}
-	return c.DefaultProvider
+	switch {
+	case own == "" || own == name:
+		return name, "", nil
+	case c.Redfish.LabelsOnly:
+		return "", "", fmt.Errorf("node %s: its %s %s %q is the node's own (its kubelet may write it) and janitor.redfish.labels_only is set: "+
+			"not followed, and it names another provider than providerID/default_provider (%q); label the node %s",
+			n.Name, where, AnnotationProvider, own, name, LabelProvider)
+	}
+	return own, AnnotationProvider, nil
+}
+
+// nodeNamed lists the node's own keys (its kubelet may write them) that
+// an operation through provider on n follows: nodeKey (the provider's
+// pick), and for redfish the BMC's annotation (no LabelBMCHost; not
+// redfish.labels_only).
+func (c Config) nodeNamed(n *corev1.Node, provider, nodeKey string) []string {
+	var keys []string
+	if nodeKey != "" {
+		keys = append(keys, nodeKey)
+	}
+	if _, labelled := n.Labels[LabelBMCHost]; provider == ProviderRedfish && !labelled && !c.Redfish.LabelsOnly && n.Annotations[AnnotationBMC] != "" {
+		keys = append(keys, AnnotationBMC)
+	}
+	return keys
 }

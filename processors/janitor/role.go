@@ -50,6 +50,12 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(cfg.Redfish.AllowedNetworks) > 0 && !cfg.Redfish.LabelsOnly {
+		deps.Log.Warn("janitor: janitor.redfish.labels_only is off: a node without the " + LabelBMCHost + " label is reset at the BMC its own " +
+			AnnotationBMC + " annotation names, and any node may pick its provider with " + AnnotationProvider + " (its kubelet may write both; " +
+			"SECURITY.md, \"What a node may say about itself\"); each such signal is counted in faultline_janitor_node_named_total. " +
+			"Label every node, then set janitor.redfish.labels_only")
+	}
 	reg := clusters.NewRegistry(deps.Kube, nil)
 	names := deps.Kube.Names()
 	var prod *kgo.Client

@@ -206,6 +206,11 @@ const (
 	// (signal, force, complete, ...).
 	DetailProvider = "provider"
 	DetailStep     = "step"
+	// DetailNodeNamed lists the keys of the node's own (its kubelet may
+	// write them) that a janitor signal followed: the annotation naming
+	// its provider or its BMC ("faultline.io/janitor-provider,
+	// faultline.io/bmc-address").
+	DetailNodeNamed = "nodeNamed"
 	// Conformance drift: the group (cluster/pool), where its expected
 	// fingerprint comes from (baseline or majority), the expected and
 	// actual fingerprints, the differing components ("name: expected
