@@ -89,7 +89,8 @@ type RedfishConfig struct {
 	// InsecureSkipVerify skips the BMC certificate check. Default false.
 	InsecureSkipVerify bool `toml:"insecure_skip_verify"`
 	// Session: log in through the SessionService (X-Auth-Token) when the
-	// BMC offers one, else HTTP basic auth. Default true.
+	// BMC refuses HTTP basic auth, which is tried first (it holds none of
+	// the BMC's few session slots). Default true; false: basic auth only.
 	Session bool `toml:"session"`
 	// TerminateAction is the ComputerSystem.Reset type of a TerminateNode:
 	// ForceOff (default) or PowerCycle (terminate-and-reimage setups whose
@@ -215,7 +216,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&r.DefaultSecret, prefix+"redfish.default-secret", r.DefaultSecret, "BMC credential Secret of nodes without faultline.io/bmc-secret")
 	fs.StringVar(&r.CAFile, prefix+"redfish.ca-file", r.CAFile, "PEM CA bundle for BMC certificates")
 	fs.BoolVar(&r.InsecureSkipVerify, prefix+"redfish.insecure-skip-verify", r.InsecureSkipVerify, "skip the BMC certificate check")
-	fs.BoolVar(&r.Session, prefix+"redfish.session", r.Session, "log in through the BMC's SessionService when it has one")
+	fs.BoolVar(&r.Session, prefix+"redfish.session", r.Session, "log in through the BMC's SessionService when it refuses basic auth (tried first)")
 	fs.StringVar(&r.TerminateAction, prefix+"redfish.terminate-action", r.TerminateAction, "Reset type of a TerminateNode: ForceOff or PowerCycle")
 	fs.DurationVar(&r.Timeout, prefix+"redfish.timeout", r.Timeout, "timeout of one BMC request")
 	fs.Func(prefix+"redfish.allowed-networks", "comma-separated CIDRs a node's BMC address must be in (default none: every BMC address refused)", listFlag(&r.AllowedNetworks))

@@ -254,40 +254,64 @@ func classify(endpoint string, err error) error {
 	return fmt.Errorf("BMC %s: %w", endpoint, err)
 }
 
-// connect logs in: a session through the SessionService when configured
-// and offered, else basic auth. The returned func logs out.
-func (r *Redfish) connect(ctx context.Context, t Target, hc *http.Client) (*gofish.APIClient, bmcRef, func(), error) {
+// connect reaches the node's BMC with basic auth (gofish reads its
+// service root, which needs none). The one reset is three or four
+// requests: basic auth holds none of the BMC's few session slots
+// (often 4-16) and leaves nothing to log out of — a session whose login
+// answer was lost (a timeout, a connection cut after the POST) is one
+// the janitor cannot log out of, held until the BMC's session timeout.
+// login is the fallback for a BMC that refuses basic auth.
+func (r *Redfish) connect(ctx context.Context, t Target, hc *http.Client) (*gofish.APIClient, bmcRef, gofish.ClientConfig, error) {
 	ref, err := r.bmc(ctx, t)
 	if err != nil {
-		return nil, bmcRef{}, nil, err
+		return nil, bmcRef{}, gofish.ClientConfig{}, err
 	}
-	endpoint := ref.endpoint
 	user, pass, err := r.credentials(ctx, t, ref)
 	if err != nil {
-		return nil, bmcRef{}, nil, err
+		return nil, bmcRef{}, gofish.ClientConfig{}, err
 	}
-	cfg := gofish.ClientConfig{Endpoint: endpoint, Username: user, Password: pass, BasicAuth: true, HTTPClient: hc}
+	cfg := gofish.ClientConfig{Endpoint: ref.endpoint, Username: user, Password: pass, BasicAuth: true, HTTPClient: hc}
 	c, err := gofish.ConnectContext(ctx, cfg)
 	if err != nil {
-		return nil, bmcRef{}, nil, classify(endpoint, err)
+		return nil, bmcRef{}, gofish.ClientConfig{}, classify(ref.endpoint, err)
 	}
-	if r.cfg.Session {
-		if _, serr := c.Service.SessionService(); serr == nil {
-			cfg.BasicAuth = false
-			sc, err := gofish.ConnectContext(ctx, cfg)
-			if err == nil {
-				return sc, ref, func() { r.logout(ctx, sc, endpoint) }, nil
-			}
-			// A BMC that lists a SessionService without a Sessions
-			// collection (sushy-tools, some older firmware) keeps basic
-			// auth; refused credentials are refused either way.
-			if cerr := classify(endpoint, err); reasonOf(cerr) == ReasonBMCAuthFailed {
-				return nil, bmcRef{}, nil, cerr
-			}
-			r.log.Debug("janitor: redfish session login failed; using basic auth", "bmc", endpoint, "err", err)
-		}
+	return c, ref, cfg, nil
+}
+
+// basicRefused: err is the BMC's 401 to a request with basic auth.
+func basicRefused(err error) bool {
+	var ge *common.Error
+	return errors.As(err, &ge) && ge.HTTPReturnedStatusCode == http.StatusUnauthorized
+}
+
+// login logs in through the BMC's SessionService (redfish.session; it
+// refused basic auth): the session client and its logout, or ok false
+// when the BMC offers no session (then basic auth's refusal stands).
+func (r *Redfish) login(ctx context.Context, cfg gofish.ClientConfig, probe *sendProbe) (*gofish.APIClient, func(), bool, error) {
+	if !r.cfg.Session {
+		return nil, nil, false, nil
 	}
-	return c, ref, hc.CloseIdleConnections, nil
+	// The SessionService resource itself needs authentication: the login
+	// is tried at the service root's Links.Sessions.
+	cfg.BasicAuth = false
+	probe.arm() // the login: a written one is not sent again, an unanswered one noted
+	sc, err := gofish.ConnectContext(ctx, cfg)
+	lost := probe.disarm()
+	if err == nil {
+		return sc, func() { r.logout(ctx, sc, cfg.Endpoint) }, true, nil
+	}
+	if lost {
+		r.log.Warn("janitor: redfish session login sent and not answered: the BMC may hold a session the janitor cannot log out of until it times out",
+			"bmc", cfg.Endpoint, "err", err)
+	}
+	// A BMC without a Sessions collection to log in to (some older
+	// firmware): basic auth's refusal stands; refused credentials are
+	// refused either way.
+	if cerr := classify(cfg.Endpoint, err); reasonOf(cerr) == ReasonBMCAuthFailed || lost {
+		return nil, nil, true, cerr
+	}
+	r.log.Debug("janitor: redfish session login failed", "bmc", cfg.Endpoint, "err", err)
+	return nil, nil, false, nil
 }
 
 // logout deletes the session c logged in with, with a context of its
@@ -408,14 +432,26 @@ func systemLinks(c *gofish.APIClient) ([]string, error) {
 
 func (r *Redfish) reset(ctx context.Context, t Target, rt redfish.ResetType) error {
 	// gofish makes every request with the context it connected with: the
-	// probe is armed for the reset's POST alone.
+	// probe is armed for the reset's POST (and, apart, a session login).
 	ctx, probe := withSendProbe(ctx, false)
-	c, ref, done, err := r.connect(ctx, t, r.client(probe))
+	hc := r.client(probe)
+	defer hc.CloseIdleConnections()
+	c, ref, cfg, err := r.connect(ctx, t, hc)
 	if err != nil {
 		return err
 	}
-	defer done()
 	s, err := r.system(c, t, ref)
+	if basicRefused(err) {
+		sc, logout, ok, lerr := r.login(ctx, cfg, probe)
+		if lerr != nil {
+			return lerr
+		}
+		if ok {
+			defer logout()
+			c = sc
+			s, err = r.system(c, t, ref)
+		}
+	}
 	if err != nil {
 		var pe *ProviderError
 		if errors.As(err, &pe) {

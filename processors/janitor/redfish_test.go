@@ -310,17 +310,19 @@ type sessionBMC struct {
 	mu      sync.Mutex
 	live    map[string]bool // token → session not logged out
 	next    int
-	hold    string        // "system", "reset": that request waits for its client to go
+	hold    string        // "login", "system", "reset": that request waits for its client to go
 	arrived chan struct{} // closed when the held request arrived
 	once    sync.Once
-	reset   int // status of the reset's answer (0: 204)
+	reset   int  // status of the reset's answer (0: 204)
+	basic   bool // basic auth accepted (else 401: sessions only)
+	resets  int  // resets carried out
 }
 
 func (b *sessionBMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	p := strings.TrimSuffix(r.URL.Path, "/")
 	b.mu.Lock()
-	authed := b.live[r.Header.Get("X-Auth-Token")] || r.Header.Get("Authorization") != ""
+	authed := b.live[r.Header.Get("X-Auth-Token")] || b.basic && r.Header.Get("Authorization") != ""
 	b.mu.Unlock()
 	wait := func(what string) {
 		if b.hold == what {
@@ -339,6 +341,7 @@ func (b *sessionBMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		tok := fmt.Sprintf("tok-%d", b.next)
 		b.live[tok] = true
 		b.mu.Unlock()
+		wait("login") // logged in, the answer lost
 		w.Header().Set("X-Auth-Token", tok)
 		w.Header().Set("Location", "/redfish/v1/SessionService/Sessions/"+tok)
 		w.WriteHeader(http.StatusCreated)
@@ -358,6 +361,9 @@ func (b *sessionBMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"Actions":{"#ComputerSystem.Reset":{"target":"/redfish/v1/Systems/1/Actions/ComputerSystem.Reset"}}}`)
 	case p == "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset":
 		wait("reset")
+		b.mu.Lock()
+		b.resets++
+		b.mu.Unlock()
 		if b.reset != 0 {
 			w.WriteHeader(b.reset)
 			fmt.Fprint(w, `{"error":{"code":"Base.1.8.GeneralError","message":"no"}}`)
@@ -373,6 +379,56 @@ func (b *sessionBMC) sessions() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return len(b.live)
+}
+
+// TestRedfishBasicAuthFirst: the provider resets with basic auth and
+// logs in a session (redfish.session) only when the BMC refuses basic
+// auth. A BMC has a handful of session slots, and a session whose login
+// answer was lost — the login POST written, the answer timed out or cut
+// off — is one the janitor cannot log out of: the BMC holds it until its
+// session timeout, and a few such and every later login to that BMC is
+// refused. Before, every reset logged in a session when the BMC offered
+// one: a login whose answer was lost failed the reboot (BMCUnreachable)
+// and left its session on the BMC, though the BMC took basic auth.
+func TestRedfishBasicAuthFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		basic     bool
+		session   bool   // redfish.session
+		hold      string // the request whose answer is lost
+		reason    string // "": no error
+		loggedIn  int    // sessions logged in
+		left      int    // sessions left on the BMC
+		wantReset int
+	}{
+		{name: "basic auth accepted: no session", basic: true, session: true, wantReset: 1},
+		{name: "basic auth accepted, a login's answer would be lost: no login", basic: true, session: true, hold: "login", wantReset: 1},
+		{name: "basic auth refused: a session, logged out", session: true, loggedIn: 1, wantReset: 1},
+		{name: "basic auth refused, the login's answer lost", session: true, hold: "login", reason: ReasonBMCUnreachable, loggedIn: 1, left: 1},
+		{name: "basic auth refused, redfish.session off", reason: ReasonBMCAuthFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &sessionBMC{live: map[string]bool{}, hold: tc.hold, arrived: make(chan struct{}), basic: tc.basic}
+			srv := httptest.NewServer(b)
+			t.Cleanup(srv.Close)
+			cfg := DefaultConfig().Redfish
+			cfg.Timeout, cfg.AllowedNetworks, cfg.Session = time.Second, []string{"127.0.0.0/8"}, tc.session
+			rf, err := NewRedfish(cfg, testLog)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
+			err = rf.Reboot(context.Background(), Target{Cluster: "c1", Node: bmcNode("n1", srv.URL+"/redfish/v1/Systems/1", ""), Kube: kube}, Graceful)
+			if tc.reason == "" && err != nil || tc.reason != "" && reasonOf(err) != tc.reason || errors.Is(err, ErrMaybeSent) {
+				t.Fatalf("%v (reason %s), want %q", err, reasonOf(err), tc.reason)
+			}
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if b.next != tc.loggedIn || len(b.live) != tc.left || b.resets != tc.wantReset {
+				t.Fatalf("%d sessions logged in, %d left on the BMC, %d resets; want %d, %d, %d", b.next, len(b.live), b.resets, tc.loggedIn, tc.left, tc.wantReset)
+			}
+		})
+	}
 }
 
 // TestRedfishSessionLoggedOut: a session the provider logged in with is
@@ -399,6 +455,7 @@ func TestRedfishSessionLoggedOut(t *testing.T) {
 		{name: "reset unanswered past the timeout", hold: "reset", reason: ReasonBMCUnreachable, maybe: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// A BMC that refuses basic auth: the provider logs in a session.
 			b := &sessionBMC{live: map[string]bool{}, hold: tc.hold, arrived: make(chan struct{}), reset: tc.status}
 			srv := httptest.NewServer(b)
 			t.Cleanup(srv.Close)

@@ -128,6 +128,10 @@ func withSendProbe(ctx context.Context, armed bool) (context.Context, *sendProbe
 // GET of the system).
 func (p *sendProbe) arm() { p.unanswered.Store(false); p.armed.Store(true) }
 
+// disarm stops counting requests and says whether one was written and
+// got no answer while armed (a session login whose answer was lost).
+func (p *sendProbe) disarm() bool { p.armed.Store(false); return p.unanswered.Swap(false) }
+
 // sentUnanswered: an armed request was written and got no answer.
 func (p *sendProbe) sentUnanswered() bool { return p.unanswered.Load() }
 
