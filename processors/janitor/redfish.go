@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -430,7 +431,20 @@ func systemLinks(c *gofish.APIClient) ([]string, error) {
 	return links, nil
 }
 
-func (r *Redfish) reset(ctx context.Context, t Target, rt redfish.ResetType) error {
+// resetType is the first of want the system allows (its
+// ResetType@Redfish.AllowableValues; none listed: any). gofish refuses
+// locally a type the system does not list.
+func resetType(s *redfish.ComputerSystem, want ...redfish.ResetType) (redfish.ResetType, error) {
+	for _, rt := range want {
+		if len(s.SupportedResetTypes) == 0 || slices.Contains(s.SupportedResetTypes, rt) {
+			return rt, nil
+		}
+	}
+	return "", perr(ReasonResetRejected, "system %s allows the reset types %v, none of %v; nothing sent", s.ODataID, s.SupportedResetTypes, want)
+}
+
+// reset sends the first of want the node's system allows.
+func (r *Redfish) reset(ctx context.Context, t Target, want ...redfish.ResetType) error {
 	// gofish makes every request with the context it connected with: the
 	// probe is armed for the reset's POST (and, apart, a session login).
 	ctx, probe := withSendProbe(ctx, false)
@@ -459,6 +473,14 @@ func (r *Redfish) reset(ctx context.Context, t Target, rt redfish.ResetType) err
 		}
 		return classify(c.GetService().ODataID, err)
 	}
+	rt, err := resetType(s, want...)
+	if err != nil {
+		return err
+	}
+	if rt != want[0] {
+		r.log.Info("janitor: redfish system does not allow "+string(want[0])+"; sending "+string(rt),
+			"node", t.Node.Name, "system", s.ODataID, "allowed", s.SupportedResetTypes)
+	}
 	probe.arm()
 	if err := s.Reset(rt); err != nil {
 		if probe.sentUnanswered() {
@@ -478,13 +500,16 @@ func (r *Redfish) reset(ctx context.Context, t Target, rt redfish.ResetType) err
 	return nil
 }
 
-// Reboot sends GracefulRestart, or ForceRestart when forced.
+// Reboot sends GracefulRestart, or ForceRestart when forced. A system
+// that allows no GracefulRestart (iDRAC9 4.x, Lenovo TSM list On,
+// ForceOff, GracefulShutdown, ForceRestart …) gets ForceRestart at once —
+// what force_after would send after a graceful reset that did nothing;
+// one that allows no ForceRestart, PowerCycle.
 func (r *Redfish) Reboot(ctx context.Context, t Target, mode RebootMode) error {
-	rt := redfish.GracefulRestartResetType
 	if mode == Force {
-		rt = redfish.ForceRestartResetType
+		return r.reset(ctx, t, redfish.ForceRestartResetType, redfish.PowerCycleResetType)
 	}
-	return r.reset(ctx, t, rt)
+	return r.reset(ctx, t, redfish.GracefulRestartResetType, redfish.ForceRestartResetType, redfish.PowerCycleResetType)
 }
 
 // Terminate sends terminate_action (ForceOff or PowerCycle).

@@ -2,6 +2,7 @@ package janitor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -152,6 +153,8 @@ type misbehavingBMC struct {
 	collection func(w http.ResponseWriter) // GET /redfish/v1/Systems
 	reset      func(w http.ResponseWriter) // POST .../Actions/ComputerSystem.Reset
 	power      string                      // the systems' PowerState ("": On)
+	allowed    string                      // the systems' ResetType@Redfish.AllowableValues (a JSON array; "": none listed)
+	sent       atomic.Value                // the last reset's ResetType
 	lists      atomic.Int32
 	resets     atomic.Int32
 	written    atomic.Int64
@@ -168,14 +171,25 @@ func (b *misbehavingBMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b.collection(cw)
 	case strings.HasSuffix(p, "/Actions/ComputerSystem.Reset"):
 		b.resets.Add(1)
+		var body struct{ ResetType string }
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		b.sent.Store(body.ResetType)
+		if b.reset == nil {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
 		b.reset(cw)
 	case strings.HasPrefix(p, "/redfish/v1/Systems/"):
 		power := b.power
 		if power == "" {
 			power = "On"
 		}
+		allowed := ""
+		if b.allowed != "" {
+			allowed = `,"ResetType@Redfish.AllowableValues":` + b.allowed
+		}
 		fmt.Fprintf(cw, `{"@odata.id":%q,"Id":"x","UUID":"00000000-0000-0000-0000-%012d","PowerState":%q,
-			"Actions":{"#ComputerSystem.Reset":{"target":%q}}}`, p, len(p), power, p+"/Actions/ComputerSystem.Reset")
+			"Actions":{"#ComputerSystem.Reset":{"target":%q%s}}}`, p, len(p), power, p+"/Actions/ComputerSystem.Reset", allowed)
 	default:
 		http.NotFound(w, r)
 	}
@@ -298,6 +312,51 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 			}
 			if err2 != nil && len(err2.Error()) > 2*maxRedfishBody {
 				t.Errorf("the error is %d bytes long", len(err2.Error()))
+			}
+		})
+	}
+}
+
+// TestRedfishResetTypeTheSystemAllows: a system whose Reset action lists
+// its ResetType@Redfish.AllowableValues without GracefulRestart —
+// iDRAC9 4.x and Lenovo TSM list On, ForceOff, GracefulShutdown,
+// ForceRestart, … — gets the first reset of the reboot's that it allows:
+// ForceRestart for a graceful reboot (what force_after would send after a
+// graceful reset that did nothing), PowerCycle where ForceRestart is not
+// listed either; one that allows none of them is refused ResetRejected,
+// nothing sent. Before, gofish refused GracefulRestart locally ("reset
+// type 'GracefulRestart' is not supported by this service"): every reboot
+// of such a machine ended SignalSent=False/Failed and was escalated.
+func TestRedfishResetTypeTheSystemAllows(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		allowed string
+		mode    RebootMode
+		want    string // the ResetType sent ("": none)
+		reason  string
+	}{
+		{name: "none listed: GracefulRestart", want: "GracefulRestart"},
+		{name: "GracefulRestart listed", allowed: `["On","ForceOff","GracefulRestart","ForceRestart"]`, want: "GracefulRestart"},
+		{name: "no GracefulRestart (iDRAC9 4.x)", allowed: `["On","ForceOff","ForceRestart","GracefulShutdown","PushPowerButton","Nmi"]`, want: "ForceRestart"},
+		{name: "only PowerCycle", allowed: `["On","ForceOff","PowerCycle"]`, want: "PowerCycle"},
+		{name: "forced, only PowerCycle", allowed: `["On","ForceOff","PowerCycle"]`, mode: Force, want: "PowerCycle"},
+		{name: "no restart at all", allowed: `["On","ForceOff","GracefulShutdown"]`, reason: ReasonResetRejected},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bmc := &misbehavingBMC{allowed: tc.allowed}
+			srv := httptest.NewServer(bmc)
+			t.Cleanup(srv.Close)
+			cfg := DefaultConfig().Redfish
+			cfg.Timeout, cfg.AllowedNetworks = 5*time.Second, []string{"127.0.0.0/8"}
+			rf, err := NewRedfish(cfg, testLog)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
+			err = rf.Reboot(context.Background(), Target{Cluster: "c1", Node: bmcNode("n1", srv.URL+"/redfish/v1/Systems/1", ""), Kube: kube}, tc.mode)
+			sent, _ := bmc.sent.Load().(string)
+			if sent != tc.want || tc.reason == "" && err != nil || tc.reason != "" && reasonOf(err) != tc.reason {
+				t.Fatalf("sent %q, returned %v (reason %s); want %q, reason %q", sent, err, reasonOf(err), tc.want, tc.reason)
 			}
 		})
 	}
