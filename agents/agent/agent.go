@@ -87,6 +87,7 @@ func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
 	}
 	a.checks = opt.Checks
 	if a.checks == nil {
+		cfg.hostZone(log)
 		for _, name := range cfg.Checks {
 			s := spec(name)
 			if s == nil {

@@ -7,6 +7,7 @@ import (
 	"github.com/faultline/faultline/agents/csp"
 	"github.com/faultline/faultline/agents/localaction"
 	"io"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/faultline/faultline/agents/conformance"
 	"github.com/faultline/faultline/agents/fabric"
 	"github.com/faultline/faultline/agents/gpu"
+	"github.com/faultline/faultline/agents/hostzone"
 	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/agents/nic"
 	"github.com/faultline/faultline/agents/podres"
@@ -54,6 +56,17 @@ type Config struct {
 	// NVSentinelSocketGroup is the group (name or numeric id) of that
 	// socket, created mode 0660 (default: the agent's group).
 	NVSentinelSocketGroup string `toml:"nvsentinel_socket_group"`
+	// TimeZone is the host's time zone, the zone of the log times the
+	// fabric check (FM's and NVLSM's logs) and the kmsg check's file
+	// source (syslog's "Jan _2 15:04:05") read without one: "host"
+	// (default: read from TimeZoneFile), or a zone name ("UTC", an IANA
+	// name such as "America/Chicago"; Go's zone database is built in).
+	// A host zone that cannot be read is UTC, with a warning at start.
+	TimeZone string `toml:"time_zone"`
+	// TimeZoneFile is the host's /etc/localtime as the agent sees it
+	// (default "/etc/localtime"; the chart mounts the host's /etc at
+	// /host/etc). Missing in an existing directory: the host is on UTC.
+	TimeZoneFile string `toml:"time_zone_file"`
 
 	Gateway GatewayConfig `toml:"gateway"`
 	Spool   SpoolConfig   `toml:"spool"`
@@ -169,6 +182,8 @@ func DefaultConfig() Config {
 		MetricsAddr:        "127.0.0.1:2112",
 		LogLevel:           "info",
 		PodResourcesSocket: podres.DefaultSocket,
+		TimeZone:           hostzone.Host,
+		TimeZoneFile:       hostzone.DefaultFile,
 		Gateway: GatewayConfig{Addr: "127.0.0.1:50051", TokenFile: "/var/run/secrets/faultline/token",
 			Timeout: 10 * time.Second, BatchSize: 500, MaxBackoff: 30 * time.Second},
 		Spool:        SpoolConfig{Dir: "/var/lib/faultline-agent/spool", MaxBytes: 64 << 20},
@@ -203,6 +218,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PodResourcesSocket, "pod-resources-socket", c.PodResourcesSocket, "kubelet pod-resources socket, to attach the pods of an event's GPUs; empty to disable")
 	fs.StringVar(&c.NVSentinelSocket, "nvsentinel-socket", c.NVSentinelSocket, "serve NVSentinel's PlatformConnector on this unix socket and relay its events (default off)")
 	fs.StringVar(&c.NVSentinelSocketGroup, "nvsentinel-socket-group", c.NVSentinelSocketGroup, "group (name or id) of the NVSentinel socket, created mode 0660 (default the agent's group)")
+	fs.StringVar(&c.TimeZone, "time-zone", c.TimeZone, "the host's time zone, of log times printed without one: host (read from --time-zone-file) or a zone name (UTC, America/Chicago)")
+	fs.StringVar(&c.TimeZoneFile, "time-zone-file", c.TimeZoneFile, "the host's /etc/localtime as the agent sees it")
 	c.Gateway.RegisterFlags(fs, "gateway.")
 	c.Spool.RegisterFlags(fs, "spool.")
 	c.NIC.RegisterFlags(fs, "nic.")
@@ -265,6 +282,9 @@ func (c *Config) Validate() error {
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
 		return fmt.Errorf("log_level: %q is not debug, info, warn or error", c.LogLevel)
 	}
+	if err := hostzone.Validate(c.TimeZone); err != nil {
+		return fmt.Errorf("time_zone: %q is not host or a zone name (UTC, America/Chicago): %w", c.TimeZone, err)
+	}
 	if err := c.Gateway.Validate(); err != nil {
 		return err
 	}
@@ -314,4 +334,25 @@ func loadConfig(name string, args []string, getenv func(string) string, out io.W
 		return Config{}, fmt.Errorf("unexpected arguments: %v", rest)
 	}
 	return cfg, nil
+}
+
+// hostZone resolves time_zone for the checks that read log times
+// printed without a zone (fabric, kmsg's file source), unless their
+// config already names a zone.
+func (c *Config) hostZone(log *slog.Logger) {
+	if !slices.Contains(c.Checks, "fabric") && !(slices.Contains(c.Checks, "kmsg") && c.Kmsg.Source == kmsg.SourceFile) {
+		return
+	}
+	loc, err := hostzone.Location(c.TimeZone, c.TimeZoneFile)
+	if err != nil {
+		log.Warn("host time zone not known: reading log times printed without a zone as UTC", "time_zone", c.TimeZone, "time_zone_file", c.TimeZoneFile, "err", err)
+	} else {
+		log.Info("host time zone", "zone", loc.String(), "time_zone", c.TimeZone)
+	}
+	if c.Fabric.Location == nil {
+		c.Fabric.Location = loc
+	}
+	if c.Kmsg.Parser.Location == nil {
+		c.Kmsg.Parser.Location = loc
+	}
 }

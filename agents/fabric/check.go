@@ -104,6 +104,10 @@ type Config struct {
 	// TelemetryURL is dcgm-exporter's /metrics, read for NVSwitch
 	// telemetry on HGX B200 (default "": off).
 	TelemetryURL string `toml:"telemetry_url"`
+	// Location is the host's time zone, the zone of the times FM's and
+	// NVLSM's logs print without one (default time.Local; the agent passes
+	// its time_zone, the host's: in its container time.Local is UTC).
+	Location *time.Location `toml:"-"`
 	// Runner runs the binaries (default ExecRunner).
 	Runner Runner `toml:"-"`
 	// Telemetry overrides the telemetry source (tests: a RecordedSource).
@@ -205,6 +209,9 @@ func (c *Config) defaults() {
 	}
 	if c.TopologyInterval == 0 {
 		c.TopologyInterval = d.TopologyInterval
+	}
+	if c.Location == nil {
+		c.Location = time.Local
 	}
 	if c.Runner == nil {
 		c.Runner = ExecRunner{}
@@ -366,12 +373,12 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 		if s.Config != nil && s.Config.LogFile != "" && logFile == DefaultConfig().LogFile {
 			logFile = s.Config.LogFile
 		}
-		lines, err := c.fmLog.read(logFile, &LogReader{})
+		lines, err := c.fmLog.read(logFile, &LogReader{Loc: c.cfg.Location})
 		errs = append(errs, err)
 		s.Log = append(s.Log, lines...)
 	}
 	if fabric && (c.cfg.Platform == PlatformB200 || s.NVLinkBridges > 0) {
-		lines, err := c.lsmLog.read(c.cfg.NVLSMLogFile, &LogReader{DefaultSource: SourceNVLSM})
+		lines, err := c.lsmLog.read(c.cfg.NVLSMLogFile, &LogReader{Loc: c.cfg.Location, DefaultSource: SourceNVLSM})
 		errs = append(errs, err)
 		s.Log = append(s.Log, lines...)
 		running := c.nvlsmRunning()
@@ -459,7 +466,7 @@ func (c *Check) journal(ctx context.Context) ([]LogLine, error) {
 	if err != nil || out == nil {
 		return nil, err
 	}
-	r := &LogReader{}
+	r := &LogReader{Loc: c.cfg.Location}
 	var lines []LogLine
 	for _, l := range strings.Split(string(out), "\n") {
 		var rec struct {

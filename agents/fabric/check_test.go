@@ -630,3 +630,65 @@ func TestLogTimesOfThisBoot(t *testing.T) {
 		})
 	}
 }
+
+// TestHostTimeZone: FM writes its log in the host's local time; the check
+// reads it in Config.Location (the agent's time_zone, the host's), not in
+// its own zone (UTC in the DaemonSet's container). On a host 5h behind
+// UTC an SXid's generatedTimestamp read as UTC was 5h early, on a host 9h
+// ahead 9h late (the correlator's SXid–Xid and fabric-incident windows
+// missed it), and there the log's tail replayed at start kept an earlier
+// boot's lines as this boot's.
+func TestHostTimeZone(t *testing.T) {
+	const sxid = "[%s] [ERROR] [tid 9] detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus id 00000000:07:00.0 physical id 2 port 46"
+	const want = "FabricManagerNVSwitchError:SXID-20034:fatal@0000:07:00.0"
+	boot := time.Date(2024, 10, 28, 10, 0, 0, 0, time.UTC) // the agent's clock reads 10:30
+	for _, zone := range []string{"UTC", "Etc/GMT+5", "America/Chicago", "Asia/Tokyo"} {
+		loc, err := time.LoadLocation(zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			name     string
+			at       time.Time // the line's true instant
+			replayed bool      // in the log when the agent started, else written after its first poll
+			want     string
+		}{
+			{"replayed, of an earlier boot", boot.Add(-20 * time.Minute), true, ""},
+			{"replayed, of this boot", boot.Add(10 * time.Minute), true, want},
+			{"written since", boot.Add(31 * time.Minute), false, want},
+		} {
+			t.Run(zone+"/"+tc.name, func(t *testing.T) {
+				n := h100Node(t, func(c *Config) { c.Location = loc })
+				n.healthy()
+				n.write("proc/stat", fmt.Sprintf("cpu  1 2 3 4\nbtime %d\n", boot.Unix()))
+				line := fmt.Sprintf(sxid, tc.at.In(loc).Format("Jan _2 2006 15:04:05"))
+				log := ""
+				if tc.replayed {
+					log = line + "\n"
+				}
+				n.write("fabricmanager.log", log)
+				c, err := New(n.c.cfg) // reads the boot's start
+				if err != nil {
+					t.Fatal(err)
+				}
+				n.c = c
+				evs := n.poll(0)
+				if !tc.replayed {
+					if got := shorts(evs); got != "" {
+						t.Fatalf("first poll: %s", got)
+					}
+					n.appendLog("fabricmanager.log", line)
+					evs = n.poll(time.Minute)
+				}
+				if got := shorts(evs); got != tc.want {
+					t.Fatalf("%s: %q, want %q", line, got, tc.want)
+				}
+				if len(evs) == 1 {
+					if got := evs[0].GetGeneratedTimestamp().AsTime(); !got.Equal(tc.at) {
+						t.Errorf("%s: generatedTimestamp %s, want %s", line, got, tc.at)
+					}
+				}
+			})
+		}
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/faultline/faultline/agents/hostzone"
 )
 
 // Log sources of a LogLine.
@@ -47,8 +49,10 @@ var (
 // LogLines, joining FM's continuation lines (a multi-line message goes on
 // without a "[date]" prefix) to the message they continue.
 type LogReader struct {
-	// Loc is the zone of timestamps printed without one (FM log, journal
-	// short format); default time.Local.
+	// Loc is the zone of timestamps printed without one (FM log, NVLSM
+	// log, journal short format): the host's, which FM and NVLSM write in;
+	// default time.Local. A time in an hour repeated when summer time ends
+	// is read as in hostzone.Date, after the previous line's.
 	Loc *time.Location
 	// Year is the year of journal short timestamps; default Now's.
 	Year int
@@ -57,6 +61,7 @@ type LogReader struct {
 	DefaultSource string
 
 	pending *LogLine
+	last    time.Time // the previous line's local time, for hostzone.Date
 }
 
 // maxMessageBytes bounds a message joined from continuation lines.
@@ -124,7 +129,7 @@ func (r *LogReader) parse(raw string) (LogLine, bool) {
 		}
 	}
 	if m := fmPrefix.FindStringSubmatch(s); m != nil {
-		t, _ := time.ParseInLocation("Jan _2 2006 15:04:05", m[1], r.loc())
+		t := r.fmTime(m[1])
 		return LogLine{Source: r.source(), Level: m[2], Msg: s[len(m[0]):], Time: t, Raw: raw}, true
 	}
 	if m := nvlsmPrefix.FindStringSubmatch(s); m != nil {
@@ -141,7 +146,7 @@ func (r *LogReader) parse(raw string) (LogLine, bool) {
 				t = r.shortTime(time.Month(n).String()[:3] + rest)
 			}
 		default:
-			t = parseISO(m[3], r.loc())
+			t = r.isoTime(m[3])
 		}
 		return r.fromIdent(m[5], m[7], t, raw), true
 	}
@@ -172,7 +177,7 @@ func (r *LogReader) fromIdent(ident, msg string, t time.Time, raw string) LogLin
 	}
 	// FM's own prefix inside the journal message.
 	if m := fmPrefix.FindStringSubmatch(ll.Msg); m != nil {
-		if ft, err := time.ParseInLocation("Jan _2 2006 15:04:05", m[1], r.loc()); err == nil {
+		if ft := r.fmTime(m[1]); !ft.IsZero() {
 			ll.Time = ft
 		}
 		ll.Level = m[2]
@@ -206,11 +211,15 @@ func (r *LogReader) parseJSON(s string) (LogLine, bool) {
 			t = time.UnixMicro(n).UTC()
 		}
 	}
-	return r.fromIdent(ident, msg, t, s), true
+	ll := r.fromIdent(ident, msg, t, s)
+	if !t.IsZero() {
+		ll.Time = t // the journal's time is zone-free: it wins over FM's own
+	}
+	return ll, true
 }
 
 func (r *LogReader) shortTime(s string) time.Time {
-	t, err := time.ParseInLocation("Jan _2 15:04:05", strings.Join(strings.Fields(s), " "), r.loc())
+	t, err := time.Parse("Jan _2 15:04:05", strings.Join(strings.Fields(s), " "))
 	if err != nil {
 		return time.Time{}
 	}
@@ -218,14 +227,36 @@ func (r *LogReader) shortTime(s string) time.Time {
 	if y == 0 {
 		y = time.Now().Year()
 	}
-	return time.Date(y, t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), 0, r.loc())
+	return r.local(time.Date(y, t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), 0, time.UTC))
 }
 
-func parseISO(s string, loc *time.Location) time.Time {
-	for _, l := range []string{"2006-01-02T15:04:05.999999999Z07:00", "2006-01-02T15:04:05.999999999Z0700", "2006-01-02T15:04:05"} {
-		if t, err := time.ParseInLocation(l, s, loc); err == nil {
+// fmTime reads FM's "Oct 28 2024 10:00:01" (the host's local time).
+func (r *LogReader) fmTime(s string) time.Time {
+	t, err := time.Parse("Jan _2 2006 15:04:05", s)
+	if err != nil {
+		return time.Time{}
+	}
+	return r.local(t)
+}
+
+// local is the instant of a wall-clock time of the log (given as UTC's
+// fields), in the log's zone.
+func (r *LogReader) local(w time.Time) time.Time {
+	t := hostzone.Date(w.Year(), w.Month(), w.Day(), w.Hour(), w.Minute(), w.Second(), w.Nanosecond(), r.loc(), r.last)
+	r.last = t
+	return t
+}
+
+// isoTime reads a journal short-iso time: with its offset, or, without
+// one, in the log's zone.
+func (r *LogReader) isoTime(s string) time.Time {
+	for _, l := range []string{"2006-01-02T15:04:05.999999999Z07:00", "2006-01-02T15:04:05.999999999Z0700"} {
+		if t, err := time.Parse(l, s); err == nil {
 			return t
 		}
+	}
+	if t, err := time.Parse("2006-01-02T15:04:05.999999999", s); err == nil {
+		return r.local(t)
 	}
 	return time.Time{}
 }

@@ -170,3 +170,49 @@ func TestExclusionGolden(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestLogReaderTimes: the times LogReader gives lines of each format on a
+// host in America/New_York, whose clock went back from 02:00 EDT to 01:00
+// EST on 1 November 2026: FM's and NVLSM's local times are read in the
+// host's zone — in the repeated hour the first pass, unless the previous
+// line was already in the second (hostzone.Date) —, the journal's own time
+// (zone-free) wins over FM's prefix in its message, and a short-iso time
+// keeps its offset.
+func TestLogReaderTimes(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	utc := func(h, m int) time.Time { return time.Date(2026, 11, 1, h, m, 0, 0, time.UTC) }
+	for _, tc := range []struct {
+		name  string
+		lines []string
+		want  []time.Time
+	}{
+		{"FM log", []string{"[Nov 1 2026 00:30:00] [INFO] [tid 1] a"}, []time.Time{utc(4, 30)}},
+		{"FM log through the repeated hour", []string{
+			"[Nov 1 2026 01:10:00] [INFO] [tid 1] first pass",
+			"[Nov 1 2026 01:50:00] [INFO] [tid 1] first pass",
+			"[Nov 1 2026 01:05:00] [INFO] [tid 1] second pass",
+			"[Nov 1 2026 01:40:00] [INFO] [tid 1] second pass",
+			"[Nov 1 2026 02:10:00] [INFO] [tid 1] after",
+		}, []time.Time{utc(5, 10), utc(5, 50), utc(6, 5), utc(6, 40), utc(7, 10)}},
+		{"NVLSM log", []string{"Nov  1 09:00:00 123456 [7F3A5C1FF700] 0x02 -> SUBNET UP"}, []time.Time{utc(14, 0)}},
+		{"journal JSON with FM's prefix", []string{`{"__REALTIME_TIMESTAMP":"1793523600000000","SYSLOG_IDENTIFIER":"nv-fabricmanager","MESSAGE":"[Nov 1 2026 01:00:00] [ERROR] [tid 9] x"}`}, []time.Time{time.UnixMicro(1793523600000000)}},
+		{"journal short-iso with offset", []string{"2026-11-01T09:00:00+0100 host nv-fabricmanager[1]: x"}, []time.Time{utc(8, 0)}},
+		{"journal short-iso without", []string{"2026-11-01T09:00:00 host nv-fabricmanager[1]: x"}, []time.Time{utc(14, 0)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &LogReader{Loc: ny, Year: 2026}
+			lines := r.ReadLog(strings.Join(tc.lines, "\n"))
+			if len(lines) != len(tc.want) {
+				t.Fatalf("%d lines, want %d", len(lines), len(tc.want))
+			}
+			for i, ll := range lines {
+				if !ll.Time.Equal(tc.want[i]) {
+					t.Errorf("%s: %s, want %s", tc.lines[i], ll.Time.UTC(), tc.want[i])
+				}
+			}
+		})
+	}
+}

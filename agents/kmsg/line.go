@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/faultline/faultline/agents/hostzone"
 )
 
 // Line is one kernel-log record as a source delivers it.
@@ -55,12 +57,20 @@ type record struct {
 	boot string // the boot the line was logged in, when the source says (the journal)
 }
 
+// localClock reads the wall-clock times a log prints without a zone
+// (syslog, dmesg -T): in loc, the host's, in year when they print none.
+type localClock struct {
+	year int
+	loc  *time.Location
+	prev time.Time // the previous such time read (hostzone.Date's notBefore)
+}
+
 // splitLine finds the message body in one line of any of the formats a
 // kernel log comes in (raw /dev/kmsg, dmesg, dmesg -T/--ctime, dmesg
 // --time-format iso, syslog and journalctl short/short-iso/short-precise/
 // short-monotonic, journalctl -o json) and the timestamps in front of it.
 // ok is false when the line holds nothing this parser handles.
-func splitLine(l Line, year int, loc *time.Location) (record, bool) {
+func splitLine(l Line, lc *localClock) (record, bool) {
 	s := l.Text
 	rec := record{mono: l.Mono, wall: l.Wall}
 	if len(s) > 0 && s[0] == '{' {
@@ -75,7 +85,7 @@ func splitLine(l Line, year int, loc *time.Location) (record, bool) {
 	}
 	rec.body = strings.TrimRight(s[i:], "\r\n")
 	if i > 0 {
-		parsePrefix(s[:i], year, loc, &rec)
+		parsePrefix(s[:i], lc, &rec)
 	}
 	return rec, true
 }
@@ -111,7 +121,7 @@ func splitJournalJSON(s string, rec record) (record, bool) {
 		rec.mono = v
 	}
 	if i > 0 {
-		parsePrefix(msg[:i], 0, time.UTC, &rec)
+		parsePrefix(msg[:i], &localClock{loc: time.UTC}, &rec)
 	}
 	return rec, true
 }
@@ -156,7 +166,7 @@ func journalString(v any) (string, bool) {
 }
 
 // parsePrefix reads the timestamps of the text in front of a message body.
-func parsePrefix(p string, year int, loc *time.Location, rec *record) {
+func parsePrefix(p string, lc *localClock, rec *record) {
 	// Raw /dev/kmsg: "pri,seq,usec,flags[,...];message".
 	if semi := strings.IndexByte(p, ';'); semi > 0 && p[0] >= '0' && p[0] <= '9' {
 		f := strings.SplitN(p[:semi], ",", 4)
@@ -185,7 +195,7 @@ func parsePrefix(p string, year int, loc *time.Location, rec *record) {
 		rec.wall = t
 		return
 	}
-	if t, ok := monthTime(p, year, loc); ok {
+	if t, ok := monthTime(p, lc); ok {
 		rec.wall = t
 	}
 }
@@ -296,8 +306,10 @@ func monthOf(tok string) (time.Month, bool) {
 }
 
 // monthTime finds "Mon DD HH:MM:SS[.frac] [YYYY]" in p, with or without a
-// weekday in front (syslog, journalctl short, dmesg -T/--ctime).
-func monthTime(p string, year int, loc *time.Location) (time.Time, bool) {
+// weekday in front (syslog, journalctl short, dmesg -T/--ctime), in lc's
+// zone (hostzone.Date: after the previous line's in an hour repeated when
+// summer time ends).
+func monthTime(p string, lc *localClock) (time.Time, bool) {
 	f := strings.FieldsFunc(p, func(r rune) bool { return r == ' ' || r == '[' || r == ']' || r == '\t' })
 	for i := 0; i+2 < len(f); i++ {
 		m, ok := monthOf(f[i])
@@ -312,16 +324,19 @@ func monthTime(p string, year int, loc *time.Location) (time.Time, bool) {
 		if !ok {
 			continue
 		}
-		y := year
+		y := lc.year
 		if i+3 < len(f) && len(f[i+3]) == 4 {
 			if v, err := strconv.Atoi(f[i+3]); err == nil {
 				y = v
 			}
 		}
+		loc := lc.loc
 		if loc == nil {
 			loc = time.Local
 		}
-		return time.Date(y, m, day, hh, mm, ss, ns, loc).UTC(), true
+		t := hostzone.Date(y, m, day, hh, mm, ss, ns, loc, lc.prev).UTC()
+		lc.prev = t
+		return t, true
 	}
 	return time.Time{}, false
 }

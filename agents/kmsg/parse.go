@@ -46,7 +46,9 @@ type ParserConfig struct {
 	// the year of Now.
 	Year int
 	// Location is the zone of timestamps printed without one (syslog,
-	// dmesg -T); default time.Local.
+	// dmesg -T): the host's, which they are written in; default
+	// time.Local (the agent passes its time_zone: in its container
+	// time.Local is UTC).
 	Location *time.Location
 	// Now is the clock; default time.Now.
 	Now func() time.Time
@@ -77,6 +79,7 @@ type Parser struct {
 		at  int // line number
 	}
 	nicState map[string]bool // "pci|code" → unhealthy reported
+	clock    localClock
 	pending  *pendingSXID
 	lines    int
 	out      []*datamodels.HealthEvent
@@ -125,13 +128,14 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 		xid79:    map[string]time.Time{},
 		fallen:   map[string]time.Time{},
 		nicState: map[string]bool{},
+		clock:    localClock{year: cfg.Year, loc: cfg.Location},
 	}, nil
 }
 
 // Process reads one line. Events it completes are returned by Drain.
 func (p *Parser) Process(l Line) {
 	p.lines++
-	rec, ok := splitLine(l, p.cfg.Year, p.cfg.Location)
+	rec, ok := splitLine(l, &p.clock)
 	if !ok {
 		return
 	}

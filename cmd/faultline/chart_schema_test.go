@@ -34,7 +34,7 @@ var chartOwned = map[string][]string{
 	"faultlineConfig": {"metrics_addr", "role", "dev", "kafka", "clickhouse",
 		"gateway.grpc_addr", "gateway.http_addr", "gateway.tokens_file", "gateway.tls_cert", "gateway.tls_key", "gateway.client_ca",
 		"kube.clusters", "kube.dry_run_clusters", "janitor.local.signing_key_file"},
-	"agentConfig": {"node_name", "checks", "metrics_addr", "pod_resources_socket",
+	"agentConfig": {"node_name", "checks", "metrics_addr", "pod_resources_socket", "time_zone_file",
 		"gateway.addr", "gateway.token_file", "gateway.insecure", "gateway.ca_file", "spool.dir",
 		"local_actions.listen", "local_actions.verify_key_file", "local_actions.state_file",
 		"nic.sysfs_root", "nic.state_file", "nic.metadata_path", "kmsg.state_dir",

@@ -143,10 +143,15 @@ func TestAgentMounts(t *testing.T) {
 		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel"}, false, false},
 		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/dev/kmsg"}, true, true},
 		{"default", []string{"--set", "agent.checks={nic}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/lib/kubelet/pod-resources"}, false, true},
-		{"cloud", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc/faultline"}, false, true},
+		{"cloud", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc", "/host/etc/faultline"}, false, true},
 		{"default", []string{"--set", "agent.checks={conformance}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/host/proc"}, false, false},
 		{"default", []string{"--set", "agent.checks={csp}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent"}, false, false},
 		{"default", []string{"--set", "agent.checks={nic,conformance,csp}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline,/opt/image/hash}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/etc/faultline", "/host/opt/image/hash"}, false, false},
+		// The host's /etc (its /etc/localtime, time_zone = "host") only for the logs printed in the host's local time: fabric's, a kmsg file.
+		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=file", "--set", "agent.config.kmsg.file=/var/log/kern.log"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/etc"}, false, false},
+		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=journal"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent"}, false, false},
+		{"cloud", []string{"--set", "agent.config.time_zone=America/Chicago"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc/faultline"}, false, true},
+		{"cloud", []string{"--set", "agent.conformanceHostPaths={/etc}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc"}, false, true},
 		// conformanceHostPaths are mounted only for the conformance check.
 		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel"}, false, false},
 	} {
@@ -188,6 +193,60 @@ func TestAgentMounts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAgentHostTimeZone: where a check reads a log printed in the host's
+// local time (fabric), the host's /etc is mounted read-only (a Directory:
+// a hostPath of /etc/localtime itself would make a directory there on a
+// host without one, or fail the pod) and time_zone_file points at its
+// localtime; a zone named in agent.config.time_zone needs neither.
+func TestAgentHostTimeZone(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		mount bool
+	}{
+		{[]string{"--set", "agent.checks={fabric}"}, true},
+		{[]string{"--set", "agent.checks={fabric}", "--set", "agent.config.time_zone=UTC"}, false},
+		{[]string{"--set", "agent.checks={nic,kmsg}"}, false},
+	} {
+		objs := render(t, "default", tc.args...)
+		ds := Find(objs, "DaemonSet", "faultline-agent")
+		vols, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+		var vol map[string]any
+		for _, v := range vols {
+			if v := v.(map[string]any); v["name"] == "host-etc" {
+				vol = v
+			}
+		}
+		conf, err := ConfigTOML(objs, "faultline-agent")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hasFile := strings.Contains(conf, `time_zone_file = "/host/etc/localtime"`)
+		if (vol != nil) != tc.mount || hasFile != tc.mount {
+			t.Errorf("%q: host-etc volume %v, time_zone_file set %v; want both %v:\n%s", tc.args, vol, hasFile, tc.mount, conf)
+			continue
+		}
+		if vol == nil {
+			continue
+		}
+		if p, _, _ := unstructured.NestedString(vol, "hostPath", "path"); p != "/etc" {
+			t.Errorf("host-etc mounts %q", p)
+		}
+		if typ, _, _ := unstructured.NestedString(vol, "hostPath", "type"); typ != "Directory" {
+			t.Errorf("host-etc hostPath type %q, want Directory (never created on the host)", typ)
+		}
+		for _, vm := range mustSlice(firstContainer(t, ds), "volumeMounts") {
+			if vm := vm.(map[string]any); vm["name"] == "host-etc" && vm["readOnly"] != true {
+				t.Errorf("host-etc is not read-only")
+			}
+		}
+	}
+}
+
+func mustSlice(obj map[string]any, fields ...string) []any {
+	s, _, _ := unstructured.NestedSlice(obj, fields...)
+	return s
 }
 
 // TestAgentConformanceAndCSP: with agent.checks [nic, conformance, csp]

@@ -1,0 +1,123 @@
+package hostzone
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestFromFile: the host's /etc/localtime as a distribution leaves it — a
+// link into its zoneinfo (whose target is not in the agent's container),
+// a copied TZif file, none — gives the host's zone; what cannot be read
+// gives UTC and says why.
+func TestFromFile(t *testing.T) {
+	tzif, err := os.ReadFile("testdata/Kolkata.tzif")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		setup   func(etc string) // makes etc/localtime
+		file    string           // default etc/localtime
+		offset  int              // of the zone at `at`, seconds
+		wantErr string
+	}{
+		{"absolute link", func(etc string) { os.Symlink("/usr/share/zoneinfo/America/New_York", filepath.Join(etc, "localtime")) }, "", -4 * 3600, ""},
+		{"relative link", func(etc string) { os.Symlink("../usr/share/zoneinfo/Asia/Tokyo", filepath.Join(etc, "localtime")) }, "", 9 * 3600, ""},
+		{"posix link", func(etc string) {
+			os.Symlink("/usr/share/zoneinfo/posix/Australia/Adelaide", filepath.Join(etc, "localtime"))
+		}, "", 9*3600 + 1800, ""},
+		{"link to UTC", func(etc string) { os.Symlink("/usr/share/zoneinfo/Etc/UTC", filepath.Join(etc, "localtime")) }, "", 0, ""},
+		{"TZif file", func(etc string) { os.WriteFile(filepath.Join(etc, "localtime"), tzif, 0o644) }, "", 5*3600 + 1800, ""},
+		{"empty file (glibc: UTC)", func(etc string) { os.WriteFile(filepath.Join(etc, "localtime"), nil, 0o644) }, "", 0, ""},
+		{"missing file (glibc: UTC)", func(string) {}, "", 0, ""},
+		{"etc not mounted", func(string) {}, "nothere/localtime", 0, "is the host's /etc mounted?"},
+		{"link elsewhere", func(etc string) { os.Symlink("/opt/tz/mine", filepath.Join(etc, "localtime")) }, "", 0, "not a zoneinfo file"},
+		{"link to no zone", func(etc string) { os.Symlink("/usr/share/zoneinfo/Mars/Olympus", filepath.Join(etc, "localtime")) }, "", 0, "Mars/Olympus"},
+		{"not TZif", func(etc string) { os.WriteFile(filepath.Join(etc, "localtime"), []byte("EST5EDT\n"), 0o644) }, "", 0, "malformed"},
+		{"a directory (a hostPath the kubelet made)", func(etc string) { os.Mkdir(filepath.Join(etc, "localtime"), 0o755) }, "", 0, "is a directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			etc := t.TempDir()
+			tc.setup(etc)
+			file := filepath.Join(etc, "localtime")
+			if tc.file != "" {
+				file = filepath.Join(etc, tc.file)
+			}
+			loc, err := FromFile(file)
+			if tc.wantErr == "" && err != nil {
+				t.Fatalf("error %v", err)
+			}
+			if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("error %v, want one saying %q", err, tc.wantErr)
+			}
+			if _, off := at.In(loc).Zone(); off != tc.offset {
+				t.Errorf("%s: offset %ds at %s, want %ds", loc, off, at, tc.offset)
+			}
+		})
+	}
+}
+
+// TestLocation: time_zone settings.
+func TestLocation(t *testing.T) {
+	for _, tc := range []struct {
+		setting, want string
+		bad           bool
+	}{
+		{"UTC", "UTC", false},
+		{"America/Chicago", "America/Chicago", false},
+		{"Local", "Local", false},
+		{"America/Chicag", "UTC", true},
+		{"+05:00", "UTC", true},
+	} {
+		loc, err := Location(tc.setting, "")
+		if (err != nil) != tc.bad || (Validate(tc.setting) != nil) != tc.bad {
+			t.Errorf("%q: error %v, want error %v", tc.setting, err, tc.bad)
+		}
+		if loc.String() != tc.want {
+			t.Errorf("%q: %s, want %s", tc.setting, loc, tc.want)
+		}
+	}
+}
+
+// TestDate: a wall-clock time where the zone's clock changes. In the hour
+// repeated when summer time ends (America/New_York, 1 November 2026, 01:00–
+// 02:00 twice) it is the first pass unless the previous line of the log
+// was already past it; in the hour skipped when summer time starts (8
+// March 2026, 02:00–03:00) it is read with the offset before the change.
+func TestDate(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	utc := func(h, m int, day int, month time.Month) time.Time {
+		return time.Date(2026, month, day, h, m, 0, 0, time.UTC)
+	}
+	for _, tc := range []struct {
+		name      string
+		month     time.Month
+		day, h, m int
+		notBefore time.Time
+		want      time.Time
+	}{
+		{"before the repeated hour", time.November, 1, 0, 30, time.Time{}, utc(4, 30, 1, time.November)},
+		{"repeated hour, first line", time.November, 1, 1, 30, time.Time{}, utc(5, 30, 1, time.November)},
+		{"repeated hour, after a line of the first pass", time.November, 1, 1, 30, utc(5, 20, 1, time.November), utc(5, 30, 1, time.November)},
+		{"repeated hour, after a line of the second pass", time.November, 1, 1, 30, utc(6, 10, 1, time.November), utc(6, 30, 1, time.November)},
+		{"repeated hour, after a later line (out of order)", time.November, 1, 1, 30, utc(8, 0, 1, time.November), utc(5, 30, 1, time.November)},
+		{"after the repeated hour", time.November, 1, 2, 30, time.Time{}, utc(7, 30, 1, time.November)},
+		{"skipped hour", time.March, 8, 2, 30, time.Time{}, utc(7, 30, 8, time.March)},
+		{"after the skipped hour", time.March, 8, 3, 30, time.Time{}, utc(7, 30, 8, time.March)},
+		{"summer", time.July, 1, 12, 0, time.Time{}, utc(16, 0, 1, time.July)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Date(2026, tc.month, tc.day, tc.h, tc.m, 0, 0, ny, tc.notBefore)
+			if !got.Equal(tc.want) {
+				t.Errorf("%02d:%02d on %s %d: %s, want %s", tc.h, tc.m, tc.month, tc.day, got.UTC(), tc.want)
+			}
+		})
+	}
+}
