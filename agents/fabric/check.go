@@ -105,8 +105,9 @@ type Config struct {
 	// telemetry on HGX B200 (default "": off).
 	TelemetryURL string `toml:"telemetry_url"`
 	// Location is the host's time zone, the zone of the times FM's and
-	// NVLSM's logs print without one (default time.Local; the agent passes
-	// its time_zone, the host's: in its container time.Local is UTC).
+	// NVLSM's logs print without one and systemctl run on the host prints
+	// (default time.Local; the agent passes its time_zone, the host's: in
+	// its container time.Local is UTC).
 	Location *time.Location `toml:"-"`
 	// Runner runs the binaries (default ExecRunner).
 	Runner Runner `toml:"-"`
@@ -361,7 +362,7 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 	if out, err := c.run(ctx, c.cfg.Systemctl, "show", c.cfg.Service, "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ActiveEnterTimestamp,InactiveExitTimestamp"); err != nil {
 		errs = append(errs, err)
 	} else if out != nil {
-		s.Service = ParseSystemctlShow(string(out))
+		s.Service = ParseSystemctlShow(string(out), c.cfg.Location)
 		if s.Service.LoadState != "not-found" && !s.Service.Running() {
 			lines, err := c.journal(ctx)
 			errs = append(errs, err)

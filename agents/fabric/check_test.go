@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -690,5 +691,43 @@ func TestHostTimeZone(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestServiceStartInHostZone: systemctl run on the host (a wrapper
+// entering its namespaces: the agent's image has none) prints FM's start
+// in the host's zone, by its abbreviation ("EST"), which Go's time.Parse
+// took for UTC. On a host 5h behind UTC, FM restarted a minute ago read as
+// started 5h ago, and a GPU still registering with the fabric (In
+// Progress) was at once reported FABRIC-PROBE-TIMEOUT, not after
+// in_progress_timeout (5m).
+func TestServiceStartInHostZone(t *testing.T) {
+	now := time.Date(2024, 10, 28, 10, 30, 0, 0, time.UTC) // newNode's clock
+	for _, zone := range []string{"UTC", "America/New_York", "America/Los_Angeles", "Asia/Tokyo"} {
+		t.Run(zone, func(t *testing.T) {
+			loc, err := time.LoadLocation(zone)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := h100Node(t, func(c *Config) { c.Location = loc })
+			n.healthy()
+			n.r.out["nvidia-smi -q"] = testdata(t, "smi/h100-550-mixed.txt")
+			started := now.Add(-time.Minute).In(loc).Format("Mon 2006-01-02 15:04:05 MST")
+			n.r.out["systemctl show"] = strings.Replace(showActive, "Mon 2024-10-28 10:00:01 UTC", started, 1)
+			for _, ev := range n.poll(0) {
+				if slices.Contains(ev.ErrorCode, "FABRIC-PROBE-TIMEOUT") {
+					t.Fatalf("FM started at %s, a minute ago: %s", started, ev.Message)
+				}
+			}
+			var timeouts int
+			for _, ev := range n.poll(5 * time.Minute) {
+				if slices.Contains(ev.ErrorCode, "FABRIC-PROBE-TIMEOUT") {
+					timeouts++
+				}
+			}
+			if timeouts == 0 {
+				t.Errorf("FM started at %s: no FABRIC-PROBE-TIMEOUT 6 minutes after", started)
+			}
+		})
 	}
 }

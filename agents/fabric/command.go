@@ -233,9 +233,9 @@ func AddInput(s *Snapshot, kind, text string, r *LogReader) error {
 	case KindSystemctl:
 		var st *ServiceState
 		if strings.Contains(text, "ActiveState=") {
-			st = ParseSystemctlShow(text)
+			st = ParseSystemctlShow(text, r.loc())
 		} else {
-			st = ParseSystemctlStatus(text)
+			st = ParseSystemctlStatus(text, r.loc())
 		}
 		if st.ActiveState == "" && st.LoadState == "" {
 			return fmt.Errorf("no Active/ActiveState line")

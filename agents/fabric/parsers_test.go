@@ -87,9 +87,9 @@ func TestLogReaderGolden(t *testing.T) {
 func TestSystemctlGolden(t *testing.T) {
 	eachFile(t, "systemctl/*", func(t *testing.T, s string) any {
 		if strings.Contains(s, "ActiveState=") {
-			return ParseSystemctlShow(s)
+			return ParseSystemctlShow(s, time.UTC)
 		}
-		return ParseSystemctlStatus(s)
+		return ParseSystemctlStatus(s, time.UTC)
 	})
 }
 

@@ -82,7 +82,7 @@ func TestServiceBootGraceKeepsPreviousFailure(t *testing.T) {
 			for i, show := range tc.shows {
 				s := NewSnapshot(now.Add(time.Duration(i) * 30 * time.Second))
 				s.NVSwitchCount, s.NVSwitchPCIs = len(tc.switches), tc.switches
-				s.Service = ParseSystemctlShow(show)
+				s.Service = ParseSystemctlShow(show, time.UTC)
 				for _, ev := range e.Evaluate(s) {
 					if ev.CheckName == CheckService {
 						t.Fatalf("poll %d: %s", i, shorts([]*datamodels.HealthEvent{ev}))

@@ -48,8 +48,9 @@ func (s *ServiceState) HasProcess(name string) bool {
 	return false
 }
 
-// ParseSystemctlShow reads `systemctl show UNIT --property=...` output.
-func ParseSystemctlShow(out string) *ServiceState {
+// ParseSystemctlShow reads `systemctl show UNIT --property=...` output;
+// loc is the zone systemctl printed its times in (nil: time.Local).
+func ParseSystemctlShow(out string, loc *time.Location) *ServiceState {
 	s := &ServiceState{}
 	// unset: a timestamp property shown empty ("n/a" in newer systemd);
 	// both must be shown for the unit to count as not started.
@@ -74,7 +75,7 @@ func ParseSystemctlShow(out string) *ServiceState {
 		case "MainPID":
 			s.MainPID, _ = strconv.Atoi(v)
 		case "ActiveEnterTimestamp":
-			s.ActiveSince = parseSystemdTime(v)
+			s.ActiveSince = parseSystemdTime(v, loc)
 			enterUnset = unset(v)
 		case "InactiveExitTimestamp":
 			exitUnset = unset(v)
@@ -95,7 +96,8 @@ var (
 // Active line decides the state: a Type=forking unit prints its start
 // script as "Process: N ExecStart=... (code=exited, status=0/SUCCESS)",
 // which is the parent exiting after forking the daemon, not a failure.
-func ParseSystemctlStatus(out string) *ServiceState {
+// loc: as ParseSystemctlShow's.
+func ParseSystemctlStatus(out string, loc *time.Location) *ServiceState {
 	s := &ServiceState{}
 	inCGroup, inJournal := false, false
 	for _, raw := range strings.Split(out, "\n") {
@@ -134,7 +136,7 @@ func ParseSystemctlStatus(out string) *ServiceState {
 					s.SubState, s.Result = "failed", r[1]
 				}
 				if m[3] != "" {
-					s.ActiveSince = parseSystemdTime(m[3])
+					s.ActiveSince = parseSystemdTime(m[3], loc)
 				}
 			} else {
 				f := strings.Fields(strings.TrimPrefix(l, "Active: "))
@@ -160,16 +162,20 @@ func ParseSystemctlStatus(out string) *ServiceState {
 	return s
 }
 
-// parseSystemdTime reads "Fri 2025-05-16 15:10:10 UTC" (zone names other
-// than UTC are taken as UTC offsets of zero unless the local zone knows
-// them).
-func parseSystemdTime(v string) time.Time {
+// parseSystemdTime reads "Fri 2025-05-16 15:10:10 UTC": systemctl prints
+// its local zone's abbreviation, which only that zone knows the offset of
+// (time.Parse takes one it does not know for UTC): systemctl run on the
+// host (a wrapper entering its namespaces) prints the host's, loc.
+func parseSystemdTime(v string, loc *time.Location) time.Time {
+	if loc == nil {
+		loc = time.Local
+	}
 	v = strings.TrimSpace(v)
 	if v == "" || v == "n/a" {
 		return time.Time{}
 	}
 	for _, l := range []string{"Mon 2006-01-02 15:04:05 MST", "Mon 2006-01-02 15:04:05 -0700", "2006-01-02 15:04:05 MST"} {
-		if t, err := time.Parse(l, v); err == nil {
+		if t, err := time.ParseInLocation(l, v, loc); err == nil {
 			return t
 		}
 	}
