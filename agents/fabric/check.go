@@ -374,12 +374,12 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 		if s.Config != nil && s.Config.LogFile != "" && logFile == DefaultConfig().LogFile {
 			logFile = s.Config.LogFile
 		}
-		lines, err := c.fmLog.read(logFile, &LogReader{Loc: c.cfg.Location})
+		lines, err := c.fmLog.read(logFile, &LogReader{Loc: c.cfg.Location, Now: c.cfg.Now})
 		errs = append(errs, err)
 		s.Log = append(s.Log, lines...)
 	}
 	if fabric && (c.cfg.Platform == PlatformB200 || s.NVLinkBridges > 0) {
-		lines, err := c.lsmLog.read(c.cfg.NVLSMLogFile, &LogReader{Loc: c.cfg.Location, DefaultSource: SourceNVLSM})
+		lines, err := c.lsmLog.read(c.cfg.NVLSMLogFile, &LogReader{Loc: c.cfg.Location, Now: c.cfg.Now, DefaultSource: SourceNVLSM})
 		errs = append(errs, err)
 		s.Log = append(s.Log, lines...)
 		running := c.nvlsmRunning()
@@ -467,7 +467,7 @@ func (c *Check) journal(ctx context.Context) ([]LogLine, error) {
 	if err != nil || out == nil {
 		return nil, err
 	}
-	r := &LogReader{Loc: c.cfg.Location}
+	r := &LogReader{Loc: c.cfg.Location, Now: c.cfg.Now}
 	var lines []LogLine
 	for _, l := range strings.Split(string(out), "\n") {
 		var rec struct {

@@ -106,7 +106,7 @@ func ParseCommand(args []string, stdout io.Writer) error {
 	bridges := fs.Int("nvlink-bridges", -1, "HGX B200 NVLink management bridges (CX7 SW_MNG functions); default: read from this system")
 	platform := fs.String("platform", "auto", "auto, a100, h100 or b200")
 	utc := fs.Bool("utc", false, "read timestamps printed without a zone as UTC (default: local time)")
-	year := fs.Int("year", 0, "year of journal timestamps, which print none (default: this year)")
+	year := fs.Int("year", 0, "year of NVLSM and journal timestamps, which print none (default: the year of --now, else of this clock; the year before for a date more than a day after it)")
 	nowFlag := fs.String("now", "", "time of the (last) poll, RFC 3339 (default: the newest timestamp of the inputs)")
 	timeout := fs.Duration("in-progress-timeout", 5*time.Minute, "longest a GPU fabric registration may stay in progress after FM start-up")
 	if err := fs.Parse(args); err != nil {
@@ -131,6 +131,10 @@ func ParseCommand(args []string, stdout io.Writer) error {
 		if fixedNow, err = time.Parse(time.RFC3339Nano, *nowFlag); err != nil {
 			return fmt.Errorf("fabric parse: --now: %w", err)
 		}
+	}
+	readerNow := time.Now // the year of times printed without one
+	if !fixedNow.IsZero() {
+		readerNow = func() time.Time { return fixedNow }
 	}
 	if *nvsw < 0 {
 		_, *nvsw = (&Check{cfg: withDefaults(Config{})}).nvswitches()
@@ -159,7 +163,7 @@ func ParseCommand(args []string, stdout io.Writer) error {
 			cur, seen = NewSnapshot(time.Time{}), map[string]bool{}
 		}
 		seen[k] = true
-		if err := AddInput(cur, k, string(b), &LogReader{Loc: loc, Year: *year}); err != nil {
+		if err := AddInput(cur, k, string(b), &LogReader{Loc: loc, Year: *year, Now: readerNow}); err != nil {
 			return fmt.Errorf("fabric parse: %s: %w", filepath.Base(path), err)
 		}
 	}

@@ -54,8 +54,13 @@ type LogReader struct {
 	// default time.Local. A time in an hour repeated when summer time ends
 	// is read as in hostzone.Date, after the previous line's.
 	Loc *time.Location
-	// Year is the year of journal short timestamps; default Now's.
+	// Year is the year of the timestamps that print none (NVLSM log,
+	// journal short format); default, line by line, Now's, or the year
+	// before for a date that would be more than a day after Now (a
+	// December line read in January: hostzone.DateNoYear).
 	Year int
+	// Now is the clock (default time.Now).
+	Now func() time.Time
 	// DefaultSource is the source of lines with no prefix telling it
 	// (a bare NVLSM log file: SourceNVLSM); default SourceFM.
 	DefaultSource string
@@ -223,11 +228,15 @@ func (r *LogReader) shortTime(s string) time.Time {
 	if err != nil {
 		return time.Time{}
 	}
-	y := r.Year
-	if y == 0 {
-		y = time.Now().Year()
+	if r.Year != 0 {
+		return r.local(time.Date(r.Year, t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), 0, time.UTC))
 	}
-	return r.local(time.Date(y, t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), 0, time.UTC))
+	now := time.Now
+	if r.Now != nil {
+		now = r.Now
+	}
+	r.last = hostzone.DateNoYear(t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), 0, r.loc(), r.last, now())
+	return r.last
 }
 
 // fmTime reads FM's "Oct 28 2024 10:00:01" (the host's local time).

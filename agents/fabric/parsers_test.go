@@ -3,6 +3,7 @@ package fabric
 import (
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -214,5 +215,28 @@ func TestLogReaderTimes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLogReaderYear: NVLSM's log prints no year. It is the year of the
+// line's reading, or the year before for a date that would be more than a
+// day after it (a December line read in January; it was the year of the
+// machine's clock, whatever the reader's Now).
+func TestLogReaderYear(t *testing.T) {
+	const line = "%s 123456 [7F3A5C1FF700] 0x02 -> SUBNET UP"
+	for _, tc := range []struct {
+		now  time.Time
+		at   string
+		want time.Time
+	}{
+		{time.Date(2028, 6, 1, 12, 0, 0, 0, time.UTC), "Jun  1 11:00:00", time.Date(2028, 6, 1, 11, 0, 0, 0, time.UTC)},
+		{time.Date(2028, 1, 1, 0, 10, 0, 0, time.UTC), "Dec 31 23:59:00", time.Date(2027, 12, 31, 23, 59, 0, 0, time.UTC)},
+		{time.Date(2028, 1, 1, 0, 10, 0, 0, time.UTC), "Jan  1 00:05:00", time.Date(2028, 1, 1, 0, 5, 0, 0, time.UTC)},
+	} {
+		r := &LogReader{Loc: time.UTC, DefaultSource: SourceNVLSM, Now: func() time.Time { return tc.now }}
+		lines := r.ReadLog(fmt.Sprintf(line, tc.at))
+		if len(lines) != 1 || !lines[0].Time.Equal(tc.want) {
+			t.Errorf("%q read at %s: %+v, want %s", tc.at, tc.now, lines, tc.want)
+		}
 	}
 }

@@ -180,3 +180,20 @@ func sameWall(t, wall time.Time) bool {
 	wy, wmo, wd := wall.Date()
 	return y == wy && mo == wmo && d == wd && t.Hour() == wall.Hour() && t.Minute() == wall.Minute() && t.Second() == wall.Second()
 }
+
+// yearSlack is how far after now a time printed without its year may be
+// (clocks of the writer and the reader apart) before it is last year's.
+const yearSlack = 24 * time.Hour
+
+// DateNoYear is Date for a time printed without its year (syslog's
+// "Jan _2 15:04:05", NVLSM's log): in now's year in loc, or the year
+// before where that would be more than a day after now — a December line
+// read in January, a log's tail replayed after New Year.
+func DateNoYear(month time.Month, day, hour, min, sec, nsec int, loc *time.Location, notBefore, now time.Time) time.Time {
+	y := now.In(loc).Year()
+	t := Date(y, month, day, hour, min, sec, nsec, loc, notBefore)
+	if t.Sub(now) > yearSlack {
+		t = Date(y-1, month, day, hour, min, sec, nsec, loc, notBefore)
+	}
+	return t
+}

@@ -121,3 +121,29 @@ func TestDate(t *testing.T) {
 		})
 	}
 }
+
+// TestDateNoYear: a time printed without its year is in the reader's
+// year, or the year before where that would be more than a day ahead.
+func TestDateNoYear(t *testing.T) {
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name        string
+		month       time.Month
+		day, h, min int
+		loc         *time.Location
+		now, want   time.Time
+	}{
+		{"this year", time.March, 3, 10, 0, time.UTC, time.Date(2027, 3, 3, 11, 0, 0, 0, time.UTC), time.Date(2027, 3, 3, 10, 0, 0, 0, time.UTC)},
+		{"December, read in January", time.December, 31, 23, 59, time.UTC, time.Date(2027, 1, 1, 0, 5, 0, 0, time.UTC), time.Date(2026, 12, 31, 23, 59, 0, 0, time.UTC)},
+		{"a few hours ahead", time.January, 1, 3, 0, time.UTC, time.Date(2027, 1, 1, 0, 5, 0, 0, time.UTC), time.Date(2027, 1, 1, 3, 0, 0, 0, time.UTC)},
+		// 1 January 08:00 in Tokyo is still 31 December in UTC: the year is the host's.
+		{"the host's new year, not UTC's", time.January, 1, 8, 30, tokyo, time.Date(2026, 12, 31, 23, 45, 0, 0, time.UTC), time.Date(2026, 12, 31, 23, 30, 0, 0, time.UTC)},
+	} {
+		if got := DateNoYear(tc.month, tc.day, tc.h, tc.min, 0, 0, tc.loc, time.Time{}, tc.now); !got.Equal(tc.want) {
+			t.Errorf("%s: %s", tc.name, got.UTC())
+		}
+	}
+}

@@ -22,7 +22,7 @@ import (
 func ParseCommand(args []string, stdin io.Reader, stdout io.Writer) error {
 	fs := flag.NewFlagSet("kmsg parse", flag.ContinueOnError)
 	fs.SetOutput(stdout)
-	year := fs.Int("year", 0, "year of syslog timestamps, which print none (default: this year)")
+	year := fs.Int("year", 0, "year of syslog timestamps, which print none (default: this year, or last year for a date more than a day ahead)")
 	utc := fs.Bool("utc", false, "read timestamps printed without a zone as UTC (default: local time)")
 	boot := fs.String("boot-time", "", "boot time (RFC 3339) to turn kernel timestamps into wall-clock times")
 	window := fs.Duration("flood-window", 10*time.Second, "flood-control window per error and device")

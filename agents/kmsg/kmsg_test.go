@@ -669,3 +669,41 @@ func ExampleParseStream() {
 		})
 	// Output: SysLogsXIDError [XID-79] true RESTART_BM
 }
+
+// TestSyslogYearOverNewYear: a syslog time prints no year. It is the
+// year of the line's reading, or the year before for a date that would be
+// more than a day after it — not the year the parser (the agent) started
+// in: an agent started in December dated every kern.log line of January a
+// year early, and a December line replayed in January is December's.
+func TestSyslogYearOverNewYear(t *testing.T) {
+	const xid = "%s gpu-node-42 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+	for _, tc := range []struct {
+		name    string
+		started time.Time // the parser's start
+		read    time.Time // the clock when the line is read
+		line    string    // syslog prefix
+		want    time.Time
+	}{
+		{"same year", time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 6, 1, 0, 10, 0, 0, time.UTC), "Jun  1 00:05:00", time.Date(2026, 6, 1, 0, 5, 0, 0, time.UTC)},
+		{"started in December, read in January", time.Date(2026, 12, 31, 23, 50, 0, 0, time.UTC), time.Date(2027, 1, 1, 0, 10, 0, 0, time.UTC), "Jan  1 00:05:00", time.Date(2027, 1, 1, 0, 5, 0, 0, time.UTC)},
+		{"December's line read in January", time.Date(2027, 1, 1, 0, 5, 0, 0, time.UTC), time.Date(2027, 1, 1, 0, 10, 0, 0, time.UTC), "Dec 31 23:55:00", time.Date(2026, 12, 31, 23, 55, 0, 0, time.UTC)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := tc.started
+			p, err := NewParser(ParserConfig{Location: time.UTC, Now: func() time.Time { return now }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			now = tc.read
+			p.Process(Line{Text: fmt.Sprintf(xid, tc.line), Mono: -1})
+			p.Flush(true)
+			evs := p.Drain()
+			if len(evs) != 1 {
+				t.Fatalf("%d events", len(evs))
+			}
+			if got := evs[0].GetGeneratedTimestamp().AsTime(); !got.Equal(tc.want) {
+				t.Errorf("%q read at %s: %s, want %s", tc.line, tc.read, got, tc.want)
+			}
+		})
+	}
+}

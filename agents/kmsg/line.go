@@ -60,8 +60,9 @@ type record struct {
 // localClock reads the wall-clock times a log prints without a zone
 // (syslog, dmesg -T): in loc, the host's, in year when they print none.
 type localClock struct {
-	year int
+	year int // 0: now's, or last year's (hostzone.DateNoYear)
 	loc  *time.Location
+	now  func() time.Time
 	prev time.Time // the previous such time read (hostzone.Date's notBefore)
 }
 
@@ -334,7 +335,13 @@ func monthTime(p string, lc *localClock) (time.Time, bool) {
 		if loc == nil {
 			loc = time.Local
 		}
-		t := hostzone.Date(y, m, day, hh, mm, ss, ns, loc, lc.prev).UTC()
+		var t time.Time
+		if y == 0 && lc.now != nil {
+			t = hostzone.DateNoYear(m, day, hh, mm, ss, ns, loc, lc.prev, lc.now())
+		} else {
+			t = hostzone.Date(y, m, day, hh, mm, ss, ns, loc, lc.prev)
+		}
+		t = t.UTC()
 		lc.prev = t
 		return t, true
 	}

@@ -42,8 +42,11 @@ type ParserConfig struct {
 	// BootTime turns kernel timestamps into wall-clock times; zero leaves
 	// events that only have a kernel timestamp without generatedTimestamp.
 	BootTime time.Time
-	// Year is the year of syslog-style timestamps, which carry none; default
-	// the year of Now.
+	// Year is the year of syslog-style timestamps, which carry none;
+	// default, line by line, Now's year, or the year before for a date
+	// that would be more than a day after Now (a December line read in
+	// January: the year is not fixed when the parser starts, which an agent
+	// running over New Year dated a year early).
 	Year int
 	// Location is the zone of timestamps printed without one (syslog,
 	// dmesg -T): the host's, which they are written in; default
@@ -104,9 +107,6 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.Year == 0 {
-		cfg.Year = cfg.Now().Year()
-	}
 	if cfg.Location == nil {
 		cfg.Location = time.Local
 	}
@@ -128,7 +128,7 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 		xid79:    map[string]time.Time{},
 		fallen:   map[string]time.Time{},
 		nicState: map[string]bool{},
-		clock:    localClock{year: cfg.Year, loc: cfg.Location},
+		clock:    localClock{year: cfg.Year, loc: cfg.Location, now: cfg.Now},
 	}, nil
 }
 
