@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/faultline/faultline/agents/hostzone"
 	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -106,6 +107,7 @@ func ParseCommand(args []string, stdout io.Writer) error {
 	bridges := fs.Int("nvlink-bridges", -1, "HGX B200 NVLink management bridges (CX7 SW_MNG functions); default: read from this system")
 	platform := fs.String("platform", "auto", "auto, a100, h100 or b200")
 	utc := fs.Bool("utc", false, "read timestamps printed without a zone as UTC (default: local time)")
+	zone := fs.String("time-zone", "", "zone of timestamps printed without one, the recording host's: a zone name (America/Chicago) or host (this machine's /etc/localtime) (default: local time)")
 	year := fs.Int("year", 0, "year of NVLSM and journal timestamps, which print none (default: the year of --now, else of this clock; the year before for a date more than a day after it)")
 	nowFlag := fs.String("now", "", "time of the (last) poll, RFC 3339 (default: the newest timestamp of the inputs)")
 	timeout := fs.Duration("in-progress-timeout", 5*time.Minute, "longest a GPU fabric registration may stay in progress after FM start-up")
@@ -125,6 +127,11 @@ func ParseCommand(args []string, stdout io.Writer) error {
 	loc := time.Local
 	if *utc {
 		loc = time.UTC
+	}
+	if *zone != "" {
+		if loc, err = hostzone.Location(*zone, ""); err != nil {
+			return fmt.Errorf("fabric parse: --time-zone: %w", err)
+		}
 	}
 	var fixedNow time.Time
 	if *nowFlag != "" {

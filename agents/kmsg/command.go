@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/faultline/faultline/agents/hostzone"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -24,6 +25,7 @@ func ParseCommand(args []string, stdin io.Reader, stdout io.Writer) error {
 	fs.SetOutput(stdout)
 	year := fs.Int("year", 0, "year of syslog timestamps, which print none (default: this year, or last year for a date more than a day ahead)")
 	utc := fs.Bool("utc", false, "read timestamps printed without a zone as UTC (default: local time)")
+	zone := fs.String("time-zone", "", "zone of timestamps printed without one, the recording host's: a zone name (America/Chicago) or host (this machine's /etc/localtime) (default: local time)")
 	boot := fs.String("boot-time", "", "boot time (RFC 3339) to turn kernel timestamps into wall-clock times")
 	window := fs.Duration("flood-window", 10*time.Second, "flood-control window per error and device")
 	burst := fs.Int("flood-burst", 1, "occurrences per window reported one by one")
@@ -36,6 +38,13 @@ func ParseCommand(args []string, stdin io.Reader, stdout io.Writer) error {
 	cfg := ParserConfig{Year: *year, FloodWindow: *window, FloodBurst: *burst}
 	if *utc {
 		cfg.Location = time.UTC
+	}
+	if *zone != "" {
+		loc, err := hostzone.Location(*zone, "")
+		if err != nil {
+			return fmt.Errorf("kmsg parse: --time-zone: %w", err)
+		}
+		cfg.Location = loc
 	}
 	if *boot != "" {
 		t, err := time.Parse(time.RFC3339Nano, *boot)

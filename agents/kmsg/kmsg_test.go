@@ -707,3 +707,26 @@ func TestSyslogYearOverNewYear(t *testing.T) {
 		})
 	}
 }
+
+// TestParseCommandTimeZone: `kmsg parse --time-zone` reads a kern.log
+// recorded on a host in another zone in that host's.
+func TestParseCommandTimeZone(t *testing.T) {
+	const line = "Oct 28 05:31:00 gpu-node-42 kernel: NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE\n"
+	for _, tc := range []struct {
+		zone, want string
+	}{
+		{"America/Chicago", `"generatedTimestamp":"2024-10-28T10:31:00Z"`},
+		{"UTC", `"generatedTimestamp":"2024-10-28T05:31:00Z"`},
+		{"Mars/Olympus", "--time-zone"},
+	} {
+		var out bytes.Buffer
+		err := ParseCommand([]string{"--year", "2024", "--time-zone", tc.zone}, strings.NewReader(line), &out)
+		got := out.String()
+		if err != nil {
+			got = err.Error()
+		}
+		if !strings.Contains(got, tc.want) {
+			t.Errorf("--time-zone %s: %s, want %s", tc.zone, got, tc.want)
+		}
+	}
+}
