@@ -103,3 +103,35 @@ func TestDashboards(t *testing.T) {
 		t.Errorf("only %d metrics found in the rules and dashboards: %v", len(names), names)
 	}
 }
+
+// TestAlertsSayWhatToDo: every alert pages with a severity the
+// receivers route on (critical or warning) and carries a summary (what is
+// wrong, and where) and a description (what to look at or do): the
+// runbook line an on-call engineer reads first.
+func TestAlertsSayWhatToDo(t *testing.T) {
+	rules, err := monitoring.ReadRules()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" {
+				continue
+			}
+			n++
+			sev := r.Labels["severity"]
+			if sev != "critical" && sev != "warning" && !strings.Contains(sev, "{{") {
+				t.Errorf("%s: severity %q, want critical or warning", r.Alert, sev)
+			}
+			for _, a := range []string{"summary", "description"} {
+				if strings.TrimSpace(r.Annotations[a]) == "" {
+					t.Errorf("%s: no %s annotation", r.Alert, a)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no alerts read")
+	}
+}
