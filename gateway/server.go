@@ -93,10 +93,13 @@ func (s *Server) refusedBusy(err error, c Caller) string {
 
 // connRefused counts a connection a door closed on accept and logs the
 // cap (the address over max_conns_per_address, each at most once per
-// 10 s; warnLimit).
+// 10 s; warnLimit). The door's counter is exported at 0 from here on, so
+// the alert on its rate (deploy/monitoring) sees the door before its first
+// refusal.
 func (s *Server) connRefused(door string) func(addr string, total bool) {
+	refused := s.metrics.connsRefused.WithLabelValues(door)
 	return func(addr string, total bool) {
-		s.metrics.connsRefused.WithLabelValues(door).Inc()
+		refused.Inc()
 		key := door + " " + addr
 		if total {
 			key = door // one line for the total cap, not one per address

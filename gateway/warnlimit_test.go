@@ -133,3 +133,23 @@ func TestConnRefusedNamesEachAddress(t *testing.T) {
 		t.Errorf("want %s; got:\n%s", want, got)
 	}
 }
+
+// TestConnRefusedExportedFromStart: each door a gateway serves exports
+// its refused-connections counter at 0 before its first refusal, so
+// FaultlineGatewayRefusingConnections (deploy/monitoring) reads a series
+// that `faultline dev` exports (TestMonitoringMetricsExported).
+func TestConnRefusedExportedFromStart(t *testing.T) {
+	for _, doors := range [][]string{{doorGRPC, doorREST}, {doorGRPC, doorREST, doorUnix}} {
+		reg := prometheus.NewRegistry()
+		s := &Server{log: slog.New(slog.DiscardHandler), metrics: newMetrics(reg), connWarns: newWarnLimit(warnWindow, warnKeys)}
+		for _, d := range doors {
+			s.connRefused(d)
+		}
+		got := metricText(t, reg, "faultline_gateway_connections_refused_total")
+		for _, d := range doors {
+			if want := fmt.Sprintf("{door=%q} 0\n", d); !strings.Contains(got, want) {
+				t.Errorf("doors %v: want %s exported before any refusal; got:\n%s", doors, want, got)
+			}
+		}
+	}
+}
