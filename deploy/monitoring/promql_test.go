@@ -110,7 +110,11 @@ func (p *promChecker) selector(vs *parser.VectorSelector) pval {
 		p.errorf("%s: no faultline binary exports it", name)
 		return pval{name: name, unknown: true}
 	default:
-		// Not faultline's (up, kube-state-metrics): any labels.
+		// Not faultline's (up, kube-state-metrics): its known labels
+		// (externalMetrics), target labels and any it is matched on.
+		for _, l := range slices.Concat(externalMetrics[name], targetLabels) {
+			v.labels[l] = true
+		}
 		for _, m := range ms {
 			v.labels[m.Name] = true
 		}
