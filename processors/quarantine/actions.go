@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -91,6 +92,39 @@ func (h *Handler) RefreshBreakerGauges(ctx context.Context) {
 			h.showBreaker(c, b, false)
 		}
 	}
+}
+
+// ReadBreakers shows each cluster's breaker as its ConfigMap says, and
+// returns the clusters whose breaker could not be read, to be read again.
+// A replica started while a breaker was open (a rollout, a restart)
+// showed it closed until its next reservation in that cluster, and
+// FaultlineBreakerTripped cleared while new quarantines were still held
+// back.
+func (h *Handler) ReadBreakers(ctx context.Context, names []string) (unread []string) {
+	for _, c := range names {
+		cl, err := h.reg.Get(c)
+		switch {
+		case errors.Is(err, clusters.ErrUnknownCluster):
+			continue
+		case err != nil:
+			h.log.Warn("circuit breaker not read; looked at again later", "cluster", c, "err", err)
+			unread = append(unread, c)
+			continue
+		case cl.Kube == nil || cl.DryRun:
+			continue // decided in dry-run: no breaker
+		}
+		b := h.breaker(cl)
+		open, err := b.isOpen(ctx)
+		if err != nil {
+			h.log.Warn("circuit breaker not read; looked at again later", "cluster", c, "err", err)
+			unread = append(unread, c)
+			continue
+		}
+		if open {
+			h.showBreaker(c, b, true)
+		}
+	}
+	return unread
 }
 
 // breakerClose is the action of the breaker closed by the reservation of it

@@ -1045,6 +1045,16 @@ func TestKube(t *testing.T) {
 		if acts, _ := handle(t, h2, record("c1", fatal(names[10], "XID_ERROR_48", "GPU-1"))); kinds(acts) != "quarantine/held_by_breaker" {
 			t.Fatalf("second replica: %s", kinds(acts))
 		}
+		// A replica started while it is open (a rollout) shows it open once
+		// it read the breakers, before any reservation of its own:
+		// FaultlineBreakerTripped does not clear while it holds quarantines.
+		h3 := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": k})
+		if unread := h3.ReadBreakers(context.Background(), []string{"c1", "not-configured"}); len(unread) != 0 {
+			t.Fatalf("breakers of %v not read", unread)
+		}
+		if g := breakerGauge(h3); g != 1 {
+			t.Fatalf("replica started while open: breaker_open %v after reading the breakers, want 1", g)
+		}
 		// An operator closes it; held events are not replayed, new ones apply
 		// while the window still has room (here: none, the 4 are within it).
 		cm.Data["state"] = "closed"
@@ -1057,7 +1067,7 @@ func TestKube(t *testing.T) {
 		// closed once they look again (it stayed 1 until their next
 		// reservation: FaultlineBreakerTripped kept firing after the close
 		// its runbook asks for).
-		for i, r := range []*Handler{h, h2} {
+		for i, r := range []*Handler{h, h2, h3} {
 			if g := breakerGauge(r); g != 1 {
 				t.Fatalf("replica %d: breaker_open %v before the close was looked at, want 1", i+1, g)
 			}

@@ -75,6 +75,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return nil
 	}}}
 	loops = append(loops, role.Loop{Name: "breaker gauges", Run: func(ctx context.Context) error {
+		unread := h.ReadBreakers(ctx, deps.Kube.Names())
 		t := time.NewTicker(breakerGaugeInterval)
 		defer t.Stop()
 		for {
@@ -82,6 +83,9 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 			case <-ctx.Done():
 				return nil
 			case <-t.C:
+				if len(unread) > 0 {
+					unread = h.ReadBreakers(ctx, unread)
+				}
 				h.RefreshBreakerGauges(ctx)
 			}
 		}
