@@ -148,7 +148,13 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 // deadline (clusters.Gate.Wait: one that cannot be reached is probed, not
 // waited for); past it (or when the batch runs out of time) the node's
 // remaining records are deferred to RetryTopic, or, in the retry consumer,
-// the batch fails to be retried.
+// the batch fails to be retried. In the main consumer deadline also ends
+// the cluster's work in the batch: a cluster that answers but slowly (or
+// whose share of the batch takes longer) has the record in hand cut and
+// the rest deferred to its own retry topic, where its retry consumer
+// applies them at the cluster's pace, rather than holding the batch — and
+// with it the other clusters' records of the partition, and the replica's
+// next poll — until the batch timeout.
 func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadline time.Time) seqResult {
 	var r seqResult
 	cluster := items[0].cluster
@@ -173,6 +179,11 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 		// any replica): this one goes behind it.
 		r.deferred = items
 		return r
+	}
+	if live && !retry {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
 	}
 	for i, it := range items {
 		if live && !retry && h.deferring(cluster) {
@@ -209,11 +220,16 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 				break
 			}
 			if ctx.Err() != nil {
-				// The batch ran out of time (or the processor is stopping):
-				// not the cluster's fault; defer the rest.
+				// The cluster's time in the batch is up (it answers too
+				// slowly), the batch ran out of time or the processor is
+				// stopping; defer the rest.
 				if retry {
 					r.failed = fmt.Errorf("cluster %s: %w", cluster, ctx.Err())
 					return r
+				}
+				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					h.log.Warn("cluster too slow for the batch; deferring records", "cluster", cluster, "node", it.node,
+						"records", len(items)-i, "cluster_wait", h.cfg.ClusterWait, "err", at.Err)
 				}
 				h.markDeferring(cluster) // keep the node's later records behind these
 				r.deferred = items[i:]

@@ -3,6 +3,8 @@ package quarantine
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -222,5 +224,79 @@ func TestClusterBackRetriedWithinSeconds(t *testing.T) {
 	t.Logf("applied %v after the apiserver was back", time.Since(back))
 	if kinds(acts) != "quarantine/applied" || !getNode(t, k.Client(), "node-1").Spec.Unschedulable {
 		t.Fatalf("after the apiserver is back: %s", kinds(acts))
+	}
+}
+
+// delayed returns a client of k whose every request waits delay before it
+// is sent: an API server that answers, but slowly (overloaded, its etcd
+// slow, far away).
+func delayed(t *testing.T, k *testenv.Kube, delay time.Duration) kubernetes.Interface {
+	t.Helper()
+	rc := k.RESTConfig()
+	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			select {
+			case <-time.After(delay):
+			case <-r.Context().Done():
+				return nil, r.Context().Err()
+			}
+			return rt.RoundTrip(r)
+		})
+	}
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kube
+}
+
+// TestSlowClusterHoldsNoBatch: one batch mixes a prompt cluster's records
+// with those of a cluster whose API server answers, but each request in
+// 2 s (not a failure, nor a timeout). The batch is done within about
+// quarantine.cluster_wait: the prompt cluster's fault is applied, the slow
+// one's records are deferred to its retry topic, and its retry consumer
+// applies them at the cluster's own pace. Before, the batch — and with it
+// the other clusters' records of the partition and the replica's next
+// poll — waited for the slow cluster's requests, up to the batch timeout
+// (2 min).
+func TestSlowClusterHoldsNoBatch(t *testing.T) {
+	k := testenv.StartKube(t, testenv.KubeOptions{})
+	for _, tc := range []struct {
+		name     string
+		delay    time.Duration
+		deferred int
+	}{
+		{"answers promptly", 0, 0},
+		{"answers slowly", 2 * time.Second, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			group := strings.ReplaceAll(tc.name, " ", "-")
+			fast, slow1, slow2 := group+"-fast", group+"-slow-1", group+"-slow-2"
+			createNodes(t, k.Client(), group, fast, slow1, slow2)
+			cfg := testConfig(group)
+			cfg.ClusterWait = 1500 * time.Millisecond // a loaded test machine's prompt batch fits
+			h := newTestHandler(t, cfg, map[string]kubernetes.Interface{"prompt": k.Client(), "slow": delayed(t, k, tc.delay)})
+			start := time.Now()
+			acts, deferred := handle(t, h,
+				record("slow", fatal(slow1, "XID_ERROR_48", "GPU-1")),
+				record("prompt", fatal(fast, "XID_ERROR_48", "GPU-1")),
+				record("slow", fatal(slow2, "XID_ERROR_48", "GPU-1")))
+			took := time.Since(start)
+			if want := cfg.ClusterWait + time.Second; took > want || len(deferred) != tc.deferred {
+				t.Fatalf("the batch took %v (want at most %v), %d records deferred (want %d); actions %s",
+					took.Round(time.Millisecond), want, len(deferred), tc.deferred, kinds(acts))
+			}
+			if got := kinds(onNode(acts, fast)); got != "quarantine/applied" || !getNode(t, k.Client(), fast).Spec.Unschedulable {
+				t.Fatalf("the prompt cluster's fault: %s, want quarantine/applied", got)
+			}
+			if len(deferred) > 0 {
+				acts = append(acts, retryUntil(t, h, deferred, time.Minute)...)
+			}
+			for _, n := range []string{slow1, slow2} {
+				if got := kinds(onNode(acts, n)); got != "quarantine/applied" || !getNode(t, k.Client(), n).Spec.Unschedulable {
+					t.Fatalf("%s: %s, want one applied quarantine", n, got)
+				}
+			}
+		})
 	}
 }

@@ -1234,6 +1234,11 @@ func TestKube(t *testing.T) {
 				}
 				createNodes(t, k, group, names...)
 				cfg := testConfig(group)
+				// Forty replicas' conflicts on a loaded test machine take
+				// seconds: past cluster_wait a replica's record would be
+				// deferred (applied by the retry consumer), not lost —
+				// here each must win its own way through the contention.
+				cfg.ClusterWait = 20 * time.Second
 				hs := make([]*Handler, tc.replicas)
 				for i := range hs {
 					// Each replica its own client (and rate limiter), as
