@@ -95,7 +95,7 @@ func IsTrigger(a *faultlinev1.Action) bool {
 
 // Handle handles one partition's batch of the actions topic or TopicRequeue.
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
-	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now, h.reg,
+	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, requeue.ClusterShare, TopicRequeue, h.now, h.reg,
 		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, requeue.Again) {
 			id := a.Action.GetId()
 			if len(a.Action.GetEventIds()) > 0 {
