@@ -9,9 +9,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
+	"time"
 	"unicode"
 
 	"github.com/faultline/faultline/schemas/events"
@@ -186,10 +189,100 @@ func (t *Tokens) Lookup(token string) (Caller, bool) {
 
 // Authenticator resolves a request's credential to a Caller.
 type Authenticator struct {
+	// Tokens are the bearer tokens, unless LoadTokensFile loaded a file.
 	Tokens *Tokens
 	// CertBindsNode binds every agent client certificate to the node named
 	// by its Subject CommonName (gateway.client_cert_binds_node).
 	CertBindsNode bool
+
+	// live: the tokens file's tokens as last loaded; file: the file
+	// (LoadTokensFile).
+	live atomic.Pointer[Tokens]
+	file *tokensFile
+}
+
+// LoadTokensFile makes the tokens file at path (LoadTokens) a's tokens;
+// FollowTokens then keeps them in step with the file.
+func (a *Authenticator) LoadTokensFile(path string) error {
+	// Looked at before it is read: a change in between is seen by the
+	// first look of FollowTokens.
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("tokens file: %w", err)
+	}
+	t, err := LoadTokens(path)
+	if err != nil {
+		return err
+	}
+	a.live.Store(t)
+	a.file = &tokensFile{path: path, seen: st}
+	return nil
+}
+
+// TokensEvery is how often FollowTokens looks at the tokens file.
+const TokensEvery = time.Second
+
+// FollowTokens looks at the tokens file (LoadTokensFile) every `every`
+// until ctx ends and, when it changed, loads it again: its new tokens are
+// accepted from then on, and those it no longer holds refused. A
+// Kubernetes Secret mounted as a volume is rewritten in place when the
+// Secret changes (within a minute or so), so a token added for a new
+// cluster, rotated or revoked takes effect without a restart. A changed
+// file that cannot be loaded (a line that does not parse, a mode open to
+// every user) leaves the tokens as they were, and says why once.
+func (a *Authenticator) FollowTokens(ctx context.Context, every time.Duration, log *slog.Logger) {
+	if a.file == nil {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.file.look(a, log)
+	}
+}
+
+// tokensFile is the tokens file an Authenticator follows, as last seen.
+type tokensFile struct {
+	path string
+	seen os.FileInfo // nil: it could not be looked at
+}
+
+// look loads the file again into a when it changed since it was last
+// seen: another file (a Secret volume's update swaps a link to new
+// files), another modification time or size.
+func (f *tokensFile) look(a *Authenticator, log *slog.Logger) {
+	st, err := os.Stat(f.path)
+	if err != nil {
+		if f.seen != nil {
+			log.Error("tokens file cannot be looked at; the tokens stay as they were", "path", f.path, "err", err)
+		}
+		f.seen = nil
+		return
+	}
+	if f.seen != nil && os.SameFile(st, f.seen) && st.ModTime().Equal(f.seen.ModTime()) && st.Size() == f.seen.Size() {
+		return
+	}
+	f.seen = st
+	t, err := LoadTokens(f.path)
+	if err != nil {
+		log.Error("tokens file changed but cannot be loaded; the tokens stay as they were", "path", f.path, "err", err)
+		return
+	}
+	a.live.Store(t)
+	log.Info("tokens file loaded again", "path", f.path, "tokens", len(t.byDigest))
+}
+
+// tokens are the tokens in use: the file's as last loaded, or Tokens.
+func (a *Authenticator) tokens() *Tokens {
+	if t := a.live.Load(); t != nil {
+		return t
+	}
+	return a.Tokens
 }
 
 // Authenticate checks the Authorization header value and the verified
@@ -206,7 +299,7 @@ func (a *Authenticator) Authenticate(authorization string, verified [][]*x509.Ce
 		if !strings.EqualFold(scheme, "bearer") || strings.TrimSpace(token) == "" {
 			return Caller{}, fmt.Errorf("%w: authorization header is not 'Bearer <token>'", ErrBadCredential)
 		}
-		c, ok := a.Tokens.Lookup(strings.TrimSpace(token))
+		c, ok := a.tokens().Lookup(strings.TrimSpace(token))
 		if !ok {
 			return Caller{}, ErrBadCredential
 		}

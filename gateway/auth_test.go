@@ -1,13 +1,18 @@
 package gateway
 
 import (
+	"context"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseTokens(t *testing.T) {
@@ -111,5 +116,101 @@ func TestLoadTokensRefusesOpenFiles(t *testing.T) {
 		if !tt.ok && (err == nil || !strings.Contains(err.Error(), "chmod 0600") || !strings.Contains(err.Error(), "defaultMode: 0440")) {
 			t.Errorf("mode %#o: got %v, want a refusal naming the fix", tt.mode, err)
 		}
+	}
+}
+
+// TestTokensFileFollowed: the gateway follows its tokens file as
+// Kubernetes updates a Secret volume (the file is a link into a directory
+// that the kubelet swaps for a new one) or as a person edits it in place:
+// a token added is accepted and one removed refused, without a restart —
+// so neither a token added for a new cluster nor one revoked waits for a
+// rollout, and the chart's pod template needs no hash of the tokens. A
+// changed file that cannot be loaded leaves the tokens as they were.
+func TestTokensFileFollowed(t *testing.T) {
+	const (
+		a = "aaaaaaaaaaaaaaaa0001"
+		b = "bbbbbbbbbbbbbbbb0002"
+		c = "cccccccccccccccc0003"
+	)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tokens")
+	// As a Secret volume: tokens -> ..data/tokens, ..data -> ..<version>.
+	gen := 0
+	secret := func(content string) {
+		gen++
+		v := filepath.Join(dir, fmt.Sprintf("..v%d", gen))
+		if err := os.Mkdir(v, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(v, "tokens"), []byte(content), 0o440); err != nil {
+			t.Fatal(err)
+		}
+		tmp := filepath.Join(dir, "..data_tmp")
+		if err := os.Symlink(filepath.Base(v), tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secret(a + ",alpha\n")
+	if err := os.Symlink(filepath.Join("..data", "tokens"), path); err != nil {
+		t.Fatal(err)
+	}
+	auth := &Authenticator{}
+	if err := auth.LoadTokensFile(path); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go auth.FollowTokens(ctx, 10*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	inPlace := func(content string, mode os.FileMode) {
+		// Through the links, as an editor writes the file it opened.
+		f := filepath.Join(dir, fmt.Sprintf("..v%d", gen), "tokens")
+		if err := os.Chmod(f, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		change   func()
+		accepted []string
+		refused  []string
+	}{
+		{"as loaded", func() {}, []string{a}, []string{b, c}},
+		{"the Secret updated: b added", func() { secret(a + ",alpha\n" + b + ",beta\n") }, []string{a, b}, []string{c}},
+		{"the Secret updated: a revoked", func() { secret(b + ",beta\n") }, []string{b}, []string{a, c}},
+		{"a broken line: kept as they were", func() { secret(b + ",beta\n" + c + ",Not_A_Cluster\n") }, []string{b}, []string{a, c}},
+		{"edited in place: c added", func() { inPlace(b+",beta\n"+c+",gamma\n", 0o600) }, []string{b, c}, []string{a}},
+		{"open to every user: kept as they were", func() { inPlace(a+",alpha\n", 0o644) }, []string{b, c}, []string{a}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.change()
+			time.Sleep(100 * time.Millisecond) // ten looks: a change kept out has been seen
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				var wrong []string
+				for _, tok := range tc.accepted {
+					if _, err := auth.Authenticate("Bearer "+tok, nil); err != nil {
+						wrong = append(wrong, tok[:4]+"… refused")
+					}
+				}
+				for _, tok := range tc.refused {
+					if _, err := auth.Authenticate("Bearer "+tok, nil); err == nil {
+						wrong = append(wrong, tok[:4]+"… accepted")
+					}
+				}
+				if len(wrong) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("5s after the change: %v", wrong)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
 	}
 }

@@ -121,11 +121,9 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 	}
 	auth := &Authenticator{CertBindsNode: cfg.ClientCertBindsNode}
 	if cfg.TokensFile != "" {
-		t, err := LoadTokens(cfg.TokensFile)
-		if err != nil {
+		if err := auth.LoadTokensFile(cfg.TokensFile); err != nil {
 			return nil, fmt.Errorf("gateway.tokens_file: %w", err)
 		}
-		auth.Tokens = t
 	}
 	prod, err := NewProducer(kcfg, cfg, log)
 	if err != nil {
@@ -213,6 +211,10 @@ func (s *Server) Run(ctx context.Context) error {
 	httpLn := newLimitListener(s.httpLn, s.cfg.MaxConns, s.cfg.MaxConnsPerAddress, s.connRefused(doorREST))
 
 	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		s.auth.FollowTokens(gctx, TokensEvery, s.log)
+		return nil
+	})
 	g.Go(func() error { return serveErr(s.grpcSrv.Serve(grpcLn)) })
 	g.Go(func() error {
 		if tlsCfg != nil {

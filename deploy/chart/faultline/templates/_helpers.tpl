@@ -328,9 +328,9 @@ include "faultline.workload" (dict "ctx" $ "component" "store" "args" (list ...)
 {{- $name := printf "%s-%s" $fn .component -}}
 {{- $kube := has .component (splitList "," (include "faultline.kubeRoles" $ctx)) -}}
 {{- $sources := include "faultline.secretSources" (dict "ctx" $ctx "component" .component) -}}
-{{- /* What else the component reads only at start from what the chart writes: a change rolls its pods. */ -}}
+{{- /* What else the component reads only at start from what the chart writes: a change rolls its pods.
+Never secret material: a hash of it in the pod template could be brute-forced (the gateway follows its tokens file instead). */ -}}
 {{- $files := "" -}}
-{{- if and (eq .component "gateway") (not $ctx.Values.gateway.tokens.existingSecret) }}{{ $files = toJson $ctx.Values.gateway.tokens }}{{ end -}}
 {{- if eq .component "quarantine" }}{{ $files = $ctx.Values.roles.quarantine.rules }}{{ end -}}
 {{- if eq .component "correlate" }}{{ $files = $ctx.Values.roles.correlate.rules }}{{ end -}}
 apiVersion: apps/v1
