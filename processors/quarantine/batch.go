@@ -31,7 +31,9 @@ type item struct {
 type seqResult struct {
 	actions  []*faultlinev1.Action
 	deferred []item
-	failed   error
+	// slow: deferred because the cluster was too slow for the batch.
+	slow   bool
+	failed error
 	// applied: each retry record applied, with its actions.
 	applied map[string][]*faultlinev1.Action
 }
@@ -109,8 +111,16 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 		wait = h.cfg.RetryWait
 	}
 	deadline := time.Now().Add(wait)
-	results := pipeline.ByKey(items, func(it item) string { return string(it.rec.Key) }, h.cfg.Workers,
-		func(seq []item) seqResult { return h.handleSeq(ctx, seq, retry, deadline) })
+	// The batch's clusters side by side, each with Workers of its own: a
+	// slow cluster's nodes in flight take no other cluster's workers (and
+	// so none of its cluster_wait).
+	var results []seqResult
+	for _, rs := range pipeline.ByKey(items, func(it item) string { return it.cluster }, len(items), func(items []item) []seqResult {
+		return pipeline.ByKey(items, func(it item) string { return string(it.rec.Key) }, h.cfg.Workers,
+			func(seq []item) seqResult { return h.handleSeq(ctx, seq, retry, deadline) })
+	}) {
+		results = append(results, rs...)
+	}
 	res := pipeline.Result{Dead: dead}
 	var (
 		failed []error
@@ -130,7 +140,11 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 		}
 		for _, it := range r.deferred {
 			res.Out = append(res.Out, retryRecord(it.cluster, it.rec))
-			h.m.deferred.WithLabelValues(it.cluster).Inc()
+			if r.slow {
+				h.m.deferredSlow.WithLabelValues(it.cluster).Inc()
+			} else {
+				h.m.deferred.WithLabelValues(it.cluster).Inc()
+			}
 		}
 	}
 	if len(failed) > 0 {
@@ -169,7 +183,7 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 			r.failed = err
 			return r
 		}
-		h.markDeferring(cluster)
+		h.markDeferring(cluster, false)
 		r.deferred = items
 		return r
 	}
@@ -186,8 +200,8 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 		defer cancel()
 	}
 	for i, it := range items {
-		if live && !retry && h.deferring(cluster) {
-			r.deferred = items[i:]
+		if deferring, slow := h.deferring(cluster); live && !retry && deferring {
+			r.deferred, r.slow = items[i:], slow
 			return r
 		}
 		if retry {
@@ -227,11 +241,12 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 					r.failed = fmt.Errorf("cluster %s: %w", cluster, ctx.Err())
 					return r
 				}
-				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				r.slow = errors.Is(ctx.Err(), context.DeadlineExceeded)
+				if r.slow {
 					h.log.Warn("cluster too slow for the batch; deferring records", "cluster", cluster, "node", it.node,
 						"records", len(items)-i, "cluster_wait", h.cfg.ClusterWait, "err", at.Err)
 				}
-				h.markDeferring(cluster) // keep the node's later records behind these
+				h.markDeferring(cluster, r.slow) // keep the node's later records behind these
 				r.deferred = items[i:]
 				return r
 			}
@@ -242,7 +257,7 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 			if !at.RetryAt.IsZero() && at.Client.Gate.Wait(ctx, deadline) || ctx.Err() != nil {
 				continue // its backoff over, or the cluster answers again; or out of time (above)
 			}
-			h.markDeferring(cluster)
+			h.markDeferring(cluster, false)
 			if retry {
 				r.failed = fmt.Errorf("cluster %s: unreachable: %w", cluster, at.Err)
 				return r
@@ -264,15 +279,24 @@ func (r *seqResult) keep(it item, acts []*faultlinev1.Action) {
 	r.applied[recordKey(it.rec)] = acts
 }
 
-func (h *Handler) deferring(cluster string) bool {
+// deferring reports whether the cluster's new records are deferred (a
+// grace period after a deferral), and whether because it was too slow for
+// a batch rather than in trouble.
+func (h *Handler) deferring(cluster string) (deferring, slow bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return time.Now().Before(h.deferUntil[cluster])
+	return time.Now().Before(h.deferUntil[cluster]), h.deferSlow[cluster]
 }
 
-func (h *Handler) markDeferring(cluster string) {
+// markDeferring starts the cluster's grace period; slow: its records were
+// deferred because it was too slow for a batch (a trouble's deferral
+// wins over a slow one's).
+func (h *Handler) markDeferring(cluster string, slow bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if time.Now().After(h.deferUntil[cluster]) || !slow {
+		h.deferSlow[cluster] = slow
+	}
 	h.deferUntil[cluster] = time.Now().Add(2 * h.cfg.RetryWait)
 }
 

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"k8s.io/client-go/kubernetes"
 
@@ -264,17 +266,22 @@ func TestSlowClusterHoldsNoBatch(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		delay    time.Duration
+		workers  int
 		deferred int
 	}{
-		{"answers promptly", 0, 0},
-		{"answers slowly", 2 * time.Second, 2},
+		{"answers promptly", 0, 64, 0},
+		{"answers slowly", 2 * time.Second, 64, 2},
+		// The slow cluster's nodes first in the batch take no worker of
+		// the prompt one (nor its cluster_wait).
+		{"answers slowly, one worker", 2 * time.Second, 1, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			group := strings.ReplaceAll(tc.name, " ", "-")
+			group := strings.NewReplacer(" ", "-", ",", "").Replace(tc.name)
 			fast, slow1, slow2 := group+"-fast", group+"-slow-1", group+"-slow-2"
 			createNodes(t, k.Client(), group, fast, slow1, slow2)
 			cfg := testConfig(group)
 			cfg.ClusterWait = 1500 * time.Millisecond // a loaded test machine's prompt batch fits
+			cfg.Workers = tc.workers
 			h := newTestHandler(t, cfg, map[string]kubernetes.Interface{"prompt": k.Client(), "slow": delayed(t, k, tc.delay)})
 			start := time.Now()
 			acts, deferred := handle(t, h,
@@ -285,6 +292,11 @@ func TestSlowClusterHoldsNoBatch(t *testing.T) {
 			if want := cfg.ClusterWait + time.Second; took > want || len(deferred) != tc.deferred {
 				t.Fatalf("the batch took %v (want at most %v), %d records deferred (want %d); actions %s",
 					took.Round(time.Millisecond), want, len(deferred), tc.deferred, kinds(acts))
+			}
+			// Counted as slow, not as unreachable (FaultlineClusterSlow,
+			// not FaultlineClusterUnreachable).
+			if slow, down := counted(t, h.m.deferredSlow, "slow"), counted(t, h.m.deferred, "slow"); int(slow) != tc.deferred || down != 0 {
+				t.Fatalf("deferred as slow %v, as unreachable %v; want %d, 0", slow, down, tc.deferred)
 			}
 			if got := kinds(onNode(acts, fast)); got != "quarantine/applied" || !getNode(t, k.Client(), fast).Spec.Unschedulable {
 				t.Fatalf("the prompt cluster's fault: %s, want quarantine/applied", got)
@@ -299,4 +311,14 @@ func TestSlowClusterHoldsNoBatch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// counted is a cluster's count of a counter.
+func counted(t *testing.T, c *prometheus.CounterVec, cluster string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.WithLabelValues(cluster).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }

@@ -56,7 +56,8 @@ type Config struct {
 	// (remove the label first). Default
 	// "faultline.io/quarantine=disabled".
 	OptOutLabel string `toml:"opt_out_label"`
-	// Workers bounds the nodes handled at once per batch. Default 64.
+	// Workers bounds the nodes of one cluster handled at once per batch
+	// (the batch's clusters side by side, each with its own). Default 64.
 	Workers int `toml:"workers"`
 	// ClusterWait is how long a batch keeps retrying a cluster whose API
 	// fails before deferring that cluster's records to its RetryTopic
@@ -201,7 +202,7 @@ func DefaultConfig() Config {
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Rules, prefix+"rules", c.Rules, "quarantine rule file (TOML); empty: the shipped default rule sets")
 	fs.StringVar(&c.OptOutLabel, prefix+"opt-out-label", c.OptOutLabel, "key=value label that exempts a node from quarantine")
-	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes handled concurrently per batch")
+	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes of one cluster handled concurrently per batch")
 	fs.DurationVar(&c.ClusterWait, prefix+"cluster-wait", c.ClusterWait, "how long a batch works on, or retries, a cluster (slow, or whose API fails) before deferring its records (one that cannot be reached: at once)")
 	fs.DurationVar(&c.RetryWait, prefix+"retry-wait", c.RetryWait, "how long the retry consumer waits for a cluster per batch")
 	fs.BoolVar(&c.NodeEvents, prefix+"node-events", c.NodeEvents, "create a Kubernetes Event on the node for non-fatal events")
