@@ -12,7 +12,9 @@
 // reached at all is probed rather than backed off, so its work resumes as
 // soon as it answers, and one that stops answering (a request that timed
 // out) is probed before it is tried again, so it costs kube.timeout once,
-// not at every end of its backoff.
+// not at every end of its backoff. A probe is waited for at most 500ms;
+// one slower goes on in the background (up to kube.timeout), so a slow
+// API server is not taken for a silent one.
 package clusters
 
 import (
@@ -282,12 +284,22 @@ func NewRegistry(cfg Config, now func() time.Time) *Registry {
 	return r
 }
 
+// newGate is a cluster's gate: its probes may take kube.timeout, as its
+// requests may.
+func (r *Registry) newGate() *Gate {
+	g := NewGate(r.now)
+	if r.cfg.Timeout > 0 {
+		g.ProbeTimeout = r.cfg.Timeout
+	}
+	return g
+}
+
 // SetClient installs a prebuilt typed client for a cluster, for requests
 // and watches (tests, and the all-in-one dev mode).
 func (r *Registry) SetClient(name string, kube kubernetes.Interface, dryRun bool) *Client {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c := &Client{Name: name, Kube: kube, WatchKube: kube, DryRun: dryRun, Gate: NewGate(r.now)}
+	c := &Client{Name: name, Kube: kube, WatchKube: kube, DryRun: dryRun, Gate: r.newGate()}
 	c.Gate.Probe = readyz(kube)
 	r.clients[name] = c
 	return c
@@ -317,7 +329,7 @@ func (r *Registry) Get(name string) (*Client, error) {
 		return nil, fmt.Errorf("cluster %q: %w", name, ErrUnknownCluster)
 	}
 	cl := r.cfg.Clusters[i]
-	c := &Client{Name: name, DryRun: cl.DryRun, Gate: NewGate(r.now)}
+	c := &Client{Name: name, DryRun: cl.DryRun, Gate: r.newGate()}
 	if cl.Kubeconfig != "" {
 		if err := r.build(cl, c); err != nil {
 			return nil, err
@@ -550,8 +562,15 @@ type Gate struct {
 	// gate is shared.
 	Probe func(context.Context) error
 	// ProbeInterval is the least time between two probes, and the longest
-	// a probe may take. Default 500ms.
+	// a caller waits for one. Default 500ms.
 	ProbeInterval time.Duration
+	// ProbeTimeout is the longest a probe may take: one that has not
+	// answered within ProbeInterval goes on in the background (no caller
+	// waits for it, none starts another) and opens the gate if it answers
+	// by then — an API server that answers, but slowly (its /readyz
+	// waiting on a slow etcd), is not taken for a silent one for good.
+	// Default 10s; a Registry's gates use kube.timeout.
+	ProbeTimeout time.Duration
 
 	mu       sync.Mutex
 	failures int
@@ -568,7 +587,7 @@ func NewGate(now func() time.Time) *Gate {
 		now = time.Now
 	}
 	return &Gate{now: now, MinBackoff: 200 * time.Millisecond, MaxBackoff: 30 * time.Second,
-		ProbeInterval: 500 * time.Millisecond}
+		ProbeInterval: 500 * time.Millisecond, ProbeTimeout: 10 * time.Second}
 }
 
 // Ready reports whether the cluster may be tried now, and if not, when to
@@ -662,12 +681,15 @@ func (g *Gate) unreachable() bool {
 }
 
 // probe asks an unreachable cluster once, unless another caller does or
-// one did in the last ProbeInterval. Any answer (even "not ready": an API
-// server restarting says so for seconds while it serves) opens the gate
-// — for one that could not be reached, with its backoff begun afresh: the
-// cluster is back, its work is tried and a failure of it backs off from
-// MinBackoff again; for one that timed out, at the end of its backoff;
-// silence keeps the gate shut, its backoff grown once over.
+// one did in the last ProbeInterval, and waits for the answer at most
+// ProbeInterval (or until ctx ends): a probe still unanswered then goes on
+// in the background, up to ProbeTimeout, and its answer counts when it
+// comes. Any answer (even "not ready": an API server restarting says so
+// for seconds while it serves) opens the gate — for one that could not be
+// reached, with its backoff begun afresh: the cluster is back, its work is
+// tried and a failure of it backs off from MinBackoff again; for one that
+// timed out, at the end of its backoff; silence keeps the gate shut, its
+// backoff grown once over.
 func (g *Gate) probe(ctx context.Context) {
 	g.mu.Lock()
 	if !g.unreachable() || g.probing || g.now().Sub(g.probed) < g.ProbeInterval {
@@ -676,21 +698,34 @@ func (g *Gate) probe(ctx context.Context) {
 	}
 	g.probing = true
 	g.mu.Unlock()
-	pctx, cancel := context.WithTimeout(ctx, g.ProbeInterval)
-	err := g.Probe(pctx)
-	cancel()
-	var st apierrors.APIStatus
-	answered := err == nil || errors.As(err, &st)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.probing, g.probed = false, g.now()
-	switch {
-	case answered && TimedOut(g.lastErr):
-		g.answered = true
-	case answered:
-		g.answered, g.failures, g.next = true, 0, g.probed
-	case !g.probed.Before(g.next) && ctx.Err() == nil:
-		g.backOff() // so that callers that come back at the backoff's end are spaced too
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// The caller's values, not its end: a batch that ends does not
+		// cut the probe it started.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(g.ProbeTimeout, g.ProbeInterval))
+		err := g.Probe(pctx)
+		cancel()
+		var st apierrors.APIStatus
+		answered := err == nil || errors.As(err, &st)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.probing, g.probed = false, g.now()
+		switch {
+		case answered && TimedOut(g.lastErr):
+			g.answered = true
+		case answered:
+			g.answered, g.failures, g.next = true, 0, g.probed
+		case !g.probed.Before(g.next):
+			g.backOff() // so that callers that come back at the backoff's end are spaced too
+		}
+	}()
+	t := time.NewTimer(g.ProbeInterval)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
 

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -366,6 +368,85 @@ func TestSilentClusterNotWaitedFor(t *testing.T) {
 				time.Sleep(100 * time.Millisecond)
 			}
 			t.Logf("%s: work resumed %v after the cluster answered", mode, time.Since(back).Round(time.Millisecond))
+		})
+	}
+}
+
+// roundTripFunc is an http.RoundTripper.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestSlowClusterNotTakenForSilent: a cluster whose API server answers,
+// but slowly — every request, /readyz too, answered in about a second
+// (its etcd slow) — after one request took longer than kube.timeout. The
+// request that timed out gates it (TestSilentClusterNotWaitedFor), but
+// its work resumes once its backoff ends: the probe that reopens the gate
+// may take kube.timeout in the background, no try waiting for it more
+// than ProbeInterval. Before, a probe was cut at ProbeInterval (500 ms)
+// and taken for silence, so such a cluster stayed gated for good — its
+// work deferred while it answered every request.
+func TestSlowClusterNotTakenForSilent(t *testing.T) {
+	k := testenv.StartKube(t, testenv.KubeOptions{})
+	const timeout = 3 * time.Second
+	list := func(ctx context.Context, cl *Client) error {
+		_, err := cl.Kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+		return err
+	}
+	for _, tc := range []struct {
+		name  string
+		delay time.Duration // every request's, once the cluster turned slow
+	}{
+		{"answers within the probe interval", 100 * time.Millisecond},
+		{"answers in a second", time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var delay atomic.Int64
+			rc := k.RESTConfig()
+			rc.Timeout = timeout
+			rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+				return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+					select {
+					case <-time.After(time.Duration(delay.Load())):
+					case <-r.Context().Done():
+						return nil, r.Context().Err()
+					}
+					return rt.RoundTrip(r)
+				})
+			}
+			kube, err := kubernetes.NewForConfig(rc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := DefaultConfig()
+			cfg.Timeout = timeout
+			reg := NewRegistry(cfg, nil)
+			cl := reg.SetClient("c", kube, false)
+			cl.Gate.MinBackoff, cl.Gate.MaxBackoff = 500*time.Millisecond, 500*time.Millisecond
+			ctx := context.Background()
+
+			delay.Store(int64(2 * timeout)) // one request past kube.timeout
+			if a := reg.Try(ctx, "c", list); !a.Ran || !a.Retriable || !TimedOut(a.Err) {
+				t.Fatalf("the request past kube.timeout: ran %v, retriable %v: %v", a.Ran, a.Retriable, a.Err)
+			}
+			delay.Store(int64(tc.delay))
+			start := time.Now()
+			for {
+				tryStart := time.Now()
+				a := reg.Try(ctx, "c", list)
+				if took := time.Since(tryStart); !a.Ran && took > time.Second {
+					t.Fatalf("a try of the gated cluster took %v", took.Round(time.Millisecond))
+				}
+				if a.Ran && a.Err == nil {
+					t.Logf("work resumed %v after the cluster answered again", time.Since(start).Round(time.Millisecond))
+					return
+				}
+				if time.Since(start) > 4*timeout {
+					t.Fatalf("%v after the cluster answers again (each request in %v): ran %v: %v",
+						time.Since(start).Round(time.Second), tc.delay, a.Ran, a.Err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
 		})
 	}
 }
