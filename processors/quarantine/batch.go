@@ -116,6 +116,12 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 	// so none of its cluster_wait).
 	var results []seqResult
 	for _, rs := range pipeline.ByKey(items, func(it item) string { return it.cluster }, len(items), func(items []item) []seqResult {
+		ctx := ctx
+		if !retry {
+			var stop func()
+			ctx, stop = h.cutIfSlow(ctx, items[0].cluster, deadline)
+			defer stop()
+		}
 		return pipeline.ByKey(items, func(it item) string { return string(it.rec.Key) }, h.cfg.Workers,
 			func(seq []item) seqResult { return h.handleSeq(ctx, seq, retry, deadline) })
 	}) {
@@ -162,13 +168,14 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 // deadline (clusters.Gate.Wait: one that cannot be reached is probed, not
 // waited for); past it (or when the batch runs out of time) the node's
 // remaining records are deferred to RetryTopic, or, in the retry consumer,
-// the batch fails to be retried. In the main consumer deadline also ends
-// the cluster's work in the batch: a cluster that answers but slowly (or
-// whose share of the batch takes longer) has the record in hand cut and
-// the rest deferred to its own retry topic, where its retry consumer
-// applies them at the cluster's pace, rather than holding the batch — and
-// with it the other clusters' records of the partition, and the replica's
-// next poll — until the batch timeout.
+// the batch fails to be retried. In the main consumer a cluster that
+// answers, but slowly, past deadline (ctx ended by cutIfSlow) has the
+// record in hand cut and the rest deferred to its own retry topic, where
+// its retry consumer applies them at the cluster's pace, rather than
+// holding the batch — and with it the other clusters' records of the
+// partition, and the replica's next poll — until the batch timeout. One
+// merely busy (its requests prompt, its work bound by kube.qps) is not
+// cut.
 func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadline time.Time) seqResult {
 	var r seqResult
 	cluster := items[0].cluster
@@ -193,11 +200,6 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 		// any replica): this one goes behind it.
 		r.deferred = items
 		return r
-	}
-	if live && !retry {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
 	}
 	for i, it := range items {
 		if deferring, slow := h.deferring(cluster); live && !retry && deferring {
@@ -241,10 +243,10 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 					r.failed = fmt.Errorf("cluster %s: %w", cluster, ctx.Err())
 					return r
 				}
-				r.slow = errors.Is(ctx.Err(), context.DeadlineExceeded)
+				r.slow = errors.Is(context.Cause(ctx), errTooSlow)
 				if r.slow {
 					h.log.Warn("cluster too slow for the batch; deferring records", "cluster", cluster, "node", it.node,
-						"records", len(items)-i, "cluster_wait", h.cfg.ClusterWait, "err", at.Err)
+						"records", len(items)-i, "cluster_wait", h.cfg.ClusterWait, "slow_request", clusters.SlowRequest, "err", at.Err)
 				}
 				h.markDeferring(cluster, r.slow) // keep the node's later records behind these
 				r.deferred = items[i:]
@@ -269,6 +271,47 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 		}
 	}
 	return r
+}
+
+// errTooSlow ends a cluster's work in a main batch (cutIfSlow).
+var errTooSlow = errors.New("the cluster's API requests are slow")
+
+// slowCheckEvery is how often, past cluster_wait, a batch looks whether a
+// cluster still at work in it has become slow.
+const slowCheckEvery = 100 * time.Millisecond
+
+// cutIfSlow returns ctx for the cluster's work in a main batch: ended
+// (cause errTooSlow) once, past deadline (cluster_wait from the batch's
+// start), the cluster's API requests are slow themselves
+// (clusters.Client.Slow: about half of its recent requests took over
+// clusters.SlowRequest, the client's rate-limiter waits not counted). A
+// cluster that is merely busy — its work limited by kube.qps, every
+// request answered promptly — is not cut: its work in the batch goes on at
+// its client's pace, as a deferral through the retry topic and its grace
+// period would only slow it. stop ends the watch.
+func (h *Handler) cutIfSlow(ctx context.Context, cluster string, deadline time.Time) (_ context.Context, stop func()) {
+	cl, err := h.reg.Get(cluster)
+	if err != nil || cl.Kube == nil {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if cl.Slow() {
+				cancel(errTooSlow)
+				return
+			}
+			t.Reset(slowCheckEvery)
+		}
+	}()
+	return ctx, func() { cancel(nil) }
 }
 
 // keep records an applied retry record's actions.

@@ -59,6 +59,9 @@ func newTestHandler(t testing.TB, cfg Config, kubes map[string]kubernetes.Interf
 	for name, k := range kubes {
 		c := reg.SetClient(name, k, false)
 		c.Gate.MinBackoff, c.Gate.MaxBackoff = 50*time.Millisecond, 300*time.Millisecond
+		if m, ok := k.(measured); ok {
+			c.Latency = m.lat
+		}
 	}
 	h, err := New(cfg, reg, Options{Log: testLog})
 	if err != nil {
