@@ -2,6 +2,7 @@ package requeue
 
 import (
 	"context"
+	"net/http"
 	"slices"
 	"strconv"
 	"sync"
@@ -139,7 +140,7 @@ func TestByNode(t *testing.T) {
 			// does not move with the machine's load.
 			now := func() time.Time { return start }
 			ready := func(_ context.Context, cluster string) bool { return cluster == "up" }
-			out, rest, err := ByNode(ctx, 2, time.Time{}, topic, now, ready, recs, func(r *kgo.Record) *kgo.Record { return r },
+			out, rest, err := ByNode(ctx, 2, nil, topic, now, ready, recs, func(r *kgo.Record) *kgo.Record { return r },
 				func(_ context.Context, r *kgo.Record) ([]*faultlinev1.Action, Again) {
 					mu.Lock()
 					defer mu.Unlock()
@@ -230,30 +231,35 @@ func TestForward(t *testing.T) {
 }
 
 // TestHandleSlowClusterHoldsNoBatch: one batch of a requeued role mixes a
-// prompt cluster's work with a cluster whose every step takes 1 s (its API
-// server answers, but slowly). The prompt cluster's steps all start at
-// once, not behind the slow one's on the workers; the slow cluster's work
-// not started within the share is handed on unchanged to the requeue
-// topic, each node's in order behind what ran; so the batch ends about
-// the share plus a step later, not once every slow step is done.
+// prompt cluster's work with a cluster whose every step takes 1.5 s (its API
+// server answers, but slowly: each step's request). The prompt cluster's
+// steps all start at once, not behind the slow one's on the workers; the
+// slow cluster's work not started within the share is handed on unchanged
+// to the requeue topic, each node's in order behind what ran; so the batch
+// ends about the share plus a step later, not once every slow step is
+// done. A cluster merely busy — each step waiting on the client's rate
+// limiter (not measured), its request prompt — past the share has all its
+// work started in the batch, none handed on.
 func TestHandleSlowClusterHoldsNoBatch(t *testing.T) {
 	const (
 		topic = "rq"
 		share = 300 * time.Millisecond
-		slow  = time.Second
+		slow  = 1500 * time.Millisecond // over clusters.SlowRequest
 	)
 	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+	cls := map[string]*clusters.Client{}
 	for _, c := range []string{"slow", "prompt"} {
 		kube, err := kubernetes.NewForConfig(&rest.Config{Host: "127.0.0.1:1"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		reg.SetClient(c, kube, false)
+		cls[c] = reg.SetClient(c, kube, false)
 	}
 	type item struct{ id, cluster, node string }
 	for _, tc := range []struct {
 		name  string
-		delay map[string]time.Duration
+		delay map[string]time.Duration // each step's request
+		wait  map[string]time.Duration // each step's wait on its rate limiter
 		items []item
 		// handedOn: the ids handed on, in order; within: the batch's bound.
 		handedOn []string
@@ -274,8 +280,21 @@ func TestHandleSlowClusterHoldsNoBatch(t *testing.T) {
 			handedOn: []string{"a2", "b2", "c1"},
 			within:   share + slow + 500*time.Millisecond,
 		},
+		{
+			name: "one cluster busy",
+			wait: map[string]time.Duration{"prompt": 200 * time.Millisecond},
+			items: []item{{"p1", "prompt", "p"}, {"p2", "prompt", "p"}, {"q1", "prompt", "q"}, {"q2", "prompt", "q"},
+				{"r1", "prompt", "r"}, {"r2", "prompt", "r"}, {"s1", "prompt", "s"}},
+			// Two workers: about 800ms of steps, none handed on.
+			within: 2 * time.Second,
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			lat := map[string]*clusters.Latency{}
+			for c, cl := range cls {
+				lat[c] = &clusters.Latency{} // measured afresh
+				cl.Latency = lat[c]
+			}
 			var recs []*kgo.Record
 			for _, it := range tc.items {
 				r, err := pipeline.ActionRecord(&faultlinev1.Action{Id: it.id, Cluster: it.cluster, Node: it.node})
@@ -294,7 +313,12 @@ func TestHandleSlowClusterHoldsNoBatch(t *testing.T) {
 					mu.Lock()
 					started[a.Action.GetId()] = time.Since(start)
 					mu.Unlock()
-					time.Sleep(tc.delay[a.Cluster])
+					time.Sleep(tc.wait[a.Cluster]) // the client's rate limiter
+					req, _ := http.NewRequestWithContext(ctx, http.MethodPatch, "http://127.0.0.1:1/", nil)
+					_, _ = lat[a.Cluster].WrapTransport(roundTrip(func(*http.Request) (*http.Response, error) {
+						time.Sleep(tc.delay[a.Cluster])
+						return &http.Response{StatusCode: http.StatusOK}, nil
+					})).RoundTrip(req)
 					return nil, Again{}
 				})
 			took := time.Since(start)
@@ -318,10 +342,14 @@ func TestHandleSlowClusterHoldsNoBatch(t *testing.T) {
 				if _, ran := started[it.id]; ran == slices.Contains(tc.handedOn, it.id) {
 					t.Fatalf("%s: ran %v, handed on %v", it.id, ran, handedOn)
 				}
-				if d, ok := started[it.id]; ok && it.cluster == "prompt" && d > share/2 {
+				if d, ok := started[it.id]; ok && it.cluster == "prompt" && tc.wait == nil && d > share/2 {
 					t.Fatalf("the prompt cluster's %s started after %v, behind the slow cluster's steps", it.id, d)
 				}
 			}
 		})
 	}
 }
+
+type roundTrip func(*http.Request) (*http.Response, error)
+
+func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
