@@ -551,7 +551,7 @@ func runConformanceDrift(ctx context.Context, e *Env, p Params, r *Report) error
 	cordoned, _ := e.Cordons.Count()
 	r.Figure("conformance-drift over %s: %d drifts in %s; %d node Events recorded for %d nodes in %s, %d cordoned",
 		e.Describe(), p.Nodes, p.Duration, evs, nodes, time.Since(t0).Round(time.Millisecond), cordoned)
-	r.Check(ok && nodes == p.Nodes, "node Events for %d nodes, want %d", nodes, p.Nodes)
+	r.Check(ok && nodes == p.Nodes, "node Events for %d nodes, want %d (actions seen: %s)", nodes, p.Nodes, e.Actions.Kinds())
 	r.Check(cordoned == 0, "%d nodes cordoned by a non-fatal drift", cordoned)
 	return nil
 }

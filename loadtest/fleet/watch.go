@@ -2,7 +2,9 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -233,6 +235,19 @@ func (w *ActionWatch) NodeSetIn(kindOutcome, cluster string) map[string]bool {
 		}
 	}
 	return out
+}
+
+// Kinds returns every kind/outcome seen and its count, sorted: what a
+// failed check shows of what the roles did instead.
+func (w *ActionWatch) Kinds() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for k, n := range w.count {
+		out = append(out, fmt.Sprintf("%s=%d", k, n))
+	}
+	slices.Sort(out)
+	return strings.Join(out, " ")
 }
 
 // Repeated returns the nodes of cluster with more than one action of
