@@ -134,8 +134,9 @@ type Config struct {
 	// has no committed offset for (its first start, a renamed group, or
 	// offsets the broker dropped after offsets.retention.minutes): at the
 	// first record stamped (Kafka's record timestamp, the producer's clock)
-	// no more than StartWithin before the runner started, instead of the
-	// log's start. A committed offset always wins. For a role that acts on
+	// no more than StartWithin before the group assigned it, instead of the
+	// log's start (a record written meanwhile is never skipped:
+	// startOffsets). A committed offset always wins. For a role that acts on
 	// nothing older (quarantine's max_event_age): it does not read a
 	// week of the topic to decide none of it. Default 0: the log's start.
 	StartWithin time.Duration
@@ -232,11 +233,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	startLog := []any{"group", r.cfg.Group, "topics", r.cfg.Topics}
 	if r.cfg.StartWithin > 0 {
-		// ConsumeResetOffset (AtStart, above) still handles a committed
-		// offset that fell below the log's start.
-		from := time.Now().Add(-r.cfg.StartWithin)
-		opts = append(opts, kgo.ConsumeStartOffset(kgo.NewOffset().AfterMilli(from.UnixMilli())))
-		startLog = append(startLog, "uncommitted_partitions_from", from.UTC().Format(time.RFC3339))
+		// Not ConsumeStartOffset(AfterMilli): it can skip a record
+		// produced while it lists (startOffsets). ConsumeResetOffset
+		// (AtStart, above) still handles a committed offset that fell
+		// below the log's start.
+		opts = append(opts, kgo.AdjustFetchOffsetsFn(startWithin(r.cfg.StartWithin, &cl, r.log)))
+		startLog = append(startLog, "uncommitted_partitions_within", r.cfg.StartWithin)
 	}
 	if obs != nil {
 		opts = append(opts, observePartitions(obs, r.log)...)

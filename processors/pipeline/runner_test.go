@@ -959,3 +959,50 @@ func TestRunnerStartWithin(t *testing.T) {
 		})
 	}
 }
+
+// TestStartOffsetsMissNoRecordProducedWhileListing: a role's first start
+// while its topic fills. A by-time search that finds nothing answers -1 and
+// the end is listed again; a record written between the two (here: the
+// search answered as a broker that ran it before the record was written)
+// is before that second end. franz-go's AfterMilli, and kadm's listing on
+// its own, start past it — one accepted event never handled.
+// startOffsets' end, listed before the search, keeps it.
+func TestStartOffsetsMissNoRecordProducedWhileListing(t *testing.T) {
+	h := newHarness(t, 1, topicIn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	produce := func(v string, at time.Time) {
+		t.Helper()
+		if err := h.cl.ProduceSync(ctx, &kgo.Record{Topic: topicIn, Value: []byte(v), Timestamp: at}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produce("old0", time.Now().Add(-72*time.Hour)) // offset 0
+	h.kc.ControlKey(int16(kmsg.ListOffsets), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		req := kr.(*kmsg.ListOffsetsRequest)
+		if len(req.Topics) == 0 || len(req.Topics[0].Partitions) == 0 || req.Topics[0].Partitions[0].Timestamp < 0 {
+			return nil, nil, false // the start or end: as the broker has it
+		}
+		resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewListOffsetsResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewListOffsetsResponseTopicPartition()
+				sp.Partition, sp.Offset, sp.Timestamp, sp.LeaderEpoch = rp.Partition, -1, -1, -1
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	got, err := startOffsets(ctx, kadm.NewClient(h.cl), time.Now().Add(-6*time.Hour), map[string][]int32{topicIn: {0}},
+		func() { produce("new0", time.Now()) }) // offset 1
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[topicIn][0] != 1 {
+		t.Fatalf("start offset %d, want 1 (new0, written while the offsets were listed)", got[topicIn][0])
+	}
+}
