@@ -262,9 +262,6 @@ type Client struct {
 	DryRun bool
 	// Gate tracks the cluster's API health.
 	Gate *Gate
-	// Latency measures the requests of Kube and Dynamic (not the
-	// watches'); nil for a prebuilt client (SetClient) unless set.
-	Latency *Latency
 }
 
 // Registry builds clients lazily and keeps one per cluster.
@@ -440,16 +437,6 @@ func (r *Registry) buildClient(cl Cluster, c *Client) error {
 	}
 	wc := rest.CopyConfig(rc)
 	wc.Timeout = 0
-	// The requests' round trips measured (Client.Slow), after the rate
-	// limiter; the watches' are not requests that answer.
-	c.Latency = &Latency{}
-	wrap := rc.WrapTransport
-	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-		if wrap != nil {
-			rt = wrap(rt)
-		}
-		return c.Latency.WrapTransport(rt)
-	}
 	if c.Kube, err = kubernetes.NewForConfig(rc); err == nil {
 		c.WatchKube, err = kubernetes.NewForConfig(wc)
 	}

@@ -114,8 +114,7 @@ type Config struct {
 	PDBBackoff time.Duration `toml:"pdb_backoff"`
 	// MaxPDBBackoff caps PDBBackoff's doubling. Default 1m.
 	MaxPDBBackoff time.Duration `toml:"max_pdb_backoff"`
-	// Workers bounds the nodes of one cluster handled at once per batch
-	// (the batch's clusters side by side, each with its own). Default 64.
+	// Workers bounds the nodes handled at once per batch. Default 64.
 	Workers int `toml:"workers"`
 	// BatchTimeout bounds one batch: the calls it makes on its nodes'
 	// pods. Default 2m.
@@ -209,7 +208,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.PDBBackoff, prefix+"pdb-backoff", c.PDBBackoff, "first wait before retrying an eviction a PDB refused")
 	fs.DurationVar(&c.MaxPDBBackoff, prefix+"max-pdb-backoff", c.MaxPDBBackoff, "cap of the PDB retry backoff")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 1s: a batch may hold that long for a requeued item)")
-	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes of one cluster drained concurrently per batch")
+	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes drained concurrently per batch")
 	fs.IntVar(&c.PodWorkers, prefix+"pod-workers", c.PodWorkers, "API calls in flight per node")
 	fs.DurationVar(&c.MaxTriggerAge, prefix+"max-trigger-age", c.MaxTriggerAge, "a quarantine decided longer ago than this, first read now, starts or joins no drain (0: no limit)")
 	fs.Func(prefix+"gpu-annotations", "comma-separated pod annotation keys holding the pod's GPU UUIDs (default "+DefaultGPUAnnotation+")", func(s string) error {

@@ -97,7 +97,7 @@ func IsTrigger(a *faultlinev1.Action) bool {
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
 	var stale pipeline.Stale
 	defer h.logStale(&stale)
-	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, requeue.ClusterShare, TopicRequeue, h.now, h.reg,
+	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now, h.reg,
 		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, requeue.Again) {
 			id := a.Action.GetId()
 			if len(a.Action.GetEventIds()) > 0 {

@@ -31,9 +31,7 @@ type item struct {
 type seqResult struct {
 	actions  []*faultlinev1.Action
 	deferred []item
-	// slow: deferred because the cluster was too slow for the batch.
-	slow   bool
-	failed error
+	failed   error
 	// applied: each retry record applied, with its actions.
 	applied map[string][]*faultlinev1.Action
 }
@@ -112,22 +110,8 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 	}
 	deadline := time.Now().Add(wait)
 	var stale pipeline.Stale // the records not acted on for their age (staleAge)
-	// The batch's clusters side by side, each with Workers of its own: a
-	// slow cluster's nodes in flight take no other cluster's workers (and
-	// so none of its cluster_wait).
-	var results []seqResult
-	for _, rs := range pipeline.ByKey(items, func(it item) string { return it.cluster }, len(items), func(items []item) []seqResult {
-		ctx := ctx
-		if !retry {
-			var stop func()
-			ctx, stop = h.cutIfSlow(ctx, items[0].cluster, deadline)
-			defer stop()
-		}
-		return pipeline.ByKey(items, func(it item) string { return string(it.rec.Key) }, h.cfg.Workers,
-			func(seq []item) seqResult { return h.handleSeq(ctx, seq, retry, deadline, &stale) })
-	}) {
-		results = append(results, rs...)
-	}
+	results := pipeline.ByKey(items, func(it item) string { return string(it.rec.Key) }, h.cfg.Workers,
+		func(seq []item) seqResult { return h.handleSeq(ctx, seq, retry, deadline, &stale) })
 	res := pipeline.Result{Dead: dead}
 	var (
 		failed []error
@@ -147,11 +131,7 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 		}
 		for _, it := range r.deferred {
 			res.Out = append(res.Out, retryRecord(it.cluster, it.rec))
-			if r.slow {
-				h.m.deferredSlow.WithLabelValues(it.cluster).Inc()
-			} else {
-				h.m.deferred.WithLabelValues(it.cluster).Inc()
-			}
+			h.m.deferred.WithLabelValues(it.cluster).Inc()
 		}
 	}
 	h.logStale(&stale, retry)
@@ -171,14 +151,7 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 // deadline (clusters.Gate.Wait: one that cannot be reached is probed, not
 // waited for); past it (or when the batch runs out of time) the node's
 // remaining records are deferred to RetryTopic, or, in the retry consumer,
-// the batch fails to be retried. In the main consumer a cluster that
-// answers, but slowly, past deadline (ctx ended by cutIfSlow) has the
-// record in hand cut and the rest deferred to its own retry topic, where
-// its retry consumer applies them at the cluster's pace, rather than
-// holding the batch — and with it the other clusters' records of the
-// partition, and the replica's next poll — until the batch timeout. One
-// merely busy (its requests prompt, its work bound by kube.qps) is not
-// cut.
+// the batch fails to be retried.
 func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadline time.Time, stale *pipeline.Stale) seqResult {
 	var r seqResult
 	cluster := items[0].cluster
@@ -193,7 +166,7 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 			r.failed = err
 			return r
 		}
-		h.markDeferring(cluster, false)
+		h.markDeferring(cluster)
 		r.deferred = items
 		return r
 	}
@@ -221,8 +194,8 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 			stale.Add(it.cluster, age)
 			continue
 		}
-		if deferring, slow := h.deferring(cluster); live && !retry && deferring {
-			r.deferred, r.slow = items[i:], slow
+		if live && !retry && h.deferring(cluster) {
+			r.deferred = items[i:]
 			return r
 		}
 		for {
@@ -248,19 +221,13 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 				break
 			}
 			if ctx.Err() != nil {
-				// The cluster's time in the batch is up (it answers too
-				// slowly), the batch ran out of time or the processor is
-				// stopping; defer the rest.
+				// The batch ran out of time (or the processor is stopping):
+				// not the cluster's fault; defer the rest.
 				if retry {
 					r.failed = fmt.Errorf("cluster %s: %w", cluster, ctx.Err())
 					return r
 				}
-				r.slow = errors.Is(context.Cause(ctx), errTooSlow)
-				if r.slow {
-					h.log.Warn("cluster too slow for the batch; deferring records", "cluster", cluster, "node", it.node,
-						"records", len(items)-i, "cluster_wait", h.cfg.ClusterWait, "slow_request", clusters.SlowRequest, "err", at.Err)
-				}
-				h.markDeferring(cluster, r.slow) // keep the node's later records behind these
+				h.markDeferring(cluster) // keep the node's later records behind these
 				r.deferred = items[i:]
 				return r
 			}
@@ -271,7 +238,7 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 			if !at.RetryAt.IsZero() && at.Client.Gate.Wait(ctx, deadline) || ctx.Err() != nil {
 				continue // its backoff over, or the cluster answers again; or out of time (above)
 			}
-			h.markDeferring(cluster, false)
+			h.markDeferring(cluster)
 			if retry {
 				r.failed = fmt.Errorf("cluster %s: unreachable: %w", cluster, at.Err)
 				return r
@@ -285,47 +252,6 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 	return r
 }
 
-// errTooSlow ends a cluster's work in a main batch (cutIfSlow).
-var errTooSlow = errors.New("the cluster's API requests are slow")
-
-// slowCheckEvery is how often, past cluster_wait, a batch looks whether a
-// cluster still at work in it has become slow.
-const slowCheckEvery = 100 * time.Millisecond
-
-// cutIfSlow returns ctx for the cluster's work in a main batch: ended
-// (cause errTooSlow) once, past deadline (cluster_wait from the batch's
-// start), the cluster's API requests are slow themselves
-// (clusters.Client.Slow: about half of its recent requests took over
-// clusters.SlowRequest, the client's rate-limiter waits not counted). A
-// cluster that is merely busy — its work limited by kube.qps, every
-// request answered promptly — is not cut: its work in the batch goes on at
-// its client's pace, as a deferral through the retry topic and its grace
-// period would only slow it. stop ends the watch.
-func (h *Handler) cutIfSlow(ctx context.Context, cluster string, deadline time.Time) (_ context.Context, stop func()) {
-	cl, err := h.reg.Get(cluster)
-	if err != nil || cl.Kube == nil {
-		return ctx, func() {}
-	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	go func() {
-		t := time.NewTimer(time.Until(deadline))
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if cl.Slow() {
-				cancel(errTooSlow)
-				return
-			}
-			t.Reset(slowCheckEvery)
-		}
-	}()
-	return ctx, func() { cancel(nil) }
-}
-
 // keep records an applied retry record's actions.
 func (r *seqResult) keep(it item, acts []*faultlinev1.Action) {
 	if r.applied == nil {
@@ -334,24 +260,15 @@ func (r *seqResult) keep(it item, acts []*faultlinev1.Action) {
 	r.applied[recordKey(it.rec)] = acts
 }
 
-// deferring reports whether the cluster's new records are deferred (a
-// grace period after a deferral), and whether because it was too slow for
-// a batch rather than in trouble.
-func (h *Handler) deferring(cluster string) (deferring, slow bool) {
+func (h *Handler) deferring(cluster string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return time.Now().Before(h.deferUntil[cluster]), h.deferSlow[cluster]
+	return time.Now().Before(h.deferUntil[cluster])
 }
 
-// markDeferring starts the cluster's grace period; slow: its records were
-// deferred because it was too slow for a batch (a trouble's deferral
-// wins over a slow one's).
-func (h *Handler) markDeferring(cluster string, slow bool) {
+func (h *Handler) markDeferring(cluster string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if time.Now().After(h.deferUntil[cluster]) || !slow {
-		h.deferSlow[cluster] = slow
-	}
 	h.deferUntil[cluster] = time.Now().Add(2 * h.cfg.RetryWait)
 }
 

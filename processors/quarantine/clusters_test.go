@@ -3,13 +3,9 @@ package quarantine
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"k8s.io/client-go/kubernetes"
 
@@ -227,134 +223,4 @@ func TestClusterBackRetriedWithinSeconds(t *testing.T) {
 	if kinds(acts) != "quarantine/applied" || !getNode(t, k.Client(), "node-1").Spec.Unschedulable {
 		t.Fatalf("after the apiserver is back: %s", kinds(acts))
 	}
-}
-
-// delayed returns a client of k whose every request waits delay before it
-// is sent: an API server that answers, but slowly (overloaded, its etcd
-// slow, far away); its requests are measured as a Registry's are
-// (clusters.Latency).
-func delayed(t *testing.T, k *testenv.Kube, delay time.Duration) kubernetes.Interface {
-	t.Helper()
-	return limited(t, k, delay, 0)
-}
-
-// measured is a client whose requests are measured (newTestHandler sets
-// its cluster's Client.Latency).
-type measured struct {
-	*kubernetes.Clientset
-	lat *clusters.Latency
-}
-
-// limited is delayed with the client's own rate limit set to qps (burst 1;
-// 0: the test config's).
-func limited(t *testing.T, k *testenv.Kube, delay time.Duration, qps float32) kubernetes.Interface {
-	t.Helper()
-	rc := k.RESTConfig()
-	if qps > 0 {
-		rc.QPS, rc.Burst = qps, 1
-	}
-	lat := &clusters.Latency{}
-	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-		return lat.WrapTransport(roundTripFunc(func(r *http.Request) (*http.Response, error) {
-			select {
-			case <-time.After(delay):
-			case <-r.Context().Done():
-				return nil, r.Context().Err()
-			}
-			return rt.RoundTrip(r)
-		}))
-	}
-	kube, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return measured{Clientset: kube, lat: lat}
-}
-
-// TestSlowClusterHoldsNoBatch: one batch mixes a prompt cluster's records
-// with those of a cluster whose API server answers, but each request in
-// 2 s (not a failure, nor a timeout). The batch is done within about
-// quarantine.cluster_wait: the prompt cluster's fault is applied, the slow
-// one's records are deferred to its retry topic, and its retry consumer
-// applies them at the cluster's own pace. Before, the batch — and with it
-// the other clusters' records of the partition and the replica's next
-// poll — waited for the slow cluster's requests, up to the batch timeout
-// (2 min). A cluster that is merely busy — more work than its client's
-// rate limit (kube.qps) gets through in cluster_wait, every request
-// answered promptly — is not cut: its records are all applied in the
-// batch, none deferred (a mass failure in one cluster is cordoned at the
-// client's pace, not through the retry topic and its grace period).
-func TestSlowClusterHoldsNoBatch(t *testing.T) {
-	k := testenv.StartKube(t, testenv.KubeOptions{})
-	for _, tc := range []struct {
-		name    string
-		delay   time.Duration
-		qps     float32 // the second cluster's client rate limit (0: default)
-		nodes   int     // the second cluster's nodes (0: 2)
-		workers int
-		// deferred: the second cluster's records deferred; within: the
-		// batch's bound beyond cluster_wait (0: a second).
-		deferred int
-		within   time.Duration
-	}{
-		{name: "answers promptly", workers: 64},
-		{name: "answers slowly", delay: 2 * time.Second, workers: 64, deferred: 2},
-		// The slow cluster's nodes first in the batch take no worker of
-		// the prompt one (nor its cluster_wait).
-		{name: "answers slowly, one worker", delay: 2 * time.Second, workers: 1, deferred: 2},
-		// 8 nodes at 4 requests/s: about 7 s of requests, each prompt.
-		{name: "busy, requests prompt", qps: 4, nodes: 8, workers: 64, within: 20 * time.Second},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			group := strings.NewReplacer(" ", "-", ",", "").Replace(tc.name)
-			fast := group + "-fast"
-			var others []string
-			for i := range max(tc.nodes, 2) {
-				others = append(others, fmt.Sprintf("%s-slow-%d", group, i+1))
-			}
-			createNodes(t, k.Client(), group, append([]string{fast}, others...)...)
-			cfg := testConfig(group)
-			cfg.ClusterWait = 1500 * time.Millisecond // a loaded test machine's prompt batch fits
-			cfg.Workers = tc.workers
-			h := newTestHandler(t, cfg, map[string]kubernetes.Interface{"prompt": k.Client(), "slow": limited(t, k, tc.delay, tc.qps)})
-			recs := []*kgo.Record{record("slow", fatal(others[0], "XID_ERROR_48", "GPU-1")),
-				record("prompt", fatal(fast, "XID_ERROR_48", "GPU-1"))}
-			for _, n := range others[1:] {
-				recs = append(recs, record("slow", fatal(n, "XID_ERROR_48", "GPU-1")))
-			}
-			start := time.Now()
-			acts, deferred := handle(t, h, recs...)
-			took := time.Since(start)
-			if want := cfg.ClusterWait + max(tc.within, time.Second); took > want || len(deferred) != tc.deferred {
-				t.Fatalf("the batch took %v (want at most %v), %d records deferred (want %d); actions %s",
-					took.Round(time.Millisecond), want, len(deferred), tc.deferred, kinds(acts))
-			}
-			// Counted as slow, not as unreachable (FaultlineClusterSlow,
-			// not FaultlineClusterUnreachable).
-			if slow, down := counted(t, h.m.deferredSlow, "slow"), counted(t, h.m.deferred, "slow"); int(slow) != tc.deferred || down != 0 {
-				t.Fatalf("deferred as slow %v, as unreachable %v; want %d, 0", slow, down, tc.deferred)
-			}
-			if got := kinds(onNode(acts, fast)); got != "quarantine/applied" || !getNode(t, k.Client(), fast).Spec.Unschedulable {
-				t.Fatalf("the prompt cluster's fault: %s, want quarantine/applied", got)
-			}
-			if len(deferred) > 0 {
-				acts = append(acts, retryUntil(t, h, deferred, time.Minute)...)
-			}
-			for _, n := range others {
-				if got := kinds(onNode(acts, n)); got != "quarantine/applied" || !getNode(t, k.Client(), n).Spec.Unschedulable {
-					t.Fatalf("%s: %s, want one applied quarantine", n, got)
-				}
-			}
-		})
-	}
-}
-
-// counted is a cluster's count of a counter.
-func counted(t *testing.T, c *prometheus.CounterVec, cluster string) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.WithLabelValues(cluster).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }

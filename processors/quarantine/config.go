@@ -56,20 +56,13 @@ type Config struct {
 	// (remove the label first). Default
 	// "faultline.io/quarantine=disabled".
 	OptOutLabel string `toml:"opt_out_label"`
-	// Workers bounds the nodes of one cluster handled at once per batch
-	// (the batch's clusters side by side, each with its own). Default 64.
+	// Workers bounds the nodes handled at once per batch. Default 64.
 	Workers int `toml:"workers"`
 	// ClusterWait is how long a batch keeps retrying a cluster whose API
 	// fails before deferring that cluster's records to its RetryTopic
-	// (other clusters' records are not held up), and how long from its
-	// start a batch works on a cluster whose API requests are slow (about
-	// half over clusters.SlowRequest, 1s; the client's rate-limiter waits
-	// not counted): its record in hand is cut and the rest deferred
-	// likewise. A cluster merely busy (its work bound by kube.qps, each
-	// request prompt) is not cut.
-	// One that cannot be reached at all (connection refused) is deferred
-	// at once, unless it answers a probe of its /readyz. The retry
-	// consumer works on a cluster until the batch timeout. Default 3s.
+	// (other clusters' records are not held up). One that cannot be
+	// reached at all (connection refused) is deferred at once, unless it
+	// answers a probe of its /readyz. Default 3s.
 	ClusterWait time.Duration `toml:"cluster_wait"`
 	// RetryWait is how long the retry consumer waits for a cluster in one
 	// batch before failing the batch (it is then retried within a second;
@@ -223,8 +216,8 @@ func DefaultConfig() Config {
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Rules, prefix+"rules", c.Rules, "quarantine rule file (TOML); empty: the shipped default rule sets")
 	fs.StringVar(&c.OptOutLabel, prefix+"opt-out-label", c.OptOutLabel, "key=value label that exempts a node from quarantine")
-	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes of one cluster handled concurrently per batch")
-	fs.DurationVar(&c.ClusterWait, prefix+"cluster-wait", c.ClusterWait, "how long a batch works on, or retries, a cluster (whose requests take over 1s, or whose API fails) before deferring its records (one that cannot be reached: at once; one merely busy, its requests prompt: never)")
+	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes handled concurrently per batch")
+	fs.DurationVar(&c.ClusterWait, prefix+"cluster-wait", c.ClusterWait, "how long a batch retries a cluster whose API fails before deferring its records (one that cannot be reached: at once)")
 	fs.DurationVar(&c.RetryWait, prefix+"retry-wait", c.RetryWait, "how long the retry consumer waits for a cluster per batch")
 	fs.BoolVar(&c.NodeEvents, prefix+"node-events", c.NodeEvents, "create a Kubernetes Event on the node for non-fatal events")
 	fs.StringVar(&c.EventNamespace, prefix+"event-namespace", c.EventNamespace, "namespace of node Events")

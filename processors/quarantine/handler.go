@@ -26,11 +26,9 @@ const RuleForce = "override-force"
 // Action.
 //
 // Records of one node are handled in offset order; different nodes of a
-// batch are handled concurrently (Config.Workers per cluster, the batch's
-// clusters side by side). Clusters are isolated:
-// a cluster whose API fails is retried inside the batch, and one that
-// answers slowly worked on, for at most Config.ClusterWait (one that
-// cannot be reached at all, unless it answers
+// batch are handled concurrently (Config.Workers). Clusters are isolated:
+// a cluster whose API fails is retried inside the batch for at most
+// Config.ClusterWait (one that cannot be reached at all, unless it answers
 // a probe, not at all), then its remaining records (per node, in order) are
 // deferred to the cluster's RetryTopic, produced with the batch's outputs before the
 // offsets are committed, so nothing is lost and the other clusters' records
@@ -60,12 +58,9 @@ type Handler struct {
 	// acknowledges the uncordons of the nodes keyed to them.
 	pipeline.Ownership
 
-	mu         sync.Mutex
-	breakers   map[string]*breaker
-	deferUntil map[string]time.Time
-	// deferSlow: the cluster's records are deferred because it was too
-	// slow for a batch, not in trouble (deferredSlow counts them).
-	deferSlow     map[string]bool
+	mu            sync.Mutex
+	breakers      map[string]*breaker
+	deferUntil    map[string]time.Time
 	ruleErrLogged map[string]time.Time
 	// retried: the actions of retry records applied in a retry batch that
 	// failed for another cluster, by record, for the batch's redo (which
@@ -142,7 +137,7 @@ func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options
 	h := &Handler{
 		cfg: cfg, policy: pol, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		m: newMetrics(opts.Registerer), optKey: k, optVal: v,
-		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{}, deferSlow: map[string]bool{}, ruleErrLogged: map[string]time.Time{},
+		breakers: map[string]*breaker{}, deferUntil: map[string]time.Time{}, ruleErrLogged: map[string]time.Time{},
 		retried: map[string]retriedActions{}, dryRunLifts: map[string]wouldLift{}, saying: map[string]saying{},
 		lastEvent: map[string]time.Time{},
 		uncordons: make(chan nodeRef, 1024), Ownership: pipeline.Ownership{Topic: events.TopicEvents},

@@ -59,9 +59,6 @@ func newTestHandler(t testing.TB, cfg Config, kubes map[string]kubernetes.Interf
 	for name, k := range kubes {
 		c := reg.SetClient(name, k, false)
 		c.Gate.MinBackoff, c.Gate.MaxBackoff = 50*time.Millisecond, 300*time.Millisecond
-		if m, ok := k.(measured); ok {
-			c.Latency = m.lat
-		}
 	}
 	h, err := New(cfg, reg, Options{Log: testLog})
 	if err != nil {
@@ -1289,11 +1286,6 @@ func TestKube(t *testing.T) {
 				}
 				createNodes(t, k, group, names...)
 				cfg := testConfig(group)
-				// Forty replicas' conflicts on a loaded test machine take
-				// seconds: past cluster_wait a replica's record would be
-				// deferred (applied by the retry consumer), not lost —
-				// here each must win its own way through the contention.
-				cfg.ClusterWait = 20 * time.Second
 				hs := make([]*Handler, tc.replicas)
 				for i := range hs {
 					// Each replica its own client (and rate limiter), as

@@ -3,12 +3,9 @@ package quarantine
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	decisions *prometheus.CounterVec
-	held      *prometheus.CounterVec
-	deferred  *prometheus.CounterVec
-	// deferredSlow counts the records deferred because their cluster's
-	// work outlasted cluster_wait in the batch (slow, not failing).
-	deferredSlow  *prometheus.CounterVec
+	decisions     *prometheus.CounterVec
+	held          *prometheus.CounterVec
+	deferred      *prometheus.CounterVec
 	apiErrors     *prometheus.CounterVec
 	conflicts     *prometheus.CounterVec
 	breakerTrips  *prometheus.CounterVec
@@ -37,7 +34,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		eventsDropped:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_node_events_dropped_total", Help: "Kubernetes Events dropped because the cluster's Event queue was full."}, []string{"cluster"}),
 		eventsFailed:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_node_events_failed_total", Help: "Kubernetes Events the API refused or did not answer (best effort: not retried)."}, []string{"cluster"}),
 		deferred:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_deferred_total", Help: "Records deferred to the retry topic because their cluster was unreachable."}, []string{"cluster"}),
-		deferredSlow:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_deferred_slow_total", Help: "Records deferred to the retry topic because their cluster's work took longer than quarantine.cluster_wait in the batch while its API requests were slow (over a second; a cluster merely busy, its work bound by kube.qps, is not deferred)."}, []string{"cluster"}),
 		apiErrors:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
 		conflicts:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_conflicts_total", Help: "Node updates retried after a resourceVersion conflict."}, []string{"cluster"}),
 		breakerTrips:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_breaker_trips_total", Help: "Times the circuit breaker opened."}, []string{"cluster"}),
@@ -49,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		stale:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_stale_events_total", Help: "Unhealthy events not acted on because the gateway received them longer ago than quarantine.max_event_age (a replay or a long delay)."}, []string{"cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decisions, m.held, m.deferred, m.deferredSlow, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.cacheHits, m.warnCache, m.eventsMerged, m.eventsDropped, m.eventsFailed, m.ruleErrors, m.overridesIgnored, m.stateTrimmed, m.stale)
+		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.cacheHits, m.warnCache, m.eventsMerged, m.eventsDropped, m.eventsFailed, m.ruleErrors, m.overridesIgnored, m.stateTrimmed, m.stale)
 	}
 	return m
 }

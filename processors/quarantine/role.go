@@ -60,7 +60,6 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	for _, c := range deps.Kube.Names() {
 		h.m.apiErrors.WithLabelValues(c)
 		h.m.deferred.WithLabelValues(c)
-		h.m.deferredSlow.WithLabelValues(c)
 		h.m.held.WithLabelValues(c)
 		h.m.breakerTrips.WithLabelValues(c)
 		h.m.breakerOpen.WithLabelValues(c)
@@ -117,7 +116,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		h.log.Warn("the records waiting on the retry topic were not all read in time; deferring every cluster's records for 2×retry_wait",
 			"within", catchUpTimeout)
 		for _, c := range deps.Kube.Names() {
-			h.markDeferring(c, false)
+			h.markDeferring(c)
 		}
 	}
 	h.retries = w

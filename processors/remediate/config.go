@@ -269,8 +269,7 @@ type Config struct {
 	// PollInterval is how often a remediation in progress is looked at.
 	// Default 15s.
 	PollInterval time.Duration `toml:"poll_interval"`
-	// Workers bounds the nodes of one cluster handled at once per batch
-	// (the batch's clusters side by side, each with its own). Default 64.
+	// Workers bounds the nodes handled at once per batch. Default 64.
 	Workers int `toml:"workers"`
 	// BatchTimeout bounds one batch: the calls it makes on its nodes'
 	// resources. Default 2m.
@@ -320,7 +319,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.Retention, prefix+"retention", c.Retention, "finished remediations older than this are deleted, triggers older than this ignored (0: keep all)")
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often a remediation in progress is looked at")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 1s: a batch may hold that long for a requeued item)")
-	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes of one cluster handled concurrently per batch")
+	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes handled concurrently per batch")
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on resources")
 }
 

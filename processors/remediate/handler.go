@@ -183,7 +183,7 @@ type trigger struct {
 
 // Handle handles one partition's batch of the actions topic or TopicRequeue.
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
-	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, requeue.ClusterShare, TopicRequeue, h.now, h.reg,
+	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now, h.reg,
 		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, requeue.Again) {
 			t := trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, id: a.Action.GetDetails()[events.DetailDrainID]}
 			if t.id == "" && len(a.Action.GetEventIds()) > 0 {

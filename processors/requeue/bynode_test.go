@@ -2,20 +2,13 @@ package requeue
 
 import (
 	"context"
-	"net/http"
-	"slices"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
-	"github.com/faultline/faultline/processors/clusters"
-	"github.com/faultline/faultline/processors/pipeline"
-	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
@@ -140,7 +133,7 @@ func TestByNode(t *testing.T) {
 			// does not move with the machine's load.
 			now := func() time.Time { return start }
 			ready := func(_ context.Context, cluster string) bool { return cluster == "up" }
-			out, rest, err := ByNode(ctx, 2, nil, topic, now, ready, recs, func(r *kgo.Record) *kgo.Record { return r },
+			out, rest, err := ByNode(ctx, 2, topic, now, ready, recs, func(r *kgo.Record) *kgo.Record { return r },
 				func(_ context.Context, r *kgo.Record) ([]*faultlinev1.Action, Again) {
 					mu.Lock()
 					defer mu.Unlock()
@@ -229,127 +222,3 @@ func TestForward(t *testing.T) {
 		})
 	}
 }
-
-// TestHandleSlowClusterHoldsNoBatch: one batch of a requeued role mixes a
-// prompt cluster's work with a cluster whose every step takes 1.5 s (its API
-// server answers, but slowly: each step's request). The prompt cluster's
-// steps all start at once, not behind the slow one's on the workers; the
-// slow cluster's work not started within the share is handed on unchanged
-// to the requeue topic, each node's in order behind what ran; so the batch
-// ends about the share plus a step later, not once every slow step is
-// done. A cluster merely busy — each step waiting on the client's rate
-// limiter (not measured), its request prompt — past the share has all its
-// work started in the batch, none handed on.
-func TestHandleSlowClusterHoldsNoBatch(t *testing.T) {
-	const (
-		topic = "rq"
-		share = 300 * time.Millisecond
-		slow  = 1500 * time.Millisecond // over clusters.SlowRequest
-	)
-	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
-	cls := map[string]*clusters.Client{}
-	for _, c := range []string{"slow", "prompt"} {
-		kube, err := kubernetes.NewForConfig(&rest.Config{Host: "127.0.0.1:1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cls[c] = reg.SetClient(c, kube, false)
-	}
-	type item struct{ id, cluster, node string }
-	for _, tc := range []struct {
-		name  string
-		delay map[string]time.Duration // each step's request
-		wait  map[string]time.Duration // each step's wait on its rate limiter
-		items []item
-		// handedOn: the ids handed on, in order; within: the batch's bound.
-		handedOn []string
-		within   time.Duration
-	}{
-		{
-			name:  "every cluster prompt",
-			items: []item{{"a1", "slow", "a"}, {"a2", "slow", "a"}, {"b1", "slow", "b"}, {"p1", "prompt", "p"}},
-			// Nothing handed on.
-			within: share,
-		},
-		{
-			name:  "one cluster slow",
-			delay: map[string]time.Duration{"slow": slow},
-			items: []item{{"a1", "slow", "a"}, {"a2", "slow", "a"}, {"b1", "slow", "b"}, {"b2", "slow", "b"},
-				{"c1", "slow", "c"}, {"p1", "prompt", "p"}, {"q1", "prompt", "q"}, {"p2", "prompt", "p"}},
-			// Two workers: a1 and b1 run; what the share left is handed on.
-			handedOn: []string{"a2", "b2", "c1"},
-			within:   share + slow + 500*time.Millisecond,
-		},
-		{
-			name: "one cluster busy",
-			wait: map[string]time.Duration{"prompt": 200 * time.Millisecond},
-			items: []item{{"p1", "prompt", "p"}, {"p2", "prompt", "p"}, {"q1", "prompt", "q"}, {"q2", "prompt", "q"},
-				{"r1", "prompt", "r"}, {"r2", "prompt", "r"}, {"s1", "prompt", "s"}},
-			// Two workers: about 800ms of steps, none handed on.
-			within: 2 * time.Second,
-		},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			lat := map[string]*clusters.Latency{}
-			for c, cl := range cls {
-				lat[c] = &clusters.Latency{} // measured afresh
-				cl.Latency = lat[c]
-			}
-			var recs []*kgo.Record
-			for _, it := range tc.items {
-				r, err := pipeline.ActionRecord(&faultlinev1.Action{Id: it.id, Cluster: it.cluster, Node: it.node})
-				if err != nil {
-					t.Fatal(err)
-				}
-				recs = append(recs, r)
-			}
-			var (
-				mu      sync.Mutex
-				started = map[string]time.Duration{}
-			)
-			start := time.Now()
-			res, err := Handle(context.Background(), recs, nil, 2, share, topic, time.Now, reg,
-				func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, Again) {
-					mu.Lock()
-					started[a.Action.GetId()] = time.Since(start)
-					mu.Unlock()
-					time.Sleep(tc.wait[a.Cluster]) // the client's rate limiter
-					req, _ := http.NewRequestWithContext(ctx, http.MethodPatch, "http://127.0.0.1:1/", nil)
-					_, _ = lat[a.Cluster].WrapTransport(roundTrip(func(*http.Request) (*http.Response, error) {
-						time.Sleep(tc.delay[a.Cluster])
-						return &http.Response{StatusCode: http.StatusOK}, nil
-					})).RoundTrip(req)
-					return nil, Again{}
-				})
-			took := time.Since(start)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var handedOn []string
-			for _, r := range res.Out {
-				a, err := events.UnmarshalAction(r.Value)
-				if err != nil || r.Topic != topic || NotBefore(r) != (time.Time{}) || Attempt(r) != 0 {
-					t.Fatalf("output %s %v (not-before %v, attempt %d), want a trigger handed on unchanged to %s",
-						r.Topic, err, NotBefore(r), Attempt(r), topic)
-				}
-				handedOn = append(handedOn, a.GetId())
-			}
-			if !slices.Equal(handedOn, tc.handedOn) || took > tc.within {
-				t.Fatalf("the batch took %v (want at most %v), handed on %v (want %v); steps started %v",
-					took.Round(time.Millisecond), tc.within, handedOn, tc.handedOn, started)
-			}
-			for _, it := range tc.items {
-				if _, ran := started[it.id]; ran == slices.Contains(tc.handedOn, it.id) {
-					t.Fatalf("%s: ran %v, handed on %v", it.id, ran, handedOn)
-				}
-				if d, ok := started[it.id]; ok && it.cluster == "prompt" && tc.wait == nil && d > share/2 {
-					t.Fatalf("the prompt cluster's %s started after %v, behind the slow cluster's steps", it.id, d)
-				}
-			}
-		})
-	}
-}
-
-type roundTrip func(*http.Request) (*http.Response, error)
-
-func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

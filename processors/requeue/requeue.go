@@ -144,22 +144,6 @@ const Hold = time.Second
 // when the role is idle.
 const FetchMaxWait = 250 * time.Millisecond
 
-// ClusterShare is how long a batch of a requeued role starts work on one
-// cluster whose API requests are slow (Handle): an item of such a cluster
-// not started by then is handed on unchanged (Forward) with the node's
-// later ones, to be handled from the requeue topic by a later batch,
-// rather than holding this one. A cluster that answers, but slowly, so
-// holds a batch — and the other clusters' work of its partitions and of
-// the replica's next poll — about this long plus its steps in flight, not
-// until every one of its steps in the batch is done (up to the batch
-// timeout). A step that started is never cut: it is what moves a slow
-// cluster's work on. Slow is clusters.Client.Slow (about half its recent
-// requests over clusters.SlowRequest, 1s, the client's rate-limiter waits
-// not counted): a cluster merely busy — a mass drain of hundreds of its
-// nodes bound by kube.qps, each request prompt — has all its work in the
-// batch started, at its client's pace, not handed on.
-const ClusterShare = 5 * time.Second
-
 // ByNode handles a batch of work items of a requeued role (pipeline.ByKey:
 // each node's items in order, the nodes concurrently, at most workers at a
 // time). An item whose record is not due yet (a requeue record's
@@ -167,15 +151,14 @@ const ClusterShare = 5 * time.Second
 // later items in the batch, in order, so no item of a node runs ahead of
 // an earlier one — unless the record waits for its cluster (HeaderCluster)
 // and ready says the cluster may be tried now (nil: never): then it is due.
-// On shutdown (ctx ended), and once handOn says the batch's time for the
-// work is up (nil: never), the records not yet handled are handed on
+// On shutdown (ctx ended) the records not yet handled are handed on
 // unchanged too. Otherwise it calls step and collects the actions step
 // returns and, when step asks to look again, a requeue record to topic
 // (Record: one more attempt). It returns what the batch must produce and,
 // when it handed on a record that was not due, until when topic should
 // rest (the earliest such not-before time, at most Hold from now; zero
 // otherwise).
-func ByNode[T any](ctx context.Context, workers int, handOn func() bool, topic string, now func() time.Time,
+func ByNode[T any](ctx context.Context, workers int, topic string, now func() time.Time,
 	ready func(ctx context.Context, cluster string) bool, items []T, rec func(T) *kgo.Record,
 	step func(context.Context, T) ([]*faultlinev1.Action, Again)) ([]*kgo.Record, time.Time, error) {
 	type out struct {
@@ -186,14 +169,6 @@ func ByNode[T any](ctx context.Context, workers int, handOn func() bool, topic s
 	results := pipeline.ByKey(items, func(it T) string { return string(rec(it).Key) }, workers, func(items []T) (o out) {
 		for i, it := range items {
 			r := rec(it)
-			if handOn != nil && handOn() {
-				// Past the batch's time for this work: handed on, in
-				// order, to a later batch.
-				for _, later := range items[i:] {
-					o.requeue = append(o.requeue, Forward(topic, rec(later)))
-				}
-				return o
-			}
 			if nb := NotBefore(r); ctx.Err() != nil || nb.After(now()) && !clusterBack(ctx, ready, r) {
 				// Not due, or shutting down: hand this item and the
 				// node's later ones on, in order. Running a later one
@@ -302,48 +277,15 @@ func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what strin
 // (drain, remediate): it decodes the batch (pipeline.DecodeActions; a
 // record that does not decode, or whose key and payload disagree, is dead),
 // keeps the actions keep accepts, and hands them to step through ByNode
-// (work waiting for its cluster is due once reg may try the cluster). The
-// clusters of the batch are handled side by side, each with workers of its
-// own (a slow cluster's steps in flight take no other cluster's), and a
-// cluster whose requests are slow (clusters.Client.Slow) starts work for
-// share (ClusterShare) from the batch's start: the rest of its work is
-// handed on to topic, not waited for. A busy cluster, its requests prompt,
-// is not cut.
-func Handle(ctx context.Context, recs []*kgo.Record, keep func(*faultlinev1.Action) bool, workers int, share time.Duration,
-	topic string, now func() time.Time, reg *clusters.Registry,
-	step func(context.Context, pipeline.ActionRec) ([]*faultlinev1.Action, Again)) (pipeline.Result, error) {
+// (work waiting for its cluster is due once reg may try the cluster).
+func Handle(ctx context.Context, recs []*kgo.Record, keep func(*faultlinev1.Action) bool, workers int, topic string,
+	now func() time.Time, reg *clusters.Registry, step func(context.Context, pipeline.ActionRec) ([]*faultlinev1.Action, Again)) (pipeline.Result, error) {
 	acts, dead := pipeline.DecodeActions(recs, keep)
-	type result struct {
-		out  []*kgo.Record
-		rest time.Time
-		err  error
+	out, rest, err := ByNode(ctx, workers, topic, now, reg.Ready, acts, func(a pipeline.ActionRec) *kgo.Record { return a.Rec }, step)
+	if err != nil {
+		return pipeline.Result{}, err
 	}
-	startBy := time.Now().Add(share)
-	results := pipeline.ByKey(acts, func(a pipeline.ActionRec) string { return a.Cluster }, len(acts),
-		func(acts []pipeline.ActionRec) (r result) {
-			cluster := acts[0].Cluster
-			handOn := func() bool {
-				if !time.Now().After(startBy) {
-					return false
-				}
-				cl, err := reg.Get(cluster)
-				return err == nil && cl.Slow()
-			}
-			r.out, r.rest, r.err = ByNode(ctx, workers, handOn, topic, now, reg.Ready, acts,
-				func(a pipeline.ActionRec) *kgo.Record { return a.Rec }, step)
-			return r
-		})
-	res := pipeline.Result{Dead: dead}
-	var rest time.Time
-	for _, r := range results {
-		if r.err != nil {
-			return pipeline.Result{}, r.err
-		}
-		res.Out = append(res.Out, r.out...)
-		if !r.rest.IsZero() && (rest.IsZero() || r.rest.Before(rest)) {
-			rest = r.rest
-		}
-	}
+	res := pipeline.Result{Out: out, Dead: dead}
 	if !rest.IsZero() {
 		res.Rest = map[string]time.Time{topic: rest}
 	}
