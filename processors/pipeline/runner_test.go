@@ -72,6 +72,16 @@ func newHarness(t *testing.T, partitions int32, topics ...string) *harness {
 	return &harness{t: t, kc: kc, kcfg: kcfg, cl: cl}
 }
 
+// produceAt writes one record v to topicIn, stamped at.
+func (h *harness) produceAt(v string, at time.Time) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.cl.ProduceSync(ctx, &kgo.Record{Topic: topicIn, Value: []byte(v), Timestamp: at}).FirstErr(); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
 // produce writes n records "k<i>"/"v<i>" to topic, keys spread over the
 // partitions.
 func (h *harness) produce(topic string, from, n int) {
@@ -909,14 +919,7 @@ func TestRunnerStartWithin(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, 1, topicIn, topicOut)
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			produce := func(v string, at time.Time) {
-				t.Helper()
-				if err := h.cl.ProduceSync(ctx, &kgo.Record{Topic: topicIn, Value: []byte(v), Timestamp: at}).FirstErr(); err != nil {
-					t.Fatal(err)
-				}
-			}
+			produce := h.produceAt
 			var (
 				mu  sync.Mutex
 				got []string
@@ -971,12 +974,7 @@ func TestStartOffsetsMissNoRecordProducedWhileListing(t *testing.T) {
 	h := newHarness(t, 1, topicIn)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	produce := func(v string, at time.Time) {
-		t.Helper()
-		if err := h.cl.ProduceSync(ctx, &kgo.Record{Topic: topicIn, Value: []byte(v), Timestamp: at}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	produce := h.produceAt
 	produce("old0", time.Now().Add(-72*time.Hour)) // offset 0
 	h.kc.ControlKey(int16(kmsg.ListOffsets), func(kr kmsg.Request) (kmsg.Response, error, bool) {
 		req := kr.(*kmsg.ListOffsetsRequest)
