@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -197,7 +198,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	obs, _ := r.h.(PartitionObserver)
 	var (
 		cl   *kgo.Client
-		held holding // failed batches (held.go)
+		adm  atomic.Pointer[kadm.Client] // cl's, for the group's callbacks
+		held holding                     // failed batches (held.go)
 	)
 	held.pause = func(m map[string][]int32) { cl.PauseFetchPartitions(m) }
 	held.wake = func(m map[string][]int32) { cl.ResumeFetchPartitions(m) }
@@ -237,7 +239,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		// produced while it lists (startOffsets). ConsumeResetOffset
 		// (AtStart, above) still handles a committed offset that fell
 		// below the log's start.
-		opts = append(opts, kgo.AdjustFetchOffsetsFn(startWithin(r.cfg.StartWithin, &cl, r.log)))
+		opts = append(opts, kgo.AdjustFetchOffsetsFn(startWithin(r.cfg.StartWithin, &adm, r.log)))
 		startLog = append(startLog, "uncommitted_partitions_within", r.cfg.StartWithin)
 	}
 	if obs != nil {
@@ -248,6 +250,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	adm.Store(kadm.NewClient(cl))
 	defer cl.Close()
 	var rests resting
 	defer rests.stop()

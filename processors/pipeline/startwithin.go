@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -15,7 +16,7 @@ import (
 // gives it the start offset, AtStart) starts at startOffsets' answer; a
 // committed one is left alone. Where the listing fails the partition keeps
 // the log's start: slower, nothing skipped.
-func startWithin(within time.Duration, cl **kgo.Client, log *slog.Logger) func(context.Context, map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+func startWithin(within time.Duration, adm *atomic.Pointer[kadm.Client], log *slog.Logger) func(context.Context, map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	return func(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 		parts := map[string][]int32{}
 		for topic, ps := range offsets {
@@ -25,11 +26,12 @@ func startWithin(within time.Duration, cl **kgo.Client, log *slog.Logger) func(c
 				}
 			}
 		}
-		if len(parts) == 0 {
+		a := adm.Load()
+		if len(parts) == 0 || a == nil { // nil: before the client was kept; the log's start
 			return offsets, nil
 		}
 		from := time.Now().Add(-within)
-		starts, err := startOffsets(ctx, kadm.NewClient(*cl), from, parts, nil)
+		starts, err := startOffsets(ctx, a, from, parts, nil)
 		if err != nil {
 			log.Warn("uncommitted partitions start at the log's start: their offsets by time could not be listed", "from", from.UTC().Format(time.RFC3339), "err", err)
 			return offsets, nil
