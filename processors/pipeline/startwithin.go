@@ -11,6 +11,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
+// atStart is the start offset franz-go gives a partition without a commit
+// (the default ConsumeStartOffset).
+var atStart = kgo.NewOffset().AtStart().EpochOffset()
+
 // startWithin returns the group's AdjustFetchOffsetsFn for
 // Config.StartWithin: a partition the group has no commit for (franz-go
 // gives it the start offset, AtStart) starts at startOffsets' answer; a
@@ -21,7 +25,7 @@ func startWithin(within time.Duration, adm *atomic.Pointer[kadm.Client], log *sl
 		parts := map[string][]int32{}
 		for topic, ps := range offsets {
 			for p, o := range ps {
-				if o.EpochOffset().Offset == -2 { // AtStart: no commit
+				if o.EpochOffset() == atStart { // no commit
 					parts[topic] = append(parts[topic], p)
 				}
 			}
