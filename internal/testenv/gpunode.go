@@ -1,12 +1,16 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"testing"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
 // GPUNode is a GPU node (named gpu-node-NNNNN) as a fleet's apiserver holds it: the labels that
@@ -88,4 +92,29 @@ func WithKubeletStatus(n *corev1.Node, i int) *corev1.Node {
 		n.Status.Images = append(n.Status.Images, corev1.ContainerImage{Names: []string{fmt.Sprintf("nvcr.io/nvidia/image-%d@sha256:%064x", j, j), fmt.Sprintf("nvcr.io/nvidia/image-%d:v1.%d", j, j)}, SizeBytes: int64(j) << 24})
 	}
 	return n
+}
+
+// StartNodeFleet starts a kube-apiserver holding n nodes, node(i) each
+// (created 32 at a time), and returns a client of it with no rate limit:
+// the fleet the node-watch memory benchmarks hold in a watch.
+func StartNodeFleet(tb testing.TB, n int, node func(i int) *corev1.Node) kubernetes.Interface {
+	tb.Helper()
+	rc := StartKube(tb, KubeOptions{}).RESTConfig()
+	rc.QPS, rc.Burst = -1, 0
+	k, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var g errgroup.Group
+	g.SetLimit(32)
+	for i := range n {
+		g.Go(func() error {
+			_, err := k.CoreV1().Nodes().Create(context.Background(), node(i), metav1.CreateOptions{})
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		tb.Fatalf("testenv: create %d nodes: %v", n, err)
+	}
+	return k
 }

@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"testing"
 
-	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/faultline/faultline/internal/testenv"
@@ -74,24 +72,7 @@ func TestNodeWatchKeepsWhatTheJanitorReads(t *testing.T) {
 //	go test -run '^$' -bench NodeWatchMemory -benchtime 1x ./processors/janitor
 func BenchmarkNodeWatchMemory(b *testing.B) {
 	const n = 5000
-	kube := testenv.StartKube(b, testenv.KubeOptions{})
-	rc := kube.RESTConfig()
-	rc.QPS, rc.Burst = -1, 0
-	k, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var g errgroup.Group
-	g.SetLimit(32)
-	for i := range n {
-		g.Go(func() error {
-			_, err := k.CoreV1().Nodes().Create(context.Background(), testenv.WithKubeletStatus(testenv.GPUNode(i), i), metav1.CreateOptions{})
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
-		b.Fatal(err)
-	}
+	k := testenv.StartNodeFleet(b, n, func(i int) *corev1.Node { return testenv.WithKubeletStatus(testenv.GPUNode(i), i) })
 	one, err := k.CoreV1().Nodes().Get(context.Background(), testenv.GPUNode(0).Name, metav1.GetOptions{})
 	if err != nil {
 		b.Fatal(err)

@@ -1,16 +1,13 @@
 package quarantine
 
 import (
-	"context"
 	"encoding/json"
 	"maps"
 	"testing"
 
-	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
@@ -27,30 +24,9 @@ import (
 //	go test -run '^$' -bench NodeWatchMemory -benchtime 1x ./processors/quarantine
 func BenchmarkNodeWatchMemory(b *testing.B) {
 	const n = 5000
-	kube := testenv.StartKube(b, testenv.KubeOptions{})
-	rc := kube.RESTConfig()
-	rc.QPS, rc.Burst = -1, 0
-	k, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var g errgroup.Group
-	g.SetLimit(32)
-	size := 0
-	for i := range n {
-		nd := testenv.GPUNode(i)
-		if i == 0 {
-			j, _ := json.Marshal(nd)
-			size = len(j)
-		}
-		g.Go(func() error {
-			_, err := k.CoreV1().Nodes().Create(context.Background(), nd, metav1.CreateOptions{})
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
-		b.Fatal(err)
-	}
+	k := testenv.StartNodeFleet(b, n, testenv.GPUNode)
+	j, _ := json.Marshal(testenv.GPUNode(0))
+	size := len(j)
 	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
 	cl := reg.SetClient("c", k, false)
 	b.ResetTimer()
