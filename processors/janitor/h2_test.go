@@ -153,18 +153,6 @@ func (b *h2BMC) serve(c net.Conn) {
 // body is now not rewindable, so no transport sends it again — unless the
 // stream was refused (TestHTTP2RefusedStreamIsNotSent).
 func TestHTTP2SignalUnanswered(t *testing.T) {
-	kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
-	reboot := func(t *testing.T, url string) error {
-		cfg := DefaultConfig().Redfish
-		cfg.InsecureSkipVerify, cfg.Timeout, cfg.AllowedNetworks = true, 3*time.Second, []string{"127.0.0.0/8"}
-		rf, err := NewRedfish(cfg, testLog)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		return rf.Reboot(ctx, Target{Cluster: "c1", Node: bmcNode("n1", url+"/redfish/v1/Systems/1", ""), Kube: kube}, Graceful)
-	}
 	// net/http's own HTTP/2 server, whose handler reads the reset and
 	// drops the connection under it.
 	t.Run("httptest, connection dropped", func(t *testing.T) {
@@ -193,7 +181,7 @@ func TestHTTP2SignalUnanswered(t *testing.T) {
 		}
 		srv.StartTLS()
 		t.Cleanup(srv.Close)
-		err := reboot(t, srv.URL)
+		err := h2Reboot(t, srv.URL)
 		if n := resets.Load(); n != 1 || !errors.Is(err, ErrMaybeSent) {
 			t.Fatalf("the BMC read %d resets, and the reboot returned %v; want 1 reset, ErrMaybeSent", n, err)
 		}
@@ -201,13 +189,29 @@ func TestHTTP2SignalUnanswered(t *testing.T) {
 	for _, after := range []string{"close", "goaway", "rst:INTERNAL_ERROR", "rst:CANCEL", "rst:PROTOCOL_ERROR"} {
 		t.Run(after, func(t *testing.T) {
 			b := startH2BMC(t, after)
-			err := reboot(t, b.url())
+			err := h2Reboot(t, b.url())
 			if n := b.resets.Load(); n != 1 || !errors.Is(err, ErrMaybeSent) {
 				t.Fatalf("the BMC read %d resets, and the reboot returned %v (may have been sent: %v); want 1 reset, ErrMaybeSent",
 					n, err, errors.Is(err, ErrMaybeSent))
 			}
 		})
 	}
+}
+
+// h2Reboot sends node n1's graceful reboot to the BMC at url (redfish.timeout
+// 3s, the whole call bounded at 15s).
+func h2Reboot(t *testing.T, url string) error {
+	t.Helper()
+	cfg := DefaultConfig().Redfish
+	cfg.InsecureSkipVerify, cfg.Timeout, cfg.AllowedNetworks = true, 3*time.Second, []string{"127.0.0.0/8"}
+	rf, err := NewRedfish(cfg, testLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
+	return rf.Reboot(ctx, Target{Cluster: "c1", Node: bmcNode("n1", url+"/redfish/v1/Systems/1", ""), Kube: kube}, Graceful)
 }
 
 // TestHTTP2RefusedStreamIsNotSent: a stream the BMC reset REFUSED_STREAM
@@ -219,7 +223,6 @@ func TestHTTP2SignalUnanswered(t *testing.T) {
 // not MaybeSent. Before, a refused reset was MaybeSent like a lost answer,
 // and the reboot waited force_after for a reset the BMC never took.
 func TestHTTP2RefusedStreamIsNotSent(t *testing.T) {
-	kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
 	for _, tc := range []struct {
 		after      string
 		wantResets int32 // at least
@@ -230,15 +233,7 @@ func TestHTTP2RefusedStreamIsNotSent(t *testing.T) {
 	} {
 		t.Run(tc.after, func(t *testing.T) {
 			b := startH2BMC(t, tc.after)
-			cfg := DefaultConfig().Redfish
-			cfg.InsecureSkipVerify, cfg.Timeout, cfg.AllowedNetworks = true, 3*time.Second, []string{"127.0.0.0/8"}
-			rf, err := NewRedfish(cfg, testLog)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			defer cancel()
-			err = rf.Reboot(ctx, Target{Cluster: "c1", Node: bmcNode("n1", b.url()+"/redfish/v1/Systems/1", ""), Kube: kube}, Graceful)
+			err := h2Reboot(t, b.url())
 			n := b.resets.Load()
 			reason := ""
 			if err != nil {
