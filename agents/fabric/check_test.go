@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/faultline/faultline/agents/kmsg"
+	"github.com/faultline/faultline/agents/topology/topologytest"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -516,41 +517,8 @@ func shortsOrNode(evs []*datamodels.HealthEvent) string {
 // again) and warns why; a missing one is a first start, not warned about.
 func TestStateFileNotUsed(t *testing.T) {
 	const failed = "FabricManagerService:FM-SERVICE-FAILED:fatal@0000:05:00.0"
-	for _, tc := range []struct {
-		name  string
-		alter func(t *testing.T, path string)
-		warn  string // in the warning; "" for none
-	}{
-		{"larger than the cap", func(t *testing.T, path string) {
-			b, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// Still valid JSON: only its size makes it unusable.
-			if err := os.WriteFile(path, append(b, strings.Repeat(" ", maxStateBytes)...), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}, fmt.Sprintf("larger than %d bytes", maxStateBytes)},
-		{"corrupt", func(t *testing.T, path string) {
-			if err := os.WriteFile(path, []byte(`{"boot_id": "6f7a`), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}, "unexpected end of JSON input"},
-		{"unreadable", func(t *testing.T, path string) {
-			if err := os.Remove(path); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Mkdir(path, 0o755); err != nil { // read(2) fails: EISDIR
-				t.Fatal(err)
-			}
-		}, "is a directory"},
-		{"missing", func(t *testing.T, path string) {
-			if err := os.Remove(path); err != nil {
-				t.Fatal(err)
-			}
-		}, ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, tc := range topologytest.StateDamages(maxStateBytes, `{"boot_id": "6f7a`) {
+		t.Run(tc.Name, func(t *testing.T) {
 			state := filepath.Join(t.TempDir(), "fabric-state.json")
 			var logs strings.Builder
 			n := h100Node(t, func(c *Config) { c.StateFile, c.Logger = state, slog.New(slog.NewTextHandler(&logs, nil)) })
@@ -559,7 +527,7 @@ func TestStateFileNotUsed(t *testing.T) {
 			if got := shorts(n.poll(0)); got != failed {
 				t.Fatalf("first run: %s\nwant %s", got, failed)
 			}
-			tc.alter(t, state)
+			tc.Alter(t, state)
 			logs.Reset()
 			c, err := New(n.c.cfg) // the agent restarted
 			if err != nil {
@@ -574,8 +542,8 @@ func TestStateFileNotUsed(t *testing.T) {
 				t.Errorf("after the restart: %q, want %q (a fresh start)", got, failed)
 			}
 			warned := strings.Contains(logs.String(), "level=WARN")
-			if warned != (tc.warn != "") || !strings.Contains(logs.String(), tc.warn) {
-				t.Errorf("log, want a warning naming %q: %s", tc.warn, logs.String())
+			if warned != (tc.Warn != "") || !strings.Contains(logs.String(), tc.Warn) {
+				t.Errorf("log, want a warning naming %q: %s", tc.Warn, logs.String())
 			}
 		})
 	}

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/faultline/faultline/agents/topology/topologytest"
 )
 
 // TestConfigValidate: each bad setting is refused on its own, naming its
@@ -355,41 +357,8 @@ func TestLinesOfTheBootBeforeKeepTheirIDs(t *testing.T) {
 func TestStateFileNotUsed(t *testing.T) {
 	lines := "[ 1.0] NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n" +
 		"[ 2.0] NVRM: Xid (PCI:0000:5d:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n"
-	for _, tc := range []struct {
-		name  string
-		alter func(t *testing.T, path string)
-		warn  string // in the warning; "" for none
-	}{
-		{"larger than the cap", func(t *testing.T, path string) {
-			b, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// Still valid JSON: only its size makes it unusable.
-			if err := os.WriteFile(path, append(b, strings.Repeat(" ", maxStateBytes)...), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}, fmt.Sprintf("larger than %d bytes", maxStateBytes)},
-		{"corrupt", func(t *testing.T, path string) {
-			if err := os.WriteFile(path, []byte("{\"file\": \"/var/log/kern"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}, "unexpected end of JSON input"},
-		{"unreadable", func(t *testing.T, path string) {
-			if err := os.Remove(path); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Mkdir(path, 0o755); err != nil { // read(2) fails: EISDIR
-				t.Fatal(err)
-			}
-		}, "is a directory"},
-		{"missing", func(t *testing.T, path string) {
-			if err := os.Remove(path); err != nil {
-				t.Fatal(err)
-			}
-		}, ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, tc := range topologytest.StateDamages(maxStateBytes, "{\"file\": \"/var/log/kern") {
+		t.Run(tc.Name, func(t *testing.T) {
 			dir := t.TempDir()
 			logf := filepath.Join(dir, "kern.log")
 			if err := os.WriteFile(logf, []byte(lines), 0o644); err != nil {
@@ -429,14 +398,14 @@ func TestStateFileNotUsed(t *testing.T) {
 			if n := xids(true); n != 2 {
 				t.Fatalf("first run: %d Xid events, want 2", n)
 			}
-			tc.alter(t, filepath.Join(dir, "kmsg-file.json"))
+			tc.Alter(t, filepath.Join(dir, "kmsg-file.json"))
 			logs.Reset()
 			if n := xids(false); n != 2 {
 				t.Errorf("restart: %d Xid events, want 2 (the log read again from its start)", n)
 			}
 			warned := strings.Contains(logs.String(), "level=WARN")
-			if warned != (tc.warn != "") || !strings.Contains(logs.String(), tc.warn) {
-				t.Errorf("log, want a warning naming %q: %s", tc.warn, logs.String())
+			if warned != (tc.Warn != "") || !strings.Contains(logs.String(), tc.Warn) {
+				t.Errorf("log, want a warning naming %q: %s", tc.Warn, logs.String())
 			}
 		})
 	}
