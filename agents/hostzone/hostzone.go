@@ -13,12 +13,13 @@ package hostzone
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 	_ "time/tzdata" // zone names resolve in a container without zoneinfo
+
+	"github.com/faultline/faultline/agents/topology"
 )
 
 const (
@@ -96,23 +97,15 @@ func FromFile(file string) (*time.Location, error) {
 		}
 		return loc, nil
 	}
-	f, err := os.Open(file)
+	b, err := topology.ReadCapped(file, maxZoneBytes)
 	if err != nil {
 		return time.UTC, fmt.Errorf("host time zone: %w", err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxZoneBytes+1))
-	if err == nil && len(b) > maxZoneBytes {
-		err = fmt.Errorf("larger than %d bytes", maxZoneBytes)
-	}
-	if err != nil {
-		return time.UTC, fmt.Errorf("host time zone: %s: %w", file, err)
 	}
 	if len(b) == 0 {
 		return time.UTC, nil // glibc reads an empty file as UTC too
 	}
 	name := "host"
-	if n, err := os.ReadFile(filepath.Join(filepath.Dir(file), "timezone")); err == nil && len(n) < 256 {
+	if n, err := topology.ReadCapped(filepath.Join(filepath.Dir(file), "timezone"), 255); err == nil {
 		if s := strings.TrimSpace(string(n)); s != "" {
 			name = s
 		}
