@@ -147,6 +147,28 @@ func TestPositionSavedOnCommit(t *testing.T) {
 	}
 }
 
+// twoXidsFile is a file source's Config over a kern.log of two Xid 31
+// lines (each its own GPU), its state, boot id (written when bootID) and
+// /proc/stat (not written) in one temporary directory.
+func twoXidsFile(t *testing.T, bootID bool) Config {
+	t.Helper()
+	dir := t.TempDir()
+	logf := filepath.Join(dir, "kern.log")
+	lines := "[ 1.0] NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n" +
+		"[ 2.0] NVRM: Xid (PCI:0000:5d:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n"
+	if err := os.WriteFile(logf, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Source: SourceFile, File: logf, StateDir: dir,
+		BootIDPath: filepath.Join(dir, "boot_id"), ProcStatPath: filepath.Join(dir, "stat")}
+	if bootID {
+		if err := os.WriteFile(cfg.BootIDPath, []byte("5c1e9a2b-0d3f-4e7a-9b1c-2d3e4f5a6b7c\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cfg
+}
+
 // TestRereadLinesKeepTheirIDs: the lines a restart reads again (the agent
 // killed after spooling their events, before Commit) make events with the
 // ids of the first read, so the gateway stores them once and the rules
@@ -154,8 +176,6 @@ func TestPositionSavedOnCommit(t *testing.T) {
 // need no boot id (each has its own time); without the line's time the
 // check sets none: the spool gives a new one.
 func TestRereadLinesKeepTheirIDs(t *testing.T) {
-	lines := "[ 1.0] NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n" +
-		"[ 2.0] NVRM: Xid (PCI:0000:5d:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n"
 	for _, tc := range []struct {
 		name       string
 		bootID     bool
@@ -167,18 +187,7 @@ func TestRereadLinesKeepTheirIDs(t *testing.T) {
 		{"no line times", true, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			logf := filepath.Join(dir, "kern.log")
-			if err := os.WriteFile(logf, []byte(lines), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			cfg := Config{Source: SourceFile, File: logf, StateDir: dir,
-				BootIDPath: filepath.Join(dir, "boot_id"), ProcStatPath: filepath.Join(dir, "stat")}
-			if tc.bootID {
-				if err := os.WriteFile(cfg.BootIDPath, []byte("5c1e9a2b-0d3f-4e7a-9b1c-2d3e4f5a6b7c\n"), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
+			cfg := twoXidsFile(t, tc.bootID)
 			if tc.procStat {
 				if err := os.WriteFile(cfg.ProcStatPath, []byte("cpu 1 2 3\nbtime 1764763200\n"), 0o644); err != nil {
 					t.Fatal(err)
@@ -355,20 +364,9 @@ func TestLinesOfTheBootBeforeKeepTheirIDs(t *testing.T) {
 // its lines' events keeping their ids) and warns why; a missing one is a
 // first start, not warned about.
 func TestStateFileNotUsed(t *testing.T) {
-	lines := "[ 1.0] NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n" +
-		"[ 2.0] NVRM: Xid (PCI:0000:5d:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n"
 	for _, tc := range topologytest.StateDamages(maxStateBytes, "{\"file\": \"/var/log/kern") {
 		t.Run(tc.Name, func(t *testing.T) {
-			dir := t.TempDir()
-			logf := filepath.Join(dir, "kern.log")
-			if err := os.WriteFile(logf, []byte(lines), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			cfg := Config{Source: SourceFile, File: logf, StateDir: dir,
-				BootIDPath: filepath.Join(dir, "boot_id"), ProcStatPath: filepath.Join(dir, "stat")}
-			if err := os.WriteFile(cfg.BootIDPath, []byte("5c1e9a2b-0d3f-4e7a-9b1c-2d3e4f5a6b7c\n"), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			cfg := twoXidsFile(t, true)
 			var logs strings.Builder
 			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 			xids := func(commit bool) int {
@@ -398,7 +396,7 @@ func TestStateFileNotUsed(t *testing.T) {
 			if n := xids(true); n != 2 {
 				t.Fatalf("first run: %d Xid events, want 2", n)
 			}
-			tc.Alter(t, filepath.Join(dir, "kmsg-file.json"))
+			tc.Alter(t, filepath.Join(cfg.StateDir, "kmsg-file.json"))
 			logs.Reset()
 			if n := xids(false); n != 2 {
 				t.Errorf("restart: %d Xid events, want 2 (the log read again from its start)", n)
