@@ -2,6 +2,7 @@ package chart
 
 import (
 	"fmt"
+	"io/fs"
 	"net"
 	"reflect"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/BurntSushi/toml"
+	"github.com/faultline/faultline/deploy/monitoring"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -102,6 +104,26 @@ func checkAgentPodMonitor(t *testing.T, objs []*unstructured.Unstructured) {
 	if port == nil || ep["path"] != "/metrics" || !slices.Contains(agent["args"].([]any), any(want)) {
 		t.Errorf("PodMonitor %s scrapes port %v (container port %v) path %v; the agent runs with %v", pm.GetName(), ep["port"], port, ep["path"], agent["args"])
 	}
+	// The alert rules find the agents' targets by one job name, whatever
+	// the release is called (FaultlineAgentsNotAnswering).
+	job := ""
+	for _, r := range asSlice(ep["relabelings"]) {
+		if r := r.(map[string]any); r["targetLabel"] == "job" {
+			job, _ = r["replacement"].(string)
+		}
+	}
+	rules, err := fs.ReadFile(monitoring.Files, monitoring.RulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel := fmt.Sprintf("up{job=%q}", job); job == "" || !strings.Contains(string(rules), sel) {
+		t.Errorf("PodMonitor %s gives the agents' targets job %q; the alert rules select no %s", pm.GetName(), job, sel)
+	}
+}
+
+func asSlice(v any) []any {
+	s, _ := v.([]any)
+	return s
 }
 
 func labelsMatch(sel, labels map[string]string) bool {

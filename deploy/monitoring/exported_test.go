@@ -147,7 +147,10 @@ func TestRulesMatchRegisteredMetrics(t *testing.T) {
 // their labels), fed to the promtool tests: kube-state-metrics' (the
 // namespace is the object's, its ServiceMonitor honouring labels).
 var externalMetrics = map[string][]string{
-	"kube_deployment_spec_replicas": {"namespace", "deployment"},
+	"kube_deployment_spec_replicas":                  {"namespace", "deployment"},
+	"kube_daemonset_status_desired_number_scheduled": {"namespace", "daemonset"},
+	"kube_daemonset_status_current_number_scheduled": {"namespace", "daemonset"},
+	"up": {"instance", "job", "namespace", "pod", "container", "endpoint"},
 }
 
 // docMetricRE is a metric named in prose, with the labels written after
