@@ -94,9 +94,6 @@ type Janitor struct {
 	mu      sync.Mutex
 	mem     map[types.UID]memory // by resource UID; forgotten when it is deleted
 	running map[string]*clusterRun
-	// namedWarned: the cluster/node/key a signal followed a node's own
-	// key of, warned of once (Janitor.nodeNamed).
-	namedWarned map[string]bool
 }
 
 // memory is what this process did to a resource that its watch's copy may
@@ -166,7 +163,7 @@ func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options)
 		cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		providers: opts.Providers, prod: opts.Producer, emitTry: emitTry, resayAfter: resayAfter,
 		lim: newLimiter(cfg.MaxConcurrent, cfg.MaxConcurrentPerRack, cfg.MaxConcurrentPerProvider),
-		m:   newMetrics(opts.Registerer), mem: map[types.UID]memory{}, running: map[string]*clusterRun{}, namedWarned: map[string]bool{},
+		m:   newMetrics(opts.Registerer), mem: map[types.UID]memory{}, running: map[string]*clusterRun{},
 	}, nil
 }
 
@@ -643,11 +640,11 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 
 // nodeNamed accounts for the node's own keys (its kubelet may write them)
 // that the signal about to be sent through pname follows: each counted
-// in faultline_janitor_node_named_total, warned of once per node and key
-// in this process, and returned as the signal action's details (nil
-// when none). A compromised node can point them elsewhere: another
-// node's BMC, another provider (SECURITY.md, "What a node may say about
-// itself").
+// in faultline_janitor_node_named_total and warned of (one signal, one
+// warning: no set of nodes warned of to grow with the fleet), and
+// returned as the signal action's details (nil when none). A compromised
+// node can point them elsewhere: another node's BMC, another provider
+// (SECURITY.md, "What a node may say about itself").
 func (op *operation) nodeNamed(pname, nodeKey string) map[string]string {
 	j := op.j
 	keys := j.cfg.nodeNamed(op.node, pname, nodeKey)
@@ -656,16 +653,9 @@ func (op *operation) nodeNamed(pname, nodeKey string) map[string]string {
 	}
 	for _, k := range keys {
 		j.m.nodeNamed.WithLabelValues(op.cr.name, k).Inc()
-		j.mu.Lock()
-		id := op.cr.name + "/" + op.nodeName + "/" + k
-		warned := j.namedWarned[id]
-		j.namedWarned[id] = true
-		j.mu.Unlock()
-		if !warned {
-			j.log.Warn("janitor: a signal follows the node's own "+k+" (its kubelet may write it); name it with a "+
-				corev1.LabelNamespaceNodeRestriction+"/ label and set janitor.redfish.labels_only",
-				"cluster", op.cr.name, "node", op.nodeName, "key", k, "value", op.node.Annotations[k]+op.node.Labels[k], "provider", pname)
-		}
+		j.log.Warn("janitor: a signal follows the node's own "+k+" (its kubelet may write it); name it with a "+
+			corev1.LabelNamespaceNodeRestriction+"/ label and set janitor.redfish.labels_only",
+			"cluster", op.cr.name, "node", op.nodeName, "key", k, "value", op.node.Annotations[k]+op.node.Labels[k], "provider", pname)
 	}
 	return map[string]string{events.DetailNodeNamed: strings.Join(keys, ",")}
 }
