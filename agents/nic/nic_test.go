@@ -16,6 +16,7 @@ import (
 
 	"github.com/faultline/faultline/agents/nic/nictest"
 	"github.com/faultline/faultline/agents/topology"
+	"github.com/faultline/faultline/agents/topology/topologytest"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -350,40 +351,33 @@ func TestCorruptOrMissingStateFile(t *testing.T) {
 	wantEvents(t, "missing", poll(t, e.check()), baselines())
 }
 
-// TestStateFileNotUsed: a state file that is damaged — corrupt, or larger
-// than any the check writes (not read into memory whole) — is treated as
-// absent, with a warning: a fresh start with baselines. A missing file or
-// a reboot is a fresh start too, without one.
+// TestStateFileNotUsed: a state file that is damaged — corrupt,
+// unreadable, or larger than any the check writes (not read into memory
+// whole) — is treated as absent, with a warning: a fresh start with
+// baselines. A missing file or a reboot is a fresh start too, without one.
 func TestStateFileNotUsed(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		alter func(t *testing.T, e *env)
-		warn  string // in the warning; "" for none
-	}{
-		{"larger than the cap", func(t *testing.T, e *env) {
-			b, err := os.ReadFile(e.cfg.StateFile)
-			must(t, err)
-			// Still valid JSON: only its size makes it unusable.
-			must(t, os.WriteFile(e.cfg.StateFile, append(b, strings.Repeat(" ", maxStateBytes)...), 0o644))
-		}, fmt.Sprintf("larger than %d bytes", maxStateBytes)},
-		{"corrupt", func(t *testing.T, e *env) { must(t, os.WriteFile(e.cfg.StateFile, []byte("{not json"), 0o644)) }, "state file corrupt"},
-		{"missing", func(t *testing.T, e *env) { must(t, os.Remove(e.cfg.StateFile)) }, ""},
-		{"rebooted", func(t *testing.T, e *env) { e.setBootID("boot-2") }, ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	run := func(name string, alter func(t *testing.T, e *env), warn string) {
+		t.Run(name, func(t *testing.T) {
 			e := setup(t, small())
 			poll(t, e.check())
-			tc.alter(t, e)
+			alter(t, e)
 			var logs strings.Builder
 			c, err := New(e.cfg, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			must(t, err)
+			// Read at New; what is at the path now only takes the next
+			// save, which the unreadable case's directory would refuse.
+			must(t, os.RemoveAll(e.cfg.StateFile))
 			wantEvents(t, "restart", poll(t, c), baselines())
 			warned := strings.Contains(logs.String(), "level=WARN")
-			if warned != (tc.warn != "") || !strings.Contains(logs.String(), tc.warn) {
-				t.Errorf("log, want a warning naming %q: %s", tc.warn, logs.String())
+			if warned != (warn != "") || !strings.Contains(logs.String(), warn) {
+				t.Errorf("log, want a warning naming %q: %s", warn, logs.String())
 			}
 		})
 	}
+	for _, tc := range topologytest.StateDamages(maxStateBytes, `{"boot_id": "boot-1", "ports`) {
+		run(tc.Name, func(t *testing.T, e *env) { tc.Alter(t, e.cfg.StateFile) }, tc.Warn)
+	}
+	run("rebooted", func(t *testing.T, e *env) { e.setBootID("boot-2") }, "")
 }
 
 // TestDisappearance: at runtime, across a restart, and back again.
