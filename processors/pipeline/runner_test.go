@@ -963,6 +963,55 @@ func TestRunnerStartWithin(t *testing.T) {
 	}
 }
 
+// TestRunnerStartWithinCommitsItsStart: a group that started a partition
+// StartWithin back commits that start before it handles anything there,
+// so a record written while it was stopped, older than StartWithin by
+// the time it restarts, is read: the quarantine role's retry consumer,
+// its batch held all through a long outage and restarted meanwhile, must
+// not skip the faults deferred during it. (Without the commit the restart
+// started the partition StartWithin back from its own time.)
+func TestRunnerStartWithinCommitsItsStart(t *testing.T) {
+	h := newHarness(t, 1, topicIn, topicOut)
+	old := time.Now().Add(-72 * time.Hour)
+	h.produceAt("old0", old) // offset 0: before the group's first start, outside the bound
+	var (
+		mu  sync.Mutex
+		got []string
+	)
+	collect := HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range recs {
+			got = append(got, string(r.Value))
+		}
+		return Result{}, nil
+	})
+	within := func(c *Config) { c.StartWithin = 6 * time.Hour }
+	stop := h.run("startcommit", collect, within)
+	eventually(t, 20*time.Second, "the group's start (offset 1, nothing handled) committed", func() bool {
+		return h.committed(DefaultGroup("startcommit"), 1)[0] == 1
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	h.produceAt("held0", old.Add(time.Hour)) // offset 1: written while it was stopped, as old by its restart
+	h.produceAt("new0", time.Now())
+	stop = h.run("startcommit", collect, within)
+	eventually(t, 20*time.Second, "new0 handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Contains(got, "new0")
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"held0", "new0"}; !slices.Equal(got, want) {
+		t.Errorf("handled %v, want %v", got, want)
+	}
+}
+
 // TestStartOffsetsMissNoRecordProducedWhileListing: a role's first start
 // while its topic fills. A by-time search that finds nothing answers -1 and
 // the end is listed again; a record written between the two (here: the
