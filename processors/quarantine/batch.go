@@ -150,8 +150,13 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 // clusters.Registry.Try. A cluster in trouble is waited for until
 // deadline (clusters.Gate.Wait: one that cannot be reached is probed, not
 // waited for); past it (or when the batch runs out of time) the node's
-// remaining records are deferred to RetryTopic, or, in the retry consumer,
-// the batch fails to be retried.
+// remaining records are deferred to RetryTopic (deferRest), or, in the
+// retry consumer, the batch fails to be retried. A record is judged stale
+// once, when first read from the events topic: what the retry consumer
+// reads was fresh when deferred and held for its cluster since — an API
+// server down for longer than max_event_age must still get its faults
+// cordoned once it answers, or their nodes stay in service (a GPU off
+// the bus reports once).
 func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadline time.Time, stale *pipeline.Stale) seqResult {
 	var r seqResult
 	cluster := items[0].cluster
@@ -167,35 +172,30 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 			return r
 		}
 		h.markDeferring(cluster)
-		r.deferred = items
+		h.deferRest(&r, items, cl, stale)
 		return r
 	}
 	live := cl != nil && cl.Kube != nil
 	if live && !retry && h.retries != nil && h.retries.waits(items[0].rec.Key) {
 		// An older record of this node waits on a retry topic (deferred by
 		// any replica): this one goes behind it.
-		r.deferred = items
+		h.deferRest(&r, items, cl, stale)
 		return r
 	}
 	for i, it := range items {
 		if retry {
 			// First: a record this batch applied before it failed says
-			// what it did, even if it has grown stale since.
+			// what it did.
 			if acts, ok := h.takeRetried(it.rec); ok {
 				r.actions = append(r.actions, acts...)
 				r.keep(it, acts)
 				continue
 			}
-		}
-		if age, ok := h.staleAge(it, h.now()); ok {
-			// Nothing to write on the node and no API request: decided
-			// here, even while the cluster is deferring or down.
-			r.actions = append(r.actions, h.staleSkip(it, age, cl))
-			stale.Add(it.cluster, age)
+		} else if h.decideStale(&r, it, cl, stale) {
 			continue
 		}
 		if live && !retry && h.deferring(cluster) {
-			r.deferred = items[i:]
+			h.deferRest(&r, items[i:], cl, stale)
 			return r
 		}
 		for {
@@ -228,7 +228,7 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 					return r
 				}
 				h.markDeferring(cluster) // keep the node's later records behind these
-				r.deferred = items[i:]
+				h.deferRest(&r, items[i:], cl, stale)
 				return r
 			}
 			if at.Ran {
@@ -245,11 +245,35 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 			}
 			h.log.Warn("cluster unreachable; deferring records", "cluster", cluster, "node", it.node,
 				"records", len(items)-i, "err", at.Err)
-			r.deferred = items[i:]
+			h.deferRest(&r, items[i:], cl, stale)
 			return r
 		}
 	}
 	return r
+}
+
+// decideStale records it, when stale (staleAge), as not acted on:
+// nothing to write on the node and no API request, so decided here even
+// while its cluster is deferring or down.
+func (h *Handler) decideStale(r *seqResult, it item, cl *clusters.Client, stale *pipeline.Stale) bool {
+	age, ok := h.staleAge(it, h.now())
+	if ok {
+		r.actions = append(r.actions, h.staleSkip(it, age, cl))
+		stale.Add(it.cluster, age)
+	}
+	return ok
+}
+
+// deferRest defers items to their cluster's RetryTopic, but for the stale
+// ones, decided here: the retry consumer does not judge age (handleSeq).
+// Deciding them ahead of the node's deferred records keeps its order: they
+// write nothing.
+func (h *Handler) deferRest(r *seqResult, items []item, cl *clusters.Client, stale *pipeline.Stale) {
+	for _, it := range items {
+		if !h.decideStale(r, it, cl, stale) {
+			r.deferred = append(r.deferred, it)
+		}
+	}
 }
 
 // keep records an applied retry record's actions.

@@ -85,15 +85,17 @@ const catchUpTimeout = 30 * time.Second
 // openRetryWaiting reads topics from group's committed offsets to their
 // ends as of now (for at most catchUpTimeout) and returns the follower,
 // its client still consuming; run it to keep up. caughtUp is false when
-// the end was not reached in time (the rest is read by run).
-func openRetryWaiting(ctx context.Context, kcfg kafka.Config, log *slog.Logger, group string, topics []string) (w *retryWaiting, caughtUp bool, err error) {
+// the end was not reached in time (the rest is read by run). A partition
+// the group has no commit for is read from where the group starts it
+// (within: its pipeline.Config.StartWithin; 0: the log's start).
+func openRetryWaiting(ctx context.Context, kcfg kafka.Config, log *slog.Logger, group string, topics []string, within time.Duration) (w *retryWaiting, caughtUp bool, err error) {
 	cl, err := kafka.NewClient(kcfg, log)
 	if err != nil {
 		return nil, false, err
 	}
 	w = newRetryWaiting(log, group, topics)
 	w.cl = cl
-	ends, err := w.start(ctx)
+	ends, err := w.start(ctx, within)
 	if err != nil {
 		cl.Close()
 		return nil, false, err
@@ -115,8 +117,13 @@ func newRetryWaiting(log *slog.Logger, group string, topics []string) *retryWait
 }
 
 // start begins consuming every partition of the topics where the group
-// stands and returns the partitions' end offsets.
-func (w *retryWaiting) start(ctx context.Context) (map[pipeline.TopicPart]int64, error) {
+// stands and returns the partitions' end offsets. Where the group has no
+// commit it stands where it will start (within > 0: the first record
+// stamped within that of now, as the group's StartWithin; before the
+// group's own listing, so never after it: a record counted that the group
+// skips only waits until the group commits the partition); where that
+// cannot be listed, at the log's start (the same error the group logs).
+func (w *retryWaiting) start(ctx context.Context, within time.Duration) (map[pipeline.TopicPart]int64, error) {
 	adm := kadm.NewClient(w.cl)
 	starts, err := adm.ListStartOffsets(ctx, w.topics...)
 	if err == nil {
@@ -135,6 +142,25 @@ func (w *retryWaiting) start(ctx context.Context) (map[pipeline.TopicPart]int64,
 	committed, err := w.committed(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if within > 0 {
+		uncommitted := map[string][]int32{}
+		starts.Each(func(s kadm.ListedOffset) {
+			if _, ok := committed[pipeline.TopicPart{Topic: s.Topic, Partition: s.Partition}]; !ok {
+				uncommitted[s.Topic] = append(uncommitted[s.Topic], s.Partition)
+			}
+		})
+		if len(uncommitted) > 0 {
+			at, err := pipeline.StartOffsets(ctx, adm, time.Now().Add(-within), uncommitted)
+			if err != nil {
+				w.log.Warn("the retry topics' uncommitted partitions are followed from the log's start: their offsets by time could not be listed", "err", err)
+			}
+			for topic, ps := range at {
+				for p, o := range ps {
+					committed[pipeline.TopicPart{Topic: topic, Partition: p}] = o
+				}
+			}
+		}
 	}
 	from := map[string]map[int32]kgo.Offset{}
 	end := map[pipeline.TopicPart]int64{}

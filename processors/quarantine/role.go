@@ -106,8 +106,14 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		}})
 	}
 	// The records already waiting on the retry topic are read before the
-	// consumers start: a node's newer records go behind them.
-	w, caughtUp, err := openRetryWaiting(ctx, deps.Kafka, h.log, retryGroup, retryTopics)
+	// consumers start: a node's newer records go behind them. The retry
+	// group, like the main one, starts a partition it has no commit for
+	// MaxEventAge back (a renamed group, its offsets expired): a week of
+	// deferrals applied long ago is not replayed. So what it reads was
+	// held, never replayed, and acts whatever its age (handleSeq).
+	retry := cfg.Pipeline()
+	retry.Role, retry.Topics, retry.Group = Role+"-retry", retryTopics, retryGroup
+	w, caughtUp, err := openRetryWaiting(ctx, deps.Kafka, h.log, retryGroup, retryTopics, retry.StartWithin)
 	if err != nil {
 		h.Close()
 		return nil, fmt.Errorf("quarantine: %w", err)
@@ -124,13 +130,6 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		w.run(ctx)
 		return nil
 	}})
-	retry := cfg.Pipeline()
-	retry.Role, retry.Topics, retry.Group = Role+"-retry", retryTopics, retryGroup
-	// The retry topics are read from their start (their records are few;
-	// the stale ones are skipped one by one): retryWaiting read them so
-	// too, and keeps a node's records behind those until this group
-	// consumes them.
-	retry.StartWithin = 0
 	// A held retry batch comes back within a second: each try asks a
 	// cluster that was unreachable whether it answers again (its gate's
 	// probe), so its deferred faults are applied about a second after its

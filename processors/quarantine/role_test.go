@@ -184,6 +184,48 @@ func TestRestartKeepsNodeOrderBehindRetries(t *testing.T) {
 	}
 }
 
+// TestFaultsHeldThroughALongOutageAct: a fault deferred while its
+// cluster is down for longer than max_event_age (here 3s), the replica
+// that deferred it stopped meanwhile, is cordoned by the next replica's
+// retry consumer once the cluster answers: it was fresh when read and
+// held since, not replayed. (Judged stale there, it was recorded as not
+// acted on and its node, whose GPU reports such a fault once, stayed in
+// service.) The retry group, started by the first replica, committed its
+// start, so the second does not start it max_event_age back from its own
+// time either.
+func TestFaultsHeldThroughALongOutageAct(t *testing.T) {
+	e := startRoleEnv(t, "aged", "aged-1")
+	e.cfg.MaxEventAge = 3 * time.Second
+	tap := newTap(e.ctx, t, e.kafka)
+	down := e.deps
+	down.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: deadKubeconfig(t, e.kube)}}
+	stopA := e.start(down, 0, 1)
+	ev := fatal("aged-1", "XID_ERROR_48", "GPU-1")
+	ev.ReceivedTimestamp = timestamppb.Now()
+	tap.produce(record("prod", ev))
+	tap.waitFor("the fault on the retry topic", 60*time.Second, func() bool { return tap.deferred("prod/aged-1") == 1 })
+	time.Sleep(time.Until(ev.GetReceivedTimestamp().AsTime().Add(e.cfg.MaxEventAge + time.Second)))
+	stopA()
+
+	stopB := e.start(e.deps, 1)
+	defer stopB()
+	tap.waitFor("the held fault applied", 60*time.Second, func() bool {
+		return slices.ContainsFunc(tap.actions, func(a *faultlinev1.Action) bool {
+			return a.Node == "aged-1" && a.Kind == events.KindQuarantine && a.Outcome != events.OutcomeFailed
+		})
+	})
+	tap.mu.Lock()
+	defer tap.mu.Unlock()
+	for _, a := range tap.actions {
+		if a.Node == "aged-1" && a.Kind == events.KindQuarantine && a.Outcome != events.OutcomeApplied {
+			t.Fatalf("the held fault decided %s: %s", a.Outcome, a.Reason)
+		}
+	}
+	if !getNode(t, e.kube.Client(), "aged-1").Spec.Unschedulable {
+		t.Fatal("aged-1 not cordoned")
+	}
+}
+
 // TestDownClusterHoldsOnlyItsOwnRetries: cluster "down" is down for the
 // whole test, its record waiting on its retry topic, the retry consumer
 // failing on it; cluster "prod" blinks (for replica A), and its record

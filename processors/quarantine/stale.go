@@ -17,7 +17,9 @@ import (
 // the control plane's (the gateway's receivedTimestamp against this
 // processor's clock), never an agent's: a spooled fault sent late has a
 // fresh received time. An event without one (an older record) is not
-// compared, nor is anything when MaxEventAge is 0.
+// compared, nor is anything when MaxEventAge is 0. Asked of the events
+// consumer's records only, when first read (handleSeq): what the retry
+// consumer reads was held, not replayed.
 func (h *Handler) staleAge(it item, now time.Time) (time.Duration, bool) {
 	if h.cfg.MaxEventAge <= 0 || it.ev.GetIsHealthy() || events.NeverActs(it.ev) {
 		return 0, false

@@ -158,3 +158,40 @@ func TestStaleRetryRedoSaysWhatWasApplied(t *testing.T) {
 		t.Fatalf("redo: %s %v, want the kept quarantine/applied", kinds(acts), reasons(acts))
 	}
 }
+
+// TestStaleJudgedOnceWhenFirstRead: a record is judged stale when the
+// events consumer first reads it. One deferred for its cluster (here: a
+// kubeconfig that cannot be loaded) is decided stale there if it is, not
+// deferred, so the retry consumer — which does not judge age — never acts
+// on it; and what the retry consumer reads acts whatever its age: it was
+// fresh when deferred and held for its cluster since.
+func TestStaleJudgedOnceWhenFirstRead(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	aged := func(node string, age time.Duration) *datamodels.HealthEvent {
+		ev := fatal(node, "XID_ERROR_48", "GPU-1")
+		ev.GeneratedTimestamp, ev.ReceivedTimestamp = timestamppb.New(now.Add(-age)), timestamppb.New(now.Add(-age))
+		return ev
+	}
+	kcfg := clusters.DefaultConfig()
+	kcfg.Clusters = []clusters.Cluster{{Name: "c1", Kubeconfig: "/nonexistent/kubeconfig"}}
+	h, err := New(DefaultConfig(), clusters.NewRegistry(kcfg, nil), Options{Log: testLog, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acts, retried := handle(t, h, record("c1", aged("n1", 72*time.Hour)), record("c1", aged("n1", time.Minute)))
+	if kinds(acts) != "quarantine/skipped" || len(retried) != 1 {
+		t.Fatalf("events consumer: actions %s %v, %d deferred; want the stale one skipped, the fresh one deferred", kinds(acts), reasons(acts), len(retried))
+	}
+
+	h, err = New(DefaultConfig(), clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := h.HandleRetry(context.Background(), []*kgo.Record{retryRecord("c1", record("c1", aged("n1", 7*time.Hour)))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acts, _ := splitOut(t, res.Out); kinds(acts) != "quarantine/dry_run" {
+		t.Fatalf("retry consumer: %s %v, want the held fault decided (dry-run: cluster not configured)", kinds(acts), reasons(acts))
+	}
+}
