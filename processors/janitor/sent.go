@@ -3,6 +3,7 @@ package janitor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptrace"
@@ -77,10 +78,19 @@ func doTracked(r *http.Request, refused *atomic.Bool, do func(*http.Request) (*h
 		// it processed nothing; one that failed before it was written
 		// still can (HTTP/1's retry of a request on a connection found
 		// closed).
+		var refusals int
 		r.GetBody = func() (io.ReadCloser, error) {
 			if wrote.Load() {
 				if !streamRefused() {
 					return nil, errNotAgain
+				}
+				if refusals++; refusals > maxRefusedTries {
+					// Refused again and again: the server takes nothing
+					// now. Not sent (the refusal stands), and not tried
+					// in a tight loop until the client's timeout — whose
+					// end, falling on a try in flight, would leave that
+					// try unanswered.
+					return nil, errRefusedAgain
 				}
 				wrote.Store(false) // the next try is a try of its own
 				refused.Store(false)
@@ -94,6 +104,14 @@ func doTracked(r *http.Request, refused *atomic.Bool, do func(*http.Request) (*h
 
 // errNotAgain refuses to rewind a written signal's body for a replay.
 var errNotAgain = errors.New("the request was written whole: it is not sent again")
+
+// maxRefusedTries bounds the tries of a request the server refuses
+// (REFUSED_STREAM) again and again: Go's HTTP/2 transport sends it again
+// at once each time, hundreds of times a second.
+const maxRefusedTries = 5
+
+// errRefusedAgain ends the tries of a request refused maxRefusedTries times.
+var errRefusedAgain = fmt.Errorf("the server refused the request's stream %d times: not sent", maxRefusedTries+1)
 
 // sendProbe notes, for the requests made with its context through a
 // sendTracker (a client whose requests are not the caller's: gofish's,
