@@ -920,43 +920,24 @@ func TestRunnerStartWithin(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, 1, topicIn, topicOut)
 			produce := h.produceAt
-			var (
-				mu  sync.Mutex
-				got []string
-			)
-			collect := HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
-				mu.Lock()
-				defer mu.Unlock()
-				for _, r := range recs {
-					got = append(got, string(r.Value))
-				}
-				return Result{}, nil
-			})
+			var c collector
 			produce("old0", old)
 			if tc.committed {
-				stop := h.run("startwithin", collect, nil)
+				stop := h.run("startwithin", &c, nil)
 				eventually(t, 20*time.Second, "old0 handled and committed", func() bool { return h.committed(DefaultGroup("startwithin"), 1)[0] == 1 })
 				if err := stop(); err != nil {
 					t.Fatal(err)
 				}
-				mu.Lock()
-				got = nil
-				mu.Unlock()
+				c.reset()
 			}
 			produce("old1", old.Add(time.Second))
 			produce("new0", time.Now().Add(-time.Minute))
-			stop := h.run("startwithin", collect, func(c *Config) { c.StartWithin = tc.startWithin })
-			eventually(t, 20*time.Second, "new0 handled", func() bool {
-				mu.Lock()
-				defer mu.Unlock()
-				return slices.Contains(got, "new0")
-			})
+			stop := h.run("startwithin", &c, func(c *Config) { c.StartWithin = tc.startWithin })
+			eventually(t, 20*time.Second, "new0 handled", func() bool { return slices.Contains(c.values(), "new0") })
 			if err := stop(); err != nil {
 				t.Fatal(err)
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			if !slices.Equal(got, tc.want) {
+			if got := c.values(); !slices.Equal(got, tc.want) {
 				t.Errorf("handled %v, want %v", got, tc.want)
 			}
 		})
@@ -974,20 +955,9 @@ func TestRunnerStartWithinCommitsItsStart(t *testing.T) {
 	h := newHarness(t, 1, topicIn, topicOut)
 	old := time.Now().Add(-72 * time.Hour)
 	h.produceAt("old0", old) // offset 0: before the group's first start, outside the bound
-	var (
-		mu  sync.Mutex
-		got []string
-	)
-	collect := HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, r := range recs {
-			got = append(got, string(r.Value))
-		}
-		return Result{}, nil
-	})
+	var c collector
 	within := func(c *Config) { c.StartWithin = 6 * time.Hour }
-	stop := h.run("startcommit", collect, within)
+	stop := h.run("startcommit", &c, within)
 	eventually(t, 20*time.Second, "the group's start (offset 1, nothing handled) committed", func() bool {
 		return h.committed(DefaultGroup("startcommit"), 1)[0] == 1
 	})
@@ -996,20 +966,41 @@ func TestRunnerStartWithinCommitsItsStart(t *testing.T) {
 	}
 	h.produceAt("held0", old.Add(time.Hour)) // offset 1: written while it was stopped, as old by its restart
 	h.produceAt("new0", time.Now())
-	stop = h.run("startcommit", collect, within)
-	eventually(t, 20*time.Second, "new0 handled", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Contains(got, "new0")
-	})
+	stop = h.run("startcommit", &c, within)
+	eventually(t, 20*time.Second, "new0 handled", func() bool { return slices.Contains(c.values(), "new0") })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if want := []string{"held0", "new0"}; !slices.Equal(got, want) {
+	if got, want := c.values(), []string{"held0", "new0"}; !slices.Equal(got, want) {
 		t.Errorf("handled %v, want %v", got, want)
 	}
+}
+
+// collector is a Handler that keeps the values of the records it handles.
+type collector struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (c *collector) Handle(_ context.Context, recs []*kgo.Record) (Result, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range recs {
+		c.got = append(c.got, string(r.Value))
+	}
+	return Result{}, nil
+}
+
+func (c *collector) values() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.got)
+}
+
+func (c *collector) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.got = nil
 }
 
 // TestStartOffsetsMissNoRecordProducedWhileListing: a role's first start
