@@ -313,10 +313,17 @@ func TestSignalSentUnanswered(t *testing.T) {
 				AnnotationBMC:   "http://" + at + "/redfish/v1/Systems/" + node,
 				AnnotationAgent: at,
 			}}, Spec: corev1.NodeSpec{ProviderID: "aws:///us-east-1a/" + instance}}
+		// Ready with its boot ID from its creation (the apiserver takes a
+		// Node's status on create): set after it, a janitor whose watch
+		// copy predated it recorded the signal with no boot ID, and the
+		// node's first boot ID read as the reboot done ("Ready with a new
+		// boot ID boot-0-… (was )" for the machine that never came back,
+		// seen in CI under load).
+		setReady(n, corev1.ConditionTrue)
+		n.Status.NodeInfo.BootID = "boot-0-" + node
 		if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		e.m.setNode(ctx, node, corev1.ConditionTrue, "boot-0-"+node)
 		e.create(kindReboot, node, node, false)
 	}
 	for _, tc := range cases {
