@@ -222,8 +222,9 @@ func h2Reboot(t *testing.T, url string) error {
 // nothing went out (SignalSent=False/BMCUnreachable), not MaybeSent, after
 // maxRefusedTries+1 tries — not hundreds a second until redfish.timeout,
 // whose end, falling on a try in flight under load, left it unanswered
-// (MaybeSent; seen in CI after 1,619 refusals). Before, a refused reset was MaybeSent like a lost answer,
-// and the reboot waited force_after for a reset the BMC never took.
+// (MaybeSent; seen in CI after 1,619 refusals). Before, a refused reset
+// was MaybeSent like a lost answer, and the reboot waited force_after for
+// a reset the BMC never took.
 func TestHTTP2RefusedStreamIsNotSent(t *testing.T) {
 	for _, tc := range []struct {
 		after      string

@@ -137,7 +137,7 @@ type Config struct {
 	// first record stamped (Kafka's record timestamp, the producer's clock)
 	// no more than StartWithin before the group assigned it, instead of the
 	// log's start (a record written meanwhile is never skipped:
-	// startOffsets), and that start is committed at once (startCommits: a
+	// startOffsets), and that start is committed at once (commitStarts: a
 	// restart before a record was handled there does not start it again
 	// from a later time). A committed offset always wins. For a role that acts on
 	// nothing older (quarantine's max_event_age): it does not read a
@@ -199,10 +199,9 @@ func NewRunner(cfg Config, kcfg kafka.Config, h Handler, log *slog.Logger, m *Me
 func (r *Runner) Run(ctx context.Context) error {
 	obs, _ := r.h.(PartitionObserver)
 	var (
-		cl     *kgo.Client
-		adm    atomic.Pointer[kadm.Client] // cl's, for the group's callbacks
-		held   holding                     // failed batches (held.go)
-		starts = startCommits{log: r.log}  // StartWithin's starts, committed
+		cl   *kgo.Client
+		kept atomic.Pointer[kgo.Client] // cl, for the group's callbacks
+		held holding                    // failed batches (held.go)
 	)
 	held.pause = func(m map[string][]int32) { cl.PauseFetchPartitions(m) }
 	held.wake = func(m map[string][]int32) { cl.ResumeFetchPartitions(m) }
@@ -242,7 +241,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		// produced while it lists (startOffsets). ConsumeResetOffset
 		// (AtStart, above) still handles a committed offset that fell
 		// below the log's start.
-		opts = append(opts, kgo.AdjustFetchOffsetsFn(startWithin(r.cfg.StartWithin, &adm, &starts, r.log)))
+		opts = append(opts, kgo.AdjustFetchOffsetsFn(startWithin(r.cfg.StartWithin, &kept, r.log)))
 		startLog = append(startLog, "uncommitted_partitions_within", r.cfg.StartWithin)
 	}
 	if obs != nil {
@@ -253,8 +252,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	adm.Store(kadm.NewClient(cl))
-	starts.cl.Store(cl)
+	kept.Store(cl)
 	defer cl.Close()
 	var rests resting
 	defer rests.stop()

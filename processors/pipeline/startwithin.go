@@ -20,10 +20,10 @@ var atStart = kgo.NewOffset().AtStart().EpochOffset()
 // startWithin returns the group's AdjustFetchOffsetsFn for
 // Config.StartWithin: a partition the group has no commit for (franz-go
 // gives it the start offset, AtStart) starts at startOffsets' answer,
-// committed at once (startCommits); a committed one is left alone. Where
-// the listing fails the partition keeps the log's start: slower, nothing
-// skipped.
-func startWithin(within time.Duration, adm *atomic.Pointer[kadm.Client], commits *startCommits, log *slog.Logger) func(context.Context, map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+// committed at once (commitStarts); a committed one is left alone. Where
+// the listing fails — or the group joined before its client was kept —
+// the partition keeps the log's start: slower, nothing skipped.
+func startWithin(within time.Duration, kept *atomic.Pointer[kgo.Client], log *slog.Logger) func(context.Context, map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	return func(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 		parts := map[string][]int32{}
 		for topic, ps := range offsets {
@@ -33,12 +33,12 @@ func startWithin(within time.Duration, adm *atomic.Pointer[kadm.Client], commits
 				}
 			}
 		}
-		a := adm.Load()
-		if len(parts) == 0 || a == nil { // nil: before the client was kept; the log's start
+		cl := kept.Load()
+		if len(parts) == 0 || cl == nil {
 			return offsets, nil
 		}
 		from := time.Now().Add(-within)
-		starts, err := startOffsets(ctx, a, from, parts, nil)
+		starts, err := startOffsets(ctx, kadm.NewClient(cl), from, parts, nil)
 		if err != nil {
 			log.Warn("uncommitted partitions start at the log's start: their offsets by time could not be listed", "from", from.UTC().Format(time.RFC3339), "err", err)
 			return offsets, nil
@@ -48,7 +48,7 @@ func startWithin(within time.Duration, adm *atomic.Pointer[kadm.Client], commits
 				offsets[topic][p] = kgo.NewOffset().At(at)
 			}
 		}
-		commits.commit(starts)
+		go commitStarts(cl, starts, log)
 		return offsets, nil
 	}
 }
@@ -111,58 +111,42 @@ func startOffsets(ctx context.Context, adm *kadm.Client, from time.Time, parts m
 	return out, nil
 }
 
-// startCommits commits the starts startWithin chose. A group commits
-// where it started a partition at once, not only once it handled a record
-// there: otherwise a group that restarts before that — an idle
-// partition, a batch its handler holds (the quarantine role's retry
-// consumer while a cluster is down) — starts the partition StartWithin
-// back from its new start, and what was written between the two, older
-// than StartWithin by then, is never read. franz-go takes an adjusted
-// start for the group's committed offset (it is not marked: a mark at it
-// commits nothing), so the start is committed on its own, from a
-// goroutine: startWithin runs inside the client's group management.
-type startCommits struct {
-	cl  atomic.Pointer[kgo.Client] // nil until the runner keeps its client
-	log *slog.Logger
-}
-
-// commit commits starts where the group has committed nothing later
-// since (a record handled meanwhile wins).
-func (c *startCommits) commit(starts map[string]map[int32]int64) {
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		cl := c.cl.Load()
-		for ; cl == nil; cl = c.cl.Load() { // the group joined before NewClient returned
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(10 * time.Millisecond):
+// commitStarts commits the starts startWithin chose where the group has
+// committed nothing later since (a record handled meanwhile wins). A
+// group commits where it started a partition at once, not only once it
+// handled a record there: otherwise a group that restarts before that —
+// an idle partition, a batch its handler holds (the quarantine role's
+// retry consumer while a cluster is down) — starts the partition
+// StartWithin back from its new start, and what was written between the
+// two, older than StartWithin by then, is never read. franz-go takes an
+// adjusted start for the group's committed offset (it is not marked: a
+// mark at it commits nothing), so the start is committed on its own, from
+// a goroutine: startWithin runs inside the client's group management.
+func commitStarts(cl *kgo.Client, starts map[string]map[int32]int64, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	have := cl.CommittedOffsets()
+	offs := map[string]map[int32]kgo.EpochOffset{}
+	for topic, ps := range starts {
+		for p, at := range ps {
+			if o, ok := have[topic][p]; ok && o.Offset > at {
+				continue
 			}
+			if offs[topic] == nil {
+				offs[topic] = map[int32]kgo.EpochOffset{}
+			}
+			offs[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: at}
 		}
-		have := cl.CommittedOffsets()
-		offs := map[string]map[int32]kgo.EpochOffset{}
-		for topic, ps := range starts {
-			for p, at := range ps {
-				if o, ok := have[topic][p]; ok && o.Offset > at {
-					continue
-				}
-				if offs[topic] == nil {
-					offs[topic] = map[int32]kgo.EpochOffset{}
-				}
-				offs[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: at}
-			}
+	}
+	if len(offs) == 0 {
+		return
+	}
+	cl.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err == nil {
+			err = commitError(resp)
 		}
-		if len(offs) == 0 {
-			return
+		if err != nil && !errors.Is(err, kgo.ErrClientClosed) && !errors.Is(err, context.Canceled) {
+			log.Warn("the group's start on uncommitted partitions not committed: a restart before a record is handled there starts them again by time", "err", err)
 		}
-		cl.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-			if err == nil {
-				err = commitError(resp)
-			}
-			if err != nil && !errors.Is(err, kgo.ErrClientClosed) && !errors.Is(err, context.Canceled) {
-				c.log.Warn("the group's start on uncommitted partitions not committed: a restart before a record is handled there starts them again by time", "err", err)
-			}
-		})
-	}()
+	})
 }

@@ -191,12 +191,11 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 				r.keep(it, acts)
 				continue
 			}
-		} else if h.decideStale(&r, it, cl, stale) {
-			continue
-		}
-		if live && !retry && h.deferring(cluster) {
+		} else if live && h.deferring(cluster) {
 			h.deferRest(&r, items[i:], cl, stale)
 			return r
+		} else if h.decideStale(&r, it, cl, stale) {
+			continue
 		}
 		for {
 			var acts []*faultlinev1.Action
