@@ -569,6 +569,13 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		}
 		return 0, op.fail(ctx, ReasonNoProvider, why, false)
 	}
+	if op.kd == kindReboot && op.node.Status.NodeInfo.BootID == "" {
+		// A reboot is over at a boot ID other than the one recorded with
+		// its signal: recorded empty, the first one the kubelet reports
+		// (of the same boot) would read as the reboot done.
+		op.deferOnce(ctx, fmt.Sprintf("node %s reports no boot ID (status.nodeInfo.bootID) yet: a reboot's end could not be told; waiting for its kubelet", op.nodeName))
+		return j.cfg.PollInterval, nil
+	}
 	if wait := op.claimNode(); wait > 0 {
 		op.deferOnce(ctx, fmt.Sprintf("node %s is in its cooldown (%v) for %v more", op.nodeName, j.cfg.Cooldown, wait.Round(time.Second)))
 		return wait, nil

@@ -72,7 +72,7 @@ func TestNodeOwnKeys(t *testing.T) {
 				labels[k] = v
 			}
 			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: labels, Annotations: tc.ann}}
-			if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+			if _, err := e.kube.CoreV1().Nodes().Create(ctx, booted(n), metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			cfg := DefaultConfig()

@@ -223,7 +223,7 @@ func TestCooldownHoldsConcurrentResources(t *testing.T) {
 		name := fmt.Sprintf("cool-%d", i)
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{AnnotationProvider: ProviderRedfish,
 			events.LabelQuarantined: "true", labelDrain: "succeeded"}}}
-		if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+		if _, err := e.kube.CoreV1().Nodes().Create(ctx, booted(n), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		// Both there before the janitor starts: its workers take them at once.

@@ -313,15 +313,7 @@ func TestSignalSentUnanswered(t *testing.T) {
 				AnnotationBMC:   "http://" + at + "/redfish/v1/Systems/" + node,
 				AnnotationAgent: at,
 			}}, Spec: corev1.NodeSpec{ProviderID: "aws:///us-east-1a/" + instance}}
-		// Ready with its boot ID from its creation (the apiserver takes a
-		// Node's status on create): set after it, a janitor whose watch
-		// copy predated it recorded the signal with no boot ID, and the
-		// node's first boot ID read as the reboot done ("Ready with a new
-		// boot ID boot-0-… (was )" for the machine that never came back,
-		// seen in CI under load).
-		setReady(n, corev1.ConditionTrue)
-		n.Status.NodeInfo.BootID = "boot-0-" + node
-		if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+		if _, err := e.kube.CoreV1().Nodes().Create(ctx, booted(n), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		e.create(kindReboot, node, node, false)
@@ -345,4 +337,45 @@ func TestSignalSentUnanswered(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRebootWaitsForABootID: a node whose kubelet has reported no boot ID
+// yet (or a watch copy from before it did) gets no reboot signal: its end
+// is a boot ID other than the one recorded with the signal, and recorded
+// empty, the node's first report of its unchanged boot read as the reboot
+// done (seen in TestSignalSentUnanswered under load: "Ready with a new
+// boot ID boot-0-… (was )" for a machine that never came back). The
+// signal goes once the boot ID is there, and the reboot ends only at
+// another one.
+func TestRebootWaitsForABootID(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	sink, srv := newSignalSink(t)
+	cfg := e.config()
+	cfg.RebootTimeout, cfg.ForceAfter, cfg.PollInterval = 5*time.Second, 0, 200*time.Millisecond
+	j, rec := e.janitor(cfg, false, e.providers(cfg))
+	run(t, j)
+	const node = "no-boot-id"
+	sink.set(node, "", "")
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node,
+		Labels:      map[string]string{AnnotationProvider: ProviderRedfish, events.LabelQuarantined: "true", labelDrain: "succeeded"},
+		Annotations: map[string]string{AnnotationBMC: srv.URL + "/redfish/v1/Systems/" + node}}}
+	if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.m.setNode(ctx, node, corev1.ConditionTrue, "") // Ready, no boot ID
+	e.create(kindReboot, node, node, false)
+	time.Sleep(2 * time.Second)
+	if got := sink.signals(node); got != 0 {
+		t.Fatalf("%d reboot signals sent to a node with no boot ID, want none yet", got)
+	}
+	e.m.setNode(ctx, node, corev1.ConditionTrue, "boot-0")
+	o := e.wait(kindReboot, node, 30*time.Second)
+	if got, res := condOf(o, CondSignalSent), condOf(o, CondNodeReady); got != "True/Succeeded" || res != "False/Timeout" {
+		t.Fatalf("SignalSent %s, NodeReady %s; want True/Succeeded, False/Timeout: the machine kept boot-0 (status %v)", got, res, o.Object["status"])
+	}
+	if got := sink.signals(node); got != 1 {
+		t.Fatalf("%d reboot signals, want 1 once the boot ID was there", got)
+	}
+	rec.expect(t, node, []string{"reboot/deferred", "reboot/applied", "reboot/failed"})
 }
