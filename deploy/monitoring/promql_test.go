@@ -111,13 +111,15 @@ func (p *promChecker) selector(vs *parser.VectorSelector) pval {
 		return pval{name: name, unknown: true}
 	default:
 		// Not faultline's (up, kube-state-metrics): its known labels
-		// (externalMetrics), target labels and any it is matched on.
+		// (externalMetrics), target labels and any it is matched on; a
+		// counter by the convention of its name.
 		for _, l := range slices.Concat(externalMetrics[name], targetLabels) {
 			v.labels[l] = true
 		}
 		for _, m := range ms {
 			v.labels[m.Name] = true
 		}
+		v.counter = strings.HasSuffix(name, "_total")
 	}
 	for _, m := range ms {
 		if !v.labels[m.Name] {
