@@ -635,6 +635,9 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		j.m.signalLatency.WithLabelValues(op.cr.name).Observe(j.now().Sub(created).Seconds())
 	}
 	msg := fmt.Sprintf("%s signal sent via %s", op.kd.ActionKind, pname)
+	if keys := named[events.DetailNodeNamed]; keys != "" {
+		msg += " following the node's own " + keys + " (its kubelet may write it)"
+	}
 	// The action before the status it reports, here and at every step: a
 	// janitor that stops in between finds the step not written and does it
 	// again, producing the same action (same id) again.

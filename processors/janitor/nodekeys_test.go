@@ -2,6 +2,7 @@ package janitor
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/faultline/faultline/schemas/events"
 )
@@ -84,8 +86,10 @@ func TestNodeOwnKeys(t *testing.T) {
 			defer stop()
 			e.create(kindReboot, "reboot-"+node, node, false)
 			var got string
+			var o *unstructured.Unstructured
 			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-				o, err := e.dyn.Resource(kindReboot.GVR).Get(ctx, "reboot-"+node, metav1.GetOptions{})
+				var err error
+				o, err = e.dyn.Resource(kindReboot.GVR).Get(ctx, "reboot-"+node, metav1.GetOptions{})
 				if err == nil {
 					if got = condOf(o, CondSignalSent); got != "none" {
 						break
@@ -120,6 +124,11 @@ func TestNodeOwnKeys(t *testing.T) {
 			}
 			if !found || named != tc.wantNamed {
 				t.Fatalf("the signal's action (found %v) says nodeNamed %q, want %q", found, named, tc.wantNamed)
+			}
+			// Said on the resource too, where kubectl shows it.
+			msg := fmt.Sprint(condition(o, CondSignalSent)["message"])
+			if said := strings.Contains(msg, "the node's own "); said != (tc.wantNamed != "") || !strings.Contains(msg, tc.wantNamed) {
+				t.Errorf("SignalSent message %q, want it to name the node's own keys %q", msg, tc.wantNamed)
 			}
 			for _, k := range []string{AnnotationProvider, AnnotationBMC} {
 				want := 0.0
