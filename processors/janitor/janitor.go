@@ -238,6 +238,11 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	// Exported from the start (at 0), so an alert on their increase sees
+	// the first signal that follows a node's own key.
+	for _, k := range []string{AnnotationProvider, AnnotationBMC} {
+		j.m.nodeNamed.WithLabelValues(name, k)
+	}
 	if cl.Kube == nil {
 		j.log.Info("janitor: cluster has no kubeconfig (dry-run); nothing to watch", "cluster", name)
 		<-ctx.Done()
