@@ -190,3 +190,42 @@ func DateNoYear(month time.Month, day, hour, min, sec, nsec int, loc *time.Locat
 	}
 	return t
 }
+
+// Copy copies the zone of a host's /etc (etc: its path as mounted) into
+// out, for FromFile to read there as it would have read etc: localtime as
+// a link (its target kept, not followed: it is the host's) or as a
+// regular file (TZif data, with the timezone file beside it that names
+// it); nothing where the host has none (UTC). The chart runs it in an
+// init container, not root, that alone mounts the host's /etc: the agent
+// mounts out and sees nothing else of /etc. It returns what FromFile reads
+// from etc (the zone, or UTC and why), and err only when out cannot be
+// written. What cannot be read or is neither a link nor a file is not
+// copied: the agent then reads UTC, and the error is the caller's to say.
+func Copy(etc, out string) (loc *time.Location, zoneErr, err error) {
+	src, dst := filepath.Join(etc, filepath.Base(DefaultFile)), filepath.Join(out, filepath.Base(DefaultFile))
+	for _, name := range []string{dst, filepath.Join(out, "timezone")} {
+		if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, nil, fmt.Errorf("host zone copy: %w", err)
+		}
+	}
+	loc, zoneErr = FromFile(src)
+	fi, lerr := os.Lstat(src)
+	switch {
+	case lerr != nil: // none (UTC), or etc not mounted (zoneErr says so)
+	case fi.Mode()&os.ModeSymlink != 0:
+		if target, rerr := os.Readlink(src); rerr == nil {
+			err = os.Symlink(target, dst)
+		}
+	case fi.Mode().IsRegular():
+		if b, rerr := topology.ReadCapped(src, maxZoneBytes); rerr == nil {
+			err = os.WriteFile(dst, b, 0o644)
+			if n, rerr := topology.ReadCapped(filepath.Join(etc, "timezone"), 255); rerr == nil && err == nil {
+				err = os.WriteFile(filepath.Join(out, "timezone"), n, 0o644)
+			}
+		}
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("host zone copy: %w", err)
+	}
+	return loc, zoneErr, nil
+}

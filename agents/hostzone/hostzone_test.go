@@ -8,38 +8,72 @@ import (
 	"time"
 )
 
+// zoneCase is a host's /etc/localtime as a distribution leaves it, or
+// as it cannot be read, and the zone it gives.
+type zoneCase struct {
+	name    string
+	setup   func(etc string) // makes etc/localtime
+	file    string           // default etc/localtime
+	offset  int              // of the zone at zoneAt, seconds
+	zone    string           // its name, where it is said
+	wantErr string
+	// notCopied: Copy leaves nothing (nothing a copy could keep), and the
+	// agent reads UTC from the copy, quietly: Copy said why.
+	notCopied bool
+}
+
+var zoneAt = time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
+
+func zoneCases(t *testing.T) []zoneCase {
+	tzif, err := os.ReadFile("testdata/Kolkata.tzif")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []zoneCase{
+		{"absolute link", func(etc string) { os.Symlink("/usr/share/zoneinfo/America/New_York", filepath.Join(etc, "localtime")) }, "", -4 * 3600, "America/New_York", "", false},
+		{"relative link", func(etc string) { os.Symlink("../usr/share/zoneinfo/Asia/Tokyo", filepath.Join(etc, "localtime")) }, "", 9 * 3600, "Asia/Tokyo", "", false},
+		{"posix link", func(etc string) {
+			os.Symlink("/usr/share/zoneinfo/posix/Australia/Adelaide", filepath.Join(etc, "localtime"))
+		}, "", 9*3600 + 1800, "Australia/Adelaide", "", false},
+		{"link to UTC", func(etc string) { os.Symlink("/usr/share/zoneinfo/Etc/UTC", filepath.Join(etc, "localtime")) }, "", 0, "Etc/UTC", "", false},
+		{"TZif file", func(etc string) { os.WriteFile(filepath.Join(etc, "localtime"), tzif, 0o644) }, "", 5*3600 + 1800, "host", "", false},
+		{"TZif file named by /etc/timezone", func(etc string) {
+			os.WriteFile(filepath.Join(etc, "localtime"), tzif, 0o644)
+			os.WriteFile(filepath.Join(etc, "timezone"), []byte("Asia/Kolkata\n"), 0o644)
+		}, "", 5*3600 + 1800, "Asia/Kolkata", "", false},
+		{"empty file (glibc: UTC)", func(etc string) { os.WriteFile(filepath.Join(etc, "localtime"), nil, 0o644) }, "", 0, "", "", false},
+		{"missing file (glibc: UTC)", func(string) {}, "", 0, "UTC", "", false},
+		{"etc not mounted", func(string) {}, "nothere/localtime", 0, "UTC", "is the host's /etc mounted?", true},
+		{"link elsewhere", func(etc string) { os.Symlink("/opt/tz/mine", filepath.Join(etc, "localtime")) }, "", 0, "UTC", "not a zoneinfo file", false},
+		{"link to no zone", func(etc string) { os.Symlink("/usr/share/zoneinfo/Mars/Olympus", filepath.Join(etc, "localtime")) }, "", 0, "UTC", "Mars/Olympus", false},
+		{"not TZif", func(etc string) { os.WriteFile(filepath.Join(etc, "localtime"), []byte("EST5EDT\n"), 0o644) }, "", 0, "UTC", "malformed", false},
+		{"a directory (a hostPath the kubelet made)", func(etc string) { os.Mkdir(filepath.Join(etc, "localtime"), 0o755) }, "", 0, "UTC", "is a directory", true},
+	}
+}
+
+// check fails t unless loc and err are tc's zone.
+func (tc zoneCase) check(t *testing.T, loc *time.Location, err error) {
+	t.Helper()
+	if tc.wantErr == "" && err != nil {
+		t.Fatalf("error %v", err)
+	}
+	if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+		t.Fatalf("error %v, want one saying %q", err, tc.wantErr)
+	}
+	if _, off := zoneAt.In(loc).Zone(); off != tc.offset {
+		t.Errorf("%s: offset %ds at %s, want %ds", loc, off, zoneAt, tc.offset)
+	}
+	if tc.zone != "" && loc.String() != tc.zone {
+		t.Errorf("zone %q, want %q", loc, tc.zone)
+	}
+}
+
 // TestFromFile: the host's /etc/localtime as a distribution leaves it — a
 // link into its zoneinfo (whose target is not in the agent's container),
 // a copied TZif file, none — gives the host's zone; what cannot be read
 // gives UTC and says why.
 func TestFromFile(t *testing.T) {
-	tzif, err := os.ReadFile("testdata/Kolkata.tzif")
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
-	for _, tc := range []struct {
-		name    string
-		setup   func(etc string) // makes etc/localtime
-		file    string           // default etc/localtime
-		offset  int              // of the zone at `at`, seconds
-		wantErr string
-	}{
-		{"absolute link", func(etc string) { os.Symlink("/usr/share/zoneinfo/America/New_York", filepath.Join(etc, "localtime")) }, "", -4 * 3600, ""},
-		{"relative link", func(etc string) { os.Symlink("../usr/share/zoneinfo/Asia/Tokyo", filepath.Join(etc, "localtime")) }, "", 9 * 3600, ""},
-		{"posix link", func(etc string) {
-			os.Symlink("/usr/share/zoneinfo/posix/Australia/Adelaide", filepath.Join(etc, "localtime"))
-		}, "", 9*3600 + 1800, ""},
-		{"link to UTC", func(etc string) { os.Symlink("/usr/share/zoneinfo/Etc/UTC", filepath.Join(etc, "localtime")) }, "", 0, ""},
-		{"TZif file", func(etc string) { os.WriteFile(filepath.Join(etc, "localtime"), tzif, 0o644) }, "", 5*3600 + 1800, ""},
-		{"empty file (glibc: UTC)", func(etc string) { os.WriteFile(filepath.Join(etc, "localtime"), nil, 0o644) }, "", 0, ""},
-		{"missing file (glibc: UTC)", func(string) {}, "", 0, ""},
-		{"etc not mounted", func(string) {}, "nothere/localtime", 0, "is the host's /etc mounted?"},
-		{"link elsewhere", func(etc string) { os.Symlink("/opt/tz/mine", filepath.Join(etc, "localtime")) }, "", 0, "not a zoneinfo file"},
-		{"link to no zone", func(etc string) { os.Symlink("/usr/share/zoneinfo/Mars/Olympus", filepath.Join(etc, "localtime")) }, "", 0, "Mars/Olympus"},
-		{"not TZif", func(etc string) { os.WriteFile(filepath.Join(etc, "localtime"), []byte("EST5EDT\n"), 0o644) }, "", 0, "malformed"},
-		{"a directory (a hostPath the kubelet made)", func(etc string) { os.Mkdir(filepath.Join(etc, "localtime"), 0o755) }, "", 0, "is a directory"},
-	} {
+	for _, tc := range zoneCases(t) {
 		t.Run(tc.name, func(t *testing.T) {
 			etc := t.TempDir()
 			tc.setup(etc)
@@ -48,20 +82,49 @@ func TestFromFile(t *testing.T) {
 				file = filepath.Join(etc, tc.file)
 			}
 			loc, err := FromFile(file)
-			if tc.wantErr == "" && err != nil {
-				t.Fatalf("error %v", err)
-			}
-			if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
-				t.Fatalf("error %v, want one saying %q", err, tc.wantErr)
-			}
-			if _, off := at.In(loc).Zone(); off != tc.offset {
-				t.Errorf("%s: offset %ds at %s, want %ds", loc, off, at, tc.offset)
-			}
+			tc.check(t, loc, err)
 		})
 	}
 }
 
-// TestLocation: time_zone settings.
+// TestCopy: the chart's init container copies the host's zone out of its
+// /etc, so that the agent need not mount the rest of it (/etc/shadow, the
+// kubelet's and other credentials): Copy says the zone it read, and the
+// agent reads the same zone from the copy. What cannot be read is said by
+// Copy and leaves no copy (the agent reads UTC); a copy made before (a
+// pod's init container run again) is replaced.
+func TestCopy(t *testing.T) {
+	for _, tc := range zoneCases(t) {
+		t.Run(tc.name, func(t *testing.T) {
+			etc, out := t.TempDir(), t.TempDir()
+			tc.setup(etc)
+			if tc.file != "" {
+				etc = filepath.Join(etc, filepath.Dir(tc.file))
+			}
+			// An earlier run's copy, of another zone.
+			os.Symlink("/usr/share/zoneinfo/Europe/Berlin", filepath.Join(out, "localtime"))
+			os.WriteFile(filepath.Join(out, "timezone"), []byte("Europe/Berlin\n"), 0o644)
+			loc, zoneErr, err := Copy(etc, out)
+			if err != nil {
+				t.Fatalf("copy: %v", err)
+			}
+			tc.check(t, loc, zoneErr)
+			copied, err := FromFile(filepath.Join(out, "localtime"))
+			if tc.notCopied {
+				tc = zoneCase{zone: "UTC"}
+			}
+			tc.check(t, copied, err)
+		})
+	}
+	t.Run("out not writable", func(t *testing.T) {
+		etc := t.TempDir()
+		os.Symlink("/usr/share/zoneinfo/Asia/Tokyo", filepath.Join(etc, "localtime"))
+		if _, _, err := Copy(etc, filepath.Join(t.TempDir(), "missing")); err == nil {
+			t.Fatal("no error copying into a directory that is not there")
+		}
+	})
+}
+
 func TestLocation(t *testing.T) {
 	for _, tc := range []struct {
 		setting, want string

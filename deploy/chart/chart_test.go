@@ -3,6 +3,7 @@ package chart
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -143,15 +144,15 @@ func TestAgentMounts(t *testing.T) {
 		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel"}, false, false},
 		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/dev/kmsg"}, true, true},
 		{"default", []string{"--set", "agent.checks={nic}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/lib/kubelet/pod-resources"}, false, true},
-		{"cloud", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc", "/host/etc/faultline"}, false, true},
+		{"cloud", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc/faultline"}, false, true},
 		{"default", []string{"--set", "agent.checks={conformance}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/host/proc"}, false, false},
 		{"default", []string{"--set", "agent.checks={csp}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent"}, false, false},
 		{"default", []string{"--set", "agent.checks={nic,conformance,csp}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline,/opt/image/hash}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/etc/faultline", "/host/opt/image/hash"}, false, false},
-		// The host's /etc (its /etc/localtime, time_zone = "host") only for the logs printed in the host's local time: fabric's, a kmsg file.
-		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=file", "--set", "agent.config.kmsg.file=/var/log/kern.log"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/etc"}, false, false},
+		// The host's zone (its /etc/localtime, time_zone = "host", copied by an init container) only for the logs printed in the host's local time: fabric's, a kmsg file.
+		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=file", "--set", "agent.config.kmsg.file=/var/log/kern.log"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/run/faultline-zone"}, false, false},
 		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=journal"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent"}, false, false},
 		{"cloud", []string{"--set", "agent.config.time_zone=America/Chicago"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc/faultline"}, false, true},
-		{"cloud", []string{"--set", "agent.conformanceHostPaths={/etc}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc"}, false, true},
+		{"cloud", []string{"--set", "agent.conformanceHostPaths={/etc}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc"}, false, true},
 		// conformanceHostPaths are mounted only for the conformance check.
 		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel"}, false, false},
 	} {
@@ -180,10 +181,17 @@ func TestAgentMounts(t *testing.T) {
 			if (fmt.Sprint(uid) == "0") != tc.root {
 				t.Errorf("runAsUser %v, want root %v", uid, tc.root)
 			}
-			// A non-root agent's state host path is given to it first.
-			inits, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "initContainers")
-			if len(inits) == 0 == !tc.root {
-				t.Errorf("%d init containers, want one (state-dir) exactly when the agent is not root", len(inits))
+			// A non-root agent's state host path is given to it first; the
+			// host's zone is copied for it where it reads it.
+			var inits []string
+			for _, c := range mustSlice(ds.Object, "spec", "template", "spec", "initContainers") {
+				inits = append(inits, c.(map[string]any)["name"].(string))
+			}
+			if slices.Contains(inits, "state-owner") == tc.root {
+				t.Errorf("init containers %q, want state-owner exactly when the agent is not root", inits)
+			}
+			if slices.Contains(inits, "host-zone") != slices.Contains(tc.mounts, "/var/run/faultline-zone") {
+				t.Errorf("init containers %q, want host-zone exactly when the agent mounts its copy of the zone", inits)
 			}
 			if !tc.privileged {
 				drop, _, _ := unstructured.NestedStringSlice(c, "securityContext", "capabilities", "drop")
@@ -196,49 +204,83 @@ func TestAgentMounts(t *testing.T) {
 }
 
 // TestAgentHostTimeZone: where a check reads a log printed in the host's
-// local time (fabric), the host's /etc is mounted read-only (a Directory:
-// a hostPath of /etc/localtime itself would make a directory there on a
-// host without one, or fail the pod) and time_zone_file points at its
-// localtime; a zone named in agent.config.time_zone needs neither.
+// local time (fabric, a kmsg file), the host's /etc is mounted read-only
+// (a Directory: a hostPath of /etc/localtime itself would make a directory
+// there on a host without one, or fail the pod) into an init container
+// alone, not root and with no capability, that copies the zone into a
+// memory volume; the agent (root with fabric) mounts only that copy, and
+// time_zone_file points at it. A zone named in agent.config.time_zone
+// needs none of it.
 func TestAgentHostTimeZone(t *testing.T) {
 	for _, tc := range []struct {
 		args  []string
 		mount bool
 	}{
 		{[]string{"--set", "agent.checks={fabric}"}, true},
+		{[]string{"--set", "agent.checks={kmsg}", "--set", "agent.config.kmsg.source=file", "--set", "agent.config.kmsg.file=/var/log/kern.log"}, true},
 		{[]string{"--set", "agent.checks={fabric}", "--set", "agent.config.time_zone=UTC"}, false},
 		{[]string{"--set", "agent.checks={nic,kmsg}"}, false},
 	} {
 		objs := render(t, "default", tc.args...)
 		ds := Find(objs, "DaemonSet", "faultline-agent")
-		vols, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
-		var vol map[string]any
-		for _, v := range vols {
-			if v := v.(map[string]any); v["name"] == "host-etc" {
-				vol = v
-			}
+		vols := map[string]map[string]any{}
+		for _, v := range mustSlice(ds.Object, "spec", "template", "spec", "volumes") {
+			v := v.(map[string]any)
+			vols[v["name"].(string)] = v
 		}
 		conf, err := ConfigTOML(objs, "faultline-agent")
 		if err != nil {
 			t.Fatal(err)
 		}
-		hasFile := strings.Contains(conf, `time_zone_file = "/host/etc/localtime"`)
-		if (vol != nil) != tc.mount || hasFile != tc.mount {
-			t.Errorf("%q: host-etc volume %v, time_zone_file set %v; want both %v:\n%s", tc.args, vol, hasFile, tc.mount, conf)
+		hasFile := strings.Contains(conf, `time_zone_file = "/var/run/faultline-zone/localtime"`)
+		if (vols["host-etc"] != nil) != tc.mount || (vols["host-zone"] != nil) != tc.mount || hasFile != tc.mount {
+			t.Errorf("%q: host-etc volume %v, host-zone volume %v, time_zone_file set %v; want all %v:\n%s", tc.args, vols["host-etc"], vols["host-zone"], hasFile, tc.mount, conf)
 			continue
 		}
-		if vol == nil {
+		if !tc.mount {
 			continue
 		}
-		if p, _, _ := unstructured.NestedString(vol, "hostPath", "path"); p != "/etc" {
+		if p, _, _ := unstructured.NestedString(vols["host-etc"], "hostPath", "path"); p != "/etc" {
 			t.Errorf("host-etc mounts %q", p)
 		}
-		if typ, _, _ := unstructured.NestedString(vol, "hostPath", "type"); typ != "Directory" {
+		if typ, _, _ := unstructured.NestedString(vols["host-etc"], "hostPath", "type"); typ != "Directory" {
 			t.Errorf("host-etc hostPath type %q, want Directory (never created on the host)", typ)
 		}
-		for _, vm := range mustSlice(firstContainer(t, ds), "volumeMounts") {
-			if vm := vm.(map[string]any); vm["name"] == "host-etc" && vm["readOnly"] != true {
-				t.Errorf("host-etc is not read-only")
+		if m, _, _ := unstructured.NestedString(vols["host-zone"], "emptyDir", "medium"); m != "Memory" {
+			t.Errorf("host-zone volume %v, want an emptyDir in memory", vols["host-zone"])
+		}
+		// mounts lists the containers that mount volume name, with
+		// readOnly, and checks their security context.
+		mounts := func(name string) map[string]bool {
+			got := map[string]bool{}
+			for _, field := range []string{"initContainers", "containers"} {
+				for _, c := range mustSlice(ds.Object, "spec", "template", "spec", field) {
+					c := c.(map[string]any)
+					for _, vm := range mustSlice(c, "volumeMounts") {
+						if vm := vm.(map[string]any); vm["name"] == name {
+							got[c["name"].(string)] = vm["readOnly"] == true
+						}
+					}
+				}
+			}
+			return got
+		}
+		if got := mounts("host-etc"); !maps.Equal(got, map[string]bool{"host-zone": true}) {
+			t.Errorf("host-etc mounted by (container: read-only) %v, want only the host-zone init container, read-only", got)
+		}
+		if got := mounts("host-zone"); !maps.Equal(got, map[string]bool{"host-zone": false, "agent": true}) {
+			t.Errorf("host-zone mounted by %v, want the init container writing it and the agent reading it", got)
+		}
+		for _, c := range mustSlice(ds.Object, "spec", "template", "spec", "initContainers") {
+			c := c.(map[string]any)
+			if c["name"] != "host-zone" {
+				continue
+			}
+			uid, _, _ := unstructured.NestedFieldNoCopy(c, "securityContext", "runAsUser")
+			nonRoot, _, _ := unstructured.NestedBool(c, "securityContext", "runAsNonRoot")
+			drop, _, _ := unstructured.NestedStringSlice(c, "securityContext", "capabilities", "drop")
+			if fmt.Sprint(uid) == "0" || !nonRoot || !slices.Equal(drop, []string{"ALL"}) {
+				t.Errorf("host-zone init container runs as %v (runAsNonRoot %v), drops %q: it must not read the host's secrets", uid, nonRoot, drop)
 			}
 		}
 	}

@@ -37,6 +37,7 @@ var commands = []command{
 	{"fabric", "fabric parse [--kind K] [--nvswitches N] FILE...   Fabric Manager outputs (kind detected) → events as JSON lines", fabricCmd},
 	{"gpu", "gpu check   one NVML health read (what the gpu check sees) as JSON", gpuCmd},
 	{"state-dir", "state-dir --dir DIR --owner UID:GID   give the state directory to the user the agent runs as (the chart's init container)", stateDirCmd},
+	{"host-zone", "host-zone --etc DIR --out DIR   copy the host's time zone out of its /etc (the chart's init container)", hostZoneCmd},
 }
 
 func main() {
