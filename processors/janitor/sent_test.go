@@ -360,10 +360,10 @@ func TestRebootWaitsForABootID(t *testing.T) {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node,
 		Labels:      map[string]string{AnnotationProvider: ProviderRedfish, events.LabelQuarantined: "true", labelDrain: "succeeded"},
 		Annotations: map[string]string{AnnotationBMC: srv.URL + "/redfish/v1/Systems/" + node}}}
+	setReady(n, corev1.ConditionTrue) // Ready, no boot ID
 	if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.m.setNode(ctx, node, corev1.ConditionTrue, "") // Ready, no boot ID
 	e.create(kindReboot, node, node, false)
 	time.Sleep(2 * time.Second)
 	if got := sink.signals(node); got != 0 {
