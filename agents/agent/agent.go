@@ -9,20 +9,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/faultline/faultline/agents/localaction"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/procfs/sysfs"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/agents/check"
+	"github.com/faultline/faultline/agents/localaction"
 	"github.com/faultline/faultline/agents/podres"
 	"github.com/faultline/faultline/agents/relay"
 	"github.com/faultline/faultline/schemas/events"
@@ -65,6 +67,9 @@ type Agent struct {
 	now    func() time.Time
 	podres *podres.Lister // nil: off
 	relay  *relay.Server  // nil: off (nvsentinel_socket)
+	// machine is this machine's system UUID, stamped on every event
+	// (events.MetaSystemUUID; "": unknown, none stamped).
+	machine string
 
 	// triggers asks a check's loop to run now (Trigger), one per check.
 	triggers map[string]chan struct{}
@@ -81,7 +86,7 @@ type Agent struct {
 // sender.
 func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: log, m: NewMetrics(), now: opt.Now, lastRun: map[string]time.Time{},
-		unspooled: map[string][]*datamodels.HealthEvent{}}
+		unspooled: map[string][]*datamodels.HealthEvent{}, machine: systemUUID(cfg.MachineSysfs, log)}
 	if a.now == nil {
 		a.now = time.Now
 	}
@@ -115,7 +120,7 @@ func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
 		return nil, err
 	}
 	if cfg.NVSentinelSocket != "" {
-		a.relay, err = relay.New(relay.Config{Socket: cfg.NVSentinelSocket, Group: cfg.NVSentinelSocketGroup, Own: reportedBy(cfg.Checks)},
+		a.relay, err = relay.New(relay.Config{Socket: cfg.NVSentinelSocket, Group: cfg.NVSentinelSocketGroup, Own: reportedBy(cfg.Checks), SystemUUID: a.machine},
 			cfg.NodeName, sp, log, a.m.Registry, a.now)
 		if err != nil {
 			a.sender.Close()
@@ -375,9 +380,33 @@ func (a *Agent) stamp(name string, evs []*datamodels.HealthEvent) {
 		if ev.ProcessingStrategy == datamodels.ProcessingStrategy_UNSPECIFIED {
 			ev.ProcessingStrategy = ps
 		}
+		events.SetSystemUUID(ev, a.machine, validate.MaxMetadata)
 		validate.Clean(ev, now.AsTime()) // whatever a check read, the gateway takes it
 	}
 }
+
+// systemUUID reads the machine's system UUID from sysfs's DMI class
+// (prometheus/procfs): "" where it cannot (the file is root's alone; no
+// DMI, as on some Arm servers), said once at start.
+func systemUUID(sysfsPath string, log *slog.Logger) string {
+	var uuid string
+	fs, err := sysfs.NewFS(sysfsPath)
+	if err == nil {
+		var dmi *sysfs.DMIClass
+		if dmi, err = fs.DMIClass(); err == nil && dmi.ProductUUID != nil {
+			uuid = strings.TrimSpace(*dmi.ProductUUID)
+		}
+	}
+	if uuid == "" || len(uuid) > maxSystemUUID {
+		log.Info("the machine's system UUID is not known: events carry none, and a Node kept across a machine swap cannot tell the earlier machine's late events apart",
+			"file", filepath.Join(sysfsPath, "class/dmi/id/product_uuid"), "err", err)
+		return ""
+	}
+	return uuid
+}
+
+// maxSystemUUID bounds what product_uuid may hold (a UUID is 36).
+const maxSystemUUID = 64
 
 // attachGPUPods adds events.MetaGPUPods (and MetaGPUPodsAt) to the
 // unhealthy events about GPUs: the pods holding those GPUs, when the

@@ -386,6 +386,7 @@ func testConfig(t *testing.T, gatewayAddr string) Config {
 	cfg := DefaultConfig()
 	cfg.NodeName = "node-7"
 	cfg.MetricsAddr = ""
+	cfg.MachineSysfs = t.TempDir() // no DMI, whatever this machine's
 	cfg.Spool.Dir = filepath.Join(t.TempDir(), "spool")
 	cfg.Gateway.Addr = gatewayAddr
 	cfg.Gateway.Insecure = true // the fake gateway is plaintext
@@ -773,5 +774,56 @@ func TestConformanceCheckRegistered(t *testing.T) {
 	}
 	if a.checks[0].Interval != 6*time.Hour {
 		t.Fatalf("interval %v", a.checks[0].Interval)
+	}
+}
+
+// TestEventsCarryTheMachine: every event names the machine that raised it
+// (its system UUID from sysfs's DMI class, as the kubelet reports it), so
+// a Node object kept across a machine swap tells the earlier machine's
+// late events apart; where the UUID cannot be read (a non-root agent, no
+// DMI) events carry none.
+func TestEventsCarryTheMachine(t *testing.T) {
+	const uuid = "4C4C4544-0042-3510-8052-B4C04F4E3732"
+	for _, tc := range []struct {
+		name    string
+		content string // product_uuid; "-" none
+		want    string
+	}{
+		{"read", uuid + "\n", uuid},
+		{"no DMI", "-", ""},
+		{"not a UUID's length", strings.Repeat("x", 80), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sys := t.TempDir()
+			if tc.content != "-" {
+				dir := filepath.Join(sys, "class", "dmi", "id")
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, "product_uuid"), []byte(tc.content), 0o400); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg := testConfig(t, "127.0.0.1:1")
+			cfg.MachineSysfs = sys
+			c := fakeCheck{"x", func(context.Context) ([]*datamodels.HealthEvent, error) {
+				return []*datamodels.HealthEvent{{CheckName: "SysLogsXIDError", IsFatal: true, Message: "Xid 79"}, {CheckName: "Healthy", IsHealthy: true}}, nil
+			}}
+			s := Scheduled{Check: c, Interval: time.Second, Timeout: time.Second}
+			a, err := New(cfg, quiet(), Options{Checks: []Scheduled{s}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.RunOnce(context.Background(), s)
+			evs, _, err := a.Spool().Peek(10)
+			if err != nil || len(evs) != 2 {
+				t.Fatalf("spooled %d events, err %v", len(evs), err)
+			}
+			for _, ev := range evs {
+				if got, ok := ev.GetMetadata()[events.MetaSystemUUID]; got != tc.want || ok != (tc.want != "") {
+					t.Errorf("%s: %s = %q (present %v), want %q", ev.GetCheckName(), events.MetaSystemUUID, got, ok, tc.want)
+				}
+			}
+		})
 	}
 }

@@ -64,9 +64,17 @@ type Config struct {
 	// A host zone that cannot be read is UTC, with a warning at start.
 	TimeZone string `toml:"time_zone"`
 	// TimeZoneFile is the host's /etc/localtime as the agent sees it
-	// (default "/etc/localtime"; the chart mounts the host's /etc at
-	// /host/etc). Missing in an existing directory: the host is on UTC.
+	// (default "/etc/localtime"; the chart's init container copies it out
+	// of the host's /etc, hostzone.Copy). Missing in an existing
+	// directory: the host is on UTC.
 	TimeZoneFile string `toml:"time_zone_file"`
+	// MachineSysfs is the sysfs the machine's system UUID is read from, at start
+	// (class/dmi/id/product_uuid, what the kubelet reports as the Node's
+	// status.nodeInfo.systemUUID; default "/sys"), and stamped on every
+	// event (events.MetaSystemUUID): a Node object kept across a machine
+	// swap then tells the earlier machine's late events apart. The file
+	// is root's alone: a non-root agent stamps none.
+	MachineSysfs string `toml:"machine_sysfs"`
 
 	Gateway GatewayConfig `toml:"gateway"`
 	Spool   SpoolConfig   `toml:"spool"`
@@ -184,6 +192,7 @@ func DefaultConfig() Config {
 		PodResourcesSocket: podres.DefaultSocket,
 		TimeZone:           hostzone.Host,
 		TimeZoneFile:       hostzone.DefaultFile,
+		MachineSysfs:       "/sys",
 		Gateway: GatewayConfig{Addr: "127.0.0.1:50051", TokenFile: "/var/run/secrets/faultline/token",
 			Timeout: 10 * time.Second, BatchSize: 500, MaxBackoff: 30 * time.Second},
 		Spool:        SpoolConfig{Dir: "/var/lib/faultline-agent/spool", MaxBytes: 64 << 20},
@@ -220,6 +229,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NVSentinelSocketGroup, "nvsentinel-socket-group", c.NVSentinelSocketGroup, "group (name or id) of the NVSentinel socket, created mode 0660 (default the agent's group)")
 	fs.StringVar(&c.TimeZone, "time-zone", c.TimeZone, "the host's time zone, of log times printed without one: host (read from --time-zone-file) or a zone name (UTC, America/Chicago)")
 	fs.StringVar(&c.TimeZoneFile, "time-zone-file", c.TimeZoneFile, "the host's /etc/localtime as the agent sees it")
+	fs.StringVar(&c.MachineSysfs, "machine-sysfs", c.MachineSysfs, "sysfs to read the machine's system UUID from (class/dmi/id/product_uuid), stamped on every event")
 	c.Gateway.RegisterFlags(fs, "gateway.")
 	c.Spool.RegisterFlags(fs, "spool.")
 	c.NIC.RegisterFlags(fs, "nic.")

@@ -73,6 +73,9 @@ type Config struct {
 	// rules would count each occurrence twice (an Xid as two bursts, a
 	// link-down as two downs). Nil: none.
 	Own map[string]string
+	// SystemUUID is the machine's, stamped on every relayed event
+	// (events.MetaSystemUUID; "": none), as on the agent's own.
+	SystemUUID string
 }
 
 // Keys are the agent's configuration keys of Config, named in errors.
@@ -113,6 +116,8 @@ type Server struct {
 	path  string
 
 	own map[string]string
+	// machine is Config.SystemUUID.
+	machine string
 
 	mu      sync.Mutex
 	lastLog map[string]time.Time
@@ -145,7 +150,7 @@ func New(cfg Config, node string, spool Spool, log *slog.Logger, reg prometheus.
 	}
 	s := &Server{node: node, spool: spool, log: log.With("component", "nvsentinel-relay"), now: now, path: cfg.Socket,
 		v:       validate.Validator{MaxBatch: MaxBatch, MaxFutureSkew: maxFutureSkew},
-		lastLog: map[string]time.Time{}, own: cfg.Own, ownSeen: map[string]bool{},
+		lastLog: map[string]time.Time{}, own: cfg.Own, ownSeen: map[string]bool{}, machine: cfg.SystemUUID,
 		m: metrics{events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_agent_relay_events_total",
 			Help: "Events NVSentinel monitors sent to the agent's relay socket, by result (accepted: spooled; invalid, other_node, not_spooled: the call was refused and nothing of it spooled)."},
 			[]string{"result"})},
@@ -220,6 +225,7 @@ func (s *Server) HealthEventOccurredV1(_ context.Context, req *datamodels.Health
 		// After the id (derived from the event as sent), before the
 		// checks (which then see what is spooled).
 		nvsentinel.Normalize(ev)
+		events.SetSystemUUID(ev, s.machine, validate.MaxMetadata)
 	}
 	if err := s.v.ValidateBatch(evs, now); err != nil {
 		return nil, s.refuse(resultInvalid, len(evs), codes.InvalidArgument, err.Error())

@@ -36,6 +36,9 @@ func xid(node, msg string) nvsentinel.Event {
 		NodeName: node, GeneratedTimestamp: testNow.Add(-time.Minute)}
 }
 
+// machine is the system UUID of the relay's machine.
+const machine = "4C4C4544-0042-3510-8052-B4C04F4E3732"
+
 type fixture struct {
 	spool  *agent.Spool
 	reg    *prometheus.Registry
@@ -54,7 +57,7 @@ func start(t *testing.T, spoolBytes int64) *fixture {
 		t.Fatal(err)
 	}
 	f := &fixture{spool: sp, reg: prometheus.NewRegistry(), socket: filepath.Join(dir, "nvsentinel.sock")}
-	srv, err := relay.New(relay.Config{Socket: f.socket}, "gpu-node-42", sp, log, f.reg, func() time.Time { return testNow })
+	srv, err := relay.New(relay.Config{Socket: f.socket, SystemUUID: machine}, "gpu-node-42", sp, log, f.reg, func() time.Time { return testNow })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,8 +99,8 @@ func (f *fixture) spooled(t *testing.T) []*datamodels.HealthEvent {
 }
 
 // TestRelayAccepts: a monitor's events are spooled whole and in order,
-// with the relay's idempotency key in place of any id the monitor set,
-// its own generatedTimestamp kept (or the time the agent received it),
+// with the relay's idempotency key in place of any id the monitor set and
+// the machine's system UUID, its own generatedTimestamp kept (or the time the agent received it),
 // its processingStrategy (STORE_AND_ANALYSE too) untouched, and none of
 // the fields the gateway owns stamped.
 func TestRelayAccepts(t *testing.T) {
@@ -138,6 +141,11 @@ func TestRelayAccepts(t *testing.T) {
 	}
 	if got[2].GetMetadata()["pci"] != "0000:17:00" {
 		t.Fatalf("metadata %v", got[2].GetMetadata())
+	}
+	for _, ev := range got { // the machine that raised it, as on the agent's own
+		if m := ev.GetMetadata()[events.MetaSystemUUID]; m != machine {
+			t.Fatalf("%s = %q, want the relay's machine %s", events.MetaSystemUUID, m, machine)
+		}
 	}
 	if n := metric(t, f.reg, "accepted"); n != 3 {
 		t.Fatalf("accepted = %v", n)

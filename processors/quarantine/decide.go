@@ -15,6 +15,7 @@ import (
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // process decides and acts on one event. A returned error is the cluster
@@ -142,10 +143,11 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		superseded      time.Time
 		before          time.Time // the node's creation, when the event was received before it
 		created         time.Time // the node's creation
+		machine         string    // the node's system UUID, when the event is of another machine
 	)
 	br := h.breaker(cl)
 	_, err := h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
-		closing, superseded, before = nil, time.Time{}, time.Time{} // a conflict re-decides on the node as it is now
+		closing, superseded, before, machine = nil, time.Time{}, time.Time{}, "" // a conflict re-decides on the node as it is now
 		now := h.now()
 		manual = st.DetectManualUncordon(n, now)
 		created = n.CreationTimestamp.Time
@@ -153,6 +155,12 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 			// Received before this Node object existed: of the machine an
 			// earlier Node of this name was (replaced, its name reused).
 			before = c
+			return manual, nil
+		}
+		if m, ok := otherMachine(ev, n); ok {
+			// Of the machine this Node object was before (kept across a
+			// machine swap, registered again without being deleted).
+			machine = m
 			return manual, nil
 		}
 		if ev.GetGeneratedTimestamp().IsValid() {
@@ -211,6 +219,12 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		a := h.action(it, events.KindQuarantine, events.OutcomeSkipped, fmt.Sprintf(
 			"event received at %s, before this node object was created at %s: it is of the machine an earlier node of this name was, not acted on",
 			ev.GetReceivedTimestamp().AsTime().UTC().Format(time.RFC3339Nano), before.UTC().Format(time.RFC3339)), dec.Rule, cl)
+		return withRuleErrors(append(acts, a), ruleErrs), nil
+	}
+	if machine != "" {
+		a := h.action(it, events.KindQuarantine, events.OutcomeSkipped, fmt.Sprintf(
+			"event of machine %s (its system UUID), while node %s reports machine %s: of the machine this node was before, not acted on",
+			validate.Short(ev.GetMetadata()[events.MetaSystemUUID]), node.Name, machine), dec.Rule, cl)
 		return withRuleErrors(append(acts, a), ruleErrs), nil
 	}
 	if !superseded.IsZero() {
@@ -462,4 +476,15 @@ func predates(ev *datamodels.HealthEvent, n *corev1.Node) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return created, rt.AsTime().Before(created)
+}
+
+// otherMachine returns the system UUID node n reports when ev names
+// another machine (events.MetaSystemUUID, stamped by the node's agent):
+// a Node object kept across a machine swap (the new machine's kubelet
+// registered under the same name, the object not deleted) and a late
+// event of the machine before. An event or a node that names none is of
+// the node's machine, as before (another sender, an agent not root).
+func otherMachine(ev *datamodels.HealthEvent, n *corev1.Node) (string, bool) {
+	m, now := ev.GetMetadata()[events.MetaSystemUUID], n.Status.NodeInfo.SystemUUID
+	return now, m != "" && now != "" && !strings.EqualFold(m, now)
 }

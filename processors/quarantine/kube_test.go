@@ -32,6 +32,7 @@ import (
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
@@ -593,6 +594,52 @@ func TestKube(t *testing.T) {
 				t.Errorf("%s (received %s, node created %s): actions %s, want %s; node unschedulable %v, taints %v",
 					tc.name, tc.ev.GetReceivedTimestamp().AsTime().Format(time.RFC3339Nano), created.Format(time.RFC3339), got, tc.want,
 					n.Spec.Unschedulable, n.Spec.Taints)
+			}
+		}
+	})
+
+	// A Node object kept across a machine swap: the new machine's kubelet
+	// registered under the same name without the object being deleted,
+	// and reports its own system UUID. The earlier machine's late faults
+	// (its agent stamped its system UUID on them) are not acted on; the
+	// new machine's are, and so are events that name no machine (another
+	// sender, an agent that could not read it).
+	t.Run("EventOfTheMachineBeforeAKeptNodeIgnored", func(t *testing.T) {
+		const before, after = "4C4C4544-0042-3510-8052-B4C04F4E3732", "4C4C4544-0051-4710-8034-C3C04F4E3732"
+		createNodes(t, k, "swap", "swap-1", "swap-2")
+		h := newTestHandler(t, testConfig("swap"), map[string]kubernetes.Interface{"c1": k})
+		machine := func(node, uuid string) {
+			t.Helper()
+			n := getNode(t, k, node)
+			n.Status.NodeInfo.SystemUUID = uuid
+			if _, err := k.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		of := func(ev *datamodels.HealthEvent, uuid string) *datamodels.HealthEvent {
+			events.SetSystemUUID(ev, uuid, validate.MaxMetadata)
+			return ev
+		}
+		machine("swap-1", before)
+		machine("swap-2", before)
+		machine("swap-1", after) // swapped, the Node kept
+		machine("swap-2", after)
+		for _, tc := range []struct {
+			name string
+			ev   *datamodels.HealthEvent
+			want string
+		}{
+			{"the earlier machine's fault, late", of(fatal("swap-1", "XID_ERROR_79", "GPU-1"), before), "quarantine/skipped"},
+			{"the new machine's own fault (its UUID in lower case)", of(fatal("swap-1", "XID_ERROR_48", "GPU-2"), strings.ToLower(after)), "quarantine/applied"},
+			{"a fault that names no machine", fatal("swap-2", "XID_ERROR_48", "GPU-1"), "quarantine/applied"},
+		} {
+			acts, _ := handle(t, h, record("c1", tc.ev))
+			n := getNode(t, k, tc.ev.GetNodeName())
+			if got := kinds(acts); got != tc.want || n.Spec.Unschedulable != (tc.want == "quarantine/applied") {
+				t.Errorf("%s: actions %s, want %s; node unschedulable %v", tc.name, got, tc.want, n.Spec.Unschedulable)
+			}
+			if tc.want == "quarantine/skipped" && !strings.Contains(acts[0].GetReason(), "of the machine this node was before") {
+				t.Errorf("%s: reason %q", tc.name, acts[0].GetReason())
 			}
 		}
 	})

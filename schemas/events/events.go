@@ -66,6 +66,28 @@ const MetaGPUPods = "faultline.io/gpu-pods"
 // a pod created later is not in the list whatever GPU it holds.
 const MetaGPUPodsAt = "faultline.io/gpu-pods-at"
 
+// MetaSystemUUID is the event metadata naming the machine that raised it:
+// its system UUID (/sys/class/dmi/id/product_uuid, what the kubelet
+// reports as the Node's status.nodeInfo.systemUUID), stamped by the
+// node's agent where it can read it (as root). A Node object kept across
+// a machine swap then tells the earlier machine's late events apart: the
+// quarantine role does not act on a fault whose machine is not the one
+// its node reports.
+const MetaSystemUUID = "faultline.io/system-uuid"
+
+// SetSystemUUID stamps ev with the machine's system UUID (MetaSystemUUID)
+// where it has room for one more metadata key than it has (below
+// maxKeys: validate.MaxMetadata); "" stamps nothing.
+func SetSystemUUID(ev *datamodels.HealthEvent, uuid string, maxKeys int) {
+	if _, ok := ev.Metadata[MetaSystemUUID]; uuid == "" || (!ok && len(ev.Metadata) >= maxKeys) {
+		return
+	}
+	if ev.Metadata == nil {
+		ev.Metadata = map[string]string{}
+	}
+	ev.Metadata[MetaSystemUUID] = uuid
+}
+
 // NormalizePCI returns a PCI address as "dddd:bb:dd" (or "dddd:bb:dd.f" with
 // keepFunc), lower case, with the domain cut or padded to four digits:
 // "00000000:3B:00.0", "0000:3b:00" and "3b:00.0" all become "0000:3b:00".
