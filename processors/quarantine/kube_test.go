@@ -32,8 +32,8 @@ import (
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
-	"github.com/faultline/faultline/schemas/validate"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // These tests run against a real kube-apiserver (internal/testenv).
