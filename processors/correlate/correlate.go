@@ -38,6 +38,7 @@ import (
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // Agent is the agent name of derived events.
@@ -172,18 +173,22 @@ type item struct {
 
 // trigger is one evaluation of a rule: a group at a time.
 type trigger struct {
-	tid       string
-	cluster   string
-	node      string // the trigger's node (queries join on it for node/entity scope)
-	gkey      string
-	entities  []*datamodels.Entity
-	class     string
-	check     string
-	atMS      int64
-	recvMS    int64 // the trigger's receivedTimestamp (item.recvMS); 0: atMS
-	sourceID  string
-	dnode     string // node of the derived event
-	dentity   string // entity key of the derived event
+	tid      string
+	cluster  string
+	node     string // the trigger's node (queries join on it for node/entity scope)
+	gkey     string
+	entities []*datamodels.Entity
+	class    string
+	check    string
+	atMS     int64
+	recvMS   int64 // the trigger's receivedTimestamp (item.recvMS); 0: atMS
+	sourceID string
+	dnode    string // node of the derived event
+	dentity  string // entity key of the derived event
+	// machine is the trigger's machine (events.MetaSystemUUID), given
+	// to a node's derived event: the quarantine role does not act on a
+	// verdict a Node object's earlier machine triggered.
+	machine   string
 	fromSweep bool
 }
 
@@ -404,7 +409,7 @@ func (h *Handler) triggers(r *Rule, items []item) []trigger {
 			continue
 		}
 		t := trigger{tid: strconv.Itoa(len(out)), cluster: it.cluster, node: it.node, atMS: it.atMS, recvMS: it.recvMS, sourceID: ev.GetId(),
-			class: ev.GetComponentClass(), check: ev.GetCheckName()}
+			class: ev.GetComponentClass(), check: ev.GetCheckName(), machine: ev.GetMetadata()[events.MetaSystemUUID]}
 		switch r.Scope {
 		case ScopeEntity:
 			t.gkey = events.EntityKey(ev)
@@ -682,6 +687,7 @@ func (h *Handler) derive(r *Rule, em emission) *datamodels.HealthEvent {
 	}
 	if t.dnode != ClusterNode {
 		ev.NodeName = t.dnode
+		events.SetSystemUUID(ev, t.machine, validate.MaxMetadata)
 	}
 	if t.sourceID != "" {
 		ev.Metadata[MetaTrigger] = t.sourceID

@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // TestDerivedKeepsTheTriggersReceivedTime: a derived event is received
@@ -58,5 +61,41 @@ func TestDerivedKeepsTheTriggersReceivedTime(t *testing.T) {
 				t.Errorf("derived receivedTimestamp %s, want %s (when the trigger reached the gateway)", got.Format(time.RFC3339Nano), tc.wantReceived.Format(time.RFC3339Nano))
 			}
 		})
+	}
+}
+
+// TestDerivedKeepsTheTriggersMachine: a node's verdict names the machine
+// its trigger came from (events.MetaSystemUUID, stamped by the node's
+// agent), so the quarantine role does not act on a verdict that the late
+// event of a Node object's earlier machine triggered (a Node kept across
+// a machine swap); a trigger naming no machine gives none.
+func TestDerivedKeepsTheTriggersMachine(t *testing.T) {
+	rules, err := LoadRules("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rule *Rule
+	for _, r := range rules {
+		if r.Name == "RepeatedNICLinkFlap" {
+			rule = r
+		}
+	}
+	if rule == nil {
+		t.Fatal("no shipped RepeatedNICLinkFlap rule")
+	}
+	h := New(nil, rules, time.Now, time.Minute, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	const machine = "4C4C4544-0042-3510-8052-B4C04F4E3732"
+	for _, want := range []string{machine, ""} {
+		ev := nicState("c1", "n1", 0, false)
+		events.SetSystemUUID(ev, want, validate.MaxMetadata)
+		items, _ := decode(records(t, evs(ev)), slog.New(slog.NewTextHandler(io.Discard, nil)))
+		trigs := h.triggers(rule, items)
+		if len(trigs) != 1 {
+			t.Fatalf("%d triggers, want 1", len(trigs))
+		}
+		d := h.derive(rule, emission{t: trigs[0], res: result{value: 3}, mode: ModeLive})
+		if got, ok := d.GetMetadata()[events.MetaSystemUUID]; got != want || ok != (want != "") {
+			t.Errorf("derived %s = %q (present %v), want the trigger's %q", events.MetaSystemUUID, got, ok, want)
+		}
 	}
 }

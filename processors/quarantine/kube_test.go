@@ -601,9 +601,10 @@ func TestKube(t *testing.T) {
 	// A Node object kept across a machine swap: the new machine's kubelet
 	// registered under the same name without the object being deleted,
 	// and reports its own system UUID. The earlier machine's late faults
-	// (its agent stamped its system UUID on them) are not acted on; the
-	// new machine's are, and so are events that name no machine (another
-	// sender, an agent that could not read it).
+	// (its agent stamped its system UUID on them) and the verdicts they
+	// triggered (the correlator passes the trigger's machine on) are not
+	// acted on; the new machine's are, and so are events that name no
+	// machine (another sender, an agent that could not read it).
 	t.Run("EventOfTheMachineBeforeAKeptNodeIgnored", func(t *testing.T) {
 		const before, after = "4C4C4544-0042-3510-8052-B4C04F4E3732", "4C4C4544-0051-4710-8034-C3C04F4E3732"
 		createNodes(t, k, "swap", "swap-1", "swap-2")
@@ -620,6 +621,8 @@ func TestKube(t *testing.T) {
 			events.SetSystemUUID(ev, uuid, validate.MaxMetadata)
 			return ev
 		}
+		verdict := fatal("swap-1", "RepeatedXIDOnSameGPU", "GPU-1")
+		verdict.DerivedBy, verdict.RecommendedAction = "RepeatedXIDOnSameGPU", datamodels.RecommendedAction_CONTACT_SUPPORT
 		machine("swap-1", before)
 		machine("swap-2", before)
 		machine("swap-1", after) // swapped, the Node kept
@@ -630,6 +633,7 @@ func TestKube(t *testing.T) {
 			want string
 		}{
 			{"the earlier machine's fault, late", of(fatal("swap-1", "XID_ERROR_79", "GPU-1"), before), "quarantine/skipped"},
+			{"the correlator's verdict that the earlier machine's fault triggered", of(verdict, before), "quarantine/skipped"},
 			{"the new machine's own fault (its UUID in lower case)", of(fatal("swap-1", "XID_ERROR_48", "GPU-2"), strings.ToLower(after)), "quarantine/applied"},
 			{"a fault that names no machine", fatal("swap-2", "XID_ERROR_48", "GPU-1"), "quarantine/applied"},
 		} {

@@ -94,7 +94,8 @@ func (c *nodeCaches) get(cl *clusters.Client) *nodeCache {
 
 // watchCopy is what the node watch keeps of a node: name, UID,
 // resourceVersion, creationTimestamp, labels and annotations (interned), unschedulable,
-// taints and faultline's conditions.
+// taints, faultline's conditions and the machine's system UUID (a fault of
+// another machine is not acted on: otherMachine).
 func watchCopy(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
@@ -109,12 +110,12 @@ func watchCopy(obj any) (any, error) {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
 		Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, CreationTimestamp: n.CreationTimestamp, Labels: clusters.Interned(n.Labels), Annotations: clusters.Interned(n.Annotations),
 	}, Spec: corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints},
-		Status: corev1.NodeStatus{Conditions: conds}}, nil
+		Status: corev1.NodeStatus{Conditions: conds, NodeInfo: corev1.NodeSystemInfo{SystemUUID: n.Status.NodeInfo.SystemUUID}}}, nil
 }
 
 // cached returns the watch's copy of the node (name, UID, labels,
-// annotations, taints, unschedulable, the conditions faultline set: all
-// that quarantine reads and writes) when the watch has synced and this
+// annotations, taints, unschedulable, the conditions faultline set, its
+// machine's system UUID: all that quarantine reads and writes) when the watch has synced and this
 // replica has not written the node recently; false: read it live. The copy
 // is shared with the cache: never modify it.
 func (c *nodeCaches) cached(cl *clusters.Client, node string, now time.Time) (*corev1.Node, bool) {
