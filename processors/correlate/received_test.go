@@ -20,20 +20,7 @@ import (
 // fault — generated (the kernel's time) before its Node registered,
 // received after — must not read as received before the Node existed.
 func TestDerivedKeepsTheTriggersReceivedTime(t *testing.T) {
-	rules, err := LoadRules("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rule *Rule
-	for _, r := range rules {
-		if r.Name == "RepeatedNICLinkFlap" {
-			rule = r
-		}
-	}
-	if rule == nil {
-		t.Fatal("no shipped RepeatedNICLinkFlap rule")
-	}
-	h := New(nil, rules, time.Now, time.Minute, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	h, rule := flapRule(t)
 	generated := base                      // the agent's time: the node's boot, before it registered
 	received := base.Add(90 * time.Second) // the gateway's: after the Node was created
 	for _, tc := range []struct {
@@ -70,20 +57,7 @@ func TestDerivedKeepsTheTriggersReceivedTime(t *testing.T) {
 // event of a Node object's earlier machine triggered (a Node kept across
 // a machine swap); a trigger naming no machine gives none.
 func TestDerivedKeepsTheTriggersMachine(t *testing.T) {
-	rules, err := LoadRules("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rule *Rule
-	for _, r := range rules {
-		if r.Name == "RepeatedNICLinkFlap" {
-			rule = r
-		}
-	}
-	if rule == nil {
-		t.Fatal("no shipped RepeatedNICLinkFlap rule")
-	}
-	h := New(nil, rules, time.Now, time.Minute, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	h, rule := flapRule(t)
 	const machine = "4C4C4544-0042-3510-8052-B4C04F4E3732"
 	for _, want := range []string{machine, ""} {
 		ev := nicState("c1", "n1", 0, false)
@@ -98,4 +72,21 @@ func TestDerivedKeepsTheTriggersMachine(t *testing.T) {
 			t.Errorf("derived %s = %q (present %v), want the trigger's %q", events.MetaSystemUUID, got, ok, want)
 		}
 	}
+}
+
+// flapRule is a handler of the shipped rules, with no ClickHouse, and its
+// RepeatedNICLinkFlap rule.
+func flapRule(t *testing.T) (*Handler, *Rule) {
+	t.Helper()
+	rules, err := LoadRules("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rules {
+		if r.Name == "RepeatedNICLinkFlap" {
+			return New(nil, rules, time.Now, time.Minute, slog.New(slog.NewTextHandler(io.Discard, nil)), nil), r
+		}
+	}
+	t.Fatal("no shipped RepeatedNICLinkFlap rule")
+	return nil, nil
 }
