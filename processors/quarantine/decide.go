@@ -83,7 +83,11 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		if acts, ok, err := h.nonFatalFromCache(ctx, cl, it, force, node); ok || err != nil {
 			return acts, err
 		}
-	} else {
+	}
+	if _, other := otherMachine(ev, node); !cached || other {
+		// No copy, or one that names another machine than the event: the
+		// watch may not have the swapped-in machine's status yet, and a
+		// fault is skipped as an earlier machine's only on a live read.
 		var err error
 		node, err = h.getNode(ctx, cl, it.node)
 		if apierrors.IsNotFound(err) {
@@ -485,6 +489,9 @@ func predates(ev *datamodels.HealthEvent, n *corev1.Node) (time.Time, bool) {
 // event of the machine before. An event or a node that names none is of
 // the node's machine, as before (another sender, an agent not root).
 func otherMachine(ev *datamodels.HealthEvent, n *corev1.Node) (string, bool) {
+	if n == nil {
+		return "", false
+	}
 	m, now := ev.GetMetadata()[events.MetaSystemUUID], n.Status.NodeInfo.SystemUUID
 	return now, m != "" && now != "" && !strings.EqualFold(m, now)
 }

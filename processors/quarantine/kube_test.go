@@ -25,6 +25,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/internal/testenv"
@@ -645,6 +647,42 @@ func TestKube(t *testing.T) {
 			if tc.want == "quarantine/skipped" && !strings.Contains(acts[0].GetReason(), "of the machine this node was before") {
 				t.Errorf("%s: reason %q", tc.name, acts[0].GetReason())
 			}
+		}
+	})
+
+	// Right after a machine swap the node watch may still hold the
+	// earlier machine's status: the swapped-in machine's first fault,
+	// naming another machine than that copy, is decided on a live read,
+	// not skipped as the earlier machine's.
+	t.Run("NewMachineFaultReadLiveOverAStaleCopy", func(t *testing.T) {
+		const before, after = "4C4C4544-0042-3510-8052-B4C04F4E3732", "4C4C4544-0051-4710-8034-C3C04F4E3732"
+		createNodes(t, k, "stalecopy", "stalecopy-1")
+		n := getNode(t, k, "stalecopy-1")
+		n.Status.NodeInfo.SystemUUID = after // the swapped-in machine's kubelet
+		if _, err := k.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		h := newTestHandler(t, testConfig("stalecopy"), map[string]kubernetes.Interface{"c1": k})
+		cl, _ := h.reg.Get("c1")
+		// The watch's copy, from before the swap.
+		stale := n.DeepCopy()
+		stale.Status.NodeInfo.SystemUUID = before
+		copied, _ := watchCopy(stale)
+		idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+		if err := idx.Add(copied); err != nil {
+			t.Fatal(err)
+		}
+		h.nodes.mu.Lock()
+		h.nodes.byName[cl.Name] = &nodeCache{lister: corelisters.NewNodeLister(idx), synced: func() bool { return true }}
+		h.nodes.mu.Unlock()
+		if got, cached := h.nodes.cached(cl, "stalecopy-1", time.Now()); !cached || got.Status.NodeInfo.SystemUUID != before {
+			t.Fatalf("the test's stale copy is not what the handler reads: %v %v", got, cached)
+		}
+		ev := fatal("stalecopy-1", "XID_ERROR_79", "GPU-1")
+		events.SetSystemUUID(ev, after, validate.MaxMetadata)
+		acts, _ := handle(t, h, record("c1", ev))
+		if got := kinds(acts); got != "quarantine/applied" || !getNode(t, k, "stalecopy-1").Spec.Unschedulable {
+			t.Fatalf("the new machine's fault over a stale copy: actions %s (%v), want quarantine/applied", got, acts)
 		}
 	})
 
