@@ -122,6 +122,10 @@ func getNode(t testing.TB, k kubernetes.Interface, name string) *corev1.Node {
 
 var offsets sync.Map
 
+// machineBefore and machineAfter are the system UUIDs of a node's machine
+// before and after a swap (the Node object kept).
+const machineBefore, machineAfter = "4C4C4544-0042-3510-8052-B4C04F4E3732", "4C4C4544-0051-4710-8034-C3C04F4E3732"
+
 // record wraps an event as a Kafka record of the events topic.
 func record(cluster string, ev *datamodels.HealthEvent) *kgo.Record {
 	ev.Cluster = cluster
@@ -608,7 +612,6 @@ func TestKube(t *testing.T) {
 	// acted on; the new machine's are, and so are events that name no
 	// machine (another sender, an agent that could not read it).
 	t.Run("EventOfTheMachineBeforeAKeptNodeIgnored", func(t *testing.T) {
-		const before, after = "4C4C4544-0042-3510-8052-B4C04F4E3732", "4C4C4544-0051-4710-8034-C3C04F4E3732"
 		createNodes(t, k, "swap", "swap-1", "swap-2")
 		h := newTestHandler(t, testConfig("swap"), map[string]kubernetes.Interface{"c1": k})
 		machine := func(node, uuid string) {
@@ -625,18 +628,18 @@ func TestKube(t *testing.T) {
 		}
 		verdict := fatal("swap-1", "RepeatedXIDOnSameGPU", "GPU-1")
 		verdict.DerivedBy, verdict.RecommendedAction = "RepeatedXIDOnSameGPU", datamodels.RecommendedAction_CONTACT_SUPPORT
-		machine("swap-1", before)
-		machine("swap-2", before)
-		machine("swap-1", after) // swapped, the Node kept
-		machine("swap-2", after)
+		machine("swap-1", machineBefore)
+		machine("swap-2", machineBefore)
+		machine("swap-1", machineAfter) // swapped, the Node kept
+		machine("swap-2", machineAfter)
 		for _, tc := range []struct {
 			name string
 			ev   *datamodels.HealthEvent
 			want string
 		}{
-			{"the earlier machine's fault, late", of(fatal("swap-1", "XID_ERROR_79", "GPU-1"), before), "quarantine/skipped"},
-			{"the correlator's verdict that the earlier machine's fault triggered", of(verdict, before), "quarantine/skipped"},
-			{"the new machine's own fault (its UUID in lower case)", of(fatal("swap-1", "XID_ERROR_48", "GPU-2"), strings.ToLower(after)), "quarantine/applied"},
+			{"the earlier machine's fault, late", of(fatal("swap-1", "XID_ERROR_79", "GPU-1"), machineBefore), "quarantine/skipped"},
+			{"the correlator's verdict that the earlier machine's fault triggered", of(verdict, machineBefore), "quarantine/skipped"},
+			{"the new machine's own fault (its UUID in lower case)", of(fatal("swap-1", "XID_ERROR_48", "GPU-2"), strings.ToLower(machineAfter)), "quarantine/applied"},
 			{"a fault that names no machine", fatal("swap-2", "XID_ERROR_48", "GPU-1"), "quarantine/applied"},
 		} {
 			acts, _ := handle(t, h, record("c1", tc.ev))
@@ -655,10 +658,9 @@ func TestKube(t *testing.T) {
 	// naming another machine than that copy, is decided on a live read,
 	// not skipped as the earlier machine's.
 	t.Run("NewMachineFaultReadLiveOverAStaleCopy", func(t *testing.T) {
-		const before, after = "4C4C4544-0042-3510-8052-B4C04F4E3732", "4C4C4544-0051-4710-8034-C3C04F4E3732"
 		createNodes(t, k, "stalecopy", "stalecopy-1")
 		n := getNode(t, k, "stalecopy-1")
-		n.Status.NodeInfo.SystemUUID = after // the swapped-in machine's kubelet
+		n.Status.NodeInfo.SystemUUID = machineAfter // the swapped-in machine's kubelet
 		if _, err := k.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -666,7 +668,7 @@ func TestKube(t *testing.T) {
 		cl, _ := h.reg.Get("c1")
 		// The watch's copy, from before the swap.
 		stale := n.DeepCopy()
-		stale.Status.NodeInfo.SystemUUID = before
+		stale.Status.NodeInfo.SystemUUID = machineBefore
 		copied, _ := watchCopy(stale)
 		idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 		if err := idx.Add(copied); err != nil {
@@ -675,11 +677,11 @@ func TestKube(t *testing.T) {
 		h.nodes.mu.Lock()
 		h.nodes.byName[cl.Name] = &nodeCache{lister: corelisters.NewNodeLister(idx), synced: func() bool { return true }}
 		h.nodes.mu.Unlock()
-		if got, cached := h.nodes.cached(cl, "stalecopy-1", time.Now()); !cached || got.Status.NodeInfo.SystemUUID != before {
+		if got, cached := h.nodes.cached(cl, "stalecopy-1", time.Now()); !cached || got.Status.NodeInfo.SystemUUID != machineBefore {
 			t.Fatalf("the test's stale copy is not what the handler reads: %v %v", got, cached)
 		}
 		ev := fatal("stalecopy-1", "XID_ERROR_79", "GPU-1")
-		events.SetSystemUUID(ev, after, validate.MaxMetadata)
+		events.SetSystemUUID(ev, machineAfter, validate.MaxMetadata)
 		acts, _ := handle(t, h, record("c1", ev))
 		if got := kinds(acts); got != "quarantine/applied" || !getNode(t, k, "stalecopy-1").Spec.Unschedulable {
 			t.Fatalf("the new machine's fault over a stale copy: actions %s (%v), want quarantine/applied", got, acts)

@@ -115,9 +115,9 @@ func watchCopy(obj any) (any, error) {
 
 // cached returns the watch's copy of the node (name, UID, labels,
 // annotations, taints, unschedulable, the conditions faultline set, its
-// machine's system UUID: all that quarantine reads and writes) when the watch has synced and this
-// replica has not written the node recently; false: read it live. The copy
-// is shared with the cache: never modify it.
+// machine's system UUID: all that quarantine reads and writes) when the
+// watch has synced and this replica has not written the node recently;
+// false: read it live. The copy is shared with the cache: never modify it.
 func (c *nodeCaches) cached(cl *clusters.Client, node string, now time.Time) (*corev1.Node, bool) {
 	if cl == nil || cl.WatchKube == nil {
 		return nil, false
