@@ -387,7 +387,10 @@ func (a *Agent) stamp(name string, evs []*datamodels.HealthEvent) {
 
 // systemUUID reads the machine's system UUID from sysfs's DMI class
 // (prometheus/procfs): "" where it cannot (the file is root's alone; no
-// DMI, as on some Arm servers), said once at start.
+// DMI, as on some Arm servers) or what it holds is no UUID (longer than
+// maxSystemUUID, or other than hex digits and dashes: stamped on relayed
+// events before they are validated, it would have every call refused),
+// said once at start.
 func systemUUID(sysfsPath string, log *slog.Logger) string {
 	var uuid string
 	fs, err := sysfs.NewFS(sysfsPath)
@@ -397,10 +400,13 @@ func systemUUID(sysfsPath string, log *slog.Logger) string {
 			uuid = strings.TrimSpace(*dmi.ProductUUID)
 		}
 	}
-	if uuid == "" || len(uuid) > maxSystemUUID {
+	if uuid != "" && (len(uuid) > maxSystemUUID || strings.Trim(uuid, "0123456789abcdefABCDEF-") != "") {
+		err = fmt.Errorf("product_uuid %q is not a UUID", validate.Short(uuid))
+		uuid = ""
+	}
+	if uuid == "" {
 		log.Info("the machine's system UUID is not known: events carry none, and a Node kept across a machine swap cannot tell the earlier machine's late events apart",
 			"file", filepath.Join(sysfsPath, "class/dmi/id/product_uuid"), "err", err)
-		return ""
 	}
 	return uuid
 }

@@ -791,7 +791,9 @@ func TestEventsCarryTheMachine(t *testing.T) {
 	}{
 		{"read", uuid + "\n", uuid},
 		{"no DMI", "-", ""},
-		{"not a UUID's length", strings.Repeat("x", 80), ""},
+		{"not a UUID's length", strings.Repeat("0", 80), ""},
+		{"not a UUID: control characters", "4C4C4544-0042\x1b[2J-3510", ""},
+		{"not a UUID: words", "Not Settable", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sys := t.TempDir()
