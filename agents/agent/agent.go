@@ -416,8 +416,9 @@ const maxSystemUUID = 64
 
 // attachGPUPods adds events.MetaGPUPods (and MetaGPUPodsAt) to the
 // unhealthy events about GPUs: the pods holding those GPUs, when the
-// kubelet can say (see podres). A kubelet that does not answer costs the
-// events nothing but this metadata.
+// kubelet can say (see podres). A kubelet that does not answer, or an
+// event without room for two more metadata keys, costs the events nothing
+// but this metadata.
 func (a *Agent) attachGPUPods(ctx context.Context, evs []*datamodels.HealthEvent) {
 	if a.podres == nil {
 		return
@@ -453,6 +454,9 @@ func (a *Agent) attachGPUPods(ctx context.Context, evs []*datamodels.HealthEvent
 		v := strings.Join(pods, ",")
 		if !known || len(v) > maxGPUPods {
 			continue // unknown: the drain evicts every pod that may use the GPU
+		}
+		if _, ok := ev.Metadata[events.MetaGPUPods]; !ok && len(ev.Metadata)+2 > validate.MaxMetadata {
+			continue // no room: the gateway would refuse the event, so it goes as unknown
 		}
 		if ev.Metadata == nil {
 			ev.Metadata = map[string]string{}

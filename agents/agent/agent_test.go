@@ -647,20 +647,28 @@ func TestGPUPodsAttached(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	emit = []*datamodels.HealthEvent{gpuEv(g0, false), gpuEv(g1, false), gpuEv(g0, true), {CheckName: "InfiniBandStateCheck"}}
+	full := gpuEv(g0, false) // one key short of the gateway's limit: no room for two
+	full.Metadata = map[string]string{}
+	for len(full.Metadata) < validate.MaxMetadata-1 {
+		full.Metadata[fmt.Sprintf("k%d", len(full.Metadata))] = "v"
+	}
+	emit = []*datamodels.HealthEvent{gpuEv(g0, false), gpuEv(g1, false), gpuEv(g0, true), {CheckName: "InfiniBandStateCheck"}, full}
 	a.RunOnce(context.Background(), s)
 	k.Set(podrestest.Pod("ml", "train-0", "nvidia.com/gpu", "0"))
 	time.Sleep(podresTTL + 100*time.Millisecond) // the next run lists again
 	emit = []*datamodels.HealthEvent{gpuEv(g0, false)}
 	a.RunOnce(context.Background(), s)
 	evs, _, err := a.Spool().Peek(10)
-	if err != nil || len(evs) != 5 {
+	if err != nil || len(evs) != 6 {
 		t.Fatalf("spooled %d events, err %v", len(evs), err)
 	}
 	for i, want := range []struct {
 		pods  string
 		known bool
-	}{{"ml/train-0,ml/train-1", true}, {"", true}, {"", false}, {"", false}, {"", false}} {
+	}{{"ml/train-0,ml/train-1", true}, {"", true}, {"", false}, {"", false}, {"", false}, {"", false}} {
+		if n := len(evs[i].GetMetadata()); n > validate.MaxMetadata {
+			t.Errorf("event %d: %d metadata keys, the gateway refuses more than %d", i, n, validate.MaxMetadata)
+		}
 		pods, known := evs[i].GetMetadata()[events.MetaGPUPods]
 		if pods != want.pods || known != want.known {
 			t.Errorf("event %d (%s): %s = %q (present %v), want %q (present %v)", i, evs[i].GetCheckName(), events.MetaGPUPods, pods, known, want.pods, want.known)
