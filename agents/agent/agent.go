@@ -228,7 +228,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		names[i] = s.Check.Name()
 	}
 	a.log.Info("agent running", "node", a.cfg.NodeName, "checks", strings.Join(names, ","), "gateway", a.cfg.Gateway.Addr,
-		"nvsentinel_socket", a.cfg.NVSentinelSocket)
+		"nvsentinel_socket", a.cfg.NVSentinelSocket, "machine", a.machine)
 	<-ctx.Done()
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {

@@ -38,6 +38,7 @@ var commands = []command{
 	{"gpu", "gpu check   one NVML health read (what the gpu check sees) as JSON", gpuCmd},
 	{"state-dir", "state-dir --dir DIR --owner UID:GID   give the state directory to the user the agent runs as (the chart's init container)", stateDirCmd},
 	{"host-zone", "host-zone --etc DIR --out DIR   copy the host's time zone out of its /etc (the chart's init container)", hostZoneCmd},
+	{"machine-id", "machine-id --sysfs DIR --out DIR   copy the machine's system UUID where a non-root agent reads it (the chart's init container)", machineIDCmd},
 }
 
 func main() {

@@ -28,7 +28,9 @@ import (
 // runs and keeps its spool there, on a fresh node and on one whose state
 // a root agent left (before the chart switched it to non-root). Before,
 // no init container gave the directory to the agent, and it exited at
-// start: "spool dir: mkdir …/spool: permission denied".
+// start: "spool dir: mkdir …/spool: permission denied". It also knows its
+// machine: the system UUID, root's alone in sysfs, copied by another init
+// container (before, a non-root agent stamped no machine on its events).
 func TestNonRootAgentOwnsItsStateDir(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: acts as the kubelet, then runs the agent as another user")
@@ -46,7 +48,7 @@ func TestNonRootAgentOwnsItsStateDir(t *testing.T) {
 	}
 	inits, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "initContainers")
 	conf, _, _ := unstructured.NestedString(chart.Find(objs, "ConfigMap", "faultline-agent").Object, "data", "config.toml")
-	const stateMount = "/var/lib/faultline-agent"
+	const stateMount, machineMount, machine = "/var/lib/faultline-agent", "/var/run/faultline-machine", "4c4c4544-0042-3510-8052-b4c04f4d3732"
 	if !strings.Contains(conf, stateMount) {
 		t.Fatalf("the agent's config keeps nothing under %s:\n%s", stateMount, conf)
 	}
@@ -83,6 +85,20 @@ func TestNonRootAgentOwnsItsStateDir(t *testing.T) {
 				t.Fatal(err)
 			}
 			tc.node(t, state)
+			// The node's sysfs: product_uuid is root's, mode 0400.
+			sys, machineDir := filepath.Join(root, "sys"), filepath.Join(root, "machine")
+			for _, d := range []string{filepath.Join(sys, filepath.Dir(productUUID)), machineDir} {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.WriteFile(filepath.Join(sys, productUUID), []byte(machine+"\n"), 0o400); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(machineDir, 0o777); err != nil { // an emptyDir
+				t.Fatal(err)
+			}
+			paths := strings.NewReplacer(stateMount, state, machineMount, machineDir, "--sysfs=/sys", "--sysfs="+sys)
 			for _, ic := range inits {
 				c := ic.(map[string]any)
 				if u := number(c, "securityContext", "runAsUser"); u != 0 {
@@ -90,7 +106,7 @@ func TestNonRootAgentOwnsItsStateDir(t *testing.T) {
 				}
 				args, _, _ := unstructured.NestedStringSlice(c, "args")
 				for i := range args {
-					args[i] = strings.ReplaceAll(args[i], stateMount, state)
+					args[i] = paths.Replace(args[i])
 				}
 				var out bytes.Buffer
 				if err := dispatch(context.Background(), args, &out, &out); err != nil {
@@ -101,7 +117,7 @@ func TestNonRootAgentOwnsItsStateDir(t *testing.T) {
 			if err := os.WriteFile(token, []byte("agent-token\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			c := strings.ReplaceAll(conf, stateMount, state)
+			c := paths.Replace(conf)
 			c = strings.ReplaceAll(c, "/var/run/secrets/faultline/token", token)
 			cfgPath := filepath.Join(root, "config.toml")
 			if err := os.WriteFile(cfgPath, []byte(c), 0o644); err != nil {
@@ -144,6 +160,9 @@ func TestNonRootAgentOwnsItsStateDir(t *testing.T) {
 			}
 			if st := fi.Sys().(*syscall.Stat_t); int64(st.Uid) != uid {
 				t.Errorf("spool owned by %d, want %d", st.Uid, uid)
+			}
+			if !strings.Contains(out.String(), `"machine":"`+machine+`"`) {
+				t.Errorf("the agent as %d:%d does not know its machine %s:\n%s", uid, gid, machine, lastLines(out.String(), 5))
 			}
 		})
 	}
