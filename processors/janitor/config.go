@@ -44,7 +44,9 @@ type Config struct {
 	// Default true.
 	RequireDrained bool `toml:"require_drained"`
 	// RebootTimeout: a rebooted node must come back Ready with a new boot
-	// ID within it, else NodeReady=False/Timeout. Default 30m.
+	// ID within it, else NodeReady=False/Timeout; a node that reports no
+	// boot ID within it of the resource's creation gets no signal
+	// (NoBootID). Default 30m.
 	RebootTimeout time.Duration `toml:"reboot_timeout"`
 	// ForceAfter: a graceful reboot that has not taken the node down
 	// (NotReady or a new boot ID) within it is followed by a forced one,

@@ -577,8 +577,14 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	if op.kd == kindReboot && op.node.Status.NodeInfo.BootID == "" {
 		// A reboot is over at a boot ID other than the one recorded with
 		// its signal: recorded empty, the first one the kubelet reports
-		// (of the same boot) would read as the reboot done.
-		op.deferOnce(ctx, fmt.Sprintf("node %s reports no boot ID (status.nodeInfo.bootID) yet: a reboot's end could not be told; waiting for its kubelet", op.nodeName))
+		// (of the same boot) would read as the reboot done. Waited for up
+		// to reboot_timeout, then failed: not left to the remediate
+		// role's completion_timeout.
+		if waited := j.now().Sub(op.u.GetCreationTimestamp().Time); waited > j.cfg.RebootTimeout {
+			return 0, op.fail(ctx, ReasonNoBootID, fmt.Sprintf("node %s reported no boot ID (status.nodeInfo.bootID) within %v: a reboot's end could not be told, so none was sent",
+				op.nodeName, j.cfg.RebootTimeout), false)
+		}
+		op.deferOnce(ctx, fmt.Sprintf("node %s reports no boot ID (status.nodeInfo.bootID) yet: a reboot's end could not be told; waiting for its kubelet (up to %v)", op.nodeName, j.cfg.RebootTimeout))
 		return j.cfg.PollInterval, nil
 	}
 	if wait := op.claimNode(); wait > 0 {

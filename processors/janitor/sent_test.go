@@ -346,7 +346,9 @@ func TestSignalSentUnanswered(t *testing.T) {
 // done (seen in TestSignalSentUnanswered under load: "Ready with a new
 // boot ID boot-0-… (was )" for a machine that never came back). The
 // signal goes once the boot ID is there, and the reboot ends only at
-// another one.
+// another one. A node that reports none within reboot_timeout fails
+// NoBootID, no signal sent (before, it waited for the remediate role's
+// completion_timeout, an hour by default).
 func TestRebootWaitsForABootID(t *testing.T) {
 	e := newEnv(t, 0)
 	ctx := context.Background()
@@ -378,4 +380,22 @@ func TestRebootWaitsForABootID(t *testing.T) {
 		t.Fatalf("%d reboot signals, want 1 once the boot ID was there", got)
 	}
 	rec.expect(t, node, []string{"reboot/deferred", "reboot/applied", "reboot/failed"})
+
+	const never = "never-boot-id"
+	sink.set(never, "", "")
+	n = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: never, Labels: n.Labels,
+		Annotations: map[string]string{AnnotationBMC: srv.URL + "/redfish/v1/Systems/" + never}}}
+	setReady(n, corev1.ConditionTrue)
+	if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.create(kindReboot, never, never, false)
+	o = e.wait(kindReboot, never, 30*time.Second)
+	if got, res := condOf(o, CondSignalSent), condOf(o, CondNodeReady); got != "False/"+ReasonNoBootID || res != "False/"+ReasonNoBootID {
+		t.Fatalf("SignalSent %s, NodeReady %s; want False/%s for a node that never reported a boot ID (status %v)", got, res, ReasonNoBootID, o.Object["status"])
+	}
+	if got := sink.signals(never); got != 0 {
+		t.Fatalf("%d reboot signals sent to a node with no boot ID, want none", got)
+	}
+	rec.expect(t, never, []string{"reboot/deferred", "reboot/failed"})
 }

@@ -55,6 +55,10 @@ const (
 	ReasonNotDrained = "NotDrained"
 	// ReasonNoProvider: no provider is configured for the node.
 	ReasonNoProvider = "NoProvider"
+	// ReasonNoBootID: the node reported no boot ID for reboot_timeout
+	// after the resource was created: a reboot's end could not be told, so
+	// none was sent.
+	ReasonNoBootID = "NoBootID"
 	// ReasonRecorded: the signal was recorded by a janitor that stopped
 	// before it wrote SignalSent; it is not sent again (at most once).
 	ReasonRecorded = "Recorded"
