@@ -404,6 +404,25 @@ func TestRBACMatchesDeployRBAC(t *testing.T) {
 	if r := Find(objs, "Role", "faultline-janitor-bmc-credentials"); r == nil || r.GetNamespace() != "faultline" {
 		t.Errorf("janitor's Secret Role: %v", r)
 	}
+	// It creates node Events in their namespace only, as deploy/rbac says.
+	b, err := os.ReadFile(filepath.Join("..", "rbac", "janitor.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, got := Find(ref, "Role", "faultline-janitor-node-events"), Find(objs, "Role", "faultline-janitor-node-events")
+	if want == nil || got == nil || got.GetNamespace() != "default" {
+		t.Errorf("janitor's node Events Role: chart %v, deploy/rbac %v", got, want)
+	} else {
+		wr, _, _ := unstructured.NestedSlice(want.Object, "rules")
+		gr, _, _ := unstructured.NestedSlice(got.Object, "rules")
+		if w, g := rulesYAML(t, wr), rulesYAML(t, gr); w != g {
+			t.Errorf("janitor's node Events rules differ from deploy/rbac:\nchart:\n%s\ndeploy/rbac:\n%s", g, w)
+		}
+	}
 	// quarantine's namespaced rights are where its config says.
 	if r := Find(objs, "Role", "faultline-quarantine"); r == nil || (r.GetNamespace() != "faultline-events" && r.GetNamespace() != "faultline") {
 		t.Errorf("quarantine Role: %v", r)

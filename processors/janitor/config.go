@@ -63,6 +63,15 @@ type Config struct {
 	// terminated the machine (bare metal has no cloud controller to do
 	// it). Default true.
 	DeleteNodeOnTerminate bool `toml:"delete_node_on_terminate"`
+	// NodeEvents records each signal sent and each operation's end as a
+	// Kubernetes Event on its node (Warning for a failure, a refusal, and
+	// a signal that followed the node's own keys), which `kubectl describe
+	// node` shows. Best effort: an Event not created stops nothing.
+	// Default true.
+	NodeEvents bool `toml:"node_events"`
+	// EventNamespace is where node Events are created. Default "default",
+	// where Kubernetes records node events.
+	EventNamespace string `toml:"event_namespace"`
 	// DefaultProvider serves nodes no label, annotation or providerID
 	// prefix maps. Default "" (such a node fails with NoProvider).
 	DefaultProvider string `toml:"default_provider"`
@@ -179,6 +188,7 @@ func DefaultConfig() Config {
 		RackLabel: "faultline.io/rack", Cooldown: 30 * time.Minute, RequireDrained: true,
 		RebootTimeout: 30 * time.Minute, ForceAfter: 10 * time.Minute, TerminateTimeout: 30 * time.Minute,
 		GPUResetTimeout: 10 * time.Minute, PollInterval: 5 * time.Second, DeleteNodeOnTerminate: true,
+		NodeEvents: true, EventNamespace: "default",
 		ProviderIDPrefixes: []string{"aws://=aws"},
 		Redfish: RedfishConfig{SecretNamespace: "faultline", DefaultSecret: "bmc-credentials", Session: true,
 			TerminateAction: "ForceOff", Timeout: 30 * time.Second},
@@ -203,6 +213,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.GPUResetTimeout, prefix+"gpu-reset-timeout", c.GPUResetTimeout, "time bound of a GPUReset")
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often an operation in progress is looked at")
 	fs.BoolVar(&c.DeleteNodeOnTerminate, prefix+"delete-node-on-terminate", c.DeleteNodeOnTerminate, "delete the Node object once its machine is terminated")
+	fs.BoolVar(&c.NodeEvents, prefix+"node-events", c.NodeEvents, "record signals and operations' ends as Events on their nodes")
+	fs.StringVar(&c.EventNamespace, prefix+"event-namespace", c.EventNamespace, "namespace of node Events")
 	fs.StringVar(&c.DefaultProvider, prefix+"default-provider", c.DefaultProvider, "provider of nodes nothing else maps (redfish, aws, local)")
 	fs.Func(prefix+"provider-id-prefixes", "comma-separated providerID-prefix=provider (replaces the default)", func(s string) error {
 		c.ProviderIDPrefixes = nil
@@ -291,6 +303,8 @@ func (c Config) Validate(prefix string) error {
 		return fmt.Errorf("%sgpu_reset_timeout: must be positive, got %v", prefix, c.GPUResetTimeout)
 	case c.PollInterval <= 0:
 		return fmt.Errorf("%spoll_interval: must be positive, got %v", prefix, c.PollInterval)
+	case c.NodeEvents && len(validation.IsDNS1123Label(c.EventNamespace)) > 0:
+		return fmt.Errorf("%sevent_namespace: %q is not a namespace (needed by node_events): %s", prefix, c.EventNamespace, strings.Join(validation.IsDNS1123Label(c.EventNamespace), "; "))
 	case c.DefaultProvider != "" && !slices.Contains(Providers, c.DefaultProvider):
 		return fmt.Errorf("%sdefault_provider: %q is not a provider (%s)", prefix, c.DefaultProvider, strings.Join(Providers, ", "))
 	}

@@ -125,7 +125,14 @@ func TestNodeOwnKeys(t *testing.T) {
 			if !found || named != tc.wantNamed {
 				t.Fatalf("the signal's action (found %v) says nodeNamed %q, want %q", found, named, tc.wantNamed)
 			}
-			// Said on the resource too, where kubectl shows it.
+			// Said on the node as a Warning, and on the resource, where kubectl shows them.
+			want := "Normal/RebootNodeApplied"
+			if tc.wantNamed != "" {
+				want = "Warning/RebootNodeApplied"
+			}
+			if msgs := nodeEvents(t, e.kube, node, want); !strings.Contains(msgs[0], tc.wantNamed) {
+				t.Errorf("node Event %q, want it to name the node's own keys %q", msgs[0], tc.wantNamed)
+			}
 			msg := fmt.Sprint(condition(o, CondSignalSent)["message"])
 			if said := strings.Contains(msg, "the node's own "); said != (tc.wantNamed != "") || !strings.Contains(msg, tc.wantNamed) {
 				t.Errorf("SignalSent message %q, want it to name the node's own keys %q", msg, tc.wantNamed)

@@ -48,6 +48,10 @@ func TestRBACIsEnough(t *testing.T) {
 		t.Fatalf("terminated node still there: %v", err)
 	}
 	rec.expect(t, "rbac-1", []string{"reboot/applied", "reboot/succeeded"})
+	// Recorded on the nodes with the role's own rights (the signals as
+	// Warnings: they followed the nodes' own BMC annotations).
+	nodeEvents(t, admin, "rbac-1", "Warning/RebootNodeApplied", "Normal/RebootNodeSucceeded")
+	nodeEvents(t, admin, "rbac-2", "Warning/TerminateNodeApplied", "Normal/TerminateNodeSucceeded")
 	for _, tc := range []struct {
 		a    testenv.Access
 		want bool
@@ -62,6 +66,9 @@ func TestRBACIsEnough(t *testing.T) {
 		{testenv.Access{Verb: "delete", Group: Group, Resource: "rebootnodes"}, false},
 		{testenv.Access{Verb: "patch", Group: Group, Resource: "rebootnodes/status"}, true},
 		{testenv.Access{Verb: "list", Resource: "pods"}, false},
+		{testenv.Access{Verb: "create", Resource: "events", Namespace: "default"}, true},
+		{testenv.Access{Verb: "create", Resource: "events", Namespace: "faultline"}, false},
+		{testenv.Access{Verb: "update", Resource: "events", Namespace: "default"}, false},
 	} {
 		if got := e.kc.Allowed(t, saJanitor, tc.a); got != tc.want {
 			t.Errorf("%+v: allowed %v, want %v", tc.a, got, tc.want)

@@ -398,4 +398,7 @@ func TestRebootWaitsForABootID(t *testing.T) {
 		t.Fatalf("%d reboot signals sent to a node with no boot ID, want none", got)
 	}
 	rec.expect(t, never, []string{"reboot/deferred", "reboot/failed"})
+	if msgs := nodeEvents(t, e.kube, never, "Warning/RebootNodeFailed"); !strings.Contains(msgs[0], ReasonNoBootID) {
+		t.Errorf("node Event %q, want it to say %s", msgs[0], ReasonNoBootID)
+	}
 }

@@ -39,6 +39,7 @@ const (
 // janitor stopping mid-produce keeps nothing: it writes no status either,
 // so the next one does the step again, with its action.
 func (op *operation) emit(ctx context.Context, a *faultlinev1.Action) {
+	op.nodeEvent(ctx, a)
 	if op.j.emit(ctx, a) || ctx.Err() != nil {
 		return
 	}
