@@ -580,7 +580,7 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		// (of the same boot) would read as the reboot done. Waited for up
 		// to reboot_timeout, then failed: not left to the remediate
 		// role's completion_timeout.
-		if waited := j.now().Sub(op.u.GetCreationTimestamp().Time); waited > j.cfg.RebootTimeout {
+		if created := op.u.GetCreationTimestamp().Time; !created.IsZero() && j.now().Sub(created) > j.cfg.RebootTimeout {
 			return 0, op.fail(ctx, ReasonNoBootID, fmt.Sprintf("node %s reported no boot ID (status.nodeInfo.bootID) within %v: a reboot's end could not be told, so none was sent",
 				op.nodeName, j.cfg.RebootTimeout), false)
 		}
