@@ -42,6 +42,8 @@ func TestValidate(t *testing.T) {
 		{"rack label empty", func(c *Config) { c.RackLabel = "" }, "janitor.rack_label"},
 		{"rack label malformed", func(c *Config) { c.RackLabel = "faultline.io/rack " }, "janitor.rack_label"},
 		{"rack label unused", func(c *Config) { c.RackLabel, c.MaxConcurrentPerRack = "", 0 }, ""},
+		{"event namespace", func(c *Config) { c.EventNamespace = "Node_Events" }, "janitor.event_namespace"},
+		{"event namespace unused", func(c *Config) { c.EventNamespace, c.NodeEvents = "", false }, ""},
 		{"local port", func(c *Config) { c.Local.Port = 0 }, "janitor.local.port"},
 		// The bearer token every node held is gone: saying so beats
 		// "unknown key".
