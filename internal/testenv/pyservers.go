@@ -179,6 +179,30 @@ func (s *Sushy) PowerState(ctx context.Context, uuid string) (string, error) {
 	return ps, nil
 }
 
+// Reset sends a ComputerSystem.Reset of resetType ("ForceOff", "On" …) to
+// a system, as its administrator would (the fake driver applies it 1 to
+// 11 s later).
+func (s *Sushy) Reset(ctx context.Context, uuid, resetType string) error {
+	path := s.SystemPath(uuid) + "/Actions/ComputerSystem.Reset"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+path, strings.NewReader(`{"ResetType":"`+resetType+`"}`))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if s.user != "" {
+		req.SetBasicAuth(s.user, s.pass)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("POST %s: %s", path, resp.Status)
+	}
+	return nil
+}
+
 // Resets counts the reset requests the emulator accepted for a system,
 // from its request log. A restart's Off can last milliseconds (the fake
 // driver turns the system On again at a whole second), too short for a

@@ -473,6 +473,13 @@ func (r *Redfish) reset(ctx context.Context, t Target, want ...redfish.ResetType
 		}
 		return classify(c.GetService().ODataID, err)
 	}
+	if s.PowerState == redfish.OffPowerState && (want[0] == redfish.GracefulRestartResetType || want[0] == redfish.ForceRestartResetType) {
+		// A machine to reboot that is Off (it crashed, or powered itself
+		// off): BMCs refuse to restart what is off (409), and powering it
+		// on is its reboot.
+		r.log.Info("janitor: redfish system to reboot is Off; powering it on", "node", t.Node.Name, "system", s.ODataID)
+		want = []redfish.ResetType{redfish.OnResetType, redfish.ForceOnResetType}
+	}
 	rt, err := resetType(s, want...)
 	if err != nil {
 		return err
@@ -504,7 +511,8 @@ func (r *Redfish) reset(ctx context.Context, t Target, want ...redfish.ResetType
 // that allows no GracefulRestart (iDRAC9 4.x, Lenovo TSM list On,
 // ForceOff, GracefulShutdown, ForceRestart …) gets ForceRestart at once —
 // what force_after would send after a graceful reset that did nothing;
-// one that allows no ForceRestart, PowerCycle.
+// one that allows no ForceRestart, PowerCycle. A system that is Off gets On
+// (ForceOn where On is not allowed).
 func (r *Redfish) Reboot(ctx context.Context, t Target, mode RebootMode) error {
 	if mode == Force {
 		return r.reset(ctx, t, redfish.ForceRestartResetType, redfish.PowerCycleResetType)

@@ -225,6 +225,7 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 		terminate  bool   // Terminate, not Reboot
 		reason     string // "": no error
 		maxLists   int32
+		sent       string // the reset type sent ("": not checked)
 	}{
 		{name: "next page is itself",
 			collection: func(w http.ResponseWriter) {
@@ -265,7 +266,14 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 			reset: func(w http.ResponseWriter) {
 				w.WriteHeader(http.StatusConflict)
 				fmt.Fprint(w, `{"error":{"code":"Base.1.8.GeneralError","message":"Server is already powered OFF."}}`)
-			}},
+			}, sent: "ForceOff"},
+		// A machine to reboot that is Off (crashed, powered itself off) is
+		// powered on: a BMC refuses to restart what is off. Before, it was
+		// sent GracefulRestart, and the reboot failed ResetRejected.
+		{name: "reboot a system that is off", system: "/redfish/v1/Systems/1", power: "Off", sent: "On"},
+		// Terminating an Off machine never powers it on, whatever the
+		// terminate action.
+		{name: "terminate a system that is off by power cycle", system: "/redfish/v1/Systems/1", power: "Off", terminate: true, sent: "PowerCycle"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bmc := &misbehavingBMC{collection: tc.collection, reset: tc.reset, power: tc.power}
@@ -274,6 +282,9 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 			cfg := DefaultConfig().Redfish
 			cfg.Timeout = 5 * time.Second
 			cfg.AllowedNetworks = []string{"127.0.0.0/8"}
+			if tc.terminate && tc.sent != "" {
+				cfg.TerminateAction = tc.sent
+			}
 			rf, err := NewRedfish(cfg, testLog)
 			if err != nil {
 				t.Fatal(err)
@@ -303,6 +314,9 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 			}
 			if got := reasonOf(err2); tc.reason != "" && got != tc.reason {
 				t.Errorf("reason %s (%v), want %s", got, events.Truncate(fmt.Sprint(err2), 300), tc.reason)
+			}
+			if sent, _ := bmc.sent.Load().(string); tc.sent != "" && sent != tc.sent {
+				t.Errorf("reset %q sent, want %q", sent, tc.sent)
 			}
 			if tc.maxLists > 0 && bmc.lists.Load() > tc.maxLists {
 				t.Errorf("the Systems collection was read %d times, want at most %d", bmc.lists.Load(), tc.maxLists)
@@ -546,4 +560,34 @@ func TestRedfishSessionLoggedOut(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRebootPowersOnAnOffMachine: a RebootNode for a machine that is Off
+// (it crashed, or powered itself off) powers it on through the emulated
+// BMC, and the reboot ends at the boot ID it comes back with. (BMCs refuse
+// to restart what is off; the misbehaving BMC above shows the reset type
+// sent. sushy's fake driver takes any, so this one shows the path end to
+// end.)
+func TestRebootPowersOnAnOffMachine(t *testing.T) {
+	e := newEnv(t, 1)
+	ctx := context.Background()
+	cfg := e.config()
+	cfg.ForceAfter = 0
+	j, rec := e.janitor(cfg, false, nil)
+	run(t, j)
+	const node = "powered-off"
+	e.node(node, sysID(0), true, nil)
+	if err := e.bmc.Reset(ctx, sysID(0), "ForceOff"); err != nil {
+		t.Fatal(err)
+	}
+	waitPower(t, e.bmc, sysID(0), "Off", 30*time.Second)
+	e.create(kindReboot, node, node, false)
+	o := e.wait(kindReboot, node, 60*time.Second)
+	if got, res := condOf(o, CondSignalSent), condOf(o, CondNodeReady); got != "True/Succeeded" || res != "True/Succeeded" {
+		t.Fatalf("SignalSent %s, NodeReady %s; want True/Succeeded both (status %v)", got, res, o.Object["status"])
+	}
+	if ps, err := e.bmc.PowerState(ctx, sysID(0)); err != nil || ps != "On" {
+		t.Fatalf("PowerState %q (%v), want On", ps, err)
+	}
+	rec.expect(t, node, []string{"reboot/applied", "reboot/succeeded"})
 }
