@@ -104,6 +104,9 @@ type memory struct {
 	dryRun     bool // its dry-run action was written
 	deferred   bool // its deferred action was written
 	forced     bool // this process recorded its forced reboot, or wrote the forced reboot's resumed action
+	// offChecked: when this process last asked whether the machine of a
+	// reboot whose node stays down is off (offCheckEvery).
+	offChecked time.Time
 	// failReason and failMsg: the provider refused the signal this process
 	// sent; written failed again should the first write have failed.
 	failReason, failMsg string
@@ -974,7 +977,46 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 			}
 		}
 	}
+	op.powerOnIfOff(ctx, elapsed)
 	return j.cfg.PollInterval, nil
+}
+
+// offCheckEvery is how often the machine of a reboot whose node stays
+// down is asked about (one BMC read while it is not off).
+const offCheckEvery = time.Minute
+
+// powerOnIfOff powers on the machine of a reboot whose node is still down
+// with its old boot ID after force_after, if its provider says it is off:
+// a graceful reset the machine took as a shutdown, or a BMC that did not
+// power it back on, would otherwise wait for reboot_timeout. Nothing is
+// sent to a machine that is on (shutting down, or in a long POST: a forced
+// reset would start it over). Asked at most every offCheckEvery; sending
+// On only to a machine that is off makes it safe to repeat.
+func (op *operation) powerOnIfOff(ctx context.Context, elapsed time.Duration) {
+	j := op.j
+	p, ok := j.providers[op.st.Provider].(offPowerer)
+	if !ok || j.cfg.ForceAfter == 0 || elapsed <= j.cfg.ForceAfter || op.node == nil || nodeReady(op.node) ||
+		op.node.Status.NodeInfo.BootID != op.st.BootID {
+		return
+	}
+	now := j.now()
+	if last := j.remember(op.u.GetUID(), func(m *memory) {
+		if now.Sub(m.offChecked) >= offCheckEvery {
+			m.offChecked = now
+		}
+	}).offChecked; now.Sub(last) < offCheckEvery {
+		return
+	}
+	t := Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/power-on"}
+	switch err := p.PowerOnIfOff(ctx, t); {
+	case err == nil:
+		op.emit(ctx, op.action(events.OutcomeApplied, fmt.Sprintf("powered on via %s: node %s was still down with its old boot ID after %v, and its machine was off",
+			op.st.Provider, op.nodeName, elapsed.Round(time.Second)), "power-on", nil))
+	case errors.Is(err, ErrNotOff), ctx.Err() != nil:
+	default:
+		j.log.Warn("janitor: could not tell whether a rebooting machine is off", "cluster", op.cr.name, "node", op.nodeName,
+			"provider", op.st.Provider, "err", err)
+	}
 }
 
 func (op *operation) followTerminate(ctx context.Context) (time.Duration, error) {

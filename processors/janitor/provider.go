@@ -100,6 +100,19 @@ type Provider interface {
 // ErrUnsupported is returned by a provider for an operation it has not.
 var ErrUnsupported = errors.New("not supported by this provider")
 
+// offPowerer is a provider that can tell a machine that is off (a BMC's
+// PowerState) and power it on: the janitor asks it about a reboot whose
+// node stays down past force_after (a graceful reset that left the machine
+// off). Only the redfish provider is one.
+type offPowerer interface {
+	// PowerOnIfOff powers the machine on if it is off, and returns
+	// ErrNotOff, nothing sent, otherwise.
+	PowerOnIfOff(ctx context.Context, t Target) error
+}
+
+// ErrNotOff is returned by PowerOnIfOff for a machine that is not off.
+var ErrNotOff = errors.New("the machine is not off")
+
 // ErrInProgress is returned by ResetGPUs while the reset runs: the janitor
 // asks again (the same request id) at its next poll.
 var ErrInProgress = errors.New("in progress")

@@ -443,8 +443,9 @@ func resetType(s *redfish.ComputerSystem, want ...redfish.ResetType) (redfish.Re
 	return "", perr(ReasonResetRejected, "system %s allows the reset types %v, none of %v; nothing sent", s.ODataID, s.SupportedResetTypes, want)
 }
 
-// reset sends the first of want the node's system allows.
-func (r *Redfish) reset(ctx context.Context, t Target, want ...redfish.ResetType) error {
+// reset sends the first of want the node's system allows; with ifOff, only
+// to a system that is Off (ErrNotOff otherwise, nothing sent).
+func (r *Redfish) reset(ctx context.Context, t Target, ifOff bool, want ...redfish.ResetType) error {
 	// gofish makes every request with the context it connected with: the
 	// probe is armed for the reset's POST (and, apart, a session login).
 	ctx, probe := withSendProbe(ctx, false)
@@ -472,6 +473,9 @@ func (r *Redfish) reset(ctx context.Context, t Target, want ...redfish.ResetType
 			return err
 		}
 		return classify(c.GetService().ODataID, err)
+	}
+	if ifOff && s.PowerState != redfish.OffPowerState {
+		return fmt.Errorf("system %s reads PowerState %q: %w", s.ODataID, s.PowerState, ErrNotOff)
 	}
 	if s.PowerState == redfish.OffPowerState && (want[0] == redfish.GracefulRestartResetType || want[0] == redfish.ForceRestartResetType) {
 		// A machine to reboot that is Off (it crashed, or powered itself
@@ -515,14 +519,20 @@ func (r *Redfish) reset(ctx context.Context, t Target, want ...redfish.ResetType
 // (ForceOn where On is not allowed).
 func (r *Redfish) Reboot(ctx context.Context, t Target, mode RebootMode) error {
 	if mode == Force {
-		return r.reset(ctx, t, redfish.ForceRestartResetType, redfish.PowerCycleResetType)
+		return r.reset(ctx, t, false, redfish.ForceRestartResetType, redfish.PowerCycleResetType)
 	}
-	return r.reset(ctx, t, redfish.GracefulRestartResetType, redfish.ForceRestartResetType, redfish.PowerCycleResetType)
+	return r.reset(ctx, t, false, redfish.GracefulRestartResetType, redfish.ForceRestartResetType, redfish.PowerCycleResetType)
 }
 
 // Terminate sends terminate_action (ForceOff or PowerCycle).
 func (r *Redfish) Terminate(ctx context.Context, t Target) error {
-	return r.reset(ctx, t, redfish.ResetType(r.cfg.TerminateAction))
+	return r.reset(ctx, t, false, redfish.ResetType(r.cfg.TerminateAction))
+}
+
+// PowerOnIfOff sends On (ForceOn where only that is allowed) to a system
+// that reads PowerState Off; ErrNotOff, nothing sent, to any other.
+func (r *Redfish) PowerOnIfOff(ctx context.Context, t Target) error {
+	return r.reset(ctx, t, true, redfish.OnResetType, redfish.ForceOnResetType)
 }
 
 // ResetGPUs is not a BMC's.

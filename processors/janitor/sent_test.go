@@ -1,6 +1,7 @@
 package janitor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -31,15 +33,18 @@ import (
 // the connection, anything else answers that it was done.
 type signalSink struct {
 	mu        sync.Mutex
-	mode      map[string]string // node → hang | close | ""
-	instances map[string]string // EC2 instance → node
-	got       map[string]int    // node → signals received
+	mode      map[string]string   // node → hang | close | ""
+	instances map[string]string   // EC2 instance → node
+	got       map[string]int      // node → signals received
+	power     map[string]string   // node → its system's PowerState ("": On)
+	resets    map[string][]string // node → the Redfish reset types received
 	onSignal  func(node string)
 	stop      chan struct{}
 }
 
 func newSignalSink(t *testing.T) (*signalSink, *httptest.Server) {
-	s := &signalSink{mode: map[string]string{}, instances: map[string]string{}, got: map[string]int{}, stop: make(chan struct{})}
+	s := &signalSink{mode: map[string]string{}, instances: map[string]string{}, got: map[string]int{}, power: map[string]string{},
+		resets: map[string][]string{}, stop: make(chan struct{})}
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(s.stop) }) // first: the hanging handlers return
@@ -53,6 +58,20 @@ func (s *signalSink) set(node, mode, instance string) {
 	if instance != "" {
 		s.instances[instance] = node
 	}
+}
+
+// setPower sets the PowerState node's system reads.
+func (s *signalSink) setPower(node, state string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.power[node] = state
+}
+
+// resetTypes are the Redfish reset types node's system received.
+func (s *signalSink) resetTypes(node string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.resets[node])
 }
 
 func (s *signalSink) signals(node string) int {
@@ -69,10 +88,18 @@ func (s *signalSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `{"@odata.id":"/redfish/v1/","Id":"RootService","Systems":{"@odata.id":"/redfish/v1/Systems"}}`)
 		return
 	case r.Method == http.MethodGet && strings.HasPrefix(p, "/redfish/v1/Systems/"):
-		fmt.Fprintf(w, `{"@odata.id":%q,"Id":"x","PowerState":"On","Actions":{"#ComputerSystem.Reset":{"target":%q}}}`, p, p+"/Actions/ComputerSystem.Reset")
+		s.mu.Lock()
+		power := cmp.Or(s.power[strings.TrimPrefix(p, "/redfish/v1/Systems/")], "On")
+		s.mu.Unlock()
+		fmt.Fprintf(w, `{"@odata.id":%q,"Id":"x","PowerState":%q,"Actions":{"#ComputerSystem.Reset":{"target":%q}}}`, p, power, p+"/Actions/ComputerSystem.Reset")
 		return
 	case r.Method == http.MethodPost && strings.HasSuffix(p, "/Actions/ComputerSystem.Reset"):
 		node = strings.Split(strings.TrimPrefix(p, "/redfish/v1/Systems/"), "/")[0]
+		var body struct{ ResetType string }
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		s.mu.Lock()
+		s.resets[node] = append(s.resets[node], body.ResetType)
+		s.mu.Unlock()
 	case r.Method == http.MethodPost && strings.HasPrefix(p, "/v1/local/"):
 		var req localaction.Request
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
@@ -400,5 +427,64 @@ func TestRebootWaitsForABootID(t *testing.T) {
 	rec.expect(t, never, []string{"reboot/deferred", "reboot/failed"})
 	if msgs := nodeEvents(t, e.kube, never, "Warning/RebootNodeFailed"); !strings.Contains(msgs[0], ReasonNoBootID) {
 		t.Errorf("node Event %q, want it to say %s", msgs[0], ReasonNoBootID)
+	}
+}
+
+// TestRebootPowersOnAMachineLeftOff: a graceful reset that left the
+// machine off (taken as a shutdown; a BMC that did not power it back on)
+// is followed, once the node has stayed down with its old boot ID past
+// force_after, by an On, and the reboot ends at the boot ID it comes back
+// with. A machine that is on while its node stays down (shutting down, a
+// long POST) is sent nothing more: the reboot ends Timeout. Before, both
+// waited for reboot_timeout.
+func TestRebootPowersOnAMachineLeftOff(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	sink, srv := newSignalSink(t)
+	cfg := e.config()
+	cfg.RebootTimeout, cfg.ForceAfter, cfg.PollInterval = 8*time.Second, time.Second, 200*time.Millisecond
+	prov, err := BuildProviders(cfg, testLog) // not observed: the janitor asks redfish itself whether a machine is off
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, rec := e.janitor(cfg, false, prov)
+	run(t, j)
+	const off, on = "left-off", "stays-on"
+	for _, node := range []string{off, on} {
+		sink.set(node, "", "")
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node,
+			Labels:      map[string]string{AnnotationProvider: ProviderRedfish, events.LabelQuarantined: "true", labelDrain: "succeeded"},
+			Annotations: map[string]string{AnnotationBMC: srv.URL + "/redfish/v1/Systems/" + node}}}
+		if _, err := e.kube.CoreV1().Nodes().Create(ctx, booted(n), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The reset takes each node down; the first machine stays off.
+	sink.mu.Lock()
+	sink.onSignal = func(node string) {
+		if node == off && sink.signals(node) == 1 {
+			sink.setPower(node, "Off")
+		}
+		e.m.setNode(ctx, node, corev1.ConditionFalse, "")
+	}
+	sink.mu.Unlock()
+	e.create(kindReboot, off, off, false)
+	e.create(kindReboot, on, on, false)
+	for deadline := time.Now().Add(20 * time.Second); !slices.Equal(sink.resetTypes(off), []string{"GracefulRestart", "On"}); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s received %q, want GracefulRestart then On", off, sink.resetTypes(off))
+		}
+	}
+	sink.setPower(off, "On")
+	e.m.setNode(ctx, off, corev1.ConditionTrue, "boot-1")
+	if o := e.wait(kindReboot, off, 30*time.Second); condOf(o, CondNodeReady) != "True/Succeeded" {
+		t.Fatalf("%s: NodeReady %s, want True/Succeeded (status %v)", off, condOf(o, CondNodeReady), o.Object["status"])
+	}
+	rec.expect(t, off, []string{"reboot/applied", "reboot/applied", "reboot/succeeded"})
+	if o := e.wait(kindReboot, on, 30*time.Second); condOf(o, CondNodeReady) != "False/Timeout" {
+		t.Fatalf("%s: NodeReady %s, want False/Timeout (status %v)", on, condOf(o, CondNodeReady), o.Object["status"])
+	}
+	if got := sink.resetTypes(on); !slices.Equal(got, []string{"GracefulRestart"}) {
+		t.Fatalf("%s (on, its node down) received %q, want only its GracefulRestart", on, got)
 	}
 }
