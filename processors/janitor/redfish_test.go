@@ -267,12 +267,8 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 				w.WriteHeader(http.StatusConflict)
 				fmt.Fprint(w, `{"error":{"code":"Base.1.8.GeneralError","message":"Server is already powered OFF."}}`)
 			}, sent: "ForceOff"},
-		// A machine to reboot that is Off (crashed, powered itself off) is
-		// powered on: a BMC refuses to restart what is off. Before, it was
-		// sent GracefulRestart, and the reboot failed ResetRejected.
-		{name: "reboot a system that is off", system: "/redfish/v1/Systems/1", power: "Off", sent: "On"},
-		// Terminating an Off machine never powers it on, whatever the
-		// terminate action.
+		// A terminate sends its terminate_action to an Off machine as
+		// configured: a reboot's On for a machine found off is not its.
 		{name: "terminate a system that is off by power cycle", system: "/redfish/v1/Systems/1", power: "Off", terminate: true, sent: "PowerCycle"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -346,8 +342,10 @@ func TestRedfishResetTypeTheSystemAllows(t *testing.T) {
 		name    string
 		allowed string
 		mode    RebootMode
+		power   string // the system's PowerState ("": On)
+		ifOff   bool   // PowerOnIfOff, not Reboot
 		want    string // the ResetType sent ("": none)
-		reason  string
+		reason  string // ErrNotOff's: "NotOff"
 	}{
 		{name: "none listed: GracefulRestart", want: "GracefulRestart"},
 		{name: "GracefulRestart listed", allowed: `["On","ForceOff","GracefulRestart","ForceRestart"]`, want: "GracefulRestart"},
@@ -355,9 +353,18 @@ func TestRedfishResetTypeTheSystemAllows(t *testing.T) {
 		{name: "only PowerCycle", allowed: `["On","ForceOff","PowerCycle"]`, want: "PowerCycle"},
 		{name: "forced, only PowerCycle", allowed: `["On","ForceOff","PowerCycle"]`, mode: Force, want: "PowerCycle"},
 		{name: "no restart at all", allowed: `["On","ForceOff","GracefulShutdown"]`, reason: ReasonResetRejected},
+		// A machine found off is powered on: BMCs refuse to restart what
+		// is off. Before, it was sent GracefulRestart, and the reboot
+		// failed ResetRejected.
+		{name: "off: On", power: "Off", want: "On"},
+		{name: "off, only ForceOn", power: "Off", allowed: `["ForceOn","ForceOff","ForceRestart"]`, want: "ForceOn"},
+		{name: "forced, off: On", power: "Off", mode: Force, want: "On"},
+		// A reboot whose node stays down: only a machine that is off is sent anything.
+		{name: "power on if off, off", power: "Off", ifOff: true, want: "On"},
+		{name: "power on if off, on", ifOff: true, reason: "NotOff"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			bmc := &misbehavingBMC{allowed: tc.allowed}
+			bmc := &misbehavingBMC{allowed: tc.allowed, power: tc.power}
 			srv := httptest.NewServer(bmc)
 			t.Cleanup(srv.Close)
 			cfg := DefaultConfig().Redfish
@@ -367,9 +374,18 @@ func TestRedfishResetTypeTheSystemAllows(t *testing.T) {
 				t.Fatal(err)
 			}
 			kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
-			err = rf.Reboot(context.Background(), Target{Cluster: "c1", Node: bmcNode("n1", srv.URL+"/redfish/v1/Systems/1", ""), Kube: kube}, tc.mode)
+			tg := Target{Cluster: "c1", Node: bmcNode("n1", srv.URL+"/redfish/v1/Systems/1", ""), Kube: kube}
+			if tc.ifOff {
+				err = rf.PowerOnIfOff(context.Background(), tg)
+			} else {
+				err = rf.Reboot(context.Background(), tg, tc.mode)
+			}
 			sent, _ := bmc.sent.Load().(string)
-			if sent != tc.want || tc.reason == "" && err != nil || tc.reason != "" && reasonOf(err) != tc.reason {
+			reason := reasonOf(err)
+			if errors.Is(err, ErrNotOff) {
+				reason = "NotOff"
+			}
+			if sent != tc.want || tc.reason == "" && err != nil || tc.reason != "" && reason != tc.reason {
 				t.Fatalf("sent %q, returned %v (reason %s); want %q, reason %q", sent, err, reasonOf(err), tc.want, tc.reason)
 			}
 		})
