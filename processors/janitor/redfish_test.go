@@ -581,9 +581,9 @@ func TestRedfishSessionLoggedOut(t *testing.T) {
 // TestRebootPowersOnAnOffMachine: a RebootNode for a machine that is Off
 // (it crashed, or powered itself off) powers it on through the emulated
 // BMC, and the reboot ends at the boot ID it comes back with. (BMCs refuse
-// to restart what is off; the misbehaving BMC above shows the reset type
-// sent. sushy's fake driver takes any, so this one shows the path end to
-// end.)
+// to restart what is off; TestRedfishResetTypeTheSystemAllows shows the
+// reset type sent. sushy's fake driver takes any, so this one shows the
+// path end to end.)
 func TestRebootPowersOnAnOffMachine(t *testing.T) {
 	e := newEnv(t, 1)
 	ctx := context.Background()
