@@ -442,8 +442,8 @@ func TestRebootPowersOnAMachineLeftOff(t *testing.T) {
 	ctx := context.Background()
 	sink, srv := newSignalSink(t)
 	cfg := e.config()
-	cfg.RebootTimeout, cfg.ForceAfter, cfg.PollInterval = 8*time.Second, time.Second, 200*time.Millisecond
-	prov, err := BuildProviders(cfg, testLog) // not observed: the janitor asks redfish itself whether a machine is off
+	cfg.RebootTimeout, cfg.ForceAfter, cfg.PollInterval = 15*time.Second, time.Second, 200*time.Millisecond // the timeout leaves room for a loaded machine
+	prov, err := BuildProviders(cfg, testLog)                                                               // not observed: the janitor asks redfish itself whether a machine is off
 	if err != nil {
 		t.Fatal(err)
 	}
