@@ -96,6 +96,7 @@ func TestGateway(t *testing.T) {
 	t.Run("SubmitEndToEnd", func(t *testing.T) { testSubmitEndToEnd(t, k) })
 	t.Run("Rejections", func(t *testing.T) { testRejections(t, k) })
 	t.Run("TLSAndUnixSocket", func(t *testing.T) { testTLSAndUnixSocket(t, k) })
+	t.Run("TLSRotation", func(t *testing.T) { testTLSRotation(t, k) })
 	t.Run("NodeBoundCertificates", func(t *testing.T) { testNodeBoundCertificates(t, k) })
 	t.Run("Readyz", func(t *testing.T) { testReadyz(t, k) })
 	t.Run("InflightBudget", func(t *testing.T) { testInflightBudget(t, k) })

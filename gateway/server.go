@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 
+	"github.com/faultline/faultline/internal/certfile"
 	"github.com/faultline/faultline/internal/kafka"
 )
 
@@ -282,11 +283,14 @@ func (s *Server) tlsConfig() (*tls.Config, error) {
 	if s.cfg.TLSCert == "" {
 		return nil, nil
 	}
-	cert, err := tls.LoadX509KeyPair(s.cfg.TLSCert, s.cfg.TLSKey)
-	if err != nil {
-		return nil, fmt.Errorf("gateway.tls_cert: %w", err)
+	// Re-read when its files change: a certificate rotated in place
+	// (cert-manager renewing the chart's Secret) is served without a
+	// restart, before the one loaded at start expires.
+	pair := certfile.New(s.cfg.TLSCert, s.cfg.TLSKey, "gateway.tls_cert, gateway.tls_key")
+	if _, err := pair.GetCertificate(nil); err != nil {
+		return nil, err
 	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, CipherSuites: tlsCipherSuites}
+	cfg := &tls.Config{GetCertificate: pair.GetCertificate, MinVersion: tls.VersionTLS12, CipherSuites: tlsCipherSuites}
 	if s.cfg.ClientCA != "" {
 		pem, err := os.ReadFile(s.cfg.ClientCA)
 		if err != nil {

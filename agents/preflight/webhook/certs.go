@@ -24,6 +24,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/faultline/faultline/internal/certfile"
 )
 
 // certSource serves the webhook's certificate and the CA the API server
@@ -286,42 +288,17 @@ func serial() *big.Int {
 }
 
 // fileCerts serves a certificate written by another issuer (cert-manager),
-// re-read whenever its files change.
+// re-read whenever its files change (certfile.Pair).
 type fileCerts struct {
-	certFile, keyFile, caFile string
+	*certfile.Pair
+	caFile string
 
-	mu    sync.Mutex
-	cert  *tls.Certificate
-	stamp string
-	ca    []byte // the CA file as Refresh checked it
+	mu sync.Mutex
+	ca []byte // the CA file as Refresh checked it
 }
 
-func (f *fileCerts) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	st := f.fileStamp()
-	if f.cert != nil && st == f.stamp {
-		return f.cert, nil
-	}
-	c, err := tls.LoadX509KeyPair(f.certFile, f.keyFile)
-	if err != nil {
-		if f.cert != nil {
-			return f.cert, nil // mid-rotation: keep serving the old one
-		}
-		return nil, fmt.Errorf("tls.cert_file, tls.key_file: %w", err)
-	}
-	f.cert, f.stamp = &c, st
-	return f.cert, nil
-}
-
-func (f *fileCerts) fileStamp() string {
-	var s string
-	for _, p := range []string{f.certFile, f.keyFile} {
-		if st, err := os.Stat(p); err == nil {
-			s += st.ModTime().String() + fmt.Sprint(st.Size())
-		}
-	}
-	return s
+func newFileCerts(certFile, keyFile, caFile string) *fileCerts {
+	return &fileCerts{Pair: certfile.New(certFile, keyFile, "tls.cert_file, tls.key_file"), caFile: caFile}
 }
 
 // CABundle is the CA file as the last Refresh read and checked it (read

@@ -184,7 +184,7 @@ func TestFileCertsReload(t *testing.T) {
 		x, _ := parseCert(c)
 		return x.SerialNumber.String()
 	}
-	f := &fileCerts{certFile: filepath.Join(dir, "tls.crt"), keyFile: filepath.Join(dir, "tls.key"), caFile: filepath.Join(dir, "ca.crt")}
+	f := newFileCerts(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt"))
 	if err := f.Refresh(context.Background()); err == nil {
 		t.Fatal("no error without the files")
 	}

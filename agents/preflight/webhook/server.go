@@ -141,7 +141,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var certs certSource
 	switch cfg.TLS.Mode {
 	case "files":
-		certs = &fileCerts{certFile: cfg.TLS.CertFile, keyFile: cfg.TLS.KeyFile, caFile: cfg.TLS.CAFile}
+		certs = newFileCerts(cfg.TLS.CertFile, cfg.TLS.KeyFile, cfg.TLS.CAFile)
 	default:
 		ss, err := newSelfSigned(s.kc, cfg.Webhook.ServiceNamespace, cfg.TLS, cfg.Webhook, s.log)
 		if err != nil {
