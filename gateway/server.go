@@ -3,13 +3,12 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -200,16 +199,20 @@ func (s *Server) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	tlsCfg, err := s.tlsConfig()
+	grpcTLS, err := s.tlsConfig() // grpc-go adds h2
 	if err != nil {
 		return err
 	}
-	s.grpcSrv = s.newGRPCServer(doorGRPC, tlsCfg)
+	httpTLS, err := s.tlsConfig("h2", "http/1.1")
+	if err != nil {
+		return err
+	}
+	s.grpcSrv = s.newGRPCServer(doorGRPC, grpcTLS)
 	handler, err := s.httpHandler(ctx)
 	if err != nil {
 		return err
 	}
-	s.httpSrv = s.newHTTPServer(handler, tlsCfg)
+	s.httpSrv = s.newHTTPServer(handler, httpTLS)
 
 	grpcLn := newLimitListener(s.grpcLn, s.cfg.MaxConns, s.cfg.MaxConnsPerAddress, s.connRefused(doorGRPC))
 	httpLn := newLimitListener(s.httpLn, s.cfg.MaxConns, s.cfg.MaxConnsPerAddress, s.connRefused(doorREST))
@@ -221,7 +224,7 @@ func (s *Server) Run(ctx context.Context) error {
 	})
 	g.Go(func() error { return serveErr(s.grpcSrv.Serve(grpcLn)) })
 	g.Go(func() error {
-		if tlsCfg != nil {
+		if httpTLS != nil {
 			return serveErr(s.httpSrv.ServeTLS(httpLn, "", ""))
 		}
 		return serveErr(s.httpSrv.Serve(httpLn))
@@ -231,7 +234,7 @@ func (s *Server) Run(ctx context.Context) error {
 		unixLn := newLimitListener(s.unixLn, s.cfg.MaxConns, 0, s.connRefused(doorUnix))
 		g.Go(func() error { return serveErr(s.unixSrv.Serve(unixLn)) })
 	}
-	s.log.Info("gateway serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "unix", s.cfg.UnixSocket, "tls", tlsCfg != nil)
+	s.log.Info("gateway serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "unix", s.cfg.UnixSocket, "tls", httpTLS != nil)
 	g.Go(func() error {
 		<-gctx.Done()
 		s.shutdown()
@@ -279,7 +282,10 @@ var tlsCipherSuites = []uint16{
 	tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
 }
 
-func (s *Server) tlsConfig() (*tls.Config, error) {
+// tlsConfig is a door's TLS configuration, nil without gateway.tls_cert.
+// protos are the door's ALPN protocols, set here because a configuration
+// chosen at the handshake (a client CA rotated) must carry them itself.
+func (s *Server) tlsConfig(protos ...string) (*tls.Config, error) {
 	if s.cfg.TLSCert == "" {
 		return nil, nil
 	}
@@ -290,19 +296,47 @@ func (s *Server) tlsConfig() (*tls.Config, error) {
 	if _, err := pair.GetCertificate(nil); err != nil {
 		return nil, err
 	}
-	cfg := &tls.Config{GetCertificate: pair.GetCertificate, MinVersion: tls.VersionTLS12, CipherSuites: tlsCipherSuites}
+	cfg := &tls.Config{GetCertificate: pair.GetCertificate, MinVersion: tls.VersionTLS12, CipherSuites: tlsCipherSuites, NextProtos: protos}
 	if s.cfg.ClientCA != "" {
-		pem, err := os.ReadFile(s.cfg.ClientCA)
+		cas := certfile.NewPool(s.cfg.ClientCA, "gateway.client_ca")
+		pool, err := cas.Get()
 		if err != nil {
-			return nil, fmt.Errorf("gateway.client_ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("gateway.client_ca: no PEM certificates in %s", s.cfg.ClientCA)
+			return nil, err
 		}
 		cfg.ClientCAs = pool
 		// Tokens may still be used over TLS without a client certificate.
 		cfg.ClientAuth = tls.VerifyClientCertIfGiven
+		cfg.GetConfigForClient = followClientCAs(cfg, cas)
 	}
 	return cfg, nil
+}
+
+// followClientCAs is cfg's GetConfigForClient: client certificates are
+// verified against the CA file as it is at the handshake, so a CA rotated
+// in place admits the certificates it signs, and one removed from the
+// bundle admits none, without a restart (a resumed session is checked
+// against the bundle too, by crypto/tls). cfg serves as it is until the
+// file changes; then a copy with the new pool, made once per change.
+func followClientCAs(cfg *tls.Config, cas *certfile.Pool) func(*tls.ClientHelloInfo) (*tls.Config, error) {
+	var (
+		mu         sync.Mutex
+		start      = cfg.ClientCAs
+		current    = start
+		currentCfg *tls.Config
+	)
+	return func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		pool, err := cas.Get() // once loaded, the last good pool
+		if err != nil || pool == start {
+			return nil, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if pool != current {
+			c := cfg.Clone()
+			c.GetConfigForClient = nil
+			c.ClientCAs = pool
+			current, currentCfg = pool, c
+		}
+		return currentCfg, nil
+	}
 }

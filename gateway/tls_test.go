@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -386,5 +387,98 @@ func testTLSRotation(t *testing.T, k *testenv.Kafka) {
 	}
 	if got := served(gw.GRPCAddr(), "h2"); got != serial(second) {
 		t.Fatalf("mid-rotation the gateway serves %s, want the last good certificate %s", got, serial(second))
+	}
+}
+
+// testClientCARotation: the client CA file replaced in place (a CA rotated)
+// is used from the next handshake on, by both doors and both HTTP versions:
+// a certificate of the new CA is admitted and one of the removed CA is
+// refused, even resuming a session it began before the change. Before, the
+// gateway verified against the bundle it read at start until a restart.
+func testClientCARotation(t *testing.T, k *testenv.Kafka) {
+	server := newPKI(t)
+	certPath, keyPath, _ := server.issue(t, "server", pkix.Name{CommonName: "gateway"}, true)
+	caFile := filepath.Join(t.TempDir(), "client-ca.pem")
+	oldCA, newCA := newPKI(t), newPKI(t)
+	copyFile := func(from string) {
+		t.Helper()
+		b, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(caFile, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyFile(oldCA.caPath)
+	gw := gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) {
+		c.TLSCert, c.TLSKey, c.ClientCA = certPath, keyPath, caFile
+	}, gateway.Options{})
+	subject := pkix.Name{CommonName: "agent-1", Organization: []string{"beta"}}
+	_, _, oldCert := oldCA.issue(t, "old", subject, false)
+	_, _, newCert := newCA.issue(t, "new", subject, false)
+	resumed := tls.NewLRUClientSessionCache(4) // the old certificate's sessions
+
+	// admitted submits one event with cert through each door: gRPC, REST
+	// over HTTP/2 and over HTTP/1.1; it returns the doors that refused it.
+	admitted := func(cert tls.Certificate, cache tls.ClientSessionCache) []string {
+		t.Helper()
+		var refused []string
+		tc := func() *tls.Config {
+			return &tls.Config{RootCAs: server.pool, Certificates: []tls.Certificate{cert}, ClientSessionCache: cache}
+		}
+		conn, err := grpc.NewClient(gw.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(tc())))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := faultlinev1.NewEventsClient(conn).SubmitEvents(ctx,
+			&faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("ca-node")}}); err != nil {
+			refused = append(refused, "grpc: "+err.Error())
+		}
+		for _, proto := range []string{"HTTP/2.0", "HTTP/1.1"} {
+			tr := &http.Transport{TLSClientConfig: tc(), ForceAttemptHTTP2: proto == "HTTP/2.0"}
+			if proto == "HTTP/1.1" {
+				tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
+			}
+			req, _ := http.NewRequest(http.MethodPost, "https://"+gw.HTTPAddr()+"/v1/events",
+				strings.NewReader(`{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"ca-node"}]}`))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := (&http.Client{Timeout: 10 * time.Second, Transport: tr}).Do(req)
+			if err != nil {
+				refused = append(refused, proto+": "+err.Error())
+				continue
+			}
+			resp.Body.Close()
+			tr.CloseIdleConnections()
+			if resp.StatusCode != http.StatusOK || resp.Proto != proto {
+				refused = append(refused, fmt.Sprintf("%s: %s over %s", proto, resp.Status, resp.Proto))
+			}
+		}
+		return refused
+	}
+	if r := admitted(oldCert, resumed); len(r) > 0 {
+		t.Fatalf("before the rotation the old CA's certificate was refused: %v", r)
+	}
+	if r := admitted(newCert, nil); len(r) != 3 {
+		t.Fatalf("before the rotation the new CA's certificate was admitted by a door: refused only by %v", r)
+	}
+	time.Sleep(20 * time.Millisecond) // a distinct modification time
+	copyFile(newCA.caPath)
+	if r := admitted(newCert, nil); len(r) > 0 {
+		t.Fatalf("after the rotation the new CA's certificate was refused: %v", r)
+	}
+	if r := admitted(oldCert, resumed); len(r) != 3 {
+		t.Fatalf("after the rotation the removed CA's certificate was admitted by a door: refused only by %v", r)
+	}
+	// A rotation caught half written keeps the last good bundle.
+	time.Sleep(20 * time.Millisecond)
+	if err := os.WriteFile(caFile, []byte("-----BEGIN CERT"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r := admitted(newCert, nil); len(r) > 0 {
+		t.Fatalf("mid-rotation the last good CA's certificate was refused: %v", r)
 	}
 }

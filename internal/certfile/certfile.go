@@ -1,11 +1,13 @@
-// Package certfile serves a TLS certificate from its files, re-read when
-// they change: a certificate rotated in place (cert-manager renewing the
-// Secret behind a volume, an operator replacing the files) is served from
+// Package certfile serves a TLS certificate, and the CA bundle that client
+// certificates are verified against, from their files, re-read when they
+// change: a certificate or CA rotated in place (cert-manager renewing the
+// Secret behind a volume, an operator replacing the files) is used from
 // the next handshake on, without a restart.
 package certfile
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"os"
 	"sync"
@@ -36,7 +38,7 @@ func New(certFile, keyFile, keys string) *Pair {
 func (p *Pair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := p.fileStamp()
+	st := fileStamp(p.certFile, p.keyFile)
 	if p.cert != nil && st == p.stamp {
 		return p.cert, nil
 	}
@@ -51,11 +53,53 @@ func (p *Pair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	return p.cert, nil
 }
 
+// Pool is a CA bundle file. Its Get returns the bundle as a pool.
+type Pool struct {
+	file, key string
+
+	mu    sync.Mutex
+	pool  *x509.CertPool
+	stamp string
+}
+
+// NewPool returns the bundle in file, named in errors as key (e.g.
+// "gateway.client_ca"). Nothing is read yet: call Get to check the file at
+// start.
+func NewPool(file, key string) *Pool {
+	return &Pool{file: file, key: key}
+}
+
+// Get returns the pool as last loaded, loading it again when the file's
+// modification time or size changed; the same pointer until then. While
+// the file does not load, or holds no certificate, the last pool that did
+// is returned; with none yet, the error names the key.
+func (p *Pool) Get() (*x509.CertPool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := fileStamp(p.file)
+	if p.pool != nil && st == p.stamp {
+		return p.pool, nil
+	}
+	b, err := os.ReadFile(p.file)
+	pool := x509.NewCertPool()
+	if err == nil && !pool.AppendCertsFromPEM(b) {
+		err = fmt.Errorf("no PEM certificates in %s", p.file)
+	}
+	if err != nil {
+		if p.pool != nil {
+			return p.pool, nil
+		}
+		return nil, fmt.Errorf("%s: %w", p.key, err)
+	}
+	p.pool, p.stamp = pool, st
+	return p.pool, nil
+}
+
 // fileStamp identifies the files' current contents by modification time
-// and size (two stats a handshake).
-func (p *Pair) fileStamp() string {
+// and size (a stat each).
+func fileStamp(files ...string) string {
 	var s string
-	for _, f := range []string{p.certFile, p.keyFile} {
+	for _, f := range files {
 		if st, err := os.Stat(f); err == nil {
 			s += st.ModTime().String() + fmt.Sprint(st.Size())
 		}

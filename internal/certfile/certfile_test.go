@@ -49,6 +49,53 @@ func TestPair(t *testing.T) {
 	}
 }
 
+// TestPool: the bundle is checked at the first call (the error names the
+// key), re-read once replaced (a new pool, the same one until then), and
+// the last good pool is kept while the file does not load or holds no
+// certificate.
+func TestPool(t *testing.T) {
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "ca.crt")
+	p := NewPool(caFile, "x.client_ca")
+	if _, err := p.Get(); err == nil || !strings.Contains(err.Error(), "x.client_ca") {
+		t.Fatalf("no file: %v, want an error naming the key", err)
+	}
+	if err := os.WriteFile(caFile, []byte("not PEM"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Get(); err == nil || !strings.Contains(err.Error(), "x.client_ca: no PEM certificates in "+caFile) {
+		t.Fatalf("no certificate: %v, want an error naming the key and file", err)
+	}
+	var last *x509.CertPool
+	for n := int64(1); n <= 2; n++ {
+		time.Sleep(20 * time.Millisecond)
+		write(t, caFile, filepath.Join(dir, "ca.key"), n)
+		b, _ := os.ReadFile(caFile)
+		want := x509.NewCertPool()
+		want.AppendCertsFromPEM(b)
+		pool, err := p.Get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pool == last || !pool.Equal(want) {
+			t.Fatalf("after writing CA %d the pool is not its certificate alone", n)
+		}
+		if again, _ := p.Get(); again != pool {
+			t.Fatal("an unchanged file gave a new pool")
+		}
+		last = pool
+	}
+	for _, bad := range []string{"", "half"} {
+		time.Sleep(20 * time.Millisecond)
+		if err := os.WriteFile(caFile, []byte(bad), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if pool, err := p.Get(); err != nil || pool != last {
+			t.Fatalf("file %q: pool %p err %v, want the last good pool", bad, pool, err)
+		}
+	}
+}
+
 // write writes a self-signed certificate with serial n and its key.
 func write(t *testing.T, certFile, keyFile string, n int64) {
 	t.Helper()
