@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -19,6 +21,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/faultline/faultline/internal/certfile"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -63,11 +66,10 @@ func NewSender(cfg GatewayConfig, spool *Spool, log *slog.Logger, m *Metrics, op
 			"gateway", cfg.Addr)
 		m.gatewayInsecure.Set(1)
 	} else {
-		tc, err := cfg.tlsConfig()
-		if err != nil {
+		var err error
+		if creds, err = cfg.tlsCredentials(); err != nil {
 			return nil, err
 		}
-		creds = credentials.NewTLS(tc)
 		m.gatewayInsecure.Set(0)
 	}
 	conn, err := grpc.NewClient(cfg.Addr, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, opts...)...)
@@ -83,13 +85,9 @@ func NewSender(cfg GatewayConfig, spool *Spool, log *slog.Logger, m *Metrics, op
 func (g GatewayConfig) tlsConfig() (*tls.Config, error) {
 	tc := &tls.Config{ServerName: g.ServerName, MinVersion: tls.VersionTLS12}
 	if g.CAFile != "" {
-		pem, err := os.ReadFile(g.CAFile)
+		pool, err := certfile.NewPool(g.CAFile, "gateway.ca_file").Get()
 		if err != nil {
-			return nil, fmt.Errorf("gateway.ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("gateway.ca_file: no certificate in %s", g.CAFile)
+			return nil, err
 		}
 		tc.RootCAs = pool
 	}
@@ -113,6 +111,81 @@ func (g GatewayConfig) tlsConfig() (*tls.Config, error) {
 		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return load() }
 	}
 	return tc, nil
+}
+
+// tlsCredentials are the TLS credentials of tlsConfig, with the CA bundle
+// re-read when it changes: a CA rotated in place (the chart's cert-manager
+// CA renewed, its Secret updated under the agent) is trusted from the next
+// connection on. Before, an agent refused a gateway whose certificate the
+// new CA signed until it restarted, its spool growing.
+func (g GatewayConfig) tlsCredentials() (credentials.TransportCredentials, error) {
+	tc, err := g.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	if g.CAFile == "" {
+		return credentials.NewTLS(tc), nil
+	}
+	return &followCA{tc: tc, cas: certfile.NewPool(g.CAFile, "gateway.ca_file")}, nil
+}
+
+// followCA are TLS credentials whose root CAs are the bundle as it is at
+// each handshake: the TLS credentials of tc with that pool, made once per
+// change of the file.
+type followCA struct {
+	tc  *tls.Config
+	cas *certfile.Pool
+
+	mu    sync.Mutex
+	pool  *x509.CertPool
+	creds credentials.TransportCredentials
+}
+
+func (f *followCA) current() (credentials.TransportCredentials, error) {
+	pool, err := f.cas.Get()
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if pool != f.pool {
+		tc := f.tc.Clone()
+		tc.RootCAs = pool
+		f.pool, f.creds = pool, credentials.NewTLS(tc)
+	}
+	return f.creds, nil
+}
+
+func (f *followCA) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	c, err := f.current()
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.ClientHandshake(ctx, authority, conn)
+}
+
+func (f *followCA) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return nil, nil, errors.New("gateway credentials are a client's")
+}
+
+func (f *followCA) Info() credentials.ProtocolInfo {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return credentials.NewTLS(f.tc).Info()
+}
+
+func (f *followCA) Clone() credentials.TransportCredentials {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return &followCA{tc: f.tc.Clone(), cas: f.cas}
+}
+
+// OverrideServerName is deprecated in grpc-go; kept for the interface.
+func (f *followCA) OverrideServerName(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tc.ServerName, f.pool = name, nil
+	return nil
 }
 
 // Submit sends evs in one SubmitEvents call, outside the spool (for a

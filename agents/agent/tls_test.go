@@ -33,15 +33,21 @@ func (g *fakeGateway) seen() []fakeCall {
 // they sign.
 func startFakeTLS(t *testing.T, ca *testenv.CA, token string, clientCAs *x509.CertPool) *fakeGateway {
 	t.Helper()
+	g := &fakeGateway{t: t, addr: "127.0.0.1:0", token: token, opts: fakeTLS(t, ca, clientCAs)}
+	g.start()
+	t.Cleanup(g.stop)
+	return g
+}
+
+// fakeTLS are the fake gateway's TLS options: a certificate of ca for
+// 127.0.0.1, and a client certificate required when clientCAs is set.
+func fakeTLS(t *testing.T, ca *testenv.CA, clientCAs *x509.CertPool) []grpc.ServerOption {
 	server := ca.Issue(t, "gateway", "127.0.0.1")
 	tc := &tls.Config{Certificates: []tls.Certificate{server.Cert}, MinVersion: tls.VersionTLS12}
 	if clientCAs != nil {
 		tc.ClientCAs, tc.ClientAuth = clientCAs, tls.RequireAndVerifyClientCert
 	}
-	g := &fakeGateway{t: t, addr: "127.0.0.1:0", token: token, opts: []grpc.ServerOption{grpc.Creds(credentials.NewTLS(tc))}}
-	g.start()
-	t.Cleanup(g.stop)
-	return g
+	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(tc))}
 }
 
 // logBuffer is a slog sink the tests read.
@@ -160,6 +166,48 @@ func TestDefaultSenderVerifiesTheGateway(t *testing.T) {
 	}
 }
 
+// TestSenderFollowsTheGatewayCA: the CA bundle replaced in place (the
+// chart's cert-manager CA renewed, the Secret updated under the agent) is
+// trusted from the next connection on: a gateway restarted with a
+// certificate of the new CA gets the spooled events without an agent
+// restart. Before, the agent refused it until it restarted.
+func TestSenderFollowsTheGatewayCA(t *testing.T) {
+	oldCA, newCA := testenv.NewCA(t, "", "old"), testenv.NewCA(t, "", "new")
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	install := func(ca *testenv.CA) {
+		t.Helper()
+		b, err := os.ReadFile(ca.File)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(caFile, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	install(oldCA)
+	g := startFakeTLS(t, oldCA, "s3cret", nil)
+	cfg := DefaultConfig().Gateway
+	cfg.Addr, cfg.TokenFile, cfg.CAFile = g.addr, tokenFile(t, g.token), caFile
+	sp, m, _ := startSender(t, cfg)
+	sp.Append([]*datamodels.HealthEvent{ev("before", true)})
+	waitFor(t, 10*time.Second, func() bool { return sp.Pending() == 0 }, "the event sent under the old CA")
+
+	g.stop() // the gateway restarts with a certificate of the new CA
+	g.opts = fakeTLS(t, newCA, nil)
+	g.start()
+	sp.Append([]*datamodels.HealthEvent{ev("after", true)})
+	waitFor(t, 10*time.Second, func() bool { return val(m.sendErrors.WithLabelValues("Unavailable")) > 0 }, "a send refused under the old CA")
+	if sp.Pending() == 0 {
+		t.Fatal("sent to a gateway the old CA does not sign")
+	}
+	time.Sleep(20 * time.Millisecond) // a distinct modification time
+	install(newCA)
+	waitFor(t, 20*time.Second, func() bool { return sp.Pending() == 0 }, "the event sent once the new CA is installed")
+	if got := g.received(); len(got) != 2 || got[1] != "after" {
+		t.Fatalf("the gateway received %v, want [before after]", got)
+	}
+}
+
 // TestInsecureIsExplicitAndLoud: plaintext works only when asked for, and
 // then the agent says so in its log and in a metric.
 func TestInsecureIsExplicitAndLoud(t *testing.T) {
@@ -225,7 +273,7 @@ func TestGatewayTLSConfigErrors(t *testing.T) {
 		{"", []string{"--gateway.key-file", kp.KeyFile}, "gateway.cert_file: required with gateway.key_file"},
 		{"", []string{"--gateway.cert-file", kp.KeyFile, "--gateway.key-file", kp.KeyFile}, "gateway.cert_file, gateway.key_file:"},
 		{"", []string{"--gateway.ca-file", filepath.Join(dir, "absent.pem")}, "gateway.ca_file: open"},
-		{"", []string{"--gateway.ca-file", path}, "gateway.ca_file: no certificate in"},
+		{"", []string{"--gateway.ca-file", path}, "gateway.ca_file: no PEM certificates in"},
 		{"", []string{"--gateway.token-file="}, "gateway.token_file: must be set (or gateway.cert_file"},
 		{"", []string{"--gateway.token-file=", "--gateway.cert-file", kp.CertFile, "--gateway.key-file", kp.KeyFile, "--gateway.ca-file", ca.File, "--gateway.server-name", "gw.example"}, ""},
 		{"[gateway]\ninsecure = true\n", nil, ""},
