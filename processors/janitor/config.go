@@ -52,6 +52,13 @@ type Config struct {
 	// (NotReady or a new boot ID) within it is followed by a forced one,
 	// on providers that have one (Redfish ForceRestart). 0: never. Default 10m.
 	ForceAfter time.Duration `toml:"force_after"`
+	// HungAfter: a rebooted node down (NotReady) with its old boot ID for
+	// this long while its machine is on — a shutdown that hung — is
+	// followed by a forced reboot, once, on providers that can tell the
+	// machine's power (Redfish). Set it above the machines' slowest
+	// shutdown, POST and boot together: a forced reset starts a POST over.
+	// 0: never. Default 15m.
+	HungAfter time.Duration `toml:"hung_after"`
 	// TerminateTimeout bounds a TerminateNode. Default 30m.
 	TerminateTimeout time.Duration `toml:"terminate_timeout"`
 	// GPUResetTimeout bounds a GPUReset. Default 10m.
@@ -186,7 +193,7 @@ func DefaultConfig() Config {
 	return Config{
 		Identity: "faultline-janitor/" + host, Workers: 16, MaxConcurrent: 10, MaxConcurrentPerRack: 2,
 		RackLabel: "faultline.io/rack", Cooldown: 30 * time.Minute, RequireDrained: true,
-		RebootTimeout: 30 * time.Minute, ForceAfter: 10 * time.Minute, TerminateTimeout: 30 * time.Minute,
+		RebootTimeout: 30 * time.Minute, ForceAfter: 10 * time.Minute, HungAfter: 15 * time.Minute, TerminateTimeout: 30 * time.Minute,
 		GPUResetTimeout: 10 * time.Minute, PollInterval: 5 * time.Second, DeleteNodeOnTerminate: true,
 		NodeEvents: true, EventNamespace: "default",
 		ProviderIDPrefixes: []string{"aws://=aws"},
@@ -209,6 +216,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.BoolVar(&c.RequireDrained, prefix+"require-drained", c.RequireDrained, "act only on nodes faultline quarantined and drained unless the resource says force")
 	fs.DurationVar(&c.RebootTimeout, prefix+"reboot-timeout", c.RebootTimeout, "time for a rebooted node to come back Ready with a new boot ID")
 	fs.DurationVar(&c.ForceAfter, prefix+"force-after", c.ForceAfter, "forced reboot after a graceful one did not take the node down (0: never)")
+	fs.DurationVar(&c.HungAfter, prefix+"hung-after", c.HungAfter, "forced reboot of a node down with its old boot ID this long while its machine is on (0: never)")
 	fs.DurationVar(&c.TerminateTimeout, prefix+"terminate-timeout", c.TerminateTimeout, "time bound of a TerminateNode")
 	fs.DurationVar(&c.GPUResetTimeout, prefix+"gpu-reset-timeout", c.GPUResetTimeout, "time bound of a GPUReset")
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often an operation in progress is looked at")
@@ -297,6 +305,8 @@ func (c Config) Validate(prefix string) error {
 		return fmt.Errorf("%sreboot_timeout: must be positive, got %v", prefix, c.RebootTimeout)
 	case c.ForceAfter < 0:
 		return fmt.Errorf("%sforce_after: must not be negative, got %v", prefix, c.ForceAfter)
+	case c.HungAfter < 0:
+		return fmt.Errorf("%shung_after: must not be negative, got %v", prefix, c.HungAfter)
 	case c.TerminateTimeout <= 0:
 		return fmt.Errorf("%sterminate_timeout: must be positive, got %v", prefix, c.TerminateTimeout)
 	case c.GPUResetTimeout <= 0:

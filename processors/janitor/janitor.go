@@ -951,53 +951,75 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 	if j.cfg.ForceAfter > 0 && op.st.ForcedAt.IsZero() && elapsed > j.cfg.ForceAfter && op.node != nil && nodeReady(op.node) &&
 		op.node.Status.NodeInfo.BootID == op.st.BootID {
 		if prov := j.providers[op.st.Provider]; prov != nil {
-			st := *op.st
-			st.Step, st.ForcedAt = "force", j.now().UTC()
-			err := op.record(ctx, st)
-			if apierrors.IsConflict(err) {
-				return time.Second, nil
-			}
-			if err != nil {
-				return 0, fmt.Errorf("record %s force: %w", op.ref(), err)
-			}
-			j.remember(op.u.GetUID(), func(m *memory) { m.forced = true })
-			t := Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/force"}
-			err = prov.Reboot(ctx, t, Force)
-			switch {
-			case errors.Is(err, ErrUnsupported):
-			case errors.Is(err, ErrMaybeSent):
-				// Followed as sent: a new boot ID, else reboot_timeout.
-				op.emit(ctx, op.action(events.OutcomeApplied, fmt.Sprintf("forced reboot may have been sent via %s (node %s): %v",
-					op.st.Provider, op.nodeName, err), "force", nil))
-			case err != nil:
-				return 0, op.fail(ctx, reasonOf(err), fmt.Sprintf("forced reboot via %s after %v: %v", op.st.Provider, j.cfg.ForceAfter, err), true)
-			default:
-				op.emit(ctx, op.action(events.OutcomeApplied, fmt.Sprintf("forced reboot via %s: the graceful one did not take node %s down within %v",
-					op.st.Provider, op.nodeName, j.cfg.ForceAfter), "force", nil))
+			if next, done, err := op.forceReboot(ctx, prov, fmt.Sprintf("the graceful one did not take node %s down within %v", op.nodeName, j.cfg.ForceAfter)); done {
+				return next, err
 			}
 		}
 	}
-	op.powerOnIfOff(ctx, elapsed)
+	if next, done, err := op.followDownMachine(ctx, elapsed); done {
+		return next, err
+	}
 	return j.cfg.PollInterval, nil
+}
+
+// forceReboot sends the forced reboot of a graceful one that did not do its
+// work, once: ForcedAt is recorded first, like the signal. why says what
+// it did not do. done: followReboot returns next and err.
+func (op *operation) forceReboot(ctx context.Context, prov Provider, why string) (next time.Duration, done bool, err error) {
+	j := op.j
+	st := *op.st
+	st.Step, st.ForcedAt = "force", j.now().UTC()
+	err = op.record(ctx, st)
+	if apierrors.IsConflict(err) {
+		return time.Second, true, nil
+	}
+	if err != nil {
+		return 0, true, fmt.Errorf("record %s force: %w", op.ref(), err)
+	}
+	j.remember(op.u.GetUID(), func(m *memory) { m.forced = true })
+	t := Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/force"}
+	switch err := prov.Reboot(ctx, t, Force); {
+	case errors.Is(err, ErrUnsupported):
+	case errors.Is(err, ErrMaybeSent):
+		// Followed as sent: a new boot ID, else reboot_timeout.
+		op.emit(ctx, op.action(events.OutcomeApplied, fmt.Sprintf("forced reboot may have been sent via %s (%s): %v",
+			op.st.Provider, why, err), "force", nil))
+	case err != nil:
+		return 0, true, op.fail(ctx, reasonOf(err), fmt.Sprintf("forced reboot via %s (%s): %v", op.st.Provider, why, err), true)
+	default:
+		op.emit(ctx, op.action(events.OutcomeApplied, fmt.Sprintf("forced reboot via %s: %s", op.st.Provider, why), "force", nil))
+	}
+	return 0, false, nil
 }
 
 // offCheckEvery is how often the machine of a reboot whose node stays
 // down is asked about (one BMC read while it is not off).
 const offCheckEvery = time.Minute
 
-// powerOnIfOff powers on the machine of a reboot whose node is still down
-// with its old boot ID after force_after, if its provider says it is off:
-// a graceful reset the machine took as a shutdown, or a BMC that did not
-// power it back on, would otherwise wait for reboot_timeout. Nothing is
-// sent to a machine that is on (shutting down, or in a long POST: a forced
-// reset would start it over). Asked at most every offCheckEvery; sending
-// On only to a machine that is off makes it safe to repeat.
-func (op *operation) powerOnIfOff(ctx context.Context, elapsed time.Duration) {
+// followDownMachine asks the provider, where it can tell (offPowerer),
+// about the machine of a reboot whose node is down (NotReady) with its
+// old boot ID, at most every offCheckEvery, once the reboot is older than
+// force_after or the node has been down for hung_after:
+//   - off (a graceful reset the machine took as a shutdown, a BMC that did
+//     not power it back on): powered on; sending On only to a machine that
+//     is off makes it safe to repeat;
+//   - on, the node down for hung_after (a shutdown that hung: a driver
+//     unload, an unmount that never returns): forced, once.
+//
+// Otherwise nothing is sent to a machine that is on: it is shutting down
+// or in a long POST, and a forced reset would start that over. Before,
+// both machines waited for reboot_timeout. done: followReboot returns
+// next and err.
+func (op *operation) followDownMachine(ctx context.Context, elapsed time.Duration) (next time.Duration, done bool, err error) {
 	j := op.j
 	p, ok := j.providers[op.st.Provider].(offPowerer)
-	if !ok || j.cfg.ForceAfter == 0 || elapsed <= j.cfg.ForceAfter || op.node == nil || nodeReady(op.node) ||
-		op.node.Status.NodeInfo.BootID != op.st.BootID {
-		return
+	if !ok || op.node == nil || nodeReady(op.node) || op.node.Status.NodeInfo.BootID != op.st.BootID {
+		return 0, false, nil
+	}
+	down := op.downFor()
+	hung := j.cfg.HungAfter > 0 && down > j.cfg.HungAfter && op.st.ForcedAt.IsZero()
+	if !hung && (j.cfg.ForceAfter == 0 || elapsed <= j.cfg.ForceAfter) {
+		return 0, false, nil
 	}
 	now := j.now()
 	if last := j.remember(op.u.GetUID(), func(m *memory) {
@@ -1005,18 +1027,35 @@ func (op *operation) powerOnIfOff(ctx context.Context, elapsed time.Duration) {
 			m.offChecked = now
 		}
 	}).offChecked; now.Sub(last) < offCheckEvery {
-		return
+		return 0, false, nil
 	}
 	t := Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/power-on"}
 	switch err := p.PowerOnIfOff(ctx, t); {
 	case err == nil:
 		op.emit(ctx, op.action(events.OutcomeApplied, fmt.Sprintf("powered on via %s: node %s was still down with its old boot ID after %v, and its machine was off",
 			op.st.Provider, op.nodeName, elapsed.Round(time.Second)), "power-on", nil))
+	case errors.Is(err, ErrNotOff) && hung:
+		return op.forceReboot(ctx, j.providers[op.st.Provider], fmt.Sprintf("node %s has been down with its old boot ID for %v while its machine is on: its shutdown hung",
+			op.nodeName, down.Round(time.Second)))
 	case errors.Is(err, ErrNotOff), ctx.Err() != nil:
 	default:
 		j.log.Warn("janitor: could not tell whether a rebooting machine is off", "cluster", op.cr.name, "node", op.nodeName,
 			"provider", op.st.Provider, "err", err)
 	}
+	return 0, false, nil
+}
+
+// downFor is how long the node of a reboot has been down: since its Ready
+// condition last changed, or since the reboot was recorded if that is
+// later (a node already NotReady when it was signalled).
+func (op *operation) downFor() time.Duration {
+	since := op.st.At
+	for _, c := range op.node.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.LastTransitionTime.After(since) {
+			since = c.LastTransitionTime.Time
+		}
+	}
+	return op.j.now().Sub(since)
 }
 
 func (op *operation) followTerminate(ctx context.Context) (time.Duration, error) {

@@ -103,7 +103,8 @@ var ErrUnsupported = errors.New("not supported by this provider")
 // offPowerer is a provider that can tell a machine that is off (a BMC's
 // PowerState) and power it on: the janitor asks it about a reboot whose
 // node stays down past force_after (a graceful reset that left the machine
-// off). Only the redfish provider is one.
+// off) or hung_after (on: a shutdown that hung, forced once). Only the
+// redfish provider is one.
 type offPowerer interface {
 	// PowerOnIfOff powers the machine on if it is off, and returns
 	// ErrNotOff, nothing sent, otherwise.

@@ -488,3 +488,52 @@ func TestRebootPowersOnAMachineLeftOff(t *testing.T) {
 		t.Fatalf("%s (on, its node down) received %q, want only its GracefulRestart", on, got)
 	}
 }
+
+// TestRebootForcesAMachineHungInShutdown: a node down with its old boot ID
+// for hung_after while its machine reads On (a shutdown that hung) gets
+// one ForceRestart, force_after off notwithstanding, and its reboot then
+// completes on the new boot ID. Before, such a machine was sent nothing
+// and its reboot ended Timeout at reboot_timeout.
+func TestRebootForcesAMachineHungInShutdown(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	sink, srv := newSignalSink(t)
+	cfg := e.config()
+	cfg.RebootTimeout, cfg.ForceAfter, cfg.HungAfter, cfg.PollInterval = 30*time.Second, 0, 2*time.Second, 200*time.Millisecond
+	prov, err := BuildProviders(cfg, testLog) // not observed: the janitor asks redfish itself whether a machine is off
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, rec := e.janitor(cfg, false, prov)
+	run(t, j)
+	const node = "hung"
+	sink.set(node, "", "")
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node,
+		Labels:      map[string]string{AnnotationProvider: ProviderRedfish, events.LabelQuarantined: "true", labelDrain: "succeeded"},
+		Annotations: map[string]string{AnnotationBMC: srv.URL + "/redfish/v1/Systems/" + node}}}
+	if _, err := e.kube.CoreV1().Nodes().Create(ctx, booted(n), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The graceful reset takes the node down; the machine stays on.
+	sink.mu.Lock()
+	sink.onSignal = func(node string) {
+		if sink.signals(node) == 1 {
+			e.m.setNode(ctx, node, corev1.ConditionFalse, "")
+		}
+	}
+	sink.mu.Unlock()
+	e.create(kindReboot, node, node, false)
+	for deadline := time.Now().Add(20 * time.Second); !slices.Equal(sink.resetTypes(node), []string{"GracefulRestart", "ForceRestart"}); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s received %q, want GracefulRestart then ForceRestart", node, sink.resetTypes(node))
+		}
+	}
+	e.m.setNode(ctx, node, corev1.ConditionTrue, "boot-1")
+	if o := e.wait(kindReboot, node, 30*time.Second); condOf(o, CondNodeReady) != "True/Succeeded" {
+		t.Fatalf("NodeReady %s, want True/Succeeded (status %v)", condOf(o, CondNodeReady), o.Object["status"])
+	}
+	rec.expect(t, node, []string{"reboot/applied", "reboot/applied", "reboot/succeeded"})
+	if got := sink.resetTypes(node); !slices.Equal(got, []string{"GracefulRestart", "ForceRestart"}) {
+		t.Fatalf("%s received %q, want one ForceRestart after its GracefulRestart", node, got)
+	}
+}
