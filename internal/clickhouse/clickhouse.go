@@ -20,6 +20,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/tlsclient"
 )
 
 // Conn is a native-protocol ClickHouse connection pool.
@@ -219,6 +220,10 @@ func (c Config) options(database string, log *slog.Logger) (*ch.Options, error) 
 	if err != nil {
 		return nil, err
 	}
+	dial, err := c.TLS.Dialer("clickhouse.tls.", c.DialTimeout)
+	if err != nil {
+		return nil, err
+	}
 	var comp *ch.Compression
 	if c.Compression == "lz4" {
 		comp = &ch.Compression{Method: ch.CompressionLZ4}
@@ -227,7 +232,8 @@ func (c Config) options(database string, log *slog.Logger) (*ch.Options, error) 
 		Addr:             c.Addrs(),
 		Protocol:         ch.Native,
 		Auth:             ch.Auth{Database: database, Username: c.Username, Password: pw.Reveal()},
-		TLS:              tlsConfig,
+		TLS:              tlsConfig, // what the driver logs; dial connects
+		DialContext:      dialContext(dial),
 		DialTimeout:      c.DialTimeout,
 		MaxOpenConns:     c.MaxOpenConns,
 		MaxIdleConns:     min(c.MaxOpenConns, 5),
@@ -238,6 +244,15 @@ func (c Config) options(database string, log *slog.Logger) (*ch.Options, error) 
 		ClientInfo:       ch.ClientInfo{Products: []struct{ Name, Version string }{{Name: "faultline", Version: "1"}}},
 		ConnOpenStrategy: ch.ConnOpenInOrder,
 	}, nil
+}
+
+// dialContext is dial as the driver's DialContext; nil (the driver's own
+// plaintext dial) when TLS is off.
+func dialContext(dial tlsclient.Dial) func(context.Context, string) (net.Conn, error) {
+	if dial == nil {
+		return nil
+	}
+	return func(ctx context.Context, addr string) (net.Conn, error) { return dial(ctx, "tcp", addr) }
 }
 
 // Open returns a connection pool to the config's database and checks it

@@ -4,9 +4,13 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	ch "github.com/ClickHouse/clickhouse-go/v2"
 
 	"github.com/faultline/faultline/internal/testenv"
 )
@@ -98,4 +102,49 @@ func TestTLSRealServer(t *testing.T) {
 func withDB(c Config, db string) Config {
 	c.Database = db
 	return c
+}
+
+// TestTLSRealServerFollowsTheCAFile: clickhouse.tls.ca_file is read again
+// when it changes, so a CA bundle replaced in place is trusted by the next
+// connection of the same pool (a real server's secure port). Before, the
+// pool trusted the bundle it read at start until a restart.
+func TestTLSRealServerFollowsTheCAFile(t *testing.T) {
+	srv := testenv.StartClickHouseTLS(t)
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	install := func(from string) {
+		t.Helper()
+		b, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(caFile, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	install(testenv.NewCA(t, "", "before-the-rotation").File)
+	c := withDB(DefaultConfig(), "default")
+	c.Addr, c.DialTimeout = srv.SecureAddr, 5*time.Second
+	c.TLS = TLSConfig{Enabled: true, CAFile: caFile}
+	opts, err := c.options("default", discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := ch.Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ping := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return conn.Ping(ctx)
+	}
+	if err := ping(); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Fatalf("ping with a CA that does not sign the server: %v, want unknown authority", err)
+	}
+	time.Sleep(20 * time.Millisecond) // a distinct modification time
+	install(srv.CA.File)
+	if err := ping(); err != nil {
+		t.Fatalf("ping once the server's CA is in the file: %v", err)
+	}
 }

@@ -411,3 +411,41 @@ func TestBoundedProducerWhileTheBrokerIsDown(t *testing.T) {
 		t.Fatal("plain: the held try never ended")
 	}
 }
+
+// TestRealBrokerFollowsTheCAFile: kafka.tls.ca_file is read again when it
+// changes, so a CA bundle replaced in place (a Kafka operator's cluster CA
+// renewed, the Secret updated under the pod) is trusted by the next
+// connection of the same client. Before, a client trusted the bundle it
+// read at start until it was restarted.
+func TestRealBrokerFollowsTheCAFile(t *testing.T) {
+	k := testenv.SharedSecureKafka(t)
+	sec := k.Security()
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	install := func(from string) {
+		t.Helper()
+		b, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(caFile, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	install(testenv.NewCA(t, "", "before-the-rotation").File)
+	c := secureConfig(k, MechanismScramSHA256)
+	c.TLS.CAFile = caFile
+	cl, err := NewClient(c, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	pingCtx := func() context.Context { return ctxT(t, 10*time.Second) }
+	if err := cl.Ping(pingCtx()); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Fatalf("ping with a CA that does not sign the broker: %v, want unknown authority", err)
+	}
+	time.Sleep(20 * time.Millisecond) // a distinct modification time
+	install(sec.CA.File)
+	if err := cl.Ping(pingCtx()); err != nil {
+		t.Fatalf("ping once the broker's CA is in the file: %v", err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -147,15 +148,18 @@ func readSecret(prefix, what, file, env, mech string) (config.Secret, error) {
 	}
 }
 
+// dialTimeout bounds a TCP connect to a broker (franz-go's default).
+const dialTimeout = 10 * time.Second
+
 // securityOpts returns the TLS and SASL options of c.
 func (c Config) securityOpts(prefix string, log *slog.Logger) ([]kgo.Opt, error) {
 	var opts []kgo.Opt
-	tc, err := c.TLS.Build(prefix + "tls.")
+	dial, err := c.TLS.Dialer(prefix+"tls.", dialTimeout)
 	if err != nil {
 		return nil, err
 	}
-	if tc != nil {
-		opts = append(opts, kgo.DialTLSConfig(tc))
+	if dial != nil {
+		opts = append(opts, kgo.Dialer(dial))
 	}
 	if err := c.SASL.validate(prefix+"sasl.", c.TLS.Enabled, prefix+"tls.enabled"); err != nil {
 		return nil, err

@@ -5,11 +5,16 @@
 package tlsclient
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"flag"
 	"fmt"
+	"net"
 	"os"
+	"time"
+
+	"github.com/faultline/faultline/internal/certfile"
 )
 
 // Config is TLS to a server.
@@ -18,7 +23,8 @@ type Config struct {
 	// certificate. Default false (plaintext).
 	Enabled bool `toml:"enabled"`
 	// CAFile is a PEM bundle of the CAs that sign the server's
-	// certificate. Default "": the system roots.
+	// certificate, re-read by Dialer when it changes. Default "": the
+	// system roots.
 	CAFile string `toml:"ca_file"`
 	// CertFile is a PEM client certificate (chain) presented to a server
 	// that asks for one (mutual TLS). Read again at every handshake, so a
@@ -90,4 +96,43 @@ func (c Config) Build(prefix string) (*tls.Config, error) {
 		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return load() }
 	}
 	return tc, nil
+}
+
+// Dial dials addr over network with TLS.
+type Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// Dialer returns the dial function of c (nil when TLS is off): TLS as
+// Build has it, with the CA bundle as it is at each dial, re-read when the
+// file changes: a CA rotated in place (a Kafka operator's cluster CA
+// renewed, the Secret updated under the pod) is trusted by the next
+// connection, where Build's is trusted until a restart. The name verified
+// is server_name, else the host dialed. timeout bounds the TCP connect.
+func (c Config) Dialer(prefix string, timeout time.Duration) (Dial, error) {
+	base, err := c.Build(prefix)
+	if err != nil || base == nil {
+		return nil, err
+	}
+	var cas *certfile.Pool
+	if c.CAFile != "" {
+		cas = certfile.NewPool(c.CAFile, prefix+"ca_file")
+	}
+	nd := &net.Dialer{Timeout: timeout}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		tc := base.Clone()
+		if cas != nil {
+			pool, err := cas.Get()
+			if err != nil {
+				return nil, err
+			}
+			tc.RootCAs = pool
+		}
+		if tc.ServerName == "" {
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, fmt.Errorf("dial %s: %w", addr, err)
+			}
+			tc.ServerName = host
+		}
+		return (&tls.Dialer{NetDialer: nd, Config: tc}).DialContext(ctx, network, addr)
+	}, nil
 }
