@@ -126,15 +126,16 @@ func (g GatewayConfig) tlsCredentials() (credentials.TransportCredentials, error
 	if g.CAFile == "" {
 		return credentials.NewTLS(tc), nil
 	}
-	return &followCA{tc: tc, cas: certfile.NewPool(g.CAFile, "gateway.ca_file")}, nil
+	return &followCA{tc: tc, cas: certfile.NewPool(g.CAFile, "gateway.ca_file"), info: credentials.NewTLS(tc).Info()}, nil
 }
 
 // followCA are TLS credentials whose root CAs are the bundle as it is at
 // each handshake: the TLS credentials of tc with that pool, made once per
 // change of the file.
 type followCA struct {
-	tc  *tls.Config
-	cas *certfile.Pool
+	tc   *tls.Config
+	cas  *certfile.Pool
+	info credentials.ProtocolInfo
 
 	mu    sync.Mutex
 	pool  *x509.CertPool
@@ -168,24 +169,15 @@ func (f *followCA) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo, er
 	return nil, nil, errors.New("gateway credentials are a client's")
 }
 
-func (f *followCA) Info() credentials.ProtocolInfo {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return credentials.NewTLS(f.tc).Info()
-}
+func (f *followCA) Info() credentials.ProtocolInfo { return f.info }
 
 func (f *followCA) Clone() credentials.TransportCredentials {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return &followCA{tc: f.tc.Clone(), cas: f.cas}
+	return &followCA{tc: f.tc.Clone(), cas: f.cas, info: f.info}
 }
 
-// OverrideServerName is deprecated in grpc-go; kept for the interface.
-func (f *followCA) OverrideServerName(name string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.tc.ServerName, f.pool = name, nil
-	return nil
+// OverrideServerName is deprecated in grpc-go and not used here.
+func (f *followCA) OverrideServerName(string) error {
+	return errors.New("gateway credentials: OverrideServerName is not supported; set gateway.server_name")
 }
 
 // Submit sends evs in one SubmitEvents call, outside the spool (for a

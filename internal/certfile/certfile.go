@@ -1,8 +1,7 @@
-// Package certfile serves a TLS certificate, and the CA bundle that client
-// certificates are verified against, from their files, re-read when they
-// change: a certificate or CA rotated in place (cert-manager renewing the
-// Secret behind a volume, an operator replacing the files) is used from
-// the next handshake on, without a restart.
+// Package certfile serves a TLS certificate and a CA bundle from their
+// files, re-read when they change: a certificate or CA rotated in place
+// (cert-manager renewing the Secret behind a volume, an operator replacing
+// the files) is used from the next handshake on, without a restart.
 package certfile
 
 import (

@@ -3,7 +3,6 @@ package janitor
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +24,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/faultline/faultline/internal/certfile"
 )
 
 // Reasons the Redfish provider writes.
@@ -76,6 +76,7 @@ func (b boundedBodies) CloseIdleConnections() { b.rt.CloseIdleConnections() }
 type Redfish struct {
 	cfg    RedfishConfig
 	tr     *http.Transport // cloned for each operation (client)
+	cas    *certfile.Pool  // ca_file, re-read when it changes; nil: none
 	log    *slog.Logger
 	nets   networks
 	lookup lookupFunc
@@ -84,17 +85,16 @@ type Redfish struct {
 // keyBMCNetworks names the BMC allowlist in refusals.
 const keyBMCNetworks = "janitor.redfish.allowed_networks"
 
-// NewRedfish builds the provider; the CA file is read here.
+// NewRedfish builds the provider; the CA file is checked here, and read
+// again by an operation that finds it changed (a CA rotated in place).
 func NewRedfish(cfg RedfishConfig, log *slog.Logger) (*Redfish, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: cfg.InsecureSkipVerify} //nolint:gosec // an operator's explicit choice
+	var cas *certfile.Pool
 	if cfg.CAFile != "" {
-		pem, err := os.ReadFile(cfg.CAFile)
+		cas = certfile.NewPool(cfg.CAFile, "janitor.redfish.ca_file")
+		pool, err := cas.Get()
 		if err != nil {
-			return nil, fmt.Errorf("janitor.redfish.ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("janitor.redfish.ca_file: %s holds no PEM certificate", cfg.CAFile)
+			return nil, err
 		}
 		tc.RootCAs = pool
 	}
@@ -109,7 +109,7 @@ func NewRedfish(cfg RedfishConfig, log *slog.Logger) (*Redfish, error) {
 	// host: a name that resolves otherwise now, or a redirect, stays in
 	// the BMC networks.
 	tr.DialContext = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: nets.control(keyBMCNetworks)}).DialContext
-	return &Redfish{cfg: cfg, tr: tr, log: log, nets: nets, lookup: defaultLookup}, nil
+	return &Redfish{cfg: cfg, tr: tr, cas: cas, log: log, nets: nets, lookup: defaultLookup}, nil
 }
 
 // client is one operation's HTTP client, on a transport of its own: what
@@ -119,6 +119,11 @@ func NewRedfish(cfg RedfishConfig, log *slog.Logger) (*Redfish, error) {
 // stream resets; x/net's Transport.CountError does.)
 func (r *Redfish) client(p *sendProbe) *http.Client {
 	tr := r.tr.Clone()
+	if r.cas != nil {
+		if pool, err := r.cas.Get(); err == nil { // once checked, the last good bundle
+			tr.TLSClientConfig.RootCAs = pool
+		}
+	}
 	if h2, err := http2.ConfigureTransports(tr); err == nil {
 		h2.CountError = p.countH2Error
 	} else {
