@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/faultline/faultline/internal/certfile"
+	"github.com/faultline/faultline/internal/tlsclient"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -81,36 +82,9 @@ func NewSender(cfg GatewayConfig, spool *Spool, log *slog.Logger, m *Metrics, op
 
 // tlsConfig is the TLS of the connection to the gateway: TLS 1.2 or later,
 // the CA bundle (else the system roots), and the client certificate,
-// re-read at every handshake.
+// re-read at every handshake — tlsclient's, under the gateway's keys.
 func (g GatewayConfig) tlsConfig() (*tls.Config, error) {
-	tc := &tls.Config{ServerName: g.ServerName, MinVersion: tls.VersionTLS12}
-	if g.CAFile != "" {
-		pool, err := certfile.NewPool(g.CAFile, "gateway.ca_file").Get()
-		if err != nil {
-			return nil, err
-		}
-		tc.RootCAs = pool
-	}
-	switch {
-	case g.CertFile == "" && g.KeyFile == "":
-	case g.CertFile == "":
-		return nil, errors.New("gateway.cert_file: required with gateway.key_file")
-	case g.KeyFile == "":
-		return nil, errors.New("gateway.key_file: required with gateway.cert_file")
-	default:
-		load := func() (*tls.Certificate, error) {
-			c, err := tls.LoadX509KeyPair(g.CertFile, g.KeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("gateway.cert_file, gateway.key_file: %w", err)
-			}
-			return &c, nil
-		}
-		if _, err := load(); err != nil {
-			return nil, err
-		}
-		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return load() }
-	}
-	return tc, nil
+	return tlsclient.Config{Enabled: true, CAFile: g.CAFile, CertFile: g.CertFile, KeyFile: g.KeyFile, ServerName: g.ServerName}.Build("gateway.")
 }
 
 // tlsCredentials are the TLS credentials of tlsConfig, with the CA bundle

@@ -192,7 +192,7 @@ func TestKafkaSecurityConfigErrors(t *testing.T) {
 			"kafka.sasl.password_file or kafka.sasl.password_env: required by SCRAM-SHA-256"},
 		{[]string{"gateway", "--gateway.tokens-file", tokens, "--kafka.sasl.mechanism", "KERBEROS"}, `kafka.sasl.mechanism: "KERBEROS" is not one of`},
 		{[]string{"process", "--kafka.tls.ca-file", tokens}, "kafka.tls.ca_file: set, but kafka.tls.enabled is false"},
-		{[]string{"process", "--kafka.tls.enabled", "--kafka.tls.ca-file", tokens}, "kafka.tls.ca_file: no PEM certificate in " + tokens},
+		{[]string{"process", "--kafka.tls.enabled", "--kafka.tls.ca-file", tokens}, "kafka.tls.ca_file: no PEM certificates in " + tokens},
 	}
 	for _, tt := range tests {
 		err := run(context.Background(), tt.args, io.Discard, io.Discard)

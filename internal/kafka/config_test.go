@@ -149,7 +149,7 @@ func TestValidateNamesTheKey(t *testing.T) {
 		}, "kafka.tls.ca_file: open "},
 		{"ca file not PEM", func(c *Config) {
 			c.TLS = TLSConfig{Enabled: true, CAFile: notPEM}
-		}, "kafka.tls.ca_file: no PEM certificate in " + notPEM},
+		}, "kafka.tls.ca_file: no PEM certificates in " + notPEM},
 		{"cert without key", func(c *Config) {
 			c.TLS = TLSConfig{Enabled: true, CertFile: notPEM}
 		}, "kafka.tls.key_file: required with kafka.tls.cert_file"},

@@ -7,11 +7,9 @@ package tlsclient
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"flag"
 	"fmt"
 	"net"
-	"os"
 	"time"
 
 	"github.com/faultline/faultline/internal/certfile"
@@ -66,13 +64,9 @@ func (c Config) Build(prefix string) (*tls.Config, error) {
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName}
 	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
+		pool, err := certfile.NewPool(c.CAFile, prefix+"ca_file").Get()
 		if err != nil {
-			return nil, fmt.Errorf("%sca_file: %w", prefix, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%sca_file: no PEM certificate in %s", prefix, c.CAFile)
+			return nil, err
 		}
 		tc.RootCAs = pool
 	}
