@@ -174,17 +174,7 @@ func TestDefaultSenderVerifiesTheGateway(t *testing.T) {
 func TestSenderFollowsTheGatewayCA(t *testing.T) {
 	oldCA, newCA := testenv.NewCA(t, "", "old"), testenv.NewCA(t, "", "new")
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	install := func(ca *testenv.CA) {
-		t.Helper()
-		b, err := os.ReadFile(ca.File)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(caFile, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	install(oldCA)
+	testenv.Rotate(t, caFile, oldCA.File)
 	g := startFakeTLS(t, oldCA, "s3cret", nil)
 	cfg := DefaultConfig().Gateway
 	cfg.Addr, cfg.TokenFile, cfg.CAFile = g.addr, tokenFile(t, g.token), caFile
@@ -200,8 +190,7 @@ func TestSenderFollowsTheGatewayCA(t *testing.T) {
 	if sp.Pending() == 0 {
 		t.Fatal("sent to a gateway the old CA does not sign")
 	}
-	time.Sleep(20 * time.Millisecond) // a distinct modification time
-	install(newCA)
+	testenv.Rotate(t, caFile, newCA.File)
 	waitFor(t, 20*time.Second, func() bool { return sp.Pending() == 0 }, "the event sent once the new CA is installed")
 	if got := g.received(); len(got) != 2 || got[1] != "after" {
 		t.Fatalf("the gateway received %v, want [before after]", got)

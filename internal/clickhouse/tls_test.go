@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -111,17 +110,7 @@ func withDB(c Config, db string) Config {
 func TestTLSRealServerFollowsTheCAFile(t *testing.T) {
 	srv := testenv.StartClickHouseTLS(t)
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	install := func(from string) {
-		t.Helper()
-		b, err := os.ReadFile(from)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(caFile, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	install(testenv.NewCA(t, "", "before-the-rotation").File)
+	testenv.Rotate(t, caFile, testenv.NewCA(t, "", "before-the-rotation").File)
 	c := withDB(DefaultConfig(), "default")
 	c.Addr, c.DialTimeout = srv.SecureAddr, 5*time.Second
 	c.TLS = TLSConfig{Enabled: true, CAFile: caFile}
@@ -142,8 +131,7 @@ func TestTLSRealServerFollowsTheCAFile(t *testing.T) {
 	if err := ping(); err == nil || !strings.Contains(err.Error(), "unknown authority") {
 		t.Fatalf("ping with a CA that does not sign the server: %v, want unknown authority", err)
 	}
-	time.Sleep(20 * time.Millisecond) // a distinct modification time
-	install(srv.CA.File)
+	testenv.Rotate(t, caFile, srv.CA.File)
 	if err := ping(); err != nil {
 		t.Fatalf("ping once the server's CA is in the file: %v", err)
 	}

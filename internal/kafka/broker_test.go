@@ -421,17 +421,7 @@ func TestRealBrokerFollowsTheCAFile(t *testing.T) {
 	k := testenv.SharedSecureKafka(t)
 	sec := k.Security()
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	install := func(from string) {
-		t.Helper()
-		b, err := os.ReadFile(from)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(caFile, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	install(testenv.NewCA(t, "", "before-the-rotation").File)
+	testenv.Rotate(t, caFile, testenv.NewCA(t, "", "before-the-rotation").File)
 	c := secureConfig(k, MechanismScramSHA256)
 	c.TLS.CAFile = caFile
 	cl, err := NewClient(c, quietLog())
@@ -443,8 +433,7 @@ func TestRealBrokerFollowsTheCAFile(t *testing.T) {
 	if err := cl.Ping(pingCtx()); err == nil || !strings.Contains(err.Error(), "unknown authority") {
 		t.Fatalf("ping with a CA that does not sign the broker: %v, want unknown authority", err)
 	}
-	time.Sleep(20 * time.Millisecond) // a distinct modification time
-	install(sec.CA.File)
+	testenv.Rotate(t, caFile, sec.CA.File)
 	if err := cl.Ping(pingCtx()); err != nil {
 		t.Fatalf("ping once the broker's CA is in the file: %v", err)
 	}

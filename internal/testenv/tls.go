@@ -139,3 +139,24 @@ func safeName(s string) string {
 	}
 	return string(b)
 }
+
+// Rotate writes the file from over the file at path, as a certificate or
+// CA bundle rotated in place is; its modification time differs from the
+// one it replaces (what the readers that follow such a file compare).
+func Rotate(tb testing.TB, path, from string) {
+	tb.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		tb.Fatalf("testenv: %v", err)
+	}
+	var was time.Time
+	if st, err := os.Stat(path); err == nil {
+		was = st.ModTime()
+	}
+	writeFile(tb, path, b, 0o600)
+	if st, err := os.Stat(path); err == nil && !st.ModTime().After(was) {
+		if err := os.Chtimes(path, time.Now(), was.Add(time.Millisecond)); err != nil {
+			tb.Fatalf("testenv: %v", err)
+		}
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -42,18 +41,7 @@ func TestDialerFollowsTheCAFile(t *testing.T) {
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	install := func(ca *testenv.CA) {
-		t.Helper()
-		b, err := os.ReadFile(ca.File)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(caFile, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond) // a distinct modification time for the next
-	}
-	install(oldCA)
+	testenv.Rotate(t, caFile, oldCA.File)
 	dialer := func(c Config) Dial {
 		t.Helper()
 		d, err := c.Dialer("x.tls.", 5*time.Second)
@@ -80,7 +68,7 @@ func TestDialerFollowsTheCAFile(t *testing.T) {
 	if err := dialed(d, "127.0.0.1"); err == nil || !strings.Contains(err.Error(), "unknown authority") {
 		t.Fatalf("the new CA's server, the file holding the old CA: %v, want unknown authority", err)
 	}
-	install(newCA)
+	testenv.Rotate(t, caFile, newCA.File)
 	if err := dialed(d, "127.0.0.1"); err != nil {
 		t.Fatalf("the new CA's server, the file holding it: %v", err)
 	}

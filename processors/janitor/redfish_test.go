@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -151,17 +150,7 @@ func TestRedfishEmulator(t *testing.T) {
 	// next operation, the provider unchanged. Before, it trusted the bundle
 	// it read at start until the janitor restarted.
 	caFile := filepath.Join(t.TempDir(), "bmc-ca.pem")
-	install := func(from string) {
-		t.Helper()
-		b, err := os.ReadFile(from)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(caFile, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	install(testenv.NewCA(t, "", "before-the-rotation").File)
+	testenv.Rotate(t, caFile, testenv.NewCA(t, "", "before-the-rotation").File)
 	rcfg := cfg
 	rcfg.CAFile = caFile
 	rotated, err := NewRedfish(rcfg, testLog)
@@ -172,8 +161,7 @@ func TestRedfishEmulator(t *testing.T) {
 	if err := rotated.Reboot(ctx, Target{Node: n2, Kube: kube}, Graceful); !errors.As(err, &pe) || pe.Reason != ReasonBMCUnreachable {
 		t.Fatalf("the file holding another CA: err %v, want reason %s", err, ReasonBMCUnreachable)
 	}
-	time.Sleep(20 * time.Millisecond) // a distinct modification time
-	install(ca.File)
+	testenv.Rotate(t, caFile, ca.File)
 	if err := rotated.Reboot(ctx, Target{Node: n2, Kube: kube}, Graceful); err != nil {
 		t.Fatalf("the file holding the BMC's CA: %v", err)
 	}
