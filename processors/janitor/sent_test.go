@@ -151,6 +151,15 @@ func (s *signalSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// bmcSinkNode is a quarantined, drained node (not yet created) whose BMC is
+// the sink's Redfish system of its name.
+func bmcSinkNode(sink *signalSink, srv *httptest.Server, name string) *corev1.Node {
+	sink.set(name, "", "")
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
+		Labels:      map[string]string{AnnotationProvider: ProviderRedfish, events.LabelQuarantined: "true", labelDrain: "succeeded"},
+		Annotations: map[string]string{AnnotationBMC: srv.URL + "/redfish/v1/Systems/" + name}}}
+}
+
 // refusedAddr is an address where nothing listens (connections refused).
 func refusedAddr(t *testing.T) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -385,10 +394,7 @@ func TestRebootWaitsForABootID(t *testing.T) {
 	j, rec := e.janitor(cfg, false, e.providers(cfg))
 	run(t, j)
 	const node = "no-boot-id"
-	sink.set(node, "", "")
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node,
-		Labels:      map[string]string{AnnotationProvider: ProviderRedfish, events.LabelQuarantined: "true", labelDrain: "succeeded"},
-		Annotations: map[string]string{AnnotationBMC: srv.URL + "/redfish/v1/Systems/" + node}}}
+	n := bmcSinkNode(sink, srv, node)
 	setReady(n, corev1.ConditionTrue) // Ready, no boot ID
 	if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -409,9 +415,7 @@ func TestRebootWaitsForABootID(t *testing.T) {
 	rec.expect(t, node, []string{"reboot/deferred", "reboot/applied", "reboot/failed"})
 
 	const never = "never-boot-id"
-	sink.set(never, "", "")
-	n = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: never, Labels: n.Labels,
-		Annotations: map[string]string{AnnotationBMC: srv.URL + "/redfish/v1/Systems/" + never}}}
+	n = bmcSinkNode(sink, srv, never)
 	setReady(n, corev1.ConditionTrue)
 	if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -451,11 +455,7 @@ func TestRebootPowersOnAMachineLeftOff(t *testing.T) {
 	run(t, j)
 	const off, on = "left-off", "stays-on"
 	for _, node := range []string{off, on} {
-		sink.set(node, "", "")
-		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node,
-			Labels:      map[string]string{AnnotationProvider: ProviderRedfish, events.LabelQuarantined: "true", labelDrain: "succeeded"},
-			Annotations: map[string]string{AnnotationBMC: srv.URL + "/redfish/v1/Systems/" + node}}}
-		if _, err := e.kube.CoreV1().Nodes().Create(ctx, booted(n), metav1.CreateOptions{}); err != nil {
+		if _, err := e.kube.CoreV1().Nodes().Create(ctx, booted(bmcSinkNode(sink, srv, node)), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -507,11 +507,7 @@ func TestRebootForcesAMachineHungInShutdown(t *testing.T) {
 	j, rec := e.janitor(cfg, false, prov)
 	run(t, j)
 	const node = "hung"
-	sink.set(node, "", "")
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node,
-		Labels:      map[string]string{AnnotationProvider: ProviderRedfish, events.LabelQuarantined: "true", labelDrain: "succeeded"},
-		Annotations: map[string]string{AnnotationBMC: srv.URL + "/redfish/v1/Systems/" + node}}}
-	if _, err := e.kube.CoreV1().Nodes().Create(ctx, booted(n), metav1.CreateOptions{}); err != nil {
+	if _, err := e.kube.CoreV1().Nodes().Create(ctx, booted(bmcSinkNode(sink, srv, node)), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The graceful reset takes the node down; the machine stays on.
