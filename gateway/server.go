@@ -48,6 +48,7 @@ type Server struct {
 	auth     *Authenticator
 	svc      *service
 	metrics  *metrics
+	cert     *certfile.Pair // gateway.tls_cert and tls_key; nil without TLS
 	producer *Producer
 	reg      *prometheus.Registry
 	ready    []ReadyCheck
@@ -137,11 +138,24 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 	}
 	m := newMetrics(reg)
 	flight := newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller)
+	var cert *certfile.Pair
+	if cfg.TLSCert != "" {
+		cert = certfile.New(cfg.TLSCert, cfg.TLSKey, "gateway.tls_cert, gateway.tls_key")
+	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "faultline_gateway_tls_certificate_expiry_timestamp_seconds",
+		Help: "When the certificate the gateway serves expires (Unix seconds; its files are re-read when they change); 0 without TLS.",
+	}, func() float64 {
+		if cert == nil || cert.NotAfter().IsZero() {
+			return 0
+		}
+		return float64(cert.NotAfter().Unix())
+	}))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "faultline_gateway_inflight_bytes", Help: "Request bytes held now in the in-flight budget (gateway.max_inflight_bytes bounds it).",
 	}, func() float64 { return float64(flight.inUse()) }))
 	s := &Server{
-		cfg: cfg, log: log, auth: auth, metrics: m, producer: prod, reg: reg,
+		cfg: cfg, log: log, auth: auth, metrics: m, cert: cert, producer: prod, reg: reg,
 		ready:       append([]ReadyCheck{{Name: "kafka", Check: prod.Ping}}, opts.Ready...),
 		flight:      flight,
 		busyWarns:   newWarnLimit(warnWindow, warnKeys),
@@ -286,17 +300,16 @@ var tlsCipherSuites = []uint16{
 // protos are the door's ALPN protocols, set here because a configuration
 // chosen at the handshake (a client CA rotated) must carry them itself.
 func (s *Server) tlsConfig(protos ...string) (*tls.Config, error) {
-	if s.cfg.TLSCert == "" {
+	if s.cert == nil {
 		return nil, nil
 	}
 	// Re-read when its files change: a certificate rotated in place
 	// (cert-manager renewing the chart's Secret) is served without a
 	// restart, before the one loaded at start expires.
-	pair := certfile.New(s.cfg.TLSCert, s.cfg.TLSKey, "gateway.tls_cert, gateway.tls_key")
-	if _, err := pair.GetCertificate(nil); err != nil {
+	if _, err := s.cert.GetCertificate(nil); err != nil {
 		return nil, err
 	}
-	cfg := &tls.Config{GetCertificate: pair.GetCertificate, MinVersion: tls.VersionTLS12, CipherSuites: tlsCipherSuites, NextProtos: protos}
+	cfg := &tls.Config{GetCertificate: s.cert.GetCertificate, MinVersion: tls.VersionTLS12, CipherSuites: tlsCipherSuites, NextProtos: protos}
 	if s.cfg.ClientCA != "" {
 		cas := certfile.NewPool(s.cfg.ClientCA, "gateway.client_ca")
 		pool, err := cas.Get()

@@ -374,12 +374,38 @@ func testTLSRotation(t *testing.T, k *testenv.Kafka) {
 			t.Fatalf("%s serves %s, want the first certificate %s", door.addr, got, serial(first))
 		}
 	}
-	time.Sleep(20 * time.Millisecond) // a distinct modification time
+	// The expiry metric says when the certificate served expires.
+	expiry := func() string {
+		t.Helper()
+		cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: p.pool}}}
+		resp, err := cl.Get("https://" + gw.HTTPAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "faultline_gateway_tls_certificate_expiry_timestamp_seconds "); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				return strconv.FormatInt(int64(f), 10)
+			}
+		}
+		t.Fatal("no faultline_gateway_tls_certificate_expiry_timestamp_seconds in /metrics")
+		return ""
+	}
+	notAfter := func(c tls.Certificate) string { return strconv.FormatInt(c.Leaf.NotAfter.Unix(), 10) }
+	if got := expiry(); got != notAfter(first) {
+		t.Fatalf("expiry metric %s, want the first certificate's %s", got, notAfter(first))
+	}
+	time.Sleep(time.Second) // a distinct modification time, and expiry
 	_, _, second := p.issue(t, "rotated", pkix.Name{CommonName: "gateway"}, true)
 	for _, door := range []struct{ addr, proto string }{{gw.GRPCAddr(), "h2"}, {gw.HTTPAddr(), "http/1.1"}} {
 		if got := served(door.addr, door.proto); got != serial(second) {
 			t.Fatalf("%s serves %s after the rotation, want the new certificate %s", door.addr, got, serial(second))
 		}
+	}
+	if got := expiry(); got != notAfter(second) || got == notAfter(first) {
+		t.Fatalf("expiry metric %s after the rotation, want the new certificate's %s", got, notAfter(second))
 	}
 	time.Sleep(20 * time.Millisecond)
 	if err := os.WriteFile(keyPath, []byte("half"), 0o600); err != nil {

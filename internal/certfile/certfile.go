@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 )
 
 // Pair is a certificate and key file pair. Its GetCertificate fits
@@ -50,6 +51,16 @@ func (p *Pair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	}
 	p.cert, p.stamp = &c, st
 	return p.cert, nil
+}
+
+// NotAfter is when the pair's certificate (as GetCertificate would serve
+// it now) expires; zero while none loads.
+func (p *Pair) NotAfter() time.Time {
+	c, err := p.GetCertificate(nil)
+	if err != nil || c.Leaf == nil {
+		return time.Time{}
+	}
+	return c.Leaf.NotAfter
 }
 
 // Pool is a CA bundle file. Its Get returns the bundle as a pool.
