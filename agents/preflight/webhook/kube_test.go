@@ -518,7 +518,26 @@ func TestWebhookInRealAPIServer(t *testing.T) {
 		if n < 5 {
 			t.Errorf("preflight_injection_total{result=injected} = %v", n)
 		}
+		// The self-signed certificate, issued at start for tls.validity.
+		expiry := time.Unix(int64(gauge(t, e.srv.Registry(), "preflight_webhook_certificate_expiry_timestamp_seconds")), 0)
+		if want := time.Now().Add(e.cfg.TLS.Validity); expiry.Before(want.Add(-time.Hour)) || expiry.After(want) {
+			t.Errorf("preflight_webhook_certificate_expiry_timestamp_seconds = %s, want about %s", expiry, want)
+		}
 	})
+}
+
+// gauge reads a gauge without labels from a registry.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	must(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no %s", name)
+	return 0
 }
 
 // counter finds one series of a counter vector in a registry.

@@ -11,6 +11,7 @@ package webhook
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -53,6 +54,7 @@ type Server struct {
 	dyn   dynamic.Interface
 	ln    net.Listener
 	ready atomic.Bool
+	certs atomic.Pointer[certSource] // set by Run
 }
 
 // New builds the server and binds its listener.
@@ -62,6 +64,9 @@ func New(cfg Config, log *slog.Logger, opt Options) (*Server, error) {
 		s.reg = prometheus.NewRegistry()
 		s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
+	s.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "preflight_webhook_certificate_expiry_timestamp_seconds",
+		Help: "When the certificate the webhook serves expires (Unix seconds); 0 before it has one. The API server refuses an expired one: with failurePolicy Fail, no selected pod is admitted."},
+		s.certExpiry))
 	if s.kc == nil || s.dyn == nil {
 		rc, err := restConfig(cfg.Kube)
 		if err != nil {
@@ -135,6 +140,26 @@ func InjectionConfig(cfg *Config) injection.Config {
 	}
 }
 
+// certExpiry is when the served certificate expires, in Unix seconds; 0
+// before Run has one.
+func (s *Server) certExpiry() float64 {
+	c := s.certs.Load()
+	if c == nil {
+		return 0
+	}
+	cert, err := (*c).GetCertificate(nil)
+	if err != nil || cert == nil || len(cert.Certificate) == 0 {
+		return 0
+	}
+	leaf := cert.Leaf
+	if leaf == nil {
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return 0
+		}
+	}
+	return float64(leaf.NotAfter.Unix())
+}
+
 // Run serves until ctx ends or a part fails.
 func (s *Server) Run(ctx context.Context) error {
 	cfg := &s.cfg
@@ -152,6 +177,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if err := certs.Refresh(ctx); err != nil {
 		return err
 	}
+	s.certs.Store(&certs)
 	if _, err := ensureConfiguration(ctx, s.kc, cfg, certs.CABundle()); err != nil {
 		return err
 	}
