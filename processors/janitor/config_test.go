@@ -1,6 +1,7 @@
 package janitor
 
 import (
+	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -9,6 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/faultline/faultline/internal/syncbuf"
+	"github.com/faultline/faultline/processors/clusters"
 )
 
 func TestValidate(t *testing.T) {
@@ -25,6 +29,7 @@ func TestValidate(t *testing.T) {
 	}{
 		{"defaults", func(*Config) {}, ""},
 		{"workers", func(c *Config) { c.Workers = 0 }, "janitor.workers"},
+		{"negative hung_after", func(c *Config) { c.HungAfter = -time.Second }, "janitor.hung_after"},
 		{"negative limit", func(c *Config) { c.MaxConcurrentPerRack = -1 }, "janitor.max_concurrent_per_rack"},
 		{"timeout", func(c *Config) { c.RebootTimeout = 0 }, "janitor.reboot_timeout"},
 		{"provider", func(c *Config) { c.DefaultProvider = "gcp" }, "janitor.default_provider"},
@@ -76,6 +81,26 @@ func TestValidate(t *testing.T) {
 				t.Fatalf("error %v, want one naming %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestHungAfterNotBelowRebootTimeout: a hung_after a reboot times out
+// before is said at start, not refused (a reboot_timeout lowered before
+// the key existed); 0 (never) and the defaults say nothing.
+func TestHungAfterNotBelowRebootTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		hung, timeout time.Duration
+		warned        bool
+	}{{15 * time.Minute, 30 * time.Minute, false}, {15 * time.Minute, 10 * time.Minute, true}, {0, 10 * time.Minute, false}} {
+		var logs syncbuf.Buffer
+		cfg := DefaultConfig()
+		cfg.HungAfter, cfg.RebootTimeout = tc.hung, tc.timeout
+		if _, err := New(cfg, clusters.Config{}, nil, Options{Log: slog.New(slog.NewTextHandler(&logs, nil))}); err != nil {
+			t.Fatalf("hung_after %v, reboot_timeout %v: %v", tc.hung, tc.timeout, err)
+		}
+		if got := strings.Contains(logs.String(), "hung_after is not below reboot_timeout"); got != tc.warned {
+			t.Errorf("hung_after %v, reboot_timeout %v: warned %v, want %v:\n%s", tc.hung, tc.timeout, got, tc.warned, logs.String())
+		}
 	}
 }
 

@@ -162,6 +162,12 @@ func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options)
 	if reg == nil {
 		reg = clusters.NewRegistry(kube, opts.Now)
 	}
+	if cfg.HungAfter > 0 && cfg.HungAfter >= cfg.RebootTimeout {
+		// Not refused: a reboot_timeout lowered before hung_after existed
+		// would stop the janitor at an upgrade.
+		opts.Log.Warn("janitor: hung_after is not below reboot_timeout: a reboot whose machine hung in shutdown times out before it is forced; lower hung_after, or set it to 0 (never)",
+			"hung_after", cfg.HungAfter, "reboot_timeout", cfg.RebootTimeout)
+	}
 	return &Janitor{
 		cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		providers: opts.Providers, prod: opts.Producer, emitTry: emitTry, resayAfter: resayAfter,
