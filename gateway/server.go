@@ -48,7 +48,6 @@ type Server struct {
 	auth     *Authenticator
 	svc      *service
 	metrics  *metrics
-	cert     *certfile.Pair // gateway.tls_cert and tls_key; nil without TLS
 	producer *Producer
 	reg      *prometheus.Registry
 	ready    []ReadyCheck
@@ -57,6 +56,12 @@ type Server struct {
 	fleet    Fleet
 	// conformance serves GET /v1/conformance/score (nil: 501).
 	conformance Conformance
+
+	// cert is gateway.tls_cert and tls_key, clientCAs gateway.client_ca,
+	// each shared by both doors and re-read when its files change; nil
+	// when not set.
+	cert      *certfile.Pair
+	clientCAs *certfile.Pool
 
 	grpcLn, httpLn, unixLn net.Listener
 	grpcSrv, unixSrv       *grpc.Server
@@ -138,24 +143,33 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 	}
 	m := newMetrics(reg)
 	flight := newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller)
-	var cert *certfile.Pair
+	var (
+		cert      *certfile.Pair
+		clientCAs *certfile.Pool
+	)
 	if cfg.TLSCert != "" {
 		cert = certfile.New(cfg.TLSCert, cfg.TLSKey, "gateway.tls_cert, gateway.tls_key")
+	}
+	if cfg.ClientCA != "" {
+		clientCAs = certfile.NewPool(cfg.ClientCA, "gateway.client_ca")
 	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "faultline_gateway_tls_certificate_expiry_timestamp_seconds",
 		Help: "When the certificate the gateway serves expires (Unix seconds; its files are re-read when they change); 0 without TLS.",
 	}, func() float64 {
-		if cert == nil || cert.NotAfter().IsZero() {
+		if cert == nil {
 			return 0
 		}
-		return float64(cert.NotAfter().Unix())
+		if t := cert.NotAfter(); !t.IsZero() {
+			return float64(t.Unix())
+		}
+		return 0
 	}))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "faultline_gateway_inflight_bytes", Help: "Request bytes held now in the in-flight budget (gateway.max_inflight_bytes bounds it).",
 	}, func() float64 { return float64(flight.inUse()) }))
 	s := &Server{
-		cfg: cfg, log: log, auth: auth, metrics: m, cert: cert, producer: prod, reg: reg,
+		cfg: cfg, log: log, auth: auth, metrics: m, cert: cert, clientCAs: clientCAs, producer: prod, reg: reg,
 		ready:       append([]ReadyCheck{{Name: "kafka", Check: prod.Ping}}, opts.Ready...),
 		flight:      flight,
 		busyWarns:   newWarnLimit(warnWindow, warnKeys),
@@ -310,16 +324,15 @@ func (s *Server) tlsConfig(protos ...string) (*tls.Config, error) {
 		return nil, err
 	}
 	cfg := &tls.Config{GetCertificate: s.cert.GetCertificate, MinVersion: tls.VersionTLS12, CipherSuites: tlsCipherSuites, NextProtos: protos}
-	if s.cfg.ClientCA != "" {
-		cas := certfile.NewPool(s.cfg.ClientCA, "gateway.client_ca")
-		pool, err := cas.Get()
+	if s.clientCAs != nil {
+		pool, err := s.clientCAs.Get()
 		if err != nil {
 			return nil, err
 		}
 		cfg.ClientCAs = pool
 		// Tokens may still be used over TLS without a client certificate.
 		cfg.ClientAuth = tls.VerifyClientCertIfGiven
-		cfg.GetConfigForClient = followClientCAs(cfg, cas)
+		cfg.GetConfigForClient = followClientCAs(cfg, s.clientCAs)
 	}
 	return cfg, nil
 }

@@ -170,7 +170,7 @@ func (g GatewayConfig) Validate() error {
 	if err := g.ValidateSettings(); err != nil || g.Insecure {
 		return err
 	}
-	_, err := g.tlsConfig()
+	_, _, err := g.tlsConfig()
 	return err
 }
 

@@ -82,9 +82,10 @@ func NewSender(cfg GatewayConfig, spool *Spool, log *slog.Logger, m *Metrics, op
 
 // tlsConfig is the TLS of the connection to the gateway: TLS 1.2 or later,
 // the CA bundle (else the system roots), and the client certificate,
-// re-read at every handshake — tlsclient's, under the gateway's keys.
-func (g GatewayConfig) tlsConfig() (*tls.Config, error) {
-	return tlsclient.Config{Enabled: true, CAFile: g.CAFile, CertFile: g.CertFile, KeyFile: g.KeyFile, ServerName: g.ServerName}.Build("gateway.")
+// re-read at every handshake — tlsclient's, under the gateway's keys —
+// and the CA bundle it read (nil without gateway.ca_file).
+func (g GatewayConfig) tlsConfig() (*tls.Config, *certfile.Pool, error) {
+	return tlsclient.Config{Enabled: true, CAFile: g.CAFile, CertFile: g.CertFile, KeyFile: g.KeyFile, ServerName: g.ServerName}.BuildWithCAs("gateway.")
 }
 
 // tlsCredentials are the TLS credentials of tlsConfig, with the CA bundle
@@ -93,14 +94,14 @@ func (g GatewayConfig) tlsConfig() (*tls.Config, error) {
 // connection on. Before, an agent refused a gateway whose certificate the
 // new CA signed until it restarted, its spool growing.
 func (g GatewayConfig) tlsCredentials() (credentials.TransportCredentials, error) {
-	tc, err := g.tlsConfig()
+	tc, cas, err := g.tlsConfig()
 	if err != nil {
 		return nil, err
 	}
-	if g.CAFile == "" {
+	if cas == nil {
 		return credentials.NewTLS(tc), nil
 	}
-	return &followCA{tc: tc, cas: certfile.NewPool(g.CAFile, "gateway.ca_file"), info: credentials.NewTLS(tc).Info()}, nil
+	return &followCA{tc: tc, cas: cas, info: credentials.NewTLS(tc).Info()}, nil
 }
 
 // followCA are TLS credentials whose root CAs are the bundle as it is at

@@ -54,28 +54,38 @@ func (c Config) Validate(prefix string) error {
 
 // Build returns the tls.Config of c, nil when TLS is off.
 func (c Config) Build(prefix string) (*tls.Config, error) {
+	tc, _, err := c.BuildWithCAs(prefix)
+	return tc, err
+}
+
+// BuildWithCAs is Build, and the CA bundle it read (nil without ca_file)
+// for a caller that follows the file at each connection (Dialer, the
+// agent's gRPC credentials).
+func (c Config) BuildWithCAs(prefix string) (*tls.Config, *certfile.Pool, error) {
 	if !c.Enabled {
 		for _, kv := range [][2]string{{"ca_file", c.CAFile}, {"cert_file", c.CertFile}, {"key_file", c.KeyFile}, {"server_name", c.ServerName}} {
 			if kv[1] != "" {
-				return nil, fmt.Errorf("%s%s: set, but %senabled is false (TLS is off)", prefix, kv[0], prefix)
+				return nil, nil, fmt.Errorf("%s%s: set, but %senabled is false (TLS is off)", prefix, kv[0], prefix)
 			}
 		}
-		return nil, nil
+		return nil, nil, nil
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName}
+	var cas *certfile.Pool
 	if c.CAFile != "" {
-		pool, err := certfile.NewPool(c.CAFile, prefix+"ca_file").Get()
+		cas = certfile.NewPool(c.CAFile, prefix+"ca_file")
+		pool, err := cas.Get()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		tc.RootCAs = pool
 	}
 	switch {
 	case c.CertFile == "" && c.KeyFile == "":
 	case c.CertFile == "":
-		return nil, fmt.Errorf("%scert_file: required with %skey_file", prefix, prefix)
+		return nil, nil, fmt.Errorf("%scert_file: required with %skey_file", prefix, prefix)
 	case c.KeyFile == "":
-		return nil, fmt.Errorf("%skey_file: required with %scert_file", prefix, prefix)
+		return nil, nil, fmt.Errorf("%skey_file: required with %scert_file", prefix, prefix)
 	default:
 		load := func() (*tls.Certificate, error) {
 			cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
@@ -85,11 +95,11 @@ func (c Config) Build(prefix string) (*tls.Config, error) {
 			return &cert, nil
 		}
 		if _, err := load(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return load() }
 	}
-	return tc, nil
+	return tc, cas, nil
 }
 
 // Dial dials addr over network with TLS.
@@ -102,13 +112,9 @@ type Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 // connection, where Build's is trusted until a restart. The name verified
 // is server_name, else the host dialed. timeout bounds the TCP connect.
 func (c Config) Dialer(prefix string, timeout time.Duration) (Dial, error) {
-	base, err := c.Build(prefix)
+	base, cas, err := c.BuildWithCAs(prefix)
 	if err != nil || base == nil {
 		return nil, err
-	}
-	var cas *certfile.Pool
-	if c.CAFile != "" {
-		cas = certfile.NewPool(c.CAFile, prefix+"ca_file")
 	}
 	nd := &net.Dialer{Timeout: timeout}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {

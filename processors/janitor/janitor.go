@@ -1018,7 +1018,8 @@ const offCheckEvery = time.Minute
 // next and err.
 func (op *operation) followDownMachine(ctx context.Context, elapsed time.Duration) (next time.Duration, done bool, err error) {
 	j := op.j
-	p, ok := j.providers[op.st.Provider].(offPowerer)
+	prov := j.providers[op.st.Provider]
+	p, ok := prov.(offPowerer)
 	if !ok || op.node == nil || nodeReady(op.node) || op.node.Status.NodeInfo.BootID != op.st.BootID {
 		return 0, false, nil
 	}
@@ -1041,7 +1042,7 @@ func (op *operation) followDownMachine(ctx context.Context, elapsed time.Duratio
 		op.emit(ctx, op.action(events.OutcomeApplied, fmt.Sprintf("powered on via %s: node %s was still down with its old boot ID after %v, and its machine was off",
 			op.st.Provider, op.nodeName, elapsed.Round(time.Second)), "power-on", nil))
 	case errors.Is(err, ErrNotOff) && hung:
-		return op.forceReboot(ctx, j.providers[op.st.Provider], fmt.Sprintf("node %s has been down with its old boot ID for %v while its machine is on: its shutdown hung",
+		return op.forceReboot(ctx, prov, fmt.Sprintf("node %s has been down with its old boot ID for %v while its machine is on: its shutdown hung",
 			op.nodeName, down.Round(time.Second)))
 	case errors.Is(err, ErrNotOff), ctx.Err() != nil:
 	default:
