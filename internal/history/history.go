@@ -258,10 +258,11 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 		w.add("is_fatal = 1")
 	}
 	w.timeBounds(req.GetSince(), req.GetUntil(), cur)
-	var lows []time.Time
-	if req.GetNode() == "" {
-		lows = windows(newest(req.GetUntil(), cur), req.GetSince())
+	spans := windowSpans
+	if req.GetNode() != "" {
+		spans = nodeWindowSpans
 	}
+	lows := windows(newest(req.GetUntil(), cur), req.GetSince(), spans)
 	return inWindows(w, lows, func(w where) (*faultlinev1.ListEventsResponse, bool, error) { return h.eventPage(ctx, w, limit) })
 }
 
@@ -275,6 +276,16 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 // full page are the newest of all. A window is only a lower bound on ts
 // (until and the page cursor still apply), received-pruned (notBefore).
 var windowSpans = []time.Duration{time.Hour, 24 * time.Hour, 7 * 24 * time.Hour, 31 * 24 * time.Hour}
+
+// nodeWindowSpans: a node's newest page read every row of the node (the
+// table is ordered by (cluster, node, check, entity, ts), and ClickHouse
+// 18.16 cannot read it in ts order), so its cost grew with the node's whole
+// history: p99 30 ms over 100M events (25,000 a node). It looks in the
+// last day first, where the parts received since hold a small share of the
+// node's rows (p99 15 ms), and else in the whole range: a node with fewer
+// than a page that day pays one query more, bounded (≈ 4 ms here) where
+// more windows would each add one (loadtest/RESULTS.md §5, 2026-12-04).
+var nodeWindowSpans = []time.Duration{24 * time.Hour}
 
 // inWindows returns the first full page that page reads with each lower
 // bound of lows added to w, else the page of the whole range.
@@ -302,11 +313,11 @@ func newest(until *timestamppb.Timestamp, cur *cursor) time.Time {
 	return t
 }
 
-// windows are the lower bounds to try, newest first, before the whole
-// range; none starts at or before since.
-func windows(top time.Time, since *timestamppb.Timestamp) []time.Time {
+// windows are the lower bounds to try (top less each of spans), newest
+// first, before the whole range; none starts at or before since.
+func windows(top time.Time, since *timestamppb.Timestamp, spans []time.Duration) []time.Time {
 	var out []time.Time
-	for _, d := range windowSpans {
+	for _, d := range spans {
 		lo := top.Add(-d)
 		if since != nil && !lo.After(since.AsTime()) {
 			break
@@ -485,7 +496,7 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 	w.timeBounds(req.GetSince(), nil, cur)
 	var lows []time.Time
 	if req.GetNode() == "" {
-		lows = windows(newest(nil, cur), req.GetSince())
+		lows = windows(newest(nil, cur), req.GetSince(), windowSpans)
 	}
 	return inWindows(w, lows, func(w where) (*faultlinev1.ListActionsResponse, bool, error) { return h.actionPage(ctx, w, limit) })
 }

@@ -313,32 +313,57 @@ func TestPageBytes(t *testing.T) {
 // without reading them (a last page, or a filter with less than a page
 // in the last month, still reads the whole range); paging through
 // everything gives every event once, in order.
+// storeEvents stores n events of check in cluster through the store, the
+// newest at at, then one every step back, received when generated; node
+// names the node of the i-th. It returns their ids, newest first.
+func storeEvents(t *testing.T, h *store.Handler, cluster, check string, n int, at time.Time, step time.Duration, node func(i int) string) []string {
+	t.Helper()
+	var recs []*kgo.Record
+	var out []string
+	for i := range n {
+		ts := at.Add(-time.Duration(i) * step)
+		ev := &datamodels.HealthEvent{Id: fmt.Sprintf("%s-%s-%05d", check, at.Format("0102"), i), Cluster: cluster,
+			NodeName: node(i), CheckName: check, GeneratedTimestamp: timestamppb.New(ts)}
+		v, _ := events.Marshal(ev)
+		recs = append(recs, &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, ev.NodeName), Value: v, Timestamp: ts})
+		out = append(out, ev.Id)
+	}
+	if _, err := h.Handle(context.Background(), recs); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// pageThrough lists every page of req, 1,000 at a time, and returns the ids.
+func pageThrough(t *testing.T, hist *history.ClickHouse, cluster string, req *faultlinev1.ListEventsRequest) []string {
+	t.Helper()
+	var got []string
+	for {
+		req.Limit = 1000
+		resp, err := hist.ListEvents(context.Background(), cluster, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ids(resp.Events)...)
+		if req.PageToken = resp.NextPageToken; req.PageToken == "" {
+			return got
+		}
+	}
+}
+
+// bounded fails a query that reads more than 5,000 rows.
+var bounded = ch.Context(context.Background(), ch.WithSettings(ch.Settings{"max_rows_to_read": 5000}))
+
 func TestListingWithoutNodeReadsRecentParts(t *testing.T) {
 	srv := chtest.Start(t)
 	now := time.Now().UTC()
 	h := store.New(srv.Conn, slog.Default(), nil)
-	var all []string // newest first
-	write := func(n int, at time.Time, check string, step time.Duration) {
-		t.Helper()
-		var recs []*kgo.Record
-		for i := range n {
-			ts := at.Add(-time.Duration(i) * step)
-			ev := &datamodels.HealthEvent{Id: fmt.Sprintf("%s-%s-%05d", check, at.Format("0102"), i), Cluster: "gamma",
-				NodeName: fmt.Sprintf("n%03d", i%500), CheckName: check, GeneratedTimestamp: timestamppb.New(ts)}
-			v, _ := events.Marshal(ev)
-			recs = append(recs, &kgo.Record{Topic: events.TopicEvents, Key: events.Key("gamma", ev.NodeName), Value: v, Timestamp: ts})
-			all = append(all, ev.Id)
-		}
-		if _, err := h.Handle(context.Background(), recs); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(150, now.Add(-time.Minute), "XID", 10*time.Second)
-	write(50, now.Add(-72*time.Hour), "RARE", time.Second)
-	write(20000, now.Add(-60*24*time.Hour), "XID", time.Second)
+	spread := func(i int) string { return fmt.Sprintf("n%03d", i%500) }
+	all := storeEvents(t, h, "gamma", "XID", 150, now.Add(-time.Minute), 10*time.Second, spread) // newest first
+	all = append(all, storeEvents(t, h, "gamma", "RARE", 50, now.Add(-72*time.Hour), time.Second, spread)...)
+	all = append(all, storeEvents(t, h, "gamma", "XID", 20000, now.Add(-60*24*time.Hour), time.Second, spread)...)
 	hist := history.New(srv.Conn, slog.Default())
 
-	bounded := ch.Context(context.Background(), ch.WithSettings(ch.Settings{"max_rows_to_read": 5000}))
 	resp, err := hist.ListEvents(bounded, "gamma", &faultlinev1.ListEventsRequest{})
 	if err != nil {
 		t.Fatalf("newest page: %v", err)
@@ -350,20 +375,38 @@ func TestListingWithoutNodeReadsRecentParts(t *testing.T) {
 	if err != nil || !slices.Equal(ids(resp.Events), all[150:170]) || resp.NextPageToken == "" {
 		t.Fatalf("RARE: %d events, next %q, err %v", len(resp.GetEvents()), resp.GetNextPageToken(), err)
 	}
-
-	var got []string
-	for tok := ""; ; {
-		resp, err := hist.ListEvents(context.Background(), "gamma", &faultlinev1.ListEventsRequest{Limit: 1000, PageToken: tok})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, ids(resp.Events)...)
-		if tok = resp.NextPageToken; tok == "" {
-			break
-		}
-	}
-	if !slices.Equal(got, all) {
+	if got := pageThrough(t, hist, "gamma", &faultlinev1.ListEventsRequest{}); !slices.Equal(got, all) {
 		t.Fatalf("paging through: %d events, want %d in order", len(got), len(all))
+	}
+}
+
+// TestNodeListingReadsTheLastDayFirst: a node's newest page read every
+// row of the node, all its history; it now reads the parts received in the
+// last two days (the day, and the skew an event may have) when they hold a
+// page. A node with less than a page that day gets it from the whole range.
+func TestNodeListingReadsTheLastDayFirst(t *testing.T) {
+	srv := chtest.Start(t)
+	now := time.Now().UTC()
+	h := store.New(srv.Conn, slog.Default(), nil)
+	hot := func(int) string { return "hot" }
+	all := storeEvents(t, h, "delta", "XID", 150, now.Add(-time.Minute), 10*time.Second, hot)
+	all = append(all, storeEvents(t, h, "delta", "XID", 20000, now.Add(-60*24*time.Hour), time.Second, hot)...)
+	cold := storeEvents(t, h, "delta", "NIC", 30, now.Add(-72*time.Hour), time.Minute, func(int) string { return "cold" })
+	hist := history.New(srv.Conn, slog.Default())
+
+	resp, err := hist.ListEvents(bounded, "delta", &faultlinev1.ListEventsRequest{Node: "hot"})
+	if err != nil {
+		t.Fatalf("hot node's newest page: %v", err)
+	}
+	if got := ids(resp.Events); !slices.Equal(got, all[:100]) || resp.NextPageToken == "" {
+		t.Fatalf("hot node's newest page: %d events from %v, next %q", len(got), got[:min(3, len(got))], resp.NextPageToken)
+	}
+	resp, err = hist.ListEvents(bounded, "delta", &faultlinev1.ListEventsRequest{Node: "cold"})
+	if err != nil || !slices.Equal(ids(resp.Events), cold) || resp.NextPageToken != "" {
+		t.Fatalf("cold node: %d events, next %q, err %v", len(resp.GetEvents()), resp.GetNextPageToken(), err)
+	}
+	if got := pageThrough(t, hist, "delta", &faultlinev1.ListEventsRequest{Node: "hot"}); !slices.Equal(got, all) {
+		t.Fatalf("paging through the hot node: %d events, want %d in order", len(got), len(all))
 	}
 }
 

@@ -311,7 +311,12 @@ func benchStore(ctx context.Context, conn clickhouse.Conn, o opts, log *slog.Log
 // genSQL generates the history inside ClickHouse: {n} events over {nodes}
 // nodes of two clusters and {days} days; per node 8 GPUs and 8 NIC ports.
 // 40% link state events (a quarter healthy), 10% link_downed counter
-// events, 20% fatal XIDs, 30% other GPU checks.
+// events, 20% fatal XIDs, 30% other GPU checks. In received order, as the
+// store inserts them: event number i of {total} is received at
+// {start} + i*{span}/{total}, so each insert holds the next stretch of the
+// span and a part covers the time its rows arrived in, as in production
+// (scattering every insert over the whole span, as before 2026-12-04,
+// gave every part all 30 days).
 const genSQL = `INSERT INTO events (cluster, node, check, entity, ts, ts_ms, id, received, received_ms, agent,
 	component_class, is_fatal, is_healthy, message, recommended_action, error_codes, entities.type, entities.value,
 	metadata.key, metadata.value, processing_strategy)
@@ -321,7 +326,7 @@ SELECT
 	['InfiniBandStateCheck', 'InfiniBandStateCheck', 'InfiniBandStateCheck', 'InfiniBandStateCheck',
 	 'InfiniBandDegradationCheck', 'SysLogsXIDError', 'SysLogsXIDError', 'GpuThermalCheck', 'GpuEccCheck', 'GpuPowerCheck'][k + 1] AS check,
 	if(k < 5, concat('NIC=mlx5_', toString(dev), ',NICPort=1'), concat('GPU=GPU-', toString(dev))) AS entity,
-	toDateTime({start} + (r % {span})) AS ts,
+	toDateTime({start} + intDiv(number * {span}, {total})) AS ts,
 	toUInt16(r % 1000) AS ts_ms,
 	toString(generateUUIDv4()) AS id,
 	ts AS received,
@@ -363,7 +368,7 @@ func benchWindow(ctx context.Context, conn clickhouse.Conn, o opts) error {
 		// 10M INSERT outlasts the client's read timeout on a busy machine).
 		began := time.Now()
 		for off := 0; off < o.events; off += 1_000_000 {
-			q := strings.NewReplacer("{n}", fmt.Sprintf("%d, %d", off, min(1_000_000, o.events-off)), "{nodes}", fmt.Sprint(o.nodes), "{start}", fmt.Sprint(start.Unix()), "{span}", fmt.Sprint(span)).Replace(genSQL)
+			q := strings.NewReplacer("{n}", fmt.Sprintf("%d, %d", off, min(1_000_000, o.events-off)), "{nodes}", fmt.Sprint(o.nodes), "{start}", fmt.Sprint(start.Unix()), "{span}", fmt.Sprint(span), "{total}", fmt.Sprint(o.events)).Replace(genSQL)
 			if err := conn.Exec(ctx, q); err != nil {
 				return fmt.Errorf("generate: %w", err)
 			}
