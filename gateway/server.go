@@ -156,15 +156,7 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "faultline_gateway_tls_certificate_expiry_timestamp_seconds",
 		Help: "When the certificate the gateway serves expires (Unix seconds; its files are re-read when they change); 0 without TLS.",
-	}, func() float64 {
-		if cert == nil {
-			return 0
-		}
-		if t := cert.NotAfter(); !t.IsZero() {
-			return float64(t.Unix())
-		}
-		return 0
-	}))
+	}, cert.ExpirySeconds))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "faultline_gateway_inflight_bytes", Help: "Request bytes held now in the in-flight budget (gateway.max_inflight_bytes bounds it).",
 	}, func() float64 { return float64(flight.inUse()) }))

@@ -114,7 +114,7 @@ type GatewayConfig struct {
 	ServerName string `toml:"server_name"`
 	// CertFile and KeyFile are a PEM client certificate and key presented
 	// to the gateway (mutual TLS; a gateway may bind the certificate's CN
-	// to the node). Both or neither; re-read at every handshake so a
+	// to the node). Both or neither; re-read when they change so a
 	// renewed certificate is used. Default none.
 	CertFile string `toml:"cert_file"`
 	KeyFile  string `toml:"key_file"`

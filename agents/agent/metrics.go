@@ -1,8 +1,12 @@
 package agent
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/faultline/faultline/internal/certfile"
 )
 
 // Metrics are the agent's Prometheus metrics, on their own registry.
@@ -24,6 +28,10 @@ type Metrics struct {
 	rejected   prometheus.Counter
 
 	gatewayInsecure prometheus.Gauge
+	// gatewayCert is the client certificate presented to the gateway
+	// (nil: none), whose expiry gatewayCertExpiry reports.
+	gatewayCert       atomic.Pointer[certfile.Pair]
+	gatewayCertExpiry prometheus.GaugeFunc
 }
 
 // NewMetrics registers the agent's metrics, plus the Go and process
@@ -57,8 +65,11 @@ func NewMetrics() *Metrics {
 		gatewayInsecure: prometheus.NewGauge(prometheus.GaugeOpts{Name: "faultline_agent_gateway_insecure",
 			Help: "1 if the agent sends to the gateway without TLS (gateway.insecure = true): token and events in clear."}),
 	}
+	m.gatewayCertExpiry = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "faultline_agent_gateway_client_certificate_expiry_timestamp_seconds",
+		Help: "When the client certificate presented to the gateway (gateway.cert_file) expires (Unix seconds; re-read when its files change); 0 without one."},
+		func() float64 { return m.gatewayCert.Load().ExpirySeconds() })
 	for _, c := range []prometheus.Collector{m.checkSuccess, m.checkDuration, m.checkRuns, m.checkEvents,
-		m.spoolBytes, m.spoolFull, m.spoolDropped, m.spoolCorrupt, m.sent, m.sendErrors, m.rejected, m.gatewayInsecure,
+		m.spoolBytes, m.spoolFull, m.spoolDropped, m.spoolCorrupt, m.sent, m.sendErrors, m.rejected, m.gatewayInsecure, m.gatewayCertExpiry,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		f(c)
 	}

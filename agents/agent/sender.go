@@ -72,6 +72,7 @@ func NewSender(cfg GatewayConfig, spool *Spool, log *slog.Logger, m *Metrics, op
 			return nil, err
 		}
 		m.gatewayInsecure.Set(0)
+		m.gatewayCert.Store(cfg.tls().ClientCert("gateway."))
 	}
 	conn, err := grpc.NewClient(cfg.Addr, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, opts...)...)
 	if err != nil {
@@ -82,10 +83,15 @@ func NewSender(cfg GatewayConfig, spool *Spool, log *slog.Logger, m *Metrics, op
 
 // tlsConfig is the TLS of the connection to the gateway: TLS 1.2 or later,
 // the CA bundle (else the system roots), and the client certificate,
-// re-read at every handshake — tlsclient's, under the gateway's keys —
+// re-read when its files change — tlsclient's, under the gateway's keys —
 // and the CA bundle it read (nil without gateway.ca_file).
 func (g GatewayConfig) tlsConfig() (*tls.Config, *certfile.Pool, error) {
-	return tlsclient.Config{Enabled: true, CAFile: g.CAFile, CertFile: g.CertFile, KeyFile: g.KeyFile, ServerName: g.ServerName}.BuildWithCAs("gateway.")
+	return g.tls().BuildWithCAs("gateway.")
+}
+
+// tls is the gateway's TLS keys as tlsclient's.
+func (g GatewayConfig) tls() tlsclient.Config {
+	return tlsclient.Config{Enabled: true, CAFile: g.CAFile, CertFile: g.CertFile, KeyFile: g.KeyFile, ServerName: g.ServerName}
 }
 
 // tlsCredentials are the TLS credentials of tlsConfig, with the CA bundle

@@ -226,19 +226,36 @@ func TestInsecureIsExplicitAndLoud(t *testing.T) {
 // TestClientCertificate: with a client certificate and no token file the
 // agent authenticates by mutual TLS (its certificate's CN is the node, for
 // a gateway that binds the credential to it) and sends no authorization
-// header.
+// header. faultline_agent_gateway_client_certificate_expiry_timestamp_seconds
+// says when the certificate expires, the renewed one's once its files are
+// replaced (the old one's while only the certificate is: a half-written
+// rotation).
 func TestClientCertificate(t *testing.T) {
 	ca := testenv.NewCA(t, "", "agent-test")
 	g := startFakeTLS(t, ca, "", ca.Pool())
 	client := ca.Issue(t, "node-7")
 	cfg := DefaultConfig().Gateway
 	cfg.Addr, cfg.TokenFile, cfg.CAFile, cfg.CertFile, cfg.KeyFile = g.addr, "", ca.File, client.CertFile, client.KeyFile
-	sp, _, _ := startSender(t, cfg)
+	sp, m, _ := startSender(t, cfg)
 	sp.Append([]*datamodels.HealthEvent{ev("by certificate", true)})
 	waitFor(t, 10*time.Second, func() bool { return sp.Pending() == 0 }, "the event sent with a client certificate")
 	c := g.seen()[0]
 	if c.auth != "" || c.tls == nil || len(c.tls.PeerCertificates) == 0 || c.tls.PeerCertificates[0].Subject.CommonName != "node-7" {
 		t.Fatalf("call %+v", c)
+	}
+	expiry := func(kp testenv.KeyPair) float64 { return float64(kp.Cert.Leaf.NotAfter.Unix()) }
+	if got, want := val(m.gatewayCertExpiry), expiry(client); got != want {
+		t.Fatalf("expiry gauge %v, want the certificate's %v", got, want)
+	}
+	time.Sleep(time.Second) // a later expiry
+	renewed := ca.Issue(t, "node-7")
+	testenv.Rotate(t, client.CertFile, renewed.CertFile)
+	if got := val(m.gatewayCertExpiry); got != expiry(client) {
+		t.Fatalf("expiry gauge %v with the new certificate beside the old key, want the old pair's %v", got, expiry(client))
+	}
+	testenv.Rotate(t, client.KeyFile, renewed.KeyFile)
+	if got := val(m.gatewayCertExpiry); got != expiry(renewed) || got == expiry(client) {
+		t.Fatalf("expiry gauge %v after the rotation, want the renewed certificate's %v", got, expiry(renewed))
 	}
 }
 

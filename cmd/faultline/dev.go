@@ -161,7 +161,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer admin.Close()
 
-	reg := newRegistry()
+	reg := newRegistry(Config{}) // the embedded servers: no TLS
 	fl, err := fleet.New(chconn, log, fleet.Options{})
 	if err != nil {
 		return err

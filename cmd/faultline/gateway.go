@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/faultline/faultline/gateway"
+	"github.com/faultline/faultline/internal/certfile"
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/internal/conformance"
@@ -50,7 +51,7 @@ func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	reg := newRegistry()
+	reg := newRegistry(cfg)
 	hist := &lazyHistory{cfg: cfg.Processors.ClickHouse, log: log}
 	defer hist.Close()
 	// Credentials are loaded (and a bad tokens file refused) before Kafka
@@ -66,9 +67,22 @@ func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
 	return srv.Run(ctx)
 }
 
-func newRegistry() *prometheus.Registry {
+// newRegistry is a process's registry: the Go and process collectors, and
+// when the client certificates of cfg presented to Kafka and ClickHouse
+// expire.
+func newRegistry(cfg Config) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for peer, pair := range map[string]*certfile.Pair{
+		"kafka":      cfg.Kafka.TLS.ClientCert("kafka.tls."),
+		"clickhouse": cfg.Processors.ClickHouse.TLS.ClientCert("clickhouse.tls."),
+	} {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "faultline_tls_client_certificate_expiry_timestamp_seconds",
+			Help:        "When the client certificate presented to the peer (kafka, clickhouse: its tls.cert_file) expires (Unix seconds; re-read when its files change); 0 without one.",
+			ConstLabels: prometheus.Labels{"peer": peer},
+		}, pair.ExpirySeconds))
+	}
 	return reg
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/faultline/faultline/deploy/monitoring"
 	"github.com/faultline/faultline/internal/chserver"
+	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/internal/testenv"
 )
 
@@ -63,4 +65,30 @@ func TestMonitoringMetricsExported(t *testing.T) {
 		t.Fatalf("deploy/monitoring uses metrics that faultline does not export: %s", strings.Join(missing, ", "))
 	}
 	t.Log(fmt.Sprintf("all %d metrics of the rules and dashboards are exported", len(names)))
+}
+
+// TestClientCertificateExpiry: each process reports when the client
+// certificates it presents to Kafka and ClickHouse expire, 0 for a peer
+// it presents none to.
+func TestClientCertificateExpiry(t *testing.T) {
+	ca := testenv.NewCA(t, "", "faultline-test")
+	kp := ca.Issue(t, "faultline-store")
+	cfg := DefaultConfig()
+	cfg.Kafka.TLS = kafka.TLSConfig{Enabled: true, CertFile: kp.CertFile, KeyFile: kp.KeyFile}
+	families, err := newRegistry(cfg).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() == "faultline_tls_client_certificate_expiry_timestamp_seconds" {
+			for _, m := range f.GetMetric() {
+				got[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	want := map[string]float64{"kafka": float64(kp.Cert.Leaf.NotAfter.Unix()), "clickhouse": 0}
+	if !maps.Equal(got, want) {
+		t.Fatalf("faultline_tls_client_certificate_expiry_timestamp_seconds by peer: %v, want %v", got, want)
+	}
 }

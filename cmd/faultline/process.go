@@ -44,7 +44,7 @@ func runProcess(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	reg := newRegistry()
+	reg := newRegistry(cfg)
 	if err := kafka.CreatePipelineTopics(ctx, cfg.Kafka, log); err != nil {
 		return err
 	}

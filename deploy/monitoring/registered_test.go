@@ -160,7 +160,24 @@ func readConstructor(call *ast.CallExpr, kind metricKind, vec bool) (registered,
 				return m, fmt.Errorf("Name is not a string literal")
 			}
 			m.Name, _ = strconv.Unquote(lit.Value)
-		case "Namespace", "Subsystem", "ConstLabels":
+		case "ConstLabels": // prometheus.Labels{"peer": …}: its keys
+			lit, ok := kv.Value.(*ast.CompositeLit)
+			if !ok {
+				return m, fmt.Errorf("ConstLabels is not a literal")
+			}
+			for _, e := range lit.Elts {
+				pair, ok := e.(*ast.KeyValueExpr)
+				if !ok {
+					return m, fmt.Errorf("ConstLabels is not a map literal")
+				}
+				l, ok := pair.Key.(*ast.BasicLit)
+				if !ok || l.Kind != token.STRING {
+					return m, fmt.Errorf("a ConstLabels key is not a string literal")
+				}
+				name, _ := strconv.Unquote(l.Value)
+				m.Labels = append(m.Labels, name)
+			}
+		case "Namespace", "Subsystem":
 			return m, fmt.Errorf("%s: this test reads only Name and the label names; teach it", key.Name)
 		}
 	}

@@ -63,6 +63,18 @@ func (p *Pair) NotAfter() time.Time {
 	return c.Leaf.NotAfter
 }
 
+// ExpirySeconds is NotAfter in Unix seconds, for an expiry gauge: 0 for a
+// nil pair (no certificate configured) or while none loads.
+func (p *Pair) ExpirySeconds() float64 {
+	if p == nil {
+		return 0
+	}
+	if t := p.NotAfter(); !t.IsZero() {
+		return float64(t.Unix())
+	}
+	return 0
+}
+
 // Pool is a CA bundle file. Its Get returns the bundle as a pool.
 type Pool struct {
 	file, key string

@@ -25,8 +25,9 @@ type Config struct {
 	// system roots.
 	CAFile string `toml:"ca_file"`
 	// CertFile is a PEM client certificate (chain) presented to a server
-	// that asks for one (mutual TLS). Read again at every handshake, so a
-	// renewed certificate is used by new connections. Default "": none.
+	// that asks for one (mutual TLS). Re-read when it or KeyFile changes,
+	// so a renewed certificate is used by new connections. Default "":
+	// none.
 	CertFile string `toml:"cert_file"`
 	// KeyFile is CertFile's PEM private key; set with CertFile. Default "".
 	KeyFile string `toml:"key_file"`
@@ -87,19 +88,23 @@ func (c Config) BuildWithCAs(prefix string) (*tls.Config, *certfile.Pool, error)
 	case c.KeyFile == "":
 		return nil, nil, fmt.Errorf("%skey_file: required with %scert_file", prefix, prefix)
 	default:
-		load := func() (*tls.Certificate, error) {
-			cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("%scert_file, %skey_file: %w", prefix, prefix, err)
-			}
-			return &cert, nil
-		}
-		if _, err := load(); err != nil {
+		pair := c.ClientCert(prefix)
+		if _, err := pair.GetCertificate(nil); err != nil {
 			return nil, nil, err
 		}
-		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return load() }
+		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return pair.GetCertificate(nil) }
 	}
 	return tc, cas, nil
+}
+
+// ClientCert is the client certificate of c, re-read when its files
+// change (a half-written rotation keeps the last pair that loaded); nil
+// when c presents none (TLS off, or no cert_file).
+func (c Config) ClientCert(prefix string) *certfile.Pair {
+	if !c.Enabled || c.CertFile == "" {
+		return nil
+	}
+	return certfile.New(c.CertFile, c.KeyFile, prefix+"cert_file, "+prefix+"key_file")
 }
 
 // Dial dials addr over network with TLS.

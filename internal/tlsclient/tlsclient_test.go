@@ -87,3 +87,36 @@ func TestDialerFollowsTheCAFile(t *testing.T) {
 		t.Fatalf("absent CA file: %v, want an error naming the key", err)
 	}
 }
+
+// TestClientCertificateRotation: the client certificate presented is the
+// pair in the files as they are at the handshake; a certificate written
+// beside the old key (a rotation half done) presents the last pair that
+// loaded, where reading both files at each handshake failed it.
+func TestClientCertificateRotation(t *testing.T) {
+	ca := testenv.NewCA(t, "", "tlsclient-test")
+	old, renewed := ca.Issue(t, "store"), ca.Issue(t, "store")
+	tc, err := Config{Enabled: true, CertFile: old.CertFile, KeyFile: old.KeyFile}.Build("kafka.tls.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	presented := func() uint64 {
+		t.Helper()
+		c, err := tc.GetClientCertificate(&tls.CertificateRequestInfo{})
+		if err != nil {
+			t.Fatalf("client certificate: %v", err)
+		}
+		return c.Leaf.SerialNumber.Uint64()
+	}
+	serial := func(kp testenv.KeyPair) uint64 { return kp.Cert.Leaf.SerialNumber.Uint64() }
+	if got := presented(); got != serial(old) {
+		t.Fatalf("presented serial %d, want %d", got, serial(old))
+	}
+	testenv.Rotate(t, old.CertFile, renewed.CertFile)
+	if got := presented(); got != serial(old) {
+		t.Fatalf("half rotated: presented serial %d, want the old pair's %d", got, serial(old))
+	}
+	testenv.Rotate(t, old.KeyFile, renewed.KeyFile)
+	if got := presented(); got != serial(renewed) {
+		t.Fatalf("rotated: presented serial %d, want the renewed %d", got, serial(renewed))
+	}
+}
