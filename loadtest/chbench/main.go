@@ -396,6 +396,9 @@ func benchWindow(ctx context.Context, conn clickhouse.Conn, o opts) error {
 		return int(seed % uint64(n))
 	}
 	report := func(what string, lat []time.Duration, extra string) {
+		if len(lat) == 0 { // --queries or --rule-queries 0
+			return
+		}
 		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 		pct := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))] }
 		fmt.Println(machine.Stamp("%-32s %5d calls: p50 %s  p90 %s  p99 %s  max %s%s", what, len(lat),
