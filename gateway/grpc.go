@@ -93,7 +93,11 @@ func (s *Server) newGRPCServer(door string, tlsCfg *tls.Config) *grpc.Server {
 			s.grpcMetrics(door), s.grpcAdmit),
 	}
 	if tlsCfg != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+		creds := credentials.NewTLS(tlsCfg)
+		if s.peers != nil {
+			creds = s.peers.creds(creds, door)
+		}
+		opts = append(opts, grpc.Creds(creds))
 	}
 	g := grpc.NewServer(opts...)
 	for _, sd := range []*grpc.ServiceDesc{&faultlinev1.Events_ServiceDesc, &datamodels.PlatformConnector_ServiceDesc} {

@@ -98,6 +98,7 @@ func TestGateway(t *testing.T) {
 	t.Run("TLSAndUnixSocket", func(t *testing.T) { testTLSAndUnixSocket(t, k) })
 	t.Run("TLSRotation", func(t *testing.T) { testTLSRotation(t, k) })
 	t.Run("ClientCARotation", func(t *testing.T) { testClientCARotation(t, k) })
+	t.Run("OpenConnectionsReverified", func(t *testing.T) { testOpenConnectionsReverified(t, k) })
 	t.Run("NodeBoundCertificates", func(t *testing.T) { testNodeBoundCertificates(t, k) })
 	t.Run("Readyz", func(t *testing.T) { testReadyz(t, k) })
 	t.Run("InflightBudget", func(t *testing.T) { testInflightBudget(t, k) })

@@ -14,6 +14,7 @@ type metrics struct {
 	rejects        *prometheus.CounterVec
 	produceLatency prometheus.Histogram
 	connsRefused   *prometheus.CounterVec
+	untrusted      *prometheus.CounterVec
 
 	// The children of the counters above, looked up once per label
 	// values instead of hashing them on every call: rejectsBy holds
@@ -49,6 +50,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		connsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "faultline_gateway_connections_refused_total", Help: "Connections closed on accept: over gateway.max_conns or gateway.max_conns_per_address.",
 		}, []string{"door"}),
+		untrusted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "faultline_gateway_untrusted_connections_closed_total", Help: "Open TLS connections closed because gateway.client_ca no longer verifies the client certificate they were admitted with (its CA removed, or it expired since).",
+		}, []string{"door"}),
+	}
+	for _, door := range []string{doorGRPC, doorREST} {
+		m.untrusted.WithLabelValues(door)
 	}
 	// Every refusal reason is exported from the start (at 0), so alerts
 	// on their rate (deploy/monitoring) see them before the first one.
@@ -56,7 +63,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range rejectReasons {
 		m.rejectsBy[r] = m.rejects.WithLabelValues(r)
 	}
-	reg.MustRegister(m.requests, m.accepted, m.rejects, m.produceLatency, m.connsRefused)
+	reg.MustRegister(m.requests, m.accepted, m.rejects, m.produceLatency, m.connsRefused, m.untrusted)
 	return m
 }
 

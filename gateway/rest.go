@@ -128,6 +128,9 @@ func (s *Server) newHTTPServer(h http.Handler, tlsCfg *tls.Config) *http.Server 
 		},
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
+	if tlsCfg != nil && s.peers != nil {
+		srv.ConnState = s.peers.connState(doorREST)
+	}
 	return srv
 }
 

@@ -62,6 +62,9 @@ type Server struct {
 	// when not set.
 	cert      *certfile.Pair
 	clientCAs *certfile.Pool
+	// peers re-verifies open connections' client certificates against
+	// clientCAs; nil without it.
+	peers *peerCerts
 
 	grpcLn, httpLn, unixLn net.Listener
 	grpcSrv, unixSrv       *grpc.Server
@@ -182,6 +185,9 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 			readTimeout: cfg.HistoryTimeout,
 		},
 	}
+	if clientCAs != nil {
+		s.peers = newPeerCerts(clientCAs, log, m.untrusted)
+	}
 	return s, nil
 }
 
@@ -242,6 +248,12 @@ func (s *Server) Run(ctx context.Context) error {
 		s.auth.FollowTokens(gctx, TokensEvery, s.log)
 		return nil
 	})
+	if s.peers != nil {
+		g.Go(func() error {
+			s.peers.run(gctx, PeerCertsEvery)
+			return nil
+		})
+	}
 	g.Go(func() error { return serveErr(s.grpcSrv.Serve(grpcLn)) })
 	g.Go(func() error {
 		if httpTLS != nil {

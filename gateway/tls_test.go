@@ -78,9 +78,15 @@ func (p *pki) write(t *testing.T, name, typ string, der []byte) string {
 // issue returns cert and key files and the tls.Certificate.
 func (p *pki) issue(t *testing.T, name string, subject pkix.Name, server bool) (string, string, tls.Certificate) {
 	t.Helper()
+	return p.issueUntil(t, name, subject, server, time.Now().Add(time.Hour))
+}
+
+// issueUntil is issue, the certificate valid until notAfter.
+func (p *pki) issueUntil(t *testing.T, name string, subject pkix.Name, server bool, notAfter time.Time) (string, string, tls.Certificate) {
+	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: subject,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
 	if server {
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
@@ -416,6 +422,126 @@ func testTLSRotation(t *testing.T, k *testenv.Kafka) {
 	}
 }
 
+// submitter returns a function that submits one event through door
+// (grpc, or REST over HTTP/2.0 or HTTP/1.1) with TLS tc, on one
+// connection kept open between calls, and one that closes it.
+func submitter(t *testing.T, gw *gatewaytest.Server, door string, tc *tls.Config) (submit func() error, done func()) {
+	t.Helper()
+	if door == "grpc" {
+		conn, err := grpc.NewClient(gw.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(tc.Clone())))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := faultlinev1.NewEventsClient(conn).SubmitEvents(ctx,
+				&faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("ca-node")}})
+			return err
+		}, func() { conn.Close() }
+	}
+	tr := &http.Transport{TLSClientConfig: tc.Clone(), ForceAttemptHTTP2: door == "HTTP/2.0"}
+	if door == "HTTP/1.1" {
+		tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
+	}
+	cl := &http.Client{Timeout: 10 * time.Second, Transport: tr}
+	return func() error {
+		req, _ := http.NewRequest(http.MethodPost, "https://"+gw.HTTPAddr()+"/v1/events",
+			strings.NewReader(`{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"ca-node"}]}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := cl.Do(req)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body) // read to its end: the connection is kept
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Proto != door {
+			return fmt.Errorf("%s over %s", resp.Status, resp.Proto)
+		}
+		return nil
+	}, tr.CloseIdleConnections
+}
+
+// testOpenConnectionsReverified: a connection open when its client
+// certificate stops being trusted is closed within PeerCertsEvery — its
+// certificate expired, or its CA removed from gateway.client_ca — and its
+// client's next call is refused. Before, a handshake checked the bundle,
+// and a connection kept the trust it was admitted with until it closed
+// (gRPC: max_connection_age, 30m; a busy REST keep-alive: never).
+func testOpenConnectionsReverified(t *testing.T, k *testenv.Kafka) {
+	server := newPKI(t)
+	certPath, keyPath, _ := server.issue(t, "server", pkix.Name{CommonName: "gateway"}, true)
+	caFile := filepath.Join(t.TempDir(), "client-ca.pem")
+	oldCA, newCA := newPKI(t), newPKI(t)
+	testenv.Rotate(t, caFile, oldCA.caPath)
+	gw := gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) {
+		c.TLSCert, c.TLSKey, c.ClientCA = certPath, keyPath, caFile
+	}, gateway.Options{})
+	subject := pkix.Name{CommonName: "agent-1", Organization: []string{"beta"}}
+	_, _, cert := oldCA.issue(t, "held", subject, false)
+	_, _, brief := oldCA.issueUntil(t, "brief", subject, false, time.Now().Add(3*time.Second))
+	tc := func(c tls.Certificate) *tls.Config {
+		return &tls.Config{RootCAs: server.pool, Certificates: []tls.Certificate{c}}
+	}
+	type client struct {
+		name   string
+		submit func() error
+	}
+	var clients []client
+	for _, door := range []string{"grpc", "HTTP/2.0", "HTTP/1.1"} {
+		submit, done := submitter(t, gw, door, tc(cert))
+		t.Cleanup(done)
+		clients = append(clients, client{door, submit})
+	}
+	briefSubmit, done := submitter(t, gw, "grpc", tc(brief))
+	t.Cleanup(done)
+	for _, c := range append(clients, client{"grpc, brief", briefSubmit}) {
+		if err := c.submit(); err != nil {
+			t.Fatalf("%s: refused before any change: %v", c.name, err)
+		}
+	}
+	// refusedWithin calls submit until it fails, for at most d.
+	refusedWithin := func(submit func() error, d time.Duration) error {
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			if err := submit(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	bound := gateway.PeerCertsEvery + 5*time.Second
+	if refusedWithin(briefSubmit, 3*time.Second+bound) == nil {
+		t.Fatal("a connection whose client certificate expired still admitted calls")
+	}
+	for _, c := range clients {
+		if err := c.submit(); err != nil {
+			t.Fatalf("%s: refused while its certificate is still valid: %v", c.name, err)
+		}
+	}
+	testenv.Rotate(t, caFile, newCA.caPath)
+	for _, c := range clients {
+		if err := refusedWithin(c.submit, bound); err == nil {
+			t.Errorf("%s: its connection still admitted calls %s after its CA left gateway.client_ca", c.name, bound)
+		} else {
+			t.Logf("%s: refused: %v", c.name, err)
+		}
+	}
+	cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: server.pool}}}
+	resp, err := cl.Get("https://" + gw.HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	metrics := string(b)
+	for _, want := range []string{`faultline_gateway_untrusted_connections_closed_total{door="grpc"} 2`,
+		`faultline_gateway_untrusted_connections_closed_total{door="rest"} 2`} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("/metrics has no %s", want)
+		}
+	}
+}
+
 // testClientCARotation: the client CA file replaced in place (a CA rotated)
 // is used from the next handshake on, by both doors and both HTTP versions:
 // a certificate of the new CA is admitted and one of the removed CA is
@@ -436,42 +562,18 @@ func testClientCARotation(t *testing.T, k *testenv.Kafka) {
 	resumed := tls.NewLRUClientSessionCache(4) // the old certificate's sessions
 
 	// admitted submits one event with cert through each door: gRPC, REST
-	// over HTTP/2 and over HTTP/1.1; it returns the doors that refused it.
+	// over HTTP/2 and over HTTP/1.1, each on a new connection; it returns
+	// the doors that refused it.
 	admitted := func(cert tls.Certificate, cache tls.ClientSessionCache) []string {
 		t.Helper()
 		var refused []string
-		tc := func() *tls.Config {
-			return &tls.Config{RootCAs: server.pool, Certificates: []tls.Certificate{cert}, ClientSessionCache: cache}
-		}
-		conn, err := grpc.NewClient(gw.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(tc())))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := faultlinev1.NewEventsClient(conn).SubmitEvents(ctx,
-			&faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{event("ca-node")}}); err != nil {
-			refused = append(refused, "grpc: "+err.Error())
-		}
-		for _, proto := range []string{"HTTP/2.0", "HTTP/1.1"} {
-			tr := &http.Transport{TLSClientConfig: tc(), ForceAttemptHTTP2: proto == "HTTP/2.0"}
-			if proto == "HTTP/1.1" {
-				tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
+		tc := &tls.Config{RootCAs: server.pool, Certificates: []tls.Certificate{cert}, ClientSessionCache: cache}
+		for _, door := range []string{"grpc", "HTTP/2.0", "HTTP/1.1"} {
+			submit, done := submitter(t, gw, door, tc)
+			if err := submit(); err != nil {
+				refused = append(refused, door+": "+err.Error())
 			}
-			req, _ := http.NewRequest(http.MethodPost, "https://"+gw.HTTPAddr()+"/v1/events",
-				strings.NewReader(`{"events":[{"agent":"a","componentClass":"GPU","checkName":"c","nodeName":"ca-node"}]}`))
-			req.Header.Set("Content-Type", "application/json")
-			resp, err := (&http.Client{Timeout: 10 * time.Second, Transport: tr}).Do(req)
-			if err != nil {
-				refused = append(refused, proto+": "+err.Error())
-				continue
-			}
-			resp.Body.Close()
-			tr.CloseIdleConnections()
-			if resp.StatusCode != http.StatusOK || resp.Proto != proto {
-				refused = append(refused, fmt.Sprintf("%s: %s over %s", proto, resp.Status, resp.Proto))
-			}
+			done()
 		}
 		return refused
 	}
