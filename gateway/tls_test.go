@@ -422,6 +422,22 @@ func testTLSRotation(t *testing.T, k *testenv.Kafka) {
 	}
 }
 
+// startClientCAGateway starts a gateway serving TLS (server's
+// certificate) whose gateway.client_ca, caFile, holds oldCA; newCA is one
+// to rotate in.
+func startClientCAGateway(t *testing.T, k *testenv.Kafka) (server *pki, gw *gatewaytest.Server, caFile string, oldCA, newCA *pki) {
+	t.Helper()
+	server = newPKI(t)
+	certPath, keyPath, _ := server.issue(t, "server", pkix.Name{CommonName: "gateway"}, true)
+	caFile = filepath.Join(t.TempDir(), "client-ca.pem")
+	oldCA, newCA = newPKI(t), newPKI(t)
+	testenv.Rotate(t, caFile, oldCA.caPath)
+	gw = gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) {
+		c.TLSCert, c.TLSKey, c.ClientCA = certPath, keyPath, caFile
+	}, gateway.Options{})
+	return server, gw, caFile, oldCA, newCA
+}
+
 // submitter returns a function that submits one event through door
 // (grpc, or REST over HTTP/2.0 or HTTP/1.1) with TLS tc, on one
 // connection kept open between calls, and one that closes it.
@@ -469,14 +485,7 @@ func submitter(t *testing.T, gw *gatewaytest.Server, door string, tc *tls.Config
 // and a connection kept the trust it was admitted with until it closed
 // (gRPC: max_connection_age, 30m; a busy REST keep-alive: never).
 func testOpenConnectionsReverified(t *testing.T, k *testenv.Kafka) {
-	server := newPKI(t)
-	certPath, keyPath, _ := server.issue(t, "server", pkix.Name{CommonName: "gateway"}, true)
-	caFile := filepath.Join(t.TempDir(), "client-ca.pem")
-	oldCA, newCA := newPKI(t), newPKI(t)
-	testenv.Rotate(t, caFile, oldCA.caPath)
-	gw := gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) {
-		c.TLSCert, c.TLSKey, c.ClientCA = certPath, keyPath, caFile
-	}, gateway.Options{})
+	server, gw, caFile, oldCA, newCA := startClientCAGateway(t, k)
 	subject := pkix.Name{CommonName: "agent-1", Organization: []string{"beta"}}
 	_, _, cert := oldCA.issue(t, "held", subject, false)
 	_, _, brief := oldCA.issueUntil(t, "brief", subject, false, time.Now().Add(3*time.Second))
@@ -548,14 +557,7 @@ func testOpenConnectionsReverified(t *testing.T, k *testenv.Kafka) {
 // refused, even resuming a session it began before the change. Before, the
 // gateway verified against the bundle it read at start until a restart.
 func testClientCARotation(t *testing.T, k *testenv.Kafka) {
-	server := newPKI(t)
-	certPath, keyPath, _ := server.issue(t, "server", pkix.Name{CommonName: "gateway"}, true)
-	caFile := filepath.Join(t.TempDir(), "client-ca.pem")
-	oldCA, newCA := newPKI(t), newPKI(t)
-	testenv.Rotate(t, caFile, oldCA.caPath)
-	gw := gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) {
-		c.TLSCert, c.TLSKey, c.ClientCA = certPath, keyPath, caFile
-	}, gateway.Options{})
+	server, gw, caFile, oldCA, newCA := startClientCAGateway(t, k)
 	subject := pkix.Name{CommonName: "agent-1", Organization: []string{"beta"}}
 	_, _, oldCert := oldCA.issue(t, "old", subject, false)
 	_, _, newCert := newCA.issue(t, "new", subject, false)
