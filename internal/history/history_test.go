@@ -303,16 +303,6 @@ func TestPageBytes(t *testing.T) {
 	}
 }
 
-// TestListingWithoutNodeReadsRecentParts: a listing without a node read
-// and deduplicated every row of the cluster for a page of its newest
-// (seconds and gigabytes of ClickHouse's memory over a large history);
-// it now looks in the last hour, day, week and month first, and skips
-// what was received before them. Here ClickHouse refuses to read more
-// than 5,000 rows: the newest page, and a page of a filter whose rows are
-// 3 days old, are found beside 20,000 rows received two months ago
-// without reading them (a last page, or a filter with less than a page
-// in the last month, still reads the whole range); paging through
-// everything gives every event once, in order.
 // storeEvents stores n events of check in cluster through the store, the
 // newest at at, then one every step back, received when generated; node
 // names the node of the i-th. It returns their ids, newest first.
@@ -354,6 +344,16 @@ func pageThrough(t *testing.T, hist *history.ClickHouse, cluster string, req *fa
 // bounded fails a query that reads more than 5,000 rows.
 var bounded = ch.Context(context.Background(), ch.WithSettings(ch.Settings{"max_rows_to_read": 5000}))
 
+// TestListingWithoutNodeReadsRecentParts: a listing without a node read
+// and deduplicated every row of the cluster for a page of its newest
+// (seconds and gigabytes of ClickHouse's memory over a large history);
+// it now looks in the last hour, day, week and month first, and skips
+// what was received before them. Here ClickHouse refuses to read more
+// than 5,000 rows: the newest page, and a page of a filter whose rows are
+// 3 days old, are found beside 20,000 rows received two months ago
+// without reading them (a last page, or a filter with less than a page
+// in the last month, still reads the whole range); paging through
+// everything gives every event once, in order.
 func TestListingWithoutNodeReadsRecentParts(t *testing.T) {
 	srv := chtest.Start(t)
 	now := time.Now().UTC()
