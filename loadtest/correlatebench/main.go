@@ -55,24 +55,26 @@ import (
 )
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(context.Background(), os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "correlatebench:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
+func run(ctx context.Context, args []string) error {
 	cfg := clickhouse.DefaultConfig()
 	cfg.Addr = ""
 	cfg.Database = "correlatebench"
-	cfg.RegisterFlags(flag.CommandLine, "clickhouse.")
-	history := flag.Int("history", 10_000_000, "events in the history (generated when the table holds fewer)")
-	n := flag.Int("events", 100_000, "events to correlate in each phase (no-skip, then steady)")
-	batch := flag.Int("batch", 5000, "events per batch (the role's default correlate.batch_records)")
-	nodes := flag.Int("nodes", 2000, "nodes (per cluster, 4 clusters)")
-	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the correlation to this file")
-	flag.Parse()
-	ctx := context.Background()
+	fs := flag.NewFlagSet("correlatebench", flag.ContinueOnError)
+	cfg.RegisterFlags(fs, "clickhouse.")
+	history := fs.Int("history", 10_000_000, "events in the history (generated when the table holds fewer)")
+	n := fs.Int("events", 100_000, "events to correlate in each phase (no-skip, then steady)")
+	batch := fs.Int("batch", 5000, "events per batch (the role's default correlate.batch_records)")
+	nodes := fs.Int("nodes", 2000, "nodes (per cluster, 4 clusters)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the correlation to this file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	fmt.Println(machine.Stamp("correlatebench: history %d, %d events per phase, batches of %d", *history, *n, *batch))
 	if cfg.Addr == "" {
