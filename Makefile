@@ -19,7 +19,7 @@ FUZZTIME ?= 20s
 CLUSTER_TESTS := ^(TestRules|TestSXidXidIncident|TestQueries|TestListEvents|TestListActions|TestFleet)$$
 CLUSTER_PKGS  := ./processors/correlate ./internal/analytics ./internal/history ./internal/fleet
 
-.PHONY: all build run test test-unit test-fuzz test-clickhouse-cluster testenv generate bench vet clean images
+.PHONY: all build run test test-unit test-fuzz test-clickhouse-cluster test-bench-smoke testenv generate bench vet clean images
 
 all: build
 
@@ -47,12 +47,17 @@ test:
 	$(MAKE) -j2 testenv vet
 	eval "$$(scripts/testenv/env.sh)" && FAULTLINE_REQUIRE_SERVERS=1 GO=$(GO) scripts/gotest.sh -timeout 30m -count=1 -- ./...
 	$(MAKE) test-clickhouse-cluster
+	$(MAKE) test-bench-smoke
 	$(MAKE) test-fuzz
 
 ## test-clickhouse-cluster: the ClickHouse-reading tests again on a two-shard cluster (sql/README.md)
 test-clickhouse-cluster:
 	eval "$$(scripts/testenv/env.sh)" && FAULTLINE_REQUIRE_SERVERS=1 FAULTLINE_TEST_CLICKHOUSE_CLUSTER=sharded \
 	  GO=$(GO) scripts/gotest.sh -timeout 20m -count=1 -run '$(CLUSTER_TESTS)' -- $(CLUSTER_PKGS)
+
+## test-bench-smoke: loadtest's Go benchmarks run twice each (seconds), so they cannot rot; their figures come from `make bench` or RESULTS.md's commands
+test-bench-smoke:
+	eval "$$(scripts/testenv/env.sh)" && FAULTLINE_REQUIRE_SERVERS=1 GO=$(GO) scripts/gotest.sh -timeout 10m -count=1 -run '^$$' -bench . -benchtime 2x -- ./loadtest
 
 ## test-unit: the fast tests only (servers not required; those tests skip)
 test-unit:
