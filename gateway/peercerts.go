@@ -79,8 +79,9 @@ func (p *peerCerts) run(ctx context.Context, every time.Duration) {
 }
 
 // check (run's alone) closes each open connection whose certificate the
-// bundle as it is now does not verify at now. A connection is verified once after it
-// opens, then again when the bundle changes or its chain expires.
+// bundle as it is now does not verify at now. A connection is verified
+// once after it opens, then again when the bundle changes or its chain
+// expires.
 func (p *peerCerts) check(now time.Time) {
 	pool, err := p.cas.Get() // once loaded, the last good bundle
 	if err != nil {

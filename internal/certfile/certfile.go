@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"time"
 )
 
 // Pair is a certificate and key file pair. Its GetCertificate fits
@@ -53,26 +52,18 @@ func (p *Pair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	return p.cert, nil
 }
 
-// NotAfter is when the pair's certificate (as GetCertificate would serve
-// it now) expires; zero while none loads.
-func (p *Pair) NotAfter() time.Time {
-	c, err := p.GetCertificate(nil)
-	if err != nil || c.Leaf == nil {
-		return time.Time{}
-	}
-	return c.Leaf.NotAfter
-}
-
-// ExpirySeconds is NotAfter in Unix seconds, for an expiry gauge: 0 for a
-// nil pair (no certificate configured) or while none loads.
+// ExpirySeconds is when the pair's certificate (as GetCertificate would
+// serve it now) expires, in Unix seconds, for an expiry gauge: 0 for a nil
+// pair (no certificate configured) or while none loads.
 func (p *Pair) ExpirySeconds() float64 {
 	if p == nil {
 		return 0
 	}
-	if t := p.NotAfter(); !t.IsZero() {
-		return float64(t.Unix())
+	c, err := p.GetCertificate(nil)
+	if err != nil || c.Leaf == nil {
+		return 0
 	}
-	return 0
+	return float64(c.Leaf.NotAfter.Unix())
 }
 
 // Pool is a CA bundle file. Its Get returns the bundle as a pool.
