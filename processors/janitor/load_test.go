@@ -94,13 +94,7 @@ func TestLoadRebootStarts(t *testing.T) {
 				if mode == "noop" {
 					nd.Labels[AnnotationProvider] = "noop"
 				}
-				created, err := tk.CoreV1().Nodes().Create(ctx, nd, metav1.CreateOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				setReady(created, corev1.ConditionTrue)
-				created.Status.NodeInfo.BootID = "b0"
-				if _, err := tk.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+				if _, err := tk.CoreV1().Nodes().Create(ctx, booted(nd), metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -96,13 +96,7 @@ func TestJanitorLocal(t *testing.T) {
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
 			Labels:      map[string]string{events.LabelQuarantined: "true", labelDrain: "succeeded", AnnotationProvider: ProviderLocal},
 			Annotations: map[string]string{AnnotationAgent: addr[0]}}}
-		created, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		setReady(created, corev1.ConditionTrue)
-		created.Status.NodeInfo.BootID = "boot-0"
-		if _, err := e.kube.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		if _, err := e.kube.CoreV1().Nodes().Create(ctx, booted(n), metav1.CreateOptions{}); err != nil { // with its status, as aws_test's nodes
 			t.Fatal(err)
 		}
 	}
