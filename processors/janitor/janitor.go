@@ -419,6 +419,11 @@ func (cr *clusterRun) findNode(ctx context.Context, name string) (*corev1.Node, 
 	if name == "" {
 		return nil, nil
 	}
+	return cr.readNode(ctx, name)
+}
+
+// readNode is node name as the API server has it; nil: no such node.
+func (cr *clusterRun) readNode(ctx context.Context, name string) (*corev1.Node, error) {
 	n, err := cr.cl.Kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -541,6 +546,24 @@ func (op *operation) res() dynamic.ResourceInterface { return op.cr.cl.Dynamic.R
 
 func (op *operation) ref() string { return op.kd.Name + "/" + op.u.GetName() }
 
+// notDrained says why op.node may not be acted on under require_drained
+// ("" when it may): faultline has not quarantined and drained it, or its
+// drain is older than its quarantine. Not asked when spec.force is set.
+func (op *operation) notDrained() string {
+	if !op.j.cfg.RequireDrained || op.force {
+		return ""
+	}
+	q, d := op.node.Labels[labelQuarantined], op.node.Labels[labelDrain]
+	if q != "true" || (d != "succeeded" && d != "gave_up") {
+		return fmt.Sprintf("node %s is not quarantined and drained by faultline (%s=%q, %s=%q) and spec.force is not set",
+			op.nodeName, labelQuarantined, q, labelDrain, d)
+	}
+	if why := staleDrain(op.node); why != "" {
+		return fmt.Sprintf("node %s is not drained for its current quarantine: %s; spec.force is not set", op.nodeName, why)
+	}
+	return ""
+}
+
 // start checks the safety rules and sends the signal.
 func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	j := op.j
@@ -556,19 +579,20 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	if op.node, err = op.cr.findNode(ctx, op.nodeName); err != nil {
 		return 0, err
 	}
+	if op.node != nil && (op.notDrained() != "" || (op.kd == kindReboot && op.node.Status.NodeInfo.BootID == "")) {
+		// The watch's copy may be behind a write made just before the
+		// resource: the drain role's label, the kubelet's boot ID. A node
+		// the checks below would refuse or wait for is read from the API
+		// server first (a GET on that path only).
+		if op.node, err = op.cr.readNode(ctx, op.nodeName); err != nil {
+			return 0, err
+		}
+	}
 	if op.node == nil {
 		return 0, op.fail(ctx, ReasonNodeNotFound, fmt.Sprintf("node %s not found", op.nodeName), false)
 	}
-	if j.cfg.RequireDrained && !op.force {
-		q, d := op.node.Labels[labelQuarantined], op.node.Labels[labelDrain]
-		if q != "true" || (d != "succeeded" && d != "gave_up") {
-			return 0, op.fail(ctx, ReasonNotDrained, fmt.Sprintf("node %s is not quarantined and drained by faultline (%s=%q, %s=%q) and spec.force is not set",
-				op.nodeName, labelQuarantined, q, labelDrain, d), false)
-		}
-		if why := staleDrain(op.node); why != "" {
-			return 0, op.fail(ctx, ReasonNotDrained, fmt.Sprintf("node %s is not drained for its current quarantine: %s; spec.force is not set",
-				op.nodeName, why), false)
-		}
+	if why := op.notDrained(); why != "" {
+		return 0, op.fail(ctx, ReasonNotDrained, why, false)
 	}
 	pname, nodeKey, err := j.cfg.providerName(op.node)
 	if err != nil {

@@ -737,7 +737,8 @@ func (c *counting) Reboot(ctx context.Context, t Target, mode RebootMode) error 
 // failing: here it is found and judged (not drained: refused; drained, in
 // a rack whose one slot is taken: waits for it), and only a node the API
 // server does not have fails NodeNotFound. Followed, a terminate deletes
-// the node and a reboot completes on the node read.
+// the node and a reboot completes on the node read. A node the watch has
+// behind the API server is judged on the API server's copy.
 func TestReadsANodeTheWatchHasNotSeen(t *testing.T) {
 	e := newEnv(t, 0)
 	ctx := context.Background()
@@ -789,6 +790,34 @@ func TestReadsANodeTheWatchHasNotSeen(t *testing.T) {
 			t.Fatalf("%s: SignalSent %s, want %s; status %v", tc.resource, got, tc.want, o.Object["status"])
 		}
 		rec.expect(t, tc.node, []string{tc.action})
+	}
+
+	// A node whose watch copy is behind the API server's (from before the
+	// drain role's label and the kubelet's boot ID): judged on the API
+	// server's copy, not refused NotDrained nor waiting for a boot ID; in
+	// rack r1, it waits for the slot.
+	old := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "behind", Labels: map[string]string{AnnotationProvider: ProviderRedfish, cfg.RackLabel: "r1"}}}
+	now := old.DeepCopy()
+	now.Labels[events.LabelQuarantined], now.Labels[labelDrain] = "true", "succeeded"
+	if _, err := e.kube.CoreV1().Nodes().Create(ctx, booted(now), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	op := unwatched(kindReboot, "reboot-behind", "behind")
+	if err := op.cr.nodes.Add(old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := e.dyn.Resource(kindReboot.GVR).Get(ctx, "reboot-behind", metav1.GetOptions{}); err != nil || condOf(o, CondSignalSent) != "none" {
+		t.Fatalf("a node the watch has behind: SignalSent %s (%v), want none (waiting for rack r1's slot)", condOf(o, CondSignalSent), err)
+	}
+	rec.expect(t, "behind", []string{"reboot/deferred"})
+	rec.mu.Lock()
+	why := rec.acts[len(rec.acts)-1].Reason
+	rec.mu.Unlock()
+	if !strings.Contains(why, "waiting for a slot") {
+		t.Fatalf("deferred for %q, want rack r1's slot", why)
 	}
 
 	// A terminate signalled for a node the watch has not seen: the node is
