@@ -950,6 +950,13 @@ func (op *operation) record(ctx context.Context, st opState) error {
 	return nil
 }
 
+// rebooted is whether op.node is Ready with another boot ID than the one
+// recorded with the signal: the reboot is over.
+func (op *operation) rebooted() bool {
+	n := op.node
+	return n != nil && nodeReady(n) && n.Status.NodeInfo.BootID != "" && n.Status.NodeInfo.BootID != op.st.BootID
+}
+
 func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 	j := op.j
 	if !op.st.ForcedAt.IsZero() && !j.remember(op.u.GetUID(), func(m *memory) { m.forced = true }).forced {
@@ -960,7 +967,21 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 			op.ref(), op.st.ForcedAt.Format(time.RFC3339)), "force-resumed", nil))
 	}
 	elapsed := j.now().Sub(op.st.At)
-	if n := op.node; n != nil && nodeReady(n) && n.Status.NodeInfo.BootID != "" && n.Status.NodeInfo.BootID != op.st.BootID {
+	if op.node != nil && !op.rebooted() && (elapsed > j.cfg.RebootTimeout || (op.st.ForcedAt.IsZero() &&
+		((j.cfg.ForceAfter > 0 && elapsed > j.cfg.ForceAfter) || (j.cfg.HungAfter > 0 && op.downFor() > j.cfg.HungAfter)))) {
+		// Past the point where the watch's copy would have the reboot
+		// forced or failed: a watch behind the kubelet's new boot ID would
+		// start a machine that came back over, or fail a reboot that
+		// worked. The node is read from the apiserver first (on this path
+		// only: abnormal reboots, one GET a poll; a node the watch lacks
+		// was read from it already).
+		var err error
+		if op.node, err = op.cr.readNode(ctx, op.nodeName); err != nil {
+			return 0, err
+		}
+	}
+	if op.rebooted() {
+		n := op.node
 		msg := fmt.Sprintf("node %s is Ready with a new boot ID %s (was %s) after %v", op.nodeName, n.Status.NodeInfo.BootID, op.st.BootID, elapsed.Round(time.Second))
 		op.emit(ctx, op.action(events.OutcomeSucceeded, msg, "complete", nil))
 		if err := op.writeStatus(ctx, true, cond{CondNodeReady, "True", ReasonSucceeded, msg}); err != nil {

@@ -738,7 +738,8 @@ func (c *counting) Reboot(ctx context.Context, t Target, mode RebootMode) error 
 // a rack whose one slot is taken: waits for it), and only a node the API
 // server does not have fails NodeNotFound. Followed, a terminate deletes
 // the node and a reboot completes on the node read. A node the watch has
-// behind the API server is judged on the API server's copy.
+// behind the API server is judged on the API server's copy, when its
+// reboot starts and before the reboot is forced.
 func TestReadsANodeTheWatchHasNotSeen(t *testing.T) {
 	e := newEnv(t, 0)
 	ctx := context.Background()
@@ -755,6 +756,7 @@ func TestReadsANodeTheWatchHasNotSeen(t *testing.T) {
 			events.LabelQuarantined: "true", labelDrain: "succeeded"}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "fresh-t"}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "fresh-b"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "fresh-f"}},
 	} {
 		if _, err := e.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -850,6 +852,26 @@ func TestReadsANodeTheWatchHasNotSeen(t *testing.T) {
 		t.Fatalf("following the reboot of a node back with a new boot ID: look again in %v, %v; want done", wait, err)
 	}
 	rec.expect(t, "fresh-b", []string{"reboot/succeeded"})
+
+	// A reboot past force_after whose node the watch still has Ready with
+	// the old boot ID, while the apiserver has it back with a new one: it
+	// completes, where the watch's copy would have it forced (a reset of
+	// the machine that just came back).
+	e.m.setNode(ctx, "fresh-f", corev1.ConditionTrue, "boot-0")
+	behindF, err := e.kube.CoreV1().Nodes().Get(ctx, "fresh-f", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m.setNode(ctx, "fresh-f", corev1.ConditionTrue, "boot-1")
+	op = signalled(kindReboot, "reboot-fresh-f", "fresh-f")
+	op.st.At = time.Now().Add(-cfg.ForceAfter - time.Minute)
+	if err := op.cr.nodes.Add(behindF); err != nil {
+		t.Fatal(err)
+	}
+	if wait, err := op.follow(ctx); err != nil || wait != 0 {
+		t.Fatalf("following a reboot past force_after whose node is back (the watch behind): look again in %v, %v; want done", wait, err)
+	}
+	rec.expect(t, "fresh-f", []string{"reboot/succeeded"})
 }
 
 // panicky is a provider whose first reboot panics (a bug of its own).
