@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -200,6 +201,15 @@ func TestFaultsHeldThroughALongOutageAct(t *testing.T) {
 	down := e.deps
 	down.Kube.Clusters = []clusters.Cluster{{Name: "prod", Kubeconfig: deadKubeconfig(t, e.kube)}}
 	stopA := e.start(down, 0, 1)
+	// The events group's first assignment starts each partition
+	// max_event_age (3s) back from its own time, so a fault produced more
+	// than 3s before a slow join (CI saw it under load) is before its start
+	// and never read: produced once the group committed its starts.
+	adm := kadm.NewClient(tap.cl)
+	tap.waitFor("the events group's starts committed", 60*time.Second, func() bool {
+		offs, err := adm.FetchOffsets(e.ctx, pipeline.DefaultGroup(Role))
+		return err == nil && len(offs[Topics[0]]) > 0
+	})
 	ev := fatal("aged-1", "XID_ERROR_48", "GPU-1")
 	ev.ReceivedTimestamp = timestamppb.Now()
 	tap.produce(record("prod", ev))
