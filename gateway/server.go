@@ -160,6 +160,7 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 		Name: "faultline_gateway_tls_certificate_expiry_timestamp_seconds",
 		Help: "When the certificate the gateway serves expires (Unix seconds; its files are re-read when they change); 0 without TLS.",
 	}, cert.ExpirySeconds))
+	reg.MustRegister(certfile.CAExpiryGauge("gateway.client_ca", clientCAs.ExpirySeconds))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "faultline_gateway_inflight_bytes", Help: "Request bytes held now in the in-flight budget (gateway.max_inflight_bytes bounds it).",
 	}, func() float64 { return float64(flight.inUse()) }))

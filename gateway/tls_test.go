@@ -382,22 +382,7 @@ func testTLSRotation(t *testing.T, k *testenv.Kafka) {
 	}
 	// The expiry metric says when the certificate served expires.
 	expiry := func() string {
-		t.Helper()
-		cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: p.pool}}}
-		resp, err := cl.Get("https://" + gw.HTTPAddr() + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "faultline_gateway_tls_certificate_expiry_timestamp_seconds "); ok {
-				f, _ := strconv.ParseFloat(v, 64)
-				return strconv.FormatInt(int64(f), 10)
-			}
-		}
-		t.Fatal("no faultline_gateway_tls_certificate_expiry_timestamp_seconds in /metrics")
-		return ""
+		return scrape(t, gw, &tls.Config{RootCAs: p.pool}, "faultline_gateway_tls_certificate_expiry_timestamp_seconds")
 	}
 	notAfter := func(c tls.Certificate) string { return strconv.FormatInt(c.Leaf.NotAfter.Unix(), 10) }
 	if got := expiry(); got != notAfter(first) {
@@ -422,6 +407,27 @@ func testTLSRotation(t *testing.T, k *testenv.Kafka) {
 	}
 }
 
+// scrape is the value of series in the gateway's /metrics, read over TLS
+// tc, as a whole number.
+func scrape(t *testing.T, gw *gatewaytest.Server, tc *tls.Config, series string) string {
+	t.Helper()
+	cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
+	resp, err := cl.Get("https://" + gw.HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return strconv.FormatInt(int64(f), 10)
+		}
+	}
+	t.Fatalf("no %s in /metrics", series)
+	return ""
+}
+
 // startClientCAGateway starts a gateway serving TLS (server's
 // certificate) whose gateway.client_ca, caFile, holds oldCA; newCA is one
 // to rotate in.
@@ -430,7 +436,9 @@ func startClientCAGateway(t *testing.T, k *testenv.Kafka) (server *pki, gw *gate
 	server = newPKI(t)
 	certPath, keyPath, _ := server.issue(t, "server", pkix.Name{CommonName: "gateway"}, true)
 	caFile = filepath.Join(t.TempDir(), "client-ca.pem")
-	oldCA, newCA = newPKI(t), newPKI(t)
+	oldCA = newPKI(t)
+	time.Sleep(time.Second) // a later expiry for the new CA
+	newCA = newPKI(t)
 	testenv.Rotate(t, caFile, oldCA.caPath)
 	gw = gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) {
 		c.TLSCert, c.TLSKey, c.ClientCA = certPath, keyPath, caFile
@@ -556,6 +564,8 @@ func testOpenConnectionsReverified(t *testing.T, k *testenv.Kafka) {
 // a certificate of the new CA is admitted and one of the removed CA is
 // refused, even resuming a session it began before the change. Before, the
 // gateway verified against the bundle it read at start until a restart.
+// faultline_tls_ca_expiry_timestamp_seconds{key="gateway.client_ca"} says
+// when the bundle's CA expires: the old one's, then the new one's.
 func testClientCARotation(t *testing.T, k *testenv.Kafka) {
 	server, gw, caFile, oldCA, newCA := startClientCAGateway(t, k)
 	subject := pkix.Name{CommonName: "agent-1", Organization: []string{"beta"}}
@@ -585,9 +595,20 @@ func testClientCARotation(t *testing.T, k *testenv.Kafka) {
 	if r := admitted(newCert, nil); len(r) != 3 {
 		t.Fatalf("before the rotation the new CA's certificate was admitted by a door: refused only by %v", r)
 	}
+	caExpiry := func(cert tls.Certificate) string {
+		return scrape(t, gw, &tls.Config{RootCAs: server.pool, Certificates: []tls.Certificate{cert}},
+			`faultline_tls_ca_expiry_timestamp_seconds{key="gateway.client_ca"}`)
+	}
+	notAfter := func(ca *pki) string { return strconv.FormatInt(ca.ca.NotAfter.Unix(), 10) }
+	if got := caExpiry(oldCert); got != notAfter(oldCA) {
+		t.Fatalf("CA expiry metric %s, want the old CA's %s", got, notAfter(oldCA))
+	}
 	testenv.Rotate(t, caFile, newCA.caPath)
 	if r := admitted(newCert, nil); len(r) > 0 {
 		t.Fatalf("after the rotation the new CA's certificate was refused: %v", r)
+	}
+	if got := caExpiry(newCert); got != notAfter(newCA) || got == notAfter(oldCA) {
+		t.Fatalf("CA expiry metric %s after the rotation, want the new CA's %s", got, notAfter(newCA))
 	}
 	if r := admitted(oldCert, resumed); len(r) != 3 {
 		t.Fatalf("after the rotation the removed CA's certificate was admitted by a door: refused only by %v", r)

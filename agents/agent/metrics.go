@@ -32,6 +32,11 @@ type Metrics struct {
 	// (nil: none), whose expiry gatewayCertExpiry reports.
 	gatewayCert       atomic.Pointer[certfile.Pair]
 	gatewayCertExpiry prometheus.GaugeFunc
+	// gatewayCAs is the gateway.ca_file bundle the connection verifies
+	// the gateway with (nil: none, the system roots), whose first expiry
+	// gatewayCAExpiry reports.
+	gatewayCAs      atomic.Pointer[certfile.Pool]
+	gatewayCAExpiry prometheus.GaugeFunc
 }
 
 // NewMetrics registers the agent's metrics, plus the Go and process
@@ -68,8 +73,9 @@ func NewMetrics() *Metrics {
 	m.gatewayCertExpiry = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "faultline_agent_gateway_client_certificate_expiry_timestamp_seconds",
 		Help: "When the client certificate presented to the gateway (gateway.cert_file) expires (Unix seconds; re-read when its files change); 0 without one."},
 		func() float64 { return m.gatewayCert.Load().ExpirySeconds() })
+	m.gatewayCAExpiry = certfile.CAExpiryGauge("gateway.ca_file", func() float64 { return m.gatewayCAs.Load().ExpirySeconds() })
 	for _, c := range []prometheus.Collector{m.checkSuccess, m.checkDuration, m.checkRuns, m.checkEvents,
-		m.spoolBytes, m.spoolFull, m.spoolDropped, m.spoolCorrupt, m.sent, m.sendErrors, m.rejected, m.gatewayInsecure, m.gatewayCertExpiry,
+		m.spoolBytes, m.spoolFull, m.spoolDropped, m.spoolCorrupt, m.sent, m.sendErrors, m.rejected, m.gatewayInsecure, m.gatewayCertExpiry, m.gatewayCAExpiry,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		f(c)
 	}

@@ -62,17 +62,19 @@ const maxBatchBytes = 2 << 20
 // which case it warns that the token and events travel in clear.
 func NewSender(cfg GatewayConfig, spool *Spool, log *slog.Logger, m *Metrics, opts ...grpc.DialOption) (*Sender, error) {
 	creds := insecure.NewCredentials()
+	var cas *certfile.Pool
 	if cfg.Insecure {
 		log.Warn("gateway.insecure = true: the bearer token and every event go to the gateway IN CLEAR (no TLS); use it only for a gateway on this host or in a test",
 			"gateway", cfg.Addr)
 		m.gatewayInsecure.Set(1)
 	} else {
 		var err error
-		if creds, err = cfg.tlsCredentials(); err != nil {
+		if creds, cas, err = cfg.tlsCredentials(); err != nil {
 			return nil, err
 		}
 		m.gatewayInsecure.Set(0)
 		m.gatewayCert.Store(cfg.tls().ClientCert("gateway."))
+		m.gatewayCAs.Store(cas)
 	}
 	conn, err := grpc.NewClient(cfg.Addr, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, opts...)...)
 	if err != nil {
@@ -98,16 +100,17 @@ func (g GatewayConfig) tls() tlsclient.Config {
 // re-read when it changes: a CA rotated in place (the chart's cert-manager
 // CA renewed, its Secret updated under the agent) is trusted from the next
 // connection on. Before, an agent refused a gateway whose certificate the
-// new CA signed until it restarted, its spool growing.
-func (g GatewayConfig) tlsCredentials() (credentials.TransportCredentials, error) {
+// new CA signed until it restarted, its spool growing. The bundle is
+// returned too (nil without gateway.ca_file), for its expiry gauge.
+func (g GatewayConfig) tlsCredentials() (credentials.TransportCredentials, *certfile.Pool, error) {
 	tc, cas, err := g.tlsConfig()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if cas == nil {
-		return credentials.NewTLS(tc), nil
+		return credentials.NewTLS(tc), nil, nil
 	}
-	return &followCA{tc: tc, cas: cas, info: credentials.NewTLS(tc).Info()}, nil
+	return &followCA{tc: tc, cas: cas, info: credentials.NewTLS(tc).Info()}, cas, nil
 }
 
 // followCA are TLS credentials whose root CAs are the bundle as it is at

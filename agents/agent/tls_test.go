@@ -171,8 +171,13 @@ func TestDefaultSenderVerifiesTheGateway(t *testing.T) {
 // trusted from the next connection on: a gateway restarted with a
 // certificate of the new CA gets the spooled events without an agent
 // restart. Before, the agent refused it until it restarted.
+// faultline_tls_ca_expiry_timestamp_seconds{key="gateway.ca_file"} follows
+// the bundle: the old CA's expiry, then the new one's.
 func TestSenderFollowsTheGatewayCA(t *testing.T) {
-	oldCA, newCA := testenv.NewCA(t, "", "old"), testenv.NewCA(t, "", "new")
+	oldCA := testenv.NewCA(t, "", "old")
+	time.Sleep(time.Second) // a later expiry
+	newCA := testenv.NewCA(t, "", "new")
+	caExpiry := func(ca *testenv.CA) float64 { return float64(ca.Cert.NotAfter.Unix()) }
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	testenv.Rotate(t, caFile, oldCA.File)
 	g := startFakeTLS(t, oldCA, "s3cret", nil)
@@ -181,6 +186,9 @@ func TestSenderFollowsTheGatewayCA(t *testing.T) {
 	sp, m, _ := startSender(t, cfg)
 	sp.Append([]*datamodels.HealthEvent{ev("before", true)})
 	waitFor(t, 10*time.Second, func() bool { return sp.Pending() == 0 }, "the event sent under the old CA")
+	if got, want := val(m.gatewayCAExpiry), caExpiry(oldCA); got != want {
+		t.Fatalf("CA expiry gauge %v, want the old CA's %v", got, want)
+	}
 
 	g.stop() // the gateway restarts with a certificate of the new CA
 	g.opts = fakeTLS(t, newCA, nil)
@@ -194,6 +202,9 @@ func TestSenderFollowsTheGatewayCA(t *testing.T) {
 	waitFor(t, 20*time.Second, func() bool { return sp.Pending() == 0 }, "the event sent once the new CA is installed")
 	if got := g.received(); len(got) != 2 || got[1] != "after" {
 		t.Fatalf("the gateway received %v, want [before after]", got)
+	}
+	if got, want := val(m.gatewayCAExpiry), caExpiry(newCA); got != want || got == caExpiry(oldCA) {
+		t.Fatalf("CA expiry gauge %v after the rotation, want the new CA's %v", got, want)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/faultline/faultline/internal/fleet"
 	"github.com/faultline/faultline/internal/history"
 	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/internal/tlsclient"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
@@ -68,20 +69,19 @@ func runGateway(ctx context.Context, args []string, _, stderr io.Writer) error {
 }
 
 // newRegistry is a process's registry: the Go and process collectors, and
-// when the client certificates of cfg presented to Kafka and ClickHouse
-// expire.
+// when the client certificates of cfg presented to Kafka and ClickHouse,
+// and the CA bundles that verify them, expire.
 func newRegistry(cfg Config) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for peer, pair := range map[string]*certfile.Pair{
-		"kafka":      cfg.Kafka.TLS.ClientCert("kafka.tls."),
-		"clickhouse": cfg.Processors.ClickHouse.TLS.ClientCert("clickhouse.tls."),
-	} {
+	for peer, tc := range map[string]tlsclient.Config{"kafka": cfg.Kafka.TLS, "clickhouse": cfg.Processors.ClickHouse.TLS} {
+		prefix := peer + ".tls."
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "faultline_tls_client_certificate_expiry_timestamp_seconds",
 			Help:        "When the client certificate presented to the peer (kafka, clickhouse: its tls.cert_file) expires (Unix seconds; re-read when its files change); 0 without one.",
 			ConstLabels: prometheus.Labels{"peer": peer},
-		}, pair.ExpirySeconds))
+		}, tc.ClientCert(prefix).ExpirySeconds))
+		reg.MustRegister(certfile.CAExpiryGauge(prefix+"ca_file", tc.CAs(prefix).ExpirySeconds))
 	}
 	return reg
 }

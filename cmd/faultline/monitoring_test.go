@@ -68,27 +68,35 @@ func TestMonitoringMetricsExported(t *testing.T) {
 }
 
 // TestClientCertificateExpiry: each process reports when the client
-// certificates it presents to Kafka and ClickHouse expire, 0 for a peer
-// it presents none to.
+// certificates it presents to Kafka and ClickHouse expire, and the CA
+// bundles it verifies them with, 0 for a peer it presents none to or
+// verifies with the system roots.
 func TestClientCertificateExpiry(t *testing.T) {
 	ca := testenv.NewCA(t, "", "faultline-test")
 	kp := ca.Issue(t, "faultline-store")
 	cfg := DefaultConfig()
-	cfg.Kafka.TLS = kafka.TLSConfig{Enabled: true, CertFile: kp.CertFile, KeyFile: kp.KeyFile}
+	cfg.Kafka.TLS = kafka.TLSConfig{Enabled: true, CAFile: ca.File, CertFile: kp.CertFile, KeyFile: kp.KeyFile}
 	families, err := newRegistry(cfg).Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]float64{}
+	got := map[string]map[string]float64{}
 	for _, f := range families {
-		if f.GetName() == "faultline_tls_client_certificate_expiry_timestamp_seconds" {
-			for _, m := range f.GetMetric() {
-				got[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+		for _, m := range f.GetMetric() {
+			if got[f.GetName()] == nil {
+				got[f.GetName()] = map[string]float64{}
+			}
+			if len(m.GetLabel()) == 1 {
+				got[f.GetName()][m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
 			}
 		}
 	}
-	want := map[string]float64{"kafka": float64(kp.Cert.Leaf.NotAfter.Unix()), "clickhouse": 0}
-	if !maps.Equal(got, want) {
-		t.Fatalf("faultline_tls_client_certificate_expiry_timestamp_seconds by peer: %v, want %v", got, want)
+	for name, want := range map[string]map[string]float64{
+		"faultline_tls_client_certificate_expiry_timestamp_seconds": {"kafka": float64(kp.Cert.Leaf.NotAfter.Unix()), "clickhouse": 0},
+		"faultline_tls_ca_expiry_timestamp_seconds":                 {"kafka.tls.ca_file": float64(ca.Cert.NotAfter.Unix()), "clickhouse.tls.ca_file": 0},
+	} {
+		if !maps.Equal(got[name], want) {
+			t.Errorf("%s: %v, want %v", name, got[name], want)
+		}
 	}
 }

@@ -7,9 +7,13 @@ package certfile
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"os"
 	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Pair is a certificate and key file pair. Its GetCertificate fits
@@ -72,6 +76,7 @@ type Pool struct {
 
 	mu    sync.Mutex
 	pool  *x509.CertPool
+	first time.Time // the earliest NotAfter of the pool's certificates
 	stamp string
 }
 
@@ -94,9 +99,14 @@ func (p *Pool) Get() (*x509.CertPool, error) {
 		return p.pool, nil
 	}
 	b, err := os.ReadFile(p.file)
-	pool := x509.NewCertPool()
-	if err == nil && !pool.AppendCertsFromPEM(b) {
-		err = fmt.Errorf("no PEM certificates in %s", p.file)
+	var (
+		pool  *x509.CertPool
+		first time.Time
+	)
+	if err == nil {
+		if pool, first = parseBundle(b); pool == nil {
+			err = fmt.Errorf("no PEM certificates in %s", p.file)
+		}
 	}
 	if err != nil {
 		if p.pool != nil {
@@ -104,8 +114,65 @@ func (p *Pool) Get() (*x509.CertPool, error) {
 		}
 		return nil, fmt.Errorf("%s: %w", p.key, err)
 	}
-	p.pool, p.stamp = pool, st
+	p.pool, p.first, p.stamp = pool, first, st
 	return p.pool, nil
+}
+
+// parseBundle is the pool of the certificates in a PEM bundle, as
+// x509.CertPool.AppendCertsFromPEM reads it (CERTIFICATE blocks without
+// headers; one that does not parse is skipped), and the earliest NotAfter
+// among them; nil when none parses.
+func parseBundle(b []byte) (*x509.CertPool, time.Time) {
+	var (
+		pool  *x509.CertPool
+		first time.Time
+	)
+	for len(b) > 0 {
+		var block *pem.Block
+		if block, b = pem.Decode(b); block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" || len(block.Headers) != 0 {
+			continue
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			continue
+		}
+		if pool == nil {
+			pool = x509.NewCertPool()
+		}
+		pool.AddCert(c)
+		if first.IsZero() || c.NotAfter.Before(first) {
+			first = c.NotAfter
+		}
+	}
+	return pool, first
+}
+
+// ExpirySeconds is when the first of the bundle's CA certificates (as Get
+// would return it now) expires, in Unix seconds: 0 for a nil pool (no
+// ca_file: the system roots) or while none loads.
+func (p *Pool) ExpirySeconds() float64 {
+	if p == nil {
+		return 0
+	}
+	if _, err := p.Get(); err != nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return float64(p.first.Unix())
+}
+
+// CAExpiryGauge is faultline_tls_ca_expiry_timestamp_seconds{key}: expiry
+// is the ExpirySeconds of the bundle the config key names.
+func CAExpiryGauge(key string, expiry func() float64) prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "faultline_tls_ca_expiry_timestamp_seconds",
+		Help:        "When the first CA certificate in the bundle the config key names expires (Unix seconds; the file is re-read when it changes); 0 where the key is unset.",
+		ConstLabels: prometheus.Labels{"key": key},
+	}, expiry)
 }
 
 // fileStamp identifies the files' current contents by modification time

@@ -96,20 +96,83 @@ func TestPool(t *testing.T) {
 	}
 }
 
-// write writes a self-signed certificate with serial n and its key.
-func write(t *testing.T, certFile, keyFile string, n int64) {
+// TestPoolExpiry: the gauge's value is the earliest NotAfter in the
+// bundle as Get has it: a CA kept beside its successor during a rotation
+// counts, blocks that are not certificates do not, a half-written file
+// keeps the last bundle's, and no bundle is 0.
+func TestPoolExpiry(t *testing.T) {
+	var none *Pool
+	if got := none.ExpirySeconds(); got != 0 {
+		t.Fatalf("no ca_file: %v, want 0", got)
+	}
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "ca.crt")
+	p := NewPool(caFile, "x.ca_file")
+	if got := p.ExpirySeconds(); got != 0 {
+		t.Fatalf("no file: %v, want 0", got)
+	}
+	now := time.Now().Truncate(time.Second)
+	old, renewed := now.Add(24*time.Hour), now.Add(365*24*time.Hour)
+	for _, tc := range []struct {
+		name   string
+		bundle []byte
+		want   time.Time
+	}{
+		{"one CA", selfSigned(t, 1, old), old},
+		{"the renewed CA before the old one", cat(selfSigned(t, 2, renewed), selfSigned(t, 1, old)), old},
+		{"the renewed CA alone", selfSigned(t, 2, renewed), renewed},
+		{"a key and a CA", cat(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: []byte("k")}), selfSigned(t, 3, old)), old},
+		{"a block that does not parse and a CA", cat(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("junk")}), selfSigned(t, 4, renewed)), renewed},
+		{"half-written", []byte("-----BEGIN CERT"), renewed},
+	} {
+		time.Sleep(20 * time.Millisecond) // a distinct modification time
+		if err := os.WriteFile(caFile, tc.bundle, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := p.ExpirySeconds(), float64(tc.want.Unix()); got != want {
+			t.Errorf("%s: %v, want %v", tc.name, got, want)
+		}
+	}
+}
+
+func cat(b ...[]byte) []byte {
+	var out []byte
+	for _, x := range b {
+		out = append(out, x...)
+	}
+	return out
+}
+
+// selfSigned is a PEM self-signed certificate with serial n that expires
+// at notAfter.
+func selfSigned(t *testing.T, n int64, notAfter time.Time) []byte {
 	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(n), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	cert, _ := certAndKey(t, n, notAfter)
+	return cert
+}
+
+// certAndKey is a PEM self-signed certificate with serial n that expires
+// at notAfter, and its PEM key.
+func certAndKey(t *testing.T, n int64, notAfter time.Time) (cert, key []byte) {
+	t.Helper()
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(n), NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kder, _ := x509.MarshalECPrivateKey(key)
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+	kder, _ := x509.MarshalECPrivateKey(k)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+// write writes a self-signed certificate with serial n and its key.
+func write(t *testing.T, certFile, keyFile string, n int64) {
+	t.Helper()
+	cert, key := certAndKey(t, n, time.Now().Add(time.Hour))
+	if err := os.WriteFile(certFile, cert, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
 		t.Fatal(err)
 	}
 }

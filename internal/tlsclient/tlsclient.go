@@ -72,9 +72,8 @@ func (c Config) BuildWithCAs(prefix string) (*tls.Config, *certfile.Pool, error)
 		return nil, nil, nil
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName}
-	var cas *certfile.Pool
-	if c.CAFile != "" {
-		cas = certfile.NewPool(c.CAFile, prefix+"ca_file")
+	cas := c.CAs(prefix)
+	if cas != nil {
 		pool, err := cas.Get()
 		if err != nil {
 			return nil, nil, err
@@ -105,6 +104,15 @@ func (c Config) ClientCert(prefix string) *certfile.Pair {
 		return nil
 	}
 	return certfile.New(c.CertFile, c.KeyFile, prefix+"cert_file, "+prefix+"key_file")
+}
+
+// CAs is the CA bundle of c, re-read when its file changes; nil when TLS
+// is off or c trusts the system roots (no ca_file).
+func (c Config) CAs(prefix string) *certfile.Pool {
+	if !c.Enabled || c.CAFile == "" {
+		return nil
+	}
+	return certfile.NewPool(c.CAFile, prefix+"ca_file")
 }
 
 // Dial dials addr over network with TLS.

@@ -24,6 +24,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/faultline/faultline/internal/certfile"
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/role"
@@ -50,6 +51,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	if err != nil {
 		return nil, err
 	}
+	deps.Registry.MustRegister(certfile.CAExpiryGauge("janitor.redfish.ca_file", provs[ProviderRedfish].(*Redfish).cas.ExpirySeconds))
 	if len(cfg.Redfish.AllowedNetworks) > 0 && !cfg.Redfish.LabelsOnly {
 		deps.Log.Warn("janitor: janitor.redfish.labels_only is off: a node without the " + LabelBMCHost + " label is reset at the BMC its own " +
 			AnnotationBMC + " annotation names, and any node may pick its provider with " + AnnotationProvider + " (its kubelet may write both; " +
