@@ -564,6 +564,12 @@ func (op *operation) notDrained() string {
 	return ""
 }
 
+// awaitsBootID is a reboot of a node that reports no boot ID yet: its end
+// could not be told.
+func (op *operation) awaitsBootID() bool {
+	return op.kd == kindReboot && op.node.Status.NodeInfo.BootID == ""
+}
+
 // start checks the safety rules and sends the signal.
 func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	j := op.j
@@ -579,7 +585,7 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	if op.node, err = op.cr.findNode(ctx, op.nodeName); err != nil {
 		return 0, err
 	}
-	if op.node != nil && (op.notDrained() != "" || (op.kd == kindReboot && op.node.Status.NodeInfo.BootID == "")) {
+	if op.node != nil && (op.notDrained() != "" || op.awaitsBootID()) {
 		// The watch's copy may be behind a write made just before the
 		// resource: the drain role's label, the kubelet's boot ID. A node
 		// the checks below would refuse or wait for is read from the API
@@ -607,7 +613,7 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		}
 		return 0, op.fail(ctx, ReasonNoProvider, why, false)
 	}
-	if op.kd == kindReboot && op.node.Status.NodeInfo.BootID == "" {
+	if op.awaitsBootID() {
 		// A reboot is over at a boot ID other than the one recorded with
 		// its signal: recorded empty, the first one the kubelet reports
 		// (of the same boot) would read as the reboot done. Waited for up
