@@ -36,6 +36,9 @@ type inflight struct {
 
 	mu   sync.Mutex
 	held int64 // what the reservations hold
+	// reading is the part of held grown for messages being read: given
+	// back in microseconds, once each is decoded.
+	reading int64
 	// freed, when not nil, is closed the next time bytes are given back:
 	// growWait's waiters wake on it.
 	freed chan struct{}
@@ -44,9 +47,9 @@ type inflight struct {
 	reads map[string]*readShare
 }
 
-// connBudget is what one connection's reservations hold (under
-// inflight.mu).
-type connBudget struct{ held int64 }
+// connBudget is what one connection's reservations hold, and the part of
+// it grown for messages being read (under inflight.mu).
+type connBudget struct{ held, reading int64 }
 
 // readShare is one credential's share of the bytes held for messages being
 // read: calls wait for it in turn (a FIFO semaphore: every call asks for
@@ -121,9 +124,11 @@ type reservation struct {
 	n        int64
 	released bool
 	// reading is the read share a call holds (readN bytes of it) while
-	// its message is read.
-	reading *readShare
-	readN   int64
+	// its message is read; readGrown is what the reservation grew by
+	// meanwhile.
+	reading   *readShare
+	readN     int64
+	readGrown int64
 }
 
 // reserve holds n bytes for a request on ctx's connection, leaving at
@@ -131,7 +136,10 @@ type reservation struct {
 // returns errBusy (errConnBusy when it is the connection's that is full).
 // A gRPC call keeps free what a call needs to read its message: were the
 // budget all stream windows of calls waiting to read, none could grow to
-// read, and every call would wait and be refused.
+// read, and every call would wait and be refused. The bytes held for
+// messages being read do not count against keep (they are that room, in
+// use for microseconds): counted, every call a client opened on a
+// connection while another of its calls was read was refused.
 func (f *inflight) reserve(ctx context.Context, n, keep int64) (*reservation, error) {
 	r := &reservation{f: f}
 	r.conn, _ = ctx.Value(connBudgetKey{}).(*connBudget)
@@ -145,7 +153,9 @@ func (f *inflight) reserve(ctx context.Context, n, keep int64) (*reservation, er
 // (errBusy, errConnBusy) or the reservation was released (errReleased).
 func (r *reservation) grow(n int64) error { return r.growKeeping(n, 0) }
 
-// growKeeping is grow leaving at least keep bytes of each budget free.
+// growKeeping is grow leaving at least keep bytes of each budget free of
+// what is not held for messages being read. What it grows while the
+// reservation holds a read share is held for its message being read.
 func (r *reservation) growKeeping(n, keep int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -158,17 +168,24 @@ func (r *reservation) growKeeping(n, keep int64) error {
 	f := r.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.held+n > f.total-keep {
+	if f.held+n > f.total || f.held-f.reading+n > f.total-keep {
 		return errBusy
 	}
-	if r.conn != nil && r.conn.held+n > f.perConn-keep {
+	if c := r.conn; c != nil && (c.held+n > f.perConn || c.held-c.reading+n > f.perConn-keep) {
 		return errConnBusy
+	}
+	var reading int64
+	if r.reading != nil {
+		reading = n
 	}
 	if r.conn != nil {
 		r.conn.held += n
+		r.conn.reading += reading
 	}
 	f.held += n
+	f.reading += reading
 	r.n += n
+	r.readGrown += reading
 	return nil
 }
 
@@ -268,18 +285,24 @@ func (r *reservation) shrinkLocked(n int64) {
 		r.f.leaveRead(r.reading)
 		r.reading = nil
 	}
-	extra := r.n - n
-	if extra <= 0 {
+	extra := max(r.n-n, 0)
+	if extra == 0 && r.readGrown == 0 {
 		return
 	}
 	f := r.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	r.n = n
+	r.n -= extra
 	if r.conn != nil {
 		r.conn.held -= extra
+		r.conn.reading -= r.readGrown
 	}
 	f.held -= extra
+	f.reading -= r.readGrown
+	r.readGrown = 0
+	if extra == 0 {
+		return
+	}
 	if f.freed != nil {
 		close(f.freed)
 		f.freed = nil

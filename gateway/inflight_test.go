@@ -46,6 +46,59 @@ func TestInflight(t *testing.T) {
 	}
 }
 
+// TestInflightWindowBesideARead: the bytes a call holds while its message
+// is read are the room windows leave, in use: a window that leaves room
+// for a read beside the other windows is admitted on a connection where a
+// read is under way (it was refused: a client's calls on one connection
+// were refused whenever one of them was read), up to the budgets' whole.
+// Once the message is decoded the windows leave room for a read again.
+func TestInflightWindowBesideARead(t *testing.T) {
+	// The shipped shape, scaled down: a budget of 80 per connection, reads
+	// of 40 (max_body_bytes), windows of 10 keeping 30 free.
+	const perConn, body, window = 80, 40, 10
+	f := newInflight(1000, perConn, 1000)
+	conn := f.connContext(context.Background())
+	win := func() (*reservation, error) { return f.reserve(conn, window, body-window) }
+	reader, err := win()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reader.takeRead(conn, "x", body-window, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := reader.grow(body - window); err != nil { // its message is read: 40 held
+		t.Fatal(err)
+	}
+	var windows []*reservation
+	for i := range 4 { // 40 + 4 × 10 = 80: the connection's whole
+		r, err := win()
+		if err != nil {
+			t.Fatalf("window %d beside a read (%d held, %d of it reading): %v", i+1, f.inUse(), f.reading, err)
+		}
+		windows = append(windows, r)
+	}
+	if _, err := win(); !errors.Is(err, errConnBusy) {
+		t.Fatalf("a window past the connection's 80 bytes: %v, want errConnBusy", err)
+	}
+	reader.shrink(5) // decoded: a message of 5 held until answered
+	if f.reading != 0 || f.inUse() != 45 {
+		t.Fatalf("after the decode: %d held, %d reading; want 45, 0", f.inUse(), f.reading)
+	}
+	if _, err := win(); !errors.Is(err, errConnBusy) {
+		t.Fatalf("a window that leaves less than a read's room beside 45 bytes: %v, want errConnBusy", err)
+	}
+	windows[0].release()
+	if err := windows[1].grow(body - window); err != nil { // the next read has its room
+		t.Fatalf("a read beside the other windows: %v", err)
+	}
+	for _, r := range append(windows, reader) {
+		r.release()
+	}
+	if f.inUse() != 0 || f.reading != 0 {
+		t.Fatalf("%d held, %d reading after every call was done", f.inUse(), f.reading)
+	}
+}
+
 func mustReserve(t *testing.T, f *inflight, ctx context.Context, n int64) *reservation {
 	t.Helper()
 	r, err := f.reserve(ctx, n, 0)

@@ -103,13 +103,20 @@ func BenchmarkIngest(b *testing.B) {
 	b.Run("GRPCBatch100", func(b *testing.B) {
 		// The load generator encodes with the same generated code as the
 		// gateway, so its own CPU (it shares the machine) stays small.
-		conn, err := grpc.NewClient(gw.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.ForceCodec(gateway.Codec{})))
-		if err != nil {
-			b.Fatal(err)
+		// Agents connect on their own: the calls go round 16 connections,
+		// as in the fleet tool (the gateway bounds what one connection
+		// holds: 256 callers on one were refused
+		// gateway.max_inflight_bytes_per_conn).
+		var cls []faultlinev1.EventsClient
+		for range 16 {
+			conn, err := grpc.NewClient(gw.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithDefaultCallOptions(grpc.ForceCodec(gateway.Codec{})))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close()
+			cls = append(cls, faultlinev1.NewEventsClient(conn))
 		}
-		defer conn.Close()
-		cl := faultlinev1.NewEventsClient(conn)
 		ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+gw.Token("alpha"))
 		batches := (b.N + 99) / 100
 		var next atomic.Int64
@@ -124,7 +131,7 @@ func BenchmarkIngest(b *testing.B) {
 			for j := range evs {
 				evs[j] = benchEvent(int(n)*100 + j)
 			}
-			if _, err := cl.SubmitEvents(ctx, &faultlinev1.SubmitEventsRequest{Events: evs}); err != nil {
+			if _, err := cls[n%int64(len(cls))].SubmitEvents(ctx, &faultlinev1.SubmitEventsRequest{Events: evs}); err != nil {
 				b.Error(err)
 				return false
 			}
