@@ -167,3 +167,22 @@ func FuzzShapeJSON(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkShapeProto: the protobuf shape check of a gRPC call of 100
+// events as the agents send them, per call.
+func BenchmarkShapeProto(b *testing.B) {
+	l := shapeLimits{maxEvents: 1000}
+	md := (&faultlinev1.SubmitEventsRequest{}).ProtoReflect().Descriptor()
+	req := &faultlinev1.SubmitEventsRequest{}
+	for range 100 {
+		req.Events = append(req.Events, validEvent())
+	}
+	wire, _ := proto.Marshal(req)
+	b.SetBytes(int64(len(wire)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := l.checkProto(wire, md, ""); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

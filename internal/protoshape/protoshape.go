@@ -15,6 +15,7 @@ package protoshape
 import (
 	"fmt"
 	"strconv"
+	"sync"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -115,7 +116,7 @@ func (l Limits) Check(b []byte, md protoreflect.MessageDescriptor, path string) 
 	if l.MaxEvents == 0 {
 		return nil
 	}
-	return l.walk(b, md, elemPath{prefix: path, index: -1}, 0)
+	return l.walk(b, planOf(md), elemPath{prefix: path, index: -1}, 0)
 }
 
 // elemPath names the message being walked: prefix[index], or prefix when
@@ -133,7 +134,84 @@ func (p elemPath) String() string {
 	return p.prefix + "[" + strconv.Itoa(p.index) + "]"
 }
 
-func (l Limits) walk(b []byte, md protoreflect.MessageDescriptor, at elemPath, depth int) error {
+// plan is what walk needs of a message descriptor, worked out once: the
+// descriptor's methods (a field by number, its kind, its full name for
+// its limit, whether a nested message has a repeated field) cost more
+// than the walk itself when asked for every element.
+type plan struct {
+	md     protoreflect.MessageDescriptor
+	byNum  []*fieldPlan                    // by field number, when they are small
+	more   map[protowire.Number]*fieldPlan // the others
+	counts []*fieldPlan                    // the repeated and map fields
+}
+
+type fieldPlan struct {
+	fd      protoreflect.FieldDescriptor
+	index   int  // fd.Index()
+	counted bool // a list or a map
+	isMap   bool
+	events  bool  // limited by Limits.MaxEvents
+	limit   Limit // the limit otherwise (For with no MaxEvents)
+	// sub is the element's message when it is walked: a message (not a
+	// map entry) with a repeated field somewhere inside.
+	sub protoreflect.MessageDescriptor
+}
+
+// maxByNum bounds the field numbers a plan looks up in a slice.
+const maxByNum = 256
+
+// plans are the plans made so far, by descriptor.
+var plans sync.Map // protoreflect.MessageDescriptor → *plan
+
+func planOf(md protoreflect.MessageDescriptor) *plan {
+	if p, ok := plans.Load(md); ok {
+		return p.(*plan)
+	}
+	p := &plan{md: md}
+	fields := md.Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		f := &fieldPlan{fd: fd, index: i, counted: fd.IsList() || fd.IsMap(), isMap: fd.IsMap()}
+		if f.counted {
+			f.limit = Limits{}.For(fd)
+			f.events = f.limit.Noun == "events"
+			p.counts = append(p.counts, f)
+		}
+		if sub := fd.Message(); sub != nil && !fd.IsMap() && hasRepeated(sub, 0) {
+			f.sub = sub
+		}
+		if n := fd.Number(); n < maxByNum {
+			for len(p.byNum) <= int(n) {
+				p.byNum = append(p.byNum, nil)
+			}
+			p.byNum[n] = f
+		} else {
+			if p.more == nil {
+				p.more = map[protowire.Number]*fieldPlan{}
+			}
+			p.more[n] = f
+		}
+	}
+	got, _ := plans.LoadOrStore(md, p)
+	return got.(*plan)
+}
+
+func (p *plan) field(num protowire.Number) *fieldPlan {
+	if int(num) < len(p.byNum) && num >= 0 {
+		return p.byNum[num]
+	}
+	return p.more[num]
+}
+
+// max is the most elements of f.
+func (l Limits) max(f *fieldPlan) int {
+	if f.events {
+		return l.MaxEvents
+	}
+	return f.limit.Max
+}
+
+func (l Limits) walk(b []byte, p *plan, at elemPath, depth int) error {
 	if depth > 32 {
 		return nil // the decoder's own recursion limit applies
 	}
@@ -141,7 +219,6 @@ func (l Limits) walk(b []byte, md protoreflect.MessageDescriptor, at elemPath, d
 		counts [maxCounted]int
 		more   map[int]int
 	)
-	fields := md.Fields()
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -162,18 +239,18 @@ func (l Limits) walk(b []byte, md protoreflect.MessageDescriptor, at elemPath, d
 			}
 			b = b[m:]
 		}
-		fd := fields.ByNumber(num)
-		if fd == nil {
+		f := p.field(num)
+		if f == nil {
 			continue
 		}
-		if fd.IsMap() && typ == protowire.BytesType {
-			if err := checkMapEntry(val, fd, at); err != nil {
+		if f.isMap && typ == protowire.BytesType {
+			if err := checkMapEntry(val, f.fd, at); err != nil {
 				return err
 			}
 		}
 		count := 1
-		if fd.IsList() || fd.IsMap() {
-			if i := fd.Index(); i < maxCounted {
+		if f.counted {
+			if i := f.index; i < maxCounted {
 				counts[i]++
 				count = counts[i]
 			} else {
@@ -183,36 +260,31 @@ func (l Limits) walk(b []byte, md protoreflect.MessageDescriptor, at elemPath, d
 				more[i]++
 				count = more[i]
 			}
-			if count > l.For(fd).Max {
+			if count > l.max(f) {
 				continue // counted; its elements are not walked
 			}
 		}
-		sub := fd.Message()
-		if sub == nil || typ != protowire.BytesType || fd.IsMap() || !hasRepeated(sub, 0) {
+		if f.sub == nil || typ != protowire.BytesType {
 			continue
 		}
-		elem := elemPath{prefix: fd.JSONName(), index: -1}
-		if p := at.String(); p != "" {
-			elem.prefix = p + "." + elem.prefix
+		elem := elemPath{prefix: f.fd.JSONName(), index: -1}
+		if s := at.String(); s != "" {
+			elem.prefix = s + "." + elem.prefix
 		}
-		if fd.IsList() {
+		if f.counted {
 			elem.index = count - 1
 		}
-		if err := l.walk(val, sub, elem, depth+1); err != nil {
+		if err := l.walk(val, planOf(f.sub), elem, depth+1); err != nil {
 			return err
 		}
 	}
-	for i := range fields.Len() {
-		fd := fields.Get(i)
-		if !fd.IsList() && !fd.IsMap() {
-			continue
+	for _, f := range p.counts {
+		c := more[f.index]
+		if f.index < maxCounted {
+			c = counts[f.index]
 		}
-		c := more[i]
-		if i < maxCounted {
-			c = counts[i]
-		}
-		if lim := l.For(fd); c > lim.Max {
-			return &Error{Field: JoinPath(at.String(), fd.JSONName()), Count: c, Limit: lim}
+		if lim := (Limit{l.max(f), f.limit.Noun}); c > lim.Max {
+			return &Error{Field: JoinPath(at.String(), f.fd.JSONName()), Count: c, Limit: lim}
 		}
 	}
 	return nil
