@@ -9,6 +9,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,10 +120,10 @@ func TestPoolExpiry(t *testing.T) {
 		want   time.Time
 	}{
 		{"one CA", selfSigned(t, 1, old), old},
-		{"the renewed CA before the old one", cat(selfSigned(t, 2, renewed), selfSigned(t, 1, old)), old},
+		{"the renewed CA before the old one", slices.Concat(selfSigned(t, 2, renewed), selfSigned(t, 1, old)), old},
 		{"the renewed CA alone", selfSigned(t, 2, renewed), renewed},
-		{"a key and a CA", cat(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: []byte("k")}), selfSigned(t, 3, old)), old},
-		{"a block that does not parse and a CA", cat(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("junk")}), selfSigned(t, 4, renewed)), renewed},
+		{"a key and a CA", slices.Concat(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: []byte("k")}), selfSigned(t, 3, old)), old},
+		{"a block that does not parse and a CA", slices.Concat(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("junk")}), selfSigned(t, 4, renewed)), renewed},
 		{"half-written", []byte("-----BEGIN CERT"), renewed},
 	} {
 		time.Sleep(20 * time.Millisecond) // a distinct modification time
@@ -133,14 +134,6 @@ func TestPoolExpiry(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tc.name, got, want)
 		}
 	}
-}
-
-func cat(b ...[]byte) []byte {
-	var out []byte
-	for _, x := range b {
-		out = append(out, x...)
-	}
-	return out
 }
 
 // selfSigned is a PEM self-signed certificate with serial n that expires
