@@ -139,7 +139,6 @@ func (p elemPath) String() string {
 // its limit, whether a nested message has a repeated field) cost more
 // than the walk itself when asked for every element.
 type plan struct {
-	md     protoreflect.MessageDescriptor
 	byNum  []*fieldPlan                    // by field number, when they are small
 	more   map[protowire.Number]*fieldPlan // the others
 	counts []*fieldPlan                    // the repeated and map fields
@@ -167,7 +166,7 @@ func planOf(md protoreflect.MessageDescriptor) *plan {
 	if p, ok := plans.Load(md); ok {
 		return p.(*plan)
 	}
-	p := &plan{md: md}
+	p := &plan{}
 	fields := md.Fields()
 	for i := range fields.Len() {
 		fd := fields.Get(i)
