@@ -220,7 +220,7 @@ func (c Config) options(database string, log *slog.Logger) (*ch.Options, error) 
 	if err != nil {
 		return nil, err
 	}
-	dial, err := c.TLS.Dialer("clickhouse.tls.", c.DialTimeout)
+	dial, err := c.TLS.Dialer("clickhouse.tls.", c.DialTimeout, log)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	ch "github.com/ClickHouse/clickhouse-go/v2"
 
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/internal/tlsclient"
 )
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -106,11 +107,14 @@ func withDB(c Config, db string) Config {
 // TestTLSRealServerFollowsTheCAFile: clickhouse.tls.ca_file is read again
 // when it changes, so a CA bundle replaced in place is trusted by the next
 // connection of the same pool (a real server's secure port). Before, the
-// pool trusted the bundle it read at start until a restart.
+// pool trusted the bundle it read at start until a restart. The server's
+// CA taken out of the file again (distrusted), the pool's open connection
+// is closed within tlsclient.ReverifyEvery and the next one refused;
+// before, the pool kept using the connection it had.
 func TestTLSRealServerFollowsTheCAFile(t *testing.T) {
 	srv := testenv.StartClickHouseTLS(t)
-	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	testenv.Rotate(t, caFile, testenv.NewCA(t, "", "before-the-rotation").File)
+	caFile, otherCA := filepath.Join(t.TempDir(), "ca.crt"), testenv.NewCA(t, "", "before-the-rotation")
+	testenv.Rotate(t, caFile, otherCA.File)
 	c := withDB(DefaultConfig(), "default")
 	c.Addr, c.DialTimeout = srv.SecureAddr, 5*time.Second
 	c.TLS = TLSConfig{Enabled: true, CAFile: caFile}
@@ -134,5 +138,16 @@ func TestTLSRealServerFollowsTheCAFile(t *testing.T) {
 	testenv.Rotate(t, caFile, srv.CA.File)
 	if err := ping(); err != nil {
 		t.Fatalf("ping once the server's CA is in the file: %v", err)
+	}
+	testenv.Rotate(t, caFile, otherCA.File)
+	deadline := time.Now().Add(2*tlsclient.ReverifyEvery + 5*time.Second)
+	for err := ping(); err == nil; err = ping() {
+		if time.Now().After(deadline) {
+			t.Fatal("still answering on the connection the CA file no longer verifies")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := ping(); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Fatalf("ping after the server's CA left the file: %v, want unknown authority", err)
 	}
 }

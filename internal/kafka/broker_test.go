@@ -17,6 +17,7 @@ import (
 
 	"github.com/faultline/faultline/internal/syncbuf"
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/internal/tlsclient"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -416,12 +417,15 @@ func TestBoundedProducerWhileTheBrokerIsDown(t *testing.T) {
 // changes, so a CA bundle replaced in place (a Kafka operator's cluster CA
 // renewed, the Secret updated under the pod) is trusted by the next
 // connection of the same client. Before, a client trusted the bundle it
-// read at start until it was restarted.
+// read at start until it was restarted. The broker's CA taken out of the
+// file again (distrusted), the client's open connections are closed within
+// tlsclient.ReverifyEvery and its next ones refused; before, it kept the
+// connections it had.
 func TestRealBrokerFollowsTheCAFile(t *testing.T) {
 	k := testenv.SharedSecureKafka(t)
 	sec := k.Security()
-	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	testenv.Rotate(t, caFile, testenv.NewCA(t, "", "before-the-rotation").File)
+	caFile, otherCA := filepath.Join(t.TempDir(), "ca.crt"), testenv.NewCA(t, "", "before-the-rotation")
+	testenv.Rotate(t, caFile, otherCA.File)
 	c := secureConfig(k, MechanismScramSHA256)
 	c.TLS.CAFile = caFile
 	cl, err := NewClient(c, quietLog())
@@ -436,5 +440,13 @@ func TestRealBrokerFollowsTheCAFile(t *testing.T) {
 	testenv.Rotate(t, caFile, sec.CA.File)
 	if err := cl.Ping(pingCtx()); err != nil {
 		t.Fatalf("ping once the broker's CA is in the file: %v", err)
+	}
+	testenv.Rotate(t, caFile, otherCA.File)
+	deadline := time.Now().Add(2*tlsclient.ReverifyEvery + 5*time.Second)
+	for err := cl.Ping(pingCtx()); err == nil; err = cl.Ping(pingCtx()) {
+		if time.Now().After(deadline) {
+			t.Fatal("still answering on the connections the CA file no longer verifies")
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

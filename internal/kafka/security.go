@@ -154,7 +154,7 @@ const dialTimeout = 10 * time.Second
 // securityOpts returns the TLS and SASL options of c.
 func (c Config) securityOpts(prefix string, log *slog.Logger) ([]kgo.Opt, error) {
 	var opts []kgo.Opt
-	dial, err := c.TLS.Dialer(prefix+"tls.", dialTimeout)
+	dial, err := c.TLS.Dialer(prefix+"tls.", dialTimeout, log)
 	if err != nil {
 		return nil, err
 	}

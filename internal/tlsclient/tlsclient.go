@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"time"
 
@@ -124,12 +125,20 @@ type Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 // renewed, the Secret updated under the pod) is trusted by the next
 // connection, where Build's is trusted until a restart. The name verified
 // is server_name, else the host dialed. timeout bounds the TCP connect.
-func (c Config) Dialer(prefix string, timeout time.Duration) (Dial, error) {
+// With a ca_file, the open connections are verified again every
+// ReverifyEvery against the file as it is then, and one it no longer
+// verifies is closed (logged to log): a CA removed from the file is
+// trusted by no connection, not only by the next ones.
+func (c Config) Dialer(prefix string, timeout time.Duration, log *slog.Logger) (Dial, error) {
 	base, cas, err := c.BuildWithCAs(prefix)
 	if err != nil || base == nil {
 		return nil, err
 	}
+	if log == nil {
+		log = slog.Default()
+	}
 	nd := &net.Dialer{Timeout: timeout}
+	open := &openConns{cas: cas, prefix: prefix, log: log, every: reverifyEvery, now: time.Now}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		tc := base.Clone()
 		if cas != nil {
@@ -146,6 +155,10 @@ func (c Config) Dialer(prefix string, timeout time.Duration) (Dial, error) {
 			}
 			tc.ServerName = host
 		}
-		return (&tls.Dialer{NetDialer: nd, Config: tc}).DialContext(ctx, network, addr)
+		conn, err := (&tls.Dialer{NetDialer: nd, Config: tc}).DialContext(ctx, network, addr)
+		if err != nil || cas == nil {
+			return conn, err
+		}
+		return open.track(conn.(*tls.Conn), tc.ServerName, tc.RootCAs), nil
 	}, nil
 }

@@ -44,7 +44,7 @@ func TestDialerFollowsTheCAFile(t *testing.T) {
 	testenv.Rotate(t, caFile, oldCA.File)
 	dialer := func(c Config) Dial {
 		t.Helper()
-		d, err := c.Dialer("x.tls.", 5*time.Second)
+		d, err := c.Dialer("x.tls.", 5*time.Second, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +82,7 @@ func TestDialerFollowsTheCAFile(t *testing.T) {
 	if d := dialer(Config{}); d != nil {
 		t.Fatal("TLS off: a dialer")
 	}
-	if _, err := (Config{Enabled: true, CAFile: filepath.Join(t.TempDir(), "absent")}).Dialer("x.tls.", time.Second); err == nil ||
+	if _, err := (Config{Enabled: true, CAFile: filepath.Join(t.TempDir(), "absent")}).Dialer("x.tls.", time.Second, nil); err == nil ||
 		!strings.Contains(err.Error(), "x.tls.ca_file") {
 		t.Fatalf("absent CA file: %v, want an error naming the key", err)
 	}
