@@ -69,7 +69,7 @@ func NewSender(cfg GatewayConfig, spool *Spool, log *slog.Logger, m *Metrics, op
 		m.gatewayInsecure.Set(1)
 	} else {
 		var err error
-		if creds, cas, err = cfg.tlsCredentials(); err != nil {
+		if creds, cas, err = cfg.tlsCredentials(log); err != nil {
 			return nil, err
 		}
 		m.gatewayInsecure.Set(0)
@@ -100,9 +100,12 @@ func (g GatewayConfig) tls() tlsclient.Config {
 // re-read when it changes: a CA rotated in place (the chart's cert-manager
 // CA renewed, its Secret updated under the agent) is trusted from the next
 // connection on. Before, an agent refused a gateway whose certificate the
-// new CA signed until it restarted, its spool growing. The bundle is
-// returned too (nil without gateway.ca_file), for its expiry gauge.
-func (g GatewayConfig) tlsCredentials() (credentials.TransportCredentials, *certfile.Pool, error) {
+// new CA signed until it restarted, its spool growing. And a CA removed
+// from the file is trusted by no connection: the open one is verified
+// again every tlsclient.ReverifyEvery and closed once the file no longer
+// verifies the gateway (warned to log). The bundle is returned too (nil
+// without gateway.ca_file), for its expiry gauge.
+func (g GatewayConfig) tlsCredentials(log *slog.Logger) (credentials.TransportCredentials, *certfile.Pool, error) {
 	tc, cas, err := g.tlsConfig()
 	if err != nil {
 		return nil, nil, err
@@ -110,16 +113,17 @@ func (g GatewayConfig) tlsCredentials() (credentials.TransportCredentials, *cert
 	if cas == nil {
 		return credentials.NewTLS(tc), nil, nil
 	}
-	return &followCA{tc: tc, cas: cas, info: credentials.NewTLS(tc).Info()}, cas, nil
+	return &followCA{tc: tc, cas: cas, info: credentials.NewTLS(tc).Info(), reverify: tlsclient.NewReverifier(cas, "gateway.ca_file", log)}, cas, nil
 }
 
 // followCA are TLS credentials whose root CAs are the bundle as it is at
 // each handshake: the TLS credentials of tc with that pool, made once per
 // change of the file.
 type followCA struct {
-	tc   *tls.Config
-	cas  *certfile.Pool
-	info credentials.ProtocolInfo
+	tc       *tls.Config
+	cas      *certfile.Pool
+	info     credentials.ProtocolInfo
+	reverify *tlsclient.Reverifier
 
 	mu    sync.Mutex
 	pool  *x509.CertPool
@@ -146,7 +150,19 @@ func (f *followCA) ClientHandshake(ctx context.Context, authority string, conn n
 	if err != nil {
 		return nil, nil, err
 	}
-	return c.ClientHandshake(ctx, authority, conn)
+	conn, info, err := c.ClientHandshake(ctx, authority, conn)
+	ti, ok := info.(credentials.TLSInfo)
+	if err != nil || !ok {
+		return conn, info, err
+	}
+	name := f.tc.ServerName // as credentials.NewTLS verifies it
+	if name == "" {
+		name = authority
+		if host, _, err := net.SplitHostPort(authority); err == nil {
+			name = host
+		}
+	}
+	return f.reverify.Track(conn, ti.State, name), info, nil
 }
 
 func (f *followCA) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo, error) {
@@ -156,7 +172,7 @@ func (f *followCA) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo, er
 func (f *followCA) Info() credentials.ProtocolInfo { return f.info }
 
 func (f *followCA) Clone() credentials.TransportCredentials {
-	return &followCA{tc: f.tc.Clone(), cas: f.cas, info: f.info}
+	return &followCA{tc: f.tc.Clone(), cas: f.cas, info: f.info, reverify: f.reverify}
 }
 
 // OverrideServerName is deprecated in grpc-go and not used here.

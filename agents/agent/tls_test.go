@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/internal/tlsclient"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -172,7 +173,10 @@ func TestDefaultSenderVerifiesTheGateway(t *testing.T) {
 // certificate of the new CA gets the spooled events without an agent
 // restart. Before, the agent refused it until it restarted.
 // faultline_tls_ca_expiry_timestamp_seconds{key="gateway.ca_file"} follows
-// the bundle: the old CA's expiry, then the new one's.
+// the bundle: the old CA's expiry, then the new one's. The gateway's CA
+// taken out of the file again (distrusted), the open connection is closed
+// within tlsclient.ReverifyEvery and the next events stay spooled; before,
+// they went on over the connection the agent had.
 func TestSenderFollowsTheGatewayCA(t *testing.T) {
 	oldCA := testenv.NewCA(t, "", "old")
 	time.Sleep(time.Second) // a later expiry
@@ -205,6 +209,15 @@ func TestSenderFollowsTheGatewayCA(t *testing.T) {
 	}
 	if got, want := val(m.gatewayCAExpiry), caExpiry(newCA); got != want || got == caExpiry(oldCA) {
 		t.Fatalf("CA expiry gauge %v after the rotation, want the new CA's %v", got, want)
+	}
+
+	refused := val(m.sendErrors.WithLabelValues("Unavailable"))
+	testenv.Rotate(t, caFile, oldCA.File)
+	time.Sleep(tlsclient.ReverifyEvery + time.Second) // the connection verified again, and closed
+	sp.Append([]*datamodels.HealthEvent{ev("distrusted", true)})
+	waitFor(t, 10*time.Second, func() bool { return val(m.sendErrors.WithLabelValues("Unavailable")) > refused }, "a send refused once the gateway's CA left the file")
+	if got := g.received(); len(got) != 2 || sp.Pending() == 0 {
+		t.Fatalf("the gateway received %v (pending %d): sent over the connection the file no longer verifies", got, sp.Pending())
 	}
 }
 

@@ -134,11 +134,8 @@ func (c Config) Dialer(prefix string, timeout time.Duration, log *slog.Logger) (
 	if err != nil || base == nil {
 		return nil, err
 	}
-	if log == nil {
-		log = slog.Default()
-	}
 	nd := &net.Dialer{Timeout: timeout}
-	open := &openConns{cas: cas, prefix: prefix, log: log, every: reverifyEvery, now: time.Now}
+	open := NewReverifier(cas, prefix+"ca_file", log)
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		tc := base.Clone()
 		if cas != nil {
@@ -159,6 +156,6 @@ func (c Config) Dialer(prefix string, timeout time.Duration, log *slog.Logger) (
 		if err != nil || cas == nil {
 			return conn, err
 		}
-		return open.track(conn.(*tls.Conn), tc.ServerName, tc.RootCAs), nil
+		return open.Track(conn, conn.(*tls.Conn).ConnectionState(), tc.ServerName), nil
 	}, nil
 }
