@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,6 +103,41 @@ func TestGateway(t *testing.T) {
 	t.Run("NodeBoundCertificates", func(t *testing.T) { testNodeBoundCertificates(t, k) })
 	t.Run("Readyz", func(t *testing.T) { testReadyz(t, k) })
 	t.Run("InflightBudget", func(t *testing.T) { testInflightBudget(t, k) })
+	t.Run("ConcurrentCallsOnOneConnection", func(t *testing.T) { testConcurrentCallsOnOneConnection(t, k) })
+}
+
+// testConcurrentCallsOnOneConnection: a client's concurrent calls on one
+// connection, at the shipped budgets, are all accepted — a relay or a tool
+// with many calls in flight, as BenchmarkIngest's callers. Until a27b7f8
+// every call opened while another call of the connection was being read
+// was refused RESOURCE_EXHAUSTED (gateway.max_inflight_bytes_per_conn):
+// the benchmark failed outright.
+func testConcurrentCallsOnOneConnection(t *testing.T, k *testenv.Kafka) {
+	gw := gatewaytest.Start(t, k.Addr(), func(c *gateway.Config) { c.RatePerCaller = 0 }, gateway.Options{})
+	cl := faultlinev1.NewEventsClient(dial(t, gw.GRPCAddr()))
+	ctx := withToken(context.Background(), gw.Token("alpha"))
+	const callers, calls = 64, 5 // 64: gateway.max_streams_per_conn
+	evs := make([]*datamodels.HealthEvent, 100)
+	for i := range evs {
+		evs[i] = event(fmt.Sprintf("n%03d", i))
+	}
+	var refused atomic.Int64
+	var last atomic.Value
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for range calls {
+				if _, err := cl.SubmitEvents(ctx, &faultlinev1.SubmitEventsRequest{Events: evs}); err != nil {
+					refused.Add(1)
+					last.Store(err.Error())
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := refused.Load(); n > 0 {
+		t.Fatalf("%d of %d calls on one connection refused, the last: %v", n, callers*calls, last.Load())
+	}
 }
 
 func testSubmitEndToEnd(t *testing.T, k *testenv.Kafka) {
