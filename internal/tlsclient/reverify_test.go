@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,32 +32,26 @@ func TestDialerClosesWhatTheCAFileNoLongerVerifies(t *testing.T) {
 	t.Cleanup(func() { reverifyEvery = ReverifyEvery })
 	oldCA, newCA := testenv.NewCA(t, "", "old"), testenv.NewCA(t, "", "new")
 	cert := oldCA.Issue(t, "server", "127.0.0.1").Cert
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(c, c); c.Close() }() // an echo until the client closes
-		}
-	}()
+	addr := serveTLS(t, &tls.Config{Certificates: []tls.Certificate{cert}},
+		func(c net.Conn) { _, _ = io.Copy(c, c); c.Close() }) // an echo until the client closes
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	testenv.Rotate(t, caFile, oldCA.File)
+	// connect dials the server with a new Dialer of caFile, logging to w.
+	connect := func(w io.Writer) net.Conn {
+		t.Helper()
+		dial, err := Config{Enabled: true, CAFile: caFile}.Dialer("kafka.tls.", 5*time.Second, slog.New(slog.NewTextHandler(w, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := dial(context.Background(), "tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
 	var logs syncbuf.Buffer
-	dial, err := Config{Enabled: true, CAFile: caFile}.Dialer("kafka.tls.", 5*time.Second, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := dial(context.Background(), "tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := connect(&logs)
 	if _, ok := conn.(syscall.Conn); !ok {
 		t.Errorf("%T is not a syscall.Conn", conn)
 	}
@@ -98,16 +93,7 @@ func TestDialerClosesWhatTheCAFileNoLongerVerifies(t *testing.T) {
 	// file (checked here by hand: a dialer whose checks are an hour apart).
 	reverifyEvery = time.Hour
 	testenv.Rotate(t, caFile, oldCA.File)
-	dial, err = Config{Enabled: true, CAFile: caFile}.Dialer("kafka.tls.", 5*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn2, err := dial(context.Background(), "tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn2.Close()
-	vc := conn2.(*verifiedConn)
+	vc := connect(io.Discard).(*verifiedConn)
 	tracked := func() bool {
 		vc.open.mu.Lock()
 		defer vc.open.mu.Unlock()

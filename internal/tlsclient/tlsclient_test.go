@@ -22,23 +22,10 @@ func TestDialerFollowsTheCAFile(t *testing.T) {
 	oldCert, newCert := oldCA.Issue(t, "server", "127.0.0.1", "localhost").Cert, newCA.Issue(t, "server", "127.0.0.1", "localhost").Cert
 	var served atomic.Pointer[tls.Certificate]
 	served.Store(&oldCert)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	addr := serveTLS(t, &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 		return served.Load(), nil
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _ = c.(*tls.Conn).Handshake(); c.Close() }()
-		}
-	}()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	}}, func(c net.Conn) { _ = c.(*tls.Conn).Handshake(); c.Close() })
+	_, port, _ := net.SplitHostPort(addr)
 
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	testenv.Rotate(t, caFile, oldCA.File)
@@ -86,6 +73,28 @@ func TestDialerFollowsTheCAFile(t *testing.T) {
 		!strings.Contains(err.Error(), "x.tls.ca_file") {
 		t.Fatalf("absent CA file: %v, want an error naming the key", err)
 	}
+}
+
+// serveTLS serves TLS with cfg on 127.0.0.1 until the test ends, each
+// connection handed to serve on a goroutine of its own; it returns the
+// address.
+func serveTLS(t *testing.T, cfg *tls.Config, serve func(net.Conn)) string {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serve(c)
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // TestClientCertificateRotation: the client certificate presented is the
