@@ -3,7 +3,8 @@ package rows
 import (
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 	"unsafe"
@@ -36,6 +37,12 @@ type wireEvent struct {
 	generated, received                            wireTime
 	quarantine, drain                              wireOverrides
 	submitter                                      wireSubmitter
+}
+
+// reset empties ev for the next record, keeping its slices' room.
+func (ev *wireEvent) reset() {
+	*ev = wireEvent{codes: ev.codes[:0], causes: ev.causes[:0], entType: ev.entType[:0],
+		entValue: ev.entValue[:0], meta: ev.meta[:0]}
 }
 
 type kv struct{ k, v string }
@@ -264,7 +271,7 @@ func normalizeMeta(m []kv) []kv {
 	if len(m) < 2 {
 		return m
 	}
-	sort.SliceStable(m, func(i, j int) bool { return m[i].k < m[j].k })
+	slices.SortStableFunc(m, func(a, b kv) int { return strings.Compare(a.k, b.k) })
 	out := m[:0]
 	for i := range m {
 		if i+1 < len(m) && m[i+1].k == m[i].k {

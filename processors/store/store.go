@@ -144,13 +144,16 @@ func New(conn clickhouse.Conn, log *slog.Logger, m *Metrics) *Handler {
 }
 
 // Handle decodes the records, dead-letters the undecodable ones, and writes
-// the rest: one insert per table.
+// the rest: one insert per table. (Inserts of fewer rows sent while the
+// next are decoded cost ClickHouse more than they overlap: 2× its CPU per
+// event at 10,000 rows, loadtest/RESULTS.md §5.)
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
 	var (
 		res pipeline.Result
 		evs rows.Events
 		acs rows.Actions
 	)
+	evs.Grow(len(recs)) // nearly all are events
 	for _, rec := range recs {
 		var err error
 		switch rec.Topic {
@@ -204,10 +207,8 @@ func (h *Handler) insert(ctx context.Context, table, columns string, cols []any,
 		return err
 	}
 	defer batch.Close()
-	for i, col := range cols {
-		if err := batch.Column(i).Append(col); err != nil {
-			return fmt.Errorf("column %d: %w", i, err)
-		}
+	if err := rows.AppendColumns(cols, batch.Column); err != nil {
+		return err
 	}
 	return batch.Send()
 }
