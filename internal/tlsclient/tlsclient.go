@@ -135,7 +135,10 @@ func (c Config) Dialer(prefix string, timeout time.Duration, log *slog.Logger) (
 		return nil, err
 	}
 	nd := &net.Dialer{Timeout: timeout}
-	open := NewReverifier(cas, prefix+"ca_file", log)
+	var open *Reverifier // only for a ca_file: the system roots are not followed
+	if cas != nil {
+		open = NewReverifier(cas, prefix+"ca_file", log)
+	}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		tc := base.Clone()
 		if cas != nil {
@@ -153,7 +156,7 @@ func (c Config) Dialer(prefix string, timeout time.Duration, log *slog.Logger) (
 			tc.ServerName = host
 		}
 		conn, err := (&tls.Dialer{NetDialer: nd, Config: tc}).DialContext(ctx, network, addr)
-		if err != nil || cas == nil {
+		if err != nil || open == nil {
 			return conn, err
 		}
 		return open.Track(conn, conn.(*tls.Conn).ConnectionState(), tc.ServerName), nil
