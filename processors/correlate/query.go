@@ -46,6 +46,7 @@ func newBatchTables(recs []*kgo.Record) (*batchTables, error) {
 		evs rows.Events
 		acs rows.Actions
 	)
+	evs.Grow(len(recs))
 	for _, r := range recs {
 		if r.Topic == events.TopicActions {
 			_ = acs.Add(r)

@@ -50,21 +50,13 @@ func BenchmarkInsertColumns(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			cols[i] = insertColumn{col}
+			cols[i] = Appender{col}
 		}
 		if err := AppendColumns(blk.Columns(), func(i int) driver.BatchColumn { return cols[i] }); err != nil {
 			b.Fatal(err)
 		}
 	}
 	b.ReportMetric(float64(b.N*len(recs))/b.Elapsed().Seconds(), "events/s")
-}
-
-// insertColumn is a clickhouse-go column as an insert's BatchColumn.
-type insertColumn struct{ column.Interface }
-
-func (c insertColumn) Append(v any) error {
-	_, err := c.Interface.Append(v)
-	return err
 }
 
 func benchRecords(b *testing.B) []*kgo.Record {
