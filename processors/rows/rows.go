@@ -3,8 +3,8 @@
 // record to a row of the actions table (sql/migrations). The store role
 // inserts these rows; the correlate role sends the rows of a batch it has
 // not seen stored yet along with its window queries, as an external table
-// with the same column names (Events.Table), so a rule's SQL reads the
-// batch exactly as it reads the table.
+// with the same column names (Events.Select, Selection.Table), so a rule's
+// SQL reads the batch exactly as it reads the table.
 //
 // Records are decoded column by column (decode.go: protowire straight into
 // the columns, the store's main CPU cost). A record that can never be a
@@ -380,12 +380,12 @@ func (b *Actions) Add(rec *kgo.Record) error {
 // Select returns the named columns (all of EventTable when none is), for
 // an external table (Selection.Table).
 func (b *Events) Select(columns ...string) (Selection, error) {
-	return selectColumns(EventTable, b.Columns(), b.Len(), columns)
+	return selectColumns(EventTable, b.Columns(), columns)
 }
 
 // Select is Events.Select for actions rows (ActionTable).
 func (b *Actions) Select(columns ...string) (Selection, error) {
-	return selectColumns(ActionTable, b.Columns(), b.Len(), columns)
+	return selectColumns(ActionTable, b.Columns(), columns)
 }
 
 // Selection is some columns of some rows, under the table's names and
@@ -393,19 +393,15 @@ func (b *Actions) Select(columns ...string) (Selection, error) {
 type Selection struct {
 	Columns []Column
 	values  []any
-	n       int
 }
 
-// Len is the number of rows.
-func (s Selection) Len() int { return s.n }
-
 // selectColumns picks the named columns out of cols (the columns of all,
-// in its order) holding n rows.
-func selectColumns(all []Column, cols []any, n int, names []string) (Selection, error) {
+// in its order).
+func selectColumns(all []Column, cols []any, names []string) (Selection, error) {
 	if len(names) == 0 {
-		return Selection{Columns: all, values: cols, n: n}, nil
+		return Selection{Columns: all, values: cols}, nil
 	}
-	s := Selection{n: n}
+	var s Selection
 	for _, want := range names {
 		i := slices.IndexFunc(all, func(c Column) bool { return c.Name == want })
 		if i < 0 {
