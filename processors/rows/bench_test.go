@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -44,16 +43,14 @@ func BenchmarkInsertColumns(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		cols := make([]driver.BatchColumn, len(EventTable))
 		for i, c := range EventTable {
 			col, err := column.Type(c.Type).Column(c.Name, &column.ServerContext{Timezone: time.UTC})
 			if err != nil {
 				b.Fatal(err)
 			}
-			cols[i] = Appender{col}
-		}
-		if err := AppendColumns(blk.Columns(), func(i int) driver.BatchColumn { return cols[i] }); err != nil {
-			b.Fatal(err)
+			if err := AppendColumn(Appender{col}, blk.Columns()[i]); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	b.ReportMetric(float64(b.N*len(recs))/b.Elapsed().Seconds(), "events/s")

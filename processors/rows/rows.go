@@ -136,26 +136,19 @@ func (b *Events) Grow(n int) {
 	b.version = slices.Grow(b.version, n)
 }
 
-// AppendColumns appends columns (Events.Columns, Actions.Columns) to an
-// insert's, column i to col(i). An Array(String) column goes in row by row:
+// AppendColumn appends a column's values (one of Events.Columns,
+// Actions.Columns) to dst. An Array(String) column goes in row by row:
 // clickhouse-go appends a [][]string whole by reflection, a value per
 // element, and row by row without (over a quarter of the store's handling
 // CPU before).
-func AppendColumns(cols []any, col func(i int) driver.BatchColumn) error {
-	for i, c := range cols {
-		dst := col(i)
-		var err error
-		if arrs, ok := c.([][]string); ok {
-			for _, a := range arrs {
-				if err = dst.AppendRow(a); err != nil {
-					break
-				}
-			}
-		} else {
-			err = dst.Append(c)
-		}
-		if err != nil {
-			return fmt.Errorf("column %d: %w", i, err)
+func AppendColumn(dst driver.BatchColumn, values any) error {
+	arrs, ok := values.([][]string)
+	if !ok {
+		return dst.Append(values)
+	}
+	for _, a := range arrs {
+		if err := dst.AppendRow(a); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -414,7 +407,7 @@ func selectColumns(all []Column, cols []any, names []string) (Selection, error) 
 
 // Table returns the selection as a ClickHouse external table called name:
 // sent along with a query, read in it like a table. Its columns are
-// filled whole (AppendColumns), not row by row.
+// filled whole (AppendColumn), not row by row.
 func (s Selection) Table(name string) (*ext.Table, error) {
 	opts := make([]func(*ext.Table) error, len(s.Columns))
 	for i, c := range s.Columns {
@@ -424,15 +417,16 @@ func (s Selection) Table(name string) (*ext.Table, error) {
 	if err != nil {
 		return nil, fmt.Errorf("external table %s: %w", name, err)
 	}
-	cols := t.Block().Columns
-	if err := AppendColumns(s.values, func(i int) driver.BatchColumn { return Appender{cols[i]} }); err != nil {
-		return nil, fmt.Errorf("external table %s: %w", name, err)
+	for i, col := range t.Block().Columns {
+		if err := AppendColumn(Appender{col}, s.values[i]); err != nil {
+			return nil, fmt.Errorf("external table %s, column %s: %w", name, s.Columns[i].Name, err)
+		}
 	}
 	return t, nil
 }
 
-// Appender is a clickhouse-go column (an external table's) as the
-// driver.BatchColumn AppendColumns fills.
+// Appender is a clickhouse-go column (an external table's, an insert's) as
+// the driver.BatchColumn AppendColumn fills.
 type Appender struct{ column.Interface }
 
 // Append appends a column's worth of values.

@@ -146,7 +146,8 @@ func New(conn clickhouse.Conn, log *slog.Logger, m *Metrics) *Handler {
 // Handle decodes the records, dead-letters the undecodable ones, and writes
 // the rest: one insert per table. (Inserts of fewer rows sent while the
 // next are decoded cost ClickHouse more than they overlap: 2× its CPU per
-// event at 10,000 rows, loadtest/RESULTS.md §5.)
+// event at 10,000 rows; decoding on several goroutines saved nothing, the
+// insert is most of a batch's time: loadtest/RESULTS.md §5.)
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
 	var (
 		res pipeline.Result
@@ -207,8 +208,10 @@ func (h *Handler) insert(ctx context.Context, table, columns string, cols []any,
 		return err
 	}
 	defer batch.Close()
-	if err := rows.AppendColumns(cols, batch.Column); err != nil {
-		return err
+	for i, col := range cols {
+		if err := rows.AppendColumn(batch.Column(i), col); err != nil {
+			return fmt.Errorf("column %d: %w", i, err)
+		}
 	}
 	return batch.Send()
 }

@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/internal/clickhouse/chtest"
 	"github.com/faultline/faultline/internal/history"
@@ -343,4 +346,74 @@ func TestCrashBetweenInsertAndCommit(t *testing.T) {
 		t.Errorf("fatal events %d, want 100", n)
 	}
 	assertHistoryExact(t, srv, "alpha", 300)
+}
+
+// TestHandleLargeBatch: a batch of several thousand records, events and
+// actions with poison records among them, is stored row for row as it was
+// sent (no column out of step with the others: the arrays are appended
+// row by row, the rest whole), and its poison records dead-lettered in
+// their order.
+func TestHandleLargeBatch(t *testing.T) {
+	srv := chtest.Start(t)
+	h := New(srv.Conn, slog.Default(), nil)
+	const n = 12345
+	at := time.Now().UTC().Add(-time.Hour)
+	var (
+		recs   []*kgo.Record
+		poison []int
+	)
+	for i := range n {
+		s := fmt.Sprintf("%06d", i)
+		switch {
+		case i%2000 == 1999:
+			poison = append(poison, i)
+			recs = append(recs, &kgo.Record{Topic: events.TopicEvents, Key: []byte("alpha/n"), Value: []byte{0xff}})
+		case i%1000 == 500:
+			a := proto.Clone(rowstest.Actions(t)[0]).(*faultlinev1.Action)
+			a.Id = "act-" + s
+			recs = append(recs, rowstest.ActionRecord(t, a))
+		default:
+			recs = append(recs, rowstest.EventRecord(t, &datamodels.HealthEvent{
+				Id: "ev-" + s, Cluster: "alpha", NodeName: "node-" + s[:3], CheckName: "SysLogsXIDError", ErrorCode: []string{"XID-" + s},
+				EntitiesImpacted:   []*datamodels.Entity{{EntityType: "GPU", EntityValue: "GPU-" + s}},
+				Metadata:           map[string]string{"n": s},
+				GeneratedTimestamp: timestamppb.New(at), ReceivedTimestamp: timestamppb.New(at),
+			}))
+		}
+	}
+	for _, i := range []int{0, 1, n - 1} {
+		poison = append(poison, i)
+		recs[i] = &kgo.Record{Topic: events.TopicEvents, Key: []byte("alpha/n"), Value: []byte{0xff}}
+	}
+	slices.Sort(poison)
+	poison = slices.Compact(poison)
+	for _, r := range recs {
+		r.Timestamp = at // as Kafka stamps them
+	}
+	res, err := h.Handle(ctxFor(t, time.Minute), recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Dead) != len(poison) {
+		t.Fatalf("%d dead letters, want %d", len(res.Dead), len(poison))
+	}
+	for k, d := range res.Dead {
+		if d.Record != recs[poison[k]] {
+			t.Fatalf("dead letter %d is not record %d", k, poison[k])
+		}
+	}
+	var acts uint64
+	for i := range n {
+		if i%1000 == 500 && !slices.Contains(poison, i) {
+			acts++
+		}
+	}
+	evs := uint64(n-len(poison)) - acts
+	waitCount(t, srv, evs, 10*time.Second, "SELECT uniqExact(id) FROM events")
+	waitCount(t, srv, acts, 10*time.Second, "SELECT uniqExact(id) FROM actions")
+	// Every row's columns belong to the same event: its id's number is
+	// in its node, entity, error code and metadata.
+	waitCount(t, srv, evs, 10*time.Second, `SELECT count() FROM events WHERE node = concat('node-', substring(id, 4, 3))
+		AND entity = concat('GPU=GPU-', substring(id, 4)) AND error_codes = [concat('XID-', substring(id, 4))]
+		AND metadata.value = [substring(id, 4)]`)
 }
