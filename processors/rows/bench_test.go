@@ -43,12 +43,13 @@ func BenchmarkInsertColumns(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+		values := blk.Columns()
 		for i, c := range EventTable {
 			col, err := column.Type(c.Type).Column(c.Name, &column.ServerContext{Timezone: time.UTC})
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := AppendColumn(Appender{col}, blk.Columns()[i]); err != nil {
+			if err := AppendColumn(Appender{col}, values[i]); err != nil {
 				b.Fatal(err)
 			}
 		}
