@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -358,37 +357,35 @@ func TestHandleLargeBatch(t *testing.T) {
 	h := New(srv.Conn, slog.Default(), nil)
 	const n = 12345
 	at := time.Now().UTC().Add(-time.Hour)
+	act := rowstest.Actions(t)[0]
 	var (
-		recs   []*kgo.Record
-		poison []int
+		recs      []*kgo.Record
+		poison    []int // record indexes, in order
+		evs, acts uint64
 	)
 	for i := range n {
 		s := fmt.Sprintf("%06d", i)
+		var rec *kgo.Record
 		switch {
-		case i%2000 == 1999:
+		case i%2000 == 1999 || i <= 1 || i == n-1: // the batch's first and last records too
 			poison = append(poison, i)
-			recs = append(recs, &kgo.Record{Topic: events.TopicEvents, Key: []byte("alpha/n"), Value: []byte{0xff}})
+			rec = &kgo.Record{Topic: events.TopicEvents, Key: []byte("alpha/n"), Value: []byte{0xff}}
 		case i%1000 == 500:
-			a := proto.Clone(rowstest.Actions(t)[0]).(*faultlinev1.Action)
+			acts++
+			a := proto.Clone(act).(*faultlinev1.Action)
 			a.Id = "act-" + s
-			recs = append(recs, rowstest.ActionRecord(t, a))
+			rec = rowstest.ActionRecord(t, a)
 		default:
-			recs = append(recs, rowstest.EventRecord(t, &datamodels.HealthEvent{
+			evs++
+			rec = rowstest.EventRecord(t, &datamodels.HealthEvent{
 				Id: "ev-" + s, Cluster: "alpha", NodeName: "node-" + s[:3], CheckName: "SysLogsXIDError", ErrorCode: []string{"XID-" + s},
 				EntitiesImpacted:   []*datamodels.Entity{{EntityType: "GPU", EntityValue: "GPU-" + s}},
 				Metadata:           map[string]string{"n": s},
 				GeneratedTimestamp: timestamppb.New(at), ReceivedTimestamp: timestamppb.New(at),
-			}))
+			})
 		}
-	}
-	for _, i := range []int{0, 1, n - 1} {
-		poison = append(poison, i)
-		recs[i] = &kgo.Record{Topic: events.TopicEvents, Key: []byte("alpha/n"), Value: []byte{0xff}}
-	}
-	slices.Sort(poison)
-	poison = slices.Compact(poison)
-	for _, r := range recs {
-		r.Timestamp = at // as Kafka stamps them
+		rec.Timestamp = at // as Kafka stamps them
+		recs = append(recs, rec)
 	}
 	res, err := h.Handle(ctxFor(t, time.Minute), recs)
 	if err != nil {
@@ -402,13 +399,6 @@ func TestHandleLargeBatch(t *testing.T) {
 			t.Fatalf("dead letter %d is not record %d", k, poison[k])
 		}
 	}
-	var acts uint64
-	for i := range n {
-		if i%1000 == 500 && !slices.Contains(poison, i) {
-			acts++
-		}
-	}
-	evs := uint64(n-len(poison)) - acts
 	waitCount(t, srv, evs, 10*time.Second, "SELECT uniqExact(id) FROM events")
 	waitCount(t, srv, acts, 10*time.Second, "SELECT uniqExact(id) FROM actions")
 	// Every row's columns belong to the same event: its id's number is
