@@ -883,6 +883,9 @@ func TestKube(t *testing.T) {
 		if n = getNode(t, k, "unsaid-1"); !strings.Contains(n.Annotations[AnnotationUnsaid], a.Id) {
 			t.Fatalf("refused action removed from the node: %v", n.Annotations)
 		}
+		// The refused round removed the forged entry; until the watch
+		// delivers that write, resay leaves the node to a later round.
+		waitWatchedUnsaid(t, h2, "unsaid-1", func(u string) bool { return !strings.Contains(u, "forged") }, "the watch sees the forged entry removed")
 		if err := h2.resay(context.Background(), p); err != nil {
 			t.Fatal(err)
 		}
