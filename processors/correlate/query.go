@@ -21,12 +21,13 @@ import (
 // (every window is bounded): a verdict older than this is not swept.
 const MaxStanding = 30 * 24 * time.Hour
 
-// batchTables are the rows of a batch's records for the external tables
-// batch and batch_actions (processors/rows: the events and actions tables'
-// own rows, under their column names), built once per batch (before the
-// rule queries run concurrently) and sent with every query that reads them.
+// batchTables are a batch's records as the external tables batch and
+// batch_actions (processors/rows: the events and actions tables' own rows,
+// under their column names), built once per batch (before the rule queries
+// run concurrently) and sent with every query that reads them: sending
+// only reads a table, so the concurrent queries share them.
 type batchTables struct {
-	events, actions rows.Selection
+	events, actions *ext.Table
 }
 
 // Columns of the events and actions tables the rule queries read from the
@@ -54,13 +55,20 @@ func newBatchTables(recs []*kgo.Record) (*batchTables, error) {
 			_ = evs.Add(r)
 		}
 	}
-	bt := &batchTables{}
-	var err error
-	if bt.events, err = evs.Select(batchColumns...); err != nil {
+	es, err := evs.Select(batchColumns...)
+	if err != nil {
 		return nil, fmt.Errorf("batch table: %w", err)
 	}
-	if bt.actions, err = acs.Select(batchActionColumns...); err != nil {
+	as, err := acs.Select(batchActionColumns...)
+	if err != nil {
 		return nil, fmt.Errorf("batch_actions table: %w", err)
+	}
+	bt := &batchTables{}
+	if bt.events, err = es.Table("batch"); err != nil {
+		return nil, err
+	}
+	if bt.actions, err = as.Table("batch_actions"); err != nil {
+		return nil, err
 	}
 	return bt, nil
 }
@@ -111,18 +119,10 @@ func (h *Handler) runRule(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 		q = "SELECT tid, value, emptyArrayString() AS cause_ids, last_ms FROM (" + q + "\n)"
 	}
 	if r.readsBatch {
-		t, err := bt.events.Table("batch")
-		if err != nil {
-			return nil, err
-		}
-		tables = append(tables, t)
+		tables = append(tables, bt.events)
 	}
 	if r.readsBatchActions {
-		t, err := bt.actions.Table("batch_actions")
-		if err != nil {
-			return nil, err
-		}
-		tables = append(tables, t)
+		tables = append(tables, bt.actions)
 	}
 	since := time.UnixMilli(minAt - r.Window.Milliseconds()).UTC().Truncate(time.Second)
 	until := time.UnixMilli(maxAt).UTC().Truncate(time.Second).Add(time.Second)
