@@ -55,19 +55,12 @@ func newBatchTables(recs []*kgo.Record) (*batchTables, error) {
 			_ = evs.Add(r)
 		}
 	}
-	es, err := evs.Select(batchColumns...)
-	if err != nil {
-		return nil, fmt.Errorf("batch table: %w", err)
-	}
-	as, err := acs.Select(batchActionColumns...)
-	if err != nil {
-		return nil, fmt.Errorf("batch_actions table: %w", err)
-	}
 	bt := &batchTables{}
-	if bt.events, err = es.Table("batch"); err != nil {
+	var err error
+	if bt.events, err = evs.Table("batch", batchColumns...); err != nil {
 		return nil, err
 	}
-	if bt.actions, err = as.Table("batch_actions"); err != nil {
+	if bt.actions, err = acs.Table("batch_actions", batchActionColumns...); err != nil {
 		return nil, err
 	}
 	return bt, nil

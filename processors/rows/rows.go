@@ -3,7 +3,7 @@
 // record to a row of the actions table (sql/migrations). The store role
 // inserts these rows; the correlate role sends the rows of a batch it has
 // not seen stored yet along with its window queries, as an external table
-// with the same column names (Events.Select, Selection.Table), so a rule's
+// with the same column names (Events.Table), so a rule's
 // SQL reads the batch exactly as it reads the table.
 //
 // Records are decoded column by column (decode.go: protowire straight into
@@ -370,56 +370,37 @@ func (b *Actions) Add(rec *kgo.Record) error {
 	return nil
 }
 
-// Select returns the named columns (all of EventTable when none is), for
-// an external table (Selection.Table).
-func (b *Events) Select(columns ...string) (Selection, error) {
-	return selectColumns(EventTable, b.Columns(), columns)
+// Table returns the named columns of the rows as a ClickHouse external
+// table called name: sent along with a query, read in it like a table.
+// Its columns are filled whole (AppendColumn), not row by row.
+func (b *Events) Table(name string, columns ...string) (*ext.Table, error) {
+	return table(name, EventTable, b.Columns(), columns)
 }
 
-// Select is Events.Select for actions rows (ActionTable).
-func (b *Actions) Select(columns ...string) (Selection, error) {
-	return selectColumns(ActionTable, b.Columns(), columns)
+// Table is Events.Table for actions rows (ActionTable).
+func (b *Actions) Table(name string, columns ...string) (*ext.Table, error) {
+	return table(name, ActionTable, b.Columns(), columns)
 }
 
-// Selection is some columns of some rows, under the table's names and
-// types, column by column (the rows' own slices, not copied).
-type Selection struct {
-	Columns []Column
-	values  []any
-}
-
-// selectColumns picks the named columns out of cols (the columns of all,
-// in its order).
-func selectColumns(all []Column, cols []any, names []string) (Selection, error) {
-	if len(names) == 0 {
-		return Selection{Columns: all, values: cols}, nil
-	}
-	var s Selection
-	for _, want := range names {
+// table is the external table of the named columns out of cols (the
+// columns of all, in its order).
+func table(name string, all []Column, cols []any, names []string) (*ext.Table, error) {
+	idx := make([]int, len(names))
+	opts := make([]func(*ext.Table) error, len(names))
+	for k, want := range names {
 		i := slices.IndexFunc(all, func(c Column) bool { return c.Name == want })
 		if i < 0 {
-			return Selection{}, fmt.Errorf("no column %q", want)
+			return nil, fmt.Errorf("external table %s: no column %q", name, want)
 		}
-		s.Columns, s.values = append(s.Columns, all[i]), append(s.values, cols[i])
-	}
-	return s, nil
-}
-
-// Table returns the selection as a ClickHouse external table called name:
-// sent along with a query, read in it like a table. Its columns are
-// filled whole (AppendColumn), not row by row.
-func (s Selection) Table(name string) (*ext.Table, error) {
-	opts := make([]func(*ext.Table) error, len(s.Columns))
-	for i, c := range s.Columns {
-		opts[i] = ext.Column(c.Name, column.Type(c.Type))
+		idx[k], opts[k] = i, ext.Column(all[i].Name, column.Type(all[i].Type))
 	}
 	t, err := ext.NewTable(name, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("external table %s: %w", name, err)
 	}
-	for i, col := range t.Block().Columns {
-		if err := AppendColumn(Appender{col}, s.values[i]); err != nil {
-			return nil, fmt.Errorf("external table %s, column %s: %w", name, s.Columns[i].Name, err)
+	for k, col := range t.Block().Columns {
+		if err := AppendColumn(Appender{col}, cols[idx[k]]); err != nil {
+			return nil, fmt.Errorf("external table %s, column %s: %w", name, names[k], err)
 		}
 	}
 	return t, nil
