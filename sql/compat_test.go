@@ -304,6 +304,19 @@ func seed() (stored, batch []seedEvent, actions, batchActions []seedAction) {
 			meta: [][2]string{{"mode", "live"}}},
 		seedEvent{cluster: "beta", node: "b0", check: xid, ents: gpu("0000:3b:00.0", "GPU-9999"), at: s(-25 * time.Hour), healthy: true},
 	)
+	// A Node object kept across a machine swap: the windows count only the
+	// trigger's machine's events (and those that name none).
+	old, swapped := [][2]string{{"faultline.io/system-uuid", "M-OLD"}}, [][2]string{{"faultline.io/system-uuid", "M-NEW"}}
+	add(
+		seedEvent{node: "n-swap", check: xid, ents: g1, at: s(0), codes: []string{"XID-31"}, meta: old},
+		seedEvent{node: "n-swap", check: xid, ents: g1, at: s(time.Minute), codes: []string{"XID-31"}, meta: old},
+		seedEvent{node: "n-swap", check: xid, ents: g1, at: s(2 * time.Minute), codes: []string{"XID-31"}},
+		seedEvent{node: "n-swap", check: xid, ents: g1, at: s(3 * time.Minute), codes: []string{"XID-31"}, meta: swapped},
+		seedEvent{node: "n-swap", check: ib, ents: port("mlx5_0"), at: s(0), meta: old},
+		seedEvent{node: "n-swap", check: ib, ents: port("mlx5_0"), at: s(time.Minute), meta: swapped},
+		seedEvent{node: "n-swap", check: ib, ents: port("mlx5_0"), at: s(2 * time.Minute), healthy: true, meta: swapped},
+		seedEvent{node: "n-swap", check: ib, ents: port("mlx5_0"), at: s(3 * time.Minute), meta: swapped},
+	)
 	// The batch: the last link_downed of the flapping port, the fifth
 	// fabric node and GPU-4444's Xid 45 are not stored yet; the first flap
 	// event is in both.
@@ -507,8 +520,9 @@ func actionsInsert(as []seedAction) string {
 // The rules' external tables, as processors/correlate sends them (batch and
 // batch_actions carry the events and actions tables' own column names).
 const (
-	triggersDDL = `CREATE TABLE triggers (tid String, cluster String, node String, gkey String, at DateTime, at_ms UInt64) ENGINE = Memory`
-	batchDDL    = `CREATE TABLE batch (cluster String, node String, check String, entity String, ts DateTime, ts_ms UInt16, id String,
+	triggersDDL = `CREATE TABLE triggers (tid String, cluster String, node String, gkey String, at DateTime, at_ms UInt64,
+	machine String) ENGINE = Memory`
+	batchDDL = `CREATE TABLE batch (cluster String, node String, check String, entity String, ts DateTime, ts_ms UInt16, id String,
 	is_fatal UInt8, is_healthy UInt8, error_codes Array(String), "entities.type" Array(String), "entities.value" Array(String),
 	"metadata.key" Array(String), "metadata.value" Array(String), derived_by String, processing_strategy String) ENGINE = Memory`
 	batchActionsDDL = `CREATE TABLE batch_actions (cluster String, node String, ts DateTime, ts_ms UInt16, id String,
@@ -553,13 +567,14 @@ func batchActionsInsert(as []seedAction) string {
 type trigger struct {
 	cluster, node, gkey string
 	at                  time.Time
+	machine             string
 }
 
 func triggersInsert(ts []trigger) string {
 	var rows []string
 	for i, t := range ts {
-		rows = append(rows, fmt.Sprintf("('%d', %s, %s, %s, %s, %d)", i, quote(t.cluster), quote(t.node), quote(t.gkey),
-			dateTime(t.at.Truncate(time.Second)), t.at.UnixMilli()))
+		rows = append(rows, fmt.Sprintf("('%d', %s, %s, %s, %s, %d, %s)", i, quote(t.cluster), quote(t.node), quote(t.gkey),
+			dateTime(t.at.Truncate(time.Second)), t.at.UnixMilli(), quote(t.machine)))
 	}
 	return "INSERT INTO triggers VALUES " + strings.Join(rows, ",\n")
 }
@@ -596,7 +611,8 @@ func shippedRules(t *testing.T) []ruleSpec {
 
 // triggersFor returns a rule's evaluations over the seed, as the
 // correlator makes them: one per relevant event at its time (its group by
-// the rule's scope) and each group again later (as a sweep would).
+// the rule's scope, the event's machine) and each group again later (as
+// a sweep would: no machine).
 func triggersFor(r ruleSpec, evs []seedEvent, acts []seedAction) []trigger {
 	var out []trigger
 	seen := map[string]bool{}
@@ -606,13 +622,13 @@ func triggersFor(r ruleSpec, evs []seedEvent, acts []seedAction) []trigger {
 		if !seen[k] {
 			seen[k] = true
 			for _, later := range []time.Duration{3 * time.Minute, 10 * time.Minute, 3 * time.Hour} {
-				out = append(out, trigger{t.cluster, t.node, t.gkey, t.at.Add(later)})
+				out = append(out, trigger{cluster: t.cluster, node: t.node, gkey: t.gkey, at: t.at.Add(later)})
 			}
 		}
 	}
 	if r.Source == "actions" {
 		for _, a := range acts {
-			addGroup(trigger{a.cluster, a.node, "", a.at})
+			addGroup(trigger{cluster: a.cluster, node: a.node, at: a.at})
 		}
 		return out
 	}
@@ -620,17 +636,23 @@ func triggersFor(r ruleSpec, evs []seedEvent, acts []seedAction) []trigger {
 		if e.derivedBy != "" {
 			continue
 		}
+		machine := ""
+		for _, kv := range e.meta {
+			if kv[0] == "faultline.io/system-uuid" {
+				machine = kv[1]
+			}
+		}
 		switch r.Scope {
 		case "entity":
-			addGroup(trigger{e.cluster, e.node, e.entityKey(), e.at})
+			addGroup(trigger{cluster: e.cluster, node: e.node, gkey: e.entityKey(), at: e.at, machine: machine})
 		case "node":
-			addGroup(trigger{e.cluster, e.node, "", e.at})
+			addGroup(trigger{cluster: e.cluster, node: e.node, at: e.at, machine: machine})
 		case "cluster":
 			code := ""
 			if len(e.codes) > 0 {
 				code = e.codes[0]
 			}
-			addGroup(trigger{e.cluster, "", e.check + "|" + code, e.at})
+			addGroup(trigger{cluster: e.cluster, gkey: e.check + "|" + code, at: e.at, machine: machine})
 		}
 	}
 	return out

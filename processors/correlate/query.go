@@ -69,8 +69,9 @@ func newBatchTables(recs []*kgo.Record) (*batchTables, error) {
 type col struct{ name, typ string }
 
 var (
-	triggerCols = []col{{"tid", "String"}, {"cluster", "String"}, {"node", "String"}, {"gkey", "String"}, {"at", "DateTime"}, {"at_ms", "UInt64"}}
-	lookupCols  = []col{{"cluster", "String"}, {"node", "String"}, {"entity", "String"}}
+	triggerCols = []col{{"tid", "String"}, {"cluster", "String"}, {"node", "String"}, {"gkey", "String"}, {"at", "DateTime"}, {"at_ms", "UInt64"},
+		{"machine", "String"}}
+	lookupCols = []col{{"cluster", "String"}, {"node", "String"}, {"entity", "String"}}
 )
 
 func newTable(name string, cols []col, rows [][]any) (*ext.Table, error) {
@@ -99,7 +100,7 @@ func (h *Handler) runRule(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 	rows := make([][]any, len(trigs))
 	for i, t := range trigs {
 		minAt, maxAt = min(minAt, t.atMS), max(maxAt, t.atMS)
-		rows[i] = []any{t.tid, t.cluster, t.node, t.gkey, time.UnixMilli(t.atMS).UTC().Truncate(time.Second), uint64(t.atMS)}
+		rows[i] = []any{t.tid, t.cluster, t.node, t.gkey, time.UnixMilli(t.atMS).UTC().Truncate(time.Second), uint64(t.atMS), t.machine}
 	}
 	tables := make([]*ext.Table, 0, 3)
 	tt, err := newTable("triggers", triggerCols, rows)

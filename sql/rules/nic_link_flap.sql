@@ -21,40 +21,48 @@ SELECT
     toFloat64(greatest(countIf(down = 1), sumIf(delta, down = 0))) AS value,
     arraySlice(arraySort(groupUniqArray(id)), 1, 100) AS cause_ids,
     max(t) AS last_ms
-FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers) AS tr
+FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms, machine AS tm FROM triggers) AS tr
 ALL INNER JOIN
 (
     -- per port, its state events in time order: an unhealthy one counts
     -- (down = 1) when it is the first or follows a healthy one (a
     -- healthy -> unhealthy crossing); counter increases (down = 0) are
-    -- kept as they are; healthy state events only tell crossings apart
-    SELECT gh, tupleElement(r, 1) AS id, tupleElement(r, 2) AS t, tupleElement(r, 3) AS down, tupleElement(r, 4) AS delta
+    -- kept as they are; healthy state events only tell crossings apart;
+    -- a state event of another machine before it (a machine swap: both
+    -- name their machine, and not the same) is no state of this port
+    SELECT gh, tupleElement(r, 1) AS id, tupleElement(r, 2) AS t, tupleElement(r, 3) AS down, tupleElement(r, 4) AS delta,
+        tupleElement(r, 5) AS m
     FROM
     (
         SELECT gh,
             arrayConcat(
-                arrayFilter((x, i) -> kinds_s[i] != 0 AND (i = 1 OR kinds_s[i - 1] = 0),
-                    arrayMap((a, b, k) -> tuple(a, b, toUInt8(1), toUInt64(0)), ids_s, ts_s, kinds_s), arrayEnumerate(ids_s)),
-                arrayMap((a, b, d) -> tuple(a, b, toUInt8(0), d), cids, cts, cdeltas)) AS rs
+                arrayFilter((x, i) -> kinds_s[i] != 0
+                    AND (i = 1 OR kinds_s[i - 1] = 0 OR (ms_s[i - 1] != ms_s[i] AND ms_s[i - 1] != '' AND ms_s[i] != '')),
+                    -- kinds_s is an argument so that 18.16 reads it for the filter's lambda
+                    arrayMap((a, b, k, mm) -> tuple(a, b, toUInt8(1), toUInt64(0), mm), ids_s, ts_s, kinds_s, ms_s), arrayEnumerate(ids_s)),
+                arrayMap((a, b, d, mm) -> tuple(a, b, toUInt8(0), d, mm), cids, cts, cdeltas, cms)) AS rs
         FROM
         (
             SELECT gh,
-                -- sorted by time, then kind (one key, so the three sort alike)
+                -- sorted by time, then kind (one key, so the four sort alike)
                 arraySort((x, y) -> y, groupArrayIf(id, kind != 2), groupArrayIf(t * 4 + kind, kind != 2)) AS ids_s,
                 arraySort((x, y) -> y, groupArrayIf(t, kind != 2), groupArrayIf(t * 4 + kind, kind != 2)) AS ts_s,
                 arraySort((x, y) -> y, groupArrayIf(kind, kind != 2), groupArrayIf(t * 4 + kind, kind != 2)) AS kinds_s,
+                arraySort((x, y) -> y, groupArrayIf(m, kind != 2), groupArrayIf(t * 4 + kind, kind != 2)) AS ms_s,
                 groupArrayIf(id, kind = 2) AS cids,
                 groupArrayIf(t, kind = 2) AS cts,
-                groupArrayIf(delta, kind = 2) AS cdeltas
+                groupArrayIf(delta, kind = 2) AS cdeltas,
+                groupArrayIf(m, kind = 2) AS cms
             FROM
             (
                 -- kind: 0 healthy state event, 1 fatal unhealthy, 3 non-fatal unhealthy, 2 link_downed increase
-                SELECT gh, id, t, kind, delta
+                SELECT gh, id, t, kind, delta, m
                 FROM
                 (
                     SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
                         toUInt8(multiIf(has(@counter_checks, check), 2, is_healthy = 1, 0, is_fatal = 1, 1, 3)) AS kind,
-                        greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'delta')]), 1) AS delta
+                        greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'delta')]), 1) AS delta,
+                        metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
                     FROM recent_events
                     PREWHERE ts >= @since AND ts <= @until
                         AND check IN (SELECT arrayJoin(arrayConcat(@state_checks, @counter_checks)))
@@ -64,7 +72,8 @@ ALL INNER JOIN
                     UNION ALL
                     SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
                         toUInt8(multiIf(has(@counter_checks, check), 2, is_healthy = 1, 0, is_fatal = 1, 1, 3)) AS kind,
-                        greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'delta')]), 1) AS delta
+                        greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'delta')]), 1) AS delta,
+                        metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
                     FROM batch
                     WHERE derived_by = '' AND processing_strategy != 'STORE_ONLY'
                         AND ((has(@state_checks, check) AND has(entities.type, 'NICPort'))
@@ -77,5 +86,5 @@ ALL INNER JOIN
     )
     ARRAY JOIN rs AS r
 ) AS w USING (gh)
-WHERE t > at_ms - @window_ms AND t <= at_ms
+WHERE t > at_ms - @window_ms AND t <= at_ms AND (tm = '' OR m = '' OR m = tm)
 GROUP BY tid

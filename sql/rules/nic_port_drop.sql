@@ -29,14 +29,15 @@ FROM
         maxIf(t, kind = 2) AS last_up,
         argMaxIf(id, t, kind = 1) AS down_id,
         groupArrayIf(t, kind = 3) AS attempts
-    FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers) AS tr
+    FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms, machine AS tm FROM triggers) AS tr
     ALL INNER JOIN
     (
-        SELECT gh, id, t, kind
+        SELECT gh, id, t, kind, m
         FROM
         (
             SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
-                toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 1, 2, 1)) AS kind
+                toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 1, 2, 1)) AS kind,
+                metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
             FROM recent_events
             PREWHERE ts >= @since AND ts <= @until
                 AND check IN (SELECT arrayJoin(arrayConcat(@state_checks, @counter_checks)))
@@ -45,7 +46,8 @@ FROM
                     OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
             UNION ALL
             SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
-                toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 1, 2, 1)) AS kind
+                toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 1, 2, 1)) AS kind,
+                metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
             FROM batch
             WHERE derived_by = '' AND processing_strategy != 'STORE_ONLY'
                 AND ((has(@state_checks, check) AND has(entities.type, 'NICPort'))
@@ -53,6 +55,6 @@ FROM
         )
         LIMIT 1 BY id
     ) AS w USING (gh)
-    WHERE t > at_ms - @window_ms AND t <= at_ms
+    WHERE t > at_ms - @window_ms AND t <= at_ms AND (tm = '' OR m = '' OR m = tm)
     GROUP BY tid
 )

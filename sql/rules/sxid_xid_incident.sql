@@ -22,18 +22,19 @@ FROM
     SELECT tid, uniqExact(id) AS sn, groupUniqArray(id) AS sids, max(t) AS slast
     FROM
     (
-        SELECT tid, cityHash64(cluster, node) AS nh, at_ms,
+        SELECT tid, cityHash64(cluster, node) AS nh, at_ms, machine AS tm,
             extract(gkey, 'GPU=([^,]+)') AS tgpu, extract(gkey, 'PCI=([^,]+)') AS tpci
         FROM triggers
     ) AS tr
     ALL INNER JOIN
     (
-        SELECT nh, id, t, gpu, gpci
+        SELECT nh, id, t, gpu, gpci, m
         FROM
         (
             SELECT cityHash64(cluster, node) AS nh, id, toUInt64(ts) * 1000 + ts_ms AS t,
                 entities.value[indexOf(entities.type, 'GPU')] AS gpu,
-                metadata.value[indexOf(metadata.key, 'gpu_pci')] AS gpci
+                metadata.value[indexOf(metadata.key, 'gpu_pci')] AS gpci,
+                metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
             FROM recent_events
             PREWHERE check IN (SELECT arrayJoin(@sxid_checks)) AND ts >= @since AND ts <= @until
             WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
@@ -41,39 +42,42 @@ FROM
             UNION ALL
             SELECT cityHash64(cluster, node) AS nh, id, toUInt64(ts) * 1000 + ts_ms AS t,
                 entities.value[indexOf(entities.type, 'GPU')] AS gpu,
-                metadata.value[indexOf(metadata.key, 'gpu_pci')] AS gpci
+                metadata.value[indexOf(metadata.key, 'gpu_pci')] AS gpci,
+                metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
             FROM batch
             WHERE has(@sxid_checks, check) AND is_healthy = 0 AND (is_fatal = 1 OR hasAny(error_codes, @nonfatal_sxid_codes))
                 AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
         )
         LIMIT 1 BY id
     ) AS sx USING (nh)
-    WHERE t > at_ms - @window_ms AND t <= at_ms
+    WHERE t > at_ms - @window_ms AND t <= at_ms AND (tm = '' OR m = '' OR m = tm)
         AND ((tgpu != '' AND gpu = tgpu) OR (tpci != '' AND gpci = tpci))
     GROUP BY tid
 ) AS s
 ALL INNER JOIN
 (
     SELECT tid, groupUniqArray(id) AS xids, max(xt) AS xlast
-    FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms FROM triggers) AS tx
+    FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms, machine AS tm FROM triggers) AS tx
     ALL INNER JOIN
     (
-        SELECT gh, id, xt
+        SELECT gh, id, xt, m
         FROM
         (
-            SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS xt
+            SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS xt,
+                metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
             FROM recent_events
             PREWHERE check IN (SELECT arrayJoin(@xid_checks)) AND ts >= @since AND ts <= @until
             WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
                 AND hasAny(error_codes, @xid_codes) AND is_healthy = 0
             UNION ALL
-            SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS xt
+            SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS xt,
+                metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
             FROM batch
             WHERE has(@xid_checks, check) AND hasAny(error_codes, @xid_codes) AND is_healthy = 0
                 AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
         )
         LIMIT 1 BY id
     ) AS xr USING (gh)
-    WHERE xt > at_ms - @window_ms AND xt <= at_ms
+    WHERE xt > at_ms - @window_ms AND xt <= at_ms AND (tm = '' OR m = '' OR m = tm)
     GROUP BY tid
 ) AS x USING (tid)

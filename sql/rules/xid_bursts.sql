@@ -35,18 +35,19 @@ FROM
             arraySort(groupArray(id)) AS ids_sorted
         FROM
         (
-            SELECT tid, cityHash64(cluster, node) AS nh, at_ms, gkey,
+            SELECT tid, cityHash64(cluster, node) AS nh, at_ms, gkey, machine AS tm,
                 extract(gkey, 'GPU=([^,]+)') AS tgpu, extract(gkey, 'PCI=([^,]+)') AS tpci
             FROM triggers
         ) AS tr
         ALL INNER JOIN
         (
-            SELECT nh, id, t, t + if(sticky = 1, @sticky_gap_ms, @gap_ms) AS h, entity, gpu, pci
+            SELECT nh, id, t, t + if(sticky = 1, @sticky_gap_ms, @gap_ms) AS h, entity, gpu, pci, m
             FROM
             (
                 SELECT cityHash64(cluster, node) AS nh, id, toUInt64(ts) * 1000 + ts_ms AS t, entity,
                     entities.value[indexOf(entities.type, 'GPU')] AS gpu, entities.value[indexOf(entities.type, 'PCI')] AS pci,
-                    toUInt8(hasAny(error_codes, @sticky_codes)) AS sticky
+                    toUInt8(hasAny(error_codes, @sticky_codes)) AS sticky,
+                    metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
                 FROM recent_events
                 PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
                 WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
@@ -54,14 +55,15 @@ FROM
                 UNION ALL
                 SELECT cityHash64(cluster, node) AS nh, id, toUInt64(ts) * 1000 + ts_ms AS t, entity,
                     entities.value[indexOf(entities.type, 'GPU')] AS gpu, entities.value[indexOf(entities.type, 'PCI')] AS pci,
-                    toUInt8(hasAny(error_codes, @sticky_codes)) AS sticky
+                    toUInt8(hasAny(error_codes, @sticky_codes)) AS sticky,
+                    metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
                 FROM batch
                 WHERE has(@checks, check) AND is_fatal = 1 AND is_healthy = 0
                     AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
             )
             LIMIT 1 BY id
         ) AS w USING (nh)
-        WHERE t > at_ms - @window_ms AND t <= at_ms
+        WHERE t > at_ms - @window_ms AND t <= at_ms AND (tm = '' OR m = '' OR m = tm)
             AND (entity = gkey
                 OR (tpci != '' AND pci = tpci AND (tgpu = '' OR gpu = '' OR gpu = tgpu))
                 OR (tgpu != '' AND gpu = tgpu))

@@ -6,7 +6,8 @@
 -- counts for the trigger's GPU when its key is the trigger's, when both
 -- name the same PCI address and not two different UUIDs (the kmsg agent
 -- names a GPU "PCI=…" alone until it knows its UUID, "PCI=…,GPU=GPU-…"
--- after), or when both name the same UUID.
+-- after), or when both name the same UUID. Only the trigger's machine's
+-- events count (see "The machine" in sql/rules/README.md).
 -- param: checks Array(String)  Xid check names
 -- param: codes Array(String)   error codes counted, e.g. ['XID-31']
 SELECT
@@ -16,18 +17,19 @@ SELECT
     max(t) AS last_ms
 FROM
 (
-    SELECT tid, cityHash64(cluster, node) AS nh, at_ms, gkey,
+    SELECT tid, cityHash64(cluster, node) AS nh, at_ms, gkey, machine AS tm,
         extract(gkey, 'GPU=([^,]+)') AS tgpu, extract(gkey, 'PCI=([^,]+)') AS tpci
     FROM triggers
 ) AS tr
 ALL INNER JOIN
 (
-    SELECT nh, id, t, n, entity, gpu, pci
+    SELECT nh, id, t, n, entity, gpu, pci, m
     FROM
     (
         SELECT cityHash64(cluster, node) AS nh, id, toUInt64(ts) * 1000 + ts_ms AS t, entity,
             entities.value[indexOf(entities.type, 'GPU')] AS gpu, entities.value[indexOf(entities.type, 'PCI')] AS pci,
-            greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'count')]), 1) AS n
+            greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'count')]), 1) AS n,
+            metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
         FROM recent_events
         PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
         WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
@@ -35,14 +37,15 @@ ALL INNER JOIN
         UNION ALL
         SELECT cityHash64(cluster, node) AS nh, id, toUInt64(ts) * 1000 + ts_ms AS t, entity,
             entities.value[indexOf(entities.type, 'GPU')] AS gpu, entities.value[indexOf(entities.type, 'PCI')] AS pci,
-            greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'count')]), 1) AS n
+            greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'count')]), 1) AS n,
+            metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
         FROM batch
         WHERE has(@checks, check) AND hasAny(error_codes, @codes) AND is_healthy = 0
             AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
     )
     LIMIT 1 BY id
 ) AS w USING (nh)
-WHERE t > at_ms - @window_ms AND t <= at_ms
+WHERE t > at_ms - @window_ms AND t <= at_ms AND (tm = '' OR m = '' OR m = tm)
     AND (entity = gkey
         OR (tpci != '' AND pci = tpci AND (tgpu = '' OR gpu = '' OR gpu = tgpu))
         OR (tgpu != '' AND gpu = tgpu))

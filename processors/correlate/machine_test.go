@@ -1,0 +1,108 @@
+package correlate
+
+import (
+	"testing"
+	"time"
+
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
+)
+
+// on stamps ev with the machine its agent runs on (events.MetaSystemUUID);
+// "" leaves it naming none.
+func on(machine string, ev *datamodels.HealthEvent) *datamodels.HealthEvent {
+	events.SetSystemUUID(ev, machine, validate.MaxMetadata)
+	return ev
+}
+
+// TestWindowsCountTheTriggersMachine: a Node object kept across a machine
+// swap (the new machine's kubelet registers under the same name) carries
+// the earlier machine's events under its name, PCI addresses and port
+// names. A window counts only the trigger's machine's events, and those
+// that name no machine (senders that do not stamp one), so a healthy new
+// machine is not judged on its predecessor's faults: each case's step
+// that would reach the threshold with the earlier machine's events derives
+// nothing, and the new machine's own repeats still do.
+func TestWindowsCountTheTriggersMachine(t *testing.T) {
+	s := server(t)
+	m, sec, h := time.Minute, time.Second, time.Hour
+	const was, is = "4C4C4544-0042-3510-8052-B4C04F4E3732", "4C4C4544-0051-4410-8034-C3C04F4E3732"
+	cases := []struct {
+		name  string
+		steps func(c string) []step
+	}{
+		{"xid 31 count", func(c string) []step {
+			return []step{
+				{evs: evs(on(was, xid(c, "n1", 0, 31, false, 1))), want: none},
+				{evs: evs(on(is, xid(c, "n1", 1*h, 31, false, 1))), want: none},
+				{evs: evs(on(is, xid(c, "n1", 2*h, 31, false, 1))), want: "RepeatedXID31OnSameGPU:fault"},
+			}
+		}},
+		{"xid 31 count: an event naming no machine counts for any", func(c string) []step {
+			return []step{
+				{evs: evs(xid(c, "n1", 0, 31, false, 1)), want: none},
+				{evs: evs(on(is, xid(c, "n1", 1*h, 31, false, 1))), want: "RepeatedXID31OnSameGPU:fault"},
+			}
+		}},
+		{"xid bursts", func(c string) []step {
+			var st []step
+			for i := range 4 {
+				st = append(st, step{evs: evs(on(was, xid(c, "n1", time.Duration(i)*10*m, 48, true, 1))), want: none})
+			}
+			for i := range 5 {
+				want := none
+				if i == 4 {
+					want = "RepeatedXIDOnSameGPU:fault"
+				}
+				st = append(st, step{evs: evs(on(is, xid(c, "n1", 40*m+time.Duration(i)*10*m, 48, true, 1))), want: want})
+			}
+			return st
+		}},
+		{"flap", func(c string) []step {
+			down := func(mc string, at time.Duration) []*datamodels.HealthEvent {
+				return evs(on(mc, nicState(c, "n1", at, false)), on(mc, nicState(c, "n1", at+10*sec, true)))
+			}
+			return []step{
+				{evs: append(down(was, 0), down(was, 1*m)...), want: none},
+				{evs: down(is, 2*m), want: none},
+				{evs: down(is, 3*m), want: none},
+				{evs: down(is, 4*m), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
+		{"flap: the new machine's first down follows the earlier machine's down", func(c string) []step {
+			return []step{
+				{evs: evs(on(was, nicState(c, "n1", 0, false))), want: none},
+				// no healthy event between, but another machine's: a down
+				{evs: evs(on(is, nicState(c, "n1", 1*m, false))), want: none},
+				{evs: evs(on(is, nicState(c, "n1", 2*m, true)), on(is, nicState(c, "n1", 3*m, false))), want: none},
+				{evs: evs(on(is, nicState(c, "n1", 4*m, true)), on(is, nicState(c, "n1", 5*m, false))), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
+		{"flap: a down reported again by a sender naming no machine is no second down", func(c string) []step {
+			return []step{
+				{evs: append(flap(c, "n1", 0), on(is, nicState(c, "n1", 1*m, false))), want: none},
+				{evs: evs(nicState(c, "n1", 1*m+sec, false)), want: none},
+				{evs: evs(on(is, nicState(c, "n1", 2*m, true))), want: none},
+				{evs: evs(on(is, nicState(c, "n1", 3*m, false))), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
+		{"sxid and xid", func(c string) []step {
+			const pci = "0000:18:00.0"
+			return []step{
+				{evs: evs(on(was, sxidEv(c, "n1", "SysLogsSXIDError", 0, 24007, true, "", pci))), want: none},
+				{evs: evs(on(is, xidOn(c, "n1", 1*m, 74, "", pci))), want: none},
+				{evs: evs(on(is, sxidEv(c, "n1", "SysLogsSXIDError", 20*m, 24007, true, "", pci)), on(is, xidOn(c, "n1", 20*m+20*sec, 74, "", pci))),
+					want: ruleSXid + ":fault"},
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster("machine")
+			hs := newHarness(t, s, DefaultRules, nil)
+			hs.cluster = c
+			runSteps(t, hs, tc.steps(c))
+		})
+	}
+}
