@@ -106,7 +106,8 @@ func run(ctx context.Context, args []string) error {
 		// 7 days of history over 4 clusters x nodes, 8 NIC ports and 8 GPUs
 		// per node: NIC state downs/ups, link_downed increases, Xids
 		// (including 74 and 45, which NVSwitchSXidGPUXid joins with SXids),
-		// NVSwitch SXids; plus remediation actions.
+		// NVSwitch SXids; plus remediation actions. Every event carries
+		// its node's machine (machineOf), as the agents stamp it.
 		q := fmt.Sprintf(`INSERT INTO events (cluster, node, check, entity, ts, ts_ms, id, received, received_ms, agent, component_class,
     is_fatal, is_healthy, message, recommended_action, error_codes, entities.type, entities.value, metadata.key, metadata.value,
     processing_strategy, derived_by)
@@ -126,9 +127,10 @@ SELECT
     multiIf(n %% 5 = 2, ['link_downed'], n %% 5 = 3, [concat('XID-', toString([48, 31, 79, 13, 74, 45][n %% 6 + 1]))], n %% 5 = 4, ['SXID-12028'], emptyArrayString()) AS error_codes,
     multiIf(n %% 5 < 3, ['NIC', 'NICPort'], n %% 5 = 3, ['PCI', 'GPU'], ['NVSwitch', 'GPU']) AS et,
     multiIf(n %% 5 < 3, [concat('mlx5_', toString(intDiv(n, 20) %% 8)), '1'], n %% 5 = 3, [concat('0000:1', toString(intDiv(n, 20) %% 8), ':00'), concat('GPU-', toString(intDiv(n, 20) %% 8))], ['nvswitch0', concat('GPU-', toString(intDiv(n, 20) %% 8))]) AS ev,
-    ['count', 'delta'] AS mk, ['1', '1'] AS mv,
+    ['count', 'delta', 'faultline.io/system-uuid'] AS mk,
+    ['1', '1', concat('4c4c4544-000', toString(n %% 4), '-0000-0000-', toString(100000000000 + intDiv(n, 4) %% %d))] AS mv,
     'EXECUTE_REMEDIATION' AS processing_strategy, '' AS derived_by
-FROM (SELECT number AS n FROM system.numbers LIMIT %d)`, *nodes, now.Unix(), *history)
+FROM (SELECT number AS n FROM system.numbers LIMIT %d)`, *nodes, *nodes, now.Unix(), *history)
 		if err := conn.Exec(ctx, q); err != nil {
 			return fmt.Errorf("generate history: %w", err)
 		}
@@ -299,8 +301,8 @@ func counters(reg *prometheus.Registry) map[string]float64 {
 // record is one new event (or, 1 in 50, a remediation action) for a random
 // node of the history: the mix of the history, so most trigger a rule.
 func record(rng *rand.Rand, nodes int, at time.Time) *kgo.Record {
-	cluster := "c" + strconv.Itoa(rng.IntN(4))
-	node := "node-" + strconv.Itoa(rng.IntN(nodes))
+	ci, ni := rng.IntN(4), rng.IntN(nodes)
+	cluster, node := "c"+strconv.Itoa(ci), "node-"+strconv.Itoa(ni)
 	k := rng.IntN(50)
 	if k == 0 {
 		a := &faultlinev1.Action{Id: events.NewID(), Cluster: cluster, Node: node, Role: "remediate", Kind: "remediate", Outcome: "applied", Timestamp: timestamppb.New(at)}
@@ -309,7 +311,8 @@ func record(rng *rand.Rand, nodes int, at time.Time) *kgo.Record {
 	}
 	dev := strconv.Itoa(rng.IntN(8))
 	ev := &datamodels.HealthEvent{Version: 1, Id: events.NewID(), Cluster: cluster, NodeName: node, Agent: "bench",
-		GeneratedTimestamp: timestamppb.New(at), ReceivedTimestamp: timestamppb.New(at), Metadata: map[string]string{"count": "1"}}
+		GeneratedTimestamp: timestamppb.New(at), ReceivedTimestamp: timestamppb.New(at),
+		Metadata: map[string]string{"count": "1", events.MetaSystemUUID: machineOf(ci, ni)}}
 	switch k % 5 {
 	case 0, 1:
 		ev.CheckName, ev.ComponentClass = "InfiniBandStateCheck", "NIC"
@@ -332,4 +335,10 @@ func record(rng *rand.Rand, nodes int, at time.Time) *kgo.Record {
 	}
 	b, _ := events.Marshal(ev)
 	return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(cluster, node), Value: b, Timestamp: at}
+}
+
+// machineOf is the system UUID of node ni of cluster ci, as the history's
+// events carry it.
+func machineOf(ci, ni int) string {
+	return fmt.Sprintf("4c4c4544-000%d-0000-0000-%d", ci, 100000000000+ni)
 }
