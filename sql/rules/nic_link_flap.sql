@@ -14,6 +14,8 @@
 -- both a state event and a counter increase, so the two are not added:
 -- the value is max(state-check downs, sum of link_downed deltas), which
 -- also counts the sub-second flaps only the counter sees.
+-- Only the trigger's machine's events count (see "The machine" in
+-- sql/rules/README.md).
 -- param: state_checks Array(String)    state-check names
 -- param: counter_checks Array(String)  degradation-check names
 SELECT

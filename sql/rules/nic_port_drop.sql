@@ -5,6 +5,8 @@
 -- trained up and fell again: a recovery attempt, which is a flap, not a drop;
 -- the increase that comes with the drop itself falls inside grace).
 -- value is 1 when dropped, else 0; last_ms is the time of the drop.
+-- Only the trigger's machine's events count (see "The machine" in
+-- sql/rules/README.md).
 -- param: state_checks Array(String)    state-check names
 -- param: counter_checks Array(String)  degradation-check names
 -- param: hold_ms UInt64                how long DOWN must last (4m)

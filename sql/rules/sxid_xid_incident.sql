@@ -8,6 +8,8 @@
 -- port map) or its metadata gpu_pci. value = the incident's SXid events in
 -- (at - window, at] when the GPU has a matching Xid there too, else no row;
 -- cause_ids = the SXid and Xid event ids: one verdict, both causes.
+-- Only the trigger's machine's events count (see "The machine" in
+-- sql/rules/README.md).
 -- param: sxid_checks Array(String)          SXid check names (kernel log, FM log)
 -- param: nonfatal_sxid_codes Array(String)  non-fatal SXids that cause Xid 45
 -- param: xid_checks Array(String)           Xid check names

@@ -10,6 +10,8 @@
 -- name the same PCI address and not two different UUIDs (the kmsg agent
 -- names a GPU "PCI=…" alone until it knows its UUID, "PCI=…,GPU=GPU-…"
 -- after), or when both name the same UUID.
+-- Only the trigger's machine's events count (see "The machine" in
+-- sql/rules/README.md).
 -- param: checks Array(String)        Xid check names
 -- param: sticky_codes Array(String)  error codes that keep a burst open for sticky_gap
 -- param: gap_ms UInt64               quiet time that ends a burst (3m)
