@@ -21,6 +21,7 @@ import (
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/fleet"
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/schemas/events"
 	sqlfiles "github.com/faultline/faultline/sql"
 )
 
@@ -306,7 +307,7 @@ func seed() (stored, batch []seedEvent, actions, batchActions []seedAction) {
 	)
 	// A Node object kept across a machine swap: the windows count only the
 	// trigger's machine's events (and those that name none).
-	old, swapped := [][2]string{{"faultline.io/system-uuid", "M-OLD"}}, [][2]string{{"faultline.io/system-uuid", "M-NEW"}}
+	old, swapped := [][2]string{{events.MetaSystemUUID, "M-OLD"}}, [][2]string{{events.MetaSystemUUID, "M-NEW"}}
 	add(
 		seedEvent{node: "n-swap", check: xid, ents: g1, at: s(0), codes: []string{"XID-31"}, meta: old},
 		seedEvent{node: "n-swap", check: xid, ents: g1, at: s(time.Minute), codes: []string{"XID-31"}, meta: old},
@@ -638,7 +639,7 @@ func triggersFor(r ruleSpec, evs []seedEvent, acts []seedAction) []trigger {
 		}
 		machine := ""
 		for _, kv := range e.meta {
-			if kv[0] == "faultline.io/system-uuid" {
+			if kv[0] == events.MetaSystemUUID {
 				machine = kv[1]
 			}
 		}
