@@ -106,3 +106,73 @@ func TestWindowsCountTheTriggersMachine(t *testing.T) {
 		})
 	}
 }
+
+// TestSweepNamesTheNodesMachine: a sweep evaluates a node's windows for
+// the machine the node reports now, its newest event naming one. Once a
+// machine swapped in under a kept Node object has reported, its
+// predecessor's port left DOWN starts no NICPortDrop and its
+// predecessor's standing verdict recovers; before it has, a verdict
+// derived from the predecessor's events names the predecessor (which the
+// quarantine role does not act on on a node reporting another machine).
+func TestSweepNamesTheNodesMachine(t *testing.T) {
+	s := server(t)
+	m, h := time.Minute, time.Hour
+	const was, is = "4C4C4544-0042-3510-8052-B4C04F4E3732", "4C4C4544-0051-4410-8034-C3C04F4E3732"
+	// up is the new machine's first report: another port, up.
+	up := func(c string, at time.Duration) *datamodels.HealthEvent {
+		ev := on(is, nicState(c, "n1", at, true))
+		ev.EntitiesImpacted = portEnts("mlx5_1", 1)
+		return ev
+	}
+	cases := []struct {
+		name  string
+		steps func(c string) []step
+		names string // the machine the last verdict names
+	}{
+		{"port drop: the new machine has reported", func(c string) []step {
+			return []step{
+				{evs: evs(on(was, nicState(c, "n1", 0, false))), want: none},
+				{evs: evs(up(c, 1*m)), want: none},
+				{sweep: 5 * m, want: none},
+				{sweep: 10 * m, want: none},
+			}
+		}, ""},
+		{"port drop: the new machine has not reported", func(c string) []step {
+			return []step{
+				{evs: evs(on(was, nicState(c, "n1", 0, false))), want: none},
+				{sweep: 5 * m, want: "NICPortDrop:fault"},
+			}
+		}, was},
+		{"port drop: the same machine", func(c string) []step {
+			return []step{
+				{evs: evs(on(is, nicState(c, "n1", 0, false))), want: none},
+				{evs: evs(up(c, 1*m)), want: none},
+				{sweep: 5 * m, want: "NICPortDrop:fault"},
+			}
+		}, is},
+		{"a standing verdict recovers once the new machine reports", func(c string) []step {
+			return []step{
+				{evs: evs(on(was, xid(c, "n1", 0, 31, false, 1))), want: none},
+				{evs: evs(on(was, xid(c, "n1", 10*m, 31, false, 1))), want: "RepeatedXID31OnSameGPU:fault"},
+				{sweep: 2 * h, want: none},
+				{evs: evs(up(c, 3*h)), want: none},
+				{sweep: 3*h + m, want: "RepeatedXID31OnSameGPU:recovery"},
+			}
+		}, is},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster("sweepmachine")
+			hs := newHarness(t, s, DefaultRules, nil)
+			hs.cluster = c
+			runSteps(t, hs, tc.steps(c))
+			if tc.names == "" {
+				return
+			}
+			last := hs.derived[len(hs.derived)-1]
+			if got := last.GetMetadata()[events.MetaSystemUUID]; got != tc.names {
+				t.Fatalf("%s %s names machine %q, want %q", last.GetDerivedBy(), describe(evs(last)), got, tc.names)
+			}
+		})
+	}
+}

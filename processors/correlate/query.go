@@ -72,6 +72,7 @@ var (
 	triggerCols = []col{{"tid", "String"}, {"cluster", "String"}, {"node", "String"}, {"gkey", "String"}, {"at", "DateTime"}, {"at_ms", "UInt64"},
 		{"machine", "String"}}
 	lookupCols = []col{{"cluster", "String"}, {"node", "String"}, {"entity", "String"}}
+	nodeCols   = []col{{"cluster", "String"}, {"node", "String"}}
 )
 
 func newTable(name string, cols []col, rows [][]any) (*ext.Table, error) {
@@ -369,8 +370,9 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("sweep: read standing verdicts: %w", err)
 	}
-	var out []*kgo.Record
-	for _, r := range h.rules {
+	swept := make([][]trigger, len(h.rules))
+	var lookback time.Duration // the longest window that counts by machine
+	for i, r := range h.rules {
 		trigs := standing[r.Name]
 		if r.Candidates != "" {
 			cands, err := h.candidates(ctx, r, now)
@@ -378,9 +380,6 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 				return nil, err
 			}
 			trigs = append(trigs, cands...)
-		}
-		if len(trigs) == 0 {
-			continue
 		}
 		seen := map[string]bool{}
 		uniq := trigs[:0]
@@ -393,15 +392,105 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 			t.tid, t.atMS, t.recvMS = fmt.Sprint(len(uniq)), now.UnixMilli(), now.UnixMilli()
 			uniq = append(uniq, t)
 		}
+		swept[i] = uniq
+		if r.readsMachine && len(uniq) > 0 {
+			lookback = max(lookback, r.Window)
+		}
+	}
+	var machines map[string]string
+	if lookback > 0 {
+		var nodes []trigger
+		for i, r := range h.rules {
+			if r.readsMachine {
+				nodes = append(nodes, swept[i]...)
+			}
+		}
+		var err error
+		if machines, err = h.machines(ctx, nodes, now.Add(-lookback)); err != nil {
+			return nil, fmt.Errorf("sweep: %w", err)
+		}
+	}
+	var out []*kgo.Record
+	for i, r := range h.rules {
+		trigs := swept[i]
+		if len(trigs) == 0 {
+			continue
+		}
+		if r.readsMachine {
+			for j := range trigs {
+				trigs[j].machine = machines[trigs[j].cluster+"\x00"+trigs[j].node]
+			}
+		}
 		empty, err := newBatchTables(nil) // a sweep has no records
 		if err != nil {
 			return nil, err
 		}
-		recs, err := h.evaluate(ctx, r, uniq, empty)
+		recs, err := h.evaluate(ctx, r, trigs, empty)
 		if err != nil {
 			return nil, fmt.Errorf("sweep: %w", err)
 		}
 		out = append(out, recs...)
+	}
+	return out, nil
+}
+
+// machinesSQL reads, per node, the machine (events.MetaSystemUUID) of its
+// newest raw event that names one, received since @since. events is
+// ordered by node, so this reads the nodes' rows only.
+const machinesSQL = `
+SELECT cluster, node, argMax(m, (received, received_ms, ts, ts_ms))
+FROM
+(
+    SELECT cluster, node, received, received_ms, ts, ts_ms,
+        metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
+    FROM events
+    PREWHERE (cluster, node) IN (SELECT cluster, node FROM lookups) AND received >= @since
+    WHERE m != '' AND derived_by = ''
+)
+GROUP BY cluster, node`
+
+// machines returns, keyed by cluster and node, the machine each node of
+// the sweep's triggers reports now: that of its newest event naming one
+// within the longest window that counts by machine. A sweep evaluates a
+// node's windows for that machine, as a batch does for its trigger's: a
+// machine swapped in under a kept Node object is not judged on its
+// predecessor's events once it has reported (its first event stamped),
+// and a verdict the sweep derives from the predecessor's events alone
+// names the predecessor, which the quarantine role does not act on
+// (processors/quarantine: an event of another machine). A node none of
+// whose events names a machine is missing: its windows count every event.
+func (h *Handler) machines(ctx context.Context, trigs []trigger, since time.Time) (map[string]string, error) {
+	seen := map[string]bool{}
+	var rows [][]any
+	for _, t := range trigs {
+		k := t.cluster + "\x00" + t.node
+		if t.node != "" && !seen[k] {
+			seen[k] = true
+			rows = append(rows, []any{t.cluster, t.node})
+		}
+	}
+	out := map[string]string{}
+	if len(rows) == 0 {
+		return out, nil
+	}
+	tbl, err := newTable("lookups", nodeCols, rows)
+	if err != nil {
+		return nil, err
+	}
+	res, err := h.conn.Query(ch.Context(ctx, ch.WithExternalTable(tbl)), machinesSQL, ch.Named("since", since.UTC().Truncate(time.Second)))
+	if err != nil {
+		return nil, fmt.Errorf("read the nodes' machines: %w", err)
+	}
+	defer res.Close()
+	for res.Next() {
+		var cluster, node, machine string
+		if err := res.Scan(&cluster, &node, &machine); err != nil {
+			return nil, fmt.Errorf("read the nodes' machines: %w", err)
+		}
+		out[cluster+"\x00"+node] = machine
+	}
+	if err := res.Err(); err != nil {
+		return nil, fmt.Errorf("read the nodes' machines: %w", err)
 	}
 	return out, nil
 }

@@ -164,6 +164,9 @@ type Rule struct {
 	// readsBatch, readsBatchActions: the query reads the external table
 	// batch / batch_actions, so it is sent along.
 	readsBatch, readsBatchActions bool
+	// readsMachine: the query reads triggers.machine, so a sweep names the
+	// machine each node reports now (Handler.machines).
+	readsMachine bool
 }
 
 // ConfigError is a rules-file error naming the rule and the field.
@@ -244,6 +247,7 @@ func ParseRules(b []byte, dir fs.FS) ([]*Rule, error) {
 var (
 	batchRE       = regexp.MustCompile(`\bbatch\b`)
 	batchActionRE = regexp.MustCompile(`\bbatch_actions\b`)
+	machineRE     = regexp.MustCompile(`\bmachine\b`)
 	paramRE       = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 	// builtinParams are bound by the engine.
 	builtinParams = map[string]bool{"window_ms": true, "since": true, "until": true, "threshold": true}
@@ -288,6 +292,7 @@ func compileRule(s RuleSpec, dir fs.FS) (*Rule, error) {
 	}
 	r.query = strings.TrimRight(strings.TrimSpace(stripComments(r.Query)), ";")
 	r.readsBatch, r.readsBatchActions = batchRE.MatchString(r.query), batchActionRE.MatchString(r.query)
+	r.readsMachine = r.Scope != ScopeCluster && machineRE.MatchString(r.query)
 	if s.Candidates != "" {
 		if r.Candidates, err = loadSQL(s.Candidates, dir); err != nil {
 			return nil, bad("candidates", err)
