@@ -40,6 +40,7 @@ import (
 	"strings"
 	"time"
 
+	ch "github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -130,7 +131,7 @@ SELECT
     ['count', 'delta', 'faultline.io/system-uuid'] AS mk,
     ['1', '1', concat('4c4c4544-000', toString(n %% 4), '-0000-0000-', toString(100000000000 + intDiv(n, 4) %% %d))] AS mv,
     'EXECUTE_REMEDIATION' AS processing_strategy, '' AS derived_by
-FROM (SELECT number AS n FROM system.numbers LIMIT %d)`, *nodes, *nodes, now.Unix(), *history)
+FROM (SELECT number AS n FROM system.numbers LIMIT %d)`, *nodes, now.Unix(), *nodes, *history)
 		if err := conn.Exec(ctx, q); err != nil {
 			return fmt.Errorf("generate history: %w", err)
 		}
@@ -144,6 +145,9 @@ FROM (SELECT number AS n FROM system.numbers LIMIT %d)`, *nodes, now.Unix(), now
 		fmt.Printf("history: %d events, %d actions generated in %s\n", *history, *history/100, time.Since(start).Round(time.Millisecond))
 	}
 	if err := conn.QueryRow(ctx, "SELECT count() FROM events").Scan(&have); err != nil {
+		return err
+	}
+	if err := checkHistory(ctx, conn, now); err != nil {
 		return err
 	}
 	rules, err := correlate.LoadRules("")
@@ -341,4 +345,38 @@ func record(rng *rand.Rand, nodes int, at time.Time) *kgo.Record {
 // events carry it.
 func machineOf(ci, ni int) string {
 	return fmt.Sprintf("4c4c4544-000%d-0000-0000-%d", ci, 100000000000+ni)
+}
+
+// checkHistory verifies the load: every event of the history lies in the
+// 7 days before now, inside the windows the rules read, and names its
+// node's machine as the batches' events do (machineOf).
+func checkHistory(ctx context.Context, conn clickhouse.Conn, now time.Time) error {
+	var outside uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM events WHERE ts > @now OR ts <= @now - 604800",
+		ch.Named("now", now)).Scan(&outside); err != nil {
+		return fmt.Errorf("check the history: %w", err)
+	}
+	if outside > 0 {
+		return fmt.Errorf("check the history: %d events outside the 7 days before %s", outside, now.Format(time.RFC3339))
+	}
+	rows, err := conn.Query(ctx, `SELECT DISTINCT toUInt8(substring(cluster, 2)), toUInt32(substring(node, 6)),
+    metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] FROM events LIMIT 100`)
+	if err != nil {
+		return fmt.Errorf("check the history: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			ci      uint8
+			ni      uint32
+			machine string
+		)
+		if err := rows.Scan(&ci, &ni, &machine); err != nil {
+			return fmt.Errorf("check the history: %w", err)
+		}
+		if want := machineOf(int(ci), int(ni)); machine != want {
+			return fmt.Errorf("check the history: node c%d/node-%d names machine %q, its batches' events %q", ci, ni, machine, want)
+		}
+	}
+	return rows.Err()
 }
