@@ -159,6 +159,14 @@ func TestSweepNamesTheNodesMachine(t *testing.T) {
 				{sweep: 3*h + m, want: "RepeatedXID31OnSameGPU:recovery"},
 			}
 		}, is},
+		{"a standing verdict recovers: the new machine's report older than the hour read first", func(c string) []step {
+			return []step{
+				{evs: evs(on(was, xid(c, "n1", 0, 31, false, 1))), want: none},
+				{evs: evs(on(was, xid(c, "n1", 10*m, 31, false, 1))), want: "RepeatedXID31OnSameGPU:fault"},
+				{evs: evs(up(c, 20*m)), want: none},
+				{sweep: 3 * h, want: "RepeatedXID31OnSameGPU:recovery"},
+			}
+		}, is},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

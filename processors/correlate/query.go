@@ -449,50 +449,70 @@ FROM
 )
 GROUP BY cluster, node`
 
+// machinesRecent is how far back machines looks first: most nodes have
+// reported within it, and only the others' rows of the whole lookback are
+// read.
+const machinesRecent = time.Hour
+
 // machines returns, keyed by cluster and node, the machine each node of
 // the sweep's triggers reports now: that of its newest event naming one
-// within the longest window that counts by machine. A sweep evaluates a
-// node's windows for that machine, as a batch does for its trigger's: a
-// machine swapped in under a kept Node object is not judged on its
-// predecessor's events once it has reported (its first event stamped),
-// and a verdict the sweep derives from the predecessor's events alone
-// names the predecessor, which the quarantine role does not act on
-// (processors/quarantine: an event of another machine). A node none of
-// whose events names a machine is missing: its windows count every event.
+// received since since. A sweep evaluates a node's windows for that
+// machine, as a batch does for its trigger's: a machine swapped in under a
+// kept Node object is not judged on its predecessor's events once it has
+// reported (its first event stamped), and a verdict the sweep derives from
+// the predecessor's events alone names the predecessor, which the
+// quarantine role does not act on (processors/quarantine: an event of
+// another machine). A node none of whose events names a machine is
+// missing: its windows count every event.
 func (h *Handler) machines(ctx context.Context, trigs []trigger, since time.Time) (map[string]string, error) {
-	seen := map[string]bool{}
-	var rows [][]any
+	out := map[string]string{}
+	var nodes [][]any
 	for _, t := range trigs {
 		k := t.cluster + "\x00" + t.node
-		if t.node != "" && !seen[k] {
-			seen[k] = true
-			rows = append(rows, []any{t.cluster, t.node})
+		if _, ok := out[k]; t.node != "" && !ok {
+			out[k] = ""
+			nodes = append(nodes, []any{t.cluster, t.node})
 		}
 	}
-	out := map[string]string{}
-	if len(rows) == 0 {
-		return out, nil
+	froms := []time.Time{since}
+	if recent := h.now().Add(-machinesRecent); recent.After(since) {
+		froms = []time.Time{recent, since}
 	}
-	tbl, err := newTable("lookups", nodeCols, rows)
+	for _, from := range froms {
+		if len(nodes) == 0 {
+			break
+		}
+		if err := h.readMachines(ctx, nodes, from, out); err != nil {
+			return nil, err
+		}
+		nodes = slices.DeleteFunc(nodes, func(n []any) bool { return out[n[0].(string)+"\x00"+n[1].(string)] != "" })
+	}
+	return out, nil
+}
+
+// readMachines runs machinesSQL for the nodes (cluster, node rows) and
+// adds what it finds to out.
+func (h *Handler) readMachines(ctx context.Context, nodes [][]any, since time.Time, out map[string]string) error {
+	tbl, err := newTable("lookups", nodeCols, nodes)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	res, err := h.conn.Query(ch.Context(ctx, ch.WithExternalTable(tbl)), machinesSQL, ch.Named("since", since.UTC().Truncate(time.Second)))
 	if err != nil {
-		return nil, fmt.Errorf("read the nodes' machines: %w", err)
+		return fmt.Errorf("read the nodes' machines: %w", err)
 	}
 	defer res.Close()
 	for res.Next() {
 		var cluster, node, machine string
 		if err := res.Scan(&cluster, &node, &machine); err != nil {
-			return nil, fmt.Errorf("read the nodes' machines: %w", err)
+			return fmt.Errorf("read the nodes' machines: %w", err)
 		}
 		out[cluster+"\x00"+node] = machine
 	}
 	if err := res.Err(); err != nil {
-		return nil, fmt.Errorf("read the nodes' machines: %w", err)
+		return fmt.Errorf("read the nodes' machines: %w", err)
 	}
-	return out, nil
+	return nil
 }
 
 // candidates runs the rule's candidates query over (now - window, now].
