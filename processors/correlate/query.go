@@ -406,7 +406,7 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 			}
 		}
 		var err error
-		if machines, err = h.machines(ctx, nodes, now.Add(-lookback)); err != nil {
+		if machines, err = h.machines(ctx, nodes, now, lookback); err != nil {
 			return nil, fmt.Errorf("sweep: %w", err)
 		}
 	}
@@ -460,7 +460,7 @@ const machinesRecent = time.Hour
 
 // machines returns, keyed by cluster and node, the machine each node of
 // the sweep's triggers reports now: that of its newest event naming one
-// (machinesSQL) since since. A sweep evaluates a node's windows for that
+// (machinesSQL) within lookback of now, the last machinesRecent read first. A sweep evaluates a node's windows for that
 // machine, as a batch does for its trigger's: a machine swapped in under a
 // kept Node object is not judged on its predecessor's events once it has
 // reported (its first event stamped), and a verdict the sweep derives from
@@ -468,41 +468,41 @@ const machinesRecent = time.Hour
 // quarantine role does not act on (processors/quarantine: an event of
 // another machine). A node none of whose events names a machine is
 // missing: its windows count every event.
-func (h *Handler) machines(ctx context.Context, trigs []trigger, since time.Time) (map[string]string, error) {
+func (h *Handler) machines(ctx context.Context, trigs []trigger, now time.Time, lookback time.Duration) (map[string]string, error) {
 	out := map[string]string{}
-	var nodes [][]any
+	nodes := map[string][]any{} // by key of out: the lookups row
 	for _, t := range trigs {
-		k := t.cluster + "\x00" + t.node
-		if _, ok := out[k]; t.node != "" && !ok {
-			out[k] = ""
-			nodes = append(nodes, []any{t.cluster, t.node})
+		nodes[t.cluster+"\x00"+t.node] = []any{t.cluster, t.node}
+	}
+	until := now.UTC().Truncate(time.Second).Add(time.Second)
+	for _, back := range []time.Duration{min(machinesRecent, lookback), lookback} {
+		var rows [][]any
+		for k, row := range nodes {
+			if out[k] == "" {
+				rows = append(rows, row)
+			}
 		}
-	}
-	froms := []time.Time{since}
-	if recent := h.now().Add(-machinesRecent); recent.After(since) {
-		froms = []time.Time{recent, since}
-	}
-	for _, from := range froms {
-		if len(nodes) == 0 {
+		if len(rows) == 0 {
 			break
 		}
-		if err := h.readMachines(ctx, nodes, from, out); err != nil {
+		if err := h.readMachines(ctx, rows, now.Add(-back).UTC().Truncate(time.Second), until, out); err != nil {
 			return nil, err
 		}
-		nodes = slices.DeleteFunc(nodes, func(n []any) bool { return out[n[0].(string)+"\x00"+n[1].(string)] != "" })
+		if back == lookback {
+			break
+		}
 	}
 	return out, nil
 }
 
-// readMachines runs machinesSQL for the nodes (cluster, node rows) and
+// readMachines runs machinesSQL for the lookups rows (cluster, node) and
 // adds what it finds to out.
-func (h *Handler) readMachines(ctx context.Context, nodes [][]any, since time.Time, out map[string]string) error {
-	tbl, err := newTable("lookups", nodeCols, nodes)
+func (h *Handler) readMachines(ctx context.Context, rows [][]any, since, until time.Time, out map[string]string) error {
+	tbl, err := newTable("lookups", nodeCols, rows)
 	if err != nil {
 		return err
 	}
-	res, err := h.conn.Query(ch.Context(ctx, ch.WithExternalTable(tbl)), machinesSQL,
-		ch.Named("since", since.UTC().Truncate(time.Second)), ch.Named("until", h.now().UTC().Truncate(time.Second).Add(time.Second)))
+	res, err := h.conn.Query(ch.Context(ctx, ch.WithExternalTable(tbl)), machinesSQL, ch.Named("since", since), ch.Named("until", until))
 	if err != nil {
 		return fmt.Errorf("read the nodes' machines: %w", err)
 	}
