@@ -184,3 +184,37 @@ func TestSweepNamesTheNodesMachine(t *testing.T) {
 		})
 	}
 }
+
+// TestReadsMachine: the sweep names a machine only for the node and entity
+// rules whose query reads the trigger's machine; a cluster rule, a rule
+// that does not read it (MultipleRemediations, a custom rule) count as
+// before.
+func TestReadsMachine(t *testing.T) {
+	rules, err := LoadRules("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{
+		"RepeatedNICLinkFlap": true, "NICPortDrop": true, "RepeatedXIDOnSameGPU": true, "RepeatedXID31OnSameGPU": true,
+		ruleSXid: true, "MultipleRemediations": false, "FabricIncident": false,
+	}
+	for _, r := range rules {
+		if w, ok := want[r.Name]; !ok || r.readsMachine != w {
+			t.Errorf("rule %s: readsMachine %v, want %v (known %v)", r.Name, r.readsMachine, w, ok)
+		}
+	}
+	custom, err := ParseRules([]byte(`
+[[rule]]
+name = "Custom"
+trigger = "event.checkName == 'X'"
+window = "10m"
+threshold = 1
+query = "SELECT tid, 1.0 AS value, emptyArrayString() AS cause_ids, toUInt64(0) AS last_ms FROM triggers -- machine"
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if custom[0].readsMachine {
+		t.Error("a rule whose query names machine only in a comment reads it")
+	}
+}
