@@ -441,10 +441,10 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 // ordered by node, cannot prune where the nodes are a good part of the
 // fleet: it read every granule's metadata, 10x the time).
 const machinesSQL = `
-SELECT cluster, node, argMax(m, (received, ts, ts_ms))
+SELECT cluster, node, argMax(m, t)
 FROM
 (
-    SELECT cluster, node, received, ts, ts_ms,
+    SELECT cluster, node, toUInt64(ts) * 1000 + ts_ms AS t,
         metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
     FROM recent_events
     PREWHERE ts >= @since AND ts <= @until
