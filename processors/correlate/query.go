@@ -372,6 +372,7 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 	}
 	swept := make([][]trigger, len(h.rules))
 	var lookback time.Duration // the longest window that counts by machine
+	var named []trigger        // the triggers of the rules that count by machine
 	for i, r := range h.rules {
 		trigs := standing[r.Name]
 		if r.Candidates != "" {
@@ -395,18 +396,13 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 		swept[i] = uniq
 		if r.readsMachine && len(uniq) > 0 {
 			lookback = max(lookback, r.Window)
+			named = append(named, uniq...)
 		}
 	}
-	var machines map[string]string
+	var machines map[nodeKey]string
 	if lookback > 0 {
-		var nodes []trigger
-		for i, r := range h.rules {
-			if r.readsMachine {
-				nodes = append(nodes, swept[i]...)
-			}
-		}
 		var err error
-		if machines, err = h.machines(ctx, nodes, now, lookback); err != nil {
+		if machines, err = h.machines(ctx, named, now, lookback); err != nil {
 			return nil, fmt.Errorf("sweep: %w", err)
 		}
 	}
@@ -418,7 +414,7 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 		}
 		if r.readsMachine {
 			for j := range trigs {
-				trigs[j].machine = machines[trigs[j].cluster+"\x00"+trigs[j].node]
+				trigs[j].machine = machines[nodeKey{trigs[j].cluster, trigs[j].node}]
 			}
 		}
 		empty, err := newBatchTables(nil) // a sweep has no records
@@ -449,7 +445,7 @@ FROM
     FROM recent_events
     PREWHERE ts >= @since AND ts <= @until
         AND cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM lookups)
-    WHERE m != '' AND derived_by = ''
+    WHERE m != ''
 )
 GROUP BY cluster, node`
 
@@ -458,28 +454,35 @@ GROUP BY cluster, node`
 // read.
 const machinesRecent = time.Hour
 
-// machines returns, keyed by cluster and node, the machine each node of
-// the sweep's triggers reports now: that of its newest event naming one
-// (machinesSQL) within lookback of now, the last machinesRecent read first. A sweep evaluates a node's windows for that
-// machine, as a batch does for its trigger's: a machine swapped in under a
-// kept Node object is not judged on its predecessor's events once it has
-// reported (its first event stamped), and a verdict the sweep derives from
-// the predecessor's events alone names the predecessor, which the
-// quarantine role does not act on (processors/quarantine: an event of
-// another machine). A node none of whose events names a machine is
-// missing: its windows count every event.
-func (h *Handler) machines(ctx context.Context, trigs []trigger, now time.Time, lookback time.Duration) (map[string]string, error) {
-	out := map[string]string{}
-	nodes := map[string][]any{} // by key of out: the lookups row
+// nodeKey names a node of a cluster.
+type nodeKey struct{ cluster, node string }
+
+// machines returns the machine each node of the sweep's triggers reports
+// now: that of its newest event naming one (machinesSQL) within lookback
+// of now, the last machinesRecent read first. A sweep evaluates a node's
+// windows for that machine, as a batch does for its trigger's: a machine
+// swapped in under a kept Node object is not judged on its predecessor's
+// events once it has reported (its first event stamped), and a verdict the
+// sweep derives from the predecessor's events alone names the
+// predecessor, which the quarantine role does not act on
+// (processors/quarantine: an event of another machine). A node none of
+// whose events names a machine is missing: its windows count every event.
+func (h *Handler) machines(ctx context.Context, trigs []trigger, now time.Time, lookback time.Duration) (map[nodeKey]string, error) {
+	out := map[nodeKey]string{}
+	nodes := map[nodeKey]bool{}
 	for _, t := range trigs {
-		nodes[t.cluster+"\x00"+t.node] = []any{t.cluster, t.node}
+		nodes[nodeKey{t.cluster, t.node}] = true
+	}
+	backs := []time.Duration{lookback}
+	if lookback > machinesRecent {
+		backs = []time.Duration{machinesRecent, lookback}
 	}
 	until := now.UTC().Truncate(time.Second).Add(time.Second)
-	for _, back := range []time.Duration{min(machinesRecent, lookback), lookback} {
+	for _, back := range backs {
 		var rows [][]any
-		for k, row := range nodes {
-			if out[k] == "" {
-				rows = append(rows, row)
+		for n := range nodes {
+			if out[n] == "" {
+				rows = append(rows, []any{n.cluster, n.node})
 			}
 		}
 		if len(rows) == 0 {
@@ -488,16 +491,13 @@ func (h *Handler) machines(ctx context.Context, trigs []trigger, now time.Time, 
 		if err := h.readMachines(ctx, rows, now.Add(-back).UTC().Truncate(time.Second), until, out); err != nil {
 			return nil, err
 		}
-		if back == lookback {
-			break
-		}
 	}
 	return out, nil
 }
 
 // readMachines runs machinesSQL for the lookups rows (cluster, node) and
 // adds what it finds to out.
-func (h *Handler) readMachines(ctx context.Context, rows [][]any, since, until time.Time, out map[string]string) error {
+func (h *Handler) readMachines(ctx context.Context, rows [][]any, since, until time.Time, out map[nodeKey]string) error {
 	tbl, err := newTable("lookups", nodeCols, rows)
 	if err != nil {
 		return err
@@ -508,11 +508,12 @@ func (h *Handler) readMachines(ctx context.Context, rows [][]any, since, until t
 	}
 	defer res.Close()
 	for res.Next() {
-		var cluster, node, machine string
-		if err := res.Scan(&cluster, &node, &machine); err != nil {
+		var n nodeKey
+		var machine string
+		if err := res.Scan(&n.cluster, &n.node, &machine); err != nil {
 			return fmt.Errorf("read the nodes' machines: %w", err)
 		}
-		out[cluster+"\x00"+node] = machine
+		out[n] = machine
 	}
 	if err := res.Err(); err != nil {
 		return fmt.Errorf("read the nodes' machines: %w", err)
