@@ -96,6 +96,7 @@ type Metrics struct {
 	triggerErrors *prometheus.CounterVec
 	triggers      *prometheus.CounterVec
 	forgotten     prometheus.Counter
+	splits        *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg (nil: not registered).
@@ -106,9 +107,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		triggerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_trigger_errors_total", Help: "Rule triggers that failed on a record (missing key, type error, cost limit); the record did not trigger the rule."}, []string{"rule"}),
 		triggers:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_triggers_total", Help: "Rule triggers, by rule and outcome (evaluated: its window query ran; skipped: its result could not change the standing verdict)."}, []string{"rule", "outcome"}),
 		forgotten:     prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_correlate_unstored_forgotten_total", Help: "Records of earlier batches forgotten before the store had written them (over the memory's bound): a window evaluated meanwhile may miss them."}),
+		splits:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_query_splits_total", Help: "Rule queries ClickHouse refused for its memory limit and that ran again for each half of their triggers, by rule."}, []string{"rule"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.derived, m.query, m.triggerErrors, m.triggers, m.forgotten)
+		reg.MustRegister(m.derived, m.query, m.triggerErrors, m.triggers, m.forgotten, m.splits)
 	}
 	return m
 }

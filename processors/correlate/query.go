@@ -2,7 +2,9 @@ package correlate
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -93,10 +95,44 @@ func newTable(name string, cols []col, rows [][]any) (*ext.Table, error) {
 }
 
 // runRule runs the rule's query for the triggers: one query for all of
-// them, with the batch sent along. Without causes the query is wrapped in
-// a SELECT that does not read its cause_ids, so ClickHouse neither
-// computes them nor carries the ids through the query's JOIN.
+// them, with the batch sent along. A query ClickHouse refuses for its
+// memory limit is run again for each half of the triggers, down to one:
+// each trigger's value depends on its own window only, and the halves see
+// the same batch, so the results are the same (a batch the role takes
+// whole under a backlog can need more memory than one query may use:
+// FabricIncident's per-group arrays are copied per trigger).
 func (h *Handler) runRule(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables, causes bool) (map[string]result, error) {
+	res, err := h.runRuleOnce(ctx, r, trigs, bt, causes)
+	if err == nil || len(trigs) < 2 || !memoryLimited(err) {
+		return res, err
+	}
+	h.metrics.splits.WithLabelValues(r.Name).Inc()
+	h.log.Info("rule query over its memory limit, split in two", "rule", r.Name, "triggers", len(trigs), "err", err)
+	half := len(trigs) / 2
+	res, err = h.runRule(ctx, r, trigs[:half], bt, causes)
+	if err != nil {
+		return nil, err
+	}
+	rest, err := h.runRule(ctx, r, trigs[half:], bt, causes)
+	if err != nil {
+		return nil, err
+	}
+	maps.Copy(res, rest)
+	return res, nil
+}
+
+// memoryLimited reports whether err is ClickHouse's MEMORY_LIMIT_EXCEEDED
+// (code 241; a shard's, in a cluster, comes back with its code).
+func memoryLimited(err error) bool {
+	var ex *ch.Exception
+	return errors.As(err, &ex) && ex.Code == 241
+}
+
+// runRuleOnce runs the rule's query for the triggers. Without causes the
+// query is wrapped in a SELECT that does not read its cause_ids, so
+// ClickHouse neither computes them nor carries the ids through the
+// query's JOIN.
+func (h *Handler) runRuleOnce(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables, causes bool) (map[string]result, error) {
 	minAt, maxAt := trigs[0].atMS, trigs[0].atMS
 	rows := make([][]any, len(trigs))
 	for i, t := range trigs {

@@ -1,0 +1,96 @@
+package correlate
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	ch "github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/faultline/faultline/internal/clickhouse"
+)
+
+// memoryCapped runs every query with ClickHouse's max_memory_usage set
+// to limit bytes.
+type memoryCapped struct {
+	clickhouse.Conn
+	limit int
+}
+
+func (c memoryCapped) Query(ctx context.Context, q string, args ...any) (driver.Rows, error) {
+	return c.Conn.Query(ch.Context(ctx, ch.WithSettings(ch.Settings{"max_memory_usage": c.limit})), q, args...)
+}
+
+// TestMemoryLimitSplitsTheQuery: a rule query ClickHouse refuses for its
+// memory limit runs again for each half of its triggers, and the values
+// and cause ids are those of the whole query; a single trigger over the
+// limit is the batch's error. FabricIncident copies its group's arrays
+// (here 1,500 nodes' port downs) to each of its 1,500 triggers: ~150 MB
+// in one block, over a 40 MB limit; an eighth of the triggers fits.
+func TestMemoryLimitSplitsTheQuery(t *testing.T) {
+	s := server(t)
+	c := newCluster("split")
+	rules, err := ParseRules(DefaultRules, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fabric *Rule
+	for _, r := range rules {
+		if r.Name == "FabricIncident" {
+			fabric = r
+		}
+	}
+	var recs []*kgo.Record
+	for i := range 1500 {
+		recs = append(recs, evRecord(t, nicState(c, fmt.Sprintf("n%04d", i), time.Duration(i)*time.Millisecond, false)))
+	}
+	bt, err := newBatchTables(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	handler := func(conn clickhouse.Conn) *Handler {
+		return New(conn, rules, func() time.Time { return base.Add(time.Minute) }, time.Minute, log, nil)
+	}
+	whole := handler(s.Conn)
+	items, _ := decode(recs, log)
+	trigs := whole.triggers(fabric, items)
+	if len(trigs) != len(recs) {
+		t.Fatalf("%d triggers, want %d", len(trigs), len(recs))
+	}
+	want, err := whole.runRule(ctx(t), fabric, trigs, bt, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := want[trigs[len(trigs)-1].tid]; len(want) != len(trigs) || last.value != 1500 || len(last.causes) != 100 {
+		t.Fatalf("unlimited: %d results, the last trigger's value %v with %d cause ids; want %d, 1500, 100", len(want), last.value, len(last.causes), len(trigs))
+	}
+	if _, err := handler(memoryCapped{s.Conn, 40 << 20}).runRuleOnce(ctx(t), fabric, trigs, bt, true); !memoryLimited(err) {
+		t.Fatalf("one query under a 40 MB limit: %v, want the memory limit", err)
+	}
+
+	split := handler(memoryCapped{s.Conn, 40 << 20})
+	got, err := split.runRule(ctx(t), fabric, trigs, bt, true)
+	if err != nil {
+		t.Fatalf("split: %v", err)
+	}
+	if !maps.EqualFunc(got, want, func(a, b result) bool { return a.value == b.value && a.lastMS == b.lastMS && slices.Equal(a.causes, b.causes) }) {
+		t.Fatalf("split results differ from the whole query's (%d against %d results)", len(got), len(want))
+	}
+	var splits dto.Metric
+	if err := split.metrics.splits.WithLabelValues(fabric.Name).Write(&splits); err != nil || splits.GetCounter().GetValue() < 1 {
+		t.Fatalf("splits counted: %v (%v), want at least 1", splits.GetCounter().GetValue(), err)
+	}
+
+	if _, err := handler(memoryCapped{s.Conn, 1 << 20}).runRule(ctx(t), fabric, trigs, bt, true); !memoryLimited(err) {
+		t.Fatalf("a limit no trigger fits: %v, want the memory limit's error", err)
+	}
+}
