@@ -489,8 +489,9 @@ func (h *Handler) evaluate(ctx context.Context, r *Rule, trigs []trigger, bt *ba
 // prepare reads the standing verdicts of the triggers' groups first, drops
 // the triggers whose evaluation cannot change anything (the group's verdict
 // stands and cannot recover yet: inside its stabilization window, or the
-// rule does not recover; or the rule's verdicts start only in the sweep and
-// none stands), then runs the window query for the rest without their cause
+// rule does not recover, or recovers in the sweep only and this is no
+// sweep; or the rule's verdicts start only in the sweep and none stands),
+// then runs the window query for the rest without their cause
 // ids, which decide asks for only where a verdict starts.
 func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables) (*plan, error) {
 	priors, err := h.priors(ctx, r, trigs)
@@ -502,7 +503,7 @@ func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 		p, has := priorFor(priors, t)
 		standing := has && !p.healthy
 		switch {
-		case standing && (!r.Recover || t.atMS-p.tMS < r.Stabilization.Milliseconds() || t.atMS <= p.tMS):
+		case standing && (!r.Recover || (r.SweepRecovery && !t.fromSweep) || t.atMS-p.tMS < r.Stabilization.Milliseconds() || t.atMS <= p.tMS):
 		case !standing && r.SweepOnset && !t.fromSweep:
 		default:
 			pl.trigs = append(pl.trigs, t)

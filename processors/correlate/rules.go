@@ -97,6 +97,15 @@ type RuleSpec struct {
 	// Recover emits a healthy derived event when the verdict clears.
 	// Default true.
 	Recover *bool `toml:"recover"`
+	// Recovery is where a standing verdict can recover: "event" (default:
+	// an arriving trigger of its group, or the sweep) or "sweep" (only the
+	// sweep, every sweep_interval; a trigger of a standing verdict is not
+	// evaluated). "sweep" suits a rule whose trigger always counts in its
+	// own window: recovery needs the stabilization to have passed since
+	// the last counted event, so no trigger could end the verdict, and
+	// evaluating them (thousands a batch in a fabric-wide incident) finds
+	// nothing. Elsewhere it delays a recovery by up to sweep_interval.
+	Recovery string `toml:"recovery"`
 	// Shadow records verdicts (as STORE_ONLY derived events, metadata
 	// mode=shadow) without letting anything act on them.
 	Shadow bool `toml:"shadow"`
@@ -152,6 +161,7 @@ type Rule struct {
 	Query         string
 	Candidates    string
 	SweepOnset    bool
+	SweepRecovery bool
 	CheckName     string
 	Action        datamodels.RecommendedAction
 	Strategy      datamodels.ProcessingStrategy
@@ -307,6 +317,16 @@ func compileRule(s RuleSpec, dir fs.FS) (*Rule, error) {
 		r.SweepOnset = true
 	default:
 		return nil, bad("onset", fmt.Errorf("%q is not event or sweep", s.Onset))
+	}
+	switch s.Recovery {
+	case "", "event":
+	case "sweep":
+		if !r.Recover {
+			return nil, bad("recovery", errors.New(`"sweep" with recover = false: the verdicts do not recover`))
+		}
+		r.SweepRecovery = true
+	default:
+		return nil, bad("recovery", fmt.Errorf("%q is not event or sweep", s.Recovery))
 	}
 	r.args = map[string]any{}
 	for k, v := range s.Params {

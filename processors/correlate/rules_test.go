@@ -475,6 +475,11 @@ suppressed_by = ["Other"]`, "suppressed_by"},
 onset = "later"`, "onset"},
 		{"sweep onset without candidates", `threshold = 2|threshold = 2
 onset = "sweep"`, "onset"},
+		{"recovery", `threshold = 2|threshold = 2
+recovery = "later"`, "recovery"},
+		{"sweep recovery of a rule that does not recover", `threshold = 2|threshold = 2
+recovery = "sweep"
+recover = false`, "recovery"},
 		{"unknown key", `threshold = 2|threshold = 2
 treshold = 3`, "rule.treshold"},
 	}
