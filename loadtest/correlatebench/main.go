@@ -23,7 +23,7 @@
 // rule). Usage (without -clickhouse.addr it starts a ClickHouse server in a
 // temporary directory):
 //
-//	go run ./loadtest/correlatebench -history 10000000 -events 100000 -batch 5000
+//	go run ./loadtest/correlatebench -history 10000000 -events 100000
 package main
 
 import (
@@ -70,7 +70,7 @@ func run(ctx context.Context, args []string) error {
 	cfg.RegisterFlags(fs, "clickhouse.")
 	history := fs.Int("history", 10_000_000, "events in the history (generated when the table holds fewer)")
 	n := fs.Int("events", 100_000, "events to correlate in each phase (no-skip, then steady)")
-	batch := fs.Int("batch", 5000, "events per batch (the role's default correlate.batch_records)")
+	batch := fs.Int("batch", correlate.DefaultConfig().BatchRecords, "events per batch (default: the role's correlate.batch_records)")
 	nodes := fs.Int("nodes", 2000, "nodes (per cluster, 4 clusters)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the correlation to this file")
 	if err := fs.Parse(args); err != nil {

@@ -82,7 +82,9 @@ func TestMemoryLimitSplitsTheQuery(t *testing.T) {
 	if err != nil {
 		t.Fatalf("split: %v", err)
 	}
-	if !maps.EqualFunc(got, want, func(a, b result) bool { return a.value == b.value && a.lastMS == b.lastMS && slices.Equal(a.causes, b.causes) }) {
+	if !maps.EqualFunc(got, want, func(a, b result) bool {
+		return a.value == b.value && a.lastMS == b.lastMS && slices.Equal(a.causes, b.causes)
+	}) {
 		t.Fatalf("split results differ from the whole query's (%d against %d results)", len(got), len(want))
 	}
 	var splits dto.Metric
