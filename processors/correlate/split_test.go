@@ -32,9 +32,10 @@ func (c memoryCapped) Query(ctx context.Context, q string, args ...any) (driver.
 // TestMemoryLimitSplitsTheQuery: a rule query ClickHouse refuses for its
 // memory limit runs again for each half of its triggers, and the values
 // and cause ids are those of the whole query; a single trigger over the
-// limit is the batch's error. FabricIncident copies its group's arrays
-// (here 1,500 nodes' port downs) to each of its 1,500 triggers: ~150 MB
-// in one block, over a 40 MB limit; an eighth of the triggers fits.
+// limit is the batch's error. FabricIncident's cause pass copies its
+// group's events (here 1,500 nodes' port downs) to each of its 1,500
+// triggers: ~150 MB in one block, over a 40 MB limit; an eighth of the
+// triggers fits.
 func TestMemoryLimitSplitsTheQuery(t *testing.T) {
 	s := server(t)
 	c := newCluster("split")
