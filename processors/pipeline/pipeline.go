@@ -113,6 +113,12 @@ type Config struct {
 	// MinBatch is the record count at which the runner stops lingering.
 	// Default MaxPollRecords.
 	MinBatch int
+	// MaxBatchBytes stops lingering once the records gathered hold this
+	// many bytes of keys and values, whatever MinBatch says: batches of
+	// the largest events (~200 KB each) are bounded by bytes, not by
+	// count (the first poll of a batch is bounded by the client's fetch
+	// buffer). Default 64 MiB.
+	MaxBatchBytes int
 	// MergePartitions hands all the partitions gathered together to one
 	// Handle call (each partition's records in offset order, partitions one
 	// after the other), so a bulk writer writes once per batch. Default
@@ -177,6 +183,9 @@ func NewRunner(cfg Config, kcfg kafka.Config, h Handler, log *slog.Logger, m *Me
 	}
 	if cfg.MinBatch == 0 {
 		cfg.MinBatch = cfg.MaxPollRecords
+	}
+	if cfg.MaxBatchBytes == 0 {
+		cfg.MaxBatchBytes = 64 << 20
 	}
 	if cfg.LagInterval == 0 {
 		cfg.LagInterval = 15 * time.Second
@@ -415,12 +424,13 @@ func observePartitions(obs PartitionObserver, log *slog.Logger) []kgo.Opt {
 }
 
 // poll returns the next records, one slice per partition in offset order:
-// one poll, or with Linger set, polls until MinBatch records or Linger.
+// one poll, or with Linger set, polls until MinBatch records,
+// MaxBatchBytes or Linger.
 func (r *Runner) poll(ctx context.Context, cl *kgo.Client) [][]*kgo.Record {
 	var (
-		order []TopicPart
-		parts = map[TopicPart][]*kgo.Record{}
-		n     int
+		order   []TopicPart
+		parts   = map[TopicPart][]*kgo.Record{}
+		n, size int
 	)
 	add := func(fetches kgo.Fetches) {
 		fetches.EachError(func(t string, p int32, err error) {
@@ -439,12 +449,15 @@ func (r *Runner) poll(ctx context.Context, cl *kgo.Client) [][]*kgo.Record {
 			}
 			parts[k] = append(parts[k], p.Records...)
 			n += len(p.Records)
+			for _, rec := range p.Records {
+				size += len(rec.Key) + len(rec.Value)
+			}
 		})
 	}
 	add(cl.PollRecords(ctx, r.cfg.MaxPollRecords))
 	if r.cfg.Linger > 0 && n > 0 {
 		deadline := time.Now().Add(r.cfg.Linger)
-		for n < r.cfg.MinBatch && ctx.Err() == nil && time.Now().Before(deadline) {
+		for n < r.cfg.MinBatch && size < r.cfg.MaxBatchBytes && ctx.Err() == nil && time.Now().Before(deadline) {
 			lctx, cancel := context.WithDeadline(ctx, deadline)
 			add(cl.PollRecords(lctx, min(r.cfg.MaxPollRecords, r.cfg.MinBatch-n)))
 			cancel()

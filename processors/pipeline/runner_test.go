@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -1042,5 +1043,49 @@ func TestStartOffsetsMissNoRecordProducedWhileListing(t *testing.T) {
 	}
 	if got[topicIn][0] != 1 {
 		t.Fatalf("start offset %d, want 1 (new0, written while the offsets were listed)", got[topicIn][0])
+	}
+}
+
+// TestRunnerBatchBytesEndLinger: a lingering runner hands over what it
+// gathered once it holds MaxBatchBytes, well before MinBatch records:
+// 100 records of 100 KB, polled 5 at a time, batches of at most 1 MiB
+// (one poll past it).
+func TestRunnerBatchBytesEndLinger(t *testing.T) {
+	h := newHarness(t, 1, topicIn, topicOut, events.TopicDeadLetter)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	big := bytes.Repeat([]byte("x"), 100<<10)
+	for range 100 {
+		if err := h.cl.ProduceSync(ctx, &kgo.Record{Topic: topicIn, Value: big}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var (
+		mu    sync.Mutex
+		sizes []int
+	)
+	h.run("bytes", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		mu.Lock()
+		sizes = append(sizes, len(recs))
+		mu.Unlock()
+		return Result{}, nil
+	}), func(c *Config) {
+		c.Linger, c.MaxPollRecords, c.MinBatch, c.MaxBatchBytes = 2*time.Second, 5, 1000, 1<<20
+	})
+	eventually(t, 20*time.Second, "all 100 records handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, s := range sizes {
+			n += s
+		}
+		return n == 100
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range sizes {
+		if s > 15 {
+			t.Fatalf("batches of %v records, want none over 15 (1 MiB of 100 KB records and one poll of 5)", sizes)
+		}
 	}
 }
