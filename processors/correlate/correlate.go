@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -170,7 +171,10 @@ type item struct {
 	// recvMS is when the record reached faultline (an event's
 	// receivedTimestamp, the gateway's clock; an action's time).
 	recvMS int64
-	vars   map[string]any
+	// vars are the CEL variables of a record that can trigger (set by
+	// decode; nil for derived and STORE_ONLY events), read by the rules'
+	// triggers concurrently.
+	vars map[string]any
 }
 
 // trigger is one evaluation of a rule: a group at a time.
@@ -228,9 +232,14 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 	items, dead := decode(recs, h.log)
 	h.expireCache()
 	trigs := make([][]trigger, len(h.rules))
+	var tg errgroup.Group // the rules' triggers on every core before the queries start
+	tg.SetLimit(runtime.GOMAXPROCS(0))
+	for i, r := range h.rules {
+		tg.Go(func() error { trigs[i] = h.triggers(r, items); return nil })
+	}
+	tg.Wait()
 	clusterWide := map[string]bool{} // clusters a cluster-scope rule counts over in this batch
 	for i, r := range h.rules {
-		trigs[i] = h.triggers(r, items) // sequential: CEL variables are cached on the items
 		if r.Scope == ScopeCluster {
 			for _, t := range trigs[i] {
 				clusterWide[t.cluster] = true
@@ -347,7 +356,7 @@ func decode(recs []*kgo.Record, log *slog.Logger) ([]item, []pipeline.Dead) {
 				log.Debug("action skipped", "offset", rec.Offset, "err", err)
 				continue
 			}
-			it := item{act: a, cluster: cluster, node: node}
+			it := item{act: a, cluster: cluster, node: node, vars: map[string]any{"action": ActionVars(a)}}
 			ts := rec.Timestamp
 			if a.GetTimestamp() != nil {
 				ts = a.GetTimestamp().AsTime()
@@ -361,6 +370,9 @@ func decode(recs []*kgo.Record, log *slog.Logger) ([]item, []pipeline.Dead) {
 				continue
 			}
 			it := item{ev: ev, cluster: cluster, node: node}
+			if !events.IsDerived(ev) && !events.StoreOnly(ev) {
+				it.vars = map[string]any{"event": events.Vars(ev)}
+			}
 			ts := rec.Timestamp
 			if ev.GetReceivedTimestamp() != nil {
 				ts = ev.GetReceivedTimestamp().AsTime()
@@ -383,14 +395,11 @@ func (h *Handler) triggers(r *Rule, items []item) []trigger {
 	var out []trigger
 	for i := range items {
 		it := &items[i]
+		if it.vars == nil {
+			continue // a derived or STORE_ONLY event
+		}
 		if r.Source == SourceActions {
-			if it.act == nil {
-				continue
-			}
-			if it.vars == nil {
-				it.vars = map[string]any{"action": ActionVars(it.act)}
-			}
-			if !h.matches(r, it.vars) {
+			if it.act == nil || !h.matches(r, it.vars) {
 				continue
 			}
 			out = append(out, trigger{
@@ -401,13 +410,7 @@ func (h *Handler) triggers(r *Rule, items []item) []trigger {
 			continue
 		}
 		ev := it.ev
-		if ev == nil || events.IsDerived(ev) || events.StoreOnly(ev) {
-			continue
-		}
-		if it.vars == nil {
-			it.vars = map[string]any{"event": events.Vars(ev)}
-		}
-		if !h.matches(r, it.vars) {
+		if ev == nil || !h.matches(r, it.vars) {
 			continue
 		}
 		t := trigger{tid: strconv.Itoa(len(out)), cluster: it.cluster, node: it.node, atMS: it.atMS, recvMS: it.recvMS, sourceID: ev.GetId(),
