@@ -235,9 +235,11 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 	var tg errgroup.Group // the rules' triggers on every core before the queries start
 	tg.SetLimit(runtime.GOMAXPROCS(0))
 	for i, r := range h.rules {
-		tg.Go(func() error { trigs[i] = h.triggers(r, items); return nil })
+		tg.Go(pipeline.Safe(func() error { trigs[i] = h.triggers(r, items); return nil }))
 	}
-	tg.Wait()
+	if err := tg.Wait(); err != nil {
+		return pipeline.Result{}, err
+	}
 	clusterWide := map[string]bool{} // clusters a cluster-scope rule counts over in this batch
 	for i, r := range h.rules {
 		if r.Scope == ScopeCluster {

@@ -98,9 +98,8 @@ func newTable(name string, cols []col, rows [][]any) (*ext.Table, error) {
 // them, with the batch sent along. A query ClickHouse refuses for its
 // memory limit is run again for each half of the triggers, down to one:
 // each trigger's value depends on its own window only, and the halves see
-// the same batch, so the results are the same (a batch the role takes
-// whole under a backlog can need more memory than one query may use:
-// FabricIncident's per-group arrays are copied per trigger).
+// the same batch, so the results are the same (a large batch, taken
+// whole under a backlog, can need more than one query may use).
 func (h *Handler) runRule(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables, causes bool) (map[string]result, error) {
 	res, err := h.runRuleOnce(ctx, r, trigs, bt, causes)
 	if err == nil || len(trigs) < 2 || !memoryLimited(err) {
