@@ -5,7 +5,7 @@
 -- Evaluated per group in one sorted pass, not per trigger × event: a node
 -- counts at `at` when one of its events t has t <= at < t + window, so each
 -- node's events become intervals [t, t + window), merged where they touch
--- (a node's run of events less than a window apart), and a trigger's value
+-- (a node's run of events no more than a window apart), and a trigger's value
 -- is the number of intervals begun and not ended at its time. The group's
 -- interval starts (+1), ends (-1) and trigger times (0) are sorted into
 -- one array (at equal times starts and ends before triggers) whose running
