@@ -127,6 +127,7 @@ func New(conn clickhouse.Conn, rules []*Rule, now func() time.Time, ttl time.Dur
 	h.Ownership.Topic = events.TopicEvents
 	for _, r := range rules {
 		h.byName[r.Name] = r
+		m.splits.WithLabelValues(r.Name) // exported from the start (at 0), so an alert's increase sees the first split
 	}
 	return h
 }
