@@ -12,6 +12,8 @@ import (
 	"time"
 
 	ch "github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -88,6 +90,16 @@ func newHarness(t *testing.T, s *chtest.Server, rulesTOML []byte, mutate func([]
 	return &harness{t: t, srv: s, clock: c, rules: rules,
 		store: store.New(s.Conn, log, store.NewMetrics(nil)),
 		h:     New(s.Conn, rules, c.Now, 2*time.Minute, log, nil)}
+}
+
+// counterValue reads a counter of the role's metrics.
+func counterValue(t testing.TB, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
 
 func ctx(t *testing.T) context.Context {

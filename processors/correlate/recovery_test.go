@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -85,19 +84,13 @@ func TestSweepRecoverySkipsStandingTriggers(t *testing.T) {
 	if got := only("FabricIncident", hs.batches([][]*datamodels.HealthEvent{downs(0, 1)})); len(got) != 1 || got[0].GetIsHealthy() {
 		t.Fatalf("four nodes down: %s, want the incident", describe(got))
 	}
-	skipped := func() float64 {
-		var d dto.Metric
-		if err := hs.h.metrics.triggers.WithLabelValues("FabricIncident", "skipped").Write(&d); err != nil {
-			t.Fatal(err)
-		}
-		return d.GetCounter().GetValue()
-	}
-	before := skipped()
+	skipped := hs.h.metrics.triggers.WithLabelValues("FabricIncident", "skipped")
+	before := counterValue(t, skipped)
 	// past the 10m stabilization, the incident goes on
 	if got := only("FabricIncident", hs.batches([][]*datamodels.HealthEvent{downs(12*m, 5)})); len(got) != 0 {
 		t.Fatalf("more downs while it stands: %s, want nothing", describe(got))
 	}
-	if n := skipped() - before; n != 4 {
+	if n := counterValue(t, skipped) - before; n != 4 {
 		t.Fatalf("%v triggers of the standing incident skipped, want 4", n)
 	}
 	if got := only("FabricIncident", hs.sweep(13*m)); len(got) != 0 {

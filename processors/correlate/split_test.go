@@ -12,7 +12,6 @@ import (
 
 	ch "github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/internal/clickhouse"
@@ -88,9 +87,8 @@ func TestMemoryLimitSplitsTheQuery(t *testing.T) {
 	}) {
 		t.Fatalf("split results differ from the whole query's (%d against %d results)", len(got), len(want))
 	}
-	var splits dto.Metric
-	if err := split.metrics.splits.WithLabelValues(fabric.Name).Write(&splits); err != nil || splits.GetCounter().GetValue() < 1 {
-		t.Fatalf("splits counted: %v (%v), want at least 1", splits.GetCounter().GetValue(), err)
+	if n := counterValue(t, split.metrics.splits.WithLabelValues(fabric.Name)); n < 1 {
+		t.Fatalf("splits counted: %v, want at least 1", n)
 	}
 
 	if _, err := handler(memoryCapped{s.Conn, 1 << 20}).runRule(ctx(t), fabric, trigs, bt, true); !memoryLimited(err) {

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -144,12 +143,9 @@ func TestUnstoredForget(t *testing.T) {
 	for i := range 7 {
 		u.add([]*kgo.Record{rec("d", "n1", 3, int64(i))})
 	}
-	var m dto.Metric
-	if err := forgot.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	if n := len(u.of(nil, map[string]bool{"c": true, "d": true})); n != 5 || m.GetCounter().GetValue() != 3 {
-		t.Errorf("over the bound of 5: %d kept, %v forgotten, want 5 and 3", n, m.GetCounter().GetValue())
+	forgotten := counterValue(t, forgot)
+	if n := len(u.of(nil, map[string]bool{"c": true, "d": true})); n != 5 || forgotten != 3 {
+		t.Errorf("over the bound of 5: %d kept, %v forgotten, want 5 and 3", n, forgotten)
 	}
 	// … and reads back once the progress is known within seedWait.
 	var readFrom int64 = -1
@@ -217,16 +213,13 @@ func TestUnstoredBoundedByBytes(t *testing.T) {
 	for _, m := range u.recs {
 		held += len(m.rec.Key) + len(m.rec.Value)
 	}
-	var m dto.Metric
-	if err := u.forgot.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%d records of %d bytes added: %d kept, %d bytes (bound %d), %v forgotten", n, size, len(u.recs), held, maxUnstoredBytes, m.GetCounter().GetValue())
+	forgotten := counterValue(t, u.forgot)
+	t.Logf("%d records of %d bytes added: %d kept, %d bytes (bound %d), %v forgotten", n, size, len(u.recs), held, maxUnstoredBytes, forgotten)
 	if held > maxUnstoredBytes || held+size <= maxUnstoredBytes {
 		t.Errorf("%d bytes kept, want as many records as fit in %d", held, maxUnstoredBytes)
 	}
-	if int(m.GetCounter().GetValue()) != n-len(u.recs) {
-		t.Errorf("%v forgotten, want %d", m.GetCounter().GetValue(), n-len(u.recs))
+	if int(forgotten) != n-len(u.recs) {
+		t.Errorf("%v forgotten, want %d", forgotten, n-len(u.recs))
 	}
 	for i, r := range u.recs {
 		if want := int64(n - len(u.recs) + i); r.rec.Offset != want {
