@@ -104,7 +104,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		derived:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_derived_total", Help: "Derived events emitted, by rule, polarity (verdict, recovery) and mode (live, shadow, suppressed)."}, []string{"rule", "kind", "mode"}),
-		query:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_correlate_query_seconds", Help: "Time of one rule query, by rule and pass (value: the window values of a batch or sweep; causes: the cause ids of new verdicts).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"rule", "pass"}),
+		query:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_correlate_query_seconds", Help: "Time of one rule query, by rule and pass (value: the window values of a batch or sweep, with their cause ids unless the rule reads them apart; causes: the cause ids of new verdicts, for a rule with causes = verdicts).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"rule", "pass"}),
 		triggerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_trigger_errors_total", Help: "Rule triggers that failed on a record (missing key, type error, cost limit); the record did not trigger the rule."}, []string{"rule"}),
 		triggers:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_triggers_total", Help: "Rule triggers, by rule and outcome (evaluated: its window query ran; skipped: its result could not change the standing verdict)."}, []string{"rule", "outcome"}),
 		forgotten:     prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_correlate_unstored_forgotten_total", Help: "Records of earlier batches forgotten before the store had written them (over the memory's bound): a window evaluated meanwhile may miss them."}),
@@ -524,7 +524,7 @@ func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 	if len(run) == 0 {
 		return pl, nil
 	}
-	pl.results, err = h.runRule(ctx, r, run, bt, false)
+	pl.results, err = h.runRule(ctx, r, run, bt, passValue)
 	return pl, err
 }
 
@@ -627,10 +627,13 @@ func (h *Handler) emit(r *Rule, ems []emission) ([]*kgo.Record, error) {
 	return out, nil
 }
 
-// causes fills in the cause ids of the verdicts among ems: the rule query
-// once more, with cause ids, for their triggers only (verdicts are rare;
-// collecting the ids of every trigger's window costs most of a query).
+// causes fills in the cause ids of the verdicts among ems for a rule that
+// reads them apart (Rule.CausesApart; the value pass carries the others'):
+// the rule query once more, with cause ids, for their triggers only.
 func (h *Handler) causes(ctx context.Context, r *Rule, ems []emission, bt *batchTables) error {
+	if !r.CausesApart {
+		return nil
+	}
 	var trigs []trigger
 	for _, em := range ems {
 		if !em.healthy {
@@ -640,7 +643,7 @@ func (h *Handler) causes(ctx context.Context, r *Rule, ems []emission, bt *batch
 	if len(trigs) == 0 {
 		return nil
 	}
-	res, err := h.runRule(ctx, r, trigs, bt, true)
+	res, err := h.runRule(ctx, r, trigs, bt, passCauses)
 	if err != nil {
 		return err
 	}

@@ -100,19 +100,19 @@ func newTable(name string, cols []col, rows [][]any) (*ext.Table, error) {
 // each trigger's value depends on its own window only, and the halves see
 // the same batch, so the results are the same (a large batch, taken
 // whole under a backlog, can need more than one query may use).
-func (h *Handler) runRule(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables, causes bool) (map[string]result, error) {
-	res, err := h.runRuleOnce(ctx, r, trigs, bt, causes)
+func (h *Handler) runRule(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables, pass string) (map[string]result, error) {
+	res, err := h.runRuleOnce(ctx, r, trigs, bt, pass)
 	if err == nil || len(trigs) < 2 || !memoryLimited(err) {
 		return res, err
 	}
 	h.metrics.splits.WithLabelValues(r.Name).Inc()
 	h.log.Info("rule query over its memory limit, split in two", "rule", r.Name, "triggers", len(trigs), "err", err)
 	half := len(trigs) / 2
-	res, err = h.runRule(ctx, r, trigs[:half], bt, causes)
+	res, err = h.runRule(ctx, r, trigs[:half], bt, pass)
 	if err != nil {
 		return nil, err
 	}
-	rest, err := h.runRule(ctx, r, trigs[half:], bt, causes)
+	rest, err := h.runRule(ctx, r, trigs[half:], bt, pass)
 	if err != nil {
 		return nil, err
 	}
@@ -127,11 +127,19 @@ func memoryLimited(err error) bool {
 	return errors.As(err, &ex) && ex.Code == 241
 }
 
-// runRuleOnce runs the rule's query for the triggers. Without causes the
-// query is wrapped in a SELECT that does not read its cause_ids, so
-// ClickHouse neither computes them nor carries the ids through the
-// query's JOIN.
-func (h *Handler) runRuleOnce(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables, causes bool) (map[string]result, error) {
+// The passes of a rule query: value reads every trigger's window value
+// (and its cause ids, unless the rule reads them apart); causes reads
+// the cause ids of the triggers that start a verdict (Rule.CausesApart).
+const (
+	passValue  = "value"
+	passCauses = "causes"
+)
+
+// runRuleOnce runs the rule's query for the triggers. The value pass of a
+// rule that reads its cause ids apart is wrapped in a SELECT that does not
+// read them, so ClickHouse neither computes them nor carries the ids
+// through the query's JOIN.
+func (h *Handler) runRuleOnce(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables, pass string) (map[string]result, error) {
 	minAt, maxAt := trigs[0].atMS, trigs[0].atMS
 	rows := make([][]any, len(trigs))
 	for i, t := range trigs {
@@ -145,7 +153,7 @@ func (h *Handler) runRuleOnce(ctx context.Context, r *Rule, trigs []trigger, bt 
 	}
 	tables = append(tables, tt)
 	q := r.query
-	if !causes {
+	if pass == passValue && r.CausesApart {
 		q = "SELECT tid, value, emptyArrayString() AS cause_ids, last_ms FROM (" + q + "\n)"
 	}
 	if r.readsBatch {
@@ -159,10 +167,6 @@ func (h *Handler) runRuleOnce(ctx context.Context, r *Rule, trigs []trigger, bt 
 	args := h.args(r, since, until)
 	start := time.Now()
 	res, err := h.query(ctx, r, q, tables, args)
-	pass := "value"
-	if causes {
-		pass = "causes"
-	}
 	h.metrics.query.WithLabelValues(r.Name, pass).Observe(time.Since(start).Seconds())
 	return res, err
 }

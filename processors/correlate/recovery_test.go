@@ -50,7 +50,7 @@ func TestSweepRecoveryRulesCountTheirTrigger(t *testing.T) {
 		if len(trigs) == 0 {
 			t.Fatalf("%s: the batch triggers it nowhere", r.Name)
 		}
-		res, err := hs.h.runRule(ctx(t), r, trigs, bt, false)
+		res, err := hs.h.runRule(ctx(t), r, trigs, bt, passValue)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -106,6 +106,15 @@ type RuleSpec struct {
 	// evaluating them (thousands a batch in a fabric-wide incident) finds
 	// nothing. Elsewhere it delays a recovery by up to sweep_interval.
 	Recovery string `toml:"recovery"`
+	// Causes is where the verdicts' cause ids are read: "value" (default:
+	// the one query that reads every trigger's value returns them too) or
+	// "verdicts" (that query is wrapped so ClickHouse neither computes the
+	// ids nor carries them through the JOIN, and the query runs once more,
+	// as written, for the triggers that start a verdict). "verdicts" suits
+	// a query whose cause ids cost much more than its values, such as
+	// FabricIncident's per-trigger filter over a whole group's events;
+	// elsewhere the second query reads the window again for nothing.
+	Causes string `toml:"causes"`
 	// Shadow records verdicts (as STORE_ONLY derived events, metadata
 	// mode=shadow) without letting anything act on them.
 	Shadow bool `toml:"shadow"`
@@ -162,14 +171,17 @@ type Rule struct {
 	Candidates    string
 	SweepOnset    bool
 	SweepRecovery bool
-	CheckName     string
-	Action        datamodels.RecommendedAction
-	Strategy      datamodels.ProcessingStrategy
-	query         string // Query without comments, as sent
-	args          map[string]any
-	trigger       cel.Program
-	message       *template.Template
-	recovery      *template.Template
+	// CausesApart: the cause ids are read by a second query, for the
+	// verdicts only (Causes "verdicts").
+	CausesApart bool
+	CheckName   string
+	Action      datamodels.RecommendedAction
+	Strategy    datamodels.ProcessingStrategy
+	query       string // Query without comments, as sent
+	args        map[string]any
+	trigger     cel.Program
+	message     *template.Template
+	recovery    *template.Template
 
 	// readsBatch, readsBatchActions: the query reads the external table
 	// batch / batch_actions, so it is sent along.
@@ -327,6 +339,13 @@ func compileRule(s RuleSpec, dir fs.FS) (*Rule, error) {
 		r.SweepRecovery = true
 	default:
 		return nil, bad("recovery", fmt.Errorf("%q is not event or sweep", s.Recovery))
+	}
+	switch s.Causes {
+	case "", "value":
+	case "verdicts":
+		r.CausesApart = true
+	default:
+		return nil, bad("causes", fmt.Errorf("%q is not value or verdicts", s.Causes))
 	}
 	r.args = map[string]any{}
 	for k, v := range s.Params {

@@ -480,6 +480,8 @@ recovery = "later"`, "recovery"},
 		{"sweep recovery of a rule that does not recover", `threshold = 2|threshold = 2
 recovery = "sweep"
 recover = false`, "recovery"},
+		{"causes", `threshold = 2|threshold = 2
+causes = "apart"`, "causes"},
 		{"unknown key", `threshold = 2|threshold = 2
 treshold = 3`, "rule.treshold"},
 	}

@@ -66,19 +66,19 @@ func TestMemoryLimitSplitsTheQuery(t *testing.T) {
 	if len(trigs) != len(recs) {
 		t.Fatalf("%d triggers, want %d", len(trigs), len(recs))
 	}
-	want, err := whole.runRule(ctx(t), fabric, trigs, bt, true)
+	want, err := whole.runRule(ctx(t), fabric, trigs, bt, passCauses)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if last := want[trigs[len(trigs)-1].tid]; len(want) != len(trigs) || last.value != 1500 || len(last.causes) != 100 {
 		t.Fatalf("unlimited: %d results, the last trigger's value %v with %d cause ids; want %d, 1500, 100", len(want), last.value, len(last.causes), len(trigs))
 	}
-	if _, err := handler(memoryCapped{s.Conn, 40 << 20}).runRuleOnce(ctx(t), fabric, trigs, bt, true); !memoryLimited(err) {
+	if _, err := handler(memoryCapped{s.Conn, 40 << 20}).runRuleOnce(ctx(t), fabric, trigs, bt, passCauses); !memoryLimited(err) {
 		t.Fatalf("one query under a 40 MB limit: %v, want the memory limit", err)
 	}
 
 	split := handler(memoryCapped{s.Conn, 40 << 20})
-	got, err := split.runRule(ctx(t), fabric, trigs, bt, true)
+	got, err := split.runRule(ctx(t), fabric, trigs, bt, passCauses)
 	if err != nil {
 		t.Fatalf("split: %v", err)
 	}
@@ -91,7 +91,7 @@ func TestMemoryLimitSplitsTheQuery(t *testing.T) {
 		t.Fatalf("splits counted: %v, want at least 1", n)
 	}
 
-	if _, err := handler(memoryCapped{s.Conn, 1 << 20}).runRule(ctx(t), fabric, trigs, bt, true); !memoryLimited(err) {
+	if _, err := handler(memoryCapped{s.Conn, 1 << 20}).runRule(ctx(t), fabric, trigs, bt, passCauses); !memoryLimited(err) {
 		t.Fatalf("a limit no trigger fits: %v, want the memory limit's error", err)
 	}
 }
