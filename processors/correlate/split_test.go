@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // memoryCapped runs every query with ClickHouse's max_memory_usage set
@@ -93,5 +94,37 @@ func TestMemoryLimitSplitsTheQuery(t *testing.T) {
 
 	if _, err := handler(memoryCapped{s.Conn, 1 << 20}).runRule(ctx(t), fabric, trigs, bt, passCauses); !memoryLimited(err) {
 		t.Fatalf("a limit no trigger fits: %v, want the memory limit's error", err)
+	}
+}
+
+// TestXidStormIsOneBurst: a GPU in an Xid storm (2,000 fatal Xids 20 s
+// apart, one batch, every one a trigger) is one burst, counted in one
+// query: xid_bursts.sql sorts a GPU's events once per trigger (n log n),
+// where a running maximum over every prefix (n² per trigger, 10 GB here)
+// ran over ClickHouse's memory limit and was split. Four later bursts
+// make five, the threshold.
+func TestXidStormIsOneBurst(t *testing.T) {
+	s := server(t)
+	c := newCluster("storm")
+	hs := newHarness(t, s, DefaultRules, nil)
+	hs.cluster = c
+	var storm []*datamodels.HealthEvent
+	for i := range 2000 {
+		storm = append(storm, xid(c, "n1", time.Duration(i)*20*time.Second, 48, true, 1))
+	}
+	if got := hs.batches([][]*datamodels.HealthEvent{storm}); len(got) != 0 {
+		t.Fatalf("the storm derived %s, want nothing (one burst)", describe(got))
+	}
+	if n := counterValue(t, hs.h.metrics.splits.WithLabelValues("RepeatedXIDOnSameGPU")); n != 0 {
+		t.Errorf("the storm's query was split %v times over the memory limit, want one query", n)
+	}
+	end := 2000 * 20 * time.Second
+	var later [][]*datamodels.HealthEvent
+	for i := 1; i <= 4; i++ {
+		later = append(later, []*datamodels.HealthEvent{xid(c, "n1", end+time.Duration(i)*10*time.Minute, 48, true, 1)})
+	}
+	got := hs.batches(later)
+	if len(got) != 1 || got[0].GetDerivedBy() != "RepeatedXIDOnSameGPU" || got[0].GetMetadata()[MetaValue] != "5" {
+		t.Fatalf("four bursts after the storm derived %s, want one RepeatedXIDOnSameGPU verdict of 5 bursts", describe(got))
 	}
 }

@@ -1,9 +1,14 @@
 -- RepeatedXIDOnSameGPU: how many separate bursts the fatal Xid events of one
 -- GPU (gkey = the event's entity key, "PCI=…,GPU=GPU-…") form in
--- (at - window, at]. Events sorted by time; each event keeps its burst open
--- until its time + gap (sticky_gap for the sticky codes, e.g. Xid 74, 79,
--- 95, 109, 119); an event after every earlier event's horizon starts a new
--- burst. A flood summary (metadata count=N) is one point in time like any
+-- (at - window, at]. Each event keeps its burst open until its horizon,
+-- its time + gap (sticky_gap for the sticky codes, e.g. Xid 74, 79, 95,
+-- 109, 119); an event after every earlier event's horizon starts a new
+-- burst. In one sorted pass (n log n in a GPU's events, which a storm of
+-- Xids makes many): each event opens a span at its time (+1) and closes it
+-- at its horizon (-1), an opening sorting before a closing at the same
+-- time (an event at an earlier one's horizon continues its burst); an
+-- event starts a burst where its opening leaves exactly one span open.
+-- A flood summary (metadata count=N) is one point in time like any
 -- other event: bursts count time, not occurrences.
 -- The GPU is matched by identity, not by the exact entity key: an event
 -- counts for the trigger's GPU when its key is the trigger's, when both
@@ -18,23 +23,20 @@
 -- param: sticky_gap_ms UInt64        how long a sticky code keeps it open (3h)
 SELECT
     tid,
-    -- an event starts a burst when it comes after the horizon of every
-    -- earlier one (the first: after 0)
-    toFloat64(arrayCount((x, hp) -> x > hp, ts_sorted, arrayPushFront(arrayPopBack(horizon), toUInt64(0)))) AS value,
-    arraySlice(ids_sorted, 1, 100) AS cause_ids,
-    toUInt64(arrayReduce('max', ts_sorted)) AS last_ms
+    toFloat64(arrayCount((d, open) -> d = 1 AND open = 1, deltas, arrayCumSum(deltas))) AS value,
+    arraySlice(arraySort(ids), 1, 100) AS cause_ids,
+    toUInt64(arrayReduce('max', ts)) AS last_ms
 FROM
 (
     SELECT
-        tid, ts_sorted, ids_sorted,
-        arrayMap(i -> arrayReduce('max', arraySlice(h_sorted, 1, i)), arrayEnumerate(h_sorted)) AS horizon
+        tid, ids, ts,
+        -- keys: an opening at time * 2, a closing at horizon * 2 + 1
+        arraySort((d, k) -> k,
+            arrayConcat(arrayMap(x -> toInt64(1), ts), arrayMap(x -> toInt64(-1), hs)),
+            arrayConcat(arrayMap(x -> x * 2, ts), arrayMap(x -> x * 2 + 1, hs))) AS deltas
     FROM
     (
-        SELECT
-            tid,
-            arraySort(groupArray(t)) AS ts_sorted,
-            arraySort((h, x) -> x, groupArray(h), groupArray(t)) AS h_sorted,
-            arraySort(groupArray(id)) AS ids_sorted
+        SELECT tid, groupArray(id) AS ids, groupArray(t) AS ts, groupArray(h) AS hs
         FROM
         (
             SELECT tid, cityHash64(cluster, node) AS nh, at_ms, gkey, machine AS tm,
