@@ -138,7 +138,8 @@ const (
 // runRuleOnce runs the rule's query for the triggers. The value pass of a
 // rule that reads its cause ids apart is wrapped in a SELECT that does not
 // read them, so ClickHouse neither computes them nor carries the ids
-// through the query's JOIN.
+// through the query's JOIN; another rule's value pass sends back the ids
+// of the values at the threshold only.
 func (h *Handler) runRuleOnce(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables, pass string) (map[string]result, error) {
 	minAt, maxAt := trigs[0].atMS, trigs[0].atMS
 	rows := make([][]any, len(trigs))
@@ -153,8 +154,13 @@ func (h *Handler) runRuleOnce(ctx context.Context, r *Rule, trigs []trigger, bt 
 	}
 	tables = append(tables, tt)
 	q := r.query
-	if pass == passValue && r.CausesApart {
+	switch {
+	case pass == passValue && r.CausesApart:
 		q = "SELECT tid, value, emptyArrayString() AS cause_ids, last_ms FROM (" + q + "\n)"
+	case pass == passValue:
+		// only a value at the threshold can start a verdict: the other
+		// triggers' ids are not sent back
+		q = "SELECT tid, value, if(value >= @threshold, cause_ids, emptyArrayString()) AS cause_ids, last_ms FROM (" + q + "\n)"
 	}
 	if r.readsBatch {
 		tables = append(tables, bt.events)
