@@ -3,9 +3,11 @@ package correlate
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -21,18 +23,18 @@ import (
 // both, and only the rules that read them apart run the causes pass.
 func TestCausesWithValuesOrApart(t *testing.T) {
 	s := server(t)
-	min := time.Minute
+	minute := time.Minute
 	scenario := func(c string) ([][]*kgo.Record, map[string]int) {
 		b1 := []*datamodels.HealthEvent{
 			xid(c, "n1", 0, 31, false, 1),
-			xid(c, "n2", 0, 48, true, 1), xid(c, "n2", 4*min, 48, true, 1), xid(c, "n2", 8*min, 48, true, 1),
+			xid(c, "n2", 0, 48, true, 1), xid(c, "n2", 4*minute, 48, true, 1), xid(c, "n2", 8*minute, 48, true, 1),
 			nicState(c, "n3", 0, false), nicState(c, "n3", 20*time.Second, true), nicState(c, "n3", 40*time.Second, false),
 			sxidEv(c, "n4", "SysLogsSXIDError", 0, 12028, true, "GPU-1", ""),
 		}
 		b2 := []*datamodels.HealthEvent{
-			xid(c, "n1", 10*min, 31, false, 3),
-			xid(c, "n2", 12*min, 48, true, 1), xid(c, "n2", 16*min, 48, true, 1),
-			nicState(c, "n3", min, true), nicState(c, "n3", 70*time.Second, false),
+			xid(c, "n1", 10*minute, 31, false, 3),
+			xid(c, "n2", 12*minute, 48, true, 1), xid(c, "n2", 16*minute, 48, true, 1),
+			nicState(c, "n3", minute, true), nicState(c, "n3", 70*time.Second, false),
 			xidOn(c, "n4", 10*time.Second, 74, "GPU-1", "0000:17:00"),
 			nicState(c, "n5", 80*time.Second, false), nicState(c, "n6", 85*time.Second, false), nicState(c, "n7", 90*time.Second, false),
 		}
@@ -49,7 +51,7 @@ func TestCausesWithValuesOrApart(t *testing.T) {
 		}
 		var acts []*kgo.Record
 		for i := range 5 {
-			a := remediation(c, "n8", time.Duration(i)*min)
+			a := remediation(c, "n8", time.Duration(i)*minute)
 			pos[a.GetId()] = len(pos)
 			acts = append(acts, actRecord(t, a))
 		}
@@ -65,30 +67,28 @@ func TestCausesWithValuesOrApart(t *testing.T) {
 		for _, b := range batches {
 			derived = append(derived, hs.batch(b...)...)
 		}
-		derived = append(derived, hs.sweep(10*min)...) // NICPortDrop's verdicts start in the sweep
+		derived = append(derived, hs.sweep(10*minute)...) // NICPortDrop's verdicts start in the sweep
 		out := map[string][]int{}
-		{
-			for _, ev := range derived {
-				if ev.GetIsHealthy() {
-					continue
-				}
-				var ps []int
-				for _, id := range ev.GetCauseIds() {
-					p, ok := pos[id]
-					if !ok {
-						t.Fatalf("%s: cause id %s is no event of the scenario", ev.GetDerivedBy(), id)
-					}
-					ps = append(ps, p)
-				}
-				slices.Sort(ps)
-				out[fmt.Sprintf("%s %s %s", ev.GetDerivedBy(), ev.GetNodeName(), ev.GetMetadata()[MetaGroup])] = ps
+		for _, ev := range derived {
+			if ev.GetIsHealthy() {
+				continue
 			}
+			var ps []int
+			for _, id := range ev.GetCauseIds() {
+				p, ok := pos[id]
+				if !ok {
+					t.Fatalf("%s: cause id %s is no event of the scenario", ev.GetDerivedBy(), id)
+				}
+				ps = append(ps, p)
+			}
+			slices.Sort(ps)
+			out[fmt.Sprintf("%s %s %s", ev.GetDerivedBy(), ev.GetNodeName(), ev.GetMetadata()[MetaGroup])] = ps
 		}
 		return out
 	}
 	causesQueries := func(hs *harness, rule string) uint64 {
 		var m dto.Metric
-		if err := hs.h.metrics.query.WithLabelValues(rule, passCauses).(interface{ Write(*dto.Metric) error }).Write(&m); err != nil {
+		if err := hs.h.metrics.query.WithLabelValues(rule, passCauses).(prometheus.Metric).Write(&m); err != nil {
 			t.Fatal(err)
 		}
 		return m.GetHistogram().GetSampleCount()
@@ -106,7 +106,7 @@ func TestCausesWithValuesOrApart(t *testing.T) {
 	for _, r := range shipped.rules {
 		found := false
 		for k, causes := range want {
-			if len(k) > len(r.Name) && k[:len(r.Name)+1] == r.Name+" " {
+			if strings.HasPrefix(k, r.Name+" ") {
 				found = true
 				if len(causes) == 0 {
 					t.Errorf("%s: verdict without causes", k)

@@ -171,17 +171,15 @@ type Rule struct {
 	Candidates    string
 	SweepOnset    bool
 	SweepRecovery bool
-	// CausesApart: the cause ids are read by a second query, for the
-	// verdicts only (Causes "verdicts").
-	CausesApart bool
-	CheckName   string
-	Action      datamodels.RecommendedAction
-	Strategy    datamodels.ProcessingStrategy
-	query       string // Query without comments, as sent
-	args        map[string]any
-	trigger     cel.Program
-	message     *template.Template
-	recovery    *template.Template
+	CausesApart   bool // Causes "verdicts"
+	CheckName     string
+	Action        datamodels.RecommendedAction
+	Strategy      datamodels.ProcessingStrategy
+	query         string // Query without comments, as sent
+	args          map[string]any
+	trigger       cel.Program
+	message       *template.Template
+	recovery      *template.Template
 
 	// readsBatch, readsBatchActions: the query reads the external table
 	// batch / batch_actions, so it is sent along.
