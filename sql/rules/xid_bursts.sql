@@ -16,7 +16,8 @@
 -- names a GPU "PCI=…" alone until it knows its UUID, "PCI=…,GPU=GPU-…"
 -- after), or when both name the same UUID.
 -- Only the trigger's machine's events count (see "The machine" in
--- sql/rules/README.md).
+-- sql/rules/README.md). Fatal and unhealthy are filtered in PREWHERE, so
+-- the lookups run on the counted rows only.
 -- param: checks Array(String)        Xid check names
 -- param: sticky_codes Array(String)  error codes that keep a burst open for sticky_gap
 -- param: gap_ms UInt64               quiet time that ends a burst (3m)
@@ -54,8 +55,8 @@ FROM
                     metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
                 FROM recent_events
                 PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
-                WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
                     AND is_fatal = 1 AND is_healthy = 0
+                WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
                 UNION ALL
                 SELECT cityHash64(cluster, node) AS nh, id, toUInt64(ts) * 1000 + ts_ms AS t, entity,
                     entities.value[indexOf(entities.type, 'GPU')] AS gpu, entities.value[indexOf(entities.type, 'PCI')] AS pci,

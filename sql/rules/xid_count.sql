@@ -8,6 +8,9 @@
 -- names a GPU "PCI=…" alone until it knows its UUID, "PCI=…,GPU=GPU-…"
 -- after), or when both name the same UUID. Only the trigger's machine's
 -- events count (see "The machine" in sql/rules/README.md).
+-- The codes are filtered in PREWHERE: the entity and metadata lookups run
+-- on the counted codes' rows only, not on a day of every Xid (-20 % for
+-- Xid 31, a sixth of the bench's Xids).
 -- param: checks Array(String)  Xid check names
 -- param: codes Array(String)   error codes counted, e.g. ['XID-31']
 SELECT
@@ -32,8 +35,8 @@ ALL INNER JOIN
             metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
         FROM recent_events
         PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
-        WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
             AND hasAny(error_codes, @codes) AND is_healthy = 0
+        WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
         UNION ALL
         SELECT cityHash64(cluster, node) AS nh, id, toUInt64(ts) * 1000 + ts_ms AS t, entity,
             entities.value[indexOf(entities.type, 'GPU')] AS gpu, entities.value[indexOf(entities.type, 'PCI')] AS pci,
