@@ -9,8 +9,9 @@
 -- after), or when both name the same UUID. Only the trigger's machine's
 -- events count (see "The machine" in sql/rules/README.md).
 -- The codes are filtered in PREWHERE: the entity and metadata lookups run
--- on the counted codes' rows only, not on a day of every Xid (-20 % for
--- Xid 31, a sixth of the bench's Xids).
+-- on the counted codes' rows only, not on a day of every Xid (the Xid 31
+-- query alone: -20 % on correlatebench's history, where Xid 31 is a sixth
+-- of the Xids).
 -- param: checks Array(String)  Xid check names
 -- param: codes Array(String)   error codes counted, e.g. ['XID-31']
 SELECT
