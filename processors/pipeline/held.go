@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync"
@@ -77,16 +78,64 @@ func (h *holding) failed(b *batch, round uint64, maxBackoff time.Duration) {
 	b.backoff = min(b.backoff*2, maxBackoff)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.revokes != round {
-		b.recs = slices.DeleteFunc(b.recs, func(r *kgo.Record) bool {
-			return h.goneAt[PartOf(r)] > round
-		})
-		if len(b.recs) == 0 {
-			return
-		}
+	if b.recs = h.absorbLocked(b.recs, round); len(b.recs) == 0 {
+		return
 	}
 	h.held = append(h.held, b)
 	h.pause(partitions(b.recs))
+}
+
+// absorb returns the records of a batch handled in round that are still
+// this replica's alone to mark: those of partitions revoked or lost since
+// the round began are dropped, and those of a partition that a held batch
+// holds join that batch (after its own records; with Config.Overlap a
+// round is handled while the next is polled, so the next may carry a
+// failed batch's partitions), so that nothing after a held batch is
+// marked before it succeeds.
+func (h *holding) absorb(recs []*kgo.Record, round uint64) []*kgo.Record {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.absorbLocked(recs, round)
+}
+
+func (h *holding) absorbLocked(recs []*kgo.Record, round uint64) []*kgo.Record {
+	if len(h.held) == 0 && h.revokes == round {
+		return recs
+	}
+	holder := map[TopicPart]*batch{}
+	for _, b := range h.held {
+		for _, r := range b.recs {
+			holder[PartOf(r)] = b
+		}
+	}
+	var (
+		kept   []*kgo.Record
+		joined = map[*batch]bool{}
+	)
+	for _, r := range recs {
+		p := PartOf(r)
+		switch b := holder[p]; {
+		case h.goneAt[p] > round:
+		case b != nil:
+			b.recs = append(b.recs, r)
+			joined[b] = true
+		default:
+			kept = append(kept, r)
+		}
+	}
+	for b := range joined {
+		// Each partition's records together again, in offset order.
+		slices.SortStableFunc(b.recs, func(x, y *kgo.Record) int {
+			return cmp.Or(cmp.Compare(x.Topic, y.Topic), cmp.Compare(x.Partition, y.Partition))
+		})
+	}
+	return kept
+}
+
+// due reports whether a held batch is due by now.
+func (h *holding) due(now time.Time) bool {
+	t := h.next()
+	return !t.IsZero() && !t.After(now)
 }
 
 // succeeded resumes the partitions of b when it was held until now, and

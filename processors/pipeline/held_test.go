@@ -86,3 +86,52 @@ func TestHoldingSuccessBringsOthersForward(t *testing.T) {
 		t.Fatalf("failed again: due in %s, backoff %s; want ≈ 1 s (capped), 1 s", d, b.backoff)
 	}
 }
+
+// TestHoldingAbsorbsWhatFollows: records handled in a round that was
+// polled behind a held batch (Config.Overlap) join that batch in offset
+// order, each partition's records together, instead of being marked; a
+// failed batch of a held partition joins it too, so one batch holds each
+// partition; records of a partition revoked since the round began are
+// dropped; the rest are returned to be marked.
+func TestHoldingAbsorbsWhatFollows(t *testing.T) {
+	rec := func(p int32, off int64) *kgo.Record { return &kgo.Record{Topic: "t", Partition: p, Offset: off} }
+	offsets := func(recs []*kgo.Record) [][2]int64 {
+		var out [][2]int64
+		for _, r := range recs {
+			out = append(out, [2]int64{int64(r.Partition), r.Offset})
+		}
+		return out
+	}
+	var paused []map[string][]int32
+	h := holding{pause: func(m map[string][]int32) { paused = append(paused, m) }, wake: func(map[string][]int32) {}}
+	round := h.round()
+	held := &batch{recs: []*kgo.Record{rec(0, 1), rec(0, 2), rec(1, 4)}} // merged: partitions 0 and 1
+	h.failed(held, round, time.Second)
+
+	// The next round, polled before partitions 0 and 1 were paused.
+	h.revoked(map[string][]int32{"t": {3}}) // lost while it was handled
+	kept := h.absorb([]*kgo.Record{rec(0, 3), rec(1, 5), rec(2, 7), rec(3, 9), rec(2, 8)}, round)
+	if got, want := offsets(kept), [][2]int64{{2, 7}, {2, 8}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("kept %v, want %v", got, want)
+	}
+	if got, want := offsets(held.recs), [][2]int64{{0, 1}, {0, 2}, {0, 3}, {1, 4}, {1, 5}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("held %v, want %v", got, want)
+	}
+	failed := &batch{recs: []*kgo.Record{rec(1, 6), rec(4, 1)}}
+	h.failed(failed, round, time.Second)
+	if len(h.held) != 2 || len(failed.recs) != 1 || failed.recs[0].Partition != 4 {
+		t.Fatalf("held %d batches, the failed one with %v; want partition 1's record joined the first", len(h.held), offsets(failed.recs))
+	}
+	if got := offsets(held.recs); got[len(got)-1] != [2]int64{1, 6} {
+		t.Fatalf("held %v, want it to end at partition 1's offset 6", got)
+	}
+	if want := []map[string][]int32{{"t": {0, 1}}, {"t": {4}}}; !reflect.DeepEqual(paused, want) {
+		t.Fatalf("paused %v, want %v", paused, want)
+	}
+	// Nothing held, nothing revoked since: the records come back as they are.
+	var empty holding
+	in := []*kgo.Record{rec(0, 1)}
+	if out := empty.absorb(in, empty.round()); len(out) != 1 || out[0] != in[0] {
+		t.Fatalf("absorb with nothing held returned %v", offsets(out))
+	}
+}

@@ -124,6 +124,16 @@ type Config struct {
 	// after the other), so a bulk writer writes once per batch. Default
 	// false: one Handle call per partition, run concurrently.
 	MergePartitions bool
+	// Overlap handles a round of batches while the next is polled, and
+	// starts handling the next before the first has finished (never more
+	// than two rounds at once): a bulk writer decodes its next batch while
+	// its last is still being written, instead of the two taking turns.
+	// Offsets are still marked round by round, in order, each only after
+	// its round succeeded; records polled behind a batch that failed join
+	// it and are held with it (holding.absorb). For a role whose batches
+	// may take effect out of order (the store: rows keyed by event id) and
+	// never rest a topic (Result.Rest). Default false.
+	Overlap bool
 	// LagInterval is how often the group's consumer lag is measured for
 	// the faultline_processor_consumer_lag metric; 0 uses the default,
 	// negative disables it. Default 15s.
@@ -271,11 +281,13 @@ func (r *Runner) Run(ctx context.Context) error {
 		defer stopLag()
 		go r.watchLag(lctx, cl)
 	}
+	var running *round // Overlap: the round being handled while the next is polled
 	for {
 		pctx, cancel := held.untilDue(ctx) // a held batch's next try ends the wait
-		polled := r.poll(pctx, cl)
+		polled := r.poll(pctx, cl, running.finished())
 		cancel()
 		if ctx.Err() != nil {
+			r.finish(ctx, cl, &held, &rests, running)
 			// Commit with a fresh context so a shutdown does not lose
 			// finished work.
 			r.commit(context.WithoutCancel(ctx), cl)
@@ -290,21 +302,69 @@ func (r *Runner) Run(ctx context.Context) error {
 			}
 			polled = [][]*kgo.Record{all}
 		}
-		round := held.round()
-		batches := held.take(time.Now())
+		now := time.Now()
+		if running != nil && held.due(now) {
+			// A held batch is tried again only once every record
+			// polled behind it has joined it (holding.absorb).
+			r.finish(ctx, cl, &held, &rests, running)
+			running = nil
+		}
+		next := &round{revokes: held.round(), batches: held.take(now), done: make(chan struct{})}
 		for _, recs := range polled {
-			batches = append(batches, &batch{recs: recs})
+			next.batches = append(next.batches, &batch{recs: recs})
 		}
-		done, rest, failed := r.handleAll(ctx, cl, &held, batches)
-		cl.MarkCommitRecords(done...)
-		if ctx.Err() == nil {
-			for _, b := range failed {
-				held.failed(b, round, r.cfg.MaxBackoff)
-			}
+		go func() {
+			defer close(next.done)
+			next.ok, next.rest, next.failed = r.handleAll(ctx, cl, &held, next.batches)
+		}()
+		r.finish(ctx, cl, &held, &rests, running)
+		running = next
+		if !r.cfg.Overlap || len(next.batches) == 0 {
+			r.finish(ctx, cl, &held, &rests, next)
+			running = nil
 		}
-		rests.rest(cl, rest)
 		cl.AllowRebalance()
 	}
+}
+
+// round is the batches of one poll (and the held batches due with it),
+// handled together.
+type round struct {
+	revokes uint64 // holding.round when it was polled
+	batches []*batch
+	done    chan struct{} // closed once handled
+	// What handleAll returned.
+	ok, failed []*batch
+	rest       map[string]time.Time
+}
+
+// finished is closed once the round is handled; nil for no round.
+func (rd *round) finished() <-chan struct{} {
+	if rd == nil {
+		return nil
+	}
+	return rd.done
+}
+
+// finish waits for the round (nil: none) and marks the offsets of its
+// batches that succeeded, holds those that failed (none on shutdown) and
+// rests the topics it asks to.
+func (r *Runner) finish(ctx context.Context, cl *kgo.Client, held *holding, rests *resting, rd *round) {
+	if rd == nil {
+		return
+	}
+	<-rd.done
+	var done []*kgo.Record
+	for _, b := range rd.ok {
+		done = append(done, lastPerPartition(held.absorb(b.recs, rd.revokes))...)
+	}
+	cl.MarkCommitRecords(done...)
+	if ctx.Err() == nil {
+		for _, b := range rd.failed {
+			held.failed(b, rd.revokes, r.cfg.MaxBackoff)
+		}
+	}
+	rests.rest(cl, rd.rest)
 }
 
 // resting pauses fetching topics until a time, each with its own timer.
@@ -425,8 +485,10 @@ func observePartitions(obs PartitionObserver, log *slog.Logger) []kgo.Opt {
 
 // poll returns the next records, one slice per partition in offset order:
 // one poll, or with Linger set, polls until MinBatch records,
-// MaxBatchBytes or Linger.
-func (r *Runner) poll(ctx context.Context, cl *kgo.Client) [][]*kgo.Record {
+// MaxBatchBytes or Linger. It stops waiting for a first record once
+// running closes (the round being handled is, and its offsets wait to be
+// marked).
+func (r *Runner) poll(ctx context.Context, cl *kgo.Client, running <-chan struct{}) [][]*kgo.Record {
 	var (
 		order   []TopicPart
 		parts   = map[TopicPart][]*kgo.Record{}
@@ -454,7 +516,20 @@ func (r *Runner) poll(ctx context.Context, cl *kgo.Client) [][]*kgo.Record {
 			}
 		})
 	}
-	add(cl.PollRecords(ctx, r.cfg.MaxPollRecords))
+	first := ctx
+	if running != nil {
+		var stop context.CancelFunc
+		first, stop = context.WithCancel(ctx)
+		defer stop()
+		go func() {
+			select {
+			case <-running:
+				stop()
+			case <-first.Done():
+			}
+		}()
+	}
+	add(cl.PollRecords(first, r.cfg.MaxPollRecords))
 	if r.cfg.Linger > 0 && n > 0 {
 		deadline := time.Now().Add(r.cfg.Linger)
 		for n < r.cfg.MinBatch && size < r.cfg.MaxBatchBytes && ctx.Err() == nil && time.Now().Before(deadline) {
@@ -505,12 +580,11 @@ func (r *Runner) watchLag(ctx context.Context, cl *kgo.Client) {
 }
 
 // handleAll handles the batches concurrently (each a partition's, or a
-// merged poll) and returns the last record of every partition of the
-// batches that succeeded (outputs produced), the topics they ask to rest,
-// each until the earliest time asked, and the batches that failed (to be
-// held; none on shutdown). A held batch that succeeded is let go
+// merged poll) and returns those that succeeded (outputs produced), the
+// topics they ask to rest, each until the earliest time asked, and those
+// that failed. A held batch that succeeded is let go
 // (holding.succeeded).
-func (r *Runner) handleAll(ctx context.Context, cl *kgo.Client, held *holding, batches []*batch) (done []*kgo.Record, rest map[string]time.Time, failed []*batch) {
+func (r *Runner) handleAll(ctx context.Context, cl *kgo.Client, held *holding, batches []*batch) (ok []*batch, rest map[string]time.Time, failed []*batch) {
 	var (
 		mu sync.Mutex
 		wg sync.WaitGroup
@@ -519,14 +593,14 @@ func (r *Runner) handleAll(ctx context.Context, cl *kgo.Client, held *holding, b
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ok, until := r.try(ctx, cl, b)
+			succeeded, until := r.try(ctx, cl, b)
 			mu.Lock()
 			defer mu.Unlock()
-			if !ok {
+			if !succeeded {
 				failed = append(failed, b)
 				return
 			}
-			done = append(done, lastPerPartition(b.recs)...)
+			ok = append(ok, b)
 			held.succeeded(b)
 			for topic, t := range until {
 				if rest == nil {
@@ -539,7 +613,7 @@ func (r *Runner) handleAll(ctx context.Context, cl *kgo.Client, held *holding, b
 		}()
 	}
 	wg.Wait()
-	return done, rest, failed
+	return ok, rest, failed
 }
 
 // lastPerPartition returns the last record of each partition in recs.

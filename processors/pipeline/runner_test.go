@@ -1089,3 +1089,111 @@ func TestRunnerBatchBytesEndLinger(t *testing.T) {
 		}
 	}
 }
+
+// TestRunnerOverlapHandsOverTheNextRound: with Overlap the next poll's
+// batch is handled while the last one still is, and offsets are committed
+// in order: never past a batch in flight, however far the next one got.
+func TestRunnerOverlapHandsOverTheNextRound(t *testing.T) {
+	h := newHarness(t, 1, topicIn, topicOut, events.TopicDeadLetter)
+	h.produce(topicIn, 0, 10)
+	var (
+		next     = make(chan struct{})
+		nextOnce sync.Once
+		mu       sync.Mutex
+		seen     []*kgo.Record
+	)
+	h.run("overlap", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		if string(recs[0].Value) == "v0" {
+			select {
+			case <-next:
+			case <-time.After(10 * time.Second):
+				t.Error("the next batch was not handed over while the first was being handled")
+			}
+			time.Sleep(300 * time.Millisecond) // three commit intervals: none may pass this batch
+			if c := h.committed("faultline-overlap", 1)[0]; c != -1 {
+				t.Errorf("committed offset %d while the first batch was in flight", c)
+			}
+		} else {
+			nextOnce.Do(func() { close(next) })
+		}
+		mu.Lock()
+		seen = append(seen, recs...)
+		mu.Unlock()
+		return Result{}, nil
+	}), func(c *Config) { c.Overlap, c.MaxPollRecords = true, 5 })
+	eventually(t, 20*time.Second, "offset 10 committed", func() bool { return h.committed("faultline-overlap", 1)[0] == 10 })
+	mu.Lock()
+	defer mu.Unlock()
+	if got := values(seen); !slices.Equal(got, want(0, 10)) {
+		t.Fatalf("handled %v, want each of v0…v9 once", got)
+	}
+}
+
+// TestRunnerOverlapHoldsWhatFollowsAFailedBatch: with Overlap, a batch
+// that fails after the next was handed over is held with the next one's
+// records joined to it (they were polled behind it): its retry waits for
+// the next one to finish (due 100 ms after the failure, the next takes
+// 400 ms) and carries both, in offset order, and nothing is committed
+// until it succeeds.
+func TestRunnerOverlapHoldsWhatFollowsAFailedBatch(t *testing.T) {
+	h := newHarness(t, 1, topicIn, topicOut, events.TopicDeadLetter)
+	h.produce(topicIn, 0, 10)
+	var (
+		mu          sync.Mutex
+		first, then []string // the first batch, the first handed over behind it
+		retried     [][]string
+		next        = make(chan struct{})
+	)
+	h.run("overlap-fail", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		var vs []string
+		for _, r := range recs {
+			vs = append(vs, string(r.Value))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case first == nil && vs[0] == "v0":
+			first = vs
+			mu.Unlock()
+			select {
+			case <-next:
+			case <-time.After(10 * time.Second):
+				t.Error("the next batch was not handed over while the first was being handled")
+			}
+			mu.Lock()
+			return Result{}, errors.New("the first batch fails once")
+		case then == nil:
+			then = vs
+			close(next)
+			// Still handled when the failed batch is due again: its
+			// retry waits for this one to join it.
+			mu.Unlock()
+			time.Sleep(400 * time.Millisecond)
+			mu.Lock()
+		default:
+			if len(retried) == 0 {
+				if c := h.committed("faultline-overlap-fail", 1)[0]; c != -1 {
+					t.Errorf("committed offset %d before the failed batch succeeded", c)
+				}
+			}
+			retried = append(retried, vs)
+		}
+		return Result{}, nil
+	}), func(c *Config) { c.Overlap, c.MaxPollRecords = true, 5 })
+	eventually(t, 20*time.Second, "offset 10 committed", func() bool { return h.committed("faultline-overlap-fail", 1)[0] == 10 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(retried) == 0 {
+		t.Fatalf("first %v, then %v: the failed batch was not retried", first, then)
+	}
+	if joined := append(slices.Clone(first), then...); !slices.Equal(retried[0], joined) {
+		t.Fatalf("retried %v, want the failed batch and the one polled behind it: %v", retried[0], joined)
+	}
+	var all []string
+	for _, b := range retried {
+		all = append(all, b...)
+	}
+	if !slices.Equal(all, seq(0, 10)) {
+		t.Fatalf("from the retry on handled %v, want v0…v9 once, in order", all)
+	}
+}

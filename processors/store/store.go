@@ -84,7 +84,9 @@ func (c Config) Validate(prefix string) error {
 }
 
 // Pipeline returns the runner settings of the store role: gather up to
-// BatchRecords for up to BatchLinger, all partitions in one write.
+// BatchRecords for up to BatchLinger, all partitions in one write, the
+// next batch decoded while the last is written (rows are keyed by event
+// id: their order does not matter).
 func (c Config) Pipeline() pipeline.Config {
 	return pipeline.Config{
 		Role:            Role,
@@ -93,6 +95,7 @@ func (c Config) Pipeline() pipeline.Config {
 		MinBatch:        c.BatchRecords,
 		Linger:          c.BatchLinger,
 		MergePartitions: true,
+		Overlap:         true,
 	}
 }
 
@@ -144,10 +147,11 @@ func New(conn clickhouse.Conn, log *slog.Logger, m *Metrics) *Handler {
 }
 
 // Handle decodes the records, dead-letters the undecodable ones, and writes
-// the rest: one insert per table. (Inserts of fewer rows sent while the
-// next are decoded cost ClickHouse more than they overlap: 2× its CPU per
-// event at 10,000 rows; decoding on several goroutines saved nothing, the
-// insert is most of a batch's time: loadtest/RESULTS.md §5.)
+// the rest: one insert per table. The runner hands over the next batch
+// while this one is written (pipeline.Config.Overlap), so its decode runs
+// beside this insert at the full batch size (smaller inserts overlapped
+// cost ClickHouse 2× its CPU per event at 10,000 rows; decoding on several
+// goroutines saved nothing: loadtest/RESULTS.md §5).
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
 	var (
 		res pipeline.Result
