@@ -130,9 +130,12 @@ type Config struct {
 	// its last is still being written, instead of the two taking turns.
 	// Offsets are still marked round by round, in order, each only after
 	// its round succeeded; records polled behind a batch that failed join
-	// it and are held with it (holding.absorb). For a role whose batches
-	// may take effect out of order (the store: rows keyed by event id) and
-	// never rest a topic (Result.Rest). Default false.
+	// it and are held with it (holding.absorb). A rebalance does not wait
+	// for the round in flight: what it held of a revoked partition is not
+	// marked, and its next owner handles it again. For a role whose
+	// batches may take effect out of order and twice (the store: rows
+	// keyed by event id) and never rest a topic (Result.Rest). Default
+	// false.
 	Overlap bool
 	// LagInterval is how often the group's consumer lag is measured for
 	// the faultline_processor_consumer_lag metric; 0 uses the default,
