@@ -130,9 +130,9 @@ type Config struct {
 	// its last is still being written, instead of the two taking turns.
 	// Offsets are still marked round by round, in order, each only after
 	// its round succeeded; records polled behind a batch that failed join
-	// it and are held with it (holding.absorb). A rebalance does not wait
-	// for the round in flight: what it held of a revoked partition is not
-	// marked, and its next owner handles it again. For a role whose
+	// it and are held with it (holding.absorb). A rebalance waits for the
+	// older of two rounds only: what the newer holds of a revoked
+	// partition is not marked, and its next owner handles it again. For a role whose
 	// batches may take effect out of order and twice (the store: rows
 	// keyed by event id) and never rest a topic (Result.Rest). Default
 	// false.
