@@ -132,10 +132,10 @@ type Config struct {
 	// its round succeeded; records polled behind a batch that failed join
 	// it and are held with it (holding.absorb). A rebalance waits for the
 	// older of two rounds only: what the newer holds of a revoked
-	// partition is not marked, and its next owner handles it again. For a role whose
-	// batches may take effect out of order and twice (the store: rows
-	// keyed by event id) and never rest a topic (Result.Rest). Default
-	// false.
+	// partition is not marked, and its next owner handles it again. For
+	// a role whose batches may take effect out of order and twice (the
+	// store: rows keyed by event id) and never rest a topic
+	// (Result.Rest). Default false.
 	Overlap bool
 	// LagInterval is how often the group's consumer lag is measured for
 	// the faultline_processor_consumer_lag metric; 0 uses the default,
