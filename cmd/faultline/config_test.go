@@ -91,6 +91,7 @@ func TestProcessorSections(t *testing.T) {
 	}
 	for _, tc := range []struct{ toml, want string }{
 		{"role = \"store\"\n[store]\nbatch_records = 0\n", "invalid configuration: store.batch_records: must be at least 1, got 0"},
+		{"role = \"store\"\n[store]\nbatch_bytes = 1000\n", "invalid configuration: store.batch_bytes: must be at least 1 MiB (1048576), got 1000"},
 		{"[processors.store]\nbatch_records = 5\n", "processors.store: no longer a key: use [store]"},
 		{"[clickhouse]\npassword = \"x\"\n", "clickhouse.password: no longer a key: put the password in a file (clickhouse.password_file)"},
 		{"[kube]\nqps = -1\n", "kube.qps: must be a finite number above 0, got -1"},

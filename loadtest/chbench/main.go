@@ -19,6 +19,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -27,6 +29,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/metrics"
 	"runtime/pprof"
 	"sort"
 	"strings"
@@ -50,6 +53,7 @@ import (
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 func main() {
@@ -74,6 +78,11 @@ type opts struct {
 	days        int
 	keep        bool
 	chPid       int
+	// store: metadata bytes added to every event (64 entries at most,
+	// 2,048 bytes each: the largest an event may carry), and whether the
+	// runner overlaps its rounds (as shipped).
+	metadataBytes int
+	overlap       bool
 }
 
 var cpuSeconds = machine.CPUSeconds
@@ -93,6 +102,8 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.kafka, "kafka", "", "Kafka brokers (empty: start a real broker with internal/testenv)")
 	o.kcfg.RegisterSecurityFlags(fs, "kafka.")
 	fs.IntVar(&o.partitions, "partitions", 6, "partitions of the events topic")
+	fs.IntVar(&o.metadataBytes, "metadata-bytes", 0, "store: metadata values added to every event, in bytes (2,048 per entry, 64 entries at most)")
+	fs.BoolVar(&o.overlap, "overlap", true, "store: the next batch decoded while the last is written, as shipped (false: one at a time)")
 	fs.IntVar(&o.events, "events", 0, "events to store (store: default 1000000) or to generate (window: default 10000000)")
 	fs.IntVar(&o.queries, "queries", 2000, "window: history API calls")
 	fs.IntVar(&o.ruleQueries, "rule-queries", 200, "window: one-event batches per correlation rule")
@@ -198,7 +209,11 @@ func benchStore(ctx context.Context, conn clickhouse.Conn, o opts, log *slog.Log
 		kcfg = o.kcfg // with its TLS and SASL
 	}
 	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = brokers, o.partitions, -1
-	cl, err := kafka.NewClient(kcfg, log, kgo.ProducerBatchMaxBytes(4<<20), kgo.MaxBufferedRecords(100000))
+	batchMax := int32(4 << 20)
+	if o.metadataBytes > 0 {
+		batchMax = 1_000_000 // the broker's message.max.bytes: large events hardly compress
+	}
+	cl, err := kafka.NewClient(kcfg, log, kgo.ProducerBatchMaxBytes(batchMax), kgo.MaxBufferedRecords(100000))
 	if err != nil {
 		return err
 	}
@@ -211,8 +226,16 @@ func benchStore(ctx context.Context, conn clickhouse.Conn, o opts, log *slog.Log
 	now := time.Now().UTC()
 	var bytes int
 	errc := make(chan error, 1)
+	// Hex of random bytes: compressed about as much as real values (a
+	// repeated letter shrinks 100-fold on the wire and would make every
+	// byte bound meaningless).
+	pad := make([]byte, validate.MaxMetadataVal/2)
 	for i := range o.events {
 		ev := benchEvent(i, now)
+		for k, room := 0, validate.MaxMetadata-len(ev.Metadata); k*2*len(pad) < o.metadataBytes && k < room; k++ {
+			_, _ = rand.Read(pad)
+			ev.Metadata[fmt.Sprintf("pad-%02d", k)] = hex.EncodeToString(pad)
+		}
 		v, _ := events.Marshal(ev)
 		bytes += len(v)
 		cl.Produce(ctx, &kgo.Record{Topic: events.TopicEvents, Key: events.Key(ev.Cluster, ev.NodeName), Value: v}, func(_ *kgo.Record, err error) {
@@ -259,6 +282,7 @@ func benchStore(ctx context.Context, conn clickhouse.Conn, o opts, log *slog.Log
 	pc := o.st.Pipeline()
 	pc.Role = "store"
 	pc.Group = fmt.Sprintf("chbench-%d", time.Now().UnixNano())
+	pc.Overlap = o.overlap
 	r := pipeline.NewRunner(pc, kcfg, h, log, pipeline.NewMetrics(reg))
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -266,8 +290,12 @@ func benchStore(ctx context.Context, conn clickhouse.Conn, o opts, log *slog.Log
 	cpu0, chCPU0 := cpuSeconds(os.Getpid()), cpuSeconds(o.chPid)
 	began = time.Now()
 	go func() { done <- r.Run(rctx) }()
-	var n uint64
+	var n, peakLive uint64
+	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	for n < uint64(o.events) {
+		if metrics.Read(live); live[0].Value.Kind() == metrics.KindUint64 {
+			peakLive = max(peakLive, live[0].Value.Uint64())
+		}
 		select {
 		case <-ctx.Done():
 			cancel()
@@ -298,8 +326,9 @@ func benchStore(ctx context.Context, conn clickhouse.Conn, o opts, log *slog.Log
 			}
 		}
 	}
-	fmt.Println(machine.Stamp("stored %d events in %s: %.0f events/s = %.2f of the raw consumer's %.0f/s (batch_records=%d, batch_linger=%s, partitions=%d, kafka %s)",
-		n, took.Round(time.Millisecond), float64(n)/took.Seconds(), float64(n)/took.Seconds()/rawRate, rawRate, o.st.BatchRecords, o.st.BatchLinger, o.partitions, brokers))
+	fmt.Println(machine.Stamp("stored %d events in %s: %.0f events/s = %.2f of the raw consumer's %.0f/s (batch_records=%d, batch_linger=%s, overlap=%t, partitions=%d, kafka %s)",
+		n, took.Round(time.Millisecond), float64(n)/took.Seconds(), float64(n)/took.Seconds()/rawRate, rawRate, o.st.BatchRecords, o.st.BatchLinger, o.overlap, o.partitions, brokers))
+	fmt.Printf("  peak live Go heap while storing: %.0f MiB (after a collection; the producer's client idle)\n", float64(peakLive)/(1<<20))
 	var rows, bytesOnDisk uint64
 	_ = conn.QueryRow(ctx, "SELECT sum(rows), sum(bytes_on_disk) FROM system.parts WHERE database = currentDatabase() AND table = 'events' AND active").Scan(&rows, &bytesOnDisk)
 	if rows > 0 {

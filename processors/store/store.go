@@ -37,6 +37,13 @@ type Config struct {
 	// BatchRecords is the size threshold: the role writes once this many
 	// records are gathered. Default 50000.
 	BatchRecords int `toml:"batch_records"`
+	// BatchBytes is the size threshold in bytes of record keys and values:
+	// the role writes once the records gathered hold this many, whatever
+	// their count. It bounds the role's memory with the largest events:
+	// a batch is held about four times over (the records, their decoded
+	// fields, ClickHouse's column buffers) and two are in hand at once.
+	// Default 24 MiB (50,000 events of the usual ~400 bytes stay under it).
+	BatchBytes int `toml:"batch_bytes"`
 	// BatchLinger is the time threshold: the role writes what it has once
 	// this long has passed since the first record of a batch. Default 1s.
 	BatchLinger time.Duration `toml:"batch_linger"`
@@ -52,6 +59,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		BatchRecords:      50000,
+		BatchBytes:        24 << 20,
 		BatchLinger:       time.Second,
 		Retention:         90 * 24 * time.Hour,
 		RetentionInterval: time.Hour,
@@ -61,6 +69,7 @@ func DefaultConfig() Config {
 // RegisterFlags adds the config's flags with the given prefix ("store.").
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&c.BatchRecords, prefix+"batch-records", c.BatchRecords, "store: write once this many records are gathered")
+	fs.IntVar(&c.BatchBytes, prefix+"batch-bytes", c.BatchBytes, "store: write once the records gathered hold this many bytes")
 	fs.DurationVar(&c.BatchLinger, prefix+"batch-linger", c.BatchLinger, "store: write what was gathered after this long")
 	fs.DurationVar(&c.Retention, prefix+"retention", c.Retention, "store: drop months of history received longer ago than this (0: keep all)")
 	fs.DurationVar(&c.RetentionInterval, prefix+"retention-interval", c.RetentionInterval, "store: how often retention runs")
@@ -71,6 +80,8 @@ func (c Config) Validate(prefix string) error {
 	switch {
 	case c.BatchRecords < 1:
 		return fmt.Errorf("%sbatch_records: must be at least 1, got %d", prefix, c.BatchRecords)
+	case c.BatchBytes < 1<<20:
+		return fmt.Errorf("%sbatch_bytes: must be at least 1 MiB (1048576), got %d", prefix, c.BatchBytes)
 	case c.BatchLinger < 0:
 		return fmt.Errorf("%sbatch_linger: must not be negative, got %s", prefix, c.BatchLinger)
 	case c.Retention < 0:
@@ -84,15 +95,16 @@ func (c Config) Validate(prefix string) error {
 }
 
 // Pipeline returns the runner settings of the store role: gather up to
-// BatchRecords for up to BatchLinger, all partitions in one write, the
-// next batch decoded while the last is written (rows are keyed by event
-// id: their order does not matter).
+// BatchRecords or BatchBytes for up to BatchLinger, all partitions in one
+// write, the next batch decoded while the last is written (rows are keyed
+// by event id: their order does not matter).
 func (c Config) Pipeline() pipeline.Config {
 	return pipeline.Config{
 		Role:            Role,
 		Topics:          Topics,
 		MaxPollRecords:  min(c.BatchRecords, 10000),
 		MinBatch:        c.BatchRecords,
+		MaxBatchBytes:   c.BatchBytes,
 		Linger:          c.BatchLinger,
 		MergePartitions: true,
 		Overlap:         true,
