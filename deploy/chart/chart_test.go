@@ -679,14 +679,14 @@ func TestGoMemLimitUnderMemoryLimit(t *testing.T) {
 		args []string
 		want map[string]string // container's workload → GOMEMLIMIT ("": none); others: 90% of the limit
 	}{
-		{"default", "default", nil, map[string]string{"faultline-store": "483183820", "faultline-agent": "120795955", "faultline-preflight": "241591910"}},
+		{"default", "default", nil, map[string]string{"faultline-store": "966367641", "faultline-agent": "120795955", "faultline-preflight": "241591910"}},
 		{"secure", "secure", nil, nil},
 		{"cloud", "cloud", nil, nil},
 		{"a role's own limit", "default", []string{"--set", "roles.correlate.overrides.resources.limits.memory=2Gi"},
-			map[string]string{"faultline-correlate": "1932735283", "faultline-store": "483183820"}},
+			map[string]string{"faultline-correlate": "1932735283", "faultline-store": "966367641"}},
 		{"the operator's GOMEMLIMIT", "default", []string{"--set", "roles.store.overrides.env[0].name=GOMEMLIMIT", "--set", "roles.store.overrides.env[0].value=300MiB"},
 			map[string]string{"faultline-store": "300MiB"}},
-		{"no limit", "default", []string{"--set", "defaults.resources.limits=null"}, map[string]string{"faultline-store": "", "faultline-gateway": ""}},
+		{"no limit", "default", []string{"--set", "defaults.resources.limits=null"}, map[string]string{"faultline-store": "966367641", "faultline-gateway": ""}}, // the store keeps its own 1Gi
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			checked := 0

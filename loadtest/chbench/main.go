@@ -103,7 +103,7 @@ func run(ctx context.Context, args []string) error {
 	o.kcfg.RegisterSecurityFlags(fs, "kafka.")
 	fs.IntVar(&o.partitions, "partitions", 6, "partitions of the events topic")
 	fs.IntVar(&o.metadataBytes, "metadata-bytes", 0, "store: metadata values added to every event, in bytes (2,048 per entry, 64 entries at most)")
-	fs.BoolVar(&o.overlap, "overlap", true, "store: the next batch decoded while the last is written, as shipped (false: one at a time)")
+	fs.BoolVar(&o.overlap, "overlap", store.DefaultConfig().Pipeline().Overlap, "store: the next batch decoded while the last is written (default as shipped at this GOMEMLIMIT)")
 	fs.IntVar(&o.events, "events", 0, "events to store (store: default 1000000) or to generate (window: default 10000000)")
 	fs.IntVar(&o.queries, "queries", 2000, "window: history API calls")
 	fs.IntVar(&o.ruleQueries, "rule-queries", 200, "window: one-event batches per correlation rule")

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"runtime/debug"
 	"time"
 
 	"github.com/faultline/faultline/internal/clickhouse"
@@ -21,9 +22,14 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return nil, err
 	}
 	m := NewMetrics(deps.Registry)
+	pc := cfg.Pipeline()
+	if !pc.Overlap {
+		log.Info("writing one batch at a time: the Go memory limit leaves no room for two",
+			"gomemlimit_bytes", debug.SetMemoryLimit(-1), "two_need_bytes", OverlapMemory)
+	}
 	return &role.Role{
 		Name:      Role,
-		Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: New(conn, log, m)}},
+		Consumers: []role.Consumer{{Pipeline: pc, Handler: New(conn, log, m)}},
 		Loops: []role.Loop{{Name: "retention", Run: func(ctx context.Context) error {
 			RunRetention(ctx, conn, deps.ClickHouse.Database, cfg, m, log, time.Now)
 			return nil

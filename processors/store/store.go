@@ -15,6 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -94,10 +95,19 @@ func (c Config) Validate(prefix string) error {
 	return nil
 }
 
+// OverlapMemory is the least Go memory limit (GOMEMLIMIT; none set is no
+// limit) at which the role decodes its next batch while the last is
+// written. Two batches of 50,000 events in hand peaked at 350–490 MiB of
+// live heap, one at ~300 MiB: under the chart's old 512Mi (GOMEMLIMIT 460
+// MiB) the collector ran without pause, the role's CPU doubled, and the
+// pod's limit was within reach (loadtest/RESULTS.md §5).
+const OverlapMemory = 768 << 20
+
 // Pipeline returns the runner settings of the store role: gather up to
 // BatchRecords or BatchBytes for up to BatchLinger, all partitions in one
-// write, the next batch decoded while the last is written (rows are keyed
-// by event id: their order does not matter).
+// write, and where the memory limit leaves room for two (OverlapMemory)
+// the next batch decoded while the last is written (rows are keyed by
+// event id: their order does not matter).
 func (c Config) Pipeline() pipeline.Config {
 	return pipeline.Config{
 		Role:            Role,
@@ -107,7 +117,7 @@ func (c Config) Pipeline() pipeline.Config {
 		MaxBatchBytes:   c.BatchBytes,
 		Linger:          c.BatchLinger,
 		MergePartitions: true,
-		Overlap:         true,
+		Overlap:         debug.SetMemoryLimit(-1) >= OverlapMemory,
 	}
 }
 
@@ -188,18 +198,26 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 			res.Dead = append(res.Dead, pipeline.Dead{Record: rec, Reason: err})
 		}
 	}
-	if evs.Len() > 0 {
-		if err := h.insert(ctx, "events", rows.EventColumns, evs.Columns(), evs.Len()); err != nil {
+	nEv, nAc := evs.Len(), acs.Len()
+	evCols, acCols := evs.Columns(), acs.Columns()
+	// From here the decoded rows are held by the columns alone, and insert
+	// lets go of each once it is copied into the insert's block: they are
+	// collected while ClickHouse inserts, not kept until Handle returns
+	// (with the next batch decoded meanwhile, they were a third of the
+	// role's peak heap).
+	evs, acs = rows.Events{}, rows.Actions{}
+	if nEv > 0 {
+		if err := h.insert(ctx, "events", rows.EventColumns, evCols, nEv); err != nil {
 			return pipeline.Result{}, err
 		}
 	}
-	if acs.Len() > 0 {
-		if err := h.insert(ctx, "actions", rows.ActionColumns, acs.Columns(), acs.Len()); err != nil {
+	if nAc > 0 {
+		if err := h.insert(ctx, "actions", rows.ActionColumns, acCols, nAc); err != nil {
 			return pipeline.Result{}, err
 		}
 	}
 	if h.afterInsert != nil {
-		if err := h.afterInsert(ctx, evs.Len()+acs.Len()); err != nil {
+		if err := h.afterInsert(ctx, nEv+nAc); err != nil {
 			return pipeline.Result{}, err
 		}
 	}
@@ -224,10 +242,11 @@ func (h *Handler) insert(ctx context.Context, table, columns string, cols []any,
 		return err
 	}
 	defer batch.Close()
-	for i, col := range cols {
-		if err := rows.AppendColumn(batch.Column(i), col); err != nil {
+	for i := range cols {
+		if err := rows.AppendColumn(batch.Column(i), cols[i]); err != nil {
 			return fmt.Errorf("column %d: %w", i, err)
 		}
+		cols[i] = nil // copied into the block
 	}
 	return batch.Send()
 }
