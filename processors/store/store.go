@@ -97,7 +97,7 @@ func (c Config) Validate(prefix string) error {
 
 // OverlapMemory is the least Go memory limit (GOMEMLIMIT; none set is no
 // limit) at which the role decodes its next batch while the last is
-// written. Two batches of 50,000 events in hand peaked at 350–490 MiB of
+// written. Two batches of 50,000 events in hand peaked at 450–550 MiB of
 // live heap, one at ~300 MiB: under the chart's old 512Mi (GOMEMLIMIT 460
 // MiB) the collector ran without pause, the role's CPU doubled, and the
 // pod's limit was within reach (loadtest/RESULTS.md §5).
