@@ -226,9 +226,9 @@ func benchStore(ctx context.Context, conn clickhouse.Conn, o opts, log *slog.Log
 	now := time.Now().UTC()
 	var bytes int
 	errc := make(chan error, 1)
-	// Hex of random bytes: compressed about as much as real values (a
-	// repeated letter shrinks 100-fold on the wire and would make every
-	// byte bound meaningless).
+	// Hex of random bytes, which compress little, as real values do: a
+	// repeated letter shrank so far on the wire that a fetch held many
+	// times the byte bound, and the bound measured nothing.
 	pad := make([]byte, validate.MaxMetadataVal/2)
 	for i := range o.events {
 		ev := benchEvent(i, now)
