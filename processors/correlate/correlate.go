@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/faultline/faultline/internal/celbound"
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
@@ -174,8 +175,10 @@ type item struct {
 	recvMS int64
 	// vars are the CEL variables of a record that can trigger (set by
 	// decode; nil for derived and STORE_ONLY events), read by the rules'
-	// triggers concurrently.
+	// triggers concurrently; fits: they fit celbound's sizes (the
+	// triggers run without the cost tracker where that proves the limit).
 	vars map[string]any
+	fits bool
 }
 
 // trigger is one evaluation of a rule: a group at a time.
@@ -360,6 +363,7 @@ func decode(recs []*kgo.Record, log *slog.Logger) ([]item, []pipeline.Dead) {
 				continue
 			}
 			it := item{act: a, cluster: cluster, node: node, vars: map[string]any{"action": ActionVars(a)}}
+			it.fits = celbound.Fits(it.vars)
 			ts := rec.Timestamp
 			if a.GetTimestamp() != nil {
 				ts = a.GetTimestamp().AsTime()
@@ -375,6 +379,7 @@ func decode(recs []*kgo.Record, log *slog.Logger) ([]item, []pipeline.Dead) {
 			it := item{ev: ev, cluster: cluster, node: node}
 			if !events.IsDerived(ev) && !events.StoreOnly(ev) {
 				it.vars = map[string]any{"event": events.Vars(ev)}
+				it.fits = celbound.Fits(it.vars)
 			}
 			ts := rec.Timestamp
 			if ev.GetReceivedTimestamp() != nil {
@@ -402,7 +407,7 @@ func (h *Handler) triggers(r *Rule, items []item) []trigger {
 			continue // a derived or STORE_ONLY event
 		}
 		if r.Source == SourceActions {
-			if it.act == nil || !h.matches(r, it.vars) {
+			if it.act == nil || !h.matches(r, it) {
 				continue
 			}
 			out = append(out, trigger{
@@ -413,7 +418,7 @@ func (h *Handler) triggers(r *Rule, items []item) []trigger {
 			continue
 		}
 		ev := it.ev
-		if ev == nil || !h.matches(r, it.vars) {
+		if ev == nil || !h.matches(r, it) {
 			continue
 		}
 		t := trigger{tid: strconv.Itoa(len(out)), cluster: it.cluster, node: it.node, atMS: it.atMS, recvMS: it.recvMS, sourceID: ev.GetId(),
@@ -438,8 +443,8 @@ func (h *Handler) triggers(r *Rule, items []item) []trigger {
 
 // matches evaluates r's trigger; an error is counted, logged (at most once
 // a minute per rule) and a non-match.
-func (h *Handler) matches(r *Rule, vars map[string]any) bool {
-	ok, err := r.matches(vars)
+func (h *Handler) matches(r *Rule, it *item) bool {
+	ok, err := r.matches(it.vars, it.fits)
 	if err == nil {
 		return ok
 	}

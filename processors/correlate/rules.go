@@ -19,7 +19,10 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/google/cel-go/cel"
 
+	"github.com/faultline/faultline/internal/celbound"
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 	"github.com/faultline/faultline/sql"
 )
 
@@ -177,7 +180,7 @@ type Rule struct {
 	Strategy      datamodels.ProcessingStrategy
 	query         string // Query without comments, as sent
 	args          map[string]any
-	trigger       cel.Program
+	trigger       *celbound.Program
 	message       *template.Template
 	recovery      *template.Template
 
@@ -505,17 +508,19 @@ func paramValue(v any) (any, error) {
 // record; past it the evaluation stops with an error (counted in
 // faultline_correlate_trigger_errors_total, logged) and the record does not
 // trigger the rule. The shipped triggers cost under 10 on the largest event
-// the gateway accepts.
+// the gateway accepts. A trigger whose estimated worst case on such an
+// event is within the limit runs without the cost tracker on the records
+// that fit the gateway's limits (internal/celbound).
 const TriggerCostLimit = 10_000
 
 // compileTrigger compiles a rule's trigger expression.
-func compileTrigger(source, src string) (cel.Program, error) {
+func compileTrigger(source, src string) (*celbound.Program, error) {
 	if strings.TrimSpace(src) == "" {
 		return nil, errors.New("required")
 	}
-	v := "event"
+	v, sample := "event", events.Vars(&datamodels.HealthEvent{})
 	if source == SourceActions {
-		v = "action"
+		v, sample = "action", ActionVars(&faultlinev1.Action{})
 	}
 	env, err := cel.NewEnv(cel.Variable(v, cel.MapType(cel.StringType, cel.DynType)))
 	if err != nil {
@@ -528,19 +533,20 @@ func compileTrigger(source, src string) (cel.Program, error) {
 	if t := ast.OutputType(); !t.IsExactType(cel.BoolType) && !t.IsExactType(cel.DynType) {
 		return nil, fmt.Errorf("must be a boolean expression, is %s", t)
 	}
-	return env.Program(ast, cel.EvalOptions(cel.OptOptimize), cel.CostLimit(TriggerCostLimit))
+	return celbound.Compile(env, ast, map[string]any{v: sample}, TriggerCostLimit, cel.EvalOptions(cel.OptOptimize))
 }
 
-// matches evaluates the trigger; an evaluation error (a missing key, the
-// cost limit) is a non-match, returned for the caller to count and log.
-func (r *Rule) matches(vars map[string]any) (bool, error) {
-	out, _, err := r.trigger.Eval(vars)
+// matches evaluates the trigger on a record's variables (fits: they fit
+// celbound's sizes); an evaluation error (a missing key, the cost limit)
+// is a non-match, returned for the caller to count and log.
+func (r *Rule) matches(vars map[string]any, fits bool) (bool, error) {
+	out, err := r.trigger.Eval(vars, fits)
 	if err != nil {
 		return false, err
 	}
-	b, ok := out.Value().(bool)
+	b, ok := out.(bool)
 	if !ok {
-		return false, fmt.Errorf("trigger gave %T, want bool", out.Value())
+		return false, fmt.Errorf("trigger gave %T, want bool", out)
 	}
 	return b, nil
 }
