@@ -8,14 +8,14 @@
 // runs: cel-go's static estimator (Env.EstimateCost) gives the most it can
 // spend, given the most each list, map and string it reads can hold. It
 // leaves out one step (a field read from a dyn value, 1 at run time;
-// tested in TestBoundHolds), so the bound taken is twice the estimate, and
-// only where each such read follows a step it counts (see countsDynSelects).
-// So a
-// Program holds two compiled forms: the tracked one, and, where the
-// estimate with the sizes below stays within the limit, an untracked one,
-// used for the variables that fit those sizes (Fits). Anything larger —
-// a record that did not come through the gateway's limits, an action with
-// many event ids — runs tracked, and stops at the limit as before.
+// TestBoundHolds), so the bound taken is twice the estimate, and only where
+// each such read follows a step it counts (countsDynSelects).
+//
+// So a Program holds two compiled forms: the tracked one and, where the
+// bound with the sizes below stays within the limit, an untracked one, used
+// for the variables that fit those sizes (Fits). Anything larger — a record
+// that did not come through the gateway's limits, an action with many event
+// ids — runs tracked, and stops at the limit as before.
 package celbound
 
 import (
