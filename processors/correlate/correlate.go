@@ -233,15 +233,23 @@ type prior struct {
 // found in this batch already suppresses the per-node verdicts of the same
 // batch; then the cause ids of the new verdicts are read, concurrently.
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
-	items, dead := decode(recs, h.log)
+	items, dead, err := decode(recs, h.log)
+	if err != nil {
+		return pipeline.Result{}, err
+	}
 	h.expireCache()
+	var (
+		batch batchRows
+		bg    errgroup.Group // the batch tables' rows beside the triggers
+	)
+	bg.Go(pipeline.Safe(func() error { batch.add(recs); return nil }))
 	trigs := make([][]trigger, len(h.rules))
 	var tg errgroup.Group // the rules' triggers on every core before the queries start
 	tg.SetLimit(runtime.GOMAXPROCS(0))
 	for i, r := range h.rules {
 		tg.Go(pipeline.Safe(func() error { trigs[i] = h.triggers(r, items); return nil }))
 	}
-	if err := tg.Wait(); err != nil {
+	if err := errors.Join(tg.Wait(), bg.Wait()); err != nil {
 		return pipeline.Result{}, err
 	}
 	clusterWide := map[string]bool{} // clusters a cluster-scope rule counts over in this batch
@@ -258,7 +266,8 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 	case err != nil:
 		h.log.Warn("unstored records of earlier batches not all known; a window may miss some", "err", err)
 	}
-	bt, err := newBatchTables(append(slices.Clip(recs), h.unstored.of(recs, clusterWide)...))
+	batch.add(h.unstored.of(recs, clusterWide))
+	bt, err := batch.tables()
 	if err != nil {
 		return pipeline.Result{}, err
 	}
@@ -334,11 +343,32 @@ func (h *Handler) SetReadBack(r ReadBack) { h.unstored.readBack = r }
 // queryParallelism bounds the rule queries one batch runs at once.
 const queryParallelism = 4
 
-// decode decodes the records the rules read. A record whose key and
-// payload disagree is dead-lettered (pipeline.EventKey, ActionKey);
-// otherwise undecodable records are the store's to dead-letter, here they
-// are skipped.
-func decode(recs []*kgo.Record, log *slog.Logger) ([]item, []pipeline.Dead) {
+// decodePart is the fewest records decode gives a part of its own.
+const decodePart = 1000
+
+// decode decodes the records the rules read, in as many parts at once as
+// there are cores (each part in order, the parts joined in order: what
+// one pass gives). A record whose key and payload disagree is
+// dead-lettered (pipeline.EventKey, ActionKey); otherwise undecodable
+// records are the store's to dead-letter, here they are skipped. The
+// error is a part's panic.
+func decode(recs []*kgo.Record, log *slog.Logger) ([]item, []pipeline.Dead, error) {
+	n := max(1, min(runtime.GOMAXPROCS(0), len(recs)/decodePart))
+	items, dead := make([][]item, n), make([][]pipeline.Dead, n)
+	size := (len(recs) + n - 1) / n
+	var g errgroup.Group
+	for i := range n {
+		part := recs[min(i*size, len(recs)):min((i+1)*size, len(recs))]
+		g.Go(pipeline.Safe(func() error { items[i], dead[i] = decodeInOrder(part, log); return nil }))
+	}
+	if err := g.Wait(); err != nil {
+		return nil, nil, err
+	}
+	return slices.Concat(items...), slices.Concat(dead...), nil
+}
+
+// decodeInOrder is decode in one pass.
+func decodeInOrder(recs []*kgo.Record, log *slog.Logger) ([]item, []pipeline.Dead) {
 	items := make([]item, 0, len(recs))
 	var dead []pipeline.Dead
 	for _, rec := range recs {

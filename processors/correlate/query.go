@@ -41,28 +41,39 @@ var (
 		"details.key", "details.value"}
 )
 
-// newBatchTables maps the batch's records to rows. A record that can
-// never be a row (rows.ErrPoison) is left out: the store dead-letters it,
-// so it is in no window of the history either.
+// newBatchTables maps the batch's records to rows (batchRows).
 func newBatchTables(recs []*kgo.Record) (*batchTables, error) {
-	var (
-		evs rows.Events
-		acs rows.Actions
-	)
-	evs.Grow(len(recs))
+	var b batchRows
+	b.add(recs)
+	return b.tables()
+}
+
+// batchRows are the rows of the batch tables, added in parts. A record
+// that can never be a row (rows.ErrPoison) is left out: the store
+// dead-letters it, so it is in no window of the history either.
+type batchRows struct {
+	evs rows.Events
+	acs rows.Actions
+}
+
+func (b *batchRows) add(recs []*kgo.Record) {
+	b.evs.Grow(len(recs))
 	for _, r := range recs {
 		if r.Topic == events.TopicActions {
-			_ = acs.Add(r)
+			_ = b.acs.Add(r)
 		} else {
-			_ = evs.Add(r)
+			_ = b.evs.Add(r)
 		}
 	}
+}
+
+func (b *batchRows) tables() (*batchTables, error) {
 	bt := &batchTables{}
 	var err error
-	if bt.events, err = evs.Table("batch", batchColumns...); err != nil {
+	if bt.events, err = b.evs.Table("batch", batchColumns...); err != nil {
 		return nil, err
 	}
-	if bt.actions, err = acs.Table("batch_actions", batchActionColumns...); err != nil {
+	if bt.actions, err = b.acs.Table("batch_actions", batchActionColumns...); err != nil {
 		return nil, err
 	}
 	return bt, nil

@@ -39,7 +39,10 @@ func TestSweepRecoveryRulesCountTheirTrigger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	items, _ := decode(recs, hs.h.log)
+	items, _, err := decode(recs, hs.h.log)
+	if err != nil {
+		t.Fatal(err)
+	}
 	declared := 0
 	for _, r := range hs.rules {
 		if !r.SweepRecovery {

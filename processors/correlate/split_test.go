@@ -62,7 +62,10 @@ func TestMemoryLimitSplitsTheQuery(t *testing.T) {
 		return New(conn, rules, func() time.Time { return base.Add(time.Minute) }, time.Minute, log, nil)
 	}
 	whole := handler(s.Conn)
-	items, _ := decode(recs, log)
+	items, _, err := decode(recs, log)
+	if err != nil {
+		t.Fatal(err)
+	}
 	trigs := whole.triggers(fabric, items)
 	if len(trigs) != len(recs) {
 		t.Fatalf("%d triggers, want %d", len(trigs), len(recs))
