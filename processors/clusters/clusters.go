@@ -435,8 +435,21 @@ func (r *Registry) buildClient(cl Cluster, c *Client) error {
 	if k != nil {
 		rc.WrapTransport = func(own http.RoundTripper) http.RoundTripper { return reloadingRT{own: own, k: k} }
 	}
+	if err := c.connect(rc); err != nil {
+		return fmt.Errorf("cluster %q: client: %w", cl.Name, err)
+	}
+	return nil
+}
+
+// connect builds c's clients from rc: for requests, each bounded by rc's
+// timeout and timed into c.Gate (Gate.Observe), and for watches, the same
+// without the timeout.
+func (c *Client) connect(rc *rest.Config) error {
 	wc := rest.CopyConfig(rc)
 	wc.Timeout = 0
+	rc = rest.CopyConfig(rc)
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return timedRT{own: rt, g: c.Gate} })
+	var err error
 	if c.Kube, err = kubernetes.NewForConfig(rc); err == nil {
 		c.WatchKube, err = kubernetes.NewForConfig(wc)
 	}
@@ -447,11 +460,43 @@ func (r *Registry) buildClient(cl Cluster, c *Client) error {
 		c.WatchDynamic, err = dynamic.NewForConfig(wc)
 	}
 	if err != nil {
-		return fmt.Errorf("cluster %q: client: %w", cl.Name, err)
+		return err
 	}
 	c.Gate.Probe = readyz(c.Kube)
 	return nil
 }
+
+// SetConfig installs a cluster's clients built from rc as a configured
+// cluster's are (its requests timed into its Gate), for tests whose
+// API server sits behind a wrapper of their own (rc.WrapTransport).
+func (r *Registry) SetConfig(name string, rc *rest.Config) (*Client, error) {
+	c := &Client{Name: name, Gate: r.newGate()}
+	if err := c.connect(rc); err != nil {
+		return nil, fmt.Errorf("cluster %q: client: %w", name, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.clients[name] = c
+	return c, nil
+}
+
+// timedRT is a cluster's request transport that times each request, from
+// the moment it is sent to its answer (or error), into the cluster's Gate:
+// what the API server takes, without the client's own rate limiter.
+type timedRT struct {
+	own http.RoundTripper
+	g   *Gate
+}
+
+func (t timedRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	start := time.Now()
+	resp, err := t.own.RoundTrip(req)
+	t.g.Observe(time.Since(start))
+	return resp, err
+}
+
+// WrappedRoundTripper lets client-go reach the transport below.
+func (t timedRT) WrappedRoundTripper() http.RoundTripper { return t.own }
 
 // ReloadEvery is the least time between two looks at a cluster's
 // kubeconfig file for a change (made by a request).
@@ -579,7 +624,15 @@ type Gate struct {
 	probing  bool
 	probed   time.Time // when the last probe ended
 	answered bool      // a probe answered since the last failure
+
+	latency    time.Duration // of the requests, each weighing as much as all before it (Observe)
+	observed   time.Time     // when the last request was answered
+	refreshing bool          // a probe timing a slow cluster is in flight (Slow)
 }
+
+// SlowRefresh is how long a slow cluster (Gate.Slow) goes without a
+// request before a probe times it again.
+const SlowRefresh = time.Second
 
 // NewGate returns a healthy gate.
 func NewGate(now func() time.Time) *Gate {
@@ -649,6 +702,56 @@ func (g *Gate) OK() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.failures, g.lastErr, g.next, g.answered = 0, nil, time.Time{}, false
+}
+
+// Observe records how long one of the cluster's requests took to answer
+// (or fail). The latency Slow judges is their moving average, each
+// request weighing as much as all before it: one request turns a fast
+// cluster slow when it takes more than twice the limit, and two answered
+// at less than half the limit make a slow one fast again.
+func (g *Gate) Observe(d time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.observed.IsZero() {
+		g.latency = d
+	} else {
+		g.latency = (g.latency + d) / 2
+	}
+	g.observed = g.now()
+}
+
+// Latency is the moving average of the cluster's requests (Observe); zero
+// before the first.
+func (g *Gate) Latency() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.latency
+}
+
+// Slow reports whether the cluster's requests take longer than limit on
+// average (Observe; never with limit 0). A slow cluster with no request
+// for SlowRefresh is probed in the background (its probe timed like any
+// request), so the work it no longer gets — deferred for being slow — is
+// not the only thing that could show it is fast again.
+func (g *Gate) Slow(limit time.Duration) bool {
+	g.mu.Lock()
+	slow := limit > 0 && g.latency > limit
+	refresh := slow && g.Probe != nil && !g.refreshing && g.now().Sub(g.observed) >= SlowRefresh
+	if refresh {
+		g.refreshing = true
+	}
+	g.mu.Unlock()
+	if refresh {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), g.ProbeTimeout)
+			defer cancel()
+			_ = g.Probe(ctx) // any outcome is timed by the cluster's transport
+			g.mu.Lock()
+			g.refreshing = false
+			g.mu.Unlock()
+		}()
+	}
+	return slow
 }
 
 // Wait reports whether the cluster may be tried, waiting out a backoff

@@ -140,6 +140,62 @@ func TestGateBackoff(t *testing.T) {
 	}
 }
 
+// TestGateSlow: a cluster is slow while its requests' moving average is
+// over the limit (never with limit 0); slow and not asked for
+// SlowRefresh, it is probed in the background, the probe timed like any
+// request, so it turns fast again without work reaching it.
+func TestGateSlow(t *testing.T) {
+	const limit = 500 * time.Millisecond
+	var mu sync.Mutex
+	now := time.Unix(1000, 0)
+	g := NewGate(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	probed := make(chan struct{}, 1)
+	g.Probe = func(context.Context) error {
+		g.Observe(10 * time.Millisecond) // what the cluster's transport does
+		probed <- struct{}{}
+		return nil
+	}
+	for i, step := range []struct {
+		observe time.Duration
+		slow    bool
+	}{
+		{100 * time.Millisecond, false}, // the first sets the average
+		{2 * time.Second, true},         // 1.05 s: one request past twice the limit
+		{100 * time.Millisecond, true},  // 575 ms
+		{100 * time.Millisecond, false}, // 337 ms
+		{900 * time.Millisecond, true},  // 618 ms
+	} {
+		g.Observe(step.observe)
+		if got := g.Slow(limit); got != step.slow {
+			t.Fatalf("step %d: after %v, average %v: slow %v, want %v", i, step.observe, g.Latency(), got, step.slow)
+		}
+		if g.Slow(0) {
+			t.Fatalf("step %d: slow with no limit", i)
+		}
+	}
+	select {
+	case <-probed:
+		t.Fatal("probed while requests were being answered")
+	default:
+	}
+	mu.Lock()
+	now = now.Add(SlowRefresh)
+	mu.Unlock()
+	if !g.Slow(limit) {
+		t.Fatal("not slow before the refresh answered")
+	}
+	select {
+	case <-probed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a slow cluster without requests for SlowRefresh was not probed")
+	}
+	for deadline := time.Now().Add(5 * time.Second); g.Slow(limit); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still slow after the probe answered in 10ms: average %v", g.Latency())
+		}
+	}
+}
+
 // TestGateWait: a backoff ending by until is waited out, one ending after
 // it is not; a cluster that cannot be reached is not tried again until it
 // answers a probe, and not waited for.

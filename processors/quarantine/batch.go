@@ -191,7 +191,7 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 				r.keep(it, acts)
 				continue
 			}
-		} else if live && h.deferring(cluster) {
+		} else if live && (h.deferring(cluster) || h.slow(cl, len(items)-i)) {
 			h.deferRest(&r, items[i:], cl, stale)
 			return r
 		} else if h.decideStale(&r, it, cl, stale) {
@@ -281,6 +281,21 @@ func (r *seqResult) keep(it item, acts []*faultlinev1.Action) {
 		r.applied = map[string][]*faultlinev1.Action{}
 	}
 	r.applied[recordKey(it.rec)] = acts
+}
+
+// slow reports whether cl's requests take longer than SlowCluster on
+// average; a cluster found slow is marked deferring (its later records go
+// behind these), and said once as it turns so.
+func (h *Handler) slow(cl *clusters.Client, records int) bool {
+	if !cl.Gate.Slow(h.cfg.SlowCluster) {
+		return false
+	}
+	if !h.deferring(cl.Name) {
+		h.log.Warn("cluster slow; deferring its records to its retry topic", "cluster", cl.Name,
+			"request_latency", cl.Gate.Latency().Round(time.Millisecond), "slow_cluster", h.cfg.SlowCluster, "records", records)
+	}
+	h.markDeferring(cl.Name)
+	return true
 }
 
 func (h *Handler) deferring(cluster string) bool {

@@ -3,11 +3,14 @@ package quarantine
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
@@ -223,4 +226,79 @@ func TestClusterBackRetriedWithinSeconds(t *testing.T) {
 	if kinds(acts) != "quarantine/applied" || !getNode(t, k.Client(), "node-1").Spec.Unschedulable {
 		t.Fatalf("after the apiserver is back: %s", kinds(acts))
 	}
+}
+
+// delayed is rc's transport with every request held for delay first (an
+// API server whose etcd is slow).
+func delayed(rc *rest.Config, delay *atomic.Int64) *rest.Config {
+	rc = rest.CopyConfig(rc)
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			select {
+			case <-time.After(time.Duration(delay.Load())):
+			case <-r.Context().Done():
+				return nil, r.Context().Err()
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	return rc
+}
+
+// TestSlowClusterDeferred: a cluster whose API server answers every
+// request, but in 1.5 s, holds only its own records. Its first fault is
+// applied the slow way (nothing has said it is slow yet); from then on a
+// batch defers its records to its retry topic without a request, so the
+// other cluster's fault beside it is cordoned at once rather than after
+// the slow cluster's two requests in turn, and its retry consumer applies
+// the deferred one. Fast again, its gate says so within seconds: a probe
+// times it while no work reaches it.
+func TestSlowClusterDeferred(t *testing.T) {
+	k := testenv.StartKube(t, testenv.KubeOptions{})
+	createNodes(t, k.Client(), "slow", "slow-1", "slow-2", "fast-1")
+	h := newTestHandler(t, testConfig("slow"), map[string]kubernetes.Interface{"fast": k.Client()})
+	const delay = 1500 * time.Millisecond
+	var slowBy atomic.Int64
+	slowBy.Store(int64(delay))
+	cl, err := h.reg.SetConfig("slow", delayed(k.RESTConfig(), &slowBy))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	handle(t, h, record("slow", fatal("slow-1", "XID_ERROR_48", "GPU-1")))
+	if !getNode(t, k.Client(), "slow-1").Spec.Unschedulable {
+		t.Fatal("the slow cluster's first fault was not applied")
+	}
+	if !cl.Gate.Slow(h.cfg.SlowCluster) {
+		t.Fatalf("the cluster's requests average %v, not slower than %v", cl.Gate.Latency(), h.cfg.SlowCluster)
+	}
+
+	start := time.Now()
+	acts, deferred := handle(t, h,
+		record("slow", fatal("slow-2", "XID_ERROR_48", "GPU-1")),
+		record("fast", fatal("fast-1", "XID_ERROR_48", "GPU-1")))
+	took := time.Since(start)
+	if kinds(acts) != "quarantine/applied" || len(deferred) != 1 || deferred[0].Topic != RetryTopic("slow") {
+		t.Fatalf("beside the slow cluster: actions %s, %d deferred", kinds(acts), len(deferred))
+	}
+	if took >= delay {
+		t.Fatalf("the batch took %v: the slow cluster held the other's cordon", took.Round(time.Millisecond))
+	}
+	if !getNode(t, k.Client(), "fast-1").Spec.Unschedulable || getNode(t, k.Client(), "slow-2").Spec.Unschedulable {
+		t.Fatal("fast-1 must be cordoned by the batch, slow-2 left to the retry consumer")
+	}
+	if acts := retryUntil(t, h, deferred, 30*time.Second); kinds(acts) != "quarantine/applied" {
+		t.Fatalf("the retry consumer: %s", kinds(acts))
+	}
+	if !getNode(t, k.Client(), "slow-2").Spec.Unschedulable {
+		t.Fatal("slow-2 not cordoned by the retry consumer")
+	}
+
+	slowBy.Store(0)
+	for deadline := time.Now().Add(10 * time.Second); cl.Gate.Slow(h.cfg.SlowCluster); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("answering at once, the cluster is still slow after 10 s: its requests average %v", cl.Gate.Latency())
+		}
+	}
+	t.Logf("the slow batch took %v beside its fault's %v", took.Round(time.Millisecond), 2*delay)
 }

@@ -64,6 +64,14 @@ type Config struct {
 	// reached at all (connection refused) is deferred at once, unless it
 	// answers a probe of its /readyz. Default 3s.
 	ClusterWait time.Duration `toml:"cluster_wait"`
+	// SlowCluster: a cluster whose API requests take longer than this on
+	// average (clusters.Gate.Slow) has its records deferred to its
+	// RetryTopic, as one that fails is, so its slowness holds only its own
+	// work: a batch waits for its slowest cluster, and a cordon costs two
+	// requests in turn, so one API server answering in seconds would hold
+	// every other cluster's cordons as long. Its retry consumer applies
+	// them at the pace it answers. 0: never. Default 500ms.
+	SlowCluster time.Duration `toml:"slow_cluster"`
 	// RetryWait is how long the retry consumer waits for a cluster in one
 	// batch before failing the batch (it is then retried within a second;
 	// a cluster that cannot be reached is probed instead). Default 10s.
@@ -186,6 +194,7 @@ func DefaultConfig() Config {
 		Workers:             64,
 		ClusterWait:         3 * time.Second,
 		RetryWait:           10 * time.Second,
+		SlowCluster:         500 * time.Millisecond,
 		NodeEvents:          true,
 		EventNamespace:      "default",
 		NodeEventInterval:   time.Minute,
@@ -218,6 +227,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.OptOutLabel, prefix+"opt-out-label", c.OptOutLabel, "key=value label that exempts a node from quarantine")
 	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes handled concurrently per batch")
 	fs.DurationVar(&c.ClusterWait, prefix+"cluster-wait", c.ClusterWait, "how long a batch retries a cluster whose API fails before deferring its records (one that cannot be reached: at once)")
+	fs.DurationVar(&c.SlowCluster, prefix+"slow-cluster", c.SlowCluster, "a cluster whose API requests take longer than this on average has its records deferred to its retry topic (0: never)")
 	fs.DurationVar(&c.RetryWait, prefix+"retry-wait", c.RetryWait, "how long the retry consumer waits for a cluster per batch")
 	fs.BoolVar(&c.NodeEvents, prefix+"node-events", c.NodeEvents, "create a Kubernetes Event on the node for non-fatal events")
 	fs.StringVar(&c.EventNamespace, prefix+"event-namespace", c.EventNamespace, "namespace of node Events")
@@ -260,6 +270,9 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.RetryWait <= 0 {
 		return fmt.Errorf("%sretry_wait: must be positive, got %v", prefix, c.RetryWait)
+	}
+	if c.SlowCluster < 0 {
+		return fmt.Errorf("%sslow_cluster: must not be negative (0: never), got %v", prefix, c.SlowCluster)
 	}
 	if q := c.NodeEventQPS; c.NodeEvents && (math.IsNaN(q) || math.IsInf(q, 0) || q <= 0) {
 		return fmt.Errorf("%snode_event_qps: must be a finite number above 0 when node_events is on, got %v", prefix, c.NodeEventQPS)
