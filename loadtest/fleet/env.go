@@ -73,6 +73,10 @@ type Options struct {
 	// Gateway, if not nil, adjusts the gateway's config (every other
 	// setting is the shipped default).
 	Gateway func(*gateway.Config)
+	// SlowFirst, if above 0, puts the first cluster's API server behind
+	// a LatencyProxy holding each of the roles' requests this long (the
+	// tool's own watches and clients reach it directly).
+	SlowFirst time.Duration
 	// Modify, if not nil, adjusts the processors' config (every other
 	// setting is the shipped default).
 	Modify func(*processors.Config)
@@ -95,6 +99,8 @@ type Env struct {
 	Actions  *ActionWatch
 	Registry *prometheus.Registry
 
+	slow          *LatencyProxy // Options.SlowFirst's
+	pcfg          processors.Config
 	conns         []*grpc.ClientConn
 	next          atomic.Uint64
 	firstPushback sync.Once
@@ -222,15 +228,28 @@ func Start(tb testing.TB, o Options) *Env {
 
 	if o.Roles != "none" {
 		pcfg.Roles = o.Roles
-		for _, c := range e.Clusters {
-			if k := e.Kubes[c]; k != nil {
-				pcfg.Kube.Clusters = append(pcfg.Kube.Clusters, clusters.Cluster{Name: c, Kubeconfig: k.Kubeconfig()})
+		for i, c := range e.Clusters {
+			k := e.Kubes[c]
+			if k == nil {
+				continue
 			}
+			kc := k.Kubeconfig()
+			if i == 0 && o.SlowFirst > 0 {
+				var err error
+				if e.slow, err = StartLatencyProxy(e.ctx, k, o.SlowFirst); err == nil {
+					kc, err = e.slow.Kubeconfig(tb.TempDir(), k)
+				}
+				if err != nil {
+					tb.Fatalf("fleet: latency proxy of %s: %v", c, err)
+				}
+			}
+			pcfg.Kube.Clusters = append(pcfg.Kube.Clusters, clusters.Cluster{Name: c, Kubeconfig: kc})
 		}
 		pcfg.Quarantine.Breaker.Enabled = !o.BreakerOff
 		if o.Modify != nil {
 			o.Modify(&pcfg)
 		}
+		e.pcfg = pcfg
 		if err := pcfg.Validate(); err != nil {
 			tb.Fatalf("fleet: processors config: %v", err)
 		}
@@ -241,6 +260,14 @@ func Start(tb testing.TB, o Options) *Env {
 	}
 	e.Opts = o
 	return e
+}
+
+// slowClusterSetting is the roles' quarantine.slow_cluster, for reports.
+func (e *Env) slowClusterSetting() string {
+	if d := e.pcfg.Quarantine.SlowCluster; d > 0 {
+		return d.String()
+	}
+	return "0 (never deferred for being slow)"
 }
 
 // brokers are the fleet's Kafka bootstrap addresses.

@@ -26,17 +26,19 @@ import (
 // Params size a scenario run. Zero values take the scenario's defaults
 // (the full run); the smoke tests pass tiny ones.
 type Params struct {
-	Clusters   int
-	Nodes      int           // per cluster
-	Rate       float64       // background events/s
-	Duration   time.Duration // of the background / the scenario
-	Faults     int           // nodes that fail (xid-burst, mass-failure, fault-to-cordon)
-	BreakerOff bool
-	Transport  Transport
-	NodeEvents *bool   // quarantine.node_events (default: the shipped true)
-	Events     int     // burst: events sent in all
-	Roles      string  // burst, broker-roll: the roles run (default store,correlate,quarantine; rollRoles)
-	KubeQPS    float32 // burst: kube.qps and kube.burst (2x) per cluster (0: the shipped 200/400)
+	Clusters    int
+	Nodes       int           // per cluster
+	Rate        float64       // background events/s
+	Duration    time.Duration // of the background / the scenario
+	Faults      int           // nodes that fail (xid-burst, mass-failure, fault-to-cordon)
+	BreakerOff  bool
+	Transport   Transport
+	NodeEvents  *bool          // quarantine.node_events (default: the shipped true)
+	Events      int            // burst: events sent in all
+	Roles       string         // burst, broker-roll: the roles run (default store,correlate,quarantine; rollRoles)
+	KubeQPS     float32        // burst: kube.qps and kube.burst (2x) per cluster (0: the shipped 200/400)
+	Latency     time.Duration  // slow-cluster: each of the roles' requests to the first cluster's API server held this long
+	SlowCluster *time.Duration // quarantine.slow_cluster (default: the shipped 500ms)
 }
 
 // Report collects a scenario's figures, each stamped with the machine's
@@ -103,6 +105,9 @@ func withDefaults(p, d Params) Params {
 	if p.Roles == "" {
 		p.Roles = d.Roles
 	}
+	if p.Latency == 0 {
+		p.Latency = d.Latency
+	}
 	if p.Transport == "" {
 		p.Transport = GRPC
 	}
@@ -117,6 +122,9 @@ func quarantineOpts(p Params, roles string) Options {
 		Modify: func(c *processors.Config) {
 			if p.NodeEvents != nil {
 				c.Quarantine.NodeEvents = *p.NodeEvents
+			}
+			if p.SlowCluster != nil {
+				c.Quarantine.SlowCluster = *p.SlowCluster
 			}
 		}}
 }
@@ -200,6 +208,16 @@ var Scenarios = []Scenario{
 		Defaults: Params{Clusters: 3, Nodes: 200, Faults: 20},
 		Options:  func(p Params) Options { return quarantineOpts(p, "quarantine") },
 		Run:      runClusterOutage,
+	},
+	{
+		Name: "slow-cluster", Doc: "the first cluster's API server answers every request Latency late (a proxy), the others' at once: under Rate events/s of mixed background, Faults fatal events per cluster, a round of one per cluster every 100ms: the other clusters' faults cordoned without waiting for the slow one (p99 within one of its requests), the slow one's too, each node once",
+		Defaults: Params{Clusters: 3, Nodes: 500, Rate: 1000, Faults: 20, Latency: 1500 * time.Millisecond},
+		Options: func(p Params) Options {
+			o := quarantineOpts(p, "quarantine")
+			o.SlowFirst = p.Latency
+			return o
+		},
+		Run: runSlowCluster,
 	},
 	{
 		Name: "apiserver-restart", Doc: "Faults fatal events per cluster, one every 100ms, each for its own node with 3 pods, under Rate events/s of mixed background (the whole fleet's), roles quarantine,drain,remediate; the first cluster's apiserver killed (SIGKILL) once half its drains started, down for Duration (and until the other clusters' faults, sent meanwhile, have their RebootNodes), started again: each node cordoned, drained and given one RebootNode, the other clusters' while the first is down, the first's paths resumed within 10s of its apiserver being ready (not at its backoff's end); each step's time from its first answer",

@@ -58,12 +58,17 @@ func main() {
 	verbose := flag.Bool("v", false, "print the servers' log lines")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (load generator, gateway, roles; not the broker or ClickHouse) for the whole scenario to this file")
 	replicas := flag.String("replicas", "1,2,4", "scale: replica counts")
-	latency := flag.Duration("latency", 50*time.Millisecond, "scale: apiserver latency per request")
+	flag.DurationVar(&p.Latency, "latency", 0, "scale: apiserver latency per request (default 50ms); slow-cluster: the first cluster's (default 1.5s)")
+	slowCluster := flag.String("slow-cluster", "", "slow-cluster: quarantine.slow_cluster (default: shipped)")
 	kill := flag.Bool("kill", true, "scale: add a round in which one of two replicas is SIGKILLed")
 	role := flag.String("role", "quarantine", "scale: the replicas' role, quarantine, remediate, drain, store or correlate")
 	flag.Parse()
 	if *name == "scale" {
-		os.Exit(runScale(p, *role, *replicas, *latency, *kill, *verbose))
+		latency := p.Latency
+		if latency == 0 {
+			latency = 50 * time.Millisecond
+		}
+		os.Exit(runScale(p, *role, *replicas, latency, *kill, *verbose))
 	}
 	if *list {
 		for _, s := range fleet.Scenarios {
@@ -82,6 +87,14 @@ func main() {
 	if *nodeEvents != "" {
 		v := *nodeEvents == "true"
 		p.NodeEvents = &v
+	}
+	if *slowCluster != "" {
+		d, err := time.ParseDuration(*slowCluster)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fleetload: -slow-cluster:", err)
+			os.Exit(2)
+		}
+		p.SlowCluster = &d
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)

@@ -1,0 +1,91 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/faultline/faultline/internal/fleetsim"
+	"github.com/faultline/faultline/processors/quarantine"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// slowFaultEvery spaces slow-cluster's rounds of faults (one per cluster
+// each round).
+const slowFaultEvery = 100 * time.Millisecond
+
+// runSlowCluster: the first cluster's API server answers every request,
+// but Params.Latency late (a latency proxy in front of it: its etcd slow,
+// a region far away); the others' at once. Under Rate events/s of mixed
+// background over every cluster, once the role has found the cluster
+// slow (the background's fatal nodes reach it first; until its first
+// requests are answered the batches that meet it wait for them, which is
+// timed apart: the onset), Faults fatal events per cluster are sent, a round of one per cluster every slowFaultEvery, each for its own
+// node: the other clusters' faults must be cordoned without waiting for
+// the slow one (each within one of its requests, p99), and every fault of
+// the slow cluster too, each node once.
+func runSlowCluster(ctx context.Context, e *Env, p Params, r *Report) error {
+	if len(e.Clusters) < 2 || e.slow == nil {
+		return fmt.Errorf("slow-cluster: needs 2 clusters or more, the first behind a latency proxy (%d clusters)", len(e.Clusters))
+	}
+	slow := e.Clusters[0]
+	adm := kadm.NewClient(e.KafkaClient())
+	deferred := func() int64 {
+		var n int64
+		if ends, err := adm.ListEndOffsets(ctx, quarantine.RetryTopic(slow)); err == nil {
+			ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+		}
+		return n
+	}
+	bg, err := faultBackground(ctx, e, p, "slow-cluster")
+	if err != nil {
+		return err
+	}
+	// Until the role knows the cluster is slow (its first requests
+	// answered), the batches that meet it wait for them: the onset, timed
+	// here and not in the faults' figures.
+	t0 := time.Now()
+	known := waitFor(ctx, 60*time.Second, func() bool { return deferred() > 0 })
+	onset := time.Since(t0)
+	time.Sleep(time.Second)
+	sent := map[string][]time.Time{}
+	for _, c := range e.Clusters {
+		sent[c] = make([]time.Time, p.Faults)
+	}
+	for i := range p.Faults {
+		for _, c := range e.Clusters {
+			sent[c][i] = time.Now() // the clock starts when the request is sent
+			if err := e.Send(ctx, GRPC, c, []*datamodels.HealthEvent{fleetsim.Xid(NodeName(i), i%8, 79)}); err != nil {
+				bg.Stop()
+				return fmt.Errorf("send fault %d of %s: %w", i, c, err)
+			}
+		}
+		time.Sleep(slowFaultEvery)
+	}
+	for _, c := range e.Clusters {
+		e.waitCordoned(ctx, c, p.Faults)
+	}
+	time.Sleep(2 * time.Second) // a second cordon would show
+	res := bg.Stop()
+	_, twice := e.Cordons.Count()
+
+	var fast []time.Duration
+	for _, c := range e.Clusters[1:] {
+		fast = append(fast, e.cordonedAfter(c, p.Faults, func(i int) time.Time { return sent[c][i] })...)
+	}
+	own := e.cordonedAfter(slow, p.Faults, func(i int) time.Time { return sent[slow][i] })
+	_, fastP99, _ := percentiles(append([]time.Duration(nil), fast...))
+	r.Figure("slow-cluster over %s: %s's API server answers each request %s late (a proxy), the others' at once; quarantine.slow_cluster %s; background %s",
+		e.Describe(), slow, p.Latency, e.slowClusterSetting(), res)
+	r.Figure("slow-cluster: %s found slow (its first record deferred) %s after the background started; then the other clusters' faults, %d of %d cordoned, send->watch %s; %s's, %d of %d, %s; %d records deferred to its retry topic; %d cordoned twice",
+		slow, onset.Round(time.Millisecond), len(fast), p.Faults*(len(e.Clusters)-1), spread(fast), slow, len(own), p.Faults, spread(own), deferred(), twice)
+	r.Check(res.Verified(0.95) == nil, "%v", res.Verified(0.95))
+	r.Check(known || e.pcfg.Quarantine.SlowCluster == 0, "%s never deferred within 60s of the background", slow)
+	r.Check(len(fast) == p.Faults*(len(e.Clusters)-1), "only %d of the other clusters' %d faults cordoned within 60s", len(fast), p.Faults*(len(e.Clusters)-1))
+	r.Check(len(own) == p.Faults, "only %d of %s's %d faults cordoned within 60s", len(own), slow, p.Faults)
+	r.Check(fastP99 < p.Latency, "the other clusters' faults waited for the slow one: p99 %s, not within one of its requests (%s)", fastP99.Round(time.Millisecond), p.Latency)
+	r.Check(twice == 0, "%d nodes cordoned twice", twice)
+	return nil
+}
