@@ -339,6 +339,20 @@ func (r *Registry) Get(name string) (*Client, error) {
 	return c, nil
 }
 
+// Several reports whether the registry serves more than one cluster
+// (configured, or installed by SetClient or SetConfig).
+func (r *Registry) Several() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := len(r.clients)
+	for _, c := range r.cfg.Clusters {
+		if _, ok := r.clients[c.Name]; !ok {
+			n++
+		}
+	}
+	return n > 1
+}
+
 // Ready reports whether work on the named cluster may be tried now: its
 // client is live and its Gate ready (an unreachable cluster probed, when a
 // probe is due).

@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 )
 
@@ -110,6 +111,28 @@ current-context: x
 	}
 	if _, err := r.Get("other"); !errors.Is(err, ErrUnknownCluster) {
 		t.Fatalf("unknown cluster: %v", err)
+	}
+}
+
+// TestRegistrySeveral: one cluster configured is alone, however often it
+// is built; a second, configured or installed, makes several.
+func TestRegistrySeveral(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Clusters = []Cluster{{Name: "a", DryRun: true}}
+	r := NewRegistry(cfg, nil)
+	if r.Several() {
+		t.Fatal("one configured cluster is several")
+	}
+	if _, err := r.Get("a"); err != nil || r.Several() {
+		t.Fatalf("one cluster, built: several %v, %v", r.Several(), err)
+	}
+	r.SetClient("b", fake.NewClientset(), true)
+	if !r.Several() {
+		t.Fatal("a configured cluster and an installed one are not several")
+	}
+	cfg.Clusters = append(cfg.Clusters, Cluster{Name: "b", DryRun: true})
+	if r := NewRegistry(cfg, nil); !r.Several() {
+		t.Fatal("two configured clusters are not several")
 	}
 }
 

@@ -284,10 +284,12 @@ func (r *seqResult) keep(it item, acts []*faultlinev1.Action) {
 }
 
 // slow reports whether cl's requests take longer than SlowCluster on
-// average; a cluster found slow is marked deferring (its later records go
-// behind these), and said once as it turns so.
+// average, with other clusters served beside it (alone, its slowness
+// holds no one else's work: deferring it would only add a detour); a
+// cluster found slow is marked deferring (its later records go behind
+// these), and said once as it turns so.
 func (h *Handler) slow(cl *clusters.Client, records int) bool {
-	if !cl.Gate.Slow(h.cfg.SlowCluster) {
+	if !cl.Gate.Slow(h.cfg.SlowCluster) || !h.reg.Several() {
 		return false
 	}
 	if !h.deferring(cl.Name) {

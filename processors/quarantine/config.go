@@ -67,10 +67,13 @@ type Config struct {
 	// SlowCluster: a cluster whose API requests take longer than this on
 	// average (clusters.Gate.Slow) has its records deferred to its
 	// RetryTopic, as one that fails is, so its slowness holds only its own
-	// work: a batch waits for its slowest cluster, and a cordon costs two
-	// requests in turn, so one API server answering in seconds would hold
-	// every other cluster's cordons as long. Its retry consumer applies
-	// them at the pace it answers. 0: never. Default 500ms.
+	// work: a batch waits for its slowest node, and a cordon costs
+	// several requests in turn (the breaker's ConfigMap, the node's status
+	// and spec), so one API server answering in seconds would hold every
+	// other cluster's cordons several times as long. Its retry consumer applies
+	// them at the pace it answers. Only where the role serves more than
+	// one cluster: alone, a slow cluster holds no one else's work. 0:
+	// never. Default 500ms.
 	SlowCluster time.Duration `toml:"slow_cluster"`
 	// RetryWait is how long the retry consumer waits for a cluster in one
 	// batch before failing the batch (it is then retried within a second;
