@@ -639,14 +639,9 @@ type Gate struct {
 	probed   time.Time // when the last probe ended
 	answered bool      // a probe answered since the last failure
 
-	latency    time.Duration // of the requests, each weighing as much as all before it (Observe)
-	observed   time.Time     // when the last request was answered
-	refreshing bool          // a probe timing a slow cluster is in flight (Slow)
+	latency  time.Duration // of the requests, each weighing as much as all before it (Observe)
+	observed bool          // a request was timed
 }
-
-// SlowRefresh is how long a slow cluster (Gate.Slow) goes without a
-// request before a probe times it again.
-const SlowRefresh = time.Second
 
 // NewGate returns a healthy gate.
 func NewGate(now func() time.Time) *Gate {
@@ -726,12 +721,10 @@ func (g *Gate) OK() {
 func (g *Gate) Observe(d time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.observed.IsZero() {
-		g.latency = d
-	} else {
-		g.latency = (g.latency + d) / 2
+	if g.observed {
+		d = (g.latency + d) / 2
 	}
-	g.observed = g.now()
+	g.latency, g.observed = d, true
 }
 
 // Latency is the moving average of the cluster's requests (Observe); zero
@@ -743,29 +736,15 @@ func (g *Gate) Latency() time.Duration {
 }
 
 // Slow reports whether the cluster's requests take longer than limit on
-// average (Observe; never with limit 0). A slow cluster with no request
-// for SlowRefresh is probed in the background (its probe timed like any
-// request), so the work it no longer gets — deferred for being slow — is
-// not the only thing that could show it is fast again.
+// average (Observe; never with limit 0). The average moves only with the
+// cluster's own requests — no probe stands in for them: an API server
+// slow at writes alone (a slow admission webhook, etcd slow to commit)
+// answers /readyz at once — so work deferred for being slow must be tried
+// somewhere (a retry consumer) for it to turn fast again.
 func (g *Gate) Slow(limit time.Duration) bool {
 	g.mu.Lock()
-	slow := limit > 0 && g.latency > limit
-	refresh := slow && g.Probe != nil && !g.refreshing && g.now().Sub(g.observed) >= SlowRefresh
-	if refresh {
-		g.refreshing = true
-	}
-	g.mu.Unlock()
-	if refresh {
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), g.ProbeTimeout)
-			defer cancel()
-			_ = g.Probe(ctx) // any outcome is timed by the cluster's transport
-			g.mu.Lock()
-			g.refreshing = false
-			g.mu.Unlock()
-		}()
-	}
-	return slow
+	defer g.mu.Unlock()
+	return limit > 0 && g.latency > limit
 }
 
 // Wait reports whether the cluster may be tried, waiting out a backoff

@@ -250,12 +250,12 @@ func delayed(rc *rest.Config, delay *atomic.Int64) *rest.Config {
 // applied the slow way (nothing has said it is slow yet); from then on a
 // batch defers its records to its retry topic without a request, so the
 // other cluster's fault beside it is cordoned at once rather than after
-// the slow cluster's two requests in turn, and its retry consumer applies
-// the deferred one. Fast again, its gate says so within seconds: a probe
-// times it while no work reaches it.
+// the slow cluster's several requests in turn, and its retry consumer applies
+// the deferred one. Fast again, it is found so by the retry consumer's
+// requests.
 func TestSlowClusterDeferred(t *testing.T) {
 	k := testenv.StartKube(t, testenv.KubeOptions{})
-	createNodes(t, k.Client(), "slow", "slow-1", "slow-2", "fast-1")
+	createNodes(t, k.Client(), "slow", "slow-1", "slow-2", "slow-3", "fast-1")
 	h := newTestHandler(t, testConfig("slow"), map[string]kubernetes.Interface{"fast": k.Client()})
 	const delay = 1500 * time.Millisecond
 	var slowBy atomic.Int64
@@ -294,11 +294,18 @@ func TestSlowClusterDeferred(t *testing.T) {
 		t.Fatal("slow-2 not cordoned by the retry consumer")
 	}
 
+	// Fast again: its next fault still goes by the retry consumer, whose
+	// requests, answered at once, make it fast.
 	slowBy.Store(0)
-	for deadline := time.Now().Add(10 * time.Second); cl.Gate.Slow(h.cfg.SlowCluster); time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("answering at once, the cluster is still slow after 10 s: its requests average %v", cl.Gate.Latency())
-		}
+	_, deferred = handle(t, h, record("slow", fatal("slow-3", "XID_ERROR_48", "GPU-1")))
+	if len(deferred) != 1 {
+		t.Fatalf("%d of the slow cluster's records deferred before it answered fast", len(deferred))
 	}
-	t.Logf("the slow batch took %v beside its fault's %v", took.Round(time.Millisecond), 2*delay)
+	if acts := retryUntil(t, h, deferred, 30*time.Second); kinds(acts) != "quarantine/applied" {
+		t.Fatalf("the retry consumer: %s", kinds(acts))
+	}
+	if cl.Gate.Slow(h.cfg.SlowCluster) {
+		t.Fatalf("answering at once, the cluster is still slow: its requests average %v", cl.Gate.Latency())
+	}
+	t.Logf("the batch beside the slow cluster took %v", took.Round(time.Millisecond))
 }
