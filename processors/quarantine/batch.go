@@ -289,9 +289,12 @@ func (r *seqResult) keep(it item, acts []*faultlinev1.Action) {
 // cluster found slow is marked deferring (its later records go behind
 // these), and said once as it turns so.
 func (h *Handler) slow(cl *clusters.Client, records int) bool {
+	gauge := h.m.clusterSlow.WithLabelValues(cl.Name)
 	if !cl.Gate.Slow(h.cfg.SlowCluster) || !h.reg.Several() {
+		gauge.Set(0)
 		return false
 	}
+	gauge.Set(1)
 	if !h.deferring(cl.Name) {
 		h.log.Warn("cluster slow; deferring its records to its retry topic", "cluster", cl.Name,
 			"request_latency", cl.Gate.Latency().Round(time.Millisecond), "slow_cluster", h.cfg.SlowCluster, "records", records)

@@ -272,6 +272,7 @@ func TestSlowClusterDeferred(t *testing.T) {
 	if !cl.Gate.Slow(h.cfg.SlowCluster) {
 		t.Fatalf("the cluster's requests average %v, not slower than %v", cl.Gate.Latency(), h.cfg.SlowCluster)
 	}
+	slowGauge := h.m.clusterSlow.WithLabelValues("slow")
 
 	start := time.Now()
 	acts, deferred := handle(t, h,
@@ -286,6 +287,9 @@ func TestSlowClusterDeferred(t *testing.T) {
 	}
 	if !getNode(t, k.Client(), "fast-1").Spec.Unschedulable || getNode(t, k.Client(), "slow-2").Spec.Unschedulable {
 		t.Fatal("fast-1 must be cordoned by the batch, slow-2 left to the retry consumer")
+	}
+	if v := gaugeValue(slowGauge); v != 1 {
+		t.Fatalf("faultline_quarantine_cluster_slow{cluster=slow} = %v while deferred for being slow", v)
 	}
 	if acts := retryUntil(t, h, deferred, 30*time.Second); kinds(acts) != "quarantine/applied" {
 		t.Fatalf("the retry consumer: %s", kinds(acts))
@@ -306,6 +310,15 @@ func TestSlowClusterDeferred(t *testing.T) {
 	}
 	if cl.Gate.Slow(h.cfg.SlowCluster) {
 		t.Fatalf("answering at once, the cluster is still slow: its requests average %v", cl.Gate.Latency())
+	}
+	// Past the grace period of its last deferral, its records are applied
+	// in the batch again.
+	time.Sleep(2 * h.cfg.RetryWait)
+	if acts, deferred := handle(t, h, record("slow", healthy("slow-3", "XID_ERROR_48", "GPU-1"))); kinds(acts) != "unquarantine/applied" || len(deferred) != 0 {
+		t.Fatalf("fast again: actions %s, %d deferred", kinds(acts), len(deferred))
+	}
+	if v := gaugeValue(slowGauge); v != 0 {
+		t.Fatalf("faultline_quarantine_cluster_slow{cluster=slow} = %v once fast", v)
 	}
 	t.Logf("the batch beside the slow cluster took %v", took.Round(time.Millisecond))
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -1484,15 +1485,17 @@ func (s *actionSink) kinds() []string {
 	return out
 }
 
-// clockHandler returns a handler of cluster c1 whose clock starts at
-// start, and the function that moves it on (returning the new time).
 // breakerGauge is the handler's faultline_quarantine_breaker_open of c1.
-func breakerGauge(h *Handler) float64 {
+func breakerGauge(h *Handler) float64 { return gaugeValue(h.m.breakerOpen.WithLabelValues("c1")) }
+
+func gaugeValue(g prometheus.Gauge) float64 {
 	var m dto.Metric
-	_ = h.m.breakerOpen.WithLabelValues("c1").Write(&m)
+	_ = g.Write(&m)
 	return m.GetGauge().GetValue()
 }
 
+// clockHandler returns a handler of cluster c1 whose clock starts at
+// start, and the function that moves it on (returning the new time).
 func clockHandler(t testing.TB, cfg Config, k kubernetes.Interface, start time.Time) (*Handler, func(time.Duration) time.Time) {
 	t.Helper()
 	var mu sync.Mutex

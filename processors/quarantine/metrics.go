@@ -10,6 +10,7 @@ type metrics struct {
 	conflicts     *prometheus.CounterVec
 	breakerTrips  *prometheus.CounterVec
 	breakerOpen   *prometheus.GaugeVec
+	clusterSlow   *prometheus.GaugeVec
 	cacheHits     *prometheus.CounterVec
 	warnCache     *prometheus.CounterVec
 	eventsMerged  *prometheus.CounterVec
@@ -33,7 +34,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		eventsMerged:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_node_events_merged_total", Help: "Kubernetes Events not created because the node already got one of the same reason within node_event_interval."}, []string{"cluster"}),
 		eventsDropped:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_node_events_dropped_total", Help: "Kubernetes Events dropped because the cluster's Event queue was full."}, []string{"cluster"}),
 		eventsFailed:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_node_events_failed_total", Help: "Kubernetes Events the API refused or did not answer (best effort: not retried)."}, []string{"cluster"}),
-		deferred:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_deferred_total", Help: "Records deferred to the retry topic because their cluster was unreachable."}, []string{"cluster"}),
+		deferred:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_deferred_total", Help: "Records deferred to the retry topic because their cluster was unreachable, failing or slow."}, []string{"cluster"}),
+		clusterSlow:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_quarantine_cluster_slow", Help: "1 while the cluster's API requests take longer than quarantine.slow_cluster on average, its records deferred to its retry topic for it."}, []string{"cluster"}),
 		apiErrors:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
 		conflicts:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_conflicts_total", Help: "Node updates retried after a resourceVersion conflict."}, []string{"cluster"}),
 		breakerTrips:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_breaker_trips_total", Help: "Times the circuit breaker opened."}, []string{"cluster"}),
@@ -45,7 +47,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		stale:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_stale_events_total", Help: "Unhealthy events not acted on because the gateway received them longer ago than quarantine.max_event_age (a replay or a long delay)."}, []string{"cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.cacheHits, m.warnCache, m.eventsMerged, m.eventsDropped, m.eventsFailed, m.ruleErrors, m.overridesIgnored, m.stateTrimmed, m.stale)
+		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.clusterSlow, m.cacheHits, m.warnCache, m.eventsMerged, m.eventsDropped, m.eventsFailed, m.ruleErrors, m.overridesIgnored, m.stateTrimmed, m.stale)
 	}
 	return m
 }

@@ -63,6 +63,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		h.m.held.WithLabelValues(c)
 		h.m.breakerTrips.WithLabelValues(c)
 		h.m.breakerOpen.WithLabelValues(c)
+		h.m.clusterSlow.WithLabelValues(c)
 		h.m.stale.WithLabelValues(c)
 	}
 	loops := []role.Loop{{Name: "manual uncordons", Run: func(ctx context.Context) error {
