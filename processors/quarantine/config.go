@@ -143,6 +143,13 @@ type Config struct {
 	BatchTimeout time.Duration `toml:"batch_timeout"`
 	// MaxPollRecords bounds the records fetched per poll. Default 2000.
 	MaxPollRecords int `toml:"max_poll_records"`
+	// RetryMaxPollRecords bounds the records the retry consumer fetches
+	// per poll. Its batches wait for a troubled cluster's requests —
+	// seconds each on a slow API server (SlowCluster) — so what it
+	// drains is about a batch's records per that wait: at 2,000 a batch,
+	// a cluster answering in 1.5 s fell behind its own share of 1,000
+	// events/s. Default 20000.
+	RetryMaxPollRecords int `toml:"retry_max_poll_records"`
 	// RuleCostLimit bounds the CEL cost of one rule expression on one
 	// event; past it the expression fails (counted in
 	// faultline_quarantine_rule_errors_total, logged) and its rule set
@@ -211,6 +218,7 @@ func DefaultConfig() Config {
 		Identity:            "faultline-quarantine/" + host,
 		BatchTimeout:        2 * time.Minute,
 		MaxPollRecords:      2000,
+		RetryMaxPollRecords: 20000,
 		RuleCostLimit:       DefaultRuleCostLimit,
 		Breaker: BreakerConfig{
 			Enabled:      true,
@@ -245,6 +253,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch")
 	fs.IntVar(&c.MaxPollRecords, prefix+"max-poll-records", c.MaxPollRecords, "records fetched per poll")
+	fs.IntVar(&c.RetryMaxPollRecords, prefix+"retry-max-poll-records", c.RetryMaxPollRecords, "records the retry consumer fetches per poll")
 	fs.Uint64Var(&c.RuleCostLimit, prefix+"rule-cost-limit", c.RuleCostLimit, "CEL cost one rule expression may spend on one event")
 	b := &c.Breaker
 	p := prefix + "breaker."
@@ -306,6 +315,9 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.BatchTimeout <= c.ClusterWait || c.BatchTimeout <= c.RetryWait {
 		return fmt.Errorf("%sbatch_timeout: must exceed cluster_wait and retry_wait, got %v", prefix, c.BatchTimeout)
+	}
+	if c.RetryMaxPollRecords < 1 {
+		return fmt.Errorf("%sretry_max_poll_records: must be at least 1, got %d", prefix, c.RetryMaxPollRecords)
 	}
 	if c.MaxPollRecords < 1 {
 		return fmt.Errorf("%smax_poll_records: must be at least 1, got %d", prefix, c.MaxPollRecords)

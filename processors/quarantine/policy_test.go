@@ -188,6 +188,8 @@ func TestConfigValidateNamesKey(t *testing.T) {
 		{func(c *Config) { c.NodeEvents, c.NodeEventQPS = true, 0 }, "quarantine.node_event_qps"},
 		{func(c *Config) { c.Breaker.GPUNodeSelector = "a in (" }, "quarantine.breaker.gpu_node_selector"},
 		{func(c *Config) { c.Breaker.Namespace = "Bad_NS" }, "quarantine.breaker.namespace"},
+		{func(c *Config) { c.SlowCluster = -time.Second }, "quarantine.slow_cluster: must not be negative (0: never), got -1s"},
+		{func(c *Config) { c.RetryMaxPollRecords = 0 }, "quarantine.retry_max_poll_records: must be at least 1, got 0"},
 	} {
 		c := DefaultConfig()
 		tc.mut(&c)

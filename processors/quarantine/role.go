@@ -114,6 +114,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	// held, never replayed, and acts whatever its age (handleSeq).
 	retry := cfg.Pipeline()
 	retry.Role, retry.Topics, retry.Group = Role+"-retry", retryTopics, retryGroup
+	retry.MaxPollRecords = cfg.RetryMaxPollRecords
 	w, caughtUp, err := openRetryWaiting(ctx, deps.Kafka, h.log, retryGroup, retryTopics, retry.StartWithin)
 	if err != nil {
 		h.Close()
