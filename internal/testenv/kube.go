@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -295,6 +296,29 @@ func (k *Kube) RESTConfig() *rest.Config {
 		Timeout:         30 * time.Second,
 	}
 }
+
+// Delayed returns a copy of rc whose every request is held for *delay
+// (read at each request, so a test can slow the API server down and speed
+// it up again) before it is sent: an API server that answers, but late —
+// its etcd slow, a region far away.
+func Delayed(rc *rest.Config, delay *atomic.Int64) *rest.Config {
+	rc = rest.CopyConfig(rc)
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			select {
+			case <-time.After(time.Duration(delay.Load())):
+			case <-r.Context().Done():
+				return nil, r.Context().Err()
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	return rc
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // Kubeconfig returns the path of a kubeconfig file for the admin user, for
 // binaries under test that take --kubeconfig.

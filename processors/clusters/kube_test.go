@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -372,11 +371,6 @@ func TestSilentClusterNotWaitedFor(t *testing.T) {
 	}
 }
 
-// roundTripFunc is an http.RoundTripper.
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
 // TestSlowClusterNotTakenForSilent: a cluster whose API server answers,
 // but slowly — every request, /readyz too, answered in about a second
 // (its etcd slow) — after one request took longer than kube.timeout. The
@@ -402,18 +396,8 @@ func TestSlowClusterNotTakenForSilent(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var delay atomic.Int64
-			rc := k.RESTConfig()
+			rc := testenv.Delayed(k.RESTConfig(), &delay)
 			rc.Timeout = timeout
-			rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-				return roundTripFunc(func(r *http.Request) (*http.Response, error) {
-					select {
-					case <-time.After(time.Duration(delay.Load())):
-					case <-r.Context().Done():
-						return nil, r.Context().Err()
-					}
-					return rt.RoundTrip(r)
-				})
-			}
 			kube, err := kubernetes.NewForConfig(rc)
 			if err != nil {
 				t.Fatal(err)

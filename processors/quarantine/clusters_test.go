@@ -3,14 +3,12 @@ package quarantine
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
@@ -228,23 +226,6 @@ func TestClusterBackRetriedWithinSeconds(t *testing.T) {
 	}
 }
 
-// delayed is rc's transport with every request held for delay first (an
-// API server whose etcd is slow).
-func delayed(rc *rest.Config, delay *atomic.Int64) *rest.Config {
-	rc = rest.CopyConfig(rc)
-	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
-			select {
-			case <-time.After(time.Duration(delay.Load())):
-			case <-r.Context().Done():
-				return nil, r.Context().Err()
-			}
-			return rt.RoundTrip(r)
-		})
-	})
-	return rc
-}
-
 // TestSlowClusterDeferred: a cluster whose API server answers every
 // request, but in 1.5 s, holds only its own records. Its first fault is
 // applied the slow way (nothing has said it is slow yet); from then on a
@@ -260,7 +241,7 @@ func TestSlowClusterDeferred(t *testing.T) {
 	const delay = 1500 * time.Millisecond
 	var slowBy atomic.Int64
 	slowBy.Store(int64(delay))
-	cl, err := h.reg.SetConfig("slow", delayed(k.RESTConfig(), &slowBy))
+	cl, err := h.reg.SetConfig("slow", testenv.Delayed(k.RESTConfig(), &slowBy))
 	if err != nil {
 		t.Fatal(err)
 	}
