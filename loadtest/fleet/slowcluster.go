@@ -23,10 +23,11 @@ const slowFaultEvery = 100 * time.Millisecond
 // background over every cluster, once the role has found the cluster
 // slow (the background's fatal nodes reach it first; until its first
 // requests are answered the batches that meet it wait for them, which is
-// timed apart: the onset), Faults fatal events per cluster are sent, a round of one per cluster every slowFaultEvery, each for its own
-// node: the other clusters' faults must be cordoned without waiting for
-// the slow one (each within one of its requests, p99), and every fault of
-// the slow cluster too, each node once.
+// timed apart: the onset), Faults fatal events per cluster are sent, a
+// round of one per cluster every slowFaultEvery, each for its own node:
+// the other clusters' faults must be cordoned without waiting for the
+// slow one (each within one of its requests, p99), and every fault of the
+// slow cluster too, each node once.
 func runSlowCluster(ctx context.Context, e *Env, p Params, r *Report) error {
 	if len(e.Clusters) < 2 || e.slow == nil {
 		return fmt.Errorf("slow-cluster: needs 2 clusters or more, the first behind a latency proxy (%d clusters)", len(e.Clusters))
@@ -49,9 +50,9 @@ func runSlowCluster(ctx context.Context, e *Env, p Params, r *Report) error {
 	// behind it: the onset, timed here — from the background's start
 	// until a record of the cluster was deferred and the quarantine group
 	// is caught up again (under half a second of the background behind) —
-	// and not in the faults' figures.
-	// With quarantine.slow_cluster 0 (never deferred) there is no onset
-	// to wait out: the faults follow 3 s of background.
+	// and not in the faults' figures. With quarantine.slow_cluster 0
+	// (never deferred) there is no onset to wait out: the faults follow
+	// 3 s of background.
 	group := pipeline.DefaultGroup(quarantine.Role)
 	t0 := time.Now()
 	known, onset := true, "none (never deferred)"
