@@ -227,17 +227,17 @@ func TestClusterBackRetriedWithinSeconds(t *testing.T) {
 }
 
 // TestSlowClusterDeferred: a cluster whose API server answers every
-// request, but in 1.5 s, holds only its own records. Its first fault is
-// applied the slow way (nothing has said it is slow yet); from then on a
-// batch defers its records to its retry topic without a request, so the
-// other cluster's fault beside it is cordoned at once rather than after
-// the slow cluster's several requests in turn, and its retry consumer applies
-// the deferred one. Fast again, it is found so by the retry consumer's
-// requests.
+// request, but in 1.5 s, holds only its own records. Alone, it is served
+// in the batch however slow (there is no one to hold). Beside another
+// cluster, a batch defers its records to its retry topic without a
+// request, so the other cluster's fault beside it is cordoned at once
+// rather than after the slow cluster's several requests in turn, and its
+// retry consumer applies the deferred one. Fast again, it is found so by
+// the retry consumer's requests.
 func TestSlowClusterDeferred(t *testing.T) {
 	k := testenv.StartKube(t, testenv.KubeOptions{})
-	createNodes(t, k.Client(), "slow", "slow-1", "slow-2", "slow-3", "fast-1")
-	h := newTestHandler(t, testConfig("slow"), map[string]kubernetes.Interface{"fast": k.Client()})
+	createNodes(t, k.Client(), "slow", "slow-0", "slow-1", "slow-2", "slow-3", "fast-1")
+	h := newTestHandler(t, testConfig("slow"), nil)
 	const delay = 1500 * time.Millisecond
 	var slowBy atomic.Int64
 	slowBy.Store(int64(delay))
@@ -245,15 +245,21 @@ func TestSlowClusterDeferred(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-
-	handle(t, h, record("slow", fatal("slow-1", "XID_ERROR_48", "GPU-1")))
-	if !getNode(t, k.Client(), "slow-1").Spec.Unschedulable {
-		t.Fatal("the slow cluster's first fault was not applied")
-	}
-	if !cl.Gate.Slow(h.cfg.SlowCluster) {
-		t.Fatalf("the cluster's requests average %v, not slower than %v", cl.Gate.Latency(), h.cfg.SlowCluster)
-	}
 	slowGauge := h.m.clusterSlow.WithLabelValues("slow")
+
+	for _, node := range []string{"slow-0", "slow-1"} {
+		if _, deferred := handle(t, h, record("slow", fatal(node, "XID_ERROR_48", "GPU-1"))); len(deferred) != 0 {
+			t.Fatalf("%s: the only cluster deferred for being slow", node)
+		}
+		if !getNode(t, k.Client(), node).Spec.Unschedulable {
+			t.Fatalf("%s: the slow cluster's fault was not applied", node)
+		}
+	}
+	if !cl.Gate.Slow(h.cfg.SlowCluster) || gaugeValue(slowGauge) != 0 {
+		t.Fatalf("alone: the cluster's requests average %v (slow past %v), faultline_quarantine_cluster_slow %v",
+			cl.Gate.Latency(), h.cfg.SlowCluster, gaugeValue(slowGauge))
+	}
+	h.reg.SetClient("fast", k.Client(), false)
 
 	start := time.Now()
 	acts, deferred := handle(t, h,
