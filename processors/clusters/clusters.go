@@ -456,8 +456,8 @@ func (r *Registry) buildClient(cl Cluster, c *Client) error {
 }
 
 // connect builds c's clients from rc: for requests, each bounded by rc's
-// timeout and timed into c.Gate (Gate.Observe), and for watches, the same
-// without the timeout.
+// timeout and its writes timed into c.Gate (Gate.Observe), and for
+// watches, the same without the timeout.
 func (c *Client) connect(rc *rest.Config) error {
 	wc := rest.CopyConfig(rc)
 	wc.Timeout = 0
@@ -494,15 +494,23 @@ func (r *Registry) SetConfig(name string, rc *rest.Config) (*Client, error) {
 	return c, nil
 }
 
-// timedRT is a cluster's request transport that times each request, from
-// the moment it is sent to its answer (or error), into the cluster's Gate:
-// what the API server takes, without the client's own rate limiter.
+// timedRT is a cluster's request transport that times each write (POST,
+// PUT, PATCH, DELETE), from the moment it is sent to its answer (or
+// error), into the cluster's Gate: what the API server takes to change
+// something — its admission, its etcd commit — without the client's own
+// rate limiter. Reads are not timed: a list takes as long as the
+// collection is large (a breaker's count of 10,000 nodes), and a read
+// served from the API server's cache says little of its writes.
 type timedRT struct {
 	own http.RoundTripper
 	g   *Gate
 }
 
 func (t timedRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return t.own.RoundTrip(req)
+	}
 	start := time.Now()
 	resp, err := t.own.RoundTrip(req)
 	t.g.Observe(time.Since(start))
@@ -713,8 +721,8 @@ func (g *Gate) OK() {
 	g.failures, g.lastErr, g.next, g.answered = 0, nil, time.Time{}, false
 }
 
-// Observe records how long one of the cluster's requests took to answer
-// (or fail). The latency Slow judges is their moving average, each
+// Observe records how long one of the cluster's writes took to answer (or
+// fail). The latency Slow judges is their moving average, each
 // request weighing as much as all before it: one request turns a fast
 // cluster slow when it takes more than twice the limit, and two answered
 // at less than half the limit make a slow one fast again.

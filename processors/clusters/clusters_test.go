@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -190,6 +191,33 @@ func TestGateSlow(t *testing.T) {
 		}
 	}
 }
+
+// TestTimedWrites: a cluster's writes are timed into its gate, its reads
+// are not (a list of 10,000 nodes says nothing of how fast a patch is).
+func TestTimedWrites(t *testing.T) {
+	g := NewGate(nil)
+	rt := timedRT{g: g, own: roundTrip(func(r *http.Request) (*http.Response, error) {
+		if r.Method == http.MethodGet {
+			time.Sleep(300 * time.Millisecond)
+		} else {
+			time.Sleep(30 * time.Millisecond)
+		}
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+	})}
+	for _, method := range []string{http.MethodPatch, http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodGet} {
+		req, _ := http.NewRequest(method, "https://apiserver.invalid/api/v1/nodes", nil)
+		if _, err := rt.RoundTrip(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l := g.Latency(); l < 30*time.Millisecond || l > 150*time.Millisecond {
+		t.Fatalf("the writes took 30ms each, the reads 300ms: average %v", l)
+	}
+}
+
+type roundTrip func(*http.Request) (*http.Response, error)
+
+func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // TestGateWait: a backoff ending by until is waited out, one ending after
 // it is not; a cluster that cannot be reached is not tried again until it

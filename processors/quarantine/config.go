@@ -64,16 +64,16 @@ type Config struct {
 	// reached at all (connection refused) is deferred at once, unless it
 	// answers a probe of its /readyz. Default 3s.
 	ClusterWait time.Duration `toml:"cluster_wait"`
-	// SlowCluster: a cluster whose API requests take longer than this on
-	// average (clusters.Gate.Slow) has its records deferred to its
-	// RetryTopic, as one that fails is, so its slowness holds only its own
-	// work: a batch waits for its slowest node, and a cordon costs
-	// several requests in turn (the breaker's ConfigMap, the node's status
-	// and spec), so one API server answering in seconds would hold every
-	// other cluster's cordons several times as long. Its retry consumer applies
-	// them at the pace it answers. Only where the role serves more than
-	// one cluster: alone, a slow cluster holds no one else's work. 0:
-	// never. Default 500ms.
+	// SlowCluster: a cluster whose API writes (its requests that change
+	// something) take longer than this on average (clusters.Gate.Slow)
+	// has its records deferred to its RetryTopic, as one that fails is,
+	// so its slowness holds only its own work: a batch waits for its
+	// slowest node, and a cordon costs several requests in turn (the
+	// breaker's ConfigMap, the node's status and spec), so one API server
+	// answering in seconds would hold every other cluster's cordons
+	// several times as long. Its retry consumer applies them at the pace
+	// it answers. Only where the role serves more than one cluster: alone,
+	// a slow cluster holds no one else's work. 0: never. Default 500ms.
 	SlowCluster time.Duration `toml:"slow_cluster"`
 	// RetryWait is how long the retry consumer waits for a cluster in one
 	// batch before failing the batch (it is then retried within a second;
@@ -238,7 +238,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.OptOutLabel, prefix+"opt-out-label", c.OptOutLabel, "key=value label that exempts a node from quarantine")
 	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes handled concurrently per batch")
 	fs.DurationVar(&c.ClusterWait, prefix+"cluster-wait", c.ClusterWait, "how long a batch retries a cluster whose API fails before deferring its records (one that cannot be reached: at once)")
-	fs.DurationVar(&c.SlowCluster, prefix+"slow-cluster", c.SlowCluster, "a cluster whose API requests take longer than this on average has its records deferred to its retry topic (0: never)")
+	fs.DurationVar(&c.SlowCluster, prefix+"slow-cluster", c.SlowCluster, "a cluster whose API writes take longer than this on average has its records deferred to its retry topic (0: never)")
 	fs.DurationVar(&c.RetryWait, prefix+"retry-wait", c.RetryWait, "how long the retry consumer waits for a cluster per batch")
 	fs.BoolVar(&c.NodeEvents, prefix+"node-events", c.NodeEvents, "create a Kubernetes Event on the node for non-fatal events")
 	fs.StringVar(&c.EventNamespace, prefix+"event-namespace", c.EventNamespace, "namespace of node Events")
