@@ -647,8 +647,8 @@ type Gate struct {
 	probed   time.Time // when the last probe ended
 	answered bool      // a probe answered since the last failure
 
-	latency  time.Duration // of the requests, each weighing as much as all before it (Observe)
-	observed bool          // a request was timed
+	latency  time.Duration // of the writes, each weighing as much as all before it (Observe)
+	observed bool          // a write was timed
 }
 
 // NewGate returns a healthy gate.
@@ -722,10 +722,10 @@ func (g *Gate) OK() {
 }
 
 // Observe records how long one of the cluster's writes took to answer (or
-// fail). The latency Slow judges is their moving average, each
-// request weighing as much as all before it: one request turns a fast
-// cluster slow when it takes more than twice the limit, and two answered
-// at less than half the limit make a slow one fast again.
+// fail). The latency Slow judges is their moving average, each write
+// weighing as much as all before it: one write turns a fast cluster slow
+// when it takes more than twice the limit, and two answered at less than
+// half the limit make a slow one fast again.
 func (g *Gate) Observe(d time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -735,7 +735,7 @@ func (g *Gate) Observe(d time.Duration) {
 	g.latency, g.observed = d, true
 }
 
-// Latency is the moving average of the cluster's requests (Observe); zero
+// Latency is the moving average of the cluster's writes (Observe); zero
 // before the first.
 func (g *Gate) Latency() time.Duration {
 	g.mu.Lock()
@@ -743,9 +743,9 @@ func (g *Gate) Latency() time.Duration {
 	return g.latency
 }
 
-// Slow reports whether the cluster's requests take longer than limit on
+// Slow reports whether the cluster's writes take longer than limit on
 // average (Observe; never with limit 0). The average moves only with the
-// cluster's own requests — no probe stands in for them: an API server
+// cluster's own writes — no probe stands in for them: an API server
 // slow at writes alone (a slow admission webhook, etcd slow to commit)
 // answers /readyz at once — so work deferred for being slow must be tried
 // somewhere (a retry consumer) for it to turn fast again.

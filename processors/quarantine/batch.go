@@ -283,7 +283,7 @@ func (r *seqResult) keep(it item, acts []*faultlinev1.Action) {
 	r.applied[recordKey(it.rec)] = acts
 }
 
-// slow reports whether cl's requests take longer than SlowCluster on
+// slow reports whether cl's writes take longer than SlowCluster on
 // average, with other clusters served beside it (alone, its slowness
 // holds no one else's work: deferring it would only add a detour); a
 // cluster found slow is marked deferring (its later records go behind
@@ -297,7 +297,7 @@ func (h *Handler) slow(cl *clusters.Client, records int) bool {
 	gauge.Set(1)
 	if !h.deferring(cl.Name) {
 		h.log.Warn("cluster slow; deferring its records to its retry topic", "cluster", cl.Name,
-			"request_latency", cl.Gate.Latency().Round(time.Millisecond), "slow_cluster", h.cfg.SlowCluster, "records", records)
+			"write_latency", cl.Gate.Latency().Round(time.Millisecond), "slow_cluster", h.cfg.SlowCluster, "records", records)
 	}
 	h.markDeferring(cl.Name)
 	return true
