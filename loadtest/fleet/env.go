@@ -99,8 +99,7 @@ type Env struct {
 	Actions  *ActionWatch
 	Registry *prometheus.Registry
 
-	slow          *LatencyProxy // Options.SlowFirst's
-	pcfg          processors.Config
+	pcfg          processors.Config // the roles' config, as run
 	conns         []*grpc.ClientConn
 	next          atomic.Uint64
 	firstPushback sync.Once
@@ -235,9 +234,9 @@ func Start(tb testing.TB, o Options) *Env {
 			}
 			kc := k.Kubeconfig()
 			if i == 0 && o.SlowFirst > 0 {
-				var err error
-				if e.slow, err = StartLatencyProxy(e.ctx, k, o.SlowFirst); err == nil {
-					kc, err = e.slow.Kubeconfig(tb.TempDir(), k)
+				proxy, err := StartLatencyProxy(e.ctx, k, o.SlowFirst)
+				if err == nil {
+					kc, err = proxy.Kubeconfig(tb.TempDir(), k)
 				}
 				if err != nil {
 					tb.Fatalf("fleet: latency proxy of %s: %v", c, err)

@@ -24,6 +24,30 @@ import (
 // retried before the next poll, they waited for the first to come back.
 // Then the first answers and its faults are cordoned: every fault once,
 // none lost.
+// deferredTo is how many records were ever deferred to cluster's
+// quarantine retry topic (its end offsets); -1 when they cannot be listed.
+func deferredTo(ctx context.Context, adm *kadm.Client, cluster string) int64 {
+	ends, err := adm.ListEndOffsets(ctx, quarantine.RetryTopic(cluster))
+	if err != nil {
+		return -1
+	}
+	var n int64
+	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+	return n
+}
+
+// quarantineLag is the quarantine group's lag on its own topics; false
+// when it cannot be read.
+func quarantineLag(ctx context.Context, adm *kadm.Client) (int64, bool) {
+	group := pipeline.DefaultGroup(quarantine.Role)
+	lags, err := adm.Lag(ctx, group)
+	l, ok := lags[group]
+	if err != nil || !ok || l.Error() != nil {
+		return 0, false
+	}
+	return l.Lag.Total(), true
+}
+
 func runClusterOutage(ctx context.Context, e *Env, p Params, r *Report) error {
 	if len(e.Clusters) < 3 || len(e.Kubes) < len(e.Clusters) {
 		return fmt.Errorf("cluster-outage: needs 3 clusters, each with a kube-apiserver (%d clusters, %d apiservers)", len(e.Clusters), len(e.Kubes))
@@ -40,15 +64,7 @@ func runClusterOutage(ctx context.Context, e *Env, p Params, r *Report) error {
 		return nil
 	}
 	adm := kadm.NewClient(e.KafkaClient())
-	deferred := func(cluster string) int64 {
-		ends, err := adm.ListEndOffsets(ctx, quarantine.RetryTopic(cluster))
-		if err != nil {
-			return -1
-		}
-		var n int64
-		ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
-		return n
-	}
+	deferred := func(cluster string) int64 { return deferredTo(ctx, adm, cluster) }
 	cordoned := func(cluster string) func() bool {
 		return func() bool { return e.Cordons.CountIn(cluster) >= faults }
 	}
@@ -67,11 +83,9 @@ func runClusterOutage(ctx context.Context, e *Env, p Params, r *Report) error {
 	// first must not hold them up. The warm-up is handled before the
 	// kills (the quarantine group caught up), so those batches are the
 	// faults'.
-	group := pipeline.DefaultGroup(quarantine.Role)
 	caughtUp := waitFor(ctx, 60*time.Second, func() bool {
-		lags, err := adm.Lag(ctx, group)
-		l, ok := lags[group]
-		return err == nil && ok && l.Error() == nil && l.Lag.Total() == 0
+		lag, ok := quarantineLag(ctx, adm)
+		return ok && lag == 0
 	})
 	r.Check(caughtUp, "the quarantine group caught up with the warm-up before the kills")
 	e.Kubes[down].Kill()

@@ -8,8 +8,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/faultline/faultline/internal/fleetsim"
-	"github.com/faultline/faultline/processors/pipeline"
-	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -29,18 +27,12 @@ const slowFaultEvery = 100 * time.Millisecond
 // slow one (each within one of its requests, p99), and every fault of the
 // slow cluster too, each node once.
 func runSlowCluster(ctx context.Context, e *Env, p Params, r *Report) error {
-	if len(e.Clusters) < 2 || e.slow == nil {
+	if len(e.Clusters) < 2 || e.Opts.SlowFirst == 0 {
 		return fmt.Errorf("slow-cluster: needs 2 clusters or more, the first behind a latency proxy (%d clusters)", len(e.Clusters))
 	}
 	slow := e.Clusters[0]
 	adm := kadm.NewClient(e.KafkaClient())
-	deferred := func() int64 {
-		var n int64
-		if ends, err := adm.ListEndOffsets(ctx, quarantine.RetryTopic(slow)); err == nil {
-			ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
-		}
-		return n
-	}
+	deferred := func() int64 { return deferredTo(ctx, adm, slow) }
 	bg, err := faultBackground(ctx, e, p, "slow-cluster")
 	if err != nil {
 		return err
@@ -53,17 +45,15 @@ func runSlowCluster(ctx context.Context, e *Env, p Params, r *Report) error {
 	// and not in the faults' figures. With quarantine.slow_cluster 0
 	// (never deferred) there is no onset to wait out: the faults follow
 	// 3 s of background.
-	group := pipeline.DefaultGroup(quarantine.Role)
 	t0 := time.Now()
 	known, onset := true, "none (never deferred)"
 	if e.pcfg.Quarantine.SlowCluster > 0 {
 		known = waitFor(ctx, 60*time.Second, func() bool {
-			if deferred() == 0 {
+			if deferred() <= 0 {
 				return false
 			}
-			lags, err := adm.Lag(ctx, group)
-			l, ok := lags[group]
-			return err == nil && ok && l.Error() == nil && float64(l.Lag.Total()) < p.Rate/2
+			lag, ok := quarantineLag(ctx, adm)
+			return ok && float64(lag) < p.Rate/2
 		})
 		onset = time.Since(t0).Round(time.Millisecond).String() + " after the background started"
 	} else {

@@ -647,8 +647,7 @@ type Gate struct {
 	probed   time.Time // when the last probe ended
 	answered bool      // a probe answered since the last failure
 
-	latency  time.Duration // of the writes, each weighing as much as all before it (Observe)
-	observed bool          // a write was timed
+	latency time.Duration // of the writes, each weighing as much as all before it (Observe); 0: none yet
 }
 
 // NewGate returns a healthy gate.
@@ -729,10 +728,10 @@ func (g *Gate) OK() {
 func (g *Gate) Observe(d time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.observed {
+	if g.latency > 0 {
 		d = (g.latency + d) / 2
 	}
-	g.latency, g.observed = d, true
+	g.latency = d
 }
 
 // Latency is the moving average of the cluster's writes (Observe); zero
