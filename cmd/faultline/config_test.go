@@ -97,6 +97,7 @@ func TestProcessorSections(t *testing.T) {
 		{"[kube]\nqps = -1\n", "kube.qps: must be a finite number above 0, got -1"},
 		{"[correlate]\ncache_ttl = \"0s\"\n", "correlate.cache_ttl: must be positive (it covers the store's lag), got 0s"},
 		{"[correlate]\nstart_within = \"-1s\"\n", "correlate.start_within: must not be negative (0: from the topic's start), got -1s"},
+		{"[remediate]\nslow_cluster = \"-1s\"\n", "remediate.slow_cluster: must not be negative (0: never), got -1s"},
 	} {
 		err := run(context.Background(), []string{"process", "--config", write(tc.toml)}, &bytes.Buffer{}, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -261,7 +261,7 @@ func Start(tb testing.TB, o Options) *Env {
 	return e
 }
 
-// slowClusterSetting is the roles' quarantine.slow_cluster, for reports.
+// slowClusterSetting is the roles' slow_cluster (quarantine.slow_cluster; the fleet sets drain's and remediate's alike), for reports.
 func (e *Env) slowClusterSetting() string {
 	if d := e.pcfg.Quarantine.SlowCluster; d > 0 {
 		return d.String()

@@ -25,9 +25,15 @@ import (
 // Then the first answers and its faults are cordoned: every fault once,
 // none lost.
 // deferredTo is how many records were ever deferred to cluster's
-// quarantine retry topic (its end offsets); -1 when they cannot be listed.
+// quarantine retry topic; -1 when they cannot be listed.
 func deferredTo(ctx context.Context, adm *kadm.Client, cluster string) int64 {
-	ends, err := adm.ListEndOffsets(ctx, quarantine.RetryTopic(cluster))
+	return topicRecords(ctx, adm, quarantine.RetryTopic(cluster))
+}
+
+// topicRecords is how many records were ever produced to topic (its end
+// offsets); -1 when they cannot be listed.
+func topicRecords(ctx context.Context, adm *kadm.Client, topic string) int64 {
+	ends, err := adm.ListEndOffsets(ctx, topic)
 	if err != nil {
 		return -1
 	}
@@ -39,7 +45,13 @@ func deferredTo(ctx context.Context, adm *kadm.Client, cluster string) int64 {
 // quarantineLag is the quarantine group's lag on its own topics; false
 // when it cannot be read.
 func quarantineLag(ctx context.Context, adm *kadm.Client) (int64, bool) {
-	group := pipeline.DefaultGroup(quarantine.Role)
+	return groupLag(ctx, adm, quarantine.Role)
+}
+
+// groupLag is the lag of role's consumer group (pipeline.DefaultGroup);
+// false when it cannot be read.
+func groupLag(ctx context.Context, adm *kadm.Client, role string) (int64, bool) {
+	group := pipeline.DefaultGroup(role)
 	lags, err := adm.Lag(ctx, group)
 	l, ok := lags[group]
 	if err != nil || !ok || l.Error() != nil {

@@ -35,10 +35,10 @@ type Params struct {
 	Transport   Transport
 	NodeEvents  *bool          // quarantine.node_events (default: the shipped true)
 	Events      int            // burst: events sent in all
-	Roles       string         // burst, broker-roll: the roles run (default store,correlate,quarantine; rollRoles)
+	Roles       string         // burst, broker-roll, slow-cluster: the roles run (default store,correlate,quarantine; rollRoles; quarantine)
 	KubeQPS     float32        // burst: kube.qps and kube.burst (2x) per cluster (0: the shipped 200/400)
 	Latency     time.Duration  // slow-cluster: each of the roles' requests to the first cluster's API server held this long
-	SlowCluster *time.Duration // quarantine.slow_cluster (default: the shipped 500ms)
+	SlowCluster *time.Duration // quarantine.slow_cluster, drain.slow_cluster and remediate.slow_cluster (default: the shipped 500ms)
 }
 
 // Report collects a scenario's figures, each stamped with the machine's
@@ -125,6 +125,8 @@ func quarantineOpts(p Params, roles string) Options {
 			}
 			if p.SlowCluster != nil {
 				c.Quarantine.SlowCluster = *p.SlowCluster
+				c.Drain.SlowCluster = *p.SlowCluster
+				c.Remediate.SlowCluster = *p.SlowCluster
 			}
 		}}
 }
@@ -211,9 +213,9 @@ var Scenarios = []Scenario{
 	},
 	{
 		Name: "slow-cluster", Doc: "the first cluster's API server answers every request Latency late (a proxy), the others' at once: under Rate events/s of mixed background, Faults fatal events per cluster, a round of one per cluster every 100ms: the other clusters' faults cordoned without waiting for the slow one (p99 within one of its requests), the slow one's too, each node once",
-		Defaults: Params{Clusters: 3, Nodes: 500, Rate: 1000, Faults: 20, Latency: 1500 * time.Millisecond},
+		Defaults: Params{Clusters: 3, Nodes: 500, Rate: 1000, Faults: 20, Latency: 1500 * time.Millisecond, Roles: "quarantine"},
 		Options: func(p Params) Options {
-			o := quarantineOpts(p, "quarantine")
+			o := quarantineOpts(p, p.Roles)
 			o.SlowFirst = p.Latency
 			return o
 		},

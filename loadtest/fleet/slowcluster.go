@@ -3,11 +3,14 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/faultline/faultline/internal/fleetsim"
+	"github.com/faultline/faultline/processors/drain"
+	"github.com/faultline/faultline/processors/remediate"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -25,12 +28,29 @@ const slowFaultEvery = 100 * time.Millisecond
 // round of one per cluster every slowFaultEvery, each for its own node:
 // the other clusters' faults must be cordoned without waiting for the
 // slow one (each within one of its requests, p99), and every fault of the
-// slow cluster too, each node once.
+// slow cluster too, each node once. With the roles drain and remediate
+// (Params.Roles, apiserverRoles), each fault's node runs DrainPodsPerNode
+// pods, and its path goes on to its RebootNode: the figures are each
+// group's send -> RebootNode (produced), every node with one, none twice.
 func runSlowCluster(ctx context.Context, e *Env, p Params, r *Report) error {
 	if len(e.Clusters) < 2 || e.Opts.SlowFirst == 0 {
 		return fmt.Errorf("slow-cluster: needs 2 clusters or more, the first behind a latency proxy (%d clusters)", len(e.Clusters))
 	}
 	slow := e.Clusters[0]
+	path := strings.Contains(e.Opts.Roles, "remediate")
+	if path {
+		for _, c := range e.Clusters {
+			kc := e.Kubes[c]
+			kc.ApplyCRDs(e.TB, janitorCRDs())
+			if err := createDrainNamespace(ctx, kc.Client()); err != nil {
+				return err
+			}
+			WatchPods(ctx, e.TB, kc, drainNamespace, true)
+			if err := createPods(ctx, kc.Client(), nodeNames(0, p.Faults)); err != nil {
+				return err
+			}
+		}
+	}
 	adm := kadm.NewClient(e.KafkaClient())
 	deferred := func() int64 { return deferredTo(ctx, adm, slow) }
 	bg, err := faultBackground(ctx, e, p, "slow-cluster")
@@ -45,15 +65,34 @@ func runSlowCluster(ctx context.Context, e *Env, p Params, r *Report) error {
 	// and not in the faults' figures. With quarantine.slow_cluster 0
 	// (never deferred) there is no onset to wait out: the faults follow
 	// 3 s of background.
+	// With drain and remediate, each of their roles meets it too (once
+	// the background's first fatal nodes of the cluster are cordoned):
+	// the onset lasts until each has handed a record to its slow lane
+	// and its group is caught up (under 50 records behind).
 	t0 := time.Now()
 	known, onset := true, "none (never deferred)"
+	within := 60 * time.Second
+	if path {
+		within = 2 * time.Minute
+	}
 	if e.pcfg.Quarantine.SlowCluster > 0 {
-		known = waitFor(ctx, 60*time.Second, func() bool {
+		known = waitFor(ctx, within, func() bool {
 			if deferred() <= 0 {
 				return false
 			}
 			lag, ok := quarantineLag(ctx, adm)
-			return ok && float64(lag) < p.Rate/2
+			if !ok || float64(lag) >= p.Rate/2 {
+				return false
+			}
+			if !path {
+				return true
+			}
+			for role, lane := range map[string]string{drain.Role: drain.TopicSlow, remediate.Role: remediate.TopicSlow} {
+				if lag, ok := groupLag(ctx, adm, role); !ok || lag >= 50 || topicRecords(ctx, adm, lane) <= 0 {
+					return false
+				}
+			}
+			return true
 		})
 		onset = time.Since(t0).Round(time.Millisecond).String() + " after the background started"
 	} else {
@@ -86,15 +125,51 @@ func runSlowCluster(ctx context.Context, e *Env, p Params, r *Report) error {
 	}
 	own := e.cordonedAfter(slow, p.Faults, func(i int) time.Time { return sent[slow][i] })
 	_, fastP99, _ := percentiles(append([]time.Duration(nil), fast...))
-	r.Figure("slow-cluster over %s: %s's API server answers each request %s late (a proxy), the others' at once; quarantine.slow_cluster %s; background %s",
+	r.Figure("slow-cluster over %s: %s's API server answers each request %s late (a proxy), the others' at once; slow_cluster %s; background %s",
 		e.Describe(), slow, p.Latency, e.slowClusterSetting(), res)
-	r.Figure("slow-cluster: onset (%s's first record deferred and the quarantine group caught up): %s; then the other clusters' faults, %d of %d cordoned, send->watch %s; %s's, %d of %d, %s; %d records deferred to its retry topic; %d cordoned twice",
+	r.Figure("slow-cluster: onset (%s's first record deferred, on the slow lanes too with drain and remediate, and the groups caught up): %s; then the other clusters' faults, %d of %d cordoned, send->watch %s; %s's, %d of %d, %s; %d records deferred to its retry topic; %d cordoned twice",
 		slow, onset, len(fast), p.Faults*(len(e.Clusters)-1), spread(fast), slow, len(own), p.Faults, spread(own), deferred(), twice)
 	r.Check(res.Verified(0.95) == nil, "%v", res.Verified(0.95))
-	r.Check(known, "%s not deferred, or the quarantine group not caught up, within 60s of the background", slow)
+	r.Check(known, "%s not deferred (or, with drain and remediate, not on their slow lanes), or the groups not caught up, within %s of the background", slow, within)
 	r.Check(len(fast) == p.Faults*(len(e.Clusters)-1), "only %d of the other clusters' %d faults cordoned within 60s", len(fast), p.Faults*(len(e.Clusters)-1))
 	r.Check(len(own) == p.Faults, "only %d of %s's %d faults cordoned within 60s", len(own), slow, p.Faults)
 	r.Check(fastP99 < p.Latency, "the other clusters' faults waited for the slow one: p99 %s, not within one of its requests (%s)", fastP99.Round(time.Millisecond), p.Latency)
 	r.Check(twice == 0, "%d nodes cordoned twice", twice)
+	if path {
+		slowCheckPath(ctx, e, p, r, sent)
+	}
 	return nil
+}
+
+// slowCheckPath waits for every fault's RebootNode (at most two minutes)
+// and reports each group's send -> RebootNode (produced on the actions
+// topic): the fast clusters' paths must not wait for the slow one's.
+func slowCheckPath(ctx context.Context, e *Env, p Params, r *Report, sent map[string][]time.Time) {
+	last := apiserverSteps[len(apiserverSteps)-1].kindOutcome
+	after := func(clusters []string) []time.Duration {
+		var out []time.Duration
+		for _, c := range clusters {
+			for i, t0 := range sent[c] {
+				if n, t := e.Actions.Produced(last, c, NodeName(i)); n > 0 {
+					out = append(out, t.Sub(t0))
+				}
+			}
+		}
+		return out
+	}
+	all := p.Faults * len(e.Clusters)
+	waitFor(ctx, 2*time.Minute, func() bool { return len(after(e.Clusters)) == all })
+	fast, own := after(e.Clusters[1:]), after(e.Clusters[:1])
+	rebooted, twice := 0, 0
+	for _, c := range e.Clusters {
+		n, tw, err := rebootNodesOf(ctx, e.Kubes[c], p.Faults)
+		if err != nil {
+			r.Check(false, "%v", err)
+			return
+		}
+		rebooted, twice = rebooted+n, twice+tw
+	}
+	r.Figure("slow-cluster: send -> RebootNode (produced): the other clusters' faults %d of %d, %s; %s's %d of %d, %s; %d nodes with a RebootNode, %d with two",
+		len(fast), p.Faults*(len(e.Clusters)-1), spread(fast), e.Clusters[0], len(own), p.Faults, spread(own), rebooted, twice)
+	r.Check(rebooted == all && twice == 0, "%d of %d faults' nodes with a RebootNode, %d with two", rebooted, all, twice)
 }

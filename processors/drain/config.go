@@ -19,6 +19,10 @@ import (
 // after Config.PollInterval (see processors/requeue).
 const TopicRequeue = "faultline.drain.requeue"
 
+// TopicSlow is the drain role's slow lane (requeue.Lane): the drains of a
+// cluster whose API writes take longer than Config.SlowCluster.
+const TopicSlow = "faultline.drain.slow"
+
 // Mode is how the pods a rule selects are drained.
 type Mode string
 
@@ -138,6 +142,12 @@ type Config struct {
 	// offset for is read from this far back (pipeline.Config.StartWithin).
 	// 0: no limit. Default 6h.
 	MaxTriggerAge time.Duration `toml:"max_trigger_age"`
+	// SlowCluster: a cluster whose API writes take longer than this on
+	// average, with other clusters served beside it, has its drains
+	// stepped on the role's slow lane (TopicSlow, a second consumer
+	// group), so its slowness holds only its own drains (requeue.Lane).
+	// 0: never. Default 500ms.
+	SlowCluster time.Duration `toml:"slow_cluster"`
 	// Identity names this processor on nodes. Default "faultline-drain/<hostname>".
 	Identity string `toml:"identity"`
 
@@ -175,6 +185,7 @@ func DefaultConfig() Config {
 		PodWorkers:               16,
 		GPUAnnotations:           []string{DefaultGPUAnnotation},
 		MaxTriggerAge:            6 * time.Hour,
+		SlowCluster:              500 * time.Millisecond,
 		Identity:                 "faultline-drain/" + host,
 	}
 }
@@ -220,6 +231,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 		}
 		return nil
 	})
+	fs.DurationVar(&c.SlowCluster, prefix+"slow-cluster", c.SlowCluster, "a cluster whose API writes take longer than this on average has its drains stepped on the slow lane (0: never)")
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on nodes")
 }
 
@@ -310,6 +322,9 @@ func (c *Config) Validate(prefix string) error {
 	if c.MaxTriggerAge < 0 {
 		return fmt.Errorf("%smax_trigger_age: must not be negative (0: no limit), got %v", prefix, c.MaxTriggerAge)
 	}
+	if c.SlowCluster < 0 {
+		return fmt.Errorf("%sslow_cluster: must not be negative (0: never), got %v", prefix, c.SlowCluster)
+	}
 	if c.Identity == "" {
 		return fmt.Errorf("%sidentity: required", prefix)
 	}
@@ -338,4 +353,12 @@ func (c *Config) timeout(m Mode, r *Rule) time.Duration {
 func (c Config) Pipeline() pipeline.Config {
 	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout, FetchMaxWait: requeue.FetchMaxWait,
 		StartWithin: c.MaxTriggerAge}
+}
+
+// SlowPipeline returns the runner settings of the role's slow lane
+// consumer (TopicSlow, its own group).
+func (c Config) SlowPipeline() pipeline.Config {
+	pc := c.Pipeline()
+	pc.Role, pc.Topics = Role+"-slow", []string{TopicSlow}
+	return pc
 }

@@ -27,6 +27,7 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 		{"skip wait", func(c *Config) { c.SkipWaitForDeleteTimeout = -time.Second }, "drain.skip_wait_for_delete_timeout"},
 		{"workers", func(c *Config) { c.Workers = 0 }, "drain.workers"},
 		{"batch timeout", func(c *Config) { c.BatchTimeout = 0 }, "drain.batch_timeout"},
+		{"slow cluster", func(c *Config) { c.SlowCluster = -time.Second }, "drain.slow_cluster"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

@@ -40,11 +40,12 @@ const Role = events.RoleDrain
 // (drains in progress). All progress lives in the node's AnnotationState,
 // so any replica, or a restarted one, resumes a drain where it stood.
 type Handler struct {
-	cfg Config
-	reg *clusters.Registry
-	log *slog.Logger
-	now func() time.Time
-	m   *metrics
+	cfg  Config
+	reg  *clusters.Registry
+	log  *slog.Logger
+	now  func() time.Time
+	m    *metrics
+	lane *requeue.Lane
 }
 
 // Options are a Handler's collaborators.
@@ -68,7 +69,9 @@ func New(cfg Config, reg *clusters.Registry, opts Options) (*Handler, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Handler{cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now, m: newMetrics(opts.Registerer)}, nil
+	h := &Handler{cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now, m: newMetrics(opts.Registerer)}
+	h.lane = &requeue.Lane{Topic: TopicSlow, Limit: cfg.SlowCluster, Handed: h.m.slowLane, Log: h.log}
+	return h, nil
 }
 
 // trigger is one record that asks for a drain to start or go on.
@@ -93,11 +96,24 @@ func IsTrigger(a *faultlinev1.Action) bool {
 		(a.GetOutcome() == events.OutcomeApplied || a.GetOutcome() == events.OutcomeDryRun)
 }
 
-// Handle handles one partition's batch of the actions topic or TopicRequeue.
+// Handle handles one partition's batch of the actions topic or
+// TopicRequeue; a slow cluster's drains go to TopicSlow (requeue.Lane).
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
+	return h.handle(ctx, recs, h.lane)
+}
+
+// SlowHandler handles the slow lane's batches (TopicSlow): every drain
+// stepped, whatever its cluster's pace.
+func (h *Handler) SlowHandler() pipeline.Handler {
+	return pipeline.HandlerFunc(func(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
+		return h.handle(ctx, recs, nil)
+	})
+}
+
+func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, lane *requeue.Lane) (pipeline.Result, error) {
 	var stale pipeline.Stale
 	defer h.logStale(&stale)
-	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now, h.reg,
+	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now, h.reg, lane,
 		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, requeue.Again) {
 			id := a.Action.GetId()
 			if len(a.Action.GetEventIds()) > 0 {
@@ -802,6 +818,7 @@ type metrics struct {
 	evictions *prometheus.CounterVec
 	apiErrors *prometheus.CounterVec
 	conflicts *prometheus.CounterVec
+	slowLane  *prometheus.CounterVec
 	// skippedTerminating: pods no longer waited for
 	// (Config.SkipWaitForDeleteTimeout).
 	skippedTerminating *prometheus.CounterVec
@@ -816,13 +833,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_pod_calls_total", Help: "Eviction and delete calls, by result (evicted, blocked, deleted)."}, []string{"cluster", "result"}),
 		apiErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
 		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_conflicts_total", Help: "Drain state writes redone after a resourceVersion conflict."}, []string{"cluster"}),
+		slowLane: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_slow_lane_records_total",
+			Help: "Records of a slow cluster's drains handed to the slow lane (drain.slow_cluster)."}, []string{"cluster"}),
 		skippedTerminating: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_pods_skipped_terminating_total",
 			Help: "Pods a drain stopped waiting for: terminating more than skip_wait_for_delete_timeout past their DeletionTimestamp (kubelet not finishing them)."}, []string{"cluster"}),
 		staleTriggers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_stale_triggers_total",
 			Help: "Quarantines first read longer than drain.max_trigger_age after they were decided (a replay or a long delay): no drain started or joined."}, []string{"cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.actions, m.drains, m.evictions, m.apiErrors, m.conflicts, m.skippedTerminating, m.staleTriggers)
+		reg.MustRegister(m.actions, m.drains, m.evictions, m.apiErrors, m.conflicts, m.slowLane, m.skippedTerminating, m.staleTriggers)
 	}
 	return m
 }

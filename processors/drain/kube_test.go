@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -944,6 +946,88 @@ func TestDrainKube(t *testing.T) {
 		if IsTrigger(held) {
 			t.Fatal("held_by_breaker started a drain")
 		}
+	})
+
+	// A cluster whose API server answers every request 1.5 s late holds
+	// only its own drains. Alone, it is stepped in the batch (there is no
+	// one to hold). Beside a fast cluster, a batch hands its drain to the
+	// slow lane (TopicSlow) without a request, so the fast cluster's
+	// drain beside it goes on at once rather than after the slow one's
+	// requests in turn; the lane steps it.
+	t.Run("SlowClusterGoesToTheLane", func(t *testing.T) {
+		for _, n := range []string{"lane-slow-0", "lane-slow-1", "lane-fast-1"} {
+			quarantined(t, k, n)
+		}
+		const delay = 1500 * time.Millisecond
+		var slowBy atomic.Int64
+		slowBy.Store(int64(delay))
+		reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+		if _, err := reg.SetConfig("slow", testenv.Delayed(kube.RESTConfig(), &slowBy)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := New(testConfig(), reg, Options{Log: testLog, Now: clk.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		trigger := func(c, node string) *kgo.Record {
+			a, err := events.UnmarshalAction(quarantineAction(node, "e-"+node, "RESTART_VM", nil).Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.Cluster = c
+			b, err := events.MarshalAction(a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &kgo.Record{Topic: events.TopicActions, Key: events.Key(c, node), Value: b}
+		}
+		// run hands recs to handler and returns the nodes it produced
+		// actions for and the records it handed to the lane.
+		run := func(handler func(context.Context, []*kgo.Record) (pipeline.Result, error), recs ...*kgo.Record) (acted []string, lane []*kgo.Record) {
+			t.Helper()
+			res, err := handler(context.Background(), recs)
+			if err != nil || len(res.Dead) > 0 {
+				t.Fatalf("batch: %v, %d dead", err, len(res.Dead))
+			}
+			for _, r := range res.Out {
+				switch r.Topic {
+				case events.TopicActions:
+					a, err := events.UnmarshalAction(r.Value)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !slices.Contains(acted, a.Node) {
+						acted = append(acted, a.Node)
+					}
+				case TopicSlow:
+					lane = append(lane, r)
+				}
+			}
+			return acted, lane
+		}
+		if acted, lane := run(h.Handle, trigger("slow", "lane-slow-0")); len(lane) != 0 || !slices.Equal(acted, []string{"lane-slow-0"}) {
+			t.Fatalf("the only cluster: actions for %v, %d records to the lane", acted, len(lane))
+		}
+		reg.SetClient("fast", k, false)
+		start := time.Now()
+		acted, lane := run(h.Handle, trigger("slow", "lane-slow-1"), trigger("fast", "lane-fast-1"))
+		took := time.Since(start)
+		if !slices.Equal(acted, []string{"lane-fast-1"}) || len(lane) != 1 || string(lane[0].Key) != string(events.Key("slow", "lane-slow-1")) {
+			t.Fatalf("beside the slow cluster: actions for %v, %d records to the lane", acted, len(lane))
+		}
+		if took >= delay {
+			t.Fatalf("the batch took %v: the slow cluster held the other's drain", took.Round(time.Millisecond))
+		}
+		var m dto.Metric
+		if err := h.m.slowLane.WithLabelValues("slow").Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+			n := m.GetCounter().GetValue()
+			t.Fatalf("faultline_drain_slow_lane_records_total{cluster=slow} = %v, want 1", n)
+		}
+		lane[0].Topic = TopicSlow
+		if acted, again := run(h.SlowHandler().Handle, lane...); len(again) != 0 || !slices.Equal(acted, []string{"lane-slow-1"}) {
+			t.Fatalf("the slow lane: actions for %v, %d records to the lane again", acted, len(again))
+		}
+		t.Logf("the batch beside the slow cluster took %v", took.Round(time.Millisecond))
 	})
 
 	if os.Getenv("FAULTLINE_MEASURE") != "" {

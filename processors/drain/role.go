@@ -26,20 +26,26 @@ import (
 	"github.com/faultline/faultline/schemas/events"
 )
 
-// Topics are what the role consumes.
+// Topics are what the role's main consumer reads; its slow lane reads
+// TopicSlow.
 var Topics = []string{events.TopicActions, TopicRequeue}
 
-// Open creates TopicRequeue if missing and returns the role for the
-// clusters of deps.Kube: one consumer of Topics (no side loops: work in
-// progress comes back through TopicRequeue).
+// Open creates TopicRequeue and TopicSlow if missing and returns the role
+// for the clusters of deps.Kube: one consumer of Topics and one of
+// TopicSlow, the slow lane (requeue.Lane; no side loops: work in progress
+// comes back through TopicRequeue).
 func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	deps = deps.WithDefaults()
 	h, err := New(cfg, clusters.NewRegistry(deps.Kube, nil), Options{Log: deps.Log, Registerer: deps.Registry})
 	if err != nil {
 		return nil, err
 	}
-	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, TopicRequeue); err != nil {
+	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, TopicRequeue, TopicSlow); err != nil {
 		return nil, fmt.Errorf("drain: %w", err)
 	}
-	return &role.Role{Name: Role, Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h}}}, nil
+	for _, c := range deps.Kube.Names() {
+		h.m.slowLane.WithLabelValues(c)
+	}
+	return &role.Role{Name: Role, Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h},
+		{Pipeline: cfg.SlowPipeline(), Handler: h.SlowHandler()}}}, nil
 }

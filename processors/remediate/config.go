@@ -22,6 +22,11 @@ import (
 // back to the remediate role after Config.PollInterval.
 const TopicRequeue = "faultline.remediate.requeue"
 
+// TopicSlow is the remediate role's slow lane (requeue.Lane): the
+// remediations of a cluster whose API writes take longer than
+// Config.SlowCluster.
+const TopicSlow = "faultline.remediate.slow"
+
 // JanitorGroup is the API group of NVIDIA NVSentinel's janitor operator
 // (janitor/api/v1alpha1/groupversion_info.go: janitor.dgxc.nvidia.com,
 // version v1alpha1), whose RebootNode, GPUReset and TerminateNode the
@@ -274,6 +279,12 @@ type Config struct {
 	// BatchTimeout bounds one batch: the calls it makes on its nodes'
 	// resources. Default 2m.
 	BatchTimeout time.Duration `toml:"batch_timeout"`
+	// SlowCluster: a cluster whose API writes take longer than this on
+	// average, with other clusters served beside it, has its
+	// remediations stepped on the role's slow lane (TopicSlow, a second
+	// consumer group), so its slowness holds only its own (requeue.Lane).
+	// 0: never. Default 500ms.
+	SlowCluster time.Duration `toml:"slow_cluster"`
 	// Identity names this processor on resources. Default "faultline-remediate/<hostname>".
 	Identity string `toml:"identity"`
 
@@ -305,6 +316,7 @@ func DefaultConfig() Config {
 		PollInterval:      15 * time.Second,
 		Workers:           64,
 		BatchTimeout:      2 * time.Minute,
+		SlowCluster:       500 * time.Millisecond,
 		Identity:          "faultline-remediate/" + host,
 	}
 }
@@ -320,6 +332,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often a remediation in progress is looked at")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 1s: a batch may hold that long for a requeued item)")
 	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "nodes handled concurrently per batch")
+	fs.DurationVar(&c.SlowCluster, prefix+"slow-cluster", c.SlowCluster, "a cluster whose API writes take longer than this on average has its remediations stepped on the slow lane (0: never)")
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "processor identity written on resources")
 }
 
@@ -377,6 +390,9 @@ func (c *Config) Validate(prefix string) error {
 	}
 	if c.BatchTimeout <= 0 {
 		return fmt.Errorf("%sbatch_timeout: must be positive, got %v", prefix, c.BatchTimeout)
+	}
+	if c.SlowCluster < 0 {
+		return fmt.Errorf("%sslow_cluster: must not be negative (0: never), got %v", prefix, c.SlowCluster)
 	}
 	if c.Identity == "" {
 		return fmt.Errorf("%sidentity: required", prefix)
@@ -550,4 +566,12 @@ func (c *Config) template(action string) *Template { return c.byAction[action] }
 // Pipeline returns the runner settings of the role's consumer.
 func (c Config) Pipeline() pipeline.Config {
 	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout, FetchMaxWait: requeue.FetchMaxWait}
+}
+
+// SlowPipeline returns the runner settings of the role's slow lane
+// consumer (TopicSlow, its own group).
+func (c Config) SlowPipeline() pipeline.Config {
+	pc := c.Pipeline()
+	pc.Role, pc.Topics = Role+"-slow", []string{TopicSlow}
+	return pc
 }

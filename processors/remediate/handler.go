@@ -105,6 +105,8 @@ type Handler struct {
 	log *slog.Logger
 	now func() time.Time
 	m   *metrics
+	// lane takes a slow cluster's remediations off the main path.
+	lane *requeue.Lane
 
 	// caches watch the resources faultline created.
 	caches *resourceCaches
@@ -129,8 +131,10 @@ func New(cfg Config, reg *clusters.Registry, opts Options) (*Handler, error) {
 		opts.Now = time.Now
 	}
 	log := opts.Log.With("role", Role)
-	return &Handler{cfg: cfg, reg: reg, log: log, now: opts.Now,
-		m: newMetrics(opts.Registerer), caches: newResourceCaches(log)}, nil
+	h := &Handler{cfg: cfg, reg: reg, log: log, now: opts.Now,
+		m: newMetrics(opts.Registerer), caches: newResourceCaches(log)}
+	h.lane = &requeue.Lane{Topic: TopicSlow, Limit: cfg.SlowCluster, Handed: h.m.slowLane, Log: log}
+	return h, nil
 }
 
 // WatchClusters starts the watches of every template's resource on each
@@ -181,9 +185,23 @@ type trigger struct {
 	id      string // the drain id, else the first event id
 }
 
-// Handle handles one partition's batch of the actions topic or TopicRequeue.
+// Handle handles one partition's batch of the actions topic or
+// TopicRequeue; a slow cluster's remediations go to TopicSlow
+// (requeue.Lane).
 func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
-	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now, h.reg,
+	return h.handle(ctx, recs, h.lane)
+}
+
+// SlowHandler handles the slow lane's batches (TopicSlow): every
+// remediation stepped, whatever its cluster's pace.
+func (h *Handler) SlowHandler() pipeline.Handler {
+	return pipeline.HandlerFunc(func(ctx context.Context, recs []*kgo.Record) (pipeline.Result, error) {
+		return h.handle(ctx, recs, nil)
+	})
+}
+
+func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, lane *requeue.Lane) (pipeline.Result, error) {
+	return requeue.Handle(ctx, recs, IsTrigger, h.cfg.Workers, TopicRequeue, h.now, h.reg, lane,
 		func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, requeue.Again) {
 			t := trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, id: a.Action.GetDetails()[events.DetailDrainID]}
 			if t.id == "" && len(a.Action.GetEventIds()) > 0 {
@@ -881,7 +899,7 @@ func shortHash(s string, n int) string {
 }
 
 type metrics struct {
-	actions, created, joined, races, escalations, apiErrors, refused, reads *prometheus.CounterVec
+	actions, created, joined, races, escalations, apiErrors, refused, reads, slowLane *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -894,9 +912,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		apiErrors:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
 		refused:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_refused_total", Help: "Rendered remediation objects refused because they did not target the event's node."}, []string{"cluster"}),
 		reads:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_reads_total", Help: "A node's remediation resources read, from the watch or live (a list request)."}, []string{"cluster", "from"}),
+		slowLane: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_slow_lane_records_total",
+			Help: "Records of a slow cluster's remediations handed to the slow lane (remediate.slow_cluster)."}, []string{"cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.actions, m.created, m.joined, m.races, m.escalations, m.apiErrors, m.refused, m.reads)
+		reg.MustRegister(m.actions, m.created, m.joined, m.races, m.escalations, m.apiErrors, m.refused, m.reads, m.slowLane)
 	}
 	return m
 }

@@ -27,12 +27,14 @@ import (
 	"github.com/faultline/faultline/schemas/events"
 )
 
-// Topics are what the role consumes.
+// Topics are what the role's main consumer reads; its slow lane reads
+// TopicSlow.
 var Topics = []string{events.TopicActions, TopicRequeue}
 
-// Open creates TopicRequeue if missing and returns the role for the
-// clusters of deps.Kube: one consumer of Topics (no side loops: work in
-// progress comes back through TopicRequeue).
+// Open creates TopicRequeue and TopicSlow if missing and returns the role
+// for the clusters of deps.Kube: one consumer of Topics and one of
+// TopicSlow, the slow lane (requeue.Lane; no side loops: work in progress
+// comes back through TopicRequeue).
 func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	deps = deps.WithDefaults()
 	h, err := New(cfg, clusters.NewRegistry(deps.Kube, nil), Options{Log: deps.Log, Registerer: deps.Registry})
@@ -44,12 +46,14 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	for _, c := range deps.Kube.Names() {
 		h.m.escalations.WithLabelValues(c)
 		h.m.apiErrors.WithLabelValues(c)
+		h.m.slowLane.WithLabelValues(c)
 	}
 	h.WatchClusters(deps.Kube.Names())
-	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, TopicRequeue); err != nil {
+	if err := kafka.CreateTopics(ctx, deps.Kafka, deps.Log, TopicRequeue, TopicSlow); err != nil {
 		h.Close()
 		return nil, fmt.Errorf("remediate: %w", err)
 	}
-	return &role.Role{Name: Role, Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h}},
+	return &role.Role{Name: Role, Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h},
+		{Pipeline: cfg.SlowPipeline(), Handler: h.SlowHandler()}},
 		Close: func() error { h.Close(); return nil }}, nil
 }

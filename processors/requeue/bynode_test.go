@@ -50,11 +50,12 @@ func TestByNode(t *testing.T) {
 		name   string
 		items  []item
 		waits  map[string]string // item id -> the cluster it waits for (HeaderCluster)
+		slow   string            // a node whose cluster is slow: its due items go to the lane
 		again  time.Duration     // what every step asks (0: done)
 		cancel bool
 		ran    []string      // ids whose step ran
 		soon   []string      // of those, the ones that must run at once (within slack)
-		out    []fwd         // requeue records, in order
+		out    []fwd         // requeue records, in order ("lane: " before the id: on the lane's topic)
 		rest   time.Duration // the topic's rest asked, from the start (0: none)
 	}{
 		{
@@ -107,6 +108,24 @@ func TestByNode(t *testing.T) {
 			rest: Hold,
 		},
 		{
+			// A slow cluster's node: its due items and the later ones
+			// behind them go to the lane unchanged, in order; what is not
+			// due stays on the requeue topic; other nodes run at once.
+			name: "a slow cluster's due work goes to the slow lane, the node's later items with it",
+			items: []item{{"due n1", "n1", -time.Second, 2}, {"new n1", "n1", 0, 0}, {"new n2", "n2", 0, 0},
+				{"follow-up n3", "n1", 15 * time.Second, 1}},
+			slow: "n1",
+			ran:  []string{"new n2"}, soon: []string{"new n2"},
+			out: []fwd{{"lane: due n1", -time.Second, 2}, {"lane: new n1", 0, 0}, {"lane: follow-up n3", 15 * time.Second, 1}},
+		},
+		{
+			name:  "a slow cluster's work not due yet stays on the requeue topic",
+			items: []item{{"follow-up", "n1", 15 * time.Second, 3}, {"new n1", "n1", 0, 0}},
+			slow:  "n1",
+			out:   []fwd{{"follow-up", 15 * time.Second, 3}, {"new n1", 0, 0}},
+			rest:  Hold,
+		},
+		{
 			name:   "shutdown hands everything on unchanged",
 			items:  []item{{"follow-up", "n1", -time.Second, 5}, {"new", "n2", 0, 0}},
 			cancel: true,
@@ -133,7 +152,13 @@ func TestByNode(t *testing.T) {
 			// does not move with the machine's load.
 			now := func() time.Time { return start }
 			ready := func(_ context.Context, cluster string) bool { return cluster == "up" }
-			out, rest, err := ByNode(ctx, 2, topic, now, ready, recs, func(r *kgo.Record) *kgo.Record { return r },
+			aside := func(r *kgo.Record) string {
+				if tc.slow != "" && string(r.Key) == tc.slow {
+					return "lane"
+				}
+				return ""
+			}
+			out, rest, err := ByNode(ctx, 2, topic, now, ready, aside, recs, func(r *kgo.Record) *kgo.Record { return r },
 				func(_ context.Context, r *kgo.Record) ([]*faultlinev1.Action, Again) {
 					mu.Lock()
 					defer mu.Unlock()
@@ -173,10 +198,13 @@ func TestByNode(t *testing.T) {
 			}
 			var got []fwd
 			for _, r := range out {
-				if r.Topic != topic {
-					t.Fatalf("record to %s, want %s", r.Topic, topic)
+				if r.Topic != topic && r.Topic != "lane" {
+					t.Fatalf("record to %s, want %s or the lane", r.Topic, topic)
 				}
 				f := fwd{id: string(r.Value), attempt: Attempt(r)}
+				if r.Topic == "lane" {
+					f.id = "lane: " + f.id
+				}
 				if nb := NotBefore(r); !nb.IsZero() {
 					f.in = nb.Sub(start)
 				}

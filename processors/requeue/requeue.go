@@ -13,6 +13,7 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -152,14 +153,17 @@ const FetchMaxWait = 250 * time.Millisecond
 // an earlier one — unless the record waits for its cluster (HeaderCluster)
 // and ready says the cluster may be tried now (nil: never): then it is due.
 // On shutdown (ctx ended) the records not yet handled are handed on
-// unchanged too. Otherwise it calls step and collects the actions step
+// unchanged too. An item that is due but for which aside names a topic
+// (its cluster is slow: Lane.Aside; nil or "": never) is handed on
+// unchanged to that topic, and the node's later items in the batch with
+// it, in order. Otherwise it calls step and collects the actions step
 // returns and, when step asks to look again, a requeue record to topic
 // (Record: one more attempt). It returns what the batch must produce and,
 // when it handed on a record that was not due, until when topic should
 // rest (the earliest such not-before time, at most Hold from now; zero
 // otherwise).
 func ByNode[T any](ctx context.Context, workers int, topic string, now func() time.Time,
-	ready func(ctx context.Context, cluster string) bool, items []T, rec func(T) *kgo.Record,
+	ready func(ctx context.Context, cluster string) bool, aside func(T) string, items []T, rec func(T) *kgo.Record,
 	step func(context.Context, T) ([]*faultlinev1.Action, Again)) ([]*kgo.Record, time.Time, error) {
 	type out struct {
 		acts    []*faultlinev1.Action
@@ -179,6 +183,14 @@ func ByNode[T any](ctx context.Context, workers int, topic string, now func() ti
 				}
 				if ctx.Err() == nil {
 					o.due = nb
+				}
+				return o
+			}
+			if to := aside(it); to != "" {
+				// Its cluster is slow: this item and the node's later
+				// ones go to the slow lane, in order, unchanged.
+				for _, later := range items[i:] {
+					o.requeue = append(o.requeue, Forward(to, rec(later)))
 				}
 				return o
 			}
@@ -277,11 +289,17 @@ func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what strin
 // (drain, remediate): it decodes the batch (pipeline.DecodeActions; a
 // record that does not decode, or whose key and payload disagree, is dead),
 // keeps the actions keep accepts, and hands them to step through ByNode
-// (work waiting for its cluster is due once reg may try the cluster).
+// (work waiting for its cluster is due once reg may try the cluster; a
+// slow cluster's work goes to lane's topic: nil on the slow lane itself,
+// which steps everything).
 func Handle(ctx context.Context, recs []*kgo.Record, keep func(*faultlinev1.Action) bool, workers int, topic string,
-	now func() time.Time, reg *clusters.Registry, step func(context.Context, pipeline.ActionRec) ([]*faultlinev1.Action, Again)) (pipeline.Result, error) {
+	now func() time.Time, reg *clusters.Registry, lane *Lane, step func(context.Context, pipeline.ActionRec) ([]*faultlinev1.Action, Again)) (pipeline.Result, error) {
 	acts, dead := pipeline.DecodeActions(recs, keep)
-	out, rest, err := ByNode(ctx, workers, topic, now, reg.Ready, acts, func(a pipeline.ActionRec) *kgo.Record { return a.Rec }, step)
+	aside := func(pipeline.ActionRec) string { return "" }
+	if lane != nil {
+		aside = func(a pipeline.ActionRec) string { return lane.Aside(reg, a.Cluster) }
+	}
+	out, rest, err := ByNode(ctx, workers, topic, now, reg.Ready, aside, acts, func(a pipeline.ActionRec) *kgo.Record { return a.Rec }, step)
 	if err != nil {
 		return pipeline.Result{}, err
 	}
@@ -290,4 +308,63 @@ func Handle(ctx context.Context, recs []*kgo.Record, keep func(*faultlinev1.Acti
 		res.Rest = map[string]time.Time{topic: rest}
 	}
 	return res, nil
+}
+
+// Lane is a requeued role's slow lane: a cluster whose API writes take
+// longer than Limit on average (clusters.Gate.Slow), with other clusters
+// served beside it, has its work handed to Topic instead of stepped, and
+// a second consumer group of the role steps it there (Handle with no
+// lane), its follow-ups back on the role's requeue topic. A batch waits
+// for its slowest node, and a step is several requests in turn (a drain
+// reads the node, lists and evicts its pods, writes its state): one API
+// server answering each of them seconds late would hold every cluster's
+// drains or remediations behind its own. On the lane the slow cluster's
+// work goes at its own pace, holding only what is on the lane (other
+// slow clusters'). Its writes there keep its average current: once fast
+// again, its work is stepped on the main path. A node's later work that
+// reaches the main path while its earlier work is still on the lane (the
+// cluster turned fast between the two) may run first; every step reads
+// the node's state first, as a restarted replica's would.
+type Lane struct {
+	// Topic is the lane's topic.
+	Topic string
+	// Limit is the write latency over which a cluster is slow; 0: never.
+	Limit time.Duration
+	// Handed counts the records handed to Topic, by cluster (nil: not
+	// counted).
+	Handed *prometheus.CounterVec
+	// Log says when a cluster's work first goes to the lane, and again
+	// at most once a minute while it does.
+	Log *slog.Logger
+
+	mu   sync.Mutex
+	said map[string]time.Time
+}
+
+// Aside returns the lane's topic when cluster's work goes to the lane (see
+// Lane), "" when it is stepped here.
+func (l *Lane) Aside(reg *clusters.Registry, cluster string) string {
+	if l.Limit <= 0 {
+		return ""
+	}
+	cl, err := reg.Get(cluster)
+	if err != nil || !cl.Gate.Slow(l.Limit) || !reg.Several() {
+		return ""
+	}
+	if l.Handed != nil {
+		l.Handed.WithLabelValues(cluster).Inc()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now := time.Now(); now.Sub(l.said[cluster]) >= time.Minute {
+		if l.said == nil {
+			l.said = map[string]time.Time{}
+		}
+		l.said[cluster] = now
+		if l.Log != nil {
+			l.Log.Warn("cluster slow; its work goes to the slow lane", "cluster", cluster,
+				"write_latency", cl.Gate.Latency().Round(time.Millisecond), "slow_cluster", l.Limit, "topic", l.Topic)
+		}
+	}
+	return l.Topic
 }
