@@ -834,7 +834,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		apiErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
 		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_conflicts_total", Help: "Drain state writes redone after a resourceVersion conflict."}, []string{"cluster"}),
 		slowLane: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_slow_lane_records_total",
-			Help: "Records of a slow cluster's drains handed to the slow lane (drain.slow_cluster)."}, []string{"cluster"}),
+			Help: "A slow cluster's drains handed to the slow lane (drain.slow_cluster), a count per node and batch (the node's later work in the batch goes with it)."}, []string{"cluster"}),
 		skippedTerminating: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_pods_skipped_terminating_total",
 			Help: "Pods a drain stopped waiting for: terminating more than skip_wait_for_delete_timeout past their DeletionTimestamp (kubelet not finishing them)."}, []string{"cluster"}),
 		staleTriggers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_stale_triggers_total",

@@ -330,7 +330,8 @@ type Lane struct {
 	Topic string
 	// Limit is the write latency over which a cluster is slow; 0: never.
 	Limit time.Duration
-	// Handed counts the records handed to Topic, by cluster (nil: not
+	// Handed counts the handovers to Topic, by cluster: one per node and
+	// batch, the node's later work in the batch going with it (nil: not
 	// counted).
 	Handed *prometheus.CounterVec
 	// Log says when a cluster's work first goes to the lane, and again
