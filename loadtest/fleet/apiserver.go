@@ -60,16 +60,8 @@ func runAPIServerRestart(ctx context.Context, e *Env, p Params, r *Report) error
 	cluster := e.Clusters[0]
 	k := e.Kubes[cluster]
 	faults := min(p.Faults, breakerShare(p.Nodes))
-	for _, c := range e.Clusters {
-		kc := e.Kubes[c]
-		kc.ApplyCRDs(e.TB, janitorCRDs())
-		if err := createDrainNamespace(ctx, kc.Client()); err != nil {
-			return err
-		}
-		WatchPods(ctx, e.TB, kc, drainNamespace, true)
-		if err := createPods(ctx, kc.Client(), nodeNames(0, faults)); err != nil {
-			return err
-		}
+	if err := e.faultPaths(ctx, faults); err != nil {
+		return err
 	}
 	// produced returns when fault i's step (apiserverSteps[s]) on cluster
 	// c was produced, if it was seen on the actions topic.
@@ -255,6 +247,24 @@ func runAPIServerRestart(ctx context.Context, e *Env, p Params, r *Report) error
 	all := faults * len(e.Clusters)
 	r.Check(twiceCordoned == 0 && twiceStarted == 0 && twice == 0 && rebooted == all,
 		"applied twice: %d nodes cordoned twice, %d drains started twice, %d nodes with two RebootNodes; %d of %d with one", twiceCordoned, twiceStarted, twice, rebooted, all)
+	return nil
+}
+
+// faultPaths readies every cluster for the faults' whole path: the
+// janitor's CRDs (RebootNode), and DrainPodsPerNode pods on each of nodes
+// 0..faults-1, the kubelet's part played by a pod watch.
+func (e *Env) faultPaths(ctx context.Context, faults int) error {
+	for _, c := range e.Clusters {
+		kc := e.Kubes[c]
+		kc.ApplyCRDs(e.TB, janitorCRDs())
+		if err := createDrainNamespace(ctx, kc.Client()); err != nil {
+			return err
+		}
+		WatchPods(ctx, e.TB, kc, drainNamespace, true)
+		if err := createPods(ctx, kc.Client(), nodeNames(0, faults)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

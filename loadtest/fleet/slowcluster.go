@@ -39,16 +39,8 @@ func runSlowCluster(ctx context.Context, e *Env, p Params, r *Report) error {
 	slow := e.Clusters[0]
 	path := strings.Contains(e.Opts.Roles, "remediate")
 	if path {
-		for _, c := range e.Clusters {
-			kc := e.Kubes[c]
-			kc.ApplyCRDs(e.TB, janitorCRDs())
-			if err := createDrainNamespace(ctx, kc.Client()); err != nil {
-				return err
-			}
-			WatchPods(ctx, e.TB, kc, drainNamespace, true)
-			if err := createPods(ctx, kc.Client(), nodeNames(0, p.Faults)); err != nil {
-				return err
-			}
+		if err := e.faultPaths(ctx, p.Faults); err != nil {
+			return err
 		}
 	}
 	adm := kadm.NewClient(e.KafkaClient())
