@@ -2,6 +2,7 @@ package requeue
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -158,7 +159,7 @@ func TestByNode(t *testing.T) {
 				}
 				return ""
 			}
-			out, rest, err := ByNode(ctx, 2, topic, now, ready, aside, recs, func(r *kgo.Record) *kgo.Record { return r },
+			out, rest, err := ByNode(ctx, 2, topic, Turn, now, ready, aside, recs, func(r *kgo.Record) *kgo.Record { return r },
 				func(_ context.Context, r *kgo.Record) ([]*faultlinev1.Action, Again) {
 					mu.Lock()
 					defer mu.Unlock()
@@ -248,5 +249,59 @@ func TestForward(t *testing.T) {
 					tc.nb, tc.attempt, tc.cluster)
 			}
 		})
+	}
+}
+
+// TestByNodeTurn: past the batch's turn, a node's items not started are
+// handed on unchanged, in order, to the requeue topic, so a long chain of
+// one node's work does not hold the batch (and what the others' steps
+// decided) beyond it; every item is either stepped or handed on, once.
+func TestByNodeTurn(t *testing.T) {
+	const (
+		topic = "rq"
+		took  = 40 * time.Millisecond // each step
+		turn  = 60 * time.Millisecond // the third of a chain starts past it
+	)
+	var recs []*kgo.Record
+	for _, id := range []string{"n1-a", "n1-b", "n1-c", "n1-d", "n2-a"} {
+		recs = append(recs, &kgo.Record{Topic: "src", Key: []byte(id[:2]), Value: []byte(id),
+			Headers: []kgo.RecordHeader{{Key: HeaderAttempt, Value: []byte("2")}}})
+	}
+	var (
+		mu  sync.Mutex
+		ran []string
+	)
+	out, _, err := ByNode(context.Background(), 2, topic, turn, time.Now, nil, func(*kgo.Record) string { return "" }, recs,
+		func(r *kgo.Record) *kgo.Record { return r },
+		func(_ context.Context, r *kgo.Record) ([]*faultlinev1.Action, Again) {
+			time.Sleep(took)
+			mu.Lock()
+			defer mu.Unlock()
+			ran = append(ran, string(r.Value))
+			return nil, Again{}
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handed []string
+	for _, r := range out {
+		if r.Topic != topic || Attempt(r) != 2 || !NotBefore(r).IsZero() {
+			t.Fatalf("handed on %s to %s, attempt %d, not-before %v: want it unchanged on %s", r.Value, r.Topic, Attempt(r), NotBefore(r), topic)
+		}
+		handed = append(handed, string(r.Value))
+	}
+	if !slices.Contains(ran, "n1-a") || !slices.Contains(ran, "n2-a") {
+		t.Fatalf("stepped %v: each node's first item must run", ran)
+	}
+	if len(handed) == 0 || handed[len(handed)-1] != "n1-d" {
+		t.Fatalf("handed on %v: the chain's items past the turn must wait, in order", handed)
+	}
+	if got := append(slices.Clone(ran), handed...); len(got) != len(recs) {
+		t.Fatalf("stepped %v, handed on %v: each item once", ran, handed)
+	}
+	for i := 1; i < len(handed); i++ {
+		if handed[i-1] > handed[i] {
+			t.Fatalf("handed on %v: out of order", handed)
+		}
 	}
 }

@@ -139,6 +139,19 @@ func Forward(topic string, rec *kgo.Record) *kgo.Record {
 // records per node low.
 const Hold = time.Second
 
+// Turn is how long a batch of a requeued role goes on starting work: a
+// node's item not started by then is handed on unchanged to the role's
+// requeue topic, the node's later items in the batch with it, in order
+// (ByNode). A node's items are stepped one after the other, and a batch
+// ends — produces what its steps decided — only when its last node is
+// done: on a slow cluster's lane, a node whose faults repeat (each a new
+// drain of several requests, seconds each) makes a chain that held every
+// other node's finished work in the batch, and, longer than the role's
+// batch_timeout, failed the batch again and again. Past Turn the rest of
+// each chain waits for a later batch, and the work done is produced. Far
+// above what a batch of a cluster that answers in milliseconds takes.
+const Turn = 10 * time.Second
+
 // FetchMaxWait is the fetch wait of a requeued role's consumer
 // (pipeline.Config.FetchMaxWait): a rested requeue topic is fetched again
 // with the next fetch request after its rest, at most this long later
@@ -156,13 +169,14 @@ const FetchMaxWait = 250 * time.Millisecond
 // unchanged too. An item that is due but for which aside names a topic
 // (its cluster is slow: Lane.Aside; nil or "": never) is handed on
 // unchanged to that topic, and the node's later items in the batch with
-// it, in order. Otherwise it calls step and collects the actions step
+// it, in order. So is an item not started within turn of the batch's
+// start (0: no bound; Turn), to topic. Otherwise it calls step and collects the actions step
 // returns and, when step asks to look again, a requeue record to topic
 // (Record: one more attempt). It returns what the batch must produce and,
 // when it handed on a record that was not due, until when topic should
 // rest (the earliest such not-before time, at most Hold from now; zero
 // otherwise).
-func ByNode[T any](ctx context.Context, workers int, topic string, now func() time.Time,
+func ByNode[T any](ctx context.Context, workers int, topic string, turn time.Duration, now func() time.Time,
 	ready func(ctx context.Context, cluster string) bool, aside func(T) string, items []T, rec func(T) *kgo.Record,
 	step func(context.Context, T) ([]*faultlinev1.Action, Again)) ([]*kgo.Record, time.Time, error) {
 	type out struct {
@@ -170,8 +184,17 @@ func ByNode[T any](ctx context.Context, workers int, topic string, now func() ti
 		requeue []*kgo.Record
 		due     time.Time // the earliest not-before of a record not due
 	}
+	start := time.Now()
 	results := pipeline.ByKey(items, func(it T) string { return string(rec(it).Key) }, workers, func(items []T) (o out) {
 		for i, it := range items {
+			if turn > 0 && time.Since(start) > turn {
+				// The batch's turn is over: the node's items not
+				// started wait for a later batch, in order, unchanged.
+				for _, later := range items[i:] {
+					o.requeue = append(o.requeue, Forward(topic, rec(later)))
+				}
+				return o
+			}
 			r := rec(it)
 			if nb := NotBefore(r); ctx.Err() != nil || nb.After(now()) && !clusterBack(ctx, ready, r) {
 				// Not due, or shutting down: hand this item and the
@@ -299,7 +322,7 @@ func Handle(ctx context.Context, recs []*kgo.Record, keep func(*faultlinev1.Acti
 	if lane != nil {
 		aside = func(a pipeline.ActionRec) string { return lane.Aside(reg, a.Cluster) }
 	}
-	out, rest, err := ByNode(ctx, workers, topic, now, reg.Ready, aside, acts, func(a pipeline.ActionRec) *kgo.Record { return a.Rec }, step)
+	out, rest, err := ByNode(ctx, workers, topic, Turn, now, reg.Ready, aside, acts, func(a pipeline.ActionRec) *kgo.Record { return a.Rec }, step)
 	if err != nil {
 		return pipeline.Result{}, err
 	}
