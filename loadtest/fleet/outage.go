@@ -45,17 +45,21 @@ func topicRecords(ctx context.Context, adm *kadm.Client, topic string) int64 {
 // quarantineLag is the quarantine group's lag on its own topics; false
 // when it cannot be read.
 func quarantineLag(ctx context.Context, adm *kadm.Client) (int64, bool) {
-	return groupLag(ctx, adm, quarantine.Role)
+	return groupLag(ctx, adm, quarantine.Role, "")
 }
 
-// groupLag is the lag of role's consumer group (pipeline.DefaultGroup);
-// false when it cannot be read.
-func groupLag(ctx context.Context, adm *kadm.Client, role string) (int64, bool) {
+// groupLag is the lag of role's consumer group (pipeline.DefaultGroup) on
+// topic, or on all its topics where topic is ""; false when it cannot be
+// read.
+func groupLag(ctx context.Context, adm *kadm.Client, role, topic string) (int64, bool) {
 	group := pipeline.DefaultGroup(role)
 	lags, err := adm.Lag(ctx, group)
 	l, ok := lags[group]
 	if err != nil || !ok || l.Error() != nil {
 		return 0, false
+	}
+	if topic != "" {
+		return l.Lag.TotalByTopic()[topic].Lag, true
 	}
 	return l.Lag.Total(), true
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/processors/drain"
 	"github.com/faultline/faultline/processors/remediate"
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -60,7 +61,9 @@ func runSlowCluster(ctx context.Context, e *Env, p Params, r *Report) error {
 	// With drain and remediate, each of their roles meets it too (once
 	// the background's first fatal nodes of the cluster are cordoned):
 	// the onset lasts until each has handed a record to its slow lane
-	// and its group is caught up (under 50 records behind).
+	// and its group is caught up with the actions topic (under 50 records
+	// behind; its requeue topic carries the slow cluster's work round
+	// between the lane and the main path, Turn by Turn).
 	t0 := time.Now()
 	known, onset := true, "none (never deferred)"
 	within := 60 * time.Second
@@ -80,7 +83,7 @@ func runSlowCluster(ctx context.Context, e *Env, p Params, r *Report) error {
 				return true
 			}
 			for role, lane := range map[string]string{drain.Role: drain.TopicSlow, remediate.Role: remediate.TopicSlow} {
-				if lag, ok := groupLag(ctx, adm, role); !ok || lag >= 50 || topicRecords(ctx, adm, lane) <= 0 {
+				if lag, ok := groupLag(ctx, adm, role, events.TopicActions); !ok || lag >= 50 || topicRecords(ctx, adm, lane) <= 0 {
 					return false
 				}
 			}
@@ -122,7 +125,7 @@ func runSlowCluster(ctx context.Context, e *Env, p Params, r *Report) error {
 	r.Figure("slow-cluster: onset (%s's first record deferred, on the slow lanes too with drain and remediate, and the groups caught up): %s; then the other clusters' faults, %d of %d cordoned, send->watch %s; %s's, %d of %d, %s; %d records deferred to its retry topic; %d cordoned twice",
 		slow, onset, len(fast), p.Faults*(len(e.Clusters)-1), spread(fast), slow, len(own), p.Faults, spread(own), deferred(), twice)
 	r.Check(res.Verified(0.95) == nil, "%v", res.Verified(0.95))
-	r.Check(known, "%s not deferred (or, with drain and remediate, not on their slow lanes), or the groups not caught up, within %s of the background", slow, within)
+	r.Check(known, "%s not deferred (or, with drain and remediate, not on their slow lanes), or the groups not caught up, within %s of the background: %s", slow, within, onsetState(ctx, adm, slow, path))
 	r.Check(len(fast) == p.Faults*(len(e.Clusters)-1), "only %d of the other clusters' %d faults cordoned within 60s", len(fast), p.Faults*(len(e.Clusters)-1))
 	r.Check(len(own) == p.Faults, "only %d of %s's %d faults cordoned within 60s", len(own), slow, p.Faults)
 	r.Check(fastP99 < p.Latency, "the other clusters' faults waited for the slow one: p99 %s, not within one of its requests (%s)", fastP99.Round(time.Millisecond), p.Latency)
@@ -169,4 +172,19 @@ func slowCheckPath(ctx context.Context, e *Env, p Params, r *Report, sent map[st
 	r.Check(rebooted == all && twice == 0, "%d of %d faults' nodes with a RebootNode, %d with two", rebooted, all, twice)
 	_, fastP99, _ := percentiles(append([]time.Duration(nil), fast...))
 	r.Check(fastP99 < 5*p.Latency, "the other clusters' paths waited for the slow one: send -> RebootNode p99 %s, not within five of its requests (%s)", fastP99.Round(time.Millisecond), 5*p.Latency)
+}
+
+// onsetState says where each role stands with the slow cluster: what a
+// failed onset check shows.
+func onsetState(ctx context.Context, adm *kadm.Client, slow string, path bool) string {
+	lag, _ := quarantineLag(ctx, adm)
+	out := fmt.Sprintf("quarantine: %d deferred, lag %d", deferredTo(ctx, adm, slow), lag)
+	if path {
+		for _, r := range []struct{ role, lane string }{{drain.Role, drain.TopicSlow}, {remediate.Role, remediate.TopicSlow}} {
+			actions, _ := groupLag(ctx, adm, r.role, events.TopicActions)
+			all, _ := groupLag(ctx, adm, r.role, "")
+			out += fmt.Sprintf("; %s: %d on its lane, lag %d on the actions topic, %d in all", r.role, topicRecords(ctx, adm, r.lane), actions, all)
+		}
+	}
+	return out
 }
