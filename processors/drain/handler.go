@@ -833,7 +833,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_pod_calls_total", Help: "Eviction and delete calls, by result (evicted, blocked, deleted)."}, []string{"cluster", "result"}),
 		apiErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
 		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_conflicts_total", Help: "Drain state writes redone after a resourceVersion conflict."}, []string{"cluster"}),
-		slowLane: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_slow_lane_records_total",
+		slowLane: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_slow_lane_handovers_total",
 			Help: "A slow cluster's drains handed to the slow lane (drain.slow_cluster), a count per node and batch (the node's later work in the batch goes with it)."}, []string{"cluster"}),
 		skippedTerminating: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_pods_skipped_terminating_total",
 			Help: "Pods a drain stopped waiting for: terminating more than skip_wait_for_delete_timeout past their DeletionTimestamp (kubelet not finishing them)."}, []string{"cluster"}),

@@ -1019,7 +1019,7 @@ func TestDrainKube(t *testing.T) {
 		}
 		var m dto.Metric
 		if _ = h.m.slowLane.WithLabelValues("slow").Write(&m); m.GetCounter().GetValue() != 1 {
-			t.Fatalf("faultline_drain_slow_lane_records_total{cluster=slow} = %v, want 1", m.GetCounter().GetValue())
+			t.Fatalf("faultline_drain_slow_lane_handovers_total{cluster=slow} = %v, want 1", m.GetCounter().GetValue())
 		}
 		if acted, again := run(h.SlowHandler().Handle, lane...); len(again) != 0 || !slices.Equal(acted, []string{"lane-slow-1"}) {
 			t.Fatalf("the slow lane: actions for %v, %d records to the lane again", acted, len(again))

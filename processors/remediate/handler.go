@@ -912,7 +912,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		apiErrors:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
 		refused:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_refused_total", Help: "Rendered remediation objects refused because they did not target the event's node."}, []string{"cluster"}),
 		reads:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_reads_total", Help: "A node's remediation resources read, from the watch or live (a list request)."}, []string{"cluster", "from"}),
-		slowLane: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_slow_lane_records_total",
+		slowLane: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_remediate_slow_lane_handovers_total",
 			Help: "A slow cluster's remediations handed to the slow lane (remediate.slow_cluster), a count per node and batch (the node's later work in the batch goes with it)."}, []string{"cluster"}),
 	}
 	if reg != nil {
