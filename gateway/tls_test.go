@@ -451,6 +451,38 @@ func startClientCAGateway(t *testing.T, k *testenv.Kafka) (server *pki, gw *gate
 // connection kept open between calls, and one that closes it.
 func submitter(t *testing.T, gw *gatewaytest.Server, door string, tc *tls.Config) (submit func() error, done func()) {
 	t.Helper()
+	once, done := submitOnce(t, gw, door, tc)
+	// The gateway's "retry later" (the event log unavailable for a
+	// moment, overloaded: gRPC Unavailable from the service, or
+	// ResourceExhausted; HTTP 503 or 429) is sent again, as an agent
+	// does: on a loaded machine the broker may be slow to take a produce,
+	// and that is not the refusal these tests look for.
+	return func() error {
+		for try := 1; ; try++ {
+			err := once()
+			if try == 5 || !retryLater(err) {
+				return err
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}, done
+}
+
+// retryLater reports whether err is the gateway's own "retry later".
+func retryLater(err error) bool {
+	if err == nil {
+		return false
+	}
+	if st, ok := status.FromError(err); ok {
+		return st.Code() == codes.ResourceExhausted ||
+			st.Code() == codes.Unavailable && strings.HasPrefix(st.Message(), "events not accepted:")
+	}
+	return strings.HasPrefix(err.Error(), "503 ") || strings.HasPrefix(err.Error(), "429 ")
+}
+
+// submitOnce returns a func that submits one event through door once.
+func submitOnce(t *testing.T, gw *gatewaytest.Server, door string, tc *tls.Config) (submit func() error, done func()) {
+	t.Helper()
 	if door == "grpc" {
 		conn, err := grpc.NewClient(gw.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(tc.Clone())))
 		if err != nil {
