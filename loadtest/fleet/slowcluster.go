@@ -15,6 +15,9 @@ import (
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
+// slowLanes are the roles with a slow lane and its topic (requeue.Lane).
+var slowLanes = []struct{ role, topic string }{{drain.Role, drain.TopicSlow}, {remediate.Role, remediate.TopicSlow}}
+
 // slowFaultEvery spaces slow-cluster's rounds of faults (one per cluster
 // each round).
 const slowFaultEvery = 100 * time.Millisecond
@@ -82,8 +85,8 @@ func runSlowCluster(ctx context.Context, e *Env, p Params, r *Report) error {
 			if !path {
 				return true
 			}
-			for role, lane := range map[string]string{drain.Role: drain.TopicSlow, remediate.Role: remediate.TopicSlow} {
-				if lag, ok := groupLag(ctx, adm, role, events.TopicActions); !ok || lag >= 50 || topicRecords(ctx, adm, lane) <= 0 {
+			for _, l := range slowLanes {
+				if lag, ok := groupLag(ctx, adm, l.role, events.TopicActions); !ok || lag >= 50 || topicRecords(ctx, adm, l.topic) <= 0 {
 					return false
 				}
 			}
@@ -180,10 +183,10 @@ func onsetState(ctx context.Context, adm *kadm.Client, slow string, path bool) s
 	lag, _ := quarantineLag(ctx, adm)
 	out := fmt.Sprintf("quarantine: %d deferred, lag %d", deferredTo(ctx, adm, slow), lag)
 	if path {
-		for _, r := range []struct{ role, lane string }{{drain.Role, drain.TopicSlow}, {remediate.Role, remediate.TopicSlow}} {
-			actions, _ := groupLag(ctx, adm, r.role, events.TopicActions)
-			all, _ := groupLag(ctx, adm, r.role, "")
-			out += fmt.Sprintf("; %s: %d on its lane, lag %d on the actions topic, %d in all", r.role, topicRecords(ctx, adm, r.lane), actions, all)
+		for _, l := range slowLanes {
+			actions, _ := groupLag(ctx, adm, l.role, events.TopicActions)
+			all, _ := groupLag(ctx, adm, l.role, "")
+			out += fmt.Sprintf("; %s: %d on its lane, lag %d on the actions topic, %d in all", l.role, topicRecords(ctx, adm, l.topic), actions, all)
 		}
 	}
 	return out

@@ -354,11 +354,3 @@ func (c Config) Pipeline() pipeline.Config {
 	return pipeline.Config{Role: Role, Topics: Topics, BatchTimeout: c.BatchTimeout, FetchMaxWait: requeue.FetchMaxWait,
 		StartWithin: c.MaxTriggerAge}
 }
-
-// SlowPipeline returns the runner settings of the role's slow lane
-// consumer (TopicSlow, its own group).
-func (c Config) SlowPipeline() pipeline.Config {
-	pc := c.Pipeline()
-	pc.Role, pc.Topics = Role+"-slow", []string{TopicSlow}
-	return pc
-}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/requeue"
 	"github.com/faultline/faultline/processors/role"
 	"github.com/faultline/faultline/schemas/events"
 )
@@ -47,5 +48,5 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		h.m.slowLane.WithLabelValues(c)
 	}
 	return &role.Role{Name: Role, Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h},
-		{Pipeline: cfg.SlowPipeline(), Handler: h.SlowHandler()}}}, nil
+		{Pipeline: requeue.LanePipeline(cfg.Pipeline(), TopicSlow), Handler: h.SlowHandler()}}}, nil
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/requeue"
 	"github.com/faultline/faultline/processors/role"
 	"github.com/faultline/faultline/schemas/events"
 )
@@ -54,6 +55,6 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return nil, fmt.Errorf("remediate: %w", err)
 	}
 	return &role.Role{Name: Role, Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h},
-		{Pipeline: cfg.SlowPipeline(), Handler: h.SlowHandler()}},
+		{Pipeline: requeue.LanePipeline(cfg.Pipeline(), TopicSlow), Handler: h.SlowHandler()}},
 		Close: func() error { h.Close(); return nil }}, nil
 }

@@ -365,6 +365,14 @@ type Lane struct {
 	said map[string]time.Time
 }
 
+// LanePipeline returns the runner settings of a role's slow lane
+// consumer: main's (the role's own consumer), reading topic in a group of
+// its own (role "<role>-slow").
+func LanePipeline(main pipeline.Config, topic string) pipeline.Config {
+	main.Role, main.Topics = main.Role+"-slow", []string{topic}
+	return main
+}
+
 // Aside returns the lane's topic when cluster's work goes to the lane (see
 // Lane), "" when it is stepped here.
 func (l *Lane) Aside(reg *clusters.Registry, cluster string) string {

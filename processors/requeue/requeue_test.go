@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/pipeline"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
@@ -141,5 +142,19 @@ func TestStepRedoesConflicts(t *testing.T) {
 				t.Fatalf("%d conflicts counted, want %d", got, min(tc.conflicts, tc.calls-1))
 			}
 		})
+	}
+}
+
+// TestLanePipeline: the slow lane's consumer reads only its topic, in a
+// group of its own (role "<role>-slow"), with the role's other settings.
+func TestLanePipeline(t *testing.T) {
+	main := pipeline.Config{Role: "drain", Topics: []string{"a", "b"}, BatchTimeout: time.Minute, FetchMaxWait: FetchMaxWait}
+	got := LanePipeline(main, "lane")
+	if got.Role != "drain-slow" || len(got.Topics) != 1 || got.Topics[0] != "lane" ||
+		got.BatchTimeout != time.Minute || got.FetchMaxWait != FetchMaxWait {
+		t.Fatalf("lane pipeline %+v", got)
+	}
+	if main.Role != "drain" || len(main.Topics) != 2 {
+		t.Fatalf("the role's own pipeline changed: %+v", main)
 	}
 }
