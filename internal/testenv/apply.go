@@ -202,9 +202,9 @@ func (k *Kube) ClientAs(tb testing.TB, user string) (kubernetes.Interface, *rest
 
 // Access is one request for Allowed: verb on resource (subresource after
 // a "/", e.g. "pods/eviction") of group, in namespace ("" for cluster
-// scope or all namespaces).
+// scope or all namespaces), of the object named Name ("": any).
 type Access struct {
-	Verb, Group, Resource, Namespace string
+	Verb, Group, Resource, Namespace, Name string
 }
 
 // Allowed asks the apiserver (SubjectAccessReview) whether user may do a.
@@ -212,7 +212,7 @@ func (k *Kube) Allowed(tb testing.TB, user string, a Access) bool {
 	tb.Helper()
 	res, sub, _ := strings.Cut(a.Resource, "/")
 	ok, err := k.review(authorizationv1.SubjectAccessReviewSpec{User: user, ResourceAttributes: &authorizationv1.ResourceAttributes{
-		Verb: a.Verb, Group: a.Group, Resource: res, Subresource: sub, Namespace: a.Namespace}})
+		Verb: a.Verb, Group: a.Group, Resource: res, Subresource: sub, Namespace: a.Namespace, Name: a.Name}})
 	if err != nil {
 		tb.Fatal(err)
 	}

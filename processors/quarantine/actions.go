@@ -26,6 +26,10 @@ func (h *Handler) breaker(cl *clusters.Client) *breaker {
 	b, ok := h.breakers[cl.Name]
 	if !ok {
 		b = newBreaker(h.cfg.Breaker, cl.Kube, h.now)
+		if h.cfg.Breaker.Enabled && cl.WatchKube != nil {
+			b.watch = newBreakerWatch(h.cfg.Breaker, cl, h.log, h.nodes.stop)
+			b.listed = h.nodes.lister(cl)
+		}
 		h.breakers[cl.Name] = b
 	}
 	return b

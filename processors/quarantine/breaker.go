@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -16,7 +17,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/faultline/faultline/processors/clusters"
 )
 
 // The circuit breaker's state lives in one ConfigMap per cluster, in the
@@ -35,8 +43,9 @@ import (
 // Every new quarantine first reserves a slot in `cordons` with an update
 // guarded by resourceVersion (a conflict re-reads and re-decides), so two
 // replicas can never both take the last slot. Within one process the
-// reservations of a cluster are serialized and the ConfigMap is cached
-// from the last write, so a reservation costs one request.
+// reservations of a cluster are serialized, and the ConfigMap is read from
+// a watch of it (breakerWatch; a GET while the watch has not synced), so a
+// reservation costs one request: its write.
 //
 // An operator closes an open breaker by setting data.state to "closed" (or
 // deleting the ConfigMap); with AutoClose it closes by itself once Window has
@@ -80,9 +89,21 @@ type breaker struct {
 	qmu   sync.Mutex
 	queue []*reservation
 
-	mu      sync.Mutex        // held by the one deciding a group
-	cm      *corev1.ConfigMap // last read or written; nil: read it
-	cmAt    time.Time
+	// watch is the ConfigMap's watch (nil: none; read it from the API);
+	// listed returns the cluster's nodes a selector matches from the node
+	// watch (false until it has synced; nil: none).
+	watch  *breakerWatch
+	listed func(labels.Selector) ([]*corev1.Node, bool)
+
+	mu sync.Mutex // held by the one deciding a group
+	// cm is the copy this replica last read from the API or wrote (nil:
+	// none): without a watch it is reused for a second; with one, a write
+	// is used until the watch delivers it (recentWrite at most).
+	cm   *corev1.ConfigMap
+	cmAt time.Time
+	// live: read the next copy from the API (a write met a newer one,
+	// which the watch may not have delivered yet).
+	live    bool
 	nodes   nodeCounts
 	nodesAt time.Time
 
@@ -128,7 +149,78 @@ func newBreaker(cfg BreakerConfig, kube kubernetes.Interface, now func() time.Ti
 	return &breaker{cfg: cfg, kube: kube, now: now}
 }
 
-// reserve takes a slot for a new quarantine of node, or says why not.
+// breakerWatch watches the one ConfigMap of a cluster's breaker (RBAC:
+// list and watch limited to its name), and knows whether it has delivered
+// this replica's last write.
+type breakerWatch struct {
+	name   string
+	lister corelisters.ConfigMapNamespaceLister
+	synced func() bool
+
+	mu sync.Mutex
+	// pending is the resourceVersion of this replica's last write, made at
+	// pendingAt, until the watch delivers it; seen, the last it delivered.
+	pending   string
+	pendingAt time.Time
+	seen      string
+}
+
+// newBreakerWatch starts the watch; it ends when stop is closed.
+func newBreakerWatch(cfg BreakerConfig, cl *clusters.Client, log *slog.Logger, stop <-chan struct{}) *breakerWatch {
+	f := informers.NewSharedInformerFactoryWithOptions(cl.WatchKube, 0, informers.WithNamespace(cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.Name).String()
+		}))
+	inf := f.Core().V1().ConfigMaps()
+	w := &breakerWatch{name: cfg.Name, lister: inf.Lister().ConfigMaps(cfg.Namespace), synced: inf.Informer().HasSynced}
+	_ = inf.Informer().SetWatchErrorHandler(clusters.WatchErrorLogger(log.With("cluster", cl.Name), "breaker configmap"))
+	_, _ = inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    w.delivered,
+		UpdateFunc: func(_, obj any) { w.delivered(obj) },
+	})
+	f.Start(stop)
+	return w
+}
+
+func (w *breakerWatch) delivered(obj any) {
+	cm, ok := obj.(*corev1.ConfigMap)
+	if !ok {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seen = cm.ResourceVersion
+	if w.pending == cm.ResourceVersion {
+		w.pending = ""
+	}
+}
+
+// wrote notes this replica's write, which produced rv.
+func (w *breakerWatch) wrote(rv string, now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.seen != rv {
+		w.pending, w.pendingAt = rv, now
+	}
+}
+
+// get returns the watch's copy (nil: there is none) once it has synced
+// and delivered this replica's last write (or recentWrite has passed
+// since it); false: not yet.
+func (w *breakerWatch) get(now time.Time) (*corev1.ConfigMap, bool) {
+	w.mu.Lock()
+	pending := w.pending != "" && now.Sub(w.pendingAt) < recentWrite
+	w.mu.Unlock()
+	if pending || !w.synced() {
+		return nil, false
+	}
+	cm, err := w.lister.Get(w.name)
+	if err != nil {
+		return nil, apierrors.IsNotFound(err)
+	}
+	return cm, true
+}
+
 // reservation is one caller's request, decided in a group (see reserve).
 type reservation struct {
 	node        string
@@ -184,7 +276,7 @@ func (b *breaker) decide(ctx context.Context, batch []*reservation) {
 		if err == nil {
 			break
 		}
-		b.cm = nil // re-read on the next attempt
+		b.cm, b.live = nil, true // re-read it from the API
 		// NotFound: an operator deleted the ConfigMap (closing the
 		// breaker) since it was read; read again, it is made anew.
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) && !apierrors.IsNotFound(err) {
@@ -310,21 +402,42 @@ func (b *breaker) isOpen(ctx context.Context) (bool, error) {
 	return state == breakerOpen && !b.expired(openedAt, now), nil
 }
 
-// read returns the ConfigMap (cached for a second; a write refreshes it);
-// a missing one is an empty, closed breaker.
+// read returns the ConfigMap; a missing one is an empty, closed breaker.
+// It is the watch's copy, unless the watch has not delivered this
+// replica's last write yet (then that write's copy, for recentWrite at
+// most); without a synced watch, or after a conflict, it is read from the
+// API (and reused for a second). A stale copy costs a conflict, never a
+// wrong decision: every write is guarded by the resourceVersion read.
 func (b *breaker) read(ctx context.Context, now time.Time) (*corev1.ConfigMap, error) {
-	if b.cm != nil && now.Sub(b.cmAt) < time.Second {
+	if b.watch != nil && !b.live {
+		if w, ok := b.watch.get(now); ok {
+			b.cm = nil
+			if w == nil {
+				return b.empty(), nil
+			}
+			return w, nil
+		}
+		if b.cm != nil && now.Sub(b.cmAt) < recentWrite {
+			return b.cm, nil
+		}
+	}
+	if b.cm != nil && !b.live && now.Sub(b.cmAt) < time.Second {
 		return b.cm, nil
 	}
 	cm, err := b.kube.CoreV1().ConfigMaps(b.cfg.Namespace).Get(ctx, b.cfg.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: b.cfg.Namespace, Name: b.cfg.Name,
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "faultline"}}}
+		cm = b.empty()
 	} else if err != nil {
 		return nil, err
 	}
-	b.cm, b.cmAt = cm, now
+	b.cm, b.cmAt, b.live = cm, now, false
 	return cm, nil
+}
+
+// empty is the breaker's ConfigMap before its first write.
+func (b *breaker) empty() *corev1.ConfigMap {
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: b.cfg.Namespace, Name: b.cfg.Name,
+		Labels: map[string]string{"app.kubernetes.io/managed-by": "faultline"}}}
 }
 
 // write stores the breaker's state; opener names the reservation that
@@ -376,6 +489,9 @@ func (b *breaker) write(ctx context.Context, cm *corev1.ConfigMap, state string,
 		return err
 	}
 	b.cm, b.cmAt = out, b.now()
+	if b.watch != nil {
+		b.watch.wrote(out.ResourceVersion, b.cmAt)
+	}
 	return nil
 }
 
@@ -397,37 +513,43 @@ func parseTransitions(cm *corev1.ConfigMap) (opener openedBy, closer string) {
 }
 
 // counts returns the cluster's GPU node count and how many are schedulable,
-// from a list served by the apiserver's watch cache, cached for
-// BreakerConfig.NodeCountTTL.
+// from the node watch (else a list served by the apiserver's watch cache),
+// cached for BreakerConfig.NodeCountTTL.
 func (b *breaker) counts(ctx context.Context, now time.Time) (nodeCounts, error) {
 	if !b.nodesAt.IsZero() && now.Sub(b.nodesAt) < b.cfg.NodeCountTTL {
 		return b.nodes, nil
 	}
-	list, err := b.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: b.cfg.GPUNodeSelector, ResourceVersion: "0"})
-	if err != nil {
-		return nodeCounts{}, fmt.Errorf("list nodes: %w", err)
-	}
-	c := nodeCounts{total: len(list.Items)}
-	for _, n := range list.Items {
+	var c nodeCounts
+	count := func(n *corev1.Node) {
+		c.total++
 		if !n.Spec.Unschedulable {
 			c.schedulable++
 		}
 	}
+	sel, err := labels.Parse(b.cfg.GPUNodeSelector)
+	if err != nil {
+		return nodeCounts{}, fmt.Errorf("quarantine.breaker.gpu_node_selector: %w", err)
+	}
+	var watched []*corev1.Node
+	ok := false
+	if b.listed != nil {
+		watched, ok = b.listed(sel)
+	}
+	if ok {
+		for _, n := range watched {
+			count(n)
+		}
+	} else {
+		list, err := b.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: b.cfg.GPUNodeSelector, ResourceVersion: "0"})
+		if err != nil {
+			return nodeCounts{}, fmt.Errorf("list nodes: %w", err)
+		}
+		for i := range list.Items {
+			count(&list.Items[i])
+		}
+	}
 	b.nodes, b.nodesAt = c, now
 	return c, nil
-}
-
-// status reads the breaker for reporting: state and window count.
-func (b *breaker) status(ctx context.Context) (string, int, error) {
-	cm, err := b.kube.CoreV1().ConfigMaps(b.cfg.Namespace).Get(ctx, b.cfg.Name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return breakerClosed, 0, nil
-	}
-	if err != nil {
-		return "", 0, err
-	}
-	st, entries, _ := parseBreaker(cm)
-	return st, len(entries), nil
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }

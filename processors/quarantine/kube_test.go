@@ -2,6 +2,7 @@ package quarantine
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,6 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -1357,6 +1359,89 @@ func TestKube(t *testing.T) {
 					t.Fatalf("actions %q, %d deferred; want %q, %d deferred", got, len(deferred), tc.want, tc.deferred)
 				}
 			})
+		}
+	})
+
+	// A reservation reads the breaker and the node count from watches: its
+	// one request is the ConfigMap's write. Another replica's write the
+	// watch has not delivered yet costs a conflict and a GET, and is kept.
+	t.Run("BreakerReadFromItsWatch", func(t *testing.T) {
+		createNodes(t, k, "bwatch", "bwatch-1", "bwatch-2", "bwatch-3", "bwatch-4")
+		cfg := testConfig("bwatch")
+		cfg.Breaker.NodeCountTTL = time.Millisecond // counted at every reservation
+		var gets, lists, writes atomic.Int64
+		rc := kube.RESTConfig()
+		rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				watch := r.URL.Query().Get("watch") == "true"
+				switch {
+				case strings.HasSuffix(r.URL.Path, "/configmaps/"+cfg.Breaker.Name) && r.Method == http.MethodGet:
+					gets.Add(1)
+				case strings.Contains(r.URL.Path, "/configmaps") && (r.Method == http.MethodPut || r.Method == http.MethodPost):
+					writes.Add(1)
+				case r.URL.Path == "/api/v1/nodes" && r.Method == http.MethodGet && !watch:
+					lists.Add(1)
+				}
+				return rt.RoundTrip(r)
+			})
+		}
+		h := newTestHandler(t, cfg, map[string]kubernetes.Interface{"c1": kubernetes.NewForConfigOrDie(rc)})
+		t.Cleanup(h.Close)
+		h.WatchClusters([]string{"c1"})
+		cl, _ := h.reg.Get("c1")
+		b := h.breaker(cl)
+		waitUntil(t, 10*time.Second, func() bool {
+			_, cmOK := b.watch.get(time.Now())
+			n, nodesOK := b.listed(labels.SelectorFromSet(labels.Set{"test": "bwatch"}))
+			return cmOK && nodesOK && len(n) == 4
+		}, "the breaker's and the nodes' watches to sync")
+		lists.Store(0) // the node watch's own list
+		cms := k.CoreV1().ConfigMaps(cfg.Breaker.Namespace)
+		shown := func() { // the watch has delivered the ConfigMap as it is now
+			t.Helper()
+			waitUntil(t, 10*time.Second, func() bool {
+				live, err := cms.Get(context.Background(), cfg.Breaker.Name, metav1.GetOptions{})
+				w, _ := b.watch.get(time.Now())
+				return err == nil && w != nil && w.ResourceVersion == live.ResourceVersion
+			}, "the breaker's watch to show its last write")
+		}
+		for _, node := range []string{"bwatch-1", "bwatch-2"} {
+			if acts, _ := handle(t, h, record("c1", fatal(node, "XID_ERROR_79", "GPU-1"))); kinds(acts) != "quarantine/applied" {
+				t.Fatalf("%s: %s", node, kinds(acts))
+			}
+			shown()
+			time.Sleep(1100 * time.Millisecond) // past a read's reuse without the watch
+		}
+		if g, l, w := gets.Load(), lists.Load(), writes.Load(); g != 0 || l != 0 || w != 2 {
+			t.Fatalf("two reservations: %d GETs of the ConfigMap, %d node lists, %d writes; want 0, 0, 2", g, l, w)
+		}
+		// Another replica reserves bwatch-4, and this one bwatch-3 before
+		// its watch shows that: both kept.
+		live, err := cms.Get(context.Background(), cfg.Breaker.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, entries, _ := parseBreaker(live)
+		raw, _ := json.Marshal(append(entries, cordonEntry{Node: "bwatch-4", At: time.Now()}))
+		live.Data[breakerKeyCordons] = string(raw)
+		if _, err := cms.Update(context.Background(), live, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if acts, _ := handle(t, h, record("c1", fatal("bwatch-3", "XID_ERROR_79", "GPU-1"))); kinds(acts) != "quarantine/applied" {
+			t.Fatalf("bwatch-3: %s", kinds(acts))
+		}
+		live, err = cms.Get(context.Background(), cfg.Breaker.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, entries, _ = parseBreaker(live)
+		var got []string
+		for _, e := range entries {
+			got = append(got, e.Node)
+		}
+		slices.Sort(got)
+		if want := []string{"bwatch-1", "bwatch-2", "bwatch-3", "bwatch-4"}; !slices.Equal(got, want) {
+			t.Fatalf("the breaker's cordons %v; want %v", got, want)
 		}
 	})
 

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -137,6 +138,20 @@ func (c *nodeCaches) cached(cl *clusters.Client, node string, now time.Time) (*c
 		return nil, false // the watch has not delivered this replica's write yet
 	}
 	return n, true
+}
+
+// lister returns a list of the cluster's watched nodes that a selector
+// matches (false until the watch has synced). The copies are the cache's:
+// never modify them.
+func (c *nodeCaches) lister(cl *clusters.Client) func(labels.Selector) ([]*corev1.Node, bool) {
+	return func(sel labels.Selector) ([]*corev1.Node, bool) {
+		nc := c.get(cl)
+		if nc == nil || !nc.synced() {
+			return nil, false
+		}
+		l, err := nc.lister.List(sel)
+		return l, err == nil
+	}
 }
 
 // wrote remembers that this replica changes a node (rv "": the write is in

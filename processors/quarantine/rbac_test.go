@@ -2,6 +2,7 @@ package quarantine
 
 import (
 	"testing"
+	"time"
 
 	"k8s.io/client-go/kubernetes"
 
@@ -42,6 +43,12 @@ func TestRBACIsEnough(t *testing.T) {
 			t.Fatalf("failed: %s", a.Reason)
 		}
 	}
+	// The breaker is read from its watch: allowed to list and watch it.
+	cl, _ := h.reg.Get("c1")
+	waitUntil(t, 10*time.Second, func() bool {
+		cm, ok := h.breaker(cl).watch.get(time.Now())
+		return ok && cm != nil
+	}, "the breaker's watch to sync under the shipped RBAC")
 	for _, tc := range []struct {
 		a    testenv.Access
 		want bool
@@ -57,6 +64,10 @@ func TestRBACIsEnough(t *testing.T) {
 		{testenv.Access{Verb: "delete", Resource: "nodes"}, false},
 		{testenv.Access{Verb: "list", Resource: "pods"}, false},
 		{testenv.Access{Verb: "get", Resource: "configmaps", Namespace: "kube-system"}, false},
+		{testenv.Access{Verb: "watch", Resource: "configmaps", Namespace: "default", Name: cfg.Breaker.Name}, true},
+		{testenv.Access{Verb: "list", Resource: "configmaps", Namespace: "default", Name: cfg.Breaker.Name}, true},
+		{testenv.Access{Verb: "watch", Resource: "configmaps", Namespace: "default"}, false},
+		{testenv.Access{Verb: "list", Resource: "configmaps", Namespace: "default"}, false},
 		{testenv.Access{Verb: "get", Resource: "secrets", Namespace: "default"}, false},
 	} {
 		if got := kube.Allowed(t, saQuarantine, tc.a); got != tc.want {
