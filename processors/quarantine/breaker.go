@@ -519,33 +519,28 @@ func (b *breaker) counts(ctx context.Context, now time.Time) (nodeCounts, error)
 	if !b.nodesAt.IsZero() && now.Sub(b.nodesAt) < b.cfg.NodeCountTTL {
 		return b.nodes, nil
 	}
-	var c nodeCounts
-	count := func(n *corev1.Node) {
-		c.total++
-		if !n.Spec.Unschedulable {
-			c.schedulable++
-		}
-	}
 	sel, err := labels.Parse(b.cfg.GPUNodeSelector)
 	if err != nil {
 		return nodeCounts{}, fmt.Errorf("quarantine.breaker.gpu_node_selector: %w", err)
 	}
-	var watched []*corev1.Node
+	var nodes []*corev1.Node
 	ok := false
 	if b.listed != nil {
-		watched, ok = b.listed(sel)
+		nodes, ok = b.listed(sel)
 	}
-	if ok {
-		for _, n := range watched {
-			count(n)
-		}
-	} else {
+	if !ok {
 		list, err := b.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: b.cfg.GPUNodeSelector, ResourceVersion: "0"})
 		if err != nil {
 			return nodeCounts{}, fmt.Errorf("list nodes: %w", err)
 		}
 		for i := range list.Items {
-			count(&list.Items[i])
+			nodes = append(nodes, &list.Items[i])
+		}
+	}
+	c := nodeCounts{total: len(nodes)}
+	for _, n := range nodes {
+		if !n.Spec.Unschedulable {
+			c.schedulable++
 		}
 	}
 	b.nodes, b.nodesAt = c, now
