@@ -46,6 +46,8 @@ type Handler struct {
 	now  func() time.Time
 	m    *metrics
 	lane *requeue.Lane
+	// nodes are the clusters' node watches (nodewatch.go).
+	nodes *nodeWatch
 }
 
 // Options are a Handler's collaborators.
@@ -71,7 +73,13 @@ func New(cfg Config, reg *clusters.Registry, opts Options) (*Handler, error) {
 	}
 	h := &Handler{cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now, m: newMetrics(opts.Registerer)}
 	h.lane = &requeue.Lane{Topic: TopicSlow, Limit: cfg.SlowCluster, Handed: h.m.slowLane, Log: h.log}
+	h.nodes = newNodeWatch(h.log)
 	return h, nil
+}
+
+// Close stops the handler's node watches.
+func (h *Handler) Close() {
+	h.nodes.close()
 }
 
 // trigger is one record that asks for a drain to start or go on.
@@ -281,13 +289,29 @@ func (h *Handler) listPods(ctx context.Context, cl *clusters.Client, node string
 // stepOnce is one step of the node's drain: read the node and its pods,
 // advance the state machine (machine.go), write the state, and make the
 // calls it asks for.
+//
+// The node is the watch's copy where it holds this replica's last write
+// (nodeWatch.cached), else read live; a copy that says the node is not
+// quarantined, where the step would end without a write, is read again
+// live (the quarantine role's write may not have reached the watch).
 func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
-	node, err := h.getNode(ctx, cl, t.node)
-	if apierrors.IsNotFound(err) {
-		return []*faultlinev1.Action{h.action(t, nil, events.OutcomeFailed, "node not found in cluster", pipeline.ActionID(t.cluster, t.node, t.eventID, "notfound"))}, time.Time{}, nil
+	return h.stepNode(ctx, cl, t, true)
+}
+
+func (h *Handler) stepNode(ctx context.Context, cl *clusters.Client, t trigger, watched bool) ([]*faultlinev1.Action, time.Time, error) {
+	node, cached := (*corev1.Node)(nil), false
+	if watched {
+		node, cached = h.nodes.cached(cl, t.node, h.now())
 	}
-	if err != nil {
-		return nil, time.Time{}, err
+	if !cached {
+		var err error
+		node, err = h.getNode(ctx, cl, t.node)
+		if apierrors.IsNotFound(err) {
+			return []*faultlinev1.Action{h.action(t, nil, events.OutcomeFailed, "node not found in cluster", pipeline.ActionID(t.cluster, t.node, t.eventID, "notfound"))}, time.Time{}, nil
+		}
+		if err != nil {
+			return nil, time.Time{}, err
+		}
 	}
 	t.nodeCreated = node.CreationTimestamp.Time
 	st, err := ReadState(node)
@@ -300,6 +324,9 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 	o := h.options(t)
 	st, adm := admit(st, t.eventID, o, quarantined, now,
 		pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], h.cfg.Identity)
+	if cached && adm == admitUnquarantined {
+		return h.stepNode(ctx, cl, t, false)
+	}
 	// acts are what the node's state says: returned even when the step
 	// fails after them (the retry's record is newer than the state, so it
 	// would not say them again). A new drain's start, or a joined fault's
@@ -555,8 +582,10 @@ func (h *Handler) writeState(ctx context.Context, cl *clusters.Client, node *cor
 	}})
 	out, err := cl.Kube.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-drain"})
 	if err != nil {
+		h.nodes.wrote(cl.Name, node.Name, h.now(), "") // read it live next
 		return nil, fmt.Errorf("write drain state of node %s: %w", node.Name, err)
 	}
+	h.nodes.wrote(cl.Name, node.Name, h.now(), out.ResourceVersion)
 	return out, nil
 }
 

@@ -917,7 +917,8 @@ func TestDrainKube(t *testing.T) {
 		}{
 			{testenv.Access{Verb: "patch", Resource: "nodes"}, true},
 			{testenv.Access{Verb: "update", Resource: "nodes"}, false},
-			{testenv.Access{Verb: "list", Resource: "nodes"}, false},
+			{testenv.Access{Verb: "list", Resource: "nodes"}, true},
+			{testenv.Access{Verb: "watch", Resource: "nodes"}, true},
 			{testenv.Access{Verb: "create", Resource: "pods/eviction", Namespace: "work"}, true},
 			{testenv.Access{Verb: "delete", Resource: "pods", Namespace: "work"}, true},
 			{testenv.Access{Verb: "watch", Resource: "pods"}, false},

@@ -48,5 +48,6 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		h.m.slowLane.WithLabelValues(c)
 	}
 	return &role.Role{Name: Role, Consumers: []role.Consumer{{Pipeline: cfg.Pipeline(), Handler: h},
-		{Pipeline: requeue.LanePipeline(cfg.Pipeline(), TopicSlow), Handler: h.SlowHandler()}}}, nil
+		{Pipeline: requeue.LanePipeline(cfg.Pipeline(), TopicSlow), Handler: h.SlowHandler()}},
+		Close: func() error { h.Close(); return nil }}, nil
 }
