@@ -14,18 +14,14 @@ import (
 	"github.com/faultline/faultline/schemas/events"
 )
 
-// recentWrite is how long after this replica wrote a node the watch's copy
-// is trusted only once it holds that write.
-const recentWrite = 10 * time.Second
-
 // nodeWatch watches each cluster's nodes, keeping what a step reads (the
 // drain state, faultline's labels, the creation time), so that a step
 // reads its node without a request: a drain's next look after its own
 // write, a repeated fault its finished drain already covers.
 //
 // The copy can lag by the watch's latency. This replica's own write is
-// covered by remembering the resourceVersion it produced (for recentWrite
-// the copy is used only once it has it); a write the step makes from a
+// covered by remembering the resourceVersion it produced (for
+// clusters.RecentWrite the copy is used only once it has it); a write the step makes from a
 // copy another writer has changed since is refused (every write carries
 // the resourceVersion read) and the redo reads the node live; and a copy
 // that says the node is not quarantined (the quarantine role's write may
@@ -34,18 +30,11 @@ type nodeWatch struct {
 	stop chan struct{}
 	log  *slog.Logger
 
-	mu        sync.Mutex
-	closed    bool
-	byName    map[string]*watchedNodes
-	written   map[string]write // cluster/node -> last write by this replica
-	lastPrune time.Time
-}
-
-// write is a node write by this replica: when, and the resourceVersion it
-// produced ("": unknown, the write failed).
-type write struct {
-	at time.Time
-	rv string
+	mu     sync.Mutex
+	closed bool
+	byName map[string]*watchedNodes
+	// written: this replica's writes, by cluster/node.
+	written clusters.RecentWrites
 }
 
 type watchedNodes struct {
@@ -54,7 +43,7 @@ type watchedNodes struct {
 }
 
 func newNodeWatch(log *slog.Logger) *nodeWatch {
-	return &nodeWatch{stop: make(chan struct{}), log: log, byName: map[string]*watchedNodes{}, written: map[string]write{}}
+	return &nodeWatch{stop: make(chan struct{}), log: log, byName: map[string]*watchedNodes{}}
 }
 
 // watched returns the cluster's watch, starting it on first use (nil once
@@ -104,7 +93,7 @@ func drainCopy(obj any) (any, error) {
 
 // cached returns the watch's copy of the node when the watch has synced
 // and holds this replica's last write of it (or made none within
-// recentWrite); false: read it live. The copy is the watch's: never modify
+// clusters.RecentWrite); false: read it live. The copy is the watch's: never modify
 // it.
 func (w *nodeWatch) cached(cl *clusters.Client, node string, now time.Time) (*corev1.Node, bool) {
 	if cl == nil || cl.WatchKube == nil {
@@ -118,10 +107,7 @@ func (w *nodeWatch) cached(cl *clusters.Client, node string, now time.Time) (*co
 	if err != nil {
 		return nil, false
 	}
-	w.mu.Lock()
-	last, ok := w.written[cl.Name+"/"+node]
-	w.mu.Unlock()
-	if ok && now.Sub(last.at) < recentWrite && (last.rv == "" || last.rv != n.ResourceVersion) {
+	if !w.written.Trusted(cl.Name+"/"+node, n.ResourceVersion, now) {
 		return nil, false
 	}
 	return n, true
@@ -130,17 +116,7 @@ func (w *nodeWatch) cached(cl *clusters.Client, node string, now time.Time) (*co
 // wrote remembers this replica's write of a node: rv is the
 // resourceVersion it produced, "" when it failed (read the node live).
 func (w *nodeWatch) wrote(cluster, node string, now time.Time, rv string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.written[cluster+"/"+node] = write{at: now, rv: rv}
-	if now.Sub(w.lastPrune) > recentWrite {
-		for k, x := range w.written {
-			if now.Sub(x.at) >= recentWrite {
-				delete(w.written, k)
-			}
-		}
-		w.lastPrune = now
-	}
+	w.written.Wrote(cluster+"/"+node, now, rv)
 }
 
 // close stops every watch.

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/schemas/events"
 )
 
@@ -118,7 +119,7 @@ func TestNodeReadFromItsWatch(t *testing.T) {
 	if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	clk.Add(recentWrite) // this replica's last write is no longer recent
+	clk.Add(clusters.RecentWrite) // this replica's last write is no longer recent
 	acts, _ = handle(t, h, quarantineAction(node, "e-w4", "RESTART_VM", nil))
 	if find(acts, events.OutcomeSucceeded) == nil || find(acts, events.OutcomeFailed) != nil || gets.Load() != 2 {
 		t.Fatalf("fault on a copy changed since: %s, %d node reads; want a drain, 2 reads", outcomes(acts), gets.Load())

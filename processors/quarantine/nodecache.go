@@ -19,7 +19,7 @@ import (
 // recentWrite is how long after this replica wrote a node's state the
 // cache is not trusted for that node (the watch may not have delivered the
 // write yet).
-const recentWrite = 10 * time.Second
+const recentWrite = clusters.RecentWrite
 
 // nodeCaches watch each live cluster's nodes so that a healthy event for a
 // node with no standing fault — by far the most common event — is decided
@@ -40,18 +40,11 @@ type nodeCaches struct {
 	// schedulable (a person uncordoned it); nil: nobody.
 	uncordoned func(cluster, node string)
 
-	mu        sync.Mutex
-	closed    bool
-	byName    map[string]*nodeCache
-	written   map[string]write // cluster/node -> last write by this replica
-	lastPrune time.Time
-}
-
-// write is a node write by this replica: when, and the resourceVersion it
-// produced ("" while it is in flight).
-type write struct {
-	at time.Time
-	rv string
+	mu     sync.Mutex
+	closed bool
+	byName map[string]*nodeCache
+	// written: this replica's writes, by cluster/node.
+	written clusters.RecentWrites
 }
 
 type nodeCache struct {
@@ -60,7 +53,7 @@ type nodeCache struct {
 }
 
 func newNodeCaches(log *slog.Logger, uncordoned func(cluster, node string)) *nodeCaches {
-	return &nodeCaches{stop: make(chan struct{}), log: log, uncordoned: uncordoned, byName: map[string]*nodeCache{}, written: map[string]write{}}
+	return &nodeCaches{stop: make(chan struct{}), log: log, uncordoned: uncordoned, byName: map[string]*nodeCache{}}
 }
 
 // get returns the cluster's cache, starting its watch on first use.
@@ -131,10 +124,7 @@ func (c *nodeCaches) cached(cl *clusters.Client, node string, now time.Time) (*c
 	if err != nil {
 		return nil, false
 	}
-	c.mu.Lock()
-	w, recent := c.written[cl.Name+"/"+node]
-	c.mu.Unlock()
-	if recent && now.Sub(w.at) < recentWrite && (w.rv == "" || w.rv != n.ResourceVersion) {
+	if !c.written.Trusted(cl.Name+"/"+node, n.ResourceVersion, now) {
 		return nil, false // the watch has not delivered this replica's write yet
 	}
 	return n, true
@@ -158,17 +148,7 @@ func (c *nodeCaches) lister(cl *clusters.Client) func(labels.Selector) ([]*corev
 // flight) or changed it (rv: the resourceVersion the write produced; the
 // cache is trusted again once its copy has it).
 func (c *nodeCaches) wrote(cluster, node string, now time.Time, rv string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.written[cluster+"/"+node] = write{at: now, rv: rv}
-	if now.Sub(c.lastPrune) > recentWrite {
-		for k, w := range c.written {
-			if now.Sub(w.at) >= recentWrite {
-				delete(c.written, k)
-			}
-		}
-		c.lastPrune = now
-	}
+	c.written.Wrote(cluster+"/"+node, now, rv)
 }
 
 // names returns the clusters whose nodes are watched.
