@@ -21,11 +21,12 @@ import (
 //
 // The copy can lag by the watch's latency. This replica's own write is
 // covered by remembering the resourceVersion it produced (for
-// clusters.RecentWrite the copy is used only once it has it); a write the step makes from a
-// copy another writer has changed since is refused (every write carries
-// the resourceVersion read) and the redo reads the node live; and a copy
-// that says the node is not quarantined (the quarantine role's write may
-// not have arrived) is read again live (stepOnce).
+// clusters.RecentWrite the copy is used only once it has it); a write the
+// step makes from a copy another writer has changed since is refused
+// (every write carries the resourceVersion read) and the redo reads the
+// node live; and a copy that says the node is not quarantined (the
+// quarantine role's write may not have arrived) is read again live
+// (stepOnce).
 type nodeWatch struct {
 	stop chan struct{}
 	log  *slog.Logger
@@ -93,8 +94,8 @@ func drainCopy(obj any) (any, error) {
 
 // cached returns the watch's copy of the node when the watch has synced
 // and holds this replica's last write of it (or made none within
-// clusters.RecentWrite); false: read it live. The copy is the watch's: never modify
-// it.
+// clusters.RecentWrite); false: read it live. The copy is the watch's:
+// never modify it.
 func (w *nodeWatch) cached(cl *clusters.Client, node string, now time.Time) (*corev1.Node, bool) {
 	if cl == nil || cl.WatchKube == nil {
 		return nil, false
