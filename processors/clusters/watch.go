@@ -5,8 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"sync"
-	"time"
 	"unique"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -54,53 +52,4 @@ func Interned(m map[string]string) map[string]string {
 		out[unique.Make(k).Value()] = unique.Make(v).Value()
 	}
 	return out
-}
-
-// RecentWrite is how long after this replica wrote an object a watch's
-// copy of it is used only once it holds that write.
-const RecentWrite = 10 * time.Second
-
-// RecentWrites remembers this replica's writes of watched objects (by key,
-// e.g. cluster/node) and the resourceVersion each produced: a watch may not
-// have delivered a write yet, so for RecentWrite its copy is trusted only
-// once it has that resourceVersion. The zero value is ready to use.
-type RecentWrites struct {
-	mu     sync.Mutex
-	writes map[string]recentWrite
-	pruned time.Time
-}
-
-type recentWrite struct {
-	at time.Time
-	rv string
-}
-
-// Wrote notes a write of key at now: rv is the resourceVersion it
-// produced, "" while it is in flight or when it failed (the copy is not
-// trusted for RecentWrite).
-func (r *RecentWrites) Wrote(key string, now time.Time, rv string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.writes == nil {
-		r.writes = map[string]recentWrite{}
-	}
-	r.writes[key] = recentWrite{at: now, rv: rv}
-	if now.Sub(r.pruned) > RecentWrite {
-		for k, w := range r.writes {
-			if now.Sub(w.at) >= RecentWrite {
-				delete(r.writes, k)
-			}
-		}
-		r.pruned = now
-	}
-}
-
-// Trusted reports whether a watch's copy of key at resourceVersion rv may
-// be used at now: this replica made no write of it within RecentWrite, or
-// the copy holds the last one.
-func (r *RecentWrites) Trusted(key, rv string, now time.Time) bool {
-	r.mu.Lock()
-	w, ok := r.writes[key]
-	r.mu.Unlock()
-	return !ok || now.Sub(w.at) >= RecentWrite || (w.rv != "" && w.rv == rv)
 }

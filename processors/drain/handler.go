@@ -47,7 +47,7 @@ type Handler struct {
 	m    *metrics
 	lane *requeue.Lane
 	// nodes are the clusters' node watches (nodewatch.go).
-	nodes *nodeWatch
+	nodes *clusters.NodeWatches
 }
 
 // Options are a Handler's collaborators.
@@ -73,13 +73,13 @@ func New(cfg Config, reg *clusters.Registry, opts Options) (*Handler, error) {
 	}
 	h := &Handler{cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now, m: newMetrics(opts.Registerer)}
 	h.lane = &requeue.Lane{Topic: TopicSlow, Limit: cfg.SlowCluster, Handed: h.m.slowLane, Log: h.log}
-	h.nodes = newNodeWatch(h.log)
+	h.nodes = newNodeWatches(h.log)
 	return h, nil
 }
 
 // Close stops the handler's node watches.
 func (h *Handler) Close() {
-	h.nodes.close()
+	h.nodes.Close()
 }
 
 // trigger is one record that asks for a drain to start or go on.
@@ -291,7 +291,7 @@ func (h *Handler) listPods(ctx context.Context, cl *clusters.Client, node string
 // calls it asks for.
 //
 // The node is the watch's copy where it holds this replica's last write
-// (nodeWatch.cached), else read live; a copy that says the node is not
+// (clusters.NodeWatches.Cached), else read live; a copy that says the node is not
 // quarantined, where the step would end without a write, is read again
 // live (the quarantine role's write may not have reached the watch).
 func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
@@ -301,7 +301,7 @@ func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) 
 func (h *Handler) stepNode(ctx context.Context, cl *clusters.Client, t trigger, watched bool) ([]*faultlinev1.Action, time.Time, error) {
 	node, cached := (*corev1.Node)(nil), false
 	if watched {
-		node, cached = h.nodes.cached(cl, t.node, h.now())
+		node, cached = h.nodes.Cached(cl, t.node, h.now())
 	}
 	if !cached {
 		var err error
@@ -582,10 +582,10 @@ func (h *Handler) writeState(ctx context.Context, cl *clusters.Client, node *cor
 	}})
 	out, err := cl.Kube.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-drain"})
 	if err != nil {
-		h.nodes.wrote(cl.Name, node.Name, h.now(), "") // read it live next
+		h.nodes.Wrote(cl.Name, node.Name, h.now(), "") // read it live next
 		return nil, fmt.Errorf("write drain state of node %s: %w", node.Name, err)
 	}
-	h.nodes.wrote(cl.Name, node.Name, h.now(), out.ResourceVersion)
+	h.nodes.Wrote(cl.Name, node.Name, h.now(), out.ResourceVersion)
 	return out, nil
 }
 

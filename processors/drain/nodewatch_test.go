@@ -64,7 +64,7 @@ func TestNodeReadFromItsWatch(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			n, ok := h.nodes.cached(cl, node, clk.Now())
+			n, ok := h.nodes.Cached(cl, node, clk.Now())
 			if ok && n.ResourceVersion == live().ResourceVersion {
 				return
 			}
@@ -81,9 +81,7 @@ func TestNodeReadFromItsWatch(t *testing.T) {
 		if err := idx.Add(c); err != nil {
 			t.Fatal(err)
 		}
-		h.nodes.mu.Lock()
-		h.nodes.byName[cluster] = &watchedNodes{lister: corelisters.NewNodeLister(idx), synced: func() bool { return true }}
-		h.nodes.mu.Unlock()
+		h.nodes.Replace(cluster, corelisters.NewNodeLister(idx))
 	}
 
 	inWatch()

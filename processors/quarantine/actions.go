@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
@@ -27,8 +28,8 @@ func (h *Handler) breaker(cl *clusters.Client) *breaker {
 	if !ok {
 		b = newBreaker(h.cfg.Breaker, cl.Kube, h.now)
 		if h.cfg.Breaker.Enabled && cl.WatchKube != nil {
-			b.watch = newBreakerWatch(h.cfg.Breaker, cl, h.log, h.nodes.stop)
-			b.listed = h.nodes.lister(cl)
+			b.watch = newBreakerWatch(h.cfg.Breaker, cl, h.log, h.nodes.Done())
+			b.listed = func(sel labels.Selector) ([]*corev1.Node, bool) { return h.nodes.List(cl, sel) }
 		}
 		h.breakers[cl.Name] = b
 	}

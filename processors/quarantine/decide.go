@@ -78,7 +78,7 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	// resourceVersion, so a stale copy costs a conflict and a live read,
 	// never a wrong write; a fresh one saves a GET per fault (a fleet-wide
 	// failure is bounded by the client's QPS).
-	node, cached := h.nodes.cached(cl, it.node, h.now())
+	node, cached := h.nodes.Cached(cl, it.node, h.now())
 	if cached {
 		if acts, ok, err := h.nonFatalFromCache(ctx, cl, it, force, node); ok || err != nil {
 			return acts, err
@@ -347,7 +347,7 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 	// carries its resourceVersion, so a stale copy costs a conflict and a
 	// live read; a fresh one saves a GET per recovery (a fleet-wide
 	// recovery is bounded by the client's QPS).
-	node, cached := h.nodes.cached(cl, it.node, h.now())
+	node, cached := h.nodes.Cached(cl, it.node, h.now())
 	if cached {
 		if st, err := ReadState(node); err == nil && len(st.Faults) == 0 {
 			h.m.cacheHits.WithLabelValues(it.cluster).Inc()

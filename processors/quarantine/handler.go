@@ -50,7 +50,7 @@ type Handler struct {
 	optKey string
 	optVal string
 
-	nodes *nodeCaches
+	nodes *clusters.NodeWatches
 	// uncordons are nodes a person uncordoned, noticed by the node watch,
 	// for this replica to acknowledge (RunUncordons).
 	uncordons chan nodeRef
@@ -91,7 +91,7 @@ type Handler struct {
 
 // Close stops the handler's node watches.
 func (h *Handler) Close() {
-	h.nodes.close()
+	h.nodes.Close()
 	h.events.stop()
 }
 
@@ -142,7 +142,7 @@ func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options
 		lastEvent: map[string]time.Time{},
 		uncordons: make(chan nodeRef, 1024), Ownership: pipeline.Ownership{Topic: events.TopicEvents},
 	}
-	h.nodes = newNodeCaches(h.log, h.noticeUncordon)
+	h.nodes = newNodeWatches(h.log, h.noticeUncordon)
 	h.events = newEventWriter(cfg.NodeEventQPS, h.log, func(cluster string) { h.m.eventsFailed.WithLabelValues(cluster).Inc() })
 	return h, nil
 }

@@ -342,7 +342,7 @@ func TestKube(t *testing.T) {
 		// stale copy's patch conflicts and is redone: more requests).
 		waitUntil(t, 10*time.Second, func() bool {
 			for name, rv := range latest {
-				if n, ok := h.nodes.cached(cl, name, h.now()); !ok || n.ResourceVersion != rv {
+				if n, ok := h.nodes.Cached(cl, name, h.now()); !ok || n.ResourceVersion != rv {
 					return false
 				}
 			}
@@ -677,10 +677,8 @@ func TestKube(t *testing.T) {
 		if err := idx.Add(copied); err != nil {
 			t.Fatal(err)
 		}
-		h.nodes.mu.Lock()
-		h.nodes.byName[cl.Name] = &nodeCache{lister: corelisters.NewNodeLister(idx), synced: func() bool { return true }}
-		h.nodes.mu.Unlock()
-		if got, cached := h.nodes.cached(cl, "stalecopy-1", time.Now()); !cached || got.Status.NodeInfo.SystemUUID != machineBefore {
+		h.nodes.Replace(cl.Name, corelisters.NewNodeLister(idx))
+		if got, cached := h.nodes.Cached(cl, "stalecopy-1", time.Now()); !cached || got.Status.NodeInfo.SystemUUID != machineBefore {
 			t.Fatalf("the test's stale copy is not what the handler reads: %v %v", got, cached)
 		}
 		ev := fatal("stalecopy-1", "XID_ERROR_79", "GPU-1")
@@ -985,7 +983,7 @@ func TestKube(t *testing.T) {
 		// ManualUncordonNoticedLive): detected, recorded, not re-cordoned.
 		cl, _ := h.reg.Get("c1")
 		waitUntil(t, 10*time.Second, func() bool {
-			c, ok := h.nodes.cached(cl, "manual-1", h.now())
+			c, ok := h.nodes.Cached(cl, "manual-1", h.now())
 			return ok && !c.Spec.Unschedulable
 		}, "the node watch to see the uncordon")
 		acts, _ := handle(t, h, record("c1", fatal("manual-1", "XID_ERROR_48", "GPU-1")))
@@ -1643,7 +1641,7 @@ func watchSynced(t testing.TB, h *Handler) {
 	t.Helper()
 	h.WatchClusters([]string{"c1"})
 	cl, _ := h.reg.Get("c1")
-	waitUntil(t, 10*time.Second, h.nodes.get(cl).synced, "node watch synced")
+	waitUntil(t, 10*time.Second, h.nodes.Get(cl).Synced, "node watch synced")
 }
 
 // waitWatchedUnsaid waits until the node watch's copy of c1's node has
@@ -1652,7 +1650,7 @@ func waitWatchedUnsaid(t testing.TB, h *Handler, node string, has func(unsaid st
 	t.Helper()
 	cl, _ := h.reg.Get("c1")
 	waitUntil(t, 10*time.Second, func() bool {
-		c, ok := h.nodes.cached(cl, node, h.now())
+		c, ok := h.nodes.Cached(cl, node, h.now())
 		return ok && has(c.Annotations[AnnotationUnsaid])
 	}, what)
 }

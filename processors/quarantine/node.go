@@ -63,7 +63,7 @@ func (h *Handler) updateNode(ctx context.Context, cl *clusters.Client, first *co
 				"budget_bytes", MaxStateBytes, "bytes", fit.Bytes, "compacted", fit.Compacted, "dropped", len(fit.Dropped))
 		}
 		now := h.now()
-		h.nodes.wrote(cl.Name, name, now, "")
+		h.nodes.Wrote(cl.Name, name, now, "")
 		before := n.DeepCopy()
 		if RenderConditions(n, st, now) {
 			out, err := patchNode(ctx, nodes, name, statusPatch(before, n), "status")
@@ -90,7 +90,7 @@ func (h *Handler) updateNode(ctx context.Context, cl *clusters.Client, first *co
 			}
 			n = out
 		}
-		h.nodes.wrote(cl.Name, name, now, n.ResourceVersion)
+		h.nodes.Wrote(cl.Name, name, now, n.ResourceVersion)
 		return n, nil
 	}
 }

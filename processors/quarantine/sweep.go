@@ -59,14 +59,9 @@ func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([
 		if err != nil || cl.Kube == nil {
 			continue
 		}
-		nc := h.nodes.get(cl)
-		if nc == nil || !nc.synced() {
+		nodes, ok := h.nodes.List(cl, labels.Everything())
+		if !ok {
 			continue // the watch has not listed the nodes yet: next sweep
-		}
-		nodes, err := nc.lister.List(labels.Everything())
-		if err != nil {
-			errs = append(errs, fmt.Errorf("cluster %s: list nodes: %w", name, err))
-			continue
 		}
 		now := h.now()
 		sweep := h.sweeps.Add(1)

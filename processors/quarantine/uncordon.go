@@ -36,7 +36,7 @@ func (h *Handler) noticeUncordon(cluster, node string) {
 func (h *Handler) WatchClusters(names []string) {
 	for _, name := range names {
 		if cl, err := h.reg.Get(name); err == nil && cl.Kube != nil {
-			h.nodes.get(cl)
+			h.nodes.Get(cl)
 		}
 	}
 }

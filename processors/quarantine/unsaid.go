@@ -223,7 +223,7 @@ func (h *Handler) forgetUnsaid(ctx context.Context, cluster, node string, ids []
 	if err != nil || cl.Kube == nil {
 		return err
 	}
-	n, ok := h.nodes.cached(cl, node, h.now())
+	n, ok := h.nodes.Cached(cl, node, h.now())
 	if !ok {
 		if n, err = h.getNode(ctx, cl, node); err != nil {
 			return err
@@ -250,18 +250,13 @@ func (h *Handler) forgetUnsaid(ctx context.Context, cluster, node string, ids []
 func (h *Handler) resay(ctx context.Context, p pipeline.Producer) error {
 	h.forgetSaying()
 	var errs []error
-	for _, name := range h.nodes.names() {
+	for _, name := range h.nodes.Names() {
 		cl, err := h.reg.Get(name)
 		if err != nil || cl.Kube == nil || cl.DryRun {
 			continue
 		}
-		nc := h.nodes.get(cl)
-		if nc == nil || !nc.synced() {
-			continue
-		}
-		nodes, err := nc.lister.List(labels.Everything())
-		if err != nil {
-			errs = append(errs, fmt.Errorf("cluster %s: list nodes: %w", name, err))
+		nodes, ok := h.nodes.List(cl, labels.Everything())
+		if !ok {
 			continue
 		}
 		var (
@@ -274,7 +269,7 @@ func (h *Handler) resay(ctx context.Context, p pipeline.Producer) error {
 			if _, ok := n.Annotations[AnnotationUnsaid]; !ok || !h.Owns(events.Key(name, n.Name)) {
 				continue
 			}
-			if _, trusted := h.nodes.cached(cl, n.Name, h.now()); !trusted {
+			if _, trusted := h.nodes.Cached(cl, n.Name, h.now()); !trusted {
 				continue // written by this replica within recentWrite
 			}
 			st, _ := ReadState(n)

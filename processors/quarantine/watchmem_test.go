@@ -32,9 +32,8 @@ func BenchmarkNodeWatchMemory(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		b.ReportMetric(testenv.HeldHeap(b, n, func() (func() bool, func()) {
-			c := newNodeCaches(testLog, nil)
-			nc := c.get(cl)
-			return func() bool { l, _ := nc.lister.List(labels.Everything()); return nc.synced() && len(l) == n }, c.close
+			c := newNodeWatches(testLog, nil)
+			return func() bool { l, ok := c.List(cl, labels.Everything()); return ok && len(l) == n }, c.Close
 		}), "heap-B/node")
 	}
 	b.ReportMetric(float64(size), "json-B/node")

@@ -18,7 +18,7 @@ import (
 
 // recentWrite is how long after this replica wrote a node's resources of a
 // group the watch's copy is not trusted unless it delivered the write.
-const recentWrite = 10 * time.Second
+const recentWrite = clusters.RecentWrite
 
 // watchDown is how long after a watch failed its copy is not trusted at
 // all: client-go's reflector retries a failing list and watch at most
