@@ -511,9 +511,9 @@ func (t timedRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return t.own.RoundTrip(req)
 	}
-	start := time.Now()
+	done := t.g.Sent()
 	resp, err := t.own.RoundTrip(req)
-	t.g.Observe(time.Since(start))
+	done()
 	return resp, err
 }
 
@@ -648,6 +648,9 @@ type Gate struct {
 	answered bool      // a probe answered since the last failure
 
 	latency time.Duration // of the writes, each weighing as much as all before it (Observe); 0: none yet
+	// inflight: when each write in flight was sent (Sent), by number.
+	inflight map[uint64]time.Time
+	sent     uint64
 }
 
 // NewGate returns a healthy gate.
@@ -734,6 +737,27 @@ func (g *Gate) Observe(d time.Duration) {
 	g.latency = d
 }
 
+// Sent notes a write sent now, in flight until done is called, which
+// observes how long it took (Observe). While in flight it counts for Slow
+// once its answer could only make the cluster slow.
+func (g *Gate) Sent() (done func()) {
+	start := time.Now()
+	g.mu.Lock()
+	if g.inflight == nil {
+		g.inflight = map[uint64]time.Time{}
+	}
+	g.sent++
+	n := g.sent
+	g.inflight[n] = start
+	g.mu.Unlock()
+	return func() {
+		g.mu.Lock()
+		delete(g.inflight, n)
+		g.mu.Unlock()
+		g.Observe(time.Since(start))
+	}
+}
+
 // Latency is the moving average of the cluster's writes (Observe); zero
 // before the first.
 func (g *Gate) Latency() time.Duration {
@@ -743,15 +767,71 @@ func (g *Gate) Latency() time.Duration {
 }
 
 // Slow reports whether the cluster's writes take longer than limit on
-// average (Observe; never with limit 0). The average moves only with the
-// cluster's own writes — no probe stands in for them: an API server
-// slow at writes alone (a slow admission webhook, etcd slow to commit)
-// answers /readyz at once — so work deferred for being slow must be tried
-// somewhere (a retry consumer) for it to turn fast again.
+// average (Observe; never with limit 0), or a write is in flight for
+// longer than twice limit (Sent): its answer, whenever it comes, makes the
+// average slow (Observe), so a newly slow cluster is known as such within
+// twice limit, not only after its first slow answer. The average moves
+// only with the cluster's own writes — no probe stands in for them: an API
+// server slow at writes alone (a slow admission webhook, etcd slow to
+// commit) answers /readyz at once — so work deferred for being slow must
+// be tried somewhere (a retry consumer) for it to turn fast again.
 func (g *Gate) Slow(limit time.Duration) bool {
+	if limit <= 0 {
+		return false
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return limit > 0 && g.latency > limit
+	if g.latency > limit {
+		return true
+	}
+	for _, at := range g.inflight {
+		if time.Since(at) > 2*limit {
+			return true
+		}
+	}
+	return false
+}
+
+// ErrSlow is the cause of a context WhileFast cancelled.
+var ErrSlow = errors.New("cluster turned slow")
+
+// WhileFast returns a context cancelled (cause ErrSlow) once the cluster
+// is Slow by limit, checked every limit/2, and its stop. Work for a
+// cluster served beside others is done under it so that the work of a
+// cluster turning slow is handed on, not waited for: its requests in
+// flight are abandoned, and the work they were for is to be redone where
+// the cluster's pace holds no one (every step faultline makes is
+// idempotent: redone, it finds what landed). With limit 0, ctx itself.
+func (g *Gate) WhileFast(ctx context.Context, limit time.Duration) (context.Context, func()) {
+	if limit <= 0 {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	var (
+		mu      sync.Mutex
+		stopped bool
+		t       *time.Timer
+	)
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(limit/2, func() {
+		if g.Slow(limit) {
+			cancel(ErrSlow)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(limit / 2)
+		}
+	})
+	return ctx, func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+		cancel(nil)
+	}
 }
 
 // Wait reports whether the cluster may be tried, waiting out a backoff

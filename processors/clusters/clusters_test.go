@@ -192,6 +192,72 @@ func TestGateSlow(t *testing.T) {
 	}
 }
 
+// TestGateSlowInFlight: a write in flight for longer than twice the limit
+// makes the cluster slow before it is answered (its answer would); a
+// shorter one does not, nor once answered fast.
+func TestGateSlowInFlight(t *testing.T) {
+	const limit = 20 * time.Millisecond
+	g := NewGate(nil)
+	g.Observe(time.Millisecond)
+	done := g.Sent()
+	if g.Slow(limit) {
+		t.Fatal("slow at once")
+	}
+	time.Sleep(limit)
+	if g.Slow(limit) {
+		t.Fatal("slow after one limit in flight")
+	}
+	time.Sleep(limit + 5*time.Millisecond)
+	if !g.Slow(limit) {
+		t.Fatal("not slow after twice the limit in flight")
+	}
+	done()
+	if !g.Slow(limit) {
+		t.Fatalf("its answer did not make the average slow: %v", g.Latency())
+	}
+	fast := NewGate(nil)
+	fast.Sent()()
+	time.Sleep(3 * limit)
+	if fast.Slow(limit) {
+		t.Fatal("an answered write counted as in flight")
+	}
+}
+
+// TestWhileFast: the context ends (cause ErrSlow) once a write has been in
+// flight for twice the limit, not while the cluster is fast, and not
+// after its stop.
+func TestWhileFast(t *testing.T) {
+	const limit = 20 * time.Millisecond
+	g := NewGate(nil)
+	ctx, stop := g.WhileFast(context.Background(), limit)
+	time.Sleep(3 * limit)
+	if ctx.Err() != nil {
+		t.Fatal("cancelled while fast")
+	}
+	done := g.Sent()
+	select {
+	case <-ctx.Done():
+		if !errors.Is(context.Cause(ctx), ErrSlow) {
+			t.Fatalf("cause %v, want ErrSlow", context.Cause(ctx))
+		}
+	case <-time.After(time.Second):
+		t.Fatal("not cancelled with a write in flight for twice the limit")
+	}
+	stop()
+	done()
+
+	ctx, stop = g.WhileFast(context.Background(), 0)
+	if ctx != context.Background() {
+		t.Fatal("limit 0: not ctx itself")
+	}
+	stop()
+	ctx, stop = NewGate(nil).WhileFast(context.Background(), limit)
+	stop()
+	if !errors.Is(ctx.Err(), context.Canceled) || errors.Is(context.Cause(ctx), ErrSlow) {
+		t.Fatalf("after stop: %v (cause %v)", ctx.Err(), context.Cause(ctx))
+	}
+}
+
 // TestTimedWrites: a cluster's writes are timed into its gate, its reads
 // are not (a list of 10,000 nodes says nothing of how fast a patch is).
 func TestTimedWrites(t *testing.T) {

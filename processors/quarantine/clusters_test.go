@@ -309,3 +309,54 @@ func TestSlowClusterDeferred(t *testing.T) {
 	}
 	t.Logf("the batch beside the slow cluster took %v", took.Round(time.Millisecond))
 }
+
+// TestClusterTurningSlowNotWaitedFor: a cluster that was fast turns slow
+// while a batch works for it (the first batch to meet it, before any of
+// its slow requests is answered). Once a request has been in flight for
+// twice slow_cluster the batch abandons it and defers the cluster's
+// records, instead of waiting for the cordon's requests one after another
+// (3 × 1.5 s here); the retry consumer then applies them, once.
+func TestClusterTurningSlowNotWaitedFor(t *testing.T) {
+	k := testenv.StartKube(t, testenv.KubeOptions{})
+	createNodes(t, k.Client(), "turning", "turning-0", "turning-1", "fast-1")
+	h := newTestHandler(t, testConfig("turning"), nil)
+	const delay = 1500 * time.Millisecond
+	var slowBy atomic.Int64
+	cl, err := h.reg.SetConfig("turning", testenv.Delayed(k.RESTConfig(), &slowBy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.reg.SetClient("fast", k.Client(), false)
+	if _, deferred := handle(t, h, record("turning", fatal("turning-0", "XID_ERROR_48", "GPU-1"))); len(deferred) != 0 {
+		t.Fatal("deferred while fast")
+	}
+	if cl.Gate.Slow(h.cfg.SlowCluster) {
+		t.Fatalf("slow before the test: %v", cl.Gate.Latency())
+	}
+
+	slowBy.Store(int64(delay))
+	start := time.Now()
+	acts, deferred := handle(t, h,
+		record("turning", fatal("turning-1", "XID_ERROR_48", "GPU-1")),
+		record("fast", fatal("fast-1", "XID_ERROR_48", "GPU-1")))
+	took := time.Since(start)
+	if kinds(acts) != "quarantine/applied" || len(deferred) != 1 || deferred[0].Topic != RetryTopic("turning") {
+		t.Fatalf("the batch that met the cluster turning slow: actions %s, %d deferred", kinds(acts), len(deferred))
+	}
+	if took >= delay {
+		t.Fatalf("the batch took %v: it waited for the cluster turning slow", took.Round(time.Millisecond))
+	}
+	if !getNode(t, k.Client(), "fast-1").Spec.Unschedulable {
+		t.Fatal("fast-1 not cordoned by the batch")
+	}
+	if v := gaugeValue(h.m.clusterSlow.WithLabelValues("turning")); v != 1 {
+		t.Fatalf("faultline_quarantine_cluster_slow{cluster=turning} = %v", v)
+	}
+	if acts := retryUntil(t, h, deferred, 30*time.Second); kinds(acts) != "quarantine/applied" {
+		t.Fatalf("the retry consumer: %s", kinds(acts))
+	}
+	if !getNode(t, k.Client(), "turning-1").Spec.Unschedulable {
+		t.Fatal("turning-1 not cordoned by the retry consumer")
+	}
+	t.Logf("the batch that met the cluster turning slow took %v", took.Round(time.Millisecond))
+}
