@@ -792,6 +792,53 @@ func (g *Gate) Slow(limit time.Duration) bool {
 	return false
 }
 
+// FastContexts are a batch's contexts by cluster, each ending once its
+// cluster turns slow (Gate.WhileFast at Limit), made as the batch first
+// works for the cluster; with Limit 0, the batch's context.
+type FastContexts struct {
+	ctx   context.Context
+	limit time.Duration
+
+	mu     sync.Mutex
+	byName map[string]context.Context
+	stops  []func()
+}
+
+// NewFastContexts returns the contexts of a batch run under ctx.
+func NewFastContexts(ctx context.Context, limit time.Duration) *FastContexts {
+	return &FastContexts{ctx: ctx, limit: limit, byName: map[string]context.Context{}}
+}
+
+// Get returns the batch's context for cl.
+func (f *FastContexts) Get(cl *Client) context.Context {
+	if f.limit <= 0 || cl == nil || cl.Gate == nil {
+		return f.ctx
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ctx, ok := f.byName[cl.Name]
+	if !ok {
+		var stop func()
+		ctx, stop = cl.Gate.WhileFast(f.ctx, f.limit)
+		f.byName[cl.Name] = ctx
+		f.stops = append(f.stops, stop)
+	}
+	return ctx
+}
+
+// Stop ends the batch's contexts.
+func (f *FastContexts) Stop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, stop := range f.stops {
+		stop()
+	}
+}
+
+// TurnedSlow reports whether ctx (from FastContexts or WhileFast) ended
+// because its cluster turned slow.
+func TurnedSlow(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrSlow) }
+
 // ErrSlow is the cause of a context WhileFast cancelled.
 var ErrSlow = errors.New("cluster turned slow")
 

@@ -1028,6 +1028,69 @@ func TestDrainKube(t *testing.T) {
 		t.Logf("the batch beside the slow cluster took %v", took.Round(time.Millisecond))
 	})
 
+	// A cluster that turns slow while the batch steps its drain (the first
+	// batch to meet it, before any slow write is answered): once a write
+	// has been in flight for twice slow_cluster the step is abandoned and
+	// the drain handed to the lane unchanged, the batch not held by the
+	// drain's requests one after another (a list, a state write, an
+	// eviction, a state write: 6 s at 1.5 s each; the list, a read, is
+	// waited for: ≈ 2.75 s); the lane then drains the node.
+	t.Run("TurningSlowGoesToTheLane", func(t *testing.T) {
+		for _, n := range []string{"turn-0", "turn-1", "turn-fast"} {
+			quarantined(t, k, n)
+		}
+		createPod(t, k, "turn", "p-1", "turn-1")
+		const delay = 1500 * time.Millisecond
+		var slowBy atomic.Int64
+		reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+		cl, err := reg.SetConfig("turning", testenv.Delayed(kube.RESTConfig(), &slowBy))
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg.SetClient("fast", k, false)
+		h, err := New(testConfig(), reg, Options{Log: testLog, Now: clk.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		trigger := func(c, node string) *kgo.Record {
+			a, err := events.UnmarshalAction(quarantineAction(node, "e-"+node, "RESTART_VM", nil).Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.Cluster = c
+			b, err := events.MarshalAction(a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &kgo.Record{Topic: events.TopicActions, Key: events.Key(c, node), Value: b}
+		}
+		if _, _, lane := handleWith(t, h.Handle, trigger("turning", "turn-0")); len(lane) != 0 || cl.Gate.Slow(testConfig().SlowCluster) {
+			t.Fatalf("while fast: %d records to the lane, write latency %v", len(lane), cl.Gate.Latency())
+		}
+		slowBy.Store(int64(delay))
+		start := time.Now()
+		acts, _, lane := handleWith(t, h.Handle, trigger("turning", "turn-1"), trigger("fast", "turn-fast"))
+		took := time.Since(start)
+		for _, a := range acts {
+			if a.Node != "turn-fast" {
+				t.Fatalf("an action for %s in the batch: %s/%s %s", a.Node, a.Kind, a.Outcome, a.Reason)
+			}
+		}
+		if len(acts) == 0 || len(lane) != 1 || string(lane[0].Key) != string(events.Key("turning", "turn-1")) {
+			t.Fatalf("the batch that met the cluster turning slow: %d actions, %d records to the lane", len(acts), len(lane))
+		}
+		if took >= 3*delay {
+			t.Fatalf("the batch took %v: it waited for the cluster turning slow", took.Round(time.Millisecond))
+		}
+		slowBy.Store(0)
+		lacts, _, again := handleWith(t, h.SlowHandler().Handle, lane...)
+		if len(again) != 0 || len(lacts) == 0 || lacts[0].Node != "turn-1" || find(lacts, events.OutcomeInProgress) == nil {
+			t.Fatalf("the slow lane: %s, %d records to the lane again", outcomes(lacts), len(again))
+		}
+		t.Logf("the batch that met the cluster turning slow took %v", took.Round(time.Millisecond))
+	})
+
 	if os.Getenv("FAULTLINE_MEASURE") != "" {
 		t.Run("Measure", func(t *testing.T) { measure(t, kube, clk) })
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -112,7 +111,7 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 	deadline := time.Now().Add(wait)
 	var stale pipeline.Stale // the records not acted on for their age (staleAge)
 	fast := h.whileFast(ctx, retry)
-	defer fast.stop()
+	defer fast.Stop()
 	results := pipeline.ByKey(items, func(it item) string { return string(it.rec.Key) }, h.cfg.Workers,
 		func(seq []item) seqResult { return h.handleSeq(ctx, seq, retry, deadline, &stale, fast) })
 	res := pipeline.Result{Dead: dead}
@@ -165,7 +164,7 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, retry bool) (p
 // consumer, beside other clusters: whileFast) has its requests in flight
 // abandoned and its records deferred as a slow cluster's are, the batch
 // not held by it.
-func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadline time.Time, stale *pipeline.Stale, fast *fastContexts) seqResult {
+func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadline time.Time, stale *pipeline.Stale, fast *clusters.FastContexts) seqResult {
 	var r seqResult
 	cluster := items[0].cluster
 	cl, err := h.reg.Get(cluster)
@@ -191,7 +190,7 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 		return r
 	}
 	if live {
-		ctx = fast.get(cl)
+		ctx = fast.Get(cl)
 	}
 	for i, it := range items {
 		if retry {
@@ -237,7 +236,7 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 					r.failed = fmt.Errorf("cluster %s: %w", cluster, ctx.Err())
 					return r
 				}
-				if !errors.Is(context.Cause(ctx), clusters.ErrSlow) || !h.slow(cl, len(items)-i) {
+				if !clusters.TurnedSlow(ctx) || !h.slow(cl, len(items)-i) {
 					h.markDeferring(cluster) // keep the node's later records behind these
 				}
 				h.deferRest(&r, items[i:], cl, stale)
@@ -316,50 +315,15 @@ func (h *Handler) slow(cl *clusters.Client, records int) bool {
 	return true
 }
 
-// fastContexts are a batch's contexts by cluster (clusters.Gate.WhileFast
-// at slow_cluster), made as the batch first works for a cluster.
-type fastContexts struct {
-	ctx   context.Context
-	limit time.Duration
-
-	mu     sync.Mutex
-	byName map[string]context.Context
-	stops  []func()
-}
-
 // whileFast returns the batch's contexts by cluster: the events consumer's
 // end once their cluster turns slow, where the role serves several; the
 // retry consumer's, and a lone cluster's, are ctx (it waits for them).
-func (h *Handler) whileFast(ctx context.Context, retry bool) *fastContexts {
-	f := &fastContexts{ctx: ctx, byName: map[string]context.Context{}}
+func (h *Handler) whileFast(ctx context.Context, retry bool) *clusters.FastContexts {
+	var limit time.Duration
 	if !retry && h.reg.Several() {
-		f.limit = h.cfg.SlowCluster
+		limit = h.cfg.SlowCluster
 	}
-	return f
-}
-
-func (f *fastContexts) get(cl *clusters.Client) context.Context {
-	if f.limit <= 0 {
-		return f.ctx
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	ctx, ok := f.byName[cl.Name]
-	if !ok {
-		var stop func()
-		ctx, stop = cl.Gate.WhileFast(f.ctx, f.limit)
-		f.byName[cl.Name] = ctx
-		f.stops = append(f.stops, stop)
-	}
-	return ctx
-}
-
-func (f *fastContexts) stop() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, stop := range f.stops {
-		stop()
-	}
+	return clusters.NewFastContexts(ctx, limit)
 }
 
 func (h *Handler) deferring(cluster string) bool {

@@ -52,6 +52,7 @@ func TestByNode(t *testing.T) {
 		items  []item
 		waits  map[string]string // item id -> the cluster it waits for (HeaderCluster)
 		slow   string            // a node whose cluster is slow: its due items go to the lane
+		turns  string            // an item whose step finds its cluster turned slow (Again.Slow); its node's cluster slow from then on
 		again  time.Duration     // what every step asks (0: done)
 		cancel bool
 		ran    []string      // ids whose step ran
@@ -127,6 +128,16 @@ func TestByNode(t *testing.T) {
 			rest:  Hold,
 		},
 		{
+			// Its step abandoned as the cluster turned slow: the item,
+			// unchanged, and the node's later ones go to the lane, in
+			// order; other nodes run.
+			name: "a step abandoned as its cluster turned slow: to the lane, the node's later items with it",
+			items: []item{{"turning", "n1", 0, 0}, {"follow-up n1", "n1", -time.Second, 2}, {"new n2", "n2", 0, 0}},
+			turns: "turning",
+			ran:   []string{"turning", "new n2"}, soon: []string{"turning", "new n2"},
+			out: []fwd{{"lane: turning", 0, 0}, {"lane: follow-up n1", -time.Second, 2}},
+		},
+		{
 			name:   "shutdown hands everything on unchanged",
 			items:  []item{{"follow-up", "n1", -time.Second, 5}, {"new", "n2", 0, 0}},
 			cancel: true,
@@ -153,8 +164,11 @@ func TestByNode(t *testing.T) {
 			// does not move with the machine's load.
 			now := func() time.Time { return start }
 			ready := func(_ context.Context, cluster string) bool { return cluster == "up" }
+			slowNode := tc.slow
 			aside := func(r *kgo.Record) string {
-				if tc.slow != "" && string(r.Key) == tc.slow {
+				mu.Lock()
+				defer mu.Unlock()
+				if slowNode != "" && string(r.Key) == slowNode {
 					return "lane"
 				}
 				return ""
@@ -165,6 +179,10 @@ func TestByNode(t *testing.T) {
 					defer mu.Unlock()
 					ran[string(r.Value)] = time.Since(start)
 					seq = append(seq, string(r.Value))
+					if string(r.Value) == tc.turns {
+						slowNode = string(r.Key)
+						return nil, Again{Slow: true}
+					}
 					if tc.again == 0 {
 						return nil, Again{}
 					}

@@ -48,6 +48,10 @@ type Again struct {
 	// unreachable cluster's backoff grows to 30s, and it may answer long
 	// before.
 	Cluster string
+	// Slow: the step was abandoned, its cluster turning slow while it ran
+	// (clusters.FastContexts): the work goes to the slow lane unchanged,
+	// the node's later work in the batch with it (ByNode).
+	Slow bool
 }
 
 // Record returns a record for topic that carries rec's key and value (the
@@ -172,7 +176,9 @@ const FetchMaxWait = 250 * time.Millisecond
 // it, in order. So is an item not started within turn of the batch's
 // start (0: no bound; Turn), to topic. Otherwise it calls step and collects the actions step
 // returns and, when step asks to look again, a requeue record to topic
-// (Record: one more attempt). It returns what the batch must produce and,
+// (Record: one more attempt); a step abandoned as its cluster turned slow
+// (Again.Slow) hands its item and the node's later ones on unchanged, in
+// order, to aside's topic. It returns what the batch must produce and,
 // when it handed on a record that was not due, until when topic should
 // rest (the earliest such not-before time, at most Hold from now; zero
 // otherwise).
@@ -219,6 +225,19 @@ func ByNode[T any](ctx context.Context, workers int, topic string, turn time.Dur
 			}
 			acts, again := step(ctx, it)
 			o.acts = append(o.acts, acts...)
+			if again.Slow {
+				// Abandoned as its cluster turned slow: this item and the
+				// node's later ones to the slow lane (or, with none, back
+				// to topic), in order, unchanged.
+				to := aside(it)
+				if to == "" {
+					to = topic
+				}
+				for _, later := range items[i:] {
+					o.requeue = append(o.requeue, Forward(to, rec(later)))
+				}
+				return o
+			}
 			if !again.At.IsZero() {
 				o.requeue = append(o.requeue, Record(topic, r, again))
 			}
@@ -270,7 +289,8 @@ const maxRedo = 20
 // met a conflict (another writer changed what it read: a replica, the
 // node's work in another batch, a controller) is redone at once, up to
 // maxRedo times, counted in conflicts (nil: not counted): it reads again,
-// and every call it repeats is idempotent.
+// and every call it repeats is idempotent. A step whose ctx ended as its
+// cluster turned slow (clusters.FastContexts) returns Again.Slow.
 func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what string, fallback time.Time,
 	log *slog.Logger, apiErrors, conflicts *prometheus.CounterVec,
 	step func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error)) ([]*faultlinev1.Action, Again, error) {
@@ -294,6 +314,8 @@ func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what strin
 		return acts, Again{At: again}, nil
 	case !at.Retriable:
 		return acts, Again{}, at.Err
+	case clusters.TurnedSlow(ctx):
+		return acts, Again{Slow: true}, nil
 	}
 	if at.RetryAt.IsZero() {
 		at.RetryAt = fallback
@@ -314,13 +336,29 @@ func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what strin
 // keeps the actions keep accepts, and hands them to step through ByNode
 // (work waiting for its cluster is due once reg may try the cluster; a
 // slow cluster's work goes to lane's topic: nil on the slow lane itself,
-// which steps everything).
+// which steps everything; where reg serves several clusters, a cluster
+// that turns slow while the batch works for it has its steps abandoned and
+// their work handed to the lane too).
 func Handle(ctx context.Context, recs []*kgo.Record, keep func(*faultlinev1.Action) bool, workers int, topic string,
 	now func() time.Time, reg *clusters.Registry, lane *Lane, step func(context.Context, pipeline.ActionRec) ([]*faultlinev1.Action, Again)) (pipeline.Result, error) {
 	acts, dead := pipeline.DecodeActions(recs, keep)
 	aside := func(pipeline.ActionRec) string { return "" }
 	if lane != nil {
 		aside = func(a pipeline.ActionRec) string { return lane.Aside(reg, a.Cluster) }
+		if reg.Several() {
+			// A cluster turning slow while the batch works for it is not
+			// waited for: its steps are abandoned (Step: Again.Slow), their
+			// work handed to the lane.
+			fast := clusters.NewFastContexts(ctx, lane.Limit)
+			defer fast.Stop()
+			inner := step
+			step = func(ctx context.Context, a pipeline.ActionRec) ([]*faultlinev1.Action, Again) {
+				if cl, err := reg.Get(a.Cluster); err == nil {
+					ctx = fast.Get(cl)
+				}
+				return inner(ctx, a)
+			}
+		}
 	}
 	out, rest, err := ByNode(ctx, workers, topic, Turn, now, reg.Ready, aside, acts, func(a pipeline.ActionRec) *kgo.Record { return a.Rec }, step)
 	if err != nil {
