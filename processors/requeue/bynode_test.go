@@ -131,7 +131,7 @@ func TestByNode(t *testing.T) {
 			// Its step abandoned as the cluster turned slow: the item,
 			// unchanged, and the node's later ones go to the lane, in
 			// order; other nodes run.
-			name: "a step abandoned as its cluster turned slow: to the lane, the node's later items with it",
+			name:  "a step abandoned as its cluster turned slow: to the lane, the node's later items with it",
 			items: []item{{"turning", "n1", 0, 0}, {"follow-up n1", "n1", -time.Second, 2}, {"new n2", "n2", 0, 0}},
 			turns: "turning",
 			ran:   []string{"turning", "new n2"}, soon: []string{"turning", "new n2"},
