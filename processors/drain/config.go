@@ -145,7 +145,9 @@ type Config struct {
 	// SlowCluster: a cluster whose API writes take longer than this on
 	// average, with other clusters served beside it, has its drains
 	// stepped on the role's slow lane (TopicSlow, a second consumer
-	// group), so its slowness holds only its own drains (requeue.Lane).
+	// group), so its slowness holds only its own drains (requeue.Lane);
+	// a write in flight for twice this long counts before it is
+	// answered, the batch's steps there abandoned and handed to the lane.
 	// 0: never. Default 500ms.
 	SlowCluster time.Duration `toml:"slow_cluster"`
 	// Identity names this processor on nodes. Default "faultline-drain/<hostname>".

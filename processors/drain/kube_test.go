@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
@@ -59,6 +60,12 @@ func newHandler(t testing.TB, cfg Config, kube kubernetes.Interface, clk *clock,
 	h, err := New(cfg, reg, Options{Log: testLog, Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, isFake := kube.(*fake.Clientset); isFake {
+		// The fake keeps no resourceVersions, which the node watch's copy
+		// relies on (its own writes recognized, a write from a stale copy
+		// refused): read the nodes live.
+		h.nodes.Close()
 	}
 	return h
 }

@@ -72,8 +72,11 @@ type Config struct {
 	// breaker's ConfigMap, the node's status and spec), so one API server
 	// answering in seconds would hold every other cluster's cordons
 	// several times as long. Its retry consumer applies them at the pace
-	// it answers. Only where the role serves more than one cluster: alone,
-	// a slow cluster holds no one else's work. 0: never. Default 500ms.
+	// it answers. A write in flight for twice this long counts before it
+	// is answered: the batch abandons the cluster's requests and defers
+	// its records. Only where the role serves more than one cluster:
+	// alone, a slow cluster holds no one else's work. 0: never. Default
+	// 500ms.
 	SlowCluster time.Duration `toml:"slow_cluster"`
 	// RetryWait is how long the retry consumer waits for a cluster in one
 	// batch before failing the batch (it is then retried within a second;
