@@ -221,6 +221,22 @@ func handle(t testing.TB, h *Handler, recs ...*kgo.Record) ([]*faultlinev1.Actio
 	return acts, rq
 }
 
+// triggerOn is a quarantine action asking to drain node of cluster c for
+// a reboot.
+func triggerOn(t testing.TB, c, node string) *kgo.Record {
+	t.Helper()
+	a, err := events.UnmarshalAction(quarantineAction(node, "e-"+node, "RESTART_VM", nil).Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Cluster = c
+	b, err := events.MarshalAction(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &kgo.Record{Topic: events.TopicActions, Key: events.Key(c, node), Value: b}
+}
+
 // handleWith runs one batch through handler and splits its outputs into
 // actions, requeues and records handed to the slow lane.
 func handleWith(t testing.TB, handler func(context.Context, []*kgo.Record) (pipeline.Result, error), recs ...*kgo.Record) (acts []*faultlinev1.Action, rq, lane []*kgo.Record) {
@@ -988,18 +1004,7 @@ func TestDrainKube(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		trigger := func(c, node string) *kgo.Record {
-			a, err := events.UnmarshalAction(quarantineAction(node, "e-"+node, "RESTART_VM", nil).Value)
-			if err != nil {
-				t.Fatal(err)
-			}
-			a.Cluster = c
-			b, err := events.MarshalAction(a)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return &kgo.Record{Topic: events.TopicActions, Key: events.Key(c, node), Value: b}
-		}
+		trigger := func(c, node string) *kgo.Record { return triggerOn(t, c, node) }
 		// run hands recs to handler and returns the nodes it produced
 		// actions for and the records it handed to the lane.
 		run := func(handler func(context.Context, []*kgo.Record) (pipeline.Result, error), recs ...*kgo.Record) (acted []string, lane []*kgo.Record) {
@@ -1060,18 +1065,7 @@ func TestDrainKube(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer h.Close()
-		trigger := func(c, node string) *kgo.Record {
-			a, err := events.UnmarshalAction(quarantineAction(node, "e-"+node, "RESTART_VM", nil).Value)
-			if err != nil {
-				t.Fatal(err)
-			}
-			a.Cluster = c
-			b, err := events.MarshalAction(a)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return &kgo.Record{Topic: events.TopicActions, Key: events.Key(c, node), Value: b}
-		}
+		trigger := func(c, node string) *kgo.Record { return triggerOn(t, c, node) }
 		if _, _, lane := handleWith(t, h.Handle, trigger("turning", "turn-0")); len(lane) != 0 || cl.Gate.Slow(testConfig().SlowCluster) {
 			t.Fatalf("while fast: %d records to the lane, write latency %v", len(lane), cl.Gate.Latency())
 		}
