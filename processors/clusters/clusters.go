@@ -811,7 +811,7 @@ func NewFastContexts(ctx context.Context, limit time.Duration) *FastContexts {
 
 // Get returns the batch's context for cl.
 func (f *FastContexts) Get(cl *Client) context.Context {
-	if f.limit <= 0 || cl == nil || cl.Gate == nil {
+	if f.limit <= 0 || cl == nil {
 		return f.ctx
 	}
 	f.mu.Lock()
@@ -854,31 +854,22 @@ func (g *Gate) WhileFast(ctx context.Context, limit time.Duration) (context.Cont
 		return ctx, func() {}
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	var (
-		mu      sync.Mutex
-		stopped bool
-		t       *time.Timer
-	)
-	mu.Lock()
-	defer mu.Unlock()
-	t = time.AfterFunc(limit/2, func() {
-		if g.Slow(limit) {
-			cancel(ErrSlow)
-			return
+	go func() {
+		t := time.NewTicker(limit / 2)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if g.Slow(limit) {
+					cancel(ErrSlow)
+					return
+				}
+			}
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !stopped {
-			t.Reset(limit / 2)
-		}
-	})
-	return ctx, func() {
-		mu.Lock()
-		stopped = true
-		t.Stop()
-		mu.Unlock()
-		cancel(nil)
-	}
+	}()
+	return ctx, func() { cancel(nil) }
 }
 
 // Wait reports whether the cluster may be tried, waiting out a backoff
