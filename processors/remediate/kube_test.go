@@ -34,6 +34,7 @@ import (
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/drain"
+	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -312,6 +313,84 @@ func TestRemediateKube(t *testing.T) {
 		if len(done) != 1 || done[0].Outcome != events.OutcomeSucceeded || len(rq2) != 0 {
 			t.Fatalf("completion: %s", outcomes(done))
 		}
+	})
+
+	// A cluster whose writes average over slow_cluster, beside a fast
+	// one, has its remediations handed to the slow lane before any
+	// request (requeue.Lane), the batch not held by them; alone it is
+	// stepped in the batch; the lane creates its RebootNode.
+	t.Run("SlowClusterGoesToTheLane", func(t *testing.T) {
+		for _, n := range []string{"rlane-slow-0", "rlane-slow-1", "rlane-fast-1"} {
+			createNode(t, k, n)
+		}
+		const delay = 1500 * time.Millisecond
+		var slowBy atomic.Int64
+		slowBy.Store(int64(delay))
+		reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+		if _, err := reg.SetConfig("slow", testenv.Delayed(kube.RESTConfig(), &slowBy)); err != nil {
+			t.Fatal(err)
+		}
+		h, err := New(testConfig(), reg, Options{Log: testLog, Now: clk.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		on := func(c, node string) *kgo.Record {
+			a, err := events.UnmarshalAction(drained(node, "lane-"+node, "RESTART_BM", nil).Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.Cluster = c
+			b, err := events.MarshalAction(a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &kgo.Record{Topic: events.TopicActions, Key: events.Key(c, node), Value: b}
+		}
+		// run hands recs to handler: the nodes it acted on, the records it
+		// handed to the lane.
+		run := func(handler pipeline.Handler, recs ...*kgo.Record) (acted []string, lane []*kgo.Record) {
+			t.Helper()
+			res, err := handler.Handle(context.Background(), recs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range res.Out {
+				switch r.Topic {
+				case TopicSlow:
+					lane = append(lane, r)
+				case events.TopicActions:
+					a, err := events.UnmarshalAction(r.Value)
+					if err != nil {
+						t.Fatal(err)
+					}
+					acted = append(acted, a.Node)
+				}
+			}
+			return acted, lane
+		}
+		if acted, lane := run(pipeline.HandlerFunc(h.Handle), on("slow", "rlane-slow-0")); len(lane) != 0 || !slices.Equal(acted, []string{"rlane-slow-0"}) {
+			t.Fatalf("the only cluster: actions for %v, %d records to the lane", acted, len(lane))
+		}
+		reg.SetClient("fast", k, false)
+		reg.SetDynamic("fast", dyn)
+		start := time.Now()
+		acted, lane := run(pipeline.HandlerFunc(h.Handle), on("slow", "rlane-slow-1"), on("fast", "rlane-fast-1"))
+		took := time.Since(start)
+		if !slices.Equal(acted, []string{"rlane-fast-1"}) || len(lane) != 1 || string(lane[0].Key) != string(events.Key("slow", "rlane-slow-1")) {
+			t.Fatalf("beside the slow cluster: actions for %v, %d records to the lane", acted, len(lane))
+		}
+		if took >= delay {
+			t.Fatalf("the batch took %v: the slow cluster held the other's remediation", took.Round(time.Millisecond))
+		}
+		var m dto.Metric
+		if _ = h.m.slowLane.WithLabelValues("slow").Write(&m); m.GetCounter().GetValue() != 1 {
+			t.Fatalf("faultline_remediate_slow_lane_handovers_total{cluster=slow} = %v, want 1", m.GetCounter().GetValue())
+		}
+		if acted, again := run(h.SlowHandler(), lane...); len(again) != 0 || !slices.Contains(acted, "rlane-slow-1") || len(list(t, dyn, rebootGVR, "rlane-slow-1")) != 1 {
+			t.Fatalf("the slow lane: actions for %v, %d records to the lane again, %d RebootNodes", acted, len(again), len(list(t, dyn, rebootGVR, "rlane-slow-1")))
+		}
+		t.Logf("the batch beside the slow cluster took %v", took.Round(time.Millisecond))
 	})
 
 	t.Run("JoinRedoneAfterConflict", func(t *testing.T) {
