@@ -230,11 +230,11 @@ func triggerOn(t testing.TB, c, node string) *kgo.Record {
 		t.Fatal(err)
 	}
 	a.Cluster = c
-	b, err := events.MarshalAction(a)
+	r, err := pipeline.ActionRecord(a)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &kgo.Record{Topic: events.TopicActions, Key: events.Key(c, node), Value: b}
+	return r
 }
 
 // handleWith runs one batch through handler and splits its outputs into

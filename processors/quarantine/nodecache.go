@@ -26,9 +26,6 @@ const recentWrite = clusters.RecentWrite
 // takes longer than the watch; anything the copy says is standing is
 // re-read live.
 func newNodeWatches(log *slog.Logger, uncordoned func(cluster, node string)) *clusters.NodeWatches {
-	if uncordoned == nil {
-		return clusters.NewNodeWatches(log, watchCopy, nil)
-	}
 	return clusters.NewNodeWatches(log, watchCopy, func(cluster string, o, n *corev1.Node) {
 		if !o.Spec.Unschedulable || n.Spec.Unschedulable {
 			return

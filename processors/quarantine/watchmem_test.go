@@ -32,7 +32,7 @@ func BenchmarkNodeWatchMemory(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		b.ReportMetric(testenv.HeldHeap(b, n, func() (func() bool, func()) {
-			c := newNodeWatches(testLog, nil)
+			c := newNodeWatches(testLog, func(string, string) {})
 			return func() bool { l, ok := c.List(cl, labels.Everything()); return ok && len(l) == n }, c.Close
 		}), "heap-B/node")
 	}

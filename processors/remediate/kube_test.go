@@ -113,24 +113,36 @@ func drained(node, drainID, action string, details map[string]string) *kgo.Recor
 
 func handle(t testing.TB, h *Handler, recs ...*kgo.Record) ([]*faultlinev1.Action, []*kgo.Record) {
 	t.Helper()
-	res, err := h.Handle(context.Background(), recs)
+	acts, rq, lane := handleWith(t, h.Handle, recs...)
+	if len(lane) > 0 {
+		t.Fatalf("%d records to the slow lane", len(lane))
+	}
+	return acts, rq
+}
+
+// handleWith runs one batch through handler and splits its outputs into
+// actions, requeues and records handed to the slow lane.
+func handleWith(t testing.TB, handler func(context.Context, []*kgo.Record) (pipeline.Result, error), recs ...*kgo.Record) (acts []*faultlinev1.Action, rq, lane []*kgo.Record) {
+	t.Helper()
+	res, err := handler(context.Background(), recs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var acts []*faultlinev1.Action
-	var rq []*kgo.Record
 	for _, r := range res.Out {
-		if r.Topic == TopicRequeue {
+		switch r.Topic {
+		case TopicRequeue:
 			rq = append(rq, r)
-			continue
+		case TopicSlow:
+			lane = append(lane, r)
+		default:
+			a, err := events.UnmarshalAction(r.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			acts = append(acts, a)
 		}
-		a, err := events.UnmarshalAction(r.Value)
-		if err != nil {
-			t.Fatal(err)
-		}
-		acts = append(acts, a)
 	}
-	return acts, rq
+	return acts, rq, lane
 }
 
 func outcomes(acts []*faultlinev1.Action) string {
@@ -341,41 +353,29 @@ func TestRemediateKube(t *testing.T) {
 				t.Fatal(err)
 			}
 			a.Cluster = c
-			b, err := events.MarshalAction(a)
+			r, err := pipeline.ActionRecord(a)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return &kgo.Record{Topic: events.TopicActions, Key: events.Key(c, node), Value: b}
+			return r
 		}
 		// run hands recs to handler: the nodes it acted on, the records it
 		// handed to the lane.
-		run := func(handler pipeline.Handler, recs ...*kgo.Record) (acted []string, lane []*kgo.Record) {
+		run := func(handler func(context.Context, []*kgo.Record) (pipeline.Result, error), recs ...*kgo.Record) (acted []string, lane []*kgo.Record) {
 			t.Helper()
-			res, err := handler.Handle(context.Background(), recs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, r := range res.Out {
-				switch r.Topic {
-				case TopicSlow:
-					lane = append(lane, r)
-				case events.TopicActions:
-					a, err := events.UnmarshalAction(r.Value)
-					if err != nil {
-						t.Fatal(err)
-					}
-					acted = append(acted, a.Node)
-				}
+			acts, _, lane := handleWith(t, handler, recs...)
+			for _, a := range acts {
+				acted = append(acted, a.Node)
 			}
 			return acted, lane
 		}
-		if acted, lane := run(pipeline.HandlerFunc(h.Handle), on("slow", "rlane-slow-0")); len(lane) != 0 || !slices.Equal(acted, []string{"rlane-slow-0"}) {
+		if acted, lane := run(h.Handle, on("slow", "rlane-slow-0")); len(lane) != 0 || !slices.Equal(acted, []string{"rlane-slow-0"}) {
 			t.Fatalf("the only cluster: actions for %v, %d records to the lane", acted, len(lane))
 		}
 		reg.SetClient("fast", k, false)
 		reg.SetDynamic("fast", dyn)
 		start := time.Now()
-		acted, lane := run(pipeline.HandlerFunc(h.Handle), on("slow", "rlane-slow-1"), on("fast", "rlane-fast-1"))
+		acted, lane := run(h.Handle, on("slow", "rlane-slow-1"), on("fast", "rlane-fast-1"))
 		took := time.Since(start)
 		if !slices.Equal(acted, []string{"rlane-fast-1"}) || len(lane) != 1 || string(lane[0].Key) != string(events.Key("slow", "rlane-slow-1")) {
 			t.Fatalf("beside the slow cluster: actions for %v, %d records to the lane", acted, len(lane))
@@ -387,7 +387,7 @@ func TestRemediateKube(t *testing.T) {
 		if _ = h.m.slowLane.WithLabelValues("slow").Write(&m); m.GetCounter().GetValue() != 1 {
 			t.Fatalf("faultline_remediate_slow_lane_handovers_total{cluster=slow} = %v, want 1", m.GetCounter().GetValue())
 		}
-		if acted, again := run(h.SlowHandler(), lane...); len(again) != 0 || !slices.Contains(acted, "rlane-slow-1") || len(list(t, dyn, rebootGVR, "rlane-slow-1")) != 1 {
+		if acted, again := run(h.SlowHandler().Handle, lane...); len(again) != 0 || !slices.Contains(acted, "rlane-slow-1") || len(list(t, dyn, rebootGVR, "rlane-slow-1")) != 1 {
 			t.Fatalf("the slow lane: actions for %v, %d records to the lane again, %d RebootNodes", acted, len(again), len(list(t, dyn, rebootGVR, "rlane-slow-1")))
 		}
 		t.Logf("the batch beside the slow cluster took %v", took.Round(time.Millisecond))
