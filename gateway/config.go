@@ -74,8 +74,13 @@ type Config struct {
 	// fit gets 429. Default 100000.
 	MaxBufferedRecords int `toml:"max_buffered_records"`
 	// ProducerLinger is how long the producer waits for more records
-	// before it sends a batch (the Java producer's default since Kafka 4.0).
-	// Default 5ms.
+	// before it sends a batch. Every call waits for its events'
+	// acknowledgement, so at moderate concurrency the linger is most of a
+	// call's time: 2ms answers REST single events at 1.5-1.75x the rate
+	// of the Java producer's 5ms (Kafka 4.0's default) with 64-128
+	// callers, and no less at 256 or with gRPC batches
+	// (loadtest/RESULTS.md, "The producer's linger at moderate
+	// concurrency"). Default 2ms.
 	ProducerLinger time.Duration `toml:"producer_linger"`
 
 	// MaxInflightBytes bounds the request bytes held at once by the whole
@@ -152,7 +157,7 @@ func DefaultConfig() Config {
 		RateBurst:          40000,
 		ProduceTimeout:     5 * time.Second,
 		MaxBufferedRecords: 100000,
-		ProducerLinger:     5 * time.Millisecond,
+		ProducerLinger:     2 * time.Millisecond,
 
 		MaxInflightBytes:        32 << 20,
 		MaxInflightBytesPerConn: 8 << 20,
