@@ -76,7 +76,7 @@ type Config struct {
 	// ProducerLinger is how long the producer waits for more records
 	// before it sends a batch. Every call waits for its events'
 	// acknowledgement, so at moderate concurrency the linger is most of a
-	// call's time: 2ms answers REST single events at 1.5-1.75x the rate
+	// call's time: 2ms answers REST single events at 1.3-1.8x the rate
 	// of the Java producer's 5ms (Kafka 4.0's default) with 64-128
 	// callers, and no less at 256 or with gRPC batches
 	// (loadtest/RESULTS.md, "The producer's linger at moderate
