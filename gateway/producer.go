@@ -57,13 +57,9 @@ func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) e
 	if len(evs) == 0 {
 		return nil
 	}
-	recs := make([]*kgo.Record, len(evs))
-	for i, ev := range evs {
-		v, err := events.Marshal(ev)
-		if err != nil {
-			return fmt.Errorf("encode event %d: %w", i, err)
-		}
-		recs[i] = &kgo.Record{Key: events.Key(ev.GetCluster(), ev.GetNodeName()), Value: v}
+	recs, err := records(evs)
+	if err != nil {
+		return err
 	}
 	// Reserve buffer space for the whole batch under a lock so concurrent
 	// requests cannot both pass the check and then half-fail.
@@ -81,19 +77,20 @@ func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) e
 		firstErr error
 	)
 	pending.Store(int64(len(recs)))
-	for _, r := range recs {
-		p.cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
-			if err != nil {
-				errMu.Lock()
-				if firstErr == nil {
-					firstErr = err
-				}
-				errMu.Unlock()
+	promise := func(_ *kgo.Record, err error) {
+		if err != nil {
+			errMu.Lock()
+			if firstErr == nil {
+				firstErr = err
 			}
-			if pending.Add(-1) == 0 {
-				close(done)
-			}
-		})
+			errMu.Unlock()
+		}
+		if pending.Add(-1) == 0 {
+			close(done)
+		}
+	}
+	for i := range recs {
+		p.cl.Produce(ctx, &recs[i], promise)
 	}
 	p.bufferedMu.Unlock()
 
@@ -116,6 +113,33 @@ func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) e
 		return fmt.Errorf("%w: %v", ErrUnavailable, firstErr)
 	}
 	return nil
+}
+
+// records encodes a batch's events as its Kafka records: the records, and
+// every record's key and value, in one allocation each rather than three
+// per event (the gateway's allocations are much of its CPU: its own, and
+// the garbage collector's).
+func records(evs []*datamodels.HealthEvent) ([]kgo.Record, error) {
+	sizes := make([]int, len(evs))
+	total := 0
+	for i, ev := range evs {
+		sizes[i] = ev.SizeVT()
+		total += len(ev.GetCluster()) + 1 + len(ev.GetNodeName()) + sizes[i]
+	}
+	buf := make([]byte, 0, total)
+	recs := make([]kgo.Record, len(evs))
+	for i, ev := range evs {
+		start := len(buf)
+		buf = events.AppendKey(buf, ev.GetCluster(), ev.GetNodeName())
+		recs[i].Key = buf[start:len(buf):len(buf)]
+		start = len(buf)
+		buf = buf[:start+sizes[i]]
+		if _, err := ev.MarshalToSizedBufferVT(buf[start:]); err != nil {
+			return nil, fmt.Errorf("encode event %d: %w", i, err)
+		}
+		recs[i].Value = buf[start:len(buf):len(buf)]
+	}
+	return recs, nil
 }
 
 // Ping reports whether a broker answers.

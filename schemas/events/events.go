@@ -192,7 +192,14 @@ func IsClusterName(s string) bool { return clusterName.MatchString(s) }
 
 // Key is the Kafka record key of a node's records: "cluster/node".
 func Key(cluster, node string) []byte {
-	return []byte(cluster + "/" + node)
+	return AppendKey(make([]byte, 0, len(cluster)+1+len(node)), cluster, node)
+}
+
+// AppendKey appends Key(cluster, node) to dst.
+func AppendKey(dst []byte, cluster, node string) []byte {
+	dst = append(dst, cluster...)
+	dst = append(dst, '/')
+	return append(dst, node...)
 }
 
 // SplitKey is the inverse of Key.
