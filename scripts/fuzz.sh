@@ -12,12 +12,13 @@
 set -uo pipefail
 GO=${GO:-go}
 FUZZTIME=${FUZZTIME:-20s}
+FUZZFLAGS=${FUZZFLAGS:-} # more go test flags (make test-fuzz: -ldflags=-s)
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for t in "$@"; do
   pkg=${t%%:*} fn=${t##*:}
   echo "fuzz $pkg $fn for $FUZZTIME"
-  "$GO" test -run '^$' -fuzz "^$fn\$" -fuzztime "$FUZZTIME" "$pkg" 2>&1 | tee "$out"
+  "$GO" test $FUZZFLAGS -run '^$' -fuzz "^$fn\$" -fuzztime "$FUZZTIME" "$pkg" 2>&1 | tee "$out"
   [ "${PIPESTATUS[0]}" -eq 0 ] && continue
   if ! grep -q "Failing input written" "$out" &&
      [ "$(grep -A1 -- "^--- FAIL: $fn " "$out" | tail -n1 | tr -d '[:space:]')" = "contextdeadlineexceeded" ]; then
