@@ -60,6 +60,7 @@ func (l *listener) seen() (requests, credentials []string) {
 // namespace, is refused, and that host is sent nothing: before, the
 // janitor logged in there with the fleet's BMC credentials.
 func TestNodeAnnotationsGetNoBMCCredentials(t *testing.T) {
+	t.Parallel()
 	rf, err := NewRedfish(DefaultConfig().Redfish, testLog)
 	if err != nil {
 		t.Fatal(err)
@@ -95,6 +96,7 @@ func TestNodeAnnotationsGetNoBMCCredentials(t *testing.T) {
 // to a configured Secret; a refusal says which key to set, and nothing is
 // read or sent.
 func TestAllowlists(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"),
 		bmcSecret("faultline", "bmc-rack-7", "admin", "s3cret"), bmcSecret("faultline", "other-cluster-bmc", "root", "calvin"))
@@ -265,6 +267,7 @@ func (b *recordingBMC) seen() (requests, resets []string) {
 // the labels. Before, the labels were not read: the annotation was
 // followed and the other node's machine was reset.
 func TestBMCFromRestrictedLabels(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"),
 		bmcSecret("faultline", "bmc-a", "admin", "s3cret"), bmcSecret("faultline", "other", "root", "calvin"))

@@ -24,14 +24,11 @@ import (
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
-// startMoto starts moto with test credentials in the environment and
+// startMoto starts moto (the credentials are TestMain's) and
 // returns an EC2 client of it.
 func startMoto(t *testing.T) (*testenv.Moto, *ec2.Client) {
 	t.Helper()
 	m := testenv.StartMoto(t)
-	t.Setenv("AWS_ACCESS_KEY_ID", "testing")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "testing")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	c, err := newEC2(context.Background(), AWSConfig{Endpoint: m.URL}, "us-east-1")
 	if err != nil {
 		t.Fatal(err)
@@ -111,6 +108,7 @@ func (s *instances) run(ctx context.Context) {
 // deletes the Node; an instance that does not exist fails with
 // InstanceNotFound.
 func TestJanitorAWS(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 0)
 	moto, ec := startMoto(t)
 	ids := runInstances(t, ec, 2)
@@ -216,6 +214,7 @@ func (w *withEvents) DescribeInstanceStatus(ctx context.Context, in *ec2.Describ
 // when the event is gone or completed; nothing for instances of no node,
 // or for an event whose window has passed without it being seen.
 func TestMaintenanceMonitor(t *testing.T) {
+	t.Parallel()
 	moto, ec := startMoto(t)
 	ids := runInstances(t, ec, 3)
 	cfg := DefaultConfig().AWS
@@ -310,6 +309,7 @@ func TestMaintenanceMonitor(t *testing.T) {
 // timeout of its own: the worker (and, for DescribeInstanceStatus, the
 // maintenance monitor) waited for ever.
 func TestAWSAnswerNeverComes(t *testing.T) {
+	t.Parallel()
 	hung := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -319,9 +319,6 @@ func TestAWSAnswerNeverComes(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(hung) })
-	t.Setenv("AWS_ACCESS_KEY_ID", "testing")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "testing")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	cfg := DefaultConfig().AWS
 	cfg.Endpoint = srv.URL
 	cfg.Timeout = 500 * time.Millisecond

@@ -67,6 +67,7 @@ func (t *timed) all() []try {
 // brokers of the other tests answer at once or never; this one is
 // franz-go losing a broker and finding it again.
 func TestActionsKeptWhileTheBrokerIsDown(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 1)
 	k := testenv.StartKafka(t)
 	kcfg := kafka.DefaultConfig()

@@ -16,6 +16,7 @@ import (
 )
 
 func TestValidate(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	key, keyPub := writeKeyPair(t, dir, "janitor")
 	keyOpen, _ := writeKeyPair(t, dir, "open")
@@ -88,6 +89,7 @@ func TestValidate(t *testing.T) {
 // before is said at start, not refused (a reboot_timeout lowered before
 // the key existed); 0 (never) and the defaults say nothing.
 func TestHungAfterNotBelowRebootTimeout(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		hung, timeout time.Duration
 		warned        bool
@@ -105,6 +107,7 @@ func TestHungAfterNotBelowRebootTimeout(t *testing.T) {
 }
 
 func TestProviderName(t *testing.T) {
+	t.Parallel()
 	c := DefaultConfig()
 	c.ProviderIDPrefixes = []string{"aws://=aws", "aws:///eu=redfish"}
 	c.DefaultProvider = "local"
@@ -138,6 +141,7 @@ func TestProviderName(t *testing.T) {
 }
 
 func TestLimiter(t *testing.T) {
+	t.Parallel()
 	l := newLimiter(3, 1, 2)
 	if r := l.acquire("a", "c1", "r1", "redfish", false); r != "" {
 		t.Fatal(r)
@@ -175,6 +179,7 @@ func TestLimiter(t *testing.T) {
 }
 
 func TestSetConditions(t *testing.T) {
+	t.Parallel()
 	u := &unstructured.Unstructured{Object: map[string]any{"status": map[string]any{"conditions": []any{
 		map[string]any{"type": "SignalSent", "status": "Unknown", "reason": "Initializing", "lastTransitionTime": "2020-01-01T00:00:00Z"},
 	}}}}

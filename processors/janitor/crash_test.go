@@ -92,6 +92,7 @@ func (s *signals) Terminate(ctx context.Context, t Target) error {
 // and no signal goes out twice. Before the action was produced ahead of
 // the status it reports, a kill after the status write lost it for ever.
 func TestJanitorActionSurvivesKill(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 8)
 	for _, tc := range []struct {
 		name     string

@@ -29,6 +29,7 @@ func (d *downBroker) ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.Pro
 // its resource) and the worker goes on (it used to wait for the broker
 // for ever, and with it the reboots it follows).
 func TestEmitBoundedWhileKafkaIsDown(t *testing.T) {
+	t.Parallel()
 	prod := &downBroker{}
 	j, err := New(DefaultConfig(), clusters.Config{}, clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog, Producer: prod})
 	if err != nil {
@@ -69,6 +70,7 @@ func (d *deadlines) ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.Prod
 // ones try for a second, not emitTry, until resayAfter has passed or one
 // is produced: a Kafka outage costs each worker a second per action.
 func TestEmitTryWhileRefused(t *testing.T) {
+	t.Parallel()
 	now := time.Now()
 	for _, tc := range []struct {
 		name      string
@@ -112,6 +114,7 @@ func TestEmitTryWhileRefused(t *testing.T) {
 // janitor does again produces the same id (the store keeps one), while
 // another step, outcome or failure reason of the resource keeps its own.
 func TestActionIDs(t *testing.T) {
+	t.Parallel()
 	j, err := New(DefaultConfig(), clusters.Config{}, clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog})
 	if err != nil {
 		t.Fatal(err)

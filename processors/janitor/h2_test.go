@@ -153,6 +153,7 @@ func (b *h2BMC) serve(c net.Conn) {
 // body is now not rewindable, so no transport sends it again — unless the
 // stream was refused (TestHTTP2RefusedStreamIsNotSent).
 func TestHTTP2SignalUnanswered(t *testing.T) {
+	t.Parallel()
 	// net/http's own HTTP/2 server, whose handler reads the reset and
 	// drops the connection under it.
 	t.Run("httptest, connection dropped", func(t *testing.T) {
@@ -226,6 +227,7 @@ func h2Reboot(t *testing.T, url string) error {
 // was MaybeSent like a lost answer, and the reboot waited force_after for
 // a reset the BMC never took.
 func TestHTTP2RefusedStreamIsNotSent(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		after      string
 		wantResets int32 // at least

@@ -476,6 +476,7 @@ func remediateStep(t *testing.T, h *remediate.Handler, recs ...*kgo.Record) ([]s
 // escalates them; a janitor stopped mid-reboot is resumed by another
 // without a second reset.
 func TestJanitorKube(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 8, true) // KWOK nodes
 	clk := time.Now()
 	var clkMu sync.Mutex
@@ -741,6 +742,7 @@ func (c *counting) Reboot(ctx context.Context, t Target, mode RebootMode) error 
 // behind the API server is judged on the API server's copy, when its
 // reboot starts and before the reboot is forced.
 func TestReadsANodeTheWatchHasNotSeen(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 0)
 	ctx := context.Background()
 	cfg := e.config()
@@ -895,6 +897,7 @@ func (p *panicky) ResetGPUs(context.Context, Target, []string) error {
 // The signal whose sending panicked was recorded first, so it is resumed,
 // not sent again.
 func TestPanicIsAFailedStep(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 0)
 	ctx := context.Background()
 	prov := &panicky{}
@@ -972,6 +975,7 @@ func (r statusRefusedOnceRes) Patch(ctx context.Context, name string, pt types.P
 // the BMC had refused it), which held its slot and left the remediate role
 // waiting reboot_timeout for a Timeout instead of the provider's reason.
 func TestFailedSignalIsNotResumed(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 0)
 	ctx := context.Background()
 	prov := &bmcRefuses{}

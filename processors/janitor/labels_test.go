@@ -26,6 +26,7 @@ import (
 // resets gpu-la's system, not gpu-lb's. Before, it followed the
 // annotation: gpu-lb's machine was reset and gpu-la's reboot timed out.
 func TestBMCLabelsTheNodeCannotWrite(t *testing.T) {
+	t.Parallel()
 	e := newEnvWith(t, 2, testenv.KubeOptions{APIServerArgs: []string{"--enable-admission-plugins=NodeRestriction"}})
 	ctx := context.Background()
 	// What the Node authorizer grants a kubelet on Node objects (RBAC

@@ -45,6 +45,7 @@ func (noop) ResetGPUs(context.Context, Target, []string) error { return nil }
 //
 // FAULTLINE_JANITOR_LOAD_NODES (default 300) changes the count.
 func TestLoadRebootStarts(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("FAULTLINE_JANITOR_LOAD") != "1" {
 		t.Skip("set FAULTLINE_JANITOR_LOAD=1 to run the load measurement")
 	}

@@ -40,6 +40,7 @@ import (
 // signed with a key the agents do not hold, and one that reaches the
 // agent of another node, end AgentAuthFailed and run nothing.
 func TestJanitorLocal(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 0)
 	dir := t.TempDir()
 	log := filepath.Join(dir, "calls.log")

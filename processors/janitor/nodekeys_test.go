@@ -28,6 +28,7 @@ import (
 // over every label, was followed with labels_only, and a reboot following
 // it said nothing.
 func TestNodeOwnKeys(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 0)
 	ctx := context.Background()
 	for i, tc := range []struct {

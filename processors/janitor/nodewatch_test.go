@@ -19,6 +19,7 @@ import (
 // capacity and the managedFields (before: the whole Node, ≈ 3× the heap
 // per node; BenchmarkNodeWatchMemory).
 func TestNodeWatchKeepsWhatTheJanitorReads(t *testing.T) {
+	t.Parallel()
 	kube := testenv.StartKube(t, testenv.KubeOptions{})
 	k := kube.Client()
 	ctx := context.Background()

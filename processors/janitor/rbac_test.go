@@ -20,6 +20,7 @@ const saJanitor = "system:serviceaccount:faultline:faultline-janitor"
 // grants nothing more (no Secret outside its namespace, no node update, no
 // create or delete of the resources).
 func TestRBACIsEnough(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 2)
 	e.kc.ApplyRBAC(t, "../../deploy/rbac/janitor.yaml")
 	sa, rc := e.kc.ClientAs(t, saJanitor)

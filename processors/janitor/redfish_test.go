@@ -72,6 +72,7 @@ func waitResets(t *testing.T, s *testenv.Sushy, uuid string, n int) {
 // apart by the node's system UUID; wrong credentials, an unreachable BMC,
 // a missing Secret and an untrusted certificate end with their reasons.
 func TestRedfishEmulator(t *testing.T) {
+	t.Parallel()
 	ca := testenv.NewCA(t, "", "bmc")
 	systems := []testenv.SushySystem{
 		{UUID: "11111111-0000-4000-8000-000000000001", Name: "gpu-1"},
@@ -237,6 +238,7 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 // status message and the log). A ForceOff refused for a system already
 // Off terminated it (it failed ResetRejected, and the Node stayed).
 func TestRedfishMisbehavingBMC(t *testing.T) {
+	t.Parallel()
 	const huge = 64 << 20
 	for _, tc := range []struct {
 		name       string
@@ -360,6 +362,7 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 // type 'GracefulRestart' is not supported by this service"): every reboot
 // of such a machine ended SignalSent=False/Failed and was escalated.
 func TestRedfishResetTypeTheSystemAllows(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		allowed string
@@ -502,6 +505,7 @@ func (b *sessionBMC) sessions() int {
 // one: a login whose answer was lost failed the reboot (BMCUnreachable)
 // and left its session on the BMC, though the BMC took basic auth.
 func TestRedfishBasicAuthFirst(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		basic     bool
@@ -551,6 +555,7 @@ func TestRedfishBasicAuthFirst(t *testing.T) {
 // nothing was sent, and each one left a session on the BMC until it
 // timed out: a few, and every reset on that BMC failed to log in.
 func TestRedfishSessionLoggedOut(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		hold   string // the request that waits until the test cancels ("": none)
@@ -607,6 +612,7 @@ func TestRedfishSessionLoggedOut(t *testing.T) {
 // reset type sent. sushy's fake driver takes any, so this one shows the
 // path end to end.)
 func TestRebootPowersOnAnOffMachine(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 1)
 	ctx := context.Background()
 	cfg := e.config()

@@ -31,6 +31,7 @@ func (g gracefulIgnored) Reboot(ctx context.Context, t Target, mode RebootMode) 
 // holds a node's next operation; a graceful reboot that does not take the
 // node down is followed by one forced reboot.
 func TestJanitorSafety(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 4)
 	ctx := context.Background()
 	setRack := func(node, rack string) {
@@ -211,6 +212,7 @@ func (c *perNode) ResetGPUs(_ context.Context, t Target, _ []string) error {
 // resources, which the first one's state record reaches only later: both
 // passed it, both were recorded and the node got two signals.
 func TestCooldownHoldsConcurrentResources(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 0)
 	ctx := context.Background()
 	cfg := e.config()
@@ -255,6 +257,7 @@ func TestCooldownHoldsConcurrentResources(t *testing.T) {
 // clocks' slack); a node without either mark's time is judged by its
 // labels alone.
 func TestStaleDrain(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	drain := func(finished time.Time) string {
 		return fmt.Sprintf(`{"id":"d1","phase":"succeeded","finishedAt":%q}`, finished.Format(time.RFC3339Nano))

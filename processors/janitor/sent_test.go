@@ -179,12 +179,10 @@ func refusedAddr(t *testing.T) string {
 // the second is not. Before, all of them were plain failures ("no signal
 // went out"), and the SDK sent RebootInstances three times.
 func TestProvidersTellUnansweredFromUnsent(t *testing.T) {
+	t.Parallel()
 	sink, srv := newSignalSink(t)
 	dir := t.TempDir()
 	signingKey, _ := writeKeyPair(t, dir, "janitor")
-	t.Setenv("AWS_ACCESS_KEY_ID", "testing")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "testing")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
 	cfg := DefaultConfig()
 	cfg.Redfish.Timeout, cfg.Local.Timeout, cfg.AWS.Timeout = time.Second, time.Second, time.Second
@@ -277,13 +275,11 @@ func TestProvidersTellUnansweredFromUnsent(t *testing.T) {
 // remediate role escalated a node that was rebooting, and that node's
 // every later fault with it.
 func TestSignalSentUnanswered(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 0)
 	ctx := context.Background()
 	sink, srv := newSignalSink(t)
 	signingKey, _ := writeKeyPair(t, t.TempDir(), "janitor")
-	t.Setenv("AWS_ACCESS_KEY_ID", "testing")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "testing")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	cfg := e.config()
 	cfg.Redfish.Timeout, cfg.Local.Timeout, cfg.AWS.Timeout = time.Second, time.Second, time.Second
 	cfg.Local.SigningKeyFile = signingKey
@@ -386,6 +382,7 @@ func TestSignalSentUnanswered(t *testing.T) {
 // NoBootID, no signal sent (before, it waited for the remediate role's
 // completion_timeout, an hour by default).
 func TestRebootWaitsForABootID(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 0)
 	ctx := context.Background()
 	sink, srv := newSignalSink(t)
@@ -442,6 +439,7 @@ func TestRebootWaitsForABootID(t *testing.T) {
 // long POST) is sent nothing more: the reboot ends Timeout. Before, both
 // waited for reboot_timeout.
 func TestRebootPowersOnAMachineLeftOff(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 0)
 	ctx := context.Background()
 	sink, srv := newSignalSink(t)
@@ -495,6 +493,7 @@ func TestRebootPowersOnAMachineLeftOff(t *testing.T) {
 // completes on the new boot ID. Before, such a machine was sent nothing
 // and its reboot ended Timeout at reboot_timeout.
 func TestRebootForcesAMachineHungInShutdown(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 0)
 	ctx := context.Background()
 	sink, srv := newSignalSink(t)
