@@ -151,6 +151,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	cfg.Processors.Kube.Clusters = []clusters.Cluster{{
 		Name: cfg.Dev.Cluster, Kubeconfig: cfg.Dev.Kubeconfig, DryRun: cfg.Dev.Kubeconfig == "",
 	}}
+	// One process is the only janitor: no Lease to hold (nor its
+	// namespace to ask of the local cluster).
+	cfg.Processors.Janitor.LeaderElection = false
 	if err := cfg.Processors.Validate(); err != nil {
 		return err
 	}

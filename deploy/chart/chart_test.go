@@ -503,12 +503,8 @@ func TestOverrides(t *testing.T) {
 			t.Errorf("secure set: no Deployment %s", name)
 		}
 	}
-	// One janitor (its limits are counted in the process), its BMC
-	// Secrets in the release namespace.
-	if r, _, _ := unstructured.NestedFieldNoCopy(Find(sec, "Deployment", "faultline-janitor").Object, "spec", "replicas"); fmt.Sprint(r) != "1" ||
-		Find(sec, "HorizontalPodAutoscaler", "faultline-janitor") != nil {
-		t.Errorf("janitor replicas %v, HPA %v; want 1, none", r, Find(sec, "HorizontalPodAutoscaler", "faultline-janitor") != nil)
-	}
+	// Its BMC Secrets in the release namespace (its replicas:
+	// TestJanitorNeverTwo).
 	if conf, _, _ := unstructured.NestedString(Find(sec, "ConfigMap", "faultline-config").Object, "data", "config.toml"); !strings.Contains(conf, `secret_namespace = "`+namespace+`"`) {
 		t.Errorf("janitor.redfish.secret_namespace not the release namespace:\n%s", conf)
 	}
@@ -729,32 +725,71 @@ func TestGoMemLimitUnderMemoryLimit(t *testing.T) {
 // TestJanitorNeverTwo: the janitor counts its concurrency limits
 // (max_concurrent, _per_rack, _per_provider) in its process, from the
 // operations it started and those in progress when it started; a second
-// janitor beside it counts its own. A rolling update (a new image, a
-// config change) ran the new janitor beside the old one until the new was
-// ready and the old stopped: both started operations meanwhile, and a rack
-// limit of 1 let two of a rack's nodes reboot at once. The janitor's
-// Deployment is replaced (Recreate), never surged; the other components
-// roll as before.
+// janitor working beside it counts its own. A rolling update (a new image,
+// a config change) once ran the new janitor beside the old one until the
+// new was ready and the old stopped: both started operations meanwhile,
+// and a rack limit of 1 let two of a rack's nodes reboot at once.
+//   - With leader election (the default), only the holder of a cluster's
+//     Lease works it (processors/janitor TestLeaderElection): two replicas,
+//     rolled as the other components, with the Lease's rights in the
+//     release namespace, as deploy/rbac/janitor.yaml grants them.
+//   - Without it, one replica, replaced (Recreate), never surged.
 func TestJanitorNeverTwo(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "rbac", "janitor.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
-		name string
-		args []string
+		name     string
+		args     []string
+		strategy string
+		replicas string
+		lease    bool
 	}{
-		{"secure", nil},
-		{"with overrides", []string{"--set", "roles.janitor.overrides.resources.limits.memory=1Gi"}},
+		{"secure", nil, "", "2", true},
+		{"with overrides", []string{"--set", "roles.janitor.overrides.resources.limits.memory=1Gi"}, "", "2", true},
+		{"without leader election", []string{"--set", "config.janitor.leader_election=false"}, "Recreate", "1", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, o := range render(t, "secure", tc.args...) {
+			objs := render(t, "secure", tc.args...)
+			for _, o := range objs {
 				if o.GetKind() != "Deployment" {
 					continue
 				}
 				strategy, _, _ := unstructured.NestedString(o.Object, "spec", "strategy", "type")
 				switch {
-				case o.GetName() == "faultline-janitor" && strategy != "Recreate":
-					t.Errorf("janitor: strategy %q, want Recreate (a rolling update runs two janitors at once, each counting only its own operations against the limits)", strategy)
-				case o.GetName() != "faultline-janitor" && strategy != "":
+				case o.GetName() == "faultline-janitor":
+					replicas, _, _ := unstructured.NestedFieldNoCopy(o.Object, "spec", "replicas")
+					if strategy != tc.strategy || fmt.Sprint(replicas) != tc.replicas {
+						t.Errorf("janitor: strategy %q, %v replicas; want %q, %s", strategy, replicas, tc.strategy, tc.replicas)
+					}
+				case strategy != "":
 					t.Errorf("%s: strategy %q, want the default rolling update", o.GetName(), strategy)
 				}
+			}
+			if Find(objs, "HorizontalPodAutoscaler", "faultline-janitor") != nil {
+				t.Error("janitor: an HPA (one janitor works a cluster at a time)")
+			}
+			got := Find(objs, "Role", "faultline-janitor-lease")
+			switch {
+			case !tc.lease && got != nil:
+				t.Error("a Lease Role without leader election")
+			case tc.lease && (got == nil || got.GetNamespace() != namespace):
+				t.Errorf("janitor's Lease Role: %v, want one in the release namespace", got)
+			case tc.lease:
+				wr, _, _ := unstructured.NestedSlice(Find(ref, "Role", "faultline-janitor-lease").Object, "rules")
+				gr, _, _ := unstructured.NestedSlice(got.Object, "rules")
+				if w, g := rulesYAML(t, wr), rulesYAML(t, gr); w != g {
+					t.Errorf("janitor's Lease rules differ from deploy/rbac:\nchart:\n%s\ndeploy/rbac:\n%s", g, w)
+				}
+			}
+			conf, _, _ := unstructured.NestedString(Find(objs, "ConfigMap", "faultline-config").Object, "data", "config.toml")
+			if tc.lease && !strings.Contains(conf, `lease_namespace = "`+namespace+`"`) {
+				t.Errorf("janitor.lease_namespace not the release namespace:\n%s", conf)
 			}
 		})
 	}

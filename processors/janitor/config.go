@@ -21,6 +21,19 @@ type Config struct {
 	// Identity names this janitor on the resources it works (in the state
 	// annotation). Default "faultline-janitor/<hostname>".
 	Identity string `toml:"identity"`
+	// LeaderElection: of the janitors serving a cluster, only the holder of
+	// its Lease (LeaseName in LeaseNamespace) works it, so that two
+	// replicas (a standby, a rollout) never count the concurrency limits
+	// twice. Default true; false: every janitor works every cluster it
+	// serves (run one).
+	LeaderElection bool `toml:"leader_election"`
+	// LeaseNamespace holds each cluster's Lease. Default "faultline".
+	LeaseNamespace string `toml:"lease_namespace"`
+	// LeaseDuration: how long a Lease not renewed keeps the other
+	// janitors waiting (its holder renews it every two fifteenths of it,
+	// and stops working the cluster once two thirds pass without a
+	// renewal). Default 15s.
+	LeaseDuration time.Duration `toml:"lease_duration"`
 	// Workers per cluster: resources worked at once. Default 16.
 	Workers int `toml:"workers"`
 	// MaxConcurrent bounds the operations in progress (signal sent, not yet
@@ -191,7 +204,7 @@ type LocalConfig struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		Identity: "faultline-janitor/" + host, Workers: 16, MaxConcurrent: 10, MaxConcurrentPerRack: 2,
+		Identity: "faultline-janitor/" + host, LeaderElection: true, LeaseNamespace: "faultline", LeaseDuration: 15 * time.Second, Workers: 16, MaxConcurrent: 10, MaxConcurrentPerRack: 2,
 		RackLabel: "faultline.io/rack", Cooldown: 30 * time.Minute, RequireDrained: true,
 		RebootTimeout: 30 * time.Minute, ForceAfter: 10 * time.Minute, HungAfter: 15 * time.Minute, TerminateTimeout: 30 * time.Minute,
 		GPUResetTimeout: 10 * time.Minute, PollInterval: 5 * time.Second, DeleteNodeOnTerminate: true,
@@ -207,6 +220,9 @@ func DefaultConfig() Config {
 // RegisterFlags adds the flags under prefix ("janitor.").
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Identity, prefix+"identity", c.Identity, "janitor identity written on resources")
+	fs.BoolVar(&c.LeaderElection, prefix+"leader-election", c.LeaderElection, "work a cluster only while holding its Lease (one janitor of several works it)")
+	fs.StringVar(&c.LeaseNamespace, prefix+"lease-namespace", c.LeaseNamespace, "namespace of each cluster's janitor Lease")
+	fs.DurationVar(&c.LeaseDuration, prefix+"lease-duration", c.LeaseDuration, "how long an unrenewed Lease keeps the other janitors waiting")
 	fs.IntVar(&c.Workers, prefix+"workers", c.Workers, "resources worked at once per cluster")
 	fs.IntVar(&c.MaxConcurrent, prefix+"max-concurrent", c.MaxConcurrent, "operations in progress per cluster (0: no limit)")
 	fs.IntVar(&c.MaxConcurrentPerRack, prefix+"max-concurrent-per-rack", c.MaxConcurrentPerRack, "operations in progress per rack (0: no limit)")
@@ -287,6 +303,12 @@ func (c Config) Validate(prefix string) error {
 	switch {
 	case c.Identity == "":
 		return fmt.Errorf("%sidentity: must not be empty", prefix)
+	case c.LeaderElection && len(validation.IsDNS1123Label(c.LeaseNamespace)) > 0:
+		return fmt.Errorf("%slease_namespace: %q is not a namespace (needed by leader_election): %s", prefix, c.LeaseNamespace, strings.Join(validation.IsDNS1123Label(c.LeaseNamespace), "; "))
+	case c.LeaderElection && c.LeaseDuration < 3*time.Second:
+		// Renewed every two fifteenths of it, each try bounded by the
+		// API server's answer: shorter, a slow answer loses the Lease.
+		return fmt.Errorf("%slease_duration: must be at least 3s (needed by leader_election), got %v", prefix, c.LeaseDuration)
 	case c.Workers < 1:
 		return fmt.Errorf("%sworkers: must be at least 1, got %d", prefix, c.Workers)
 	case c.MaxConcurrent < 0:

@@ -85,6 +85,7 @@ type Janitor struct {
 	emitTry   time.Duration // bound of one try to produce an action
 	lim       *limiter
 	m         *metrics
+	leaseID   string // this process on the clusters' Leases (leader.go)
 	// refusedAt: when the broker last refused an action (unix
 	// nanoseconds; 0 once one is produced again); emit tries briefly and
 	// resay waits, for resayAfter from it.
@@ -172,13 +173,13 @@ func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options)
 		cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		providers: opts.Providers, prod: opts.Producer, emitTry: emitTry, resayAfter: resayAfter,
 		lim: newLimiter(cfg.MaxConcurrent, cfg.MaxConcurrentPerRack, cfg.MaxConcurrentPerProvider),
-		m:   newMetrics(opts.Registerer), mem: map[types.UID]memory{}, running: map[string]*clusterRun{},
+		m:   newMetrics(opts.Registerer), leaseID: leaseIdentity(cfg.Identity), mem: map[types.UID]memory{}, running: map[string]*clusterRun{},
 	}, nil
 }
 
 // Run watches the named clusters until ctx ends; each cluster runs on its
-// own (one that is down never stalls another) and is retried while it
-// cannot be reached.
+// own (one that is down never stalls another), while this janitor holds
+// its Lease (lead), and is retried while it cannot be reached.
 func (j *Janitor) Run(ctx context.Context, names []string) error {
 	var wg sync.WaitGroup
 	for _, name := range names {
@@ -186,7 +187,7 @@ func (j *Janitor) Run(ctx context.Context, names []string) error {
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				err := j.runCluster(ctx, name)
+				err := j.lead(ctx, name)
 				if ctx.Err() != nil {
 					return
 				}
@@ -1289,6 +1290,7 @@ type metrics struct {
 	auditErrors                                      prometheus.Counter
 	signalLatency                                    *prometheus.HistogramVec
 	nodeNamed                                        *prometheus.CounterVec
+	leader                                           *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -1303,9 +1305,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"cluster"}),
 		nodeNamed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_node_named_total",
 			Help: "Signals sent that followed a key of the node's own (its kubelet may write it): its provider's or its BMC's annotation."}, []string{"cluster", "key"}),
+		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_janitor_leader",
+			Help: "1 while this janitor works the cluster (it holds the cluster's Lease, or leader election is off), 0 while another does."}, []string{"cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.actions, m.started, m.completed, m.apiErrors, m.deferred, m.auditErrors, m.signalLatency, m.nodeNamed)
+		reg.MustRegister(m.actions, m.started, m.completed, m.apiErrors, m.deferred, m.auditErrors, m.signalLatency, m.nodeNamed, m.leader)
 	}
 	return m
 }

@@ -16,9 +16,10 @@ const saJanitor = "system:serviceaccount:faultline:faultline-janitor"
 
 // TestRBACIsEnough runs the janitor as the ServiceAccount of
 // deploy/rbac/janitor.yaml: a Redfish reboot (watch, state update, status
-// patch, Secret read) and a terminate (node delete) complete; and the role
-// grants nothing more (no Secret outside its namespace, no node update, no
-// create or delete of the resources).
+// patch, Secret read; its Lease held) and a terminate (node delete)
+// complete; and the role grants nothing more (no Secret outside its
+// namespace, no node update, no create or delete of the resources, no Lease
+// outside its namespace).
 func TestRBACIsEnough(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
@@ -70,6 +71,9 @@ func TestRBACIsEnough(t *testing.T) {
 		{testenv.Access{Verb: "create", Resource: "events", Namespace: "default"}, true},
 		{testenv.Access{Verb: "create", Resource: "events", Namespace: "faultline"}, false},
 		{testenv.Access{Verb: "update", Resource: "events", Namespace: "default"}, false},
+		{testenv.Access{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: "faultline"}, true},
+		{testenv.Access{Verb: "delete", Group: "coordination.k8s.io", Resource: "leases", Namespace: "faultline"}, false},
+		{testenv.Access{Verb: "create", Group: "coordination.k8s.io", Resource: "leases", Namespace: "default"}, false},
 	} {
 		if got := e.kc.Allowed(t, saJanitor, tc.a); got != tc.want {
 			t.Errorf("%+v: allowed %v, want %v", tc.a, got, tc.want)

@@ -194,9 +194,10 @@ keys the chart owns set from the structured values.
 {{- $r := deepCopy (default dict $c.quarantine) }}{{ $_ := set $r "rules" "/etc/faultline/rules/quarantine.toml" }}{{ $_ := set $c "quarantine" $r -}}
 {{- end -}}
 {{- if $v.roles.janitor.enabled -}}
-{{- /* The BMC credential Secrets: in the release namespace unless config.janitor.redfish.secret_namespace says. */ -}}
+{{- /* The BMC credential Secrets and the janitor's Lease: in the release namespace unless config.janitor.redfish.secret_namespace and config.janitor.lease_namespace say. */ -}}
 {{- $j := deepCopy (default dict $c.janitor) }}{{ $rf := default dict $j.redfish -}}
 {{- if not $rf.secret_namespace }}{{ $_ := set $rf "secret_namespace" .Release.Namespace }}{{ end -}}
+{{- if not $j.lease_namespace }}{{ $_ := set $j "lease_namespace" .Release.Namespace }}{{ end -}}
 {{- $_ := set $j "redfish" $rf }}{{ $_ := set $c "janitor" $j -}}
 {{- end -}}
 {{- include "faultline.toml" (dict "m" $c "p" "") -}}

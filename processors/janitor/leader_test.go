@@ -1,0 +1,147 @@
+package janitor
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/clusters"
+)
+
+// TestLeaderElection: two janitors serve one cluster (a standby, a
+// rollout); only the holder of the cluster's Lease works it, so the
+// concurrency limits are counted once.
+//   - The one that leads (faultline_janitor_leader 1, the Lease's holder)
+//     sends the signal of a reboot; the other sends nothing.
+//   - Stopped, it releases the Lease and the other works the next reboot
+//     within a renewal period, not a lease_duration.
+//   - A leader whose API server stops answering its renewals stops working
+//     the cluster within two thirds of lease_duration; another takes the
+//     Lease once lease_duration has passed, and works the next reboot.
+func TestLeaderElection(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	cfg := e.config()
+	cfg.LeaseDuration = 3 * time.Second
+	type replica struct {
+		j     *Janitor
+		sig   *signals
+		stop  func()
+		delay *atomic.Int64 // of its requests to the API server
+	}
+	start := func(identity string) *replica {
+		r := &replica{delay: new(atomic.Int64)}
+		c := cfg
+		c.Identity = identity
+		kc, err := kubernetes.NewForConfig(testenv.Delayed(e.kc.RESTConfig(), r.delay))
+		if err != nil {
+			t.Fatal(err)
+		}
+		prov := e.providers(c)
+		r.sig = &signals{Provider: prov[ProviderRedfish], n: map[string]int{}}
+		prov[ProviderRedfish] = r.sig
+		reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+		reg.SetClient(cluster, kc, false)
+		r.j, err = New(c, clusters.Config{}, reg, Options{Log: testLog, Providers: prov, Producer: &recorder{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg.SetDynamic(cluster, e.dyn)
+		r.stop = run(t, r.j)
+		return r
+	}
+	leads := func(r *replica) bool { return testutil.ToFloat64(r.j.m.leader.WithLabelValues(cluster)) == 1 }
+	holder := func() string {
+		l, err := e.kube.CoordinationV1().Leases(cfg.LeaseNamespace).Get(context.Background(), LeaseName, metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *l.Spec.HolderIdentity
+	}
+	// leader waits until exactly one of rs works the cluster and holds the
+	// Lease, and returns it.
+	leader := func(within time.Duration, rs ...*replica) *replica {
+		t.Helper()
+		for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
+			var led []*replica
+			for _, r := range rs {
+				if leads(r) {
+					led = append(led, r)
+				}
+			}
+			if len(led) == 1 && holder() == led[0].j.leaseID {
+				return led[0]
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after %v: %d janitors work the cluster, the Lease's holder is %q", within, len(led), holder())
+			}
+		}
+	}
+	reboot := func(node string, sys int) {
+		t.Helper()
+		e.node(node, sysID(sys), true, nil)
+		e.create(kindReboot, node, node, false)
+		if o := e.wait(kindReboot, node, 60*time.Second); condOf(o, CondNodeReady) != "True/Succeeded" {
+			t.Fatalf("%s: NodeReady %s (status %v)", node, condOf(o, CondNodeReady), o.Object["status"])
+		}
+	}
+	signalled := func(r *replica) int { return r.sig.count()["reboot/graceful"] }
+
+	a, b := start("janitor-a"), start("janitor-b")
+	first := leader(10*time.Second, a, b)
+	other := map[*replica]*replica{a: b, b: a}[first]
+	reboot("leader-1", 0)
+	if signalled(first) != 1 || len(other.sig.count()) != 0 {
+		t.Fatalf("the leader sent %v, the other %v; want one reboot by the leader alone", first.sig.count(), other.sig.count())
+	}
+
+	// Stopped: the Lease is released, and the other leads at once.
+	stopped := time.Now()
+	first.stop()
+	if leads(first) {
+		t.Fatal("a stopped janitor still says it works the cluster")
+	}
+	if next := leader(cfg.LeaseDuration, other); next != other {
+		t.Fatal("unreachable")
+	}
+	t.Logf("the other janitor led %v after the leader stopped (lease_duration %v)", time.Since(stopped).Round(time.Millisecond), cfg.LeaseDuration)
+	reboot("leader-2", 1)
+	if signalled(other) != 1 {
+		t.Fatalf("the new leader sent %v, want the reboot", other.sig.count())
+	}
+
+	// A third janitor joins; the leader's API server stops answering.
+	c := start("janitor-c")
+	time.Sleep(cfg.LeaseDuration / 2)
+	if leads(c) {
+		t.Fatal("a joining janitor works the cluster beside its leader")
+	}
+	cut := time.Now()
+	other.delay.Store(int64(time.Hour))
+	for !time.Now().After(cut.Add(cfg.LeaseDuration)) && leads(other) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if leads(other) {
+		t.Fatalf("the leader still works the cluster %v after its renewals stopped (renew deadline %v)", time.Since(cut).Round(time.Millisecond), cfg.LeaseDuration*2/3)
+	}
+	t.Logf("the leader stopped working the cluster %v after its API server stopped answering", time.Since(cut).Round(time.Millisecond))
+	if next := leader(3*cfg.LeaseDuration, c); next != c {
+		t.Fatal("unreachable")
+	}
+	// Its last renewal was at most a retry period (2/15 of lease_duration)
+	// before the cut.
+	if took, least := time.Since(cut), cfg.LeaseDuration-cfg.LeaseDuration*2/15; took < least {
+		t.Fatalf("the Lease was taken %v after the cut, before its lease_duration could pass (%v)", took, least)
+	}
+	reboot("leader-3", 2)
+	if signalled(c) != 1 || signalled(other) != 1 {
+		t.Fatalf("the third janitor sent %v, the cut-off one %v; want the reboot by the third alone", c.sig.count(), other.sig.count())
+	}
+	other.delay.Store(0)
+}
