@@ -50,6 +50,10 @@ func TestValidate(t *testing.T) {
 		{"rack label unused", func(c *Config) { c.RackLabel, c.MaxConcurrentPerRack = "", 0 }, ""},
 		{"event namespace", func(c *Config) { c.EventNamespace = "Node_Events" }, "janitor.event_namespace"},
 		{"event namespace unused", func(c *Config) { c.EventNamespace, c.NodeEvents = "", false }, ""},
+		{"lease namespace", func(c *Config) { c.LeaseNamespace = "" }, "janitor.lease_namespace"},
+		{"lease namespace unused", func(c *Config) { c.LeaseNamespace, c.LeaderElection = "", false }, ""},
+		// Renewed every 2/15 of it: shorter, one slow answer loses it.
+		{"lease duration", func(c *Config) { c.LeaseDuration = time.Second }, "janitor.lease_duration"},
 		{"local port", func(c *Config) { c.Local.Port = 0 }, "janitor.local.port"},
 		// The bearer token every node held is gone: saying so beats
 		// "unknown key".
