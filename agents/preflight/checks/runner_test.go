@@ -3,6 +3,7 @@ package checks_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/agents/preflight/checks"
@@ -78,11 +80,14 @@ func newHarness(t *testing.T) *harness {
 	for _, tool := range []string{"nvidia-smi", "dcgmi", "all_reduce_perf", "torchrun"} {
 		must(t, os.WriteFile(filepath.Join(h.bin, tool), fmt.Appendf(nil, standinScript, tool), 0o755))
 	}
-	h.cl = k.Client(t, kgo.ConsumeTopics(events.TopicEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()))
-	// Position the consumer at the end before any run produces.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	h.cl.PollFetches(ctx)
-	cancel()
+	// The consumer starts at the topic's end offsets as they are now,
+	// listed before any run produces (AtEnd would resolve them at its
+	// first fetch, which a run's events may precede).
+	ends, err := k.Admin(t).ListEndOffsets(context.Background(), events.TopicEvents)
+	must(t, errors.Join(err, ends.Error()))
+	from := map[string]map[int32]kgo.Offset{events.TopicEvents: {}}
+	ends.Each(func(o kadm.ListedOffset) { from[o.Topic][o.Partition] = kgo.NewOffset().At(o.Offset) })
+	h.cl = k.Client(t, kgo.ConsumePartitions(from))
 	return h
 }
 
