@@ -33,6 +33,7 @@ import (
 // makes it the http.Client's), while the same watch through the watch
 // clients, which the roles' informers use, stays open.
 func TestWatchClientsOutliveTimeout(t *testing.T) {
+	t.Parallel() // waits on its own API server; mostly idle
 	k := testenv.StartKube(t, testenv.KubeOptions{})
 	cfg := DefaultConfig()
 	cfg.Timeout = time.Second
@@ -93,6 +94,7 @@ func TestWatchClientsOutliveTimeout(t *testing.T) {
 // first read and every request was refused (401) until the processor was
 // restarted.
 func TestRotatedCredentialsFollowed(t *testing.T) {
+	t.Parallel() // waits on its own API server; mostly idle
 	k := testenv.StartKube(t, testenv.KubeOptions{})
 	ctx := context.Background()
 	admin := k.Client()
@@ -310,6 +312,7 @@ func (p *switchProxy) set(mode string) {
 // at every end of its backoff; its work resumes within about a second of
 // it answering. A cluster that refuses connections behaves the same.
 func TestSilentClusterNotWaitedFor(t *testing.T) {
+	t.Parallel() // waits on its own API server; mostly idle
 	k := testenv.StartKube(t, testenv.KubeOptions{})
 	rc := k.RESTConfig()
 	host := strings.TrimPrefix(rc.Host, "https://")
@@ -381,6 +384,7 @@ func TestSilentClusterNotWaitedFor(t *testing.T) {
 // and taken for silence, so such a cluster stayed gated for good — its
 // work deferred while it answered every request.
 func TestSlowClusterNotTakenForSilent(t *testing.T) {
+	t.Parallel() // waits on its own API server; mostly idle
 	k := testenv.StartKube(t, testenv.KubeOptions{})
 	const timeout = 3 * time.Second
 	list := func(ctx context.Context, cl *Client) error {
