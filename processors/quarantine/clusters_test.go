@@ -43,6 +43,7 @@ func retryUntil(t *testing.T, h *Handler, recs []*kgo.Record, within time.Durati
 // cluster's records of the same batch; its records are deferred and applied
 // once it is back.
 func TestTwoClustersIsolated(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting
 	ka := testenv.StartKube(t, testenv.KubeOptions{})
 	kb := testenv.StartKube(t, testenv.KubeOptions{})
 	for _, k := range []*testenv.Kube{ka, kb} {
@@ -137,6 +138,7 @@ func TestTwoClustersIsolated(t *testing.T) {
 // handled: whatever was not applied is deferred, retried while the
 // apiserver is down, and applied once it is back. No fault is lost.
 func TestAPIServerStoppedMidRunRetriedWithoutLoss(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting
 	k := testenv.StartKube(t, testenv.KubeOptions{})
 	const nodes = 40
 	var names []string
@@ -191,6 +193,7 @@ func TestAPIServerStoppedMidRunRetriedWithoutLoss(t *testing.T) {
 // because each try of the retry batch probes the cluster (GET /readyz)
 // rather than waiting the backoff out.
 func TestClusterBackRetriedWithinSeconds(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting
 	k := testenv.StartKube(t, testenv.KubeOptions{})
 	createNodes(t, k.Client(), "back", "node-1")
 	h := newTestHandler(t, testConfig("back"), map[string]kubernetes.Interface{"c1": k.Client()})
@@ -235,6 +238,7 @@ func TestClusterBackRetriedWithinSeconds(t *testing.T) {
 // retry consumer applies the deferred one. Fast again, it is found so by
 // the retry consumer's requests.
 func TestSlowClusterDeferred(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting
 	k := testenv.StartKube(t, testenv.KubeOptions{})
 	createNodes(t, k.Client(), "slow", "slow-0", "slow-1", "slow-2", "slow-3", "fast-1")
 	h := newTestHandler(t, testConfig("slow"), nil)
@@ -317,6 +321,7 @@ func TestSlowClusterDeferred(t *testing.T) {
 // records, instead of waiting for the cordon's requests one after another
 // (3 × 1.5 s here); the retry consumer then applies them, once.
 func TestClusterTurningSlowNotWaitedFor(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting
 	k := testenv.StartKube(t, testenv.KubeOptions{})
 	createNodes(t, k.Client(), "turning", "turning-0", "turning-1", "fast-1")
 	h := newTestHandler(t, testConfig("turning"), nil)

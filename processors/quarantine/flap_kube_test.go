@@ -21,6 +21,7 @@ import (
 // the window, on the replica that owns the node only; a dry-run cluster's
 // sweep reports the would-lift once and writes nothing.
 func TestFlapKube(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting
 	kube := testenv.StartKube(t, testenv.KubeOptions{})
 	k := kube.Client()
 	createNodes(t, k, "flap", "flap-1")

@@ -255,6 +255,7 @@ func condition(n *corev1.Node, typ string) *corev1.NodeCondition {
 // TestKube runs the single-cluster behaviours against one shared apiserver;
 // each subtest has its own nodes.
 func TestKube(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting
 	kube := testenv.StartKube(t, testenv.KubeOptions{})
 	k := kube.Client()
 

@@ -19,6 +19,7 @@ const saQuarantine = "system:serviceaccount:faultline:faultline-quarantine"
 // on, and nothing more than it calls (Events only in the namespace of node
 // events, never cluster-wide; no update or delete of nodes; no pods).
 func TestRBACIsEnough(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting
 	kube := testenv.StartKube(t, testenv.KubeOptions{})
 	kube.ApplyRBAC(t, "../../deploy/rbac/quarantine.yaml")
 	createNodes(t, kube.Client(), "rbac", "rbac-1", "rbac-2")

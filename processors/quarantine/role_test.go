@@ -32,6 +32,7 @@ import (
 // retry topic (the test reads it there), and the retry consumer applies
 // it once the apiserver is back.
 func TestRoleThroughKafka(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting
 	e := startRoleEnv(t, "role", "role-1", "role-2")
 	kube := e.kube
 	stop := e.start(e.deps, 0, 1)
@@ -79,6 +80,7 @@ func TestRoleThroughKafka(t *testing.T) {
 // action), the node's fresh fault behind it (same partition, its actions
 // after the old one's would be) cordons.
 func TestRoleFirstStartSkipsOldRecords(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting
 	e := startRoleEnv(t, "firststart", "firststart-1")
 	tap := newTap(e.ctx, t, e.kafka)
 	old := time.Now().Add(-72 * time.Hour)
@@ -117,6 +119,7 @@ func header(r *kgo.Record, key string) string {
 // another node of the same cluster is decided at once. Once the retry
 // topic is consumed, the node's records are decided at once again.
 func TestRestartKeepsNodeOrderBehindRetries(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting
 	e := startRoleEnv(t, "order", "order-1", "order-2")
 	ctx, kube, k, deps, start := e.ctx, e.kube, e.kafka, e.deps, e.start
 	// Replica A reaches the cluster through a dead address (the cluster
@@ -195,6 +198,7 @@ func TestRestartKeepsNodeOrderBehindRetries(t *testing.T) {
 // start, so the second does not start it max_event_age back from its own
 // time either.
 func TestFaultsHeldThroughALongOutageAct(t *testing.T) {
+	t.Parallel() // its own servers; mostly waiting
 	e := startRoleEnv(t, "aged", "aged-1")
 	e.cfg.MaxEventAge = 3 * time.Second
 	tap := newTap(e.ctx, t, e.kafka)
