@@ -17,6 +17,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// The smoke tests run in parallel: each starts a fleet of its own, and
+// much of their time is waiting (a killed replica's session timeout).
+
 // scaleSmoke starts a fleet with o, runs the scale rounds of sp (replicas
 // are this test binary's -replica mode) and checks that every round
 // passed and printed want figures (why: which they are).
@@ -44,6 +47,7 @@ func scaleSmoke(t *testing.T, o fleet.Options, sp fleet.ScaleParams, want int, w
 // consumer group's session timeout, kafka.session_timeout 15s): every
 // node cordoned once; then the ceiling.
 func TestScaleSmoke(t *testing.T) {
+	t.Parallel()
 	scaleSmoke(t, fleet.Options{Clusters: 1, Nodes: 2 * 20, Roles: "none", Kube: true},
 		fleet.ScaleParams{Replicas: []int{1}, Nodes: 20, Latency: 10 * time.Millisecond, Kill: true}, 3, "one round, one SIGKILL round, the ceiling")
 }
@@ -54,6 +58,7 @@ func TestScaleSmoke(t *testing.T) {
 // completes it. (The SIGKILL round is TestScaleSmoke's mechanism; here it
 // would add the group's session timeout.)
 func TestScaleRemediateSmoke(t *testing.T) {
+	t.Parallel()
 	scaleSmoke(t, fleet.Options{Clusters: 1, Nodes: 20, Roles: "none", Kube: true},
 		fleet.ScaleParams{Role: "remediate", Replicas: []int{2}, Nodes: 20, Latency: 10 * time.Millisecond}, 3, "one round, the ceiling without and with four more watches")
 }
@@ -64,6 +69,7 @@ func TestScaleRemediateSmoke(t *testing.T) {
 // drain/succeeded for every node. (No SIGKILL round: it would add the
 // group's session timeout; TestScaleSmoke covers the mechanism.)
 func TestScaleDrainSmoke(t *testing.T) {
+	t.Parallel()
 	scaleSmoke(t, fleet.Options{Clusters: 1, Nodes: 20, Roles: "none", Kube: true},
 		fleet.ScaleParams{Role: "drain", Replicas: []int{2}, Nodes: 20, Latency: 10 * time.Millisecond}, 2, "one round, the ceiling")
 }
@@ -73,6 +79,7 @@ func TestScaleDrainSmoke(t *testing.T) {
 // (the survivor takes its partitions after the group's session timeout):
 // every event stored (distinct ids in ClickHouse), then the ceiling.
 func TestScaleStoreSmoke(t *testing.T) {
+	t.Parallel()
 	scaleSmoke(t, fleet.Options{Clusters: 1, Roles: "none", ClickHouse: true},
 		fleet.ScaleParams{Role: "store", Replicas: []int{1}, Nodes: 30_000, Kill: true}, 4, "one round, the SIGKILL round, the ceiling with 1 and 4 writers")
 }
@@ -82,6 +89,7 @@ func TestScaleStoreSmoke(t *testing.T) {
 // node's pair of Xid 31 judged once, its verdict read back from the
 // events topic. (No SIGKILL round: TestScaleSmoke covers the mechanism.)
 func TestScaleCorrelateSmoke(t *testing.T) {
+	t.Parallel()
 	scaleSmoke(t, fleet.Options{Clusters: 1, Roles: "store", ClickHouse: true},
 		fleet.ScaleParams{Role: "correlate", Replicas: []int{1}, Nodes: 200}, 1, "one round")
 }
