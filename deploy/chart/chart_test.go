@@ -369,14 +369,7 @@ func TestRBACMatchesDeployRBAC(t *testing.T) {
 		{"preflight.yaml", "faultline-preflight-webhook", "faultline-preflight-webhook", 0},
 		{"preflight.yaml", "faultline-preflight-check", "faultline-preflight-check", 0},
 	} {
-		b, err := os.ReadFile(filepath.Join("..", "rbac", tc.file))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ref, err := Parse(b)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ref := deployRBAC(t, tc.file)
 		want := Find(ref, "ClusterRole", tc.refName)
 		got := Find(objs, "ClusterRole", tc.chartName)
 		if want == nil || got == nil {
@@ -405,14 +398,7 @@ func TestRBACMatchesDeployRBAC(t *testing.T) {
 		t.Errorf("janitor's Secret Role: %v", r)
 	}
 	// It creates node Events in their namespace only, as deploy/rbac says.
-	b, err := os.ReadFile(filepath.Join("..", "rbac", "janitor.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref, err := Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ref := deployRBAC(t, "janitor.yaml")
 	want, got := Find(ref, "Role", "faultline-janitor-node-events"), Find(objs, "Role", "faultline-janitor-node-events")
 	if want == nil || got == nil || got.GetNamespace() != "default" {
 		t.Errorf("janitor's node Events Role: chart %v, deploy/rbac %v", got, want)
@@ -427,6 +413,20 @@ func TestRBACMatchesDeployRBAC(t *testing.T) {
 	if r := Find(objs, "Role", "faultline-quarantine"); r == nil || (r.GetNamespace() != "faultline-events" && r.GetNamespace() != "faultline") {
 		t.Errorf("quarantine Role: %v", r)
 	}
+}
+
+// deployRBAC is the objects of deploy/rbac/<file>.
+func deployRBAC(t *testing.T, file string) []*unstructured.Unstructured {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "rbac", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
 }
 
 func rulesYAML(t *testing.T, rules []any) string {
@@ -735,14 +735,7 @@ func TestGoMemLimitUnderMemoryLimit(t *testing.T) {
 //     release namespace, as deploy/rbac/janitor.yaml grants them.
 //   - Without it, one replica, replaced (Recreate), never surged.
 func TestJanitorNeverTwo(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "rbac", "janitor.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref, err := Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ref := deployRBAC(t, "janitor.yaml")
 	for _, tc := range []struct {
 		name     string
 		args     []string
