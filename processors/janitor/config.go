@@ -204,7 +204,8 @@ type LocalConfig struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		Identity: "faultline-janitor/" + host, LeaderElection: true, LeaseNamespace: "faultline", LeaseDuration: 15 * time.Second, Workers: 16, MaxConcurrent: 10, MaxConcurrentPerRack: 2,
+		Identity: "faultline-janitor/" + host, LeaderElection: true, LeaseNamespace: "faultline", LeaseDuration: 15 * time.Second,
+		Workers: 16, MaxConcurrent: 10, MaxConcurrentPerRack: 2,
 		RackLabel: "faultline.io/rack", Cooldown: 30 * time.Minute, RequireDrained: true,
 		RebootTimeout: 30 * time.Minute, ForceAfter: 10 * time.Minute, HungAfter: 15 * time.Minute, TerminateTimeout: 30 * time.Minute,
 		GPUResetTimeout: 10 * time.Minute, PollInterval: 5 * time.Second, DeleteNodeOnTerminate: true,
