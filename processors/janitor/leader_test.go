@@ -28,7 +28,10 @@ func TestLeaderElection(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 3)
 	cfg := e.config()
-	cfg.LeaseDuration = 3 * time.Second
+	// The holder gives the cluster up within a retry period and the renew
+	// deadline of its last renewal (4/5 of lease_duration), a fifth of it
+	// before another may take it: 1 s here, room for a loaded machine.
+	cfg.LeaseDuration = 5 * time.Second
 	type replica struct {
 		j     *Janitor
 		sig   *signals
