@@ -319,6 +319,29 @@ capabilities:
 {{- end -}}
 
 {{/*
+faultline.roleBinding binds the Role .name in .namespace to the
+ServiceAccount .serviceAccount of the release namespace (labels of
+.component).
+*/}}
+{{- define "faultline.roleBinding" -}}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{ .name }}
+  namespace: {{ .namespace }}
+  labels:
+    {{- include "faultline.labels" (dict "ctx" .ctx "component" .component) | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: {{ .name }}
+subjects:
+  - kind: ServiceAccount
+    name: {{ .serviceAccount }}
+    namespace: {{ .ctx.Release.Namespace }}
+{{- end -}}
+
+{{/*
 A faultline Deployment with its HPA and PDB:
 include "faultline.workload" (dict "ctx" $ "component" "store" "args" (list ...) "overrides" {...})
 */}}
