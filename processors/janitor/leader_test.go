@@ -11,7 +11,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/faultline/faultline/internal/testenv"
-	"github.com/faultline/faultline/processors/clusters"
 )
 
 // TestLeaderElection: two janitors serve one cluster (a standby, a
@@ -49,13 +48,10 @@ func TestLeaderElection(t *testing.T) {
 		prov := e.providers(c)
 		r.sig = &signals{Provider: prov[ProviderRedfish], n: map[string]int{}}
 		prov[ProviderRedfish] = r.sig
-		reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
-		reg.SetClient(cluster, kc, false)
-		r.j, err = New(c, clusters.Config{}, reg, Options{Log: testLog, Providers: prov, Producer: &recorder{}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		reg.SetDynamic(cluster, e.dyn)
+		admin := e.kube
+		e.kube = kc // the janitor's own client, delayed at will
+		r.j = e.janitorTo(&recorder{}, c, false, prov)
+		e.kube = admin
 		r.stop = run(t, r.j)
 		return r
 	}
