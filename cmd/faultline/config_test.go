@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/BurntSushi/toml"
+	"k8s.io/klog/v2"
 
 	"github.com/faultline/faultline/agents/agent"
 	"github.com/faultline/faultline/agents/preflight/checks"
@@ -291,8 +292,8 @@ func TestDocumentedKeys(t *testing.T) {
 }
 
 // TestLibraryLogLevel: the libraries' loggers (component kafka,
-// clickhouse) log at library_log_level, faultline's own at log_level;
-// faultline dev defaults the libraries to warn.
+// clickhouse, and klog's client-go) log at library_log_level, faultline's
+// own at log_level; faultline dev defaults the libraries to warn.
 func TestLibraryLogLevel(t *testing.T) {
 	var out bytes.Buffer
 	cfg := DefaultConfig()
@@ -306,13 +307,16 @@ func TestLibraryLogLevel(t *testing.T) {
 	log.With("component", "kafka").Info("kafka chatter")
 	log.With("component", "kafka").With("broker", "1").Warn("kafka trouble")
 	log.With("component", "clickhouse").Debug("driver detail")
+	klog.Infof("attempting to acquire leader lease %s...", "faultline/faultline-janitor")
+	klog.Errorf("error retrieving resource lock %s: %v", "faultline/faultline-janitor", "forbidden")
 	got := out.String()
-	for _, want := range []string{"msg=decision", `msg="history read"`, `msg="kafka trouble"`} {
+	for _, want := range []string{"msg=decision", `msg="history read"`, `msg="kafka trouble"`,
+		`level=ERROR msg="error retrieving resource lock faultline/faultline-janitor: forbidden" component=client-go`} {
 		if !strings.Contains(got, want) {
 			t.Errorf("log lacks %s:\n%s", want, got)
 		}
 	}
-	for _, not := range []string{"kafka chatter", "driver detail"} {
+	for _, not := range []string{"kafka chatter", "driver detail", "attempting to acquire"} {
 		if strings.Contains(got, not) {
 			t.Errorf("log has %q:\n%s", not, got)
 		}
@@ -324,7 +328,9 @@ func TestLibraryLogLevel(t *testing.T) {
 	}
 	log.With("component", "clickhouse").Debug("driver detail")
 	log.Debug("own debug")
-	if !strings.Contains(out.String(), "driver detail") || strings.Contains(out.String(), "own debug") {
+	klog.Infof("successfully acquired lease %s", "faultline/faultline-janitor")
+	if !strings.Contains(out.String(), "driver detail") || strings.Contains(out.String(), "own debug") ||
+		!strings.Contains(out.String(), `msg="successfully acquired lease faultline/faultline-janitor" component=client-go`) {
 		t.Errorf("library at debug, own at info:\n%s", out.String())
 	}
 	cfg.LibraryLogLevel = "loud"

@@ -20,6 +20,8 @@ import (
 	"strings"
 	"syscall"
 
+	"k8s.io/klog/v2"
+
 	"github.com/faultline/faultline/internal/version"
 )
 
@@ -79,12 +81,17 @@ func usage(w io.Writer) {
 }
 
 // libraryComponents are the "component" attributes of the loggers faultline
-// hands to libraries: franz-go (internal/kafka) and clickhouse-go
-// (internal/clickhouse). Their records go through at library_log_level.
-var libraryComponents = map[string]bool{"kafka": true, "clickhouse": true}
+// hands to libraries: franz-go (internal/kafka), clickhouse-go
+// (internal/clickhouse) and klog, client-go's own log (newLogger). Their
+// records go through at library_log_level.
+var libraryComponents = map[string]bool{"kafka": true, "clickhouse": true, "client-go": true}
 
 // newLogger builds the process logger (JSON or text on w) at log_level,
-// the libraries' records at library_log_level (default log_level).
+// the libraries' records at library_log_level (default log_level). It
+// also routes klog through it as component client-go: the lines client-go
+// logs itself (the janitor's leader election: "attempting to acquire",
+// "failed to renew") would otherwise go to stderr in klog's own format.
+// klog is process-wide; each command builds one logger.
 func newLogger(w io.Writer, cfg Config) (*slog.Logger, error) {
 	var own, lib slog.Level
 	if err := own.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
@@ -106,7 +113,9 @@ func newLogger(w io.Writer, cfg Config) (*slog.Logger, error) {
 	default:
 		return nil, fmt.Errorf("log_format: want text or json, got %q", cfg.LogFormat)
 	}
-	return slog.New(levels{Handler: h, own: own, lib: lib}), nil
+	log := slog.New(levels{Handler: h, own: own, lib: lib})
+	klog.SetSlogLogger(log.With("component", "client-go"))
+	return log, nil
 }
 
 // levels passes a record at the level of its logger: lib for the loggers
