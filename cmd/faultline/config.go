@@ -19,7 +19,7 @@ type Config struct {
 	// LogFormat is text or json. Default text.
 	LogFormat string `toml:"log_format"`
 	// LibraryLogLevel is the level of the libraries' own logs (the Kafka
-	// client, ClickHouse driver): debug, info, warn or error. Default
+	// client, ClickHouse driver, client-go): debug, info, warn or error. Default
 	// log_level; `faultline dev` defaults it to warn, so its output is the
 	// pipeline's decisions and summaries.
 	LibraryLogLevel string `toml:"library_log_level"`
@@ -52,7 +52,7 @@ func DefaultConfig() Config {
 func (c *Config) registerLogFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
-	fs.StringVar(&c.LibraryLogLevel, "library-log-level", c.LibraryLogLevel, "level of the libraries' own logs (Kafka client, ClickHouse driver): debug, info, warn or error (default: log-level; faultline dev: warn)")
+	fs.StringVar(&c.LibraryLogLevel, "library-log-level", c.LibraryLogLevel, "level of the libraries' own logs (Kafka client, ClickHouse driver, client-go): debug, info, warn or error (default: log-level; faultline dev: warn)")
 }
 
 // registerGatewayFlags adds the gateway's flags under its section
