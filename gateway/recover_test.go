@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/faultline/faultline/internal/warnlimit"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -52,7 +53,7 @@ func TestGRPCPanicFailsOneCall(t *testing.T) {
 	s := &Server{
 		cfg: cfg, log: log, auth: &Authenticator{Tokens: tokens}, metrics: m,
 		flight:    newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller),
-		busyWarns: newWarnLimit(warnWindow, warnKeys), connWarns: newWarnLimit(warnWindow, warnKeys),
+		busyWarns: warnlimit.New(warnWindow, warnKeys), connWarns: warnlimit.New(warnWindow, warnKeys),
 		codec: Codec{limits: shapeLimits{maxEvents: cfg.MaxBatch}},
 		svc: &service{
 			validator: Validator{MaxBatch: cfg.MaxBatch, MaxFutureSkew: cfg.MaxFutureSkew},

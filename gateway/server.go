@@ -18,6 +18,7 @@ import (
 
 	"github.com/faultline/faultline/internal/certfile"
 	"github.com/faultline/faultline/internal/kafka"
+	"github.com/faultline/faultline/internal/warnlimit"
 )
 
 // ReadyCheck is one condition of /readyz.
@@ -76,13 +77,20 @@ type Server struct {
 
 	// busyWarns names the credentials whose requests the read share
 	// refused; connWarns the addresses the connection caps refused.
-	busyWarns, connWarns *warnLimit
+	busyWarns, connWarns *warnlimit.Limit
 }
+
+// Warnings about refused callers and connections: each credential or
+// address named at most once per warnWindow, warnKeys of them a window.
+const (
+	warnWindow = 10 * time.Second
+	warnKeys   = 16
+)
 
 // refusedBusy counts a request of caller's that the in-flight budget
 // refused with err and returns the answer's message. When it was the
 // credential's read share, the log names the credential (each at most
-// once per 10 s, warnLimit; under a flood the metric counts): the name an
+// once per 10 s, warnlimit; under a flood the metric counts): the name an
 // operator revokes when its messages never come.
 func (s *Server) refusedBusy(err error, c Caller) string {
 	reason, msg := busyRefusal(err)
@@ -91,7 +99,7 @@ func (s *Server) refusedBusy(err error, c Caller) string {
 		return msg
 	}
 	const why = "request refused: its credential's requests hold the credential's share of message reads (gateway.max_read_bytes_per_caller); if their messages never come, revoke the credential"
-	switch named, full := s.busyWarns.allow(c.Name, time.Now()); {
+	switch named, full := s.busyWarns.Allow(c.Name, time.Now()); {
 	case named:
 		s.log.Warn(why, "caller", c.Name, "cluster", c.Cluster)
 	case full:
@@ -102,7 +110,7 @@ func (s *Server) refusedBusy(err error, c Caller) string {
 
 // connRefused counts a connection a door closed on accept and logs the
 // cap (the address over max_conns_per_address, each at most once per
-// 10 s; warnLimit). The door's counter is exported at 0 from here on, so
+// 10 s; warnlimit). The door's counter is exported at 0 from here on, so
 // the alert on its rate (deploy/monitoring) sees the door before its first
 // refusal.
 func (s *Server) connRefused(door string) func(addr string, total bool) {
@@ -113,7 +121,7 @@ func (s *Server) connRefused(door string) func(addr string, total bool) {
 		if total {
 			key = door // one line for the total cap, not one per address
 		}
-		named, full := s.connWarns.allow(key, time.Now())
+		named, full := s.connWarns.Allow(key, time.Now())
 		switch {
 		case named && total:
 			s.log.Warn("connection refused: gateway.max_conns reached", "door", door, "max_conns", s.cfg.MaxConns)
@@ -168,8 +176,8 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 		cfg: cfg, log: log, auth: auth, metrics: m, cert: cert, clientCAs: clientCAs, producer: prod, reg: reg,
 		ready:       append([]ReadyCheck{{Name: "kafka", Check: prod.Ping}}, opts.Ready...),
 		flight:      flight,
-		busyWarns:   newWarnLimit(warnWindow, warnKeys),
-		connWarns:   newWarnLimit(warnWindow, warnKeys),
+		busyWarns:   warnlimit.New(warnWindow, warnKeys),
+		connWarns:   warnlimit.New(warnWindow, warnKeys),
 		codec:       Codec{limits: shapeLimits{maxEvents: cfg.MaxBatch}},
 		fleet:       opts.Fleet,
 		conformance: opts.Conformance,

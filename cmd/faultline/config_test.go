@@ -308,8 +308,13 @@ func TestLibraryLogLevel(t *testing.T) {
 	log.With("component", "kafka").With("broker", "1").Warn("kafka trouble")
 	log.With("component", "clickhouse").Debug("driver detail")
 	klog.Infof("attempting to acquire leader lease %s...", "faultline/faultline-janitor")
-	klog.Errorf("error retrieving resource lock %s: %v", "faultline/faultline-janitor", "forbidden")
+	for range 3 { // at every try of the elector; logged once a minute
+		klog.Errorf("error retrieving resource lock %s: %v", "faultline/faultline-janitor", "forbidden")
+	}
 	got := out.String()
+	if n := strings.Count(got, "error retrieving resource lock"); n != 1 {
+		t.Errorf("a repeated client-go line logged %d times, want 1:\n%s", n, got)
+	}
 	for _, want := range []string{"msg=decision", `msg="history read"`, `msg="kafka trouble"`,
 		`level=ERROR msg="error retrieving resource lock faultline/faultline-janitor: forbidden" component=client-go`} {
 		if !strings.Contains(got, want) {
@@ -332,6 +337,14 @@ func TestLibraryLogLevel(t *testing.T) {
 	if !strings.Contains(out.String(), "driver detail") || strings.Contains(out.String(), "own debug") ||
 		!strings.Contains(out.String(), `msg="successfully acquired lease faultline/faultline-janitor" component=client-go`) {
 		t.Errorf("library at debug, own at info:\n%s", out.String())
+	}
+	out.Reset()
+	for i := range 40 {
+		klog.Errorf("error %d", i)
+	}
+	if n, dropped := strings.Count(out.String(), "msg=\"error "), strings.Count(out.String(), "the rest are dropped"); n != 31 || dropped != 1 {
+		// 32 messages a minute, one of them the lease line above.
+		t.Errorf("40 client-go messages: %d logged and %d lines saying the rest are dropped, want 31 and 1:\n%s", n, dropped, out.String())
 	}
 	cfg.LibraryLogLevel = "loud"
 	if _, err := newLogger(&out, cfg); err == nil || !strings.HasPrefix(err.Error(), "library_log_level:") {

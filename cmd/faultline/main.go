@@ -19,10 +19,12 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 
 	"k8s.io/klog/v2"
 
 	"github.com/faultline/faultline/internal/version"
+	"github.com/faultline/faultline/internal/warnlimit"
 )
 
 // command is one subcommand: it parses its own flags from args.
@@ -90,8 +92,9 @@ var libraryComponents = map[string]bool{"kafka": true, "clickhouse": true, "clie
 // the libraries' records at library_log_level (default log_level). It
 // also routes klog through it as component client-go: the lines client-go
 // logs itself (the janitor's leader election: "attempting to acquire",
-// "failed to renew") would otherwise go to stderr in klog's own format.
-// klog is process-wide; each command builds one logger.
+// "failed to renew") would otherwise go to stderr in klog's own format,
+// each message at most once a minute (spaced). klog is process-wide; each
+// command builds one logger.
 func newLogger(w io.Writer, cfg Config) (*slog.Logger, error) {
 	var own, lib slog.Level
 	if err := own.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
@@ -114,9 +117,34 @@ func newLogger(w io.Writer, cfg Config) (*slog.Logger, error) {
 		return nil, fmt.Errorf("log_format: want text or json, got %q", cfg.LogFormat)
 	}
 	log := slog.New(levels{Handler: h, own: own, lib: lib})
-	klog.SetSlogLogger(log.With("component", "client-go"))
+	klog.SetSlogLogger(slog.New(spaced{log.With("component", "client-go").Handler(), warnlimit.New(time.Minute, 32)}))
 	return log, nil
 }
+
+// spaced logs each message at most once per window of its warnlimit.Limit
+// (client-go's: its leader elector logs the same error at every try, every
+// 2 s with the janitor's default lease, where the janitor warns once a
+// minute); past its keys one line says the rest are dropped.
+type spaced struct {
+	slog.Handler
+	lim *warnlimit.Limit
+}
+
+func (s spaced) Handle(ctx context.Context, r slog.Record) error {
+	switch named, full := s.lim.Allow(r.Message, r.Time); {
+	case named:
+		return s.Handler.Handle(ctx, r)
+	case full && s.Handler.Enabled(ctx, slog.LevelWarn):
+		return s.Handler.Handle(ctx, slog.NewRecord(r.Time, slog.LevelWarn, "more messages within a minute than are logged; the rest are dropped until it ends", r.PC))
+	}
+	return nil
+}
+
+func (s spaced) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return spaced{s.Handler.WithAttrs(attrs), s.lim}
+}
+
+func (s spaced) WithGroup(name string) slog.Handler { return spaced{s.Handler.WithGroup(name), s.lim} }
 
 // levels passes a record at the level of its logger: lib for the loggers
 // of libraryComponents, own for the others.

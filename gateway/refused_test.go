@@ -6,53 +6,11 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-func TestWarnLimit(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	type try struct {
-		key         string
-		at          time.Duration // after t0
-		named, full bool
-	}
-	tests := []struct {
-		name  string
-		tries []try
-	}{
-		{"each key once a window", []try{
-			{"a", 0, true, false}, {"b", time.Second, true, false}, {"a", 2 * time.Second, false, false},
-			{"c", 9 * time.Second, true, false}, {"b", 9 * time.Second, false, false},
-		}},
-		{"named again in the next window", []try{
-			{"a", 0, true, false}, {"a", 9 * time.Second, false, false}, {"a", 10 * time.Second, true, false},
-			{"b", 11 * time.Second, true, false}, {"a", 12 * time.Second, false, false},
-		}},
-		{"keys spent: one line says so, then nothing", []try{
-			{"a", 0, true, false}, {"b", 0, true, false}, {"c", 0, true, false},
-			{"d", time.Second, false, true}, {"e", time.Second, false, false}, {"d", 2 * time.Second, false, false},
-			{"a", 3 * time.Second, false, false},
-			{"e", 10 * time.Second, true, false}, {"f", 10 * time.Second, true, false}, {"g", 10 * time.Second, true, false},
-			{"h", 11 * time.Second, false, true},
-		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			w := newWarnLimit(10*time.Second, 3)
-			for i, tr := range tt.tries {
-				named, full := w.allow(tr.key, t0.Add(tr.at))
-				if named != tr.named || full != tr.full {
-					t.Fatalf("try %d (%q at +%s): named %v, full %v; want %v, %v", i, tr.key, tr.at, named, full, tr.named, tr.full)
-				}
-			}
-			if len(w.keys) > 3 {
-				t.Fatalf("%d keys held, want at most 3", len(w.keys))
-			}
-		})
-	}
-}
+	"github.com/faultline/faultline/internal/warnlimit"
+)
 
 // TestRefusedBusyNamesEachCredential: several credentials refused at once
 // are each named once (stop 56 named one per 10 s for the whole gateway),
@@ -61,7 +19,7 @@ func TestWarnLimit(t *testing.T) {
 func TestRefusedBusyNamesEachCredential(t *testing.T) {
 	var buf bytes.Buffer
 	reg := prometheus.NewRegistry()
-	s := &Server{log: slog.New(slog.NewTextHandler(&buf, nil)), metrics: newMetrics(reg), busyWarns: newWarnLimit(warnWindow, warnKeys)}
+	s := &Server{log: slog.New(slog.NewTextHandler(&buf, nil)), metrics: newMetrics(reg), busyWarns: warnlimit.New(warnWindow, warnKeys)}
 	busy := fmt.Errorf("reading: %w", errCallerBusy)
 	refusals := 0
 	for round := 0; round < 3; round++ {
@@ -104,7 +62,7 @@ func TestRefusedBusyNamesEachCredential(t *testing.T) {
 func TestConnRefusedNamesEachAddress(t *testing.T) {
 	var buf bytes.Buffer
 	reg := prometheus.NewRegistry()
-	s := &Server{log: slog.New(slog.NewTextHandler(&buf, nil)), metrics: newMetrics(reg), connWarns: newWarnLimit(warnWindow, warnKeys)}
+	s := &Server{log: slog.New(slog.NewTextHandler(&buf, nil)), metrics: newMetrics(reg), connWarns: warnlimit.New(warnWindow, warnKeys)}
 	grpcRefused, restRefused := s.connRefused(doorGRPC), s.connRefused(doorREST)
 	for i := 0; i < 3; i++ {
 		grpcRefused("10.0.0.1", false)
@@ -141,7 +99,7 @@ func TestConnRefusedNamesEachAddress(t *testing.T) {
 func TestConnRefusedExportedFromStart(t *testing.T) {
 	for _, doors := range [][]string{{doorGRPC, doorREST}, {doorGRPC, doorREST, doorUnix}} {
 		reg := prometheus.NewRegistry()
-		s := &Server{log: slog.New(slog.DiscardHandler), metrics: newMetrics(reg), connWarns: newWarnLimit(warnWindow, warnKeys)}
+		s := &Server{log: slog.New(slog.DiscardHandler), metrics: newMetrics(reg), connWarns: warnlimit.New(warnWindow, warnKeys)}
 		for _, d := range doors {
 			s.connRefused(d)
 		}
