@@ -234,12 +234,7 @@ func (d *fastJSON) event() *datamodels.HealthEvent {
 			ev.Message, ok = d.str()
 		case "recommendedAction":
 			bit = 1 << 6
-			var name string
-			if name, ok = d.str(); ok {
-				var n int32
-				n, ok = datamodels.RecommendedAction_value[name]
-				ev.RecommendedAction = datamodels.RecommendedAction(n)
-			}
+			ev.RecommendedAction, ok = enum[datamodels.RecommendedAction](d, datamodels.RecommendedAction_value)
 		case "errorCode":
 			bit = 1 << 7
 			ev.ErrorCode, ok = d.strings()
@@ -257,12 +252,7 @@ func (d *fastJSON) event() *datamodels.HealthEvent {
 			ev.NodeName, ok = d.str()
 		case "processingStrategy":
 			bit = 1 << 12
-			var name string
-			if name, ok = d.str(); ok {
-				var n int32
-				n, ok = datamodels.ProcessingStrategy_value[name]
-				ev.ProcessingStrategy = datamodels.ProcessingStrategy(n)
-			}
+			ev.ProcessingStrategy, ok = enum[datamodels.ProcessingStrategy](d, datamodels.ProcessingStrategy_value)
 		case "id":
 			bit = 1 << 13
 			ev.Id, ok = d.str()
@@ -285,6 +275,17 @@ func (d *fastJSON) event() *datamodels.HealthEvent {
 }
 
 // entities reads entitiesImpacted.
+// enum reads an enum value by its name, protojson's form (values: the
+// generated name → number map).
+func enum[E ~int32](d *fastJSON, values map[string]int32) (E, bool) {
+	name, ok := d.str()
+	if !ok {
+		return 0, false
+	}
+	n, ok := values[name]
+	return E(n), ok
+}
+
 func (d *fastJSON) entities() ([]*datamodels.Entity, bool) {
 	if !d.next('[') {
 		return nil, false
