@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -106,25 +105,7 @@ func TestNoHostileEventChangesANode(t *testing.T) {
 	cfg.Quarantine.Breaker.AutoClose = false
 	cfg.Drain.GracePeriod = 0
 	cfg.Drain.PollInterval = time.Second
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	kcfg := kafka.DefaultConfig()
-	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = kf.Addr(), 3, 1
-	if err := kafka.CreatePipelineTopics(ctx, kcfg, log); err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		reg := prometheus.NewRegistry()
-		if err := processors.Run(runCtx, cfg, processors.Deps{Log: log, Registry: reg, Kafka: kcfg, Metrics: pipeline.NewMetrics(reg)}); err != nil {
-			t.Errorf("processors: %v", err)
-		}
-	}()
-	defer func() { stop(); wg.Wait() }()
+	runProcessors(ctx, t, cfg, kf.Addr(), log)
 
 	cl := kf.Client(t, kgo.ConsumeTopics(events.TopicActions), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	var acts []*faultlinev1.Action
@@ -269,6 +250,30 @@ func TestNoHostileEventChangesANode(t *testing.T) {
 
 // runningPod creates a pod of the PDB on node and marks it Running (no
 // kubelet runs: the Eviction API honours PDBs only for running pods).
+// runProcessors runs the roles of cfg on the broker at brokers (the
+// pipeline's topics created, 3 partitions each) until the test ends.
+func runProcessors(ctx context.Context, t *testing.T, cfg processors.Config, brokers string, log *slog.Logger) {
+	t.Helper()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	kcfg := kafka.DefaultConfig()
+	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = brokers, 3, 1
+	if err := kafka.CreatePipelineTopics(ctx, kcfg, log); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		reg := prometheus.NewRegistry()
+		if err := processors.Run(runCtx, cfg, processors.Deps{Log: log, Registry: reg, Kafka: kcfg, Metrics: pipeline.NewMetrics(reg)}); err != nil {
+			t.Errorf("processors: %v", err)
+		}
+	}()
+	t.Cleanup(func() { stop(); <-done })
+}
+
 func runningPod(t *testing.T, k kubernetes.Interface, name, node string) {
 	t.Helper()
 	ctx := context.Background()

@@ -6,11 +6,9 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
@@ -18,11 +16,9 @@ import (
 
 	"github.com/faultline/faultline/internal/clickhouse/chtest"
 	"github.com/faultline/faultline/internal/history"
-	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors"
 	"github.com/faultline/faultline/processors/clusters"
-	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -74,25 +70,7 @@ func TestStoreAndAnalyse(t *testing.T) {
 	cfg.Quarantine.Breaker.AutoClose = false
 	cfg.Drain.GracePeriod = 0
 	cfg.Drain.PollInterval = time.Second
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	kcfg := kafka.DefaultConfig()
-	kcfg.Brokers, kcfg.Partitions, kcfg.ReplicationFactor = kf.Addr(), 3, 1
-	if err := kafka.CreatePipelineTopics(ctx, kcfg, log); err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		reg := prometheus.NewRegistry()
-		if err := processors.Run(runCtx, cfg, processors.Deps{Log: log, Registry: reg, Kafka: kcfg, Metrics: pipeline.NewMetrics(reg)}); err != nil {
-			t.Errorf("processors: %v", err)
-		}
-	}()
-	defer func() { stop(); wg.Wait() }()
+	runProcessors(ctx, t, cfg, kf.Addr(), log)
 
 	cl := kf.Client(t, kgo.ConsumeTopics(events.TopicActions, events.TopicEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	var (
