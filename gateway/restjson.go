@@ -274,7 +274,6 @@ func (d *fastJSON) event() *datamodels.HealthEvent {
 	return ev
 }
 
-// entities reads entitiesImpacted.
 // enum reads an enum value by its name, protojson's form (values: the
 // generated name → number map).
 func enum[E ~int32](d *fastJSON, values map[string]int32) (E, bool) {
@@ -286,6 +285,7 @@ func enum[E ~int32](d *fastJSON, values map[string]int32) (E, bool) {
 	return E(n), ok
 }
 
+// entities reads entitiesImpacted.
 func (d *fastJSON) entities() ([]*datamodels.Entity, bool) {
 	if !d.next('[') {
 		return nil, false
