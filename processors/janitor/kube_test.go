@@ -270,8 +270,15 @@ func (e *env) janitor(cfg Config, dryRun bool, prov map[string]Provider) (*Janit
 // janitorTo is a janitor whose actions go to prod.
 func (e *env) janitorTo(prod pipeline.Producer, cfg Config, dryRun bool, prov map[string]Provider) *Janitor {
 	e.t.Helper()
+	return e.janitorOn(e.kube, e.dyn, prod, cfg, dryRun, prov)
+}
+
+// janitorOn is janitorTo with kc and dyn as the janitor's clients of the
+// cluster (a ServiceAccount's, a delayed one).
+func (e *env) janitorOn(kc kubernetes.Interface, dyn dynamic.Interface, prod pipeline.Producer, cfg Config, dryRun bool, prov map[string]Provider) *Janitor {
+	e.t.Helper()
 	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
-	reg.SetClient(cluster, e.kube, dryRun)
+	reg.SetClient(cluster, kc, dryRun)
 	if prov == nil {
 		prov = e.providers(cfg)
 	}
@@ -279,7 +286,7 @@ func (e *env) janitorTo(prod pipeline.Producer, cfg Config, dryRun bool, prov ma
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	reg.SetDynamic(cluster, e.dyn)
+	reg.SetDynamic(cluster, dyn)
 	return j
 }
 

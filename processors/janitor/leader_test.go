@@ -48,10 +48,7 @@ func TestLeaderElection(t *testing.T) {
 		prov := e.providers(c)
 		r.sig = &signals{Provider: prov[ProviderRedfish], n: map[string]int{}}
 		prov[ProviderRedfish] = r.sig
-		admin := e.kube
-		e.kube = kc // the janitor's own client, delayed at will
-		r.j = e.janitorTo(&recorder{}, c, false, prov)
-		e.kube = admin
+		r.j = e.janitorOn(kc, e.dyn, &recorder{}, c, false, prov) // its own client, delayed at will
 		r.stop = run(t, r.j)
 		return r
 	}

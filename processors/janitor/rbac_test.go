@@ -33,10 +33,8 @@ func TestRBACIsEnough(t *testing.T) {
 	e.node("rbac-2", sysID(1), true, nil)
 	cfg := e.config()
 	provs := e.providers(cfg)
-	admin, admDyn := e.kube, e.dyn
-	e.kube, e.dyn = sa, sdyn
-	j, rec := e.janitor(cfg, false, provs)
-	e.kube, e.dyn = admin, admDyn
+	rec := &recorder{}
+	j := e.janitorOn(sa, sdyn, rec, cfg, false, provs)
 	run(t, j)
 	e.create(kindReboot, "rbac-reboot", "rbac-1", false)
 	e.create(kindTerminate, "rbac-terminate", "rbac-2", false)
@@ -52,8 +50,8 @@ func TestRBACIsEnough(t *testing.T) {
 	rec.expect(t, "rbac-1", []string{"reboot/applied", "reboot/succeeded"})
 	// Recorded on the nodes with the role's own rights (the signals as
 	// Warnings: they followed the nodes' own BMC annotations).
-	nodeEvents(t, admin, "rbac-1", "Warning/RebootNodeApplied", "Normal/RebootNodeSucceeded")
-	nodeEvents(t, admin, "rbac-2", "Warning/TerminateNodeApplied", "Normal/TerminateNodeSucceeded")
+	nodeEvents(t, e.kube, "rbac-1", "Warning/RebootNodeApplied", "Normal/RebootNodeSucceeded")
+	nodeEvents(t, e.kube, "rbac-2", "Warning/TerminateNodeApplied", "Normal/TerminateNodeSucceeded")
 	for _, tc := range []struct {
 		a    testenv.Access
 		want bool
