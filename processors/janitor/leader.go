@@ -130,8 +130,9 @@ func (j *Janitor) release(lock resourcelock.Interface) {
 // janitor from the Lease (forbidden, no such namespace, the API server
 // down), at most once a minute, with the cluster: client-go's elector logs
 // them itself through klog (component client-go in faultline's log, at
-// library_log_level), without the cluster. A missing Lease (created next) and a lost race
-// for it (another janitor's write first) are its normal course.
+// library_log_level), without the cluster. A missing Lease (created next)
+// and a lost race for it (another janitor's write first) are its normal
+// course.
 type warnedLock struct {
 	resourcelock.Interface
 	warn func(error)
