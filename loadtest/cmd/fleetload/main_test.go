@@ -17,12 +17,11 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// The smoke tests run in parallel: each starts a fleet of its own, and
-// much of their time is waiting (a killed replica's session timeout).
-
 // scaleSmoke starts a fleet with o, runs the scale rounds of sp (replicas
 // are this test binary's -replica mode) and checks that every round
-// passed and printed want figures (why: which they are).
+// passed and printed want figures (why: which they are). The smoke tests
+// that call it run in parallel: each starts a fleet of its own, and much of
+// their time is waiting (a killed replica's session timeout).
 func scaleSmoke(t *testing.T, o fleet.Options, sp fleet.ScaleParams, want int, why string) {
 	t.Helper()
 	e := fleet.Start(t, o)
