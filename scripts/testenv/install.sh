@@ -91,6 +91,29 @@ install_clickhouse() {
 	echo "testenv: clickhouse $ver $bin"
 }
 
+# maven_libs BUILD NAME GROUP:ARTIFACT:VERSION... copies the runtime jars
+# of the artifacts and of everything they depend on from Maven Central into
+# BUILD/libs, through a pom of those dependencies (NAME is its artifactId).
+maven_libs() {
+	local build=$1 name=$2 dep g a v
+	shift 2
+	{
+		printf '<project xmlns="http://maven.apache.org/POM/4.0.0">\n'
+		printf '  <modelVersion>4.0.0</modelVersion>\n  <groupId>faultline.testenv</groupId>\n'
+		printf '  <artifactId>%s</artifactId>\n  <version>1</version>\n  <packaging>pom</packaging>\n  <dependencies>\n' "$name"
+		for dep in "$@"; do
+			IFS=: read -r g a v <<<"$dep"
+			printf '    <dependency><groupId>%s</groupId><artifactId>%s</artifactId><version>%s</version></dependency>\n' "$g" "$a" "$v"
+		done
+		printf '  </dependencies>\n</project>\n'
+	} >"$build/pom.xml"
+	(cd "$build" && mvn -B -q -Dstyle.color=never -f pom.xml \
+		dependency:copy-dependencies \
+		-DincludeScope=runtime \
+		-DoutputDirectory="$build/libs") >"$build/mvn.log" 2>&1 ||
+		die "mvn dependency:copy-dependencies failed: $(tail -n 30 "$build/mvn.log")"
+}
+
 # --------------------------------------------------------------------- kafka
 
 install_kafka() {
@@ -104,42 +127,9 @@ install_kafka() {
 		# metadata/raft/server modules; slf4j-api 2 + log4j-slf4j2-impl +
 		# log4j-core give it logging (kafka_2.13 declares no binding itself and
 		# its transitive slf4j-api 1.7 cannot see an slf4j2 provider).
-		cat >"$build/pom.xml" <<EOF
-<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>faultline.testenv</groupId>
-  <artifactId>kafka-libs</artifactId>
-  <version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.kafka</groupId>
-      <artifactId>kafka_$SCALA_VERSION</artifactId>
-      <version>$KAFKA_VERSION</version>
-    </dependency>
-    <dependency>
-      <groupId>org.slf4j</groupId>
-      <artifactId>slf4j-api</artifactId>
-      <version>2.0.17</version>
-    </dependency>
-    <dependency>
-      <groupId>org.apache.logging.log4j</groupId>
-      <artifactId>log4j-slf4j2-impl</artifactId>
-      <version>2.24.3</version>
-    </dependency>
-    <dependency>
-      <groupId>org.apache.logging.log4j</groupId>
-      <artifactId>log4j-core</artifactId>
-      <version>2.24.3</version>
-    </dependency>
-  </dependencies>
-</project>
-EOF
-		(cd "$build" && mvn -B -q -Dstyle.color=never -f pom.xml \
-			dependency:copy-dependencies \
-			-DincludeScope=runtime \
-			-DoutputDirectory="$build/libs") >"$build/mvn.log" 2>&1 ||
-			die "mvn dependency:copy-dependencies failed: $(tail -n 30 "$build/mvn.log")"
+		maven_libs "$build" kafka-libs "org.apache.kafka:kafka_$SCALA_VERSION:$KAFKA_VERSION" \
+			org.slf4j:slf4j-api:2.0.17 org.apache.logging.log4j:log4j-slf4j2-impl:2.24.3 \
+			org.apache.logging.log4j:log4j-core:2.24.3
 		ls "$build"/libs/kafka_"$SCALA_VERSION"-"$KAFKA_VERSION".jar >/dev/null ||
 			die "kafka_$SCALA_VERSION-$KAFKA_VERSION.jar missing after mvn"
 		mkdir -p "$dir"
@@ -208,42 +198,9 @@ install_zookeeper() {
 		local build="$CACHE/build/zookeeper-$ZOOKEEPER_VERSION"
 		rm -rf "$build" "$dir"
 		mkdir -p "$build"
-		cat >"$build/pom.xml" <<EOF
-<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>faultline.testenv</groupId>
-  <artifactId>zookeeper-libs</artifactId>
-  <version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.zookeeper</groupId>
-      <artifactId>zookeeper</artifactId>
-      <version>$ZOOKEEPER_VERSION</version>
-    </dependency>
-    <dependency>
-      <groupId>io.dropwizard.metrics</groupId>
-      <artifactId>metrics-core</artifactId>
-      <version>4.1.12.1</version>
-    </dependency>
-    <dependency>
-      <groupId>org.xerial.snappy</groupId>
-      <artifactId>snappy-java</artifactId>
-      <version>1.1.10.5</version>
-    </dependency>
-    <dependency>
-      <groupId>org.slf4j</groupId>
-      <artifactId>slf4j-simple</artifactId>
-      <version>2.0.13</version>
-    </dependency>
-  </dependencies>
-</project>
-EOF
-		(cd "$build" && mvn -B -q -Dstyle.color=never -f pom.xml \
-			dependency:copy-dependencies \
-			-DincludeScope=runtime \
-			-DoutputDirectory="$build/libs") >"$build/mvn.log" 2>&1 ||
-			die "mvn dependency:copy-dependencies failed: $(tail -n 30 "$build/mvn.log")"
+		maven_libs "$build" zookeeper-libs "org.apache.zookeeper:zookeeper:$ZOOKEEPER_VERSION" \
+			io.dropwizard.metrics:metrics-core:4.1.12.1 org.xerial.snappy:snappy-java:1.1.10.5 \
+			org.slf4j:slf4j-simple:2.0.13
 		ls "$build/libs/zookeeper-$ZOOKEEPER_VERSION.jar" >/dev/null ||
 			die "zookeeper-$ZOOKEEPER_VERSION.jar missing after mvn"
 		mkdir -p "$dir"
