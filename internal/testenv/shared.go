@@ -1,8 +1,10 @@
 package testenv
 
 import (
+	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -218,3 +220,17 @@ func (s *sharedTB) TempDir() string {
 
 // Cleanup defers f to stopShared.
 func (s *sharedTB) Cleanup(f func()) { shared.cleanups = append(shared.cleanups, f) }
+
+// WaitBound lets n of a package's parallel tests run at once, where go
+// test's default is GOMAXPROCS (2 on the CI machine), unless the command
+// line sets -test.parallel. It is for a package whose tests mostly wait
+// (leases, timeouts, servers' answers) rather than compute; call it from
+// TestMain before m.Run.
+func WaitBound(n int) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(n))
+	}
+}
