@@ -3,8 +3,10 @@ package janitor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -234,10 +236,11 @@ func TestMaintenanceMonitor(t *testing.T) {
 	mon.now = func() time.Time { return now }
 	poll := func() []*kgo.Record {
 		t.Helper()
-		recs, err := mon.Poll(context.Background())
+		recs, commit, err := mon.Poll(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
+		commit()
 		return recs
 	}
 	start, end := now.Add(2*time.Hour), now.Add(4*time.Hour)
@@ -300,6 +303,94 @@ func TestMaintenanceMonitor(t *testing.T) {
 	if got := decode(poll()); len(got) != 1 || !got[0].GetIsHealthy() {
 		t.Fatalf("after the window: %v", got)
 	}
+}
+
+// TestMaintenanceReportedAfterAFailedProduce: what could not be produced
+// is reported at the next poll, and an event produced before stays
+// standing, so its recovery still comes (no server: the monitor's own
+// bookkeeping, EC2's answers made up). Before, a failed produce forgot
+// every standing event, and one that ended before the next poll never had
+// its recovery reported.
+func TestMaintenanceReportedAfterAFailedProduce(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig().AWS
+	cfg.MaintenanceRegions, cfg.MaintenanceCluster = []string{"us-east-1"}, "c1"
+	mon, err := NewMaintenanceMonitor(cfg, testLog, func(id string) string { return "node-" + id })
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &withEvents{EC2API: instancesOnly{"i-a", "i-b"}, events: map[string][]ec2types.InstanceStatusEvent{}}
+	mon.build = func(string) (EC2API, error) { return w, nil }
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	mon.now = func() time.Time { return now }
+	scheduled := func(id string, code ec2types.EventCode) ec2types.InstanceStatusEvent {
+		return ec2types.InstanceStatusEvent{Code: code, InstanceEventId: aws.String(id),
+			NotBefore: aws.Time(now.Add(2 * time.Hour)), NotAfter: aws.Time(now.Add(4 * time.Hour))}
+	}
+	p := &flakyProducer{}
+	report := func(want ...string) {
+		t.Helper()
+		p.got = nil
+		mon.report(context.Background(), p)
+		var got []string
+		for _, r := range p.got {
+			he, err := events.Unmarshal(r.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, fmt.Sprintf("%s healthy=%t", he.GetNodeName(), he.GetIsHealthy()))
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Fatalf("produced %q, want %q", got, want)
+		}
+	}
+	w.set("i-a", scheduled("ev-a", ec2types.EventCodeSystemReboot))
+	report("node-i-a healthy=false")
+	w.set("i-b", scheduled("ev-b", ec2types.EventCodeInstanceRetirement))
+	p.err = errors.New("broker down")
+	report()
+	p.err = nil
+	w.set("i-a") // its reboot done, gone from EC2's answer
+	report("node-i-a healthy=true", "node-i-b healthy=false")
+	report()
+}
+
+// instancesOnly answers DescribeInstanceStatus with its instances and no
+// events (withEvents adds them).
+type instancesOnly []string
+
+func (o instancesOnly) RebootInstances(context.Context, *ec2.RebootInstancesInput, ...func(*ec2.Options)) (*ec2.RebootInstancesOutput, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (o instancesOnly) TerminateInstances(context.Context, *ec2.TerminateInstancesInput, ...func(*ec2.Options)) (*ec2.TerminateInstancesOutput, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (o instancesOnly) DescribeInstanceStatus(context.Context, *ec2.DescribeInstanceStatusInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceStatusOutput, error) {
+	out := &ec2.DescribeInstanceStatusOutput{}
+	for _, id := range o {
+		out.InstanceStatuses = append(out.InstanceStatuses, ec2types.InstanceStatus{InstanceId: aws.String(id)})
+	}
+	return out, nil
+}
+
+// flakyProducer fails every record with err (nil: keeps them in got).
+type flakyProducer struct {
+	err error
+	got []*kgo.Record
+}
+
+func (p *flakyProducer) ProduceSync(_ context.Context, rs ...*kgo.Record) kgo.ProduceResults {
+	var res kgo.ProduceResults
+	for _, r := range rs {
+		res = append(res, kgo.ProduceResult{Record: r, Err: p.err})
+		if p.err == nil {
+			p.got = append(p.got, r)
+		}
+	}
+	return res
 }
 
 // TestAWSAnswerNeverComes: an EC2 endpoint that takes the request and

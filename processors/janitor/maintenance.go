@@ -4,7 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -86,25 +87,33 @@ func (m *MaintenanceMonitor) Run(ctx context.Context, p pipeline.Producer) error
 	t := time.NewTicker(m.cfg.MaintenanceInterval)
 	defer t.Stop()
 	for {
-		recs, err := m.Poll(ctx)
-		if err != nil && ctx.Err() == nil {
-			m.log.Warn("janitor: maintenance poll failed; next poll retries", "err", err)
-		}
-		if len(recs) > 0 {
-			if err := p.ProduceSync(ctx, recs...).FirstErr(); err != nil && ctx.Err() == nil {
-				// Forget what was not produced, so the next poll reports it again.
-				m.log.Warn("janitor: maintenance events not produced; next poll retries", "err", err)
-				m.mu.Lock()
-				m.standing = map[string]standingEvent{}
-				m.mu.Unlock()
-			}
-		}
+		m.report(ctx, p)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
 	}
+}
+
+// report polls once and produces what changed. What could not be produced
+// (the broker down) is not taken as reported: the next poll finds the same
+// changes and reports them again, new events and recoveries alike, while
+// the events produced before stay standing (their recoveries still come).
+func (m *MaintenanceMonitor) report(ctx context.Context, p pipeline.Producer) {
+	recs, commit, err := m.Poll(ctx)
+	if err != nil && ctx.Err() == nil {
+		m.log.Warn("janitor: maintenance poll failed; next poll retries", "err", err)
+	}
+	if len(recs) > 0 {
+		if err := p.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			if ctx.Err() == nil {
+				m.log.Warn("janitor: maintenance events not produced; next poll reports them again", "err", err)
+			}
+			return
+		}
+	}
+	commit()
 }
 
 func (m *MaintenanceMonitor) client(region string) (EC2API, error) {
@@ -122,38 +131,34 @@ func (m *MaintenanceMonitor) client(region string) (EC2API, error) {
 }
 
 // Poll reads every region once and returns the records of what changed:
-// events newly scheduled (or changed), and recoveries.
-func (m *MaintenanceMonitor) Poll(ctx context.Context) ([]*kgo.Record, error) {
+// events newly scheduled (or changed), and recoveries. They count as
+// reported once commit is called (after they are produced); until then
+// the next Poll returns them again.
+func (m *MaintenanceMonitor) Poll(ctx context.Context) (recs []*kgo.Record, commit func(), err error) {
 	seen := map[string]standingEvent{}
-	var firstErr error
 	failed := map[string]bool{}
 	for _, region := range m.cfg.MaintenanceRegions {
-		if err := m.pollRegion(ctx, region, seen); err != nil {
+		if rerr := m.pollRegion(ctx, region, seen); rerr != nil {
 			failed[region] = true
-			if firstErr == nil {
-				firstErr = fmt.Errorf("region %s: %w", region, err)
+			if err == nil {
+				err = fmt.Errorf("region %s: %w", region, rerr)
 			}
 		}
 	}
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []*kgo.Record
-	keys := make([]string, 0, len(seen))
-	for k := range seen {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	next := maps.Clone(m.standing)
+	for _, k := range slices.Sorted(maps.Keys(seen)) {
 		ev := seen[k]
 		if !ev.end.IsZero() && now.After(ev.end) {
 			continue // past its window: recovered below if it was standing
 		}
-		if old, ok := m.standing[k]; ok && old == ev {
+		if old, ok := next[k]; ok && old == ev {
 			continue
 		}
-		m.standing[k] = ev
-		out = append(out, m.record(k, ev, false))
+		next[k] = ev
+		recs = append(recs, m.record(k, ev, false))
 	}
 	for k, ev := range m.standing {
 		cur, still := seen[k]
@@ -163,10 +168,14 @@ func (m *MaintenanceMonitor) Poll(ctx context.Context) ([]*kgo.Record, error) {
 		if still && (cur.end.IsZero() || !now.After(cur.end)) {
 			continue
 		}
-		delete(m.standing, k)
-		out = append(out, m.record(k, ev, true))
+		delete(next, k)
+		recs = append(recs, m.record(k, ev, true))
 	}
-	return out, firstErr
+	return recs, func() {
+		m.mu.Lock()
+		m.standing = next
+		m.mu.Unlock()
+	}, err
 }
 
 func (m *MaintenanceMonitor) pollRegion(ctx context.Context, region string, seen map[string]standingEvent) error {
