@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -20,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/schemas/events"
@@ -222,7 +224,7 @@ func TestMaintenanceMonitor(t *testing.T) {
 	cfg := DefaultConfig().AWS
 	cfg.Endpoint, cfg.MaintenanceRegions, cfg.MaintenanceCluster = moto.URL, []string{"us-east-1"}, "c1"
 	nodes := map[string]string{ids[0]: "ip-10-0-1-1", ids[1]: "ip-10-0-1-2"}
-	mon, err := NewMaintenanceMonitor(cfg, testLog, func(id string) string { return nodes[id] })
+	mon, err := NewMaintenanceMonitor(cfg, testLog, func() (map[string]string, bool) { return nodes, true })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,21 +307,27 @@ func TestMaintenanceMonitor(t *testing.T) {
 	}
 }
 
-// TestMaintenanceReportedAfterAFailedProduce: what could not be produced
-// is reported at the next poll, and an event produced before stays
-// standing, so its recovery still comes (no server: the monitor's own
-// bookkeeping, EC2's answers made up). Before, a failed produce forgot
-// every standing event, and one that ended before the next poll never had
-// its recovery reported.
-func TestMaintenanceReportedAfterAFailedProduce(t *testing.T) {
+// TestMaintenanceReported: what could not be produced is reported at the
+// next poll, and an event produced before stays standing, so its recovery
+// still comes; a janitor that stops working the cluster (its Lease lost)
+// reports nothing, no recovery either, until it works it again (no
+// server: the monitor's own bookkeeping, EC2's answers made up). Before,
+// a failed produce forgot every standing event, and one that ended before
+// the next poll never had its recovery reported; and a janitor that lost
+// the Lease took every standing event for gone and reported its recovery
+// beside the new holder's reports.
+func TestMaintenanceReported(t *testing.T) {
 	t.Parallel()
 	cfg := DefaultConfig().AWS
 	cfg.MaintenanceRegions, cfg.MaintenanceCluster = []string{"us-east-1"}, "c1"
-	mon, err := NewMaintenanceMonitor(cfg, testLog, func(id string) string { return "node-" + id })
+	worked := true
+	mon, err := NewMaintenanceMonitor(cfg, testLog, func() (map[string]string, bool) {
+		return map[string]string{"i-a": "node-i-a", "i-b": "node-i-b", "i-c": "node-i-c"}, worked
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &withEvents{EC2API: instancesOnly{"i-a", "i-b"}, events: map[string][]ec2types.InstanceStatusEvent{}}
+	w := &withEvents{EC2API: instancesOnly{"i-a", "i-b", "i-c"}, events: map[string][]ec2types.InstanceStatusEvent{}}
 	mon.build = func(string) (EC2API, error) { return w, nil }
 	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	mon.now = func() time.Time { return now }
@@ -354,6 +362,12 @@ func TestMaintenanceReportedAfterAFailedProduce(t *testing.T) {
 	w.set("i-a") // its reboot done, gone from EC2's answer
 	report("node-i-a healthy=true", "node-i-b healthy=false")
 	report()
+	worked = false // the Lease lost
+	w.set("i-b")
+	w.set("i-c", scheduled("ev-c", ec2types.EventCodeSystemMaintenance))
+	report()
+	worked = true
+	report("node-i-b healthy=true", "node-i-c healthy=false")
 }
 
 // instancesOnly answers DescribeInstanceStatus with its instances and no
@@ -427,5 +441,28 @@ func TestAWSAnswerNeverComes(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		cancel()
 		t.Fatalf("RebootInstances still waits for the endpoint after 15 s (aws.timeout %v)", cfg.Timeout)
+	}
+}
+
+// TestInstanceNodes: the maintenance cluster's nodes by the instance their
+// providerID names, from the node cache of the janitor that works the
+// cluster; nothing (not ok) while it does not.
+func TestInstanceNodes(t *testing.T) {
+	t.Parallel()
+	j := &Janitor{running: map[string]*clusterRun{}}
+	resolve := j.InstanceNodes("c1")
+	if got, ok := resolve(); ok || got != nil {
+		t.Fatalf("a cluster not worked: %v, %t", got, ok)
+	}
+	nodes := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	for name, pid := range map[string]string{"n1": "aws:///us-east-1a/i-0abc", "n2": "aws:///us-east-1b/i-0def", "n3": "", "n4": "aws:///us-east-1a/"} {
+		if err := nodes.Add(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{ProviderID: pid}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j.running["c1"] = &clusterRun{nodes: nodes}
+	got, ok := resolve()
+	if want := map[string]string{"i-0abc": "n1", "i-0def": "n2"}; !ok || !maps.Equal(got, want) {
+		t.Fatalf("got %v, %t; want %v", got, ok, want)
 	}
 }

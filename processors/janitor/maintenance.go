@@ -38,9 +38,10 @@ const (
 	MetaProvider         = "cloud_provider"
 )
 
-// NodeResolver maps an EC2 instance to its node ("" when no node of the
-// cluster runs on it).
-type NodeResolver func(instanceID string) string
+// NodeResolver returns the maintenance cluster's nodes by the EC2
+// instance they run on, or ok false while this janitor does not work the
+// cluster (a standby, its Lease lost, its node cache not synced yet).
+type NodeResolver func() (byInstance map[string]string, ok bool)
 
 // MaintenanceMonitor turns the EC2 scheduled events of configured regions
 // (DescribeInstanceStatus) into HealthEvents on the events topic: one
@@ -67,8 +68,7 @@ type standingEvent struct {
 }
 
 // NewMaintenanceMonitor returns the monitor; resolve maps instances to
-// nodes (nil: Janitor.NodeOfInstance of the janitor it runs beside must be
-// set with SetResolver before Run).
+// nodes (Janitor.InstanceNodes of the janitor it runs beside).
 func NewMaintenanceMonitor(cfg AWSConfig, log *slog.Logger, resolve NodeResolver) (*MaintenanceMonitor, error) {
 	if cfg.MaintenanceCluster == "" {
 		return nil, fmt.Errorf("janitor.aws.maintenance_cluster: must be set when aws.maintenance_regions is")
@@ -77,9 +77,6 @@ func NewMaintenanceMonitor(cfg AWSConfig, log *slog.Logger, resolve NodeResolver
 	m.build = func(region string) (EC2API, error) { return newEC2(context.Background(), cfg, region) }
 	return m, nil
 }
-
-// SetResolver sets the instance → node mapping.
-func (m *MaintenanceMonitor) SetResolver(r NodeResolver) { m.resolve = r }
 
 // Run polls every MaintenanceInterval until ctx ends, producing to p. A
 // region that fails is logged and tried again at the next poll.
@@ -133,12 +130,18 @@ func (m *MaintenanceMonitor) client(region string) (EC2API, error) {
 // Poll reads every region once and returns the records of what changed:
 // events newly scheduled (or changed), and recoveries. They count as
 // reported once commit is called (after they are produced); until then
-// the next Poll returns them again.
+// the next Poll returns them again. A janitor that does not work the
+// maintenance cluster reads nothing and reports nothing (no recovery of
+// what it reported while it did): the one that works it reports.
 func (m *MaintenanceMonitor) Poll(ctx context.Context) (recs []*kgo.Record, commit func(), err error) {
+	nodes, ok := m.resolve()
+	if !ok {
+		return nil, func() {}, nil
+	}
 	seen := map[string]standingEvent{}
 	failed := map[string]bool{}
 	for _, region := range m.cfg.MaintenanceRegions {
-		if rerr := m.pollRegion(ctx, region, seen); rerr != nil {
+		if rerr := m.pollRegion(ctx, region, nodes, seen); rerr != nil {
 			failed[region] = true
 			if err == nil {
 				err = fmt.Errorf("region %s: %w", region, rerr)
@@ -178,7 +181,7 @@ func (m *MaintenanceMonitor) Poll(ctx context.Context) (recs []*kgo.Record, comm
 	}, err
 }
 
-func (m *MaintenanceMonitor) pollRegion(ctx context.Context, region string, seen map[string]standingEvent) error {
+func (m *MaintenanceMonitor) pollRegion(ctx context.Context, region string, nodes map[string]string, seen map[string]standingEvent) error {
 	c, err := m.client(region)
 	if err != nil {
 		return err
@@ -195,10 +198,7 @@ func (m *MaintenanceMonitor) pollRegion(ctx context.Context, region string, seen
 				if done(e) {
 					continue
 				}
-				node := ""
-				if m.resolve != nil {
-					node = m.resolve(id)
-				}
+				node := nodes[id]
 				if node == "" {
 					continue // not one of the cluster's nodes
 				}
@@ -254,23 +254,24 @@ func (m *MaintenanceMonitor) record(key string, ev standingEvent, healthy bool) 
 	return &kgo.Record{Topic: events.TopicEvents, Key: events.Key(he.Cluster, ev.node), Value: b}
 }
 
-// NodeOfInstance maps an EC2 instance to the node of cluster whose
-// providerID names it, from the janitor's node cache ("" when none, or
-// the cluster is not watched yet).
-func (j *Janitor) NodeOfInstance(cluster string) NodeResolver {
-	return func(id string) string {
+// InstanceNodes returns the nodes of cluster by the EC2 instance their
+// providerID names (aws:///<zone>/<instance-id>), from the janitor's node
+// cache; not ok while this janitor does not work the cluster.
+func (j *Janitor) InstanceNodes(cluster string) NodeResolver {
+	return func() (map[string]string, bool) {
 		j.mu.Lock()
 		cr := j.running[cluster]
 		j.mu.Unlock()
 		if cr == nil {
-			return ""
+			return nil, false
 		}
+		out := map[string]string{}
 		for _, o := range cr.nodes.List() {
 			n := o.(*corev1.Node)
-			if strings.HasSuffix(n.Spec.ProviderID, "/"+id) {
-				return n.Name
+			if i := strings.LastIndexByte(n.Spec.ProviderID, '/'); i >= 0 && i < len(n.Spec.ProviderID)-1 {
+				out[n.Spec.ProviderID[i+1:]] = n.Name
 			}
 		}
-		return ""
+		return out, true
 	}
 }
