@@ -2,15 +2,21 @@ package janitor
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // TestLeaderElection: two janitors serve one cluster (a standby, a
@@ -140,4 +146,103 @@ func TestLeaderElection(t *testing.T) {
 		t.Fatalf("the third janitor sent %v, the cut-off one %v; want the reboot by the third alone", c.sig.count(), other.sig.count())
 	}
 	other.delay.Store(0)
+}
+
+// TestMaintenanceFollowsTheLease: two janitors serve the maintenance
+// cluster; only the holder of its Lease reports its nodes' EC2 maintenance
+// events. Stopped, the holder reports nothing more, no recovery of what it
+// reported, and the other, once it holds the Lease, reports the standing
+// event, then its end (a real kube-apiserver, its Lease and node cache;
+// EC2's answers made up: moto has no scheduled events).
+func TestMaintenanceFollowsTheLease(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 0)
+	cfg := e.config()
+	cfg.LeaseDuration = 5 * time.Second
+	cfg.AWS.MaintenanceRegions, cfg.AWS.MaintenanceCluster = []string{"us-east-1"}, cluster
+	if _, err := e.kube.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "maint-1"},
+		Spec: corev1.NodeSpec{ProviderID: "aws:///us-east-1a/i-0maint"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w := &withEvents{EC2API: instancesOnly{"i-0maint", "i-0other"}, events: map[string][]ec2types.InstanceStatusEvent{}}
+	now := time.Now()
+	w.set("i-0maint", ec2types.InstanceStatusEvent{Code: ec2types.EventCodeSystemReboot, InstanceEventId: aws.String("instance-event-1"),
+		NotBefore: aws.Time(now.Add(time.Hour)), NotAfter: aws.Time(now.Add(2 * time.Hour))})
+	w.set("i-0other", ec2types.InstanceStatusEvent{Code: ec2types.EventCodeSystemReboot, InstanceEventId: aws.String("instance-event-2"),
+		NotBefore: aws.Time(now.Add(time.Hour))}) // no node of the cluster
+	type replica struct {
+		j    *Janitor
+		stop func()
+		mon  *MaintenanceMonitor
+		p    *flakyProducer
+	}
+	start := func(identity string) *replica {
+		c := cfg
+		c.Identity = identity
+		r := &replica{j: e.janitorTo(&recorder{}, c, false, nil), p: &flakyProducer{}}
+		r.stop = run(t, r.j)
+		mon, err := NewMaintenanceMonitor(c.AWS, testLog, r.j.InstanceNodes(cluster))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mon.build = func(string) (EC2API, error) { return w, nil }
+		r.mon = mon
+		return r
+	}
+	// report polls r once and returns what it produced, as "node healthy=…".
+	report := func(r *replica) []string {
+		t.Helper()
+		r.p.got = nil
+		r.mon.report(context.Background(), r.p)
+		var got []string
+		for _, rec := range r.p.got {
+			he, err := events.Unmarshal(rec.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, fmt.Sprintf("%s healthy=%t", he.GetNodeName(), he.GetIsHealthy()))
+		}
+		return got
+	}
+	// reported polls r until it reports something (within d) and returns it.
+	reported := func(r *replica, d time.Duration) []string {
+		t.Helper()
+		for deadline := time.Now().Add(d); ; time.Sleep(100 * time.Millisecond) {
+			if got := report(r); len(got) > 0 || time.Now().After(deadline) {
+				return got
+			}
+		}
+	}
+	a, b := start("janitor-a"), start("janitor-b")
+	var first, other *replica
+	for deadline := time.Now().Add(15 * time.Second); first == nil; time.Sleep(100 * time.Millisecond) {
+		for _, r := range []*replica{a, b} {
+			if _, ok := r.j.InstanceNodes(cluster)(); ok {
+				first, other = r, map[*replica]*replica{a: b, b: a}[r]
+			}
+		}
+		if first == nil && time.Now().After(deadline) {
+			t.Fatal("no janitor works the cluster after 15 s")
+		}
+	}
+	if got := reported(first, 5*time.Second); !slices.Equal(got, []string{"maint-1 healthy=false"}) {
+		t.Fatalf("the Lease's holder reported %q, want the maintenance of maint-1", got)
+	}
+	if got := report(other); len(got) != 0 {
+		t.Fatalf("the standby reported %q", got)
+	}
+	first.stop()
+	if got := report(first); len(got) != 0 {
+		t.Fatalf("a janitor that stopped working the cluster reported %q", got)
+	}
+	if got := reported(other, 3*cfg.LeaseDuration); !slices.Equal(got, []string{"maint-1 healthy=false"}) {
+		t.Fatalf("the new holder reported %q, want the standing maintenance of maint-1", got)
+	}
+	w.set("i-0maint") // done, gone from EC2's answer
+	if got := report(other); !slices.Equal(got, []string{"maint-1 healthy=true"}) {
+		t.Fatalf("the holder reported %q at the maintenance's end, want its recovery", got)
+	}
+	if got := report(first); len(got) != 0 {
+		t.Fatalf("the stopped janitor reported %q", got)
+	}
 }
