@@ -1134,3 +1134,34 @@ func TestQueueKeepsNodeOrder(t *testing.T) {
 type notifierFunc func(ctx context.Context, n Notification) error
 
 func (f notifierFunc) Notify(ctx context.Context, n Notification) error { return f(ctx, n) }
+
+// TestHeldOutputProducedAfterARebalance: a sweep's output Kafka refused
+// is produced at the next round also when the cluster has moved to
+// another replica meanwhile (the events partitions revoked in a
+// rebalance): it is not left for a sweep of the cluster by this replica,
+// which may never come.
+func TestHeldOutputProducedAfterARebalance(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs real ClickHouse")
+	}
+	s := chtest.Start(t)
+	h := NewHandler(s.Conn, testLog, time.Now)
+	cfg := testConfig()
+	p := &flakyProducer{fail: 1}
+	c := uniq("moved")
+	l := &sweepLoop{cfg: cfg, log: testLog, handler: h, prod: p, configured: []string{c},
+		sweeper: NewSweeper(cfg, s.Conn, clusters.NewRegistry(clusters.DefaultConfig(), nil), testLog, nil, nil)}
+	l.produce(context.Background(), c, Output{Actions: []*faultlinev1.Action{{Id: "a1", Cluster: c, Node: "n"}}})
+	if len(p.got) != 0 || len(l.pending[c].Actions) != 1 {
+		t.Fatalf("after the refusal: produced %d, held %v", len(p.got), l.pending)
+	}
+	h.PartitionsAssigned(Topics[0], nil, 12) // none of the 12 is this replica's now
+	if h.Owns(events.Key(c, "")) {
+		t.Fatal("the cluster is still this replica's")
+	}
+	l.sweepAll(context.Background())
+	l.wg.Wait()
+	if len(p.got) != 1 || len(l.pending) != 0 {
+		t.Fatalf("after the rebalance: produced %d, still held %v", len(p.got), l.pending)
+	}
+}

@@ -141,7 +141,10 @@ func (l *sweepLoop) run(ctx context.Context) error {
 // recent reports whose key this replica owns, and returns without waiting
 // for them: a cluster whose previous sweep still runs is passed over this
 // round, so a slow cluster delays its own sweeps only, never another's
-// (unless sweepParallel clusters are slow at once).
+// (unless sweepParallel clusters are slow at once). A cluster this replica
+// no longer owns (its partition moved in a rebalance) is not swept, but
+// what its earlier sweeps could not produce is produced now, not left for
+// a sweep of the cluster here that may never come.
 func (l *sweepLoop) sweepAll(ctx context.Context) {
 	names := slices.Clone(l.configured)
 	rows, err := l.handler.conn.Query(ctx, "SELECT DISTINCT cluster FROM conformance WHERE ts >= ?", clampDT(l.sweeper.now().Add(-l.cfg.Staleness)))
@@ -161,20 +164,26 @@ func (l *sweepLoop) sweepAll(ctx context.Context) {
 	if l.sem == nil {
 		l.sem = make(chan struct{}, sweepParallel)
 	}
-	for _, c := range names {
-		if !l.handler.Owns(events.Key(c, "")) {
-			continue
+	l.mu.Lock()
+	for c := range l.pending {
+		if !slices.Contains(names, c) {
+			names = append(names, c)
 		}
+	}
+	l.mu.Unlock()
+	for _, c := range names {
+		owned := l.handler.Owns(events.Key(c, ""))
 		l.mu.Lock()
-		busy := l.sweeping[c]
-		if !busy {
+		_, held := l.pending[c]
+		start := (owned || held) && !l.sweeping[c]
+		if start {
 			if l.sweeping == nil {
 				l.sweeping = map[string]bool{}
 			}
 			l.sweeping[c] = true
 		}
 		l.mu.Unlock()
-		if busy {
+		if !start {
 			continue
 		}
 		l.wg.Add(1)
@@ -198,6 +207,10 @@ func (l *sweepLoop) sweepAll(ctx context.Context) {
 					l.log.Error("conformance: sweep failed", "cluster", c, "err", pipeline.Panic(p))
 				}
 			}()
+			if !owned {
+				l.produce(ctx, c, Output{})
+				return
+			}
 			cctx, cancel := context.WithTimeout(ctx, sweepTimeout)
 			defer cancel()
 			out, err := l.sweeper.Sweep(cctx, c)
