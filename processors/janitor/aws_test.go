@@ -338,18 +338,7 @@ func TestMaintenanceReported(t *testing.T) {
 	p := &flakyProducer{}
 	report := func(want ...string) {
 		t.Helper()
-		p.got = nil
-		mon.report(context.Background(), p)
-		var got []string
-		for _, r := range p.got {
-			he, err := events.Unmarshal(r.Value)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, fmt.Sprintf("%s healthy=%t", he.GetNodeName(), he.GetIsHealthy()))
-		}
-		slices.Sort(got)
-		if !slices.Equal(got, want) {
+		if got := reportedBy(t, mon, p); !slices.Equal(got, want) {
 			t.Fatalf("produced %q, want %q", got, want)
 		}
 	}
@@ -368,6 +357,24 @@ func TestMaintenanceReported(t *testing.T) {
 	report()
 	worked = true
 	report("node-i-b healthy=true", "node-i-c healthy=false")
+}
+
+// reportedBy polls mon once, producing to p, and returns what it produced
+// as "<node> healthy=<bool>", sorted.
+func reportedBy(t *testing.T, mon *MaintenanceMonitor, p *flakyProducer) []string {
+	t.Helper()
+	p.got = nil
+	mon.report(context.Background(), p)
+	var got []string
+	for _, r := range p.got {
+		he, err := events.Unmarshal(r.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%s healthy=%t", he.GetNodeName(), he.GetIsHealthy()))
+	}
+	slices.Sort(got)
+	return got
 }
 
 // instancesOnly answers DescribeInstanceStatus with its instances and no

@@ -2,7 +2,6 @@ package janitor
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -16,7 +15,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/faultline/faultline/internal/testenv"
-	"github.com/faultline/faultline/schemas/events"
 )
 
 // TestLeaderElection: two janitors serve one cluster (a standby, a
@@ -189,21 +187,7 @@ func TestMaintenanceFollowsTheLease(t *testing.T) {
 		r.mon = mon
 		return r
 	}
-	// report polls r once and returns what it produced, as "node healthy=…".
-	report := func(r *replica) []string {
-		t.Helper()
-		r.p.got = nil
-		r.mon.report(context.Background(), r.p)
-		var got []string
-		for _, rec := range r.p.got {
-			he, err := events.Unmarshal(rec.Value)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, fmt.Sprintf("%s healthy=%t", he.GetNodeName(), he.GetIsHealthy()))
-		}
-		return got
-	}
+	report := func(r *replica) []string { return reportedBy(t, r.mon, r.p) }
 	// reported polls r until it reports something (within d) and returns it.
 	reported := func(r *replica, d time.Duration) []string {
 		t.Helper()
