@@ -248,8 +248,6 @@ func TestNoHostileEventChangesANode(t *testing.T) {
 	}
 }
 
-// runningPod creates a pod of the PDB on node and marks it Running (no
-// kubelet runs: the Eviction API honours PDBs only for running pods).
 // runProcessors runs the roles of cfg on the broker at brokers (the
 // pipeline's topics created, 3 partitions each) until the test ends.
 func runProcessors(ctx context.Context, t *testing.T, cfg processors.Config, brokers string, log *slog.Logger) {
@@ -274,6 +272,8 @@ func runProcessors(ctx context.Context, t *testing.T, cfg processors.Config, bro
 	t.Cleanup(func() { stop(); <-done })
 }
 
+// runningPod creates a pod of the PDB on node and marks it Running (no
+// kubelet runs: the Eviction API honours PDBs only for running pods).
 func runningPod(t *testing.T, k kubernetes.Interface, name, node string) {
 	t.Helper()
 	ctx := context.Background()
