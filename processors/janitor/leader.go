@@ -5,9 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"sync"
 	"time"
 
+	"github.com/faultline/faultline/internal/warnlimit"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/leaderelection"
@@ -51,7 +51,7 @@ func (j *Janitor) lead(ctx context.Context, name string) error {
 		LeaseMeta:  metav1.ObjectMeta{Namespace: j.cfg.LeaseNamespace, Name: LeaseName},
 		Client:     cl.Kube.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: j.leaseID},
-	}, warn: func(err error) {
+	}, spaced: warnlimit.New(time.Minute, 1), warn: func(err error) {
 		j.log.Warn("janitor: the cluster's Lease cannot be read or written; the cluster is not worked by this janitor until it can (janitor.lease_namespace and its RBAC: deploy/rbac/janitor.yaml)",
 			"cluster", name, "lease", j.cfg.LeaseNamespace+"/"+LeaseName, "err", err)
 	}}
@@ -135,23 +135,15 @@ func (j *Janitor) release(lock resourcelock.Interface) {
 // course.
 type warnedLock struct {
 	resourcelock.Interface
-	warn func(error)
-
-	mu     sync.Mutex
-	warned time.Time
+	warn   func(error)
+	spaced *warnlimit.Limit // one key: once a minute
 }
 
 func (l *warnedLock) check(err error) error {
 	if err == nil || apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
 		return err
 	}
-	l.mu.Lock()
-	due := time.Since(l.warned) >= time.Minute
-	if due {
-		l.warned = time.Now()
-	}
-	l.mu.Unlock()
-	if due {
+	if named, _ := l.spaced.Allow("", time.Now()); named {
 		l.warn(err)
 	}
 	return err

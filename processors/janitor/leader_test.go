@@ -2,6 +2,7 @@ package janitor
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -11,10 +12,14 @@ import (
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/internal/warnlimit"
 )
 
 // TestLeaderElection: two janitors serve one cluster (a standby, a
@@ -230,3 +235,42 @@ func TestMaintenanceFollowsTheLease(t *testing.T) {
 		t.Fatalf("the stopped janitor reported %q", got)
 	}
 }
+
+// TestWarnedLockOnceAMinute: the errors that keep a janitor from its
+// Lease are warned of once a minute, not at every try of the elector; a
+// missing Lease (created next) is not warned of.
+func TestWarnedLockOnceAMinute(t *testing.T) {
+	t.Parallel()
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, LeaseName, errors.New("no RBAC"))
+	failing := &failingLock{err: forbidden}
+	warned := 0
+	l := &warnedLock{Interface: failing, spaced: warnlimit.New(time.Minute, 1), warn: func(error) { warned++ }}
+	for range 3 {
+		if _, _, err := l.Get(context.Background()); !apierrors.IsForbidden(err) {
+			t.Fatalf("Get: %v, want the lock's error", err)
+		}
+		if err := l.Update(context.Background(), resourcelock.LeaderElectionRecord{}); !apierrors.IsForbidden(err) {
+			t.Fatalf("Update: %v, want the lock's error", err)
+		}
+	}
+	if warned != 1 {
+		t.Fatalf("warned %d times in six failed tries, want once", warned)
+	}
+	failing.err = apierrors.NewNotFound(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, LeaseName)
+	l.spaced = warnlimit.New(time.Minute, 1)
+	if _, _, err := l.Get(context.Background()); !apierrors.IsNotFound(err) || warned != 1 {
+		t.Fatalf("a missing Lease: %v, warned %d times, want NotFound and no warning", err, warned)
+	}
+}
+
+// failingLock is a Lease lock whose every call fails with err.
+type failingLock struct {
+	resourcelock.Interface
+	err error
+}
+
+func (f *failingLock) Get(context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
+	return nil, nil, f.err
+}
+
+func (f *failingLock) Update(context.Context, resourcelock.LeaderElectionRecord) error { return f.err }
