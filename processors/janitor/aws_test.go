@@ -397,7 +397,9 @@ func (o instancesOnly) DescribeInstanceStatus(context.Context, *ec2.DescribeInst
 	return out, nil
 }
 
-// flakyProducer fails every record with err (nil: keeps them in got).
+// flakyProducer fails every record with err, as a broker that refuses
+// them (a partition without its in-sync replicas); with err nil it keeps
+// them in got (not safe for concurrent use then).
 type flakyProducer struct {
 	err error
 	got []*kgo.Record

@@ -188,7 +188,7 @@ func TestJanitorActionSurvivesKill(t *testing.T) {
 	t.Run("KeptWhileKafkaIsDown", func(t *testing.T) {
 		const node = "kept-1"
 		e.node(node, sysID(7), true, nil)
-		stopA := run(t, e.janitorTo(refusing{}, e.config(), false, nil))
+		stopA := run(t, e.janitorTo(&flakyProducer{err: kerr.NotEnoughReplicas}, e.config(), false, nil))
 		e.create(kindReboot, node, node, false)
 		o := e.wait(kindReboot, node, 60*time.Second)
 		stopA()
@@ -255,18 +255,6 @@ func TestJanitorActionSurvivesKill(t *testing.T) {
 		}
 		recB.expect(t, node, []string{"terminate/in_progress", "terminate/failed"})
 	})
-}
-
-// refusing is an actions topic whose broker refuses every record at once
-// (a partition without its in-sync replicas).
-type refusing struct{}
-
-func (refusing) ProduceSync(_ context.Context, rs ...*kgo.Record) kgo.ProduceResults {
-	var out kgo.ProduceResults
-	for _, r := range rs {
-		out = append(out, kgo.ProduceResult{Record: r, Err: kerr.NotEnoughReplicas})
-	}
-	return out
 }
 
 // unsent stands in for a janitor killed inside its provider's call,
