@@ -722,6 +722,30 @@ func TestGoMemLimitUnderMemoryLimit(t *testing.T) {
 	}
 }
 
+// TestJanitorMaintenanceState: with config.janitor.aws.maintenance_regions
+// the chart grants the maintenance monitor's state ConfigMap in the
+// Lease's namespace, with deploy/rbac/janitor.yaml's rules; without, no
+// such Role.
+func TestJanitorMaintenanceState(t *testing.T) {
+	const name = "faultline-janitor-maintenance"
+	if Find(render(t, "secure"), "Role", name) != nil {
+		t.Error("a maintenance state Role without aws.maintenance_regions")
+	}
+	objs := render(t, "secure", "--set", "config.janitor.aws.maintenance_regions={us-east-1}", "--set", "config.janitor.aws.maintenance_cluster=local")
+	got, ref := Find(objs, "Role", name), Find(deployRBAC(t, "janitor.yaml"), "Role", name)
+	if got == nil || ref == nil || got.GetNamespace() != namespace {
+		t.Fatalf("maintenance state Role: chart %v, deploy/rbac %v; want one in the release namespace", got, ref)
+	}
+	wr, _, _ := unstructured.NestedSlice(ref.Object, "rules")
+	gr, _, _ := unstructured.NestedSlice(got.Object, "rules")
+	if w, g := rulesYAML(t, wr), rulesYAML(t, gr); w != g {
+		t.Errorf("maintenance state rules differ from deploy/rbac:\nchart:\n%s\ndeploy/rbac:\n%s", g, w)
+	}
+	if b := Find(objs, "RoleBinding", name); b == nil || b.GetNamespace() != namespace {
+		t.Errorf("maintenance state RoleBinding: %v", b)
+	}
+}
+
 // TestJanitorNeverTwo: the janitor counts its concurrency limits
 // (max_concurrent, _per_rack, _per_provider) in its process, from the
 // operations it started and those in progress when it started; a second

@@ -224,7 +224,7 @@ func TestMaintenanceMonitor(t *testing.T) {
 	cfg := DefaultConfig().AWS
 	cfg.Endpoint, cfg.MaintenanceRegions, cfg.MaintenanceCluster = moto.URL, []string{"us-east-1"}, "c1"
 	nodes := map[string]string{ids[0]: "ip-10-0-1-1", ids[1]: "ip-10-0-1-2"}
-	mon, err := NewMaintenanceMonitor(cfg, testLog, func() (map[string]string, bool) { return nodes, true })
+	mon, err := NewMaintenanceMonitor(cfg, testLog, func() (map[string]string, bool) { return nodes, true }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +323,7 @@ func TestMaintenanceReported(t *testing.T) {
 	worked := true
 	mon, err := NewMaintenanceMonitor(cfg, testLog, func() (map[string]string, bool) {
 		return map[string]string{"i-a": "node-i-a", "i-b": "node-i-b", "i-c": "node-i-c"}, worked
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,6 +357,105 @@ func TestMaintenanceReported(t *testing.T) {
 	report()
 	worked = true
 	report("node-i-b healthy=true", "node-i-c healthy=false")
+}
+
+// TestMaintenanceStateWrites: the monitor reads its state when it starts
+// to work the cluster and writes it after each change; a write that fails
+// is tried again after the next poll, one another janitor's write beat has
+// the state read again, and while the state cannot be read nothing is
+// reported (no server: the state in memory; the ConfigMap's are
+// TestMaintenanceFollowsTheLease's).
+func TestMaintenanceStateWrites(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig().AWS
+	cfg.MaintenanceRegions, cfg.MaintenanceCluster = []string{"us-east-1"}, "c1"
+	state := &memState{}
+	w := &withEvents{EC2API: instancesOnly{"i-a", "i-b"}, events: map[string][]ec2types.InstanceStatusEvent{}}
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	monitor := func() *MaintenanceMonitor {
+		mon, err := NewMaintenanceMonitor(cfg, testLog, func() (map[string]string, bool) {
+			return map[string]string{"i-a": "node-i-a", "i-b": "node-i-b"}, true
+		}, state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mon.build = func(string) (EC2API, error) { return w, nil }
+		mon.now = func() time.Time { return now }
+		return mon
+	}
+	scheduled := func(id string) ec2types.InstanceStatusEvent {
+		return ec2types.InstanceStatusEvent{Code: ec2types.EventCodeSystemReboot, InstanceEventId: aws.String(id),
+			NotBefore: aws.Time(now.Add(2 * time.Hour)), NotAfter: aws.Time(now.Add(4 * time.Hour))}
+	}
+	p := &flakyProducer{}
+	mon := monitor()
+	report := func(want ...string) {
+		t.Helper()
+		if got := reportedBy(t, mon, p); !slices.Equal(got, want) {
+			t.Fatalf("produced %q, want %q", got, want)
+		}
+	}
+	kept := func(want ...string) {
+		t.Helper()
+		if got := slices.Sorted(maps.Keys(state.standing)); !slices.Equal(got, want) {
+			t.Fatalf("state keeps %q, want %q", got, want)
+		}
+	}
+	w.set("i-a", scheduled("ev-a"))
+	state.saveErr = errors.New("apiserver down")
+	report("node-i-a healthy=false")
+	kept()
+	state.saveErr = nil
+	report() // nothing new, the write tried again
+	kept("i-a/ev-a")
+	mon = monitor() // restarted
+	report()
+	w.set("i-b", scheduled("ev-b"))
+	state.loadErr = errors.New("forbidden")
+	mon = monitor()
+	report() // nothing known: nothing reported
+	state.loadErr = nil
+	report("node-i-b healthy=false")
+	kept("i-a/ev-a", "i-b/ev-b")
+	// Another janitor (a handover's race) reported i-b's end and wrote so.
+	w.set("i-b")
+	delete(state.standing, "i-b/ev-b")
+	state.version++
+	report("node-i-b healthy=true") // this one could not know
+	kept("i-a/ev-a")                // not overwritten
+	report()                        // read again: nothing more to report
+	w.set("i-a")
+	report("node-i-a healthy=true")
+	kept()
+}
+
+// memState is a ReportedState in memory with a version, as a ConfigMap's
+// resourceVersion, and errors on demand.
+type memState struct {
+	standing         map[string]standingEvent
+	version, read    int
+	loadErr, saveErr error
+}
+
+func (s *memState) Load(context.Context) (map[string]standingEvent, error) {
+	if s.loadErr != nil {
+		return nil, s.loadErr
+	}
+	s.read = s.version
+	return maps.Clone(s.standing), nil
+}
+
+func (s *memState) Save(_ context.Context, standing map[string]standingEvent) error {
+	switch {
+	case s.saveErr != nil:
+		return s.saveErr
+	case s.read != s.version:
+		return ErrStateChanged
+	}
+	s.standing = maps.Clone(standing)
+	s.version++
+	s.read = s.version
+	return nil
 }
 
 // reportedBy polls mon once, producing to p, and returns what it produced

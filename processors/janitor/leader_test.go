@@ -3,7 +3,9 @@ package janitor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -153,60 +155,66 @@ func TestLeaderElection(t *testing.T) {
 
 // TestMaintenanceFollowsTheLease: two janitors serve the maintenance
 // cluster; only the holder of its Lease reports its nodes' EC2 maintenance
-// events. Stopped, the holder reports nothing more, no recovery of what it
-// reported, and the other, once it holds the Lease, reports the standing
-// event, then its end (a real kube-apiserver, its Lease and node cache;
-// EC2's answers made up: moto has no scheduled events).
+// events, and what it reported is kept in the cluster (the ConfigMap
+// MaintenanceStateName), so that the next holder goes on from it (a real
+// kube-apiserver, its Lease and node cache; EC2's answers made up: moto
+// has no scheduled events).
+//   - Stopped, the holder reports nothing more, no recovery of what it
+//     reported.
+//   - The next holder reports the end of a maintenance that ended during
+//     the handover, and not again the one that still stands; a restarted
+//     monitor neither, and then its end.
+//
+// Before the state was kept, the next holder knew nothing of what the
+// first reported: it reported the standing event again (a second row) and
+// never the end of the one that ended meanwhile.
 func TestMaintenanceFollowsTheLease(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 0)
 	cfg := e.config()
 	cfg.LeaseDuration = 5 * time.Second
 	cfg.AWS.MaintenanceRegions, cfg.AWS.MaintenanceCluster = []string{"us-east-1"}, cluster
-	if _, err := e.kube.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "maint-1"},
-		Spec: corev1.NodeSpec{ProviderID: "aws:///us-east-1a/i-0maint"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	for i, id := range []string{"i-0maint1", "i-0maint2"} {
+		if _, err := e.kube.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("maint-%d", i+1)},
+			Spec: corev1.NodeSpec{ProviderID: "aws:///us-east-1a/" + id}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	w := &withEvents{EC2API: instancesOnly{"i-0maint", "i-0other"}, events: map[string][]ec2types.InstanceStatusEvent{}}
+	w := &withEvents{EC2API: instancesOnly{"i-0maint1", "i-0maint2", "i-0other"}, events: map[string][]ec2types.InstanceStatusEvent{}}
 	now := time.Now()
-	w.set("i-0maint", ec2types.InstanceStatusEvent{Code: ec2types.EventCodeSystemReboot, InstanceEventId: aws.String("instance-event-1"),
-		NotBefore: aws.Time(now.Add(time.Hour)), NotAfter: aws.Time(now.Add(2 * time.Hour))})
-	w.set("i-0other", ec2types.InstanceStatusEvent{Code: ec2types.EventCodeSystemReboot, InstanceEventId: aws.String("instance-event-2"),
-		NotBefore: aws.Time(now.Add(time.Hour))}) // no node of the cluster
+	for i, id := range []string{"i-0maint1", "i-0maint2", "i-0other"} { // i-0other: no node of the cluster
+		w.set(id, ec2types.InstanceStatusEvent{Code: ec2types.EventCodeSystemReboot, InstanceEventId: aws.String(fmt.Sprintf("instance-event-%d", i)),
+			NotBefore: aws.Time(now.Add(time.Hour)), NotAfter: aws.Time(now.Add(2 * time.Hour))})
+	}
 	type replica struct {
 		j    *Janitor
 		stop func()
 		mon  *MaintenanceMonitor
 		p    *flakyProducer
 	}
+	monitor := func(j *Janitor) *MaintenanceMonitor {
+		mon, err := NewMaintenanceMonitor(cfg.AWS, testLog, j.InstanceNodes(cluster), j.MaintenanceState(cluster))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mon.build = func(string) (EC2API, error) { return w, nil }
+		return mon
+	}
 	start := func(identity string) *replica {
 		c := cfg
 		c.Identity = identity
 		r := &replica{j: e.janitorTo(&recorder{}, c, false, nil), p: &flakyProducer{}}
 		r.stop = run(t, r.j)
-		mon, err := NewMaintenanceMonitor(c.AWS, testLog, r.j.InstanceNodes(cluster))
-		if err != nil {
-			t.Fatal(err)
-		}
-		mon.build = func(string) (EC2API, error) { return w, nil }
-		r.mon = mon
+		r.mon = monitor(r.j)
 		return r
 	}
 	report := func(r *replica) []string { return reportedBy(t, r.mon, r.p) }
-	// reported polls r until it reports something (within d) and returns it.
-	reported := func(r *replica, d time.Duration) []string {
-		t.Helper()
-		for deadline := time.Now().Add(d); ; time.Sleep(100 * time.Millisecond) {
-			if got := report(r); len(got) > 0 || time.Now().After(deadline) {
-				return got
-			}
-		}
-	}
+	works := func(r *replica) bool { _, ok := r.j.InstanceNodes(cluster)(); return ok }
 	a, b := start("janitor-a"), start("janitor-b")
 	var first, other *replica
 	for deadline := time.Now().Add(15 * time.Second); first == nil; time.Sleep(100 * time.Millisecond) {
 		for _, r := range []*replica{a, b} {
-			if _, ok := r.j.InstanceNodes(cluster)(); ok {
+			if works(r) {
 				first, other = r, map[*replica]*replica{a: b, b: a}[r]
 			}
 		}
@@ -214,8 +222,8 @@ func TestMaintenanceFollowsTheLease(t *testing.T) {
 			t.Fatal("no janitor works the cluster after 15 s")
 		}
 	}
-	if got := reported(first, 5*time.Second); !slices.Equal(got, []string{"maint-1 healthy=false"}) {
-		t.Fatalf("the Lease's holder reported %q, want the maintenance of maint-1", got)
+	if got := report(first); !slices.Equal(got, []string{"maint-1 healthy=false", "maint-2 healthy=false"}) {
+		t.Fatalf("the Lease's holder reported %q, want the maintenances of maint-1 and maint-2", got)
 	}
 	if got := report(other); len(got) != 0 {
 		t.Fatalf("the standby reported %q", got)
@@ -224,12 +232,29 @@ func TestMaintenanceFollowsTheLease(t *testing.T) {
 	if got := report(first); len(got) != 0 {
 		t.Fatalf("a janitor that stopped working the cluster reported %q", got)
 	}
-	if got := reported(other, 3*cfg.LeaseDuration); !slices.Equal(got, []string{"maint-1 healthy=false"}) {
-		t.Fatalf("the new holder reported %q, want the standing maintenance of maint-1", got)
+	w.set("i-0maint1") // done during the handover, gone from EC2's answer
+	for deadline := time.Now().Add(3 * cfg.LeaseDuration); !works(other); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the other janitor does not work the cluster %v after the holder stopped", 3*cfg.LeaseDuration)
+		}
 	}
-	w.set("i-0maint") // done, gone from EC2's answer
 	if got := report(other); !slices.Equal(got, []string{"maint-1 healthy=true"}) {
-		t.Fatalf("the holder reported %q at the maintenance's end, want its recovery", got)
+		t.Fatalf("the new holder reported %q, want the end of maint-1's maintenance alone (maint-2's was reported)", got)
+	}
+	cm, err := e.kube.CoreV1().ConfigMaps(cfg.LeaseNamespace).Get(context.Background(), MaintenanceStateName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kept := cm.Data[maintenanceStateKey]; !strings.Contains(kept, `"node":"maint-2"`) || strings.Contains(kept, "maint-1") {
+		t.Fatalf("the state kept %s, want maint-2's maintenance alone", kept)
+	}
+	other.mon = monitor(other.j) // restarted
+	if got := report(other); len(got) != 0 {
+		t.Fatalf("a restarted monitor reported %q, what was reported before", got)
+	}
+	w.set("i-0maint2")
+	if got := report(other); !slices.Equal(got, []string{"maint-2 healthy=true"}) {
+		t.Fatalf("the restarted monitor reported %q at the maintenance's end, want its recovery", got)
 	}
 	if got := report(first); len(got) != 0 {
 		t.Fatalf("the stopped janitor reported %q", got)

@@ -2,6 +2,7 @@ package janitor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -49,17 +50,21 @@ type NodeResolver func() (byInstance map[string]string, ok bool)
 // and during its window), naming the node, the kind (the event code:
 // system-reboot, instance-retirement, ...) and the window; and one
 // healthy (recovery) event once it is gone, completed, canceled or past
-// its window.
+// its window. What it reported as standing is kept in its ReportedState,
+// read when it starts to work the cluster and written after each change.
 type MaintenanceMonitor struct {
 	cfg     AWSConfig
 	log     *slog.Logger
 	now     func() time.Time
 	resolve NodeResolver
+	state   ReportedState // nil: kept in memory only
 	build   func(region string) (EC2API, error)
 
 	mu       sync.Mutex
 	clients  map[string]EC2API
 	standing map[string]standingEvent // instance/eventID → the event reported
+	loaded   bool                     // standing was read from state since the cluster was last worked
+	dirty    bool                     // standing changed since it was last written to state
 }
 
 type standingEvent struct {
@@ -68,12 +73,14 @@ type standingEvent struct {
 }
 
 // NewMaintenanceMonitor returns the monitor; resolve maps instances to
-// nodes (Janitor.InstanceNodes of the janitor it runs beside).
-func NewMaintenanceMonitor(cfg AWSConfig, log *slog.Logger, resolve NodeResolver) (*MaintenanceMonitor, error) {
+// nodes and state keeps what was reported (Janitor.InstanceNodes and
+// Janitor.MaintenanceState of the janitor it runs beside; state nil: in
+// memory only).
+func NewMaintenanceMonitor(cfg AWSConfig, log *slog.Logger, resolve NodeResolver, state ReportedState) (*MaintenanceMonitor, error) {
 	if cfg.MaintenanceCluster == "" {
 		return nil, fmt.Errorf("janitor.aws.maintenance_cluster: must be set when aws.maintenance_regions is")
 	}
-	m := &MaintenanceMonitor{cfg: cfg, log: log, now: time.Now, resolve: resolve, clients: map[string]EC2API{}, standing: map[string]standingEvent{}}
+	m := &MaintenanceMonitor{cfg: cfg, log: log, now: time.Now, resolve: resolve, state: state, clients: map[string]EC2API{}, standing: map[string]standingEvent{}}
 	m.build = func(region string) (EC2API, error) { return newEC2(context.Background(), cfg, region) }
 	return m, nil
 }
@@ -111,6 +118,52 @@ func (m *MaintenanceMonitor) report(ctx context.Context, p pipeline.Producer) {
 		}
 	}
 	commit()
+	m.persist(ctx)
+}
+
+// persist writes what is standing to the state if it changed since it was
+// last written. A write that fails is tried again after the next poll (a
+// restart meanwhile reports the standing events again); one that another
+// janitor's write beat (a handover) has the state read again first.
+func (m *MaintenanceMonitor) persist(ctx context.Context) {
+	m.mu.Lock()
+	if m.state == nil || !m.dirty || !m.loaded {
+		m.mu.Unlock()
+		return
+	}
+	standing := maps.Clone(m.standing)
+	m.mu.Unlock()
+	err := m.state.Save(ctx, standing)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case err == nil:
+		m.dirty = false
+	case errors.Is(err, ErrStateChanged):
+		m.loaded = false
+		m.log.Warn("janitor: another janitor wrote the maintenance state; it is read again at the next poll", "err", err)
+	case ctx.Err() == nil:
+		m.log.Warn("janitor: maintenance state not written; tried again after the next poll", "err", err)
+	}
+}
+
+// load reads the state once the cluster is worked (again): the janitor
+// that worked it before may have reported meanwhile.
+func (m *MaintenanceMonitor) load(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.state == nil || m.loaded {
+		return nil
+	}
+	standing, err := m.state.Load(ctx)
+	if err != nil {
+		return fmt.Errorf("the maintenance state: %w", err)
+	}
+	if standing == nil {
+		standing = map[string]standingEvent{}
+	}
+	m.standing, m.loaded, m.dirty = standing, true, false
+	return nil
 }
 
 func (m *MaintenanceMonitor) client(region string) (EC2API, error) {
@@ -132,11 +185,18 @@ func (m *MaintenanceMonitor) client(region string) (EC2API, error) {
 // reported once commit is called (after they are produced); until then
 // the next Poll returns them again. A janitor that does not work the
 // maintenance cluster reads nothing and reports nothing (no recovery of
-// what it reported while it did): the one that works it reports.
+// what it reported while it did): the one that works it reports, from the
+// state it reads when it starts to.
 func (m *MaintenanceMonitor) Poll(ctx context.Context) (recs []*kgo.Record, commit func(), err error) {
 	nodes, ok := m.resolve()
 	if !ok {
+		m.mu.Lock()
+		m.loaded = false
+		m.mu.Unlock()
 		return nil, func() {}, nil
+	}
+	if err := m.load(ctx); err != nil {
+		return nil, func() {}, err
 	}
 	seen := map[string]standingEvent{}
 	failed := map[string]bool{}
@@ -177,6 +237,7 @@ func (m *MaintenanceMonitor) Poll(ctx context.Context) (recs []*kgo.Record, comm
 	return recs, func() {
 		m.mu.Lock()
 		m.standing = next
+		m.dirty = m.dirty || len(recs) > 0
 		m.mu.Unlock()
 	}, err
 }

@@ -2,6 +2,7 @@ package janitor
 
 import (
 	"context"
+	"maps"
 	"testing"
 	"time"
 
@@ -52,6 +53,20 @@ func TestRBACIsEnough(t *testing.T) {
 	// Warnings: they followed the nodes' own BMC annotations).
 	nodeEvents(t, e.kube, "rbac-1", "Warning/RebootNodeApplied", "Normal/RebootNodeSucceeded")
 	nodeEvents(t, e.kube, "rbac-2", "Warning/TerminateNodeApplied", "Normal/TerminateNodeSucceeded")
+	// The maintenance monitor's state: created, read and updated.
+	state := j.MaintenanceState(cluster)
+	standing := map[string]standingEvent{"i-0rbac/ev-1": {node: "rbac-1", instance: "i-0rbac", region: "us-east-1", code: "system-reboot",
+		start: time.Date(2026, 12, 7, 3, 0, 0, 0, time.UTC)}}
+	for range 2 {
+		if err := state.Save(context.Background(), standing); err != nil {
+			t.Fatalf("the maintenance state: %v", err)
+		}
+		if got, err := state.Load(context.Background()); err != nil || !maps.Equal(got, standing) {
+			t.Fatalf("the maintenance state read back %v (%v), want %v", got, err, standing)
+		}
+		standing["i-0rbac/ev-2"] = standingEvent{node: "rbac-2", instance: "i-0rbac2", region: "us-east-1", code: "instance-retirement",
+			start: time.Date(2026, 12, 8, 3, 0, 0, 0, time.UTC), end: time.Date(2026, 12, 8, 5, 0, 0, 0, time.UTC)}
+	}
 	for _, tc := range []struct {
 		a    testenv.Access
 		want bool
@@ -72,6 +87,11 @@ func TestRBACIsEnough(t *testing.T) {
 		{testenv.Access{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: "faultline"}, true},
 		{testenv.Access{Verb: "delete", Group: "coordination.k8s.io", Resource: "leases", Namespace: "faultline"}, false},
 		{testenv.Access{Verb: "create", Group: "coordination.k8s.io", Resource: "leases", Namespace: "default"}, false},
+		{testenv.Access{Verb: "get", Resource: "configmaps", Namespace: "faultline", Name: MaintenanceStateName}, true},
+		{testenv.Access{Verb: "get", Resource: "configmaps", Namespace: "faultline", Name: "faultline-config"}, false},
+		{testenv.Access{Verb: "update", Resource: "configmaps", Namespace: "faultline", Name: "faultline-config"}, false},
+		{testenv.Access{Verb: "list", Resource: "configmaps", Namespace: "faultline"}, false},
+		{testenv.Access{Verb: "create", Resource: "configmaps", Namespace: "default"}, false},
 	} {
 		if got := e.kc.Allowed(t, saJanitor, tc.a); got != tc.want {
 			t.Errorf("%+v: allowed %v, want %v", tc.a, got, tc.want)

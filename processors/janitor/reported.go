@@ -1,0 +1,129 @@
+package janitor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// MaintenanceStateName is the ConfigMap, in janitor.lease_namespace of
+// aws.maintenance_cluster, in which the maintenance monitor keeps the
+// scheduled events it reported as standing (under its data key
+// maintenanceStateKey, as JSON), so that a restarted janitor, or the next
+// holder of the cluster's Lease, reports neither a standing event again
+// nor misses the recovery of one that ended meanwhile.
+const MaintenanceStateName = "faultline-janitor-maintenance"
+
+const maintenanceStateKey = "reported.json"
+
+// ReportedState keeps what the maintenance monitor reported as standing.
+// Load returns it (empty where nothing was kept yet); Save writes it, and
+// fails with ErrStateChanged where another janitor wrote it since this one
+// loaded or saved it.
+type ReportedState interface {
+	Load(ctx context.Context) (map[string]standingEvent, error)
+	Save(ctx context.Context, standing map[string]standingEvent) error
+}
+
+// ErrStateChanged: the kept state was written by another janitor since
+// this one read it (a handover); it is read again before the next poll.
+var ErrStateChanged = errors.New("the maintenance state was written by another janitor")
+
+// reportedEntry is a standing event as kept in the ConfigMap.
+type reportedEntry struct {
+	Node     string    `json:"node"`
+	Instance string    `json:"instance"`
+	Region   string    `json:"region"`
+	Code     string    `json:"code"`
+	Start    time.Time `json:"start"`
+	End      time.Time `json:"end,omitzero"`
+}
+
+// MaintenanceState is the ReportedState of cluster: the ConfigMap
+// MaintenanceStateName in janitor.lease_namespace, written with optimistic
+// concurrency (its resourceVersion).
+func (j *Janitor) MaintenanceState(cluster string) ReportedState {
+	return &configMapState{j: j, cluster: cluster}
+}
+
+type configMapState struct {
+	j       *Janitor
+	cluster string
+	rv      string // the resourceVersion read or last written; "" while there is none
+}
+
+func (s *configMapState) where() string {
+	return s.j.cfg.LeaseNamespace + "/" + MaintenanceStateName
+}
+
+func (s *configMapState) Load(ctx context.Context) (map[string]standingEvent, error) {
+	cl, err := s.j.reg.Get(s.cluster)
+	if err != nil {
+		return nil, err
+	}
+	cm, err := cl.Kube.CoreV1().ConfigMaps(s.j.cfg.LeaseNamespace).Get(ctx, MaintenanceStateName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		s.rv = ""
+		return map[string]standingEvent{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading ConfigMap %s: %w", s.where(), err)
+	}
+	s.rv = cm.ResourceVersion
+	var kept map[string]reportedEntry
+	if err := json.Unmarshal([]byte(cm.Data[maintenanceStateKey]), &kept); err != nil {
+		// Written by hand or by another version: the events standing are
+		// reported again, and the state written anew.
+		s.j.log.Warn("janitor: the maintenance state cannot be read; the standing scheduled events are reported again",
+			"configmap", s.where(), "key", maintenanceStateKey, "err", err)
+		return map[string]standingEvent{}, nil
+	}
+	out := make(map[string]standingEvent, len(kept))
+	for k, e := range kept {
+		out[k] = standingEvent{node: e.Node, instance: e.Instance, region: e.Region, code: e.Code, start: e.Start.UTC(), end: e.End.UTC()}
+	}
+	return out, nil
+}
+
+func (s *configMapState) Save(ctx context.Context, standing map[string]standingEvent) error {
+	cl, err := s.j.reg.Get(s.cluster)
+	if err != nil {
+		return err
+	}
+	kept := make(map[string]reportedEntry, len(standing))
+	for k, e := range standing {
+		kept[k] = reportedEntry{Node: e.node, Instance: e.instance, Region: e.region, Code: e.code, Start: e.start, End: e.end}
+	}
+	b, err := json.Marshal(kept)
+	if err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: MaintenanceStateName, Namespace: s.j.cfg.LeaseNamespace, ResourceVersion: s.rv,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "faultline-janitor"}},
+		Data: map[string]string{maintenanceStateKey: string(b)},
+	}
+	api := cl.Kube.CoreV1().ConfigMaps(s.j.cfg.LeaseNamespace)
+	if s.rv == "" {
+		cm, err = api.Create(ctx, cm, metav1.CreateOptions{})
+	} else {
+		cm, err = api.Update(ctx, cm, metav1.UpdateOptions{})
+	}
+	switch {
+	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
+		return fmt.Errorf("writing ConfigMap %s: %w", s.where(), ErrStateChanged)
+	case apierrors.IsNotFound(err): // deleted meanwhile: created at the next save
+		s.rv = ""
+		return fmt.Errorf("writing ConfigMap %s: %w", s.where(), err)
+	case err != nil:
+		return fmt.Errorf("writing ConfigMap %s: %w", s.where(), err)
+	}
+	s.rv = cm.ResourceVersion
+	return nil
+}
