@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 )
 
 // MaintenanceStateName is the ConfigMap, in janitor.lease_namespace of
@@ -62,12 +63,24 @@ func (s *configMapState) where() string {
 	return s.j.cfg.LeaseNamespace + "/" + MaintenanceStateName
 }
 
-func (s *configMapState) Load(ctx context.Context) (map[string]standingEvent, error) {
+// api is the ConfigMaps of the state's namespace.
+func (s *configMapState) api() (typedcorev1.ConfigMapInterface, error) {
 	cl, err := s.j.reg.Get(s.cluster)
 	if err != nil {
 		return nil, err
 	}
-	cm, err := cl.Kube.CoreV1().ConfigMaps(s.j.cfg.LeaseNamespace).Get(ctx, MaintenanceStateName, metav1.GetOptions{})
+	if cl.Kube == nil {
+		return nil, fmt.Errorf("cluster %q has no kubeconfig to keep ConfigMap %s in", s.cluster, s.where())
+	}
+	return cl.Kube.CoreV1().ConfigMaps(s.j.cfg.LeaseNamespace), nil
+}
+
+func (s *configMapState) Load(ctx context.Context) (map[string]standingEvent, error) {
+	api, err := s.api()
+	if err != nil {
+		return nil, err
+	}
+	cm, err := api.Get(ctx, MaintenanceStateName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		s.rv = ""
 		return map[string]standingEvent{}, nil
@@ -92,7 +105,7 @@ func (s *configMapState) Load(ctx context.Context) (map[string]standingEvent, er
 }
 
 func (s *configMapState) Save(ctx context.Context, standing map[string]standingEvent) error {
-	cl, err := s.j.reg.Get(s.cluster)
+	api, err := s.api()
 	if err != nil {
 		return err
 	}
@@ -109,7 +122,6 @@ func (s *configMapState) Save(ctx context.Context, standing map[string]standingE
 			Labels: map[string]string{"app.kubernetes.io/managed-by": "faultline-janitor"}},
 		Data: map[string]string{maintenanceStateKey: string(b)},
 	}
-	api := cl.Kube.CoreV1().ConfigMaps(s.j.cfg.LeaseNamespace)
 	if s.rv == "" {
 		cm, err = api.Create(ctx, cm, metav1.CreateOptions{})
 	} else {
