@@ -27,7 +27,8 @@ type Config struct {
 	// twice. Default true; false: every janitor works every cluster it
 	// serves (run one).
 	LeaderElection bool `toml:"leader_election"`
-	// LeaseNamespace holds each cluster's Lease. Default "faultline".
+	// LeaseNamespace holds each cluster's Lease, and the maintenance
+	// monitor's state (MaintenanceStateName). Default "faultline".
 	LeaseNamespace string `toml:"lease_namespace"`
 	// LeaseDuration: how long a Lease not renewed keeps the other
 	// janitors waiting (its holder renews it every two fifteenths of it,
@@ -304,8 +305,8 @@ func (c Config) Validate(prefix string) error {
 	switch {
 	case c.Identity == "":
 		return fmt.Errorf("%sidentity: must not be empty", prefix)
-	case c.LeaderElection && len(validation.IsDNS1123Label(c.LeaseNamespace)) > 0:
-		return fmt.Errorf("%slease_namespace: %q is not a namespace (needed by leader_election): %s", prefix, c.LeaseNamespace, strings.Join(validation.IsDNS1123Label(c.LeaseNamespace), "; "))
+	case (c.LeaderElection || len(c.AWS.MaintenanceRegions) > 0) && len(validation.IsDNS1123Label(c.LeaseNamespace)) > 0:
+		return fmt.Errorf("%slease_namespace: %q is not a namespace (needed by leader_election and aws.maintenance_regions): %s", prefix, c.LeaseNamespace, strings.Join(validation.IsDNS1123Label(c.LeaseNamespace), "; "))
 	case c.LeaderElection && c.LeaseDuration < 3*time.Second:
 		// Renewed every two fifteenths of it, each try bounded by the
 		// API server's answer: shorter, a slow answer loses the Lease.

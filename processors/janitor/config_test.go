@@ -52,6 +52,11 @@ func TestValidate(t *testing.T) {
 		{"event namespace unused", func(c *Config) { c.EventNamespace, c.NodeEvents = "", false }, ""},
 		{"lease namespace", func(c *Config) { c.LeaseNamespace = "" }, "janitor.lease_namespace"},
 		{"lease namespace unused", func(c *Config) { c.LeaseNamespace, c.LeaderElection = "", false }, ""},
+		// It holds the maintenance monitor's state too.
+		{"lease namespace for maintenance", func(c *Config) {
+			c.LeaseNamespace, c.LeaderElection = "", false
+			c.AWS.MaintenanceRegions, c.AWS.MaintenanceCluster = []string{"us-east-1"}, "c1"
+		}, "janitor.lease_namespace"},
 		// Renewed every 2/15 of it: shorter, one slow answer loses it.
 		{"lease duration", func(c *Config) { c.LeaseDuration = time.Second }, "janitor.lease_duration"},
 		{"local port", func(c *Config) { c.Local.Port = 0 }, "janitor.local.port"},
