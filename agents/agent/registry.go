@@ -62,7 +62,7 @@ var registry = []CheckSpec{
 		Interval:    func(c *Config) time.Duration { return c.CSP.PollInterval },
 		Timeout:     func(c *Config) time.Duration { return c.CSP.PollInterval },
 		Validate:    func(c *Config) error { return c.CSP.Validate() },
-		New:         func(c *Config, _ *slog.Logger) (check.Check, error) { return csp.New(c.CSP), nil },
+		New:         func(c *Config, log *slog.Logger) (check.Check, error) { return csp.New(c.CSP, log), nil },
 	},
 	{
 		Name:        "nic",

@@ -5,20 +5,28 @@
 // window, 404 when none) — and reports a scheduled or imminent host
 // maintenance as a non-fatal HealthEvent naming the kind and the window
 // (agent csp-health-monitor, class CSP, check SCHEDULED_MAINTENANCE), and
-// a recovery event once it is gone or its window has passed.
+// a recovery event once it is gone or its window has passed. What it
+// reported as standing is kept in a state file across restarts: a
+// TERMINATE_ON_HOST_MAINTENANCE stops the VM, and the agent that starts
+// after it must report that maintenance's end.
 package csp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/faultline/faultline/agents/topology"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -36,17 +44,24 @@ type Config struct {
 	MetadataURL string `toml:"metadata_url"`
 	// PollInterval is how often it is read. Default 30s.
 	PollInterval time.Duration `toml:"poll_interval"`
+	// StateFile keeps the maintenance reported as standing across
+	// restarts, so that its end is reported after one (the VM stopped for
+	// it) and it is not reported again. Default
+	// "/var/lib/faultline-agent/csp/state.json"; empty: none.
+	StateFile string `toml:"state_file"`
 }
 
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
-	return Config{MetadataURL: "http://metadata.google.internal/computeMetadata/v1/instance", PollInterval: 30 * time.Second}
+	return Config{MetadataURL: "http://metadata.google.internal/computeMetadata/v1/instance", PollInterval: 30 * time.Second,
+		StateFile: "/var/lib/faultline-agent/csp/state.json"}
 }
 
 // RegisterFlags adds the flags under prefix ("csp.").
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.MetadataURL, prefix+"metadata-url", c.MetadataURL, "GCP instance metadata base URL")
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often the maintenance metadata is read")
+	fs.StringVar(&c.StateFile, prefix+"state-file", c.StateFile, "file keeping the maintenance reported across restarts; empty: none")
 }
 
 // Validate names the first bad key.
@@ -72,16 +87,88 @@ type maint struct {
 // GCP reads the metadata server; it keeps the maintenance it reported.
 type GCP struct {
 	cfg      Config
+	log      *slog.Logger
 	client   *http.Client
 	now      func() time.Time
 	standing *maint
+	saved    []byte // the state file's content as last read or written
 }
 
-// New returns the check.
-func New(cfg Config) *GCP {
+// New returns the check, with the maintenance the state file says was
+// reported as standing (a file that cannot be read is warned of: the
+// check starts afresh).
+func New(cfg Config, log *slog.Logger) *GCP {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil // the metadata server is never behind a proxy
-	return &GCP{cfg: cfg, client: &http.Client{Transport: tr, Timeout: 10 * time.Second}, now: time.Now}
+	g := &GCP{cfg: cfg, log: log, client: &http.Client{Transport: tr, Timeout: 10 * time.Second}, now: time.Now}
+	if err := g.resume(); err != nil {
+		log.Warn("csp state file not read: starting afresh", "path", cfg.StateFile, "err", err)
+	}
+	return g
+}
+
+// state is the state file's content.
+type state struct {
+	Standing *stateMaint `json:"standing"` // null: none
+}
+
+type stateMaint struct {
+	Kind       string    `json:"kind"`
+	Start      time.Time `json:"start,omitzero"`
+	End        time.Time `json:"end,omitzero"`
+	Unreadable string    `json:"unreadable,omitempty"`
+}
+
+// maxStateBytes bounds the state file read (it holds one maintenance).
+const maxStateBytes = 64 << 10
+
+func (g *GCP) resume() error {
+	if g.cfg.StateFile == "" {
+		return nil
+	}
+	b, err := topology.ReadCapped(g.cfg.StateFile, maxStateBytes)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var st state
+	if err := json.Unmarshal(b, &st); err != nil {
+		return err
+	}
+	if s := st.Standing; s != nil {
+		if s.Kind == "" {
+			return errors.New("standing: no kind")
+		}
+		g.standing = &maint{kind: s.Kind, start: s.Start.UTC(), end: s.End.UTC(), unreadable: s.Unreadable}
+	}
+	g.saved = b
+	return nil
+}
+
+// Commit implements check.Committer: the state file is written (when it
+// changed) once the last poll's events are spooled.
+func (g *GCP) Commit() error {
+	if g.cfg.StateFile == "" {
+		return nil
+	}
+	var st state
+	if m := g.standing; m != nil {
+		st.Standing = &stateMaint{Kind: m.kind, Start: m.start, End: m.end, Unreadable: m.unreadable}
+	}
+	b, err := json.Marshal(st)
+	if err != nil || bytes.Equal(b, g.saved) {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(g.cfg.StateFile), 0o755); err != nil {
+		return fmt.Errorf("csp state: %w", err)
+	}
+	if err := topology.AtomicWrite(g.cfg.StateFile, b); err != nil {
+		return fmt.Errorf("csp state: %w", err)
+	}
+	g.saved = b
+	return nil
 }
 
 // Name is "csp".
@@ -116,6 +203,7 @@ func (g *GCP) read(ctx context.Context) (*maint, error) {
 	if err != nil && !errors.Is(err, errNotFound) {
 		return nil, err
 	}
+	ev = strings.ToValidUTF8(ev, "\uFFFD") // as the state file keeps it
 	var m *maint
 	if ev != "" && ev != "NONE" {
 		m = &maint{kind: ev, start: g.now().UTC().Truncate(time.Second)}

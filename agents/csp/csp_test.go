@@ -2,8 +2,13 @@ package csp
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -50,10 +55,11 @@ func TestGCP(t *testing.T) {
 	defer srv.Close()
 	cfg := DefaultConfig()
 	cfg.MetadataURL = srv.URL + "/computeMetadata/v1/instance"
+	cfg.StateFile = ""
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	g := New(cfg)
+	g := New(cfg, slog.New(slog.DiscardHandler))
 	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	g.now = func() time.Time { return now }
 	ctx := context.Background()
@@ -125,4 +131,65 @@ func TestGCP(t *testing.T) {
 	if _, err := g.Check(ctx); err == nil {
 		t.Fatal("no error with the metadata server gone")
 	}
+}
+
+// TestGCPStateAcrossRestarts: the maintenance reported as standing is kept
+// in the state file once its event is spooled (Commit), so that an agent
+// restarted while it stands does not report it again, and one that starts
+// after it (the VM stopped for a TERMINATE_ON_HOST_MAINTENANCE) reports
+// its end. Before, the agent kept it in memory: after the VM's restart the
+// maintenance's unhealthy event stood for good. An event not committed (a
+// crash before it was spooled) is reported again; a damaged file is
+// warned of and the check starts afresh.
+func TestGCPStateAcrossRestarts(t *testing.T) {
+	md := &metadata{event: "TERMINATE_ON_HOST_MAINTENANCE"}
+	srv := httptest.NewServer(md)
+	defer srv.Close()
+	cfg := DefaultConfig()
+	cfg.MetadataURL = srv.URL + "/computeMetadata/v1/instance"
+	cfg.StateFile = filepath.Join(t.TempDir(), "csp", "state.json")
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	start := func() *GCP { // the agent (re)started
+		g := New(cfg, slog.New(slog.DiscardHandler))
+		g.now = func() time.Time { return now }
+		return g
+	}
+	check := func(g *GCP, commit bool) []string {
+		t.Helper()
+		evs, err := g.Check(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			if err := g.Commit(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got []string
+		for _, e := range evs {
+			got = append(got, fmt.Sprintf("%s healthy=%t", e.GetMetadata()["maintenance_kind"], e.GetIsHealthy()))
+		}
+		return got
+	}
+	want := func(got []string, want ...string) {
+		t.Helper()
+		if !slices.Equal(got, want) {
+			t.Fatalf("reported %q, want %q", got, want)
+		}
+	}
+	want(check(start(), true), "TERMINATE_ON_HOST_MAINTENANCE healthy=false")
+	now = now.Add(time.Minute)
+	want(check(start(), true)) // restarted while it stands: not again
+	md.set("NONE", "")         // the VM stopped, and started after it
+	want(check(start(), true), "TERMINATE_ON_HOST_MAINTENANCE healthy=true")
+	want(check(start(), true))
+	// Not committed (killed before its event was spooled): again.
+	md.set("NONE", `{"type":"SCHEDULED","window_start_time":"2026-11-24T02:00:00Z","window_end_time":"2026-11-24T06:00:00Z"}`)
+	want(check(start(), false), "SCHEDULED_MAINTENANCE healthy=false")
+	want(check(start(), true), "SCHEDULED_MAINTENANCE healthy=false")
+	want(check(start(), true))
+	if err := os.WriteFile(cfg.StateFile, []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want(check(start(), true), "SCHEDULED_MAINTENANCE healthy=false")
 }

@@ -2,7 +2,9 @@ package csp
 
 import (
 	"context"
+	"log/slog"
 	"net/http/httptest"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -12,8 +14,8 @@ import (
 // FuzzCheck: whatever the metadata server answers, the check does not
 // panic; it returns an error or events the gateway takes once stamped as
 // the agent stamps them; the same answer read again a minute later
-// reports nothing new; and once the server says NONE, a reported
-// maintenance is recovered.
+// reports nothing new, nor after a restart from the state file; and once
+// the server says NONE, a reported maintenance is recovered.
 func FuzzCheck(f *testing.F) {
 	f.Add("NONE", `{"can_reschedule":true,"type":"SCHEDULED","maintenance_status":"PENDING","window_start_time":"2026-11-24T02:00:00Z","window_end_time":"2026-11-24T06:00:00Z"}`)
 	f.Add("MIGRATE_ON_HOST_MAINTENANCE", `{"type":"SCHEDULED","maintenance_status":"ONGOING","window_start_time":"2026-11-24T02:00:00Z"}`)
@@ -27,8 +29,10 @@ func FuzzCheck(f *testing.F) {
 	cfg := DefaultConfig()
 	cfg.MetadataURL = srv.URL + "/computeMetadata/v1/instance"
 	f.Fuzz(func(t *testing.T, event, upcoming string) {
-		g := New(cfg)
-		defer g.client.CloseIdleConnections() // a transport per input: free its sockets
+		cfg := cfg
+		cfg.StateFile = filepath.Join(t.TempDir(), "state.json")
+		g := New(cfg, slog.New(slog.DiscardHandler))
+		defer func() { g.client.CloseIdleConnections() }() // a transport per input: free its sockets
 		now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 		g.now = func() time.Time { return now }
 		poll := func(step string) int {
@@ -48,6 +52,16 @@ func FuzzCheck(f *testing.F) {
 		now = now.Add(time.Minute)
 		if n := poll("same answer again"); n > 0 {
 			t.Fatalf("the same answer read again reported %d new events", n)
+		}
+		// Kept across a restart: nothing new either.
+		if err := g.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		g.client.CloseIdleConnections()
+		g = New(cfg, slog.New(slog.DiscardHandler))
+		g.now = func() time.Time { return now }
+		if n := poll("same answer after a restart"); n > 0 {
+			t.Fatalf("the same answer read after a restart reported %d new events", n)
 		}
 		md.set("NONE", "")
 		if n := poll("NONE"); first > 0 && n != 1 {
