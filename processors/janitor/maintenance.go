@@ -123,8 +123,8 @@ func (m *MaintenanceMonitor) report(ctx context.Context, p pipeline.Producer) {
 
 // persist writes what is standing to the state if it changed since it was
 // last written. A write that fails is tried again after the next poll (a
-// restart meanwhile reports the standing events again); one that another
-// janitor's write beat (a handover) has the state read again first.
+// restart meanwhile reports the standing events again); one beaten by
+// another janitor's write (a handover) has the state read again first.
 func (m *MaintenanceMonitor) persist(ctx context.Context) {
 	m.mu.Lock()
 	if m.state == nil || !m.dirty || !m.loaded {
