@@ -17,8 +17,8 @@ import (
 // aws.maintenance_cluster, in which the maintenance monitor keeps the
 // scheduled events it reported as standing (under its data key
 // maintenanceStateKey, as JSON), so that a restarted janitor, or the next
-// holder of the cluster's Lease, reports neither a standing event again
-// nor misses the recovery of one that ended meanwhile.
+// holder of the cluster's Lease, does not report a standing event again,
+// nor miss the recovery of one that ended meanwhile.
 const MaintenanceStateName = "faultline-janitor-maintenance"
 
 const maintenanceStateKey = "reported.json"
