@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -370,6 +371,7 @@ func TestMaintenanceStateWrites(t *testing.T) {
 	cfg := DefaultConfig().AWS
 	cfg.MaintenanceRegions, cfg.MaintenanceCluster = []string{"us-east-1"}, "c1"
 	state := &memState{}
+	polls := newMetrics(nil).maintenancePolls
 	w := &withEvents{EC2API: instancesOnly{"i-a", "i-b"}, events: map[string][]ec2types.InstanceStatusEvent{}}
 	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	monitor := func() *MaintenanceMonitor {
@@ -381,6 +383,7 @@ func TestMaintenanceStateWrites(t *testing.T) {
 		}
 		mon.build = func(string) (EC2API, error) { return w, nil }
 		mon.now = func() time.Time { return now }
+		mon.polls = polls
 		return mon
 	}
 	scheduled := func(id string) ec2types.InstanceStatusEvent {
@@ -427,6 +430,11 @@ func TestMaintenanceStateWrites(t *testing.T) {
 	w.set("i-a")
 	report("node-i-a healthy=true")
 	kept()
+	// Counted: the failed write and the failed read; a write another's
+	// beat is not a failure.
+	if ok, failed := testutil.ToFloat64(polls.WithLabelValues("ok")), testutil.ToFloat64(polls.WithLabelValues("failed")); ok != 6 || failed != 2 {
+		t.Fatalf("counted %v polls ok and %v failed, want 6 and 2", ok, failed)
+	}
 }
 
 // memState is a ReportedState in memory with a version, as a ConfigMap's

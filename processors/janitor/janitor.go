@@ -587,6 +587,7 @@ type metrics struct {
 	signalLatency                                    *prometheus.HistogramVec
 	nodeNamed                                        *prometheus.CounterVec
 	leader                                           *prometheus.GaugeVec
+	maintenancePolls                                 *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -603,9 +604,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Signals sent that followed a key of the node's own (its kubelet may write it): its provider's or its BMC's annotation."}, []string{"cluster", "key"}),
 		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_janitor_leader",
 			Help: "1 while this janitor works the cluster (it holds the cluster's Lease, or leader election is off), 0 while another does."}, []string{"cluster"}),
+		maintenancePolls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_maintenance_polls_total",
+			Help: "Polls of EC2's scheduled events by the janitor that works janitor.aws.maintenance_cluster: ok, or failed (a region's read, the maintenance state's read or write, or the produce; tried again at the next poll)."}, []string{"outcome"}),
+	}
+	// Exported from the start (at 0), so that an alert sees the first failure.
+	for _, o := range []string{"ok", "failed"} {
+		m.maintenancePolls.WithLabelValues(o)
 	}
 	if reg != nil {
-		reg.MustRegister(m.actions, m.started, m.completed, m.apiErrors, m.deferred, m.auditErrors, m.signalLatency, m.nodeNamed, m.leader)
+		reg.MustRegister(m.actions, m.started, m.completed, m.apiErrors, m.deferred, m.auditErrors, m.signalLatency, m.nodeNamed, m.leader, m.maintenancePolls)
 	}
 	return m
 }

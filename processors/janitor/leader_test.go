@@ -193,7 +193,7 @@ func TestMaintenanceFollowsTheLease(t *testing.T) {
 		p    *flakyProducer
 	}
 	monitor := func(j *Janitor) *MaintenanceMonitor {
-		mon, err := NewMaintenanceMonitor(cfg.AWS, testLog, j.InstanceNodes(cluster), j.MaintenanceState(cluster))
+		mon, err := j.MaintenanceMonitor(cfg.AWS)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -228,6 +228,12 @@ func TestMaintenanceFollowsTheLease(t *testing.T) {
 	if got := report(other); len(got) != 0 {
 		t.Fatalf("the standby reported %q", got)
 	}
+	polls := func(r *replica, outcome string) float64 {
+		return testutil.ToFloat64(r.j.m.maintenancePolls.WithLabelValues(outcome))
+	}
+	if ok, failed := polls(other, "ok"), polls(other, "failed"); ok != 0 || failed != 0 {
+		t.Fatalf("the standby counted %v polls ok and %v failed, want none", ok, failed)
+	}
 	first.stop()
 	if got := report(first); len(got) != 0 {
 		t.Fatalf("a janitor that stopped working the cluster reported %q", got)
@@ -258,6 +264,12 @@ func TestMaintenanceFollowsTheLease(t *testing.T) {
 	}
 	if got := report(first); len(got) != 0 {
 		t.Fatalf("the stopped janitor reported %q", got)
+	}
+	if ok, failed := polls(first, "ok"), polls(first, "failed"); ok != 1 || failed != 0 {
+		t.Fatalf("the first holder counted %v polls ok and %v failed, want its one poll as the holder", ok, failed)
+	}
+	if ok, failed := polls(other, "ok"), polls(other, "failed"); ok != 3 || failed != 0 {
+		t.Fatalf("the new holder counted %v polls ok and %v failed, want 3 ok", ok, failed)
 	}
 }
 

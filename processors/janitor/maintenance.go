@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
@@ -39,6 +40,10 @@ const (
 	MetaProvider         = "cloud_provider"
 )
 
+// errNotWorked: Poll read nothing, this janitor does not work the
+// maintenance cluster.
+var errNotWorked = errors.New("the maintenance cluster is worked by another janitor")
+
 // NodeResolver returns the maintenance cluster's nodes by the EC2
 // instance they run on, or ok false while this janitor does not work the
 // cluster (a standby, its Lease lost, its node cache not synced yet).
@@ -57,7 +62,8 @@ type MaintenanceMonitor struct {
 	log     *slog.Logger
 	now     func() time.Time
 	resolve NodeResolver
-	state   ReportedState // nil: kept in memory only
+	state   ReportedState          // nil: kept in memory only
+	polls   *prometheus.CounterVec // by outcome, ok or failed; nil: not counted
 	build   func(region string) (EC2API, error)
 
 	mu       sync.Mutex
@@ -85,6 +91,18 @@ func NewMaintenanceMonitor(cfg AWSConfig, log *slog.Logger, resolve NodeResolver
 	return m, nil
 }
 
+// MaintenanceMonitor returns the monitor of cfg.MaintenanceCluster beside
+// this janitor: its nodes from the janitor's cache, its state in the
+// cluster (MaintenanceState), its polls counted in the janitor's metrics.
+func (j *Janitor) MaintenanceMonitor(cfg AWSConfig) (*MaintenanceMonitor, error) {
+	m, err := NewMaintenanceMonitor(cfg, j.log, j.InstanceNodes(cfg.MaintenanceCluster), j.MaintenanceState(cfg.MaintenanceCluster))
+	if err != nil {
+		return nil, err
+	}
+	m.polls = j.m.maintenancePolls
+	return m, nil
+}
+
 // Run polls every MaintenanceInterval until ctx ends, producing to p. A
 // region that fails is logged and tried again at the next poll.
 func (m *MaintenanceMonitor) Run(ctx context.Context, p pipeline.Producer) error {
@@ -106,6 +124,10 @@ func (m *MaintenanceMonitor) Run(ctx context.Context, p pipeline.Producer) error
 // the events produced before stay standing (their recoveries still come).
 func (m *MaintenanceMonitor) report(ctx context.Context, p pipeline.Producer) {
 	recs, commit, err := m.Poll(ctx)
+	if errors.Is(err, errNotWorked) {
+		return
+	}
+	ok := err == nil
 	if err != nil && ctx.Err() == nil {
 		m.log.Warn("janitor: maintenance poll failed; next poll retries", "err", err)
 	}
@@ -113,23 +135,34 @@ func (m *MaintenanceMonitor) report(ctx context.Context, p pipeline.Producer) {
 		if err := p.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 			if ctx.Err() == nil {
 				m.log.Warn("janitor: maintenance events not produced; next poll reports them again", "err", err)
+				m.count(false)
 			}
 			return
 		}
 	}
 	commit()
-	m.persist(ctx)
+	ok = m.persist(ctx) && ok
+	if ctx.Err() == nil {
+		m.count(ok)
+	}
+}
+
+func (m *MaintenanceMonitor) count(ok bool) {
+	if m.polls != nil {
+		m.polls.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
+	}
 }
 
 // persist writes what is standing to the state if it changed since it was
-// last written. A write that fails is tried again after the next poll (a
-// restart meanwhile reports the standing events again); one beaten by
-// another janitor's write (a handover) has the state read again first.
-func (m *MaintenanceMonitor) persist(ctx context.Context) {
+// last written, and says whether it failed. A write that fails is tried
+// again after the next poll (a restart meanwhile reports the standing
+// events again); one beaten by another janitor's write (a handover) has
+// the state read again first.
+func (m *MaintenanceMonitor) persist(ctx context.Context) bool {
 	m.mu.Lock()
 	if m.state == nil || !m.dirty || !m.loaded {
 		m.mu.Unlock()
-		return
+		return true
 	}
 	standing := maps.Clone(m.standing)
 	m.mu.Unlock()
@@ -142,9 +175,13 @@ func (m *MaintenanceMonitor) persist(ctx context.Context) {
 	case errors.Is(err, ErrStateChanged):
 		m.loaded = false
 		m.log.Warn("janitor: another janitor wrote the maintenance state; it is read again at the next poll", "err", err)
-	case ctx.Err() == nil:
-		m.log.Warn("janitor: maintenance state not written; tried again after the next poll", "err", err)
+	default:
+		if ctx.Err() == nil {
+			m.log.Warn("janitor: maintenance state not written; tried again after the next poll", "err", err)
+		}
+		return false
 	}
+	return true
 }
 
 // load reads the state once the cluster is worked (again): the janitor
@@ -185,15 +222,15 @@ func (m *MaintenanceMonitor) client(region string) (EC2API, error) {
 // reported once commit is called (after they are produced); until then
 // the next Poll returns them again. A janitor that does not work the
 // maintenance cluster reads nothing and reports nothing (no recovery of
-// what it reported while it did): the one that works it reports, from the
-// state it reads when it starts to.
+// what it reported while it did; errNotWorked): the one that works it
+// reports, from the state it reads when it starts to.
 func (m *MaintenanceMonitor) Poll(ctx context.Context) (recs []*kgo.Record, commit func(), err error) {
 	nodes, ok := m.resolve()
 	if !ok {
 		m.mu.Lock()
 		m.loaded = false
 		m.mu.Unlock()
-		return nil, func() {}, nil
+		return nil, func() {}, errNotWorked
 	}
 	if err := m.load(ctx); err != nil {
 		return nil, func() {}, err

@@ -76,7 +76,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return j.Run(ctx, names)
 	}})
 	if len(cfg.AWS.MaintenanceRegions) > 0 {
-		mon, err := NewMaintenanceMonitor(cfg.AWS, deps.Log, j.InstanceNodes(cfg.AWS.MaintenanceCluster), j.MaintenanceState(cfg.AWS.MaintenanceCluster))
+		mon, err := j.MaintenanceMonitor(cfg.AWS)
 		if err != nil {
 			return nil, err
 		}
