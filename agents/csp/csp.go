@@ -87,7 +87,6 @@ type maint struct {
 // GCP reads the metadata server; it keeps the maintenance it reported.
 type GCP struct {
 	cfg      Config
-	log      *slog.Logger
 	client   *http.Client
 	now      func() time.Time
 	standing *maint
@@ -100,7 +99,7 @@ type GCP struct {
 func New(cfg Config, log *slog.Logger) *GCP {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil // the metadata server is never behind a proxy
-	g := &GCP{cfg: cfg, log: log, client: &http.Client{Transport: tr, Timeout: 10 * time.Second}, now: time.Now}
+	g := &GCP{cfg: cfg, client: &http.Client{Transport: tr, Timeout: 10 * time.Second}, now: time.Now}
 	if err := g.resume(); err != nil {
 		log.Warn("csp state file not read: starting afresh", "path", cfg.StateFile, "err", err)
 	}
