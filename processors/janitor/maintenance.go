@@ -148,16 +148,21 @@ func (m *MaintenanceMonitor) report(ctx context.Context, p pipeline.Producer) {
 }
 
 func (m *MaintenanceMonitor) count(ok bool) {
-	if m.polls != nil {
-		m.polls.WithLabelValues(map[bool]string{true: "ok", false: "failed"}[ok]).Inc()
+	if m.polls == nil {
+		return
 	}
+	outcome := "ok"
+	if !ok {
+		outcome = "failed"
+	}
+	m.polls.WithLabelValues(outcome).Inc()
 }
 
 // persist writes what is standing to the state if it changed since it was
-// last written, and says whether it failed. A write that fails is tried
-// again after the next poll (a restart meanwhile reports the standing
-// events again); one beaten by another janitor's write (a handover) has
-// the state read again first.
+// last written; false: the write failed. A write that fails is tried again
+// after the next poll (a restart meanwhile reports the standing events
+// again); one beaten by another janitor's write (a handover) has the state
+// read again first.
 func (m *MaintenanceMonitor) persist(ctx context.Context) bool {
 	m.mu.Lock()
 	if m.state == nil || !m.dirty || !m.loaded {
