@@ -225,7 +225,7 @@ func TestMaintenanceMonitor(t *testing.T) {
 	cfg := DefaultConfig().AWS
 	cfg.Endpoint, cfg.MaintenanceRegions, cfg.MaintenanceCluster = moto.URL, []string{"us-east-1"}, "c1"
 	nodes := map[string]string{ids[0]: "ip-10-0-1-1", ids[1]: "ip-10-0-1-2"}
-	mon, err := NewMaintenanceMonitor(cfg, testLog, func() (map[string]string, bool) { return nodes, true }, nil)
+	mon, err := newMaintenanceMonitor(cfg, testLog, func() (map[string]string, bool) { return nodes, true }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,7 +322,7 @@ func TestMaintenanceReported(t *testing.T) {
 	cfg := DefaultConfig().AWS
 	cfg.MaintenanceRegions, cfg.MaintenanceCluster = []string{"us-east-1"}, "c1"
 	worked := true
-	mon, err := NewMaintenanceMonitor(cfg, testLog, func() (map[string]string, bool) {
+	mon, err := newMaintenanceMonitor(cfg, testLog, func() (map[string]string, bool) {
 		return map[string]string{"i-a": "node-i-a", "i-b": "node-i-b", "i-c": "node-i-c"}, worked
 	}, nil)
 	if err != nil {
@@ -375,7 +375,7 @@ func TestMaintenanceStateWrites(t *testing.T) {
 	w := &withEvents{EC2API: instancesOnly{"i-a", "i-b"}, events: map[string][]ec2types.InstanceStatusEvent{}}
 	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	monitor := func() *MaintenanceMonitor {
-		mon, err := NewMaintenanceMonitor(cfg, testLog, func() (map[string]string, bool) {
+		mon, err := newMaintenanceMonitor(cfg, testLog, func() (map[string]string, bool) {
 			return map[string]string{"i-a": "node-i-a", "i-b": "node-i-b"}, true
 		}, state)
 		if err != nil {
@@ -437,7 +437,7 @@ func TestMaintenanceStateWrites(t *testing.T) {
 	}
 }
 
-// memState is a ReportedState in memory with a version, as a ConfigMap's
+// memState is a reportedState in memory with a version, as a ConfigMap's
 // resourceVersion, and errors on demand.
 type memState struct {
 	standing         map[string]standingEvent
@@ -458,7 +458,7 @@ func (s *memState) Save(_ context.Context, standing map[string]standingEvent) er
 	case s.saveErr != nil:
 		return s.saveErr
 	case s.read != s.version:
-		return ErrStateChanged
+		return errStateChanged
 	}
 	s.standing = maps.Clone(standing)
 	s.version++

@@ -55,14 +55,14 @@ type NodeResolver func() (byInstance map[string]string, ok bool)
 // and during its window), naming the node, the kind (the event code:
 // system-reboot, instance-retirement, ...) and the window; and one
 // healthy (recovery) event once it is gone, completed, canceled or past
-// its window. What it reported as standing is kept in its ReportedState,
+// its window. What it reported as standing is kept in its reportedState,
 // read when it starts to work the cluster and written after each change.
 type MaintenanceMonitor struct {
 	cfg     AWSConfig
 	log     *slog.Logger
 	now     func() time.Time
 	resolve NodeResolver
-	state   ReportedState          // nil: kept in memory only
+	state   reportedState          // nil: kept in memory only
 	polls   *prometheus.CounterVec // by outcome, ok or failed; nil: not counted
 	build   func(region string) (EC2API, error)
 
@@ -78,11 +78,11 @@ type standingEvent struct {
 	start, end                   time.Time
 }
 
-// NewMaintenanceMonitor returns the monitor; resolve maps instances to
+// newMaintenanceMonitor returns the monitor; resolve maps instances to
 // nodes and state keeps what was reported (Janitor.InstanceNodes and
-// Janitor.MaintenanceState of the janitor it runs beside; state nil: in
+// Janitor.maintenanceState of the janitor it runs beside; state nil: in
 // memory only).
-func NewMaintenanceMonitor(cfg AWSConfig, log *slog.Logger, resolve NodeResolver, state ReportedState) (*MaintenanceMonitor, error) {
+func newMaintenanceMonitor(cfg AWSConfig, log *slog.Logger, resolve NodeResolver, state reportedState) (*MaintenanceMonitor, error) {
 	if cfg.MaintenanceCluster == "" {
 		return nil, fmt.Errorf("janitor.aws.maintenance_cluster: must be set when aws.maintenance_regions is")
 	}
@@ -93,9 +93,9 @@ func NewMaintenanceMonitor(cfg AWSConfig, log *slog.Logger, resolve NodeResolver
 
 // MaintenanceMonitor returns the monitor of cfg.MaintenanceCluster beside
 // this janitor: its nodes from the janitor's cache, its state in the
-// cluster (MaintenanceState), its polls counted in the janitor's metrics.
+// cluster (maintenanceState), its polls counted in the janitor's metrics.
 func (j *Janitor) MaintenanceMonitor(cfg AWSConfig) (*MaintenanceMonitor, error) {
-	m, err := NewMaintenanceMonitor(cfg, j.log, j.InstanceNodes(cfg.MaintenanceCluster), j.MaintenanceState(cfg.MaintenanceCluster))
+	m, err := newMaintenanceMonitor(cfg, j.log, j.InstanceNodes(cfg.MaintenanceCluster), j.maintenanceState(cfg.MaintenanceCluster))
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +177,7 @@ func (m *MaintenanceMonitor) persist(ctx context.Context) bool {
 	switch {
 	case err == nil:
 		m.dirty = false
-	case errors.Is(err, ErrStateChanged):
+	case errors.Is(err, errStateChanged):
 		m.loaded = false
 		m.log.Warn("janitor: another janitor wrote the maintenance state; it is read again at the next poll", "err", err)
 	default:

@@ -54,7 +54,7 @@ func TestRBACIsEnough(t *testing.T) {
 	nodeEvents(t, e.kube, "rbac-1", "Warning/RebootNodeApplied", "Normal/RebootNodeSucceeded")
 	nodeEvents(t, e.kube, "rbac-2", "Warning/TerminateNodeApplied", "Normal/TerminateNodeSucceeded")
 	// The maintenance monitor's state: created, read and updated.
-	state := j.MaintenanceState(cluster)
+	state := j.maintenanceState(cluster)
 	standing := map[string]standingEvent{"i-0rbac/ev-1": {node: "rbac-1", instance: "i-0rbac", region: "us-east-1", code: "system-reboot",
 		start: time.Date(2026, 12, 7, 3, 0, 0, 0, time.UTC)}}
 	for range 2 {

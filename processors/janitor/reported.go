@@ -23,18 +23,18 @@ const MaintenanceStateName = "faultline-janitor-maintenance"
 
 const maintenanceStateKey = "reported.json"
 
-// ReportedState keeps what the maintenance monitor reported as standing.
+// reportedState keeps what the maintenance monitor reported as standing.
 // Load returns it (empty where nothing was kept yet); Save writes it, and
-// fails with ErrStateChanged where another janitor wrote it since this one
+// fails with errStateChanged where another janitor wrote it since this one
 // loaded or saved it.
-type ReportedState interface {
+type reportedState interface {
 	Load(ctx context.Context) (map[string]standingEvent, error)
 	Save(ctx context.Context, standing map[string]standingEvent) error
 }
 
-// ErrStateChanged: the kept state was written by another janitor since
+// errStateChanged: the kept state was written by another janitor since
 // this one read it (a handover); it is read again before the next poll.
-var ErrStateChanged = errors.New("the maintenance state was written by another janitor")
+var errStateChanged = errors.New("the maintenance state was written by another janitor")
 
 // reportedEntry is a standing event as kept in the ConfigMap.
 type reportedEntry struct {
@@ -46,10 +46,10 @@ type reportedEntry struct {
 	End      time.Time `json:"end,omitzero"`
 }
 
-// MaintenanceState is the ReportedState of cluster: the ConfigMap
+// maintenanceState is the reportedState of cluster: the ConfigMap
 // MaintenanceStateName in janitor.lease_namespace, written with optimistic
 // concurrency (its resourceVersion).
-func (j *Janitor) MaintenanceState(cluster string) ReportedState {
+func (j *Janitor) maintenanceState(cluster string) reportedState {
 	return &configMapState{j: j, cluster: cluster}
 }
 
@@ -129,7 +129,7 @@ func (s *configMapState) Save(ctx context.Context, standing map[string]standingE
 	}
 	switch {
 	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
-		return fmt.Errorf("writing ConfigMap %s: %w", s.where(), ErrStateChanged)
+		return fmt.Errorf("writing ConfigMap %s: %w", s.where(), errStateChanged)
 	case apierrors.IsNotFound(err): // deleted meanwhile: created at the next save
 		s.rv = ""
 		return fmt.Errorf("writing ConfigMap %s: %w", s.where(), err)
