@@ -193,18 +193,21 @@ func (m *MaintenanceMonitor) persist(ctx context.Context) bool {
 // that worked it before may have reported meanwhile.
 func (m *MaintenanceMonitor) load(ctx context.Context) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.state == nil || m.loaded {
+	done := m.state == nil || m.loaded
+	m.mu.Unlock()
+	if done {
 		return nil
 	}
-	standing, err := m.state.Load(ctx)
+	standing, err := m.state.Load(ctx) // outside the lock, as persist's Save
 	if err != nil {
 		return fmt.Errorf("the maintenance state: %w", err)
 	}
 	if standing == nil {
 		standing = map[string]standingEvent{}
 	}
+	m.mu.Lock()
 	m.standing, m.loaded, m.dirty = standing, true, false
+	m.mu.Unlock()
 	return nil
 }
 
