@@ -1,6 +1,7 @@
 package janitor
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -361,11 +362,13 @@ func TestMaintenanceReported(t *testing.T) {
 }
 
 // TestMaintenanceStateWrites: the monitor reads its state when it starts
-// to work the cluster and writes it after each change; a write that fails
-// is tried again after the next poll, one another janitor's write beat has
-// the state read again, and while the state cannot be read nothing is
-// reported (no server: the state in memory; the ConfigMap's are
-// TestMaintenanceFollowsTheLease's).
+// to work the cluster and writes each change ahead of its produce; a write
+// that fails is tried again after the next poll, one another janitor's
+// write beat is not produced and has the state read again, while the state
+// cannot be read nothing is reported, and what was written ahead and not
+// known to be produced (a crash before or after the produce) is produced
+// again after a restart, the same records (no server: the state in
+// memory; the ConfigMap's are TestMaintenanceFollowsTheLease's).
 func TestMaintenanceStateWrites(t *testing.T) {
 	t.Parallel()
 	cfg := DefaultConfig().AWS
@@ -382,7 +385,7 @@ func TestMaintenanceStateWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 		mon.build = func(string) (EC2API, error) { return w, nil }
-		mon.now = func() time.Time { return now }
+		mon.now = func() time.Time { now = now.Add(time.Second); return now }
 		mon.polls = polls
 		return mon
 	}
@@ -400,15 +403,15 @@ func TestMaintenanceStateWrites(t *testing.T) {
 	}
 	kept := func(want ...string) {
 		t.Helper()
-		if got := slices.Sorted(maps.Keys(state.standing)); !slices.Equal(got, want) {
+		if got := slices.Sorted(maps.Keys(state.kept.standing)); !slices.Equal(got, want) {
 			t.Fatalf("state keeps %q, want %q", got, want)
 		}
 	}
+	down := errors.New("apiserver down")
 	w.set("i-a", scheduled("ev-a"))
-	state.saveErr = errors.New("apiserver down")
-	report("node-i-a healthy=false")
+	state.saveErrs = []error{down, down} // ahead of the produce, and after it
+	report("node-i-a healthy=false")     // produced all the same
 	kept()
-	state.saveErr = nil
 	report() // nothing new, the write tried again
 	kept("i-a/ev-a")
 	mon = monitor() // restarted
@@ -420,47 +423,82 @@ func TestMaintenanceStateWrites(t *testing.T) {
 	state.loadErr = nil
 	report("node-i-b healthy=false")
 	kept("i-a/ev-a", "i-b/ev-b")
-	// Another janitor (a handover's race) reported i-b's end and wrote so.
+	// Another janitor (a handover's race) reported i-b's end and wrote so:
+	// this one's write ahead is beaten, and it produces nothing.
 	w.set("i-b")
-	delete(state.standing, "i-b/ev-b")
+	delete(state.kept.standing, "i-b/ev-b")
 	state.version++
-	report("node-i-b healthy=true") // this one could not know
-	kept("i-a/ev-a")                // not overwritten
-	report()                        // read again: nothing more to report
+	report()
+	kept("i-a/ev-a") // not overwritten
+	report()         // read again: nothing more to report
+	// The broker down: written ahead and not produced; the janitor
+	// crashes, and the next produces the record written.
 	w.set("i-a")
-	report("node-i-a healthy=true")
+	p.err = errors.New("broker down")
+	report()
 	kept()
-	// Counted: the failed write and the failed read; a write another's
-	// beat is not a failure.
-	if ok, failed := testutil.ToFloat64(polls.WithLabelValues("ok")), testutil.ToFloat64(polls.WithLabelValues("failed")); ok != 6 || failed != 2 {
-		t.Fatalf("counted %v polls ok and %v failed, want 6 and 2", ok, failed)
+	if len(state.kept.pending) != 1 {
+		t.Fatalf("%d records written ahead, want i-a's recovery", len(state.kept.pending))
+	}
+	ahead := state.kept.pending[0]
+	p.err = nil
+	mon = monitor()
+	report("node-i-a healthy=true")
+	if !bytes.Equal(p.got[0].Value, ahead.Value) || !bytes.Equal(p.got[0].Key, ahead.Key) {
+		t.Fatal("the record written ahead was produced anew, not as it was written")
+	}
+	if len(state.kept.pending) != 0 {
+		t.Fatalf("%d records still pending once produced", len(state.kept.pending))
+	}
+	// Produced, then the write that says so fails and the janitor
+	// crashes: the next produces the same record again.
+	w.set("i-b", scheduled("ev-b2"))
+	state.saveErrs = []error{nil, down}
+	report("node-i-b healthy=false")
+	first := p.got[0]
+	mon = monitor()
+	report("node-i-b healthy=false")
+	if !bytes.Equal(p.got[0].Value, first.Value) {
+		t.Fatal("produced again after a crash as a new record (a second row), want the record written ahead")
+	}
+	report()
+	kept("i-b/ev-b2")
+	// Counted: the failed writes, the failed read and the failed produce; a
+	// write another's beat is not a failure.
+	if ok, failed := testutil.ToFloat64(polls.WithLabelValues("ok")), testutil.ToFloat64(polls.WithLabelValues("failed")); ok != 8 || failed != 4 {
+		t.Fatalf("counted %v polls ok and %v failed, want 8 and 4", ok, failed)
 	}
 }
 
 // memState is a reportedState in memory with a version, as a ConfigMap's
 // resourceVersion, and errors on demand.
 type memState struct {
-	standing         map[string]standingEvent
-	version, read    int
-	loadErr, saveErr error
+	kept          keptReports
+	version, read int
+	loadErr       error
+	saveErrs      []error // the next saves' errors, in turn
 }
 
-func (s *memState) Load(context.Context) (map[string]standingEvent, error) {
+func (s *memState) Load(context.Context) (keptReports, error) {
 	if s.loadErr != nil {
-		return nil, s.loadErr
+		return keptReports{}, s.loadErr
 	}
 	s.read = s.version
-	return maps.Clone(s.standing), nil
+	return keptReports{standing: maps.Clone(s.kept.standing), pending: slices.Clone(s.kept.pending)}, nil
 }
 
-func (s *memState) Save(_ context.Context, standing map[string]standingEvent) error {
-	switch {
-	case s.saveErr != nil:
-		return s.saveErr
-	case s.read != s.version:
+func (s *memState) Save(_ context.Context, k keptReports) error {
+	if len(s.saveErrs) > 0 {
+		err := s.saveErrs[0]
+		s.saveErrs = s.saveErrs[1:]
+		if err != nil {
+			return err
+		}
+	}
+	if s.read != s.version {
 		return errStateChanged
 	}
-	s.standing = maps.Clone(standing)
+	s.kept = keptReports{standing: maps.Clone(k.standing), pending: slices.Clone(k.pending)}
 	s.version++
 	s.read = s.version
 	return nil

@@ -69,6 +69,7 @@ type MaintenanceMonitor struct {
 	mu       sync.Mutex
 	clients  map[string]EC2API
 	standing map[string]standingEvent // instance/eventID → the event reported
+	pending  []*kgo.Record            // the last changes' records, not produced yet
 	loaded   bool                     // standing was read from state since the cluster was last worked
 	dirty    bool                     // standing changed since it was last written to state
 }
@@ -118,12 +119,19 @@ func (m *MaintenanceMonitor) Run(ctx context.Context, p pipeline.Producer) error
 	}
 }
 
-// report polls once and produces what changed. What could not be produced
-// (the broker down) is not taken as reported: the next poll finds the same
-// changes and reports them again, new events and recoveries alike, while
-// the events produced before stay standing (their recoveries still come).
+// report polls once and produces what changed. The changes are written to
+// the state ahead of their produce, as pending: a crash or a handover
+// after the write has whoever reads the state next produce them again,
+// the same records (the same ids and times: one row each). A write beaten
+// by another janitor's (both polled in a handover) is not produced: that
+// one reports, and this one reads the state again. What could not be
+// produced (the broker down) stays pending and is produced again at the
+// next poll, with what that poll finds; a write that failed otherwise is
+// produced all the same (a restart before the next write reports the
+// changes again, in new records). A write beaten by another's counts as
+// an ok poll; a failed read, write or produce as a failed one.
 func (m *MaintenanceMonitor) report(ctx context.Context, p pipeline.Producer) {
-	recs, commit, err := m.Poll(ctx)
+	_, commit, err := m.Poll(ctx)
 	if errors.Is(err, errNotWorked) {
 		return
 	}
@@ -131,20 +139,44 @@ func (m *MaintenanceMonitor) report(ctx context.Context, p pipeline.Producer) {
 	if err != nil && ctx.Err() == nil {
 		m.log.Warn("janitor: maintenance poll failed; next poll retries", "err", err)
 	}
-	if len(recs) > 0 {
-		if err := p.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	commit()
+	switch werr := m.persist(ctx); {
+	case errors.Is(werr, errStateChanged):
+		m.count(ok)
+		return
+	case werr != nil:
+		ok = false
+	}
+	if pending := m.pendingRecords(); len(pending) > 0 {
+		if err := p.ProduceSync(ctx, pending...).FirstErr(); err != nil {
 			if ctx.Err() == nil {
-				m.log.Warn("janitor: maintenance events not produced; next poll reports them again", "err", err)
+				m.log.Warn("janitor: maintenance events not produced; produced again at the next poll", "records", len(pending), "err", err)
 				m.count(false)
 			}
 			return
 		}
+		m.produced()
+		if m.persist(ctx) != nil {
+			ok = false
+		}
 	}
-	commit()
-	ok = m.persist(ctx) && ok
 	if ctx.Err() == nil {
 		m.count(ok)
 	}
+}
+
+// pendingRecords returns the records written ahead and not produced yet.
+func (m *MaintenanceMonitor) pendingRecords() []*kgo.Record {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pending
+}
+
+// produced takes the pending records as produced.
+func (m *MaintenanceMonitor) produced() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.pending, m.dirty = nil, true
 }
 
 func (m *MaintenanceMonitor) count(ok bool) {
@@ -158,20 +190,19 @@ func (m *MaintenanceMonitor) count(ok bool) {
 	m.polls.WithLabelValues(outcome).Inc()
 }
 
-// persist writes what is standing to the state if it changed since it was
-// last written; false: the write failed. A write that fails is tried again
-// after the next poll (a restart meanwhile reports the standing events
-// again); one beaten by another janitor's write (a handover) has the state
-// read again first.
-func (m *MaintenanceMonitor) persist(ctx context.Context) bool {
+// persist writes what is standing and pending to the state if it changed
+// since it was last written. A write that fails is tried again at the
+// next persist; errStateChanged (another janitor's write beat it) has the
+// state read again first.
+func (m *MaintenanceMonitor) persist(ctx context.Context) error {
 	m.mu.Lock()
 	if m.state == nil || !m.dirty || !m.loaded {
 		m.mu.Unlock()
-		return true
+		return nil
 	}
-	standing := maps.Clone(m.standing)
+	k := keptReports{standing: maps.Clone(m.standing), pending: m.pending}
 	m.mu.Unlock()
-	err := m.state.Save(ctx, standing)
+	err := m.state.Save(ctx, k)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch {
@@ -179,14 +210,11 @@ func (m *MaintenanceMonitor) persist(ctx context.Context) bool {
 		m.dirty = false
 	case errors.Is(err, errStateChanged):
 		m.loaded = false
-		m.log.Warn("janitor: another janitor wrote the maintenance state; it is read again at the next poll", "err", err)
-	default:
-		if ctx.Err() == nil {
-			m.log.Warn("janitor: maintenance state not written; tried again after the next poll", "err", err)
-		}
-		return false
+		m.log.Warn("janitor: another janitor wrote the maintenance state; it reports, and this one reads the state again at the next poll", "err", err)
+	case ctx.Err() == nil:
+		m.log.Warn("janitor: maintenance state not written; tried again after the next poll", "err", err)
 	}
-	return true
+	return err
 }
 
 // load reads the state once the cluster is worked (again): the janitor
@@ -198,15 +226,15 @@ func (m *MaintenanceMonitor) load(ctx context.Context) error {
 	if done {
 		return nil
 	}
-	standing, err := m.state.Load(ctx) // outside the lock, as persist's Save
+	k, err := m.state.Load(ctx) // outside the lock, as persist's Save
 	if err != nil {
 		return fmt.Errorf("the maintenance state: %w", err)
 	}
-	if standing == nil {
-		standing = map[string]standingEvent{}
+	if k.standing == nil {
+		k.standing = map[string]standingEvent{}
 	}
 	m.mu.Lock()
-	m.standing, m.loaded, m.dirty = standing, true, false
+	m.standing, m.pending, m.loaded, m.dirty = k.standing, k.pending, true, false
 	m.mu.Unlock()
 	return nil
 }
@@ -226,8 +254,8 @@ func (m *MaintenanceMonitor) client(region string) (EC2API, error) {
 }
 
 // Poll reads every region once and returns the records of what changed:
-// events newly scheduled (or changed), and recoveries. They count as
-// reported once commit is called (after they are produced); until then
+// events newly scheduled (or changed), and recoveries. commit takes them
+// as reported, and pending until they are produced (report); until then
 // the next Poll returns them again. A janitor that does not work the
 // maintenance cluster reads nothing and reports nothing (no recovery of
 // what it reported while it did; errNotWorked): the one that works it
@@ -282,6 +310,7 @@ func (m *MaintenanceMonitor) Poll(ctx context.Context) (recs []*kgo.Record, comm
 	return recs, func() {
 		m.mu.Lock()
 		m.standing = next
+		m.pending = append(m.pending, recs...)
 		m.dirty = m.dirty || len(recs) > 0
 		m.mu.Unlock()
 	}, err

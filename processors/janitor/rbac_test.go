@@ -1,16 +1,20 @@
 package janitor
 
 import (
+	"bytes"
 	"context"
 	"maps"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/schemas/events"
 )
 
 const saJanitor = "system:serviceaccount:faultline:faultline-janitor"
@@ -57,15 +61,20 @@ func TestRBACIsEnough(t *testing.T) {
 	state := j.maintenanceState(cluster)
 	standing := map[string]standingEvent{"i-0rbac/ev-1": {node: "rbac-1", instance: "i-0rbac", region: "us-east-1", code: "system-reboot",
 		start: time.Date(2026, 12, 7, 3, 0, 0, 0, time.UTC)}}
+	pending := []*kgo.Record{{Topic: events.TopicEvents, Key: events.Key(cluster, "rbac-1"), Value: []byte("\x08\x01\x12\x03\xff\x00\n")}}
 	for range 2 {
-		if err := state.Save(context.Background(), standing); err != nil {
+		if err := state.Save(context.Background(), keptReports{standing: standing, pending: pending}); err != nil {
 			t.Fatalf("the maintenance state: %v", err)
 		}
-		if got, err := state.Load(context.Background()); err != nil || !maps.Equal(got, standing) {
-			t.Fatalf("the maintenance state read back %v (%v), want %v", got, err, standing)
+		got, err := state.Load(context.Background())
+		if err != nil || !maps.Equal(got.standing, standing) || !slices.EqualFunc(got.pending, pending, func(a, b *kgo.Record) bool {
+			return a.Topic == b.Topic && bytes.Equal(a.Key, b.Key) && bytes.Equal(a.Value, b.Value)
+		}) {
+			t.Fatalf("the maintenance state read back %v (%v), want %v and %v", got, err, standing, pending)
 		}
 		standing["i-0rbac/ev-2"] = standingEvent{node: "rbac-2", instance: "i-0rbac2", region: "us-east-1", code: "instance-retirement",
 			start: time.Date(2026, 12, 8, 3, 0, 0, 0, time.UTC), end: time.Date(2026, 12, 8, 5, 0, 0, 0, time.UTC)}
+		pending = nil
 	}
 	for _, tc := range []struct {
 		a    testenv.Access
