@@ -11,6 +11,7 @@ package podres
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -28,6 +29,10 @@ const DefaultSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
 // (nvidia.com/gpu, nvidia.com/mig-1g.10gb, ...).
 const GPUPrefix = "nvidia.com/"
 
+// DRADriver is the driver name of NVIDIA's DRA driver for GPUs (the GPUs
+// of a ResourceClaim, in a container's dynamic resources).
+const DRADriver = "gpu.nvidia.com"
+
 // Lister lists the node's GPU allocations, at most once per TTL.
 type Lister struct {
 	conn    *grpc.ClientConn
@@ -44,10 +49,12 @@ type Lister struct {
 type Allocations struct {
 	// At is when the kubelet was asked.
 	At time.Time
-	// Devices maps a device id (a GPU UUID with the device plugin's
-	// default deviceIDStrategy=uuid) to the pods holding it, as
-	// "namespace/name", sorted.
+	// Devices maps a GPU's UUID to the pods holding it (the whole GPU or a
+	// time-sliced or MPS share of it), as "namespace/name", sorted.
 	Devices map[string][]string
+	// Unnamed: some pod holds a GPU by a name that is not its UUID (see
+	// gpuDevice), so which pods hold a given GPU is not known.
+	Unnamed bool
 }
 
 // New connects to the kubelet's socket (lazily: a kubelet that is not up
@@ -83,40 +90,75 @@ func (l *Lister) Allocations(ctx context.Context, now time.Time) (Allocations, e
 
 // FromList builds the allocations of a List answer given at.
 func FromList(resp *podresv1.ListPodResourcesResponse, at time.Time) Allocations {
-	out := map[string][]string{}
+	a := Allocations{At: at, Devices: map[string][]string{}}
 	for _, p := range resp.GetPodResources() {
 		pod := p.GetNamespace() + "/" + p.GetName()
 		for _, c := range p.GetContainers() {
 			for _, d := range c.GetDevices() {
-				if !strings.HasPrefix(d.GetResourceName(), GPUPrefix) {
-					continue
-				}
 				for _, id := range d.GetDeviceIds() {
-					if !slices.Contains(out[id], pod) {
-						out[id] = append(out[id], pod)
+					uuid, gpu := gpuDevice(d.GetResourceName(), id)
+					switch {
+					case !gpu:
+					case uuid == "":
+						a.Unnamed = true
+					case !slices.Contains(a.Devices[uuid], pod):
+						a.Devices[uuid] = append(a.Devices[uuid], pod)
+					}
+				}
+			}
+			for _, r := range c.GetDynamicResources() {
+				for _, cr := range r.GetClaimResources() {
+					if cr.GetDriverName() == DRADriver {
+						a.Unnamed = true // "gpu-0": a name the driver gives, not the UUID
 					}
 				}
 			}
 		}
 	}
-	for _, pods := range out {
+	for _, pods := range a.Devices {
 		slices.Sort(pods)
 	}
-	return Allocations{At: at, Devices: out}
+	return a
 }
 
-// ByUUID reports whether the device plugin names whole GPUs by UUID
-// ("GPU-…"), the only naming an event's GPU entity can be matched with.
-// With deviceIDStrategy=index the ids are "0", "1", …; MIG slices are
-// "MIG-…" ids whose parent GPU the kubelet does not say: in both cases
-// nothing can be said about which pods hold an event's GPU.
-func (a Allocations) ByUUID() bool {
-	for id := range a.Devices {
-		if !strings.HasPrefix(id, "GPU-") {
-			return false
-		}
+// gpuDevice tells whether a device of a device plugin's resource is a GPU,
+// and its UUID where its id names it. NVIDIA's device plugin names a whole
+// GPU by its UUID ("GPU-…", its default deviceIDStrategy=uuid) and each
+// replica of a time-sliced or MPS-shared GPU by the UUID and the replica
+// ("GPU-…::0", "GPU-…::1": its AnnotatedID); a MIG slice "MIG-…" (whose
+// parent GPU the kubelet does not say) and, with deviceIDStrategy=index,
+// every GPU ("0", "1") have no UUID. Its resources are nvidia.com/gpu,
+// nvidia.com/gpu.shared (a share renamed), nvidia.com/mig-<profile>[.shared]
+// and, for a GPU passed through to a VM, nvidia.com/pgpu. Other
+// nvidia.com/ resources are GPUs where their ids say so; those whose ids
+// are PCI addresses are the network operator's NICs (SR-IOV VFs, host
+// devices: nvidia.com/hostdev), not GPUs; any other id of an nvidia.com/
+// resource is taken for a GPU without its UUID (a GPU resource renamed,
+// with index ids), so that no pod on it is taken for none.
+func gpuDevice(resource, id string) (uuid string, gpu bool) {
+	name, ok := strings.CutPrefix(resource, GPUPrefix)
+	if !ok {
+		return "", false
 	}
-	return true // also when nothing is allocated: no pod holds any GPU
+	if strings.HasPrefix(id, "GPU-") {
+		uuid, _, _ = strings.Cut(id, "::")
+		return uuid, true
+	}
+	if name == "gpu" || name == "pgpu" || strings.HasPrefix(name, "gpu.") || strings.HasPrefix(name, "mig-") || strings.HasPrefix(id, "MIG-") {
+		return "", true
+	}
+	return "", !pciAddress.MatchString(id)
+}
+
+// pciAddress is a PCI address as a device plugin names a device by it
+// (domain:bus:device.function, lspci -D).
+var pciAddress = regexp.MustCompile(`^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$`)
+
+// ByUUID reports whether every GPU a pod holds is named by its UUID, the
+// only naming an event's GPU entity can be matched with (gpuDevice): where
+// one is not, nothing can be said about which pods hold an event's GPU.
+func (a Allocations) ByUUID() bool {
+	return !a.Unnamed // also when nothing is allocated: no pod holds any GPU
 }
 
 // Pods returns the pods holding any of the GPUs, sorted, and whether that

@@ -28,10 +28,30 @@ func TestPods(t *testing.T) {
 			[]string{g0, g1}, []string{"a/q", "b/p", "b/p2"}, true},
 		{"no pod holds it", []*podresv1.PodResources{pod("ml", "train-1", "nvidia.com/gpu", g2)}, []string{g0}, nil, true},
 		{"nothing allocated", nil, []string{g0}, nil, true},
-		{"other resources are not GPUs", []*podresv1.PodResources{pod("net", "sriov", "nvidia.com/gpu", g2), pod("x", "y", "example.com/fpga", g0)},
+		{"other resources are not GPUs", []*podresv1.PodResources{pod("net", "sriov", "nvidia.com/hostdev", "0000:3b:00.2"), pod("x", "y", "example.com/fpga", g0)},
 			[]string{g0}, nil, true},
+		// NVIDIA's device plugin names the replicas of a time-sliced or
+		// MPS-shared GPU "<UUID>::<replica>" (AnnotatedID, internal/rm of
+		// NVIDIA/k8s-device-plugin), under nvidia.com/gpu or, renamed,
+		// nvidia.com/gpu.shared. Before, they were taken for no GPU: free.
+		{"time-sliced GPU: every pod on a share", []*podresv1.PodResources{pod("ml", "train-0", "nvidia.com/gpu", g0+"::0", g0+"::1"),
+			pod("ml", "infer-0", "nvidia.com/gpu.shared", g0+"::2"), pod("ml", "train-1", "nvidia.com/gpu", g1+"::0")},
+			[]string{g0}, []string{"ml/infer-0", "ml/train-0"}, true},
+		// The network operator's NICs (SR-IOV VFs by PCI address) beside
+		// the GPUs: before, any nvidia.com/ device not named "GPU-…" made
+		// every GPU's pods unknown.
+		{"NICs under nvidia.com/ beside GPUs", []*podresv1.PodResources{pod("ml", "train-0", "nvidia.com/gpu", g0), pod("ml", "train-0", "nvidia.com/hostdev", "0000:3b:00.2"),
+			pod("ml", "train-1", "nvidia.com/sriov_rdma", "0000:3b:00.3")}, []string{g0}, []string{"ml/train-0"}, true},
+		{"a GPU resource renamed, by UUID", []*podresv1.PodResources{pod("ml", "a", "nvidia.com/a100", g1)}, []string{g1}, []string{"ml/a"}, true},
+		{"a resource renamed, index ids: unknown", []*podresv1.PodResources{pod("ml", "a", "nvidia.com/a100", "0")}, []string{g1}, nil, false},
+		{"GPUs passed through to VMs: unknown", []*podresv1.PodResources{pod("vm", "v", "nvidia.com/pgpu", "0000:41:00.0")}, []string{g0}, nil, false},
 		{"index ids: unknown", []*podresv1.PodResources{pod("ml", "train-0", "nvidia.com/gpu", "0", "1")}, []string{g0}, nil, false},
 		{"MIG slices: unknown", []*podresv1.PodResources{pod("ml", "mig", "nvidia.com/mig-1g.10gb", "MIG-aaaa")}, []string{g0}, nil, false},
+		{"MIG slices shared: unknown", []*podresv1.PodResources{pod("ml", "mig", "nvidia.com/mig-1g.10gb.shared", "MIG-aaaa::1")}, []string{g0}, nil, false},
+		// NVIDIA's DRA driver names its devices "gpu-0", not by UUID.
+		{"GPUs of a ResourceClaim: unknown", []*podresv1.PodResources{{Namespace: "ml", Name: "claimed", Containers: []*podresv1.ContainerResources{{Name: "main",
+			DynamicResources: []*podresv1.DynamicResource{{ClaimName: "gpu", ClaimNamespace: "ml", ClaimResources: []*podresv1.ClaimResource{{DriverName: podres.DRADriver, PoolName: "node-1", DeviceName: "gpu-0"}}}}}}}},
+			[]string{g0}, nil, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
