@@ -832,6 +832,11 @@ func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *
 	}})
 	h.caches.wrote(g, "", "")
 	out, err := res.Patch(ctx, o.GetName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-remediate"})
+	if apierrors.IsNotFound(err) {
+		// Deleted since it was read (an operator resetting the budget, the
+		// retention's prune): decided again, as a conflict.
+		err = apierrors.NewConflict(tm.gvr.GroupResource(), o.GetName(), err)
+	}
 	if err != nil {
 		// A conflict (changed under us, or a stale copy of the watch) is
 		// redone by requeue.Step, on a live list (the write is in flight
@@ -845,7 +850,18 @@ func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *
 
 // escalate records CONTACT_SUPPORT for the node: an escalate action and an
 // annotation on the node. Nothing is created.
+// It is counted once written: a write that fails is retried (the step's
+// error), and counts nothing.
 func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, group, why string) ([]*faultlinev1.Action, error) {
+	dry := cl == nil || cl.Kube == nil || cl.DryRun
+	if !dry {
+		val := h.now().UTC().Format(time.RFC3339) + " " + why
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationEscalated: events.Truncate(val, 1024)}}})
+		_, err := cl.Kube.CoreV1().Nodes().Patch(ctx, t.node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-remediate"})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("annotate node %s escalated: %w", t.node, err)
+		}
+	}
 	h.m.escalations.WithLabelValues(t.cluster).Inc()
 	a := h.action(t, events.KindEscalate, events.OutcomeApplied, "CONTACT_SUPPORT: "+why, "escalate")
 	a.RecommendedAction = datamodels.RecommendedAction_CONTACT_SUPPORT.String()
@@ -853,16 +869,7 @@ func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, 
 	if group != "" {
 		a.Details[events.DetailGroup] = group
 	}
-	if cl == nil || cl.Kube == nil || cl.DryRun {
-		a.DryRun = true
-		return []*faultlinev1.Action{a}, nil
-	}
-	val := h.now().UTC().Format(time.RFC3339) + " " + why
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationEscalated: events.Truncate(val, 1024)}}})
-	_, err := cl.Kube.CoreV1().Nodes().Patch(ctx, t.node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-remediate"})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("annotate node %s escalated: %w", t.node, err)
-	}
+	a.DryRun = a.DryRun || dry
 	return []*faultlinev1.Action{a}, nil
 }
 

@@ -1,0 +1,90 @@
+package remediate
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// TestEscalationCountedOnceWritten: an escalation whose node annotation
+// cannot be written (the API server's 500, RBAC without nodes/patch) is
+// an error the step retries, and counts nothing; before, every retry
+// counted an escalation and an escalate action, and
+// FaultlineEscalatedToSupport fired for nodes never escalated (no server:
+// client-go's fake clientset).
+func TestEscalationCountedOnceWritten(t *testing.T) {
+	h, err := New(DefaultConfig(), clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog, Now: time.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube := fake.NewClientset()
+	fail := true
+	kube.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if fail {
+			return true, nil, apierrors.NewInternalError(errors.New("etcd leader changed"))
+		}
+		return true, nil, apierrors.NewNotFound(schema.GroupResource{Resource: "nodes"}, "n1")
+	})
+	cl := &clusters.Client{Name: cluster, Kube: kube}
+	tr := trigger{cluster: cluster, node: "n1", id: "ev-1", src: &faultlinev1.Action{RecommendedAction: "RESTART_VM"}}
+	counted := func() (float64, float64) {
+		return testutil.ToFloat64(h.m.escalations.WithLabelValues(cluster)),
+			testutil.ToFloat64(h.m.actions.WithLabelValues(cluster, events.KindEscalate, events.OutcomeApplied))
+	}
+	for range 3 {
+		if acts, err := h.escalate(context.Background(), cl, tr, "reboot", "budget spent"); err == nil || len(acts) != 0 {
+			t.Fatalf("the annotation's write failed: %d actions, err %v; want none and the error", len(acts), err)
+		}
+	}
+	if esc, acts := counted(); esc != 0 || acts != 0 {
+		t.Fatalf("3 failed writes counted %v escalations and %v escalate actions, want none", esc, acts)
+	}
+	fail = false // the node gone meanwhile: nothing to annotate, escalated all the same
+	acts, err := h.escalate(context.Background(), cl, tr, "reboot", "budget spent")
+	if err != nil || len(acts) != 1 || acts[0].GetKind() != events.KindEscalate || acts[0].GetDryRun() {
+		t.Fatalf("escalation: %v, %v", acts, err)
+	}
+	if esc, acts := counted(); esc != 1 || acts != 1 {
+		t.Fatalf("one escalation counted %v and %v escalate actions, want 1 and 1", esc, acts)
+	}
+}
+
+// TestJoinOfADeletedResourceIsDecidedAgain: a resource in progress that is
+// deleted between the read and the join's patch (an operator resetting
+// the budget, the retention's prune) is a conflict, which requeue.Step
+// redoes on a live list; before, NotFound was the request's own error:
+// the fault was recorded failed and dropped, neither remediated nor
+// escalated (no server: client-go's fake dynamic client).
+func TestJoinOfADeletedResourceIsDecidedAgain(t *testing.T) {
+	h, err := New(DefaultConfig(), clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog, Now: time.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm := h.cfg.byAction["RESTART_VM"]
+	dyn := dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())
+	dyn.PrependReactor("patch", tm.gvr.Resource, func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewNotFound(tm.gvr.GroupResource(), "maintenance-n1-0")
+	})
+	o := &unstructured.Unstructured{}
+	o.SetName("maintenance-n1-0")
+	o.SetResourceVersion("7")
+	tr := trigger{cluster: cluster, node: "n1", id: "ev-2", src: &faultlinev1.Action{RecommendedAction: "RESTART_VM"}}
+	_, _, err = h.join(context.Background(), &clusters.Client{Name: cluster, Dynamic: dyn}, tr, tm, dyn.Resource(tm.gvr), nodeGroup{node: "n1", group: tm.Group}, o)
+	if !apierrors.IsConflict(err) {
+		t.Fatalf("join of a deleted resource: %v, want a conflict (decided again)", err)
+	}
+}
