@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -253,7 +254,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				revoked(obs, m)
 			}
 		}),
-	}, append(r.kcfg.GroupOpts(), r.cfg.ConsumeOpts...)...)
+	}, slices.Concat(r.kcfg.GroupOpts(), roundBound(r.cfg.BatchTimeout), r.cfg.ConsumeOpts)...)
 	if r.cfg.FetchMaxWait > 0 {
 		opts = append(opts, kgo.FetchMaxWait(r.cfg.FetchMaxWait))
 	}
@@ -675,9 +676,6 @@ func (r *Runner) handleOnce(ctx context.Context, cl *kgo.Client, recs []*kgo.Rec
 		dl := DeadLetter(d.Record, d.Reason)
 		dl.Headers = append(dl.Headers, kgo.RecordHeader{Key: HeaderRole, Value: []byte(r.cfg.Role)})
 		out = append(out, dl)
-		r.metrics.dead.WithLabelValues(r.cfg.Role).Inc()
-		r.log.Warn("record dead-lettered", "topic", d.Record.Topic, "partition", d.Record.Partition,
-			"offset", d.Record.Offset, "reason", d.Reason)
 	}
 	if len(out) > 0 {
 		pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.BatchTimeout)
@@ -689,10 +687,32 @@ func (r *Runner) handleOnce(ctx context.Context, cl *kgo.Client, recs []*kgo.Rec
 			r.metrics.produced.WithLabelValues(r.cfg.Role, rec.Topic).Inc()
 		}
 	}
+	// Said once written: a batch whose produce failed is handled again,
+	// and its dead letters with it.
+	for _, d := range res.Dead {
+		r.metrics.dead.WithLabelValues(r.cfg.Role).Inc()
+		r.log.Warn("record dead-lettered", "topic", d.Record.Topic, "partition", d.Record.Partition,
+			"offset", d.Record.Offset, "reason", d.Reason)
+	}
 	if res.Produced != nil {
 		res.Produced()
 	}
 	return res.Rest, nil
+}
+
+// roundBound bounds a round of batches, and waits for it: a round's Handle
+// and its produce each end within batchTimeout (the produce's context
+// ends a try the broker has not answered:
+// AllowIdempotentProduceCancellation; a batch cut short is held and
+// produced again, the same records, which their ids make one), and the
+// group waits two of them and a margin for this member to join a
+// rebalance (kgo.BlockRebalanceOnPoll holds it until the round is
+// finished). franz-go's default rebalance timeout, 60 s, was shorter than
+// a round of the roles whose batch_timeout is 2m: a rebalance begun while
+// a slow apiserver held a batch put the member out of the group, and its
+// partitions were handled by another member beside it.
+func roundBound(batchTimeout time.Duration) []kgo.Opt {
+	return []kgo.Opt{kgo.AllowIdempotentProduceCancellation(), kgo.RebalanceTimeout(max(time.Minute, 2*batchTimeout+30*time.Second))}
 }
 
 // HeaderRole names the role that dead-lettered a record (every role that

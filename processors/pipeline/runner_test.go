@@ -590,6 +590,68 @@ func TestRunnerCommitsOnlyAfterOutputsAcknowledged(t *testing.T) {
 	}
 }
 
+// TestRunnerDeadLettersCountedOnceWritten: a dead letter is counted and
+// logged once its batch's outputs are written; before, each try of a
+// batch whose produce failed counted it again, and the dead-letter alert
+// fired on a broker's trouble rather than on poison records.
+func TestRunnerDeadLettersCountedOnceWritten(t *testing.T) {
+	h := newHarness(t, 1, topicIn, events.TopicDeadLetter) // no topicOut
+	h.produce(topicIn, 0, 3)
+	var calls atomic.Int32
+	h.run("dlonce", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		calls.Add(1)
+		var res Result
+		for _, r := range recs {
+			if string(r.Value) == "v1" {
+				res.Dead = append(res.Dead, Dead{Record: r, Reason: errors.New("v1 is poison")})
+				continue
+			}
+			res.Out = append(res.Out, &kgo.Record{Topic: topicOut, Key: r.Key, Value: r.Value})
+		}
+		return res, nil
+	}), func(c *Config) { c.BatchTimeout = 300 * time.Millisecond })
+	eventually(t, 10*time.Second, "the batch handled three times (its outputs failed)", func() bool { return calls.Load() >= 3 })
+	if n := counter(t, h.reg, "faultline_processor_dead_letters_total"); n != 0 {
+		t.Fatalf("%v dead letters counted while none was written with its batch", n)
+	}
+	adm := kadm.NewClient(h.cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := adm.CreateTopic(ctx, 1, 1, nil, topicOut); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "offset 3 committed once the outputs were produced", func() bool {
+		return h.committed("faultline-dlonce", 1)[0] == 3
+	})
+	if n := counter(t, h.reg, "faultline_processor_dead_letters_total"); n != 1 {
+		t.Fatalf("%v dead letters counted, want 1", n)
+	}
+}
+
+// TestRunnerWaitsARoundInARebalance: the group waits for a member's round
+// (its Handle and its produce, each up to batch_timeout) before it puts the
+// member out of a rebalance, and a produce the broker does not answer ends
+// with the round's context; before, franz-go's 60 s rebalance timeout was
+// shorter than the 2m batches of quarantine, drain and remediate.
+func TestRunnerWaitsARoundInARebalance(t *testing.T) {
+	for _, tc := range []struct{ batch, want time.Duration }{
+		{30 * time.Second, 90 * time.Second},
+		{2 * time.Minute, 270 * time.Second},
+		{time.Second, time.Minute},
+	} {
+		cl, err := kgo.NewClient(roundBound(tc.batch)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := cl.OptValue(kgo.RebalanceTimeout)
+		cancels := cl.OptValue(kgo.AllowIdempotentProduceCancellation)
+		cl.Close()
+		if got != tc.want || cancels != true {
+			t.Errorf("batch_timeout %v: rebalance timeout %v, produce cancellation %v; want %v and true", tc.batch, got, cancels, tc.want)
+		}
+	}
+}
+
 // TestRunnerRecoversPanic: a handler that panics fails the batch (it is
 // retried); the runner keeps running — also when the panic is in one of
 // ByKey's workers, as the roles that act per node run their work (there
