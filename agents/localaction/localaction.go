@@ -261,24 +261,32 @@ func (s *Server) put(a *Answer) error {
 	return s.record(a)
 }
 
-// record writes the state file (rename, so a crash leaves the old one),
-// keeping the newest maxRecorded answers; s.mu is held.
+// record writes the state file with a (rename, so a crash leaves the old
+// one), keeping the newest maxRecorded answers, and only once it is
+// written keeps them in memory: a failed write (a full or read-only disk)
+// leaves the state as it was, so an id whose in-progress record failed is
+// not taken for running and runs when asked again. s.mu is held.
 func (s *Server) record(a *Answer) error {
 	a.At = time.Now().UTC()
-	s.state[a.ID] = *a
-	if over := len(s.state) - maxRecorded; over > 0 {
-		ids := slices.SortedFunc(maps.Keys(s.state), func(x, y string) int { return s.state[x].At.Compare(s.state[y].At) })
+	next := maps.Clone(s.state)
+	next[a.ID] = *a
+	if over := len(next) - maxRecorded; over > 0 {
+		ids := slices.SortedFunc(maps.Keys(next), func(x, y string) int { return next[x].At.Compare(next[y].At) })
 		for _, id := range ids[:over] {
-			delete(s.state, id)
+			delete(next, id)
 		}
 	}
-	b, _ := json.Marshal(s.state)
+	b, _ := json.Marshal(next)
 	if err := os.MkdirAll(filepath.Dir(s.cfg.StateFile), 0o755); err != nil {
-		return err
+		return fmt.Errorf("local_actions.state_file %s: %w", s.cfg.StateFile, err)
 	}
 	// Synced before the rename and the directory after it: a reboot runs
 	// right after this write, and a power cut must not leave it empty.
-	return topology.AtomicWrite(s.cfg.StateFile, b)
+	if err := topology.AtomicWrite(s.cfg.StateFile, b); err != nil {
+		return err
+	}
+	s.state = next
+	return nil
 }
 
 // Handler is the endpoint's HTTP handler.
@@ -426,7 +434,11 @@ func (s *Server) act(ctx context.Context, req Request, do func(context.Context, 
 	a := do(ctx, req)
 	s.mu.Lock()
 	if err := s.record(&a); err != nil {
+		// The action ran: its answer is kept in memory for the next ask
+		// (else it is in progress for ever); the file still says in
+		// progress, read as Interrupted after a restart, not run again.
 		s.log.Warn("local action: answer not recorded", "id", req.ID, "err", err)
+		s.state[req.ID] = a
 	}
 	delete(s.running, req.ID)
 	s.mu.Unlock()

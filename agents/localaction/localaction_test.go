@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -508,5 +509,114 @@ func TestOnlyTheJanitorForThisNode(t *testing.T) {
 				t.Fatalf("answered %d and ran %q", code, ran)
 			}
 		})
+	}
+}
+
+// podsHook is a PodLister that calls f (a GPU reset asks it after the
+// request's in-progress record is written, before the reset).
+type podsHook func()
+
+func (f podsHook) PodsOf(context.Context, []string) ([]string, error) { f(); return nil, nil }
+
+// TestFailedStateWriteRunsOnRetry: a request whose in-progress record
+// cannot be written (a full or read-only disk) is answered
+// StateNotRecorded and leaves nothing behind: asked again once the file
+// can be written, its action runs, once, and a restart reads it done.
+// Before, the id stayed in memory in progress with nothing running: every
+// retry was answered 202 in_progress (the janitor waited for a reboot
+// that never came) and the next write saved it, Interrupted after a
+// restart. An action whose answer cannot be written is still answered
+// from memory, never in progress for ever.
+func TestFailedStateWriteRunsOnRetry(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls.log")
+	cfg := DefaultConfig()
+	k := newJanitorKey(t, dir, "janitor")
+	cfg.VerifyKeyFile = k.pubFile
+	cfg.RebootCommand = []string{standIn(t, dir, "systemctl", log), "reboot"}
+	cfg.GPUResetCommand = []string{standIn(t, dir, "nvidia-smi", log), "-r", "-i", "{uuid}"}
+	cfg.StateFile = filepath.Join(dir, "state", "local-actions.json")
+	// A directory where the state file goes fails its write (rename over
+	// a directory) as root too, which file modes would not; mend puts the
+	// file back as it was (saved under mu: a reset's action breaks it).
+	var (
+		mu    sync.Mutex
+		saved []byte
+	)
+	breakState := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		saved, _ = os.ReadFile(cfg.StateFile)
+		if err := os.RemoveAll(cfg.StateFile); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(cfg.StateFile, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mend := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if err := os.Remove(cfg.StateFile); err != nil {
+			t.Fatal(err)
+		}
+		if saved != nil {
+			if err := os.WriteFile(cfg.StateFile, saved, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var breakOnReset atomic.Bool
+	s, err := New(cfg, testNode, testLog, podsHook(func() {
+		if breakOnReset.Load() {
+			breakState()
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	calls := func(cmd string) int { b, _ := os.ReadFile(log); return strings.Count(string(b), cmd) }
+
+	breakState()
+	for i := range 2 {
+		if code, a := k.call(t, srv.URL, Request{ID: "r1"}); code != 200 || a.OK || a.InProgress || a.Repeated || a.Reason != "StateNotRecorded" {
+			t.Fatalf("reboot %d, the state file unwritable: %d %+v, want StateNotRecorded", i+1, code, a)
+		}
+	}
+	mend()
+	if code, a := k.call(t, srv.URL, Request{ID: "r1"}); code != 200 || !a.OK || a.Repeated {
+		t.Fatalf("reboot asked again, the state file writable: %d %+v", code, a)
+	}
+	if n := calls("systemctl reboot"); n != 1 {
+		t.Fatalf("reboot ran %d times, want once", n)
+	}
+
+	// The reset's answer cannot be written: answered from memory; the file
+	// still says in progress, Interrupted after a restart (not run again).
+	const g = "GPU-00000000-0000-0000-0000-00000000000a"
+	breakOnReset.Store(true)
+	if _, a := k.call(t, srv.URL, Request{ID: "g1", GPUs: []string{g}}); !a.OK || a.Repeated {
+		t.Fatalf("reset, its answer unwritable: %+v", a)
+	}
+	breakOnReset.Store(false)
+	if _, a := k.call(t, srv.URL, Request{ID: "g1", GPUs: []string{g}}); !a.OK || !a.Repeated {
+		t.Fatalf("reset asked again: %+v", a)
+	}
+	mend()
+
+	s2, err := New(cfg, testNode, testLog, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := s2.state["r1"]; !a.OK {
+		t.Fatalf("r1 after a restart: %+v, want the reboot's OK", a)
+	}
+	if a := s2.state["g1"]; a.Reason != "Interrupted" {
+		t.Fatalf("g1 after a restart: %+v, want Interrupted", a)
+	}
+	if n := calls("nvidia-smi -r -i " + g); n != 1 {
+		t.Fatalf("reset ran %d times, want once", n)
 	}
 }
