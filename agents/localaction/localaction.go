@@ -46,6 +46,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/netutil"
+
 	"github.com/faultline/faultline/agents/topology"
 )
 
@@ -191,6 +193,21 @@ const maxRecorded = 256
 // answered in_progress: well inside the janitor's request timeout.
 const answerWait = 5 * time.Second
 
+// What one client of the endpoint (any pod can reach HOST_IP:9477) can
+// hold: a request must arrive whole, body included, within readTimeout
+// (the janitor's are under 1 KiB), its headers within maxHeaderBytes and
+// its body within maxBody; a connection with no request in progress is
+// closed after idleTimeout; past maxConns open connections a new one
+// waits in the listen queue until one ends (a slowloris client holds a
+// connection for readTimeout at most). 32 connections of 64 KiB bodies
+// and 16 KiB headers are a few MiB of the agent's 128 MiB.
+const (
+	readTimeout    = 10 * time.Second
+	idleTimeout    = 30 * time.Second
+	maxConns       = 32
+	maxHeaderBytes = 16 << 10
+)
+
 // PodLister tells which pods hold GPUs (podres.Allocations.Pods).
 type PodLister interface {
 	PodsOf(ctx context.Context, gpus []string) ([]string, error)
@@ -207,6 +224,10 @@ type Server struct {
 	log  *slog.Logger
 	pods PodLister
 	now  func() time.Time
+
+	// readTimeout and maxConns are the constants' (shorter in tests).
+	readTimeout time.Duration
+	maxConns    int
 
 	// resetting is held while a GPU reset runs: one at a time.
 	resetting sync.Mutex
@@ -225,7 +246,8 @@ func New(cfg Config, node string, log *slog.Logger, pods PodLister) (*Server, er
 	if node == "" {
 		return nil, errors.New("local actions: the node name is required (a request names the node it is for)")
 	}
-	s := &Server{cfg: cfg, node: node, log: log, pods: pods, now: time.Now, AnswerWait: answerWait, state: map[string]Answer{}, running: map[string]chan struct{}{}}
+	s := &Server{cfg: cfg, node: node, log: log, pods: pods, now: time.Now, AnswerWait: answerWait,
+		readTimeout: readTimeout, maxConns: maxConns, state: map[string]Answer{}, running: map[string]chan struct{}{}}
 	if b, err := os.ReadFile(cfg.StateFile); err == nil {
 		if err := json.Unmarshal(b, &s.state); err != nil || s.state == nil {
 			// Empty or cut short (a power cut while it was first written) or
@@ -544,15 +566,31 @@ func (s *Server) Serve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("local_actions.listen: %w", err)
 	}
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	return s.serveOn(ctx, ln)
+}
+
+// serveOn serves ln, at most s.maxConns connections at a time, until ctx
+// ends.
+func (s *Server) serveOn(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: min(5*time.Second, s.readTimeout),
+		ReadTimeout:       s.readTimeout,
+		// From the end of the headers: the body, the answer wait and a
+		// state write, so an answer is never cut short.
+		WriteTimeout:   s.readTimeout + s.AnswerWait + 5*time.Second,
+		IdleTimeout:    idleTimeout,
+		MaxHeaderBytes: maxHeaderBytes,
+		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
 	go func() {
 		<-ctx.Done()
 		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
 		defer c()
 		_ = srv.Shutdown(sctx)
 	}()
-	s.log.Info("serving local actions", "addr", ln.Addr().String())
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	s.log.Info("serving local actions", "addr", ln.Addr().String(), "max_conns", s.maxConns)
+	if err := srv.Serve(netutil.LimitListener(ln, s.maxConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

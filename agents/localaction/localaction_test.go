@@ -7,9 +7,11 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -618,5 +620,88 @@ func TestFailedStateWriteRunsOnRetry(t *testing.T) {
 	}
 	if n := calls("nvidia-smi -r -i " + g); n != 1 {
 		t.Fatalf("reset ran %d times, want once", n)
+	}
+}
+
+// TestSlowClientsBounded: the endpoint (any pod can reach it) bounds what
+// a client that never finishes its request holds: the whole request must
+// arrive within the read timeout (before, only the headers had to: a
+// client that sent a Content-Length and stalled held its connection, its
+// buffers and a goroutine for ever, and thousands of them the agent's
+// memory), headers and body are capped, and past maxConns a connection
+// waits for one to end; a signed request still gets through once one has.
+func TestSlowClientsBounded(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	k := newJanitorKey(t, dir, "janitor")
+	cfg.VerifyKeyFile, cfg.StateFile = k.pubFile, filepath.Join(dir, "state.json")
+	cfg.RebootCommand = []string{standIn(t, dir, "systemctl", filepath.Join(dir, "calls.log")), "reboot"}
+	s, err := New(cfg, testNode, testLog, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.readTimeout, s.maxConns = 500*time.Millisecond, 2
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.serveOn(ctx, ln) }()
+	defer func() {
+		cancel()
+		<-served
+	}()
+	addr := ln.Addr().String()
+	// stall sends the start of a request and returns its connection.
+	stall := func(head string) net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, head); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	// answer reads what the server sends until it closes the connection
+	// (a reset too: it closed with bytes unread), failing when that takes
+	// past within.
+	answer := func(t *testing.T, c net.Conn, within time.Duration) string {
+		t.Helper()
+		_ = c.SetReadDeadline(time.Now().Add(within))
+		b, err := io.ReadAll(c)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("connection still open after %v (%v); read %q", within, err, b)
+		}
+		return string(b)
+	}
+	const stalledBody = "POST /v1/local/reboot HTTP/1.1\r\nHost: agent\r\nContent-Length: 60000\r\n\r\n{\"id\":"
+	for _, tc := range []struct{ name, head, want string }{
+		{"a body that stalls", stalledBody, "HTTP/1.1 400"},
+		{"a body over maxBody", "POST /v1/local/reboot HTTP/1.1\r\nHost: agent\r\nConnection: close\r\nContent-Length: 70000\r\n\r\n" + strings.Repeat("x", 70000), "HTTP/1.1 400"},
+		{"headers over maxHeaderBytes", "POST /v1/local/reboot HTTP/1.1\r\nHost: agent\r\nX-Pad: " + strings.Repeat("x", 32<<10) + "\r\n\r\n", "HTTP/1.1 431"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := answer(t, stall(tc.head), 5*time.Second); !strings.HasPrefix(got, tc.want) {
+				t.Fatalf("answered %.80q, want %s", got, tc.want)
+			}
+		})
+	}
+
+	// maxConns stalled clients: the janitor's request waits for one to
+	// time out, then is served.
+	began := time.Now()
+	for range s.maxConns {
+		stall(stalledBody)
+	}
+	b, _ := json.Marshal(Request{ID: "r1", Node: testNode, Action: ActionReboot, Issued: time.Now()})
+	if code, a := k.post(t, "http://"+addr, "/v1/local/reboot", string(b), ""); code != 200 || !a.OK {
+		t.Fatalf("the janitor's request: %d %+v", code, a)
+	}
+	if took := time.Since(began); took < s.readTimeout/2 {
+		t.Fatalf("served after %v, with %d connections stalled: no connection limit", took, s.maxConns)
 	}
 }
