@@ -33,6 +33,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net"
@@ -248,18 +249,31 @@ func New(cfg Config, node string, log *slog.Logger, pods PodLister) (*Server, er
 	}
 	s := &Server{cfg: cfg, node: node, log: log, pods: pods, now: time.Now, AnswerWait: answerWait,
 		readTimeout: readTimeout, maxConns: maxConns, state: map[string]Answer{}, running: map[string]chan struct{}{}}
-	if b, err := os.ReadFile(cfg.StateFile); err == nil {
+	b, err := os.ReadFile(cfg.StateFile)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// The first start.
+	case err != nil:
+		// There but not read (EACCES, EIO, a directory): the answers it
+		// records may be intact. Starting without them would run a
+		// repeated reboot or reset id again, and the next write would
+		// rename over them; the agent stops instead, naming the file.
+		return nil, fmt.Errorf("local_actions.state_file: %w (the requests already handled cannot be read; "+
+			"fix the file or its directory, or remove it to start with none recorded)", err)
+	default:
 		if err := json.Unmarshal(b, &s.state); err != nil || s.state == nil {
 			// Empty or cut short (a power cut while it was first written) or
 			// damaged: kept aside and started afresh — the agent refused to
 			// start, its every check down, until someone deleted it. What
-			// is lost is which request ids were answered: a GPU reset asked
+			// is lost is which request ids were answered (the agent cannot
+			// read them from a file that does not parse: refusing to start
+			// would only wait for someone to remove it): a GPU reset asked
 			// again under one of them runs again.
 			aside := cfg.StateFile + ".corrupt"
-			log.Error("local actions: state file unreadable; moved aside, starting with no recorded actions",
+			log.Error("local actions: state file does not parse; moved aside, starting with no recorded actions",
 				"state_file", cfg.StateFile, "moved_to", aside, "err", cmp.Or(err, errors.New("null")))
 			if err := os.Rename(cfg.StateFile, aside); err != nil {
-				return nil, fmt.Errorf("local_actions.state_file %s: unreadable, and moving it aside: %w", cfg.StateFile, err)
+				return nil, fmt.Errorf("local_actions.state_file %s: does not parse, and moving it aside: %w", cfg.StateFile, err)
 			}
 			s.state = map[string]Answer{}
 		}

@@ -705,3 +705,45 @@ func TestSlowClientsBounded(t *testing.T) {
 		t.Fatalf("served after %v, with %d connections stalled: no connection limit", took, s.maxConns)
 	}
 }
+
+// TestStateFileNotReadable: a state file that exists but cannot be read
+// (EACCES, EIO; here a directory, or a path through a file, which fail as
+// root too) stops New with an error naming it, and is left as it is: its
+// answers may be intact. Before, the agent started with none recorded and
+// its next write renamed over the file, so a repeated reboot or reset id
+// ran again. (A file read but not parsed is moved aside and the agent
+// starts afresh: TestUnreadableStateStartsAfresh.)
+func TestStateFileNotReadable(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		make func(t *testing.T, dir string) string // the state file's path
+		want string
+	}{
+		{"a directory", func(t *testing.T, dir string) string {
+			p := filepath.Join(dir, "local-actions.json")
+			if err := os.Mkdir(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}, "is a directory"},
+		{"under a file", func(t *testing.T, dir string) string {
+			if err := os.WriteFile(filepath.Join(dir, "state"), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return filepath.Join(dir, "state", "local-actions.json")
+		}, "not a directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := DefaultConfig()
+			cfg.StateFile = tc.make(t, dir)
+			s, err := New(cfg, testNode, testLog, nil)
+			if err == nil || !strings.Contains(err.Error(), "local_actions.state_file") || !strings.Contains(err.Error(), cfg.StateFile) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New: %v (server %v), want an error naming %s: %s", err, s != nil, cfg.StateFile, tc.want)
+			}
+			if _, err := os.Stat(cfg.StateFile + ".corrupt"); err == nil {
+				t.Fatal("moved aside")
+			}
+		})
+	}
+}
