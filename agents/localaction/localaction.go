@@ -33,6 +33,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net"
@@ -45,6 +46,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/netutil"
 
 	"github.com/faultline/faultline/agents/topology"
 )
@@ -191,6 +194,21 @@ const maxRecorded = 256
 // answered in_progress: well inside the janitor's request timeout.
 const answerWait = 5 * time.Second
 
+// What one client of the endpoint (any pod can reach HOST_IP:9477) can
+// hold: a request must arrive whole, body included, within readTimeout
+// (the janitor's are under 1 KiB), its headers within maxHeaderBytes and
+// its body within maxBody; a connection with no request in progress is
+// closed after idleTimeout; past maxConns open connections a new one
+// waits in the listen queue until one ends (a slowloris client holds a
+// connection for readTimeout at most). 32 connections of 64 KiB bodies
+// and 16 KiB headers are a few MiB of the agent's 128 MiB.
+const (
+	readTimeout    = 10 * time.Second
+	idleTimeout    = 30 * time.Second
+	maxConns       = 32
+	maxHeaderBytes = 16 << 10
+)
+
 // PodLister tells which pods hold GPUs (podres.Allocations.Pods).
 type PodLister interface {
 	PodsOf(ctx context.Context, gpus []string) ([]string, error)
@@ -207,6 +225,10 @@ type Server struct {
 	log  *slog.Logger
 	pods PodLister
 	now  func() time.Time
+
+	// readTimeout and maxConns are the constants' (shorter in tests).
+	readTimeout time.Duration
+	maxConns    int
 
 	// resetting is held while a GPU reset runs: one at a time.
 	resetting sync.Mutex
@@ -225,19 +247,33 @@ func New(cfg Config, node string, log *slog.Logger, pods PodLister) (*Server, er
 	if node == "" {
 		return nil, errors.New("local actions: the node name is required (a request names the node it is for)")
 	}
-	s := &Server{cfg: cfg, node: node, log: log, pods: pods, now: time.Now, AnswerWait: answerWait, state: map[string]Answer{}, running: map[string]chan struct{}{}}
-	if b, err := os.ReadFile(cfg.StateFile); err == nil {
+	s := &Server{cfg: cfg, node: node, log: log, pods: pods, now: time.Now, AnswerWait: answerWait,
+		readTimeout: readTimeout, maxConns: maxConns, state: map[string]Answer{}, running: map[string]chan struct{}{}}
+	b, err := os.ReadFile(cfg.StateFile)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// The first start.
+	case err != nil:
+		// There but not read (EACCES, EIO, a directory): the answers it
+		// records may be intact. Starting without them would run a
+		// repeated reboot or reset id again, and the next write would
+		// rename over them; the agent stops instead, naming the file.
+		return nil, fmt.Errorf("local_actions.state_file: %w (the requests already handled cannot be read; "+
+			"fix the file or its directory, or remove it to start with none recorded)", err)
+	default:
 		if err := json.Unmarshal(b, &s.state); err != nil || s.state == nil {
 			// Empty or cut short (a power cut while it was first written) or
 			// damaged: kept aside and started afresh — the agent refused to
 			// start, its every check down, until someone deleted it. What
-			// is lost is which request ids were answered: a GPU reset asked
+			// is lost is which request ids were answered (the agent cannot
+			// read them from a file that does not parse: refusing to start
+			// would only wait for someone to remove it): a GPU reset asked
 			// again under one of them runs again.
 			aside := cfg.StateFile + ".corrupt"
-			log.Error("local actions: state file unreadable; moved aside, starting with no recorded actions",
+			log.Error("local actions: state file does not parse; moved aside, starting with no recorded actions",
 				"state_file", cfg.StateFile, "moved_to", aside, "err", cmp.Or(err, errors.New("null")))
 			if err := os.Rename(cfg.StateFile, aside); err != nil {
-				return nil, fmt.Errorf("local_actions.state_file %s: unreadable, and moving it aside: %w", cfg.StateFile, err)
+				return nil, fmt.Errorf("local_actions.state_file %s: does not parse, and moving it aside: %w", cfg.StateFile, err)
 			}
 			s.state = map[string]Answer{}
 		}
@@ -261,24 +297,32 @@ func (s *Server) put(a *Answer) error {
 	return s.record(a)
 }
 
-// record writes the state file (rename, so a crash leaves the old one),
-// keeping the newest maxRecorded answers; s.mu is held.
+// record writes the state file with a (rename, so a crash leaves the old
+// one), keeping the newest maxRecorded answers, and only once it is
+// written keeps them in memory: a failed write (a full or read-only disk)
+// leaves the state as it was, so an id whose in-progress record failed is
+// not taken for running and runs when asked again. s.mu is held.
 func (s *Server) record(a *Answer) error {
 	a.At = time.Now().UTC()
-	s.state[a.ID] = *a
-	if over := len(s.state) - maxRecorded; over > 0 {
-		ids := slices.SortedFunc(maps.Keys(s.state), func(x, y string) int { return s.state[x].At.Compare(s.state[y].At) })
+	next := maps.Clone(s.state)
+	next[a.ID] = *a
+	if over := len(next) - maxRecorded; over > 0 {
+		ids := slices.SortedFunc(maps.Keys(next), func(x, y string) int { return next[x].At.Compare(next[y].At) })
 		for _, id := range ids[:over] {
-			delete(s.state, id)
+			delete(next, id)
 		}
 	}
-	b, _ := json.Marshal(s.state)
+	b, _ := json.Marshal(next)
 	if err := os.MkdirAll(filepath.Dir(s.cfg.StateFile), 0o755); err != nil {
-		return err
+		return fmt.Errorf("local_actions.state_file %s: %w", s.cfg.StateFile, err)
 	}
 	// Synced before the rename and the directory after it: a reboot runs
 	// right after this write, and a power cut must not leave it empty.
-	return topology.AtomicWrite(s.cfg.StateFile, b)
+	if err := topology.AtomicWrite(s.cfg.StateFile, b); err != nil {
+		return err
+	}
+	s.state = next
+	return nil
 }
 
 // Handler is the endpoint's HTTP handler.
@@ -426,7 +470,11 @@ func (s *Server) act(ctx context.Context, req Request, do func(context.Context, 
 	a := do(ctx, req)
 	s.mu.Lock()
 	if err := s.record(&a); err != nil {
+		// The action ran: its answer is kept in memory for the next ask
+		// (else it is in progress for ever); the file still says in
+		// progress, read as Interrupted after a restart, not run again.
 		s.log.Warn("local action: answer not recorded", "id", req.ID, "err", err)
+		s.state[req.ID] = a
 	}
 	delete(s.running, req.ID)
 	s.mu.Unlock()
@@ -532,15 +580,31 @@ func (s *Server) Serve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("local_actions.listen: %w", err)
 	}
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	return s.serveOn(ctx, ln)
+}
+
+// serveOn serves ln, at most s.maxConns connections at a time, until ctx
+// ends.
+func (s *Server) serveOn(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: min(5*time.Second, s.readTimeout),
+		ReadTimeout:       s.readTimeout,
+		// From the end of the headers: the body, the answer wait and a
+		// state write, so an answer is never cut short.
+		WriteTimeout:   s.readTimeout + s.AnswerWait + 5*time.Second,
+		IdleTimeout:    idleTimeout,
+		MaxHeaderBytes: maxHeaderBytes,
+		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
 	go func() {
 		<-ctx.Done()
 		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
 		defer c()
 		_ = srv.Shutdown(sctx)
 	}()
-	s.log.Info("serving local actions", "addr", ln.Addr().String())
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	s.log.Info("serving local actions", "addr", ln.Addr().String(), "max_conns", s.maxConns)
+	if err := srv.Serve(netutil.LimitListener(ln, s.maxConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

@@ -7,15 +7,18 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -506,6 +509,240 @@ func TestOnlyTheJanitorForThisNode(t *testing.T) {
 			}
 			if ran := strings.TrimPrefix(calls(), before); (ran != "") != (tc.code == 200) {
 				t.Fatalf("answered %d and ran %q", code, ran)
+			}
+		})
+	}
+}
+
+// podsHook is a PodLister that calls f (a GPU reset asks it after the
+// request's in-progress record is written, before the reset).
+type podsHook func()
+
+func (f podsHook) PodsOf(context.Context, []string) ([]string, error) { f(); return nil, nil }
+
+// TestFailedStateWriteRunsOnRetry: a request whose in-progress record
+// cannot be written (a full or read-only disk) is answered
+// StateNotRecorded and leaves nothing behind: asked again once the file
+// can be written, its action runs, once, and a restart reads it done.
+// Before, the id stayed in memory in progress with nothing running: every
+// retry was answered 202 in_progress (the janitor waited for a reboot
+// that never came) and the next write saved it, Interrupted after a
+// restart. An action whose answer cannot be written is still answered
+// from memory, never in progress for ever.
+func TestFailedStateWriteRunsOnRetry(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls.log")
+	cfg := DefaultConfig()
+	k := newJanitorKey(t, dir, "janitor")
+	cfg.VerifyKeyFile = k.pubFile
+	cfg.RebootCommand = []string{standIn(t, dir, "systemctl", log), "reboot"}
+	cfg.GPUResetCommand = []string{standIn(t, dir, "nvidia-smi", log), "-r", "-i", "{uuid}"}
+	cfg.StateFile = filepath.Join(dir, "state", "local-actions.json")
+	// A directory where the state file goes fails its write (rename over
+	// a directory) as root too, which file modes would not; mend puts the
+	// file back as it was (saved under mu: a reset's action breaks it).
+	var (
+		mu    sync.Mutex
+		saved []byte
+	)
+	breakState := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		saved, _ = os.ReadFile(cfg.StateFile)
+		if err := os.RemoveAll(cfg.StateFile); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(cfg.StateFile, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mend := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if err := os.Remove(cfg.StateFile); err != nil {
+			t.Fatal(err)
+		}
+		if saved != nil {
+			if err := os.WriteFile(cfg.StateFile, saved, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var breakOnReset atomic.Bool
+	s, err := New(cfg, testNode, testLog, podsHook(func() {
+		if breakOnReset.Load() {
+			breakState()
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	calls := func(cmd string) int { b, _ := os.ReadFile(log); return strings.Count(string(b), cmd) }
+
+	breakState()
+	for i := range 2 {
+		if code, a := k.call(t, srv.URL, Request{ID: "r1"}); code != 200 || a.OK || a.InProgress || a.Repeated || a.Reason != "StateNotRecorded" {
+			t.Fatalf("reboot %d, the state file unwritable: %d %+v, want StateNotRecorded", i+1, code, a)
+		}
+	}
+	mend()
+	if code, a := k.call(t, srv.URL, Request{ID: "r1"}); code != 200 || !a.OK || a.Repeated {
+		t.Fatalf("reboot asked again, the state file writable: %d %+v", code, a)
+	}
+	if n := calls("systemctl reboot"); n != 1 {
+		t.Fatalf("reboot ran %d times, want once", n)
+	}
+
+	// The reset's answer cannot be written: answered from memory; the file
+	// still says in progress, Interrupted after a restart (not run again).
+	const g = "GPU-00000000-0000-0000-0000-00000000000a"
+	breakOnReset.Store(true)
+	if _, a := k.call(t, srv.URL, Request{ID: "g1", GPUs: []string{g}}); !a.OK || a.Repeated {
+		t.Fatalf("reset, its answer unwritable: %+v", a)
+	}
+	breakOnReset.Store(false)
+	if _, a := k.call(t, srv.URL, Request{ID: "g1", GPUs: []string{g}}); !a.OK || !a.Repeated {
+		t.Fatalf("reset asked again: %+v", a)
+	}
+	mend()
+
+	s2, err := New(cfg, testNode, testLog, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := s2.state["r1"]; !a.OK {
+		t.Fatalf("r1 after a restart: %+v, want the reboot's OK", a)
+	}
+	if a := s2.state["g1"]; a.Reason != "Interrupted" {
+		t.Fatalf("g1 after a restart: %+v, want Interrupted", a)
+	}
+	if n := calls("nvidia-smi -r -i " + g); n != 1 {
+		t.Fatalf("reset ran %d times, want once", n)
+	}
+}
+
+// TestSlowClientsBounded: the endpoint (any pod can reach it) bounds what
+// a client that never finishes its request holds: the whole request must
+// arrive within the read timeout (before, only the headers had to: a
+// client that sent a Content-Length and stalled held its connection, its
+// buffers and a goroutine for ever, and thousands of them the agent's
+// memory), headers and body are capped, and past maxConns a connection
+// waits for one to end; a signed request still gets through once one has.
+func TestSlowClientsBounded(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	k := newJanitorKey(t, dir, "janitor")
+	cfg.VerifyKeyFile, cfg.StateFile = k.pubFile, filepath.Join(dir, "state.json")
+	cfg.RebootCommand = []string{standIn(t, dir, "systemctl", filepath.Join(dir, "calls.log")), "reboot"}
+	s, err := New(cfg, testNode, testLog, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.readTimeout, s.maxConns = 500*time.Millisecond, 2
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.serveOn(ctx, ln) }()
+	defer func() {
+		cancel()
+		<-served
+	}()
+	addr := ln.Addr().String()
+	// stall sends the start of a request and returns its connection.
+	stall := func(head string) net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, head); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	// answer reads what the server sends until it closes the connection
+	// (a reset too: it closed with bytes unread), failing when that takes
+	// past within.
+	answer := func(t *testing.T, c net.Conn, within time.Duration) string {
+		t.Helper()
+		_ = c.SetReadDeadline(time.Now().Add(within))
+		b, err := io.ReadAll(c)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("connection still open after %v (%v); read %q", within, err, b)
+		}
+		return string(b)
+	}
+	const stalledBody = "POST /v1/local/reboot HTTP/1.1\r\nHost: agent\r\nContent-Length: 60000\r\n\r\n{\"id\":"
+	for _, tc := range []struct{ name, head, want string }{
+		{"a body that stalls", stalledBody, "HTTP/1.1 400"},
+		{"a body over maxBody", "POST /v1/local/reboot HTTP/1.1\r\nHost: agent\r\nConnection: close\r\nContent-Length: 70000\r\n\r\n" + strings.Repeat("x", 70000), "HTTP/1.1 400"},
+		{"headers over maxHeaderBytes", "POST /v1/local/reboot HTTP/1.1\r\nHost: agent\r\nX-Pad: " + strings.Repeat("x", 32<<10) + "\r\n\r\n", "HTTP/1.1 431"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := answer(t, stall(tc.head), 5*time.Second); !strings.HasPrefix(got, tc.want) {
+				t.Fatalf("answered %.80q, want %s", got, tc.want)
+			}
+		})
+	}
+
+	// maxConns stalled clients: the janitor's request waits for one to
+	// time out, then is served.
+	began := time.Now()
+	for range s.maxConns {
+		stall(stalledBody)
+	}
+	b, _ := json.Marshal(Request{ID: "r1", Node: testNode, Action: ActionReboot, Issued: time.Now()})
+	if code, a := k.post(t, "http://"+addr, "/v1/local/reboot", string(b), ""); code != 200 || !a.OK {
+		t.Fatalf("the janitor's request: %d %+v", code, a)
+	}
+	if took := time.Since(began); took < s.readTimeout/2 {
+		t.Fatalf("served after %v, with %d connections stalled: no connection limit", took, s.maxConns)
+	}
+}
+
+// TestStateFileNotReadable: a state file that exists but cannot be read
+// (EACCES, EIO; here a directory, or a path through a file, which fail as
+// root too) stops New with an error naming it, and is left as it is: its
+// answers may be intact. Before, the agent started with none recorded and
+// its next write renamed over the file, so a repeated reboot or reset id
+// ran again. (A file read but not parsed is moved aside and the agent
+// starts afresh: TestUnreadableStateStartsAfresh.)
+func TestStateFileNotReadable(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		make func(t *testing.T, dir string) string // the state file's path
+		want string
+	}{
+		{"a directory", func(t *testing.T, dir string) string {
+			p := filepath.Join(dir, "local-actions.json")
+			if err := os.Mkdir(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}, "is a directory"},
+		{"under a file", func(t *testing.T, dir string) string {
+			if err := os.WriteFile(filepath.Join(dir, "state"), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return filepath.Join(dir, "state", "local-actions.json")
+		}, "not a directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := DefaultConfig()
+			cfg.StateFile = tc.make(t, dir)
+			s, err := New(cfg, testNode, testLog, nil)
+			if err == nil || !strings.Contains(err.Error(), "local_actions.state_file") || !strings.Contains(err.Error(), cfg.StateFile) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New: %v (server %v), want an error naming %s: %s", err, s != nil, cfg.StateFile, tc.want)
+			}
+			if _, err := os.Stat(cfg.StateFile + ".corrupt"); err == nil {
+				t.Fatal("moved aside")
 			}
 		})
 	}
