@@ -3,6 +3,7 @@ package remediate
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -417,6 +418,18 @@ func (c *Config) Validate(prefix string) error {
 			return fmt.Errorf("%s: %w", key, err)
 		}
 		c.byAction[t.Action] = &t
+	}
+	// A group is read from one resource in one namespace (its progress,
+	// budget and last failure): templates of one group sharing anything
+	// else would each see only their own resources.
+	for _, t := range all[defaults:] {
+		for _, action := range slices.Sorted(maps.Keys(c.byAction)) {
+			if o, u := c.byAction[action], c.byAction[t.Action]; o != u && o.Group == u.Group && (o.gvr != u.gvr || o.namespace != u.namespace) {
+				return fmt.Errorf("%stemplates[%d].group: %q is also the group of %s, whose resources are %s in namespace %q, not %s in %q: "+
+					"a group's progress, budget and failures are read from one resource; give it another group",
+					prefix, seen[t.Action], u.Group, o.Action, o.gvr.GroupResource(), o.namespace, u.gvr.GroupResource(), u.namespace)
+			}
+		}
 	}
 	return nil
 }

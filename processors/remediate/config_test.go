@@ -32,6 +32,12 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 		{"retention within the completion timeout", func(c *Config) {
 			c.BudgetWindow, c.CompletionTimeout, c.Retention = time.Hour, 2*time.Hour, 2*time.Hour
 		}, "remediate.retention"},
+		// A group is read from one resource: a REPLACE_VM TerminateNode in
+		// the reboot group would start beside a RebootNode in progress,
+		// spend no reboot's budget and escalate no failed reboot.
+		{"group of another resource", func(c *Config) {
+			c.Templates = []Template{{Action: "REPLACE_VM", Group: "reboot", Object: TerminateNodeTemplate}}
+		}, `remediate.templates[0].group: "reboot" is also the group of RESTART_BM, whose resources are rebootnodes.janitor.dgxc.nvidia.com in namespace "", not terminatenodes.janitor.dgxc.nvidia.com in ""`},
 		{"template syntax", func(c *Config) { c.Templates = []Template{{Action: "RESTART_VM", Object: "{{ .Name "}} }, "remediate.templates[0]"},
 		{"template field", func(c *Config) {
 			c.Templates = []Template{{Action: "RESTART_VM", Object: "kind: X\napiVersion: a/v1\nmetadata: {name: {{ .Nope }}}"}}
