@@ -216,6 +216,10 @@ type Template struct {
 	// selector), so a resource serves only the GPUs it was made for
 	// (AnnotationGPUs).
 	byGPU bool
+	// byEntity: the object depends on the event's other entities too (a
+	// custom template listing .Entities), so a resource serves only the
+	// entities it was made for (AnnotationEntities).
+	byEntity bool
 }
 
 // condMatch is one parsed condition matcher.
@@ -484,6 +488,11 @@ func (t *Template) compile() error {
 	otherGPU.GPUs, otherGPU.Entities = []string{"GPU-9"}, []Entity{{Type: "GPU", Value: "GPU-9"}}
 	if o, err := t.render(otherGPU); err == nil && !sameObject(o.Object, obj.Object) {
 		t.byGPU = true
+	}
+	otherEntity := sampleData
+	otherEntity.Entities = append(slices.Clone(sampleData.Entities), Entity{Type: "NIC", Value: "mlx5_9"})
+	if o, err := t.render(otherEntity); err == nil && !sameObject(o.Object, obj.Object) {
+		t.byEntity = true
 	}
 	gv, err := schema.ParseGroupVersion(obj.GetAPIVersion())
 	if err != nil || obj.GetAPIVersion() == "" || obj.GetKind() == "" {

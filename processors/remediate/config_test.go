@@ -252,3 +252,55 @@ func TestByGPU(t *testing.T) {
 		}
 	}
 }
+
+// TestServesItsEntities: a template whose object lists the event's
+// entities (a custom NIC reset) makes resources that serve only their own
+// entities; before, its resources were annotated with the fault's GPUs
+// alone, none for a NIC fault, read as "every GPU": a fault of mlx5_1
+// joined a reset of mlx5_0 in progress, was said remediated and never was.
+func TestServesItsEntities(t *testing.T) {
+	c := DefaultConfig()
+	c.Templates = []Template{{Action: "custom:nic-reset", Object: "apiVersion: example.com/v1\nkind: NICReset\nmetadata: {name: {{ .Name }}}\n" +
+		"spec:\n  nodeName: {{ .NodeName }}\n  nics: [{{ range $i, $e := .Entities }}{{ if $i }}, {{ end }}{{ quote $e.Value }}{{ end }}]\n"}}
+	if err := c.Validate("remediate."); err != nil {
+		t.Fatal(err)
+	}
+	for action, want := range map[string]bool{"custom:nic-reset": true, "COMPONENT_RESET": false, "RESTART_BM": false} {
+		if got := c.template(action).byEntity; got != want {
+			t.Errorf("%s: byEntity %v, want %v", action, got, want)
+		}
+	}
+	nic, reset := c.template("custom:nic-reset"), c.template("COMPONENT_RESET")
+	made := func(ann map[string]string) *unstructured.Unstructured {
+		o := &unstructured.Unstructured{}
+		o.SetAnnotations(ann)
+		return o
+	}
+	nics := func(vs ...string) Data {
+		var d Data
+		for _, v := range vs {
+			d.Entities = append(d.Entities, Entity{Type: "NIC", Value: v})
+		}
+		return d
+	}
+	for _, tc := range []struct {
+		name string
+		tm   *Template
+		o    *unstructured.Unstructured
+		d    Data
+		want bool
+	}{
+		{"its own NIC", nic, made(map[string]string{AnnotationGPUs: "", AnnotationEntities: "NIC=mlx5_0"}), nics("mlx5_0"), true},
+		{"another NIC", nic, made(map[string]string{AnnotationGPUs: "", AnnotationEntities: "NIC=mlx5_0"}), nics("mlx5_1"), false},
+		{"one of its NICs", nic, made(map[string]string{AnnotationEntities: "NIC=mlx5_0,NIC=mlx5_1"}), nics("mlx5_1"), true},
+		{"made for every entity", nic, made(map[string]string{AnnotationEntities: ""}), nics("mlx5_1"), true},
+		{"a fault of no entity, a resource of one", nic, made(map[string]string{AnnotationEntities: "NIC=mlx5_0"}), Data{}, false},
+		{"made before the annotation", nic, made(nil), nics("mlx5_1"), true},
+		{"a GPU reset of other GPUs", reset, made(map[string]string{AnnotationGPUs: "GPU-1"}), Data{GPUs: []string{"GPU-2"}}, false},
+		{"a GPU reset of every GPU", reset, made(map[string]string{AnnotationGPUs: ""}), Data{GPUs: []string{"GPU-2"}}, true},
+	} {
+		if got := serves(tc.tm, tc.o, tc.d); got != tc.want {
+			t.Errorf("%s: serves %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

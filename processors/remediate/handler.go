@@ -61,6 +61,11 @@ const (
 	// on them (a GPUReset's selector) was made for; empty: every GPU of
 	// the node. A fault of other GPUs does not join it.
 	AnnotationGPUs = "faultline.io/gpus"
+	// AnnotationEntities lists, as TYPE=value, the entities a resource of a
+	// template that depends on more of them than the GPUs (a custom NIC
+	// reset's .Entities) was made for; empty: every entity of the node. A
+	// fault of other entities does not join it.
+	AnnotationEntities = "faultline.io/entities"
 	// AnnotationEscalated is set on the node when faultline escalates it to
 	// CONTACT_SUPPORT: the time and why.
 	AnnotationEscalated = "faultline.io/remediation-escalated"
@@ -602,6 +607,9 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 		if tm.byGPU {
 			ann[AnnotationGPUs] = strings.Join(d.GPUs, ",")
 		}
+		if tm.byEntity {
+			ann[AnnotationEntities] = strings.Join(entityKeys(d.Entities), ",")
+		}
 		obj.SetAnnotations(ann)
 		h.caches.wrote(g, "", "")
 		created, err := res.Create(ctx, obj, metav1.CreateOptions{FieldManager: "faultline-remediate"})
@@ -782,22 +790,43 @@ func (h *Handler) follow(ctx context.Context, cl *clusters.Client, t trigger, tm
 	return acts, h.now().Add(h.cfg.PollInterval), nil
 }
 
-// serves reports whether resource o answers the trigger's GPUs (d): a
-// template that does not depend on them serves any, as does a resource
-// made for every GPU of the node (or before AnnotationGPUs); one made for
-// some GPUs serves a trigger of those only.
+// serves reports whether resource o answers the trigger's GPUs, or
+// entities (d): a template that does not depend on them serves any, as
+// does a resource made for every GPU (entity) of the node, or before its
+// annotation; one made for some serves a trigger of those only.
 func serves(tm *Template, o *unstructured.Unstructured, d Data) bool {
-	v, ok := o.GetAnnotations()[AnnotationGPUs]
-	if !tm.byGPU || !ok || v == "" {
-		return true
+	if v, ok := o.GetAnnotations()[AnnotationEntities]; tm.byEntity && ok {
+		return v == "" || covers(strings.Split(v, ","), entityKeys(d.Entities))
 	}
-	have := strings.Split(v, ",")
-	for _, g := range d.GPUs {
-		if !slices.Contains(have, g) {
+	v, ok := o.GetAnnotations()[AnnotationGPUs]
+	return !tm.byGPU || !ok || v == "" || covers(strings.Split(v, ","), d.GPUs)
+}
+
+// madeFor says what a resource was made for: its GPUs, or its entities.
+func madeFor(tm *Template, o *unstructured.Unstructured) (what, made string) {
+	if v, ok := o.GetAnnotations()[AnnotationEntities]; tm.byEntity && ok {
+		return "entities", v
+	}
+	return "GPUs", o.GetAnnotations()[AnnotationGPUs]
+}
+
+// covers: want is some of have, and not none.
+func covers(have, want []string) bool {
+	for _, w := range want {
+		if !slices.Contains(have, w) {
 			return false
 		}
 	}
-	return len(d.GPUs) > 0
+	return len(want) > 0
+}
+
+// entityKeys are the entities as TYPE=value.
+func entityKeys(es []Entity) []string {
+	out := make([]string, len(es))
+	for i, e := range es {
+		out[i] = e.Type + "=" + e.Value
+	}
+	return out
 }
 
 // wait looks at the trigger again after poll_interval: a remediation of
@@ -807,8 +836,9 @@ func (h *Handler) wait(t trigger, tm *Template, o *unstructured.Unstructured) ([
 	var acts []*faultlinev1.Action
 	if requeue.Attempt(t.rec) == 0 || requeue.AfterTrouble(t.rec) {
 		ref := tm.kind + "/" + o.GetName()
+		what, made := madeFor(tm, o)
 		a := h.action(t, events.KindRemediate, events.OutcomeInProgress,
-			fmt.Sprintf("waiting for %s (GPUs %s) to finish: it does not serve this fault's GPUs", ref, o.GetAnnotations()[AnnotationGPUs]), "waiting")
+			fmt.Sprintf("waiting for %s (%s %s) to finish: it does not serve this fault's %[2]s", ref, what, made), "waiting")
 		a.Details[events.DetailResource] = ref
 		acts = append(acts, a)
 	}
