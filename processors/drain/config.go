@@ -202,7 +202,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 		c.Mode = Mode(s)
 		return nil
 	})
-	fs.Func(prefix+"rules", "adds a drain rule MODE[,namespace=REGEX][,selector=KEY=VAL][,timeout=DUR]; repeatable, first match wins", func(s string) error {
+	fs.Func(prefix+"rules", "adds a drain rule MODE[,namespace=REGEX][,selector=KEY=VAL][,timeout=DUR] (REGEX matches the whole name; none: every namespace); repeatable, first match wins", func(s string) error {
 		r, err := ParseRule(s)
 		if err != nil {
 			return err
@@ -284,7 +284,12 @@ func (c *Config) Validate(prefix string) error {
 		if !r.Mode.valid() {
 			return fmt.Errorf("%s.mode: %q is not Immediate, AllowCompletion or DeleteAfterTimeout", key, r.Mode)
 		}
-		if r.ns, err = regexp.Compile("^(?:" + r.Namespace + ")$"); err != nil {
+		ns := r.Namespace
+		if ns == "" {
+			// Every namespace, as documented: "^(?:)$" matched none.
+			ns = ".*"
+		}
+		if r.ns, err = regexp.Compile("^(?:" + ns + ")$"); err != nil {
 			return fmt.Errorf("%s.namespace: %w", key, err)
 		}
 		if r.sel, err = labels.Parse(r.Selector); err != nil {
