@@ -36,8 +36,8 @@ const (
 	// after the rule's timeout.
 	ModeAllowCompletion Mode = "AllowCompletion"
 	// ModeDeleteAfterTimeout evicts like Immediate and, once the rule's
-	// timeout has passed since the drain began, deletes what is left with
-	// grace period 0 (PDBs no longer hold it).
+	// timeout has passed since the drain first saw the pod, deletes what
+	// is left with grace period 0 (PDBs no longer hold it).
 	ModeDeleteAfterTimeout Mode = "DeleteAfterTimeout"
 )
 
@@ -85,13 +85,14 @@ type Config struct {
 	// Rules pick modes per namespace pattern and pod label; first match wins.
 	Rules []Rule `toml:"rules"`
 	// EvictionTimeout: an Immediate pod still there this long after the
-	// drain began is given up (the drain ends gave_up). Default 10m.
+	// drain first saw it (its start, for the pods there then) is given up
+	// (the drain ends gave_up). Default 10m.
 	EvictionTimeout time.Duration `toml:"eviction_timeout"`
 	// CompletionTimeout: an AllowCompletion pod still running this long
-	// after the drain began is given up. Default 24h.
+	// after the drain first saw it is given up. Default 24h.
 	CompletionTimeout time.Duration `toml:"completion_timeout"`
 	// DeleteAfter: a DeleteAfterTimeout pod still there this long after the
-	// drain began is deleted with grace period 0. Default 30m.
+	// drain first saw it is deleted with grace period 0. Default 30m.
 	DeleteAfter time.Duration `toml:"delete_after"`
 	// GracePeriod of evictions; negative uses each pod's own. Default -1s.
 	GracePeriod time.Duration `toml:"grace_period"`
@@ -211,9 +212,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 		return nil
 	})
 	config.Alias(fs, prefix+"rule", prefix+"rules")
-	fs.DurationVar(&c.EvictionTimeout, prefix+"eviction-timeout", c.EvictionTimeout, "Immediate: give a pod up this long after the drain began")
-	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "AllowCompletion: give a pod up this long after the drain began")
-	fs.DurationVar(&c.DeleteAfter, prefix+"delete-after", c.DeleteAfter, "DeleteAfterTimeout: force-delete pods left this long after the drain began")
+	fs.DurationVar(&c.EvictionTimeout, prefix+"eviction-timeout", c.EvictionTimeout, "Immediate: give a pod up this long after the drain first saw it")
+	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "AllowCompletion: give a pod up this long after the drain first saw it")
+	fs.DurationVar(&c.DeleteAfter, prefix+"delete-after", c.DeleteAfter, "DeleteAfterTimeout: force-delete a pod left this long after the drain first saw it")
 	fs.DurationVar(&c.GracePeriod, prefix+"grace-period", c.GracePeriod, "grace period of evictions (negative: the pod's own)")
 	fs.DurationVar(&c.SkipWaitForDeleteTimeout, prefix+"skip-wait-for-delete-timeout", c.SkipWaitForDeleteTimeout, "stop waiting for a pod whose DeletionTimestamp is more than this in the past (0: wait for every pod)")
 	fs.StringVar(&c.EmptyDir, prefix+"empty-dir", c.EmptyDir, "pods with emptyDir volumes: evict or skip")

@@ -136,7 +136,8 @@ func podKey(p *corev1.Pod) string {
 
 // advance moves each pod of the drain on, given the pods on the node now: a
 // pod seen for the first time is classified (in scope with its mode and
-// deadline, or counted as skipped); one that finished is done; one
+// deadline, its mode's timeout from now, or counted as skipped); one that
+// finished is done; one
 // terminating more than SkipWaitForDeleteTimeout past its DeletionTimestamp
 // is no longer waited for (done "skipped", skipWait); one whose deadline
 // passed is given up (DeleteAfterTimeout: deleted); a pod no longer on the
@@ -160,7 +161,14 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 				skipped[pl.skip]++
 				continue
 			}
-			ps = &PodState{UID: string(p.UID), Mode: pl.mode, Deadline: st.StartedAt.Add(pl.timeout)}
+			// The timeout counts from now, when the drain first sees the
+			// pod: the drain's start for the pods there then, later for a
+			// pod the drain's scope took in when a fault joined, or one
+			// bound to the node since. Counted from the start, such a pod
+			// could be past its deadline at once: given up, or deleted,
+			// without an eviction tried. The deadline is kept in the
+			// state, written by this step, so it is counted once.
+			ps = &PodState{UID: string(p.UID), Mode: pl.mode, Deadline: now.Add(pl.timeout)}
 			st.Pods[key] = ps
 		}
 		if ps.Done != "" {

@@ -227,6 +227,17 @@ func TestAdvance(t *testing.T) {
 			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0}},
 		},
 		{
+			name: "a pod first seen in a later step: its timeouts count from then, its eviction tried",
+			pods: []corev1.Pod{runningPod("web", "a"), runningPod("scratch", "s"), runningPod("batch", "j")},
+			now:  t0.Add(2 * time.Hour),
+			ops:  web + ";" + tmp,
+			want: map[string]PodState{
+				web: {Mode: ModeImmediate, Deadline: t0.Add(2*time.Hour + 10*time.Minute), EvictAt: t0.Add(2 * time.Hour)},
+				tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(2*time.Hour + 30*time.Minute), EvictAt: t0.Add(2 * time.Hour)},
+				job: {Mode: ModeAllowCompletion, Deadline: t0.Add(3 * time.Hour)},
+			},
+		},
+		{
 			name:  "pods already done stay as they were",
 			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), Done: "gave_up", Reason: "x"}},
 			pods:  []corev1.Pod{runningPod("web", "a")},
@@ -255,6 +266,43 @@ func TestAdvance(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDeadlineFromFirstSeen: a GPU drain widened to the whole node by a
+// joining fault takes in a pod it skipped until then; that pod's deadline
+// counts from the step that first saw it, and is kept in the state (read
+// back, a later step neither resets it nor gives the pod up early).
+func TestDeadlineFromFirstSeen(t *testing.T) {
+	c := machineConfig(t, nil)
+	gpu, cpu := keyOf("ml", "g"), keyOf("web", "a")
+	usesGPU := func(p *corev1.Pod) { p.Annotations = map[string]string{DefaultGPUAnnotation: "GPU-1"} }
+	pods := []corev1.Pod{runningPod("ml", "g", usesGPU), runningPod("web", "a")}
+	st := running(nil)
+	st.Scope = Scope{GPUs: []string{"GPU-1"}}
+	if got := opKeys(c.advance(st, pods, t0)); got != gpu {
+		t.Fatalf("first step: ops %q, want %q", got, gpu)
+	}
+	// A whole-node fault joins 20 minutes in, past eviction_timeout (10m).
+	st.Scope = st.Scope.widen(Scope{})
+	joined := t0.Add(20 * time.Minute)
+	if got := opKeys(c.advance(st, pods, joined)); got != cpu {
+		t.Fatalf("widened: ops %q, want the eviction of %q", got, cpu)
+	}
+	if ps := st.Pods[cpu]; ps.Done != "" || !ps.Deadline.Equal(joined.Add(10*time.Minute)) {
+		t.Fatalf("widened: pod %+v, want not done, deadline %v", *ps, joined.Add(10*time.Minute))
+	}
+	back, err := ReadState(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AnnotationState: st.encode()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.advance(back, pods, joined.Add(9*time.Minute))
+	if ps := back.Pods[cpu]; ps.Done != "" || !ps.Deadline.Equal(joined.Add(10*time.Minute)) {
+		t.Fatalf("read back, 9m later: pod %+v, want not done, the same deadline", *ps)
+	}
+	c.advance(back, pods, joined.Add(10*time.Minute))
+	if ps := back.Pods[cpu]; ps.Done != "gave_up" {
+		t.Fatalf("at its deadline: pod %+v, want gave_up", *ps)
 	}
 }
 
