@@ -62,6 +62,15 @@ func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, i
 		st.Trigger = st.Trigger.join(o.trig)
 		st.Trigger.EventIDs = ids
 		st.Scope = st.Scope.widen(o.scope)
+		if o.force && !st.Force {
+			// Forced from now: a pod backing off after a refusal is tried
+			// at this step, a PDB's refusal answered with the delete.
+			for _, ps := range st.Pods {
+				if ps.Done == "" {
+					ps.NextTry = time.Time{}
+				}
+			}
+		}
 		st.Force = st.Force || o.force
 		return st, admitWiden
 	case !quarantined:
@@ -136,8 +145,10 @@ func podKey(p *corev1.Pod) string {
 
 // advance moves each pod of the drain on, given the pods on the node now: a
 // pod seen for the first time is classified (in scope with its mode and
-// deadline, its mode's timeout from now, or counted as skipped); one that
-// finished is done; one
+// deadline, its mode's timeout from now, or counted as skipped); in a
+// forced drain, one classified before the force joined and not done is
+// made Immediate, its eviction timeout from now; one that finished is
+// done; one
 // terminating more than SkipWaitForDeleteTimeout past its DeletionTimestamp
 // is no longer waited for (done "skipped", skipWait); one whose deadline
 // passed is given up (DeleteAfterTimeout: deleted); a pod no longer on the
@@ -173,6 +184,12 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 		}
 		if ps.Done != "" {
 			continue
+		}
+		if st.Force && ps.Mode != ModeImmediate {
+			// A force joined the drain after the pod was classified:
+			// Immediate, as force makes every pod (an AllowCompletion pod
+			// no longer waited for up to completion_timeout).
+			ps.Mode, ps.Deadline, ps.NextTry = ModeImmediate, now.Add(c.EvictionTimeout), time.Time{}
 		}
 		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			ps.Done = "completed"

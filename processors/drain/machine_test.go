@@ -117,6 +117,32 @@ func TestAdvance(t *testing.T) {
 			want:  map[string]PodState{job: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0}},
 		},
 		{
+			name:  "a force joined: the pods classified before it and not done are made Immediate, evicted now",
+			force: true,
+			state: map[string]*PodState{
+				job:                    {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour)},
+				tmp:                    {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), BlockedBy: "pdb-s", NextTry: t0.Add(21 * time.Minute), EvictAt: t0},
+				keyOf("batch", "done"): {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour), Done: "completed"},
+			},
+			pods: []corev1.Pod{runningPod("batch", "j"), runningPod("scratch", "s"), runningPod("batch", "done", succeeded)},
+			now:  t0.Add(20 * time.Minute),
+			ops:  job + ";" + tmp,
+			want: map[string]PodState{
+				job:                    {Mode: ModeImmediate, Deadline: t0.Add(30 * time.Minute), EvictAt: t0.Add(20 * time.Minute)},
+				tmp:                    {Mode: ModeImmediate, Deadline: t0.Add(30 * time.Minute), EvictAt: t0},
+				keyOf("batch", "done"): {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour), Done: "completed"},
+			},
+		},
+		{
+			name:  "a force joined: an AllowCompletion pod past its completion timeout is evicted, not given up",
+			force: true,
+			state: map[string]*PodState{job: {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour)}},
+			pods:  []corev1.Pod{runningPod("batch", "j")},
+			now:   t0.Add(time.Hour),
+			ops:   job,
+			want:  map[string]PodState{job: {Mode: ModeImmediate, Deadline: t0.Add(time.Hour + 10*time.Minute), EvictAt: t0.Add(time.Hour)}},
+		},
+		{
 			name:  "an evicted pod still terminating is waited for; the first eviction time is kept",
 			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Evicted: true}},
 			pods:  []corev1.Pod{runningPod("web", "a", terminating)},
@@ -521,9 +547,20 @@ func TestAdmit(t *testing.T) {
 				t.Fatalf("%+v", st)
 			}
 		}},
-		{"force during a drain forces it", inProgress(whole), "e2", opts{trig: whole.trig, force: true}, true, admitWiden, func(t *testing.T, st *State) {
+		{"force during a drain forces it, a pod backing off tried at once", func() *State {
+			st := inProgress(whole)
+			st.Pods["web/a@1"] = &PodState{Mode: ModeImmediate, BlockedBy: "pdb-a", NextTry: t0.Add(time.Minute)}
+			st.Pods["web/b@2"] = &PodState{Mode: ModeImmediate, Done: "gave_up", NextTry: t0.Add(time.Minute)}
+			return st
+		}(), "e2", opts{trig: whole.trig, force: true}, true, admitWiden, func(t *testing.T, st *State) {
 			if !st.Force {
 				t.Fatal("not forced")
+			}
+			if nt := st.Pods["web/a@1"].NextTry; !nt.IsZero() {
+				t.Fatalf("pod backing off: NextTry %v, want none", nt)
+			}
+			if nt := st.Pods["web/b@2"].NextTry; !nt.Equal(t0.Add(time.Minute)) {
+				t.Fatalf("pod done changed: NextTry %v", nt)
 			}
 		}},
 		{"a repeat decided before the drain succeeded is covered", drained(Scope{}), "e2", repeat(whole, -time.Second), true, admitCovered, func(t *testing.T, st *State) {
