@@ -78,7 +78,10 @@ type Rule struct {
 // Config is the drain role's configuration (flags "drain.*").
 type Config struct {
 	// SystemNamespaces is a regular expression of namespaces whose pods are
-	// never touched. Default `^(kube-system|kube-public|kube-node-lease|faultline(-.*)?)$`.
+	// never touched, matched against the whole namespace name, as a rule's
+	// Namespace is ("kube-system|monitoring" does not match
+	// "ml-monitoring-x"). Default
+	// `^(kube-system|kube-public|kube-node-lease|faultline(-.*)?)$`.
 	SystemNamespaces string `toml:"system_namespaces"`
 	// Mode is the mode of pods no rule matches. Default Immediate.
 	Mode Mode `toml:"mode"`
@@ -198,7 +201,7 @@ func DefaultConfig() Config {
 // and may be repeated, each adding one of Rules (selectors with commas must
 // be set in the TOML file); --<prefix>rule is its deprecated spelling.
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
-	fs.StringVar(&c.SystemNamespaces, prefix+"system-namespaces", c.SystemNamespaces, "regular expression of namespaces never drained")
+	fs.StringVar(&c.SystemNamespaces, prefix+"system-namespaces", c.SystemNamespaces, "regular expression of namespaces never drained, matched against the whole name")
 	fs.Func(prefix+"mode", "mode of pods no rule matches: Immediate, AllowCompletion or DeleteAfterTimeout (default Immediate)", func(s string) error {
 		c.Mode = Mode(s)
 		return nil
@@ -268,7 +271,9 @@ func ParseRule(s string) (Rule, error) {
 // Validate names the first bad key, with the given prefix ("drain."), and
 // compiles the patterns and selectors.
 func (c *Config) Validate(prefix string) error {
-	re, err := regexp.Compile(c.SystemNamespaces)
+	// Anchored as the rules' namespaces are: unanchored, a pattern
+	// matched any namespace containing one of its names.
+	re, err := regexp.Compile("^(?:" + c.SystemNamespaces + ")$")
 	if err != nil {
 		return fmt.Errorf("%ssystem_namespaces: %w", prefix, err)
 	}

@@ -161,6 +161,37 @@ func TestRuleNamespace(t *testing.T) {
 	}
 }
 
+// TestSystemNamespaces: system_namespaces is matched against the whole
+// namespace name, however it is written ("kube-system|monitoring" also
+// skipped "ml-monitoring-x").
+func TestSystemNamespaces(t *testing.T) {
+	for _, tc := range []struct {
+		pattern, ns string
+		skip        bool
+	}{
+		{"kube-system|monitoring", "monitoring", true},
+		{"kube-system|monitoring", "kube-system", true},
+		{"kube-system|monitoring", "ml-monitoring-x", false},
+		{"kube-system|monitoring", "kube-system-extra", false},
+		{"monitoring-.*", "monitoring-x", true},
+		{"monitoring-.*", "ml-monitoring-x", false},
+		{DefaultSystemNamespaces, "faultline-agents", true},
+		{DefaultSystemNamespaces, "kube-public", true},
+		{DefaultSystemNamespaces, "my-kube-system", false},
+	} {
+		t.Run(tc.pattern+" "+tc.ns, func(t *testing.T) {
+			c := DefaultConfig()
+			c.SystemNamespaces = tc.pattern
+			if err := c.Validate("drain."); err != nil {
+				t.Fatal(err)
+			}
+			if got := c.classify(pod(tc.ns, nil), Scope{}, false).skip == SkipSystem; got != tc.skip {
+				t.Fatalf("skipped as system: %v, want %v", got, tc.skip)
+			}
+		})
+	}
+}
+
 func pod(ns string, labels map[string]string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, Labels: labels},
