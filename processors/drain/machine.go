@@ -8,6 +8,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // The drain as a state machine. Each function here takes the drain's
@@ -257,6 +259,9 @@ func giveUpReason(ps *PodState, p *corev1.Pod) string {
 		return "still terminating at the timeout"
 	case ps.Mode == ModeAllowCompletion:
 		return "still running at the completion timeout"
+	case ps.Reason != "":
+		// The pod's last refusal (a webhook's denial, more than one PDB).
+		return "not evicted by the timeout: " + ps.Reason
 	}
 	return "not evicted by the timeout"
 }
@@ -272,13 +277,19 @@ type callResult struct {
 	err error
 	// notFound: the pod was already gone (or its UID changed).
 	notFound bool
-	// retriable: err is the cluster's trouble; the step is retried.
+	// retriable: err is the cluster's trouble; the step is retried. An
+	// error that is the pod's own (podRefusal) is not.
 	retriable bool
 }
 
+// maxPodReason bounds the error kept as a pod's Reason: a webhook's
+// denial says what it likes, and the state shares the node's annotations.
+const maxPodReason = 512
+
 // record notes the result of one call in the pod's state and returns what
-// it was, for the metrics: "deleted", "blocked", "evicted" or "" (gone, or
-// an error).
+// it was, for the metrics: "deleted", "blocked", "evicted", "refused" (an
+// error that is the pod's own: noted, tried again after the pod's backoff)
+// or "" (gone, or the cluster's error).
 func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 	ps := st.Pods[o.key]
 	switch {
@@ -294,16 +305,19 @@ func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 		ps.NextTry = now.Add(c.backoff(ps.Attempts))
 		return "blocked"
 	case r.err == nil:
-		ps.Evicted, ps.BlockedBy, ps.BlockedAt = true, "", time.Time{}
+		ps.Evicted, ps.BlockedBy, ps.BlockedAt, ps.Reason = true, "", time.Time{}, ""
 		return "evicted"
 	case r.notFound:
 		ps.Done = "gone"
 	case r.retriable:
 		// Left as it was; the step is retried after the cluster's backoff.
 	default:
+		// The pod's own: tried again after its backoff, given up at its
+		// deadline with this reason.
 		ps.Attempts++
-		ps.Reason = r.err.Error()
+		ps.Reason = events.Truncate(r.err.Error(), maxPodReason)
 		ps.NextTry = now.Add(c.backoff(ps.Attempts))
+		return "refused"
 	}
 	return ""
 }

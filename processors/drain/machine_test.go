@@ -185,6 +185,13 @@ func TestAdvance(t *testing.T) {
 			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Done: "gave_up", Reason: "blocked by PDB pdb-a"}},
 		},
 		{
+			name:  "refused at every try (a webhook's denial) until its deadline: given up with the refusal",
+			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Attempts: 7, Reason: "denied", NextTry: t0.Add(10 * time.Minute)}},
+			pods:  []corev1.Pod{runningPod("web", "a")},
+			now:   t0.Add(10 * time.Minute),
+			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Done: "gave_up", Reason: "not evicted by the timeout: denied"}},
+		},
+		{
 			name:  "AllowCompletion still running at its deadline is given up",
 			state: map[string]*PodState{job: {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour)}},
 			pods:  []corev1.Pod{runningPod("batch", "j")},
@@ -383,8 +390,12 @@ func TestRecord(t *testing.T) {
 			PodState{Attempts: 31, BlockedBy: "pdb-a", BlockedAt: now, NextTry: now.Add(time.Minute)}, nil},
 		{"not found: gone", PodState{}, callResult{err: errors.New("404"), notFound: true}, "", PodState{Done: "gone"}, nil},
 		{"the cluster's error: left for the retry", PodState{Attempts: 1}, callResult{err: errors.New("503"), retriable: true}, "", PodState{Attempts: 1}, nil},
-		{"the pod's error: noted and backed off", PodState{}, callResult{err: errors.New("invalid")}, "",
+		{"the pod's error: noted and backed off", PodState{}, callResult{err: errors.New("invalid")}, "refused",
 			PodState{Attempts: 1, Reason: "invalid", NextTry: now.Add(5 * time.Second)}, nil},
+		{"the pod's error: bounded", PodState{}, callResult{err: errors.New(strings.Repeat("x", 2000))}, "refused",
+			PodState{Attempts: 1, Reason: strings.Repeat("x", maxPodReason-3) + "...", NextTry: now.Add(5 * time.Second)}, nil},
+		{"evicted after a refusal: its reason cleared", PodState{Attempts: 1, Reason: "denied"}, callResult{}, "evicted",
+			PodState{Attempts: 1, Evicted: true}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := machineConfig(t, nil)
