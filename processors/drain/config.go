@@ -36,8 +36,8 @@ const (
 	// after the rule's timeout.
 	ModeAllowCompletion Mode = "AllowCompletion"
 	// ModeDeleteAfterTimeout evicts like Immediate and, once the rule's
-	// timeout has passed since the drain began, deletes what is left with
-	// grace period 0 (PDBs no longer hold it).
+	// timeout has passed since the drain first saw the pod, deletes what
+	// is left with grace period 0 (PDBs no longer hold it).
 	ModeDeleteAfterTimeout Mode = "DeleteAfterTimeout"
 )
 
@@ -78,20 +78,24 @@ type Rule struct {
 // Config is the drain role's configuration (flags "drain.*").
 type Config struct {
 	// SystemNamespaces is a regular expression of namespaces whose pods are
-	// never touched. Default `^(kube-system|kube-public|kube-node-lease|faultline(-.*)?)$`.
+	// never touched, matched against the whole namespace name, as a rule's
+	// Namespace is ("kube-system|monitoring" does not match
+	// "ml-monitoring-x"). Default
+	// `^(kube-system|kube-public|kube-node-lease|faultline(-.*)?)$`.
 	SystemNamespaces string `toml:"system_namespaces"`
 	// Mode is the mode of pods no rule matches. Default Immediate.
 	Mode Mode `toml:"mode"`
 	// Rules pick modes per namespace pattern and pod label; first match wins.
 	Rules []Rule `toml:"rules"`
 	// EvictionTimeout: an Immediate pod still there this long after the
-	// drain began is given up (the drain ends gave_up). Default 10m.
+	// drain first saw it (its start, for the pods there then) is given up
+	// (the drain ends gave_up). Default 10m.
 	EvictionTimeout time.Duration `toml:"eviction_timeout"`
 	// CompletionTimeout: an AllowCompletion pod still running this long
-	// after the drain began is given up. Default 24h.
+	// after the drain first saw it is given up. Default 24h.
 	CompletionTimeout time.Duration `toml:"completion_timeout"`
 	// DeleteAfter: a DeleteAfterTimeout pod still there this long after the
-	// drain began is deleted with grace period 0. Default 30m.
+	// drain first saw it is deleted with grace period 0. Default 30m.
 	DeleteAfter time.Duration `toml:"delete_after"`
 	// GracePeriod of evictions; negative uses each pod's own. Default -1s.
 	GracePeriod time.Duration `toml:"grace_period"`
@@ -197,12 +201,12 @@ func DefaultConfig() Config {
 // and may be repeated, each adding one of Rules (selectors with commas must
 // be set in the TOML file); --<prefix>rule is its deprecated spelling.
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
-	fs.StringVar(&c.SystemNamespaces, prefix+"system-namespaces", c.SystemNamespaces, "regular expression of namespaces never drained")
+	fs.StringVar(&c.SystemNamespaces, prefix+"system-namespaces", c.SystemNamespaces, "regular expression of namespaces never drained, matched against the whole name")
 	fs.Func(prefix+"mode", "mode of pods no rule matches: Immediate, AllowCompletion or DeleteAfterTimeout (default Immediate)", func(s string) error {
 		c.Mode = Mode(s)
 		return nil
 	})
-	fs.Func(prefix+"rules", "adds a drain rule MODE[,namespace=REGEX][,selector=KEY=VAL][,timeout=DUR]; repeatable, first match wins", func(s string) error {
+	fs.Func(prefix+"rules", "adds a drain rule MODE[,namespace=REGEX][,selector=KEY=VAL][,timeout=DUR] (REGEX matches the whole name; none: every namespace); repeatable, first match wins", func(s string) error {
 		r, err := ParseRule(s)
 		if err != nil {
 			return err
@@ -211,9 +215,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 		return nil
 	})
 	config.Alias(fs, prefix+"rule", prefix+"rules")
-	fs.DurationVar(&c.EvictionTimeout, prefix+"eviction-timeout", c.EvictionTimeout, "Immediate: give a pod up this long after the drain began")
-	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "AllowCompletion: give a pod up this long after the drain began")
-	fs.DurationVar(&c.DeleteAfter, prefix+"delete-after", c.DeleteAfter, "DeleteAfterTimeout: force-delete pods left this long after the drain began")
+	fs.DurationVar(&c.EvictionTimeout, prefix+"eviction-timeout", c.EvictionTimeout, "Immediate: give a pod up this long after the drain first saw it")
+	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "AllowCompletion: give a pod up this long after the drain first saw it")
+	fs.DurationVar(&c.DeleteAfter, prefix+"delete-after", c.DeleteAfter, "DeleteAfterTimeout: force-delete a pod left this long after the drain first saw it")
 	fs.DurationVar(&c.GracePeriod, prefix+"grace-period", c.GracePeriod, "grace period of evictions (negative: the pod's own)")
 	fs.DurationVar(&c.SkipWaitForDeleteTimeout, prefix+"skip-wait-for-delete-timeout", c.SkipWaitForDeleteTimeout, "stop waiting for a pod whose DeletionTimestamp is more than this in the past (0: wait for every pod)")
 	fs.StringVar(&c.EmptyDir, prefix+"empty-dir", c.EmptyDir, "pods with emptyDir volumes: evict or skip")
@@ -267,7 +271,9 @@ func ParseRule(s string) (Rule, error) {
 // Validate names the first bad key, with the given prefix ("drain."), and
 // compiles the patterns and selectors.
 func (c *Config) Validate(prefix string) error {
-	re, err := regexp.Compile(c.SystemNamespaces)
+	// Anchored as the rules' namespaces are: unanchored, a pattern
+	// matched any namespace containing one of its names.
+	re, err := regexp.Compile("^(?:" + c.SystemNamespaces + ")$")
 	if err != nil {
 		return fmt.Errorf("%ssystem_namespaces: %w", prefix, err)
 	}
@@ -284,7 +290,12 @@ func (c *Config) Validate(prefix string) error {
 		if !r.Mode.valid() {
 			return fmt.Errorf("%s.mode: %q is not Immediate, AllowCompletion or DeleteAfterTimeout", key, r.Mode)
 		}
-		if r.ns, err = regexp.Compile("^(?:" + r.Namespace + ")$"); err != nil {
+		ns := r.Namespace
+		if ns == "" {
+			// Every namespace, as documented: "^(?:)$" matched none.
+			ns = ".*"
+		}
+		if r.ns, err = regexp.Compile("^(?:" + ns + ")$"); err != nil {
 			return fmt.Errorf("%s.namespace: %w", key, err)
 		}
 		if r.sel, err = labels.Parse(r.Selector); err != nil {

@@ -115,6 +115,83 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+// TestRuleNamespace: a rule's namespace is matched against the whole
+// name, and a rule with none matches every namespace
+// ("--drain.rules=AllowCompletion,selector=app=trainer" matched no pod).
+func TestRuleNamespace(t *testing.T) {
+	trainer := map[string]string{"app": "trainer"}
+	for _, tc := range []struct {
+		name string
+		rule Rule
+		pod  *corev1.Pod
+		want Mode
+	}{
+		{"no namespace, selector matches", Rule{Selector: "app=trainer", Mode: ModeAllowCompletion}, pod("ml", trainer), ModeAllowCompletion},
+		{"no namespace, another namespace", Rule{Selector: "app=trainer", Mode: ModeAllowCompletion}, pod("team-b", trainer), ModeAllowCompletion},
+		{"no namespace, selector misses", Rule{Selector: "app=trainer", Mode: ModeAllowCompletion}, pod("ml", nil), ModeImmediate},
+		{"no namespace, no selector: every pod", Rule{Mode: ModeDeleteAfterTimeout}, pod("ml", nil), ModeDeleteAfterTimeout},
+		{"namespace matches the whole name", Rule{Namespace: "ml", Mode: ModeAllowCompletion}, pod("ml", nil), ModeAllowCompletion},
+		{"namespace is not a substring match", Rule{Namespace: "ml", Mode: ModeAllowCompletion}, pod("ml-dev", nil), ModeImmediate},
+		{"alternatives are anchored together", Rule{Namespace: "a|ml", Mode: ModeAllowCompletion}, pod("xml", nil), ModeImmediate},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.Rules = []Rule{tc.rule}
+			if err := c.Validate("drain."); err != nil {
+				t.Fatal(err)
+			}
+			pl := c.classify(tc.pod, Scope{}, false)
+			if pl.skip != "" || pl.mode != tc.want {
+				t.Fatalf("got mode %q skip %q, want %s", pl.mode, pl.skip, tc.want)
+			}
+		})
+	}
+	// As the flag spells it.
+	r, err := ParseRule("AllowCompletion,selector=app=trainer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := DefaultConfig()
+	c.Rules = []Rule{r}
+	if err := c.Validate("drain."); err != nil {
+		t.Fatal(err)
+	}
+	if pl := c.classify(pod("ml", trainer), Scope{}, false); pl.mode != ModeAllowCompletion {
+		t.Fatalf("flag rule: got %q, want AllowCompletion", pl.mode)
+	}
+}
+
+// TestSystemNamespaces: system_namespaces is matched against the whole
+// namespace name, however it is written ("kube-system|monitoring" also
+// skipped "ml-monitoring-x").
+func TestSystemNamespaces(t *testing.T) {
+	for _, tc := range []struct {
+		pattern, ns string
+		skip        bool
+	}{
+		{"kube-system|monitoring", "monitoring", true},
+		{"kube-system|monitoring", "kube-system", true},
+		{"kube-system|monitoring", "ml-monitoring-x", false},
+		{"kube-system|monitoring", "kube-system-extra", false},
+		{"monitoring-.*", "monitoring-x", true},
+		{"monitoring-.*", "ml-monitoring-x", false},
+		{DefaultSystemNamespaces, "faultline-agents", true},
+		{DefaultSystemNamespaces, "kube-public", true},
+		{DefaultSystemNamespaces, "my-kube-system", false},
+	} {
+		t.Run(tc.pattern+" "+tc.ns, func(t *testing.T) {
+			c := DefaultConfig()
+			c.SystemNamespaces = tc.pattern
+			if err := c.Validate("drain."); err != nil {
+				t.Fatal(err)
+			}
+			if got := c.classify(pod(tc.ns, nil), Scope{}, false).skip == SkipSystem; got != tc.skip {
+				t.Fatalf("skipped as system: %v, want %v", got, tc.skip)
+			}
+		})
+	}
+}
+
 func pod(ns string, labels map[string]string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, Labels: labels},

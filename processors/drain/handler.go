@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"sort"
 	"strconv"
@@ -466,8 +467,15 @@ func (h *Handler) runOps(ctx context.Context, cl *clusters.Client, st *State, op
 	})
 	var first error
 	for i, r := range results {
-		if m := h.cfg.record(st, ops[i], r, now); m != "" {
+		before := st.Pods[ops[i].key].Reason
+		m := h.cfg.record(st, ops[i], r, now)
+		if m != "" {
 			h.m.evictions.WithLabelValues(cl.Name, m).Inc()
+		}
+		if m == "refused" && st.Pods[ops[i].key].Reason != before {
+			// Said once per new refusal, not at every try.
+			h.log.Warn("pod's eviction refused; tried again after its backoff", "cluster", cl.Name, "node", ops[i].pod.Spec.NodeName,
+				"drain", st.ID, "pod", ops[i].key, "attempts", st.Pods[ops[i].key].Attempts, "err", r.err)
 		}
 		if r.retriable && first == nil {
 			first = r.err
@@ -489,8 +497,41 @@ func (h *Handler) call(ctx context.Context, cl *clusters.Client, o op, force boo
 		}
 	}
 	r.notFound = apierrors.IsNotFound(r.err)
-	r.retriable = !r.notFound && clusters.Retriable(r.err)
+	r.retriable = !r.notFound && !podRefusal(r.err) && clusters.Retriable(r.err)
 	return r
+}
+
+// podRefusal reports whether err, the answer to a pod's eviction or
+// delete, is the apiserver refusing that pod rather than the cluster in
+// trouble: the eviction of a pod more than one PDB selects (500 "This pod
+// has more than one PodDisruptionBudget, which the eviction subresource
+// does not support", k8s.io/kubernetes pkg/registry/core/pod/storage/
+// eviction.go), or the request denied by an admission webhook ("admission
+// webhook %q denied the request", k8s.io/apiserver
+// pkg/admission/plugin/webhook/errors, with the code the webhook chose)
+// or a ValidatingAdmissionPolicy ("ValidatingAdmissionPolicy '%s' ...
+// denied request"). Such an error counts against the pod
+// (Config.record: noted, tried again after the pod's backoff, given up at
+// its deadline); it neither fails the step nor backs the cluster off,
+// which held every drain on the cluster and never recorded the pod's
+// refusal. Everything else stays clusters.Retriable's to judge: an
+// unreachable apiserver, a 503, a timeout, another 500, a webhook that
+// could not be called ("failed calling webhook"), an RBAC 403.
+func podRefusal(err error) bool {
+	var se apierrors.APIStatus
+	if !errors.As(err, &se) {
+		return false
+	}
+	s := se.Status()
+	switch {
+	case s.Code == http.StatusInternalServerError && strings.Contains(s.Message, "more than one PodDisruptionBudget"):
+		return true
+	case strings.Contains(s.Message, "admission webhook ") && strings.Contains(s.Message, " denied the request"):
+		return true
+	case strings.Contains(s.Message, "ValidatingAdmissionPolicy '") && strings.Contains(s.Message, " denied request"):
+		return true
+	}
+	return false
 }
 
 // evict asks the Eviction API to evict the pod. A refusal under a PDB
@@ -859,7 +900,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		actions:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_actions_total", Help: "Drain actions written, by outcome."}, []string{"cluster", "outcome"}),
 		drains:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_drains_total", Help: "Drains started (running) and ended, by phase."}, []string{"cluster", "phase"}),
-		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_pod_calls_total", Help: "Eviction and delete calls, by result (evicted, blocked, deleted)."}, []string{"cluster", "result"}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_pod_calls_total", Help: "Eviction and delete calls, by result (evicted, blocked, deleted, refused: the pod's own error, a webhook's denial or more than one PDB)."}, []string{"cluster", "result"}),
 		apiErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_api_errors_total", Help: "Retriable Kubernetes API errors."}, []string{"cluster"}),
 		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_conflicts_total", Help: "Drain state writes redone after a resourceVersion conflict."}, []string{"cluster"}),
 		slowLane: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_drain_slow_lane_handovers_total",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -166,6 +167,88 @@ func TestJoinedFaultSaid(t *testing.T) {
 	// The first fault's redelivery says the start, never a join.
 	if again, _ := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil)); len(again) != 1 || again[0].Id != first[0].Id {
 		t.Fatalf("the first fault redelivered said: %s", outcomes(again))
+	}
+}
+
+// TestPodRefusalCountsAgainstThePod: an eviction the apiserver refuses
+// for that pod (more than one PDB selects it, an admission webhook or a
+// ValidatingAdmissionPolicy denies it) is noted on the pod and tried again
+// at the pod's pace, the step going on and the cluster not backed off,
+// until the pod's deadline gives it up naming the refusal. Before, it
+// failed the step and backed the cluster off like an outage, holding every
+// drain there, and the pod's attempts and reason were never recorded. An
+// outage still backs the cluster off, the pod untouched.
+func TestPodRefusalCountsAgainstThePod(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		pods bool // the pod's own
+	}{
+		{"more than one PDB", &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 500,
+			Message: "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."}}, true},
+		{"a webhook's denial", &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 403,
+			Message: `admission webhook "freeze.example.com" denied the request: no evictions during the training freeze`}}, true},
+		{"a webhook's denial with the reason Forbidden", apierrors.NewForbidden(corev1.Resource("pods"), "p",
+			errors.New(`admission webhook "freeze.example.com" denied the request: frozen`)), true},
+		{"a ValidatingAdmissionPolicy's denial", apierrors.NewForbidden(corev1.Resource("pods"), "p",
+			errors.New("ValidatingAdmissionPolicy 'no-evict' with binding 'no-evict' denied request: training pods stay")), true},
+		{"503", apierrors.NewServiceUnavailable("apiserver restarting"), false},
+		{"another 500", apierrors.NewInternalError(errors.New("etcd leader changed")), false},
+		{"a 500 naming no reason", &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 500, Message: "etcdserver: request timed out"}}, false},
+		{"a webhook not reached", apierrors.NewInternalError(errors.New(`failed calling webhook "freeze.example.com": context deadline exceeded`)), false},
+		{"timeout", apierrors.NewTimeoutError("request did not complete", 0), false},
+		{"connection refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false},
+		{"RBAC", apierrors.NewForbidden(corev1.Resource("pods/eviction"), "p",
+			errors.New(`User "system:serviceaccount:faultline:drain" cannot create resource "pods/eviction" in API group "" in the namespace "work"`)), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const node = "n1"
+			k := quarantinedWithPod(node)
+			k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+				if a.GetSubresource() == "eviction" {
+					return true, nil, tc.err
+				}
+				return false, nil, nil
+			})
+			clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+			h := newHandler(t, testConfig(), k, clk, false)
+			acts, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
+			if len(rq) != 1 || find(acts, events.OutcomeFailed) != nil {
+				t.Fatalf("first step: %s, %d requeues", outcomes(acts), len(rq))
+			}
+			ps := drainState(t, k, node).Pods[keyOf("work", "p")]
+			if ps == nil {
+				t.Fatal("pod not in the drain's state")
+			}
+			if !tc.pods {
+				if !requeue.AfterTrouble(rq[0]) || ps.Attempts != 0 || ps.Reason != "" {
+					t.Fatalf("an outage: requeued for the cluster %v, pod %+v; want the cluster backed off, the pod untouched",
+						requeue.AfterTrouble(rq[0]), *ps)
+				}
+				return
+			}
+			if requeue.AfterTrouble(rq[0]) {
+				t.Fatal("the pod's refusal backed the cluster off")
+			}
+			if ps.Attempts != 1 || !strings.Contains(ps.Reason, tc.err.Error()) || !ps.NextTry.Equal(clk.Now().Add(time.Second)) {
+				t.Fatalf("pod %+v: want one attempt, the refusal, tried again after pdb_backoff", *ps)
+			}
+			// At its pace: not before NextTry, then again.
+			if _, rq = handle(t, h, rq...); drainState(t, k, node).Pods[keyOf("work", "p")].Attempts != 1 {
+				t.Fatal("tried again before its backoff")
+			}
+			clk.Add(time.Second)
+			if _, rq = handle(t, h, rq...); drainState(t, k, node).Pods[keyOf("work", "p")].Attempts != 2 {
+				t.Fatal("not tried again after its backoff")
+			}
+			// Its deadline (eviction_timeout) gives it up, naming the refusal.
+			clk.Add(10 * time.Minute)
+			acts, rq = handle(t, h, rq...)
+			res := find(acts, events.OutcomeGaveUp)
+			if res == nil || len(rq) != 0 || !strings.Contains(res.Reason, "not evicted by the timeout: evict pod work/p: "+tc.err.Error()) {
+				t.Fatalf("at the deadline: %s, %d requeues", outcomes(acts), len(rq))
+			}
+		})
 	}
 }
 

@@ -31,6 +31,7 @@ import (
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
+	"github.com/faultline/faultline/processors/requeue"
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -1224,6 +1225,24 @@ func TestPDBRefusalWithoutDisruptionController(t *testing.T) {
 	}
 	if got := podsOn(t, k, node); len(got) != 1 || got[0].DeletionTimestamp != nil {
 		t.Fatalf("pods %v: the PDB-covered pod must stay", podNames(got))
+	}
+
+	// A pod two PDBs select: the apiserver answers its eviction 500 "This
+	// pod has more than one PodDisruptionBudget". The pod's refusal, noted
+	// on it, not the cluster's trouble (podRefusal).
+	twice := "unprocessed-2"
+	quarantined(t, k, twice)
+	createPod(t, k, "twice", "t0", twice, withLabels("app", "t"))
+	waitRunning(t, k, twice, 1)
+	pdb(t, k, "twice", "one", 0, "t")
+	pdb(t, k, "twice", "two", 0, "t")
+	acts, rq = handle(t, h, quarantineAction(twice, "e-twice", "RESTART_VM", nil))
+	if f := cl.Gate.Failures(); f != 0 || len(rq) != 1 || requeue.AfterTrouble(rq[0]) || find(acts, events.OutcomeFailed) != nil {
+		t.Fatalf("two PDBs: %s, %d requeues, %d cluster failures (%v): want the pod's refusal", outcomes(acts), len(rq), f, cl.Gate.LastError())
+	}
+	st := drainState(t, k, twice)
+	if ps := st.Pods[podKey(&podsOn(t, k, twice)[0])]; ps == nil || ps.Attempts != 1 || !strings.Contains(ps.Reason, "more than one PodDisruptionBudget") {
+		t.Fatalf("two PDBs: pods %v, want the refusal noted on the pod", st.Pods)
 	}
 }
 

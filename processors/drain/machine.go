@@ -8,6 +8,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // The drain as a state machine. Each function here takes the drain's
@@ -62,6 +64,15 @@ func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, i
 		st.Trigger = st.Trigger.join(o.trig)
 		st.Trigger.EventIDs = ids
 		st.Scope = st.Scope.widen(o.scope)
+		if o.force && !st.Force {
+			// Forced from now: a pod backing off after a refusal is tried
+			// at this step, a PDB's refusal answered with the delete.
+			for _, ps := range st.Pods {
+				if ps.Done == "" {
+					ps.NextTry = time.Time{}
+				}
+			}
+		}
 		st.Force = st.Force || o.force
 		return st, admitWiden
 	case !quarantined:
@@ -136,7 +147,10 @@ func podKey(p *corev1.Pod) string {
 
 // advance moves each pod of the drain on, given the pods on the node now: a
 // pod seen for the first time is classified (in scope with its mode and
-// deadline, or counted as skipped); one that finished is done; one
+// deadline, its mode's timeout from now, or counted as skipped); in a
+// forced drain, one classified before the force joined and not done is
+// made Immediate, its eviction timeout from now; one that finished is
+// done; one
 // terminating more than SkipWaitForDeleteTimeout past its DeletionTimestamp
 // is no longer waited for (done "skipped", skipWait); one whose deadline
 // passed is given up (DeleteAfterTimeout: deleted); a pod no longer on the
@@ -160,11 +174,24 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 				skipped[pl.skip]++
 				continue
 			}
-			ps = &PodState{UID: string(p.UID), Mode: pl.mode, Deadline: st.StartedAt.Add(pl.timeout)}
+			// The timeout counts from now, when the drain first sees the
+			// pod: the drain's start for the pods there then, later for a
+			// pod the drain's scope took in when a fault joined, or one
+			// bound to the node since. Counted from the start, such a pod
+			// could be past its deadline at once: given up, or deleted,
+			// without an eviction tried. The deadline is kept in the
+			// state, written by this step, so it is counted once.
+			ps = &PodState{UID: string(p.UID), Mode: pl.mode, Deadline: now.Add(pl.timeout)}
 			st.Pods[key] = ps
 		}
 		if ps.Done != "" {
 			continue
+		}
+		if st.Force && ps.Mode != ModeImmediate {
+			// A force joined the drain after the pod was classified:
+			// Immediate, as force makes every pod (an AllowCompletion pod
+			// no longer waited for up to completion_timeout).
+			ps.Mode, ps.Deadline, ps.NextTry = ModeImmediate, now.Add(c.EvictionTimeout), time.Time{}
 		}
 		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			ps.Done = "completed"
@@ -232,6 +259,9 @@ func giveUpReason(ps *PodState, p *corev1.Pod) string {
 		return "still terminating at the timeout"
 	case ps.Mode == ModeAllowCompletion:
 		return "still running at the completion timeout"
+	case ps.Reason != "":
+		// The pod's last refusal (a webhook's denial, more than one PDB).
+		return "not evicted by the timeout: " + ps.Reason
 	}
 	return "not evicted by the timeout"
 }
@@ -247,13 +277,19 @@ type callResult struct {
 	err error
 	// notFound: the pod was already gone (or its UID changed).
 	notFound bool
-	// retriable: err is the cluster's trouble; the step is retried.
+	// retriable: err is the cluster's trouble; the step is retried. An
+	// error that is the pod's own (podRefusal) is not.
 	retriable bool
 }
 
+// maxPodReason bounds the error kept as a pod's Reason: a webhook's
+// denial says what it likes, and the state shares the node's annotations.
+const maxPodReason = 512
+
 // record notes the result of one call in the pod's state and returns what
-// it was, for the metrics: "deleted", "blocked", "evicted" or "" (gone, or
-// an error).
+// it was, for the metrics: "deleted", "blocked", "evicted", "refused" (an
+// error that is the pod's own: noted, tried again after the pod's backoff)
+// or "" (gone, or the cluster's error).
 func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 	ps := st.Pods[o.key]
 	switch {
@@ -269,16 +305,19 @@ func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 		ps.NextTry = now.Add(c.backoff(ps.Attempts))
 		return "blocked"
 	case r.err == nil:
-		ps.Evicted, ps.BlockedBy, ps.BlockedAt = true, "", time.Time{}
+		ps.Evicted, ps.BlockedBy, ps.BlockedAt, ps.Reason = true, "", time.Time{}, ""
 		return "evicted"
 	case r.notFound:
 		ps.Done = "gone"
 	case r.retriable:
 		// Left as it was; the step is retried after the cluster's backoff.
 	default:
+		// The pod's own: tried again after its backoff, given up at its
+		// deadline with this reason.
 		ps.Attempts++
-		ps.Reason = r.err.Error()
+		ps.Reason = events.Truncate(r.err.Error(), maxPodReason)
 		ps.NextTry = now.Add(c.backoff(ps.Attempts))
+		return "refused"
 	}
 	return ""
 }

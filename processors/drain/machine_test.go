@@ -117,6 +117,32 @@ func TestAdvance(t *testing.T) {
 			want:  map[string]PodState{job: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0}},
 		},
 		{
+			name:  "a force joined: the pods classified before it and not done are made Immediate, evicted now",
+			force: true,
+			state: map[string]*PodState{
+				job:                    {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour)},
+				tmp:                    {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), BlockedBy: "pdb-s", NextTry: t0.Add(21 * time.Minute), EvictAt: t0},
+				keyOf("batch", "done"): {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour), Done: "completed"},
+			},
+			pods: []corev1.Pod{runningPod("batch", "j"), runningPod("scratch", "s"), runningPod("batch", "done", succeeded)},
+			now:  t0.Add(20 * time.Minute),
+			ops:  job + ";" + tmp,
+			want: map[string]PodState{
+				job:                    {Mode: ModeImmediate, Deadline: t0.Add(30 * time.Minute), EvictAt: t0.Add(20 * time.Minute)},
+				tmp:                    {Mode: ModeImmediate, Deadline: t0.Add(30 * time.Minute), EvictAt: t0},
+				keyOf("batch", "done"): {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour), Done: "completed"},
+			},
+		},
+		{
+			name:  "a force joined: an AllowCompletion pod past its completion timeout is evicted, not given up",
+			force: true,
+			state: map[string]*PodState{job: {Mode: ModeAllowCompletion, Deadline: t0.Add(time.Hour)}},
+			pods:  []corev1.Pod{runningPod("batch", "j")},
+			now:   t0.Add(time.Hour),
+			ops:   job,
+			want:  map[string]PodState{job: {Mode: ModeImmediate, Deadline: t0.Add(time.Hour + 10*time.Minute), EvictAt: t0.Add(time.Hour)}},
+		},
+		{
 			name:  "an evicted pod still terminating is waited for; the first eviction time is kept",
 			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Evicted: true}},
 			pods:  []corev1.Pod{runningPod("web", "a", terminating)},
@@ -157,6 +183,13 @@ func TestAdvance(t *testing.T) {
 			pods:  []corev1.Pod{runningPod("web", "a")},
 			now:   t0.Add(10 * time.Minute),
 			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Done: "gave_up", Reason: "blocked by PDB pdb-a"}},
+		},
+		{
+			name:  "refused at every try (a webhook's denial) until its deadline: given up with the refusal",
+			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Attempts: 7, Reason: "denied", NextTry: t0.Add(10 * time.Minute)}},
+			pods:  []corev1.Pod{runningPod("web", "a")},
+			now:   t0.Add(10 * time.Minute),
+			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Done: "gave_up", Reason: "not evicted by the timeout: denied"}},
 		},
 		{
 			name:  "AllowCompletion still running at its deadline is given up",
@@ -227,6 +260,17 @@ func TestAdvance(t *testing.T) {
 			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0}},
 		},
 		{
+			name: "a pod first seen in a later step: its timeouts count from then, its eviction tried",
+			pods: []corev1.Pod{runningPod("web", "a"), runningPod("scratch", "s"), runningPod("batch", "j")},
+			now:  t0.Add(2 * time.Hour),
+			ops:  web + ";" + tmp,
+			want: map[string]PodState{
+				web: {Mode: ModeImmediate, Deadline: t0.Add(2*time.Hour + 10*time.Minute), EvictAt: t0.Add(2 * time.Hour)},
+				tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(2*time.Hour + 30*time.Minute), EvictAt: t0.Add(2 * time.Hour)},
+				job: {Mode: ModeAllowCompletion, Deadline: t0.Add(3 * time.Hour)},
+			},
+		},
+		{
 			name:  "pods already done stay as they were",
 			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), Done: "gave_up", Reason: "x"}},
 			pods:  []corev1.Pod{runningPod("web", "a")},
@@ -255,6 +299,43 @@ func TestAdvance(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDeadlineFromFirstSeen: a GPU drain widened to the whole node by a
+// joining fault takes in a pod it skipped until then; that pod's deadline
+// counts from the step that first saw it, and is kept in the state (read
+// back, a later step neither resets it nor gives the pod up early).
+func TestDeadlineFromFirstSeen(t *testing.T) {
+	c := machineConfig(t, nil)
+	gpu, cpu := keyOf("ml", "g"), keyOf("web", "a")
+	usesGPU := func(p *corev1.Pod) { p.Annotations = map[string]string{DefaultGPUAnnotation: "GPU-1"} }
+	pods := []corev1.Pod{runningPod("ml", "g", usesGPU), runningPod("web", "a")}
+	st := running(nil)
+	st.Scope = Scope{GPUs: []string{"GPU-1"}}
+	if got := opKeys(c.advance(st, pods, t0)); got != gpu {
+		t.Fatalf("first step: ops %q, want %q", got, gpu)
+	}
+	// A whole-node fault joins 20 minutes in, past eviction_timeout (10m).
+	st.Scope = st.Scope.widen(Scope{})
+	joined := t0.Add(20 * time.Minute)
+	if got := opKeys(c.advance(st, pods, joined)); got != cpu {
+		t.Fatalf("widened: ops %q, want the eviction of %q", got, cpu)
+	}
+	if ps := st.Pods[cpu]; ps.Done != "" || !ps.Deadline.Equal(joined.Add(10*time.Minute)) {
+		t.Fatalf("widened: pod %+v, want not done, deadline %v", *ps, joined.Add(10*time.Minute))
+	}
+	back, err := ReadState(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AnnotationState: st.encode()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.advance(back, pods, joined.Add(9*time.Minute))
+	if ps := back.Pods[cpu]; ps.Done != "" || !ps.Deadline.Equal(joined.Add(10*time.Minute)) {
+		t.Fatalf("read back, 9m later: pod %+v, want not done, the same deadline", *ps)
+	}
+	c.advance(back, pods, joined.Add(10*time.Minute))
+	if ps := back.Pods[cpu]; ps.Done != "gave_up" {
+		t.Fatalf("at its deadline: pod %+v, want gave_up", *ps)
 	}
 }
 
@@ -309,8 +390,12 @@ func TestRecord(t *testing.T) {
 			PodState{Attempts: 31, BlockedBy: "pdb-a", BlockedAt: now, NextTry: now.Add(time.Minute)}, nil},
 		{"not found: gone", PodState{}, callResult{err: errors.New("404"), notFound: true}, "", PodState{Done: "gone"}, nil},
 		{"the cluster's error: left for the retry", PodState{Attempts: 1}, callResult{err: errors.New("503"), retriable: true}, "", PodState{Attempts: 1}, nil},
-		{"the pod's error: noted and backed off", PodState{}, callResult{err: errors.New("invalid")}, "",
+		{"the pod's error: noted and backed off", PodState{}, callResult{err: errors.New("invalid")}, "refused",
 			PodState{Attempts: 1, Reason: "invalid", NextTry: now.Add(5 * time.Second)}, nil},
+		{"the pod's error: bounded", PodState{}, callResult{err: errors.New(strings.Repeat("x", 2000))}, "refused",
+			PodState{Attempts: 1, Reason: strings.Repeat("x", maxPodReason-3) + "...", NextTry: now.Add(5 * time.Second)}, nil},
+		{"evicted after a refusal: its reason cleared", PodState{Attempts: 1, Reason: "denied"}, callResult{}, "evicted",
+			PodState{Attempts: 1, Evicted: true}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := machineConfig(t, nil)
@@ -473,9 +558,20 @@ func TestAdmit(t *testing.T) {
 				t.Fatalf("%+v", st)
 			}
 		}},
-		{"force during a drain forces it", inProgress(whole), "e2", opts{trig: whole.trig, force: true}, true, admitWiden, func(t *testing.T, st *State) {
+		{"force during a drain forces it, a pod backing off tried at once", func() *State {
+			st := inProgress(whole)
+			st.Pods["web/a@1"] = &PodState{Mode: ModeImmediate, BlockedBy: "pdb-a", NextTry: t0.Add(time.Minute)}
+			st.Pods["web/b@2"] = &PodState{Mode: ModeImmediate, Done: "gave_up", NextTry: t0.Add(time.Minute)}
+			return st
+		}(), "e2", opts{trig: whole.trig, force: true}, true, admitWiden, func(t *testing.T, st *State) {
 			if !st.Force {
 				t.Fatal("not forced")
+			}
+			if nt := st.Pods["web/a@1"].NextTry; !nt.IsZero() {
+				t.Fatalf("pod backing off: NextTry %v, want none", nt)
+			}
+			if nt := st.Pods["web/b@2"].NextTry; !nt.Equal(t0.Add(time.Minute)) {
+				t.Fatalf("pod done changed: NextTry %v", nt)
 			}
 		}},
 		{"a repeat decided before the drain succeeded is covered", drained(Scope{}), "e2", repeat(whole, -time.Second), true, admitCovered, func(t *testing.T, st *State) {

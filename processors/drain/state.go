@@ -56,7 +56,8 @@ type State struct {
 	ID string `json:"id"`
 	// Phase is running, succeeded, gave_up or cancelled.
 	Phase string `json:"phase"`
-	// StartedAt is when the drain began; every mode's timeout counts from it.
+	// StartedAt is when the drain began; the timeouts of the pods on the
+	// node then count from it (PodState.Deadline).
 	StartedAt time.Time `json:"startedAt"`
 	// FinishedAt is when the phase left running.
 	FinishedAt time.Time `json:"finishedAt,omitzero"`
@@ -238,7 +239,8 @@ func (t Trigger) joinRemedy(o Trigger) Trigger {
 type PodState struct {
 	UID  string `json:"uid"`
 	Mode Mode   `json:"mode"`
-	// Deadline is when the mode's timeout runs out.
+	// Deadline is when the mode's timeout runs out, counted from the step
+	// that first saw the pod (the drain's start for the pods there then).
 	Deadline time.Time `json:"deadline"`
 	// EvictAt: faultline asked for the eviction (written before the call,
 	// so a restart knows the pod was asked and counts it once).
