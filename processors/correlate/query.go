@@ -309,8 +309,11 @@ FROM
 GROUP BY cluster, entity`
 
 // suppressions returns the clusters of the triggers where a rule named in
-// r's suppressed_by has a standing live verdict (from the last 24 h), and
-// which rule.
+// r's suppressed_by has a standing live verdict, and which rule: its
+// verdicts are read as far back as the sweep reads standing ones
+// (MaxStanding). They were read from the last 24 h alone: a day into a
+// fabric outage whose incident still stood, the per-node verdicts went out
+// live, REPLACE_VM on every node.
 func (h *Handler) suppressions(ctx context.Context, r *Rule, trigs []trigger) (map[string]string, error) {
 	set := map[string]bool{}
 	var clusters []string
@@ -328,7 +331,7 @@ func (h *Handler) suppressions(ctx context.Context, r *Rule, trigs []trigger) (m
 		}
 		standing := map[string]bool{} // cluster\0entity -> standing
 		rows, err := h.conn.Query(ctx, suppressSQL, ch.Named("clusters", clusters), ch.Named("node", ClusterNode),
-			ch.Named("check", by.CheckName), ch.Named("rule", by.Name), ch.Named("since", h.now().Add(-24*time.Hour).UTC()))
+			ch.Named("check", by.CheckName), ch.Named("rule", by.Name), ch.Named("since", h.now().Add(-MaxStanding).UTC()))
 		if err != nil {
 			return nil, fmt.Errorf("rule %s: read %s verdicts: %w", r.Name, name, err)
 		}

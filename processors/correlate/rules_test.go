@@ -239,6 +239,24 @@ func TestRules(t *testing.T) {
 				{evs: redown(c, "n1", 4*m), want: "RepeatedNICLinkFlap:fault:suppressed"},
 			}
 		}},
+		{"fabric: an incident standing past a day still suppresses", func(c string) []step {
+			// Before, the suppression read the incident's verdicts of the
+			// last 24 h alone: a day into an outage, the per-node verdicts
+			// went out live, REPLACE_VM on every node.
+			day := 24 * h
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false), nicState(c, "n2", 10*sec, false), nicState(c, "n3", 30*sec, false), nicState(c, "n4", 40*sec, false)),
+					want: "FabricIncident:fault"},
+				// a day on, the ports still DOWN and reported so: the
+				// incident stands (a sweep moves the clock a day on)
+				{evs: evs(nicState(c, "n1", day+3*m, false), nicState(c, "n2", day+3*m+10*sec, false), nicState(c, "n3", day+3*m+20*sec, false),
+					nicState(c, "n4", day+3*m+30*sec, false)), want: none},
+				{sweep: day + 4*m, want: none},
+				{evs: evs(nicState(c, "n8", day+5*m, false)), want: none},
+				{evs: redown(c, "n8", day+6*m), want: none},
+				{evs: redown(c, "n8", day+7*m), want: "RepeatedNICLinkFlap:fault:suppressed"},
+			}
+		}},
 		{"fabric: the incident and the per-node verdicts in one batch: suppressed already", func(c string) []step {
 			return []step{
 				{evs: evs(nicState(c, "n1", 0, false), nicState(c, "n1", 5*sec, true), nicState(c, "n1", 10*sec, false), nicState(c, "n1", 12*sec, true),
