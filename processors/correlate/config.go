@@ -27,7 +27,8 @@ type Config struct {
 	Shadow string `toml:"shadow"`
 	// SweepInterval is how often the time-driven part runs (verdicts that
 	// start to hold with nothing arriving, e.g. NICPortDrop, and recovery
-	// once a window no longer holds); 0 disables it. Default 30s.
+	// once a window no longer holds); 0 disables it, for rules none of
+	// which has onset or recovery "sweep". Default 30s.
 	SweepInterval time.Duration `toml:"sweep_interval"`
 	// BatchRecords is the batch size the role gathers before it queries
 	// (one query per rule per batch). Default 20000. BatchLinger ends a
@@ -94,6 +95,16 @@ func (c Config) Validate(prefix string) error {
 	}
 	if _, err := c.applyShadow(rules); err != nil {
 		return fmt.Errorf("%sshadow: %w", prefix, err)
+	}
+	if c.SweepInterval == 0 {
+		// Without the sweep such a rule's verdicts never start (onset) or
+		// never recover, and every later trigger of a standing one is
+		// skipped: its group frozen for good.
+		for _, r := range rules {
+			if r.SweepOnset || r.SweepRecovery {
+				return fmt.Errorf("%ssweep_interval: 0 (no sweep), but rule %s starts or recovers only in the sweep (onset or recovery = \"sweep\")", prefix, r.Name)
+			}
+		}
 	}
 	return nil
 }
