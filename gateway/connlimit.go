@@ -68,13 +68,19 @@ func (l *limitListener) done(addr string) {
 	}
 }
 
-// clientAddr is the IP of a TCP peer ("" for other kinds: a unix socket's
-// peers have no address of their own).
+// clientAddr is the IP of a TCP peer, or for IPv6 its /64 (a host is
+// given a /64 and picks its addresses in it: counted per /128, one client
+// had as many addresses as it liked); "" for other kinds of peer (a unix
+// socket's have no address of their own).
 func clientAddr(a net.Addr) string {
-	if t, ok := a.(*net.TCPAddr); ok {
+	t, ok := a.(*net.TCPAddr)
+	switch {
+	case !ok:
+		return ""
+	case t.IP.To4() != nil:
 		return t.IP.String()
 	}
-	return ""
+	return t.IP.Mask(net.CIDRMask(64, 128)).String() + "/64"
 }
 
 type limitedConn struct {

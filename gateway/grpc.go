@@ -231,6 +231,11 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 		if err := dec(sv); err != nil {
 			return err
 		}
+		if sv.DecodeErr != nil {
+			s.metrics.rejected("invalid", 1)
+			s.metrics.request(doorOf(ctx), method, codes.InvalidArgument.String())
+			return status.Error(codes.InvalidArgument, "the message does not decode: "+sv.DecodeErr.Error())
+		}
 		if sv.Err != nil {
 			s.metrics.rejected("too_many_elements", 1)
 			s.metrics.request(doorOf(ctx), method, codes.InvalidArgument.String())

@@ -122,9 +122,15 @@ func (s *Server) newHTTPServer(h http.Handler, tlsCfg *tls.Config) *http.Server 
 		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
 			return s.flight.connContext(ctx)
 		},
+		// HTTP/2 (with TLS) takes a request's body ahead of the handler up
+		// to its flow-control windows, outside the in-flight budgets:
+		// net/http's 1 MiB per connection let one credential's connections
+		// hold a GiB. 64 KiB, net/http's least, as the gRPC door's.
 		HTTP2: &http.HTTP2Config{
-			MaxConcurrentStreams: s.cfg.MaxStreamsPerConn,
-			MaxReadFrameSize:     1 << 16,
+			MaxConcurrentStreams:          s.cfg.MaxStreamsPerConn,
+			MaxReadFrameSize:              1 << 16,
+			MaxReceiveBufferPerConnection: 1 << 16,
+			MaxReceiveBufferPerStream:     1 << 16,
 		},
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}

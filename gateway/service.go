@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/faultline/faultline/internal/warnlimit"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -54,6 +55,8 @@ type service struct {
 	reads       *semaphore.Weighted
 	// readTimeout bounds one history read (0: none).
 	readTimeout time.Duration
+	// produceWarns names why the event log refused events (nil: not logged).
+	produceWarns *warnlimit.Limit
 }
 
 // SubmitEvents is faultline's submission: it answers with the ids.
@@ -157,10 +160,27 @@ func (s *service) ingest(ctx context.Context, method string, evs []*datamodels.H
 		return nil, status.Error(codes.ResourceExhausted, "gateway is overloaded; retry later")
 	case err != nil:
 		s.metrics.rejected("kafka_unavailable", len(evs))
+		s.produceFailed(err)
 		return nil, status.Error(codes.Unavailable, "events not accepted: the event log is unavailable; retry later")
 	}
 	s.metrics.acceptedEvents(caller.Cluster, method, len(evs))
 	return ids, nil
+}
+
+// produceFailed logs why the event log did not take a call's events
+// (each reason at most once per 10 s; warnlimit): the client is answered
+// Unavailable, to retry, whatever the reason, and a reason that lasts (the
+// topic's authorization, a missing topic, SASL) is the operator's to fix.
+func (s *service) produceFailed(err error) {
+	if s.produceWarns == nil {
+		return
+	}
+	switch named, full := s.produceWarns.Allow(err.Error(), time.Now()); {
+	case named:
+		s.log.Warn("events not accepted: the event log refused them; the caller is told to retry", "err", err)
+	case full:
+		s.log.Warn(fmt.Sprintf("events not accepted: more than %d reasons within %s, the rest not logged until then (faultline_gateway_events_rejected_total{reason=\"kafka_unavailable\"} counts them)", warnKeys, warnWindow))
+	}
 }
 
 // stamp sets the fields the gateway owns; client values are overwritten.

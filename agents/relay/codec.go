@@ -31,11 +31,18 @@ func (c codec) Unmarshal(data []byte, v any) error {
 
 // shapeChecked returns a copy of a generated service description whose
 // handlers decode each request through the codec's shape check and refuse
-// one over the limits InvalidArgument, naming the field.
+// one over the limits InvalidArgument, naming the field, and one that does
+// not decode InvalidArgument too (grpc-go answered it Internal).
 func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 	return protoshape.ServiceDesc(sd, func(_ context.Context, _ string, sv *protoshape.Shaped, dec func(any) error) error {
-		if err := dec(sv); err != nil || sv.Err == nil {
+		if err := dec(sv); err != nil {
 			return err
+		}
+		if sv.DecodeErr != nil {
+			return s.refuse(resultInvalid, 0, codes.InvalidArgument, "the message does not decode: "+sv.DecodeErr.Error())
+		}
+		if sv.Err == nil {
+			return nil
 		}
 		// A call over the batch limit counts its events as invalid; one
 		// refused for a list inside an event counts none (its events were

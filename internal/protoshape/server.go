@@ -13,21 +13,28 @@ import (
 // violation, and Msg is then left undecoded — the handler answers it
 // InvalidArgument, naming the field, where gRPC answers a codec's failure
 // Internal (and a client retries it for ever).
+// DecodeErr is why a message of the right shape did not decode (a
+// message cut short, a field of the wrong wire type), for the handler to
+// answer InvalidArgument too: grpc-go sends a codec's failure as Internal
+// itself, before the handler answers.
 type Shaped struct {
-	Msg proto.Message
-	Err error
+	Msg       proto.Message
+	Err       error
+	DecodeErr error
 }
 
 // Decode is a server codec's Unmarshal: into a *Shaped it checks data
-// against l first and records a violation in Err without decoding;
-// otherwise decode decodes data into the message.
+// against l first and records a violation in Err without decoding, then
+// decodes, recording a failure in DecodeErr; otherwise decode decodes data
+// into the message.
 func (l Limits) Decode(data []byte, v any, decode func([]byte, proto.Message) error) error {
 	if sv, ok := v.(*Shaped); ok {
 		if err := l.Check(data, sv.Msg.ProtoReflect().Descriptor(), ""); err != nil {
 			sv.Err = err
 			return nil
 		}
-		v = sv.Msg
+		sv.DecodeErr = decode(data, sv.Msg)
+		return nil
 	}
 	m, ok := v.(proto.Message)
 	if !ok {
