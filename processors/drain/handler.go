@@ -83,6 +83,23 @@ func (h *Handler) Close() {
 	h.nodes.Close()
 }
 
+// HeaderDrain names, on a requeue record, the drain its fault was
+// admitted to (State.ID). The step that started, joined or resumed that
+// drain sets it once the node's state holds the fault, and the record's
+// next looks follow that drain (admit) instead of judging the fault anew
+// by the trigger ids the state remembers (State.Seen, bounded).
+const HeaderDrain = "faultline-drain-id"
+
+// drainOf returns the drain rec names (HeaderDrain; "" when none).
+func drainOf(rec *kgo.Record) string {
+	for _, h := range rec.Headers {
+		if h.Key == HeaderDrain {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
 // trigger is one record that asks for a drain to start or go on.
 type trigger struct {
 	rec     *kgo.Record
@@ -90,6 +107,12 @@ type trigger struct {
 	cluster string
 	node    string
 	eventID string
+	// drain is the drain the record was admitted to (HeaderDrain; ""
+	// when none).
+	drain string
+	// admitted, when not nil, gets the drain the record's requeue names
+	// (follow).
+	admitted *string
 	// nodeCreated is the creationTimestamp of the Node object the step
 	// read (zero before it has): its actions carry it, so the remediate
 	// role tells this machine's remediations from those of an earlier
@@ -128,7 +151,7 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, lane *requeue.
 			if len(a.Action.GetEventIds()) > 0 {
 				id = a.Action.GetEventIds()[0]
 			}
-			t := trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, eventID: id}
+			t := trigger{rec: a.Rec, src: a.Action, cluster: a.Cluster, node: a.Node, eventID: id, drain: drainOf(a.Rec)}
 			if age, ok := h.staleAge(t, h.now()); ok {
 				stale.Add(t.cluster, age)
 				return []*faultlinev1.Action{h.staleSkip(t, age)}, requeue.Again{}
@@ -140,17 +163,34 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, lane *requeue.
 // process runs one step of the trigger's drain on its cluster
 // (clusters.Registry.Try). It returns the actions and, when the drain must
 // be looked at again, when: at the step's asking, or when a cluster in
-// trouble may be tried again.
+// trouble may be tried again; the requeue record then names the drain the
+// trigger's fault is in (HeaderDrain), as far as the node's state is known
+// to hold it.
 func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, requeue.Again) {
+	// The drain the requeue names: the record's own, until a step puts
+	// its fault in one (or judges it anew: none).
+	follow := t.drain
+	t.admitted = &follow
 	acts, again, err := requeue.Step(ctx, h.reg, t.cluster, t.node, "drain", h.now().Add(h.cfg.PollInterval), h.log, h.m.apiErrors, h.m.conflicts,
 		func(ctx context.Context, cl *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
 			return h.step(ctx, cl, t)
 		})
 	if err == nil {
+		if !again.At.IsZero() && follow != "" {
+			again.Headers = append(again.Headers, kgo.RecordHeader{Key: HeaderDrain, Value: []byte(follow)})
+		}
 		return acts, again
 	}
 	h.log.Warn("drain failed", "cluster", t.cluster, "node", t.node, "err", err)
 	return append(acts, h.action(t, nil, events.OutcomeFailed, err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))), requeue.Again{}
+}
+
+// follow notes the drain the record's requeue names ("": none, the
+// record judged anew at its next look).
+func (t trigger) follow(id string) {
+	if t.admitted != nil {
+		*t.admitted = id
+	}
 }
 
 // opts are the drain inputs read from the trigger action.
@@ -165,6 +205,9 @@ type opts struct {
 	// already: the node was quarantined then (DetailAlreadyQuarantined).
 	decidedAt time.Time
 	already   bool
+	// drain is the drain the record was admitted to (HeaderDrain; ""
+	// when none): the record follows it (admit).
+	drain string
 }
 
 // overrides reads the trigger's drainOverrides: "force" or "skip", honoured
@@ -207,6 +250,7 @@ func (h *Handler) options(t trigger) opts {
 		o.decidedAt = ts.AsTime()
 	}
 	o.already = a.GetDetails()[events.DetailAlreadyQuarantined] == "true"
+	o.drain = t.drain
 	if o.trig.RecommendedAction == datamodels.RecommendedAction_COMPONENT_RESET.String() {
 		o.scope.GPUs = entityValues(o.trig.Entities, events.EntityGPU)
 		if len(o.scope.GPUs) > maxScopeGPUs {
@@ -334,7 +378,16 @@ func (h *Handler) stepNode(ctx context.Context, cl *clusters.Client, t trigger, 
 	// action, joins them once a write put it on the node (wrote).
 	var acts []*faultlinev1.Action
 	starting, joining := adm == admitStart, adm == admitWiden
+	if starting || joining {
+		// Followed once a write put the fault on the node (wrote): a
+		// write whose answer was lost leaves the record judged anew,
+		// which finds its id in Seen.
+		t.follow("")
+	}
 	wrote := func() {
+		// The node's state holds the record's fault in st: its next
+		// looks follow st.
+		t.follow(st.ID)
 		if starting {
 			starting = false
 			acts = append(acts, h.started(t, st))
@@ -353,7 +406,14 @@ func (h *Handler) stepNode(ctx context.Context, cl *clusters.Client, t trigger, 
 		// still reaches remediate.
 		return append(h.unaudited(t, st), h.result(t, st)), time.Time{}, nil
 	case admitResume:
+		t.follow(st.ID)
 		acts = h.unaudited(t, st)
+	case admitEnded:
+		// The record's drain ended and a newer one holds the node: the
+		// record's fault was served by its own drain's result.
+		h.log.Debug("drain replaced by a newer one; its follow-up ends", "cluster", t.cluster, "node", t.node,
+			"drain", t.drain, "newer", st.ID)
+		return nil, time.Time{}, nil
 	case admitSkip:
 		return []*faultlinev1.Action{h.action(t, nil, events.OutcomeSkipped, "drainOverrides.skip: pods left running, no remediation",
 			pipeline.ActionID(t.cluster, t.node, t.eventID, "skip"))}, time.Time{}, nil

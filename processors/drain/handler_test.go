@@ -3,6 +3,7 @@ package drain
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"syscall"
@@ -356,5 +357,105 @@ func TestResultSaysNewestFaultTime(t *testing.T) {
 				t.Fatalf("the drain's result says %s %q, want %q", events.DetailGeneratedAt, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestJoinedFaultsFollowTheirDrain: every fault that joins a drain has a
+// requeue chain of its own, which steps the node until the drain ends.
+// With more faults than the state remembers (maxSeen: a fabric outage,
+// many NIC ports and GPUs of one node failing), a chain whose id dropped
+// out was taken for a new fault: while the drain ran it joined again
+// (another "joined" action, pushing another chain's id out), and once the
+// drain succeeded it started a new drain of the node — for the first
+// fault under the old drain's id, for another a second remediation. A
+// chain follows the drain it was admitted to (HeaderDrain, kept across a
+// requeue for the cluster's trouble): it resumes it, says its result as
+// a replay does, and ends.
+func TestJoinedFaultsFollowTheirDrain(t *testing.T) {
+	const (
+		node   = "n1"
+		faults = 40
+	)
+	k := quarantinedWithPod(node)
+	down := false
+	k.PrependReactor("list", "pods", func(ktesting.Action) (bool, runtime.Object, error) {
+		if down {
+			return true, nil, apierrors.NewServiceUnavailable("apiserver restarting")
+		}
+		return false, nil, nil
+	})
+	clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+	h := newHandler(t, testConfig(), k, clk, false)
+	acts, rq := handle(t, h, quarantineAction(node, "e0", "RESTART_VM", nil))
+	if find(acts, events.OutcomeInProgress) == nil || len(rq) != 1 {
+		t.Fatalf("first fault: %s, %d requeues", outcomes(acts), len(rq))
+	}
+	said := map[string]bool{acts[0].Id: true}
+	for i := 1; i < faults; i++ {
+		// A GPU's reset after the reboot: the drain's remediation stays
+		// the reboot; a new drain for it would be a second remediation.
+		id := fmt.Sprintf("e%d", i)
+		acts, next := handle(t, h, quarantineAction(node, id, "COMPONENT_RESET",
+			map[string]string{events.DetailEntities: fmt.Sprintf("GPU=GPU-%d", i)}))
+		if len(acts) != 1 || !strings.HasPrefix(acts[0].Reason, ReasonJoined) || len(next) != 1 {
+			t.Fatalf("fault %s: %s, %d requeues", id, outcomes(acts), len(next))
+		}
+		said[acts[0].Id] = true
+		rq = append(rq, next...)
+	}
+	st := drainState(t, k, node)
+	drainID, joined := st.ID, st.encode()
+	// Every chain steps the running drain: once, once meeting the cluster
+	// in trouble, once after it (which says again what the state holds,
+	// the same ids). None joins it again.
+	for round, trouble := range []bool{false, true, false} {
+		down = trouble
+		clk.Add(time.Second)
+		time.Sleep(200 * time.Millisecond) // the cluster's backoff: at most 100ms (newHandler)
+		acts, next := handle(t, h, rq...)
+		var again int
+		for _, a := range acts {
+			if a.Outcome != events.OutcomeInProgress || !said[a.Id] {
+				t.Fatalf("round %d while the drain runs: %s", round, outcomes([]*faultlinev1.Action{a}))
+			}
+			again++
+		}
+		if !trouble && round > 0 && again == 0 {
+			t.Errorf("round %d after the cluster's trouble said nothing again", round)
+		}
+		if len(next) != faults {
+			t.Fatalf("round %d: %d chains go on, want %d", round, len(next), faults)
+		}
+		for _, r := range next {
+			if drainOf(r) != drainID || requeue.AfterTrouble(r) != trouble {
+				t.Fatalf("round %d: a chain's record names drain %q (after trouble %v), want %q (%v)",
+					round, drainOf(r), requeue.AfterTrouble(r), drainID, trouble)
+			}
+		}
+		if now := drainState(t, k, node).encode(); now != joined {
+			t.Fatalf("round %d changed the drain's state:\n%s\nwas\n%s", round, now, joined)
+		}
+		rq = next
+	}
+	// The pod goes; the drain succeeds at the first chain's step, and
+	// every chain says its result (one id) and ends: no drain again.
+	if err := k.CoreV1().Pods("work").Delete(context.Background(), "p", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; len(rq) > 0; round++ {
+		if round == 3 {
+			t.Fatalf("%d chains still going after the drain ended", len(rq))
+		}
+		clk.Add(time.Second)
+		acts, next := handle(t, h, rq...)
+		for _, a := range acts {
+			if a.Outcome != events.OutcomeSucceeded || a.Details[events.DetailDrainID] != drainID {
+				t.Fatalf("round %d after the drain: %s (drain %s)", round, outcomes([]*faultlinev1.Action{a}), a.Details[events.DetailDrainID])
+			}
+		}
+		rq = next
+	}
+	if st := drainState(t, k, node); st.ID != drainID || st.Phase != PhaseSucceeded {
+		t.Fatalf("the node's drain: %s %s, want %s %s", st.ID, st.Phase, drainID, PhaseSucceeded)
 	}
 }

@@ -38,17 +38,37 @@ const (
 	admitCovered
 	// admitStart: a new drain began.
 	admitStart
+	// admitEnded: the record follows a drain (HeaderDrain) that a newer
+	// one replaced on the node; its work is over, nothing is done.
+	admitEnded
 )
 
 // admit decides what a trigger (its event id and options) does to the
 // node's drain st (nil when the node has none, or it was unreadable): it
 // returns the state to go on with and what happened. quarantined is the
 // node's quarantine label; id is the new drain's id; by is this processor.
+//
+// A record that names the drain it was admitted to (o.drain: a requeue
+// record of a fault that started, joined or resumed a drain) follows that
+// drain, whatever Seen still holds: it resumes it while it runs, says its
+// result again once it finished, and ends when a newer drain replaced it
+// (which serves the faults since; the record's fault was served by its
+// own). Seen keeps maxSeen ids: with more faults joining one drain, each
+// with its requeue chain, a chain whose id dropped out was taken for a
+// new fault — it joined the drain again, pushing another chain's id out,
+// and once the drain finished it started a new one. Only a record
+// without a drain (a first look; a requeue from before a step admitted
+// it, or from an older faultline), or one whose node has no drain state
+// left (removed, or unreadable: started afresh, as any trigger would),
+// is judged by Seen.
 func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, id, by string) (*State, admission) {
+	follows := o.drain != "" && st != nil
 	switch {
-	case st.seen(eventID) && !st.running():
+	case follows && st.ID != o.drain:
+		return st, admitEnded
+	case (follows || st.seen(eventID)) && !st.running():
 		return st, admitReplay
-	case st.seen(eventID):
+	case follows || st.seen(eventID):
 		return st, admitResume
 	case o.skip:
 		return st, admitSkip

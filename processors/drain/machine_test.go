@@ -614,6 +614,73 @@ func TestAdmit(t *testing.T) {
 	}
 }
 
+// TestAdmitFollowsItsDrain: a record that names the drain it was admitted
+// to (HeaderDrain) follows that drain whatever Seen still holds: it
+// resumes it while it runs, says its result once it finished, and ends
+// when a newer drain holds the node. Before, with more than maxSeen faults
+// joined, the first fault's follow-up joined the drain again and, once it
+// succeeded, started a new drain under its id.
+func TestAdmitFollowsItsDrain(t *testing.T) {
+	whole := opts{trig: Trigger{CheckName: "XID_ERROR_79", RecommendedAction: "RESTART_VM"}}
+	following := func(d string) opts { o := whole; o.drain = d; return o }
+	// joined is drain d1, started by e0, that e1…e32 joined: e0 dropped
+	// out of Seen.
+	joined := func(phase string) *State {
+		st, adm := admit(nil, "e0", whole, true, t0, "d1", "me")
+		if adm != admitStart {
+			t.Fatalf("e0: admission %d", adm)
+		}
+		for i := 1; i <= maxSeen; i++ {
+			if st, adm = admit(st, fmt.Sprintf("e%d", i), whole, true, t0, "d-e", "me"); adm != admitWiden {
+				t.Fatalf("e%d: admission %d", i, adm)
+			}
+		}
+		if st.seen("e0") {
+			t.Fatal("e0 still in Seen")
+		}
+		st.Phase = phase
+		return st
+	}
+	newer := func(phase string) *State {
+		st := joined(PhaseSucceeded)
+		st.ID, st.Phase = "d2", phase
+		st.Seen = append(st.Seen[1:], "e0") // e0 seen again: followed all the same
+		return st
+	}
+	for _, tc := range []struct {
+		name        string
+		st          *State
+		o           opts
+		quarantined bool
+		want        admission
+	}{
+		{"without its drain, as before: joins again", joined(PhaseRunning), whole, true, admitWiden},
+		{"without its drain, as before: a new drain", joined(PhaseSucceeded), whole, true, admitStart},
+		{"its drain running: resumed", joined(PhaseRunning), following("d1"), true, admitResume},
+		{"its drain running, no longer quarantined: resumed (the step cancels it)", joined(PhaseRunning), following("d1"), false, admitResume},
+		{"its drain succeeded: its result again", joined(PhaseSucceeded), following("d1"), true, admitReplay},
+		{"its drain gave up: its result again", joined(PhaseGaveUp), following("d1"), true, admitReplay},
+		{"its drain cancelled: its result again", joined(PhaseCancelled), following("d1"), false, admitReplay},
+		{"a newer drain running: ends", newer(PhaseRunning), following("d1"), true, admitEnded},
+		{"a newer drain finished: ends", newer(PhaseSucceeded), following("d1"), true, admitEnded},
+		{"no drain state left: judged anew", nil, following("d1"), true, admitStart},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var before string
+			if tc.st != nil {
+				before = tc.st.encode()
+			}
+			st, adm := admit(tc.st, "e0", tc.o, tc.quarantined, t0, "d-new", "me")
+			if adm != tc.want {
+				t.Fatalf("admission %d, want %d", adm, tc.want)
+			}
+			if tc.o.drain != "" && tc.st != nil && st.encode() != before {
+				t.Fatalf("state changed: %s, was %s", st.encode(), before)
+			}
+		})
+	}
+}
+
 // TestReadStateDropsNullPods: a null pod in the annotation (edited by
 // hand) is no pod — every walk of the pods dereferenced it, a panic at
 // each redelivery of the node's drain.

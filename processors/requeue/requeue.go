@@ -52,11 +52,17 @@ type Again struct {
 	// (clusters.FastContexts): the work goes to the slow lane unchanged,
 	// the node's later work in the batch with it (ByNode).
 	Slow bool
+	// Headers are the role's own headers of the requeue record (Record),
+	// besides requeue's: what the work's next look needs to know that the
+	// record's value does not say (the drain role: which drain the work
+	// was admitted to). Nil: none. A record handed on unchanged (Forward)
+	// keeps the headers it had.
+	Headers []kgo.RecordHeader
 }
 
 // Record returns a record for topic that carries rec's key and value (the
-// work's original trigger) and may be handled from again.At on, or once
-// again.Cluster may be tried.
+// work's original trigger) and again.Headers, and may be handled from
+// again.At on, or once again.Cluster may be tried.
 func Record(topic string, rec *kgo.Record, again Again) *kgo.Record {
 	r := &kgo.Record{
 		Topic: topic,
@@ -70,6 +76,7 @@ func Record(topic string, rec *kgo.Record, again Again) *kgo.Record {
 	if again.Cluster != "" {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderCluster, Value: []byte(again.Cluster)})
 	}
+	r.Headers = append(r.Headers, again.Headers...)
 	return r
 }
 

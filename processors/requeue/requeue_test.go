@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kgo"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
@@ -156,5 +157,24 @@ func TestLanePipeline(t *testing.T) {
 	}
 	if main.Role != "drain" || len(main.Topics) != 2 {
 		t.Fatalf("the role's own pipeline changed: %+v", main)
+	}
+}
+
+// TestRecordHeaders: a requeue record carries the role's own headers
+// (Again.Headers), beside its not-before time, one more attempt and the
+// cluster it waits for; a record handed on unchanged keeps them.
+func TestRecordHeaders(t *testing.T) {
+	at := time.UnixMilli(1_700_000_000_000)
+	in := &kgo.Record{Key: []byte("c/n"), Value: []byte("v"), Headers: []kgo.RecordHeader{
+		{Key: HeaderAttempt, Value: []byte("2")}, {Key: "role-note", Value: []byte("old")}}}
+	r := Record("rq", in, Again{At: at, Cluster: "c", Headers: []kgo.RecordHeader{{Key: "role-note", Value: []byte("new")}}})
+	if !NotBefore(r).Equal(at) || Attempt(r) != 3 || !AfterTrouble(r) || header(r, "role-note") != "new" || len(r.Headers) != 4 {
+		t.Fatalf("requeue record headers %v", r.Headers)
+	}
+	if f := Forward("lane", r); len(f.Headers) != 4 || header(f, "role-note") != "new" {
+		t.Fatalf("handed on: headers %v", f.Headers)
+	}
+	if r := Record("rq", in, Again{At: at}); header(r, "role-note") != "" || len(r.Headers) != 2 {
+		t.Fatalf("without the role's headers: %v", r.Headers)
 	}
 }
