@@ -328,8 +328,13 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 		delete(j.running, name)
 		j.mu.Unlock()
 	}()
-	// Operations in progress (a janitor restarted mid-operation) hold
-	// their slots before any new one starts.
+	// The cluster's slots are given back when its watch stops (run after
+	// its workers have stopped): a resource deleted until the next watch
+	// would hold its slot for ever, as no reconcile of this watch frees it.
+	defer j.lim.releaseCluster(name)
+	// Operations in progress (a janitor restarted mid-operation, or one
+	// that works the cluster again) hold their slots before any new one
+	// starts.
 	for kn, idx := range cr.res {
 		for _, o := range idx.List() {
 			u := o.(*unstructured.Unstructured)

@@ -52,10 +52,29 @@ func (l *limiter) acquire(res, cluster, rack, provider string, force bool) strin
 func (l *limiter) release(res string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s, ok := l.holders[res]
-	if !ok {
-		return
+	if s, ok := l.holders[res]; ok {
+		l.drop(res, s)
 	}
+}
+
+// releaseCluster gives back every slot held in the cluster: its watch
+// stopped (the Lease lost, an error Run retries), and only that watch's
+// reconciles and delete events gave slots back, so a resource finished
+// and deleted while another janitor worked the cluster held its slot for
+// ever. The cluster's next watch takes the slots of the operations then
+// in progress again (runCluster).
+func (l *limiter) releaseCluster(cluster string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for res, s := range l.holders {
+		if s.keys[0] == "c/"+cluster {
+			l.drop(res, s)
+		}
+	}
+}
+
+// drop gives back slot s of res; l.mu is held.
+func (l *limiter) drop(res string, s slot) {
 	for _, k := range s.keys {
 		if l.counts[k]--; l.counts[k] <= 0 {
 			delete(l.counts, k)
