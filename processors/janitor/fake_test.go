@@ -2,6 +2,7 @@ package janitor
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -132,3 +133,36 @@ func (f *fakeCluster) waitFor(k kind, name string, within time.Duration, what st
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// tally is a provider that accepts every call at once and counts them by
+// "<call> <node>": reboot/graceful, reboot/force, terminate, reset,
+// power-on (it tells every machine off).
+type tally struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (p *tally) add(call string, t Target) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n == nil {
+		p.n = map[string]int{}
+	}
+	p.n[call+" "+t.Node.Name]++
+	return nil
+}
+
+func (p *tally) calls() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.n)
+}
+
+func (p *tally) Reboot(_ context.Context, t Target, mode RebootMode) error {
+	return p.add("reboot/"+mode.String(), t)
+}
+func (p *tally) Terminate(_ context.Context, t Target) error { return p.add("terminate", t) }
+func (p *tally) ResetGPUs(_ context.Context, t Target, _ []string) error {
+	return p.add("reset", t)
+}
+func (p *tally) PowerOnIfOff(_ context.Context, t Target) error { return p.add("power-on", t) }

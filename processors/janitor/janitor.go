@@ -519,10 +519,13 @@ func (j *Janitor) reconcile(ctx context.Context, cr *clusterRun, k qkey) (time.D
 		wait time.Duration
 		err  error
 	)
-	if st := stateOf(op.u); st != nil {
-		op.st = st
+	op.st = stateOf(op.u)
+	switch {
+	case cr.cl.DryRun:
+		op.dryRun(ctx)
+	case op.st != nil:
 		wait, err = op.follow(ctx)
-	} else {
+	default:
 		wait, err = op.start(ctx)
 	}
 	if again > 0 && (wait == 0 || again < wait) {

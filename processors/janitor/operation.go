@@ -61,17 +61,29 @@ func (op *operation) awaitsBootID() bool {
 	return op.kd == kindReboot && op.node.Status.NodeInfo.BootID == ""
 }
 
+// dryRun is the whole reconcile of a resource in a dry-run cluster: its
+// one dry_run action, and nothing sent, deleted or written — for an
+// operation already in progress too (its signal recorded before the
+// cluster was made dry-run: no forced reboot, power-on, GPU reset asked
+// again, Node deleted or status written; it is followed again once the
+// cluster is not dry-run, its timeouts counted from its record).
+func (op *operation) dryRun(ctx context.Context) {
+	if op.j.remember(op.u.GetUID(), func(m *memory) { m.dryRun = true }).dryRun {
+		return
+	}
+	what := fmt.Sprintf("would carry out %s on node %s (cluster is dry-run)", op.ref(), op.nodeName)
+	if op.st != nil {
+		what = fmt.Sprintf("would follow %s on node %s, its signal recorded at %s by %s (cluster is dry-run: nothing is sent, deleted or written)",
+			op.ref(), op.nodeName, op.st.At.Format(time.RFC3339), op.st.By)
+	}
+	a := op.action(events.OutcomeDryRun, what, "dry_run", nil)
+	a.DryRun = true
+	op.emit(ctx, a)
+}
+
 // start checks the safety rules and sends the signal.
 func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	j := op.j
-	if op.cr.cl.DryRun {
-		if !j.remember(op.u.GetUID(), func(m *memory) { m.dryRun = true }).dryRun {
-			a := op.action(events.OutcomeDryRun, fmt.Sprintf("would carry out %s on node %s (cluster is dry-run)", op.ref(), op.nodeName), "dry_run", nil)
-			a.DryRun = true
-			op.emit(ctx, a)
-		}
-		return 0, nil
-	}
 	var err error
 	if op.node, err = op.cr.findNode(ctx, op.nodeName); err != nil {
 		return 0, err
