@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -111,6 +112,75 @@ type memory struct {
 	// (ErrMaybeSent); written SignalSent=True/MaybeSent again should the
 	// first write have failed.
 	maybeSentMsg string
+	// unsent: the records (of a signal, of a forced reboot) this process
+	// wrote whose write answered an error — a timeout, a cut connection,
+	// after which the apiserver may have stored it — and whose signal it
+	// did not send (takeUnsent).
+	unsent []unsentRecord
+}
+
+// unsentRecord is a record whose write's answer was lost, with what its
+// signal needs when it is found stored.
+type unsentRecord struct {
+	cluster string
+	state   string // opState.encode
+	nodeKey string // the node's own key that picked its provider (Config.providerName)
+	why     string // a forced reboot's: what the graceful one did not do
+}
+
+// keepUnsent remembers r, whose write answered an error, as a record of
+// this process's that it did not send.
+func (j *Janitor) keepUnsent(uid types.UID, r unsentRecord) {
+	j.remember(uid, func(m *memory) { m.unsent = append(slices.Clone(m.unsent), r) })
+}
+
+// isUnsent is whether st is a record this process wrote and did not send.
+func (j *Janitor) isUnsent(uid types.UID, st *opState) bool {
+	_, ok := j.unsentOf(uid, st, false)
+	return ok
+}
+
+// takeUnsent is isUnsent, and forgets st: whoever takes it sends its
+// signal, once. A record this process did not write (another janitor's,
+// or its own before a restart) is never one: it may have been sent.
+func (j *Janitor) takeUnsent(uid types.UID, st *opState) (unsentRecord, bool) {
+	return j.unsentOf(uid, st, true)
+}
+
+func (j *Janitor) unsentOf(uid types.UID, st *opState, take bool) (unsentRecord, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	m := j.mem[uid]
+	if st == nil {
+		return unsentRecord{}, false
+	}
+	enc := st.encode()
+	for i, r := range m.unsent {
+		if r.state == enc {
+			if take {
+				m.unsent = slices.Delete(slices.Clone(m.unsent), i, i+1)
+				j.mem[uid] = m
+			}
+			return r, true
+		}
+	}
+	return unsentRecord{}, false
+}
+
+// dropUnsent forgets the cluster's unsent records when its watch stops
+// (the Lease lost): the next watch may come much later, its node lifted
+// since; such a record is then taken as maybe sent (Recorded), as after
+// a restart.
+func (j *Janitor) dropUnsent(cluster string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for uid, m := range j.mem {
+		if len(m.unsent) == 0 {
+			continue
+		}
+		m.unsent = slices.DeleteFunc(slices.Clone(m.unsent), func(r unsentRecord) bool { return r.cluster == cluster })
+		j.mem[uid] = m
+	}
 }
 
 // recall is what this process remembers of a resource.
@@ -332,6 +402,7 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 	// its workers have stopped): a resource deleted until the next watch
 	// would hold its slot for ever, as no reconcile of this watch frees it.
 	defer j.lim.releaseCluster(name)
+	defer j.dropUnsent(name)
 	// Operations in progress (a janitor restarted mid-operation, or one
 	// that works the cluster again) hold their slots before any new one
 	// starts.

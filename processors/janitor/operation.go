@@ -139,7 +139,8 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		return time.Second, nil
 	}
 	// Record the signal before sending it.
-	err = op.record(ctx, opState{Step: "signal", At: j.now().UTC(), BootID: op.node.Status.NodeInfo.BootID, Provider: pname, By: j.cfg.Identity})
+	st := opState{Step: "signal", At: j.now().UTC(), BootID: op.node.Status.NodeInfo.BootID, Provider: pname, By: j.cfg.Identity}
+	err = op.record(ctx, st)
 	if apierrors.IsConflict(err) {
 		j.lim.release(op.key)
 		op.unclaimNode()
@@ -148,8 +149,23 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		j.lim.release(op.key)
 		op.unclaimNode()
+		if op.kd != kindGPUReset {
+			// The apiserver may have stored it all the same (the answer
+			// timed out, the connection was cut): found, it is known here
+			// to be unsent, and follow sends it (a GPU reset is asked
+			// again there anyway).
+			j.keepUnsent(op.u.GetUID(), unsentRecord{cluster: op.cr.name, state: st.encode(), nodeKey: nodeKey})
+		}
 		return 0, fmt.Errorf("record %s state: %w", op.ref(), err)
 	}
+	return op.signal(ctx, prov, pname, nodeKey)
+}
+
+// signal sends the signal recorded as op.st through prov (pname), and
+// writes its outcome; nodeKey is the node's own key that picked pname.
+func (op *operation) signal(ctx context.Context, prov Provider, pname, nodeKey string) (time.Duration, error) {
+	j := op.j
+	var err error
 	j.m.started.WithLabelValues(op.cr.name, op.kd.ActionKind, pname).Inc()
 	named := op.nodeNamed(pname, nodeKey)
 	t := Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/signal"}
@@ -395,9 +411,16 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 			}
 			return j.cfg.PollInterval, nil
 		}
+		if st := stateOf(fresh); !condIs(fresh, CondSignalSent, "True") && j.isUnsent(op.u.GetUID(), st) {
+			// Recorded by this janitor, whose write answered an error
+			// though it was stored; it sent nothing. Sent now, once.
+			op.st = st
+			return op.sendUnsent(ctx)
+		}
 		if !condIs(fresh, CondSignalSent, "True") {
 			// Recorded by a janitor that stopped before it wrote
-			// SignalSent: it may have been sent. Never twice.
+			// SignalSent (or by this one before it restarted): it may
+			// have been sent. Never twice.
 			msg := fmt.Sprintf("the signal was recorded at %s by %s, which stopped before confirming it; not sent again",
 				op.st.At.Format(time.RFC3339), op.st.By)
 			op.emit(ctx, op.action(events.OutcomeInProgress, "resumed "+op.ref()+": "+msg, "resumed", nil))
@@ -441,6 +464,34 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 	return op.followReboot(ctx)
 }
 
+// sendUnsent sends the signal of op.st, a record of this process's that
+// it did not send (isUnsent): its node checked again as start checks it
+// (it may have been lifted since), then taken from memory and sent.
+func (op *operation) sendUnsent(ctx context.Context) (time.Duration, error) {
+	j := op.j
+	if op.node != nil && op.notDrained() != "" {
+		var err error
+		if op.node, err = op.cr.readNode(ctx, op.nodeName); err != nil {
+			return 0, err
+		}
+	}
+	r, ok := j.takeUnsent(op.u.GetUID(), op.st)
+	if !ok {
+		return j.cfg.PollInterval, nil
+	}
+	if op.node == nil {
+		return 0, op.fail(ctx, ReasonNodeNotFound, fmt.Sprintf("node %s not found; its signal, recorded, was not sent", op.nodeName), false)
+	}
+	if why := op.notDrained(); why != "" {
+		return 0, op.fail(ctx, ReasonNotDrained, why+"; the signal, recorded, was not sent", false)
+	}
+	prov := j.providers[op.st.Provider]
+	if prov == nil {
+		return 0, op.fail(ctx, ReasonNoProvider, fmt.Sprintf("provider %q of node %s is not configured", op.st.Provider, op.nodeName), false)
+	}
+	return op.signal(ctx, prov, op.st.Provider, r.nodeKey)
+}
+
 // record writes st as the resource's state annotation (optimistic
 // concurrency: a second janitor, or a stale cache, gets a conflict).
 func (op *operation) record(ctx context.Context, st opState) error {
@@ -468,7 +519,7 @@ func (op *operation) rebooted() bool {
 
 func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 	j := op.j
-	if !op.st.ForcedAt.IsZero() && !j.remember(op.u.GetUID(), func(m *memory) { m.forced = true }).forced {
+	if !op.st.ForcedAt.IsZero() && !j.isUnsent(op.u.GetUID(), op.st) && !j.remember(op.u.GetUID(), func(m *memory) { m.forced = true }).forced {
 		// A forced reboot recorded before this janitor started: its
 		// recorder may have stopped before it produced the action. Not
 		// sent again, but audited (the same id at each restart).
@@ -507,6 +558,18 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 		}
 		return 0, op.fail(ctx, ReasonTimeout, why, true)
 	}
+	// A forced reboot this janitor recorded, whose write answered an error
+	// though it was stored: it sent nothing. Sent now, once.
+	if !op.st.ForcedAt.IsZero() && op.node != nil {
+		if r, ok := j.takeUnsent(op.u.GetUID(), op.st); ok {
+			j.remember(op.u.GetUID(), func(m *memory) { m.forced = true })
+			if prov := j.providers[op.st.Provider]; prov != nil {
+				if next, done, err := op.sendForce(ctx, prov, r.why); done {
+					return next, err
+				}
+			}
+		}
+	}
 	// A graceful reboot that has not taken the node down: force it, once.
 	if j.cfg.ForceAfter > 0 && op.st.ForcedAt.IsZero() && elapsed > j.cfg.ForceAfter && op.node != nil && nodeReady(op.node) &&
 		op.node.Status.NodeInfo.BootID == op.st.BootID {
@@ -534,9 +597,18 @@ func (op *operation) forceReboot(ctx context.Context, prov Provider, why string)
 		return time.Second, true, nil
 	}
 	if err != nil {
+		// Stored all the same, perhaps: followReboot sends it then.
+		j.keepUnsent(op.u.GetUID(), unsentRecord{cluster: op.cr.name, state: st.encode(), why: why})
 		return 0, true, fmt.Errorf("record %s force: %w", op.ref(), err)
 	}
 	j.remember(op.u.GetUID(), func(m *memory) { m.forced = true })
+	return op.sendForce(ctx, prov, why)
+}
+
+// sendForce sends the forced reboot recorded as op.st through prov; why
+// says what the graceful one did not do. done: followReboot returns next
+// and err.
+func (op *operation) sendForce(ctx context.Context, prov Provider, why string) (next time.Duration, done bool, err error) {
 	t := Target{Cluster: op.cr.name, Node: op.node, Kube: op.cr.cl.Kube, RequestID: string(op.u.GetUID()) + "/force"}
 	switch err := prov.Reboot(ctx, t, Force); {
 	case errors.Is(err, ErrUnsupported):
