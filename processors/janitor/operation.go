@@ -705,6 +705,13 @@ func (op *operation) followTerminate(ctx context.Context) (time.Duration, error)
 	if !gone && j.cfg.DeleteNodeOnTerminate && (confirmed || !nodeReady(op.node)) {
 		err := op.cr.cl.Kube.CoreV1().Nodes().Delete(ctx, op.nodeName, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
+			// Retried with backoff, within terminate_timeout: a delete
+			// refused for good (RBAC, an admission webhook) ends the
+			// terminate failed, its refusal named, not retried for ever.
+			if j.now().Sub(op.st.At) > j.cfg.TerminateTimeout && ctx.Err() == nil {
+				return 0, op.fail(ctx, ReasonTimeout, fmt.Sprintf("node %s still exists %v after the terminate signal: its Node could not be deleted: %v",
+					op.nodeName, j.cfg.TerminateTimeout, err), true)
+			}
 			return 0, fmt.Errorf("delete node %s: %w", op.nodeName, err)
 		}
 		gone = true
