@@ -302,7 +302,18 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			cd, ok := cards[addr]
 			if ok && cd.active >= f.Expected {
 				delete(c.st.AnomalousCards, addr)
-				emit(cardEvent(cd, f.Expected, true))
+				// The recovery names what the fault named: the devices
+				// seen when the card was reported, not those it holds
+				// now (a device missing then is back, one was renamed or
+				// bonded). The quarantine lifts only the same entities.
+				back := *cd
+				if len(f.Devices) > 0 {
+					back.devices = f.Devices
+				}
+				if f.LinkLayer != "" {
+					back.linkLayer = f.LinkLayer
+				}
+				emit(cardEvent(&back, f.Expected, true))
 			}
 		}
 	}
