@@ -175,25 +175,13 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			delete(c.nics, n)
 		}
 	}
-	stateOn := func(ll string) bool {
-		if ll == "Ethernet" {
-			return c.enabled[EthernetStateCheck]
-		}
-		return c.enabled[InfiniBandStateCheck]
-	}
-	degrOn := func(ll string) bool {
-		if ll == "Ethernet" {
-			return c.enabled[EthernetDegradationCheck]
-		}
-		return c.enabled[InfiniBandDegradationCheck]
-	}
 	for _, n := range c.nics {
 		if !n.Monitored {
 			continue
 		}
 		for i := range n.Ports {
 			c.r.readState(&n.Ports[i])
-			if degrOn(n.Ports[i].LinkLayer) {
+			if c.degrOn(n.Ports[i].LinkLayer) {
 				c.r.readCounters(&n.Ports[i])
 			}
 		}
@@ -206,17 +194,22 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		out = append(out, ev)
 	}
 
-	// Device disappearance and reappearance (§7).
+	// Device disappearance and reappearance (§7). inherited are the ports
+	// of a device under its new name (renamed, bonded) that were last
+	// reported unhealthy under the old one.
+	inherited := map[string]bool{}
 	for _, name := range slices.Sorted(maps.Keys(c.st.KnownDevices)) {
 		ll := c.st.KnownDevices[name]
 		gone := slices.Contains(c.st.Disappeared, name)
 		nic, ok := c.nics[name]
-		to, how := "", ""
+		to, how, why := "", "", ""
 		if !ok {
 			if to = c.renamedTo(name); to != "" {
 				how = "as " + to
+				why = "device renamed to " + to + " (its ports are reported under that name now)"
 			} else if to = c.bondedInto(name); to != "" {
 				how = "in " + to + " (RoCE LAG: its PF bonded with " + to + "'s)"
+				why = "device bonded into " + to + " (RoCE LAG: its ports are reported as that device's now)"
 			}
 		}
 		if to != "" {
@@ -228,9 +221,12 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			c.log.Info("NIC renamed or bonded", "device", name, "now", to)
 			delete(c.st.KnownDevices, name)
 			delete(c.st.KnownPCI, name)
+			for _, port := range c.retirePorts(name, why, emit) {
+				inherited[portKey(to, port)] = true
+			}
 			if gone {
 				c.st.Disappeared = slices.DeleteFunc(c.st.Disappeared, func(s string) bool { return s == name })
-				if stateOn(ll) {
+				if c.stateOn(ll) {
 					ev := deviceEvent(name, ll, true)
 					ev.Message = fmt.Sprintf("NIC %s present again in /sys/class/infiniband/ %s", name, how)
 					emit(ev)
@@ -242,7 +238,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		case !ok && !gone:
 			c.st.Disappeared = append(c.st.Disappeared, name)
 			c.log.Error("NIC disappeared", "device", name)
-			if stateOn(ll) {
+			if c.stateOn(ll) {
 				emit(deviceEvent(name, ll, false))
 			}
 		case ok && !nic.Monitored:
@@ -253,10 +249,11 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			// the node stayed quarantined for a device it does not watch.
 			delete(c.st.KnownDevices, name)
 			delete(c.st.KnownPCI, name)
+			c.retirePorts(name, fmt.Sprintf("device no longer monitored (%s: %s)", nic.Role, nic.Reason), emit)
 			if gone {
 				c.st.Disappeared = slices.DeleteFunc(c.st.Disappeared, func(s string) bool { return s == name })
 				c.log.Info("NIC present again, no longer monitored", "device", name, "role", nic.Role, "reason", nic.Reason)
-				if stateOn(ll) {
+				if c.stateOn(ll) {
 					ev := deviceEvent(name, ll, true)
 					ev.Message = fmt.Sprintf("NIC %s present again in /sys/class/infiniband/, no longer monitored (%s: %s)", name, nic.Role, nic.Reason)
 					emit(ev)
@@ -265,7 +262,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		case ok && gone:
 			c.st.Disappeared = slices.DeleteFunc(c.st.Disappeared, func(s string) bool { return s == name })
 			c.log.Info("NIC present again", "device", name)
-			if stateOn(ll) {
+			if c.stateOn(ll) {
 				emit(deviceEvent(name, ll, true))
 			}
 		}
@@ -288,7 +285,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		for _, cd := range grp {
 			if cd.active < mode {
 				anomalous[cd.addr] = true
-				if c.fresh && stateOn(cd.linkLayer) {
+				if c.fresh && c.stateOn(cd.linkLayer) {
 					c.st.AnomalousCards[cd.addr] = &cardFlag{Role: cd.role, Expected: mode, Devices: cd.devices, LinkLayer: cd.linkLayer}
 					c.log.Error("card below peer mode", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode)
 					emit(cardEvent(cd, mode, false))
@@ -332,8 +329,8 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			}
 			key := portKey(p.Device, p.Port)
 			prev := c.st.Ports[key]
-			if stateOn(p.LinkLayer) {
-				if ev := c.transition(n, p, prev, anomalous[n.Card]); ev != nil {
+			if c.stateOn(p.LinkLayer) {
+				if ev := c.transition(n, p, prev, anomalous[n.Card] || inherited[key]); ev != nil {
 					emit(ev)
 				}
 			}
@@ -341,7 +338,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			if ps == nil {
 				ps = &portState{LinkLayer: p.LinkLayer}
 			}
-			if degrOn(p.LinkLayer) {
+			if c.degrOn(p.LinkLayer) {
 				for _, ev := range counterEvents(p, ps) {
 					emit(ev)
 				}
@@ -413,9 +410,63 @@ func (c *Check) bondedInto(name string) string {
 	return ""
 }
 
+// stateOn reports whether the state check of a link layer is enabled.
+func (c *Check) stateOn(linkLayer string) bool {
+	if linkLayer == "Ethernet" {
+		return c.enabled[EthernetStateCheck]
+	}
+	return c.enabled[InfiniBandStateCheck]
+}
+
+// degrOn reports whether the degradation check of a link layer is enabled.
+func (c *Check) degrOn(linkLayer string) bool {
+	if linkLayer == "Ethernet" {
+		return c.enabled[EthernetDegradationCheck]
+	}
+	return c.enabled[InfiniBandDegradationCheck]
+}
+
+// retirePorts forgets the port snapshots of a known device that will never
+// be reported under its name again (renamed, bonded into a RoCE LAG, no
+// longer monitored). A port last seen unhealthy gets a healthy event under
+// its old entities saying why: the quarantine lifts a fault only on the
+// same check and entities, and nothing would ever come under them again.
+// It returns the ports retired unhealthy: under a new name, such a port
+// still unhealthy is reported, not taken for an uncabled one. A device
+// that merely vanished keeps its snapshots: §7.3 makes that a fault of its
+// own, and its ports' faults stand until it is back.
+func (c *Check) retirePorts(dev, why string, emit func(*datamodels.HealthEvent)) []uint {
+	prefix := dev + "/"
+	var unhealthy []uint
+	for _, key := range slices.Sorted(maps.Keys(c.st.Ports)) {
+		rest, ok := strings.CutPrefix(key, prefix)
+		if !ok {
+			continue
+		}
+		port, err := strconv.ParseUint(rest, 10, 32)
+		if err != nil {
+			continue
+		}
+		ps := c.st.Ports[key]
+		delete(c.st.Ports, key)
+		if ps.Level == "" || ps.Level == levelHealthy {
+			continue
+		}
+		unhealthy = append(unhealthy, uint(port))
+		c.log.Info("port fault cleared under its old device name", "device", dev, "port", port, "reason", why)
+		if c.stateOn(ps.LinkLayer) {
+			emit(retiredEvent(dev, uint(port), ps.LinkLayer, why))
+		}
+	}
+	return unhealthy
+}
+
 // transition applies §3.4 to one port, updates its snapshot and returns the
-// event to emit, if any.
-func (c *Check) transition(n *NIC, p *Port, prev *portState, cardAnomalous bool) *datamodels.HealthEvent {
+// event to emit, if any. reportUnhealthy: a first observation unhealthy
+// is reported (its card is below its peer mode, or the port was reported
+// unhealthy under its device's former name), not taken for an uncabled
+// port.
+func (c *Check) transition(n *NIC, p *Port, prev *portState, reportUnhealthy bool) *datamodels.HealthEvent {
 	level, stName, phName := evaluate(p)
 	key := portKey(p.Device, p.Port)
 	if level == "" { // Ethernet INIT/ARMED: transient, not reported, snapshot kept
@@ -430,12 +481,12 @@ func (c *Check) transition(n *NIC, p *Port, prev *portState, cardAnomalous bool)
 	if prev == nil || prev.Level == "" {
 		// First observation: a first poll (fresh node, reboot, corrupt
 		// state) or a port that appeared since. Healthy → baseline;
-		// unhealthy → reported only on a card below its peer mode
-		// (otherwise an uncabled port, suppressed).
+		// unhealthy → reported only on a card below its peer mode or
+		// after a rename (otherwise an uncabled port, suppressed).
 		if level == levelHealthy {
 			return portEvent(n, p, level, stName, phName)
 		}
-		if cardAnomalous {
+		if reportUnhealthy {
 			return portEvent(n, p, level, stName, phName)
 		}
 		c.log.Info("unhealthy port on a card at peer mode: uncabled, not reported", "device", p.Device, "port", p.Port, "state", stName, "phys_state", phName)
@@ -565,6 +616,17 @@ func portEvent(n *NIC, p *Port, level, st, ph string) *datamodels.HealthEvent {
 		md["net_dev"], md["operstate"] = p.NetDev, p.OperState
 	}
 	return newEvent(checkName(p.LinkLayer, false), msg, level == levelFatal, level == levelHealthy, portEntities(p.Device, p.Port), md)
+}
+
+// retiredEvent clears a port fault under a device name no longer
+// reported (retirePorts).
+func retiredEvent(dev string, port uint, linkLayer, why string) *datamodels.HealthEvent {
+	prefix := "Port"
+	if linkLayer == "Ethernet" {
+		prefix = "RoCE port"
+	}
+	msg := fmt.Sprintf("%s %s port %d: cleared, %s", prefix, dev, port, why)
+	return newEvent(checkName(linkLayer, false), msg, false, true, portEntities(dev, port), map[string]string{"link_layer": linkLayer})
 }
 
 func deviceEvent(name, linkLayer string, back bool) *datamodels.HealthEvent {
