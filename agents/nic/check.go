@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -339,7 +338,8 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 				ps = &portState{LinkLayer: p.LinkLayer}
 			}
 			if c.degrOn(p.LinkLayer) {
-				for _, ev := range counterEvents(p, ps) {
+				up, _, _ := evaluate(p)
+				for _, ev := range counterEvents(p, ps, up == levelHealthy, len(ps.Counters) == 0) {
 					emit(ev)
 				}
 				// A counter unreadable this poll keeps its last reading, so
@@ -449,13 +449,22 @@ func (c *Check) retirePorts(dev, why string, emit func(*datamodels.HealthEvent))
 		}
 		ps := c.st.Ports[key]
 		delete(c.st.Ports, key)
+		if len(ps.Breached) > 0 {
+			// A degradation fatal stands under the old name too; a counter
+			// still above 0 is reported again under the new one (a first
+			// reading there).
+			c.log.Info("port degradation fault cleared under its old device name", "device", dev, "port", port, "reason", why)
+			if c.degrOn(ps.LinkLayer) {
+				emit(retiredEvent(dev, uint(port), ps.LinkLayer, why, true))
+			}
+		}
 		if ps.Level == "" || ps.Level == levelHealthy {
 			continue
 		}
 		unhealthy = append(unhealthy, uint(port))
 		c.log.Info("port fault cleared under its old device name", "device", dev, "port", port, "reason", why)
 		if c.stateOn(ps.LinkLayer) {
-			emit(retiredEvent(dev, uint(port), ps.LinkLayer, why))
+			emit(retiredEvent(dev, uint(port), ps.LinkLayer, why, false))
 		}
 	}
 	return unhealthy
@@ -618,15 +627,15 @@ func portEvent(n *NIC, p *Port, level, st, ph string) *datamodels.HealthEvent {
 	return newEvent(checkName(p.LinkLayer, false), msg, level == levelFatal, level == levelHealthy, portEntities(p.Device, p.Port), md)
 }
 
-// retiredEvent clears a port fault under a device name no longer
-// reported (retirePorts).
-func retiredEvent(dev string, port uint, linkLayer, why string) *datamodels.HealthEvent {
+// retiredEvent clears a port fault (of the state or the degradation
+// check) under a device name no longer reported (retirePorts).
+func retiredEvent(dev string, port uint, linkLayer, why string, degradation bool) *datamodels.HealthEvent {
 	prefix := "Port"
-	if linkLayer == "Ethernet" {
+	if linkLayer == "Ethernet" && !degradation {
 		prefix = "RoCE port"
 	}
 	msg := fmt.Sprintf("%s %s port %d: cleared, %s", prefix, dev, port, why)
-	return newEvent(checkName(linkLayer, false), msg, false, true, portEntities(dev, port), map[string]string{"link_layer": linkLayer})
+	return newEvent(checkName(linkLayer, degradation), msg, false, true, portEntities(dev, port), map[string]string{"link_layer": linkLayer})
 }
 
 func deviceEvent(name, linkLayer string, back bool) *datamodels.HealthEvent {
@@ -726,28 +735,46 @@ func cardEvent(cd *card, mode int, back bool) *datamodels.HealthEvent {
 	return newEvent(checkName(cd.linkLayer, false), fmt.Sprintf("Card %s (%s) has %d active ports, expected %d (peer mode)", cd.addr, cd.role, cd.active, mode), true, false, ents, md)
 }
 
-// counterEvents applies Appendix A: link_downed reports every increase
-// after a first reading; the other three report once when above 0 and
-// clear when back at 0 (counter reset).
-func counterEvents(p *Port, ps *portState) []*datamodels.HealthEvent {
+// counterEvents applies Appendix A to one port: a link_downed increase
+// (after a first reading) is fatal each time; the other three are fatal
+// once when above 0. ps.Breached holds what stands: a threshold counter
+// until it is back at 0 (a counter reset), a link_downed increase until a
+// later poll finds the link up (ACTIVE, LinkUp) with no further
+// increase — a link that went down is over once it is back; flapping is
+// what the quarantine's flap window and the correlator's
+// RepeatedNICLinkFlap count. Once nothing stands, one healthy event
+// clears the port: the quarantine keys a fault by check and entities, not
+// by counter, so a healthy event while another counter stands would lift
+// that one too. first (the port's first counter reading: a first poll
+// without usable state — fresh node, reboot, corrupt state file — or a
+// port seen since): a port with no counter above its threshold gets a
+// healthy baseline, which clears the degradation fatals of a previous boot
+// (its counters restarted at 0 with the host), as §3.4's baseline does
+// for the state check.
+func counterEvents(p *Port, ps *portState, up, first bool) []*datamodels.HealthEvent {
 	var out []*datamodels.HealthEvent
-	names := make([]string, 0, len(p.Counters))
-	for k := range p.Counters {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	stood := len(ps.Breached) > 0
+	var clears, codes []string
+	for _, name := range slices.Sorted(maps.Keys(p.Counters)) {
 		v := p.Counters[name]
 		md := map[string]string{"counter": name, "value": strconv.FormatUint(v, 10), "link_layer": p.LinkLayer}
 		if name == CounterLinkDowned {
 			prev, ok := ps.Counters[name]
-			if ok && v > prev {
+			switch {
+			case ok && v > prev:
+				if ps.Breached == nil {
+					ps.Breached = map[string]bool{}
+				}
+				ps.Breached[name] = true
 				md["delta"] = strconv.FormatUint(v-prev, 10)
 				ev := newEvent(checkName(p.LinkLayer, true),
 					fmt.Sprintf("Port %s port %d: link_downed increased by %d (now %d)", p.Device, p.Port, v-prev, v),
 					true, false, portEntities(p.Device, p.Port), md)
 				ev.ErrorCode = []string{name}
 				out = append(out, ev)
+			case ps.Breached[name] && up:
+				delete(ps.Breached, name)
+				clears = append(clears, fmt.Sprintf("link up again, link_downed steady at %d", v))
 			}
 			continue
 		}
@@ -765,12 +792,27 @@ func counterEvents(p *Port, ps *portState) []*datamodels.HealthEvent {
 			out = append(out, ev)
 		case v == 0 && breached:
 			delete(ps.Breached, name)
-			ev := newEvent(checkName(p.LinkLayer, true),
-				fmt.Sprintf("Port %s port %d: %s back at 0", p.Device, p.Port, name),
-				false, true, portEntities(p.Device, p.Port), md)
-			ev.ErrorCode = []string{name}
-			out = append(out, ev)
+			clears = append(clears, name+" back at 0")
+			codes = append(codes, name)
 		}
+	}
+	if len(ps.Breached) > 0 {
+		return out
+	}
+	md := map[string]string{"link_layer": p.LinkLayer}
+	switch {
+	case stood && len(clears) > 0:
+		// No link_downed error code: the correlator counts every
+		// degradation event carrying one as a link-down.
+		ev := newEvent(checkName(p.LinkLayer, true),
+			fmt.Sprintf("Port %s port %d: %s", p.Device, p.Port, strings.Join(clears, ", ")),
+			false, true, portEntities(p.Device, p.Port), md)
+		ev.ErrorCode = codes
+		out = append(out, ev)
+	case first && !stood && len(p.Counters) > 0:
+		out = append(out, newEvent(checkName(p.LinkLayer, true),
+			fmt.Sprintf("Port %s port %d: healthy (no fatal counter above 0)", p.Device, p.Port),
+			false, true, portEntities(p.Device, p.Port), md))
 	}
 	return out
 }

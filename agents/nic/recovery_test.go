@@ -2,6 +2,7 @@ package nic
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/faultline/faultline/agents/nic/nictest"
@@ -180,7 +181,7 @@ func TestRetiredPortFaultCleared(t *testing.T) {
 					switch {
 					case events.EntityKey(ev) == events.EntityKey(fault):
 						old = append(old, ev)
-					case events.Entity(ev, events.EntityNICPort) != "":
+					case events.Entity(ev, events.EntityNICPort) != "" && !isDegradation(events.Entity(ev, events.EntityNIC))(ev):
 						now = append(now, brief(ev))
 					}
 				}
@@ -205,4 +206,103 @@ func TestRetiredPortFaultCleared(t *testing.T) {
 			})
 		}
 	}
+}
+
+func isDegradation(dev string) func(*datamodels.HealthEvent) bool {
+	return func(ev *datamodels.HealthEvent) bool {
+		return isPortOf(dev)(ev) && (ev.GetCheckName() == InfiniBandDegradationCheck || ev.GetCheckName() == EthernetDegradationCheck)
+	}
+}
+
+// cleared asserts that ev clears fault: healthy, same check, same
+// entities, and no link_downed error code (the correlator's flap and drop
+// rules count any degradation event carrying one as a link-down).
+func cleared(t *testing.T, step string, fault, ev *datamodels.HealthEvent) {
+	t.Helper()
+	if !ev.GetIsHealthy() || ev.GetCheckName() != fault.GetCheckName() || events.EntityKey(ev) != events.EntityKey(fault) {
+		t.Errorf("%s: %s [%s] does not clear %s [%s]", step, brief(ev), events.EntityKey(ev), brief(fault), events.EntityKey(fault))
+	}
+	if slices.Contains(ev.GetErrorCode(), CounterLinkDowned) {
+		t.Errorf("%s: healthy event with error code link_downed: %s", step, brief(ev))
+	}
+}
+
+// TestDegradationFaultCleared: a degradation fatal (Appendix A) is cleared
+// by a healthy event of its check and entities once its condition is
+// over: a threshold counter back at 0; a link_downed increase once the
+// link is up again with no further increase; and, at the latest, by the
+// healthy baseline of the first poll after a reboot (the counters restart
+// at 0, the state is discarded). A port's degradation fault is one for
+// the quarantine whatever the counter, so it is cleared only once no
+// counter of the port stands.
+func TestDegradationFaultCleared(t *testing.T) {
+	t.Run("threshold counter, node rebooted", func(t *testing.T) {
+		for _, tc := range []struct{ dev, counter string }{
+			{"mlx5_1", CounterExcessiveBufferOverrun},
+			{"mlx5_4", CounterRnrNakRetryErr},
+		} {
+			e := setup(t, small())
+			c := e.check()
+			poll(t, c)
+			must(t, e.tree.SetCounter(tc.dev, 1, tc.counter, 2))
+			fault := only(t, "breach", pollEvents(t, c), isDegradation(tc.dev))
+			if !fault.GetIsFatal() {
+				t.Fatalf("breach: %s", brief(fault))
+			}
+			must(t, e.tree.SetCounter(tc.dev, 1, tc.counter, 0))
+			e.setBootID("boot-2")
+			c = e.check()
+			cleared(t, "after the reboot", fault, only(t, "after the reboot", pollEvents(t, c), isDegradation(tc.dev)))
+			wantEvents(t, "steady", poll(t, c), nil)
+			e.setBootID("boot-1")
+		}
+	})
+	t.Run("link_downed, link up again", func(t *testing.T) {
+		e := setup(t, small())
+		c := e.check()
+		poll(t, c)
+		must(t, e.tree.SetCounter("mlx5_0", 1, CounterLinkDowned, 1))
+		must(t, e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Polling))
+		fault := only(t, "link down", pollEvents(t, c), isDegradation("mlx5_0"))
+		if !fault.GetIsFatal() || !slices.Contains(fault.GetErrorCode(), CounterLinkDowned) {
+			t.Fatalf("link down: %s", brief(fault))
+		}
+		wantEvents(t, "still down", poll(t, c), nil)
+		must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+		cleared(t, "up again", fault, only(t, "up again", pollEvents(t, c), isDegradation("mlx5_0")))
+		wantEvents(t, "steady", poll(t, c), nil)
+		// A flap the state check never saw (up at both polls): cleared
+		// at the next poll without a further increase.
+		must(t, e.tree.SetCounter("mlx5_0", 1, CounterLinkDowned, 2))
+		fault = only(t, "sub-poll flap", pollEvents(t, c), isDegradation("mlx5_0"))
+		c = e.check() // across a restart: the breach is in the state file
+		cleared(t, "next poll", fault, only(t, "next poll", pollEvents(t, c), isDegradation("mlx5_0")))
+	})
+	t.Run("cleared only once no counter of the port stands", func(t *testing.T) {
+		e := setup(t, small())
+		c := e.check()
+		poll(t, c)
+		must(t, e.tree.SetCounter("mlx5_0", 1, CounterLinkDowned, 1))
+		must(t, e.tree.SetCounter("mlx5_0", 1, CounterLocalLinkIntegrity, 3))
+		evs := pollEvents(t, c)
+		if len(evs) != 2 || !evs[0].GetIsFatal() || !evs[1].GetIsFatal() || events.EntityKey(evs[0]) != events.EntityKey(evs[1]) {
+			t.Fatalf("two fatals of one port, want: %d events", len(evs))
+		}
+		wantEvents(t, "link up, local_link_integrity_errors still 3", poll(t, c), nil)
+		must(t, e.tree.SetCounter("mlx5_0", 1, CounterLocalLinkIntegrity, 0))
+		cleared(t, "counters reset", evs[0], only(t, "counters reset", pollEvents(t, c), isDegradation("mlx5_0")))
+	})
+	t.Run("device renamed", func(t *testing.T) {
+		e := setup(t, small())
+		c := e.check()
+		poll(t, c)
+		must(t, e.tree.SetCounter("mlx5_2", 1, CounterLocalLinkIntegrity, 3))
+		fault := only(t, "breach", pollEvents(t, c), isDegradation("mlx5_2"))
+		renameDevice(t, e.tree, "mlx5_2", "ibp48s0")
+		evs := pollEvents(t, c)
+		cleared(t, "renamed", fault, only(t, "renamed", evs, isDegradation("mlx5_2")))
+		if again := only(t, "renamed", evs, isDegradation("ibp48s0")); !again.GetIsFatal() {
+			t.Errorf("under the new name: %s, want the counter reported again", brief(again))
+		}
+	})
 }
