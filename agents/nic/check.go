@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -175,25 +174,13 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			delete(c.nics, n)
 		}
 	}
-	stateOn := func(ll string) bool {
-		if ll == "Ethernet" {
-			return c.enabled[EthernetStateCheck]
-		}
-		return c.enabled[InfiniBandStateCheck]
-	}
-	degrOn := func(ll string) bool {
-		if ll == "Ethernet" {
-			return c.enabled[EthernetDegradationCheck]
-		}
-		return c.enabled[InfiniBandDegradationCheck]
-	}
 	for _, n := range c.nics {
 		if !n.Monitored {
 			continue
 		}
 		for i := range n.Ports {
 			c.r.readState(&n.Ports[i])
-			if degrOn(n.Ports[i].LinkLayer) {
+			if c.degrOn(n.Ports[i].LinkLayer) {
 				c.r.readCounters(&n.Ports[i])
 			}
 		}
@@ -206,17 +193,22 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		out = append(out, ev)
 	}
 
-	// Device disappearance and reappearance (§7).
+	// Device disappearance and reappearance (§7). inherited are the ports
+	// of a device under its new name (renamed, bonded) that were last
+	// reported unhealthy under the old one.
+	inherited := map[string]bool{}
 	for _, name := range slices.Sorted(maps.Keys(c.st.KnownDevices)) {
 		ll := c.st.KnownDevices[name]
 		gone := slices.Contains(c.st.Disappeared, name)
 		nic, ok := c.nics[name]
-		to, how := "", ""
+		to, how, why := "", "", ""
 		if !ok {
 			if to = c.renamedTo(name); to != "" {
 				how = "as " + to
+				why = "device renamed to " + to + " (its ports are reported under that name now)"
 			} else if to = c.bondedInto(name); to != "" {
 				how = "in " + to + " (RoCE LAG: its PF bonded with " + to + "'s)"
+				why = "device bonded into " + to + " (RoCE LAG: its ports are reported as that device's now)"
 			}
 		}
 		if to != "" {
@@ -228,9 +220,12 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			c.log.Info("NIC renamed or bonded", "device", name, "now", to)
 			delete(c.st.KnownDevices, name)
 			delete(c.st.KnownPCI, name)
+			for _, port := range c.retirePorts(name, why, emit) {
+				inherited[portKey(to, port)] = true
+			}
 			if gone {
 				c.st.Disappeared = slices.DeleteFunc(c.st.Disappeared, func(s string) bool { return s == name })
-				if stateOn(ll) {
+				if c.stateOn(ll) {
 					ev := deviceEvent(name, ll, true)
 					ev.Message = fmt.Sprintf("NIC %s present again in /sys/class/infiniband/ %s", name, how)
 					emit(ev)
@@ -242,7 +237,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		case !ok && !gone:
 			c.st.Disappeared = append(c.st.Disappeared, name)
 			c.log.Error("NIC disappeared", "device", name)
-			if stateOn(ll) {
+			if c.stateOn(ll) {
 				emit(deviceEvent(name, ll, false))
 			}
 		case ok && !nic.Monitored:
@@ -253,10 +248,11 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			// the node stayed quarantined for a device it does not watch.
 			delete(c.st.KnownDevices, name)
 			delete(c.st.KnownPCI, name)
+			c.retirePorts(name, fmt.Sprintf("device no longer monitored (%s: %s)", nic.Role, nic.Reason), emit)
 			if gone {
 				c.st.Disappeared = slices.DeleteFunc(c.st.Disappeared, func(s string) bool { return s == name })
 				c.log.Info("NIC present again, no longer monitored", "device", name, "role", nic.Role, "reason", nic.Reason)
-				if stateOn(ll) {
+				if c.stateOn(ll) {
 					ev := deviceEvent(name, ll, true)
 					ev.Message = fmt.Sprintf("NIC %s present again in /sys/class/infiniband/, no longer monitored (%s: %s)", name, nic.Role, nic.Reason)
 					emit(ev)
@@ -265,7 +261,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		case ok && gone:
 			c.st.Disappeared = slices.DeleteFunc(c.st.Disappeared, func(s string) bool { return s == name })
 			c.log.Info("NIC present again", "device", name)
-			if stateOn(ll) {
+			if c.stateOn(ll) {
 				emit(deviceEvent(name, ll, true))
 			}
 		}
@@ -288,7 +284,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		for _, cd := range grp {
 			if cd.active < mode {
 				anomalous[cd.addr] = true
-				if c.fresh && stateOn(cd.linkLayer) {
+				if c.fresh && c.stateOn(cd.linkLayer) {
 					c.st.AnomalousCards[cd.addr] = &cardFlag{Role: cd.role, Expected: mode, Devices: cd.devices, LinkLayer: cd.linkLayer}
 					c.log.Error("card below peer mode", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode)
 					emit(cardEvent(cd, mode, false))
@@ -302,7 +298,18 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			cd, ok := cards[addr]
 			if ok && cd.active >= f.Expected {
 				delete(c.st.AnomalousCards, addr)
-				emit(cardEvent(cd, f.Expected, true))
+				// The recovery names what the fault named: the devices
+				// seen when the card was reported, not those it holds
+				// now (a device missing then is back, one was renamed or
+				// bonded). The quarantine lifts only the same entities.
+				back := *cd
+				if len(f.Devices) > 0 {
+					back.devices = f.Devices
+				}
+				if f.LinkLayer != "" {
+					back.linkLayer = f.LinkLayer
+				}
+				emit(cardEvent(&back, f.Expected, true))
 			}
 		}
 	}
@@ -321,8 +328,8 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			}
 			key := portKey(p.Device, p.Port)
 			prev := c.st.Ports[key]
-			if stateOn(p.LinkLayer) {
-				if ev := c.transition(n, p, prev, anomalous[n.Card]); ev != nil {
+			if c.stateOn(p.LinkLayer) {
+				if ev := c.transition(n, p, prev, anomalous[n.Card] || inherited[key]); ev != nil {
 					emit(ev)
 				}
 			}
@@ -330,8 +337,9 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			if ps == nil {
 				ps = &portState{LinkLayer: p.LinkLayer}
 			}
-			if degrOn(p.LinkLayer) {
-				for _, ev := range counterEvents(p, ps) {
+			if c.degrOn(p.LinkLayer) {
+				up, _, _ := evaluate(p)
+				for _, ev := range counterEvents(p, ps, up == levelHealthy, len(ps.Counters) == 0) {
 					emit(ev)
 				}
 				// A counter unreadable this poll keeps its last reading, so
@@ -402,9 +410,72 @@ func (c *Check) bondedInto(name string) string {
 	return ""
 }
 
+// stateOn reports whether the state check of a link layer is enabled.
+func (c *Check) stateOn(linkLayer string) bool {
+	if linkLayer == "Ethernet" {
+		return c.enabled[EthernetStateCheck]
+	}
+	return c.enabled[InfiniBandStateCheck]
+}
+
+// degrOn reports whether the degradation check of a link layer is enabled.
+func (c *Check) degrOn(linkLayer string) bool {
+	if linkLayer == "Ethernet" {
+		return c.enabled[EthernetDegradationCheck]
+	}
+	return c.enabled[InfiniBandDegradationCheck]
+}
+
+// retirePorts forgets the port snapshots of a known device that will never
+// be reported under its name again (renamed, bonded into a RoCE LAG, no
+// longer monitored). A port last seen unhealthy gets a healthy event under
+// its old entities saying why: the quarantine lifts a fault only on the
+// same check and entities, and nothing would ever come under them again.
+// It returns the ports retired unhealthy: under a new name, such a port
+// still unhealthy is reported, not taken for an uncabled one. A device
+// that merely vanished keeps its snapshots: §7.3 makes that a fault of its
+// own, and its ports' faults stand until it is back.
+func (c *Check) retirePorts(dev, why string, emit func(*datamodels.HealthEvent)) []uint {
+	prefix := dev + "/"
+	var unhealthy []uint
+	for _, key := range slices.Sorted(maps.Keys(c.st.Ports)) {
+		rest, ok := strings.CutPrefix(key, prefix)
+		if !ok {
+			continue
+		}
+		port, err := strconv.ParseUint(rest, 10, 32)
+		if err != nil {
+			continue
+		}
+		ps := c.st.Ports[key]
+		delete(c.st.Ports, key)
+		if len(ps.Breached) > 0 {
+			// A degradation fatal stands under the old name too; a counter
+			// still above 0 is reported again under the new one (a first
+			// reading there).
+			c.log.Info("port degradation fault cleared under its old device name", "device", dev, "port", port, "reason", why)
+			if c.degrOn(ps.LinkLayer) {
+				emit(retiredEvent(dev, uint(port), ps.LinkLayer, why, true))
+			}
+		}
+		if ps.Level == "" || ps.Level == levelHealthy {
+			continue
+		}
+		unhealthy = append(unhealthy, uint(port))
+		c.log.Info("port fault cleared under its old device name", "device", dev, "port", port, "reason", why)
+		if c.stateOn(ps.LinkLayer) {
+			emit(retiredEvent(dev, uint(port), ps.LinkLayer, why, false))
+		}
+	}
+	return unhealthy
+}
+
 // transition applies §3.4 to one port, updates its snapshot and returns the
-// event to emit, if any.
-func (c *Check) transition(n *NIC, p *Port, prev *portState, cardAnomalous bool) *datamodels.HealthEvent {
+// event to emit, if any. reportUnhealthy: a first observation unhealthy
+// is reported (its card is below its peer mode, or the port was reported
+// unhealthy under its device's former name), not taken for an uncabled
+// port.
+func (c *Check) transition(n *NIC, p *Port, prev *portState, reportUnhealthy bool) *datamodels.HealthEvent {
 	level, stName, phName := evaluate(p)
 	key := portKey(p.Device, p.Port)
 	if level == "" { // Ethernet INIT/ARMED: transient, not reported, snapshot kept
@@ -419,12 +490,12 @@ func (c *Check) transition(n *NIC, p *Port, prev *portState, cardAnomalous bool)
 	if prev == nil || prev.Level == "" {
 		// First observation: a first poll (fresh node, reboot, corrupt
 		// state) or a port that appeared since. Healthy → baseline;
-		// unhealthy → reported only on a card below its peer mode
-		// (otherwise an uncabled port, suppressed).
+		// unhealthy → reported only on a card below its peer mode or
+		// after a rename (otherwise an uncabled port, suppressed).
 		if level == levelHealthy {
 			return portEvent(n, p, level, stName, phName)
 		}
-		if cardAnomalous {
+		if reportUnhealthy {
 			return portEvent(n, p, level, stName, phName)
 		}
 		c.log.Info("unhealthy port on a card at peer mode: uncabled, not reported", "device", p.Device, "port", p.Port, "state", stName, "phys_state", phName)
@@ -556,6 +627,17 @@ func portEvent(n *NIC, p *Port, level, st, ph string) *datamodels.HealthEvent {
 	return newEvent(checkName(p.LinkLayer, false), msg, level == levelFatal, level == levelHealthy, portEntities(p.Device, p.Port), md)
 }
 
+// retiredEvent clears a port fault (of the state or the degradation
+// check) under a device name no longer reported (retirePorts).
+func retiredEvent(dev string, port uint, linkLayer, why string, degradation bool) *datamodels.HealthEvent {
+	prefix := "Port"
+	if linkLayer == "Ethernet" && !degradation {
+		prefix = "RoCE port"
+	}
+	msg := fmt.Sprintf("%s %s port %d: cleared, %s", prefix, dev, port, why)
+	return newEvent(checkName(linkLayer, degradation), msg, false, true, portEntities(dev, port), map[string]string{"link_layer": linkLayer})
+}
+
 func deviceEvent(name, linkLayer string, back bool) *datamodels.HealthEvent {
 	ents := []*datamodels.Entity{{EntityType: events.EntityNIC, EntityValue: name}}
 	if back {
@@ -653,28 +735,46 @@ func cardEvent(cd *card, mode int, back bool) *datamodels.HealthEvent {
 	return newEvent(checkName(cd.linkLayer, false), fmt.Sprintf("Card %s (%s) has %d active ports, expected %d (peer mode)", cd.addr, cd.role, cd.active, mode), true, false, ents, md)
 }
 
-// counterEvents applies Appendix A: link_downed reports every increase
-// after a first reading; the other three report once when above 0 and
-// clear when back at 0 (counter reset).
-func counterEvents(p *Port, ps *portState) []*datamodels.HealthEvent {
+// counterEvents applies Appendix A to one port: a link_downed increase
+// (after a first reading) is fatal each time; the other three are fatal
+// once when above 0. ps.Breached holds what stands: a threshold counter
+// until it is back at 0 (a counter reset), a link_downed increase until a
+// later poll finds the link up (ACTIVE, LinkUp) with no further
+// increase — a link that went down is over once it is back; flapping is
+// what the quarantine's flap window and the correlator's
+// RepeatedNICLinkFlap count. Once nothing stands, one healthy event
+// clears the port: the quarantine keys a fault by check and entities, not
+// by counter, so a healthy event while another counter stands would lift
+// that one too. first (the port's first counter reading: a first poll
+// without usable state — fresh node, reboot, corrupt state file — or a
+// port seen since): a port with no counter above its threshold gets a
+// healthy baseline, which clears the degradation fatals of a previous boot
+// (its counters restarted at 0 with the host), as §3.4's baseline does
+// for the state check.
+func counterEvents(p *Port, ps *portState, up, first bool) []*datamodels.HealthEvent {
 	var out []*datamodels.HealthEvent
-	names := make([]string, 0, len(p.Counters))
-	for k := range p.Counters {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	stood := len(ps.Breached) > 0
+	var clears, codes []string
+	for _, name := range slices.Sorted(maps.Keys(p.Counters)) {
 		v := p.Counters[name]
 		md := map[string]string{"counter": name, "value": strconv.FormatUint(v, 10), "link_layer": p.LinkLayer}
 		if name == CounterLinkDowned {
 			prev, ok := ps.Counters[name]
-			if ok && v > prev {
+			switch {
+			case ok && v > prev:
+				if ps.Breached == nil {
+					ps.Breached = map[string]bool{}
+				}
+				ps.Breached[name] = true
 				md["delta"] = strconv.FormatUint(v-prev, 10)
 				ev := newEvent(checkName(p.LinkLayer, true),
 					fmt.Sprintf("Port %s port %d: link_downed increased by %d (now %d)", p.Device, p.Port, v-prev, v),
 					true, false, portEntities(p.Device, p.Port), md)
 				ev.ErrorCode = []string{name}
 				out = append(out, ev)
+			case ps.Breached[name] && up:
+				delete(ps.Breached, name)
+				clears = append(clears, fmt.Sprintf("link up again, link_downed steady at %d", v))
 			}
 			continue
 		}
@@ -692,12 +792,27 @@ func counterEvents(p *Port, ps *portState) []*datamodels.HealthEvent {
 			out = append(out, ev)
 		case v == 0 && breached:
 			delete(ps.Breached, name)
-			ev := newEvent(checkName(p.LinkLayer, true),
-				fmt.Sprintf("Port %s port %d: %s back at 0", p.Device, p.Port, name),
-				false, true, portEntities(p.Device, p.Port), md)
-			ev.ErrorCode = []string{name}
-			out = append(out, ev)
+			clears = append(clears, name+" back at 0")
+			codes = append(codes, name)
 		}
+	}
+	if len(ps.Breached) > 0 {
+		return out
+	}
+	md := map[string]string{"link_layer": p.LinkLayer}
+	switch {
+	case stood && len(clears) > 0:
+		// No link_downed error code: the correlator counts every
+		// degradation event carrying one as a link-down.
+		ev := newEvent(checkName(p.LinkLayer, true),
+			fmt.Sprintf("Port %s port %d: %s", p.Device, p.Port, strings.Join(clears, ", ")),
+			false, true, portEntities(p.Device, p.Port), md)
+		ev.ErrorCode = codes
+		out = append(out, ev)
+	case first && !stood && len(p.Counters) > 0:
+		out = append(out, newEvent(checkName(p.LinkLayer, true),
+			fmt.Sprintf("Port %s port %d: healthy (no fatal counter above 0)", p.Device, p.Port),
+			false, true, portEntities(p.Device, p.Port), md))
 	}
 	return out
 }

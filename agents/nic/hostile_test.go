@@ -90,11 +90,10 @@ func TestPortStateUnreadableOrGarbled(t *testing.T) {
 			// First poll: the unreadable port is not counted against its card.
 			restore := spoil()
 			c := e.check()
-			want := baselines()
-			want = append(want[:1:1], want[2:]...)
-			wantEvents(t, "first poll", poll(t, c), want)
+			wantEvents(t, "first poll", poll(t, c), without(baselines(), "mlx5_1"))
 			restore()
-			wantEvents(t, "readable", poll(t, c), []string{"H InfiniBandStateCheck: Port mlx5_1 port 1: healthy (ACTIVE, LinkUp)"})
+			wantEvents(t, "readable", poll(t, c), []string{"H InfiniBandStateCheck: Port mlx5_1 port 1: healthy (ACTIVE, LinkUp)",
+				degrBaseline(InfiniBandDegradationCheck, "mlx5_1")})
 			// Healthy port: a bad read is no transition.
 			restore = spoil()
 			wantEvents(t, "healthy, bad read", poll(t, c), nil)
@@ -124,12 +123,11 @@ func TestDeviceWithoutPortsYet(t *testing.T) {
 	must(t, os.Rename(ports, hidden))
 	must(t, os.Mkdir(ports, 0o755))
 	c := e.check()
-	want := baselines()
-	want = append(want[:2:2], want[3:]...)
-	wantEvents(t, "first poll, no ports yet", poll(t, c), want)
+	wantEvents(t, "first poll, no ports yet", poll(t, c), without(baselines(), "mlx5_2"))
 	must(t, os.Remove(ports))
 	must(t, os.Rename(hidden, ports))
-	wantEvents(t, "ports added", poll(t, c), []string{"H InfiniBandStateCheck: Port mlx5_2 port 1: healthy (ACTIVE, LinkUp)"})
+	wantEvents(t, "ports added", poll(t, c), []string{"H InfiniBandStateCheck: Port mlx5_2 port 1: healthy (ACTIVE, LinkUp)",
+		degrBaseline(InfiniBandDegradationCheck, "mlx5_2")})
 	must(t, e.tree.SetPort("mlx5_2", 1, nictest.Down, nictest.Disabled))
 	wantEvents(t, "down", poll(t, c), []string{"F InfiniBandStateCheck: Port mlx5_2 port 1: state DOWN, phys_state Disabled"})
 }
@@ -163,7 +161,8 @@ func TestRenamedDeviceIsNotDisappeared(t *testing.T) {
 			if restart {
 				c = e.check()
 			}
-			wantEvents(t, "renamed", poll(t, c), []string{"H InfiniBandStateCheck: Port ibp48s0 port 1: healthy (ACTIVE, LinkUp)"})
+			wantEvents(t, "renamed", poll(t, c), []string{"H InfiniBandStateCheck: Port ibp48s0 port 1: healthy (ACTIVE, LinkUp)",
+				degrBaseline(InfiniBandDegradationCheck, "ibp48s0")})
 			// A real disappearance is still one.
 			must(t, e.tree.Remove("ibp48s0"))
 			wantEvents(t, "removed", poll(t, c), []string{"F InfiniBandStateCheck: NIC ibp48s0 disappeared from /sys/class/infiniband/ - hardware failure"})
@@ -186,7 +185,8 @@ func TestDisappearedThenBackRenamed(t *testing.T) {
 	c = e.check() // across a restart: the PCI function comes from the state file
 	wantEvents(t, "back renamed", poll(t, c), []string{
 		"H InfiniBandStateCheck: NIC mlx5_2 present again in /sys/class/infiniband/ as ibp48s0",
-		"H InfiniBandStateCheck: Port ibp48s0 port 1: healthy (ACTIVE, LinkUp)"})
+		"H InfiniBandStateCheck: Port ibp48s0 port 1: healthy (ACTIVE, LinkUp)",
+		degrBaseline(InfiniBandDegradationCheck, "ibp48s0")})
 	wantEvents(t, "steady", poll(t, c), nil)
 }
 
@@ -251,21 +251,22 @@ func TestRoCEBondIsNotDisappeared(t *testing.T) {
 	p.Devices = append(p.Devices, pfs...)
 	p.Metadata.NICTopology["mlx5_bond_0"] = []string{"NODE", "NODE"}
 	const bondPort = "H EthernetStateCheck: RoCE port mlx5_bond_0 port 1: healthy (ACTIVE, LinkUp, operstate up)"
+	bondCounters := degrBaseline(EthernetDegradationCheck, "mlx5_bond_0")
 	for _, tc := range []struct {
 		name    string
 		restart bool
 		change  func(t *testing.T, e *env)
 		want    []string
 	}{
-		{"bonded at runtime", false, func(t *testing.T, e *env) { must(t, e.tree.Bond("bond0", "mlx5_bond_0", pfs...)) }, []string{bondPort}},
-		{"bonded across a restart", true, func(t *testing.T, e *env) { must(t, e.tree.Bond("bond0", "mlx5_bond_0", pfs...)) }, []string{bondPort}},
+		{"bonded at runtime", false, func(t *testing.T, e *env) { must(t, e.tree.Bond("bond0", "mlx5_bond_0", pfs...)) }, []string{bondPort, bondCounters}},
+		{"bonded across a restart", true, func(t *testing.T, e *env) { must(t, e.tree.Bond("bond0", "mlx5_bond_0", pfs...)) }, []string{bondPort, bondCounters}},
 		{"reported gone by an older agent, cleared", true, func(t *testing.T, e *env) {
 			must(t, e.tree.Bond("bond0", "mlx5_bond_0", pfs...))
 			st, _, _ := loadState(e.cfg.StateFile, "boot-1")
 			st.Disappeared = []string{"mlx5_7"}
 			var last []byte
 			must(t, st.save(e.cfg.StateFile, &last))
-		}, []string{"H EthernetStateCheck: NIC mlx5_7 present again in /sys/class/infiniband/ in mlx5_bond_0 (RoCE LAG: its PF bonded with mlx5_bond_0's)", bondPort}},
+		}, []string{"H EthernetStateCheck: NIC mlx5_7 present again in /sys/class/infiniband/ in mlx5_bond_0 (RoCE LAG: its PF bonded with mlx5_bond_0's)", bondPort, bondCounters}},
 		{"enslaved without LAG, a PF off the bus", false, func(t *testing.T, e *env) {
 			must(t, e.tree.Enslave("bond0", pfs[0].PCI, pfs[1].PCI))
 			must(t, e.tree.Remove("mlx5_7"))

@@ -143,16 +143,17 @@ func TestClassifyPlatforms(t *testing.T) {
 				}
 			}
 			t.Logf("%s: %v", p.Name, counts)
-			// First poll of a healthy node: one healthy baseline per
-			// monitored port, nothing for VFs or management NICs.
+			// First poll of a healthy node: two healthy baselines per
+			// monitored port (its state check's and its degradation
+			// check's), nothing for VFs or management NICs.
 			monitored := 0
 			for _, n := range nics {
 				if n.Monitored {
 					monitored += len(n.Ports)
 				}
 			}
-			if len(evs) != monitored {
-				t.Errorf("%d events, want %d healthy baselines", len(evs), monitored)
+			if len(evs) != 2*monitored {
+				t.Errorf("%d events, want %d healthy baselines", len(evs), 2*monitored)
 			}
 			for _, ev := range evs {
 				if !ev.GetIsHealthy() {
@@ -212,15 +213,34 @@ func small() nictest.Platform {
 	return p
 }
 
+// baselines are the first-poll events of small(): per port, the state
+// check's and the degradation check's healthy baselines.
 func baselines() []string {
 	return []string{
 		"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+		degrBaseline(InfiniBandDegradationCheck, "mlx5_0"),
 		"H InfiniBandStateCheck: Port mlx5_1 port 1: healthy (ACTIVE, LinkUp)",
+		degrBaseline(InfiniBandDegradationCheck, "mlx5_1"),
 		"H InfiniBandStateCheck: Port mlx5_2 port 1: healthy (ACTIVE, LinkUp)",
+		degrBaseline(InfiniBandDegradationCheck, "mlx5_2"),
 		"H InfiniBandStateCheck: Port mlx5_3 port 1: healthy (ACTIVE, LinkUp)",
+		degrBaseline(InfiniBandDegradationCheck, "mlx5_3"),
 		"H EthernetStateCheck: RoCE port mlx5_4 port 1: healthy (ACTIVE, LinkUp, operstate up)",
+		degrBaseline(EthernetDegradationCheck, "mlx5_4"),
 		"H EthernetStateCheck: RoCE port mlx5_5 port 1: healthy (ACTIVE, LinkUp, operstate up)",
+		degrBaseline(EthernetDegradationCheck, "mlx5_5"),
 	}
+}
+
+// degrBaseline is the degradation check's healthy baseline of a port: at
+// its first counter reading, no counter above its threshold.
+func degrBaseline(check, dev string) string {
+	return "H " + check + ": Port " + dev + " port 1: healthy (no fatal counter above 0)"
+}
+
+// without drops the events about one device.
+func without(evs []string, dev string) []string {
+	return slices.DeleteFunc(slices.Clone(evs), func(s string) bool { return strings.Contains(s, " "+dev+" ") })
 }
 
 // TestStateTransitions walks every transition of §3.4 on an IB port.
@@ -314,10 +334,9 @@ func TestRebootClearsState(t *testing.T) {
 	poll(t, c)
 	e.setBootID("boot-2")
 	c2 := e.check()
-	want := slices.Clone(baselines())
-	want = slices.DeleteFunc(want, func(s string) bool { return strings.Contains(s, "mlx5_3") })
+	want := without(baselines(), "mlx5_3")
+	want = slices.Insert(want, 6, "F InfiniBandStateCheck: Port mlx5_3 port 1: state DOWN, phys_state Disabled", degrBaseline(InfiniBandDegradationCheck, "mlx5_3"))
 	want = append([]string{"F InfiniBandStateCheck: Card 0000:40:00 (compute) has 0 active ports, expected 1 (peer mode)"}, want...)
-	want = slices.Insert(want, 4, "F InfiniBandStateCheck: Port mlx5_3 port 1: state DOWN, phys_state Disabled")
 	wantEvents(t, "after reboot", poll(t, c2), want)
 	var st persisted
 	b, _ := os.ReadFile(e.cfg.StateFile)
@@ -434,12 +453,22 @@ func TestHomogeneity(t *testing.T) {
 	wantEvents(t, "startup", poll(t, c), []string{
 		"F InfiniBandStateCheck: Card 0000:40:00 (compute) has 0 active ports, expected 1 (peer mode)",
 		"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+		degrBaseline(InfiniBandDegradationCheck, "mlx5_0"),
+		degrBaseline(InfiniBandDegradationCheck, "mlx5_1"),
 		"H InfiniBandStateCheck: Port mlx5_2 port 1: healthy (ACTIVE, LinkUp)",
+		degrBaseline(InfiniBandDegradationCheck, "mlx5_2"),
+		degrBaseline(InfiniBandDegradationCheck, "mlx5_3"),
 		"H InfiniBandStateCheck: Port mlx5_4 port 1: healthy (ACTIVE, LinkUp)",
+		degrBaseline(InfiniBandDegradationCheck, "mlx5_4"),
+		degrBaseline(InfiniBandDegradationCheck, "mlx5_5"),
 		"F InfiniBandStateCheck: Port mlx5_6 port 1: state DOWN, phys_state Polling",
+		degrBaseline(InfiniBandDegradationCheck, "mlx5_6"),
 		"F InfiniBandStateCheck: Port mlx5_7 port 1: state DOWN, phys_state Polling",
+		degrBaseline(InfiniBandDegradationCheck, "mlx5_7"),
 		"H EthernetStateCheck: RoCE port mlx5_8 port 1: healthy (ACTIVE, LinkUp, operstate up)",
+		degrBaseline(EthernetDegradationCheck, "mlx5_8"),
 		"H EthernetStateCheck: RoCE port mlx5_9 port 1: healthy (ACTIVE, LinkUp, operstate up)",
+		degrBaseline(EthernetDegradationCheck, "mlx5_9"),
 	})
 	// Homogeneity is a startup check: a later drop is a port transition.
 	e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Polling)
@@ -468,8 +497,8 @@ func TestCounters(t *testing.T) {
 	e.tree.SetCounter("mlx5_1", 1, CounterExcessiveBufferOverrun, 2)
 	c := e.check()
 	got := poll(t, c)
-	want := append(baselines()[:2:2], "F InfiniBandDegradationCheck: Port mlx5_1 port 1: excessive_buffer_overrun_errors is 2 (threshold > 0)")
-	want = append(want, baselines()[2:]...)
+	want := baselines()
+	want[3] = "F InfiniBandDegradationCheck: Port mlx5_1 port 1: excessive_buffer_overrun_errors is 2 (threshold > 0)"
 	// link_downed at startup is a baseline, not an event.
 	wantEvents(t, "startup", got, want)
 	e.tree.SetCounter("mlx5_0", 1, CounterLinkDowned, 6)
@@ -481,6 +510,9 @@ func TestCounters(t *testing.T) {
 		"F InfiniBandDegradationCheck: Port mlx5_2 port 1: local_link_integrity_errors is 1 (threshold > 0)",
 		"F EthernetDegradationCheck: Port mlx5_4 port 1: rnr_nak_retry_err is 9 (threshold > 0)",
 	})
+	// A link_downed increase is over once a later poll finds the link up
+	// with no further increase.
+	wantEvents(t, "no further increase", poll(t, c), []string{"H InfiniBandDegradationCheck: Port mlx5_0 port 1: link up again, link_downed steady at 6"})
 	wantEvents(t, "steady", poll(t, c), nil)
 	// Across a restart the snapshot is kept: an increase while stopped is seen.
 	e.tree.SetCounter("mlx5_0", 1, CounterLinkDowned, 7)
@@ -488,7 +520,9 @@ func TestCounters(t *testing.T) {
 	wantEvents(t, "restart", poll(t, c2), []string{"F InfiniBandDegradationCheck: Port mlx5_0 port 1: link_downed increased by 1 (now 7)"})
 	// Counter reset clears the breach.
 	e.tree.SetCounter("mlx5_1", 1, CounterExcessiveBufferOverrun, 0)
-	wantEvents(t, "reset", poll(t, c2), []string{"H InfiniBandDegradationCheck: Port mlx5_1 port 1: excessive_buffer_overrun_errors back at 0"})
+	wantEvents(t, "reset", poll(t, c2), []string{
+		"H InfiniBandDegradationCheck: Port mlx5_0 port 1: link up again, link_downed steady at 7",
+		"H InfiniBandDegradationCheck: Port mlx5_1 port 1: excessive_buffer_overrun_errors back at 0"})
 }
 
 func TestMetadataRequired(t *testing.T) {
@@ -539,8 +573,8 @@ func TestExclusionAndOverride(t *testing.T) {
 			t.Errorf("override: %s is %s", n.Name, n.Role)
 		}
 	}
-	if len(evs) != 1 {
-		t.Errorf("override: %d events, want 1", len(evs))
+	if len(evs) != 2 {
+		t.Errorf("override: %d events, want 2 (mlx5_1's baselines)", len(evs))
 	}
 }
 

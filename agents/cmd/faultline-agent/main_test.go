@@ -88,7 +88,8 @@ func TestNICCheckCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if len(rep.NICs) != 6 || len(rep.Events) != 4 {
+	// 4 monitored ports: a state and a degradation baseline each.
+	if len(rep.NICs) != 6 || len(rep.Events) != 8 {
 		t.Fatalf("%d NICs, %d events\n%s", len(rep.NICs), len(rep.Events), out)
 	}
 	tree.SetPort("ibp3s0", 1, nictest.Down, nictest.Disabled)
