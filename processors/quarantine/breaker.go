@@ -125,6 +125,9 @@ type cordonEntry struct {
 type breakerVerdict struct {
 	// Allowed: the node may be quarantined.
 	Allowed bool
+	// Open: the breaker is open after this reservation (a node that
+	// already holds a slot is allowed while it is open).
+	Open bool
 	// Opened: this reservation's record tripped the breaker (report it).
 	Opened bool
 	// Closed: this reservation's record found the window over and closed it.
@@ -322,12 +325,17 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 	}
 	if state == breakerOpen {
 		for _, r := range batch {
-			r.verdict = breakerVerdict{Reason: cm.Data[breakerKeyReason], Count: len(entries), Closed: r.record == closer}
+			r.verdict = breakerVerdict{Open: true, Reason: cm.Data[breakerKeyReason], Count: len(entries), Closed: r.record == closer}
 			if r.record == opener.Record {
 				// Its first report may have been lost: report it again.
-				r.verdict = breakerVerdict{Opened: true, Closed: r.verdict.Closed, Reason: r.verdict.Reason,
+				r.verdict = breakerVerdict{Open: true, Opened: true, Closed: r.verdict.Closed, Reason: r.verdict.Reason,
 					Count: opener.Count, Limit: opener.Limit, Total: opener.Total, Schedulable: opener.Schedulable}
 			}
+			// A node that holds a slot asks again when its patch met a
+			// conflict (the decision is redone) or was deferred to the
+			// retry topic: it was let through before the breaker
+			// opened, and its slot counts toward the limit anyway.
+			r.verdict.Allowed = slices.ContainsFunc(entries, func(e cordonEntry) bool { return e.Node == r.node })
 		}
 		return nil
 	}
@@ -375,6 +383,9 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 			opener = openedBy{Record: r.record, Count: v.Count, Limit: v.Limit, Total: v.Total, Schedulable: v.Schedulable}
 		}
 		r.verdict = v
+	}
+	for _, r := range batch {
+		r.verdict.Open = state == breakerOpen
 	}
 	if state == breakerOpen {
 		return b.write(ctx, cm, breakerOpen, entries, openedAt, reason, opener, closer)
