@@ -43,6 +43,35 @@ type NodeWatches struct {
 type NodeWatch struct {
 	Lister corelisters.NodeLister
 	Synced func() bool
+
+	// progress is the resourceVersion the watch last listed or received
+	// (nil: not known); failedAt, what it was when a list or watch last
+	// failed ("" when none failed, or something came since). Under mu.
+	progress func() string
+	mu       sync.Mutex
+	failedAt string
+	failed   bool
+}
+
+// fail notes a failed list or watch, the watch at resourceVersion rv.
+func (nw *NodeWatch) fail(rv string) {
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	nw.failed, nw.failedAt = true, rv
+}
+
+// behind reports whether the watch failed and has listed or received
+// nothing since.
+func (nw *NodeWatch) behind() bool {
+	if nw.progress == nil {
+		return false
+	}
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	if nw.failed && nw.progress() != nw.failedAt {
+		nw.failed = false
+	}
+	return nw.failed
 }
 
 // NewNodeWatches returns the watches of a role: transform reduces each
@@ -65,7 +94,14 @@ func (w *NodeWatches) Get(cl *Client) *NodeWatch {
 	}
 	f := informers.NewSharedInformerFactory(cl.WatchKube, 0)
 	inf := f.Core().V1().Nodes().Informer()
-	_ = inf.SetWatchErrorHandler(WatchErrorLogger(w.log.With("cluster", cl.Name), "nodes"))
+	nw := &NodeWatch{Lister: f.Core().V1().Nodes().Lister(), Synced: inf.HasSynced, progress: inf.LastSyncResourceVersion}
+	logErr := WatchErrorLogger(w.log.With("cluster", cl.Name), "nodes")
+	_ = inf.SetWatchErrorHandler(func(r *cache.Reflector, err error) {
+		logErr(r, err)
+		if !WatchStopped(err) {
+			nw.fail(r.LastSyncResourceVersion())
+		}
+	})
 	_ = inf.SetTransform(w.transform)
 	if w.updated != nil {
 		name := cl.Name
@@ -77,7 +113,6 @@ func (w *NodeWatches) Get(cl *Client) *NodeWatch {
 			}
 		}})
 	}
-	nw := &NodeWatch{Lister: f.Core().V1().Nodes().Lister(), Synced: inf.HasSynced}
 	f.Start(w.stop)
 	w.byName[cl.Name] = nw
 	return nw
@@ -105,6 +140,21 @@ func (w *NodeWatches) Cached(cl *Client, node string, now time.Time) (*corev1.No
 		return nil, false
 	}
 	return n, true
+}
+
+// Behind reports whether the cluster's watch failed (a list or a watch
+// refused: the informer in backoff) and has listed or received nothing
+// since: its copies may lag another writer's by as long as that lasts.
+// Cached does not tell (it guards against this replica's own writes
+// only); a role that decides from a copy without writing — so without a
+// resourceVersion conflict to correct it — reads live meanwhile. Not told:
+// the second or so between a watch cut off and its list again, and a
+// watch client-go restarts without a list (right after one, or after a
+// 429 or an internal error) that is refused as connection refused or
+// 429: client-go retries those itself and reports nothing.
+func (w *NodeWatches) Behind(cl *Client) bool {
+	nw := w.Synced(cl)
+	return nw != nil && nw.behind()
 }
 
 // List returns the cluster's watched nodes that sel matches; false until

@@ -2,14 +2,22 @@ package clusters
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 )
 
 func TestRecentWrites(t *testing.T) {
@@ -113,4 +121,71 @@ func TestNodeWatches(t *testing.T) {
 	if w.Get(reg.SetClient("d", k, false)) != nil {
 		t.Fatal("a watch started after Close")
 	}
+}
+
+// A watch whose lists are refused is behind until it lists again: its
+// copies may miss another writer's changes meanwhile.
+func TestNodeWatchBehind(t *testing.T) {
+	k := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	var (
+		down    atomic.Bool
+		lists   atomic.Int64
+		refused atomic.Int32
+		mu      sync.Mutex
+		open    []*watch.RaceFreeFakeWatcher
+	)
+	list := clienttesting.ObjectReaction(k.Tracker())
+	k.PrependReactor("list", "nodes", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if down.Load() {
+			refused.Add(1)
+			return true, nil, errors.New("apiserver unreachable")
+		}
+		_, obj, err := list(a)
+		if err == nil {
+			m, _ := meta.ListAccessor(obj)
+			m.SetResourceVersion(strconv.FormatInt(lists.Add(1), 10)) // each list sees a newer cluster
+		}
+		return true, obj, err
+	})
+	k.PrependWatchReactor("nodes", func(clienttesting.Action) (bool, watch.Interface, error) {
+		if down.Load() {
+			refused.Add(1)
+			return true, nil, errors.New("apiserver unreachable")
+		}
+		w := watch.NewRaceFreeFake()
+		mu.Lock()
+		open = append(open, w)
+		mu.Unlock()
+		return true, w, nil
+	})
+	cl := NewRegistry(DefaultConfig(), nil).SetClient("c", k, false)
+	w := NewNodeWatches(slog.New(slog.DiscardHandler), nil, nil)
+	defer w.Close()
+	wait := func(cond func() bool, what string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	wait(func() bool { return w.Synced(cl) != nil }, "the watch to sync")
+	if w.Behind(cl) || w.Behind(&Client{Name: "none"}) {
+		t.Fatal("a watch that never failed is behind")
+	}
+	down.Store(true)
+	mu.Lock()
+	for _, fw := range open {
+		fw.Stop()
+	}
+	mu.Unlock()
+	wait(func() bool { return refused.Load() >= 2 }, "the watch refused twice")
+	if !w.Behind(cl) {
+		t.Fatal("a watch whose lists are refused is not behind")
+	}
+	if _, ok := w.Cached(cl, "n1", time.Now()); !ok {
+		t.Fatal("Cached changed: it tells this replica's own writes only")
+	}
+	down.Store(false)
+	wait(func() bool { return !w.Behind(cl) }, "the watch to list again")
 }

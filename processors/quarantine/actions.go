@@ -40,7 +40,7 @@ func (h *Handler) breaker(cl *clusters.Client) *breaker {
 // a Kubernetes Event on the breaker's ConfigMap. closing is the closing's
 // action when it was already built (written on the node it cordons).
 func (h *Handler) breakerActions(ctx context.Context, cl *clusters.Client, it item, v breakerVerdict, closing *faultlinev1.Action) []*faultlinev1.Action {
-	h.showBreaker(cl.Name, h.breaker(cl), !v.Allowed)
+	h.showBreaker(cl.Name, h.breaker(cl), v.Open)
 	var acts []*faultlinev1.Action
 	if v.Closed {
 		if closing == nil {

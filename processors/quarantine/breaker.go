@@ -106,6 +106,11 @@ type breaker struct {
 	live    bool
 	nodes   nodeCounts
 	nodesAt time.Time
+	// cordonSeen: by node, when a count last showed it unschedulable
+	// (kept for the window): a reservation made before that is in the
+	// count, and no longer pending once the node is schedulable again
+	// (lifted). Under mu.
+	cordonSeen map[string]time.Time
 
 	// shownOpen: this replica's faultline_quarantine_breaker_open says
 	// open (refreshGauges looks again).
@@ -114,6 +119,16 @@ type breaker struct {
 
 type nodeCounts struct {
 	total, schedulable int
+	// open are the nodes counted schedulable.
+	open map[string]struct{}
+}
+
+// pending reports whether the count does not show e's cordon: its node is
+// counted schedulable, and no count showed it unschedulable since e was
+// reserved (its patch in flight, deferred to the retry topic, or refused).
+func (b *breaker) pending(e cordonEntry) bool {
+	_, open := b.nodes.open[e.Node]
+	return open && b.cordonSeen[e.Node].Before(e.At)
 }
 
 type cordonEntry struct {
@@ -125,6 +140,9 @@ type cordonEntry struct {
 type breakerVerdict struct {
 	// Allowed: the node may be quarantined.
 	Allowed bool
+	// Open: the breaker is open after this reservation (a node that
+	// already holds a slot is allowed while it is open).
+	Open bool
 	// Opened: this reservation's record tripped the breaker (report it).
 	Opened bool
 	// Closed: this reservation's record found the window over and closed it.
@@ -322,12 +340,17 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 	}
 	if state == breakerOpen {
 		for _, r := range batch {
-			r.verdict = breakerVerdict{Reason: cm.Data[breakerKeyReason], Count: len(entries), Closed: r.record == closer}
+			r.verdict = breakerVerdict{Open: true, Reason: cm.Data[breakerKeyReason], Count: len(entries), Closed: r.record == closer}
 			if r.record == opener.Record {
 				// Its first report may have been lost: report it again.
-				r.verdict = breakerVerdict{Opened: true, Closed: r.verdict.Closed, Reason: r.verdict.Reason,
+				r.verdict = breakerVerdict{Open: true, Opened: true, Closed: r.verdict.Closed, Reason: r.verdict.Reason,
 					Count: opener.Count, Limit: opener.Limit, Total: opener.Total, Schedulable: opener.Schedulable}
 			}
+			// A node that holds a slot asks again when its patch met a
+			// conflict (the decision is redone) or was deferred to the
+			// retry topic: it was let through before the breaker
+			// opened, and its slot counts toward the limit anyway.
+			r.verdict.Allowed = slices.ContainsFunc(entries, func(e cordonEntry) bool { return e.Node == r.node })
 		}
 		return nil
 	}
@@ -335,14 +358,18 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 	if err != nil {
 		return err
 	}
-	// Nodes cordoned since the node list was read are not in its counts.
-	recent := 0
+	// Reservations whose cordon the count does not show, made before the
+	// count or since, are not in its schedulable nodes. (Counting only
+	// those made since it let a node reserved just before a refresh,
+	// its cordon not yet written, count as schedulable: the floor was
+	// broken by as many.)
+	pending := 0
 	for _, e := range entries {
-		if !e.At.Before(b.nodesAt) {
-			recent++
+		if b.pending(e) {
+			pending++
 		}
 	}
-	schedulable := counts.schedulable - recent
+	schedulable := counts.schedulable - pending
 	limit := int(math.Floor(float64(counts.total) * b.cfg.MaxPercent / 100))
 	if limit < 1 && b.cfg.MaxPercent > 0 {
 		limit = 1
@@ -375,6 +402,9 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 			opener = openedBy{Record: r.record, Count: v.Count, Limit: v.Limit, Total: v.Total, Schedulable: v.Schedulable}
 		}
 		r.verdict = v
+	}
+	for _, r := range batch {
+		r.verdict.Open = state == breakerOpen
 	}
 	if state == breakerOpen {
 		return b.write(ctx, cm, breakerOpen, entries, openedAt, reason, opener, closer)
@@ -514,7 +544,8 @@ func parseTransitions(cm *corev1.ConfigMap) (opener openedBy, closer string) {
 
 // counts returns the cluster's GPU node count and how many are schedulable,
 // from the node watch (else a list served by the apiserver's watch cache),
-// cached for BreakerConfig.NodeCountTTL.
+// cached for BreakerConfig.NodeCountTTL, and notes the nodes it shows
+// unschedulable (cordonSeen).
 func (b *breaker) counts(ctx context.Context, now time.Time) (nodeCounts, error) {
 	if !b.nodesAt.IsZero() && now.Sub(b.nodesAt) < b.cfg.NodeCountTTL {
 		return b.nodes, nil
@@ -537,10 +568,21 @@ func (b *breaker) counts(ctx context.Context, now time.Time) (nodeCounts, error)
 			nodes = append(nodes, &list.Items[i])
 		}
 	}
-	c := nodeCounts{total: len(nodes)}
+	c := nodeCounts{total: len(nodes), open: make(map[string]struct{}, len(nodes))}
+	if b.cordonSeen == nil {
+		b.cordonSeen = map[string]time.Time{}
+	}
 	for _, n := range nodes {
-		if !n.Spec.Unschedulable {
-			c.schedulable++
+		if n.Spec.Unschedulable {
+			b.cordonSeen[n.Name] = now
+			continue
+		}
+		c.schedulable++
+		c.open[n.Name] = struct{}{}
+	}
+	for node, at := range b.cordonSeen {
+		if now.Sub(at) >= b.cfg.Window {
+			delete(b.cordonSeen, node) // older than every reservation kept
 		}
 	}
 	b.nodes, b.nodesAt = c, now

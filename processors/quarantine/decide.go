@@ -78,7 +78,7 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	// resourceVersion, so a stale copy costs a conflict and a live read,
 	// never a wrong write; a fresh one saves a GET per fault (a fleet-wide
 	// failure is bounded by the client's QPS).
-	node, cached := h.nodes.Cached(cl, it.node, h.now())
+	node, cached := h.cachedNode(cl, it.node)
 	if cached {
 		if acts, ok, err := h.nonFatalFromCache(ctx, cl, it, force, node); ok || err != nil {
 			return acts, err
@@ -338,6 +338,25 @@ func dryRunWhy(cl *clusters.Client) string {
 	return "cluster is dry-run"
 }
 
+// cachedNode returns the node watch's copy of node when a decision may
+// be made on it without a request (clusters.NodeWatches.Cached: not
+// while this replica's own write of it is missing), and not while the
+// watch is behind (a list or watch failed, nothing received since): a
+// decision that writes nothing — a healthy event finding nothing
+// standing, an occurrence deciding what stands already (State.Repeats) —
+// meets no resourceVersion conflict, so a copy missing another replica's
+// write (a fault or a lift its retry consumer applied) would decide for
+// good: the recovery dropped, the node cordoned for ever. Read live then.
+// The watch's failures are rare; a GET for every healthy event (about
+// half of a fleet's events) is what the copy saves.
+func (h *Handler) cachedNode(cl *clusters.Client, node string) (*corev1.Node, bool) {
+	n, ok := h.nodes.Cached(cl, node, h.now())
+	if !ok || h.nodes.Behind(cl) {
+		return nil, false
+	}
+	return n, true
+}
+
 func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]*faultlinev1.Action, error) {
 	ev := it.ev
 	if events.NeverActs(ev) || cl == nil || cl.Kube == nil {
@@ -346,8 +365,10 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 	// The watch's copy when it has one, as for a fault: the write below
 	// carries its resourceVersion, so a stale copy costs a conflict and a
 	// live read; a fresh one saves a GET per recovery (a fleet-wide
-	// recovery is bounded by the client's QPS).
-	node, cached := h.nodes.Cached(cl, it.node, h.now())
+	// recovery is bounded by the client's QPS). Nothing standing on it
+	// writes nothing, so no conflict would correct a copy that lags:
+	// cachedNode.
+	node, cached := h.cachedNode(cl, it.node)
 	if cached {
 		if st, err := ReadState(node); err == nil && len(st.Faults) == 0 {
 			h.m.cacheHits.WithLabelValues(it.cluster).Inc()

@@ -22,9 +22,12 @@ const recentWrite = clusters.RecentWrite
 // copy, without a GET first. Only what quarantine reads and writes is kept
 // (watchCopy).
 //
-// A write by another replica lags only around a partition rebalance, which
-// takes longer than the watch; anything the copy says is standing is
-// re-read live.
+// Another replica writes a node whose records this replica decides only
+// before a partition rebalance or through the retry topic (its records
+// wait for the retry group's commit), both slower than a working watch;
+// while the watch is behind (a list or watch failed) cachedNode reads
+// live. Anything the copy says is standing is written with its
+// resourceVersion (a conflict re-reads live).
 func newNodeWatches(log *slog.Logger, uncordoned func(cluster, node string)) *clusters.NodeWatches {
 	return clusters.NewNodeWatches(log, watchCopy, func(cluster string, o, n *corev1.Node) {
 		if !o.Spec.Unschedulable || n.Spec.Unschedulable {

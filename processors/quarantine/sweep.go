@@ -101,12 +101,20 @@ func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([
 }
 
 // liftStabilized writes one node's due lifts, with their actions as
-// unsaid (unsaid.go), and returns the actions.
+// unsaid (unsaid.go), and returns the actions: a manual_uncordon first
+// when a person uncordoned the node and it was not acknowledged yet.
 func (h *Handler) liftStabilized(ctx context.Context, cl *clusters.Client, node *corev1.Node, flap FlapPolicy) ([]*faultlinev1.Action, error) {
 	var acts []*faultlinev1.Action
 	_, err := h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
 		now := h.now()
 		acts = acts[:0] // a conflict re-decides on the node as it is now
+		// A person's uncordon not acknowledged yet is acknowledged with
+		// the lift, or the write would cordon the node again for a fault
+		// still standing.
+		manual := h.acknowledgeUncordon(cl.Name, n, st, "the stabilization sweep")
+		if manual != nil {
+			acts = append(acts, manual)
+		}
 		due := map[string]Fault{}
 		for k, f := range st.Faults {
 			if f.Stabilizing() && !now.Before(f.LiftAt) {
@@ -131,14 +139,14 @@ func (h *Handler) liftStabilized(ctx context.Context, cl *clusters.Client, node 
 			a.Details[events.DetailUncordoned] = strconv.FormatBool(uncordon)
 			acts = append(acts, a)
 		}
-		st.addUnsaid(acts...)
-		return changed, nil
+		st.addUnsaid(acts[len(acts)-len(keys):]...) // the acknowledgement's is in already
+		return changed || manual != nil, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cluster %s: lift stabilized faults of node %s: %w", cl.Name, node.Name, err)
 	}
 	for _, a := range acts {
-		h.m.decisions.WithLabelValues(cl.Name, events.KindUnquarantine, a.Outcome).Inc()
+		h.m.decisions.WithLabelValues(cl.Name, a.GetKind(), a.GetOutcome()).Inc()
 	}
 	h.track(unsaidIDs(acts), false) // in flight until the loop says them
 	return acts, nil

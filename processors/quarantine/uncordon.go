@@ -87,22 +87,35 @@ func (h *Handler) AcknowledgeUncordon(ctx context.Context, cluster, node string)
 	}
 	var a *faultlinev1.Action
 	if _, err := h.updateNode(ctx, cl, n, func(n *corev1.Node, st *State) (bool, error) {
-		a = nil // a conflict retries with the node as it is now
-		if !st.DetectManualUncordon(n, h.now()) {
-			return false, nil
-		}
-		at := st.ManualUncordonAt
-		a = &faultlinev1.Action{
-			Id: pipeline.ActionID(cluster, node, at.UTC().Format(time.RFC3339Nano), events.KindManualUncordon), Cluster: cluster, Node: node,
-			Role: Role, Kind: events.KindManualUncordon, Outcome: events.OutcomeDecided, Timestamp: timestamppb.New(at),
-			Reason: "a person uncordoned the node; its standing faults no longer cordon it (noticed by the node watch)",
-		}
-		st.addUnsaid(a)
-		return true, nil
+		a = h.acknowledgeUncordon(cluster, n, st, "the node watch") // a conflict retries with the node as it is now
+		return a != nil, nil
 	}); err != nil || a == nil {
 		return nil, err
 	}
 	h.m.decisions.WithLabelValues(cluster, events.KindManualUncordon, events.OutcomeDecided).Inc()
 	h.track([]string{a.Id}, false) // in flight until the loop says it
 	return a, nil
+}
+
+// acknowledgeUncordon acknowledges, in st, a person's uncordon of n
+// (State.DetectManualUncordon) and returns its manual_uncordon action,
+// written into st as unsaid (unsaid.go); nil when there is none. Every
+// write of a node a loop makes (AcknowledgeUncordon, forgetUnsaid,
+// liftStabilized) asks it first, as a decision of an event does: with a
+// cordoning fault standing, RenderObject would otherwise take the
+// schedulable node for one to cordon and undo the uncordon, and the
+// watch's notice, handled later, would find nothing to acknowledge. by
+// says what noticed it.
+func (h *Handler) acknowledgeUncordon(cluster string, n *corev1.Node, st *State, by string) *faultlinev1.Action {
+	if !st.DetectManualUncordon(n, h.now()) {
+		return nil
+	}
+	at := st.ManualUncordonAt
+	a := &faultlinev1.Action{
+		Id: pipeline.ActionID(cluster, n.Name, at.UTC().Format(time.RFC3339Nano), events.KindManualUncordon), Cluster: cluster, Node: n.Name,
+		Role: Role, Kind: events.KindManualUncordon, Outcome: events.OutcomeDecided, Timestamp: timestamppb.New(at),
+		Reason: "a person uncordoned the node; its standing faults no longer cordon it (noticed by " + by + ")",
+	}
+	st.addUnsaid(a)
+	return a
 }

@@ -229,16 +229,24 @@ func (h *Handler) forgetUnsaid(ctx context.Context, cluster, node string, ids []
 			return err
 		}
 	}
-	_, err = h.updateNode(ctx, cl, n, func(_ *corev1.Node, st *State) (bool, error) {
+	var acked *faultlinev1.Action
+	_, err = h.updateNode(ctx, cl, n, func(n *corev1.Node, st *State) (bool, error) {
 		before := len(st.Unsaid)
 		st.Unsaid = slices.DeleteFunc(st.Unsaid, func(raw json.RawMessage) bool {
 			a, ok := ownUnsaid(raw, cluster, node)
 			return !ok || slices.Contains(ids, a.GetId())
 		})
-		return len(st.Unsaid) != before, nil
+		// A person's uncordon not acknowledged yet is acknowledged with
+		// this write (its action left on the node for the next resay),
+		// or the write would cordon the node again.
+		acked = h.acknowledgeUncordon(cluster, n, st, "the resay of unsaid actions")
+		return len(st.Unsaid) != before || acked != nil, nil
 	})
 	if err != nil {
 		return fmt.Errorf("cluster %s: remove the produced actions of node %s: %w", cluster, node, err)
+	}
+	if acked != nil {
+		h.m.decisions.WithLabelValues(cluster, events.KindManualUncordon, events.OutcomeDecided).Inc()
 	}
 	return nil
 }

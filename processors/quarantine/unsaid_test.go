@@ -1,11 +1,14 @@
 package quarantine
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -59,5 +62,60 @@ func TestAddUnsaidBounded(t *testing.T) {
 				t.Fatalf("newest kept: %s", b)
 			}
 		})
+	}
+}
+
+// A person uncordons a node faultline cordoned for two faults, one of
+// which recovered (its action still on the node), and the loop that
+// removes produced actions writes the node before the watch's notice of
+// the uncordon is handled: the uncordon is acknowledged there and then,
+// the node is not cordoned again, and its manual_uncordon action is kept
+// on the node for resay.
+func TestForgetUnsaidKeepsAManualUncordon(t *testing.T) {
+	h, k, advance := fakeHandler(t, testConfig("forget"), "forget", "forget-1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	handle(t, h, record("c1", fatal("forget-1", "XID_ERROR_48", "GPU-1")), record("c1", fatal("forget-1", "XID_ERROR_48", "GPU-2")))
+	if acts, _ := handle(t, h, record("c1", healthy("forget-1", "XID_ERROR_48", "GPU-1"))); kinds(acts) != "unquarantine/in_progress" {
+		t.Fatalf("recovery of one fault: %s", kinds(acts))
+	}
+	n := getNode(t, k, "forget-1")
+	st, _ := ReadState(n)
+	own, _ := st.unsaid("c1", "forget-1")
+	if !n.Spec.Unschedulable || len(own) != 1 {
+		t.Fatalf("before the uncordon: unschedulable %v, unsaid %v", n.Spec.Unschedulable, own)
+	}
+	n.Spec.Unschedulable = false // kubectl uncordon
+	if _, err := k.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cl, _ := h.reg.Get("c1")
+	waitUntil(t, 10*time.Second, func() bool {
+		c, err := h.nodes.Get(cl).Lister.Get("forget-1")
+		return err == nil && !c.Spec.Unschedulable
+	}, "the node watch to see the uncordon")
+
+	if err := h.forgetUnsaid(ctx, "c1", "forget-1", []string{own[0].GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	n = getNode(t, k, "forget-1")
+	if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Labels[LabelQuarantined] != "" ||
+		n.Annotations[AnnotationManualUncordon] == "" {
+		t.Fatalf("the person's uncordon undone: unschedulable %v, taints %v, labels %v, annotations %v",
+			n.Spec.Unschedulable, n.Spec.Taints, n.Labels, n.Annotations)
+	}
+	if a, err := h.AcknowledgeUncordon(ctx, "c1", "forget-1"); a != nil || err != nil {
+		t.Fatalf("acknowledged twice: %v, %v", a, err)
+	}
+	// The acknowledgement's action is resaid (the fake keeps no
+	// resourceVersions: the watch's copy is trusted after RecentWrite).
+	advance(recentWrite)
+	waitWatchedUnsaid(t, h, "forget-1", func(u string) bool { return strings.Contains(u, events.KindManualUncordon) }, "the acknowledgement on the watched node")
+	var said actionSink
+	if err := h.resay(ctx, &said); err != nil || kinds(said.snapshot()) != "manual_uncordon/decided" {
+		t.Fatalf("resay: %s, %v", kinds(said.snapshot()), err)
+	}
+	if n := getNode(t, k, "forget-1"); n.Spec.Unschedulable || n.Annotations[AnnotationUnsaid] != "" {
+		t.Fatalf("after resay: unschedulable %v, unsaid %s", n.Spec.Unschedulable, n.Annotations[AnnotationUnsaid])
 	}
 }

@@ -1,0 +1,113 @@
+package quarantine
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/faultline/faultline/processors/clusters"
+)
+
+// behindHandler returns a handler of cluster c1 whose requests go to k and
+// whose node watch holds seed as it listed it, then fails (its lists and
+// watches refused, the reflector in backoff), while other writers change
+// the node in k: replica A of the scenarios below.
+func behindHandler(t *testing.T, cfg Config, k kubernetes.Interface, seed *corev1.Node) *Handler {
+	t.Helper()
+	wk := fakeKube()
+	seed = seed.DeepCopy()
+	seed.ResourceVersion = ""
+	if err := wk.Tracker().Add(seed); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		down    atomic.Bool
+		refused atomic.Int32
+		mu      sync.Mutex
+		open    []*watch.RaceFreeFakeWatcher
+	)
+	wk.PrependReactor("list", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+		if down.Load() {
+			refused.Add(1)
+			return true, nil, errors.New("apiserver unreachable")
+		}
+		return false, nil, nil
+	})
+	wk.PrependWatchReactor("nodes", func(clienttesting.Action) (bool, watch.Interface, error) {
+		if down.Load() {
+			refused.Add(1)
+			return true, nil, errors.New("apiserver unreachable")
+		}
+		w := watch.NewRaceFreeFake() // delivers nothing: the copy stays as listed
+		mu.Lock()
+		open = append(open, w)
+		mu.Unlock()
+		return true, w, nil
+	})
+	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+	reg.SetClient("c1", k, false).WatchKube = wk
+	h, err := New(cfg, reg, Options{Log: testLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	cl, _ := reg.Get("c1")
+	waitUntil(t, 10*time.Second, func() bool { _, ok := h.nodes.Cached(cl, seed.Name, h.now()); return ok }, "the node watch synced")
+	down.Store(true)
+	mu.Lock()
+	for _, w := range open {
+		w.Stop()
+	}
+	mu.Unlock()
+	// Twice: the first refusal's failure is reported before the second.
+	waitUntil(t, 20*time.Second, func() bool { return refused.Load() >= 2 }, "the node watch refused twice")
+	return h
+}
+
+// Another replica applies a fault (from the retry topic) while this
+// replica's node watch is failing, so its copy shows nothing standing;
+// the fault's recovery reaches this replica: it reads the node live and
+// lifts the fault. Before, it decided from the copy that nothing stood,
+// wrote nothing (so no conflict corrected it) and the node stayed
+// cordoned for good.
+func TestRecoveryOverAWatchBehind(t *testing.T) {
+	cfg := testConfig("behindrec")
+	b, k, _ := fakeHandler(t, cfg, "behindrec", "behindrec-1")
+	a := behindHandler(t, cfg, k, getNode(t, k, "behindrec-1"))
+	if acts, _ := handle(t, b, record("c1", fatal("behindrec-1", "XID_ERROR_48", "GPU-1"))); kinds(acts) != "quarantine/applied" {
+		t.Fatalf("fault on the other replica: %s", kinds(acts))
+	}
+	acts, _ := handle(t, a, record("c1", healthy("behindrec-1", "XID_ERROR_48", "GPU-1")))
+	if n := getNode(t, k, "behindrec-1"); kinds(acts) != "unquarantine/applied" || n.Spec.Unschedulable || n.Annotations[AnnotationState] != "" {
+		t.Fatalf("recovery over a watch behind: actions %s; node unschedulable %v, state %s", kinds(acts), n.Spec.Unschedulable, n.Annotations[AnnotationState])
+	}
+}
+
+// The same with a repeat: another replica lifted a fault while this
+// replica's watch is failing, so its copy shows the fault standing; a new
+// occurrence of it within repeat_write_interval is not taken for a repeat
+// that changes nothing: it is decided on the node read live and cordons
+// it again.
+func TestRepeatOverAWatchBehind(t *testing.T) {
+	cfg := testConfig("behindrep")
+	b, k, _ := fakeHandler(t, cfg, "behindrep", "behindrep-1")
+	if acts, _ := handle(t, b, record("c1", fatal("behindrep-1", "XID_ERROR_48", "GPU-1"))); kinds(acts) != "quarantine/applied" {
+		t.Fatalf("fault: %s", kinds(acts))
+	}
+	a := behindHandler(t, cfg, k, getNode(t, k, "behindrep-1")) // its copy: the fault standing
+	if acts, _ := handle(t, b, record("c1", healthy("behindrep-1", "XID_ERROR_48", "GPU-1"))); kinds(acts) != "unquarantine/applied" {
+		t.Fatalf("recovery on the other replica: %s", kinds(acts))
+	}
+	acts, _ := handle(t, a, record("c1", fatal("behindrep-1", "XID_ERROR_48", "GPU-1")))
+	if n := getNode(t, k, "behindrep-1"); kinds(acts) != "quarantine/applied" || !n.Spec.Unschedulable || n.Labels[LabelQuarantined] != "true" {
+		t.Fatalf("occurrence over a watch behind: actions %s; node unschedulable %v, labels %v", kinds(acts), n.Spec.Unschedulable, n.Labels)
+	}
+}
