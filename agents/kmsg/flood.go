@@ -111,7 +111,10 @@ func (f *flood) admit(key string, build func() *datamodels.HealthEvent, t time.T
 		f.m[key] = &floodEntry{start: t, last: t, emitted: 1}
 		return true
 	}
-	if t.Sub(e.start) > f.window || e.start.Sub(t) > f.window {
+	// A window flush closed takes no more occurrences, even one whose own
+	// time falls inside it (line times running behind the clock, the clock
+	// stepped forward): nothing would report it. It opens a new window.
+	if e.closed || t.Sub(e.start) > f.window || e.start.Sub(t) > f.window {
 		if !e.closed {
 			f.close(e)
 		}
