@@ -544,10 +544,10 @@ func TestKmsgSourceRestart(t *testing.T) {
 	}
 	dir := t.TempDir()
 	path := filepath.Join(dir, "state.json")
-	if err := saveState(path, st); err != nil {
+	if err := saveState(path, savedState{sourceState: st}); err != nil {
 		t.Fatal(err)
 	}
-	st = loadState(path, slog.New(slog.DiscardHandler))
+	st = loadState(path, slog.New(slog.DiscardHandler)).sourceState
 	// Same boot: the ring buffer is read from its start again, and what was
 	// read before the restart is skipped.
 	again := &kmsgSource{rd: (&fakeKmsg{recs: append(recs, "4,104,4000000,-;NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, MMU\n")}).read,
