@@ -93,7 +93,8 @@ type GPU struct {
 	// Unknown names the watches (systems: Pcie, Nvlink...) whose health
 	// the last read could not tell for this GPU, so that no incident of
 	// them does not mean healthy: a rate before its second sample, an
-	// NVLink seen inactive since the process started (down, or unused).
+	// NVLink seen inactive since the process started (down, or unused), a
+	// query that failed.
 	Unknown []string `json:"unknown,omitempty"`
 }
 
@@ -231,8 +232,13 @@ func New(cfg Config) (*Check, error) {
 		}
 		cfg.Source = r
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	if cfg.Source == nil {
-		cfg.Source = NewNVML()
+		n := NewNVML()
+		n.Logger = cfg.Logger
+		cfg.Source = n
 	}
 	if cfg.BootGrace == 0 {
 		cfg.BootGrace = 10 * time.Minute
@@ -242,9 +248,6 @@ func New(cfg Config) (*Check, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
 	}
 	pending := map[string]bool{}
 	for _, w := range Watches {

@@ -5,7 +5,10 @@ package gpu
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,16 +19,33 @@ import (
 // NVML is the real Source: NVIDIA's management library, loaded at run time
 // (dlopen of libnvidia-ml.so.1) by go-nvml. It evaluates the conditions of
 // DCGM's health watches and names them with DCGM's error codes.
+//
+// A query that fails (other than "not supported": the GPU has no such
+// thing) says nothing of its condition: the condition stays as its last
+// answer found it, incidents included, and its watch is unknown to the
+// healthy baseline (GPU.Unknown) for that read; the failure is logged when
+// it starts and when the query answers again. Taken for "no incident", one
+// failed ECC read recovered a standing DBE, raised again at the next poll: a
+// flap that lifted and applied the node's quarantine. Likewise a GPU whose
+// handle NVML does not give keeps its incidents (besides DCGM_FR_NVML_API).
 type NVML struct {
 	mu     sync.Mutex
+	lib    nvmlLib
 	inited bool
-	replay map[string]replaySample // uuid → last PCIe replay counter
-	links  map[string]bool         // "uuid/link" → was active
-	gpus   []GPU                   // the GPUs of the last successful read (Inventory)
+	// By GPU id (its UUID, else "gpu<index>", as the events name it):
+	replay  map[string]replaySample // id → last PCIe replay counter
+	links   map[string]bool         // "id/link" → was active
+	last    map[string][]Incident   // "id/condition" → its incidents at its last answer
+	failing map[string]bool         // "id/query" → failing (logged)
+	uuidAt  map[string]string       // PCI bus id → the UUID last read there
+	byIndex map[int]GPU             // index → the GPU last read there
+	gpus    []GPU                   // the GPUs of the last successful read (Inventory)
 	// ReplayPerMinute is the PCIe replay rate that raises
 	// DCGM_FR_PCI_REPLAY_RATE (DCGM's default limit is 8 per minute).
 	ReplayPerMinute float64
-	now             func() time.Time
+	// Logger logs the queries that fail (default slog.Default()).
+	Logger *slog.Logger
+	now    func() time.Time
 }
 
 type replaySample struct {
@@ -35,7 +55,27 @@ type replaySample struct {
 
 // NewNVML returns the NVML Source.
 func NewNVML() *NVML {
-	return &NVML{replay: map[string]replaySample{}, links: map[string]bool{}, ReplayPerMinute: 8, now: time.Now}
+	return &NVML{lib: pkgNVML{}, replay: map[string]replaySample{}, links: map[string]bool{}, last: map[string][]Incident{},
+		failing: map[string]bool{}, uuidAt: map[string]string{}, byIndex: map[int]GPU{}, ReplayPerMinute: 8, now: time.Now}
+}
+
+// nvmlLib is what NVML calls of the library besides a device's methods:
+// go-nvml's package functions (pkgNVML), or its mock in tests.
+type nvmlLib interface {
+	Init() nvml.Return
+	Shutdown() nvml.Return
+	DeviceGetCount() (int, nvml.Return)
+	DeviceGetHandleByIndex(int) (nvml.Device, nvml.Return)
+}
+
+// pkgNVML calls go-nvml's package functions, which use its one library.
+type pkgNVML struct{}
+
+func (pkgNVML) Init() nvml.Return                  { return nvml.Init() }
+func (pkgNVML) Shutdown() nvml.Return              { return nvml.Shutdown() }
+func (pkgNVML) DeviceGetCount() (int, nvml.Return) { return nvml.DeviceGetCount() }
+func (pkgNVML) DeviceGetHandleByIndex(i int) (nvml.Device, nvml.Return) {
+	return nvml.DeviceGetHandleByIndex(i)
 }
 
 // Health implements Source.
@@ -43,7 +83,7 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.inited {
-		switch r := nvml.Init(); r {
+		switch r := s.lib.Init(); r {
 		case nvml.SUCCESS:
 			s.inited = true
 		case nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED, nvml.ERROR_NO_PERMISSION:
@@ -55,10 +95,10 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 			return nil, fmt.Errorf("nvml init: %s", nvml.ErrorString(r))
 		}
 	}
-	n, r := nvml.DeviceGetCount()
+	n, r := s.lib.DeviceGetCount()
 	if r != nvml.SUCCESS {
 		s.inited = false
-		nvml.Shutdown()
+		s.lib.Shutdown()
 		return nil, fmt.Errorf("nvml device count: %s", nvml.ErrorString(r))
 	}
 	var out []Incident
@@ -67,16 +107,23 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		d, r := nvml.DeviceGetHandleByIndex(i)
+		d, r := s.lib.DeviceGetHandleByIndex(i)
 		if r != nvml.SUCCESS {
 			out = append(out, Incident{GPU: i, System: "Pcie", Health: "FAIL", Code: "DCGM_FR_NVML_API",
 				Message: "cannot get a handle for the GPU: " + nvml.ErrorString(r)})
-			gpus = append(gpus, GPU{Index: i})
+			// Nothing of it read: what it had stands, no watch is known.
+			g, ok := s.byIndex[i]
+			if ok {
+				out = append(out, s.lastOf(gpuID(Incident{GPU: i, UUID: g.UUID}))...)
+			}
+			g.Index, g.Unknown = i, slices.Clone(Watches)
+			gpus = append(gpus, g)
 			continue
 		}
 		incs, g := s.device(i, d)
 		out = append(out, incs...)
 		gpus = append(gpus, g)
+		s.byIndex[i] = g
 	}
 	s.gpus = gpus
 	return out, nil
@@ -94,7 +141,6 @@ func (s *NVML) GPUs() []GPU {
 }
 
 func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
-	uuid, _ := d.GetUUID()
 	pci := ""
 	if p, r := d.GetPciInfo(); r == nvml.SUCCESS {
 		var b strings.Builder
@@ -106,67 +152,174 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 		}
 		pci = strings.ToLower(b.String())
 	}
+	g := GPU{Index: i, PCI: pci}
+	// A GPU whose UUID is not read is the one last read at its PCI address,
+	// else known by its index: never "", which GPUs failing alike shared.
+	uuid, r := d.GetUUID()
+	if r != nvml.SUCCESS {
+		uuid = ""
+		if pci != "" {
+			uuid = s.uuidAt[pci]
+		}
+	} else if pci != "" && uuid != "" {
+		s.uuidAt[pci] = uuid
+	}
+	g.UUID = uuid
+	if r == nvml.SUCCESS && uuid == "" {
+		r = nvml.ERROR_UNKNOWN
+	}
+	s.answered(&g, "gpu"+strconv.Itoa(i), "GetUUID", r)
+	id := gpuID(Incident{GPU: i, UUID: uuid})
 	inc := func(system, health, code, msg string, args ...any) Incident {
 		return Incident{GPU: i, UUID: uuid, PCI: pci, System: system, Health: health, Code: code, Message: fmt.Sprintf(msg, args...)}
 	}
 	var out []Incident
-	g := GPU{Index: i, UUID: uuid, PCI: pci}
 	// Memory: volatile DBEs, row remapping.
-	if v, r := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); r == nvml.SUCCESS && v > 0 {
-		out = append(out, inc("Mem", "FAIL", "DCGM_FR_VOLATILE_DBE_DETECTED", "Detected %d volatile double-bit ECC error(s)", v))
+	var incs []Incident
+	v, r := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
+	if r == nvml.SUCCESS && v > 0 {
+		incs = append(incs, inc("Mem", "FAIL", "DCGM_FR_VOLATILE_DBE_DETECTED", "Detected %d volatile double-bit ECC error(s)", v))
 	}
-	if _, unc, pending, failed, r := d.GetRemappedRows(); r == nvml.SUCCESS {
+	out = append(out, s.cond(&g, id, "GetTotalEccErrors", r, incs, "Mem")...)
+	incs = nil
+	_, unc, pending, failed, r := d.GetRemappedRows()
+	if r == nvml.SUCCESS {
 		switch {
 		case failed:
-			out = append(out, inc("Mem", "FAIL", "DCGM_FR_ROW_REMAP_FAILURE", "Row remapping failed (%d uncorrectable rows remapped)", unc))
+			incs = append(incs, inc("Mem", "FAIL", "DCGM_FR_ROW_REMAP_FAILURE", "Row remapping failed (%d uncorrectable rows remapped)", unc))
 		case pending:
-			out = append(out, inc("Mem", "FAIL", "DCGM_FR_PENDING_ROW_REMAP", "Row remapping pending; reset the GPU to apply it"))
+			incs = append(incs, inc("Mem", "FAIL", "DCGM_FR_PENDING_ROW_REMAP", "Row remapping pending; reset the GPU to apply it"))
 		}
 	}
+	out = append(out, s.cond(&g, id, "GetRemappedRows", r, incs, "Mem")...)
 	// PCIe: replay rate.
-	if n, r := d.GetPcieReplayCounter(); r == nvml.SUCCESS {
+	incs = nil
+	n, r := d.GetPcieReplayCounter()
+	if r == nvml.SUCCESS {
 		now := s.now()
-		if prev, ok := s.replay[uuid]; ok && now.After(prev.t) && n >= prev.n {
+		prev, ok := s.replay[id]
+		if ok && now.After(prev.t) && n >= prev.n {
 			rate := float64(n-prev.n) / now.Sub(prev.t).Minutes()
 			if rate > s.ReplayPerMinute {
-				out = append(out, inc("Pcie", "WARN", "DCGM_FR_PCI_REPLAY_RATE", "Detected %.0f PCIe replays per minute (limit %.0f)", rate, s.ReplayPerMinute))
+				incs = append(incs, inc("Pcie", "WARN", "DCGM_FR_PCI_REPLAY_RATE", "Detected %.0f PCIe replays per minute (limit %.0f)", rate, s.ReplayPerMinute))
 			}
 		}
-		if _, ok := s.replay[uuid]; !ok {
-			g.Unknown = append(g.Unknown, "Pcie")
+		if !ok {
+			unknown(&g, "Pcie")
 		}
-		s.replay[uuid] = replaySample{n, now}
+		s.replay[id] = replaySample{n, now}
 	}
+	out = append(out, s.cond(&g, id, "GetPcieReplayCounter", r, incs, "Pcie")...)
 	// NVLink: a link that was active and is not any more.
 	for l := 0; l < nvml.NVLINK_MAX_LINKS; l++ {
 		st, r := d.GetNvLinkState(l)
-		if r != nvml.SUCCESS {
-			continue
+		key := id + "/" + strconv.Itoa(l)
+		was, seen := s.links[key]
+		if r != nvml.SUCCESS && !seen {
+			continue // no such link, or never read: nothing to keep
 		}
-		key := fmt.Sprintf("%s/%d", uuid, l)
-		active := st == nvml.FEATURE_ENABLED
-		if was, seen := s.links[key]; seen && was && !active {
-			out = append(out, inc("Nvlink", "FAIL", "DCGM_FR_NVLINK_DOWN", "NVLink %d is down", l))
-			continue // keep it marked active so the incident stands
+		incs = nil
+		if r == nvml.SUCCESS {
+			active := st == nvml.FEATURE_ENABLED
+			if seen && was && !active {
+				// Kept marked active so the incident stands.
+				incs = append(incs, inc("Nvlink", "FAIL", "DCGM_FR_NVLINK_DOWN", "NVLink %d is down", l))
+			} else {
+				s.links[key] = active
+				if !active {
+					unknown(&g, "Nvlink")
+				}
+			}
 		}
-		s.links[key] = active
-		if !active && !slices.Contains(g.Unknown, "Nvlink") {
-			g.Unknown = append(g.Unknown, "Nvlink")
-		}
+		out = append(out, s.cond(&g, id, "GetNvLinkState/"+strconv.Itoa(l), r, incs, "Nvlink")...)
 	}
 	// Thermal and power.
-	if t, r := d.GetTemperature(nvml.TEMPERATURE_GPU); r == nvml.SUCCESS {
-		if lim, r := d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SLOWDOWN); r == nvml.SUCCESS && lim > 0 && t >= lim {
-			out = append(out, inc("Thermal", "WARN", "DCGM_FR_TEMP_VIOLATION", "Temperature %d C at or above the slowdown threshold %d C", t, lim))
+	incs = nil
+	t, r := d.GetTemperature(nvml.TEMPERATURE_GPU)
+	if r == nvml.SUCCESS {
+		var lim uint32
+		if lim, r = d.GetTemperatureThreshold(nvml.TEMPERATURE_THRESHOLD_SLOWDOWN); r == nvml.SUCCESS && lim > 0 && t >= lim {
+			incs = append(incs, inc("Thermal", "WARN", "DCGM_FR_TEMP_VIOLATION", "Temperature %d C at or above the slowdown threshold %d C", t, lim))
 		}
 	}
-	if reasons, r := d.GetCurrentClocksThrottleReasons(); r == nvml.SUCCESS {
+	out = append(out, s.cond(&g, id, "GetTemperature", r, incs, "Thermal")...)
+	incs = nil
+	reasons, r := d.GetCurrentClocksThrottleReasons()
+	if r == nvml.SUCCESS {
 		if reasons&(nvml.ClocksThrottleReasonHwThermalSlowdown|nvml.ClocksThrottleReasonSwThermalSlowdown) != 0 {
-			out = append(out, inc("Thermal", "WARN", "DCGM_FR_CLOCKS_EVENT_THERMAL", "Clocks slowed down for temperature (reasons 0x%x)", reasons))
+			incs = append(incs, inc("Thermal", "WARN", "DCGM_FR_CLOCKS_EVENT_THERMAL", "Clocks slowed down for temperature (reasons 0x%x)", reasons))
 		}
 		if reasons&nvml.ClocksThrottleReasonHwPowerBrakeSlowdown != 0 {
-			out = append(out, inc("Power", "WARN", "DCGM_FR_CLOCKS_EVENT_POWER", "Clocks slowed down by the power brake (reasons 0x%x)", reasons))
+			incs = append(incs, inc("Power", "WARN", "DCGM_FR_CLOCKS_EVENT_POWER", "Clocks slowed down by the power brake (reasons 0x%x)", reasons))
 		}
 	}
+	out = append(out, s.cond(&g, id, "GetCurrentClocksThrottleReasons", r, incs, "Thermal", "Power")...)
 	return out, g
+}
+
+// cond returns the incidents of one condition of GPU id, read by query
+// with answer r: incs when it answered (remembered), else those of its
+// last answer, the watches it belongs to (systems) unknown for this read.
+func (s *NVML) cond(g *GPU, id, query string, r nvml.Return, incs []Incident, systems ...string) []Incident {
+	key := id + "/" + query
+	if s.answered(g, id, query, r) {
+		if len(incs) == 0 {
+			delete(s.last, key)
+		} else {
+			s.last[key] = incs
+		}
+		return incs
+	}
+	for _, sys := range systems {
+		unknown(g, sys)
+	}
+	return s.last[key]
+}
+
+// answered reports whether query on GPU id answered ("not supported" is an
+// answer: the GPU has no such thing); it logs when the query starts
+// failing and when it answers again.
+func (s *NVML) answered(g *GPU, id, query string, r nvml.Return) bool {
+	key := id + "/" + query
+	log := s.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if r == nvml.SUCCESS || r == nvml.ERROR_NOT_SUPPORTED {
+		if s.failing[key] {
+			delete(s.failing, key)
+			log.Info("NVML query answers again", "gpu", g.Index, "uuid", g.UUID, "pci", g.PCI, "query", query)
+		}
+		return true
+	}
+	if !s.failing[key] {
+		s.failing[key] = true
+		log.Warn("NVML query failed; what it reads is kept as last read", "gpu", g.Index, "uuid", g.UUID, "pci", g.PCI,
+			"query", query, "err", nvml.ErrorString(r))
+	}
+	return false
+}
+
+// lastOf returns the incidents GPU id's conditions had at their last
+// answers.
+func (s *NVML) lastOf(id string) []Incident {
+	var keys []string
+	for k := range s.last {
+		if strings.HasPrefix(k, id+"/") {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var out []Incident
+	for _, k := range keys {
+		out = append(out, s.last[k]...)
+	}
+	return out
+}
+
+// unknown adds watch to the watches g's read could not tell.
+func unknown(g *GPU, watch string) {
+	if !slices.Contains(g.Unknown, watch) {
+		g.Unknown = append(g.Unknown, watch)
+	}
 }

@@ -5,11 +5,15 @@ package gpu
 import (
 	"context"
 	"errors"
+	"log/slog"
 )
 
 // NVML is the NVML Source; without cgo it cannot load the library and
 // reports an error on every call (build with CGO_ENABLED=1).
-type NVML struct{}
+type NVML struct {
+	// Logger is unused without cgo.
+	Logger *slog.Logger
+}
 
 // NewNVML returns the NVML Source.
 func NewNVML() *NVML { return &NVML{} }

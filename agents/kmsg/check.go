@@ -1,6 +1,7 @@
 package kmsg
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -9,16 +10,19 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // Sources of kernel messages.
@@ -137,6 +141,10 @@ type Check struct {
 	rebooted        bool
 	pos             sourceState // to save at Commit
 	saved           sourceState // as the state file holds it
+	// held, the flood summaries to save with pos (savedHeld as saved);
+	// restored, those the process before saved, for the next Check.
+	held, savedHeld [][]byte
+	restored        []*datamodels.HealthEvent
 }
 
 // New returns the kmsg check.
@@ -206,14 +214,42 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	lines := 0
 	rerr := c.src.read(ctx, c.cfg.MaxLinesPerCheck, func(l Line) { lines++; c.parser.Process(l) })
 	c.parser.Flush(false)
+	held := c.parser.held(maxHeldBytes)
 	evs := c.parser.Drain()
+	if len(c.restored) > 0 {
+		// What the process before had counted in flood windows still open.
+		evs = append(c.restored, evs...)
+		c.restored = nil
+	}
 	if c.rebooted {
 		evs = c.afterReboot(evs, rerr == nil && lines < c.cfg.MaxLinesPerCheck)
 	}
 	c.occurrenceIDs(evs)
 	c.pos = c.src.position()
 	c.pos.BootID, c.pos.ClearedBoot = c.bootID, c.cleared
+	c.held = c.saveHeld(held)
 	return evs, rerr
+}
+
+// saveHeld encodes the summaries of the occurrences that open flood
+// windows hold, with their ids, to be saved with the read position: the
+// position is past their lines, so a restart before the windows close
+// would lose them; the next process reports these instead (the same ids if
+// it restarts again before its first commit). Holding the position back
+// instead would not do: a restart would read again lines after it that a
+// closed window's summary already counted, counting them twice.
+func (c *Check) saveHeld(held []*datamodels.HealthEvent) [][]byte {
+	c.occurrenceIDs(held)
+	out := make([][]byte, 0, len(held))
+	for _, ev := range held {
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(ev)
+		if err != nil {
+			c.log.Warn("kmsg flood summary not saved: a restart before its window closes loses it", "event", ev.GetMessage(), "err", err)
+			continue
+		}
+		out = append(out, b)
+	}
+	return out
 }
 
 // occurrenceIDs gives each event that carries its line's time an id made
@@ -252,13 +288,13 @@ func (c *Check) Commit() error {
 	if c.src == nil {
 		return nil
 	}
-	if c.pos == c.saved {
+	if c.pos == c.saved && slices.EqualFunc(c.held, c.savedHeld, bytes.Equal) {
 		return nil // nothing read since: no write (and fsync) every poll
 	}
-	if err := saveState(c.statePath(), c.pos); err != nil {
+	if err := saveState(c.statePath(), savedState{sourceState: c.pos, Held: c.held}); err != nil {
 		return err
 	}
-	c.saved = c.pos
+	c.saved, c.savedHeld = c.pos, c.held
 	return nil
 }
 
@@ -321,7 +357,8 @@ func (c *Check) statePath() string {
 
 func (c *Check) open() (source, error) {
 	st := loadState(c.statePath(), c.log)
-	c.saved = st
+	c.saved, c.savedHeld = st.sourceState, st.Held
+	c.restored = c.restoreHeld(st.Held)
 	c.bootID = BootID(c.cfg.BootIDPath)
 	c.cleared = st.ClearedBoot
 	if c.cleared == "" {
@@ -335,15 +372,31 @@ func (c *Check) open() (source, error) {
 	}
 	switch c.cfg.Source {
 	case SourceJournal:
-		return newJournal(c.cfg.JournalctlPath, st), nil
+		return newJournal(c.cfg.JournalctlPath, st.sourceState), nil
 	case SourceFile:
 		if _, err := os.Stat(c.cfg.File); err != nil {
 			return nil, err
 		}
-		return newFile(c.cfg.File, st), nil
+		return newFile(c.cfg.File, st.sourceState), nil
 	default:
-		return openKmsg(c.cfg.KmsgPath, c.bootID, st)
+		return openKmsg(c.cfg.KmsgPath, c.bootID, st.sourceState)
 	}
+}
+
+// restoreHeld decodes the flood summaries the process before saved (see
+// saveHeld), made events the gateway takes as any the parser builds.
+func (c *Check) restoreHeld(held [][]byte) []*datamodels.HealthEvent {
+	var out []*datamodels.HealthEvent
+	for _, b := range held {
+		ev, err := events.Unmarshal(b)
+		if err != nil {
+			c.log.Warn("kmsg state: a saved flood summary not read", "path", c.statePath(), "err", err)
+			continue
+		}
+		validate.Clean(ev, c.parser.cfg.Now())
+		out = append(out, ev)
+	}
+	return out
 }
 
 // BootTime reads this boot's start, btime, from path (/proc/stat); zero

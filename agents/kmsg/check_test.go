@@ -7,12 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/faultline/faultline/agents/topology/topologytest"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // TestConfigValidate: each bad setting is refused on its own, naming its
@@ -473,5 +475,120 @@ func TestPositionWrittenWhenMoved(t *testing.T) {
 	defer c2.Close()
 	if evs, err := c2.Check(context.Background()); err != nil || len(evs) != 0 {
 		t.Fatalf("after a restart: %d events (%v), want none", len(evs), err)
+	}
+}
+
+// TestRestartKeepsFloodCounts: occurrences a flood window holds (counted,
+// to be reported when it closes) when the agent restarts are reported by
+// the next process: three Xid 31s a second apart, a restart within the
+// window, three counted. A restart before that process committed reports
+// them again with the same id (stored once), not again under a new one.
+func TestRestartKeepsFloodCounts(t *testing.T) {
+	dir := t.TempDir()
+	logf := filepath.Join(dir, "kern.log")
+	var lines string
+	for i := 1; i <= 3; i++ {
+		lines += fmt.Sprintf("[ %d.0] NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n", i)
+	}
+	if err := os.WriteFile(logf, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	boot := time.Date(2024, 10, 28, 9, 0, 0, 0, time.UTC)
+	statf := filepath.Join(dir, "stat")
+	if err := os.WriteFile(statf, []byte(fmt.Sprintf("cpu 1 2 3\nbtime %d\n", boot.Unix())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(at time.Time, commit bool) []*datamodels.HealthEvent {
+		t.Helper()
+		c, err := New(Config{Source: SourceFile, File: logf, StateDir: filepath.Join(dir, "state"), ProcStatPath: statf,
+			BootIDPath: filepath.Join(dir, "boot_id"), Parser: ParserConfig{Now: func() time.Time { return at }}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		evs, err := c.Check(context.Background())
+		if err == nil && commit {
+			err = c.Commit()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return evs
+	}
+	count := func(evs []*datamodels.HealthEvent) int {
+		n := 0
+		for _, ev := range evs {
+			c, _ := strconv.Atoi(ev.GetMetadata()["count"])
+			n += c
+		}
+		return n
+	}
+	before := run(boot.Add(4*time.Second), true) // the window of 1 s still open
+	killed := run(boot.Add(8*time.Second), false)
+	after := run(boot.Add(9*time.Second), true)
+	if n := count(before) + count(after); n != 3 {
+		t.Fatalf("counts add up to %d, want 3: before the restart %s\nafter it %s", n, encodeT(before), encodeT(after))
+	}
+	if len(killed) != len(after) || len(after) != 1 || killed[0].GetId() == "" || killed[0].GetId() != after[0].GetId() {
+		t.Fatalf("reported again after a restart before the commit: %s\nthen %s", encodeT(killed), encodeT(after))
+	}
+	if evs := run(boot.Add(10*time.Second), true); len(evs) != 0 {
+		t.Fatalf("reported again after the commit: %s", encodeT(evs))
+	}
+}
+
+// TestHeldFloodCountsBounded: the flood summaries saved with the position
+// are bounded (maxHeldBytes); the windows past the bound are closed at
+// once, so a restart still counts every occurrence and the state file
+// stays one the next process reads.
+func TestHeldFloodCountsBounded(t *testing.T) {
+	dir := t.TempDir()
+	logf := filepath.Join(dir, "kern.log")
+	var b strings.Builder
+	const gpus = 1200
+	for i := range gpus {
+		for s := 1; s <= 2; s++ {
+			fmt.Fprintf(&b, "[ %d.0] NVRM: Xid (PCI:0000:%02x:%02x): 31, pid=1, name=x, Ch 00000008, intr 10000000. MMU Fault\n", s, i/256, i%256)
+		}
+	}
+	if err := os.WriteFile(logf, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	boot := time.Date(2024, 10, 28, 9, 0, 0, 0, time.UTC)
+	statf := filepath.Join(dir, "stat")
+	if err := os.WriteFile(statf, []byte(fmt.Sprintf("cpu 1 2 3\nbtime %d\n", boot.Unix())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, at := range []time.Duration{4 * time.Second, 9 * time.Second} {
+		var logs strings.Builder
+		c, err := New(Config{Source: SourceFile, File: logf, StateDir: filepath.Join(dir, "state"), ProcStatPath: statf,
+			BootIDPath: filepath.Join(dir, "boot_id"), Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+			Parser: ParserConfig{Now: func() time.Time { return boot.Add(at) }}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, err := c.Check(context.Background())
+		if err == nil {
+			err = c.Commit()
+		}
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(logs.String(), "level=WARN") {
+			t.Fatalf("after %s: %s", at, logs.String())
+		}
+		for _, ev := range evs {
+			n, _ := strconv.Atoi(ev.GetMetadata()["count"])
+			total += n
+		}
+	}
+	if total != 2*gpus {
+		t.Fatalf("counts add up to %d, want %d", total, 2*gpus)
+	}
+	fi, err := os.Stat(filepath.Join(dir, "state", "kmsg-file.json"))
+	if err != nil || fi.Size() > maxStateBytes {
+		t.Fatalf("state file: %v, %v bytes (at most %d)", err, fi.Size(), maxStateBytes)
 	}
 }

@@ -38,7 +38,8 @@
 // (FloodWindow, default 10s) is reported at once; later ones are counted
 // and closed by one event with metadata count=N and flood=true per window
 // while the flood lasts. Summing metadata "count" gives the exact number
-// of occurrences.
+// of occurrences, across a restart too: what open windows hold is saved
+// with the read position (Check.saveHeld).
 //
 // Multi-line messages are grouped: an SXid header line with its
 // "Severity…"/"Data {…}" detail lines is one event (metadata "details");

@@ -111,7 +111,10 @@ func (f *flood) admit(key string, build func() *datamodels.HealthEvent, t time.T
 		f.m[key] = &floodEntry{start: t, last: t, emitted: 1}
 		return true
 	}
-	if t.Sub(e.start) > f.window || e.start.Sub(t) > f.window {
+	// A window flush closed takes no more occurrences, even one whose own
+	// time falls inside it (line times running behind the clock, the clock
+	// stepped forward): nothing would report it. It opens a new window.
+	if e.closed || t.Sub(e.start) > f.window || e.start.Sub(t) > f.window {
 		if !e.closed {
 			f.close(e)
 		}
@@ -149,6 +152,14 @@ func (f *flood) close(e *floodEntry) {
 	if e.suppressed == 0 {
 		return
 	}
+	f.ready = append(f.ready, f.summary(e))
+	e.suppressed = 0
+	e.tmpl = nil
+}
+
+// summary is the event of the occurrences e holds: its last one's, with
+// their count.
+func (f *flood) summary(e *floodEntry) *datamodels.HealthEvent {
 	ev := e.tmpl()
 	ev.Metadata["count"] = strconv.Itoa(e.suppressed)
 	if e.suppressed > 1 {
@@ -159,9 +170,34 @@ func (f *flood) close(e *floodEntry) {
 		}
 		ev.Message = fmt.Sprintf("%s (repeated %d times, rate-limited)", ev.Message, e.suppressed)
 	}
-	e.suppressed = 0
-	e.tmpl = nil
-	f.ready = append(f.ready, ev)
+	return ev
+}
+
+// held returns, in a stable order, the summaries the open windows holding
+// occurrences would close with now, and leaves them open: what a restart
+// before they close must not lose (Check saves them with the read
+// position). Past maxBytes of summaries, a window is closed instead, its
+// summary returned by take.
+func (f *flood) held(maxBytes int) []*datamodels.HealthEvent {
+	var keys []string
+	for k, e := range f.m {
+		if !e.closed && e.suppressed > 0 {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var out []*datamodels.HealthEvent
+	n := 0
+	for _, k := range keys {
+		e := f.m[k]
+		ev := f.summary(e)
+		if n += ev.SizeVT(); n > maxBytes {
+			f.close(e)
+			continue
+		}
+		out = append(out, ev)
+	}
+	return out
 }
 
 // take returns the summaries closed by admit.

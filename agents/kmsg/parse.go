@@ -165,6 +165,15 @@ func (p *Parser) Flush(final bool) {
 	p.out = append(p.out, p.flood.flush(final, p.cfg.Now())...)
 }
 
+// held returns the summaries of the occurrences that open flood windows
+// hold, as they stand, leaving the windows open; windows past maxBytes of
+// summaries are closed, their summaries returned by Drain.
+func (p *Parser) held(maxBytes int) []*datamodels.HealthEvent {
+	h := p.flood.held(maxBytes)
+	p.out = append(p.out, p.flood.take()...)
+	return h
+}
+
 // Drain returns the events completed so far and forgets them.
 func (p *Parser) Drain() []*datamodels.HealthEvent {
 	out := p.out

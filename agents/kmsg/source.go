@@ -43,16 +43,33 @@ type sourceState struct {
 	Offset      int64  `json:"offset,omitempty"`
 }
 
+// savedState is what the state file holds: the read position, and the
+// flood summaries that were held when it was saved.
+type savedState struct {
+	sourceState
+	// Held are the summaries (HealthEvent protobufs, each with its id) of
+	// the occurrences that open flood windows held, counted but not yet
+	// reported: the lines are behind the position, so a restart reports
+	// these instead (Check.Commit).
+	Held [][]byte `json:"held,omitempty"`
+}
+
+// maxHeldBytes bounds the flood summaries saved with the position; the
+// windows past it are closed at once instead (their summaries reported
+// then, a window per key and check run at worst).
+const maxHeldBytes = 256 << 10
+
 // maxStateBytes bounds the state file read at start: the check writes a
 // few hundred bytes (boot ids, a sequence number, a journal cursor, a
-// file's path and offset); a larger file is not one it wrote.
-const maxStateBytes = 64 << 10
+// file's path and offset) and at most maxHeldBytes of flood summaries,
+// base64 in JSON; a larger file is not one it wrote.
+const maxStateBytes = 1 << 20
 
-// loadState reads the read position saved at path. A file that cannot be
-// used (larger than maxStateBytes, corrupt, unreadable) is a fresh start,
-// as a missing one is, but warned about: the log is read from its start.
-func loadState(path string, log *slog.Logger) sourceState {
-	var s sourceState
+// loadState reads the state saved at path. A file that cannot be used
+// (larger than maxStateBytes, corrupt, unreadable) is a fresh start, as a
+// missing one is, but warned about: the log is read from its start.
+func loadState(path string, log *slog.Logger) savedState {
+	var s savedState
 	if path == "" {
 		return s
 	}
@@ -64,12 +81,12 @@ func loadState(path string, log *slog.Logger) sourceState {
 		if !errors.Is(err, os.ErrNotExist) {
 			log.Warn("kmsg state file not used: reading the kernel log from its start", "path", path, "err", err)
 		}
-		return sourceState{}
+		return savedState{}
 	}
 	return s
 }
 
-func saveState(path string, s sourceState) error {
+func saveState(path string, s savedState) error {
 	if path == "" {
 		return nil
 	}

@@ -1,0 +1,190 @@
+//go:build cgo
+
+package gpu
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+)
+
+// fakeGPU is one GPU of go-nvml's mock, healthy until a test changes its
+// answers: dbe volatile double-bit ECC errors, fail the queries that fail
+// (by method name, "handle" for the device's handle), replays the PCIe
+// replay counter, link0 NVLink 0's state (the GPU has that one link).
+type fakeGPU struct {
+	uuid, bus string
+	dbe       uint64
+	replays   int
+	link0     nvml.EnableState
+	fail      map[string]nvml.Return
+}
+
+func (g *fakeGPU) ret(query string) nvml.Return {
+	if r, ok := g.fail[query]; ok {
+		return r
+	}
+	return nvml.SUCCESS
+}
+
+func (g *fakeGPU) device() *mock.Device {
+	return &mock.Device{
+		GetUUIDFunc: func() (string, nvml.Return) {
+			if r := g.ret("GetUUID"); r != nvml.SUCCESS {
+				return "", r
+			}
+			return g.uuid, nvml.SUCCESS
+		},
+		GetPciInfoFunc: func() (nvml.PciInfo, nvml.Return) {
+			var p nvml.PciInfo
+			for i, c := range g.bus {
+				p.BusId[i] = int8(c)
+			}
+			return p, g.ret("GetPciInfo")
+		},
+		GetTotalEccErrorsFunc: func(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return) {
+			return g.dbe, g.ret("GetTotalEccErrors")
+		},
+		GetRemappedRowsFunc:      func() (int, int, bool, bool, nvml.Return) { return 0, 0, false, false, g.ret("GetRemappedRows") },
+		GetPcieReplayCounterFunc: func() (int, nvml.Return) { return g.replays, g.ret("GetPcieReplayCounter") },
+		GetNvLinkStateFunc: func(l int) (nvml.EnableState, nvml.Return) {
+			if l > 0 {
+				return 0, nvml.ERROR_INVALID_ARGUMENT
+			}
+			return g.link0, g.ret("GetNvLinkState")
+		},
+		GetTemperatureFunc:          func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 40, g.ret("GetTemperature") },
+		GetTemperatureThresholdFunc: func(nvml.TemperatureThresholds) (uint32, nvml.Return) { return 90, nvml.SUCCESS },
+		GetCurrentClocksThrottleReasonsFunc: func() (uint64, nvml.Return) {
+			return 0, g.ret("GetCurrentClocksThrottleReasons")
+		},
+	}
+}
+
+// fakeNVML is an NVML Source over the mock's library with gpus, its clock
+// a minute later at each read, logging into logs.
+func fakeNVML(logs *strings.Builder, gpus ...*fakeGPU) *NVML {
+	s := NewNVML()
+	now := time.Date(2024, 10, 28, 10, 0, 0, 0, time.UTC)
+	s.now = func() time.Time { return now }
+	s.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	s.lib = &mock.Interface{
+		InitFunc:           func() nvml.Return { now = now.Add(time.Minute); return nvml.SUCCESS },
+		ShutdownFunc:       func() nvml.Return { return nvml.SUCCESS },
+		DeviceGetCountFunc: func() (int, nvml.Return) { now = now.Add(time.Minute); return len(gpus), nvml.SUCCESS },
+		DeviceGetHandleByIndexFunc: func(i int) (nvml.Device, nvml.Return) {
+			if r := gpus[i].ret("handle"); r != nvml.SUCCESS {
+				return nil, r
+			}
+			return gpus[i].device(), nvml.SUCCESS
+		},
+	}
+	return s
+}
+
+// TestNVMLFailedReadIsNotHealthy: an NVML query that fails says nothing
+// of its condition: a volatile DBE reported fatal stands through a poll
+// whose ECC read fails (ERROR_UNKNOWN), one whose UUID read fails and
+// one that gets no handle for the GPU — no recovery, no fatal raised
+// again after it (a flap that lifted and applied the node's quarantine) —
+// and recovers when a read says so. The failures are logged.
+func TestNVMLFailedReadIsNotHealthy(t *testing.T) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+	var logs strings.Builder
+	c, err := New(Config{Source: fakeNVML(&logs, a), Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, step := range []struct {
+		what string
+		dbe  uint64
+		fail map[string]nvml.Return
+		want string // the GpuMemWatch events
+		log  string
+	}{
+		{"a DBE", 2, nil, "GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-A", ""},
+		{"the ECC read fails", 0, map[string]nvml.Return{"GetTotalEccErrors": nvml.ERROR_UNKNOWN}, "", "GetTotalEccErrors"},
+		{"the DBE read again", 2, nil, "", ""},
+		{"the UUID read fails", 2, map[string]nvml.Return{"GetUUID": nvml.ERROR_UNKNOWN}, "", "UUID"},
+		{"no handle for the GPU", 0, map[string]nvml.Return{"handle": nvml.ERROR_UNKNOWN}, "", ""},
+		{"read, still a DBE", 2, nil, "", ""},
+		{"cleared", 0, nil, "GpuMemWatch:healthy@GPU-A", ""},
+	} {
+		a.dbe, a.fail = step.dbe, step.fail
+		logs.Reset()
+		evs, err := c.Check(context.Background())
+		if err != nil {
+			t.Fatalf("step %d (%s): %v", i, step.what, err)
+		}
+		var mem []string
+		for _, s := range strings.Fields(summary(evs)) {
+			if strings.HasPrefix(s, "GpuMemWatch:") && s != "GpuMemWatch:healthy" { // not the baseline
+				mem = append(mem, s)
+			}
+		}
+		if got := strings.Join(mem, " "); got != step.want {
+			t.Errorf("step %d (%s): Mem events %q, want %q (all: %s)", i, step.what, got, step.want, summary(evs))
+		}
+		if step.log != "" && (!strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), step.log)) {
+			t.Errorf("step %d (%s): log %q, want a warning naming %s", i, step.what, logs.String(), step.log)
+		}
+	}
+}
+
+// TestNVMLGPUsWithoutUUID: two GPUs whose UUID cannot be read do not
+// share the state kept by GPU (replay counter samples, NVLink states):
+// GPU 1's unused NVLink is not taken for GPU 0's gone down, nor the two
+// counters' difference for a replay rate; each is known by its index.
+func TestNVMLGPUsWithoutUUID(t *testing.T) {
+	noUUID := map[string]nvml.Return{"GetUUID": nvml.ERROR_UNKNOWN}
+	g0 := &fakeGPU{bus: "00000000:1B:00.0", replays: 5000, link0: nvml.FEATURE_ENABLED, fail: noUUID}
+	g1 := &fakeGPU{bus: "00000000:43:00.0", replays: 0, link0: nvml.FEATURE_DISABLED, fail: noUUID}
+	var logs strings.Builder
+	s := fakeNVML(&logs, g0, g1)
+	for poll := range 3 {
+		incs, err := s.Health(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(incs) != 0 {
+			t.Fatalf("poll %d: incidents %+v", poll, incs)
+		}
+	}
+	if !strings.Contains(logs.String(), "level=WARN") {
+		t.Errorf("UUID read failures not logged: %s", logs.String())
+	}
+	gpus := s.GPUs()
+	if len(gpus) != 2 || gpus[0].UUID != "" || gpus[1].UUID != "" {
+		t.Errorf("inventory %+v", gpus)
+	}
+}
+
+// TestNVMLBaselineWaitsForAnswer: a watch whose query fails at a new
+// process's first read is not baselined healthy (that would lift the fault
+// an earlier process raised) until a read answers.
+func TestNVMLBaselineWaitsForAnswer(t *testing.T) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED,
+		fail: map[string]nvml.Return{"GetRemappedRows": nvml.ERROR_GPU_IS_LOST}}
+	var logs strings.Builder
+	c, err := New(Config{Source: fakeNVML(&logs, a), Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{false, false, true, false} {
+		if i == 2 {
+			a.fail = nil
+		}
+		evs, err := c.Check(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(" "+summary(evs)+" ", " GpuMemWatch:healthy "); got != want {
+			t.Errorf("read %d: Mem baseline %v, want %v: %s", i, got, want, summary(evs))
+		}
+	}
+}
