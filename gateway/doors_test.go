@@ -14,11 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -98,36 +96,12 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // does not decode is answered InvalidArgument, as REST answers it 400;
 // grpc-go answered Internal, which a client retries for ever.
 func TestGRPCMalformedMessageIsInvalidArgument(t *testing.T) {
-	tokens, err := ParseTokens(strings.NewReader("test-token-of-alpha-0001,alpha,agent\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	m := newMetrics(prometheus.NewRegistry())
-	s := &Server{
-		cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), auth: &Authenticator{Tokens: tokens}, metrics: m,
-		flight:    newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller),
-		busyWarns: warnlimit.New(warnWindow, warnKeys), connWarns: warnlimit.New(warnWindow, warnKeys),
-		codec: Codec{limits: shapeLimits{maxEvents: cfg.MaxBatch}},
-		svc:   testService(&fakeProducer{}, 1000, 1000),
-	}
-	g := s.newGRPCServer(doorGRPC, nil)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = g.Serve(ln) }()
-	defer g.Stop()
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := grpcDoor(t, slog.New(slog.NewTextHandler(io.Discard, nil)), &fakeProducer{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer test-token-of-alpha-0001")
 	var out bytes.Buffer
-	err = conn.Invoke(ctx, "/faultline.v1.Events/SubmitEvents", []byte{0x0a, 0x05, 0x01}, &out, grpc.ForceCodecV2(rawBytes{}))
+	err := conn.Invoke(ctx, "/faultline.v1.Events/SubmitEvents", []byte{0x0a, 0x05, 0x01}, &out, grpc.ForceCodecV2(rawBytes{}))
 	if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "does not decode") {
 		t.Fatalf("a truncated message: %v, want InvalidArgument saying it does not decode", err)
 	}

@@ -37,19 +37,18 @@ func (p *panicOnce) Produce(ctx context.Context, evs []*datamodels.HealthEvent) 
 	return p.fakeProducer.Produce(ctx, evs)
 }
 
-// TestGRPCPanicFailsOneCall: a gRPC call whose handler panics is answered
-// Internal and logged with its stack; the gateway goes on (the panic ended
-// the process — in `faultline dev`, every role with it).
-func TestGRPCPanicFailsOneCall(t *testing.T) {
+// grpcDoor serves a gateway's gRPC door, its service producing to prod
+// and logging nothing, its own log to log, for the token
+// test-token-of-alpha-0001 (cluster alpha), until the test ends; it
+// returns a client connection to it.
+func grpcDoor(t *testing.T, log *slog.Logger, prod eventProducer) *grpc.ClientConn {
+	t.Helper()
 	tokens, err := ParseTokens(strings.NewReader("test-token-of-alpha-0001,alpha,agent\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
 	m := newMetrics(prometheus.NewRegistry())
-	prod := &panicOnce{}
-	var logged bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&logged, nil))
 	s := &Server{
 		cfg: cfg, log: log, auth: &Authenticator{Tokens: tokens}, metrics: m,
 		flight:    newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller),
@@ -67,12 +66,22 @@ func TestGRPCPanicFailsOneCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	go func() { _ = g.Serve(ln) }()
-	defer g.Stop()
+	t.Cleanup(g.Stop)
 	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// TestGRPCPanicFailsOneCall: a gRPC call whose handler panics is answered
+// Internal and logged with its stack; the gateway goes on (the panic ended
+// the process — in `faultline dev`, every role with it).
+func TestGRPCPanicFailsOneCall(t *testing.T) {
+	prod := &panicOnce{}
+	var logged bytes.Buffer
+	conn := grpcDoor(t, slog.New(slog.NewTextHandler(&logged, nil)), prod)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req := &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{validEvent()}}

@@ -479,17 +479,7 @@ func TestRunnerShutdownMidBatch(t *testing.T) {
 func TestRunnerDeadLetters(t *testing.T) {
 	h := newHarness(t, 1, topicIn, topicOut, events.TopicDeadLetter)
 	h.produce(topicIn, 0, 4)
-	h.run("dl", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
-		var res Result
-		for _, r := range recs {
-			if string(r.Value) == "v2" {
-				res.Dead = append(res.Dead, Dead{Record: r, Reason: errors.New("v2 is poison")})
-				continue
-			}
-			res.Out = append(res.Out, &kgo.Record{Topic: topicOut, Key: r.Key, Value: r.Value})
-		}
-		return res, nil
-	}), nil)
+	h.run("dl", poisoned("v2", nil), nil)
 	eventually(t, 10*time.Second, "offset 4 committed", func() bool { return h.committed("faultline-dl", 1)[0] == 4 })
 	dl := h.read(events.TopicDeadLetter, 1)
 	if len(dl) != 1 {
@@ -511,6 +501,26 @@ func TestRunnerDeadLetters(t *testing.T) {
 	if got, want := produced(t, h.reg), map[string]float64{"dl " + events.TopicDeadLetter: 1, "dl " + topicOut: 3}; !maps.Equal(got, want) {
 		t.Fatalf("faultline_processor_produced_total %v, want %v", got, want)
 	}
+}
+
+// poisoned copies each record to topicOut but the one whose value is
+// poison, which it reports dead ("<poison> is poison"); calls (nil: not
+// counted) counts its calls.
+func poisoned(poison string, calls *atomic.Int32) Handler {
+	return HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		if calls != nil {
+			calls.Add(1)
+		}
+		var res Result
+		for _, r := range recs {
+			if string(r.Value) == poison {
+				res.Dead = append(res.Dead, Dead{Record: r, Reason: errors.New(poison + " is poison")})
+				continue
+			}
+			res.Out = append(res.Out, &kgo.Record{Topic: topicOut, Key: r.Key, Value: r.Value})
+		}
+		return res, nil
+	})
 }
 
 // produced reads faultline_processor_produced_total from reg by "role topic".
@@ -598,18 +608,7 @@ func TestRunnerDeadLettersCountedOnceWritten(t *testing.T) {
 	h := newHarness(t, 1, topicIn, events.TopicDeadLetter) // no topicOut
 	h.produce(topicIn, 0, 3)
 	var calls atomic.Int32
-	h.run("dlonce", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
-		calls.Add(1)
-		var res Result
-		for _, r := range recs {
-			if string(r.Value) == "v1" {
-				res.Dead = append(res.Dead, Dead{Record: r, Reason: errors.New("v1 is poison")})
-				continue
-			}
-			res.Out = append(res.Out, &kgo.Record{Topic: topicOut, Key: r.Key, Value: r.Value})
-		}
-		return res, nil
-	}), func(c *Config) { c.BatchTimeout = 300 * time.Millisecond })
+	h.run("dlonce", poisoned("v1", &calls), func(c *Config) { c.BatchTimeout = 300 * time.Millisecond })
 	eventually(t, 10*time.Second, "the batch handled three times (its outputs failed)", func() bool { return calls.Load() >= 3 })
 	if n := counter(t, h.reg, "faultline_processor_dead_letters_total"); n != 0 {
 		t.Fatalf("%v dead letters counted while none was written with its batch", n)
