@@ -260,9 +260,10 @@ func New(cfg Config) (*Check, error) {
 
 // fabricState is the state file.
 type fabricState struct {
-	BootID     string                     `json:"boot_id"`
-	Reported   time.Time                  `json:"reported"`
-	Conditions map[string]json.RawMessage `json:"conditions"`
+	BootID        string                     `json:"boot_id"`
+	Reported      time.Time                  `json:"reported"`
+	ReportedLines []string                   `json:"reported_lines,omitempty"`
+	Conditions    map[string]json.RawMessage `json:"conditions"`
 }
 
 // maxStateBytes bounds the state file read at start: the standing
@@ -298,7 +299,7 @@ func (c *Check) resume() {
 		}
 	}
 	newBoot := st.BootID != "" && c.bootID != "" && st.BootID != c.bootID
-	c.eval.Resume(Standing{Conditions: conds, Reported: st.Reported}, boot, newBoot)
+	c.eval.Resume(Standing{Conditions: conds, Reported: st.Reported, ReportedLines: st.ReportedLines}, boot, newBoot)
 }
 
 // Commit implements check.Committer: the state file is written (when it
@@ -310,7 +311,7 @@ func (c *Check) Commit() error {
 		return nil
 	}
 	st := c.eval.Standing()
-	fs := fabricState{BootID: c.bootID, Reported: st.Reported.UTC(), Conditions: map[string]json.RawMessage{}}
+	fs := fabricState{BootID: c.bootID, Reported: st.Reported.UTC(), ReportedLines: st.ReportedLines, Conditions: map[string]json.RawMessage{}}
 	for k, ev := range st.Conditions {
 		if raw, err := protojson.Marshal(ev); err == nil {
 			fs.Conditions[k] = raw

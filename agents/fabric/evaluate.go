@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"fmt"
+	"hash/fnv"
 	"sort"
 	"strconv"
 	"strings"
@@ -147,9 +148,20 @@ type Evaluator struct {
 	// them clear (the reboot reset it; a GPU that failed to enumerate is
 	// the exclusion conditions' to report).
 	prevBoot map[string]bool
-	// logUpTo is the newest log line evaluated.
-	logUpTo time.Time
+	// reportedLines are the lines dated at reported that the previous run
+	// evaluated (lineHash: count; nil: not known, every line of that
+	// second was); seenAtReported the same as resumed, not consumed.
+	reportedLines, seenAtReported map[string]int
+	// logUpTo is the newest log line evaluated, upToLines the lines dated
+	// at it (nil once there are more than maxSecondLines).
+	logUpTo   time.Time
+	upToLines map[string]int
 }
+
+// maxSecondLines bounds the lines of one second kept to tell them from
+// lines written later in that second; past it, a restart takes every
+// line of that second for one the previous run evaluated.
+const maxSecondLines = 1024
 
 // NewEvaluator returns an Evaluator.
 func NewEvaluator(cfg EvalConfig) (*Evaluator, error) {
@@ -210,9 +222,7 @@ func (e *Evaluator) Evaluate(s *Snapshot) []*datamodels.HealthEvent {
 	}
 	svc := s.Service
 	for _, ll := range s.Log {
-		if ll.Time.After(e.logUpTo) && !ll.Time.After(s.Now) {
-			e.logUpTo = ll.Time
-		}
+		e.evaluated(ll, s.Now)
 		if ll.Source == SourceSystemd {
 			if st := systemdLineState(ll); st != nil && s.Service == nil {
 				svc = st
@@ -444,6 +454,11 @@ type Standing struct {
 	// Reported: the log lines dated before it were evaluated (their
 	// occurrences sent): the newest line evaluated.
 	Reported time.Time
+	// ReportedLines are the lines dated at Reported that were evaluated
+	// (lineHash, repeated for a line evaluated more than once): FM's log
+	// prints whole seconds, so a line written later in that second is
+	// told from them. Nil: not known, every line of that second was.
+	ReportedLines []string
 }
 
 // Standing returns what stands now.
@@ -452,11 +467,61 @@ func (e *Evaluator) Standing() Standing {
 	for k, v := range e.bad {
 		c[k] = v
 	}
-	r := e.reported
-	if e.logUpTo.After(r) {
-		r = e.logUpTo
+	st := Standing{Conditions: c, Reported: e.reported}
+	lines := e.seenAtReported
+	switch {
+	case e.logUpTo.After(e.reported):
+		st.Reported, lines = e.logUpTo, e.upToLines
+	case e.logUpTo.Equal(e.reported) && lines != nil:
+		// Those the previous run evaluated and those this one did (the
+		// same lines read again by the replay counted once).
+		merged := make(map[string]int, len(lines)+len(e.upToLines))
+		for h, n := range lines {
+			merged[h] = n
+		}
+		for h, n := range e.upToLines {
+			merged[h] = max(merged[h], n)
+		}
+		lines = merged
+		if e.upToLines == nil || len(lines) > maxSecondLines {
+			lines = nil
+		}
 	}
-	return Standing{Conditions: c, Reported: r}
+	if !st.Reported.IsZero() && lines != nil {
+		st.ReportedLines = []string{}
+		for h, n := range lines {
+			for range n {
+				st.ReportedLines = append(st.ReportedLines, h)
+			}
+		}
+		sort.Strings(st.ReportedLines)
+	}
+	return st
+}
+
+// evaluated notes a log line of the poll at now as evaluated.
+func (e *Evaluator) evaluated(ll LogLine, now time.Time) {
+	if ll.Time.IsZero() || ll.Time.After(now) || ll.Time.Before(e.logUpTo) {
+		return
+	}
+	if ll.Time.After(e.logUpTo) {
+		e.logUpTo, e.upToLines = ll.Time, map[string]int{}
+	}
+	if e.upToLines == nil {
+		return
+	}
+	if e.upToLines[lineHash(ll)]++; len(e.upToLines) > maxSecondLines {
+		e.upToLines = nil
+	}
+}
+
+// lineHash identifies a log line among those of its second.
+func lineHash(ll LogLine) string {
+	h := fnv.New64a()
+	h.Write([]byte(ll.Source))
+	h.Write([]byte{0})
+	h.Write([]byte(ll.Raw))
+	return strconv.FormatUint(h.Sum64(), 16)
 }
 
 // Resume continues from what a previous run of the agent left: its
@@ -479,6 +544,14 @@ func (e *Evaluator) Resume(st Standing, bootStart time.Time, newBoot bool) {
 		}
 	}
 	e.reported, e.bootStart = st.Reported, bootStart
+	e.reportedLines, e.seenAtReported = nil, nil
+	if st.ReportedLines != nil {
+		e.reportedLines, e.seenAtReported = map[string]int{}, map[string]int{}
+		for _, h := range st.ReportedLines {
+			e.reportedLines[h]++
+			e.seenAtReported[h]++
+		}
+	}
 	if newBoot {
 		e.rebootClear = true
 		e.prevBoot = map[string]bool{}
@@ -503,12 +576,30 @@ func (e *Evaluator) SetBootStart(t time.Time) { e.bootStart = t }
 // is in the host's local time, which the agent reads as its own zone (UTC
 // in the DaemonSet's container), so on a host west of UTC every line of
 // the first hours after boot reads as older than the boot (/proc/stat
-// btime, zone-free).
+// btime, zone-free). A line dated in the second of the last one the
+// previous run evaluated is past only if it is one of the lines that run
+// evaluated in that second (the log prints whole seconds: one written
+// after its last poll in that second is new); each of those is taken for
+// one line read again.
 func (e *Evaluator) past(ll LogLine) bool {
 	if ll.Time.IsZero() {
 		return false
 	}
-	return (ll.Replayed && ll.Time.Before(e.bootStart)) || (!e.reported.IsZero() && !ll.Time.After(e.reported))
+	if ll.Replayed && ll.Time.Before(e.bootStart) {
+		return true
+	}
+	if e.reported.IsZero() || ll.Time.After(e.reported) {
+		return false
+	}
+	if ll.Time.Before(e.reported) || e.reportedLines == nil {
+		return true
+	}
+	h := lineHash(ll)
+	if e.reportedLines[h] == 0 {
+		return false
+	}
+	e.reportedLines[h]--
+	return true
 }
 
 // occurrenceChecks are the checks whose fatal events are occurrences.
