@@ -95,8 +95,9 @@ type Config struct {
 	// TopologyInterval is how often `nvidia-smi nvlink -R` (the NVSwitch
 	// port map) and nvswitch-audit run (default 10m).
 	TopologyInterval time.Duration `toml:"topology_interval"`
-	// StateFile keeps the standing conditions, the boot and the time the
-	// log was evaluated up to across restarts of the agent (default
+	// StateFile keeps the standing conditions, the boot, the logs' read
+	// positions and the time the log was evaluated up to across restarts
+	// of the agent (default
 	// /var/lib/faultline-agent/fabric/state.json; "" none: a fault that
 	// clears while the agent is down, or that a reboot remediates, is then
 	// never reported healthy).
@@ -264,6 +265,9 @@ type fabricState struct {
 	Reported      time.Time                  `json:"reported"`
 	ReportedLines []string                   `json:"reported_lines,omitempty"`
 	Conditions    map[string]json.RawMessage `json:"conditions"`
+	// FMLog and NVLSMLog are where the logs were read up to.
+	FMLog    *logPosition `json:"fm_log,omitempty"`
+	NVLSMLog *logPosition `json:"nvlsm_log,omitempty"`
 }
 
 // maxStateBytes bounds the state file read at start: the standing
@@ -298,12 +302,14 @@ func (c *Check) resume() {
 			conds[k] = ev
 		}
 	}
+	c.fmLog.saved, c.lsmLog.saved = st.FMLog, st.NVLSMLog
 	newBoot := st.BootID != "" && c.bootID != "" && st.BootID != c.bootID
 	c.eval.Resume(Standing{Conditions: conds, Reported: st.Reported, ReportedLines: st.ReportedLines}, boot, newBoot)
 }
 
 // Commit implements check.Committer: the state file is written (when it
-// changed) once the last poll's events are spooled.
+// changed) once the last poll's events are spooled, with the logs' read
+// positions past the lines of those events.
 func (c *Check) Commit() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -311,7 +317,8 @@ func (c *Check) Commit() error {
 		return nil
 	}
 	st := c.eval.Standing()
-	fs := fabricState{BootID: c.bootID, Reported: st.Reported.UTC(), ReportedLines: st.ReportedLines, Conditions: map[string]json.RawMessage{}}
+	fs := fabricState{BootID: c.bootID, Reported: st.Reported.UTC(), ReportedLines: st.ReportedLines, Conditions: map[string]json.RawMessage{},
+		FMLog: c.fmLog.position(), NVLSMLog: c.lsmLog.position()}
 	for k, ev := range st.Conditions {
 		if raw, err := protojson.Marshal(ev); err == nil {
 			fs.Conditions[k] = raw

@@ -576,11 +576,16 @@ func (e *Evaluator) SetBootStart(t time.Time) { e.bootStart = t }
 // is in the host's local time, which the agent reads as its own zone (UTC
 // in the DaemonSet's container), so on a host west of UTC every line of
 // the first hours after boot reads as older than the boot (/proc/stat
-// btime, zone-free). A line dated in the second of the last one the
-// previous run evaluated is past only if it is one of the lines that run
-// evaluated in that second (the log prints whole seconds: one written
-// after its last poll in that second is new); each of those is taken for
-// one line read again.
+// btime, zone-free). Nor can any other read hold lines the previous run
+// evaluated, nor the first when it went on from the position that run
+// committed (Resumed). Where that position could not be used (the log
+// rotated or truncated meanwhile, no position saved), the replayed tail's
+// lines dated before the last one that run evaluated are past, and those
+// dated in its second if they are among the lines that run evaluated in
+// that second (the log prints whole seconds: one written after its last
+// poll in that second is new); each of those is taken for one line read
+// again, so a line repeated verbatim in that second is reported as often
+// as it was not evaluated.
 func (e *Evaluator) past(ll LogLine) bool {
 	if ll.Time.IsZero() {
 		return false
@@ -588,7 +593,7 @@ func (e *Evaluator) past(ll LogLine) bool {
 	if ll.Replayed && ll.Time.Before(e.bootStart) {
 		return true
 	}
-	if e.reported.IsZero() || ll.Time.After(e.reported) {
+	if !ll.Replayed || ll.Resumed || e.reported.IsZero() || ll.Time.After(e.reported) {
 		return false
 	}
 	if ll.Time.Before(e.reported) || e.reportedLines == nil {

@@ -1,7 +1,10 @@
 package fabric
 
 import (
+	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -40,19 +43,99 @@ func (n *node) restart() {
 // TestRestartSameSecond: FM's log prints whole seconds, and SXids come in
 // bursts: a line written after the last poll, in the second of the last
 // line the previous run read, is new after a restart, not taken for one
-// that run evaluated.
+// that run evaluated — past the saved read position, or, where the
+// position cannot be used (the log replaced by another file), by the lines
+// of that second the state file keeps.
 func TestRestartSameSecond(t *testing.T) {
-	n := restartNode(t)
-	n.appendLog("fabricmanager.log", sxid20034)
-	if got := shorts(n.poll(0)); got != "FabricManagerNVSwitchError:SXID-20034:fatal@0000:07:00.0" {
-		t.Fatalf("first run: %q", got)
+	for _, tc := range []struct {
+		name    string
+		replace bool // the log is replaced by a copy (another inode) while the agent is down
+	}{
+		{"read position resumed", false},
+		{"log replaced: by time and the lines of that second", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := restartNode(t)
+			n.appendLog("fabricmanager.log", sxid20034)
+			if got := shorts(n.poll(0)); got != "FabricManagerNVSwitchError:SXID-20034:fatal@0000:07:00.0" {
+				t.Fatalf("first run: %q", got)
+			}
+			n.appendLog("fabricmanager.log", sxid12028)
+			if tc.replace {
+				n.write("fabricmanager.log.new", read(t, filepath.Join(n.dir, "fabricmanager.log")))
+				if err := os.Rename(filepath.Join(n.dir, "fabricmanager.log.new"), filepath.Join(n.dir, "fabricmanager.log")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n.restart()
+			if got := shorts(n.poll(30 * time.Second)); got != "FabricManagerNVSwitchError:SXID-12028:nonfatal@0000:06:00.0" {
+				t.Fatalf("after the restart: %q, want the SXid 12028 written in the same second, and only it", got)
+			}
+			if got := shorts(n.poll(30 * time.Second)); got != "" {
+				t.Fatalf("reported again: %q", got)
+			}
+		})
 	}
-	n.appendLog("fabricmanager.log", sxid12028)
-	n.restart()
-	if got := shorts(n.poll(30 * time.Second)); got != "FabricManagerNVSwitchError:SXID-12028:nonfatal@0000:06:00.0" {
-		t.Fatalf("after the restart: %q, want the SXid 12028 written in the same second, and only it", got)
+}
+
+// infoLines appends INFO lines dated at 10:31 to the FM log until it grew
+// by size bytes.
+func (n *node) infoLines(size int) {
+	n.t.Helper()
+	f, err := os.OpenFile(filepath.Join(n.dir, "fabricmanager.log"), os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		n.t.Fatal(err)
 	}
-	if got := shorts(n.poll(30 * time.Second)); got != "" {
-		t.Fatalf("reported again: %q", got)
+	defer f.Close()
+	var b strings.Builder
+	for i := 0; b.Len() < size; i++ {
+		fmt.Fprintf(&b, "[Oct 28 2024 10:31:00] [INFO] [tid 7] periodic fabric statistics sample %d collected\n", i)
+	}
+	if _, err := f.WriteString(b.String()); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+// TestRestartResumesTheLog: a restarted agent reads the FM log on from
+// the position the previous run committed, not only the log's last MiB:
+// an SXid followed by more than that while the agent was down, or in the
+// part of a backlog (more than the 4 MiB read a poll) not read yet when it
+// stopped, is reported, once.
+func TestRestartResumesTheLog(t *testing.T) {
+	const want = "FabricManagerNVSwitchError:SXID-12028:nonfatal@0000:06:00.0"
+	sxid := strings.Replace(sxid12028, "10:29:00", "10:30:30", 1)
+	for _, tc := range []struct {
+		name   string
+		before func(n *node) // written after the first poll, then polled once more
+		down   func(n *node) // written while the agent is down
+	}{
+		{"more than 1 MiB written while down", func(n *node) {}, func(n *node) {
+			n.appendLog("fabricmanager.log", sxid)
+			n.infoLines(replayBytes + 4096)
+		}},
+		{"a backlog not read yet", func(n *node) {
+			n.infoLines(chunkBytes + chunkBytes/8)
+			n.appendLog("fabricmanager.log", sxid)
+			n.infoLines(replayBytes + 4096)
+		}, func(n *node) {}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := restartNode(t)
+			if got := shorts(n.poll(0)); got != "" {
+				t.Fatalf("first poll: %q", got)
+			}
+			tc.before(n)
+			got := shorts(n.poll(30 * time.Second))
+			tc.down(n)
+			n.restart()
+			for range 3 {
+				if evs := shorts(n.poll(30 * time.Second)); evs != "" {
+					got = strings.TrimSpace(got + " " + evs)
+				}
+			}
+			if got != want {
+				t.Fatalf("%q, want %q once", got, want)
+			}
+		})
 	}
 }
