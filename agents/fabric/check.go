@@ -364,7 +364,7 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 	if cfgText, err := os.ReadFile(c.cfg.ConfigFile); err == nil {
 		s.Config = ParseFMConfig(string(cfgText))
 	}
-	fabric := s.NVSwitchCount > 0 || s.NVLinkBridges > 0 || c.cfg.Platform == PlatformB200
+	fabric := s.NVSwitchCount > 0 || len(s.PCISwitches) > 0 || s.NVLinkBridges > 0 || c.cfg.Platform == PlatformB200
 	// The service: looked at on every host (a unit failing on a host
 	// without NVSwitches is a misconfiguration).
 	if out, err := c.run(ctx, c.cfg.Systemctl, "show", c.cfg.Service, "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ActiveEnterTimestamp,InactiveExitTimestamp"); err != nil {
@@ -527,9 +527,9 @@ func (c *Check) nvlinkBridges() int {
 }
 
 // pciDevices lists NVIDIA GPU (class 0x0302) and NVSwitch (class 0x0680)
-// functions on the PCI bus that are bound to the nvidia driver or to none
-// (a function bound to vfio-pci belongs to a VM); nil, nil when sysfs is
-// not readable.
+// functions on the PCI bus that are bound to the nvidia or nvidia-nvswitch
+// driver or to none (a function bound to vfio-pci belongs to a VM); nil,
+// nil when sysfs is not readable.
 func (c *Check) pciDevices() (gpus, switches []string) {
 	dir := filepath.Join(c.cfg.SysRoot, "bus/pci/devices")
 	ents, err := os.ReadDir(dir)
@@ -542,8 +542,10 @@ func (c *Check) pciDevices() (gpus, switches []string) {
 		if strings.TrimSpace(string(v)) != "0x10de" {
 			continue
 		}
-		if drv, err := os.Readlink(filepath.Join(dir, e.Name(), "driver")); err == nil && filepath.Base(drv) != "nvidia" {
-			continue // given to another driver on purpose (vfio-pci for a VM)
+		if drv, err := os.Readlink(filepath.Join(dir, e.Name(), "driver")); err == nil {
+			if d := filepath.Base(drv); d != "nvidia" && d != "nvidia-nvswitch" {
+				continue // given to another driver on purpose (vfio-pci for a VM)
+			}
 		}
 		cl, _ := os.ReadFile(filepath.Join(dir, e.Name(), "class"))
 		switch cls := strings.TrimSpace(string(cl)); {

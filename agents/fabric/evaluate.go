@@ -3,6 +3,7 @@ package fabric
 import (
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -187,7 +188,7 @@ func NewEvaluator(cfg EvalConfig) (*Evaluator, error) {
 		return nil, fmt.Errorf("fabric.platform: %q is not auto, a100, h100 or b200", cfg.Platform)
 	}
 	return &Evaluator{cfg: cfg, cat: cfg.Catalog, bad: map[string]*datamodels.HealthEvent{}, stale: map[string]bool{}, pending: map[string]time.Time{},
-		counter: map[string]float64{}, platform: PlatformInfo{NVSwitches: -1, NVLinkBridges: -1, GPUs: -1},
+		counter: map[string]float64{}, platform: PlatformInfo{NVSwitches: -1, PCISwitches: -1, NVLinkBridges: -1, GPUs: -1},
 		gpuByUUID: map[string]*GPUFabric{}, gpuByMod: map[int]*GPUFabric{}, gpuPCIs: map[string]bool{}}, nil
 }
 
@@ -308,6 +309,14 @@ func (e *Evaluator) learn(s *Snapshot) {
 	if s.NVSwitchCount >= 0 {
 		e.platform.NVSwitches = s.NVSwitchCount
 		e.nvswitches = s.NVSwitchPCIs
+		if s.NVSwitchCount == 0 && len(s.PCISwitches) > 0 {
+			// The driver bound none: the node's switches are those on PCI.
+			e.nvswitches = slices.Sorted(slices.Values(s.PCISwitches))
+		}
+	}
+	pciSwitches := e.platform.PCISwitches
+	if s.PCISwitches != nil {
+		pciSwitches = len(s.PCISwitches)
 	}
 	if s.NVLinkBridges >= 0 {
 		e.platform.NVLinkBridges = s.NVLinkBridges
@@ -331,6 +340,12 @@ func (e *Evaluator) learn(s *Snapshot) {
 		}
 	}
 	e.platform = DetectPlatform(e.cfg.Platform, e.product, e.platform.NVSwitches, e.platform.NVLinkBridges, e.platform.GPUs)
+	e.platform.PCISwitches = pciSwitches
+	if e.platform.Name == "" && pciSwitches > e.platform.NVSwitches {
+		// The driver bound fewer switches than the PCI bus shows: the bus
+		// tells the board.
+		e.platform.Name = DetectPlatform("", "", pciSwitches, 0, -1).Name
+	}
 	if s.Service != nil {
 		e.fmKnown = true
 		e.fmRunning = s.Service.Running()
@@ -1411,15 +1426,32 @@ func (e *Evaluator) switchCountConds(s *Snapshot) []cond {
 	// it but excluded (NvSwitchExcludelist), is an NVSwitch failure for the
 	// HA policy alike (NVSWITCH_FAILURE_MODE covers both).
 	have := s.NVSwitchCount
-	if have <= 0 || have >= want {
-		// None at all is a board without NVSwitches (HGX A100/H100 4-GPU)
-		// or a driver that is not loaded, not a switch failure.
+	if have < 0 || have >= want || (have == 0 && len(s.PCISwitches) == 0) {
+		// None at all, on the PCI bus either, is a board without
+		// NVSwitches (HGX A100/H100 4-GPU), not a switch failure.
 		return nil
+	}
+	if have == 0 && e.booting(s.Now) {
+		// Early in a boot the NVSwitch driver may not have bound the
+		// switches on the bus yet: what stands stays.
+		return e.standing("swcount", "missing")
 	}
 	meta := map[string]string{"nvswitches": strconv.Itoa(have), "expected_nvswitches": strconv.Itoa(want), "platform": e.platform.Name,
 		"guide": "High Availability: NVSwitch failure (not displayed on the PCIe bus) or an excluded NVSwitch"}
 	if s.PCISwitches != nil {
 		meta["nvswitches_on_pci"] = strconv.Itoa(len(s.PCISwitches))
+		bound := map[string]bool{}
+		for _, p := range s.NVSwitchPCIs {
+			bound[pci4(p)] = true
+		}
+		var unbound []string
+		for _, p := range s.PCISwitches {
+			if !bound[pci4(p)] {
+				unbound = append(unbound, pci4(p))
+			}
+		}
+		sort.Strings(unbound)
+		meta["nvswitches_not_bound"] = strings.Join(unbound, ",")
 	}
 	ents := e.nodeEntities()
 	key := "missing"
