@@ -95,8 +95,9 @@ type Config struct {
 	// TopologyInterval is how often `nvidia-smi nvlink -R` (the NVSwitch
 	// port map) and nvswitch-audit run (default 10m).
 	TopologyInterval time.Duration `toml:"topology_interval"`
-	// StateFile keeps the standing conditions, the boot and the time the
-	// log was evaluated up to across restarts of the agent (default
+	// StateFile keeps the standing conditions, the boot, the logs' read
+	// positions and the time the log was evaluated up to across restarts
+	// of the agent (default
 	// /var/lib/faultline-agent/fabric/state.json; "" none: a fault that
 	// clears while the agent is down, or that a reboot remediates, is then
 	// never reported healthy).
@@ -260,9 +261,13 @@ func New(cfg Config) (*Check, error) {
 
 // fabricState is the state file.
 type fabricState struct {
-	BootID     string                     `json:"boot_id"`
-	Reported   time.Time                  `json:"reported"`
-	Conditions map[string]json.RawMessage `json:"conditions"`
+	BootID        string                     `json:"boot_id"`
+	Reported      time.Time                  `json:"reported"`
+	ReportedLines []string                   `json:"reported_lines,omitempty"`
+	Conditions    map[string]json.RawMessage `json:"conditions"`
+	// FMLog and NVLSMLog are where the logs were read up to.
+	FMLog    *logPosition `json:"fm_log,omitempty"`
+	NVLSMLog *logPosition `json:"nvlsm_log,omitempty"`
 }
 
 // maxStateBytes bounds the state file read at start: the standing
@@ -297,12 +302,14 @@ func (c *Check) resume() {
 			conds[k] = ev
 		}
 	}
+	c.fmLog.saved, c.lsmLog.saved = st.FMLog, st.NVLSMLog
 	newBoot := st.BootID != "" && c.bootID != "" && st.BootID != c.bootID
-	c.eval.Resume(Standing{Conditions: conds, Reported: st.Reported}, boot, newBoot)
+	c.eval.Resume(Standing{Conditions: conds, Reported: st.Reported, ReportedLines: st.ReportedLines}, boot, newBoot)
 }
 
 // Commit implements check.Committer: the state file is written (when it
-// changed) once the last poll's events are spooled.
+// changed) once the last poll's events are spooled, with the logs' read
+// positions past the lines of those events.
 func (c *Check) Commit() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -310,7 +317,8 @@ func (c *Check) Commit() error {
 		return nil
 	}
 	st := c.eval.Standing()
-	fs := fabricState{BootID: c.bootID, Reported: st.Reported.UTC(), Conditions: map[string]json.RawMessage{}}
+	fs := fabricState{BootID: c.bootID, Reported: st.Reported.UTC(), ReportedLines: st.ReportedLines, Conditions: map[string]json.RawMessage{},
+		FMLog: c.fmLog.position(), NVLSMLog: c.lsmLog.position()}
 	for k, ev := range st.Conditions {
 		if raw, err := protojson.Marshal(ev); err == nil {
 			fs.Conditions[k] = raw
@@ -356,7 +364,7 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 	if cfgText, err := os.ReadFile(c.cfg.ConfigFile); err == nil {
 		s.Config = ParseFMConfig(string(cfgText))
 	}
-	fabric := s.NVSwitchCount > 0 || s.NVLinkBridges > 0 || c.cfg.Platform == PlatformB200
+	fabric := s.NVSwitchCount > 0 || len(s.PCISwitches) > 0 || s.NVLinkBridges > 0 || c.cfg.Platform == PlatformB200
 	// The service: looked at on every host (a unit failing on a host
 	// without NVSwitches is a misconfiguration).
 	if out, err := c.run(ctx, c.cfg.Systemctl, "show", c.cfg.Service, "--property=Id,LoadState,ActiveState,SubState,Result,MainPID,ActiveEnterTimestamp,InactiveExitTimestamp"); err != nil {
@@ -519,9 +527,9 @@ func (c *Check) nvlinkBridges() int {
 }
 
 // pciDevices lists NVIDIA GPU (class 0x0302) and NVSwitch (class 0x0680)
-// functions on the PCI bus that are bound to the nvidia driver or to none
-// (a function bound to vfio-pci belongs to a VM); nil, nil when sysfs is
-// not readable.
+// functions on the PCI bus that are bound to the nvidia or nvidia-nvswitch
+// driver or to none (a function bound to vfio-pci belongs to a VM); nil,
+// nil when sysfs is not readable.
 func (c *Check) pciDevices() (gpus, switches []string) {
 	dir := filepath.Join(c.cfg.SysRoot, "bus/pci/devices")
 	ents, err := os.ReadDir(dir)
@@ -534,8 +542,10 @@ func (c *Check) pciDevices() (gpus, switches []string) {
 		if strings.TrimSpace(string(v)) != "0x10de" {
 			continue
 		}
-		if drv, err := os.Readlink(filepath.Join(dir, e.Name(), "driver")); err == nil && filepath.Base(drv) != "nvidia" {
-			continue // given to another driver on purpose (vfio-pci for a VM)
+		if drv, err := os.Readlink(filepath.Join(dir, e.Name(), "driver")); err == nil {
+			if d := filepath.Base(drv); d != "nvidia" && d != "nvidia-nvswitch" {
+				continue // given to another driver on purpose (vfio-pci for a VM)
+			}
 		}
 		cl, _ := os.ReadFile(filepath.Join(dir, e.Name(), "class"))
 		switch cls := strings.TrimSpace(string(cl)); {

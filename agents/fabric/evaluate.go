@@ -2,6 +2,8 @@ package fabric
 
 import (
 	"fmt"
+	"hash/fnv"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -147,9 +149,20 @@ type Evaluator struct {
 	// them clear (the reboot reset it; a GPU that failed to enumerate is
 	// the exclusion conditions' to report).
 	prevBoot map[string]bool
-	// logUpTo is the newest log line evaluated.
-	logUpTo time.Time
+	// reportedLines are the lines dated at reported that the previous run
+	// evaluated (lineHash: count; nil: not known, every line of that
+	// second was); seenAtReported the same as resumed, not consumed.
+	reportedLines, seenAtReported map[string]int
+	// logUpTo is the newest log line evaluated, upToLines the lines dated
+	// at it (nil once there are more than maxSecondLines).
+	logUpTo   time.Time
+	upToLines map[string]int
 }
+
+// maxSecondLines bounds the lines of one second kept to tell them from
+// lines written later in that second; past it, a restart takes every
+// line of that second for one the previous run evaluated.
+const maxSecondLines = 1024
 
 // NewEvaluator returns an Evaluator.
 func NewEvaluator(cfg EvalConfig) (*Evaluator, error) {
@@ -175,7 +188,7 @@ func NewEvaluator(cfg EvalConfig) (*Evaluator, error) {
 		return nil, fmt.Errorf("fabric.platform: %q is not auto, a100, h100 or b200", cfg.Platform)
 	}
 	return &Evaluator{cfg: cfg, cat: cfg.Catalog, bad: map[string]*datamodels.HealthEvent{}, stale: map[string]bool{}, pending: map[string]time.Time{},
-		counter: map[string]float64{}, platform: PlatformInfo{NVSwitches: -1, NVLinkBridges: -1, GPUs: -1},
+		counter: map[string]float64{}, platform: PlatformInfo{NVSwitches: -1, PCISwitches: -1, NVLinkBridges: -1, GPUs: -1},
 		gpuByUUID: map[string]*GPUFabric{}, gpuByMod: map[int]*GPUFabric{}, gpuPCIs: map[string]bool{}}, nil
 }
 
@@ -210,9 +223,7 @@ func (e *Evaluator) Evaluate(s *Snapshot) []*datamodels.HealthEvent {
 	}
 	svc := s.Service
 	for _, ll := range s.Log {
-		if ll.Time.After(e.logUpTo) && !ll.Time.After(s.Now) {
-			e.logUpTo = ll.Time
-		}
+		e.evaluated(ll, s.Now)
 		if ll.Source == SourceSystemd {
 			if st := systemdLineState(ll); st != nil && s.Service == nil {
 				svc = st
@@ -298,6 +309,14 @@ func (e *Evaluator) learn(s *Snapshot) {
 	if s.NVSwitchCount >= 0 {
 		e.platform.NVSwitches = s.NVSwitchCount
 		e.nvswitches = s.NVSwitchPCIs
+		if s.NVSwitchCount == 0 && len(s.PCISwitches) > 0 {
+			// The driver bound none: the node's switches are those on PCI.
+			e.nvswitches = slices.Sorted(slices.Values(s.PCISwitches))
+		}
+	}
+	pciSwitches := e.platform.PCISwitches
+	if s.PCISwitches != nil {
+		pciSwitches = len(s.PCISwitches)
 	}
 	if s.NVLinkBridges >= 0 {
 		e.platform.NVLinkBridges = s.NVLinkBridges
@@ -321,6 +340,12 @@ func (e *Evaluator) learn(s *Snapshot) {
 		}
 	}
 	e.platform = DetectPlatform(e.cfg.Platform, e.product, e.platform.NVSwitches, e.platform.NVLinkBridges, e.platform.GPUs)
+	e.platform.PCISwitches = pciSwitches
+	if e.platform.Name == "" && pciSwitches > e.platform.NVSwitches {
+		// The driver bound fewer switches than the PCI bus shows: the bus
+		// tells the board.
+		e.platform.Name = DetectPlatform("", "", pciSwitches, 0, -1).Name
+	}
 	if s.Service != nil {
 		e.fmKnown = true
 		e.fmRunning = s.Service.Running()
@@ -444,6 +469,11 @@ type Standing struct {
 	// Reported: the log lines dated before it were evaluated (their
 	// occurrences sent): the newest line evaluated.
 	Reported time.Time
+	// ReportedLines are the lines dated at Reported that were evaluated
+	// (lineHash, repeated for a line evaluated more than once): FM's log
+	// prints whole seconds, so a line written later in that second is
+	// told from them. Nil: not known, every line of that second was.
+	ReportedLines []string
 }
 
 // Standing returns what stands now.
@@ -452,11 +482,61 @@ func (e *Evaluator) Standing() Standing {
 	for k, v := range e.bad {
 		c[k] = v
 	}
-	r := e.reported
-	if e.logUpTo.After(r) {
-		r = e.logUpTo
+	st := Standing{Conditions: c, Reported: e.reported}
+	lines := e.seenAtReported
+	switch {
+	case e.logUpTo.After(e.reported):
+		st.Reported, lines = e.logUpTo, e.upToLines
+	case e.logUpTo.Equal(e.reported) && lines != nil:
+		// Those the previous run evaluated and those this one did (the
+		// same lines read again by the replay counted once).
+		merged := make(map[string]int, len(lines)+len(e.upToLines))
+		for h, n := range lines {
+			merged[h] = n
+		}
+		for h, n := range e.upToLines {
+			merged[h] = max(merged[h], n)
+		}
+		lines = merged
+		if e.upToLines == nil || len(lines) > maxSecondLines {
+			lines = nil
+		}
 	}
-	return Standing{Conditions: c, Reported: r}
+	if !st.Reported.IsZero() && lines != nil {
+		st.ReportedLines = []string{}
+		for h, n := range lines {
+			for range n {
+				st.ReportedLines = append(st.ReportedLines, h)
+			}
+		}
+		sort.Strings(st.ReportedLines)
+	}
+	return st
+}
+
+// evaluated notes a log line of the poll at now as evaluated.
+func (e *Evaluator) evaluated(ll LogLine, now time.Time) {
+	if ll.Time.IsZero() || ll.Time.After(now) || ll.Time.Before(e.logUpTo) {
+		return
+	}
+	if ll.Time.After(e.logUpTo) {
+		e.logUpTo, e.upToLines = ll.Time, map[string]int{}
+	}
+	if e.upToLines == nil {
+		return
+	}
+	if e.upToLines[lineHash(ll)]++; len(e.upToLines) > maxSecondLines {
+		e.upToLines = nil
+	}
+}
+
+// lineHash identifies a log line among those of its second.
+func lineHash(ll LogLine) string {
+	h := fnv.New64a()
+	h.Write([]byte(ll.Source))
+	h.Write([]byte{0})
+	h.Write([]byte(ll.Raw))
+	return strconv.FormatUint(h.Sum64(), 16)
 }
 
 // Resume continues from what a previous run of the agent left: its
@@ -479,6 +559,14 @@ func (e *Evaluator) Resume(st Standing, bootStart time.Time, newBoot bool) {
 		}
 	}
 	e.reported, e.bootStart = st.Reported, bootStart
+	e.reportedLines, e.seenAtReported = nil, nil
+	if st.ReportedLines != nil {
+		e.reportedLines, e.seenAtReported = map[string]int{}, map[string]int{}
+		for _, h := range st.ReportedLines {
+			e.reportedLines[h]++
+			e.seenAtReported[h]++
+		}
+	}
 	if newBoot {
 		e.rebootClear = true
 		e.prevBoot = map[string]bool{}
@@ -503,12 +591,35 @@ func (e *Evaluator) SetBootStart(t time.Time) { e.bootStart = t }
 // is in the host's local time, which the agent reads as its own zone (UTC
 // in the DaemonSet's container), so on a host west of UTC every line of
 // the first hours after boot reads as older than the boot (/proc/stat
-// btime, zone-free).
+// btime, zone-free). Nor can any other read hold lines the previous run
+// evaluated, nor the first when it went on from the position that run
+// committed (Resumed). Where that position could not be used (the log
+// rotated or truncated meanwhile, no position saved), the replayed tail's
+// lines dated before the last one that run evaluated are past, and those
+// dated in its second if they are among the lines that run evaluated in
+// that second (the log prints whole seconds: one written after its last
+// poll in that second is new); each of those is taken for one line read
+// again, so a line repeated verbatim in that second is reported as often
+// as it was not evaluated.
 func (e *Evaluator) past(ll LogLine) bool {
 	if ll.Time.IsZero() {
 		return false
 	}
-	return (ll.Replayed && ll.Time.Before(e.bootStart)) || (!e.reported.IsZero() && !ll.Time.After(e.reported))
+	if ll.Replayed && ll.Time.Before(e.bootStart) {
+		return true
+	}
+	if !ll.Replayed || ll.Resumed || e.reported.IsZero() || ll.Time.After(e.reported) {
+		return false
+	}
+	if ll.Time.Before(e.reported) || e.reportedLines == nil {
+		return true
+	}
+	h := lineHash(ll)
+	if e.reportedLines[h] == 0 {
+		return false
+	}
+	e.reportedLines[h]--
+	return true
 }
 
 // occurrenceChecks are the checks whose fatal events are occurrences.
@@ -1315,15 +1426,32 @@ func (e *Evaluator) switchCountConds(s *Snapshot) []cond {
 	// it but excluded (NvSwitchExcludelist), is an NVSwitch failure for the
 	// HA policy alike (NVSWITCH_FAILURE_MODE covers both).
 	have := s.NVSwitchCount
-	if have <= 0 || have >= want {
-		// None at all is a board without NVSwitches (HGX A100/H100 4-GPU)
-		// or a driver that is not loaded, not a switch failure.
+	if have < 0 || have >= want || (have == 0 && len(s.PCISwitches) == 0) {
+		// None at all, on the PCI bus either, is a board without
+		// NVSwitches (HGX A100/H100 4-GPU), not a switch failure.
 		return nil
+	}
+	if have == 0 && e.booting(s.Now) {
+		// Early in a boot the NVSwitch driver may not have bound the
+		// switches on the bus yet: what stands stays.
+		return e.standing("swcount", "missing")
 	}
 	meta := map[string]string{"nvswitches": strconv.Itoa(have), "expected_nvswitches": strconv.Itoa(want), "platform": e.platform.Name,
 		"guide": "High Availability: NVSwitch failure (not displayed on the PCIe bus) or an excluded NVSwitch"}
 	if s.PCISwitches != nil {
 		meta["nvswitches_on_pci"] = strconv.Itoa(len(s.PCISwitches))
+		bound := map[string]bool{}
+		for _, p := range s.NVSwitchPCIs {
+			bound[pci4(p)] = true
+		}
+		var unbound []string
+		for _, p := range s.PCISwitches {
+			if !bound[pci4(p)] {
+				unbound = append(unbound, pci4(p))
+			}
+		}
+		sort.Strings(unbound)
+		meta["nvswitches_not_bound"] = strings.Join(unbound, ",")
 	}
 	ents := e.nodeEntities()
 	key := "missing"

@@ -33,6 +33,9 @@ type LogLine struct {
 	// was when the agent started, which may hold earlier boots' lines),
 	// not written while the agent reads it.
 	Replayed bool `json:"-"`
+	// Resumed: read on from the position a previous run of the agent
+	// committed, so not evaluated by it, whatever its time.
+	Resumed bool `json:"-"`
 }
 
 var (

@@ -13,9 +13,13 @@ const (
 type PlatformInfo struct {
 	// Name is one of the Platform* constants, "" when unknown.
 	Name string
-	// NVSwitches is the number of NVSwitches the host sees as PCI devices
+	// NVSwitches is the number of NVSwitches the NVSwitch driver bound
 	// (-1 unknown); 0 on HGX B200, whose switches sit behind the CX7 bridge.
 	NVSwitches int
+	// PCISwitches is the number of NVSwitch functions on the PCI bus,
+	// bound or not (-1 unknown): more than NVSwitches when the driver did
+	// not bind some (or any) of them.
+	PCISwitches int
 	// NVLinkBridges are the CX7 NVLink management functions (VPD SMDL
 	// SW_MNG) of an HGX B200 baseboard.
 	NVLinkBridges int
@@ -28,16 +32,18 @@ type PlatformInfo struct {
 }
 
 // HasFabric reports a host that has NVSwitches for FM to manage: switches
-// on PCI, or the NVLink management bridge of a fourth-generation baseboard.
-// A host without either (a PCIe board, a cloud VM whose fabric the host
-// manages) does not need FM.
+// on PCI (bound by the NVSwitch driver or not: switches it does not bind
+// are a fabric fault, not a host without a fabric), or the NVLink
+// management bridge of a fourth-generation baseboard. A host without
+// either (a PCIe board, a cloud VM whose fabric the host manages) does not
+// need FM.
 func (p PlatformInfo) HasFabric() bool {
-	return p.NVSwitches > 0 || p.NVLinkBridges > 0 || p.Name == PlatformB200
+	return p.NVSwitches > 0 || p.PCISwitches > 0 || p.NVLinkBridges > 0 || p.Name == PlatformB200
 }
 
 // Baseboards is 2 for an A100 system with 12 NVSwitches or 16 GPUs.
 func (p PlatformInfo) Baseboards() int {
-	if p.Name == PlatformA100 && (p.NVSwitches > 6 || p.GPUs > 8) {
+	if p.Name == PlatformA100 && (p.NVSwitches > 6 || p.PCISwitches > 6 || p.GPUs > 8) {
 		return 2
 	}
 	return 1
@@ -101,7 +107,7 @@ func platformOfProduct(product string) string {
 // PCI NVSwitch count and the NVLink management bridges. A name given in
 // override wins.
 func DetectPlatform(override, product string, nvswitches, bridges, gpus int) PlatformInfo {
-	p := PlatformInfo{NVSwitches: nvswitches, NVLinkBridges: bridges, GPUs: gpus}
+	p := PlatformInfo{NVSwitches: nvswitches, PCISwitches: -1, NVLinkBridges: bridges, GPUs: gpus}
 	if override == "" || override == "auto" {
 		up := strings.ToUpper(product)
 		p.OffNodeFabric = strings.Contains(up, "GB200") || strings.Contains(up, "GB300")
