@@ -298,13 +298,17 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 			details[events.DetailDiffering] = events.Truncate(strings.Join(diff, "; "), 2000)
 			acts = append(acts, s.action(cluster, m.name, events.KindConformanceDrift, outcome(live),
 				fmt.Sprintf("drifted from group %s (%s %s): %d components differ", groupKey(cluster, pool), v.Basis, short(v.Expected), len(diff)), details, v.Actual+v.Expected, !live))
-			if next.Sensitive && !next.Drained {
-				next.Drained = true
-				evs = append(evs, s.derived(cluster, m.name, CheckDriftSensitive, false, datamodels.RecommendedAction_NONE, next,
-					"sensitive node drifted from conformance group "+groupKey(cluster, pool)+": drained until it conforms again and is approved ("+AnnotationApproved+")"))
-				acts = append(acts, s.action(cluster, m.name, events.KindConformanceDrain, outcome(live),
-					"sensitive node: sent down the quarantine path (cordon, taint, drain)", details, next.Since.String(), !live))
-			}
+		}
+		// Decided at every sweep, not only when the fingerprints change: a
+		// node labelled sensitive after it drifted is drained at the next
+		// sweep (it waited for the timeout's escalation, up to 4h, and its
+		// return then needed no approval).
+		if next.Sensitive && !next.Drained {
+			next.Drained = true
+			evs = append(evs, s.derived(cluster, m.name, CheckDriftSensitive, false, datamodels.RecommendedAction_NONE, next,
+				"sensitive node drifted from conformance group "+groupKey(cluster, pool)+": drained until it conforms again and is approved ("+AnnotationApproved+")"))
+			acts = append(acts, s.action(cluster, m.name, events.KindConformanceDrain, outcome(live),
+				"sensitive node: sent down the quarantine path (cordon, taint, drain)", details, next.Since.String(), !live))
 		}
 		timeout := s.cfg.DriftRemediationTimeout
 		if next.Sensitive {

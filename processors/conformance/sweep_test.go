@@ -1,0 +1,124 @@
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/faultline/faultline/internal/clickhouse/chtest"
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// fakeEnv is a real ClickHouse (the reports) with a cluster whose nodes
+// are client-go's fake clientset.
+type fakeEnv struct {
+	s       *chtest.Server
+	kube    *fake.Clientset
+	reg     *clusters.Registry
+	h       *Handler
+	clk     *clock
+	cluster string
+}
+
+func startFake(t *testing.T, dryRun bool) *fakeEnv {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs a real ClickHouse server")
+	}
+	s := chtest.Start(t)
+	clk := &clock{t: time.Now().UTC().Truncate(time.Second)}
+	e := &fakeEnv{s: s, kube: fake.NewSimpleClientset(), clk: clk, h: NewHandler(s.Conn, testLog, clk.Now), cluster: uniq("f")}
+	e.reg = clusters.NewRegistry(clusters.DefaultConfig(), clk.Now)
+	e.reg.SetClient(e.cluster, e.kube, dryRun)
+	return e
+}
+
+// nodes creates n nodes, <cluster>-n1…, and returns the last one's name.
+func (e *fakeEnv) nodes(t *testing.T, n int) string {
+	t.Helper()
+	var name string
+	for i := 1; i <= n; i++ {
+		name = fmt.Sprintf("%s-n%d", e.cluster, i)
+		if _, err := e.kube.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return name
+}
+
+// report stores a report of every node of nodes: the last one's
+// firmware is fw ("" conforms), the others conform.
+func (e *fakeEnv) report(t *testing.T, n int, fw string) {
+	t.Helper()
+	for i := 1; i <= n; i++ {
+		c := comps("")
+		if i == n {
+			c = comps(fw)
+		}
+		store(t, e.h, record(t, e.cluster, fmt.Sprintf("%s-n%d", e.cluster, i), c, e.clk.Now()))
+	}
+}
+
+func (e *fakeEnv) sweep(t *testing.T, sw *Sweeper, step string) Output {
+	t.Helper()
+	out, err := sw.Sweep(context.Background(), e.cluster)
+	if err != nil {
+		t.Fatalf("%s: %v", step, err)
+	}
+	return out
+}
+
+// TestSensitiveAfterDriftIsDrained: a node drifts while not sensitive,
+// then an operator labels it sensitive: the next sweep drains it (the
+// fatal event, one conformance_drain) and records it sensitive, so its
+// return waits for an approval. It was drained only by the timeout's
+// escalation, up to 4h later, and never awaited an approval.
+func TestSensitiveAfterDriftIsDrained(t *testing.T) {
+	e := startFake(t, false)
+	ctx := context.Background()
+	node := e.nodes(t, 4)
+	e.report(t, 4, "28.41.1000")
+	sw := NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+
+	var drains []*faultlinev1.Action
+	out := e.sweep(t, sw, "not sensitive")
+	if k := kinds(out.Actions); len(k[events.KindConformanceDrift]) != 1 || len(k[events.KindConformanceDrain]) != 0 || len(out.Events) != 0 {
+		t.Fatalf("not sensitive: actions %v, events %v", out.Actions, out.Events)
+	}
+	n := e.get(t, node)
+	n.Labels = map[string]string{"faultline.io/sensitive": "true"}
+	if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		e.clk.Add(time.Minute)
+		out := e.sweep(t, sw, "sensitive")
+		drains = append(drains, kinds(out.Actions)[events.KindConformanceDrain]...)
+		if i == 0 && (len(out.Events) != 1 || out.Events[0].CheckName != CheckDriftSensitive || !out.Events[0].IsFatal) {
+			t.Fatalf("labelled sensitive: events %v, want the fatal %s", out.Events, CheckDriftSensitive)
+		}
+	}
+	if len(drains) != 1 || drains[0].Node != node {
+		t.Fatalf("drains %v, want one of %s", drains, node)
+	}
+	st, has := sw.readState(e.cluster, member{node: e.get(t, node), name: node}, true)
+	if !has || !st.Sensitive || !st.Drained {
+		t.Fatalf("state %+v, want sensitive and drained", st)
+	}
+}
+
+func (e *fakeEnv) get(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	n, err := e.kube.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
