@@ -308,7 +308,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 			evs = append(evs, s.derived(cluster, m.name, CheckDriftSensitive, false, datamodels.RecommendedAction_NONE, next,
 				"sensitive node drifted from conformance group "+groupKey(cluster, pool)+": drained until it conforms again and is approved ("+AnnotationApproved+")"))
 			acts = append(acts, s.action(cluster, m.name, events.KindConformanceDrain, outcome(live),
-				"sensitive node: sent down the quarantine path (cordon, taint, drain)", details, next.Since.String(), !live))
+				"sensitive node: sent down the quarantine path (cordon, taint, drain)", details, sinceKey(next.Since), !live))
 		}
 		timeout := s.cfg.DriftRemediationTimeout
 		if next.Sensitive {
@@ -320,7 +320,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 				fmt.Sprintf("still drifted from conformance group %s after %v (since %s): expected %s, actual %s", groupKey(cluster, pool), timeout,
 					next.Since.UTC().Format(time.RFC3339), short(v.Expected), short(v.Actual))))
 			acts = append(acts, s.action(cluster, m.name, events.KindEscalate, outcome(live),
-				fmt.Sprintf("drift_remediation_timeout %v passed: fatal event %s", timeout, CheckDriftTimeout), details, next.Since.String(), !live))
+				fmt.Sprintf("drift_remediation_timeout %v passed: fatal event %s", timeout, CheckDriftTimeout), details, sinceKey(next.Since), !live))
 		}
 		if len(acts) == 0 {
 			if live {
@@ -369,7 +369,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 				}
 				st.Awaiting = true
 				a := s.action(cluster, m.name, events.KindConformanceUndrain, events.OutcomeInProgress,
-					fmt.Sprintf("conforms again (%s); stays drained until an operator sets %s=<fingerprint>", short(v.Actual), AnnotationApproved), details, st.Since.String()+"awaiting", !live)
+					fmt.Sprintf("conforms again (%s); stays drained until an operator sets %s=<fingerprint>", short(v.Actual), AnnotationApproved), details, sinceKey(st.Since)+"awaiting", !live)
 				if live {
 					if err := s.sendFirst(ctx, Output{Actions: []*faultlinev1.Action{a}}, out); err != nil {
 						return err
@@ -385,13 +385,13 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 					"sensitive node re-verified ("+short(v.Actual)+") and approved: drain lifted"))
 			}
 			first.Actions = append(first.Actions, s.action(cluster, m.name, events.KindConformanceUndrain, outcome(live),
-				"re-verified and approved by "+AnnotationApproved+": quarantine lifted", details, st.Since.String(), !live))
+				"re-verified and approved by "+AnnotationApproved+": quarantine lifted", details, sinceKey(st.Since), !live))
 		}
 		reason := "conforms again: taint and label removed"
 		if st.Escalated {
 			reason += " (the timeout's quarantine stays until an operator lifts it)"
 		}
-		first.Actions = append(first.Actions, s.action(cluster, m.name, events.KindConformanceRestored, outcome(live), reason, details, st.Since.String(), !live))
+		first.Actions = append(first.Actions, s.action(cluster, m.name, events.KindConformanceRestored, outcome(live), reason, details, sinceKey(st.Since), !live))
 		if !live {
 			s.setDry(cluster, m.name, nil)
 			out.Actions = append(out.Actions, first.Actions...)
@@ -606,7 +606,15 @@ func (s *Sweeper) kubeEvent(ctx context.Context, kube kubernetes.Interface, m me
 // notificationKey identifies a notification: the drift (its start), its
 // direction and the fingerprint.
 func notificationKey(drifted bool, v ic.Verdict, st State) string {
-	return st.Since.String() + fmt.Sprint(drifted) + v.Actual
+	return sinceKey(st.Since) + fmt.Sprint(drifted) + v.Actual
+}
+
+// sinceKey is a drift's start in the keys of its notifications and action
+// ids: the same for the start as decided and as read back (the annotation's
+// JSON, on any replica). Its String() was not: time.Now's monotonic reading
+// ("m=+…") is not written, and the zone's name is the reader's.
+func sinceKey(t time.Time) string {
+	return t.UTC().Format(time.RFC3339Nano)
 }
 
 // delivered says whether the node's notification key was delivered.

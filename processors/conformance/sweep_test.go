@@ -122,3 +122,31 @@ func (e *fakeEnv) get(t *testing.T, name string) *corev1.Node {
 	}
 	return n
 }
+
+// TestDriftNotifiedOnceWithTheProductionClock: with time.Now (its
+// monotonic reading, not a test clock's truncated time) a drift is
+// notified once. The notification's key was the start's String(): with
+// "m=+…" at the first sweep, without it once read back from the
+// annotation, so the next sweep queued the drift again.
+func TestDriftNotifiedOnceWithTheProductionClock(t *testing.T) {
+	e := startFake(t, false)
+	e.clk = &clock{t: time.Now()}
+	e.h = NewHandler(e.s.Conn, testLog, time.Now)
+	node := e.nodes(t, 4)
+	e.report(t, 4, "28.41.1000")
+	rec := &recordingNotifier{}
+	cfg := testConfig()
+	q := NewQueue(rec, cfg.Notifier, testLog, func(Notification, int, error) {})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go q.Run(ctx)
+	sw := NewSweeper(cfg, e.s.Conn, e.reg, testLog, nil, q)
+
+	e.sweep(t, sw, "the drift")
+	rec.wait(t, node+" drifted")
+	for i := 0; i < 2; i++ {
+		e.sweep(t, sw, "still drifted")
+	}
+	time.Sleep(200 * time.Millisecond) // a second notice would be delivered by now
+	rec.wait(t, node+" drifted")
+}
