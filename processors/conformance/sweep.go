@@ -49,6 +49,9 @@ type State struct {
 	// stays until the notifier delivered the return to conformance (a
 	// restart re-sends it).
 	Restoring bool `json:"restoring,omitempty"`
+	// Resumed counts the times the node drifted again while it awaited
+	// approval (the same drift): each is a drift action of its own.
+	Resumed int `json:"resumed,omitempty"`
 }
 
 // Output is what one sweep produces.
@@ -284,20 +287,30 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 		if st.Restoring { // drifted again before its return was told: a new drift
 			st, has = State{}, false
 		}
-		next := State{Since: now, Group: group, Expected: v.Expected, Actual: v.Actual, Sensitive: m.sensitive || st.Sensitive}
+		// A start in whole seconds, as the actions' driftSince holds it: a
+		// dry-run state read back from them (restoreDry) has the start
+		// and action ids the sweep had.
+		next := State{Since: now.UTC().Truncate(time.Second), Group: group, Expected: v.Expected, Actual: v.Actual, Sensitive: m.sensitive || st.Sensitive}
 		if has {
-			next.Since, next.Drained, next.Escalated = st.Since, st.Drained, st.Escalated
+			next.Since, next.Drained, next.Escalated, next.Resumed = st.Since, st.Drained, st.Escalated, st.Resumed
+			if st.Awaiting {
+				next.Resumed++
+			}
 		}
 		changed := !has || st.Actual != v.Actual || st.Expected != v.Expected || st.Awaiting
 		var acts []*faultlinev1.Action
 		var evs []*datamodels.HealthEvent
 		details := map[string]string{events.DetailConformanceGroup: groupKey(cluster, pool), events.DetailBasis: v.Basis,
-			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: next.Since.UTC().Format(time.RFC3339)}
+			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: sinceKey(next.Since)}
 		if changed {
+			// The drift's id holds its start: the same fingerprints again
+			// after a return to conformance are another drift (the audit
+			// kept one of the two, and a dry-run restart read back the
+			// first and its return, the node drifted with no state).
 			diff := s.diff(ctx, cache, cluster, v)
 			details[events.DetailDiffering] = events.Truncate(strings.Join(diff, "; "), 2000)
 			acts = append(acts, s.action(cluster, m.name, events.KindConformanceDrift, outcome(live),
-				fmt.Sprintf("drifted from group %s (%s %s): %d components differ", groupKey(cluster, pool), v.Basis, short(v.Expected), len(diff)), details, v.Actual+v.Expected, !live))
+				fmt.Sprintf("drifted from group %s (%s %s): %d components differ", groupKey(cluster, pool), v.Basis, short(v.Expected), len(diff)), details, driftKey(next)+v.Actual+v.Expected, !live))
 		}
 		// Decided at every sweep, not only when the fingerprints change: a
 		// node labelled sensitive after it drifted is drained at the next
@@ -356,7 +369,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 			return s.clearDrift(ctx, cl.Kube, m.name, nil)
 		}
 		details := map[string]string{events.DetailConformanceGroup: groupKey(cluster, pool), events.DetailBasis: v.Basis,
-			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: st.Since.UTC().Format(time.RFC3339)}
+			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: sinceKey(st.Since)}
 		var first Output // sent before the state is cleared
 		if st.Drained {
 			approved := ""
@@ -369,7 +382,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 				}
 				st.Awaiting = true
 				a := s.action(cluster, m.name, events.KindConformanceUndrain, events.OutcomeInProgress,
-					fmt.Sprintf("conforms again (%s); stays drained until an operator sets %s=<fingerprint>", short(v.Actual), AnnotationApproved), details, sinceKey(st.Since)+"awaiting", !live)
+					fmt.Sprintf("conforms again (%s); stays drained until an operator sets %s=<fingerprint>", short(v.Actual), AnnotationApproved), details, driftKey(st)+"awaiting", !live)
 				if live {
 					if err := s.sendFirst(ctx, Output{Actions: []*faultlinev1.Action{a}}, out); err != nil {
 						return err
@@ -617,6 +630,15 @@ func sinceKey(t time.Time) string {
 	return t.UTC().Format(time.RFC3339Nano)
 }
 
+// driftKey is the start of a drift and its resumptions (Resumed), in the
+// ids of the steps it may take again: a drift and an approval awaited.
+func driftKey(st State) string {
+	if st.Resumed == 0 {
+		return sinceKey(st.Since)
+	}
+	return fmt.Sprintf("%s+%d", sinceKey(st.Since), st.Resumed)
+}
+
 // delivered says whether the node's notification key was delivered.
 func (s *Sweeper) delivered(cluster, node, key string) bool {
 	s.mu.Lock()
@@ -678,13 +700,13 @@ func (s *Sweeper) derived(cluster, node, check string, healthy bool, action data
 		pol = "recovery"
 	}
 	return &datamodels.HealthEvent{
-		Version: 1, Id: events.HashID(Role, cluster, node, check, st.Since.UTC().Format(time.RFC3339Nano), pol),
+		Version: 1, Id: events.HashID(Role, cluster, node, check, sinceKey(st.Since), pol),
 		Agent: Agent, ComponentClass: agentconf.ComponentClass, CheckName: check,
 		IsFatal: !healthy, IsHealthy: healthy, Message: events.Truncate(msg, 1024), RecommendedAction: action,
 		EntitiesImpacted:   []*datamodels.Entity{{EntityType: events.EntityNode, EntityValue: node}},
 		GeneratedTimestamp: now, ReceivedTimestamp: now, Cluster: cluster, NodeName: node, DerivedBy: Role,
 		Submitter: &datamodels.Submitter{Name: Role, Role: datamodels.SubmitterRole_SUBMITTER_ROLE_PIPELINE},
 		Metadata: map[string]string{events.DetailExpected: st.Expected, events.DetailActual: st.Actual,
-			events.DetailConformanceGroup: st.Group, events.DetailDriftSince: st.Since.UTC().Format(time.RFC3339)},
+			events.DetailConformanceGroup: st.Group, events.DetailDriftSince: sinceKey(st.Since)},
 	}
 }

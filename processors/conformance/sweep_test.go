@@ -6,12 +6,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/faultline/faultline/internal/clickhouse/chtest"
 	"github.com/faultline/faultline/processors/clusters"
+	storerole "github.com/faultline/faultline/processors/store"
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -149,4 +151,102 @@ func TestDriftNotifiedOnceWithTheProductionClock(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond) // a second notice would be delivered by now
 	rec.wait(t, node+" drifted")
+}
+
+// audit writes the actions to ClickHouse through the store role, as the
+// role's output would be.
+func (e *fakeEnv) audit(t *testing.T, acts []*faultlinev1.Action) {
+	t.Helper()
+	var recs []*kgo.Record
+	for _, a := range acts {
+		b, err := events.MarshalAction(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, &kgo.Record{Topic: events.TopicActions, Key: events.Key(e.cluster, a.Node), Value: b, Timestamp: e.clk.Now()})
+	}
+	if res, err := storerole.New(e.s.Conn, testLog, nil).Handle(context.Background(), recs); err != nil || len(res.Dead) > 0 {
+		t.Fatalf("storing the actions: %v, dead %v", err, res.Dead)
+	}
+}
+
+// TestSecondDriftToTheSameFingerprint: a node drifts, conforms, and drifts
+// to the same fingerprint again (dry-run): the two drifts are two actions
+// (the id was the fingerprints' alone, so the audit kept one of them), and
+// a restart reads the second drift back: not recorded again, its start
+// the second drift's. It came back with no state (the audit's oldest row
+// of the id, then the return) and the drift was recorded again, its
+// timeout counted from the restart.
+func TestSecondDriftToTheSameFingerprint(t *testing.T) {
+	e := startFake(t, true)
+	node := e.nodes(t, 4)
+	sw := NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+	var drifts []*faultlinev1.Action
+	for i, fw := range []string{"28.41.1000", "", "28.41.1000"} {
+		e.clk.Add(time.Minute)
+		e.report(t, 4, fw)
+		out := e.sweep(t, sw, fmt.Sprintf("sweep %d", i))
+		e.audit(t, out.Actions)
+		drifts = append(drifts, kinds(out.Actions)[events.KindConformanceDrift]...)
+	}
+	if len(drifts) != 2 || drifts[0].Id == drifts[1].Id {
+		t.Fatalf("drift actions %v, want two with different ids", drifts)
+	}
+	second := drifts[1].Details[events.DetailDriftSince]
+	if second == drifts[0].Details[events.DetailDriftSince] {
+		t.Fatalf("both drifts start at %s", second)
+	}
+
+	e.clk.Add(time.Minute)
+	e.report(t, 4, "28.41.1000")
+	sw = NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil) // restarted
+	if out := e.sweep(t, sw, "restarted"); len(out.Actions) != 0 {
+		t.Fatalf("restarted: actions %v, want none (the second drift read back)", out.Actions)
+	}
+	st, has := sw.readState(e.cluster, member{name: node}, false)
+	if !has || sinceKey(st.Since) != second {
+		t.Fatalf("restored state %+v (%v), want the drift since %s", st, has, second)
+	}
+}
+
+// TestDriftResumedWhileAwaitingApproval: a drained sensitive node (dry-run)
+// conforms, drifts back to the same fingerprint before it is approved,
+// and conforms again: each drift and each wait for approval is an action
+// of its own (their ids were the same: the audit kept the first of each),
+// and a restart reads back a node awaiting approval.
+func TestDriftResumedWhileAwaitingApproval(t *testing.T) {
+	e := startFake(t, true)
+	node := e.nodes(t, 4)
+	n := e.get(t, node)
+	n.Labels = map[string]string{"faultline.io/sensitive": "true"}
+	if _, err := e.kube.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sw := NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+	ids := map[string]bool{}
+	var steps []string
+	for i, fw := range []string{"28.41.1000", "", "28.41.1000", ""} {
+		e.clk.Add(time.Minute)
+		e.report(t, 4, fw)
+		out := e.sweep(t, sw, fmt.Sprintf("sweep %d", i))
+		e.audit(t, out.Actions)
+		for _, a := range out.Actions {
+			ids[a.Id] = true
+			steps = append(steps, a.Kind+"/"+a.Outcome)
+		}
+	}
+	want := []string{"conformance_drift/dry_run", "conformance_drain/dry_run", "conformance_undrain/in_progress",
+		"conformance_drift/dry_run", "conformance_undrain/in_progress"}
+	if fmt.Sprint(steps) != fmt.Sprint(want) || len(ids) != len(want) {
+		t.Fatalf("steps %v (%d ids), want %v, each its own id", steps, len(ids), want)
+	}
+	e.clk.Add(time.Minute)
+	e.report(t, 4, "")
+	sw = NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil) // restarted
+	if out := e.sweep(t, sw, "restarted"); len(out.Actions) != 0 {
+		t.Fatalf("restarted: actions %v, want none (awaiting approval read back)", out.Actions)
+	}
+	if st, _ := sw.readState(e.cluster, member{name: node}, false); !st.Awaiting || !st.Drained || st.Resumed != 1 {
+		t.Fatalf("restored state %+v, want drained, awaiting, resumed once", st)
+	}
 }
