@@ -203,6 +203,12 @@ func (c *Config) Validate(prefix string) error {
 			return fmt.Errorf("%s.cluster: %q is not a cluster name (lower-case letters, digits, '-' and '.', at most 63 characters): no report would match it", key, b.Cluster)
 		case !hex64.MatchString(b.Fingerprint):
 			return fmt.Errorf("%s.fingerprint: want 64 lower-case hex digits (a SHA-256), got %q", key, b.Fingerprint)
+		// A pool no node can be in: the baseline would never apply and its
+		// group would fall back to the majority without a word.
+		case b.Pool != "" && c.PoolLabel == "":
+			return fmt.Errorf("%s.pool: %q set but %spool_label is empty: no node is in a pool", key, b.Pool, prefix)
+		case b.Pool != "" && len(validation.IsValidLabelValue(b.Pool)) > 0:
+			return fmt.Errorf("%s.pool: %q is not a label value: %s", key, b.Pool, strings.Join(validation.IsValidLabelValue(b.Pool), "; "))
 		}
 		g := groupKey(b.Cluster, b.Pool)
 		if _, dup := c.baseline[g]; dup {

@@ -864,6 +864,14 @@ func TestValidate(t *testing.T) {
 		{func(c *Config) {
 			c.Baselines = []Baseline{{Cluster: "c", Fingerprint: strings.Repeat("a", 64)}, {Cluster: "c", Fingerprint: strings.Repeat("b", 64)}}
 		}, "conformance.baselines[1]"},
+		// A pool without a pool label (or no label value) matches no node:
+		// the group fell back to its majority without a word.
+		{func(c *Config) {
+			c.PoolLabel, c.Baselines = "", []Baseline{{Cluster: "c", Pool: "h100", Fingerprint: strings.Repeat("a", 64)}}
+		}, `conformance.baselines[0].pool: "h100" set but conformance.pool_label is empty`},
+		{func(c *Config) {
+			c.Baselines = []Baseline{{Cluster: "c", Pool: "h100 pool", Fingerprint: strings.Repeat("a", 64)}}
+		}, `conformance.baselines[0].pool: "h100 pool" is not a label value`},
 		{func(c *Config) { c.Notifier.URL = "ftp://x" }, "conformance.notifier.url"},
 		{func(c *Config) { c.Notifier.URL = "http://smd/hsm/v2/State/Components/{xnme}" }, `conformance.notifier.url: only {node} and {xname} are replaced, got "http://smd/hsm/v2/State/Components/{xnme}"`},
 		{func(c *Config) { c.Notifier.URL = "http://smd/hsm/v2/State/Components" }, "conformance.notifier.url: must name the node with {node} or {xname}"},

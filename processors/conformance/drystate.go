@@ -115,6 +115,9 @@ func foldDry(cluster string, acts []dryAction) map[string]State {
 			if !ours {
 				st = State{Since: since}
 			}
+			if ours && st.Awaiting {
+				st.Resumed++ // drifted again while it awaited approval
+			}
 			st.Expected, st.Actual, st.Awaiting = a.expected, a.actual, false
 			st.Group = GroupValue(strings.TrimPrefix(strings.TrimPrefix(a.group, cluster), "/"))
 		case events.KindConformanceDrain:

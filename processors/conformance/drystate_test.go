@@ -40,7 +40,12 @@ func TestFoldDry(t *testing.T) {
 		{"drifted again while awaiting: a new fingerprint, no longer awaiting", []dryAction{
 			drift("n", s0, "a1", 0), act("n", events.KindConformanceDrain, events.OutcomeDryRun, s0, 0),
 			act("n", events.KindConformanceUndrain, events.OutcomeInProgress, s0, time.Hour), drift("n", s0, "a3", 2*time.Hour)},
-			map[string]State{"n": {Since: t0, Group: "h100", Expected: "exp", Actual: "a3", Sensitive: true, Drained: true}}},
+			map[string]State{"n": {Since: t0, Group: "h100", Expected: "exp", Actual: "a3", Sensitive: true, Drained: true, Resumed: 1}}},
+		{"drifted again while awaiting, to the same fingerprint, then awaiting again", []dryAction{
+			drift("n", s0, "a1", 0), act("n", events.KindConformanceDrain, events.OutcomeDryRun, s0, 0),
+			act("n", events.KindConformanceUndrain, events.OutcomeInProgress, s0, time.Hour), drift("n", s0, "a1", 2*time.Hour),
+			act("n", events.KindConformanceUndrain, events.OutcomeInProgress, s0, 3*time.Hour)},
+			map[string]State{"n": {Since: t0, Group: "h100", Expected: "exp", Actual: "a1", Sensitive: true, Drained: true, Awaiting: true, Resumed: 1}}},
 		{"restored: no state", []dryAction{
 			drift("n", s0, "a1", 0), act("n", events.KindEscalate, events.OutcomeDryRun, s0, 25*time.Hour),
 			act("n", events.KindConformanceRestored, events.OutcomeDryRun, s0, 26*time.Hour)},

@@ -49,6 +49,9 @@ type State struct {
 	// stays until the notifier delivered the return to conformance (a
 	// restart re-sends it).
 	Restoring bool `json:"restoring,omitempty"`
+	// Resumed counts the times the node drifted again while it awaited
+	// approval (the same drift): each is a drift action of its own.
+	Resumed int `json:"resumed,omitempty"`
 }
 
 // Output is what one sweep produces.
@@ -284,27 +287,41 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 		if st.Restoring { // drifted again before its return was told: a new drift
 			st, has = State{}, false
 		}
-		next := State{Since: now, Group: group, Expected: v.Expected, Actual: v.Actual, Sensitive: m.sensitive || st.Sensitive}
+		// A start in whole seconds, as the actions' driftSince holds it: a
+		// dry-run state read back from them (restoreDry) has the start
+		// and action ids the sweep had.
+		next := State{Since: now.UTC().Truncate(time.Second), Group: group, Expected: v.Expected, Actual: v.Actual, Sensitive: m.sensitive || st.Sensitive}
 		if has {
-			next.Since, next.Drained, next.Escalated = st.Since, st.Drained, st.Escalated
+			next.Since, next.Drained, next.Escalated, next.Resumed = st.Since, st.Drained, st.Escalated, st.Resumed
+			if st.Awaiting {
+				next.Resumed++
+			}
 		}
 		changed := !has || st.Actual != v.Actual || st.Expected != v.Expected || st.Awaiting
 		var acts []*faultlinev1.Action
 		var evs []*datamodels.HealthEvent
 		details := map[string]string{events.DetailConformanceGroup: groupKey(cluster, pool), events.DetailBasis: v.Basis,
-			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: next.Since.UTC().Format(time.RFC3339)}
+			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: sinceKey(next.Since)}
 		if changed {
+			// The drift's id holds its start: the same fingerprints again
+			// after a return to conformance are another drift (the audit
+			// kept one of the two, and a dry-run restart read back the
+			// first and its return, the node drifted with no state).
 			diff := s.diff(ctx, cache, cluster, v)
 			details[events.DetailDiffering] = events.Truncate(strings.Join(diff, "; "), 2000)
 			acts = append(acts, s.action(cluster, m.name, events.KindConformanceDrift, outcome(live),
-				fmt.Sprintf("drifted from group %s (%s %s): %d components differ", groupKey(cluster, pool), v.Basis, short(v.Expected), len(diff)), details, v.Actual+v.Expected, !live))
-			if next.Sensitive && !next.Drained {
-				next.Drained = true
-				evs = append(evs, s.derived(cluster, m.name, CheckDriftSensitive, false, datamodels.RecommendedAction_NONE, next,
-					"sensitive node drifted from conformance group "+groupKey(cluster, pool)+": drained until it conforms again and is approved ("+AnnotationApproved+")"))
-				acts = append(acts, s.action(cluster, m.name, events.KindConformanceDrain, outcome(live),
-					"sensitive node: sent down the quarantine path (cordon, taint, drain)", details, next.Since.String(), !live))
-			}
+				fmt.Sprintf("drifted from group %s (%s %s): %d components differ", groupKey(cluster, pool), v.Basis, short(v.Expected), len(diff)), details, driftKey(next)+v.Actual+v.Expected, !live))
+		}
+		// Decided at every sweep, not only when the fingerprints change: a
+		// node labelled sensitive after it drifted is drained at the next
+		// sweep (it waited for the timeout's escalation, up to 4h, and its
+		// return then needed no approval).
+		if next.Sensitive && !next.Drained {
+			next.Drained = true
+			evs = append(evs, s.derived(cluster, m.name, CheckDriftSensitive, false, datamodels.RecommendedAction_NONE, next,
+				"sensitive node drifted from conformance group "+groupKey(cluster, pool)+": drained until it conforms again and is approved ("+AnnotationApproved+")"))
+			acts = append(acts, s.action(cluster, m.name, events.KindConformanceDrain, outcome(live),
+				"sensitive node: sent down the quarantine path (cordon, taint, drain)", details, sinceKey(next.Since), !live))
 		}
 		timeout := s.cfg.DriftRemediationTimeout
 		if next.Sensitive {
@@ -316,7 +333,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 				fmt.Sprintf("still drifted from conformance group %s after %v (since %s): expected %s, actual %s", groupKey(cluster, pool), timeout,
 					next.Since.UTC().Format(time.RFC3339), short(v.Expected), short(v.Actual))))
 			acts = append(acts, s.action(cluster, m.name, events.KindEscalate, outcome(live),
-				fmt.Sprintf("drift_remediation_timeout %v passed: fatal event %s", timeout, CheckDriftTimeout), details, next.Since.String(), !live))
+				fmt.Sprintf("drift_remediation_timeout %v passed: fatal event %s", timeout, CheckDriftTimeout), details, sinceKey(next.Since), !live))
 		}
 		if len(acts) == 0 {
 			if live {
@@ -352,7 +369,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 			return s.clearDrift(ctx, cl.Kube, m.name, nil)
 		}
 		details := map[string]string{events.DetailConformanceGroup: groupKey(cluster, pool), events.DetailBasis: v.Basis,
-			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: st.Since.UTC().Format(time.RFC3339)}
+			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: sinceKey(st.Since)}
 		var first Output // sent before the state is cleared
 		if st.Drained {
 			approved := ""
@@ -365,7 +382,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 				}
 				st.Awaiting = true
 				a := s.action(cluster, m.name, events.KindConformanceUndrain, events.OutcomeInProgress,
-					fmt.Sprintf("conforms again (%s); stays drained until an operator sets %s=<fingerprint>", short(v.Actual), AnnotationApproved), details, st.Since.String()+"awaiting", !live)
+					fmt.Sprintf("conforms again (%s); stays drained until an operator sets %s=<fingerprint>", short(v.Actual), AnnotationApproved), details, driftKey(st)+"awaiting", !live)
 				if live {
 					if err := s.sendFirst(ctx, Output{Actions: []*faultlinev1.Action{a}}, out); err != nil {
 						return err
@@ -381,13 +398,13 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 					"sensitive node re-verified ("+short(v.Actual)+") and approved: drain lifted"))
 			}
 			first.Actions = append(first.Actions, s.action(cluster, m.name, events.KindConformanceUndrain, outcome(live),
-				"re-verified and approved by "+AnnotationApproved+": quarantine lifted", details, st.Since.String(), !live))
+				"re-verified and approved by "+AnnotationApproved+": quarantine lifted", details, sinceKey(st.Since), !live))
 		}
 		reason := "conforms again: taint and label removed"
 		if st.Escalated {
 			reason += " (the timeout's quarantine stays until an operator lifts it)"
 		}
-		first.Actions = append(first.Actions, s.action(cluster, m.name, events.KindConformanceRestored, outcome(live), reason, details, st.Since.String(), !live))
+		first.Actions = append(first.Actions, s.action(cluster, m.name, events.KindConformanceRestored, outcome(live), reason, details, sinceKey(st.Since), !live))
 		if !live {
 			s.setDry(cluster, m.name, nil)
 			out.Actions = append(out.Actions, first.Actions...)
@@ -602,7 +619,24 @@ func (s *Sweeper) kubeEvent(ctx context.Context, kube kubernetes.Interface, m me
 // notificationKey identifies a notification: the drift (its start), its
 // direction and the fingerprint.
 func notificationKey(drifted bool, v ic.Verdict, st State) string {
-	return st.Since.String() + fmt.Sprint(drifted) + v.Actual
+	return sinceKey(st.Since) + fmt.Sprint(drifted) + v.Actual
+}
+
+// sinceKey is a drift's start in the keys of its notifications and action
+// ids: the same for the start as decided and as read back (the annotation's
+// JSON, on any replica). Its String() was not: time.Now's monotonic reading
+// ("m=+…") is not written, and the zone's name is the reader's.
+func sinceKey(t time.Time) string {
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// driftKey is the start of a drift and its resumptions (Resumed), in the
+// ids of the steps it may take again: a drift and an approval awaited.
+func driftKey(st State) string {
+	if st.Resumed == 0 {
+		return sinceKey(st.Since)
+	}
+	return fmt.Sprintf("%s+%d", sinceKey(st.Since), st.Resumed)
 }
 
 // delivered says whether the node's notification key was delivered.
@@ -666,13 +700,13 @@ func (s *Sweeper) derived(cluster, node, check string, healthy bool, action data
 		pol = "recovery"
 	}
 	return &datamodels.HealthEvent{
-		Version: 1, Id: events.HashID(Role, cluster, node, check, st.Since.UTC().Format(time.RFC3339Nano), pol),
+		Version: 1, Id: events.HashID(Role, cluster, node, check, sinceKey(st.Since), pol),
 		Agent: Agent, ComponentClass: agentconf.ComponentClass, CheckName: check,
 		IsFatal: !healthy, IsHealthy: healthy, Message: events.Truncate(msg, 1024), RecommendedAction: action,
 		EntitiesImpacted:   []*datamodels.Entity{{EntityType: events.EntityNode, EntityValue: node}},
 		GeneratedTimestamp: now, ReceivedTimestamp: now, Cluster: cluster, NodeName: node, DerivedBy: Role,
 		Submitter: &datamodels.Submitter{Name: Role, Role: datamodels.SubmitterRole_SUBMITTER_ROLE_PIPELINE},
 		Metadata: map[string]string{events.DetailExpected: st.Expected, events.DetailActual: st.Actual,
-			events.DetailConformanceGroup: st.Group, events.DetailDriftSince: st.Since.UTC().Format(time.RFC3339)},
+			events.DetailConformanceGroup: st.Group, events.DetailDriftSince: sinceKey(st.Since)},
 	}
 }

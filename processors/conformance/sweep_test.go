@@ -1,0 +1,252 @@
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/faultline/faultline/internal/clickhouse/chtest"
+	"github.com/faultline/faultline/processors/clusters"
+	storerole "github.com/faultline/faultline/processors/store"
+	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+)
+
+// fakeEnv is a real ClickHouse (the reports) with a cluster whose nodes
+// are client-go's fake clientset.
+type fakeEnv struct {
+	s       *chtest.Server
+	kube    *fake.Clientset
+	reg     *clusters.Registry
+	h       *Handler
+	clk     *clock
+	cluster string
+}
+
+func startFake(t *testing.T, dryRun bool) *fakeEnv {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs a real ClickHouse server")
+	}
+	s := chtest.Start(t)
+	clk := &clock{t: time.Now().UTC().Truncate(time.Second)}
+	e := &fakeEnv{s: s, kube: fake.NewSimpleClientset(), clk: clk, h: NewHandler(s.Conn, testLog, clk.Now), cluster: uniq("f")}
+	e.reg = clusters.NewRegistry(clusters.DefaultConfig(), clk.Now)
+	e.reg.SetClient(e.cluster, e.kube, dryRun)
+	return e
+}
+
+// nodes creates n nodes, <cluster>-n1…, and returns the last one's name.
+func (e *fakeEnv) nodes(t *testing.T, n int) string {
+	t.Helper()
+	var name string
+	for i := 1; i <= n; i++ {
+		name = fmt.Sprintf("%s-n%d", e.cluster, i)
+		if _, err := e.kube.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return name
+}
+
+// report stores a report of every node of nodes: the last one's
+// firmware is fw ("" conforms), the others conform.
+func (e *fakeEnv) report(t *testing.T, n int, fw string) {
+	t.Helper()
+	for i := 1; i <= n; i++ {
+		c := comps("")
+		if i == n {
+			c = comps(fw)
+		}
+		store(t, e.h, record(t, e.cluster, fmt.Sprintf("%s-n%d", e.cluster, i), c, e.clk.Now()))
+	}
+}
+
+func (e *fakeEnv) sweep(t *testing.T, sw *Sweeper, step string) Output {
+	t.Helper()
+	out, err := sw.Sweep(context.Background(), e.cluster)
+	if err != nil {
+		t.Fatalf("%s: %v", step, err)
+	}
+	return out
+}
+
+// TestSensitiveAfterDriftIsDrained: a node drifts while not sensitive,
+// then an operator labels it sensitive: the next sweep drains it (the
+// fatal event, one conformance_drain) and records it sensitive, so its
+// return waits for an approval. It was drained only by the timeout's
+// escalation, up to 4h later, and never awaited an approval.
+func TestSensitiveAfterDriftIsDrained(t *testing.T) {
+	e := startFake(t, false)
+	ctx := context.Background()
+	node := e.nodes(t, 4)
+	e.report(t, 4, "28.41.1000")
+	sw := NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+
+	var drains []*faultlinev1.Action
+	out := e.sweep(t, sw, "not sensitive")
+	if k := kinds(out.Actions); len(k[events.KindConformanceDrift]) != 1 || len(k[events.KindConformanceDrain]) != 0 || len(out.Events) != 0 {
+		t.Fatalf("not sensitive: actions %v, events %v", out.Actions, out.Events)
+	}
+	n := e.get(t, node)
+	n.Labels = map[string]string{"faultline.io/sensitive": "true"}
+	if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		e.clk.Add(time.Minute)
+		out := e.sweep(t, sw, "sensitive")
+		drains = append(drains, kinds(out.Actions)[events.KindConformanceDrain]...)
+		if i == 0 && (len(out.Events) != 1 || out.Events[0].CheckName != CheckDriftSensitive || !out.Events[0].IsFatal) {
+			t.Fatalf("labelled sensitive: events %v, want the fatal %s", out.Events, CheckDriftSensitive)
+		}
+	}
+	if len(drains) != 1 || drains[0].Node != node {
+		t.Fatalf("drains %v, want one of %s", drains, node)
+	}
+	st, has := sw.readState(e.cluster, member{node: e.get(t, node), name: node}, true)
+	if !has || !st.Sensitive || !st.Drained {
+		t.Fatalf("state %+v, want sensitive and drained", st)
+	}
+}
+
+func (e *fakeEnv) get(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	n, err := e.kube.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestDriftNotifiedOnceWithTheProductionClock: with time.Now (its
+// monotonic reading, not a test clock's truncated time) a drift is
+// notified once. The notification's key was the start's String(): with
+// "m=+…" at the first sweep, without it once read back from the
+// annotation, so the next sweep queued the drift again.
+func TestDriftNotifiedOnceWithTheProductionClock(t *testing.T) {
+	e := startFake(t, false)
+	e.clk = &clock{t: time.Now()}
+	e.h = NewHandler(e.s.Conn, testLog, time.Now)
+	node := e.nodes(t, 4)
+	e.report(t, 4, "28.41.1000")
+	rec := &recordingNotifier{}
+	cfg := testConfig()
+	q := NewQueue(rec, cfg.Notifier, testLog, func(Notification, int, error) {})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go q.Run(ctx)
+	sw := NewSweeper(cfg, e.s.Conn, e.reg, testLog, nil, q)
+
+	e.sweep(t, sw, "the drift")
+	rec.wait(t, node+" drifted")
+	for i := 0; i < 2; i++ {
+		e.sweep(t, sw, "still drifted")
+	}
+	time.Sleep(200 * time.Millisecond) // a second notice would be delivered by now
+	rec.wait(t, node+" drifted")
+}
+
+// audit writes the actions to ClickHouse through the store role, as the
+// role's output would be.
+func (e *fakeEnv) audit(t *testing.T, acts []*faultlinev1.Action) {
+	t.Helper()
+	var recs []*kgo.Record
+	for _, a := range acts {
+		b, err := events.MarshalAction(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, &kgo.Record{Topic: events.TopicActions, Key: events.Key(e.cluster, a.Node), Value: b, Timestamp: e.clk.Now()})
+	}
+	if res, err := storerole.New(e.s.Conn, testLog, nil).Handle(context.Background(), recs); err != nil || len(res.Dead) > 0 {
+		t.Fatalf("storing the actions: %v, dead %v", err, res.Dead)
+	}
+}
+
+// TestSecondDriftToTheSameFingerprint: a node drifts, conforms, and drifts
+// to the same fingerprint again (dry-run): the two drifts are two actions
+// (the id was the fingerprints' alone, so the audit kept one of them), and
+// a restart reads the second drift back: not recorded again, its start
+// the second drift's. It came back with no state (the audit's oldest row
+// of the id, then the return) and the drift was recorded again, its
+// timeout counted from the restart.
+func TestSecondDriftToTheSameFingerprint(t *testing.T) {
+	e := startFake(t, true)
+	node := e.nodes(t, 4)
+	sw := NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+	var drifts []*faultlinev1.Action
+	for i, fw := range []string{"28.41.1000", "", "28.41.1000"} {
+		e.clk.Add(time.Minute)
+		e.report(t, 4, fw)
+		out := e.sweep(t, sw, fmt.Sprintf("sweep %d", i))
+		e.audit(t, out.Actions)
+		drifts = append(drifts, kinds(out.Actions)[events.KindConformanceDrift]...)
+	}
+	if len(drifts) != 2 || drifts[0].Id == drifts[1].Id {
+		t.Fatalf("drift actions %v, want two with different ids", drifts)
+	}
+	second := drifts[1].Details[events.DetailDriftSince]
+	if second == drifts[0].Details[events.DetailDriftSince] {
+		t.Fatalf("both drifts start at %s", second)
+	}
+
+	e.clk.Add(time.Minute)
+	e.report(t, 4, "28.41.1000")
+	sw = NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil) // restarted
+	if out := e.sweep(t, sw, "restarted"); len(out.Actions) != 0 {
+		t.Fatalf("restarted: actions %v, want none (the second drift read back)", out.Actions)
+	}
+	st, has := sw.readState(e.cluster, member{name: node}, false)
+	if !has || sinceKey(st.Since) != second {
+		t.Fatalf("restored state %+v (%v), want the drift since %s", st, has, second)
+	}
+}
+
+// TestDriftResumedWhileAwaitingApproval: a drained sensitive node (dry-run)
+// conforms, drifts back to the same fingerprint before it is approved,
+// and conforms again: each drift and each wait for approval is an action
+// of its own (their ids were the same: the audit kept the first of each),
+// and a restart reads back a node awaiting approval.
+func TestDriftResumedWhileAwaitingApproval(t *testing.T) {
+	e := startFake(t, true)
+	node := e.nodes(t, 4)
+	n := e.get(t, node)
+	n.Labels = map[string]string{"faultline.io/sensitive": "true"}
+	if _, err := e.kube.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sw := NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+	ids := map[string]bool{}
+	var steps []string
+	for i, fw := range []string{"28.41.1000", "", "28.41.1000", ""} {
+		e.clk.Add(time.Minute)
+		e.report(t, 4, fw)
+		out := e.sweep(t, sw, fmt.Sprintf("sweep %d", i))
+		e.audit(t, out.Actions)
+		for _, a := range out.Actions {
+			ids[a.Id] = true
+			steps = append(steps, a.Kind+"/"+a.Outcome)
+		}
+	}
+	want := []string{"conformance_drift/dry_run", "conformance_drain/dry_run", "conformance_undrain/in_progress",
+		"conformance_drift/dry_run", "conformance_undrain/in_progress"}
+	if fmt.Sprint(steps) != fmt.Sprint(want) || len(ids) != len(want) {
+		t.Fatalf("steps %v (%d ids), want %v, each its own id", steps, len(ids), want)
+	}
+	e.clk.Add(time.Minute)
+	e.report(t, 4, "")
+	sw = NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil) // restarted
+	if out := e.sweep(t, sw, "restarted"); len(out.Actions) != 0 {
+		t.Fatalf("restarted: actions %v, want none (awaiting approval read back)", out.Actions)
+	}
+	if st, _ := sw.readState(e.cluster, member{name: node}, false); !st.Awaiting || !st.Drained || st.Resumed != 1 {
+		t.Fatalf("restored state %+v, want drained, awaiting, resumed once", st)
+	}
+}
