@@ -147,7 +147,10 @@ type gpuFindings struct {
 // tests), a non-fatal one for warnings, a healthy one when every test it
 // ran passed; a non-fatal node event for failures that are the
 // diagnostic's own; a fatal node event for a failed test DCGM did not pin
-// on a GPU.
+// on a GPU, and a healthy node event when every failed test (if any) was
+// pinned on a GPU: that is what lifts an earlier run's node fault (the
+// quarantine lifts a fault on a healthy event of the same check and
+// entities, and the GPUs' healthy events name the GPUs, not the node).
 func dcgmOutcome(env *Env, res *dcgm.Result, uuidOf map[int]string, meta map[string]string) Outcome {
 	name := func(g int) string {
 		if u, ok := uuidOf[g]; ok {
@@ -164,6 +167,9 @@ func dcgmOutcome(env *Env, res *dcgm.Result, uuidOf map[int]string, meta map[str
 	}
 	var internal []string
 	var nodeFail []dcgm.Test
+	// nodeClean: no test failed without a GPU failing in it, neither the
+	// hardware's failure nor the diagnostic's own.
+	nodeClean := true
 	for _, t := range res.Tests {
 		diagErr := t.DiagnosticError()
 		if t.Result == dcgm.Fail && diagErr {
@@ -199,8 +205,11 @@ func dcgmOutcome(env *Env, res *dcgm.Result, uuidOf map[int]string, meta map[str
 				f.passed = append(f.passed, t.Name)
 			}
 		}
-		if t.Result == dcgm.Fail && !diagErr && !gpuFailed {
-			nodeFail = append(nodeFail, t)
+		if t.Result == dcgm.Fail && !gpuFailed {
+			nodeClean = false
+			if !diagErr {
+				nodeFail = append(nodeFail, t)
+			}
 		}
 	}
 	var out Outcome
@@ -231,6 +240,9 @@ func dcgmOutcome(env *Env, res *dcgm.Result, uuidOf map[int]string, meta map[str
 		}
 	}
 	node := nodeEntity(env.Cfg.NodeName)
+	if nodeClean {
+		out.Events = append(out.Events, env.Healthy(fmt.Sprintf("DCGM diagnostic found no failure on the node outside its GPUs (%d tests)", len(res.Tests)), node, meta))
+	}
 	for _, t := range nodeFail {
 		msg := fmt.Sprintf("DCGM diagnostic test %s failed", t.Name)
 		var texts []string
