@@ -74,6 +74,7 @@ func runDCGMDiag(ctx context.Context, env *Env) (Outcome, error) {
 		return derefOutcome(missing), err
 	}
 	// DCGM reports results under its own GPU ids; map them to the UUIDs.
+	// A GPU left without one is reported on the node (dcgmOutcome).
 	idOf := map[string]int{}
 	if out, err := run(ctx, env.Echo, env.Child, cfg.Dcgmi, "discovery", "-l", "--host", cfg.HostengineAddr); errors.Is(err, errNotFound) {
 		return Outcome{}, configErr("dcgmi", "dcgm.dcgmi: %v", err)
@@ -81,10 +82,12 @@ func runDCGMDiag(ctx context.Context, env *Env) (Outcome, error) {
 		if m, perr := dcgm.ParseDiscovery(strings.NewReader(out.Text)); perr == nil {
 			idOf = m
 		} else {
-			env.Log.Warn("dcgmi discovery output unreadable; GPUs are named by DCGM id", "err", perr)
+			env.Log.Warn("dcgmi discovery output unreadable; GPU results are reported on the node", "err", perr)
 		}
 	} else if ctx.Err() != nil {
 		return Outcome{}, ctx.Err()
+	} else {
+		env.Log.Warn("dcgmi discovery failed; GPU results are reported on the node", "exit", out.ExitCode, "err", err)
 	}
 	uuidOf := map[int]string{}
 	var ids []int
@@ -93,6 +96,9 @@ func runDCGMDiag(ctx context.Context, env *Env) (Outcome, error) {
 			uuidOf[id] = u
 			ids = append(ids, id)
 		}
+	}
+	if len(idOf) > 0 && len(ids) < len(uuids) {
+		env.Log.Warn("dcgmi discovery did not list every GPU of the pod; results of those it did not are reported on the node", "gpus", len(uuids), "listed", len(ids))
 	}
 	sort.Ints(ids)
 	args := []string{"diag", "-r", strconv.Itoa(cfg.DiagLevel), "--host", cfg.HostengineAddr, "-i", strings.Join(uuids, ",")}
@@ -147,14 +153,13 @@ type gpuFindings struct {
 // tests), a non-fatal one for warnings, a healthy one when every test it
 // ran passed; a non-fatal node event for failures that are the
 // diagnostic's own; a fatal node event for a failed test DCGM did not pin
-// on a GPU.
+// on a GPU, and a healthy node event when every failed test (if any) was
+// pinned on a GPU: that is what lifts an earlier run's node fault (the
+// quarantine lifts a fault on a healthy event of the same check and
+// entities, and the GPUs' healthy events name the GPUs, not the node).
+// GPUs are named by uuidOf; one without a UUID there is reported on the
+// node (a failure is a node fault, a pass sends nothing for it).
 func dcgmOutcome(env *Env, res *dcgm.Result, uuidOf map[int]string, meta map[string]string) Outcome {
-	name := func(g int) string {
-		if u, ok := uuidOf[g]; ok {
-			return u
-		}
-		return strconv.Itoa(g)
-	}
 	per := map[int]*gpuFindings{}
 	get := func(g int) *gpuFindings {
 		if per[g] == nil {
@@ -164,6 +169,9 @@ func dcgmOutcome(env *Env, res *dcgm.Result, uuidOf map[int]string, meta map[str
 	}
 	var internal []string
 	var nodeFail []dcgm.Test
+	// nodeClean: no test failed without a GPU failing in it, neither the
+	// hardware's failure nor the diagnostic's own.
+	nodeClean := true
 	for _, t := range res.Tests {
 		diagErr := t.DiagnosticError()
 		if t.Result == dcgm.Fail && diagErr {
@@ -199,8 +207,11 @@ func dcgmOutcome(env *Env, res *dcgm.Result, uuidOf map[int]string, meta map[str
 				f.passed = append(f.passed, t.Name)
 			}
 		}
-		if t.Result == dcgm.Fail && !diagErr && !gpuFailed {
-			nodeFail = append(nodeFail, t)
+		if t.Result == dcgm.Fail && !gpuFailed {
+			nodeClean = false
+			if !diagErr {
+				nodeFail = append(nodeFail, t)
+			}
 		}
 	}
 	var out Outcome
@@ -210,27 +221,42 @@ func dcgmOutcome(env *Env, res *dcgm.Result, uuidOf map[int]string, meta map[str
 		gpus = append(gpus, g)
 	}
 	sort.Ints(gpus)
+	node := nodeEntity(env.Cfg.NodeName)
 	for _, g := range gpus {
 		f := per[g]
 		m := withMeta(meta, "preflight.faultline.io/dcgm-gpu-id", strconv.Itoa(g))
-		ent := []*datamodels.Entity{gpuEntity(name(g))}
+		u, known := uuidOf[g]
+		ent, what := []*datamodels.Entity{gpuEntity(u)}, fmt.Sprintf("GPU %d (%s)", g, u)
+		if !known {
+			// Without its UUID (dcgmi discovery failed or did not list it)
+			// a GPU is reported on the node: DCGM's id counts the host
+			// engine's GPUs, not the pod's, and a fault under it is never
+			// lifted by a pass that names the GPU by UUID; a pass lifts
+			// the node's.
+			ent, what = node, fmt.Sprintf("GPU %d (DCGM's id; its UUID is unknown)", g)
+		}
 		codes := distinct(f.codes)
 		switch {
 		case len(f.failed) > 0:
-			msg := fmt.Sprintf("DCGM diagnostic failed on GPU %d (%s): %s", g, name(g), strings.Join(f.failed, ", "))
+			msg := fmt.Sprintf("DCGM diagnostic failed on %s: %s", what, strings.Join(f.failed, ", "))
 			if len(f.msgs) > 0 {
 				msg += ": " + strings.Join(slices.Compact(f.msgs), "; ")
 			}
 			out.Events = append(out.Events, env.Unhealthy(true, f.action, msg, codes, ent, m))
 			out.Codes = append(out.Codes, codes...)
+			if !known {
+				nodeClean = false
+			}
 		case len(f.warned) > 0:
-			msg := fmt.Sprintf("DCGM diagnostic warned on GPU %d (%s): %s", g, name(g), strings.Join(f.warned, ", "))
+			msg := fmt.Sprintf("DCGM diagnostic warned on %s: %s", what, strings.Join(f.warned, ", "))
 			out.Events = append(out.Events, env.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, codes, ent, m))
-		case len(f.passed) > 0:
-			out.Events = append(out.Events, env.Healthy(fmt.Sprintf("DCGM diagnostic passed on GPU %d (%s): %s", g, name(g), strings.Join(f.passed, ", ")), ent, m))
+		case len(f.passed) > 0 && known:
+			out.Events = append(out.Events, env.Healthy(fmt.Sprintf("DCGM diagnostic passed on %s: %s", what, strings.Join(f.passed, ", ")), ent, m))
 		}
 	}
-	node := nodeEntity(env.Cfg.NodeName)
+	if nodeClean {
+		out.Events = append(out.Events, env.Healthy(fmt.Sprintf("DCGM diagnostic found no failure on the node outside its GPUs (%d tests)", len(res.Tests)), node, meta))
+	}
 	for _, t := range nodeFail {
 		msg := fmt.Sprintf("DCGM diagnostic test %s failed", t.Name)
 		var texts []string

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,6 +21,7 @@ import (
 	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/gateway/gatewaytest"
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -30,12 +32,13 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // standin writes a shell script that prints the file named by
 // $STANDIN_<TOOL>_OUT (per subcommand for dcgmi), records its arguments
 // (and NCCL_TOPO_FILE) in $STANDIN_ARGS, sleeps $STANDIN_SLEEP seconds and
-// exits $STANDIN_<TOOL>_EXIT.
+// exits $STANDIN_<TOOL>_EXIT ($STANDIN_DISCOVERY_EXIT for dcgmi
+// discovery).
 const standinScript = `#!/bin/sh
 tool=%s
 echo "$tool $* NCCL_TOPO_FILE=${NCCL_TOPO_FILE}" >> "$STANDIN_ARGS"
 case "$tool $1" in
-  "dcgmi discovery") cat "$STANDIN_DISCOVERY_OUT"; exit 0 ;;
+  "dcgmi discovery") cat "$STANDIN_DISCOVERY_OUT"; exit ${STANDIN_DISCOVERY_EXIT:-0} ;;
 esac
 eval out=\$STANDIN_$(echo $tool | tr 'a-z-' 'A-Z_')_OUT
 eval code=\$STANDIN_$(echo $tool | tr 'a-z-' 'A-Z_')_EXIT
@@ -178,6 +181,32 @@ var (
 	ownData  = func(f string) string { return td("testdata", f) }
 )
 
+// standingFaults applies events in order as the quarantine role does: an
+// unhealthy event the shipped rule sets match sets a fault (its check and
+// entities), a healthy one lifts the fault of its check and entities. It
+// returns the faults left standing.
+func standingFaults(t *testing.T, evs []*datamodels.HealthEvent) []string {
+	t.Helper()
+	rs, err := quarantine.LoadRules("")
+	must(t, err)
+	pol, err := quarantine.Compile(rs)
+	must(t, err)
+	faults := map[string]bool{}
+	for _, ev := range evs {
+		key := quarantine.FaultKey(ev.GetCheckName(), events.EntityKey(ev))
+		if ev.GetIsHealthy() {
+			delete(faults, key)
+			continue
+		}
+		d, errs := pol.Evaluate(ev, nil)
+		must(t, errors.Join(errs...))
+		if d != nil {
+			faults[key] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(faults))
+}
+
 func byEntity(evs []*datamodels.HealthEvent) map[string]*datamodels.HealthEvent {
 	m := map[string]*datamodels.HealthEvent{}
 	for _, ev := range evs {
@@ -211,7 +240,9 @@ func TestDCGMDiag(t *testing.T) {
 		}
 	})
 
-	t.Run("3.3.8 Fail - All on 8 GPUs: fatal per GPU, CONTACT_SUPPORT", func(t *testing.T) {
+	// dcgmi discovery listed none of the pod's GPUs: DCGM's ids are not
+	// theirs to name, so the failures are the node's.
+	t.Run("3.3.8 Fail - All on 8 GPUs without their UUIDs: fatal on the node, CONTACT_SUPPORT", func(t *testing.T) {
 		r := h.run(checks.DCGMDiag, map[string]string{
 			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
 			"STANDIN_DISCOVERY_OUT":  "/dev/null",
@@ -219,10 +250,15 @@ func TestDCGMDiag(t *testing.T) {
 		if r.code != checks.ExitFail {
 			t.Fatalf("exit %d\n%s", r.code, r.stderr)
 		}
-		evs := byEntity(h.events(r.node, 8))
+		evs := h.events(r.node, 8)
 		for g := 0; g < 8; g++ {
-			ev := evs[fmt.Sprintf("GPU=%d", g)]
-			if ev == nil || !ev.GetIsFatal() || ev.GetRecommendedAction() != datamodels.RecommendedAction_CONTACT_SUPPORT ||
+			var ev *datamodels.HealthEvent
+			for _, e := range evs {
+				if strings.Contains(e.GetMessage(), fmt.Sprintf("GPU %d (DCGM's id", g)) {
+					ev = e
+				}
+			}
+			if ev == nil || !ev.GetIsFatal() || ev.GetRecommendedAction() != datamodels.RecommendedAction_CONTACT_SUPPORT || events.EntityKey(ev) != "NODE="+r.node ||
 				!slices.Contains(ev.GetErrorCode(), "DCGM_DIAG_GPU_MEMORY_FAIL") || !strings.Contains(ev.GetMessage(), "cuInit") {
 				t.Errorf("GPU %d: %v", g, ev)
 			}
@@ -237,14 +273,42 @@ func TestDCGMDiag(t *testing.T) {
 		if r.code != checks.ExitFail {
 			t.Fatalf("exit %d\n%s", r.code, r.stderr)
 		}
-		evs := byEntity(h.events(r.node, 2))
-		bad, good := evs["GPU=0"], evs["GPU=1"]
-		if bad == nil || !bad.GetIsFatal() || bad.GetIsHealthy() || !slices.Contains(bad.GetErrorCode(), "DCGM_DIAG_GPU_MEMORY_FAIL") ||
+		bad := h.events(r.node, 1)[0]
+		if !bad.GetIsFatal() || bad.GetIsHealthy() || !slices.Contains(bad.GetErrorCode(), "DCGM_DIAG_GPU_MEMORY_FAIL") ||
+			!strings.Contains(bad.GetMessage(), "GPU 0 (DCGM's id") || events.EntityKey(bad) != "NODE="+r.node ||
 			!strings.Contains(bad.GetMessage(), "CUDA-capable device(s) is/are busy or unavailable") {
 			t.Errorf("GPU 0: %v", bad)
 		}
-		if good == nil || !good.GetIsHealthy() || good.GetIsFatal() {
-			t.Errorf("GPU 1: %v", good)
+	})
+
+	// dcgmi discovery failed in one run (results under DCGM's GPU ids), and
+	// answered in the next, which passed: every fault of the first is
+	// lifted. Before, the failure was set on GPU=0 and the pass healthy on
+	// GPU=<uuid>: the node stayed cordoned for ever.
+	t.Run("discovery failing, a GPU failing, then a pass: every fault lifted", func(t *testing.T) {
+		h.node = fmt.Sprintf("gpu-node-%d", time.Now().UnixNano())
+		defer func() { h.node = "" }()
+		r := h.run(checks.DCGMDiag, map[string]string{
+			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuid-t4.txt"),
+			"STANDIN_DISCOVERY_OUT":  "/dev/null", "STANDIN_DISCOVERY_EXIT": "1",
+			"STANDIN_DCGMI_OUT": dcgmData("table-3.3.1-cuda-busy-fail-gpu0.txt"), "STANDIN_DCGMI_EXIT": "226"})
+		if r.code != checks.ExitFail {
+			t.Fatalf("failing run: exit %d\n%s", r.code, r.stderr)
+		}
+		failed := h.events(r.node, 1)
+		if got := standingFaults(t, failed); len(got) == 0 {
+			t.Fatalf("the failing run set no fault: %v", failed)
+		}
+		r = h.run(checks.DCGMDiag, map[string]string{
+			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuid-t4.txt"),
+			"STANDIN_DISCOVERY_OUT":  dcgmData("discovery-1gpu.txt"),
+			"STANDIN_DCGMI_OUT":      dcgmData("table-4.4.2-pass.txt")})
+		if r.code != checks.ExitPass {
+			t.Fatalf("passing run: exit %d\n%s", r.code, r.stderr)
+		}
+		all := h.events(r.node, len(failed)+2)
+		if got := standingFaults(t, all); len(got) > 0 {
+			t.Errorf("faults %q still stand after the pass; events %v", got, all)
 		}
 	})
 
@@ -256,7 +320,7 @@ func TestDCGMDiag(t *testing.T) {
 		if r.code != checks.ExitFail {
 			t.Fatalf("exit %d\n%s", r.code, r.stderr)
 		}
-		evs := h.events(r.node, 5)
+		evs := h.events(r.node, 1)
 		var internal *datamodels.HealthEvent
 		for _, ev := range evs {
 			if ev.GetIsFatal() {

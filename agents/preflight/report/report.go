@@ -10,10 +10,12 @@
 // directory under the configured root, locked with flock(2) while the run
 // lives (from before it is in view under its name). A run also adopts the
 // directories of earlier runs that left events behind (unlocked: their
-// process is gone), sends those, and removes directories it emptied.
+// process is gone), sends those before its own, oldest run first, and
+// removes directories it emptied.
 package report
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -21,9 +23,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -197,7 +199,10 @@ type FlushResult struct {
 }
 
 // Flush sends this run's events and any earlier run left behind until all
-// are delivered, the drain timeout passes or ctx ends.
+// are delivered, the drain timeout passes or ctx ends: one run's after
+// another, in the order the runs started, each only once the gateway took
+// every event of the runs before it. What it has not reached stays
+// spooled, for the next run to send in the same order.
 func (r *Reporter) Flush(ctx context.Context) FlushResult {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Spool.DrainTimeout)
 	defer cancel()
@@ -248,39 +253,35 @@ func (r *Reporter) Flush(ctx context.Context) FlushResult {
 		res.Adopted++
 		jobs = append(jobs, job{dir: dir, spool: sp, lock: lock})
 	}
-	var wg sync.WaitGroup
-	if len(r.unspooled) > 0 {
-		wg.Add(1)
-		go func() { defer wg.Done(); res.Lost = r.sendUnspooled(ctx) }()
-	}
+	// One run after another, oldest first, each only once the gateway took
+	// every event of the runs before it: a run that failed while the
+	// gateway was down, and a later run that passed, would otherwise race,
+	// and the older failure landing last would quarantine the node the
+	// newer pass had cleared (a cordoned node gets no pod to run the check
+	// again). The older failure still reaches the gateway, before the pass.
+	slices.SortStableFunc(jobs, func(a, b job) int { return cmp.Compare(runStart(a.dir), runStart(b.dir)) })
+	reached := false // this run's turn came
 	for _, j := range jobs {
-		if j.spool.Pending() == 0 {
-			continue
+		ok := true
+		if j.own && len(r.unspooled) > 0 {
+			// The events the spool refused go with this run's spool.
+			lost := make(chan int)
+			go func() { lost <- r.sendUnspooled(ctx) }()
+			ok = r.drain(ctx, j.spool)
+			res.Lost = <-lost
+		} else {
+			ok = r.drain(ctx, j.spool)
 		}
-		s, err := agent.NewSender(r.cfg.Gateway, j.spool, r.log, r.m)
-		if err != nil {
-			r.log.Error("cannot build the gateway sender; events stay spooled", "err", err)
-			continue
+		reached = reached || j.own
+		if !ok {
+			break // what is newer waits for the next run
 		}
-		sctx, scancel := context.WithCancel(ctx)
-		wg.Add(2)
-		go func() { defer wg.Done(); _ = s.Run(sctx) }()
-		go func() {
-			defer wg.Done()
-			defer scancel()
-			t := time.NewTicker(20 * time.Millisecond)
-			defer t.Stop()
-			for j.spool.Pending() > 0 {
-				select {
-				case <-sctx.Done():
-					return
-				case <-t.C:
-				}
-			}
-		}()
-		defer s.Close()
 	}
-	wg.Wait()
+	if !reached && len(r.unspooled) > 0 {
+		r.log.Error("earlier runs' events were not all delivered in time; this run's events that could not be spooled were not sent after them",
+			"events", len(r.unspooled))
+		res.Lost = len(r.unspooled)
+	}
 	for _, j := range jobs {
 		res.Pending += j.spool.Pending()
 		if !j.own {
@@ -294,6 +295,45 @@ func (r *Reporter) Flush(ctx context.Context) FlushResult {
 		}
 	}
 	return res
+}
+
+// drain sends a spool's events until the gateway took them all (true),
+// the sender cannot be built, or ctx ends.
+func (r *Reporter) drain(ctx context.Context, sp *agent.Spool) bool {
+	if sp.Pending() == 0 {
+		return true
+	}
+	s, err := agent.NewSender(r.cfg.Gateway, sp, r.log, r.m)
+	if err != nil {
+		r.log.Error("cannot build the gateway sender; events stay spooled", "err", err)
+		return false
+	}
+	defer s.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(sctx) }()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for sp.Pending() > 0 && sctx.Err() == nil {
+		select {
+		case <-sctx.Done():
+		case <-t.C:
+		}
+	}
+	cancel()
+	<-done
+	return sp.Pending() == 0
+}
+
+// runStart is when the run of a spool directory ("run-<unix ns>-<pid>")
+// opened it; 0 when its name does not say.
+func runStart(dir string) int64 {
+	f := strings.Split(filepath.Base(dir), "-")
+	if len(f) < 2 {
+		return 0
+	}
+	ns, _ := strconv.ParseInt(f[1], 10, 64)
+	return ns
 }
 
 // sendUnspooled sends the events Report could not spool, one per call (one

@@ -50,8 +50,10 @@ func TestReportCleansText(t *testing.T) {
 
 // gateway is a fake gateway that takes every event but one whose metadata
 // "refuse" is "invalid" (InvalidArgument, as a gateway older or newer than
-// the check refuses a field); opts are its server options (the gateway's
-// gateway.max_body_bytes as grpc.MaxRecvMsgSize).
+// the check refuses a field), and answers a call with an event whose
+// metadata "delay" is a duration that much later (a slow call); opts are
+// its server options (the gateway's gateway.max_body_bytes as
+// grpc.MaxRecvMsgSize).
 type gateway struct {
 	faultlinev1.UnimplementedEventsServer
 	mu  sync.Mutex
@@ -59,6 +61,11 @@ type gateway struct {
 }
 
 func (g *gateway) SubmitEvents(_ context.Context, req *faultlinev1.SubmitEventsRequest) (*faultlinev1.SubmitEventsResponse, error) {
+	for _, ev := range req.GetEvents() {
+		if d, err := time.ParseDuration(ev.GetMetadata()["delay"]); err == nil {
+			time.Sleep(d)
+		}
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	resp := &faultlinev1.SubmitEventsResponse{}
@@ -162,5 +169,59 @@ func TestUnspooledEventsSentDirectly(t *testing.T) {
 				t.Errorf("Flush took %s (drain timeout %s): an event the gateway can never take was retried", took, cfg.Spool.DrainTimeout)
 			}
 		})
+	}
+}
+
+// TestOlderRunDeliveredFirst: a run fails while the gateway is down (its
+// fatal event stays spooled), the kubelet runs the check again, the
+// gateway is back and the new run passes. The new run sends the old
+// run's events first and its own only once the gateway took them: the
+// older failure reaches the gateway, before the pass. Before, both spools
+// were sent at once, and the old fatal, slower to be taken, landed after
+// the pass: the quarantine cordoned a node that had passed, and a
+// cordoned node gets no pod to run the check again.
+func TestOlderRunDeliveredFirst(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Spool.Dir, cfg.Spool.DrainTimeout = t.TempDir(), 300*time.Millisecond
+	cfg.Gateway.Addr, cfg.Gateway.Insecure, cfg.Gateway.TokenFile = "127.0.0.1:1", true, ""
+	log := slog.New(slog.DiscardHandler)
+	ev := func(healthy bool, meta map[string]string) *datamodels.HealthEvent {
+		return &datamodels.HealthEvent{Agent: "preflight-dcgm-diag", ComponentClass: "GPU", CheckName: "dcgm-diag", NodeName: "gpu-1",
+			IsFatal: !healthy, IsHealthy: healthy, Metadata: meta,
+			EntitiesImpacted: []*datamodels.Entity{{EntityType: "GPU", EntityValue: "GPU-934a71d6-e50c-86a3-f752-3743a8c1bbb2"}}}
+	}
+
+	failed, err := Open(cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fatal := ev(false, map[string]string{"delay": "500ms"})
+	if err := failed.Report([]*datamodels.HealthEvent{fatal}); err != nil {
+		t.Fatal(err)
+	}
+	if res := failed.Flush(context.Background()); res.Pending == 0 {
+		t.Fatalf("the gateway is down, yet the failing run's event left its spool: %+v", res)
+	}
+	if err := failed.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	g, addr := startGateway(t)
+	cfg.Gateway.Addr, cfg.Spool.DrainTimeout = addr, 20*time.Second
+	passed, err := Open(cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer passed.Close()
+	healthy := ev(true, nil)
+	if err := passed.Report([]*datamodels.HealthEvent{healthy}); err != nil {
+		t.Fatal(err)
+	}
+	res := passed.Flush(context.Background())
+	g.mu.Lock()
+	got := slices.Clone(g.got)
+	g.mu.Unlock()
+	if res.Adopted != 1 || res.Pending != 0 || !slices.Equal(got, []string{fatal.Id, healthy.Id}) {
+		t.Fatalf("the gateway received %q, want the old fatal %q, then the new healthy %q (%+v)", got, fatal.Id, healthy.Id, res)
 	}
 }
