@@ -13,6 +13,9 @@
 //	remediating  quarantined, its remediation created or in progress
 //	draining     quarantined, its drain in progress or blocked
 //	quarantined  a quarantine applied (or decided, dry-run) after the last release
+//
+// (each "since" the first quarantine after the last release: a repeat of a
+// standing fault writes another applied quarantine and starts nothing)
 //	held         a quarantine held back by the circuit breaker, nothing applied
 //	healthy      reported events in the range and none of the above
 //
@@ -328,7 +331,8 @@ type NodeRow struct {
 	State string `json:"state"`
 	// StateSince is when the node entered State.
 	StateSince time.Time `json:"stateSince"`
-	// QuarantinedSince is the latest quarantine (or hold).
+	// QuarantinedSince is the first quarantine after the node's last
+	// release (or the latest hold).
 	QuarantinedSince time.Time `json:"quarantinedSince"`
 	Check            string    `json:"check"`
 	Rule             string    `json:"rule"`

@@ -123,8 +123,13 @@ func TestFleet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// n03's last drain action is a fault its finished drain covered.
-		if len(rem.Nodes) != 1 || rem.Nodes[0].Drain != events.OutcomeSucceeded {
+		// n03's last drain action is a fault its finished drain covered;
+		// the repeat quarantine after its remediation started changes
+		// neither its state nor since when (the remediation's start), and
+		// it is quarantined since the first quarantine.
+		if len(rem.Nodes) != 1 || rem.Nodes[0].Drain != events.OutcomeSucceeded ||
+			!rem.Nodes[0].StateSince.Equal(fleettest.Base.Add(5*time.Minute)) ||
+			!rem.Nodes[0].QuarantinedSince.Equal(fleettest.Base.Add(3*time.Minute+time.Second)) {
 			t.Errorf("remediating: %+v", rem.Nodes)
 		}
 		n := p.Nodes[0]
@@ -225,7 +230,7 @@ func TestFleet(t *testing.T) {
 		for _, r := range tab.Rows {
 			got[fmt.Sprint(r[0], "/", r[1], "/", r[2])] = r[3].(uint64)
 		}
-		if got["quarantine/quarantine/applied"] != 8 || got["remediate/escalate/applied"] != 1 || got["quarantine/quarantine/dry_run"] != 0 {
+		if got["quarantine/quarantine/applied"] != 9 || got["remediate/escalate/applied"] != 1 || got["quarantine/quarantine/dry_run"] != 0 {
 			t.Errorf("alpha's remediation outcomes: %v", got)
 		}
 	})

@@ -1,8 +1,10 @@
 -- Fleet page: every node of a cluster that the actions history says is not
 -- plainly healthy, with its state derived from the latest actions (only
 -- max and argMax over them: a row the store wrote twice changes nothing, so
--- no deduplication is needed): quarantined (a quarantine applied, or decided in
--- dry-run, after the last release), draining (the drain of that quarantine
+-- no deduplication is needed; the first quarantine after the last release
+-- is the least of a set, which a duplicate does not change either):
+-- quarantined (a quarantine applied, or decided in dry-run, after the last
+-- release; since the first of them), draining (the drain of that quarantine
 -- in progress or blocked), remediating (its remediation created or in
 -- progress), escalated (escalated to support), held (a quarantine held back
 -- by the circuit breaker and nothing applied since). A release is an
@@ -37,11 +39,17 @@ FROM
 (
     SELECT
         node,
-        maxIf(t, kind = 'quarantine' AND outcome IN ('applied', 'dry_run')) AS q_at,
+        maxIf(t, kind = 'quarantine' AND outcome IN ('applied', 'dry_run')) AS q_last,
         maxIf(t, (kind = 'unquarantine' AND outcome = 'applied') OR kind = 'manual_uncordon') AS r_at,
+        -- the first quarantine after the last release: the quarantine role
+        -- writes another applied action for every repeat of a standing
+        -- fault, and a repeat starts no new drain or remediation, so the
+        -- states since are measured from the first
+        arrayReduce('min', arrayFilter(x -> x > r_at,
+            groupArrayIf(t, kind = 'quarantine' AND outcome IN ('applied', 'dry_run')))) AS q_at,
         maxIf(t, kind = 'quarantine' AND outcome = 'held_by_breaker') AS held_at,
-        toUInt8(q_at > r_at) AS quarantined,
-        toUInt8(q_at <= r_at AND held_at > r_at AND held_at > q_at) AS held,
+        toUInt8(q_last > r_at) AS quarantined,
+        toUInt8(q_last <= r_at AND held_at > r_at AND held_at > q_last) AS held,
         argMaxIf(check, t, kind = 'quarantine' AND outcome IN ('applied', 'dry_run')) AS q_check,
         argMaxIf(rule, t, kind = 'quarantine' AND outcome IN ('applied', 'dry_run')) AS q_rule,
         argMaxIf(reason, t, kind = 'quarantine' AND outcome IN ('applied', 'dry_run')) AS q_reason,

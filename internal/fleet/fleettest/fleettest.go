@@ -80,7 +80,8 @@ func (s *seeder) quarantine(cluster, node string, at time.Duration, outcome stri
 //
 //	n00..n11  report events (12 reporting nodes)
 //	n01       quarantined (XID, taint faultline.io/unhealthy, cordon)
-//	n02       draining          n03 remediating      n04 escalated
+//	n02       draining          n03 remediating (its fault repeated since)
+//	n04       escalated
 //	n05       released (unquarantine)                n08 released (manual uncordon)
 //	n06       held by the breaker (open: "3 of 12 nodes quarantined within 10m")
 //	n07       drifted only (a conformance_drift action)
@@ -100,8 +101,15 @@ func Seed(t testing.TB, conn clickhouse.Conn) {
 	s.quarantine("alpha", "n03", 3*m, events.OutcomeApplied)
 	s.action("alpha", "n03", events.RoleDrain, events.KindDrain, events.OutcomeSucceeded, 4*m, "drained", nil)
 	s.action("alpha", "n03", events.RoleRemediate, events.KindRemediate, events.OutcomeInProgress, 5*m, "RebootNode created", nil)
-	// A repeat of the fault, decided before the drain finished, that the
-	// drain covered: not a step of the node's drain (its state stays).
+	// A repeat of the fault: the quarantine role writes another applied
+	// action (already quarantined), which the finished drain covered: not
+	// a step of the node's drain, nor a new quarantine (its state and
+	// state's since stay).
+	rep := s.event("alpha", "n03", "SysLogsXIDError", "GPU", 5*m+20*time.Second, false, "XID 79 on n03")
+	s.action("alpha", "n03", events.RoleQuarantine, events.KindQuarantine, events.OutcomeApplied, 5*m+21*time.Second,
+		"rule xid matched SysLogsXIDError", map[string]string{
+			events.DetailEntities: "GPU=GPU-n03", events.DetailCordon: "true", events.DetailAlreadyQuarantined: "true",
+		}, rep)
 	s.action("alpha", "n03", events.RoleDrain, events.KindDrain, events.OutcomeSkipped, 5*m+30*time.Second,
 		drain.ReasonCovered+" d1 (succeeded at …)", nil)
 	s.quarantine("alpha", "n04", 4*m, events.OutcomeApplied)
