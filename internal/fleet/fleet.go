@@ -13,11 +13,12 @@
 //	remediating  quarantined, its remediation created or in progress
 //	draining     quarantined, its drain in progress or blocked
 //	quarantined  a quarantine applied (or decided, dry-run) after the last release
-//
-// (each "since" the first quarantine after the last release: a repeat of a
-// standing fault writes another applied quarantine and starts nothing)
 //	held         a quarantine held back by the circuit breaker, nothing applied
 //	healthy      reported events in the range and none of the above
+//
+// The quarantined states date from the first quarantine after the last
+// release: a repeat of a standing fault writes another applied quarantine
+// and starts no drain or remediation.
 //
 // drifted (the conformance role's latest action on the node is a
 // conformance_drift) is counted beside them: a drifted node may also be in
