@@ -127,8 +127,15 @@ func Queries() (map[string]analytics.Query, error) {
 		q := analytics.Query{Name: name, Description: desc, SQL: sqlText, Params: append(slices.Clone(states.Params), extra...)}
 		qs[name] = q
 	}
-	compose("state_counts", "Nodes per state (node_states counted).",
-		"SELECT state, count() AS nodes, toUInt64(sum(dry_run)) AS dry_run\nFROM\n(\n"+states.SQL+"\n)\nGROUP BY state\nORDER BY state")
+	// reporting: the nodes of the state that reported in [since, until),
+	// which the healthy count (the reporting nodes in no state) subtracts:
+	// a state counts every node out of service now, reporting or not.
+	compose("state_counts", "Nodes per state (node_states counted), and how many of them reported events received in [since, until).",
+		"SELECT state, count() AS nodes, toUInt64(sum(dry_run)) AS dry_run,\n"+
+			"    toUInt64(sum(node IN (SELECT node FROM recent_events WHERE received >= @since AND received < @until AND cluster = @cluster))) AS reporting\n"+
+			"FROM\n(\n"+states.SQL+"\n)\nGROUP BY state\nORDER BY state",
+		analytics.Param{Name: "since", Type: "DateTime", Default: "now-1d"},
+		analytics.Param{Name: "until", Type: "DateTime", Default: "now"})
 	compose("node_page", "One page of node_states, newest state first.",
 		"SELECT *\nFROM\n(\n"+states.SQL+"\n)\nWHERE @state = '' OR state = @state\nORDER BY state_since_ms DESC, node\nLIMIT @offset, @limit",
 		analytics.Param{Name: "state", Type: "String", Default: ""},
@@ -280,7 +287,7 @@ func (s *Store) Summary(ctx context.Context, cluster string, r Range, page *Node
 			return err
 		},
 		func() (err error) {
-			counts, err = s.run(ctx, "state_counts", map[string]string{"cluster": cluster, "now": asOf})
+			counts, err = s.run(ctx, "state_counts", map[string]string{"cluster": cluster, "now": asOf, "since": sqlTime(r.Since), "until": sqlTime(r.Until)})
 			return err
 		},
 		func() (err error) {
@@ -306,11 +313,11 @@ func (s *Store) Summary(ctx context.Context, cluster string, r Range, page *Node
 			out.Breaker = Breaker{State: "closed", Since: optTime(at), Reason: reason}
 		}
 	}
-	var unhealthy uint64
+	var unhealthy uint64 // of the reporting nodes
 	for _, row := range counts.Rows {
-		st, n, dry := row[0].(string), row[1].(uint64), row[2].(uint64)
+		st, n, dry, reporting := row[0].(string), row[1].(uint64), row[2].(uint64), row[3].(uint64)
 		out.Nodes[st] = n
-		unhealthy += n
+		unhealthy += reporting
 		out.DryRunNodes += dry
 	}
 	out.Breaker.Held = out.Nodes[StateHeld]

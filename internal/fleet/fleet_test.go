@@ -79,6 +79,15 @@ func TestFleet(t *testing.T) {
 		if !beta.DryRun || beta.Nodes[fleet.StateQuarantined] != 1 || beta.DryRunNodes != 1 || beta.Breaker.State != "never tripped" {
 			t.Errorf("beta: %+v", beta)
 		}
+		// A quarantined node that reports nothing is not taken off the
+		// reporting nodes' healthy count.
+		gamma, err := st.Summary(ctx, "gamma", fleet.Range{Since: fleettest.Base.Add(-time.Hour), Until: fleettest.Base.Add(time.Hour)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gamma.ReportingNodes != 1 || gamma.Nodes[fleet.StateQuarantined] != 1 || gamma.Nodes[fleet.StateHealthy] != 1 {
+			t.Errorf("gamma: reporting %d, nodes %v", gamma.ReportingNodes, gamma.Nodes)
+		}
 	})
 
 	t.Run("Nodes", func(t *testing.T) {

@@ -88,6 +88,7 @@ func (s *seeder) quarantine(cluster, node string, at time.Duration, outcome stri
 //	n09       quarantined (one of two faults left) and drifted
 //	n10       drifted, then restored (conformance_restored)
 //	beta/b01  quarantined in dry-run
+//	gamma/g01 reporting, healthy; gamma/g02 quarantined, reporting nothing
 func Seed(t testing.TB, conn clickhouse.Conn) {
 	t.Helper()
 	var s seeder
@@ -143,6 +144,10 @@ func Seed(t testing.TB, conn clickhouse.Conn) {
 	// beta: one quarantined node alpha must not see.
 	s.quarantine("beta", "b01", 1*m, events.OutcomeDryRun)
 	s.event("beta", "n01", "HeartbeatCheck", "GPU", 0, true, "ok")
+	// gamma: g01 reports, g02 is quarantined and reports nothing.
+	s.event("gamma", "g01", "HeartbeatCheck", "GPU", 0, true, "ok")
+	s.action("gamma", "g02", events.RoleQuarantine, events.KindQuarantine, events.OutcomeApplied, 1*m,
+		"rule xid matched SysLogsXIDError", map[string]string{events.DetailEntities: "GPU=GPU-g02", events.DetailCordon: "true"})
 
 	// Fix the checks of the NIC actions (seeder.action writes the XID check).
 	for _, r := range s.recs {
