@@ -275,9 +275,11 @@ func (a *Agent) Trigger(name string) bool {
 
 // RunOnce calls one check once with its deadline and recovery, records the
 // metrics, stamps and spools the events. Events the spool cannot take (a
-// full or failing disk) are kept and spooled first at the check's next
-// run, which waits for them: the check's state has moved past them, and
-// it would not report them again.
+// full or failing disk, or a spool refusing them for capacity) are kept
+// and spooled first at the check's next run, which waits for them: the
+// check's state in memory has moved past them, and it would not report
+// them again. The check's state is committed only once every event of its
+// run is spooled.
 func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 	name := s.Check.Name()
 	if !a.spoolUnspooled(s) {
@@ -315,10 +317,18 @@ func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 		for _, ev := range evs {
 			a.log.Info("event", "check", name, "checkName", ev.GetCheckName(), "fatal", ev.GetIsFatal(), "healthy", ev.GetIsHealthy(), "message", ev.GetMessage())
 		}
-		if _, err := a.spool.Append(evs); err != nil {
-			a.log.Error("events not spooled; kept for the check's next run, its state not saved", "check", name, "events", len(evs), "err", err)
+		n, err := a.spool.Append(evs)
+		if err != nil || n < len(evs) {
+			// A full spool refuses the events after the first that does
+			// not fit (n of them taken), without an error: those are kept
+			// like a failing disk's, and the state is not committed.
+			if err != nil {
+				a.log.Error("events not spooled; kept for the check's next run, its state not saved", "check", name, "events", len(evs)-n, "err", err)
+			} else {
+				a.log.Warn("spool full: events kept for the check's next run, its state not saved", "check", name, "events", len(evs)-n)
+			}
 			a.mu.Lock()
-			a.unspooled[name] = evs
+			a.unspooled[name] = evs[n:]
 			a.mu.Unlock()
 			return
 		}
@@ -339,9 +349,13 @@ func (a *Agent) spoolUnspooled(s Scheduled) bool {
 	if len(evs) == 0 {
 		return true
 	}
-	if _, err := a.spool.Append(evs); err != nil {
-		a.log.Error("events still not spooled; the check waits for the spool", "check", name, "events", len(evs), "err", err)
+	n, err := a.spool.Append(evs)
+	if err != nil || n < len(evs) {
+		if err != nil {
+			a.log.Error("events still not spooled; the check waits for the spool", "check", name, "events", len(evs)-n, "err", err)
+		} // a full spool's refusal: its episode is logged once, by the spool
 		a.mu.Lock()
+		a.unspooled[name] = evs[n:]
 		a.lastRun[name] = a.now() // waiting for the disk, not wedged
 		a.mu.Unlock()
 		return false

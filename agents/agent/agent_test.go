@@ -837,3 +837,75 @@ func TestEventsCarryTheMachine(t *testing.T) {
 		})
 	}
 }
+
+// TestStateNotCommittedWhenSpoolRefuses: a spool past 90% refuses a
+// healthy event for capacity without an error, and the runner committed
+// the check's state all the same: the recovery was lost for good (the
+// gateway got the fatal events before it, never the recovery, and the
+// node stayed quarantined). The refused event is kept, the state not
+// committed; once the spool drains, the next run spools it, then commits.
+func TestStateNotCommittedWhenSpoolRefuses(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	cfg.Spool.MaxBytes = 16 << 10
+	var a *Agent
+	runs := 0
+	c := &committingCheck{spool: func() *Spool { return a.Spool() }}
+	c.fakeCheck = fakeCheck{"gpu", func(context.Context) ([]*datamodels.HealthEvent, error) {
+		runs++
+		if runs > 1 {
+			return nil, nil // reported once: the check's state has moved past it
+		}
+		return []*datamodels.HealthEvent{{CheckName: "GpuHealth", ComponentClass: "GPU", IsHealthy: true, Message: "recovered"}}, nil
+	}}
+	sched := Scheduled{Check: c, Interval: time.Minute, Timeout: time.Second}
+	a, err := New(cfg, quiet(), Options{Checks: []Scheduled{sched}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("y", 500)
+	for range 40 {
+		a.Spool().Append([]*datamodels.HealthEvent{ev(big, false)})
+	}
+	before := a.Spool().Pending()
+	a.RunOnce(context.Background(), sched)
+	if a.Spool().Pending() != before {
+		t.Fatal("the full spool took the healthy event")
+	}
+	if len(c.commits) != 0 {
+		t.Fatalf("committed although the spool refused the event: %v", c.commits)
+	}
+	a.RunOnce(context.Background(), sched) // still full: waits, no commit
+	if len(c.commits) != 0 || runs != 1 {
+		t.Fatalf("while full: commits %v, runs %d; want none and 1", c.commits, runs)
+	}
+	_, next, _ := a.Spool().Peek(1000)
+	if err := a.Spool().Commit(next); err != nil {
+		t.Fatal(err)
+	}
+	a.RunOnce(context.Background(), sched)
+	evs, _, _ := a.Spool().Peek(10)
+	if len(evs) != 1 || evs[0].GetMessage() != "recovered" {
+		t.Fatalf("after draining the spool holds %v, want the recovery", msgs(evs))
+	}
+	if len(c.commits) == 0 || c.commits[0] == 0 {
+		t.Fatalf("commits %v: want one, after the event was spooled", c.commits)
+	}
+}
+
+// TestSpoolAppendPrefix: Append takes an unbroken prefix: a large event
+// that does not fit refuses the smaller ones after it, which would
+// otherwise reach the gateway without it.
+func TestSpoolAppendPrefix(t *testing.T) {
+	sp, err := OpenSpool(t.TempDir(), 16<<10, quiet(), NewMetrics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	for sp.Pending() < 16<<10*8/10 {
+		sp.Append([]*datamodels.HealthEvent{ev(strings.Repeat("y", 500), false)})
+	}
+	n, err := sp.Append([]*datamodels.HealthEvent{ev(strings.Repeat("z", 4000), false), ev("small", false)})
+	if err != nil || n != 0 {
+		t.Fatalf("Append = %d, %v; want 0: nothing after the refused event", n, err)
+	}
+}

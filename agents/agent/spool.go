@@ -249,7 +249,9 @@ func (s *Spool) Pending() int64 {
 func (s *Spool) Notify() <-chan struct{} { return s.notify }
 
 // Append writes the events durably (fsync) in order and returns how many it
-// accepted; refused events are counted and logged as described on Spool.
+// accepted: a prefix of evs, every event after the first refused one
+// refused too; refused events are counted and logged as described on
+// Spool. On an error nothing is written.
 func (s *Spool) Append(evs []*datamodels.HealthEvent) (int, error) {
 	if len(evs) == 0 {
 		return 0, nil
@@ -262,6 +264,7 @@ func (s *Spool) Append(evs []*datamodels.HealthEvent) (int, error) {
 	pending := s.pendingLocked()
 	buf := s.scratch[:0]
 	accepted := 0
+	refused := "" // the reason of the first refusal
 	for _, ev := range evs {
 		if ev.Id == "" {
 			// The event's idempotency key: every resend carries it, so the
@@ -270,11 +273,13 @@ func (s *Spool) Append(evs []*datamodels.HealthEvent) (int, error) {
 		}
 		p, err := proto.Marshal(ev)
 		if err != nil {
-			return accepted, fmt.Errorf("spool encode: %w", err)
+			return 0, fmt.Errorf("spool encode: %w", err) // nothing written
 		}
 		size := int64(recordHeader + len(p))
 		reason := ""
 		switch {
+		case refused != "":
+			reason = refused // an unbroken prefix: nothing after a refusal
 		case pending+size > s.maxBytes:
 			reason = "full"
 		case !ev.GetIsFatal() && pending+size > s.maxBytes*9/10:
@@ -286,6 +291,7 @@ func (s *Spool) Append(evs []*datamodels.HealthEvent) (int, error) {
 					"pending_bytes", pending, "max_bytes", s.maxBytes)
 			}
 			s.full = true
+			refused = reason
 			if s.m != nil {
 				s.m.spoolDropped.WithLabelValues(reason).Inc()
 			}
