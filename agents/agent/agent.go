@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -310,6 +311,7 @@ func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 	a.mu.Lock()
 	a.lastRun[name] = a.now()
 	a.mu.Unlock()
+	evs = dropNil(evs, name, a.log)
 	if len(evs) > 0 {
 		a.m.checkEvents.WithLabelValues(name).Add(float64(len(evs)))
 		a.stamp(name, evs)
@@ -366,6 +368,23 @@ func (a *Agent) spoolUnspooled(s Scheduled) bool {
 	a.log.Info("events spooled at last", "check", name, "events", len(evs))
 	a.commit(s)
 	return true
+}
+
+// dropNil removes the nil events a check returned (a bug in the check),
+// with a warning naming it: stamping one would panic outside the check's
+// recovery and take the whole agent down.
+func dropNil(evs []*datamodels.HealthEvent, name string, log *slog.Logger) []*datamodels.HealthEvent {
+	if !slices.Contains(evs, nil) {
+		return evs
+	}
+	out := make([]*datamodels.HealthEvent, 0, len(evs))
+	for _, ev := range evs {
+		if ev != nil {
+			out = append(out, ev)
+		}
+	}
+	log.Warn("check returned nil events; dropped", "check", name, "nil_events", len(evs)-len(out))
+	return out
 }
 
 // commit saves the check's state (check.Committer), once its events are

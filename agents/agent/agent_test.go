@@ -909,3 +909,24 @@ func TestSpoolAppendPrefix(t *testing.T) {
 		t.Fatalf("Append = %d, %v; want 0: nothing after the refused event", n, err)
 	}
 }
+
+// TestNilEventDropped: a check returning a nil event panicked the whole
+// agent (stamping runs outside the check's recovery), and it crash-looped.
+// The nil event is dropped, the others spooled.
+func TestNilEventDropped(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	c := fakeCheck{"buggy", func(context.Context) ([]*datamodels.HealthEvent, error) {
+		return []*datamodels.HealthEvent{nil, {CheckName: "Buggy", Message: "real"}}, nil
+	}}
+	sched := Scheduled{Check: c, Interval: time.Minute, Timeout: time.Second}
+	a, err := New(cfg, quiet(), Options{Checks: []Scheduled{sched}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Spool().Close()
+	a.RunOnce(context.Background(), sched)
+	evs, _, _ := a.Spool().Peek(10)
+	if got := strings.Join(msgs(evs), ","); got != "real" {
+		t.Fatalf("spooled %q, want real", got)
+	}
+}
