@@ -930,3 +930,55 @@ func TestNilEventDropped(t *testing.T) {
 		t.Fatalf("spooled %q, want real", got)
 	}
 }
+
+// TestSpoolFullUntilBelow80: a full spool took a non-fatal event again the
+// moment it fitted under 90%, while faultline_agent_spool_full still read
+// 1. Once full, it refuses non-fatal events until the backlog is below 80%
+// (fatal ones still while they fit), Append and AppendAll alike.
+func TestSpoolFullUntilBelow80(t *testing.T) {
+	m := NewMetrics()
+	const max = 16 << 10
+	sp, err := OpenSpool(t.TempDir(), max, quiet(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	big := strings.Repeat("y", 500)
+	for range 40 {
+		sp.Append([]*datamodels.HealthEvent{ev(big, false)})
+	}
+	if val(m.spoolFull) != 1 {
+		t.Fatal("spool not full")
+	}
+	// Send events until the backlog is 84%, between 80% and 90%.
+	for sp.Pending() > max*84/100 {
+		_, next, _ := sp.Peek(1)
+		if err := sp.Commit(next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := sp.Pending(); p < max*8/10 {
+		t.Fatalf("drained to %d, below 80%%", p)
+	}
+	if n, _ := sp.Append([]*datamodels.HealthEvent{ev("small", false)}); n != 0 {
+		t.Errorf("a full spool above 80%% took a non-fatal event (spool_full %v)", val(m.spoolFull))
+	}
+	if err := sp.AppendAll([]*datamodels.HealthEvent{ev("small", false)}); !errors.Is(err, ErrSpoolFull) {
+		t.Errorf("AppendAll on a full spool above 80%%: %v, want ErrSpoolFull", err)
+	}
+	if n, _ := sp.Append([]*datamodels.HealthEvent{ev("fatal", true)}); n != 1 {
+		t.Error("a full spool refused a fatal event that fits")
+	}
+	if val(m.spoolFull) != 1 {
+		t.Error("spool_full not 1 while refusing")
+	}
+	for sp.Pending() >= max*8/10 {
+		_, next, _ := sp.Peek(1)
+		if err := sp.Commit(next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, _ := sp.Append([]*datamodels.HealthEvent{ev("small", false)}); n != 1 || val(m.spoolFull) != 0 {
+		t.Errorf("below 80%%: accepted %d, spool_full %v; want 1 and 0", n, val(m.spoolFull))
+	}
+}
