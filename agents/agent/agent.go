@@ -120,6 +120,7 @@ func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
 		sp.Close()
 		return nil, err
 	}
+	a.sender.node = cfg.NodeName
 	if cfg.NVSentinelSocket != "" {
 		a.relay, err = relay.New(relay.Config{Socket: cfg.NVSentinelSocket, Group: cfg.NVSentinelSocketGroup, Own: reportedBy(cfg.Checks), SystemUUID: a.machine},
 			cfg.NodeName, sp, log, a.m.Registry, a.now)

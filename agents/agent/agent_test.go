@@ -184,6 +184,9 @@ type fakeGateway struct {
 	// the gRPC server is served through it, over HTTP/2 in clear.
 	front func(http.Handler) http.Handler
 	web   *http.Server
+	// node, when set, is the node the token is bound to: another node's
+	// events are refused as the gateway refuses them.
+	node string
 }
 
 // fakeCall is what the fake gateway saw of one SubmitEvents call.
@@ -258,6 +261,12 @@ func (g *fakeGateway) SubmitEvents(ctx context.Context, req *faultlinev1.SubmitE
 		return nil, status.Error(codes.Unauthenticated, "bad token")
 	}
 	resp := &faultlinev1.SubmitEventsResponse{}
+	for i, e := range req.GetEvents() {
+		if g.node != "" && e.GetNodeName() != g.node {
+			return nil, status.Errorf(codes.PermissionDenied, "events[%d].nodeName: %q is not %q, the only node credential %s may report for",
+				i, e.GetNodeName(), g.node, "agent-"+g.node)
+		}
+	}
 	for _, e := range req.GetEvents() {
 		if e.GetMessage() == "invalid" {
 			return nil, status.Error(codes.InvalidArgument, "events[0].message: invalid")
@@ -291,6 +300,11 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool, what string) {
 }
 
 func senderFor(t *testing.T, addr, token string) (*Spool, *Sender, *Metrics, context.CancelFunc) {
+	return nodeSenderFor(t, addr, token, "")
+}
+
+// nodeSenderFor is senderFor for a sender that knows its node's name.
+func nodeSenderFor(t *testing.T, addr, token, node string) (*Spool, *Sender, *Metrics, context.CancelFunc) {
 	dir := t.TempDir()
 	tok := filepath.Join(dir, "token")
 	os.WriteFile(tok, []byte(token+"\n"), 0o600)
@@ -306,6 +320,7 @@ func senderFor(t *testing.T, addr, token string) (*Spool, *Sender, *Metrics, con
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.node = node
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
@@ -980,5 +995,40 @@ func TestSpoolFullUntilBelow80(t *testing.T) {
 	}
 	if n, _ := sp.Append([]*datamodels.HealthEvent{ev("small", false)}); n != 1 || val(m.spoolFull) != 0 {
 		t.Errorf("below 80%%: accepted %d, spool_full %v; want 1 and 0", n, val(m.spoolFull))
+	}
+}
+
+// TestSenderDropsAnotherNodesEvents: an event spooled under the node's
+// earlier name (the node renamed, the spool kept) was refused
+// PermissionDenied at every try, and everything behind it waited for
+// ever. The events of this node before and after it are delivered, it is
+// dropped and counted; a credential bound to another node than this one
+// keeps every event waiting.
+func TestSenderDropsAnotherNodesEvents(t *testing.T) {
+	g := startFake(t)
+	g.node = "n1"
+	sp, _, m, _ := nodeSenderFor(t, g.addr, g.token, "n1")
+	old := func(msg string) *datamodels.HealthEvent {
+		e := ev(msg, true)
+		e.NodeName = "old-name"
+		return e
+	}
+	sp.Append([]*datamodels.HealthEvent{ev("a", false), old("x"), old("y"), ev("b", true), old("z"), ev("c", false)})
+	waitFor(t, 5*time.Second, func() bool { return sp.Pending() == 0 }, "drain")
+	if got := strings.Join(g.received(), ","); got != "a,b,c" {
+		t.Errorf("received %s, want a,b,c", got)
+	}
+	if v := val(m.rejected); v != 3 {
+		t.Errorf("rejected %v, want 3", v)
+	}
+
+	g2 := startFake(t)
+	g2.node = "n2" // the credential is another node's: the operator fixes it
+	sp2, _, m2, _ := nodeSenderFor(t, g2.addr, g2.token, "n1")
+	sp2.Append([]*datamodels.HealthEvent{ev("a", false), old("x")})
+	waitFor(t, 5*time.Second, func() bool { return val(m2.sendErrors.WithLabelValues("PermissionDenied")) >= 2 },
+		"PermissionDenied errors counted")
+	if sp2.Pending() == 0 || val(m2.rejected) != 0 || len(g2.received()) != 0 {
+		t.Error("events dropped for a credential bound to another node")
 	}
 }
