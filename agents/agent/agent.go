@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -119,6 +120,7 @@ func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
 		sp.Close()
 		return nil, err
 	}
+	a.sender.node = cfg.NodeName
 	if cfg.NVSentinelSocket != "" {
 		a.relay, err = relay.New(relay.Config{Socket: cfg.NVSentinelSocket, Group: cfg.NVSentinelSocketGroup, Own: reportedBy(cfg.Checks), SystemUUID: a.machine},
 			cfg.NodeName, sp, log, a.m.Registry, a.now)
@@ -275,9 +277,11 @@ func (a *Agent) Trigger(name string) bool {
 
 // RunOnce calls one check once with its deadline and recovery, records the
 // metrics, stamps and spools the events. Events the spool cannot take (a
-// full or failing disk) are kept and spooled first at the check's next
-// run, which waits for them: the check's state has moved past them, and
-// it would not report them again.
+// full or failing disk, or a spool refusing them for capacity) are kept
+// and spooled first at the check's next run, which waits for them: the
+// check's state in memory has moved past them, and it would not report
+// them again. The check's state is committed only once every event of its
+// run is spooled.
 func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 	name := s.Check.Name()
 	if !a.spoolUnspooled(s) {
@@ -308,6 +312,7 @@ func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 	a.mu.Lock()
 	a.lastRun[name] = a.now()
 	a.mu.Unlock()
+	evs = dropNil(evs, name, a.log)
 	if len(evs) > 0 {
 		a.m.checkEvents.WithLabelValues(name).Add(float64(len(evs)))
 		a.stamp(name, evs)
@@ -315,10 +320,18 @@ func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 		for _, ev := range evs {
 			a.log.Info("event", "check", name, "checkName", ev.GetCheckName(), "fatal", ev.GetIsFatal(), "healthy", ev.GetIsHealthy(), "message", ev.GetMessage())
 		}
-		if _, err := a.spool.Append(evs); err != nil {
-			a.log.Error("events not spooled; kept for the check's next run, its state not saved", "check", name, "events", len(evs), "err", err)
+		n, err := a.spool.Append(evs)
+		if err != nil || n < len(evs) {
+			// A full spool refuses the events after the first that does
+			// not fit (n of them taken), without an error: those are kept
+			// like a failing disk's, and the state is not committed.
+			if err != nil {
+				a.log.Error("events not spooled; kept for the check's next run, its state not saved", "check", name, "events", len(evs)-n, "err", err)
+			} else {
+				a.log.Warn("spool full: events kept for the check's next run, its state not saved", "check", name, "events", len(evs)-n)
+			}
 			a.mu.Lock()
-			a.unspooled[name] = evs
+			a.unspooled[name] = evs[n:]
 			a.mu.Unlock()
 			return
 		}
@@ -339,9 +352,13 @@ func (a *Agent) spoolUnspooled(s Scheduled) bool {
 	if len(evs) == 0 {
 		return true
 	}
-	if _, err := a.spool.Append(evs); err != nil {
-		a.log.Error("events still not spooled; the check waits for the spool", "check", name, "events", len(evs), "err", err)
+	n, err := a.spool.Append(evs)
+	if err != nil || n < len(evs) {
+		if err != nil {
+			a.log.Error("events still not spooled; the check waits for the spool", "check", name, "events", len(evs)-n, "err", err)
+		} // a full spool's refusal: its episode is logged once, by the spool
 		a.mu.Lock()
+		a.unspooled[name] = evs[n:]
 		a.lastRun[name] = a.now() // waiting for the disk, not wedged
 		a.mu.Unlock()
 		return false
@@ -352,6 +369,23 @@ func (a *Agent) spoolUnspooled(s Scheduled) bool {
 	a.log.Info("events spooled at last", "check", name, "events", len(evs))
 	a.commit(s)
 	return true
+}
+
+// dropNil removes the nil events a check returned (a bug in the check),
+// with a warning naming it: stamping one would panic outside the check's
+// recovery and take the whole agent down.
+func dropNil(evs []*datamodels.HealthEvent, name string, log *slog.Logger) []*datamodels.HealthEvent {
+	if !slices.Contains(evs, nil) {
+		return evs
+	}
+	out := make([]*datamodels.HealthEvent, 0, len(evs))
+	for _, ev := range evs {
+		if ev != nil {
+			out = append(out, ev)
+		}
+	}
+	log.Warn("check returned nil events; dropped", "check", name, "nil_events", len(evs)-len(out))
+	return out
 }
 
 // commit saves the check's state (check.Committer), once its events are

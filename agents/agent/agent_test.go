@@ -184,6 +184,9 @@ type fakeGateway struct {
 	// the gRPC server is served through it, over HTTP/2 in clear.
 	front func(http.Handler) http.Handler
 	web   *http.Server
+	// node, when set, is the node the token is bound to: another node's
+	// events are refused as the gateway refuses them.
+	node string
 }
 
 // fakeCall is what the fake gateway saw of one SubmitEvents call.
@@ -258,6 +261,12 @@ func (g *fakeGateway) SubmitEvents(ctx context.Context, req *faultlinev1.SubmitE
 		return nil, status.Error(codes.Unauthenticated, "bad token")
 	}
 	resp := &faultlinev1.SubmitEventsResponse{}
+	for i, e := range req.GetEvents() {
+		if g.node != "" && e.GetNodeName() != g.node {
+			return nil, status.Errorf(codes.PermissionDenied, "events[%d].nodeName: %q is not %q, the only node credential %s may report for",
+				i, e.GetNodeName(), g.node, "agent-"+g.node)
+		}
+	}
 	for _, e := range req.GetEvents() {
 		if e.GetMessage() == "invalid" {
 			return nil, status.Error(codes.InvalidArgument, "events[0].message: invalid")
@@ -291,6 +300,11 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool, what string) {
 }
 
 func senderFor(t *testing.T, addr, token string) (*Spool, *Sender, *Metrics, context.CancelFunc) {
+	return nodeSenderFor(t, addr, token, "")
+}
+
+// nodeSenderFor is senderFor for a sender that knows its node's name.
+func nodeSenderFor(t *testing.T, addr, token, node string) (*Spool, *Sender, *Metrics, context.CancelFunc) {
 	dir := t.TempDir()
 	tok := filepath.Join(dir, "token")
 	os.WriteFile(tok, []byte(token+"\n"), 0o600)
@@ -306,6 +320,7 @@ func senderFor(t *testing.T, addr, token string) (*Spool, *Sender, *Metrics, con
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.node = node
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
@@ -835,5 +850,185 @@ func TestEventsCarryTheMachine(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestStateNotCommittedWhenSpoolRefuses: a spool past 90% refuses a
+// healthy event for capacity without an error, and the runner committed
+// the check's state all the same: the recovery was lost for good (the
+// gateway got the fatal events before it, never the recovery, and the
+// node stayed quarantined). The refused event is kept, the state not
+// committed; once the spool drains, the next run spools it, then commits.
+func TestStateNotCommittedWhenSpoolRefuses(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	cfg.Spool.MaxBytes = 16 << 10
+	var a *Agent
+	runs := 0
+	c := &committingCheck{spool: func() *Spool { return a.Spool() }}
+	c.fakeCheck = fakeCheck{"gpu", func(context.Context) ([]*datamodels.HealthEvent, error) {
+		runs++
+		if runs > 1 {
+			return nil, nil // reported once: the check's state has moved past it
+		}
+		return []*datamodels.HealthEvent{{CheckName: "GpuHealth", ComponentClass: "GPU", IsHealthy: true, Message: "recovered"}}, nil
+	}}
+	sched := Scheduled{Check: c, Interval: time.Minute, Timeout: time.Second}
+	a, err := New(cfg, quiet(), Options{Checks: []Scheduled{sched}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("y", 500)
+	for range 40 {
+		a.Spool().Append([]*datamodels.HealthEvent{ev(big, false)})
+	}
+	before := a.Spool().Pending()
+	a.RunOnce(context.Background(), sched)
+	if a.Spool().Pending() != before {
+		t.Fatal("the full spool took the healthy event")
+	}
+	if len(c.commits) != 0 {
+		t.Fatalf("committed although the spool refused the event: %v", c.commits)
+	}
+	a.RunOnce(context.Background(), sched) // still full: waits, no commit
+	if len(c.commits) != 0 || runs != 1 {
+		t.Fatalf("while full: commits %v, runs %d; want none and 1", c.commits, runs)
+	}
+	_, next, _ := a.Spool().Peek(1000)
+	if err := a.Spool().Commit(next); err != nil {
+		t.Fatal(err)
+	}
+	a.RunOnce(context.Background(), sched)
+	evs, _, _ := a.Spool().Peek(10)
+	if len(evs) != 1 || evs[0].GetMessage() != "recovered" {
+		t.Fatalf("after draining the spool holds %v, want the recovery", msgs(evs))
+	}
+	if len(c.commits) == 0 || c.commits[0] == 0 {
+		t.Fatalf("commits %v: want one, after the event was spooled", c.commits)
+	}
+}
+
+// TestSpoolAppendPrefix: Append takes an unbroken prefix: a large event
+// that does not fit refuses the smaller ones after it, which would
+// otherwise reach the gateway without it.
+func TestSpoolAppendPrefix(t *testing.T) {
+	sp, err := OpenSpool(t.TempDir(), 16<<10, quiet(), NewMetrics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	for sp.Pending() < 16<<10*8/10 {
+		sp.Append([]*datamodels.HealthEvent{ev(strings.Repeat("y", 500), false)})
+	}
+	n, err := sp.Append([]*datamodels.HealthEvent{ev(strings.Repeat("z", 4000), false), ev("small", false)})
+	if err != nil || n != 0 {
+		t.Fatalf("Append = %d, %v; want 0: nothing after the refused event", n, err)
+	}
+}
+
+// TestNilEventDropped: a check returning a nil event panicked the whole
+// agent (stamping runs outside the check's recovery), and it crash-looped.
+// The nil event is dropped, the others spooled.
+func TestNilEventDropped(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	c := fakeCheck{"buggy", func(context.Context) ([]*datamodels.HealthEvent, error) {
+		return []*datamodels.HealthEvent{nil, {CheckName: "Buggy", Message: "real"}}, nil
+	}}
+	sched := Scheduled{Check: c, Interval: time.Minute, Timeout: time.Second}
+	a, err := New(cfg, quiet(), Options{Checks: []Scheduled{sched}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Spool().Close()
+	a.RunOnce(context.Background(), sched)
+	evs, _, _ := a.Spool().Peek(10)
+	if got := strings.Join(msgs(evs), ","); got != "real" {
+		t.Fatalf("spooled %q, want real", got)
+	}
+}
+
+// TestSpoolFullUntilBelow80: a full spool took a non-fatal event again the
+// moment it fitted under 90%, while faultline_agent_spool_full still read
+// 1. Once full, it refuses non-fatal events until the backlog is below 80%
+// (fatal ones still while they fit), Append and AppendAll alike.
+func TestSpoolFullUntilBelow80(t *testing.T) {
+	m := NewMetrics()
+	const max = 16 << 10
+	sp, err := OpenSpool(t.TempDir(), max, quiet(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	big := strings.Repeat("y", 500)
+	for range 40 {
+		sp.Append([]*datamodels.HealthEvent{ev(big, false)})
+	}
+	if val(m.spoolFull) != 1 {
+		t.Fatal("spool not full")
+	}
+	// Send events until the backlog is 84%, between 80% and 90%.
+	for sp.Pending() > max*84/100 {
+		_, next, _ := sp.Peek(1)
+		if err := sp.Commit(next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := sp.Pending(); p < max*8/10 {
+		t.Fatalf("drained to %d, below 80%%", p)
+	}
+	if n, _ := sp.Append([]*datamodels.HealthEvent{ev("small", false)}); n != 0 {
+		t.Errorf("a full spool above 80%% took a non-fatal event (spool_full %v)", val(m.spoolFull))
+	}
+	if err := sp.AppendAll([]*datamodels.HealthEvent{ev("small", false)}); !errors.Is(err, ErrSpoolFull) {
+		t.Errorf("AppendAll on a full spool above 80%%: %v, want ErrSpoolFull", err)
+	}
+	if n, _ := sp.Append([]*datamodels.HealthEvent{ev("fatal", true)}); n != 1 {
+		t.Error("a full spool refused a fatal event that fits")
+	}
+	if val(m.spoolFull) != 1 {
+		t.Error("spool_full not 1 while refusing")
+	}
+	for sp.Pending() >= max*8/10 {
+		_, next, _ := sp.Peek(1)
+		if err := sp.Commit(next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, _ := sp.Append([]*datamodels.HealthEvent{ev("small", false)}); n != 1 || val(m.spoolFull) != 0 {
+		t.Errorf("below 80%%: accepted %d, spool_full %v; want 1 and 0", n, val(m.spoolFull))
+	}
+}
+
+// TestSenderDropsAnotherNodesEvents: an event spooled under the node's
+// earlier name (the node renamed, the spool kept) was refused
+// PermissionDenied at every try, and everything behind it waited for
+// ever. The events of this node before and after it are delivered, it is
+// dropped and counted; a credential bound to another node than this one
+// keeps every event waiting.
+func TestSenderDropsAnotherNodesEvents(t *testing.T) {
+	g := startFake(t)
+	g.node = "n1"
+	sp, _, m, _ := nodeSenderFor(t, g.addr, g.token, "n1")
+	old := func(msg string) *datamodels.HealthEvent {
+		e := ev(msg, true)
+		e.NodeName = "old-name"
+		return e
+	}
+	sp.Append([]*datamodels.HealthEvent{ev("a", false), old("x"), old("y"), ev("b", true), old("z"), ev("c", false)})
+	waitFor(t, 5*time.Second, func() bool { return sp.Pending() == 0 }, "drain")
+	if got := strings.Join(g.received(), ","); got != "a,b,c" {
+		t.Errorf("received %s, want a,b,c", got)
+	}
+	if v := val(m.rejected); v != 3 {
+		t.Errorf("rejected %v, want 3", v)
+	}
+
+	g2 := startFake(t)
+	g2.node = "n2" // the credential is another node's: the operator fixes it
+	sp2, _, m2, _ := nodeSenderFor(t, g2.addr, g2.token, "n1")
+	sp2.Append([]*datamodels.HealthEvent{ev("a", false), old("x")})
+	waitFor(t, 5*time.Second, func() bool { return val(m2.sendErrors.WithLabelValues("PermissionDenied")) >= 2 },
+		"PermissionDenied errors counted")
+	if sp2.Pending() == 0 || val(m2.rejected) != 0 || len(g2.received()) != 0 {
+		t.Error("events dropped for a credential bound to another node")
 	}
 }

@@ -66,7 +66,7 @@ func NewMetrics() *Metrics {
 		sendErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_agent_send_errors_total",
 			Help: "Failed SubmitEvents calls by gRPC code."}, []string{"code"}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_agent_rejected_events_total",
-			Help: "Events the gateway rejected as invalid or larger alone than its gateway.max_body_bytes (dropped from the spool)."}),
+			Help: "Events the gateway rejected as invalid, larger alone than its gateway.max_body_bytes, or another node's than this one (dropped from the spool)."}),
 		gatewayInsecure: prometheus.NewGauge(prometheus.GaugeOpts{Name: "faultline_agent_gateway_insecure",
 			Help: "1 if the agent sends to the gateway without TLS (gateway.insecure = true): token and events in clear."}),
 	}

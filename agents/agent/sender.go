@@ -10,6 +10,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,9 +42,14 @@ import (
 // body limit in front of it (tooLarge), halves the
 // bytes of the next call, at once and until the spool is empty; a single
 // event larger alone can never be accepted and is dropped like an invalid
-// one (logged, counted in faultline_agent_rejected_events_total).
+// one (logged, counted in faultline_agent_rejected_events_total). A
+// PermissionDenied answer naming an event of a node other than this one
+// (spooled under a name the node had before; see otherNode) sends the
+// events before it, and drops it and the other node's events after it
+// the same way.
 type Sender struct {
 	cfg    GatewayConfig
+	node   string // this node's name ("": not known; another node's events then wait like the rest)
 	spool  *Spool
 	log    *slog.Logger
 	m      *Metrics
@@ -209,6 +216,7 @@ func (s *Sender) token() (string, error) {
 func (s *Sender) Run(ctx context.Context) error {
 	backoff := time.Duration(0)
 	single := false // after InvalidArgument: one event per call until that one is resolved
+	limit := 0      // after another node's event was refused: the events before it, this node's (0: none)
 	for {
 		if backoff > 0 {
 			d := backoff/2 + rand.N(backoff/2+1)
@@ -221,6 +229,9 @@ func (s *Sender) Run(ctx context.Context) error {
 		n := s.cfg.BatchSize
 		if single {
 			n = 1
+		}
+		if limit > 0 {
+			n = min(n, limit)
 		}
 		evs, next, err := s.spool.PeekBytes(n, s.budget)
 		if err != nil {
@@ -241,6 +252,7 @@ func (s *Sender) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		before, other := s.otherNode(err, evs)
 		switch code := status.Code(err); {
 		case err == nil:
 			if err := s.spool.Commit(next); err != nil {
@@ -249,7 +261,27 @@ func (s *Sender) Run(ctx context.Context) error {
 			if backoff > 0 {
 				s.log.Info("gateway reachable again", "sent", len(evs))
 			}
-			backoff, single = 0, false
+			backoff, single, limit = 0, false, 0
+		case other && before > 0:
+			limit = before // this node's events first
+		case other:
+			k := 0 // the other nodes' events leading the spool
+			for k < len(evs) && evs[k].GetNodeName() != s.node {
+				k++
+			}
+			_, past, perr := s.spool.Peek(k)
+			if perr == nil {
+				perr = s.spool.Commit(past)
+			}
+			if perr != nil {
+				s.log.Error("spool commit failed", "err", perr)
+				backoff = s.nextBackoff(backoff)
+				continue
+			}
+			s.log.Error("gateway refused events of another node than this one, the only node its credential may report for (spooled under an earlier node name); dropped from the spool",
+				"events", k, "event_node", evs[0].GetNodeName(), "node", s.node, "err", err)
+			s.m.rejected.Add(float64(k))
+			limit = 0
 		case code == codes.InvalidArgument && len(evs) > 1:
 			s.log.Warn("gateway rejected a batch as invalid; retrying one event at a time", "events", len(evs), "err", err)
 			single = true
@@ -312,6 +344,38 @@ func tooLarge(err error) bool {
 // be one event's or the call's size, and are resolved by smaller calls.
 func Undeliverable(err error) bool {
 	return status.Code(err) == codes.InvalidArgument || tooLarge(err)
+}
+
+// wrongNode is the gateway's refusal of an event for a node other than the
+// one the caller's credential is bound to (gateway/service.go ingest):
+// the event's index, its node name, the credential's node.
+var wrongNode = regexp.MustCompile(`^events\[(\d+)\]\.nodeName: ("(?:[^"\\]|\\.)*") is not ("(?:[^"\\]|\\.)*"), the only node credential `)
+
+// otherNode reports whether err refuses events[i] of evs as another node's
+// than the one the credential is bound to, where that node is this one
+// and the event names another: an event spooled before the node was
+// renamed (or NODE_NAME changed), which no resend can deliver; before is
+// i, the events ahead of it, this node's. A credential bound to another
+// node than this one (a wrong token or certificate: the operator fixes
+// it), any other PermissionDenied, or a sender that does not know its
+// node is not: those events wait.
+func (s *Sender) otherNode(err error, evs []*datamodels.HealthEvent) (before int, ok bool) {
+	st, isStatus := status.FromError(err)
+	if err == nil || !isStatus || st.Code() != codes.PermissionDenied || s.node == "" {
+		return 0, false
+	}
+	m := wrongNode.FindStringSubmatch(st.Message())
+	if m == nil {
+		return 0, false
+	}
+	i, err1 := strconv.Atoi(m[1])
+	evNode, err2 := strconv.Unquote(m[2])
+	bound, err3 := strconv.Unquote(m[3])
+	if err1 != nil || err2 != nil || err3 != nil || i >= len(evs) || bound != s.node ||
+		evNode == s.node || evs[i].GetNodeName() != evNode {
+		return 0, false
+	}
+	return i, true
 }
 
 // encodedSize is the bytes of evs in a SubmitEventsRequest.

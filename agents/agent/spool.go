@@ -42,6 +42,10 @@ import (
 // (boundary-crossing events are only meaningful in order). The last 10% of
 // the capacity is reserved for fatal events: above 90% a healthy or
 // non-fatal event is refused, a fatal one is still accepted until 100%.
+// Once the spool has refused an event it is full: it refuses every
+// non-fatal event until the gateway has taken the backlog below 80% of the
+// capacity (fatal ones still while they fit), and within one append every
+// event after a refused one.
 // Every refusal counts in faultline_agent_spool_dropped_events_total
 // {reason="full"|"reserved_for_fatal"}; faultline_agent_spool_full is 1 while
 // the spool refuses, and the first refusal of an episode logs an error.
@@ -249,7 +253,9 @@ func (s *Spool) Pending() int64 {
 func (s *Spool) Notify() <-chan struct{} { return s.notify }
 
 // Append writes the events durably (fsync) in order and returns how many it
-// accepted; refused events are counted and logged as described on Spool.
+// accepted: a prefix of evs, every event after the first refused one
+// refused too; refused events are counted and logged as described on
+// Spool. On an error nothing is written.
 func (s *Spool) Append(evs []*datamodels.HealthEvent) (int, error) {
 	if len(evs) == 0 {
 		return 0, nil
@@ -262,6 +268,7 @@ func (s *Spool) Append(evs []*datamodels.HealthEvent) (int, error) {
 	pending := s.pendingLocked()
 	buf := s.scratch[:0]
 	accepted := 0
+	refused := "" // the reason of the first refusal
 	for _, ev := range evs {
 		if ev.Id == "" {
 			// The event's idempotency key: every resend carries it, so the
@@ -270,15 +277,19 @@ func (s *Spool) Append(evs []*datamodels.HealthEvent) (int, error) {
 		}
 		p, err := proto.Marshal(ev)
 		if err != nil {
-			return accepted, fmt.Errorf("spool encode: %w", err)
+			return 0, fmt.Errorf("spool encode: %w", err) // nothing written
 		}
 		size := int64(recordHeader + len(p))
 		reason := ""
 		switch {
+		case refused != "":
+			reason = refused // an unbroken prefix: nothing after a refusal
 		case pending+size > s.maxBytes:
 			reason = "full"
 		case !ev.GetIsFatal() && pending+size > s.maxBytes*9/10:
 			reason = "reserved_for_fatal"
+		case !ev.GetIsFatal() && s.full:
+			reason = "full" // until the backlog is below 80% (Commit)
 		}
 		if reason != "" {
 			if !s.full {
@@ -286,6 +297,7 @@ func (s *Spool) Append(evs []*datamodels.HealthEvent) (int, error) {
 					"pending_bytes", pending, "max_bytes", s.maxBytes)
 			}
 			s.full = true
+			refused = reason
 			if s.m != nil {
 				s.m.spoolDropped.WithLabelValues(reason).Inc()
 			}
@@ -343,14 +355,14 @@ func (s *Spool) AppendAll(evs []*datamodels.HealthEvent) error {
 			return fmt.Errorf("spool encode: %w", err)
 		}
 		size := int64(recordHeader + len(p))
-		if pending+size > s.maxBytes || (!ev.GetIsFatal() && pending+size > s.maxBytes*9/10) {
+		if pending+size > s.maxBytes || (!ev.GetIsFatal() && (s.full || pending+size > s.maxBytes*9/10)) {
 			if !s.full {
 				s.log.Error("spool full: refusing new events until the gateway takes the backlog",
 					"pending_bytes", pending, "max_bytes", s.maxBytes)
 			}
 			s.full = true
 			s.updateGauges()
-			return fmt.Errorf("%w: %d of its %d bytes hold unsent events, and events[%d] of these %d does not fit (the last 10%% is kept for fatal events)",
+			return fmt.Errorf("%w: %d of its %d bytes hold unsent events, and events[%d] of these %d does not fit (the last 10%% is kept for fatal events; once full, the spool takes non-fatal events again below 80%%)",
 				ErrSpoolFull, s.pendingLocked(), s.maxBytes, i, len(evs))
 		}
 		var h [recordHeader]byte
