@@ -120,17 +120,7 @@ func (e *Evaluator) exclusionConds(s *Snapshot) []cond {
 	}
 	// NVSwitches.
 	if s.PCISwitches != nil && s.NVSwitchCount >= 0 {
-		bound := map[string]bool{}
-		for _, p := range s.NVSwitchPCIs {
-			bound[pci4(p)] = true
-		}
-		var unbound []string
-		for _, p := range s.PCISwitches {
-			if !bound[pci4(p)] {
-				unbound = append(unbound, pci4(p))
-			}
-		}
-		sort.Strings(unbound)
+		unbound := s.unboundSwitches()
 		sguide := "Manual Degradation: NVSwitch Exclusion (In-Band NVSwitch Exclusion)"
 		if len(listed.NVSwitches) > 0 {
 			for _, p := range unbound {

@@ -357,6 +357,23 @@ func (e *Evaluator) learn(s *Snapshot) {
 
 func pci4(s string) string { return strings.ToLower(normPCI(s)) }
 
+// unboundSwitches are the NVSwitches on the PCI bus that the NVSwitch
+// driver does not use, as pci4 addresses, sorted.
+func (s *Snapshot) unboundSwitches() []string {
+	bound := map[string]bool{}
+	for _, p := range s.NVSwitchPCIs {
+		bound[pci4(p)] = true
+	}
+	var unbound []string
+	for _, p := range s.PCISwitches {
+		if !bound[pci4(p)] {
+			unbound = append(unbound, pci4(p))
+		}
+	}
+	sort.Strings(unbound)
+	return unbound
+}
+
 // --- condition bookkeeping ---
 
 type cond struct {
@@ -1440,18 +1457,7 @@ func (e *Evaluator) switchCountConds(s *Snapshot) []cond {
 		"guide": "High Availability: NVSwitch failure (not displayed on the PCIe bus) or an excluded NVSwitch"}
 	if s.PCISwitches != nil {
 		meta["nvswitches_on_pci"] = strconv.Itoa(len(s.PCISwitches))
-		bound := map[string]bool{}
-		for _, p := range s.NVSwitchPCIs {
-			bound[pci4(p)] = true
-		}
-		var unbound []string
-		for _, p := range s.PCISwitches {
-			if !bound[pci4(p)] {
-				unbound = append(unbound, pci4(p))
-			}
-		}
-		sort.Strings(unbound)
-		meta["nvswitches_not_bound"] = strings.Join(unbound, ",")
+		meta["nvswitches_not_bound"] = strings.Join(s.unboundSwitches(), ",")
 	}
 	ents := e.nodeEntities()
 	key := "missing"

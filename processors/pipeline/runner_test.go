@@ -118,6 +118,17 @@ func (h *harness) read(topic string, n int) []*kgo.Record {
 	return out
 }
 
+// createTopic creates topic, one partition (a topic the outputs failed to
+// until now).
+func (h *harness) createTopic(topic string) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := kadm.NewClient(h.cl).CreateTopic(ctx, 1, 1, nil, topic); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
 // committed returns the group's committed offsets of topicIn by partition
 // (-1 when none).
 func (h *harness) committed(group string, partitions int32) []int64 {
@@ -583,12 +594,7 @@ func TestRunnerCommitsOnlyAfterOutputsAcknowledged(t *testing.T) {
 	if got := h.committed("faultline-ack", 1)[0]; got != -1 || produced.Load() != 0 {
 		t.Fatalf("offset %d committed (Produced called %d times) while the outputs were not produced", got, produced.Load())
 	}
-	adm := kadm.NewClient(h.cl)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := adm.CreateTopic(ctx, 1, 1, nil, topicOut); err != nil {
-		t.Fatal(err)
-	}
+	h.createTopic(topicOut)
 	eventually(t, 15*time.Second, "offset 3 committed once the outputs were produced", func() bool {
 		return h.committed("faultline-ack", 1)[0] == 3
 	})
@@ -613,12 +619,7 @@ func TestRunnerDeadLettersCountedOnceWritten(t *testing.T) {
 	if n := counter(t, h.reg, "faultline_processor_dead_letters_total"); n != 0 {
 		t.Fatalf("%v dead letters counted while none was written with its batch", n)
 	}
-	adm := kadm.NewClient(h.cl)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := adm.CreateTopic(ctx, 1, 1, nil, topicOut); err != nil {
-		t.Fatal(err)
-	}
+	h.createTopic(topicOut)
 	eventually(t, 15*time.Second, "offset 3 committed once the outputs were produced", func() bool {
 		return h.committed("faultline-dlonce", 1)[0] == 3
 	})
