@@ -418,7 +418,6 @@ func TestRestartAndReboot(t *testing.T) {
 	const sxid = "[Oct 28 2024 10:29:00] [ERROR] [tid 9] detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus id 00000000:07:00.0 physical id 2 port 46"
 	// reboot: the checks whose faults are occurrences, healthy once.
 	const reboot = "FabricManagerNVSwitchError::healthy@ FabricManagerPartition::healthy@ NVSwitchTelemetry::healthy@"
-	const start = "[Oct 28 2024 10:00:01] [INFO] [tid 1] Fabric Manager version 550.127.05 is running with the following configuration options"
 	cases := []struct {
 		name   string
 		before func(n *node) // the first agent run's node
@@ -458,13 +457,7 @@ func TestRestartAndReboot(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			state := filepath.Join(t.TempDir(), "fabric-state.json")
-			n := h100Node(t, func(c *Config) { c.StateFile = state })
-			n.healthy()
-			n.write("proc/sys/kernel/random/boot_id", "6f7a1c2e-0000-4000-8000-000000000001\n")
-			n.write("proc/stat", "cpu  1 2 3 4\nbtime 1730109000\n") // 2024-10-28 09:50:00 UTC
-			n.write("fabricmanager.log", start+"\n")
-			n.c, _ = New(n.c.cfg) // started on this boot
+			n := restartNode(t) // started on this boot
 			tc.before(n)
 			if got := shortsOrNode(n.poll(0)); got != tc.first {
 				t.Fatalf("first run: %s\nwant %s", got, tc.first)

@@ -1,6 +1,7 @@
 package quarantine
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -8,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 )
@@ -99,4 +103,19 @@ func fakeHandler(t testing.TB, cfg Config, group string, nodes ...string) (*Hand
 	createNodes(t, k, group, nodes...)
 	h, advance := clockHandler(t, cfg, k, time.Now())
 	return h, k, advance
+}
+
+// uncordonSeen uncordons node n of cluster c1 as kubectl does, and waits
+// until h's node watch shows it.
+func uncordonSeen(t testing.TB, h *Handler, k kubernetes.Interface, n *corev1.Node) {
+	t.Helper()
+	n.Spec.Unschedulable = false // kubectl uncordon
+	if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cl, _ := h.reg.Get("c1")
+	waitUntil(t, 10*time.Second, func() bool {
+		c, err := h.nodes.Get(cl).Lister.Get(n.Name)
+		return err == nil && !c.Spec.Unschedulable
+	}, "the node watch to see the uncordon")
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -41,15 +40,7 @@ func TestSweepKeepsAManualUncordon(t *testing.T) {
 	if f := st.Faults[FaultKey("XID_ERROR_79", "GPU=GPU-1")]; f == nil || !f.Stabilizing() || !n.Spec.Unschedulable {
 		t.Fatalf("before the uncordon: unschedulable %v, faults %v", n.Spec.Unschedulable, st.Faults)
 	}
-	n.Spec.Unschedulable = false // kubectl uncordon
-	if _, err := k.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	cl, _ := h.reg.Get("c1")
-	waitUntil(t, 10*time.Second, func() bool {
-		c, err := h.nodes.Get(cl).Lister.Get("sweepack-1")
-		return err == nil && !c.Spec.Unschedulable
-	}, "the node watch to see the uncordon")
+	uncordonSeen(t, h, k, n)
 
 	advance(2 * time.Minute)
 	acts, err := h.SweepStabilized(ctx, []string{"c1"})

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -85,15 +84,7 @@ func TestForgetUnsaidKeepsAManualUncordon(t *testing.T) {
 	if !n.Spec.Unschedulable || len(own) != 1 {
 		t.Fatalf("before the uncordon: unschedulable %v, unsaid %v", n.Spec.Unschedulable, own)
 	}
-	n.Spec.Unschedulable = false // kubectl uncordon
-	if _, err := k.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	cl, _ := h.reg.Get("c1")
-	waitUntil(t, 10*time.Second, func() bool {
-		c, err := h.nodes.Get(cl).Lister.Get("forget-1")
-		return err == nil && !c.Spec.Unschedulable
-	}, "the node watch to see the uncordon")
+	uncordonSeen(t, h, k, n)
 
 	if err := h.forgetUnsaid(ctx, "c1", "forget-1", []string{own[0].GetId()}); err != nil {
 		t.Fatal(err)
