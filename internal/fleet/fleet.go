@@ -18,7 +18,9 @@
 //
 // The quarantined states date from the first quarantine after the last
 // release: a repeat of a standing fault writes another applied quarantine
-// and starts no drain or remediation.
+// and starts no drain or remediation. Held and dry-run quarantines applied
+// nothing, so no release follows them: they end once every fault they
+// decided on has recovered (its latest event healthy).
 //
 // drifted (the conformance role's latest action on the node is a
 // conformance_drift) is counted beside them: a drifted node may also be in

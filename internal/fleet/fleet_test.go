@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -151,6 +152,43 @@ func TestFleet(t *testing.T) {
 		}
 		if len(beta.Nodes) != 1 || beta.Nodes[0].Node != "b01" || !beta.Nodes[0].DryRun {
 			t.Errorf("beta sees %+v", beta.Nodes)
+		}
+	})
+
+	// Held and dry-run quarantines applied nothing, so nothing releases
+	// them: they end when every fault they decided on has recovered.
+	t.Run("Unapplied", func(t *testing.T) {
+		p, err := st.Nodes(ctx, "delta", fleet.NodesQuery{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, n := range p.Nodes {
+			got[n.Node] = n.State
+		}
+		want := map[string]string{"d02": fleet.StateHeld, "d03": fleet.StateHeld, "d05": fleet.StateQuarantined, "d06": fleet.StateHeld, "d07": fleet.StateQuarantined}
+		if !maps.Equal(got, want) {
+			t.Errorf("delta's nodes: got %v, want %v", got, want)
+		}
+		sum, err := st.Summary(ctx, "delta", fleet.Range{Since: fleettest.Base.Add(-time.Hour), Until: fleettest.Base.Add(time.Hour)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum.Nodes[fleet.StateHeld] != 3 || sum.Nodes[fleet.StateQuarantined] != 2 || sum.DryRunNodes != 2 || sum.Nodes[fleet.StateHealthy] != 2 {
+			t.Errorf("delta's summary: %v, dry-run %d", sum.Nodes, sum.DryRunNodes)
+		}
+		for node, faults := range map[string][]string{"d04": nil, "d05": {"GPU=GPU-0"}, "d07": {"GPU=GPU-1"}} {
+			d, err := st.Node(ctx, "delta", node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ents []string
+			for _, f := range d.Faults {
+				ents = append(ents, f.Entities)
+			}
+			if !slices.Equal(ents, faults) {
+				t.Errorf("%s (%s): faults %v, want %v", node, d.State, ents, faults)
+			}
 		}
 	})
 

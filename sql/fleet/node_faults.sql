@@ -2,7 +2,9 @@
 -- and impacted entities, the latest quarantine applied (or decided in
 -- dry-run) after the node's last release and after that fault's own
 -- recovery, with the rule, the taint and cordon it set and the events that
--- caused it. Times are Unix milliseconds.
+-- caused it. A dry-run fault applied nothing, so no unquarantine ends it:
+-- it is left out once its latest event (by generated time) is healthy.
+-- Times are Unix milliseconds.
 -- param: cluster String ''   the cluster
 -- param: node String ''      the node
 -- param: now DateTime now    the state as of this time
@@ -46,5 +48,17 @@ FROM
         WHERE cluster = @cluster AND node = @node AND ts <= @now
             AND ((kind = 'unquarantine' AND outcome = 'applied') OR kind = 'manual_uncordon')
     ), 0)
-)
+) AS a
+ANY LEFT JOIN
+(
+    SELECT check, entity AS entities, argMax(is_healthy, toUInt64(ts) * 1000 + ts_ms) AS recovered
+    FROM events
+    WHERE cluster = @cluster AND node = @node AND ts <= @now
+        AND (check, entity) IN (
+            SELECT check, details.value[indexOf(details.key, 'entities')]
+            FROM actions
+            WHERE cluster = @cluster AND node = @node AND ts <= @now AND kind = 'quarantine' AND outcome = 'dry_run')
+    GROUP BY check, entity
+) AS r USING check, entities
+WHERE NOT (dry_run = 1 AND recovered = 1)
 ORDER BY since_ms DESC, check, entities

@@ -10,6 +10,12 @@
 -- by the circuit breaker and nothing applied since). A release is an
 -- unquarantine applied (no fault left) or a person's uncordon. Times are
 -- Unix milliseconds.
+--
+-- Held and dry-run quarantines applied nothing, so no unquarantine ever
+-- releases them: such a state ends once every fault (check and entities)
+-- they decided on since the last release has recovered, its latest event
+-- in events (by generated time) healthy. A fault with no stored event
+-- stands.
 -- param: cluster String ''   the cluster
 -- param: now DateTime now    the state as of this time
 -- param: node String ''      only this node ('' for all)
@@ -39,6 +45,10 @@ FROM
 (
     SELECT
         node,
+        -- the faults of the quarantines decided since the last release
+        -- but not applied: held by the breaker, or dry-run
+        arrayMap(x -> x.2, arrayFilter(x -> x.1 > r_at,
+            groupArrayIf((t, concat(check, '\n', entities)), kind = 'quarantine' AND outcome IN ('held_by_breaker', 'dry_run')))) AS unapplied,
         maxIf(t, kind = 'quarantine' AND outcome IN ('applied', 'dry_run')) AS q_last,
         maxIf(t, (kind = 'unquarantine' AND outcome = 'applied') OR kind = 'manual_uncordon') AS r_at,
         -- the first quarantine after the last release: the quarantine role
@@ -66,6 +76,7 @@ FROM
     FROM
     (
         SELECT node, id, role, kind, outcome, reason, rule, check, dry_run, toUInt64(ts) * 1000 + ts_ms AS t,
+            details.value[indexOf(details.key, 'entities')] AS entities,
             -- a fault the finished drain covered (drain.ReasonCovered) is
             -- not a step of the node's drain
             role = 'drain' AND NOT (outcome = 'skipped' AND reason LIKE 'fault covered by the finished drain %') AS drain_step
@@ -74,4 +85,23 @@ FROM
     )
     GROUP BY node
     HAVING quarantined = 1 OR held = 1
-)
+) AS a
+ANY LEFT JOIN
+(
+    -- the held and dry-run faults whose latest event is healthy
+    SELECT node, groupArrayIf(fault, healthy = 1) AS recovered
+    FROM
+    (
+        SELECT node, concat(check, '\n', entity) AS fault, argMax(is_healthy, toUInt64(ts) * 1000 + ts_ms) AS healthy
+        FROM events
+        WHERE cluster = @cluster AND ts <= @now AND (@node = '' OR node = @node)
+            AND (node, check, entity) IN (
+                SELECT node, check, details.value[indexOf(details.key, 'entities')]
+                FROM actions
+                WHERE cluster = @cluster AND ts <= @now AND (@node = '' OR node = @node)
+                    AND kind = 'quarantine' AND outcome IN ('held_by_breaker', 'dry_run'))
+        GROUP BY node, check, entity
+    )
+    GROUP BY node
+) AS r USING node
+WHERE NOT ((held = 1 OR q_dry = 1) AND notEmpty(unapplied) AND hasAll(recovered, unapplied))

@@ -30,12 +30,17 @@ type seeder struct {
 }
 
 func (s *seeder) event(cluster, node, check, class string, at time.Duration, healthy bool, msg string) string {
+	return s.gpuEvent(cluster, node, "GPU-"+node, check, class, at, healthy, msg)
+}
+
+// gpuEvent is event on the node's GPU gpu.
+func (s *seeder) gpuEvent(cluster, node, gpu, check, class string, at time.Duration, healthy bool, msg string) string {
 	s.n++
 	id := fmt.Sprintf("%s-%s-e%03d", cluster, node, s.n)
 	ev := &datamodels.HealthEvent{
 		Id: id, Cluster: cluster, NodeName: node, CheckName: check, ComponentClass: class,
 		IsFatal: !healthy, IsHealthy: healthy, Message: msg,
-		EntitiesImpacted:   []*datamodels.Entity{{EntityType: "GPU", EntityValue: "GPU-" + node}},
+		EntitiesImpacted:   []*datamodels.Entity{{EntityType: "GPU", EntityValue: gpu}},
 		GeneratedTimestamp: timestamppb.New(Base.Add(at)),
 	}
 	v, _ := events.Marshal(ev)
@@ -74,6 +79,25 @@ func (s *seeder) quarantine(cluster, node string, at time.Duration, outcome stri
 	return id
 }
 
+// unapplied records an XID fault on node's GPU gpu and its quarantine
+// decided but not applied (outcome held_by_breaker or dry_run); a
+// negative at stores no event.
+func (s *seeder) unapplied(cluster, node, gpu string, at time.Duration, outcome string) {
+	var ids []string
+	if at >= 0 {
+		ids = append(ids, s.gpuEvent(cluster, node, gpu, "SysLogsXIDError", "GPU", at, false, "XID 79 on "+gpu))
+	} else {
+		at = -at
+	}
+	s.action(cluster, node, events.RoleQuarantine, events.KindQuarantine, outcome, at+time.Second,
+		"would quarantine", map[string]string{events.DetailEntities: "GPU=" + gpu}, ids...)
+}
+
+// recovered records node's GPU gpu healthy again.
+func (s *seeder) recovered(cluster, node, gpu string, at time.Duration) {
+	s.gpuEvent(cluster, node, gpu, "SysLogsXIDError", "GPU", at, true, "ok")
+}
+
 // Seed writes, through the store processor, cluster alpha's fleet (every
 // state once or more) and a beta node that alpha must never see; each
 // record twice, as a store retry would:
@@ -89,6 +113,7 @@ func (s *seeder) quarantine(cluster, node string, at time.Duration, outcome stri
 //	n10       drifted, then restored (conformance_restored)
 //	beta/b01  quarantined in dry-run
 //	gamma/g01 reporting, healthy; gamma/g02 quarantined, reporting nothing
+//	delta     held and dry-run quarantines whose faults recover (Unapplied)
 func Seed(t testing.TB, conn clickhouse.Conn) {
 	t.Helper()
 	var s seeder
@@ -148,6 +173,25 @@ func Seed(t testing.TB, conn clickhouse.Conn) {
 	s.event("gamma", "g01", "HeartbeatCheck", "GPU", 0, true, "ok")
 	s.action("gamma", "g02", events.RoleQuarantine, events.KindQuarantine, events.OutcomeApplied, 1*m,
 		"rule xid matched SysLogsXIDError", map[string]string{events.DetailEntities: "GPU=GPU-g02", events.DetailCordon: "true"})
+
+	// delta: quarantines that applied nothing end when their faults recover.
+	const held, dry = events.OutcomeHeld, events.OutcomeDryRun
+	s.unapplied("delta", "d01", "GPU-0", 1*m, held) // recovered: healthy
+	s.recovered("delta", "d01", "GPU-0", 2*m)
+	s.unapplied("delta", "d02", "GPU-0", 1*m, held) // recovered, then failed again: held
+	s.recovered("delta", "d02", "GPU-0", 2*m)
+	s.unapplied("delta", "d02", "GPU-0", 3*m, held)
+	s.unapplied("delta", "d03", "GPU-0", 1*m, held) // one of two GPUs recovered: held
+	s.unapplied("delta", "d03", "GPU-1", 1*m, held)
+	s.recovered("delta", "d03", "GPU-1", 2*m)
+	s.unapplied("delta", "d04", "GPU-0", 1*m, dry) // recovered: healthy
+	s.recovered("delta", "d04", "GPU-0", 2*m)
+	s.unapplied("delta", "d05", "GPU-0", 2*m, dry) // a healthy event generated before the fault: quarantined
+	s.recovered("delta", "d05", "GPU-0", 1*m)
+	s.unapplied("delta", "d06", "GPU-0", -1*m, held) // its event not stored: held
+	s.unapplied("delta", "d07", "GPU-0", 1*m, dry)   // two faults, one recovered: quarantined, one fault
+	s.unapplied("delta", "d07", "GPU-1", 1*m, dry)
+	s.recovered("delta", "d07", "GPU-0", 2*m)
 
 	// Fix the checks of the NIC actions (seeder.action writes the XID check).
 	for _, r := range s.recs {
