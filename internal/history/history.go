@@ -26,6 +26,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/internal/clickhouse"
@@ -45,6 +46,16 @@ const (
 	// one. 1000 of the largest events the gateway accepts are ~200 MB.
 	MaxPageBytes = 4 << 20
 )
+
+// pageBudget is what a page's events (or actions) may take of
+// MaxPageBytes, each counted as framed in the response (framed); the
+// nextPageToken takes the rest. MaxPageBytes is grpc-go's default receive
+// limit, so a page over it is refused by a default client on every retry.
+const pageBudget = MaxPageBytes - 256
+
+// framed is the encoded size of an n-byte message in a repeated field:
+// its tag, its length and itself.
+func framed(n int) int { return 1 + protowire.SizeVarint(uint64(n)) + n }
 
 // ClickHouse implements the gateway's History over the events and actions
 // tables.
@@ -347,7 +358,7 @@ func (h *ClickHouse) eventPage(ctx context.Context, w where, limit int) (*faultl
 		k := len(resp.Events)
 		n, ww := min(limit-k, firstRows), w
 		if k > 0 {
-			n = min(limit-k, (MaxPageBytes-size)/(size/k+1)+1)
+			n = min(limit-k, (pageBudget-size)/(size/k+1)+1)
 			ww = w.clone()
 			ww.timeBounds(nil, nil, &last)
 		}
@@ -356,8 +367,8 @@ func (h *ClickHouse) eventPage(ctx context.Context, w where, limit int) (*faultl
 			return nil, false, err
 		}
 		for i, ev := range evs {
-			sz := ev.SizeVT()
-			if len(resp.Events) == limit || (len(resp.Events) > 0 && size+sz > MaxPageBytes) {
+			sz := framed(ev.SizeVT())
+			if len(resp.Events) == limit || (len(resp.Events) > 0 && size+sz > pageBudget) {
 				resp.NextPageToken = last.token()
 				return resp, true, nil
 			}
@@ -534,8 +545,8 @@ func (h *ClickHouse) actionPage(ctx context.Context, w where, limit int) (*fault
 				a.Details[dk[i]] = dv[i]
 			}
 		}
-		n := a.SizeVT()
-		if len(resp.Actions) == limit || (len(resp.Actions) > 0 && size+n > MaxPageBytes) {
+		n := framed(a.SizeVT())
+		if len(resp.Actions) == limit || (len(resp.Actions) > 0 && size+n > pageBudget) {
 			resp.NextPageToken = last.token()
 			break
 		}

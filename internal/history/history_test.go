@@ -303,6 +303,65 @@ func TestPageBytes(t *testing.T) {
 	}
 }
 
+// TestPageBytesFramed: a page ends where its encoded response would pass
+// 4 MiB (grpc-go's default receive limit), counting each event's framing
+// and the nextPageToken: 29 large events and a newest one sized so that
+// the events alone come 60 bytes short of 4 MiB. Before, the page held
+// all 30 and encoded to 4 MiB + ~60 bytes, refused by every default gRPC
+// client on every retry.
+func TestPageBytesFramed(t *testing.T) {
+	srv := chtest.Start(t)
+	st := store.New(srv.Conn, slog.Default(), nil)
+	h := history.New(srv.Conn, slog.Default())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	meta := map[string]string{}
+	for i := range 64 {
+		meta[fmt.Sprintf("k%02d", i)] = strings.Repeat("v", 2048)
+	}
+	put := func(node, id string, at time.Duration, msg int) {
+		ev := &datamodels.HealthEvent{Id: id, Cluster: "alpha", NodeName: node, CheckName: "XID",
+			Message: strings.Repeat("m", msg), Metadata: meta, GeneratedTimestamp: timestamppb.New(base.Add(at))}
+		v, _ := events.Marshal(ev)
+		rec := &kgo.Record{Topic: events.TopicEvents, Key: events.Key("alpha", node), Value: v, Timestamp: base}
+		if _, err := st.Handle(ctx, []*kgo.Record{rec}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list := func(node, tok string) *faultlinev1.ListEventsResponse {
+		resp, err := h.ListEvents(ctx, "alpha", &faultlinev1.ListEventsRequest{Node: node, Limit: 1000, PageToken: tok})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	const probe = 100_000
+	put("edge-b", "edge-e99", time.Hour, probe) // what an event costs beyond its message
+	over := list("edge-b", "").Events[0].SizeVT() - probe
+	for i := range 29 {
+		put("edge-a", fmt.Sprintf("edge-e%02d", i), time.Duration(i)*time.Second, 8192)
+	}
+	sum := 0
+	for _, ev := range list("edge-a", "").Events {
+		sum += ev.SizeVT()
+	}
+	put("edge-a", "edge-e29", time.Minute, (4<<20)-60-sum-over)
+	var got []string
+	for tok := ""; ; {
+		resp := list("edge-a", tok)
+		if n := proto.Size(resp); n > 4<<20 {
+			t.Fatalf("a page of %d events encodes to %d bytes: over 4 MiB", len(resp.Events), n)
+		}
+		got = append(got, ids(resp.Events)...)
+		if tok = resp.NextPageToken; tok == "" {
+			break
+		}
+	}
+	if len(got) != 30 || got[0] != "edge-e29" {
+		t.Errorf("pages gave %d events %v, want all 30, edge-e29 first", len(got), got)
+	}
+}
+
 // storeEvents stores n events of check in cluster through the store, the
 // newest at at, then one every step back, received when generated; node
 // names the node of the i-th. It returns their ids, newest first.
