@@ -37,6 +37,7 @@ type batch struct {
 	tries   int           // failed tries
 	backoff time.Duration // the wait after the next failure
 	due     time.Time     // when a held batch is tried again
+	since   time.Time     // its first failure
 }
 
 // holding keeps the failed batches until their next try.
@@ -71,10 +72,11 @@ func (h *holding) round() uint64 {
 // round began, which are no longer this replica's.
 func (h *holding) failed(b *batch, round uint64, maxBackoff time.Duration) {
 	b.tries++
+	now := time.Now()
 	if b.backoff == 0 {
-		b.backoff = 100 * time.Millisecond
+		b.backoff, b.since = 100*time.Millisecond, now
 	}
-	b.due = time.Now().Add(b.backoff)
+	b.due = now.Add(b.backoff)
 	b.backoff = min(b.backoff*2, maxBackoff)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -172,6 +174,18 @@ func (h *holding) next() time.Time {
 		}
 	}
 	return t
+}
+
+// oldest returns how long the oldest held batch has been failing, as of
+// now (0: none held).
+func (h *holding) oldest(now time.Time) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var d time.Duration
+	for _, b := range h.held {
+		d = max(d, now.Sub(b.since))
+	}
+	return d
 }
 
 // take returns (and stops holding) the batches due by now.

@@ -135,3 +135,29 @@ func TestHoldingAbsorbsWhatFollows(t *testing.T) {
 		t.Fatalf("absorb with nothing held returned %v", offsets(out))
 	}
 }
+
+// TestHoldingOldest: the held-batch age counts from a batch's first
+// failure, through its later failed tries, and is 0 once nothing is held.
+func TestHoldingOldest(t *testing.T) {
+	h := holding{pause: func(map[string][]int32) {}, wake: func(map[string][]int32) {}}
+	if d := h.oldest(time.Now()); d != 0 {
+		t.Fatalf("nothing held: %v", d)
+	}
+	b := &batch{recs: []*kgo.Record{{Topic: "t", Partition: 0}}}
+	h.failed(b, h.round(), time.Second)
+	first := b.since
+	for range 3 {
+		h.take(b.due)
+		h.failed(b, h.round(), time.Second)
+	}
+	if b.since != first {
+		t.Fatalf("a later failure moved the first failure from %v to %v", first, b.since)
+	}
+	if d := h.oldest(first.Add(time.Minute)); d != time.Minute {
+		t.Fatalf("held for %v, want 1m", d)
+	}
+	h.take(b.due)
+	if d := h.oldest(first.Add(time.Minute)); d != 0 {
+		t.Fatalf("nothing held after take: %v", d)
+	}
+}

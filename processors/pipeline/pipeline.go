@@ -368,6 +368,7 @@ func (r *Runner) finish(ctx context.Context, cl *kgo.Client, held *holding, rest
 			held.failed(b, rd.revokes, r.cfg.MaxBackoff)
 		}
 	}
+	r.metrics.heldFor.WithLabelValues(r.cfg.Role).Set(held.oldest(time.Now()).Seconds())
 	rests.rest(cl, rd.rest)
 }
 
@@ -771,6 +772,10 @@ type Metrics struct {
 	produced *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 	lag      *prometheus.GaugeVec
+	// heldFor is how long the replica's oldest held batch has been
+	// failing: a partition stuck behind one batch while the others go on
+	// shows here, not in the role's handled rate.
+	heldFor *prometheus.GaugeVec
 }
 
 // NewMetrics registers the pipeline metrics on reg.
@@ -783,7 +788,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		latency:  prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "faultline_processor_batch_seconds", Help: "Time to handle one partition batch.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"role"}),
 	}
 	m.lag = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_processor_consumer_lag", Help: "Records of the consumed topics not yet committed by the role's consumer group."}, []string{"role", "topic", "partition"})
-	reg.MustRegister(m.records, m.errors, m.dead, m.produced, m.latency, m.lag)
+	m.heldFor = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_processor_held_batch_seconds", Help: "How long the oldest batch this replica holds (failed, retried with backoff, its partitions paused) has been failing; 0 when none is held."}, []string{"role"})
+	reg.MustRegister(m.records, m.errors, m.dead, m.produced, m.latency, m.lag, m.heldFor)
 	return m
 }
 
