@@ -352,7 +352,7 @@ func (a *Agent) spoolUnspooled(s Scheduled) bool {
 	if len(evs) == 0 {
 		return true
 	}
-	n, err := a.spool.Append(evs)
+	n, err := a.spool.AppendAgain(evs)
 	if err != nil || n < len(evs) {
 		if err != nil {
 			a.log.Error("events still not spooled; the check waits for the spool", "check", name, "events", len(evs)-n, "err", err)

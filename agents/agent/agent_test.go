@@ -882,6 +882,10 @@ func TestStateNotCommittedWhenSpoolRefuses(t *testing.T) {
 		a.Spool().Append([]*datamodels.HealthEvent{ev(big, false)})
 	}
 	before := a.Spool().Pending()
+	refused := func() float64 {
+		return val(a.m.spoolDropped.WithLabelValues("full")) + val(a.m.spoolDropped.WithLabelValues("reserved_for_fatal"))
+	}
+	r0 := refused()
 	a.RunOnce(context.Background(), sched)
 	if a.Spool().Pending() != before {
 		t.Fatal("the full spool took the healthy event")
@@ -892,6 +896,9 @@ func TestStateNotCommittedWhenSpoolRefuses(t *testing.T) {
 	a.RunOnce(context.Background(), sched) // still full: waits, no commit
 	if len(c.commits) != 0 || runs != 1 {
 		t.Fatalf("while full: commits %v, runs %d; want none and 1", c.commits, runs)
+	}
+	if got := refused() - r0; got != 1 {
+		t.Errorf("the refused event counted %v times in spool_dropped_events_total, want once (not again per try)", got)
 	}
 	_, next, _ := a.Spool().Peek(1000)
 	if err := a.Spool().Commit(next); err != nil {

@@ -46,8 +46,9 @@ import (
 // non-fatal event until the gateway has taken the backlog below 80% of the
 // capacity (fatal ones still while they fit), and within one append every
 // event after a refused one.
-// Every refusal counts in faultline_agent_spool_dropped_events_total
-// {reason="full"|"reserved_for_fatal"}; faultline_agent_spool_full is 1 while
+// Every event refused counts once in faultline_agent_spool_dropped_events_total
+// {reason="full"|"reserved_for_fatal"} (AppendAgain, the agent's later tries
+// of the events it kept, counts none again); faultline_agent_spool_full is 1 while
 // the spool refuses, and the first refusal of an episode logs an error.
 type Spool struct {
 	dir          string
@@ -257,6 +258,16 @@ func (s *Spool) Notify() <-chan struct{} { return s.notify }
 // refused too; refused events are counted and logged as described on
 // Spool. On an error nothing is written.
 func (s *Spool) Append(evs []*datamodels.HealthEvent) (int, error) {
+	return s.appendPrefix(evs, true)
+}
+
+// AppendAgain is Append for events it refused before (kept by the caller
+// and tried again): their refusal was counted then, and is not again.
+func (s *Spool) AppendAgain(evs []*datamodels.HealthEvent) (int, error) {
+	return s.appendPrefix(evs, false)
+}
+
+func (s *Spool) appendPrefix(evs []*datamodels.HealthEvent, count bool) (int, error) {
 	if len(evs) == 0 {
 		return 0, nil
 	}
@@ -298,7 +309,7 @@ func (s *Spool) Append(evs []*datamodels.HealthEvent) (int, error) {
 			}
 			s.full = true
 			refused = reason
-			if s.m != nil {
+			if s.m != nil && count {
 				s.m.spoolDropped.WithLabelValues(reason).Inc()
 			}
 			continue
