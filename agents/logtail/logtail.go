@@ -10,9 +10,11 @@
 //
 // Its reads are bounded: at most a given number of bytes per read (the
 // rest waits for the next one); a line longer than MaxLineBytes is cut
-// there; NUL bytes around a line are dropped and a run of them skipped — the
-// zero-filled tail a power cut can leave has no newline, and the line
-// written after it began with it.
+// there. A run of NUL bytes ends a line and is skipped — the zero-filled
+// tail a power cut can leave has no newline, often begins mid-line, and
+// the line written after it began with it: the text before the zeros is
+// read as a line of its own (a line cut short, as the power cut left it),
+// the line after them as another.
 package logtail
 
 import (
@@ -146,6 +148,7 @@ func (t *Follower) readOn(limit int64, rotated bool, fn func(string) bool) (more
 		t.offset, t.skip = 0, false
 	}
 	t.head = head
+	stop := t.offset + limit // the read's bound
 	br := bufio.NewReaderSize(io.NewSectionReader(t.f, t.offset, limit), MaxLineBytes)
 	for {
 		b, err := br.ReadSlice('\n')
@@ -160,15 +163,39 @@ func (t *Follower) readOn(limit int64, rotated bool, fn func(string) bool) (more
 			}
 			full = false // the rotated file's last line
 		}
+		start := t.offset
 		t.offset += int64(len(b))
-		line := bytes.Trim(b, "\x00\r\n")
-		if full && len(line) == 0 {
-			continue // a run of zeros: the line written after it is read
-		}
+		// A run of NULs ends a line: b holds the lines between them. Its
+		// first goes on with a line cut at MaxLineBytes when skip is set;
+		// its last is cut there when it filled the buffer.
 		skipped := t.skip
-		t.skip = full
-		if !skipped && len(line) > 0 && !fn(string(line)) {
-			return t.offset < fi.Size(), nil
+		t.skip = full && b[len(b)-1] != 0
+		for i := 0; ; {
+			end := bytes.IndexByte(b[i:], 0)
+			if end < 0 && full && i > 0 && i < len(b) {
+				// A line after zeros that filled the buffer: read again
+				// from its start, to be cut at MaxLineBytes of its own.
+				t.offset, t.skip = start+int64(i), false
+				br.Reset(io.NewSectionReader(t.f, t.offset, stop-t.offset))
+				break
+			}
+			if end < 0 {
+				end = len(b)
+			} else {
+				end += i
+			}
+			line := bytes.Trim(b[i:end], "\r\n")
+			if !(skipped && i == 0) && len(line) > 0 && !fn(string(line)) {
+				if end < len(b) { // the lines after the zeros on the next read
+					t.offset, t.skip = start+int64(end), false
+				}
+				return t.offset < fi.Size(), nil
+			}
+			if end == len(b) {
+				break
+			}
+			for i = end; i < len(b) && b[i] == 0; i++ {
+			}
 		}
 	}
 }

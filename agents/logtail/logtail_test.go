@@ -166,6 +166,45 @@ func TestFollowerReadsPastZerosAndLongLines(t *testing.T) {
 	}
 }
 
+// TestFollowerReadsPastZerosMidLine: a power cut's zero-filled tail that
+// begins mid-line ends that line; the line written after the zeros is a
+// line of its own — it was glued to the half line and the zeros (a run
+// shorter than a line's bound), or dropped as the rest of a cut line (a
+// longer one). Read a line a read (fn stopping), the same lines.
+func TestFollowerReadsPastZerosMidLine(t *testing.T) {
+	const half = "[Dec 03 2026 07:00:59] [INFO] half a li"
+	want := []string{"before", half, fatal, "after"}
+	for _, zeros := range []int{1, 4096, MaxLineBytes - 60, 100 << 10, 200 << 10} {
+		t.Run(fmt.Sprint(zeros), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "fabricmanager.log")
+			appendFile(t, path, "before\n"+half+strings.Repeat("\x00", zeros)+fatal+"\nafter\n")
+			var tl Follower
+			if got := read(t, &tl, path, 1<<20); !slices.Equal(got, want) {
+				t.Fatalf("%d lines: %.200q; want %q", len(got), got, want)
+			}
+			var one Follower
+			var got []string
+			for range 6 {
+				if err := one.Read(path, 1<<20, func(l string) bool { got = append(got, l); return false }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("a line a read: %d lines: %.200q; want %q", len(got), got, want)
+			}
+		})
+	}
+	// A line after the zeros longer than MaxLineBytes is cut at
+	// MaxLineBytes of its own.
+	path := filepath.Join(t.TempDir(), "fabricmanager.log")
+	appendFile(t, path, "before\n"+half+strings.Repeat("\x00", 1000)+strings.Repeat("x", 200<<10)+"\nafter\n")
+	var tl Follower
+	got := read(t, &tl, path, 1<<20)
+	if len(got) != 4 || got[1] != half || len(got[2]) != MaxLineBytes || got[3] != "after" {
+		t.Fatalf("%d lines; want before, the half line, %d x's, after", len(got), MaxLineBytes)
+	}
+}
+
 // TestFollowerResumes: a position saved before a restart is read on from
 // when the file is the same inode; another file is read from its start.
 func TestFollowerResumes(t *testing.T) {
