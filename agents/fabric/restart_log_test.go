@@ -100,7 +100,9 @@ func (n *node) infoLines(size int) {
 // the position the previous run committed, not only the log's last MiB:
 // an SXid followed by more than that while the agent was down, or in the
 // part of a backlog (more than the 4 MiB read a poll) not read yet when it
-// stopped, is reported, once.
+// stopped, is reported, once. A log truncated in place while the agent was
+// down (the same inode) that grew past the position is read from its
+// start: read on from the position, mid-line, its SXid was lost.
 func TestRestartResumesTheLog(t *testing.T) {
 	const want = "FabricManagerNVSwitchError:SXID-12028:nonfatal@0000:06:00.0"
 	sxid := strings.Replace(sxid12028, "10:29:00", "10:30:30", 1)
@@ -118,6 +120,10 @@ func TestRestartResumesTheLog(t *testing.T) {
 			n.appendLog("fabricmanager.log", sxid)
 			n.infoLines(replayBytes + 4096)
 		}, func(n *node) {}},
+		{"truncated in place and grown past the position while down", func(n *node) {}, func(n *node) {
+			n.write("fabricmanager.log", sxid+"\n")
+			n.infoLines(4096)
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := restartNode(t)

@@ -16,9 +16,8 @@ type tailer struct {
 	reader *LogReader
 	path   string // the file last read
 	// saved is the position the previous run of the agent committed (nil:
-	// none); resumed: the first read went on from it.
-	saved   *logPosition
-	resumed bool
+	// none); the first read went on from it when Resumed.
+	saved *logPosition
 	// backlog: the file and size the log had at the first read; a read
 	// that starts before its end reads lines that were there when the
 	// agent started.
@@ -30,6 +29,11 @@ type logPosition struct {
 	Path   string `json:"path"`
 	Inode  uint64 `json:"inode"`
 	Offset int64  `json:"offset"`
+	// Head is the fingerprint of the file's first bytes (logtail): the
+	// position is used only while the file still starts with them. A
+	// position without one (written by an earlier version) trusts the
+	// inode.
+	Head string `json:"head,omitempty"`
 }
 
 const (
@@ -53,7 +57,7 @@ func (t *tailer) read(path string, r *LogReader) ([]LogLine, error) {
 		}
 	}
 	t.path = path
-	ino, off := t.Position()
+	ino, off, _ := t.Position()
 	replayed := first || (ino == t.backlog.Inode && off < t.backlog.Offset)
 	var out []LogLine
 	err := t.Read(path, chunkBytes, func(line string) bool {
@@ -64,14 +68,16 @@ func (t *tailer) read(path string, r *LogReader) ([]LogLine, error) {
 	// with the next read, unless the file is idle: flush what waits.
 	out = append(out, t.reader.Flush()...)
 	for i := range out {
-		out[i].Replayed, out[i].Resumed = replayed, t.resumed
+		out[i].Replayed, out[i].Resumed = replayed, t.Resumed()
 	}
 	return out, err
 }
 
 // start resumes at the saved position when the log is still the file it
-// was read in and not shorter than it (otherwise its last replayBytes are
-// read, taken for new by their time), and notes the backlog.
+// was read in — the same inode, still starting with the same bytes — and
+// not shorter than it (otherwise its last replayBytes are read, taken for
+// new by their time; logtail decides at the first read), and notes the
+// backlog.
 func (t *tailer) start(path string) error {
 	fi, err := os.Stat(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -81,9 +87,8 @@ func (t *tailer) start(path string) error {
 		return fmt.Errorf("fabric log %s: %w", path, err)
 	}
 	ino := inodeOf(fi)
-	if p := t.saved; p != nil && p.Path == path && p.Inode == ino && p.Offset <= fi.Size() {
-		t.Resume(p.Inode, p.Offset)
-		t.resumed = true
+	if p := t.saved; p != nil && p.Path == path {
+		t.Resume(p.Inode, p.Offset, p.Head)
 	}
 	t.backlog = logPosition{Path: path, Inode: ino, Offset: fi.Size()}
 	return nil
@@ -95,11 +100,11 @@ func (t *tailer) position() *logPosition {
 	if t.reader == nil {
 		return t.saved
 	}
-	ino, off := t.Position()
+	ino, off, head := t.Position()
 	if ino == 0 {
 		return nil
 	}
-	return &logPosition{Path: t.path, Inode: ino, Offset: off}
+	return &logPosition{Path: t.path, Inode: ino, Offset: off, Head: head}
 }
 
 func inodeOf(fi os.FileInfo) uint64 {

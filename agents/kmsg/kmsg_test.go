@@ -3,6 +3,7 @@ package kmsg
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -612,6 +613,64 @@ func TestFileSourceFollowAndRotate(t *testing.T) {
 	os.Rename(path, path+".1")
 	write("[ 3.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n", os.O_TRUNC)
 	check(2) // rotated: the old file's rest (it was lost), then the new file from its start
+}
+
+// TestFileSourceResumesTheSameFileOnly: after a restart the file source
+// reads on from the saved offset only while the file starts with the bytes
+// it started with: a kern.log truncated in place while the agent was down
+// (the same inode) and grown past the offset is read from its start — read
+// on from the offset, mid-line, its Xid 79 was lost. A state saved without
+// that fingerprint (an earlier version) resumes at its offset.
+func TestFileSourceResumesTheSameFileOnly(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kern.log")
+	if err := os.WriteFile(path, []byte("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check := func() string {
+		t.Helper()
+		c, err := New(Config{Source: SourceFile, File: path, StateDir: dir, ProcStatPath: "/nonexistent"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, err := c.Check(context.Background())
+		if err == nil {
+			err = c.Commit()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return encodeT(evs)
+	}
+	if got := check(); !strings.Contains(got, "XID-48") {
+		t.Fatalf("first run: %s", got)
+	}
+	// The state as an earlier version wrote it: no fingerprint.
+	state := filepath.Join(dir, "kmsg-"+SourceFile+".json")
+	b, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st map[string]any
+	if err := json.Unmarshal(b, &st); err != nil || st["head"] == nil {
+		t.Fatalf("state %s: no head (%v)", b, err)
+	}
+	delete(st, "head")
+	if b, err = json.Marshal(st); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(state, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := check(); got != "" {
+		t.Fatalf("restarted with an earlier version's state: %s; want none", got)
+	}
+	if err := os.WriteFile(path, []byte("[ 5.0] NVRM: Xid (PCI:0000:86:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := check(); !strings.Contains(got, "XID-79") {
+		t.Fatalf("truncated in place and grown past the offset: %q; want its Xid 79", got)
+	}
 }
 
 func TestJournalSource(t *testing.T) {

@@ -41,6 +41,10 @@ type sourceState struct {
 	File        string `json:"file,omitempty"`
 	Inode       uint64 `json:"inode,omitempty"`
 	Offset      int64  `json:"offset,omitempty"`
+	// Head is the fingerprint of the file's first bytes (logtail): the
+	// offset is used only while the file still starts with them (none, in
+	// a state written by an earlier version: the inode is trusted).
+	Head string `json:"head,omitempty"`
 }
 
 // savedState is what the state file holds: the read position, and the
@@ -291,7 +295,7 @@ const fileReadBytes = 64 << 20
 func newFile(path string, st sourceState) *fileSource {
 	f := &fileSource{path: path}
 	if st.File == path {
-		f.tail.Resume(st.Inode, st.Offset)
+		f.tail.Resume(st.Inode, st.Offset, st.Head)
 	}
 	return f
 }
@@ -310,7 +314,7 @@ func (f *fileSource) read(ctx context.Context, max int, fn func(Line)) error {
 }
 
 func (f *fileSource) position() sourceState {
-	ino, off := f.tail.Position()
-	return sourceState{File: f.path, Inode: ino, Offset: off}
+	ino, off, head := f.tail.Position()
+	return sourceState{File: f.path, Inode: ino, Offset: off, Head: head}
 }
 func (f *fileSource) close() error { return f.tail.Close() }

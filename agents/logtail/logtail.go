@@ -6,21 +6,32 @@
 // before the new file is read from its start — reopening by name lost
 // what was written between the last read and the rename. A file shorter
 // than the offset, or whose first bytes changed (copytruncate, then more
-// written than was read before), is read again from its start.
+// written than was read before), is read again from its start. Its
+// Position holds those first bytes' fingerprint too: after a restart the
+// file is read on from it only when it is the same inode and still starts
+// with them (a log rotated away and deleted whose inode number the new log
+// got, or one truncated in place that grew past the offset, is read from
+// its start).
 //
 // Its reads are bounded: at most a given number of bytes per read (the
 // rest waits for the next one); a line longer than MaxLineBytes is cut
-// there; NUL bytes around a line are dropped and a run of them skipped — the
-// zero-filled tail a power cut can leave has no newline, and the line
-// written after it began with it.
+// there. A run of NUL bytes ends a line and is skipped — the zero-filled
+// tail a power cut can leave has no newline, often begins mid-line, and
+// the line written after it began with it: the text before the zeros is
+// read as a line of its own (a line cut short, as the power cut left it),
+// the line after them as another.
 package logtail
 
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -45,17 +56,61 @@ type Follower struct {
 	head    []byte // the file's first headBytes (fewer while it is shorter)
 	skip    bool   // the rest of a cut line is being skipped
 	started bool
+	// saved is the head fingerprint given to Resume (until the first
+	// open); resumed: the first open went on from the resumed position.
+	saved   string
+	resumed bool
 }
 
 // Resume makes the first read go on at offset when the file is still the
-// inode a previous run read (its Position); otherwise it is read as new.
-func (t *Follower) Resume(inode uint64, offset int64) {
-	t.inode, t.offset = inode, offset
+// inode a previous run read and still starts with the bytes head (a
+// Position's fingerprint) is of; otherwise it is read as new. An empty
+// head (a position saved before fingerprints were) trusts the inode and
+// offset alone, as then: read from its start, a log present for months
+// was reported again, every Xid in it.
+func (t *Follower) Resume(inode uint64, offset int64, head string) {
+	t.inode, t.offset, t.saved = inode, offset, head
 }
 
-// Position is the inode and offset of the line to read next, to Resume
-// from after a restart.
-func (t *Follower) Position() (inode uint64, offset int64) { return t.inode, t.offset }
+// Resumed reports whether the first open went on at the position given to
+// Resume.
+func (t *Follower) Resumed() bool { return t.resumed }
+
+// Position is the inode and offset of the line to read next, and the
+// fingerprint of the file's first bytes, to Resume from after a restart.
+func (t *Follower) Position() (inode uint64, offset int64, head string) {
+	if t.head == nil {
+		return t.inode, t.offset, t.saved // not read yet
+	}
+	return t.inode, t.offset, fingerprint(t.head)
+}
+
+// fingerprint identifies a file's first bytes: their length and a hash.
+func fingerprint(head []byte) string {
+	sum := sha256.Sum256(head)
+	return strconv.Itoa(len(head)) + ":" + hex.EncodeToString(sum[:16])
+}
+
+// startsWith reports whether the file f starts with the bytes of the
+// fingerprint fp ("": no fingerprint, taken for a match).
+func startsWith(f *os.File, fp string) (bool, error) {
+	if fp == "" {
+		return true, nil
+	}
+	n, _, _ := strings.Cut(fp, ":")
+	size, err := strconv.Atoi(n)
+	if err != nil || size < 0 || size > headBytes {
+		return false, nil // not one Position gave: read the file as new
+	}
+	head := make([]byte, size)
+	if _, err := f.ReadAt(head, 0); err != nil {
+		if errors.Is(err, io.EOF) {
+			return false, nil // shorter than it was
+		}
+		return false, err
+	}
+	return fingerprint(head) == fp, nil
+}
 
 // Close closes the file.
 func (t *Follower) Close() error {
@@ -108,7 +163,13 @@ func (t *Follower) Read(path string, limit int64, fn func(line string) bool) err
 	}
 	ino := inodeOf(fi)
 	resumed := first && ino == t.inode && t.offset <= fi.Size()
-	t.f, t.inode, t.head, t.skip = f, ino, nil, false
+	if resumed {
+		if resumed, err = startsWith(f, t.saved); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	t.f, t.inode, t.head, t.skip, t.saved, t.resumed = f, ino, nil, false, "", resumed
 	switch {
 	case resumed:
 	case first && t.Replay > 0 && fi.Size() > t.Replay:
@@ -146,6 +207,7 @@ func (t *Follower) readOn(limit int64, rotated bool, fn func(string) bool) (more
 		t.offset, t.skip = 0, false
 	}
 	t.head = head
+	stop := t.offset + limit // the read's bound
 	br := bufio.NewReaderSize(io.NewSectionReader(t.f, t.offset, limit), MaxLineBytes)
 	for {
 		b, err := br.ReadSlice('\n')
@@ -160,15 +222,39 @@ func (t *Follower) readOn(limit int64, rotated bool, fn func(string) bool) (more
 			}
 			full = false // the rotated file's last line
 		}
+		start := t.offset
 		t.offset += int64(len(b))
-		line := bytes.Trim(b, "\x00\r\n")
-		if full && len(line) == 0 {
-			continue // a run of zeros: the line written after it is read
-		}
+		// A run of NULs ends a line: b holds the lines between them. Its
+		// first goes on with a line cut at MaxLineBytes when skip is set;
+		// its last is cut there when it filled the buffer.
 		skipped := t.skip
-		t.skip = full
-		if !skipped && len(line) > 0 && !fn(string(line)) {
-			return t.offset < fi.Size(), nil
+		t.skip = full && b[len(b)-1] != 0
+		for i := 0; ; {
+			end := bytes.IndexByte(b[i:], 0)
+			if end < 0 && full && i > 0 && i < len(b) {
+				// A line after zeros that filled the buffer: read again
+				// from its start, to be cut at MaxLineBytes of its own.
+				t.offset, t.skip = start+int64(i), false
+				br.Reset(io.NewSectionReader(t.f, t.offset, stop-t.offset))
+				break
+			}
+			if end < 0 {
+				end = len(b)
+			} else {
+				end += i
+			}
+			line := bytes.Trim(b[i:end], "\r\n")
+			if !(skipped && i == 0) && len(line) > 0 && !fn(string(line)) {
+				if end < len(b) { // the lines after the zeros on the next read
+					t.offset, t.skip = start+int64(end), false
+				}
+				return t.offset < fi.Size(), nil
+			}
+			if end == len(b) {
+				break
+			}
+			for i = end; i < len(b) && b[i] == 0; i++ {
+			}
 		}
 	}
 }

@@ -166,25 +166,108 @@ func TestFollowerReadsPastZerosAndLongLines(t *testing.T) {
 	}
 }
 
+// TestFollowerReadsPastZerosMidLine: a power cut's zero-filled tail that
+// begins mid-line ends that line; the line written after the zeros is a
+// line of its own — it was glued to the half line and the zeros (a run
+// shorter than a line's bound), or dropped as the rest of a cut line (a
+// longer one). Read a line a read (fn stopping), the same lines.
+func TestFollowerReadsPastZerosMidLine(t *testing.T) {
+	const half = "[Dec 03 2026 07:00:59] [INFO] half a li"
+	want := []string{"before", half, fatal, "after"}
+	for _, zeros := range []int{1, 4096, MaxLineBytes - 60, 100 << 10, 200 << 10} {
+		t.Run(fmt.Sprint(zeros), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "fabricmanager.log")
+			appendFile(t, path, "before\n"+half+strings.Repeat("\x00", zeros)+fatal+"\nafter\n")
+			var tl Follower
+			if got := read(t, &tl, path, 1<<20); !slices.Equal(got, want) {
+				t.Fatalf("%d lines: %.200q; want %q", len(got), got, want)
+			}
+			var one Follower
+			var got []string
+			for range 6 {
+				if err := one.Read(path, 1<<20, func(l string) bool { got = append(got, l); return false }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("a line a read: %d lines: %.200q; want %q", len(got), got, want)
+			}
+		})
+	}
+	// A line after the zeros longer than MaxLineBytes is cut at
+	// MaxLineBytes of its own.
+	path := filepath.Join(t.TempDir(), "fabricmanager.log")
+	appendFile(t, path, "before\n"+half+strings.Repeat("\x00", 1000)+strings.Repeat("x", 200<<10)+"\nafter\n")
+	var tl Follower
+	got := read(t, &tl, path, 1<<20)
+	if len(got) != 4 || got[1] != half || len(got[2]) != MaxLineBytes || got[3] != "after" {
+		t.Fatalf("%d lines; want before, the half line, %d x's, after", len(got), MaxLineBytes)
+	}
+}
+
 // TestFollowerResumes: a position saved before a restart is read on from
-// when the file is the same inode; another file is read from its start.
+// when the file is the same inode and still starts with the bytes it
+// started with; another file, or the same inode with other first bytes (a
+// log truncated in place that grew past the offset, or a rotated log's
+// inode number reused by the new one), is read from its start — it was
+// read on mid-file, its first lines (an Xid among them) lost. A position
+// without a fingerprint (saved by an earlier version) trusts the inode.
 func TestFollowerResumes(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kern.log")
 	appendFile(t, path, lines(0, 4))
 	var tl Follower
 	read(t, &tl, path, 1<<20)
-	ino, off := tl.Position()
+	ino, off, head := tl.Position()
 	tl.Close()
 	appendFile(t, path, lines(4, 6))
 
 	again := Follower{Replay: 1}
-	again.Resume(ino, off)
-	if got := read(t, &again, path, 1<<20); !slices.Equal(got, []string{"line 4", "line 5"}) {
-		t.Fatalf("resumed: %q", got)
+	again.Resume(ino, off, head)
+	if got := read(t, &again, path, 1<<20); !slices.Equal(got, []string{"line 4", "line 5"}) || !again.Resumed() {
+		t.Fatalf("resumed: %q (resumed %v)", got, again.Resumed())
+	}
+	old := Follower{}
+	old.Resume(ino, off, "")
+	if got := read(t, &old, path, 1<<20); !slices.Equal(got, []string{"line 4", "line 5"}) {
+		t.Fatalf("resumed without a fingerprint: %q", got)
 	}
 	other := Follower{}
-	other.Resume(ino+1, off)
-	if got := read(t, &other, path, 1<<20); len(got) != 6 {
+	other.Resume(ino+1, off, head)
+	if got := read(t, &other, path, 1<<20); len(got) != 6 || other.Resumed() {
 		t.Fatalf("resumed on another inode: %q; want the file from its start", got)
+	}
+	mismatch := Follower{}
+	mismatch.Resume(ino, off, "28:0123456789abcdef0123456789abcdef")
+	if got := read(t, &mismatch, path, 1<<20); len(got) != 6 || mismatch.Resumed() {
+		t.Fatalf("resumed with other first bytes: %q; want the file from its start", got)
+	}
+
+	// Truncated in place while the agent was down, then grown past the
+	// saved offset: the same inode, other content.
+	ino, off, head = again.Position()
+	again.Close()
+	regrown := "[ 12.000000] NVRM: Xid (PCI:0000:05:00): 79, pid=1, GPU has fallen off the bus.\n" + lines(0, 9)
+	if err := os.WriteFile(path, []byte(regrown), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(regrown)) <= off {
+		t.Fatalf("the new content (%d bytes) does not pass the offset %d", len(regrown), off)
+	}
+	restarted := Follower{Replay: 1 << 20}
+	restarted.Resume(ino, off, head)
+	got := read(t, &restarted, path, 1<<20)
+	if len(got) != 10 || !strings.Contains(got[0], "Xid") || restarted.Resumed() {
+		t.Fatalf("truncated and regrown while down: %q; want the new file from its start, its Xid first", got)
+	}
+}
+
+// TestFollowerPositionBeforeARead: a position taken before the file was
+// read (missing yet) is the resumed one, fingerprint included.
+func TestFollowerPositionBeforeARead(t *testing.T) {
+	var tl Follower
+	tl.Resume(7, 42, "5:00")
+	read(t, &tl, filepath.Join(t.TempDir(), "missing.log"), 1<<20)
+	if ino, off, head := tl.Position(); ino != 7 || off != 42 || head != "5:00" {
+		t.Fatalf("position: %d %d %q", ino, off, head)
 	}
 }
