@@ -9,7 +9,11 @@
 //
 // Every configured component is reported: one that cannot be read has the
 // value "unreadable: <reason>", so a node whose tool broke differs from its
-// group instead of silently matching it. The check reports at start, every
+// group instead of silently matching it; one the node does not have (not
+// configured, no such hardware, its tool not installed) has the stable
+// value "absent: <reason>", a value like any other (the processor leaves a
+// report with an unreadable component out of its group's majority, not
+// one with an absent component). The check reports at start, every
 // Interval (default 6h) and whenever the agent is asked to (SIGUSR1, or
 // POST /checks/conformance/run on the agent's local endpoint), whether or
 // not the fingerprint changed: the processor treats a node without a report
@@ -33,6 +37,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -66,6 +71,10 @@ const (
 	MetaComponentPrefix = "component."
 	// Unreadable prefixes the value of a component that could not be read.
 	Unreadable = "unreadable: "
+	// Absent prefixes the value of a component the node does not have: not
+	// configured (os_image), no such hardware (no NVIDIA GPU on the PCI
+	// bus, no RDMA device), its command not installed.
+	Absent = "absent: "
 )
 
 // Built-in component names.
@@ -123,7 +132,7 @@ type Config struct {
 	Procfs string `toml:"procfs"`
 	// OSImageFile holds the OS image hash (its trimmed content). Default
 	// none; with neither it nor OSImageCommand the os_image component is
-	// "unreadable: not configured".
+	// "absent: not configured".
 	OSImageFile string `toml:"os_image_file"`
 	// OSImageCommand prints the OS image hash (argv, no shell). Default none.
 	OSImageCommand []string `toml:"os_image_command"`
@@ -302,17 +311,24 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 func Event(comps map[string]string) *datamodels.HealthEvent {
 	fp := Fingerprint(comps)
 	md := map[string]string{MetaFingerprint: fp}
-	var bad []string
+	var bad, absent []string
 	for n, v := range comps {
 		md[MetaComponentPrefix+n] = events.Truncate(v, MaxValue)
-		if strings.HasPrefix(v, Unreadable) {
+		switch {
+		case strings.HasPrefix(v, Unreadable):
 			bad = append(bad, n)
+		case strings.HasPrefix(v, Absent):
+			absent = append(absent, n)
 		}
 	}
 	sort.Strings(bad)
+	sort.Strings(absent)
 	msg := fmt.Sprintf("conformance fingerprint %s over %d components", fp[:16], len(comps))
 	if len(bad) > 0 {
 		msg += "; unreadable: " + strings.Join(bad, ", ")
+	}
+	if len(absent) > 0 {
+		msg += "; absent: " + strings.Join(absent, ", ")
 	}
 	return &datamodels.HealthEvent{
 		Version:           1,
@@ -328,7 +344,7 @@ func Event(comps map[string]string) *datamodels.HealthEvent {
 }
 
 // Collect reads every component; one that cannot be read gets
-// "unreadable: <reason>".
+// "unreadable: <reason>", one the node does not have "absent: <reason>".
 func (c *Check) Collect(ctx context.Context) map[string]string {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
@@ -337,13 +353,17 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 		if slices.Contains(c.cfg.Disable, name) {
 			return
 		}
-		if err != nil {
+		var a absentError
+		switch {
+		case errors.As(err, &a):
+			out[name] = Absent + reason(err)
+		case err != nil:
 			out[name] = Unreadable + reason(err)
-			return
+		default:
+			out[name] = events.Printable(v)
 		}
-		out[name] = events.Printable(v)
 	}
-	v, err := c.readFile(filepath.Join(c.cfg.Sysfs, "module", "nvidia", "version"))
+	v, err := c.gpuDriver()
 	set(GPUDriver, v, err)
 	v, err = c.vbios()
 	set(GPUVBIOS, v, err)
@@ -368,7 +388,7 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 	case len(c.cfg.OSImageCommand) > 0:
 		v, err = c.command(ctx, c.cfg.OSImageCommand, nil)
 	default:
-		v, err = "", errors.New("not configured (conformance.os_image_file or conformance.os_image_command)")
+		v, err = "", absentError{"not configured (conformance.os_image_file or conformance.os_image_command)"}
 	}
 	set(OSImage, v, err)
 	for _, x := range c.cfg.Components {
@@ -451,12 +471,47 @@ func deref(d *sysfs.DMIClass, err error, f func(*sysfs.DMIClass) *string, file s
 	return "", fmt.Errorf("dmi: no %s", file)
 }
 
+// absentError is the reason a component is absent from the node (reported
+// Absent + reason) rather than unreadable.
+type absentError struct{ reason string }
+
+func (e absentError) Error() string { return e.reason }
+
 func (c *Check) readFile(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", err
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+// gpuDriver is the nvidia module's version; without the module, absent on
+// a node without NVIDIA GPU and unreadable on one with (the driver not
+// loaded yet after a reboot, or failing to load).
+func (c *Check) gpuDriver() (string, error) {
+	v, err := c.readFile(filepath.Join(c.cfg.Sysfs, "module", "nvidia", "version"))
+	if errors.Is(err, fs.ErrNotExist) {
+		if nerr := c.noGPU(); nerr != nil {
+			return "", nerr
+		}
+		return "", fmt.Errorf("nvidia module not loaded, NVIDIA GPU on the PCI bus: %w", err)
+	}
+	return v, err
+}
+
+// noGPU is an absentError when no NVIDIA GPU (vendor 0x10de, display
+// class 0x03xxxx) is on the node's PCI bus (<sysfs>/bus/pci/devices), nil
+// when one is. An NVSwitch (a bridge) is no GPU.
+func (c *Check) noGPU() error {
+	devs, _ := filepath.Glob(filepath.Join(c.cfg.Sysfs, "bus", "pci", "devices", "*"))
+	for _, d := range devs {
+		vendor, verr := c.readFile(filepath.Join(d, "vendor"))
+		class, cerr := c.readFile(filepath.Join(d, "class"))
+		if verr == nil && cerr == nil && vendor == "0x10de" && strings.HasPrefix(class, "0x03") {
+			return nil
+		}
+	}
+	return absentError{"no NVIDIA GPU"}
 }
 
 // vbios is the distinct VBIOS versions of the node's NVIDIA GPUs, sorted,
@@ -467,7 +522,10 @@ func (c *Check) vbios() (string, error) {
 		return "", err
 	}
 	if len(dirs) == 0 {
-		return "", fmt.Errorf("no GPU in %s", filepath.Join(c.cfg.Procfs, "driver", "nvidia", "gpus"))
+		if nerr := c.noGPU(); nerr != nil {
+			return "", nerr
+		}
+		return "", fmt.Errorf("no GPU in %s, NVIDIA GPU on the PCI bus", filepath.Join(c.cfg.Procfs, "driver", "nvidia", "gpus"))
 	}
 	set := map[string]bool{}
 	for _, f := range dirs {
@@ -495,11 +553,11 @@ var vbiosRE = regexp.MustCompile(`(?m)^Video BIOS:\s*(\S+)`)
 // a drift from the node's group, for a fault the NIC check reports.
 func (c *Check) nicFirmware() (string, error) {
 	names, err := c.sys.InfiniBandClassDevices()
+	if errors.Is(err, fs.ErrNotExist) || err == nil && len(names) == 0 {
+		return "", absentError{"no InfiniBand devices"}
+	}
 	if err != nil {
 		return "", err
-	}
-	if len(names) == 0 {
-		return "", errors.New("no RDMA device in class/infiniband")
 	}
 	set := map[string]bool{}
 	for _, n := range names {
@@ -523,6 +581,9 @@ func joinSet(set map[string]bool) string {
 
 func (c *Check) command(ctx context.Context, argv []string, re *regexp.Regexp) (string, error) {
 	b, err := c.run(ctx, argv)
+	if errors.Is(err, exec.ErrNotFound) {
+		return "", absentError{argv[0] + " not installed"}
+	}
 	if err != nil {
 		return "", err
 	}

@@ -43,12 +43,13 @@ func fixture(t *testing.T, tree string, mod func(*Config)) *Check {
 
 func TestCollect(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		tree string
-		mod  func(*Config)
-		want map[string]string // subset
-		bad  []string          // components that must be unreadable
-		gone []string          // components that must be absent
+		name   string
+		tree   string
+		mod    func(*Config)
+		want   map[string]string // subset
+		bad    []string          // components that must be unreadable
+		absent []string          // components that must be reported absent
+		gone   []string          // components that must be left out
 	}{
 		{name: "h100 reference", tree: "h100-a", want: map[string]string{
 			GPUDriver: "550.54.14", GPUVBIOS: "96.00.89.00.01", NICFirmware: "28.39.1002",
@@ -57,13 +58,13 @@ func TestCollect(t *testing.T) {
 			OSImage:    "sha256:4b1f0c8e2d7a9b3c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5",
 		}},
 		{name: "mixed NIC firmware is the sorted set", tree: "h100-b", want: map[string]string{NICFirmware: "28.39.1002,28.41.1000"}},
-		{name: "no GPU, no RDMA: unreadable, not dropped", tree: "no-gpu", bad: []string{GPUDriver, GPUVBIOS, NICFirmware}},
-		{name: "os image not configured", tree: "h100-a", mod: func(c *Config) { c.OSImageFile = "" }, bad: []string{OSImage}},
+		{name: "no GPU, no RDMA: absent, not dropped", tree: "no-gpu", absent: []string{GPUDriver, GPUVBIOS, NICFirmware}},
+		{name: "os image not configured", tree: "h100-a", mod: func(c *Config) { c.OSImageFile = "" }, absent: []string{OSImage}},
 		{name: "os image from a command", tree: "h100-a", mod: func(c *Config) { c.OSImageFile, c.OSImageCommand = "", []string{"echo", "sha256:abc"} },
 			want: map[string]string{OSImage: "sha256:abc"}},
 		{name: "bmc command failing", tree: "h100-a", mod: func(c *Config) { c.BMCCommand = []string{"broken"} }, bad: []string{BMCVersion}},
 		{name: "bmc off", tree: "h100-a", mod: func(c *Config) { c.BMCCommand = nil }, gone: []string{BMCVersion}},
-		{name: "disabled built-in", tree: "no-gpu", mod: func(c *Config) { c.Disable = []string{GPUVBIOS} }, gone: []string{GPUVBIOS}, bad: []string{GPUDriver}},
+		{name: "disabled built-in", tree: "no-gpu", mod: func(c *Config) { c.Disable = []string{GPUVBIOS} }, gone: []string{GPUVBIOS}, absent: []string{GPUDriver}},
 		{name: "extra components", tree: "h100-a", mod: func(c *Config) {
 			c.Components = []Component{
 				{Name: "product", File: "testdata/h100-a/sys/class/dmi/id/product_name"},
@@ -83,6 +84,11 @@ func TestCollect(t *testing.T) {
 			for _, k := range tc.bad {
 				if !strings.HasPrefix(got[k], Unreadable) || len(got[k]) <= len(Unreadable) {
 					t.Errorf("%s = %q, want unreadable with a reason", k, got[k])
+				}
+			}
+			for _, k := range tc.absent {
+				if !strings.HasPrefix(got[k], Absent) || len(got[k]) <= len(Absent) {
+					t.Errorf("%s = %q, want absent with a reason", k, got[k])
 				}
 			}
 			for _, k := range tc.gone {
@@ -123,7 +129,7 @@ func contains(s []string, v string) bool {
 }
 
 func TestEvent(t *testing.T) {
-	c := fixture(t, "no-gpu", nil)
+	c := fixture(t, "no-gpu", func(c *Config) { c.BMCCommand = []string{"broken"} })
 	evs, err := c.Check(context.Background())
 	if err != nil || len(evs) != 1 {
 		t.Fatalf("Check = %d events, %v", len(evs), err)
@@ -137,8 +143,8 @@ func TestEvent(t *testing.T) {
 	if md[MetaFingerprint] != Fingerprint(comps) || len(md[MetaFingerprint]) != 64 {
 		t.Fatalf("fingerprint %q does not match components %v", md[MetaFingerprint], comps)
 	}
-	if !strings.Contains(ev.Message, "unreadable: gpu_driver, gpu_vbios, nic_firmware") {
-		t.Errorf("message %q does not name the unreadable components", ev.Message)
+	if !strings.Contains(ev.Message, "unreadable: bmc_version; absent: gpu_driver, gpu_vbios, nic_firmware") {
+		t.Errorf("message %q does not name the unreadable and absent components", ev.Message)
 	}
 }
 
@@ -344,5 +350,67 @@ func TestBootParamsPerNodeIdentity(t *testing.T) {
 		if Fingerprint(c) == Fingerprint(a) {
 			t.Errorf("boot_params %q: a real change kept the fingerprint", c[BootParams])
 		}
+	}
+}
+
+// TestAbsentIsNotUnreadable: what a node does not have — a GPU, an RDMA
+// device, a tool, an os_image source the operator never configured — is
+// the stable value "absent: …", which the processor counts in its group's
+// majority; "unreadable: …" (left out of it) is kept for a read that
+// failed: a GPU on the PCI bus whose driver is not loaded (yet), a tool
+// that failed.
+func TestAbsentIsNotUnreadable(t *testing.T) {
+	pci := func(t *testing.T, class string) string {
+		t.Helper()
+		sys := t.TempDir()
+		dev := filepath.Join(sys, "bus/pci/devices/0000:18:00.0")
+		if err := os.MkdirAll(dev, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for f, v := range map[string]string{"vendor": "0x10de\n", "class": class + "\n"} {
+			if err := os.WriteFile(filepath.Join(dev, f), []byte(v), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.MkdirAll(filepath.Join(sys, "class/infiniband"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return sys
+	}
+	for _, tc := range []struct {
+		name        string
+		mod         func(t *testing.T, c *Config)
+		run         bool // the real runCommand
+		bad, absent []string
+	}{
+		{name: "GPU on the PCI bus, driver not loaded", mod: func(t *testing.T, c *Config) { c.Sysfs = pci(t, "0x030200") },
+			bad: []string{GPUDriver, GPUVBIOS}},
+		{name: "only an NVSwitch from NVIDIA; empty class/infiniband", mod: func(t *testing.T, c *Config) { c.Sysfs = pci(t, "0x068000") },
+			absent: []string{GPUDriver, GPUVBIOS, NICFirmware}},
+		{name: "tool not installed", run: true, mod: func(t *testing.T, c *Config) {
+			c.BMCCommand = []string{"faultline-no-such-tool", "mc", "info"}
+			c.Components = []Component{{Name: "ofed", Command: []string{"faultline-no-such-tool"}}}
+		}, absent: []string{BMCVersion, "ofed"}},
+		{name: "tool failing", run: true, mod: func(t *testing.T, c *Config) { c.BMCCommand = []string{"sh", "-c", "exit 1"} },
+			bad: []string{BMCVersion}},
+		{name: "os_image not configured", mod: func(t *testing.T, c *Config) { c.OSImageFile = "" }, absent: []string{OSImage}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fixture(t, "no-gpu", func(c *Config) { tc.mod(t, c) })
+			if tc.run {
+				c.run = runCommand
+			}
+			got := c.Collect(t.Context())
+			for _, k := range tc.bad {
+				if !strings.HasPrefix(got[k], Unreadable) {
+					t.Errorf("%s = %q, want unreadable", k, got[k])
+				}
+			}
+			for _, k := range tc.absent {
+				if !strings.HasPrefix(got[k], Absent) || len(got[k]) <= len(Absent) {
+					t.Errorf("%s = %q, want absent with a reason", k, got[k])
+				}
+			}
+		})
 	}
 }
