@@ -413,11 +413,13 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 //     left out;
 //   - the identifier of a root= or resume= given by UUID or PARTUUID (each
 //     installed node's filesystems have their own): "root=UUID=*";
-//   - a netbooted node's identity: PXELINUX's BOOTIF= (the boot NIC's MAC),
+//   - a netbooted node's identity: PXELINUX's BOOTIF= (the boot NIC's MAC)
+//     and SYSAPPEND's SYSUUID=, SYSSERIAL=, MBSERIAL= and MBASSET=,
 //     hostname= and systemd.hostname=, any MAC address (dracut's ifname=,
 //     ip='s macaddr), and the client address and hostname of a static
 //     ip= (the kernel's and dracut's <client>:<server>:<gateway>:<netmask>:
-//     <hostname>:<device>:<autoconf>…): "*".
+//     <hostname>:<device>:<autoconf>…, however many fields are given, as
+//     PXELINUX's IPAPPEND 1 gives four; an IPv6 address in brackets): "*".
 //
 // Every other parameter, and the rest of those (gateway, netmask, device,
 // autoconf), is kept as is, in its order.
@@ -435,20 +437,12 @@ func bootParams(args []string) string {
 					val = p + "*"
 				}
 			}
-		case "BOOTIF", "hostname", "systemd.hostname":
+		case "BOOTIF", "SYSUUID", "SYSSERIAL", "MBSERIAL", "MBASSET", "hostname", "systemd.hostname":
 			val = "*"
+		case "ip":
+			val = macAddress.ReplaceAllString(staticIP(val), "*")
 		default:
 			val = macAddress.ReplaceAllString(val, "*")
-		}
-		if key == "ip" {
-			if f := strings.Split(val, ":"); len(f) >= 5 && (f[0] == "" || net.ParseIP(f[0]) != nil) {
-				for _, i := range []int{0, 4} {
-					if f[i] != "" {
-						f[i] = "*"
-					}
-				}
-				val = strings.Join(f, ":")
-			}
 		}
 		if val != "" || strings.Contains(a, "=") {
 			a = key + "=" + val
@@ -456,6 +450,36 @@ func bootParams(args []string) string {
 		out = append(out, a)
 	}
 	return strings.Join(out, " ")
+}
+
+// staticIP is an ip= value with its client address (field 0, when an
+// address) and, when the client is an address or empty, its hostname
+// (field 4) written "*"; an address in brackets (IPv6) is one field.
+// Another form (ip=dhcp, ip=eth0:dhcp) is kept.
+func staticIP(val string) string {
+	var f []string
+	for rest := val; ; {
+		end := 0
+		if strings.HasPrefix(rest, "[") {
+			end = max(strings.IndexByte(rest, ']'), 0)
+		}
+		i := strings.IndexByte(rest[end:], ':')
+		if i < 0 {
+			f = append(f, rest)
+			break
+		}
+		f, rest = append(f, rest[:end+i]), rest[end+i+1:]
+	}
+	client := strings.TrimSuffix(strings.TrimPrefix(f[0], "["), "]")
+	if f[0] != "" && net.ParseIP(client) == nil {
+		return val
+	}
+	for _, i := range []int{0, 4} {
+		if i < len(f) && f[i] != "" {
+			f[i] = "*"
+		}
+	}
+	return strings.Join(f, ":")
 }
 
 // macAddress is a MAC address written with colons or dashes.

@@ -414,3 +414,46 @@ func TestAbsentIsNotUnreadable(t *testing.T) {
 		})
 	}
 }
+
+// TestBootParamsNetbootForms: the other ways a netbooted node's identity
+// reaches its command line — PXELINUX's IPAPPEND 1 (ip= of four fields),
+// dracut's static IPv6 (the client in brackets), PXELINUX's SYSAPPEND
+// (SYSUUID=, SYSSERIAL=, MBSERIAL=, MBASSET=) — give two nodes of one
+// image the same boot_params; a real difference beside them still differs.
+func TestBootParamsNetbootForms(t *testing.T) {
+	bp := func(s string) string { return bootParams(strings.Fields(s)) }
+	for _, tc := range []struct {
+		name       string
+		a, b, diff string // a and b: two nodes; diff: a real change of a
+	}{
+		{"IPAPPEND 1",
+			"ip=10.0.0.5:10.0.0.1:10.0.0.1:255.255.255.0 root=/dev/nfs ro",
+			"ip=10.0.0.6:10.0.0.1:10.0.0.1:255.255.255.0 root=/dev/nfs ro",
+			"ip=10.0.0.5:10.0.0.1:10.0.0.254:255.255.255.0 root=/dev/nfs ro"},
+		{"client address only",
+			"ip=10.0.0.5 ro", "ip=10.0.0.6 ro", "ip=10.0.0.5 ro iommu=pt"},
+		{"dracut static IPv6",
+			"ip=[fd00::5]::[fd00::1]:64:gpu-005:eth0:none ro",
+			"ip=[fd00::6]::[fd00::1]:64:gpu-006:eth0:none ro",
+			"ip=[fd00::5]::[fd00::1]:64:gpu-005:eth0:dhcp6 ro"},
+		{"SYSAPPEND",
+			"SYSUUID=4c4c4544-0035-3510-8052-b4c04f4e5332 SYSSERIAL=5Q8RN52 MBSERIAL=.5Q8RN52.CNFCP0019D0123. MBASSET=A-00123 SYSPRODUCT=PowerEdge_XE9680 ro",
+			"SYSUUID=4c4c4544-0036-3610-8052-b4c04f4e5333 SYSSERIAL=6Q8RN52 MBSERIAL=.6Q8RN52.CNFCP0019D0456. MBASSET=A-00456 SYSPRODUCT=PowerEdge_XE9680 ro",
+			"SYSUUID=4c4c4544-0035-3510-8052-b4c04f4e5332 SYSSERIAL=5Q8RN52 MBSERIAL=.5Q8RN52.CNFCP0019D0123. MBASSET=A-00123 SYSPRODUCT=PowerEdge_R760 ro"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if a, b := bp(tc.a), bp(tc.b); a != b {
+				t.Errorf("one image, different boot_params: %q vs %q", a, b)
+			}
+			if a, d := bp(tc.a), bp(tc.diff); a == d {
+				t.Errorf("a real change kept boot_params %q", a)
+			}
+		})
+	}
+	// Forms that are not a static address are kept as they are.
+	for _, s := range []string{"ip=dhcp", "ip=eth0:dhcp", "ip=[fd00::5"} {
+		if got := bp(s); got != s {
+			t.Errorf("bootParams(%q) = %q, want it kept", s, got)
+		}
+	}
+}
