@@ -47,6 +47,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/procfs"
@@ -617,8 +618,15 @@ func (c *Check) command(ctx context.Context, argv []string, re *regexp.Regexp) (
 	return strings.TrimSpace(string(b)), nil
 }
 
+// runCommand runs argv in its own process group; at ctx's end the whole
+// group is killed, and the output is no longer waited for after
+// commandWaitDelay (a child that escaped the group and holds the output
+// open does not hold the collection).
 func runCommand(ctx context.Context, argv []string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = commandWaitDelay
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -630,6 +638,10 @@ func runCommand(ctx context.Context, argv []string) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// commandWaitDelay is how long a command's output is waited for after its
+// collection's timeout killed it.
+const commandWaitDelay = time.Second
 
 func match(re *regexp.Regexp, b []byte) (string, error) {
 	m := re.FindSubmatch(b)

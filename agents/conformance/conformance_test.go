@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -455,5 +456,35 @@ func TestBootParamsNetbootForms(t *testing.T) {
 		if got := bp(s); got != s {
 			t.Errorf("bootParams(%q) = %q, want it kept", s, got)
 		}
+	}
+}
+
+// TestCommandTimeout: conformance.timeout bounds a command whose child
+// outlives it (the shell killed, its sleep still holding the output
+// open): the collection returns soon after the timeout with the command
+// unreadable, also when the child left the command's process group.
+func TestCommandTimeout(t *testing.T) {
+	for _, argv := range [][]string{
+		{"sh", "-c", "sleep 5; echo x"},
+		{"setsid", "sh", "-c", "sleep 5; echo x"},
+	} {
+		t.Run(argv[0], func(t *testing.T) {
+			if _, err := exec.LookPath(argv[0]); err != nil {
+				t.Skip(err)
+			}
+			c := fixture(t, "no-gpu", func(c *Config) {
+				c.Timeout = 500 * time.Millisecond
+				c.Components = []Component{{Name: "slow", Command: argv}}
+			})
+			c.run = runCommand
+			start := time.Now()
+			got := c.Collect(t.Context())
+			if took := time.Since(start); took > 2*time.Second {
+				t.Errorf("Collect took %v, want about the 500ms timeout", took)
+			}
+			if !strings.HasPrefix(got["slow"], Unreadable) {
+				t.Errorf("slow = %q, want unreadable", got["slow"])
+			}
+		})
 	}
 }
