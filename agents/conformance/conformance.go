@@ -53,6 +53,7 @@ import (
 	"github.com/prometheus/procfs"
 	"github.com/prometheus/procfs/sysfs"
 
+	"github.com/faultline/faultline/agents/topology"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	"github.com/faultline/faultline/schemas/validate"
@@ -103,11 +104,17 @@ const MaxComponents = validate.MaxMetadata - 1
 // "...", its fingerprint still taken over the whole value.
 const MaxValue = 2000
 
+// MaxFile is the most bytes of a file read for a component: a larger file
+// (an os_image_file pointed at the image itself) is unreadable, not read
+// into the agent's memory.
+const MaxFile = 64 << 10
+
 // Component is an extra component read from a file or a command.
 type Component struct {
 	// Name is the component's name ([a-z0-9_.-], at most 64 bytes).
 	Name string `toml:"name"`
-	// File is read for the value (its trimmed content); not with Command.
+	// File is read for the value (its trimmed content; a regular file of
+	// at most MaxFile bytes); not with Command.
 	File string `toml:"file"`
 	// Command is run for the value (argv, no shell; its trimmed standard
 	// output); not with File.
@@ -131,9 +138,9 @@ type Config struct {
 	Sysfs string `toml:"sysfs"`
 	// Procfs is the procfs mount point. Default "/proc".
 	Procfs string `toml:"procfs"`
-	// OSImageFile holds the OS image hash (its trimmed content). Default
-	// none; with neither it nor OSImageCommand the os_image component is
-	// "absent: not configured".
+	// OSImageFile holds the OS image hash (its trimmed content, at most
+	// MaxFile bytes). Default none; with neither it nor OSImageCommand the
+	// os_image component is "absent: not configured".
 	OSImageFile string `toml:"os_image_file"`
 	// OSImageCommand prints the OS image hash (argv, no shell). Default none.
 	OSImageCommand []string `toml:"os_image_command"`
@@ -502,12 +509,25 @@ type absentError struct{ reason string }
 
 func (e absentError) Error() string { return e.reason }
 
+// readFile is the trimmed content of a regular file of at most MaxFile
+// bytes: a FIFO (which would never end) or a device is refused.
 func (c *Check) readFile(path string) (string, error) {
-	b, err := os.ReadFile(path)
+	b, err := readCapped(path)
 	if err != nil {
 		return "", err
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+func readCapped(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+	}
+	return topology.ReadCapped(path, MaxFile)
 }
 
 // gpuDriver is the nvidia module's version; without the module, absent on
@@ -554,7 +574,7 @@ func (c *Check) vbios() (string, error) {
 	}
 	set := map[string]bool{}
 	for _, f := range dirs {
-		b, err := os.ReadFile(f)
+		b, err := readCapped(f)
 		if err != nil {
 			return "", err
 		}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -486,5 +487,42 @@ func TestCommandTimeout(t *testing.T) {
 				t.Errorf("slow = %q, want unreadable", got["slow"])
 			}
 		})
+	}
+}
+
+// TestFileCapped: os_image_file and a component's file are read only when
+// a regular file of at most MaxFile bytes: one larger (an os_image_file
+// pointed at the image itself) is not read into memory, and a FIFO
+// (which would never end) is not opened; both are unreadable at once.
+func TestFileCapped(t *testing.T) {
+	dir := t.TempDir()
+	big, fifo, exact := filepath.Join(dir, "image.img"), filepath.Join(dir, "fifo"), filepath.Join(dir, "exact")
+	if err := os.WriteFile(big, make([]byte, MaxFile+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(exact, []byte(strings.Repeat("a", MaxFile)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := fixture(t, "no-gpu", func(c *Config) {
+		c.OSImageFile = big
+		c.Components = []Component{{Name: "fifo", File: fifo}, {Name: "exact", File: exact}}
+	})
+	done := make(chan map[string]string, 1)
+	go func() { done <- c.Collect(t.Context()) }()
+	select {
+	case got := <-done:
+		for _, k := range []string{OSImage, "fifo"} {
+			if !strings.HasPrefix(got[k], Unreadable) {
+				t.Errorf("%s = %.100q (%d bytes), want unreadable", k, got[k], len(got[k]))
+			}
+		}
+		if got["exact"] != strings.Repeat("a", MaxFile) {
+			t.Errorf("a file of MaxFile bytes: %d bytes read", len(got["exact"]))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Collect hangs on a FIFO")
 	}
 }
