@@ -9,7 +9,11 @@
 //
 // Every configured component is reported: one that cannot be read has the
 // value "unreadable: <reason>", so a node whose tool broke differs from its
-// group instead of silently matching it. The check reports at start, every
+// group instead of silently matching it; one the node does not have (not
+// configured, no such hardware, its tool not installed) has the stable
+// value "absent: <reason>", a value like any other (the processor leaves a
+// report with an unreadable component out of its group's majority, not
+// one with an absent component). The check reports at start, every
 // Interval (default 6h) and whenever the agent is asked to (SIGUSR1, or
 // POST /checks/conformance/run on the agent's local endpoint), whether or
 // not the fingerprint changed: the processor treats a node without a report
@@ -33,6 +37,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -42,11 +47,13 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/procfs"
 	"github.com/prometheus/procfs/sysfs"
 
+	"github.com/faultline/faultline/agents/topology"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	"github.com/faultline/faultline/schemas/validate"
@@ -66,6 +73,10 @@ const (
 	MetaComponentPrefix = "component."
 	// Unreadable prefixes the value of a component that could not be read.
 	Unreadable = "unreadable: "
+	// Absent prefixes the value of a component the node does not have: not
+	// configured (os_image), no such hardware (no NVIDIA GPU on the PCI
+	// bus, no RDMA device), its command not installed.
+	Absent = "absent: "
 )
 
 // Built-in component names.
@@ -93,11 +104,17 @@ const MaxComponents = validate.MaxMetadata - 1
 // "...", its fingerprint still taken over the whole value.
 const MaxValue = 2000
 
+// MaxFile is the most bytes of a file read for a component: a larger file
+// (an os_image_file pointed at the image itself) is unreadable, not read
+// into the agent's memory.
+const MaxFile = 64 << 10
+
 // Component is an extra component read from a file or a command.
 type Component struct {
 	// Name is the component's name ([a-z0-9_.-], at most 64 bytes).
 	Name string `toml:"name"`
-	// File is read for the value (its trimmed content); not with Command.
+	// File is read for the value (its trimmed content; a regular file of
+	// at most MaxFile bytes); not with Command.
 	File string `toml:"file"`
 	// Command is run for the value (argv, no shell; its trimmed standard
 	// output); not with File.
@@ -121,9 +138,9 @@ type Config struct {
 	Sysfs string `toml:"sysfs"`
 	// Procfs is the procfs mount point. Default "/proc".
 	Procfs string `toml:"procfs"`
-	// OSImageFile holds the OS image hash (its trimmed content). Default
-	// none; with neither it nor OSImageCommand the os_image component is
-	// "unreadable: not configured".
+	// OSImageFile holds the OS image hash (its trimmed content, at most
+	// MaxFile bytes). Default none; with neither it nor OSImageCommand the
+	// os_image component is "absent: not configured".
 	OSImageFile string `toml:"os_image_file"`
 	// OSImageCommand prints the OS image hash (argv, no shell). Default none.
 	OSImageCommand []string `toml:"os_image_command"`
@@ -302,17 +319,24 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 func Event(comps map[string]string) *datamodels.HealthEvent {
 	fp := Fingerprint(comps)
 	md := map[string]string{MetaFingerprint: fp}
-	var bad []string
+	var bad, absent []string
 	for n, v := range comps {
 		md[MetaComponentPrefix+n] = events.Truncate(v, MaxValue)
-		if strings.HasPrefix(v, Unreadable) {
+		switch {
+		case strings.HasPrefix(v, Unreadable):
 			bad = append(bad, n)
+		case strings.HasPrefix(v, Absent):
+			absent = append(absent, n)
 		}
 	}
 	sort.Strings(bad)
+	sort.Strings(absent)
 	msg := fmt.Sprintf("conformance fingerprint %s over %d components", fp[:16], len(comps))
 	if len(bad) > 0 {
 		msg += "; unreadable: " + strings.Join(bad, ", ")
+	}
+	if len(absent) > 0 {
+		msg += "; absent: " + strings.Join(absent, ", ")
 	}
 	return &datamodels.HealthEvent{
 		Version:           1,
@@ -328,7 +352,7 @@ func Event(comps map[string]string) *datamodels.HealthEvent {
 }
 
 // Collect reads every component; one that cannot be read gets
-// "unreadable: <reason>".
+// "unreadable: <reason>", one the node does not have "absent: <reason>".
 func (c *Check) Collect(ctx context.Context) map[string]string {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
@@ -337,13 +361,17 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 		if slices.Contains(c.cfg.Disable, name) {
 			return
 		}
-		if err != nil {
+		var a absentError
+		switch {
+		case errors.As(err, &a):
+			out[name] = Absent + reason(err)
+		case err != nil:
 			out[name] = Unreadable + reason(err)
-			return
+		default:
+			out[name] = events.Printable(v)
 		}
-		out[name] = events.Printable(v)
 	}
-	v, err := c.readFile(filepath.Join(c.cfg.Sysfs, "module", "nvidia", "version"))
+	v, err := c.gpuDriver()
 	set(GPUDriver, v, err)
 	v, err = c.vbios()
 	set(GPUVBIOS, v, err)
@@ -368,7 +396,7 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 	case len(c.cfg.OSImageCommand) > 0:
 		v, err = c.command(ctx, c.cfg.OSImageCommand, nil)
 	default:
-		v, err = "", errors.New("not configured (conformance.os_image_file or conformance.os_image_command)")
+		v, err = "", absentError{"not configured (conformance.os_image_file or conformance.os_image_command)"}
 	}
 	set(OSImage, v, err)
 	for _, x := range c.cfg.Components {
@@ -393,11 +421,13 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 //     left out;
 //   - the identifier of a root= or resume= given by UUID or PARTUUID (each
 //     installed node's filesystems have their own): "root=UUID=*";
-//   - a netbooted node's identity: PXELINUX's BOOTIF= (the boot NIC's MAC),
+//   - a netbooted node's identity: PXELINUX's BOOTIF= (the boot NIC's MAC)
+//     and SYSAPPEND's SYSUUID=, SYSSERIAL=, MBSERIAL= and MBASSET=,
 //     hostname= and systemd.hostname=, any MAC address (dracut's ifname=,
 //     ip='s macaddr), and the client address and hostname of a static
 //     ip= (the kernel's and dracut's <client>:<server>:<gateway>:<netmask>:
-//     <hostname>:<device>:<autoconf>…): "*".
+//     <hostname>:<device>:<autoconf>…, however many fields are given, as
+//     PXELINUX's IPAPPEND 1 gives four; an IPv6 address in brackets): "*".
 //
 // Every other parameter, and the rest of those (gateway, netmask, device,
 // autoconf), is kept as is, in its order.
@@ -415,20 +445,12 @@ func bootParams(args []string) string {
 					val = p + "*"
 				}
 			}
-		case "BOOTIF", "hostname", "systemd.hostname":
+		case "BOOTIF", "SYSUUID", "SYSSERIAL", "MBSERIAL", "MBASSET", "hostname", "systemd.hostname":
 			val = "*"
+		case "ip":
+			val = macAddress.ReplaceAllString(staticIP(val), "*")
 		default:
 			val = macAddress.ReplaceAllString(val, "*")
-		}
-		if key == "ip" {
-			if f := strings.Split(val, ":"); len(f) >= 5 && (f[0] == "" || net.ParseIP(f[0]) != nil) {
-				for _, i := range []int{0, 4} {
-					if f[i] != "" {
-						f[i] = "*"
-					}
-				}
-				val = strings.Join(f, ":")
-			}
 		}
 		if val != "" || strings.Contains(a, "=") {
 			a = key + "=" + val
@@ -436,6 +458,36 @@ func bootParams(args []string) string {
 		out = append(out, a)
 	}
 	return strings.Join(out, " ")
+}
+
+// staticIP is an ip= value with its client address (field 0, when an
+// address) and, when the client is an address or empty, its hostname
+// (field 4) written "*"; an address in brackets (IPv6) is one field.
+// Another form (ip=dhcp, ip=eth0:dhcp) is kept.
+func staticIP(val string) string {
+	var f []string
+	for rest := val; ; {
+		end := 0
+		if strings.HasPrefix(rest, "[") {
+			end = max(strings.IndexByte(rest, ']'), 0)
+		}
+		i := strings.IndexByte(rest[end:], ':')
+		if i < 0 {
+			f = append(f, rest)
+			break
+		}
+		f, rest = append(f, rest[:end+i]), rest[end+i+1:]
+	}
+	client := strings.TrimSuffix(strings.TrimPrefix(f[0], "["), "]")
+	if f[0] != "" && net.ParseIP(client) == nil {
+		return val
+	}
+	for _, i := range []int{0, 4} {
+		if i < len(f) && f[i] != "" {
+			f[i] = "*"
+		}
+	}
+	return strings.Join(f, ":")
 }
 
 // macAddress is a MAC address written with colons or dashes.
@@ -451,12 +503,60 @@ func deref(d *sysfs.DMIClass, err error, f func(*sysfs.DMIClass) *string, file s
 	return "", fmt.Errorf("dmi: no %s", file)
 }
 
+// absentError is the reason a component is absent from the node (reported
+// Absent + reason) rather than unreadable.
+type absentError struct{ reason string }
+
+func (e absentError) Error() string { return e.reason }
+
+// readFile is the trimmed content of a regular file of at most MaxFile
+// bytes: a FIFO (which would never end) or a device is refused.
 func (c *Check) readFile(path string) (string, error) {
-	b, err := os.ReadFile(path)
+	b, err := readCapped(path)
 	if err != nil {
 		return "", err
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+func readCapped(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+	}
+	return topology.ReadCapped(path, MaxFile)
+}
+
+// gpuDriver is the nvidia module's version; without the module, absent on
+// a node without NVIDIA GPU and unreadable on one with (the driver not
+// loaded yet after a reboot, or failing to load).
+func (c *Check) gpuDriver() (string, error) {
+	v, err := c.readFile(filepath.Join(c.cfg.Sysfs, "module", "nvidia", "version"))
+	if errors.Is(err, fs.ErrNotExist) {
+		if nerr := c.noGPU(); nerr != nil {
+			return "", nerr
+		}
+		return "", fmt.Errorf("nvidia module not loaded, NVIDIA GPU on the PCI bus: %w", err)
+	}
+	return v, err
+}
+
+// noGPU is an absentError when no NVIDIA GPU (vendor 0x10de, display
+// class 0x03xxxx) is on the node's PCI bus (<sysfs>/bus/pci/devices), nil
+// when one is. An NVSwitch (a bridge) is no GPU.
+func (c *Check) noGPU() error {
+	devs, _ := filepath.Glob(filepath.Join(c.cfg.Sysfs, "bus", "pci", "devices", "*"))
+	for _, d := range devs {
+		vendor, verr := c.readFile(filepath.Join(d, "vendor"))
+		class, cerr := c.readFile(filepath.Join(d, "class"))
+		if verr == nil && cerr == nil && vendor == "0x10de" && strings.HasPrefix(class, "0x03") {
+			return nil
+		}
+	}
+	return absentError{"no NVIDIA GPU"}
 }
 
 // vbios is the distinct VBIOS versions of the node's NVIDIA GPUs, sorted,
@@ -467,11 +567,14 @@ func (c *Check) vbios() (string, error) {
 		return "", err
 	}
 	if len(dirs) == 0 {
-		return "", fmt.Errorf("no GPU in %s", filepath.Join(c.cfg.Procfs, "driver", "nvidia", "gpus"))
+		if nerr := c.noGPU(); nerr != nil {
+			return "", nerr
+		}
+		return "", fmt.Errorf("no GPU in %s, NVIDIA GPU on the PCI bus", filepath.Join(c.cfg.Procfs, "driver", "nvidia", "gpus"))
 	}
 	set := map[string]bool{}
 	for _, f := range dirs {
-		b, err := os.ReadFile(f)
+		b, err := readCapped(f)
 		if err != nil {
 			return "", err
 		}
@@ -495,11 +598,11 @@ var vbiosRE = regexp.MustCompile(`(?m)^Video BIOS:\s*(\S+)`)
 // a drift from the node's group, for a fault the NIC check reports.
 func (c *Check) nicFirmware() (string, error) {
 	names, err := c.sys.InfiniBandClassDevices()
+	if errors.Is(err, fs.ErrNotExist) || err == nil && len(names) == 0 {
+		return "", absentError{"no InfiniBand devices"}
+	}
 	if err != nil {
 		return "", err
-	}
-	if len(names) == 0 {
-		return "", errors.New("no RDMA device in class/infiniband")
 	}
 	set := map[string]bool{}
 	for _, n := range names {
@@ -523,6 +626,9 @@ func joinSet(set map[string]bool) string {
 
 func (c *Check) command(ctx context.Context, argv []string, re *regexp.Regexp) (string, error) {
 	b, err := c.run(ctx, argv)
+	if errors.Is(err, exec.ErrNotFound) {
+		return "", absentError{argv[0] + " not installed"}
+	}
 	if err != nil {
 		return "", err
 	}
@@ -532,8 +638,15 @@ func (c *Check) command(ctx context.Context, argv []string, re *regexp.Regexp) (
 	return strings.TrimSpace(string(b)), nil
 }
 
+// runCommand runs argv in its own process group; at ctx's end the whole
+// group is killed, and the output is no longer waited for after
+// commandWaitDelay (a child that escaped the group and holds the output
+// open does not hold the collection).
 func runCommand(ctx context.Context, argv []string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = commandWaitDelay
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -545,6 +658,10 @@ func runCommand(ctx context.Context, argv []string) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// commandWaitDelay is how long a command's output is waited for after its
+// collection's timeout killed it.
+const commandWaitDelay = time.Second
 
 func match(re *regexp.Regexp, b []byte) (string, error) {
 	m := re.FindSubmatch(b)

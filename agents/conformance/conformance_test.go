@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,12 +45,13 @@ func fixture(t *testing.T, tree string, mod func(*Config)) *Check {
 
 func TestCollect(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		tree string
-		mod  func(*Config)
-		want map[string]string // subset
-		bad  []string          // components that must be unreadable
-		gone []string          // components that must be absent
+		name   string
+		tree   string
+		mod    func(*Config)
+		want   map[string]string // subset
+		bad    []string          // components that must be unreadable
+		absent []string          // components that must be reported absent
+		gone   []string          // components that must be left out
 	}{
 		{name: "h100 reference", tree: "h100-a", want: map[string]string{
 			GPUDriver: "550.54.14", GPUVBIOS: "96.00.89.00.01", NICFirmware: "28.39.1002",
@@ -57,13 +60,13 @@ func TestCollect(t *testing.T) {
 			OSImage:    "sha256:4b1f0c8e2d7a9b3c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5",
 		}},
 		{name: "mixed NIC firmware is the sorted set", tree: "h100-b", want: map[string]string{NICFirmware: "28.39.1002,28.41.1000"}},
-		{name: "no GPU, no RDMA: unreadable, not dropped", tree: "no-gpu", bad: []string{GPUDriver, GPUVBIOS, NICFirmware}},
-		{name: "os image not configured", tree: "h100-a", mod: func(c *Config) { c.OSImageFile = "" }, bad: []string{OSImage}},
+		{name: "no GPU, no RDMA: absent, not dropped", tree: "no-gpu", absent: []string{GPUDriver, GPUVBIOS, NICFirmware}},
+		{name: "os image not configured", tree: "h100-a", mod: func(c *Config) { c.OSImageFile = "" }, absent: []string{OSImage}},
 		{name: "os image from a command", tree: "h100-a", mod: func(c *Config) { c.OSImageFile, c.OSImageCommand = "", []string{"echo", "sha256:abc"} },
 			want: map[string]string{OSImage: "sha256:abc"}},
 		{name: "bmc command failing", tree: "h100-a", mod: func(c *Config) { c.BMCCommand = []string{"broken"} }, bad: []string{BMCVersion}},
 		{name: "bmc off", tree: "h100-a", mod: func(c *Config) { c.BMCCommand = nil }, gone: []string{BMCVersion}},
-		{name: "disabled built-in", tree: "no-gpu", mod: func(c *Config) { c.Disable = []string{GPUVBIOS} }, gone: []string{GPUVBIOS}, bad: []string{GPUDriver}},
+		{name: "disabled built-in", tree: "no-gpu", mod: func(c *Config) { c.Disable = []string{GPUVBIOS} }, gone: []string{GPUVBIOS}, absent: []string{GPUDriver}},
 		{name: "extra components", tree: "h100-a", mod: func(c *Config) {
 			c.Components = []Component{
 				{Name: "product", File: "testdata/h100-a/sys/class/dmi/id/product_name"},
@@ -83,6 +86,11 @@ func TestCollect(t *testing.T) {
 			for _, k := range tc.bad {
 				if !strings.HasPrefix(got[k], Unreadable) || len(got[k]) <= len(Unreadable) {
 					t.Errorf("%s = %q, want unreadable with a reason", k, got[k])
+				}
+			}
+			for _, k := range tc.absent {
+				if !strings.HasPrefix(got[k], Absent) || len(got[k]) <= len(Absent) {
+					t.Errorf("%s = %q, want absent with a reason", k, got[k])
 				}
 			}
 			for _, k := range tc.gone {
@@ -123,7 +131,7 @@ func contains(s []string, v string) bool {
 }
 
 func TestEvent(t *testing.T) {
-	c := fixture(t, "no-gpu", nil)
+	c := fixture(t, "no-gpu", func(c *Config) { c.BMCCommand = []string{"broken"} })
 	evs, err := c.Check(context.Background())
 	if err != nil || len(evs) != 1 {
 		t.Fatalf("Check = %d events, %v", len(evs), err)
@@ -137,8 +145,8 @@ func TestEvent(t *testing.T) {
 	if md[MetaFingerprint] != Fingerprint(comps) || len(md[MetaFingerprint]) != 64 {
 		t.Fatalf("fingerprint %q does not match components %v", md[MetaFingerprint], comps)
 	}
-	if !strings.Contains(ev.Message, "unreadable: gpu_driver, gpu_vbios, nic_firmware") {
-		t.Errorf("message %q does not name the unreadable components", ev.Message)
+	if !strings.Contains(ev.Message, "unreadable: bmc_version; absent: gpu_driver, gpu_vbios, nic_firmware") {
+		t.Errorf("message %q does not name the unreadable and absent components", ev.Message)
 	}
 }
 
@@ -344,5 +352,177 @@ func TestBootParamsPerNodeIdentity(t *testing.T) {
 		if Fingerprint(c) == Fingerprint(a) {
 			t.Errorf("boot_params %q: a real change kept the fingerprint", c[BootParams])
 		}
+	}
+}
+
+// TestAbsentIsNotUnreadable: what a node does not have — a GPU, an RDMA
+// device, a tool, an os_image source the operator never configured — is
+// the stable value "absent: …", which the processor counts in its group's
+// majority; "unreadable: …" (left out of it) is kept for a read that
+// failed: a GPU on the PCI bus whose driver is not loaded (yet), a tool
+// that failed.
+func TestAbsentIsNotUnreadable(t *testing.T) {
+	pci := func(t *testing.T, class string) string {
+		t.Helper()
+		sys := t.TempDir()
+		dev := filepath.Join(sys, "bus/pci/devices/0000:18:00.0")
+		if err := os.MkdirAll(dev, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for f, v := range map[string]string{"vendor": "0x10de\n", "class": class + "\n"} {
+			if err := os.WriteFile(filepath.Join(dev, f), []byte(v), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.MkdirAll(filepath.Join(sys, "class/infiniband"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return sys
+	}
+	for _, tc := range []struct {
+		name        string
+		mod         func(t *testing.T, c *Config)
+		run         bool // the real runCommand
+		bad, absent []string
+	}{
+		{name: "GPU on the PCI bus, driver not loaded", mod: func(t *testing.T, c *Config) { c.Sysfs = pci(t, "0x030200") },
+			bad: []string{GPUDriver, GPUVBIOS}},
+		{name: "only an NVSwitch from NVIDIA; empty class/infiniband", mod: func(t *testing.T, c *Config) { c.Sysfs = pci(t, "0x068000") },
+			absent: []string{GPUDriver, GPUVBIOS, NICFirmware}},
+		{name: "tool not installed", run: true, mod: func(t *testing.T, c *Config) {
+			c.BMCCommand = []string{"faultline-no-such-tool", "mc", "info"}
+			c.Components = []Component{{Name: "ofed", Command: []string{"faultline-no-such-tool"}}}
+		}, absent: []string{BMCVersion, "ofed"}},
+		{name: "tool failing", run: true, mod: func(t *testing.T, c *Config) { c.BMCCommand = []string{"sh", "-c", "exit 1"} },
+			bad: []string{BMCVersion}},
+		{name: "os_image not configured", mod: func(t *testing.T, c *Config) { c.OSImageFile = "" }, absent: []string{OSImage}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fixture(t, "no-gpu", func(c *Config) { tc.mod(t, c) })
+			if tc.run {
+				c.run = runCommand
+			}
+			got := c.Collect(t.Context())
+			for _, k := range tc.bad {
+				if !strings.HasPrefix(got[k], Unreadable) {
+					t.Errorf("%s = %q, want unreadable", k, got[k])
+				}
+			}
+			for _, k := range tc.absent {
+				if !strings.HasPrefix(got[k], Absent) || len(got[k]) <= len(Absent) {
+					t.Errorf("%s = %q, want absent with a reason", k, got[k])
+				}
+			}
+		})
+	}
+}
+
+// TestBootParamsNetbootForms: the other ways a netbooted node's identity
+// reaches its command line — PXELINUX's IPAPPEND 1 (ip= of four fields),
+// dracut's static IPv6 (the client in brackets), PXELINUX's SYSAPPEND
+// (SYSUUID=, SYSSERIAL=, MBSERIAL=, MBASSET=) — give two nodes of one
+// image the same boot_params; a real difference beside them still differs.
+func TestBootParamsNetbootForms(t *testing.T) {
+	bp := func(s string) string { return bootParams(strings.Fields(s)) }
+	for _, tc := range []struct {
+		name       string
+		a, b, diff string // a and b: two nodes; diff: a real change of a
+	}{
+		{"IPAPPEND 1",
+			"ip=10.0.0.5:10.0.0.1:10.0.0.1:255.255.255.0 root=/dev/nfs ro",
+			"ip=10.0.0.6:10.0.0.1:10.0.0.1:255.255.255.0 root=/dev/nfs ro",
+			"ip=10.0.0.5:10.0.0.1:10.0.0.254:255.255.255.0 root=/dev/nfs ro"},
+		{"client address only",
+			"ip=10.0.0.5 ro", "ip=10.0.0.6 ro", "ip=10.0.0.5 ro iommu=pt"},
+		{"dracut static IPv6",
+			"ip=[fd00::5]::[fd00::1]:64:gpu-005:eth0:none ro",
+			"ip=[fd00::6]::[fd00::1]:64:gpu-006:eth0:none ro",
+			"ip=[fd00::5]::[fd00::1]:64:gpu-005:eth0:dhcp6 ro"},
+		{"SYSAPPEND",
+			"SYSUUID=4c4c4544-0035-3510-8052-b4c04f4e5332 SYSSERIAL=5Q8RN52 MBSERIAL=.5Q8RN52.CNFCP0019D0123. MBASSET=A-00123 SYSPRODUCT=PowerEdge_XE9680 ro",
+			"SYSUUID=4c4c4544-0036-3610-8052-b4c04f4e5333 SYSSERIAL=6Q8RN52 MBSERIAL=.6Q8RN52.CNFCP0019D0456. MBASSET=A-00456 SYSPRODUCT=PowerEdge_XE9680 ro",
+			"SYSUUID=4c4c4544-0035-3510-8052-b4c04f4e5332 SYSSERIAL=5Q8RN52 MBSERIAL=.5Q8RN52.CNFCP0019D0123. MBASSET=A-00123 SYSPRODUCT=PowerEdge_R760 ro"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if a, b := bp(tc.a), bp(tc.b); a != b {
+				t.Errorf("one image, different boot_params: %q vs %q", a, b)
+			}
+			if a, d := bp(tc.a), bp(tc.diff); a == d {
+				t.Errorf("a real change kept boot_params %q", a)
+			}
+		})
+	}
+	// Forms that are not a static address are kept as they are.
+	for _, s := range []string{"ip=dhcp", "ip=eth0:dhcp", "ip=[fd00::5"} {
+		if got := bp(s); got != s {
+			t.Errorf("bootParams(%q) = %q, want it kept", s, got)
+		}
+	}
+}
+
+// TestCommandTimeout: conformance.timeout bounds a command whose child
+// outlives it (the shell killed, its sleep still holding the output
+// open): the collection returns soon after the timeout with the command
+// unreadable, also when the child left the command's process group.
+func TestCommandTimeout(t *testing.T) {
+	for _, argv := range [][]string{
+		{"sh", "-c", "sleep 5; echo x"},
+		{"setsid", "sh", "-c", "sleep 5; echo x"},
+	} {
+		t.Run(argv[0], func(t *testing.T) {
+			if _, err := exec.LookPath(argv[0]); err != nil {
+				t.Skip(err)
+			}
+			c := fixture(t, "no-gpu", func(c *Config) {
+				c.Timeout = 500 * time.Millisecond
+				c.Components = []Component{{Name: "slow", Command: argv}}
+			})
+			c.run = runCommand
+			start := time.Now()
+			got := c.Collect(t.Context())
+			if took := time.Since(start); took > 2*time.Second {
+				t.Errorf("Collect took %v, want about the 500ms timeout", took)
+			}
+			if !strings.HasPrefix(got["slow"], Unreadable) {
+				t.Errorf("slow = %q, want unreadable", got["slow"])
+			}
+		})
+	}
+}
+
+// TestFileCapped: os_image_file and a component's file are read only when
+// a regular file of at most MaxFile bytes: one larger (an os_image_file
+// pointed at the image itself) is not read into memory, and a FIFO
+// (which would never end) is not opened; both are unreadable at once.
+func TestFileCapped(t *testing.T) {
+	dir := t.TempDir()
+	big, fifo, exact := filepath.Join(dir, "image.img"), filepath.Join(dir, "fifo"), filepath.Join(dir, "exact")
+	if err := os.WriteFile(big, make([]byte, MaxFile+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(exact, []byte(strings.Repeat("a", MaxFile)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := fixture(t, "no-gpu", func(c *Config) {
+		c.OSImageFile = big
+		c.Components = []Component{{Name: "fifo", File: fifo}, {Name: "exact", File: exact}}
+	})
+	done := make(chan map[string]string, 1)
+	go func() { done <- c.Collect(t.Context()) }()
+	select {
+	case got := <-done:
+		for _, k := range []string{OSImage, "fifo"} {
+			if !strings.HasPrefix(got[k], Unreadable) {
+				t.Errorf("%s = %.100q (%d bytes), want unreadable", k, got[k], len(got[k]))
+			}
+		}
+		if got["exact"] != strings.Repeat("a", MaxFile) {
+			t.Errorf("a file of MaxFile bytes: %d bytes read", len(got["exact"]))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Collect hangs on a FIFO")
 	}
 }

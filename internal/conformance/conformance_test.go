@@ -2,6 +2,8 @@ package conformance
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -89,6 +91,55 @@ func TestEvaluate(t *testing.T) {
 func TestUnreadablePattern(t *testing.T) {
 	if got := strings.TrimSuffix(unreadablePattern, "%"); got != agentconf.Unreadable {
 		t.Fatalf("pattern %q, agent writes %q", unreadablePattern, agentconf.Unreadable)
+	}
+}
+
+// TestDefaultInstallMajority: agents as the Helm chart configures them
+// (no os_image_file or os_image_command, no bmc_command) on GPU nodes, and
+// on CPU-only Ethernet nodes (no GPU, no RDMA device), report what they do
+// not have as a stable value, so their reports vote: the one node on
+// another GPU driver (kernel) is drifted, the others conforming. Partial is
+// what Latest computes (a component value LIKE unreadablePattern).
+func TestDefaultInstallMajority(t *testing.T) {
+	for _, tc := range []struct{ tree, file, other string }{
+		{"h100-a", "sys/module/nvidia/version", "550.90.07"},
+		{"no-gpu", "proc/sys/kernel/osrelease", "6.8.0-50-generic"},
+	} {
+		t.Run(tc.tree, func(t *testing.T) {
+			fixture := filepath.Join("..", "..", "agents", "conformance", "testdata", tc.tree)
+			other := t.TempDir()
+			if err := os.CopyFS(other, os.DirFS(fixture)); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(other, tc.file), []byte(tc.other+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			report := func(node, root string) *Report {
+				cfg := agentconf.DefaultConfig()
+				cfg.Sysfs, cfg.Procfs, cfg.BMCCommand = filepath.Join(root, "sys"), filepath.Join(root, "proc"), nil
+				c, err := agentconf.New(cfg, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				comps := c.Collect(t.Context())
+				r := &Report{Node: node, Fingerprint: agentconf.Fingerprint(comps), Components: comps}
+				for _, v := range comps {
+					r.Partial = r.Partial || strings.HasPrefix(v, strings.TrimSuffix(unreadablePattern, "%"))
+				}
+				return r
+			}
+			var members []Member
+			for i := 1; i <= 4; i++ {
+				members = append(members, Member{Node: fmt.Sprintf("n%d", i), Report: report(fmt.Sprintf("n%d", i), fixture)})
+			}
+			members = append(members, Member{Node: "n5", Report: report("n5", other)})
+			want := []State{Conforming, Conforming, Conforming, Conforming, Drifted}
+			for i, v := range Evaluate(members, "") {
+				if v.State != want[i] {
+					t.Errorf("%s: %s (components %v), want %s", v.Node, v.State, members[i].Report.Components, want[i])
+				}
+			}
+		})
 	}
 }
 
