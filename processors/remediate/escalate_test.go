@@ -3,10 +3,12 @@ package remediate
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kgo"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -16,6 +18,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/requeue"
 	"github.com/faultline/faultline/schemas/events"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -86,5 +89,33 @@ func TestJoinOfADeletedResourceIsDecidedAgain(t *testing.T) {
 	_, _, err = h.join(context.Background(), &clusters.Client{Name: cluster, Dynamic: dyn}, tr, tm, dyn.Resource(tm.gvr), nodeGroup{node: "n1", group: tm.Group}, o)
 	if !apierrors.IsConflict(err) {
 		t.Fatalf("join of a deleted resource: %v, want a conflict (decided again)", err)
+	}
+}
+
+// TestJoinAtALaterLookIsAudited: a trigger that joins a remediation in
+// progress at a later look (it waited for a remediation of other GPUs,
+// then another fault's was created for its GPUs too) says it joined;
+// before, only a first look or one after trouble did, and the audit trail
+// had no record of the join (no server: client-go's fake dynamic client).
+func TestJoinAtALaterLookIsAudited(t *testing.T) {
+	h, err := New(DefaultConfig(), clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog, Now: time.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm := h.cfg.byAction["RESTART_VM"]
+	o := &unstructured.Unstructured{}
+	o.SetAPIVersion(tm.gvr.GroupVersion().String())
+	o.SetKind(tm.kind)
+	o.SetName("maintenance-n1-0")
+	o.SetAnnotations(map[string]string{AnnotationTriggers: "ev-1", AnnotationCreated: time.Now().UTC().Format(time.RFC3339Nano)})
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{tm.gvr: tm.kind + "List"}, o)
+	later := &kgo.Record{Headers: []kgo.RecordHeader{{Key: requeue.HeaderAttempt, Value: []byte("3")}}}
+	tr := trigger{cluster: cluster, node: "n1", id: "ev-3", rec: later, src: &faultlinev1.Action{RecommendedAction: "RESTART_VM"}}
+	acts, again, err := h.join(context.Background(), &clusters.Client{Name: cluster, Dynamic: dyn}, tr, tm, dyn.Resource(tm.gvr), nodeGroup{node: "n1", group: tm.Group}, o)
+	if err != nil || again.IsZero() {
+		t.Fatalf("join: %v, next look %v, %v", err, again, acts)
+	}
+	if len(acts) != 1 || acts[0].GetOutcome() != events.OutcomeInProgress || !strings.HasPrefix(acts[0].GetReason(), "joined ") {
+		t.Fatalf("join at a later look said %v, want the joined record", acts)
 	}
 }

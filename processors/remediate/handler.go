@@ -503,7 +503,7 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 	// Already ours (a retry, a replay, or a second replica)?
 	for i := range items {
 		if slices.Contains(triggersOf(&items[i]), t.id) {
-			return h.follow(ctx, cl, t, tm, &items[i])
+			return h.follow(ctx, cl, t, tm, &items[i], false)
 		}
 	}
 	// The resources made before the node's Node object was created were
@@ -516,7 +516,7 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 	// trimmed from the list, or it was late)?
 	if n := len(items); n > 0 && !t.at().IsZero() && !t.at().After(coversUntil(&items[n-1])) && serves(tm, &items[n-1], d) {
 		if st, _ := h.status(tm, &items[n-1]); st != inProgress {
-			return h.follow(ctx, cl, t, tm, &items[n-1])
+			return h.follow(ctx, cl, t, tm, &items[n-1], false)
 		}
 	}
 	// Answered by a remediation that succeeded and was started after the
@@ -526,7 +526,7 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 	if fa := t.faultAt(); !fa.IsZero() {
 		for i := len(items) - 1; i >= 0 && createdAt(&items[i]).After(fa); i-- {
 			if st, _ := h.status(tm, &items[i]); st == completed && serves(tm, &items[i], d) {
-				return h.follow(ctx, cl, t, tm, &items[i])
+				return h.follow(ctx, cl, t, tm, &items[i], false)
 			}
 		}
 	}
@@ -628,7 +628,7 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 				return nil, time.Time{}, fmt.Errorf("get %s %s: %w", tm.kind, d.Name, gerr)
 			}
 			if slices.Contains(triggersOf(cur), t.id) {
-				return h.follow(ctx, cl, t, tm, cur)
+				return h.follow(ctx, cl, t, tm, cur, false)
 			}
 			if st, _ := h.status(tm, cur); st == inProgress {
 				if !serves(tm, cur, d) {
@@ -753,7 +753,8 @@ func (h *Handler) resource(dyn dynamic.Interface, tm *Template) dynamic.Resource
 
 // follow reports on the trigger's own resource: the result once its
 // condition says so, else the applied record again (same id) and a requeue.
-func (h *Handler) follow(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, o *unstructured.Unstructured) ([]*faultlinev1.Action, time.Time, error) {
+// joined: this step added the trigger to o (join).
+func (h *Handler) follow(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, o *unstructured.Unstructured, joined bool) ([]*faultlinev1.Action, time.Time, error) {
 	st, why := h.status(tm, o)
 	ref := tm.kind + "/" + o.GetName()
 	switch st {
@@ -775,10 +776,11 @@ func (h *Handler) follow(ctx context.Context, cl *clusters.Client, t trigger, tm
 		return []*faultlinev1.Action{a}, time.Time{}, nil
 	}
 	var acts []*faultlinev1.Action
-	// Said at the first look (a replay says it again, same id) and after
-	// a step that failed: it may have been this trigger's create or join,
-	// taken by the apiserver and its answer lost.
-	if requeue.Attempt(t.rec) == 0 || requeue.AfterTrouble(t.rec) {
+	// Said by the step that joined, at the first look (a replay says it
+	// again, same id) and after a step that failed: it may have been this
+	// trigger's create or join, taken by the apiserver and its answer lost.
+	// A trigger that waited for another remediation joins at a later look.
+	if joined || requeue.Attempt(t.rec) == 0 || requeue.AfterTrouble(t.rec) {
 		kind, outcome, reason := events.KindRemediate, events.OutcomeApplied, "created "+ref
 		if o.GetAnnotations()[AnnotationTriggers] != t.id && !strings.HasPrefix(o.GetAnnotations()[AnnotationTriggers], t.id+",") {
 			outcome, reason = events.OutcomeInProgress, "joined "+ref+": an equivalent remediation is in progress"
@@ -875,7 +877,7 @@ func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *
 	}
 	h.caches.wrote(g, out.GetName(), out.GetResourceVersion())
 	h.m.joined.WithLabelValues(t.cluster, tm.Group).Inc()
-	return h.follow(ctx, cl, t, tm, out)
+	return h.follow(ctx, cl, t, tm, out, true)
 }
 
 // escalate records CONTACT_SUPPORT for the node: an escalate action and an
