@@ -238,7 +238,10 @@ type Check struct {
 
 	mu            sync.Mutex
 	fmLog, lsmLog tailer
+	// journalCursor is where the unit's journal was read up to (saved in
+	// the state file); journalRead: this run read it once.
 	journalCursor string
+	journalRead   bool
 	lastTopology  time.Time
 	bootID        string
 	saved         []byte
@@ -268,6 +271,8 @@ type fabricState struct {
 	// FMLog and NVLSMLog are where the logs were read up to.
 	FMLog    *logPosition `json:"fm_log,omitempty"`
 	NVLSMLog *logPosition `json:"nvlsm_log,omitempty"`
+	// JournalCursor is where the unit's journal was read up to.
+	JournalCursor string `json:"journal_cursor,omitempty"`
 }
 
 // maxStateBytes bounds the state file read at start: the standing
@@ -302,7 +307,7 @@ func (c *Check) resume() {
 			conds[k] = ev
 		}
 	}
-	c.fmLog.saved, c.lsmLog.saved = st.FMLog, st.NVLSMLog
+	c.fmLog.saved, c.lsmLog.saved, c.journalCursor = st.FMLog, st.NVLSMLog, st.JournalCursor
 	newBoot := st.BootID != "" && c.bootID != "" && st.BootID != c.bootID
 	c.eval.Resume(Standing{Conditions: conds, Reported: st.Reported, ReportedLines: st.ReportedLines}, boot, newBoot)
 }
@@ -318,7 +323,7 @@ func (c *Check) Commit() error {
 	}
 	st := c.eval.Standing()
 	fs := fabricState{BootID: c.bootID, Reported: st.Reported.UTC(), ReportedLines: st.ReportedLines, Conditions: map[string]json.RawMessage{},
-		FMLog: c.fmLog.position(), NVLSMLog: c.lsmLog.position()}
+		FMLog: c.fmLog.position(), NVLSMLog: c.lsmLog.position(), JournalCursor: c.journalCursor}
 	for k, ev := range st.Conditions {
 		if raw, err := protojson.Marshal(ev); err == nil {
 			fs.Conditions[k] = raw
@@ -461,20 +466,22 @@ func (c *Check) run(ctx context.Context, name string, args ...string) ([]byte, e
 	return out, nil
 }
 
-// journal reads the unit's journal lines since the last read (the last 100
-// the first time).
+// journal reads the unit's journal lines since the last read, which a
+// previous run of the agent may have saved (else the last 100, taken for
+// a replayed tail); a saved cursor the journal no longer has (a volatile
+// journal after a reboot, entries vacuumed) reads the last 100 instead.
 func (c *Check) journal(ctx context.Context) ([]LogLine, error) {
-	args := []string{"-u", c.cfg.Service, "-o", "json", "--no-pager"}
-	first := c.journalCursor == ""
-	if !first {
-		args = append(args, "--after-cursor="+c.journalCursor)
-	} else {
-		args = append(args, "-n", "100")
+	first, resumed := !c.journalRead, c.journalCursor != ""
+	out, err := c.readJournal(ctx)
+	if err != nil && first && resumed {
+		c.log.Warn("fabric: the saved journal cursor was not found; reading the unit's last 100 entries", "err", err)
+		c.journalCursor, resumed = "", false
+		out, err = c.readJournal(ctx)
 	}
-	out, err := c.run(ctx, c.cfg.Journalctl, args...)
 	if err != nil || out == nil {
 		return nil, err
 	}
+	c.journalRead = true
 	r := &LogReader{Loc: c.cfg.Location, Now: c.cfg.Now}
 	var lines []LogLine
 	for _, l := range strings.Split(string(out), "\n") {
@@ -488,9 +495,23 @@ func (c *Check) journal(ctx context.Context) ([]LogLine, error) {
 	}
 	lines = append(lines, r.Flush()...)
 	for i := range lines {
-		lines[i].Replayed = first // the last 100 entries, of any boot
+		// the last 100 entries, of any boot, or those after the cursor
+		// the previous run saved (none of them evaluated)
+		lines[i].Replayed, lines[i].Resumed = first, first && resumed
 	}
 	return lines, nil
+}
+
+// readJournal runs journalctl for the entries after the cursor (the last
+// 100 without one).
+func (c *Check) readJournal(ctx context.Context) ([]byte, error) {
+	args := []string{"-u", c.cfg.Service, "-o", "json", "--no-pager"}
+	if c.journalCursor != "" {
+		args = append(args, "--after-cursor="+c.journalCursor)
+	} else {
+		args = append(args, "-n", "100")
+	}
+	return c.run(ctx, c.cfg.Journalctl, args...)
 }
 
 // nvswitches lists the NVSwitches the NVSwitch driver bound

@@ -145,3 +145,32 @@ func TestRestartResumesTheLog(t *testing.T) {
 		})
 	}
 }
+
+// TestRestartResumesTheJournal: the FM unit's journal cursor is saved with
+// the state, so a restarted agent reads on after it (not the last 100
+// entries again); a saved cursor the journal no longer has (a volatile
+// journal after a reboot) reads the last 100.
+func TestRestartResumesTheJournal(t *testing.T) {
+	const (
+		tail  = "journalctl -u nvidia-fabricmanager -o json --no-pager -n 100"
+		after = "journalctl -u nvidia-fabricmanager -o json --no-pager --after-cursor=s=1"
+	)
+	n := restartNode(t)
+	n.r.out["systemctl show"] = showFailed
+	n.r.out["journalctl"] = `{"__CURSOR":"s=1","__REALTIME_TIMESTAMP":"1730111700000000","SYSLOG_IDENTIFIER":"nv-fabricmanager","MESSAGE":"fabric manager NVIDIA GPU driver interface version 550.127.05 don't match with driver version 550.90.07. Please update with matching NVIDIA driver package."}` + "\n"
+	n.poll(30 * time.Second)
+	if n.r.called(tail) != 1 {
+		t.Fatalf("journal not read from its tail: %v", n.r.calls)
+	}
+	n.restart()
+	n.poll(30 * time.Second)
+	if n.r.called(after) != 1 || n.r.called(tail) != 1 {
+		t.Errorf("after a restart the journal was not read on after the saved cursor: %v", n.r.calls)
+	}
+	n.r.err[after] = fmt.Errorf("exit status 1: Failed to seek to cursor: Invalid argument")
+	n.restart()
+	n.poll(30 * time.Second)
+	if n.r.called(tail) != 2 {
+		t.Errorf("a saved cursor the journal does not have: the tail not read instead: %v", n.r.calls)
+	}
+}
