@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
@@ -509,6 +511,40 @@ func TestTry(t *testing.T) {
 	a = reg.Try(context.Background(), "broken", func(context.Context, *Client) error { t.Fatal("ran"); return nil })
 	if a.Ran || !a.Retriable || !a.RetryAt.IsZero() || a.Client != nil || a.Err == nil {
 		t.Fatalf("unavailable client: %+v", a)
+	}
+}
+
+// TestTryThrottledNotTheClusters: the client's own rate limiter refusing
+// to wait past the batch's deadline (more requests for one cluster than its
+// QPS lets through in time) is the caller's timing, not the cluster's
+// trouble: retriable, the gate untouched. client-go's error does not wrap
+// context.DeadlineExceeded, and a healthy cluster was backed off.
+func TestTryThrottledNotTheClusters(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}`)
+	}))
+	defer srv.Close()
+	reg := NewRegistry(DefaultConfig(), nil)
+	cl, err := reg.SetConfig("c", &rest.Config{Host: srv.URL, QPS: 1, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	list := func(ctx context.Context, cl *Client) error {
+		_, err := cl.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		return err
+	}
+	if a := reg.Try(ctx, "c", list); a.Err != nil {
+		t.Fatalf("first request: %v", a.Err)
+	}
+	a := reg.Try(ctx, "c", list)
+	if a.Err == nil || !Throttled(a.Err) || ctx.Err() != nil {
+		t.Fatalf("second request: %v (ctx %v), want the client rate limiter's refusal before the deadline", a.Err, ctx.Err())
+	}
+	if !a.Retriable || !a.RetryAt.IsZero() || cl.Gate.Failures() != 0 {
+		t.Fatalf("throttled: %+v failures %d, want retriable, no RetryAt, the gate untouched", a, cl.Gate.Failures())
 	}
 }
 
