@@ -28,6 +28,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -121,11 +122,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 		return nil
 	})
 	fs.Func(prefix+"qps", fmt.Sprintf("client-side API request rate per cluster (default %d)", DefaultQPS), func(s string) error {
-		var v float32
-		if _, err := fmt.Sscan(s, &v); err != nil {
-			return fmt.Errorf("qps %q: %w", s, err)
+		v, err := strconv.ParseFloat(s, 32)
+		if err != nil {
+			return fmt.Errorf("qps %q: not a number (or out of range)", s)
 		}
-		c.QPS = v
+		c.QPS = float32(v)
 		return nil
 	})
 	fs.IntVar(&c.Burst, prefix+"burst", c.Burst, "client-side API burst per cluster")

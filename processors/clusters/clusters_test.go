@@ -80,6 +80,36 @@ func TestFlagsAndValidate(t *testing.T) {
 	}
 }
 
+// TestQPSFlag: --kube.qps is one number; trailing text is refused, not
+// dropped ("5,10" was 5, "100 200" was 100).
+func TestQPSFlag(t *testing.T) {
+	for _, tc := range []struct {
+		arg  string
+		want float32 // 0: refused
+	}{
+		{"150", 150},
+		{"2.5", 2.5},
+		{"1e3", 1000},
+		{"5,10", 0},
+		{"100 200", 0},
+		{"100qps", 0},
+		{"", 0},
+		{"1e39", 0}, // out of float32's range
+	} {
+		c := DefaultConfig()
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		c.RegisterFlags(fs, "kube.")
+		err := fs.Parse([]string{"--kube.qps=" + tc.arg})
+		switch {
+		case tc.want == 0 && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", tc.arg))):
+			t.Errorf("--kube.qps=%s: %v (qps %v), want an error naming the value", tc.arg, err, c.QPS)
+		case tc.want != 0 && (err != nil || c.QPS != tc.want):
+			t.Errorf("--kube.qps=%s: %v, qps %v, want %v", tc.arg, err, c.QPS, tc.want)
+		}
+	}
+}
+
 func TestRegistryLazyAndUnknown(t *testing.T) {
 	dir := t.TempDir()
 	kc := filepath.Join(dir, "kubeconfig")
