@@ -290,6 +290,26 @@ func TestWhileFast(t *testing.T) {
 	}
 }
 
+// TestWhileFastTinyLimit: a limit under 2ns (slow_cluster = "1ns": the
+// roles refuse only negative ones) checks every millisecond; it made a
+// ticker of interval 0, whose panic took the processor down at every
+// batch mixing clusters.
+func TestWhileFastTinyLimit(t *testing.T) {
+	g := NewGate(nil)
+	done := g.Sent()
+	defer done()
+	ctx, stop := g.WhileFast(context.Background(), time.Nanosecond)
+	defer stop()
+	select {
+	case <-ctx.Done():
+		if !errors.Is(context.Cause(ctx), ErrSlow) {
+			t.Fatalf("cause %v, want ErrSlow", context.Cause(ctx))
+		}
+	case <-time.After(time.Second):
+		t.Fatal("not cancelled with a write in flight for twice the limit")
+	}
+}
+
 // TestTimedWrites: a cluster's writes are timed into its gate, its reads
 // are not (a list of 10,000 nodes says nothing of how fast a patch is).
 func TestTimedWrites(t *testing.T) {
