@@ -28,6 +28,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -121,11 +122,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 		return nil
 	})
 	fs.Func(prefix+"qps", fmt.Sprintf("client-side API request rate per cluster (default %d)", DefaultQPS), func(s string) error {
-		var v float32
-		if _, err := fmt.Sscan(s, &v); err != nil {
-			return fmt.Errorf("qps %q: %w", s, err)
+		v, err := strconv.ParseFloat(s, 32)
+		if err != nil {
+			return fmt.Errorf("qps %q: not a number (or out of range)", s)
 		}
-		c.QPS = v
+		c.QPS = float32(v)
 		return nil
 	})
 	fs.IntVar(&c.Burst, prefix+"burst", c.Burst, "client-side API burst per cluster")
@@ -619,8 +620,9 @@ type Attempt struct {
 	// Otherwise Err is the work's own failure, to be recorded.
 	Retriable bool
 	// RetryAt is when the cluster may be tried again: the end of its
-	// backoff. Zero when the client could not be built or ctx ended (the
-	// caller picks when).
+	// backoff. Zero when the client could not be built, ctx ended or the
+	// client's rate limiter would have waited past it (the caller picks
+	// when).
 	RetryAt time.Time
 }
 
@@ -628,14 +630,27 @@ type Attempt struct {
 // or reads it: configured, with a kubeconfig.
 func (a Attempt) Live() bool { return a.Client != nil && a.Client.Kube != nil }
 
+// Throttled reports whether err is the client's own rate limiter refusing
+// to wait past ctx's deadline ("client rate limiter Wait returned an
+// error: rate: Wait(n=1) would exceed context deadline"): the request was
+// never sent, and ctx is not done yet. client-go builds that error with
+// fmt.Errorf around golang.org/x/time/rate's untyped one (neither wraps
+// context.DeadlineExceeded), so it is known by its text.
+func Throttled(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "client rate limiter Wait returned an error")
+}
+
 // Try runs one unit of work on the named cluster, the way every role that
 // acts on Kubernetes does: get the cluster's client (a cluster that is not
 // configured runs step with a nil client, to decide as dry-run); for a
 // live cluster check its Gate (one backing off is not called); run step;
 // report the outcome to the Gate: a success resets it, an error that is
 // the cluster's (Retriable) backs it off. An error while ctx is done (the
-// batch ran out of time, the processor is stopping) is nobody's: the Gate
-// is left as it was and the work is retriable.
+// batch ran out of time, the processor is stopping) is nobody's, and so is
+// the client's own rate limiter refusing to wait past ctx's deadline
+// (Throttled: more of the batch's requests for the cluster than its QPS
+// lets through in time): the Gate is left as it was and the work is
+// retriable.
 func (r *Registry) Try(ctx context.Context, name string, step func(ctx context.Context, cl *Client) error) Attempt {
 	cl, err := r.Get(name)
 	switch {
@@ -660,7 +675,7 @@ func (r *Registry) Try(ctx context.Context, name string, step func(ctx context.C
 		if a.Live() {
 			cl.Gate.OK()
 		}
-	case ctx.Err() != nil:
+	case ctx.Err() != nil, Throttled(a.Err):
 		a.Retriable = true
 	case a.Live() && Retriable(a.Err):
 		a.Retriable, a.RetryAt = true, cl.Gate.Fail(a.Err)

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
@@ -75,6 +77,36 @@ func TestFlagsAndValidate(t *testing.T) {
 	}
 	if _, err := ParseClusters("novalue"); err == nil {
 		t.Fatal("ParseClusters accepted a pair without '='")
+	}
+}
+
+// TestQPSFlag: --kube.qps is one number; trailing text is refused, not
+// dropped ("5,10" was 5, "100 200" was 100).
+func TestQPSFlag(t *testing.T) {
+	for _, tc := range []struct {
+		arg  string
+		want float32 // 0: refused
+	}{
+		{"150", 150},
+		{"2.5", 2.5},
+		{"1e3", 1000},
+		{"5,10", 0},
+		{"100 200", 0},
+		{"100qps", 0},
+		{"", 0},
+		{"1e39", 0}, // out of float32's range
+	} {
+		c := DefaultConfig()
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		c.RegisterFlags(fs, "kube.")
+		err := fs.Parse([]string{"--kube.qps=" + tc.arg})
+		switch {
+		case tc.want == 0 && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", tc.arg))):
+			t.Errorf("--kube.qps=%s: %v (qps %v), want an error naming the value", tc.arg, err, c.QPS)
+		case tc.want != 0 && (err != nil || c.QPS != tc.want):
+			t.Errorf("--kube.qps=%s: %v, qps %v, want %v", tc.arg, err, c.QPS, tc.want)
+		}
 	}
 }
 
@@ -255,6 +287,26 @@ func TestWhileFast(t *testing.T) {
 	stop()
 	if !errors.Is(ctx.Err(), context.Canceled) || errors.Is(context.Cause(ctx), ErrSlow) {
 		t.Fatalf("after stop: %v (cause %v)", ctx.Err(), context.Cause(ctx))
+	}
+}
+
+// TestWhileFastTinyLimit: a limit under 2ns (slow_cluster = "1ns": the
+// roles refuse only negative ones) checks every millisecond; it made a
+// ticker of interval 0, whose panic took the processor down at every
+// batch mixing clusters.
+func TestWhileFastTinyLimit(t *testing.T) {
+	g := NewGate(nil)
+	done := g.Sent()
+	defer done()
+	ctx, stop := g.WhileFast(context.Background(), time.Nanosecond)
+	defer stop()
+	select {
+	case <-ctx.Done():
+		if !errors.Is(context.Cause(ctx), ErrSlow) {
+			t.Fatalf("cause %v, want ErrSlow", context.Cause(ctx))
+		}
+	case <-time.After(time.Second):
+		t.Fatal("not cancelled with a write in flight for twice the limit")
 	}
 }
 
@@ -509,6 +561,40 @@ func TestTry(t *testing.T) {
 	a = reg.Try(context.Background(), "broken", func(context.Context, *Client) error { t.Fatal("ran"); return nil })
 	if a.Ran || !a.Retriable || !a.RetryAt.IsZero() || a.Client != nil || a.Err == nil {
 		t.Fatalf("unavailable client: %+v", a)
+	}
+}
+
+// TestTryThrottledNotTheClusters: the client's own rate limiter refusing
+// to wait past the batch's deadline (more requests for one cluster than its
+// QPS lets through in time) is the caller's timing, not the cluster's
+// trouble: retriable, the gate untouched. client-go's error does not wrap
+// context.DeadlineExceeded, and a healthy cluster was backed off.
+func TestTryThrottledNotTheClusters(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}`)
+	}))
+	defer srv.Close()
+	reg := NewRegistry(DefaultConfig(), nil)
+	cl, err := reg.SetConfig("c", &rest.Config{Host: srv.URL, QPS: 1, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	list := func(ctx context.Context, cl *Client) error {
+		_, err := cl.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		return err
+	}
+	if a := reg.Try(ctx, "c", list); a.Err != nil {
+		t.Fatalf("first request: %v", a.Err)
+	}
+	a := reg.Try(ctx, "c", list)
+	if a.Err == nil || !Throttled(a.Err) || ctx.Err() != nil {
+		t.Fatalf("second request: %v (ctx %v), want the client rate limiter's refusal before the deadline", a.Err, ctx.Err())
+	}
+	if !a.Retriable || !a.RetryAt.IsZero() || cl.Gate.Failures() != 0 {
+		t.Fatalf("throttled: %+v failures %d, want retriable, no RetryAt, the gate untouched", a, cl.Gate.Failures())
 	}
 }
 

@@ -252,9 +252,9 @@ func TurnedSlow(ctx context.Context) bool { return errors.Is(context.Cause(ctx),
 var ErrSlow = errors.New("cluster turned slow")
 
 // WhileFast returns a context cancelled (cause ErrSlow) once the cluster
-// is Slow by limit, checked every limit/2, and its stop. Work for a
-// cluster served beside others is done under it so that the work of a
-// cluster turning slow is handed on, not waited for: its requests in
+// is Slow by limit, checked every limit/2 (no more often than every
+// millisecond), and its stop. Work for a cluster served beside others is
+// done under it so that the work of a cluster turning slow is handed on, not waited for: its requests in
 // flight are abandoned, and the work they were for is to be redone where
 // the cluster's pace holds no one (every step faultline makes is
 // idempotent: redone, it finds what landed). With limit 0, ctx itself.
@@ -264,7 +264,7 @@ func (g *Gate) WhileFast(ctx context.Context, limit time.Duration) (context.Cont
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	go func() {
-		t := time.NewTicker(limit / 2)
+		t := time.NewTicker(max(limit/2, time.Millisecond))
 		defer t.Stop()
 		for {
 			select {

@@ -3,7 +3,10 @@ package clusters
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,7 +19,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
 )
 
@@ -188,4 +193,56 @@ func TestNodeWatchBehind(t *testing.T) {
 	}
 	down.Store(false)
 	wait(func() bool { return !w.Behind(cl) }, "the watch to list again")
+}
+
+// A watch whose lists fail with EOF — a load balancer that accepts each
+// connection and closes it, no apiserver behind it (a control-plane
+// upgrade) — is behind: client-go hands the watch error handler failed
+// lists and watch starts only (a watch that closes normally never reaches
+// it), so EOF there is a failure like any other.
+func TestNodeWatchBehindOnEOF(t *testing.T) {
+	var down atomic.Bool
+	cut := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			if c, _, err := w.(http.Hijacker).Hijack(); err == nil {
+				c.Close()
+			}
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("watch") == "true" {
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+			case <-cut:
+			}
+			return
+		}
+		fmt.Fprint(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[{"metadata":{"name":"n1","resourceVersion":"1"}}]}`)
+	}))
+	defer srv.Close()
+	k, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := NewRegistry(DefaultConfig(), nil).SetClient("c", k, false)
+	w := NewNodeWatches(slog.New(slog.DiscardHandler), nil, nil)
+	defer w.Close()
+	wait := func(cond func() bool, what string) {
+		t.Helper()
+		for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	wait(func() bool { return w.Synced(cl) != nil }, "the watch to sync")
+	if w.Behind(cl) {
+		t.Fatal("a watch that never failed is behind")
+	}
+	down.Store(true)
+	close(cut)
+	wait(func() bool { return w.Behind(cl) }, "the watch whose lists fail with EOF to be behind")
 }

@@ -11,21 +11,24 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// WatchStopped reports whether a watch error is no failure: the watch
-// closed cleanly (it resumes where it was) or was stopped (the role
-// closing: context canceled).
+// WatchStopped reports whether a watch error is no failure: the watch was
+// stopped (the role closing: context canceled). Anything else is a failure,
+// io.EOF included: client-go hands the watch error handler only failed
+// lists and failed watch starts (a watch that closes normally resumes
+// without it, and an EOF at a watch's start is an empty watch), so an EOF
+// there is a request a load balancer accepted and closed, no apiserver
+// behind it (`Get "https://…/api/v1/nodes": EOF`).
 func WatchStopped(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, context.Canceled)
+	return errors.Is(err, context.Canceled)
 }
 
 // WatchErrorLogger reports a failed watch of resource (plural: "nodes") in
-// the role's log (client-go's default handler writes to klog, outside it),
-// at client-go's levels: a watch closed cleanly or stopped (the role
-// closing: context canceled) is not logged, an expired
-// resourceVersion (410 Gone: the informer lists again) and a connection cut
-// off are routine (Info), anything else is a Warning. The informer retries
-// with backoff either way; the roles read live while a watch is not to be
-// trusted.
+// the role's log (client-go's default handler writes to klog, outside it):
+// a watch stopped (the role closing: context canceled) is not logged, an
+// expired resourceVersion (410 Gone: the informer lists again) and a
+// connection cut off are routine (Info), anything else (a list closed
+// with EOF included) is a Warning. The informer retries with backoff
+// either way; the roles read live while a watch is not to be trusted.
 func WatchErrorLogger(log *slog.Logger, resource string) cache.WatchErrorHandler {
 	return func(_ *cache.Reflector, err error) {
 		switch {

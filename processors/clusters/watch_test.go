@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,7 +22,9 @@ func TestWatchErrorLogger(t *testing.T) {
 		wantLevel string // "" = not logged
 		wantMsg   string
 	}{
-		{"closed cleanly", io.EOF, "", ""},
+		// client-go hands the handler failed lists and watch starts only:
+		// an EOF there is a connection closed with no apiserver behind it.
+		{"list closed", &url.Error{Op: "Get", URL: "https://lb/api/v1/nodes", Err: io.EOF}, "WARN", "watch of nodes failed; retrying"},
 		{"stopped", fmt.Errorf("Get \"http://127.0.0.1/apis/x\": %w", context.Canceled), "", ""},
 		{"expired resourceVersion", apierrors.NewResourceExpired("too old resource version: 1 (2)"), "INFO", "watch of nodes expired; listing them again"},
 		{"410 Gone", apierrors.NewGone("gone"), "INFO", "watch of nodes expired; listing them again"},
