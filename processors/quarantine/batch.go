@@ -1,6 +1,7 @@
 package quarantine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -229,11 +230,12 @@ func (h *Handler) handleSeq(ctx context.Context, items []item, retry bool, deadl
 				r.actions = append(r.actions, h.action(it, kind, events.OutcomeFailed, at.Err.Error(), "", cl))
 				break
 			}
-			if ctx.Err() != nil {
-				// The batch ran out of time (or the processor is stopping):
-				// not the cluster's fault; defer the rest.
+			if ctx.Err() != nil || clusters.Throttled(at.Err) {
+				// The batch ran out of time (or the processor is stopping,
+				// or the client's rate limiter would wait past the batch's
+				// deadline): not the cluster's fault; defer the rest.
 				if retry {
-					r.failed = fmt.Errorf("cluster %s: %w", cluster, ctx.Err())
+					r.failed = fmt.Errorf("cluster %s: %w", cluster, cmp.Or(ctx.Err(), at.Err))
 					return r
 				}
 				if !clusters.TurnedSlow(ctx) || !h.slow(cl, len(items)-i) {

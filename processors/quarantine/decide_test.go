@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -109,5 +110,23 @@ func TestRepeatOverAWatchBehind(t *testing.T) {
 	acts, _ := handle(t, a, record("c1", fatal("behindrep-1", "XID_ERROR_48", "GPU-1")))
 	if n := getNode(t, k, "behindrep-1"); kinds(acts) != "quarantine/applied" || !n.Spec.Unschedulable || n.Labels[LabelQuarantined] != "true" {
 		t.Fatalf("occurrence over a watch behind: actions %s; node unschedulable %v, labels %v", kinds(acts), n.Spec.Unschedulable, n.Labels)
+	}
+}
+
+// TestThrottledIsNotTheClusters: the client's own rate limiter refusing
+// to wait past the batch's deadline (more of the batch's writes for the
+// cluster than its QPS lets through in time) defers the rest as an ended
+// batch does; it is not counted or logged as the cluster's API error.
+func TestThrottledIsNotTheClusters(t *testing.T) {
+	h, k, _ := fakeHandler(t, testConfig("throttle"), "throttle", "throttle-1")
+	k.PrependReactor("patch", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("client rate limiter Wait returned an error: rate: Wait(n=1) would exceed context deadline")
+	})
+	acts, deferred := handle(t, h, record("c1", fatal("throttle-1", "XID_ERROR_48", "GPU-1")))
+	if len(deferred) != 1 || len(acts) != 0 {
+		t.Fatalf("throttled write: actions %s, %d records deferred; want none and the record", kinds(acts), len(deferred))
+	}
+	if n := testutil.ToFloat64(h.m.apiErrors.WithLabelValues("c1")); n != 0 {
+		t.Errorf("throttled write counted %v cluster API errors, want none", n)
 	}
 }
