@@ -59,7 +59,8 @@ type Config struct {
 	MaxBatch int `toml:"max_batch"`
 	// MaxBodyBytes bounds one REST body or gRPC message. Default 4 MiB.
 	MaxBodyBytes int `toml:"max_body_bytes"`
-	// MaxFutureSkew is how far in the future generatedTimestamp may be. Default 5m.
+	// MaxFutureSkew is how far in the future generatedTimestamp may be
+	// (minFutureSkew to 24h). Default 5m.
 	MaxFutureSkew time.Duration `toml:"max_future_skew"`
 	// RatePerCaller is the events/s each caller (one token line, one client
 	// certificate name, the unix socket) may submit (0: unlimited).
@@ -216,6 +217,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HistoryTimeout, "history-timeout", c.HistoryTimeout, "longest one history read may take")
 }
 
+// minFutureSkew is the least gateway.max_future_skew: an agent stamps
+// generatedTimestamp with its own clock, and one a little ahead of the
+// gateway's (NTP keeps them within milliseconds, not exactly) would have
+// its events refused as invalid, which the agent drops for good.
+const minFutureSkew = time.Minute
+
 // Validate names the first bad key.
 func (c Config) Validate() error {
 	switch {
@@ -241,8 +248,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("gateway.max_batch: must be at least 1, got %d", c.MaxBatch)
 	case c.MaxBodyBytes < 1024:
 		return fmt.Errorf("gateway.max_body_bytes: must be at least 1024, got %d", c.MaxBodyBytes)
-	case c.MaxFutureSkew < 0 || c.MaxFutureSkew > validate.MaxFutureSkewLimit:
-		return fmt.Errorf("gateway.max_future_skew: must be between 0 and %s, got %s", validate.MaxFutureSkewLimit, c.MaxFutureSkew)
+	case c.MaxFutureSkew < minFutureSkew || c.MaxFutureSkew > validate.MaxFutureSkewLimit:
+		return fmt.Errorf("gateway.max_future_skew: must be between %s and %s, got %s", minFutureSkew, validate.MaxFutureSkewLimit, c.MaxFutureSkew)
 	case math.IsNaN(c.RatePerCaller) || math.IsInf(c.RatePerCaller, 0) || c.RatePerCaller < 0:
 		return fmt.Errorf("gateway.rate_per_caller: must be a finite number not below 0 (0: unlimited), got %v", c.RatePerCaller)
 	case c.RatePerCaller > 0 && c.RateBurst < c.MaxBatch:

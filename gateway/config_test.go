@@ -25,8 +25,9 @@ func TestConfigValidateRates(t *testing.T) {
 		{"Inf rate", func(c *Config) { c.RatePerCaller = math.Inf(1) }, "gateway.rate_per_caller: must be a finite number not below 0 (0: unlimited), got +Inf"},
 		{"NaN read rate", func(c *Config) { c.ReadRatePerCaller = math.NaN() }, "gateway.read_rate_per_caller: must be a finite number not below 0 (0: unlimited), got NaN"},
 		{"Inf read rate", func(c *Config) { c.ReadRatePerCaller = math.Inf(1) }, "gateway.read_rate_per_caller: must be a finite number not below 0 (0: unlimited), got +Inf"},
-		{"skew past a day", func(c *Config) { c.MaxFutureSkew = 48 * time.Hour }, "gateway.max_future_skew: must be between 0 and 24h0m0s, got 48h0m0s"},
-		{"negative skew", func(c *Config) { c.MaxFutureSkew = -time.Second }, "gateway.max_future_skew: must be between 0 and 24h0m0s, got -1s"},
+		{"skew past a day", func(c *Config) { c.MaxFutureSkew = 48 * time.Hour }, "gateway.max_future_skew: must be between 1m0s and 24h0m0s, got 48h0m0s"},
+		{"negative skew", func(c *Config) { c.MaxFutureSkew = -time.Second }, "gateway.max_future_skew: must be between 1m0s and 24h0m0s, got -1s"},
+		{"skew under a minute", func(c *Config) { c.MaxFutureSkew = time.Second }, "gateway.max_future_skew: must be between 1m0s and 24h0m0s, got 1s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base
