@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,10 +54,12 @@ type Config struct {
 	// server). It is never a config value or a flag, and never printed
 	// (config.Secret).
 	Password config.Secret `toml:"-"`
-	// DialTimeout bounds connecting. Default 5s.
+	// DialTimeout bounds connecting to one address (TCP, TLS and the
+	// handshake); a connection tries each address of Addr in turn, so it
+	// may take DialTimeout times their number. Default 5s.
 	DialTimeout time.Duration `toml:"dial_timeout"`
-	// QueryTimeout is the server-side max_execution_time of every query
-	// (0: none). Default 60s.
+	// QueryTimeout is the server-side max_execution_time of every query,
+	// in whole seconds (rounded up; 0: none, else at least 1s). Default 60s.
 	QueryTimeout time.Duration `toml:"query_timeout"`
 	// MaxOpenConns bounds the connection pool. Default 8.
 	MaxOpenConns int `toml:"max_open_conns"`
@@ -104,8 +107,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.Username, prefix+"username", c.Username, "ClickHouse user")
 	fs.StringVar(&c.PasswordFile, prefix+"password-file", c.PasswordFile, "file holding the ClickHouse password")
 	fs.StringVar(&c.PasswordEnv, prefix+"password-env", c.PasswordEnv, "environment variable holding the ClickHouse password (default: $"+PasswordEnv+" when set)")
-	fs.DurationVar(&c.DialTimeout, prefix+"dial-timeout", c.DialTimeout, "ClickHouse connect timeout")
-	fs.DurationVar(&c.QueryTimeout, prefix+"query-timeout", c.QueryTimeout, "server-side limit of one ClickHouse query (0: none)")
+	fs.DurationVar(&c.DialTimeout, prefix+"dial-timeout", c.DialTimeout, "ClickHouse connect timeout, per address (a list is tried in turn)")
+	fs.DurationVar(&c.QueryTimeout, prefix+"query-timeout", c.QueryTimeout, "server-side limit of one ClickHouse query, whole seconds rounded up (0: none, else at least 1s)")
 	fs.IntVar(&c.MaxOpenConns, prefix+"max-open-conns", c.MaxOpenConns, "ClickHouse connection pool size")
 	fs.StringVar(&c.Compression, prefix+"compression", c.Compression, "ClickHouse native block compression: lz4 or none")
 	fs.StringVar(&c.Cluster, prefix+"cluster", c.Cluster, "ClickHouse cluster (remote_servers name) of the schema: Replicated tables ON CLUSTER and Distributed tables over them; empty: one server")
@@ -134,8 +137,12 @@ func (c Config) Validate(prefix string) error {
 		return fmt.Errorf("%saddr: at least one host:port is required", prefix)
 	}
 	for _, a := range addrs {
-		if _, _, err := net.SplitHostPort(a); err != nil {
+		_, port, err := net.SplitHostPort(a)
+		if err != nil {
 			return fmt.Errorf("%saddr: %q is not host:port: %w", prefix, a, err)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%saddr: %q: port %q is not a number from 1 to 65535", prefix, a, port)
 		}
 	}
 	if !identRE.MatchString(c.Database) {
@@ -149,6 +156,10 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.QueryTimeout < 0 {
 		return fmt.Errorf("%squery_timeout: must not be negative, got %s", prefix, c.QueryTimeout)
+	}
+	if c.QueryTimeout > 0 && c.QueryTimeout < time.Second {
+		// max_execution_time is whole seconds, and 0 is no limit.
+		return fmt.Errorf("%squery_timeout: must be 0 (none) or at least 1s, got %s", prefix, c.QueryTimeout)
 	}
 	if c.MaxOpenConns < 1 {
 		return fmt.Errorf("%smax_open_conns: must be at least 1, got %d", prefix, c.MaxOpenConns)
@@ -192,7 +203,8 @@ func (c Config) password(prefix string) (config.Secret, error) {
 }
 
 // clusterNameRE is what a cluster name may be: it is spliced into ON
-// CLUSTER and Distributed(…) as an identifier.
+// CLUSTER '…' and Distributed('…', …) as a string literal (quoted: a bare
+// name with '-' is a syntax error), so it holds no quote.
 var clusterNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_-]*$`)
 
 // String describes the config without the password.
@@ -201,13 +213,13 @@ func (c Config) String() string {
 }
 
 func (c Config) options(database string, log *slog.Logger) (*ch.Options, error) {
-	pw, err := c.password("clickhouse.")
-	if err != nil {
+	if _, err := c.password("clickhouse."); err != nil {
 		return nil, err
 	}
 	settings := ch.Settings{}
 	if c.QueryTimeout > 0 {
-		settings["max_execution_time"] = int(c.QueryTimeout.Seconds())
+		// Whole seconds, rounded up: 1.5s is 2, never 1 (nor 0, no limit).
+		settings["max_execution_time"] = int((c.QueryTimeout + time.Second - 1) / time.Second)
 	}
 	if c.Cluster != "" {
 		// An insert into a Distributed table returns once every shard has
@@ -231,10 +243,11 @@ func (c Config) options(database string, log *slog.Logger) (*ch.Options, error) 
 	return &ch.Options{
 		Addr:             c.Addrs(),
 		Protocol:         ch.Native,
-		Auth:             ch.Auth{Database: database, Username: c.Username, Password: pw.Reveal()},
+		Auth:             ch.Auth{Database: database, Username: c.Username},
 		TLS:              tlsConfig, // what the driver logs; dial connects
-		DialContext:      dialContext(dial),
-		DialTimeout:      c.DialTimeout,
+		DialContext:      dialContext(dial, c.DialTimeout),
+		DialStrategy:     c.dialStrategy(), // sets the password, read at every connect
+		DialTimeout:      c.connectTimeout(),
 		MaxOpenConns:     c.MaxOpenConns,
 		MaxIdleConns:     min(c.MaxOpenConns, 5),
 		ConnMaxLifetime:  time.Hour,
@@ -246,13 +259,50 @@ func (c Config) options(database string, log *slog.Logger) (*ch.Options, error) 
 	}, nil
 }
 
-// dialContext is dial as the driver's DialContext; nil (the driver's own
-// plaintext dial) when TLS is off.
-func dialContext(dial tlsclient.Dial) func(context.Context, string) (net.Conn, error) {
+// dialContext is dial as the driver's DialContext; a plaintext dial of
+// timeout when TLS is off (dial nil).
+func dialContext(dial tlsclient.Dial, timeout time.Duration) func(context.Context, string) (net.Conn, error) {
 	if dial == nil {
-		return nil
+		nd := &net.Dialer{Timeout: timeout}
+		return func(ctx context.Context, addr string) (net.Conn, error) { return nd.DialContext(ctx, "tcp", addr) }
 	}
 	return func(ctx context.Context, addr string) (net.Conn, error) { return dial(ctx, "tcp", addr) }
+}
+
+// connectTimeout bounds one connection of the pool (the driver's
+// DialTimeout, which covers trying every address) and Open's ping: each
+// address has DialTimeout, plus a second to spare.
+func (c Config) connectTimeout() time.Duration {
+	return time.Duration(max(len(c.Addrs()), 1))*c.DialTimeout + time.Second
+}
+
+// dialStrategy is the driver's DialStrategy: it tries the addresses in
+// order, each with its own DialTimeout (the driver's default strategy
+// shares one budget among them, so a first server that accepts TCP and
+// never answers left none to the healthy one after it), and reads the
+// password at every connect (password_file or password_env rotated in
+// place reaches the next connection without a restart).
+func (c Config) dialStrategy() func(context.Context, int, *ch.Options, ch.Dial) (ch.DialResult, error) {
+	return func(ctx context.Context, _ int, opt *ch.Options, dial ch.Dial) (ch.DialResult, error) {
+		pw, err := c.password("clickhouse.")
+		if err != nil {
+			return ch.DialResult{}, err
+		}
+		o := *opt // the connection keeps it
+		o.Auth.Password = pw.Reveal()
+		o.DialTimeout = c.DialTimeout // the driver's handshake deadline
+		var r ch.DialResult
+		err = ch.ErrAcquireConnNoAddress
+		for _, addr := range o.Addr {
+			actx, cancel := context.WithTimeout(ctx, c.DialTimeout)
+			r, err = dial(actx, addr, &o)
+			cancel()
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+		}
+		return r, err
+	}
 }
 
 // Open returns a connection pool to the config's database and checks it
@@ -270,7 +320,7 @@ func open(ctx context.Context, c Config, database string, log *slog.Logger) (Con
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse open %s: %w", c, err)
 	}
-	pctx, cancel := context.WithTimeout(ctx, c.DialTimeout)
+	pctx, cancel := context.WithTimeout(ctx, c.connectTimeout())
 	defer cancel()
 	if err := conn.Ping(pctx); err != nil {
 		conn.Close()
@@ -289,7 +339,7 @@ func EnsureDatabase(ctx context.Context, c Config, log *slog.Logger) error {
 	defer conn.Close()
 	ddl := "CREATE DATABASE IF NOT EXISTS " + c.Database
 	if c.Cluster != "" {
-		ddl += " ON CLUSTER " + c.Cluster
+		ddl += onClusterClause(c.Cluster)
 	}
 	if err := conn.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("create database %s: %w", c.Database, err)

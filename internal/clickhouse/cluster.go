@@ -72,7 +72,12 @@ func (c Config) Schema() Schema {
 // Clustered reports whether the schema is applied ON CLUSTER.
 func (s Schema) Clustered() bool { return s.Cluster != "" }
 
-func (s Schema) onCluster() string { return " ON CLUSTER " + s.Cluster }
+func (s Schema) onCluster() string { return onClusterClause(s.Cluster) }
+
+// onClusterClause is " ON CLUSTER 'name'": quoted, since a bare name with
+// a '-' (allowed in a cluster name) is a syntax error; Validate keeps
+// quotes out of the name.
+func onClusterClause(name string) string { return " ON CLUSTER '" + name + "'" }
 
 func (s Schema) qualified(table string) string { return s.Database + "." + table }
 
@@ -234,7 +239,7 @@ func dropBlankLines(s string) string {
 
 // distributedDDL creates the Distributed table name over its local table.
 func (s Schema) distributedDDL(name string) string {
-	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s%s AS %s ENGINE = Distributed(%s, %s, %s, %s)",
+	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s%s AS %s ENGINE = Distributed('%s', %s, %s, %s)",
 		s.qualified(name), s.onCluster(), s.qualified(name+LocalSuffix), s.Cluster, s.Database, name+LocalSuffix, ShardingKey)
 }
 

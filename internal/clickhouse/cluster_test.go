@@ -76,9 +76,9 @@ func TestClusterTranslation(t *testing.T) {
 	all := b.String()
 	for _, table := range []string{"events", "actions", "conformance", "recent_events", "derived_events"} {
 		for _, want := range []string{
-			"CREATE TABLE IF NOT EXISTS faultline." + table + "_local ON CLUSTER fleet",
+			"CREATE TABLE IF NOT EXISTS faultline." + table + "_local ON CLUSTER 'fleet'",
 			"ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/faultline/" + table + "_local', '{replica}')",
-			"CREATE TABLE IF NOT EXISTS faultline." + table + " ON CLUSTER fleet AS faultline." + table + "_local ENGINE = Distributed(fleet, faultline, " + table + "_local, cityHash64(cluster, node))",
+			"CREATE TABLE IF NOT EXISTS faultline." + table + " ON CLUSTER 'fleet' AS faultline." + table + "_local ENGINE = Distributed('fleet', faultline, " + table + "_local, cityHash64(cluster, node))",
 		} {
 			if !strings.Contains(all, want) {
 				t.Errorf("translation lacks %q", want)
@@ -86,10 +86,10 @@ func TestClusterTranslation(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"CREATE MATERIALIZED VIEW IF NOT EXISTS faultline.recent_events_mv ON CLUSTER fleet TO faultline.recent_events_local AS SELECT",
+		"CREATE MATERIALIZED VIEW IF NOT EXISTS faultline.recent_events_mv ON CLUSTER 'fleet' TO faultline.recent_events_local AS SELECT",
 		"FROM faultline.events_local\nWHERE derived_by = '' AND processing_strategy != 'STORE_ONLY'",
-		"ALTER TABLE faultline.events_local ON CLUSTER fleet ADD COLUMN submitter_name String",
-		"DROP TABLE IF EXISTS faultline.events ON CLUSTER fleet",
+		"ALTER TABLE faultline.events_local ON CLUSTER 'fleet' ADD COLUMN submitter_name String",
+		"DROP TABLE IF EXISTS faultline.events ON CLUSTER 'fleet'",
 	} {
 		if !strings.Contains(all, want) {
 			t.Errorf("translation lacks %q", want)

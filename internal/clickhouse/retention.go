@@ -35,10 +35,10 @@ func DropOlderThan(ctx context.Context, conn Conn, database, table string, age t
 	if cluster, local, ok, err := distributedTarget(ctx, conn, database, table); err != nil {
 		return nil, err
 	} else if ok {
-		// The cluster name was written by ForCluster or validated; it is
-		// an identifier, not a value.
+		// The cluster name was read by distributedRE (letters, digits,
+		// '_', '.', '-'): no quote to escape.
 		partsTable = fmt.Sprintf("cluster('%s', system, parts)", cluster)
-		onCluster = " ON CLUSTER " + cluster
+		onCluster = onClusterClause(cluster)
 		table = local
 	}
 	rows, err := conn.Query(ctx, `SELECT DISTINCT partition FROM `+partsTable+`

@@ -1,5 +1,5 @@
 -- 0001_events.sql
-CREATE TABLE IF NOT EXISTS faultline.events_local ON CLUSTER fleet
+CREATE TABLE IF NOT EXISTS faultline.events_local ON CLUSTER 'fleet'
 (
     cluster String,
     node String,
@@ -37,9 +37,9 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/faultline/even
 PARTITION BY toYYYYMM(received)
 ORDER BY (cluster, node, check, entity, ts, ts_ms, id)
 SETTINGS index_granularity = 1024;
-CREATE TABLE IF NOT EXISTS faultline.events ON CLUSTER fleet AS faultline.events_local ENGINE = Distributed(fleet, faultline, events_local, cityHash64(cluster, node));
+CREATE TABLE IF NOT EXISTS faultline.events ON CLUSTER 'fleet' AS faultline.events_local ENGINE = Distributed('fleet', faultline, events_local, cityHash64(cluster, node));
 -- 0002_actions.sql
-CREATE TABLE IF NOT EXISTS faultline.actions_local ON CLUSTER fleet
+CREATE TABLE IF NOT EXISTS faultline.actions_local ON CLUSTER 'fleet'
 (
     cluster String,
     node String,
@@ -62,9 +62,9 @@ CREATE TABLE IF NOT EXISTS faultline.actions_local ON CLUSTER fleet
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/faultline/actions_local', '{replica}')
 PARTITION BY toYYYYMM(received)
 ORDER BY (cluster, node, ts, ts_ms, id);
-CREATE TABLE IF NOT EXISTS faultline.actions ON CLUSTER fleet AS faultline.actions_local ENGINE = Distributed(fleet, faultline, actions_local, cityHash64(cluster, node));
+CREATE TABLE IF NOT EXISTS faultline.actions ON CLUSTER 'fleet' AS faultline.actions_local ENGINE = Distributed('fleet', faultline, actions_local, cityHash64(cluster, node));
 -- 0003_conformance.sql
-CREATE TABLE IF NOT EXISTS faultline.conformance_local ON CLUSTER fleet
+CREATE TABLE IF NOT EXISTS faultline.conformance_local ON CLUSTER 'fleet'
 (
     cluster String,
     node String,
@@ -79,9 +79,9 @@ CREATE TABLE IF NOT EXISTS faultline.conformance_local ON CLUSTER fleet
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/faultline/conformance_local', '{replica}')
 PARTITION BY toYYYYMM(received)
 ORDER BY (cluster, node, ts, ts_ms, id);
-CREATE TABLE IF NOT EXISTS faultline.conformance ON CLUSTER fleet AS faultline.conformance_local ENGINE = Distributed(fleet, faultline, conformance_local, cityHash64(cluster, node));
+CREATE TABLE IF NOT EXISTS faultline.conformance ON CLUSTER 'fleet' AS faultline.conformance_local ENGINE = Distributed('fleet', faultline, conformance_local, cityHash64(cluster, node));
 -- 0004_recent_events.sql
-CREATE TABLE IF NOT EXISTS faultline.recent_events_local ON CLUSTER fleet
+CREATE TABLE IF NOT EXISTS faultline.recent_events_local ON CLUSTER 'fleet'
 (
     cluster String,
     node String,
@@ -103,8 +103,8 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/faultline/rece
 PARTITION BY toYYYYMMDD(received)
 ORDER BY (check, ts, ts_ms, cluster, node, entity, id)
 SETTINGS index_granularity = 1024;
-CREATE TABLE IF NOT EXISTS faultline.recent_events ON CLUSTER fleet AS faultline.recent_events_local ENGINE = Distributed(fleet, faultline, recent_events_local, cityHash64(cluster, node));
-CREATE MATERIALIZED VIEW IF NOT EXISTS faultline.recent_events_mv ON CLUSTER fleet TO faultline.recent_events_local AS SELECT cluster, node, check, entity, ts, ts_ms, id, received, is_fatal, is_healthy, error_codes,
+CREATE TABLE IF NOT EXISTS faultline.recent_events ON CLUSTER 'fleet' AS faultline.recent_events_local ENGINE = Distributed('fleet', faultline, recent_events_local, cityHash64(cluster, node));
+CREATE MATERIALIZED VIEW IF NOT EXISTS faultline.recent_events_mv ON CLUSTER 'fleet' TO faultline.recent_events_local AS SELECT cluster, node, check, entity, ts, ts_ms, id, received, is_fatal, is_healthy, error_codes,
     entities.type, entities.value, metadata.key, metadata.value, processing_strategy, derived_by
 FROM faultline.events_local
 WHERE derived_by = '' AND processing_strategy != 'STORE_ONLY';
@@ -115,7 +115,7 @@ SELECT cluster, node, check, entity, ts, ts_ms, id, received, is_fatal, is_healt
 FROM events
 WHERE received >= now() - INTERVAL 8 DAY AND derived_by = '' AND processing_strategy != 'STORE_ONLY';
 -- 0005_derived_events.sql
-CREATE TABLE IF NOT EXISTS faultline.derived_events_local ON CLUSTER fleet
+CREATE TABLE IF NOT EXISTS faultline.derived_events_local ON CLUSTER 'fleet'
 (
     cluster String,
     node String,
@@ -134,8 +134,8 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/faultline/deri
 PARTITION BY toYYYYMM(received)
 ORDER BY (derived_by, check, cluster, node, entity, ts, ts_ms, id)
 SETTINGS index_granularity = 1024;
-CREATE TABLE IF NOT EXISTS faultline.derived_events ON CLUSTER fleet AS faultline.derived_events_local ENGINE = Distributed(fleet, faultline, derived_events_local, cityHash64(cluster, node));
-CREATE MATERIALIZED VIEW IF NOT EXISTS faultline.derived_events_mv ON CLUSTER fleet TO faultline.derived_events_local AS SELECT cluster, node, check, entity, ts, ts_ms, id, received, is_healthy,
+CREATE TABLE IF NOT EXISTS faultline.derived_events ON CLUSTER 'fleet' AS faultline.derived_events_local ENGINE = Distributed('fleet', faultline, derived_events_local, cityHash64(cluster, node));
+CREATE MATERIALIZED VIEW IF NOT EXISTS faultline.derived_events_mv ON CLUSTER 'fleet' TO faultline.derived_events_local AS SELECT cluster, node, check, entity, ts, ts_ms, id, received, is_healthy,
     entities.type, entities.value, metadata.key, metadata.value, derived_by
 FROM faultline.events_local
 WHERE derived_by != '';
@@ -146,8 +146,8 @@ SELECT cluster, node, check, entity, ts, ts_ms, id, received, is_healthy,
 FROM events
 WHERE derived_by != '';
 -- 0006_submitter.sql
-ALTER TABLE faultline.events_local ON CLUSTER fleet ADD COLUMN submitter_name String,
+ALTER TABLE faultline.events_local ON CLUSTER 'fleet' ADD COLUMN submitter_name String,
     ADD COLUMN submitter_role String,
     ADD COLUMN submitter_node String;
-DROP TABLE IF EXISTS faultline.events ON CLUSTER fleet;
-CREATE TABLE IF NOT EXISTS faultline.events ON CLUSTER fleet AS faultline.events_local ENGINE = Distributed(fleet, faultline, events_local, cityHash64(cluster, node));
+DROP TABLE IF EXISTS faultline.events ON CLUSTER 'fleet';
+CREATE TABLE IF NOT EXISTS faultline.events ON CLUSTER 'fleet' AS faultline.events_local ENGINE = Distributed('fleet', faultline, events_local, cityHash64(cluster, node));
