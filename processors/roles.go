@@ -121,7 +121,9 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Selected returns the roles named by Roles, in table order.
+// Selected returns the roles named by Roles, in the order named; a role
+// named twice is an error (it would be opened twice, its metrics
+// registered twice).
 func (c Config) Selected() ([]Role, error) {
 	if strings.TrimSpace(c.Roles) == "all" {
 		return roles, nil
@@ -132,6 +134,9 @@ func (c Config) Selected() ([]Role, error) {
 		i := slices.IndexFunc(roles, func(r Role) bool { return r.Name == name })
 		if i < 0 {
 			return nil, fmt.Errorf("role: unknown role %q (known: %s, all)", name, strings.Join(Names(), ", "))
+		}
+		if slices.ContainsFunc(out, func(r Role) bool { return r.Name == name }) {
+			return nil, fmt.Errorf("role: %q is named twice", name)
 		}
 		out = append(out, roles[i])
 	}

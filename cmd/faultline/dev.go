@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,9 +51,24 @@ type DevConfig struct {
 	// FleetNodes is the size of the simulated fleet (0: no simulation).
 	// Default 64.
 	FleetNodes int `toml:"fleet_nodes"`
-	// FleetRate is the simulated fleet's events/s. Default 20.
+	// FleetRate is the simulated fleet's events/s: more than 0 and at most
+	// what fits gateway.max_batch events a batch (10 batches a second) and
+	// gateway.rate_per_caller. Default 20.
 	FleetRate float64 `toml:"fleet_rate"`
 }
+
+// devUnused are the keys `faultline dev` reads but does not use, each with
+// what it does instead: setting one is an error naming it.
+var devUnused = config.Unused(map[string]string{
+	"clickhouse.addr":         "it starts its own ClickHouse server (dev.clickhouse_port)",
+	"clickhouse.tls":          "its own ClickHouse server speaks plaintext",
+	"gateway.tokens_file":     "it writes its own tokens file, dev.dir/tokens (the tokens in dev.dir/dev-token and dev.dir/operator-token)",
+	"kafka.brokers":           "it starts its own Kafka broker (dev.kafka_port)",
+	"kafka.tls":               "its own Kafka broker speaks plaintext",
+	"kafka.sasl":              "its own Kafka broker takes no authentication",
+	"kube.clusters":           "its one cluster is dev.cluster, acting through dev.kubeconfig (dry-run without one)",
+	"janitor.leader_election": "its one process is the only janitor",
+})
 
 // DefaultDevConfig returns the defaults documented on DevConfig.
 func DefaultDevConfig() DevConfig {
@@ -71,7 +85,9 @@ func (c *DevConfig) registerFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.FleetRate, "fleet-rate", c.FleetRate, "events/s the simulated fleet sends")
 }
 
-func (c DevConfig) validate() error {
+// validate names the first bad key; gw is the gateway the simulated fleet
+// sends to.
+func (c DevConfig) validate(gw gateway.Config) error {
 	switch {
 	case c.Dir == "":
 		return errors.New("dev.dir: required")
@@ -85,27 +101,51 @@ func (c DevConfig) validate() error {
 		return fmt.Errorf("dev.clickhouse_port: %d is not a port", c.ClickHousePort)
 	case c.FleetNodes < 0:
 		return fmt.Errorf("dev.fleet_nodes: must not be negative, got %d", c.FleetNodes)
-	case math.IsNaN(c.FleetRate) || math.IsInf(c.FleetRate, 0) || c.FleetRate < 0:
-		return fmt.Errorf("dev.fleet_rate: must be a finite number not below 0, got %g", c.FleetRate)
+	}
+	if c.FleetNodes == 0 {
+		return nil // no fleet: fleet_rate is not used
+	}
+	// Each batch is fleet_rate/BatchesPerSecond events: past the gateway's
+	// max_batch every one would be refused.
+	maxRate := float64(gw.MaxBatch * fleetsim.BatchesPerSecond)
+	limit := fmt.Sprintf("gateway.max_batch (%d) × %d batches a second", gw.MaxBatch, fleetsim.BatchesPerSecond)
+	if gw.RatePerCaller > 0 && gw.RatePerCaller < maxRate {
+		maxRate, limit = gw.RatePerCaller, "gateway.rate_per_caller"
+	}
+	if !(c.FleetRate > 0 && c.FleetRate <= maxRate) { // NaN too
+		return fmt.Errorf("dev.fleet_rate: must be more than 0 and at most %g (%s), got %g", maxRate, limit, c.FleetRate)
 	}
 	return nil
 }
 
-func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// loadDevConfig is `faultline dev`'s configuration: defaults, the
+// --config file, flags, validated; the keys it does not use refused.
+func loadDevConfig(args []string, stderr io.Writer) (Config, error) {
 	cfg := DefaultConfig()
 	cfg.LibraryLogLevel = "warn" // the output is the pipeline's decisions and summaries
-	if _, err := config.Load("faultline dev", args, &cfg, func(fs *flag.FlagSet) {
+	_, err := config.Load("faultline dev", args, &cfg, func(fs *flag.FlagSet) {
 		cfg.registerLogFlags(fs)
 		config.Prefix(fs, "dev.", cfg.Dev.registerFlags)
 		cfg.registerGatewayFlags(fs)
 		cfg.Processors.RegisterFlags(fs)
 	}, func() error {
-		if err := cfg.Dev.validate(); err != nil {
+		if err := cfg.Dev.validate(cfg.Gateway); err != nil {
+			return err
+		}
+		// Its [kafka] settings (a --config file's: there are no --kafka.*
+		// flags) apply to the embedded broker's topics and the clients.
+		if err := cfg.Kafka.Validate("kafka."); err != nil {
 			return err
 		}
 		cfg.Gateway.TokensFile = filepath.Join(cfg.Dev.Dir, "tokens")
 		return cfg.Processors.Validate()
-	}, stderr, moved); err != nil {
+	}, stderr, moved, config.NoArgs(), devUnused)
+	return cfg, err
+}
+
+func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, err := loadDevConfig(args, stderr)
+	if err != nil {
 		return err
 	}
 	log, err := newLogger(stderr, cfg)

@@ -39,7 +39,7 @@ func loadGatewayConfig(args []string, stderr io.Writer) (Config, error) {
 			return err
 		}
 		return cfg.Gateway.Validate()
-	}, stderr, moved)
+	}, stderr, moved, config.NoArgs())
 	return cfg, err
 }
 

@@ -24,7 +24,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			"apply the schema ON CLUSTER NAME: Replicated tables and Distributed tables over them (same as --clickhouse.cluster)")
 	}, func() error {
 		return cfg.Processors.ClickHouse.Validate("clickhouse.")
-	}, stderr, moved); err != nil {
+	}, stderr, moved, config.NoArgs()); err != nil {
 		return err
 	}
 	log, err := newLogger(stderr, cfg)

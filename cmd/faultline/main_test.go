@@ -217,3 +217,32 @@ func waitFor(t *testing.T, d time.Duration, ok func() bool) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestStrayArgumentRefused: the flag parser stops at the first word that
+// is not a flag, so a stray word (`--x false`: a true/false flag takes no
+// separate value) would drop every flag after it: each command but query
+// (whose NAME is a word) refuses it before anything starts, naming it.
+func TestStrayArgumentRefused(t *testing.T) {
+	const want = `unexpected argument "false": flags after it would be ignored (write a true/false flag as --flag=false)`
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"process bool then value", []string{"process", "--role=quarantine", "--janitor.redfish.insecure-skip-verify", "false", "--kube.dry-run-clusters=prod"}, want},
+		{"process word first", []string{"process", "stray", "--role=store"}, `unexpected argument "stray"`},
+		{"process second broker", []string{"process", "--kafka.brokers", "k1:9092", "k2:9092", "--role=store"}, `unexpected argument "k2:9092"`},
+		{"gateway", []string{"gateway", "--gateway.client-cert-binds-node", "false", "--gateway.max-batch=5"}, want},
+		{"dev", []string{"dev", "--dev.kafka-port", "0", "stray", "--dev.fleet-nodes=0"}, `unexpected argument "stray"`},
+		{"migrate status", []string{"migrate", "status"}, `unexpected argument "status"`},
+		{"migrate bool then value", []string{"migrate", "--status", "false"}, want},
+		{"query extra word", []string{"query", "top_error_codes", "--format", "json", "extra"}, "usage: faultline query NAME"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := run(context.Background(), tc.args, io.Discard, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}

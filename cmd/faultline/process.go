@@ -31,7 +31,7 @@ func loadProcessConfig(args []string, stderr io.Writer) (Config, error) {
 			return err
 		}
 		return cfg.Processors.Validate()
-	}, stderr, moved)
+	}, stderr, moved, config.NoArgs())
 	return cfg, err
 }
 

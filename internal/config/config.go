@@ -32,7 +32,9 @@ import (
 type Option func(*options)
 
 type options struct {
-	moved map[string]string
+	moved  map[string]string
+	noArgs bool
+	unused map[string]string
 }
 
 // Moved names keys that are no longer keys, each with what to set instead;
@@ -40,6 +42,32 @@ type options struct {
 // ("gateway.tls: no longer a key: TLS is on by default; ...").
 func Moved(keys map[string]string) Option {
 	return func(o *options) { o.moved = keys }
+}
+
+// NoArgs makes a word left over after the flags an error. The flag parser
+// stops at the first word that is not a flag, so without it every flag
+// after a stray word (`--x false`: a true/false flag takes no separate
+// value) would be dropped without a word.
+func NoArgs() Option {
+	return func(o *options) { o.noArgs = true }
+}
+
+// Unused names keys (TOML paths) that the command reads from the config but
+// does not use, each with why; setting one, or a key under it, in the
+// --config file or by its flag is an error naming it
+// ("clickhouse.addr: not used by faultline dev: ...").
+func Unused(keys map[string]string) Option {
+	return func(o *options) { o.unused = keys }
+}
+
+// unusedKey returns the entry of unused that key is, or is under.
+func unusedKey(unused map[string]string, key string) (string, string, bool) {
+	for k, why := range unused {
+		if key == k || strings.HasPrefix(key, k+".") {
+			return k, why, true
+		}
+	}
+	return "", "", false
 }
 
 // Load fills cfg (a pointer to the config holding its defaults) from the
@@ -80,6 +108,11 @@ func Load(name string, args []string, cfg any, register func(fs *flag.FlagSet), 
 		if err := checkDurations(raw, reflect.TypeOf(cfg), ""); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", path, err)
 		}
+		for _, k := range md.Keys() {
+			if key, why, ok := unusedKey(o.unused, k.String()); ok {
+				return nil, fmt.Errorf("config file %s: %s: not used by %s: %s", path, key, name, why)
+			}
+		}
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -92,11 +125,25 @@ func Load(name string, args []string, cfg any, register func(fs *flag.FlagSet), 
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	if o.noArgs && fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q: flags after it would be ignored (write a true/false flag as --flag=false)", fs.Arg(0))
+	}
+	var unusedErr error
 	fs.Visit(func(f *flag.Flag) {
+		current := f.Name
 		if d, ok := f.Value.(*deprecated); ok {
 			fmt.Fprintf(out, "%s: flag --%s is deprecated; use --%s\n", name, f.Name, d.name)
+			current = d.name
+		}
+		for k, why := range o.unused {
+			if fk := FlagName(k); unusedErr == nil && (current == fk || strings.HasPrefix(current, fk+".")) {
+				unusedErr = fmt.Errorf("%s (--%s): not used by %s: %s", k, f.Name, name, why)
+			}
 		}
 	})
+	if unusedErr != nil {
+		return nil, unusedErr
+	}
 	if err := validate(); err != nil {
 		return nil, fmt.Errorf("invalid configuration: %w", err)
 	}

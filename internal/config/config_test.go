@@ -43,6 +43,12 @@ type testConfig struct {
 
 func load(t *testing.T, file string, args ...string) (testConfig, string, error) {
 	t.Helper()
+	return loadOpts(t, file, nil, args...)
+}
+
+// loadOpts is load with more options.
+func loadOpts(t *testing.T, file string, opts []Option, args ...string) (testConfig, string, error) {
+	t.Helper()
 	cfg := testConfig{LogLevel: "info"}
 	cfg.Store.BatchRecords = 10
 	if file != "" {
@@ -60,8 +66,46 @@ func load(t *testing.T, file string, args ...string) (testConfig, string, error)
 			fs.StringVar(&cfg.Gateway.GRPCAddr, "grpc-addr", cfg.Gateway.GRPCAddr, "listen")
 			fs.BoolVar(&cfg.Gateway.Insecure, "insecure", cfg.Gateway.Insecure, "no TLS")
 		})
-	}, func() error { return nil }, &out, Moved(map[string]string{"store.size": "use store.batch_records"}))
+	}, func() error { return nil }, &out, append([]Option{Moved(map[string]string{"store.size": "use store.batch_records"})}, opts...)...)
 	return cfg, out.String(), err
+}
+
+// TestLoadNoArgsAndUnused: with NoArgs a word left after the flags (where
+// the parser stopped, dropping the flags behind it) is refused; with
+// Unused a key set in the file or by its flag (its deprecated spelling
+// too), or a key under it, is refused naming the key, and one left unset
+// is not.
+func TestLoadNoArgsAndUnused(t *testing.T) {
+	unused := Unused(map[string]string{"gateway.grpc_addr": "the test listens itself", "store": "no store here"})
+	for _, tc := range []struct {
+		name string
+		file string
+		opts []Option
+		args []string
+		want string
+	}{
+		{"stray word", "", []Option{NoArgs()}, []string{"--gateway.insecure", "false", "--log-level=debug"},
+			`unexpected argument "false": flags after it would be ignored (write a true/false flag as --flag=false)`},
+		{"word first", "", []Option{NoArgs()}, []string{"stray", "--log-level=debug"}, `unexpected argument "stray"`},
+		{"after --", "", []Option{NoArgs()}, []string{"--", "x"}, `unexpected argument "x"`},
+		{"unused flag", "", []Option{unused}, []string{"--gateway.grpc-addr=a:1"}, "gateway.grpc_addr (--gateway.grpc-addr): not used by test: the test listens itself"},
+		{"unused deprecated flag", "", []Option{unused}, []string{"--grpc-addr=a:1"}, "gateway.grpc_addr (--grpc-addr): not used by test"},
+		{"flag under an unused section", "", []Option{unused}, []string{"--store.linger=1s"}, "store (--store.linger): not used by test: no store here"},
+		{"unused file key", "[gateway]\ngrpc_addr = \"a:1\"\n", []Option{unused}, nil, "gateway.grpc_addr: not used by test: the test listens itself"},
+		{"file key under an unused section", "[store]\nlinger = \"1s\"\n", []Option{unused}, nil, "store: not used by test: no store here"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, _, err := loadOpts(t, tc.file, tc.opts, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want %q", err, tc.want)
+			}
+		})
+	}
+	if _, _, err := loadOpts(t, "[gateway]\ninsecure = true\n", []Option{NoArgs(), unused}, "--log-level=debug", "--gateway.insecure=false"); err != nil {
+		t.Fatalf("keys that are used: %v", err)
+	}
+	if _, _, err := load(t, "", "--log-level=debug", "rest"); err != nil {
+		t.Fatalf("without NoArgs: %v", err)
+	}
 }
 
 // TestLoadNaming: an embedded struct's sections are top-level TOML

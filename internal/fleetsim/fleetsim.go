@@ -30,7 +30,9 @@ type Options struct {
 	Token string
 	// Nodes in the fleet. Default 64.
 	Nodes int
-	// EventsPerSecond across the fleet. Default 20.
+	// EventsPerSecond across the fleet, sent in BatchesPerSecond requests
+	// of EventsPerSecond/BatchesPerSecond events (so at most the gateway's
+	// max batch × BatchesPerSecond). Default 20.
 	EventsPerSecond float64
 	// FaultRatio is the share of events that report a fault (the rest are
 	// recoveries and non-fatal noise). Default 0.3.
@@ -38,6 +40,9 @@ type Options struct {
 	// Seed makes a run repeatable. Default 1.
 	Seed uint64
 }
+
+// BatchesPerSecond is how many requests a second Run sends.
+const BatchesPerSecond = 10
 
 // Stats count what the simulator sent.
 type Stats struct {
@@ -66,7 +71,7 @@ func Run(ctx context.Context, o Options, stats *Stats, log *slog.Logger) error {
 	cl := faultlinev1.NewEventsClient(conn)
 	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+o.Token)
 	f := newFleet(o)
-	tick := time.NewTicker(100 * time.Millisecond)
+	tick := time.NewTicker(time.Second / BatchesPerSecond)
 	defer tick.Stop()
 	var owed float64
 	for {
@@ -75,7 +80,7 @@ func Run(ctx context.Context, o Options, stats *Stats, log *slog.Logger) error {
 			return nil
 		case <-tick.C:
 		}
-		owed += o.EventsPerSecond / 10
+		owed += o.EventsPerSecond / BatchesPerSecond
 		var batch []*datamodels.HealthEvent
 		for ; owed >= 1; owed-- {
 			batch = append(batch, f.next())
