@@ -334,14 +334,10 @@ func LoadConfig(name string, args []string, getenv func(string) string) (Config,
 func loadConfig(name string, args []string, getenv func(string) string, out io.Writer) (Config, error) {
 	cfg := DefaultConfig()
 	cfg.NodeName = getenv("NODE_NAME")
-	rest, err := config.Load(name, args, &cfg, cfg.RegisterFlags, cfg.Validate, out, config.Moved(map[string]string{
+	if _, err := config.Load(name, args, &cfg, cfg.RegisterFlags, cfg.Validate, out, config.NoArgs(), config.Moved(map[string]string{
 		"gateway.tls": "TLS is on by default; for plaintext set gateway.insecure = true",
-	}))
-	if err != nil {
+	})); err != nil {
 		return Config{}, err
-	}
-	if len(rest) > 0 {
-		return Config{}, fmt.Errorf("unexpected arguments: %v", rest)
 	}
 	return cfg, nil
 }

@@ -40,3 +40,14 @@ func TestChecksListedOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestStrayWordRefused: `--gateway.insecure false` sets the true/false
+// flag to true and leaves "false" a stray word, after which the flag
+// parser stops; it is refused before validation, naming the word.
+func TestStrayWordRefused(t *testing.T) {
+	env := func(string) string { return "node-1" }
+	_, err := LoadConfig("t", []string{"--gateway.insecure", "false", "--checks=kmsg"}, env)
+	if err == nil || !strings.Contains(err.Error(), `unexpected argument "false"`) {
+		t.Errorf("err %v, want the stray word refused", err)
+	}
+}

@@ -17,7 +17,7 @@ func webhookCmd(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
 		cfg.Webhook.ServiceNamespace = ns
 	}
-	if _, err := config.Load("faultline-preflight webhook", args, &cfg, cfg.RegisterFlags, cfg.Validate, stderr); err != nil {
+	if _, err := config.Load("faultline-preflight webhook", args, &cfg, cfg.RegisterFlags, cfg.Validate, stderr, config.NoArgs()); err != nil {
 		fmt.Fprintln(stderr, "faultline-preflight: webhook:", err)
 		return 2
 	}

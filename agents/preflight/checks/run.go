@@ -155,7 +155,7 @@ func Main(ctx context.Context, name string, args []string, opt Options) int {
 	m := NewMetrics()
 	cfg := DefaultConfig()
 	cfg.WithEnv(opt.Getenv)
-	if _, err := config.Load("faultline-preflight check "+name, args, &cfg, cfg.RegisterFlags, cfg.Validate, opt.Stderr); err != nil {
+	if _, err := config.Load("faultline-preflight check "+name, args, &cfg, cfg.RegisterFlags, cfg.Validate, opt.Stderr, config.NoArgs()); err != nil {
 		fmt.Fprintln(opt.Stderr, "faultline-preflight: check "+name+":", err)
 		m.configErrors.WithLabelValues("config").Inc()
 		_ = m.Publish(cfg.Metrics, cfg.NodeName, cfg.Pod.Name)
