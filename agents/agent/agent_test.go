@@ -792,7 +792,7 @@ func TestConformanceCheckRegistered(t *testing.T) {
 	ev := evs[0]
 	md := ev.GetMetadata()
 	if ev.GetCheckName() != "NodeConformance" || ev.GetNodeName() != "node-7" || len(md["fingerprint"]) != 64 ||
-		md["component.gpu_driver"] != "550.54.14" || !strings.HasPrefix(md["component.bmc_version"], "unreadable: ") {
+		md["component.gpu_driver"] != "550.54.14" || md["component.bmc_version"] != "absent: faultline-no-such-ipmitool not installed" {
 		t.Fatalf("event %v", ev)
 	}
 	if a.checks[0].Interval != 6*time.Hour {
