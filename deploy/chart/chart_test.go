@@ -811,3 +811,35 @@ func TestJanitorNeverTwo(t *testing.T) {
 		})
 	}
 }
+
+// TestGatewayProbeScheme: with a certificate (gateway.tls.secretName) the
+// gateway serves its HTTP port with TLS only, so the kubelet probes it
+// over HTTPS (it does not verify the certificate, and the gateway asks for
+// no client certificate it must have); over plain HTTP the probes got 400s,
+// the gateway was never Ready and was restarted every few minutes. Without
+// a certificate the probes are plain HTTP, as are the roles'.
+func TestGatewayProbeScheme(t *testing.T) {
+	for _, tc := range []struct {
+		set, want string
+	}{
+		{"secure", "HTTPS"},
+		{"default", ""},
+	} {
+		objs := render(t, tc.set)
+		for _, o := range objs {
+			if o.GetKind() != "Deployment" || !strings.HasPrefix(o.GetName(), "faultline-") || o.GetName() == "faultline-preflight" {
+				continue
+			}
+			want := ""
+			if o.GetName() == "faultline-gateway" {
+				want = tc.want
+			}
+			c := firstContainer(t, o)
+			for _, probe := range []string{"readinessProbe", "livenessProbe"} {
+				if got, _, _ := unstructured.NestedString(c, probe, "httpGet", "scheme"); got != want {
+					t.Errorf("%s: %s %s scheme %q, want %q", tc.set, o.GetName(), probe, got, want)
+				}
+			}
+		}
+	}
+}
