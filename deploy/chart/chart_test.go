@@ -14,7 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 const release, namespace = "faultline", "faultline"
@@ -840,6 +842,48 @@ func TestGatewayProbeScheme(t *testing.T) {
 					t.Errorf("%s: %s %s scheme %q, want %q", tc.set, o.GetName(), probe, got, want)
 				}
 			}
+		}
+	}
+}
+
+// TestGatewayTokensParse: the tokens file the chart writes from
+// gateway.tokens.items is one the gateway reads, each item as it says: an
+// item with a node and no role keeps its empty role field
+// (token,cluster,,node), where it was once dropped and the node read as
+// the role, so the gateway refused the whole file.
+func TestGatewayTokensParse(t *testing.T) {
+	values := filepath.Join(t.TempDir(), "tokens.yaml")
+	if err := os.WriteFile(values, []byte(`gateway:
+  tokens:
+    items:
+      - {token: agent-token-0123456789abcdef, cluster: gpu-east}
+      - {token: node-token-0123456789abcdef, cluster: gpu-east, node: gpu-node-7}
+      - {token: node-token-fedcba9876543210, cluster: gpu-west, role: agent, node: gpu-node-8}
+      - {token: oper-token-0123456789abcdef, cluster: gpu-west, role: operator}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := Find(render(t, "default", "-f", values), "Secret", "faultline-gateway-tokens")
+	if s == nil {
+		t.Fatal("no gateway tokens Secret")
+	}
+	file, _, _ := unstructured.NestedString(s.Object, "stringData", "tokens")
+	tokens, err := gateway.ParseTokens(strings.NewReader(file))
+	if err != nil {
+		t.Fatalf("the gateway refuses the tokens file: %v\n%s", err, file)
+	}
+	for _, want := range []struct {
+		token, cluster, node string
+		role                 datamodels.SubmitterRole
+	}{
+		{"agent-token-0123456789abcdef", "gpu-east", "", gateway.RoleAgent},
+		{"node-token-0123456789abcdef", "gpu-east", "gpu-node-7", gateway.RoleAgent},
+		{"node-token-fedcba9876543210", "gpu-west", "gpu-node-8", gateway.RoleAgent},
+		{"oper-token-0123456789abcdef", "gpu-west", "", gateway.RoleOperator},
+	} {
+		c, ok := tokens.Lookup(want.token)
+		if !ok || c.Cluster != want.cluster || c.Role != want.role || c.Node != want.node {
+			t.Errorf("%s: caller %+v (found %v), want cluster %s role %s node %q\n%s", want.token, c, ok, want.cluster, want.role, want.node, file)
 		}
 	}
 }
