@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -523,7 +524,7 @@ func TestLocalActionsSigned(t *testing.T) {
 	ds := Find(sec, "DaemonSet", "faultline-agent")
 	c := firstContainer(t, ds)
 	args, _, _ := unstructured.NestedStringSlice(c, "args")
-	if !slices.Contains(args, "--local-actions.listen=$(HOST_IP):9477") {
+	if !slices.Contains(args, "--local-actions.listen=[$(HOST_IP)]:9477") {
 		t.Errorf("agent args %q", args)
 	}
 	conf, err := ConfigTOML(sec, "faultline-agent")
@@ -885,5 +886,43 @@ func TestGatewayTokensParse(t *testing.T) {
 		if !ok || c.Cluster != want.cluster || c.Role != want.role || c.Node != want.node {
 			t.Errorf("%s: caller %+v (found %v), want cluster %s role %s node %q\n%s", want.token, c, ok, want.cluster, want.role, want.node, file)
 		}
+	}
+}
+
+// TestAgentListenAddrIPv6: the agent listens (metrics, local actions) on
+// the node's address, status.hostIP; on an IPv6-primary node that is
+// fd00::1, and "fd00::1:2112" is no address (net.Listen: too many colons),
+// so the agent exited at start and crash-looped. The address is bracketed,
+// which an IPv4 one takes as well.
+func TestAgentListenAddrIPv6(t *testing.T) {
+	args, _, _ := unstructured.NestedStringSlice(firstContainer(t, Find(render(t, "secure"), "DaemonSet", "faultline-agent")), "args")
+	checked := 0
+	for _, a := range args {
+		flag, addr, ok := strings.Cut(a, "=")
+		if !ok || !strings.Contains(addr, "$(HOST_IP)") {
+			continue
+		}
+		checked++
+		for _, ip := range []string{"fd00::1", "10.0.0.1"} {
+			host, _, err := net.SplitHostPort(strings.ReplaceAll(addr, "$(HOST_IP)", ip))
+			if err != nil || host != ip {
+				t.Errorf("%s with HOST_IP %s: host %q, %v", flag, ip, host, err)
+			}
+		}
+	}
+	if checked != 2 {
+		t.Errorf("%d arguments name $(HOST_IP), want 2 (--metrics-addr, --local-actions.listen): %q", checked, args)
+	}
+	// Both forms listen.
+	for _, addr := range []string{"[127.0.0.1]:0", "[::1]:0"} {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			if addr == "[::1]:0" {
+				t.Logf("no IPv6 loopback here: %v", err)
+				continue
+			}
+			t.Fatalf("listen %s: %v", addr, err)
+		}
+		ln.Close()
 	}
 }
