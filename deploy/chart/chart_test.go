@@ -146,17 +146,18 @@ func TestAgentMounts(t *testing.T) {
 	}{
 		{"default", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/dev/kmsg", "/var/lib/kubelet/pod-resources"}, true, true},
 		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/run/faultline-machine"}, false, false},
-		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/dev/kmsg"}, true, true},
+		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/lib/nvsentinel", "/dev/kmsg"}, true, true},
 		{"default", []string{"--set", "agent.checks={nic}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/lib/kubelet/pod-resources"}, false, true},
-		{"cloud", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc/faultline"}, false, true},
+		{"cloud", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/var/log", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc/faultline"}, false, true},
 		{"default", []string{"--set", "agent.checks={conformance}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/host/proc", "/var/run/faultline-machine"}, false, false},
 		{"default", []string{"--set", "agent.checks={csp}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/run/faultline-machine"}, false, false},
 		{"default", []string{"--set", "agent.checks={nic,conformance,csp}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline,/opt/image/hash}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/var/run/faultline-machine", "/host/etc/faultline", "/host/opt/image/hash"}, false, false},
 		// The host's zone (its /etc/localtime, time_zone = "host", copied by an init container) only for the logs printed in the host's local time: fabric's, a kmsg file.
-		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=file", "--set", "agent.config.kmsg.file=/var/log/kern.log"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/run/faultline-zone", "/var/run/faultline-machine"}, false, false},
-		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=journal"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/run/faultline-machine"}, false, false},
-		{"cloud", []string{"--set", "agent.config.time_zone=America/Chicago"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc/faultline"}, false, true},
-		{"cloud", []string{"--set", "agent.conformanceHostPaths={/etc}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc"}, false, true},
+		// A kmsg file's directory is mounted read-only at /host<dir>, read by root (in group adm): once nothing was mounted, and the check found no file and fell silent.
+		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=file", "--set", "agent.config.kmsg.file=/var/log/kern.log"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/lib/nvsentinel", "/host/var/log", "/var/run/faultline-zone"}, false, true},
+		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=journal"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/lib/nvsentinel", "/var/run/faultline-machine"}, false, false},
+		{"cloud", []string{"--set", "agent.config.time_zone=America/Chicago"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/var/log", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc/faultline"}, false, true},
+		{"cloud", []string{"--set", "agent.conformanceHostPaths={/etc}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/var/log", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc"}, false, true},
 		// conformanceHostPaths are mounted only for the conformance check.
 		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/run/faultline-machine"}, false, false},
 	} {
@@ -184,6 +185,12 @@ func TestAgentMounts(t *testing.T) {
 			uid, _, _ := unstructured.NestedFieldNoCopy(ds.Object, "spec", "template", "spec", "securityContext", "runAsUser")
 			if (fmt.Sprint(uid) == "0") != tc.root {
 				t.Errorf("runAsUser %v, want root %v", uid, tc.root)
+			}
+			// A non-root agent reads its token and the gateway's CA (mode
+			// 0440) as their group: without fsGroup they were root's.
+			fsGroup, _, _ := unstructured.NestedFieldNoCopy(ds.Object, "spec", "template", "spec", "securityContext", "fsGroup")
+			if !tc.root && fmt.Sprint(fsGroup) != "65532" {
+				t.Errorf("non-root agent: fsGroup %v, want 65532 (the token volume is 0440)", fsGroup)
 			}
 			// A non-root agent's state host path is given to it first; the
 			// host's zone is copied for it where it reads it.
@@ -925,4 +932,46 @@ func TestAgentListenAddrIPv6(t *testing.T) {
 		}
 		ln.Close()
 	}
+}
+
+// TestAgentKmsgFile: with agent.config.kmsg.source file, the file's host
+// directory is mounted read-only at /host<dir>, the config names the file
+// there, and the agent reads it as root in group adm (a syslog kern.log
+// is syslog:adm 0640). Once nothing was mounted: the check found no file,
+// said so once at Info and reported no Xid again. A file that is not an
+// absolute path is refused.
+func TestAgentKmsgFile(t *testing.T) {
+	objs := render(t, "default", "--set", "agent.checks={kmsg}", "--set", "agent.podResources=false",
+		"--set", "agent.config.kmsg.source=file", "--set", "agent.config.kmsg.file=/var/log/kern.log")
+	ds := Find(objs, "DaemonSet", "faultline-agent")
+	conf, err := ConfigTOML(objs, "faultline-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(conf, `file = "/host/var/log/kern.log"`) {
+		t.Errorf("agent config.toml does not name the mounted file:\n%s", conf)
+	}
+	var mount map[string]any
+	for _, vm := range mustSlice(firstContainer(t, ds), "volumeMounts") {
+		if vm := vm.(map[string]any); vm["mountPath"] == "/host/var/log" {
+			mount = vm
+		}
+	}
+	if mount == nil || mount["readOnly"] != true {
+		t.Fatalf("kmsg file's directory mount %v, want /host/var/log read-only", mount)
+	}
+	for _, v := range mustSlice(ds.Object, "spec", "template", "spec", "volumes") {
+		if v := v.(map[string]any); v["name"] == mount["name"] {
+			if p, _, _ := unstructured.NestedString(v, "hostPath", "path"); p != "/var/log" {
+				t.Errorf("volume %v, want hostPath /var/log", v)
+			}
+		}
+	}
+	sc, _, _ := unstructured.NestedMap(ds.Object, "spec", "template", "spec", "securityContext")
+	if fmt.Sprint(sc["runAsUser"]) != "0" || fmt.Sprint(sc["supplementalGroups"]) != "[4]" {
+		t.Errorf("pod securityContext %v, want root in group adm (4)", sc)
+	}
+	helm := testenv.Helm(t)
+	refused(t, helm, []string{"agent.checks={kmsg}", "agent.config.kmsg.source=file", "agent.config.kmsg.file=kern.log"}, "must be an absolute path")
+	refused(t, helm, []string{"agent.checks={kmsg}", "agent.config.kmsg.source=file"}, "agent.config.kmsg.file is required")
 }
