@@ -975,3 +975,43 @@ func TestAgentKmsgFile(t *testing.T) {
 	refused(t, helm, []string{"agent.checks={kmsg}", "agent.config.kmsg.source=file", "agent.config.kmsg.file=kern.log"}, "must be an absolute path")
 	refused(t, helm, []string{"agent.checks={kmsg}", "agent.config.kmsg.source=file"}, "agent.config.kmsg.file is required")
 }
+
+// TestPreflightConfigurationOwned: the webhook creates its
+// MutatingWebhookConfiguration owned by its ClusterRole, which the release
+// owns (webhook.owner_cluster_role, preflight/webhook
+// TestConfigurationOwnedByClusterRole), and may read that ClusterRole for
+// its UID: helm uninstall, or preflight.enabled false, deletes the
+// ClusterRole and so the configuration. Once nothing deleted it: it called
+// a Service gone and, failing closed, refused every pod of the opted-in
+// namespaces. With rbac.create false the operator names their own.
+func TestPreflightConfigurationOwned(t *testing.T) {
+	objs := render(t, "default")
+	conf, err := ConfigTOML(objs, "faultline-preflight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(conf, `owner_cluster_role = "faultline-preflight-webhook"`) {
+		t.Errorf("preflight config.toml names no owner:\n%s", conf)
+	}
+	cr := Find(objs, "ClusterRole", "faultline-preflight-webhook")
+	if cr == nil {
+		t.Fatal("no ClusterRole faultline-preflight-webhook")
+	}
+	canGet := false
+	for _, r := range mustSlice(cr.Object, "rules") {
+		r := r.(map[string]any)
+		if fmt.Sprint(r["apiGroups"], r["resources"], r["resourceNames"], r["verbs"]) == "[rbac.authorization.k8s.io] [clusterroles] [faultline-preflight-webhook] [get]" {
+			canGet = true
+		}
+	}
+	if !canGet {
+		t.Errorf("the webhook may not get its ClusterRole: %v", cr.Object["rules"])
+	}
+	conf, err = ConfigTOML(render(t, "default", "--set", "rbac.create=false"), "faultline-preflight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(conf, "owner_cluster_role") {
+		t.Errorf("rbac.create false: the config names an owner the chart does not make:\n%s", conf)
+	}
+}
