@@ -38,7 +38,7 @@ type Config struct {
 	ProcessingStrategy string `toml:"processing_strategy"`
 	// MetricsAddr serves /metrics and /healthz (default "127.0.0.1:2112",
 	// loopback only; "" off). To let Prometheus scrape it, listen on the
-	// node's address, e.g. "$(HOST_IP):2112" with HOST_IP from the
+	// node's address, e.g. "[$(HOST_IP)]:2112" with HOST_IP from the
 	// Kubernetes downward API (status.hostIP); see agents/README.md.
 	MetricsAddr string `toml:"metrics_addr"`
 	// LogLevel is debug, info (default), warn or error.

@@ -54,7 +54,7 @@ import (
 
 // Config is the agent's [local_actions] section.
 type Config struct {
-	// Listen is the endpoint's address ("$(HOST_IP):9477"); "" (default)
+	// Listen is the endpoint's address ("[$(HOST_IP)]:9477"); "" (default)
 	// turns the endpoint off.
 	Listen string `toml:"listen"`
 	// VerifyKeyFile holds the janitor's Ed25519 public key (PEM PUBLIC

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,7 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/internal/testenv"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 const release, namespace = "faultline", "faultline"
@@ -143,17 +146,18 @@ func TestAgentMounts(t *testing.T) {
 	}{
 		{"default", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/dev/kmsg", "/var/lib/kubelet/pod-resources"}, true, true},
 		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/run/faultline-machine"}, false, false},
-		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/dev/kmsg"}, true, true},
+		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/lib/nvsentinel", "/dev/kmsg"}, true, true},
 		{"default", []string{"--set", "agent.checks={nic}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/lib/kubelet/pod-resources"}, false, true},
-		{"cloud", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc/faultline"}, false, true},
+		{"cloud", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/var/log", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc/faultline"}, false, true},
 		{"default", []string{"--set", "agent.checks={conformance}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/host/proc", "/var/run/faultline-machine"}, false, false},
 		{"default", []string{"--set", "agent.checks={csp}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/run/faultline-machine"}, false, false},
 		{"default", []string{"--set", "agent.checks={nic,conformance,csp}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline,/opt/image/hash}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/var/run/faultline-machine", "/host/etc/faultline", "/host/opt/image/hash"}, false, false},
 		// The host's zone (its /etc/localtime, time_zone = "host", copied by an init container) only for the logs printed in the host's local time: fabric's, a kmsg file.
-		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=file", "--set", "agent.config.kmsg.file=/var/log/kern.log"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/run/faultline-zone", "/var/run/faultline-machine"}, false, false},
-		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=journal"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/run/faultline-machine"}, false, false},
-		{"cloud", []string{"--set", "agent.config.time_zone=America/Chicago"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc/faultline"}, false, true},
-		{"cloud", []string{"--set", "agent.conformanceHostPaths={/etc}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc"}, false, true},
+		// A kmsg file's directory is mounted read-only at /host<dir>, read by root (in group adm): once nothing was mounted, and the check found no file and fell silent.
+		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=file", "--set", "agent.config.kmsg.file=/var/log/kern.log"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/lib/nvsentinel", "/host/var/log", "/var/run/faultline-zone"}, false, true},
+		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=journal"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/lib/nvsentinel", "/var/run/faultline-machine"}, false, false},
+		{"cloud", []string{"--set", "agent.config.time_zone=America/Chicago"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/var/log", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc/faultline"}, false, true},
+		{"cloud", []string{"--set", "agent.conformanceHostPaths={/etc}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/var/log", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc"}, false, true},
 		// conformanceHostPaths are mounted only for the conformance check.
 		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/run/faultline-machine"}, false, false},
 	} {
@@ -181,6 +185,12 @@ func TestAgentMounts(t *testing.T) {
 			uid, _, _ := unstructured.NestedFieldNoCopy(ds.Object, "spec", "template", "spec", "securityContext", "runAsUser")
 			if (fmt.Sprint(uid) == "0") != tc.root {
 				t.Errorf("runAsUser %v, want root %v", uid, tc.root)
+			}
+			// A non-root agent reads its token and the gateway's CA (mode
+			// 0440) as their group: without fsGroup they were root's.
+			fsGroup, _, _ := unstructured.NestedFieldNoCopy(ds.Object, "spec", "template", "spec", "securityContext", "fsGroup")
+			if !tc.root && fmt.Sprint(fsGroup) != "65532" {
+				t.Errorf("non-root agent: fsGroup %v, want 65532 (the token volume is 0440)", fsGroup)
 			}
 			// A non-root agent's state host path is given to it first; the
 			// host's zone is copied for it where it reads it.
@@ -521,7 +531,7 @@ func TestLocalActionsSigned(t *testing.T) {
 	ds := Find(sec, "DaemonSet", "faultline-agent")
 	c := firstContainer(t, ds)
 	args, _, _ := unstructured.NestedStringSlice(c, "args")
-	if !slices.Contains(args, "--local-actions.listen=$(HOST_IP):9477") {
+	if !slices.Contains(args, "--local-actions.listen=[$(HOST_IP)]:9477") {
 		t.Errorf("agent args %q", args)
 	}
 	conf, err := ConfigTOML(sec, "faultline-agent")
@@ -809,5 +819,199 @@ func TestJanitorNeverTwo(t *testing.T) {
 				t.Errorf("janitor.lease_namespace not the release namespace:\n%s", conf)
 			}
 		})
+	}
+}
+
+// TestGatewayProbeScheme: with a certificate (gateway.tls.secretName) the
+// gateway serves its HTTP port with TLS only, so the kubelet probes it
+// over HTTPS (it does not verify the certificate, and the gateway asks for
+// no client certificate it must have); over plain HTTP the probes got 400s,
+// the gateway was never Ready and was restarted every few minutes. Without
+// a certificate the probes are plain HTTP, as are the roles'.
+func TestGatewayProbeScheme(t *testing.T) {
+	for _, tc := range []struct {
+		set, want string
+	}{
+		{"secure", "HTTPS"},
+		{"default", ""},
+	} {
+		objs := render(t, tc.set)
+		for _, o := range objs {
+			if o.GetKind() != "Deployment" || !strings.HasPrefix(o.GetName(), "faultline-") || o.GetName() == "faultline-preflight" {
+				continue
+			}
+			want := ""
+			if o.GetName() == "faultline-gateway" {
+				want = tc.want
+			}
+			c := firstContainer(t, o)
+			for _, probe := range []string{"readinessProbe", "livenessProbe"} {
+				if got, _, _ := unstructured.NestedString(c, probe, "httpGet", "scheme"); got != want {
+					t.Errorf("%s: %s %s scheme %q, want %q", tc.set, o.GetName(), probe, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestGatewayTokensParse: the tokens file the chart writes from
+// gateway.tokens.items is one the gateway reads, each item as it says: an
+// item with a node and no role keeps its empty role field
+// (token,cluster,,node), where it was once dropped and the node read as
+// the role, so the gateway refused the whole file.
+func TestGatewayTokensParse(t *testing.T) {
+	values := filepath.Join(t.TempDir(), "tokens.yaml")
+	if err := os.WriteFile(values, []byte(`gateway:
+  tokens:
+    items:
+      - {token: agent-token-0123456789abcdef, cluster: gpu-east}
+      - {token: node-token-0123456789abcdef, cluster: gpu-east, node: gpu-node-7}
+      - {token: node-token-fedcba9876543210, cluster: gpu-west, role: agent, node: gpu-node-8}
+      - {token: oper-token-0123456789abcdef, cluster: gpu-west, role: operator}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := Find(render(t, "default", "-f", values), "Secret", "faultline-gateway-tokens")
+	if s == nil {
+		t.Fatal("no gateway tokens Secret")
+	}
+	file, _, _ := unstructured.NestedString(s.Object, "stringData", "tokens")
+	tokens, err := gateway.ParseTokens(strings.NewReader(file))
+	if err != nil {
+		t.Fatalf("the gateway refuses the tokens file: %v\n%s", err, file)
+	}
+	for _, want := range []struct {
+		token, cluster, node string
+		role                 datamodels.SubmitterRole
+	}{
+		{"agent-token-0123456789abcdef", "gpu-east", "", gateway.RoleAgent},
+		{"node-token-0123456789abcdef", "gpu-east", "gpu-node-7", gateway.RoleAgent},
+		{"node-token-fedcba9876543210", "gpu-west", "gpu-node-8", gateway.RoleAgent},
+		{"oper-token-0123456789abcdef", "gpu-west", "", gateway.RoleOperator},
+	} {
+		c, ok := tokens.Lookup(want.token)
+		if !ok || c.Cluster != want.cluster || c.Role != want.role || c.Node != want.node {
+			t.Errorf("%s: caller %+v (found %v), want cluster %s role %s node %q\n%s", want.token, c, ok, want.cluster, want.role, want.node, file)
+		}
+	}
+}
+
+// TestAgentListenAddrIPv6: the agent listens (metrics, local actions) on
+// the node's address, status.hostIP; on an IPv6-primary node that is
+// fd00::1, and "fd00::1:2112" is no address (net.Listen: too many colons),
+// so the agent exited at start and crash-looped. The address is bracketed,
+// which an IPv4 one takes as well.
+func TestAgentListenAddrIPv6(t *testing.T) {
+	args, _, _ := unstructured.NestedStringSlice(firstContainer(t, Find(render(t, "secure"), "DaemonSet", "faultline-agent")), "args")
+	checked := 0
+	for _, a := range args {
+		flag, addr, ok := strings.Cut(a, "=")
+		if !ok || !strings.Contains(addr, "$(HOST_IP)") {
+			continue
+		}
+		checked++
+		for _, ip := range []string{"fd00::1", "10.0.0.1"} {
+			host, _, err := net.SplitHostPort(strings.ReplaceAll(addr, "$(HOST_IP)", ip))
+			if err != nil || host != ip {
+				t.Errorf("%s with HOST_IP %s: host %q, %v", flag, ip, host, err)
+			}
+		}
+	}
+	if checked != 2 {
+		t.Errorf("%d arguments name $(HOST_IP), want 2 (--metrics-addr, --local-actions.listen): %q", checked, args)
+	}
+	// Both forms listen.
+	for _, addr := range []string{"[127.0.0.1]:0", "[::1]:0"} {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			if addr == "[::1]:0" {
+				t.Logf("no IPv6 loopback here: %v", err)
+				continue
+			}
+			t.Fatalf("listen %s: %v", addr, err)
+		}
+		ln.Close()
+	}
+}
+
+// TestAgentKmsgFile: with agent.config.kmsg.source file, the file's host
+// directory is mounted read-only at /host<dir>, the config names the file
+// there, and the agent reads it as root in group adm (a syslog kern.log
+// is syslog:adm 0640). Once nothing was mounted: the check found no file,
+// said so once at Info and reported no Xid again. A file that is not an
+// absolute path is refused.
+func TestAgentKmsgFile(t *testing.T) {
+	objs := render(t, "default", "--set", "agent.checks={kmsg}", "--set", "agent.podResources=false",
+		"--set", "agent.config.kmsg.source=file", "--set", "agent.config.kmsg.file=/var/log/kern.log")
+	ds := Find(objs, "DaemonSet", "faultline-agent")
+	conf, err := ConfigTOML(objs, "faultline-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(conf, `file = "/host/var/log/kern.log"`) {
+		t.Errorf("agent config.toml does not name the mounted file:\n%s", conf)
+	}
+	var mount map[string]any
+	for _, vm := range mustSlice(firstContainer(t, ds), "volumeMounts") {
+		if vm := vm.(map[string]any); vm["mountPath"] == "/host/var/log" {
+			mount = vm
+		}
+	}
+	if mount == nil || mount["readOnly"] != true {
+		t.Fatalf("kmsg file's directory mount %v, want /host/var/log read-only", mount)
+	}
+	for _, v := range mustSlice(ds.Object, "spec", "template", "spec", "volumes") {
+		if v := v.(map[string]any); v["name"] == mount["name"] {
+			if p, _, _ := unstructured.NestedString(v, "hostPath", "path"); p != "/var/log" {
+				t.Errorf("volume %v, want hostPath /var/log", v)
+			}
+		}
+	}
+	sc, _, _ := unstructured.NestedMap(ds.Object, "spec", "template", "spec", "securityContext")
+	if fmt.Sprint(sc["runAsUser"]) != "0" || fmt.Sprint(sc["supplementalGroups"]) != "[4]" {
+		t.Errorf("pod securityContext %v, want root in group adm (4)", sc)
+	}
+	helm := testenv.Helm(t)
+	refused(t, helm, []string{"agent.checks={kmsg}", "agent.config.kmsg.source=file", "agent.config.kmsg.file=kern.log"}, "must be an absolute path")
+	refused(t, helm, []string{"agent.checks={kmsg}", "agent.config.kmsg.source=file"}, "agent.config.kmsg.file is required")
+}
+
+// TestPreflightConfigurationOwned: the webhook creates its
+// MutatingWebhookConfiguration owned by its ClusterRole, which the release
+// owns (webhook.owner_cluster_role, preflight/webhook
+// TestConfigurationOwnedByClusterRole), and may read that ClusterRole for
+// its UID: helm uninstall, or preflight.enabled false, deletes the
+// ClusterRole and so the configuration. Once nothing deleted it: it called
+// a Service gone and, failing closed, refused every pod of the opted-in
+// namespaces. With rbac.create false the operator names their own.
+func TestPreflightConfigurationOwned(t *testing.T) {
+	objs := render(t, "default")
+	conf, err := ConfigTOML(objs, "faultline-preflight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(conf, `owner_cluster_role = "faultline-preflight-webhook"`) {
+		t.Errorf("preflight config.toml names no owner:\n%s", conf)
+	}
+	cr := Find(objs, "ClusterRole", "faultline-preflight-webhook")
+	if cr == nil {
+		t.Fatal("no ClusterRole faultline-preflight-webhook")
+	}
+	canGet := false
+	for _, r := range mustSlice(cr.Object, "rules") {
+		r := r.(map[string]any)
+		if fmt.Sprint(r["apiGroups"], r["resources"], r["resourceNames"], r["verbs"]) == "[rbac.authorization.k8s.io] [clusterroles] [faultline-preflight-webhook] [get]" {
+			canGet = true
+		}
+	}
+	if !canGet {
+		t.Errorf("the webhook may not get its ClusterRole: %v", cr.Object["rules"])
+	}
+	conf, err = ConfigTOML(render(t, "default", "--set", "rbac.create=false"), "faultline-preflight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(conf, "owner_cluster_role") {
+		t.Errorf("rbac.create false: the config names an owner the chart does not make:\n%s", conf)
 	}
 }

@@ -100,7 +100,7 @@ func checkAgentPodMonitor(t *testing.T, objs []*unstructured.Unstructured) {
 			port = p["containerPort"]
 		}
 	}
-	want := fmt.Sprintf("--metrics-addr=$(HOST_IP):%v", port)
+	want := fmt.Sprintf("--metrics-addr=[$(HOST_IP)]:%v", port)
 	if port == nil || ep["path"] != "/metrics" || !slices.Contains(agent["args"].([]any), any(want)) {
 		t.Errorf("PodMonitor %s scrapes port %v (container port %v) path %v; the agent runs with %v", pm.GetName(), ep["port"], port, ep["path"], agent["args"])
 	}

@@ -63,6 +63,15 @@ type ServerConfig struct {
 	// caBundle) from this configuration (default true); false only keeps
 	// its caBundle, for a configuration deployed otherwise.
 	ManageConfiguration bool `toml:"manage_configuration"`
+	// OwnerClusterRole, when set (with manage_configuration), is a
+	// ClusterRole the configuration is owned by (an ownerReference, added
+	// to an existing one too): deleting the ClusterRole (helm uninstall,
+	// the chart's preflight turned off) has the garbage collector delete
+	// the configuration, which would otherwise stay, call a Service gone
+	// and, with failure_policy Fail, refuse every pod of the opted-in
+	// namespaces. The chart names its webhook ClusterRole. Needs get on it;
+	// while it cannot be read the configuration is not created.
+	OwnerClusterRole string `toml:"owner_cluster_role"`
 	// FailurePolicy is Fail (default: a pod is not created while the
 	// webhook cannot answer) or Ignore (it is created without checks).
 	// Errors inside the webhook follow the same policy.
@@ -226,6 +235,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&w.ConfigurationName, "webhook.configuration-name", w.ConfigurationName, "MutatingWebhookConfiguration name")
 	fs.StringVar(&w.Name, "webhook.name", w.Name, "webhook entry name")
 	fs.BoolVar(&w.ManageConfiguration, "webhook.manage-configuration", w.ManageConfiguration, "create and keep the webhook entry (false: keep only its caBundle)")
+	fs.StringVar(&w.OwnerClusterRole, "webhook.owner-cluster-role", w.OwnerClusterRole, "ClusterRole the configuration is owned by (deleted with it); empty: none")
 	fs.StringVar(&w.FailurePolicy, "webhook.failure-policy", w.FailurePolicy, "Fail or Ignore")
 	fs.DurationVar(&w.Timeout, "webhook.timeout", w.Timeout, "API server timeout for a call, 1s..30s")
 	fs.StringVar(&w.ServiceName, "webhook.service-name", w.ServiceName, "webhook Service name")

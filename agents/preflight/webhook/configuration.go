@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	admissionregv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -72,13 +73,46 @@ func (c *Config) DesiredWebhook(caBundle []byte) admissionregv1.MutatingWebhook 
 	}
 }
 
+// owner is the ownerReference to webhook.owner_cluster_role, nil without
+// one (or without manage_configuration).
+func owner(ctx context.Context, kc kubernetes.Interface, cfg *Config) (*metav1.OwnerReference, error) {
+	name := cfg.Webhook.OwnerClusterRole
+	if name == "" || !cfg.Webhook.ManageConfiguration {
+		return nil, nil
+	}
+	cr, err := kc.RbacV1().ClusterRoles().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("webhook.owner_cluster_role: get ClusterRole %s: %w", name, err)
+	}
+	return &metav1.OwnerReference{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole", Name: cr.Name, UID: cr.UID}, nil
+}
+
+// withOwner returns refs with ref in place of any other to the same
+// ClusterRole (one deleted and made again has another UID).
+func withOwner(refs []metav1.OwnerReference, ref metav1.OwnerReference) []metav1.OwnerReference {
+	out := slices.Clone(refs)
+	i := slices.IndexFunc(out, func(r metav1.OwnerReference) bool {
+		return r.Kind == ref.Kind && r.Name == ref.Name && strings.HasPrefix(r.APIVersion, "rbac.authorization.k8s.io/")
+	})
+	if i < 0 {
+		return append(out, ref)
+	}
+	out[i] = ref
+	return out
+}
+
 // ensureConfiguration creates or corrects the MutatingWebhookConfiguration:
 // with manage, the whole entry named webhook.name (other entries are left
-// alone); without, only the caBundle of that entry. A nil caBundle keeps
-// the one there (an external injector owns it).
+// alone) and its owner (webhook.owner_cluster_role); without, only the
+// caBundle of that entry. A nil caBundle keeps the one there (an external
+// injector owns it).
 func ensureConfiguration(ctx context.Context, kc kubernetes.Interface, cfg *Config, caBundle []byte) (changed bool, err error) {
 	api := kc.AdmissionregistrationV1().MutatingWebhookConfigurations()
 	name := cfg.Webhook.ConfigurationName
+	own, err := owner(ctx, kc, cfg)
+	if err != nil {
+		return false, err
+	}
 	cur, err := api.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		if !cfg.Webhook.ManageConfiguration {
@@ -87,6 +121,9 @@ func ensureConfiguration(ctx context.Context, kc kubernetes.Interface, cfg *Conf
 		want := &admissionregv1.MutatingWebhookConfiguration{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app.kubernetes.io/managed-by": "faultline-preflight"}},
 			Webhooks:   []admissionregv1.MutatingWebhook{cfg.DesiredWebhook(caBundle)},
+		}
+		if own != nil {
+			want.OwnerReferences = []metav1.OwnerReference{*own}
 		}
 		if _, err := api.Create(ctx, want, metav1.CreateOptions{}); err != nil {
 			return false, fmt.Errorf("create MutatingWebhookConfiguration %s: %w", name, err)
@@ -114,7 +151,10 @@ func ensureConfiguration(ctx context.Context, kc kubernetes.Interface, cfg *Conf
 	case caBundle != nil:
 		next.Webhooks[i].ClientConfig.CABundle = caBundle
 	}
-	if equality.Semantic.DeepEqual(cur.Webhooks, next.Webhooks) {
+	if own != nil {
+		next.OwnerReferences = withOwner(next.OwnerReferences, *own)
+	}
+	if equality.Semantic.DeepEqual(cur.Webhooks, next.Webhooks) && equality.Semantic.DeepEqual(cur.OwnerReferences, next.OwnerReferences) {
 		return false, nil
 	}
 	if _, err := api.Update(ctx, next, metav1.UpdateOptions{}); err != nil {

@@ -416,11 +416,12 @@ spec:
           {{- end }}
           ports:
             {{- toYaml .ports | nindent 12 }}
+          {{- /* probeScheme HTTPS: the port serves TLS only (the gateway with a certificate); the kubelet does not verify the certificate. */}}
           readinessProbe:
-            httpGet: {path: {{ .readyPath }}, port: {{ .probePort }}}
+            httpGet: {path: {{ .readyPath }}, port: {{ .probePort }}{{ with .probeScheme }}, scheme: {{ . }}{{ end }}}
             periodSeconds: 10
           livenessProbe:
-            httpGet: {path: /healthz, port: {{ .probePort }}}
+            httpGet: {path: /healthz, port: {{ .probePort }}{{ with .probeScheme }}, scheme: {{ . }}{{ end }}}
             periodSeconds: 20
             failureThreshold: 6
           resources:
