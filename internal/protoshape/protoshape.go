@@ -106,12 +106,33 @@ func hasRepeated(md protoreflect.MessageDescriptor, depth int) bool {
 // array (HealthEvent has 30); a field past it is counted in a map.
 const maxCounted = 48
 
+// Malformed is a message that is not protobuf wire data: refused before
+// decoding, since a decoder allocates every element before the point where
+// it fails (a 4 MiB message of 2 million empty events and a cut tag was
+// 755 MB), and vtprotobuf's skips an unknown group whose end does not
+// match (which the standard decoder refuses) and decodes what follows.
+type Malformed struct {
+	// Field is the path of the message that does not parse ("" for the
+	// request).
+	Field string
+	Err   error
+}
+
+func (e *Malformed) Error() string {
+	if e.Field == "" {
+		return "not protobuf: " + e.Err.Error()
+	}
+	return e.Field + ": not protobuf: " + e.Err.Error()
+}
+
+func (e *Malformed) Unwrap() error { return e.Err }
+
 // Check checks the wire form b of a message of descriptor md, at path
 // (named in errors; "" for a request). An element over its field's limit
 // is an *Error; a map entry whose key or value has the wrong wire type is
-// an error too (see checkMapEntry). A malformed message is left to the
-// decoder, which refuses it (up to the malformed point everything was
-// counted).
+// an error too (see checkMapEntry); wire data that does not parse (a tag,
+// a length or a group cut short or broken, in the message or one walked
+// inside it) is a *Malformed.
 func (l Limits) Check(b []byte, md protoreflect.MessageDescriptor, path string) error {
 	if l.MaxEvents == 0 {
 		return nil
@@ -221,20 +242,20 @@ func (l Limits) walk(b []byte, p *plan, at elemPath, depth int) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return nil
+			return &Malformed{Field: at.String(), Err: protowire.ParseError(n)}
 		}
 		b = b[n:]
 		var val []byte
 		if typ == protowire.BytesType {
 			v, m := protowire.ConsumeBytes(b)
 			if m < 0 {
-				return nil
+				return &Malformed{Field: at.String(), Err: protowire.ParseError(m)}
 			}
 			val, b = v, b[m:]
 		} else {
 			m := protowire.ConsumeFieldValue(num, typ, b)
 			if m < 0 {
-				return nil
+				return &Malformed{Field: at.String(), Err: protowire.ParseError(m)}
 			}
 			b = b[m:]
 		}
@@ -294,18 +315,18 @@ func (l Limits) walk(b []byte, p *plan, at elemPath, depth int) error {
 // unknown (the key or value stays empty); vtprotobuf's generated decoder
 // does not look at a map entry's wire types and reads it as its field's,
 // so the two would decode the same bytes into different entries (the
-// gateway's FuzzCodecMatchesProto found one). A malformed entry is left to
-// the decoder.
+// gateway's FuzzCodecMatchesProto found one). A malformed entry is a
+// *Malformed.
 func checkMapEntry(b []byte, fd protoreflect.FieldDescriptor, at elemPath) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return nil
+			return &Malformed{Field: JoinPath(at.String(), fd.JSONName()), Err: protowire.ParseError(n)}
 		}
 		b = b[n:]
 		m := protowire.ConsumeFieldValue(num, typ, b)
 		if m < 0 {
-			return nil
+			return &Malformed{Field: JoinPath(at.String(), fd.JSONName()), Err: protowire.ParseError(m)}
 		}
 		b = b[m:]
 		var part protoreflect.FieldDescriptor

@@ -2,6 +2,7 @@ package protoshape
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"google.golang.org/grpc"
@@ -24,13 +25,17 @@ type Shaped struct {
 }
 
 // Decode is a server codec's Unmarshal: into a *Shaped it checks data
-// against l first and records a violation in Err without decoding, then
-// decodes, recording a failure in DecodeErr; otherwise decode decodes data
-// into the message.
+// against l first and records a violation in Err (or, for data that is
+// not protobuf, in DecodeErr) without decoding, then decodes, recording a
+// failure in DecodeErr; otherwise decode decodes data into the message.
 func (l Limits) Decode(data []byte, v any, decode func([]byte, proto.Message) error) error {
 	if sv, ok := v.(*Shaped); ok {
 		if err := l.Check(data, sv.Msg.ProtoReflect().Descriptor(), ""); err != nil {
-			sv.Err = err
+			if _, ok := errors.AsType[*Malformed](err); ok {
+				sv.DecodeErr = err
+			} else {
+				sv.Err = err
+			}
 			return nil
 		}
 		sv.DecodeErr = decode(data, sv.Msg)
