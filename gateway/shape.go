@@ -37,8 +37,9 @@ func (l shapeLimits) checkProto(b []byte, md protoreflect.MessageDescriptor, pat
 // of descriptor md, the same way as checkProto. The scan is lenient: it
 // follows only the structure (objects, arrays, strings) and stops, leaving
 // the error to protojson, where the structure breaks; protojson is at least
-// as strict, so it refuses the body at or before that point, and up to it
-// everything was counted.
+// as strict, so it refuses the body at or before that point, and what it
+// decodes up to there was counted and checked (a body of 2 million empty
+// events with its end cut off is refused here, not decoded).
 func (l shapeLimits) checkJSON(b []byte, md protoreflect.MessageDescriptor) error {
 	if l.maxEvents == 0 {
 		return nil
@@ -155,7 +156,9 @@ func (s *jsonScan) skip() {
 
 // members iterates the members of the object at the cursor, calling f with
 // each key and the cursor at its value (f must consume the value). It
-// returns the number of members, or -1 when the structure broke.
+// returns the number of members; where the structure broke (s.bad), those
+// begun before it, which protojson decodes before it refuses the body, so
+// they count against the limits too.
 func (s *jsonScan) members(f func(key string) error) (int, error) {
 	s.i++ // '{'
 	n := 0
@@ -168,17 +171,17 @@ func (s *jsonScan) members(f func(key string) error) (int, error) {
 		s.ws()
 		k := s.key()
 		if s.bad {
-			return -1, nil
+			return n, nil
 		}
 		s.ws()
 		if !s.peek(':') {
 			s.bad = true
-			return -1, nil
+			return n, nil
 		}
 		s.i++
 		s.ws()
 		if err := f(k); err != nil || s.bad {
-			return -1, err
+			return n + 1, err
 		}
 		n++
 		s.ws()
@@ -190,7 +193,7 @@ func (s *jsonScan) members(f func(key string) error) (int, error) {
 			return n, nil
 		default:
 			s.bad = true
-			return -1, nil
+			return n, nil
 		}
 	}
 }
@@ -207,7 +210,7 @@ func (s *jsonScan) elements(f func(i int) error) (int, error) {
 	for {
 		s.ws()
 		if err := f(n); err != nil || s.bad {
-			return -1, err
+			return n + 1, err
 		}
 		n++
 		s.ws()
@@ -219,7 +222,7 @@ func (s *jsonScan) elements(f func(i int) error) (int, error) {
 			return n, nil
 		default:
 			s.bad = true
-			return -1, nil
+			return n, nil
 		}
 	}
 }
@@ -246,7 +249,7 @@ func (s *jsonScan) object(l shapeLimits, md protoreflect.MessageDescriptor, path
 		switch {
 		case fd.IsMap() && s.peek('{'):
 			n, err := s.members(func(string) error { s.skip(); return nil })
-			if err != nil || n < 0 {
+			if err != nil {
 				return err
 			}
 			counts[fd.Name()] += n
@@ -261,7 +264,7 @@ func (s *jsonScan) object(l shapeLimits, md protoreflect.MessageDescriptor, path
 				s.skip()
 				return nil
 			})
-			if err != nil || n < 0 {
+			if err != nil {
 				return err
 			}
 			counts[fd.Name()] += n

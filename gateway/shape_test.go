@@ -93,6 +93,10 @@ func TestShape(t *testing.T) {
 		{name: "JSON: unknown fields are skipped whole", json: `{"junk":[[[[` + strings.Repeat(`{},`, 5000) + `{}]]]],"events":[{}]}`},
 		{name: "JSON: null events", json: `{"events":null}`},
 		{name: "JSON: broken structure is left to protojson", json: `{"events":[{},{]`},
+		{name: "JSON: events before a cut end still count", json: `{"events":[` + strings.Repeat(`{},`, 1001), want: "events exceed the batch limit of 1000"},
+		{name: "JSON: events before a broken one still count", json: `{"events":[` + strings.Repeat(`{},`, 1000) + `{]}`, want: "events: 1001 events exceed"},
+		{name: "JSON: entities before a broken end still count", json: `{"events":[{"entitiesImpacted":[` + strings.Repeat(`{},`, 65) + `x`, want: "entities exceed the limit of 64"},
+		{name: "protobuf: cut short after the events", wire: append(emptyEvents(2000), 0x80), want: "not protobuf"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
