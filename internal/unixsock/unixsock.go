@@ -83,9 +83,14 @@ func Listen(path, group string, keys Keys) (net.Listener, error) {
 // Linux, with its terminating NUL).
 const MaxPath = 107
 
-// LookupGroup returns the id of a group given by name or numeric id.
+// LookupGroup returns the id of a group given by name or numeric id (not
+// negative: Listen takes a negative id for none, and the socket would keep
+// the process's group).
 func LookupGroup(group string) (int, error) {
 	if id, err := strconv.Atoi(group); err == nil {
+		if id < 0 {
+			return 0, fmt.Errorf("group id %d is negative", id)
+		}
 		return id, nil
 	}
 	g, err := user.LookupGroup(group)

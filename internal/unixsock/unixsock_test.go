@@ -119,3 +119,14 @@ func groupName(t *testing.T, gid int) string {
 	}
 	return ""
 }
+
+// TestLookupGroupNegative: a negative group id was taken (Listen then
+// skipped the chown, leaving the process's group on the socket).
+func TestLookupGroupNegative(t *testing.T) {
+	if _, err := LookupGroup("-5"); err == nil {
+		t.Error("group -5 accepted")
+	}
+	if id, err := LookupGroup("65532"); err != nil || id != 65532 {
+		t.Errorf("group 65532: %d, %v", id, err)
+	}
+}
