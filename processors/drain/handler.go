@@ -595,7 +595,11 @@ func podRefusal(err error) bool {
 }
 
 // evict asks the Eviction API to evict the pod. A refusal under a PDB
-// (429) is not an error: it returns the PDB's name.
+// (429 with a DisruptionBudget cause, budgetCause) is not an error: it
+// returns the PDB's name. Any other 429 is the apiserver throttling
+// (API Priority and Fairness, max-in-flight): the cluster's error,
+// retried after its backoff — taken for a PDB's refusal, a forced drain
+// answered it with a delete of grace period 0.
 //
 // The call is made once (MaxRetries(0)): the apiserver answers a PDB it
 // has not processed yet (no disruption controller has observed it) with
@@ -617,7 +621,7 @@ func (h *Handler) evict(ctx context.Context, cl *clusters.Client, p *corev1.Pod)
 		// A client without a REST client (client-go's fake): its own call.
 		err = cl.Kube.CoreV1().Pods(p.Namespace).EvictV1(ctx, ev)
 	}
-	if apierrors.IsTooManyRequests(err) {
+	if _, ok := budgetCause(err); ok {
 		return h.pdbName(ctx, cl, p, err), nil
 	}
 	if err != nil {
@@ -626,17 +630,34 @@ func (h *Handler) evict(ctx context.Context, cl *clusters.Client, p *corev1.Pod)
 	return "", nil
 }
 
-// pdbName finds the PDB behind a 429: the apiserver names it in the
-// status causes ("The disruption budget NAME needs ..."); else the first
-// PDB of the namespace whose selector matches the pod.
-func (h *Handler) pdbName(ctx context.Context, cl *clusters.Client, p *corev1.Pod, err error) string {
+// budgetCause returns the cause of type DisruptionBudget
+// (policyv1.DisruptionBudgetCause) of a 429: the Eviction API's refusal
+// under a PDB carries one, whether the PDB allows no disruption or is
+// "still being processed" (k8s.io/kubernetes v1.34
+// pkg/registry/core/pod/storage/eviction.go, checkAndDecrement and
+// createTooManyRequestsError); the apiserver's throttling answers 429
+// without it.
+func budgetCause(err error) (metav1.StatusCause, bool) {
 	var se apierrors.APIStatus
-	if errors.As(err, &se) && se.Status().Details != nil {
-		for _, c := range se.Status().Details.Causes {
-			if rest, ok := strings.CutPrefix(c.Message, "The disruption budget "); ok {
-				if name, _, ok := strings.Cut(rest, " "); ok {
-					return name
-				}
+	if !apierrors.IsTooManyRequests(err) || !errors.As(err, &se) || se.Status().Details == nil {
+		return metav1.StatusCause{}, false
+	}
+	for _, c := range se.Status().Details.Causes {
+		if c.Type == policyv1.DisruptionBudgetCause {
+			return c, true
+		}
+	}
+	return metav1.StatusCause{}, false
+}
+
+// pdbName finds the PDB behind a PDB's refusal: the apiserver names it in
+// the DisruptionBudget cause ("The disruption budget NAME needs ..."); else
+// the first PDB of the namespace whose selector matches the pod.
+func (h *Handler) pdbName(ctx context.Context, cl *clusters.Client, p *corev1.Pod, err error) string {
+	if c, ok := budgetCause(err); ok {
+		if rest, ok := strings.CutPrefix(c.Message, "The disruption budget "); ok {
+			if name, _, ok := strings.Cut(rest, " "); ok {
+				return name
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -457,5 +458,78 @@ func TestJoinedFaultsFollowTheirDrain(t *testing.T) {
 	}
 	if st := drainState(t, k, node); st.ID != drainID || st.Phase != PhaseSucceeded {
 		t.Fatalf("the node's drain: %s %s, want %s %s", st.ID, st.Phase, drainID, PhaseSucceeded)
+	}
+}
+
+// TestThrottlingIsNotAPDB: only a 429 carrying a DisruptionBudget cause
+// (the Eviction API's refusal under a PDB) is a PDB's refusal — blocked,
+// or in a forced drain answered with a delete of grace period 0. Any other
+// 429 is the apiserver throttling (API Priority and Fairness,
+// max-in-flight): the cluster's error, the pod left as it was and the
+// cluster backed off. Before, every 429 was a PDB's, so a forced drain
+// deleted the pod with grace 0 when the apiserver was only busy.
+func TestThrottlingIsNotAPDB(t *testing.T) {
+	pdbRefusal := apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	pdbRefusal.ErrStatus.Details.Causes = append(pdbRefusal.ErrStatus.Details.Causes, metav1.StatusCause{
+		Type: policyv1.DisruptionBudgetCause, Message: "The disruption budget guard needs 1 healthy pods and has 1 currently"})
+	throttled := apierrors.NewTooManyRequests("too many requests, please try again later", 1)
+	for _, tc := range []struct {
+		name  string
+		err   error
+		force bool
+		// pdb: a PDB's refusal (blocked, or forced: deleted); else the
+		// cluster's error.
+		pdb bool
+	}{
+		{"a PDB's refusal", pdbRefusal, false, true},
+		{"a PDB's refusal, forced", pdbRefusal, true, true},
+		{"throttled", throttled, false, false},
+		{"throttled, forced", throttled, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const node = "n1"
+			k := quarantinedWithPod(node)
+			k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+				if a.GetSubresource() == "eviction" {
+					return true, nil, tc.err
+				}
+				return false, nil, nil
+			})
+			var deletes int
+			k.PrependReactor("delete", "pods", func(ktesting.Action) (bool, runtime.Object, error) {
+				deletes++
+				return false, nil, nil
+			})
+			details := map[string]string{}
+			if tc.force {
+				details[events.DetailDrainOverrides], details[events.DetailSubmitterRole] = "force", "operator"
+			}
+			clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+			h := newHandler(t, testConfig(), k, clk, false)
+			acts, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", details))
+			if len(rq) != 1 {
+				t.Fatalf("%s, %d requeues", outcomes(acts), len(rq))
+			}
+			ps := drainState(t, k, node).Pods[keyOf("work", "p")]
+			if ps == nil {
+				t.Fatal("pod not in the drain's state")
+			}
+			switch {
+			case !tc.pdb:
+				if deletes != 0 || !requeue.AfterTrouble(rq[0]) || ps.BlockedBy != "" || ps.Attempts != 0 || find(acts, events.OutcomeBlocked) != nil {
+					t.Fatalf("throttled: %d deletes, cluster backed off %v, pod %+v, %s; want no delete, the cluster backed off, the pod untouched",
+						deletes, requeue.AfterTrouble(rq[0]), *ps, outcomes(acts))
+				}
+			case tc.force:
+				if deletes != 1 || ps.DeletedAt.IsZero() || requeue.AfterTrouble(rq[0]) {
+					t.Fatalf("forced PDB refusal: %d deletes, pod %+v; want it deleted", deletes, *ps)
+				}
+			default:
+				b := find(acts, events.OutcomeBlocked)
+				if deletes != 0 || b == nil || b.Reason != "blocked by PDB guard" || ps.BlockedBy != "guard" || requeue.AfterTrouble(rq[0]) {
+					t.Fatalf("PDB refusal: %d deletes, pod %+v, %s; want blocked by PDB guard", deletes, *ps, outcomes(acts))
+				}
+			}
+		})
 	}
 }
