@@ -95,7 +95,9 @@ type Config struct {
 	// after the drain first saw it is given up. Default 24h.
 	CompletionTimeout time.Duration `toml:"completion_timeout"`
 	// DeleteAfter: a DeleteAfterTimeout pod still there this long after the
-	// drain first saw it is deleted with grace period 0. Default 30m.
+	// drain first saw it is deleted with grace period 0 (a refused delete
+	// tried again after the pod's backoff); still there EvictionTimeout
+	// after that, it is given up. Default 30m.
 	DeleteAfter time.Duration `toml:"delete_after"`
 	// GracePeriod of evictions, in whole seconds; negative uses each pod's
 	// own. Default -1s.

@@ -533,3 +533,64 @@ func TestThrottlingIsNotAPDB(t *testing.T) {
 		})
 	}
 }
+
+// TestRefusedDeleteGivenUp: a DeleteAfterTimeout pod whose delete an
+// admission webhook denies is deleted again after its backoff, not at
+// every step, and given up eviction_timeout after its deadline, naming the
+// denial: the drain ends gave_up. Before, it was deleted about once a
+// second forever and the drain never ended (no remediation).
+func TestRefusedDeleteGivenUp(t *testing.T) {
+	const node = "n1"
+	k := fake.NewSimpleClientset(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{events.LabelQuarantined: "true"}}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "stubborn", UID: "uid-s"}, Spec: corev1.PodSpec{NodeName: node},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+		return a.GetSubresource() == "eviction", nil, nil // accepted; the pod stays
+	})
+	clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+	var deletes []time.Time
+	k.PrependReactor("delete", "pods", func(ktesting.Action) (bool, runtime.Object, error) {
+		deletes = append(deletes, clk.Now())
+		return true, nil, apierrors.NewForbidden(corev1.Resource("pods"), "s",
+			errors.New(`admission webhook "keep.example.com" denied the request: stays`))
+	})
+	cfg := testConfig() // stubborn: DeleteAfterTimeout after 10m; pdb_backoff 1s doubling to 2s
+	cfg.EvictionTimeout = 10 * time.Second
+	h := newHandler(t, cfg, k, clk, false)
+	_, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
+	deadline := clk.Now().Add(10 * time.Minute)
+	clk.Add(10 * time.Minute)
+	var res *faultlinev1.Action
+	for i := 0; i < 200 && res == nil; i++ {
+		if len(rq) == 0 {
+			t.Fatal("the drain ended without a result")
+		}
+		var acts []*faultlinev1.Action
+		acts, rq = handle(t, h, rq...)
+		res = find(acts, events.OutcomeGaveUp)
+		if res == nil {
+			clk.Add(250 * time.Millisecond)
+		}
+	}
+	if res == nil {
+		t.Fatalf("the drain did not give up by %v after the deadline; %d deletes", clk.Now().Sub(deadline), len(deletes))
+	}
+	if end := clk.Now().Sub(deadline); end < cfg.EvictionTimeout || end > cfg.EvictionTimeout+2*time.Second {
+		t.Errorf("given up %v after the deadline, want eviction_timeout (%v)", end, cfg.EvictionTimeout)
+	}
+	if !strings.Contains(res.Reason, `not deleted eviction_timeout after its timeout: delete pod stubborn/s: pods "s" is forbidden: admission webhook "keep.example.com" denied the request`) {
+		t.Errorf("reason %q", res.Reason)
+	}
+	if len(deletes) == 0 || !deletes[0].Equal(deadline) {
+		t.Fatalf("deletes at %v, want the first at the deadline %v", deletes, deadline)
+	}
+	for i := 1; i < len(deletes); i++ {
+		if gap, want := deletes[i].Sub(deletes[i-1]), cfg.backoff(i); gap < want {
+			t.Errorf("delete %d came %v after the one before, want its backoff %v", i+1, gap, want)
+		}
+	}
+	if len(deletes) > 6 { // at 0, 1s, 3s, 5s, 7s, 9s
+		t.Errorf("%d deletes in eviction_timeout (%v)", len(deletes), cfg.EvictionTimeout)
+	}
+}
