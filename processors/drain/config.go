@@ -95,9 +95,12 @@ type Config struct {
 	// after the drain first saw it is given up. Default 24h.
 	CompletionTimeout time.Duration `toml:"completion_timeout"`
 	// DeleteAfter: a DeleteAfterTimeout pod still there this long after the
-	// drain first saw it is deleted with grace period 0. Default 30m.
+	// drain first saw it is deleted with grace period 0 (a refused delete
+	// tried again after the pod's backoff); still there EvictionTimeout
+	// after that, it is given up. Default 30m.
 	DeleteAfter time.Duration `toml:"delete_after"`
-	// GracePeriod of evictions; negative uses each pod's own. Default -1s.
+	// GracePeriod of evictions, in whole seconds; negative uses each pod's
+	// own. Default -1s.
 	GracePeriod time.Duration `toml:"grace_period"`
 	// SkipWaitForDeleteTimeout: a pod whose DeletionTimestamp is more than
 	// this in the past counts as gone, in every mode, and the drain stops
@@ -316,6 +319,11 @@ func (c *Config) Validate(prefix string) error {
 		if d.v <= 0 {
 			return fmt.Errorf("%s%s: must be positive, got %v", prefix, d.key, d.v)
 		}
+	}
+	if c.GracePeriod >= 0 && c.GracePeriod%time.Second != 0 {
+		// The Eviction API takes whole seconds: 500ms became grace 0, the
+		// pods killed at once.
+		return fmt.Errorf("%sgrace_period: must be a whole number of seconds (or negative: the pod's own), got %v", prefix, c.GracePeriod)
 	}
 	if c.SkipWaitForDeleteTimeout < 0 {
 		return fmt.Errorf("%sskip_wait_for_delete_timeout: must not be negative (0 disables), got %v", prefix, c.SkipWaitForDeleteTimeout)

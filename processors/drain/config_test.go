@@ -25,6 +25,8 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 		{"empty dir", func(c *Config) { c.EmptyDir = "keep" }, "drain.empty_dir"},
 		{"poll", func(c *Config) { c.PollInterval = 0 }, "drain.poll_interval"},
 		{"skip wait", func(c *Config) { c.SkipWaitForDeleteTimeout = -time.Second }, "drain.skip_wait_for_delete_timeout"},
+		{"sub-second grace", func(c *Config) { c.GracePeriod = 500 * time.Millisecond }, "drain.grace_period"},
+		{"grace not whole seconds", func(c *Config) { c.GracePeriod = 1500 * time.Millisecond }, "drain.grace_period"},
 		{"workers", func(c *Config) { c.Workers = 0 }, "drain.workers"},
 		{"batch timeout", func(c *Config) { c.BatchTimeout = 0 }, "drain.batch_timeout"},
 		{"slow cluster", func(c *Config) { c.SlowCluster = -time.Second }, "drain.slow_cluster"},
@@ -41,6 +43,13 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 	c := DefaultConfig()
 	if err := c.Validate("drain."); err != nil {
 		t.Fatalf("defaults: %v", err)
+	}
+	for _, g := range []time.Duration{-time.Second, 0, 30 * time.Second} {
+		c := DefaultConfig()
+		c.GracePeriod = g
+		if err := c.Validate("drain."); err != nil {
+			t.Fatalf("grace_period %v: %v", g, err)
+		}
 	}
 }
 

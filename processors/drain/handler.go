@@ -338,7 +338,9 @@ func (h *Handler) listPods(ctx context.Context, cl *clusters.Client, node string
 // The node is the watch's copy where it holds this replica's last write
 // (clusters.NodeWatches.Cached), else read live; a copy that says the node is not
 // quarantined, where the step would end without a write, is read again
-// live (the quarantine role's write may not have reached the watch).
+// live (the quarantine role's write may not have reached the watch). The
+// write before the step's calls is always sent (writeState's check), so a
+// copy another writer changed since stops them with a conflict.
 func (h *Handler) stepOnce(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
 	return h.stepNode(ctx, cl, t, true)
 }
@@ -426,7 +428,7 @@ func (h *Handler) stepNode(ctx context.Context, cl *clusters.Client, t trigger, 
 
 	if !quarantined {
 		cancel(st, now)
-		if _, err := h.writeState(ctx, cl, node, st); err != nil {
+		if _, err := h.writeState(ctx, cl, node, st, false); err != nil {
 			return acts, time.Time{}, err
 		}
 		h.m.drains.WithLabelValues(t.cluster, PhaseCancelled).Inc()
@@ -443,8 +445,13 @@ func (h *Handler) stepNode(ctx context.Context, cl *clusters.Client, t trigger, 
 	skipped := newlySkipped(skippedBefore, st)
 	if len(ops) > 0 {
 		// Write the intent first: a restart after the calls and before the
-		// result write finds the pods marked and counts each once.
-		if node, err = h.writeState(ctx, cl, node, st); err != nil {
+		// result write finds the pods marked and counts each once. Sent
+		// even when the state is unchanged (a retry after a PDB's backoff
+		// or an outage): its resourceVersion check is what refuses calls
+		// decided on a node that changed since it was read — the watch's
+		// copy, trusted once this replica's last write is old, may hold
+		// a quarantine lifted since.
+		if node, err = h.writeState(ctx, cl, node, st, true); err != nil {
 			return acts, time.Time{}, err
 		}
 		wrote()
@@ -453,7 +460,7 @@ func (h *Handler) stepNode(ctx context.Context, cl *clusters.Client, t trigger, 
 		if err := h.runOps(ctx, cl, st, ops, now); err != nil {
 			// Keep what succeeded (and say it); the step is retried
 			// after the backoff.
-			_, werr := h.writeState(ctx, cl, node, st)
+			_, werr := h.writeState(ctx, cl, node, st, false)
 			if werr == nil {
 				acts = append(acts, h.blocked(t, st, now)...)
 			} else if !apierrors.IsConflict(werr) {
@@ -463,7 +470,7 @@ func (h *Handler) stepNode(ctx context.Context, cl *clusters.Client, t trigger, 
 		}
 	}
 	settle(st, now)
-	if _, err := h.writeState(ctx, cl, node, st); err != nil {
+	if _, err := h.writeState(ctx, cl, node, st, false); err != nil {
 		return acts, time.Time{}, err
 	}
 	wrote()
@@ -595,7 +602,11 @@ func podRefusal(err error) bool {
 }
 
 // evict asks the Eviction API to evict the pod. A refusal under a PDB
-// (429) is not an error: it returns the PDB's name.
+// (429 with a DisruptionBudget cause, budgetCause) is not an error: it
+// returns the PDB's name. Any other 429 is the apiserver throttling
+// (API Priority and Fairness, max-in-flight): the cluster's error,
+// retried after its backoff — taken for a PDB's refusal, a forced drain
+// answered it with a delete of grace period 0.
 //
 // The call is made once (MaxRetries(0)): the apiserver answers a PDB it
 // has not processed yet (no disruption controller has observed it) with
@@ -617,7 +628,7 @@ func (h *Handler) evict(ctx context.Context, cl *clusters.Client, p *corev1.Pod)
 		// A client without a REST client (client-go's fake): its own call.
 		err = cl.Kube.CoreV1().Pods(p.Namespace).EvictV1(ctx, ev)
 	}
-	if apierrors.IsTooManyRequests(err) {
+	if _, ok := budgetCause(err); ok {
 		return h.pdbName(ctx, cl, p, err), nil
 	}
 	if err != nil {
@@ -626,17 +637,34 @@ func (h *Handler) evict(ctx context.Context, cl *clusters.Client, p *corev1.Pod)
 	return "", nil
 }
 
-// pdbName finds the PDB behind a 429: the apiserver names it in the
-// status causes ("The disruption budget NAME needs ..."); else the first
-// PDB of the namespace whose selector matches the pod.
-func (h *Handler) pdbName(ctx context.Context, cl *clusters.Client, p *corev1.Pod, err error) string {
+// budgetCause returns the cause of type DisruptionBudget
+// (policyv1.DisruptionBudgetCause) of a 429: the Eviction API's refusal
+// under a PDB carries one, whether the PDB allows no disruption or is
+// "still being processed" (k8s.io/kubernetes v1.34
+// pkg/registry/core/pod/storage/eviction.go, checkAndDecrement and
+// createTooManyRequestsError); the apiserver's throttling answers 429
+// without it.
+func budgetCause(err error) (metav1.StatusCause, bool) {
 	var se apierrors.APIStatus
-	if errors.As(err, &se) && se.Status().Details != nil {
-		for _, c := range se.Status().Details.Causes {
-			if rest, ok := strings.CutPrefix(c.Message, "The disruption budget "); ok {
-				if name, _, ok := strings.Cut(rest, " "); ok {
-					return name
-				}
+	if !apierrors.IsTooManyRequests(err) || !errors.As(err, &se) || se.Status().Details == nil {
+		return metav1.StatusCause{}, false
+	}
+	for _, c := range se.Status().Details.Causes {
+		if c.Type == policyv1.DisruptionBudgetCause {
+			return c, true
+		}
+	}
+	return metav1.StatusCause{}, false
+}
+
+// pdbName finds the PDB behind a PDB's refusal: the apiserver names it in
+// the DisruptionBudget cause ("The disruption budget NAME needs ..."); else
+// the first PDB of the namespace whose selector matches the pod.
+func (h *Handler) pdbName(ctx context.Context, cl *clusters.Client, p *corev1.Pod, err error) string {
+	if c, ok := budgetCause(err); ok {
+		if rest, ok := strings.CutPrefix(c.Message, "The disruption budget "); ok {
+			if name, _, ok := strings.Cut(rest, " "); ok {
+				return name
 			}
 		}
 	}
@@ -670,10 +698,14 @@ func (h *Handler) forceDelete(ctx context.Context, cl *clusters.Client, p *corev
 
 // writeState writes the drain's annotation and label with a merge patch
 // that carries the resourceVersion read, so a concurrent writer makes it
-// fail with a conflict (and the step re-read and redo).
-func (h *Handler) writeState(ctx context.Context, cl *clusters.Client, node *corev1.Node, st *State) (*corev1.Node, error) {
+// fail with a conflict (and the step re-read and redo). A state the node
+// already holds is not sent, unless check: then the patch goes anyway, a
+// compare-and-swap on the node as read (the apiserver checks the
+// resourceVersion before it finds nothing to change), before calls that
+// node decided.
+func (h *Handler) writeState(ctx context.Context, cl *clusters.Client, node *corev1.Node, st *State, check bool) (*corev1.Node, error) {
 	enc := st.encode()
-	if node.Annotations[AnnotationState] == enc && node.Labels[LabelDrain] == st.Phase {
+	if !check && node.Annotations[AnnotationState] == enc && node.Labels[LabelDrain] == st.Phase {
 		return node, nil
 	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{

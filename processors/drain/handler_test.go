@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -457,5 +458,139 @@ func TestJoinedFaultsFollowTheirDrain(t *testing.T) {
 	}
 	if st := drainState(t, k, node); st.ID != drainID || st.Phase != PhaseSucceeded {
 		t.Fatalf("the node's drain: %s %s, want %s %s", st.ID, st.Phase, drainID, PhaseSucceeded)
+	}
+}
+
+// TestThrottlingIsNotAPDB: only a 429 carrying a DisruptionBudget cause
+// (the Eviction API's refusal under a PDB) is a PDB's refusal — blocked,
+// or in a forced drain answered with a delete of grace period 0. Any other
+// 429 is the apiserver throttling (API Priority and Fairness,
+// max-in-flight): the cluster's error, the pod left as it was and the
+// cluster backed off. Before, every 429 was a PDB's, so a forced drain
+// deleted the pod with grace 0 when the apiserver was only busy.
+func TestThrottlingIsNotAPDB(t *testing.T) {
+	pdbRefusal := apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	pdbRefusal.ErrStatus.Details.Causes = append(pdbRefusal.ErrStatus.Details.Causes, metav1.StatusCause{
+		Type: policyv1.DisruptionBudgetCause, Message: "The disruption budget guard needs 1 healthy pods and has 1 currently"})
+	throttled := apierrors.NewTooManyRequests("too many requests, please try again later", 1)
+	for _, tc := range []struct {
+		name  string
+		err   error
+		force bool
+		// pdb: a PDB's refusal (blocked, or forced: deleted); else the
+		// cluster's error.
+		pdb bool
+	}{
+		{"a PDB's refusal", pdbRefusal, false, true},
+		{"a PDB's refusal, forced", pdbRefusal, true, true},
+		{"throttled", throttled, false, false},
+		{"throttled, forced", throttled, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const node = "n1"
+			k := quarantinedWithPod(node)
+			k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+				if a.GetSubresource() == "eviction" {
+					return true, nil, tc.err
+				}
+				return false, nil, nil
+			})
+			var deletes int
+			k.PrependReactor("delete", "pods", func(ktesting.Action) (bool, runtime.Object, error) {
+				deletes++
+				return false, nil, nil
+			})
+			details := map[string]string{}
+			if tc.force {
+				details[events.DetailDrainOverrides], details[events.DetailSubmitterRole] = "force", "operator"
+			}
+			clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+			h := newHandler(t, testConfig(), k, clk, false)
+			acts, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", details))
+			if len(rq) != 1 {
+				t.Fatalf("%s, %d requeues", outcomes(acts), len(rq))
+			}
+			ps := drainState(t, k, node).Pods[keyOf("work", "p")]
+			if ps == nil {
+				t.Fatal("pod not in the drain's state")
+			}
+			switch {
+			case !tc.pdb:
+				if deletes != 0 || !requeue.AfterTrouble(rq[0]) || ps.BlockedBy != "" || ps.Attempts != 0 || find(acts, events.OutcomeBlocked) != nil {
+					t.Fatalf("throttled: %d deletes, cluster backed off %v, pod %+v, %s; want no delete, the cluster backed off, the pod untouched",
+						deletes, requeue.AfterTrouble(rq[0]), *ps, outcomes(acts))
+				}
+			case tc.force:
+				if deletes != 1 || ps.DeletedAt.IsZero() || requeue.AfterTrouble(rq[0]) {
+					t.Fatalf("forced PDB refusal: %d deletes, pod %+v; want it deleted", deletes, *ps)
+				}
+			default:
+				b := find(acts, events.OutcomeBlocked)
+				if deletes != 0 || b == nil || b.Reason != "blocked by PDB guard" || ps.BlockedBy != "guard" || requeue.AfterTrouble(rq[0]) {
+					t.Fatalf("PDB refusal: %d deletes, pod %+v, %s; want blocked by PDB guard", deletes, *ps, outcomes(acts))
+				}
+			}
+		})
+	}
+}
+
+// TestRefusedDeleteGivenUp: a DeleteAfterTimeout pod whose delete an
+// admission webhook denies is deleted again after its backoff, not at
+// every step, and given up eviction_timeout after its deadline, naming the
+// denial: the drain ends gave_up. Before, it was deleted about once a
+// second forever and the drain never ended (no remediation).
+func TestRefusedDeleteGivenUp(t *testing.T) {
+	const node = "n1"
+	k := fake.NewSimpleClientset(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{events.LabelQuarantined: "true"}}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "stubborn", UID: "uid-s"}, Spec: corev1.PodSpec{NodeName: node},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+		return a.GetSubresource() == "eviction", nil, nil // accepted; the pod stays
+	})
+	clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+	var deletes []time.Time
+	k.PrependReactor("delete", "pods", func(ktesting.Action) (bool, runtime.Object, error) {
+		deletes = append(deletes, clk.Now())
+		return true, nil, apierrors.NewForbidden(corev1.Resource("pods"), "s",
+			errors.New(`admission webhook "keep.example.com" denied the request: stays`))
+	})
+	cfg := testConfig() // stubborn: DeleteAfterTimeout after 10m; pdb_backoff 1s doubling to 2s
+	cfg.EvictionTimeout = 10 * time.Second
+	h := newHandler(t, cfg, k, clk, false)
+	_, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
+	deadline := clk.Now().Add(10 * time.Minute)
+	clk.Add(10 * time.Minute)
+	var res *faultlinev1.Action
+	for i := 0; i < 200 && res == nil; i++ {
+		if len(rq) == 0 {
+			t.Fatal("the drain ended without a result")
+		}
+		var acts []*faultlinev1.Action
+		acts, rq = handle(t, h, rq...)
+		res = find(acts, events.OutcomeGaveUp)
+		if res == nil {
+			clk.Add(250 * time.Millisecond)
+		}
+	}
+	if res == nil {
+		t.Fatalf("the drain did not give up by %v after the deadline; %d deletes", clk.Now().Sub(deadline), len(deletes))
+	}
+	if end := clk.Now().Sub(deadline); end < cfg.EvictionTimeout || end > cfg.EvictionTimeout+2*time.Second {
+		t.Errorf("given up %v after the deadline, want eviction_timeout (%v)", end, cfg.EvictionTimeout)
+	}
+	if !strings.Contains(res.Reason, `not deleted eviction_timeout after its timeout: delete pod stubborn/s: pods "s" is forbidden: admission webhook "keep.example.com" denied the request`) {
+		t.Errorf("reason %q", res.Reason)
+	}
+	if len(deletes) == 0 || !deletes[0].Equal(deadline) {
+		t.Fatalf("deletes at %v, want the first at the deadline %v", deletes, deadline)
+	}
+	for i := 1; i < len(deletes); i++ {
+		if gap, want := deletes[i].Sub(deletes[i-1]), cfg.backoff(i); gap < want {
+			t.Errorf("delete %d came %v after the one before, want its backoff %v", i+1, gap, want)
+		}
+	}
+	if len(deletes) > 6 { // at 0, 1s, 3s, 5s, 7s, 9s
+		t.Errorf("%d deletes in eviction_timeout (%v)", len(deletes), cfg.EvictionTimeout)
 	}
 }

@@ -173,8 +173,9 @@ func podKey(p *corev1.Pod) string {
 // done; one
 // terminating more than SkipWaitForDeleteTimeout past its DeletionTimestamp
 // is no longer waited for (done "skipped", skipWait); one whose deadline
-// passed is given up (DeleteAfterTimeout: deleted); a pod no longer on the
-// node is gone. It returns the calls to make — evictions of
+// passed is given up (DeleteAfterTimeout: deleted, a refused delete tried
+// again after the pod's backoff, and given up EvictionTimeout after its
+// deadline if it is still there); a pod no longer on the node is gone. It returns the calls to make — evictions of
 // pods due for one (not terminating, not waiting to complete, not backing
 // off after a PDB refusal) and deletions — with each eviction's intent
 // (EvictAt) recorded first, so a restart after the calls counts each pod
@@ -225,7 +226,14 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 		expired := !now.Before(ps.Deadline)
 		switch {
 		case ps.Mode == ModeDeleteAfterTimeout && expired:
-			if ps.DeletedAt.IsZero() {
+			switch {
+			case !now.Before(ps.Deadline.Add(c.EvictionTimeout)):
+				// Its delete refused (a webhook, a policy) or the pod
+				// held after it (a finalizer) for eviction_timeout more:
+				// given up, as an eviction is, so the drain ends.
+				ps.Done, ps.Reason = "gave_up", giveUpReason(ps, p)
+			case ps.DeletedAt.IsZero() && !now.Before(ps.NextTry):
+				// At its deadline, then after each refusal's backoff.
 				ops = append(ops, op{key: key, pod: p, delete: true})
 			}
 		case expired:
@@ -270,9 +278,16 @@ func (c *Config) skipWait(p *corev1.Pod, now time.Time) bool {
 		now.Sub(p.DeletionTimestamp.Time) > c.SkipWaitForDeleteTimeout
 }
 
-// giveUpReason says why a pod was given up at its deadline.
+// giveUpReason says why a pod was given up at its deadline (a
+// DeleteAfterTimeout pod: EvictionTimeout after it).
 func giveUpReason(ps *PodState, p *corev1.Pod) string {
 	switch {
+	case ps.Mode == ModeDeleteAfterTimeout && (p.DeletionTimestamp != nil || !ps.DeletedAt.IsZero()):
+		return "deleted, still terminating eviction_timeout after its timeout"
+	case ps.Mode == ModeDeleteAfterTimeout && ps.Reason != "":
+		return "not deleted eviction_timeout after its timeout: " + ps.Reason
+	case ps.Mode == ModeDeleteAfterTimeout:
+		return "not deleted eviction_timeout after its timeout"
 	case ps.BlockedBy != "":
 		return "blocked by PDB " + ps.BlockedBy
 	case p.DeletionTimestamp != nil:
@@ -322,7 +337,7 @@ func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 			// A new blocker: this step says so (blockedAt).
 			ps.BlockedBy, ps.BlockedAt = r.blockedBy, now
 		}
-		ps.NextTry = now.Add(c.backoff(ps.Attempts))
+		ps.NextTry = c.retryAt(ps, o, now)
 		return "blocked"
 	case r.err == nil:
 		ps.Evicted, ps.BlockedBy, ps.BlockedAt, ps.Reason = true, "", time.Time{}, ""
@@ -336,10 +351,21 @@ func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 		// deadline with this reason.
 		ps.Attempts++
 		ps.Reason = events.Truncate(r.err.Error(), maxPodReason)
-		ps.NextTry = now.Add(c.backoff(ps.Attempts))
+		ps.NextTry = c.retryAt(ps, o, now)
 		return "refused"
 	}
 	return ""
+}
+
+// retryAt is when a pod whose call was refused is tried again: after its
+// backoff — a DeleteAfterTimeout pod's eviction no later than its
+// deadline, so the backoff never holds its delete back.
+func (c *Config) retryAt(ps *PodState, o op, now time.Time) time.Time {
+	at := now.Add(c.backoff(ps.Attempts))
+	if !o.delete && ps.Mode == ModeDeleteAfterTimeout && at.After(ps.Deadline) {
+		at = ps.Deadline
+	}
+	return at
 }
 
 // backoff is the wait after the attempts-th refused eviction of a pod:

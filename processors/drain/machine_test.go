@@ -221,6 +221,41 @@ func TestAdvance(t *testing.T) {
 			want:  map[string]PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute)}},
 		},
 		{
+			name: "a DeleteAfterTimeout pod whose delete was refused is not deleted again before its backoff",
+			state: map[string]*PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), Attempts: 1,
+				NextTry: t0.Add(31 * time.Minute), Reason: "denied"}},
+			pods: []corev1.Pod{runningPod("scratch", "s")},
+			now:  t0.Add(30*time.Minute + 30*time.Second),
+			want: map[string]PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), Reason: "denied"}},
+		},
+		{
+			name: "a DeleteAfterTimeout pod whose delete was refused is deleted again after its backoff",
+			state: map[string]*PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), Attempts: 1,
+				NextTry: t0.Add(31 * time.Minute), Reason: "denied"}},
+			pods: []corev1.Pod{runningPod("scratch", "s")},
+			now:  t0.Add(31 * time.Minute),
+			ops:  "delete " + tmp,
+			want: map[string]PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), Reason: "denied"}},
+		},
+		{
+			name: "a DeleteAfterTimeout pod still not deleted eviction_timeout after its deadline is given up, naming the refusal",
+			state: map[string]*PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), Attempts: 4,
+				NextTry: t0.Add(39 * time.Minute), Reason: "denied", BlockedBy: "pdb-s"}},
+			pods: []corev1.Pod{runningPod("scratch", "s")},
+			now:  t0.Add(40 * time.Minute),
+			want: map[string]PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), Done: "gave_up",
+				Reason: "not deleted eviction_timeout after its timeout: denied"}},
+		},
+		{
+			name:  "a deleted DeleteAfterTimeout pod a finalizer holds, skip_wait_for_delete_timeout 0: given up eviction_timeout after its deadline",
+			cfg:   func(c *Config) { c.SkipWaitForDeleteTimeout = 0 },
+			state: map[string]*PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), DeletedAt: t0.Add(30 * time.Minute)}},
+			pods:  []corev1.Pod{runningPod("scratch", "s", terminatingAt(t0.Add(30*time.Minute)))},
+			now:   t0.Add(40 * time.Minute),
+			want: map[string]PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), Done: "gave_up",
+				Reason: "deleted, still terminating eviction_timeout after its timeout"}},
+		},
+		{
 			name:  "terminating more than skip_wait_for_delete_timeout past its DeletionTimestamp: no longer waited for",
 			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), Evicted: true, EvictAt: t0}},
 			pods:  []corev1.Pod{runningPod("web", "a", terminating)},
@@ -408,6 +443,29 @@ func TestRecord(t *testing.T) {
 				t.Errorf("got %+v\nwant %+v", *st.Pods[key], tc.want)
 			}
 		})
+	}
+}
+
+// TestRetryAt: a refused call is tried again after the pod's backoff; a
+// DeleteAfterTimeout pod's eviction no later than its deadline (its
+// delete is due then), its refused delete after the backoff.
+func TestRetryAt(t *testing.T) {
+	c := machineConfig(t, nil) // pdb_backoff 5s
+	now := t0.Add(time.Minute)
+	for _, tc := range []struct {
+		name string
+		ps   PodState
+		del  bool
+		want time.Time
+	}{
+		{"Immediate", PodState{Mode: ModeImmediate, Attempts: 1, Deadline: now.Add(time.Second)}, false, now.Add(5 * time.Second)},
+		{"DeleteAfterTimeout, eviction far from its deadline", PodState{Mode: ModeDeleteAfterTimeout, Attempts: 1, Deadline: now.Add(time.Hour)}, false, now.Add(5 * time.Second)},
+		{"DeleteAfterTimeout, eviction near its deadline", PodState{Mode: ModeDeleteAfterTimeout, Attempts: 1, Deadline: now.Add(time.Second)}, false, now.Add(time.Second)},
+		{"DeleteAfterTimeout, delete", PodState{Mode: ModeDeleteAfterTimeout, Attempts: 1, Deadline: t0}, true, now.Add(5 * time.Second)},
+	} {
+		if got := c.retryAt(&tc.ps, op{delete: tc.del}, now); !got.Equal(tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
 

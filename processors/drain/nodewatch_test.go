@@ -126,3 +126,66 @@ func TestNodeReadFromItsWatch(t *testing.T) {
 		t.Fatalf("after the redo: seen %v, labels %v", st.Seen, live().Labels)
 	}
 }
+
+// TestStaleCopyEvictsNothingOnALiftedNode: a step that retries an
+// eviction changes nothing in the state (the pod backing off after a PDB's
+// refusal, its EvictAt kept), yet its intent write is sent: its
+// resourceVersion check refuses the calls when the node changed since the
+// copy the step decided on. Here the watch's copy holds the drain's last
+// write while the quarantine was lifted (label removed, uncordoned) and
+// the PDB no longer refuses; the retry's write conflicts, the redo reads
+// the node live and cancels the drain, and the pod stays. Before, the
+// unchanged state was not written, the pod was evicted from a node no
+// longer quarantined, and only the write after it conflicted.
+func TestStaleCopyEvictsNothingOnALiftedNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real kube-apiserver test")
+	}
+	// No disruption controller: the PDB refuses every eviction (429, "still
+	// being processed") until it is deleted.
+	kube := testenv.StartKube(t, testenv.KubeOptions{KWOK: true})
+	k := kube.Client()
+	clk := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	const node = "lifted-1"
+	quarantined(t, k, node)
+	createPod(t, k, "guarded", "g0", node, withLabels("app", "g"))
+	waitRunning(t, k, node, 1)
+	pdb(t, k, "guarded", "guard", 1, "g")
+	h := newHandler(t, testConfig(), k, clk, false)
+	t.Cleanup(h.Close)
+
+	acts, rq := handle(t, h, quarantineAction(node, "e-lift", "RESTART_VM", nil))
+	if find(acts, events.OutcomeBlocked) == nil || len(rq) != 1 {
+		t.Fatalf("first step: %s, %d requeues; want blocked by the PDB", outcomes(acts), len(rq))
+	}
+	// The node as the drain's last write left it: the watch's copy while
+	// the lift has not reached it.
+	written, err := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lifted := written.DeepCopy()
+	delete(lifted.Labels, events.LabelQuarantined)
+	lifted.Spec.Unschedulable = false
+	if _, err := k.CoreV1().Nodes().Update(context.Background(), lifted, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.PolicyV1().PodDisruptionBudgets("guarded").Delete(context.Background(), "guard", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	c, _ := drainCopy(written)
+	if err := idx.Add(c); err != nil {
+		t.Fatal(err)
+	}
+	h.nodes.Replace(cluster, corelisters.NewNodeLister(idx))
+	clk.Add(clusters.RecentWrite) // past the pod's backoff and this replica's last write
+
+	acts, rq = handle(t, h, rq...)
+	if pods := podsOn(t, k, node); len(pods) != 1 || pods[0].DeletionTimestamp != nil {
+		t.Fatalf("pods %v: the pod was evicted from a node no longer quarantined", podNames(pods))
+	}
+	if find(acts, events.OutcomeCancelled) == nil || len(rq) != 0 {
+		t.Fatalf("retry on the lifted node: %s, %d requeues; want the drain cancelled", outcomes(acts), len(rq))
+	}
+}
