@@ -42,6 +42,10 @@ func (h *Handler) breaker(cl *clusters.Client) *breaker {
 func (h *Handler) breakerActions(ctx context.Context, cl *clusters.Client, it item, v breakerVerdict, closing *faultlinev1.Action) []*faultlinev1.Action {
 	h.showBreaker(cl.Name, h.breaker(cl), v.Open)
 	var acts []*faultlinev1.Action
+	if v.ManualClose {
+		h.log.Info("circuit breaker closed by an operator; the quarantines of the window that tripped it no longer count",
+			"cluster", cl.Name, "dropped", v.Dropped)
+	}
 	if v.Closed {
 		if closing == nil {
 			closing = h.breakerClose(it, cl)

@@ -33,8 +33,9 @@ import (
 //
 //	data:
 //	  state:    "closed" | "open"
-//	  cordons:  JSON [{"node":"n1","at":"RFC3339"}...]  (faultline's new
-//	            quarantines within the window)
+//	  cordons:  JSON [{"node":"n1","at":"RFC3339","record":...}...]
+//	            (faultline's new quarantines within the window, one per
+//	            node, with the record each was reserved for)
 //	  openedAt, reason: when and why it opened
 //	  openedBy: JSON {"record":..., "count":n, ...}  (the record whose
 //	            reservation opened it, with the figures it reported)
@@ -48,8 +49,11 @@ import (
 // reservation costs one request: its write.
 //
 // An operator closes an open breaker by setting data.state to "closed" (or
-// deleting the ConfigMap); with AutoClose it closes by itself once Window has
-// passed since it opened. Events held while it was open are not replayed:
+// deleting the ConfigMap): the next reservation drops the window's cordons
+// with openedAt, so the next fault starts a fresh window; with AutoClose
+// it closes by itself once Window has passed since it opened. A held
+// verdict is never made on the watch's copy alone (it writes nothing, so
+// no conflict would correct a stale copy): an open copy is read live. Events held while it was open are not replayed:
 // they were recorded as held_by_breaker actions and their offsets committed.
 //
 // A transition is reported by the record whose reservation made it
@@ -134,6 +138,18 @@ func (b *breaker) pending(e cordonEntry) bool {
 type cordonEntry struct {
 	Node string    `json:"node"`
 	At   time.Time `json:"at"`
+	// Record is the record the slot was reserved for (by recordID): the
+	// same record asking again is the same quarantine; another is a new
+	// one of a node lifted since. Empty in entries written before it was
+	// kept: any record counts as the same.
+	Record string `json:"record,omitempty"`
+}
+
+// again reports whether record asking for e's node is e's reservation
+// asked again (its patch met a conflict and the decision was redone, or
+// it was deferred to the retry topic), not a new quarantine of the node.
+func (e cordonEntry) again(record string) bool {
+	return e.Record == "" || e.Record == record
 }
 
 // breakerVerdict is the result of a reservation.
@@ -147,6 +163,11 @@ type breakerVerdict struct {
 	Opened bool
 	// Closed: this reservation's record found the window over and closed it.
 	Closed bool
+	// ManualClose: this reservation found the breaker closed by an
+	// operator, and dropped the Dropped quarantines of the window that
+	// tripped it.
+	ManualClose bool
+	Dropped     int
 	// Reason says why it is open.
 	Reason string
 	// Count and Limit are the window's quarantines and the cap.
@@ -325,8 +346,28 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 	if err != nil {
 		return err
 	}
+	if cm.Data[breakerKeyState] == breakerOpen && (cm != b.cm || now.Sub(b.cmAt) >= time.Second) {
+		// Open in the watch's copy: a held verdict writes nothing, so no
+		// conflict would correct a stale copy (the watch failing while an
+		// operator closed or deleted the ConfigMap), and the faults it
+		// holds are never replayed. Read it live.
+		b.live = true
+		if cm, err = b.read(ctx, now); err != nil {
+			return err
+		}
+	}
 	state, entries, openedAt := parseBreaker(cm)
 	opener, closer := parseTransitions(cm)
+	manual, dropped := false, 0
+	if state == breakerClosed && (cm.Data[breakerKeyOpenedAt] != "" || cm.Data[breakerKeyOpenedBy] != "") {
+		// Closed, yet still saying when and why it opened: an operator
+		// closed it (its runbook patches data.state alone; a close after
+		// the window, and a deletion, leave neither). The quarantines of
+		// the window that tripped it go with it: kept, the next new fault
+		// found the window as full as when it opened and opened it again,
+		// its window starting anew. This write drops them with openedAt.
+		manual, dropped, entries = true, len(entries), nil
+	}
 	// Prune the window.
 	kept := entries[:0]
 	for _, e := range entries {
@@ -338,6 +379,9 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 	if state == breakerOpen && b.expired(openedAt, now) {
 		state, closer = breakerClosed, batch[0].record
 	}
+	slotOf := func(r *reservation) int {
+		return slices.IndexFunc(entries, func(e cordonEntry) bool { return e.Node == r.node })
+	}
 	if state == breakerOpen {
 		for _, r := range batch {
 			r.verdict = breakerVerdict{Open: true, Reason: cm.Data[breakerKeyReason], Count: len(entries), Closed: r.record == closer}
@@ -346,11 +390,13 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 				r.verdict = breakerVerdict{Open: true, Opened: true, Closed: r.verdict.Closed, Reason: r.verdict.Reason,
 					Count: opener.Count, Limit: opener.Limit, Total: opener.Total, Schedulable: opener.Schedulable}
 			}
-			// A node that holds a slot asks again when its patch met a
-			// conflict (the decision is redone) or was deferred to the
-			// retry topic: it was let through before the breaker
-			// opened, and its slot counts toward the limit anyway.
-			r.verdict.Allowed = slices.ContainsFunc(entries, func(e cordonEntry) bool { return e.Node == r.node })
+			// A reservation asked again — its patch met a conflict (the
+			// decision is redone) or was deferred to the retry topic — was
+			// let through before the breaker opened, and its slot counts
+			// toward the limit anyway. Another record for a node holding
+			// a slot is a new quarantine of it (lifted since): held.
+			i := slotOf(r)
+			r.verdict.Allowed = i >= 0 && entries[i].again(r.record)
 		}
 		return nil
 	}
@@ -375,25 +421,37 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 		limit = 1
 	}
 	var reason string
-	for _, r := range batch {
-		v := breakerVerdict{Closed: r.record == closer, Total: counts.total, Limit: limit}
+	for i, r := range batch {
+		v := breakerVerdict{Closed: r.record == closer, Total: counts.total, Limit: limit, ManualClose: i == 0 && manual, Dropped: dropped}
+		slot := slotOf(r)
+		// A node cordoned, lifted and failing again within the window
+		// holds a slot from its first quarantine: this one is new, and
+		// lowers the schedulable count again unless the count does not
+		// show the first (still pending: subtracted already). The limit
+		// counts distinct nodes: its slot stays one.
+		lowers := r.schedulable && (slot < 0 || !b.pending(entries[slot]))
 		switch {
-		case slices.ContainsFunc(entries, func(e cordonEntry) bool { return e.Node == r.node }):
+		case slot >= 0 && entries[slot].again(r.record):
 			v.Allowed = true // a retry of a reservation already taken
 		case state == breakerOpen:
 			v.Reason = reason
-		case len(entries)+1 > limit:
+		case slot < 0 && len(entries)+1 > limit:
 			reason = fmt.Sprintf("%d of %d nodes quarantined within %s reaches the %.4g%% limit (%d)",
 				len(entries), counts.total, b.cfg.Window, b.cfg.MaxPercent, limit)
 			state, openedAt, v.Opened, v.Reason = breakerOpen, now, true, reason
-		case b.cfg.MinHealthy > 0 && r.schedulable && schedulable-1 < b.cfg.MinHealthy:
+		case b.cfg.MinHealthy > 0 && lowers && schedulable-1 < b.cfg.MinHealthy:
 			reason = fmt.Sprintf("quarantining would leave %d schedulable nodes, below the floor of %d",
 				schedulable-1, b.cfg.MinHealthy)
 			state, openedAt, v.Opened, v.Reason = breakerOpen, now, true, reason
 		default:
 			v.Allowed = true
-			entries = append(entries, cordonEntry{Node: r.node, At: now})
-			if r.schedulable {
+			e := cordonEntry{Node: r.node, At: now, Record: r.record}
+			if slot >= 0 {
+				entries[slot] = e
+			} else {
+				entries = append(entries, e)
+			}
+			if lowers {
 				schedulable--
 			}
 		}

@@ -179,6 +179,7 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		already = len(st.Faults) > 0
 		preCordon = n.Spec.Unschedulable && !st.Cordoned
 		if !manual && h.cfg.RepeatWriteInterval > 0 && st.Repeats(key, f, h.cfg.RepeatWriteInterval) {
+			acked = st.Faults[key].Acked && !st.Active()
 			return false, nil // it stands as this occurrence would make it: nothing to write
 		}
 		changed := st.AddFault(key, f, ev.GetId())

@@ -2,6 +2,7 @@ package quarantine
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,7 +31,9 @@ func TestStateRepeats(t *testing.T) {
 		{"no longer cordons", func(f *Fault) { f.Cordon = false }, false, 10 * time.Second, false},
 		{"other taint", func(f *Fault) { f.Taint = &Taint{Key: "k", Effect: "NoExecute"} }, false, 10 * time.Second, false},
 		{"no taint", func(f *Fault) { f.Taint = nil }, false, 10 * time.Second, false},
-		{"acknowledged by a manual uncordon", func(*Fault) {}, true, 10 * time.Second, false},
+		{"acknowledged by a manual uncordon", func(*Fault) {}, true, 10 * time.Second, true},
+		{"acknowledged, interval passed", func(f *Fault) { f.LastSeen = t0.Add(10 * time.Second) }, true, 10 * time.Second, false},
+		{"acknowledged, other message", func(f *Fault) { f.Message = "double-bit ECC" }, true, 10 * time.Second, false},
 		{"other fault", func(f *Fault) { f.Entity = "GPU=GPU-2" }, false, 10 * time.Second, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -84,5 +87,46 @@ func TestObjectAndStatusPatch(t *testing.T) {
 				t.Fatalf("patch\n got %s\nwant %s", b, tc.want)
 			}
 		})
+	}
+}
+
+// Repeats of a fault a person acknowledged (by uncordoning the node) are
+// decided from the node watch, as those of a fault that cordons: each is
+// recorded (quarantine/skipped, "acknowledged") without a request. Before,
+// every one rewrote the node's state annotation (a PATCH, often a GET
+// after a conflict): 20 repeats cost 37 requests.
+func TestRepeatsOfAnAcknowledgedFault(t *testing.T) {
+	h, k, advance := fakeHandler(t, testConfig("ackrep"), "ackrep", "ackrep-1")
+	if acts, _ := handle(t, h, record("c1", fatal("ackrep-1", "XID_ERROR_48", "GPU-1"))); kinds(acts) != "quarantine/applied" {
+		t.Fatalf("fault: %s", kinds(acts))
+	}
+	uncordonSeen(t, h, k, getNode(t, k, "ackrep-1"))
+	if acts, _ := handle(t, h, record("c1", fatal("ackrep-1", "XID_ERROR_48", "GPU-1"))); kinds(acts) != "manual_uncordon/decided,quarantine/skipped" {
+		t.Fatalf("first occurrence after the uncordon: %s", kinds(acts))
+	}
+	advance(recentWrite)
+	cl, _ := h.reg.Get("c1")
+	waitUntil(t, 10*time.Second, func() bool {
+		c, ok := h.nodes.Cached(cl, "ackrep-1", h.now())
+		return ok && c.Annotations[AnnotationManualUncordon] != ""
+	}, "the node watch to show the acknowledgement")
+	k.ClearActions()
+	for i := range 20 {
+		acts, _ := handle(t, h, record("c1", fatal("ackrep-1", "XID_ERROR_48", "GPU-1")))
+		if kinds(acts) != "quarantine/skipped" || !strings.Contains(acts[0].GetReason(), "acknowledged") {
+			t.Fatalf("repeat %d: %s %v", i, kinds(acts), acts)
+		}
+	}
+	var requests []string
+	for _, a := range k.Actions() {
+		if a.GetResource().Resource == "nodes" && a.GetVerb() != "list" && a.GetVerb() != "watch" {
+			requests = append(requests, a.GetVerb()+" "+a.GetSubresource())
+		}
+	}
+	if len(requests) != 0 {
+		t.Fatalf("20 repeats of an acknowledged fault: %d node requests %v; want none", len(requests), requests)
+	}
+	if n := getNode(t, k, "ackrep-1"); n.Spec.Unschedulable {
+		t.Fatal("cordoned again")
 	}
 }

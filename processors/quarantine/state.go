@@ -259,13 +259,14 @@ func (s *State) AddFault(key string, f Fault, eventID string) bool {
 	return true
 }
 
-// Repeats reports whether f is another occurrence of a fault that stands,
-// not acknowledged, deciding exactly as it did (rule, cordon, taint,
-// condition, message), at most within after its last recorded occurrence:
-// recording it would change nothing on the node but its bookkeeping.
+// Repeats reports whether f is another occurrence of a fault that stands
+// (acknowledged or not: an occurrence leaves an acknowledgement as it is),
+// deciding exactly as it did (rule, cordon, taint, condition, message), at
+// most within after its last recorded occurrence: recording it would
+// change nothing on the node but its bookkeeping.
 func (s *State) Repeats(key string, f Fault, within time.Duration) bool {
 	old, ok := s.Faults[key]
-	if !ok || old.Acked || old.Stabilizing() {
+	if !ok || old.Stabilizing() {
 		return false // a stabilizing fault's occurrence cancels its lift: written
 	}
 	f.bound()
