@@ -54,7 +54,7 @@ ANY LEFT JOIN
     SELECT check, entity AS entities, argMax(is_healthy, toUInt64(ts) * 1000 + ts_ms) AS recovered
     FROM events
     WHERE cluster = @cluster AND node = @node AND ts <= @now
-        AND (check, entity) IN (
+        AND (check, entity) GLOBAL IN (
             SELECT check, details.value[indexOf(details.key, 'entities')]
             FROM actions
             WHERE cluster = @cluster AND node = @node AND ts <= @now AND kind = 'quarantine' AND outcome = 'dry_run')

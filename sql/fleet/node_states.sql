@@ -95,7 +95,7 @@ ANY LEFT JOIN
         SELECT node, concat(check, '\n', entity) AS fault, argMax(is_healthy, toUInt64(ts) * 1000 + ts_ms) AS healthy
         FROM events
         WHERE cluster = @cluster AND ts <= @now AND (@node = '' OR node = @node)
-            AND (node, check, entity) IN (
+            AND (node, check, entity) GLOBAL IN (
                 SELECT node, check, details.value[indexOf(details.key, 'entities')]
                 FROM actions
                 WHERE cluster = @cluster AND ts <= @now AND (@node = '' OR node = @node)
