@@ -139,7 +139,8 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		return time.Second, nil
 	}
 	// Record the signal before sending it.
-	st := opState{Step: "signal", At: j.now().UTC(), BootID: op.node.Status.NodeInfo.BootID, Provider: pname, By: j.cfg.Identity}
+	st := opState{Step: "signal", At: j.now().UTC(), BootID: op.node.Status.NodeInfo.BootID, NodeUID: string(op.node.UID),
+		Provider: pname, By: j.cfg.Identity}
 	err = op.record(ctx, st)
 	if apierrors.IsConflict(err) {
 		j.lim.release(op.key)
@@ -731,6 +732,12 @@ func (op *operation) downFor() time.Duration {
 func (op *operation) followTerminate(ctx context.Context) (time.Duration, error) {
 	j := op.j
 	gone := op.node == nil // read live where the watch's copy lacks it (follow)
+	if !gone && op.st.NodeUID != "" && string(op.node.UID) != op.st.NodeUID {
+		// A Node of the same name registered since the signal (a recycled
+		// name: a private IP's ip-… name): the terminated machine's is gone,
+		// and this one is not deleted.
+		gone = true
+	}
 	// A signal this janitor's provider confirmed: the Node goes at once. A
 	// resumed one (Recorded: the janitor that recorded it stopped before
 	// it knew) may never have gone out: the Node goes only once the node
@@ -740,7 +747,17 @@ func (op *operation) followTerminate(ctx context.Context) (time.Duration, error)
 	reason := condition(op.u, CondSignalSent)["reason"]
 	confirmed := reason != ReasonRecorded && reason != ReasonMaybeSent
 	if !gone && j.cfg.DeleteNodeOnTerminate && (confirmed || !nodeReady(op.node)) {
-		err := op.cr.cl.Kube.CoreV1().Nodes().Delete(ctx, op.nodeName, metav1.DeleteOptions{})
+		var opts metav1.DeleteOptions
+		if op.st.NodeUID != "" {
+			// The watch's copy may be behind a new Node of the name: only
+			// the signalled one is deleted; a conflict says it is gone.
+			uid := types.UID(op.st.NodeUID)
+			opts.Preconditions = &metav1.Preconditions{UID: &uid}
+		}
+		err := op.cr.cl.Kube.CoreV1().Nodes().Delete(ctx, op.nodeName, opts)
+		if op.st.NodeUID != "" && apierrors.IsConflict(err) {
+			err = nil
+		}
 		if err != nil && !apierrors.IsNotFound(err) {
 			// Retried with backoff, within terminate_timeout: a delete
 			// refused for good (RBAC, an admission webhook) ends the
