@@ -104,11 +104,33 @@ func (a *AWS) instanceOf(t Target) (id, region string, err error) {
 	}
 	region = a.cfg.Region
 	if len(parts) >= 2 {
-		if z := parts[len(parts)-2]; len(z) > 1 && z[len(z)-1] >= 'a' && z[len(z)-1] <= 'z' {
-			region = z[:len(z)-1]
+		if r := regionOfZone(parts[len(parts)-2]); r != "" {
+			region = r
 		}
 	}
 	return id, region, nil
+}
+
+// regionOfZone is the region of an availability zone name ("" if it is
+// none): the fields up to the region's number, the first that starts with
+// a digit — us-east-1a and us-gov-west-1a less their letter, and a Local
+// or Wavelength Zone's (us-west-2-lax-1a, us-west-2-wl1-las-wlz-1) less
+// what follows the number.
+func regionOfZone(z string) string {
+	f := strings.Split(z, "-")
+	for i := 2; i < len(f); i++ {
+		n := len(f[i]) - len(strings.TrimLeft(f[i], "0123456789"))
+		switch {
+		case n == 0:
+			continue
+		case n == len(f[i]) && i < len(f)-1: // a Local or Wavelength Zone
+			return strings.Join(f[:i+1], "-")
+		case n == len(f[i])-1 && i == len(f)-1 && f[i][n] >= 'a' && f[i][n] <= 'z': // an availability zone
+			return strings.Join(f[:i], "-") + "-" + f[i][:n]
+		}
+		return ""
+	}
+	return ""
 }
 
 // classifyAWS turns an EC2 error into its reason.

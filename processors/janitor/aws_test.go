@@ -620,3 +620,35 @@ func TestInstanceNodes(t *testing.T) {
 		t.Fatalf("got %v, %t; want %v", got, ok, want)
 	}
 }
+
+// TestInstanceRegion: a providerID's zone gives its instance's region:
+// an availability zone less its letter, a Local or Wavelength Zone the
+// fields up to its region's number; none, aws.region. Before, a Local
+// Zone's region was its zone less its letter (us-west-2-lax-1), and a
+// Wavelength Zone's aws.region.
+func TestInstanceRegion(t *testing.T) {
+	t.Parallel()
+	a := &AWS{cfg: AWSConfig{Region: "eu-central-1"}}
+	for zone, want := range map[string]string{
+		"us-east-1a":                  "us-east-1",
+		"ap-southeast-2c":             "ap-southeast-2",
+		"us-gov-west-1a":              "us-gov-west-1",
+		"us-west-2-lax-1a":            "us-west-2",
+		"us-east-1-bos-1a":            "us-east-1",
+		"us-west-2-wl1-las-wlz-1":     "us-west-2",
+		"ap-northeast-1-wl1-kix-wlz1": "ap-northeast-1",
+		"":                            "eu-central-1",
+		"us-east-1":                   "eu-central-1",
+		"local":                       "eu-central-1",
+	} {
+		pid := "aws:///" + zone + "/i-0123456789abcdef0"
+		if zone == "" {
+			pid = "aws:///i-0123456789abcdef0"
+		}
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Spec: corev1.NodeSpec{ProviderID: pid}}
+		id, region, err := a.instanceOf(Target{Node: n})
+		if err != nil || id != "i-0123456789abcdef0" || region != want {
+			t.Errorf("%s: instance %q region %q (%v), want region %q", pid, id, region, err, want)
+		}
+	}
+}

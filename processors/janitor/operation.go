@@ -139,7 +139,8 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		return time.Second, nil
 	}
 	// Record the signal before sending it.
-	st := opState{Step: "signal", At: j.now().UTC(), BootID: op.node.Status.NodeInfo.BootID, Provider: pname, By: j.cfg.Identity}
+	st := opState{Step: "signal", At: j.now().UTC(), BootID: op.node.Status.NodeInfo.BootID, NodeUID: string(op.node.UID),
+		Provider: pname, By: j.cfg.Identity}
 	err = op.record(ctx, st)
 	if apierrors.IsConflict(err) {
 		j.lim.release(op.key)
@@ -560,9 +561,20 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 	}
 	// A forced reboot this janitor recorded, whose write answered an error
 	// though it was stored: it sent nothing. Sent now, once.
+	// Its node is read from the apiserver first, as it is checked again
+	// (liftedBeforeForce).
+	if !op.st.ForcedAt.IsZero() && op.node != nil && j.isUnsent(op.u.GetUID(), op.st) {
+		var err error
+		if op.node, err = op.cr.readNode(ctx, op.nodeName); err != nil {
+			return 0, err
+		}
+	}
 	if !op.st.ForcedAt.IsZero() && op.node != nil {
 		if r, ok := j.takeUnsent(op.u.GetUID(), op.st); ok {
 			j.remember(op.u.GetUID(), func(m *memory) { m.forced = true })
+			if next, done, err := op.liftedBeforeForce(ctx); done {
+				return next, err
+			}
 			if prov := j.providers[op.st.Provider]; prov != nil {
 				if next, done, err := op.sendForce(ctx, prov, r.why); done {
 					return next, err
@@ -573,6 +585,9 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 	// A graceful reboot that has not taken the node down: force it, once.
 	if j.cfg.ForceAfter > 0 && op.st.ForcedAt.IsZero() && elapsed > j.cfg.ForceAfter && op.node != nil && nodeReady(op.node) &&
 		op.node.Status.NodeInfo.BootID == op.st.BootID {
+		if next, done, err := op.liftedBeforeForce(ctx); done {
+			return next, err
+		}
 		if prov := j.providers[op.st.Provider]; prov != nil {
 			if next, done, err := op.forceReboot(ctx, prov, fmt.Sprintf("the graceful one did not take node %s down within %v", op.nodeName, j.cfg.ForceAfter)); done {
 				return next, err
@@ -583,6 +598,26 @@ func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 		return next, err
 	}
 	return j.cfg.PollInterval, nil
+}
+
+// liftedBeforeForce ends a reboot whose forced reboot is due (force_after,
+// hung_after, or one recorded and not sent) if its node, read from the
+// apiserver by the caller, is no longer quarantined and drained
+// (notDrained; not asked with spec.force): the fault recovered and the
+// quarantine role lifted the node while the machine ignored the graceful
+// reboot, or hung in its shutdown, and pods may be scheduled on it again.
+// Nothing is forced: NodeReady=False/NotDrained, a refused action, which
+// the remediate role reads as cancelled. A node down (NotReady) and
+// lifted is refused too: faultline hard-resets only nodes it holds
+// quarantined and drained; one that stays down is quarantined again and
+// remediated anew. done: followReboot returns next and err.
+func (op *operation) liftedBeforeForce(ctx context.Context) (next time.Duration, done bool, err error) {
+	why := op.notDrained()
+	if why == "" {
+		return 0, false, nil
+	}
+	return 0, true, op.fail(ctx, ReasonNotDrained, fmt.Sprintf("%s; its reboot, signalled at %s, is not over, and it was not forced",
+		why, op.st.At.Format(time.RFC3339)), true)
 }
 
 // forceReboot sends the forced reboot of a graceful one that did not do its
@@ -668,6 +703,9 @@ func (op *operation) followDownMachine(ctx context.Context, elapsed time.Duratio
 		op.emit(ctx, op.action(events.OutcomeApplied, fmt.Sprintf("powered on via %s: node %s was still down with its old boot ID after %v, and its machine was off",
 			op.st.Provider, op.nodeName, elapsed.Round(time.Second)), "power-on", nil))
 	case errors.Is(err, ErrNotOff) && hung:
+		if next, done, err := op.liftedBeforeForce(ctx); done {
+			return next, true, err
+		}
 		return op.forceReboot(ctx, prov, fmt.Sprintf("node %s has been down with its old boot ID for %v while its machine is on: its shutdown hung",
 			op.nodeName, down.Round(time.Second)))
 	case errors.Is(err, ErrNotOff), ctx.Err() != nil:
@@ -694,6 +732,12 @@ func (op *operation) downFor() time.Duration {
 func (op *operation) followTerminate(ctx context.Context) (time.Duration, error) {
 	j := op.j
 	gone := op.node == nil // read live where the watch's copy lacks it (follow)
+	if !gone && op.st.NodeUID != "" && string(op.node.UID) != op.st.NodeUID {
+		// A Node of the same name registered since the signal (a recycled
+		// name: a private IP's ip-… name): the terminated machine's is gone,
+		// and this one is not deleted.
+		gone = true
+	}
 	// A signal this janitor's provider confirmed: the Node goes at once. A
 	// resumed one (Recorded: the janitor that recorded it stopped before
 	// it knew) may never have gone out: the Node goes only once the node
@@ -703,7 +747,17 @@ func (op *operation) followTerminate(ctx context.Context) (time.Duration, error)
 	reason := condition(op.u, CondSignalSent)["reason"]
 	confirmed := reason != ReasonRecorded && reason != ReasonMaybeSent
 	if !gone && j.cfg.DeleteNodeOnTerminate && (confirmed || !nodeReady(op.node)) {
-		err := op.cr.cl.Kube.CoreV1().Nodes().Delete(ctx, op.nodeName, metav1.DeleteOptions{})
+		var opts metav1.DeleteOptions
+		if op.st.NodeUID != "" {
+			// The watch's copy may be behind a new Node of the name: only
+			// the signalled one is deleted; a conflict says it is gone.
+			uid := types.UID(op.st.NodeUID)
+			opts.Preconditions = &metav1.Preconditions{UID: &uid}
+		}
+		err := op.cr.cl.Kube.CoreV1().Nodes().Delete(ctx, op.nodeName, opts)
+		if op.st.NodeUID != "" && apierrors.IsConflict(err) {
+			err = nil
+		}
 		if err != nil && !apierrors.IsNotFound(err) {
 			// Retried with backoff, within terminate_timeout: a delete
 			// refused for good (RBAC, an admission webhook) ends the

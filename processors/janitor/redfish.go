@@ -36,6 +36,10 @@ const (
 	ReasonBMCAuthFailed    = "BMCAuthFailed"
 	ReasonSystemNotFound   = "SystemNotFound"
 	ReasonResetRejected    = "ResetRejected"
+	// ReasonSystemMismatch: the system the node's BMC address leads to
+	// has another UUID than the node's status.nodeInfo.systemUUID (a
+	// stale address: the BMC of another machine).
+	ReasonSystemMismatch = "SystemMismatch"
 )
 
 // Bounds on what a BMC's answers make the provider read: a Redfish
@@ -366,14 +370,18 @@ func (r *Redfish) system(c *gofish.APIClient, t Target, ref bmcRef) (*redfish.Co
 		if err != nil {
 			return nil, err
 		}
-		return s, nil
+		return s, theNodes(s, t, "named in "+nameIn)
 	}
 	links, err := systemLinks(c)
 	if err != nil {
 		return nil, err
 	}
 	if len(links) == 1 {
-		return redfish.GetComputerSystem(c, links[0])
+		s, err := redfish.GetComputerSystem(c, links[0])
+		if err != nil {
+			return nil, err
+		}
+		return s, theNodes(s, t, "the BMC's only one")
 	}
 	if r.cfg.LabelsOnly {
 		return nil, perr(ReasonSystemNotFound, "BMC has %d systems: name node %s's in the label %s (janitor.redfish.labels_only: "+
@@ -386,13 +394,56 @@ func (r *Redfish) system(c *gofish.APIClient, t Target, ref bmcRef) (*redfish.Co
 			if err != nil {
 				return nil, err
 			}
-			if strings.ToLower(s.UUID) == want {
+			if sameSystemUUID(s.UUID, want) {
 				return s, nil
 			}
 		}
 	}
 	return nil, perr(ReasonSystemNotFound, "BMC has %d systems and none has node %s's system UUID %q (name one in %s)",
 		len(links), t.Node.Name, want, nameIn)
+}
+
+// theNodes refuses a system, named or the BMC's only one (how: which),
+// whose UUID is not the node's system UUID: the node's BMC address is
+// stale (a machine replaced, a DHCP lease reassigned, a typo) and leads to
+// another machine's BMC, which a reset would take down. Not compared when
+// either is unknown.
+func theNodes(s *redfish.ComputerSystem, t Target, which string) error {
+	want := t.Node.Status.NodeInfo.SystemUUID
+	if want == "" || s.UUID == "" || sameSystemUUID(s.UUID, want) {
+		return nil
+	}
+	return perr(ReasonSystemMismatch, "system %s (%s) has UUID %s, not node %s's system UUID %s: its BMC address leads to another machine; nothing sent",
+		s.ODataID, which, s.UUID, t.Node.Name, want)
+}
+
+// sameSystemUUID is whether two SMBIOS system UUIDs are one, in any case,
+// and with the first three fields byte-swapped (SMBIOS stores them
+// little-endian; some BMCs report them as stored, others as the OS does).
+func sameSystemUUID(a, b string) bool {
+	a, b = strings.ToLower(strings.TrimSpace(a)), strings.ToLower(strings.TrimSpace(b))
+	if a == b {
+		return true
+	}
+	sa := swapUUIDFields(a)
+	return sa != "" && sa == b
+}
+
+// swapUUIDFields is u (8-4-4-4-12 hex) with its first three fields'
+// bytes reversed; "" if u is not of that form.
+func swapUUIDFields(u string) string {
+	f := strings.Split(u, "-")
+	if len(f) != 5 || len(f[0]) != 8 || len(f[1]) != 4 || len(f[2]) != 4 {
+		return ""
+	}
+	for i := range 3 {
+		b := []byte(f[i])
+		for l, r := 0, len(b)-2; l < r; l, r = l+2, r-2 {
+			b[l], b[l+1], b[r], b[r+1] = b[r], b[r+1], b[l], b[l+1]
+		}
+		f[i] = string(b)
+	}
+	return strings.Join(f, "-")
 }
 
 // systemLinks lists the BMC's systems: at most maxSystems over at most

@@ -177,6 +177,7 @@ type misbehavingBMC struct {
 	reset      func(w http.ResponseWriter) // POST .../Actions/ComputerSystem.Reset
 	power      string                      // the systems' PowerState ("": On)
 	allowed    string                      // the systems' ResetType@Redfish.AllowableValues (a JSON array; "": none listed)
+	uuid       string                      // the systems' UUID ("": 00000000-0000-0000-0000-<the path's length>)
 	sent       atomic.Value                // the last reset's ResetType
 	lists      atomic.Int32
 	resets     atomic.Int32
@@ -211,8 +212,12 @@ func (b *misbehavingBMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if b.allowed != "" {
 			allowed = `,"ResetType@Redfish.AllowableValues":` + b.allowed
 		}
-		fmt.Fprintf(cw, `{"@odata.id":%q,"Id":"x","UUID":"00000000-0000-0000-0000-%012d","PowerState":%q,
-			"Actions":{"#ComputerSystem.Reset":{"target":%q%s}}}`, p, len(p), power, p+"/Actions/ComputerSystem.Reset", allowed)
+		uuid := b.uuid
+		if uuid == "" {
+			uuid = fmt.Sprintf("00000000-0000-0000-0000-%012d", len(p))
+		}
+		fmt.Fprintf(cw, `{"@odata.id":%q,"Id":"x","UUID":%q,"PowerState":%q,
+			"Actions":{"#ComputerSystem.Reset":{"target":%q%s}}}`, p, uuid, power, p+"/Actions/ComputerSystem.Reset", allowed)
 	default:
 		http.NotFound(w, r)
 	}
@@ -296,7 +301,11 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 		{name: "terminate a system that is off by power cycle", system: "/redfish/v1/Systems/1", power: "Off", terminate: true, sent: "PowerCycle"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			const nodeUUID = "11111111-0000-4000-8000-000000000009"
 			bmc := &misbehavingBMC{collection: tc.collection, reset: tc.reset, power: tc.power}
+			if tc.system != "" {
+				bmc.uuid = nodeUUID // the node's own machine
+			}
 			srv := httptest.NewServer(bmc)
 			t.Cleanup(srv.Close)
 			cfg := DefaultConfig().Redfish
@@ -314,7 +323,7 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 			defer cancel()
 			done := make(chan error, 1)
 			go func() {
-				tg := Target{Cluster: "c1", Node: bmcNode("n1", srv.URL+tc.system, "11111111-0000-4000-8000-000000000009"), Kube: kube}
+				tg := Target{Cluster: "c1", Node: bmcNode("n1", srv.URL+tc.system, nodeUUID), Kube: kube}
 				if tc.terminate {
 					done <- rf.Terminate(ctx, tg)
 					return
@@ -346,6 +355,56 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 			}
 			if err2 != nil && len(err2.Error()) > 2*maxRedfishBody {
 				t.Errorf("the error is %d bytes long", len(err2.Error()))
+			}
+		})
+	}
+}
+
+// TestRedfishRefusesAnotherMachine: a system the node's BMC address leads
+// to — named in it, or the BMC's only one — whose UUID is not the node's
+// system UUID is refused SystemMismatch, nothing sent: the address is
+// stale and the BMC another machine's. The UUIDs compare in any case and
+// with their first three fields byte-swapped (SMBIOS order); a node or a
+// system without a UUID is not compared. Before, the neighbour was reset.
+func TestRedfishRefusesAnotherMachine(t *testing.T) {
+	t.Parallel()
+	const sys = "4c4c4544-0051-3510-8057-b4c04f4b4d32"
+	one := func(w http.ResponseWriter) {
+		fmt.Fprint(w, `{"@odata.id":"/redfish/v1/Systems","Members":[{"@odata.id":"/redfish/v1/Systems/1"}],"Members@odata.count":1}`)
+	}
+	for _, tc := range []struct {
+		name     string
+		system   string // the annotation's system path ("": the BMC's only one)
+		nodeUUID string
+		reason   string // "": sent
+	}{
+		{name: "named, the node's", system: "/redfish/v1/Systems/1", nodeUUID: sys},
+		{name: "named, upper case", system: "/redfish/v1/Systems/1", nodeUUID: strings.ToUpper(sys)},
+		{name: "named, fields byte-swapped", system: "/redfish/v1/Systems/1", nodeUUID: "44454c4c-5100-1035-8057-b4c04f4b4d32"},
+		{name: "named, the node reports none", system: "/redfish/v1/Systems/1"},
+		{name: "named, another machine", system: "/redfish/v1/Systems/1", nodeUUID: "4c4c4544-0051-3510-8057-b4c04f4b4d33", reason: ReasonSystemMismatch},
+		{name: "only one, the node's", nodeUUID: sys},
+		{name: "only one, another machine", nodeUUID: "00000000-0000-4000-8000-000000000001", reason: ReasonSystemMismatch},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bmc := &misbehavingBMC{collection: one, uuid: sys}
+			srv := httptest.NewServer(bmc)
+			t.Cleanup(srv.Close)
+			cfg := DefaultConfig().Redfish
+			cfg.Timeout, cfg.AllowedNetworks = 5*time.Second, []string{"127.0.0.0/8"}
+			rf, err := NewRedfish(cfg, testLog)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
+			err = rf.Reboot(context.Background(), Target{Node: bmcNode("n1", srv.URL+tc.system, tc.nodeUUID), Kube: kube}, Force)
+			switch {
+			case tc.reason == "" && err != nil:
+				t.Fatalf("%v, want the reset sent", err)
+			case tc.reason != "" && reasonOf(err) != tc.reason:
+				t.Fatalf("%v (reason %s), want %s", err, reasonOf(err), tc.reason)
+			case tc.reason == "" && bmc.resets.Load() != 1, tc.reason != "" && bmc.resets.Load() != 0:
+				t.Fatalf("%d resets sent, want them sent: %v", bmc.resets.Load(), tc.reason == "")
 			}
 		})
 	}

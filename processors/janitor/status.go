@@ -85,7 +85,11 @@ type opState struct {
 	ForcedAt time.Time `json:"forcedAt,omitzero"`
 	// BootID is the node's boot ID before the signal: a reboot is over
 	// when the node is Ready with another one.
-	BootID   string `json:"bootId,omitempty"`
+	BootID string `json:"bootId,omitempty"`
+	// NodeUID is the Node's UID at the signal: a terminate deletes that
+	// Node only, not one of the same name registered since (a recycled
+	// name). Empty in records written before it was kept: by name then.
+	NodeUID  string `json:"nodeUid,omitempty"`
 	Provider string `json:"provider"`
 	By       string `json:"by"`
 }

@@ -1,11 +1,13 @@
 package janitor
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clienttesting "k8s.io/client-go/testing"
@@ -43,6 +45,39 @@ func TestTerminateNodeDeleteRefused(t *testing.T) {
 	for deadline := time.Now().Add(2 * time.Second); j.lim.inProgress(cluster) != 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the terminate ended, its slot still held")
+		}
+	}
+}
+
+// TestTerminateSparesANewNodeOfTheName: a terminate whose Node was
+// replaced, before the follow step, by a new one of the same name (a
+// recycled name: ip-… of a private IP given again) is done, the new Node
+// not deleted; the signalled Node (its UID recorded) is deleted, and so,
+// by name, is the Node of a record written before the UID was kept.
+// Before, the new Node was deleted.
+func TestTerminateSparesANewNodeOfTheName(t *testing.T) {
+	t.Parallel()
+	f := newFakeCluster(t, fakeNode("n-new", "r1", "boot-n-new"), fakeNode("n-same", "r2", "boot-n-same"), fakeNode("n-old", "r3", "boot-n-old"))
+	recorded := func(node, uid string) *opState {
+		return &opState{Step: "signal", At: time.Now().UTC().Add(-time.Minute), BootID: "boot-" + node, NodeUID: uid, Provider: ProviderRedfish, By: "janitor"}
+	}
+	sent := cond{CondSignalSent, "True", ReasonSucceeded, "signal sent via redfish"}
+	waiting := cond{CondNodeTerminated, "Unknown", ReasonInitializing, "waiting"}
+	f.create(kindTerminate, "new", "n-new", recorded("n-new", "uid-the-terminated-one"), sent, waiting)
+	f.create(kindTerminate, "same", "n-same", recorded("n-same", "uid-n-same"), sent, waiting)
+	f.create(kindTerminate, "old", "n-old", recorded("n-old", ""), sent, waiting)
+	prov := &tally{}
+	j, _ := f.janitor(fakeConfig(), false, prov)
+	f.run(j)
+	for _, name := range []string{"new", "same", "old"} {
+		if o := f.waitFor(kindTerminate, name, 5*time.Second, "finished", finished); condOf(o, CondNodeTerminated) != "True/"+ReasonSucceeded {
+			t.Errorf("%s: NodeTerminated %s, want True/%s", name, condOf(o, CondNodeTerminated), ReasonSucceeded)
+		}
+	}
+	for node, want := range map[string]bool{"n-new": true, "n-same": false, "n-old": false} {
+		_, err := f.kube.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		if exists := err == nil; exists != want {
+			t.Errorf("node %s exists: %v, want %v (%v)", node, exists, want, err)
 		}
 	}
 }

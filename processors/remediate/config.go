@@ -126,15 +126,17 @@ type Completion struct {
 // faultline's janitor (processors/janitor) refuses a resource whose node is
 // no longer quarantined and drained with reason NotDrained, no signal sent:
 // SignalSent=False/NotDrained (RebootNode, TerminateNode) or
-// Complete=True/NotDrained (GPUReset). That is a cancellation, not a
-// failure (CancelledWhen).
+// Complete=True/NotDrained (GPUReset); and a reboot whose graceful signal
+// went out but whose forced reboot it did not send, the node lifted
+// meanwhile, with NodeReady=False/NotDrained (SignalSent stays True). That
+// is a cancellation, not a failure (CancelledWhen).
 //
 // Kinds not in the map get GenericCompletion.
 var KindCompletion = map[schema.GroupKind]Completion{
 	{Group: JanitorGroup, Kind: "RebootNode"}: {
 		CompleteWhen:  []string{"NodeReady=True"},
 		FailedWhen:    []string{"NodeReady=False", "SignalSent=False"},
-		CancelledWhen: []string{"SignalSent=False/NotDrained"},
+		CancelledWhen: []string{"SignalSent=False/NotDrained", "NodeReady=False/NotDrained"},
 		FinishedField: "completionTime",
 	},
 	{Group: JanitorGroup, Kind: "TerminateNode"}: {

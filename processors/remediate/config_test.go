@@ -189,6 +189,8 @@ func TestCompletion(t *testing.T) {
 		{"RESTART_VM", st(true, "SignalSent=False/Failed", "NodeReady=Unknown/Initializing"), time.Minute, failed},
 		// faultline's janitor refused it, the node no longer drained.
 		{"RESTART_VM", st(true, "SignalSent=False/NotDrained", "NodeReady=False/NotDrained"), time.Minute, cancelled},
+		// Its graceful reboot sent and ignored, the node lifted before the forced one.
+		{"RESTART_VM", st(true, "SignalSent=True/Succeeded", "NodeReady=False/NotDrained"), time.Minute, cancelled},
 		{"RESTART_VM", st(true, "SignalSent=True/Succeeded", "NodeReady=Unknown/Initializing"), time.Minute, failed}, // finished, not ready
 		{"RESTART_VM", st(false, "SignalSent=True/Succeeded", "NodeReady=Unknown/Initializing"), 2 * time.Hour, failed},
 		// TerminateNode.
