@@ -30,6 +30,9 @@ const (
 	// names its BMC only by its own annotation.
 	ReasonBMCAnnotationNotAllowed = "BMCAnnotationNotAllowed"
 	ReasonAgentAddressNotAllowed  = "AgentAddressNotAllowed"
+	// ReasonBMCHTTPNotAllowed: faultline.io/bmc-address is an http://
+	// URL (credentials in cleartext) and redfish.allow_http is not set.
+	ReasonBMCHTTPNotAllowed = "BMCHTTPNotAllowed"
 )
 
 // networks is an allowlist of networks; empty allows nothing.

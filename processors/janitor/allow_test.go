@@ -61,7 +61,9 @@ func (l *listener) seen() (requests, credentials []string) {
 // janitor logged in there with the fleet's BMC credentials.
 func TestNodeAnnotationsGetNoBMCCredentials(t *testing.T) {
 	t.Parallel()
-	rf, err := NewRedfish(DefaultConfig().Redfish, testLog)
+	cfg := DefaultConfig().Redfish
+	cfg.AllowHTTP = true // the listener is http: refused by its address, not its scheme
+	rf, err := NewRedfish(cfg, testLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +151,7 @@ func TestAllowlists(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				cfg := DefaultConfig().Redfish
 				cfg.AllowedNetworks, cfg.AllowedSecrets, cfg.Timeout = tc.networks, tc.secrets, 5*time.Second
+				cfg.AllowHTTP = true // the listener is http
 				rf, err := NewRedfish(cfg, testLog)
 				if err != nil {
 					t.Fatal(err)
@@ -366,6 +369,57 @@ func TestBMCFromRestrictedLabels(t *testing.T) {
 				t.Fatalf("the node's BMC got resets %q, want %q", resets, tc.ownResets)
 			case tc.otherSent != (len(otherReqs) > 0):
 				t.Fatalf("the other node's BMC was sent %q, want anything sent %v", otherReqs, tc.otherSent)
+			}
+		})
+	}
+}
+
+// TestBMCAnnotationHTTPNeedsAllowHTTP: faultline.io/bmc-address is the
+// node's own, and an http:// one would have the BMC's credentials (often
+// the fleet's default_secret) sent in cleartext to whoever receives on
+// that address. It is refused unless janitor.redfish.allow_http is set,
+// before anything is read or sent; https is unaffected.
+func TestBMCAnnotationHTTPNeedsAllowHTTP(t *testing.T) {
+	t.Parallel()
+	kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
+	for _, tc := range []struct {
+		name      string
+		tls       bool
+		allowHTTP bool
+		reason    string // "": the BMC was reset
+	}{
+		{name: "http refused by default", reason: ReasonBMCHTTPNotAllowed},
+		{name: "http with allow_http", allowHTTP: true},
+		{name: "https", tls: true},
+		{name: "https with allow_http", tls: true, allowHTTP: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := &recordingBMC{}
+			srv := httptest.NewUnstartedServer(b)
+			if tc.tls {
+				srv.StartTLS()
+			} else {
+				srv.Start()
+			}
+			t.Cleanup(srv.Close)
+			cfg := DefaultConfig().Redfish
+			cfg.InsecureSkipVerify, cfg.Timeout, cfg.AllowedNetworks, cfg.AllowHTTP = true, 5*time.Second, []string{"127.0.0.0/8"}, tc.allowHTTP
+			rf, err := NewRedfish(cfg, testLog)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := bmcNode("gpu-1", srv.URL+"/redfish/v1/Systems/1", "")
+			err = rf.Reboot(context.Background(), Target{Node: n, Kube: kube}, Graceful)
+			reqs, resets := b.seen()
+			if tc.reason != "" {
+				if reasonOf(err) != tc.reason || !strings.Contains(err.Error(), "janitor.redfish.allow_http") || len(reqs) > 0 {
+					t.Fatalf("%v (reason %s), want %s naming janitor.redfish.allow_http and nothing sent; sent %q", err, reasonOf(err), tc.reason, reqs)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(resets, []string{"/redfish/v1/Systems/1"}) {
+				t.Fatalf("%v: resets %q, want /redfish/v1/Systems/1 (requests %q)", err, resets, reqs)
 			}
 		})
 	}

@@ -154,6 +154,13 @@ type RedfishConfig struct {
 	// kubelet may edit: it can name another BMC in allowed_networks), each
 	// such signal counted in faultline_janitor_node_named_total.
 	LabelsOnly bool `toml:"labels_only"`
+	// AllowHTTP follows a faultline.io/bmc-address with the http scheme,
+	// which sends the BMC's credentials (often default_secret, shared by
+	// the fleet) in cleartext to whoever receives on that address; the
+	// node's kubelet may write the annotation. Default false: such an
+	// address is refused (BMCHTTPNotAllowed), nothing read or sent. The
+	// labels are always HTTPS.
+	AllowHTTP bool `toml:"allow_http"`
 }
 
 // AWSConfig is [janitor.aws].
@@ -261,6 +268,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&r.Timeout, prefix+"redfish.timeout", r.Timeout, "timeout of one BMC request")
 	fs.Func(prefix+"redfish.allowed-networks", "comma-separated CIDRs a node's BMC address must be in (default none: every BMC address refused)", listFlag(&r.AllowedNetworks))
 	fs.BoolVar(&r.LabelsOnly, prefix+"redfish.labels-only", r.LabelsOnly, "take a node's BMC only from its node-restriction.kubernetes.io/faultline-bmc-* labels (kubelets cannot set them), never from its annotations, and its provider not from its own faultline.io/janitor-provider")
+	fs.BoolVar(&r.AllowHTTP, prefix+"redfish.allow-http", r.AllowHTTP, "follow a faultline.io/bmc-address with the http scheme (BMC credentials sent in cleartext); default refused")
 	fs.Func(prefix+"redfish.allowed-secrets", "comma-separated Secrets (name, or prefix*) a node's faultline.io/bmc-secret may name (default none: only default_secret)", listFlag(&r.AllowedSecrets))
 	a := &c.AWS
 	fs.StringVar(&a.Region, prefix+"aws.region", a.Region, "EC2 region of nodes whose providerID names none")

@@ -103,6 +103,7 @@ func TestLoadRebootStarts(t *testing.T) {
 			cfg.MaxConcurrent, cfg.MaxConcurrentPerRack, cfg.MaxConcurrentPerProvider, cfg.Cooldown = 0, 0, 0, 0
 			cfg.PollInterval = time.Minute // only the start is measured
 			cfg.Redfish.AllowedNetworks = []string{"127.0.0.0/8"}
+			cfg.Redfish.AllowHTTP = true // the emulator serves http here
 			provs, err := BuildProviders(cfg, testLog)
 			if err != nil {
 				t.Fatal(err)

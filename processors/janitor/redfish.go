@@ -172,6 +172,10 @@ func (r *Redfish) bmc(ctx context.Context, t Target) (bmcRef, error) {
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 		return bmcRef{}, perr(ReasonNoBMC, "node %s: %s %q is not an http(s) URL", n.Name, AnnotationBMC, raw)
 	}
+	if u.Scheme == "http" && !r.cfg.AllowHTTP {
+		return bmcRef{}, perr(ReasonBMCHTTPNotAllowed, "node %s: %s %q refused, nothing sent: http sends the BMC credentials in cleartext "+
+			"and janitor.redfish.allow_http is not set; use https", n.Name, AnnotationBMC, raw)
+	}
 	if err := r.nets.check(ctx, r.lookup, keyBMCNetworks, u.Hostname()); err != nil {
 		return bmcRef{}, perr(ReasonBMCAddressNotAllowed, "node %s: %s %q refused, no credential sent: %v", n.Name, AnnotationBMC, raw, err)
 	}

@@ -310,7 +310,7 @@ func TestRedfishMisbehavingBMC(t *testing.T) {
 			t.Cleanup(srv.Close)
 			cfg := DefaultConfig().Redfish
 			cfg.Timeout = 5 * time.Second
-			cfg.AllowedNetworks = []string{"127.0.0.0/8"}
+			cfg.AllowedNetworks, cfg.AllowHTTP = []string{"127.0.0.0/8"}, true // an http fake BMC
 			if tc.terminate && tc.sent != "" {
 				cfg.TerminateAction = tc.sent
 			}
@@ -391,7 +391,7 @@ func TestRedfishRefusesAnotherMachine(t *testing.T) {
 			srv := httptest.NewServer(bmc)
 			t.Cleanup(srv.Close)
 			cfg := DefaultConfig().Redfish
-			cfg.Timeout, cfg.AllowedNetworks = 5*time.Second, []string{"127.0.0.0/8"}
+			cfg.Timeout, cfg.AllowedNetworks, cfg.AllowHTTP = 5*time.Second, []string{"127.0.0.0/8"}, true // an http fake BMC
 			rf, err := NewRedfish(cfg, testLog)
 			if err != nil {
 				t.Fatal(err)
@@ -452,7 +452,7 @@ func TestRedfishResetTypeTheSystemAllows(t *testing.T) {
 			srv := httptest.NewServer(bmc)
 			t.Cleanup(srv.Close)
 			cfg := DefaultConfig().Redfish
-			cfg.Timeout, cfg.AllowedNetworks = 5*time.Second, []string{"127.0.0.0/8"}
+			cfg.Timeout, cfg.AllowedNetworks, cfg.AllowHTTP = 5*time.Second, []string{"127.0.0.0/8"}, true // an http fake BMC
 			rf, err := NewRedfish(cfg, testLog)
 			if err != nil {
 				t.Fatal(err)
@@ -587,6 +587,7 @@ func TestRedfishBasicAuthFirst(t *testing.T) {
 			t.Cleanup(srv.Close)
 			cfg := DefaultConfig().Redfish
 			cfg.Timeout, cfg.AllowedNetworks, cfg.Session = time.Second, []string{"127.0.0.0/8"}, tc.session
+			cfg.AllowHTTP = true // an http fake BMC
 			rf, err := NewRedfish(cfg, testLog)
 			if err != nil {
 				t.Fatal(err)
@@ -635,7 +636,7 @@ func TestRedfishSessionLoggedOut(t *testing.T) {
 			srv := httptest.NewServer(b)
 			t.Cleanup(srv.Close)
 			cfg := DefaultConfig().Redfish
-			cfg.Timeout, cfg.AllowedNetworks = time.Second, []string{"127.0.0.0/8"}
+			cfg.Timeout, cfg.AllowedNetworks, cfg.AllowHTTP = time.Second, []string{"127.0.0.0/8"}, true // an http fake BMC
 			rf, err := NewRedfish(cfg, testLog)
 			if err != nil {
 				t.Fatal(err)

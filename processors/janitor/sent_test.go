@@ -187,6 +187,7 @@ func TestProvidersTellUnansweredFromUnsent(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Redfish.Timeout, cfg.Local.Timeout, cfg.AWS.Timeout = time.Second, time.Second, time.Second
 	cfg.Redfish.AllowedNetworks, cfg.Local.AllowedNetworks = []string{"127.0.0.0/8"}, []string{"127.0.0.0/8"}
+	cfg.Redfish.AllowHTTP = true // the sink is an http BMC
 	cfg.Local.SigningKeyFile = signingKey
 	host := strings.TrimPrefix(srv.URL, "http://")
 	off := refusedAddr(t)
@@ -282,6 +283,7 @@ func TestSignalSentUnanswered(t *testing.T) {
 	signingKey, _ := writeKeyPair(t, t.TempDir(), "janitor")
 	cfg := e.config()
 	cfg.Redfish.Timeout, cfg.Local.Timeout, cfg.AWS.Timeout = time.Second, time.Second, time.Second
+	cfg.Redfish.AllowHTTP = true // the sink is an http BMC
 	cfg.Local.SigningKeyFile = signingKey
 	cfg.AWS.Endpoint = srv.URL
 	cfg.RebootTimeout, cfg.ForceAfter = 10*time.Second, 0
@@ -388,6 +390,7 @@ func TestRebootWaitsForABootID(t *testing.T) {
 	sink, srv := newSignalSink(t)
 	cfg := e.config()
 	cfg.RebootTimeout, cfg.ForceAfter, cfg.PollInterval = 5*time.Second, 0, 200*time.Millisecond
+	cfg.Redfish.AllowHTTP = true // the sink is an http BMC
 	j, rec := e.janitor(cfg, false, e.providers(cfg))
 	run(t, j)
 	const node = "no-boot-id"
@@ -445,6 +448,7 @@ func TestRebootPowersOnAMachineLeftOff(t *testing.T) {
 	sink, srv := newSignalSink(t)
 	cfg := e.config()
 	cfg.RebootTimeout, cfg.ForceAfter, cfg.PollInterval = 15*time.Second, time.Second, 200*time.Millisecond // the timeout leaves room for a loaded machine
+	cfg.Redfish.AllowHTTP = true                                                                            // the sink is an http BMC
 	prov, err := BuildProviders(cfg, testLog)                                                               // not observed: the janitor asks redfish itself whether a machine is off
 	if err != nil {
 		t.Fatal(err)
@@ -499,6 +503,7 @@ func TestRebootForcesAMachineHungInShutdown(t *testing.T) {
 	sink, srv := newSignalSink(t)
 	cfg := e.config()
 	cfg.RebootTimeout, cfg.ForceAfter, cfg.HungAfter, cfg.PollInterval = 30*time.Second, 0, 2*time.Second, 200*time.Millisecond
+	cfg.Redfish.AllowHTTP = true              // the sink is an http BMC
 	prov, err := BuildProviders(cfg, testLog) // not observed: the janitor asks redfish itself whether a machine is off
 	if err != nil {
 		t.Fatal(err)
