@@ -424,3 +424,28 @@ func TestBMCAnnotationHTTPNeedsAllowHTTP(t *testing.T) {
 		})
 	}
 }
+
+// TestBMCRedirectToHTTPRefused: an https BMC redirecting to http would
+// have its credentials sent on in cleartext (net/http keeps the
+// Authorization header for the same host): the redirect is refused
+// unless janitor.redfish.allow_http.
+func TestBMCRedirectToHTTPRefused(t *testing.T) {
+	kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
+	plain := &recordingBMC{}
+	httpSrv := httptest.NewServer(plain)
+	t.Cleanup(httpSrv.Close)
+	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, httpSrv.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(tlsSrv.Close)
+	cfg := DefaultConfig().Redfish
+	cfg.InsecureSkipVerify, cfg.Timeout, cfg.AllowedNetworks = true, 5*time.Second, []string{"127.0.0.0/8"}
+	rf, err := NewRedfish(cfg, testLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = rf.Reboot(context.Background(), Target{Node: bmcNode("gpu-1", tlsSrv.URL+"/redfish/v1/Systems/1", ""), Kube: kube}, Graceful)
+	if reqs, _ := plain.seen(); err == nil || len(reqs) > 0 {
+		t.Fatalf("redirected to http: err %v, http requests %q; want an error and none", err, reqs)
+	}
+}

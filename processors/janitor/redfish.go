@@ -135,7 +135,21 @@ func (r *Redfish) client(p *sendProbe) *http.Client {
 		// serves it, and a refused stream reads as unanswered.
 		r.log.Warn("janitor: redfish HTTP/2 transport not configured", "err", err)
 	}
-	return &http.Client{Transport: sendTracker{boundedBodies{tr, maxRedfishBody}}, Timeout: r.cfg.Timeout}
+	return &http.Client{Transport: sendTracker{boundedBodies{tr, maxRedfishBody}}, Timeout: r.cfg.Timeout, CheckRedirect: r.checkRedirect}
+}
+
+// checkRedirect refuses a redirect from https to http (unless
+// janitor.redfish.allow_http): net/http sends the Authorization header on
+// to the same host, so the BMC credentials would go in cleartext; and
+// more than 10 redirects, as net/http's default does.
+func (r *Redfish) checkRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	if req.URL.Scheme != "https" && !r.cfg.AllowHTTP {
+		return fmt.Errorf("redirected to %s, not https: the BMC credentials are not sent in cleartext (janitor.redfish.allow_http)", req.URL.Redacted())
+	}
+	return nil
 }
 
 // bmcRef is a node's BMC: its endpoint (its host in the BMC networks),
