@@ -62,6 +62,11 @@ const (
 	Agent             = "faultline-agent"
 	CheckConnectivity = "GpuDcgmConnectivityFailure"
 	CodeConnectivity  = "DCGM-CONNECTIVITY-FAILURE"
+	// CodeGPULost is the incident (Pcie watch) of a GPU that NVML reports
+	// lost (fallen off the bus), or that the source no longer lists though
+	// this process saw it: fatal, RESTART_BM, as kmsg's Xid 79 and
+	// fallen-off events.
+	CodeGPULost = "DCGM_FR_FALLEN_OFF_BUS"
 )
 
 // ErrNotPresent is returned by a Source on a node without NVIDIA GPUs or
@@ -211,6 +216,9 @@ type Check struct {
 	// connBaselined: the connectivity check's was (or was not needed).
 	pending       map[string]bool
 	connBaselined bool
+	// seen: the GPUs with a UUID that the source's inventory listed in this
+	// process, by id.
+	seen map[string]GPU
 }
 
 // New returns the GPU check.
@@ -253,7 +261,7 @@ func New(cfg Config) (*Check, error) {
 	for _, w := range Watches {
 		pending[w] = true
 	}
-	return &Check{cfg: cfg, bad: map[string]*datamodels.HealthEvent{}, pending: pending}, nil
+	return &Check{cfg: cfg, bad: map[string]*datamodels.HealthEvent{}, pending: pending, seen: map[string]GPU{}}, nil
 }
 
 // Name implements check.Check.
@@ -284,6 +292,35 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 		out = append(out, c.baselineEvent(CheckConnectivity, nil))
 	}
 	c.connBaselined = true
+	// The GPUs this read tells (nil: the source names none, and a fault
+	// without incident is lifted as before). A GPU it does not list is not
+	// healthy: its faults stand, and one listed earlier in this process is
+	// missing (fatal CodeGPULost) until it is listed again.
+	var read map[string]bool
+	if inv, ok := c.cfg.Source.(Inventory); ok {
+		if gpus := inv.GPUs(); gpus != nil {
+			read = map[string]bool{}
+			for _, g := range gpus {
+				id := gpuID(Incident{GPU: g.Index, UUID: g.UUID})
+				read[id] = true
+				if g.UUID != "" {
+					c.seen[id] = GPU{Index: g.Index, UUID: g.UUID, PCI: g.PCI}
+				}
+			}
+			var missing []string
+			for id := range c.seen {
+				if !read[id] {
+					missing = append(missing, id)
+				}
+			}
+			sort.Strings(missing)
+			for _, id := range missing {
+				g := c.seen[id]
+				incs = append(incs, Incident{GPU: g.Index, UUID: g.UUID, PCI: g.PCI, System: "Pcie", Health: "FAIL", Code: CodeGPULost,
+					Message: "GPU no longer listed by the GPU health source (fallen off the bus?)"})
+			}
+		}
+	}
 	cur := map[string]*datamodels.HealthEvent{}
 	for _, in := range incs {
 		key := gpuID(in) + "|" + in.System
@@ -313,6 +350,9 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 			c.bad[k] = now
 			out = append(out, now)
 		case now == nil && prev != nil:
+			if read != nil && !read[strings.SplitN(k, "|", 2)[0]] {
+				continue // not read: its fault stands
+			}
 			delete(c.bad, k)
 			out = append(out, c.healthy(prev))
 		}

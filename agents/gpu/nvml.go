@@ -28,6 +28,12 @@ import (
 // failed ECC read recovered a standing DBE, raised again at the next poll: a
 // flap that lifted and applied the node's quarantine. Likewise a GPU whose
 // handle NVML does not give keeps its incidents (besides DCGM_FR_NVML_API).
+//
+// GPU_IS_LOST is no such failure: the GPU fell off the bus (Xid 79) and
+// keeps its handle, every query answering GPU_IS_LOST (GetUUID also
+// GPU_NOT_FOUND). Such a GPU has, besides what its conditions had, the fatal
+// incident CodeGPULost on its Pcie watch, named as last read (its UUID and
+// PCI address), until it reads again: then its healthy event.
 type NVML struct {
 	mu     sync.Mutex
 	lib    nvmlLib
@@ -40,6 +46,7 @@ type NVML struct {
 	uuidAt  map[string]string       // PCI bus id → the UUID last read there
 	byIndex map[int]GPU             // index → the GPU last read there
 	gpus    []GPU                   // the GPUs of the last successful read (Inventory)
+	gone    bool                    // a query of the GPU being read answered GPU_IS_LOST
 	// ReplayPerMinute is the PCIe replay rate that raises
 	// DCGM_FR_PCI_REPLAY_RATE (DCGM's default limit is 8 per minute).
 	ReplayPerMinute float64
@@ -141,6 +148,7 @@ func (s *NVML) GPUs() []GPU {
 }
 
 func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
+	s.gone = false
 	pci := ""
 	if p, r := d.GetPciInfo(); r == nvml.SUCCESS {
 		var b strings.Builder
@@ -152,19 +160,27 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 		}
 		pci = strings.ToLower(b.String())
 	}
-	g := GPU{Index: i, PCI: pci}
 	// A GPU whose UUID is not read is the one last read at its PCI address,
 	// else known by its index: never "", which GPUs failing alike shared.
 	uuid, r := d.GetUUID()
+	// A GPU lost (fallen off the bus: Xid 79) keeps its handle, but every
+	// query answers GPU_IS_LOST (its UUID GPU_IS_LOST or GPU_NOT_FOUND).
+	lost := r == nvml.ERROR_GPU_IS_LOST || r == nvml.ERROR_GPU_NOT_FOUND
 	if r != nvml.SUCCESS {
 		uuid = ""
 		if pci != "" {
 			uuid = s.uuidAt[pci]
+		} else if prev, ok := s.byIndex[i]; ok && lost {
+			// Nothing of a lost GPU reads: it is the one last read at its
+			// index, so that its fault names it as its recovery will.
+			uuid, pci = prev.UUID, prev.PCI
 		}
 	} else if pci != "" && uuid != "" {
 		s.uuidAt[pci] = uuid
+	} else if prev, ok := s.byIndex[i]; ok && pci == "" && prev.UUID == uuid {
+		pci = prev.PCI
 	}
-	g.UUID = uuid
+	g := GPU{Index: i, PCI: pci, UUID: uuid}
 	if r == nvml.SUCCESS && uuid == "" {
 		r = nvml.ERROR_UNKNOWN
 	}
@@ -254,6 +270,13 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 		}
 	}
 	out = append(out, s.cond(&g, id, "GetCurrentClocksThrottleReasons", r, incs, "Thermal", "Power")...)
+	if lost || s.gone {
+		// Not a flaky read: the GPU is gone until reset or reboot. What
+		// its conditions had stands (above); it is reported fatal on its
+		// own, first, so that it is its Pcie watch's event.
+		out = append([]Incident{inc("Pcie", "FAIL", CodeGPULost, "GPU %d is lost (fallen off the bus): NVML answers %s", i,
+			nvml.ErrorString(nvml.ERROR_GPU_IS_LOST))}, out...)
+	}
 	return out, g
 }
 
@@ -284,6 +307,9 @@ func (s *NVML) answered(g *GPU, id, query string, r nvml.Return) bool {
 	log := s.Logger
 	if log == nil {
 		log = slog.Default()
+	}
+	if r == nvml.ERROR_GPU_IS_LOST {
+		s.gone = true
 	}
 	if r == nvml.SUCCESS || r == nvml.ERROR_NOT_SUPPORTED {
 		if s.failing[key] {

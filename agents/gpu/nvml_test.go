@@ -4,6 +4,7 @@ package gpu
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // fakeGPU is one GPU of go-nvml's mock, healthy until a test changes its
@@ -185,6 +188,141 @@ func TestNVMLBaselineWaitsForAnswer(t *testing.T) {
 		}
 		if got := strings.Contains(" "+summary(evs)+" ", " GpuMemWatch:healthy "); got != want {
 			t.Errorf("read %d: Mem baseline %v, want %v: %s", i, got, want, summary(evs))
+		}
+	}
+}
+
+// ents is the entities of ev as "Type=value,...".
+func ents(ev *datamodels.HealthEvent) string {
+	var s []string
+	for _, e := range ev.EntitiesImpacted {
+		s = append(s, e.EntityType+"="+e.EntityValue)
+	}
+	return strings.Join(s, ",")
+}
+
+// lostGPU fails every query of g with GPU_IS_LOST, its UUID and PCI info
+// too unless cached (NVML may answer them from what it read before).
+func lostGPU(g *fakeGPU, cached bool) {
+	g.fail = map[string]nvml.Return{}
+	for _, q := range []string{"GetUUID", "GetPciInfo", "GetTotalEccErrors", "GetRemappedRows", "GetPcieReplayCounter",
+		"GetNvLinkState", "GetTemperature", "GetCurrentClocksThrottleReasons"} {
+		if !cached || q != "GetUUID" && q != "GetPciInfo" {
+			g.fail[q] = nvml.ERROR_GPU_IS_LOST
+		}
+	}
+}
+
+// TestNVMLLostGPUIsFatal: a GPU fallen off the bus keeps its handle but
+// every query answers GPU_IS_LOST: not a flaky read but a fatal
+// DCGM_FR_FALLEN_OFF_BUS (RESTART_BM) naming the GPU as last read, once;
+// when it reads again, its healthy event with the same entities.
+func TestNVMLLostGPUIsFatal(t *testing.T) {
+	for _, cached := range []bool{false, true} {
+		t.Run(fmt.Sprintf("uuid cached %v", cached), func(t *testing.T) { testLostGPU(t, cached) })
+	}
+}
+
+func testLostGPU(t *testing.T, cached bool) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+	var logs strings.Builder
+	c, err := New(Config{Source: fakeNVML(&logs, a), Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Check(context.Background()); err != nil { // the baseline
+		t.Fatal(err)
+	}
+	var fault string
+	for i, step := range []struct {
+		what string
+		lost bool
+		want string
+	}{
+		{"lost", true, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@GPU-A"},
+		{"still lost", true, ""},
+		{"reads again", false, "GpuPcieWatch:healthy@GPU-A"},
+	} {
+		a.fail = nil
+		if step.lost {
+			lostGPU(a, cached)
+		}
+		evs, err := c.Check(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, ev := range evs {
+			if ev.Metadata["baseline"] == "" {
+				got = append(got, summary([]*datamodels.HealthEvent{ev}))
+				if i == 0 {
+					fault = ents(ev)
+				} else if e := ents(ev); e != fault {
+					t.Errorf("step %d (%s): entities %s, want the fault's %s", i, step.what, e, fault)
+				}
+			}
+		}
+		if g := strings.Join(got, " "); g != step.want {
+			t.Errorf("step %d (%s): events %q, want %q", i, step.what, g, step.want)
+		}
+	}
+	if fault != "GPU=GPU-A,PCI=00000000:1b:00.0" {
+		t.Errorf("fault entities %s", fault)
+	}
+}
+
+// TestNVMLMissingGPUKeepsFault: GPU-A has a fatal DBE; DeviceGetCount fails
+// once (NVML re-inits) and NVML then lists only GPU-B: GPU-A's fault is not
+// lifted (it was not read) and GPU-A is reported missing, fatal; listed and
+// read again without a DBE, both are lifted with the faults' entities.
+func TestNVMLMissingGPUKeepsFault(t *testing.T) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED, dbe: 2}
+	b := &fakeGPU{uuid: "GPU-B", bus: "00000000:43:00.0", link0: nvml.FEATURE_ENABLED}
+	var logs strings.Builder
+	s := fakeNVML(&logs, a, b)
+	list := []*fakeGPU{a, b}
+	countFails := false
+	s.lib = &mock.Interface{
+		InitFunc:     func() nvml.Return { return nvml.SUCCESS },
+		ShutdownFunc: func() nvml.Return { return nvml.SUCCESS },
+		DeviceGetCountFunc: func() (int, nvml.Return) {
+			if countFails {
+				return 0, nvml.ERROR_UNKNOWN
+			}
+			return len(list), nvml.SUCCESS
+		},
+		DeviceGetHandleByIndexFunc: func(i int) (nvml.Device, nvml.Return) { return list[i].device(), nvml.SUCCESS },
+	}
+	c, err := New(Config{Source: s, Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, step := range []struct {
+		what       string
+		list       []*fakeGPU
+		countFails bool
+		dbe        uint64
+		want       string // the events but baselines and connectivity
+	}{
+		{"a DBE on GPU-A", []*fakeGPU{a, b}, false, 2, "GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-A"},
+		{"the count fails", []*fakeGPU{a, b}, true, 2, ""},
+		{"only GPU-B listed", []*fakeGPU{b}, false, 2, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@GPU-A"},
+		{"still only GPU-B", []*fakeGPU{b}, false, 0, ""},
+		{"GPU-A back, no DBE", []*fakeGPU{a, b}, false, 0, "GpuMemWatch:healthy@GPU-A GpuPcieWatch:healthy@GPU-A"},
+	} {
+		list, countFails, a.dbe = step.list, step.countFails, step.dbe
+		evs, _ := c.Check(context.Background())
+		var got []string
+		for _, ev := range evs {
+			if ev.Metadata["baseline"] == "" && ev.CheckName != CheckConnectivity {
+				got = append(got, summary([]*datamodels.HealthEvent{ev}))
+				if e := ents(ev); e != "GPU=GPU-A,PCI=00000000:1b:00.0" {
+					t.Errorf("step %d (%s): %s entities %s", i, step.what, ev.CheckName, e)
+				}
+			}
+		}
+		if g := strings.Join(got, " "); g != step.want {
+			t.Errorf("step %d (%s): events %q, want %q", i, step.what, g, step.want)
 		}
 	}
 }

@@ -266,6 +266,21 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			}
 		}
 	}
+	if c.fresh {
+		// A first poll without usable state (reboot, no or corrupt state
+		// file) does not know which devices an earlier boot reported
+		// disappeared: each monitored device present gets the healthy
+		// event of its device-level fault ([NIC=<name>]), which nothing
+		// else would ever send (§3.4: the baseline clears stale fatals).
+		for _, name := range slices.Sorted(maps.Keys(c.nics)) {
+			if n := c.nics[name]; n.Monitored && c.stateOn(n.LinkLayer) {
+				ev := deviceEvent(name, n.LinkLayer, true)
+				ev.Message = fmt.Sprintf("NIC %s present in /sys/class/infiniband/ (healthy baseline of a first poll)", name)
+				ev.Metadata = map[string]string{"baseline": "first_poll"}
+				emit(ev)
+			}
+		}
+	}
 	for _, n := range c.nics {
 		if n.Monitored {
 			c.st.KnownDevices[n.Name] = n.LinkLayer
@@ -276,12 +291,24 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 	}
 
 	// Card homogeneity per role (§4.3): reported on a first poll; a
-	// reported card is cleared once it is back at the expected count.
+	// reported card is cleared once it is back at the expected count. A
+	// first poll also sends the healthy event of each card at or above its
+	// peer mode: an earlier boot's card fault is known only to its state,
+	// which a reboot or a lost state file discards. A card's events name
+	// the card and all its monitored devices ([PCI=<card>, NIC=<each>]),
+	// whichever ports are down, so this baseline names what the fault did
+	// while the card holds the same devices.
 	cards := c.cards()
 	anomalous := map[string]bool{}
 	for _, grp := range groupByRole(cards) {
 		mode := modeActive(grp)
 		for _, cd := range grp {
+			if cd.active >= mode && c.fresh && c.stateOn(cd.linkLayer) {
+				ev := cardEvent(cd, mode, true)
+				ev.Message = fmt.Sprintf("Card %s (%s) has %d active ports, at or above peer mode %d (healthy baseline of a first poll)", cd.addr, cd.role, cd.active, mode)
+				ev.Metadata["baseline"] = "first_poll"
+				emit(ev)
+			}
 			if cd.active < mode {
 				anomalous[cd.addr] = true
 				if c.fresh && c.stateOn(cd.linkLayer) {
