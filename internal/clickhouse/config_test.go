@@ -219,21 +219,14 @@ func TestOpenSkipsHungAddress(t *testing.T) {
 	}
 }
 
-// TestPasswordFileReread: a password_file rotated in place (with the
-// server's password) is read by the pool's next connection. Before, the
-// pool kept the password read at start: code 193, wrong password, until a
-// restart.
+// TestPasswordFileReread: the password is read at every connect (the
+// pool's DialStrategy), so a password_file rotated in place reaches the next
+// connection without a restart; before, it was read once at Open and every
+// new connection after a rotation failed with code 193 (Wrong password).
+// The strategy is called as the driver calls it, with a dial that records
+// the options it is given (a real pool with a short ConnMaxLifetime, to
+// force a new connection, hung in clickhouse-go's Close).
 func TestPasswordFileReread(t *testing.T) {
-	srv := testenv.StartClickHouse(t)
-	user := func(pw string) string {
-		return `<?xml version="1.0"?>
-<yandex><users><rot>
-  <password>` + pw + `</password>
-  <networks><ip>::/0</ip></networks>
-  <profile>default</profile><quota>default</quota>
-</rot></users></yandex>
-`
-	}
 	pwFile := filepath.Join(t.TempDir(), "password")
 	setFile := func(pw string) {
 		if err := os.WriteFile(pwFile+".tmp", []byte(pw+"\n"), 0o600); err != nil {
@@ -244,54 +237,32 @@ func TestPasswordFileReread(t *testing.T) {
 		}
 	}
 	c := withDB(DefaultConfig(), "default")
-	c.Addr, c.Username, c.PasswordFile = srv.Addr(), "rot", pwFile
-	c.DialTimeout = 2 * time.Second
-	// serverHas waits until the server takes pw (it reloads users.d
-	// every few seconds).
-	serverHas := func(pw string) {
-		t.Helper()
-		direct := c
-		direct.PasswordFile, direct.Password = "", config.NewSecret(pw)
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			conn, err := Open(context.Background(), direct, discard())
-			if err == nil {
-				conn.Close()
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the server never took the password: %v", err)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
-	srv.WriteUsers("rot", user("one"))
+	c.Addr, c.Username, c.PasswordFile = "127.0.0.1:1", "rot", pwFile
 	setFile("one")
-	serverHas("one")
-
 	opts, err := c.options("default", discard())
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.ConnMaxLifetime = 10 * time.Millisecond // a ping 50ms later dials again
-	conn, err := ch.Open(opts)
-	if err != nil {
-		t.Fatal(err)
+	if opts.Auth.Password != "" {
+		t.Fatalf("the shared options hold the password")
 	}
-	defer conn.Close()
-	ping := func() error {
-		time.Sleep(50 * time.Millisecond)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		return conn.Ping(ctx)
+	dialed := func() string {
+		t.Helper()
+		var got string
+		_, err := opts.DialStrategy(context.Background(), 1, opts, func(_ context.Context, _ string, o *ch.Options) (ch.DialResult, error) {
+			got = o.Auth.Password
+			return ch.DialResult{}, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
 	}
-	if err := ping(); err != nil {
-		t.Fatalf("ping before the rotation: %v", err)
+	if pw := dialed(); pw != "one" {
+		t.Fatalf("first connect with password %q, want one", pw)
 	}
-	srv.WriteUsers("rot", user("two"))
 	setFile("two")
-	serverHas("two")
-	if err := ping(); err != nil {
-		t.Fatalf("ping after the password was rotated (file and server): %v", err)
+	if pw := dialed(); pw != "two" {
+		t.Fatalf("connect after the file was rotated with password %q, want two", pw)
 	}
 }

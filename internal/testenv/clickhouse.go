@@ -3,7 +3,6 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -93,18 +92,6 @@ func startClickHouse(tb testing.TB, name string, tcp, http int, configD map[stri
 
 // Addr returns the native-protocol address, host:port.
 func (c *ClickHouse) Addr() string { return c.addr }
-
-// WriteUsers writes users.d/name.xml, users and their passwords for a
-// test (e.g. <yandex><users><u><password>…</password>…</u></users></yandex>);
-// the server reloads the users a few seconds later.
-func (c *ClickHouse) WriteUsers(name, xml string) {
-	c.tb.Helper()
-	path := filepath.Join(c.proc.dir, "users.d", name+".xml")
-	writeFile(c.tb, path+".tmp", []byte(xml), 0o644)
-	if err := os.Rename(path+".tmp", path); err != nil {
-		c.tb.Fatalf("testenv: %v", err)
-	}
-}
 
 // HTTPAddr returns the HTTP interface address, host:port. clickhouse-go's
 // HTTP protocol does not work against 18.16; this is for curl-style checks.
