@@ -100,9 +100,19 @@ func (c Config) Validate(prefix string) error {
 		// Without the sweep such a rule's verdicts never start (onset) or
 		// never recover, and every later trigger of a standing one is
 		// skipped: its group frozen for good.
+		// A recovering rule with a stabilization is one too, whatever its
+		// recovery: a verdict recovers only once the stabilization has
+		// passed since the last counted event, and a trigger that counts in
+		// its own window (a link-down, an applied remediation, an Xid) is
+		// that last event itself, so no trigger meets it: only the sweep,
+		// with time passing, does. With stabilization 0 the next trigger
+		// that finds the window below the threshold recovers the verdict.
 		for _, r := range rules {
 			if r.SweepOnset || r.SweepRecovery {
 				return fmt.Errorf("%ssweep_interval: 0 (no sweep), but rule %s starts or recovers only in the sweep (onset or recovery = \"sweep\")", prefix, r.Name)
+			}
+			if r.Recover && r.Stabilization > 0 {
+				return fmt.Errorf("%ssweep_interval: 0 (no sweep), but rule %s recovers only once its stabilization (%s) has passed since its last counted event, which only the sweep can see", prefix, r.Name, r.Stabilization)
 			}
 		}
 	}

@@ -24,6 +24,34 @@ query = "SELECT tid, 1.0 AS value, emptyArrayString() AS cause_ids, toUInt64(0) 
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// RepeatedNICLinkFlap, MultipleRemediations and NVSwitchSXidGPUXid
+	// recover on "event", but their triggers always count in their own
+	// window: with a stabilization, only the sweep can recover them.
+	stabilized := filepath.Join(t.TempDir(), "stabilized.toml")
+	if err := os.WriteFile(stabilized, []byte(`
+[[rule]]
+name = "Flaps"
+trigger = "event.checkName == 'X'"
+window = "10m"
+threshold = 3
+stabilization = "30m"
+query = "SELECT tid, 1.0 AS value, emptyArrayString() AS cause_ids, toUInt64(0) AS last_ms FROM triggers"
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	noRecover := filepath.Join(t.TempDir(), "norecover.toml")
+	if err := os.WriteFile(noRecover, []byte(`
+[[rule]]
+name = "Once"
+trigger = "event.checkName == 'X'"
+window = "10m"
+threshold = 3
+stabilization = "30m"
+recover = false
+query = "SELECT tid, 1.0 AS value, emptyArrayString() AS cause_ids, toUInt64(0) AS last_ms FROM triggers"
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, rules string
 		sweep       bool
@@ -32,6 +60,9 @@ query = "SELECT tid, 1.0 AS value, emptyArrayString() AS cause_ids, toUInt64(0) 
 		{"shipped rules, the sweep", "", true, ""},
 		{"shipped rules, no sweep", "", false, `correlate.sweep_interval: 0 (no sweep), but rule `},
 		{"rules that need no sweep", noSweep, false, ""},
+		{"a stabilization, no sweep", stabilized, false, `correlate.sweep_interval: 0 (no sweep), but rule Flaps recovers only once its stabilization (30m0s)`},
+		{"a stabilization, the sweep", stabilized, true, ""},
+		{"a stabilization, no recovery, no sweep", noRecover, false, ""},
 	} {
 		c := DefaultConfig()
 		c.Rules = tc.rules

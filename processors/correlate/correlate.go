@@ -99,6 +99,7 @@ type Metrics struct {
 	triggers      *prometheus.CounterVec
 	forgotten     prometheus.Counter
 	splits        *prometheus.CounterVec
+	orphans       prometheus.Gauge
 }
 
 // NewMetrics registers the metrics on reg (nil: not registered).
@@ -110,9 +111,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		triggers:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_triggers_total", Help: "Rule triggers, by rule and outcome (evaluated: its window query ran; skipped: its result could not change the standing verdict)."}, []string{"rule", "outcome"}),
 		forgotten:     prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_correlate_unstored_forgotten_total", Help: "Records of earlier batches forgotten before the store had written them (over the memory's bound): a window evaluated meanwhile may miss them."}),
 		splits:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_query_splits_total", Help: "Rule queries ClickHouse refused for its memory limit and that ran again for each half of their triggers, by rule."}, []string{"rule"}),
+		orphans:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "faultline_correlate_orphan_verdicts", Help: "Standing live or suppressed verdicts, of the groups this replica sweeps, of rules no longer in the rules file (or whose emit.check_name changed), at the last sweep: nothing recovers them."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.derived, m.query, m.triggerErrors, m.triggers, m.forgotten, m.splits)
+		reg.MustRegister(m.derived, m.query, m.triggerErrors, m.triggers, m.forgotten, m.splits, m.orphans)
 	}
 	return m
 }
@@ -200,6 +202,9 @@ type trigger struct {
 	// verdict a Node object's earlier machine triggered.
 	machine   string
 	fromSweep bool
+	// recoverOnly: a sweep's trigger for a live or suppressed verdict of a
+	// rule now shadowed, evaluated in its own mode for its recovery only.
+	recoverOnly bool
 }
 
 // result is a rule query's row for one trigger.
@@ -531,7 +536,8 @@ func (h *Handler) evaluate(ctx context.Context, r *Rule, trigs []trigger, bt *ba
 // the triggers whose evaluation cannot change anything (the group's verdict
 // stands and cannot recover yet: inside its stabilization window, or the
 // rule does not recover, or recovers in the sweep only and this is no
-// sweep; or the rule's verdicts start only in the sweep and none stands),
+// sweep; or the rule's verdicts start only in the sweep, or the trigger
+// may only recover (recoverOnly), and none stands),
 // then runs the window query for the rest without their cause
 // ids, which decide asks for only where a verdict starts.
 func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables) (*plan, error) {
@@ -545,7 +551,7 @@ func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 		standing := has && !p.healthy
 		switch {
 		case standing && (!r.Recover || (r.SweepRecovery && !t.fromSweep) || t.atMS-p.tMS < r.Stabilization.Milliseconds() || t.atMS <= p.tMS):
-		case !standing && r.SweepOnset && !t.fromSweep:
+		case !standing && (r.SweepOnset && !t.fromSweep || t.recoverOnly):
 		default:
 			pl.trigs = append(pl.trigs, t)
 		}

@@ -399,7 +399,12 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 	for _, r := range h.rules {
 		names, checks = append(names, r.Name), append(checks, r.CheckName)
 	}
-	standing := map[string][]trigger{}
+	// standing: per rule, its groups' standing verdicts of the mode the
+	// rule runs in; unshadowed: the live or suppressed ones of a rule now
+	// shadowed (correlate.shadow, the way to stop a noisy rule), which are
+	// still recovered, in their own mode: skipped, they stood for good and
+	// their nodes stayed cordoned.
+	standing, unshadowed := map[string][]trigger{}, map[string][]trigger{}
 	rows, err := h.conn.Query(ctx, standingSQL, ch.Named("since", now.Add(-MaxStanding).UTC()),
 		ch.Named("rules", names), ch.Named("checks", checks))
 	if err != nil {
@@ -416,12 +421,17 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 			return nil, fmt.Errorf("sweep: read standing verdicts: %w", err)
 		}
 		r := h.byName[rule]
-		if r == nil || (shadow == 1) != r.Shadow {
+		if r == nil || shadow == 1 && !r.Shadow {
 			continue
 		}
 		t := trigger{cluster: cluster, node: node, gkey: grp, dnode: node, dentity: entity, entities: entities(et, ev), fromSweep: true}
 		if r.Scope == ScopeCluster {
 			t.node = ""
+		}
+		if shadow == 0 && r.Shadow {
+			t.recoverOnly = true
+			unshadowed[rule] = append(unshadowed[rule], t)
+			continue
 		}
 		standing[rule] = append(standing[rule], t)
 	}
@@ -429,7 +439,10 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("sweep: read standing verdicts: %w", err)
 	}
-	swept := make([][]trigger, len(h.rules))
+	if err := h.orphans(ctx, names, checks, now); err != nil {
+		return nil, err
+	}
+	swept, sweptLive := make([][]trigger, len(h.rules)), make([][]trigger, len(h.rules))
 	var lookback time.Duration // the longest window that counts by machine
 	var named []trigger        // the triggers of the rules that count by machine
 	for i, r := range h.rules {
@@ -441,21 +454,10 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 			}
 			trigs = append(trigs, cands...)
 		}
-		seen := map[string]bool{}
-		uniq := trigs[:0]
-		for _, t := range trigs {
-			k := t.groupKey()
-			if seen[k] || !h.Owns(events.Key(t.cluster, t.dnode)) {
-				continue
-			}
-			seen[k] = true
-			t.tid, t.atMS, t.recvMS = fmt.Sprint(len(uniq)), now.UnixMilli(), now.UnixMilli()
-			uniq = append(uniq, t)
-		}
-		swept[i] = uniq
-		if r.readsMachine && len(uniq) > 0 {
+		swept[i], sweptLive[i] = h.owned(trigs, now), h.owned(unshadowed[r.Name], now)
+		if r.readsMachine && len(swept[i])+len(sweptLive[i]) > 0 {
 			lookback = max(lookback, r.Window)
-			named = append(named, uniq...)
+			named = append(append(named, swept[i]...), sweptLive[i]...)
 		}
 	}
 	var machines map[nodeKey]string
@@ -467,26 +469,108 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 	}
 	var out []*kgo.Record
 	for i, r := range h.rules {
-		trigs := swept[i]
-		if len(trigs) == 0 {
-			continue
-		}
-		if r.readsMachine {
-			for j := range trigs {
-				trigs[j].machine = machines[nodeKey{trigs[j].cluster, trigs[j].node}]
+		for pass, trigs := range [][]trigger{swept[i], sweptLive[i]} {
+			if len(trigs) == 0 {
+				continue
 			}
+			if r.readsMachine {
+				for j := range trigs {
+					trigs[j].machine = machines[nodeKey{trigs[j].cluster, trigs[j].node}]
+				}
+			}
+			empty, err := newBatchTables(nil) // a sweep has no records
+			if err != nil {
+				return nil, err
+			}
+			er := r
+			if pass == 1 {
+				// the live verdicts of a rule now shadowed: read, decided
+				// and recovered as the live rule's (recoverOnly: none starts)
+				live := *r
+				live.Shadow = false
+				er = &live
+			}
+			recs, err := h.evaluate(ctx, er, trigs, empty)
+			if err != nil {
+				return nil, fmt.Errorf("sweep: %w", err)
+			}
+			out = append(out, recs...)
 		}
-		empty, err := newBatchTables(nil) // a sweep has no records
-		if err != nil {
-			return nil, err
-		}
-		recs, err := h.evaluate(ctx, r, trigs, empty)
-		if err != nil {
-			return nil, fmt.Errorf("sweep: %w", err)
-		}
-		out = append(out, recs...)
 	}
 	return out, nil
+}
+
+// owned returns the triggers of the groups this replica sweeps, one per
+// group, evaluated at now.
+func (h *Handler) owned(trigs []trigger, now time.Time) []trigger {
+	seen := map[string]bool{}
+	uniq := trigs[:0]
+	for _, t := range trigs {
+		k := t.groupKey()
+		if seen[k] || !h.Owns(events.Key(t.cluster, t.dnode)) {
+			continue
+		}
+		seen[k] = true
+		t.tid, t.atMS, t.recvMS = fmt.Sprint(len(uniq)), now.UnixMilli(), now.UnixMilli()
+		uniq = append(uniq, t)
+	}
+	return uniq
+}
+
+// orphansSQL reads the standing live or suppressed verdicts of rules not
+// in @rules with their @checks (a rule dropped from the file, or whose
+// emit.check_name changed), per group.
+const orphansSQL = `
+SELECT derived_by, check, cluster, node
+FROM
+(
+    SELECT derived_by, check, cluster, node, entity, argMax(is_healthy, t) AS healthy
+    FROM
+    (
+        SELECT derived_by, check, cluster, node, entity, is_healthy, toUInt64(ts) * 1000 + ts_ms AS t
+        FROM derived_events
+        WHERE received >= @since AND ts >= @since
+            AND NOT arrayExists((r, c) -> r = derived_by AND c = check, @rules, @checks)
+            AND has(['live', 'suppressed'], metadata.value[indexOf(metadata.key, 'mode')])
+    )
+    GROUP BY derived_by, check, cluster, node, entity
+    HAVING healthy = 0
+)`
+
+// orphans counts the standing live or suppressed verdicts, of the groups
+// this replica sweeps, whose rule the file no longer has under that check
+// name (orphansSQL): nothing evaluates them, so nothing recovers them and
+// what acts on them (quarantine) holds on. The count is the metric
+// faultline_correlate_orphan_verdicts, and each sweep that finds any logs
+// a warning naming the rules: the operator recovers them by restoring the
+// rule (in shadow mode: it recovers its live verdicts) until they clear.
+func (h *Handler) orphans(ctx context.Context, rules, checks []string, now time.Time) error {
+	rows, err := h.conn.Query(ctx, orphansSQL, ch.Named("since", now.Add(-MaxStanding).UTC()),
+		ch.Named("rules", rules), ch.Named("checks", checks))
+	if err != nil {
+		return fmt.Errorf("sweep: read orphan verdicts: %w", err)
+	}
+	defer rows.Close()
+	n, by := 0, map[string]int{}
+	for rows.Next() {
+		var rule, check, cluster, node string
+		if err := rows.Scan(&rule, &check, &cluster, &node); err != nil {
+			return fmt.Errorf("sweep: read orphan verdicts: %w", err)
+		}
+		if h.Owns(events.Key(cluster, node)) {
+			n++
+			by[rule+" (check "+check+")"]++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("sweep: read orphan verdicts: %w", err)
+	}
+	h.metrics.orphans.Set(float64(n))
+	if n > 0 {
+		h.log.Warn("standing verdicts of rules no longer in the rules file (or of another check name) never recover; restore the rule, in shadow mode if need be, until they do",
+			"verdicts", n, "rules", slices.Sorted(maps.Keys(by)))
+	}
+	return nil
 }
 
 // machinesSQL reads, per node, the machine (events.MetaSystemUUID) of its

@@ -155,6 +155,20 @@ func TestRules(t *testing.T) {
 				{sweep: 7 * m, want: none},
 			}
 		}},
+		{"port drop: a port still DOWN a window later stays dropped", func(c string) []step {
+			// The NIC agent reports a port on a transition only: a day
+			// after the DOWN the window holds no event of the port. The
+			// verdict recovered there ("no longer dropped") with the port
+			// still DOWN; it now stands until a state event shows it up.
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false)), want: none},
+				{sweep: 5 * m, want: "NICPortDrop:fault"},
+				{sweep: 24*h + 1*m, want: none},
+				{sweep: 30 * h, want: none},
+				{evs: evs(nicState(c, "n1", 31*h, true)), want: "NICPortDrop:recovery"},
+				{sweep: 31*h + 1*m, want: none},
+			}
+		}},
 		{"port drop: a recovery attempt is not a drop", func(c string) []step {
 			return []step{
 				{evs: evs(nicState(c, "n1", 0, false)), want: none},
