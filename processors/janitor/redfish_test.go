@@ -390,14 +390,9 @@ func TestRedfishRefusesAnotherMachine(t *testing.T) {
 			bmc := &misbehavingBMC{collection: one, uuid: sys}
 			srv := httptest.NewServer(bmc)
 			t.Cleanup(srv.Close)
-			cfg := DefaultConfig().Redfish
-			cfg.Timeout, cfg.AllowedNetworks, cfg.AllowHTTP = 5*time.Second, []string{"127.0.0.0/8"}, true // an http fake BMC
-			rf, err := NewRedfish(cfg, testLog)
-			if err != nil {
-				t.Fatal(err)
-			}
+			rf := httpBMCRedfish(t, 5*time.Second)
 			kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
-			err = rf.Reboot(context.Background(), Target{Node: bmcNode("n1", srv.URL+tc.system, tc.nodeUUID), Kube: kube}, Force)
+			err := rf.Reboot(context.Background(), Target{Node: bmcNode("n1", srv.URL+tc.system, tc.nodeUUID), Kube: kube}, Force)
 			switch {
 			case tc.reason == "" && err != nil:
 				t.Fatalf("%v, want the reset sent", err)
@@ -451,14 +446,10 @@ func TestRedfishResetTypeTheSystemAllows(t *testing.T) {
 			bmc := &misbehavingBMC{allowed: tc.allowed, power: tc.power}
 			srv := httptest.NewServer(bmc)
 			t.Cleanup(srv.Close)
-			cfg := DefaultConfig().Redfish
-			cfg.Timeout, cfg.AllowedNetworks, cfg.AllowHTTP = 5*time.Second, []string{"127.0.0.0/8"}, true // an http fake BMC
-			rf, err := NewRedfish(cfg, testLog)
-			if err != nil {
-				t.Fatal(err)
-			}
+			rf := httpBMCRedfish(t, 5*time.Second)
 			kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
 			tg := Target{Cluster: "c1", Node: bmcNode("n1", srv.URL+"/redfish/v1/Systems/1", ""), Kube: kube}
+			var err error
 			if tc.ifOff {
 				err = rf.PowerOnIfOff(context.Background(), tg)
 			} else {
@@ -635,12 +626,7 @@ func TestRedfishSessionLoggedOut(t *testing.T) {
 			b := &sessionBMC{live: map[string]bool{}, hold: tc.hold, arrived: make(chan struct{}), reset: tc.status}
 			srv := httptest.NewServer(b)
 			t.Cleanup(srv.Close)
-			cfg := DefaultConfig().Redfish
-			cfg.Timeout, cfg.AllowedNetworks, cfg.AllowHTTP = time.Second, []string{"127.0.0.0/8"}, true // an http fake BMC
-			rf, err := NewRedfish(cfg, testLog)
-			if err != nil {
-				t.Fatal(err)
-			}
+			rf := httpBMCRedfish(t, time.Second)
 			kube := fake.NewClientset(bmcSecret("faultline", "bmc-credentials", "admin", "s3cret"))
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -651,14 +637,14 @@ func TestRedfishSessionLoggedOut(t *testing.T) {
 				}()
 			}
 			began := time.Now()
-			err = rf.Reboot(ctx, Target{Cluster: "c1", Node: bmcNode("n1", srv.URL+"/redfish/v1/Systems/1", ""), Kube: kube}, Graceful)
+			err := rf.Reboot(ctx, Target{Cluster: "c1", Node: bmcNode("n1", srv.URL+"/redfish/v1/Systems/1", ""), Kube: kube}, Graceful)
 			if tc.reason == "" && err != nil || tc.reason != "" && reasonOf(err) != tc.reason || errors.Is(err, ErrMaybeSent) != tc.maybe {
 				t.Fatalf("%v (reason %s, may have been sent %v), want %q, %v", err, reasonOf(err), errors.Is(err, ErrMaybeSent), tc.reason, tc.maybe)
 			}
 			if n := b.sessions(); n != 0 || b.next != 1 {
 				t.Fatalf("%d of the %d sessions logged in left on the BMC, want 1 logged in and out", n, b.next)
 			}
-			if d := time.Since(began); d > 3*cfg.Timeout {
+			if d := time.Since(began); d > 3*time.Second {
 				t.Fatalf("the reboot took %v", d)
 			}
 		})
@@ -694,4 +680,17 @@ func TestRebootPowersOnAnOffMachine(t *testing.T) {
 		t.Fatalf("PowerState %q (%v), want On", ps, err)
 	}
 	rec.expect(t, node, []string{"reboot/applied", "reboot/succeeded"})
+}
+
+// httpBMCRedfish is a Redfish provider for a fake BMC on 127.0.0.1 that
+// serves http, with timeout.
+func httpBMCRedfish(t *testing.T, timeout time.Duration) *Redfish {
+	t.Helper()
+	cfg := DefaultConfig().Redfish
+	cfg.Timeout, cfg.AllowedNetworks, cfg.AllowHTTP = timeout, []string{"127.0.0.0/8"}, true
+	rf, err := NewRedfish(cfg, testLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rf
 }
