@@ -88,8 +88,9 @@ func TestNICCheckCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	// 4 monitored ports: a state and a degradation baseline each.
-	if len(rep.NICs) != 6 || len(rep.Events) != 8 {
+	// 4 monitored ports: a state and a degradation baseline each; a first
+	// poll's device and card baselines for their 4 devices and 4 cards.
+	if len(rep.NICs) != 6 || len(rep.Events) != 16 {
 		t.Fatalf("%d NICs, %d events\n%s", len(rep.NICs), len(rep.Events), out)
 	}
 	tree.SetPort("ibp3s0", 1, nictest.Down, nictest.Disabled)
