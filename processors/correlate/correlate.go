@@ -536,8 +536,10 @@ func (h *Handler) evaluate(ctx context.Context, r *Rule, trigs []trigger, bt *ba
 // the triggers whose evaluation cannot change anything (the group's verdict
 // stands and cannot recover yet: inside its stabilization window, or the
 // rule does not recover, or recovers in the sweep only and this is no
-// sweep; or the rule's verdicts start only in the sweep, or the trigger
-// may only recover (recoverOnly), and none stands),
+// sweep — unless the verdict is suppressed, no suppressor stands any more
+// and this is a sweep, when it may go live (decide); or the rule's
+// verdicts start only in the sweep, or the trigger may only recover
+// (recoverOnly), and none stands),
 // then runs the window query for the rest without their cause
 // ids, which decide asks for only where a verdict starts.
 func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables) (*plan, error) {
@@ -546,13 +548,40 @@ func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 		return nil, err
 	}
 	pl := &plan{r: r, priors: priors}
-	for _, t := range trigs {
+	// A trigger is evaluated, skipped, or (a sweep's, its group's verdict
+	// suppressed and unable to recover yet) evaluated only if no
+	// suppressor stands: then the verdict may go live.
+	const (
+		skip = iota
+		evaluate
+		ifUnsuppressed
+	)
+	what := make([]int, len(trigs))
+	var promote []trigger
+	for i, t := range trigs {
 		p, has := priorFor(priors, t)
 		standing := has && !p.healthy
 		switch {
-		case standing && (!r.Recover || (r.SweepRecovery && !t.fromSweep) || t.atMS-p.tMS < r.Stabilization.Milliseconds() || t.atMS <= p.tMS):
+		case standing && t.atMS <= p.tMS:
+		case standing && (!r.Recover || (r.SweepRecovery && !t.fromSweep) || t.atMS-p.tMS < r.Stabilization.Milliseconds()):
+			if p.mode == ModeSuppressed && !r.Shadow && t.fromSweep && !t.recoverOnly {
+				what[i] = ifUnsuppressed
+				promote = append(promote, t)
+			}
 		case !standing && (r.SweepOnset && !t.fromSweep || t.recoverOnly):
 		default:
+			what[i] = evaluate
+		}
+	}
+	var suppressed map[string]string
+	if len(promote) > 0 {
+		if suppressed, err = h.suppressions(ctx, r, promote); err != nil {
+			return nil, err
+		}
+	}
+	for i, t := range trigs {
+		_, still := suppressed[t.cluster]
+		if what[i] == evaluate || (what[i] == ifUnsuppressed && !still) {
 			pl.trigs = append(pl.trigs, t)
 		}
 	}
@@ -606,6 +635,7 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 		suppressed map[string]string // cluster -> suppressing rule
 		err        error
 	)
+	held := holdingSuppressed(pl)
 	for _, t := range pl.trigs {
 		res := pl.results[t.tid]
 		holds := res.value >= r.Threshold
@@ -627,9 +657,28 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 					em.mode, em.by = ModeSuppressed, by
 				}
 			}
-		case !holds && standing && r.Recover && t.atMS > p.tMS &&
+		case !holds && standing && r.Recover && (!r.SweepRecovery || t.fromSweep) && t.atMS > p.tMS &&
 			t.atMS-max(res.lastMS, p.tMS) >= r.Stabilization.Milliseconds():
 			em.healthy, em.mode = true, p.mode
+		case holds && standing && p.mode == ModeSuppressed && !r.Shadow && t.fromSweep && !t.recoverOnly && t.atMS > p.tMS:
+			// A suppressed verdict that still holds once no suppressor
+			// stands is the node's own: it goes live, chained on the
+			// suppressed one — unless as many of the cluster's nodes
+			// as the suppressor's threshold still hold (the incident
+			// recovered as its events stopped, not its ports: all of
+			// them live at once is the stampede suppression prevents).
+			if least, ok := h.suppressorThreshold(r); ok && float64(len(held[t.cluster])) >= least {
+				continue
+			}
+			if suppressed == nil {
+				if suppressed, err = h.suppressions(ctx, r, pl.trigs); err != nil {
+					return nil, err
+				}
+			}
+			if _, ok := suppressed[t.cluster]; ok {
+				continue
+			}
+			em.mode = ModeLive
 		default:
 			continue
 		}
@@ -645,6 +694,42 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 		ems = append(ems, em)
 	}
 	return ems, nil
+}
+
+// holdingSuppressed returns, per cluster, the nodes whose standing
+// suppressed verdicts of the plan's rule still hold at this sweep. The
+// sweep evaluates every standing verdict of the groups it owns, so it
+// counts them all; a batch carries only some of a cluster's, so its
+// triggers are not counted (and promote none).
+func holdingSuppressed(pl *plan) map[string]map[string]bool {
+	if len(pl.r.Spec.SuppressedBy) == 0 || pl.r.Shadow {
+		return nil
+	}
+	held := map[string]map[string]bool{}
+	for _, t := range pl.trigs {
+		p, has := priorFor(pl.priors, t)
+		if !t.fromSweep || t.recoverOnly || !has || p.healthy || p.mode != ModeSuppressed ||
+			pl.results[t.tid].value < pl.r.Threshold {
+			continue
+		}
+		if held[t.cluster] == nil {
+			held[t.cluster] = map[string]bool{}
+		}
+		held[t.cluster][t.dnode] = true
+	}
+	return held
+}
+
+// suppressorThreshold is the least threshold of the rules named in r's
+// suppressed_by: as many of a cluster's nodes still holding r's
+// suppressed verdicts would be an incident of their own.
+func (h *Handler) suppressorThreshold(r *Rule) (least float64, ok bool) {
+	for _, name := range r.Spec.SuppressedBy {
+		if by := h.byName[name]; by != nil && (!ok || by.Threshold < least) {
+			least, ok = by.Threshold, true
+		}
+	}
+	return least, ok
 }
 
 // emit builds and encodes the derived events.

@@ -123,7 +123,9 @@ type RuleSpec struct {
 	Shadow bool `toml:"shadow"`
 	// SuppressedBy names rules (cluster-scoped) whose standing verdict in
 	// the same cluster turns this rule's verdicts into STORE_ONLY records
-	// (metadata mode=suppressed).
+	// (metadata mode=suppressed); one that still holds once none stands
+	// goes live in the sweep, while fewer of the cluster's nodes than the
+	// suppressor's threshold still hold this rule's suppressed verdicts.
 	SuppressedBy []string `toml:"suppressed_by"`
 	// Params are bound to the queries as @name.
 	Params map[string]any `toml:"params"`

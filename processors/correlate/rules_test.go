@@ -286,11 +286,57 @@ func TestRules(t *testing.T) {
 				// the ports stayed DOWN: NICPortDrop holds on all four, recorded
 				// as suppressed while the incident stands
 				{sweep: 5 * m, want: "NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed"},
+				// three ports come back: their suppressed drops recover as
+				// they were recorded
+				{evs: evs(nicState(c, "n2", 8*m, true), nicState(c, "n3", 8*m+1*sec, true), nicState(c, "n4", 8*m+2*sec, true)),
+					want: "NICPortDrop:recovery:suppressed,NICPortDrop:recovery:suppressed,NICPortDrop:recovery:suppressed"},
 				// the incident's window has been empty for its stabilization:
-				// it clears; the suppressed drops stand as they were (no
-				// stampede of per-node verdicts)
+				// it clears, and n1's port, still DOWN, is a drop of its own:
+				// its suppressed verdict goes live (before, it stood
+				// suppressed, and the broken node was never escalated)
+				{sweep: 11 * m, want: "FabricIncident:recovery,NICPortDrop:fault"},
+				{sweep: 12 * m, want: none},
+			}
+		}},
+		{"fabric: ports all still DOWN once the incident clears: no stampede", func(c string) []step {
+			// The NIC agent reports transitions only: the incident recovers
+			// once its events stop, however long the ports stay DOWN.
+			drop4 := "NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed"
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false), nicState(c, "n2", 1*sec, false), nicState(c, "n3", 2*sec, false), nicState(c, "n4", 3*sec, false)), sweep: -1, want: none},
+				{sweep: 1 * m, want: "FabricIncident:fault"},
+				{sweep: 5 * m, want: drop4},
+				// the incident clears with all four ports still DOWN: as many
+				// nodes as its threshold still hold, so their drops stay
+				// suppressed (before: four REPLACE_VM at once)
 				{sweep: 11 * m, want: "FabricIncident:recovery"},
 				{sweep: 12 * m, want: none},
+				// three come back: the last one DOWN is a drop of its own, and
+				// goes live at the next sweep
+				{evs: evs(nicState(c, "n2", 20*m, true), nicState(c, "n3", 20*m+1*sec, true), nicState(c, "n4", 20*m+2*sec, true)),
+					want: "NICPortDrop:recovery:suppressed,NICPortDrop:recovery:suppressed,NICPortDrop:recovery:suppressed"},
+				{sweep: 21 * m, want: "NICPortDrop:fault"},
+				{sweep: 22 * m, want: none},
+			}
+		}},
+		{"fabric: a port that keeps flapping once the incident clears goes live", func(c string) []step {
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false), nicState(c, "n2", 10*sec, false), nicState(c, "n3", 20*sec, false), nicState(c, "n4", 30*sec, false)),
+					want: "FabricIncident:fault"},
+				{evs: redown(c, "n1", 1*m), want: none},
+				{evs: redown(c, "n1", 2*m), want: "RepeatedNICLinkFlap:fault:suppressed"},
+				{evs: evs(nicState(c, "n1", 3*m, true), nicState(c, "n2", 3*m, true), nicState(c, "n3", 3*m, true), nicState(c, "n4", 3*m, true)), want: none},
+				{sweep: 11 * m, want: "FabricIncident:recovery"},
+				// n1 flaps on, inside the suppressed verdict's stabilization
+				// (30m): it holds with no incident standing, alone in its
+				// cluster, so goes live at the next sweep (a batch sees only
+				// some of the cluster's verdicts, so promotes none)
+				{evs: redown(c, "n1", 12*m), want: none},
+				{evs: redown(c, "n1", 13*m), want: none},
+				{evs: redown(c, "n1", 14*m), want: none},
+				{sweep: 15 * m, want: "RepeatedNICLinkFlap:fault"},
+				{evs: redown(c, "n1", 16*m), want: none},
+				{sweep: 17 * m, want: none},
 			}
 		}},
 	}
