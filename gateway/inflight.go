@@ -9,8 +9,6 @@ import (
 
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/stats"
-
-	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // inflight bounds the request bytes the gateway holds at once, in total
@@ -21,13 +19,8 @@ import (
 // message is read) when its headers arrive, grows the reservation to
 // gateway.max_body_bytes just before its message is read (its size is not
 // known yet), and shrinks it to the message's size once it is decoded; a
-// REST request reserves its body as it is read. A SubmitEvents or
-// HealthEventOccurredV1 request then holds in the gateway's budget what
-// its decoded events cost (decodedCost, up to 15 times its wire size; a
-// REST request's body besides), growing its reservation without waiting,
-// or is refused like a request that does not fit; the connection's budget
-// counts its wire bytes (64 calls of a client's connection, decoded, would
-// not fit it). Each holds its reservation until it is answered.
+// REST request reserves its body as it is read. Each holds its reservation
+// until it is answered.
 //
 // The growth to max_body_bytes is held until the message arrives, however
 // long the client takes to send it, so one credential's calls may hold at
@@ -136,11 +129,6 @@ type reservation struct {
 	reading   *readShare
 	readN     int64
 	readGrown int64
-	// body is what a REST request's body holds, beside its decoded
-	// message, until the request is answered; decoded is what the
-	// reservation holds beyond n in the gateway's budget alone, for its
-	// decoded message (holdDecoded).
-	body, decoded int64
 }
 
 // reserve holds n bytes for a request on ctx's connection, leaving at
@@ -298,7 +286,7 @@ func (r *reservation) shrinkLocked(n int64) {
 		r.reading = nil
 	}
 	extra := max(r.n-n, 0)
-	if extra == 0 && r.readGrown == 0 && r.decoded == 0 {
+	if extra == 0 && r.readGrown == 0 {
 		return
 	}
 	f := r.f
@@ -309,11 +297,9 @@ func (r *reservation) shrinkLocked(n int64) {
 		r.conn.held -= extra
 		r.conn.reading -= r.readGrown
 	}
-	f.held -= extra + r.decoded
+	f.held -= extra
 	f.reading -= r.readGrown
 	r.readGrown = 0
-	extra += r.decoded
-	r.decoded = 0
 	if extra == 0 {
 		return
 	}
@@ -321,43 +307,6 @@ func (r *reservation) shrinkLocked(n int64) {
 		close(f.freed)
 		f.freed = nil
 	}
-}
-
-// keepBody notes that the request's body, of n bytes, is held until it is
-// answered (REST: its decoder reads from it).
-func (r *reservation) keepBody(n int64) {
-	if r == nil {
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.body = n
-}
-
-// holdDecoded makes the reservation hold, in the gateway's budget, what
-// the request's decoded message costs (n bytes; a REST request's body
-// besides): the connection's budget goes on counting its wire bytes. It
-// grows without waiting, or returns errBusy (holding what it held) when
-// the budget cannot take it, or errReleased.
-func (r *reservation) holdDecoded(n int64) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.released {
-		return errReleased
-	}
-	n = max(n-(r.n-r.body)-r.decoded, 0)
-	if n == 0 {
-		return nil
-	}
-	f := r.f
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.held+n > f.total {
-		return errBusy
-	}
-	f.held += n
-	r.decoded += n
-	return nil
 }
 
 // release gives everything back for good; it may be called more than once.
@@ -369,81 +318,6 @@ func (r *reservation) release() {
 	defer r.mu.Unlock()
 	r.shrinkLocked(0)
 	r.released = true
-}
-
-// What decoded events cost in memory, beyond their strings' bytes,
-// measured as the bytes vtprotobuf's UnmarshalVT allocates (slices' and
-// maps' growth included) for 1,000 events of each shape (go1.26, amd64;
-// TestDecodedCostCoversDecoding):
-//   - an event: 370 B (its 352 B struct and its slot in the batch), to
-//     which stamp adds an id, a submitter and their bytes in the event's
-//     Kafka record;
-//   - a timestamp, a submitter or overrides: at most 80 B;
-//   - an entity: 96 B (its 80 B struct, its slot);
-//   - an errorCode or causeIds element: 32 B (its 16 B header, the slice's
-//     growth);
-//   - metadata: 336 B for a map of up to 8 entries, 148 B an entry for 64
-//     (the map's groups as it grows).
-//
-// Strings count twice: their decoded copy and their copy in the Kafka
-// record the producer holds until the write is over.
-const (
-	decodedEvent    = 512
-	decodedMessage  = 80
-	decodedEntity   = 96
-	decodedString   = 32
-	decodedMap      = 336
-	decodedMapEntry = 152
-	decodedCopies   = 2
-)
-
-// decodedCost estimates the bytes a request's decoded events hold, from
-// the events (one pass, no allocation): at least what decoding them
-// allocated for the shapes measured, and within about 1.5 times it for
-// the usual events. A message's wire size is no bound on it: an entity of
-// 4 wire bytes decodes into 80, an empty causeIds element of 3 into 16.
-func decodedCost(evs []*datamodels.HealthEvent) int64 {
-	var n, strs int64
-	for _, ev := range evs {
-		if ev == nil {
-			continue
-		}
-		n += decodedEvent + int64(len(ev.ProtoReflect().GetUnknown())) // dropped by stamp
-		strs += int64(len(ev.Agent) + len(ev.ComponentClass) + len(ev.CheckName) + len(ev.Message) +
-			len(ev.NodeName) + len(ev.Id) + len(ev.CustomRecommendedAction) + len(ev.Cluster) + len(ev.DerivedBy))
-		for _, m := range [...]bool{ev.GeneratedTimestamp != nil, ev.ReceivedTimestamp != nil,
-			ev.QuarantineOverrides != nil, ev.DrainOverrides != nil, ev.Submitter != nil} {
-			if m {
-				n += decodedMessage
-			}
-		}
-		if s := ev.Submitter; s != nil {
-			strs += int64(len(s.Name) + len(s.Node))
-		}
-		for _, e := range ev.EntitiesImpacted {
-			n += decodedEntity
-			if e != nil {
-				n += int64(len(e.ProtoReflect().GetUnknown()))
-				strs += int64(len(e.EntityType) + len(e.EntityValue))
-			}
-		}
-		for _, c := range ev.ErrorCode {
-			n += decodedString
-			strs += int64(len(c))
-		}
-		for _, c := range ev.CauseIds {
-			n += decodedString
-			strs += int64(len(c))
-		}
-		if len(ev.Metadata) > 0 {
-			n += decodedMap
-		}
-		for k, v := range ev.Metadata {
-			n += decodedMapEntry
-			strs += int64(len(k) + len(v))
-		}
-	}
-	return n + decodedCopies*strs
 }
 
 type reservationKey struct{}
