@@ -206,12 +206,7 @@ func TestPodRefusalCountsAgainstThePod(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			const node = "n1"
 			k := quarantinedWithPod(node)
-			k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
-				if a.GetSubresource() == "eviction" {
-					return true, nil, tc.err
-				}
-				return false, nil, nil
-			})
+			refuseEvictions(k, tc.err)
 			clk := &clock{t: time.Now().Truncate(time.Millisecond)}
 			h := newHandler(t, testConfig(), k, clk, false)
 			acts, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
@@ -252,6 +247,16 @@ func TestPodRefusalCountsAgainstThePod(t *testing.T) {
 			}
 		})
 	}
+}
+
+// refuseEvictions makes k's Eviction API answer err.
+func refuseEvictions(k *fake.Clientset, err error) {
+	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "eviction" {
+			return true, nil, err
+		}
+		return false, nil, nil
+	})
 }
 
 // quarantinedWithPod is client-go's fake with node quarantined and one
@@ -489,12 +494,7 @@ func TestThrottlingIsNotAPDB(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			const node = "n1"
 			k := quarantinedWithPod(node)
-			k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
-				if a.GetSubresource() == "eviction" {
-					return true, nil, tc.err
-				}
-				return false, nil, nil
-			})
+			refuseEvictions(k, tc.err)
 			var deletes int
 			k.PrependReactor("delete", "pods", func(ktesting.Action) (bool, runtime.Object, error) {
 				deletes++
