@@ -95,6 +95,16 @@ type Config struct {
 	MaxInflightBytes int64 `toml:"max_inflight_bytes"`
 	// MaxInflightBytesPerConn is the same bound per connection. Default 8 MiB.
 	MaxInflightBytesPerConn int64 `toml:"max_inflight_bytes_per_conn"`
+	// MaxDecodedBytes bounds what the decoded events of the submissions
+	// being answered hold at once (estimated per event, its strings
+	// counted twice: decoded, and in its Kafka record), besides their
+	// request bytes; a submission that does not fit is refused with
+	// 429/RESOURCE_EXHAUSTED. Decoded, a message takes up to 15 times its
+	// wire size, so MaxInflightBytes alone did not bound what calls held
+	// by a slow Kafka keep. At least what the largest request MaxBatch and
+	// MaxBodyBytes allow may decode into (~29 MiB at their defaults), so
+	// that any request can be. Default 128 MiB.
+	MaxDecodedBytes int64 `toml:"max_decoded_bytes"`
 	// MaxReadBytesPerCaller bounds the bytes one credential's requests
 	// hold at once for messages being read: a gRPC call holds MaxBodyBytes
 	// from just before its message is read until it is decoded, a REST
@@ -162,6 +172,7 @@ func DefaultConfig() Config {
 
 		MaxInflightBytes:        32 << 20,
 		MaxInflightBytesPerConn: 8 << 20,
+		MaxDecodedBytes:         128 << 20,
 		MaxReadBytesPerCaller:   8 << 20,
 		MaxStreamsPerConn:       64,
 		MaxConns:                4096,
@@ -202,6 +213,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ProducerLinger, "producer-linger", c.ProducerLinger, "how long the producer waits for more records before sending a batch")
 	fs.Int64Var(&c.MaxInflightBytes, "max-inflight-bytes", c.MaxInflightBytes, "request bytes held at once by the gateway; past it 429/RESOURCE_EXHAUSTED")
 	fs.Int64Var(&c.MaxInflightBytesPerConn, "max-inflight-bytes-per-conn", c.MaxInflightBytesPerConn, "request bytes held at once per connection")
+	fs.Int64Var(&c.MaxDecodedBytes, "max-decoded-bytes", c.MaxDecodedBytes, "decoded events held at once by the gateway's submissions; past it 429/RESOURCE_EXHAUSTED")
 	fs.Int64Var(&c.MaxReadBytesPerCaller, "max-read-bytes-per-caller", c.MaxReadBytesPerCaller, "bytes one credential's gRPC calls and REST bodies hold at once for messages being read")
 	fs.IntVar(&c.MaxStreamsPerConn, "max-streams-per-conn", c.MaxStreamsPerConn, "concurrent calls per HTTP/2 connection")
 	fs.IntVar(&c.MaxConns, "max-conns", c.MaxConns, "open connections per TCP door (0: no limit)")
@@ -264,6 +276,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("gateway.max_inflight_bytes_per_conn: must be at least gateway.max_body_bytes (%d), got %d", c.MaxBodyBytes, c.MaxInflightBytesPerConn)
 	case c.MaxInflightBytes < c.MaxInflightBytesPerConn:
 		return fmt.Errorf("gateway.max_inflight_bytes: must be at least gateway.max_inflight_bytes_per_conn (%d), got %d", c.MaxInflightBytesPerConn, c.MaxInflightBytes)
+	case c.MaxDecodedBytes < decodedCeiling(c.MaxBatch, c.MaxBodyBytes):
+		return fmt.Errorf("gateway.max_decoded_bytes: must be at least %d (what the largest request gateway.max_batch and gateway.max_body_bytes allow may decode into), got %d", decodedCeiling(c.MaxBatch, c.MaxBodyBytes), c.MaxDecodedBytes)
 	case c.MaxReadBytesPerCaller < int64(c.MaxBodyBytes) || c.MaxReadBytesPerCaller > c.MaxInflightBytes:
 		return fmt.Errorf("gateway.max_read_bytes_per_caller: must be at least gateway.max_body_bytes (%d) and at most gateway.max_inflight_bytes (%d), got %d", c.MaxBodyBytes, c.MaxInflightBytes, c.MaxReadBytesPerCaller)
 	case c.MaxStreamsPerConn < 1:

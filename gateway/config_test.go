@@ -28,6 +28,7 @@ func TestConfigValidateRates(t *testing.T) {
 		{"skew past a day", func(c *Config) { c.MaxFutureSkew = 48 * time.Hour }, "gateway.max_future_skew: must be between 1m0s and 24h0m0s, got 48h0m0s"},
 		{"negative skew", func(c *Config) { c.MaxFutureSkew = -time.Second }, "gateway.max_future_skew: must be between 1m0s and 24h0m0s, got -1s"},
 		{"skew under a minute", func(c *Config) { c.MaxFutureSkew = time.Second }, "gateway.max_future_skew: must be between 1m0s and 24h0m0s, got 1s"},
+		{"decoded budget under the largest request", func(c *Config) { c.MaxDecodedBytes = 16 << 20 }, "gateway.max_decoded_bytes: must be at least 28580608 (what the largest request gateway.max_batch and gateway.max_body_bytes allow may decode into), got 16777216"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base

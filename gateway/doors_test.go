@@ -54,7 +54,7 @@ func TestClientAddrIPv6Per64(t *testing.T) {
 func TestHTTP2BodyHeldForAHandlerIsBounded(t *testing.T) {
 	cfg := DefaultConfig()
 	s := &Server{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		flight: newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller)}
+		flight: newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller, cfg.MaxDecodedBytes)}
 	release := make(chan struct{})
 	ts := httptest.NewUnstartedServer(nil)
 	ts.Config = s.newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

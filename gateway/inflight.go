@@ -9,6 +9,9 @@ import (
 
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/stats"
+
+	"github.com/faultline/faultline/internal/protoshape"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // inflight bounds the request bytes the gateway holds at once, in total
@@ -19,8 +22,12 @@ import (
 // message is read) when its headers arrive, grows the reservation to
 // gateway.max_body_bytes just before its message is read (its size is not
 // known yet), and shrinks it to the message's size once it is decoded; a
-// REST request reserves its body as it is read. Each holds its reservation
-// until it is answered.
+// REST request reserves its body as it is read. A SubmitEvents or
+// HealthEventOccurredV1 request then holds, besides, what its decoded
+// events cost (decodedCost, up to 15 times its wire size) in a budget of
+// its own (gateway.max_decoded_bytes), without waiting, or is refused like
+// a request that does not fit. Each holds its reservation until it is
+// answered.
 //
 // The growth to max_body_bytes is held until the message arrives, however
 // long the client takes to send it, so one credential's calls may hold at
@@ -32,10 +39,13 @@ import (
 // so a reservation grows in both or in neither: no other request sees
 // bytes held for a moment and given back.
 type inflight struct {
-	total, perConn, perCaller int64
+	total, perConn, perCaller, decodedTotal int64
 
 	mu   sync.Mutex
 	held int64 // what the reservations hold
+	// decodedHeld is what the reservations hold for decoded events
+	// (holdDecoded), bounded by decodedTotal.
+	decodedHeld int64
 	// reading is the part of held grown for messages being read: given
 	// back in microseconds, once each is decoded.
 	reading int64
@@ -65,6 +75,7 @@ type readShare struct {
 var (
 	errBusy       = errors.New("in-flight budget full")
 	errConnBusy   = fmt.Errorf("connection's %w", errBusy)
+	errDecoded    = fmt.Errorf("decoded events' %w", errBusy)
 	errCallerBusy = errors.New("the credential's share of message reads is full")
 	errReleased   = errors.New("reservation released")
 )
@@ -78,12 +89,14 @@ func busyRefusal(err error) (reason, msg string) {
 		return "caller_busy", "this credential's requests hold as many bytes for messages being read as one credential may (gateway.max_read_bytes_per_caller); retry later"
 	case errors.Is(err, errConnBusy):
 		return "busy", "this connection holds as many request bytes as one connection may (gateway.max_inflight_bytes_per_conn); retry later"
+	case errors.Is(err, errDecoded):
+		return "busy", "the gateway holds as many decoded events as it may (gateway.max_decoded_bytes); retry later"
 	}
 	return "busy", "the gateway holds as many request bytes as it may (gateway.max_inflight_bytes); retry later"
 }
 
-func newInflight(total, perConn, perCaller int64) *inflight {
-	return &inflight{total: total, perConn: perConn, perCaller: perCaller, reads: map[string]*readShare{}}
+func newInflight(total, perConn, perCaller, decoded int64) *inflight {
+	return &inflight{total: total, perConn: perConn, perCaller: perCaller, decodedTotal: decoded, reads: map[string]*readShare{}}
 }
 
 // inUse is what the reservations hold now.
@@ -91,6 +104,14 @@ func (f *inflight) inUse() int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.held
+}
+
+// decodedInUse is what the reservations hold now of the decoded events'
+// budget.
+func (f *inflight) decodedInUse() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.decodedHeld
 }
 
 // changed returns a channel closed the next time bytes are given back.
@@ -129,6 +150,9 @@ type reservation struct {
 	reading   *readShare
 	readN     int64
 	readGrown int64
+	// decoded is what the reservation holds of the decoded events'
+	// budget (holdDecoded).
+	decoded int64
 }
 
 // reserve holds n bytes for a request on ctx's connection, leaving at
@@ -309,6 +333,31 @@ func (r *reservation) shrinkLocked(n int64) {
 	}
 }
 
+// holdDecoded makes the reservation hold n bytes of the decoded events'
+// budget until it is released (what the request's decoded events cost),
+// without waiting; it returns errDecoded when the budget cannot take
+// them (holding what it held), or errReleased.
+func (r *reservation) holdDecoded(n int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.released {
+		return errReleased
+	}
+	n -= r.decoded
+	if n <= 0 {
+		return nil
+	}
+	f := r.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.decodedHeld+n > f.decodedTotal {
+		return errDecoded
+	}
+	f.decodedHeld += n
+	r.decoded += n
+	return nil
+}
+
 // release gives everything back for good; it may be called more than once.
 func (r *reservation) release() {
 	if r == nil {
@@ -318,6 +367,96 @@ func (r *reservation) release() {
 	defer r.mu.Unlock()
 	r.shrinkLocked(0)
 	r.released = true
+	if r.decoded > 0 {
+		r.f.mu.Lock()
+		r.f.decodedHeld -= r.decoded
+		r.f.mu.Unlock()
+		r.decoded = 0
+	}
+}
+
+// What decoded events cost in memory, beyond their strings' bytes,
+// measured as the bytes vtprotobuf's UnmarshalVT allocates (slices' and
+// maps' growth included) for 1,000 events of each shape (go1.26, amd64;
+// TestDecodedCostCoversDecoding):
+//   - an event: 370 B (its 352 B struct and its slot in the batch), to
+//     which stamp adds an id, a submitter and their bytes in the event's
+//     Kafka record;
+//   - a timestamp, a submitter or overrides: at most 80 B;
+//   - an entity: 96 B (its 80 B struct, its slot);
+//   - an errorCode or causeIds element: 32 B (its 16 B header, the slice's
+//     growth);
+//   - metadata: 336 B for a map of up to 8 entries, 148 B an entry for 64
+//     (the map's groups as it grows).
+//
+// Strings count twice: their decoded copy and their copy in the Kafka
+// record the producer holds until the write is over.
+const (
+	decodedEvent    = 512
+	decodedMessage  = 80
+	decodedEntity   = 96
+	decodedString   = 32
+	decodedMap      = 336
+	decodedMapEntry = 152
+	decodedCopies   = 2
+)
+
+// decodedCost estimates the bytes a request's decoded events hold, from
+// the events (one pass, no allocation): at least what decoding them
+// allocated for the shapes measured, and within about 1.5 times it for
+// the usual events. A message's wire size is no bound on it: an entity of
+// 4 wire bytes decodes into 80, an empty causeIds element of 3 into 16.
+func decodedCost(evs []*datamodels.HealthEvent) int64 {
+	var n, strs int64
+	for _, ev := range evs {
+		if ev == nil {
+			continue
+		}
+		n += decodedEvent + int64(len(ev.ProtoReflect().GetUnknown())) // dropped by stamp
+		strs += int64(len(ev.Agent) + len(ev.ComponentClass) + len(ev.CheckName) + len(ev.Message) +
+			len(ev.NodeName) + len(ev.Id) + len(ev.CustomRecommendedAction) + len(ev.Cluster) + len(ev.DerivedBy))
+		for _, m := range [...]bool{ev.GeneratedTimestamp != nil, ev.ReceivedTimestamp != nil,
+			ev.QuarantineOverrides != nil, ev.DrainOverrides != nil, ev.Submitter != nil} {
+			if m {
+				n += decodedMessage
+			}
+		}
+		if s := ev.Submitter; s != nil {
+			strs += int64(len(s.Name) + len(s.Node))
+		}
+		for _, e := range ev.EntitiesImpacted {
+			n += decodedEntity
+			if e != nil {
+				n += int64(len(e.ProtoReflect().GetUnknown()))
+				strs += int64(len(e.EntityType) + len(e.EntityValue))
+			}
+		}
+		for _, c := range ev.ErrorCode {
+			n += decodedString
+			strs += int64(len(c))
+		}
+		for _, c := range ev.CauseIds {
+			n += decodedString
+			strs += int64(len(c))
+		}
+		if len(ev.Metadata) > 0 {
+			n += decodedMap
+		}
+		for k, v := range ev.Metadata {
+			n += decodedMapEntry
+			strs += int64(len(k) + len(v))
+		}
+	}
+	return n + decodedCopies*strs
+}
+
+// decodedCeiling is the most decodedCost can be for one request of at most
+// maxBatch events and maxBody bytes: each event with every element the
+// shape check lets through, the strings at most the body.
+func decodedCeiling(maxBatch, maxBody int) int64 {
+	perEvent := decodedEvent + 5*decodedMessage + maxEntities*decodedEntity +
+		(maxErrorCodes+protoshape.MaxRepeated)*decodedString + decodedMap + maxMetadata*decodedMapEntry
+	return int64(maxBatch)*int64(perEvent) + decodedCopies*int64(maxBody)
 }
 
 type reservationKey struct{}

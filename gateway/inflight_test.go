@@ -15,7 +15,7 @@ import (
 // TestInflight: reservations count against their connection and the
 // gateway, refuse what does not fit, and give everything back.
 func TestInflight(t *testing.T) {
-	f := newInflight(100, 60, 100)
+	f := newInflight(100, 60, 100, 1000)
 	c1, c2 := f.connContext(context.Background()), f.connContext(context.Background())
 	a := mustReserve(t, f, c1, 50)
 	if _, err := f.reserve(c1, 20, 0); !errors.Is(err, errConnBusy) {
@@ -56,7 +56,7 @@ func TestInflightWindowBesideARead(t *testing.T) {
 	// The shipped shape, scaled down: a budget of 80 per connection, reads
 	// of 40 (max_body_bytes), windows of 10 keeping 30 free.
 	const perConn, body, window = 80, 40, 10
-	f := newInflight(1000, perConn, 1000)
+	f := newInflight(1000, perConn, 1000, 1000)
 	conn := f.connContext(context.Background())
 	win := func() (*reservation, error) { return f.reserve(conn, window, body-window) }
 	reader, err := win()
@@ -113,7 +113,7 @@ func mustReserve(t *testing.T, f *inflight, ctx context.Context, n int64) *reser
 // not held back by it; a share is given back when the message is decoded
 // (shrink) or the call released, and dropped once nobody uses it.
 func TestInflightReadShare(t *testing.T) {
-	f := newInflight(1000, 1000, 100)
+	f := newInflight(1000, 1000, 100, 0)
 	ctx := context.Background()
 	a, b, c := mustReserve(t, f, ctx, 10), mustReserve(t, f, ctx, 10), mustReserve(t, f, ctx, 10)
 	if err := a.takeRead(ctx, "x", 60, time.Second); err != nil {
@@ -160,7 +160,7 @@ func TestInflightReadShare(t *testing.T) {
 // chunk; a body past the budget or the size limit is refused.
 func TestReadReserved(t *testing.T) {
 	body := bytes.Repeat([]byte("x"), 200<<10)
-	f := newInflight(1<<20, 1<<20, 1<<20)
+	f := newInflight(1<<20, 1<<20, 1<<20, 0)
 	res := mustReserve(t, f, f.connContext(context.Background()), 0)
 	got, err := readReserved(bytes.NewReader(body), -1, 1<<20, res)
 	if err != nil || !bytes.Equal(got, body) {
@@ -174,7 +174,7 @@ func TestReadReserved(t *testing.T) {
 	if _, err := readReserved(bytes.NewReader(body), -1, 100<<10, mustReserve(t, f, context.Background(), 0)); !errors.Is(err, errTooLarge) {
 		t.Fatalf("a 200 KiB body with a 100 KiB limit: %v", err)
 	}
-	small := newInflight(128<<10, 128<<10, 128<<10)
+	small := newInflight(128<<10, 128<<10, 128<<10, 0)
 	if _, err := readReserved(bytes.NewReader(body), -1, 1<<20, mustReserve(t, small, context.Background(), 0)); !errors.Is(err, errBusy) {
 		t.Fatalf("a 200 KiB body in a 128 KiB budget: %v", err)
 	}
@@ -248,7 +248,7 @@ func TestLimitListener(t *testing.T) {
 // as soon as another gives them back, does not make smaller requests that
 // fit fail meanwhile, and gives up when its context is done.
 func TestInflightGrowWait(t *testing.T) {
-	f := newInflight(100, 100, 100)
+	f := newInflight(100, 100, 100, 0)
 	conn := f.connContext(context.Background())
 	a := mustReserve(t, f, conn, 80)
 	w := mustReserve(t, f, conn, 10)
@@ -283,7 +283,7 @@ func TestInflightGrowWait(t *testing.T) {
 // bytes and woke every waiter, itself included, so each waiter spun for
 // its whole wait.)
 func TestInflightWaitIsIdle(t *testing.T) {
-	f := newInflight(100, 100, 100)
+	f := newInflight(100, 100, 100, 0)
 	conn := f.connContext(context.Background())
 	mustReserve(t, f, context.Background(), 90)
 	w := mustReserve(t, f, conn, 10)
@@ -311,7 +311,7 @@ func cpuTime(t *testing.T) time.Duration {
 // gRPC tap releases a call's bytes when its context ends, while the
 // call's goroutine may still be waiting to read its message).
 func TestInflightReleasedForGood(t *testing.T) {
-	f := newInflight(100, 100, 100)
+	f := newInflight(100, 100, 100, 0)
 	conn := f.connContext(context.Background())
 	hog := mustReserve(t, f, conn, 90)
 	w := mustReserve(t, f, conn, 10)
@@ -335,4 +335,41 @@ func TestInflightReleasedForGood(t *testing.T) {
 		t.Errorf("%d bytes held after every reservation was released", held)
 	}
 	mustReserve(t, f, conn, 100).release() // the budget is whole again
+}
+
+// TestInflightHoldDecoded: decoded events are held in their own budget,
+// beside a reservation's request bytes, never past it (errDecoded, what
+// was held kept), and given back when the reservation is released; a
+// released reservation holds no more.
+func TestInflightHoldDecoded(t *testing.T) {
+	f := newInflight(100, 100, 100, 1000)
+	ctx := f.connContext(context.Background())
+	a, b := mustReserve(t, f, ctx, 50), mustReserve(t, f, ctx, 50)
+	if err := a.holdDecoded(700); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.holdDecoded(600); err != nil { // less than it holds: nothing more
+		t.Fatal(err)
+	}
+	if err := b.holdDecoded(400); !errors.Is(err, errDecoded) || !errors.Is(err, errBusy) {
+		t.Fatalf("400 beside 700 of 1000: %v, want errDecoded", err)
+	}
+	if err := b.holdDecoded(300); err != nil {
+		t.Fatal(err)
+	}
+	if held, decoded := f.inUse(), f.decodedInUse(); held != 100 || decoded != 1000 {
+		t.Fatalf("%d request bytes, %d decoded held; want 100, 1000", held, decoded)
+	}
+	a.release()
+	a.release()
+	if err := a.holdDecoded(10); !errors.Is(err, errReleased) {
+		t.Fatalf("a released reservation grew: %v", err)
+	}
+	if held, decoded := f.inUse(), f.decodedInUse(); held != 50 || decoded != 300 {
+		t.Fatalf("after a's release: %d request bytes, %d decoded held; want 50, 300", held, decoded)
+	}
+	b.release()
+	if held, decoded := f.inUse(), f.decodedInUse(); held != 0 || decoded != 0 {
+		t.Fatalf("after every release: %d request bytes, %d decoded held", held, decoded)
+	}
 }

@@ -50,7 +50,7 @@ func newReadTestServer(t *testing.T) (http.Handler, *fakeHistory) {
 	h := &fakeHistory{}
 	s := &Server{
 		cfg: cfg, log: log, auth: &Authenticator{Tokens: tokens}, metrics: m, reg: reg,
-		flight: newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller),
+		flight: newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller, cfg.MaxDecodedBytes),
 		codec:  Codec{limits: shapeLimits{maxEvents: cfg.MaxBatch}},
 		fleet:  fakeFleet{},
 		svc: &service{

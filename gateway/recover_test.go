@@ -51,7 +51,7 @@ func grpcDoor(t *testing.T, log *slog.Logger, prod eventProducer) *grpc.ClientCo
 	m := newMetrics(prometheus.NewRegistry())
 	s := &Server{
 		cfg: cfg, log: log, auth: &Authenticator{Tokens: tokens}, metrics: m,
-		flight:    newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller),
+		flight:    newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller, cfg.MaxDecodedBytes),
 		busyWarns: warnlimit.New(warnWindow, warnKeys), connWarns: warnlimit.New(warnWindow, warnKeys),
 		codec: Codec{limits: shapeLimits{maxEvents: cfg.MaxBatch}},
 		svc: &service{

@@ -149,6 +149,7 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 		runtime.WithMiddlewares(recordRoute, s.restAuth, s.readBody),
 		// grpc-gateway keeps the parser process-wide: every mux sets the same one.
 		runtime.SetQueryParameterParser(strictQuery{}),
+		runtime.WithErrorHandler(retryAfterBusy),
 	)
 	if err := faultlinev1.RegisterEventsHandlerServer(ctx, gw, s.svc); err != nil {
 		return nil, err
@@ -252,6 +253,18 @@ func (s *Server) submitEventsREST(gw *runtime.ServeMux) runtime.HandlerFunc {
 	}
 }
 
+// retryAfterBusy is grpc-gateway's error answer, with Retry-After on a
+// 429 (RESOURCE_EXHAUSTED: the service's refusals of a submission whose
+// decoded events the in-flight budget cannot hold, of a caller over its
+// rate, of a batch the producer has no room for), as readBody's own 429s
+// have it.
+func retryAfterBusy(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
+	if status.Code(err) == codes.ResourceExhausted {
+		w.Header().Set("Retry-After", "1")
+	}
+	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+}
+
 // restAuth authenticates REST calls before their body is read; the caller
 // travels in the request context.
 func (s *Server) restAuth(next runtime.HandlerFunc) runtime.HandlerFunc {
@@ -344,7 +357,9 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 		res.shrink(int64(cap(body))) // read: the share is given back, the body held
 		r.Body = &restBody{Reader: bytes.NewReader(body), b: body}
 		r.ContentLength = int64(len(body))
-		next(w, r, params)
+		// A submission's service call holds what its decoded events cost
+		// besides (holdDecoded).
+		next(w, r.WithContext(withReservation(r.Context(), res)), params)
 	}
 }
 

@@ -40,7 +40,7 @@ func newRESTTestServer(t *testing.T, fast bool) *restTestServer {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	s := &Server{
 		cfg: cfg, log: log, auth: &Authenticator{Tokens: tokens}, metrics: m, reg: reg,
-		flight:           newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller),
+		flight:           newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller, cfg.MaxDecodedBytes),
 		codec:            Codec{limits: shapeLimits{maxEvents: cfg.MaxBatch}},
 		noSubmitFastPath: !fast,
 		svc: &service{

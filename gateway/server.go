@@ -153,7 +153,7 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 		opts.Now = time.Now
 	}
 	m := newMetrics(reg)
-	flight := newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller)
+	flight := newInflight(cfg.MaxInflightBytes, cfg.MaxInflightBytesPerConn, cfg.MaxReadBytesPerCaller, cfg.MaxDecodedBytes)
 	var (
 		cert      *certfile.Pair
 		clientCAs *certfile.Pool
@@ -172,6 +172,9 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "faultline_gateway_inflight_bytes", Help: "Request bytes held now in the in-flight budget (gateway.max_inflight_bytes bounds it).",
 	}, func() float64 { return float64(flight.inUse()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "faultline_gateway_decoded_bytes", Help: "What the submissions being answered hold now of decoded events, as estimated (gateway.max_decoded_bytes bounds it).",
+	}, func() float64 { return float64(flight.decodedInUse()) }))
 	s := &Server{
 		cfg: cfg, log: log, auth: auth, metrics: m, cert: cert, clientCAs: clientCAs, producer: prod, reg: reg,
 		ready:       append([]ReadyCheck{{Name: "kafka", Check: prod.Ping}}, opts.Ready...),

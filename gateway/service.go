@@ -61,6 +61,9 @@ type service struct {
 
 // SubmitEvents is faultline's submission: it answers with the ids.
 func (s *service) SubmitEvents(ctx context.Context, req *faultlinev1.SubmitEventsRequest) (*faultlinev1.SubmitEventsResponse, error) {
+	if err := s.holdDecoded(ctx, req.GetEvents()); err != nil {
+		return nil, err
+	}
 	ids, err := s.ingest(ctx, "SubmitEvents", req.GetEvents())
 	if err != nil {
 		return nil, err
@@ -74,6 +77,9 @@ func (s *service) SubmitEvents(ctx context.Context, req *faultlinev1.SubmitEvent
 // faultline's checks do (nvsentinel.Normalize: Xid "31" is "XID-31"), so
 // the correlation rules count them.
 func (s *service) HealthEventOccurredV1(ctx context.Context, req *datamodels.HealthEvents) (*emptypb.Empty, error) {
+	if err := s.holdDecoded(ctx, req.GetEvents()); err != nil {
+		return nil, err
+	}
 	nvsentinelIDs(ctx, req.GetEvents())
 	for _, ev := range req.GetEvents() {
 		nvsentinel.Normalize(ev) // after the id, derived from the event as sent
@@ -82,6 +88,30 @@ func (s *service) HealthEventOccurredV1(ctx context.Context, req *datamodels.Hea
 		return nil, err
 	}
 	return &emptypb.Empty{}, nil
+}
+
+// holdDecoded makes a submission's in-flight reservation (both doors put
+// it in the context) hold, in the gateway's budget, what its decoded
+// events cost (decodedCost), not only their wire size: decoded, a message
+// can take 15 times its bytes, and calls held by a slow event log held 15
+// times gateway.max_inflight_bytes. It grows without waiting; when the
+// budget cannot take it the call is refused like one that does not fit
+// (RESOURCE_EXHAUSTED, 429), and the client resends it later.
+func (s *service) holdDecoded(ctx context.Context, evs []*datamodels.HealthEvent) error {
+	res := reservationFrom(ctx)
+	if res == nil {
+		return nil
+	}
+	switch err := res.holdDecoded(decodedCost(evs)); {
+	case err == nil:
+		return nil
+	case errors.Is(err, errReleased): // the call is over
+		return status.Error(codes.Canceled, "the call ended")
+	default:
+		reason, msg := busyRefusal(err)
+		s.metrics.rejected(reason, 1)
+		return status.Error(codes.ResourceExhausted, msg)
+	}
 }
 
 // idempotencyKeyHeader is the gRPC metadata key of NVSentinel's
