@@ -43,6 +43,18 @@ func (ExecRunner) Run(ctx context.Context, name string, args ...string) ([]byte,
 	return cmd.Output()
 }
 
+// runSMI runs nvidia-smi through r. A warning exit (topology.SMIWarningExit:
+// 14, infoROM corrupted) comes after nvidia-smi printed its whole output,
+// so with output it is no error; without, it stays one.
+func runSMI(ctx context.Context, r Runner, name string, args ...string) ([]byte, error) {
+	out, err := r.Run(ctx, name, args...)
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && topology.SMIWarningExit(ee.ExitCode()) && len(bytes.TrimSpace(out)) > 0 {
+		return out, nil
+	}
+	return out, err
+}
+
 // Config configures the fabric check (TOML section [fabric], flags
 // --fabric.*). Paths are the host's; in a container point them at the
 // host's mounts.
@@ -456,7 +468,13 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 
 // run runs a binary; a binary that is not installed returns nil, nil.
 func (c *Check) run(ctx context.Context, name string, args ...string) ([]byte, error) {
-	out, err := c.cfg.Runner.Run(ctx, name, args...)
+	var out []byte
+	var err error
+	if name == c.cfg.NvidiaSMI {
+		out, err = runSMI(ctx, c.cfg.Runner, name, args...)
+	} else {
+		out, err = c.cfg.Runner.Run(ctx, name, args...)
+	}
 	if errors.Is(err, exec.ErrNotFound) {
 		return nil, nil
 	}

@@ -10,6 +10,8 @@
 // kernel command line, the PCI bus, and NVSwitch telemetry from
 // dcgm-exporter (HGX B200) — and an Evaluator turns it into HealthEvents.
 // `faultline-agent fabric parse` feeds the same Evaluator from files.
+// nvidia-smi's exit 14 (infoROM corrupted: a warning after its whole
+// output, topology.SMIWarningExit) with output is read as a success.
 //
 // The FM log's message classes, the partition return codes (Table 18) and
 // the high-availability tables are data (fm_catalog.json); the SXid

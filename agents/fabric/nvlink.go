@@ -275,14 +275,14 @@ func CollectSwitchLinks(ctx context.Context, r Runner, nvidiaSMI string) (map[st
 	if r == nil {
 		r = ExecRunner{}
 	}
-	q, err := r.Run(ctx, nvidiaSMI, "-q")
+	q, err := runSMI(ctx, r, nvidiaSMI, "-q")
 	if errors.Is(err, exec.ErrNotFound) {
 		return map[string]string{}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s -q: %w", nvidiaSMI, err)
 	}
-	links, err := r.Run(ctx, nvidiaSMI, "nvlink", "-R")
+	links, err := runSMI(ctx, r, nvidiaSMI, "nvlink", "-R")
 	if err != nil {
 		return nil, fmt.Errorf("%s nvlink -R: %w", nvidiaSMI, err)
 	}

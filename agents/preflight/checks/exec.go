@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/faultline/faultline/agents/topology"
 )
 
 // errNotFound marks a tool that is not installed: a configuration error.
@@ -66,13 +68,15 @@ func run(ctx context.Context, echo io.Writer, env []string, name string, args ..
 }
 
 // gpuUUIDs runs `nvidia-smi --query-gpu=uuid --format=csv,noheader`: the
-// GPUs allocated to this container.
+// GPUs allocated to this container. Its warning exit (14, infoROM
+// corrupted: topology.SMIWarningExit) comes after the full list and is
+// no error when it listed GPUs.
 func gpuUUIDs(ctx context.Context, echo io.Writer, env []string, nvidiaSMI string) ([]string, error) {
 	out, err := run(ctx, echo, env, nvidiaSMI, "--query-gpu=uuid", "--format=csv,noheader")
 	if err != nil {
 		return nil, err
 	}
-	if out.ExitCode != 0 {
+	if out.ExitCode != 0 && !topology.SMIWarningExit(out.ExitCode) {
 		return nil, fmt.Errorf("nvidia-smi exited %d: %s", out.ExitCode, firstLine(out.Text))
 	}
 	var uuids []string
@@ -81,6 +85,9 @@ func gpuUUIDs(ctx context.Context, echo io.Writer, env []string, nvidiaSMI strin
 		if strings.HasPrefix(l, "GPU-") || strings.HasPrefix(l, "MIG-") {
 			uuids = append(uuids, l)
 		}
+	}
+	if len(uuids) == 0 && out.ExitCode != 0 {
+		return nil, fmt.Errorf("nvidia-smi exited %d and listed no GPU: %s", out.ExitCode, firstLine(out.Text))
 	}
 	if len(uuids) == 0 {
 		return nil, fmt.Errorf("nvidia-smi listed no GPU: %s", firstLine(out.Text))
