@@ -124,6 +124,7 @@ func TestFleetAPI(t *testing.T) {
 			"/v1/fleet/nodes?limit=x":              "limit:",
 			"/v1/fleet/nodes?limit=5000":           "limit:",
 			"/v1/fleet/nodes?pageToken=AAAA":       "pageToken:",
+			"/v1/fleet/nodes?pageToken=bzEwMA":     "pageToken: an offset token of an earlier version",
 			"/v1/fleet/nodes/Not_A_Node":           "node:",
 			"/v1/fleet/summary?since=yesterday":    "since:",
 			"/v1/fleet/analytics/nope":             "query:",

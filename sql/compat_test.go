@@ -805,7 +805,7 @@ func compatScript(t *testing.T) ([]testenv.SQLStep, map[string]stepCheck) {
 		{"node_states", with(alphaNow, "node", "n-flap"), nonEmpty},
 		{"state_counts", alphaNow, nonEmpty},
 		{"node_page", with(alphaNow, "limit", "10"), nonEmpty},
-		{"node_page", with(alphaNow, "state", "quarantined", "offset", "1", "limit", "1"), nil},
+		{"node_page", with(alphaNow, "state", "quarantined", "after_ms", "1772445660000", "after_node", "n-flap", "limit", "1"), nil},
 		{"node_faults", with(alphaNow, "node", "n-flap"), nonEmpty},
 		{"node_faults", with(alphaNow, "node", "n-xid"), nil},
 		{"drifted", alphaNow, nonEmpty},

@@ -138,10 +138,17 @@ func Queries() (map[string]analytics.Query, error) {
 			"FROM\n(\n"+states.SQL+"\n)\nGROUP BY state\nORDER BY state",
 		analytics.Param{Name: "since", Type: "DateTime", Default: "now-1d"},
 		analytics.Param{Name: "until", Type: "DateTime", Default: "now"})
-	compose("node_page", "One page of node_states, newest state first.",
-		"SELECT *\nFROM\n(\n"+states.SQL+"\n)\nWHERE @state = '' OR state = @state\nORDER BY state_since_ms DESC, node\nLIMIT @offset, @limit",
+	// Keyset paging: a page goes on after the previous page's last row
+	// (after_ms, after_node) in the page's order, which is unique (one row
+	// per node of the cluster), so a node whose row did not change is never
+	// shown twice or skipped when others change state between pages.
+	compose("node_page", "One page of node_states, newest state first (state_since_ms descending, then node), after the row (after_ms, after_node) when after_node is given.",
+		"SELECT *\nFROM\n(\n"+states.SQL+"\n)\nWHERE (@state = '' OR state = @state)\n"+
+			"    AND (@after_node = '' OR state_since_ms < @after_ms OR (state_since_ms = @after_ms AND node > @after_node))\n"+
+			"ORDER BY state_since_ms DESC, node\nLIMIT @limit",
 		analytics.Param{Name: "state", Type: "String", Default: ""},
-		analytics.Param{Name: "offset", Type: "UInt64", Default: "0"},
+		analytics.Param{Name: "after_ms", Type: "UInt64", Default: "0"},
+		analytics.Param{Name: "after_node", Type: "String", Default: ""},
 		analytics.Param{Name: "limit", Type: "UInt64", Default: strconv.Itoa(DefaultLimit)})
 	return qs, nil
 }
@@ -269,9 +276,10 @@ func (s *Store) Summary(ctx context.Context, cluster string, r Range, page *Node
 	if err != nil {
 		return nil, err
 	}
-	var limit, offset int
+	var limit int
+	var after *cursor
 	if page != nil {
-		if limit, offset, err = checkNodesQuery(*page); err != nil {
+		if limit, after, err = checkNodesQuery(*page); err != nil {
 			return nil, err
 		}
 	}
@@ -280,7 +288,7 @@ func (s *Store) Summary(ctx context.Context, cluster string, r Range, page *Node
 	err = parallel(
 		func() (err error) {
 			if page != nil {
-				pageRes, err = s.pageQuery(ctx, cluster, asOf, page.State, limit, offset)
+				pageRes, err = s.pageQuery(ctx, cluster, asOf, page.State, limit, after)
 			}
 			return err
 		},
@@ -324,7 +332,7 @@ func (s *Store) Summary(ctx context.Context, cluster string, r Range, page *Node
 	}
 	out.Breaker.Held = out.Nodes[StateHeld]
 	if page != nil {
-		if out.Page, err = s.assemblePage(ctx, cluster, asOf, page.State, limit, offset, drift, pageRes); err != nil {
+		if out.Page, err = s.assemblePage(ctx, cluster, asOf, page.State, limit, after, drift, pageRes); err != nil {
 			return nil, err
 		}
 	}
@@ -385,30 +393,55 @@ func CheckNode(node string) error {
 	return nil
 }
 
-func pageToken(offset int) string {
-	return base64.RawURLEncoding.EncodeToString([]byte("o" + strconv.Itoa(offset)))
+// cursor is the position after the last row of a page: the page's state
+// filter, and the row's sort key (its state_since_ms and node; the drifted
+// page is ordered by node alone). A page goes on after it (keyset paging),
+// so a node whose row did not change between two pages is neither shown
+// twice nor skipped, and a deep page costs no scan to an offset.
+type cursor struct {
+	state string
+	ms    uint64
+	node  string
 }
 
-func parsePageToken(tok string) (int, error) {
+// token encodes c as an opaque page token.
+func (c cursor) token() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(c.state + "|" + strconv.FormatUint(c.ms, 10) + "|" + c.node))
+}
+
+// maxTokenLen bounds a page token: a state, at most 20 digits, a
+// 253-byte node name and two separators, about 390 bytes of base64.
+const maxTokenLen = 512
+
+// parsePageToken decodes a page token of the state's pages (nil for none).
+func parsePageToken(tok, state string) (*cursor, error) {
 	if tok == "" {
-		return 0, nil
+		return nil, nil
 	}
-	if len(tok) <= 32 {
+	if len(tok) <= maxTokenLen {
 		if b, err := base64.RawURLEncoding.DecodeString(tok); err == nil {
-			if n, ok := strings.CutPrefix(string(b), "o"); ok {
-				if v, err := strconv.Atoi(n); err == nil && v >= 0 && v <= 1<<30 {
-					return v, nil
+			if _, ok := strings.CutPrefix(string(b), "o"); ok && !strings.Contains(string(b), "|") {
+				// An earlier version's tokens held an offset.
+				return nil, badf("pageToken: an offset token of an earlier version, no longer taken; start again from the first page (no pageToken)")
+			}
+			if parts := strings.Split(string(b), "|"); len(parts) == 3 {
+				ms, err := strconv.ParseUint(parts[1], 10, 64)
+				if err == nil && ms <= math.MaxUint32*1000+999 && CheckNode(parts[2]) == nil {
+					if parts[0] != state {
+						return nil, badf("pageToken: issued for the state=%s page, not state=%s", parts[0], state)
+					}
+					return &cursor{state: parts[0], ms: ms, node: parts[2]}, nil
 				}
 			}
 		}
 	}
-	return 0, badf("pageToken: not a token this server issued")
+	return nil, badf("pageToken: not a token this server issued")
 }
 
 // Nodes returns a page of cluster's nodes in q.State (every state but
 // healthy when empty), newest state first; drifted pages the drifted nodes.
 func (s *Store) Nodes(ctx context.Context, cluster string, q NodesQuery) (*NodesPage, error) {
-	limit, offset, err := checkNodesQuery(q)
+	limit, after, err := checkNodesQuery(q)
 	if err != nil {
 		return nil, err
 	}
@@ -420,50 +453,54 @@ func (s *Store) Nodes(ctx context.Context, cluster string, q NodesQuery) (*Nodes
 			return err
 		},
 		func() (err error) {
-			res, err = s.pageQuery(ctx, cluster, asOf, q.State, limit, offset)
+			res, err = s.pageQuery(ctx, cluster, asOf, q.State, limit, after)
 			return err
 		})
 	if err != nil {
 		return nil, err
 	}
-	return s.assemblePage(ctx, cluster, asOf, q.State, limit, offset, drift, res)
+	return s.assemblePage(ctx, cluster, asOf, q.State, limit, after, drift, res)
 }
 
-// checkNodesQuery validates q and returns its page size and offset.
-func checkNodesQuery(q NodesQuery) (limit, offset int, err error) {
+// checkNodesQuery validates q and returns its page size and the position
+// its page goes on from (nil: the first page).
+func checkNodesQuery(q NodesQuery) (limit int, after *cursor, err error) {
 	limit = q.Limit
 	switch {
 	case limit == 0:
 		limit = DefaultLimit
 	case limit < 0 || limit > MaxLimit:
-		return 0, 0, badf("limit: must be between 1 and %d, got %d", MaxLimit, limit)
-	}
-	if offset, err = parsePageToken(q.PageToken); err != nil {
-		return 0, 0, err
+		return 0, nil, badf("limit: must be between 1 and %d, got %d", MaxLimit, limit)
 	}
 	switch q.State {
 	case "", StateQuarantined, StateDraining, StateRemediating, StateEscalated, StateHeld, StateDrifted:
 	case StateHealthy:
-		return 0, 0, badf("state: healthy nodes are not listed (only counted); pick one of quarantined, draining, remediating, escalated, held, drifted")
+		return 0, nil, badf("state: healthy nodes are not listed (only counted); pick one of quarantined, draining, remediating, escalated, held, drifted")
 	default:
-		return 0, 0, badf("state: %q is not one of quarantined, draining, remediating, escalated, held, drifted", q.State)
+		return 0, nil, badf("state: %q is not one of quarantined, draining, remediating, escalated, held, drifted", q.State)
 	}
-	return limit, offset, nil
+	if after, err = parsePageToken(q.PageToken, q.State); err != nil {
+		return 0, nil, err
+	}
+	return limit, after, nil
 }
 
 // pageQuery runs node_page for a state's page (nothing for drifted: that
 // page comes from the drifted query).
-func (s *Store) pageQuery(ctx context.Context, cluster, asOf, state string, limit, offset int) (*analytics.Result, error) {
+func (s *Store) pageQuery(ctx context.Context, cluster, asOf, state string, limit int, after *cursor) (*analytics.Result, error) {
 	if state == StateDrifted {
 		return nil, nil
 	}
-	return s.run(ctx, "node_page", map[string]string{"cluster": cluster, "now": asOf, "state": state,
-		"offset": strconv.Itoa(offset), "limit": strconv.Itoa(limit + 1)})
+	params := map[string]string{"cluster": cluster, "now": asOf, "state": state, "limit": strconv.Itoa(limit + 1)}
+	if after != nil {
+		params["after_ms"], params["after_node"] = strconv.FormatUint(after.ms, 10), after.node
+	}
+	return s.run(ctx, "node_page", params)
 }
 
 // assemblePage cuts a page from node_page's rows (or, for drifted, the
 // drifted query's), marking drifted nodes.
-func (s *Store) assemblePage(ctx context.Context, cluster, asOf, state string, limit, offset int, drift, res *analytics.Result) (*NodesPage, error) {
+func (s *Store) assemblePage(ctx context.Context, cluster, asOf, state string, limit int, after *cursor, drift, res *analytics.Result) (*NodesPage, error) {
 	drifted := map[string]string{}
 	for _, row := range drift.Rows {
 		drifted[row[0].(string)] = row[2].(string)
@@ -472,7 +509,8 @@ func (s *Store) assemblePage(ctx context.Context, cluster, asOf, state string, l
 	if state != StateDrifted {
 		for _, row := range res.Rows {
 			if len(out.Nodes) == limit {
-				out.NextPageToken = pageToken(offset + limit)
+				last := out.Nodes[limit-1]
+				out.NextPageToken = cursor{state: state, ms: uint64(last.StateSince.UnixMilli()), node: last.Node}.token()
 				break
 			}
 			n := nodeRow(res.Columns, row)
@@ -493,12 +531,12 @@ func (s *Store) assemblePage(ctx context.Context, cluster, asOf, state string, l
 		n := nodeRow(states.Columns, row)
 		byNode[n.Node] = n
 	}
-	for i, row := range drift.Rows {
-		if i < offset {
-			continue
+	for _, row := range drift.Rows {
+		if after != nil && row[0].(string) <= after.node {
+			continue // the drifted query is in node order
 		}
 		if len(out.Nodes) == limit {
-			out.NextPageToken = pageToken(offset + limit)
+			out.NextPageToken = cursor{state: state, node: out.Nodes[limit-1].Node}.token()
 			break
 		}
 		n, ok := byNode[row[0].(string)]

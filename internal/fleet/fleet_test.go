@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -155,6 +156,71 @@ func TestFleet(t *testing.T) {
 		}
 	})
 
+	// Keyset paging: nodes change state while the pages are read; a node
+	// whose row stayed is shown exactly once, and no node twice (with an
+	// offset, the released nodes shifted the rest up, skipping some, and
+	// the new ones shifted them down, repeating some).
+	t.Run("PagingOverChanges", func(t *testing.T) {
+		const cluster = "paging"
+		var nodes []string
+		for g := range 8 { // 8 groups of 3 nodes quarantined at the same time: ties
+			group := []string{}
+			for i := range 3 {
+				group = append(group, fmt.Sprintf("p%02d", 3*g+i))
+			}
+			fleettest.Change(t, srv.Conn, cluster, events.KindQuarantine, fmt.Sprintf("g%d-", g), 20*time.Minute-time.Duration(g)*time.Minute, group...)
+			nodes = append(nodes, group...)
+		}
+		changed := map[string]bool{}
+		changes := map[int]func(){
+			// Two shown nodes released.
+			1: func() {
+				fleettest.Change(t, srv.Conn, cluster, events.KindUnquarantine, "c1-", 40*time.Minute, "p00", "p01")
+				changed["p00"], changed["p01"] = true, true
+			},
+			// Three new nodes, newest first.
+			2: func() {
+				fleettest.Change(t, srv.Conn, cluster, events.KindQuarantine, "c2-", 41*time.Minute, "q00", "q01", "q02")
+			},
+			// A shown node starts draining (newest state now), one not shown
+			// yet is released.
+			3: func() {
+				fleettest.Change(t, srv.Conn, cluster, events.KindDrain, "c3-", 42*time.Minute, "p02")
+				fleettest.Change(t, srv.Conn, cluster, events.KindUnquarantine, "c4-", 42*time.Minute, "p20")
+				changed["p02"], changed["p20"] = true, true
+			},
+		}
+		seen := map[string]int{}
+		var order []string
+		tok := ""
+		for page := 1; page <= 20; page++ {
+			p, err := st.Nodes(ctx, cluster, fleet.NodesQuery{Limit: 4, PageToken: tok})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range p.Nodes {
+				seen[n.Node]++
+				order = append(order, n.Node)
+			}
+			if tok = p.NextPageToken; tok == "" {
+				break
+			}
+			if f := changes[page]; f != nil {
+				f()
+			}
+		}
+		for n, c := range seen {
+			if c > 1 {
+				t.Errorf("%s shown %d times (pages: %v)", n, c, order)
+			}
+		}
+		for _, n := range nodes {
+			if !changed[n] && seen[n] != 1 {
+				t.Errorf("%s stayed quarantined but was shown %d times (pages: %v)", n, seen[n], order)
+			}
+		}
+	})
+
 	// Held and dry-run quarantines applied nothing, so nothing releases
 	// them: they end when every fault they decided on has recovered.
 	t.Run("Unapplied", func(t *testing.T) {
@@ -197,6 +263,25 @@ func TestFleet(t *testing.T) {
 			_, err := st.Nodes(ctx, "alpha", q)
 			if _, ok := errors.AsType[*fleet.BadRequest](err); !ok {
 				t.Errorf("%+v: got %v, want a BadRequest", q, err)
+			}
+		}
+		first, err := st.Nodes(ctx, "alpha", fleet.NodesQuery{State: fleet.StateQuarantined, Limit: 1})
+		if err != nil || first.NextPageToken == "" {
+			t.Fatalf("first quarantined page: %+v, %v", first, err)
+		}
+		b64 := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+		for _, tt := range []struct{ name, state, token, want string }{
+			{"not base64", "", "zzz!", "pageToken: not a token this server issued"},
+			{"garbage", "", b64("garbage"), "pageToken: not a token this server issued"},
+			{"bad time", "", b64("|x|n01"), "pageToken: not a token this server issued"},
+			{"bad node", "", b64("|1|N 01"), "pageToken: not a token this server issued"},
+			{"too long", "", strings.Repeat("A", 600), "pageToken: not a token this server issued"},
+			{"an earlier version's offset", "", b64("o100"), "pageToken: an offset token of an earlier version"},
+			{"another state's", fleet.StateDraining, first.NextPageToken, "pageToken: issued for the state=quarantined page, not state=draining"},
+		} {
+			_, err := st.Nodes(ctx, "alpha", fleet.NodesQuery{State: tt.state, PageToken: tt.token})
+			if _, ok := errors.AsType[*fleet.BadRequest](err); !ok || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("%s: got %v, want a BadRequest saying %q", tt.name, err, tt.want)
 			}
 		}
 		for _, node := range []string{"", "UPPER", strings.Repeat("a", 254), "a b"} {

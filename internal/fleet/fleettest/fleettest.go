@@ -27,6 +27,8 @@ var Base = time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
 type seeder struct {
 	recs []*kgo.Record
 	n    int
+	// prefix starts every id (Change's calls must not reuse Seed's).
+	prefix string
 }
 
 func (s *seeder) event(cluster, node, check, class string, at time.Duration, healthy bool, msg string) string {
@@ -36,7 +38,7 @@ func (s *seeder) event(cluster, node, check, class string, at time.Duration, hea
 // gpuEvent is event on the node's GPU gpu.
 func (s *seeder) gpuEvent(cluster, node, gpu, check, class string, at time.Duration, healthy bool, msg string) string {
 	s.n++
-	id := fmt.Sprintf("%s-%s-e%03d", cluster, node, s.n)
+	id := fmt.Sprintf("%s%s-%s-e%03d", s.prefix, cluster, node, s.n)
 	ev := &datamodels.HealthEvent{
 		Id: id, Cluster: cluster, NodeName: node, CheckName: check, ComponentClass: class,
 		IsFatal: !healthy, IsHealthy: healthy, Message: msg,
@@ -51,7 +53,7 @@ func (s *seeder) gpuEvent(cluster, node, gpu, check, class string, at time.Durat
 func (s *seeder) action(cluster, node, role, kind, outcome string, at time.Duration, reason string, details map[string]string, evIDs ...string) {
 	s.n++
 	a := &faultlinev1.Action{
-		Id: fmt.Sprintf("a%04d", s.n), Cluster: cluster, Node: node, Role: role, Kind: kind, Outcome: outcome,
+		Id: fmt.Sprintf("%sa%04d", s.prefix, s.n), Cluster: cluster, Node: node, Role: role, Kind: kind, Outcome: outcome,
 		Reason: reason, Rule: "xid", CheckName: "SysLogsXIDError", EventIds: evIDs, Details: details,
 		DryRun:    outcome == events.OutcomeDryRun,
 		Timestamp: timestamppb.New(Base.Add(at)),
@@ -212,5 +214,31 @@ func Seed(t testing.TB, conn clickhouse.Conn) {
 		if _, err := h.Handle(context.Background(), s.recs); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// Change writes, through the store processor, one action on each of
+// cluster's nodes at Base+at, to change the fleet while a test pages
+// through it: kind quarantine (an XID fault on the node's GPU, applied),
+// unquarantine (that fault recovered: the node released) or drain (in
+// progress). Its ids start with prefix, which must differ per call.
+func Change(t testing.TB, conn clickhouse.Conn, cluster, kind, prefix string, at time.Duration, nodes ...string) {
+	t.Helper()
+	s := seeder{prefix: prefix}
+	for _, node := range nodes {
+		switch kind {
+		case events.KindQuarantine:
+			s.quarantine(cluster, node, at-time.Second, events.OutcomeApplied)
+		case events.KindUnquarantine:
+			s.action(cluster, node, events.RoleQuarantine, events.KindUnquarantine, events.OutcomeApplied, at, "recovered",
+				map[string]string{events.DetailEntities: "GPU=GPU-" + node})
+		case events.KindDrain:
+			s.action(cluster, node, events.RoleDrain, events.KindDrain, events.OutcomeInProgress, at, "drain started (node)", nil)
+		default:
+			t.Fatalf("fleettest.Change: kind %q", kind)
+		}
+	}
+	if _, err := store.New(conn, slog.Default(), nil).Handle(context.Background(), s.recs); err != nil {
+		t.Fatal(err)
 	}
 }
