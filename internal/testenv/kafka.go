@@ -453,12 +453,39 @@ func (k *Kafka) CreateTopic(tb testing.TB, topic string, partitions int32) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err := k.Admin(tb).CreateTopic(ctx, partitions, 1, nil, topic)
+	adm := k.Admin(tb)
+	resp, err := adm.CreateTopic(ctx, partitions, 1, nil, topic)
 	if err == nil {
 		err = resp.Err
 	}
 	if err != nil {
 		tb.Fatalf("testenv: create topic %q: %v", topic, err)
+	}
+	// Until every partition has a leader: a producer that learns the topic
+	// earlier waits for its next metadata refresh (kgo.MetadataMinAge, 5 s
+	// by default) before it sends to a partition it saw without one.
+	for {
+		td, err := adm.ListTopics(ctx, topic)
+		if err == nil {
+			err = td.Error()
+		}
+		if err == nil && len(td[topic].Partitions) == int(partitions) {
+			led := 0
+			for _, p := range td[topic].Partitions {
+				if p.Err == nil && p.Leader >= 0 {
+					led++
+				}
+			}
+			if led == int(partitions) {
+				return
+			}
+			err = fmt.Errorf("%d of %d partitions have a leader", led, partitions)
+		}
+		select {
+		case <-ctx.Done():
+			tb.Fatalf("testenv: topic %q created, its partitions' leaders not known: %v", topic, err)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
 
