@@ -40,8 +40,9 @@ var Topics = []string{events.TopicEvents}
 // starts the node watch of every configured cluster. The role is its
 // consumer of Topics, its retry consumer of RetryTopics (group
 // "faultline-quarantine-retry"), the loop that acknowledges manual
-// uncordons (RunUncordons) and, unless flapping faults are off, the sweep
-// that lifts them after their stabilization window (RunStabilization).
+// uncordons (RunUncordons) and the sweep that lifts flapping faults after
+// their stabilization window and the conditions no fault holds
+// (RunStabilization).
 func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	deps = deps.WithDefaults()
 	h, err := New(cfg, clusters.NewRegistry(deps.Kube, nil), Options{Log: deps.Log, Registerer: deps.Registry})
@@ -91,21 +92,21 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 			}
 		}
 	}})
-	if cfg.Flap().Enabled() || cfg.RecoveryMemory > 0 {
-		// Flapping faults held after their recovery are lifted by this
-		// sweep once their stabilization window passed (flap.go), and
-		// remembered recoveries forgotten (recovered.go).
-		names := deps.Kube.Names()
-		loops = append(loops, role.Loop{Name: "stabilization sweep", Run: func(ctx context.Context) error {
-			prod, err := kafka.NewBoundedProducer(deps.Kafka, deps.Log)
-			if err != nil {
-				return err
-			}
-			defer prod.Close()
-			h.RunStabilization(ctx, prod, names)
-			return nil
-		}})
-	}
+	// Flapping faults held after their recovery are lifted by this sweep
+	// once their stabilization window passed (flap.go), remembered
+	// recoveries forgotten (recovered.go), and conditions left False by
+	// an apply whose quarantine was not written set True
+	// (State.orphanConditions).
+	names := deps.Kube.Names()
+	loops = append(loops, role.Loop{Name: "stabilization sweep", Run: func(ctx context.Context) error {
+		prod, err := kafka.NewBoundedProducer(deps.Kafka, deps.Log)
+		if err != nil {
+			return err
+		}
+		defer prod.Close()
+		h.RunStabilization(ctx, prod, names)
+		return nil
+	}})
 	// The records already waiting on the retry topic are read before the
 	// consumers start: a node's newer records go behind them. The retry
 	// group, like the main one, starts a partition it has no commit for

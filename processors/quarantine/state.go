@@ -113,6 +113,10 @@ type State struct {
 	// an occurrence generated no later than it is a late or repeated copy
 	// (recovered.go).
 	Recovered map[string]Recovery `json:"-"`
+	// orphaned are condition types the node shows False with faultline's
+	// message that no standing fault holds (orphanConditions): the
+	// sweep's write sets them True (RenderConditions). Never stored.
+	orphaned []string
 }
 
 // Fault is one standing fault: a check on an entity.
@@ -645,9 +649,53 @@ func RenderConditions(n *corev1.Node, s *State, now time.Time) bool {
 			Reason: "FaultsRecovered", Message: conditionPrefix + "every fault of this component recovered",
 		}, now) || changed
 	}
+	for _, t := range s.orphaned {
+		if _, ok := byType[t]; ok || slices.Contains(s.Conditions, t) {
+			continue
+		}
+		changed = setCondition(n, corev1.NodeCondition{
+			Type: corev1.NodeConditionType(t), Status: corev1.ConditionTrue,
+			Reason: "NoFaultStanding", Message: conditionPrefix + "no fault of this component stands: the quarantine that set this condition False was not applied",
+		}, now) || changed
+	}
+	s.orphaned = nil
 	sort.Strings(managed)
 	s.Conditions = managed
 	return changed
+}
+
+// orphanConditions returns the condition types n shows False with
+// faultline's message that no fault of s holds, last written at least
+// grace before now: the condition is written (nodes/status) before the
+// state that records it (the object), so an apply whose object patch never
+// landed — refused for good, deferred and then held by the breaker or
+// decided otherwise, its process killed between the two — leaves one on a
+// node faultline does not quarantine, and nothing else would lift it. The
+// grace (a batch's bound) keeps an apply still in flight out: its object
+// patch carries the resourceVersion of its status patch, so a write that
+// set such a condition True in between would be refused and the apply
+// redone, writing it False again, but the condition would flicker.
+func (s *State) orphanConditions(n *corev1.Node, now time.Time, grace time.Duration) []string {
+	var out []string
+	for _, c := range n.Status.Conditions {
+		if c.Status != corev1.ConditionFalse || !strings.HasPrefix(c.Message, conditionPrefix) ||
+			now.Sub(c.LastHeartbeatTime.Time) < grace || s.holdsCondition(string(c.Type)) {
+			continue
+		}
+		out = append(out, string(c.Type))
+	}
+	return out
+}
+
+// holdsCondition reports whether a standing fault (acknowledged and
+// stabilizing ones included) sets condition type t False.
+func (s *State) holdsCondition(t string) bool {
+	for _, f := range s.Faults {
+		if f.Condition && ConditionType(f.Class) == t {
+			return true
+		}
+	}
+	return false
 }
 
 // conditionPrefix starts the message of every condition faultline sets: the

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -18,9 +20,10 @@ import (
 )
 
 // RunStabilization lifts flapping faults whose stabilization window passed
-// (SweepStabilized) every sweep interval until ctx ends, producing each
-// lift's action through p. An agent may send nothing after the recovery
-// that started the window, so the lift cannot wait for an event.
+// and sets True the conditions no standing fault holds (SweepStabilized)
+// every sweep interval until ctx ends, producing each lift's action
+// through p. An agent may send nothing after the recovery that started
+// the window, so the lift cannot wait for an event.
 func (h *Handler) RunStabilization(ctx context.Context, p pipeline.Producer, clusterNames []string) {
 	t := time.NewTicker(h.cfg.sweepInterval())
 	defer t.Stop()
@@ -39,7 +42,9 @@ func (h *Handler) RunStabilization(ctx context.Context, p pipeline.Producer, clu
 // replica owns (their events land on its partitions), the flapping faults
 // whose entity stayed healthy for the stabilization window, and drops
 // onsets older than the flap window from nodes where nothing stands, and
-// recoveries remembered past recovery_memory (recovered.go). It
+// recoveries remembered past recovery_memory (recovered.go), and sets True
+// the conditions faultline set False that no standing fault holds
+// (State.orphanConditions: an apply whose object patch never landed). It
 // picks nodes from the node watch's copy and writes each with
 // updateNode, which re-reads and re-decides on a conflict (a new
 // occurrence that cancelled the lift in the meantime wins). It returns
@@ -47,9 +52,6 @@ func (h *Handler) RunStabilization(ctx context.Context, p pipeline.Producer, clu
 // nothing and reports each would-lift once.
 func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([]*faultlinev1.Action, error) {
 	flap := h.cfg.Flap()
-	if !flap.Enabled() && h.cfg.RecoveryMemory <= 0 {
-		return nil, nil
-	}
 	var (
 		acts []*faultlinev1.Action
 		errs []error
@@ -72,18 +74,24 @@ func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([
 			_, standing := n.Annotations[AnnotationState]
 			_, onsets := n.Annotations[AnnotationOnsets]
 			_, recovered := n.Annotations[AnnotationRecovered]
-			if !(standing || onsets || recovered) || !h.Owns(events.Key(name, n.Name)) {
+			if !(standing || onsets || recovered || falseCondition(n)) || !h.Owns(events.Key(name, n.Name)) {
 				continue
 			}
 			st, err := ReadState(n)
 			if err != nil {
 				continue // the node's next event starts it afresh
 			}
-			if next := st.NextSweep(flap); next.IsZero() || now.Before(next) {
+			// Lifts and forgetting are due only when flapping or the
+			// recovery memory is on; orphaned conditions always.
+			next := st.NextSweep(flap)
+			due := (flap.Enabled() || h.cfg.RecoveryMemory > 0) && !next.IsZero() && !now.Before(next)
+			if cl.DryRun {
+				if due {
+					acts = append(acts, h.wouldLift(cl, n.Name, st, now, sweep)...)
+				}
 				continue
 			}
-			if cl.DryRun {
-				acts = append(acts, h.wouldLift(cl, n.Name, st, now, sweep)...)
+			if !due && len(st.orphanConditions(n, now, h.cfg.BatchTimeout)) == 0 {
 				continue
 			}
 			a, err := h.liftStabilized(ctx, cl, n, flap)
@@ -100,11 +108,22 @@ func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([
 	return acts, errors.Join(errs...)
 }
 
+// falseCondition reports whether n shows a condition faultline set False.
+func falseCondition(n *corev1.Node) bool {
+	return slices.ContainsFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool {
+		return c.Status == corev1.ConditionFalse && strings.HasPrefix(c.Message, conditionPrefix)
+	})
+}
+
 // liftStabilized writes one node's due lifts, with their actions as
-// unsaid (unsaid.go), and returns the actions: a manual_uncordon first
-// when a person uncordoned the node and it was not acknowledged yet.
+// unsaid (unsaid.go), and its orphaned conditions set True
+// (State.orphanConditions), and returns the actions: a manual_uncordon
+// first when a person uncordoned the node and it was not acknowledged yet.
 func (h *Handler) liftStabilized(ctx context.Context, cl *clusters.Client, node *corev1.Node, flap FlapPolicy) ([]*faultlinev1.Action, error) {
-	var acts []*faultlinev1.Action
+	var (
+		acts     []*faultlinev1.Action
+		orphaned []string
+	)
 	_, err := h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
 		now := h.now()
 		acts = acts[:0] // a conflict re-decides on the node as it is now
@@ -115,6 +134,10 @@ func (h *Handler) liftStabilized(ctx context.Context, cl *clusters.Client, node 
 		if manual != nil {
 			acts = append(acts, manual)
 		}
+		// Before the lifts: a lifted fault's condition is the lift's (True,
+		// FaultsRecovered), not an orphan.
+		orphaned = st.orphanConditions(n, now, h.cfg.BatchTimeout)
+		st.orphaned = orphaned
 		due := map[string]Fault{}
 		for k, f := range st.Faults {
 			if f.Stabilizing() && !now.Before(f.LiftAt) {
@@ -140,10 +163,14 @@ func (h *Handler) liftStabilized(ctx context.Context, cl *clusters.Client, node 
 			acts = append(acts, a)
 		}
 		st.addUnsaid(acts[len(acts)-len(keys):]...) // the acknowledgement's is in already
-		return changed || manual != nil, nil
+		return changed || manual != nil || len(orphaned) > 0, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cluster %s: lift stabilized faults of node %s: %w", cl.Name, node.Name, err)
+	}
+	if len(orphaned) > 0 {
+		h.log.Info("conditions no standing fault holds set True (an apply whose quarantine was not written)",
+			"cluster", cl.Name, "node", node.Name, "conditions", orphaned)
 	}
 	for _, a := range acts {
 		h.m.decisions.WithLabelValues(cl.Name, a.GetKind(), a.GetOutcome()).Inc()
