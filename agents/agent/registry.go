@@ -135,6 +135,9 @@ var registry = []CheckSpec{
 		New: func(c *Config, log *slog.Logger) (check.Check, error) {
 			g := c.GPU
 			g.Logger = log
+			if g.Expected == nil && c.NIC.MetadataPath != "" {
+				g.Expected = func() []gpu.GPU { return expectedGPUs(c.NIC.MetadataPath) }
+			}
 			return gpu.New(g)
 		},
 	},
@@ -182,4 +185,18 @@ func spec(name string) *CheckSpec {
 		}
 	}
 	return nil
+}
+
+// expectedGPUs are the node's GPUs of the GPU metadata at path, read at
+// every poll (the collector may rewrite it); none when it does not read.
+func expectedGPUs(path string) []gpu.GPU {
+	m, err := topology.Load(path)
+	if err != nil {
+		return nil
+	}
+	out := make([]gpu.GPU, 0, len(m.GPUs))
+	for _, g := range m.GPUs {
+		out = append(out, gpu.GPU{Index: g.GPUID, UUID: g.UUID, PCI: g.PCIAddress})
+	}
+	return out
 }

@@ -26,6 +26,22 @@ func incident(g GPU, system, code string) Incident {
 
 func memDBE(g GPU) Incident { return incident(g, "Mem", "DCGM_FR_VOLATILE_DBE_DETECTED") }
 
+// healthyOn is the summary of the per-GPU baseline of watches ("Mem Pcie",
+// "" for all) on the GPUs ids, in the order the check sends it.
+func healthyOn(watches string, ids ...string) string {
+	ws := strings.Fields(watches)
+	if len(ws) == 0 {
+		ws = Watches
+	}
+	var s []string
+	for _, w := range ws {
+		for _, id := range ids {
+			s = append(s, "Gpu"+w+"Watch:healthy@"+id)
+		}
+	}
+	return strings.Join(s, " ")
+}
+
 // node plays the quarantine processor's bookkeeping of one node
 // (processors/quarantine State: AddFault for an unhealthy event,
 // Recover for a healthy one, keyed by check and entities, a recovery
@@ -68,46 +84,65 @@ func (n *node) faults() string {
 // TestBaselineAfterRestart: a new Check (the agent restarted, or the node
 // rebooted) knows nothing of the faults an earlier one raised; its first
 // successful read reports what is healthy, so the quarantine lifts those
-// faults — one event without entity per watch that is healthy on every
-// GPU, one per healthy GPU in a watch where another GPU is unhealthy (that
-// one's fault stands, never lifted in between), none while the source is
-// not up (booting) or cannot tell yet (GPU.Unknown), and only once.
+// faults — one event per GPU read and watch with no incident (an unhealthy
+// GPU's fault stands, never lifted in between; so does a GPU's the source
+// does not list: gone before the restart), one without entity per watch
+// healthy on every GPU only when the source names no inventory; none while
+// the source is not up (booting) or cannot tell yet (GPU.Unknown), and
+// only once.
 func TestBaselineAfterRestart(t *testing.T) {
-	const healthyRest = "GpuNvlinkWatch:healthy GpuThermalWatch:healthy GpuPowerWatch:healthy GpuInforomWatch:healthy"
+	const connOK = "GpuDcgmConnectivityFailure:healthy "
+	lost := func(g GPU) Incident {
+		return Incident{GPU: g.Index, UUID: g.UUID, PCI: g.PCI, System: "Pcie", Health: "FAIL", Code: CodeGPULost, Message: "recorded"}
+	}
 	for _, tc := range []struct {
-		name   string
-		before [][]Incident  // the earlier process's reads (GPUs A and B inventoried)
-		after  []ReplayStep  // the new process's reads
-		uptime time.Duration // of the new process's node (default an hour)
-		want   []string      // the new process's events, one string a read
-		faults string        // the faults standing at the end
-		never  string        // a fault that must never be lifted on the way
+		name     string
+		before   [][]Incident  // the earlier process's reads (GPUs A and B inventoried)
+		after    []ReplayStep  // the new process's reads
+		expected []GPU         // Config.Expected of the new process
+		uptime   time.Duration // of the new process's node (default an hour)
+		want     []string      // the new process's events, one string a read
+		faults   string        // the faults standing at the end
+		never    string        // a fault that must never be lifted on the way
 	}{{
 		name:   "restart, all healthy now: the fault is lifted",
 		before: [][]Incident{{memDBE(gpuA)}},
 		after:  []ReplayStep{{GPUs: []GPU{gpuA, gpuB}}, {GPUs: []GPU{gpuA, gpuB}}},
-		want: []string{"GpuDcgmConnectivityFailure:healthy GpuMemWatch:healthy GpuPcieWatch:healthy " + healthyRest,
-			""},
+		want:   []string{connOK + healthyOn("", "GPU-A", "GPU-B"), ""},
 	}, {
 		name:   "reboot: the source is not up while booting, then healthy",
 		before: [][]Incident{{memDBE(gpuA), incident(gpuB, "Thermal", "DCGM_FR_CLOCKS_EVENT_THERMAL")}},
 		after: []ReplayStep{{Error: "Host engine connection invalid/disconnected"}, {NotPresent: true},
 			{GPUs: []GPU{gpuA, gpuB}}},
 		uptime: time.Minute,
-		want:   []string{"", "", "GpuDcgmConnectivityFailure:healthy GpuMemWatch:healthy GpuPcieWatch:healthy " + healthyRest},
+		want:   []string{"", "", connOK + healthyOn("", "GPU-A", "GPU-B")},
 	}, {
 		name:   "one GPU still unhealthy: the other's fault is lifted, its own stands",
 		before: [][]Incident{{memDBE(gpuA), memDBE(gpuB)}},
 		after:  []ReplayStep{{Incidents: []Incident{memDBE(gpuA)}, GPUs: []GPU{gpuA, gpuB}}, {Incidents: []Incident{memDBE(gpuA)}}},
-		want: []string{"GpuDcgmConnectivityFailure:healthy GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-A " +
-			"GpuMemWatch:healthy@GPU-B GpuPcieWatch:healthy " + healthyRest, ""},
+		want: []string{connOK + "GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-A " +
+			"GpuMemWatch:healthy@GPU-B " + healthyOn("Pcie Nvlink Thermal Power Inforom", "GPU-A", "GPU-B"), ""},
 		faults: "GpuMemWatch|GPU=GPU-A,PCI=00000000:1b:00.0",
 		never:  "GpuMemWatch|GPU=GPU-A,PCI=00000000:1b:00.0",
+	}, {
+		name:   "a GPU gone before the restart: its faults stand, the other's are lifted",
+		before: [][]Incident{{memDBE(gpuA), memDBE(gpuB)}, {memDBE(gpuA), lost(gpuB)}},
+		after:  []ReplayStep{{GPUs: []GPU{gpuA}}, {GPUs: []GPU{gpuA}}},
+		want:   []string{connOK + healthyOn("", "GPU-A"), ""},
+		faults: "GpuMemWatch|GPU=GPU-B,PCI=00000000:43:00.0 GpuPcieWatch|GPU=GPU-B,PCI=00000000:43:00.0",
+		never:  "GpuPcieWatch|GPU=GPU-B,PCI=00000000:43:00.0",
+	}, {
+		name:     "a GPU gone before the restart, expected: reported lost, baselined when it reads again",
+		before:   [][]Incident{{memDBE(gpuB)}, {lost(gpuB)}},
+		expected: []GPU{gpuA, {Index: 1, UUID: "GPU-B", PCI: "0000:43:00.0"}},
+		after:    []ReplayStep{{GPUs: []GPU{gpuA}}, {GPUs: []GPU{gpuA}}, {GPUs: []GPU{gpuA, gpuB}}, {GPUs: []GPU{gpuA, gpuB}}},
+		want: []string{connOK + "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@GPU-B " + healthyOn("", "GPU-A"), "",
+			"GpuPcieWatch:healthy@GPU-B " + healthyOn("Mem Nvlink Thermal Power Inforom", "GPU-B"), ""},
 	}, {
 		name:   "no inventory: the GPUs of the incidents",
 		before: [][]Incident{{memDBE(gpuA), memDBE(gpuB), incident(gpuA, "Thermal", "DCGM_FR_CLOCKS_EVENT_THERMAL")}},
 		after:  []ReplayStep{{Incidents: []Incident{memDBE(gpuA), incident(gpuB, "Thermal", "DCGM_FR_TEMP_VIOLATION")}}},
-		want: []string{"GpuDcgmConnectivityFailure:healthy GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-A " +
+		want: []string{connOK + "GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-A " +
 			"GpuThermalWatch:DCGM_FR_TEMP_VIOLATION!/CONTACT_SUPPORT@GPU-B GpuMemWatch:healthy@GPU-B GpuPcieWatch:healthy GpuNvlinkWatch:healthy " +
 			"GpuThermalWatch:healthy@GPU-A GpuPowerWatch:healthy GpuInforomWatch:healthy"},
 		faults: "GpuMemWatch|GPU=GPU-A,PCI=00000000:1b:00.0 GpuThermalWatch|GPU=GPU-B,PCI=00000000:43:00.0",
@@ -117,20 +152,19 @@ func TestBaselineAfterRestart(t *testing.T) {
 		before: [][]Incident{{incident(gpuB, "Pcie", "DCGM_FR_PCI_REPLAY_RATE")}},
 		after: []ReplayStep{{GPUs: []GPU{gpuA, {Index: 1, UUID: "GPU-B", PCI: gpuB.PCI, Unknown: []string{"Pcie"}}}},
 			{GPUs: []GPU{gpuA, gpuB}}, {GPUs: []GPU{gpuA, gpuB}}},
-		want:   []string{"GpuDcgmConnectivityFailure:healthy GpuMemWatch:healthy " + healthyRest, "GpuPcieWatch:healthy", ""},
+		want:   []string{connOK + healthyOn("Mem Nvlink Thermal Power Inforom", "GPU-A", "GPU-B"), healthyOn("Pcie", "GPU-A", "GPU-B"), ""},
 		faults: "",
 	}, {
 		name:   "still unknown: the fault stands",
 		before: [][]Incident{{incident(gpuB, "Nvlink", "DCGM_FR_NVLINK_DOWN")}},
 		after:  []ReplayStep{{GPUs: []GPU{gpuA, {Index: 1, UUID: "GPU-B", PCI: gpuB.PCI, Unknown: []string{"Nvlink"}}}}},
-		want: []string{"GpuDcgmConnectivityFailure:healthy GpuMemWatch:healthy GpuPcieWatch:healthy " +
-			"GpuThermalWatch:healthy GpuPowerWatch:healthy GpuInforomWatch:healthy", ""},
+		want:   []string{connOK + healthyOn("Mem Pcie Thermal Power Inforom", "GPU-A", "GPU-B"), ""},
 		faults: "GpuNvlinkWatch|GPU=GPU-B,PCI=00000000:43:00.0",
 	}, {
 		name:   "a connectivity failure of the earlier process",
 		before: [][]Incident{nil},
 		after:  []ReplayStep{{GPUs: []GPU{gpuA}}},
-		want:   []string{"GpuDcgmConnectivityFailure:healthy GpuMemWatch:healthy GpuPcieWatch:healthy " + healthyRest},
+		want:   []string{connOK + healthyOn("", "GPU-A")},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			now := time.Date(2024, 10, 28, 10, 0, 0, 0, time.UTC)
@@ -167,7 +201,11 @@ func TestBaselineAfterRestart(t *testing.T) {
 			if uptime == 0 {
 				uptime = time.Hour
 			}
-			c, err := New(Config{Source: &Replay{Steps: tc.after}, Now: clock,
+			var expected func() []GPU
+			if tc.expected != nil {
+				expected = func() []GPU { return tc.expected }
+			}
+			c, err := New(Config{Source: &Replay{Steps: tc.after}, Now: clock, Expected: expected,
 				Uptime: func() (time.Duration, error) { return uptime, nil }})
 			if err != nil {
 				t.Fatal(err)
@@ -215,8 +253,7 @@ func TestBaselineOncePerProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, want := range []string{
-		"GpuDcgmConnectivityFailure:healthy GpuMemWatch:healthy GpuPcieWatch:healthy GpuNvlinkWatch:healthy " +
-			"GpuThermalWatch:healthy GpuPowerWatch:healthy GpuInforomWatch:healthy",
+		"GpuDcgmConnectivityFailure:healthy " + healthyOn("", "GPU-A", "GPU-B"),
 		"GpuDcgmConnectivityFailure:DCGM-CONNECTIVITY-FAILURE/CONTACT_SUPPORT@dcgm",
 		"GpuDcgmConnectivityFailure:healthy@dcgm GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-B",
 		"",

@@ -22,15 +22,19 @@
 // node reboot) does not know what an earlier one reported unhealthy; the
 // healthy event of a fault it raised would never come and the node would
 // stay quarantined. So the first successful read of a process reports a
-// healthy baseline (see Check.baseline): each watch of Watches in which
-// every GPU is healthy gets one isHealthy event naming no entity (it clears
-// that check on the whole node), a watch in which some GPU is unhealthy an
-// isHealthy event for each healthy GPU (the unhealthy ones are reported as
-// usual, so their faults do not flap), and GpuDcgmConnectivityFailure one
-// without entity. A watch the source cannot tell yet on some GPU
-// (GPU.Unknown: a rate before its second sample) is baselined at the first
-// read that can. No baseline before the source answers: while the node
-// boots, a source not up yet reports nothing, as before.
+// healthy baseline (see Check.baseline): for each watch of Watches, an
+// isHealthy event for each GPU the source read with no incident in it (the
+// unhealthy ones are reported as usual, so their faults do not flap, and a
+// GPU the source does not list keeps its faults: it may have fallen off
+// the bus before this process started), and GpuDcgmConnectivityFailure one
+// without entity. A source without inventory names only incidents: a
+// watch with none gets one event naming no entity (it clears that check
+// on the whole node). A GPU of Config.Expected (the node's GPU metadata)
+// that the source does not list is reported lost (CodeGPULost), and
+// baselined when it reads again. A watch the source cannot tell yet on
+// some GPU (GPU.Unknown: a rate before its second sample) is baselined at
+// the first read that can. No baseline before the source answers: while
+// the node boots, a source not up yet reports nothing, as before.
 package gpu
 
 import (
@@ -63,9 +67,9 @@ const (
 	CheckConnectivity = "GpuDcgmConnectivityFailure"
 	CodeConnectivity  = "DCGM-CONNECTIVITY-FAILURE"
 	// CodeGPULost is the incident (Pcie watch) of a GPU that NVML reports
-	// lost (fallen off the bus), or that the source no longer lists though
-	// this process saw it: fatal, RESTART_BM, as kmsg's Xid 79 and
-	// fallen-off events.
+	// lost (fallen off the bus), or that the source does not list though
+	// this process saw it or Config.Expected names it: fatal, RESTART_BM,
+	// as kmsg's Xid 79 and fallen-off events.
 	CodeGPULost = "DCGM_FR_FALLEN_OFF_BUS"
 )
 
@@ -170,6 +174,12 @@ type Config struct {
 	Actions Actions `toml:"-"`
 	// Uptime returns the time since boot (default reads /proc/uptime).
 	Uptime func() (time.Duration, error) `toml:"-"`
+	// Expected returns the GPUs the node is known to have, by UUID and
+	// PCI address (default nil: not known). One of them that the source's
+	// inventory does not list is missing: fatal CodeGPULost, as a GPU this
+	// process saw and no longer lists. The agent reads them from the GPU
+	// metadata (nic.metadata_path) at every poll.
+	Expected func() []GPU `toml:"-"`
 	// Now is the clock (default time.Now).
 	Now func() time.Time `toml:"-"`
 	// Logger defaults to slog.Default().
@@ -217,8 +227,11 @@ type Check struct {
 	pending       map[string]bool
 	connBaselined bool
 	// seen: the GPUs with a UUID that the source's inventory listed in this
-	// process, by id.
+	// process, or that Config.Expected names, by id.
 	seen map[string]GPU
+	// unbased: "gpu|watch" of the GPUs missing when the watch's baseline
+	// was still to be sent: baselined when the GPU reads again.
+	unbased map[string]bool
 }
 
 // New returns the GPU check.
@@ -261,7 +274,8 @@ func New(cfg Config) (*Check, error) {
 	for _, w := range Watches {
 		pending[w] = true
 	}
-	return &Check{cfg: cfg, bad: map[string]*datamodels.HealthEvent{}, pending: pending, seen: map[string]GPU{}}, nil
+	return &Check{cfg: cfg, bad: map[string]*datamodels.HealthEvent{}, pending: pending, seen: map[string]GPU{},
+		unbased: map[string]bool{}}, nil
 }
 
 // Name implements check.Check.
@@ -297,8 +311,9 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	// healthy: its faults stand, and one listed earlier in this process is
 	// missing (fatal CodeGPULost) until it is listed again.
 	var read map[string]bool
+	var gpus []GPU
 	if inv, ok := c.cfg.Source.(Inventory); ok {
-		if gpus := inv.GPUs(); gpus != nil {
+		if gpus = inv.GPUs(); gpus != nil {
 			read = map[string]bool{}
 			for _, g := range gpus {
 				id := gpuID(Incident{GPU: g.Index, UUID: g.UUID})
@@ -307,6 +322,7 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 					c.seen[id] = GPU{Index: g.Index, UUID: g.UUID, PCI: g.PCI}
 				}
 			}
+			c.expect(gpus)
 			var missing []string
 			for id := range c.seen {
 				if !read[id] {
@@ -318,6 +334,9 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 				g := c.seen[id]
 				incs = append(incs, Incident{GPU: g.Index, UUID: g.UUID, PCI: g.PCI, System: "Pcie", Health: "FAIL", Code: CodeGPULost,
 					Message: "GPU no longer listed by the GPU health source (fallen off the bus?)"})
+				for w := range c.pending {
+					c.unbased[id+"|"+w] = true
+				}
 			}
 		}
 	}
@@ -332,6 +351,22 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 			continue
 		}
 		cur[key] = c.event(in)
+	}
+	// A GPU missing when its watches were baselined, read again: its own
+	// baseline (a fault this process raised recovers as usual).
+	var back []*datamodels.HealthEvent
+	for i := range gpus {
+		id := gpuID(Incident{GPU: gpus[i].Index, UUID: gpus[i].UUID})
+		for _, w := range Watches {
+			k := id + "|" + w
+			if !c.unbased[k] || c.pending[w] || slices.Contains(gpus[i].Unknown, w) {
+				continue
+			}
+			delete(c.unbased, k)
+			if cur[k] == nil && c.bad[k] == nil {
+				back = append(back, c.baselineEvent("Gpu"+w+"Watch", &gpus[i]))
+			}
+		}
 	}
 	keys := make([]string, 0, len(cur)+len(c.bad))
 	for k := range cur {
@@ -360,16 +395,49 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	if len(c.pending) > 0 {
 		out = append(out, c.baseline(incs, cur)...)
 	}
-	return out, nil
+	return append(out, back...), nil
+}
+
+// expect adds to seen the GPUs of Config.Expected that the inventory
+// listed does not name (by UUID or PCI address), so that they are
+// reported missing; named as NVML names them (PCI "00000000:bb:dd.f"), so
+// that their fault is the one an earlier process raised when it lost them.
+func (c *Check) expect(listed []GPU) {
+	if c.cfg.Expected == nil {
+		return
+	}
+	uuids, pcis := map[string]bool{}, map[string]bool{}
+	for _, g := range listed {
+		uuids[g.UUID] = true
+		if g.PCI != "" {
+			pcis[events.NormalizePCI(g.PCI, true)] = true
+		}
+	}
+	for _, g := range c.cfg.Expected() {
+		if g.UUID == "" || uuids[g.UUID] || c.seen[g.UUID].UUID != "" {
+			continue
+		}
+		if g.PCI != "" {
+			p := events.NormalizePCI(g.PCI, true)
+			if pcis[p] {
+				continue // another GPU in its slot (replaced)
+			}
+			g.PCI = "0000" + p
+		}
+		c.seen[g.UUID] = GPU{Index: g.Index, UUID: g.UUID, PCI: g.PCI}
+	}
 }
 
 // baseline reports, once a process, what is healthy in each watch still
-// pending, so that faults an earlier process raised are lifted: a watch
-// with no incident on any GPU, one isHealthy event without entity (the
-// quarantine lifts every fault of that check on the node: 6 events a node,
-// not one per GPU and watch); a watch with some GPU unhealthy, one for each
-// other GPU (from the source's inventory and the incidents), so the
-// unhealthy GPU's fault stands untouched. A watch that some GPU cannot tell
+// pending, so that faults an earlier process raised are lifted. With the
+// source's inventory: one isHealthy event for each GPU it read and that
+// has no incident in the watch, with the GPU's entities, so that a GPU it
+// does not list (gone before this process started: its faults are not
+// this process's to know) and an unhealthy GPU keep their faults. Without
+// inventory (the source tells only incidents): a watch with no incident on
+// any GPU, one isHealthy event without entity (the quarantine lifts every
+// fault of that check on the node); a watch with some GPU unhealthy, one
+// for each other GPU of the incidents. A watch that some GPU cannot tell
 // yet (GPU.Unknown) waits for a read that can. The events carry this read's
 // time: after any fault of an earlier process, and clearing nothing of this
 // read (no entity-less event for a watch with an incident now).
@@ -382,13 +450,18 @@ func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent
 			gpus = append(gpus, g)
 		}
 	}
+	inventory := false
 	if inv, ok := c.cfg.Source.(Inventory); ok {
-		for _, g := range inv.GPUs() {
+		listed := inv.GPUs()
+		inventory = listed != nil
+		for _, g := range listed {
 			add(g)
 		}
 	}
-	for _, in := range incs {
-		add(GPU{Index: in.GPU, UUID: in.UUID, PCI: in.PCI})
+	if !inventory {
+		for _, in := range incs {
+			add(GPU{Index: in.GPU, UUID: in.UUID, PCI: in.PCI})
+		}
 	}
 	sort.SliceStable(gpus, func(i, j int) bool { return gpus[i].Index < gpus[j].Index })
 	var out []*datamodels.HealthEvent
@@ -398,16 +471,18 @@ func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent
 		}
 		delete(c.pending, w)
 		check := "Gpu" + w + "Watch"
-		mixed := false
+		perGPU := inventory
 		for k := range cur {
-			mixed = mixed || strings.HasSuffix(k, "|"+w)
+			perGPU = perGPU || strings.HasSuffix(k, "|"+w)
 		}
-		if !mixed {
+		if !perGPU {
 			out = append(out, c.baselineEvent(check, nil))
 			continue
 		}
 		for i := range gpus {
-			if cur[gpuID(Incident{GPU: gpus[i].Index, UUID: gpus[i].UUID})+"|"+w] == nil {
+			k := gpuID(Incident{GPU: gpus[i].Index, UUID: gpus[i].UUID}) + "|" + w
+			delete(c.unbased, k)
+			if cur[k] == nil {
 				out = append(out, c.baselineEvent(check, &gpus[i]))
 			}
 		}

@@ -186,7 +186,7 @@ func TestNVMLBaselineWaitsForAnswer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := strings.Contains(" "+summary(evs)+" ", " GpuMemWatch:healthy "); got != want {
+		if got := strings.Contains(" "+summary(evs)+" ", " GpuMemWatch:healthy@GPU-A "); got != want {
 			t.Errorf("read %d: Mem baseline %v, want %v: %s", i, got, want, summary(evs))
 		}
 	}

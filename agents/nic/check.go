@@ -296,18 +296,23 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 	// peer mode: an earlier boot's card fault is known only to its state,
 	// which a reboot or a lost state file discards. A card's events name
 	// the card and all its monitored devices ([PCI=<card>, NIC=<each>]),
-	// whichever ports are down, so this baseline names what the fault did
-	// while the card holds the same devices.
+	// whichever ports are down; a fault raised while some of them were
+	// missing named fewer, so the baseline names each subset of the
+	// devices it holds (cardBaselineSets).
 	cards := c.cards()
 	anomalous := map[string]bool{}
 	for _, grp := range groupByRole(cards) {
 		mode := modeActive(grp)
 		for _, cd := range grp {
 			if cd.active >= mode && c.fresh && c.stateOn(cd.linkLayer) {
-				ev := cardEvent(cd, mode, true)
-				ev.Message = fmt.Sprintf("Card %s (%s) has %d active ports, at or above peer mode %d (healthy baseline of a first poll)", cd.addr, cd.role, cd.active, mode)
-				ev.Metadata["baseline"] = "first_poll"
-				emit(ev)
+				for _, devs := range cardBaselineSets(cd.devices) {
+					b := *cd
+					b.devices = devs
+					ev := cardEvent(&b, mode, true)
+					ev.Message = fmt.Sprintf("Card %s (%s) has %d active ports, at or above peer mode %d (healthy baseline of a first poll)", cd.addr, cd.role, cd.active, mode)
+					ev.Metadata["baseline"] = "first_poll"
+					emit(ev)
+				}
 			}
 			if cd.active < mode {
 				anomalous[cd.addr] = true
@@ -748,6 +753,34 @@ func modeActive(grp []*card) int {
 		}
 	}
 	return best
+}
+
+// cardBaselineSets are the device sets a card's first-poll baseline names,
+// the card's whole set first: a card fault names the devices present when
+// it was raised (TestCardRecoveryNamesItsFault), fewer than the card holds
+// if one was missing then, and the quarantine lifts only the same
+// entities. So every non-empty subset, in the devices' order, for a card of
+// up to 4 devices (at most 15 events; dual-PF cards: 3); for a larger one
+// the whole set and each set missing one device.
+func cardBaselineSets(devs []string) [][]string {
+	out := [][]string{devs}
+	if len(devs) > 4 {
+		for i := range devs {
+			out = append(out, slices.Delete(slices.Clone(devs), i, i+1))
+		}
+		return out
+	}
+	full := 1<<len(devs) - 1
+	for mask := full - 1; mask > 0; mask-- {
+		var sub []string
+		for i, d := range devs {
+			if mask&(1<<i) != 0 {
+				sub = append(sub, d)
+			}
+		}
+		out = append(out, sub)
+	}
+	return out
 }
 
 func cardEvent(cd *card, mode int, back bool) *datamodels.HealthEvent {
