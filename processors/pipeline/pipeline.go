@@ -313,7 +313,15 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.finish(ctx, cl, &held, &rests, running)
 			running = nil
 		}
-		next := &round{revokes: held.round(), batches: held.take(now), done: make(chan struct{})}
+		next := &round{revokes: held.round(), done: make(chan struct{})}
+		if running == nil {
+			// Never beside a running round, even when a batch turned due
+			// since held.due above (a retried batch's success makes the
+			// others due at once, from its handler's goroutine): the
+			// running round may hold records polled behind it, and they
+			// would be marked without it.
+			next.batches = held.take(now)
+		}
 		for _, recs := range polled {
 			next.batches = append(next.batches, &batch{recs: recs})
 		}

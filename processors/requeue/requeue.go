@@ -11,6 +11,7 @@ package requeue
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -328,6 +329,10 @@ func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what strin
 		at.RetryAt = fallback
 	}
 	switch {
+	case errors.Is(ctx.Err(), context.Canceled):
+		// Cut short by the role's shutdown, not an error of the cluster's:
+		// requeued without counting one (a batch's timeout still counts:
+		// the cluster may be what made it run out).
 	case at.Ran:
 		apiErrors.WithLabelValues(cluster).Inc()
 		log.Warn("cluster API error; "+what+" requeued", "cluster", cluster, "node", node, "retry_at", at.RetryAt, "err", at.Err)

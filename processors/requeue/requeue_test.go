@@ -178,3 +178,32 @@ func TestRecordHeaders(t *testing.T) {
 		t.Fatalf("without the role's headers: %v", r.Headers)
 	}
 }
+
+// TestStepCutShort: a step cut short by the role's shutdown (its context
+// cancelled) is requeued, not counted as the cluster's API error.
+func TestStepCutShort(t *testing.T) {
+	kube, err := kubernetes.NewForConfig(&rest.Config{Host: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+	reg.SetClient("live", kube, false)
+	apiErrors := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x"}, []string{"cluster"})
+	fallback := time.Now().Add(time.Minute)
+	ctx, cancel := context.WithCancel(context.Background())
+	_, ag, err := Step(ctx, reg, "live", "n1", "drain", fallback, slog.New(slog.NewTextHandler(io.Discard, nil)), apiErrors, nil,
+		func(ctx context.Context, _ *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
+			cancel()
+			return nil, time.Time{}, ctx.Err()
+		})
+	if err != nil || ag.At.IsZero() {
+		t.Fatalf("cut short: err %v, again %+v; want requeued", err, ag)
+	}
+	var m dto.Metric
+	if err := apiErrors.WithLabelValues("live").Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetCounter().GetValue(); got != 0 {
+		t.Fatalf("api errors of live: %v, want 0", got)
+	}
+}
