@@ -202,10 +202,10 @@ func TestMutate(t *testing.T) {
 				p.Labels = map[string]string{"gang": "Job_7", "gang-size": "2"}
 				p.Spec.Containers[0].Resources = res("nvidia.com/gpu", "8", "rdma/ib", "4")
 			}),
-			outcome: "injected", inits: []string{"preflight-dcgm-diag", "preflight-nccl-loopback", "preflight-nccl-allreduce"}, gangLabel: "lbl-job-7",
+			outcome: "injected", inits: []string{"preflight-dcgm-diag", "preflight-nccl-loopback", "preflight-nccl-allreduce"}, gangLabel: "lbl-job-7-2ae1ce52",
 			check: func(t *testing.T, p *corev1.Pod) {
 				if !slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool {
-					return v.Name == VolumeGang && v.ConfigMap != nil && v.ConfigMap.Name == "preflight-lbl-job-7" && *v.ConfigMap.Optional
+					return v.Name == VolumeGang && v.ConfigMap != nil && v.ConfigMap.Name == "preflight-lbl-job-7-2ae1ce52" && *v.ConfigMap.Optional
 				}) {
 					t.Errorf("volumes %+v", p.Spec.Volumes)
 				}
