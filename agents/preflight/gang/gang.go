@@ -39,6 +39,12 @@ const (
 	// the scheduler object's name (workload, pod group, ...).
 	AnnotationMethod = "preflight.faultline.io/gang-method"
 	AnnotationName   = "preflight.faultline.io/gang-name"
+	// LabelExcluded carries the gang ID on a gang pod that runs no
+	// gang-wide check (no GPUs, no network devices, ...), and
+	// AnnotationExcluded why: the scheduler counts it in the gang's size,
+	// the controller does not wait for it.
+	LabelExcluded      = "preflight.faultline.io/gang-excluded"
+	AnnotationExcluded = "preflight.faultline.io/gang-excluded-reason"
 )
 
 // ConfigMapPrefix starts every ConfigMap the controller keeps:
