@@ -278,11 +278,15 @@ func (s *Sweeper) live(cl *clusters.Client) bool { return cl != nil && cl.Kube !
 func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, pool string, m member, v ic.Verdict, now time.Time, cache map[string]map[string]string, out *Output) error {
 	live := s.live(cl)
 	if v.State == ic.Drifted && s.unreadableOnly(ctx, cache, cluster, v) {
-		return nil
+		return s.escalateStale(ctx, cl, cluster, pool, m, now, "its reports since differ only in unreadable components (partial)", out)
 	}
 	st, has := s.readState(cluster, m, live)
 	group := GroupValue(pool)
 	switch v.State {
+	case ic.StateUnknown:
+		return s.escalateStale(ctx, cl, cluster, pool, m, now, "it stopped reporting (no report within staleness)", out)
+	case ic.Undecided:
+		return s.escalateStale(ctx, cl, cluster, pool, m, now, "its group has no expected fingerprint now (no baseline, no majority)", out)
 	case ic.Drifted:
 		if st.Restoring { // drifted again before its return was told: a new drift
 			st, has = State{}, false
@@ -426,6 +430,43 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 		s.notify(cl, m, false, v, st)
 	}
 	return nil
+}
+
+// escalateStale runs a drifted node's timeout when the sweep cannot judge
+// it now (why): its drift clock keeps running from the state's start, and
+// past drift_remediation_timeout it is escalated with the last known
+// fingerprints. Left alone, a drifted node whose agent stopped reporting
+// kept its taint and state forever, never escalated.
+func (s *Sweeper) escalateStale(ctx context.Context, cl *clusters.Client, cluster, pool string, m member, now time.Time, why string, out *Output) error {
+	live := s.live(cl)
+	st, has := s.readState(cluster, m, live)
+	if !has || st.Restoring || st.Escalated {
+		return nil
+	}
+	timeout := s.cfg.DriftRemediationTimeout
+	if st.Sensitive {
+		timeout = s.cfg.SensitiveTimeout
+	}
+	if now.Sub(st.Since) < timeout {
+		return nil
+	}
+	st.Escalated = true
+	details := map[string]string{events.DetailConformanceGroup: groupKey(cluster, pool), events.DetailExpected: st.Expected,
+		events.DetailActual: st.Actual, events.DetailDriftSince: sinceKey(st.Since)}
+	ev := s.derived(cluster, m.name, CheckDriftTimeout, false, datamodels.RecommendedAction_CONTACT_SUPPORT, st,
+		fmt.Sprintf("drifted from conformance group %s for %v (since %s), last known expected %s, actual %s; not re-judged: %s",
+			groupKey(cluster, pool), timeout, st.Since.UTC().Format(time.RFC3339), short(st.Expected), short(st.Actual), why))
+	act := s.action(cluster, m.name, events.KindEscalate, outcome(live),
+		fmt.Sprintf("drift_remediation_timeout %v passed (%s): fatal event %s", timeout, why, CheckDriftTimeout), details, sinceKey(st.Since), !live)
+	if !live {
+		s.setDry(cluster, m.name, &st)
+		out.Actions = append(out.Actions, act)
+		return nil
+	}
+	if err := s.sendFirst(ctx, Output{Actions: []*faultlinev1.Action{act}, Events: []*datamodels.HealthEvent{ev}}, out); err != nil {
+		return err
+	}
+	return s.setDrift(ctx, cl.Kube, m.name, st)
 }
 
 func outcome(live bool) string {

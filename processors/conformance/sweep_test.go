@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -248,5 +249,42 @@ func TestDriftResumedWhileAwaitingApproval(t *testing.T) {
 	}
 	if st, _ := sw.readState(e.cluster, member{name: node}, false); !st.Awaiting || !st.Drained || st.Resumed != 1 {
 		t.Fatalf("restored state %+v, want drained, awaiting, resumed once", st)
+	}
+}
+
+// TestDriftEscalatedAfterReportsStop: a drifted node whose agent stops
+// reporting (StateUnknown once its last report is stale) is still
+// escalated at drift_remediation_timeout, from the drift's start, with the
+// last known fingerprints. The sweep did nothing for it: the taint and
+// state stayed forever, with no escalation.
+func TestDriftEscalatedAfterReportsStop(t *testing.T) {
+	e := startFake(t, false)
+	node := e.nodes(t, 4)
+	e.report(t, 4, "28.41.1000")
+	cfg := testConfig()
+	sw := NewSweeper(cfg, e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+	if out := e.sweep(t, sw, "drift"); len(kinds(out.Actions)[events.KindConformanceDrift]) != 1 {
+		t.Fatalf("drift: actions %v", out.Actions)
+	}
+	st, _ := sw.readState(e.cluster, member{node: e.get(t, node), name: node}, true)
+	// Past staleness and the timeout; the others report, the drifted node
+	// does not.
+	e.clk.Add(cfg.DriftRemediationTimeout + time.Hour)
+	e.report(t, 3, "")
+	out := e.sweep(t, sw, "reports stopped")
+	esc := kinds(out.Actions)[events.KindEscalate]
+	if len(esc) != 1 || esc[0].Node != node || !strings.Contains(esc[0].Reason, "stopped reporting") {
+		t.Fatalf("reports stopped: actions %v, want one escalation of %s", out.Actions, node)
+	}
+	if len(out.Events) != 1 || out.Events[0].CheckName != CheckDriftTimeout || !out.Events[0].IsFatal ||
+		out.Events[0].Metadata[events.DetailActual] != st.Actual || !strings.Contains(out.Events[0].Message, "stopped reporting") {
+		t.Fatalf("reports stopped: events %v, want the fatal %s with the last actual %s", out.Events, CheckDriftTimeout, st.Actual)
+	}
+	if st, _ := sw.readState(e.cluster, member{node: e.get(t, node), name: node}, true); !st.Escalated {
+		t.Fatalf("state %+v, want escalated", st)
+	}
+	e.clk.Add(time.Minute)
+	if out := e.sweep(t, sw, "again"); len(out.Actions) != 0 || len(out.Events) != 0 {
+		t.Fatalf("escalated again: %v %v", out.Actions, out.Events)
 	}
 }

@@ -47,6 +47,10 @@ const (
 	KeyMaster   = "master_addr"
 	KeyPeers    = "peers"
 	KeyGangID   = "gang_id"
+	// KeyExcluded lists the gang's pods that run no gang-wide check
+	// ("pod: reason" lines): counted by the scheduler, not in
+	// expected_count.
+	KeyExcluded = "excluded"
 )
 
 // LabelManagedBy marks the ConfigMaps the controller owns.
@@ -80,7 +84,10 @@ type Controller struct {
 	opt     Options
 	pods    corelisters.PodLister
 	factory informers.SharedInformerFactory
-	queue   workqueue.TypedRateLimitingInterface[string]
+	// excluded lists the gang pods the webhook marked gang.LabelExcluded.
+	excluded  corelisters.PodLister
+	exFactory informers.SharedInformerFactory
+	queue     workqueue.TypedRateLimitingInterface[string]
 
 	mu   sync.Mutex
 	size map[string]int // gang key -> expected size once known
@@ -101,26 +108,32 @@ func New(kc kubernetes.Interface, disc *gang.Discovery, log *slog.Logger, opt Op
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(kc, opt.Resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = gang.LabelGang }))
-	c := &Controller{kc: kc, disc: disc, log: log, opt: opt, factory: f,
-		pods:  f.Core().V1().Pods().Lister(),
-		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
-		size:  map[string]int{},
+	fx := informers.NewSharedInformerFactoryWithOptions(kc, opt.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = gang.LabelExcluded }))
+	c := &Controller{kc: kc, disc: disc, log: log, opt: opt, factory: f, exFactory: fx,
+		pods:     f.Core().V1().Pods().Lister(),
+		excluded: fx.Core().V1().Pods().Lister(),
+		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		size:     map[string]int{},
 		reconciles: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "preflight_gang_reconciles_total",
 			Help: "Gang ConfigMap reconciliations by result (created, updated, unchanged, error)."}, []string{"result"}),
 	}
 	if opt.Registry != nil {
 		opt.Registry.MustRegister(c.reconciles)
 	}
-	enqueue := func(obj any) {
-		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
+	handler := func(label string) cache.ResourceEventHandlerFuncs {
+		enqueue := func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if p, ok := obj.(*corev1.Pod); ok && p.Labels[label] != "" {
+				c.queue.Add(p.Namespace + "/" + p.Labels[label])
+			}
 		}
-		if p, ok := obj.(*corev1.Pod); ok && p.Labels[gang.LabelGang] != "" {
-			c.queue.Add(p.Namespace + "/" + p.Labels[gang.LabelGang])
-		}
+		return cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }, DeleteFunc: enqueue}
 	}
-	_, _ = f.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }, DeleteFunc: enqueue})
+	_, _ = f.Core().V1().Pods().Informer().AddEventHandler(handler(gang.LabelGang))
+	_, _ = fx.Core().V1().Pods().Informer().AddEventHandler(handler(gang.LabelExcluded))
 	return c
 }
 
@@ -133,10 +146,15 @@ func (c *Controller) GangPods(namespace, id string) ([]*corev1.Pod, error) {
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	c.factory.Start(ctx.Done())
-	for t, ok := range c.factory.WaitForCacheSync(ctx.Done()) {
-		if !ok { // the wait ends early only when ctx does: a stop, not a failure
-			c.log.Info("gang controller stopped before its cache synced", "type", fmt.Sprint(t))
-			return nil
+	c.exFactory.Start(ctx.Done())
+	for _, f := range []informers.SharedInformerFactory{c.factory, c.exFactory} {
+		for t, ok := range f.WaitForCacheSync(ctx.Done()) {
+			if !ok { // the wait ends early only when ctx does: a stop, not a failure
+				c.log.Info("gang controller stopped before its cache synced", "type", fmt.Sprint(t))
+				c.factory.Shutdown()
+				c.exFactory.Shutdown()
+				return nil
+			}
 		}
 	}
 	c.log.Info("gang controller running", "workers", c.opt.Workers)
@@ -153,6 +171,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.queue.ShutDown()
 	wg.Wait()
 	c.factory.Shutdown()
+	c.exFactory.Shutdown()
 	return nil
 }
 
@@ -178,18 +197,33 @@ func (c *Controller) next(ctx context.Context) bool {
 	return true
 }
 
-// Desired computes the ConfigMap of a gang from its pods: members are the
-// pods not terminating and not finished, peers those with an IP, sorted by
-// name; the master is the first peer's address. expected is 0 when unknown.
-func Desired(ns, id string, pods []*corev1.Pod, expected int) *corev1.ConfigMap {
-	var members []*corev1.Pod
+// live are the pods not terminating and not finished, sorted by name.
+func live(pods []*corev1.Pod) []*corev1.Pod {
+	var out []*corev1.Pod
 	for _, p := range pods {
 		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		members = append(members, p)
+		out = append(out, p)
 	}
-	slices.SortFunc(members, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Desired computes the ConfigMap of a gang from its pods: members are the
+// pods not terminating and not finished, peers those with an IP, sorted by
+// name; the master is the first peer's address. expected is the
+// scheduler's size of the gang, 0 when unknown; the live excluded pods
+// (gang pods that run no gang-wide check) are taken off it and listed.
+func Desired(ns, id string, pods, excluded []*corev1.Pod, expected int) *corev1.ConfigMap {
+	members := live(pods)
+	var ex []string
+	for _, p := range live(excluded) {
+		ex = append(ex, p.Name+": "+p.Annotations[gang.AnnotationExcluded])
+	}
+	if expected > 0 {
+		expected = max(expected-len(ex), 1)
+	}
 	var lines []string
 	master := ""
 	var owners []metav1.OwnerReference
@@ -206,6 +240,9 @@ func Desired(ns, id string, pods []*corev1.Pod, expected int) *corev1.ConfigMap 
 	data := map[string]string{KeyGangID: id, KeyMaster: master, KeyPeers: strings.Join(lines, "\n")}
 	if len(lines) > 0 {
 		data[KeyPeers] += "\n"
+	}
+	if len(ex) > 0 {
+		data[KeyExcluded] = strings.Join(ex, "\n") + "\n"
 	}
 	if expected > 0 {
 		data[KeyExpected] = strconv.Itoa(expected)
@@ -250,7 +287,11 @@ func (c *Controller) Reconcile(ctx context.Context, ns, id string) (retry time.D
 			retry = c.opt.RetryUnknownSize
 		}
 	}
-	want := Desired(ns, id, pods, expected)
+	excluded, err := c.excluded.Pods(ns).List(labels.SelectorFromSet(labels.Set{gang.LabelExcluded: id}))
+	if err != nil {
+		return 0, err
+	}
+	want := Desired(ns, id, pods, excluded, expected)
 	if len(want.OwnerReferences) == 0 {
 		return retry, nil
 	}

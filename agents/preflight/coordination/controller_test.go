@@ -89,3 +89,37 @@ func TestGangSizeForgottenWithItsPods(t *testing.T) {
 		t.Fatalf("the ended gang's size (%d) is still kept", n)
 	}
 }
+
+// TestExcludedPodsNotAwaited: a gang's pods that run no gang-wide check
+// (the webhook marked them gang.LabelExcluded: a launcher without GPUs, a
+// pod without network devices) are counted by the scheduler's size but
+// never register; the ConfigMap's expected_count leaves them out and lists
+// them, so the peers do not wait for them until PREFLIGHT_GANG_TIMEOUT.
+func TestExcludedPodsNotAwaited(t *testing.T) {
+	const ns, id = "team-a", "lbl-job1"
+	pod := func(name string, labels map[string]string, reason string) *corev1.Pod {
+		labels["job"], labels["job-size"] = "job1", "3"
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels,
+			Annotations: map[string]string{gang.AnnotationMethod: "labels", gang.AnnotationName: "job1", gang.AnnotationExcluded: reason}},
+			Status: corev1.PodStatus{PodIP: "10.0.0." + name[len(name)-1:]}}
+	}
+	kc := fake.NewClientset(pod("w1", map[string]string{gang.LabelGang: id}, ""), pod("w2", map[string]string{gang.LabelGang: id}, ""),
+		pod("launcher", map[string]string{gang.LabelExcluded: id}, "no GPUs"))
+	c := New(kc, gang.NewDiscovery(gang.LabelsMethod{IDLabel: "job", SizeLabel: "job-size"}), slog.New(slog.DiscardHandler), Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c.factory.Start(ctx.Done())
+	c.exFactory.Start(ctx.Done())
+	c.factory.WaitForCacheSync(ctx.Done())
+	c.exFactory.WaitForCacheSync(ctx.Done())
+	if _, err := c.Reconcile(ctx, ns, id); err != nil {
+		t.Fatal(err)
+	}
+	cm, err := kc.CoreV1().ConfigMaps(ns).Get(ctx, gang.ConfigMapPrefix+id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cm.Data[KeyExpected] != "2" || cm.Data[KeyPeers] != "w1:10.0.0.1\nw2:10.0.0.2\n" || cm.Data[KeyExcluded] != "launcher: no GPUs\n" {
+		t.Fatalf("ConfigMap data %q, want expected_count 2 (3 less the launcher), peers w1 and w2, the launcher excluded", cm.Data)
+	}
+}

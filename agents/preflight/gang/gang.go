@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	sigsjson "sigs.k8s.io/json"
 
@@ -38,6 +39,12 @@ const (
 	// the scheduler object's name (workload, pod group, ...).
 	AnnotationMethod = "preflight.faultline.io/gang-method"
 	AnnotationName   = "preflight.faultline.io/gang-name"
+	// LabelExcluded carries the gang ID on a gang pod that runs no
+	// gang-wide check (no GPUs, no network devices, ...), and
+	// AnnotationExcluded why: the scheduler counts it in the gang's size,
+	// the controller does not wait for it.
+	LabelExcluded      = "preflight.faultline.io/gang-excluded"
+	AnnotationExcluded = "preflight.faultline.io/gang-excluded-reason"
 )
 
 // ConfigMapPrefix starts every ConfigMap the controller keeps:
@@ -182,31 +189,55 @@ func (d *Discovery) DiscoverGang(lister PodLister, pod *corev1.Pod) ([]PeerInfo,
 	return out, nil
 }
 
-// MakeID builds a gang ID from its parts: lower-case, characters outside
-// [a-z0-9-.] turned into '-', at most 52 characters (a long ID keeps a
-// prefix and gains a hash of the whole), so that "preflight-"+ID is a
-// valid ConfigMap name and ID a valid label value.
+// MakeID builds a gang ID from its parts (the first names the method):
+// lower-case, characters outside [a-z0-9-.] turned into '-', parts joined
+// by '-', at most 52 characters, so that "preflight-"+ID is a valid
+// ConfigMap name and ID a valid label value. The join is kept as it is
+// only when it is injective: every part non-empty and of [a-z0-9.] alone
+// (no '-', which would blur where a part ends: "train-a"+"workers" and
+// "train"+"a-workers"; nothing folded: "Job_1" and "job-1"). Any other ID
+// (and a long one, which keeps a prefix) ends in a hash of the exact
+// parts, so distinct parts give distinct IDs.
 func MakeID(parts ...string) string {
-	full := strings.Join(parts, "-")
 	var b strings.Builder
-	for _, r := range strings.ToLower(full) {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '.':
-			b.WriteRune(r)
-		default:
+	plain := len(parts) > 0
+	for i, p := range parts {
+		if i > 0 {
 			b.WriteByte('-')
 		}
+		plain = plain && p != ""
+		for _, r := range p {
+			switch {
+			case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '.':
+				b.WriteRune(r)
+			case r >= 'A' && r <= 'Z':
+				plain = false
+				b.WriteRune(r + 'a' - 'A')
+			default:
+				plain = false
+				b.WriteByte('-')
+			}
+		}
 	}
-	id := strings.Trim(b.String(), "-.")
-	if len(id) > 52 {
-		sum := sha256.Sum256([]byte(full))
-		id = strings.Trim(id[:43], "-.") + "-" + hex.EncodeToString(sum[:])[:8]
+	id := b.String()
+	if plain && len(id) <= 52 && len(validation.IsDNS1123Subdomain(ConfigMapPrefix+id)) == 0 {
+		return id
 	}
-	if id == "" {
-		sum := sha256.Sum256([]byte(full))
-		id = "g-" + hex.EncodeToString(sum[:])[:8]
+	h := sha256.New()
+	for _, p := range parts { // length-prefixed: the exact parts, unambiguously
+		fmt.Fprintf(h, "%d:%s;", len(p), p)
 	}
-	return id
+	sum := hex.EncodeToString(h.Sum(nil))[:8]
+	// Hashed, the prefix is only for people: dots go too ("a.-b" is no
+	// valid ConfigMap name).
+	id = strings.ReplaceAll(id, ".", "-")
+	if len(id) > 43 {
+		id = id[:43]
+	}
+	if id = strings.Trim(id, "-"); id == "" {
+		return "g-" + sum
+	}
+	return id + "-" + sum
 }
 
 // getSpec reads a scheduler object through the dynamic client.

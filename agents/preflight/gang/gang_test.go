@@ -33,13 +33,13 @@ func TestIdentify(t *testing.T) {
 			p.WorkloadRef = &WorkloadRef{Name: "llm", PodGroup: "workers", PodGroupReplicaKey: "3"}
 			return p
 		}(), method: "workloadRef", id: "wl-llm-workers-3"},
-		{name: "volcano annotation set by volcano", pod: mk(nil, map[string]string{"scheduling.k8s.io/group-name": "job-a"}), method: "volcano", id: "volcano-job-a"},
-		{name: "volcano annotation of the ADR", pod: mk(nil, map[string]string{"volcano.sh/pod-group": "job-b"}), method: "volcano", id: "volcano-job-b"},
+		{name: "volcano annotation set by volcano", pod: mk(nil, map[string]string{"scheduling.k8s.io/group-name": "job-a"}), method: "volcano", id: "volcano-job-a-19dcca6e"},
+		{name: "volcano annotation of the ADR", pod: mk(nil, map[string]string{"volcano.sh/pod-group": "job-b"}), method: "volcano", id: "volcano-job-b-84832eaf"},
 		{name: "kueue workload label with total count", pod: mk(map[string]string{KueueWorkloadLabel: "wl-1"}, map[string]string{KueueTotalCountAnnot: "4"}),
-			method: "kueue", id: "kueue-wl-1", expected: 4},
+			method: "kueue", id: "kueue-wl-1-df91b0e0", expected: 4},
 		{name: "kueue pod group label", pod: mk(map[string]string{KueuePodGroupLabel: "grp"}, nil), method: "kueue", id: "kueue-grp"},
 		{name: "configured labels", pod: mk(map[string]string{"example.com/gang": "Run.7", "example.com/gang-size": "16"}, nil),
-			method: "labels", id: "lbl-run.7", expected: 16},
+			method: "labels", id: "lbl-run-7-81571460", expected: 16},
 		{name: "volcano wins over kueue (order of methods)", pod: mk(map[string]string{KueueWorkloadLabel: "wl"}, map[string]string{"volcano.sh/pod-group": "pg"}),
 			method: "volcano", id: "volcano-pg"},
 	} {
@@ -85,6 +85,48 @@ func TestMakeID(t *testing.T) {
 	}
 	if MakeID("volcano", "Job") != MakeID("volcano", "Job") {
 		t.Error("not deterministic")
+	}
+}
+
+// TestMakeIDDistinct: distinct (method, parts) give distinct IDs — names
+// with '-' or characters folded by the sanitising once shared one ID, so
+// two gangs of a namespace shared a selector, ConfigMap and size — and
+// every ID is a valid label value and ConfigMap name.
+func TestMakeIDDistinct(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		a, b []string
+	}{
+		{"dash inside a part vs between parts", []string{"wl", "train-a", "workers"}, []string{"wl", "train", "a-workers"}},
+		{"folded characters", []string{"lbl", "Job_1"}, []string{"lbl", "job-1"}},
+		{"upper vs lower case", []string{"lbl", "Job1"}, []string{"lbl", "job1"}},
+		{"replica key vs dash", []string{"wl", "a", "b", "c"}, []string{"wl", "a", "b-c"}},
+		{"empty part", []string{"wl", "a", "", "0"}, []string{"wl", "a", "0"}},
+		{"method vs value", []string{"volcano", "x"}, []string{"kueue", "x"}},
+		{"trimmed edges", []string{"lbl", "-x"}, []string{"lbl", "x"}},
+		{"dots", []string{"lbl", "a.b"}, []string{"lbl", "a-b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := MakeID(tc.a...), MakeID(tc.b...)
+			if a == b {
+				t.Fatalf("MakeID(%q) = MakeID(%q) = %q", tc.a, tc.b, a)
+			}
+			for _, id := range []string{a, b} {
+				if len(id) > 52 {
+					t.Errorf("%q: longer than 52", id)
+				}
+				if errs := validation.IsValidLabelValue(id); len(errs) > 0 {
+					t.Errorf("%q: %v", id, errs)
+				}
+				if errs := validation.IsDNS1123Subdomain(ConfigMapPrefix + id); len(errs) > 0 {
+					t.Errorf("%q: %v", id, errs)
+				}
+			}
+		})
+	}
+	// Clean parts keep the readable join.
+	if id := MakeID("wl", "llm", "workers", "3"); id != "wl-llm-workers-3" {
+		t.Errorf("clean parts: %q", id)
 	}
 }
 

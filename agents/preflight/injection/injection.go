@@ -6,7 +6,8 @@
 // NCCL environment variables of the pod's containers that match the
 // configured globs, the volume mount behind a pod-provided NCCL_TOPO_FILE,
 // and for gang-wide checks the gang's ConfigMap. Pods without GPUs are
-// left untouched.
+// left untouched, except that a gang pod that runs no gang-wide check
+// (none configured aside) is marked gang.LabelExcluded.
 //
 // Mutate is idempotent: what an earlier invocation injected (recorded in
 // AnnotationInjected) is removed before the pod is examined again, so a
@@ -181,13 +182,32 @@ func (inj *Injector) Mutate(ctx context.Context, p gang.Pod) (Result, error) {
 	hasNet := len(nets) > 0 || len(netClaims) > 0
 	want := base.DeepCopy()
 	res := Result{}
-	if !hasGPU {
-		if _, had := orig.Annotations[AnnotationInjected]; !had {
-			return Result{Outcome: "no_gpu"}, nil
+	g, inGang := inj.gangs.Identify(gang.Pod{Pod: base, WorkloadRef: p.WorkloadRef, SchedulingGroup: p.SchedulingGroup})
+	// exclude marks a gang pod that runs no gang-wide check while one is
+	// configured (a launcher without GPUs, a pod without network devices):
+	// the scheduler counts it in the gang's size, the controller subtracts
+	// it, so that the others do not wait for it.
+	exclude := func(why string) {
+		if !inGang || !slices.ContainsFunc(inj.cfg.Checks, CheckSpec.gang) {
+			return
 		}
-		res.Outcome = "removed"
+		if want.Labels == nil {
+			want.Labels = map[string]string{}
+		}
+		if want.Annotations == nil {
+			want.Annotations = map[string]string{}
+		}
+		want.Labels[gang.LabelExcluded] = g.ID
+		want.Annotations[gang.AnnotationExcluded] = why
+	}
+	if !hasGPU {
+		exclude("no GPUs")
+		if _, had := orig.Annotations[AnnotationInjected]; !had {
+			res.Outcome = "no_gpu"
+		} else {
+			res.Outcome = "removed"
+		}
 	} else {
-		g, inGang := inj.gangs.Identify(gang.Pod{Pod: base, WorkloadRef: p.WorkloadRef, SchedulingGroup: p.SchedulingGroup})
 		var inits []corev1.Container
 		var needGang bool
 		for _, spec := range inj.cfg.Checks {
@@ -221,7 +241,9 @@ func (inj *Injector) Mutate(ctx context.Context, p gang.Pod) (Result, error) {
 				want.Annotations = map[string]string{}
 			}
 			want.Annotations[AnnotationInjected] = strings.Join(res.Injected, ",")
-			if inGang {
+			// Only a pod that runs the gang-wide check is a peer: the
+			// controller lists every labelled pod as one.
+			if needGang {
 				if want.Labels == nil {
 					want.Labels = map[string]string{}
 				}
@@ -234,12 +256,18 @@ func (inj *Injector) Mutate(ctx context.Context, p gang.Pod) (Result, error) {
 				want.Annotations[AnnotationSkipped] = strings.Join(res.Skipped, "; ")
 			}
 		}
+		if !needGang {
+			exclude(strings.Join(res.Skipped, "; "))
+		}
 	}
 	patch, changed, err := diff(orig, want)
 	if err != nil {
 		return Result{}, err
 	}
 	if !changed {
+		if res.Outcome == "no_gpu" {
+			return Result{Outcome: "no_gpu"}, nil
+		}
 		if res.Outcome == "injected" {
 			res.Outcome = "unchanged"
 		}
@@ -276,6 +304,10 @@ func ours(v corev1.Volume) bool {
 // strip removes what an earlier invocation injected.
 func strip(p *corev1.Pod) *corev1.Pod {
 	out := p.DeepCopy()
+	if _, ok := p.Labels[gang.LabelExcluded]; ok {
+		delete(out.Labels, gang.LabelExcluded)
+		delete(out.Annotations, gang.AnnotationExcluded)
+	}
 	injected := strings.Split(p.Annotations[AnnotationInjected], ",")
 	if p.Annotations[AnnotationInjected] != "" {
 		out.Spec.InitContainers = slices.DeleteFunc(out.Spec.InitContainers, func(c corev1.Container) bool {

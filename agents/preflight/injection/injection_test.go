@@ -202,10 +202,10 @@ func TestMutate(t *testing.T) {
 				p.Labels = map[string]string{"gang": "Job_7", "gang-size": "2"}
 				p.Spec.Containers[0].Resources = res("nvidia.com/gpu", "8", "rdma/ib", "4")
 			}),
-			outcome: "injected", inits: []string{"preflight-dcgm-diag", "preflight-nccl-loopback", "preflight-nccl-allreduce"}, gangLabel: "lbl-job-7",
+			outcome: "injected", inits: []string{"preflight-dcgm-diag", "preflight-nccl-loopback", "preflight-nccl-allreduce"}, gangLabel: "lbl-job-7-2ae1ce52",
 			check: func(t *testing.T, p *corev1.Pod) {
 				if !slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool {
-					return v.Name == VolumeGang && v.ConfigMap != nil && v.ConfigMap.Name == "preflight-lbl-job-7" && *v.ConfigMap.Optional
+					return v.Name == VolumeGang && v.ConfigMap != nil && v.ConfigMap.Name == "preflight-lbl-job-7-2ae1ce52" && *v.ConfigMap.Optional
 				}) {
 					t.Errorf("volumes %+v", p.Spec.Volumes)
 				}
@@ -366,5 +366,65 @@ func TestOwnVolumeOfOurName(t *testing.T) {
 	}
 	if r.Outcome != "no_check" || r.Patch != nil || len(r.Skipped) == 0 || !strings.Contains(r.Skipped[0], "the pod already has a volume named preflight-token") {
 		t.Fatalf("outcome %q patch %s skipped %q", r.Outcome, r.Patch, r.Skipped)
+	}
+}
+
+// TestGangLabelOnlyWithAllreduce: only a gang pod that runs the gang-wide
+// check carries the gang label (the controller lists every labelled pod as
+// a peer); a gang pod that does not — no network devices, a name clash, no
+// GPUs (an MPIJob launcher) — is marked excluded with the reason, so the
+// controller does not count it in the gang's size. Labelled, a pod with
+// only dcgm-diag was a peer that never joined the all-reduce.
+func TestGangLabelOnlyWithAllreduce(t *testing.T) {
+	inGang := func(r corev1.ResourceRequirements, mod func(*corev1.Pod)) *corev1.Pod {
+		return pod(func(p *corev1.Pod) {
+			p.Labels = map[string]string{"gang": "job1", "gang-size": "2"}
+			p.Spec.Containers[0].Resources = r
+			if mod != nil {
+				mod(p)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name             string
+		pod              *corev1.Pod
+		mod              func(*Config)
+		peer             bool
+		excluded, reason string
+	}{
+		{name: "GPUs and NICs: a peer", pod: inGang(res("nvidia.com/gpu", "8", "rdma/ib", "4"), nil), peer: true},
+		{name: "GPUs, no NIC", pod: inGang(res("nvidia.com/gpu", "8"), nil), excluded: "lbl-job1", reason: "nccl-allreduce: no network devices"},
+		{name: "name clash", pod: inGang(res("nvidia.com/gpu", "8", "rdma/ib", "4"), func(p *corev1.Pod) {
+			p.Spec.InitContainers = []corev1.Container{{Name: "preflight-nccl-allreduce", Image: "x"}}
+		}), excluded: "lbl-job1", reason: "already has a container named preflight-nccl-allreduce"},
+		{name: "no GPUs (launcher)", pod: inGang(res("cpu", "2"), nil), excluded: "lbl-job1", reason: "no GPUs"},
+		{name: "no gang check configured", pod: inGang(res("nvidia.com/gpu", "8"), nil),
+			mod: func(c *Config) { c.Checks = []CheckSpec{{Name: checks.DCGMDiag}} }},
+		{name: "singleton without NIC", pod: pod(func(p *corev1.Pod) { p.Spec.Containers[0].Resources = res("nvidia.com/gpu", "8") })},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := testInjector(tc.mod).Mutate(context.Background(), gang.Pod{Pod: tc.pod})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := tc.pod
+			if r.Patch != nil {
+				got = apply(t, tc.pod, r.Patch)
+			}
+			_, labelled := got.Labels[gang.LabelGang]
+			if labelled != tc.peer || (r.Gang != "") != tc.peer {
+				t.Fatalf("gang label %q (result %q), want a peer: %v", got.Labels[gang.LabelGang], r.Gang, tc.peer)
+			}
+			if _, ok := got.Annotations[gang.AnnotationMethod]; ok != tc.peer {
+				t.Errorf("method annotation %v, want %v", ok, tc.peer)
+			}
+			if got.Labels[gang.LabelExcluded] != tc.excluded || !strings.Contains(got.Annotations[gang.AnnotationExcluded], tc.reason) {
+				t.Errorf("excluded %q (%q), want %q (%q)", got.Labels[gang.LabelExcluded], got.Annotations[gang.AnnotationExcluded], tc.excluded, tc.reason)
+			}
+			// Idempotent: the mutated pod mutates to itself.
+			if r2, err := testInjector(tc.mod).Mutate(context.Background(), gang.Pod{Pod: got}); err != nil || r2.Patch != nil {
+				t.Errorf("reinvocation: %v, patch %s", err, r2.Patch)
+			}
+		})
 	}
 }
