@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -87,7 +88,11 @@ type Data struct {
 	EventID  string
 	EventIDs []string
 	Entities []Entity
-	// GPUs are the GPU UUIDs among the entities.
+	// GPUs are the GPU UUIDs among the entities (gpuUUID). Empty when a
+	// GPU entity names its GPU otherwise (a PCI address, an index: what an
+	// agent sends when it has no UUID): the remediation is then for every
+	// GPU of the node (a GPUReset without a selector), not for the named
+	// ones only, which would leave that GPU out.
 	GPUs []string
 	// Group is the template's equivalence group.
 	Group string
@@ -253,16 +258,32 @@ func (h *Handler) data(t trigger, tm *Template) Data {
 	if len(d.EventIDs) > 0 {
 		d.EventID = d.EventIDs[0]
 	}
+	named := true
 	for _, p := range strings.Split(a.GetDetails()[events.DetailEntities], ",") {
 		if typ, v, ok := strings.Cut(p, "="); ok {
 			d.Entities = append(d.Entities, Entity{Type: typ, Value: v})
 			if typ == events.EntityGPU {
 				d.GPUs = append(d.GPUs, v)
+				named = named && gpuUUID.MatchString(v)
 			}
 		}
 	}
+	if !named {
+		// A GPU named by its PCI address or index (the fabric agent's
+		// gpuIDByPCI fallback, NVLINK-INACTIVE's index:N, NVSentinel's DCGM
+		// events without GPU_UUID): the GPUReset CRD refuses it in
+		// spec.selector.uuids. Its spec.selector.pciBusIDs is not used:
+		// joining and waiting (AnnotationGPUs) know UUIDs only. The node
+		// was drained before any remediation (IsTrigger), so every GPU of
+		// it is reset; the agent still skips a GPU a pod holds.
+		d.GPUs = nil
+	}
 	return d
 }
+
+// gpuUUID is the GPU UUID form spec.selector.uuids of the janitor's
+// GPUReset accepts (deploy/crds/gpureset.yaml).
+var gpuUUID = regexp.MustCompile(`^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 
 // status of one remediation resource.
 type status int
@@ -462,7 +483,24 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 	if cl.Dynamic == nil {
 		return nil, time.Time{}, fmt.Errorf("cluster %q: no dynamic client", t.cluster)
 	}
-	return h.decide(ctx, cl, t, tm, d, false)
+	acts, again, err := h.decide(ctx, cl, t, tm, d, false)
+	if unremediable(err) {
+		// The apiserver refuses the resource (Invalid: the rendered object
+		// fails the CRD's schema) or does not know it (NotFound: the CRD
+		// is not installed): trying again changes nothing, and the node
+		// stays cordoned and drained. Escalated, as a failed remediation.
+		a := h.action(t, events.KindRemediate, events.OutcomeFailed, err.Error(), "error")
+		esc, eerr := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s cannot be created: %v", tm.kind, err))
+		return append(append(acts, a), esc...), time.Time{}, eerr
+	}
+	return acts, again, err
+}
+
+// unremediable reports whether err is the apiserver refusing the
+// remediation's resource for good: its schema (Invalid, BadRequest) or
+// its type unknown (NotFound: no CRD).
+func unremediable(err error) bool {
+	return apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsNotFound(err)
 }
 
 // decide takes the remediation one step on the node's resources of the
@@ -575,7 +613,11 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 		d.Name = h.name(t.node, tm.Group, seq)
 		obj, err := tm.render(d)
 		if err != nil {
-			return []*faultlinev1.Action{h.action(t, events.KindRemediate, events.OutcomeFailed, "template: "+err.Error(), "template")}, time.Time{}, nil
+			// The template does not render for this fault: no retry makes
+			// it, and the node stays cordoned and drained. Escalated.
+			a := h.action(t, events.KindRemediate, events.OutcomeFailed, "template: "+err.Error(), "template")
+			esc, eerr := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s cannot be created: its template does not render: %v", tm.kind, err))
+			return append([]*faultlinev1.Action{a}, esc...), time.Time{}, eerr
 		}
 		if err := tm.checkTarget(obj, t.node); err != nil {
 			h.m.refused.WithLabelValues(t.cluster).Inc()
