@@ -494,10 +494,28 @@ func (s *Server) run(ctx context.Context, argv []string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	if smiWarning(argv, err) {
+		s.log.Warn("local action: nvidia-smi exited with its warning (infoROM corrupted); taken as done", "command", argv,
+			"err", err, "output", strings.TrimSpace(string(out)))
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// smiWarning reports whether err is nvidia-smi's warning exit
+// (topology.SMIWarningExit: 14, infoROM corrupted), which it gives after
+// doing its work, from a command that runs nvidia-smi (an argument whose
+// base name is nvidia-smi: the program, or a wrapper's argument such as
+// chroot's). Any other command's exit 14 is its failure.
+func smiWarning(argv []string, err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || !topology.SMIWarningExit(ee.ExitCode()) {
+		return false
+	}
+	return slices.ContainsFunc(argv, func(a string) bool { return filepath.Base(a) == "nvidia-smi" })
 }
 
 // reboot records the reboot done, then starts the reboot command (the
@@ -524,11 +542,14 @@ func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
 		out, err := exec.CommandContext(cctx, s.cfg.GPUListCommand[0], s.cfg.GPUListCommand[1:]...).Output()
 		cancel()
-		if err != nil {
+		// nvidia-smi's warning exit comes after the full list: the list
+		// stands when it names GPUs (checked below), its warning line left.
+		warned := smiWarning(s.cfg.GPUListCommand, err)
+		if err != nil && !warned {
 			return Answer{ID: req.ID, Reason: "CommandFailed", Message: "list GPUs: " + err.Error()}
 		}
 		for i, l := range strings.Split(string(out), "\n") {
-			if l = strings.TrimSpace(l); l == "" {
+			if l = strings.TrimSpace(l); l == "" || warned && strings.HasPrefix(l, "WARNING:") {
 				continue
 			}
 			if !uuidRE.MatchString(l) {
@@ -537,7 +558,14 @@ func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 			gpus = append(gpus, l)
 		}
 		if len(gpus) == 0 {
-			return Answer{ID: req.ID, Reason: "CommandFailed", Message: "list GPUs: " + strings.Join(s.cfg.GPUListCommand, " ") + " listed none"}
+			msg := "list GPUs: " + strings.Join(s.cfg.GPUListCommand, " ") + " listed none"
+			if warned {
+				msg += " (" + err.Error() + ")"
+			}
+			return Answer{ID: req.ID, Reason: "CommandFailed", Message: msg}
+		}
+		if warned {
+			s.log.Warn("local action: nvidia-smi listed the GPUs with its warning exit (infoROM corrupted)", "id", req.ID, "gpus", len(gpus), "err", err)
 		}
 	}
 	if s.pods != nil {

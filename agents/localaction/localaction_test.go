@@ -747,3 +747,63 @@ func TestStateFileNotReadable(t *testing.T) {
 		})
 	}
 }
+
+// TestNvidiaSMIWarningExit: nvidia-smi's warning exit (14, infoROM
+// corrupted: topology.SMIWarningExit) after listing the GPUs, or after a
+// reset, is no failure: both GPUs are reset. It failed the GPUReset
+// ("list GPUs: exit status 14") and remediate escalated the node. Exit 14
+// of a command that is not nvidia-smi, or a warning with no GPU listed,
+// still fails.
+func TestNvidiaSMIWarningExit(t *testing.T) {
+	const gpuA, gpuB = "GPU-00000000-0000-0000-0000-000000000001", "GPU-00000000-0000-0000-0000-000000000002"
+	for _, tc := range []struct {
+		name, program, list string
+		gpus                []string
+		want                string // "" OK, else the Reason and a part of the message
+	}{
+		{"list and resets warn", "nvidia-smi", gpuA + `\nWARNING: infoROM is corrupted at gpu 0000:18:00.0\n` + gpuB + `\n`, nil, ""},
+		{"named GPU's reset warns", "nvidia-smi", "", []string{gpuB}, ""},
+		{"warning, nothing listed", "nvidia-smi", `WARNING: infoROM is corrupted at gpu 0000:18:00.0\n`, nil, "CommandFailed: listed none (exit status 14)"},
+		{"not nvidia-smi", "gpu-tool", gpuA + `\n` + gpuB + `\n`, nil, "CommandFailed: list GPUs: exit status 14"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			log := filepath.Join(dir, "calls.log")
+			prog := filepath.Join(dir, tc.program)
+			script := "#!/bin/sh\necho \"$*\" >> " + log + "\n[ \"$1\" = \"--query-gpu=uuid\" ] && printf '" + tc.list + "'\n" +
+				"echo 'WARNING: infoROM is corrupted at gpu 0000:18:00.0' >&2\nexit 14\n"
+			if err := os.WriteFile(prog, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cfg := DefaultConfig()
+			cfg.GPUResetCommand = []string{prog, "-r", "-i", "{uuid}"}
+			cfg.GPUListCommand = []string{prog, "--query-gpu=uuid", "--format=csv,noheader"}
+			cfg.StateFile = filepath.Join(dir, "state.json")
+			s, err := New(cfg, testNode, testLog, &pods{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := s.gpuReset(context.Background(), Request{ID: "w1", Action: ActionGPUReset, GPUs: tc.gpus})
+			calls, _ := os.ReadFile(log)
+			if tc.want != "" {
+				reason, msg, _ := strings.Cut(tc.want, ": ")
+				if a.OK || a.Reason != reason || !strings.Contains(a.Message, msg) || strings.Contains(string(calls), "-r -i") {
+					t.Fatalf("%+v, want %s; calls:\n%s", a, tc.want, calls)
+				}
+				return
+			}
+			want := tc.gpus
+			if want == nil {
+				want = []string{gpuA, gpuB}
+			}
+			if !a.OK || a.Message != "reset "+strings.Join(want, ",") {
+				t.Fatalf("%+v, want OK reset of %v; calls:\n%s", a, want, calls)
+			}
+			for _, g := range want {
+				if !strings.Contains(string(calls), "-r -i "+g) {
+					t.Fatalf("%s not reset; calls:\n%s", g, calls)
+				}
+			}
+		})
+	}
+}
