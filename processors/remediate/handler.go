@@ -483,24 +483,17 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 	if cl.Dynamic == nil {
 		return nil, time.Time{}, fmt.Errorf("cluster %q: no dynamic client", t.cluster)
 	}
-	acts, again, err := h.decide(ctx, cl, t, tm, d, false)
-	if unremediable(err) {
-		// The apiserver refuses the resource (Invalid: the rendered object
-		// fails the CRD's schema) or does not know it (NotFound: the CRD
-		// is not installed): trying again changes nothing, and the node
-		// stays cordoned and drained. Escalated, as a failed remediation.
-		a := h.action(t, events.KindRemediate, events.OutcomeFailed, err.Error(), "error")
-		esc, eerr := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s cannot be created: %v", tm.kind, err))
-		return append(append(acts, a), esc...), time.Time{}, eerr
-	}
-	return acts, again, err
+	return h.decide(ctx, cl, t, tm, d, false)
 }
 
-// unremediable reports whether err is the apiserver refusing the
-// remediation's resource for good: its schema (Invalid, BadRequest) or
-// its type unknown (NotFound: no CRD).
-func unremediable(err error) bool {
-	return apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsNotFound(err)
+// uncreatable writes a remediation the apiserver refuses for good (err:
+// the rendered object fails the CRD's schema, or the CRD is not
+// installed) as failed, and escalates it: trying again changes nothing,
+// and the node stays cordoned and drained.
+func (h *Handler) uncreatable(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, err error) ([]*faultlinev1.Action, time.Time, error) {
+	a := h.action(t, events.KindRemediate, events.OutcomeFailed, err.Error(), "error")
+	esc, eerr := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s cannot be created: %v", tm.kind, err))
+	return append([]*faultlinev1.Action{a}, esc...), time.Time{}, eerr
 }
 
 // decide takes the remediation one step on the node's resources of the
@@ -520,6 +513,9 @@ func (h *Handler) decide(ctx context.Context, cl *clusters.Client, t trigger, tm
 	} else {
 		h.m.reads.WithLabelValues(t.cluster, "live").Inc()
 		list, err := res.List(ctx, metav1.ListOptions{LabelSelector: LabelNode + "=" + g.node + "," + LabelGroup + "=" + tm.Group})
+		if apierrors.IsNotFound(err) { // a collection is not found when its CRD is not installed
+			return h.uncreatable(ctx, cl, t, tm, fmt.Errorf("list %s: %w", tm.gvr.Resource, err))
+		}
 		if err != nil {
 			return nil, time.Time{}, fmt.Errorf("list %s of node %s: %w", tm.gvr.Resource, t.node, err)
 		}
@@ -679,6 +675,9 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 				return h.join(ctx, cl, t, tm, res, g, cur)
 			}
 			continue
+		}
+		if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsNotFound(err) {
+			return h.uncreatable(ctx, cl, t, tm, fmt.Errorf("create %s %s: %w", tm.kind, d.Name, err))
 		}
 		if err != nil {
 			return nil, time.Time{}, fmt.Errorf("create %s %s: %w", tm.kind, d.Name, err)
