@@ -131,9 +131,15 @@ func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
 		}
 	}
 	if cfg.PodResourcesSocket != "" {
+		// Connected at the first listing (podres.New dials lazily), not
+		// looked for once: a socket missing at start (the kubelet
+		// restarting) turned it off for the agent's life, and GPU resets
+		// then went unchecked. Until it answers, events carry no GPU pods
+		// (logged) and GPU resets are refused.
 		if _, err := os.Stat(cfg.PodResourcesSocket); err != nil {
-			log.Info("kubelet pod-resources socket unavailable; events carry no GPU pods", "socket", cfg.PodResourcesSocket, "err", err)
-		} else if a.podres, err = podres.New(cfg.PodResourcesSocket, podresTTL); err != nil {
+			log.Warn("kubelet pod-resources socket unavailable at start; read again when needed", "socket", cfg.PodResourcesSocket, "err", err)
+		}
+		if a.podres, err = podres.New(cfg.PodResourcesSocket, podresTTL); err != nil {
 			if a.relay != nil {
 				a.relay.Close()
 			}
@@ -202,11 +208,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}()
 	}
 	if a.cfg.LocalActions.Listen != "" {
-		var pods localaction.PodLister
-		if a.podres != nil {
-			pods = podLister{a.podres}
-		}
-		la, err := localaction.New(a.cfg.LocalActions, a.cfg.NodeName, a.log, pods)
+		la, err := localaction.New(a.cfg.LocalActions, a.cfg.NodeName, a.log, a.gpuPods())
 		if err != nil {
 			return err
 		}
@@ -549,6 +551,15 @@ func (a *Agent) Handler() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	return mux
+}
+
+// gpuPods is the local action endpoint's PodLister: nil only when
+// pod-resources is off (pod_resources_socket "").
+func (a *Agent) gpuPods() localaction.PodLister {
+	if a.podres == nil {
+		return nil
+	}
+	return podLister{a.podres}
 }
 
 // podLister answers the local action endpoint's question from the

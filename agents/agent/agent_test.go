@@ -694,6 +694,51 @@ func TestGPUPodsAttached(t *testing.T) {
 	}
 }
 
+// TestPodResourcesMissingAtStart: a pod-resources socket missing when the
+// agent starts (the kubelet restarting) is read again when needed. It
+// turned pod-resources off for the agent's life: the local action
+// endpoint got no PodLister and reset GPUs without asking which pods held
+// them. Until the socket answers, the lister says it cannot tell (a GPU
+// reset is refused, localaction's TestGPUResetChecksPodsBeforeEachGPU).
+func TestPodResourcesMissingAtStart(t *testing.T) {
+	const g0 = "GPU-00000000-0000-0000-0000-000000000000"
+	k := podrestest.Start(t, podrestest.Pod("ml", "train-0", "nvidia.com/gpu", g0))
+	aside := k.Socket + ".aside"
+	if err := os.Rename(k.Socket, aside); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, "127.0.0.1:1")
+	cfg.PodResourcesSocket, cfg.Checks = k.Socket, nil
+	a, err := New(cfg, quiet(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.podres.Close()
+	pods := a.gpuPods()
+	if pods == nil {
+		t.Fatal("no PodLister for the local actions: GPU resets would not check for pods")
+	}
+	if got, err := pods.PodsOf(context.Background(), []string{g0}); err == nil {
+		t.Fatalf("socket missing: pods %v, no error", got)
+	}
+	// The kubelet is back.
+	if err := os.Rename(aside, k.Socket); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got, err := pods.PodsOf(context.Background(), []string{g0})
+		if err == nil {
+			if len(got) != 1 || got[0] != "ml/train-0" {
+				t.Fatalf("pods %v", got)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("socket back, still: %v", err)
+		}
+	}
+}
+
 // TestFlagsNameTheirKeys: every flag of the agent is its TOML key with "-"
 // for "_"; the earlier spellings still set the same keys and are named as
 // deprecated.

@@ -45,8 +45,10 @@ type Config struct {
 	LogLevel string `toml:"log_level"`
 	// PodResourcesSocket is the kubelet's pod-resources socket, read to
 	// attach the pods holding an event's GPUs to the event (default
-	// podres.DefaultSocket; "" off; a missing socket turns it off with a
-	// log line).
+	// podres.DefaultSocket; "" off). A socket that cannot be read (missing
+	// at start, the kubelet restarting) is read again at each use: events
+	// go without GPU pods meanwhile, and a local GPU reset is refused.
+	// "" with local actions on: GPU resets do not check for pods (logged).
 	PodResourcesSocket string `toml:"pod_resources_socket"`
 	// NVSentinelSocket, when set, serves NVSentinel's PlatformConnector on
 	// this unix socket for NVSentinel's health monitors on the node, and

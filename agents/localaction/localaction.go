@@ -5,7 +5,8 @@
 // systemd/logind, and `nvidia-smi -r -i <uuid>`), confirming back.
 //
 // A GPU is reset only once no pod holds it (the kubelet's pod-resources
-// API; the drain evicted them). Every request carries an id; the agent
+// API, asked right before each GPU's reset; the drain evicted them): a
+// pod-resources that cannot be read refuses the reset. Every request carries an id; the agent
 // records it in its state file before it acts (a reboot's record survives
 // the reboot) and answers a repeated id with the first answer, so a
 // janitor that asks again never reboots or resets twice. GPU resets run
@@ -241,11 +242,17 @@ type Server struct {
 var uuidRE = regexp.MustCompile(`^GPU-[0-9a-fA-F-]{36}$`)
 
 // New returns the server of node (the agent's node_name: a request for
-// any other node is refused); pods may be nil (no pod-resources socket:
-// the drain's word is taken).
+// any other node is refused); pods may be nil only where pod-resources is
+// turned off on purpose (pod_resources_socket ""): the drain's word is
+// then taken that no pod holds a GPU, logged here as a warning. A
+// PodLister that cannot read pod-resources refuses every GPU reset
+// (GPUInUse).
 func New(cfg Config, node string, log *slog.Logger, pods PodLister) (*Server, error) {
 	if node == "" {
 		return nil, errors.New("local actions: the node name is required (a request names the node it is for)")
+	}
+	if pods == nil {
+		log.Warn("local actions: pod-resources is off (pod_resources_socket empty): a GPU is reset without checking that no pod holds it")
 	}
 	s := &Server{cfg: cfg, node: node, log: log, pods: pods, now: time.Now, AnswerWait: answerWait,
 		readTimeout: readTimeout, maxConns: maxConns, state: map[string]Answer{}, running: map[string]chan struct{}{}}
@@ -494,10 +501,28 @@ func (s *Server) run(ctx context.Context, argv []string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	if smiWarning(argv, err) {
+		s.log.Warn("local action: nvidia-smi exited with its warning (infoROM corrupted); taken as done", "command", argv,
+			"err", err, "output", strings.TrimSpace(string(out)))
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// smiWarning reports whether err is nvidia-smi's warning exit
+// (topology.SMIWarningExit: 14, infoROM corrupted), which it gives after
+// doing its work, from a command that runs nvidia-smi (an argument whose
+// base name is nvidia-smi: the program, or a wrapper's argument such as
+// chroot's). Any other command's exit 14 is its failure.
+func smiWarning(argv []string, err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || !topology.SMIWarningExit(ee.ExitCode()) {
+		return false
+	}
+	return slices.ContainsFunc(argv, func(a string) bool { return filepath.Base(a) == "nvidia-smi" })
 }
 
 // reboot records the reboot done, then starts the reboot command (the
@@ -515,7 +540,7 @@ func (s *Server) reboot(ctx context.Context, req Request) Answer {
 }
 
 // gpuReset waits for any reset before it and until no pod holds the GPUs,
-// then resets each.
+// then resets each, once no pod holds it (asked again right before it).
 func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 	s.resetting.Lock()
 	defer s.resetting.Unlock()
@@ -524,11 +549,14 @@ func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
 		out, err := exec.CommandContext(cctx, s.cfg.GPUListCommand[0], s.cfg.GPUListCommand[1:]...).Output()
 		cancel()
-		if err != nil {
+		// nvidia-smi's warning exit comes after the full list: the list
+		// stands when it names GPUs (checked below), its warning line left.
+		warned := smiWarning(s.cfg.GPUListCommand, err)
+		if err != nil && !warned {
 			return Answer{ID: req.ID, Reason: "CommandFailed", Message: "list GPUs: " + err.Error()}
 		}
 		for i, l := range strings.Split(string(out), "\n") {
-			if l = strings.TrimSpace(l); l == "" {
+			if l = strings.TrimSpace(l); l == "" || warned && strings.HasPrefix(l, "WARNING:") {
 				continue
 			}
 			if !uuidRE.MatchString(l) {
@@ -537,31 +565,27 @@ func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 			gpus = append(gpus, l)
 		}
 		if len(gpus) == 0 {
-			return Answer{ID: req.ID, Reason: "CommandFailed", Message: "list GPUs: " + strings.Join(s.cfg.GPUListCommand, " ") + " listed none"}
+			msg := "list GPUs: " + strings.Join(s.cfg.GPUListCommand, " ") + " listed none"
+			if warned {
+				msg += " (" + err.Error() + ")"
+			}
+			return Answer{ID: req.ID, Reason: "CommandFailed", Message: msg}
+		}
+		if warned {
+			s.log.Warn("local action: nvidia-smi listed the GPUs with its warning exit (infoROM corrupted)", "id", req.ID, "gpus", len(gpus), "err", err)
 		}
 	}
-	if s.pods != nil {
-		deadline := time.Now().Add(s.cfg.PodsGoneTimeout)
-		for {
-			pods, err := s.pods.PodsOf(ctx, gpus)
-			if err == nil && len(pods) == 0 {
-				break
-			}
-			if time.Now().After(deadline) || ctx.Err() != nil {
-				msg := fmt.Sprintf("pods still hold the GPUs after %v: %s", s.cfg.PodsGoneTimeout, strings.Join(pods, ", "))
-				if err != nil {
-					msg = "pod resources: " + err.Error()
-				}
-				return Answer{ID: req.ID, Reason: "GPUInUse", Message: msg}
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-		}
+	deadline := time.Now().Add(s.cfg.PodsGoneTimeout)
+	if msg := s.podsGone(ctx, gpus, deadline); msg != "" {
+		return Answer{ID: req.ID, Reason: "GPUInUse", Message: msg}
 	}
 	var done []string
 	for _, g := range gpus {
+		// Again right before each GPU's reset: a pod may have taken it
+		// while the ones before were reset.
+		if msg := s.podsGone(ctx, []string{g}, deadline); msg != "" {
+			return Answer{ID: req.ID, Reason: "GPUInUse", Message: fmt.Sprintf("%s: %s (after %d done: %s)", g, msg, len(done), strings.Join(done, ","))}
+		}
 		argv := make([]string, len(s.cfg.GPUResetCommand))
 		for i, a := range s.cfg.GPUResetCommand {
 			argv[i] = strings.ReplaceAll(a, "{uuid}", g)
@@ -572,6 +596,33 @@ func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 		done = append(done, g)
 	}
 	return Answer{ID: req.ID, OK: true, Message: "reset " + strings.Join(done, ",")}
+}
+
+// podsGone waits until the kubelet's pod-resources API says no pod holds
+// the GPUs, until deadline; it returns "" then, else why not: the pods
+// holding them, or that pod-resources could not be read (the GPUs are
+// never reset blind). Without a PodLister (pod_resources_socket "", the
+// chart's agent.podResources=false: logged at start) it does not ask.
+func (s *Server) podsGone(ctx context.Context, gpus []string, deadline time.Time) string {
+	if s.pods == nil {
+		return ""
+	}
+	for {
+		pods, err := s.pods.PodsOf(ctx, gpus)
+		if err == nil && len(pods) == 0 {
+			return ""
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			if err != nil {
+				return fmt.Sprintf("pod-resources unreadable for %v, so which pods hold the GPUs is not known: %v", s.cfg.PodsGoneTimeout, err)
+			}
+			return fmt.Sprintf("pods still hold the GPUs after %v: %s", s.cfg.PodsGoneTimeout, strings.Join(pods, ", "))
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // Serve listens on cfg.Listen until ctx ends.

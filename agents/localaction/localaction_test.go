@@ -570,7 +570,8 @@ func TestFailedStateWriteRunsOnRetry(t *testing.T) {
 	}
 	var breakOnReset atomic.Bool
 	s, err := New(cfg, testNode, testLog, podsHook(func() {
-		if breakOnReset.Load() {
+		// Once: pod-resources is asked again before each GPU's reset.
+		if breakOnReset.CompareAndSwap(true, false) {
 			breakState()
 		}
 	}))
@@ -743,6 +744,121 @@ func TestStateFileNotReadable(t *testing.T) {
 			}
 			if _, err := os.Stat(cfg.StateFile + ".corrupt"); err == nil {
 				t.Fatal("moved aside")
+			}
+		})
+	}
+}
+
+// TestNvidiaSMIWarningExit: nvidia-smi's warning exit (14, infoROM
+// corrupted: topology.SMIWarningExit) after listing the GPUs, or after a
+// reset, is no failure: both GPUs are reset. It failed the GPUReset
+// ("list GPUs: exit status 14") and remediate escalated the node. Exit 14
+// of a command that is not nvidia-smi, or a warning with no GPU listed,
+// still fails.
+func TestNvidiaSMIWarningExit(t *testing.T) {
+	const gpuA, gpuB = "GPU-00000000-0000-0000-0000-000000000001", "GPU-00000000-0000-0000-0000-000000000002"
+	for _, tc := range []struct {
+		name, program, list string
+		gpus                []string
+		want                string // "" OK, else the Reason and a part of the message
+	}{
+		{"list and resets warn", "nvidia-smi", gpuA + `\nWARNING: infoROM is corrupted at gpu 0000:18:00.0\n` + gpuB + `\n`, nil, ""},
+		{"named GPU's reset warns", "nvidia-smi", "", []string{gpuB}, ""},
+		{"warning, nothing listed", "nvidia-smi", `WARNING: infoROM is corrupted at gpu 0000:18:00.0\n`, nil, "CommandFailed: listed none (exit status 14)"},
+		{"not nvidia-smi", "gpu-tool", gpuA + `\n` + gpuB + `\n`, nil, "CommandFailed: list GPUs: exit status 14"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			log := filepath.Join(dir, "calls.log")
+			prog := filepath.Join(dir, tc.program)
+			script := "#!/bin/sh\necho \"$*\" >> " + log + "\n[ \"$1\" = \"--query-gpu=uuid\" ] && printf '" + tc.list + "'\n" +
+				"echo 'WARNING: infoROM is corrupted at gpu 0000:18:00.0' >&2\nexit 14\n"
+			if err := os.WriteFile(prog, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cfg := DefaultConfig()
+			cfg.GPUResetCommand = []string{prog, "-r", "-i", "{uuid}"}
+			cfg.GPUListCommand = []string{prog, "--query-gpu=uuid", "--format=csv,noheader"}
+			cfg.StateFile = filepath.Join(dir, "state.json")
+			s, err := New(cfg, testNode, testLog, &pods{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := s.gpuReset(context.Background(), Request{ID: "w1", Action: ActionGPUReset, GPUs: tc.gpus})
+			calls, _ := os.ReadFile(log)
+			if tc.want != "" {
+				reason, msg, _ := strings.Cut(tc.want, ": ")
+				if a.OK || a.Reason != reason || !strings.Contains(a.Message, msg) || strings.Contains(string(calls), "-r -i") {
+					t.Fatalf("%+v, want %s; calls:\n%s", a, tc.want, calls)
+				}
+				return
+			}
+			want := tc.gpus
+			if want == nil {
+				want = []string{gpuA, gpuB}
+			}
+			if !a.OK || a.Message != "reset "+strings.Join(want, ",") {
+				t.Fatalf("%+v, want OK reset of %v; calls:\n%s", a, want, calls)
+			}
+			for _, g := range want {
+				if !strings.Contains(string(calls), "-r -i "+g) {
+					t.Fatalf("%s not reset; calls:\n%s", g, calls)
+				}
+			}
+		})
+	}
+}
+
+// podsOf answers PodsOf from a function of the GPUs asked about.
+type podsOf func(gpus []string) ([]string, error)
+
+func (f podsOf) PodsOf(_ context.Context, gpus []string) ([]string, error) { return f(gpus) }
+
+// TestGPUResetChecksPodsBeforeEachGPU: pod-resources is asked right
+// before each GPU's reset, not once before all: a pod that takes the
+// second GPU while the first is reset stops its reset (GPUInUse). And a
+// pod-resources that cannot be read refuses the reset, never resets
+// blind.
+func TestGPUResetChecksPodsBeforeEachGPU(t *testing.T) {
+	const gpuA, gpuB = "GPU-00000000-0000-0000-0000-00000000000a", "GPU-00000000-0000-0000-0000-00000000000b"
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls.log")
+	smi := standIn(t, dir, "nvidia-smi", log)
+	cfg := DefaultConfig()
+	cfg.GPUResetCommand = []string{smi, "-r", "-i", "{uuid}"}
+	cfg.StateFile = filepath.Join(dir, "state.json")
+	cfg.PodsGoneTimeout = 1200 * time.Millisecond
+	calls := func() string { b, _ := os.ReadFile(log); return string(b) }
+	for _, tc := range []struct {
+		name  string
+		pods  func(resets string, gpus []string) ([]string, error)
+		want  string // the message's part
+		reset []string
+	}{
+		{"pod takes the second GPU during the first's reset", func(resets string, gpus []string) ([]string, error) {
+			if strings.Contains(resets, gpuA) && slices.Contains(gpus, gpuB) {
+				return []string{"ml/train-9"}, nil
+			}
+			return nil, nil
+		}, gpuB + ": pods still hold the GPUs after 1.2s: ml/train-9 (after 1 done: " + gpuA + ")", []string{gpuA}},
+		{"pod-resources unreadable", func(string, []string) ([]string, error) {
+			return nil, errors.New("kubelet pod resources: connection refused")
+		}, "pod-resources unreadable for 1.2s, so which pods hold the GPUs is not known: kubelet pod resources: connection refused", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			os.Remove(log)
+			s, err := New(cfg, testNode, testLog, podsOf(func(gpus []string) ([]string, error) { return tc.pods(calls(), gpus) }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := s.gpuReset(context.Background(), Request{ID: "p1", Action: ActionGPUReset, GPUs: []string{gpuA, gpuB}})
+			if a.OK || a.Reason != "GPUInUse" || !strings.Contains(a.Message, tc.want) {
+				t.Fatalf("%+v, want GPUInUse %q", a, tc.want)
+			}
+			for _, g := range []string{gpuA, gpuB} {
+				if got, want := strings.Contains(calls(), "-i "+g), slices.Contains(tc.reset, g); got != want {
+					t.Fatalf("%s reset %v, want %v; calls:\n%s", g, got, want, calls())
+				}
 			}
 		})
 	}

@@ -49,8 +49,9 @@ spec:
 
 // GPUResetTemplate is the default object of COMPONENT_RESET: the janitor's
 // GPUReset (cluster-scoped). spec.selector.uuids are the event's GPU
-// entities; without any, the selector is left out and the janitor resets
-// every GPU of the node (janitor/api/v1alpha1/gpureset_types.go).
+// entities; without any, or when one is not a UUID (Data.GPUs), the
+// selector is left out and the janitor resets every GPU of the node
+// (janitor/api/v1alpha1/gpureset_types.go).
 const GPUResetTemplate = `apiVersion: janitor.dgxc.nvidia.com/v1alpha1
 kind: GPUReset
 metadata:

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -87,7 +88,11 @@ type Data struct {
 	EventID  string
 	EventIDs []string
 	Entities []Entity
-	// GPUs are the GPU UUIDs among the entities.
+	// GPUs are the GPU UUIDs among the entities (gpuUUID). Empty when a
+	// GPU entity names its GPU otherwise (a PCI address, an index: what an
+	// agent sends when it has no UUID): the remediation is then for every
+	// GPU of the node (a GPUReset without a selector), not for the named
+	// ones only, which would leave that GPU out.
 	GPUs []string
 	// Group is the template's equivalence group.
 	Group string
@@ -253,16 +258,32 @@ func (h *Handler) data(t trigger, tm *Template) Data {
 	if len(d.EventIDs) > 0 {
 		d.EventID = d.EventIDs[0]
 	}
+	named := true
 	for _, p := range strings.Split(a.GetDetails()[events.DetailEntities], ",") {
 		if typ, v, ok := strings.Cut(p, "="); ok {
 			d.Entities = append(d.Entities, Entity{Type: typ, Value: v})
 			if typ == events.EntityGPU {
 				d.GPUs = append(d.GPUs, v)
+				named = named && gpuUUID.MatchString(v)
 			}
 		}
 	}
+	if !named {
+		// A GPU named by its PCI address or index (the fabric agent's
+		// gpuIDByPCI fallback, NVLINK-INACTIVE's index:N, NVSentinel's DCGM
+		// events without GPU_UUID): the GPUReset CRD refuses it in
+		// spec.selector.uuids. Its spec.selector.pciBusIDs is not used:
+		// joining and waiting (AnnotationGPUs) know UUIDs only. The node
+		// was drained before any remediation (IsTrigger), so every GPU of
+		// it is reset; the agent still skips a GPU a pod holds.
+		d.GPUs = nil
+	}
 	return d
 }
+
+// gpuUUID is the GPU UUID form spec.selector.uuids of the janitor's
+// GPUReset accepts (deploy/crds/gpureset.yaml).
+var gpuUUID = regexp.MustCompile(`^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 
 // status of one remediation resource.
 type status int
@@ -465,6 +486,16 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 	return h.decide(ctx, cl, t, tm, d, false)
 }
 
+// uncreatable writes a remediation the apiserver refuses for good (err:
+// the rendered object fails the CRD's schema, or the CRD is not
+// installed) as failed, and escalates it: trying again changes nothing,
+// and the node stays cordoned and drained.
+func (h *Handler) uncreatable(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, err error) ([]*faultlinev1.Action, time.Time, error) {
+	a := h.action(t, events.KindRemediate, events.OutcomeFailed, err.Error(), "error")
+	esc, eerr := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s cannot be created: %v", tm.kind, err))
+	return append([]*faultlinev1.Action{a}, esc...), time.Time{}, eerr
+}
+
 // decide takes the remediation one step on the node's resources of the
 // template's group, read from the watch (resourceCaches) or, when live is
 // set or the watch's copy is not to be trusted, listed; then it prunes
@@ -482,6 +513,9 @@ func (h *Handler) decide(ctx context.Context, cl *clusters.Client, t trigger, tm
 	} else {
 		h.m.reads.WithLabelValues(t.cluster, "live").Inc()
 		list, err := res.List(ctx, metav1.ListOptions{LabelSelector: LabelNode + "=" + g.node + "," + LabelGroup + "=" + tm.Group})
+		if apierrors.IsNotFound(err) { // a collection is not found when its CRD is not installed
+			return h.uncreatable(ctx, cl, t, tm, fmt.Errorf("list %s: %w", tm.gvr.Resource, err))
+		}
 		if err != nil {
 			return nil, time.Time{}, fmt.Errorf("list %s of node %s: %w", tm.gvr.Resource, t.node, err)
 		}
@@ -575,7 +609,11 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 		d.Name = h.name(t.node, tm.Group, seq)
 		obj, err := tm.render(d)
 		if err != nil {
-			return []*faultlinev1.Action{h.action(t, events.KindRemediate, events.OutcomeFailed, "template: "+err.Error(), "template")}, time.Time{}, nil
+			// The template does not render for this fault: no retry makes
+			// it, and the node stays cordoned and drained. Escalated.
+			a := h.action(t, events.KindRemediate, events.OutcomeFailed, "template: "+err.Error(), "template")
+			esc, eerr := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s cannot be created: its template does not render: %v", tm.kind, err))
+			return append([]*faultlinev1.Action{a}, esc...), time.Time{}, eerr
 		}
 		if err := tm.checkTarget(obj, t.node); err != nil {
 			h.m.refused.WithLabelValues(t.cluster).Inc()
@@ -637,6 +675,9 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 				return h.join(ctx, cl, t, tm, res, g, cur)
 			}
 			continue
+		}
+		if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsNotFound(err) {
+			return h.uncreatable(ctx, cl, t, tm, fmt.Errorf("create %s %s: %w", tm.kind, d.Name, err))
 		}
 		if err != nil {
 			return nil, time.Time{}, fmt.Errorf("create %s %s: %w", tm.kind, d.Name, err)

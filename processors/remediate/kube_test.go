@@ -714,6 +714,78 @@ func TestRemediateKube(t *testing.T) {
 		}
 	})
 
+	// A fault that names its GPU by PCI address (the fabric agent's
+	// gpuIDByPCI fallback) or index, not UUID: the GPUReset is of every
+	// GPU of the drained node. Its address in spec.selector.uuids was
+	// refused by the CRD (422): remediate/failed alone, the node left
+	// cordoned, its GPU never reset, nobody told.
+	t.Run("GPUResetOfAGPUNamedByPCI", func(t *testing.T) {
+		for i, ents := range []string{"GPU=0000:18:00,NVSwitch=0000:05:00", "GPU=index:3", "GPU=3"} {
+			node := "reset-pci-" + strconv.Itoa(i)
+			createNode(t, k, node)
+			h := newHandler(t, testConfig(), k, dyn, clk)
+			acts, rq := handle(t, h, drained(node, "p1", "COMPONENT_RESET", map[string]string{events.DetailEntities: ents}))
+			items := list(t, dyn, resetGVR, node)
+			if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(items) != 1 || len(rq) != 1 {
+				t.Fatalf("%s: %s, %d GPUResets", ents, outcomes(acts), len(items))
+			}
+			if sel, ok := items[0].Object["spec"].(map[string]any)["selector"]; ok {
+				t.Fatalf("%s: spec.selector %v, want none (every GPU)", ents, sel)
+			}
+			if v, ok := items[0].GetAnnotations()[AnnotationGPUs]; !ok || v != "" {
+				t.Fatalf("%s: %s %q, want empty (every GPU)", ents, AnnotationGPUs, v)
+			}
+		}
+	})
+
+	// A resource the apiserver refuses for good — its schema (Invalid) or
+	// its CRD missing (NotFound) — or a template that does not render for
+	// the fault escalates the node: trying again changes nothing, and it
+	// stays cordoned and drained.
+	t.Run("UncreatableResourceEscalates", func(t *testing.T) {
+		cfg := testConfig()
+		cfg.Templates = append(cfg.Templates, Template{Action: "custom:bad-selector", Group: "bad", Object: `apiVersion: janitor.dgxc.nvidia.com/v1alpha1
+kind: GPUReset
+metadata:
+  name: {{ .Name }}
+spec:
+  nodeName: {{ .NodeName }}
+  selector:
+    uuids: ["0000:18:00"]
+`}, Template{Action: "custom:no-crd", Group: "nocrd", Object: `apiVersion: janitor.dgxc.nvidia.com/v1alpha1
+kind: GPUFlash
+metadata:
+  name: {{ .Name }}
+spec:
+  nodeName: {{ .NodeName }}
+`}, Template{Action: "custom:bad-render", Group: "badrender", Object: `apiVersion: janitor.dgxc.nvidia.com/v1alpha1
+kind: GPUReset
+metadata:
+  name: {{ .Name }}
+spec:
+  nodeName: {{ .NodeName }}
+  selector:
+    uuids: [{{ index .GPUs 0 | quote }}]
+`})
+		for _, tc := range []struct{ action, want string }{{"bad-selector", "Invalid"}, {"no-crd", "not find"}, {"bad-render", "template:"}} {
+			node := "uncreatable-" + tc.action
+			createNode(t, k, node)
+			h := newHandler(t, cfg, k, dyn, clk)
+			acts, rq := handle(t, h, drained(node, "u1", "CUSTOM", map[string]string{events.DetailCustomAction: tc.action}))
+			if len(acts) != 2 || acts[0].Outcome != events.OutcomeFailed || !strings.Contains(acts[0].Reason, tc.want) ||
+				acts[1].Kind != events.KindEscalate || acts[1].Outcome != events.OutcomeApplied || len(rq) != 0 {
+				t.Fatalf("%s: %s, %d requeued", tc.action, outcomes(acts), len(rq))
+			}
+			n, err := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(n.GetAnnotations()[AnnotationEscalated], "cannot be created") {
+				t.Fatalf("%s: node annotation %q", tc.action, n.GetAnnotations()[AnnotationEscalated])
+			}
+		}
+	})
+
 	// A GPU's reset does not join a reset of other GPUs in progress (its
 	// selector names only those): it waits for it to finish and is then
 	// created. Joining it answered the second GPU's fault with the first
