@@ -22,6 +22,7 @@ import (
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 	"github.com/faultline/faultline/schemas/nvsentinel"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // History serves the read side of the API (GET /v1/events, /v1/actions),
@@ -160,7 +161,9 @@ func (s *service) ingest(ctx context.Context, method string, evs []*datamodels.H
 	now := s.now()
 	if err := s.validator.ValidateBatch(evs, now); err != nil {
 		s.metrics.rejected("invalid", len(evs))
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		// A refusal the agent acts on (a generatedTimestamp ahead of this
+		// clock, more events than gateway.max_batch) says so in a detail.
+		return nil, validate.StatusError(codes.InvalidArgument, err)
 	}
 	if caller.Node != "" {
 		for i, ev := range evs {

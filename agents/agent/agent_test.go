@@ -187,6 +187,13 @@ type fakeGateway struct {
 	// node, when set, is the node the token is bound to: another node's
 	// events are refused as the gateway refuses them.
 	node string
+	// v, when set, validates every call as the gateway does, at the time
+	// now plus clock, answering as the gateway (or, plain, a gateway that
+	// gave no ErrorInfo detail) does; evs are the events received.
+	v     *validate.Validator
+	clock time.Duration
+	plain bool
+	evs   []*datamodels.HealthEvent
 }
 
 // fakeCall is what the fake gateway saw of one SubmitEvents call.
@@ -267,6 +274,14 @@ func (g *fakeGateway) SubmitEvents(ctx context.Context, req *faultlinev1.SubmitE
 				i, e.GetNodeName(), g.node, "agent-"+g.node)
 		}
 	}
+	if g.v != nil {
+		if err := g.v.ValidateBatch(req.GetEvents(), time.Now().Add(g.clock)); err != nil {
+			if g.plain {
+				return nil, status.Error(codes.InvalidArgument, err.Error())
+			}
+			return nil, validate.StatusError(codes.InvalidArgument, err)
+		}
+	}
 	for _, e := range req.GetEvents() {
 		if e.GetMessage() == "invalid" {
 			return nil, status.Error(codes.InvalidArgument, "events[0].message: invalid")
@@ -276,6 +291,7 @@ func (g *fakeGateway) SubmitEvents(ctx context.Context, req *faultlinev1.SubmitE
 	defer g.mu.Unlock()
 	for _, e := range req.GetEvents() {
 		g.got = append(g.got, e.GetMessage())
+		g.evs = append(g.evs, e)
 		g.n++
 		resp.Ids = append(resp.Ids, fmt.Sprint(g.n))
 	}

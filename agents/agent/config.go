@@ -20,6 +20,7 @@ import (
 	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/agents/nic"
 	"github.com/faultline/faultline/agents/podres"
+	"github.com/faultline/faultline/agents/relay"
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -305,6 +306,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Spool.MaxBytes < 64<<10 {
 		return fmt.Errorf("spool.max_bytes: %d is below 64 KiB", c.Spool.MaxBytes)
+	}
+	if c.NVSentinelSocket != "" && c.Spool.MaxBytes < relay.MinSpoolBytes {
+		return fmt.Errorf("spool.max_bytes: %d is below %d (5 MiB), the least that holds the largest call nvsentinel_socket takes from an NVSentinel monitor", c.Spool.MaxBytes, relay.MinSpoolBytes)
 	}
 	if err := c.LocalActions.Validate("local_actions."); err != nil {
 		return err

@@ -26,6 +26,7 @@ type Metrics struct {
 	sent       prometheus.Counter
 	sendErrors *prometheus.CounterVec
 	rejected   prometheus.Counter
+	clockAhead prometheus.Counter
 
 	gatewayInsecure prometheus.Gauge
 	// gatewayCert is the client certificate presented to the gateway
@@ -67,6 +68,8 @@ func NewMetrics() *Metrics {
 			Help: "Failed SubmitEvents calls by gRPC code."}, []string{"code"}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_agent_rejected_events_total",
 			Help: "Events the gateway rejected as invalid, larger alone than its gateway.max_body_bytes, or another node's than this one (dropped from the spool)."}),
+		clockAhead: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_agent_clock_ahead_events_total",
+			Help: "Events the gateway refused as generated in its future (this node's clock ahead of the gateway's by more than its gateway.max_future_skew), delivered again with the gateway's receive time, the node's kept in their metadata (faultline.io/agent-generated-timestamp)."}),
 		gatewayInsecure: prometheus.NewGauge(prometheus.GaugeOpts{Name: "faultline_agent_gateway_insecure",
 			Help: "1 if the agent sends to the gateway without TLS (gateway.insecure = true): token and events in clear."}),
 	}
@@ -75,7 +78,7 @@ func NewMetrics() *Metrics {
 		func() float64 { return m.gatewayCert.Load().ExpirySeconds() })
 	m.gatewayCAExpiry = certfile.CAExpiryGauge("gateway.ca_file", func() float64 { return m.gatewayCAs.Load().ExpirySeconds() })
 	for _, c := range []prometheus.Collector{m.checkSuccess, m.checkDuration, m.checkRuns, m.checkEvents,
-		m.spoolBytes, m.spoolFull, m.spoolDropped, m.spoolCorrupt, m.sent, m.sendErrors, m.rejected, m.gatewayInsecure, m.gatewayCertExpiry, m.gatewayCAExpiry,
+		m.spoolBytes, m.spoolFull, m.spoolDropped, m.spoolCorrupt, m.sent, m.sendErrors, m.rejected, m.clockAhead, m.gatewayInsecure, m.gatewayCertExpiry, m.gatewayCAExpiry,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		f(c)
 	}

@@ -44,6 +44,10 @@ func TestRelayConfig(t *testing.T) {
 	}{
 		{[]string{"--checks="}, "invalid configuration: checks: no check enabled, and nvsentinel_socket is off: the agent would have nothing to report"},
 		{[]string{"--nvsentinel-socket-group", "g"}, "invalid configuration: nvsentinel_socket_group: set, but nvsentinel_socket is off"},
+		// A spool that cannot hold the relay's largest call: such a call
+		// was refused as Unavailable ("resend later") at every resend.
+		{[]string{"--nvsentinel-socket", "/run/s.sock", "--spool.max-bytes", "1048576"},
+			"invalid configuration: spool.max_bytes: 1048576 is below 5242880 (5 MiB), the least that holds the largest call nvsentinel_socket takes from an NVSentinel monitor"},
 	} {
 		if _, err := LoadConfig("t", tc.args, env); err == nil || err.Error() != tc.want {
 			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)

@@ -25,8 +25,10 @@ import (
 
 	"github.com/faultline/faultline/internal/certfile"
 	"github.com/faultline/faultline/internal/tlsclient"
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // Sender drains the spool to the gateway's SubmitEvents, oldest first, in
@@ -47,6 +49,18 @@ import (
 // (spooled under a name the node had before; see otherNode) sends the
 // events before it, and drops it and the other node's events after it
 // the same way.
+//
+// An event the gateway refuses only because its generatedTimestamp is
+// more than gateway.max_future_skew ahead of the gateway's clock (this
+// node's clock ahead: a wrong RTC at boot before chrony corrects it,
+// broken NTP) is resent at once without it: the gateway stamps its
+// receive time, and the node's time is kept in the event's metadata
+// (events.MetaAgentGeneratedAt). Such events are counted
+// (faultline_agent_clock_ahead_events_total) and warned of at most every
+// clockWarnEvery. Before, each was dropped as invalid: a node booting
+// with its clock ahead lost its boot events and fatal Xids. A refusal of
+// a call as more events than the gateway's gateway.max_batch caps the
+// calls at that many for the sender's lifetime (logged once).
 type Sender struct {
 	cfg    GatewayConfig
 	node   string // this node's name ("": not known; another node's events then wait like the rest)
@@ -56,7 +70,15 @@ type Sender struct {
 	conn   *grpc.ClientConn
 	client faultlinev1.EventsClient
 	budget int64 // bytes of one call's events: maxBatchBytes, halved by each too-large refusal
+	// maxBatch is the gateway's gateway.max_batch once it refused a call
+	// as more events than that (0: not known).
+	maxBatch  int
+	lastClock time.Time // when the last clock-ahead warning was logged
 }
+
+// clockWarnEvery is how often at most the sender warns that the gateway
+// refused events as generated in its future.
+const clockWarnEvery = 10 * time.Minute
 
 // maxBatchBytes bounds the encoded events of one SubmitEvents call, half
 // the gateway's default gateway.max_body_bytes (4 MiB): a batch of large
@@ -189,9 +211,10 @@ func (f *followCA) OverrideServerName(string) error {
 
 // Submit sends evs in one SubmitEvents call, outside the spool (for a
 // caller that could not spool them); nil once the gateway returned their
-// ids.
+// ids. An event refused as generated in the gateway's future is resent
+// with the gateway's time, as Run does.
 func (s *Sender) Submit(ctx context.Context, evs []*datamodels.HealthEvent) error {
-	return s.send(ctx, evs)
+	return s.sendAhead(ctx, evs)
 }
 
 // Close closes the connection.
@@ -227,6 +250,9 @@ func (s *Sender) Run(ctx context.Context) error {
 			}
 		}
 		n := s.cfg.BatchSize
+		if s.maxBatch > 0 {
+			n = min(n, s.maxBatch)
+		}
 		if single {
 			n = 1
 		}
@@ -248,11 +274,12 @@ func (s *Sender) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		err = s.send(ctx, evs)
+		err = s.sendAhead(ctx, evs)
 		if ctx.Err() != nil {
 			return nil
 		}
 		before, other := s.otherNode(err, evs)
+		maxBatch, overBatch := batchLimit(err)
 		switch code := status.Code(err); {
 		case err == nil:
 			if err := s.spool.Commit(next); err != nil {
@@ -282,6 +309,10 @@ func (s *Sender) Run(ctx context.Context) error {
 				"events", k, "event_node", evs[0].GetNodeName(), "node", s.node, "err", err)
 			s.m.rejected.Add(float64(k))
 			limit = 0
+		case overBatch && maxBatch < len(evs):
+			s.maxBatch = maxBatch
+			s.log.Warn("gateway takes fewer events a call (its gateway.max_batch) than gateway.batch_size; sending at most that many from now on",
+				"batch_size", s.cfg.BatchSize, "max_batch", maxBatch)
 		case code == codes.InvalidArgument && len(evs) > 1:
 			s.log.Warn("gateway rejected a batch as invalid; retrying one event at a time", "events", len(evs), "err", err)
 			single = true
@@ -376,6 +407,114 @@ func (s *Sender) otherNode(err error, evs []*datamodels.HealthEvent) (before int
 		return 0, false
 	}
 	return i, true
+}
+
+// sendAhead is send, where the gateway refusing an event of evs as
+// generated in its future (futureRefused) resends evs at once with that
+// event's generatedTimestamp, and that of each event after it as late or
+// later, moved to its metadata (moveAhead): the gateway then stamps its
+// receive time. Each resend clears the refused event's, so there are at
+// most len(evs) of them; their count is added to
+// faultline_agent_clock_ahead_events_total once the gateway took them.
+func (s *Sender) sendAhead(ctx context.Context, evs []*datamodels.HealthEvent) error {
+	err := s.send(ctx, evs)
+	moved := 0
+	for range evs {
+		i, ok := futureRefused(err, evs)
+		if !ok || ctx.Err() != nil {
+			break
+		}
+		t := evs[i].GetGeneratedTimestamp().AsTime()
+		for _, ev := range evs[i:] {
+			if ts := ev.GetGeneratedTimestamp(); ts != nil && !ts.AsTime().Before(t) {
+				moveAhead(ev)
+				moved++
+			}
+		}
+		if now := time.Now(); now.Sub(s.lastClock) >= clockWarnEvery {
+			s.lastClock = now
+			s.log.Warn("gateway refused events as generated in its future: this node's clock is ahead of the gateway's (check chrony/NTP); resending them with the gateway's receive time, the node's time kept in their metadata",
+				"node_time", t.Format(time.RFC3339Nano), "metadata_key", events.MetaAgentGeneratedAt, "err", err)
+		}
+		err = s.send(ctx, evs)
+	}
+	if err == nil && moved > 0 {
+		s.m.clockAhead.Add(float64(moved))
+	}
+	return err
+}
+
+// moveAhead clears ev's generatedTimestamp, kept (RFC 3339) in its
+// metadata events.MetaAgentGeneratedAt where it has room for one more
+// key (the gateway takes validate.MaxMetadata).
+func moveAhead(ev *datamodels.HealthEvent) {
+	t := ev.GetGeneratedTimestamp().AsTime()
+	ev.GeneratedTimestamp = nil
+	if _, ok := ev.Metadata[events.MetaAgentGeneratedAt]; !ok && len(ev.Metadata) >= validate.MaxMetadata {
+		return
+	}
+	if ev.Metadata == nil {
+		ev.Metadata = map[string]string{}
+	}
+	ev.Metadata[events.MetaAgentGeneratedAt] = t.Format(time.RFC3339Nano)
+}
+
+// futureText is the gateway's refusal of an event's generatedTimestamp
+// as too far in its future, in validate's words, for a gateway that does
+// not give it as a detail (validate.ReasonFutureTimestamp; before it did).
+var futureText = regexp.MustCompile(`^events\[(\d+)\]\.generatedTimestamp: \S+ is more than \S+ in the future$`)
+
+// futureRefused reports whether err is the gateway's refusal of evs[i]
+// only because its generatedTimestamp is in the gateway's future: an
+// InvalidArgument whose ErrorInfo (validate.Refusal) says
+// ReasonFutureTimestamp, or, without one, whose message is the
+// validator's words for it. The validator checks generatedTimestamp last
+// of an event, and the events before it passed.
+func futureRefused(err error, evs []*datamodels.HealthEvent) (i int, ok bool) {
+	if status.Code(err) != codes.InvalidArgument {
+		return 0, false
+	}
+	idx := ""
+	if reason, info := validate.Refusal(err); reason != "" {
+		if reason != validate.ReasonFutureTimestamp {
+			return 0, false
+		}
+		idx = info[validate.InfoIndex]
+	} else if m := futureText.FindStringSubmatch(status.Convert(err).Message()); m != nil {
+		idx = m[1]
+	}
+	i, perr := strconv.Atoi(idx)
+	if perr != nil || i < 0 || i >= len(evs) || evs[i].GetGeneratedTimestamp() == nil {
+		return 0, false
+	}
+	return i, true
+}
+
+// batchLimitText is the gateway's refusal of a call as more events than its
+// gateway.max_batch, in validate's words, for a gateway that does not give
+// it as a detail (validate.ReasonBatchLimit).
+var batchLimitText = regexp.MustCompile(`^events: \d+ events exceed the batch limit of (\d+)$`)
+
+// batchLimit reports whether err refuses a call as more events than the
+// gateway takes, and how many it takes (at least 1).
+func batchLimit(err error) (int, bool) {
+	if status.Code(err) != codes.InvalidArgument {
+		return 0, false
+	}
+	limit := ""
+	if reason, info := validate.Refusal(err); reason != "" {
+		if reason != validate.ReasonBatchLimit {
+			return 0, false
+		}
+		limit = info[validate.InfoMaxBatch]
+	} else if m := batchLimitText.FindStringSubmatch(status.Convert(err).Message()); m != nil {
+		limit = m[1]
+	}
+	n, perr := strconv.Atoi(limit)
+	if perr != nil || n < 1 {
+		return 0, false
+	}
+	return n, true
 }
 
 // encodedSize is the bytes of evs in a SubmitEventsRequest.

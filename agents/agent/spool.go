@@ -42,10 +42,12 @@ import (
 // (boundary-crossing events are only meaningful in order). The last 10% of
 // the capacity is reserved for fatal events: above 90% a healthy or
 // non-fatal event is refused, a fatal one is still accepted until 100%.
-// Once the spool has refused an event it is full: it refuses every
-// non-fatal event until the gateway has taken the backlog below 80% of the
-// capacity (fatal ones still while they fit), and within one append every
-// event after a refused one.
+// Once the spool has refused an event with 80% of the capacity or more
+// unsent it is full: it refuses every non-fatal event until the gateway
+// has taken the backlog below 80% of the capacity (fatal ones still while
+// they fit). Below 80%, a refused event (one larger than the room left)
+// refuses only itself. Within one append every event after a refused one
+// is refused too.
 // Every event refused counts once in faultline_agent_spool_dropped_events_total
 // {reason="full"|"reserved_for_fatal"} (AppendAgain, the agent's later tries
 // of the events it kept, counts none again); faultline_agent_spool_full is 1 while
@@ -303,11 +305,10 @@ func (s *Spool) appendPrefix(evs []*datamodels.HealthEvent, count bool) (int, er
 			reason = "full" // until the backlog is below 80% (Commit)
 		}
 		if reason != "" {
-			if !s.full {
-				s.log.Error("spool full: refusing new events until the gateway takes the backlog", "reason", reason,
-					"pending_bytes", pending, "max_bytes", s.maxBytes)
+			if refused == "" && !s.latchFull(pending) && count {
+				s.log.Warn("spool refused an event larger than the room it has left", "reason", reason,
+					"bytes", size, "pending_bytes", pending, "max_bytes", s.maxBytes)
 			}
-			s.full = true
 			refused = reason
 			if s.m != nil && count {
 				s.m.spoolDropped.WithLabelValues(reason).Inc()
@@ -335,6 +336,23 @@ func (s *Spool) appendPrefix(evs []*datamodels.HealthEvent, count bool) (int, er
 		}
 	}
 	return accepted, nil
+}
+
+// latchFull marks the spool full after a refusal, with pending bytes
+// unsent, where pending is at or above the 80% below which Commit clears
+// it (logging the first refusal of the episode), and reports whether it
+// is full. Below, the refusal stands alone: an event or call larger than
+// the room left in a spool holding little latched it with nothing to
+// send, so no Commit ever cleared it, and every later non-fatal event was
+// refused.
+func (s *Spool) latchFull(pending int64) bool {
+	if s.full || pending < s.maxBytes*8/10 {
+		return s.full
+	}
+	s.log.Error("spool full: refusing new events until the gateway takes the backlog",
+		"pending_bytes", pending, "max_bytes", s.maxBytes)
+	s.full = true
+	return true
 }
 
 // ErrSpoolFull is returned by AppendAll when the events do not fit.
@@ -367,11 +385,7 @@ func (s *Spool) AppendAll(evs []*datamodels.HealthEvent) error {
 		}
 		size := int64(recordHeader + len(p))
 		if pending+size > s.maxBytes || (!ev.GetIsFatal() && (s.full || pending+size > s.maxBytes*9/10)) {
-			if !s.full {
-				s.log.Error("spool full: refusing new events until the gateway takes the backlog",
-					"pending_bytes", pending, "max_bytes", s.maxBytes)
-			}
-			s.full = true
+			s.latchFull(s.pendingLocked()) // none of these written
 			s.updateGauges()
 			return fmt.Errorf("%w: %d of its %d bytes hold unsent events, and events[%d] of these %d does not fit (the last 10%% is kept for fatal events; once full, the spool takes non-fatal events again below 80%%)",
 				ErrSpoolFull, s.pendingLocked(), s.maxBytes, i, len(evs))

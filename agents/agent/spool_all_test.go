@@ -107,3 +107,51 @@ func TestSpoolReopensDamage(t *testing.T) {
 		t.Fatalf("reopened: %d events %v, %v; want the one event", len(got), msgs(got), err)
 	}
 }
+
+// TestSpoolOversizeDoesNotLatchFull: a refusal of more than the room left
+// in a spool holding little (a relay call of ten 7 KB non-fatal events, an
+// own check's event over 90% of a 64 KiB spool) latched "full" with
+// nothing unsent: no send, so no Commit ever cleared it, and every later
+// non-fatal event was refused. The refusal must stand alone.
+func TestSpoolOversizeDoesNotLatchFull(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		refuse func(*Spool) error
+	}{
+		{"AppendAll of ten 7 KB events", func(sp *Spool) error {
+			var evs []*datamodels.HealthEvent
+			for range 10 {
+				evs = append(evs, ev(strings.Repeat("x", 7000), false))
+			}
+			return sp.AppendAll(evs)
+		}},
+		{"Append of one 60 KB event", func(sp *Spool) error {
+			n, err := sp.Append([]*datamodels.HealthEvent{ev(strings.Repeat("x", 60000), false)})
+			if err == nil && n == 0 {
+				err = ErrSpoolFull
+			}
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewMetrics()
+			sp, err := OpenSpool(t.TempDir(), 64<<10, quiet(), m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sp.Close()
+			if err := tc.refuse(sp); !errors.Is(err, ErrSpoolFull) {
+				t.Fatalf("oversized append: %v, want ErrSpoolFull", err)
+			}
+			if sp.Pending() != 0 || val(m.spoolFull) != 0 {
+				t.Errorf("after the refusal: pending %d bytes, spool_full %v; want 0, 0", sp.Pending(), val(m.spoolFull))
+			}
+			if n, err := sp.Append([]*datamodels.HealthEvent{ev(strings.Repeat("s", 100), false)}); n != 1 || err != nil {
+				t.Errorf("a 100-byte non-fatal event after it: accepted %d, %v; want 1", n, err)
+			}
+			if err := sp.AppendAll([]*datamodels.HealthEvent{ev("small", false)}); err != nil {
+				t.Errorf("a small AppendAll after it: %v", err)
+			}
+		})
+	}
+}

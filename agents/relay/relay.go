@@ -96,9 +96,23 @@ const (
 	MaxMessageBytes = 4 << 20
 	// maxStreams bounds the calls in progress on one connection.
 	maxStreams = 16
-	// maxFutureSkew is how far ahead generatedTimestamp may be (the
-	// gateway's default).
+	// maxFutureSkew is how far ahead of the agent's clock
+	// generatedTimestamp may be (the gateway's default
+	// gateway.max_future_skew). The relay cannot know the gateway's
+	// setting or clock: an event it takes that the gateway then refuses
+	// as in its future (a lower gateway.max_future_skew, the node's clock
+	// ahead) is not lost, the agent's sender resends it with the
+	// gateway's receive time, the monitor's kept in its metadata
+	// (events.MetaAgentGeneratedAt).
 	maxFutureSkew = 5 * time.Minute
+	// MinSpoolBytes is the least agent spool (spool.max_bytes) that can
+	// hold the largest call the relay takes, non-fatal, when empty: below
+	// the 90% of it that non-fatal events may fill, MaxMessageBytes and,
+	// for each of up to MaxBatch events, the spool's record header and
+	// what the relay stamps (the id, the system UUID). A call larger than
+	// a smaller spool holds would be refused as Unavailable ("resend
+	// later") at every resend.
+	MinSpoolBytes = 5 << 20
 )
 
 // Server is the relay: the PlatformConnector service on the socket.

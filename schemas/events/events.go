@@ -66,6 +66,13 @@ const MetaGPUPods = "faultline.io/gpu-pods"
 // a pod created later is not in the list whatever GPU it holds.
 const MetaGPUPodsAt = "faultline.io/gpu-pods-at"
 
+// MetaAgentGeneratedAt is the event metadata holding, RFC 3339, the
+// generatedTimestamp the node's agent gave the event where the gateway
+// refused it as more than its gateway.max_future_skew in the future (the
+// node's clock ahead of the gateway's): the agent resends such an event
+// without it, and the gateway stamps its receive time instead.
+const MetaAgentGeneratedAt = "faultline.io/agent-generated-timestamp"
+
 // MetaSystemUUID is the event metadata naming the machine that raised it:
 // its system UUID (/sys/class/dmi/id/product_uuid, what the kubelet
 // reports as the Node's status.nodeInfo.systemUUID), stamped by the

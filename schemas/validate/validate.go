@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -43,6 +44,12 @@ var NodeNamePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0
 type FieldError struct {
 	Field  string
 	Reason string
+	// Code names, for a refusal a client can act on, what was refused
+	// (ReasonFutureTimestamp, ReasonBatchLimit); "" for the others. The
+	// gateway answers it as a google.rpc.ErrorInfo (StatusError).
+	Code string
+	// Info is Code's details: the ErrorInfo's metadata.
+	Info map[string]string
 }
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
@@ -75,11 +82,16 @@ func (v Validator) ValidateBatch(evs []*datamodels.HealthEvent, now time.Time) e
 		return fieldErr("events", "at least one event is required")
 	}
 	if len(evs) > v.MaxBatch {
-		return fieldErr("events", "%d events exceed the batch limit of %d", len(evs), v.MaxBatch)
+		err := fieldErr("events", "%d events exceed the batch limit of %d", len(evs), v.MaxBatch)
+		err.Code, err.Info = ReasonBatchLimit, map[string]string{InfoMaxBatch: strconv.Itoa(v.MaxBatch)}
+		return err
 	}
 	for i, ev := range evs {
 		if err := v.Validate(ev, now); err != nil {
 			err.Field = fmt.Sprintf("events[%d].%s", i, err.Field)
+			if err.Code != "" {
+				err.Info[InfoIndex] = strconv.Itoa(i)
+			}
 			return err
 		}
 	}
@@ -173,7 +185,9 @@ func (v Validator) Validate(ev *datamodels.HealthEvent, now time.Time) *FieldErr
 		}
 		t := ts.AsTime()
 		if t.After(now.Add(v.MaxFutureSkew)) {
-			return fieldErr("generatedTimestamp", "%s is more than %s in the future", t.Format(time.RFC3339), v.MaxFutureSkew)
+			err := fieldErr("generatedTimestamp", "%s is more than %s in the future", t.Format(time.RFC3339), v.MaxFutureSkew)
+			err.Code, err.Info = ReasonFutureTimestamp, map[string]string{InfoMaxFutureSkew: v.MaxFutureSkew.String()}
+			return err
 		}
 		if t.Year() < MinYear {
 			return fieldErr("generatedTimestamp", "%s is before the year %d", t.Format(time.RFC3339), MinYear)
