@@ -482,6 +482,32 @@ func TestFloodLineAfterItsWindowClosed(t *testing.T) {
 	}
 }
 
+// TestFloodSXidSummaryHeld: the summary of an SXid flood that polls save
+// (held) while its window is open says "repeated N times" once, however
+// many polls made it.
+func TestFloodSXidSummaryHeld(t *testing.T) {
+	p := testParser(t, nil)
+	for _, sec := range []string{"100.000000", "100.500000", "101.000000"} {
+		p.Process(Line{Text: "[" + sec + "] nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 20001, Non-fatal, Link 46 TX Replay Error", Mono: -1})
+	}
+	p.Flush(false) // the last line's group is complete; its window stays open
+	var got []*datamodels.HealthEvent
+	for i := 0; i < 3; i++ {
+		got = append(got, p.held(1<<20)...)
+	}
+	p.Flush(true)
+	final := p.Drain()
+	got = append(got, final...)
+	for _, ev := range got {
+		if n := strings.Count(ev.Message, "rate-limited"); n > 1 {
+			t.Errorf("suffix %d times: %s", n, ev.Message)
+		}
+	}
+	if len(final) != 2 || final[1].Metadata["count"] != "2" || strings.Count(final[1].Message, "(repeated 2 times, rate-limited)") != 1 {
+		t.Fatalf("want the first line, then a summary of 2 saying so once:\n%s", encodeT(final))
+	}
+}
+
 func TestCatalog(t *testing.T) {
 	c, err := DefaultCatalog()
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/schemas/events"
@@ -503,8 +504,11 @@ func (p *Parser) flushPending() {
 		}
 		pd.ev.Metadata["details"] = events.Truncate(strings.Join(pd.details, "\n"), validate.MaxMetadataVal)
 	}
+	// Each summary gets its own copy of the event to add its count to.
 	link := pd.ev.Metadata["link"]
-	p.emit(pd.ev.ErrorCode[0]+"|"+pd.ev.Metadata["pci_bus_id"]+"|"+link, pd.t, func() *datamodels.HealthEvent { return pd.ev })
+	p.emit(pd.ev.ErrorCode[0]+"|"+pd.ev.Metadata["pci_bus_id"]+"|"+link, pd.t, func() *datamodels.HealthEvent {
+		return proto.Clone(pd.ev).(*datamodels.HealthEvent)
+	})
 }
 
 // --- mlx5 ---
