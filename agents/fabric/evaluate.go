@@ -1148,7 +1148,12 @@ func (e *Evaluator) sxidEvent(t time.Time, ll LogLine, sx SXidLine) *datamodels.
 	}
 	ents := []*datamodels.Entity{switchEntity(sx.SwitchPCI)}
 	meta := map[string]string{"sxid": strconv.Itoa(sx.Code), "table_class": info.Class, "table_text": info.Text, "recovery": info.Recovery,
-		"pci_bus_id": sx.SwitchPCI, "log_line": ll.Raw, "fid": sx.Fid, "platform": e.platform.Name}
+		"pci_bus_id": sx.SwitchPCI, "log_line": ll.Raw, "platform": e.platform.Name}
+	if sx.NodeID != "" {
+		meta["node_id"] = sx.NodeID
+	} else {
+		meta["fid"] = sx.Fid
+	}
 	if !listed {
 		meta["catalog"] = "unlisted"
 	}

@@ -285,7 +285,7 @@ func (r *LogReader) ReadLog(text string) []LogLine {
 // --- references in FM messages ---
 
 var (
-	reSXid       = regexp.MustCompile(`(?i)detected nvswitch (fatal|non-fatal) error (\d+)(?: on fid (\d+))? on nvswitch pci bus id ([0-9a-fA-F:.]+)(?: physical id (\d+))?(?: port (\d+))?`)
+	reSXid       = regexp.MustCompile(`(?i)detected nvswitch (fatal|non-fatal) error (\d+)(?: on (fid|nodeid) (\d+))? on nvswitch pci bus id ([0-9a-fA-F:.]+)(?: physical id (\d+))?(?: port (\d+))?`)
 	reGPUPhys    = regexp.MustCompile(`(?i)gpu (?:physical id|physicalid|module id)[: ]+(\d+)`)
 	reSwitchPCI  = regexp.MustCompile(`(?i)nvswitch (?:pci bus id|pci|bdf)[: ]+([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-9a-fA-F])?)`)
 	reSwitchPhys = regexp.MustCompile(`(?i)(?:nvswitch|switch) (?:physical id|physicalid)[: ]+(\d+)`)
@@ -331,11 +331,13 @@ func refsOf(msg string) Refs {
 	return r
 }
 
-// SXidLine is an FM log "detected NVSwitch (non-)fatal error" line.
+// SXidLine is an FM log "detected NVSwitch (non-)fatal error" line. FM
+// names the fabric node as "on fid N" (up to 580) or "on NodeId N" (590).
 type SXidLine struct {
 	Code       int
 	Fatal      bool
 	Fid        string
+	NodeID     string
 	SwitchPCI  string
 	SwitchPhys int
 	Port       int
@@ -349,13 +351,18 @@ func parseSXidLine(msg string) (SXidLine, bool) {
 	if m == nil {
 		return SXidLine{}, false
 	}
-	s := SXidLine{Fatal: strings.EqualFold(m[1], "fatal"), Fid: m[3], SwitchPCI: normPCI(m[4]), SwitchPhys: -1, Port: -1}
+	s := SXidLine{Fatal: strings.EqualFold(m[1], "fatal"), SwitchPCI: normPCI(m[5]), SwitchPhys: -1, Port: -1}
 	s.Code, _ = strconv.Atoi(m[2])
-	if m[5] != "" {
-		s.SwitchPhys, _ = strconv.Atoi(m[5])
+	if strings.EqualFold(m[3], "nodeid") {
+		s.NodeID = m[4]
+	} else {
+		s.Fid = m[4]
 	}
 	if m[6] != "" {
-		s.Port, _ = strconv.Atoi(m[6])
+		s.SwitchPhys, _ = strconv.Atoi(m[6])
+	}
+	if m[7] != "" {
+		s.Port, _ = strconv.Atoi(m[7])
 	}
 	return s, true
 }

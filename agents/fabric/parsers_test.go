@@ -240,3 +240,26 @@ func TestLogReaderYear(t *testing.T) {
 		}
 	}
 }
+
+// FM names the fabric node "on fid N" up to 580 and "on NodeId N" from 590
+// (journal/field-590-nodeid-sxid.journal); a line with either is an SXid.
+func TestParseSXidLine(t *testing.T) {
+	for _, tc := range []struct {
+		msg  string
+		want SXidLine
+	}{
+		{"detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 3 port 33",
+			SXidLine{Code: 20034, Fatal: true, Fid: "0", SwitchPCI: "0000:86:00.0", SwitchPhys: 3, Port: 33}},
+		{"detected NVSwitch non-fatal error 22013 on NodeId 0 on NVSwitch pci bus id 00000000:08:00.0 physical id 3 port 60",
+			SXidLine{Code: 22013, NodeID: "0", SwitchPCI: "0000:08:00.0", SwitchPhys: 3, Port: 60}},
+		{"detected NVSwitch fatal error 20034 on NodeId 1 on NVSwitch pci bus id 00000000:08:00.0 physical id 3 port 61",
+			SXidLine{Code: 20034, Fatal: true, NodeID: "1", SwitchPCI: "0000:08:00.0", SwitchPhys: 3, Port: 61}},
+		{"detected NVSwitch non-fatal error 12028 on NVSwitch pci bus id 00000000:86:00.0",
+			SXidLine{Code: 12028, SwitchPCI: "0000:86:00.0", SwitchPhys: -1, Port: -1}},
+	} {
+		got, ok := parseSXidLine(tc.msg)
+		if !ok || got != tc.want {
+			t.Errorf("parseSXidLine(%q) = %+v, %v; want %+v", tc.msg, got, ok, tc.want)
+		}
+	}
+}

@@ -183,6 +183,11 @@ func TestScenarios(t *testing.T) {
 				"FabricManagerNVSwitchError:SXID-12028:nonfatal:RESTART_VM@0000:86:00.0",
 				"FabricManagerRuntime:FM-MULTICAST-TEAM-GPU-UNKNOWN:nonfatal:NONE@nvidia-fabricmanager"},
 			map[int]map[string]string{0: {"port": "61", "switch_physical_id": "3", "expected_gpu_xids": "XID-45", "port_type": "unknown"}}},
+		{"fm590-nodeid-sxid", []string{"--nvswitches", "4", "journal/field-590-nodeid-sxid.journal", "fmlog/constructed-590-nodeid-sxid.log"},
+			[]string{"FabricManagerNVSwitchError:SXID-22013:nonfatal:NONE@0000:08:00.0",
+				"FabricManagerNVSwitchError:SXID-22013:nonfatal:NONE@0000:08:00.0",
+				"FabricManagerNVSwitchError:SXID-20034:fatal:COMPONENT_RESET@0000:08:00.0"},
+			map[int]map[string]string{0: {"node_id": "0", "port": "60", "switch_physical_id": "3"}, 2: {"node_id": "0", "port": "61"}}},
 		// --- GPU fabric state (nvidia-smi -q) ---
 		{"completed-insufficient-resources", []string{"smi/azure-insufficient-resources.txt"},
 			[]string{"GPUFabricState:FABRIC-PROBE-FAILURE:fatal:RESTART_BM@index:0"}, map[int]map[string]string{0: {"fabric_attached": "false"}}},

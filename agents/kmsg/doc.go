@@ -37,9 +37,13 @@
 // repeating — is rate-limited: the first occurrence in a window
 // (FloodWindow, default 10s) is reported at once; later ones are counted
 // and closed by one event with metadata count=N and flood=true per window
-// while the flood lasts. Summing metadata "count" gives the exact number
-// of occurrences, across a restart too: what open windows hold is saved
-// with the read position (Check.saveHeld).
+// while the flood lasts. Where the line itself says how bad it is (an
+// SXid's Fatal/Non-fatal, Xid 144-150's Fatal/Nonfatal, Xid 154's new
+// recovery action), lines that say different things are different errors:
+// a fatal one is never folded into a non-fatal one's summary. Summing
+// metadata "count" gives the exact number of occurrences, across a restart
+// too: what open windows hold is saved with the read position
+// (Check.saveHeld).
 //
 // Multi-line messages are grouped: an SXid header line with its
 // "Severity…"/"Data {…}" detail lines is one event (metadata "details");

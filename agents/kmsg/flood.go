@@ -101,7 +101,9 @@ func (f *flood) observe(t time.Time, clock time.Time) {
 
 // admit reports whether an occurrence is to be reported now; when not, it
 // is counted, and build makes its event if it ends up closing the window.
-// Events are built lazily so that a flood costs a key lookup per line.
+// Events are built lazily so that a flood costs a key lookup per line;
+// build must make a new event on each call (a summary adds its count to
+// the one it gets, and held makes one at every poll).
 func (f *flood) admit(key string, build func() *datamodels.HealthEvent, t time.Time) bool {
 	e := f.m[key]
 	if e == nil {

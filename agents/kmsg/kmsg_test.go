@@ -482,6 +482,87 @@ func TestFloodLineAfterItsWindowClosed(t *testing.T) {
 	}
 }
 
+// TestFloodKeepsTheLineSeverity: where a line's own words set its
+// fatality and action (Xid 144-150, Xid 154, SXid), a fatal occurrence
+// among non-fatal ones of the same code on the same device, within one
+// flood window, is reported as fatal, not folded into a summary made of
+// the window's last (non-fatal) occurrence.
+func TestFloodKeepsTheLineSeverity(t *testing.T) {
+	const (
+		xid145 = "[%s] NVRM: Xid (PCI:0000:3b:00): 145, RLW_REMAP %s XC0 i0 Link %s (0x00000000 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)"
+		xid154 = "[%s] NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from %s"
+		sxid   = "[%s] nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 20034, %s, Link 46 LTSSM Fault Up"
+	)
+	for _, tc := range []struct {
+		name  string
+		lines []string
+		want  []want
+	}{
+		{"xid 145", []string{
+			fmt.Sprintf(xid145, "100.000000", "Nonfatal", "08"),
+			fmt.Sprintf(xid145, "101.000000", "Fatal", "08"),
+			fmt.Sprintf(xid145, "102.000000", "Nonfatal", "09"),
+		}, []want{
+			{CheckXID, "XID-145", false, datamodels.RecommendedAction_NONE, "PCI=0000:3b:00", "1"},
+			{CheckXID, "XID-145", true, datamodels.RecommendedAction_COMPONENT_RESET, "PCI=0000:3b:00", "1"},
+			{CheckXID, "XID-145", false, datamodels.RecommendedAction_NONE, "PCI=0000:3b:00", "1"},
+		}},
+		{"xid 154", []string{
+			fmt.Sprintf(xid154, "100.000000", "0x1 (GPU Reset Required) to 0x0 (None)"),
+			fmt.Sprintf(xid154, "101.000000", "0x0 (None) to 0x1 (GPU Reset Required)"),
+			fmt.Sprintf(xid154, "102.000000", "0x1 (GPU Reset Required) to 0x0 (None)"),
+		}, []want{
+			{CheckXID, "XID-154", false, datamodels.RecommendedAction_NONE, "PCI=0000:3b:00", "1"},
+			{CheckXID, "XID-154", true, datamodels.RecommendedAction_COMPONENT_RESET, "PCI=0000:3b:00", "1"},
+			{CheckXID, "XID-154", false, datamodels.RecommendedAction_NONE, "PCI=0000:3b:00", "1"},
+		}},
+		{"sxid", []string{
+			fmt.Sprintf(sxid, "100.000000", "Non-fatal"),
+			fmt.Sprintf(sxid, "101.000000", "Fatal"),
+			fmt.Sprintf(sxid, "102.000000", "Non-fatal"),
+		}, []want{
+			{CheckSXID, "SXID-20034", false, datamodels.RecommendedAction_NONE, "NVSwitch=0000:08:00.0", "1"},
+			{CheckSXID, "SXID-20034", true, datamodels.RecommendedAction_COMPONENT_RESET, "NVSwitch=0000:08:00.0", "1"},
+			{CheckSXID, "SXID-20034", false, datamodels.RecommendedAction_NONE, "NVSwitch=0000:08:00.0", "1"},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testParser(t, nil)
+			for _, l := range tc.lines {
+				p.Process(Line{Text: l, Mono: -1})
+			}
+			p.Flush(true)
+			matchEvents(t, p.Drain(), tc.want)
+		})
+	}
+}
+
+// TestFloodSXidSummaryHeld: the summary of an SXid flood that polls save
+// (held) while its window is open says "repeated N times" once, however
+// many polls made it.
+func TestFloodSXidSummaryHeld(t *testing.T) {
+	p := testParser(t, nil)
+	for _, sec := range []string{"100.000000", "100.500000", "101.000000"} {
+		p.Process(Line{Text: "[" + sec + "] nvidia-nvswitch3: SXid (PCI:0000:08:00.0): 20001, Non-fatal, Link 46 TX Replay Error", Mono: -1})
+	}
+	p.Flush(false) // the last line's group is complete; its window stays open
+	var got []*datamodels.HealthEvent
+	for i := 0; i < 3; i++ {
+		got = append(got, p.held(1<<20)...)
+	}
+	p.Flush(true)
+	final := p.Drain()
+	got = append(got, final...)
+	for _, ev := range got {
+		if n := strings.Count(ev.Message, "rate-limited"); n > 1 {
+			t.Errorf("suffix %d times: %s", n, ev.Message)
+		}
+	}
+	if len(final) != 2 || final[1].Metadata["count"] != "2" || strings.Count(final[1].Message, "(repeated 2 times, rate-limited)") != 1 {
+		t.Fatalf("want the first line, then a summary of 2 saying so once:\n%s", encodeT(final))
+	}
+}
+
 func TestCatalog(t *testing.T) {
 	c, err := DefaultCatalog()
 	if err != nil {

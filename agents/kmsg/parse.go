@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/schemas/events"
@@ -285,14 +286,51 @@ func (p *Parser) xid(r record, s string, t time.Time, known bool) {
 		p.xid79[pci] = t
 		p.fallen[pci] = t
 	}
-	p.emit("XID-"+strconv.Itoa(code)+"|"+pci, t, func() *datamodels.HealthEvent {
+	key := "XID-" + strconv.Itoa(code) + "|" + pci
+	if info := p.cat.XIDs[code]; info.SeverityInLine || code == 154 {
+		// The line's own words set its fatality and action: it is counted
+		// only with lines that say the same, so that a flood summary (the
+		// last occurrence's event) never hides a fatal one.
+		action, sev := xidSeverity(info, code, xidDetail(rest))
+		key += "|" + sev + "|" + action.String()
+	}
+	p.emit(key, t, func() *datamodels.HealthEvent {
 		return p.xidEvent(r, code, pci, mig, rest, t, known)
 	})
 }
 
+// xidDetail is the text of an Xid line after its code, less the pid= and
+// name= parts: what xidEvent reads the severity and action out of.
+func xidDetail(rest string) string {
+	var detail []string
+	for _, part := range strings.Split(rest, ",") {
+		part = strings.TrimSpace(part)
+		if part != "" && !strings.HasPrefix(part, "pid=") && !strings.HasPrefix(part, "name=") {
+			detail = append(detail, part)
+		}
+	}
+	return strings.Join(detail, ", ")
+}
+
+// xidSeverity is the action of an Xid line and the severity it states
+// ("" when none): for codes 144-150 the line's Fatal/Nonfatal, for 154
+// the recovery action it names, else the catalog's action.
+func xidSeverity(info XIDInfo, code int, text string) (datamodels.RecommendedAction, string) {
+	switch {
+	case info.SeverityInLine:
+		if containsFold(text, "nonfatal") || containsFold(text, "non-fatal") {
+			return datamodels.RecommendedAction_NONE, "Nonfatal"
+		} else if strings.Contains(text, "Fatal") || strings.Contains(text, "fatal") {
+			return info.Action, "Fatal"
+		}
+	case code == 154:
+		return xid154Action(text), ""
+	}
+	return info.Action, ""
+}
+
 func (p *Parser) xidEvent(r record, code int, pci, mig, rest string, t time.Time, known bool) *datamodels.HealthEvent {
 	info, listed := p.cat.XID(code)
-	action := info.Action
 
 	meta := lineMeta(r)
 	meta["xid"] = strconv.Itoa(code)
@@ -338,16 +376,9 @@ func (p *Parser) xidEvent(r record, code int, pci, mig, rest string, t time.Time
 			meta["link"] = l
 		}
 	}
-	switch {
-	case info.SeverityInLine:
-		if containsFold(text, "nonfatal") || containsFold(text, "non-fatal") {
-			action = datamodels.RecommendedAction_NONE
-			meta["severity"] = "Nonfatal"
-		} else if strings.Contains(text, "Fatal") || strings.Contains(text, "fatal") {
-			meta["severity"] = "Fatal"
-		}
-	case code == 154:
-		action = xid154Action(text)
+	action, sev := xidSeverity(info, code, text)
+	if sev != "" {
+		meta["severity"] = sev
 	}
 	ents := p.gpuEntities(pci, meta)
 	msg := fmt.Sprintf("XID %d %s (%s) on GPU %s; Resolution: %s", code, info.Mnemonic, info.Description, orUnknown(pci), info.Immediate)
@@ -503,8 +534,11 @@ func (p *Parser) flushPending() {
 		}
 		pd.ev.Metadata["details"] = events.Truncate(strings.Join(pd.details, "\n"), validate.MaxMetadataVal)
 	}
-	link := pd.ev.Metadata["link"]
-	p.emit(pd.ev.ErrorCode[0]+"|"+pd.ev.Metadata["pci_bus_id"]+"|"+link, pd.t, func() *datamodels.HealthEvent { return pd.ev })
+	// A Fatal and a Non-fatal line of one code are counted apart, so that
+	// a flood summary (the last occurrence's event) never hides a fatal
+	// one; each summary gets its own copy of the event to add its count to.
+	key := pd.ev.ErrorCode[0] + "|" + pd.ev.Metadata["pci_bus_id"] + "|" + pd.ev.Metadata["link"] + "|" + strconv.FormatBool(pd.ev.IsFatal)
+	p.emit(key, pd.t, func() *datamodels.HealthEvent { return proto.Clone(pd.ev).(*datamodels.HealthEvent) })
 }
 
 // --- mlx5 ---
