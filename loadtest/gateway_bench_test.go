@@ -78,7 +78,7 @@ func BenchmarkIngest(b *testing.B) {
 		// (gateway.NewProducer's; BENCH_LINGER sets both lingers).
 		gcfg := gw.Config()
 		b.Logf("raw producer: the gateway's linger %s, buffer %d records", gcfg.ProducerLinger, gcfg.MaxBufferedRecords)
-		cl := k.Client(b, append(gatewaytest.ProducerOpts(gcfg), kgo.DefaultProduceTopic(events.TopicEvents))...)
+		cl := k.Client(b, append(gateway.ProducerOpts(gcfg), kgo.DefaultProduceTopic(events.TopicEvents))...)
 		payload := make([][]byte, 1000)
 		for i := range payload {
 			payload[i], _ = events.Marshal(benchEvent(i))

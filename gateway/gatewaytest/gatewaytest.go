@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/internal/kafka"
@@ -85,19 +84,6 @@ func (s *Server) OperatorToken(cluster string) string { return operatorTokenFor(
 
 // Config is the gateway's configuration, as run.
 func (s *Server) Config() gateway.Config { return s.cfg }
-
-// ProducerOpts are the producer settings of a gateway run with cfg
-// (gateway.NewProducer's): acks from every in-sync replica, cfg's linger
-// and buffer, lz4. A load test's raw producer, its ceiling, uses them to
-// produce as the gateway does.
-func ProducerOpts(cfg gateway.Config) []kgo.Opt {
-	return []kgo.Opt{
-		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
-		kgo.ProducerLinger(cfg.ProducerLinger),
-		kgo.ProducerBatchCompression(kgo.Lz4Compression(), kgo.NoCompression()),
-	}
-}
 
 // GRPCAddr is the gateway's gRPC address.
 func (s *Server) GRPCAddr() string { return s.cfg.GRPCAddr }

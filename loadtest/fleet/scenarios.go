@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/faultline/faultline/gateway"
-	"github.com/faultline/faultline/gateway/gatewaytest"
 	"github.com/faultline/faultline/internal/fleetsim"
 	"github.com/faultline/faultline/loadtest/machine"
 	"github.com/faultline/faultline/processors"
@@ -699,7 +698,7 @@ func runIngest(ctx context.Context, e *Env, p Params, r *Report) error {
 	// The ceiling: the raw franz-go producer, the gateway's settings as
 	// it runs, pre-encoded records, to the same broker in the same run.
 	gcfg := e.GW.Config()
-	cl := e.KafkaClient(append(gatewaytest.ProducerOpts(gcfg), kgo.DefaultProduceTopic("loadtest.raw"))...)
+	cl := e.KafkaClient(append(gateway.ProducerOpts(gcfg), kgo.DefaultProduceTopic("loadtest.raw"))...)
 	e.Kafka.CreateTopic(e.TB, "loadtest.raw", 12)
 	// Until every partition of the new topic takes a record: a broker
 	// names a partition's leader before it hosts it, and a record the

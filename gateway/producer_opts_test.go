@@ -1,21 +1,19 @@
-package gatewaytest
+package gateway
 
 import (
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/faultline/faultline/gateway"
 )
 
 // TestProducerOpts: a raw producer built from ProducerOpts lingers and
 // buffers as the gateway run with the same config does (the shipped 2 ms
 // and 100,000 records, or a test's override), not a setting of its own.
 func TestProducerOpts(t *testing.T) {
-	tuned := gateway.DefaultConfig()
+	tuned := DefaultConfig()
 	tuned.ProducerLinger, tuned.MaxBufferedRecords = 5*time.Millisecond, 1<<20
-	for name, cfg := range map[string]gateway.Config{"shipped": gateway.DefaultConfig(), "tuned": tuned} {
+	for name, cfg := range map[string]Config{"shipped": DefaultConfig(), "tuned": tuned} {
 		cl, err := kgo.NewClient(ProducerOpts(cfg)...)
 		if err != nil {
 			t.Fatal(err)
