@@ -34,16 +34,24 @@ type Producer struct {
 	bufferedMu sync.Mutex
 }
 
-// NewProducer connects a producer client.
-func NewProducer(kcfg kafka.Config, cfg Config, log *slog.Logger) (*Producer, error) {
-	cl, err := kafka.NewClient(kcfg, log,
-		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotent writes are the default with acks=all
+// ProducerOpts are the producer settings of a gateway run with cfg:
+// acks from every in-sync replica (idempotent writes are the default with
+// acks=all), cfg's buffer, delivery timeout and linger, lz4. A load
+// test's raw producer, its ceiling, uses them to produce as the gateway
+// does.
+func ProducerOpts(cfg Config) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.MaxBufferedRecords(cfg.MaxBufferedRecords),
 		kgo.RecordDeliveryTimeout(cfg.ProduceTimeout),
 		kgo.ProducerLinger(cfg.ProducerLinger),
 		kgo.ProducerBatchCompression(kgo.Lz4Compression(), kgo.NoCompression()),
-		kgo.DefaultProduceTopic(events.TopicEvents),
-	)
+	}
+}
+
+// NewProducer connects a producer client.
+func NewProducer(kcfg kafka.Config, cfg Config, log *slog.Logger) (*Producer, error) {
+	cl, err := kafka.NewClient(kcfg, log, append(ProducerOpts(cfg), kgo.DefaultProduceTopic(events.TopicEvents))...)
 	if err != nil {
 		return nil, err
 	}

@@ -74,10 +74,11 @@ func BenchmarkIngest(b *testing.B) {
 	}
 
 	b.Run("RawProducer", func(b *testing.B) {
-		// The gateway's producer settings (gateway.NewProducer).
-		cl := k.Client(b, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(time.Millisecond),
-			kgo.ProducerBatchCompression(kgo.Lz4Compression(), kgo.NoCompression()),
-			kgo.MaxBufferedRecords(1<<20), kgo.DefaultProduceTopic(events.TopicEvents))
+		// The gateway's producer settings as it runs here
+		// (gateway.NewProducer's; BENCH_LINGER sets both lingers).
+		gcfg := gw.Config()
+		b.Logf("raw producer: the gateway's linger %s, buffer %d records", gcfg.ProducerLinger, gcfg.MaxBufferedRecords)
+		cl := k.Client(b, append(gateway.ProducerOpts(gcfg), kgo.DefaultProduceTopic(events.TopicEvents))...)
 		payload := make([][]byte, 1000)
 		for i := range payload {
 			payload[i], _ = events.Marshal(benchEvent(i))

@@ -82,6 +82,9 @@ func (s *Server) Token(cluster string) string { return tokenFor(cluster) }
 // events are stamped with submitter role OPERATOR.
 func (s *Server) OperatorToken(cluster string) string { return operatorTokenFor(cluster) }
 
+// Config is the gateway's configuration, as run.
+func (s *Server) Config() gateway.Config { return s.cfg }
+
 // GRPCAddr is the gateway's gRPC address.
 func (s *Server) GRPCAddr() string { return s.cfg.GRPCAddr }
 

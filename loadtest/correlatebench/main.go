@@ -20,7 +20,8 @@
 //
 // Each phase reports, per rule, the triggers evaluated and skipped, and
 // fails when a rule was never evaluated (the mix covers every shipped
-// rule). Usage (without -clickhouse.addr it starts a ClickHouse server in a
+// rule); steady prints a warning line for a rule triggered but never
+// decided (every trigger skipped by a standing verdict). Usage (without -clickhouse.addr it starts a ClickHouse server in a
 // temporary directory):
 //
 //	go run ./loadtest/correlatebench -history 10000000 -events 100000
@@ -262,11 +263,29 @@ func (b *bench) phase(ctx context.Context, name string, all bool, n, batch int) 
 		}
 		fmt.Printf("  %-24s triggers %7.0f: decided %7.0f, %s %7.0f; value queries %3.0f (%.2fs), cause queries %3.0f (%.2fs)\n",
 			r, ev+sk, ev, skipped, sk, q, qs, cq, cs)
-		if ev+sk == 0 || (all && q == 0) {
+		failed, warning := judge(all, ev, sk, q)
+		if failed {
 			never = append(never, name+":"+r)
+		}
+		if warning != "" {
+			fmt.Printf("  warning: %s %s: %s\n", name, r, warning)
 		}
 	}
 	return never, nil
+}
+
+// judge is a rule's outcome in a phase from its triggers decided (ev)
+// and skipped (sk) and its value queries (q): failed when the mix never
+// triggered it, or with all (EvaluateAll) never queried it; a warning
+// when it was triggered but never decided without all — a sweep-onset
+// rule whose standing verdict skips every trigger does that rightly, but
+// the phase's rate then holds none of its window queries.
+func judge(all bool, ev, sk, q float64) (failed bool, warning string) {
+	failed = ev+sk == 0 || (all && q == 0)
+	if !all && ev == 0 && sk > 0 {
+		warning = fmt.Sprintf("%.0f triggers, none decided (all skipped by a standing verdict): none of its window queries is in this phase's rate", sk)
+	}
+	return failed, warning
 }
 
 func ruleNames(h *correlate.Handler) []string {

@@ -76,8 +76,8 @@ type BrokerRollResult struct {
 type RollFault struct {
 	Sent                                       time.Duration
 	ToCordon, ToDrain, ToDrained, ToRebootNode time.Duration
-	// ToVerdict: from the send of its pair's second Xid 31 to the verdict
-	// (with the correlate role).
+	// ToVerdict: from the first send of its pair's second Xid 31
+	// (pushbacks included) to the verdict (with the correlate role).
 	ToVerdict time.Duration
 }
 
@@ -86,7 +86,8 @@ const rollPairGap = 250 * time.Millisecond
 
 // sendPair sends the two Xid 31 of fault i's pair (node pairNode), each
 // with an id of its own and sent again while pushed back, and returns
-// when the second was sent.
+// when the second was first sent: before its first try, pushbacks
+// included, as the faults' clock starts at their first send.
 func (e *Env) sendPair(ctx context.Context, cluster, pairNode string, i int, pushbacks *atomic.Int64) (time.Time, error) {
 	var at time.Time
 	for k := range 2 {
@@ -95,12 +96,12 @@ func (e *Env) sendPair(ctx context.Context, cluster, pairNode string, i int, pus
 		}
 		ev := fleetsim.Xid(pairNode, 0, 31)
 		ev.Id = fmt.Sprintf("broker-roll-pair-%d-%d", i, k)
-		t, n, err := e.sendAccepted(ctx, GRPC, cluster, []*datamodels.HealthEvent{ev}, faultResend)
+		at = time.Now() // not sendAccepted's: that is the accepted try's
+		_, n, err := e.sendAccepted(ctx, GRPC, cluster, []*datamodels.HealthEvent{ev}, faultResend)
 		pushbacks.Add(n)
 		if err != nil {
 			return at, fmt.Errorf("send pair %d's Xid 31 #%d: %w", i, k+1, err)
 		}
-		at = t
 	}
 	return at, nil
 }

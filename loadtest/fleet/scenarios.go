@@ -695,11 +695,10 @@ func massRecovery(ctx context.Context, e *Env, p Params, r *Report, n, cordoned 
 func runIngest(ctx context.Context, e *Env, p Params, r *Report) error {
 	cluster := e.Clusters[0]
 	gen := BackgroundMix(0, p.Nodes, 0, 0)
-	// The ceiling: the raw franz-go producer, the gateway's settings,
-	// pre-encoded records, to the same broker in the same run.
-	cl := e.KafkaClient(kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(time.Millisecond),
-		kgo.ProducerBatchCompression(kgo.Lz4Compression(), kgo.NoCompression()), kgo.MaxBufferedRecords(1<<20),
-		kgo.DefaultProduceTopic("loadtest.raw"))
+	// The ceiling: the raw franz-go producer, the gateway's settings as
+	// it runs, pre-encoded records, to the same broker in the same run.
+	gcfg := e.GW.Config()
+	cl := e.KafkaClient(append(gateway.ProducerOpts(gcfg), kgo.DefaultProduceTopic("loadtest.raw"))...)
 	e.Kafka.CreateTopic(e.TB, "loadtest.raw", 12)
 	// Until every partition of the new topic takes a record: a broker
 	// names a partition's leader before it hosts it, and a record the
@@ -743,7 +742,8 @@ func runIngest(ctx context.Context, e *Env, p Params, r *Report) error {
 		return err
 	}
 	raw := float64(nRaw) / time.Since(t0).Seconds()
-	r.Figure("ingest ceiling: raw franz-go producer %d records in %s: %.0f events/s", nRaw, time.Since(t0).Round(time.Millisecond), raw)
+	r.Figure("ingest ceiling: raw franz-go producer (the gateway's linger %s, buffer %d records) %d records in %s: %.0f events/s",
+		gcfg.ProducerLinger, gcfg.MaxBufferedRecords, nRaw, time.Since(t0).Round(time.Millisecond), raw)
 	r.Check(failed.Load() == 0, "raw producer: %d records failed: %v", failed.Load(), firstErr.Load())
 
 	var before uint64

@@ -82,11 +82,15 @@ func main() {
 		fmt.Fprintf(os.Stderr, "fleetload: -scenario must be one of %s\n", strings.Join(fleet.Names(), ", "))
 		os.Exit(2)
 	}
-	p.Transport = fleet.Transport(*transport)
+	var err error
+	if p.Transport, err = parseTransport(*transport); err != nil {
+		fmt.Fprintln(os.Stderr, "fleetload:", err)
+		os.Exit(2)
+	}
 	p.KubeQPS = float32(*kubeQPS)
-	if *nodeEvents != "" {
-		v := *nodeEvents == "true"
-		p.NodeEvents = &v
+	if p.NodeEvents, err = parseNodeEvents(*nodeEvents); err != nil {
+		fmt.Fprintln(os.Stderr, "fleetload:", err)
+		os.Exit(2)
 	}
 	if *slowCluster != "" {
 		d, err := time.ParseDuration(*slowCluster)
@@ -122,6 +126,29 @@ func main() {
 	if len(r.Failures) > 0 {
 		os.Exit(1)
 	}
+}
+
+// parseTransport is -transport: grpc, rest or empty (the scenario's
+// default). Anything else is an error: the load would send through REST.
+func parseTransport(s string) (fleet.Transport, error) {
+	switch t := fleet.Transport(s); t {
+	case "", fleet.GRPC, fleet.REST:
+		return t, nil
+	}
+	return "", fmt.Errorf("-transport must be %s or %s, not %q", fleet.GRPC, fleet.REST, s)
+}
+
+// parseNodeEvents is -node-events: empty (nil: the shipped setting) or a
+// boolean as strconv.ParseBool reads it.
+func parseNodeEvents(s string) (*bool, error) {
+	if s == "" {
+		return nil, nil
+	}
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return nil, fmt.Errorf("-node-events must be true or false, not %q", s)
+	}
+	return &v, nil
 }
 
 // replicaMain is "fleetload -replica ...": one replica, started by the
