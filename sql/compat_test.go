@@ -243,23 +243,28 @@ func seed() (stored, batch []seedEvent, actions, batchActions []seedAction) {
 	ib, ibDeg, xid, sxid, fm := "InfiniBandStateCheck", "InfiniBandDegradationCheck", "SysLogsXIDError", "SysLogsSXIDError", "FabricManagerNVSwitchError"
 	// RepeatedNICLinkFlap: a port going down three times in two minutes
 	// (state check and link_downed counter), recovering in between; its
-	// first DOWN reported again (a second source) is no second down.
+	// first DOWN reported again (a second source) is no second down, nor
+	// is an error recovery (non-fatal) before a DOWN.
 	add(
-		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(0)},
-		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(2 * time.Second)},
+		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(0), fatal: true},
+		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(2 * time.Second), fatal: true},
 		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(30 * time.Second), healthy: true},
-		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(60*time.Second + 250*time.Millisecond)},
+		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(60 * time.Second)},
+		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(60*time.Second + 250*time.Millisecond), fatal: true},
 		seedEvent{node: "n-flap", check: ibDeg, ents: port("mlx5_0"), at: s(61 * time.Second), codes: []string{"link_downed"}, meta: [][2]string{{"delta", "2"}}},
 		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(90 * time.Second), healthy: true},
 		seedEvent{node: "n-flap", check: ibDeg, ents: port("mlx5_0"), at: s(121 * time.Second), codes: []string{"link_downed", "symbol_error"}},
-		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_1"), at: s(5 * time.Minute)},
+		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_1"), at: s(5 * time.Minute), fatal: true},
 	)
 	// NICPortDrop: mlx5_2 goes down and stays down (its own link_downed
-	// inside grace); mlx5_3 goes down and retrains later (a flap, not a drop).
+	// inside grace); mlx5_3 goes down and retrains later (a flap, not a
+	// drop); mlx5_4 sits in INIT (non-fatal: waiting for the subnet
+	// manager, not down).
 	add(
-		seedEvent{node: "n-drop", check: ib, ents: port("mlx5_2"), at: s(0)},
+		seedEvent{node: "n-drop", check: ib, ents: port("mlx5_2"), at: s(0), fatal: true},
 		seedEvent{node: "n-drop", check: ibDeg, ents: port("mlx5_2"), at: s(5 * time.Second), codes: []string{"link_downed"}},
-		seedEvent{node: "n-drop", check: "EthernetStateCheck", ents: port("mlx5_3"), at: s(0)},
+		seedEvent{node: "n-drop", check: ib, ents: port("mlx5_4"), at: s(0)},
+		seedEvent{node: "n-drop", check: "EthernetStateCheck", ents: port("mlx5_3"), at: s(0), fatal: true},
 		seedEvent{node: "n-drop", check: "EthernetDegradationCheck", ents: port("mlx5_3"), at: s(2 * time.Minute), codes: []string{"link_downed"}, meta: [][2]string{{"delta", "1"}}},
 	)
 	// RepeatedXIDOnSameGPU: fatal Xid 48s in separate bursts (gap 3m), a

@@ -357,7 +357,7 @@ func (h *Handler) suppressions(ctx context.Context, r *Rule, trigs []trigger) (m
 		}
 		h.mu.Unlock()
 		for k, s := range standing {
-			if s {
+			if s && r.suppressedBy(k) {
 				c, _, _ := strings.Cut(k, "\x00")
 				if _, ok := out[c]; !ok {
 					out[c] = name
@@ -366,6 +366,23 @@ func (h *Handler) suppressions(ctx context.Context, r *Rule, trigs []trigger) (m
 		}
 	}
 	return out, nil
+}
+
+// suppressedBy reports whether a suppressor's standing verdict (key
+// cluster\x00entity, the entity FABRIC=<check>|<code>) is about r's checks:
+// an incident suppresses only the rules over its own check (a NIC state
+// incident the NIC rules, an NVSwitch SXid one not). Before, a standing
+// incident of any signature suppressed the whole cluster's NIC rules: a
+// node's port DOWN for good stood STORE_ONLY while four nodes' SXids did.
+// A rule that names no checks is suppressed by any.
+func (r *Rule) suppressedBy(key string) bool {
+	if len(r.checks) == 0 {
+		return true
+	}
+	_, entity, _ := strings.Cut(key, "\x00")
+	sig := strings.TrimPrefix(entity, EntityFabric+"=")
+	check, _, _ := strings.Cut(sig, "|")
+	return slices.Contains(r.checks, check)
 }
 
 const standingSQL = `

@@ -126,6 +126,9 @@ type RuleSpec struct {
 	// (metadata mode=suppressed); one that still holds once none stands
 	// goes live in the sweep, while fewer of the cluster's nodes than the
 	// suppressor's threshold still hold this rule's suppressed verdicts.
+	// Only a verdict whose signature's check is one of this rule's checks
+	// (its params named checks or ending in _checks) suppresses it, when it
+	// names any: an NVSwitch SXid incident does not suppress the NIC rules.
 	SuppressedBy []string `toml:"suppressed_by"`
 	// Params are bound to the queries as @name.
 	Params map[string]any `toml:"params"`
@@ -192,6 +195,11 @@ type Rule struct {
 	// readsMachine: the query reads triggers.machine, so a sweep names the
 	// machine each node reports now (Handler.machines).
 	readsMachine bool
+	// checks: the check names of the rule's params named checks or
+	// ending in _checks (the events it counts); a suppressor's verdict
+	// suppresses it only when its signature's check is one of them
+	// (suppressedBy). Empty: any verdict does.
+	checks []string
 }
 
 // ConfigError is a rules-file error naming the rule and the field.
@@ -360,6 +368,9 @@ func compileRule(s RuleSpec, dir fs.FS) (*Rule, error) {
 			return nil, bad("params."+k, err)
 		}
 		r.args[k] = bv
+		if cs, ok := bv.([]string); ok && (k == "checks" || strings.HasSuffix(k, "_checks")) {
+			r.checks = append(r.checks, cs...)
+		}
 	}
 	for k, v := range s.Durations {
 		d, err := time.ParseDuration(v)

@@ -1,6 +1,9 @@
 -- FabricIncident: how many distinct nodes of one cluster reported the same
--- fault (gkey = the signature "checkName|firstErrorCode") unhealthy in
--- (at - window, at].
+-- fault (gkey = the signature "checkName|firstErrorCode") fatal unhealthy
+-- in (at - window, at]. Non-fatal events (a non-fatal SXid such as 20001,
+-- informational per the Fabric Manager guide; a NIC port's transient INIT
+-- or LinkErrorRecovery) make no incident: four nodes' TX replays stood as
+-- one and suppressed the cluster's NIC rules.
 --
 -- Evaluated per group in one sorted pass, not per trigger × event: a node
 -- counts at `at` when one of its events t has t <= at < t + window, so each
@@ -65,11 +68,11 @@ FROM
                     SELECT cityHash64(cluster, concat(check, '|', error_codes[1])) AS gh, cityHash64(node) AS n, id, toUInt64(ts) * 1000 + ts_ms AS t
                     FROM recent_events
                     PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
-                    WHERE cluster IN (SELECT cluster FROM triggers) AND is_healthy = 0
+                    WHERE cluster IN (SELECT cluster FROM triggers) AND is_healthy = 0 AND is_fatal = 1
                     UNION ALL
                     SELECT cityHash64(cluster, concat(check, '|', error_codes[1])) AS gh, cityHash64(node) AS n, id, toUInt64(ts) * 1000 + ts_ms AS t
                     FROM batch
-                    WHERE has(@checks, check) AND is_healthy = 0
+                    WHERE has(@checks, check) AND is_healthy = 0 AND is_fatal = 1
                         AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
                 )
                 LIMIT 1 BY id

@@ -1,19 +1,23 @@
 -- RepeatedNICLinkFlap: link-downs of one NIC port (gkey = the port's
 -- entity key "NIC=mlx5_0,NICPort=1") in (at - window, at].
--- A flap is a transition: a state-check down is an unhealthy state event
--- of the port whose previous state event (per port in time order, over
--- every source) is healthy, or that is the port's first state event read
--- (the port was up before, or it would not be reported). Unhealthy events
--- with no healthy one between are one down: the NIC agent's escalation
--- ACTIVE -> LinkErrorRecovery/INIT (non-fatal) -> DOWN (fatal), reported
--- as two unhealthy events; a DOWN reported again (the agent restarted
--- between spooling it and saving its state: a new id and time); a second
--- source's report of the same DOWN (NVSentinel's NIC monitor beside
--- faultline's nic check). A link_downed counter increase from the
--- degradation check counts its delta. One real flap usually produces
--- both a state event and a counter increase, so the two are not added:
--- the value is max(state-check downs, sum of link_downed deltas), which
--- also counts the sub-second flaps only the counter sees.
+-- A flap is a transition: a state-check down is a fatal unhealthy state
+-- event of the port (DOWN, Disabled) whose previous state event (per port
+-- in time order, over every source) is not fatal-unhealthy, or that is the
+-- port's first state event read (the port was up before, or it would not
+-- be reported). A non-fatal unhealthy event (ACTIVE/LinkErrorRecovery,
+-- INIT or ARMED on InfiniBand: transient, action NONE) is no down: three
+-- error recoveries of a port whose link never went down are no flap (they
+-- were counted like a DOWN: a healthy node's REPLACE_VM). Fatal events
+-- with no other state between are one down: a DOWN reported again (the
+-- agent restarted between spooling it and saving its state: a new id and
+-- time); a second source's report of the same DOWN (NVSentinel's NIC
+-- monitor beside faultline's nic check). The NIC agent's escalation
+-- ACTIVE -> LinkErrorRecovery (non-fatal) -> DOWN (fatal) is one down, at
+-- the DOWN. A link_downed counter increase from the degradation check
+-- counts its delta. One real flap usually produces both a state event and
+-- a counter increase, so the two are not added: the value is
+-- max(state-check downs, sum of link_downed deltas), which also counts the
+-- sub-second flaps only the counter sees.
 -- Only the trigger's machine's events count (see "The machine" in
 -- sql/rules/README.md).
 -- param: state_checks Array(String)    state-check names
@@ -26,10 +30,10 @@ SELECT
 FROM (SELECT tid, cityHash64(cluster, node, gkey) AS gh, at_ms, machine AS tm FROM triggers) AS tr
 ALL INNER JOIN
 (
-    -- per port, its state events in time order: an unhealthy one counts
-    -- (down = 1) when it is the first or follows a healthy one (a
-    -- healthy -> unhealthy crossing); counter increases (down = 0) are
-    -- kept as they are; healthy state events only tell crossings apart;
+    -- per port, its state events in time order: a fatal unhealthy one
+    -- counts (down = 1) when it is the first or follows one that is not
+    -- (a crossing into DOWN); counter increases (down = 0) are kept as
+    -- they are; the other state events only tell crossings apart;
     -- a state event of another machine before it (a machine swap: both
     -- name their machine, and not the same) is no state of this port
     SELECT gh, tupleElement(r, 1) AS id, tupleElement(r, 2) AS t, tupleElement(r, 3) AS down, tupleElement(r, 4) AS delta,
@@ -38,8 +42,8 @@ ALL INNER JOIN
     (
         SELECT gh,
             arrayConcat(
-                arrayFilter((x, i) -> kinds_s[i] != 0
-                    AND (i = 1 OR kinds_s[i - 1] = 0 OR (ms_s[i - 1] != ms_s[i] AND ms_s[i - 1] != '' AND ms_s[i] != '')),
+                arrayFilter((x, i) -> kinds_s[i] = 1
+                    AND (i = 1 OR kinds_s[i - 1] != 1 OR (ms_s[i - 1] != ms_s[i] AND ms_s[i - 1] != '' AND ms_s[i] != '')),
                     -- kinds_s is an argument so that 18.16 reads it for the filter's lambda
                     arrayMap((a, b, k, mm) -> tuple(a, b, toUInt8(1), toUInt64(0), mm), ids_s, ts_s, kinds_s, ms_s), arrayEnumerate(ids_s)),
                 arrayMap((a, b, d, mm) -> tuple(a, b, toUInt8(0), d, mm), cids, cts, cdeltas, cms)) AS rs

@@ -1,13 +1,14 @@
 -- NICPortDrop sweep candidates: ports whose last state-check event in
--- [since, until] is unhealthy (the rule query then decides whether it has
--- lasted hold with no recovery attempt).
+-- [since, until] is fatal unhealthy (DOWN, Disabled: a non-fatal INIT,
+-- ARMED or LinkErrorRecovery is no DOWN; the rule query then decides
+-- whether it has lasted hold with no recovery attempt).
 -- param: state_checks Array(String)  state-check names
 SELECT cluster, node, gkey, entity_types, entity_values
 FROM
 (
     SELECT
         cluster, node, entity AS gkey,
-        argMax(is_healthy, toUInt64(ts) * 1000 + ts_ms) AS healthy,
+        argMax(is_healthy = 0 AND is_fatal = 1, toUInt64(ts) * 1000 + ts_ms) AS down,
         any(entities.type) AS entity_types,
         any(entities.value) AS entity_values
     FROM recent_events
@@ -15,4 +16,4 @@ FROM
     WHERE match(entity, '(^|,)NICPort=')
     GROUP BY cluster, node, entity
 )
-WHERE healthy = 0
+WHERE down = 1

@@ -1,0 +1,120 @@
+package correlate
+
+import (
+	"testing"
+	"time"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// nicInit is the NIC agent's InfiniBand port in INIT/LinkUp: the link
+// trained, waiting for the subnet manager to configure it (non-fatal, action
+// NONE: the NIC link-state design's transient states).
+func nicInit(cluster, node string, at time.Duration) *datamodels.HealthEvent {
+	ev := nicDegraded(cluster, node, at)
+	ev.Metadata = map[string]string{"state": "2: INIT", "phys_state": "5: LinkUp"}
+	ev.Message = "Port mlx5_0 port 1: state INIT, phys_state LinkUp"
+	return ev
+}
+
+// TestTransientNICStatesAreNoDown: the NIC agent's non-fatal unhealthy
+// state events (ACTIVE/LinkErrorRecovery, INIT or ARMED on InfiniBand) are
+// transient, not a link down: they count as no flap and no drop (before,
+// each counted like a DOWN: a healthy port's REPLACE_VM).
+func TestTransientNICStatesAreNoDown(t *testing.T) {
+	s := server(t)
+	m, sec := time.Minute, time.Second
+	for _, tc := range []struct {
+		name  string
+		steps func(c string) []step
+	}{
+		{"error recovery three times in 10m is no flap", func(c string) []step {
+			return []step{
+				{evs: evs(nicDegraded(c, "n1", 0), nicState(c, "n1", 2*sec, true)), want: none},
+				{evs: evs(nicDegraded(c, "n1", 2*m), nicState(c, "n1", 2*m+2*sec, true)), want: none},
+				{evs: evs(nicDegraded(c, "n1", 4*m)), want: none},
+			}
+		}},
+		{"error recovery then DOWN is one down", func(c string) []step {
+			return []step{
+				{evs: evs(nicDegraded(c, "n1", 0), nicState(c, "n1", 1*sec, false), nicState(c, "n1", 30*sec, true)), want: none},
+				{evs: evs(nicDegraded(c, "n1", 2*m), nicState(c, "n1", 2*m+1*sec, false), nicState(c, "n1", 2*m+30*sec, true)), want: none},
+				{evs: evs(nicDegraded(c, "n1", 4*m), nicState(c, "n1", 4*m+1*sec, false)), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
+		{"INIT waiting for the subnet manager is no drop", func(c string) []step {
+			return []step{
+				{evs: evs(nicInit(c, "n1", 0)), want: none},
+				{sweep: 5 * m, want: none},
+			}
+		}},
+		{"DOWN, then INIT: the link trained up, no drop", func(c string) []step {
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false), nicInit(c, "n1", 30*sec)), want: none},
+				{sweep: 5 * m, want: none},
+			}
+		}},
+		{"error recovery escalated to DOWN is a drop", func(c string) []step {
+			return []step{
+				{evs: evs(nicDegraded(c, "n1", 0), nicState(c, "n1", 1*sec, false)), want: none},
+				{sweep: 5 * m, want: "NICPortDrop:fault"},
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster("transient")
+			hs := newHarness(t, s, DefaultRules, nil)
+			hs.cluster = c
+			runSteps(t, hs, tc.steps(c))
+		})
+	}
+}
+
+// TestFabricIncidentFatalAndOwnFamily: FabricIncident counts fatal events
+// only (non-fatal SXids are informational), and an incident suppresses only
+// the rules over its own checks: an NVSwitch incident is no reason to keep
+// a node's dead NIC port from escalating, while a NIC incident still
+// suppresses the NIC rules (TestRules' fabric cases).
+func TestFabricIncidentFatalAndOwnFamily(t *testing.T) {
+	s := server(t)
+	m, sec := time.Minute, time.Second
+	sx := func(c, node string, at time.Duration, code int, fatal bool) *datamodels.HealthEvent {
+		return sxidEv(c, node, "SysLogsSXIDError", at, code, fatal, "", "")
+	}
+	for _, tc := range []struct {
+		name  string
+		steps func(c string) []step
+	}{
+		{"four nodes' non-fatal SXid 20001 is no incident", func(c string) []step {
+			return []step{
+				{evs: evs(sx(c, "a1", 0, 20001, false), sx(c, "a2", 10*sec, 20001, false)), want: none},
+				{evs: evs(sx(c, "a3", 20*sec, 20001, false), sx(c, "a4", 30*sec, 20001, false)), want: none},
+				{sweep: 1 * m, want: none},
+			}
+		}},
+		{"an SXid incident does not suppress a NIC port drop", func(c string) []step {
+			return []step{
+				{evs: evs(sx(c, "a1", 0, 20034, true), sx(c, "a2", 1*sec, 20034, true), sx(c, "a3", 2*sec, 20034, true), sx(c, "a4", 3*sec, 20034, true)),
+					want: "FabricIncident:fault"},
+				{evs: evs(nicState(c, "n9", 10*sec, false)), want: none},
+				{sweep: 5*m + 40*sec, want: "NICPortDrop:fault"},
+			}
+		}},
+		{"a NIC incident suppresses a NIC port drop", func(c string) []step {
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false), nicState(c, "n2", 1*sec, false), nicState(c, "n3", 2*sec, false), nicState(c, "n4", 3*sec, false)),
+					want: "FabricIncident:fault"},
+				{evs: evs(nicState(c, "n1", 5*sec, true), nicState(c, "n2", 5*sec, true), nicState(c, "n3", 5*sec, true), nicState(c, "n4", 5*sec, true)), want: none},
+				{evs: evs(nicState(c, "n9", 10*sec, false)), want: none},
+				{sweep: 5*m + 40*sec, want: "NICPortDrop:fault:suppressed"},
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster("fabricfam")
+			hs := newHarness(t, s, DefaultRules, nil)
+			hs.cluster = c
+			runSteps(t, hs, tc.steps(c))
+		})
+	}
+}
