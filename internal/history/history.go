@@ -182,10 +182,33 @@ func newestFirst(sel string, n int) string {
 	return "SELECT * FROM (" + sel + " LIMIT 1 BY id) ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT " + strconv.Itoa(n)
 }
 
-// where accumulates conditions with positional arguments.
+// newestEvents returns the first n distinct ids of the events matching w,
+// newest first. Copies of an event differ in ts when a monitor resent it
+// under the same idempotency key without a generatedTimestamp: the gateway
+// stamps each try with the time it was received, and ts is in the sorting
+// key, so ReplacingMergeTree never merges them. LIMIT 1 BY id kept
+// whichever copy it read first, after the cursor and the time bounds had
+// dropped some: one page listed the newer copy and the next the older.
+// The copy kept is now the first received, and the lower bounds on ts
+// apply to it (post), after the deduplication; the conditions on every
+// copy (conds) are those that cannot change which copy is kept (see
+// timeBounds and notBefore). As in newestFirst, each shard deduplicates
+// its own ids.
+func newestEvents(w where, n int) string {
+	q := "SELECT * FROM (" + eventSelect + " WHERE " + strings.Join(w.conds, " AND ") +
+		" ORDER BY id, received, received_ms, ts, ts_ms LIMIT 1 BY id)"
+	if len(w.post) > 0 {
+		q += " WHERE " + strings.Join(w.post, " AND ")
+	}
+	return q + " ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT " + strconv.Itoa(n)
+}
+
+// where accumulates conditions with positional arguments: conds on every
+// stored copy of a row, post (events only, see newestEvents) on the copy
+// kept of each id.
 type where struct {
-	conds []string
-	args  []any
+	conds, post []string
+	args, pargs []any
 }
 
 func (w *where) add(cond string, args ...any) {
@@ -193,36 +216,53 @@ func (w *where) add(cond string, args ...any) {
 	w.args = append(w.args, args...)
 }
 
-func (w *where) sql() string { return strings.Join(w.conds, " AND ") }
+// addPost adds a condition on the copy kept of each id.
+func (w *where) addPost(cond string, args ...any) {
+	w.post = append(w.post, cond)
+	w.pargs = append(w.pargs, args...)
+}
+
+// sql is every condition, for a table whose copies of a row share its
+// time (actions).
+func (w *where) sql() string { return strings.Join(append(slices.Clone(w.conds), w.post...), " AND ") }
+
+// allArgs are the arguments of sql.
+func (w *where) allArgs() []any { return append(slices.Clone(w.args), w.pargs...) }
 
 // clone returns a copy of w to add to.
 func (w where) clone() where {
-	return where{conds: slices.Clone(w.conds), args: slices.Clone(w.args)}
+	return where{conds: slices.Clone(w.conds), args: slices.Clone(w.args), post: slices.Clone(w.post), pargs: slices.Clone(w.pargs)}
 }
 
-// notBefore adds ts >= t, in seconds, and received >= t less
-// validate.MaxFutureSkewLimit: no accepted event was generated later than
-// that after it was received, and received is what the tables are
-// partitioned by (each part knows its range), so ClickHouse skips every
-// month, and every part, received too early instead of reading the ts of
-// all the cluster's rows.
+// notBefore adds ts >= t, in seconds, on the copy kept, and received >= t
+// less validate.MaxFutureSkewLimit on every copy: no accepted event was
+// generated later than that after it was received, and received is what
+// the tables are partitioned by (each part knows its range), so ClickHouse
+// skips every month, and every part, received too early instead of reading
+// the ts of all the cluster's rows. A copy this prune drops while keeping
+// a later one was received more than the skew before it: the later copy,
+// stamped when received, is before t too, so the listing is the same.
 func (w *where) notBefore(t time.Time) {
 	r := t.Add(-validate.MaxFutureSkewLimit)
 	if r.Before(minTime) {
 		r = minTime
 	}
-	w.add("ts >= ? AND received >= ?", t.UTC().Truncate(time.Second), r.UTC().Truncate(time.Second))
+	w.add("received >= ?", r.UTC().Truncate(time.Second))
+	w.addPost("ts >= ?", t.UTC().Truncate(time.Second))
 }
 
 // timeBounds adds since (inclusive), until (exclusive) and the page cursor
 // on a (ts DateTime, ts_ms UInt16) pair: a coarse condition on ts that the
-// index uses, and the exact one in milliseconds.
+// index uses, and the exact one in milliseconds. since is a condition on
+// the copy kept (post); until and the cursor, upper bounds, apply to every
+// copy: the copy kept, the first received, has the earliest ts of its id,
+// so they keep it whenever they keep any.
 func (w *where) timeBounds(since, until *timestamppb.Timestamp, cur *cursor) {
 	const ms = "(toUInt64(ts) * 1000 + ts_ms)"
 	if since != nil {
 		t := since.AsTime()
 		w.notBefore(t)
-		w.add(ms+" >= ?", uint64(t.UnixMilli()))
+		w.addPost(ms+" >= ?", uint64(t.UnixMilli()))
 	}
 	if until != nil {
 		t := until.AsTime()
@@ -384,7 +424,7 @@ func (h *ClickHouse) eventPage(ctx context.Context, w where, limit int) (*faultl
 
 // events reads the newest n events matching w.
 func (h *ClickHouse) events(ctx context.Context, w where, n int) ([]*datamodels.HealthEvent, []cursor, error) {
-	rows, err := h.conn.Query(queryContext(ctx), newestFirst(eventSelect+" WHERE "+w.sql(), n), w.args...)
+	rows, err := h.conn.Query(queryContext(ctx), newestEvents(w, n), w.allArgs()...)
 	if err != nil {
 		return nil, nil, h.unavailable(ctx, "list events", err)
 	}
@@ -516,7 +556,7 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 // went on past it (it has a nextPageToken).
 func (h *ClickHouse) actionPage(ctx context.Context, w where, limit int) (*faultlinev1.ListActionsResponse, bool, error) {
 	q := newestFirst(actionSelect+" WHERE "+w.sql(), limit+1)
-	rows, err := h.conn.Query(queryContext(ctx), q, w.args...)
+	rows, err := h.conn.Query(queryContext(ctx), q, w.allArgs()...)
 	if err != nil {
 		return nil, false, h.unavailable(ctx, "list actions", err)
 	}
