@@ -178,37 +178,23 @@ func pageLimit(n int32) (int, error) {
 // shard's duplicates use up the limit and rows go missing. Each shard holds
 // every copy of its ids, so it can deduplicate on its own; the order and
 // limit apply to the merged rows.
+//
+// The copy kept of an id is its earliest of those sel matches (ORDER BY
+// id, ts, ts_ms: copies of an event differ in ts when a monitor resent it
+// under one idempotency key without a generatedTimestamp, each try stamped
+// when received, and ts is in the sorting key, so ReplacingMergeTree never
+// merges them). Whichever copy was read first was kept before: a page
+// listed the newer copy and the next page, whose cursor had dropped it, the
+// older. A page's cursor and until only drop copies no older than the
+// copy a page listed, so a listing shows each id once.
 func newestFirst(sel string, n int) string {
-	return "SELECT * FROM (" + sel + " LIMIT 1 BY id) ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT " + strconv.Itoa(n)
+	return "SELECT * FROM (" + sel + " ORDER BY id, ts, ts_ms LIMIT 1 BY id) ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT " + strconv.Itoa(n)
 }
 
-// newestEvents returns the first n distinct ids of the events matching w,
-// newest first. Copies of an event differ in ts when a monitor resent it
-// under the same idempotency key without a generatedTimestamp: the gateway
-// stamps each try with the time it was received, and ts is in the sorting
-// key, so ReplacingMergeTree never merges them. LIMIT 1 BY id kept
-// whichever copy it read first, after the cursor and the time bounds had
-// dropped some: one page listed the newer copy and the next the older.
-// The copy kept is now the first received, and the lower bounds on ts
-// apply to it (post), after the deduplication; the conditions on every
-// copy (conds) are those that cannot change which copy is kept (see
-// timeBounds and notBefore). As in newestFirst, each shard deduplicates
-// its own ids.
-func newestEvents(w where, n int) string {
-	q := "SELECT * FROM (" + eventSelect + " WHERE " + strings.Join(w.conds, " AND ") +
-		" ORDER BY id, received, received_ms, ts, ts_ms LIMIT 1 BY id)"
-	if len(w.post) > 0 {
-		q += " WHERE " + strings.Join(w.post, " AND ")
-	}
-	return q + " ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT " + strconv.Itoa(n)
-}
-
-// where accumulates conditions with positional arguments: conds on every
-// stored copy of a row, post (events only, see newestEvents) on the copy
-// kept of each id.
+// where accumulates conditions with positional arguments.
 type where struct {
-	conds, post []string
-	args, pargs []any
+	conds []string
+	args  []any
 }
 
 func (w *where) add(cond string, args ...any) {
@@ -216,53 +202,36 @@ func (w *where) add(cond string, args ...any) {
 	w.args = append(w.args, args...)
 }
 
-// addPost adds a condition on the copy kept of each id.
-func (w *where) addPost(cond string, args ...any) {
-	w.post = append(w.post, cond)
-	w.pargs = append(w.pargs, args...)
-}
-
-// sql is every condition, for a table whose copies of a row share its
-// time (actions).
-func (w *where) sql() string { return strings.Join(append(slices.Clone(w.conds), w.post...), " AND ") }
-
-// allArgs are the arguments of sql.
-func (w *where) allArgs() []any { return append(slices.Clone(w.args), w.pargs...) }
+func (w *where) sql() string { return strings.Join(w.conds, " AND ") }
 
 // clone returns a copy of w to add to.
 func (w where) clone() where {
-	return where{conds: slices.Clone(w.conds), args: slices.Clone(w.args), post: slices.Clone(w.post), pargs: slices.Clone(w.pargs)}
+	return where{conds: slices.Clone(w.conds), args: slices.Clone(w.args)}
 }
 
-// notBefore adds ts >= t, in seconds, on the copy kept, and received >= t
-// less validate.MaxFutureSkewLimit on every copy: no accepted event was
-// generated later than that after it was received, and received is what
-// the tables are partitioned by (each part knows its range), so ClickHouse
-// skips every month, and every part, received too early instead of reading
-// the ts of all the cluster's rows. A copy this prune drops while keeping
-// a later one was received more than the skew before it: the later copy,
-// stamped when received, is before t too, so the listing is the same.
+// notBefore adds ts >= t, in seconds, and received >= t less
+// validate.MaxFutureSkewLimit: no accepted event was generated later than
+// that after it was received, and received is what the tables are
+// partitioned by (each part knows its range), so ClickHouse skips every
+// month, and every part, received too early instead of reading the ts of
+// all the cluster's rows.
 func (w *where) notBefore(t time.Time) {
 	r := t.Add(-validate.MaxFutureSkewLimit)
 	if r.Before(minTime) {
 		r = minTime
 	}
-	w.add("received >= ?", r.UTC().Truncate(time.Second))
-	w.addPost("ts >= ?", t.UTC().Truncate(time.Second))
+	w.add("ts >= ? AND received >= ?", t.UTC().Truncate(time.Second), r.UTC().Truncate(time.Second))
 }
 
 // timeBounds adds since (inclusive), until (exclusive) and the page cursor
 // on a (ts DateTime, ts_ms UInt16) pair: a coarse condition on ts that the
-// index uses, and the exact one in milliseconds. since is a condition on
-// the copy kept (post); until and the cursor, upper bounds, apply to every
-// copy: the copy kept, the first received, has the earliest ts of its id,
-// so they keep it whenever they keep any.
+// index uses, and the exact one in milliseconds.
 func (w *where) timeBounds(since, until *timestamppb.Timestamp, cur *cursor) {
 	const ms = "(toUInt64(ts) * 1000 + ts_ms)"
 	if since != nil {
 		t := since.AsTime()
 		w.notBefore(t)
-		w.addPost(ms+" >= ?", uint64(t.UnixMilli()))
+		w.add(ms+" >= ?", uint64(t.UnixMilli()))
 	}
 	if until != nil {
 		t := until.AsTime()
@@ -424,7 +393,7 @@ func (h *ClickHouse) eventPage(ctx context.Context, w where, limit int) (*faultl
 
 // events reads the newest n events matching w.
 func (h *ClickHouse) events(ctx context.Context, w where, n int) ([]*datamodels.HealthEvent, []cursor, error) {
-	rows, err := h.conn.Query(queryContext(ctx), newestEvents(w, n), w.allArgs()...)
+	rows, err := h.conn.Query(queryContext(ctx), newestFirst(eventSelect+" WHERE "+w.sql(), n), w.args...)
 	if err != nil {
 		return nil, nil, h.unavailable(ctx, "list events", err)
 	}
@@ -556,7 +525,7 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 // went on past it (it has a nextPageToken).
 func (h *ClickHouse) actionPage(ctx context.Context, w where, limit int) (*faultlinev1.ListActionsResponse, bool, error) {
 	q := newestFirst(actionSelect+" WHERE "+w.sql(), limit+1)
-	rows, err := h.conn.Query(queryContext(ctx), q, w.allArgs()...)
+	rows, err := h.conn.Query(queryContext(ctx), q, w.args...)
 	if err != nil {
 		return nil, false, h.unavailable(ctx, "list actions", err)
 	}
