@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -17,12 +18,21 @@ type Conformance interface {
 	Score(ctx context.Context, cluster string, nodes []string) (conformance.Score, error)
 }
 
-// MaxScoreNodes bounds the nodes of one score request.
+// MaxScoreNodes bounds the nodes of one score request. A GET's list must
+// also fit the request line (restMaxHeaderBytes, 64 KiB: about 1,700 names
+// of 37 characters; past it a bare 431); a longer list is sent as a POST
+// body.
 const MaxScoreNodes = 10000
+
+// maxScoreBody bounds a POST score request's body: MaxScoreNodes names of
+// the longest (253 characters) and their commas, and "nodes=".
+const maxScoreBody = MaxScoreNodes*254 + 64
 
 var scoreNodeName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 
-// conformanceScore is GET /v1/conformance/score?nodes=a,b,…: f₉ (the
+// conformanceScore is GET /v1/conformance/score?nodes=a,b,… (or POST with
+// the body nodes=a,b,…, application/x-www-form-urlencoded, for a list
+// longer than a request line holds): f₉ (the
 // largest conformance group ÷ the nodes requested) and the groups
 // (fingerprint, nodes) of the caller's cluster's nodes; a node without a
 // fresh report is a group of one, fingerprint "unknown". Admitted like a
@@ -31,7 +41,20 @@ var scoreNodeName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9
 // its own node only).
 func (s *Server) conformanceScore() http.HandlerFunc {
 	return s.clusterRead("conformance score", func() bool { return s.conformance != nil }, false, func(ctx context.Context, c Caller, r *http.Request) (any, error) {
-		nodes, err := scoreNodes(r.URL.Query())
+		q := r.URL.Query()
+		if r.Method == http.MethodPost {
+			if r.URL.RawQuery != "" {
+				return nil, badParam("a POST takes its nodes in the body (nodes=a,b,…), not in the URL")
+			}
+			b, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxScoreBody))
+			if err != nil {
+				return nil, badParam(fmt.Sprintf("request body: %v (at most %d bytes)", err, maxScoreBody))
+			}
+			if q, err = url.ParseQuery(string(b)); err != nil {
+				return nil, badParam("request body: not nodes=a,b,… (application/x-www-form-urlencoded): " + err.Error())
+			}
+		}
+		nodes, err := scoreNodes(q)
 		if err != nil {
 			return nil, err
 		}

@@ -164,6 +164,7 @@ func (s *Server) httpHandler(ctx context.Context) (http.Handler, error) {
 		submit = s.restAuth(s.readBody(s.submitEventsREST(gw)))
 	}
 	mux.HandleFunc("GET /v1/conformance/score", s.conformanceScore())
+	mux.HandleFunc("POST /v1/conformance/score", s.conformanceScore())
 	s.fleetRoutes(mux)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", s.readyz)

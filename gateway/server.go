@@ -34,7 +34,7 @@ type Options struct {
 	// Fleet serves the fleet page's reads (GET /v1/fleet/...); nil
 	// answers 501. The page itself (/ui/) is always served.
 	Fleet Fleet
-	// Conformance serves GET /v1/conformance/score; nil answers 501.
+	// Conformance serves GET and POST /v1/conformance/score; nil answers 501.
 	Conformance Conformance
 	// Ready are extra readiness conditions (Kafka's is always included).
 	Ready []ReadyCheck

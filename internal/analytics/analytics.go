@@ -19,6 +19,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"math"
 	"path"
 	"regexp"
 	"sort"
@@ -130,9 +131,30 @@ func (p Param) value(s string, now time.Time) (any, error) {
 	return nil, fmt.Errorf("unknown type %s", p.Type)
 }
 
+// The range a ClickHouse DateTime holds (UInt32 seconds): 18.16 wraps a
+// time outside it silently (2200-01-01 became 1963's date modulo 2^32),
+// and the query answered for another window.
+var (
+	minTime = time.Unix(0, 0).UTC()
+	maxTime = time.Unix(math.MaxUint32, 0).UTC()
+)
+
 // parseTime accepts now, now-DURATION, RFC 3339, "2006-01-02 15:04:05",
-// 2006-01-02 and Unix seconds; the result is UTC, whole seconds.
+// 2006-01-02 and Unix seconds; the result is UTC, whole seconds, within
+// what a DateTime holds (1970-01-01 to 2106-02-07).
 func parseTime(s string, now time.Time) (time.Time, error) {
+	t, err := parseAnyTime(s, now)
+	if err != nil {
+		return t, err
+	}
+	if t.Before(minTime) || t.After(maxTime) {
+		return time.Time{}, fmt.Errorf("%q is outside the range a DateTime holds, %s to %s",
+			s, minTime.Format(time.RFC3339), maxTime.Format(time.RFC3339))
+	}
+	return t, nil
+}
+
+func parseAnyTime(s string, now time.Time) (time.Time, error) {
 	now = now.UTC().Truncate(time.Second)
 	if s == "now" {
 		return now, nil
@@ -155,15 +177,28 @@ func parseTime(s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("%q is not a time (now, now-7d, RFC 3339, YYYY-MM-DD[ hh:mm:ss] or Unix seconds)", s)
 }
 
+// maxDuration is the longest now-DURATION: past it, now less it is
+// before 1970 anyway (and a Duration overflows at 292 years).
+const maxDuration = 200 * 365 * 24 * time.Hour
+
 func parseDuration(s string) (time.Duration, error) {
+	var dur time.Duration
 	if d, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.ParseFloat(d, 64)
-		if err != nil {
-			return 0, fmt.Errorf("bad duration %q", s)
+		if err != nil || math.IsNaN(n) || n < 0 || n > float64(maxDuration/(24*time.Hour)) {
+			return 0, fmt.Errorf("bad duration %q (days from 0 to %d)", s, maxDuration/(24*time.Hour))
 		}
-		return time.Duration(n * float64(24*time.Hour)), nil
+		dur = time.Duration(n * float64(24*time.Hour))
+	} else {
+		var err error
+		if dur, err = time.ParseDuration(s); err != nil {
+			return 0, err
+		}
 	}
-	return time.ParseDuration(s)
+	if dur < 0 || dur > maxDuration {
+		return 0, fmt.Errorf("bad duration %q (from 0 to %d days)", s, maxDuration/(24*time.Hour))
+	}
+	return dur, nil
 }
 
 // Args binds values (by parameter name, text form) over the defaults and
@@ -184,6 +219,7 @@ func (q Query) Args(values map[string]string, now time.Time) ([]any, error) {
 		}
 	}
 	args := make([]any, 0, len(q.Params))
+	times := map[string]time.Time{}
 	for _, p := range q.Params {
 		s, ok := values[p.Name]
 		if !ok {
@@ -194,6 +230,10 @@ func (q Query) Args(values map[string]string, now time.Time) ([]any, error) {
 			return nil, fmt.Errorf("param %s (%s): %w", p.Name, p.Type, err)
 		}
 		args = append(args, ch.Named(p.Name, v))
+		times[p.Name], _ = v.(time.Time)
+	}
+	if since, until := times["since"], times["until"]; !since.IsZero() && !until.IsZero() && until.Before(since) {
+		return nil, fmt.Errorf("param until (%s) is before since (%s)", until.Format(time.RFC3339), since.Format(time.RFC3339))
 	}
 	return args, nil
 }

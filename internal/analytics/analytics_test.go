@@ -171,6 +171,23 @@ func TestArgs(t *testing.T) {
 		{analytics.Params{"since": "1759276800"}, ""},
 		{analytics.Params{"since": "yesterday"}, "param since (DateTime)"},
 		{analytics.Params{"nope": "1"}, `no parameter "nope"`},
+		// Outside what a DateTime holds: ClickHouse 18.16 wrapped these
+		// and answered for another window.
+		{analytics.Params{"until": "2200-01-01"}, "param until (DateTime): \"2200-01-01\" is outside"},
+		{analytics.Params{"until": "99999999999"}, "param until (DateTime): \"99999999999\" is outside"},
+		{analytics.Params{"since": "1969-12-31"}, "param since (DateTime): \"1969-12-31\" is outside"},
+		{analytics.Params{"since": "-1"}, "param since (DateTime): \"-1\" is outside"},
+		{analytics.Params{"since": "now-100000d"}, "param since (DateTime): bad duration"},
+		{analytics.Params{"since": "now-1e300d"}, "param since (DateTime): bad duration"},
+		{analytics.Params{"since": "now-NaNd"}, "param since (DateTime): bad duration"},
+		{analytics.Params{"since": "now-Infd"}, "param since (DateTime): bad duration"},
+		{analytics.Params{"since": "now--1d"}, "param since (DateTime): bad duration"},
+		{analytics.Params{"since": "now--5h"}, "param since (DateTime): bad duration"},
+		{analytics.Params{"since": "now-30000d"}, "param since (DateTime): \"now-30000d\" is outside"},
+		{analytics.Params{"since": "1970-01-01", "until": "2106-02-07"}, ""},
+		{analytics.Params{"since": "now-2d", "until": "now-3d"}, "param until"},
+		{analytics.Params{"until": "2020-01-01"}, "is before since"},
+		{analytics.Params{"since": "2025-10-01", "until": "2025-10-01"}, ""},
 	}
 	for _, tt := range tests {
 		_, err := q.Args(tt.params, time.Now())

@@ -233,7 +233,9 @@ type Summary struct {
 }
 
 // Range is a time range [Since, Until); zero values take the defaults
-// (Until now, Since Until minus DefaultRange).
+// (Until now, Since Until minus DefaultRange). Since may be at most
+// clickhouse.RecentRetention before now (the reporting nodes' table keeps
+// no more).
 type Range struct {
 	Since, Until time.Time
 }
@@ -250,10 +252,19 @@ func (r Range) resolve(now time.Time) (Range, error) {
 		return r, badf("since, until: outside the stored range 1970 to 2106")
 	case !r.Until.After(r.Since):
 		return r, badf("until: must be after since")
+	case r.Since.Before(now.Add(-clickhouse.RecentRetention)):
+		// Reporting nodes are read from recent_events: a range reaching
+		// past its retention would silently leave out the nodes that
+		// reported only before it.
+		return r, badf("since: at most %s before now (reporting nodes are read from recent_events, which keeps %s): from %s",
+			days(clickhouse.RecentRetention), days(clickhouse.RecentRetention), now.Add(-clickhouse.RecentRetention).UTC().Format(time.RFC3339))
 	}
 	r.Since, r.Until = r.Since.UTC().Truncate(time.Second), r.Until.UTC().Truncate(time.Second)
 	return r, nil
 }
+
+// days writes d in whole days, as "8 days".
+func days(d time.Duration) string { return fmt.Sprintf("%d days", d/(24*time.Hour)) }
 
 func msTime(ms uint64) time.Time { return time.UnixMilli(int64(ms)).UTC() }
 

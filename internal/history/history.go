@@ -178,8 +178,17 @@ func pageLimit(n int32) (int, error) {
 // shard's duplicates use up the limit and rows go missing. Each shard holds
 // every copy of its ids, so it can deduplicate on its own; the order and
 // limit apply to the merged rows.
+//
+// The copy kept of an id is its earliest of those sel matches (ORDER BY
+// id, ts, ts_ms: copies of an event differ in ts when a monitor resent it
+// under one idempotency key without a generatedTimestamp, each try stamped
+// when received, and ts is in the sorting key, so ReplacingMergeTree never
+// merges them). Whichever copy was read first was kept before: a page
+// listed the newer copy and the next page, whose cursor had dropped it, the
+// older. A page's cursor and until only drop copies no older than the
+// copy a page listed, so a listing shows each id once.
 func newestFirst(sel string, n int) string {
-	return "SELECT * FROM (" + sel + " LIMIT 1 BY id) ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT " + strconv.Itoa(n)
+	return "SELECT * FROM (" + sel + " ORDER BY id, ts, ts_ms LIMIT 1 BY id) ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT " + strconv.Itoa(n)
 }
 
 // where accumulates conditions with positional arguments.

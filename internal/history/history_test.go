@@ -519,3 +519,72 @@ func TestPageStopsAtItsBytes(t *testing.T) {
 		t.Fatalf("second call: %d events", len(again.Events))
 	}
 }
+
+// TestResentEventListedOnce: a monitor that resends an event under the
+// same idempotency key without a generatedTimestamp gets the same id for
+// each try, stamped with the time each was received, so two copies with
+// different ts are stored and never merged. The cursor and the time bounds
+// applied before the deduplication: paging by 2 listed it twice ([dup e5
+// e4 e3 e2 dup e1 e0]). A listing now shows each id once, at its earliest
+// copy in the listing's range.
+func TestResentEventListedOnce(t *testing.T) {
+	srv := chtest.Start(t)
+	now := time.Now().UTC().Truncate(time.Second)
+	h := store.New(srv.Conn, slog.Default(), nil)
+	batch := func(names []string, ago []time.Duration) {
+		var recs []*kgo.Record
+		for i, name := range names {
+			at := timestamppb.New(now.Add(-ago[i]))
+			ev := &datamodels.HealthEvent{Id: name, Cluster: "eps", NodeName: "n0", CheckName: "XID",
+				GeneratedTimestamp: at, ReceivedTimestamp: at} // as the gateway stamps it
+			v, _ := events.Marshal(ev)
+			recs = append(recs, &kgo.Record{Topic: events.TopicEvents, Key: events.Key("eps", "n0"), Value: v, Timestamp: at.AsTime()})
+		}
+		if _, err := h.Handle(context.Background(), recs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var names []string
+	var ago []time.Duration
+	for i := range 6 {
+		names, ago = append(names, fmt.Sprintf("e%d", i)), append(ago, time.Duration(10-i)*time.Second)
+	}
+	batch(append(names, "dup"), append(ago, 8500*time.Millisecond))
+	batch([]string{"dup"}, []time.Duration{3500 * time.Millisecond})
+	hist := history.New(srv.Conn, slog.Default())
+
+	for _, node := range []string{"", "n0"} {
+		for _, tt := range []struct {
+			since, until time.Duration
+			want         []string
+		}{
+			{want: []string{"e5", "e4", "e3", "e2", "dup", "e1", "e0"}},
+			{since: 9 * time.Second, want: []string{"e5", "e4", "e3", "e2", "dup", "e1"}},
+			// Its first copy before since: listed once, at the copy in range.
+			{since: 6 * time.Second, want: []string{"dup", "e5", "e4"}},
+			{until: 6 * time.Second, want: []string{"e3", "e2", "dup", "e1", "e0"}},
+		} {
+			req := &faultlinev1.ListEventsRequest{Node: node, Limit: 2}
+			if tt.since != 0 {
+				req.Since = timestamppb.New(now.Add(-tt.since))
+			}
+			if tt.until != 0 {
+				req.Until = timestamppb.New(now.Add(-tt.until))
+			}
+			var got []string
+			for {
+				resp, err := hist.ListEvents(context.Background(), "eps", req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, ids(resp.Events)...)
+				if req.PageToken = resp.NextPageToken; req.PageToken == "" {
+					break
+				}
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("node %q, since -%s, until -%s, pages of 2: %v, want %v", node, tt.since, tt.until, got, tt.want)
+			}
+		}
+	}
+}
