@@ -42,8 +42,11 @@ type Check struct {
 	enabled map[string]bool
 	bootID  string
 
-	st        *persisted
-	fresh     bool // no usable persisted state: the next poll is a first poll
+	st    *persisted
+	fresh bool // no usable persisted state: the next poll is a first poll
+	// resumed: the next poll is this process's first, over state an
+	// earlier process of this boot persisted (counterEvents' across).
+	resumed   bool
 	lastSaved []byte
 	nics      map[string]*NIC
 	names     []string
@@ -111,6 +114,7 @@ func New(cfg Config, opt Options) (*Check, error) {
 	)
 	c.st, reason, bad = loadState(cfg.StateFile, c.bootID)
 	c.fresh = reason != ""
+	c.resumed = !c.fresh
 	switch {
 	case bad:
 		log.Warn("NIC state file not used: state starts fresh, healthy baselines will be emitted", "path", cfg.StateFile, "reason", reason)
@@ -371,7 +375,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			}
 			if c.degrOn(p.LinkLayer) {
 				up, _, _ := evaluate(p)
-				for _, ev := range counterEvents(p, ps, up == levelHealthy, len(ps.Counters) == 0) {
+				for _, ev := range counterEvents(p, ps, up == levelHealthy, len(ps.Counters) == 0, c.resumed) {
 					emit(ev)
 				}
 				// A counter unreadable this poll keeps its last reading, so
@@ -387,7 +391,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		}
 	}
 
-	c.fresh = false
+	c.fresh, c.resumed = false, false
 	return c.NICs(), out, nil
 }
 
@@ -810,8 +814,13 @@ func cardEvent(cd *card, mode int, back bool) *datamodels.HealthEvent {
 // port seen since): a port with no counter above its threshold gets a
 // healthy baseline, which clears the degradation fatals of a previous boot
 // (its counters restarted at 0 with the host), as §3.4's baseline does
-// for the state check.
-func counterEvents(p *Port, ps *portState, up, first bool) []*datamodels.HealthEvent {
+// for the state check. across (the first reading of this process, over
+// an earlier process's persisted counters): a link_downed increase of
+// more than 1 happened while no agent ran, at times not known — hours
+// apart, maybe — and its "delta" (what RepeatedNICLinkFlap sums over its
+// 10-minute window) is 1, the increase in "delta_total": three downs
+// across an agent stopped for a night are no flap.
+func counterEvents(p *Port, ps *portState, up, first, across bool) []*datamodels.HealthEvent {
 	var out []*datamodels.HealthEvent
 	stood := len(ps.Breached) > 0
 	var clears, codes []string
@@ -827,9 +836,12 @@ func counterEvents(p *Port, ps *portState, up, first bool) []*datamodels.HealthE
 				}
 				ps.Breached[name] = true
 				md["delta"] = strconv.FormatUint(v-prev, 10)
-				ev := newEvent(checkName(p.LinkLayer, true),
-					fmt.Sprintf("Port %s port %d: link_downed increased by %d (now %d)", p.Device, p.Port, v-prev, v),
-					true, false, portEntities(p.Device, p.Port), md)
+				msg := fmt.Sprintf("Port %s port %d: link_downed increased by %d (now %d)", p.Device, p.Port, v-prev, v)
+				if across && v-prev > 1 {
+					md["delta"], md["delta_total"] = "1", strconv.FormatUint(v-prev, 10)
+					msg += " while the agent was not running: counted as one down (when each happened is not known)"
+				}
+				ev := newEvent(checkName(p.LinkLayer, true), msg, true, false, portEntities(p.Device, p.Port), md)
 				ev.ErrorCode = []string{name}
 				out = append(out, ev)
 			case ps.Breached[name] && up:

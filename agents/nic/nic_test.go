@@ -527,6 +527,22 @@ func TestCounters(t *testing.T) {
 	wantEvents(t, "reset", poll(t, c2), []string{
 		"H InfiniBandDegradationCheck: Port mlx5_0 port 1: link up again, link_downed steady at 7",
 		"H InfiniBandDegradationCheck: Port mlx5_1 port 1: excessive_buffer_overrun_errors back at 0"})
+	// Three downs while no agent ran (when, not known): one down to the
+	// flap rule ("delta" 1), the increase in "delta_total"; then each
+	// increase a process sees counts whole again.
+	e.tree.SetCounter("mlx5_0", 1, CounterLinkDowned, 10)
+	c3 := e.check()
+	evs := pollEvents(t, c3)
+	wantEvents(t, "three downs across a restart", briefs(evs), []string{"F InfiniBandDegradationCheck: Port mlx5_0 port 1: link_downed increased by 3 (now 10) while the agent was not running: counted as one down (when each happened is not known)"})
+	if md := evs[0].GetMetadata(); md["delta"] != "1" || md["delta_total"] != "3" {
+		t.Errorf("across a restart: delta %q, delta_total %q; want 1, 3", md["delta"], md["delta_total"])
+	}
+	e.tree.SetCounter("mlx5_0", 1, CounterLinkDowned, 12)
+	evs = pollEvents(t, c3)
+	wantEvents(t, "two downs seen running", briefs(evs), []string{"F InfiniBandDegradationCheck: Port mlx5_0 port 1: link_downed increased by 2 (now 12)"})
+	if md := evs[0].GetMetadata(); md["delta"] != "2" || md["delta_total"] != "" {
+		t.Errorf("running: delta %q, delta_total %q; want 2, none", md["delta"], md["delta_total"])
+	}
 }
 
 func TestMetadataRequired(t *testing.T) {
@@ -625,4 +641,13 @@ func TestStateFileContents(t *testing.T) {
 	if len(ents) != 1 {
 		t.Errorf("temporary files left: %v", ents)
 	}
+}
+
+// briefs renders events with brief.
+func briefs(evs []*datamodels.HealthEvent) []string {
+	out := make([]string, 0, len(evs))
+	for _, ev := range evs {
+		out = append(out, brief(ev))
+	}
+	return out
 }
