@@ -36,10 +36,20 @@ func healthyOn(watches string, ids ...string) string {
 	var s []string
 	for _, w := range ws {
 		for _, id := range ids {
-			s = append(s, "Gpu"+w+"Watch:healthy@"+id)
+			s = append(s, healthyAt(w, id))
 		}
 	}
 	return strings.Join(s, " ")
+}
+
+// healthyAt is a GPU's baseline of a watch: under its UUID, and under its
+// index at its PCI address (gpuA and gpuB have one).
+func healthyAt(watch, id string) string {
+	s := "Gpu" + watch + "Watch:healthy@" + id
+	if byIndex, ok := map[string]string{"GPU-A": "gpu0", "GPU-B": "gpu1"}[id]; ok {
+		s += " Gpu" + watch + "Watch:healthy@" + byIndex
+	}
+	return s
 }
 
 // node plays the quarantine processor's bookkeeping of one node
@@ -121,7 +131,7 @@ func TestBaselineAfterRestart(t *testing.T) {
 		before: [][]Incident{{memDBE(gpuA), memDBE(gpuB)}},
 		after:  []ReplayStep{{Incidents: []Incident{memDBE(gpuA)}, GPUs: []GPU{gpuA, gpuB}}, {Incidents: []Incident{memDBE(gpuA)}}},
 		want: []string{connOK + "GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-A " +
-			"GpuMemWatch:healthy@GPU-B " + healthyOn("Pcie Nvlink Thermal Power Inforom", "GPU-A", "GPU-B"), ""},
+			healthyAt("Mem", "GPU-B") + " " + healthyOn("Pcie Nvlink Thermal Power Inforom", "GPU-A", "GPU-B"), ""},
 		faults: "GpuMemWatch|GPU=GPU-A,PCI=00000000:1b:00.0",
 		never:  "GpuMemWatch|GPU=GPU-A,PCI=00000000:1b:00.0",
 	}, {
@@ -139,12 +149,20 @@ func TestBaselineAfterRestart(t *testing.T) {
 		want: []string{connOK + "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@GPU-B " + healthyOn("", "GPU-A"), "",
 			"GpuPcieWatch:healthy@GPU-B " + healthyOn("Mem Nvlink Thermal Power Inforom", "GPU-B"), ""},
 	}, {
+		// The earlier process could not read the lost GPU's UUID
+		// (GPU_IS_LOST in a process that never saw it): its fault named
+		// the GPU by index at its PCI address. Repaired, it reads again.
+		name:   "a GPU lost under its index, repaired: its fault is lifted",
+		before: [][]Incident{{{GPU: 1, PCI: gpuB.PCI, System: "Pcie", Health: "FAIL", Code: CodeGPULost, Message: "recorded"}}},
+		after:  []ReplayStep{{GPUs: []GPU{gpuA, gpuB}}, {GPUs: []GPU{gpuA, gpuB}}},
+		want:   []string{connOK + healthyOn("", "GPU-A", "GPU-B"), ""},
+	}, {
 		name:   "no inventory: the GPUs of the incidents",
 		before: [][]Incident{{memDBE(gpuA), memDBE(gpuB), incident(gpuA, "Thermal", "DCGM_FR_CLOCKS_EVENT_THERMAL")}},
 		after:  []ReplayStep{{Incidents: []Incident{memDBE(gpuA), incident(gpuB, "Thermal", "DCGM_FR_TEMP_VIOLATION")}}},
 		want: []string{connOK + "GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-A " +
-			"GpuThermalWatch:DCGM_FR_TEMP_VIOLATION!/CONTACT_SUPPORT@GPU-B GpuMemWatch:healthy@GPU-B GpuPcieWatch:healthy GpuNvlinkWatch:healthy " +
-			"GpuThermalWatch:healthy@GPU-A GpuPowerWatch:healthy GpuInforomWatch:healthy"},
+			"GpuThermalWatch:DCGM_FR_TEMP_VIOLATION!/CONTACT_SUPPORT@GPU-B " + healthyAt("Mem", "GPU-B") + " GpuPcieWatch:healthy GpuNvlinkWatch:healthy " +
+			healthyAt("Thermal", "GPU-A") + " GpuPowerWatch:healthy GpuInforomWatch:healthy"},
 		faults: "GpuMemWatch|GPU=GPU-A,PCI=00000000:1b:00.0 GpuThermalWatch|GPU=GPU-B,PCI=00000000:43:00.0",
 		never:  "GpuMemWatch|GPU=GPU-A,PCI=00000000:1b:00.0",
 	}, {

@@ -364,7 +364,7 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 			}
 			delete(c.unbased, k)
 			if cur[k] == nil && c.bad[k] == nil {
-				back = append(back, c.baselineEvent("Gpu"+w+"Watch", &gpus[i]))
+				back = append(back, c.gpuBaselines("Gpu"+w+"Watch", &gpus[i])...)
 			}
 		}
 	}
@@ -483,7 +483,7 @@ func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent
 			k := gpuID(Incident{GPU: gpus[i].Index, UUID: gpus[i].UUID}) + "|" + w
 			delete(c.unbased, k)
 			if cur[k] == nil {
-				out = append(out, c.baselineEvent(check, &gpus[i]))
+				out = append(out, c.gpuBaselines(check, &gpus[i])...)
 			}
 		}
 	}
@@ -492,6 +492,23 @@ func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent
 
 // baselineEvent is the isHealthy event of a baseline: of check on the whole
 // node (g nil), or on one GPU.
+// gpuBaselines are a GPU's healthy baselines of a watch: under its UUID,
+// and, where it has a PCI address, under its index at that address, as a
+// process that could not read its UUID (NVML's GPU_IS_LOST: a GPU fallen
+// off the bus, or one gone before the process started) named its faults
+// ("GPU=gpu3,PCI=…"): repaired, it would otherwise keep them for ever. Not
+// under its index alone: after a reboot without a GPU the indexes shift,
+// and gpu3 is another GPU.
+func (c *Check) gpuBaselines(check string, g *GPU) []*datamodels.HealthEvent {
+	out := []*datamodels.HealthEvent{c.baselineEvent(check, g)}
+	if g.UUID != "" && g.PCI != "" {
+		byIndex := *g
+		byIndex.UUID = ""
+		out = append(out, c.baselineEvent(check, &byIndex))
+	}
+	return out
+}
+
 func (c *Check) baselineEvent(check string, g *GPU) *datamodels.HealthEvent {
 	ev := &datamodels.HealthEvent{Version: 1, Agent: Agent, ComponentClass: "GPU", CheckName: check, IsHealthy: true,
 		Message: check + ": no incident on any GPU (healthy baseline of a new agent process)", RecommendedAction: datamodels.RecommendedAction_NONE,
