@@ -193,11 +193,13 @@ func (d *Discovery) DiscoverGang(lister PodLister, pod *corev1.Pod) ([]PeerInfo,
 // lower-case, characters outside [a-z0-9-.] turned into '-', parts joined
 // by '-', at most 52 characters, so that "preflight-"+ID is a valid
 // ConfigMap name and ID a valid label value. The join is kept as it is
-// only when it is injective: every part non-empty and of [a-z0-9.] alone
-// (no '-', which would blur where a part ends: "train-a"+"workers" and
-// "train"+"a-workers"; nothing folded: "Job_1" and "job-1"). Any other ID
-// (and a long one, which keeps a prefix) ends in a hash of the exact
-// parts, so distinct parts give distinct IDs.
+// when nothing was folded (every part non-empty, of [a-z0-9-.] alone):
+// the IDs of earlier versions, which pods admitted before an upgrade carry
+// (a gang whose pods carried two IDs would wait for ever, in two halves).
+// Any other ID ("Job_1" and "job-1" fold into one), and a long one, which
+// keeps a prefix, ends in a hash of the exact parts. Two parts whose dashes
+// fall differently ("train-a"+"workers", "train"+"a-workers") still join
+// into one ID: two gangs named so in one namespace share it.
 func MakeID(parts ...string) string {
 	var b strings.Builder
 	plain := len(parts) > 0
@@ -208,7 +210,7 @@ func MakeID(parts ...string) string {
 		plain = plain && p != ""
 		for _, r := range p {
 			switch {
-			case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '.':
+			case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '.', r == '-':
 				b.WriteRune(r)
 			case r >= 'A' && r <= 'Z':
 				plain = false

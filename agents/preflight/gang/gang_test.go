@@ -33,10 +33,10 @@ func TestIdentify(t *testing.T) {
 			p.WorkloadRef = &WorkloadRef{Name: "llm", PodGroup: "workers", PodGroupReplicaKey: "3"}
 			return p
 		}(), method: "workloadRef", id: "wl-llm-workers-3"},
-		{name: "volcano annotation set by volcano", pod: mk(nil, map[string]string{"scheduling.k8s.io/group-name": "job-a"}), method: "volcano", id: "volcano-job-a-19dcca6e"},
-		{name: "volcano annotation of the ADR", pod: mk(nil, map[string]string{"volcano.sh/pod-group": "job-b"}), method: "volcano", id: "volcano-job-b-84832eaf"},
+		{name: "volcano annotation set by volcano", pod: mk(nil, map[string]string{"scheduling.k8s.io/group-name": "job-a"}), method: "volcano", id: "volcano-job-a"},
+		{name: "volcano annotation of the ADR", pod: mk(nil, map[string]string{"volcano.sh/pod-group": "job-b"}), method: "volcano", id: "volcano-job-b"},
 		{name: "kueue workload label with total count", pod: mk(map[string]string{KueueWorkloadLabel: "wl-1"}, map[string]string{KueueTotalCountAnnot: "4"}),
-			method: "kueue", id: "kueue-wl-1-df91b0e0", expected: 4},
+			method: "kueue", id: "kueue-wl-1", expected: 4},
 		{name: "kueue pod group label", pod: mk(map[string]string{KueuePodGroupLabel: "grp"}, nil), method: "kueue", id: "kueue-grp"},
 		{name: "configured labels", pod: mk(map[string]string{"example.com/gang": "Run.7", "example.com/gang-size": "16"}, nil),
 			method: "labels", id: "lbl-run-7-81571460", expected: 16},
@@ -89,18 +89,18 @@ func TestMakeID(t *testing.T) {
 }
 
 // TestMakeIDDistinct: distinct (method, parts) give distinct IDs — names
-// with '-' or characters folded by the sanitising once shared one ID, so
-// two gangs of a namespace shared a selector, ConfigMap and size — and
-// every ID is a valid label value and ConfigMap name.
+// with characters folded by the sanitising once shared one ID, so two
+// gangs of a namespace shared a selector, ConfigMap and size — and every
+// ID is a valid label value and ConfigMap name. Clean parts keep the ID
+// earlier versions gave them (pods admitted before an upgrade carry it);
+// parts whose dashes fall differently still share one.
 func TestMakeIDDistinct(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		a, b []string
 	}{
-		{"dash inside a part vs between parts", []string{"wl", "train-a", "workers"}, []string{"wl", "train", "a-workers"}},
 		{"folded characters", []string{"lbl", "Job_1"}, []string{"lbl", "job-1"}},
 		{"upper vs lower case", []string{"lbl", "Job1"}, []string{"lbl", "job1"}},
-		{"replica key vs dash", []string{"wl", "a", "b", "c"}, []string{"wl", "a", "b-c"}},
 		{"empty part", []string{"wl", "a", "", "0"}, []string{"wl", "a", "0"}},
 		{"method vs value", []string{"volcano", "x"}, []string{"kueue", "x"}},
 		{"trimmed edges", []string{"lbl", "-x"}, []string{"lbl", "x"}},
@@ -124,9 +124,15 @@ func TestMakeIDDistinct(t *testing.T) {
 			}
 		})
 	}
-	// Clean parts keep the readable join.
-	if id := MakeID("wl", "llm", "workers", "3"); id != "wl-llm-workers-3" {
-		t.Errorf("clean parts: %q", id)
+	// Clean parts keep the readable join, the IDs of earlier versions.
+	for _, tc := range []struct {
+		parts []string
+		want  string
+	}{{[]string{"wl", "llm", "workers", "3"}, "wl-llm-workers-3"}, {[]string{"kueue", "train-job-1"}, "kueue-train-job-1"},
+		{[]string{"volcano", "pg.7"}, "volcano-pg.7"}} {
+		if id := MakeID(tc.parts...); id != tc.want {
+			t.Errorf("MakeID(%q) = %q, want %q (as earlier versions)", tc.parts, id, tc.want)
+		}
 	}
 }
 

@@ -88,8 +88,8 @@ func call(h http.Handler, body []byte) (*admissionv1.AdmissionResponse, int, str
 func TestWorkloadRef(t *testing.T) {
 	h := testHandler(t, nil)
 	for _, tc := range []struct{ spec, wantGang string }{
-		{`"workloadRef":{"name":"llm-train","podGroup":"workers","podGroupReplicaKey":"0"},`, "wl-llm-train-workers-0-7604b2ef"},
-		{`"schedulingGroup":{"podGroupName":"training-workers"},`, "pg-training-workers-a3a7100b"},
+		{`"workloadRef":{"name":"llm-train","podGroup":"workers","podGroupReplicaKey":"0"},`, "wl-llm-train-workers-0"},
+		{`"schedulingGroup":{"podGroupName":"training-workers"},`, "pg-training-workers"},
 		{``, ""},
 	} {
 		resp, code, body := call(h, review(t, "training", strings.Replace(strings.Replace(gpuPodJSON, "%s", "", 1), "%s", tc.spec, 1)))

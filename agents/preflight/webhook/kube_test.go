@@ -484,7 +484,7 @@ func TestWebhookInRealAPIServer(t *testing.T) {
 		must(t, err)
 		v := mk("vc-0", nil, map[string]string{"scheduling.k8s.io/group-name": "pg-7"})
 		setIP(t, e.admin, v, "10.0.2.1")
-		cm = waitConfigMap(t, e.admin, "preflight-volcano-pg-7-bf23cdb9", func(cm *corev1.ConfigMap) bool {
+		cm = waitConfigMap(t, e.admin, "preflight-volcano-pg-7", func(cm *corev1.ConfigMap) bool {
 			return cm.Data[coordination.KeyExpected] != "" && cm.Data[coordination.KeyPeers] != ""
 		})
 		if cm.Data[coordination.KeyExpected] != "3" || cm.Data[coordination.KeyPeers] != "vc-0:10.0.2.1\n" {
@@ -494,7 +494,7 @@ func TestWebhookInRealAPIServer(t *testing.T) {
 		// Kueue: the pod-group total count.
 		k := mk("kq-0", map[string]string{gang.KueuePodGroupLabel: "grp-1"}, map[string]string{gang.KueueTotalCountAnnot: "4"})
 		setIP(t, e.admin, k, "10.0.3.1")
-		cm = waitConfigMap(t, e.admin, "preflight-kueue-grp-1-52dad60d", func(cm *corev1.ConfigMap) bool { return cm.Data[coordination.KeyPeers] != "" })
+		cm = waitConfigMap(t, e.admin, "preflight-kueue-grp-1", func(cm *corev1.ConfigMap) bool { return cm.Data[coordination.KeyPeers] != "" })
 		if cm.Data[coordination.KeyExpected] != "4" {
 			t.Errorf("kueue configmap %v", cm.Data)
 		}
