@@ -63,6 +63,12 @@ func TestParseRule(t *testing.T) {
 	}
 }
 
+// GPU UUIDs of the tests (events.IsGPUUUID).
+const (
+	gpuA = "GPU-0000000a-0000-0000-0000-00000000000a"
+	gpuB = "GPU-0000000b-0000-0000-0000-00000000000b"
+)
+
 func TestClassify(t *testing.T) {
 	c := DefaultConfig()
 	c.EmptyDir = EmptyDirSkip
@@ -78,16 +84,37 @@ func TestClassify(t *testing.T) {
 		}
 		return p
 	}
+	// requesting is a pod requesting one of an extended resource.
+	requesting := func(res corev1.ResourceName) *corev1.Pod {
+		p := pod("ml", nil)
+		p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{res: resource.MustParse("1")}
+		return p
+	}
 	withEnv := pod("ml", nil)
-	withEnv.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "GPU-b,GPU-a"}}
+	withEnv.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: gpuB + "," + gpuA}}
 	emptyDir := pod("ml", nil)
 	emptyDir.Spec.Volumes = []corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	listedAt := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 	kubelet := func(pods ...string) Scope {
-		return Scope{GPUs: []string{"GPU-a"}, GPUPods: &PodList{Pods: pods, At: listedAt}}
+		return Scope{GPUs: []string{gpuA}, GPUPods: &PodList{Pods: pods, At: listedAt}}
 	}
-	later := gpuPod("")
-	later.CreationTimestamp = metav1.NewTime(listedAt.Add(time.Second))
+	// started is a GPU pod created at created and started on the node
+	// at started (zero: not yet).
+	started := func(created, started time.Time) *corev1.Pod {
+		p := gpuPod("")
+		p.CreationTimestamp = metav1.NewTime(created)
+		if !started.IsZero() {
+			st := metav1.NewTime(started)
+			p.Status.StartTime = &st
+		}
+		return p
+	}
+	hourBefore := listedAt.Add(-time.Hour)
+	// The kubelet lists at 12:00:00.5; a pod started 200 ms later has
+	// the StartTime 12:00:00 (whole seconds, truncated).
+	otherListed := started(hourBefore, hourBefore)
+	otherListed.Annotations = map[string]string{DefaultGPUAnnotation: gpuB}
+	halfPast := Scope{GPUs: []string{gpuA}, GPUPods: &PodList{At: listedAt.Add(500 * time.Millisecond)}}
 	for _, tc := range []struct {
 		name  string
 		pod   *corev1.Pod
@@ -99,17 +126,25 @@ func TestClassify(t *testing.T) {
 		{"rule", pod("batch-7", map[string]string{"tier": "train"}), Scope{}, string(ModeAllowCompletion)},
 		{"rule selector misses", pod("batch-7", nil), Scope{}, string(ModeImmediate)},
 		{"emptyDir skipped", emptyDir, Scope{}, SkipEmptyDir},
-		{"partial: annotated other GPU", gpuPod("GPU-b"), Scope{GPUs: []string{"GPU-a"}}, SkipOutOfScope},
-		{"partial: annotated this GPU", gpuPod("GPU-b, GPU-a"), Scope{GPUs: []string{"GPU-a"}}, string(ModeImmediate)},
-		{"partial: GPU unknown but requested", gpuPod(""), Scope{GPUs: []string{"GPU-a"}}, string(ModeImmediate)},
-		{"partial: no GPU", pod("ml", nil), Scope{GPUs: []string{"GPU-a"}}, SkipOutOfScope},
-		{"partial: env", withEnv, Scope{GPUs: []string{"GPU-a"}}, string(ModeImmediate)},
-		{"partial: the kubelet lists it", gpuPod(""), kubelet("other/q", "ml/p"), string(ModeImmediate)},
-		{"partial: the kubelet lists others", gpuPod(""), kubelet("ml/q"), SkipOutOfScope},
-		{"partial: the kubelet lists none", gpuPod(""), kubelet(), SkipOutOfScope},
-		{"partial: created after the listing", later, kubelet(), string(ModeImmediate)},
-		{"partial: annotated this GPU, not listed", gpuPod("GPU-a"), kubelet(), string(ModeImmediate)},
-		{"partial: annotated other GPU, listed", gpuPod("GPU-b"), kubelet("ml/p"), string(ModeImmediate)},
+		{"partial: annotated other GPU", gpuPod(gpuB), Scope{GPUs: []string{gpuA}}, SkipOutOfScope},
+		{"partial: annotated this GPU", gpuPod(gpuB + ", " + gpuA), Scope{GPUs: []string{gpuA}}, string(ModeImmediate)},
+		{"partial: GPU unknown but requested", gpuPod(""), Scope{GPUs: []string{gpuA}}, string(ModeImmediate)},
+		{"partial: no GPU", pod("ml", nil), Scope{GPUs: []string{gpuA}}, SkipOutOfScope},
+		{"partial: env", withEnv, Scope{GPUs: []string{gpuA}}, string(ModeImmediate)},
+		{"partial: requests a MIG device", requesting("nvidia.com/mig-1g.10gb"), Scope{GPUs: []string{gpuA}}, string(ModeImmediate)},
+		{"partial: requests a shared MIG device", requesting("nvidia.com/mig-1g.10gb.shared"), Scope{GPUs: []string{gpuA}}, string(ModeImmediate)},
+		{"partial: requests a time-sliced GPU", requesting("nvidia.com/gpu.shared"), Scope{GPUs: []string{gpuA}}, string(ModeImmediate)},
+		{"partial: requests nvidia.com/gpu", requesting(resourceGPU), Scope{GPUs: []string{gpuA}}, string(ModeImmediate)},
+		{"partial: requests a NIC", requesting("nvidia.com/rdma_shared_device_a"), Scope{GPUs: []string{gpuA}}, SkipOutOfScope},
+		{"partial: the kubelet lists it", started(hourBefore, hourBefore), kubelet("other/q", "ml/p"), string(ModeImmediate)},
+		{"partial: the kubelet lists others", started(hourBefore, hourBefore), kubelet("ml/q"), SkipOutOfScope},
+		{"partial: the kubelet lists none", started(hourBefore, hourBefore), kubelet(), SkipOutOfScope},
+		{"partial: created after the listing", started(listedAt.Add(time.Second), listedAt.Add(time.Second)), kubelet(), string(ModeImmediate)},
+		{"partial: started in the listing's second, after it", started(listedAt, listedAt), halfPast, string(ModeImmediate)},
+		{"partial: pending before the listing, started after", started(hourBefore, listedAt.Add(time.Minute)), kubelet(), string(ModeImmediate)},
+		{"partial: created before the listing, not started", started(hourBefore, time.Time{}), kubelet(), string(ModeImmediate)},
+		{"partial: annotated this GPU, not listed", gpuPod(gpuA), kubelet(), string(ModeImmediate)},
+		{"partial: annotated other GPU, listed", otherListed, kubelet("ml/p"), string(ModeImmediate)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pl := c.classify(tc.pod, tc.scope, false)
@@ -211,8 +246,8 @@ func pod(ns string, labels map[string]string) *corev1.Pod {
 
 func TestScopeWiden(t *testing.T) {
 	t1, t2 := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC), time.Date(2026, 11, 22, 12, 5, 0, 0, time.UTC)
-	a := Scope{GPUs: []string{"GPU-a"}, GPUPods: &PodList{Pods: []string{"ml/p"}, At: t2}}
-	b := Scope{GPUs: []string{"GPU-b", "GPU-a"}, GPUPods: &PodList{Pods: []string{"ml/q", "ml/p"}, At: t1}}
+	a := Scope{GPUs: []string{gpuA}, GPUPods: &PodList{Pods: []string{"ml/p"}, At: t2}}
+	b := Scope{GPUs: []string{gpuB, gpuA}, GPUPods: &PodList{Pods: []string{"ml/q", "ml/p"}, At: t1}}
 	for _, tc := range []struct {
 		name       string
 		s, o, want Scope
@@ -220,8 +255,8 @@ func TestScopeWiden(t *testing.T) {
 		{"node covers all", Scope{}, a, Scope{}},
 		{"all covers node", a, Scope{}, Scope{}},
 		{"GPUs and listings add up, the earlier time", a, b,
-			Scope{GPUs: []string{"GPU-a", "GPU-b"}, GPUPods: &PodList{Pods: []string{"ml/p", "ml/q"}, At: t1}}},
-		{"one listing unknown: unknown", a, Scope{GPUs: []string{"GPU-b"}}, Scope{GPUs: []string{"GPU-a", "GPU-b"}}},
+			Scope{GPUs: []string{gpuA, gpuB}, GPUPods: &PodList{Pods: []string{"ml/p", "ml/q"}, At: t1}}},
+		{"one listing unknown: unknown", a, Scope{GPUs: []string{gpuB}}, Scope{GPUs: []string{gpuA, gpuB}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := tc.s.widen(tc.o); !reflect.DeepEqual(got, tc.want) {

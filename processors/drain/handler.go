@@ -261,7 +261,12 @@ func (h *Handler) options(t trigger) opts {
 			// no pod either way.
 			o.scope.GPUs[i] = events.BoundKey(g, 128)
 		}
-		o.scope.GPUPods = gpuPods(a.GetDetails())
+		if byUUID(o.scope.GPUs) {
+			// A GPU named otherwise (a PCI address, index:N) is matched
+			// by no pod and no listing: the kubelet's "no pods" for it
+			// says nothing (usesGPU).
+			o.scope.GPUPods = gpuPods(a.GetDetails())
+		}
 	}
 	return o
 }

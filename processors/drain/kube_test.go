@@ -716,14 +716,14 @@ func TestDrainKube(t *testing.T) {
 	t.Run("PartialDrainOnlyTheGPUsPods", func(t *testing.T) {
 		node := "part-1"
 		quarantined(t, k, node)
-		createPod(t, k, "train", "on-gpu-a", node, withAnnotation(DefaultGPUAnnotation, "GPU-aaaa"))
-		createPod(t, k, "train", "on-gpu-b", node, withAnnotation(DefaultGPUAnnotation, "GPU-bbbb,GPU-cccc"))
+		createPod(t, k, "train", "on-gpu-a", node, withAnnotation(DefaultGPUAnnotation, "GPU-0000aaaa-0000-0000-0000-00000000aaaa"))
+		createPod(t, k, "train", "on-gpu-b", node, withAnnotation(DefaultGPUAnnotation, "GPU-0000bbbb-0000-0000-0000-00000000bbbb,GPU-0000cccc-0000-0000-0000-00000000cccc"))
 		createPod(t, k, "train", "cpu-only", node)
 		waitRunning(t, k, node, 3)
 		h := newHandler(t, testConfig(), k, clk, false)
-		acts, left := drive(t, h, clk, time.Second, 40, quarantineAction(node, "e-part", "COMPONENT_RESET", map[string]string{events.DetailEntities: "GPU=GPU-aaaa"}))
+		acts, left := drive(t, h, clk, time.Second, 40, quarantineAction(node, "e-part", "COMPONENT_RESET", map[string]string{events.DetailEntities: "GPU=GPU-0000aaaa-0000-0000-0000-00000000aaaa"}))
 		res := find(acts, events.OutcomeSucceeded)
-		if left != nil || res == nil || res.Details[events.DetailEvicted] != "1" || res.Details[events.DetailScope] != "gpu:GPU-aaaa" {
+		if left != nil || res == nil || res.Details[events.DetailEvicted] != "1" || res.Details[events.DetailScope] != "gpu:GPU-0000aaaa-0000-0000-0000-00000000aaaa" {
 			t.Fatalf("partial drain: %s %v", outcomes(acts), res)
 		}
 		if got := strings.Join(podNames(podsOn(t, k, node)), ","); got != "train/cpu-only,train/on-gpu-b" {
@@ -734,7 +734,8 @@ func TestDrainKube(t *testing.T) {
 	t.Run("PartialDrainByKubeletPodList", func(t *testing.T) {
 		// GPU pods that name no GPU: without the agent's kubelet listing
 		// both would go (a reset must not meet a process on its GPU);
-		// with it, only the one the kubelet says holds GPU-aaaa.
+		// with it, only the one the kubelet says holds the GPU (listed
+		// after both started, listingSlack included).
 		node := "part-2"
 		quarantined(t, k, node)
 		createPod(t, k, "train", "kl-holds-a", node, withGPULimit)
@@ -742,9 +743,9 @@ func TestDrainKube(t *testing.T) {
 		createPod(t, k, "train", "kl-cpu-only", node)
 		waitRunning(t, k, node, 3)
 		h := newHandler(t, testConfig(), k, clk, false)
-		listed := time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
+		listed := time.Now().Add(listingSlack + time.Second).UTC().Format(time.RFC3339Nano)
 		acts, left := drive(t, h, clk, time.Second, 40, quarantineAction(node, "e-part2", "COMPONENT_RESET", map[string]string{
-			events.DetailEntities: "PCI=0000:17:00,GPU=GPU-aaaa", events.MetaGPUPods: "train/kl-holds-a", events.MetaGPUPodsAt: listed}))
+			events.DetailEntities: "PCI=0000:17:00,GPU=GPU-0000aaaa-0000-0000-0000-00000000aaaa", events.MetaGPUPods: "train/kl-holds-a", events.MetaGPUPodsAt: listed}))
 		res := find(acts, events.OutcomeSucceeded)
 		if left != nil || res == nil || res.Details[events.DetailEvicted] != "1" {
 			t.Fatalf("partial drain: %s %v", outcomes(acts), res)

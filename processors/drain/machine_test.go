@@ -344,10 +344,10 @@ func TestAdvance(t *testing.T) {
 func TestDeadlineFromFirstSeen(t *testing.T) {
 	c := machineConfig(t, nil)
 	gpu, cpu := keyOf("ml", "g"), keyOf("web", "a")
-	usesGPU := func(p *corev1.Pod) { p.Annotations = map[string]string{DefaultGPUAnnotation: "GPU-1"} }
+	usesGPU := func(p *corev1.Pod) { p.Annotations = map[string]string{DefaultGPUAnnotation: gpuA} }
 	pods := []corev1.Pod{runningPod("ml", "g", usesGPU), runningPod("web", "a")}
 	st := running(nil)
-	st.Scope = Scope{GPUs: []string{"GPU-1"}}
+	st.Scope = Scope{GPUs: []string{gpuA}}
 	if got := opKeys(c.advance(st, pods, t0)); got != gpu {
 		t.Fatalf("first step: ops %q, want %q", got, gpu)
 	}
@@ -605,13 +605,13 @@ func TestAdmit(t *testing.T) {
 				t.Fatalf("%+v", st)
 			}
 		}},
-		{"a second GPU widens a GPU drain", inProgress(gpu("GPU-1")), "e2", gpu("GPU-2"), true, admitWiden, func(t *testing.T, st *State) {
-			if !reflect.DeepEqual(st.GPUs, []string{"GPU-1", "GPU-2"}) || !reflect.DeepEqual(st.Trigger.EventIDs, []string{"e1", "e2"}) ||
+		{"a second GPU widens a GPU drain", inProgress(gpu(gpuA)), "e2", gpu(gpuB), true, admitWiden, func(t *testing.T, st *State) {
+			if !reflect.DeepEqual(st.GPUs, []string{gpuA, gpuB}) || !reflect.DeepEqual(st.Trigger.EventIDs, []string{"e1", "e2"}) ||
 				!reflect.DeepEqual(st.Seen, []string{"e1", "e2"}) {
 				t.Fatalf("%+v", st)
 			}
 		}},
-		{"a whole-node fault widens a GPU drain to the node and takes its trigger", inProgress(gpu("GPU-1")), "e2", whole, true, admitWiden, func(t *testing.T, st *State) {
+		{"a whole-node fault widens a GPU drain to the node and takes its trigger", inProgress(gpu(gpuA)), "e2", whole, true, admitWiden, func(t *testing.T, st *State) {
 			if len(st.GPUs) != 0 || st.Trigger.RecommendedAction != "RESTART_VM" || !reflect.DeepEqual(st.Trigger.EventIDs, []string{"e1", "e2"}) {
 				t.Fatalf("%+v", st)
 			}
@@ -638,14 +638,14 @@ func TestAdmit(t *testing.T) {
 			}
 		}},
 		{"decided as the drain finished: covered", drained(Scope{}), "e2", repeat(whole, 0), true, admitCovered, nil},
-		{"a GPU fault under a whole-node drain: covered", drained(Scope{}), "e2", repeat(gpuRestart("GPU-1"), -time.Second), true, admitCovered, nil},
-		{"the same GPU under a GPU drain: covered", drained(Scope{GPUs: []string{"GPU-1"}}), "e2", repeat(gpuRestart("GPU-1"), -time.Second), true, admitCovered, nil},
+		{"a GPU fault under a whole-node drain: covered", drained(Scope{}), "e2", repeat(gpuRestart(gpuA), -time.Second), true, admitCovered, nil},
+		{"the same GPU under a GPU drain: covered", drained(Scope{GPUs: []string{gpuA}}), "e2", repeat(gpuRestart(gpuA), -time.Second), true, admitCovered, nil},
 		{"decided after the drain finished: a new drain", drained(Scope{}), "e2", repeat(whole, time.Second), true, admitStart, nil},
 		{"a node newly quarantined: a new drain", drained(Scope{}), "e2", func() opts { o := repeat(whole, -time.Second); o.already = false; return o }(), true, admitStart, nil},
 		{"no decision time: a new drain", drained(Scope{}), "e2", func() opts { o := repeat(whole, 0); o.decidedAt = time.Time{}; return o }(), true, admitStart, nil},
-		{"another GPU: a new drain", drained(Scope{GPUs: []string{"GPU-1"}}), "e2", repeat(gpuRestart("GPU-2"), -time.Second), true, admitStart, nil},
-		{"a whole-node fault after a GPU drain: a new drain", drained(Scope{GPUs: []string{"GPU-1"}}), "e2", repeat(whole, -time.Second), true, admitStart, nil},
-		{"another remediation asked for: a new drain", drained(Scope{}), "e2", repeat(gpu("GPU-1"), -time.Second), true, admitStart, nil},
+		{"another GPU: a new drain", drained(Scope{GPUs: []string{gpuA}}), "e2", repeat(gpuRestart(gpuB), -time.Second), true, admitStart, nil},
+		{"a whole-node fault after a GPU drain: a new drain", drained(Scope{GPUs: []string{gpuA}}), "e2", repeat(whole, -time.Second), true, admitStart, nil},
+		{"another remediation asked for: a new drain", drained(Scope{}), "e2", repeat(gpu(gpuA), -time.Second), true, admitStart, nil},
 		{"another custom remediation: a new drain", drained(Scope{}), "e2", func() opts { o := repeat(whole, -time.Second); o.trig.CustomAction = "FLASH"; return o }(), true, admitStart, nil},
 		{"forced where the drain was not: a new drain", drained(Scope{}), "e2", func() opts { o := repeat(whole, -time.Second); o.force = true; return o }(), true, admitStart, nil},
 		{"a drain that gave up covers nothing", func() *State { st := drained(Scope{}); st.Phase = PhaseGaveUp; return st }(), "e2", repeat(whole, -time.Second), true, admitStart, nil},
@@ -655,9 +655,9 @@ func TestAdmit(t *testing.T) {
 		// the node is back: decided long after the drain finished.
 		{"generated before the drain finished, decided after it: covered", drained(Scope{}), "e2", late(whole, -time.Second), true, admitCovered, nil},
 		{"generated as the drain finished: covered", drained(Scope{}), "e2", late(whole, 0), true, admitCovered, nil},
-		{"a GPU's late repeat under a GPU drain: covered", drained(Scope{GPUs: []string{"GPU-1"}}), "e2", late(gpuRestart("GPU-1"), -time.Second), true, admitCovered, nil},
+		{"a GPU's late repeat under a GPU drain: covered", drained(Scope{GPUs: []string{gpuA}}), "e2", late(gpuRestart(gpuA), -time.Second), true, admitCovered, nil},
 		{"generated after the drain finished: a new drain", drained(Scope{}), "e2", late(whole, time.Second), true, admitStart, nil},
-		{"generated before, another GPU: a new drain", drained(Scope{GPUs: []string{"GPU-1"}}), "e2", late(gpuRestart("GPU-2"), -time.Second), true, admitStart, nil},
+		{"generated before, another GPU: a new drain", drained(Scope{GPUs: []string{gpuA}}), "e2", late(gpuRestart(gpuB), -time.Second), true, admitStart, nil},
 		{"generated before, newly quarantined: a new drain", drained(Scope{}), "e2", func() opts { o := late(whole, -time.Second); o.already = false; return o }(), true, admitStart, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

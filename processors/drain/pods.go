@@ -22,8 +22,23 @@ const (
 // mirrorAnnotation marks static pods' mirror objects.
 const mirrorAnnotation = "kubernetes.io/config.mirror"
 
-// resourceGPU is the extended resource the NVIDIA device plugin serves.
-const resourceGPU = "nvidia.com/gpu"
+// GPU extended resources: the NVIDIA device plugin's nvidia.com/gpu, its
+// time-sliced or MPS-shared GPUs renamed (renameByDefault:
+// nvidia.com/gpu.shared) and its MIG devices under the mixed strategy
+// (nvidia.com/mig-1g.10gb, and .shared). The network operator's NIC
+// resources (nvidia.com/rdma_shared_device_a, nvidia.com/hostdev, ...)
+// are none of them.
+const (
+	resourceGPU       = "nvidia.com/gpu"
+	resourceGPUPrefix = "nvidia.com/gpu."
+	resourceMIGPrefix = "nvidia.com/mig-"
+)
+
+// listingSlack is how long before the kubelet's listing a pod must have
+// started to be judged by it: the pod's StartTime is in whole seconds
+// (truncated) and the listing's time is the node's clock, so a pod that
+// started just after the listing can read as started before it.
+const listingSlack = 2 * time.Second
 
 // plan is what the drain does with one pod.
 type plan struct {
@@ -82,26 +97,45 @@ func hasEmptyDir(p *corev1.Pod) bool {
 }
 
 // usesGPU reports whether the pod may use one of the scope's GPUs:
+//   - when a GPU of the scope is not named by its UUID (a PCI address,
+//     index:N: byUUID), whether it uses any GPU (names one or "all", or
+//     requests one): neither its names nor a listing can say which;
 //   - it names one of them (or "all") in Config.GPUAnnotations or in its
 //     containers' NVIDIA_VISIBLE_DEVICES;
 //   - else, when the kubelet listed the pods holding them (sc.GPUPods) and
-//     the pod existed then, whether it is listed (the device plugin's
+//     the pod had started on the node then (its StartTime listingSlack
+//     before the listing), whether it is listed (the device plugin's
 //     allocation, which the pod spec never shows);
-//   - else, whether it requests nvidia.com/gpu at all: a GPU reset with a
-//     process still on the GPU fails, so a guess errs towards evicting.
+//   - else, whether it requests a GPU resource at all (requestsGPU): a GPU
+//     reset with a process still on the GPU fails, so a guess errs towards
+//     evicting.
 //
 // A pod that requests no GPU and names none uses none.
 func (c *Config) usesGPU(p *corev1.Pod, sc Scope) bool {
 	ids, named := c.podGPUs(p)
+	if !byUUID(sc.GPUs) {
+		return !noGPU(ids) || requestsGPU(p)
+	}
 	for _, id := range ids {
 		if id == "all" || slices.Contains(sc.GPUs, id) {
 			return true
 		}
 	}
-	if l := sc.GPUPods; l != nil && p.CreationTimestamp.Time.Before(l.At) {
+	if l := sc.GPUPods; l != nil && p.Status.StartTime != nil && p.Status.StartTime.Time.Before(l.At.Add(-listingSlack)) {
 		return slices.Contains(l.Pods, p.Namespace+"/"+p.Name)
 	}
 	return !named && requestsGPU(p)
+}
+
+// noGPU reports whether NVIDIA_VISIBLE_DEVICES-style ids name no GPU
+// ("none" and "void" give a container none; so does no id at all).
+func noGPU(ids []string) bool {
+	for _, id := range ids {
+		if id != "none" && id != "void" {
+			return false
+		}
+	}
+	return true
 }
 
 // podGPUs returns the GPU UUIDs a pod names, and whether it names any.
@@ -128,14 +162,22 @@ func splitIDs(v string) []string {
 	return strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' || r == ';' || r == '\n' })
 }
 
+// requestsGPU reports whether a container of the pod requests (or is
+// limited to) a GPU resource (isGPUResource).
 func requestsGPU(p *corev1.Pod) bool {
 	for _, ct := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {
-		if q, ok := ct.Resources.Limits[resourceGPU]; ok && !q.IsZero() {
-			return true
-		}
-		if q, ok := ct.Resources.Requests[resourceGPU]; ok && !q.IsZero() {
-			return true
+		for _, l := range []corev1.ResourceList{ct.Resources.Limits, ct.Resources.Requests} {
+			for name, q := range l {
+				if isGPUResource(name) && !q.IsZero() {
+					return true
+				}
+			}
 		}
 	}
 	return false
+}
+
+func isGPUResource(name corev1.ResourceName) bool {
+	n := string(name)
+	return n == resourceGPU || strings.HasPrefix(n, resourceGPUPrefix) || strings.HasPrefix(n, resourceMIGPrefix)
 }

@@ -115,7 +115,8 @@ func (s Scope) holds(o Scope) bool {
 // widen is the scope of a drain that must also cover o: a whole-node
 // scope covers everything; GPU scopes add up, and their pod listings too
 // (the earlier one's time, so a pod created in between is judged without
-// them), as long as both are known. Past maxScopeGPUs GPUs or
+// them), as long as both are known and every GPU is named by its UUID
+// (byUUID). Past maxScopeGPUs GPUs or
 // maxScopePodBytes of listing it is the whole node, which drains every pod
 // a GPU scope would and more (dropping only the listing would not: a pod
 // listed but naming another GPU would be left), so the drain state stays
@@ -133,7 +134,7 @@ func (s Scope) widen(o Scope) Scope {
 	if len(w.GPUs) > maxScopeGPUs {
 		return Scope{}
 	}
-	if s.GPUPods != nil && o.GPUPods != nil {
+	if s.GPUPods != nil && o.GPUPods != nil && byUUID(w.GPUs) {
 		w.GPUPods = &PodList{Pods: slices.Clone(s.GPUPods.Pods), At: s.GPUPods.At}
 		listed := make(map[string]bool, len(w.GPUPods.Pods)+len(o.GPUPods.Pods))
 		for _, p := range w.GPUPods.Pods {
@@ -153,6 +154,18 @@ func (s Scope) widen(o Scope) Scope {
 		}
 	}
 	return w
+}
+
+// byUUID reports whether every GPU of a scope is named by its UUID
+// (events.IsGPUUUID): only then can a pod's GPUs, or the kubelet's listing,
+// be matched with them.
+func byUUID(gpus []string) bool {
+	for _, g := range gpus {
+		if !events.IsGPUUUID(g) {
+			return false
+		}
+	}
+	return true
 }
 
 // Trigger is the part of the triggering decision carried to the result.

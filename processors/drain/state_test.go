@@ -6,6 +6,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -34,7 +38,8 @@ func resetFault(t *testing.T, id string, gpus, pods []string) trigger {
 }
 
 // TestWidenStaysBounded: faults joining a running drain, each as large as
-// the gateway accepts (64 GPU entities of 512 bytes, a 2 KiB listing), keep
+// the gateway accepts (64 GPU entities, UUIDs or names of 512 bytes, a 2
+// KiB listing; a listing is kept only for UUIDs), keep
 // the drain state small: past maxScopeGPUs GPUs or maxScopePodBytes of
 // listing the scope is the whole node (it drains every pod a GPU scope
 // would). The GPU lists and listings used to add up without a bound: 12
@@ -44,9 +49,17 @@ func resetFault(t *testing.T, id string, gpus, pods []string) trigger {
 func TestWidenStaysBounded(t *testing.T) {
 	const maxState = 32 << 10
 	pad := strings.Repeat("x", validate.MaxEntityValue)
-	// gpus are 64 GPUs of fault i (of its own, or of the fault 0),
+	// gpus are 64 GPU UUIDs of fault i (of its own, or of the fault 0),
+	// big 64 names of 512 bytes (no UUIDs: no listing is kept for them),
 	// pods its listing of 204 pods (2,040 bytes).
 	gpus := func(i int) []string {
+		var out []string
+		for j := range validate.MaxEntities {
+			out = append(out, fmt.Sprintf("GPU-%08x-0000-0000-0000-%012x", i, j))
+		}
+		return out
+	}
+	big := func(i int) []string {
 		var out []string
 		for j := range validate.MaxEntities {
 			out = append(out, fmt.Sprintf("GPU-%03d-%02d-%s", i, j, pad)[:validate.MaxEntityValue])
@@ -75,6 +88,9 @@ func TestWidenStaysBounded(t *testing.T) {
 		{"200 faults, same GPUs, same pods", 200, same(gpus), same(pods), 64, 204},
 		{"3 faults, same GPUs, new pods: within the bound", 3, same(gpus), pods, 64, 612},
 		{"200 faults, same GPUs, new pods", 200, same(gpus), pods, 0, -1},
+		{"one fault, 512-byte names", 1, big, pods, 64, -1},
+		{"12 faults, new 512-byte names", 12, big, pods, 0, -1},
+		{"200 faults, same 512-byte names", 200, same(big), pods, 64, -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var (
@@ -100,6 +116,61 @@ func TestWidenStaysBounded(t *testing.T) {
 			}
 			if len(st.GPUs) != tc.wantGPUs || pods != tc.wantPods {
 				t.Errorf("scope %d GPUs, %d pods listed; want %d, %d", len(st.GPUs), pods, tc.wantGPUs, tc.wantPods)
+			}
+		})
+	}
+}
+
+// TestScopeOfAGPUNotNamedByUUID: a GPU reset's fault whose GPU is named by
+// its PCI address (the fabric agent's gpuIDByPCI fallback) or index
+// (NVLINK-INACTIVE's index:N, NVSentinel's DCGM events without GPU_UUID)
+// drains every pod using any GPU: the kubelet's listing for such a GPU is
+// always empty and no pod names it, so GPU pods were left on the GPU the
+// remediation then resets.
+func TestScopeOfAGPUNotNamedByUUID(t *testing.T) {
+	c := DefaultConfig()
+	if err := c.Validate("drain."); err != nil {
+		t.Fatal(err)
+	}
+	hourBefore := metav1.NewTime(t0.Add(-time.Hour))
+	running := func(mod func(p *corev1.Pod)) *corev1.Pod {
+		p := pod("ml", nil)
+		p.CreationTimestamp, p.Status.StartTime = hourBefore, &hourBefore
+		mod(p)
+		return p
+	}
+	requests := running(func(p *corev1.Pod) {
+		p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{resourceGPU: resource.MustParse("1")}
+	})
+	annotated := running(func(p *corev1.Pod) { p.Annotations = map[string]string{DefaultGPUAnnotation: gpuB} })
+	visible := running(func(p *corev1.Pod) {
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}
+	})
+	none := running(func(p *corev1.Pod) {
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "void"}}
+	})
+	plain := running(func(*corev1.Pod) {})
+	for _, tc := range []struct {
+		name string
+		gpus []string
+		pod  *corev1.Pod
+		want bool
+	}{
+		{"PCI address, requests a GPU", []string{"0000:17:00.0"}, requests, true},
+		{"index, annotated with a UUID", []string{"index:3"}, annotated, true},
+		{"index, NVIDIA_VISIBLE_DEVICES=all", []string{"3"}, visible, true},
+		{"a UUID and an index, requests a GPU", []string{gpuA, "index:3"}, requests, true},
+		{"PCI address, NVIDIA_VISIBLE_DEVICES=void", []string{"0000:17:00.0"}, none, false},
+		{"PCI address, no GPU", []string{"0000:17:00.0"}, plain, false},
+		// The listing is still used for a GPU named by its UUID.
+		{"UUID, requests a GPU, not listed", []string{gpuA}, requests, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The agent's pod lookup said "known, no pods" (an empty
+			// listing at t0).
+			o := (&Handler{}).options(resetFault(t, "e1", tc.gpus, nil))
+			if got := c.classify(tc.pod, o.scope, false).skip == ""; got != tc.want {
+				t.Fatalf("scope %+v: in scope %v, want %v", o.scope, got, tc.want)
 			}
 		})
 	}

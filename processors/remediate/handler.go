@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -88,7 +87,7 @@ type Data struct {
 	EventID  string
 	EventIDs []string
 	Entities []Entity
-	// GPUs are the GPU UUIDs among the entities (gpuUUID). Empty when a
+	// GPUs are the GPU UUIDs among the entities (events.IsGPUUUID). Empty when a
 	// GPU entity names its GPU otherwise (a PCI address, an index: what an
 	// agent sends when it has no UUID): the remediation is then for every
 	// GPU of the node (a GPUReset without a selector), not for the named
@@ -264,7 +263,7 @@ func (h *Handler) data(t trigger, tm *Template) Data {
 			d.Entities = append(d.Entities, Entity{Type: typ, Value: v})
 			if typ == events.EntityGPU {
 				d.GPUs = append(d.GPUs, v)
-				named = named && gpuUUID.MatchString(v)
+				named = named && events.IsGPUUUID(v)
 			}
 		}
 	}
@@ -280,10 +279,6 @@ func (h *Handler) data(t trigger, tm *Template) Data {
 	}
 	return d
 }
-
-// gpuUUID is the GPU UUID form spec.selector.uuids of the janitor's
-// GPUReset accepts (deploy/crds/gpureset.yaml).
-var gpuUUID = regexp.MustCompile(`^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 
 // status of one remediation resource.
 type status int

@@ -197,6 +197,18 @@ var clusterName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$`)
 // and so the only names the processors can find a cluster's events by.
 func IsClusterName(s string) bool { return clusterName.MatchString(s) }
 
+// gpuUUID is the form of a GPU UUID, as nvidia-smi -L and NVML name a GPU
+// (and spec.selector.uuids of the janitor's GPUReset accepts,
+// deploy/crds/gpureset.yaml).
+var gpuUUID = regexp.MustCompile(`^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+
+// IsGPUUUID reports whether a GPU entity's value is a GPU UUID, rather
+// than a PCI address (the fabric agent's gpuIDByPCI fallback), an index
+// (NVLINK-INACTIVE's index:N, NVSentinel's DCGM events without GPU_UUID)
+// or anything else: only a UUID can be matched with the GPUs a pod holds
+// or a GPUReset selects.
+func IsGPUUUID(s string) bool { return gpuUUID.MatchString(s) }
+
 // Key is the Kafka record key of a node's records: "cluster/node".
 func Key(cluster, node string) []byte {
 	return AppendKey(make([]byte, 0, len(cluster)+1+len(node)), cluster, node)
