@@ -1,6 +1,7 @@
 package drain
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"sort"
@@ -167,7 +168,9 @@ func podKey(p *corev1.Pod) string {
 
 // advance moves each pod of the drain on, given the pods on the node now: a
 // pod seen for the first time is classified (in scope with its mode and
-// deadline, its mode's timeout from now, or counted as skipped); in a
+// deadline, its mode's timeout from now — or, a pod back under the same
+// name, its first copy's deadline, the earlier copies folded — or counted
+// as skipped); in a
 // forced drain, one classified before the force joined and not done is
 // made Immediate, its eviction timeout from now; one that finished is
 // done; one
@@ -175,7 +178,8 @@ func podKey(p *corev1.Pod) string {
 // is no longer waited for (done "skipped", skipWait); one whose deadline
 // passed is given up (DeleteAfterTimeout: deleted, a refused delete tried
 // again after the pod's backoff, and given up EvictionTimeout after its
-// deadline if it is still there); a pod no longer on the node is gone. It returns the calls to make — evictions of
+// deadline if it is still there); a pod no longer on the node is gone
+// (past maxGonePods gone entries, the earliest are folded). It returns the calls to make — evictions of
 // pods due for one (not terminating, not waiting to complete, not backing
 // off after a PDB refusal) and deletions — with each eviction's intent
 // (EvictAt) recorded first, so a restart after the calls counts each pod
@@ -203,6 +207,14 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 			// without an eviction tried. The deadline is kept in the
 			// state, written by this step, so it is counted once.
 			ps = &PodState{UID: string(p.UID), Mode: pl.mode, Deadline: now.Add(pl.timeout)}
+			// A pod back under the same name (a controller recreating
+			// it on the cordoned node: a StatefulSet pinned by a local
+			// volume, a pod with spec.nodeName) keeps the first copy's
+			// deadline, so the drain ends (gave_up) however often it is
+			// recreated; the earlier copies' entries are folded.
+			if d, ok := st.foldCopies(p.Namespace+"/"+p.Name, present); ok {
+				ps.Deadline = d
+			}
 			st.Pods[key] = ps
 		}
 		if ps.Done != "" {
@@ -246,9 +258,22 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 			ops = append(ops, op{key: key, pod: p})
 		}
 	}
+	var gone []string
 	for k, ps := range st.Pods {
 		if ps.Done == "" && !present[k] {
 			ps.Done = "gone"
+		}
+		if ps.Done == "gone" {
+			gone = append(gone, k)
+		}
+	}
+	if len(gone) > maxGonePods {
+		// The earliest deadlines first: the pods seen first.
+		slices.SortFunc(gone, func(a, b string) int {
+			return cmp.Or(st.Pods[a].Deadline.Compare(st.Pods[b].Deadline), strings.Compare(a, b))
+		})
+		for _, k := range gone[:len(gone)-maxGonePods] {
+			st.fold(k)
 		}
 	}
 	st.Skipped = skipped
@@ -258,6 +283,27 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 		}
 	}
 	return ops
+}
+
+// foldCopies folds the entries of earlier copies of pod name
+// ("namespace/name", another UID, not on the node now) and returns the
+// earliest of their deadlines.
+func (st *State) foldCopies(name string, present map[string]bool) (time.Time, bool) {
+	var first time.Time
+	found := false
+	for k, ps := range st.Pods {
+		if present[k] || !strings.HasPrefix(k, name+"@") {
+			continue
+		}
+		if !found || ps.Deadline.Before(first) {
+			first, found = ps.Deadline, true
+		}
+		if ps.Done == "" {
+			ps.Done = "gone"
+		}
+		st.fold(k)
+	}
+	return first, found
 }
 
 // skipWait reports whether the drain stops waiting for pod p: it is being

@@ -374,6 +374,51 @@ func TestDeadlineFromFirstSeen(t *testing.T) {
 	}
 }
 
+// TestRecreatedPods: a controller recreating its pod on the cordoned node
+// under the same name (a StatefulSet pinned by a local volume, a pod with
+// spec.nodeName) gave each copy a fresh deadline, so the drain never ended,
+// and its entries piled up until the node's annotations overflowed (2000
+// copies: 334 KB of state). A copy now keeps the first one's deadline and
+// the earlier copies are folded into counts; gone pods past maxGonePods
+// are folded too.
+func TestRecreatedPods(t *testing.T) {
+	c := machineConfig(t, nil)
+	copyOf := func(name string, i int) []corev1.Pod {
+		return []corev1.Pod{runningPod("db", name, func(p *corev1.Pod) { p.UID = types.UID(fmt.Sprintf("%08d-copy", i)) })}
+	}
+	t.Run("same name: gave up at the first copy's deadline", func(t *testing.T) {
+		st := running(nil)
+		for i := range 2000 {
+			now := t0.Add(time.Duration(i) * 30 * time.Second)
+			c.advance(st, copyOf("db-0", i), now)
+			if settle(st, now) {
+				break
+			}
+		}
+		want := Counts{InScope: 21, Evicted: 0, Gone: 20, GaveUp: 1}
+		if st.Phase != PhaseGaveUp || !st.FinishedAt.Equal(t0.Add(10*time.Minute)) || st.Count() != want || len(st.Pods) != 1 {
+			t.Fatalf("phase %s at %v, counts %+v, %d entries; want gave_up at %v, %+v, 1 entry",
+				st.Phase, st.FinishedAt, st.Count(), len(st.Pods), t0.Add(10*time.Minute), want)
+		}
+		back, err := ReadState(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{AnnotationState: st.encode()}}})
+		if err != nil || back.Count() != want {
+			t.Fatalf("read back: counts %+v (%v), want %+v", back.Count(), err, want)
+		}
+	})
+	t.Run("new names: gone entries bounded", func(t *testing.T) {
+		st := running(nil)
+		for i := range 2000 {
+			c.advance(st, copyOf(fmt.Sprintf("p-%d", i), i), t0.Add(time.Duration(i)*time.Second))
+		}
+		if got := st.Count(); got.InScope != 2000 || got.Gone != 1999 || got.Remaining != 1 || len(st.Pods) != maxGonePods+1 {
+			t.Fatalf("counts %+v, %d entries; want 2000 in scope, 1999 gone, 1 remaining, %d entries", got, len(st.Pods), maxGonePods+1)
+		}
+		if _, ok := st.Pods[podKey(&copyOf("p-1999", 1999)[0])]; !ok {
+			t.Fatal("the pod on the node was folded")
+		}
+	})
+}
+
 // TestSkipWait: kubectl drain's --skip-wait-for-delete-timeout: a pod
 // whose DeletionTimestamp is more than the timeout in the past is no longer
 // waited for.

@@ -44,6 +44,10 @@ const (
 	maxTriggerEntities = 4096
 	// maxScopeGPUs bounds the GPUs of a partial drain.
 	maxScopeGPUs = 64
+	// maxGonePods bounds the entries of pods gone from the node kept in
+	// the state; the oldest past it are folded into State.Folded (a
+	// controller creating pods on the cordoned node under new names).
+	maxGonePods = 128
 	// maxScopePodBytes bounds a partial drain's pod listing, as the state
 	// writes it: ~four listings of the gateway's largest metadata value
 	// (2 KiB), far more pods than a node's GPUs are held by.
@@ -78,6 +82,45 @@ type State struct {
 	// Skipped counts pods left alone, by reason (system namespace,
 	// DaemonSet, mirror, emptyDir, out of scope).
 	Skipped map[string]int `json:"skipped,omitempty"`
+	// Folded counts the pods whose entries left Pods (fold): earlier
+	// copies of a pod that came back under the same name, and gone pods
+	// past maxGonePods.
+	Folded Folded `json:"folded,omitzero"`
+}
+
+// Folded is what Count needs of the pods folded out of State.Pods.
+type Folded struct {
+	Pods      int `json:"pods,omitempty"`
+	Evicted   int `json:"evicted,omitempty"`
+	Deleted   int `json:"deleted,omitempty"`
+	Completed int `json:"completed,omitempty"`
+	Gone      int `json:"gone,omitempty"`
+	GaveUp    int `json:"gaveUp,omitempty"`
+	Skipped   int `json:"skippedTerminating,omitempty"`
+}
+
+// fold removes a done pod's entry from s.Pods, keeping its counts in
+// s.Folded.
+func (s *State) fold(key string) {
+	p := s.Pods[key]
+	s.Folded.Pods++
+	if p.Evicted {
+		s.Folded.Evicted++
+	}
+	if !p.DeletedAt.IsZero() {
+		s.Folded.Deleted++
+	}
+	switch p.Done {
+	case "completed":
+		s.Folded.Completed++
+	case "gave_up":
+		s.Folded.GaveUp++
+	case "skipped":
+		s.Folded.Skipped++
+	default:
+		s.Folded.Gone++
+	}
+	delete(s.Pods, key)
 }
 
 // Scope is what a drain evicts: with no GPUs the whole node, otherwise
@@ -322,7 +365,9 @@ type Counts struct {
 
 // Count returns the drain's counts.
 func (s *State) Count() Counts {
-	var c Counts
+	f := s.Folded
+	c := Counts{InScope: f.Pods, Evicted: f.Evicted, Deleted: f.Deleted, Completed: f.Completed, Gone: f.Gone,
+		GaveUp: f.GaveUp, SkippedTerminating: f.Skipped}
 	for _, p := range s.Pods {
 		c.InScope++
 		if p.Evicted {
