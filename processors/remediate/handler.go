@@ -87,11 +87,11 @@ type Data struct {
 	EventID  string
 	EventIDs []string
 	Entities []Entity
-	// GPUs are the GPU UUIDs among the entities (events.IsGPUUUID). Empty when a
-	// GPU entity names its GPU otherwise (a PCI address, an index: what an
-	// agent sends when it has no UUID): the remediation is then for every
-	// GPU of the node (a GPUReset without a selector), not for the named
-	// ones only, which would leave that GPU out.
+	// GPUs are the GPU UUIDs among the entities (events.IsGPUUUID). Empty
+	// when a GPU entity names its GPU otherwise (a PCI address, an index:
+	// what an agent sends when it has no UUID): the remediation is then
+	// for every GPU of the node (a GPUReset without a selector), not for
+	// the named ones only, which would leave that GPU out.
 	GPUs []string
 	// Group is the template's equivalence group.
 	Group string
