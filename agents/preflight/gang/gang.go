@@ -196,8 +196,9 @@ func (d *Discovery) DiscoverGang(lister PodLister, pod *corev1.Pod) ([]PeerInfo,
 // when nothing was folded (every part non-empty, of [a-z0-9-.] alone):
 // the IDs of earlier versions, which pods admitted before an upgrade carry
 // (a gang whose pods carried two IDs would wait for ever, in two halves).
-// Any other ID ("Job_1" and "job-1" fold into one), and a long one, which
-// keeps a prefix, ends in a hash of the exact parts. Two parts whose dashes
+// A long one keeps a prefix and a hash of the join, as before. Any other
+// ID ("Job_1" and "job-1" fold into one) ends in a hash of the exact parts
+// (a label value with folded characters gets another ID than before). Two parts whose dashes
 // fall differently ("train-a"+"workers", "train"+"a-workers") still join
 // into one ID: two gangs named so in one namespace share it.
 func MakeID(parts ...string) string {
@@ -222,8 +223,14 @@ func MakeID(parts ...string) string {
 		}
 	}
 	id := b.String()
-	if plain && len(id) <= 52 && len(validation.IsDNS1123Subdomain(ConfigMapPrefix+id)) == 0 {
-		return id
+	if plain && len(validation.IsDNS1123Subdomain(ConfigMapPrefix+id)) == 0 {
+		if len(id) <= 52 {
+			return id
+		}
+		// Long and clean: earlier versions' ID (a prefix and a hash of
+		// the join), which pods admitted before an upgrade carry.
+		sum := sha256.Sum256([]byte(id))
+		return strings.Trim(id[:43], "-.") + "-" + hex.EncodeToString(sum[:])[:8]
 	}
 	h := sha256.New()
 	for _, p := range parts { // length-prefixed: the exact parts, unambiguously

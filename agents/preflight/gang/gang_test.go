@@ -129,7 +129,9 @@ func TestMakeIDDistinct(t *testing.T) {
 		parts []string
 		want  string
 	}{{[]string{"wl", "llm", "workers", "3"}, "wl-llm-workers-3"}, {[]string{"kueue", "train-job-1"}, "kueue-train-job-1"},
-		{[]string{"volcano", "pg.7"}, "volcano-pg.7"}} {
+		{[]string{"volcano", "pg.7"}, "volcano-pg.7"},
+		{[]string{"kueue", "job-llama3-70b-finetune-sweep-learning-rate-3e-5-run-7-7f9c2"}, "kueue-job-llama3-70b-finetune-sweep-learnin-9eeb9ff5"},
+		{[]string{"kueue", "pod-my-long-distributed-training-job-name-0-8a7b3"}, "kueue-pod-my-long-distributed-training-job-7f3b3139"}} {
 		if id := MakeID(tc.parts...); id != tc.want {
 			t.Errorf("MakeID(%q) = %q, want %q (as earlier versions)", tc.parts, id, tc.want)
 		}
