@@ -163,8 +163,13 @@ func splitIDs(v string) []string {
 }
 
 // requestsGPU reports whether a container of the pod requests (or is
-// limited to) a GPU resource (isGPUResource).
+// limited to) a GPU resource (isGPUResource), or the pod holds resource
+// claims: a GPU allocated through DRA (gpu.nvidia.com) shows in no
+// container's resources, and a guess errs towards evicting.
 func requestsGPU(p *corev1.Pod) bool {
+	if len(p.Spec.ResourceClaims) > 0 {
+		return true
+	}
 	for _, ct := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {
 		for _, l := range []corev1.ResourceList{ct.Resources.Limits, ct.Resources.Requests} {
 			for name, q := range l {

@@ -150,6 +150,9 @@ func TestScopeOfAGPUNotNamedByUUID(t *testing.T) {
 		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "void"}}
 	})
 	plain := running(func(*corev1.Pod) {})
+	claims := running(func(p *corev1.Pod) { // a GPU through DRA (gpu.nvidia.com), no extended resource
+		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: new("ml-gpu")}}
+	})
 	for _, tc := range []struct {
 		name string
 		gpus []string
@@ -162,6 +165,7 @@ func TestScopeOfAGPUNotNamedByUUID(t *testing.T) {
 		{"a UUID and an index, requests a GPU", []string{gpuA, "index:3"}, requests, true},
 		{"PCI address, NVIDIA_VISIBLE_DEVICES=void", []string{"0000:17:00.0"}, none, false},
 		{"PCI address, no GPU", []string{"0000:17:00.0"}, plain, false},
+		{"PCI address, a resource claim (DRA)", []string{"0000:17:00.0"}, claims, true},
 		// The listing is still used for a GPU named by its UUID.
 		{"UUID, requests a GPU, not listed", []string{gpuA}, requests, false},
 	} {
