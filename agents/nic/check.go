@@ -50,7 +50,19 @@ type Check struct {
 	lastSaved []byte
 	nics      map[string]*NIC
 	names     []string
+	// below is when each card below its peer mode, not yet reported, was
+	// first seen below (cardHoldDown).
+	below map[string]time.Time
 }
+
+// cardHoldDown is how long a card stays below its role's peer mode before
+// it is reported, except on a first poll without usable state (reported
+// at once). It keeps a port passing through INIT, ARMED, Polling or
+// LinkErrorRecovery — a link training, the SM activating ports one by one
+// at boot — from reporting its card, and matches §3.1's "INIT:
+// problematic if stuck >30s". A poll interval of cardHoldDown or more
+// reports a card on the second poll that finds it below.
+const cardHoldDown = 30 * time.Second
 
 // Options are the collaborators of a Check.
 type Options struct {
@@ -96,7 +108,7 @@ func New(cfg Config, opt Options) (*Check, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}}
+	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}, below: map[string]time.Time{}}
 	for _, n := range cfg.Checks {
 		if !slices.Contains(AllChecks, n) {
 			log.Warn("unknown NIC sub-check skipped", "name", n)
@@ -294,9 +306,14 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		}
 	}
 
-	// Card homogeneity per role (§4.3): reported on a first poll; a
-	// reported card is cleared once it is back at the expected count. A
-	// first poll also sends the healthy event of each card at or above its
+	// Card homogeneity per role (§4.3), on every poll: a card below its
+	// role's peer mode is reported at once on a first poll without usable
+	// state, and on any other poll once it has stayed below for
+	// cardHoldDown (a port stuck in INIT, ARMED, Polling or
+	// LinkErrorRecovery while its peers are ACTIVE; a port dead at boot
+	// on a card that looked normal while its peers still waited for the
+	// SM). A reported card is cleared once it is back at the expected
+	// count. A first poll also sends the healthy event of each card at or above its
 	// peer mode: an earlier boot's card fault is known only to its state,
 	// which a reboot or a lost state file discards. A card's events name
 	// the card and all its monitored devices ([PCI=<card>, NIC=<each>]),
@@ -318,14 +335,30 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 					emit(ev)
 				}
 			}
-			if cd.active < mode {
-				anomalous[cd.addr] = true
-				if c.fresh && c.stateOn(cd.linkLayer) {
-					c.st.AnomalousCards[cd.addr] = &cardFlag{Role: cd.role, Expected: mode, Devices: cd.devices, LinkLayer: cd.linkLayer}
-					c.log.Error("card below peer mode", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode)
-					emit(cardEvent(cd, mode, false))
-				}
+			if cd.active >= mode {
+				continue
 			}
+			anomalous[cd.addr] = true
+			if !c.stateOn(cd.linkLayer) || c.st.AnomalousCards[cd.addr] != nil {
+				continue
+			}
+			since, ok := c.below[cd.addr]
+			if !ok {
+				since = c.now()
+				c.below[cd.addr] = since
+			}
+			if !c.fresh && c.now().Sub(since) < cardHoldDown {
+				c.log.Warn("card below peer mode, held down", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode, "since", since)
+				continue
+			}
+			c.st.AnomalousCards[cd.addr] = &cardFlag{Role: cd.role, Expected: mode, Devices: cd.devices, LinkLayer: cd.linkLayer}
+			c.log.Error("card below peer mode", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode)
+			emit(cardEvent(cd, mode, false))
+		}
+	}
+	for addr := range c.below {
+		if !anomalous[addr] || c.st.AnomalousCards[addr] != nil {
+			delete(c.below, addr)
 		}
 	}
 	if !c.fresh {

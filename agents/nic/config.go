@@ -6,7 +6,8 @@
 // the GPU metadata (NUMA gate, topology matrix, link layer, default route,
 // BlueField DPUs), skips SR-IOV virtual functions, and reports one event per
 // port per health boundary crossing, device disappearance, card homogeneity
-// anomalies at startup and the fatal port counters of Appendix A.
+// anomalies (at startup, and at run time once a card stays below its peers
+// for cardHoldDown) and the fatal port counters of Appendix A.
 // It persists port snapshots, known devices, counter snapshots and the boot
 // id in a state file so that restarts and reboots behave as §2.2 says.
 //

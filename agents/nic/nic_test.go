@@ -474,7 +474,9 @@ func TestHomogeneity(t *testing.T) {
 		"H EthernetStateCheck: RoCE port mlx5_9 port 1: healthy (ACTIVE, LinkUp, operstate up)",
 		degrBaseline(EthernetDegradationCheck, "mlx5_9"),
 	})
-	// Homogeneity is a startup check: a later drop is a port transition.
+	// A later drop is a port transition at once; its card is reported
+	// only after cardHoldDown (TestCardBelowPeersAfterFirstPoll), which
+	// this check's fixed clock never reaches.
 	e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Polling)
 	wantEvents(t, "runtime drop", poll(t, c), []string{"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Polling"})
 	// Cabling an uncabled port: healthy event (no earlier fatal was sent,
