@@ -460,7 +460,10 @@ func (c *Check) renamedTo(name string) string {
 // second's vanishes while its PCI function is still there, its net device
 // enslaved to the same master as a present device's on the same card —
 // that is the LAG, configuration. A function gone from the bus, or not
-// enslaved with a present sibling, is not.
+// enslaved with a present sibling, is not; nor is a sibling that did not
+// replace the first PF's device: a known device still there under its own
+// name (both PFs enslaved without LAG, SR-IOV legacy mode) means no LAG,
+// and the second PF's RDMA device was lost.
 func (c *Check) bondedInto(name string) string {
 	pci := c.st.KnownPCI[name]
 	if pci == "" {
@@ -472,11 +475,28 @@ func (c *Check) bondedInto(name string) string {
 	}
 	for _, other := range slices.Sorted(maps.Keys(c.nics)) {
 		n := c.nics[other]
-		if other != name && n.PCIAddress != "" && n.PCIAddress != pci && cardOf(n.PCIAddress) == cardOf(pci) && c.r.masterOf(n.PCIAddress) == master {
+		if other != name && n.PCIAddress != "" && n.PCIAddress != pci && cardOf(n.PCIAddress) == cardOf(pci) && c.r.masterOf(n.PCIAddress) == master && c.replacedPF(other) {
 			return other
 		}
 	}
 	return ""
+}
+
+// replacedPF reports whether a present device took the place of its PCI
+// function's earlier device (the LAG's mlx5_bond_N): its name is not a
+// known one, or a known device of another name on its function is gone
+// (renamedTo).
+func (c *Check) replacedPF(dev string) bool {
+	if _, known := c.st.KnownDevices[dev]; !known {
+		return true
+	}
+	pci := c.nics[dev].PCIAddress
+	for other, p := range c.st.KnownPCI {
+		if other != dev && p == pci && c.nics[other] == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // stateOn reports whether the state check of a link layer is enabled.
