@@ -610,12 +610,21 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.PollInterval = 0 }, "nic.state_polling_interval"},
 		{func(c *Config) { c.ExclusionRegex = "([" }, "nic.nic_exclusion_regex"},
 		{func(c *Config) { c.MetadataPath = "" }, "nic.metadata_path"},
+		{func(c *Config) { c.Checks = []string{"InfinibandStateCheck"} }, `nic.checks: no known sub-check (unknown: "InfinibandStateCheck"`},
+		{func(c *Config) { c.Checks = []string{"ib", "eth"} }, `nic.checks: no known sub-check (unknown: "ib", "eth"`},
+		{func(c *Config) { c.Checks = nil }, "nic.checks: empty"},
 	} {
 		c := DefaultConfig()
 		tc.mut(&c)
 		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 			t.Errorf("Validate = %v, want it to name %s", err, tc.want)
 		}
+	}
+	// One known sub-check is enough; a misspelt one beside it is skipped.
+	c := DefaultConfig()
+	c.Checks = []string{"InfinibandStateCheck", EthernetStateCheck}
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate with one known sub-check = %v", err)
 	}
 }
 
