@@ -346,9 +346,11 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			if !ok {
 				since = c.now()
 				c.below[cd.addr] = since
+				if !c.fresh {
+					c.log.Warn("card below peer mode, held down", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode, "hold_down", cardHoldDown)
+				}
 			}
 			if !c.fresh && c.now().Sub(since) < cardHoldDown {
-				c.log.Warn("card below peer mode, held down", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode, "since", since)
 				continue
 			}
 			c.st.AnomalousCards[cd.addr] = &cardFlag{Role: cd.role, Expected: mode, Devices: cd.devices, LinkLayer: cd.linkLayer}
