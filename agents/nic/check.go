@@ -50,7 +50,19 @@ type Check struct {
 	lastSaved []byte
 	nics      map[string]*NIC
 	names     []string
+	// below is when each card below its peer mode, not yet reported, was
+	// first seen below (cardHoldDown).
+	below map[string]time.Time
 }
+
+// cardHoldDown is how long a card stays below its role's peer mode before
+// it is reported, except on a first poll without usable state (reported
+// at once). It keeps a port passing through INIT, ARMED, Polling or
+// LinkErrorRecovery — a link training, the SM activating ports one by one
+// at boot — from reporting its card, and matches §3.1's "INIT:
+// problematic if stuck >30s". A poll interval of cardHoldDown or more
+// reports a card on the second poll that finds it below.
+const cardHoldDown = 30 * time.Second
 
 // Options are the collaborators of a Check.
 type Options struct {
@@ -96,7 +108,7 @@ func New(cfg Config, opt Options) (*Check, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}}
+	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}, below: map[string]time.Time{}}
 	for _, n := range cfg.Checks {
 		if !slices.Contains(AllChecks, n) {
 			log.Warn("unknown NIC sub-check skipped", "name", n)
@@ -294,9 +306,14 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		}
 	}
 
-	// Card homogeneity per role (§4.3): reported on a first poll; a
-	// reported card is cleared once it is back at the expected count. A
-	// first poll also sends the healthy event of each card at or above its
+	// Card homogeneity per role (§4.3), on every poll: a card below its
+	// role's peer mode is reported at once on a first poll without usable
+	// state, and on any other poll once it has stayed below for
+	// cardHoldDown (a port stuck in INIT, ARMED, Polling or
+	// LinkErrorRecovery while its peers are ACTIVE; a port dead at boot
+	// on a card that looked normal while its peers still waited for the
+	// SM). A reported card is cleared once it is back at the expected
+	// count. A first poll also sends the healthy event of each card at or above its
 	// peer mode: an earlier boot's card fault is known only to its state,
 	// which a reboot or a lost state file discards. A card's events name
 	// the card and all its monitored devices ([PCI=<card>, NIC=<each>]),
@@ -318,14 +335,32 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 					emit(ev)
 				}
 			}
-			if cd.active < mode {
-				anomalous[cd.addr] = true
-				if c.fresh && c.stateOn(cd.linkLayer) {
-					c.st.AnomalousCards[cd.addr] = &cardFlag{Role: cd.role, Expected: mode, Devices: cd.devices, LinkLayer: cd.linkLayer}
-					c.log.Error("card below peer mode", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode)
-					emit(cardEvent(cd, mode, false))
+			if cd.active >= mode {
+				continue
+			}
+			anomalous[cd.addr] = true
+			if !c.stateOn(cd.linkLayer) || c.st.AnomalousCards[cd.addr] != nil {
+				continue
+			}
+			since, ok := c.below[cd.addr]
+			if !ok {
+				since = c.now()
+				c.below[cd.addr] = since
+				if !c.fresh {
+					c.log.Warn("card below peer mode, held down", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode, "hold_down", cardHoldDown)
 				}
 			}
+			if !c.fresh && c.now().Sub(since) < cardHoldDown {
+				continue
+			}
+			c.st.AnomalousCards[cd.addr] = &cardFlag{Role: cd.role, Expected: mode, Devices: cd.devices, LinkLayer: cd.linkLayer}
+			c.log.Error("card below peer mode", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode)
+			emit(cardEvent(cd, mode, false))
+		}
+	}
+	for addr := range c.below {
+		if !anomalous[addr] || c.st.AnomalousCards[addr] != nil {
+			delete(c.below, addr)
 		}
 	}
 	if !c.fresh {
@@ -427,7 +462,10 @@ func (c *Check) renamedTo(name string) string {
 // second's vanishes while its PCI function is still there, its net device
 // enslaved to the same master as a present device's on the same card —
 // that is the LAG, configuration. A function gone from the bus, or not
-// enslaved with a present sibling, is not.
+// enslaved with a present sibling, is not; nor is a sibling that did not
+// replace the first PF's device: a known device still there under its own
+// name (both PFs enslaved without LAG, SR-IOV legacy mode) means no LAG,
+// and the second PF's RDMA device was lost.
 func (c *Check) bondedInto(name string) string {
 	pci := c.st.KnownPCI[name]
 	if pci == "" {
@@ -439,11 +477,28 @@ func (c *Check) bondedInto(name string) string {
 	}
 	for _, other := range slices.Sorted(maps.Keys(c.nics)) {
 		n := c.nics[other]
-		if other != name && n.PCIAddress != "" && n.PCIAddress != pci && cardOf(n.PCIAddress) == cardOf(pci) && c.r.masterOf(n.PCIAddress) == master {
+		if other != name && n.PCIAddress != "" && n.PCIAddress != pci && cardOf(n.PCIAddress) == cardOf(pci) && c.r.masterOf(n.PCIAddress) == master && c.replacedPF(other) {
 			return other
 		}
 	}
 	return ""
+}
+
+// replacedPF reports whether a present device took the place of its PCI
+// function's earlier device (the LAG's mlx5_bond_N): its name is not a
+// known one, or a known device of another name on its function is gone
+// (renamedTo).
+func (c *Check) replacedPF(dev string) bool {
+	if _, known := c.st.KnownDevices[dev]; !known {
+		return true
+	}
+	pci := c.nics[dev].PCIAddress
+	for other, p := range c.st.KnownPCI {
+		if other != dev && p == pci && c.nics[other] == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // stateOn reports whether the state check of a link layer is enabled.

@@ -6,7 +6,8 @@
 // the GPU metadata (NUMA gate, topology matrix, link layer, default route,
 // BlueField DPUs), skips SR-IOV virtual functions, and reports one event per
 // port per health boundary crossing, device disappearance, card homogeneity
-// anomalies at startup and the fatal port counters of Appendix A.
+// anomalies (at startup, and at run time once a card stays below its peers
+// for cardHoldDown) and the fatal port counters of Appendix A.
 // It persists port snapshots, known devices, counter snapshots and the boot
 // id in a state file so that restarts and reboots behave as §2.2 says.
 //
@@ -22,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -72,7 +74,8 @@ type Config struct {
 	// gate, the topology classification and ExclusionRegex (default "").
 	InclusionRegexOverride string `toml:"nic_inclusion_regex_override"`
 	// Checks lists the enabled sub-checks (default AllChecks); unknown names
-	// are logged and skipped.
+	// are logged and skipped, but a list with no known name (empty, or
+	// only misspelt ones: the agent would monitor nothing) is refused.
 	Checks []string `toml:"checks"`
 }
 
@@ -130,6 +133,22 @@ func (c *Config) Validate() error {
 	}
 	if c.MetadataPath == "" && c.InclusionRegexOverride == "" {
 		return fmt.Errorf("nic.metadata_path: must be set (GPU metadata is a hard dependency)")
+	}
+	var unknown []string
+	known := false
+	for _, n := range c.Checks {
+		if slices.Contains(AllChecks, n) {
+			known = true
+		} else {
+			unknown = append(unknown, fmt.Sprintf("%q", n))
+		}
+	}
+	if !known {
+		// Not one sub-check left: the agent would monitor nothing.
+		if len(unknown) > 0 {
+			return fmt.Errorf("nic.checks: no known sub-check (unknown: %s; known: %s)", strings.Join(unknown, ", "), strings.Join(AllChecks, ", "))
+		}
+		return fmt.Errorf("nic.checks: empty (known: %s)", strings.Join(AllChecks, ", "))
 	}
 	return nil
 }

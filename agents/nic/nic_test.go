@@ -474,7 +474,9 @@ func TestHomogeneity(t *testing.T) {
 		"H EthernetStateCheck: RoCE port mlx5_9 port 1: healthy (ACTIVE, LinkUp, operstate up)",
 		degrBaseline(EthernetDegradationCheck, "mlx5_9"),
 	})
-	// Homogeneity is a startup check: a later drop is a port transition.
+	// A later drop is a port transition at once; its card is reported
+	// only after cardHoldDown (TestCardBelowPeersAfterFirstPoll), which
+	// this check's fixed clock never reaches.
 	e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Polling)
 	wantEvents(t, "runtime drop", poll(t, c), []string{"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Polling"})
 	// Cabling an uncabled port: healthy event (no earlier fatal was sent,
@@ -608,12 +610,21 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.PollInterval = 0 }, "nic.state_polling_interval"},
 		{func(c *Config) { c.ExclusionRegex = "([" }, "nic.nic_exclusion_regex"},
 		{func(c *Config) { c.MetadataPath = "" }, "nic.metadata_path"},
+		{func(c *Config) { c.Checks = []string{"InfinibandStateCheck"} }, `nic.checks: no known sub-check (unknown: "InfinibandStateCheck"`},
+		{func(c *Config) { c.Checks = []string{"ib", "eth"} }, `nic.checks: no known sub-check (unknown: "ib", "eth"`},
+		{func(c *Config) { c.Checks = nil }, "nic.checks: empty"},
 	} {
 		c := DefaultConfig()
 		tc.mut(&c)
 		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 			t.Errorf("Validate = %v, want it to name %s", err, tc.want)
 		}
+	}
+	// One known sub-check is enough; a misspelt one beside it is skipped.
+	c := DefaultConfig()
+	c.Checks = []string{"InfinibandStateCheck", EthernetStateCheck}
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate with one known sub-check = %v", err)
 	}
 }
 

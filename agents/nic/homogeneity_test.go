@@ -1,0 +1,123 @@
+package nic
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/faultline/faultline/agents/nic/nictest"
+)
+
+// clockedCheck is e.check() on a clock that moves step forward before
+// each of its polls (through tick).
+func (e *env) clockedCheck(step time.Duration) (*Check, func() []string) {
+	e.t.Helper()
+	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	c, err := New(e.cfg, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Now: func() time.Time { return now }})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c, func() []string {
+		now = now.Add(step)
+		return poll(e.t, c)
+	}
+}
+
+// cardFatals are the card events (below peer mode) of a poll's events.
+func cardFatals(evs []string) []string {
+	var out []string
+	for _, s := range evs {
+		if strings.HasPrefix(s, "F ") && strings.Contains(s, ": Card ") {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TestCardBelowPeersAfterFirstPoll: the card homogeneity check (§4.3) runs
+// on every poll, not only a first one: a card that falls below its role's
+// peer mode later — a port dead at boot while its peers still waited for
+// the SM (nothing looked wrong then), a port stuck in INIT/ARMED or
+// LinkErrorRecovery at runtime (§3.2, Appendix A), a card left out of a
+// first poll by an unreadable port — is reported fatal once it stays below
+// for cardHoldDown, across an agent restart too, and cleared when back.
+func TestCardBelowPeersAfterFirstPoll(t *testing.T) {
+	const step = cardHoldDown / 2 // two polls below: reported
+	t.Run("port dead at boot while links come up", func(t *testing.T) {
+		for _, restart := range []bool{false, true} {
+			e := setup(t, small())
+			for _, d := range []string{"mlx5_0", "mlx5_1", "mlx5_2"} {
+				must(t, e.tree.SetPort(d, 1, nictest.Init, nictest.LinkUp))
+			}
+			must(t, e.tree.SetPort("mlx5_3", 1, nictest.Down, nictest.Polling))
+			_, tick := e.clockedCheck(step)
+			if got := cardFatals(tick()); got != nil {
+				t.Fatalf("first poll (peer mode 0): %q", got)
+			}
+			for _, d := range []string{"mlx5_0", "mlx5_1", "mlx5_2"} {
+				must(t, e.tree.SetPort(d, 1, nictest.Active, nictest.LinkUp))
+			}
+			if restart {
+				_, tick = e.clockedCheck(step)
+			}
+			var got []string
+			for range 3 {
+				got = append(got, cardFatals(tick())...)
+			}
+			wantEvents(t, "peers active", got, []string{"F InfiniBandStateCheck: Card 0000:40:00 (compute) has 0 active ports, expected 1 (peer mode)"})
+		}
+	})
+	t.Run("port stuck in INIT at runtime", func(t *testing.T) {
+		for _, phys := range []string{nictest.LinkUp, nictest.LinkErr} {
+			e := setup(t, small())
+			_, tick := e.clockedCheck(step)
+			wantEvents(t, "first poll", tick(), baselines())
+			state := nictest.Init
+			if phys == nictest.LinkErr {
+				state = nictest.Active
+			}
+			must(t, e.tree.SetPort("mlx5_0", 1, state, phys))
+			wantEvents(t, "stuck, poll 1", tick(), []string{"N InfiniBandStateCheck: Port mlx5_0 port 1: state " + strings.SplitN(state, " ", 2)[1] + ", phys_state " + strings.SplitN(phys, " ", 2)[1]})
+			wantEvents(t, "stuck, poll 2 (held down)", tick(), nil)
+			card := []string{"F InfiniBandStateCheck: Card 0000:10:00 (compute) has 0 active ports, expected 1 (peer mode)"}
+			wantEvents(t, "stuck, poll 3", tick(), card)
+			wantEvents(t, "stuck, poll 4", tick(), nil)
+			wantEvents(t, "stuck, poll 5", tick(), nil)
+			must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+			wantEvents(t, "back", tick(), []string{
+				"H InfiniBandStateCheck: Card 0000:10:00 (compute) has 1 active ports, back at peer mode 1",
+				"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+			})
+			// A short dip is held down and never reported.
+			must(t, e.tree.SetPort("mlx5_0", 1, state, phys))
+			tick()
+			must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+			tick()
+			must(t, e.tree.SetPort("mlx5_0", 1, state, phys))
+			if got := cardFatals(tick()); got != nil {
+				t.Errorf("dip after a recovery: the hold-down starts again, got %q", got)
+			}
+		}
+	})
+	t.Run("PF unreadable on the first poll, sibling down", func(t *testing.T) {
+		e := setup(t, dualPF())
+		path := filepath.Join(e.tree.PortDir("mlx5_0", 1), "state")
+		orig, err := os.ReadFile(path)
+		must(t, err)
+		must(t, os.WriteFile(path, nil, 0o644))
+		must(t, e.tree.SetPort("mlx5_1", 1, nictest.Down, nictest.Polling))
+		_, tick := e.clockedCheck(step)
+		tick()
+		must(t, os.WriteFile(path, orig, 0o644))
+		var got []string
+		for range 3 {
+			got = append(got, cardFatals(tick())...)
+		}
+		wantEvents(t, "readable", got, []string{"F InfiniBandStateCheck: Card 0000:10:00 (compute) has 1 active ports, expected 2 (peer mode)"})
+	})
+}
