@@ -268,7 +268,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		startLog = append(startLog, "uncommitted_partitions_within", r.cfg.StartWithin)
 	}
 	if obs != nil {
-		opts = append(opts, observePartitions(obs, r.log)...)
+		opts = append(opts, observePartitions(obs, r.cfg.Topics, r.log)...)
 	}
 	var err error
 	cl, err = kafka.NewClient(r.kcfg, r.log, opts...)
@@ -478,19 +478,19 @@ func revoked(obs PartitionObserver, m map[string][]int32) {
 
 // observePartitions tells obs of the group's assignments (Run tells it of
 // revoked and lost ones).
-func observePartitions(obs PartitionObserver, log *slog.Logger) []kgo.Opt {
+func observePartitions(obs PartitionObserver, topics []string, log *slog.Logger) []kgo.Opt {
 	return []kgo.Opt{
+		// Every consumed topic, at every assignment: franz-go calls this
+		// with an empty map when a rebalance gives the replica nothing
+		// new, and a topic that gained partitions must be counted anew
+		// (Ownership's modulus) though none of them came here.
 		kgo.OnPartitionsAssigned(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
-			topics := make([]string, 0, len(m))
-			for t := range m {
-				topics = append(topics, t)
-			}
 			details, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
 			if err != nil {
 				log.Warn("partition counts unknown", "topics", topics, "err", err)
 			}
-			for t, ps := range m {
-				obs.PartitionsAssigned(t, ps, len(details[t].Partitions))
+			for _, t := range topics {
+				obs.PartitionsAssigned(t, m[t], len(details[t].Partitions))
 			}
 		}),
 	}
