@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -291,5 +292,75 @@ func TestOrphanConditions(t *testing.T) {
 				t.Fatalf("rendered %+v; want %+v", c, p)
 			}
 		})
+	}
+}
+
+// A fault stabilizing when flapping is turned off (flap_threshold 0, no
+// recovery memory) and the role restarted: the sweep still lifts it once
+// its deadline passed (before: nothing was due, the node cordoned for
+// good).
+func TestSweepLiftsStabilizingAfterFlappingOff(t *testing.T) {
+	cfg := testConfig("flapoff")
+	cfg.FlapThreshold, cfg.FlapWindow, cfg.StabilizationWindow = 3, 10*time.Minute, time.Minute
+	h, k, advance := fakeHandler(t, cfg, "flapoff", "flapoff-1")
+	at := func(ev *datamodels.HealthEvent) *kgo.Record {
+		ev.GeneratedTimestamp = timestamppb.New(advance(time.Second))
+		return record("c1", ev)
+	}
+	for range 3 {
+		handle(t, h, at(fatal("flapoff-1", "XID_ERROR_79", "GPU-1")))
+		handle(t, h, at(healthy("flapoff-1", "XID_ERROR_79", "GPU-1")))
+	}
+	n := getNode(t, k, "flapoff-1")
+	st, _ := ReadState(n)
+	if f := st.Faults[FaultKey("XID_ERROR_79", "GPU=GPU-1")]; f == nil || !f.Stabilizing() || !n.Spec.Unschedulable {
+		t.Fatalf("not stabilizing: unschedulable %v, faults %v", n.Spec.Unschedulable, st.Faults)
+	}
+
+	off := cfg
+	off.FlapThreshold, off.RecoveryMemory = 0, 0
+	restarted, _ := clockHandler(t, off, k, advance(0).Add(time.Hour))
+	acts := sweptAfter(t, restarted, k, "flapoff-1")
+	if kinds(acts) != "unquarantine/applied" {
+		t.Fatalf("sweep: %s", kinds(acts))
+	}
+	n = getNode(t, k, "flapoff-1")
+	if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Annotations[AnnotationState] != "" {
+		t.Fatalf("not lifted: unschedulable %v, taints %v, annotations %v", n.Spec.Unschedulable, n.Spec.Taints, n.Annotations)
+	}
+}
+
+// A person uncordons a node held by a one-shot fault while no replica
+// owns its partition (a rebalance): the watch's notice is dropped and no
+// event follows. The sweep of the replica that owns it again acknowledges
+// the uncordon (before: the node kept faultline's taint and label for
+// good, with no manual_uncordon action).
+func TestSweepAcknowledgesAMissedUncordon(t *testing.T) {
+	cfg := testConfig("sweepmiss")
+	h, k, advance := fakeHandler(t, cfg, "sweepmiss", "sweepmiss-1")
+	if acts, _ := handle(t, h, record("c1", fatal("sweepmiss-1", "XID_ERROR_48", "GPU-1"))); kinds(acts) != "quarantine/applied" {
+		t.Fatalf("fault: %s", kinds(acts))
+	}
+	n := getNode(t, k, "sweepmiss-1")
+	if !n.Spec.Unschedulable || n.Labels[LabelQuarantined] != "true" {
+		t.Fatalf("not quarantined: unschedulable %v, labels %v", n.Spec.Unschedulable, n.Labels)
+	}
+	h.PartitionsAssigned(events.TopicEvents, nil, 12)
+	uncordonSeen(t, h, k, n)
+	h.PartitionsAssigned(events.TopicEvents, []int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 12)
+	advance(time.Minute)
+
+	acts := sweptAfter(t, h, k, "sweepmiss-1")
+	if kinds(acts) != "manual_uncordon/decided" {
+		t.Fatalf("sweep: %s", kinds(acts))
+	}
+	n = getNode(t, k, "sweepmiss-1")
+	if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Labels[LabelQuarantined] != "" ||
+		n.Annotations[AnnotationManualUncordon] == "" {
+		t.Fatalf("uncordon not acknowledged: unschedulable %v, taints %v, labels %v, annotations %v",
+			n.Spec.Unschedulable, n.Spec.Taints, n.Labels, n.Annotations)
+	}
+	if again := sweptAfter(t, h, k, "sweepmiss-1"); len(again) > 0 {
+		t.Fatalf("acknowledged twice: %s", kinds(again))
 	}
 }
