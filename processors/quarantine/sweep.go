@@ -170,7 +170,7 @@ func (h *Handler) liftStabilized(ctx context.Context, cl *clusters.Client, node 
 		uncordon := st.Cordoned && !st.Active()
 		for _, k := range keys {
 			outcome, reason := events.OutcomeApplied, "flapping fault stayed healthy for its stabilization window; lifted what faultline set"
-			if remaining > 0 {
+			if remaining > 0 || st.Overflow != nil {
 				outcome = events.OutcomeInProgress
 				reason = fmt.Sprintf("flapping fault stayed healthy for its stabilization window; lifted, %d still standing", remaining)
 			}
