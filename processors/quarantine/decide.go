@@ -462,7 +462,11 @@ func (h *Handler) recoveryAction(it item, cl *clusters.Client, st *State, remove
 		return a
 	}
 	outcome, reason := events.OutcomeApplied, "every fault recovered; lifted what faultline set"
-	if remaining > 0 {
+	switch {
+	case remaining == 0 && st.Overflow != nil:
+		outcome, reason = events.OutcomeInProgress, fmt.Sprintf(
+			"every fault kept recovered; held quarantined until a manual uncordon: %d cordoning faults were dropped (more than %d standing)", st.Overflow.Dropped, maxFaults)
+	case remaining > 0:
 		outcome, reason = events.OutcomeInProgress, fmt.Sprintf("fault recovered; %d still standing", remaining)
 	}
 	a := h.newAction(it, events.KindUnquarantine, outcome, reason, "", cl)

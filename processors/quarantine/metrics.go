@@ -18,6 +18,9 @@ type metrics struct {
 	eventsFailed  *prometheus.CounterVec
 	ruleErrors    *prometheus.CounterVec
 	stateTrimmed  *prometheus.CounterVec
+	// faultsDropped counts standing faults dropped to keep a node's state
+	// bounded (State.trim, State.Fit).
+	faultsDropped *prometheus.CounterVec
 	// overridesIgnored counts events whose overrides were ignored (not an
 	// operator's).
 	overridesIgnored *prometheus.CounterVec
@@ -42,12 +45,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		breakerOpen:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_quarantine_breaker_open", Help: "1 while the cluster's circuit breaker holds new quarantines."}, []string{"cluster"}),
 		cacheHits:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_recoveries_from_cache_total", Help: "Healthy events decided from the node watch without an API request (nothing standing)."}, []string{"cluster"}),
 		stateTrimmed:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_state_trimmed_total", Help: "Node state writes that compacted or dropped old faults to stay within the annotation budget."}, []string{"cluster"}),
+		faultsDropped:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_faults_dropped_total", Help: "Standing faults dropped to keep a node's state bounded (more than 64, or over the annotation budget); a cordoning or tainting one holds the node quarantined until a manual uncordon."}, []string{"cluster"}),
 		ruleErrors:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_rule_errors_total", Help: "Rule expressions that failed on an event (missing key, type error, cost limit); the rule set did not match."}, []string{"rule"}),
 		overridesIgnored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_overrides_ignored_total", Help: "Events whose quarantineOverrides/drainOverrides were ignored because no operator credential sent them."}, []string{"cluster"}),
 		stale:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_stale_events_total", Help: "Unhealthy events not acted on because the gateway received them longer ago than quarantine.max_event_age (a replay or a long delay)."}, []string{"cluster"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.clusterSlow, m.cacheHits, m.warnCache, m.eventsMerged, m.eventsDropped, m.eventsFailed, m.ruleErrors, m.overridesIgnored, m.stateTrimmed, m.stale)
+		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.clusterSlow, m.cacheHits, m.warnCache, m.eventsMerged, m.eventsDropped, m.eventsFailed, m.ruleErrors, m.overridesIgnored, m.stateTrimmed, m.faultsDropped, m.stale)
 	}
 	return m
 }

@@ -62,6 +62,11 @@ func (h *Handler) updateNode(ctx context.Context, cl *clusters.Client, first *co
 			h.log.Warn("quarantine state over its budget; oldest entries compacted or dropped", "cluster", cl.Name, "node", name,
 				"budget_bytes", MaxStateBytes, "bytes", fit.Bytes, "compacted", fit.Compacted, "dropped", len(fit.Dropped))
 		}
+		if len(st.dropped) > 0 {
+			h.m.faultsDropped.WithLabelValues(cl.Name).Add(float64(len(st.dropped)))
+			h.log.Warn("standing faults dropped to keep the quarantine state bounded; cordoning or tainting ones hold the node until a manual uncordon",
+				"cluster", cl.Name, "node", name, "faults", st.dropped, "held", st.Overflow != nil)
+		}
 		now := h.now()
 		h.nodes.Wrote(cl.Name, name, now, "")
 		before := n.DeepCopy()

@@ -60,7 +60,7 @@ const (
 	maxMessage  = 1024 // node condition message
 	maxReason   = 512  // reason annotation
 	maxEventIDs = 8    // event ids kept per fault
-	maxFaults   = 64   // faults kept per node (oldest dropped)
+	maxFaults   = 64   // faults kept per node (State.trim)
 
 	// A fault's identity: the check and the entity list, each kept as
 	// events.BoundKey (itself when short and plain, else a prefix and a
@@ -113,10 +113,46 @@ type State struct {
 	// an occurrence generated no later than it is a late or repeated copy
 	// (recovered.go).
 	Recovered map[string]Recovery `json:"-"`
+	// Overflow: cordoning or tainting faults were dropped to keep the
+	// state bounded (trim, Fit); it holds the node quarantined until a
+	// person uncordons it (DetectManualUncordon), so the recovery of the
+	// faults kept does not put a node with a fault nothing would lift back
+	// in service.
+	Overflow *Overflow `json:"overflow,omitempty"`
+	// dropped are the keys of the faults dropped since the state was read
+	// (dropFault), for updateNode to count and log. Never stored.
+	dropped []string
 	// orphaned are condition types the node shows False with faultline's
 	// message that no standing fault holds (orphanConditions): the
 	// sweep's write sets them True (RenderConditions). Never stored.
 	orphaned []string
+}
+
+// Overflow is what the cordoning and tainting faults dropped from a full
+// state held: it cordons the node (whatever they did, so that a manual
+// uncordon releases it) and keeps their taints.
+type Overflow struct {
+	// Dropped is how many were dropped.
+	Dropped int     `json:"dropped"`
+	Taints  []Taint `json:"taints,omitempty"`
+}
+
+// dropFault removes a standing fault to keep the state bounded; one that
+// cordons or taints (not acknowledged) leaves the node held by Overflow.
+func (s *State) dropFault(key string) {
+	f := s.Faults[key]
+	delete(s.Faults, key)
+	s.dropped = append(s.dropped, key)
+	if f == nil || f.Acked || !(f.Cordon || f.Taint != nil) {
+		return
+	}
+	if s.Overflow == nil {
+		s.Overflow = &Overflow{}
+	}
+	s.Overflow.Dropped++
+	if f.Taint != nil && !slices.ContainsFunc(s.Overflow.Taints, func(t Taint) bool { return t.same(*f.Taint) }) {
+		s.Overflow.Taints = append(s.Overflow.Taints, *f.Taint)
+	}
 }
 
 // Fault is one standing fault: a check on an entity.
@@ -215,8 +251,12 @@ func ReadState(n *corev1.Node) (*State, error) {
 	return st, nil
 }
 
-// Active reports whether some fault still cordons or taints.
+// Active reports whether some fault still cordons or taints, or dropped
+// ones hold the node (Overflow).
 func (s *State) Active() bool {
+	if s.Overflow != nil {
+		return true
+	}
 	for _, f := range s.Faults {
 		if !f.Acked && (f.Cordon || f.Taint != nil) {
 			return true
@@ -279,17 +319,35 @@ func (s *State) Repeats(key string, f Fault, within time.Duration) bool {
 		old.Message == f.Message && f.LastSeen.Sub(old.LastSeen) < within
 }
 
-// trim drops the oldest faults beyond maxFaults, never added, the fault
-// just recorded: an occurrence older than every standing fault (a late
-// event, an agent's clock behind) still counts.
+// trim drops faults beyond maxFaults, least valuable first as Fit does:
+// acknowledged ones, then those that neither cordon nor taint, then the
+// others, each oldest first; never added, the fault just recorded (an
+// occurrence older than every standing fault, a late event or an agent's
+// clock behind, still counts). A cordoning or tainting fault dropped
+// leaves the node held (Overflow).
 func (s *State) trim(added string) {
 	if len(s.Faults) <= maxFaults {
 		return
 	}
 	keys := slices.DeleteFunc(s.keys(), func(k string) bool { return k == added })
-	sort.Slice(keys, func(i, j int) bool { return s.Faults[keys[i]].LastSeen.Before(s.Faults[keys[j]].LastSeen) })
+	rank := func(f *Fault) int {
+		switch {
+		case f.Acked:
+			return 0
+		case !(f.Cordon || f.Taint != nil):
+			return 1
+		}
+		return 2
+	}
+	sort.SliceStable(keys, func(i, j int) bool {
+		a, b := s.Faults[keys[i]], s.Faults[keys[j]]
+		if rank(a) != rank(b) {
+			return rank(a) < rank(b)
+		}
+		return a.LastSeen.Before(b.LastSeen)
+	})
 	for _, k := range keys[:len(s.Faults)-maxFaults] {
-		delete(s.Faults, k)
+		s.dropFault(k)
 	}
 }
 
@@ -318,7 +376,8 @@ type FitReport struct {
 // and all but the newest event id go; check and entities, the identity a
 // recovery matches, stay); then drops the oldest faults that neither cordon
 // nor taint; then the oldest cordoning faults, never the newest one, so a
-// quarantined node stays quarantined. With the field bounds the first two
+// quarantined node stays quarantined (and a dropped one leaves it held:
+// Overflow). With the field bounds the first two
 // steps always suffice for maxFaults faults of the largest events the
 // gateway accepts; the last two are the guarantee.
 func (s *State) Fit(budget int) FitReport {
@@ -355,7 +414,7 @@ func (s *State) Fit(budget int) FitReport {
 			if rep.Bytes <= budget {
 				return
 			}
-			delete(s.Faults, k)
+			s.dropFault(k)
 			rep.Dropped = append(rep.Dropped, k)
 			rep.Bytes = size()
 		}
@@ -421,13 +480,15 @@ func (s *State) Recover(check, entity string, at time.Time) (removed, stale []st
 // DetectManualUncordon reports whether a person uncordoned a node that
 // faultline cordoned: the state says faultline cordoned it, the node is
 // schedulable. The standing faults are acknowledged (they no longer cordon
-// or taint), and the time recorded.
+// or taint), so is the hold of dropped ones (Overflow), and the time
+// recorded.
 func (s *State) DetectManualUncordon(n *corev1.Node, now time.Time) bool {
 	if !s.Cordoned || n.Spec.Unschedulable {
 		return false
 	}
 	s.Cordoned = false
 	s.ManualUncordonAt = now
+	s.Overflow = nil
 	for _, f := range s.Faults {
 		f.Acked = true
 	}
@@ -452,6 +513,14 @@ func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
 		wantCordon = wantCordon || f.Cordon
 		if f.Taint != nil && !slices.ContainsFunc(wantTaints, func(t Taint) bool { return t.same(*f.Taint) }) {
 			wantTaints = append(wantTaints, *f.Taint)
+		}
+	}
+	if s.Overflow != nil {
+		wantCordon = true
+		for _, t := range s.Overflow.Taints {
+			if !slices.ContainsFunc(wantTaints, func(w Taint) bool { return w.same(t) }) {
+				wantTaints = append(wantTaints, t)
+			}
 		}
 	}
 	switch {
@@ -496,7 +565,7 @@ func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
 	}
 	s.Taints = owned
 
-	if len(s.Faults) == 0 {
+	if len(s.Faults) == 0 && s.Overflow == nil {
 		for _, k := range []string{AnnotationState, AnnotationReason, AnnotationBy, AnnotationAt, AnnotationManualUncordon} {
 			delete(n.Annotations, k)
 		}
@@ -588,6 +657,9 @@ func (s *State) reason() string {
 			p += " (flapping: recovered, stabilizing until " + f.LiftAt.UTC().Format(time.RFC3339) + ")"
 		}
 		parts = append(parts, p)
+	}
+	if s.Overflow != nil {
+		parts = append([]string{fmt.Sprintf("%d cordoning faults dropped (more than %d standing): held until a manual uncordon", s.Overflow.Dropped, maxFaults)}, parts...)
 	}
 	return events.Truncate(strings.Join(parts, "; "), maxReason)
 }

@@ -44,8 +44,9 @@ func (h *Handler) RunStabilization(ctx context.Context, p pipeline.Producer, clu
 // onsets older than the flap window from nodes where nothing stands, and
 // recoveries remembered past recovery_memory (recovered.go), and sets True
 // the conditions faultline set False that no standing fault holds
-// (State.orphanConditions: an apply whose object patch never landed). It
-// picks nodes from the node watch's copy and writes each with
+// (State.orphanConditions: an apply whose object patch never landed), and
+// acknowledges the manual uncordons the node watch's notice missed (the
+// node was no replica's then, or the write failed). It picks nodes from the node watch's copy and writes each with
 // updateNode, which re-reads and re-decides on a conflict (a new
 // occurrence that cancelled the lift in the meantime wins). It returns
 // an unquarantine action per lifted fault; a dry-run cluster writes
@@ -81,17 +82,23 @@ func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([
 			if err != nil {
 				continue // the node's next event starts it afresh
 			}
-			// Lifts and forgetting are due only when flapping or the
-			// recovery memory is on; orphaned conditions always.
+			// Forgetting is due only when flapping or the recovery memory
+			// is on; a stabilizing fault's lift whose deadline passed
+			// always (flapping turned off since, it would stand for good),
+			// and so are orphaned conditions.
 			next := st.NextSweep(flap)
-			due := (flap.Enabled() || h.cfg.RecoveryMemory > 0) && !next.IsZero() && !now.Before(next)
+			due := (flap.Enabled() || h.cfg.RecoveryMemory > 0 || st.liftDue(now)) && !next.IsZero() && !now.Before(next)
+			// A person's uncordon not acknowledged (the watch's notice
+			// went to no replica, or its write failed): acknowledged here,
+			// or the node keeps faultline's taints and label for good.
+			manual := st.Cordoned && !n.Spec.Unschedulable
 			if cl.DryRun {
 				if due {
 					acts = append(acts, h.wouldLift(cl, n.Name, st, now, sweep)...)
 				}
 				continue
 			}
-			if !due && len(st.orphanConditions(n, now, h.cfg.BatchTimeout)) == 0 {
+			if !due && !manual && len(st.orphanConditions(n, now, h.cfg.BatchTimeout)) == 0 {
 				continue
 			}
 			a, err := h.liftStabilized(ctx, cl, n, flap)
@@ -106,6 +113,16 @@ func (h *Handler) SweepStabilized(ctx context.Context, clusterNames []string) ([
 		}
 	}
 	return acts, errors.Join(errs...)
+}
+
+// liftDue reports whether a stabilizing fault's deadline passed by now.
+func (s *State) liftDue(now time.Time) bool {
+	for _, f := range s.Faults {
+		if f.Stabilizing() && !now.Before(f.LiftAt) {
+			return true
+		}
+	}
+	return false
 }
 
 // falseCondition reports whether n shows a condition faultline set False.
@@ -153,7 +170,7 @@ func (h *Handler) liftStabilized(ctx context.Context, cl *clusters.Client, node 
 		uncordon := st.Cordoned && !st.Active()
 		for _, k := range keys {
 			outcome, reason := events.OutcomeApplied, "flapping fault stayed healthy for its stabilization window; lifted what faultline set"
-			if remaining > 0 {
+			if remaining > 0 || st.Overflow != nil {
 				outcome = events.OutcomeInProgress
 				reason = fmt.Sprintf("flapping fault stayed healthy for its stabilization window; lifted, %d still standing", remaining)
 			}

@@ -3,11 +3,13 @@ package quarantine
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
@@ -289,6 +292,182 @@ func TestOrphanConditions(t *testing.T) {
 				t.Fatalf("orphan rendered %+v; want True NoFaultStanding", c)
 			case len(tc.want) == 0 && *c != *p:
 				t.Fatalf("rendered %+v; want %+v", c, p)
+			}
+		})
+	}
+}
+
+// A fault stabilizing when flapping is turned off (flap_threshold 0, no
+// recovery memory) and the role restarted: the sweep still lifts it once
+// its deadline passed (before: nothing was due, the node cordoned for
+// good).
+func TestSweepLiftsStabilizingAfterFlappingOff(t *testing.T) {
+	cfg := testConfig("flapoff")
+	cfg.FlapThreshold, cfg.FlapWindow, cfg.StabilizationWindow = 3, 10*time.Minute, time.Minute
+	h, k, advance := fakeHandler(t, cfg, "flapoff", "flapoff-1")
+	at := func(ev *datamodels.HealthEvent) *kgo.Record {
+		ev.GeneratedTimestamp = timestamppb.New(advance(time.Second))
+		return record("c1", ev)
+	}
+	for range 3 {
+		handle(t, h, at(fatal("flapoff-1", "XID_ERROR_79", "GPU-1")))
+		handle(t, h, at(healthy("flapoff-1", "XID_ERROR_79", "GPU-1")))
+	}
+	n := getNode(t, k, "flapoff-1")
+	st, _ := ReadState(n)
+	if f := st.Faults[FaultKey("XID_ERROR_79", "GPU=GPU-1")]; f == nil || !f.Stabilizing() || !n.Spec.Unschedulable {
+		t.Fatalf("not stabilizing: unschedulable %v, faults %v", n.Spec.Unschedulable, st.Faults)
+	}
+
+	off := cfg
+	off.FlapThreshold, off.RecoveryMemory = 0, 0
+	restarted, _ := clockHandler(t, off, k, advance(0).Add(time.Hour))
+	acts := sweptAfter(t, restarted, k, "flapoff-1")
+	if kinds(acts) != "unquarantine/applied" {
+		t.Fatalf("sweep: %s", kinds(acts))
+	}
+	n = getNode(t, k, "flapoff-1")
+	if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Annotations[AnnotationState] != "" {
+		t.Fatalf("not lifted: unschedulable %v, taints %v, annotations %v", n.Spec.Unschedulable, n.Spec.Taints, n.Annotations)
+	}
+}
+
+// A person uncordons a node held by a one-shot fault while no replica
+// owns its partition (a rebalance): the watch's notice is dropped and no
+// event follows. The sweep of the replica that owns it again acknowledges
+// the uncordon (before: the node kept faultline's taint and label for
+// good, with no manual_uncordon action).
+func TestSweepAcknowledgesAMissedUncordon(t *testing.T) {
+	cfg := testConfig("sweepmiss")
+	h, k, advance := fakeHandler(t, cfg, "sweepmiss", "sweepmiss-1")
+	// The watch started first: the fake's watch begun after its list
+	// misses what was written in between (the uncordon, below).
+	h.WatchClusters([]string{"c1"})
+	sweptAfter(t, h, k, "sweepmiss-1")
+	if acts, _ := handle(t, h, record("c1", fatal("sweepmiss-1", "XID_ERROR_48", "GPU-1"))); kinds(acts) != "quarantine/applied" {
+		t.Fatalf("fault: %s", kinds(acts))
+	}
+	n := getNode(t, k, "sweepmiss-1")
+	if !n.Spec.Unschedulable || n.Labels[LabelQuarantined] != "true" {
+		t.Fatalf("not quarantined: unschedulable %v, labels %v", n.Spec.Unschedulable, n.Labels)
+	}
+	sweptAfter(t, h, k, "sweepmiss-1") // the watch shows the cordon: it is live
+	h.PartitionsAssigned(events.TopicEvents, nil, 12)
+	uncordonSeen(t, h, k, n)
+	h.PartitionsAssigned(events.TopicEvents, []int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 12)
+	advance(time.Minute)
+
+	acts := sweptAfter(t, h, k, "sweepmiss-1")
+	if kinds(acts) != "manual_uncordon/decided" {
+		t.Fatalf("sweep: %s", kinds(acts))
+	}
+	n = getNode(t, k, "sweepmiss-1")
+	if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Labels[LabelQuarantined] != "" ||
+		n.Annotations[AnnotationManualUncordon] == "" {
+		t.Fatalf("uncordon not acknowledged: unschedulable %v, taints %v, labels %v, annotations %v",
+			n.Spec.Unschedulable, n.Spec.Taints, n.Labels, n.Annotations)
+	}
+	if again := sweptAfter(t, h, k, "sweepmiss-1"); len(again) > 0 {
+		t.Fatalf("acknowledged twice: %s", kinds(again))
+	}
+}
+
+// A fault that never recovers (GPU_FALLEN_OFF_BUS) becomes the oldest of
+// more than maxFaults cordoning faults and is dropped; the others all
+// recover: the node stays cordoned and tainted (Overflow) until a person
+// uncordons it (before: uncordoned, a dead GPU back in service).
+func TestDroppedCordoningFaultHoldsTheNode(t *testing.T) {
+	cfg := testConfig("overflow")
+	h, k, advance := fakeHandler(t, cfg, "overflow", "overflow-1")
+	h.WatchClusters([]string{"c1"}) // live before the uncordon (TestSweepAcknowledgesAMissedUncordon)
+	sweptAfter(t, h, k, "overflow-1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	at := func(ev *datamodels.HealthEvent) *kgo.Record {
+		ev.GeneratedTimestamp = timestamppb.New(advance(time.Second))
+		return record("c1", ev)
+	}
+	handle(t, h, at(fatal("overflow-1", "GPU_FALLEN_OFF_BUS", "GPU-0")))
+	for i := range maxFaults {
+		handle(t, h, at(fatal("overflow-1", "XID_ERROR_74", "GPU-L"+strconv.Itoa(i))))
+	}
+	n := getNode(t, k, "overflow-1")
+	st, _ := ReadState(n)
+	if st.Faults[FaultKey("GPU_FALLEN_OFF_BUS", "GPU=GPU-0")] != nil || st.Overflow == nil || st.Overflow.Dropped != 1 {
+		t.Fatalf("after %d more faults: %d faults, overflow %+v", maxFaults, len(st.Faults), st.Overflow)
+	}
+	if got := testutil.ToFloat64(h.m.faultsDropped.WithLabelValues("c1")); got != 1 {
+		t.Fatalf("faults dropped counted %v, want 1", got)
+	}
+	var last []*faultlinev1.Action
+	for i := range maxFaults {
+		last, _ = handle(t, h, at(healthy("overflow-1", "XID_ERROR_74", "GPU-L"+strconv.Itoa(i))))
+	}
+	if kinds(last) != "unquarantine/in_progress" {
+		t.Fatalf("last recovery: %s", kinds(last))
+	}
+	n = getNode(t, k, "overflow-1")
+	if !n.Spec.Unschedulable || !hasTaint(n, "faultline.io/unhealthy") || n.Labels[LabelQuarantined] != "true" ||
+		n.Annotations[AnnotationState] == "" {
+		t.Fatalf("every fault kept recovered: unschedulable %v, taints %v, labels %v", n.Spec.Unschedulable, n.Spec.Taints, n.Labels)
+	}
+
+	// The runbook's manual uncordon releases it.
+	uncordonSeen(t, h, k, n)
+	if a, err := h.AcknowledgeUncordon(ctx, "c1", "overflow-1"); err != nil || a == nil {
+		t.Fatalf("acknowledge: %v, %v", a, err)
+	}
+	n = getNode(t, k, "overflow-1")
+	if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Labels[LabelQuarantined] != "" ||
+		n.Annotations[AnnotationState] != "" {
+		t.Fatalf("after the uncordon: unschedulable %v, taints %v, labels %v, annotations %v",
+			n.Spec.Unschedulable, n.Spec.Taints, n.Labels, n.Annotations)
+	}
+}
+
+// trim drops acknowledged faults first, then those that neither cordon
+// nor taint, then the oldest cordoning ones (held by Overflow); never the
+// one just added.
+func TestTrimDropsLeastValuableFirst(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	add := func(st *State, name string, at time.Time, cordon, acked bool) string {
+		key := FaultKey("XID_ERROR_74", "GPU="+name)
+		st.AddFault(key, Fault{Check: "XID_ERROR_74", Entity: "GPU=" + name, Rule: "r", Since: at, LastSeen: at, Cordon: cordon}, "")
+		if f := st.Faults[key]; f != nil {
+			f.Acked = acked
+		}
+		return key
+	}
+	for _, tc := range []struct {
+		name        string
+		oldest      [2]bool // cordon, acked of the oldest fault
+		second      [2]bool // of the second oldest
+		wantDropped int     // 0: the oldest, 1: the second
+		wantHeld    bool
+	}{
+		{"oldest cordoning, second acknowledged", [2]bool{true, false}, [2]bool{true, true}, 1, false},
+		{"oldest cordoning, second warns only", [2]bool{true, false}, [2]bool{false, false}, 1, false},
+		{"both cordoning", [2]bool{true, false}, [2]bool{true, false}, 0, true},
+		{"oldest warns only", [2]bool{false, false}, [2]bool{true, false}, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &State{Faults: map[string]*Fault{}}
+			keys := []string{
+				add(st, "old-0", t0, tc.oldest[0], tc.oldest[1]),
+				add(st, "old-1", t0.Add(time.Second), tc.second[0], tc.second[1]),
+			}
+			for i := range maxFaults - 2 {
+				add(st, "new-"+strconv.Itoa(i), t0.Add(time.Hour+time.Duration(i)*time.Second), true, false)
+			}
+			late := add(st, "late", t0.Add(-time.Hour), true, false) // older than all: kept
+			if len(st.Faults) != maxFaults || st.Faults[late] == nil {
+				t.Fatalf("%d faults, the late one kept: %v", len(st.Faults), st.Faults[late] != nil)
+			}
+			if !slices.Equal(st.dropped, keys[tc.wantDropped:tc.wantDropped+1]) {
+				t.Fatalf("dropped %v, want %v", st.dropped, keys[tc.wantDropped])
+			}
+			if (st.Overflow != nil) != tc.wantHeld {
+				t.Fatalf("overflow %+v, want held %v", st.Overflow, tc.wantHeld)
 			}
 		})
 	}
