@@ -58,11 +58,12 @@ type Check struct {
 // cardHoldDown is how long a card stays below its role's peer mode before
 // it is reported, except on a first poll without usable state (reported
 // at once). It keeps a port passing through INIT, ARMED, Polling or
-// LinkErrorRecovery — a link training, the SM activating ports one by one
-// at boot — from reporting its card, and matches §3.1's "INIT:
-// problematic if stuck >30s". A poll interval of cardHoldDown or more
-// reports a card on the second poll that finds it below.
-const cardHoldDown = 30 * time.Second
+// LinkErrorRecovery — a link training, a subnet manager failing over and
+// activating a large fabric's ports one by one — from reporting its card:
+// the card fault is fatal, REPLACE_VM. §3.1 calls INIT problematic when
+// stuck over 30 s; a port DOWN says so itself at once (its own fatal), so
+// the card's report can wait as long as NICPortDrop's hold (4 min).
+const cardHoldDown = 5 * time.Minute
 
 // Options are the collaborators of a Check.
 type Options struct {
@@ -462,10 +463,11 @@ func (c *Check) renamedTo(name string) string {
 // second's vanishes while its PCI function is still there, its net device
 // enslaved to the same master as a present device's on the same card —
 // that is the LAG, configuration. A function gone from the bus, or not
-// enslaved with a present sibling, is not; nor is a sibling that did not
-// replace the first PF's device: a known device still there under its own
-// name (both PFs enslaved without LAG, SR-IOV legacy mode) means no LAG,
-// and the second PF's RDMA device was lost.
+// enslaved with a present sibling, is not. (Both PFs enslaved without a
+// LAG — SR-IOV legacy mode — and the second PF's RDMA device lost reads as
+// a LAG too: telling them apart needs the bond's RDMA netdev
+// (gid_attrs/ndevs); a check on the survivor's name broke persistent
+// names, rdma_rename NAME_PCI, whose LAG device keeps PF0's name.)
 func (c *Check) bondedInto(name string) string {
 	pci := c.st.KnownPCI[name]
 	if pci == "" {
@@ -477,28 +479,11 @@ func (c *Check) bondedInto(name string) string {
 	}
 	for _, other := range slices.Sorted(maps.Keys(c.nics)) {
 		n := c.nics[other]
-		if other != name && n.PCIAddress != "" && n.PCIAddress != pci && cardOf(n.PCIAddress) == cardOf(pci) && c.r.masterOf(n.PCIAddress) == master && c.replacedPF(other) {
+		if other != name && n.PCIAddress != "" && n.PCIAddress != pci && cardOf(n.PCIAddress) == cardOf(pci) && c.r.masterOf(n.PCIAddress) == master {
 			return other
 		}
 	}
 	return ""
-}
-
-// replacedPF reports whether a present device took the place of its PCI
-// function's earlier device (the LAG's mlx5_bond_N): its name is not a
-// known one, or a known device of another name on its function is gone
-// (renamedTo).
-func (c *Check) replacedPF(dev string) bool {
-	if _, known := c.st.KnownDevices[dev]; !known {
-		return true
-	}
-	pci := c.nics[dev].PCIAddress
-	for other, p := range c.st.KnownPCI {
-		if other != dev && p == pci && c.nics[other] == nil {
-			return true
-		}
-	}
-	return false
 }
 
 // stateOn reports whether the state check of a link layer is enabled.

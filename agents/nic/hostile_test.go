@@ -271,13 +271,6 @@ func TestRoCEBondIsNotDisappeared(t *testing.T) {
 			must(t, e.tree.Enslave("bond0", pfs[0].PCI, pfs[1].PCI))
 			must(t, e.tree.Remove("mlx5_7"))
 		}, []string{"F EthernetStateCheck: NIC mlx5_7 disappeared from /sys/class/infiniband/ - hardware failure"}},
-		{"enslaved without LAG, an RDMA device gone, its PF on the bus", false, func(t *testing.T, e *env) {
-			// SR-IOV legacy mode: no RoCE LAG, mlx5_6 stays under its own
-			// name; mlx5_7's RDMA device goes, its function and enslaved
-			// net device stay. Not bonded into mlx5_6: lost.
-			must(t, e.tree.Enslave("bond0", pfs[0].PCI, pfs[1].PCI))
-			must(t, os.Remove(filepath.Join(e.tree.Root, "class/infiniband/mlx5_7")))
-		}, []string{"F EthernetStateCheck: NIC mlx5_7 disappeared from /sys/class/infiniband/ - hardware failure"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := setup(t, p)

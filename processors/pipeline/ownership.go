@@ -39,7 +39,9 @@ func (o *Ownership) PartitionsAssigned(topic string, partitions []int32, total i
 	for _, p := range partitions {
 		o.parts[p] = true
 	}
-	o.total, o.known = total, total > 0
+	if total > 0 { // 0: not read (a broker restarting); the last count stands
+		o.total, o.known = total, true
+	}
 }
 
 // PartitionsRevoked implements PartitionObserver.

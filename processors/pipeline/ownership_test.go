@@ -70,4 +70,9 @@ func TestOwnershipMatchesProducers(t *testing.T) {
 	check(0, 1)
 	h.PartitionsRevoked(events.TopicEvents, []int32{0, 1})
 	check()
+	// An assignment whose partition count could not be read (0: a broker
+	// restarting) keeps the last count: every key owned would have every
+	// replica sweep every node.
+	h.PartitionsAssigned(events.TopicEvents, []int32{0}, 0)
+	check(0)
 }
