@@ -459,11 +459,6 @@ func moveAhead(ev *datamodels.HealthEvent) {
 	ev.Metadata[events.MetaAgentGeneratedAt] = t.Format(time.RFC3339Nano)
 }
 
-// futureText is the gateway's refusal of an event's generatedTimestamp
-// as too far in its future, in validate's words, for a gateway that does
-// not give it as a detail (validate.ReasonFutureTimestamp; before it did).
-var futureText = regexp.MustCompile(`^events\[(\d+)\]\.generatedTimestamp: \S+ is more than \S+ in the future$`)
-
 // futureRefused reports whether err is the gateway's refusal of evs[i]
 // only because its generatedTimestamp is in the gateway's future: an
 // InvalidArgument whose ErrorInfo (validate.Refusal) says
@@ -471,50 +466,47 @@ var futureText = regexp.MustCompile(`^events\[(\d+)\]\.generatedTimestamp: \S+ i
 // validator's words for it. The validator checks generatedTimestamp last
 // of an event, and the events before it passed.
 func futureRefused(err error, evs []*datamodels.HealthEvent) (i int, ok bool) {
-	if status.Code(err) != codes.InvalidArgument {
-		return 0, false
-	}
-	idx := ""
-	if reason, info := validate.Refusal(err); reason != "" {
-		if reason != validate.ReasonFutureTimestamp {
-			return 0, false
-		}
-		idx = info[validate.InfoIndex]
-	} else if m := futureText.FindStringSubmatch(status.Convert(err).Message()); m != nil {
-		idx = m[1]
-	}
-	i, perr := strconv.Atoi(idx)
-	if perr != nil || i < 0 || i >= len(evs) || evs[i].GetGeneratedTimestamp() == nil {
+	i, ok = refusalNumber(err, validate.ReasonFutureTimestamp, validate.InfoIndex, futureText)
+	if !ok || i < 0 || i >= len(evs) || evs[i].GetGeneratedTimestamp() == nil {
 		return 0, false
 	}
 	return i, true
 }
 
-// batchLimitText is the gateway's refusal of a call as more events than its
-// gateway.max_batch, in validate's words, for a gateway that does not give
-// it as a detail (validate.ReasonBatchLimit).
-var batchLimitText = regexp.MustCompile(`^events: \d+ events exceed the batch limit of (\d+)$`)
-
 // batchLimit reports whether err refuses a call as more events than the
 // gateway takes, and how many it takes (at least 1).
 func batchLimit(err error) (int, bool) {
+	n, ok := refusalNumber(err, validate.ReasonBatchLimit, validate.InfoMaxBatch, batchLimitText)
+	return n, ok && n >= 1
+}
+
+// The gateway's refusals in validate's words, for a gateway that does not
+// give them as a detail (validate.Refusal; before it did): an event's
+// generatedTimestamp too far in its future, a call of more events than
+// its gateway.max_batch. The submatch is the number refusalNumber reads.
+var (
+	futureText     = regexp.MustCompile(`^events\[(\d+)\]\.generatedTimestamp: \S+ is more than \S+ in the future$`)
+	batchLimitText = regexp.MustCompile(`^events: \d+ events exceed the batch limit of (\d+)$`)
+)
+
+// refusalNumber reads the number an InvalidArgument refusal of the given
+// reason carries: from its ErrorInfo's metadata key, or, without an
+// ErrorInfo, from its message's text submatch.
+func refusalNumber(err error, reason, key string, text *regexp.Regexp) (int, bool) {
 	if status.Code(err) != codes.InvalidArgument {
 		return 0, false
 	}
-	limit := ""
-	if reason, info := validate.Refusal(err); reason != "" {
-		if reason != validate.ReasonBatchLimit {
+	v := ""
+	if r, info := validate.Refusal(err); r != "" {
+		if r != reason {
 			return 0, false
 		}
-		limit = info[validate.InfoMaxBatch]
-	} else if m := batchLimitText.FindStringSubmatch(status.Convert(err).Message()); m != nil {
-		limit = m[1]
+		v = info[key]
+	} else if m := text.FindStringSubmatch(status.Convert(err).Message()); m != nil {
+		v = m[1]
 	}
-	n, perr := strconv.Atoi(limit)
-	if perr != nil || n < 1 {
-		return 0, false
-	}
-	return n, true
+	n, perr := strconv.Atoi(v)
+	return n, perr == nil
 }
 
 // encodedSize is the bytes of evs in a SubmitEventsRequest.
