@@ -48,8 +48,7 @@ func (ExecRunner) Run(ctx context.Context, name string, args ...string) ([]byte,
 // so with output it is no error; without, it stays one.
 func runSMI(ctx context.Context, r Runner, name string, args ...string) ([]byte, error) {
 	out, err := r.Run(ctx, name, args...)
-	var ee *exec.ExitError
-	if errors.As(err, &ee) && topology.SMIWarningExit(ee.ExitCode()) && len(bytes.TrimSpace(out)) > 0 {
+	if topology.SMIWarning(err) && len(bytes.TrimSpace(out)) > 0 {
 		return out, nil
 	}
 	return out, err

@@ -518,11 +518,7 @@ func (s *Server) run(ctx context.Context, argv []string) error {
 // base name is nvidia-smi: the program, or a wrapper's argument such as
 // chroot's). Any other command's exit 14 is its failure.
 func smiWarning(argv []string, err error) bool {
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || !topology.SMIWarningExit(ee.ExitCode()) {
-		return false
-	}
-	return slices.ContainsFunc(argv, func(a string) bool { return filepath.Base(a) == "nvidia-smi" })
+	return topology.SMIWarning(err) && slices.ContainsFunc(argv, func(a string) bool { return filepath.Base(a) == "nvidia-smi" })
 }
 
 // reboot records the reboot done, then starts the reboot command (the

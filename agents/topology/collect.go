@@ -23,14 +23,11 @@ import (
 // 15 GPU lost, 255 other) say the query itself failed.
 func SMIWarningExit(code int) bool { return code == 14 }
 
-// smiExit returns the exit code of a command's error when it is an
-// nvidia-smi warning exit (SMIWarningExit), else 0.
-func smiExit(err error) int {
+// SMIWarning reports whether a command's error is nvidia-smi's warning
+// exit (an *exec.ExitError with SMIWarningExit's code).
+func SMIWarning(err error) bool {
 	var ee *exec.ExitError
-	if errors.As(err, &ee) && SMIWarningExit(ee.ExitCode()) {
-		return ee.ExitCode()
-	}
-	return 0
+	return errors.As(err, &ee) && SMIWarningExit(ee.ExitCode())
 }
 
 // Collect runs `nvidia-smi topo -m` and the GPU query with the given binary
@@ -47,19 +44,19 @@ func Collect(ctx context.Context, nvidiaSMI, nodeName string) (*Metadata, error)
 	var out, errb bytes.Buffer
 	cmd := exec.CommandContext(ctx, nvidiaSMI, "topo", "-m")
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	warning := 0 // the warning exit code topo -m gave, if any
-	if err := cmd.Run(); err != nil {
-		if warning = smiExit(err); warning == 0 {
-			return nil, fmt.Errorf("run %s topo -m: %w (stderr: %s)", nvidiaSMI, err, bytes.TrimSpace(errb.Bytes()))
+	warning := cmd.Run() // nil, or the warning exit topo -m gave
+	if warning != nil {
+		if !SMIWarning(warning) {
+			return nil, fmt.Errorf("run %s topo -m: %w (stderr: %s)", nvidiaSMI, warning, bytes.TrimSpace(errb.Bytes()))
 		}
 		dropWarnings(&out)
 		if !hasLegend(out.Bytes()) {
-			return nil, fmt.Errorf("run %s topo -m: exit status %d (a warning) with incomplete output: no Legend after the matrix (stderr: %s)", nvidiaSMI, warning, bytes.TrimSpace(errb.Bytes()))
+			return nil, fmt.Errorf("run %s topo -m: %v (a warning) with incomplete output: no Legend after the matrix (stderr: %s)", nvidiaSMI, warning, bytes.TrimSpace(errb.Bytes()))
 		}
 	}
 	md, err := Parse(&out)
-	if err != nil && warning != 0 {
-		return nil, fmt.Errorf("run %s topo -m: exit status %d (a warning) with unreadable output: %w", nvidiaSMI, warning, err)
+	if err != nil && warning != nil {
+		return nil, fmt.Errorf("run %s topo -m: %v (a warning) with unreadable output: %w", nvidiaSMI, warning, err)
 	}
 	if err != nil {
 		return nil, err
@@ -78,7 +75,7 @@ func collectQuery(ctx context.Context, nvidiaSMI string, md *Metadata) error {
 	q := exec.CommandContext(ctx, nvidiaSMI, "--query-gpu=index,pci.bus_id,uuid,serial", "--format=csv,noheader")
 	q.Stdout = &out
 	if err := q.Run(); err != nil {
-		if smiExit(err) == 0 {
+		if !SMIWarning(err) {
 			return nil
 		}
 		dropWarnings(&out)
