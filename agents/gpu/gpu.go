@@ -393,7 +393,7 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 		}
 	}
 	if len(c.pending) > 0 {
-		out = append(out, c.baseline(incs, cur)...)
+		out = append(out, c.baseline(incs, cur, gpus)...)
 	}
 	return append(out, back...), nil
 }
@@ -430,7 +430,7 @@ func (c *Check) expect(listed []GPU) {
 
 // baseline reports, once a process, what is healthy in each watch still
 // pending, so that faults an earlier process raised are lifted. With the
-// source's inventory: one isHealthy event for each GPU it read and that
+// source's inventory (listed: the GPUs this read named; nil without): one isHealthy event for each GPU it read and that
 // has no incident in the watch, with the GPU's entities, so that a GPU it
 // does not list (gone before this process started: its faults are not
 // this process's to know) and an unhealthy GPU keep their faults. Without
@@ -441,7 +441,7 @@ func (c *Check) expect(listed []GPU) {
 // yet (GPU.Unknown) waits for a read that can. The events carry this read's
 // time: after any fault of an earlier process, and clearing nothing of this
 // read (no entity-less event for a watch with an incident now).
-func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent) []*datamodels.HealthEvent {
+func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent, listed []GPU) []*datamodels.HealthEvent {
 	var gpus []GPU
 	seen := map[string]bool{}
 	add := func(g GPU) {
@@ -450,13 +450,9 @@ func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent
 			gpus = append(gpus, g)
 		}
 	}
-	inventory := false
-	if inv, ok := c.cfg.Source.(Inventory); ok {
-		listed := inv.GPUs()
-		inventory = listed != nil
-		for _, g := range listed {
-			add(g)
-		}
+	inventory := listed != nil
+	for _, g := range listed {
+		add(g)
 	}
 	if !inventory {
 		for _, in := range incs {
