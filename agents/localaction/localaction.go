@@ -51,6 +51,7 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/faultline/faultline/agents/topology"
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // Config is the agent's [local_actions] section.
@@ -239,8 +240,6 @@ type Server struct {
 	running map[string]chan struct{} // closed when the id's action ends
 }
 
-var uuidRE = regexp.MustCompile(`^GPU-[0-9a-fA-F-]{36}$`)
-
 // New returns the server of node (the agent's node_name: a request for
 // any other node is refused); pods may be nil only where pod-resources is
 // turned off on purpose (pod_resources_socket ""): the drain's word is
@@ -377,7 +376,7 @@ func decode(body []byte, action string) (Request, error) {
 		return req, errors.New("gpus: a reboot takes none")
 	}
 	for _, g := range req.GPUs {
-		if !uuidRE.MatchString(g) {
+		if !events.IsGPUUUID(g) {
 			return req, fmt.Errorf("gpus: %q is not a GPU UUID", g)
 		}
 	}
@@ -555,7 +554,7 @@ func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 			if l = strings.TrimSpace(l); l == "" || warned && strings.HasPrefix(l, "WARNING:") {
 				continue
 			}
-			if !uuidRE.MatchString(l) {
+			if !events.IsGPUUUID(l) {
 				return Answer{ID: req.ID, Reason: "CommandFailed", Message: fmt.Sprintf("list GPUs: line %d %q is not a GPU UUID", i+1, l)}
 			}
 			gpus = append(gpus, l)

@@ -198,6 +198,7 @@ func TestServer(t *testing.T) {
 		{"/v1/local/gpu-reset", `{` + reset + `,"gpus":["` + g + `"]}`, "id: required"},
 		{"/v1/local/gpu-reset", `{"id":"g7",` + reset + `,"gpus":"` + g + `"}`, "body: json: cannot unmarshal string"},
 		{"/v1/local/gpu-reset", `{"id":"g5",` + reset + `,"gpus":["0"]}`, `gpus: "0" is not a GPU UUID`},
+		{"/v1/local/gpu-reset", `{"id":"g5b",` + reset + `,"gpus":["GPU-` + strings.Repeat("-", 36) + `"]}`, `is not a GPU UUID`}, // the UUID's shape, not its characters
 		{"/v1/local/gpu-reset", `{"id":"` + strings.Repeat("x", maxID+1) + `",` + reset + `}`, "id: 257 bytes, at most 256"},
 		{"/v1/local/reboot", `{"id":"r9",` + reboot + `,"gpus":["` + g + `"]}`, "gpus: a reboot takes none"},
 		{"/v1/local/reboot", `{"id":"r\u0000\u001b[31m",` + reboot + `}`, `id: "r\x00\x1b[31m" has a character outside ^[A-Za-z0-9._:/-]+$`},
