@@ -374,15 +374,19 @@ func (h *Handler) suppressions(ctx context.Context, r *Rule, trigs []trigger) (m
 // incident the NIC rules, an NVSwitch SXid one not). Before, a standing
 // incident of any signature suppressed the whole cluster's NIC rules: a
 // node's port DOWN for good stood STORE_ONLY while four nodes' SXids did.
-// A rule that names no checks is suppressed by any.
+// Where the rule reads only some codes of the check (counter_codes), the
+// signature's code must be one of them: a NIC counter the rule does not
+// read (four nodes' rnr_nak_retry_err) no more suppresses it than an SXid
+// does. A rule that names no checks is suppressed by any.
 func (r *Rule) suppressedBy(key string) bool {
-	if len(r.checks) == 0 {
+	if len(r.reads) == 0 {
 		return true
 	}
 	_, entity, _ := strings.Cut(key, "\x00")
 	sig := strings.TrimPrefix(entity, EntityFabric+"=")
-	check, _, _ := strings.Cut(sig, "|")
-	return slices.Contains(r.checks, check)
+	check, code, _ := strings.Cut(sig, "|")
+	codes, ok := r.reads[check]
+	return ok && (codes == nil || slices.Contains(codes, code))
 }
 
 const standingSQL = `

@@ -129,6 +129,10 @@ type RuleSpec struct {
 	// Only a verdict whose signature's check is one of this rule's checks
 	// (its params named checks or ending in _checks) suppresses it, when it
 	// names any: an NVSwitch SXid incident does not suppress the NIC rules.
+	// Where a codes param goes with the checks (counter_checks and
+	// counter_codes, checks and codes), the signature's code must be one
+	// of them too: an rnr_nak_retry_err incident does not suppress the
+	// rules that read only link_downed of the degradation checks.
 	SuppressedBy []string `toml:"suppressed_by"`
 	// Params are bound to the queries as @name.
 	Params map[string]any `toml:"params"`
@@ -195,11 +199,13 @@ type Rule struct {
 	// readsMachine: the query reads triggers.machine, so a sweep names the
 	// machine each node reports now (Handler.machines).
 	readsMachine bool
-	// checks: the check names of the rule's params named checks or
-	// ending in _checks (the events it counts); a suppressor's verdict
-	// suppresses it only when its signature's check is one of them
-	// (suppressedBy). Empty: any verdict does.
-	checks []string
+	// reads: what the rule counts, per check name of its params named
+	// checks or ending in _checks: the error codes of the matching codes
+	// param (checks -> codes, counter_checks -> counter_codes), nil for
+	// every code. A suppressor's verdict suppresses the rule only when its
+	// signature (check|code) is among them (suppressedBy). Empty: any
+	// verdict does.
+	reads map[string][]string
 }
 
 // ConfigError is a rules-file error naming the rule and the field.
@@ -368,10 +374,8 @@ func compileRule(s RuleSpec, dir fs.FS) (*Rule, error) {
 			return nil, bad("params."+k, err)
 		}
 		r.args[k] = bv
-		if cs, ok := bv.([]string); ok && (k == "checks" || strings.HasSuffix(k, "_checks")) {
-			r.checks = append(r.checks, cs...)
-		}
 	}
+	r.reads = readChecks(r.args)
 	for k, v := range s.Durations {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 || !paramRE.MatchString(k) {
@@ -480,6 +484,33 @@ func stripComments(q string) string {
 		}
 	}
 	return strings.Join(lines, "\n")
+}
+
+// readChecks returns what a rule's params say it counts (Rule.reads):
+// each check of a param named checks or ending in _checks, with the codes
+// of the param that ends in codes instead (checks: codes; counter_checks:
+// counter_codes), or nil — every code — where there is none. A check that
+// two params name is read with every code either reads.
+func readChecks(args map[string]any) map[string][]string {
+	reads := map[string][]string{}
+	for k, v := range args {
+		cs, ok := v.([]string)
+		if !ok || (k != "checks" && !strings.HasSuffix(k, "_checks")) {
+			continue
+		}
+		codes, _ := args[strings.TrimSuffix(k, "checks")+"codes"].([]string)
+		for _, c := range cs {
+			prev, seen := reads[c]
+			switch {
+			case seen && prev == nil:
+			case codes == nil || !seen:
+				reads[c] = codes
+			default:
+				reads[c] = append(slices.Clone(prev), codes...)
+			}
+		}
+	}
+	return reads
 }
 
 // paramValue converts a TOML value to what clickhouse-go binds.

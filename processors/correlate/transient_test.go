@@ -1,6 +1,7 @@
 package correlate
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -70,11 +71,22 @@ func TestTransientNICStatesAreNoDown(t *testing.T) {
 	}
 }
 
+// rnrNak is the NIC agent's degradation-check rnr_nak_retry_err above 0
+// (fatal, Appendix A): a counter the NIC rules do not read.
+func rnrNak(cluster, node string, at time.Duration) *datamodels.HealthEvent {
+	ev := linkDowned(cluster, node, at, 1)
+	ev.ErrorCode = []string{"rnr_nak_retry_err"}
+	ev.Metadata = map[string]string{"counter": "rnr_nak_retry_err", "value": "3"}
+	return ev
+}
+
 // TestFabricIncidentFatalAndOwnFamily: FabricIncident counts fatal events
 // only (non-fatal SXids are informational), and an incident suppresses only
-// the rules over its own checks: an NVSwitch incident is no reason to keep
-// a node's dead NIC port from escalating, while a NIC incident still
-// suppresses the NIC rules (TestRules' fabric cases).
+// the rules over its own signature: an NVSwitch incident, or one of a NIC
+// counter the NIC rules do not read (rnr_nak_retry_err: they read only
+// link_downed of the degradation checks), is no reason to keep a node's
+// dead NIC port from escalating, while a NIC state or link_downed incident
+// still suppresses the NIC rules (TestRules' fabric cases).
 func TestFabricIncidentFatalAndOwnFamily(t *testing.T) {
 	s := server(t)
 	m, sec := time.Minute, time.Second
@@ -100,6 +112,22 @@ func TestFabricIncidentFatalAndOwnFamily(t *testing.T) {
 				{sweep: 5*m + 40*sec, want: "NICPortDrop:fault"},
 			}
 		}},
+		{"an rnr_nak_retry_err incident does not suppress a NIC port drop", func(c string) []step {
+			return []step{
+				{evs: evs(rnrNak(c, "n1", 0), rnrNak(c, "n2", 1*sec), rnrNak(c, "n3", 2*sec), rnrNak(c, "n4", 3*sec)),
+					want: "FabricIncident:fault"},
+				{evs: evs(nicState(c, "n9", 10*sec, false)), want: none},
+				{sweep: 5*m + 40*sec, want: "NICPortDrop:fault"},
+			}
+		}},
+		{"a link_downed incident suppresses a NIC port drop", func(c string) []step {
+			return []step{
+				{evs: evs(linkDowned(c, "n1", 0, 1), linkDowned(c, "n2", 1*sec, 1), linkDowned(c, "n3", 2*sec, 1), linkDowned(c, "n4", 3*sec, 1)),
+					want: "FabricIncident:fault"},
+				{evs: evs(nicState(c, "n9", 10*sec, false)), want: none},
+				{sweep: 5*m + 40*sec, want: "NICPortDrop:fault:suppressed"},
+			}
+		}},
 		{"a NIC incident suppresses a NIC port drop", func(c string) []step {
 			return []step{
 				{evs: evs(nicState(c, "n1", 0, false), nicState(c, "n2", 1*sec, false), nicState(c, "n3", 2*sec, false), nicState(c, "n4", 3*sec, false)),
@@ -116,5 +144,70 @@ func TestFabricIncidentFatalAndOwnFamily(t *testing.T) {
 			hs.cluster = c
 			runSteps(t, hs, tc.steps(c))
 		})
+	}
+}
+
+// TestSuppressedBySignature: which incident signatures (FABRIC=check|code)
+// suppress which shipped rules. The NIC rules read every state-check event
+// but only link_downed of the degradation checks (counter_codes), so an
+// incident over another NIC counter leaves a dead port live, as an SXid
+// incident does.
+func TestSuppressedBySignature(t *testing.T) {
+	rules, err := LoadRules("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*Rule{}
+	for _, r := range rules {
+		byName[r.Name] = r
+	}
+	for _, tc := range []struct {
+		rule, sig string
+		want      bool
+	}{
+		{"NICPortDrop", "InfiniBandStateCheck|", true},
+		{"NICPortDrop", "EthernetStateCheck|", true},
+		{"NICPortDrop", "InfiniBandDegradationCheck|link_downed", true},
+		{"RepeatedNICLinkFlap", "EthernetDegradationCheck|link_downed", true},
+		{"NICPortDrop", "InfiniBandDegradationCheck|rnr_nak_retry_err", false},
+		{"RepeatedNICLinkFlap", "InfiniBandDegradationCheck|rnr_nak_retry_err", false},
+		{"RepeatedNICLinkFlap", "EthernetDegradationCheck|excessive_buffer_overrun_errors", false},
+		{"NICPortDrop", "InfiniBandDegradationCheck|", false},
+		{"NICPortDrop", "SysLogsSXIDError|SXID-20034", false},
+		{"NVSwitchSXidGPUXid", "SysLogsSXIDError|SXID-20034", true},
+		{"NVSwitchSXidGPUXid", "SysLogsXIDError|XID-74", true},
+		{"NVSwitchSXidGPUXid", "SysLogsXIDError|XID-13", false},
+		{"RepeatedXID31OnSameGPU", "SysLogsXIDError|XID-31", true},
+		{"RepeatedXIDOnSameGPU", "SysLogsXIDError|XID-13", true},
+		{"MultipleRemediations", "SysLogsSXIDError|SXID-20034", true}, // names no checks
+	} {
+		r := byName[tc.rule]
+		if r == nil {
+			t.Fatalf("no rule %s", tc.rule)
+		}
+		if got := r.suppressedBy("c1\x00" + EntityFabric + "=" + tc.sig); got != tc.want {
+			t.Errorf("%s suppressed by %s: %v, want %v", tc.rule, tc.sig, got, tc.want)
+		}
+	}
+}
+
+// TestReadChecks: a codes param narrows only its own checks param, and a
+// check another param reads whole stays whole.
+func TestReadChecks(t *testing.T) {
+	got := readChecks(map[string]any{
+		"state_checks": []string{"S"}, "counter_checks": []string{"C", "D"}, "counter_codes": []string{"x"},
+		"other_checks": []string{"D"}, "more_checks": []string{"C"}, "more_codes": []string{"y"},
+		"sticky_codes": []string{"z"}, "window": uint64(1),
+	})
+	want := map[string][]string{"S": nil, "C": {"x", "y"}, "D": nil}
+	if len(got) != len(want) {
+		t.Fatalf("readChecks = %v, want %v", got, want)
+	}
+	for k, w := range want {
+		g, ok := got[k]
+		slices.Sort(g)
+		if !ok || (w == nil) != (g == nil) || !slices.Equal(g, w) {
+			t.Errorf("readChecks[%s] = %v, want %v", k, g, w)
+		}
 	}
 }
