@@ -206,6 +206,9 @@ func (c Config) Validate(prefix string) error {
 		if cl.Kubeconfig == "" && !cl.DryRun && !slices.Contains(c.DryRunClusters, cl.Name) {
 			return fmt.Errorf("%s.kubeconfig: cluster %q needs a kubeconfig path or %q (or dry_run)", key, cl.Name, InCluster)
 		}
+		if cl.Context != "" && cl.Kubeconfig == InCluster {
+			return fmt.Errorf("%s.context: cluster %q: a context names an entry of a kubeconfig file; %q has none", key, cl.Name, InCluster)
+		}
 		if q := float64(cl.QPS); math.IsNaN(q) || math.IsInf(q, 0) || q < 0 {
 			return fmt.Errorf("%s.qps: cluster %q: must be a finite number not below 0, got %v", key, cl.Name, cl.QPS)
 		}
@@ -390,10 +393,10 @@ func (r *Registry) restConfig(cl Cluster) (*rest.Config, error) {
 			cl.Name, cl.Name, rc.Host)
 	case cl.TokenFile != "":
 		rc.BearerToken, rc.BearerTokenFile = "", cl.TokenFile
-		rc.Username, rc.Password, rc.ExecProvider, rc.AuthProvider = "", "", nil, nil
+		dropCredentials(rc)
 	case !tok.IsZero():
 		rc.BearerToken, rc.BearerTokenFile = tok.Reveal(), ""
-		rc.Username, rc.Password, rc.ExecProvider, rc.AuthProvider = "", "", nil, nil
+		dropCredentials(rc)
 	}
 	rc.QPS, rc.Burst = r.cfg.QPS, r.cfg.Burst
 	if cl.QPS > 0 {
@@ -405,6 +408,16 @@ func (r *Registry) restConfig(cl Cluster) (*rest.Config, error) {
 	rc.Timeout = r.cfg.Timeout
 	rc.UserAgent = "faultline-processor"
 	return rc, nil
+}
+
+// dropCredentials removes the kubeconfig's own credentials where a
+// token_file or token_env replaces them: the client certificate too, or the
+// API server, which checks it before any bearer token, would act as the
+// certificate's user (kubeadm's admin.conf: system:masters) and the
+// token's least-privileged RBAC would never apply. The CA stays.
+func dropCredentials(rc *rest.Config) {
+	rc.Username, rc.Password, rc.ExecProvider, rc.AuthProvider = "", "", nil, nil
+	rc.CertFile, rc.KeyFile, rc.CertData, rc.KeyData = "", "", nil, nil
 }
 
 // token reads the cluster's bearer token from TokenFile or TokenEnv (zero

@@ -59,6 +59,7 @@ func TestFlagsAndValidate(t *testing.T) {
 		{func(c *Config) { c.Clusters = append(c.Clusters, Cluster{Name: "a", Kubeconfig: "x"}) }, "kube.clusters[2].name"},
 		{func(c *Config) { c.Clusters = append(c.Clusters, Cluster{Name: "d"}) }, "kube.clusters[2].kubeconfig"},
 		{func(c *Config) { c.DryRunClusters = append(c.DryRunClusters, "x/y") }, "kube.dry_run_clusters[2]"},
+		{func(c *Config) { c.Clusters[1].Context = "gpu-east" }, `kube.clusters[1].context: cluster "b": a context names an entry of a kubeconfig file`},
 		{func(c *Config) { c.Clusters[0].Name = "a/b" }, "kube.clusters[0].name"},
 		// Names the gateway never stamps (tokens and certificates name
 		// lowercase DNS labels): no event would ever match, and the
@@ -608,7 +609,7 @@ func TestClusterToken(t *testing.T) {
 	if err := os.WriteFile(kc, []byte(`apiVersion: v1
 kind: Config
 clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
-users: [{name: u, user: {token: kubeconfig-token}}]
+users: [{name: u, user: {token: kubeconfig-token, client-certificate-data: YWRtaW4tY2VydA==, client-key-data: YWRtaW4ta2V5}}]
 contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
 `), 0o600); err != nil {
@@ -624,15 +625,21 @@ current-context: x
 	if err != nil || rc.BearerTokenFile != tokFile || rc.BearerToken != "" {
 		t.Fatalf("token_file: %v token %q file %q", err, rc.BearerToken, rc.BearerTokenFile)
 	}
+	// The kubeconfig's client certificate goes with its token: the API
+	// server would take the certificate's user (an admin.conf's
+	// system:masters) before the token.
+	if len(rc.CertData) != 0 || len(rc.KeyData) != 0 || rc.CertFile != "" || rc.KeyFile != "" {
+		t.Fatalf("token_file keeps the kubeconfig's client certificate: %q", rc.CertData)
+	}
 	rc, err = r.restConfig(Cluster{Name: "e", Kubeconfig: kc, TokenEnv: "FAULTLINE_TEST_KUBE_TOKEN"})
-	if err != nil || rc.BearerToken != planted || rc.BearerTokenFile != "" {
-		t.Fatalf("token_env: %v", err)
+	if err != nil || rc.BearerToken != planted || rc.BearerTokenFile != "" || len(rc.CertData) != 0 || len(rc.KeyData) != 0 {
+		t.Fatalf("token_env: %v (client certificate %q)", err, rc.CertData)
 	}
 	if s := fmt.Sprintf("%v %+v %s", rc, rc, rc); strings.Contains(s, planted) {
 		t.Fatalf("the rest config prints the token: %s", s)
 	}
 	rc, err = r.restConfig(Cluster{Name: "k", Kubeconfig: kc})
-	if err != nil || rc.BearerToken != "kubeconfig-token" {
+	if err != nil || rc.BearerToken != "kubeconfig-token" || string(rc.CertData) != "admin-cert" {
 		t.Fatalf("kubeconfig credentials: %v", err)
 	}
 	plain := filepath.Join(dir, "plain")
