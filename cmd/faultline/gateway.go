@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -37,6 +38,11 @@ func loadGatewayConfig(args []string, stderr io.Writer) (Config, error) {
 		}
 		if err := cfg.Processors.ClickHouse.Validate("clickhouse."); err != nil {
 			return err
+		}
+		// The conformance score door reads it (a cutoff in the future
+		// counted no report: every node unknown).
+		if s := cfg.Processors.Conformance.Staleness; s <= 0 {
+			return fmt.Errorf("conformance.staleness: must be positive, got %v", s)
 		}
 		return cfg.Gateway.Validate()
 	}, stderr, moved, config.NoArgs())

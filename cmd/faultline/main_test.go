@@ -38,11 +38,16 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 	if err := os.WriteFile(badRole, []byte("0123456789abcdef0123,alpha,root\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	staleness := filepath.Join(dir, "staleness.toml")
+	if err := os.WriteFile(staleness, []byte("[conformance]\nstaleness = \"-1h\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		args []string
 		want string
 	}{
+		{"negative staleness at the score door", []string{"gateway", "--tokens-file", tokens, "--config", staleness}, "conformance.staleness: must be positive, got -1h0m0s"},
 		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
 		{"no command", nil, "a command is required"},
 		{"unknown TOML key", []string{"gateway", "--config", bad}, "unknown keys: gateway.max_bach"},
