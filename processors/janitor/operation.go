@@ -390,14 +390,17 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 		if m := j.recall(op.u.GetUID()); !condIs(fresh, CondSignalSent, "True") && m.failReason != "" {
 			// This janitor's provider refused the signal; writing the
 			// failure failed: write it now (not "recorded, may have gone out").
-			return 0, op.fail(ctx, m.failReason, m.failMsg, true)
+			if err := op.fail(ctx, m.failReason, m.failMsg, true); err != nil {
+				return 0, op.writeRefused(ctx, err, m.failMsg, false)
+			}
+			return 0, nil
 		}
 		if m := j.recall(op.u.GetUID()); !condIs(fresh, CondSignalSent, "True") && m.maybeSentMsg != "" {
 			// Sent unanswered by this janitor; writing it failed: now.
 			op.emit(ctx, op.action(events.OutcomeApplied, m.maybeSentMsg+" (node "+op.nodeName+")", "signal", nil))
 			if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonMaybeSent, m.maybeSentMsg},
 				cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
-				return 0, err
+				return 0, op.writeRefused(ctx, err, m.maybeSentMsg, true)
 			}
 			return j.cfg.PollInterval, nil
 		}
@@ -408,7 +411,7 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 			op.emit(ctx, op.action(events.OutcomeApplied, msg+" to node "+op.nodeName, "signal", nil))
 			if err := op.writeStatus(ctx, false, cond{CondSignalSent, "True", ReasonSucceeded, msg},
 				cond{op.kd.Result, "Unknown", ReasonInitializing, "waiting for the node"}); err != nil {
-				return 0, err
+				return 0, op.writeRefused(ctx, err, msg, true)
 			}
 			return j.cfg.PollInterval, nil
 		}
@@ -463,6 +466,31 @@ func (op *operation) follow(ctx context.Context) (time.Duration, error) {
 		return op.followTerminate(ctx)
 	}
 	return op.followReboot(ctx)
+}
+
+// writeRefused is what follow returns when the status write of a signal's
+// outcome known to this janitor (what: refused by the provider, or sent —
+// answered or not) failed with err: err, retried with backoff, unless the
+// apiserver refused it as invalid (it refuses it every time) or the
+// operation's timeout (reboot_timeout, terminate_timeout) passed. Then
+// the resource ends failed with a reason the CRDs accept — the result
+// condition False/Failed, and SignalSent=False/Failed too when the
+// provider refused the signal (sent false) — and gives its slot back.
+// Before, the write was retried for the life of the process, past the
+// timeout, the resource holding its slots (taken again after a restart).
+func (op *operation) writeRefused(ctx context.Context, err error, what string, sent bool) error {
+	timeout := op.j.cfg.RebootTimeout
+	if op.kd == kindTerminate {
+		timeout = op.j.cfg.TerminateTimeout
+	}
+	if ctx.Err() != nil || (!apierrors.IsInvalid(err) && op.j.now().Sub(op.st.At) <= timeout) {
+		return err
+	}
+	msg := fmt.Sprintf("writing the signal's outcome failed (%v): %s", err, what)
+	if !sent {
+		return op.fail(ctx, ReasonFailed, msg, false)
+	}
+	return op.failed(ctx, ReasonFailed, msg, cond{op.kd.Result, "False", ReasonFailed, msg})
 }
 
 // sendUnsent sends the signal of op.st, a record of this process's that
@@ -787,9 +815,10 @@ func (op *operation) followTerminate(ctx context.Context) (time.Duration, error)
 }
 
 // fail ends the resource failed: the result condition (or SignalSent when
-// no signal went out) False with the reason, completionTime set.
+// no signal went out) False with the reason, completionTime set. A reason
+// the CRDs refuse is written Failed, quoted in the message (safeReason).
 func (op *operation) fail(ctx context.Context, reason, msg string, signalled bool) error {
-	j := op.j
+	reason, msg = safeReason(reason, msg)
 	var cs []cond
 	switch {
 	case op.kd == kindGPUReset:
@@ -799,6 +828,13 @@ func (op *operation) fail(ctx context.Context, reason, msg string, signalled boo
 	default:
 		cs = []cond{{op.kd.Result, "False", reason, msg}}
 	}
+	return op.failed(ctx, reason, msg, cs...)
+}
+
+// failed ends the resource failed with the conditions cs (fail's, whose
+// reason and msg they carry).
+func (op *operation) failed(ctx context.Context, reason, msg string, cs ...cond) error {
+	j := op.j
 	outcome := events.OutcomeFailed
 	if reason == ReasonNotDrained {
 		outcome = events.OutcomeRefused

@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // Provider names.
@@ -125,17 +127,28 @@ type ProviderError struct {
 	Err    error
 }
 
-func (e *ProviderError) Error() string { return e.Reason + ": " + e.Err.Error() }
+func (e *ProviderError) Error() string {
+	if e.Reason != "" && !validReason(e.Reason) {
+		// A node agent's own words (Local): quoted, cut short.
+		return fmt.Sprintf("%q: %v", events.Truncate(e.Reason, quotedReasonMax), e.Err)
+	}
+	return e.Reason + ": " + e.Err.Error()
+}
 func (e *ProviderError) Unwrap() error { return e.Err }
 
 func perr(reason string, format string, args ...any) error {
 	return &ProviderError{Reason: reason, Err: fmt.Errorf(format, args...)}
 }
 
-// reasonOf is the condition reason of a provider error (default "Failed").
+// reasonOf is the condition reason of a provider error (default "Failed",
+// also for a reason the CRDs would refuse: validReason; its error, which
+// the message holds, quotes it).
 func reasonOf(err error) string {
 	var pe *ProviderError
 	if errors.As(err, &pe) && pe.Reason != "" {
+		if !validReason(pe.Reason) {
+			return ReasonFailed
+		}
 		return pe.Reason
 	}
 	if errors.Is(err, ErrUnsupported) {

@@ -2,6 +2,8 @@ package janitor
 
 import (
 	"encoding/json"
+	"fmt"
+	"regexp"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -144,6 +146,31 @@ func finished(o *unstructured.Unstructured) bool {
 
 // cond is one condition to set.
 type cond struct{ Type, Status, Reason, Message string }
+
+// reasonRule is the CRDs' rule for a condition's reason
+// (deploy/crds: pattern, minLength 1, maxLength 1024); the apiserver
+// refuses (422 Invalid) a status write with any other.
+var reasonRule = regexp.MustCompile(`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`)
+
+// validReason is whether the CRDs accept reason as a condition's reason.
+func validReason(reason string) bool {
+	return len(reason) <= 1024 && reasonRule.MatchString(reason)
+}
+
+// quotedReasonMax is how much of a refused reason a message quotes.
+const quotedReasonMax = 128
+
+// safeReason is reason and msg when the CRDs accept reason; else
+// ReasonFailed, msg led by the refused reason, quoted and cut short. A
+// provider's reason may be a node's own words (the local agent's answer),
+// and a status write with a reason the CRDs refuse is refused every time
+// it is retried: the resource would never end, holding its slot.
+func safeReason(reason, msg string) (string, string) {
+	if validReason(reason) {
+		return reason, msg
+	}
+	return ReasonFailed, fmt.Sprintf("provider reason %q is not a condition reason: %s", events.Truncate(reason, quotedReasonMax), msg)
+}
 
 // setConditions returns o's conditions with cs set (lastTransitionTime
 // kept when the status did not change), in a stable order.
