@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -13,7 +14,7 @@ import (
 // NONE: the NIC link-state design's transient states).
 func nicInit(cluster, node string, at time.Duration) *datamodels.HealthEvent {
 	ev := nicDegraded(cluster, node, at)
-	ev.Metadata = map[string]string{"state": "2: INIT", "phys_state": "5: LinkUp"}
+	ev.Metadata = map[string]string{"state": "2: INIT", "phys_state": "5: LinkUp", events.MetaNICReportsEscalation: "1"}
 	ev.Message = "Port mlx5_0 port 1: state INIT, phys_state LinkUp"
 	return ev
 }
@@ -78,6 +79,94 @@ func rnrNak(cluster, node string, at time.Duration) *datamodels.HealthEvent {
 	ev.ErrorCode = []string{"rnr_nak_retry_err"}
 	ev.Metadata = map[string]string{"counter": "rnr_nak_retry_err", "value": "3"}
 	return ev
+}
+
+// nvsDegraded is NVSentinel's NIC health monitor's non-fatal unhealthy
+// state event (ACTIVE/LinkErrorRecovery): like the agent's, without its
+// mark. The monitor reports one event per healthy <-> unhealthy crossing
+// and none for LinkErrorRecovery -> DOWN (its link-state design, §3.4).
+func nvsDegraded(cluster, node string, at time.Duration) *datamodels.HealthEvent {
+	ev := nicDegraded(cluster, node, at)
+	delete(ev.Metadata, events.MetaNICReportsEscalation)
+	return ev
+}
+
+// TestUnmarkedNonFatalNICStateIsDown: a non-fatal unhealthy port state
+// event without faultline's nic check's mark (NVSentinel's NIC monitor, an
+// older agent) is a link-down: the monitor reports nothing when the port
+// goes on from LinkErrorRecovery to DOWN, so its one event is all there is
+// of a port that then stays down, or of each down of a flapping one (they
+// were no drop and no flap). The same events marked are none
+// (TestTransientNICStatesAreNoDown).
+func TestUnmarkedNonFatalNICStateIsDown(t *testing.T) {
+	s := server(t)
+	m, sec := time.Minute, time.Second
+	for _, tc := range []struct {
+		name  string
+		steps func(c string) []step
+	}{
+		{"NVSentinel: error recovery, then nothing for over hold, is a drop", func(c string) []step {
+			return []step{
+				{evs: evs(nvsDegraded(c, "n1", 0)), want: none},
+				{sweep: 5 * m, want: "NICPortDrop:fault"},
+				{evs: evs(nicState(c, "n1", 5*m+10*sec, true)), want: "NICPortDrop:recovery"},
+			}
+		}},
+		{"the same marked (faultline's nic check) is no drop", func(c string) []step {
+			return []step{
+				{evs: evs(nicDegraded(c, "n1", 0)), want: none},
+				{sweep: 5 * m, want: none},
+			}
+		}},
+		{"NVSentinel: error recovery and back three times in 10m is a flap", func(c string) []step {
+			return []step{
+				{evs: evs(nvsDegraded(c, "n1", 0), nicState(c, "n1", 2*sec, true)), want: none},
+				{evs: evs(nvsDegraded(c, "n1", 2*m), nicState(c, "n1", 2*m+2*sec, true)), want: none},
+				{evs: evs(nvsDegraded(c, "n1", 4*m)), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
+		{"the same marked (faultline's nic check) is no flap", func(c string) []step {
+			return []step{
+				{evs: evs(nicDegraded(c, "n1", 0), nicState(c, "n1", 2*sec, true)), want: none},
+				{evs: evs(nicDegraded(c, "n1", 2*m), nicState(c, "n1", 2*m+2*sec, true)), want: none},
+				{evs: evs(nicDegraded(c, "n1", 4*m)), want: none},
+			}
+		}},
+		{"an older agent's escalation, unmarked, is one down", func(c string) []step {
+			cycle := func(at time.Duration, back bool) []*datamodels.HealthEvent {
+				out := evs(nvsDegraded(c, "n1", at), nicState(c, "n1", at+1*sec, false))
+				if back {
+					out = append(out, nicState(c, "n1", at+30*sec, true))
+				}
+				return out
+			}
+			return []step{
+				{evs: cycle(0, true), want: none},
+				{evs: cycle(2*m, true), want: none},
+				{evs: cycle(4*m, false), want: "RepeatedNICLinkFlap:fault"},
+			}
+		}},
+		{"four nodes' NVSentinel error recovery is a fabric incident, their drops suppressed", func(c string) []step {
+			return []step{
+				{evs: evs(nvsDegraded(c, "n1", 0), nvsDegraded(c, "n2", 1*sec), nvsDegraded(c, "n3", 2*sec), nvsDegraded(c, "n4", 3*sec)),
+					want: "FabricIncident:fault"},
+				{sweep: 4*m + 10*sec, want: "NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed"},
+			}
+		}},
+		{"four nodes' marked error recovery is no fabric incident", func(c string) []step {
+			return []step{
+				{evs: evs(nicDegraded(c, "n1", 0), nicDegraded(c, "n2", 1*sec), nicDegraded(c, "n3", 2*sec), nicDegraded(c, "n4", 3*sec)), want: none},
+				{sweep: 1 * m, want: none},
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster("unmarked")
+			hs := newHarness(t, s, DefaultRules, nil)
+			hs.cluster = c
+			runSteps(t, hs, tc.steps(c))
+		})
+	}
 }
 
 // TestFabricIncidentFatalAndOwnFamily: FabricIncident counts fatal events

@@ -82,6 +82,19 @@ const MetaAgentGeneratedAt = "faultline.io/agent-generated-timestamp"
 // its node reports.
 const MetaSystemUUID = "faultline.io/system-uuid"
 
+// MetaNICReportsEscalation ("1") marks a NIC port state event of
+// faultline's own nic check (agents/nic), which reports a port's escalation
+// from a non-fatal unhealthy state (ACTIVE/LinkErrorRecovery, INIT, ARMED,
+// Polling) to a fatal one (DOWN, Disabled) as an event of its own. The NIC
+// correlation rules (sql/rules: nic_link_flap, nic_port_drop, fabric_incident)
+// then take a marked non-fatal unhealthy state event for no link-down: a
+// DOWN would be reported. An unmarked one (NVSentinel's NIC health monitor,
+// which reports only healthy <-> unhealthy crossings and nothing for
+// LinkErrorRecovery -> DOWN; or a faultline agent older than the mark)
+// counts as a down, since nothing may follow it while the port stays down.
+// The SQL names the key as a literal: keep the two in step.
+const MetaNICReportsEscalation = "faultline.io/nic-reports-escalation"
+
 // SetSystemUUID stamps ev with the machine's system UUID (MetaSystemUUID)
 // where it has room for one more metadata key than it has (below
 // maxKeys: validate.MaxMetadata); "" stamps nothing.
