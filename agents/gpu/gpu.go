@@ -32,8 +32,9 @@
 // on the whole node). A GPU of Config.Expected (the node's GPU metadata)
 // that the source does not list is reported lost (CodeGPULost), and
 // baselined when it reads again. A watch the source cannot tell yet on
-// some GPU (GPU.Unknown: a rate before its second sample) is baselined at
-// the first read that can. No baseline before the source answers: while
+// some GPU (GPU.Unknown: a rate before its second sample, an NVLink unused
+// since the start) is baselined on that GPU at the first read that can; the
+// other GPUs do not wait for it. No baseline before the source answers: while
 // the node boots, a source not up yet reports nothing, as before.
 package gpu
 
@@ -437,8 +438,9 @@ func (c *Check) expect(listed []GPU) {
 // inventory (the source tells only incidents): a watch with no incident on
 // any GPU, one isHealthy event without entity (the quarantine lifts every
 // fault of that check on the node); a watch with some GPU unhealthy, one
-// for each other GPU of the incidents. A watch that some GPU cannot tell
-// yet (GPU.Unknown) waits for a read that can. The events carry this read's
+// for each other GPU of the incidents. A GPU of the inventory that cannot
+// tell the watch yet (GPU.Unknown) is left out, and baselined alone at the
+// first read that can (unbased). The events carry this read's
 // time: after any fault of an earlier process, and clearing nothing of this
 // read (no entity-less event for a watch with an incident now).
 func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent, listed []GPU) []*datamodels.HealthEvent {
@@ -462,7 +464,10 @@ func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent
 	sort.SliceStable(gpus, func(i, j int) bool { return gpus[i].Index < gpus[j].Index })
 	var out []*datamodels.HealthEvent
 	for _, w := range Watches {
-		if !c.pending[w] || slices.ContainsFunc(gpus, func(g GPU) bool { return slices.Contains(g.Unknown, w) }) {
+		// With an inventory a GPU that cannot tell w waits alone (unbased),
+		// the others are baselined now: one GPU's NVLink unused since the
+		// start must not keep another's NVLink fault for ever.
+		if !c.pending[w] || !inventory && slices.ContainsFunc(gpus, func(g GPU) bool { return slices.Contains(g.Unknown, w) }) {
 			continue
 		}
 		delete(c.pending, w)
@@ -477,6 +482,10 @@ func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent
 		}
 		for i := range gpus {
 			k := gpuID(Incident{GPU: gpus[i].Index, UUID: gpus[i].UUID}) + "|" + w
+			if slices.Contains(gpus[i].Unknown, w) {
+				c.unbased[k] = true // baselined when it reads w
+				continue
+			}
 			delete(c.unbased, k)
 			if cur[k] == nil {
 				out = append(out, c.gpuBaselines(check, &gpus[i])...)

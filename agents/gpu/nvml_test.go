@@ -326,3 +326,33 @@ func TestNVMLMissingGPUKeepsFault(t *testing.T) {
 		}
 	}
 }
+
+// TestNVMLUnusedLinkBaselinesOthers: GPU-A's NVLink 0 is disabled since
+// the process started (unused, or down before it: GpuNvlinkWatch unknown
+// on GPU-A for the process's life); GPU-B's is up. GPU-B's
+// GpuNvlinkWatch baseline comes at the first read, so that an NVLINK_DOWN
+// fault of an earlier process on GPU-B is lifted; GPU-A gets none.
+func TestNVMLUnusedLinkBaselinesOthers(t *testing.T) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_DISABLED}
+	b := &fakeGPU{uuid: "GPU-B", bus: "00000000:43:00.0", link0: nvml.FEATURE_ENABLED}
+	var logs strings.Builder
+	c, err := New(Config{Source: fakeNVML(&logs, a, b), Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"GpuNvlinkWatch:healthy@GPU-B GpuNvlinkWatch:healthy@gpu1", "", ""} {
+		evs, err := c.Check(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, s := range strings.Fields(summary(evs)) {
+			if strings.HasPrefix(s, "GpuNvlinkWatch:") {
+				got = append(got, s)
+			}
+		}
+		if g := strings.Join(got, " "); g != want {
+			t.Errorf("read %d: Nvlink events %q, want %q (all: %s)", i, g, want, summary(evs))
+		}
+	}
+}
