@@ -31,7 +31,10 @@
 // watch with none gets one event naming no entity (it clears that check
 // on the whole node). A GPU of Config.Expected (the node's GPU metadata)
 // that the source does not list is reported lost (CodeGPULost), and
-// baselined when it reads again. A watch the source cannot tell yet on
+// baselined when it reads again; a listed GPU the source cannot name at all
+// (neither UUID nor PCI address) is that GPU where it is the only one of
+// each (identify), else named by its index: such a fault is lifted by this
+// process's reads, never by a later process's baseline. A watch the source cannot tell yet on
 // some GPU (GPU.Unknown: a rate before its second sample, an NVLink unused
 // since the start) is baselined on that GPU at the first read that can; the
 // other GPUs do not wait for it. No baseline before the source answers: while
@@ -311,19 +314,29 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	// without incident is lifted as before). A GPU it does not list is not
 	// healthy: its faults stand, and one listed earlier in this process is
 	// missing (fatal CodeGPULost) until it is listed again.
+	// atIndex: "gpu<index>" → the GPU listed with a UUID at that index, so
+	// that a fault this process raised under the index alone (nothing of
+	// the GPU read yet) is lifted when that GPU tells its watch.
 	var read map[string]bool
+	var atIndex map[string]GPU
 	var gpus []GPU
 	if inv, ok := c.cfg.Source.(Inventory); ok {
 		if gpus = inv.GPUs(); gpus != nil {
-			read = map[string]bool{}
+			var expected []GPU
+			if c.cfg.Expected != nil {
+				expected = c.cfg.Expected()
+			}
+			incs = identify(gpus, incs, expected)
+			read, atIndex = map[string]bool{}, map[string]GPU{}
 			for _, g := range gpus {
 				id := gpuID(Incident{GPU: g.Index, UUID: g.UUID})
 				read[id] = true
 				if g.UUID != "" {
 					c.seen[id] = GPU{Index: g.Index, UUID: g.UUID, PCI: g.PCI}
+					atIndex[gpuID(Incident{GPU: g.Index})] = g
 				}
 			}
-			c.expect(gpus)
+			c.expect(gpus, expected)
 			var missing []string
 			for id := range c.seen {
 				if !read[id] {
@@ -386,8 +399,10 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 			c.bad[k] = now
 			out = append(out, now)
 		case now == nil && prev != nil:
-			if read != nil && !read[strings.SplitN(k, "|", 2)[0]] {
-				continue // not read: its fault stands
+			if id, w, _ := strings.Cut(k, "|"); read != nil && !read[id] {
+				if g, ok := atIndex[id]; !ok || slices.Contains(g.Unknown, w) {
+					continue // not read: its fault stands
+				}
 			}
 			delete(c.bad, k)
 			out = append(out, c.healthy(prev))
@@ -399,14 +414,22 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	return append(out, back...), nil
 }
 
-// expect adds to seen the GPUs of Config.Expected that the inventory
-// listed does not name (by UUID or PCI address), so that they are
-// reported missing; named as NVML names them (PCI "00000000:bb:dd.f"), so
-// that their fault is the one an earlier process raised when it lost them.
-func (c *Check) expect(listed []GPU) {
-	if c.cfg.Expected == nil {
-		return
+// expect adds to seen the GPUs of Config.Expected (expected) that the
+// inventory listed does not name (by UUID or PCI address), so that they
+// are reported missing.
+func (c *Check) expect(listed, expected []GPU) {
+	for _, g := range unlisted(listed, expected) {
+		if c.seen[g.UUID].UUID == "" {
+			c.seen[g.UUID] = g
+		}
 	}
+}
+
+// unlisted returns the GPUs of expected (with a UUID) that listed does not
+// name by UUID or PCI address (another GPU in its slot: replaced), named
+// as NVML names them (PCI "00000000:bb:dd.f"), so that their fault is the
+// one an earlier process raised when it lost them.
+func unlisted(listed, expected []GPU) []GPU {
 	uuids, pcis := map[string]bool{}, map[string]bool{}
 	for _, g := range listed {
 		uuids[g.UUID] = true
@@ -414,19 +437,59 @@ func (c *Check) expect(listed []GPU) {
 			pcis[events.NormalizePCI(g.PCI, true)] = true
 		}
 	}
-	for _, g := range c.cfg.Expected() {
-		if g.UUID == "" || uuids[g.UUID] || c.seen[g.UUID].UUID != "" {
+	var out []GPU
+	for _, g := range expected {
+		if g.UUID == "" || uuids[g.UUID] {
 			continue
 		}
 		if g.PCI != "" {
 			p := events.NormalizePCI(g.PCI, true)
 			if pcis[p] {
-				continue // another GPU in its slot (replaced)
+				continue
 			}
 			g.PCI = "0000" + p
 		}
-		c.seen[g.UUID] = GPU{Index: g.Index, UUID: g.UUID, PCI: g.PCI}
+		out = append(out, GPU{Index: g.Index, UUID: g.UUID, PCI: g.PCI})
 	}
+	return out
+}
+
+// identify names the one listed GPU of which the source read neither UUID
+// nor PCI address (NVML: lost, or no handle, before this process read it)
+// as the one GPU of expected (the node's GPU metadata) that no listed GPU
+// is, and the incidents named by its index alone with it (a copy of incs),
+// so that its faults are those its recovery, or a later process's
+// baseline, lifts: named "GPU=gpu<index>" they would stand for ever (the
+// baseline never names a GPU by its index alone: after a reboot without a
+// GPU the indexes shift). With several such GPUs, or several such expected
+// ones, which is which is not known: they stay named by index (as without
+// metadata), their faults lifted only by this process's reads of them.
+func identify(listed []GPU, incs []Incident, expected []GPU) []Incident {
+	at := -1
+	for i, g := range listed {
+		if g.UUID == "" && g.PCI == "" {
+			if at >= 0 {
+				return incs
+			}
+			at = i
+		}
+	}
+	if at < 0 {
+		return incs
+	}
+	missing := unlisted(listed, expected)
+	if len(missing) != 1 {
+		return incs
+	}
+	g := &listed[at]
+	g.UUID, g.PCI = missing[0].UUID, missing[0].PCI
+	incs = slices.Clone(incs)
+	for i := range incs {
+		if incs[i].GPU == g.Index && incs[i].UUID == "" && incs[i].PCI == "" {
+			incs[i].UUID, incs[i].PCI = g.UUID, g.PCI
+		}
+	}
+	return incs
 }
 
 // baseline reports, once a process, what is healthy in each watch still
