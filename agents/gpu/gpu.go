@@ -31,9 +31,13 @@
 // watch with none gets one event naming no entity (it clears that check
 // on the whole node). A GPU of Config.Expected (the node's GPU metadata)
 // that the source does not list is reported lost (CodeGPULost), and
-// baselined when it reads again. A watch the source cannot tell yet on
-// some GPU (GPU.Unknown: a rate before its second sample) is baselined at
-// the first read that can. No baseline before the source answers: while
+// baselined when it reads again; a listed GPU the source cannot name at all
+// (neither UUID nor PCI address) is that GPU where it is the only one of
+// each (identify), else named by its index: such a fault is lifted by this
+// process's reads, never by a later process's baseline. A watch the source cannot tell yet on
+// some GPU (GPU.Unknown: a rate before its second sample, an NVLink unused
+// since the start) is baselined on that GPU at the first read that can; the
+// other GPUs do not wait for it. No baseline before the source answers: while
 // the node boots, a source not up yet reports nothing, as before.
 package gpu
 
@@ -310,19 +314,29 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	// without incident is lifted as before). A GPU it does not list is not
 	// healthy: its faults stand, and one listed earlier in this process is
 	// missing (fatal CodeGPULost) until it is listed again.
+	// atIndex: "gpu<index>" → the GPU listed with a UUID at that index, so
+	// that a fault this process raised under the index alone (nothing of
+	// the GPU read yet) is lifted when that GPU tells its watch.
 	var read map[string]bool
+	var atIndex map[string]GPU
 	var gpus []GPU
 	if inv, ok := c.cfg.Source.(Inventory); ok {
 		if gpus = inv.GPUs(); gpus != nil {
-			read = map[string]bool{}
+			var expected []GPU
+			if c.cfg.Expected != nil {
+				expected = c.cfg.Expected()
+			}
+			incs = identify(gpus, incs, expected)
+			read, atIndex = map[string]bool{}, map[string]GPU{}
 			for _, g := range gpus {
 				id := gpuID(Incident{GPU: g.Index, UUID: g.UUID})
 				read[id] = true
 				if g.UUID != "" {
 					c.seen[id] = GPU{Index: g.Index, UUID: g.UUID, PCI: g.PCI}
+					atIndex[gpuID(Incident{GPU: g.Index})] = g
 				}
 			}
-			c.expect(gpus)
+			c.expect(gpus, expected)
 			var missing []string
 			for id := range c.seen {
 				if !read[id] {
@@ -385,8 +399,10 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 			c.bad[k] = now
 			out = append(out, now)
 		case now == nil && prev != nil:
-			if read != nil && !read[strings.SplitN(k, "|", 2)[0]] {
-				continue // not read: its fault stands
+			if id, w, _ := strings.Cut(k, "|"); read != nil && !read[id] {
+				if g, ok := atIndex[id]; !ok || slices.Contains(g.Unknown, w) {
+					continue // not read: its fault stands
+				}
 			}
 			delete(c.bad, k)
 			out = append(out, c.healthy(prev))
@@ -398,14 +414,22 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	return append(out, back...), nil
 }
 
-// expect adds to seen the GPUs of Config.Expected that the inventory
-// listed does not name (by UUID or PCI address), so that they are
-// reported missing; named as NVML names them (PCI "00000000:bb:dd.f"), so
-// that their fault is the one an earlier process raised when it lost them.
-func (c *Check) expect(listed []GPU) {
-	if c.cfg.Expected == nil {
-		return
+// expect adds to seen the GPUs of Config.Expected (expected) that the
+// inventory listed does not name (by UUID or PCI address), so that they
+// are reported missing.
+func (c *Check) expect(listed, expected []GPU) {
+	for _, g := range unlisted(listed, expected) {
+		if c.seen[g.UUID].UUID == "" {
+			c.seen[g.UUID] = g
+		}
 	}
+}
+
+// unlisted returns the GPUs of expected (with a UUID) that listed does not
+// name by UUID or PCI address (another GPU in its slot: replaced), named
+// as NVML names them (PCI "00000000:bb:dd.f"), so that their fault is the
+// one an earlier process raised when it lost them.
+func unlisted(listed, expected []GPU) []GPU {
 	uuids, pcis := map[string]bool{}, map[string]bool{}
 	for _, g := range listed {
 		uuids[g.UUID] = true
@@ -413,19 +437,59 @@ func (c *Check) expect(listed []GPU) {
 			pcis[events.NormalizePCI(g.PCI, true)] = true
 		}
 	}
-	for _, g := range c.cfg.Expected() {
-		if g.UUID == "" || uuids[g.UUID] || c.seen[g.UUID].UUID != "" {
+	var out []GPU
+	for _, g := range expected {
+		if g.UUID == "" || uuids[g.UUID] {
 			continue
 		}
 		if g.PCI != "" {
 			p := events.NormalizePCI(g.PCI, true)
 			if pcis[p] {
-				continue // another GPU in its slot (replaced)
+				continue
 			}
 			g.PCI = "0000" + p
 		}
-		c.seen[g.UUID] = GPU{Index: g.Index, UUID: g.UUID, PCI: g.PCI}
+		out = append(out, GPU{Index: g.Index, UUID: g.UUID, PCI: g.PCI})
 	}
+	return out
+}
+
+// identify names the one listed GPU of which the source read neither UUID
+// nor PCI address (NVML: lost, or no handle, before this process read it)
+// as the one GPU of expected (the node's GPU metadata) that no listed GPU
+// is, and the incidents named by its index alone with it (a copy of incs),
+// so that its faults are those its recovery, or a later process's
+// baseline, lifts: named "GPU=gpu<index>" they would stand for ever (the
+// baseline never names a GPU by its index alone: after a reboot without a
+// GPU the indexes shift). With several such GPUs, or several such expected
+// ones, which is which is not known: they stay named by index (as without
+// metadata), their faults lifted only by this process's reads of them.
+func identify(listed []GPU, incs []Incident, expected []GPU) []Incident {
+	at := -1
+	for i, g := range listed {
+		if g.UUID == "" && g.PCI == "" {
+			if at >= 0 {
+				return incs
+			}
+			at = i
+		}
+	}
+	if at < 0 {
+		return incs
+	}
+	missing := unlisted(listed, expected)
+	if len(missing) != 1 {
+		return incs
+	}
+	g := &listed[at]
+	g.UUID, g.PCI = missing[0].UUID, missing[0].PCI
+	incs = slices.Clone(incs)
+	for i := range incs {
+		if incs[i].GPU == g.Index && incs[i].UUID == "" && incs[i].PCI == "" {
+			incs[i].UUID, incs[i].PCI = g.UUID, g.PCI
+		}
+	}
+	return incs
 }
 
 // baseline reports, once a process, what is healthy in each watch still
@@ -437,8 +501,9 @@ func (c *Check) expect(listed []GPU) {
 // inventory (the source tells only incidents): a watch with no incident on
 // any GPU, one isHealthy event without entity (the quarantine lifts every
 // fault of that check on the node); a watch with some GPU unhealthy, one
-// for each other GPU of the incidents. A watch that some GPU cannot tell
-// yet (GPU.Unknown) waits for a read that can. The events carry this read's
+// for each other GPU of the incidents. A GPU of the inventory that cannot
+// tell the watch yet (GPU.Unknown) is left out, and baselined alone at the
+// first read that can (unbased). The events carry this read's
 // time: after any fault of an earlier process, and clearing nothing of this
 // read (no entity-less event for a watch with an incident now).
 func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent, listed []GPU) []*datamodels.HealthEvent {
@@ -462,7 +527,10 @@ func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent
 	sort.SliceStable(gpus, func(i, j int) bool { return gpus[i].Index < gpus[j].Index })
 	var out []*datamodels.HealthEvent
 	for _, w := range Watches {
-		if !c.pending[w] || slices.ContainsFunc(gpus, func(g GPU) bool { return slices.Contains(g.Unknown, w) }) {
+		// With an inventory a GPU that cannot tell w waits alone (unbased),
+		// the others are baselined now: one GPU's NVLink unused since the
+		// start must not keep another's NVLink fault for ever.
+		if !c.pending[w] || !inventory && slices.ContainsFunc(gpus, func(g GPU) bool { return slices.Contains(g.Unknown, w) }) {
 			continue
 		}
 		delete(c.pending, w)
@@ -477,6 +545,10 @@ func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent
 		}
 		for i := range gpus {
 			k := gpuID(Incident{GPU: gpus[i].Index, UUID: gpus[i].UUID}) + "|" + w
+			if slices.Contains(gpus[i].Unknown, w) {
+				c.unbased[k] = true // baselined when it reads w
+				continue
+			}
 			delete(c.unbased, k)
 			if cur[k] == nil {
 				out = append(out, c.gpuBaselines(check, &gpus[i])...)

@@ -27,7 +27,8 @@ import (
 // it starts and when the query answers again. Taken for "no incident", one
 // failed ECC read recovered a standing DBE, raised again at the next poll: a
 // flap that lifted and applied the node's quarantine. Likewise a GPU whose
-// handle NVML does not give keeps its incidents (besides DCGM_FR_NVML_API).
+// handle NVML does not give keeps its incidents (besides DCGM_FR_NVML_API,
+// named as the GPU last read at its index: its UUID and PCI address).
 //
 // GPU_IS_LOST is no such failure: the GPU fell off the bus (Xid 79) and
 // keeps its handle, every query answering GPU_IS_LOST (GetUUID also
@@ -116,10 +117,12 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 		}
 		d, r := s.lib.DeviceGetHandleByIndex(i)
 		if r != nvml.SUCCESS {
-			out = append(out, Incident{GPU: i, System: "Pcie", Health: "FAIL", Code: "DCGM_FR_NVML_API",
-				Message: "cannot get a handle for the GPU: " + nvml.ErrorString(r)})
 			// Nothing of it read: what it had stands, no watch is known.
+			// Named as last read at its index (its UUID and PCI address),
+			// as its incidents and its recovery name it.
 			g, ok := s.byIndex[i]
+			out = append(out, Incident{GPU: i, UUID: g.UUID, PCI: g.PCI, System: "Pcie", Health: "FAIL", Code: "DCGM_FR_NVML_API",
+				Message: "cannot get a handle for the GPU: " + nvml.ErrorString(r)})
 			if ok {
 				out = append(out, s.lastOf(gpuID(Incident{GPU: i, UUID: g.UUID}))...)
 			}
@@ -160,8 +163,9 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 		}
 		pci = strings.ToLower(b.String())
 	}
-	// A GPU whose UUID is not read is the one last read at its PCI address,
-	// else known by its index: never "", which GPUs failing alike shared.
+	// A GPU whose UUID is not read is the one last read at its PCI address
+	// (neither read: at its index), else known by its index: never "",
+	// which GPUs failing alike shared.
 	uuid, r := d.GetUUID()
 	// A GPU lost (fallen off the bus: Xid 79) keeps its handle, but every
 	// query answers GPU_IS_LOST (its UUID GPU_IS_LOST or GPU_NOT_FOUND).
@@ -170,9 +174,10 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 		uuid = ""
 		if pci != "" {
 			uuid = s.uuidAt[pci]
-		} else if prev, ok := s.byIndex[i]; ok && lost {
-			// Nothing of a lost GPU reads: it is the one last read at its
-			// index, so that its fault names it as its recovery will.
+		} else if prev, ok := s.byIndex[i]; ok {
+			// Neither read (a lost GPU: nothing reads): it is the one last
+			// read at its index, so that its faults name it as its recovery
+			// will, never by its index alone.
 			uuid, pci = prev.UUID, prev.PCI
 		}
 	} else if pci != "" && uuid != "" {

@@ -92,10 +92,11 @@ func fakeNVML(logs *strings.Builder, gpus ...*fakeGPU) *NVML {
 
 // TestNVMLFailedReadIsNotHealthy: an NVML query that fails says nothing
 // of its condition: a volatile DBE reported fatal stands through a poll
-// whose ECC read fails (ERROR_UNKNOWN), one whose UUID read fails and
-// one that gets no handle for the GPU — no recovery, no fatal raised
-// again after it (a flap that lifted and applied the node's quarantine) —
-// and recovers when a read says so. The failures are logged.
+// whose ECC read fails (ERROR_UNKNOWN), one whose UUID read fails, one
+// whose UUID and PCI reads fail (the GPU last read at its index, not
+// "gpu0") and one that gets no handle for the GPU — no recovery, no fatal
+// raised again after it (a flap that lifted and applied the node's
+// quarantine) — and recovers when a read says so. The failures are logged.
 func TestNVMLFailedReadIsNotHealthy(t *testing.T) {
 	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
 	var logs strings.Builder
@@ -114,6 +115,7 @@ func TestNVMLFailedReadIsNotHealthy(t *testing.T) {
 		{"the ECC read fails", 0, map[string]nvml.Return{"GetTotalEccErrors": nvml.ERROR_UNKNOWN}, "", "GetTotalEccErrors"},
 		{"the DBE read again", 2, nil, "", ""},
 		{"the UUID read fails", 2, map[string]nvml.Return{"GetUUID": nvml.ERROR_UNKNOWN}, "", "UUID"},
+		{"the UUID and PCI reads fail", 2, map[string]nvml.Return{"GetUUID": nvml.ERROR_UNKNOWN, "GetPciInfo": nvml.ERROR_UNKNOWN}, "", ""},
 		{"no handle for the GPU", 0, map[string]nvml.Return{"handle": nvml.ERROR_UNKNOWN}, "", ""},
 		{"read, still a DBE", 2, nil, "", ""},
 		{"cleared", 0, nil, "GpuMemWatch:healthy@GPU-A", ""},
@@ -324,5 +326,158 @@ func TestNVMLMissingGPUKeepsFault(t *testing.T) {
 		if g := strings.Join(got, " "); g != step.want {
 			t.Errorf("step %d (%s): events %q, want %q", i, step.what, g, step.want)
 		}
+	}
+}
+
+// TestNVMLUnusedLinkBaselinesOthers: GPU-A's NVLink 0 is disabled since
+// the process started (unused, or down before it: GpuNvlinkWatch unknown
+// on GPU-A for the process's life); GPU-B's is up. GPU-B's
+// GpuNvlinkWatch baseline comes at the first read, so that an NVLINK_DOWN
+// fault of an earlier process on GPU-B is lifted; GPU-A gets none.
+func TestNVMLUnusedLinkBaselinesOthers(t *testing.T) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_DISABLED}
+	b := &fakeGPU{uuid: "GPU-B", bus: "00000000:43:00.0", link0: nvml.FEATURE_ENABLED}
+	var logs strings.Builder
+	c, err := New(Config{Source: fakeNVML(&logs, a, b), Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"GpuNvlinkWatch:healthy@GPU-B GpuNvlinkWatch:healthy@gpu1", "", ""} {
+		evs, err := c.Check(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, s := range strings.Fields(summary(evs)) {
+			if strings.HasPrefix(s, "GpuNvlinkWatch:") {
+				got = append(got, s)
+			}
+		}
+		if g := strings.Join(got, " "); g != want {
+			t.Errorf("read %d: Nvlink events %q, want %q (all: %s)", i, g, want, summary(evs))
+		}
+	}
+}
+
+// TestNVMLNoHandleFaultLifted: NVML gives no handle for GPU-A at one poll:
+// its DCGM_FR_NVML_API fault names GPU-A as last read (UUID and PCI
+// address), and is lifted when the GPU reads again. Named by its index
+// alone, the GPU listed under its UUID, it stood for ever.
+func TestNVMLNoHandleFaultLifted(t *testing.T) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+	var logs strings.Builder
+	c, err := New(Config{Source: fakeNVML(&logs, a), Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode()
+	for poll, want := range []string{"", "", "GpuPcieWatch:DCGM_FR_NVML_API!/CONTACT_SUPPORT@GPU-A", "GpuPcieWatch:healthy@GPU-A", "", ""} {
+		a.fail = nil
+		if poll == 2 {
+			a.fail = map[string]nvml.Return{"handle": nvml.ERROR_UNKNOWN}
+		}
+		evs, err := c.Check(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.apply(evs)
+		var got []string
+		for _, ev := range evs {
+			if ev.Metadata["baseline"] == "" && ev.CheckName != CheckConnectivity {
+				got = append(got, summary([]*datamodels.HealthEvent{ev}))
+				if e := ents(ev); e != "GPU=GPU-A,PCI=00000000:1b:00.0" {
+					t.Errorf("poll %d: %s entities %s", poll, ev.CheckName, e)
+				}
+			}
+		}
+		if g := strings.Join(got, " "); g != want {
+			t.Errorf("poll %d: events %q, want %q", poll, g, want)
+		}
+	}
+	if f := n.faults(); f != "" {
+		t.Errorf("faults standing: %s", f)
+	}
+}
+
+// TestNVMLUnidentifiedGPU: a process whose first read tells nothing of
+// GPU 0 (no handle, or lost: every query GPU_IS_LOST, UUID and PCI info
+// included) faults it; the GPU repaired, its fault is lifted — by the same
+// process when it reads it, by a new one (after the reboot) only where the
+// fault named the GPU: with the node's GPU metadata, the one GPU it lists
+// that NVML does not. Without metadata the fault is named "GPU=gpu0" and
+// only the process that raised it lifts it: a baseline by index alone
+// could lift another GPU's (after a reboot without a GPU the indexes
+// shift). After a reboot without the GPU, its fault stands.
+func TestNVMLUnidentifiedGPU(t *testing.T) {
+	metadata := []GPU{{Index: 0, UUID: "GPU-A", PCI: "0000:1b:00.0"}, {Index: 1, UUID: "GPU-B", PCI: "0000:43:00.0"}}
+	noHandle := func(g *fakeGPU) { g.fail = map[string]nvml.Return{"handle": nvml.ERROR_UNKNOWN} }
+	lost := func(g *fakeGPU) { lostGPU(g, false) }
+	for _, tc := range []struct {
+		name     string
+		broken   func(*fakeGPU)
+		expected []GPU
+		reboot   bool // else the same process reads the repaired GPU
+		without  bool // GPU-A not enumerated after the reboot
+		faults   string
+	}{
+		{"no handle, same process", noHandle, nil, false, false, ""},
+		{"lost, same process", lost, nil, false, false, ""},
+		{"no handle, metadata, same process", noHandle, metadata, false, false, ""},
+		{"no handle, metadata, reboot", noHandle, metadata, true, false, ""},
+		{"lost, metadata, reboot", lost, metadata, true, false, ""},
+		{"lost, no metadata, reboot: stands", lost, nil, true, false, "GpuPcieWatch|GPU=gpu0"},
+		{"lost, metadata, reboot without it: stands", lost, metadata, true, true,
+			"GpuPcieWatch|GPU=GPU-A,PCI=00000000:1b:00.0"},
+		{"lost, no metadata, reboot without it: stands", lost, nil, true, true, "GpuPcieWatch|GPU=gpu0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+			b := &fakeGPU{uuid: "GPU-B", bus: "00000000:43:00.0", link0: nvml.FEATURE_ENABLED}
+			var expected func() []GPU
+			if tc.expected != nil {
+				expected = func() []GPU { return tc.expected }
+			}
+			var logs strings.Builder
+			cfg := Config{Source: fakeNVML(&logs, a, b), Expected: expected, Uptime: func() (time.Duration, error) { return time.Hour, nil }}
+			c, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := newNode()
+			check := func(what string) {
+				t.Helper()
+				evs, err := c.Check(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				n.apply(evs)
+				t.Logf("%s: %s", what, summary(evs))
+			}
+			tc.broken(a)
+			check("broken")
+			if n.faults() == "" {
+				t.Fatal("no fault raised")
+			}
+			a.fail = nil
+			if tc.reboot {
+				gpus := []*fakeGPU{a, b}
+				if tc.without {
+					gpus = []*fakeGPU{b}
+				}
+				cfg.Source = fakeNVML(&logs, gpus...)
+				if c, err = New(cfg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range 3 {
+				check(fmt.Sprintf("repaired, read %d", i))
+			}
+			if got := n.faults(); got != tc.faults {
+				t.Errorf("faults standing %q, want %q", got, tc.faults)
+			}
+			if len(n.stale) > 0 {
+				t.Errorf("stale recoveries %v", n.stale)
+			}
+		})
 	}
 }
