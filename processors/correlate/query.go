@@ -460,6 +460,7 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 		return nil, err
 	}
 	swept, sweptLive := make([][]trigger, len(h.rules)), make([][]trigger, len(h.rules))
+	failed := make([]bool, len(h.rules))
 	var lookback time.Duration // the longest window that counts by machine
 	var named []trigger        // the triggers of the rules that count by machine
 	for i, r := range h.rules {
@@ -467,7 +468,12 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 		if r.Candidates != "" {
 			cands, err := h.candidates(ctx, r, now)
 			if err != nil {
-				return nil, err
+				if ctx.Err() != nil {
+					return nil, err
+				}
+				h.sweepFailed(r, err)
+				failed[i] = true
+				continue
 			}
 			trigs = append(trigs, cands...)
 		}
@@ -486,6 +492,9 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 	}
 	var out []*kgo.Record
 	for i, r := range h.rules {
+		if failed[i] {
+			continue
+		}
 		for pass, trigs := range [][]trigger{swept[i], sweptLive[i]} {
 			if len(trigs) == 0 {
 				continue
@@ -509,12 +518,28 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 			}
 			recs, err := h.evaluate(ctx, er, trigs, empty)
 			if err != nil {
-				return nil, fmt.Errorf("sweep: %w", err)
+				if ctx.Err() != nil {
+					return nil, fmt.Errorf("sweep: %w", err)
+				}
+				h.sweepFailed(r, err)
+				break
 			}
 			out = append(out, recs...)
 		}
 	}
 	return out, nil
+}
+
+// sweepFailed counts and logs a rule whose sweep failed: the sweep goes
+// on with the other rules (evaluate left none of the failed rule's
+// verdicts remembered as emitted), and the next sweep tries the rule
+// again. Before, one rule's failure threw away every rule's records while
+// this replica remembered the verdicts decided before it as emitted: no
+// rule's verdict or recovery came out of the sweep until the failing rule
+// was fixed (and correlate.cache_ttl had passed).
+func (h *Handler) sweepFailed(r *Rule, err error) {
+	h.metrics.sweepErrors.WithLabelValues(r.Name).Inc()
+	h.log.Warn("rule's sweep failed; the other rules' went on, this one is tried again at the next sweep", "rule", r.Name, "err", err)
 }
 
 // owned returns the triggers of the groups this replica sweeps, one per
