@@ -648,7 +648,7 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 		suppressed map[string]string // cluster -> suppressing rule
 		err        error
 	)
-	held := holdingSuppressed(pl)
+	var held map[string]map[string]bool // cluster -> nodes still holding suppressed verdicts (read once)
 	for _, t := range pl.trigs {
 		res := pl.results[t.tid]
 		holds := res.value >= r.Threshold
@@ -680,8 +680,15 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 			// as the suppressor's threshold still hold (the incident
 			// recovered as its events stopped, not its ports: all of
 			// them live at once is the stampede suppression prevents).
-			if least, ok := h.suppressorThreshold(r); ok && float64(len(held[t.cluster])) >= least {
-				continue
+			if least, ok := h.suppressorThreshold(r); ok {
+				if held == nil {
+					if held, err = h.holdingSuppressed(ctx, pl); err != nil {
+						return nil, err
+					}
+				}
+				if float64(len(held[t.cluster])) >= least {
+					continue
+				}
 			}
 			if suppressed == nil {
 				if suppressed, err = h.suppressions(ctx, r, pl.trigs); err != nil {
@@ -707,30 +714,6 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 		ems = append(ems, em)
 	}
 	return ems, nil
-}
-
-// holdingSuppressed returns, per cluster, the nodes whose standing
-// suppressed verdicts of the plan's rule still hold at this sweep. The
-// sweep evaluates every standing verdict of the groups it owns, so it
-// counts them all; a batch carries only some of a cluster's, so its
-// triggers are not counted (and promote none).
-func holdingSuppressed(pl *plan) map[string]map[string]bool {
-	if len(pl.r.Spec.SuppressedBy) == 0 || pl.r.Shadow {
-		return nil
-	}
-	held := map[string]map[string]bool{}
-	for _, t := range pl.trigs {
-		p, has := priorFor(pl.priors, t)
-		if !t.fromSweep || t.recoverOnly || !has || p.healthy || p.mode != ModeSuppressed ||
-			pl.results[t.tid].value < pl.r.Threshold {
-			continue
-		}
-		if held[t.cluster] == nil {
-			held[t.cluster] = map[string]bool{}
-		}
-		held[t.cluster][t.dnode] = true
-	}
-	return held
 }
 
 // suppressorThreshold is the least threshold of the rules named in r's
