@@ -100,6 +100,7 @@ type Metrics struct {
 	forgotten     prometheus.Counter
 	splits        *prometheus.CounterVec
 	orphans       prometheus.Gauge
+	sweepErrors   *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg (nil: not registered).
@@ -112,9 +113,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		forgotten:     prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_correlate_unstored_forgotten_total", Help: "Records of earlier batches forgotten before the store had written them (over the memory's bound): a window evaluated meanwhile may miss them."}),
 		splits:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_query_splits_total", Help: "Rule queries ClickHouse refused for its memory limit and that ran again for each half of their triggers, by rule."}, []string{"rule"}),
 		orphans:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "faultline_correlate_orphan_verdicts", Help: "Standing live or suppressed verdicts, of the groups this replica sweeps, of rules no longer in the rules file (or whose emit.check_name changed), at the last sweep: nothing recovers them."}),
+		sweepErrors:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_correlate_sweep_errors_total", Help: "Sweeps of a rule that failed (its candidates or window query), by rule; the sweep went on with the other rules."}, []string{"rule"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.derived, m.query, m.triggerErrors, m.triggers, m.forgotten, m.splits, m.orphans)
+		reg.MustRegister(m.derived, m.query, m.triggerErrors, m.triggers, m.forgotten, m.splits, m.orphans, m.sweepErrors)
 	}
 	return m
 }
@@ -131,6 +133,7 @@ func New(conn clickhouse.Conn, rules []*Rule, now func() time.Time, ttl time.Dur
 	for _, r := range rules {
 		h.byName[r.Name] = r
 		m.splits.WithLabelValues(r.Name) // exported from the start (at 0), so an alert's increase sees the first split
+		m.sweepErrors.WithLabelValues(r.Name)
 	}
 	return h
 }
@@ -516,20 +519,30 @@ type plan struct {
 	results map[string]result
 }
 
-// evaluate runs the rule for the triggers and returns the derived events.
+// evaluate runs the rule for the triggers (a sweep's) and returns the
+// derived events. When it fails after deciding, what decide remembered as
+// emitted is undone: a sweep's trigger has no source id for priorFor to
+// tell its own unproduced verdict by, so the next sweep took it for
+// standing and derived nothing until correlate.cache_ttl had passed.
 func (h *Handler) evaluate(ctx context.Context, r *Rule, trigs []trigger, bt *batchTables) ([]*kgo.Record, error) {
 	pl, err := h.prepare(ctx, r, trigs, bt)
 	if err != nil {
 		return nil, err
 	}
+	was := h.cachedOf(r, pl.trigs)
 	ems, err := h.decide(ctx, pl)
+	if err == nil {
+		err = h.causes(ctx, r, ems, bt)
+	}
+	var out []*kgo.Record
+	if err == nil {
+		out, err = h.emit(r, ems)
+	}
 	if err != nil {
+		h.restore(r, was, pl.priors)
 		return nil, err
 	}
-	if err := h.causes(ctx, r, ems, bt); err != nil {
-		return nil, err
-	}
-	return h.emit(r, ems)
+	return out, nil
 }
 
 // prepare reads the standing verdicts of the triggers' groups first, drops
@@ -635,7 +648,7 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 		suppressed map[string]string // cluster -> suppressing rule
 		err        error
 	)
-	held := holdingSuppressed(pl)
+	var held map[string]map[string]bool // cluster -> nodes still holding suppressed verdicts (read once)
 	for _, t := range pl.trigs {
 		res := pl.results[t.tid]
 		holds := res.value >= r.Threshold
@@ -667,8 +680,15 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 			// as the suppressor's threshold still hold (the incident
 			// recovered as its events stopped, not its ports: all of
 			// them live at once is the stampede suppression prevents).
-			if least, ok := h.suppressorThreshold(r); ok && float64(len(held[t.cluster])) >= least {
-				continue
+			if least, ok := h.suppressorThreshold(r); ok {
+				if held == nil {
+					if held, err = h.holdingSuppressed(ctx, pl); err != nil {
+						return nil, err
+					}
+				}
+				if float64(len(held[t.cluster])) >= least {
+					continue
+				}
 			}
 			if suppressed == nil {
 				if suppressed, err = h.suppressions(ctx, r, pl.trigs); err != nil {
@@ -694,30 +714,6 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 		ems = append(ems, em)
 	}
 	return ems, nil
-}
-
-// holdingSuppressed returns, per cluster, the nodes whose standing
-// suppressed verdicts of the plan's rule still hold at this sweep. The
-// sweep evaluates every standing verdict of the groups it owns, so it
-// counts them all; a batch carries only some of a cluster's, so its
-// triggers are not counted (and promote none).
-func holdingSuppressed(pl *plan) map[string]map[string]bool {
-	if len(pl.r.Spec.SuppressedBy) == 0 || pl.r.Shadow {
-		return nil
-	}
-	held := map[string]map[string]bool{}
-	for _, t := range pl.trigs {
-		p, has := priorFor(pl.priors, t)
-		if !t.fromSweep || t.recoverOnly || !has || p.healthy || p.mode != ModeSuppressed ||
-			pl.results[t.tid].value < pl.r.Threshold {
-			continue
-		}
-		if held[t.cluster] == nil {
-			held[t.cluster] = map[string]bool{}
-		}
-		held[t.cluster][t.dnode] = true
-	}
-	return held
 }
 
 // suppressorThreshold is the least threshold of the rules named in r's
@@ -878,6 +874,40 @@ func (h *Handler) cached(r *Rule, key string) (prior, bool) {
 	defer h.mu.Unlock()
 	p, ok := h.cache[r.Name+"\x00"+key]
 	return p, ok
+}
+
+// cachedOf returns what this replica remembers of the rule for the groups
+// of trigs (a group it remembers nothing of: a zero prior).
+func (h *Handler) cachedOf(r *Rule, trigs []trigger) map[string]prior {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[string]prior, len(trigs))
+	for _, t := range trigs {
+		out[t.groupKey()] = h.cache[r.Name+"\x00"+t.groupKey()]
+	}
+	return out
+}
+
+// restore puts back what was remembered of the rule's groups (cachedOf)
+// where the memory still holds what decide remembered (decided, the
+// plan's priors after decide): a batch may have remembered a verdict of
+// the group since.
+func (h *Handler) restore(r *Rule, was, decided map[string]prior) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for key, old := range was {
+		k := r.Name + "\x00" + key
+		cur, ok := h.cache[k]
+		d := decided[key]
+		if !ok || cur.id != d.id || cur.tMS != d.tMS || cur.healthy != d.healthy || !cur.seen.Equal(d.seen) {
+			continue
+		}
+		if old.id == "" {
+			delete(h.cache, k)
+		} else {
+			h.cache[k] = old
+		}
+	}
 }
 
 func (h *Handler) expireCache() {

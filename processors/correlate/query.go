@@ -389,6 +389,162 @@ func (r *Rule) suppressedBy(key string) bool {
 	return ok && (codes == nil || slices.Contains(codes, code))
 }
 
+// heldSQL reads the standing suppressed verdicts of @rules (with their
+// @checks) in @clusters: the groups whose last live or suppressed derived
+// event is a suppressed verdict.
+const heldSQL = `
+SELECT derived_by, cluster, node, entity, argMax(grp, t), argMax(etypes, t), argMax(evalues, t),
+    argMax(is_healthy, t) AS healthy, argMax(mode, t) AS last_mode
+FROM
+(
+    SELECT derived_by, cluster, node, entity, is_healthy, toUInt64(ts) * 1000 + ts_ms AS t,
+        metadata.value[indexOf(metadata.key, 'mode')] AS mode,
+        metadata.value[indexOf(metadata.key, 'group')] AS grp,
+        entities.type AS etypes, entities.value AS evalues
+    FROM derived_events
+    PREWHERE has(@rules, derived_by) AND has(@checks, check) AND has(@clusters, cluster)
+    WHERE received >= @since AND ts >= @since AND has(['live', 'suppressed'], mode)
+)
+GROUP BY derived_by, cluster, node, entity
+HAVING healthy = 0 AND last_mode = 'suppressed'`
+
+// holdingSuppressed returns, per cluster of the plan's sweep triggers
+// whose suppressed verdict still holds (that may go live), the nodes of
+// the cluster whose standing suppressed verdicts still hold, of every
+// rule suppressed by one of r's suppressors (r among them): its own
+// groups in the plan by their results; the others, whoever sweeps them,
+// read from derived_events (overlaid with this replica's memory) and
+// evaluated at the sweep's time with their rule's query. Before, only the
+// plan's triggers counted: with several replicas (the sweep shared by
+// partition) a cluster's nodes spread over them each stayed under the
+// threshold, and a cluster's suppressed NICPortDrops and
+// RepeatedNICLinkFlaps were counted apart: all of them went live at once.
+func (h *Handler) holdingSuppressed(ctx context.Context, pl *plan) (map[string]map[string]bool, error) {
+	r := pl.r
+	held := map[string]map[string]bool{}
+	add := func(cluster, node string) {
+		if held[cluster] == nil {
+			held[cluster] = map[string]bool{}
+		}
+		held[cluster][node] = true
+	}
+	own := map[string]bool{} // r's groups the plan evaluates
+	var (
+		clusters []string
+		atMS     int64
+	)
+	for _, t := range pl.trigs {
+		own[t.groupKey()] = true
+		p, has := priorFor(pl.priors, t)
+		if !t.fromSweep || t.recoverOnly || !has || p.healthy || p.mode != ModeSuppressed ||
+			pl.results[t.tid].value < r.Threshold {
+			continue
+		}
+		if held[t.cluster] == nil {
+			clusters = append(clusters, t.cluster)
+		}
+		add(t.cluster, t.dnode)
+		atMS = max(atMS, t.atMS)
+	}
+	if len(clusters) == 0 {
+		return held, nil
+	}
+	var rules []*Rule // those suppressed by one of r's suppressors
+	var names, checks []string
+	for _, o := range h.rules {
+		if slices.ContainsFunc(o.Spec.SuppressedBy, func(by string) bool { return slices.Contains(r.Spec.SuppressedBy, by) }) {
+			rules = append(rules, o)
+			names, checks = append(names, o.Name), append(checks, o.CheckName)
+		}
+	}
+	now := time.UnixMilli(atMS)
+	rows, err := h.conn.Query(ctx, heldSQL, ch.Named("since", now.Add(-MaxStanding).UTC()),
+		ch.Named("rules", names), ch.Named("checks", checks), ch.Named("clusters", clusters))
+	if err != nil {
+		return nil, fmt.Errorf("rule %s: read suppressed verdicts: %w", r.Name, err)
+	}
+	groups := map[string]trigger{} // rule\x00cluster\x00node\x00entity
+	for rows.Next() {
+		var (
+			rule, cluster, node, entity, grp, mode string
+			et, ev                                 []string
+			healthy                                uint8
+		)
+		if err := rows.Scan(&rule, &cluster, &node, &entity, &grp, &et, &ev, &healthy, &mode); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("rule %s: read suppressed verdicts: %w", r.Name, err)
+		}
+		t := trigger{cluster: cluster, node: node, gkey: grp, dnode: node, dentity: entity, entities: entities(et, ev), fromSweep: true}
+		groups[rule+"\x00"+t.groupKey()] = t
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("rule %s: read suppressed verdicts: %w", r.Name, err)
+	}
+	// what this replica emitted that may not be stored: a verdict that
+	// stands suppressed, or one no longer does
+	set := map[string]bool{}
+	for _, c := range clusters {
+		set[c] = true
+	}
+	h.mu.Lock()
+	for k, p := range h.cache {
+		parts := strings.SplitN(k, "\x00", 4) // rule, cluster, node, entity
+		if len(parts) != 4 || !set[parts[1]] || !slices.Contains(names, parts[0]) {
+			continue
+		}
+		switch {
+		case !p.healthy && p.mode == ModeSuppressed:
+			if _, ok := groups[k]; !ok {
+				groups[k] = trigger{cluster: parts[1], node: parts[2], dnode: parts[2], dentity: parts[3], fromSweep: true}
+			}
+		case p.mode == ModeLive || p.mode == ModeSuppressed:
+			delete(groups, k)
+		}
+	}
+	h.mu.Unlock()
+	for _, o := range rules {
+		var trigs []trigger
+		for k, t := range groups {
+			rule, gk, _ := strings.Cut(k, "\x00")
+			if rule != o.Name || o == r && own[gk] || held[t.cluster][t.dnode] {
+				continue
+			}
+			if t.gkey == "" && o.Scope == ScopeEntity {
+				t.gkey = t.dentity // a verdict only remembered: its group is its entity key
+			}
+			t.tid, t.atMS, t.recvMS = fmt.Sprint(len(trigs)), atMS, atMS
+			trigs = append(trigs, t)
+		}
+		if len(trigs) == 0 {
+			continue
+		}
+		if o.readsMachine {
+			machines, err := h.machines(ctx, trigs, now, o.Window)
+			if err != nil {
+				return nil, fmt.Errorf("rule %s: %w", r.Name, err)
+			}
+			for j := range trigs {
+				trigs[j].machine = machines[nodeKey{trigs[j].cluster, trigs[j].node}]
+			}
+		}
+		empty, err := newBatchTables(nil)
+		if err != nil {
+			return nil, err
+		}
+		res, err := h.runRule(ctx, o, trigs, empty, passValue)
+		if err != nil {
+			return nil, fmt.Errorf("rule %s: the cluster's suppressed verdicts: %w", r.Name, err)
+		}
+		for _, t := range trigs {
+			if res[t.tid].value >= o.Threshold {
+				add(t.cluster, t.dnode)
+			}
+		}
+	}
+	return held, nil
+}
+
 const standingSQL = `
 SELECT derived_by, cluster, node, entity, shadow, argMax(is_healthy, t) AS healthy, argMax(grp, t),
     argMax(etypes, t), argMax(evalues, t)
@@ -464,6 +620,7 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 		return nil, err
 	}
 	swept, sweptLive := make([][]trigger, len(h.rules)), make([][]trigger, len(h.rules))
+	failed := make([]bool, len(h.rules))
 	var lookback time.Duration // the longest window that counts by machine
 	var named []trigger        // the triggers of the rules that count by machine
 	for i, r := range h.rules {
@@ -471,7 +628,12 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 		if r.Candidates != "" {
 			cands, err := h.candidates(ctx, r, now)
 			if err != nil {
-				return nil, err
+				if ctx.Err() != nil {
+					return nil, err
+				}
+				h.sweepFailed(r, err)
+				failed[i] = true
+				continue
 			}
 			trigs = append(trigs, cands...)
 		}
@@ -490,6 +652,9 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 	}
 	var out []*kgo.Record
 	for i, r := range h.rules {
+		if failed[i] {
+			continue
+		}
 		for pass, trigs := range [][]trigger{swept[i], sweptLive[i]} {
 			if len(trigs) == 0 {
 				continue
@@ -513,12 +678,28 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 			}
 			recs, err := h.evaluate(ctx, er, trigs, empty)
 			if err != nil {
-				return nil, fmt.Errorf("sweep: %w", err)
+				if ctx.Err() != nil {
+					return nil, fmt.Errorf("sweep: %w", err)
+				}
+				h.sweepFailed(r, err)
+				break
 			}
 			out = append(out, recs...)
 		}
 	}
 	return out, nil
+}
+
+// sweepFailed counts and logs a rule whose sweep failed: the sweep goes
+// on with the other rules (evaluate left none of the failed rule's
+// verdicts remembered as emitted), and the next sweep tries the rule
+// again. Before, one rule's failure threw away every rule's records while
+// this replica remembered the verdicts decided before it as emitted: no
+// rule's verdict or recovery came out of the sweep until the failing rule
+// was fixed (and correlate.cache_ttl had passed).
+func (h *Handler) sweepFailed(r *Rule, err error) {
+	h.metrics.sweepErrors.WithLabelValues(r.Name).Inc()
+	h.log.Warn("rule's sweep failed; the other rules' went on, this one is tried again at the next sweep", "rule", r.Name, "err", err)
 }
 
 // owned returns the triggers of the groups this replica sweeps, one per
