@@ -153,6 +153,10 @@ type Config struct {
 	// Disable lists built-in components left out of the fingerprint
 	// (e.g. "gpu_vbios" on nodes without NVIDIA's procfs). Default none.
 	Disable []string `toml:"disable"`
+	// BootParamsIgnore lists more kernel parameter names (the part before
+	// the first "=", e.g. "console") whose values boot_params writes as
+	// "*", beside the per-node ones it always masks. Default none.
+	BootParamsIgnore []string `toml:"boot_params_ignore"`
 	// Components are extra components, at most MaxComponents - len(BuiltIns).
 	Components []Component `toml:"components"`
 
@@ -184,6 +188,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.Func(prefix+"bmc-command", "command printing the BMC firmware version (comma-separated argv; empty: leave out)", listFlag(&c.BMCCommand))
 	fs.StringVar(&c.BMCPattern, prefix+"bmc-pattern", c.BMCPattern, "regular expression picking the BMC version out of bmc_command's output")
 	fs.Func(prefix+"disable", "built-in components to leave out (comma-separated: "+strings.Join(BuiltIns, ",")+")", listFlag(&c.Disable))
+	fs.Func(prefix+"boot-params-ignore", "kernel parameter names whose values boot_params masks (comma-separated)", listFlag(&c.BootParamsIgnore))
 }
 
 func listFlag(dst *[]string) func(string) error {
@@ -217,6 +222,11 @@ func (c *Config) Validate() error {
 	for _, d := range c.Disable {
 		if !slices.Contains(BuiltIns, d) {
 			return fmt.Errorf("conformance.disable: %q is not a built-in component (%s)", d, strings.Join(BuiltIns, ", "))
+		}
+	}
+	for _, p := range c.BootParamsIgnore {
+		if p == "" || strings.ContainsAny(p, "= \t\n") {
+			return fmt.Errorf("conformance.boot_params_ignore: %q is not a kernel parameter name (no \"=\", no spaces)", p)
 		}
 	}
 	if len(c.BMCCommand) > 0 {
@@ -389,7 +399,7 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 	v, err = c.readFile(filepath.Join(c.cfg.Procfs, "sys", "kernel", "osrelease"))
 	set(Kernel, v, err)
 	args, err := c.prc.CmdLine()
-	set(BootParams, bootParams(args), err)
+	set(BootParams, bootParams(args, c.cfg.BootParamsIgnore), err)
 	switch {
 	case c.cfg.OSImageFile != "":
 		v, err = c.readFile(c.cfg.OSImageFile)
@@ -419,35 +429,50 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 //   - GRUB's BOOT_IMAGE (the kernel by the disk it was read from,
 //     "(hd1,gpt2)/vmlinuz-…"; the kernel version is its own component) is
 //     left out;
-//   - the identifier of a root= or resume= given by UUID or PARTUUID (each
-//     installed node's filesystems have their own): "root=UUID=*";
+//   - the identifier of a root= or resume= given by UUID or PARTUUID, or
+//     by /dev/disk/by-uuid/ or /dev/disk/by-partuuid/ (each installed
+//     node's filesystems have their own): "root=UUID=*",
+//     "root=/dev/disk/by-uuid/*";
+//   - an installed node's RAID and LUKS identifiers: rd.md.uuid= and
+//     rd.luks.uuid= are "*", rd.luks.name=<uuid>=<name> is "*=<name>";
 //   - a netbooted node's identity: PXELINUX's BOOTIF= (the boot NIC's MAC)
 //     and SYSAPPEND's SYSUUID=, SYSSERIAL=, MBSERIAL= and MBASSET=,
 //     hostname= and systemd.hostname=, any MAC address (dracut's ifname=,
 //     ip='s macaddr), and the client address and hostname of a static
 //     ip= (the kernel's and dracut's <client>:<server>:<gateway>:<netmask>:
 //     <hostname>:<device>:<autoconf>…, however many fields are given, as
-//     PXELINUX's IPAPPEND 1 gives four; an IPv6 address in brackets): "*".
+//     PXELINUX's IPAPPEND 1 gives four; an IPv6 address in brackets): "*";
+//   - what OpenCHAMI's and CSM's boot script service adds per node and per
+//     boot: xname=, nid=, bss_referral_token=, spire_join_token= and
+//     bos_session_id=: "*";
+//   - the value of every parameter named in ignore (conformance.
+//     boot_params_ignore): "*".
 //
 // Every other parameter, and the rest of those (gateway, netmask, device,
 // autoconf), is kept as is, in its order.
-func bootParams(args []string) string {
+func bootParams(args []string, ignore []string) string {
 	out := make([]string, 0, len(args))
 	for _, a := range args {
 		if strings.HasPrefix(a, "BOOT_IMAGE=") {
 			continue
 		}
 		key, val, _ := strings.Cut(a, "=")
-		switch key {
-		case "root", "resume":
-			for _, p := range []string{"UUID=", "PARTUUID="} {
+		switch {
+		case slices.Contains(maskedParams, key), slices.Contains(ignore, key):
+			val = "*"
+		case key == "root", key == "resume":
+			for _, p := range []string{"UUID=", "PARTUUID=", "/dev/disk/by-uuid/", "/dev/disk/by-partuuid/"} {
 				if strings.HasPrefix(val, p) {
 					val = p + "*"
 				}
 			}
-		case "BOOTIF", "SYSUUID", "SYSSERIAL", "MBSERIAL", "MBASSET", "hostname", "systemd.hostname":
-			val = "*"
-		case "ip":
+		case key == "rd.luks.name":
+			if _, name, ok := strings.Cut(val, "="); ok {
+				val = "*=" + name
+			} else {
+				val = "*"
+			}
+		case key == "ip":
 			val = macAddress.ReplaceAllString(staticIP(val), "*")
 		default:
 			val = macAddress.ReplaceAllString(val, "*")
@@ -458,6 +483,14 @@ func bootParams(args []string) string {
 		out = append(out, a)
 	}
 	return strings.Join(out, " ")
+}
+
+// maskedParams are the kernel parameters whose whole value names the node
+// or the boot rather than the configuration (see bootParams).
+var maskedParams = []string{
+	"BOOTIF", "SYSUUID", "SYSSERIAL", "MBSERIAL", "MBASSET", "hostname", "systemd.hostname",
+	"xname", "nid", "bss_referral_token", "spire_join_token", "bos_session_id",
+	"rd.md.uuid", "rd.luks.uuid",
 }
 
 // staticIP is an ip= value with its client address (field 0, when an

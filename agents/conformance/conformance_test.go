@@ -208,6 +208,9 @@ func TestValidate(t *testing.T) {
 		{func(c *Config) { c.OSImageFile, c.OSImageCommand = "f", []string{"x"} }, "conformance.os_image_command"},
 		{func(c *Config) { c.Disable = []string{"gpu"} }, "conformance.disable"},
 		{func(c *Config) { c.BMCPattern = "(" }, "conformance.bmc_pattern"},
+		{func(c *Config) { c.BootParamsIgnore = []string{"xname=x1000c0s0b0n0"} }, "conformance.boot_params_ignore"},
+		{func(c *Config) { c.BootParamsIgnore = []string{"site rack"} }, "conformance.boot_params_ignore"},
+		{func(c *Config) { c.BootParamsIgnore = []string{""} }, "conformance.boot_params_ignore"},
 		{func(c *Config) { c.Components = []Component{{Name: "Bad Name", File: "f"}} }, "conformance.components[0].name"},
 		{func(c *Config) { c.Components = []Component{{Name: "kernel", File: "f"}} }, "conformance.components[0].name"},
 		{func(c *Config) { c.Components = []Component{{Name: "x"}} }, "conformance.components[0]: exactly one"},
@@ -423,7 +426,7 @@ func TestAbsentIsNotUnreadable(t *testing.T) {
 // (SYSUUID=, SYSSERIAL=, MBSERIAL=, MBASSET=) — give two nodes of one
 // image the same boot_params; a real difference beside them still differs.
 func TestBootParamsNetbootForms(t *testing.T) {
-	bp := func(s string) string { return bootParams(strings.Fields(s)) }
+	bp := func(s string) string { return bootParams(strings.Fields(s), nil) }
 	for _, tc := range []struct {
 		name       string
 		a, b, diff string // a and b: two nodes; diff: a real change of a
@@ -524,5 +527,70 @@ func TestFileCapped(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Collect hangs on a FIFO")
+	}
+}
+
+// TestBootParamsPerNodeTokens: OpenCHAMI's and CSM's boot script service
+// appends each node's xname and nid and a per-boot token to its command
+// line (CSM also a SPIRE join token and the BOS session), and installed
+// nodes name their RAID and LUKS volumes and their root by UUID: two
+// nodes of one image must not differ there (every node a group of one,
+// every sensitive node drained); a real change beside them still
+// differs, and conformance.boot_params_ignore masks more parameters.
+func TestBootParamsPerNodeTokens(t *testing.T) {
+	const bss = "nmd_data=url=s3://boot-images/e080a4f6/rootfs ds=nocloud-net;s=http://10.92.100.81:8888/ ip=dhcp quiet"
+	for _, tc := range []struct {
+		name       string
+		ignore     []string
+		a, b, diff string // a and b: two nodes; diff: a real change of a
+		want       string // bootParams(a), when set
+	}{
+		{name: "OpenCHAMI BSS",
+			a:    "console=ttyS0 xname=x1000c0s0b0n0 nid=1 bss_referral_token=7066efb4-29d1-4de6-82b2-b27083033d0e ds=nocloud-net;s=192.168.100.1/",
+			b:    "console=ttyS0 xname=x1000c0s1b0n0 nid=2 bss_referral_token=5bac28cb-b46a-4053-a445-e7cad67accd7 ds=nocloud-net;s=192.168.100.1/",
+			diff: "console=ttyS1 xname=x1000c0s0b0n0 nid=1 bss_referral_token=7066efb4-29d1-4de6-82b2-b27083033d0e ds=nocloud-net;s=192.168.100.1/",
+			want: "console=ttyS0 xname=* nid=* bss_referral_token=* ds=nocloud-net;s=192.168.100.1/"},
+		{name: "CSM",
+			a:    "spire_join_token=e16f8875-7716-4196-a9c3-3a6c368da3e7 bos_session_id=012f3f17-1dd6-492d-9c62-8d067647df03 xname=x1007c5s7b1n0 nid=2982 bss_referral_token=5bac28cb " + bss,
+			b:    "spire_join_token=0b7e9a61-2c4d-4e8f-9a1b-3c5d7e9f1a2b bos_session_id=147b09de-59a8-4444-9bcb-9b54ac7d78cc xname=x3000c0s28b4n0 nid=12 bss_referral_token=7066efb4 " + bss,
+			diff: "spire_join_token=e16f8875-7716-4196-a9c3-3a6c368da3e7 bos_session_id=012f3f17-1dd6-492d-9c62-8d067647df03 xname=x1007c5s7b1n0 nid=2982 bss_referral_token=5bac28cb " + strings.Replace(bss, "e080a4f6", "11111111", 1)},
+		{name: "installed: RAID, LUKS, root by /dev/disk",
+			a:    "root=/dev/disk/by-uuid/0f3a9c1e-5b7d-4e2a-9f11-2c4d6e8a0b13 resume=/dev/disk/by-partuuid/8c2e-01 rd.md.uuid=1a2b3c4d:5e6f7a8b:9c0d1e2f:3a4b5c6d rd.luks.uuid=luks-2c4d6e8a-0b13-4e2a-9f11-0f3a9c1e5b7d rd.luks.name=2c4d6e8a-0b13-4e2a-9f11-0f3a9c1e5b7d=cryptroot ro",
+			b:    "root=/dev/disk/by-uuid/7d41b0aa-13c2-4f6e-8a5d-90e1f2a3b4c5 resume=/dev/disk/by-partuuid/11d0-02 rd.md.uuid=6d5c4b3a:2f1e0d9c:8b7a6f5e:4d3c2b1a rd.luks.uuid=luks-90e1f2a3-b4c5-4f6e-8a5d-7d41b0aa13c2 rd.luks.name=90e1f2a3-b4c5-4f6e-8a5d-7d41b0aa13c2=cryptroot ro",
+			diff: "root=/dev/disk/by-uuid/0f3a9c1e-5b7d-4e2a-9f11-2c4d6e8a0b13 resume=/dev/disk/by-partuuid/8c2e-01 rd.md.uuid=1a2b3c4d:5e6f7a8b:9c0d1e2f:3a4b5c6d rd.luks.uuid=luks-2c4d6e8a-0b13-4e2a-9f11-0f3a9c1e5b7d rd.luks.name=2c4d6e8a-0b13-4e2a-9f11-0f3a9c1e5b7d=cryptdata ro",
+			want: "root=/dev/disk/by-uuid/* resume=/dev/disk/by-partuuid/* rd.md.uuid=* rd.luks.uuid=* rd.luks.name=*=cryptroot ro"},
+		{name: "root by label is configuration",
+			a: "root=LABEL=root ro", b: "root=LABEL=root ro", diff: "root=/dev/disk/by-label/root ro"},
+		{name: "boot_params_ignore", ignore: []string{"site.rack", "console"},
+			a:    "site.rack=r12 console=ttyS0,115200 iommu=pt",
+			b:    "site.rack=r13 console=ttyS1,115200 iommu=pt",
+			diff: "site.rack=r12 console=ttyS0,115200 iommu=off",
+			want: "site.rack=* console=* iommu=pt"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bp := func(s string) string { return bootParams(strings.Fields(s), tc.ignore) }
+			a, b, d := bp(tc.a), bp(tc.b), bp(tc.diff)
+			if a != b {
+				t.Errorf("one image, different boot_params: %q vs %q", a, b)
+			}
+			if a == d {
+				t.Errorf("a real change kept boot_params %q", a)
+			}
+			if tc.want != "" && a != tc.want {
+				t.Errorf("boot_params %q, want %q", a, tc.want)
+			}
+		})
+	}
+	// Through the config: the key reaches the collection.
+	root := t.TempDir()
+	if err := os.CopyFS(root, os.DirFS(filepath.Join("testdata", "h100-a"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "proc", "cmdline"), []byte("site.rack=r12 xname=x1000c0s0b0n0 ro\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := fixture(t, "h100-a", func(c *Config) { c.Procfs, c.BootParamsIgnore = filepath.Join(root, "proc"), []string{"site.rack"} })
+	if got := c.Collect(t.Context())[BootParams]; got != "site.rack=* xname=* ro" {
+		t.Errorf("boot_params %q, want site.rack and xname masked", got)
 	}
 }
