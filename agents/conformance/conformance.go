@@ -363,9 +363,37 @@ func Event(comps map[string]string) *datamodels.HealthEvent {
 
 // Collect reads every component; one that cannot be read gets
 // "unreadable: <reason>", one the node does not have "absent: <reason>".
+// The commands share conformance.timeout: each may take the time left
+// divided by the number of commands still to run, so one that hangs (an
+// `ipmitool mc info` waiting on its BMC) leaves the others their share,
+// and what a fast one leaves goes to the later ones.
 func (c *Check) Collect(ctx context.Context) map[string]string {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
+	left := 0 // commands still to run
+	if len(c.cfg.BMCCommand) > 0 {
+		left++
+	}
+	if c.cfg.OSImageFile == "" && len(c.cfg.OSImageCommand) > 0 {
+		left++
+	}
+	for _, x := range c.cfg.Components {
+		if x.File == "" {
+			left++
+		}
+	}
+	command := func(argv []string, re *regexp.Regexp) (string, error) {
+		dl, _ := ctx.Deadline()
+		share := time.Until(dl) / time.Duration(max(left, 1))
+		left--
+		cctx, cancel := context.WithTimeout(ctx, share)
+		defer cancel()
+		v, err := c.command(cctx, argv, re)
+		if err != nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("timed out after %v (its share of conformance.timeout): %w", max(share, 0).Round(time.Millisecond), err)
+		}
+		return v, err
+	}
 	out := map[string]string{}
 	set := func(name string, v string, err error) {
 		if slices.Contains(c.cfg.Disable, name) {
@@ -393,7 +421,7 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 	v, err = deref(dmi, derr, func(d *sysfs.DMIClass) *string { return d.BiosDate }, "bios_date")
 	set(BIOSDate, v, err)
 	if len(c.cfg.BMCCommand) > 0 {
-		v, err = c.command(ctx, c.cfg.BMCCommand, c.cfg.bmcRE)
+		v, err = command(c.cfg.BMCCommand, c.cfg.bmcRE)
 		set(BMCVersion, v, err)
 	}
 	v, err = c.readFile(filepath.Join(c.cfg.Procfs, "sys", "kernel", "osrelease"))
@@ -404,7 +432,7 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 	case c.cfg.OSImageFile != "":
 		v, err = c.readFile(c.cfg.OSImageFile)
 	case len(c.cfg.OSImageCommand) > 0:
-		v, err = c.command(ctx, c.cfg.OSImageCommand, nil)
+		v, err = command(c.cfg.OSImageCommand, nil)
 	default:
 		v, err = "", absentError{"not configured (conformance.os_image_file or conformance.os_image_command)"}
 	}
@@ -416,7 +444,7 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 				v, err = match(x.re, []byte(v))
 			}
 		} else {
-			v, err = c.command(ctx, x.Command, x.re)
+			v, err = command(x.Command, x.re)
 		}
 		set(x.Name, v, err)
 	}

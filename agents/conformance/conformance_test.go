@@ -594,3 +594,33 @@ func TestBootParamsPerNodeTokens(t *testing.T) {
 		t.Errorf("boot_params %q, want site.rack and xname masked", got)
 	}
 }
+
+// TestHungCommandLeavesOthersTime: bmc_command runs first; one that hangs
+// (ipmitool waiting on its BMC) takes only its share of
+// conformance.timeout, so the OS image command and the components after
+// it are still read instead of all being unreadable (the node partial,
+// its drift unjudged and escalated).
+func TestHungCommandLeavesOthersTime(t *testing.T) {
+	c := fixture(t, "no-gpu", func(c *Config) {
+		c.Timeout = 1500 * time.Millisecond
+		c.BMCCommand = []string{"sh", "-c", "sleep 5"}
+		c.OSImageFile, c.OSImageCommand = "", []string{"echo", "sha256:abc"}
+		c.Components = []Component{{Name: "ofed", Command: []string{"echo", "24.07"}}, {Name: "slow", Command: []string{"sh", "-c", "sleep 5"}}}
+	})
+	c.run = runCommand
+	start := time.Now()
+	got := c.Collect(t.Context())
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("Collect took %v, want about the 1.5s timeout", took)
+	}
+	for k, v := range map[string]string{OSImage: "sha256:abc", "ofed": "24.07"} {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	for _, k := range []string{BMCVersion, "slow"} {
+		if !strings.HasPrefix(got[k], Unreadable+"timed out") {
+			t.Errorf("%s = %q, want unreadable: timed out", k, got[k])
+		}
+	}
+}
