@@ -687,7 +687,7 @@ func joinSet(set map[string]bool) string {
 
 func (c *Check) command(ctx context.Context, argv []string, re *regexp.Regexp) (string, error) {
 	b, err := c.run(ctx, argv)
-	if errors.Is(err, exec.ErrNotFound) {
+	if notInstalled(argv[0], err) {
 		return "", absentError{argv[0] + " not installed"}
 	}
 	if err != nil {
@@ -697,6 +697,21 @@ func (c *Check) command(ctx context.Context, argv []string, re *regexp.Regexp) (
 		return match(re, b)
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+// notInstalled is whether err says that the command named name is not on
+// the node: not found in $PATH, or, for a path (bmc_command =
+// ["/usr/bin/ipmitool", …]), the file itself does not exist (not a
+// script whose interpreter is missing, which is broken, not absent).
+func notInstalled(name string, err error) bool {
+	if errors.Is(err, exec.ErrNotFound) {
+		return true
+	}
+	if !strings.Contains(name, "/") || !errors.Is(err, fs.ErrNotExist) {
+		return false
+	}
+	_, serr := os.Lstat(name)
+	return errors.Is(serr, fs.ErrNotExist)
 }
 
 // runCommand runs argv in its own process group; at ctx's end the whole

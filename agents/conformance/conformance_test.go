@@ -396,6 +396,17 @@ func TestAbsentIsNotUnreadable(t *testing.T) {
 			c.BMCCommand = []string{"faultline-no-such-tool", "mc", "info"}
 			c.Components = []Component{{Name: "ofed", Command: []string{"faultline-no-such-tool"}}}
 		}, absent: []string{BMCVersion, "ofed"}},
+		{name: "tool by absolute path not installed", run: true, mod: func(t *testing.T, c *Config) {
+			c.BMCCommand = []string{"/usr/bin/faultline-no-such-tool", "mc", "info"}
+			c.Components = []Component{{Name: "ofed", Command: []string{filepath.Join(t.TempDir(), "ofed_info"), "-s"}}}
+		}, absent: []string{BMCVersion, "ofed"}},
+		{name: "tool by path whose interpreter is missing", run: true, mod: func(t *testing.T, c *Config) {
+			script := filepath.Join(t.TempDir(), "ipmitool")
+			if err := os.WriteFile(script, []byte("#!/nonexistent/sh\n"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			c.BMCCommand = []string{script, "mc", "info"}
+		}, bad: []string{BMCVersion}},
 		{name: "tool failing", run: true, mod: func(t *testing.T, c *Config) { c.BMCCommand = []string{"sh", "-c", "exit 1"} },
 			bad: []string{BMCVersion}},
 		{name: "os_image not configured", mod: func(t *testing.T, c *Config) { c.OSImageFile = "" }, absent: []string{OSImage}},
