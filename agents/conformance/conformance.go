@@ -364,9 +364,11 @@ func Event(comps map[string]string) *datamodels.HealthEvent {
 // Collect reads every component; one that cannot be read gets
 // "unreadable: <reason>", one the node does not have "absent: <reason>".
 // The commands share conformance.timeout: each may take the time left
-// divided by the number of commands still to run, so one that hangs (an
-// `ipmitool mc info` waiting on its BMC) leaves the others their share,
-// and what a fast one leaves goes to the later ones.
+// less a reserve for each command still to run after it (half the
+// timeout shared among the commands), so one that hangs (an `ipmitool mc
+// info` waiting on its BMC) leaves the others their reserve, a slow one
+// may still take half the timeout or more, and what a fast one leaves
+// goes to the later ones.
 func (c *Check) Collect(ctx context.Context) map[string]string {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
@@ -382,10 +384,11 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 			left++
 		}
 	}
+	reserve := c.cfg.Timeout / time.Duration(2*max(left, 1))
 	command := func(argv []string, re *regexp.Regexp) (string, error) {
 		dl, _ := ctx.Deadline()
-		share := time.Until(dl) / time.Duration(max(left, 1))
 		left--
+		share := time.Until(dl) - time.Duration(max(left, 0))*reserve
 		cctx, cancel := context.WithTimeout(ctx, share)
 		defer cancel()
 		v, err := c.command(cctx, argv, re)
