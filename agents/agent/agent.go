@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -75,8 +76,11 @@ type Agent struct {
 	// triggers asks a check's loop to run now (Trigger), one per check.
 	triggers map[string]chan struct{}
 
-	mu        sync.Mutex
-	lastRun   map[string]time.Time
+	mu      sync.Mutex
+	lastRun map[string]time.Time
+	// recent is, by check, the latest of its last run's start and end and
+	// the last request to run it that was accepted (requestRun).
+	recent    map[string]time.Time
 	unspooled map[string][]*datamodels.HealthEvent // by check: its last run's events the spool could not take
 	podresErr string                               // the last pod-resources error logged
 	started   time.Time
@@ -87,7 +91,7 @@ type Agent struct {
 // sender.
 func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: log, m: NewMetrics(), now: opt.Now, lastRun: map[string]time.Time{},
-		unspooled: map[string][]*datamodels.HealthEvent{}, machine: systemUUID(cfg.MachineSysfs, log)}
+		recent: map[string]time.Time{}, unspooled: map[string][]*datamodels.HealthEvent{}, machine: systemUUID(cfg.MachineSysfs, log)}
 	if a.now == nil {
 		a.now = time.Now
 	}
@@ -277,6 +281,30 @@ func (a *Agent) Trigger(name string) bool {
 	return found
 }
 
+// requestRun is Trigger for one check asked over HTTP (POST
+// /checks/<name>/run), which anyone who reaches metrics_addr can send: it
+// is refused while the check ran (started or ended) or was last asked to
+// less than min_trigger_interval ago, or its own interval where shorter.
+// It reports whether such a check runs, the least gap between requests
+// and, when refused, how long until a request is taken.
+func (a *Agent) requestRun(name string) (found bool, gap, wait time.Duration) {
+	i := slices.IndexFunc(a.checks, func(s Scheduled) bool { return s.Check.Name() == name })
+	if i < 0 {
+		return false, 0, 0
+	}
+	gap = min(a.cfg.MinTriggerInterval, a.checks[i].Interval)
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if last, ok := a.recent[name]; ok && gap > 0 {
+		if wait = last.Add(gap).Sub(now); wait > 0 {
+			return true, gap, wait
+		}
+	}
+	a.recent[name] = now
+	return a.Trigger(name), gap, 0
+}
+
 // RunOnce calls one check once with its deadline and recovery, records the
 // metrics, stamps and spools the events. Events the spool cannot take (a
 // full or failing disk, or a spool refusing them for capacity) are kept
@@ -292,6 +320,9 @@ func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 	cctx, cancel := context.WithTimeout(ctx, s.Timeout)
 	defer cancel()
 	start := a.now()
+	a.mu.Lock()
+	a.recent[name] = start
+	a.mu.Unlock()
 	evs, err := safeCheck(cctx, s.Check)
 	dur := a.now().Sub(start)
 	result := "ok"
@@ -313,6 +344,7 @@ func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 	}
 	a.mu.Lock()
 	a.lastRun[name] = a.now()
+	a.recent[name] = a.lastRun[name]
 	a.mu.Unlock()
 	evs = dropNil(evs, name, a.log)
 	if len(evs) > 0 {
@@ -515,14 +547,25 @@ func safeCheck(ctx context.Context, c check.Check) (evs []*datamodels.HealthEven
 
 // Handler serves /metrics and /healthz. /healthz answers 503 naming the
 // checks that have not completed a run within 3 intervals plus their
-// timeout (a wedged loop), else 200 "ok".
+// timeout (a wedged loop), else 200 "ok". POST /checks/<name>/run asks the
+// check to run now (202), unless it ran or was asked to too recently
+// (429 with Retry-After; requestRun).
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.m.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("POST /checks/{name}/run", func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
-		if !a.Trigger(name) {
+		found, gap, wait := a.requestRun(name)
+		if !found {
 			http.Error(w, "no such check running: "+name, http.StatusNotFound)
+			return
+		}
+		if wait > 0 {
+			secs := int64((wait + time.Second - 1) / time.Second)
+			a.log.Debug("check run request refused: too soon", "check", name, "from", r.RemoteAddr, "retry_after_s", secs)
+			w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+			http.Error(w, fmt.Sprintf("check %s ran or was requested less than %v ago (min_trigger_interval, or its interval where shorter): retry in %ds",
+				name, gap, secs), http.StatusTooManyRequests)
 			return
 		}
 		a.log.Info("check run requested", "check", name, "from", r.RemoteAddr)

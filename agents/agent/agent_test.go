@@ -784,9 +784,16 @@ func TestFlagsNameTheirKeys(t *testing.T) {
 	}
 }
 
+// skewedClock is time.Now moved on by what Add adds.
+type skewedClock struct{ d atomic.Int64 }
+
+func (c *skewedClock) Now() time.Time      { return time.Now().Add(time.Duration(c.d.Load())) }
+func (c *skewedClock) Add(d time.Duration) { c.d.Add(int64(d)) }
+
 // TestTriggerRunsNow: a check on a 6h schedule runs at start, then again
 // at once when asked through the local endpoint (POST
-// /checks/<name>/run) or Trigger (SIGUSR1), and an unknown check is 404.
+// /checks/<name>/run) a minute later or Trigger (SIGUSR1), and an unknown
+// check is 404.
 func TestTriggerRunsNow(t *testing.T) {
 	cfg := testConfig(t, "127.0.0.1:1")
 	var runs atomic.Int32
@@ -794,7 +801,8 @@ func TestTriggerRunsNow(t *testing.T) {
 		runs.Add(1)
 		return nil, nil
 	}}
-	a, err := New(cfg, quiet(), Options{Checks: []Scheduled{{Check: c, Interval: 6 * time.Hour, Timeout: time.Second}}})
+	var clock skewedClock
+	a, err := New(cfg, quiet(), Options{Checks: []Scheduled{{Check: c, Interval: 6 * time.Hour, Timeout: time.Second}}, Now: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -802,6 +810,7 @@ func TestTriggerRunsNow(t *testing.T) {
 	done := make(chan error)
 	go func() { done <- a.Run(ctx) }()
 	waitFor(t, 5*time.Second, func() bool { return runs.Load() == 1 }, "the run at start")
+	clock.Add(cfg.MinTriggerInterval)
 	rec := httptest.NewRecorder()
 	a.Handler().ServeHTTP(rec, httptest.NewRequest("POST", "/checks/conformance/run", nil))
 	if rec.Code != http.StatusAccepted {
@@ -824,6 +833,105 @@ func TestTriggerRunsNow(t *testing.T) {
 	if n := runs.Load(); n != 3 {
 		t.Fatalf("%d runs, want 3", n)
 	}
+}
+
+// TestTriggerRequestsLimited: POST /checks/<name>/run is on metrics_addr,
+// which the chart serves on the node's address: anyone who reaches it
+// could have the conformance check (ipmitool, an event sent) run back to
+// back. Of 100 requests in a row one is taken and 99 refused 429 with
+// Retry-After, naming min_trigger_interval; the check runs once for them.
+// A request is taken again min_trigger_interval after the last run, a
+// check on a shorter interval is limited to that interval, and SIGUSR1
+// (Trigger) is not limited.
+func TestTriggerRequestsLimited(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	var runs, fastRuns atomic.Int32
+	c := fakeCheck{"conformance", func(context.Context) ([]*datamodels.HealthEvent, error) {
+		runs.Add(1)
+		return nil, nil
+	}}
+	fast := fakeCheck{"nic", func(context.Context) ([]*datamodels.HealthEvent, error) {
+		fastRuns.Add(1)
+		return nil, nil
+	}}
+	var clock skewedClock
+	a, err := New(cfg, quiet(), Options{Now: clock.Now, Checks: []Scheduled{
+		{Check: c, Interval: 6 * time.Hour, Timeout: time.Second},
+		{Check: fast, Interval: 10 * time.Second, Timeout: time.Second},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func(name string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		a.Handler().ServeHTTP(rec, httptest.NewRequest("POST", "/checks/"+name+"/run", nil))
+		return rec
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	waitFor(t, 5*time.Second, func() bool { return runs.Load() == 1 && fastRuns.Load() == 1 }, "the runs at start")
+
+	if rec := post("conformance"); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("a request right after the run at start: %d %s, want 429", rec.Code, rec.Body)
+	}
+	clock.Add(cfg.MinTriggerInterval)
+	accepted := 0
+	for i := range 100 {
+		rec := post("conformance")
+		switch rec.Code {
+		case http.StatusAccepted:
+			accepted++
+		case http.StatusTooManyRequests:
+			if ra := rec.Header().Get("Retry-After"); ra != "60" && ra != "59" {
+				t.Errorf("request %d: Retry-After %q, want about 60", i, ra)
+			}
+			if !strings.Contains(rec.Body.String(), "min_trigger_interval") {
+				t.Errorf("request %d: refusal %q does not name min_trigger_interval", i, rec.Body)
+			}
+		default:
+			t.Fatalf("request %d: %d %s", i, rec.Code, rec.Body)
+		}
+	}
+	if accepted != 1 {
+		t.Fatalf("%d of 100 requests in a row accepted, want 1", accepted)
+	}
+	waitFor(t, 5*time.Second, func() bool { return runs.Load() == 2 }, "the requested run")
+	time.Sleep(100 * time.Millisecond)
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("%d runs after 100 requests, want 2 (one at start, one requested)", n)
+	}
+
+	// The gap runs from the requested run's end too.
+	clock.Add(cfg.MinTriggerInterval - time.Second)
+	if rec := post("conformance"); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("a request %v after the requested run: %d, want 429", cfg.MinTriggerInterval-time.Second, rec.Code)
+	}
+	clock.Add(time.Second)
+	if rec := post("conformance"); rec.Code != http.StatusAccepted {
+		t.Fatalf("a request %v after the last run: %d %s", cfg.MinTriggerInterval, rec.Code, rec.Body)
+	}
+	waitFor(t, 5*time.Second, func() bool { return runs.Load() == 3 }, "the run requested later")
+
+	// A check on a 10s interval is limited to 10s, not min_trigger_interval.
+	clock.Add(10 * time.Second)
+	if rec := post("nic"); rec.Code != http.StatusAccepted {
+		t.Fatalf("nic 10s after its run: %d %s", rec.Code, rec.Body)
+	}
+	if rec := post("nic"); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "10s") {
+		t.Fatalf("nic again at once: %d %s, want 429 naming 10s", rec.Code, rec.Body)
+	}
+
+	// SIGUSR1 is the node's own: not limited.
+	waitFor(t, 5*time.Second, func() bool { return fastRuns.Load() == 2 }, "nic's requested run")
+	a.Trigger("conformance")
+	waitFor(t, 5*time.Second, func() bool { return runs.Load() == 4 }, "the run SIGUSR1 asked for")
 }
 
 // TestConformanceCheckRegistered: `checks = ["conformance"]` builds the

@@ -42,6 +42,13 @@ type Config struct {
 	// node's address, e.g. "[$(HOST_IP)]:2112" with HOST_IP from the
 	// Kubernetes downward API (status.hostIP); see agents/README.md.
 	MetricsAddr string `toml:"metrics_addr"`
+	// MinTriggerInterval is the least time between a check's run (its
+	// start or end) or accepted request and the next request to run it
+	// through POST /checks/<name>/run on MetricsAddr (default 1m; no more
+	// than the check's own interval); a request closer than that is
+	// refused 429 with Retry-After. 0: none refused. SIGUSR1 is not
+	// limited.
+	MinTriggerInterval time.Duration `toml:"min_trigger_interval"`
 	// LogLevel is debug, info (default), warn or error.
 	LogLevel string `toml:"log_level"`
 	// PodResourcesSocket is the kubelet's pod-resources socket, read to
@@ -191,6 +198,7 @@ func DefaultConfig() Config {
 		Checks:             []string{"nic"},
 		ProcessingStrategy: "EXECUTE_REMEDIATION",
 		MetricsAddr:        "127.0.0.1:2112",
+		MinTriggerInterval: time.Minute,
 		LogLevel:           "info",
 		PodResourcesSocket: podres.DefaultSocket,
 		TimeZone:           hostzone.Host,
@@ -226,6 +234,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	})
 	fs.StringVar(&c.ProcessingStrategy, "processing-strategy", c.ProcessingStrategy, "EXECUTE_REMEDIATION, STORE_ONLY or STORE_AND_ANALYSE")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "address of /metrics and /healthz, empty to disable")
+	fs.DurationVar(&c.MinTriggerInterval, "min-trigger-interval", c.MinTriggerInterval, "least time between a check's last run or request and a POST /checks/<name>/run (0: no limit)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn, error")
 	fs.StringVar(&c.PodResourcesSocket, "pod-resources-socket", c.PodResourcesSocket, "kubelet pod-resources socket, to attach the pods of an event's GPUs; empty to disable")
 	fs.StringVar(&c.NVSentinelSocket, "nvsentinel-socket", c.NVSentinelSocket, "serve NVSentinel's PlatformConnector on this unix socket and relay its events (default off)")
@@ -291,6 +300,9 @@ func (c *Config) Validate() error {
 	}
 	if _, ok := datamodels.ProcessingStrategy_value[c.ProcessingStrategy]; !ok || c.ProcessingStrategy == "UNSPECIFIED" {
 		return fmt.Errorf("processing_strategy: %q is not EXECUTE_REMEDIATION, STORE_ONLY or STORE_AND_ANALYSE", c.ProcessingStrategy)
+	}
+	if c.MinTriggerInterval < 0 {
+		return fmt.Errorf("min_trigger_interval: must not be negative, got %v", c.MinTriggerInterval)
 	}
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
 		return fmt.Errorf("log_level: %q is not debug, info, warn or error", c.LogLevel)

@@ -3,6 +3,7 @@ package agent
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestCheckIntervalsArePositive: a check's poll interval is its schedule
@@ -49,5 +50,23 @@ func TestStrayWordRefused(t *testing.T) {
 	_, err := LoadConfig("t", []string{"--gateway.insecure", "false", "--checks=kmsg"}, env)
 	if err == nil || !strings.Contains(err.Error(), `unexpected argument "false"`) {
 		t.Errorf("err %v, want the stray word refused", err)
+	}
+}
+
+// TestMinTriggerInterval: min_trigger_interval defaults to a minute, 0
+// turns the limit off, and a negative value is refused at start naming
+// the key.
+func TestMinTriggerInterval(t *testing.T) {
+	env := func(string) string { return "node-1" }
+	cfg, err := LoadConfig("t", []string{"--checks=kmsg"}, env)
+	if err != nil || cfg.MinTriggerInterval != time.Minute {
+		t.Fatalf("default: %v, err %v; want 1m0s", cfg.MinTriggerInterval, err)
+	}
+	if cfg, err = LoadConfig("t", []string{"--checks=kmsg", "--min-trigger-interval=0s"}, env); err != nil || cfg.MinTriggerInterval != 0 {
+		t.Fatalf("0s: %v, err %v", cfg.MinTriggerInterval, err)
+	}
+	_, err = LoadConfig("t", []string{"--checks=kmsg", "--min-trigger-interval=-1s"}, env)
+	if want := "min_trigger_interval: must not be negative, got -1s"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("-1s: err %v, want %q", err, want)
 	}
 }
