@@ -1015,3 +1015,95 @@ func TestPreflightConfigurationOwned(t *testing.T) {
 		t.Errorf("rbac.create false: the config names an owner the chart does not make:\n%s", conf)
 	}
 }
+
+// rolesIn returns the Roles of that name by namespace.
+func rolesIn(objs []*unstructured.Unstructured, name string) map[string]*unstructured.Unstructured {
+	out := map[string]*unstructured.Unstructured{}
+	for _, o := range objs {
+		if o.GetKind() == "Role" && o.GetName() == name {
+			out[o.GetNamespace()] = o
+		}
+	}
+	return out
+}
+
+// grants reports whether role has a rule with that resource and verb,
+// and its resourceNames (nil: every object).
+func grants(role *unstructured.Unstructured, resource, verb string) (bool, []string) {
+	rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+	for _, r := range rules {
+		m, _ := r.(map[string]any)
+		res, _, _ := unstructured.NestedStringSlice(m, "resources")
+		verbs, _, _ := unstructured.NestedStringSlice(m, "verbs")
+		if slices.Contains(res, resource) && slices.Contains(verbs, verb) {
+			names, _, _ := unstructured.NestedStringSlice(m, "resourceNames")
+			return true, names
+		}
+	}
+	return false, nil
+}
+
+// TestQuarantineBreakerEvents: the quarantine role records
+// QuarantineBreakerOpen/Closed Events on the breaker's ConfigMap, in
+// quarantine.breaker.namespace, and its node Events in
+// quarantine.event_namespace: it may create Events in both. Before, a
+// breaker namespace other than the event namespace got the ConfigMap's
+// rights only, and the breaker's Events were Forbidden.
+func TestQuarantineBreakerEvents(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		nss  []string
+	}{
+		{"the secure set (events in faultline-events, breaker in faultline)", nil, []string{"faultline-events", "faultline"}},
+		{"defaults (both in default)", []string{"--set", "config.quarantine.event_namespace=default", "--set", "config.quarantine.breaker.namespace=default"}, []string{"default"}},
+		{"breaker elsewhere", []string{"--set", "config.quarantine.event_namespace=default", "--set", "config.quarantine.breaker.namespace=ops"}, []string{"default", "ops"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			roles := rolesIn(render(t, "secure", tc.args...), "faultline-quarantine")
+			if len(roles) != len(tc.nss) {
+				t.Fatalf("quarantine Roles in %v, want %v", slices.Collect(maps.Keys(roles)), tc.nss)
+			}
+			for _, ns := range tc.nss {
+				r := roles[ns]
+				if r == nil {
+					t.Fatalf("no quarantine Role in %s", ns)
+				}
+				if ok, names := grants(r, "events", "create"); !ok || names != nil {
+					t.Errorf("quarantine Role in %s: events create %v (names %v), want granted", ns, ok, names)
+				}
+			}
+		})
+	}
+}
+
+// TestJanitorSecretsByName: the janitor reads only janitor.redfish's
+// default_secret and the Secrets allowed_secrets lists, so its Role names
+// them: the release namespace holds the gateway tokens, the Kafka and
+// ClickHouse passwords and the member clusters' kubeconfigs too. Before,
+// it could read every Secret there. A prefix (name*) cannot be bound to
+// names: with one, the rule stays namespace-wide (the chart's README says
+// to keep such Secrets in a namespace of their own).
+func TestJanitorSecretsByName(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string // nil: every Secret of the namespace
+	}{
+		{"default secret only", []string{"--set-json", "config.janitor.redfish.allowed_secrets=[]"}, []string{"bmc-credentials"}},
+		{"names", []string{"--set", "config.janitor.redfish.allowed_secrets={bmc-a,bmc-b,bmc-credentials}"}, []string{"bmc-credentials", "bmc-a", "bmc-b"}},
+		{"own default", []string{"--set", "config.janitor.redfish.default_secret=bmc-main", "--set", "config.janitor.redfish.allowed_secrets={bmc-a}"}, []string{"bmc-main", "bmc-a"}},
+		{"a prefix", []string{"--set", "config.janitor.redfish.allowed_secrets={bmc-a,bmc-rack-*}"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := Find(render(t, "secure", tc.args...), "Role", "faultline-janitor-bmc-credentials")
+			if r == nil {
+				t.Fatal("no janitor Secret Role")
+			}
+			ok, names := grants(r, "secrets", "get")
+			if !ok || !slices.Equal(names, tc.want) {
+				t.Errorf("secrets get: %v, names %q; want %q", ok, names, tc.want)
+			}
+		})
+	}
+}

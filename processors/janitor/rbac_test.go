@@ -22,8 +22,8 @@ const saJanitor = "system:serviceaccount:faultline:faultline-janitor"
 // TestRBACIsEnough runs the janitor as the ServiceAccount of
 // deploy/rbac/janitor.yaml: a Redfish reboot (watch, state update, status
 // patch, Secret read; its Lease held) and a terminate (node delete)
-// complete; and the role grants nothing more (no Secret outside its
-// namespace, no node update, no create or delete of the resources, no Lease
+// complete; and the role grants nothing more (no Secret but the BMC
+// credentials, none outside its namespace, no node update, no create or delete of the resources, no Lease
 // outside its namespace).
 func TestRBACIsEnough(t *testing.T) {
 	t.Parallel()
@@ -80,7 +80,8 @@ func TestRBACIsEnough(t *testing.T) {
 		a    testenv.Access
 		want bool
 	}{
-		{testenv.Access{Verb: "get", Resource: "secrets", Namespace: "faultline"}, true},
+		{testenv.Access{Verb: "get", Resource: "secrets", Namespace: "faultline", Name: "bmc-credentials"}, true},
+		{testenv.Access{Verb: "get", Resource: "secrets", Namespace: "faultline", Name: "faultline-gateway-tokens"}, false},
 		{testenv.Access{Verb: "list", Resource: "secrets", Namespace: "faultline"}, false},
 		{testenv.Access{Verb: "get", Resource: "secrets", Namespace: "default"}, false},
 		{testenv.Access{Verb: "update", Resource: "nodes"}, false},

@@ -27,6 +27,11 @@ type metrics struct {
 	// stale counts unhealthy events not acted on for their age
 	// (Config.MaxEventAge).
 	stale *prometheus.CounterVec
+	// retryTopic is 1 for each configured cluster, labelled with its
+	// retry topic (RetryTopic): the retry consumer's lag is by topic, and
+	// a cluster whose name is not a DNS label has a hashed topic, so
+	// alerts join the lag to the cluster by this series.
+	retryTopic *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -49,9 +54,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		ruleErrors:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_rule_errors_total", Help: "Rule expressions that failed on an event (missing key, type error, cost limit); the rule set did not match."}, []string{"rule"}),
 		overridesIgnored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_overrides_ignored_total", Help: "Events whose quarantineOverrides/drainOverrides were ignored because no operator credential sent them."}, []string{"cluster"}),
 		stale:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_quarantine_stale_events_total", Help: "Unhealthy events not acted on because the gateway received them longer ago than quarantine.max_event_age (a replay or a long delay)."}, []string{"cluster"}),
+		retryTopic:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_quarantine_retry_topic", Help: "1 for each configured cluster, with the retry topic its deferred records wait on (a name that is not a DNS label has a hashed topic)."}, []string{"cluster", "topic"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.clusterSlow, m.cacheHits, m.warnCache, m.eventsMerged, m.eventsDropped, m.eventsFailed, m.ruleErrors, m.overridesIgnored, m.stateTrimmed, m.faultsDropped, m.stale)
+		reg.MustRegister(m.decisions, m.held, m.deferred, m.apiErrors, m.conflicts, m.breakerTrips, m.breakerOpen, m.clusterSlow, m.cacheHits, m.warnCache, m.eventsMerged, m.eventsDropped, m.eventsFailed, m.ruleErrors, m.overridesIgnored, m.stateTrimmed, m.faultsDropped, m.stale, m.retryTopic)
 	}
 	return m
 }

@@ -55,18 +55,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		return nil, fmt.Errorf("quarantine: %w", err)
 	}
 	h.WatchClusters(deps.Kube.Names())
-	// Every cluster's health series exist from the start (at 0), so
-	// alerts on them (deploy/monitoring) see a cluster before its first
-	// failure.
-	for _, c := range deps.Kube.Names() {
-		h.m.apiErrors.WithLabelValues(c)
-		h.m.deferred.WithLabelValues(c)
-		h.m.held.WithLabelValues(c)
-		h.m.breakerTrips.WithLabelValues(c)
-		h.m.breakerOpen.WithLabelValues(c)
-		h.m.clusterSlow.WithLabelValues(c)
-		h.m.stale.WithLabelValues(c)
-	}
+	h.exportClusters(deps.Kube.Names())
 	loops := []role.Loop{{Name: "manual uncordons", Run: func(ctx context.Context) error {
 		prod, err := kafka.NewBoundedProducer(deps.Kafka, deps.Log)
 		if err != nil {
@@ -150,4 +139,21 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 		Loops: loops,
 		Close: func() error { h.Close(); return nil },
 	}, nil
+}
+
+// exportClusters creates every cluster's health series at 0, so alerts on
+// them (deploy/monitoring) see a cluster before its first failure, and its
+// retry topic's series (faultline_quarantine_retry_topic), by which they
+// name the cluster of the retry consumer's lag on a topic.
+func (h *Handler) exportClusters(names []string) {
+	for _, c := range names {
+		h.m.apiErrors.WithLabelValues(c)
+		h.m.deferred.WithLabelValues(c)
+		h.m.held.WithLabelValues(c)
+		h.m.breakerTrips.WithLabelValues(c)
+		h.m.breakerOpen.WithLabelValues(c)
+		h.m.clusterSlow.WithLabelValues(c)
+		h.m.stale.WithLabelValues(c)
+		h.m.retryTopic.WithLabelValues(c, RetryTopic(c)).Set(1)
+	}
 }
