@@ -6,13 +6,16 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"path"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	ch "github.com/ClickHouse/clickhouse-go/v2"
@@ -51,7 +54,8 @@ func (m Migration) source(i int) (string, int) {
 }
 
 // MigrationError is a migration that failed: the file, which statement, and
-// the server's error.
+// the server's error. Transient reports whether it was the server or the
+// network failing rather than the migration.
 type MigrationError struct {
 	File      string
 	Statement int // 1-based; 0 when the file itself is bad
@@ -66,6 +70,40 @@ func (e *MigrationError) Error() string {
 }
 
 func (e *MigrationError) Unwrap() error { return e.Err }
+
+// Transient reports whether the migration failed because the server or the
+// network did (the connection was lost, a timeout, the server busy), not
+// because of the file: applying it again may succeed, and is safe since
+// every statement is idempotent.
+func (e *MigrationError) Transient() bool { return transient(e.Err) }
+
+// transientCodes are the ClickHouse exception codes of a server or cluster
+// that is failing or busy, not of a statement that is wrong.
+var transientCodes = map[int32]bool{
+	159: true, // TIMEOUT_EXCEEDED, also an ON CLUSTER query past distributed_ddl_task_timeout
+	202: true, // TOO_MANY_SIMULTANEOUS_QUERIES
+	209: true, // SOCKET_TIMEOUT
+	210: true, // NETWORK_ERROR
+	225: true, // NO_ZOOKEEPER
+	242: true, // TABLE_IS_READ_ONLY (a replicated table that lost ZooKeeper)
+	279: true, // ALL_CONNECTION_TRIES_FAILED
+	999: true, // KEEPER_EXCEPTION (ZooKeeper session lost, operation timeout)
+}
+
+// transient reports whether err is the server or the network failing: a
+// ClickHouse exception with one of transientCodes, or no exception but a
+// lost or refused connection or a timeout.
+func transient(err error) bool {
+	if ex, ok := errors.AsType[*ch.Exception](err); ok {
+		return transientCodes[ex.Code]
+	}
+	_, netErr := errors.AsType[net.Error](err)
+	return netErr || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, ch.ErrConnectionClosed) || errors.Is(err, ch.ErrAcquireConnTimeout) ||
+		errors.Is(err, context.DeadlineExceeded)
+}
 
 // ErrChecksumMismatch is returned when an applied migration's file changed
 // afterwards: migrations are append-only, fix forward with a new file.
@@ -392,16 +430,24 @@ func Setup(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
 
 // SetupWait is Setup for a role that must not start without ClickHouse:
 // while the server is unreachable it retries, backing off from 200ms to
-// 5s and logging each failure; a failed migration or the end of ctx stops
-// it with the error.
+// 5s and logging each failure — also when a migration statement fails
+// because the connection was lost or timed out (MigrationError.Transient:
+// the server restarted mid-file, an ON CLUSTER ALTER outlived its wait);
+// a migration the server refuses, a bad or changed file, or the end of ctx
+// stops it with the error.
 func SetupWait(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
+	return setupWait(ctx, c, log, func(ctx context.Context) (Conn, error) { return Setup(ctx, c, log) })
+}
+
+// setupWait is SetupWait with Setup replaced by setup.
+func setupWait(ctx context.Context, c Config, log *slog.Logger, setup func(context.Context) (Conn, error)) (Conn, error) {
 	backoff := 200 * time.Millisecond
 	for {
-		conn, err := Setup(ctx, c, log)
+		conn, err := setup(ctx)
 		if err == nil {
 			return conn, nil
 		}
-		if _, bad := errors.AsType[*MigrationError](err); bad {
+		if me, bad := errors.AsType[*MigrationError](err); bad && !me.Transient() {
 			return nil, err
 		}
 		log.Warn("clickhouse not ready; retrying", "addr", c.Addr, "backoff", backoff, "err", err)

@@ -10,10 +10,11 @@ import (
 )
 
 // Open is what the role does at start: connect to ClickHouse (waiting for
-// it while it is unreachable) and apply the migrations (a failed migration
-// stops start-up with the file and the error). The role is its consumer of
-// Topics and the retention loop (RunRetention); closing it closes the
-// connection.
+// it while it is unreachable, or while a migration statement fails on a
+// lost connection or a timeout) and apply the migrations (a migration the
+// server refuses stops start-up with the file and the error). The role is
+// its consumer of Topics and the retention loop (RunRetention); closing it
+// closes the connection.
 func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	deps = deps.WithDefaults()
 	log := deps.Log.With("role", Role)
