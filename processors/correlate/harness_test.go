@@ -122,6 +122,22 @@ func (hs *harness) batch(recs ...*kgo.Record) []*datamodels.HealthEvent {
 	return hs.storeDerived(recs, res.Out)
 }
 
+// unstoredBatch hands the records to correlate as one batch and stores
+// only what it derives: the store lags behind and has not written the
+// batch yet (storeDerived(recs, nil) writes it later); it returns the
+// derived events.
+func (hs *harness) unstoredBatch(recs ...*kgo.Record) []*datamodels.HealthEvent {
+	hs.t.Helper()
+	res, err := hs.h.Handle(ctx(hs.t), recs)
+	if err != nil {
+		hs.t.Fatalf("handle: %v", err)
+	}
+	if len(res.Dead) > 0 {
+		hs.t.Fatalf("dead letters: %v", res.Dead[0].Reason)
+	}
+	return hs.storeDerived(nil, res.Out)
+}
+
 // batches hands each batch of events to batch in turn; it returns every
 // derived event.
 func (hs *harness) batches(bs [][]*datamodels.HealthEvent) []*datamodels.HealthEvent {

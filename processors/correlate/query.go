@@ -650,6 +650,10 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 			return nil, fmt.Errorf("sweep: %w", err)
 		}
 	}
+	bt, err := h.sweptUnstored(swept, sweptLive)
+	if err != nil {
+		return nil, err
+	}
 	var out []*kgo.Record
 	for i, r := range h.rules {
 		if failed[i] {
@@ -664,10 +668,6 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 					trigs[j].machine = machines[nodeKey{trigs[j].cluster, trigs[j].node}]
 				}
 			}
-			empty, err := newBatchTables(nil) // a sweep has no records
-			if err != nil {
-				return nil, err
-			}
 			er := r
 			if pass == 1 {
 				// the live verdicts of a rule now shadowed: read, decided
@@ -676,7 +676,7 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 				live.Shadow = false
 				er = &live
 			}
-			recs, err := h.evaluate(ctx, er, trigs, empty)
+			recs, err := h.evaluate(ctx, er, trigs, bt)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil, fmt.Errorf("sweep: %w", err)
@@ -688,6 +688,34 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 		}
 	}
 	return out, nil
+}
+
+// sweptUnstored returns the batch tables of a sweep: the records of this
+// replica's earlier batches that the store may not have written yet
+// (unstored), of the swept groups' nodes and, for a cluster-scope rule,
+// clusters — as a batch's tables carry them. The sweep's windows then see
+// what the batches saw: a trigger a batch skipped, its group's verdict
+// standing and recovered in the sweep only (recovery = "sweep"), is in
+// neither ClickHouse nor any later batch until the store writes it; a
+// sweep without it took the window for empty and recovered the verdict
+// (a GPU with a fifth Xid burst in 24h cleared), and nothing evaluated
+// the skipped trigger again. The memory is only read: what the store has
+// written is forgotten as the batches go on (refresh), and a record both
+// remembered and stored counts once (LIMIT 1 BY id).
+func (h *Handler) sweptUnstored(swept ...[][]trigger) (*batchTables, error) {
+	keys, clusters := map[string]bool{}, map[string]bool{}
+	for _, byRule := range swept {
+		for i, trigs := range byRule {
+			for _, t := range trigs {
+				if h.rules[i].Scope == ScopeCluster {
+					clusters[t.cluster] = true
+				} else {
+					keys[string(events.Key(t.cluster, t.dnode))] = true
+				}
+			}
+		}
+	}
+	return newBatchTables(h.unstored.ofKeys(keys, clusters))
 }
 
 // sweepFailed counts and logs a rule whose sweep failed: the sweep goes

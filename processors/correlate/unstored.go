@@ -254,14 +254,20 @@ func (u *unstored) readProgress(ctx context.Context, seed bool) (map[string]map[
 // of returns the remembered records with a key among recs' keys or a
 // cluster in clusters.
 func (u *unstored) of(recs []*kgo.Record, clusters map[string]bool) []*kgo.Record {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if len(u.recs) == 0 {
-		return nil
-	}
 	keys := make(map[string]bool, len(recs))
 	for _, r := range recs {
 		keys[string(r.Key)] = true
+	}
+	return u.ofKeys(keys, clusters)
+}
+
+// ofKeys returns the remembered records with a key (cluster/node) in keys
+// or a cluster in clusters.
+func (u *unstored) ofKeys(keys, clusters map[string]bool) []*kgo.Record {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.recs) == 0 || len(keys)+len(clusters) == 0 {
+		return nil
 	}
 	var out []*kgo.Record
 	for _, m := range u.recs {

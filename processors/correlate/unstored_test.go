@@ -410,3 +410,89 @@ func TestHandlerRevokedForgetsPending(t *testing.T) {
 		}
 	}
 }
+
+// TestSweepCountsUnstoredRecords: a trigger a batch skipped (its group's
+// verdict standing, recovered in the sweep only) that the store has not
+// written yet counts in the sweep's window — per GPU (RepeatedXIDOnSameGPU:
+// a fifth burst in 24h as the oldest leaves the window) and per cluster
+// (FabricIncident: four more nodes down past the stabilization) — so the
+// sweep does not recover the verdict; once the store has written it the
+// sweep goes on as before. Before, the sweep had no records: it recovered
+// the verdict, and nothing evaluated the skipped trigger again.
+func TestSweepCountsUnstoredRecords(t *testing.T) {
+	s := server(t)
+	h := time.Hour
+	m := time.Minute
+	for _, tt := range []struct {
+		name string
+		rule string
+		// stored: batches stored as they come, the last deriving the
+		// verdict; late: the batch the store has not written at the sweep
+		stored func(c string) [][]*datamodels.HealthEvent
+		late   func(c string) []*datamodels.HealthEvent
+		// holds: sweeps that see late and recover nothing; recovers: the
+		// sweep that recovers once late has left the window
+		holds    []time.Duration
+		recovers time.Duration
+	}{
+		{
+			name: "RepeatedXIDOnSameGPU", rule: "RepeatedXIDOnSameGPU",
+			stored: func(c string) [][]*datamodels.HealthEvent {
+				var bs [][]*datamodels.HealthEvent
+				for i := range 5 {
+					bs = append(bs, evs(xid(c, "n1", time.Duration(i)*h, 48, true, 1)))
+				}
+				return bs
+			},
+			// the burst at 0 leaves the window at 24h: the fifth burst
+			late:     func(c string) []*datamodels.HealthEvent { return evs(xid(c, "n1", 23*h+30*m, 48, true, 1)) },
+			holds:    []time.Duration{24*h + 1*m, 24*h + 2*m},
+			recovers: 25*h + 1*m, // 4 bursts left, the last 1h31m ago
+		},
+		{
+			name: "FabricIncident", rule: "FabricIncident",
+			stored: func(c string) [][]*datamodels.HealthEvent {
+				return [][]*datamodels.HealthEvent{downs(c, 0, 1)}
+			},
+			// past the 10m stabilization, four more nodes down
+			late:     func(c string) []*datamodels.HealthEvent { return downs(c, 12*m, 5) },
+			holds:    []time.Duration{13 * m, 13*m + 30*time.Second},
+			recovers: 15 * m, // the 2m window empty
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCluster("sweepunstored")
+			hs := newHarness(t, s, DefaultRules, nil)
+			hs.cluster = c
+			if got := only(tt.rule, hs.batches(tt.stored(c))); len(got) != 1 || got[0].GetIsHealthy() {
+				t.Fatalf("stored batches: %s, want the verdict", describe(got))
+			}
+			late := records(t, tt.late(c))
+			if got := only(tt.rule, hs.unstoredBatch(late...)); len(got) != 0 {
+				t.Fatalf("trigger of the standing verdict: %s, want nothing (the sweep recovers)", describe(got))
+			}
+			if got := only(tt.rule, hs.sweep(tt.holds[0])); len(got) != 0 {
+				t.Fatalf("sweep at %v, the late batch not stored: %s, want nothing (it holds)", tt.holds[0], describe(got))
+			}
+			hs.storeDerived(late, nil)
+			for _, at := range tt.holds[1:] {
+				if got := only(tt.rule, hs.sweep(at)); len(got) != 0 {
+					t.Fatalf("sweep at %v, the late batch stored: %s, want nothing (it holds)", at, describe(got))
+				}
+			}
+			if got := only(tt.rule, hs.sweep(tt.recovers)); len(got) != 1 || !got[0].GetIsHealthy() {
+				t.Fatalf("sweep at %v: %s, want the recovery", tt.recovers, describe(got))
+			}
+		})
+	}
+}
+
+// downs is four nodes' ports DOWN a second apart from at, nodes n<from>
+// on.
+func downs(c string, at time.Duration, from int) []*datamodels.HealthEvent {
+	var out []*datamodels.HealthEvent
+	for i := range 4 {
+		out = append(out, nicState(c, fmt.Sprintf("n%d", from+i), at+time.Duration(i)*time.Second, false))
+	}
+	return out
+}
