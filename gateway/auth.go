@@ -229,7 +229,10 @@ const TokensEvery = time.Second
 // Secret changes (within a minute or so), so a token added for a new
 // cluster, rotated or revoked takes effect without a restart. A changed
 // file that cannot be loaded (a line that does not parse, a mode open to
-// every user) leaves the tokens as they were, and says why once.
+// every user, unreadable to the gateway) leaves the tokens as they were,
+// says why once, and is tried again at every look until it loads: fixing
+// its mode or owner, which changes neither its modification time nor its
+// size, is enough.
 func (a *Authenticator) FollowTokens(ctx context.Context, every time.Duration, log *slog.Logger) {
 	if a.file == nil {
 		return
@@ -249,32 +252,47 @@ func (a *Authenticator) FollowTokens(ctx context.Context, every time.Duration, l
 // tokensFile is the tokens file an Authenticator follows, as last seen.
 type tokensFile struct {
 	path string
-	seen os.FileInfo // nil: it could not be looked at
+	// seen is the file as last loaded (nil: it could not be looked at);
+	// refused, the file as last refused, its error said once.
+	seen, refused os.FileInfo
 }
 
 // look loads the file again into a when it changed since it was last
-// seen: another file (a Secret volume's update swaps a link to new
-// files), another modification time or size.
+// loaded: another file (a Secret volume's update swaps a link to new
+// files), another modification time, size or mode. A file that could
+// not be loaded is tried again at every look, since what made it fail
+// may change without a trace in its stat (its owner, its directory's
+// permissions).
 func (f *tokensFile) look(a *Authenticator, log *slog.Logger) {
 	st, err := os.Stat(f.path)
 	if err != nil {
 		if f.seen != nil {
 			log.Error("tokens file cannot be looked at; the tokens stay as they were", "path", f.path, "err", err)
 		}
-		f.seen = nil
+		f.seen, f.refused = nil, nil
 		return
 	}
-	if f.seen != nil && os.SameFile(st, f.seen) && st.ModTime().Equal(f.seen.ModTime()) && st.Size() == f.seen.Size() {
+	if sameStat(st, f.seen) {
 		return
 	}
-	f.seen = st
 	t, err := LoadTokens(f.path)
 	if err != nil {
-		log.Error("tokens file changed but cannot be loaded; the tokens stay as they were", "path", f.path, "err", err)
+		if !sameStat(st, f.refused) {
+			log.Error("tokens file changed but cannot be loaded; the tokens stay as they were", "path", f.path, "err", err)
+		}
+		f.refused = st
 		return
 	}
+	f.seen, f.refused = st, nil
 	a.live.Store(t)
 	log.Info("tokens file loaded again", "path", f.path, "tokens", len(t.byDigest))
+}
+
+// sameStat reports whether st is the file was, unchanged (false when was
+// is nil).
+func sameStat(st, was os.FileInfo) bool {
+	return was != nil && os.SameFile(st, was) && st.ModTime().Equal(was.ModTime()) &&
+		st.Size() == was.Size() && st.Mode() == was.Mode()
 }
 
 // tokens are the tokens in use: the file's as last loaded, or Tokens.

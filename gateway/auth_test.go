@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -186,6 +187,7 @@ func TestTokensFileFollowed(t *testing.T) {
 		{"a broken line: kept as they were", func() { secret(b + ",beta\n" + c + ",Not_A_Cluster\n") }, []string{b}, []string{a, c}},
 		{"edited in place: c added", func() { inPlace(b+",beta\n"+c+",gamma\n", 0o600) }, []string{b, c}, []string{a}},
 		{"open to every user: kept as they were", func() { inPlace(a+",alpha\n", 0o644) }, []string{b, c}, []string{a}},
+		{"its mode fixed: loaded", func() { chmod(t, filepath.Join(dir, fmt.Sprintf("..v%d", gen), "tokens"), 0o600) }, []string{a}, []string{b, c}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.change()
@@ -212,5 +214,59 @@ func TestTokensFileFollowed(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 			}
 		})
+	}
+}
+
+func chmod(t *testing.T, path string, mode os.FileMode) {
+	t.Helper()
+	if err := os.Chmod(path, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTokensFileRefusedThenFixed: a tokens file refused for its mode is
+// loaded once its mode is fixed, though chmod changes neither its
+// modification time nor its size (a token added in the refused edit was
+// refused until a restart, and one revoked in it accepted); the refusal
+// is said once, not at every look.
+func TestTokensFileRefusedThenFixed(t *testing.T) {
+	const (
+		a = "aaaaaaaaaaaaaaaa0001"
+		b = "bbbbbbbbbbbbbbbb0002"
+	)
+	path := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(path, []byte(a+",alpha\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	auth := &Authenticator{}
+	if err := auth.LoadTokensFile(path); err != nil {
+		t.Fatal(err)
+	}
+	var logged bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+	// Rewritten, as an operator's editor may leave it: open to every user.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(b+",beta\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	chmod(t, path, 0o644) // whatever the umask
+	for range 3 {
+		auth.file.look(auth, log)
+	}
+	if _, err := auth.Authenticate("Bearer "+b, nil); err == nil {
+		t.Fatal("a file open to every user was loaded")
+	}
+	if n := strings.Count(logged.String(), "cannot be loaded"); n != 1 {
+		t.Errorf("the refusal said %d times in 3 looks, want once:\n%s", n, logged.String())
+	}
+	chmod(t, path, 0o600)
+	auth.file.look(auth, log)
+	if _, err := auth.Authenticate("Bearer "+b, nil); err != nil {
+		t.Errorf("mode fixed: b refused: %v", err)
+	}
+	if _, err := auth.Authenticate("Bearer "+a, nil); err == nil {
+		t.Error("mode fixed: a, revoked in the edit, still accepted")
 	}
 }

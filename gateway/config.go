@@ -74,6 +74,14 @@ type Config struct {
 	// MaxBufferedRecords bounds the producer buffer; a request that does not
 	// fit gets 429. Default 100000.
 	MaxBufferedRecords int `toml:"max_buffered_records"`
+	// MaxBufferedBytes bounds the encoded bytes (keys and values) of the
+	// records the producer holds; a request that does not fit gets 429.
+	// A call answered 503 after ProduceTimeout gives back its other
+	// budgets, but its records stay buffered while a broker hangs, and
+	// each retry adds them again: this bounds what they hold. At least
+	// what the largest request MaxBatch and MaxBodyBytes allow encodes
+	// into. Default 256 MiB.
+	MaxBufferedBytes int64 `toml:"max_buffered_bytes"`
 	// ProducerLinger is how long the producer waits for more records
 	// before it sends a batch. Every call waits for its events'
 	// acknowledgement, so at moderate concurrency the linger is most of a
@@ -168,6 +176,7 @@ func DefaultConfig() Config {
 		RateBurst:          40000,
 		ProduceTimeout:     5 * time.Second,
 		MaxBufferedRecords: 100000,
+		MaxBufferedBytes:   256 << 20,
 		ProducerLinger:     2 * time.Millisecond,
 
 		MaxInflightBytes:        32 << 20,
@@ -210,6 +219,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RateBurst, "rate-burst", c.RateBurst, "burst of events per caller")
 	fs.DurationVar(&c.ProduceTimeout, "produce-timeout", c.ProduceTimeout, "longest wait for Kafka before answering 503")
 	fs.IntVar(&c.MaxBufferedRecords, "max-buffered-records", c.MaxBufferedRecords, "producer buffer; requests that do not fit get 429")
+	fs.Int64Var(&c.MaxBufferedBytes, "max-buffered-bytes", c.MaxBufferedBytes, "encoded bytes the producer buffer holds; requests that do not fit get 429")
 	fs.DurationVar(&c.ProducerLinger, "producer-linger", c.ProducerLinger, "how long the producer waits for more records before sending a batch")
 	fs.Int64Var(&c.MaxInflightBytes, "max-inflight-bytes", c.MaxInflightBytes, "request bytes held at once by the gateway; past it 429/RESOURCE_EXHAUSTED")
 	fs.Int64Var(&c.MaxInflightBytesPerConn, "max-inflight-bytes-per-conn", c.MaxInflightBytesPerConn, "request bytes held at once per connection")
@@ -234,6 +244,20 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 // gateway's (NTP keeps them within milliseconds, not exactly) would have
 // its events refused as invalid, which the agent drops for good.
 const minFutureSkew = time.Minute
+
+// maxRecordOverhead bounds what a Kafka record of an event holds beyond
+// the event's bytes in its request: its key (cluster, node: at most 63 +
+// 1 + 253 bytes) and what the gateway stamps (id, cluster, submitter,
+// timestamps, strategy: under 600 bytes).
+const maxRecordOverhead = 1 << 10
+
+// encodedCeiling is the most the records of one request of at most
+// maxBatch events and maxBody bytes encode into: an event encodes into no
+// more than its bytes in the request (unknown fields are dropped, JSON
+// spends more than protobuf on every field) plus maxRecordOverhead.
+func encodedCeiling(maxBatch, maxBody int) int64 {
+	return int64(maxBody) + int64(maxBatch)*maxRecordOverhead
+}
 
 // Validate names the first bad key.
 func (c Config) Validate() error {
@@ -270,6 +294,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("gateway.produce_timeout: must be positive")
 	case c.MaxBufferedRecords < c.MaxBatch:
 		return fmt.Errorf("gateway.max_buffered_records: must be at least gateway.max_batch (%d)", c.MaxBatch)
+	case c.MaxBufferedBytes < encodedCeiling(c.MaxBatch, c.MaxBodyBytes):
+		return fmt.Errorf("gateway.max_buffered_bytes: must be at least %d (what the largest request gateway.max_batch and gateway.max_body_bytes allow encodes into), got %d", encodedCeiling(c.MaxBatch, c.MaxBodyBytes), c.MaxBufferedBytes)
 	case c.ProducerLinger < 0 || c.ProducerLinger >= c.ProduceTimeout:
 		return fmt.Errorf("gateway.producer_linger: must be 0 or more and shorter than gateway.produce_timeout (%s), got %s", c.ProduceTimeout, c.ProducerLinger)
 	case c.MaxInflightBytesPerConn < int64(c.MaxBodyBytes):

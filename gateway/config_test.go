@@ -29,6 +29,7 @@ func TestConfigValidateRates(t *testing.T) {
 		{"negative skew", func(c *Config) { c.MaxFutureSkew = -time.Second }, "gateway.max_future_skew: must be between 1m0s and 24h0m0s, got -1s"},
 		{"skew under a minute", func(c *Config) { c.MaxFutureSkew = time.Second }, "gateway.max_future_skew: must be between 1m0s and 24h0m0s, got 1s"},
 		{"decoded budget under the largest request", func(c *Config) { c.MaxDecodedBytes = 16 << 20 }, "gateway.max_decoded_bytes: must be at least 28580608 (what the largest request gateway.max_batch and gateway.max_body_bytes allow may decode into), got 16777216"},
+		{"producer bytes under the largest request", func(c *Config) { c.MaxBufferedBytes = 4 << 20 }, "gateway.max_buffered_bytes: must be at least 5218304 (what the largest request gateway.max_batch and gateway.max_body_bytes allow encodes into), got 4194304"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base

@@ -182,8 +182,7 @@ func (s *Server) clusterRead(what string, configured func() bool, nodeScoped boo
 		}
 		caller, err := s.auth.Authenticate(r.Header.Get("Authorization"), chains)
 		if err != nil {
-			s.metrics.rejected("unauthenticated", 1)
-			writeStatus(w, http.StatusUnauthorized, codes.Unauthenticated, err.Error())
+			s.refuseUnauthenticated(w, err)
 			return
 		}
 		if !configured() {

@@ -29,9 +29,17 @@ var (
 type Producer struct {
 	cl         *kgo.Client
 	maxBuffer  int
+	maxBytes   int64
 	timeout    time.Duration
 	log        *slog.Logger
 	bufferedMu sync.Mutex
+	// held is the encoded bytes of the batches handed to the client whose
+	// records are not all acknowledged or failed yet (each batch's records
+	// share one buffer, which lives as long as any of them): what calls
+	// already answered, 503 after produce_timeout, leave buffered while a
+	// broker hangs. An atomic rather than the client's
+	// BufferedProduceBytes, which takes its producer lock.
+	held atomic.Int64
 }
 
 // ProducerOpts are the producer settings of a gateway run with cfg:
@@ -55,17 +63,22 @@ func NewProducer(kcfg kafka.Config, cfg Config, log *slog.Logger) (*Producer, er
 	if err != nil {
 		return nil, err
 	}
-	return &Producer{cl: cl, maxBuffer: cfg.MaxBufferedRecords, timeout: cfg.ProduceTimeout, log: log}, nil
+	return &Producer{cl: cl, maxBuffer: cfg.MaxBufferedRecords, maxBytes: cfg.MaxBufferedBytes, timeout: cfg.ProduceTimeout, log: log}, nil
 }
+
+// BufferedBytes is the encoded bytes of the records the producer holds
+// (gateway.max_buffered_bytes bounds it).
+func (p *Producer) BufferedBytes() int64 { return p.held.Load() }
 
 // Produce writes the events and returns once Kafka acknowledged every one,
 // or an error wrapping ErrOverloaded or ErrUnavailable. A batch that does not
-// fit in the buffer is refused whole before anything is produced.
+// fit in the buffer, its records or its bytes, is refused whole before
+// anything is produced.
 func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) error {
 	if len(evs) == 0 {
 		return nil
 	}
-	recs, err := records(evs)
+	recs, size, err := records(evs)
 	if err != nil {
 		return err
 	}
@@ -76,6 +89,14 @@ func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) e
 		p.bufferedMu.Unlock()
 		return fmt.Errorf("%w: %d records buffered, batch of %d does not fit", ErrOverloaded, p.cl.BufferedProduceRecords(), len(recs))
 	}
+	// A call answered 503 leaves its records buffered (the idempotent
+	// producer fails none it may have sent), and its retry adds them
+	// again: the bytes are bounded here, not by the call's budgets.
+	if held := p.held.Load(); held+int64(size) > p.maxBytes {
+		p.bufferedMu.Unlock()
+		return fmt.Errorf("%w: %d bytes buffered, batch of %d bytes does not fit gateway.max_buffered_bytes (%d)", ErrOverloaded, held, size, p.maxBytes)
+	}
+	p.held.Add(int64(size))
 	// The last record's acknowledgement closes done: no goroutine waits
 	// on the batch's behalf.
 	var (
@@ -94,6 +115,7 @@ func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) e
 			errMu.Unlock()
 		}
 		if pending.Add(-1) == 0 {
+			p.held.Add(-int64(size))
 			close(done)
 		}
 	}
@@ -126,8 +148,8 @@ func (p *Producer) Produce(ctx context.Context, evs []*datamodels.HealthEvent) e
 // records encodes a batch's events as its Kafka records: the records, and
 // every record's key and value, in one allocation each rather than three
 // per event (the gateway's allocations are much of its CPU: its own, and
-// the garbage collector's).
-func records(evs []*datamodels.HealthEvent) ([]kgo.Record, error) {
+// the garbage collector's). size is the bytes of the keys and values.
+func records(evs []*datamodels.HealthEvent) (recs []kgo.Record, size int, err error) {
 	sizes := make([]int, len(evs))
 	total := 0
 	for i, ev := range evs {
@@ -135,7 +157,7 @@ func records(evs []*datamodels.HealthEvent) ([]kgo.Record, error) {
 		total += len(ev.GetCluster()) + 1 + len(ev.GetNodeName()) + sizes[i]
 	}
 	buf := make([]byte, 0, total)
-	recs := make([]kgo.Record, len(evs))
+	recs = make([]kgo.Record, len(evs))
 	for i, ev := range evs {
 		start := len(buf)
 		buf = events.AppendKey(buf, ev.GetCluster(), ev.GetNodeName())
@@ -143,11 +165,11 @@ func records(evs []*datamodels.HealthEvent) ([]kgo.Record, error) {
 		start = len(buf)
 		buf = buf[:start+sizes[i]]
 		if _, err := ev.MarshalToSizedBufferVT(buf[start:]); err != nil {
-			return nil, fmt.Errorf("encode event %d: %w", i, err)
+			return nil, 0, fmt.Errorf("encode event %d: %w", i, err)
 		}
 		recs[i].Value = buf[start:len(buf):len(buf)]
 	}
-	return recs, nil
+	return recs, total, nil
 }
 
 // Ping reports whether a broker answers.

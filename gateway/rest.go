@@ -276,13 +276,22 @@ func (s *Server) restAuth(next runtime.HandlerFunc) runtime.HandlerFunc {
 		}
 		caller, err := s.auth.Authenticate(r.Header.Get("Authorization"), chains)
 		if err != nil {
-			s.metrics.rejected("unauthenticated", 1)
-			refuseUnread(w, r)
-			writeStatus(w, http.StatusUnauthorized, codes.Unauthenticated, err.Error())
+			s.refuseUnauthenticated(w, err)
 			return
 		}
 		next(w, r.WithContext(withCaller(r.Context(), caller)), params)
 	}
+}
+
+// refuseUnauthenticated answers 401 and closes the connection (HTTP/1.1
+// Connection: close, HTTP/2 GOAWAY), whether the request had a body or
+// not: over keep-alive each refusal would start idle_timeout again, and a
+// client with no credential would hold its connections, up to
+// max_conns_per_address of them, for as long as it liked.
+func (s *Server) refuseUnauthenticated(w http.ResponseWriter, err error) {
+	s.metrics.rejected("unauthenticated", 1)
+	w.Header().Set("Connection", "close")
+	writeStatus(w, http.StatusUnauthorized, codes.Unauthenticated, err.Error())
 }
 
 // refuseUnread closes the connection after an answer given without

@@ -1,10 +1,13 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -235,5 +238,57 @@ func TestIsSubmitFastPath(t *testing.T) {
 		if got := isSubmitFastPath(r); got != tt.want {
 			t.Errorf("%s: isSubmitFastPath = %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestUnauthenticatedConnectionClosed: a 401 closes its connection, the
+// request with a body or without (the fast path, grpc-gateway's routes, the
+// fleet page's reads): over keep-alive a refusal started idle_timeout (5m)
+// again, and a client with no credential held its connections, up to
+// max_conns_per_address, as long as it liked. An answered request keeps
+// its connection.
+func TestUnauthenticatedConnectionClosed(t *testing.T) {
+	for _, fast := range []bool{true, false} {
+		srv := httptest.NewServer(newRESTTestServer(t, fast).h)
+		for _, tc := range []struct {
+			name, request string
+			wantCode      int
+			wantClosed    bool
+		}{
+			{"history read, bogus token", "GET /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer bogus-token-00000000000\r\n\r\n", 401, true},
+			{"history read, no credential", "GET /v1/events HTTP/1.1\r\nHost: x\r\n\r\n", 401, true},
+			{"fleet read, bogus token", "GET /v1/fleet/summary HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer bogus-token-00000000000\r\n\r\n", 401, true},
+			{"submission, bogus token", "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer bogus-token-00000000000\r\n" +
+				"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}", 401, true},
+			{"health", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 200, false},
+		} {
+			name := fmt.Sprintf("%s (fast path %v)", tc.name, fast)
+			c, err := net.Dial("tcp", srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.WriteString(c, tc.request); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.wantCode {
+				t.Errorf("%s: %d, want %d", name, resp.StatusCode, tc.wantCode)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			_, err = br.ReadByte()
+			closed := errors.Is(err, io.EOF)
+			if closed != tc.wantClosed || resp.Close != tc.wantClosed {
+				t.Errorf("%s: Connection: close %v, connection closed %v (%v), want %v", name, resp.Close, closed, err, tc.wantClosed)
+			}
+			c.Close()
+		}
+		srv.Close()
 	}
 }

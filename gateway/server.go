@@ -175,6 +175,9 @@ func New(cfg Config, kcfg kafka.Config, log *slog.Logger, reg *prometheus.Regist
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "faultline_gateway_decoded_bytes", Help: "What the submissions being answered hold now of decoded events, as estimated (gateway.max_decoded_bytes bounds it).",
 	}, func() float64 { return float64(flight.decodedInUse()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "faultline_gateway_producer_buffered_bytes", Help: "Encoded bytes of the records the producer holds until Kafka acknowledges them, those of calls already answered 503 included (gateway.max_buffered_bytes bounds it).",
+	}, func() float64 { return float64(prod.BufferedBytes()) }))
 	s := &Server{
 		cfg: cfg, log: log, auth: auth, metrics: m, cert: cert, clientCAs: clientCAs, producer: prod, reg: reg,
 		ready:       append([]ReadyCheck{{Name: "kafka", Check: prod.Ping}}, opts.Ready...),
