@@ -69,7 +69,7 @@ func (n *node) apply(evs []*datamodels.HealthEvent) {
 	for _, ev := range evs {
 		at := ev.GetGeneratedTimestamp().AsTime()
 		if ev.GetIsHealthy() {
-			removed, stale := n.st.Recover(ev.GetCheckName(), events.EntityKey(ev), at)
+			removed, stale := n.st.Recover(ev.GetCheckName(), events.EntityParts(ev), at)
 			n.lifted = append(n.lifted, removed...)
 			n.stale = append(n.stale, stale...)
 			continue

@@ -385,7 +385,7 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 			return nil, err
 		}
 	}
-	entity := events.EntityKey(ev)
+	entities := events.EntityParts(ev)
 	at := time.Time{}
 	if ts := ev.GetGeneratedTimestamp(); ts != nil {
 		at = ts.AsTime()
@@ -396,7 +396,7 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 	flap := h.cfg.Flap()
 	if cl.DryRun {
 		st, _ := ReadState(node)
-		removed, held, _ := st.RecoverFlapping(ev.GetCheckName(), entity, at, h.now(), flap)
+		removed, held, _ := st.RecoverFlapping(ev.GetCheckName(), entities, at, h.now(), flap)
 		var acts []*faultlinev1.Action
 		if len(held) > 0 {
 			acts = append(acts, h.action(it, events.KindUnquarantine, events.OutcomeDryRun, "would hold (flapping, stabilizing): "+fmt.Sprint(held), "", cl))
@@ -416,7 +416,7 @@ func (h *Handler) recover(ctx context.Context, cl *clusters.Client, it item) ([]
 		acts = acts[:0] // a conflict re-decides on the node as it is now
 		now := h.now()
 		manual := st.DetectManualUncordon(n, now)
-		removed, held, stale := st.RecoverFlapping(ev.GetCheckName(), entity, at, now, flap)
+		removed, held, stale := st.RecoverFlapping(ev.GetCheckName(), entities, at, now, flap)
 		for _, k := range removed {
 			st.rememberRecovery(k, at, now, h.cfg.RecoveryMemory)
 		}

@@ -161,14 +161,14 @@ func (s *State) lift(key string, p FlapPolicy) {
 // lifted. A fault last seen after the recovery was generated stays (stale).
 // With the policy disabled it is Recover (and forgets the onsets of what
 // it lifts).
-func (s *State) RecoverFlapping(check, entity string, at, now time.Time, p FlapPolicy) (removed, held, stale []string) {
+func (s *State) RecoverFlapping(check string, entities []string, at, now time.Time, p FlapPolicy) (removed, held, stale []string) {
 	healthySince := at
 	if healthySince.IsZero() || healthySince.After(now) {
 		healthySince = now
 	}
 	for _, k := range s.keys() {
 		f := s.Faults[k]
-		if !sameIdentity(f.Check, check, maxCheckKey) || (entity != "" && !sameIdentity(f.Entity, entity, maxEntityKey)) {
+		if !sameIdentity(f.Check, check, maxCheckKey) || (len(entities) > 0 && !sameEntities(f.Entity, entities)) {
 			continue
 		}
 		if !at.IsZero() && at.Before(f.LastSeen) {

@@ -115,7 +115,7 @@ func TestFlapping(t *testing.T) {
 						t.Fatalf("step %d: AddFault changed nothing", i)
 					}
 				case "recover":
-					st.RecoverFlapping("NIC_LINK_STATE", "NICPort=mlx5_3/1", at, at, c.pol)
+					st.RecoverFlapping("NIC_LINK_STATE", []string{"NICPort=mlx5_3/1"}, at, at, c.pol)
 				case "sweep":
 					st.LiftStabilized(at, c.pol)
 				}
@@ -154,16 +154,16 @@ func TestFlapStaleAndRepeats(t *testing.T) {
 	key := FaultKey("C", "")
 	f := func(at time.Time) Fault { return Fault{Check: "C", Rule: "r", Since: at, LastSeen: at, Cordon: true} }
 	st.AddFault(key, f(t0), "a")
-	st.RecoverFlapping("C", "", t0.Add(time.Second), t0.Add(time.Second), pol)
+	st.RecoverFlapping("C", nil, t0.Add(time.Second), t0.Add(time.Second), pol)
 	st.AddFault(key, f(t0.Add(2*time.Second)), "b")
 	if !st.Repeats(key, f(t0.Add(2*time.Second)), time.Minute) {
 		t.Fatal("a standing fault's repeat must be a repeat")
 	}
 	// A recovery generated before the last occurrence is stale.
-	if removed, held, stale := st.RecoverFlapping("C", "", t0.Add(time.Second), t0.Add(3*time.Second), pol); len(removed)+len(held) > 0 || len(stale) != 1 {
+	if removed, held, stale := st.RecoverFlapping("C", nil, t0.Add(time.Second), t0.Add(3*time.Second), pol); len(removed)+len(held) > 0 || len(stale) != 1 {
 		t.Fatalf("stale recovery: removed %v held %v stale %v", removed, held, stale)
 	}
-	if _, held, _ := st.RecoverFlapping("C", "", t0.Add(3*time.Second), t0.Add(3*time.Second), pol); len(held) != 1 {
+	if _, held, _ := st.RecoverFlapping("C", nil, t0.Add(3*time.Second), t0.Add(3*time.Second), pol); len(held) != 1 {
 		t.Fatalf("held %v, want the fault", held)
 	}
 	// While stabilizing, an occurrence is never a repeat (it must be
@@ -236,7 +236,7 @@ func TestFlapHistoryOnNode(t *testing.T) {
 	if !n.Spec.Unschedulable || n.Labels[LabelQuarantined] != "true" {
 		t.Fatal("not quarantined")
 	}
-	st.RecoverFlapping("C", "", t0.Add(time.Second), t0.Add(time.Second), pol)
+	st.RecoverFlapping("C", nil, t0.Add(time.Second), t0.Add(time.Second), pol)
 	RenderConditions(n, st, t0.Add(time.Second))
 	RenderObject(n, st, "me", t0.Add(time.Second))
 	if n.Spec.Unschedulable || n.Labels[LabelQuarantined] != "" || n.Annotations[AnnotationReason] != "" || n.Annotations[AnnotationBy] != "" {
@@ -269,10 +269,10 @@ func TestFlapStabilizingRendered(t *testing.T) {
 	st := &State{Faults: map[string]*Fault{}}
 	f := Fault{Check: "NIC_LINK_STATE", Class: "NIC", Rule: "r", Since: t0, LastSeen: t0, Cordon: true, Condition: true}
 	st.AddFault(FaultKey("NIC_LINK_STATE", ""), f, "a")
-	st.RecoverFlapping("NIC_LINK_STATE", "", t0, t0, pol)
+	st.RecoverFlapping("NIC_LINK_STATE", nil, t0, t0, pol)
 	f.Since, f.LastSeen = t0.Add(time.Second), t0.Add(time.Second)
 	st.AddFault(FaultKey("NIC_LINK_STATE", ""), f, "b")
-	st.RecoverFlapping("NIC_LINK_STATE", "", t0.Add(2*time.Second), t0.Add(2*time.Second), pol)
+	st.RecoverFlapping("NIC_LINK_STATE", nil, t0.Add(2*time.Second), t0.Add(2*time.Second), pol)
 	RenderConditions(n, st, t0)
 	RenderObject(n, st, "me", t0)
 	if len(n.Status.Conditions) != 1 || n.Status.Conditions[0].Status != corev1.ConditionFalse ||

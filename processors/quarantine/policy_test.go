@@ -146,7 +146,7 @@ func TestRenderOwnsOnlyItsOwn(t *testing.T) {
 	if RenderObject(n, st2, "me", now) || RenderConditions(n, st2, now) {
 		t.Fatal("second render changed the node")
 	}
-	removed, _ := st2.Recover("XID", "", now.Add(time.Second))
+	removed, _ := st2.Recover("XID", nil, now.Add(time.Second))
 	if len(removed) != 1 {
 		t.Fatalf("recover removed %v", removed)
 	}
@@ -167,7 +167,7 @@ func TestStaleRecoveryKeepsFault(t *testing.T) {
 	now := time.Now()
 	st := &State{Faults: map[string]*Fault{}}
 	st.AddFault("C|", Fault{Check: "C", LastSeen: now}, "e1")
-	removed, stale := st.Recover("C", "", now.Add(-time.Minute))
+	removed, stale := st.Recover("C", nil, now.Add(-time.Minute))
 	if len(removed) != 0 || len(stale) != 1 {
 		t.Fatalf("removed %v stale %v", removed, stale)
 	}

@@ -22,7 +22,7 @@ func TestRecoveredRemembered(t *testing.T) {
 	lifted := func(recoveredAt time.Time, memory time.Duration) *State {
 		st := &State{Faults: map[string]*Fault{}}
 		st.AddFault(key, Fault{Check: "XID_ERROR_48", Entity: "GPU=GPU-1", Rule: "r", Cordon: true, Since: t0, LastSeen: t0}, "e1")
-		removed, _, _ := st.RecoverFlapping("XID_ERROR_48", "GPU=GPU-1", recoveredAt, now, FlapPolicy{})
+		removed, _, _ := st.RecoverFlapping("XID_ERROR_48", []string{"GPU=GPU-1"}, recoveredAt, now, FlapPolicy{})
 		for _, k := range removed {
 			st.rememberRecovery(k, recoveredAt, now, memory)
 		}

@@ -213,6 +213,17 @@ func sameIdentity(stored, v string, n int) bool {
 	return stored == v || stored == events.BoundKey(v, n)
 }
 
+// sameEntities reports whether a fault's stored entity list (an
+// events.EntityKey, kept as the fault's event listed them) names the
+// recovery's entities (events.EntityParts), in any order: an agent, or a
+// person, may list the same entities in another order. A list stored as a
+// bounded stand-in (longer than maxEntityKey, or with characters JSON
+// escapes) is matched in the recovery's order only: its stand-in keeps
+// a hash of the list as it came, not its parts.
+func sameEntities(stored string, parts []string) bool {
+	return sameIdentity(stored, strings.Join(parts, ","), maxEntityKey) || events.SameEntities(stored, parts)
+}
+
 // ReadState decodes the node's state; a node without one gives an empty
 // state. A corrupt annotation is an error (the caller starts afresh and
 // says so); a corrupt AnnotationOnsets is dropped silently (it only damps
@@ -458,13 +469,14 @@ func (s *State) Fit(budget int) FitReport {
 }
 
 // Recover removes the faults a healthy event clears: the same check on the
-// same entities, or every entity of the check when the event names none.
-// A fault last seen after the recovery was generated stays (the recovery is
-// stale). It returns the removed keys and the stale ones.
-func (s *State) Recover(check, entity string, at time.Time) (removed, stale []string) {
+// same entities (events.EntityParts; in any order: sameEntities), or every
+// entity of the check when the event names none. A fault last seen after
+// the recovery was generated stays (the recovery is stale). It returns the
+// removed keys and the stale ones.
+func (s *State) Recover(check string, entities []string, at time.Time) (removed, stale []string) {
 	for _, k := range s.keys() {
 		f := s.Faults[k]
-		if !sameIdentity(f.Check, check, maxCheckKey) || (entity != "" && !sameIdentity(f.Entity, entity, maxEntityKey)) {
+		if !sameIdentity(f.Check, check, maxCheckKey) || (len(entities) > 0 && !sameEntities(f.Entity, entities)) {
 			continue
 		}
 		if !at.IsZero() && at.Before(f.LastSeen) {

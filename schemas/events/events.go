@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -326,13 +327,83 @@ func Entity(ev *datamodels.HealthEvent, typ string) string {
 }
 
 // EntityKey is a stable text form of all impacted entities ("GPU=GPU-1,NIC=mlx5_0"),
-// used to tell one entity's fault from another's on the same node.
+// used to tell one entity's fault from another's on the same node. It
+// keeps the event's order and escapes nothing (a value may hold ',' or
+// '='): compare a key with an event's entities in any order by
+// SameEntities, not by splitting it.
 func EntityKey(ev *datamodels.HealthEvent) string {
+	return strings.Join(EntityParts(ev), ",")
+}
+
+// EntityParts is the impacted entities as EntityKey writes each
+// ("GPU=GPU-1"), in the event's order.
+func EntityParts(ev *datamodels.HealthEvent) []string {
 	parts := make([]string, 0, len(ev.GetEntitiesImpacted()))
 	for _, e := range ev.GetEntitiesImpacted() {
 		parts = append(parts, e.GetEntityType()+"="+e.GetEntityValue())
 	}
-	return strings.Join(parts, ",")
+	return parts
+}
+
+// maxSameEntitiesSteps bounds SameEntities' search: only parts that hold
+// ',' make it branch, and none of an agent's do.
+const maxSameEntitiesSteps = 10000
+
+// SameEntities reports whether key, an EntityKey, lists the entities parts
+// (EntityParts) in some order: each part once, as many times as it is in
+// parts (the same entities sent by another agent, or by hand, in another
+// order). As EntityKey escapes nothing, key is not split on ','; it is
+// matched part by part from its start, each part followed by ',' or its
+// end, so a ',' inside a value splits nothing. No parts match "" only. A
+// search that would take more than maxSameEntitiesSteps steps (parts built
+// to make it branch) reports false unless key is parts in their order.
+func SameEntities(key string, parts []string) bool {
+	if len(parts) == 0 {
+		return key == ""
+	}
+	n := len(parts) - 1
+	for _, p := range parts {
+		n += len(p)
+	}
+	if len(key) != n {
+		return false
+	}
+	if key == strings.Join(parts, ",") {
+		return true
+	}
+	sorted := slices.Clone(parts)
+	slices.Sort(sorted)
+	used := make([]bool, len(sorted))
+	steps := 0
+	var match func(rest string, left int) bool
+	match = func(rest string, left int) bool {
+		if steps++; steps > maxSameEntitiesSteps {
+			return false
+		}
+		for i, p := range sorted {
+			// A part equal to the one before is tried only after it.
+			if used[i] || (i > 0 && sorted[i-1] == p && !used[i-1]) || !strings.HasPrefix(rest, p) {
+				continue
+			}
+			tail := rest[len(p):]
+			if left == 1 {
+				if tail == "" {
+					return true
+				}
+				continue
+			}
+			if tail == "" || tail[0] != ',' {
+				continue
+			}
+			used[i] = true
+			if match(tail[1:], left-1) {
+				return true
+			}
+			used[i] = false
+		}
+		return false
+	}
+	return match(key, len(sorted))
 }
 
 // IsDerived reports whether a correlation rule produced the event.
