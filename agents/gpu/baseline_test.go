@@ -157,6 +157,19 @@ func TestBaselineAfterRestart(t *testing.T) {
 		after:  []ReplayStep{{GPUs: []GPU{gpuA, gpuB}}, {GPUs: []GPU{gpuA, gpuB}}},
 		want:   []string{connOK + healthyOn("", "GPU-A", "GPU-B"), ""},
 	}, {
+		// GPU-B gives no handle at the new process's first read (nothing
+		// names it: no metadata): the other GPU's baseline goes out, GPU-B
+		// waits under its index and is baselined by its UUID when it reads.
+		name:   "a GPU without handle at the restart: baselined when it reads",
+		before: [][]Incident{{memDBE(gpuB)}},
+		after: []ReplayStep{
+			{Incidents: []Incident{{GPU: 1, System: "Pcie", Health: "FAIL", Code: "DCGM_FR_NVML_API", Message: "no handle"}},
+				GPUs: []GPU{gpuA, {Index: 1, Unknown: Watches}}},
+			{GPUs: []GPU{gpuA, gpuB}}, {GPUs: []GPU{gpuA, gpuB}}},
+		want: []string{connOK + "GpuPcieWatch:DCGM_FR_NVML_API!/CONTACT_SUPPORT@gpu1 " + healthyOn("", "GPU-A"),
+			"GpuPcieWatch:healthy@gpu1 " + healthyOn("", "GPU-B"), ""},
+		faults: "",
+	}, {
 		name:   "no inventory: the GPUs of the incidents",
 		before: [][]Incident{{memDBE(gpuA), memDBE(gpuB), incident(gpuA, "Thermal", "DCGM_FR_CLOCKS_EVENT_THERMAL")}},
 		after:  []ReplayStep{{Incidents: []Incident{memDBE(gpuA), incident(gpuB, "Thermal", "DCGM_FR_TEMP_VIOLATION")}}},

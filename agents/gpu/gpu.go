@@ -367,13 +367,23 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 		cur[key] = c.event(in)
 	}
 	// A GPU missing when its watches were baselined, read again: its own
-	// baseline (a fault this process raised recovers as usual).
+	// baseline (a fault this process raised recovers as usual). One that
+	// could not be named then (no handle at the first read: waiting as
+	// "gpu<index>") is the GPU this NVML session reads at its index now.
 	var back []*datamodels.HealthEvent
 	for i := range gpus {
 		id := gpuID(Incident{GPU: gpus[i].Index, UUID: gpus[i].UUID})
+		byIndex := gpuID(Incident{GPU: gpus[i].Index})
 		for _, w := range Watches {
 			k := id + "|" + w
-			if !c.unbased[k] || c.pending[w] || slices.Contains(gpus[i].Unknown, w) {
+			if c.pending[w] || slices.Contains(gpus[i].Unknown, w) {
+				continue
+			}
+			if gpus[i].UUID != "" && c.unbased[byIndex+"|"+w] {
+				delete(c.unbased, byIndex+"|"+w)
+				c.unbased[k] = true
+			}
+			if !c.unbased[k] {
 				continue
 			}
 			delete(c.unbased, k)
