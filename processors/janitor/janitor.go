@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +47,27 @@ const (
 // quarantine it drained for: the two times are two processors' clocks.
 const drainSlack = time.Minute
 
+// drainMark is what the janitor reads of the node's drain state
+// (annotationDrainState, written by the drain role).
+type drainMark struct {
+	ID         string    `json:"id"`
+	FinishedAt time.Time `json:"finishedAt"`
+	// GPUs is a partial drain's scope: only the pods using these GPUs
+	// were evicted (COMPONENT_RESET). Empty: the whole node.
+	GPUs []string `json:"gpus"`
+}
+
+// readDrainMark reads the node's drain state; false when it has none or
+// it is unreadable.
+func readDrainMark(n *corev1.Node) (drainMark, bool) {
+	var d drainMark
+	v, ok := n.Annotations[annotationDrainState]
+	if !ok || json.Unmarshal([]byte(v), &d) != nil {
+		return drainMark{}, false
+	}
+	return d, true
+}
+
 // staleDrain says why the node's finished drain is not one of its current
 // quarantine ("" when it is, or when either mark has no time): the drain
 // label stays after a lift, so a node lifted and quarantined again (by
@@ -57,11 +79,8 @@ func staleDrain(n *corev1.Node) string {
 	if err != nil {
 		return ""
 	}
-	var d struct {
-		ID         string    `json:"id"`
-		FinishedAt time.Time `json:"finishedAt"`
-	}
-	if json.Unmarshal([]byte(n.Annotations[annotationDrainState]), &d) != nil || d.FinishedAt.IsZero() {
+	d, ok := readDrainMark(n)
+	if !ok || d.FinishedAt.IsZero() {
 		return ""
 	}
 	if !qat.After(d.FinishedAt.Add(drainSlack)) {
@@ -69,6 +88,24 @@ func staleDrain(n *corev1.Node) string {
 	}
 	return fmt.Sprintf("its drain %s finished at %s, before its quarantine began at %s (the node was lifted and quarantined again since)",
 		d.ID, d.FinishedAt.UTC().Format(time.RFC3339), qat.UTC().Format(time.RFC3339))
+}
+
+// partialDrain says why the node's drain does not make way for an
+// operation on the whole node ("" when it does): a COMPONENT_RESET drain
+// evicts only the pods of the faulty GPUs, so a reboot or terminate
+// after it kills the node's other pods without eviction or their PDBs —
+// a RebootNode held (a slot, the cooldown) while its node was lifted and
+// quarantined again for a GPU's fault, say.
+func partialDrain(n *corev1.Node) string {
+	d, ok := readDrainMark(n)
+	if !ok || len(d.GPUs) == 0 {
+		return ""
+	}
+	gpus := strings.Join(d.GPUs[:min(len(d.GPUs), 4)], ",")
+	if len(d.GPUs) > 4 {
+		gpus += fmt.Sprintf(" and %d more", len(d.GPUs)-4)
+	}
+	return fmt.Sprintf("its drain %s evicted only the pods of GPUs %s (a partial drain, for a GPU reset), not the whole node's", d.ID, gpus)
 }
 
 // Janitor carries out the janitor resources of every configured cluster.

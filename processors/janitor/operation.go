@@ -39,7 +39,8 @@ func (op *operation) ref() string { return op.kd.Name + "/" + op.u.GetName() }
 
 // notDrained says why op.node may not be acted on under require_drained
 // ("" when it may): faultline has not quarantined and drained it, or its
-// drain is older than its quarantine. Not asked when spec.force is set.
+// drain is older than its quarantine, or (a reboot, a terminate) its drain
+// took only some GPUs' pods. Not asked when spec.force is set.
 func (op *operation) notDrained() string {
 	if !op.j.cfg.RequireDrained || op.force {
 		return ""
@@ -51,6 +52,11 @@ func (op *operation) notDrained() string {
 	}
 	if why := staleDrain(op.node); why != "" {
 		return fmt.Sprintf("node %s is not drained for its current quarantine: %s; spec.force is not set", op.nodeName, why)
+	}
+	if op.kd != kindGPUReset {
+		if why := partialDrain(op.node); why != "" {
+			return fmt.Sprintf("node %s is not drained for a %s: %s; spec.force is not set", op.nodeName, op.kd.Name, why)
+		}
 	}
 	return ""
 }

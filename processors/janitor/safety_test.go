@@ -283,3 +283,45 @@ func TestStaleDrain(t *testing.T) {
 		})
 	}
 }
+
+// TestPartialDrainRefusesWholeNode: a COMPONENT_RESET drain evicts only
+// its GPUs' pods, so a RebootNode or TerminateNode on its node (one held
+// while the node was lifted and quarantined again for a GPU's fault) is
+// refused NotDrained unless forced; a GPUReset is not, nor a whole-node
+// drain's reboot.
+func TestPartialDrainRefusesWholeNode(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	partial := fmt.Sprintf(`{"id":"d2","phase":"succeeded","finishedAt":%q,"gpus":["GPU-2"]}`, t0.Add(time.Minute).Format(time.RFC3339Nano))
+	whole := fmt.Sprintf(`{"id":"d1","phase":"succeeded","finishedAt":%q}`, t0.Add(time.Minute).Format(time.RFC3339Nano))
+	for _, tc := range []struct {
+		name    string
+		kd      kind
+		drain   string
+		force   bool
+		refused bool
+	}{
+		{"reboot after a partial drain", kindReboot, partial, false, true},
+		{"terminate after a partial drain", kindTerminate, partial, false, true},
+		{"forced reboot after a partial drain", kindReboot, partial, true, false},
+		{"GPU reset after a partial drain", kindGPUReset, partial, false, false},
+		{"reboot after a whole-node drain", kindReboot, whole, false, false},
+		{"reboot, no drain state", kindReboot, "", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ann := map[string]string{annotationQuarantinedAt: t0.Format(time.RFC3339)}
+			if tc.drain != "" {
+				ann[annotationDrainState] = tc.drain
+			}
+			op := &operation{
+				j:  &Janitor{cfg: Config{RequireDrained: true}},
+				kd: tc.kd, nodeName: "n1", force: tc.force,
+				node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: ann,
+					Labels: map[string]string{labelQuarantined: "true", labelDrain: "succeeded"}}},
+			}
+			if why := op.notDrained(); (why != "") != tc.refused {
+				t.Fatalf("notDrained = %q, want refused %v", why, tc.refused)
+			}
+		})
+	}
+}
