@@ -492,6 +492,15 @@ func (t *Template) compile() error {
 	if o, err := t.render(otherGPU); err == nil && !sameObject(o.Object, obj.Object) {
 		t.byGPU = true
 	}
+	if t.Action == datamodels.RecommendedAction_COMPONENT_RESET.String() && !t.byGPU {
+		// The drain decides its scope from the action: for COMPONENT_RESET
+		// it evicts only the pods of the fault's GPUs. An object that is
+		// the same whatever the GPUs acts on the whole node (a reboot, a
+		// terminate): it would kill the node's other pods, never evicted.
+		return fmt.Errorf("object: renders the same object whatever the fault's GPUs (.GPUs, .Entities), so it acts on the whole node, " +
+			"but the drain for COMPONENT_RESET evicts only the pods of the fault's GPUs: use an object of the GPUs (GPUReset's spec.selector.uuids = .GPUs), " +
+			"or have the fault's source recommend RESTART_BM (a correlate rule's emit.recommended_action, say), whose drain takes the whole node")
+	}
 	otherEntity := sampleData
 	otherEntity.Entities = append(slices.Clone(sampleData.Entities), Entity{Type: "NIC", Value: "mlx5_9"})
 	if o, err := t.render(otherEntity); err == nil && !sameObject(o.Object, obj.Object) {

@@ -25,8 +25,15 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 			`remediate.templates[0]: action: "RESTART_VMM" is not a recommended action a template serves (COMPONENT_RESET, REPLACE_VM, RESTART_BM, RESTART_VM, RUN_DCGMEUD, RUN_FIELDDIAG) nor custom:<name>`},
 		{"action never templated", func(c *Config) { c.Templates = []Template{{Action: "CONTACT_SUPPORT", Object: RebootNodeTemplate}} }, "remediate.templates[0]: action: \"CONTACT_SUPPORT\""},
 		{"action twice", func(c *Config) {
-			c.Templates = []Template{{Action: "custom:x", Object: RebootNodeTemplate}, {Action: "COMPONENT_RESET", Object: RebootNodeTemplate}, {Action: "COMPONENT_RESET", Object: RebootNodeTemplate}}
+			c.Templates = []Template{{Action: "custom:x", Object: RebootNodeTemplate}, {Action: "COMPONENT_RESET", Object: GPUResetTemplate}, {Action: "COMPONENT_RESET", Object: GPUResetTemplate}}
 		}, `remediate.templates[2].action: "COMPONENT_RESET" already set by remediate.templates[1]`},
+		// The drain for COMPONENT_RESET evicts only the GPUs' pods: a
+		// whole-node object for it would kill the node's other pods.
+		{"COMPONENT_RESET to a reboot", func(c *Config) { c.Templates = []Template{{Action: "COMPONENT_RESET", Object: RebootNodeTemplate}} },
+			"remediate.templates[0]: object: renders the same object whatever the fault's GPUs"},
+		{"COMPONENT_RESET to a terminate", func(c *Config) {
+			c.Templates = []Template{{Action: "RESTART_VM", Object: RebootNodeTemplate}, {Action: "COMPONENT_RESET", Group: "terminate", Object: TerminateNodeTemplate}}
+		}, "remediate.templates[1]: object: renders the same object whatever the fault's GPUs"},
 		{"retention negative", func(c *Config) { c.Retention = -time.Hour }, "remediate.retention"},
 		{"retention under the budget window", func(c *Config) { c.Retention = 12 * time.Hour }, "remediate.retention"},
 		{"retention within the completion timeout", func(c *Config) {
