@@ -9,7 +9,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -117,5 +119,47 @@ func TestJoinAtALaterLookIsAudited(t *testing.T) {
 	}
 	if len(acts) != 1 || acts[0].GetOutcome() != events.OutcomeInProgress || !strings.HasPrefix(acts[0].GetReason(), "joined ") {
 		t.Fatalf("join at a later look said %v, want the joined record", acts)
+	}
+}
+
+// TestDryRunTriggerEscalatesNothing: a dry-run drain result that
+// recommends CONTACT_SUPPORT (drain/dry_run, or marked dry-run: in flight
+// when its cluster was switched to live, or replayed) annotates no node,
+// on a live cluster too; before, only the cluster's dry-run was asked and
+// faultline.io/remediation-escalated was patched onto the live node while
+// the action said dryRun (no server: client-go's fake clientset).
+func TestDryRunTriggerEscalatesNothing(t *testing.T) {
+	h, err := New(DefaultConfig(), clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog, Now: time.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		src       *faultlinev1.Action
+		annotated bool
+	}{
+		{"marked dry-run", &faultlinev1.Action{RecommendedAction: "CONTACT_SUPPORT", Outcome: events.OutcomeSucceeded, DryRun: true}, false},
+		{"a drain/dry_run result", &faultlinev1.Action{RecommendedAction: "CONTACT_SUPPORT", Outcome: events.OutcomeDryRun}, false},
+		{"live", &faultlinev1.Action{RecommendedAction: "CONTACT_SUPPORT", Outcome: events.OutcomeSucceeded}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kube := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+			cl := &clusters.Client{Name: cluster, Kube: kube}
+			tr := trigger{cluster: cluster, node: "n1", id: "ev-" + tc.name, src: tc.src}
+			acts, _, err := h.step(context.Background(), cl, tr)
+			if err != nil || len(acts) != 1 || acts[0].GetKind() != events.KindEscalate {
+				t.Fatalf("step: %v, %v; want one escalate action", acts, err)
+			}
+			if acts[0].GetDryRun() == tc.annotated {
+				t.Errorf("escalate action dryRun %v, want %v", acts[0].GetDryRun(), !tc.annotated)
+			}
+			n, err := kube.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := n.Annotations[AnnotationEscalated]; ok != tc.annotated {
+				t.Errorf("node annotated %s: %v, want %v", AnnotationEscalated, ok, tc.annotated)
+			}
+		})
 	}
 }

@@ -468,8 +468,7 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 		return []*faultlinev1.Action{h.action(t, events.KindRemediate, events.OutcomeSkipped, "no resource template for "+actionKey(t.src), "skip")}, time.Time{}, nil
 	}
 	d := h.data(t, tm)
-	dryRun := cl == nil || cl.Kube == nil || cl.DryRun || t.src.GetDryRun() || t.src.GetOutcome() == events.OutcomeDryRun
-	if dryRun {
+	if dryRun(cl, t) {
 		d.Name = h.name(t.node, tm.Group, 1)
 		a := h.action(t, events.KindRemediate, events.OutcomeDryRun, fmt.Sprintf("would create %s %s", tm.kind, d.Name), "dry_run")
 		a.DryRun = true
@@ -919,9 +918,10 @@ func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *
 // escalate records CONTACT_SUPPORT for the node: an escalate action and an
 // annotation on the node. Nothing is created.
 // It is counted once written: a write that fails is retried (the step's
-// error), and counts nothing.
+// error), and counts nothing. A dry-run trigger (dryRun) annotates
+// nothing, on a live cluster too; its action says dryRun.
 func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, group, why string) ([]*faultlinev1.Action, error) {
-	dry := cl == nil || cl.Kube == nil || cl.DryRun
+	dry := dryRun(cl, t)
 	if !dry {
 		val := h.now().UTC().Format(time.RFC3339) + " " + why
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationEscalated: events.Truncate(val, 1024)}}})
@@ -939,6 +939,14 @@ func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, 
 	}
 	a.DryRun = a.DryRun || dry
 	return []*faultlinev1.Action{a}, nil
+}
+
+// dryRun reports whether the trigger's remediation changes nothing: its
+// cluster is dry-run, or the trigger is (a drain/dry_run result, or one
+// marked dry-run: in flight when the cluster was switched to live, or
+// replayed), whatever the cluster is now.
+func dryRun(cl *clusters.Client, t trigger) bool {
+	return cl == nil || cl.Kube == nil || cl.DryRun || t.src.GetDryRun() || t.src.GetOutcome() == events.OutcomeDryRun
 }
 
 // name is the deterministic name of a node's seq-th resource of a group:
