@@ -18,6 +18,8 @@ import (
 	"runtime/debug"
 	"time"
 
+	ch "github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -225,6 +227,37 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 	return res, nil
 }
 
+// asyncInsertSince is the first ClickHouse version with async_insert
+// (21.11); older servers refuse a setting they do not know.
+var asyncInsertSince = proto.Version{Major: 21, Minor: 11}
+
+// insertSettings are the settings of the store's inserts on a server of
+// version v:
+//
+//   - insert_deduplicate=0: on a cluster the tables are Replicated, which
+//     drop an inserted block identical to one written before — and then
+//     skip the block's materialized views too (18.16 always does; newer
+//     servers unless deduplicate_blocks_in_dependent_materialized_views,
+//     0 by default). A batch whose events insert succeeded and whose
+//     view insert failed (a ZooKeeper blip, too many parts, the batch
+//     timeout), retried within the same second (the block holds stored,
+//     DEFAULT now(); the first retry comes after 100 ms), was dropped
+//     whole: in events, never in recent_events or derived_events. Every
+//     read deduplicates by id, so the retry's copies cost nothing. A
+//     Distributed insert (insert_distributed_sync=1) passes the setting on
+//     to every shard's insert, 18.16's too.
+//   - async_insert=0 (21.11 and newer): a profile with async_insert=1 and
+//     wait_for_async_insert=0 (ClickHouse Cloud can set it) would
+//     acknowledge rows only buffered, the offsets would be committed, and
+//     a restart before the flush would lose them unseen.
+func insertSettings(v proto.Version) ch.Settings {
+	s := ch.Settings{"insert_deduplicate": 0}
+	if proto.CheckMinVersion(asyncInsertSince, v) {
+		s["async_insert"] = 0
+	}
+	return s
+}
+
 // insert writes one columnar block to table.
 func (h *Handler) insert(ctx context.Context, table, columns string, cols []any, n int) (err error) {
 	began := time.Now()
@@ -237,6 +270,11 @@ func (h *Handler) insert(ctx context.Context, table, columns string, cols []any,
 		h.m.insert.WithLabelValues(table).Observe(time.Since(began).Seconds())
 		h.m.rows.WithLabelValues(table).Add(float64(n))
 	}()
+	srv, err := h.conn.ServerVersion()
+	if err != nil {
+		return err
+	}
+	ctx = ch.Context(ctx, ch.WithSettings(insertSettings(srv.Version)))
 	batch, err := h.conn.PrepareBatch(ctx, "INSERT INTO "+table+" ("+columns+")")
 	if err != nil {
 		return err
