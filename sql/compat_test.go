@@ -174,8 +174,9 @@ func reaches(threshold float64) func(tsv) error {
 
 // candidatesCheck is what a rule's sweep candidates must answer over the
 // seed: something, and for the NIC rules the ports and signatures whose
-// non-fatal state events count as down (NVSentinel's, unmarked) and not
-// those that do not (faultline's nic check's, marked).
+// non-fatal state events count as down (NVSentinel's, marked
+// crossings-only) and not those that do not (faultline's nic check's,
+// unmarked).
 func candidatesCheck(rule string) func(tsv) error {
 	want := map[string]struct{ has, hasNot []string }{
 		"NICPortDrop":    {has: []string{"\tNIC=mlx5_2,NICPort=1\t", "\tNIC=mlx5_6,NICPort=1\t"}, hasNot: []string{"\tNIC=mlx5_4,NICPort=1\t"}},
@@ -269,42 +270,42 @@ func seed() (stored, batch []seedEvent, actions, batchActions []seedAction) {
 		}
 	}
 	ib, ibDeg, xid, sxid, fm := "InfiniBandStateCheck", "InfiniBandDegradationCheck", "SysLogsXIDError", "SysLogsSXIDError", "FabricManagerNVSwitchError"
-	// escalating: the mark of faultline's nic check on its non-fatal state
-	// events (it reports an escalation to DOWN; NVSentinel's monitor,
-	// unmarked, does not, and its non-fatal event is a down).
-	escalating := [][2]string{{events.MetaNICReportsEscalation, "1"}}
+	// crossings: the mark nvsentinel.Normalize gives NVSentinel's NIC port
+	// state events (its monitor reports no escalation to DOWN, so its
+	// non-fatal event is a down; faultline's nic check, unmarked, does).
+	crossings := [][2]string{{events.MetaNICCrossingsOnly, "1"}}
 	// RepeatedNICLinkFlap: a port going down three times in two minutes
 	// (state check and link_downed counter), recovering in between; its
 	// first DOWN reported again (a second source) is no second down, nor
-	// is the nic check's error recovery (non-fatal, marked) before a DOWN.
-	// mlx5_5 is NVSentinel's: error recovery (non-fatal, unmarked: a down)
+	// is the nic check's error recovery (non-fatal, unmarked) before a DOWN.
+	// mlx5_5 is NVSentinel's: error recovery (non-fatal, marked: a down)
 	// three times, back in between.
 	add(
 		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(0), fatal: true},
 		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(2 * time.Second), fatal: true},
 		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(30 * time.Second), healthy: true},
-		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(60 * time.Second), meta: escalating},
+		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(60 * time.Second)},
 		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(60*time.Second + 250*time.Millisecond), fatal: true},
 		seedEvent{node: "n-flap", check: ibDeg, ents: port("mlx5_0"), at: s(61 * time.Second), codes: []string{"link_downed"}, meta: [][2]string{{"delta", "2"}}},
 		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_0"), at: s(90 * time.Second), healthy: true},
 		seedEvent{node: "n-flap", check: ibDeg, ents: port("mlx5_0"), at: s(121 * time.Second), codes: []string{"link_downed", "symbol_error"}},
 		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_1"), at: s(5 * time.Minute), fatal: true},
-		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_5"), at: s(10 * time.Second)},
+		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_5"), at: s(10 * time.Second), meta: crossings},
 		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_5"), at: s(20 * time.Second), healthy: true},
-		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_5"), at: s(70 * time.Second)},
+		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_5"), at: s(70 * time.Second), meta: crossings},
 		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_5"), at: s(80 * time.Second), healthy: true},
-		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_5"), at: s(130 * time.Second)},
+		seedEvent{node: "n-flap", check: ib, ents: port("mlx5_5"), at: s(130 * time.Second), meta: crossings},
 	)
 	// NICPortDrop: mlx5_2 goes down and stays down (its own link_downed
 	// inside grace); mlx5_3 goes down and retrains later (a flap, not a
 	// drop); mlx5_4 sits in INIT (the nic check's, non-fatal: waiting for
 	// the subnet manager, not down); mlx5_6 is caught in error recovery by
-	// NVSentinel's monitor (unmarked) and stays down (a drop).
+	// NVSentinel's monitor (marked crossings-only) and stays down (a drop).
 	add(
 		seedEvent{node: "n-drop", check: ib, ents: port("mlx5_2"), at: s(0), fatal: true},
 		seedEvent{node: "n-drop", check: ibDeg, ents: port("mlx5_2"), at: s(5 * time.Second), codes: []string{"link_downed"}},
-		seedEvent{node: "n-drop", check: ib, ents: port("mlx5_4"), at: s(0), meta: escalating},
-		seedEvent{node: "n-drop", check: ib, ents: port("mlx5_6"), at: s(0)},
+		seedEvent{node: "n-drop", check: ib, ents: port("mlx5_4"), at: s(0)},
+		seedEvent{node: "n-drop", check: ib, ents: port("mlx5_6"), at: s(0), meta: crossings},
 		seedEvent{node: "n-drop", check: "EthernetStateCheck", ents: port("mlx5_3"), at: s(0), fatal: true},
 		seedEvent{node: "n-drop", check: "EthernetDegradationCheck", ents: port("mlx5_3"), at: s(2 * time.Minute), codes: []string{"link_downed"}, meta: [][2]string{{"delta", "1"}}},
 	)
@@ -332,11 +333,11 @@ func seed() (stored, batch []seedEvent, actions, batchActions []seedAction) {
 		add(seedEvent{cluster: "beta", node: fmt.Sprintf("b%d", i), check: fm, ents: []entity{{"NVSwitch", "1"}}, at: s(time.Duration(20*i) * time.Second), codes: []string{"SXID-12028"}})
 	}
 	// ... and four nodes of gamma whose port NVSentinel's monitor caught in
-	// error recovery (non-fatal, unmarked: counted), four more whose port
-	// faultline's nic check did (marked: not counted).
+	// error recovery (non-fatal, marked crossings-only: counted), four more
+	// whose port faultline's nic check did (unmarked: not counted).
 	for i := range 4 {
-		add(seedEvent{cluster: "gamma", node: fmt.Sprintf("g%d", i), check: ib, ents: port("mlx5_0"), at: s(time.Duration(5+10*i) * time.Second)},
-			seedEvent{cluster: "gamma", node: fmt.Sprintf("g%d", 4+i), check: "EthernetStateCheck", ents: port("mlx5_1"), at: s(time.Duration(5+10*i) * time.Second), meta: escalating})
+		add(seedEvent{cluster: "gamma", node: fmt.Sprintf("g%d", i), check: ib, ents: port("mlx5_0"), at: s(time.Duration(5+10*i) * time.Second), meta: crossings},
+			seedEvent{cluster: "gamma", node: fmt.Sprintf("g%d", 4+i), check: "EthernetStateCheck", ents: port("mlx5_1"), at: s(time.Duration(5+10*i) * time.Second)})
 	}
 	// NVSwitchSXidGPUXid: a fatal SXid naming GPU-3333 and its Xid 74; a
 	// non-fatal SXid 11004 naming GPU-4444 only by gpu_pci, and its Xid 45;

@@ -696,9 +696,6 @@ func portEvent(n *NIC, p *Port, level, st, ph string) *datamodels.HealthEvent {
 	md := map[string]string{
 		"state": p.State, "phys_state": p.PhysicalState, "link_layer": p.LinkLayer,
 		"role": string(n.Role), "pci_address": n.PCIAddress, "hca_type": n.HCAType, "fw_ver": n.FWVersion,
-		// transition reports a non-fatal → fatal escalation: the
-		// correlator need not take a non-fatal event for a down.
-		events.MetaNICReportsEscalation: "1",
 	}
 	if p.NetDev != "" {
 		md["net_dev"], md["operstate"] = p.NetDev, p.OperState
@@ -714,11 +711,7 @@ func retiredEvent(dev string, port uint, linkLayer, why string, degradation bool
 		prefix = "RoCE port"
 	}
 	msg := fmt.Sprintf("%s %s port %d: cleared, %s", prefix, dev, port, why)
-	md := map[string]string{"link_layer": linkLayer}
-	if !degradation {
-		md[events.MetaNICReportsEscalation] = "1"
-	}
-	return newEvent(checkName(linkLayer, degradation), msg, false, true, portEntities(dev, port), md)
+	return newEvent(checkName(linkLayer, degradation), msg, false, true, portEntities(dev, port), map[string]string{"link_layer": linkLayer})
 }
 
 func deviceEvent(name, linkLayer string, back bool) *datamodels.HealthEvent {

@@ -7,7 +7,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -33,12 +32,12 @@ func runSteps(t *testing.T, hs *harness, steps []step) {
 
 // nicDegraded is the NIC agent's non-fatal unhealthy state event: the port
 // left ACTIVE/LinkUp for a state that is not DOWN (LinkErrorRecovery, INIT).
-// It carries the agent's mark (events.MetaNICReportsEscalation): an
-// escalation to DOWN would come as an event of its own.
+// It carries no crossings-only mark (events.MetaNICCrossingsOnly): the
+// agent reports an escalation to DOWN as an event of its own.
 func nicDegraded(cluster, node string, at time.Duration) *datamodels.HealthEvent {
 	ev := nicState(cluster, node, at, false)
 	ev.IsFatal, ev.RecommendedAction = false, datamodels.RecommendedAction_NONE
-	ev.Metadata = map[string]string{"state": "4: ACTIVE", "phys_state": "6: LinkErrorRecovery", events.MetaNICReportsEscalation: "1"}
+	ev.Metadata = map[string]string{"state": "4: ACTIVE", "phys_state": "6: LinkErrorRecovery"}
 	ev.Message = "Port mlx5_0 port 1: state ACTIVE, phys_state LinkErrorRecovery"
 	return ev
 }

@@ -654,9 +654,23 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 	if err != nil {
 		return nil, err
 	}
+	// down: the rules whose sweep failed or was skipped. A rule suppressed
+	// by one of them (suppressed_by; swept after it, suppressorsFirst) is
+	// skipped too: without its suppressor's standing incident (its
+	// candidates failed, or evaluate forgot the incident it had decided)
+	// it would derive live verdicts — REPLACE_VM on every node behind a
+	// dead switch. It sweeps again when its suppressor does.
+	down := map[string]bool{}
 	var out []*kgo.Record
 	for i, r := range h.rules {
+		if !failed[i] {
+			if j := slices.IndexFunc(r.Spec.SuppressedBy, func(by string) bool { return down[by] }); j >= 0 {
+				h.sweepSkipped(r, r.Spec.SuppressedBy[j])
+				failed[i] = true
+			}
+		}
 		if failed[i] {
+			down[r.Name] = true
 			continue
 		}
 		for pass, trigs := range [][]trigger{swept[i], sweptLive[i]} {
@@ -682,6 +696,7 @@ func (h *Handler) Sweep(ctx context.Context) ([]*kgo.Record, error) {
 					return nil, fmt.Errorf("sweep: %w", err)
 				}
 				h.sweepFailed(r, err)
+				down[r.Name] = true
 				break
 			}
 			out = append(out, recs...)
@@ -728,6 +743,14 @@ func (h *Handler) sweptUnstored(swept ...[][]trigger) (*batchTables, error) {
 func (h *Handler) sweepFailed(r *Rule, err error) {
 	h.metrics.sweepErrors.WithLabelValues(r.Name).Inc()
 	h.log.Warn("rule's sweep failed; the other rules' went on, this one is tried again at the next sweep", "rule", r.Name, "err", err)
+}
+
+// sweepSkipped logs that a rule was not swept because the sweep of a rule
+// it is suppressed by failed (or was skipped). It is not counted in
+// faultline_correlate_sweep_errors_total: its own queries did not fail,
+// and FaultlineCorrelateRuleSweepFailing names the suppressor.
+func (h *Handler) sweepSkipped(r *Rule, suppressor string) {
+	h.log.Warn("rule's sweep skipped: the sweep of a rule it is suppressed by failed; tried again at the next sweep", "rule", r.Name, "suppressed_by", suppressor)
 }
 
 // owned returns the triggers of the groups this replica sweeps, one per

@@ -1,9 +1,12 @@
 package correlate
 
 import (
+	"fmt"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // brokenDropRule is a copy of NICPortDrop ("BrokenDrop") appended to the
@@ -105,6 +108,80 @@ func TestSweepRuleFailureKeepsOthers(t *testing.T) {
 							}
 						}
 					}
+				}
+			}
+		})
+	}
+}
+
+// TestSweepSuppressorFailureSkipsSuppressed: when the sweep of a
+// suppressor (FabricIncident) fails — its candidates query, or its cause
+// ids after it decided the incident, which evaluate then forgets — the
+// rules it suppresses (suppressed_by: NICPortDrop, RepeatedNICLinkFlap) are
+// skipped in that sweep too. Before, they found no standing incident and
+// derived live verdicts: REPLACE_VM on every node behind a dead switch.
+// The skipped rules are not counted as failing (their queries did not
+// fail): the suppressor is.
+func TestSweepSuppressorFailureSkipsSuppressed(t *testing.T) {
+	s := server(t)
+	m, sec := time.Minute, time.Second
+	const throw = "toFloat64(throwIf(count() >= 0))"
+	suppressed := "NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed"
+	for _, tt := range []struct {
+		broken string
+		// want: what the sweeps at 1m and 5m derive
+		want   [2]string
+		errors float64 // FabricIncident's sweep errors
+	}{
+		{"", [2]string{"FabricIncident:fault", suppressed}, 0}, // the control: nothing fails
+		{"candidates", [2]string{none, none}, 2},
+		{"causes", [2]string{none, none}, 2},
+	} {
+		broken := tt.broken
+		name := broken + " of FabricIncident fail"
+		if broken == "" {
+			name = "FabricIncident works"
+		}
+		t.Run(name, func(t *testing.T) {
+			c := newCluster("supfail")
+			hs := newHarness(t, s, DefaultRules, func(rules []*Rule) {
+				for _, r := range rules {
+					if r.Name != "FabricIncident" {
+						continue
+					}
+					switch broken {
+					case "candidates":
+						r.Candidates = `SELECT '' AS cluster, '' AS node, '' AS gkey, emptyArrayString() AS entity_types, emptyArrayString() AS entity_values, ` + throw + ` AS x FROM system.one`
+					case "causes":
+						r.query = "SELECT tid, value, arrayMap(x -> toString(throwIf(x != '')), cause_ids) AS cause_ids, last_ms FROM (" + r.query + "\n)"
+					}
+				}
+			})
+			hs.cluster = c
+			// four nodes' ports DOWN at once, stored without a batch: only
+			// the sweep finds the incident (and, at 5m, the drops); their
+			// second port DOWN at 4m, so that the incident the sweep at 5m
+			// decides (and forgets, its cause ids failing) is the one
+			// standing over the drops.
+			var in []*kgo.Record
+			for i := range 4 {
+				n := fmt.Sprintf("n%d", i)
+				second := nicState(c, n, 4*m+time.Duration(i)*sec, false)
+				second.EntitiesImpacted = portEnts("mlx5_1", 1)
+				in = append(in, evRecord(t, nicState(c, n, time.Duration(i)*sec, false)), evRecord(t, second))
+			}
+			hs.storeDerived(in, nil)
+			for i, at := range []time.Duration{1 * m, 5 * m} {
+				if d := describe(hs.sweep(at)); d != tt.want[i] {
+					t.Errorf("sweep at %v derived %q, want %q", at, d, tt.want[i])
+				}
+			}
+			if n := counterValue(t, hs.h.metrics.sweepErrors.WithLabelValues("FabricIncident")); n != tt.errors {
+				t.Errorf("faultline_correlate_sweep_errors_total{rule=FabricIncident} = %v, want %v", n, tt.errors)
+			}
+			for _, rule := range []string{"NICPortDrop", "RepeatedNICLinkFlap"} {
+				if n := counterValue(t, hs.h.metrics.sweepErrors.WithLabelValues(rule)); n != 0 {
+					t.Errorf("faultline_correlate_sweep_errors_total{rule=%s} = %v, want 0 (skipped, not failed)", rule, n)
 				}
 			}
 		})

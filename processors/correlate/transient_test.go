@@ -14,7 +14,7 @@ import (
 // NONE: the NIC link-state design's transient states).
 func nicInit(cluster, node string, at time.Duration) *datamodels.HealthEvent {
 	ev := nicDegraded(cluster, node, at)
-	ev.Metadata = map[string]string{"state": "2: INIT", "phys_state": "5: LinkUp", events.MetaNICReportsEscalation: "1"}
+	ev.Metadata = map[string]string{"state": "2: INIT", "phys_state": "5: LinkUp"}
 	ev.Message = "Port mlx5_0 port 1: state INIT, phys_state LinkUp"
 	return ev
 }
@@ -82,23 +82,28 @@ func rnrNak(cluster, node string, at time.Duration) *datamodels.HealthEvent {
 }
 
 // nvsDegraded is NVSentinel's NIC health monitor's non-fatal unhealthy
-// state event (ACTIVE/LinkErrorRecovery): like the agent's, without its
-// mark. The monitor reports one event per healthy <-> unhealthy crossing
-// and none for LinkErrorRecovery -> DOWN (its link-state design, §3.4).
+// state event (ACTIVE/LinkErrorRecovery) as it enters faultline: like the
+// agent's, marked crossings-only by nvsentinel.Normalize
+// (events.MetaNICCrossingsOnly). The monitor reports one event per healthy
+// <-> unhealthy crossing and none for LinkErrorRecovery -> DOWN (its
+// link-state design, §3.4).
 func nvsDegraded(cluster, node string, at time.Duration) *datamodels.HealthEvent {
 	ev := nicDegraded(cluster, node, at)
-	delete(ev.Metadata, events.MetaNICReportsEscalation)
+	ev.Metadata[events.MetaNICCrossingsOnly] = "1"
 	return ev
 }
 
-// TestUnmarkedNonFatalNICStateIsDown: a non-fatal unhealthy port state
-// event without faultline's nic check's mark (NVSentinel's NIC monitor, an
-// older agent) is a link-down: the monitor reports nothing when the port
-// goes on from LinkErrorRecovery to DOWN, so its one event is all there is
-// of a port that then stays down, or of each down of a flapping one (they
-// were no drop and no flap). The same events marked are none
-// (TestTransientNICStatesAreNoDown).
-func TestUnmarkedNonFatalNICStateIsDown(t *testing.T) {
+// TestCrossingsOnlyNonFatalNICStateIsDown: a non-fatal unhealthy port
+// state event marked crossings-only (NVSentinel's NIC monitor, stamped by
+// nvsentinel.Normalize) is a link-down: the monitor reports nothing when
+// the port goes on from LinkErrorRecovery to DOWN, so its one event is all
+// there is of a port that then stays down, or of each down of a flapping
+// one (they were no drop and no flap). The same events unmarked —
+// faultline's nic check's, and every one stored before the mark — are none
+// (TestTransientNICStatesAreNoDown): they were downs while the rules read
+// a mark of the nic check instead, so the history of a correlator
+// upgraded before its agents turned non-fatal events into drops and flaps.
+func TestCrossingsOnlyNonFatalNICStateIsDown(t *testing.T) {
 	s := server(t)
 	m, sec := time.Minute, time.Second
 	for _, tc := range []struct {
@@ -112,7 +117,7 @@ func TestUnmarkedNonFatalNICStateIsDown(t *testing.T) {
 				{evs: evs(nicState(c, "n1", 5*m+10*sec, true)), want: "NICPortDrop:recovery"},
 			}
 		}},
-		{"the same marked (faultline's nic check) is no drop", func(c string) []step {
+		{"the same unmarked (faultline's nic check, history before the mark) is no drop", func(c string) []step {
 			return []step{
 				{evs: evs(nicDegraded(c, "n1", 0)), want: none},
 				{sweep: 5 * m, want: none},
@@ -125,14 +130,14 @@ func TestUnmarkedNonFatalNICStateIsDown(t *testing.T) {
 				{evs: evs(nvsDegraded(c, "n1", 4*m)), want: "RepeatedNICLinkFlap:fault"},
 			}
 		}},
-		{"the same marked (faultline's nic check) is no flap", func(c string) []step {
+		{"the same unmarked (faultline's nic check, history before the mark) is no flap", func(c string) []step {
 			return []step{
 				{evs: evs(nicDegraded(c, "n1", 0), nicState(c, "n1", 2*sec, true)), want: none},
 				{evs: evs(nicDegraded(c, "n1", 2*m), nicState(c, "n1", 2*m+2*sec, true)), want: none},
 				{evs: evs(nicDegraded(c, "n1", 4*m)), want: none},
 			}
 		}},
-		{"an older agent's escalation, unmarked, is one down", func(c string) []step {
+		{"NVSentinel's error recovery followed by a DOWN is one down", func(c string) []step {
 			cycle := func(at time.Duration, back bool) []*datamodels.HealthEvent {
 				out := evs(nvsDegraded(c, "n1", at), nicState(c, "n1", at+1*sec, false))
 				if back {
@@ -153,7 +158,7 @@ func TestUnmarkedNonFatalNICStateIsDown(t *testing.T) {
 				{sweep: 4*m + 10*sec, want: "NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed,NICPortDrop:fault:suppressed"},
 			}
 		}},
-		{"four nodes' marked error recovery is no fabric incident", func(c string) []step {
+		{"four nodes' unmarked error recovery (the nic check's) is no fabric incident", func(c string) []step {
 			return []step{
 				{evs: evs(nicDegraded(c, "n1", 0), nicDegraded(c, "n2", 1*sec), nicDegraded(c, "n3", 2*sec), nicDegraded(c, "n4", 3*sec)), want: none},
 				{sweep: 1 * m, want: none},
@@ -161,7 +166,7 @@ func TestUnmarkedNonFatalNICStateIsDown(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCluster("unmarked")
+			c := newCluster("crossings")
 			hs := newHarness(t, s, DefaultRules, nil)
 			hs.cluster = c
 			runSteps(t, hs, tc.steps(c))

@@ -83,18 +83,24 @@ const MetaAgentGeneratedAt = "faultline.io/agent-generated-timestamp"
 // its node reports.
 const MetaSystemUUID = "faultline.io/system-uuid"
 
-// MetaNICReportsEscalation ("1") marks a NIC port state event of
-// faultline's own nic check (agents/nic), which reports a port's escalation
-// from a non-fatal unhealthy state (ACTIVE/LinkErrorRecovery, INIT, ARMED,
-// Polling) to a fatal one (DOWN, Disabled) as an event of its own. The NIC
-// correlation rules (sql/rules: nic_link_flap, nic_port_drop, fabric_incident)
-// then take a marked non-fatal unhealthy state event for no link-down: a
-// DOWN would be reported. An unmarked one (NVSentinel's NIC health monitor,
-// which reports only healthy <-> unhealthy crossings and nothing for
-// LinkErrorRecovery -> DOWN; or a faultline agent older than the mark)
-// counts as a down, since nothing may follow it while the port stays down.
-// The SQL names the key as a literal: keep the two in step.
-const MetaNICReportsEscalation = "faultline.io/nic-reports-escalation"
+// MetaNICCrossingsOnly ("1") marks a NIC port state event
+// (InfiniBandStateCheck, EthernetStateCheck) of a source that reports only
+// a port's healthy <-> unhealthy crossings: NVIDIA NVSentinel's NIC health
+// monitor, whose events nvsentinel.Normalize stamps with it (the gateway's
+// HealthEventOccurredV1, the agent's relay). Such a source reports nothing
+// when a port goes on from a non-fatal unhealthy state (ACTIVE/
+// LinkErrorRecovery, INIT, ARMED, Polling) to DOWN, so the NIC correlation
+// rules (sql/rules: nic_link_flap, nic_port_drop, fabric_incident) take its
+// marked non-fatal unhealthy state event for a link-down: nothing may
+// follow it while the port stays down. An unmarked one (faultline's nic
+// check, which reports that escalation as an event of its own; and every
+// event stored before the mark) is no down. The gateway does not reserve
+// the key (the relay's events reach it through SubmitEvents, marked): a
+// client that sends it makes only the non-fatal port events it sends (for
+// the nodes its credential may report for) count as downs, as sending them
+// fatal would. The SQL and FabricIncident's
+// trigger name the key as a literal: keep them in step.
+const MetaNICCrossingsOnly = "faultline.io/nic-crossings-only"
 
 // SetSystemUUID stamps ev with the machine's system UUID (MetaSystemUUID)
 // where it has room for one more metadata key than it has (below

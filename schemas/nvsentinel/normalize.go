@@ -6,6 +6,7 @@ import (
 
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // The checks NVSentinel's syslog-health-monitor reports, by the names
@@ -14,6 +15,14 @@ const (
 	checkXID       = "SysLogsXIDError"
 	checkSXID      = "SysLogsSXIDError"
 	checkFallenOff = "SysLogsGPUFallenOff"
+)
+
+// The checks of NVSentinel's NIC health monitor (nic-health-monitor)
+// reporting a port's link state, under the names faultline's nic check
+// (agents/nic) uses too.
+const (
+	checkIBState  = "InfiniBandStateCheck"
+	checkEthState = "EthernetStateCheck"
 )
 
 // MetaErrorCode is the metadata in which Normalize keeps an event's error
@@ -63,6 +72,19 @@ var (
 //   - SysLogsGPUFallenOff (gpufallen/gpufallen_handler.go): errorCode
 //     "GPU_FALLEN_OFF_BUS" → "GPU-FALLEN-OFF-BUS"; PCI normalised; PCI_ID
 //     → metadata pci_id.
+//
+// And of NVSentinel's NIC health monitor (its link-state design: one event
+// per port per healthy <-> unhealthy crossing, entities NIC and NICPort,
+// none for an unhealthy -> unhealthy change such as LinkErrorRecovery ->
+// DOWN):
+//
+//   - InfiniBandStateCheck, EthernetStateCheck naming a NICPort → metadata
+//     events.MetaNICCrossingsOnly "1", so the NIC rules take its non-fatal
+//     unhealthy event (LinkErrorRecovery, INIT, ARMED) for a link-down:
+//     nothing follows it when the port then goes DOWN. faultline's nic
+//     check, which reports that escalation, sends its events unmarked (not
+//     through here). Left unmarked where the event has no room for one
+//     more key (validate.MaxMetadata): refused, the batch would be lost.
 //
 // And of NVSentinel's gpu-health-monitor (health-monitors/gpu-health-monitor/
 // gpu_health_monitor/platform_connector/platform_connector.py,
@@ -121,6 +143,13 @@ func Normalize(ev *datamodels.HealthEvent) {
 			return c
 		}) || hasNVSentinelGPUEntities(ev) {
 			gpuEntities(ev)
+		}
+	case checkIBState, checkEthState:
+		if _, ok := ev.Metadata[events.MetaNICCrossingsOnly]; hasEntity(ev, events.EntityNICPort) && (ok || len(ev.Metadata) < validate.MaxMetadata) {
+			if ev.Metadata == nil {
+				ev.Metadata = map[string]string{}
+			}
+			ev.Metadata[events.MetaNICCrossingsOnly] = "1"
 		}
 	default:
 		if gpuWatch.MatchString(ev.GetCheckName()) && hasEntity(ev, "GPU_UUID") {

@@ -1,6 +1,7 @@
 package nvsentinel
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // The events below are NVSentinel's syslog-health-monitor's, as its
@@ -35,6 +37,28 @@ func nvEvent(check, code, msg string, ents ...string) *datamodels.HealthEvent {
 		ev.EntitiesImpacted = append(ev.EntitiesImpacted, &datamodels.Entity{EntityType: ents[i], EntityValue: ents[i+1]})
 	}
 	return ev
+}
+
+// nicEvent is NVSentinel's NIC health monitor's port state event (its
+// link-state design, §13.1 and §3: agent nic-health-monitor, entities NIC
+// and NICPort; a non-fatal one for LinkErrorRecovery, INIT, ARMED).
+func nicEvent(check string, fatal bool, msg string, ents ...string) *datamodels.HealthEvent {
+	ev := nvEvent(check, "", msg, ents...)
+	ev.Agent, ev.ComponentClass, ev.ErrorCode, ev.Metadata = "nic-health-monitor", "NIC", nil, nil
+	ev.IsFatal, ev.RecommendedAction = fatal, datamodels.RecommendedAction_NONE
+	if fatal {
+		ev.RecommendedAction = datamodels.RecommendedAction_REPLACE_VM
+	}
+	return ev
+}
+
+// fullMetadata gives ev validate.MaxMetadata metadata keys: the most the
+// gateway takes.
+func fullMetadata(ev *datamodels.HealthEvent) {
+	ev.Metadata = map[string]string{}
+	for i := range validate.MaxMetadata {
+		ev.Metadata[fmt.Sprintf("k%d", i)] = "v"
+	}
 }
 
 func TestNormalize(t *testing.T) {
@@ -153,6 +177,33 @@ func TestNormalize(t *testing.T) {
 			with(nvEvent("SysLogsXIDError", "XID-31", xid31, "PCI", "0000:03:00", "GPU", uuid), func(ev *datamodels.HealthEvent) { ev.Agent = "faultline-agent" }),
 			with(nvEvent("SysLogsXIDError", "XID-31", xid31, "PCI", "0000:03:00", "GPU", uuid), func(ev *datamodels.HealthEvent) { ev.Agent = "faultline-agent" }),
 			"PCI=0000:03:00,GPU=" + uuid},
+		{"NVSentinel's NIC port state event, non-fatal: marked crossings-only (a link-down for the NIC rules)",
+			nicEvent("InfiniBandStateCheck", false, "Port mlx5_0 port 1: state ACTIVE, phys_state LinkErrorRecovery", "NIC", "mlx5_0", "NICPort", "1"),
+			with(nicEvent("InfiniBandStateCheck", false, "Port mlx5_0 port 1: state ACTIVE, phys_state LinkErrorRecovery", "NIC", "mlx5_0", "NICPort", "1"), func(ev *datamodels.HealthEvent) {
+				ev.Metadata = map[string]string{events.MetaNICCrossingsOnly: "1"}
+			}), "NIC=mlx5_0,NICPort=1"},
+		{"NVSentinel's RoCE port DOWN: marked, its metadata kept",
+			with(nicEvent("EthernetStateCheck", true, "RoCE port mlx5_2 port 1: state DOWN, phys_state Disabled, operstate down", "NIC", "mlx5_2", "NICPort", "1"), func(ev *datamodels.HealthEvent) {
+				ev.Metadata = map[string]string{"operstate": "down"}
+			}),
+			with(nicEvent("EthernetStateCheck", true, "RoCE port mlx5_2 port 1: state DOWN, phys_state Disabled, operstate down", "NIC", "mlx5_2", "NICPort", "1"), func(ev *datamodels.HealthEvent) {
+				ev.Metadata = map[string]string{"operstate": "down", events.MetaNICCrossingsOnly: "1"}
+			}), "NIC=mlx5_2,NICPort=1"},
+		{"a crossings-only mark sent as another value is set to 1",
+			with(nicEvent("InfiniBandStateCheck", false, "Port mlx5_0 port 1: state INIT, phys_state LinkUp", "NIC", "mlx5_0", "NICPort", "1"), func(ev *datamodels.HealthEvent) {
+				ev.Metadata = map[string]string{events.MetaNICCrossingsOnly: "0"}
+			}),
+			with(nicEvent("InfiniBandStateCheck", false, "Port mlx5_0 port 1: state INIT, phys_state LinkUp", "NIC", "mlx5_0", "NICPort", "1"), func(ev *datamodels.HealthEvent) {
+				ev.Metadata = map[string]string{events.MetaNICCrossingsOnly: "1"}
+			}), "NIC=mlx5_0,NICPort=1"},
+		{"NVSentinel's device-level NIC event (no port) is left as it is",
+			nicEvent("InfiniBandStateCheck", true, "NIC mlx5_3 disappeared from /sys/class/infiniband/ - hardware failure", "NIC", "mlx5_3"),
+			nicEvent("InfiniBandStateCheck", true, "NIC mlx5_3 disappeared from /sys/class/infiniband/ - hardware failure", "NIC", "mlx5_3"),
+			"NIC=mlx5_3"},
+		{"a NIC port state event with no room for another key is left unmarked",
+			with(nicEvent("InfiniBandStateCheck", false, "Port mlx5_0 port 1: state INIT, phys_state LinkUp", "NIC", "mlx5_0", "NICPort", "1"), fullMetadata),
+			with(nicEvent("InfiniBandStateCheck", false, "Port mlx5_0 port 1: state INIT, phys_state LinkUp", "NIC", "mlx5_0", "NICPort", "1"), fullMetadata),
+			"NIC=mlx5_0,NICPort=1"},
 		{"another check is left as it is",
 			nvEvent("GpuXidError", "31", "xid", "GPU", "0"),
 			nvEvent("GpuXidError", "31", "xid", "GPU", "0"), "GPU=0"},

@@ -4,8 +4,8 @@
 -- informational per the Fabric Manager guide; a NIC port's transient INIT
 -- or LinkErrorRecovery from faultline's nic check) make no incident: four
 -- nodes' TX replays stood as one and suppressed the cluster's NIC rules.
--- A non-fatal NIC port state event without the nic check's mark
--- (faultline.io/nic-reports-escalation: NVSentinel's NIC monitor, which
+-- A non-fatal NIC port state event marked crossings-only
+-- (faultline.io/nic-crossings-only: NVSentinel's NIC monitor, which
 -- reports no escalation to DOWN) counts, as it counts as a link-down in
 -- nic_link_flap.sql and nic_port_drop.sql: the NIC rules it would fire on
 -- every node are what the incident suppresses.
@@ -26,7 +26,7 @@
 -- over 2 GB of memory at 50,000). Only cause_ids, asked for where a
 -- verdict starts (few triggers), filters the group's events per trigger.
 -- param: checks Array(String)        checks whose faults can be fabric-wide
--- param: state_checks Array(String)  NIC state-check names (their unmarked non-fatal port events count)
+-- param: state_checks Array(String)  NIC state-check names (their non-fatal port events marked crossings-only count)
 SELECT
     tid,
     toFloat64(v) AS value,
@@ -76,13 +76,13 @@ FROM
                     PREWHERE check IN (SELECT arrayJoin(@checks)) AND ts >= @since AND ts <= @until
                     WHERE cluster IN (SELECT cluster FROM triggers) AND is_healthy = 0
                         AND (is_fatal = 1 OR (has(@state_checks, check) AND match(entity, '(^|,)NICPort=')
-                            AND NOT has(metadata.key, 'faultline.io/nic-reports-escalation')))
+                            AND has(metadata.key, 'faultline.io/nic-crossings-only')))
                     UNION ALL
                     SELECT cityHash64(cluster, concat(check, '|', error_codes[1])) AS gh, cityHash64(node) AS n, id, toUInt64(ts) * 1000 + ts_ms AS t
                     FROM batch
                     WHERE has(@checks, check) AND is_healthy = 0
                         AND (is_fatal = 1 OR (has(@state_checks, check) AND has(entities.type, 'NICPort')
-                            AND NOT has(metadata.key, 'faultline.io/nic-reports-escalation')))
+                            AND has(metadata.key, 'faultline.io/nic-crossings-only')))
                         AND derived_by = '' AND processing_strategy != 'STORE_ONLY'
                 )
                 LIMIT 1 BY id

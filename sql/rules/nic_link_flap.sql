@@ -5,16 +5,17 @@
 -- in time order, over every source) is not fatal-unhealthy, or that is the
 -- port's first state event read (the port was up before, or it would not
 -- be reported). A non-fatal unhealthy event (ACTIVE/LinkErrorRecovery,
--- INIT or ARMED on InfiniBand, Polling: transient, action NONE) of
--- faultline's nic check (metadata faultline.io/nic-reports-escalation,
--- events.MetaNICReportsEscalation) is no down: that check reports the
--- escalation to DOWN as an event of its own, so three error recoveries of
--- a port whose link never went down are no flap (they were counted like a
--- DOWN: a healthy node's REPLACE_VM). An unmarked one counts as fatal:
--- NVSentinel's NIC monitor reports one event per healthy <-> unhealthy
--- crossing and none for LinkErrorRecovery -> DOWN, so its non-fatal event
--- may be the only report of a link that went down (so may an older
--- faultline agent's, which is counted the same). Fatal events
+-- INIT or ARMED on InfiniBand, Polling: transient, action NONE) is no
+-- down: faultline's nic check reports the escalation to DOWN as an event
+-- of its own, so three error recoveries of a port whose link never went
+-- down are no flap (they were counted like a DOWN: a healthy node's
+-- REPLACE_VM). One marked crossings-only (metadata
+-- faultline.io/nic-crossings-only, events.MetaNICCrossingsOnly, stamped by
+-- nvsentinel.Normalize) counts as fatal: NVSentinel's NIC monitor reports
+-- one event per healthy <-> unhealthy crossing and none for
+-- LinkErrorRecovery -> DOWN, so its non-fatal event may be the only report
+-- of a link that went down. An unmarked one (the nic check's, any event
+-- stored before the mark) is no down. Fatal events
 -- with no other state between are one down: a DOWN reported again (the
 -- agent restarted between spooling it and saving its state: a new id and
 -- time); a second source's report of the same DOWN (NVSentinel's NIC
@@ -69,13 +70,13 @@ ALL INNER JOIN
             FROM
             (
                 -- kind: 0 healthy state event, 1 fatal unhealthy (or non-fatal of a source
-                -- that reports no escalation: unmarked), 3 non-fatal unhealthy of faultline's
-                -- nic check (marked), 2 link_downed increase
+                -- that reports no escalation: marked crossings-only), 3 non-fatal unhealthy
+                -- (unmarked: faultline's nic check), 2 link_downed increase
                 SELECT gh, id, t, kind, delta, m
                 FROM
                 (
                     SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
-                        toUInt8(multiIf(has(@counter_checks, check), 2, is_healthy = 1, 0, is_fatal = 1 OR NOT has(metadata.key, 'faultline.io/nic-reports-escalation'), 1, 3)) AS kind,
+                        toUInt8(multiIf(has(@counter_checks, check), 2, is_healthy = 1, 0, is_fatal = 1 OR has(metadata.key, 'faultline.io/nic-crossings-only'), 1, 3)) AS kind,
                         greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'delta')]), 1) AS delta,
                         metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
                     FROM recent_events
@@ -86,7 +87,7 @@ ALL INNER JOIN
                             OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
                     UNION ALL
                     SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
-                        toUInt8(multiIf(has(@counter_checks, check), 2, is_healthy = 1, 0, is_fatal = 1 OR NOT has(metadata.key, 'faultline.io/nic-reports-escalation'), 1, 3)) AS kind,
+                        toUInt8(multiIf(has(@counter_checks, check), 2, is_healthy = 1, 0, is_fatal = 1 OR has(metadata.key, 'faultline.io/nic-crossings-only'), 1, 3)) AS kind,
                         greatest(toUInt64OrZero(metadata.value[indexOf(metadata.key, 'delta')]), 1) AS delta,
                         metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
                     FROM batch

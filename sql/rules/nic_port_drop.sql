@@ -1,21 +1,22 @@
 -- NICPortDrop: the port (gkey = its entity key) has reported DOWN for at
 -- least @hold_ms with no recovery in between: its last state-check event in
 -- (at - window, at] is DOWN (kind 1: fatal unhealthy, DOWN or Disabled, or
--- unhealthy unmarked, below), at least
+-- unhealthy marked crossings-only, below), at least
 -- hold old, and no link_downed
 -- increase came later than grace after it (a later increase means the link
 -- trained up and fell again: a recovery attempt, which is a flap, not a drop;
 -- the increase that comes with the drop itself falls inside grace).
 -- A non-fatal unhealthy state event (INIT or ARMED on InfiniBand,
 -- ACTIVE/LinkErrorRecovery, Polling: transient, action NONE; INIT persists
--- while the subnet manager has not configured the port) of faultline's nic
--- check (metadata faultline.io/nic-reports-escalation) is no DOWN: that
--- check reports an escalation to DOWN as an event of its own, so it counts
--- as up (kind 2), and a port in INIT for 5 min is no drop (it was one:
--- REPLACE_VM at the sweep). An unmarked one is DOWN (kind 1): NVSentinel's
--- NIC monitor reports nothing for LinkErrorRecovery -> DOWN, so a port it
--- caught in error recovery that then stays down has no other event (an
--- older faultline agent's unmarked event is taken the same way).
+-- while the subnet manager has not configured the port) is no DOWN:
+-- faultline's nic check reports an escalation to DOWN as an event of its
+-- own, so it counts as up (kind 2), and a port in INIT for 5 min is no drop
+-- (it was one: REPLACE_VM at the sweep). One marked crossings-only
+-- (metadata faultline.io/nic-crossings-only, stamped by
+-- nvsentinel.Normalize) is DOWN (kind 1): NVSentinel's NIC monitor reports
+-- nothing for LinkErrorRecovery -> DOWN, so a port it caught in error
+-- recovery that then stays down has no other event. An unmarked one (the
+-- nic check's, any event stored before the mark) counts as up.
 -- value is 1 when dropped, else 0; last_ms is the time of the drop.
 -- A port with no state-check event in the window (of any machine) and no
 -- recovery attempt of the trigger's machine is still dropped (value 1,
@@ -67,7 +68,7 @@ FROM
             FROM
             (
                 SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
-                    toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 0 AND (is_fatal = 1 OR NOT has(metadata.key, 'faultline.io/nic-reports-escalation')), 1, 2)) AS kind,
+                    toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 0 AND (is_fatal = 1 OR has(metadata.key, 'faultline.io/nic-crossings-only')), 1, 2)) AS kind,
                     metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
                 FROM recent_events
                 PREWHERE ts >= @since AND ts <= @until
@@ -77,7 +78,7 @@ FROM
                         OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
                 UNION ALL
                 SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
-                    toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 0 AND (is_fatal = 1 OR NOT has(metadata.key, 'faultline.io/nic-reports-escalation')), 1, 2)) AS kind,
+                    toUInt8(multiIf(has(@counter_checks, check), 3, is_healthy = 0 AND (is_fatal = 1 OR has(metadata.key, 'faultline.io/nic-crossings-only')), 1, 2)) AS kind,
                     metadata.value[indexOf(metadata.key, 'faultline.io/system-uuid')] AS m
                 FROM batch
                 WHERE derived_by = '' AND processing_strategy != 'STORE_ONLY'
