@@ -77,6 +77,13 @@ type Config struct {
 	TerminateTimeout time.Duration `toml:"terminate_timeout"`
 	// GPUResetTimeout bounds a GPUReset. Default 10m.
 	GPUResetTimeout time.Duration `toml:"gpu_reset_timeout"`
+	// MaxQueueAge: a resource whose signal was not recorded within it of
+	// its creation (it waited for a slot, the cooldown, a boot ID, or the
+	// janitor was down) is never started: SignalSent=False/QueueTimeout
+	// (a GPUReset: Complete=True/QueueTimeout). Keep it below the remediate
+	// role's queue_timeout, which fails a resource not started by then.
+	// 0: no bound. Default 6h.
+	MaxQueueAge time.Duration `toml:"max_queue_age"`
 	// PollInterval is how often an operation in progress is looked at
 	// besides the node's own updates. Default 5s.
 	PollInterval time.Duration `toml:"poll_interval"`
@@ -216,7 +223,7 @@ func DefaultConfig() Config {
 		Workers: 16, MaxConcurrent: 10, MaxConcurrentPerRack: 2,
 		RackLabel: "faultline.io/rack", Cooldown: 30 * time.Minute, RequireDrained: true,
 		RebootTimeout: 30 * time.Minute, ForceAfter: 10 * time.Minute, HungAfter: 15 * time.Minute, TerminateTimeout: 30 * time.Minute,
-		GPUResetTimeout: 10 * time.Minute, PollInterval: 5 * time.Second, DeleteNodeOnTerminate: true,
+		GPUResetTimeout: 10 * time.Minute, MaxQueueAge: 6 * time.Hour, PollInterval: 5 * time.Second, DeleteNodeOnTerminate: true,
 		NodeEvents: true, EventNamespace: "default",
 		ProviderIDPrefixes: []string{"aws://=aws"},
 		Redfish: RedfishConfig{SecretNamespace: "faultline", DefaultSecret: "bmc-credentials", Session: true,
@@ -244,6 +251,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.HungAfter, prefix+"hung-after", c.HungAfter, "forced reboot of a node down with its old boot ID this long while its machine is on (0: never)")
 	fs.DurationVar(&c.TerminateTimeout, prefix+"terminate-timeout", c.TerminateTimeout, "time bound of a TerminateNode")
 	fs.DurationVar(&c.GPUResetTimeout, prefix+"gpu-reset-timeout", c.GPUResetTimeout, "time bound of a GPUReset")
+	fs.DurationVar(&c.MaxQueueAge, prefix+"max-queue-age", c.MaxQueueAge, "a resource not started this long after its creation is never started (0: no bound)")
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often an operation in progress is looked at")
 	fs.BoolVar(&c.DeleteNodeOnTerminate, prefix+"delete-node-on-terminate", c.DeleteNodeOnTerminate, "delete the Node object once its machine is terminated")
 	fs.BoolVar(&c.NodeEvents, prefix+"node-events", c.NodeEvents, "record signals and operations' ends as Events on their nodes")
@@ -343,6 +351,8 @@ func (c Config) Validate(prefix string) error {
 		return fmt.Errorf("%sterminate_timeout: must be positive, got %v", prefix, c.TerminateTimeout)
 	case c.GPUResetTimeout <= 0:
 		return fmt.Errorf("%sgpu_reset_timeout: must be positive, got %v", prefix, c.GPUResetTimeout)
+	case c.MaxQueueAge < 0:
+		return fmt.Errorf("%smax_queue_age: must not be negative, got %v", prefix, c.MaxQueueAge)
 	case c.PollInterval <= 0:
 		return fmt.Errorf("%spoll_interval: must be positive, got %v", prefix, c.PollInterval)
 	case c.NodeEvents && len(validation.IsDNS1123Label(c.EventNamespace)) > 0:

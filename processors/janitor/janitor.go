@@ -41,6 +41,12 @@ const (
 	// 3339), annotationDrainState the drain's state (JSON, its finishedAt).
 	annotationQuarantinedAt = "faultline.io/quarantined-at"
 	annotationDrainState    = "faultline.io/drain-state"
+	// annotationEscalated is the remediate role's mark of a node it
+	// escalated to CONTACT_SUPPORT: "<RFC 3339> <why>".
+	annotationEscalated = "faultline.io/remediation-escalated"
+	// annotationCreated is when the remediate role created a resource, by
+	// its clock (RFC 3339 with nanoseconds).
+	annotationCreated = "faultline.io/created-at"
 )
 
 // drainSlack is how far a drain's finish may seem to precede the

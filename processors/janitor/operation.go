@@ -61,6 +61,51 @@ func (op *operation) notDrained() string {
 	return ""
 }
 
+// queuedTooLong says why the resource, not started, may no longer be
+// ("" when it may): it was created more than max_queue_age ago. It waited
+// for a slot, the node's cooldown or a boot ID (none of which writes its
+// status), or for a janitor at all; the remediate role counts it failed
+// once its queue_timeout passes, and escalates the node: a signal sent
+// after that would reboot a node handed to a human.
+func (op *operation) queuedTooLong() string {
+	created := op.u.GetCreationTimestamp().Time
+	if op.j.cfg.MaxQueueAge <= 0 || created.IsZero() {
+		return ""
+	}
+	if age := op.j.now().Sub(created); age > op.j.cfg.MaxQueueAge {
+		return fmt.Sprintf("not started within max_queue_age (%v) of its creation (%v ago): nothing was sent to node %s",
+			op.j.cfg.MaxQueueAge, age.Round(time.Second), op.nodeName)
+	}
+	return ""
+}
+
+// escalatedSince says why the resource, not started, may not be ("" when
+// it may): its node was escalated to CONTACT_SUPPORT (the remediate
+// role's annotationEscalated, "<RFC 3339> <why>") at or after the
+// resource's creation. The remediate role gave up on the node — this
+// resource counted failed past its queue_timeout, or another of the
+// node's remediations failed — and a human has it now: nothing is sent.
+// An escalation older than the resource was answered by creating it.
+func (op *operation) escalatedSince() string {
+	v := op.node.Annotations[annotationEscalated]
+	if v == "" {
+		return ""
+	}
+	ts, why, _ := strings.Cut(v, " ")
+	at, err := time.Parse(time.RFC3339, ts)
+	// Both times by the remediate role's clock where it wrote its own
+	// (annotationCreated); the escalation's is to the second.
+	created, cerr := time.Parse(time.RFC3339Nano, op.u.GetAnnotations()[annotationCreated])
+	if cerr != nil {
+		created = op.u.GetCreationTimestamp().Time
+	}
+	if err != nil || created.IsZero() || at.Before(created.Truncate(time.Second)) {
+		return ""
+	}
+	return fmt.Sprintf("node %s was escalated to CONTACT_SUPPORT at %s, after %s was created (%s): nothing was sent",
+		op.nodeName, ts, op.ref(), why)
+}
+
 // awaitsBootID is a reboot of a node that reports no boot ID yet: its end
 // could not be told.
 func (op *operation) awaitsBootID() bool {
@@ -108,6 +153,12 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	}
 	if why := op.notDrained(); why != "" {
 		return 0, op.fail(ctx, ReasonNotDrained, why, false)
+	}
+	if why := op.escalatedSince(); why != "" {
+		return 0, op.fail(ctx, ReasonEscalated, why, false)
+	}
+	if why := op.queuedTooLong(); why != "" {
+		return 0, op.fail(ctx, ReasonQueueTimeout, why, false)
 	}
 	pname, nodeKey, err := j.cfg.providerName(op.node)
 	if err != nil {

@@ -61,6 +61,13 @@ const (
 	// after the resource was created: a reboot's end could not be told, so
 	// none was sent.
 	ReasonNoBootID = "NoBootID"
+	// ReasonQueueTimeout: the resource was not started (its signal not
+	// recorded) within max_queue_age of its creation; none was sent.
+	ReasonQueueTimeout = "QueueTimeout"
+	// ReasonEscalated: the node was escalated to CONTACT_SUPPORT by the
+	// remediate role after the resource was created, before it started;
+	// no signal was sent.
+	ReasonEscalated = "Escalated"
 	// ReasonRecorded: the signal was recorded by a janitor that stopped
 	// before it wrote SignalSent; it is not sent again (at most once).
 	ReasonRecorded = "Recorded"

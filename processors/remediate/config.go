@@ -266,11 +266,21 @@ type Config struct {
 	// BudgetWindow is the budget's window. Default 24h.
 	BudgetWindow time.Duration `toml:"budget_window"`
 	// CompletionTimeout: a resource neither complete nor failed (see
-	// Completion) this long after it was created counts as failed.
+	// Completion) this long after it started (status.startTime, else its
+	// creation; see QueueTimeout) counts as failed.
 	// Default 1h. The janitor fails a reboot or termination itself after
 	// its own timeout (30 minutes when its config sets none) and says so
 	// in its conditions, which faultline reads as a failure first.
 	CompletionTimeout time.Duration `toml:"completion_timeout"`
+	// QueueTimeout: a resource of the janitor's kinds that its janitor has
+	// not started (no status.startTime, which the janitor writes when it
+	// sends the signal) this long after it was created counts as failed;
+	// once started, CompletionTimeout counts from status.startTime. A
+	// resource waiting for the janitor's slots or cooldown (a rack-wide
+	// fault) is not failed meanwhile. Keep it above the janitor's
+	// max_queue_age (6h), past which the janitor never starts it. Default
+	// 12h.
+	QueueTimeout time.Duration `toml:"queue_timeout"`
 	// Retention: a finished resource created longer ago than this is
 	// deleted the next time the role reads its node's group, unless it is
 	// the group's newest (whose result and sequence number the next
@@ -322,6 +332,7 @@ func DefaultConfig() Config {
 		Budget:            3,
 		BudgetWindow:      24 * time.Hour,
 		CompletionTimeout: time.Hour,
+		QueueTimeout:      12 * time.Hour,
 		Retention:         7 * 24 * time.Hour,
 		PollInterval:      15 * time.Second,
 		Workers:           64,
@@ -337,7 +348,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.NamePrefix, prefix+"name-prefix", c.NamePrefix, "prefix of remediation resource names")
 	fs.IntVar(&c.Budget, prefix+"budget", c.Budget, "remediations of one group per node within the budget window before CONTACT_SUPPORT (0: no budget)")
 	fs.DurationVar(&c.BudgetWindow, prefix+"budget-window", c.BudgetWindow, "window of the remediation budget")
-	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "a remediation neither complete nor failed this long after creation has failed")
+	fs.DurationVar(&c.CompletionTimeout, prefix+"completion-timeout", c.CompletionTimeout, "a remediation neither complete nor failed this long after its start (status.startTime, else its creation) has failed")
+	fs.DurationVar(&c.QueueTimeout, prefix+"queue-timeout", c.QueueTimeout, "a janitor resource not started (no status.startTime) this long after creation has failed")
 	fs.DurationVar(&c.Retention, prefix+"retention", c.Retention, "finished remediations older than this are deleted, triggers older than this ignored (0: keep all)")
 	fs.DurationVar(&c.PollInterval, prefix+"poll-interval", c.PollInterval, "how often a remediation in progress is looked at")
 	fs.DurationVar(&c.BatchTimeout, prefix+"batch-timeout", c.BatchTimeout, "bound of one batch (more than 1s: a batch may hold that long for a requeued item)")
@@ -382,7 +394,7 @@ func (c *Config) Validate(prefix string) error {
 	for _, d := range []struct {
 		key string
 		v   time.Duration
-	}{{"budget_window", c.BudgetWindow}, {"completion_timeout", c.CompletionTimeout}, {"poll_interval", c.PollInterval}} {
+	}{{"budget_window", c.BudgetWindow}, {"completion_timeout", c.CompletionTimeout}, {"queue_timeout", c.QueueTimeout}, {"poll_interval", c.PollInterval}} {
 		if d.v <= 0 {
 			return fmt.Errorf("%s%s: must be positive, got %v", prefix, d.key, d.v)
 		}

@@ -143,6 +143,12 @@ func TestDefaultTemplatesRender(t *testing.T) {
 	}
 }
 
+// startingAt is s with startTime at.
+func startingAt(s map[string]any, at time.Time) map[string]any {
+	s["startTime"] = at.UTC().Format(time.RFC3339)
+	return s
+}
+
 // st is a resource status for TestCompletion: conditions as
 // "Type=Status/Reason", and whether completionTime is set.
 func st(finished bool, conds ...string) map[string]any {
@@ -199,7 +205,20 @@ func TestCompletion(t *testing.T) {
 		// Its graceful reboot sent and ignored, the node lifted before the forced one.
 		{"RESTART_VM", st(true, "SignalSent=True/Succeeded", "NodeReady=False/NotDrained"), time.Minute, cancelled},
 		{"RESTART_VM", st(true, "SignalSent=True/Succeeded", "NodeReady=Unknown/Initializing"), time.Minute, failed}, // finished, not ready
-		{"RESTART_VM", st(false, "SignalSent=True/Succeeded", "NodeReady=Unknown/Initializing"), 2 * time.Hour, failed},
+		{"RESTART_VM", startingAt(st(false, "SignalSent=True/Succeeded", "NodeReady=Unknown/Initializing"), now.Add(-2*time.Hour)), 2 * time.Hour, failed},
+		// completion_timeout counts from status.startTime (the janitor's
+		// signal), not the creation: queued for 5h, started 10 minutes ago.
+		{"RESTART_VM", startingAt(st(false, "SignalSent=True/Succeeded", "NodeReady=Unknown/Initializing"), now.Add(-10*time.Minute)), 5 * time.Hour, inProgress},
+		// Not started (no status: queued behind the janitor's limits):
+		// queue_timeout (12h) from the creation, not completion_timeout.
+		{"RESTART_VM", nil, 5 * time.Hour, inProgress},
+		{"RESTART_VM", nil, 13 * time.Hour, failed},
+		{"COMPONENT_RESET", nil, 5 * time.Hour, inProgress},
+		// Conditions but no startTime (another janitor): from the creation.
+		{"RESTART_VM", map[string]any{"conditions": st(false, "SignalSent=Unknown/Initializing")["conditions"]}, 2 * time.Hour, failed},
+		// The janitor ended it unstarted: queued too long, or its node escalated.
+		{"RESTART_VM", st(true, "SignalSent=False/QueueTimeout", "NodeReady=False/QueueTimeout"), 7 * time.Hour, failed},
+		{"RESTART_VM", st(true, "SignalSent=False/Escalated", "NodeReady=False/Escalated"), 7 * time.Hour, failed},
 		// TerminateNode.
 		{"custom:terminate", st(false, "SignalSent=True/Succeeded", "NodeTerminated=Unknown/Initializing"), time.Minute, inProgress},
 		{"custom:terminate", st(true, "SignalSent=True/Succeeded", "NodeTerminated=True/Succeeded"), time.Minute, completed},
@@ -219,6 +238,7 @@ func TestCompletion(t *testing.T) {
 		{"custom:generic", st(true), time.Minute, inProgress},
 		{"custom:generic", st(false, "Completed=True/X"), time.Minute, completed},
 		{"custom:generic", st(false, "Failed=True/X"), time.Minute, failed},
+		{"custom:generic", nil, 2 * time.Hour, failed}, // no queue: completion_timeout from the creation
 		{"custom:legacy", st(false, "Completed=True/X"), time.Minute, inProgress},
 		{"custom:legacy", st(false, "Done=True/X"), time.Minute, completed},
 		{"custom:legacy", st(false, "Failed=True/X"), time.Minute, failed},

@@ -296,7 +296,9 @@ const (
 // status reads a resource's completion (Template.complete, .cancelled,
 // .failed, .finished; see Completion): a complete matcher first, then a
 // cancelled one, then a failed one, then the finished field, then
-// completion_timeout.
+// completion_timeout from status.startTime — or, for a janitor kind with
+// no status yet (queued: not started), queue_timeout from its creation;
+// else completion_timeout from its creation.
 func (h *Handler) status(tm *Template, o *unstructured.Unstructured) (status, string) {
 	conds, _, _ := unstructured.NestedSlice(o.Object, "status", "conditions")
 	if m, c := matchCondition(conds, tm.complete); c != nil {
@@ -313,10 +315,33 @@ func (h *Handler) status(tm *Template, o *unstructured.Unstructured) (status, st
 			return failed, fmt.Sprintf("status.%s is set without %s (conditions: %s)", tm.FinishedField, matchers(tm.complete), summarize(conds))
 		}
 	}
+	if start, ok := startedAt(o); ok {
+		if h.now().Sub(start) > h.cfg.CompletionTimeout {
+			return failed, fmt.Sprintf("not %s within %v of its start", matchers(tm.complete), h.cfg.CompletionTimeout)
+		}
+		return inProgress, ""
+	}
+	if tm.gvr.Group == JanitorGroup && len(conds) == 0 {
+		// Not started, nothing written: queued behind the janitor's limits
+		// or cooldown (a rack-wide fault), or the janitor is down.
+		if h.now().Sub(createdAt(o)) > h.cfg.QueueTimeout {
+			return failed, fmt.Sprintf("not started by the janitor (no status.startTime) within queue_timeout (%v) of its creation", h.cfg.QueueTimeout)
+		}
+		return inProgress, ""
+	}
 	if h.now().Sub(createdAt(o)) > h.cfg.CompletionTimeout {
 		return failed, fmt.Sprintf("not %s within %v", matchers(tm.complete), h.cfg.CompletionTimeout)
 	}
 	return inProgress, ""
+}
+
+// startedAt is when the operator started the work: status.startTime
+// (faultline's janitor writes it with its signal, the time it recorded
+// it), if set.
+func startedAt(o *unstructured.Unstructured) (time.Time, bool) {
+	v, _, _ := unstructured.NestedString(o.Object, "status", "startTime")
+	t, err := time.Parse(time.RFC3339, v)
+	return t, err == nil
 }
 
 // matchCondition returns the first matcher (in order) that a condition

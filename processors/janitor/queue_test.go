@@ -1,0 +1,130 @@
+package janitor
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/remediate"
+)
+
+// clock is a test clock, moved by set.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) set(t time.Time) { c.mu.Lock(); defer c.mu.Unlock(); c.t = t }
+
+// TestQueuedResourcesNotStartedLate: a rack-wide fault scaled down — four
+// RebootNodes of one rack, one at a time (max_concurrent_per_rack 1), the
+// first holding the slot. One whose node the remediate role escalated
+// after it was created, and one still queued past max_queue_age, end
+// SignalSent=False (Escalated, QueueTimeout) with nothing sent; one
+// started within the bound is rebooted. Before, the janitor started every
+// one whenever its slot came, however old, rebooting nodes the remediate
+// role had failed (its completion_timeout) and handed to a human.
+func TestQueuedResourcesNotStartedLate(t *testing.T) {
+	t.Parallel()
+	if annotationEscalated != remediate.AnnotationEscalated || annotationCreated != remediate.AnnotationCreated {
+		t.Fatalf("annotations %q, %q; the remediate role writes %q, %q", annotationEscalated, annotationCreated,
+			remediate.AnnotationEscalated, remediate.AnnotationCreated)
+	}
+	names := []string{"q0", "q1", "q2", "q3"}
+	f := newFakeCluster(t, fakeNode("q0", "r1", "b0"), fakeNode("q1", "r1", "b1"), fakeNode("q2", "r1", "b2"), fakeNode("q3", "r1", "b3"))
+	t0 := time.Now().UTC().Truncate(time.Second)
+	clk := &clock{t: t0.Add(time.Minute)}
+	ctx := context.Background()
+	for _, n := range names {
+		u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": Group + "/v1alpha1", "kind": kindReboot.Name,
+			"metadata": map[string]any{"name": n, "uid": "uid-" + n}, "spec": map[string]any{"nodeName": n}}}
+		u.SetCreationTimestamp(metav1.NewTime(t0))
+		if _, err := f.dyn.Resource(kindReboot.GVR).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := fakeConfig()
+	cfg.MaxConcurrent, cfg.MaxConcurrentPerRack = 0, 1
+	cfg.MaxQueueAge = time.Hour
+	cfg.RebootTimeout, cfg.ForceAfter, cfg.HungAfter = 100*time.Hour, 0, 0
+	prov := &tally{}
+	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+	reg.SetClient(cluster, f.kube, false)
+	reg.SetDynamic(cluster, f.dyn)
+	j, err := New(cfg, clusters.Config{}, reg, Options{Log: testLog, Now: clk.now,
+		Providers: map[string]Provider{ProviderRedfish: prov}, Producer: &recorder{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.run(j)
+
+	sent := func(o *unstructured.Unstructured) bool { return condIs(o, CondSignalSent, "True") }
+	ended := func(reason string) func(*unstructured.Unstructured) bool {
+		return func(o *unstructured.Unstructured) bool {
+			c := condition(o, CondSignalSent)
+			return c != nil && c["status"] == "False" && c["reason"] == reason && finished(o)
+		}
+	}
+	// One of the rack's four holds its slot; the others wait.
+	var first string
+	deadline := time.Now().Add(10 * time.Second)
+	for first == "" {
+		for _, n := range names {
+			if sent(f.get(kindReboot, n)) {
+				first = n
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no reboot started")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var queued []string
+	for _, n := range names {
+		if n != first {
+			queued = append(queued, n)
+		}
+	}
+	// The remediate role escalates one queued node 5 minutes on.
+	patch := []byte(`{"metadata":{"annotations":{"` + annotationEscalated + `":"` + t0.Add(5*time.Minute).Format(time.RFC3339) + ` the last reboot failed"}}}`)
+	if _, err := f.kube.CoreV1().Nodes().Patch(ctx, queued[0], types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor(kindReboot, queued[0], 10*time.Second, "refused Escalated", ended(ReasonEscalated))
+	// The first is over (deleted): the next one starts, within the bound.
+	if err := f.dyn.Resource(kindReboot.GVR).Delete(ctx, first, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var next, last string
+	for deadline := time.Now().Add(10 * time.Second); next == ""; time.Sleep(20 * time.Millisecond) {
+		switch {
+		case sent(f.get(kindReboot, queued[1])):
+			next, last = queued[1], queued[2]
+		case sent(f.get(kindReboot, queued[2])):
+			next, last = queued[2], queued[1]
+		case time.Now().After(deadline):
+			t.Fatal("no queued reboot started once the slot was free")
+		}
+	}
+	// The last waits past max_queue_age: ended, never started.
+	clk.set(t0.Add(2 * time.Hour))
+	f.waitFor(kindReboot, last, 10*time.Second, "ended QueueTimeout", ended(ReasonQueueTimeout))
+	calls := prov.calls()
+	for _, n := range []string{first, next} {
+		if calls["reboot/graceful "+n] != 1 {
+			t.Errorf("node %s: %d reboots, want 1 (%v)", n, calls["reboot/graceful "+n], calls)
+		}
+	}
+	for _, n := range []string{queued[0], last} {
+		if calls["reboot/graceful "+n] != 0 {
+			t.Errorf("node %s rebooted after it was escalated or queued past max_queue_age (%v)", n, calls)
+		}
+	}
+}
