@@ -205,6 +205,9 @@ type opts struct {
 	// already: the node was quarantined then (DetailAlreadyQuarantined).
 	decidedAt time.Time
 	already   bool
+	// since is when the node's quarantine began (annotationQuarantinedAt;
+	// zero when unknown), read from the node by the step.
+	since time.Time
 	// drain is the drain the record was admitted to (HeaderDrain; ""
 	// when none): the record follows it (admit).
 	drain string
@@ -374,6 +377,7 @@ func (h *Handler) stepNode(ctx context.Context, cl *clusters.Client, t trigger, 
 	now := h.now()
 	quarantined := node.Labels[events.LabelQuarantined] == "true"
 	o := h.options(t)
+	o.since = quarantinedAt(node)
 	st, adm := admit(st, t.eventID, o, quarantined, now,
 		pipeline.ActionID(t.cluster, t.node, t.eventID)[:16], h.cfg.Identity)
 	if cached && adm == admitUnquarantined {

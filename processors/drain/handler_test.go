@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -592,5 +593,56 @@ func TestRefusedDeleteGivenUp(t *testing.T) {
 	}
 	if len(deletes) > 6 { // at 0, 1s, 3s, 5s, 7s, 9s
 		t.Errorf("%d deletes in eviction_timeout (%v)", len(deletes), cfg.EvictionTimeout)
+	}
+}
+
+// TestResetAfterWholeNodeDrain: a GPU's COMPONENT_RESET on a node whose
+// whole-node drain of the same quarantine finished (its RebootNode
+// waiting in the janitor) drains the whole node again, so the node's
+// drain state names no GPUs and the janitor still reboots it. Before, the
+// state named the GPU and the janitor refused the reboot (a partial
+// drain). The quarantine's start is read from the node: a node lifted and
+// quarantined again since the drain has its GPU's pods drained alone.
+func TestResetAfterWholeNodeDrain(t *testing.T) {
+	const node = "n1"
+	for _, tc := range []struct {
+		name string
+		// since is when the node's quarantine began, from the first drain's
+		// end.
+		since time.Duration
+		want  []string
+	}{
+		{"quarantined before the drain", -10 * time.Minute, nil},
+		{"quarantined again since the drain", 30 * time.Minute, []string{"GPU-A"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &clock{t: time.Now().Truncate(time.Second)}
+			k := fake.NewSimpleClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node,
+				Labels:      map[string]string{events.LabelQuarantined: "true"},
+				Annotations: map[string]string{annotationQuarantinedAt: clk.Now().Add(-10 * time.Minute).UTC().Format(time.RFC3339)}}})
+			h := newHandler(t, testConfig(), k, clk, false)
+			if acts, _ := handle(t, h, quarantineAction(node, "e1", "RESTART_BM", nil)); find(acts, events.OutcomeSucceeded) == nil {
+				t.Fatalf("whole-node drain: %s", outcomes(acts))
+			}
+			finished := drainState(t, k, node).FinishedAt
+			n, err := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.Annotations[annotationQuarantinedAt] = finished.Add(tc.since).UTC().Format(time.RFC3339)
+			if _, err := k.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			clk.Add(time.Hour)
+			reset := quarantineAction(node, "e2", "COMPONENT_RESET",
+				map[string]string{events.DetailAlreadyQuarantined: "true", events.DetailEntities: "GPU=GPU-A"})
+			if acts, _ := handle(t, h, decidedAt(reset, clk.Now())); find(acts, events.OutcomeSucceeded) == nil {
+				t.Fatalf("the reset's drain: %s", outcomes(acts))
+			}
+			st := drainState(t, k, node)
+			if st.Trigger.RecommendedAction != "COMPONENT_RESET" || !reflect.DeepEqual(st.GPUs, tc.want) {
+				t.Fatalf("drain state: %s over GPUs %v, want COMPONENT_RESET over %v", st.Trigger.RecommendedAction, st.GPUs, tc.want)
+			}
+		})
 	}
 }

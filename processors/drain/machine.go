@@ -105,9 +105,14 @@ func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, i
 	if st != nil {
 		seen = st.Seen
 	}
+	scope := o.scope
+	if st.drainedNode(o) {
+		// The union of the whole node and o's GPUs is the whole node.
+		scope = Scope{}
+	}
 	next := &State{
 		ID: id, Phase: PhaseRunning, StartedAt: now, By: by,
-		Scope: o.scope, Force: o.force, Trigger: o.trig.bounded(), Seen: seen, Pods: map[string]*PodState{},
+		Scope: scope, Force: o.force, Trigger: o.trig.bounded(), Seen: seen, Pods: map[string]*PodState{},
 	}
 	next.addSeen(eventID)
 	return next, admitStart
@@ -132,6 +137,30 @@ func (s *State) covers(o opts) bool {
 	return s != nil && s.Phase == PhaseSucceeded && o.already && s.finishedAfter(o) &&
 		s.Scope.holds(o.scope) && (s.Force || !o.force) &&
 		s.Trigger.RecommendedAction == o.trig.RecommendedAction && s.Trigger.CustomAction == o.trig.CustomAction
+}
+
+// quarantineSlack is how far a drain's finish may seem to precede the
+// quarantine it drained for: the two times are two processors' clocks
+// (the janitor's drainSlack).
+const quarantineSlack = time.Minute
+
+// drainedNode reports whether the drain st, finished, drained the whole
+// node (succeeded or gave up) in the quarantine o's fault found standing:
+// o came on a node already quarantined, and st finished no earlier than
+// that quarantine began (o.since, when the node says; within
+// quarantineSlack, as the janitor judges it). A new drain for o then
+// keeps the whole node as its scope: the node's drain state is what the
+// janitor reads before a reboot or terminate, and a GPU-scoped state
+// there refuses them (a partial drain). A COMPONENT_RESET arriving while
+// the RebootNode of the node's whole-node fault waited for its slot or
+// cooldown narrowed the state to its GPUs, and the janitor handed the
+// drained node to a human instead of rebooting it. A whole-node drain of
+// a node drained since it was cordoned finds little to evict (what was
+// bound to it since, what the drain that gave up left); one that gave up
+// counts for the janitor as drained too, so it is kept as well.
+func (s *State) drainedNode(o opts) bool {
+	return s != nil && (s.Phase == PhaseSucceeded || s.Phase == PhaseGaveUp) && len(s.GPUs) == 0 && o.already &&
+		(o.since.IsZero() || !o.since.After(s.FinishedAt.Add(quarantineSlack)))
 }
 
 // finishedAfter reports whether the drain st finished no earlier than o's

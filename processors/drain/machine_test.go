@@ -717,6 +717,59 @@ func TestAdmit(t *testing.T) {
 	}
 }
 
+// TestAdmitKeepsTheWholeNode: a GPU's COMPONENT_RESET that starts a new
+// drain after the node's whole-node drain of the same quarantine (one
+// that succeeded or gave up) drains the whole node, so the node's drain
+// state stays whole-node and the janitor still reboots it (its
+// partialDrain refuses a reboot after a GPU-scoped drain). Before, the
+// new drain's state named the GPU: a RebootNode waiting for its slot or
+// cooldown was refused NotDrained and the node escalated to a human.
+// After a lift (the node newly quarantined, or its quarantine begun after
+// the drain finished) the fault drains only its GPU's pods, as before.
+func TestAdmitKeepsTheWholeNode(t *testing.T) {
+	reset := opts{trig: Trigger{CheckName: "XID_ERROR_48", RecommendedAction: "COMPONENT_RESET", Entities: "GPU=" + gpuA},
+		scope: Scope{GPUs: []string{gpuA}}, already: true, decidedAt: t0.Add(2 * time.Hour)}
+	// prev finished at t0 in phase over scope, for a RESTART_BM.
+	prev := func(phase string, sc Scope) *State {
+		return &State{ID: "old", Phase: phase, FinishedAt: t0, Scope: sc, Trigger: Trigger{RecommendedAction: "RESTART_BM"},
+			Seen: []string{"e1"}, Pods: map[string]*PodState{}}
+	}
+	with := func(f func(o *opts)) opts {
+		o := reset
+		f(&o)
+		return o
+	}
+	for _, tc := range []struct {
+		name string
+		st   *State
+		o    opts
+		want []string // the new drain's GPUs; nil: the whole node
+	}{
+		{"after a whole-node drain of the quarantine", prev(PhaseSucceeded, Scope{}), reset, nil},
+		{"quarantined before the drain finished", prev(PhaseSucceeded, Scope{}), with(func(o *opts) { o.since = t0.Add(-10 * time.Minute) }), nil},
+		{"quarantined within the clocks' slack of the finish", prev(PhaseSucceeded, Scope{}), with(func(o *opts) { o.since = t0.Add(30 * time.Second) }), nil},
+		{"after a whole-node drain that gave up", prev(PhaseGaveUp, Scope{}), reset, nil},
+		{"newly quarantined", prev(PhaseSucceeded, Scope{}), with(func(o *opts) { o.already = false }), []string{gpuA}},
+		{"lifted and quarantined again since the drain", prev(PhaseSucceeded, Scope{}), with(func(o *opts) { o.since = t0.Add(time.Hour) }), []string{gpuA}},
+		{"after a cancelled drain", prev(PhaseCancelled, Scope{}), reset, []string{gpuA}},
+		{"after another GPU's drain", prev(PhaseSucceeded, Scope{GPUs: []string{gpuB}}), reset, []string{gpuA}},
+		{"no drain before", nil, reset, []string{gpuA}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, adm := admit(tc.st, "e2", tc.o, true, t0.Add(2*time.Hour), "new", "me")
+			if adm != admitStart {
+				t.Fatalf("admission %d, want a new drain (%d)", adm, admitStart)
+			}
+			if !reflect.DeepEqual(st.GPUs, tc.want) {
+				t.Fatalf("new drain's GPUs %v, want %v", st.GPUs, tc.want)
+			}
+			if st.Trigger.RecommendedAction != "COMPONENT_RESET" {
+				t.Fatalf("trigger %+v, want the GPU's COMPONENT_RESET", st.Trigger)
+			}
+		})
+	}
+}
+
 // TestAdmitFollowsItsDrain: a record that names the drain it was admitted
 // to (HeaderDrain) follows that drain whatever Seen still holds: it
 // resumes it while it runs, says its result once it finished, and ends

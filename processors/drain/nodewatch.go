@@ -26,8 +26,8 @@ func newNodeWatches(log *slog.Logger) *clusters.NodeWatches {
 }
 
 // drainCopy is what the watch keeps of a node: name, UID,
-// resourceVersion, creation time, faultline's quarantine and drain labels
-// and the drain state annotation.
+// resourceVersion, creation time, faultline's quarantine and drain labels,
+// the drain state annotation and when the quarantine began.
 func drainCopy(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
@@ -48,6 +48,6 @@ func drainCopy(obj any) (any, error) {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
 		Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, CreationTimestamp: n.CreationTimestamp,
 		Labels:      clusters.Interned(keep(n.Labels, events.LabelQuarantined, LabelDrain)),
-		Annotations: keep(n.Annotations, AnnotationState),
+		Annotations: keep(n.Annotations, AnnotationState, annotationQuarantinedAt),
 	}}, nil
 }

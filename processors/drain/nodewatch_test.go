@@ -189,3 +189,19 @@ func TestStaleCopyEvictsNothingOnALiftedNode(t *testing.T) {
 		t.Fatalf("retry on the lifted node: %s, %d requeues; want the drain cancelled", outcomes(acts), len(rq))
 	}
 }
+
+// TestDrainCopyKeepsTheQuarantineStart: the watch's copy of a node keeps
+// when its quarantine began beside the drain state (a step read from the
+// watch judges a finished drain by it: drainedNode), and drops the rest.
+func TestDrainCopyKeepsTheQuarantineStart(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{
+		AnnotationState: `{"id":"d1"}`, annotationQuarantinedAt: "2026-12-03T12:00:00Z", "faultline.io/quarantine-reason": "x", "other": "y"}}}
+	c, _ := drainCopy(n)
+	got := c.(*corev1.Node).Annotations
+	if len(got) != 2 || got[AnnotationState] != `{"id":"d1"}` || got[annotationQuarantinedAt] != "2026-12-03T12:00:00Z" {
+		t.Fatalf("copy's annotations %v", got)
+	}
+	if at := quarantinedAt(c.(*corev1.Node)); !at.Equal(time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)) {
+		t.Fatalf("quarantinedAt %v", at)
+	}
+}

@@ -25,6 +25,21 @@ const (
 	LabelDrain = "faultline.io/drain"
 )
 
+// annotationQuarantinedAt is when the node's quarantine began (RFC 3339),
+// written by the quarantine role (a role reads another's marks by name,
+// never through its package).
+const annotationQuarantinedAt = "faultline.io/quarantined-at"
+
+// quarantinedAt is when the node's quarantine began (zero when it does
+// not say).
+func quarantinedAt(n *corev1.Node) time.Time {
+	at, err := time.Parse(time.RFC3339, n.Annotations[annotationQuarantinedAt])
+	if err != nil {
+		return time.Time{}
+	}
+	return at
+}
+
 // Drain phases.
 const (
 	PhaseRunning   = "running"

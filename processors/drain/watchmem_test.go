@@ -15,7 +15,7 @@ import (
 
 // BenchmarkNodeWatchMemory measures what a drain replica's node watch
 // holds per node (drainCopy: name, UID, resourceVersion, creation time,
-// faultline's two labels, the drain state): 5,000 GPU nodes with a
+// faultline's two labels, the drain state, the quarantine's start): 5,000 GPU nodes with a
 // kubelet's status (testenv.GPUNode, WithKubeletStatus), the watch started
 // and synced (testenv.HeldHeap), beside the node's size as the
 // apiserver's JSON. Every replica watches every node of every cluster it

@@ -294,6 +294,11 @@ func TestPartialDrainRefusesWholeNode(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	partial := fmt.Sprintf(`{"id":"d2","phase":"succeeded","finishedAt":%q,"gpus":["GPU-2"]}`, t0.Add(time.Minute).Format(time.RFC3339Nano))
 	whole := fmt.Sprintf(`{"id":"d1","phase":"succeeded","finishedAt":%q}`, t0.Add(time.Minute).Format(time.RFC3339Nano))
+	// A GPU's reset on the node after its whole-node drain: the drain
+	// role kept the whole node as its scope (processors/drain
+	// drainedNode).
+	resetWhole := fmt.Sprintf(`{"id":"d3","phase":"succeeded","finishedAt":%q,"trigger":{"recommendedAction":"COMPONENT_RESET"}}`,
+		t0.Add(2*time.Hour).Format(time.RFC3339Nano))
 	for _, tc := range []struct {
 		name    string
 		kd      kind
@@ -306,6 +311,7 @@ func TestPartialDrainRefusesWholeNode(t *testing.T) {
 		{"forced reboot after a partial drain", kindReboot, partial, true, false},
 		{"GPU reset after a partial drain", kindGPUReset, partial, false, false},
 		{"reboot after a whole-node drain", kindReboot, whole, false, false},
+		{"reboot after a GPU's reset drained the whole node", kindReboot, resetWhole, false, false},
 		{"reboot, no drain state", kindReboot, "", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
