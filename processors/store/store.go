@@ -16,9 +16,12 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	ch "github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -157,17 +160,29 @@ type Handler struct {
 	conn clickhouse.Conn
 	log  *slog.Logger
 	m    *Metrics
+	// pinSync is whether inserts send async_insert=0 (insertSettings):
+	// decided once, by New, from the server's version, and turned off for
+	// the process's life when a server refuses the setting (refusedAsync).
+	pinSync atomic.Bool
 	// afterInsert, when set, runs after a batch's rows are written and
 	// before Handle returns (tests inject crashes here).
 	afterInsert func(ctx context.Context, rows int) error
 }
 
-// New returns a handler writing through conn.
+// New returns a handler writing through conn. It asks the server's version
+// once, here, to know whether the inserts send async_insert=0 (an unknown
+// version: they do, until a server refuses it).
 func New(conn clickhouse.Conn, log *slog.Logger, m *Metrics) *Handler {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	return &Handler{conn: conn, log: log.With("role", "store"), m: m}
+	h := &Handler{conn: conn, log: log.With("role", "store"), m: m}
+	srv, err := conn.ServerVersion()
+	if err != nil {
+		h.log.Warn("clickhouse server version unknown; inserts send async_insert=0 until a server refuses it", "err", err)
+	}
+	h.pinSync.Store(err != nil || hasAsyncInsert(srv.Version))
+	return h
 }
 
 // Handle decodes the records, dead-letters the undecodable ones, and writes
@@ -231,8 +246,12 @@ func (h *Handler) Handle(ctx context.Context, recs []*kgo.Record) (pipeline.Resu
 // (21.11); older servers refuse a setting they do not know.
 var asyncInsertSince = proto.Version{Major: 21, Minor: 11}
 
-// insertSettings are the settings of the store's inserts on a server of
-// version v:
+// hasAsyncInsert is whether a server of version v has async_insert.
+func hasAsyncInsert(v proto.Version) bool {
+	return proto.CheckMinVersion(asyncInsertSince, v)
+}
+
+// insertSettings are the settings of the store's inserts:
 //
 //   - insert_deduplicate=0: on a cluster the tables are Replicated, which
 //     drop an inserted block identical to one written before — and then
@@ -246,16 +265,28 @@ var asyncInsertSince = proto.Version{Major: 21, Minor: 11}
 //     read deduplicates by id, so the retry's copies cost nothing. A
 //     Distributed insert (insert_distributed_sync=1) passes the setting on
 //     to every shard's insert, 18.16's too.
-//   - async_insert=0 (21.11 and newer): a profile with async_insert=1 and
-//     wait_for_async_insert=0 (ClickHouse Cloud can set it) would
-//     acknowledge rows only buffered, the offsets would be committed, and
-//     a restart before the flush would lose them unseen.
-func insertSettings(v proto.Version) ch.Settings {
+//   - async_insert=0 when pinSync (servers of 21.11 and newer): a profile
+//     with async_insert=1 and wait_for_async_insert=0 (ClickHouse Cloud
+//     can set it) would acknowledge rows only buffered, the offsets would
+//     be committed, and a restart before the flush would lose them unseen.
+func insertSettings(pinSync bool) ch.Settings {
 	s := ch.Settings{"insert_deduplicate": 0}
-	if proto.CheckMinVersion(asyncInsertSince, v) {
+	if pinSync {
 		s["async_insert"] = 0
 	}
 	return s
+}
+
+// unknownSetting is ClickHouse's UNKNOWN_SETTING error code.
+const unknownSetting = 115
+
+// refusedAsync is whether err is a server refusing async_insert: a server
+// older than 21.11 among several (clickhouse.addr's list, a Service over
+// replicas mid-upgrade, a shard of the cluster) when the one New asked
+// was newer.
+func refusedAsync(err error) bool {
+	ex, ok := errors.AsType[*ch.Exception](err)
+	return ok && ex.Code == unknownSetting && strings.Contains(ex.Message, "async_insert")
 }
 
 // insert writes one columnar block to table.
@@ -270,12 +301,11 @@ func (h *Handler) insert(ctx context.Context, table, columns string, cols []any,
 		h.m.insert.WithLabelValues(table).Observe(time.Since(began).Seconds())
 		h.m.rows.WithLabelValues(table).Add(float64(n))
 	}()
-	srv, err := h.conn.ServerVersion()
-	if err != nil {
-		return err
+	query := "INSERT INTO " + table + " (" + columns + ")"
+	batch, err := h.prepare(ctx, query)
+	if err != nil && h.dropAsync(err) {
+		batch, err = h.prepare(ctx, query) // no row was copied yet: at once
 	}
-	ctx = ch.Context(ctx, ch.WithSettings(insertSettings(srv.Version)))
-	batch, err := h.conn.PrepareBatch(ctx, "INSERT INTO "+table+" ("+columns+")")
 	if err != nil {
 		return err
 	}
@@ -286,7 +316,27 @@ func (h *Handler) insert(ctx context.Context, table, columns string, cols []any,
 		}
 		cols[i] = nil // copied into the block
 	}
-	return batch.Send()
+	err = batch.Send()
+	h.dropAsync(err) // a shard refused it: the batch's retry goes without
+	return err
+}
+
+// prepare starts an insert with the store's settings.
+func (h *Handler) prepare(ctx context.Context, query string) (driver.Batch, error) {
+	ctx = ch.Context(ctx, ch.WithSettings(insertSettings(h.pinSync.Load())))
+	return h.conn.PrepareBatch(ctx, query)
+}
+
+// dropAsync stops sending async_insert=0 for good (logged once) when err is
+// a server refusing it, and reports whether it was.
+func (h *Handler) dropAsync(err error) bool {
+	if !refusedAsync(err) {
+		return false
+	}
+	if h.pinSync.Swap(false) {
+		h.log.Warn("a clickhouse server has no async_insert (older than 21.11): inserts go without async_insert=0 from now on", "err", err)
+	}
+	return true
 }
 
 // RunRetention drops expired partitions every interval until ctx ends.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	ch "github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	chproto "github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -427,7 +428,7 @@ func TestInsertSettings(t *testing.T) {
 		{"24.3.2", true},
 		{"26.9.0", true},
 	} {
-		got := insertSettings(chproto.ParseVersion(tc.version))
+		got := insertSettings(hasAsyncInsert(chproto.ParseVersion(tc.version)))
 		want := ch.Settings{"insert_deduplicate": 0}
 		if tc.async {
 			want["async_insert"] = 0
@@ -436,6 +437,122 @@ func TestInsertSettings(t *testing.T) {
 			t.Errorf("%s: settings %v, want %v", tc.version, got, want)
 		}
 	}
+}
+
+// mixedConn is a pool whose ServerVersion reaches a server of version and
+// whose inserts reach one that refuses async_insert (prepareErr, or
+// sendErr at the block's send) like 18.16. It records each insert's
+// settings (settings: the handler's, read when the insert starts).
+type mixedConn struct {
+	clickhouse.Conn
+	version             string
+	prepareErr, sendErr bool
+	settings            func() ch.Settings
+	prepared            []ch.Settings
+}
+
+var errNoAsyncInsert = &ch.Exception{Code: 115, Message: "Unknown setting async_insert"}
+
+func (c *mixedConn) ServerVersion() (*ch.ServerVersion, error) {
+	return &ch.ServerVersion{Version: chproto.ParseVersion(c.version)}, nil
+}
+
+func (c *mixedConn) PrepareBatch(context.Context, string, ...driver.PrepareBatchOption) (driver.Batch, error) {
+	s := c.settings()
+	c.prepared = append(c.prepared, s)
+	_, async := s["async_insert"]
+	if async && c.prepareErr {
+		return nil, errNoAsyncInsert
+	}
+	return &fakeBatch{fail: async && c.sendErr}, nil
+}
+
+type fakeBatch struct {
+	driver.Batch
+	fail bool
+}
+
+func (b *fakeBatch) Send() error {
+	if b.fail {
+		return fmt.Errorf("shard 2: %w", errNoAsyncInsert)
+	}
+	return nil
+}
+
+func (b *fakeBatch) Close() error { return nil }
+
+// TestAsyncInsertRefused: the version is asked once, by New; when an insert
+// reaches a server that refuses async_insert (older than 21.11: another of
+// clickhouse.addr's servers, a replica behind a Service mid-upgrade) the
+// setting is dropped for good, and an insert refused before any row was
+// sent is made again at once. Asked at each insert on a pooled connection
+// other than the insert's, the version let every insert to the older
+// server fail, and the batch was retried without end.
+func TestAsyncInsertRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		prepareErr, sendErr bool
+		firstErr            bool // the first insert fails (its batch is retried)
+	}{
+		{"refused at the query", true, false, false},
+		{"refused by a shard at the send", false, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn := &mixedConn{version: "24.3.2", prepareErr: tc.prepareErr, sendErr: tc.sendErr}
+			m := NewMetrics(nil)
+			h := New(conn, slog.Default(), m)
+			conn.settings = func() ch.Settings { return insertSettings(h.pinSync.Load()) }
+			ctx := ctxFor(t, 10*time.Second)
+			err := h.insert(ctx, "events", "id", nil, 1)
+			if tc.firstErr != (err != nil) {
+				t.Fatalf("first insert: %v, want an error %t", err, tc.firstErr)
+			}
+			for i := range 3 {
+				if err := h.insert(ctx, "events", "id", nil, 1); err != nil {
+					t.Fatalf("insert %d: %v", i+2, err)
+				}
+			}
+			if _, async := conn.prepared[0]["async_insert"]; !async {
+				t.Errorf("first insert %v: a 24.3 server has async_insert", conn.prepared[0])
+			}
+			for i, s := range conn.prepared[1:] {
+				if want := (ch.Settings{"insert_deduplicate": 0}); !reflect.DeepEqual(s, want) {
+					t.Errorf("insert %d after the refusal: settings %v, want %v", i+2, s, want)
+				}
+			}
+			if want := 4 + btoi(tc.prepareErr); len(conn.prepared) != want {
+				t.Errorf("%d inserts prepared, want %d", len(conn.prepared), want)
+			}
+			if got, want := counterValue(m.errors.WithLabelValues("events")), float64(btoi(tc.firstErr)); got != want {
+				t.Errorf("%v write errors counted, want %v", got, want)
+			}
+		})
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestAsyncInsertRefusedServer: a handler that believes its server has
+// async_insert (New asked another, newer one) writes to a server without
+// it (the testenv's 18.16, or newer: then there is nothing to refuse) on
+// its first try.
+func TestAsyncInsertRefusedServer(t *testing.T) {
+	srv := chtest.Start(t)
+	h := New(srv.Conn, slog.Default(), nil)
+	h.pinSync.Store(true)
+	var recs []*kgo.Record
+	for _, ev := range rowstest.GenEvents("alpha", 0, 10, time.Now().UTC().Add(-time.Hour)) {
+		recs = append(recs, rowstest.EventRecord(t, ev))
+	}
+	if _, err := h.Handle(ctxFor(t, time.Minute), recs); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, srv, 10, 10*time.Second, "SELECT uniqExact(id) FROM events")
 }
 
 // TestRetryAfterViewInsertFailed: on a cluster (Replicated tables) a batch
