@@ -118,6 +118,26 @@ func (c Config) Validate() error {
 	if err := c.Conformance.Validate("conformance."); err != nil {
 		return err
 	}
+	return c.validateAcross()
+}
+
+// validateAcross checks what one role's keys promise another's. Every
+// role's process reads the same file (the chart renders one config.toml
+// for all of them), so each refuses it alike.
+func (c Config) validateAcross() error {
+	j, r := c.Janitor, c.Remediate
+	switch {
+	case j.MaxQueueAge > 0 && j.MaxQueueAge < j.Cooldown:
+		// A resource waiting for its node's cooldown would end
+		// QueueTimeout, never started.
+		return fmt.Errorf("janitor.max_queue_age: must be 0 (no bound) or at least janitor.cooldown (%v): a resource waiting for its node's cooldown would never start; got %v",
+			j.Cooldown, j.MaxQueueAge)
+	case j.MaxQueueAge >= r.QueueTimeout:
+		// The remediate role would fail and escalate a queued resource
+		// the janitor may still start.
+		return fmt.Errorf("janitor.max_queue_age: must be below remediate.queue_timeout (%v): the remediate role fails a resource not started by then, and the janitor would start it after; got %v",
+			r.QueueTimeout, j.MaxQueueAge)
+	}
 	return nil
 }
 

@@ -92,18 +92,33 @@ func (op *operation) escalatedSince() string {
 		return ""
 	}
 	ts, why, _ := strings.Cut(v, " ")
-	at, err := time.Parse(time.RFC3339, ts)
+	at, err := time.Parse(time.RFC3339Nano, ts)
 	// Both times by the remediate role's clock where it wrote its own
-	// (annotationCreated); the escalation's is to the second.
+	// (annotationCreated).
 	created, cerr := time.Parse(time.RFC3339Nano, op.u.GetAnnotations()[annotationCreated])
 	if cerr != nil {
 		created = op.u.GetCreationTimestamp().Time
 	}
-	if err != nil || created.IsZero() || at.Before(created.Truncate(time.Second)) {
+	if err != nil || created.IsZero() {
+		return ""
+	}
+	// Compared exactly when both have sub-second precision (the remediate
+	// role writes both with nanoseconds); else to the second, an
+	// escalation of the resource's second counting as after it.
+	if !subSecond(ts) || cerr != nil {
+		at, created = at.Truncate(time.Second), created.Truncate(time.Second)
+	}
+	if at.Before(created) {
 		return ""
 	}
 	return fmt.Sprintf("node %s was escalated to CONTACT_SUPPORT at %s, after %s was created (%s): nothing was sent",
 		op.nodeName, ts, op.ref(), why)
+}
+
+// subSecond: the RFC 3339 time ts has a fraction of a second.
+func subSecond(ts string) bool {
+	_, frac, ok := strings.Cut(ts, ".")
+	return ok && frac != ""
 }
 
 // awaitsBootID is a reboot of a node that reports no boot ID yet: its end

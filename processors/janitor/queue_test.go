@@ -128,3 +128,43 @@ func TestQueuedResourcesNotStartedLate(t *testing.T) {
 		}
 	}
 }
+
+// TestEscalatedSinceToTheNanosecond: the remediate role writes its
+// escalation's time and the resource's creation with nanoseconds, and
+// the two are compared exactly; only a time with whole seconds (an older
+// remediate role's escalation, the apiserver's creationTimestamp) is
+// compared to the second. Before, the creation was truncated to the
+// second: a resource created half a second after an escalation, in the
+// same second, was refused Escalated.
+func TestEscalatedSinceToTheNanosecond(t *testing.T) {
+	t.Parallel()
+	sec := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	nano := func(d time.Duration) string { return sec.Add(d).Format(time.RFC3339Nano) }
+	for _, tc := range []struct {
+		name, escalated, created string // created: annotationCreated ("": creationTimestamp only, sec)
+		refused                  bool
+	}{
+		{"escalated 0.5s before, same second", nano(200 * time.Millisecond), nano(700 * time.Millisecond), false},
+		{"escalated after", nano(900 * time.Millisecond), nano(700 * time.Millisecond), true},
+		{"escalated at the creation", nano(700 * time.Millisecond), nano(700 * time.Millisecond), true},
+		{"escalated the second before", nano(-100 * time.Millisecond), nano(700 * time.Millisecond), false},
+		{"whole-second escalation of the same second", sec.Format(time.RFC3339), nano(700 * time.Millisecond), true},
+		{"whole-second escalation the second before", sec.Add(-time.Second).Format(time.RFC3339), nano(700 * time.Millisecond), false},
+		{"creationTimestamp: same second", nano(200 * time.Millisecond), "", true},
+		{"creationTimestamp: the second before", nano(-200 * time.Millisecond), "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"name": "r"}}}
+			u.SetCreationTimestamp(metav1.NewTime(sec))
+			if tc.created != "" {
+				u.SetAnnotations(map[string]string{annotationCreated: tc.created})
+			}
+			node := fakeNode("n1", "r1", "b1")
+			node.Annotations = map[string]string{annotationEscalated: tc.escalated + " the last reboot failed"}
+			op := &operation{kd: kindReboot, u: u, nodeName: "n1", node: node}
+			if why := op.escalatedSince(); (why != "") != tc.refused {
+				t.Fatalf("escalated %s, created %q: refused %q, want refused %v", tc.escalated, tc.created, why, tc.refused)
+			}
+		})
+	}
+}

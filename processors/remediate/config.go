@@ -130,26 +130,32 @@ type Completion struct {
 // Complete=True/NotDrained (GPUReset); and a reboot whose graceful signal
 // went out but whose forced reboot it did not send, the node lifted
 // meanwhile, with NodeReady=False/NotDrained (SignalSent stays True). That
-// is a cancellation, not a failure (CancelledWhen).
+// is a cancellation, not a failure (CancelledWhen). So is a resource it
+// refuses, not started, because this role escalated its node after the
+// resource was created (reason Escalated: SignalSent=False/Escalated,
+// Complete=True/Escalated): the node is already a human's; read as a
+// failure it was escalated again, which moved the escalation's time past
+// the node's next queued resource, refused in turn, and the group never
+// remediated again.
 //
 // Kinds not in the map get GenericCompletion.
 var KindCompletion = map[schema.GroupKind]Completion{
 	{Group: JanitorGroup, Kind: "RebootNode"}: {
 		CompleteWhen:  []string{"NodeReady=True"},
 		FailedWhen:    []string{"NodeReady=False", "SignalSent=False"},
-		CancelledWhen: []string{"SignalSent=False/NotDrained", "NodeReady=False/NotDrained"},
+		CancelledWhen: []string{"SignalSent=False/NotDrained", "NodeReady=False/NotDrained", "SignalSent=False/Escalated"},
 		FinishedField: "completionTime",
 	},
 	{Group: JanitorGroup, Kind: "TerminateNode"}: {
 		CompleteWhen:  []string{"NodeTerminated=True"},
 		FailedWhen:    []string{"NodeTerminated=False", "SignalSent=False"},
-		CancelledWhen: []string{"SignalSent=False/NotDrained"},
+		CancelledWhen: []string{"SignalSent=False/NotDrained", "SignalSent=False/Escalated"},
 		FinishedField: "completionTime",
 	},
 	{Group: JanitorGroup, Kind: "GPUReset"}: {
 		CompleteWhen:  []string{"Complete=True/GPUResetSucceeded"},
 		FailedWhen:    []string{"Complete=True"},
-		CancelledWhen: []string{"Complete=True/NotDrained"},
+		CancelledWhen: []string{"Complete=True/NotDrained", "Complete=True/Escalated"},
 		FinishedField: "completionTime",
 	},
 }
@@ -266,8 +272,9 @@ type Config struct {
 	// BudgetWindow is the budget's window. Default 24h.
 	BudgetWindow time.Duration `toml:"budget_window"`
 	// CompletionTimeout: a resource neither complete nor failed (see
-	// Completion) this long after it started (status.startTime, else its
-	// creation; see QueueTimeout) counts as failed.
+	// Completion) this long after it started (status.startTime, else the
+	// janitor's record of its signal, else its creation; see QueueTimeout)
+	// counts as failed.
 	// Default 1h. The janitor fails a reboot or termination itself after
 	// its own timeout (30 minutes when its config sets none) and says so
 	// in its conditions, which faultline reads as a failure first.
@@ -286,8 +293,9 @@ type Config struct {
 	// the group's newest (whose result and sequence number the next
 	// remediation reads). A trigger older than this is not acted on (its
 	// resource may be gone). 0 keeps every resource and acts on every
-	// trigger; else at least BudgetWindow and more than
-	// CompletionTimeout. Default 168h (7 days).
+	// trigger; else at least BudgetWindow and more than QueueTimeout +
+	// CompletionTimeout (a trigger is followed that long: its resource
+	// queued, then started). Default 168h (7 days).
 	Retention time.Duration `toml:"retention"`
 	// PollInterval is how often a remediation in progress is looked at.
 	// Default 15s.
@@ -404,8 +412,12 @@ func (c *Config) Validate(prefix string) error {
 		return fmt.Errorf("%sretention: must not be negative, got %v", prefix, c.Retention)
 	case c.Retention > 0 && c.Retention < c.BudgetWindow:
 		return fmt.Errorf("%sretention: must be 0 (keep all) or at least budget_window (%v): the budget counts the resources; got %v", prefix, c.BudgetWindow, c.Retention)
-	case c.Retention > 0 && c.Retention <= c.CompletionTimeout:
-		return fmt.Errorf("%sretention: must be 0 (keep all) or more than completion_timeout (%v); got %v", prefix, c.CompletionTimeout, c.Retention)
+	case c.Retention > 0 && c.Retention <= c.QueueTimeout+c.CompletionTimeout:
+		// A trigger is followed until its resource ends: queued up to
+		// queue_timeout, then completion_timeout from its start. Skipped
+		// past the retention, its failure would never be escalated.
+		return fmt.Errorf("%sretention: must be 0 (keep all) or more than queue_timeout + completion_timeout (%v + %v): a trigger older than the retention is not followed, its remediation's failure never escalated; got %v",
+			prefix, c.QueueTimeout, c.CompletionTimeout, c.Retention)
 	}
 	if c.Workers < 1 {
 		return fmt.Errorf("%sworkers: must be at least 1, got %d", prefix, c.Workers)

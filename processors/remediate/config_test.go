@@ -39,6 +39,11 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 		{"retention within the completion timeout", func(c *Config) {
 			c.BudgetWindow, c.CompletionTimeout, c.Retention = time.Hour, 2*time.Hour, 2*time.Hour
 		}, "remediate.retention"},
+		// A RebootNode queued past the retention would have its trigger
+		// skipped, its QueueTimeout never followed nor escalated.
+		{"retention within the queue and completion timeouts", func(c *Config) {
+			c.BudgetWindow, c.CompletionTimeout, c.Retention = time.Hour, time.Hour, 2*time.Hour
+		}, "remediate.retention: must be 0 (keep all) or more than queue_timeout + completion_timeout (12h0m0s + 1h0m0s)"},
 		// A group is read from one resource: a REPLACE_VM TerminateNode in
 		// the reboot group would start beside a RebootNode in progress,
 		// spend no reboot's budget and escalate no failed reboot.
@@ -216,15 +221,19 @@ func TestCompletion(t *testing.T) {
 		{"COMPONENT_RESET", nil, 5 * time.Hour, inProgress},
 		// Conditions but no startTime (another janitor): from the creation.
 		{"RESTART_VM", map[string]any{"conditions": st(false, "SignalSent=Unknown/Initializing")["conditions"]}, 2 * time.Hour, failed},
-		// The janitor ended it unstarted: queued too long, or its node escalated.
+		// The janitor ended it unstarted: queued too long (a failure), or
+		// its node escalated since (cancelled: escalated already; read as
+		// a failure it escalated the node again, refusing its next
+		// queued resource in turn).
 		{"RESTART_VM", st(true, "SignalSent=False/QueueTimeout", "NodeReady=False/QueueTimeout"), 7 * time.Hour, failed},
-		{"RESTART_VM", st(true, "SignalSent=False/Escalated", "NodeReady=False/Escalated"), 7 * time.Hour, failed},
+		{"RESTART_VM", st(true, "SignalSent=False/Escalated", "NodeReady=False/Escalated"), 7 * time.Hour, cancelled},
 		// TerminateNode.
 		{"custom:terminate", st(false, "SignalSent=True/Succeeded", "NodeTerminated=Unknown/Initializing"), time.Minute, inProgress},
 		{"custom:terminate", st(true, "SignalSent=True/Succeeded", "NodeTerminated=True/Succeeded"), time.Minute, completed},
 		{"custom:terminate", st(true, "SignalSent=True/Succeeded", "NodeTerminated=False/Timeout"), time.Minute, failed},
 		{"custom:terminate", st(true, "SignalSent=False/Failed", "NodeTerminated=Unknown/Initializing"), time.Minute, failed},
 		{"custom:terminate", st(true, "SignalSent=False/NotDrained", "NodeTerminated=False/NotDrained"), time.Minute, cancelled},
+		{"custom:terminate", st(true, "SignalSent=False/Escalated", "NodeTerminated=False/Escalated"), time.Minute, cancelled},
 		// GPUReset.
 		{"COMPONENT_RESET", st(false, "Ready=False/Pending"), time.Minute, inProgress},
 		{"COMPONENT_RESET", st(false, "Ready=True/ReadyForReset", "ResetJobCompleted=True/ResetJobSucceeded", "ServicesRestored=False/RestoringServices"), time.Minute, inProgress},
@@ -234,6 +243,8 @@ func TestCompletion(t *testing.T) {
 		{"COMPONENT_RESET", st(true, "Ready=True/ReadyForReset", "Complete=True/NodeNotFound"), time.Minute, failed},
 		{"COMPONENT_RESET", st(true, "Ready=False/Pending", "Complete=True/GPUAlreadyUnderMaintenance"), time.Minute, failed},
 		{"COMPONENT_RESET", st(true, "Complete=True/NotDrained"), time.Minute, cancelled},
+		{"COMPONENT_RESET", st(true, "Complete=True/Escalated"), time.Minute, cancelled},
+		{"COMPONENT_RESET", st(true, "Complete=True/QueueTimeout"), time.Minute, failed},
 		// Other kinds: Completed / Failed, no finished field.
 		{"custom:generic", st(true), time.Minute, inProgress},
 		{"custom:generic", st(false, "Completed=True/X"), time.Minute, completed},
@@ -263,6 +274,43 @@ func TestCompletion(t *testing.T) {
 		if got == failed && why == "" {
 			t.Errorf("%s %v: failed without a why", tc.action, tc.status)
 		}
+	}
+}
+
+// TestCompletionFromTheJanitorsRecord: a resource whose signal the
+// janitor recorded (faultline.io/janitor-state, written before the
+// signal) but whose status it could not write (startTime comes with
+// SignalSent) has started: completion_timeout counts from the record's
+// `at`. Before, it counted as queued, failing only after queue_timeout
+// (12h) with the node cordoned and drained meanwhile.
+func TestCompletionFromTheJanitorsRecord(t *testing.T) {
+	now := time.Date(2026, 1, 1, 5, 0, 0, 0, time.UTC)
+	h, err := New(DefaultConfig(), clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm := h.cfg.template("RESTART_VM")
+	for _, tc := range []struct {
+		name  string
+		state string
+		want  status
+	}{
+		{"recorded 2h ago", `{"step":"signal","at":"` + now.Add(-2*time.Hour).Format(time.RFC3339Nano) + `","provider":"aws","by":"j"}`, failed},
+		{"recorded 10m ago", `{"step":"signal","at":"` + now.Add(-10*time.Minute).Format(time.RFC3339Nano) + `","provider":"aws","by":"j"}`, inProgress},
+		{"no record", "", inProgress},
+		{"unreadable record", "{", inProgress},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, _ := tm.render(sampleData)
+			ann := map[string]string{AnnotationCreated: now.Add(-3 * time.Hour).Format(time.RFC3339Nano)}
+			if tc.state != "" {
+				ann[annotationJanitorState] = tc.state
+			}
+			o.SetAnnotations(ann)
+			if got, why := h.status(tm, o); got != tc.want {
+				t.Fatalf("created 3h ago, no status, %s: %d (%s), want %d", tc.name, got, why, tc.want)
+			}
+		})
 	}
 }
 

@@ -157,8 +157,15 @@ func TestDryRunTriggerEscalatesNothing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, ok := n.Annotations[AnnotationEscalated]; ok != tc.annotated {
+			v, ok := n.Annotations[AnnotationEscalated]
+			if ok != tc.annotated {
 				t.Errorf("node annotated %s: %v, want %v", AnnotationEscalated, ok, tc.annotated)
+			}
+			// With nanoseconds, as AnnotationCreated: the janitor refuses a
+			// resource created before it, and only before it (to the
+			// second, one created just after it in its second was refused).
+			if ts, _, _ := strings.Cut(v, " "); ok && !strings.Contains(ts, ".") {
+				t.Errorf("%s = %q: its time has no fraction of a second", AnnotationEscalated, v)
 			}
 		})
 	}

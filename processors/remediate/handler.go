@@ -67,8 +67,14 @@ const (
 	// fault of other entities does not join it.
 	AnnotationEntities = "faultline.io/entities"
 	// AnnotationEscalated is set on the node when faultline escalates it to
-	// CONTACT_SUPPORT: the time and why.
+	// CONTACT_SUPPORT: the time (RFC 3339 with nanoseconds, the clock of
+	// AnnotationCreated: the janitor refuses a resource created before it)
+	// and why.
 	AnnotationEscalated = "faultline.io/remediation-escalated"
+	// annotationJanitorState is faultline's janitor's record of the signal
+	// (processors/janitor AnnotationState): JSON whose "at" is when it
+	// was recorded, just before it was sent.
+	annotationJanitorState = "faultline.io/janitor-state"
 )
 
 const maxTriggers = 32
@@ -296,7 +302,8 @@ const (
 // status reads a resource's completion (Template.complete, .cancelled,
 // .failed, .finished; see Completion): a complete matcher first, then a
 // cancelled one, then a failed one, then the finished field, then
-// completion_timeout from status.startTime — or, for a janitor kind with
+// completion_timeout from status.startTime (or the janitor's record of
+// its signal, annotationJanitorState) — or, for a janitor kind with
 // no status yet (queued: not started), queue_timeout from its creation;
 // else completion_timeout from its creation.
 func (h *Handler) status(tm *Template, o *unstructured.Unstructured) (status, string) {
@@ -337,11 +344,22 @@ func (h *Handler) status(tm *Template, o *unstructured.Unstructured) (status, st
 
 // startedAt is when the operator started the work: status.startTime
 // (faultline's janitor writes it with its signal, the time it recorded
-// it), if set.
+// it), if set; else the `at` of faultline's janitor's record
+// (annotationJanitorState), written before the signal is sent and before
+// the status: a signal sent whose status write keeps failing is started
+// all the same, its completion_timeout counted, not queue_timeout.
 func startedAt(o *unstructured.Unstructured) (time.Time, bool) {
 	v, _, _ := unstructured.NestedString(o.Object, "status", "startTime")
-	t, err := time.Parse(time.RFC3339, v)
-	return t, err == nil
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return t, true
+	}
+	var st struct {
+		At time.Time `json:"at"`
+	}
+	if v := o.GetAnnotations()[annotationJanitorState]; v != "" && json.Unmarshal([]byte(v), &st) == nil && !st.At.IsZero() {
+		return st.At, true
+	}
+	return time.Time{}, false
 }
 
 // matchCondition returns the first matcher (in order) that a condition
@@ -948,7 +966,7 @@ func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *
 func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, group, why string) ([]*faultlinev1.Action, error) {
 	dry := dryRun(cl, t)
 	if !dry {
-		val := h.now().UTC().Format(time.RFC3339) + " " + why
+		val := h.now().UTC().Format(time.RFC3339Nano) + " " + why
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationEscalated: events.Truncate(val, 1024)}}})
 		_, err := cl.Kube.CoreV1().Nodes().Patch(ctx, t.node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-remediate"})
 		if err != nil && !apierrors.IsNotFound(err) {

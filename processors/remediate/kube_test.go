@@ -613,6 +613,51 @@ func TestRemediateKube(t *testing.T) {
 		}
 	})
 
+	t.Run("RefusedEscalatedIsCancelled", func(t *testing.T) {
+		// A GPUReset queued on the node (a slot, its cooldown) when the
+		// node is escalated (here a CONTACT_SUPPORT event): the janitor
+		// refuses it unstarted, Complete=True/Escalated. Not a failure:
+		// read as one, it escalated the node again (a newer time on the
+		// annotation, refusing the node's next queued resource in turn),
+		// and the group escalated every later fault instead of resetting.
+		node := "escalated-1"
+		createNode(t, k, node)
+		h := newHandler(t, testConfig(), k, dyn, clk)
+		gpu := map[string]string{events.DetailEntities: "GPU=GPU-0a1b2c3d-0000-1111-2222-333344449999"}
+		acts, rq := handle(t, h, drained(node, "e1", "COMPONENT_RESET", gpu))
+		items := list(t, dyn, resetGVR, node)
+		if len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || len(items) != 1 {
+			t.Fatalf("reset: %s", outcomes(acts))
+		}
+		clk.Add(time.Minute)
+		if acts, _ := handle(t, h, drained(node, "e2", "CONTACT_SUPPORT", nil)); len(acts) != 1 || acts[0].Kind != events.KindEscalate {
+			t.Fatalf("CONTACT_SUPPORT: %s", outcomes(acts))
+		}
+		escalated := func() string {
+			n, err := k.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n.Annotations[AnnotationEscalated]
+		}
+		mark := escalated()
+		setStatus(t, dyn, resetGVR, items[0].GetName(), true, cond{"Complete", "True", "Escalated"})
+		clk.Add(time.Minute)
+		acts, rq = poll(t, h, clk, rq[0])
+		if len(acts) != 1 || acts[0].Kind != events.KindRemediate || acts[0].Outcome != events.OutcomeCancelled || len(rq) != 0 ||
+			!strings.Contains(acts[0].Reason, "Complete=True Escalated") {
+			t.Fatalf("reset refused Escalated: %s", outcomes(acts))
+		}
+		if now := escalated(); now != mark {
+			t.Fatalf("node escalated again: %q, was %q", now, mark)
+		}
+		// The human lifted the node: its next fault is reset, not escalated.
+		acts, _ = handle(t, h, drained(node, "e3", "COMPONENT_RESET", gpu))
+		if n := len(list(t, dyn, resetGVR, node)); len(acts) != 1 || acts[0].Outcome != events.OutcomeApplied || n != 2 {
+			t.Fatalf("next fault after a reset refused Escalated: %s (%d GPUResets, want 2)", outcomes(acts), n)
+		}
+	})
+
 	t.Run("LateRepeatFollowsTheReboot", func(t *testing.T) {
 		// An Xid flood: repeats generated before the reboot reach the
 		// pipeline after it, from the agent's spool once the node is back;
