@@ -90,7 +90,8 @@ type State struct {
 	Taints []Taint `json:"taints,omitempty"`
 	// Conditions are the condition types faultline set False.
 	Conditions []string `json:"conditions,omitempty"`
-	// Since is when the first standing fault was recorded.
+	// Since is when the quarantine began: the first standing fault was
+	// recorded, or an active one came back after a manual uncordon.
 	Since time.Time `json:"since,omitzero"`
 	// By is the processor that first quarantined the node.
 	By string `json:"by,omitempty"`
@@ -583,7 +584,13 @@ func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
 		}
 		delete(n.Labels, LabelQuarantined)
 	} else {
-		if s.Since.IsZero() {
+		// A quarantine begins now when none was (Since zero), and again
+		// when an active fault comes back to a node a person uncordoned
+		// (its acknowledged faults kept the old Since): the drain and the
+		// janitor read quarantined-at to tell a drain of this quarantine
+		// from one of before the uncordon (a whole-node drain of then is
+		// no drain of a node back in service since).
+		if s.Since.IsZero() || (s.Active() && n.Labels[LabelQuarantined] != "true") {
 			s.Since = now
 			s.By = by
 		}
