@@ -907,8 +907,10 @@ func (op *operation) fail(ctx context.Context, reason, msg string, signalled boo
 // reason and msg they carry).
 func (op *operation) failed(ctx context.Context, reason, msg string, cs ...cond) error {
 	j := op.j
+	// Refused, not failed: the node was not drained, or remediate handed
+	// it to a person meanwhile (remediate reads both as cancelled).
 	outcome := events.OutcomeFailed
-	if reason == ReasonNotDrained {
+	if reason == ReasonNotDrained || reason == ReasonEscalated {
 		outcome = events.OutcomeRefused
 	}
 	op.emit(ctx, op.action(outcome, reason+": "+msg, "failed", map[string]string{"reason": reason}))
@@ -916,8 +918,8 @@ func (op *operation) failed(ctx context.Context, reason, msg string, cs ...cond)
 		return err
 	}
 	j.lim.release(op.key)
-	j.m.completed.WithLabelValues(op.cr.name, op.kd.ActionKind, events.OutcomeFailed).Inc()
-	j.log.Warn("janitor: operation failed", "cluster", op.cr.name, "resource", op.ref(), "node", op.nodeName, "reason", reason, "msg", msg)
+	j.m.completed.WithLabelValues(op.cr.name, op.kd.ActionKind, outcome).Inc()
+	j.log.Warn("janitor: operation "+outcome, "cluster", op.cr.name, "resource", op.ref(), "node", op.nodeName, "reason", reason, "msg", msg)
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/remediate"
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // clock is a test clock, moved by set.
@@ -55,11 +56,12 @@ func TestQueuedResourcesNotStartedLate(t *testing.T) {
 	cfg.MaxQueueAge = time.Hour
 	cfg.RebootTimeout, cfg.ForceAfter, cfg.HungAfter = 100*time.Hour, 0, 0
 	prov := &tally{}
+	rec := &recorder{}
 	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
 	reg.SetClient(cluster, f.kube, false)
 	reg.SetDynamic(cluster, f.dyn)
 	j, err := New(cfg, clusters.Config{}, reg, Options{Log: testLog, Now: clk.now,
-		Providers: map[string]Provider{ProviderRedfish: prov}, Producer: &recorder{}})
+		Providers: map[string]Provider{ProviderRedfish: prov}, Producer: rec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,6 +129,11 @@ func TestQueuedResourcesNotStartedLate(t *testing.T) {
 			t.Errorf("node %s rebooted after it was escalated or queued past max_queue_age (%v)", n, calls)
 		}
 	}
+	// Escalated is a refusal (remediate reads it as cancelled), not a
+	// failure; a queue past max_queue_age is a failure.
+	deferred := events.KindReboot + "/" + events.OutcomeDeferred // waiting for the rack's slot
+	rec.expect(t, queued[0], []string{deferred, events.KindReboot + "/" + events.OutcomeRefused})
+	rec.expect(t, last, []string{deferred, events.KindReboot + "/" + events.OutcomeFailed})
 }
 
 // TestEscalatedSinceToTheNanosecond: the remediate role writes its
