@@ -61,6 +61,12 @@ func (op *operation) notDrained() string {
 	return ""
 }
 
+// drainRunning reports whether faultline is draining the quarantined node
+// now (what notDrained refuses may then be over soon).
+func (op *operation) drainRunning() bool {
+	return op.j.cfg.RequireDrained && !op.force && op.node.Labels[labelQuarantined] == "true" && op.node.Labels[labelDrain] == "running"
+}
+
 // queuedTooLong says why the resource, not started, may no longer be
 // ("" when it may): it was created more than max_queue_age ago. It waited
 // for a slot, the node's cooldown or a boot ID (none of which writes its
@@ -167,7 +173,19 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		return 0, op.fail(ctx, ReasonNodeNotFound, fmt.Sprintf("node %s not found", op.nodeName), false)
 	}
 	if why := op.notDrained(); why != "" {
-		return 0, op.fail(ctx, ReasonNotDrained, why, false)
+		if !op.drainRunning() {
+			return 0, op.fail(ctx, ReasonNotDrained, why, false)
+		}
+		// A drain of the quarantined node under way (a fault that came
+		// while the resource waited: a GPU's reset after the node's
+		// whole-node drain): waited for, up to max_queue_age. Refused,
+		// remediate took it for cancelled and nothing remediated the
+		// node's standing fault.
+		if why := op.queuedTooLong(); why != "" {
+			return 0, op.fail(ctx, ReasonQueueTimeout, why, false)
+		}
+		op.deferOnce(ctx, fmt.Sprintf("node %s is being drained (%s=running): waiting for its drain to end", op.nodeName, labelDrain))
+		return j.cfg.PollInterval, nil
 	}
 	if why := op.escalatedSince(); why != "" {
 		return 0, op.fail(ctx, ReasonEscalated, why, false)
