@@ -112,14 +112,7 @@ func ctx(t *testing.T) context.Context {
 // the derived events; it returns the derived events.
 func (hs *harness) batch(recs ...*kgo.Record) []*datamodels.HealthEvent {
 	hs.t.Helper()
-	res, err := hs.h.Handle(ctx(hs.t), recs)
-	if err != nil {
-		hs.t.Fatalf("handle: %v", err)
-	}
-	if len(res.Dead) > 0 {
-		hs.t.Fatalf("dead letters: %v", res.Dead[0].Reason)
-	}
-	return hs.storeDerived(recs, res.Out)
+	return hs.storeDerived(recs, hs.handle(recs))
 }
 
 // unstoredBatch hands the records to correlate as one batch and stores
@@ -128,6 +121,13 @@ func (hs *harness) batch(recs ...*kgo.Record) []*datamodels.HealthEvent {
 // derived events.
 func (hs *harness) unstoredBatch(recs ...*kgo.Record) []*datamodels.HealthEvent {
 	hs.t.Helper()
+	return hs.storeDerived(nil, hs.handle(recs))
+}
+
+// handle hands the records to correlate as one batch; it returns what the
+// batch produced.
+func (hs *harness) handle(recs []*kgo.Record) []*kgo.Record {
+	hs.t.Helper()
 	res, err := hs.h.Handle(ctx(hs.t), recs)
 	if err != nil {
 		hs.t.Fatalf("handle: %v", err)
@@ -135,7 +135,7 @@ func (hs *harness) unstoredBatch(recs ...*kgo.Record) []*datamodels.HealthEvent 
 	if len(res.Dead) > 0 {
 		hs.t.Fatalf("dead letters: %v", res.Dead[0].Reason)
 	}
-	return hs.storeDerived(nil, res.Out)
+	return res.Out
 }
 
 // batches hands each batch of events to batch in turn; it returns every
