@@ -134,9 +134,21 @@ func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, i
 // clocks (the agent's, the quarantine's, the drain's): a skew between
 // them shifts the bound by as much.
 func (s *State) covers(o opts) bool {
-	return s != nil && s.Phase == PhaseSucceeded && o.already && s.finishedAfter(o) &&
+	return s != nil && s.Phase == PhaseSucceeded && o.already && s.ofQuarantine(o) && s.finishedAfter(o) &&
 		s.Scope.holds(o.scope) && (s.Force || !o.force) &&
 		s.Trigger.RecommendedAction == o.trig.RecommendedAction && s.Trigger.CustomAction == o.trig.CustomAction
+}
+
+// ofQuarantine reports whether the drain st finished no earlier than the
+// quarantine o's fault found standing began (o.since, when the node says;
+// within quarantineSlack, as the janitor judges it). A node a person
+// uncordoned keeps its acknowledged faults (o.already), and a fault
+// coming back begins a new quarantine: a drain of before the uncordon is
+// not of it (it covered a late fault generated before it finished, and
+// the pods scheduled since the uncordon stayed on the node, cordoned
+// again, with nothing to remediate it).
+func (s *State) ofQuarantine(o opts) bool {
+	return o.since.IsZero() || !o.since.After(s.FinishedAt.Add(quarantineSlack))
 }
 
 // quarantineSlack is how far a drain's finish may seem to precede the
@@ -159,8 +171,7 @@ const quarantineSlack = time.Minute
 // bound to it since, what the drain that gave up left); one that gave up
 // counts for the janitor as drained too, so it is kept as well.
 func (s *State) drainedNode(o opts) bool {
-	return s != nil && (s.Phase == PhaseSucceeded || s.Phase == PhaseGaveUp) && len(s.GPUs) == 0 && o.already &&
-		(o.since.IsZero() || !o.since.After(s.FinishedAt.Add(quarantineSlack)))
+	return s != nil && (s.Phase == PhaseSucceeded || s.Phase == PhaseGaveUp) && len(s.GPUs) == 0 && o.already && s.ofQuarantine(o)
 }
 
 // finishedAfter reports whether the drain st finished no earlier than o's

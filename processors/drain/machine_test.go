@@ -702,6 +702,14 @@ func TestAdmit(t *testing.T) {
 		{"generated as the drain finished: covered", drained(Scope{}), "e2", late(whole, 0), true, admitCovered, nil},
 		{"a GPU's late repeat under a GPU drain: covered", drained(Scope{GPUs: []string{gpuA}}), "e2", late(gpuRestart(gpuA), -time.Second), true, admitCovered, nil},
 		{"generated after the drain finished: a new drain", drained(Scope{}), "e2", late(whole, time.Second), true, admitStart, nil},
+		// A person uncordoned the node since the drain (its faults
+		// acknowledged, kept: already); a late fault generated before the
+		// drain finished begins a new quarantine after it: the drain of
+		// before the uncordon is not of it.
+		{"generated before the drain, quarantined again after it: a new drain", drained(Scope{}), "e2",
+			func() opts { o := late(whole, -time.Second); o.since = o.decidedAt; return o }(), true, admitStart, nil},
+		{"generated before the drain, of its quarantine: covered", drained(Scope{}), "e2",
+			func() opts { o := late(whole, -time.Second); o.since = t0.Add(-time.Hour); return o }(), true, admitCovered, nil},
 		{"generated before, another GPU: a new drain", drained(Scope{GPUs: []string{gpuA}}), "e2", late(gpuRestart(gpuB), -time.Second), true, admitStart, nil},
 		{"generated before, newly quarantined: a new drain", drained(Scope{}), "e2", func() opts { o := late(whole, -time.Second); o.already = false; return o }(), true, admitStart, nil},
 	} {

@@ -181,6 +181,9 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		// whole-node drain): waited for, up to max_queue_age. Refused,
 		// remediate took it for cancelled and nothing remediated the
 		// node's standing fault.
+		if why := op.escalatedSince(); why != "" {
+			return 0, op.fail(ctx, ReasonEscalated, why, false)
+		}
 		if why := op.queuedTooLong(); why != "" {
 			return 0, op.fail(ctx, ReasonQueueTimeout, why, false)
 		}

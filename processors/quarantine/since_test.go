@@ -47,4 +47,23 @@ func TestQuarantineBeginsAgainAfterManualUncordon(t *testing.T) {
 	if at(n) != t3.Format(time.RFC3339) || n.Labels[LabelQuarantined] != "true" {
 		t.Fatalf("a fault after the uncordon: at %q (want %s, the new quarantine's start) label %q", at(n), t3.Format(time.RFC3339), n.Labels[LabelQuarantined])
 	}
+	// The uncordon noticed by the event that brings the new fault (one
+	// write: acknowledge, add, render; the node still has the label).
+	n2 := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}}
+	st2 := &State{Faults: map[string]*Fault{}}
+	st2.AddFault("a", Fault{Check: "XID_ERROR_79", Entity: "GPU=GPU-A", Rule: "r", Cordon: true, Since: t0, LastSeen: t0}, "e1")
+	RenderObject(n2, st2, "me", t0)
+	n2.Spec.Unschedulable = false
+	st2, err := ReadState(n2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st2.DetectManualUncordon(n2, t3) {
+		t.Fatal("manual uncordon not detected")
+	}
+	st2.AddFault("c", Fault{Check: "GpuMemWatch", Entity: "GPU=GPU-C", Rule: "r", Cordon: true, Since: t3, LastSeen: t3}, "e3")
+	RenderObject(n2, st2, "me", t3)
+	if at(n2) != t3.Format(time.RFC3339) {
+		t.Fatalf("a fault in the write that noticed the uncordon: at %q, want %s", at(n2), t3.Format(time.RFC3339))
+	}
 }

@@ -120,6 +120,10 @@ type State struct {
 	// faults kept does not put a node with a fault nothing would lift back
 	// in service.
 	Overflow *Overflow `json:"overflow,omitempty"`
+	// uncordoned: DetectManualUncordon acknowledged the faults since the
+	// state was read (a fault added after it, in the same write, begins a
+	// new quarantine though the node still has the label).
+	uncordoned bool
 	// dropped are the keys of the faults dropped since the state was read
 	// (dropFault), for updateNode to count and log. Never stored.
 	dropped []string
@@ -501,6 +505,7 @@ func (s *State) DetectManualUncordon(n *corev1.Node, now time.Time) bool {
 	}
 	s.Cordoned = false
 	s.ManualUncordonAt = now
+	s.uncordoned = true
 	s.Overflow = nil
 	for _, f := range s.Faults {
 		f.Acked = true
@@ -586,11 +591,12 @@ func RenderObject(n *corev1.Node, s *State, by string, now time.Time) bool {
 	} else {
 		// A quarantine begins now when none was (Since zero), and again
 		// when an active fault comes back to a node a person uncordoned
-		// (its acknowledged faults kept the old Since): the drain and the
+		// (its acknowledged faults kept the old Since; the uncordon noticed
+		// in this very write, or before it: no label): the drain and the
 		// janitor read quarantined-at to tell a drain of this quarantine
 		// from one of before the uncordon (a whole-node drain of then is
 		// no drain of a node back in service since).
-		if s.Since.IsZero() || (s.Active() && n.Labels[LabelQuarantined] != "true") {
+		if s.Since.IsZero() || (s.Active() && (n.Labels[LabelQuarantined] != "true" || s.uncordoned)) {
 			s.Since = now
 			s.By = by
 		}
