@@ -172,29 +172,24 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	if op.node == nil {
 		return 0, op.fail(ctx, ReasonNodeNotFound, fmt.Sprintf("node %s not found", op.nodeName), false)
 	}
-	if why := op.notDrained(); why != "" {
-		if !op.drainRunning() {
-			return 0, op.fail(ctx, ReasonNotDrained, why, false)
-		}
-		// A drain of the quarantined node under way (a fault that came
-		// while the resource waited: a GPU's reset after the node's
-		// whole-node drain): waited for, up to max_queue_age. Refused,
-		// remediate took it for cancelled and nothing remediated the
-		// node's standing fault.
-		if why := op.escalatedSince(); why != "" {
-			return 0, op.fail(ctx, ReasonEscalated, why, false)
-		}
-		if why := op.queuedTooLong(); why != "" {
-			return 0, op.fail(ctx, ReasonQueueTimeout, why, false)
-		}
-		op.deferOnce(ctx, fmt.Sprintf("node %s is being drained (%s=running): waiting for its drain to end", op.nodeName, labelDrain))
-		return j.cfg.PollInterval, nil
+	notDrained := op.notDrained()
+	if notDrained != "" && !op.drainRunning() {
+		return 0, op.fail(ctx, ReasonNotDrained, notDrained, false)
 	}
 	if why := op.escalatedSince(); why != "" {
 		return 0, op.fail(ctx, ReasonEscalated, why, false)
 	}
 	if why := op.queuedTooLong(); why != "" {
 		return 0, op.fail(ctx, ReasonQueueTimeout, why, false)
+	}
+	if notDrained != "" {
+		// A drain of the quarantined node under way (a fault that came
+		// while the resource waited: a GPU's reset after the node's
+		// whole-node drain): waited for, up to max_queue_age. Refused,
+		// remediate took it for cancelled and nothing remediated the
+		// node's standing fault.
+		op.deferOnce(ctx, fmt.Sprintf("node %s is being drained (%s=running): waiting for its drain to end", op.nodeName, labelDrain))
+		return j.cfg.PollInterval, nil
 	}
 	pname, nodeKey, err := j.cfg.providerName(op.node)
 	if err != nil {
