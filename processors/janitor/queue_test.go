@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/processors/quarantine"
 	"github.com/faultline/faultline/processors/remediate"
 	"github.com/faultline/faultline/schemas/events"
 )
@@ -37,6 +38,9 @@ func TestQueuedResourcesNotStartedLate(t *testing.T) {
 	if annotationEscalated != remediate.AnnotationEscalated || annotationCreated != remediate.AnnotationCreated {
 		t.Fatalf("annotations %q, %q; the remediate role writes %q, %q", annotationEscalated, annotationCreated,
 			remediate.AnnotationEscalated, remediate.AnnotationCreated)
+	}
+	if annotationQuarantinedAt != quarantine.AnnotationAt {
+		t.Fatalf("the janitor reads %q; the quarantine role writes %q", annotationQuarantinedAt, quarantine.AnnotationAt)
 	}
 	names := []string{"q0", "q1", "q2", "q3"}
 	f := newFakeCluster(t, fakeNode("q0", "r1", "b0"), fakeNode("q1", "r1", "b1"), fakeNode("q2", "r1", "b2"), fakeNode("q3", "r1", "b3"))
