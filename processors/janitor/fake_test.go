@@ -2,12 +2,15 @@ package janitor
 
 import (
 	"context"
+	"fmt"
 	"maps"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -15,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/schemas/events"
@@ -40,8 +44,43 @@ func newFakeCluster(t *testing.T, nodes ...*corev1.Node) *fakeCluster {
 	for _, k := range kinds {
 		lists[k.GVR] = k.Name + "List"
 	}
-	return &fakeCluster{t: t, kube: fake.NewClientset(objs...),
-		dyn: dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), lists)}
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), lists)
+	dyn.PrependReactor("update", "*", resourceVersions(dyn.Tracker()))
+	dyn.PrependReactor("create", "*", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if o, ok := a.(clienttesting.CreateAction).GetObject().(metav1.Object); ok && o.GetResourceVersion() == "" {
+			o.SetResourceVersion("1")
+		}
+		return false, nil, nil
+	})
+	return &fakeCluster{t: t, kube: fake.NewClientset(objs...), dyn: dyn}
+}
+
+// resourceVersions gives the fake's updates (and creates, above) the API server's optimistic
+// concurrency, which the janitor relies on to send a signal once (its
+// state written with the resourceVersion it read): an update of an older
+// resourceVersion than the stored one is a conflict, and each update
+// stores the next one. Without it an update from the watch's stale copy
+// succeeded and the signal was sent twice.
+func resourceVersions(tr clienttesting.ObjectTracker) clienttesting.ReactionFunc {
+	return func(a clienttesting.Action) (bool, runtime.Object, error) {
+		ua := a.(clienttesting.UpdateAction)
+		obj, ok := ua.GetObject().(*unstructured.Unstructured)
+		if !ok {
+			return false, nil, nil
+		}
+		cur, err := tr.Get(ua.GetResource(), ua.GetNamespace(), obj.GetName())
+		if err != nil {
+			return false, nil, nil // the tracker's own answer (not found)
+		}
+		rv := cur.(metav1.Object).GetResourceVersion()
+		if obj.GetResourceVersion() != "" && obj.GetResourceVersion() != rv {
+			return true, nil, apierrors.NewConflict(ua.GetResource().GroupResource(), obj.GetName(),
+				fmt.Errorf("resourceVersion %s is not the stored %s", obj.GetResourceVersion(), rv))
+		}
+		n, _ := strconv.Atoi(rv)
+		obj.SetResourceVersion(strconv.Itoa(n + 1))
+		return false, nil, nil // stored by the tracker's reactor
+	}
 }
 
 // fakeNode is a node served by the redfish provider (the tests install
