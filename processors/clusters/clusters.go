@@ -285,6 +285,9 @@ func NewRegistry(cfg Config, now func() time.Time) *Registry {
 	return r
 }
 
+// Now is the registry's clock, the one its gates' times are on.
+func (r *Registry) Now() time.Time { return r.now() }
+
 // newGate is a cluster's gate: its probes may take kube.timeout, as its
 // requests may.
 func (r *Registry) newGate() *Gate {
@@ -633,7 +636,8 @@ type Attempt struct {
 	// Otherwise Err is the work's own failure, to be recorded.
 	Retriable bool
 	// RetryAt is when the cluster may be tried again: the end of its
-	// backoff. Zero when the client could not be built, ctx ended or the
+	// backoff, or a probe's interval on while an unreachable cluster's
+	// probe goes on (Gate.Ready), never a time already past. Zero when the client could not be built, ctx ended or the
 	// client's rate limiter would have waited past it (the caller picks
 	// when).
 	RetryAt time.Time

@@ -464,6 +464,38 @@ func TestGateWaitShared(t *testing.T) {
 	}
 }
 
+// TestGateReadyWhileProbing: while a cluster that timed out is probed in
+// the background (its probe unanswered after ProbeInterval, its backoff
+// over), Ready reports a time to ask again that is still ahead, not the
+// past end of the backoff: a caller that rests until then does not come
+// straight back.
+func TestGateReadyWhileProbing(t *testing.T) {
+	g := NewGate(nil)
+	g.MinBackoff, g.MaxBackoff, g.ProbeInterval, g.ProbeTimeout = 10*time.Millisecond, 10*time.Millisecond, 20*time.Millisecond, 5*time.Second
+	silent := make(chan struct{})
+	defer close(silent)
+	probes := make(chan struct{}, 10)
+	g.Probe = func(ctx context.Context) error {
+		probes <- struct{}{}
+		select {
+		case <-ctx.Done():
+		case <-silent:
+		}
+		return ctx.Err()
+	}
+	g.Fail(context.DeadlineExceeded)
+	time.Sleep(30 * time.Millisecond) // past the backoff
+	for i := range 3 {
+		ready, next := g.Ready(context.Background())
+		if now := time.Now(); ready || !next.After(now) {
+			t.Fatalf("ask %d while probing: ready %v, ask again at %v (now %v); want later", i, ready, next, now)
+		}
+	}
+	if len(probes) != 1 {
+		t.Fatalf("%d probes, want 1", len(probes))
+	}
+}
+
 func TestRetriable(t *testing.T) {
 	gr := schema.GroupResource{Resource: "nodes"}
 	refused := &url.Error{Op: "Patch", URL: "https://127.0.0.1:6443/api/v1/nodes/n",

@@ -72,21 +72,28 @@ func NewGate(now func() time.Time) *Gate {
 }
 
 // Ready reports whether the cluster may be tried now, and if not, when to
-// ask again (the end of its backoff). An unreachable cluster is probed
-// first, when a probe is due.
+// ask again: the end of its backoff, or, for an unreachable cluster past
+// it (its probe still going on in the background, or just made), a
+// ProbeInterval from now — never a time already past, which a caller
+// would take as due at once. An unreachable cluster is probed first, when
+// a probe is due.
 func (g *Gate) Ready(ctx context.Context) (bool, time.Time) {
 	ready, next, _ := g.state(ctx)
 	return ready, next
 }
 
 // state probes an unreachable cluster when due and reports whether it may
-// be tried, when to ask again, and whether it is still unreachable.
+// be tried, when to ask again (Ready), and whether it is still unreachable.
 func (g *Gate) state(ctx context.Context) (ready bool, next time.Time, unreachable bool) {
 	g.probe(ctx)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	unreachable = g.unreachable()
-	return !unreachable && !g.now().Before(g.next), g.next, unreachable
+	now := g.now()
+	unreachable, next = g.unreachable(), g.next
+	if unreachable && !next.After(now) {
+		next = now.Add(g.ProbeInterval)
+	}
+	return !unreachable && !now.Before(g.next), next, unreachable
 }
 
 // Failures is the number of consecutive failures.

@@ -290,7 +290,8 @@ const maxRedo = 20
 // step's error decides the gate). It returns step's actions and when to
 // look again: step's choice or, when the cluster is in trouble (backing
 // off, failing, its client not built), when it may be tried again —
-// fallback where that is unknown — naming the cluster (Again.Cluster).
+// fallback where that is unknown or not in the future (by reg's clock) —
+// naming the cluster (Again.Cluster).
 // The cluster's trouble is logged, naming what the work is ("drain"), and
 // counted in apiErrors by cluster; an error that is the work's own is
 // returned, for the role to record as a failed action. A step whose write
@@ -325,7 +326,9 @@ func Step(ctx context.Context, reg *clusters.Registry, cluster, node, what strin
 	case clusters.TurnedSlow(ctx):
 		return acts, Again{Slow: true}, nil
 	}
-	if at.RetryAt.IsZero() {
+	if !at.RetryAt.After(reg.Now()) {
+		// Unknown, or already past (a time that is due at once would
+		// bring the work straight back to a cluster still in trouble).
 		at.RetryAt = fallback
 	}
 	switch {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -205,5 +206,76 @@ func TestStepCutShort(t *testing.T) {
 	}
 	if got := m.GetCounter().GetValue(); got != 0 {
 		t.Fatalf("api errors of live: %v, want 0", got)
+	}
+}
+
+// TestStepWhileProbing: work waiting on a cluster whose request timed out,
+// past its backoff and probed in the background (the probe silent, going
+// on up to kube.timeout), is requeued for a time still ahead — the gate's
+// (a probe's interval on) or, where the gate gives none, the fallback —
+// not for the backoff's past end: ByNode rests on it instead of stepping
+// it again at once, round after round.
+func TestStepWhileProbing(t *testing.T) {
+	kube, err := kubernetes.NewForConfig(&rest.Config{Host: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const poll = 200 * time.Millisecond // the role's fallback
+	for _, tc := range []struct {
+		name          string
+		probeInterval time.Duration
+		every         time.Duration // the least time between two steps
+	}{
+		{"the gate's time: a probe's interval on", 100 * time.Millisecond, 100 * time.Millisecond},
+		{"none ahead from the gate: the fallback", 0, poll},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+			cl := reg.SetClient("silent", kube, false)
+			silent := make(chan struct{})
+			defer close(silent)
+			cl.Gate.MinBackoff, cl.Gate.MaxBackoff, cl.Gate.ProbeInterval = 10*time.Millisecond, 10*time.Millisecond, tc.probeInterval
+			cl.Gate.Probe = func(ctx context.Context) error {
+				select {
+				case <-ctx.Done():
+				case <-silent:
+				}
+				return context.DeadlineExceeded
+			}
+			cl.Gate.Fail(context.DeadlineExceeded)
+			time.Sleep(30 * time.Millisecond) // past the backoff
+			apiErrors := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x"}, []string{"cluster"})
+			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			var steps, ran atomic.Int64
+			step := func(ctx context.Context, _ *kgo.Record) ([]*faultlinev1.Action, Again) {
+				steps.Add(1)
+				_, again, err := Step(ctx, reg, "silent", "n1", "drain", time.Now().Add(poll), log, apiErrors, nil,
+					func(context.Context, *clusters.Client) ([]*faultlinev1.Action, time.Time, error) {
+						ran.Add(1)
+						return nil, time.Time{}, nil
+					})
+				if now := time.Now(); err != nil || !again.At.After(now) || again.Cluster != "silent" {
+					t.Errorf("err %v, again %+v at %v; want requeued for later, waiting for silent", err, again, now)
+				}
+				return nil, again
+			}
+			rec := &kgo.Record{Topic: "drain", Key: []byte("n1"), Value: []byte("a")}
+			start := time.Now()
+			for passes := 0; time.Since(start) < 400*time.Millisecond; passes++ {
+				out, rest, err := ByNode(context.Background(), 1, "rq", 0, time.Now, reg.Ready,
+					func(*kgo.Record) string { return "" }, []*kgo.Record{rec}, func(r *kgo.Record) *kgo.Record { return r }, step)
+				if err != nil || len(out) != 1 {
+					t.Fatalf("pass %d: err %v, %d records out; want the work requeued", passes, err, len(out))
+				}
+				rec = out[0]
+				if n, most := steps.Load(), int64(time.Since(start)/tc.every)+2; n > most {
+					t.Fatalf("%d steps in %d passes over %v, want at most %d (attempt %d)", n, passes+1, time.Since(start), most, Attempt(rec))
+				}
+				time.Sleep(time.Until(rest)) // the topic rests (none asked: polled again at once)
+			}
+			if ran.Load() != 0 || steps.Load() == 0 {
+				t.Fatalf("%d steps, the work run %d times; want stepped, never run", steps.Load(), ran.Load())
+			}
+		})
 	}
 }
