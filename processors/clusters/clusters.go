@@ -637,9 +637,9 @@ type Attempt struct {
 	Retriable bool
 	// RetryAt is when the cluster may be tried again: the end of its
 	// backoff, or a probe's interval on while an unreachable cluster's
-	// probe goes on (Gate.Ready), never a time already past. Zero when the client could not be built, ctx ended or the
-	// client's rate limiter would have waited past it (the caller picks
-	// when).
+	// probe goes on (Gate.Ready), never a time already past. Zero when the
+	// client could not be built, ctx ended or the client's rate limiter
+	// would have waited past it (the caller picks when).
 	RetryAt time.Time
 }
 
