@@ -874,6 +874,18 @@ func (e *Evaluator) excludeConfigConds(s *Snapshot) []cond {
 
 // --- log lines ---
 
+// logOccurrence reports an FM line that logLine makes an occurrence event
+// of by its text alone: an SXid, or a partition operation's error.
+func (e *Evaluator) logOccurrence(ll LogLine) bool {
+	if ll.Source != SourceFM {
+		return false
+	}
+	if _, ok := parseSXidLine(ll.Msg); ok {
+		return true
+	}
+	return partitionCodeOf(e.cat, ll.Msg) != nil
+}
+
 func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 	t := ll.Time
 	if t.IsZero() {
