@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -400,6 +401,13 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 		}
 		lines, err := c.fmLog.read(logFile, &LogReader{Loc: c.cfg.Location, Now: c.cfg.Now})
 		errs = append(errs, err)
+		if ino, _, _ := c.fmLog.Position(); ino != 0 {
+			// FM logs its SXids and partition errors to syslog too: the
+			// log file has them, the journal's copies (s.Log holds only
+			// the journal's lines here) would report them again. Its
+			// lifecycle lines are what the journal is read for.
+			s.Log = slices.DeleteFunc(s.Log, c.eval.logOccurrence)
+		}
 		s.Log = append(s.Log, lines...)
 	}
 	if fabric && (c.cfg.Platform == PlatformB200 || s.NVLinkBridges > 0) {

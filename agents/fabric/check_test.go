@@ -692,3 +692,57 @@ func TestServiceStartInHostZone(t *testing.T) {
 		})
 	}
 }
+
+// TestJournalSXidNotReportedAgain: FM logs an SXid to its log file and to
+// syslog too ("nv-fabricmanager[5183]: detected NVSwitch non-fatal error
+// ..."); when the unit then stops or fails, its journal is read for the
+// lifecycle lines, and the SXid there is the one the log file already
+// reported: it is not reported again. Without the log file the journal's
+// SXid is the only one, and is reported.
+func TestJournalSXidNotReportedAgain(t *testing.T) {
+	const msg = "detected NVSwitch non-fatal error 12028 on fid 0 on NVSwitch pci bus id 00000000:07:00.0 physical id 2 port 46"
+	at := time.Date(2024, 10, 28, 10, 31, 0, 0, time.UTC)
+	journal := func(t time.Time) string {
+		return fmt.Sprintf(`{"__CURSOR":"s=1","__REALTIME_TIMESTAMP":"%d","SYSLOG_IDENTIFIER":"nv-fabricmanager","_PID":"5183","MESSAGE":%q}`+"\n", t.UnixMicro(), msg)
+	}
+	for _, tc := range []struct {
+		name    string
+		logFile bool
+		journal time.Time
+		want    int
+	}{
+		{"journal copy in the log line's second", true, at, 1},
+		{"journal copy a second later", true, at.Add(time.Second), 1},
+		{"no log file: the journal's SXid", false, at, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := h100Node(t, nil)
+			n.healthy()
+			n.write("fabricmanager.log", "[Oct 28 2024 10:00:01] [INFO] [tid 1] Fabric Manager version 550.127.05 is running with the following configuration options\n")
+			if !tc.logFile {
+				if err := os.Remove(filepath.Join(n.dir, "fabricmanager.log")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n.poll(0)
+			if tc.logFile {
+				n.appendLog("fabricmanager.log", "[Oct 28 2024 10:31:00] [ERROR] [tid 9] "+msg)
+			}
+			sxids := 0
+			count := func(evs []*datamodels.HealthEvent) {
+				for _, ev := range evs {
+					if slices.Contains(ev.GetErrorCode(), "SXID-12028") {
+						sxids++
+					}
+				}
+			}
+			count(n.poll(60 * time.Second))
+			n.r.out["systemctl show"] = showFailed
+			n.r.out["journalctl"] = journal(tc.journal)
+			count(n.poll(30 * time.Second))
+			if sxids != tc.want {
+				t.Errorf("SXID-12028 reported %d times, want %d", sxids, tc.want)
+			}
+		})
+	}
+}

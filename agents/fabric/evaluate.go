@@ -199,11 +199,46 @@ func (e *Evaluator) Platform() PlatformInfo { return e.platform }
 func (e *Evaluator) Topology() *Topology { return e.topo }
 
 // out collects one evaluation's events.
-type out struct{ evs []*datamodels.HealthEvent }
+type out struct {
+	evs []*datamodels.HealthEvent
+	// occ are the occurrence events of log lines, with the line's ordinal
+	// in its second (Evaluator.lineOrdinal): they get ids of their own.
+	occ []occurrence
+}
+
+type occurrence struct {
+	ev *datamodels.HealthEvent
+	n  int
+}
 
 func (o *out) add(ev *datamodels.HealthEvent) {
 	if ev != nil {
 		o.evs = append(o.evs, ev)
+	}
+}
+
+// addOccurrence adds the event of the occurrence a log line is; n is the
+// line's ordinal in its second, 0 when unknown.
+func (o *out) addOccurrence(ev *datamodels.HealthEvent, n int) {
+	o.add(ev)
+	if n > 0 {
+		o.occ = append(o.occ, occurrence{ev, n})
+	}
+}
+
+// occurrenceIDs gives each occurrence event of a log line with a time an
+// id made of the event (events.OccurrenceID) and the line's ordinal among
+// the same lines of its second (FM's log prints whole seconds: a line
+// repeated in one second is as many occurrences): the lines a restart
+// reads again — the agent killed after their events were spooled, before
+// Commit saved the position past them, or a state it could not save —
+// make the same events, stored and counted once, not again under new
+// ids. The line's own time tells it from the lines of every other boot.
+func (o *out) occurrenceIDs() {
+	for _, oc := range o.occ {
+		if oc.ev.GetId() == "" {
+			oc.ev.Id = events.HashID("faultline-fabric/v1", strconv.Itoa(oc.n), events.OccurrenceID(oc.ev))
+		}
 	}
 }
 
@@ -265,6 +300,7 @@ func (e *Evaluator) Evaluate(s *Snapshot) []*datamodels.HealthEvent {
 	for _, ev := range o.evs {
 		validate.Clean(ev, s.Now)
 	}
+	o.occurrenceIDs()
 	return o.evs
 }
 
@@ -545,6 +581,16 @@ func (e *Evaluator) evaluated(ll LogLine, now time.Time) {
 	if e.upToLines[lineHash(ll)]++; len(e.upToLines) > maxSecondLines {
 		e.upToLines = nil
 	}
+}
+
+// lineOrdinal is how many times a line the same as ll was evaluated in
+// its second, itself included (evaluated counts them); 0 when not known:
+// a line without a time, out of order, or in a second of too many lines.
+func (e *Evaluator) lineOrdinal(ll LogLine) int {
+	if ll.Time.IsZero() || !ll.Time.Equal(e.logUpTo) || e.upToLines == nil {
+		return 0
+	}
+	return e.upToLines[lineHash(ll)]
 }
 
 // lineHash identifies a log line among those of its second.
@@ -874,6 +920,18 @@ func (e *Evaluator) excludeConfigConds(s *Snapshot) []cond {
 
 // --- log lines ---
 
+// logOccurrence reports an FM line that logLine makes an occurrence event
+// of by its text alone: an SXid, or a partition operation's error.
+func (e *Evaluator) logOccurrence(ll LogLine) bool {
+	if ll.Source != SourceFM {
+		return false
+	}
+	if _, ok := parseSXidLine(ll.Msg); ok {
+		return true
+	}
+	return partitionCodeOf(e.cat, ll.Msg) != nil
+}
+
 func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 	t := ll.Time
 	if t.IsZero() {
@@ -881,13 +939,13 @@ func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 	}
 	if sx, ok := parseSXidLine(ll.Msg); ok && ll.Source == SourceFM {
 		if !e.past(ll) {
-			o.add(e.sxidEvent(t, ll, sx))
+			o.addOccurrence(e.sxidEvent(t, ll, sx), e.lineOrdinal(ll))
 		}
 		return
 	}
 	if p := partitionCodeOf(e.cat, ll.Msg); p != nil && ll.Source != SourceNVLSM {
 		if !e.past(ll) {
-			o.add(e.partitionCodeEvent(t, ll, p))
+			o.addOccurrence(e.partitionCodeEvent(t, ll, p), e.lineOrdinal(ll))
 		}
 		return
 	}
@@ -999,7 +1057,7 @@ func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 	switch r.State {
 	case "oneoff":
 		if !e.past(ll) {
-			o.add(ev)
+			o.addOccurrence(ev, e.lineOrdinal(ll))
 		}
 	case "nvlsm":
 		o.add(e.raise("nvlsm|"+code+"|"+entKey, ev))

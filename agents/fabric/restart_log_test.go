@@ -1,9 +1,11 @@
 package fabric
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -172,5 +174,47 @@ func TestRestartResumesTheJournal(t *testing.T) {
 	n.poll(30 * time.Second)
 	if n.r.called(tail) != 2 {
 		t.Errorf("a saved cursor the journal does not have: the tail not read instead: %v", n.r.calls)
+	}
+}
+
+// TestRestartBeforeCommitKeepsIDs: the log lines a restart reads again —
+// the agent killed after their events were spooled, before Commit saved
+// the read position past them — make the events they made before, with
+// the same ids, so the gateway stores and the rules count them once; a
+// line repeated in one second (FM prints whole seconds) is as many
+// occurrences, each with an id of its own.
+func TestRestartBeforeCommitKeepsIDs(t *testing.T) {
+	const multicast = "[Oct 28 2024 10:29:00] [ERROR] [tid 77] failed to find the GPU handle 5410063385821516767 in the multicast team request setup 6130285411925746235."
+	n := restartNode(t)
+	n.poll(0)
+	for _, l := range []string{sxid20034, sxid20034, sxid12028, multicast} {
+		n.appendLog("fabricmanager.log", l)
+	}
+	ids := func() []string {
+		t.Helper()
+		n.now = n.now.Add(30 * time.Second)
+		evs, err := n.c.Check(context.Background()) // spooled; killed before Commit
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, ev := range evs {
+			out = append(out, ev.GetErrorCode()[0]+"="+ev.GetId())
+		}
+		return out
+	}
+	first := ids()
+	n.restart()
+	again := ids()
+	if len(first) != 4 || !slices.Equal(first, again) {
+		t.Fatalf("events before the restart %q, after it %q: want the same 4 with the same ids", first, again)
+	}
+	seen := map[string]bool{}
+	for _, e := range first {
+		code, id, _ := strings.Cut(e, "=")
+		if id == "" || seen[id] {
+			t.Errorf("%s: id %q: want one of its own", code, id)
+		}
+		seen[id] = true
 	}
 }

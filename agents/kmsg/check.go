@@ -377,6 +377,14 @@ func (c *Check) open() (source, error) {
 		if _, err := os.Stat(c.cfg.File); err != nil {
 			return nil, err
 		}
+		if st.File != c.cfg.File {
+			// No position to resume at: the file is read from its start,
+			// and a kern.log spans several boots. Like the journal's -b,
+			// only this boot's lines count: an Xid of a boot before, of a
+			// node since repaired and rebooted, is no current fault, and
+			// no reboot's healthy event would follow it.
+			c.parser.skipBefore = c.cfg.Parser.BootTime
+		}
 		return newFile(c.cfg.File, st.sourceState), nil
 	default:
 		return openKmsg(c.cfg.KmsgPath, c.bootID, st.sourceState)

@@ -113,6 +113,68 @@ func TestRebootReportsHealthy(t *testing.T) {
 	}
 }
 
+// TestFileWithoutPositionSkipsEarlierBoots: a file source with no position
+// to resume at (first start, the state file missing or not usable, no
+// state_dir) reads a kern.log from its start, and a kern.log spans several
+// boots: the lines dated before this boot's start are not reported — an
+// Xid 79 of a week ago, on a node since repaired and rebooted, would be
+// taken for a current fault with no healthy event after it — while this
+// boot's are.
+func TestFileWithoutPositionSkipsEarlierBoots(t *testing.T) {
+	boot := time.Date(2024, 10, 28, 9, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name  string
+		state string // the state file's content; "" none
+		dir   bool   // a state_dir
+	}{
+		{"first start", "", true},
+		{"state file corrupt", "{not json", true},
+		{"state of another file", `{"file":"/var/log/other.log","offset":99}`, true},
+		{"no state_dir", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			logf := filepath.Join(dir, "kern.log")
+			xid := func(at time.Time, code string) string {
+				return at.Format("Jan _2 15:04:05") + " gpu-node-42 kernel: NVRM: Xid (PCI:0000:3b:00): " + code + ", pid=1, name=x, DBE\n"
+			}
+			if err := os.WriteFile(logf, []byte(xid(boot.Add(-7*24*time.Hour), "79")+xid(boot.Add(time.Minute), "48")), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cfg := Config{Source: SourceFile, File: logf, BootIDPath: filepath.Join(dir, "boot_id"), ProcStatPath: "/nonexistent",
+				Parser: ParserConfig{BootTime: boot, Year: 2024, Location: time.UTC, Now: func() time.Time { return boot.Add(time.Hour) }}}
+			if tc.dir {
+				cfg.StateDir = filepath.Join(dir, "state")
+			}
+			if tc.state != "" {
+				if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(cfg.StateDir, "kmsg-file.json"), []byte(tc.state), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg.Logger = slog.New(slog.DiscardHandler)
+			c, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			evs, err := c.Check(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, ev := range evs {
+				got = append(got, fmt.Sprintf("%s %v healthy=%v", ev.GetCheckName(), ev.GetErrorCode(), ev.GetIsHealthy()))
+			}
+			if want := []string{"SysLogsXIDError [XID-48] healthy=false"}; !slices.Equal(got, want) {
+				t.Fatalf("events %q, want %q (the Xid 79 of the boot before not reported)", got, want)
+			}
+		})
+	}
+}
+
 // TestPositionSavedOnCommit: the read position is saved when the runner
 // commits (the events spooled), not when the lines are read: an agent
 // killed in between reads them again instead of resuming past them.
@@ -238,12 +300,12 @@ func TestRereadLinesKeepTheirIDs(t *testing.T) {
 
 // TestLinesOfTheBootBeforeKeepTheirIDs: a journal or file source read
 // again after a reboot — the agent killed after spooling their events but
-// before Commit, or keeping no position at all — serves lines of the boot
-// before; their events have the ids they had when read in that boot, not
+// before Commit — serves lines of the boot before; their events have the ids they had when read in that boot, not
 // new ones of this boot's id (the gateway would store them again and the
 // rules count each Xid again: one Xid 31 twice reaches
 // RepeatedXID31OnSameGPU's 2). The journal's lines carry their boot
-// (metadata boot_id); this boot's lines have ids of their own.
+// (metadata boot_id); this boot's lines have ids of their own. A file read
+// with no position kept serves this boot's lines only.
 func TestLinesOfTheBootBeforeKeepTheirIDs(t *testing.T) {
 	bootA, bootB := "0a1b2c3d-4e5f-4061-8273-94a5b6c7d8e9", "f9e8d7c6-b5a4-4392-8170-6f5e4d3c2b1a"
 	startA := time.Date(2024, 10, 28, 9, 0, 0, 0, time.UTC)
@@ -329,10 +391,15 @@ func TestLinesOfTheBootBeforeKeepTheirIDs(t *testing.T) {
 			a2 := read(bootA, startA, false) // spooled, killed before the commit
 			third := logged(bootB, startB.Add(time.Minute))
 			b := read(bootB, startB, false)
-			want := map[string]string{second: a2[second], third: b[third]}
 			if !tc.state {
-				want[first] = a1[first] // read from the start again
+				// Read from the start again, in this boot only this boot's
+				// line counts (TestFileWithoutPositionSkipsEarlierBoots).
+				if a1[first] == "" || a2[first] != a1[first] || len(b) != 1 || b[third] == "" {
+					t.Fatalf("first read %q, %q; after the reboot %q: want %s with one id in its boot, then %s alone", a1, a2, b, first, third)
+				}
+				return
 			}
+			want := map[string]string{second: a2[second], third: b[third]}
 			for l, id := range want {
 				if id == "" {
 					t.Fatalf("%s: no id (first read %q, %q; after the reboot %q)", l, a1, a2, b)

@@ -26,9 +26,11 @@
 //
 // The correlation processor counts Xids per GPU over windows, so every real
 // occurrence is in some event's count. A line is one occurrence: the same
-// line read twice (from /dev/kmsg and the journal, or again after a restart)
-// is recognised by its body and kernel or wall-clock timestamp and reported
-// once; and an event of a line with a known time has an id of the boot the
+// line twice in what one parser reads (captures of one log concatenated
+// for "kmsg parse", a log holding a message twice) is recognised by its
+// body and printk timestamp — its wall-clock time only when it has none:
+// syslog's whole seconds would merge real repeats — and reported once;
+// and an event of a line with a known time has an id of the boot the
 // line was logged in and the event (Check.occurrenceIDs), so the lines a
 // restart reads again before the read position was saved — after a reboot
 // too, a journal or file source resuming in the boot before — are the same

@@ -10,10 +10,16 @@ import (
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
-// dedup remembers recently seen lines so that one record read twice — from
-// /dev/kmsg and from the journal, or again after a restart — is reported
-// once. A line is known by its body plus its kernel timestamp or its
-// wall-clock time; a line with neither is never a duplicate.
+// dedup remembers recently seen lines so that one record twice in what
+// one parser reads — captures of one log concatenated for "kmsg parse", a
+// log holding a message twice — is reported once. (The check reads one
+// source, and a restart starts a new set: lines read again then keep
+// their events' ids instead, Check.occurrenceIDs.) A line is known by its
+// body plus its printk timestamp (µs, one per record), or, for a line
+// without one, its wall-clock time; a line with neither is never a
+// duplicate. A printk timestamp is not combined with the wall-clock time:
+// syslog and dmesg -T print whole seconds, so real repeats within one
+// second (each its own printk time) would be taken for one line.
 type dedup struct {
 	seed maphash.Seed
 	set  map[dedupKey]struct{}
@@ -34,31 +40,24 @@ func newDedup(n int) *dedup {
 }
 
 func (d *dedup) seen(r record) bool {
-	var keys [2]dedupKey
-	k := keys[:0]
-	if r.mono < 0 && r.wall.IsZero() {
+	var key dedupKey
+	switch {
+	case r.mono >= 0:
+		key = dedupKey{'m', r.mono, maphash.String(d.seed, r.body)}
+	case !r.wall.IsZero():
+		key = dedupKey{'w', r.wall.UnixNano(), maphash.String(d.seed, r.body)}
+	default:
 		return false
 	}
-	h := maphash.String(d.seed, r.body)
-	if r.mono >= 0 {
-		k = append(k, dedupKey{'m', r.mono, h})
+	if _, ok := d.set[key]; ok {
+		return true
 	}
-	if !r.wall.IsZero() {
-		k = append(k, dedupKey{'w', r.wall.UnixNano(), h})
+	if old := d.ring[d.next]; old.kind != 0 {
+		delete(d.set, old)
 	}
-	for _, key := range k {
-		if _, ok := d.set[key]; ok {
-			return true
-		}
-	}
-	for _, key := range k {
-		if old := d.ring[d.next]; old.kind != 0 {
-			delete(d.set, old)
-		}
-		d.ring[d.next] = key
-		d.set[key] = struct{}{}
-		d.next = (d.next + 1) % len(d.ring)
-	}
+	d.ring[d.next] = key
+	d.set[key] = struct{}{}
+	d.next = (d.next + 1) % len(d.ring)
 	return false
 }
 

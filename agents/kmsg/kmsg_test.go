@@ -390,6 +390,51 @@ func TestSameLineTwice(t *testing.T) {
 	matchEvents(t, got, []want{{CheckXID, "XID-48", true, cr, "", ""}, {CheckXID, "XID-48", true, cr, "", ""}, {CheckXID, "XID-48", true, cr, "", ""}})
 }
 
+// TestRepeatsInOneSecond: a line is a duplicate by its printk timestamp
+// when it has one, not by the whole-second wall-clock time a syslog line
+// prints beside it: real repeats within one second, each with its own
+// printk time, are all counted. Only a line with no printk time is known
+// by its wall-clock time.
+func TestRepeatsInOneSecond(t *testing.T) {
+	msg := canonical[1]
+	d := 500 * time.Second
+	for _, tc := range []struct {
+		name  string
+		lines []string
+		want  int
+	}{
+		{"syslog with printk times, one second", []string{
+			formats["syslog-printk"](d, msg),
+			formats["syslog-printk"](d+200*time.Millisecond, msg),
+			formats["syslog-printk"](d+400*time.Millisecond, msg),
+		}, 3},
+		{"syslog with printk times, one line twice", []string{
+			formats["syslog-printk"](d, msg),
+			formats["syslog-printk"](d, msg),
+			formats["syslog-printk"](d+400*time.Millisecond, msg),
+		}, 2},
+		{"journal short-precise, one line twice", []string{
+			formats["journal-short-precise"](d, msg),
+			formats["journal-short-precise"](d, msg),
+			formats["journal-short-precise"](d+400*time.Millisecond, msg),
+		}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			total := 0
+			for _, ev := range parseAll(t, testParser(t, nil), strings.Join(tc.lines, "\n")) {
+				n, err := strconv.Atoi(ev.GetMetadata()["count"])
+				if err != nil {
+					t.Fatalf("count %q: %v", ev.GetMetadata()["count"], err)
+				}
+				total += n
+			}
+			if total != tc.want {
+				t.Errorf("summed count %d, want %d", total, tc.want)
+			}
+		})
+	}
+}
+
 // TestFlood: 100000 copies of one error in 100 s are reported as one event
 // and then one event per flood window, each with its count; the counts add
 // up to every occurrence; CPU stays bounded.

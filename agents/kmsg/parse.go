@@ -87,6 +87,11 @@ type Parser struct {
 	pending  *pendingSXID
 	lines    int
 	out      []*datamodels.HealthEvent
+	// skipBefore, when set, drops the leading lines dated before it (those
+	// of earlier boots in a file read from its start; see Check.open),
+	// until the first line dated at or after it; a line without a time is
+	// kept.
+	skipBefore time.Time
 }
 
 type pendingSXID struct {
@@ -140,10 +145,16 @@ func (p *Parser) Process(l Line) {
 	if !ok {
 		return
 	}
+	t, known := p.eventTime(rec)
+	if !p.skipBefore.IsZero() && known {
+		if t.Before(p.skipBefore) {
+			return
+		}
+		p.skipBefore = time.Time{}
+	}
 	if p.dedup.seen(rec) {
 		return
 	}
-	t, known := p.eventTime(rec)
 	p.flood.observe(t, p.cfg.Now())
 	body := rec.body
 	switch {
