@@ -142,19 +142,24 @@ func runDCGMDiag(ctx context.Context, env *Env) (Outcome, error) {
 // gpuFindings collects what one GPU showed across tests.
 type gpuFindings struct {
 	failed, warned, passed []string
-	action                 datamodels.RecommendedAction
-	codes                  []string
-	msgs                   []string
-	internalOnly           bool
+	// unjudged are the tests that failed by the diagnostic's own error:
+	// whatever DCGM printed for the GPU there, they did not test it, so
+	// the GPU gets no healthy event (it would lift an earlier run's
+	// fault of a test that never ran).
+	unjudged []string
+	action   datamodels.RecommendedAction
+	codes    []string
+	msgs     []string
 }
 
 // dcgmOutcome turns a result into events: per GPU, a fatal event for
 // hardware failures (action by ADR-026's table, the most severe of its
 // tests), a non-fatal one for warnings, a healthy one when every test it
-// ran passed; a non-fatal node event for failures that are the
-// diagnostic's own; a fatal node event for a failed test DCGM did not pin
-// on a GPU, and a healthy node event when every failed test (if any) was
-// pinned on a GPU: that is what lifts an earlier run's node fault (the
+// ran passed and none failed by the diagnostic's own error; a non-fatal
+// node event for failures that are the diagnostic's own; a fatal node
+// event for a failed test DCGM did not pin on a GPU, and a healthy node
+// event when every failed test (if any) was a hardware failure pinned on
+// a GPU: that is what lifts an earlier run's node fault (the
 // quarantine lifts a fault on a healthy event of the same check and
 // entities, and the GPUs' healthy events name the GPUs, not the node).
 // GPUs are named by uuidOf; one without a UUID there is reported on the
@@ -163,30 +168,34 @@ func dcgmOutcome(env *Env, res *dcgm.Result, uuidOf map[int]string, meta map[str
 	per := map[int]*gpuFindings{}
 	get := func(g int) *gpuFindings {
 		if per[g] == nil {
-			per[g] = &gpuFindings{internalOnly: true}
+			per[g] = &gpuFindings{}
 		}
 		return per[g]
 	}
 	var internal []string
 	var nodeFail []dcgm.Test
-	// nodeClean: no test failed without a GPU failing in it, neither the
-	// hardware's failure nor the diagnostic's own.
+	// nodeClean: no test failed by the diagnostic's own error (whatever
+	// GPUs it names), and none failed without a GPU failing in it.
 	nodeClean := true
 	for _, t := range res.Tests {
 		diagErr := t.DiagnosticError()
 		if t.Result == dcgm.Fail && diagErr {
 			internal = append(internal, t.Name)
+			nodeClean = false
 		}
 		gpuFailed := false
 		for _, g := range t.GPUs {
 			f := get(g.GPU)
+			if diagErr {
+				// A GPU's Pass or Fail in a test DCGM could not run is
+				// no verdict (DCGM#253: two child processes of four
+				// crashed, every GPU printed Pass).
+				f.unjudged = append(f.unjudged, t.Name)
+				continue
+			}
 			switch g.Result {
 			case dcgm.Fail:
 				gpuFailed = true
-				if diagErr {
-					continue
-				}
-				f.internalOnly = false
 				f.failed = append(f.failed, t.Name)
 				f.codes = append(f.codes, testCode(t.Name, "fail"))
 				if a := DCGMAction(t); actionRank(a) > actionRank(f.action) {
@@ -250,7 +259,7 @@ func dcgmOutcome(env *Env, res *dcgm.Result, uuidOf map[int]string, meta map[str
 		case len(f.warned) > 0:
 			msg := fmt.Sprintf("DCGM diagnostic warned on %s: %s", what, strings.Join(f.warned, ", "))
 			out.Events = append(out.Events, env.Unhealthy(false, datamodels.RecommendedAction_NONE, msg, codes, ent, m))
-		case len(f.passed) > 0 && known:
+		case len(f.passed) > 0 && known && len(f.unjudged) == 0:
 			out.Events = append(out.Events, env.Healthy(fmt.Sprintf("DCGM diagnostic passed on %s: %s", what, strings.Join(f.passed, ", ")), ent, m))
 		}
 	}

@@ -1,6 +1,7 @@
 package checks
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -121,5 +122,74 @@ func TestDCGMNodeFaultLifted(t *testing.T) {
 	q.apply(DCGMDiag, out.Events)
 	if got := q.standing(); len(got) > 0 {
 		t.Errorf("after a run that passed every test, faults %q still stand (events %v)", got, out.Events)
+	}
+}
+
+// TestDCGMInternalErrorKeepsGPUFault: a GPU's memory failure cordons it;
+// the rerun's memory test fails by DCGM's own error (a child process's
+// output could not be parsed, DCGM#253) while software passes. The rerun
+// did not test the memory, so the GPU's fault stands. Before, the GPU's
+// software pass sent a healthy event for it (and one for the node), and
+// the fault was lifted with the memory test never run.
+//
+// Both inputs are table-4.4.2-pass.txt (../dcgm/testdata) with its
+// memory rows changed: a hardware failure, then the internal error's rows
+// copied from table-4.4.1-internal-error.txt; no published 4.x sample has
+// a failed GPU.
+func TestDCGMInternalErrorKeepsGPUFault(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.NodeName = "gpu-node-1"
+	env := &Env{Cfg: cfg, Log: slog.New(slog.DiscardHandler), Echo: io.Discard, Now: time.Now}
+	const uuid = "GPU-934a71d6-e50c-86a3-f752-3743a8c1bbb2"
+	uuidOf := map[int]string{0: uuid}
+	b, err := os.ReadFile("../dcgm/testdata/table-4.4.2-pass.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := func(name, info string) string { return fmt.Sprintf("| %-25s | %-46s |\n", name, info) }
+	memoryPass := row("memory", "Pass") + row("", "GPU0: Pass")
+	if !strings.Contains(string(b), memoryPass) {
+		t.Fatal("memory rows not found in the sample")
+	}
+	withMemory := func(rows ...string) string {
+		p := t.TempDir() + "/dcgmi.txt"
+		doc := strings.Replace(string(b), memoryPass, strings.Join(rows, ""), 1)
+		if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	hardware := withMemory(row("memory", "Fail"),
+		row("Warning", "Pending page retirements detected on GPU 0."),
+		row("", "GPU0: Fail"))
+	internal := withMemory(row("memory", "Fail"),
+		row("Warning", "There was an internal error during the test:"),
+		row("", "'Output of child process (11167) couldn't be"),
+		row("", "parsed: '* Line 1, Column 1   Syntax error: v"),
+		row("", "alue, object or array expected. '' Check DCGM"),
+		row("", " and system logs for errors. Reset GPU. Resta"),
+		row("", "rt DCGM. Rerun diagnostics."),
+		row("", "GPU0: Fail"))
+
+	q := newQuarantineModel(t, env)
+	out := dcgmOutcome(env, parseDCGM(t, hardware), uuidOf, map[string]string{})
+	q.apply(DCGMDiag, out.Events)
+	gpuFault := quarantine.FaultKey(DCGMDiag, "GPU="+uuid)
+	if got := q.standing(); !slices.Equal(got, []string{gpuFault}) {
+		t.Fatalf("after the memory failure, faults %q, want %q (events %v)", got, gpuFault, out.Events)
+	}
+	res := parseDCGM(t, internal)
+	if res.HardwareFault || !slices.Equal(res.FailedTests, []string{"memory"}) {
+		t.Fatalf("rerun parsed as failed tests %q, hardware fault %v; want memory failed by DCGM's own error", res.FailedTests, res.HardwareFault)
+	}
+	out = dcgmOutcome(env, res, uuidOf, map[string]string{})
+	for _, ev := range out.Events {
+		if ev.GetIsHealthy() {
+			t.Errorf("healthy event after a run whose memory test did not run: %v", ev)
+		}
+	}
+	q.apply(DCGMDiag, out.Events)
+	if got := q.standing(); !slices.Equal(got, []string{gpuFault}) {
+		t.Errorf("after the rerun failed by DCGM's own error, faults %q, want %q (events %v)", got, gpuFault, out.Events)
 	}
 }

@@ -85,6 +85,9 @@ func TestShippedQuarantinePolicyApplies(t *testing.T) {
 		{"loopback corruption", nccl(NCCLLoopback, "derived-corruption.log", 10, false, 0), "preflight-checks"},
 		{"loopback low bandwidth", nccl(NCCLLoopback, "h100-single-node.log", 500, false, 0), "preflight-checks"},
 		{"loopback pass", nccl(NCCLLoopback, "h100-single-node.log", 10, false, 0), "healthy"},
+		// The check image's CUDA runtime is newer than the node's driver:
+		// not the node's fault.
+		{"loopback CUDA driver too old", nccl(NCCLLoopback, "cuda-driver-insufficient.log", 10, false, 1), ""},
 		// A peer of the gang exited or its link failed: every other rank
 		// reports it, so it cannot be placed on this node.
 		{"allreduce remote error (a peer's, not placeable on this node)", nccl(NCCLAllreduce, "torch-remote-error.log", 5, true, 1), ""},

@@ -10,8 +10,9 @@ import (
 type Code string
 
 // The failure codes. The first five are ADR-026's table; the others are the
-// rest of NCCL's result codes and the corruption and bandwidth verdicts the
-// checks add.
+// rest of NCCL's result codes, the CUDA setup errors nccl-tests reports
+// (cudaSetupErrors), and the corruption and bandwidth verdicts the checks
+// add.
 const (
 	SystemError        Code = "NCCL_SYSTEM_ERROR"
 	InternalError      Code = "NCCL_INTERNAL_ERROR"
@@ -20,6 +21,7 @@ const (
 	RemoteError        Code = "NCCL_REMOTE_ERROR"
 	InvalidArgument    Code = "NCCL_INVALID_ARGUMENT"
 	UnhandledCudaError Code = "NCCL_UNHANDLED_CUDA_ERROR"
+	CudaSetupError     Code = "NCCL_CUDA_SETUP_ERROR"
 	DataCorruption     Code = "NCCL_DATA_CORRUPTION"
 	BandwidthDegraded  Code = "NCCL_BW_DEGRADED"
 )
@@ -34,8 +36,11 @@ type Verdict struct {
 // Verdicts is ADR-026's "NCCL Checks" table: SYSTEM, INTERNAL and REMOTE
 // errors are hardware (fatal), INVALID_USAGE and TIMEOUT are not. Beyond
 // the ADR: an invalid argument is configuration (not fatal); an unhandled
-// CUDA error in a collective is treated like an internal error (fatal, run
-// DCGM EUD to find the part); wrong data is corruption (fatal, contact
+// CUDA error in a collective, and a CUDA runtime error nccl-tests reports
+// ("Test CUDA failure") other than a setup error, is treated like an
+// internal error (fatal, run DCGM EUD to find the part); a CUDA setup error
+// (the check's image or the GPU's sharing, not the hardware:
+// cudaSetupErrors) is not fatal; wrong data is corruption (fatal, contact
 // support); a loopback bandwidth below threshold is degraded NVLink/PCIe
 // (fatal, contact support). The gang-wide check reports low bandwidth,
 // remote and system errors non-fatal (the checks package's gangVerdict):
@@ -48,6 +53,7 @@ var Verdicts = map[Code]Verdict{
 	RemoteError:        {datamodels.RecommendedAction_CONTACT_SUPPORT, true},
 	InvalidArgument:    {datamodels.RecommendedAction_NONE, false},
 	UnhandledCudaError: {datamodels.RecommendedAction_RUN_DCGMEUD, true},
+	CudaSetupError:     {datamodels.RecommendedAction_NONE, false},
 	DataCorruption:     {datamodels.RecommendedAction_CONTACT_SUPPORT, true},
 	BandwidthDegraded:  {datamodels.RecommendedAction_CONTACT_SUPPORT, true},
 }
@@ -86,7 +92,7 @@ var patterns = []struct {
 	{", invalid usage", InvalidUsage},
 	{"'invalid argument", InvalidArgument},
 	{", invalid argument", InvalidArgument},
-	{"Test CUDA failure", UnhandledCudaError},
+	{testCUDAFailure, UnhandledCudaError}, // or CudaSetupError: cudaFailureCode
 	{"Watchdog caught collective operation timeout", Timeout},
 	{"collective operation timeout", Timeout},
 	{"operation timeout", Timeout},
@@ -104,10 +110,55 @@ func Classify(line string) (Failure, bool) {
 	}
 	for _, p := range patterns {
 		if strings.Contains(line, p.needle) {
-			return Failure{Code: p.code, Text: strings.TrimSpace(line)}, true
+			code := p.code
+			if p.needle == testCUDAFailure {
+				code = cudaFailureCode(line)
+			}
+			return Failure{Code: code, Text: strings.TrimSpace(line)}, true
 		}
 	}
 	return Failure{}, false
+}
+
+// testCUDAFailure starts the line nccl-tests prints when a CUDA runtime
+// call fails: "Test CUDA failure common.cu:1009 '<cudaGetErrorString>'".
+const testCUDAFailure = "Test CUDA failure"
+
+// cudaSetupErrors are CUDA runtime errors (cudaGetErrorString's wording,
+// CUDA 12) that say the check could not run on the GPU, not that the GPU
+// is bad: the image's CUDA runtime is newer than the node's driver or
+// built for another architecture, another process holds the GPU's memory,
+// the pod sees no GPU or fewer than it asked for.
+var cudaSetupErrors = []string{
+	"CUDA driver version is insufficient for CUDA runtime version", // cudaErrorInsufficientDriver
+	"forward compatibility was attempted on non supported HW",      // cudaErrorCompatNotSupportedOnDevice
+	"system has unsupported display driver / cuda driver combination",
+	"CUDA driver is a stub library",
+	"out of memory",                      // cudaErrorMemoryAllocation
+	"no CUDA-capable device is detected", // cudaErrorNoDevice
+	"invalid device ordinal",             // -g larger than the pod's GPUs
+	"no kernel image is available for execution on the device",
+	"device kernel image is invalid",
+	"PTX", // unsupported toolchain, JIT compilation failed, JIT compiler not found
+	"operation not supported",
+}
+
+// cudaFailureCode is what a "Test CUDA failure" line's error says: a setup
+// error (cudaSetupErrors) is CudaSetupError; any other — an uncorrectable
+// ECC error, an illegal address, an unspecified launch failure, "system
+// not yet initialized" (Fabric Manager down), a hardware stop, and errors
+// not listed — stays UnhandledCudaError, as before: a CUDA error in a
+// check that ran on a known image is the GPU's until shown otherwise, and
+// an error missed here cordons one node, while one wrongly excused lets a
+// bad GPU take jobs.
+func cudaFailureCode(line string) Code {
+	l := strings.ToLower(line)
+	for _, e := range cudaSetupErrors {
+		if strings.Contains(l, strings.ToLower(e)) {
+			return CudaSetupError
+		}
+	}
+	return UnhandledCudaError
 }
 
 // failureLine is the cheap test that a line reports a failure at all.

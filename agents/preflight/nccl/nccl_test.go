@@ -121,10 +121,12 @@ func TestSemantics(t *testing.T) {
 		"rtx5090-cuda-failure.log": UnhandledCudaError,
 		"system-error.log":         SystemError,
 		"cuda-init-failure.log":    UnhandledCudaError,
-		"torch-internal-error.log": InternalError,
-		"torch-system-error.log":   SystemError,
-		"torch-remote-error.log":   RemoteError,
-		"torch-timeout.log":        Timeout,
+		// A CUDA runtime newer than the driver: the image's, not the GPU's.
+		"cuda-driver-insufficient.log": CudaSetupError,
+		"torch-internal-error.log":     InternalError,
+		"torch-system-error.log":       SystemError,
+		"torch-remote-error.log":       RemoteError,
+		"torch-timeout.log":            Timeout,
 	} {
 		r := parse(name)
 		w, ok := Worst(r.Failures)
