@@ -173,10 +173,12 @@ func Main(ctx context.Context, name string, args []string, opt Options) int {
 	}
 	rep, err := report.Open(cfg.Config, log)
 	if err != nil {
-		log.Error("cannot open the spool", "err", err)
+		// A check running as the pod's non-root user where the spool's
+		// root is not writable to it (README, "Reporting"): the result
+		// still goes to the gateway, directly.
+		log.Warn("cannot open the spool; the check's events are sent directly, and are lost if the gateway does not take them in spool.drain_timeout", "err", err)
 		m.configErrors.WithLabelValues("spool").Inc()
-		_ = m.Publish(cfg.Metrics, cfg.NodeName, cfg.Pod.Name)
-		return ExitConfig
+		rep = report.Direct(cfg.Config, log)
 	}
 	defer rep.Close()
 

@@ -669,3 +669,20 @@ func TestGatewayBrieflyDown(t *testing.T) {
 		t.Errorf("spool dirs left: %v", dirs)
 	}
 }
+
+// TestSpoolNotOpenable: a check that cannot open its spool (run as the
+// pod's non-root user under the kubelet's root-owned hostPath; here a
+// spool.dir under a regular file, which fails as root too) still reports
+// its result to the gateway, directly, and exits with the check's verdict.
+// Before, it exited 2 and the pod stayed in Init:Error on a healthy node.
+func TestSpoolNotOpenable(t *testing.T) {
+	h := newHarness(t)
+	file := filepath.Join(h.dir, "not-a-dir")
+	must(t, os.WriteFile(file, nil, 0o644))
+	r := h.run(checks.NCCLLoopback, map[string]string{"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
+		"STANDIN_ALL_REDUCE_PERF_OUT": ncclData("h100-single-node.log")}, "--spool.dir="+filepath.Join(file, "spool"))
+	if r.code != checks.ExitPass || !strings.Contains(r.stderr, "cannot open the spool") {
+		t.Fatalf("exit %d\n%s", r.code, r.stderr)
+	}
+	h.events(r.node, 1)
+}

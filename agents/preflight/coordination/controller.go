@@ -320,7 +320,7 @@ func (c *Controller) Reconcile(ctx context.Context, ns, id string) (retry time.D
 		c.reconciles.WithLabelValues("unchanged").Inc()
 		return retry, nil
 	}
-	patch, err := mergePatch(cur.ResourceVersion, want)
+	patch, err := mergePatch(cur.ResourceVersion, cur.Data, want)
 	if err != nil {
 		return 0, err
 	}

@@ -3,11 +3,13 @@ package coordination
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
@@ -121,5 +123,33 @@ func TestExcludedPodsNotAwaited(t *testing.T) {
 	}
 	if cm.Data[KeyExpected] != "2" || cm.Data[KeyPeers] != "w1:10.0.0.1\nw2:10.0.0.2\n" || cm.Data[KeyExcluded] != "launcher: no GPUs\n" {
 		t.Fatalf("ConfigMap data %q, want expected_count 2 (3 less the launcher), peers w1 and w2, the launcher excluded", cm.Data)
+	}
+}
+
+// TestMergePatchDeletesKeys: once no pod is excluded, the patch deletes
+// the ConfigMap's excluded key (a null); before, a merge patch left it,
+// the ConfigMap never equalled the desired one, and every pod event and
+// resync patched it again.
+func TestMergePatchDeletesKeys(t *testing.T) {
+	ctx := context.Background()
+	kc := fake.NewClientset(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: gang.ConfigMapPrefix + "g", Namespace: "ns"},
+		Data: map[string]string{KeyGangID: "g", KeyExcluded: "w3: no GPUs\n"}})
+	cms := kc.CoreV1().ConfigMaps("ns")
+	cur, err := cms.Get(ctx, gang.ConfigMapPrefix+"g", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1 := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w1", Namespace: "ns", UID: "uid-w1"}, Status: corev1.PodStatus{PodIP: "10.0.0.1"}}
+	want := Desired("ns", "g", []*corev1.Pod{w1}, nil, 1)
+	patch, err := mergePatch(cur.ResourceVersion, cur.Data, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := cms.Patch(ctx, want.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got.Data, want.Data) {
+		t.Fatalf("patched data %q, want %q", got.Data, want.Data)
 	}
 }

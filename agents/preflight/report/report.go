@@ -11,7 +11,10 @@
 // lives (from before it is in view under its name). A run also adopts the
 // directories of earlier runs that left events behind (unlocked: their
 // process is gone), sends those before its own, oldest run first, and
-// removes directories it emptied.
+// removes directories it emptied. Checks run as the pods' users: the root
+// is 1777 (sticky), and a run opens the directory it leaves events in to
+// every UID, so that a run of any user adopts it. A run that cannot open
+// a spool at all reports directly (Direct).
 package report
 
 import (
@@ -120,20 +123,26 @@ type Reporter struct {
 	cfg   Config
 	log   *slog.Logger
 	m     *agent.Metrics
-	dir   string
+	dir   string // "" without a spool (Direct)
+	start int64  // when the run opened, unix ns: its place among the runs
 	lock  *os.File
-	spool *agent.Spool
+	spool *agent.Spool // nil without a spool (Direct)
 	// unspooled are the events Report could not spool, for Flush to send
 	// directly.
 	unspooled []*datamodels.HealthEvent
 }
 
 // Open creates this run's spool directory under cfg.Spool.Dir and locks it.
+// The root is made world-writable and sticky (1777) when this run owns it,
+// so that runs of every UID on the node can make their directories there
+// and none can remove or rename another's. An error means no spool: the
+// caller reports with Direct instead.
 func Open(cfg Config, log *slog.Logger) (*Reporter, error) {
-	if err := os.MkdirAll(cfg.Spool.Dir, 0o750); err != nil {
+	if err := openRoot(cfg.Spool.Dir); err != nil {
 		return nil, fmt.Errorf("spool.dir: %w", err)
 	}
-	name := fmt.Sprintf("run-%d-%d", time.Now().UnixNano(), os.Getpid())
+	start := time.Now().UnixNano()
+	name := fmt.Sprintf("run-%d-%d", start, os.Getpid())
 	dir := filepath.Join(cfg.Spool.Dir, name)
 	// Made under a name Flush passes over (newPrefix) and locked before
 	// it is renamed into view: another run's Flush never finds a live
@@ -154,13 +163,43 @@ func Open(cfg Config, log *slog.Logger) (*Reporter, error) {
 	m := agent.NewMetrics()
 	sp, err := agent.OpenSpool(dir, cfg.Spool.MaxBytes, log, m)
 	if err != nil {
-		lock.Close()
+		removeLocked(dir, lock)
 		return nil, err
 	}
-	return &Reporter{cfg: cfg, log: log, m: m, dir: dir, lock: lock, spool: sp}, nil
+	return &Reporter{cfg: cfg, log: log, m: m, dir: dir, start: start, lock: lock, spool: sp}, nil
 }
 
-// Dir is this run's spool directory.
+// Direct returns a Reporter without a spool, for a run whose spool could
+// not be opened (Open's error): Report keeps the events and Flush sends
+// them directly, after any earlier run's events it can adopt. What the
+// gateway did not take by the drain timeout is lost (FlushResult.Lost).
+func Direct(cfg Config, log *slog.Logger) *Reporter {
+	return &Reporter{cfg: cfg, log: log, m: agent.NewMetrics(), start: time.Now().UnixNano()}
+}
+
+// openRoot creates the spool root, world-writable and sticky when this
+// process owns it (it made it, or it runs as the owner).
+func openRoot(root string) error {
+	if err := os.MkdirAll(root, 0o750); err != nil {
+		return err
+	}
+	info, err := os.Stat(root)
+	if err != nil {
+		return err
+	}
+	if st, ok := info.Sys().(*syscall.Stat_t); ok && int(st.Uid) == os.Geteuid() && info.Mode()&(os.ModePerm|os.ModeSticky) != rootMode {
+		if err := os.Chmod(root, rootMode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rootMode is the spool root's: every UID makes its runs' directories
+// there, none removes or renames another's.
+const rootMode = os.ModeSticky | 0o777
+
+// Dir is this run's spool directory; "" without a spool (Direct).
 func (r *Reporter) Dir() string { return r.dir }
 
 // Report appends events durably (fsync'd), all or none. Events the spool
@@ -178,6 +217,10 @@ func (r *Reporter) Report(evs []*datamodels.HealthEvent) error {
 			// spooled and sent directly is stored once.
 			ev.Id = events.NewID()
 		}
+	}
+	if r.spool == nil {
+		r.unspooled = append(r.unspooled, evs...)
+		return nil
 	}
 	if err := r.spool.AppendAll(evs); err != nil {
 		r.unspooled = append(r.unspooled, evs...)
@@ -209,10 +252,11 @@ func (r *Reporter) Flush(ctx context.Context) FlushResult {
 	type job struct {
 		dir   string
 		spool *agent.Spool
+		start int64
 		lock  *os.File
 		own   bool
 	}
-	jobs := []job{{dir: r.dir, spool: r.spool, own: true}}
+	jobs := []job{{dir: r.dir, start: r.start, spool: r.spool, own: true}}
 	res := FlushResult{}
 	ents, _ := os.ReadDir(r.cfg.Spool.Dir)
 	for _, e := range ents {
@@ -251,7 +295,7 @@ func (r *Reporter) Flush(ctx context.Context) FlushResult {
 		}
 		r.log.Info("sending events an earlier run left spooled", "dir", dir, "bytes", sp.Pending())
 		res.Adopted++
-		jobs = append(jobs, job{dir: dir, spool: sp, lock: lock})
+		jobs = append(jobs, job{dir: dir, start: runStart(dir), spool: sp, lock: lock})
 	}
 	// One run after another, oldest first, each only once the gateway took
 	// every event of the runs before it: a run that failed while the
@@ -259,7 +303,7 @@ func (r *Reporter) Flush(ctx context.Context) FlushResult {
 	// and the older failure landing last would quarantine the node the
 	// newer pass had cleared (a cordoned node gets no pod to run the check
 	// again). The older failure still reaches the gateway, before the pass.
-	slices.SortStableFunc(jobs, func(a, b job) int { return cmp.Compare(runStart(a.dir), runStart(b.dir)) })
+	slices.SortStableFunc(jobs, func(a, b job) int { return cmp.Compare(a.start, b.start) })
 	reached := false // this run's turn came
 	for _, j := range jobs {
 		ok := true
@@ -283,15 +327,20 @@ func (r *Reporter) Flush(ctx context.Context) FlushResult {
 		res.Lost = len(r.unspooled)
 	}
 	for _, j := range jobs {
-		res.Pending += j.spool.Pending()
-		if !j.own {
-			empty := j.spool.Pending() == 0
-			j.spool.Close()
-			if empty {
-				removeLocked(j.dir, j.lock)
-			} else {
-				j.lock.Close()
+		if j.own {
+			if j.spool != nil {
+				res.Pending += j.spool.Pending()
 			}
+			continue
+		}
+		res.Pending += j.spool.Pending()
+		empty := j.spool.Pending() == 0
+		j.spool.Close()
+		if empty {
+			removeLocked(j.dir, j.lock)
+		} else {
+			share(j.dir) // the cursor this run wrote
+			j.lock.Close()
 		}
 	}
 	return res
@@ -300,7 +349,7 @@ func (r *Reporter) Flush(ctx context.Context) FlushResult {
 // drain sends a spool's events until the gateway took them all (true),
 // the sender cannot be built, or ctx ends.
 func (r *Reporter) drain(ctx context.Context, sp *agent.Spool) bool {
-	if sp.Pending() == 0 {
+	if sp == nil || sp.Pending() == 0 {
 		return true
 	}
 	s, err := agent.NewSender(r.cfg.Gateway, sp, r.log, r.m)
@@ -377,17 +426,39 @@ func (r *Reporter) sendUnspooled(ctx context.Context) int {
 }
 
 // Close closes this run's spool; its directory is removed when empty and
-// otherwise left (unlocked) for a later run to send.
+// otherwise left (unlocked, and opened to every UID: share) for a later
+// run to send.
 func (r *Reporter) Close() error {
+	if r.spool == nil {
+		return nil
+	}
 	empty := r.spool.Pending() == 0
 	err := r.spool.Close()
 	if empty {
 		removeLocked(r.dir, r.lock)
 	} else {
 		r.log.Warn("events left spooled for the next preflight run on this node", "dir", r.dir)
+		share(r.dir)
 		r.lock.Close()
 	}
 	return err
+}
+
+// share opens a spool directory a run leaves events in to the later runs
+// of every UID (the checks run as the pods' users): the directory 0777,
+// the files of it this process owns 0666, so that a later run can lock
+// it, read the events, move the cursor and remove what it sent. Done
+// while the lock is held; a live run's directory stays its own (0750).
+// Anyone who could alter these events holds the gateway token the check
+// sends with, and could send any event for the node anyway.
+func share(dir string) {
+	_ = os.Chmod(dir, 0o777)
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.Type().IsRegular() {
+			_ = os.Chmod(filepath.Join(dir, e.Name()), 0o666)
+		}
+	}
 }
 
 // newPrefix names a run's directory until it is locked (Open).

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -223,5 +225,85 @@ func TestOlderRunDeliveredFirst(t *testing.T) {
 	g.mu.Unlock()
 	if res.Adopted != 1 || res.Pending != 0 || !slices.Equal(got, []string{fatal.Id, healthy.Id}) {
 		t.Fatalf("the gateway received %q, want the old fatal %q, then the new healthy %q (%+v)", got, fatal.Id, healthy.Id, res)
+	}
+}
+
+// TestSpoolNotOpenable: a run whose spool cannot be opened (a check
+// running as the pod's non-root user under a root-owned spool root; here
+// a root under a regular file, which fails as root too) still reports:
+// Direct sends its events, Flush says none were lost.
+func TestSpoolNotOpenable(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g, addr := startGateway(t)
+	cfg := DefaultConfig()
+	cfg.Spool.Dir, cfg.Spool.DrainTimeout = filepath.Join(file, "spool"), 20*time.Second
+	cfg.Gateway.Addr, cfg.Gateway.Insecure, cfg.Gateway.TokenFile = addr, true, ""
+	log := slog.New(slog.DiscardHandler)
+	if _, err := Open(cfg, log); err == nil {
+		t.Fatal("Open succeeded under a regular file")
+	}
+	r := Direct(cfg, log)
+	ev := &datamodels.HealthEvent{Agent: "faultline-preflight", CheckName: "PreflightDCGMDiag", NodeName: "gpu-1", IsHealthy: true}
+	if err := r.Report([]*datamodels.HealthEvent{ev}); err != nil {
+		t.Fatal(err)
+	}
+	res := r.Flush(context.Background())
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if res.Lost != 0 || res.Pending != 0 || !slices.Equal(g.got, []string{ev.Id}) {
+		t.Fatalf("the gateway received %q, want %q (%+v)", g.got, ev.Id, res)
+	}
+}
+
+// TestSpoolSharedAcrossUIDs: the spool root is 1777 (every UID makes its
+// runs' directories there, none removes another's), a live run's
+// directory is its own (0750), and one a run leaves events in is opened
+// to the runs of every UID (0777, files 0666) so that any can adopt it.
+func TestSpoolSharedAcrossUIDs(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Spool.Dir, cfg.Spool.DrainTimeout = filepath.Join(t.TempDir(), "spool"), 100*time.Millisecond
+	cfg.Gateway.Addr, cfg.Gateway.Insecure, cfg.Gateway.TokenFile = "127.0.0.1:1", true, ""
+	r, err := Open(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mode := func(p string) os.FileMode {
+		t.Helper()
+		info, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Mode() & (os.ModePerm | os.ModeSticky)
+	}
+	if got := mode(cfg.Spool.Dir); got != os.ModeSticky|0o777 {
+		t.Errorf("spool root mode %v, want 1777", got)
+	}
+	if got := mode(r.Dir()); got != 0o750 {
+		t.Errorf("live run's directory mode %v, want 0750", got)
+	}
+	if err := r.Report([]*datamodels.HealthEvent{{Agent: "faultline-preflight", CheckName: "PreflightDCGMDiag", NodeName: "gpu-1", IsFatal: true}}); err != nil {
+		t.Fatal(err)
+	}
+	r.Flush(context.Background()) // the gateway is down: the event stays
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := mode(r.Dir()); got != 0o777 {
+		t.Errorf("left directory mode %v, want 0777", got)
+	}
+	ents, _ := os.ReadDir(r.Dir())
+	if len(ents) == 0 {
+		t.Fatal("the run left nothing spooled")
+	}
+	for _, e := range ents {
+		if got := mode(filepath.Join(r.Dir(), e.Name())); got != 0o666 {
+			t.Errorf("left file %s mode %v, want 0666", e.Name(), got)
+		}
 	}
 }
