@@ -230,7 +230,7 @@ func runAPIServerRestart(ctx context.Context, e *Env, p Params, r *Report) error
 		r.Check(late == 0, "%d of the other clusters' faults had no RebootNode before the first cluster's apiserver was started again (it stayed down %s)", late, restart.Sub(killed).Round(time.Millisecond))
 	}
 	r.Check(left == 0, "%d of the faults' pods left (every cluster)", left)
-	r.Check(load.Verified(0.95) == nil, "background: %v", load.Verified(0.95))
+	r.Check(load.Verified(p.loadShare()) == nil, "background: %v", load.Verified(p.loadShare()))
 	// The faults' nodes only: each repeated fatal event of the
 	// background's nodes is a new cordon and drain by design.
 	twiceCordoned, twiceStarted := 0, 0

@@ -138,14 +138,14 @@ func runBrokerRestart(ctx context.Context, e *Env, p Params, r *Report) error {
 	cordoned := len(res.FromReady)
 	r.Figure("broker-restart: %d of %d faults sent after the broker was ready cordoned; ready->first fault's cordon %s; ready->cordon %s; send->cordon %s",
 		cordoned, res.Faults, first.Round(time.Millisecond), spread(res.FromReady), spread(res.FromSend))
-	checkOutage(r, e, "broker-restart", cordoned, res.Faults, res.OutageBackground)
+	checkOutage(r, e, p, "broker-restart", cordoned, res.Faults, res.OutageBackground)
 	return nil
 }
 
 // checkOutage checks a run of BrokerRestart or BrokerFailover: every
 // fault cordoned, no node twice, the background delivered once it caught
 // up, and with the store role every acknowledged background event stored.
-func checkOutage(r *Report, e *Env, scenario string, cordonedFaults, faults int, o OutageBackground) {
+func checkOutage(r *Report, e *Env, p Params, scenario string, cordonedFaults, faults int, o OutageBackground) {
 	bg, stored, rows := o.Background, o.Stored, o.Rows
 	cordoned, twice := e.Cordons.Count()
 	r.Check(cordonedFaults == faults, "only %d of %d faults cordoned within 60s of their send", cordonedFaults, faults)
@@ -155,7 +155,7 @@ func checkOutage(r *Report, e *Env, scenario string, cordonedFaults, faults int,
 	// schedule: the events due in that last stretch may be outstanding
 	// (25 of the smoke run's ~340 at 50/s — past 5%, it failed runs that
 	// had caught up).
-	share := 0.95
+	share := p.loadShare()
 	if bg.Due > 0 {
 		share = min(share, 1-bg.Target*caughtUp.Seconds()/float64(bg.Due))
 	}
@@ -298,6 +298,6 @@ func runBrokerFailover(ctx context.Context, e *Env, p Params, r *Report) error {
 	r.Figure("broker-failover: %d of %d faults sent over the %s after the kill cordoned, %d calls pushed back; send->cordon of the %d sent before the partitions moved %s, of the %d sent after %s",
 		len(res.Latencies), res.Faults, p.Duration, res.Pushbacks, len(before), spread(before), len(after), spread(after))
 	r.Check(res.Moved > 0, "the victim still led events partitions a minute after its kill")
-	checkOutage(r, e, "broker-failover", len(res.Latencies), res.Faults, res.OutageBackground)
+	checkOutage(r, e, p, "broker-failover", len(res.Latencies), res.Faults, res.OutageBackground)
 	return nil
 }

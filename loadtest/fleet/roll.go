@@ -336,7 +336,7 @@ func runBrokerRoll(ctx context.Context, e *Env, p Params, r *Report) error {
 		r.Figure("broker-roll: %d of %d pairs' nodes judged (%s), %d judged twice", res.Judged, n, correlateRule, res.JudgedTwice)
 		r.Check(res.Judged == n && res.JudgedTwice == 0, "%d of %d pairs' nodes judged (%s) within a minute of the last cordon, %d judged twice", res.Judged, n, correlateRule, res.JudgedTwice)
 	}
-	checkOutage(r, e, "broker-roll", res.Cordoned, n, res.OutageBackground)
+	checkOutage(r, e, p, "broker-roll", res.Cordoned, n, res.OutageBackground)
 	return nil
 }
 

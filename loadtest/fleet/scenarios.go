@@ -39,6 +39,20 @@ type Params struct {
 	KubeQPS     float32        // burst: kube.qps and kube.burst (2x) per cluster (0: the shipped 200/400)
 	Latency     time.Duration  // slow-cluster: each of the roles' requests to the first cluster's API server held this long
 	SlowCluster *time.Duration // quarantine.slow_cluster, drain.slow_cluster and remediate.slow_cluster (default: the shipped 500ms)
+	// LoadShare is the share of its schedule a background load must
+	// deliver for the run to pass (0: 0.95). The smoke runs ask less: they
+	// share the cores with the other packages' tests, and a run of seconds
+	// a second behind its schedule there is a busy machine, not a load
+	// generator that stopped.
+	LoadShare float64
+}
+
+// loadShare is p.LoadShare, 0.95 by default.
+func (p Params) loadShare() float64 {
+	if p.LoadShare > 0 {
+		return p.LoadShare
+	}
+	return 0.95
 }
 
 // Report collects a scenario's figures, each stamped with the machine's
@@ -335,7 +349,7 @@ func runTrickle(ctx context.Context, e *Env, p Params, r *Report) error {
 	time.Sleep(p.Duration)
 	res := stop()
 	r.Figure("trickle %s over %s: %s", p.Transport, e.Describe(), res)
-	r.Check(res.Verified(0.95) == nil, "%v", res.Verified(0.95))
+	r.Check(res.Verified(p.loadShare()) == nil, "%v", res.Verified(p.loadShare()))
 	var want []string
 	fatal.Range(func(k, _ any) bool { want = append(want, k.(string)); return true })
 	ok := waitFor(ctx, 30*time.Second, func() bool {
@@ -466,7 +480,7 @@ func runFaultToCordon(ctx context.Context, e *Env, p Params, r *Report) error {
 	}
 	r.Figure("fault-to-cordon over %s: background %s", e.Describe(), res.Background)
 	r.Figure("fault-to-cordon: %d of %d faults cordoned, send->watch %s (client QPS default)", len(res.Latencies), p.Faults, spread(res.Latencies))
-	r.Check(res.Background.Verified(0.95) == nil, "%v", res.Background.Verified(0.95))
+	r.Check(res.Background.Verified(p.loadShare()) == nil, "%v", res.Background.Verified(p.loadShare()))
 	r.Check(len(res.Latencies) == p.Faults, "only %d of %d faulted nodes cordoned within 60s", len(res.Latencies), p.Faults)
 	return nil
 }
@@ -508,7 +522,7 @@ func runXidBurst(ctx context.Context, e *Env, p Params, r *Report) error {
 	r.Figure("xid-burst over %s: %d GPUs x 20 fatal Xids; %d nodes cordoned (%d twice), %d quarantine/applied actions; first send->cordon p50 %s max %s; background %s",
 		e.Describe(), p.Faults, cordoned, twice, applied, p50.Round(time.Millisecond), mx.Round(time.Millisecond), res)
 	r.Check(all && cordoned == p.Faults && twice == 0, "cordoned %d (%d twice), want %d once", cordoned, twice, p.Faults)
-	r.Check(res.Verified(0.95) == nil, "%v", res.Verified(0.95))
+	r.Check(res.Verified(p.loadShare()) == nil, "%v", res.Verified(p.loadShare()))
 	return nil
 }
 
