@@ -194,6 +194,9 @@ type gangState struct {
 	Expected int
 	Master   string
 	Peers    map[string]string // pod name -> IP
+	// Finished are the peers whose check ended: the rendezvous is over
+	// for them.
+	Finished []string
 }
 
 func readGang(dir string) (gangState, error) {
@@ -229,6 +232,13 @@ func readGang(dir string) (gangState, error) {
 			g.Peers[name] = ip
 		}
 	}
+	if s, err := read("finished"); err == nil {
+		for _, l := range strings.Fields(s) {
+			if g.Peers[l] != "" {
+				g.Finished = append(g.Finished, l)
+			}
+		}
+	}
 	return g, nil
 }
 
@@ -251,6 +261,16 @@ func runAllreduce(ctx context.Context, env *Env) (Outcome, error) {
 		var err error
 		g, err = readGang(cfg.Gang.Dir)
 		lastErr = err
+		if done := slices.DeleteFunc(slices.Clone(g.Finished), func(n string) bool { return n == cfg.Pod.Name }); err == nil && len(done) > 0 {
+			// A peer finished its check without this pod (a pod that
+			// replaced one of the gang's, or whose init containers run
+			// again): it takes part in no rendezvous any more, and torchrun
+			// would wait for it until the check's timeout, on every
+			// restart. The all-reduce cannot run; the pod is not held.
+			waited := env.Now().Sub(start)
+			msg := fmt.Sprintf("gang %s: not run: peers %s already finished the gang-wide check without this pod", g.ID, strings.Join(done, ","))
+			return Outcome{Summary: msg, Gang: g.ID, GangWait: waited}, nil
+		}
 		if err == nil && g.Expected > 0 && len(g.Peers) >= g.Expected && g.Peers[cfg.Pod.Name] != "" {
 			break
 		}

@@ -574,6 +574,32 @@ func TestNCCLAllreduce(t *testing.T) {
 		}
 	})
 
+	// A peer whose check ended (the controller lists it as finished) takes
+	// part in no rendezvous any more: a pod that replaced one of the
+	// gang's, or whose init containers run again, ran torchrun against it
+	// until the check's timeout, failed, and did so again on every restart.
+	t.Run("a peer finished: not run, the pod not held", func(t *testing.T) {
+		d := gang("2", "trainer-0:10.0.1.5\ntrainer-1:10.0.1.6\n")
+		must(t, os.WriteFile(filepath.Join(d, "finished"), []byte("trainer-0\n"), 0o644))
+		r := h.run(checks.NCCLAllreduce, map[string]string{"STANDIN_NVIDIA_SMI_OUT": smi, "STANDIN_TORCHRUN_OUT": ok},
+			"--gang.dir="+d, "--pod.name=trainer-1", "--timeout=2s")
+		if r.code != checks.ExitPass || strings.Contains(r.args, "torchrun") {
+			t.Fatalf("exit %d, torchrun ran: %q\n%s", r.code, r.args, r.stderr)
+		}
+		if !strings.Contains(r.stderr, "peers trainer-0 already finished") {
+			t.Errorf("log lacks the reason:\n%s", r.stderr)
+		}
+	})
+
+	t.Run("only this pod listed finished (a stale view): runs", func(t *testing.T) {
+		d := gang("2", "trainer-0:10.0.1.5\ntrainer-1:10.0.1.6\n")
+		must(t, os.WriteFile(filepath.Join(d, "finished"), []byte("trainer-1\n"), 0o644))
+		r := h.run(checks.NCCLAllreduce, map[string]string{"STANDIN_NVIDIA_SMI_OUT": smi, "STANDIN_TORCHRUN_OUT": ok}, "--gang.dir="+d, "--pod.name=trainer-1")
+		if r.code != checks.ExitPass || !strings.Contains(r.args, "--node_rank=1") {
+			t.Fatalf("exit %d, torchrun %q\n%s", r.code, r.args, r.stderr)
+		}
+	})
+
 	// More peers than expected_count (replicas above minMember, a stale
 	// peer): torchrun got --node_rank=2 --nnodes=2.
 	t.Run("more peers than expected: non-fatal mismatch, torchrun not run", func(t *testing.T) {

@@ -1,7 +1,8 @@
 // Package coordination is ADR-026's gang controller: for every gang the
 // webhook labelled, it keeps a ConfigMap "preflight-<gangID>" in the gang's
 // namespace with the gang's expected size, its members ("pod:ip" lines,
-// sorted by pod name) and the rank-0 pod's address, which the webhook
+// sorted by pod name: the pods running or done with the gang-wide check),
+// the ones done with it, and the rank-0 pod's address, which the webhook
 // mounts into the nccl-allreduce init containers at /etc/preflight.
 //
 // It touches nothing else: it reads pods (and the scheduler objects that
@@ -51,6 +52,10 @@ const (
 	// ("pod: reason" lines): counted by the scheduler, not in
 	// expected_count.
 	KeyExcluded = "excluded"
+	// KeyFinished lists the peers whose check ended (pod names, one a
+	// line; absent when none): the rendezvous is over for them, so a
+	// peer still waiting cannot run it with them.
+	KeyFinished = "finished"
 )
 
 // LabelManagedBy marks the ConfigMaps the controller owns.
@@ -210,9 +215,64 @@ func live(pods []*corev1.Pod) []*corev1.Pod {
 	return out
 }
 
+// peerState says whether a gang pod takes part in the gang-wide run: it
+// has an IP and its gang.AllreduceContainer is running (waiting for its
+// peers or in the rendezvous), or terminated successfully in the pod's
+// current attempt (finished: the rendezvous is over for it). A pod gets
+// its IP before its init containers run, so the IP alone listed pods still
+// pulling the check's image or running dcgm-diag, and their peers'
+// torchrun timed out waiting for them. Not peers: a pod whose container
+// waits (for its image, its earlier init containers, or to run again after
+// a failure), and one whose check failed (the kubelet runs it again, or the
+// pod fails).
+func peerState(p *corev1.Pod) (peer, finished bool) {
+	if p.Status.PodIP == "" {
+		return false, false
+	}
+	status := func(name string) *corev1.ContainerStatus {
+		for i := range p.Status.InitContainerStatuses {
+			if p.Status.InitContainerStatuses[i].Name == name {
+				return &p.Status.InitContainerStatuses[i]
+			}
+		}
+		return nil
+	}
+	s := status(gang.AllreduceContainer)
+	switch {
+	case s == nil:
+		return false, false
+	case s.State.Running != nil:
+		return true, false
+	case s.State.Terminated == nil || s.State.Terminated.ExitCode != 0:
+		return false, false
+	}
+	// Terminated successfully: in this attempt only if every init
+	// container before it (sidecars aside) has terminated since it
+	// started. One running, waiting or finished after it means the pod's
+	// init containers run again (its sandbox was recreated) and the
+	// status is the previous attempt's: it will run the check again.
+	for _, c := range p.Spec.InitContainers {
+		if c.Name == gang.AllreduceContainer {
+			break
+		}
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			continue
+		}
+		e := status(c.Name)
+		if e == nil || e.State.Terminated == nil || e.State.Terminated.FinishedAt.After(s.State.Terminated.StartedAt.Time) {
+			return false, false
+		}
+	}
+	return true, true
+}
+
 // Desired computes the ConfigMap of a gang from its pods: members are the
-// pods not terminating and not finished, peers those with an IP, sorted by
-// name; the master is the first peer's address. expected is the
+// pods not terminating and not finished, peers those running the
+// gang-wide check or done with it (peerState), sorted by name, the ones
+// done also listed as finished; the master is the first peer's address.
+// A peer stays listed, with its name and IP, until its pod ends or its
+// check runs again: the list only grows until the gang is complete, so
+// every pod that sees it complete sees the same peers and master. expected is the
 // scheduler's size of the gang, 0 when unknown; the live excluded pods
 // (gang pods that run no gang-wide check) are taken off it and listed.
 func Desired(ns, id string, pods, excluded []*corev1.Pod, expected int) *corev1.ConfigMap {
@@ -224,22 +284,29 @@ func Desired(ns, id string, pods, excluded []*corev1.Pod, expected int) *corev1.
 	if expected > 0 {
 		expected = max(expected-len(ex), 1)
 	}
-	var lines []string
+	var lines, finished []string
 	master := ""
 	var owners []metav1.OwnerReference
 	for _, p := range members {
 		owners = append(owners, metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: p.Name, UID: p.UID})
-		if p.Status.PodIP == "" {
+		peer, done := peerState(p)
+		if !peer {
 			continue
 		}
 		if master == "" {
 			master = p.Status.PodIP
 		}
 		lines = append(lines, p.Name+":"+p.Status.PodIP)
+		if done {
+			finished = append(finished, p.Name)
+		}
 	}
 	data := map[string]string{KeyGangID: id, KeyMaster: master, KeyPeers: strings.Join(lines, "\n")}
 	if len(lines) > 0 {
 		data[KeyPeers] += "\n"
+	}
+	if len(finished) > 0 {
+		data[KeyFinished] = strings.Join(finished, "\n") + "\n"
 	}
 	if len(ex) > 0 {
 		data[KeyExcluded] = strings.Join(ex, "\n") + "\n"

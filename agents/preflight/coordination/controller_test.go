@@ -103,7 +103,7 @@ func TestExcludedPodsNotAwaited(t *testing.T) {
 		labels["job"], labels["job-size"] = "job1", "3"
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels,
 			Annotations: map[string]string{gang.AnnotationMethod: "labels", gang.AnnotationName: "job1", gang.AnnotationExcluded: reason}},
-			Status: corev1.PodStatus{PodIP: "10.0.0." + name[len(name)-1:]}}
+			Status: corev1.PodStatus{PodIP: "10.0.0." + name[len(name)-1:], InitContainerStatuses: []corev1.ContainerStatus{running}}}
 	}
 	kc := fake.NewClientset(pod("w1", map[string]string{gang.LabelGang: id}, ""), pod("w2", map[string]string{gang.LabelGang: id}, ""),
 		pod("launcher", map[string]string{gang.LabelExcluded: id}, "no GPUs"))
@@ -139,7 +139,8 @@ func TestMergePatchDeletesKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w1 := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w1", Namespace: "ns", UID: "uid-w1"}, Status: corev1.PodStatus{PodIP: "10.0.0.1"}}
+	w1 := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w1", Namespace: "ns", UID: "uid-w1"},
+		Status: corev1.PodStatus{PodIP: "10.0.0.1", InitContainerStatuses: []corev1.ContainerStatus{running}}}
 	want := Desired("ns", "g", []*corev1.Pod{w1}, nil, 1)
 	patch, err := mergePatch(cur.ResourceVersion, cur.Data, want)
 	if err != nil {
@@ -151,5 +152,100 @@ func TestMergePatchDeletesKeys(t *testing.T) {
 	}
 	if !maps.Equal(got.Data, want.Data) {
 		t.Fatalf("patched data %q, want %q", got.Data, want.Data)
+	}
+}
+
+// running is the status of a gang-wide check's container that runs.
+var running = corev1.ContainerStatus{Name: gang.AllreduceContainer,
+	State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Unix(200, 0)}}}
+
+// TestPeers: a gang pod is a peer once its gang-wide check's init
+// container runs, or ended successfully in the pod's current attempt
+// (then also listed as finished). Before, every pod with an IP was one:
+// a pod has its IP before its init containers run, so a peer still
+// pulling the check's image or running dcgm-diag was listed at once, the
+// others' gang wait ended and their torchrun timed out waiting for it.
+func TestPeers(t *testing.T) {
+	at := func(s int64) metav1.Time { return metav1.Unix(s, 0) }
+	term := func(name string, code int32, started, finished int64) corev1.ContainerStatus {
+		return corev1.ContainerStatus{Name: name, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+			ExitCode: code, StartedAt: at(started), FinishedAt: at(finished)}}}
+	}
+	run := func(name string, started int64) corev1.ContainerStatus {
+		return corev1.ContainerStatus{Name: name, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: at(started)}}}
+	}
+	wait := func(name, reason string) corev1.ContainerStatus {
+		return corev1.ContainerStatus{Name: name, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason}}}
+	}
+	const dcgm = "preflight-dcgm-diag"
+	always := corev1.ContainerRestartPolicyAlways
+	spec := corev1.PodSpec{InitContainers: []corev1.Container{{Name: "mesh-proxy", RestartPolicy: &always}, {Name: dcgm}, {Name: gang.AllreduceContainer}}}
+	restarted := wait(gang.AllreduceContainer, "CrashLoopBackOff")
+	restarted.RestartCount, restarted.LastTerminationState = 1, corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1}}
+	for _, tc := range []struct {
+		name           string
+		ip             string
+		statuses       []corev1.ContainerStatus
+		peer, finished bool
+	}{
+		{"an IP, no container status yet", "10.0.0.1", nil, false, false},
+		{"an IP, the check's image being pulled", "10.0.0.1",
+			[]corev1.ContainerStatus{run("mesh-proxy", 10), term(dcgm, 0, 10, 100), wait(gang.AllreduceContainer, "PodInitializing")}, false, false},
+		{"an IP, dcgm-diag running", "10.0.0.1",
+			[]corev1.ContainerStatus{run("mesh-proxy", 10), run(dcgm, 10), wait(gang.AllreduceContainer, "PodInitializing")}, false, false},
+		{"running", "10.0.0.1", []corev1.ContainerStatus{run("mesh-proxy", 10), term(dcgm, 0, 10, 100), run(gang.AllreduceContainer, 101)}, true, false},
+		{"running, no IP", "", []corev1.ContainerStatus{run(gang.AllreduceContainer, 101)}, false, false},
+		{"passed: finished", "10.0.0.1",
+			[]corev1.ContainerStatus{run("mesh-proxy", 10), term(dcgm, 0, 10, 100), term(gang.AllreduceContainer, 0, 101, 200)}, true, true},
+		{"failed: runs again or the pod fails", "10.0.0.1",
+			[]corev1.ContainerStatus{term(dcgm, 0, 10, 100), term(gang.AllreduceContainer, 1, 101, 200)}, false, false},
+		{"waiting to run again after a failure", "10.0.0.1", []corev1.ContainerStatus{term(dcgm, 0, 10, 100), restarted}, false, false},
+		{"running again after a failure", "10.0.0.1", []corev1.ContainerStatus{term(dcgm, 0, 10, 100), func() corev1.ContainerStatus {
+			s := run(gang.AllreduceContainer, 300)
+			s.RestartCount = 1
+			return s
+		}()}, true, false},
+		// The sandbox recreated: the init containers run again, the
+		// check's status is still the previous attempt's.
+		{"passed, dcgm-diag running again", "10.0.0.1",
+			[]corev1.ContainerStatus{run(dcgm, 500), term(gang.AllreduceContainer, 0, 101, 200)}, false, false},
+		{"passed, dcgm-diag ran again since", "10.0.0.1",
+			[]corev1.ContainerStatus{term(dcgm, 0, 500, 600), term(gang.AllreduceContainer, 0, 101, 200)}, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w0", UID: "uid-w0"}, Spec: spec,
+				Status: corev1.PodStatus{PodIP: tc.ip, InitContainerStatuses: tc.statuses}}
+			if peer, finished := peerState(p); peer != tc.peer || finished != tc.finished {
+				t.Errorf("peer %v finished %v, want %v %v", peer, finished, tc.peer, tc.finished)
+			}
+			cm := Desired("ns", "g", []*corev1.Pod{p}, nil, 1)
+			wantPeers, wantFinished := "", ""
+			if tc.peer {
+				wantPeers = "w0:" + tc.ip + "\n"
+			}
+			if tc.finished {
+				wantFinished = "w0\n"
+			}
+			if cm.Data[KeyPeers] != wantPeers || cm.Data[KeyFinished] != wantFinished || len(cm.OwnerReferences) != 1 {
+				t.Errorf("ConfigMap data %q owners %d, want peers %q finished %q", cm.Data, len(cm.OwnerReferences), wantPeers, wantFinished)
+			}
+		})
+	}
+}
+
+// TestPeersMaster: the master is the first peer by name among the pods
+// running the check or done with it, not among the pods with an IP: a
+// pod still in dcgm-diag is neither listed nor the master.
+func TestPeersMaster(t *testing.T) {
+	pod := func(name, ip string, st corev1.ContainerStatus) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name)},
+			Status: corev1.PodStatus{PodIP: ip, InitContainerStatuses: []corev1.ContainerStatus{st}}}
+	}
+	pulling := corev1.ContainerStatus{Name: gang.AllreduceContainer, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "PodInitializing"}}}
+	done := corev1.ContainerStatus{Name: gang.AllreduceContainer, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0}}}
+	cm := Desired("ns", "g", []*corev1.Pod{pod("w2", "10.0.0.3", done), pod("w0", "10.0.0.1", pulling), pod("w1", "10.0.0.2", running)}, nil, 3)
+	want := map[string]string{KeyGangID: "g", KeyExpected: "3", KeyMaster: "10.0.0.2", KeyPeers: "w1:10.0.0.2\nw2:10.0.0.3\n", KeyFinished: "w2\n"}
+	if !maps.Equal(cm.Data, want) || len(cm.OwnerReferences) != 3 {
+		t.Fatalf("ConfigMap data %q owners %d, want %q and 3 owners", cm.Data, len(cm.OwnerReferences), want)
 	}
 }

@@ -47,6 +47,11 @@ const (
 	AnnotationExcluded = "preflight.faultline.io/gang-excluded-reason"
 )
 
+// AllreduceContainer is the init container of the gang-wide check
+// (injection.ContainerPrefix + checks.NCCLAllreduce; injection's tests keep
+// them equal): the controller counts a gang pod as a peer once it runs.
+const AllreduceContainer = "preflight-nccl-allreduce"
+
 // ConfigMapPrefix starts every ConfigMap the controller keeps:
 // "preflight-<gangID>".
 const ConfigMapPrefix = "preflight-"

@@ -428,3 +428,13 @@ func TestGangLabelOnlyWithAllreduce(t *testing.T) {
 		})
 	}
 }
+
+// TestAllreduceContainerName: the gang controller finds the gang-wide
+// check's init container by gang.AllreduceContainer (it cannot import this
+// package): the name injected must be that one, or no pod would ever be a
+// peer.
+func TestAllreduceContainerName(t *testing.T) {
+	if got := ContainerPrefix + checks.NCCLAllreduce; got != gang.AllreduceContainer {
+		t.Fatalf("injected %q, the controller looks for %q", got, gang.AllreduceContainer)
+	}
+}

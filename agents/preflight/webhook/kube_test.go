@@ -561,9 +561,15 @@ func counter(t *testing.T, reg *prometheus.Registry, name, result string) float6
 	return 0
 }
 
+// setIP gives a pod its IP and its gang-wide check's init container (when
+// it has one) the running state that makes it a peer.
 func setIP(t *testing.T, k kubernetes.Interface, p *corev1.Pod, ip string) {
 	t.Helper()
-	patch := fmt.Sprintf(`{"status":{"podIP":%q,"podIPs":[{"ip":%q}],"phase":"Pending"}}`, ip, ip)
+	inits := "[]"
+	if c := container(p, gang.AllreduceContainer); c != nil {
+		inits = fmt.Sprintf(`[{"name":%q,"image":%q,"imageID":"","ready":false,"restartCount":0,"state":{"running":{"startedAt":"2026-01-01T00:00:00Z"}}}]`, c.Name, c.Image)
+	}
+	patch := fmt.Sprintf(`{"status":{"podIP":%q,"podIPs":[{"ip":%q}],"phase":"Pending","initContainerStatuses":%s}}`, ip, ip, inits)
 	_, err := k.CoreV1().Pods(p.Namespace).Patch(context.Background(), p.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
 	must(t, err)
 }
