@@ -2,9 +2,12 @@ package nic
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,8 +48,18 @@ type Check struct {
 	st    *persisted
 	fresh bool // no usable persisted state: the next poll is a first poll
 	// resumed: the next poll is this process's first, over state an
-	// earlier process of this boot persisted (counterEvents' across).
-	resumed   bool
+	// earlier process of this boot persisted (retireDisabled).
+	resumed bool
+	// downedRead are the ports whose link_downed this process has read:
+	// a port's first reading compares with an earlier process's snapshot
+	// (counterEvents' across), whichever poll it comes on — a port
+	// unreadable on the first poll is first read on a later one.
+	downedRead map[string]bool
+	// expected is how many devices the GPU metadata's nic_topology names
+	// (0 with nic_inclusion_regex_override): with some expected, no
+	// InfiniBand device at all is a poll error, not every known device
+	// lost (a sysfs_root or host /sys mount gone wrong).
+	expected  int
 	lastSaved []byte
 	nics      map[string]*NIC
 	names     []string
@@ -65,6 +78,10 @@ type Check struct {
 // the card's report can wait as long as NICPortDrop's hold (4 min).
 const cardHoldDown = 5 * time.Minute
 
+// ErrNoDevices is a poll's error when sysfs lists no InfiniBand device
+// (class/infiniband missing or empty) while the GPU metadata names some.
+var ErrNoDevices = errors.New("no InfiniBand device in class/infiniband")
+
 // Options are the collaborators of a Check.
 type Options struct {
 	// Logger (default slog.Default()).
@@ -75,8 +92,9 @@ type Options struct {
 
 // New builds the check: it loads the GPU metadata (a hard dependency: a
 // missing file, an empty nic_topology or no GPU NUMA information is an
-// error wrapping ErrMetadata), resolves the default route, reads the boot
-// id and loads the state file.
+// error wrapping ErrMetadata), refuses a sysfs root without class/,
+// resolves the default route, reads the boot id (unreadable or empty is an
+// error when a state file is configured) and loads the state file.
 func New(cfg Config, opt Options) (*Check, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -97,6 +115,12 @@ func New(cfg Config, opt Options) (*Check, error) {
 			return nil, err
 		}
 	}
+	// A sysfs_root without class/ is no sysfs (a path below one, such as
+	// <root>/class/infiniband, or the host /sys not mounted): every poll
+	// would find no device, and every known one "disappeared".
+	if fi, err := os.Stat(filepath.Join(cfg.SysfsRoot, "class")); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("nic.sysfs_root: %s has no class/ directory: not a sysfs mount (want the directory holding class/infiniband, e.g. /sys)", cfg.SysfsRoot)
+	}
 	r, err := newSysReader(cfg.SysfsRoot, log)
 	if err != nil {
 		return nil, err
@@ -109,7 +133,11 @@ func New(cfg Config, opt Options) (*Check, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}, below: map[string]time.Time{}}
+	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}, below: map[string]time.Time{},
+		downedRead: map[string]bool{}}
+	if md != nil {
+		c.expected = len(md.NICTopology)
+	}
 	for _, n := range cfg.Checks {
 		if !slices.Contains(AllChecks, n) {
 			log.Warn("unknown NIC sub-check skipped", "name", n)
@@ -117,9 +145,13 @@ func New(cfg Config, opt Options) (*Check, error) {
 		}
 		c.enabled[n] = true
 	}
-	c.bootID = readBootID(cfg.BootIDPath)
-	if c.bootID == "" {
-		log.Warn("boot id unreadable: reboots cannot be told from restarts", "path", cfg.BootIDPath)
+	// With a state file, the boot id is what tells a reboot (state
+	// discarded, baselines sent) from a restart (state reused): without
+	// it a reboot would reuse the last boot's state — stale faults never
+	// cleared, no baselines, card flags carried over. Refused, naming the
+	// key, rather than run on state that cannot be trusted.
+	if c.bootID, err = readBootID(cfg.BootIDPath); err != nil && cfg.StateFile != "" {
+		return nil, fmt.Errorf("nic.boot_id_path: %w (needed with nic.state_file to tell a reboot from a restart; set state_file to \"\" to run without persisted state)", err)
 	}
 	var (
 		reason string
@@ -170,6 +202,12 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 	if err != nil {
 		return nil, nil, err
 	}
+	if len(names) == 0 && c.expected > 0 {
+		// Not every device lost at once (a fatal REPLACE_VM for each
+		// known one): sysfs_root is not the host's sysfs, or the host
+		// /sys mount is missing. The poll fails; the state is kept.
+		return nil, nil, fmt.Errorf("%w: nic_topology names %d devices (check nic.sysfs_root and the host /sys mount)", ErrNoDevices, c.expected)
+	}
 	// Discovery only for devices not seen before; the rest read the hot path.
 	present := make(map[string]bool, len(names))
 	for _, n := range names {
@@ -210,6 +248,10 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		out = append(out, ev)
 	}
 
+	if c.resumed {
+		c.retireDisabled(emit)
+	}
+
 	// Device disappearance and reappearance (§7). inherited are the ports
 	// of a device under its new name (renamed, bonded) that were last
 	// reported unhealthy under the old one.
@@ -218,6 +260,13 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		ll := c.st.KnownDevices[name]
 		gone := slices.Contains(c.st.Disappeared, name)
 		nic, ok := c.nics[name]
+		if !ok && present[name] {
+			// Listed but not readable yet (ports/ not there: a driver
+			// reload or hot-plug window): unreadable, not gone — as a
+			// port that cannot be read is no transition.
+			c.log.Debug("known NIC listed but not readable yet", "device", name)
+			continue
+		}
 		to, how, why := "", "", ""
 		if !ok {
 			if to = c.renamedTo(name); to != "" {
@@ -265,7 +314,9 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			// the node stayed quarantined for a device it does not watch.
 			delete(c.st.KnownDevices, name)
 			delete(c.st.KnownPCI, name)
-			c.retirePorts(name, fmt.Sprintf("device no longer monitored (%s: %s)", nic.Role, nic.Reason), emit)
+			why := fmt.Sprintf("device no longer monitored (%s: %s)", nic.Role, nic.Reason)
+			c.retirePorts(name, why, emit)
+			c.retireCards(name, why, emit)
 			if gone {
 				c.st.Disappeared = slices.DeleteFunc(c.st.Disappeared, func(s string) bool { return s == name })
 				c.log.Info("NIC present again, no longer monitored", "device", name, "role", nic.Role, "reason", nic.Reason)
@@ -297,6 +348,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 				emit(ev)
 			}
 		}
+		c.unmonitoredBaselines(emit)
 	}
 	for _, n := range c.nics {
 		if n.Monitored {
@@ -411,8 +463,11 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			}
 			if c.degrOn(p.LinkLayer) {
 				up, _, _ := evaluate(p)
-				for _, ev := range counterEvents(p, ps, up == levelHealthy, len(ps.Counters) == 0, c.resumed) {
+				for _, ev := range counterEvents(p, ps, up == levelHealthy, len(ps.Counters) == 0, !c.downedRead[key]) {
 					emit(ev)
+				}
+				if _, ok := p.Counters[CounterLinkDowned]; ok {
+					c.downedRead[key] = true
 				}
 				// A counter unreadable this poll keeps its last reading, so
 				// that an increase across the failed read is still seen.
@@ -484,6 +539,125 @@ func (c *Check) bondedInto(name string) string {
 		}
 	}
 	return ""
+}
+
+// retireCards clears the card faults naming a device that will never be
+// reported again (no longer monitored): the card's recovery is checked
+// only over monitored devices, so nothing else would ever lift it. The
+// healthy event names what the fault named.
+func (c *Check) retireCards(dev, why string, emit func(*datamodels.HealthEvent)) {
+	for _, addr := range slices.Sorted(maps.Keys(c.st.AnomalousCards)) {
+		f := c.st.AnomalousCards[addr]
+		if !slices.Contains(f.Devices, dev) {
+			continue
+		}
+		delete(c.st.AnomalousCards, addr)
+		c.log.Info("card fault cleared", "card", addr, "device", dev, "reason", why)
+		emit(retiredCardEvent(addr, f, fmt.Sprintf("%s %s", dev, why)))
+	}
+}
+
+// unmonitoredBaselines sends, on a first poll without usable state, the
+// healthy events of the faults an earlier boot may have raised for a
+// device no longer monitored (excluded or reclassified since): its
+// [NIC=<name>], its ports' (both checks) and its card's, each subset of
+// the card's devices that holds it (cardBaselineSets). Its state is gone
+// with the reboot, and nothing else would ever lift them. VFs are skipped:
+// never monitored, so never reported.
+func (c *Check) unmonitoredBaselines(emit func(*datamodels.HealthEvent)) {
+	byCard := map[string][]string{}
+	for _, name := range slices.Sorted(maps.Keys(c.nics)) {
+		if n := c.nics[name]; n.Role != RoleVF && n.Card != "" {
+			byCard[n.Card] = append(byCard[n.Card], name)
+		}
+	}
+	baseline := func(ev *datamodels.HealthEvent) {
+		if ev.Metadata == nil {
+			ev.Metadata = map[string]string{}
+		}
+		ev.Metadata["baseline"] = "first_poll"
+		emit(ev)
+	}
+	cardsDone := map[string]bool{}
+	for _, name := range slices.Sorted(maps.Keys(c.nics)) {
+		n := c.nics[name]
+		if n.Monitored || n.Role == RoleVF {
+			continue
+		}
+		why := fmt.Sprintf("device not monitored (%s: %s)", n.Role, n.Reason)
+		if c.stateOn(n.LinkLayer) {
+			ev := deviceEvent(name, n.LinkLayer, true)
+			ev.Message = fmt.Sprintf("NIC %s present in /sys/class/infiniband/, %s (healthy baseline of a first poll)", name, why)
+			baseline(ev)
+		}
+		for _, p := range n.Ports {
+			if c.stateOn(p.LinkLayer) {
+				baseline(retiredEvent(name, p.Port, p.LinkLayer, why, false))
+			}
+			if c.degrOn(p.LinkLayer) {
+				baseline(retiredEvent(name, p.Port, p.LinkLayer, why, true))
+			}
+		}
+		if n.Card == "" || cardsDone[n.Card] || !c.stateOn(n.LinkLayer) {
+			continue
+		}
+		cardsDone[n.Card] = true
+		for _, devs := range cardBaselineSets(byCard[n.Card]) {
+			if !slices.ContainsFunc(devs, func(d string) bool { return !c.nics[d].Monitored }) {
+				continue // a monitored card's own baseline
+			}
+			f := &cardFlag{Role: n.Role, Devices: devs, LinkLayer: n.LinkLayer}
+			baseline(retiredCardEvent(n.Card, f, why+" (healthy baseline of a first poll)"))
+		}
+	}
+}
+
+// retireDisabled clears, on a process's first poll over persisted state,
+// the faults of sub-checks the agent no longer runs (removed from
+// nic.checks): nothing of that check will ever come again to lift them.
+// Each gets a healthy event of its check and entities; the state forgets
+// them, so a check enabled again starts from a first observation.
+func (c *Check) retireDisabled(emit func(*datamodels.HealthEvent)) {
+	for _, key := range slices.Sorted(maps.Keys(c.st.Ports)) {
+		ps := c.st.Ports[key]
+		i := strings.LastIndexByte(key, '/')
+		port, err := strconv.ParseUint(key[i+1:], 10, 32)
+		if i < 0 || err != nil {
+			continue
+		}
+		dev := key[:i]
+		if !c.stateOn(ps.LinkLayer) && ps.Level != "" {
+			if ps.Level != levelHealthy {
+				emit(retiredEvent(dev, uint(port), ps.LinkLayer, checkName(ps.LinkLayer, false)+" disabled", false))
+			}
+			ps.State, ps.PhysState, ps.Level = "", "", ""
+		}
+		if !c.degrOn(ps.LinkLayer) && len(ps.Counters)+len(ps.Breached) > 0 {
+			if len(ps.Breached) > 0 {
+				emit(retiredEvent(dev, uint(port), ps.LinkLayer, checkName(ps.LinkLayer, true)+" disabled", true))
+			}
+			ps.Counters, ps.Breached = nil, nil
+		}
+		if ps.Level == "" && len(ps.Counters) == 0 {
+			delete(c.st.Ports, key)
+		}
+	}
+	for _, addr := range slices.Sorted(maps.Keys(c.st.AnomalousCards)) {
+		if f := c.st.AnomalousCards[addr]; !c.stateOn(f.LinkLayer) {
+			delete(c.st.AnomalousCards, addr)
+			emit(retiredCardEvent(addr, f, checkName(f.LinkLayer, false)+" disabled"))
+		}
+	}
+	c.st.Disappeared = slices.DeleteFunc(c.st.Disappeared, func(name string) bool {
+		ll := c.st.KnownDevices[name]
+		if c.stateOn(ll) {
+			return false
+		}
+		ev := deviceEvent(name, ll, true)
+		ev.Message = fmt.Sprintf("NIC %s: disappearance cleared, %s disabled", name, checkName(ll, false))
+		emit(ev)
+		return true
+	})
 }
 
 // stateOn reports whether the state check of a link layer is enabled.
@@ -825,6 +999,21 @@ func cardBaselineSets(devs []string) [][]string {
 		out = append(out, sub)
 	}
 	return out
+}
+
+// retiredCardEvent clears a card fault that nothing else will (the
+// device it names no longer monitored, the state check disabled), naming
+// the entities the fault named.
+func retiredCardEvent(addr string, f *cardFlag, why string) *datamodels.HealthEvent {
+	ents := []*datamodels.Entity{{EntityType: events.EntityPCI, EntityValue: addr}}
+	for _, d := range f.Devices {
+		ents = append(ents, &datamodels.Entity{EntityType: events.EntityNIC, EntityValue: d})
+	}
+	md := map[string]string{"role": string(f.Role)}
+	if f.Expected > 0 {
+		md["expected"] = strconv.Itoa(f.Expected)
+	}
+	return newEvent(checkName(f.LinkLayer, false), fmt.Sprintf("Card %s (%s): cleared, %s", addr, f.Role, why), false, true, ents, md)
 }
 
 func cardEvent(cd *card, mode int, back bool) *datamodels.HealthEvent {

@@ -47,7 +47,7 @@ type Config struct {
 	// SysfsRoot is the sysfs mount point (default "/sys"; in the DaemonSet
 	// the host's /sys bind-mounted at e.g. "/nvsentinel/sys"). The design's
 	// sysClassInfinibandPath and sysClassNetPath are SysfsRoot/class/infiniband
-	// and SysfsRoot/class/net.
+	// and SysfsRoot/class/net. A root without class/ is refused by New.
 	SysfsRoot string `toml:"sysfs_root"`
 	// MetadataPath is the GPU metadata file written by
 	// `faultline-agent topology collect` (default
@@ -58,7 +58,8 @@ type Config struct {
 	// "/var/run/nic_health_monitor/state.json"); "" disables persistence.
 	StateFile string `toml:"state_file"`
 	// BootIDPath is the kernel boot id file (default
-	// "/proc/sys/kernel/random/boot_id").
+	// "/proc/sys/kernel/random/boot_id"); with StateFile set, New refuses
+	// one that is unreadable or empty.
 	BootIDPath string `toml:"boot_id_path"`
 	// ProcNetRoute is the host's /proc/net/route (default "/proc/net/route");
 	// unreadable means no default-route exclusion.

@@ -145,10 +145,16 @@ func (p *persisted) save(path string, last *[]byte) error {
 	return nil
 }
 
-func readBootID(path string) string {
+// readBootID returns the boot id; an unreadable or empty file is an
+// error ("" then).
+func readBootID(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return ""
+		return "", fmt.Errorf("boot id unreadable: %w", err)
 	}
-	return strings.TrimSpace(string(b))
+	id := strings.TrimSpace(string(b))
+	if id == "" {
+		return "", fmt.Errorf("boot id %s is empty", path)
+	}
+	return id, nil
 }

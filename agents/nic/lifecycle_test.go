@@ -1,0 +1,194 @@
+package nic
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/faultline/faultline/agents/nic/nictest"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+func quiet() Options { return Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))} }
+
+// TestSysfsRootNotSysfs: a sysfs_root that is no sysfs (the class
+// directory itself, a host /sys mount missing from the pod) is refused at
+// start, naming the key; and class/infiniband missing or empty while the
+// GPU metadata names NICs is a poll error, not every known device
+// "disappeared – hardware failure" (a REPLACE_VM on a healthy node).
+func TestSysfsRootNotSysfs(t *testing.T) {
+	e := setup(t, small())
+	poll(t, e.check())
+	for _, root := range []string{filepath.Join(e.tree.Root, "class", "infiniband"), t.TempDir(), filepath.Join(e.dir, "absent")} {
+		cfg := e.cfg
+		cfg.SysfsRoot = root
+		if _, err := New(cfg, quiet()); err == nil || !strings.Contains(err.Error(), "nic.sysfs_root") {
+			t.Errorf("sysfs_root %s: err %v, want one naming nic.sysfs_root", root, err)
+		}
+	}
+	running := e.check()
+	poll(t, running)
+	ib := filepath.Join(e.tree.Root, "class", "infiniband")
+	hidden := filepath.Join(e.dir, "ib-hidden")
+	must(t, os.Rename(ib, hidden))
+	for _, empty := range []bool{false, true} {
+		if empty {
+			must(t, os.Mkdir(ib, 0o755))
+		}
+		restarted, err := New(e.cfg, quiet())
+		must(t, err)
+		for _, c := range []*Check{running, restarted} {
+			evs, err := c.Check(t.Context())
+			if !errors.Is(err, ErrNoDevices) || len(evs) > 0 {
+				t.Errorf("empty=%v: err %v, events %q; want ErrNoDevices and none", empty, err, briefs(evs))
+			}
+			must(t, c.Commit())
+		}
+	}
+	must(t, os.Remove(ib))
+	must(t, os.Rename(hidden, ib))
+	wantEvents(t, "back, running", poll(t, running), nil)
+	wantEvents(t, "back, restarted", poll(t, e.check()), nil)
+}
+
+// allEvents is one poll's events, baselines included.
+func allEvents(t *testing.T, c *Check) []*datamodels.HealthEvent {
+	t.Helper()
+	evs, err := c.Check(t.Context())
+	must(t, err)
+	must(t, c.Commit())
+	return evs
+}
+
+// clears reports whether evs hold a healthy event of fault's check and
+// entities (what lifts it in the quarantine).
+func clears(evs []*datamodels.HealthEvent, fault *datamodels.HealthEvent) bool {
+	return slices.ContainsFunc(evs, func(ev *datamodels.HealthEvent) bool {
+		return ev.GetIsHealthy() && ev.GetCheckName() == fault.GetCheckName() && events.EntityKey(ev) == events.EntityKey(fault)
+	})
+}
+
+// TestUnmonitoredCardFaultCleared: a card fault whose device the agent
+// no longer monitors (excluded by the config it restarted with) is lifted
+// under the entities it named — after a restart from the state, after a
+// reboot by a first poll's baseline — as the card's own recovery is
+// checked only over monitored devices.
+func TestUnmonitoredCardFaultCleared(t *testing.T) {
+	for _, reboot := range []bool{false, true} {
+		t.Run(map[bool]string{false: "restart", true: "reboot"}[reboot], func(t *testing.T) {
+			e := setup(t, small())
+			must(t, e.tree.SetPort("mlx5_3", 1, nictest.Down, nictest.Disabled))
+			fault := only(t, "boot", pollEvents(t, e.check()), isCard)
+			if !fault.GetIsFatal() {
+				t.Fatalf("boot: %s", brief(fault))
+			}
+			e.cfg.ExclusionRegex = "^mlx5_3$"
+			if reboot {
+				e.setBootID("boot-2")
+			}
+			c := e.check()
+			if evs := allEvents(t, c); !clears(evs, fault) {
+				t.Errorf("card fault [%s] not cleared: %q", events.EntityKey(fault), briefs(evs))
+			}
+			wantEvents(t, "steady", poll(t, c), nil)
+		})
+	}
+}
+
+// TestDisabledSubCheckFaultsCleared: the faults of a sub-check the agent
+// restarted without (nic.checks) get healthy events of their check and
+// entities: nothing of that check would ever come to lift them.
+func TestDisabledSubCheckFaultsCleared(t *testing.T) {
+	e := setup(t, small())
+	c := e.check()
+	poll(t, c)
+	must(t, e.tree.SetPort("mlx5_4", 1, nictest.Down, nictest.Disabled))
+	must(t, e.tree.SetOperState("eth4", "down"))
+	must(t, e.tree.SetCounter("mlx5_0", 1, CounterLinkDowned, 1))
+	evs := pollEvents(t, c)
+	state := only(t, "down", evs, isPortOf("mlx5_4"))
+	degr := only(t, "flap", evs, isPortOf("mlx5_0"))
+	if !state.GetIsFatal() || !degr.GetIsFatal() {
+		t.Fatalf("faults: %q", briefs(evs))
+	}
+	e.cfg.Checks = []string{InfiniBandStateCheck, EthernetDegradationCheck}
+	c = e.check()
+	evs = pollEvents(t, c)
+	for _, f := range []*datamodels.HealthEvent{state, degr} {
+		if !clears(evs, f) {
+			t.Errorf("%s [%s] not cleared: %q", f.GetCheckName(), events.EntityKey(f), briefs(evs))
+		}
+	}
+	wantEvents(t, "steady", poll(t, c), nil)
+}
+
+// TestCounterAcrossRestartOnLaterPoll: a port first read on a later poll
+// of a restarted process (unreadable on its first) compares with the
+// earlier process's snapshot: an increase while no agent ran is one down
+// ("delta" 1, the increase in "delta_total"), not a flap of 3.
+func TestCounterAcrossRestartOnLaterPoll(t *testing.T) {
+	e := setup(t, small())
+	poll(t, e.check())
+	must(t, e.tree.SetCounter("mlx5_0", 1, CounterLinkDowned, 3))
+	restore := unreadable(t, filepath.Join(e.tree.PortDir("mlx5_0", 1), "state"))
+	c := e.check()
+	wantEvents(t, "unreadable", poll(t, c), nil)
+	restore(nictest.Active)
+	evs := pollEvents(t, c)
+	f := only(t, "readable", evs, isDegradation("mlx5_0"))
+	if md := f.GetMetadata(); md["delta"] != "1" || md["delta_total"] != "3" {
+		t.Errorf("%s: delta %q, delta_total %q; want 1, 3", brief(f), md["delta"], md["delta_total"])
+	}
+}
+
+// TestKnownDeviceWithoutPortsYet: a known device listed but not readable
+// at a restart (ports/ not there yet: a driver reload or hot-plug window)
+// is unreadable, not disappeared: no fatal, and no "present again" later.
+func TestKnownDeviceWithoutPortsYet(t *testing.T) {
+	e := setup(t, small())
+	poll(t, e.check())
+	ports := filepath.Join(e.tree.Root, "class/infiniband/mlx5_2/ports")
+	hidden := filepath.Join(e.dir, "ports-mlx5_2")
+	must(t, os.Rename(ports, hidden))
+	must(t, os.Mkdir(ports, 0o755))
+	c := e.check()
+	wantEvents(t, "no ports yet", poll(t, c), nil)
+	must(t, os.Remove(ports))
+	must(t, os.Rename(hidden, ports))
+	wantEvents(t, "ports added", poll(t, c), nil)
+	must(t, e.tree.Remove("mlx5_2"))
+	wantEvents(t, "removed", poll(t, c), []string{"F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"})
+}
+
+// TestBootIDRequiredWithStateFile: with a state file, a boot id that
+// cannot be read (or is empty) is refused at start, naming the key — an
+// empty id matching the saved empty id would take a reboot for a restart;
+// without a state file it is not needed.
+func TestBootIDRequiredWithStateFile(t *testing.T) {
+	e := setup(t, small())
+	for _, tc := range []struct {
+		name string
+		id   func()
+	}{
+		{"missing", func() { e.cfg.BootIDPath = filepath.Join(e.dir, "absent") }},
+		{"empty", func() { e.setBootID("") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.id()
+			if _, err := New(e.cfg, quiet()); err == nil || !strings.Contains(err.Error(), "nic.boot_id_path") {
+				t.Errorf("err %v, want one naming nic.boot_id_path", err)
+			}
+			cfg := e.cfg
+			cfg.StateFile = ""
+			if _, err := New(cfg, quiet()); err != nil {
+				t.Errorf("without a state file: %v", err)
+			}
+		})
+	}
+}
