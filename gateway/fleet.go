@@ -51,8 +51,9 @@ func (s *Server) fleetRoutes(mux *http.ServeMux) {
 		h.Set("Cache-Control", "no-cache")
 		files.ServeHTTP(w, r)
 	})
-	// The summary; with limit (and state, pageToken) also that page of
-	// nodes: the fleet view's first render in one request.
+	// The summary; with limit, state or pageToken also that page of nodes
+	// (limit by default DefaultLimit, as /v1/fleet/nodes): the fleet view's
+	// first render in one request.
 	mux.HandleFunc("GET /v1/fleet/summary", s.fleetRead(false, func(ctx context.Context, c Caller, r *http.Request) (any, error) {
 		if err := onlyParams(r, "since", "until", "limit", "state", "pageToken"); err != nil {
 			return nil, err
@@ -62,7 +63,9 @@ func (s *Server) fleetRoutes(mux *http.ServeMux) {
 			return nil, err
 		}
 		var page *fleet.NodesQuery
-		if r.URL.Query().Has("limit") {
+		// Any of them asks for the page: a state or pageToken without limit
+		// was neither checked nor applied (200 with the summary alone).
+		if q := r.URL.Query(); q.Has("limit") || q.Has("state") || q.Has("pageToken") {
 			q, err := nodesQuery(r)
 			if err != nil {
 				return nil, err

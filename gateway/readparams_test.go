@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,18 @@ import (
 // fakeFleet answers every fleet read with an empty page.
 type fakeFleet struct{}
 
-func (fakeFleet) Summary(context.Context, string, fleet.Range, *fleet.NodesQuery) (*fleet.Summary, error) {
+// Summary refuses a page's state and pageToken as fleet.Service does (a
+// state not listed, a token other than "x", this fake's only one).
+func (fakeFleet) Summary(_ context.Context, _ string, _ fleet.Range, page *fleet.NodesQuery) (*fleet.Summary, error) {
+	if page != nil {
+		if page.State != "" && (page.State == fleet.StateHealthy || !slices.Contains(fleet.States, page.State)) {
+			return nil, badParam("state: not a listed state")
+		}
+		if page.PageToken != "" && page.PageToken != "x" {
+			return nil, badParam("pageToken: not a token this server issued")
+		}
+		return &fleet.Summary{Page: &fleet.NodesPage{}}, nil
+	}
 	return &fleet.Summary{}, nil
 }
 
@@ -94,6 +106,9 @@ func TestReadsRefuseUnknownParameters(t *testing.T) {
 		"/v1/fleet/summary?since=2026-03-02T10:00:00Z&since=2026-03-01T10:00:00Z": "since",
 		"/v1/fleet/nodes/gpu-node-1?since=2026-03-02T10:00:00Z":                   "since",
 		"/v1/fleet/analytics?q=xid_bursts":                                        "q",
+		// Checked without limit too: they answered 200, unfiltered.
+		"/v1/fleet/summary?state=bogus":       "state",
+		"/v1/fleet/summary?pageToken=garbage": "pageToken",
 	} {
 		code, msg := get(path)
 		if code != http.StatusBadRequest || !strings.HasPrefix(msg, name+":") {
@@ -111,6 +126,14 @@ func TestReadsRefuseUnknownParameters(t *testing.T) {
 		if code, msg := get(path); code != http.StatusOK {
 			t.Errorf("GET %s: %d %q, want 200", path, code, msg)
 		}
+	}
+	// state alone filters the summary's page (of the default limit).
+	req := httptest.NewRequest(http.MethodGet, "/v1/fleet/summary?state=held", nil)
+	req.Header.Set("Authorization", "Bearer test-token-of-alpha-0001")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `"page"`) {
+		t.Errorf("GET /v1/fleet/summary?state=held: %d %s, want 200 with the page", rec.Code, rec.Body)
 	}
 	if hist.lastReq.GetNode() != "gpu-node-1" || !hist.lastReq.GetFatalOnly() || hist.lastReq.GetLimit() != 10 {
 		t.Errorf("the parameters a read takes still reach it: %v", hist.lastReq)

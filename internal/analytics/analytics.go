@@ -220,6 +220,7 @@ func (q Query) Args(values map[string]string, now time.Time) ([]any, error) {
 	}
 	args := make([]any, 0, len(q.Params))
 	times := map[string]time.Time{}
+	secs := map[string]uint64{}
 	for _, p := range q.Params {
 		s, ok := values[p.Name]
 		if !ok {
@@ -231,12 +232,28 @@ func (q Query) Args(values map[string]string, now time.Time) ([]any, error) {
 		}
 		args = append(args, ch.Named(p.Name, v))
 		times[p.Name], _ = v.(time.Time)
+		if n, ok := v.(uint64); ok {
+			secs[p.Name] = n
+		}
 	}
 	if since, until := times["since"], times["until"]; !since.IsZero() && !until.IsZero() && until.Before(since) {
 		return nil, fmt.Errorf("param until (%s) is before since (%s)", until.Format(time.RFC3339), since.Format(time.RFC3339))
 	}
+	// @until - @window: ClickHouse 18.16 computes a DateTime less a UInt64
+	// modulo 2^32, so a window reaching before 1970 wrapped to a time in
+	// the future and the query answered for an empty window (200, no rows).
+	for _, m := range minusRE.FindAllStringSubmatch(q.SQL, -1) {
+		t, d := times[m[1]], secs[m[2]]
+		if _, ok := secs[m[2]]; ok && !t.IsZero() && d > uint64(t.Unix()) {
+			return nil, fmt.Errorf("param %s (UInt64): %d seconds before %s (%s) is before 1970-01-01, the earliest a DateTime holds: at most %d",
+				m[2], d, m[1], t.Format(time.RFC3339), t.Unix())
+		}
+	}
 	return args, nil
 }
+
+// minusRE finds a parameter subtracted from another (@until - @window).
+var minusRE = regexp.MustCompile(`@([a-z_][a-z0-9_]*)\s*-\s*@([a-z_][a-z0-9_]*)`)
 
 // Result is a query's answer.
 type Result struct {

@@ -197,6 +197,43 @@ func TestArgs(t *testing.T) {
 	}
 }
 
+// TestArgsWindowBefore1970: @until - @window with a window reaching before
+// 1970 wrapped modulo 2^32 on ClickHouse 18.16 (window=1800000000, "the
+// last ~57 years", answered 0 rows); it is refused, naming the parameter.
+func TestArgsWindowBefore1970(t *testing.T) {
+	qs, err := analytics.Builtin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		query   string
+		params  analytics.Params
+		wantErr string
+	}{
+		{"link_down_window", analytics.Params{}, ""},
+		{"link_down_window", analytics.Params{"window": "1796601600"}, ""}, // back to 1970-01-01 exactly
+		{"link_down_window", analytics.Params{"window": "1796601601"}, "param window (UInt64): 1796601601 seconds before until"},
+		{"link_down_window", analytics.Params{"window": "1800000000"}, "param window (UInt64)"},
+		{"link_down_window", analytics.Params{"window": "5000000000"}, "param window (UInt64)"},
+		{"link_down_window", analytics.Params{"window": "600", "until": "1970-01-01"}, "param window (UInt64)"},
+		{"xid_bursts", analytics.Params{"window": "1800000000"}, "param window (UInt64)"},
+		{"xid_bursts", analytics.Params{"window": "86400"}, ""},
+		{"conformance_groups", analytics.Params{"staleness": "1800000000"}, "param staleness (UInt64)"},
+		{"conformance_groups", analytics.Params{"staleness": "46800"}, ""},
+	}
+	for _, tt := range tests {
+		q, ok := qs[tt.query]
+		if !ok {
+			t.Fatalf("no query %s", tt.query)
+		}
+		_, err := q.Args(tt.params, now)
+		if (err == nil) != (tt.wantErr == "") || (err != nil && !bytes.Contains([]byte(err.Error()), []byte(tt.wantErr))) {
+			t.Errorf("%s Args(%v) = %v, want error containing %q", tt.query, tt.params, err, tt.wantErr)
+		}
+	}
+}
+
 // seedConformance writes NodeConformance reports through the conformance
 // role's handler and conformance actions through the store, on 2025-10-08
 // (after the other queries' week): alpha n1-n3 on fingerprint A, n4 on B

@@ -186,7 +186,9 @@ func pageLimit(n int32) (int, error) {
 // merges them). Whichever copy was read first was kept before: a page
 // listed the newer copy and the next page, whose cursor had dropped it, the
 // older. A page's cursor and until only drop copies no older than the
-// copy a page listed, so a listing shows each id once.
+// copy a page listed, and a page read in a window (inWindows) leaves out
+// the ids with a copy before it (firstCopies), so a listing shows each id
+// once.
 func newestFirst(sel string, n int) string {
 	return "SELECT * FROM (" + sel + " ORDER BY id, ts, ts_ms LIMIT 1 BY id) ORDER BY ts DESC, ts_ms DESC, id DESC LIMIT " + strconv.Itoa(n)
 }
@@ -263,27 +265,102 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 	if err := checkFilters(req.GetNode(), req.GetCheck(), req.GetEntity(), req.GetSince(), req.GetUntil()); err != nil {
 		return nil, err
 	}
-	var w where
-	w.add("cluster = ?", cluster)
+	var filters where
+	filters.add("cluster = ?", cluster)
 	if req.GetNode() != "" {
-		w.add("node = ?", req.GetNode())
+		filters.add("node = ?", req.GetNode())
 	}
 	if req.GetCheck() != "" {
-		w.add("check = ?", req.GetCheck())
+		filters.add("check = ?", req.GetCheck())
 	}
 	if req.GetEntity() != "" {
-		w.add("has(entities.value, ?)", req.GetEntity())
+		filters.add("has(entities.value, ?)", req.GetEntity())
 	}
 	if req.GetFatalOnly() {
-		w.add("is_fatal = 1")
+		filters.add("is_fatal = 1")
 	}
-	w.timeBounds(req.GetSince(), req.GetUntil(), cur)
 	spans := windowSpans
 	if req.GetNode() != "" {
 		spans = nodeWindowSpans
 	}
-	lows := windows(newest(req.GetUntil(), cur), req.GetSince(), spans)
-	return inWindows(w, lows, func(w where) (*faultlinev1.ListEventsResponse, bool, error) { return h.eventPage(ctx, w, limit) })
+	// A page whose every event is listed later, at its earliest copy
+	// (firstCopies), goes on from its token: a page holds at least one
+	// event unless none are left. The cursor only moves down, so this ends.
+	for {
+		w := filters.clone()
+		w.timeBounds(req.GetSince(), req.GetUntil(), cur)
+		lows := windows(newest(req.GetUntil(), cur), req.GetSince(), spans)
+		resp, err := inWindows(w, lows, func(ww where, lo time.Time) (*faultlinev1.ListEventsResponse, bool, error) {
+			resp, full, err := h.eventPage(ctx, ww, limit)
+			if err != nil || !full || lo.IsZero() {
+				return resp, full, err
+			}
+			resp.Events, err = h.firstCopies(ctx, w, lo, resp.Events)
+			return resp, full, err
+		})
+		if err != nil || len(resp.Events) > 0 || resp.NextPageToken == "" {
+			return resp, err
+		}
+		if cur, err = parseToken(resp.NextPageToken); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// firstCopies drops from evs, a page read in the window from lo, the
+// events with a copy matching w before the window: the page's
+// deduplication only saw the copies inside it, so it listed a later copy
+// of those, and a later page (whose window reaches further back) would
+// list the earliest again. Dropped, each is listed once, at its earliest
+// copy, on a later page (the page's token stays after the last event
+// read, and the earliest copy is older than every event of this page).
+//
+// The copies are looked for among the page's nodes and checks (the
+// copies of a resent event share them; the table is ordered by cluster,
+// node, check first), in the resendHorizon before the window: the parts
+// received before that are skipped, as the window skips them.
+func (h *ClickHouse) firstCopies(ctx context.Context, w where, lo time.Time, evs []*datamodels.HealthEvent) ([]*datamodels.HealthEvent, error) {
+	var nodes, checks, ids []any
+	seenNode, seenCheck := map[string]bool{}, map[string]bool{}
+	for _, ev := range evs {
+		if !seenNode[ev.NodeName] {
+			seenNode[ev.NodeName] = true
+			nodes = append(nodes, ev.NodeName)
+		}
+		if !seenCheck[ev.CheckName] {
+			seenCheck[ev.CheckName] = true
+			checks = append(checks, ev.CheckName)
+		}
+		ids = append(ids, ev.Id)
+	}
+	if len(ids) == 0 {
+		return evs, nil
+	}
+	ww := w.clone()
+	ww.notBefore(lo.Add(-resendHorizon))
+	// The window is ts >= lo in whole seconds (notBefore).
+	ww.add("node IN ? AND check IN ? AND id IN ? AND ts < ?",
+		ch.GroupSet{Value: nodes}, ch.GroupSet{Value: checks}, ch.GroupSet{Value: ids}, lo.UTC().Truncate(time.Second))
+	rows, err := h.conn.Query(queryContext(ctx), "SELECT DISTINCT id FROM events WHERE "+ww.sql(), ww.args...)
+	if err != nil {
+		return nil, h.unavailable(ctx, "list events", err)
+	}
+	defer rows.Close()
+	older := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, h.unavailable(ctx, "list events", fmt.Errorf("scan id: %w", err))
+		}
+		older[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, h.unavailable(ctx, "list events", err)
+	}
+	if len(older) == 0 {
+		return evs, nil
+	}
+	return slices.DeleteFunc(evs, func(ev *datamodels.HealthEvent) bool { return older[ev.Id] }), nil
 }
 
 // windowSpans: a listing without a node (events or actions) would read
@@ -308,16 +385,17 @@ var windowSpans = []time.Duration{time.Hour, 24 * time.Hour, 7 * 24 * time.Hour,
 var nodeWindowSpans = []time.Duration{24 * time.Hour}
 
 // inWindows returns the first full page that page reads with each lower
-// bound of lows added to w, else the page of the whole range.
-func inWindows[R any](w where, lows []time.Time, page func(where) (R, bool, error)) (R, error) {
+// bound of lows added to w, else the page of the whole range. page is
+// given the lower bound (zero for the whole range).
+func inWindows[R any](w where, lows []time.Time, page func(w where, lo time.Time) (R, bool, error)) (R, error) {
 	for _, lo := range lows {
 		ww := w.clone()
 		ww.notBefore(lo)
-		if r, full, err := page(ww); err != nil || full {
+		if r, full, err := page(ww, lo); err != nil || full {
 			return r, err
 		}
 	}
-	r, _, err := page(w)
+	r, _, err := page(w, time.Time{})
 	return r, err
 }
 
@@ -346,6 +424,15 @@ func windows(top time.Time, since *timestamppb.Timestamp, spans []time.Duration)
 	}
 	return out
 }
+
+// resendHorizon is how far before a window firstCopies looks for an
+// earlier copy of the page's events. Copies that differ in ts come from
+// NVSentinel resending a call (under one idempotency key, each copy
+// stamped when received) within its retry window, minutes; a copy resent
+// more than this after the first can still be listed twice, at each copy,
+// when a window's edge falls between them. Looking further back reads
+// more of the history that the windows are there to skip.
+const resendHorizon = 24 * time.Hour
 
 // firstRows is the most rows the first query of a page asks for (the
 // default page's).
@@ -518,7 +605,9 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 	if req.GetNode() == "" {
 		lows = windows(newest(nil, cur), req.GetSince(), windowSpans)
 	}
-	return inWindows(w, lows, func(w where) (*faultlinev1.ListActionsResponse, bool, error) { return h.actionPage(ctx, w, limit) })
+	return inWindows(w, lows, func(w where, _ time.Time) (*faultlinev1.ListActionsResponse, bool, error) {
+		return h.actionPage(ctx, w, limit)
+	})
 }
 
 // actionPage reads one page of the actions matching w; full: the rows

@@ -588,3 +588,67 @@ func TestResentEventListedOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestResentEventAcrossWindowListedOnce: a listing reads a window first
+// (the last hour, day, … before its newest bound; a node's, the last day)
+// and deduplicated only the copies inside it, so with an event's copies on
+// either side of the window's edge a page listed the later copy and a later
+// page, its window measured from the token, the earliest again: eps
+// without a node, by 2, [a dup b dup]; edge's node n1 [c dup2 d dup2].
+func TestResentEventAcrossWindowListedOnce(t *testing.T) {
+	srv := chtest.Start(t)
+	now := time.Now().UTC().Truncate(time.Second)
+	h := store.New(srv.Conn, slog.Default(), nil)
+	for _, r := range []struct {
+		cluster, id, node string
+		ago               time.Duration
+	}{
+		{"eps", "a", "n0", 10 * time.Minute}, {"eps", "dup", "n0", 50 * time.Minute}, {"eps", "b", "n0", 55 * time.Minute},
+		{"edge", "a", "n0", 10 * time.Minute}, {"edge", "dup", "n0", 50 * time.Minute}, {"edge", "b", "n0", 55 * time.Minute},
+		{"edge", "c", "n1", 20 * time.Minute}, {"edge", "dup2", "n1", 2 * time.Hour}, {"edge", "d", "n1", 3 * time.Hour},
+		// The second copies, each resend stamped when received.
+		{"eps", "dup", "n0", 70 * time.Minute}, {"edge", "dup", "n0", 70 * time.Minute}, {"edge", "dup2", "n1", 25 * time.Hour},
+	} {
+		at := timestamppb.New(now.Add(-r.ago))
+		ev := &datamodels.HealthEvent{Id: r.id, Cluster: r.cluster, NodeName: r.node, CheckName: "XID",
+			GeneratedTimestamp: at, ReceivedTimestamp: at}
+		v, _ := events.Marshal(ev)
+		rec := &kgo.Record{Topic: events.TopicEvents, Key: events.Key(r.cluster, r.node), Value: v, Timestamp: at.AsTime()}
+		if _, err := h.Handle(context.Background(), []*kgo.Record{rec}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hist := history.New(srv.Conn, slog.Default())
+	for _, tt := range []struct {
+		cluster, node string
+		want          []string
+	}{
+		{"eps", "", []string{"a", "b", "dup"}},
+		{"eps", "n0", []string{"a", "b", "dup"}},
+		{"edge", "", []string{"a", "c", "b", "dup", "d", "dup2"}},
+		{"edge", "n0", []string{"a", "b", "dup"}},
+		{"edge", "n1", []string{"c", "d", "dup2"}},
+	} {
+		cluster, node, want := tt.cluster, tt.node, tt.want
+		for limit := int32(1); limit <= 4; limit++ {
+			req := &faultlinev1.ListEventsRequest{Node: node, Limit: limit}
+			var got []string
+			for {
+				resp, err := hist.ListEvents(context.Background(), cluster, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(resp.Events) == 0 && resp.NextPageToken != "" {
+					t.Errorf("%s, node %q, limit %d: an empty page with a nextPageToken", cluster, node, limit)
+				}
+				got = append(got, ids(resp.Events)...)
+				if req.PageToken = resp.NextPageToken; req.PageToken == "" || len(got) > 10 {
+					break
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("%s, node %q, pages of %d: %v, want %v", cluster, node, limit, got, want)
+			}
+		}
+	}
+}
