@@ -1,13 +1,16 @@
 package quarantine
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -15,6 +18,8 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
 // behindHandler returns a handler of cluster c1 whose requests go to k and
@@ -128,5 +133,57 @@ func TestThrottledIsNotTheClusters(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(h.m.apiErrors.WithLabelValues("c1")); n != 0 {
 		t.Errorf("throttled write counted %v cluster API errors, want none", n)
+	}
+}
+
+// manualUncordonIDs returns the ids of the manual_uncordon actions among
+// acts.
+func manualUncordonIDs(acts []*faultlinev1.Action) []string {
+	var ids []string
+	for _, a := range acts {
+		if a.GetKind() == events.KindManualUncordon {
+			ids = append(ids, a.GetId())
+		}
+	}
+	return ids
+}
+
+// faultline cordons a node for one fault, a person uncordons it, and a
+// new fault of it is decided before the node watch's notice is handled:
+// one write acknowledges the uncordon and cordons the node again. The
+// batch's produce fails and the pipeline redoes it: the redo finds
+// nothing to acknowledge (the node is cordoned), yet the manual_uncordon
+// action is not lost: the write kept it on the node, and resay produces
+// it, the same id. Before, fault() built it after the write and never
+// stored it: it was lost for ever.
+func TestManualUncordonOfARedoneFault(t *testing.T) {
+	h, k, advance := fakeHandler(t, testConfig("redoack"), "redoack", "redoack-1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if acts, _ := handle(t, h, record("c1", fatal("redoack-1", "XID_ERROR_48", "GPU-1"))); kinds(acts) != "quarantine/applied" {
+		t.Fatalf("fault: %s", kinds(acts))
+	}
+	uncordonSeen(t, h, k, getNode(t, k, "redoack-1"))
+	rec := record("c1", fatal("redoack-1", "XID_ERROR_48", "GPU-2"))
+	res, err := h.Handle(ctx, []*kgo.Record{rec}) // its produce fails: res.Produced never called
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := splitOut(t, res.Out)
+	if kinds(first) != "manual_uncordon/decided,quarantine/applied" || !getNode(t, k, "redoack-1").Spec.Unschedulable {
+		t.Fatalf("new fault after the uncordon: %s", kinds(first))
+	}
+	again, _ := handle(t, h, rec) // the pipeline redoes the batch
+	// Past sayingFor the first try's action is no longer in flight.
+	advance(sayingFor + time.Second)
+	waitWatchedUnsaid(t, h, "redoack-1", func(u string) bool { return strings.Contains(u, events.KindManualUncordon) }, "the manual uncordon kept on the node")
+	var said actionSink
+	if err := h.resay(ctx, &said); err != nil {
+		t.Fatal(err)
+	}
+	want := manualUncordonIDs(first)
+	redone := manualUncordonIDs(append(again, said.snapshot()...))
+	if len(redone) != 1 || redone[0] != want[0] {
+		t.Fatalf("manual_uncordon after the redo %v (redo %s, resaid %s); want once, %v", redone, kinds(again), kinds(said.snapshot()), want)
 	}
 }
