@@ -203,7 +203,21 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 			verdict, reserved = v, true
 			if !v.Allowed {
 				held = true
-				return false, nil
+				if !manual {
+					return false, nil
+				}
+				// The fault is not written, the acknowledgement is:
+				// the node stays as the person left it (no taint,
+				// label or cordon of faultline's), and the watch's
+				// notice later finds nothing to acknowledge again.
+				ack, err := ReadState(n) // as read: this mutate has not touched n
+				if err != nil {
+					return false, err
+				}
+				ack.DetectManualUncordon(n, now)
+				ack.addUnsaid(uncordoned)
+				*st = *ack
+				return true, nil
 			}
 			if v.Closed {
 				// This write cordons the node: the breaker's closing goes

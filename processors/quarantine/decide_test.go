@@ -187,3 +187,44 @@ func TestManualUncordonOfARedoneFault(t *testing.T) {
 		t.Fatalf("manual_uncordon after the redo %v (redo %s, resaid %s); want once, %v", redone, kinds(again), kinds(said.snapshot()), want)
 	}
 }
+
+// The breaker is open; a person uncordons a node faultline cordoned, and
+// a new fault of it is held by the breaker: the fault is not written, the
+// acknowledgement is (faultline's taint and label go, the uncordon's time
+// is recorded, its action kept on the node), so the node watch's notice
+// finds nothing to acknowledge again. Before, the held fault wrote
+// nothing: the node stayed schedulable with faultline's taint and label,
+// and the notice acknowledged it later with a second manual_uncordon
+// action.
+func TestManualUncordonWhileTheBreakerHolds(t *testing.T) {
+	cfg := testConfig("heldack")
+	cfg.Breaker.MaxPercent = 10 // of 4 nodes: 1
+	h, k, _ := fakeHandler(t, cfg, "heldack", "heldack-1", "heldack-2", "heldack-3", "heldack-4")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a1, _ := handle(t, h, record("c1", fatal("heldack-1", "XID_ERROR_48", "GPU-1")))
+	a2, _ := handle(t, h, record("c1", fatal("heldack-2", "XID_ERROR_48", "GPU-1")))
+	if got := kinds(append(a1, a2...)); got != "quarantine/applied,breaker_open/applied,quarantine/held_by_breaker" {
+		t.Fatalf("faults: %s", got)
+	}
+	uncordonSeen(t, h, k, getNode(t, k, "heldack-1"))
+	acts, _ := handle(t, h, record("c1", fatal("heldack-1", "XID_ERROR_48", "GPU-2")))
+	if kinds(acts) != "manual_uncordon/decided,quarantine/held_by_breaker" {
+		t.Fatalf("new fault after the uncordon: %s", kinds(acts))
+	}
+	n := getNode(t, k, "heldack-1")
+	if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Labels[LabelQuarantined] != "" || n.Annotations[AnnotationManualUncordon] == "" {
+		t.Fatalf("uncordon not acknowledged: unschedulable %v, taints %v, labels %v, annotations %v",
+			n.Spec.Unschedulable, n.Spec.Taints, n.Labels, n.Annotations)
+	}
+	st, _ := ReadState(n)
+	if own, _ := st.unsaid("c1", "heldack-1"); len(manualUncordonIDs(own)) != 1 || manualUncordonIDs(own)[0] != acts[0].GetId() {
+		t.Fatalf("unsaid on the node %v, want the manual_uncordon %s", own, acts[0].GetId())
+	}
+	if f := st.Faults[FaultKey("XID_ERROR_48", events.EntityKey(fatal("heldack-1", "XID_ERROR_48", "GPU-1")))]; len(st.Faults) != 1 || f == nil || !f.Acked {
+		t.Fatalf("faults %v: want the first, acknowledged; the held one not written", st.Faults)
+	}
+	if a, err := h.AcknowledgeUncordon(ctx, "c1", "heldack-1"); a != nil || err != nil {
+		t.Fatalf("the watch's notice acknowledged again: %v, %v", a, err)
+	}
+}
