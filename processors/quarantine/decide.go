@@ -144,6 +144,7 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		preCordon       bool
 		acked           bool
 		closing         *faultlinev1.Action
+		uncordoned      *faultlinev1.Action // the manual_uncordon action, when manual
 		superseded      time.Time
 		before          time.Time // the node's creation, when the event was received before it
 		created         time.Time // the node's creation
@@ -151,9 +152,17 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	)
 	br := h.breaker(cl)
 	_, err := h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
-		closing, superseded, before, machine = nil, time.Time{}, time.Time{}, "" // a conflict re-decides on the node as it is now
+		closing, uncordoned, superseded, before, machine = nil, nil, time.Time{}, time.Time{}, "" // a conflict re-decides on the node as it is now
 		now := h.now()
 		manual = st.DetectManualUncordon(n, now)
+		if manual {
+			// Written into the node with the acknowledgement (unsaid.go),
+			// as recover's: a redelivery of this event finds nothing to
+			// acknowledge (this write may cordon the node again), so a
+			// batch whose produce failed would lose the action for ever.
+			uncordoned = h.newAction(it, events.KindManualUncordon, events.OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl)
+			st.addUnsaid(uncordoned)
+		}
 		created = n.CreationTimestamp.Time
 		if c, ok := predates(ev, n); ok {
 			// Received before this Node object existed: of the machine an
@@ -194,7 +203,21 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 			verdict, reserved = v, true
 			if !v.Allowed {
 				held = true
-				return false, nil
+				if !manual {
+					return false, nil
+				}
+				// The fault is not written, the acknowledgement is:
+				// the node stays as the person left it (no taint,
+				// label or cordon of faultline's), and the watch's
+				// notice later finds nothing to acknowledge again.
+				ack, err := ReadState(n) // as read: this mutate has not touched n
+				if err != nil {
+					return false, err
+				}
+				ack.DetectManualUncordon(n, now)
+				ack.addUnsaid(uncordoned)
+				*st = *ack
+				return true, nil
 			}
 			if v.Closed {
 				// This write cordons the node: the breaker's closing goes
@@ -218,7 +241,9 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		acts = append(acts, h.breakerActions(ctx, cl, it, verdict, closing)...)
 	}
 	if manual {
-		acts = append(acts, h.action(it, events.KindManualUncordon, events.OutcomeDecided, "a person uncordoned the node; its standing faults no longer cordon it", "", cl))
+		h.m.decisions.WithLabelValues(it.cluster, events.KindManualUncordon, events.OutcomeDecided).Inc()
+		h.track([]string{uncordoned.Id}, false) // in flight until the batch's output is produced
+		acts = append(acts, uncordoned)
 	}
 	if !before.IsZero() {
 		a := h.action(it, events.KindQuarantine, events.OutcomeSkipped, fmt.Sprintf(

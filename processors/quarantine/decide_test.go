@@ -1,13 +1,16 @@
 package quarantine
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -15,6 +18,8 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/faultline/faultline/processors/clusters"
+	"github.com/faultline/faultline/schemas/events"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
 // behindHandler returns a handler of cluster c1 whose requests go to k and
@@ -128,5 +133,98 @@ func TestThrottledIsNotTheClusters(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(h.m.apiErrors.WithLabelValues("c1")); n != 0 {
 		t.Errorf("throttled write counted %v cluster API errors, want none", n)
+	}
+}
+
+// manualUncordonIDs returns the ids of the manual_uncordon actions among
+// acts.
+func manualUncordonIDs(acts []*faultlinev1.Action) []string {
+	var ids []string
+	for _, a := range acts {
+		if a.GetKind() == events.KindManualUncordon {
+			ids = append(ids, a.GetId())
+		}
+	}
+	return ids
+}
+
+// faultline cordons a node for one fault, a person uncordons it, and a
+// new fault of it is decided before the node watch's notice is handled:
+// one write acknowledges the uncordon and cordons the node again. The
+// batch's produce fails and the pipeline redoes it: the redo finds
+// nothing to acknowledge (the node is cordoned), yet the manual_uncordon
+// action is not lost: the write kept it on the node, and resay produces
+// it, the same id. Before, fault() built it after the write and never
+// stored it: it was lost for ever.
+func TestManualUncordonOfARedoneFault(t *testing.T) {
+	h, k, advance := fakeHandler(t, testConfig("redoack"), "redoack", "redoack-1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if acts, _ := handle(t, h, record("c1", fatal("redoack-1", "XID_ERROR_48", "GPU-1"))); kinds(acts) != "quarantine/applied" {
+		t.Fatalf("fault: %s", kinds(acts))
+	}
+	uncordonSeen(t, h, k, getNode(t, k, "redoack-1"))
+	rec := record("c1", fatal("redoack-1", "XID_ERROR_48", "GPU-2"))
+	res, err := h.Handle(ctx, []*kgo.Record{rec}) // its produce fails: res.Produced never called
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := splitOut(t, res.Out)
+	if kinds(first) != "manual_uncordon/decided,quarantine/applied" || !getNode(t, k, "redoack-1").Spec.Unschedulable {
+		t.Fatalf("new fault after the uncordon: %s", kinds(first))
+	}
+	again, _ := handle(t, h, rec) // the pipeline redoes the batch
+	// Past sayingFor the first try's action is no longer in flight.
+	advance(sayingFor + time.Second)
+	waitWatchedUnsaid(t, h, "redoack-1", func(u string) bool { return strings.Contains(u, events.KindManualUncordon) }, "the manual uncordon kept on the node")
+	var said actionSink
+	if err := h.resay(ctx, &said); err != nil {
+		t.Fatal(err)
+	}
+	want := manualUncordonIDs(first)
+	redone := manualUncordonIDs(append(again, said.snapshot()...))
+	if len(redone) != 1 || redone[0] != want[0] {
+		t.Fatalf("manual_uncordon after the redo %v (redo %s, resaid %s); want once, %v", redone, kinds(again), kinds(said.snapshot()), want)
+	}
+}
+
+// The breaker is open; a person uncordons a node faultline cordoned, and
+// a new fault of it is held by the breaker: the fault is not written, the
+// acknowledgement is (faultline's taint and label go, the uncordon's time
+// is recorded, its action kept on the node), so the node watch's notice
+// finds nothing to acknowledge again. Before, the held fault wrote
+// nothing: the node stayed schedulable with faultline's taint and label,
+// and the notice acknowledged it later with a second manual_uncordon
+// action.
+func TestManualUncordonWhileTheBreakerHolds(t *testing.T) {
+	cfg := testConfig("heldack")
+	cfg.Breaker.MaxPercent = 10 // of 4 nodes: 1
+	h, k, _ := fakeHandler(t, cfg, "heldack", "heldack-1", "heldack-2", "heldack-3", "heldack-4")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a1, _ := handle(t, h, record("c1", fatal("heldack-1", "XID_ERROR_48", "GPU-1")))
+	a2, _ := handle(t, h, record("c1", fatal("heldack-2", "XID_ERROR_48", "GPU-1")))
+	if got := kinds(append(a1, a2...)); got != "quarantine/applied,breaker_open/applied,quarantine/held_by_breaker" {
+		t.Fatalf("faults: %s", got)
+	}
+	uncordonSeen(t, h, k, getNode(t, k, "heldack-1"))
+	acts, _ := handle(t, h, record("c1", fatal("heldack-1", "XID_ERROR_48", "GPU-2")))
+	if kinds(acts) != "manual_uncordon/decided,quarantine/held_by_breaker" {
+		t.Fatalf("new fault after the uncordon: %s", kinds(acts))
+	}
+	n := getNode(t, k, "heldack-1")
+	if n.Spec.Unschedulable || hasTaint(n, "faultline.io/unhealthy") || n.Labels[LabelQuarantined] != "" || n.Annotations[AnnotationManualUncordon] == "" {
+		t.Fatalf("uncordon not acknowledged: unschedulable %v, taints %v, labels %v, annotations %v",
+			n.Spec.Unschedulable, n.Spec.Taints, n.Labels, n.Annotations)
+	}
+	st, _ := ReadState(n)
+	if own, _ := st.unsaid("c1", "heldack-1"); len(manualUncordonIDs(own)) != 1 || manualUncordonIDs(own)[0] != acts[0].GetId() {
+		t.Fatalf("unsaid on the node %v, want the manual_uncordon %s", own, acts[0].GetId())
+	}
+	if f := st.Faults[FaultKey("XID_ERROR_48", events.EntityKey(fatal("heldack-1", "XID_ERROR_48", "GPU-1")))]; len(st.Faults) != 1 || f == nil || !f.Acked {
+		t.Fatalf("faults %v: want the first, acknowledged; the held one not written", st.Faults)
+	}
+	if a, err := h.AcknowledgeUncordon(ctx, "c1", "heldack-1"); a != nil || err != nil {
+		t.Fatalf("the watch's notice acknowledged again: %v, %v", a, err)
 	}
 }
