@@ -144,6 +144,29 @@ func TestFlapCountsLinkDowns(t *testing.T) {
 				{evs: evs(linkDowned(c, "n1", 4*m, 1)), want: "RepeatedNICLinkFlap:fault"},
 			}
 		}},
+		{"a healthy event naming link_downed is no link-down", func(c string) []step {
+			// a source clearing its counter fault that keeps the
+			// counter's name in errorCode (the nic agent names none)
+			cleared := func(at time.Duration) *datamodels.HealthEvent {
+				ev := linkDowned(c, "n1", at, 1)
+				ev.IsHealthy, ev.IsFatal = true, false
+				return ev
+			}
+			return []step{
+				{evs: evs(cleared(0)), want: none},
+				{evs: evs(cleared(1 * m)), want: none},
+				{evs: evs(cleared(2 * m)), want: none},
+			}
+		}},
+		{"a healthy event naming link_downed is no recovery attempt", func(c string) []step {
+			cleared := linkDowned(c, "n1", 1*m, 1)
+			cleared.IsHealthy, cleared.IsFatal = true, false
+			return []step{
+				{evs: evs(nicState(c, "n1", 0, false)), want: none},
+				{evs: evs(cleared), want: none},
+				{sweep: 5 * m, want: "NICPortDrop:fault"},
+			}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster("flapx")

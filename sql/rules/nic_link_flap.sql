@@ -84,7 +84,7 @@ ALL INNER JOIN
                         AND check IN (SELECT arrayJoin(arrayConcat(@state_checks, @counter_checks)))
                     WHERE cityHash64(cluster, node) IN (SELECT cityHash64(cluster, node) FROM triggers)
                         AND ((has(@state_checks, check) AND match(entity, '(^|,)NICPort='))
-                            OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
+                            OR (has(@counter_checks, check) AND has(error_codes, 'link_downed') AND is_healthy = 0))
                     UNION ALL
                     SELECT cityHash64(cluster, node, entity) AS gh, id, toUInt64(ts) * 1000 + ts_ms AS t,
                         toUInt8(multiIf(has(@counter_checks, check), 2, is_healthy = 1, 0, is_fatal = 1 OR has(metadata.key, 'faultline.io/nic-crossings-only'), 1, 3)) AS kind,
@@ -93,7 +93,7 @@ ALL INNER JOIN
                     FROM batch
                     WHERE derived_by = '' AND processing_strategy != 'STORE_ONLY'
                         AND ((has(@state_checks, check) AND has(entities.type, 'NICPort'))
-                            OR (has(@counter_checks, check) AND has(error_codes, 'link_downed')))
+                            OR (has(@counter_checks, check) AND has(error_codes, 'link_downed') AND is_healthy = 0))
                 )
                 LIMIT 1 BY id
             )
