@@ -274,6 +274,12 @@ func New(cfg Config) (*Check, error) {
 	return c, nil
 }
 
+// journalCopySlack is how much later than the FM log's newest line a
+// journal copy of an FM line may be dated and still be taken for the
+// log's: the log prints whole seconds, journald stamps the line when it
+// receives it.
+const journalCopySlack = 5 * time.Second
+
 // fabricState is the state file.
 type fabricState struct {
 	BootID        string                     `json:"boot_id"`
@@ -285,6 +291,10 @@ type fabricState struct {
 	NVLSMLog *logPosition `json:"nvlsm_log,omitempty"`
 	// JournalCursor is where the unit's journal was read up to.
 	JournalCursor string `json:"journal_cursor,omitempty"`
+	// FMLogNewest is the time of the newest line the FM log has given:
+	// the journal's copies of FM's occurrence lines up to it are the
+	// log's.
+	FMLogNewest time.Time `json:"fm_log_newest,omitzero"`
 }
 
 // maxStateBytes bounds the state file read at start: the standing
@@ -320,6 +330,7 @@ func (c *Check) resume() {
 		}
 	}
 	c.fmLog.saved, c.lsmLog.saved, c.journalCursor = st.FMLog, st.NVLSMLog, st.JournalCursor
+	c.fmLog.newest = st.FMLogNewest
 	newBoot := st.BootID != "" && c.bootID != "" && st.BootID != c.bootID
 	c.eval.Resume(Standing{Conditions: conds, Reported: st.Reported, ReportedLines: st.ReportedLines}, boot, newBoot)
 }
@@ -335,7 +346,7 @@ func (c *Check) Commit() error {
 	}
 	st := c.eval.Standing()
 	fs := fabricState{BootID: c.bootID, Reported: st.Reported.UTC(), ReportedLines: st.ReportedLines, Conditions: map[string]json.RawMessage{},
-		FMLog: c.fmLog.position(), NVLSMLog: c.lsmLog.position(), JournalCursor: c.journalCursor}
+		FMLog: c.fmLog.position(), NVLSMLog: c.lsmLog.position(), JournalCursor: c.journalCursor, FMLogNewest: c.fmLog.newest.UTC()}
 	for k, ev := range st.Conditions {
 		if raw, err := protojson.Marshal(ev); err == nil {
 			fs.Conditions[k] = raw
@@ -401,12 +412,20 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 		}
 		lines, err := c.fmLog.read(logFile, &LogReader{Loc: c.cfg.Location, Now: c.cfg.Now})
 		errs = append(errs, err)
-		if ino, _, _ := c.fmLog.Position(); ino != 0 {
-			// FM logs its SXids and partition errors to syslog too: the
-			// log file has them, the journal's copies (s.Log holds only
-			// the journal's lines here) would report them again. Its
-			// lifecycle lines are what the journal is read for.
-			s.Log = slices.DeleteFunc(s.Log, c.eval.logOccurrence)
+		if newest := c.fmLog.newest; !newest.IsZero() {
+			// FM logs its SXids and partition errors to syslog too: where
+			// the log file has covered their time, it has them, and the
+			// journal's copies (s.Log holds only the journal's lines
+			// here) would report them again; its lifecycle lines are what
+			// the journal is read for. A line dated past the file's
+			// newest (FM logging to syslog only, the file stale or
+			// rotated away) is the only report of it. Both times are
+			// instants (the file's read in its zone, the journal's its
+			// own): journald stamps a line when it receives it, up to
+			// journalCopySlack after FM's whole-second time.
+			s.Log = slices.DeleteFunc(s.Log, func(ll LogLine) bool {
+				return c.eval.logOccurrence(ll) && !ll.Time.After(newest.Add(journalCopySlack))
+			})
 		}
 		s.Log = append(s.Log, lines...)
 	}

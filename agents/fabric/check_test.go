@@ -746,3 +746,51 @@ func TestJournalSXidNotReportedAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestJournalSXidPastTheLogFile: the journal's copy of an FM SXid is
+// dropped only where the FM log file has covered its time. FM logging to
+// syslog only (the file stale since its start line), the journal's SXid
+// is the only report of it, also after a restart; FM logging to both, it
+// is reported once, also when the file's line was read by the run before
+// a restart (the file's newest line time is kept in the state).
+func TestJournalSXidPastTheLogFile(t *testing.T) {
+	const msg = "detected NVSwitch non-fatal error 12028 on fid 0 on NVSwitch pci bus id 00000000:07:00.0 physical id 2 port 46"
+	at := time.Date(2024, 10, 28, 10, 31, 0, 0, time.UTC)
+	journal := fmt.Sprintf(`{"__CURSOR":"s=1","__REALTIME_TIMESTAMP":"%d","SYSLOG_IDENTIFIER":"nv-fabricmanager","_PID":"5183","MESSAGE":%q}`+"\n", at.UnixMicro(), msg)
+	for _, tc := range []struct {
+		name     string
+		fileHas  bool // the file has the SXid line too
+		restart  bool // the agent restarts before the unit fails
+		wantSXid int
+	}{
+		{"file stale", false, false, 1},
+		{"file stale, restarted", false, true, 1},
+		{"both, restarted", true, true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := restartNode(t) // the file's newest line: 10:00:01
+			n.poll(0)
+			if tc.fileHas {
+				n.appendLog("fabricmanager.log", "[Oct 28 2024 10:31:00] [ERROR] [tid 9] "+msg)
+			}
+			sxids := 0
+			count := func(evs []*datamodels.HealthEvent) {
+				for _, ev := range evs {
+					if slices.Contains(ev.GetErrorCode(), "SXID-12028") {
+						sxids++
+					}
+				}
+			}
+			count(n.poll(60 * time.Second))
+			if tc.restart {
+				n.restart()
+			}
+			n.r.out["systemctl show"] = showFailed
+			n.r.out["journalctl"] = journal
+			count(n.poll(30 * time.Second))
+			if sxids != tc.wantSXid {
+				t.Errorf("SXID-12028 reported %d times, want %d", sxids, tc.wantSXid)
+			}
+		})
+	}
+}

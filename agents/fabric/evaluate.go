@@ -3,6 +3,7 @@ package fabric
 import (
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -574,6 +575,16 @@ func (e *Evaluator) evaluated(ll LogLine, now time.Time) {
 	}
 	if ll.Time.After(e.logUpTo) {
 		e.logUpTo, e.upToLines = ll.Time, map[string]int{}
+		if ll.Resumed && ll.Time.Equal(e.reported) {
+			// Read on from the position the previous run committed: the
+			// lines of this second it evaluated are not read again, so
+			// the count goes on from them (a line repeated in the second
+			// gets the next ordinal, not the id of the one reported).
+			e.upToLines = nil
+			if e.seenAtReported != nil {
+				e.upToLines = maps.Clone(e.seenAtReported)
+			}
+		}
 	}
 	if e.upToLines == nil {
 		return

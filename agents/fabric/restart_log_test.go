@@ -218,3 +218,40 @@ func TestRestartBeforeCommitKeepsIDs(t *testing.T) {
 		seen[id] = true
 	}
 }
+
+// TestRestartSameLineSameSecondNewID: FM logs the same SXid line twice
+// in one second; the first is reported and committed, the agent restarts,
+// and the second — read on from the committed position, or, the log
+// replaced, told from the first by the lines of that second the state
+// keeps — is an occurrence of its own: an id other than the first's, not
+// deduplicated away by the store.
+func TestRestartSameLineSameSecondNewID(t *testing.T) {
+	for _, replace := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replace=%v", replace), func(t *testing.T) {
+			n := restartNode(t)
+			n.appendLog("fabricmanager.log", sxid20034)
+			first := n.poll(0)
+			if len(first) != 1 || first[0].GetId() == "" {
+				t.Fatalf("first run: %q", shorts(first))
+			}
+			n.appendLog("fabricmanager.log", sxid20034)
+			if replace {
+				n.write("fabricmanager.log.new", read(t, filepath.Join(n.dir, "fabricmanager.log")))
+				if err := os.Rename(filepath.Join(n.dir, "fabricmanager.log.new"), filepath.Join(n.dir, "fabricmanager.log")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n.restart()
+			again := n.poll(30 * time.Second)
+			if len(again) != 1 || shorts(again) != shorts(first) {
+				t.Fatalf("after the restart: %q, want the repeated SXid once", shorts(again))
+			}
+			if id := again[0].GetId(); id == "" || id == first[0].GetId() {
+				t.Errorf("repeated line's id %q, first's %q: want one of its own", id, first[0].GetId())
+			}
+			if got := shorts(n.poll(30 * time.Second)); got != "" {
+				t.Fatalf("reported again: %q", got)
+			}
+		})
+	}
+}

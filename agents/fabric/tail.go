@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"syscall"
+	"time"
 
 	"github.com/faultline/faultline/agents/logtail"
 )
@@ -22,6 +23,10 @@ type tailer struct {
 	// that starts before its end reads lines that were there when the
 	// agent started.
 	backlog logPosition
+	// newest is the time of the newest line the log has given (this
+	// run's reads, or the previous run's as saved; zero: none), capped at
+	// the poll that read it: the log covers what is dated up to it.
+	newest time.Time
 }
 
 // logPosition is where a log was read up to (the state file's).
@@ -67,8 +72,19 @@ func (t *tailer) read(path string, r *LogReader) ([]LogLine, error) {
 	// A message may still receive continuation lines; it is reported
 	// with the next read, unless the file is idle: flush what waits.
 	out = append(out, t.reader.Flush()...)
+	now := time.Now()
+	if r.Now != nil {
+		now = r.Now()
+	}
 	for i := range out {
 		out[i].Replayed, out[i].Resumed = replayed, t.Resumed()
+		lt := out[i].Time
+		if lt.After(now) {
+			lt = now
+		}
+		if lt.After(t.newest) {
+			t.newest = lt
+		}
 	}
 	return out, err
 }

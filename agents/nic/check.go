@@ -56,13 +56,16 @@ type Check struct {
 	// unreadable on the first poll is first read on a later one.
 	downedRead map[string]bool
 	// expected is how many devices the GPU metadata's nic_topology names
-	// (0 with nic_inclusion_regex_override): with some expected, no
-	// InfiniBand device at all is a poll error, not every known device
-	// lost (a sysfs_root or host /sys mount gone wrong).
-	expected  int
-	lastSaved []byte
-	nics      map[string]*NIC
-	names     []string
+	// (0 with nic_inclusion_regex_override): with some expected and none
+	// ever known, no InfiniBand device at all is a poll error (nothing
+	// monitored, not silently); with known devices it is their loss.
+	expected int
+	// unreadable is when each known device listed but not discoverable
+	// was first seen so: past cardHoldDown it is reported lost.
+	unreadable map[string]time.Time
+	lastSaved  []byte
+	nics       map[string]*NIC
+	names      []string
 	// below is when each card below its peer mode, not yet reported, was
 	// first seen below (cardHoldDown).
 	below map[string]time.Time
@@ -79,7 +82,11 @@ type Check struct {
 const cardHoldDown = 5 * time.Minute
 
 // ErrNoDevices is a poll's error when sysfs lists no InfiniBand device
-// (class/infiniband missing or empty) while the GPU metadata names some.
+// (class/infiniband missing or empty) while the GPU metadata names some
+// and the check has never known one (the mlx5 driver not loaded, or the
+// host /sys not mounted): nothing is monitored. Once devices are known,
+// an empty class/infiniband is their loss (driver crash, card or PCIe
+// switch failure), each reported disappeared.
 var ErrNoDevices = errors.New("no InfiniBand device in class/infiniband")
 
 // Options are the collaborators of a Check.
@@ -134,7 +141,7 @@ func New(cfg Config, opt Options) (*Check, error) {
 		return nil, err
 	}
 	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}, below: map[string]time.Time{},
-		downedRead: map[string]bool{}}
+		downedRead: map[string]bool{}, unreadable: map[string]time.Time{}}
 	if md != nil {
 		c.expected = len(md.NICTopology)
 	}
@@ -202,10 +209,11 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(names) == 0 && c.expected > 0 {
-		// Not every device lost at once (a fatal REPLACE_VM for each
-		// known one): sysfs_root is not the host's sysfs, or the host
-		// /sys mount is missing. The poll fails; the state is kept.
+	if len(names) == 0 && c.expected > 0 && len(c.st.KnownDevices) == 0 {
+		// No device ever seen (driver not loaded, host /sys not mounted):
+		// nothing is monitored, which must not pass for healthy. With
+		// known devices this is their loss (driver crash, a one-HCA
+		// node's card or PCIe switch failed), reported below.
 		return nil, nil, fmt.Errorf("%w: nic_topology names %d devices (check nic.sysfs_root and the host /sys mount)", ErrNoDevices, c.expected)
 	}
 	// Discovery only for devices not seen before; the rest read the hot path.
@@ -263,9 +271,21 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		if !ok && present[name] {
 			// Listed but not readable yet (ports/ not there: a driver
 			// reload or hot-plug window): unreadable, not gone — as a
-			// port that cannot be read is no transition.
-			c.log.Debug("known NIC listed but not readable yet", "device", name)
-			continue
+			// port that cannot be read is no transition — for up to
+			// cardHoldDown; still unreadable then (EIO on a half-dead
+			// HCA), it is lost.
+			since, seen := c.unreadable[name]
+			if !seen {
+				since = c.now()
+				c.unreadable[name] = since
+			}
+			if c.now().Sub(since) < cardHoldDown {
+				c.log.Debug("known NIC listed but not readable yet", "device", name)
+				continue
+			}
+			c.log.Warn("known NIC listed but unreadable past the hold-down: reported lost", "device", name, "since", since, "hold_down", cardHoldDown)
+		} else {
+			delete(c.unreadable, name)
 		}
 		to, how, why := "", "", ""
 		if !ok {

@@ -2,6 +2,7 @@ package nic
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/faultline/faultline/agents/nic/nictest"
 	"github.com/faultline/faultline/schemas/events"
@@ -20,11 +22,10 @@ func quiet() Options { return Options{Logger: slog.New(slog.NewTextHandler(io.Di
 // TestSysfsRootNotSysfs: a sysfs_root that is no sysfs (the class
 // directory itself, a host /sys mount missing from the pod) is refused at
 // start, naming the key; and class/infiniband missing or empty while the
-// GPU metadata names NICs is a poll error, not every known device
-// "disappeared – hardware failure" (a REPLACE_VM on a healthy node).
+// GPU metadata names NICs and no device was ever known (first start,
+// after a reboot) is a poll error: nothing monitored is not healthy.
 func TestSysfsRootNotSysfs(t *testing.T) {
 	e := setup(t, small())
-	poll(t, e.check())
 	for _, root := range []string{filepath.Join(e.tree.Root, "class", "infiniband"), t.TempDir(), filepath.Join(e.dir, "absent")} {
 		cfg := e.cfg
 		cfg.SysfsRoot = root
@@ -32,18 +33,16 @@ func TestSysfsRootNotSysfs(t *testing.T) {
 			t.Errorf("sysfs_root %s: err %v, want one naming nic.sysfs_root", root, err)
 		}
 	}
-	running := e.check()
-	poll(t, running)
 	ib := filepath.Join(e.tree.Root, "class", "infiniband")
 	hidden := filepath.Join(e.dir, "ib-hidden")
 	must(t, os.Rename(ib, hidden))
-	for _, empty := range []bool{false, true} {
+	for i, empty := range []bool{false, true} {
 		if empty {
 			must(t, os.Mkdir(ib, 0o755))
 		}
-		restarted, err := New(e.cfg, quiet())
-		must(t, err)
-		for _, c := range []*Check{running, restarted} {
+		e.setBootID(fmt.Sprintf("boot-%d", i+2)) // fresh state: none known
+		c := e.check()
+		for range 2 {
 			evs, err := c.Check(t.Context())
 			if !errors.Is(err, ErrNoDevices) || len(evs) > 0 {
 				t.Errorf("empty=%v: err %v, events %q; want ErrNoDevices and none", empty, err, briefs(evs))
@@ -53,8 +52,49 @@ func TestSysfsRootNotSysfs(t *testing.T) {
 	}
 	must(t, os.Remove(ib))
 	must(t, os.Rename(hidden, ib))
-	wantEvents(t, "back, running", poll(t, running), nil)
-	wantEvents(t, "back, restarted", poll(t, e.check()), nil)
+	wantEvents(t, "back", poll(t, e.check()), baselines())
+}
+
+// TestAllKnownDevicesLost: every known device gone at once (mlx5 driver
+// crash or unload, a one-HCA node's card or PCIe switch failed) is each
+// device's loss, as one device's: a fatal "disappeared" for each, in the
+// running process and in one restarted over its state, not a poll error.
+func TestAllKnownDevicesLost(t *testing.T) {
+	lost := make([]string, 0, 6)
+	back := make([]string, 0, 6)
+	for i := range 6 {
+		check := InfiniBandStateCheck
+		if i >= 4 {
+			check = EthernetStateCheck
+		}
+		lost = append(lost, fmt.Sprintf("F %s: NIC mlx5_%d disappeared from /sys/class/infiniband/ - hardware failure", check, i))
+		back = append(back, fmt.Sprintf("H %s: NIC mlx5_%d present again in /sys/class/infiniband/", check, i))
+	}
+	for _, empty := range []bool{false, true} {
+		for _, restart := range []bool{false, true} {
+			t.Run(fmt.Sprintf("empty=%v/restart=%v", empty, restart), func(t *testing.T) {
+				e := setup(t, small())
+				c := e.check()
+				poll(t, c)
+				ib := filepath.Join(e.tree.Root, "class", "infiniband")
+				hidden := filepath.Join(e.dir, "ib-hidden")
+				must(t, os.Rename(ib, hidden))
+				if empty {
+					must(t, os.Mkdir(ib, 0o755))
+				}
+				if restart {
+					c = e.check()
+				}
+				wantEvents(t, "all lost", poll(t, c), lost)
+				wantEvents(t, "reported once", poll(t, c), nil)
+				if empty {
+					must(t, os.Remove(ib))
+				}
+				must(t, os.Rename(hidden, ib))
+				wantEvents(t, "back", poll(t, c), back)
+			})
+		}
+	}
 }
 
 // allEvents is one poll's events, baselines included.
@@ -164,6 +204,34 @@ func TestKnownDeviceWithoutPortsYet(t *testing.T) {
 	wantEvents(t, "ports added", poll(t, c), nil)
 	must(t, e.tree.Remove("mlx5_2"))
 	wantEvents(t, "removed", poll(t, c), []string{"F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"})
+}
+
+// TestKnownDeviceUnreadablePastHoldDown: a known device listed but whose
+// discovery keeps failing (EIO on a half-dead HCA) is held down for
+// cardHoldDown, then reported lost (as one gone from the list); readable
+// again, it is present again.
+func TestKnownDeviceUnreadablePastHoldDown(t *testing.T) {
+	e := setup(t, small())
+	poll(t, e.check())
+	ports := filepath.Join(e.tree.Root, "class/infiniband/mlx5_2/ports")
+	hidden := filepath.Join(e.dir, "ports-mlx5_2")
+	must(t, os.Rename(ports, hidden))
+	must(t, os.Mkdir(ports, 0o755))
+	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	opt := quiet()
+	opt.Now = func() time.Time { return now }
+	c, err := New(e.cfg, opt)
+	must(t, err)
+	wantEvents(t, "unreadable", poll(t, c), nil)
+	now = now.Add(cardHoldDown - time.Second)
+	wantEvents(t, "held down", poll(t, c), nil)
+	now = now.Add(time.Second)
+	wantEvents(t, "past the hold-down", poll(t, c), []string{"F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"})
+	now = now.Add(time.Minute)
+	wantEvents(t, "reported once", poll(t, c), nil)
+	must(t, os.Remove(ports))
+	must(t, os.Rename(hidden, ports))
+	wantEvents(t, "readable", poll(t, c), []string{"H InfiniBandStateCheck: NIC mlx5_2 present again in /sys/class/infiniband/"})
 }
 
 // TestBootIDRequiredWithStateFile: with a state file, a boot id that
