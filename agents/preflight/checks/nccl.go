@@ -197,6 +197,9 @@ type gangState struct {
 	// Finished are the peers whose check ended: the rendezvous is over
 	// for them.
 	Finished []string
+	// Rerun are the gang's pods whose check failed in the pod and runs
+	// again.
+	Rerun []string
 }
 
 func readGang(dir string) (gangState, error) {
@@ -239,6 +242,9 @@ func readGang(dir string) (gangState, error) {
 			}
 		}
 	}
+	if s, err := read("rerun"); err == nil {
+		g.Rerun = strings.Fields(s)
+	}
 	return g, nil
 }
 
@@ -257,19 +263,30 @@ func runAllreduce(ctx context.Context, env *Env) (Outcome, error) {
 	defer cancel()
 	var g gangState
 	var lastErr error
+	warned := false
 	for {
 		var err error
 		g, err = readGang(cfg.Gang.Dir)
 		lastErr = err
-		if done := slices.DeleteFunc(slices.Clone(g.Finished), func(n string) bool { return n == cfg.Pod.Name }); err == nil && len(done) > 0 {
+		done := slices.DeleteFunc(slices.Clone(g.Finished), func(n string) bool { return n == cfg.Pod.Name })
+		if err == nil && len(done) > 0 && !slices.Contains(g.Rerun, cfg.Pod.Name) {
 			// A peer finished its check without this pod (a pod that
-			// replaced one of the gang's, or whose init containers run
-			// again): it takes part in no rendezvous any more, and torchrun
-			// would wait for it until the check's timeout, on every
-			// restart. The all-reduce cannot run; the pod is not held.
+			// replaced one of the gang's, or whose sandbox was recreated
+			// after its check passed): it takes part in no rendezvous any
+			// more, and torchrun would wait for it until the check's
+			// timeout, on every restart. The all-reduce cannot run; the
+			// pod is not held. Not so for a pod whose own check failed
+			// (listed as rerun): passing it here would start the job on
+			// the node that failed; it waits and fails again, and stays
+			// held.
 			waited := env.Now().Sub(start)
 			msg := fmt.Sprintf("gang %s: not run: peers %s already finished the gang-wide check without this pod", g.ID, strings.Join(done, ","))
 			return Outcome{Summary: msg, Gang: g.ID, GangWait: waited}, nil
+		}
+		if err == nil && len(done) > 0 && !warned {
+			warned = true
+			env.Log.Warn("this pod's gang-wide check failed before and peers already finished it: running it again (it cannot pass without them; the pod stays held)",
+				"gang", g.ID, "finished", strings.Join(done, ","))
 		}
 		if err == nil && g.Expected > 0 && len(g.Peers) >= g.Expected && g.Peers[cfg.Pod.Name] != "" {
 			break

@@ -576,20 +576,44 @@ func TestNCCLAllreduce(t *testing.T) {
 
 	// A peer whose check ended (the controller lists it as finished) takes
 	// part in no rendezvous any more: a pod that replaced one of the
-	// gang's, or whose init containers run again, ran torchrun against it
-	// until the check's timeout, failed, and did so again on every restart.
-	t.Run("a peer finished: not run, the pod not held", func(t *testing.T) {
-		d := gang("2", "trainer-0:10.0.1.5\ntrainer-1:10.0.1.6\n")
-		must(t, os.WriteFile(filepath.Join(d, "finished"), []byte("trainer-0\n"), 0o644))
-		r := h.run(checks.NCCLAllreduce, map[string]string{"STANDIN_NVIDIA_SMI_OUT": smi, "STANDIN_TORCHRUN_OUT": ok},
-			"--gang.dir="+d, "--pod.name=trainer-1", "--timeout=2s")
-		if r.code != checks.ExitPass || strings.Contains(r.args, "torchrun") {
-			t.Fatalf("exit %d, torchrun ran: %q\n%s", r.code, r.args, r.stderr)
-		}
-		if !strings.Contains(r.stderr, "peers trainer-0 already finished") {
-			t.Errorf("log lacks the reason:\n%s", r.stderr)
-		}
-	})
+	// gang's, or whose sandbox was recreated after its check passed, ran
+	// torchrun against it until the check's timeout, failed, and did so
+	// again on every restart. A pod whose own check failed (the
+	// controller lists it as rerun) is not passed so: its rerun passed
+	// with exit 0 and the job started on the node that failed.
+	for _, tc := range []struct {
+		name  string
+		rerun string
+		code  int
+	}{
+		{"a peer finished, this pod never ran: not run, the pod not held", "", checks.ExitPass},
+		{"a peer finished, another pod reruns: not run, the pod not held", "trainer-2\n", checks.ExitPass},
+		{"a peer finished, this pod's check failed before: not skipped, fails", "trainer-1\n", checks.ExitFail},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := gang("2", "trainer-0:10.0.1.5\ntrainer-1:10.0.1.6\n")
+			must(t, os.WriteFile(filepath.Join(d, "finished"), []byte("trainer-0\n"), 0o644))
+			if tc.rerun != "" {
+				must(t, os.WriteFile(filepath.Join(d, "rerun"), []byte(tc.rerun), 0o644))
+			}
+			// torchrun waits for the finished peer, which never joins,
+			// until the check's timeout.
+			r := h.run(checks.NCCLAllreduce, map[string]string{"STANDIN_NVIDIA_SMI_OUT": smi, "STANDIN_TORCHRUN_OUT": ok, "STANDIN_SLEEP": "60"},
+				"--gang.dir="+d, "--pod.name=trainer-1", "--timeout=2s")
+			if r.code != tc.code {
+				t.Fatalf("exit %d, want %d; torchrun %q\n%s", r.code, tc.code, r.args, r.stderr)
+			}
+			if tc.code == checks.ExitPass {
+				if strings.Contains(r.args, "torchrun") || !strings.Contains(r.stderr, "peers trainer-0 already finished") {
+					t.Errorf("torchrun ran (%q) or the log lacks the reason:\n%s", r.args, r.stderr)
+				}
+				return
+			}
+			if ev := h.events(r.node, 1)[0]; ev.GetIsHealthy() {
+				t.Errorf("event %v", ev)
+			}
+		})
+	}
 
 	t.Run("only this pod listed finished (a stale view): runs", func(t *testing.T) {
 		d := gang("2", "trainer-0:10.0.1.5\ntrainer-1:10.0.1.6\n")

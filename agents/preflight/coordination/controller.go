@@ -2,8 +2,9 @@
 // webhook labelled, it keeps a ConfigMap "preflight-<gangID>" in the gang's
 // namespace with the gang's expected size, its members ("pod:ip" lines,
 // sorted by pod name: the pods running or done with the gang-wide check),
-// the ones done with it, and the rank-0 pod's address, which the webhook
-// mounts into the nccl-allreduce init containers at /etc/preflight.
+// the ones done with it, the ones whose check failed and runs again, and
+// the rank-0 pod's address, which the webhook mounts into the
+// nccl-allreduce init containers at /etc/preflight.
 //
 // It touches nothing else: it reads pods (and the scheduler objects that
 // give a gang's size) and writes only ConfigMaps named "preflight-*" that
@@ -56,6 +57,11 @@ const (
 	// line; absent when none): the rendezvous is over for them, so a
 	// peer still waiting cannot run it with them.
 	KeyFinished = "finished"
+	// KeyRerun lists the gang pods whose gang-wide check failed in the
+	// pod and runs, or will run, again (pod names, one a line; absent
+	// when none): a finished peer does not end such a pod's wait, so the
+	// pod whose check failed is not passed on its rerun.
+	KeyRerun = "rerun"
 )
 
 // LabelManagedBy marks the ConfigMaps the controller owns.
@@ -266,10 +272,30 @@ func peerState(p *corev1.Pod) (peer, finished bool) {
 	return true, true
 }
 
+// rerun says whether a gang pod's gang.AllreduceContainer runs, or will
+// run, again after failing in this pod: its latest termination (the
+// current state's, else the last state's) has a non-zero exit. Not one
+// whose check passed and runs again because the sandbox was recreated
+// (its last exit is 0), nor a replacement pod (no termination).
+func rerun(p *corev1.Pod) bool {
+	for _, s := range p.Status.InitContainerStatuses {
+		if s.Name != gang.AllreduceContainer {
+			continue
+		}
+		t := s.State.Terminated
+		if t == nil {
+			t = s.LastTerminationState.Terminated
+		}
+		return t != nil && t.ExitCode != 0
+	}
+	return false
+}
+
 // Desired computes the ConfigMap of a gang from its pods: members are the
 // pods not terminating and not finished, peers those running the
 // gang-wide check or done with it (peerState), sorted by name, the ones
-// done also listed as finished; the master is the first peer's address.
+// done also listed as finished, the ones whose check failed and runs
+// again as rerun; the master is the first peer's address.
 // A peer stays listed, with its name and IP, until its pod ends or its
 // check runs again: the list only grows until the gang is complete, so
 // every pod that sees it complete sees the same peers and master. expected is the
@@ -284,11 +310,14 @@ func Desired(ns, id string, pods, excluded []*corev1.Pod, expected int) *corev1.
 	if expected > 0 {
 		expected = max(expected-len(ex), 1)
 	}
-	var lines, finished []string
+	var lines, finished, reruns []string
 	master := ""
 	var owners []metav1.OwnerReference
 	for _, p := range members {
 		owners = append(owners, metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: p.Name, UID: p.UID})
+		if rerun(p) {
+			reruns = append(reruns, p.Name)
+		}
 		peer, done := peerState(p)
 		if !peer {
 			continue
@@ -307,6 +336,9 @@ func Desired(ns, id string, pods, excluded []*corev1.Pod, expected int) *corev1.
 	}
 	if len(finished) > 0 {
 		data[KeyFinished] = strings.Join(finished, "\n") + "\n"
+	}
+	if len(reruns) > 0 {
+		data[KeyRerun] = strings.Join(reruns, "\n") + "\n"
 	}
 	if len(ex) > 0 {
 		data[KeyExcluded] = strings.Join(ex, "\n") + "\n"

@@ -187,30 +187,42 @@ func TestPeers(t *testing.T) {
 		ip             string
 		statuses       []corev1.ContainerStatus
 		peer, finished bool
+		// rerun: the check failed in this pod and runs again (a
+		// finished peer must not pass it).
+		rerun bool
 	}{
-		{"an IP, no container status yet", "10.0.0.1", nil, false, false},
+		{"an IP, no container status yet", "10.0.0.1", nil, false, false, false},
 		{"an IP, the check's image being pulled", "10.0.0.1",
-			[]corev1.ContainerStatus{run("mesh-proxy", 10), term(dcgm, 0, 10, 100), wait(gang.AllreduceContainer, "PodInitializing")}, false, false},
+			[]corev1.ContainerStatus{run("mesh-proxy", 10), term(dcgm, 0, 10, 100), wait(gang.AllreduceContainer, "PodInitializing")}, false, false, false},
 		{"an IP, dcgm-diag running", "10.0.0.1",
-			[]corev1.ContainerStatus{run("mesh-proxy", 10), run(dcgm, 10), wait(gang.AllreduceContainer, "PodInitializing")}, false, false},
-		{"running", "10.0.0.1", []corev1.ContainerStatus{run("mesh-proxy", 10), term(dcgm, 0, 10, 100), run(gang.AllreduceContainer, 101)}, true, false},
-		{"running, no IP", "", []corev1.ContainerStatus{run(gang.AllreduceContainer, 101)}, false, false},
+			[]corev1.ContainerStatus{run("mesh-proxy", 10), run(dcgm, 10), wait(gang.AllreduceContainer, "PodInitializing")}, false, false, false},
+		{"running", "10.0.0.1", []corev1.ContainerStatus{run("mesh-proxy", 10), term(dcgm, 0, 10, 100), run(gang.AllreduceContainer, 101)}, true, false, false},
+		{"running, no IP", "", []corev1.ContainerStatus{run(gang.AllreduceContainer, 101)}, false, false, false},
 		{"passed: finished", "10.0.0.1",
-			[]corev1.ContainerStatus{run("mesh-proxy", 10), term(dcgm, 0, 10, 100), term(gang.AllreduceContainer, 0, 101, 200)}, true, true},
+			[]corev1.ContainerStatus{run("mesh-proxy", 10), term(dcgm, 0, 10, 100), term(gang.AllreduceContainer, 0, 101, 200)}, true, true, false},
 		{"failed: runs again or the pod fails", "10.0.0.1",
-			[]corev1.ContainerStatus{term(dcgm, 0, 10, 100), term(gang.AllreduceContainer, 1, 101, 200)}, false, false},
-		{"waiting to run again after a failure", "10.0.0.1", []corev1.ContainerStatus{term(dcgm, 0, 10, 100), restarted}, false, false},
+			[]corev1.ContainerStatus{term(dcgm, 0, 10, 100), term(gang.AllreduceContainer, 1, 101, 200)}, false, false, true},
+		{"waiting to run again after a failure", "10.0.0.1", []corev1.ContainerStatus{term(dcgm, 0, 10, 100), restarted}, false, false, true},
 		{"running again after a failure", "10.0.0.1", []corev1.ContainerStatus{term(dcgm, 0, 10, 100), func() corev1.ContainerStatus {
 			s := run(gang.AllreduceContainer, 300)
 			s.RestartCount = 1
+			s.LastTerminationState = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1}}
 			return s
-		}()}, true, false},
+		}()}, true, false, true},
+		// Passed, then the sandbox was recreated: its last exit is 0, so
+		// a finished peer still ends its wait.
+		{"running again after a pass", "10.0.0.1", []corev1.ContainerStatus{run(dcgm, 500), func() corev1.ContainerStatus {
+			s := run(gang.AllreduceContainer, 600)
+			s.RestartCount = 1
+			s.LastTerminationState = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0}}
+			return s
+		}()}, true, false, false},
 		// The sandbox recreated: the init containers run again, the
 		// check's status is still the previous attempt's.
 		{"passed, dcgm-diag running again", "10.0.0.1",
-			[]corev1.ContainerStatus{run(dcgm, 500), term(gang.AllreduceContainer, 0, 101, 200)}, false, false},
+			[]corev1.ContainerStatus{run(dcgm, 500), term(gang.AllreduceContainer, 0, 101, 200)}, false, false, false},
 		{"passed, dcgm-diag ran again since", "10.0.0.1",
-			[]corev1.ContainerStatus{term(dcgm, 0, 500, 600), term(gang.AllreduceContainer, 0, 101, 200)}, false, false},
+			[]corev1.ContainerStatus{term(dcgm, 0, 500, 600), term(gang.AllreduceContainer, 0, 101, 200)}, false, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "w0", UID: "uid-w0"}, Spec: spec,
@@ -219,15 +231,18 @@ func TestPeers(t *testing.T) {
 				t.Errorf("peer %v finished %v, want %v %v", peer, finished, tc.peer, tc.finished)
 			}
 			cm := Desired("ns", "g", []*corev1.Pod{p}, nil, 1)
-			wantPeers, wantFinished := "", ""
+			wantPeers, wantFinished, wantRerun := "", "", ""
+			if tc.rerun {
+				wantRerun = "w0\n"
+			}
 			if tc.peer {
 				wantPeers = "w0:" + tc.ip + "\n"
 			}
 			if tc.finished {
 				wantFinished = "w0\n"
 			}
-			if cm.Data[KeyPeers] != wantPeers || cm.Data[KeyFinished] != wantFinished || len(cm.OwnerReferences) != 1 {
-				t.Errorf("ConfigMap data %q owners %d, want peers %q finished %q", cm.Data, len(cm.OwnerReferences), wantPeers, wantFinished)
+			if cm.Data[KeyPeers] != wantPeers || cm.Data[KeyFinished] != wantFinished || cm.Data[KeyRerun] != wantRerun || len(cm.OwnerReferences) != 1 {
+				t.Errorf("ConfigMap data %q owners %d, want peers %q finished %q rerun %q", cm.Data, len(cm.OwnerReferences), wantPeers, wantFinished, wantRerun)
 			}
 		})
 	}
