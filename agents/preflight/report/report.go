@@ -23,6 +23,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -279,6 +280,17 @@ func (r *Reporter) Flush(ctx context.Context) FlushResult {
 			continue
 		}
 		lock, err := lockDir(dir, true)
+		if errors.Is(err, fs.ErrPermission) {
+			// Another UID's directory: a live run's (0750 while it runs),
+			// or one a run of that UID left when it was killed before
+			// Close shared it. Not held back for: a live run of another
+			// pod would delay this run's results, failures included. A
+			// killed run's events reach the gateway when a run of its UID
+			// (or root) comes, after this run's: an old failure may then
+			// land after this pass (README, "Runs as the pod's user").
+			r.log.Warn("cannot open another user's spool directory: its events, if it was left by a killed run, are sent by a later run of that user, after this run's", "dir", dir, "err", err)
+			continue
+		}
 		if err != nil {
 			continue // a live run holds it
 		}
