@@ -152,7 +152,12 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 	)
 	br := h.breaker(cl)
 	_, err := h.updateNode(ctx, cl, node, func(n *corev1.Node, st *State) (bool, error) {
-		closing, uncordoned, superseded, before, machine = nil, nil, time.Time{}, time.Time{}, "" // a conflict re-decides on the node as it is now
+		// A conflict re-decides on the node as it is now: what a run found
+		// is found again (a held run writes too now: a manual uncordon's
+		// acknowledgement). verdict and reserved stay: a slot reserved is
+		// taken, and its actions are said.
+		closing, uncordoned, superseded, before, machine = nil, nil, time.Time{}, time.Time{}, ""
+		held, acked, already, preCordon = false, false, false, false
 		now := h.now()
 		manual = st.DetectManualUncordon(n, now)
 		if manual {

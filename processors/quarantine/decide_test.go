@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
@@ -226,5 +227,52 @@ func TestManualUncordonWhileTheBreakerHolds(t *testing.T) {
 	}
 	if a, err := h.AcknowledgeUncordon(ctx, "c1", "heldack-1"); a != nil || err != nil {
 		t.Fatalf("the watch's notice acknowledged again: %v, %v", a, err)
+	}
+}
+
+// The same, with the acknowledgement's write meeting a conflict: someone
+// cordoned the node again meanwhile. Re-decided on the node as it is now,
+// nothing is uncordoned and the new fault joins the standing quarantine
+// (no breaker slot asked): it is applied, not reported held by the
+// breaker. Before, the first run's "held" stayed set: the fault stood on
+// the node while its action said held_by_breaker, and nothing drained it.
+func TestHeldThenConflictReDecided(t *testing.T) {
+	cfg := testConfig("heldcf")
+	cfg.Breaker.MaxPercent = 10 // of 4 nodes: 1
+	h, k, _ := fakeHandler(t, cfg, "heldcf", "heldcf-1", "heldcf-2", "heldcf-3", "heldcf-4")
+	handle(t, h, record("c1", fatal("heldcf-1", "XID_ERROR_48", "GPU-1")))
+	handle(t, h, record("c1", fatal("heldcf-2", "XID_ERROR_48", "GPU-1")))
+	uncordonSeen(t, h, k, getNode(t, k, "heldcf-1"))
+	var once sync.Once
+	k.PrependReactor("patch", "nodes", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if a.(clienttesting.PatchActionImpl).GetName() != "heldcf-1" {
+			return false, nil, nil
+		}
+		conflict := false
+		once.Do(func() {
+			conflict = true
+			obj, err := k.Tracker().Get(a.GetResource(), "", "heldcf-1")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			n := obj.(*corev1.Node).DeepCopy()
+			n.Spec.Unschedulable = true // cordoned again, by hand
+			n.ResourceVersion += "-again"
+			if err := k.Tracker().Update(a.GetResource(), n, ""); err != nil {
+				t.Error(err)
+			}
+		})
+		if conflict {
+			return true, nil, apierrors.NewConflict(a.GetResource().GroupResource(), "heldcf-1", errors.New("the object has been modified"))
+		}
+		return false, nil, nil
+	})
+	acts, _ := handle(t, h, record("c1", fatal("heldcf-1", "XID_ERROR_48", "GPU-2")))
+	if got := kinds(acts); strings.Contains(got, events.OutcomeHeld) || !strings.Contains(got, "quarantine/applied") {
+		t.Fatalf("the re-decided fault: %s, want it applied (it stands on the node)", got)
+	}
+	if st, _ := ReadState(getNode(t, k, "heldcf-1")); len(st.Faults) != 2 {
+		t.Fatalf("faults on the node %v, want both", st.Faults)
 	}
 }
