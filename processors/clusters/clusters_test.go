@@ -484,7 +484,7 @@ func TestGateWaitShared(t *testing.T) {
 // straight back.
 func TestGateReadyWhileProbing(t *testing.T) {
 	g := NewGate(nil)
-	g.MinBackoff, g.MaxBackoff, g.ProbeInterval, g.ProbeTimeout = 10*time.Millisecond, 10*time.Millisecond, 20*time.Millisecond, 5*time.Second
+	g.MinBackoff, g.MaxBackoff, g.ProbeInterval, g.ProbeTimeout = 10*time.Millisecond, 10*time.Millisecond, 200*time.Millisecond, 5*time.Second // a stall under 200ms cannot pass the time it gives
 	silent := make(chan struct{})
 	defer close(silent)
 	probes := make(chan struct{}, 10)
