@@ -23,7 +23,8 @@
 // tests run on fixture trees): GPU driver /sys/module/nvidia/version; GPU
 // VBIOS the "Video BIOS" lines of /proc/driver/nvidia/gpus/*/information;
 // NIC firmware /sys/class/infiniband/*/fw_ver (the devices listed by
-// prometheus/procfs); BIOS /sys/class/dmi/id/bios_* (prometheus/procfs);
+// prometheus/procfs; none, with a Mellanox NIC on the PCI bus, is
+// unreadable); BIOS /sys/class/dmi/id/bios_* (prometheus/procfs);
 // BMC the firmware revision printed by a command (default `ipmitool mc
 // info`); kernel /proc/sys/kernel/osrelease and /proc/cmdline
 // (prometheus/procfs); the OS image hash a configured file or command.
@@ -663,6 +664,10 @@ var vbiosRE = regexp.MustCompile(`(?m)^Video BIOS:\s*(\S+)`)
 func (c *Check) nicFirmware() (string, error) {
 	names, err := c.sys.InfiniBandClassDevices()
 	if errors.Is(err, fs.ErrNotExist) || err == nil && len(names) == 0 {
+		if dev := c.rdmaPCIDevice(); dev != "" {
+			return "", fmt.Errorf("no InfiniBand devices in %s, Mellanox NIC %s on the PCI bus (its driver not loaded yet or reloading)",
+				filepath.Join(c.cfg.Sysfs, "class", "infiniband"), dev)
+		}
 		return "", absentError{"no InfiniBand devices"}
 	}
 	if err != nil {
@@ -677,6 +682,24 @@ func (c *Check) nicFirmware() (string, error) {
 		set[v] = true
 	}
 	return joinSet(set), nil
+}
+
+// rdmaPCIDevice is the address of a Mellanox/NVIDIA networking device
+// (vendor 0x15b3, class 0x0207xx InfiniBand or 0x0200xx Ethernet) on the
+// node's PCI bus (<sysfs>/bus/pci/devices), "" when there is none: with
+// one there, an empty class/infiniband is mlx5_core loading late or being
+// reloaded (MOFED), not a node without RDMA device.
+func (c *Check) rdmaPCIDevice() string {
+	devs, _ := filepath.Glob(filepath.Join(c.cfg.Sysfs, "bus", "pci", "devices", "*"))
+	for _, d := range devs {
+		vendor, verr := c.readFile(filepath.Join(d, "vendor"))
+		class, cerr := c.readFile(filepath.Join(d, "class"))
+		if verr == nil && cerr == nil && vendor == "0x15b3" &&
+			(strings.HasPrefix(class, "0x0207") || strings.HasPrefix(class, "0x0200")) {
+			return filepath.Base(d)
+		}
+	}
+	return ""
 }
 
 func joinSet(set map[string]bool) string {

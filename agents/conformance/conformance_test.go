@@ -284,6 +284,51 @@ func TestNICFirmwareBesidePortFaults(t *testing.T) {
 	}
 }
 
+// TestNICFirmwareDriverLoading: with a Mellanox NIC on the PCI bus, a
+// missing or empty class/infiniband is its driver loading late or being
+// reloaded (MOFED restarting mlx5_core): unreadable, left out of the
+// majority, not the stable "absent" that would make the node drift. Only
+// a node without such a device has no RDMA device.
+func TestNICFirmwareDriverLoading(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		vendor, class string // "": no PCI device
+		ibDir         bool   // an empty class/infiniband
+		want          string // prefix
+	}{
+		{"ConnectX InfiniBand, class/infiniband missing", "0x15b3", "0x020700", false, Unreadable},
+		{"ConnectX InfiniBand, class/infiniband empty", "0x15b3", "0x020700", true, Unreadable},
+		{"ConnectX Ethernet, class/infiniband empty", "0x15b3", "0x020000", true, Unreadable},
+		{"Mellanox bridge only", "0x15b3", "0x060400", true, Absent},
+		{"Intel Ethernet", "0x8086", "0x020000", true, Absent},
+		{"no PCI device", "", "", false, Absent},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sys := t.TempDir()
+			if tc.vendor != "" {
+				dev := filepath.Join(sys, "bus/pci/devices/0000:3b:00.0")
+				if err := os.MkdirAll(dev, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				for f, v := range map[string]string{"vendor": tc.vendor + "\n", "class": tc.class + "\n"} {
+					if err := os.WriteFile(filepath.Join(dev, f), []byte(v), 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if tc.ibDir {
+				if err := os.MkdirAll(filepath.Join(sys, "class/infiniband"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c := fixture(t, "no-gpu", func(c *Config) { c.Sysfs = sys })
+			if got := c.Collect(t.Context())[NICFirmware]; !strings.HasPrefix(got, tc.want) || len(got) <= len(tc.want) {
+				t.Fatalf("nic_firmware = %q, want %q with a reason", got, tc.want)
+			}
+		})
+	}
+}
+
 // TestMostComponents: the most extra components the config takes still
 // make an event the gateway takes; one more is refused at start, naming
 // the key.
