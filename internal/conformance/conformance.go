@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"time"
 
 	ch "github.com/ClickHouse/clickhouse-go/v2"
@@ -31,25 +32,32 @@ type Report struct {
 	Fingerprint string
 	// At is when the agent took it (the event's generatedTimestamp).
 	At time.Time
-	// Components are filled by Components only.
+	// Components: name → value; filled by Latest for a partial report
+	// only (Evaluate reads them when a group has no complete report).
 	Components map[string]string
 	// Partial: the agent could not read some component (its value starts
 	// with agents/conformance.Unreadable) — a driver not loaded yet after
 	// a reboot, a BMC tool that timed out. Such a report counts in no
-	// majority (filled by Latest).
+	// majority while the group has a complete one (filled by Latest).
 	Partial bool
 }
 
-// unreadablePattern matches a component value the agent could not read
-// (it starts with agents/conformance.Unreadable; a test keeps them equal).
-const unreadablePattern = "unreadable: %"
+// unreadablePrefix starts a component value the agent could not read
+// (agents/conformance.Unreadable; a test keeps them equal), and
+// unreadablePattern matches one in SQL.
+const (
+	unreadablePrefix  = "unreadable: "
+	unreadablePattern = unreadablePrefix + "%"
+)
 
 // Latest returns the latest report of each node of cluster taken at or
 // after since (older ones are stale), restricted to nodes when nodes is
-// not nil. A node without such a report is absent from the map.
+// not nil. A node without such a report is absent from the map. A partial
+// report comes with its components.
 func Latest(ctx context.Context, conn clickhouse.Conn, cluster string, since time.Time, nodes []string) (map[string]Report, error) {
 	q := `SELECT node, argMax(fingerprint, toUInt64(ts) * 1000 + ts_ms) AS fp, max(toUInt64(ts) * 1000 + ts_ms) AS at_ms,
-	argMax(arrayExists(v -> v LIKE ?, components.version), toUInt64(ts) * 1000 + ts_ms) AS partial
+	argMax(arrayExists(v -> v LIKE ?, components.version), toUInt64(ts) * 1000 + ts_ms) AS partial,
+	argMax(components.name, toUInt64(ts) * 1000 + ts_ms) AS names, argMax(components.version, toUInt64(ts) * 1000 + ts_ms) AS versions
 FROM conformance
 WHERE cluster = ? AND ts >= ?`
 	args := []any{unreadablePattern, cluster, clampTime(since)}
@@ -74,14 +82,23 @@ GROUP BY node`
 	out := map[string]Report{}
 	for rows.Next() {
 		var (
-			r       Report
-			ms      uint64
-			partial uint8
+			r               Report
+			ms              uint64
+			partial         uint8
+			names, versions []string
 		)
-		if err := rows.Scan(&r.Node, &r.Fingerprint, &ms, &partial); err != nil {
+		if err := rows.Scan(&r.Node, &r.Fingerprint, &ms, &partial, &names, &versions); err != nil {
 			return nil, fmt.Errorf("conformance: latest reports of %s: %w", cluster, err)
 		}
 		r.At, r.Partial = time.UnixMilli(int64(ms)).UTC(), partial == 1
+		if r.Partial {
+			r.Components = make(map[string]string, len(names))
+			for i, n := range names {
+				if i < len(versions) {
+					r.Components[n] = versions[i]
+				}
+			}
+		}
 		out[r.Node] = r
 	}
 	if err := rows.Err(); err != nil {
@@ -245,22 +262,36 @@ type Verdict struct {
 // (half a pool rebooting, its drivers not loaded yet, would otherwise
 // leave it without one, or make the unreadable fingerprint the expected
 // one).
+//
+// A group whose fresh reports are all partial (a component unreadable on
+// every node: ipmitool configured, /dev/ipmi0 not passed through) is
+// decided on the components readable somewhere (majorityOfPartial).
 func Evaluate(members []Member, baseline string) []Verdict {
 	expected, basis := baseline, BasisBaseline
+	var (
+		key     func(*Report) string // nil: nodes are compared by fingerprint
+		wantKey string
+	)
 	if expected == "" {
 		basis = BasisMajority
 		counts := map[string]int{}
-		fresh := 0
+		fresh, complete := 0, 0
 		for _, m := range members {
+			if m.Report != nil {
+				fresh++
+			}
 			if m.Report != nil && !m.Report.Partial {
 				counts[m.Report.Fingerprint]++
-				fresh++
+				complete++
 			}
 		}
 		for fp, c := range counts {
-			if 2*c > fresh {
+			if 2*c > complete {
 				expected = fp
 			}
+		}
+		if complete == 0 && fresh > 0 {
+			expected, wantKey, key = majorityOfPartial(members)
 		}
 	}
 	out := make([]Verdict, 0, len(members))
@@ -271,7 +302,7 @@ func Evaluate(members []Member, baseline string) []Verdict {
 			v.State = StateUnknown
 		case expected == "":
 			v.State, v.Actual = Undecided, m.Report.Fingerprint
-		case m.Report.Fingerprint == expected:
+		case m.Report.Fingerprint == expected, key != nil && key(m.Report) == wantKey:
 			v.State, v.Actual = Conforming, m.Report.Fingerprint
 		default:
 			v.State, v.Actual = Drifted, m.Report.Fingerprint
@@ -279,6 +310,89 @@ func Evaluate(members []Member, baseline string) []Verdict {
 		out = append(out, v)
 	}
 	return out
+}
+
+// majorityOfPartial decides a group whose fresh reports are all partial:
+// the components unreadable on every one of them are left out, the reports
+// with no other unreadable component vote, and the components of more than
+// half of them are expected (none: ""). It returns the fingerprint of one
+// such report (the most common among them), and the key a node's report
+// must have to conform: its components but those left out (so an
+// unreadable value's reason, which may differ from node to node, does not
+// count). A report without its components (Latest fills them) leaves the
+// group undecided.
+func majorityOfPartial(members []Member) (expected, wantKey string, key func(*Report) string) {
+	var common map[string]bool // unreadable on every fresh report
+	for _, m := range members {
+		r := m.Report
+		if r == nil {
+			continue
+		}
+		if r.Components == nil {
+			return "", "", nil
+		}
+		unreadable := map[string]bool{}
+		for n, v := range r.Components {
+			if strings.HasPrefix(v, unreadablePrefix) && (common == nil || common[n]) {
+				unreadable[n] = true
+			}
+		}
+		common = unreadable
+	}
+	key = func(r *Report) string {
+		names := make([]string, 0, len(r.Components))
+		for n := range r.Components {
+			if !common[n] {
+				names = append(names, n)
+			}
+		}
+		sort.Strings(names)
+		var b strings.Builder
+		for _, n := range names {
+			fmt.Fprintf(&b, "%s=%s\n", n, r.Components[n])
+		}
+		return b.String()
+	}
+	counts := map[string]int{}
+	fps := map[string]map[string]int{} // key → fingerprint → reports
+	voters := 0
+	for _, m := range members {
+		r := m.Report
+		if r == nil || otherUnreadable(r, common) {
+			continue
+		}
+		k := key(r)
+		counts[k]++
+		if fps[k] == nil {
+			fps[k] = map[string]int{}
+		}
+		fps[k][r.Fingerprint]++
+		voters++
+	}
+	for k, c := range counts {
+		if 2*c > voters {
+			wantKey = k
+		}
+	}
+	if wantKey == "" { // no majority, or nothing readable on any node
+		return "", "", nil
+	}
+	for fp, c := range fps[wantKey] {
+		if expected == "" || c > fps[wantKey][expected] || c == fps[wantKey][expected] && fp < expected {
+			expected = fp
+		}
+	}
+	return expected, wantKey, key
+}
+
+// otherUnreadable: r has an unreadable component not in common.
+func otherUnreadable(r *Report, common map[string]bool) bool {
+	for n, v := range r.Components {
+		if !common[n] && strings.HasPrefix(v, unreadablePrefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // Diff lists the components that differ between expected and actual, as

@@ -87,6 +87,62 @@ func TestEvaluate(t *testing.T) {
 	}
 }
 
+// TestEvaluateOnlyPartial: a group whose reports are all partial (bmc
+// unreadable on every node: ipmitool configured, /dev/ipmi0 not passed
+// through) is decided on the components readable somewhere: the node on
+// another GPU driver is drifted; a node rebooting (its GPU driver
+// unreadable too) neither votes nor makes the others drift.
+func TestEvaluateOnlyPartial(t *testing.T) {
+	const ipmi = "unreadable: ipmitool mc info: exit status 1: Could not open device at /dev/ipmi0"
+	report := func(node, gpu, bmc string) *Report {
+		comps := map[string]string{"gpu_driver": gpu, "bmc_version": bmc, "kernel": "6.8.0-45-generic"}
+		return &Report{Node: node, Fingerprint: agentconf.Fingerprint(comps), Components: comps, Partial: true}
+	}
+	group := func(gpus ...string) []Member {
+		var out []Member
+		for i, gpu := range gpus {
+			node := fmt.Sprintf("n%d", i+1)
+			bmc := ipmi
+			if strings.HasSuffix(gpu, "@") { // a reason naming the node
+				gpu, bmc = strings.TrimSuffix(gpu, "@"), ipmi+" on "+node
+			}
+			out = append(out, Member{Node: node, Report: report(node, gpu, bmc)})
+		}
+		return out
+	}
+	const (
+		a, b    = "550.54.14", "550.90.07"
+		loading = "unreadable: nvidia module not loaded, NVIDIA GPU on the PCI bus"
+		C, D    = Conforming, Drifted
+	)
+	for _, tc := range []struct {
+		name    string
+		members []Member
+		want    []State
+	}{
+		{"node 10 on another GPU driver", group(a, a, a, a, a, a, a, a, a, b), []State{C, C, C, C, C, C, C, C, C, D}},
+		{"reasons differ from node to node", group(a+"@", a+"@", a+"@", b+"@"), []State{C, C, C, D}},
+		{"rebooting nodes do not vote", group(a, a, a, a, loading, loading, loading, loading, loading, loading), []State{C, C, C, C, D, D, D, D, D, D}},
+		{"tie is undecided", group(a, a, b, b, loading), []State{Undecided, Undecided, Undecided, Undecided, Undecided}},
+		{"GPU driver unreadable on every node: judged on the rest", group(loading, loading), []State{C, C}},
+		{"unknown node beside", append(group(a, a, b), Member{Node: "n4"}), []State{C, C, D, StateUnknown}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vs := Evaluate(tc.members, "")
+			for i, v := range vs {
+				if v.State != tc.want[i] {
+					t.Errorf("%s: %s, want %s", v.Node, v.State, tc.want[i])
+				}
+				if v.State == Conforming || v.State == Drifted {
+					if v.Expected != tc.members[0].Report.Fingerprint || v.Basis != BasisMajority {
+						t.Errorf("%s: expected %s (%s), want n1's fingerprint", v.Node, v.Expected, v.Basis)
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestUnreadablePattern: Latest's pattern matches what the agent writes.
 func TestUnreadablePattern(t *testing.T) {
 	if got := strings.TrimSuffix(unreadablePattern, "%"); got != agentconf.Unreadable {
