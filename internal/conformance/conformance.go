@@ -167,12 +167,13 @@ type Score struct {
 	// Requested is the number of distinct nodes requested.
 	Requested int `json:"requested"`
 	// Groups, largest first (then by fingerprint); each node without a
-	// fresh report is a group of one with fingerprint Unknown.
+	// fresh, complete report is a group of one with fingerprint Unknown.
 	Groups []Group `json:"groups"`
 }
 
 // ComputeScore groups the requested nodes by their fresh report (latest;
-// a node missing from it is unknown) and computes f₉.
+// a node missing from it, or whose report is partial, is unknown: a group
+// of one, as the processor neither counts nor judges it) and computes f₉.
 func ComputeScore(nodes []string, latest map[string]Report) Score {
 	byFP := map[string][]string{}
 	var groups []Group
@@ -185,7 +186,7 @@ func ComputeScore(nodes []string, latest map[string]Report) Score {
 		seen[node] = true
 		n++
 		r, ok := latest[node]
-		if !ok {
+		if !ok || r.Partial {
 			groups = append(groups, Group{Fingerprint: Unknown, Nodes: []string{node}})
 			continue
 		}

@@ -11,10 +11,11 @@ import (
 	agentconf "github.com/faultline/faultline/agents/conformance"
 )
 
+// reports: node → fingerprint; "!fp" is a partial report.
 func reports(m map[string]string) map[string]Report {
 	out := map[string]Report{}
 	for n, fp := range m {
-		out[n] = Report{Node: n, Fingerprint: fp}
+		out[n] = Report{Node: n, Fingerprint: strings.TrimPrefix(fp, "!"), Partial: strings.HasPrefix(fp, "!")}
 	}
 	return out
 }
@@ -32,6 +33,8 @@ func TestComputeScore(t *testing.T) {
 			[]Group{{"x", []string{"a", "b"}}, {"y", []string{"c", "d"}}}},
 		{"unknown are groups of one", []string{"a", "b", "c"}, map[string]string{"a": "x"}, 1.0 / 3,
 			[]Group{{"unknown", []string{"b"}}, {"unknown", []string{"c"}}, {"x", []string{"a"}}}},
+		{"partial reports are unknown", []string{"a", "b", "c", "d"}, map[string]string{"a": "!u", "b": "!u", "c": "!u", "d": "x"}, 1.0 / 4,
+			[]Group{{"unknown", []string{"a"}}, {"unknown", []string{"b"}}, {"unknown", []string{"c"}}, {"x", []string{"d"}}}},
 		{"duplicates count once", []string{"a", "a", "b"}, map[string]string{"a": "x", "b": "x"}, 1, []Group{{"x", []string{"a", "b"}}}},
 		{"single node", []string{"a"}, map[string]string{"a": "x"}, 1, []Group{{"x", []string{"a"}}}},
 		{"none", nil, nil, 1, []Group{}},
