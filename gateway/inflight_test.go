@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -287,15 +288,25 @@ func TestInflightWaitIsIdle(t *testing.T) {
 	conn := f.connContext(context.Background())
 	mustReserve(t, f, context.Background(), 90)
 	w := mustReserve(t, f, conn, 10)
-	before := cpuTime(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer cancel()
-	if err := w.growWait(ctx, 50); !errors.Is(err, errBusy) {
-		t.Fatalf("growWait: %v, want errBusy", err)
+	// The CPU is the whole process's: the garbage of earlier tests and
+	// their goroutines winding down count too. So each try starts after a
+	// GC, and up to three tries are made: a wait that spins uses its
+	// 500 ms in every try, noise does not come back each time.
+	var used []time.Duration
+	for range 3 {
+		runtime.GC()
+		before := cpuTime(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		err := w.growWait(ctx, 50)
+		cancel()
+		if !errors.Is(err, errBusy) {
+			t.Fatalf("growWait: %v, want errBusy", err)
+		}
+		if used = append(used, cpuTime(t)-before); used[len(used)-1] <= 100*time.Millisecond {
+			return
+		}
 	}
-	if used := cpuTime(t) - before; used > 100*time.Millisecond {
-		t.Fatalf("a 500 ms wait for the budget used %s of CPU", used)
-	}
+	t.Fatalf("a 500 ms wait for the budget used %v of CPU (three tries)", used)
 }
 
 func cpuTime(t *testing.T) time.Duration {

@@ -355,17 +355,28 @@ func TestSlowActionsAnsweredInProgress(t *testing.T) {
 	dir := t.TempDir()
 	log := filepath.Join(dir, "calls.log")
 	slow := filepath.Join(dir, "slow")
-	script := "#!/bin/sh\necho \"start $*\" >> " + log + "\nsleep 1\necho \"end $*\" >> " + log + "\n"
+	// A command runs until the test creates the release file: the steps
+	// below happen while the commands run however slow the machine (a
+	// fixed "sleep 1" ended under load before they were done).
+	release := filepath.Join(dir, "release")
+	script := "#!/bin/sh\necho \"start $*\" >> " + log + "\nwhile [ ! -e " + release + " ]; do sleep 0.02; done\necho \"end $*\" >> " + log + "\n"
 	if err := os.WriteFile(slow, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	letGo := func() {
+		if err := os.WriteFile(release, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = os.WriteFile(release, nil, 0o644) }) // no command left waiting
 	cfg := DefaultConfig()
+	cfg.CommandTimeout = 30 * time.Second // a test gone wrong does not wait 2m
 	k := newJanitorKey(t, dir, "janitor")
 	cfg.VerifyKeyFile = k.pubFile
 	cfg.RebootCommand = []string{slow, "reboot"}
 	cfg.GPUResetCommand = []string{slow, "reset", "{uuid}"}
 	cfg.StateFile = filepath.Join(dir, "local-actions.json")
-	start := func() *httptest.Server {
+	start := func() (*Server, *httptest.Server) {
 		s, err := New(cfg, testNode, testLog, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -373,9 +384,9 @@ func TestSlowActionsAnsweredInProgress(t *testing.T) {
 		s.AnswerWait = 100 * time.Millisecond
 		srv := httptest.NewServer(s.Handler())
 		t.Cleanup(srv.Close)
-		return srv
+		return s, srv
 	}
-	srv := start()
+	s1, srv := start()
 	const gpuA, gpuB = "GPU-00000000-0000-0000-0000-00000000000a", "GPU-00000000-0000-0000-0000-00000000000b"
 	call := func(srv *httptest.Server, id, gpu string) (int, Answer) {
 		t.Helper()
@@ -386,6 +397,14 @@ func TestSlowActionsAnsweredInProgress(t *testing.T) {
 		return k.call(t, srv.URL, req)
 	}
 	calls := func() []string { b, _ := os.ReadFile(log); return strings.Split(strings.TrimSpace(string(b)), "\n") }
+	waitLogged := func(line string, n int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); strings.Count(strings.Join(calls(), "\n")+"\n", line+"\n") < n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%q not logged %d times within 10s:\n%s", line, n, strings.Join(calls(), "\n"))
+			}
+		}
+	}
 	waitDone := func(id, gpu string) Answer {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
@@ -405,15 +424,14 @@ func TestSlowActionsAnsweredInProgress(t *testing.T) {
 	}{
 		{"g1", gpuA, http.StatusAccepted, true, false}, // running
 		{"g2", gpuB, http.StatusAccepted, true, false}, // waits for g1
-		{"r1", "", http.StatusOK, false, false},        // recorded, its command started at once
+		{"r1", "", http.StatusOK, false, false},        // recorded, its command started at once (reset A still runs)
 		{"g1", gpuA, http.StatusAccepted, true, true},  // asked again
 	} {
-		began := time.Now()
-		code, a := call(srv, step.id, step.gpu)
-		if code != step.code || a.InProgress != step.inProgress || a.Repeated != step.repeated || time.Since(began) > 900*time.Millisecond {
-			t.Fatalf("%s: %d %+v after %v", step.id, code, a, time.Since(began))
+		if code, a := call(srv, step.id, step.gpu); code != step.code || a.InProgress != step.inProgress || a.Repeated != step.repeated {
+			t.Fatalf("%s: %d %+v", step.id, code, a)
 		}
 	}
+	letGo()
 	if a := waitDone("g1", gpuA); !a.OK || !a.Repeated {
 		t.Fatalf("g1: %+v", a)
 	}
@@ -428,21 +446,44 @@ func TestSlowActionsAnsweredInProgress(t *testing.T) {
 		}
 		return i
 	}
+	waitLogged("end reboot", 1)
 	if len(calls()) != 6 || at("start reboot") > at("end reset "+gpuA) || at("start reset "+gpuB) < at("end reset "+gpuA) {
 		t.Fatalf("want each command once, the reboot during reset A, reset B after it:\n%s", strings.Join(calls(), "\n"))
 	}
+	waitIdle(t, s1)
 
 	// The agent stops (restarts) while g3 resets.
+	if err := os.Remove(release); err != nil {
+		t.Fatal(err)
+	}
 	if _, a := call(srv, "g3", gpuA); !a.InProgress {
 		t.Fatalf("g3: %+v", a)
 	}
-	srv2 := start()
+	_, srv2 := start()
 	if _, a := call(srv2, "g3", gpuA); a.OK || a.InProgress || a.Reason != "Interrupted" || !a.Repeated {
 		t.Fatalf("g3 after a restart: %+v", a)
 	}
-	time.Sleep(1200 * time.Millisecond) // the first agent's command ends
+	letGo() // the first agent's command ends
+	waitLogged("end reset "+gpuA, 2)
+	waitIdle(t, s1)
 	if n := strings.Count(strings.Join(calls(), "\n"), "start reset"); n != 3 {
 		t.Fatalf("resets ran %d times, want 3 (g1, g2, g3 once):\n%s", n, strings.Join(calls(), "\n"))
+	}
+}
+
+// waitIdle waits until no action of s runs (each one's answer recorded).
+func waitIdle(t *testing.T, s *Server) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s.mu.Lock()
+		n := len(s.running)
+		s.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d actions still running after 10s", n)
+		}
 	}
 }
 

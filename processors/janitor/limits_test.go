@@ -1,6 +1,7 @@
 package janitor
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -36,7 +37,14 @@ func TestSlotsGivenBackWhenTheWatchStops(t *testing.T) {
 	// Back: R1, still in progress, takes its slot again before R2 starts.
 	f.create(kindReboot, "r2", "n2", nil)
 	stop = f.run(j)
-	time.Sleep(500 * time.Millisecond)
+	// The restarted watch syncs, then R1 takes its slot again; waited
+	// for, not a fixed sleep (under load the sync took longer). Once R1
+	// holds it, R2 can take none: 1 in progress, R2 not started.
+	for deadline := time.Now().Add(5 * time.Second); !holds(j.lim, "/r1"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("r1 took no slot again within 5s of the restart: %d in progress", j.lim.inProgress(cluster))
+		}
+	}
 	if o := f.get(kindReboot, "r2"); stateOf(o) != nil || j.lim.inProgress(cluster) != 1 {
 		t.Fatalf("r2 started beside r1 in progress (max_concurrent 1): %d in progress, %v", j.lim.inProgress(cluster), o.Object)
 	}
@@ -52,4 +60,16 @@ func TestSlotsGivenBackWhenTheWatchStops(t *testing.T) {
 	if got := prov.count()["reboot/graceful"]; got != 2 {
 		t.Fatalf("%d reboots sent, want 2", got)
 	}
+}
+
+// holds reports whether a resource whose key ends in suffix holds a slot.
+func holds(l *limiter, suffix string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for res := range l.holders {
+		if strings.HasSuffix(res, suffix) {
+			return true
+		}
+	}
+	return false
 }
