@@ -44,7 +44,9 @@ const (
 	// path cordons, taints and drains it); its healthy event un-drains.
 	CheckDriftSensitive = "NodeConformanceDrift"
 	// CheckDriftTimeout: a node stayed drifted past its timeout (fatal,
-	// CONTACT_SUPPORT); lifted by an operator, never by the role.
+	// CONTACT_SUPPORT); lifted by an operator, or by the role's healthy
+	// event when the group comes to expect the very fingerprint the node
+	// drifted with (a rolling upgrade whose majority flipped).
 	CheckDriftTimeout = "NodeConformanceDriftTimeout"
 	// Agent is the derived events' agent.
 	Agent = "faultline-conformance"

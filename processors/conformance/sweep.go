@@ -286,7 +286,12 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 	case ic.StateUnknown:
 		return s.escalateStale(ctx, cl, cluster, pool, m, now, "it stopped reporting (no report within staleness)", out)
 	case ic.Undecided:
-		return s.escalateStale(ctx, cl, cluster, pool, m, now, "its group has no expected fingerprint now (no baseline, no majority)", out)
+		// No expected fingerprint: nothing says the node is the one that
+		// is wrong (a rolling upgrade at a tie). Its taint and state stay
+		// and it is not escalated: the 4 early-upgraded nodes of a pool
+		// of 10 at 5/5 were cordoned and drained for running what half
+		// the pool (and soon all of it) ran.
+		return nil
 	case ic.Drifted:
 		if st.Restoring { // drifted again before its return was told: a new drift
 			st, has = State{}, false
@@ -405,7 +410,21 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 				"re-verified and approved by "+AnnotationApproved+": quarantine lifted", details, sinceKey(st.Since), !live))
 		}
 		reason := "conforms again: taint and label removed"
-		if st.Escalated {
+		switch {
+		case st.Escalated && st.Actual == v.Actual:
+			// Its fingerprint is the one it drifted with: the group's
+			// expectation moved to the node (the majority of a rolling
+			// upgrade flipped, a baseline was set to it), nothing on it
+			// was remediated — it runs the group's configuration. The
+			// timeout's quarantine is lifted (the healthy event of its
+			// check and node); it stayed, a drained node running exactly
+			// what the pool now runs.
+			if live {
+				first.Events = append(first.Events, s.derived(cluster, m.name, CheckDriftTimeout, true, datamodels.RecommendedAction_NONE, st,
+					"group "+groupKey(cluster, pool)+" now expects the fingerprint the node was escalated with ("+short(v.Actual)+"): timeout quarantine lifted"))
+			}
+			reason += "; the group now expects the fingerprint it drifted with: the timeout's quarantine lifted"
+		case st.Escalated:
 			reason += " (the timeout's quarantine stays until an operator lifts it)"
 		}
 		first.Actions = append(first.Actions, s.action(cluster, m.name, events.KindConformanceRestored, outcome(live), reason, details, sinceKey(st.Since), !live))
