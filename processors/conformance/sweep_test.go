@@ -377,3 +377,57 @@ func TestRollingUpgrade(t *testing.T) {
 		}
 	})
 }
+
+// TestOtherHardwareIsAnotherGroup: 10 GPU nodes without a pool label, 3
+// of another server model (another nvidia.com/gpu.product, and so another
+// BIOS and NIC firmware): two groups by default, nobody drifted. They
+// were one group: the 3 drifted from the 7, were tainted, and were
+// escalated (cordon + drain) a day later, healthy nodes all. With
+// hardware_labels empty the pool alone groups them again.
+func TestOtherHardwareIsAnotherGroup(t *testing.T) {
+	ctx := context.Background()
+	e := startFake(t, false)
+	e.nodes(t, 10)
+	for i := 1; i <= 10; i++ {
+		name := fmt.Sprintf("%s-n%d", e.cluster, i)
+		n := e.get(t, name)
+		c := comps("")
+		n.Labels = map[string]string{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+		if i > 7 {
+			n.Labels["nvidia.com/gpu.product"] = "NVIDIA-H200"
+			c["bios_version"], c["nic_firmware"] = "3.0.2", "28.41.1000"
+		}
+		if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		store(t, e.h, record(t, e.cluster, name, c, e.clk.Now()))
+	}
+	for _, tc := range []struct {
+		name   string
+		labels []string
+		drifts int
+	}{
+		{"default", DefaultConfig().HardwareLabels, 0},
+		{"by pool alone", nil, 3},
+	} {
+		cfg := DefaultConfig()
+		cfg.HardwareLabels = tc.labels
+		if err := cfg.Validate("conformance."); err != nil {
+			t.Fatal(err)
+		}
+		// Dry-run: decided, nothing written to the nodes between cases.
+		e.reg.SetClient(e.cluster, e.kube, true)
+		sw := NewSweeper(cfg, e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+		out := e.sweep(t, sw, tc.name)
+		drifts := kinds(out.Actions)[events.KindConformanceDrift]
+		if len(drifts) != tc.drifts {
+			t.Fatalf("%s: drifts %v, want %d", tc.name, drifts, tc.drifts)
+		}
+		if tc.drifts == 0 {
+			continue
+		}
+		if g := drifts[0].Details[events.DetailConformanceGroup]; g != e.cluster {
+			t.Errorf("%s: group %q, want %q", tc.name, g, e.cluster)
+		}
+	}
+}
