@@ -27,7 +27,8 @@ const (
 	// TaintDrift is the PreferNoSchedule taint of a drifted node; its value
 	// is the node's conformance group (GroupLabelValue).
 	TaintDrift = "faultline.io/conformance-drift"
-	// LabelGroup names the conformance group a drifted node drifted from.
+	// LabelGroup names the conformance group a drifted node drifted from
+	// (its pool: GroupValue).
 	LabelGroup = "faultline.io/conformance-group"
 	// AnnotationState is the role's state on a drifted node (JSON State).
 	AnnotationState = "faultline.io/conformance-state"
@@ -44,7 +45,9 @@ const (
 	// path cordons, taints and drains it); its healthy event un-drains.
 	CheckDriftSensitive = "NodeConformanceDrift"
 	// CheckDriftTimeout: a node stayed drifted past its timeout (fatal,
-	// CONTACT_SUPPORT); lifted by an operator, never by the role.
+	// CONTACT_SUPPORT); lifted by an operator, or by the role's healthy
+	// event when the group comes to expect the very fingerprint the node
+	// drifted with (a rolling upgrade whose majority flipped).
 	CheckDriftTimeout = "NodeConformanceDriftTimeout"
 	// Agent is the derived events' agent.
 	Agent = "faultline-conformance"
@@ -56,7 +59,8 @@ type Baseline struct {
 	Cluster string `toml:"cluster"`
 	// Pool is the group's node pool (the pool label's value); "" for
 	// the nodes without the label (or every node when no pool label is
-	// configured).
+	// configured). The baseline applies to each hardware group of the
+	// pool (HardwareLabels).
 	Pool string `toml:"pool"`
 	// Fingerprint is the expected fingerprint (64 hex digits).
 	Fingerprint string `toml:"fingerprint"`
@@ -94,6 +98,14 @@ type Config struct {
 	// per cluster and pool. "" (or a node without it): the cluster is the
 	// group. Default "faultline.io/node-pool".
 	PoolLabel string `toml:"pool_label"`
+	// HardwareLabels are node labels whose values split each pool's group
+	// by hardware identity: nodes of another GPU or server model (other
+	// BIOS, VBIOS, NIC firmware by design) never drift against each
+	// other. A node groups by the labels of these it carries; none (or no
+	// kubeconfig): by pool alone. Default nvidia.com/gpu.product,
+	// nvidia.com/gpu.machine (GPU Feature Discovery) and
+	// node.kubernetes.io/instance-type; empty: by pool alone.
+	HardwareLabels []string `toml:"hardware_labels"`
 	// SensitiveLabel is "key=value" marking sensitive nodes (drained at
 	// once on drift, un-drained only after re-verification and approval).
 	// Default "faultline.io/sensitive=true".
@@ -126,6 +138,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		PoolLabel:               "faultline.io/node-pool",
+		HardwareLabels:          []string{"nvidia.com/gpu.product", "nvidia.com/gpu.machine", "node.kubernetes.io/instance-type"},
 		SensitiveLabel:          "faultline.io/sensitive=true",
 		Staleness:               13 * time.Hour,
 		DriftRemediationTimeout: 24 * time.Hour,
@@ -141,6 +154,15 @@ func DefaultConfig() Config {
 // are set in the TOML file.
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.PoolLabel, prefix+"pool-label", c.PoolLabel, "node label naming the node pool (conformance groups are per cluster and pool)")
+	fs.Func(prefix+"hardware-labels", "comma-separated node labels whose values split each pool's conformance group by hardware (default "+strings.Join(c.HardwareLabels, ",")+"; empty: by pool alone)", func(v string) error {
+		c.HardwareLabels = nil
+		for _, l := range strings.Split(v, ",") {
+			if l = strings.TrimSpace(l); l != "" {
+				c.HardwareLabels = append(c.HardwareLabels, l)
+			}
+		}
+		return nil
+	})
 	fs.StringVar(&c.SensitiveLabel, prefix+"sensitive-label", c.SensitiveLabel, "key=value label of sensitive nodes")
 	fs.DurationVar(&c.Staleness, prefix+"staleness", c.Staleness, "a node whose latest report is older is unknown")
 	fs.DurationVar(&c.DriftRemediationTimeout, prefix+"drift-remediation-timeout", c.DriftRemediationTimeout, "drifted this long: escalated to a fatal event")
@@ -192,6 +214,18 @@ func (c *Config) Validate(prefix string) error {
 		if errs := validation.IsQualifiedName(c.PoolLabel); len(errs) > 0 {
 			return fmt.Errorf("%spool_label: %q is not a label key: %s", prefix, c.PoolLabel, strings.Join(errs, "; "))
 		}
+	}
+	seen := map[string]bool{}
+	for i, l := range c.HardwareLabels {
+		switch {
+		case len(validation.IsQualifiedName(l)) > 0:
+			return fmt.Errorf("%shardware_labels[%d]: %q is not a label key: %s", prefix, i, l, strings.Join(validation.IsQualifiedName(l), "; "))
+		case l == c.PoolLabel:
+			return fmt.Errorf("%shardware_labels[%d]: %q is pool_label", prefix, i, l)
+		case seen[l]:
+			return fmt.Errorf("%shardware_labels[%d]: %q listed twice", prefix, i, l)
+		}
+		seen[l] = true
 	}
 	c.baseline = map[string]string{}
 	for i, b := range c.Baselines {

@@ -857,6 +857,9 @@ func TestValidate(t *testing.T) {
 		{func(c *Config) { c.SensitiveLabel = "faultline.io/sensitive = true" }, `conformance.sensitive_label: key "faultline.io/sensitive "`},
 		{func(c *Config) { c.SensitiveLabel = "faultline.io/sensitive=yes please" }, `conformance.sensitive_label: value "yes please"`},
 		{func(c *Config) { c.PoolLabel = "node pool" }, `conformance.pool_label: "node pool"`},
+		{func(c *Config) { c.HardwareLabels = []string{"gpu product"} }, `conformance.hardware_labels[0]: "gpu product" is not a label key`},
+		{func(c *Config) { c.HardwareLabels = []string{"a/b", "a/b"} }, `conformance.hardware_labels[1]: "a/b" listed twice`},
+		{func(c *Config) { c.HardwareLabels = []string{c.PoolLabel} }, `conformance.hardware_labels[0]: "faultline.io/node-pool" is pool_label`},
 		{func(c *Config) { c.Baselines = []Baseline{{Fingerprint: strings.Repeat("a", 64)}} }, "conformance.baselines[0].cluster"},
 		{func(c *Config) { c.Baselines = []Baseline{{Cluster: "c", Fingerprint: "abc"}} }, "conformance.baselines[0].fingerprint"},
 		// A cluster no event names: the baseline would never apply.

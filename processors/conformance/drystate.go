@@ -119,7 +119,8 @@ func foldDry(cluster string, acts []dryAction) map[string]State {
 				st.Resumed++ // drifted again while it awaited approval
 			}
 			st.Expected, st.Actual, st.Awaiting = a.expected, a.actual, false
-			st.Group = GroupValue(strings.TrimPrefix(strings.TrimPrefix(a.group, cluster), "/"))
+			pool, _, _ := strings.Cut(a.group, "{") // without the hardware identity
+			st.Group = GroupValue(strings.TrimPrefix(strings.TrimPrefix(pool, cluster), "/"))
 		case events.KindConformanceDrain:
 			st.Drained, st.Sensitive = true, true
 		case events.KindEscalate:

@@ -27,6 +27,10 @@ func TestFoldDry(t *testing.T) {
 			map[string]State{"n": {Since: t0, Group: "h100", Expected: "exp", Actual: "a1"}}},
 		{"pool-less group", []dryAction{{node: "n", kind: events.KindConformanceDrift, at: t0, since: s0, expected: "e", actual: "a", group: "c"}},
 			map[string]State{"n": {Since: t0, Group: "cluster", Expected: "e", Actual: "a"}}},
+		{"hardware groups: the pool is the group value", []dryAction{
+			{node: "n", kind: events.KindConformanceDrift, at: t0, since: s0, expected: "e", actual: "a", group: "c/h100{nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3}"},
+			{node: "m", kind: events.KindConformanceDrift, at: t0, since: s0, expected: "e", actual: "a", group: "c{nvidia.com/gpu.machine=DGX-H100}"}},
+			map[string]State{"n": {Since: t0, Group: "h100", Expected: "e", Actual: "a"}, "m": {Since: t0, Group: "cluster", Expected: "e", Actual: "a"}}},
 		{"sensitive: drained and escalated, recorded in one sweep (same time, any order)", []dryAction{
 			act("n", events.KindEscalate, events.OutcomeDryRun, s0, 0), act("n", events.KindConformanceDrain, events.OutcomeDryRun, s0, 0), drift("n", s0, "a1", 0)},
 			map[string]State{"n": {Since: t0, Group: "h100", Expected: "exp", Actual: "a1", Sensitive: true, Drained: true, Escalated: true}}},

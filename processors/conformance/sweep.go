@@ -168,7 +168,9 @@ func (s *Sweeper) settled(n Notification, err error) {
 }
 
 // GroupValue is the label and taint value naming a pool's group: the pool,
-// or "cluster" for the nodes without a pool.
+// or "cluster" for the nodes without a pool. A group's hardware identity is
+// not in it (no label value can hold it): the node's own hardware labels
+// tell it.
 func GroupValue(pool string) string {
 	if pool == "" {
 		return "cluster"
@@ -179,8 +181,39 @@ func GroupValue(pool string) string {
 type member struct {
 	node      *corev1.Node // nil without a cluster client
 	name      string
-	pool      string
+	group     group
 	sensitive bool
+}
+
+// group is a conformance group of a cluster: the nodes of a pool with one
+// hardware identity (the values of hardware_labels they carry).
+type group struct {
+	pool string
+	// hardware is "label=value,…" of the hardware labels the nodes carry,
+	// in the configured order; "" without any.
+	hardware string
+}
+
+// key names the group in actions and events: groupKey, then the hardware
+// identity in braces when there is one ("prod-a/h100{nvidia.com/gpu.product=…}").
+func (g group) key(cluster string) string {
+	k := groupKey(cluster, g.pool)
+	if g.hardware != "" {
+		k += "{" + g.hardware + "}"
+	}
+	return k
+}
+
+// hardwareOf is a node's hardware identity: "label=value" of each of
+// labels it carries, joined by ",".
+func hardwareOf(nodeLabels map[string]string, labels []string) string {
+	var parts []string
+	for _, l := range labels {
+		if v := nodeLabels[l]; v != "" {
+			parts = append(parts, l+"="+v)
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 // Sweep evaluates one cluster and acts on its drifted and recovered nodes.
@@ -209,8 +242,9 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 			n := &list.Items[i]
 			m := member{node: n, name: n.Name}
 			if s.cfg.PoolLabel != "" {
-				m.pool = n.Labels[s.cfg.PoolLabel]
+				m.group.pool = n.Labels[s.cfg.PoolLabel]
 			}
+			m.group.hardware = hardwareOf(n.Labels, s.cfg.HardwareLabels)
 			m.sensitive = s.cfg.sensKey != "" && n.Labels[s.cfg.sensKey] == s.cfg.sensVal
 			members = append(members, m)
 		}
@@ -219,18 +253,23 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 			members = append(members, member{name: node})
 		}
 	}
-	pools := map[string][]member{}
+	groups := map[group][]member{}
 	for _, m := range members {
-		pools[m.pool] = append(pools[m.pool], m)
+		groups[m.group] = append(groups[m.group], m)
 	}
-	poolNames := make([]string, 0, len(pools))
-	for p := range pools {
-		poolNames = append(poolNames, p)
+	order := make([]group, 0, len(groups))
+	for g := range groups {
+		order = append(order, g)
 	}
-	sort.Strings(poolNames)
+	sort.Slice(order, func(i, j int) bool {
+		if order[i].pool != order[j].pool {
+			return order[i].pool < order[j].pool
+		}
+		return order[i].hardware < order[j].hardware
+	})
 	cache := map[string]map[string]string{} // components by fingerprint, for this sweep
-	for _, pool := range poolNames {
-		ms := pools[pool]
+	for _, g := range order {
+		ms := groups[g]
 		in := make([]ic.Member, len(ms))
 		for i, m := range ms {
 			in[i].Node = m.name
@@ -238,9 +277,10 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 				in[i].Report = &r
 			}
 		}
-		verdicts := ic.Evaluate(in, s.cfg.baseline[groupKey(cluster, pool)])
+		// A pool's baseline applies to each of its hardware groups.
+		verdicts := ic.Evaluate(in, s.cfg.baseline[groupKey(cluster, g.pool)])
 		for i, v := range verdicts {
-			if err := s.reconcile(ctx, cl, cluster, pool, ms[i], v, now, cache, &out); err != nil {
+			if err := s.reconcile(ctx, cl, cluster, g, ms[i], v, now, cache, &out); err != nil {
 				s.log.Warn("conformance: node not reconciled", "cluster", cluster, "node", v.Node, "err", err)
 			}
 		}
@@ -275,18 +315,23 @@ func (s *Sweeper) forgetDry(cluster string, members []member, live bool) {
 func (s *Sweeper) live(cl *clusters.Client) bool { return cl != nil && cl.Kube != nil && !cl.DryRun }
 
 // reconcile moves one node toward its verdict's response.
-func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, pool string, m member, v ic.Verdict, now time.Time, cache map[string]map[string]string, out *Output) error {
+func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster string, g group, m member, v ic.Verdict, now time.Time, cache map[string]map[string]string, out *Output) error {
 	live := s.live(cl)
 	if v.State == ic.Drifted && s.unreadableOnly(ctx, cache, cluster, v) {
-		return s.escalateStale(ctx, cl, cluster, pool, m, now, "its reports since differ only in unreadable components (partial)", out)
+		return s.escalateStale(ctx, cl, cluster, g, m, now, "its reports since differ only in unreadable components (partial)", out)
 	}
 	st, has := s.readState(cluster, m, live)
-	group := GroupValue(pool)
+	value := GroupValue(g.pool)
 	switch v.State {
 	case ic.StateUnknown:
-		return s.escalateStale(ctx, cl, cluster, pool, m, now, "it stopped reporting (no report within staleness)", out)
+		return s.escalateStale(ctx, cl, cluster, g, m, now, "it stopped reporting (no report within staleness)", out)
 	case ic.Undecided:
-		return s.escalateStale(ctx, cl, cluster, pool, m, now, "its group has no expected fingerprint now (no baseline, no majority)", out)
+		// No expected fingerprint: nothing says the node is the one that
+		// is wrong (a rolling upgrade at a tie). Its taint and state stay
+		// and it is not escalated: the 4 early-upgraded nodes of a pool
+		// of 10 at 5/5 were cordoned and drained for running what half
+		// the pool (and soon all of it) ran.
+		return nil
 	case ic.Drifted:
 		if st.Restoring { // drifted again before its return was told: a new drift
 			st, has = State{}, false
@@ -294,7 +339,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 		// A start in whole seconds, as the actions' driftSince holds it: a
 		// dry-run state read back from them (restoreDry) has the start
 		// and action ids the sweep had.
-		next := State{Since: now.UTC().Truncate(time.Second), Group: group, Expected: v.Expected, Actual: v.Actual, Sensitive: m.sensitive || st.Sensitive}
+		next := State{Since: now.UTC().Truncate(time.Second), Group: value, Expected: v.Expected, Actual: v.Actual, Sensitive: m.sensitive || st.Sensitive}
 		if has {
 			next.Since, next.Drained, next.Escalated, next.Resumed = st.Since, st.Drained, st.Escalated, st.Resumed
 			if st.Awaiting {
@@ -304,7 +349,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 		changed := !has || st.Actual != v.Actual || st.Expected != v.Expected || st.Awaiting
 		var acts []*faultlinev1.Action
 		var evs []*datamodels.HealthEvent
-		details := map[string]string{events.DetailConformanceGroup: groupKey(cluster, pool), events.DetailBasis: v.Basis,
+		details := map[string]string{events.DetailConformanceGroup: g.key(cluster), events.DetailBasis: v.Basis,
 			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: sinceKey(next.Since)}
 		if changed {
 			// The drift's id holds its start: the same fingerprints again
@@ -314,7 +359,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 			diff := s.diff(ctx, cache, cluster, v)
 			details[events.DetailDiffering] = events.Truncate(strings.Join(diff, "; "), 2000)
 			acts = append(acts, s.action(cluster, m.name, events.KindConformanceDrift, outcome(live),
-				fmt.Sprintf("drifted from group %s (%s %s): %d components differ", groupKey(cluster, pool), v.Basis, short(v.Expected), len(diff)), details, driftKey(next)+v.Actual+v.Expected, !live))
+				fmt.Sprintf("drifted from group %s (%s %s): %d components differ", g.key(cluster), v.Basis, short(v.Expected), len(diff)), details, driftKey(next)+v.Actual+v.Expected, !live))
 		}
 		// Decided at every sweep, not only when the fingerprints change: a
 		// node labelled sensitive after it drifted is drained at the next
@@ -323,7 +368,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 		if next.Sensitive && !next.Drained {
 			next.Drained = true
 			evs = append(evs, s.derived(cluster, m.name, CheckDriftSensitive, false, datamodels.RecommendedAction_NONE, next,
-				"sensitive node drifted from conformance group "+groupKey(cluster, pool)+": drained until it conforms again and is approved ("+AnnotationApproved+")"))
+				"sensitive node drifted from conformance group "+g.key(cluster)+": drained until it conforms again and is approved ("+AnnotationApproved+")"))
 			acts = append(acts, s.action(cluster, m.name, events.KindConformanceDrain, outcome(live),
 				"sensitive node: sent down the quarantine path (cordon, taint, drain)", details, sinceKey(next.Since), !live))
 		}
@@ -334,7 +379,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 		if !next.Escalated && now.Sub(next.Since) >= timeout {
 			next.Escalated = true
 			evs = append(evs, s.derived(cluster, m.name, CheckDriftTimeout, false, datamodels.RecommendedAction_CONTACT_SUPPORT, next,
-				fmt.Sprintf("still drifted from conformance group %s after %v (since %s): expected %s, actual %s", groupKey(cluster, pool), timeout,
+				fmt.Sprintf("still drifted from conformance group %s after %v (since %s): expected %s, actual %s", g.key(cluster), timeout,
 					next.Since.UTC().Format(time.RFC3339), short(v.Expected), short(v.Actual))))
 			acts = append(acts, s.action(cluster, m.name, events.KindEscalate, outcome(live),
 				fmt.Sprintf("drift_remediation_timeout %v passed: fatal event %s", timeout, CheckDriftTimeout), details, sinceKey(next.Since), !live))
@@ -372,7 +417,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 			s.forgetNotice(cl.Name, m.name)
 			return s.clearDrift(ctx, cl.Kube, m.name, nil)
 		}
-		details := map[string]string{events.DetailConformanceGroup: groupKey(cluster, pool), events.DetailBasis: v.Basis,
+		details := map[string]string{events.DetailConformanceGroup: g.key(cluster), events.DetailBasis: v.Basis,
 			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: sinceKey(st.Since)}
 		var first Output // sent before the state is cleared
 		if st.Drained {
@@ -405,7 +450,21 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 				"re-verified and approved by "+AnnotationApproved+": quarantine lifted", details, sinceKey(st.Since), !live))
 		}
 		reason := "conforms again: taint and label removed"
-		if st.Escalated {
+		switch {
+		case st.Escalated && st.Actual == v.Actual:
+			// Its fingerprint is the one it drifted with: the group's
+			// expectation moved to the node (the majority of a rolling
+			// upgrade flipped, a baseline was set to it), nothing on it
+			// was remediated — it runs the group's configuration. The
+			// timeout's quarantine is lifted (the healthy event of its
+			// check and node); it stayed, a drained node running exactly
+			// what the pool now runs.
+			if live {
+				first.Events = append(first.Events, s.derived(cluster, m.name, CheckDriftTimeout, true, datamodels.RecommendedAction_NONE, st,
+					"group "+g.key(cluster)+" now expects the fingerprint the node was escalated with ("+short(v.Actual)+"): timeout quarantine lifted"))
+			}
+			reason += "; the group now expects the fingerprint it drifted with: the timeout's quarantine lifted"
+		case st.Escalated:
 			reason += " (the timeout's quarantine stays until an operator lifts it)"
 		}
 		first.Actions = append(first.Actions, s.action(cluster, m.name, events.KindConformanceRestored, outcome(live), reason, details, sinceKey(st.Since), !live))
@@ -437,7 +496,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster, p
 // past drift_remediation_timeout it is escalated with the last known
 // fingerprints. Left alone, a drifted node whose agent stopped reporting
 // kept its taint and state forever, never escalated.
-func (s *Sweeper) escalateStale(ctx context.Context, cl *clusters.Client, cluster, pool string, m member, now time.Time, why string, out *Output) error {
+func (s *Sweeper) escalateStale(ctx context.Context, cl *clusters.Client, cluster string, g group, m member, now time.Time, why string, out *Output) error {
 	live := s.live(cl)
 	st, has := s.readState(cluster, m, live)
 	if !has || st.Restoring || st.Escalated {
@@ -451,11 +510,11 @@ func (s *Sweeper) escalateStale(ctx context.Context, cl *clusters.Client, cluste
 		return nil
 	}
 	st.Escalated = true
-	details := map[string]string{events.DetailConformanceGroup: groupKey(cluster, pool), events.DetailExpected: st.Expected,
+	details := map[string]string{events.DetailConformanceGroup: g.key(cluster), events.DetailExpected: st.Expected,
 		events.DetailActual: st.Actual, events.DetailDriftSince: sinceKey(st.Since)}
 	ev := s.derived(cluster, m.name, CheckDriftTimeout, false, datamodels.RecommendedAction_CONTACT_SUPPORT, st,
 		fmt.Sprintf("drifted from conformance group %s for %v (since %s), last known expected %s, actual %s; not re-judged: %s",
-			groupKey(cluster, pool), timeout, st.Since.UTC().Format(time.RFC3339), short(st.Expected), short(st.Actual), why))
+			g.key(cluster), timeout, st.Since.UTC().Format(time.RFC3339), short(st.Expected), short(st.Actual), why))
 	act := s.action(cluster, m.name, events.KindEscalate, outcome(live),
 		fmt.Sprintf("drift_remediation_timeout %v passed (%s): fatal event %s", timeout, why, CheckDriftTimeout), details, sinceKey(st.Since), !live)
 	if !live {

@@ -288,3 +288,146 @@ func TestDriftEscalatedAfterReportsStop(t *testing.T) {
 		t.Fatalf("escalated again: %v %v", out.Actions, out.Events)
 	}
 }
+
+// reportEach stores a report of nodes 1…len(fws): node i's NIC firmware is
+// fws[i-1] ("" is the default's).
+func (e *fakeEnv) reportEach(t *testing.T, fws ...string) {
+	t.Helper()
+	for i, fw := range fws {
+		store(t, e.h, record(t, e.cluster, fmt.Sprintf("%s-n%d", e.cluster, i+1), comps(fw), e.clk.Now()))
+	}
+}
+
+// upgraded is a pool of 10 of which the first k run the new firmware.
+func upgraded(k int) []string {
+	fws := make([]string, 10)
+	for i := 0; i < k; i++ {
+		fws[i] = "28.41.1000"
+	}
+	return fws
+}
+
+// TestRollingUpgrade: a pool of 10 upgraded a few nodes at a time, no
+// baseline. The first 4 upgraded are a minority and drift; a tie (5/5)
+// past drift_remediation_timeout escalated them anyway ("its group has no
+// expected fingerprint now"), and once escalated at 4/10 they kept the
+// timeout's quarantine (cordon + drain) after the majority flipped to
+// their fingerprint. Now a tie escalates nobody, and the flip lifts the
+// quarantine of the nodes whose fingerprint the pool came to expect with
+// a healthy NodeConformanceDriftTimeout event (same check and node as the
+// fatal one).
+func TestRollingUpgrade(t *testing.T) {
+	cfg := testConfig()
+	t.Run("a tie escalates nobody", func(t *testing.T) {
+		e := startFake(t, false)
+		e.nodes(t, 10)
+		sw := NewSweeper(cfg, e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+		e.reportEach(t, upgraded(4)...)
+		if out := e.sweep(t, sw, "4/10"); len(kinds(out.Actions)[events.KindConformanceDrift]) != 4 {
+			t.Fatalf("4/10: actions %v, want 4 drifts", out.Actions)
+		}
+		e.clk.Add(cfg.DriftRemediationTimeout + time.Minute)
+		e.reportEach(t, upgraded(5)...)
+		if out := e.sweep(t, sw, "5/5"); len(out.Actions) != 0 || len(out.Events) != 0 {
+			t.Fatalf("5/5 past the timeout: actions %v, events %v, want none (no expected fingerprint)", out.Actions, out.Events)
+		}
+	})
+	t.Run("the flip lifts the timeout quarantine", func(t *testing.T) {
+		e := startFake(t, false)
+		e.nodes(t, 10)
+		sw := NewSweeper(cfg, e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+		e.reportEach(t, upgraded(4)...)
+		e.sweep(t, sw, "4/10")
+		e.clk.Add(cfg.DriftRemediationTimeout + time.Minute)
+		e.reportEach(t, upgraded(4)...)
+		out := e.sweep(t, sw, "4/10 a day later")
+		fatal := map[string]string{} // node -> fatal event's check
+		for _, ev := range out.Events {
+			if ev.IsFatal && ev.CheckName == CheckDriftTimeout {
+				fatal[ev.NodeName] = ev.EntitiesImpacted[0].EntityValue
+			}
+		}
+		if len(kinds(out.Actions)[events.KindEscalate]) != 4 || len(fatal) != 4 {
+			t.Fatalf("4/10 a day later: actions %v, events %v, want 4 escalations", out.Actions, out.Events)
+		}
+		e.clk.Add(time.Hour)
+		e.reportEach(t, upgraded(6)...)
+		out = e.sweep(t, sw, "6/10")
+		lifted := map[string]bool{}
+		for _, ev := range out.Events {
+			if ev.CheckName != CheckDriftTimeout || ev.IsFatal || !ev.IsHealthy {
+				t.Errorf("6/10: event %v, want only healthy %s", ev, CheckDriftTimeout)
+				continue
+			}
+			if entity, ok := fatal[ev.NodeName]; !ok || len(ev.EntitiesImpacted) != 1 || ev.EntitiesImpacted[0].EntityValue != entity {
+				t.Errorf("6/10: healthy event of %s (%v) matches no fatal one", ev.NodeName, ev.EntitiesImpacted)
+			}
+			lifted[ev.NodeName] = true
+		}
+		if len(lifted) != 4 {
+			t.Fatalf("6/10: lifted %v, want the 4 escalated nodes", lifted)
+		}
+		for _, a := range kinds(out.Actions)[events.KindConformanceRestored] {
+			if !strings.Contains(a.Reason, "quarantine lifted") {
+				t.Errorf("restored %s: %q, want the quarantine lifted", a.Node, a.Reason)
+			}
+		}
+		if k := kinds(out.Actions); len(k[events.KindConformanceRestored]) != 4 || len(k[events.KindConformanceDrift]) != 4 {
+			t.Fatalf("6/10: actions %v, want 4 restored and the 4 not upgraded drifted", out.Actions)
+		}
+	})
+}
+
+// TestOtherHardwareIsAnotherGroup: 10 GPU nodes without a pool label, 3
+// of another server model (another nvidia.com/gpu.product, and so another
+// BIOS and NIC firmware): two groups by default, nobody drifted. They
+// were one group: the 3 drifted from the 7, were tainted, and were
+// escalated (cordon + drain) a day later, healthy nodes all. With
+// hardware_labels empty the pool alone groups them again.
+func TestOtherHardwareIsAnotherGroup(t *testing.T) {
+	ctx := context.Background()
+	e := startFake(t, false)
+	e.nodes(t, 10)
+	for i := 1; i <= 10; i++ {
+		name := fmt.Sprintf("%s-n%d", e.cluster, i)
+		n := e.get(t, name)
+		c := comps("")
+		n.Labels = map[string]string{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+		if i > 7 {
+			n.Labels["nvidia.com/gpu.product"] = "NVIDIA-H200"
+			c["bios_version"], c["nic_firmware"] = "3.0.2", "28.41.1000"
+		}
+		if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		store(t, e.h, record(t, e.cluster, name, c, e.clk.Now()))
+	}
+	for _, tc := range []struct {
+		name   string
+		labels []string
+		drifts int
+	}{
+		{"default", DefaultConfig().HardwareLabels, 0},
+		{"by pool alone", nil, 3},
+	} {
+		cfg := DefaultConfig()
+		cfg.HardwareLabels = tc.labels
+		if err := cfg.Validate("conformance."); err != nil {
+			t.Fatal(err)
+		}
+		// Dry-run: decided, nothing written to the nodes between cases.
+		e.reg.SetClient(e.cluster, e.kube, true)
+		sw := NewSweeper(cfg, e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+		out := e.sweep(t, sw, tc.name)
+		drifts := kinds(out.Actions)[events.KindConformanceDrift]
+		if len(drifts) != tc.drifts {
+			t.Fatalf("%s: drifts %v, want %d", tc.name, drifts, tc.drifts)
+		}
+		if tc.drifts == 0 {
+			continue
+		}
+		if g := drifts[0].Details[events.DetailConformanceGroup]; g != e.cluster {
+			t.Errorf("%s: group %q, want %q", tc.name, g, e.cluster)
+		}
+	}
+}
