@@ -412,19 +412,22 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 		}
 		lines, err := c.fmLog.read(logFile, &LogReader{Loc: c.cfg.Location, Now: c.cfg.Now})
 		errs = append(errs, err)
-		if newest := c.fmLog.newest; !newest.IsZero() {
+		if newest, behind := c.fmLog.newest, c.fmLog.More(); behind || !newest.IsZero() {
 			// FM logs its SXids and partition errors to syslog too: where
 			// the log file has covered their time, it has them, and the
 			// journal's copies (s.Log holds only the journal's lines
 			// here) would report them again; its lifecycle lines are what
-			// the journal is read for. A line dated past the file's
-			// newest (FM logging to syslog only, the file stale or
+			// the journal is read for. While the file's read has more to
+			// read (a poll reads at most chunkBytes), the journal's lines
+			// are dated past what it has given yet, and it gives them a
+			// later poll. Once it is read to its end, a line dated past
+			// its newest (FM logging to syslog only, the file stale or
 			// rotated away) is the only report of it. Both times are
 			// instants (the file's read in its zone, the journal's its
 			// own): journald stamps a line when it receives it, up to
 			// journalCopySlack after FM's whole-second time.
 			s.Log = slices.DeleteFunc(s.Log, func(ll LogLine) bool {
-				return c.eval.logOccurrence(ll) && !ll.Time.After(newest.Add(journalCopySlack))
+				return c.eval.logOccurrence(ll) && (behind || !ll.Time.After(newest.Add(journalCopySlack)))
 			})
 		}
 		s.Log = append(s.Log, lines...)

@@ -794,3 +794,31 @@ func TestJournalSXidPastTheLogFile(t *testing.T) {
 		})
 	}
 }
+
+// TestJournalSXidWhileTheLogFileLags: FM writes its SXids to both; after
+// more than a poll's read of the FM log (a storm of lines before FM
+// failed), the journal's copy of the last SXid is dated past what the
+// file has given yet. It is not evaluated while the file's read has more
+// to read: the file gives the SXid a later poll, and it is reported once.
+func TestJournalSXidWhileTheLogFileLags(t *testing.T) {
+	const msg = "detected NVSwitch non-fatal error 12028 on fid 0 on NVSwitch pci bus id 00000000:07:00.0 physical id 2 port 46"
+	at := time.Date(2024, 10, 28, 10, 31, 30, 0, time.UTC)
+	n := restartNode(t)
+	n.poll(0)
+	n.infoLines(5 << 20) // dated 10:31:00
+	n.appendLog("fabricmanager.log", "[Oct 28 2024 10:31:30] [ERROR] [tid 9] "+msg)
+	n.r.out["systemctl show"] = showFailed
+	n.r.out["journalctl"] = fmt.Sprintf(`{"__CURSOR":"s=1","__REALTIME_TIMESTAMP":"%d","SYSLOG_IDENTIFIER":"nv-fabricmanager","_PID":"5183","MESSAGE":%q}`+"\n", at.Add(400*time.Millisecond).UnixMicro(), msg)
+	n.r.out["journalctl -u nvidia-fabricmanager -o json --no-pager --after-cursor=s=1"] = ""
+	sxids := 0
+	for range 3 {
+		for _, ev := range n.poll(2 * time.Minute) {
+			if slices.Contains(ev.GetErrorCode(), "SXID-12028") {
+				sxids++
+			}
+		}
+	}
+	if sxids != 1 {
+		t.Errorf("SXID-12028 reported %d times, want once", sxids)
+	}
+}

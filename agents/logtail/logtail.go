@@ -14,12 +14,12 @@
 // its start).
 //
 // Its reads are bounded: at most a given number of bytes per read (the
-// rest waits for the next one); a line longer than MaxLineBytes is cut
-// there. A run of NUL bytes ends a line and is skipped — the zero-filled
-// tail a power cut can leave has no newline, often begins mid-line, and
-// the line written after it began with it: the text before the zeros is
-// read as a line of its own (a line cut short, as the power cut left it),
-// the line after them as another.
+// rest waits for the next one, as More tells); a line longer than
+// MaxLineBytes is cut there. A run of NUL bytes ends a line and is
+// skipped — the zero-filled tail a power cut can leave has no newline,
+// often begins mid-line, and the line written after it began with it:
+// the text before the zeros is read as a line of its own (a line cut
+// short, as the power cut left it), the line after them as another.
 package logtail
 
 import (
@@ -60,6 +60,8 @@ type Follower struct {
 	// open); resumed: the first open went on from the resumed position.
 	saved   string
 	resumed bool
+	// more: the last read stopped before the file's end (More).
+	more bool
 }
 
 // Resume makes the first read go on at offset when the file is still the
@@ -71,6 +73,11 @@ type Follower struct {
 func (t *Follower) Resume(inode uint64, offset int64, head string) {
 	t.inode, t.offset, t.saved = inode, offset, head
 }
+
+// More reports whether the last Read stopped before the end of the file
+// (its limit, or fn): the rest waits for the next Read. A line still
+// being written at the end is not more.
+func (t *Follower) More() bool { return t.more }
 
 // Resumed reports whether the first open went on at the position given to
 // Resume.
@@ -126,6 +133,7 @@ func (t *Follower) Close() error {
 // limit bytes of them, until fn returns false. A missing file is no error
 // (nothing to read yet).
 func (t *Follower) Read(path string, limit int64, fn func(line string) bool) error {
+	t.more = false
 	fi, err := os.Stat(path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
@@ -208,6 +216,7 @@ func (t *Follower) readOn(limit int64, rotated bool, fn func(string) bool) (more
 	}
 	t.head = head
 	stop := t.offset + limit // the read's bound
+	t.more = fi.Size() > stop
 	br := bufio.NewReaderSize(io.NewSectionReader(t.f, t.offset, limit), MaxLineBytes)
 	for {
 		b, err := br.ReadSlice('\n')
@@ -248,7 +257,8 @@ func (t *Follower) readOn(limit int64, rotated bool, fn func(string) bool) (more
 				if end < len(b) { // the lines after the zeros on the next read
 					t.offset, t.skip = start+int64(end), false
 				}
-				return t.offset < fi.Size(), nil
+				t.more = t.offset < fi.Size()
+				return t.more, nil
 			}
 			if end == len(b) {
 				break

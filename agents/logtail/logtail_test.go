@@ -148,6 +148,28 @@ func TestFollowerBoundsItsReads(t *testing.T) {
 	}
 }
 
+// TestFollowerMore: More tells a read stopped by its limit (or fn) from
+// one that reached the file's end, a line still being written included.
+func TestFollowerMore(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fabricmanager.log")
+	appendFile(t, path, lines(0, 10)) // 70 bytes
+	var tl Follower
+	for i, want := range []bool{true, true, true, true, false, false} { // 14 bytes a read
+		read(t, &tl, path, 20)
+		if tl.More() != want {
+			t.Fatalf("read %d: More %v, want %v", i, tl.More(), want)
+		}
+	}
+	appendFile(t, path, "line 10 still being wri")
+	if read(t, &tl, path, 1<<20); tl.More() {
+		t.Fatal("a line still being written: More")
+	}
+	var one Follower
+	if err := one.Read(path, 1<<20, func(string) bool { return false }); err != nil || !one.More() {
+		t.Fatalf("stopped by fn: More %v, %v", one.More(), err)
+	}
+}
+
 // TestFollowerReadsPastZerosAndLongLines: a power cut's zero-filled tail
 // (no newline) is skipped and the line written after it read — it was
 // glued to the zeros, and a fatal SXid or FM's start line on it was not

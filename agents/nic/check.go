@@ -63,9 +63,13 @@ type Check struct {
 	// unreadable is when each known device listed but not discoverable
 	// was first seen so: past cardHoldDown it is reported lost.
 	unreadable map[string]time.Time
-	lastSaved  []byte
-	nics       map[string]*NIC
-	names      []string
+	// noDevices is when class/infiniband was first seen empty or missing
+	// while known devices were not reported lost (zero: it lists some):
+	// past cardHoldDown each is reported lost.
+	noDevices time.Time
+	lastSaved []byte
+	nics      map[string]*NIC
+	names     []string
 	// below is when each card below its peer mode, not yet reported, was
 	// first seen below (cardHoldDown).
 	below map[string]time.Time
@@ -85,8 +89,10 @@ const cardHoldDown = 5 * time.Minute
 // (class/infiniband missing or empty) while the GPU metadata names some
 // and the check has never known one (the mlx5 driver not loaded, or the
 // host /sys not mounted): nothing is monitored. Once devices are known,
-// an empty class/infiniband is their loss (driver crash, card or PCIe
-// switch failure), each reported disappeared.
+// it is the error for up to cardHoldDown (a MOFED/openibd restart unloads
+// ib_core for seconds; a host /sys mount gone wrong); no device listed
+// still then is their loss (driver crash, card or PCIe switch failure),
+// each reported disappeared.
 var ErrNoDevices = errors.New("no InfiniBand device in class/infiniband")
 
 // Options are the collaborators of a Check.
@@ -211,10 +217,30 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 	}
 	if len(names) == 0 && c.expected > 0 && len(c.st.KnownDevices) == 0 {
 		// No device ever seen (driver not loaded, host /sys not mounted):
-		// nothing is monitored, which must not pass for healthy. With
-		// known devices this is their loss (driver crash, a one-HCA
-		// node's card or PCIe switch failed), reported below.
+		// nothing is monitored, which must not pass for healthy.
 		return nil, nil, fmt.Errorf("%w: nic_topology names %d devices (check nic.sysfs_root and the host /sys mount)", ErrNoDevices, c.expected)
+	}
+	lost := 0 // known devices not reported lost yet
+	for name := range c.st.KnownDevices {
+		if !slices.Contains(c.st.Disappeared, name) {
+			lost++
+		}
+	}
+	if len(names) > 0 || lost == 0 {
+		c.noDevices = time.Time{}
+	} else {
+		// Every known device gone at once: a MOFED/openibd restart
+		// (ib_core unloaded for seconds) or a host /sys mount gone wrong
+		// as much as a driver crash or a one-HCA node's card or PCIe
+		// switch failed. A poll error, the state kept, for up to
+		// cardHoldDown; none listed still then, each is lost (below).
+		if c.noDevices.IsZero() {
+			c.noDevices = c.now()
+		}
+		if held := c.now().Sub(c.noDevices); held < cardHoldDown {
+			return nil, nil, fmt.Errorf("%w: %d known devices not listed for %s: reported lost once past the hold-down (%s) (a driver restart; else check nic.sysfs_root and the host /sys mount)", ErrNoDevices, lost, held.Round(time.Second), cardHoldDown)
+		}
+		c.log.Warn("no InfiniBand device past the hold-down: known devices reported lost", "since", c.noDevices, "hold_down", cardHoldDown)
 	}
 	// Discovery only for devices not seen before; the rest read the hot path.
 	present := make(map[string]bool, len(names))

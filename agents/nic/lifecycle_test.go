@@ -55,13 +55,9 @@ func TestSysfsRootNotSysfs(t *testing.T) {
 	wantEvents(t, "back", poll(t, e.check()), baselines())
 }
 
-// TestAllKnownDevicesLost: every known device gone at once (mlx5 driver
-// crash or unload, a one-HCA node's card or PCIe switch failed) is each
-// device's loss, as one device's: a fatal "disappeared" for each, in the
-// running process and in one restarted over its state, not a poll error.
-func TestAllKnownDevicesLost(t *testing.T) {
-	lost := make([]string, 0, 6)
-	back := make([]string, 0, 6)
+// allLost and allBack are the events of every device of small() lost
+// at once, and present again.
+func allLost() (lost, back []string) {
 	for i := range 6 {
 		check := InfiniBandStateCheck
 		if i >= 4 {
@@ -70,11 +66,42 @@ func TestAllKnownDevicesLost(t *testing.T) {
 		lost = append(lost, fmt.Sprintf("F %s: NIC mlx5_%d disappeared from /sys/class/infiniband/ - hardware failure", check, i))
 		back = append(back, fmt.Sprintf("H %s: NIC mlx5_%d present again in /sys/class/infiniband/", check, i))
 	}
+	return lost, back
+}
+
+// clocked is the check of e with the clock *now.
+func clocked(t *testing.T, e *env, now *time.Time) *Check {
+	t.Helper()
+	opt := quiet()
+	opt.Now = func() time.Time { return *now }
+	c, err := New(e.cfg, opt)
+	must(t, err)
+	return c
+}
+
+// heldDown polls once, expecting ErrNoDevices and no event.
+func heldDown(t *testing.T, step string, c *Check) {
+	t.Helper()
+	evs, err := c.Check(t.Context())
+	if !errors.Is(err, ErrNoDevices) || len(evs) > 0 {
+		t.Errorf("%s: err %v, events %q; want ErrNoDevices and none", step, err, briefs(evs))
+	}
+	must(t, c.Commit())
+}
+
+// TestAllKnownDevicesLost: every known device gone at once (mlx5 driver
+// crash or unload, a one-HCA node's card or PCIe switch failed) and still
+// gone past the hold-down is each device's loss, as one device's: a fatal
+// "disappeared" for each, in the running process and in one restarted
+// over its state.
+func TestAllKnownDevicesLost(t *testing.T) {
+	lost, back := allLost()
 	for _, empty := range []bool{false, true} {
 		for _, restart := range []bool{false, true} {
 			t.Run(fmt.Sprintf("empty=%v/restart=%v", empty, restart), func(t *testing.T) {
 				e := setup(t, small())
-				c := e.check()
+				now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+				c := clocked(t, e, &now)
 				poll(t, c)
 				ib := filepath.Join(e.tree.Root, "class", "infiniband")
 				hidden := filepath.Join(e.dir, "ib-hidden")
@@ -83,9 +110,12 @@ func TestAllKnownDevicesLost(t *testing.T) {
 					must(t, os.Mkdir(ib, 0o755))
 				}
 				if restart {
-					c = e.check()
+					c = clocked(t, e, &now)
 				}
+				heldDown(t, "gone", c)
+				now = now.Add(cardHoldDown)
 				wantEvents(t, "all lost", poll(t, c), lost)
+				now = now.Add(time.Minute)
 				wantEvents(t, "reported once", poll(t, c), nil)
 				if empty {
 					must(t, os.Remove(ib))
@@ -94,6 +124,42 @@ func TestAllKnownDevicesLost(t *testing.T) {
 				wantEvents(t, "back", poll(t, c), back)
 			})
 		}
+	}
+}
+
+// TestAllKnownDevicesHeldDown: class/infiniband empty or missing while
+// devices are known — a MOFED/openibd restart unloads ib_core for a few
+// seconds, a restarted agent's host /sys mount gone wrong — is a poll
+// error (ErrNoDevices), no event, for cardHoldDown: each known device
+// reported lost only then, and nothing at all when the devices are back
+// before. Every device "disappeared – hardware failure" (REPLACE_VM) at
+// once, then "present again", was sent on every driver restart.
+func TestAllKnownDevicesHeldDown(t *testing.T) {
+	lost, _ := allLost()
+	for _, back := range []bool{false, true} {
+		t.Run(fmt.Sprintf("back=%v", back), func(t *testing.T) {
+			e := setup(t, small())
+			now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+			c := clocked(t, e, &now)
+			poll(t, c)
+			ib := filepath.Join(e.tree.Root, "class", "infiniband")
+			hidden := filepath.Join(e.dir, "ib-hidden")
+			must(t, os.Rename(ib, hidden))
+			must(t, os.Mkdir(ib, 0o755))
+			heldDown(t, "empty", c)
+			now = now.Add(cardHoldDown - time.Second)
+			heldDown(t, "held down", c)
+			if back {
+				must(t, os.Remove(ib))
+				must(t, os.Rename(hidden, ib))
+				wantEvents(t, "back within the hold-down", poll(t, c), nil)
+				now = now.Add(time.Second)
+				wantEvents(t, "past the hold-down", poll(t, c), nil)
+				return
+			}
+			now = now.Add(time.Second)
+			wantEvents(t, "past the hold-down", poll(t, c), lost)
+		})
 	}
 }
 
