@@ -23,8 +23,8 @@
 // tests run on fixture trees): GPU driver /sys/module/nvidia/version; GPU
 // VBIOS the "Video BIOS" lines of /proc/driver/nvidia/gpus/*/information;
 // NIC firmware /sys/class/infiniband/*/fw_ver (the devices listed by
-// prometheus/procfs; none, with a Mellanox NIC on the PCI bus, is
-// unreadable); BIOS /sys/class/dmi/id/bios_* (prometheus/procfs);
+// prometheus/procfs; none, with a Mellanox NIC on the PCI bus whose RDMA
+// device is yet to appear, is unreadable: rdmaPending); BIOS /sys/class/dmi/id/bios_* (prometheus/procfs);
 // BMC the firmware revision printed by a command (default `ipmitool mc
 // info`); kernel /proc/sys/kernel/osrelease and /proc/cmdline
 // (prometheus/procfs); the OS image hash a configured file or command.
@@ -47,6 +47,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -664,9 +665,9 @@ var vbiosRE = regexp.MustCompile(`(?m)^Video BIOS:\s*(\S+)`)
 func (c *Check) nicFirmware() (string, error) {
 	names, err := c.sys.InfiniBandClassDevices()
 	if errors.Is(err, fs.ErrNotExist) || err == nil && len(names) == 0 {
-		if dev := c.rdmaPCIDevice(); dev != "" {
-			return "", fmt.Errorf("no InfiniBand devices in %s, Mellanox NIC %s on the PCI bus (its driver not loaded yet or reloading)",
-				filepath.Join(c.cfg.Sysfs, "class", "infiniband"), dev)
+		if dev, why := c.rdmaPending(); dev != "" {
+			return "", fmt.Errorf("no InfiniBand devices in %s, Mellanox NIC %s on the PCI bus (%s)",
+				filepath.Join(c.cfg.Sysfs, "class", "infiniband"), dev, why)
 		}
 		return "", absentError{"no InfiniBand devices"}
 	}
@@ -684,22 +685,62 @@ func (c *Check) nicFirmware() (string, error) {
 	return joinSet(set), nil
 }
 
-// rdmaPCIDevice is the address of a Mellanox/NVIDIA networking device
+// bootGrace is how long after boot a Mellanox NIC bound to no driver is
+// taken for its driver not loaded yet (rdmaPending).
+const bootGrace = 15 * time.Minute
+
+// rdmaPending is the address of a Mellanox/NVIDIA networking device
 // (vendor 0x15b3, class 0x0207xx InfiniBand or 0x0200xx Ethernet) on the
-// node's PCI bus (<sysfs>/bus/pci/devices), "" when there is none: with
-// one there, an empty class/infiniband is mlx5_core loading late or being
-// reloaded (MOFED), not a node without RDMA device.
-func (c *Check) rdmaPCIDevice() string {
+// node's PCI bus (<sysfs>/bus/pci/devices) whose RDMA device plausibly is
+// yet to appear in class/infiniband, and why; "" when there is none. Its
+// driver (the device's driver link) is mlx5_core and the mlx5_ib or
+// ib_core module is loaded (<sysfs>/module): the RDMA device being
+// registered, MOFED reloading; or it has no driver and the node booted
+// less than bootGrace ago (<procfs>/uptime): the driver not loaded yet.
+// A device bound to vfio-pci (passed to a VM), or to mlx5_core without
+// mlx5_ib or ib_core (a plain Ethernet NIC), or left without driver long
+// after boot, never shows up there: the node has no RDMA device.
+func (c *Check) rdmaPending() (dev, why string) {
 	devs, _ := filepath.Glob(filepath.Join(c.cfg.Sysfs, "bus", "pci", "devices", "*"))
 	for _, d := range devs {
 		vendor, verr := c.readFile(filepath.Join(d, "vendor"))
 		class, cerr := c.readFile(filepath.Join(d, "class"))
-		if verr == nil && cerr == nil && vendor == "0x15b3" &&
-			(strings.HasPrefix(class, "0x0207") || strings.HasPrefix(class, "0x0200")) {
-			return filepath.Base(d)
+		if verr != nil || cerr != nil || vendor != "0x15b3" ||
+			!strings.HasPrefix(class, "0x0207") && !strings.HasPrefix(class, "0x0200") {
+			continue
+		}
+		link, err := os.Readlink(filepath.Join(d, "driver"))
+		switch driver := filepath.Base(link); {
+		case err == nil && driver == "mlx5_core" && (c.moduleLoaded("mlx5_ib") || c.moduleLoaded("ib_core")):
+			return filepath.Base(d), "bound to mlx5_core with the RDMA modules loaded: its RDMA device not registered yet"
+		case errors.Is(err, fs.ErrNotExist):
+			if up, ok := c.uptime(); ok && up < bootGrace {
+				return filepath.Base(d), fmt.Sprintf("no driver bound %s after boot: its driver not loaded yet", up.Round(time.Second))
+			}
 		}
 	}
-	return ""
+	return "", ""
+}
+
+// moduleLoaded is whether <sysfs>/module/<name> exists.
+func (c *Check) moduleLoaded(name string) bool {
+	_, err := os.Stat(filepath.Join(c.cfg.Sysfs, "module", name))
+	return err == nil
+}
+
+// uptime is the time since boot (<procfs>/uptime); ok false when it
+// cannot be read.
+func (c *Check) uptime() (time.Duration, bool) {
+	v, err := c.readFile(filepath.Join(c.cfg.Procfs, "uptime"))
+	if err != nil {
+		return 0, false
+	}
+	f, _, _ := strings.Cut(v, " ")
+	secs, err := strconv.ParseFloat(f, 64)
+	if err != nil || secs < 0 {
+		return 0, false
+	}
+	return time.Duration(secs * float64(time.Second)), true
 }
 
 func joinSet(set map[string]bool) string {

@@ -284,46 +284,76 @@ func TestNICFirmwareBesidePortFaults(t *testing.T) {
 	}
 }
 
-// TestNICFirmwareDriverLoading: with a Mellanox NIC on the PCI bus, a
-// missing or empty class/infiniband is its driver loading late or being
-// reloaded (MOFED restarting mlx5_core): unreadable, left out of the
-// majority, not the stable "absent" that would make the node drift. Only
-// a node without such a device has no RDMA device.
+// TestNICFirmwareDriverLoading: with a Mellanox NIC on the PCI bus whose
+// RDMA device is yet to appear (bound to mlx5_core with mlx5_ib or ib_core
+// loaded, or bound to no driver just after boot), a missing or empty
+// class/infiniband is its driver loading late or being reloaded (MOFED
+// restarting mlx5_core): unreadable, left out of the majority, not the
+// stable "absent" that would make the node drift. A ConnectX used as a
+// plain Ethernet NIC (mlx5_core without mlx5_ib), passed to a VM
+// (vfio-pci) or left without driver long after boot never has one: absent,
+// not unreadable for ever.
 func TestNICFirmwareDriverLoading(t *testing.T) {
+	const ib, eth = "0x020700", "0x020000"
 	for _, tc := range []struct {
 		name          string
-		vendor, class string // "": no PCI device
-		ibDir         bool   // an empty class/infiniband
-		want          string // prefix
+		vendor, class string   // "": no PCI device
+		driver        string   // the device's driver link; "": none
+		modules       []string // in <sysfs>/module
+		uptime        string   // <procfs>/uptime; "": none
+		ibDir         bool     // an empty class/infiniband
+		want          string   // prefix
 	}{
-		{"ConnectX InfiniBand, class/infiniband missing", "0x15b3", "0x020700", false, Unreadable},
-		{"ConnectX InfiniBand, class/infiniband empty", "0x15b3", "0x020700", true, Unreadable},
-		{"ConnectX Ethernet, class/infiniband empty", "0x15b3", "0x020000", true, Unreadable},
-		{"Mellanox bridge only", "0x15b3", "0x060400", true, Absent},
-		{"Intel Ethernet", "0x8086", "0x020000", true, Absent},
-		{"no PCI device", "", "", false, Absent},
+		{"ConnectX InfiniBand, mlx5_ib loaded, class/infiniband missing", "0x15b3", ib, "mlx5_core", []string{"mlx5_core", "mlx5_ib", "ib_core"}, "172800.00 1000.00", false, Unreadable},
+		{"ConnectX InfiniBand, mlx5_ib loaded, class/infiniband empty", "0x15b3", ib, "mlx5_core", []string{"mlx5_core", "mlx5_ib", "ib_core"}, "172800.00 1000.00", true, Unreadable},
+		{"ConnectX Ethernet, ib_core loaded, class/infiniband empty", "0x15b3", eth, "mlx5_core", []string{"mlx5_core", "ib_core"}, "172800.00 1000.00", true, Unreadable},
+		{"Ethernet-only ConnectX: mlx5_core without mlx5_ib", "0x15b3", eth, "mlx5_core", []string{"mlx5_core"}, "120.00 100.00", true, Absent},
+		{"ConnectX passed to a VM: vfio-pci", "0x15b3", ib, "vfio-pci", []string{"vfio_pci", "mlx5_ib", "ib_core"}, "120.00 100.00", false, Absent},
+		{"no driver, 2 minutes after boot", "0x15b3", ib, "", nil, "120.00 100.00", false, Unreadable},
+		{"no driver, 2 days after boot", "0x15b3", ib, "", nil, "172800.00 1000.00", true, Absent},
+		{"no driver, uptime unreadable", "0x15b3", ib, "", nil, "", true, Absent},
+		{"Mellanox bridge only", "0x15b3", "0x060400", "", nil, "120.00 100.00", true, Absent},
+		{"Intel Ethernet", "0x8086", eth, "", nil, "120.00 100.00", true, Absent},
+		{"no PCI device", "", "", "", nil, "120.00 100.00", false, Absent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sys := t.TempDir()
-			if tc.vendor != "" {
-				dev := filepath.Join(sys, "bus/pci/devices/0000:3b:00.0")
-				if err := os.MkdirAll(dev, 0o755); err != nil {
+			sys, proc := t.TempDir(), t.TempDir()
+			write := func(path, v string) {
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 					t.Fatal(err)
 				}
-				for f, v := range map[string]string{"vendor": tc.vendor + "\n", "class": tc.class + "\n"} {
-					if err := os.WriteFile(filepath.Join(dev, f), []byte(v), 0o644); err != nil {
+				if err := os.WriteFile(path, []byte(v+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.vendor != "" {
+				dev := filepath.Join(sys, "bus/pci/devices/0000:3b:00.0")
+				write(filepath.Join(dev, "vendor"), tc.vendor)
+				write(filepath.Join(dev, "class"), tc.class)
+				if tc.driver != "" {
+					if err := os.Symlink("../../../bus/pci/drivers/"+tc.driver, filepath.Join(dev, "driver")); err != nil {
 						t.Fatal(err)
 					}
 				}
+			}
+			for _, m := range tc.modules {
+				write(filepath.Join(sys, "module", m, "refcnt"), "0")
+			}
+			if tc.uptime != "" {
+				write(filepath.Join(proc, "uptime"), tc.uptime)
 			}
 			if tc.ibDir {
 				if err := os.MkdirAll(filepath.Join(sys, "class/infiniband"), 0o755); err != nil {
 					t.Fatal(err)
 				}
 			}
-			c := fixture(t, "no-gpu", func(c *Config) { c.Sysfs = sys })
-			if got := c.Collect(t.Context())[NICFirmware]; !strings.HasPrefix(got, tc.want) || len(got) <= len(tc.want) {
+			c := fixture(t, "no-gpu", func(c *Config) { c.Sysfs, c.Procfs = sys, proc })
+			got := c.Collect(t.Context())[NICFirmware]
+			if !strings.HasPrefix(got, tc.want) || len(got) <= len(tc.want) {
 				t.Fatalf("nic_firmware = %q, want %q with a reason", got, tc.want)
+			}
+			if tc.want == Absent && got != Absent+"no InfiniBand devices" {
+				t.Fatalf("nic_firmware = %q, want the stable %q", got, Absent+"no InfiniBand devices")
 			}
 		})
 	}

@@ -167,30 +167,69 @@ type Score struct {
 	// Requested is the number of distinct nodes requested.
 	Requested int `json:"requested"`
 	// Groups, largest first (then by fingerprint); each node without a
-	// fresh, complete report is a group of one with fingerprint Unknown.
+	// fresh report, or with a partial one that ComputeScore cannot group,
+	// is a group of one with fingerprint Unknown.
 	Groups []Group `json:"groups"`
 }
 
 // ComputeScore groups the requested nodes by their fresh report (latest;
-// a node missing from it, or whose report is partial, is unknown: a group
-// of one, as the processor neither counts nor judges it) and computes f₉.
+// a node missing from it is unknown: a group of one) and computes f₉.
+// As in Evaluate, a partial report is unknown while a requested node has
+// a complete one (the processor counts it in no majority then: 8 nodes
+// rebooting, their GPU driver unreadable, are not one homogeneous group);
+// when every fresh report is partial (a component unreadable on every
+// node: /dev/ipmi0 not passed through), the nodes are grouped as
+// majorityOfPartial compares them, on their components but those
+// unreadable on every report, and a report with another unreadable
+// component, without its components or with nothing readable, is unknown.
+// Such a group's fingerprint is its most common one.
 func ComputeScore(nodes []string, latest map[string]Report) Score {
-	byFP := map[string][]string{}
-	var groups []Group
+	var (
+		requested []string
+		partial   []*Report
+		complete  bool
+	)
 	seen := map[string]bool{}
-	n := 0
 	for _, node := range nodes {
 		if seen[node] {
 			continue
 		}
 		seen[node] = true
-		n++
-		r, ok := latest[node]
-		if !ok || r.Partial {
-			groups = append(groups, Group{Fingerprint: Unknown, Nodes: []string{node}})
-			continue
+		requested = append(requested, node)
+		if r, ok := latest[node]; ok {
+			complete = complete || !r.Partial
+			if r.Partial {
+				partial = append(partial, &r)
+			}
 		}
-		byFP[r.Fingerprint] = append(byFP[r.Fingerprint], node)
+	}
+	var groups []Group
+	placed := map[string]bool{}
+	if !complete {
+		readable, _ := byReadable(partial)
+		for k, rs := range readable {
+			if k == "" { // nothing readable on any node
+				continue
+			}
+			g := Group{Fingerprint: commonFingerprint(rs)}
+			for _, r := range rs {
+				g.Nodes = append(g.Nodes, r.Node)
+				placed[r.Node] = true
+			}
+			sort.Strings(g.Nodes)
+			groups = append(groups, g)
+		}
+	}
+	byFP := map[string][]string{}
+	for _, node := range requested {
+		r, ok := latest[node]
+		switch {
+		case placed[node]:
+		case ok && !r.Partial:
+			byFP[r.Fingerprint] = append(byFP[r.Fingerprint], node)
+		default:
+			groups = append(groups, Group{Fingerprint: Unknown, Nodes: []string{node}})
+		}
 	}
 	for fp, ns := range byFP {
 		sort.Strings(ns)
@@ -205,6 +244,7 @@ func ComputeScore(nodes []string, latest map[string]Report) Score {
 		}
 		return groups[i].Nodes[0] < groups[j].Nodes[0]
 	})
+	n := len(requested)
 	s := Score{F9: 1, Requested: n, Groups: groups}
 	if n > 0 && len(groups) > 0 {
 		s.F9 = float64(len(groups[0].Nodes)) / float64(n)
@@ -314,23 +354,48 @@ func Evaluate(members []Member, baseline string) []Verdict {
 }
 
 // majorityOfPartial decides a group whose fresh reports are all partial:
-// the components unreadable on every one of them are left out, the reports
-// with no other unreadable component vote, and the components of more than
-// half of them are expected (none: ""). It returns the fingerprint of one
-// such report (the most common among them), and the key a node's report
-// must have to conform: its components but those left out (so an
-// unreadable value's reason, which may differ from node to node, does not
-// count). A report without its components (Latest fills them) leaves the
-// group undecided.
+// the reports are compared as byReadable groups them, and the components
+// of more than half of those it groups are expected (none: ""). It
+// returns the fingerprint of one such report (the most common among
+// them), and the key a node's report must have to conform: its components
+// but those unreadable on every report (so an unreadable value's reason,
+// which may differ from node to node, does not count). A report without
+// its components (Latest fills them) leaves the group undecided.
 func majorityOfPartial(members []Member) (expected, wantKey string, key func(*Report) string) {
-	var common map[string]bool // unreadable on every fresh report
+	var reports []*Report
 	for _, m := range members {
-		r := m.Report
-		if r == nil {
-			continue
+		if m.Report != nil {
+			reports = append(reports, m.Report)
 		}
+	}
+	groups, key := byReadable(reports)
+	if key == nil {
+		return "", "", nil
+	}
+	voters := 0
+	for _, rs := range groups {
+		voters += len(rs)
+	}
+	for k, rs := range groups {
+		if 2*len(rs) > voters {
+			wantKey = k
+		}
+	}
+	if wantKey == "" { // no majority, or nothing readable on any node
+		return "", "", nil
+	}
+	return commonFingerprint(groups[wantKey]), wantKey, key
+}
+
+// byReadable groups partial reports by their components but those
+// unreadable on every one of them (the key; "" when nothing is readable
+// on any); a report with another unreadable component is in no group. It
+// returns nil groups and key when a report lacks its components.
+func byReadable(reports []*Report) (groups map[string][]*Report, key func(*Report) string) {
+	var common map[string]bool // unreadable on every report
+	for _, r := range reports {
 		if r.Components == nil {
-			return "", "", nil
+			return nil, nil
 		}
 		unreadable := map[string]bool{}
 		for n, v := range r.Components {
@@ -354,36 +419,29 @@ func majorityOfPartial(members []Member) (expected, wantKey string, key func(*Re
 		}
 		return b.String()
 	}
+	groups = map[string][]*Report{}
+	for _, r := range reports {
+		if !otherUnreadable(r, common) {
+			groups[key(r)] = append(groups[key(r)], r)
+		}
+	}
+	return groups, key
+}
+
+// commonFingerprint is the most common fingerprint of reports (the
+// smallest of a tie).
+func commonFingerprint(reports []*Report) string {
 	counts := map[string]int{}
-	fps := map[string]map[string]int{} // key → fingerprint → reports
-	voters := 0
-	for _, m := range members {
-		r := m.Report
-		if r == nil || otherUnreadable(r, common) {
-			continue
-		}
-		k := key(r)
-		counts[k]++
-		if fps[k] == nil {
-			fps[k] = map[string]int{}
-		}
-		fps[k][r.Fingerprint]++
-		voters++
+	for _, r := range reports {
+		counts[r.Fingerprint]++
 	}
-	for k, c := range counts {
-		if 2*c > voters {
-			wantKey = k
+	fp := ""
+	for f, c := range counts {
+		if fp == "" || c > counts[fp] || c == counts[fp] && f < fp {
+			fp = f
 		}
 	}
-	if wantKey == "" { // no majority, or nothing readable on any node
-		return "", "", nil
-	}
-	for fp, c := range fps[wantKey] {
-		if expected == "" || c > fps[wantKey][expected] || c == fps[wantKey][expected] && fp < expected {
-			expected = fp
-		}
-	}
-	return expected, wantKey, key
+	return fp
 }
 
 // otherUnreadable: r has an unreadable component not in common.

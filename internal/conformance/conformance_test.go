@@ -20,7 +20,73 @@ func reports(m map[string]string) map[string]Report {
 	return out
 }
 
+// partialReports: 8 nodes n1…n8 whose bmc_version is unreadable (ipmitool
+// configured, /dev/ipmi0 not passed through; the reason may name the
+// node), their GPU driver gpu[node] (default "550.54.14"); complete adds
+// complete reports on that GPU driver with a readable BMC.
+func partialReports(gpu map[string]string, complete ...string) map[string]Report {
+	const ipmi = "unreadable: ipmitool mc info: exit status 1: Could not open device at /dev/ipmi0"
+	out := map[string]Report{}
+	add := func(node, bmc string, partial bool) {
+		g := gpu[node]
+		if g == "" {
+			g = "550.54.14"
+		}
+		comps := map[string]string{"gpu_driver": g, "bmc_version": bmc, "kernel": "6.8.0-45-generic"}
+		out[node] = Report{Node: node, Fingerprint: agentconf.Fingerprint(comps), Components: comps, Partial: partial}
+	}
+	for i := 1; i <= 8; i++ {
+		node := fmt.Sprintf("n%d", i)
+		bmc := ipmi
+		if i%2 == 0 {
+			bmc += " on " + node
+		}
+		add(node, bmc, true)
+	}
+	for _, node := range complete {
+		add(node, "3.10", false)
+	}
+	return out
+}
+
 func TestComputeScore(t *testing.T) {
+	eight := []string{"n1", "n2", "n3", "n4", "n5", "n6", "n7", "n8"}
+	fp := func(latest map[string]Report, node string) string { return latest[node].Fingerprint }
+	unknown := func(nodes ...string) []Group {
+		var out []Group
+		for _, n := range nodes {
+			out = append(out, Group{Unknown, []string{n}})
+		}
+		return out
+	}
+	const loading = "unreadable: nvidia module not loaded, NVIDIA GPU on the PCI bus"
+	bmcOnly := partialReports(nil)
+	otherGPU := partialReports(map[string]string{"n8": "550.90.07", "n7": loading})
+	allLoading := map[string]string{}
+	for _, n := range eight {
+		allLoading[n] = loading
+	}
+	rebooting := partialReports(allLoading, "c1", "c2")
+	for _, tc := range []struct {
+		name   string
+		nodes  []string
+		latest map[string]Report
+		f9     float64
+		groups []Group
+	}{
+		{"bmc unreadable on every node: one group", eight, bmcOnly, 1, []Group{{fp(bmcOnly, "n1"), eight}}},
+		{"bmc unreadable on every node: another GPU driver, one rebooting", eight, otherGPU, 6.0 / 8,
+			[]Group{{fp(otherGPU, "n1"), eight[:6]}, {fp(otherGPU, "n8"), []string{"n8"}}, {Unknown, []string{"n7"}}}},
+		{"rebooting nodes beside complete reports are unknown", append([]string{"c1", "c2"}, eight...), rebooting, 2.0 / 10,
+			append([]Group{{fp(rebooting, "c1"), []string{"c1", "c2"}}}, unknown(eight...)...)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := ComputeScore(tc.nodes, tc.latest)
+			if s.F9 != tc.f9 || !reflect.DeepEqual(s.Groups, tc.groups) {
+				t.Fatalf("got %+v, want f9 %v groups %v", s, tc.f9, tc.groups)
+			}
+		})
+	}
 	for _, tc := range []struct {
 		name   string
 		nodes  []string
