@@ -135,6 +135,10 @@ type GangConfig struct {
 	Timeout time.Duration `toml:"timeout"`
 	// PollInterval is how often Dir is read (default 2s).
 	PollInterval time.Duration `toml:"poll_interval"`
+	// MarkerDir is the pod-local directory (an emptyDir the webhook mounts
+	// there) where a non-zero exit of nccl-allreduce leaves a marker for
+	// its reruns in the pod (default "/run/faultline-preflight").
+	MarkerDir string `toml:"marker_dir"`
 }
 
 // DefaultInstanceTypes is ADR-026's instance-type → topology-file map.
@@ -165,7 +169,8 @@ func DefaultConfig() Config {
 			AllreduceCommand: DefaultAllreduceCommand, MasterPort: 29500, AllreduceBytes: 4 << 30,
 			TopologyDir: "/opt/faultline-preflight/nccl-topologies", InstanceTypeLabel: "node.kubernetes.io/instance-type",
 			InstanceTypes: DefaultInstanceTypes(), TopologyFallback: true},
-		Gang: GangConfig{Dir: "/etc/preflight", Timeout: 600 * time.Second, PollInterval: 2 * time.Second},
+		Gang: GangConfig{Dir: "/etc/preflight", Timeout: 600 * time.Second, PollInterval: 2 * time.Second,
+			MarkerDir: "/run/faultline-preflight"},
 	}
 }
 
@@ -240,6 +245,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Gang.Dir, "gang.dir", c.Gang.Dir, "where the gang ConfigMap is mounted")
 	fs.DurationVar(&c.Gang.Timeout, "gang.timeout", c.Gang.Timeout, "longest wait for every peer")
 	fs.DurationVar(&c.Gang.PollInterval, "gang.poll-interval", c.Gang.PollInterval, "how often the gang files are read")
+	fs.StringVar(&c.Gang.MarkerDir, "gang.marker-dir", c.Gang.MarkerDir, "pod-local directory of the marker a failed nccl-allreduce leaves")
 }
 
 // Validate names the first bad key.
@@ -313,6 +319,9 @@ func (c *Config) ValidateSettings() error {
 	}
 	if c.Gang.PollInterval <= 0 {
 		return errors.New("gang.poll_interval: must be positive")
+	}
+	if !strings.HasPrefix(c.Gang.MarkerDir, "/") {
+		return fmt.Errorf("gang.marker_dir: %q is not an absolute path", c.Gang.MarkerDir)
 	}
 	return nil
 }

@@ -6,6 +6,8 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -248,6 +250,41 @@ func readGang(dir string) (gangState, error) {
 	return g, nil
 }
 
+// allreduceFailed is the marker, in gang.marker_dir, of a non-zero exit of
+// nccl-allreduce in this pod. The directory is a pod-local emptyDir: it
+// outlives the init container's restarts (and a recreated sandbox) but
+// not the pod, so a replacement pod starts without it.
+const allreduceFailed = "nccl-allreduce-failed"
+
+// failedBefore says whether nccl-allreduce exited non-zero when it last
+// ran in this pod.
+func failedBefore(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, allreduceFailed))
+	return err == nil
+}
+
+// recordAllreduceExit keeps the marker in step with nccl-allreduce's exit
+// code, as the controller's "rerun" key follows the container's latest
+// exit: written on a non-zero exit (a failure, a timeout, a check that
+// could not run, a configuration error, events not recorded — the kubelet
+// runs the check again for each), removed on exit 0 (a later run in the
+// pod, after a recreated sandbox, may then skip on a finished peer). A
+// directory that is not there (a pod injected by an earlier webhook) is
+// logged: such a pod's first rerun relies on "rerun" alone.
+func recordAllreduceExit(dir string, code int, log *slog.Logger) {
+	p := filepath.Join(dir, allreduceFailed)
+	if code == ExitPass {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			log.Warn("cannot remove the marker of an earlier failure of the gang-wide check", "err", err)
+		}
+		return
+	}
+	if err := os.WriteFile(p, []byte(strconv.Itoa(code)+"\n"), 0o644); err != nil {
+		log.Warn("cannot leave the marker of this failure for the check's rerun (gang.marker_dir not mounted?): the rerun may pass on a peer that finished, until the gang ConfigMap lists this pod as rerun",
+			"err", err)
+	}
+}
+
 // runAllreduce waits for the gang in the mounted ConfigMap, ranks the pods
 // by sorted name, and runs the torchrun command on this pod.
 func runAllreduce(ctx context.Context, env *Env) (Outcome, error) {
@@ -261,6 +298,10 @@ func runAllreduce(ctx context.Context, env *Env) (Outcome, error) {
 	start := env.Now()
 	wctx, cancel := context.WithTimeout(ctx, cfg.Gang.Timeout)
 	defer cancel()
+	// The marker is there from the start: the kubelet runs the check again
+	// about 10s after it failed, long before the mounted ConfigMap lists
+	// the pod as rerun (its volume sync takes a minute or more).
+	failedHere := failedBefore(cfg.Gang.MarkerDir)
 	var g gangState
 	var lastErr error
 	warned := false
@@ -269,16 +310,16 @@ func runAllreduce(ctx context.Context, env *Env) (Outcome, error) {
 		g, err = readGang(cfg.Gang.Dir)
 		lastErr = err
 		done := slices.DeleteFunc(slices.Clone(g.Finished), func(n string) bool { return n == cfg.Pod.Name })
-		if err == nil && len(done) > 0 && !slices.Contains(g.Rerun, cfg.Pod.Name) {
+		if err == nil && len(done) > 0 && !failedHere && !slices.Contains(g.Rerun, cfg.Pod.Name) {
 			// A peer finished its check without this pod (a pod that
 			// replaced one of the gang's, or whose sandbox was recreated
 			// after its check passed): it takes part in no rendezvous any
 			// more, and torchrun would wait for it until the check's
 			// timeout, on every restart. The all-reduce cannot run; the
 			// pod is not held. Not so for a pod whose own check failed
-			// (listed as rerun): passing it here would start the job on
-			// the node that failed; it waits and fails again, and stays
-			// held.
+			// (its marker in gang.marker_dir, or listed as rerun): passing
+			// it here would start the job on the node that failed; it
+			// waits and fails again, and stays held.
 			waited := env.Now().Sub(start)
 			msg := fmt.Sprintf("gang %s: not run: peers %s already finished the gang-wide check without this pod", g.ID, strings.Join(done, ","))
 			return Outcome{Summary: msg, Gang: g.ID, GangWait: waited}, nil
@@ -286,7 +327,7 @@ func runAllreduce(ctx context.Context, env *Env) (Outcome, error) {
 		if err == nil && len(done) > 0 && !warned {
 			warned = true
 			env.Log.Warn("this pod's gang-wide check failed before and peers already finished it: running it again (it cannot pass without them; the pod stays held)",
-				"gang", g.ID, "finished", strings.Join(done, ","))
+				"gang", g.ID, "finished", strings.Join(done, ","), "marker", failedHere, "rerun", slices.Contains(g.Rerun, cfg.Pod.Name))
 		}
 		if err == nil && g.Expected > 0 && len(g.Peers) >= g.Expected && g.Peers[cfg.Pod.Name] != "" {
 			break

@@ -136,7 +136,7 @@ type Options struct {
 
 // Main runs `faultline-preflight check NAME [flags]` and returns the exit
 // code.
-func Main(ctx context.Context, name string, args []string, opt Options) int {
+func Main(ctx context.Context, name string, args []string, opt Options) (code int) {
 	if opt.Stdout == nil {
 		opt.Stdout = os.Stdout
 	}
@@ -164,6 +164,11 @@ func Main(ctx context.Context, name string, args []string, opt Options) int {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
 	log := slog.New(slog.NewJSONHandler(opt.Stderr, &slog.HandlerOptions{Level: lvl})).With("check", name, "node", cfg.NodeName)
+	if name == NCCLAllreduce {
+		// Its reruns in this pod must know that it failed before the gang
+		// ConfigMap can say so.
+		defer func() { recordAllreduceExit(cfg.Gang.MarkerDir, code, log) }()
+	}
 	fn, ok := registry[name]
 	if !ok {
 		log.Error("unknown check", "known", strings.Join(Names(), ","))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -130,6 +131,7 @@ func (h *harness) run(name string, env map[string]string, flags ...string) run {
 		"--dcgm.dcgmi=" + filepath.Join(h.bin, "dcgmi"), "--dcgm.nvidia-smi=" + filepath.Join(h.bin, "nvidia-smi"),
 		"--nccl.all-reduce-perf=" + filepath.Join(h.bin, "all_reduce_perf"), "--nccl.torchrun=" + filepath.Join(h.bin, "torchrun"),
 		"--dcgm.hostengine-addr=dcgm-hostengine.test:5555", "--kube.events=false",
+		"--gang.marker-dir=" + h.t.TempDir(), // the pod-local emptyDir; a test names its own to share it between runs
 	}
 	var out, errb bytes.Buffer
 	code := checks.Main(context.Background(), name, append(base, flags...), checks.Options{
@@ -578,17 +580,23 @@ func TestNCCLAllreduce(t *testing.T) {
 	// part in no rendezvous any more: a pod that replaced one of the
 	// gang's, or whose sandbox was recreated after its check passed, ran
 	// torchrun against it until the check's timeout, failed, and did so
-	// again on every restart. A pod whose own check failed (the
-	// controller lists it as rerun) is not passed so: its rerun passed
-	// with exit 0 and the job started on the node that failed.
+	// again on every restart. A pod whose own check failed (its marker in
+	// the pod-local gang.marker_dir, or the controller lists it as rerun)
+	// is not passed so: its rerun passed with exit 0 and the job started on
+	// the node that failed. The marker is what the first rerun, about 10s
+	// after the failure, sees: the mounted ConfigMap shows rerun a minute
+	// or more later.
+	marker := "nccl-allreduce-failed"
 	for _, tc := range []struct {
-		name  string
-		rerun string
-		code  int
+		name   string
+		rerun  string
+		marker bool
+		code   int
 	}{
-		{"a peer finished, this pod never ran: not run, the pod not held", "", checks.ExitPass},
-		{"a peer finished, another pod reruns: not run, the pod not held", "trainer-2\n", checks.ExitPass},
-		{"a peer finished, this pod's check failed before: not skipped, fails", "trainer-1\n", checks.ExitFail},
+		{"a peer finished, this pod never ran: not run, the pod not held", "", false, checks.ExitPass},
+		{"a peer finished, another pod reruns: not run, the pod not held", "trainer-2\n", false, checks.ExitPass},
+		{"a peer finished, this pod listed rerun: not skipped, fails", "trainer-1\n", false, checks.ExitFail},
+		{"a peer finished, this pod's marker, not yet listed rerun: not skipped, fails", "", true, checks.ExitFail},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := gang("2", "trainer-0:10.0.1.5\ntrainer-1:10.0.1.6\n")
@@ -596,12 +604,19 @@ func TestNCCLAllreduce(t *testing.T) {
 			if tc.rerun != "" {
 				must(t, os.WriteFile(filepath.Join(d, "rerun"), []byte(tc.rerun), 0o644))
 			}
+			md := t.TempDir()
+			if tc.marker {
+				must(t, os.WriteFile(filepath.Join(md, marker), []byte("1\n"), 0o644))
+			}
 			// torchrun waits for the finished peer, which never joins,
 			// until the check's timeout.
 			r := h.run(checks.NCCLAllreduce, map[string]string{"STANDIN_NVIDIA_SMI_OUT": smi, "STANDIN_TORCHRUN_OUT": ok, "STANDIN_SLEEP": "60"},
-				"--gang.dir="+d, "--pod.name=trainer-1", "--timeout=2s")
+				"--gang.dir="+d, "--pod.name=trainer-1", "--timeout=2s", "--gang.marker-dir="+md)
 			if r.code != tc.code {
 				t.Fatalf("exit %d, want %d; torchrun %q\n%s", r.code, tc.code, r.args, r.stderr)
+			}
+			if _, err := os.Stat(filepath.Join(md, marker)); (err == nil) != (tc.code != checks.ExitPass) {
+				t.Errorf("exit %d, marker left: %v", r.code, err == nil)
 			}
 			if tc.code == checks.ExitPass {
 				if strings.Contains(r.args, "torchrun") || !strings.Contains(r.stderr, "peers trainer-0 already finished") {
@@ -614,6 +629,32 @@ func TestNCCLAllreduce(t *testing.T) {
 			}
 		})
 	}
+
+	// The sequence the marker is for: the check fails (its own rank), the
+	// kubelet runs it again before the mounted ConfigMap lists the pod as
+	// rerun while the peer has finished: it is not passed. Once it passes,
+	// the marker is gone (a sandbox recreated after the pass may skip).
+	t.Run("a failed run leaves the marker, its rerun is held, a pass removes it", func(t *testing.T) {
+		d := gang("2", "trainer-0:10.0.1.5\ntrainer-1:10.0.1.6\n")
+		md := t.TempDir()
+		r := h.run(checks.NCCLAllreduce, map[string]string{"STANDIN_NVIDIA_SMI_OUT": smi, "STANDIN_TORCHRUN_OUT": ok, "STANDIN_TORCHRUN_EXIT": "1"},
+			"--gang.dir="+d, "--pod.name=trainer-1", "--gang.marker-dir="+md)
+		if _, err := os.Stat(filepath.Join(md, marker)); r.code != checks.ExitFail || err != nil {
+			t.Fatalf("exit %d, marker: %v\n%s", r.code, err, r.stderr)
+		}
+		must(t, os.WriteFile(filepath.Join(d, "finished"), []byte("trainer-0\n"), 0o644))
+		r = h.run(checks.NCCLAllreduce, map[string]string{"STANDIN_NVIDIA_SMI_OUT": smi, "STANDIN_TORCHRUN_OUT": ok, "STANDIN_SLEEP": "60"},
+			"--gang.dir="+d, "--pod.name=trainer-1", "--timeout=2s", "--gang.marker-dir="+md)
+		if _, err := os.Stat(filepath.Join(md, marker)); r.code != checks.ExitFail || err != nil || strings.Contains(r.stderr, "already finished the gang-wide check") {
+			t.Fatalf("rerun: exit %d, marker: %v\n%s", r.code, err, r.stderr)
+		}
+		must(t, os.Remove(filepath.Join(d, "finished")))
+		r = h.run(checks.NCCLAllreduce, map[string]string{"STANDIN_NVIDIA_SMI_OUT": smi, "STANDIN_TORCHRUN_OUT": ok},
+			"--gang.dir="+d, "--pod.name=trainer-1", "--gang.marker-dir="+md)
+		if _, err := os.Stat(filepath.Join(md, marker)); r.code != checks.ExitPass || !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("pass: exit %d, marker: %v\n%s", r.code, err, r.stderr)
+		}
+	})
 
 	t.Run("only this pod listed finished (a stale view): runs", func(t *testing.T) {
 		d := gang("2", "trainer-0:10.0.1.5\ntrainer-1:10.0.1.6\n")

@@ -5,7 +5,8 @@
 // of the pod's containers or the pod's GPU/network claim references, the
 // NCCL environment variables of the pod's containers that match the
 // configured globs, the volume mount behind a pod-provided NCCL_TOPO_FILE,
-// and for gang-wide checks the gang's ConfigMap. Pods without GPUs are
+// and for gang-wide checks the gang's ConfigMap and a pod-local emptyDir
+// (checks' gang.marker_dir: a failed run's marker for its reruns). Pods without GPUs are
 // left untouched, except that a gang pod that runs no gang-wide check
 // (none configured aside) is marked gang.LabelExcluded.
 //
@@ -47,6 +48,9 @@ const (
 	VolumeState     = "preflight-state"
 	VolumeToken     = "preflight-token"
 	VolumeGang      = "preflight-gang"
+	// VolumeGangMarker is the pod-local emptyDir mounted at the checks'
+	// gang.marker_dir.
+	VolumeGangMarker = "preflight-gang-marker"
 	// StateMountPath holds the spool (checks' default spool.dir is below it).
 	StateMountPath = "/var/lib/faultline-preflight"
 	// TokenMountPath holds the gateway token (checks' default token file).
@@ -226,7 +230,11 @@ func (inj *Injector) Mutate(ctx context.Context, p gang.Pod) (Result, error) {
 			c := inj.container(spec, base, gpus, nets, gpuClaims, netClaims)
 			if spec.gang() {
 				needGang = true
-				c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeGang, MountPath: inj.cfg.GangMountPath, ReadOnly: true})
+				// The emptyDir outlives the container's restarts: a failed
+				// run's marker tells its rerun, long before the ConfigMap
+				// lists the pod as rerun, not to pass on a finished peer.
+				c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeGang, MountPath: inj.cfg.GangMountPath, ReadOnly: true},
+					corev1.VolumeMount{Name: VolumeGangMarker, MountPath: inj.cfg.Runner.Gang.MarkerDir})
 			}
 			inits = append(inits, c)
 			res.Injected = append(res.Injected, c.Name)
@@ -298,7 +306,7 @@ func clash(p *corev1.Pod, container string) string {
 
 // ours says whether v has the name of a volume the checks mount.
 func ours(v corev1.Volume) bool {
-	return v.Name == VolumeState || v.Name == VolumeToken || v.Name == VolumeGang
+	return v.Name == VolumeState || v.Name == VolumeToken || v.Name == VolumeGang || v.Name == VolumeGangMarker
 }
 
 // strip removes what an earlier invocation injected.
@@ -508,9 +516,9 @@ func matchAny(globs []string, name string) bool {
 	return false
 }
 
-// volumes are the node state directory, the token Secret and the gang
+// volumes are the node state directory, the token Secret, the gang
 // ConfigMap (optional: a pod starts before the controller wrote it, and
-// the check waits for it).
+// the check waits for it) and the gang check's pod-local marker directory.
 func (inj *Injector) volumes(needGang bool, g gang.Gang) []corev1.Volume {
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
 	optional := true
@@ -522,7 +530,8 @@ func (inj *Injector) volumes(needGang bool, g gang.Gang) []corev1.Volume {
 	}
 	if needGang {
 		vs = append(vs, corev1.Volume{Name: VolumeGang, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-			LocalObjectReference: corev1.LocalObjectReference{Name: g.ConfigMapName()}, Optional: &optional, DefaultMode: &mode}}})
+			LocalObjectReference: corev1.LocalObjectReference{Name: g.ConfigMapName()}, Optional: &optional, DefaultMode: &mode}}},
+			corev1.Volume{Name: VolumeGangMarker, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 	}
 	return vs
 }

@@ -197,7 +197,7 @@ func TestMutate(t *testing.T) {
 					t.Error("NCCL_TOPO_FILE copied without its volume")
 				}
 			}},
-		{name: "gang: label, annotations and ConfigMap volume",
+		{name: "gang: label, annotations, ConfigMap volume and the marker emptyDir in nccl-allreduce only",
 			pod: pod(func(p *corev1.Pod) {
 				p.Labels = map[string]string{"gang": "Job_7", "gang-size": "2"}
 				p.Spec.Containers[0].Resources = res("nvidia.com/gpu", "8", "rdma/ib", "4")
@@ -208,6 +208,23 @@ func TestMutate(t *testing.T) {
 					return v.Name == VolumeGang && v.ConfigMap != nil && v.ConfigMap.Name == "preflight-lbl-job-7-2ae1ce52" && *v.ConfigMap.Optional
 				}) {
 					t.Errorf("volumes %+v", p.Spec.Volumes)
+				}
+				// A failed run's marker must outlive the container's
+				// restarts: a pod-local emptyDir at the check's
+				// gang.marker_dir, writable.
+				if !slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == VolumeGangMarker && v.EmptyDir != nil }) {
+					t.Errorf("no marker emptyDir: volumes %+v", p.Spec.Volumes)
+				}
+				marker := func(m corev1.VolumeMount) bool { return m.Name == VolumeGangMarker }
+				if ar := p.Spec.InitContainers[2]; !slices.ContainsFunc(ar.VolumeMounts, func(m corev1.VolumeMount) bool {
+					return marker(m) && m.MountPath == checks.DefaultConfig().Gang.MarkerDir && !m.ReadOnly
+				}) {
+					t.Errorf("nccl-allreduce mounts %+v", ar.VolumeMounts)
+				}
+				for _, c := range p.Spec.InitContainers[:2] {
+					if slices.ContainsFunc(c.VolumeMounts, marker) {
+						t.Errorf("%s mounts the marker directory", c.Name)
+					}
 				}
 				if p.Annotations[gang.AnnotationMethod] != "labels" || p.Annotations[gang.AnnotationName] != "Job_7" {
 					t.Errorf("annotations %v", p.Annotations)

@@ -396,6 +396,9 @@ func (c *Config) Validate() error {
 	if c.Gang.MountPath != c.Check.Gang.Dir {
 		return fmt.Errorf("gang.mount_path: %q differs from check.gang.dir %q (the checks would not find the gang)", c.Gang.MountPath, c.Check.Gang.Dir)
 	}
+	if d := path.Clean(c.Check.Gang.MarkerDir); d == path.Clean(c.Gang.MountPath) || d == injection.StateMountPath || d == injection.TokenMountPath {
+		return fmt.Errorf("check.gang.marker_dir: %q is where another of the checks' volumes is mounted", c.Check.Gang.MarkerDir)
+	}
 	if c.Inject.Image == "" {
 		return errors.New("inject.image: must be set")
 	}

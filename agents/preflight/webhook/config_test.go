@@ -37,6 +37,8 @@ func TestConfigValidate(t *testing.T) {
 		{"--check.nccl.allreduce-threshold-gbps=-Inf", "check.nccl.allreduce_threshold_gbps: must be a finite number not below 0, got -Inf"},
 		{"--check.nccl.allreduce-bytes=0", "check.nccl.allreduce_bytes: must be at least 4 (one float32 element), got 0"},
 		{"--check.nccl.allreduce-bytes=-1", "check.nccl.allreduce_bytes: must be at least 4 (one float32 element), got -1"},
+		{"--check.gang.marker-dir=run/preflight", `check.gang.marker_dir: "run/preflight" is not an absolute path`},
+		{"--check.gang.marker-dir=/etc/preflight/", `check.gang.marker_dir: "/etc/preflight/" is where another of the checks' volumes is mounted`},
 	} {
 		if _, err := load(tc.flag); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want %q", tc.flag, err, tc.want)
