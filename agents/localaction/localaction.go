@@ -199,11 +199,15 @@ const answerWait = 5 * time.Second
 // What one client of the endpoint (any pod can reach HOST_IP:9477) can
 // hold: a request must arrive whole, body included, within readTimeout
 // (the janitor's are under 1 KiB), its headers within maxHeaderBytes and
-// its body within maxBody; a connection with no request in progress is
-// closed after idleTimeout; past maxConns open connections a new one
-// waits in the listen queue until one ends (a slowloris client holds a
-// connection for readTimeout at most). 32 connections of 64 KiB bodies
-// and 16 KiB headers are a few MiB of the agent's 128 MiB.
+// its body within maxBody; every connection is closed after its one
+// answer (no keep-alive: the janitor's requests are minutes apart, and a
+// client that kept its connection open by asking again, even refused,
+// within idleTimeout held its slot for ever: maxConns of them and the
+// janitor's reboot never got in); past maxConns open connections a new
+// one waits in the listen queue until one ends. A client holds a
+// connection for one request, readTimeout to arrive and its answer at
+// most. 32 connections of 64 KiB bodies and 16 KiB headers are a few MiB
+// of the agent's 128 MiB.
 const (
 	readTimeout    = 10 * time.Second
 	idleTimeout    = 30 * time.Second
@@ -643,6 +647,7 @@ func (s *Server) serveOn(ctx context.Context, ln net.Listener) error {
 		MaxHeaderBytes: maxHeaderBytes,
 		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
+	srv.SetKeepAlivesEnabled(false) // one request a connection: see maxConns
 	go func() {
 		<-ctx.Done()
 		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)

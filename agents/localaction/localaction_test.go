@@ -905,3 +905,85 @@ func TestGPUResetChecksPodsBeforeEachGPU(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepAliveClientsDoNotHoldTheSlots: a connection is closed after its
+// answer. Before, a refused request (401 for an unsigned body) left its
+// connection open for the next, idle up to idleTimeout: maxConns clients
+// each asking again within it held every slot, and the janitor's signed
+// reboot waited until it timed out (the node never remediated).
+func TestKeepAliveClientsDoNotHoldTheSlots(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	k := newJanitorKey(t, dir, "janitor")
+	cfg.VerifyKeyFile, cfg.StateFile = k.pubFile, filepath.Join(dir, "state.json")
+	cfg.RebootCommand = []string{standIn(t, dir, "systemctl", filepath.Join(dir, "calls.log")), "reboot"}
+	s, err := New(cfg, testNode, testLog, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.readTimeout, s.maxConns = 500*time.Millisecond, 2
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.serveOn(ctx, ln) }()
+	url := "http://" + ln.Addr().String()
+
+	// maxConns keep-alive clients, each asking unsigned again and again.
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var refused atomic.Int32
+	for range s.maxConns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}, Timeout: 5 * time.Second}
+			defer c.CloseIdleConnections()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				resp, err := c.Post(url+"/v1/local/reboot", "application/json", strings.NewReader("{}"))
+				if err != nil {
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusUnauthorized {
+					refused.Add(1)
+				}
+			}
+		}()
+	}
+	defer func() {
+		close(stop)
+		wg.Wait()
+		cancel()
+		<-served
+	}()
+	for deadline := time.Now().Add(5 * time.Second); refused.Load() < int32(2*s.maxConns); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the clients were refused %d times in 5s", refused.Load())
+		}
+	}
+
+	path := "/v1/local/reboot"
+	body, _ := json.Marshal(Request{ID: "r1", Node: testNode, Action: ActionReboot, Issued: time.Now()})
+	hr, _ := http.NewRequest(http.MethodPost, url+path, strings.NewReader(string(body)))
+	hr.Header.Set("Authorization", Sign(k.priv, http.MethodPost, path, body))
+	janitor := &http.Client{Transport: &http.Transport{}, Timeout: s.readTimeout + 3*time.Second}
+	resp, err := janitor.Do(hr)
+	if err != nil {
+		t.Fatalf("the janitor's request, with %d keep-alive clients asking: %v", s.maxConns, err)
+	}
+	defer resp.Body.Close()
+	var a Answer
+	_ = json.NewDecoder(resp.Body).Decode(&a)
+	if resp.StatusCode != 200 || !a.OK {
+		t.Fatalf("the janitor's request: %d %+v", resp.StatusCode, a)
+	}
+}
