@@ -46,6 +46,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/netutil"
@@ -500,10 +501,40 @@ func writeJSON(w http.ResponseWriter, code int, a Answer) {
 	_ = json.NewEncoder(w).Encode(a)
 }
 
+// commandWaitDelay is how long a command's output is waited for after
+// command_timeout killed its process group.
+const commandWaitDelay = 3 * time.Second
+
+// command returns argv to run in its own process group: at ctx's end the
+// whole group is killed (a wrapper's child too: sh -c, nsenter), and the
+// output is no longer waited for after commandWaitDelay (a child that
+// left the group, or one in D state that SIGKILL does not end, holding
+// the output open). Before, only the direct child was killed and Wait
+// waited for the pipe for as long as a grandchild (nvidia-smi -r on a
+// wedged GPU) held it: the answer never came, and the reset lock was
+// held, every later reset on the node in progress until the agent
+// restarted.
+func command(ctx context.Context, argv []string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = commandWaitDelay
+	return cmd
+}
+
+// timedOut names a command that command_timeout ended.
+func (s *Server) timedOut(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	return fmt.Errorf("did not exit within command_timeout %v (its process group killed): %w", s.cfg.CommandTimeout, err)
+}
+
 func (s *Server) run(ctx context.Context, argv []string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	out, err := command(ctx, argv).CombinedOutput()
+	err = s.timedOut(ctx, err)
 	if smiWarning(argv, err) {
 		s.log.Warn("local action: nvidia-smi exited with its warning (infoROM corrupted); taken as done", "command", argv,
 			"err", err, "output", strings.TrimSpace(string(out)))
@@ -546,7 +577,8 @@ func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 	gpus := req.GPUs
 	if len(gpus) == 0 {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
-		out, err := exec.CommandContext(cctx, s.cfg.GPUListCommand[0], s.cfg.GPUListCommand[1:]...).Output()
+		out, err := command(cctx, s.cfg.GPUListCommand).Output()
+		err = s.timedOut(cctx, err)
 		cancel()
 		// nvidia-smi's warning exit comes after the full list: the list
 		// stands when it names GPUs (checked below), its warning line left.

@@ -987,3 +987,74 @@ func TestKeepAliveClientsDoNotHoldTheSlots(t *testing.T) {
 		t.Fatalf("the janitor's request: %d %+v", resp.StatusCode, a)
 	}
 }
+
+// TestCommandTimeoutEndsTheReset: a reset command whose child outlives it
+// holding its output (a wrapper, sh or nsenter, around an nvidia-smi -r
+// hung on a wedged GPU) is answered CommandFailed once command_timeout
+// has passed, and the next reset runs. Before, only the direct child was
+// killed and the output waited for as long as the grandchild held it: no
+// answer, and every later reset on the node in progress behind the lock.
+func TestCommandTimeoutEndsTheReset(t *testing.T) {
+	const gpuA, gpuB = "GPU-00000000-0000-0000-0000-00000000000a", "GPU-00000000-0000-0000-0000-00000000000b"
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls.log")
+	reset := filepath.Join(dir, "reset")
+	// The hang: a child that keeps stdout and stderr for 30s, the script
+	// waiting for it; GPU b's reset is done at once.
+	script := "#!/bin/sh\necho \"reset $1\" >> " + log + "\n[ \"$1\" = " + gpuB + " ] && exit 0\nsleep 30 &\nwait\n"
+	if err := os.WriteFile(reset, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		list []string // the GPU list command; nil: the GPU named
+	}{
+		{"reset hangs", nil},
+		{"list hangs", []string{"/bin/sh", "-c", "sleep 30 & wait"}},
+		// Outside the process group, not killed: its output is left.
+		{"list's child leaves the group", []string{"/bin/sh", "-c", "setsid sleep 10 & wait"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.GPUResetCommand = []string{reset, "{uuid}"}
+			cfg.StateFile = filepath.Join(t.TempDir(), "state.json")
+			cfg.CommandTimeout = time.Second
+			s, err := New(cfg, testNode, testLog, &pods{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			gpus := []string{gpuA}
+			if tc.list != nil {
+				s.cfg.GPUListCommand, gpus = tc.list, nil
+			}
+			answered := make(chan Answer, 1)
+			began := time.Now()
+			go func() {
+				answered <- s.gpuReset(context.Background(), Request{ID: "h1", Action: ActionGPUReset, GPUs: gpus})
+			}()
+			within := cfg.CommandTimeout + commandWaitDelay + 3*time.Second
+			select {
+			case a := <-answered:
+				if a.OK || a.Reason != "CommandFailed" || !strings.Contains(a.Message, "did not exit within command_timeout 1s") {
+					t.Fatalf("%+v, want CommandFailed: did not exit within command_timeout", a)
+				}
+				t.Logf("answered after %v: %s", time.Since(began), a.Message)
+			case <-time.After(within):
+				t.Fatalf("no answer %v after the reset began (command_timeout %v)", within, cfg.CommandTimeout)
+			}
+			// The lock is free: the next reset runs.
+			next := make(chan Answer, 1)
+			go func() {
+				next <- s.gpuReset(context.Background(), Request{ID: "h2", Action: ActionGPUReset, GPUs: []string{gpuB}})
+			}()
+			select {
+			case a := <-next:
+				if !a.OK {
+					t.Fatalf("next reset: %+v", a)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the next reset did not run: the reset lock is still held")
+			}
+		})
+	}
+}
