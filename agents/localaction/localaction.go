@@ -380,10 +380,13 @@ func decode(body []byte, action string) (Request, error) {
 	case !gpus && len(req.GPUs) > 0:
 		return req, errors.New("gpus: a reboot takes none")
 	}
-	for _, g := range req.GPUs {
+	for i, g := range req.GPUs {
 		if !events.IsGPUUUID(g) {
 			return req, fmt.Errorf("gpus: %q is not a GPU UUID", g)
 		}
+		// As NVML and the device plugin write it: pod-resources is asked
+		// about, and the reset command given, the GPU's own UUID.
+		req.GPUs[i] = events.CanonicalGPUUUID(g)
 	}
 	return req, nil
 }
@@ -593,7 +596,7 @@ func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 			if !events.IsGPUUUID(l) {
 				return Answer{ID: req.ID, Reason: "CommandFailed", Message: fmt.Sprintf("list GPUs: line %d %q is not a GPU UUID", i+1, l)}
 			}
-			gpus = append(gpus, l)
+			gpus = append(gpus, events.CanonicalGPUUUID(l))
 		}
 		if len(gpus) == 0 {
 			msg := "list GPUs: " + strings.Join(s.cfg.GPUListCommand, " ") + " listed none"

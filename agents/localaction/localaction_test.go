@@ -22,6 +22,11 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	podresv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/faultline/faultline/agents/podres"
+	"github.com/faultline/faultline/agents/podres/podrestest"
 )
 
 var testLog = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -1054,6 +1059,66 @@ func TestCommandTimeoutEndsTheReset(t *testing.T) {
 				}
 			case <-time.After(5 * time.Second):
 				t.Fatal("the next reset did not run: the reset lock is still held")
+			}
+		})
+	}
+}
+
+// allocations answers PodsOf from a pod-resources listing, as the agent's
+// PodLister does.
+type allocations podres.Allocations
+
+func (a allocations) PodsOf(_ context.Context, gpus []string) ([]string, error) {
+	pods, _ := podres.Allocations(a).Pods(gpus)
+	return pods, nil
+}
+
+// TestGPUUUIDCase: a GPUReset may name a GPU with upper-case hex (its
+// selector accepts either); the device plugin and NVML write lower case.
+// The reset is refused while a pod holds the GPU, whatever the case.
+// Before, the upper-case UUID found no pod, and the GPU was reset under
+// the pod.
+func TestGPUUUIDCase(t *testing.T) {
+	const lower, upper = "GPU-abcdef01-2345-6789-abcd-ef0123456789", "GPU-ABCDEF01-2345-6789-ABCD-EF0123456789"
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls.log")
+	cfg := DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	k := newJanitorKey(t, dir, "janitor")
+	cfg.VerifyKeyFile = k.pubFile
+	smi := standIn(t, dir, "nvidia-smi", log)
+	cfg.GPUResetCommand = []string{smi, "-r", "-i", "{uuid}"}
+	cfg.GPUListCommand = []string{"/bin/echo", upper}
+	cfg.StateFile = filepath.Join(dir, "state.json")
+	cfg.PodsGoneTimeout = 100 * time.Millisecond
+	held := podres.FromList(&podresv1.ListPodResourcesResponse{PodResources: []*podresv1.PodResources{
+		podrestest.Pod("ml", "train-0", "nvidia.com/gpu", lower)}}, time.Now())
+	s, err := New(cfg, testNode, testLog, allocations(held))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	for _, tc := range []struct {
+		name string
+		gpus []string
+	}{
+		{"named in upper case", []string{upper}},
+		{"listed in upper case", []string{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := Request{ID: "c-" + strings.ReplaceAll(tc.name, " ", "-"), Action: ActionGPUReset, GPUs: tc.gpus}
+			var a Answer
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				if _, a = k.call(t, srv.URL, req); !a.InProgress || time.Now().After(deadline) {
+					break
+				}
+			}
+			if a.OK || a.Reason != "GPUInUse" || !strings.Contains(a.Message, "ml/train-0") {
+				t.Fatalf("%+v, want GPUInUse naming ml/train-0", a)
+			}
+			if b, _ := os.ReadFile(log); len(b) > 0 {
+				t.Fatalf("reset a GPU a pod holds:\n%s", b)
 			}
 		})
 	}
