@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/procfs/sysfs"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -181,21 +182,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("metrics_addr: %w", err)
 		}
-		srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := a.serveMetrics(ctx, ln, metricsLimits); err != nil {
 				cancel(fmt.Errorf("metrics server: %w", err))
 			}
 		}()
-		go func() {
-			<-ctx.Done()
-			sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
-			defer c()
-			_ = srv.Shutdown(sctx)
-		}()
-		a.log.Info("serving /metrics and /healthz", "addr", ln.Addr().String())
+		a.log.Info("serving /metrics and /healthz", "addr", ln.Addr().String(), "max_conns", metricsLimits.maxConns)
 	}
 	wg.Add(1)
 	go func() {
@@ -240,6 +234,55 @@ func (a *Agent) Run(ctx context.Context) error {
 	<-ctx.Done()
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// serverLimits bound what the clients of metrics_addr hold.
+type serverLimits struct {
+	readHeader, read, write, idle time.Duration
+	maxConns                      int
+}
+
+// metricsLimits: on the node's address (hostNetwork) any pod of the
+// cluster reaches metrics_addr, so what one client holds is bounded: a
+// request (none has a body) must arrive within 5 s, its answer be
+// written within 30 s (a /metrics scrape, Prometheus's timeout is 10 s by
+// default), a connection is closed after its answer (no keep-alive: a
+// client asking again within any idle timeout would keep its connection,
+// and 64 of them every connection) and past maxConns open connections a
+// new one waits in the listen queue until one ends. Before, a connection
+// stayed open for ever after one GET /healthz: thousands of them (a
+// goroutine and ~20 KiB each) took the agent's 128 MiB, every check on
+// the node down. 64: Prometheus's scrapes, the kubelet's probes and a few
+// run requests at once.
+var metricsLimits = serverLimits{readHeader: 5 * time.Second, read: 5 * time.Second, write: 30 * time.Second, idle: 5 * time.Second, maxConns: 64}
+
+// serveMetrics serves a.Handler on ln within lim until ctx ends.
+func (a *Agent) serveMetrics(ctx context.Context, ln net.Listener, lim serverLimits) error {
+	srv := &http.Server{
+		Handler:           a.Handler(),
+		ReadHeaderTimeout: lim.readHeader,
+		ReadTimeout:       lim.read,
+		WriteTimeout:      lim.write,
+		IdleTimeout:       lim.idle,
+		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
+	}
+	srv.SetKeepAlivesEnabled(false) // one request a connection: see metricsLimits
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-stopped:
+			return
+		}
+		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
+		defer c()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(netutil.LimitListener(ln, lim.maxConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

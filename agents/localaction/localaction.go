@@ -46,6 +46,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/netutil"
@@ -199,11 +200,15 @@ const answerWait = 5 * time.Second
 // What one client of the endpoint (any pod can reach HOST_IP:9477) can
 // hold: a request must arrive whole, body included, within readTimeout
 // (the janitor's are under 1 KiB), its headers within maxHeaderBytes and
-// its body within maxBody; a connection with no request in progress is
-// closed after idleTimeout; past maxConns open connections a new one
-// waits in the listen queue until one ends (a slowloris client holds a
-// connection for readTimeout at most). 32 connections of 64 KiB bodies
-// and 16 KiB headers are a few MiB of the agent's 128 MiB.
+// its body within maxBody; every connection is closed after its one
+// answer (no keep-alive: the janitor's requests are minutes apart, and a
+// client that kept its connection open by asking again, even refused,
+// within idleTimeout held its slot for ever: maxConns of them and the
+// janitor's reboot never got in); past maxConns open connections a new
+// one waits in the listen queue until one ends. A client holds a
+// connection for one request, readTimeout to arrive and its answer at
+// most. 32 connections of 64 KiB bodies and 16 KiB headers are a few MiB
+// of the agent's 128 MiB.
 const (
 	readTimeout    = 10 * time.Second
 	idleTimeout    = 30 * time.Second
@@ -375,10 +380,13 @@ func decode(body []byte, action string) (Request, error) {
 	case !gpus && len(req.GPUs) > 0:
 		return req, errors.New("gpus: a reboot takes none")
 	}
-	for _, g := range req.GPUs {
+	for i, g := range req.GPUs {
 		if !events.IsGPUUUID(g) {
 			return req, fmt.Errorf("gpus: %q is not a GPU UUID", g)
 		}
+		// As NVML and the device plugin write it: pod-resources is asked
+		// about, and the reset command given, the GPU's own UUID.
+		req.GPUs[i] = events.CanonicalGPUUUID(g)
 	}
 	return req, nil
 }
@@ -496,10 +504,40 @@ func writeJSON(w http.ResponseWriter, code int, a Answer) {
 	_ = json.NewEncoder(w).Encode(a)
 }
 
+// commandWaitDelay is how long a command's output is waited for after
+// command_timeout killed its process group.
+const commandWaitDelay = 3 * time.Second
+
+// command returns argv to run in its own process group: at ctx's end the
+// whole group is killed (a wrapper's child too: sh -c, nsenter), and the
+// output is no longer waited for after commandWaitDelay (a child that
+// left the group, or one in D state that SIGKILL does not end, holding
+// the output open). Before, only the direct child was killed and Wait
+// waited for the pipe for as long as a grandchild (nvidia-smi -r on a
+// wedged GPU) held it: the answer never came, and the reset lock was
+// held, every later reset on the node in progress until the agent
+// restarted.
+func command(ctx context.Context, argv []string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = commandWaitDelay
+	return cmd
+}
+
+// timedOut names a command that command_timeout ended.
+func (s *Server) timedOut(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	return fmt.Errorf("did not exit within command_timeout %v (its process group killed): %w", s.cfg.CommandTimeout, err)
+}
+
 func (s *Server) run(ctx context.Context, argv []string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	out, err := command(ctx, argv).CombinedOutput()
+	err = s.timedOut(ctx, err)
 	if smiWarning(argv, err) {
 		s.log.Warn("local action: nvidia-smi exited with its warning (infoROM corrupted); taken as done", "command", argv,
 			"err", err, "output", strings.TrimSpace(string(out)))
@@ -542,7 +580,8 @@ func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 	gpus := req.GPUs
 	if len(gpus) == 0 {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
-		out, err := exec.CommandContext(cctx, s.cfg.GPUListCommand[0], s.cfg.GPUListCommand[1:]...).Output()
+		out, err := command(cctx, s.cfg.GPUListCommand).Output()
+		err = s.timedOut(cctx, err)
 		cancel()
 		// nvidia-smi's warning exit comes after the full list: the list
 		// stands when it names GPUs (checked below), its warning line left.
@@ -557,7 +596,7 @@ func (s *Server) gpuReset(ctx context.Context, req Request) Answer {
 			if !events.IsGPUUUID(l) {
 				return Answer{ID: req.ID, Reason: "CommandFailed", Message: fmt.Sprintf("list GPUs: line %d %q is not a GPU UUID", i+1, l)}
 			}
-			gpus = append(gpus, l)
+			gpus = append(gpus, events.CanonicalGPUUUID(l))
 		}
 		if len(gpus) == 0 {
 			msg := "list GPUs: " + strings.Join(s.cfg.GPUListCommand, " ") + " listed none"
@@ -643,6 +682,7 @@ func (s *Server) serveOn(ctx context.Context, ln net.Listener) error {
 		MaxHeaderBytes: maxHeaderBytes,
 		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
+	srv.SetKeepAlivesEnabled(false) // one request a connection: see maxConns
 	go func() {
 		<-ctx.Done()
 		sctx, c := context.WithTimeout(context.Background(), 2*time.Second)

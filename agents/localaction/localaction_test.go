@@ -22,6 +22,11 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	podresv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/faultline/faultline/agents/podres"
+	"github.com/faultline/faultline/agents/podres/podrestest"
 )
 
 var testLog = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -901,6 +906,219 @@ func TestGPUResetChecksPodsBeforeEachGPU(t *testing.T) {
 				if got, want := strings.Contains(calls(), "-i "+g), slices.Contains(tc.reset, g); got != want {
 					t.Fatalf("%s reset %v, want %v; calls:\n%s", g, got, want, calls())
 				}
+			}
+		})
+	}
+}
+
+// TestKeepAliveClientsDoNotHoldTheSlots: a connection is closed after its
+// answer. Before, a refused request (401 for an unsigned body) left its
+// connection open for the next, idle up to idleTimeout: maxConns clients
+// each asking again within it held every slot, and the janitor's signed
+// reboot waited until it timed out (the node never remediated).
+func TestKeepAliveClientsDoNotHoldTheSlots(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	k := newJanitorKey(t, dir, "janitor")
+	cfg.VerifyKeyFile, cfg.StateFile = k.pubFile, filepath.Join(dir, "state.json")
+	cfg.RebootCommand = []string{standIn(t, dir, "systemctl", filepath.Join(dir, "calls.log")), "reboot"}
+	s, err := New(cfg, testNode, testLog, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.readTimeout, s.maxConns = 500*time.Millisecond, 2
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.serveOn(ctx, ln) }()
+	url := "http://" + ln.Addr().String()
+
+	// maxConns keep-alive clients, each asking unsigned again and again.
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var refused atomic.Int32
+	for range s.maxConns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}, Timeout: 5 * time.Second}
+			defer c.CloseIdleConnections()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				resp, err := c.Post(url+"/v1/local/reboot", "application/json", strings.NewReader("{}"))
+				if err != nil {
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusUnauthorized {
+					refused.Add(1)
+				}
+			}
+		}()
+	}
+	defer func() {
+		close(stop)
+		wg.Wait()
+		cancel()
+		<-served
+	}()
+	for deadline := time.Now().Add(5 * time.Second); refused.Load() < int32(2*s.maxConns); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the clients were refused %d times in 5s", refused.Load())
+		}
+	}
+
+	path := "/v1/local/reboot"
+	body, _ := json.Marshal(Request{ID: "r1", Node: testNode, Action: ActionReboot, Issued: time.Now()})
+	hr, _ := http.NewRequest(http.MethodPost, url+path, strings.NewReader(string(body)))
+	hr.Header.Set("Authorization", Sign(k.priv, http.MethodPost, path, body))
+	janitor := &http.Client{Transport: &http.Transport{}, Timeout: s.readTimeout + 3*time.Second}
+	resp, err := janitor.Do(hr)
+	if err != nil {
+		t.Fatalf("the janitor's request, with %d keep-alive clients asking: %v", s.maxConns, err)
+	}
+	defer resp.Body.Close()
+	var a Answer
+	_ = json.NewDecoder(resp.Body).Decode(&a)
+	if resp.StatusCode != 200 || !a.OK {
+		t.Fatalf("the janitor's request: %d %+v", resp.StatusCode, a)
+	}
+}
+
+// TestCommandTimeoutEndsTheReset: a reset command whose child outlives it
+// holding its output (a wrapper, sh or nsenter, around an nvidia-smi -r
+// hung on a wedged GPU) is answered CommandFailed once command_timeout
+// has passed, and the next reset runs. Before, only the direct child was
+// killed and the output waited for as long as the grandchild held it: no
+// answer, and every later reset on the node in progress behind the lock.
+func TestCommandTimeoutEndsTheReset(t *testing.T) {
+	const gpuA, gpuB = "GPU-00000000-0000-0000-0000-00000000000a", "GPU-00000000-0000-0000-0000-00000000000b"
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls.log")
+	reset := filepath.Join(dir, "reset")
+	// The hang: a child that keeps stdout and stderr for 30s, the script
+	// waiting for it; GPU b's reset is done at once.
+	script := "#!/bin/sh\necho \"reset $1\" >> " + log + "\n[ \"$1\" = " + gpuB + " ] && exit 0\nsleep 30 &\nwait\n"
+	if err := os.WriteFile(reset, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		list []string // the GPU list command; nil: the GPU named
+	}{
+		{"reset hangs", nil},
+		{"list hangs", []string{"/bin/sh", "-c", "sleep 30 & wait"}},
+		// Outside the process group, not killed: its output is left.
+		{"list's child leaves the group", []string{"/bin/sh", "-c", "setsid sleep 10 & wait"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.GPUResetCommand = []string{reset, "{uuid}"}
+			cfg.StateFile = filepath.Join(t.TempDir(), "state.json")
+			cfg.CommandTimeout = time.Second
+			s, err := New(cfg, testNode, testLog, &pods{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			gpus := []string{gpuA}
+			if tc.list != nil {
+				s.cfg.GPUListCommand, gpus = tc.list, nil
+			}
+			answered := make(chan Answer, 1)
+			began := time.Now()
+			go func() {
+				answered <- s.gpuReset(context.Background(), Request{ID: "h1", Action: ActionGPUReset, GPUs: gpus})
+			}()
+			within := cfg.CommandTimeout + commandWaitDelay + 3*time.Second
+			select {
+			case a := <-answered:
+				if a.OK || a.Reason != "CommandFailed" || !strings.Contains(a.Message, "did not exit within command_timeout 1s") {
+					t.Fatalf("%+v, want CommandFailed: did not exit within command_timeout", a)
+				}
+				t.Logf("answered after %v: %s", time.Since(began), a.Message)
+			case <-time.After(within):
+				t.Fatalf("no answer %v after the reset began (command_timeout %v)", within, cfg.CommandTimeout)
+			}
+			// The lock is free: the next reset runs.
+			next := make(chan Answer, 1)
+			go func() {
+				next <- s.gpuReset(context.Background(), Request{ID: "h2", Action: ActionGPUReset, GPUs: []string{gpuB}})
+			}()
+			select {
+			case a := <-next:
+				if !a.OK {
+					t.Fatalf("next reset: %+v", a)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the next reset did not run: the reset lock is still held")
+			}
+		})
+	}
+}
+
+// allocations answers PodsOf from a pod-resources listing, as the agent's
+// PodLister does.
+type allocations podres.Allocations
+
+func (a allocations) PodsOf(_ context.Context, gpus []string) ([]string, error) {
+	pods, _ := podres.Allocations(a).Pods(gpus)
+	return pods, nil
+}
+
+// TestGPUUUIDCase: a GPUReset may name a GPU with upper-case hex (its
+// selector accepts either); the device plugin and NVML write lower case.
+// The reset is refused while a pod holds the GPU, whatever the case.
+// Before, the upper-case UUID found no pod, and the GPU was reset under
+// the pod.
+func TestGPUUUIDCase(t *testing.T) {
+	const lower, upper = "GPU-abcdef01-2345-6789-abcd-ef0123456789", "GPU-ABCDEF01-2345-6789-ABCD-EF0123456789"
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls.log")
+	cfg := DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	k := newJanitorKey(t, dir, "janitor")
+	cfg.VerifyKeyFile = k.pubFile
+	smi := standIn(t, dir, "nvidia-smi", log)
+	cfg.GPUResetCommand = []string{smi, "-r", "-i", "{uuid}"}
+	cfg.GPUListCommand = []string{"/bin/echo", upper}
+	cfg.StateFile = filepath.Join(dir, "state.json")
+	cfg.PodsGoneTimeout = 100 * time.Millisecond
+	held := podres.FromList(&podresv1.ListPodResourcesResponse{PodResources: []*podresv1.PodResources{
+		podrestest.Pod("ml", "train-0", "nvidia.com/gpu", lower)}}, time.Now())
+	s, err := New(cfg, testNode, testLog, allocations(held))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	for _, tc := range []struct {
+		name string
+		gpus []string
+	}{
+		{"named in upper case", []string{upper}},
+		{"listed in upper case", []string{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := Request{ID: "c-" + strings.ReplaceAll(tc.name, " ", "-"), Action: ActionGPUReset, GPUs: tc.gpus}
+			var a Answer
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				if _, a = k.call(t, srv.URL, req); !a.InProgress || time.Now().After(deadline) {
+					break
+				}
+			}
+			if a.OK || a.Reason != "GPUInUse" || !strings.Contains(a.Message, "ml/train-0") {
+				t.Fatalf("%+v, want GPUInUse naming ml/train-0", a)
+			}
+			if b, _ := os.ReadFile(log); len(b) > 0 {
+				t.Fatalf("reset a GPU a pod holds:\n%s", b)
 			}
 		})
 	}

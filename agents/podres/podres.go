@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	podresv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // DefaultSocket is the kubelet's pod-resources socket.
@@ -49,8 +51,9 @@ type Lister struct {
 type Allocations struct {
 	// At is when the kubelet was asked.
 	At time.Time
-	// Devices maps a GPU's UUID to the pods holding it (the whole GPU or a
-	// time-sliced or MPS share of it), as "namespace/name", sorted.
+	// Devices maps a GPU's UUID (events.CanonicalGPUUUID: lower-case hex)
+	// to the pods holding it (the whole GPU or a time-sliced or MPS share
+	// of it), as "namespace/name", sorted.
 	Devices map[string][]string
 	// Unnamed: some pod holds a GPU by a name that is not its UUID (see
 	// gpuDevice), so which pods hold a given GPU is not known.
@@ -101,8 +104,11 @@ func FromList(resp *podresv1.ListPodResourcesResponse, at time.Time) Allocations
 					case !gpu:
 					case uuid == "":
 						a.Unnamed = true
-					case !slices.Contains(a.Devices[uuid], pod):
-						a.Devices[uuid] = append(a.Devices[uuid], pod)
+					default:
+						uuid = events.CanonicalGPUUUID(uuid)
+						if !slices.Contains(a.Devices[uuid], pod) {
+							a.Devices[uuid] = append(a.Devices[uuid], pod)
+						}
 					}
 				}
 			}
@@ -162,14 +168,17 @@ func (a Allocations) ByUUID() bool {
 }
 
 // Pods returns the pods holding any of the GPUs, sorted, and whether that
-// is known (the device plugin names devices by UUID).
+// is known (the device plugin names devices by UUID). UUIDs compare
+// whatever the case of their hex digits: before, a GPUReset naming
+// "GPU-ABCDEF…" found no pod on the device plugin's "GPU-abcdef…", and
+// the GPU was reset under them.
 func (a Allocations) Pods(gpus []string) ([]string, bool) {
 	if !a.ByUUID() {
 		return nil, false
 	}
 	var out []string
 	for _, g := range gpus {
-		for _, p := range a.Devices[g] {
+		for _, p := range a.Devices[events.CanonicalGPUUUID(g)] {
 			if !slices.Contains(out, p) {
 				out = append(out, p)
 			}

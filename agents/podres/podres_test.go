@@ -42,6 +42,13 @@ func TestPods(t *testing.T) {
 		// every GPU's pods unknown.
 		{"NICs under nvidia.com/ beside GPUs", []*podresv1.PodResources{pod("ml", "train-0", "nvidia.com/gpu", g0), pod("ml", "train-0", "nvidia.com/hostdev", "0000:3b:00.2"),
 			pod("ml", "train-1", "nvidia.com/sriov_rdma", "0000:3b:00.3")}, []string{g0}, []string{"ml/train-0"}, true},
+		// The device plugin and NVML write lower-case hex; a GPUReset
+		// may name the GPU in upper case (its selector accepts either).
+		// Before, it found no pod holding the GPU: free, and reset.
+		{"UUID asked in upper case", []*podresv1.PodResources{pod("ml", "train-0", "nvidia.com/gpu", "GPU-abcdef01-2345-6789-abcd-ef0123456789")},
+			[]string{"GPU-ABCDEF01-2345-6789-ABCD-EF0123456789"}, []string{"ml/train-0"}, true},
+		{"UUID held in upper case", []*podresv1.PodResources{pod("ml", "train-0", "nvidia.com/gpu", "GPU-ABCDEF01-2345-6789-ABCD-EF0123456789::1")},
+			[]string{"GPU-abcdef01-2345-6789-abcd-ef0123456789"}, []string{"ml/train-0"}, true},
 		{"a GPU resource renamed, by UUID", []*podresv1.PodResources{pod("ml", "a", "nvidia.com/a100", g1)}, []string{g1}, []string{"ml/a"}, true},
 		{"a resource renamed, index ids: unknown", []*podresv1.PodResources{pod("ml", "a", "nvidia.com/a100", "0")}, []string{g1}, nil, false},
 		{"GPUs passed through to VMs: unknown", []*podresv1.PodResources{pod("vm", "v", "nvidia.com/pgpu", "0000:41:00.0")}, []string{g0}, nil, false},

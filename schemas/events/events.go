@@ -229,6 +229,18 @@ var gpuUUID = regexp.MustCompile(`^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]
 // or a GPUReset selects.
 func IsGPUUUID(s string) bool { return gpuUUID.MatchString(s) }
 
+// CanonicalGPUUUID returns the GPU UUID s with its hex digits in lower
+// case, as NVML, nvidia-smi and NVIDIA's device plugin write them, so that
+// UUIDs compare equal whatever case they were written in (a GPUReset's
+// selector accepts either); s that is not a GPU UUID is returned as it
+// is.
+func CanonicalGPUUUID(s string) string {
+	if !IsGPUUUID(s) {
+		return s
+	}
+	return "GPU-" + strings.ToLower(s[len("GPU-"):])
+}
+
 // Key is the Kafka record key of a node's records: "cluster/node".
 func Key(cluster, node string) []byte {
 	return AppendKey(make([]byte, 0, len(cluster)+1+len(node)), cluster, node)
