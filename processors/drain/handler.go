@@ -553,6 +553,12 @@ func (h *Handler) runOps(ctx context.Context, cl *clusters.Client, st *State, op
 			h.log.Warn("pod's eviction refused; tried again after its backoff", "cluster", cl.Name, "node", ops[i].pod.Spec.NodeName,
 				"drain", st.ID, "pod", ops[i].key, "attempts", st.Pods[ops[i].key].Attempts, "err", r.err)
 		}
+		if r.retriable && apierrors.IsForbidden(r.err) {
+			// A configuration error, not an outage: the pod is asked again
+			// after the cluster's backoff and never given up for it.
+			h.log.Error("pod's eviction forbidden; grant the drain's RBAC (deploy/rbac/drain.yaml: create pods/eviction, delete pods)",
+				"cluster", cl.Name, "node", ops[i].pod.Spec.NodeName, "drain", st.ID, "pod", ops[i].key, "err", r.err)
+		}
 		if r.retriable && first == nil {
 			first = r.err
 		}
