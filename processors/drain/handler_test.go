@@ -740,3 +740,38 @@ func TestClusterErrorsNeverGiveUp(t *testing.T) {
 		})
 	}
 }
+
+// TestEvictionChecksTheUID: the eviction carries the pod's UID as a
+// precondition, so a pod recreated under the same name since the list (a
+// StatefulSet's copy, elsewhere) is not evicted in its place: the
+// apiserver's 409 is the pod meant gone. Before, the healthy copy was
+// evicted.
+func TestEvictionChecksTheUID(t *testing.T) {
+	const node = "n1"
+	k := quarantinedWithPod(node) // work/p, UID uid-p
+	var evicted []string
+	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		// The apiserver's check of DeleteOptions.Preconditions.UID.
+		ev := a.(ktesting.CreateAction).GetObject().(*policyv1.Eviction)
+		if o := ev.DeleteOptions; o != nil && o.Preconditions != nil && o.Preconditions.UID != nil && *o.Preconditions.UID != "uid-p" {
+			return true, nil, apierrors.NewConflict(corev1.Resource("pods"), ev.Name,
+				fmt.Errorf("the UID in the precondition (%s) does not match the UID in record (uid-p)", *o.Preconditions.UID))
+		}
+		evicted = append(evicted, ev.Name)
+		return true, nil, nil
+	})
+	h := newHandler(t, testConfig(), k, &clock{t: time.Now()}, false)
+	cl, _ := h.reg.Get(cluster)
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-old"}}
+	r := h.call(context.Background(), cl, op{key: podKey(old), pod: old}, false)
+	if len(evicted) != 0 || !r.notFound || r.retriable {
+		t.Fatalf("the listed copy gone, another under its name: evicted %v, result %+v; want nothing evicted, the pod gone", evicted, r)
+	}
+	cur := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p"}}
+	if r := h.call(context.Background(), cl, op{key: podKey(cur), pod: cur}, false); r.err != nil || len(evicted) != 1 {
+		t.Fatalf("the pod listed: evicted %v, result %+v; want it evicted", evicted, r)
+	}
+}
