@@ -265,3 +265,54 @@ func TestScopeWiden(t *testing.T) {
 		})
 	}
 }
+
+// TestUsesGPUUnnamed: without a kubelet listing, a pod is judged by its
+// names only where they name GPUs (a UUID, or "all"); a container that
+// requests a GPU and names none — a sidecar's "void" elsewhere in the pod
+// notwithstanding, an index, a MIG id, an empty value — makes the pod
+// unknown, so it is evicted. Before, any NVIDIA_VISIBLE_DEVICES or GPU
+// annotation took the pod for naming its GPUs: a job requesting 8 GPUs
+// with a "void" sidecar stayed on the GPU being reset.
+func TestUsesGPUUnnamed(t *testing.T) {
+	c := DefaultConfig()
+	if err := c.Validate("drain."); err != nil {
+		t.Fatal(err)
+	}
+	gpus := corev1.ResourceList{resourceGPU: resource.MustParse("8")}
+	ctr := func(name, visible string, res corev1.ResourceList) corev1.Container {
+		ct := corev1.Container{Name: name, Resources: corev1.ResourceRequirements{Limits: res}}
+		if visible != "-" {
+			ct.Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: visible}}
+		}
+		return ct
+	}
+	for _, tc := range []struct {
+		name string
+		ann  map[string]string
+		ctrs []corev1.Container
+		want bool
+	}{
+		{"train requests 8, a void sidecar", nil, []corev1.Container{ctr("train", "-", gpus), ctr("logs", "void", nil)}, true},
+		{"train requests 8, a none sidecar", nil, []corev1.Container{ctr("train", "-", gpus), ctr("logs", "none", nil)}, true},
+		{"requests, names an index", nil, []corev1.Container{ctr("train", "0", gpus)}, true},
+		{"requests, names a MIG id", nil, []corev1.Container{ctr("train", "MIG-0a1b2c3d-0000-0000-0000-000000000000", gpus)}, true},
+		{"requests, an empty value", nil, []corev1.Container{ctr("train", "", gpus)}, true},
+		{"requests, an empty annotation", map[string]string{DefaultGPUAnnotation: ""}, []corev1.Container{ctr("train", "-", gpus)}, true},
+		{"requests, names another GPU's UUID", nil, []corev1.Container{ctr("train", gpuB, gpus)}, false},
+		{"requests, the annotation names another GPU", map[string]string{DefaultGPUAnnotation: gpuB}, []corev1.Container{ctr("train", "-", gpus)}, false},
+		{"requests, names the GPU", nil, []corev1.Container{ctr("train", gpuA, gpus)}, true},
+		{"requests, names all", nil, []corev1.Container{ctr("train", "all", gpus)}, true},
+		{"one container names another GPU, a second requests unnamed", nil, []corev1.Container{ctr("a", gpuB, gpus), ctr("b", "-", gpus)}, true},
+		{"requests none, a void sidecar", nil, []corev1.Container{ctr("web", "-", nil), ctr("logs", "void", nil)}, false},
+		{"requests none, names none", nil, []corev1.Container{ctr("web", "-", nil)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := pod("ml", nil)
+			p.Annotations = tc.ann
+			p.Spec.Containers = tc.ctrs
+			if got := c.usesGPU(p, Scope{GPUs: []string{gpuA}}); got != tc.want {
+				t.Errorf("usesGPU = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -553,6 +553,12 @@ func (h *Handler) runOps(ctx context.Context, cl *clusters.Client, st *State, op
 			h.log.Warn("pod's eviction refused; tried again after its backoff", "cluster", cl.Name, "node", ops[i].pod.Spec.NodeName,
 				"drain", st.ID, "pod", ops[i].key, "attempts", st.Pods[ops[i].key].Attempts, "err", r.err)
 		}
+		if r.retriable && apierrors.IsForbidden(r.err) {
+			// A configuration error, not an outage: the pod is asked again
+			// after the cluster's backoff and never given up for it.
+			h.log.Error("pod's eviction forbidden; grant the drain's RBAC (deploy/rbac/drain.yaml: create pods/eviction, delete pods)",
+				"cluster", cl.Name, "node", ops[i].pod.Spec.NodeName, "drain", st.ID, "pod", ops[i].key, "err", r.err)
+		}
 		if r.retriable && first == nil {
 			first = r.err
 		}
@@ -624,10 +630,15 @@ func podRefusal(err error) bool {
 // into kube.timeout and the refusal looked like the cluster failing. The
 // drain has its own backoff for refusals (pdb_backoff).
 func (h *Handler) evict(ctx context.Context, cl *clusters.Client, p *corev1.Pod) (string, error) {
-	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}}
+	// The UID precondition: a pod recreated under the same name since the
+	// list (a StatefulSet's, bound elsewhere) is not evicted in its place;
+	// the apiserver answers 409, the pod meant is gone.
+	uid := p.UID
+	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace},
+		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}}
 	if h.cfg.GracePeriod >= 0 {
 		g := int64(h.cfg.GracePeriod / time.Second)
-		ev.DeleteOptions = &metav1.DeleteOptions{GracePeriodSeconds: &g}
+		ev.DeleteOptions.GracePeriodSeconds = &g
 	}
 	var err error
 	if rc, ok := cl.Kube.CoreV1().RESTClient().(*rest.RESTClient); ok && rc != nil {
@@ -639,6 +650,10 @@ func (h *Handler) evict(ctx context.Context, cl *clusters.Client, p *corev1.Pod)
 	}
 	if _, ok := budgetCause(err); ok {
 		return h.pdbName(ctx, cl, p, err), nil
+	}
+	if apierrors.IsConflict(err) {
+		// The UID changed: the pod we meant is gone.
+		return "", apierrors.NewNotFound(corev1.Resource("pods"), p.Name)
 	}
 	if err != nil {
 		return "", fmt.Errorf("evict pod %s/%s: %w", p.Namespace, p.Name, err)

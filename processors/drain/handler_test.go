@@ -646,3 +646,132 @@ func TestResetAfterWholeNodeDrain(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterErrorsNeverGiveUp: a pod whose evictions meet only the
+// cluster's errors (a 503, throttling, an RBAC 403) past its
+// eviction_timeout is not given up: once the cluster answers, the
+// eviction is sent and judged by its answer — accepted, the drain
+// succeeds when the pod goes. Before, the first step after the timeout
+// gave it up without an eviction (gave_up: remediate rebooted the node
+// under its workloads). A PDB refusing for eviction_timeout still gives
+// the pod up, eviction_timeout after its first answer.
+func TestClusterErrorsNeverGiveUp(t *testing.T) {
+	pdbRefusal := apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	pdbRefusal.ErrStatus.Details.Causes = append(pdbRefusal.ErrStatus.Details.Causes, metav1.StatusCause{
+		Type: policyv1.DisruptionBudgetCause, Message: "The disruption budget guard needs 1 healthy pods and has 1 currently"})
+	for _, tc := range []struct {
+		name   string
+		outage error
+		// then answers the evictions once the cluster is back (nil:
+		// accepted).
+		then error
+	}{
+		{"503, then accepted", apierrors.NewServiceUnavailable("apiserver restarting"), nil},
+		{"throttled, then accepted", apierrors.NewTooManyRequests("too many requests, please try again later", 1), nil},
+		{"RBAC, then accepted", apierrors.NewForbidden(corev1.Resource("pods/eviction"), "p",
+			errors.New(`User "system:serviceaccount:faultline:drain" cannot create resource "pods/eviction"`)), nil},
+		{"503, then a PDB refusing", apierrors.NewServiceUnavailable("apiserver restarting"), pdbRefusal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const node = "n1"
+			k := quarantinedWithPod(node)
+			var answer error = tc.outage
+			var calls, accepted int
+			k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+				if a.GetSubresource() != "eviction" {
+					return false, nil, nil
+				}
+				calls++
+				if answer == nil {
+					accepted++
+				}
+				return true, nil, answer
+			})
+			clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+			cfg := testConfig()
+			h := newHandler(t, cfg, k, clk, false)
+			acts, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
+			if len(rq) != 1 || !requeue.AfterTrouble(rq[0]) {
+				t.Fatalf("the step in the outage: %s, %d requeues", outcomes(acts), len(rq))
+			}
+			if ps := drainState(t, k, node).Pods[keyOf("work", "p")]; ps == nil || ps.EvictAt.IsZero() {
+				t.Fatalf("pod %+v: want its eviction asked", ps)
+			}
+			back := clk.Now().Add(cfg.EvictionTimeout + time.Minute)
+			clk.Add(cfg.EvictionTimeout + time.Minute)
+			answer = tc.then
+			time.Sleep(200 * time.Millisecond) // the cluster's backoff: at most 100ms (newHandler)
+			acts, rq = handle(t, h, rq...)
+			if res := find(acts, events.OutcomeGaveUp); res != nil {
+				t.Fatalf("given up once the cluster was back: %q (%d eviction calls, %d accepted)", res.Reason, calls, accepted)
+			}
+			if len(rq) != 1 || calls != 2 {
+				t.Fatalf("once the cluster was back: %s, %d requeues, %d eviction calls; want the eviction sent", outcomes(acts), len(rq), calls)
+			}
+			if tc.then == nil {
+				if accepted != 1 {
+					t.Fatalf("%d evictions accepted", accepted)
+				}
+				// The pod goes, as an accepted eviction makes it.
+				if err := k.CoreV1().Pods("work").Delete(context.Background(), "p", metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				clk.Add(time.Second)
+				acts, rq = handle(t, h, rq...)
+				if find(acts, events.OutcomeSucceeded) == nil || len(rq) != 0 {
+					t.Fatalf("after the pod went: %s, %d requeues; want the drain succeeded", outcomes(acts), len(rq))
+				}
+				return
+			}
+			// The PDB refuses from the cluster's return: given up
+			// eviction_timeout later, not before.
+			var res *faultlinev1.Action
+			for i := 0; i < 100 && res == nil && len(rq) > 0; i++ {
+				clk.Add(15 * time.Second)
+				acts, rq = handle(t, h, rq...)
+				res = find(acts, events.OutcomeGaveUp)
+			}
+			if res == nil || res.Reason == "" || !strings.Contains(res.Reason, "blocked by PDB guard") {
+				t.Fatalf("PDB refusing: %s; want gave_up blocked by PDB guard", outcomes(acts))
+			}
+			if end := clk.Now().Sub(back); end < cfg.EvictionTimeout || end > cfg.EvictionTimeout+15*time.Second {
+				t.Errorf("given up %v after the PDB's first refusal, want eviction_timeout (%v)", end, cfg.EvictionTimeout)
+			}
+		})
+	}
+}
+
+// TestEvictionChecksTheUID: the eviction carries the pod's UID as a
+// precondition, so a pod recreated under the same name since the list (a
+// StatefulSet's copy, elsewhere) is not evicted in its place: the
+// apiserver's 409 is the pod meant gone. Before, the healthy copy was
+// evicted.
+func TestEvictionChecksTheUID(t *testing.T) {
+	const node = "n1"
+	k := quarantinedWithPod(node) // work/p, UID uid-p
+	var evicted []string
+	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		// The apiserver's check of DeleteOptions.Preconditions.UID.
+		ev := a.(ktesting.CreateAction).GetObject().(*policyv1.Eviction)
+		if o := ev.DeleteOptions; o != nil && o.Preconditions != nil && o.Preconditions.UID != nil && *o.Preconditions.UID != "uid-p" {
+			return true, nil, apierrors.NewConflict(corev1.Resource("pods"), ev.Name,
+				fmt.Errorf("the UID in the precondition (%s) does not match the UID in record (uid-p)", *o.Preconditions.UID))
+		}
+		evicted = append(evicted, ev.Name)
+		return true, nil, nil
+	})
+	h := newHandler(t, testConfig(), k, &clock{t: time.Now()}, false)
+	cl, _ := h.reg.Get(cluster)
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-old"}}
+	r := h.call(context.Background(), cl, op{key: podKey(old), pod: old}, false)
+	if len(evicted) != 0 || !r.notFound || r.retriable {
+		t.Fatalf("the listed copy gone, another under its name: evicted %v, result %+v; want nothing evicted, the pod gone", evicted, r)
+	}
+	cur := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p"}}
+	if r := h.call(context.Background(), cl, op{key: podKey(cur), pod: cur}, false); r.err != nil || len(evicted) != 1 {
+		t.Fatalf("the pod listed: evicted %v, result %+v; want it evicted", evicted, r)
+	}
+}

@@ -218,12 +218,15 @@ func podKey(p *corev1.Pod) string {
 // is no longer waited for (done "skipped", skipWait); one whose deadline
 // passed is given up (DeleteAfterTimeout: deleted, a refused delete tried
 // again after the pod's backoff, and given up EvictionTimeout after its
-// deadline if it is still there); a pod no longer on the node is gone
+// deadline if it is still there) — but never while its last call is
+// unanswered (PodState.Unanswered: not made, or met the cluster's error):
+// such a pod is asked again, not given up; a pod no longer on the node is
+// gone
 // (past maxGonePods gone entries, the earliest are folded). It returns the calls to make — evictions of
 // pods due for one (not terminating, not waiting to complete, not backing
 // off after a PDB refusal) and deletions — with each eviction's intent
 // (EvictAt) recorded first, so a restart after the calls counts each pod
-// once.
+// once, and each call Unanswered until its answer is recorded.
 func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 	present := map[string]bool{}
 	skipped := map[string]int{}
@@ -279,7 +282,7 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 		switch {
 		case ps.Mode == ModeDeleteAfterTimeout && expired:
 			switch {
-			case !now.Before(ps.Deadline.Add(c.EvictionTimeout)):
+			case !now.Before(ps.Deadline.Add(c.EvictionTimeout)) && ps.Unanswered.IsZero():
 				// Its delete refused (a webhook, a policy) or the pod
 				// held after it (a finalizer) for eviction_timeout more:
 				// given up, as an eviction is, so the drain ends.
@@ -288,7 +291,14 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 				// At its deadline, then after each refusal's backoff.
 				ops = append(ops, op{key: key, pod: p, delete: true})
 			}
-		case expired:
+		case expired && (ps.Mode == ModeAllowCompletion || p.DeletionTimestamp != nil || ps.Unanswered.IsZero()):
+			// Only the pod's side answering (a PDB, a webhook, an
+			// accepted eviction still terminating) gives it up: past its
+			// deadline, a pod whose calls met the cluster's errors alone
+			// (an outage, throttling, a missing RBAC rule) is asked
+			// again, judged by the answer. Given up unasked, the drain
+			// ended gave_up and the node was rebooted under its
+			// workloads, its PDBs never asked.
 			ps.Done, ps.Reason = "gave_up", giveUpReason(ps, p)
 		case p.DeletionTimestamp != nil || ps.Mode == ModeAllowCompletion || ps.Evicted:
 			// Terminating, or waiting for the pod to finish by itself.
@@ -318,8 +328,12 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 	}
 	st.Skipped = skipped
 	for _, o := range ops {
-		if !o.delete && st.Pods[o.key].EvictAt.IsZero() {
-			st.Pods[o.key].EvictAt = now
+		ps := st.Pods[o.key]
+		if !o.delete && ps.EvictAt.IsZero() {
+			ps.EvictAt = now
+		}
+		if ps.Unanswered.IsZero() {
+			ps.Unanswered = now
 		}
 	}
 	return ops
@@ -413,6 +427,9 @@ const maxPodReason = 512
 // or "" (gone, or the cluster's error).
 func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 	ps := st.Pods[o.key]
+	if !r.retriable && !r.notFound {
+		ps.noteAnswer(now)
+	}
 	switch {
 	case r.err == nil && r.deleted:
 		ps.DeletedAt = now
@@ -431,7 +448,8 @@ func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 	case r.notFound:
 		ps.Done = "gone"
 	case r.retriable:
-		// Left as it was; the step is retried after the cluster's backoff.
+		// Left as it was (Unanswered); the step is retried after the
+		// cluster's backoff.
 	default:
 		// The pod's own: tried again after its backoff, given up at its
 		// deadline with this reason.
@@ -441,6 +459,21 @@ func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 		return "refused"
 	}
 	return ""
+}
+
+// noteAnswer notes that the pod's side answered its call at now
+// (accepted or refused it): no longer Unanswered, and its deadline moves
+// out by the time it was, so a pod gets its whole timeout of answers
+// however long the cluster failed. A DeleteAfterTimeout pod's deadline is
+// its delete's, which no PDB holds back: it stays (its delete, past the
+// deadline, is made again while unanswered).
+func (ps *PodState) noteAnswer(now time.Time) {
+	since := ps.Unanswered
+	ps.Unanswered = time.Time{}
+	if since.IsZero() || !now.After(since) || ps.Mode == ModeDeleteAfterTimeout {
+		return
+	}
+	ps.Deadline = ps.Deadline.Add(now.Sub(since))
 }
 
 // retryAt is when a pod whose call was refused is tried again: after its

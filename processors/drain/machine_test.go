@@ -185,6 +185,23 @@ func TestAdvance(t *testing.T) {
 			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Done: "gave_up", Reason: "blocked by PDB pdb-a"}},
 		},
 		{
+			name:  "unanswered at its deadline (the cluster's errors alone): asked again, not given up",
+			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Unanswered: t0}},
+			pods:  []corev1.Pod{runningPod("web", "a")},
+			now:   t0.Add(11 * time.Minute),
+			ops:   web,
+			want:  map[string]PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0}},
+		},
+		{
+			name: "a DeleteAfterTimeout pod unanswered eviction_timeout after its deadline: deleted again, not given up",
+			state: map[string]*PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), EvictAt: t0,
+				Unanswered: t0.Add(30 * time.Minute)}},
+			pods: []corev1.Pod{runningPod("scratch", "s")},
+			now:  t0.Add(41 * time.Minute),
+			ops:  "delete " + tmp,
+			want: map[string]PodState{tmp: {Mode: ModeDeleteAfterTimeout, Deadline: t0.Add(30 * time.Minute), EvictAt: t0}},
+		},
+		{
 			name:  "refused at every try (a webhook's denial) until its deadline: given up with the refusal",
 			state: map[string]*PodState{web: {Mode: ModeImmediate, Deadline: t0.Add(10 * time.Minute), EvictAt: t0, Attempts: 7, Reason: "denied", NextTry: t0.Add(10 * time.Minute)}},
 			pods:  []corev1.Pod{runningPod("web", "a")},
@@ -348,13 +365,22 @@ func TestDeadlineFromFirstSeen(t *testing.T) {
 	pods := []corev1.Pod{runningPod("ml", "g", usesGPU), runningPod("web", "a")}
 	st := running(nil)
 	st.Scope = Scope{GPUs: []string{gpuA}}
-	if got := opKeys(c.advance(st, pods, t0)); got != gpu {
+	// Each eviction is answered by a PDB's refusal (an unanswered one is
+	// asked again past its deadline, never given up).
+	step := func(st *State, now time.Time) string {
+		ops := c.advance(st, pods, now)
+		for _, o := range ops {
+			c.record(st, o, callResult{blockedBy: "pdb"}, now)
+		}
+		return opKeys(ops)
+	}
+	if got := step(st, t0); got != gpu {
 		t.Fatalf("first step: ops %q, want %q", got, gpu)
 	}
 	// A whole-node fault joins 20 minutes in, past eviction_timeout (10m).
 	st.Scope = st.Scope.widen(Scope{})
 	joined := t0.Add(20 * time.Minute)
-	if got := opKeys(c.advance(st, pods, joined)); got != cpu {
+	if got := step(st, joined); got != cpu {
 		t.Fatalf("widened: ops %q, want the eviction of %q", got, cpu)
 	}
 	if ps := st.Pods[cpu]; ps.Done != "" || !ps.Deadline.Equal(joined.Add(10*time.Minute)) {
@@ -364,11 +390,11 @@ func TestDeadlineFromFirstSeen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.advance(back, pods, joined.Add(9*time.Minute))
+	step(back, joined.Add(9*time.Minute))
 	if ps := back.Pods[cpu]; ps.Done != "" || !ps.Deadline.Equal(joined.Add(10*time.Minute)) {
 		t.Fatalf("read back, 9m later: pod %+v, want not done, the same deadline", *ps)
 	}
-	c.advance(back, pods, joined.Add(10*time.Minute))
+	step(back, joined.Add(10*time.Minute))
 	if ps := back.Pods[cpu]; ps.Done != "gave_up" {
 		t.Fatalf("at its deadline: pod %+v, want gave_up", *ps)
 	}
@@ -470,6 +496,15 @@ func TestRecord(t *testing.T) {
 			PodState{Attempts: 31, BlockedBy: "pdb-a", BlockedAt: now, NextTry: now.Add(time.Minute)}, nil},
 		{"not found: gone", PodState{}, callResult{err: errors.New("404"), notFound: true}, "", PodState{Done: "gone"}, nil},
 		{"the cluster's error: left for the retry", PodState{Attempts: 1}, callResult{err: errors.New("503"), retriable: true}, "", PodState{Attempts: 1}, nil},
+		{"the cluster's error: still unanswered", PodState{Deadline: now, Unanswered: now.Add(-time.Hour)}, callResult{err: errors.New("503"), retriable: true}, "",
+			PodState{Deadline: now, Unanswered: now.Add(-time.Hour)}, nil},
+		{"answered after an hour unanswered: the deadline moves out by it", PodState{Mode: ModeImmediate, Deadline: now, Unanswered: now.Add(-time.Hour)}, callResult{}, "evicted",
+			PodState{Mode: ModeImmediate, Deadline: now.Add(time.Hour), Evicted: true}, nil},
+		{"a PDB's refusal after an hour unanswered: the deadline moves out by it", PodState{Mode: ModeImmediate, Deadline: now, Unanswered: now.Add(-time.Hour)},
+			callResult{blockedBy: "pdb-a"}, "blocked",
+			PodState{Mode: ModeImmediate, Deadline: now.Add(time.Hour), Attempts: 1, BlockedBy: "pdb-a", BlockedAt: now, NextTry: now.Add(5 * time.Second)}, nil},
+		{"a DeleteAfterTimeout pod's delete answered: its deadline stays", PodState{Mode: ModeDeleteAfterTimeout, Deadline: now, Unanswered: now.Add(-time.Hour)},
+			callResult{deleted: true}, "deleted", PodState{Mode: ModeDeleteAfterTimeout, Deadline: now, DeletedAt: now}, nil},
 		{"the pod's error: noted and backed off", PodState{}, callResult{err: errors.New("invalid")}, "refused",
 			PodState{Attempts: 1, Reason: "invalid", NextTry: now.Add(5 * time.Second)}, nil},
 		{"the pod's error: bounded", PodState{}, callResult{err: errors.New(strings.Repeat("x", 2000))}, "refused",

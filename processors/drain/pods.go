@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/faultline/faultline/schemas/events"
 )
 
 // Why a pod is left alone; these are the keys of State.Skipped.
@@ -106,13 +108,13 @@ func hasEmptyDir(p *corev1.Pod) bool {
 //     the pod had started on the node then (its StartTime listingSlack
 //     before the listing), whether it is listed (the device plugin's
 //     allocation, which the pod spec never shows);
-//   - else, whether it requests a GPU resource at all (requestsGPU): a GPU
-//     reset with a process still on the GPU fails, so a guess errs towards
-//     evicting.
+//   - else, whether it may hold a GPU its names do not say (unnamedGPU):
+//     a GPU reset with a process still on the GPU fails, so a guess errs
+//     towards evicting.
 //
 // A pod that requests no GPU and names none uses none.
 func (c *Config) usesGPU(p *corev1.Pod, sc Scope) bool {
-	ids, named := c.podGPUs(p)
+	ids := c.podGPUs(p)
 	if !byUUID(sc.GPUs) {
 		return !noGPU(ids) || requestsGPU(p)
 	}
@@ -124,7 +126,46 @@ func (c *Config) usesGPU(p *corev1.Pod, sc Scope) bool {
 	if l := sc.GPUPods; l != nil && p.Status.StartTime != nil && p.Status.StartTime.Time.Before(l.At.Add(-listingSlack)) {
 		return slices.Contains(l.Pods, p.Namespace+"/"+p.Name)
 	}
-	return !named && requestsGPU(p)
+	return c.unnamedGPU(p)
+}
+
+// unnamedGPU reports whether the pod may hold a GPU that its names do not
+// say: only GPU UUIDs (or "all") name GPUs — "void" and "none" (NVIDIA's
+// advice for sidecars), indexes, MIG ids and empty values say nothing of
+// which GPU a container holds. A GPU annotation naming one settles it for
+// the pod (no); else the pod holds resource claims (DRA), or a container
+// requests a GPU resource and its NVIDIA_VISIBLE_DEVICES names none.
+// Before, any value of either (a sidecar's "void") took the pod for
+// naming its GPUs, and a job requesting 8 GPUs stayed on the one reset.
+func (c *Config) unnamedGPU(p *corev1.Pod) bool {
+	for _, k := range c.GPUAnnotations {
+		if v, ok := p.Annotations[k]; ok && namesGPU(splitIDs(v)) {
+			return false
+		}
+	}
+	if len(p.Spec.ResourceClaims) > 0 {
+		return true
+	}
+	for _, ct := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {
+		if !containerRequestsGPU(&ct) {
+			continue
+		}
+		var ids []string
+		for _, e := range ct.Env {
+			if e.Name == "NVIDIA_VISIBLE_DEVICES" {
+				ids = append(ids, splitIDs(e.Value)...)
+			}
+		}
+		if !namesGPU(ids) {
+			return true
+		}
+	}
+	return false
+}
+
+// namesGPU reports whether ids name a GPU: a GPU UUID, or "all".
+func namesGPU(ids []string) bool {
+	return slices.ContainsFunc(ids, func(id string) bool { return id == "all" || events.IsGPUUUID(id) })
 }
 
 // noGPU reports whether NVIDIA_VISIBLE_DEVICES-style ids name no GPU
@@ -138,24 +179,23 @@ func noGPU(ids []string) bool {
 	return true
 }
 
-// podGPUs returns the GPU UUIDs a pod names, and whether it names any.
-func (c *Config) podGPUs(p *corev1.Pod) ([]string, bool) {
+// podGPUs returns the GPU ids a pod names: its first GPU annotation
+// present, else its containers' NVIDIA_VISIBLE_DEVICES.
+func (c *Config) podGPUs(p *corev1.Pod) []string {
 	for _, k := range c.GPUAnnotations {
 		if v, ok := p.Annotations[k]; ok {
-			return splitIDs(v), true
+			return splitIDs(v)
 		}
 	}
 	var ids []string
-	known := false
 	for _, ct := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {
 		for _, e := range ct.Env {
-			if e.Name == "NVIDIA_VISIBLE_DEVICES" && e.Value != "" {
-				known = true
+			if e.Name == "NVIDIA_VISIBLE_DEVICES" {
 				ids = append(ids, splitIDs(e.Value)...)
 			}
 		}
 	}
-	return ids, known
+	return ids
 }
 
 func splitIDs(v string) []string {
@@ -171,11 +211,20 @@ func requestsGPU(p *corev1.Pod) bool {
 		return true
 	}
 	for _, ct := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {
-		for _, l := range []corev1.ResourceList{ct.Resources.Limits, ct.Resources.Requests} {
-			for name, q := range l {
-				if isGPUResource(name) && !q.IsZero() {
-					return true
-				}
+		if containerRequestsGPU(&ct) {
+			return true
+		}
+	}
+	return false
+}
+
+// containerRequestsGPU reports whether the container requests (or is
+// limited to) a GPU resource (isGPUResource).
+func containerRequestsGPU(ct *corev1.Container) bool {
+	for _, l := range []corev1.ResourceList{ct.Resources.Limits, ct.Resources.Requests} {
+		for name, q := range l {
+			if isGPUResource(name) && !q.IsZero() {
+				return true
 			}
 		}
 	}

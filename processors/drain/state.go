@@ -320,6 +320,14 @@ type PodState struct {
 	Evicted bool `json:"evicted,omitempty"`
 	// DeletedAt: force-deleted (DeleteAfterTimeout, or force).
 	DeletedAt time.Time `json:"deletedAt,omitzero"`
+	// Unanswered: a call was asked for the pod (its intent written before
+	// the call) and its side has not answered since: the call was not
+	// made, or met the cluster's error (a 503, a timeout, throttling, an
+	// RBAC 403). Set to the first such call's time; cleared by an answer
+	// (accepted, or refused by a PDB, a webhook, a policy), which moves
+	// the deadline out by the time it was unanswered (PodState.noteAnswer).
+	// A pod unanswered is not given up at its deadline: it is asked again.
+	Unanswered time.Time `json:"unanswered,omitzero"`
 	// Attempts counts refused evictions; NextTry is when to try again.
 	Attempts int       `json:"attempts,omitempty"`
 	NextTry  time.Time `json:"nextTry,omitzero"`
