@@ -301,6 +301,7 @@ func TestUsesGPUUnnamed(t *testing.T) {
 		{"requests, names another GPU's UUID", nil, []corev1.Container{ctr("train", gpuB, gpus)}, false},
 		{"requests, the annotation names another GPU", map[string]string{DefaultGPUAnnotation: gpuB}, []corev1.Container{ctr("train", "-", gpus)}, false},
 		{"requests, names the GPU", nil, []corev1.Container{ctr("train", gpuA, gpus)}, true},
+		{"requests, names the GPU in upper case", nil, []corev1.Container{ctr("train", "GPU-"+strings.ToUpper(strings.TrimPrefix(gpuA, "GPU-")), gpus)}, true},
 		{"requests, names all", nil, []corev1.Container{ctr("train", "all", gpus)}, true},
 		{"one container names another GPU, a second requests unnamed", nil, []corev1.Container{ctr("a", gpuB, gpus), ctr("b", "-", gpus)}, true},
 		{"requests none, a void sidecar", nil, []corev1.Container{ctr("web", "-", nil), ctr("logs", "void", nil)}, false},

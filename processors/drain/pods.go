@@ -119,7 +119,9 @@ func (c *Config) usesGPU(p *corev1.Pod, sc Scope) bool {
 		return !noGPU(ids) || requestsGPU(p)
 	}
 	for _, id := range ids {
-		if id == "all" || slices.Contains(sc.GPUs, id) {
+		// UUIDs compared in one case: NVML writes lower-case hex, an
+		// event or a pod's value may not.
+		if id == "all" || slices.ContainsFunc(sc.GPUs, func(g string) bool { return strings.EqualFold(g, id) }) {
 			return true
 		}
 	}
