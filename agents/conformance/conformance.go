@@ -695,11 +695,14 @@ const bootGrace = 15 * time.Minute
 // yet to appear in class/infiniband, and why; "" when there is none. Its
 // driver (the device's driver link) is mlx5_core and the mlx5_ib or
 // ib_core module is loaded (<sysfs>/module): the RDMA device being
-// registered, MOFED reloading; or it has no driver and the node booted
-// less than bootGrace ago (<procfs>/uptime): the driver not loaded yet.
+// registered, MOFED reloading; or it has no driver and the mlx5_core or
+// mlx_compat module is loaded (an openibd / MOFED reload at any time
+// since boot: the device unbound for a moment) or the node booted less
+// than bootGrace ago (<procfs>/uptime): the driver not loaded yet.
 // A device bound to vfio-pci (passed to a VM), or to mlx5_core without
 // mlx5_ib or ib_core (a plain Ethernet NIC), or left without driver long
-// after boot, never shows up there: the node has no RDMA device.
+// after boot with no Mellanox module loaded, never shows up there: the
+// node has no RDMA device.
 func (c *Check) rdmaPending() (dev, why string) {
 	devs, _ := filepath.Glob(filepath.Join(c.cfg.Sysfs, "bus", "pci", "devices", "*"))
 	for _, d := range devs {
@@ -714,6 +717,9 @@ func (c *Check) rdmaPending() (dev, why string) {
 		case err == nil && driver == "mlx5_core" && (c.moduleLoaded("mlx5_ib") || c.moduleLoaded("ib_core")):
 			return filepath.Base(d), "bound to mlx5_core with the RDMA modules loaded: its RDMA device not registered yet"
 		case errors.Is(err, fs.ErrNotExist):
+			if c.moduleLoaded("mlx5_core") || c.moduleLoaded("mlx_compat") {
+				return filepath.Base(d), "no driver bound with mlx5_core or mlx_compat loaded: the driver being (re)loaded"
+			}
 			if up, ok := c.uptime(); ok && up < bootGrace {
 				return filepath.Base(d), fmt.Sprintf("no driver bound %s after boot: its driver not loaded yet", up.Round(time.Second))
 			}

@@ -286,7 +286,8 @@ func TestNICFirmwareBesidePortFaults(t *testing.T) {
 
 // TestNICFirmwareDriverLoading: with a Mellanox NIC on the PCI bus whose
 // RDMA device is yet to appear (bound to mlx5_core with mlx5_ib or ib_core
-// loaded, or bound to no driver just after boot), a missing or empty
+// loaded, or bound to no driver just after boot or while mlx5_core or
+// mlx_compat is loaded: an openibd / MOFED reload), a missing or empty
 // class/infiniband is its driver loading late or being reloaded (MOFED
 // restarting mlx5_core): unreadable, left out of the majority, not the
 // stable "absent" that would make the node drift. A ConnectX used as a
@@ -311,6 +312,11 @@ func TestNICFirmwareDriverLoading(t *testing.T) {
 		{"ConnectX passed to a VM: vfio-pci", "0x15b3", ib, "vfio-pci", []string{"vfio_pci", "mlx5_ib", "ib_core"}, "120.00 100.00", false, Absent},
 		{"no driver, 2 minutes after boot", "0x15b3", ib, "", nil, "120.00 100.00", false, Unreadable},
 		{"no driver, 2 days after boot", "0x15b3", ib, "", nil, "172800.00 1000.00", true, Absent},
+		{"no driver, 2 days after boot, mlx5_core loaded (openibd reload)", "0x15b3", ib, "", []string{"mlx5_core"}, "172800.00 1000.00", true, Unreadable},
+		{"no driver, 2 days after boot, mlx_compat loaded (MOFED reload)", "0x15b3", ib, "", []string{"mlx_compat"}, "172800.00 1000.00", false, Unreadable},
+		{"no driver, uptime unreadable, mlx5_core loaded", "0x15b3", ib, "", []string{"mlx5_core", "mlx_compat"}, "", true, Unreadable},
+		{"Ethernet-only ConnectX 2 days after boot: mlx5_core without mlx5_ib", "0x15b3", eth, "mlx5_core", []string{"mlx5_core", "mlx_compat"}, "172800.00 1000.00", true, Absent},
+		{"ConnectX passed to a VM with mlx5_core loaded: vfio-pci", "0x15b3", ib, "vfio-pci", []string{"vfio_pci", "mlx5_core"}, "172800.00 1000.00", true, Absent},
 		{"no driver, uptime unreadable", "0x15b3", ib, "", nil, "", true, Absent},
 		{"Mellanox bridge only", "0x15b3", "0x060400", "", nil, "120.00 100.00", true, Absent},
 		{"Intel Ethernet", "0x8086", eth, "", nil, "120.00 100.00", true, Absent},
