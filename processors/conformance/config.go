@@ -102,7 +102,9 @@ type Config struct {
 	// by hardware identity: nodes of another GPU or server model (other
 	// BIOS, VBIOS, NIC firmware by design) never drift against each
 	// other. A node groups by the labels of these it carries; none (or no
-	// kubeconfig): by pool alone. Default nvidia.com/gpu.product,
+	// kubeconfig): by pool alone; one lacking a label another node of its
+	// pool carries is undecided (its hardware not known yet). Default
+	// nvidia.com/gpu.product,
 	// nvidia.com/gpu.machine (GPU Feature Discovery) and
 	// node.kubernetes.io/instance-type; empty: by pool alone.
 	HardwareLabels []string `toml:"hardware_labels"`

@@ -192,6 +192,42 @@ type group struct {
 	// hardware is "label=value,…" of the hardware labels the nodes carry,
 	// in the configured order; "" without any.
 	hardware string
+	// incomplete: the nodes lack a hardware label that another node of
+	// the pool carries (GPU Feature Discovery's labels not written yet on
+	// a new node, its pod down): their hardware is not known, so they are
+	// judged against nobody (Undecided), not a group of their own that is
+	// its own majority.
+	incomplete bool
+}
+
+// tally is what a group's fresh reports say, beyond each node's verdict.
+type tally struct {
+	members  int            // the group's nodes
+	complete int            // those with a fresh complete report
+	agree    map[string]int // fresh complete reports by fingerprint
+}
+
+func tallyOf(in []ic.Member) tally {
+	t := tally{members: len(in), agree: map[string]int{}}
+	for _, m := range in {
+		if m.Report != nil && !m.Report.Partial {
+			t.complete++
+			t.agree[m.Report.Fingerprint]++
+		}
+	}
+	return t
+}
+
+// undecided is the verdicts of a group judged against nobody.
+func undecided(in []ic.Member) []ic.Verdict {
+	out := make([]ic.Verdict, len(in))
+	for i, m := range in {
+		out[i] = ic.Verdict{Node: m.Node, State: ic.StateUnknown, Actual: ic.Unknown}
+		if m.Report != nil {
+			out[i].State, out[i].Actual = ic.Undecided, m.Report.Fingerprint
+		}
+	}
+	return out
 }
 
 // key names the group in actions and events: groupKey, then the hardware
@@ -248,6 +284,24 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 			m.sensitive = s.cfg.sensKey != "" && n.Labels[s.cfg.sensKey] == s.cfg.sensVal
 			members = append(members, m)
 		}
+		carried := map[string]map[string]bool{} // pool -> hardware labels some node of it carries
+		for _, m := range members {
+			for _, l := range s.cfg.HardwareLabels {
+				if m.node.Labels[l] != "" {
+					if carried[m.group.pool] == nil {
+						carried[m.group.pool] = map[string]bool{}
+					}
+					carried[m.group.pool][l] = true
+				}
+			}
+		}
+		for i := range members {
+			for l := range carried[members[i].group.pool] {
+				if members[i].node.Labels[l] == "" {
+					members[i].group.incomplete = true
+				}
+			}
+		}
 	} else {
 		for node := range latest {
 			members = append(members, member{name: node})
@@ -278,9 +332,13 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 			}
 		}
 		// A pool's baseline applies to each of its hardware groups.
-		verdicts := ic.Evaluate(in, s.cfg.baseline[groupKey(cluster, g.pool)])
+		verdicts := undecided(in)
+		if !g.incomplete {
+			verdicts = ic.Evaluate(in, s.cfg.baseline[groupKey(cluster, g.pool)])
+		}
+		t := tallyOf(in)
 		for i, v := range verdicts {
-			if err := s.reconcile(ctx, cl, cluster, g, ms[i], v, now, cache, &out); err != nil {
+			if err := s.reconcile(ctx, cl, cluster, g, t, ms[i], v, now, cache, &out); err != nil {
 				s.log.Warn("conformance: node not reconciled", "cluster", cluster, "node", v.Node, "err", err)
 			}
 		}
@@ -314,8 +372,9 @@ func (s *Sweeper) forgetDry(cluster string, members []member, live bool) {
 
 func (s *Sweeper) live(cl *clusters.Client) bool { return cl != nil && cl.Kube != nil && !cl.DryRun }
 
-// reconcile moves one node toward its verdict's response.
-func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster string, g group, m member, v ic.Verdict, now time.Time, cache map[string]map[string]string, out *Output) error {
+// reconcile moves one node toward its verdict's response (t: its group's
+// tally).
+func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster string, g group, t tally, m member, v ic.Verdict, now time.Time, cache map[string]map[string]string, out *Output) error {
 	live := s.live(cl)
 	if v.State == ic.Drifted && s.unreadableOnly(ctx, cache, cluster, v) {
 		return s.escalateStale(ctx, cl, cluster, g, m, now, "its reports since differ only in unreadable components (partial)", out)
@@ -326,12 +385,20 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster st
 	case ic.StateUnknown:
 		return s.escalateStale(ctx, cl, cluster, g, m, now, "it stopped reporting (no report within staleness)", out)
 	case ic.Undecided:
-		// No expected fingerprint: nothing says the node is the one that
-		// is wrong (a rolling upgrade at a tie). Its taint and state stay
-		// and it is not escalated: the 4 early-upgraded nodes of a pool
-		// of 10 at 5/5 were cordoned and drained for running what half
-		// the pool (and soon all of it) ran.
-		return nil
+		// No expected fingerprint. With every member reporting complete
+		// (a rolling upgrade at a tie) nothing says the node is the one
+		// that is wrong: its taint and state stay and it is not escalated
+		// (the 4 early-upgraded nodes of a pool of 10 at 5/5 were cordoned
+		// and drained for running what half the pool, and soon all of it,
+		// ran). A tie that members without a fresh complete report make
+		// (3 nodes, one drifted, another gone partial: 1/1) says nothing
+		// new of a drifted node: its clock runs on, as if it stopped
+		// reporting; left alone it kept its taint (and a sensitive node
+		// its drain) for ever.
+		if t.complete == t.members {
+			return nil
+		}
+		return s.escalateStale(ctx, cl, cluster, g, m, now, "its group has no expected fingerprint (members without a fresh complete report)", out)
 	case ic.Drifted:
 		if st.Restoring { // drifted again before its return was told: a new drift
 			st, has = State{}, false
@@ -450,8 +517,15 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster st
 				"re-verified and approved by "+AnnotationApproved+": quarantine lifted", details, sinceKey(st.Since), !live))
 		}
 		reason := "conforms again: taint and label removed"
+		// The group's expectation is firmly the node's fingerprint: the
+		// baseline, or the fresh complete reports of a majority of all the
+		// group's members. A majority of the few that report complete (the
+		// drifted node alone, its peers partial after a reboot) is not:
+		// it lifted the quarantine of a node that drifted again, with a
+		// new start, once its peers read everything again.
+		firm := v.Basis == ic.BasisBaseline || 2*t.agree[v.Expected] > t.members
 		switch {
-		case st.Escalated && st.Actual == v.Actual:
+		case st.Escalated && st.Actual == v.Actual && firm:
 			// Its fingerprint is the one it drifted with: the group's
 			// expectation moved to the node (the majority of a rolling
 			// upgrade flipped, a baseline was set to it), nothing on it

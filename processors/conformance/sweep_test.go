@@ -431,3 +431,114 @@ func TestOtherHardwareIsAnotherGroup(t *testing.T) {
 		}
 	}
 }
+
+// TestQuarantineKeptWhenPeersGoPartial: 3 nodes, n3 drifted and escalated
+// a day later; n1 and n2 then send partial reports (the driver unreadable
+// after a reboot). n3's fingerprint is the majority of the one complete
+// report, its own: it conforms, but the group does not firmly expect it
+// (no baseline, not a majority of the 3), so the timeout's quarantine
+// stays. It was lifted, and when the peers read everything again n3
+// drifted with a new start, not escalated for another day.
+func TestQuarantineKeptWhenPeersGoPartial(t *testing.T) {
+	e := startFake(t, false)
+	node := e.nodes(t, 3)
+	cfg := testConfig()
+	sw := NewSweeper(cfg, e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+	e.report(t, 3, "28.41.1000")
+	e.sweep(t, sw, "drift")
+	e.clk.Add(cfg.DriftRemediationTimeout + time.Minute)
+	e.report(t, 3, "28.41.1000")
+	if out := e.sweep(t, sw, "a day later"); len(kinds(out.Actions)[events.KindEscalate]) != 1 {
+		t.Fatalf("a day later: actions %v, want %s escalated", out.Actions, node)
+	}
+	e.clk.Add(time.Hour)
+	for i := 1; i <= 2; i++ {
+		store(t, e.h, record(t, e.cluster, fmt.Sprintf("%s-n%d", e.cluster, i), unreadDriver(comps("")), e.clk.Now()))
+	}
+	store(t, e.h, record(t, e.cluster, node, comps("28.41.1000"), e.clk.Now()))
+	out := e.sweep(t, sw, "peers partial")
+	for _, ev := range out.Events {
+		if ev.NodeName == node && ev.CheckName == CheckDriftTimeout && ev.IsHealthy {
+			t.Fatalf("peers partial: %s's timeout quarantine lifted (%s)", node, ev.Message)
+		}
+	}
+	restored := kinds(out.Actions)[events.KindConformanceRestored]
+	if len(restored) != 1 || restored[0].Node != node || !strings.Contains(restored[0].Reason, "stays until an operator lifts it") {
+		t.Fatalf("peers partial: restored %v, want %s's quarantine kept", restored, node)
+	}
+}
+
+// TestTieWithPeersNotReportingEscalates: 3 nodes, n3 drifted; n1 then
+// reports partial, or stops reporting: a 1/1 tie of n2 and n3, no
+// expected fingerprint. n3 is escalated at drift_remediation_timeout, as
+// a node that cannot be judged; it kept its taint for ever, never
+// escalated (only a tie of members all reporting complete, a rolling
+// upgrade at 5/5, escalates nobody: TestRollingUpgrade).
+func TestTieWithPeersNotReportingEscalates(t *testing.T) {
+	cfg := testConfig()
+	for _, tc := range []struct {
+		name string
+		n1   map[string]string // nil: no report
+	}{
+		{"n1 partial", unreadDriver(comps(""))},
+		{"n1 stopped reporting", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := startFake(t, false)
+			node := e.nodes(t, 3)
+			sw := NewSweeper(cfg, e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+			e.report(t, 3, "28.41.1000")
+			e.sweep(t, sw, "drift")
+			e.clk.Add(cfg.DriftRemediationTimeout + time.Minute)
+			if tc.n1 != nil {
+				store(t, e.h, record(t, e.cluster, e.cluster+"-n1", tc.n1, e.clk.Now()))
+			}
+			store(t, e.h, record(t, e.cluster, e.cluster+"-n2", comps(""), e.clk.Now()))
+			store(t, e.h, record(t, e.cluster, node, comps("28.41.1000"), e.clk.Now()))
+			out := e.sweep(t, sw, "tie")
+			esc := kinds(out.Actions)[events.KindEscalate]
+			if len(esc) != 1 || esc[0].Node != node || len(out.Events) != 1 || out.Events[0].CheckName != CheckDriftTimeout || !out.Events[0].IsFatal {
+				t.Fatalf("tie past the timeout: actions %v, events %v, want %s escalated", out.Actions, out.Events, node)
+			}
+		})
+	}
+}
+
+// TestMissingHardwareLabelIsUndecided: a drifted node of a pool whose
+// nodes carry nvidia.com/gpu.product and an instance type loses its GPU
+// Feature Discovery label (its pod down): it is judged against nobody, its
+// drift kept. It was a group of its own, its own majority: conforming,
+// its taint removed, drift silently undetected.
+func TestMissingHardwareLabelIsUndecided(t *testing.T) {
+	ctx := context.Background()
+	e := startFake(t, false)
+	node := e.nodes(t, 4)
+	label := func(name string, labels map[string]string) {
+		n := e.get(t, name)
+		n.Labels = labels
+		if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i <= 4; i++ {
+		label(fmt.Sprintf("%s-n%d", e.cluster, i), map[string]string{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "node.kubernetes.io/instance-type": "p5.48xlarge"})
+	}
+	sw := NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+	e.report(t, 4, "28.41.1000")
+	if out := e.sweep(t, sw, "drift"); len(kinds(out.Actions)[events.KindConformanceDrift]) != 1 {
+		t.Fatalf("drift: actions %v", out.Actions)
+	}
+	n := e.get(t, node)
+	delete(n.Labels, "nvidia.com/gpu.product")
+	if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.clk.Add(time.Minute)
+	e.report(t, 4, "28.41.1000")
+	if out := e.sweep(t, sw, "label gone"); len(out.Actions) != 0 || len(out.Events) != 0 {
+		t.Fatalf("label gone: actions %v, events %v, want none", out.Actions, out.Events)
+	}
+	if hasTaint(e.get(t, node)) == nil {
+		t.Fatalf("label gone: %s's drift taint removed", node)
+	}
+}
