@@ -631,8 +631,13 @@ func podRefusal(err error) bool {
 // drain has its own backoff for refusals (pdb_backoff).
 func (h *Handler) evict(ctx context.Context, cl *clusters.Client, p *corev1.Pod) (string, error) {
 	// The UID precondition: a pod recreated under the same name since the
-	// list (a StatefulSet's, bound elsewhere) is not evicted in its place;
-	// the apiserver answers 409, the pod meant is gone.
+	// list (a StatefulSet's, bound elsewhere) is not evicted in its place.
+	// The apiserver answers 409 — but a 409 also comes from a PDB's status
+	// update conflicting (many evictions against one PDB), a pending pod's
+	// resourceVersion or a webhook: it is the pod's refusal (tried again
+	// after its backoff), never taken for the pod gone. The next step's
+	// list shows a recreated copy under another key (podKey holds the
+	// UID), and the entry meant goes gone there.
 	uid := p.UID
 	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace},
 		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}}
@@ -650,10 +655,6 @@ func (h *Handler) evict(ctx context.Context, cl *clusters.Client, p *corev1.Pod)
 	}
 	if _, ok := budgetCause(err); ok {
 		return h.pdbName(ctx, cl, p, err), nil
-	}
-	if apierrors.IsConflict(err) {
-		// The UID changed: the pod we meant is gone.
-		return "", apierrors.NewNotFound(corev1.Resource("pods"), p.Name)
 	}
 	if err != nil {
 		return "", fmt.Errorf("evict pod %s/%s: %w", p.Namespace, p.Name, err)

@@ -744,8 +744,9 @@ func TestClusterErrorsNeverGiveUp(t *testing.T) {
 // TestEvictionChecksTheUID: the eviction carries the pod's UID as a
 // precondition, so a pod recreated under the same name since the list (a
 // StatefulSet's copy, elsewhere) is not evicted in its place: the
-// apiserver's 409 is the pod meant gone. Before, the healthy copy was
-// evicted.
+// apiserver's 409 is a refusal (not the pod gone, TestEvictionConflictIsNotGone),
+// and the next step's list, the copy under another key, makes the entry
+// meant gone. Before, the healthy copy was evicted.
 func TestEvictionChecksTheUID(t *testing.T) {
 	const node = "n1"
 	k := quarantinedWithPod(node) // work/p, UID uid-p
@@ -767,11 +768,57 @@ func TestEvictionChecksTheUID(t *testing.T) {
 	cl, _ := h.reg.Get(cluster)
 	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-old"}}
 	r := h.call(context.Background(), cl, op{key: podKey(old), pod: old}, false)
-	if len(evicted) != 0 || !r.notFound || r.retriable {
-		t.Fatalf("the listed copy gone, another under its name: evicted %v, result %+v; want nothing evicted, the pod gone", evicted, r)
+	if len(evicted) != 0 || r.notFound || r.retriable || !apierrors.IsConflict(r.err) {
+		t.Fatalf("the listed copy gone, another under its name: evicted %v, result %+v; want nothing evicted, a refusal", evicted, r)
+	}
+	// The drain's next step lists the copy (uid-p): the old entry is gone.
+	cfg, now := machineConfig(t, nil), time.Now()
+	st := &State{Pods: map[string]*PodState{podKey(old): {UID: "uid-old", Mode: ModeImmediate, Deadline: now.Add(time.Minute)}}}
+	cfg.record(st, op{key: podKey(old), pod: old}, r, now)
+	if ps := st.Pods[podKey(old)]; ps.Done != "" || ps.Attempts != 1 {
+		t.Fatalf("after the 409: %+v; want a refusal, not done", ps)
+	}
+	cfg.advance(st, []corev1.Pod{runningPod("work", "p")}, now.Add(time.Second))
+	if ps, ok := st.Pods[podKey(old)]; ok && ps.Done != "gone" {
+		t.Fatalf("the old copy's entry: %+v; want it gone", ps)
 	}
 	cur := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p"}}
 	if r := h.call(context.Background(), cl, op{key: podKey(cur), pod: cur}, false); r.err != nil || len(evicted) != 1 {
 		t.Fatalf("the pod listed: evicted %v, result %+v; want it evicted", evicted, r)
+	}
+}
+
+// TestEvictionConflictIsNotGone: a 409 to an eviction of the pod listed (a
+// PDB's status update conflicting, many evictions against one PDB at once)
+// is the pod's refusal, tried again after its backoff. Before, every 409
+// counted as the pod gone: the drain succeeded "0 pods evicted" with the
+// pod still running on the node, and remediate rebooted it.
+func TestEvictionConflictIsNotGone(t *testing.T) {
+	const node = "n1"
+	k := quarantinedWithPod(node)
+	calls := 0
+	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		calls++
+		return true, nil, apierrors.NewConflict(policyv1.Resource("poddisruptionbudgets"), "guard",
+			errors.New("the object has been modified; please apply your changes to the latest version and try again"))
+	})
+	clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+	cfg := testConfig()
+	h := newHandler(t, cfg, k, clk, false)
+	acts, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
+	if find(acts, events.OutcomeSucceeded) != nil || len(rq) != 1 {
+		t.Fatalf("every eviction 409: %s, %d requeues; want the drain running", outcomes(acts), len(rq))
+	}
+	ps := drainState(t, k, node).Pods[keyOf("work", "p")]
+	if ps == nil || ps.Done != "" || ps.Attempts != 1 || !ps.Unanswered.IsZero() {
+		t.Fatalf("pod %+v: want a refusal (1 attempt), not done", ps)
+	}
+	clk.Add(cfg.MaxPDBBackoff + time.Second)
+	acts, rq = handle(t, h, rq...)
+	if find(acts, events.OutcomeSucceeded) != nil || len(rq) != 1 || calls != 2 {
+		t.Fatalf("after its backoff: %s, %d requeues, %d eviction calls; want it asked again", outcomes(acts), len(rq), calls)
 	}
 }
