@@ -553,10 +553,14 @@ func (h *Handler) runOps(ctx context.Context, cl *clusters.Client, st *State, op
 			h.log.Warn("pod's eviction refused; tried again after its backoff", "cluster", cl.Name, "node", ops[i].pod.Spec.NodeName,
 				"drain", st.ID, "pod", ops[i].key, "attempts", st.Pods[ops[i].key].Attempts, "err", r.err)
 		}
-		if r.retriable && apierrors.IsForbidden(r.err) {
+		if r.retriable && rbacRefusal(r.err) {
 			// A configuration error, not an outage: the pod is asked again
-			// after the cluster's backoff and never given up for it.
-			h.log.Error("pod's eviction forbidden; grant the drain's RBAC (deploy/rbac/drain.yaml: create pods/eviction, delete pods)",
+			// after the cluster's backoff (given up unanswered at its cap).
+			call := "eviction"
+			if r.deleted {
+				call = "delete"
+			}
+			h.log.Error("pod's "+call+" forbidden; grant the drain's RBAC (deploy/rbac/drain.yaml: create pods/eviction, delete pods)",
 				"cluster", cl.Name, "node", ops[i].pod.Spec.NodeName, "drain", st.ID, "pod", ops[i].key, "err", r.err)
 		}
 		if r.retriable && first == nil {
@@ -596,9 +600,14 @@ func (h *Handler) call(ctx context.Context, cl *clusters.Client, o op, force boo
 // (Config.record: noted, tried again after the pod's backoff, given up at
 // its deadline); it neither fails the step nor backs the cluster off,
 // which held every drain on the cluster and never recorded the pod's
-// refusal. Everything else stays clusters.Retriable's to judge: an
-// unreachable apiserver, a 503, a timeout, another 500, a webhook that
-// could not be called ("failed calling webhook"), an RBAC 403.
+// refusal. So are the answers that are often the pod's and lasting: a
+// webhook of its namespace that could not be called ("failed calling
+// webhook": down, or slower than its timeout), a 403 for its namespace
+// terminating (NamespaceTerminatingCause), and the Eviction API's 403s
+// about the pod's PDB ("DisruptedPods map too big", "pdb disruptions
+// allowed is negative"). Everything else stays clusters.Retriable's to
+// judge: an unreachable apiserver, a 503, a timeout, another 500, an RBAC
+// 403 (rbacRefusal).
 func podRefusal(err error) bool {
 	var se apierrors.APIStatus
 	if !errors.As(err, &se) {
@@ -612,8 +621,23 @@ func podRefusal(err error) bool {
 		return true
 	case strings.Contains(s.Message, "ValidatingAdmissionPolicy '") && strings.Contains(s.Message, " denied request"):
 		return true
+	case strings.Contains(s.Message, "failed calling webhook"):
+		return true
+	case s.Code == http.StatusForbidden && apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+		return true
+	case s.Code == http.StatusForbidden && s.Details != nil && s.Details.Group == policyv1.GroupName &&
+		strings.HasPrefix(s.Details.Kind, "poddisruptionbudget"):
+		// k8s.io/kubernetes pkg/registry/core/pod/storage/eviction.go,
+		// checkAndDecrement: NewForbidden(policy.Resource("poddisruptionbudget"), ...).
+		return true
 	}
 	return false
+}
+
+// rbacRefusal reports whether err is a 403 that is not the pod's
+// (podRefusal): the drain's RBAC missing a rule.
+func rbacRefusal(err error) bool {
+	return apierrors.IsForbidden(err) && !podRefusal(err)
 }
 
 // evict asks the Eviction API to evict the pod. A refusal under a PDB
@@ -631,8 +655,13 @@ func podRefusal(err error) bool {
 // drain has its own backoff for refusals (pdb_backoff).
 func (h *Handler) evict(ctx context.Context, cl *clusters.Client, p *corev1.Pod) (string, error) {
 	// The UID precondition: a pod recreated under the same name since the
-	// list (a StatefulSet's, bound elsewhere) is not evicted in its place;
-	// the apiserver answers 409, the pod meant is gone.
+	// list (a StatefulSet's, bound elsewhere) is not evicted in its place.
+	// The apiserver answers 409 — but a 409 also comes from a PDB's status
+	// update conflicting (many evictions against one PDB), a pending pod's
+	// resourceVersion or a webhook: it is the pod's refusal (tried again
+	// after its backoff), never taken for the pod gone. The next step's
+	// list shows a recreated copy under another key (podKey holds the
+	// UID), and the entry meant goes gone there.
 	uid := p.UID
 	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace},
 		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}}
@@ -650,10 +679,6 @@ func (h *Handler) evict(ctx context.Context, cl *clusters.Client, p *corev1.Pod)
 	}
 	if _, ok := budgetCause(err); ok {
 		return h.pdbName(ctx, cl, p, err), nil
-	}
-	if apierrors.IsConflict(err) {
-		// The UID changed: the pod we meant is gone.
-		return "", apierrors.NewNotFound(corev1.Resource("pods"), p.Name)
 	}
 	if err != nil {
 		return "", fmt.Errorf("evict pod %s/%s: %w", p.Namespace, p.Name, err)

@@ -175,7 +175,8 @@ func TestJoinedFaultSaid(t *testing.T) {
 
 // TestPodRefusalCountsAgainstThePod: an eviction the apiserver refuses
 // for that pod (more than one PDB selects it, an admission webhook or a
-// ValidatingAdmissionPolicy denies it) is noted on the pod and tried again
+// ValidatingAdmissionPolicy denies it, a webhook cannot be called, its
+// namespace is terminating, its PDB's 403s) is noted on the pod and tried again
 // at the pod's pace, the step going on and the cluster not backed off,
 // until the pod's deadline gives it up naming the refusal. Before, it
 // failed the step and backed the cluster off like an outage, holding every
@@ -198,7 +199,12 @@ func TestPodRefusalCountsAgainstThePod(t *testing.T) {
 		{"503", apierrors.NewServiceUnavailable("apiserver restarting"), false},
 		{"another 500", apierrors.NewInternalError(errors.New("etcd leader changed")), false},
 		{"a 500 naming no reason", &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 500, Message: "etcdserver: request timed out"}}, false},
-		{"a webhook not reached", apierrors.NewInternalError(errors.New(`failed calling webhook "freeze.example.com": context deadline exceeded`)), false},
+		{"a webhook not reached", apierrors.NewInternalError(errors.New(`failed calling webhook "freeze.example.com": context deadline exceeded`)), true},
+		{"its namespace terminating", namespaceTerminating(), true},
+		{"its PDB's DisruptedPods too big", apierrors.NewForbidden(policyv1.Resource("poddisruptionbudget"), "guard",
+			errors.New("DisruptedPods map too big - too many evictions not confirmed by PDB controller")), true},
+		{"its PDB's disruptions negative", apierrors.NewForbidden(policyv1.Resource("poddisruptionbudget"), "guard",
+			errors.New("pdb disruptions allowed is negative")), true},
 		{"timeout", apierrors.NewTimeoutError("request did not complete", 0), false},
 		{"connection refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false},
 		{"RBAC", apierrors.NewForbidden(corev1.Resource("pods/eviction"), "p",
@@ -248,6 +254,16 @@ func TestPodRefusalCountsAgainstThePod(t *testing.T) {
 			}
 		})
 	}
+}
+
+// namespaceTerminating is the NamespaceLifecycle admission plugin's 403 to
+// a create in a namespace being deleted.
+func namespaceTerminating() error {
+	err := apierrors.NewForbidden(corev1.Resource("pods/eviction"), "p",
+		errors.New("unable to create new content in namespace work because it is being terminated"))
+	err.ErrStatus.Details.Causes = append(err.ErrStatus.Details.Causes, metav1.StatusCause{
+		Type: corev1.NamespaceTerminatingCause, Message: "namespace work is being terminated", Field: "metadata.namespace"})
+	return err
 }
 
 // refuseEvictions makes k's Eviction API answer err.
@@ -744,8 +760,9 @@ func TestClusterErrorsNeverGiveUp(t *testing.T) {
 // TestEvictionChecksTheUID: the eviction carries the pod's UID as a
 // precondition, so a pod recreated under the same name since the list (a
 // StatefulSet's copy, elsewhere) is not evicted in its place: the
-// apiserver's 409 is the pod meant gone. Before, the healthy copy was
-// evicted.
+// apiserver's 409 is a refusal (not the pod gone, TestEvictionConflictIsNotGone),
+// and the next step's list, the copy under another key, makes the entry
+// meant gone. Before, the healthy copy was evicted.
 func TestEvictionChecksTheUID(t *testing.T) {
 	const node = "n1"
 	k := quarantinedWithPod(node) // work/p, UID uid-p
@@ -767,11 +784,114 @@ func TestEvictionChecksTheUID(t *testing.T) {
 	cl, _ := h.reg.Get(cluster)
 	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-old"}}
 	r := h.call(context.Background(), cl, op{key: podKey(old), pod: old}, false)
-	if len(evicted) != 0 || !r.notFound || r.retriable {
-		t.Fatalf("the listed copy gone, another under its name: evicted %v, result %+v; want nothing evicted, the pod gone", evicted, r)
+	if len(evicted) != 0 || r.notFound || r.retriable || !apierrors.IsConflict(r.err) {
+		t.Fatalf("the listed copy gone, another under its name: evicted %v, result %+v; want nothing evicted, a refusal", evicted, r)
+	}
+	// The drain's next step lists the copy (uid-p): the old entry is gone.
+	cfg, now := machineConfig(t, nil), time.Now()
+	st := &State{Pods: map[string]*PodState{podKey(old): {UID: "uid-old", Mode: ModeImmediate, Deadline: now.Add(time.Minute)}}}
+	cfg.record(st, op{key: podKey(old), pod: old}, r, now)
+	if ps := st.Pods[podKey(old)]; ps.Done != "" || ps.Attempts != 1 {
+		t.Fatalf("after the 409: %+v; want a refusal, not done", ps)
+	}
+	cfg.advance(st, []corev1.Pod{runningPod("work", "p")}, now.Add(time.Second))
+	if ps, ok := st.Pods[podKey(old)]; ok && ps.Done != "gone" {
+		t.Fatalf("the old copy's entry: %+v; want it gone", ps)
 	}
 	cur := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "work", UID: "uid-p"}}
 	if r := h.call(context.Background(), cl, op{key: podKey(cur), pod: cur}, false); r.err != nil || len(evicted) != 1 {
 		t.Fatalf("the pod listed: evicted %v, result %+v; want it evicted", evicted, r)
+	}
+}
+
+// TestEvictionConflictIsNotGone: a 409 to an eviction of the pod listed (a
+// PDB's status update conflicting, many evictions against one PDB at once)
+// is the pod's refusal, tried again after its backoff. Before, every 409
+// counted as the pod gone: the drain succeeded "0 pods evicted" with the
+// pod still running on the node, and remediate rebooted it.
+func TestEvictionConflictIsNotGone(t *testing.T) {
+	const node = "n1"
+	k := quarantinedWithPod(node)
+	calls := 0
+	k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		calls++
+		return true, nil, apierrors.NewConflict(policyv1.Resource("poddisruptionbudgets"), "guard",
+			errors.New("the object has been modified; please apply your changes to the latest version and try again"))
+	})
+	clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+	cfg := testConfig()
+	h := newHandler(t, cfg, k, clk, false)
+	acts, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
+	if find(acts, events.OutcomeSucceeded) != nil || len(rq) != 1 {
+		t.Fatalf("every eviction 409: %s, %d requeues; want the drain running", outcomes(acts), len(rq))
+	}
+	ps := drainState(t, k, node).Pods[keyOf("work", "p")]
+	if ps == nil || ps.Done != "" || ps.Attempts != 1 || !ps.Unanswered.IsZero() {
+		t.Fatalf("pod %+v: want a refusal (1 attempt), not done", ps)
+	}
+	clk.Add(cfg.MaxPDBBackoff + time.Second)
+	acts, rq = handle(t, h, rq...)
+	if find(acts, events.OutcomeSucceeded) != nil || len(rq) != 1 || calls != 2 {
+		t.Fatalf("after its backoff: %s, %d requeues, %d eviction calls; want it asked again", outcomes(acts), len(rq), calls)
+	}
+}
+
+// TestLastingErrorsGiveUp: a pod whose every call meets a lasting error
+// ends its drain. A webhook of its namespace that cannot be called (500
+// "failed calling webhook") is the pod's refusal: the cluster is not backed
+// off, and the pod is given up at its deadline. An error still counted as
+// the cluster's (a 503) for hours gives it up "unanswered" at its cap,
+// unansweredBound eviction_timeouts past its deadline, not before. Before,
+// such a pod was never given up: the drain ran for ever, each step
+// backing the whole cluster off.
+func TestLastingErrorsGiveUp(t *testing.T) {
+	cfg := testConfig()
+	for _, tc := range []struct {
+		name    string
+		err     error
+		trouble bool          // the step backs the cluster off
+		at      time.Duration // given up this long after the drain started
+		reason  string
+	}{
+		{"webhook 500", apierrors.NewInternalError(errors.New(`Internal error occurred: failed calling webhook "guard.example.com": ` +
+			`failed to call webhook: Post "https://guard.work.svc:443/validate": dial tcp 10.0.0.9:443: connect: connection refused`)),
+			false, cfg.EvictionTimeout, "not evicted by the timeout: "},
+		{"503 for 3h", apierrors.NewServiceUnavailable("apiserver restarting"),
+			true, (1 + unansweredBound) * cfg.EvictionTimeout, "unanswered: "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const node = "n1"
+			k := quarantinedWithPod(node)
+			k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
+				return a.GetSubresource() == "eviction", nil, tc.err
+			})
+			clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+			start := clk.Now()
+			h := newHandler(t, cfg, k, clk, false)
+			acts, rq := handle(t, h, quarantineAction(node, "e1", "RESTART_VM", nil))
+			if len(rq) != 1 || requeue.AfterTrouble(rq[0]) != tc.trouble {
+				t.Fatalf("first step: %s, %d requeues; want the cluster backed off: %v", outcomes(acts), len(rq), tc.trouble)
+			}
+			const step = 150 * time.Second
+			var res *faultlinev1.Action
+			for res == nil && len(rq) > 0 && clk.Now().Sub(start) < 3*time.Hour {
+				clk.Add(step)
+				time.Sleep(150 * time.Millisecond) // the cluster's backoff: at most 100ms (newHandler)
+				acts, rq = handle(t, h, rq...)
+				res = find(acts, events.OutcomeGaveUp)
+			}
+			if res == nil || !strings.Contains(res.Reason, tc.reason) {
+				t.Fatalf("after %v: %s; want gave_up %q", clk.Now().Sub(start), outcomes(acts), tc.reason)
+			}
+			if end := clk.Now().Sub(start); end < tc.at || end >= tc.at+step {
+				t.Errorf("given up %v after the start, want %v", end, tc.at)
+			}
+			if ps := drainState(t, k, node).Pods[keyOf("work", "p")]; ps == nil || !ps.Unanswered.IsZero() || ps.UnansweredErr != "" {
+				t.Errorf("pod %+v: want it done, nothing unanswered", ps)
+			}
+		})
 	}
 }

@@ -220,8 +220,9 @@ func podKey(p *corev1.Pod) string {
 // again after the pod's backoff, and given up EvictionTimeout after its
 // deadline if it is still there) — but never while its last call is
 // unanswered (PodState.Unanswered: not made, or met the cluster's error):
-// such a pod is asked again, not given up; a pod no longer on the node is
-// gone
+// such a pod is asked again, not given up, up to unansweredCap past the
+// time it would have been (then given up "unanswered: <the error>"); a pod
+// no longer on the node is gone
 // (past maxGonePods gone entries, the earliest are folded). It returns the calls to make — evictions of
 // pods due for one (not terminating, not waiting to complete, not backing
 // off after a PDB refusal) and deletions — with each eviction's intent
@@ -280,6 +281,11 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 		}
 		expired := !now.Before(ps.Deadline)
 		switch {
+		case !ps.Unanswered.IsZero() && !now.Before(c.unansweredCap(ps)):
+			// Unanswered that long past its giving up: the cluster's
+			// errors are the pod's (a webhook slower than kube.timeout)
+			// or an outage outlasting it; given up, so the drain ends.
+			ps.Done, ps.Reason = "gave_up", "unanswered: "+cmp.Or(ps.UnansweredErr, "no call made")
 		case ps.Mode == ModeDeleteAfterTimeout && expired:
 			switch {
 			case !now.Before(ps.Deadline.Add(c.EvictionTimeout)) && ps.Unanswered.IsZero():
@@ -312,6 +318,10 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 	for k, ps := range st.Pods {
 		if ps.Done == "" && !present[k] {
 			ps.Done = "gone"
+		}
+		if ps.Done != "" {
+			// Done: nothing is asked of it any more.
+			ps.Unanswered, ps.UnansweredErr = time.Time{}, ""
 		}
 		if ps.Done == "gone" {
 			gone = append(gone, k)
@@ -447,9 +457,11 @@ func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 		return "evicted"
 	case r.notFound:
 		ps.Done = "gone"
+		ps.Unanswered, ps.UnansweredErr = time.Time{}, ""
 	case r.retriable:
 		// Left as it was (Unanswered); the step is retried after the
 		// cluster's backoff.
+		ps.UnansweredErr = events.Truncate(r.err.Error(), maxPodReason)
 	default:
 		// The pod's own: tried again after its backoff, given up at its
 		// deadline with this reason.
@@ -469,11 +481,29 @@ func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 // deadline, is made again while unanswered).
 func (ps *PodState) noteAnswer(now time.Time) {
 	since := ps.Unanswered
-	ps.Unanswered = time.Time{}
+	ps.Unanswered, ps.UnansweredErr = time.Time{}, ""
 	if since.IsZero() || !now.After(since) || ps.Mode == ModeDeleteAfterTimeout {
 		return
 	}
 	ps.Deadline = ps.Deadline.Add(now.Sub(since))
+}
+
+// unansweredBound is how many eviction_timeouts a pod may stay unanswered
+// past the time it would have been given up.
+const unansweredBound = 3
+
+// unansweredCap is when a pod still unanswered is given up: unansweredBound
+// eviction_timeouts after the time it would have been given up answered
+// (its deadline; a DeleteAfterTimeout pod's, eviction_timeout after it).
+// Without it, an error clusters.Retriable counts as the cluster's that is
+// lasting for the pod held its drain running for ever, and failed every
+// step of it, backing the whole cluster off.
+func (c *Config) unansweredCap(ps *PodState) time.Time {
+	at := ps.Deadline
+	if ps.Mode == ModeDeleteAfterTimeout {
+		at = at.Add(c.EvictionTimeout)
+	}
+	return at.Add(unansweredBound * c.EvictionTimeout)
 }
 
 // retryAt is when a pod whose call was refused is tried again: after its

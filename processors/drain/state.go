@@ -326,8 +326,13 @@ type PodState struct {
 	// RBAC 403). Set to the first such call's time; cleared by an answer
 	// (accepted, or refused by a PDB, a webhook, a policy), which moves
 	// the deadline out by the time it was unanswered (PodState.noteAnswer).
-	// A pod unanswered is not given up at its deadline: it is asked again.
+	// A pod unanswered is not given up at its deadline: it is asked again,
+	// up to unansweredCap (then given up "unanswered: <UnansweredErr>").
+	// Cleared once the pod is done.
 	Unanswered time.Time `json:"unanswered,omitzero"`
+	// UnansweredErr: the last cluster's error its call met while
+	// Unanswered (at most maxPodReason bytes).
+	UnansweredErr string `json:"unansweredErr,omitempty"`
 	// Attempts counts refused evictions; NextTry is when to try again.
 	Attempts int       `json:"attempts,omitempty"`
 	NextTry  time.Time `json:"nextTry,omitzero"`
