@@ -484,6 +484,21 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster st
 			s.forgetNotice(cl.Name, m.name)
 			return s.clearDrift(ctx, cl.Kube, m.name, nil)
 		}
+		// The group's expectation is firmly the node's fingerprint: the
+		// baseline, or the fresh complete reports of a majority of all the
+		// group's members. A majority of the few that report complete (the
+		// drifted node alone, its peers partial after a reboot) is not:
+		// it lifted the quarantine of a node that drifted again, with a
+		// new start, once its peers read everything again.
+		firm := v.Basis == ic.BasisBaseline || 2*t.agree[v.Expected] > t.members
+		if st.Escalated && st.Actual == v.Actual && !firm {
+			// Escalated with the fingerprint the group now expects, but
+			// not firmly: state, taint and quarantine stay until it is
+			// firm (then lifted) or the fingerprint changes. Clearing the
+			// state here lost the lift for good: a pool of 10 flipping at
+			// 5 of 9 complete reports kept the node drained at 6/10.
+			return nil
+		}
 		details := map[string]string{events.DetailConformanceGroup: g.key(cluster), events.DetailBasis: v.Basis,
 			events.DetailExpected: v.Expected, events.DetailActual: v.Actual, events.DetailDriftSince: sinceKey(st.Since)}
 		var first Output // sent before the state is cleared
@@ -517,13 +532,6 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster st
 				"re-verified and approved by "+AnnotationApproved+": quarantine lifted", details, sinceKey(st.Since), !live))
 		}
 		reason := "conforms again: taint and label removed"
-		// The group's expectation is firmly the node's fingerprint: the
-		// baseline, or the fresh complete reports of a majority of all the
-		// group's members. A majority of the few that report complete (the
-		// drifted node alone, its peers partial after a reboot) is not:
-		// it lifted the quarantine of a node that drifted again, with a
-		// new start, once its peers read everything again.
-		firm := v.Basis == ic.BasisBaseline || 2*t.agree[v.Expected] > t.members
 		switch {
 		case st.Escalated && st.Actual == v.Actual && firm:
 			// Its fingerprint is the one it drifted with: the group's

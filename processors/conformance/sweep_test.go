@@ -436,9 +436,10 @@ func TestOtherHardwareIsAnotherGroup(t *testing.T) {
 // a day later; n1 and n2 then send partial reports (the driver unreadable
 // after a reboot). n3's fingerprint is the majority of the one complete
 // report, its own: it conforms, but the group does not firmly expect it
-// (no baseline, not a majority of the 3), so the timeout's quarantine
-// stays. It was lifted, and when the peers read everything again n3
-// drifted with a new start, not escalated for another day.
+// (no baseline, not a majority of the 3), so the timeout's quarantine,
+// its taint and its drift state (the start) stay. It was lifted, and when
+// the peers read everything again n3 drifted with a new start, not
+// escalated for another day.
 func TestQuarantineKeptWhenPeersGoPartial(t *testing.T) {
 	e := startFake(t, false)
 	node := e.nodes(t, 3)
@@ -456,15 +457,61 @@ func TestQuarantineKeptWhenPeersGoPartial(t *testing.T) {
 		store(t, e.h, record(t, e.cluster, fmt.Sprintf("%s-n%d", e.cluster, i), unreadDriver(comps("")), e.clk.Now()))
 	}
 	store(t, e.h, record(t, e.cluster, node, comps("28.41.1000"), e.clk.Now()))
+	before := e.get(t, node).Annotations[AnnotationState]
 	out := e.sweep(t, sw, "peers partial")
 	for _, ev := range out.Events {
 		if ev.NodeName == node && ev.CheckName == CheckDriftTimeout && ev.IsHealthy {
 			t.Fatalf("peers partial: %s's timeout quarantine lifted (%s)", node, ev.Message)
 		}
 	}
-	restored := kinds(out.Actions)[events.KindConformanceRestored]
-	if len(restored) != 1 || restored[0].Node != node || !strings.Contains(restored[0].Reason, "stays until an operator lifts it") {
+	if restored := kinds(out.Actions)[events.KindConformanceRestored]; len(restored) != 0 {
 		t.Fatalf("peers partial: restored %v, want %s's quarantine kept", restored, node)
+	}
+	if n := e.get(t, node); hasTaint(n) == nil || n.Annotations[AnnotationState] != before {
+		t.Fatalf("peers partial: taint %v, state %q, want both kept (%q)", hasTaint(n), n.Annotations[AnnotationState], before)
+	}
+}
+
+// TestFlipWithAPeerRebootingLiftsLater: a pool of 10 upgraded a node at a
+// time, the first 4 escalated. It flips at 5 of 9 complete reports (one
+// node rebooting, partial): the 4 conform but not firmly (5 of 10), so
+// nothing is cleared. At 6/10 their quarantine is lifted. Their state was
+// cleared at 5/9, and at 6/10 nothing lifted it: drained for good.
+func TestFlipWithAPeerRebootingLiftsLater(t *testing.T) {
+	cfg := testConfig()
+	e := startFake(t, false)
+	e.nodes(t, 10)
+	sw := NewSweeper(cfg, e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+	e.reportEach(t, upgraded(4)...)
+	e.sweep(t, sw, "4/10")
+	e.clk.Add(cfg.DriftRemediationTimeout + time.Minute)
+	e.reportEach(t, upgraded(4)...)
+	if out := e.sweep(t, sw, "4/10 a day later"); len(kinds(out.Actions)[events.KindEscalate]) != 4 {
+		t.Fatalf("4/10 a day later: actions %v, want 4 escalations", out.Actions)
+	}
+	e.clk.Add(time.Hour)
+	e.reportEach(t, upgraded(5)[:9]...)
+	store(t, e.h, record(t, e.cluster, e.cluster+"-n10", unreadDriver(comps("")), e.clk.Now()))
+	out := e.sweep(t, sw, "5 of 9 complete")
+	if restored := kinds(out.Actions)[events.KindConformanceRestored]; len(restored) != 0 {
+		t.Fatalf("5 of 9 complete: restored %v, want none (not firm)", restored)
+	}
+	for i := 1; i <= 4; i++ {
+		if n := e.get(t, fmt.Sprintf("%s-n%d", e.cluster, i)); hasTaint(n) == nil || !strings.Contains(n.Annotations[AnnotationState], `"escalated":true`) {
+			t.Fatalf("5 of 9 complete: %s taint %v, state %q, want both kept", n.Name, hasTaint(n), n.Annotations[AnnotationState])
+		}
+	}
+	e.clk.Add(time.Hour)
+	e.reportEach(t, upgraded(6)...)
+	out = e.sweep(t, sw, "6/10")
+	lifted := map[string]bool{}
+	for _, ev := range out.Events {
+		if ev.CheckName == CheckDriftTimeout && ev.IsHealthy {
+			lifted[ev.NodeName] = true
+		}
+	}
+	if len(lifted) != 4 {
+		t.Fatalf("6/10: lifted %v, want the 4 escalated nodes", lifted)
 	}
 }
 
