@@ -49,6 +49,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -295,6 +296,13 @@ type Check struct {
 	prc procfs.FS
 	// run runs a command (tests replace it); default exec.
 	run func(ctx context.Context, argv []string) ([]byte, error)
+	// now is the clock (tests replace it); default time.Now.
+	now func() time.Time
+
+	mu sync.Mutex
+	// pendingSince is when this process first saw each Mellanox device
+	// (PCI address) pending, as long as it stays pending (rdmaPending).
+	pendingSince map[string]time.Time
 }
 
 // New builds the check (cfg validated by the caller or here).
@@ -313,7 +321,7 @@ func New(cfg Config, log *slog.Logger) (*Check, error) {
 	if err != nil {
 		return nil, fmt.Errorf("conformance.procfs: %w", err)
 	}
-	return &Check{cfg: cfg, log: log, sys: sys, prc: prc, run: runCommand}, nil
+	return &Check{cfg: cfg, log: log, sys: sys, prc: prc, run: runCommand, now: time.Now}, nil
 }
 
 // Name is "conformance".
@@ -674,6 +682,9 @@ func (c *Check) nicFirmware() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	c.mu.Lock()
+	c.pendingSince = nil // the RDMA devices are there: a later reload waits anew
+	c.mu.Unlock()
 	set := map[string]bool{}
 	for _, n := range names {
 		v, err := c.readFile(filepath.Join(c.cfg.Sysfs, "class", "infiniband", n, "fw_ver"))
@@ -686,7 +697,8 @@ func (c *Check) nicFirmware() (string, error) {
 }
 
 // bootGrace is how long after boot a Mellanox NIC bound to no driver is
-// taken for its driver not loaded yet (rdmaPending).
+// taken for its driver not loaded yet, and how long after this process
+// first saw it pending a Mellanox NIC is taken for pending (rdmaPending).
 const bootGrace = 15 * time.Minute
 
 // rdmaPending is the address of a Mellanox/NVIDIA networking device
@@ -702,8 +714,18 @@ const bootGrace = 15 * time.Minute
 // A device bound to vfio-pci (passed to a VM), or to mlx5_core without
 // mlx5_ib or ib_core (a plain Ethernet NIC), or left without driver long
 // after boot with no Mellanox module loaded, never shows up there: the
-// node has no RDMA device.
+// node has no RDMA device. A device is pending for bootGrace since this
+// process first saw it pending (or within bootGrace of boot), no longer:
+// an Ethernet-only ConnectX beside an unbound Mellanox function (SR-IOV
+// VFs not autoprobed, a port an admin unbound), or NICs failing their
+// probe after a bad flash, were unreadable for ever.
 func (c *Check) rdmaPending() (dev, why string) {
+	now := c.now()
+	up, upOK := c.uptime()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen := map[string]time.Time{}
+	defer func() { c.pendingSince = seen }()
 	devs, _ := filepath.Glob(filepath.Join(c.cfg.Sysfs, "bus", "pci", "devices", "*"))
 	for _, d := range devs {
 		vendor, verr := c.readFile(filepath.Join(d, "vendor"))
@@ -712,20 +734,32 @@ func (c *Check) rdmaPending() (dev, why string) {
 			!strings.HasPrefix(class, "0x0207") && !strings.HasPrefix(class, "0x0200") {
 			continue
 		}
+		reason := ""
 		link, err := os.Readlink(filepath.Join(d, "driver"))
 		switch driver := filepath.Base(link); {
 		case err == nil && driver == "mlx5_core" && (c.moduleLoaded("mlx5_ib") || c.moduleLoaded("ib_core")):
-			return filepath.Base(d), "bound to mlx5_core with the RDMA modules loaded: its RDMA device not registered yet"
+			reason = "bound to mlx5_core with the RDMA modules loaded: its RDMA device not registered yet"
 		case errors.Is(err, fs.ErrNotExist):
 			if c.moduleLoaded("mlx5_core") || c.moduleLoaded("mlx_compat") {
-				return filepath.Base(d), "no driver bound with mlx5_core or mlx_compat loaded: the driver being (re)loaded"
-			}
-			if up, ok := c.uptime(); ok && up < bootGrace {
-				return filepath.Base(d), fmt.Sprintf("no driver bound %s after boot: its driver not loaded yet", up.Round(time.Second))
+				reason = "no driver bound with mlx5_core or mlx_compat loaded: the driver being (re)loaded"
+			} else if upOK && up < bootGrace {
+				reason = fmt.Sprintf("no driver bound %s after boot: its driver not loaded yet", up.Round(time.Second))
 			}
 		}
+		if reason == "" {
+			continue
+		}
+		addr := filepath.Base(d)
+		first, ok := c.pendingSince[addr]
+		if !ok {
+			first = now
+		}
+		seen[addr] = first
+		if dev == "" && (now.Sub(first) < bootGrace || upOK && up < bootGrace) {
+			dev, why = addr, reason
+		}
 	}
-	return "", ""
+	return dev, why
 }
 
 // moduleLoaded is whether <sysfs>/module/<name> exists.

@@ -365,6 +365,45 @@ func TestNICFirmwareDriverLoading(t *testing.T) {
 	}
 }
 
+// TestNICFirmwarePendingBounded: a Mellanox NIC left pending (no driver,
+// mlx5_core loaded: an unbound SR-IOV VF beside an Ethernet-only ConnectX,
+// NICs failing their probe after a bad flash) 2 days after boot is
+// unreadable for bootGrace since the agent first saw it pending, absent
+// after. It was unreadable for ever: the node partial for good.
+func TestNICFirmwarePendingBounded(t *testing.T) {
+	sys, proc := t.TempDir(), t.TempDir()
+	write := func(path, v string) {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dev := filepath.Join(sys, "bus/pci/devices/0000:3b:00.0")
+	write(filepath.Join(dev, "vendor"), "0x15b3")
+	write(filepath.Join(dev, "class"), "0x020700")
+	write(filepath.Join(sys, "module/mlx5_core/refcnt"), "0")
+	write(filepath.Join(proc, "uptime"), "172800.00 1000.00")
+	c := fixture(t, "no-gpu", func(c *Config) { c.Sysfs, c.Procfs = sys, proc })
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	now := t0
+	c.now = func() time.Time { return now }
+	for _, step := range []struct {
+		after time.Duration
+		want  string
+	}{
+		{0, Unreadable},
+		{10 * time.Minute, Unreadable},
+		{16 * time.Minute, Absent},
+	} {
+		now = t0.Add(step.after)
+		if got := c.Collect(t.Context())[NICFirmware]; !strings.HasPrefix(got, step.want) {
+			t.Fatalf("t0+%v: nic_firmware = %q, want %q", step.after, got, step.want)
+		}
+	}
+}
+
 // TestMostComponents: the most extra components the config takes still
 // make an event the gateway takes; one more is refused at start, naming
 // the key.
