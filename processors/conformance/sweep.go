@@ -269,6 +269,7 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 		}
 	}
 	var members []member
+	carried := map[string]map[string]bool{} // pool -> hardware labels some node of it carries
 	if cl != nil && cl.Kube != nil {
 		list, err := cl.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{ResourceVersion: "0"})
 		if err != nil {
@@ -284,7 +285,6 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 			m.sensitive = s.cfg.sensKey != "" && n.Labels[s.cfg.sensKey] == s.cfg.sensVal
 			members = append(members, m)
 		}
-		carried := map[string]map[string]bool{} // pool -> hardware labels some node of it carries
 		for _, m := range members {
 			for _, l := range s.cfg.HardwareLabels {
 				if m.node.Labels[l] != "" {
@@ -335,6 +335,22 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 		verdicts := undecided(in)
 		if !g.incomplete {
 			verdicts = ic.Evaluate(in, s.cfg.baseline[groupKey(cluster, g.pool)])
+		} else {
+			// Said at every sweep: these nodes are never judged (CPU or
+			// system nodes in a pool of GPU nodes, GPU Feature Discovery
+			// not run on them) and nothing else tells the operator why.
+			var missing []string
+			for l := range carried[g.pool] {
+				for _, m := range ms {
+					if m.node.Labels[l] == "" {
+						missing = append(missing, l)
+						break
+					}
+				}
+			}
+			sort.Strings(missing)
+			s.log.Info("conformance: nodes not judged: they lack hardware labels other nodes of their pool carry",
+				"cluster", cluster, "group", g.key(cluster), "nodes", len(ms), "missing_labels", strings.Join(missing, ","))
 		}
 		t := tallyOf(in)
 		for i, v := range verdicts {

@@ -1,8 +1,10 @@
 package conformance
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -570,7 +572,8 @@ func TestMissingHardwareLabelIsUndecided(t *testing.T) {
 	for i := 1; i <= 4; i++ {
 		label(fmt.Sprintf("%s-n%d", e.cluster, i), map[string]string{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "node.kubernetes.io/instance-type": "p5.48xlarge"})
 	}
-	sw := NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+	var logs bytes.Buffer
+	sw := NewSweeper(testConfig(), e.s.Conn, e.reg, slog.New(slog.NewTextHandler(&logs, nil)), e.clk.Now, nil)
 	e.report(t, 4, "28.41.1000")
 	if out := e.sweep(t, sw, "drift"); len(kinds(out.Actions)[events.KindConformanceDrift]) != 1 {
 		t.Fatalf("drift: actions %v", out.Actions)
@@ -587,5 +590,9 @@ func TestMissingHardwareLabelIsUndecided(t *testing.T) {
 	}
 	if hasTaint(e.get(t, node)) == nil {
 		t.Fatalf("label gone: %s's drift taint removed", node)
+	}
+	// The operator is told why the node is not judged, once for its group.
+	if got := strings.Count(logs.String(), "nodes not judged"); got != 1 || !strings.Contains(logs.String(), "nodes=1 missing_labels=nvidia.com/gpu.product") {
+		t.Fatalf("label gone: %d not-judged logs, want 1 naming nvidia.com/gpu.product:\n%s", got, logs.String())
 	}
 }
