@@ -176,6 +176,11 @@ func Start(tb testing.TB, o Options) *Env {
 	if err := g.Wait(); err != nil {
 		tb.Fatalf("fleet: %v", err)
 	}
+	if tb.Failed() {
+		// A server that failed to start called tb.Fatal in its goroutine:
+		// that ended the goroutine only, leaving its field nil.
+		tb.FailNow()
+	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	tb.Cleanup(e.stop)
 
