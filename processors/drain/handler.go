@@ -600,14 +600,17 @@ func (h *Handler) call(ctx context.Context, cl *clusters.Client, o op, force boo
 // (Config.record: noted, tried again after the pod's backoff, given up at
 // its deadline); it neither fails the step nor backs the cluster off,
 // which held every drain on the cluster and never recorded the pod's
-// refusal. So are the answers that are often the pod's and lasting: a
-// webhook of its namespace that could not be called ("failed calling
-// webhook": down, or slower than its timeout), a 403 for its namespace
-// terminating (NamespaceTerminatingCause), and the Eviction API's 403s
-// about the pod's PDB ("DisruptedPods map too big", "pdb disruptions
-// allowed is negative"). Everything else stays clusters.Retriable's to
-// judge: an unreachable apiserver, a 503, a timeout, another 500, an RBAC
-// 403 (rbacRefusal).
+// refusal. So are the answers that are the pod's and lasting: a 403 for
+// its namespace terminating (NamespaceTerminatingCause), and the Eviction
+// API's 403s about the pod's PDB ("DisruptedPods map too big", "pdb
+// disruptions allowed is negative"). Everything else stays
+// clusters.Retriable's to judge: an unreachable apiserver, a 503, a
+// timeout, another 500, an RBAC 403 (rbacRefusal) — and a webhook that
+// could not be called ("failed calling webhook"), which may be the whole
+// cluster's (an eviction interceptor whose pods are down, or on the node
+// drained): taken for the pod's, every pod was given up at its deadline
+// and the node rebooted under them. One failing for good is bounded by
+// the pod's unanswered cap (Config.unansweredCap).
 func podRefusal(err error) bool {
 	var se apierrors.APIStatus
 	if !errors.As(err, &se) {
@@ -620,8 +623,6 @@ func podRefusal(err error) bool {
 	case strings.Contains(s.Message, "admission webhook ") && strings.Contains(s.Message, " denied the request"):
 		return true
 	case strings.Contains(s.Message, "ValidatingAdmissionPolicy '") && strings.Contains(s.Message, " denied request"):
-		return true
-	case strings.Contains(s.Message, "failed calling webhook"):
 		return true
 	case s.Code == http.StatusForbidden && apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
 		return true

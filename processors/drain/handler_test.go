@@ -175,13 +175,16 @@ func TestJoinedFaultSaid(t *testing.T) {
 
 // TestPodRefusalCountsAgainstThePod: an eviction the apiserver refuses
 // for that pod (more than one PDB selects it, an admission webhook or a
-// ValidatingAdmissionPolicy denies it, a webhook cannot be called, its
-// namespace is terminating, its PDB's 403s) is noted on the pod and tried again
+// ValidatingAdmissionPolicy denies it, its namespace is terminating, its
+// PDB's 403s) is noted on the pod and tried again
 // at the pod's pace, the step going on and the cluster not backed off,
 // until the pod's deadline gives it up naming the refusal. Before, it
 // failed the step and backed the cluster off like an outage, holding every
 // drain there, and the pod's attempts and reason were never recorded. An
-// outage still backs the cluster off, the pod untouched.
+// outage still backs the cluster off, the pod untouched; so does a webhook
+// that cannot be called ("failed calling webhook"): it may be cluster-wide
+// (an eviction interceptor whose pods are down, or on the node drained),
+// and taken for the pod's refusal it gave every pod up at its deadline.
 func TestPodRefusalCountsAgainstThePod(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -199,7 +202,7 @@ func TestPodRefusalCountsAgainstThePod(t *testing.T) {
 		{"503", apierrors.NewServiceUnavailable("apiserver restarting"), false},
 		{"another 500", apierrors.NewInternalError(errors.New("etcd leader changed")), false},
 		{"a 500 naming no reason", &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 500, Message: "etcdserver: request timed out"}}, false},
-		{"a webhook not reached", apierrors.NewInternalError(errors.New(`failed calling webhook "freeze.example.com": context deadline exceeded`)), true},
+		{"a webhook not reached", apierrors.NewInternalError(errors.New(`failed calling webhook "freeze.example.com": context deadline exceeded`)), false},
 		{"its namespace terminating", namespaceTerminating(), true},
 		{"its PDB's DisruptedPods too big", apierrors.NewForbidden(policyv1.Resource("poddisruptionbudget"), "guard",
 			errors.New("DisruptedPods map too big - too many evictions not confirmed by PDB controller")), true},
@@ -681,18 +684,30 @@ func TestClusterErrorsNeverGiveUp(t *testing.T) {
 		// then answers the evictions once the cluster is back (nil:
 		// accepted).
 		then error
+		// listDown: the outage, past the pod's unanswered cap, fails a
+		// step at the pod list too (a full apiserver outage): no call
+		// is made past the cap before the cluster is back.
+		listDown bool
 	}{
-		{"503, then accepted", apierrors.NewServiceUnavailable("apiserver restarting"), nil},
-		{"throttled, then accepted", apierrors.NewTooManyRequests("too many requests, please try again later", 1), nil},
+		{"503, then accepted", apierrors.NewServiceUnavailable("apiserver restarting"), nil, false},
+		{"throttled, then accepted", apierrors.NewTooManyRequests("too many requests, please try again later", 1), nil, false},
 		{"RBAC, then accepted", apierrors.NewForbidden(corev1.Resource("pods/eviction"), "p",
-			errors.New(`User "system:serviceaccount:faultline:drain" cannot create resource "pods/eviction"`)), nil},
-		{"503, then a PDB refusing", apierrors.NewServiceUnavailable("apiserver restarting"), pdbRefusal},
+			errors.New(`User "system:serviceaccount:faultline:drain" cannot create resource "pods/eviction"`)), nil, false},
+		{"503, then a PDB refusing", apierrors.NewServiceUnavailable("apiserver restarting"), pdbRefusal, false},
+		{"an outage at the pod list past the cap, then accepted", apierrors.NewServiceUnavailable("apiserver restarting"), nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const node = "n1"
 			k := quarantinedWithPod(node)
 			var answer error = tc.outage
 			var calls, accepted int
+			listDown := false
+			k.PrependReactor("list", "pods", func(ktesting.Action) (bool, runtime.Object, error) {
+				if listDown {
+					return true, nil, tc.outage
+				}
+				return false, nil, nil
+			})
 			k.PrependReactor("create", "pods", func(a ktesting.Action) (bool, runtime.Object, error) {
 				if a.GetSubresource() != "eviction" {
 					return false, nil, nil
@@ -713,8 +728,24 @@ func TestClusterErrorsNeverGiveUp(t *testing.T) {
 			if ps := drainState(t, k, node).Pods[keyOf("work", "p")]; ps == nil || ps.EvictAt.IsZero() {
 				t.Fatalf("pod %+v: want its eviction asked", ps)
 			}
-			back := clk.Now().Add(cfg.EvictionTimeout + time.Minute)
-			clk.Add(cfg.EvictionTimeout + time.Minute)
+			away := cfg.EvictionTimeout + time.Minute
+			if tc.listDown {
+				// Past the cap (unansweredBound eviction_timeouts past the
+				// pod's deadline), the steps failing at the pod list.
+				away = (2+unansweredBound)*cfg.EvictionTimeout + time.Minute
+				listDown = true
+				clk.Add(away - time.Minute)
+				time.Sleep(200 * time.Millisecond) // the cluster's backoff
+				acts, rq = handle(t, h, rq...)
+				if len(rq) != 1 || !requeue.AfterTrouble(rq[0]) || find(acts, events.OutcomeGaveUp) != nil {
+					t.Fatalf("the step failing at the pod list: %s, %d requeues", outcomes(acts), len(rq))
+				}
+				listDown = false
+				clk.Add(time.Minute)
+			} else {
+				clk.Add(away)
+			}
+			back := clk.Now()
 			answer = tc.then
 			time.Sleep(200 * time.Millisecond) // the cluster's backoff: at most 100ms (newHandler)
 			acts, rq = handle(t, h, rq...)
@@ -840,11 +871,11 @@ func TestEvictionConflictIsNotGone(t *testing.T) {
 }
 
 // TestLastingErrorsGiveUp: a pod whose every call meets a lasting error
-// ends its drain. A webhook of its namespace that cannot be called (500
-// "failed calling webhook") is the pod's refusal: the cluster is not backed
-// off, and the pod is given up at its deadline. An error still counted as
-// the cluster's (a 503) for hours gives it up "unanswered" at its cap,
-// unansweredBound eviction_timeouts past its deadline, not before. Before,
+// ends its drain. An error counted as the cluster's — a 503 for hours, a
+// webhook that cannot be called (500 "failed calling webhook": its
+// namespace's, or a cluster-wide one whose pods are down) — gives it up
+// "unanswered" at its cap, unansweredBound eviction_timeouts past its
+// deadline, after a call made then met it again; not before. Before,
 // such a pod was never given up: the drain ran for ever, each step
 // backing the whole cluster off.
 func TestLastingErrorsGiveUp(t *testing.T) {
@@ -853,12 +884,12 @@ func TestLastingErrorsGiveUp(t *testing.T) {
 		name    string
 		err     error
 		trouble bool          // the step backs the cluster off
-		at      time.Duration // given up this long after the drain started
+		at      time.Duration // its cap, this long after the drain started
 		reason  string
 	}{
 		{"webhook 500", apierrors.NewInternalError(errors.New(`Internal error occurred: failed calling webhook "guard.example.com": ` +
 			`failed to call webhook: Post "https://guard.work.svc:443/validate": dial tcp 10.0.0.9:443: connect: connection refused`)),
-			false, cfg.EvictionTimeout, "not evicted by the timeout: "},
+			true, (1 + unansweredBound) * cfg.EvictionTimeout, "unanswered: "},
 		{"503 for 3h", apierrors.NewServiceUnavailable("apiserver restarting"),
 			true, (1 + unansweredBound) * cfg.EvictionTimeout, "unanswered: "},
 	} {
@@ -886,8 +917,10 @@ func TestLastingErrorsGiveUp(t *testing.T) {
 			if res == nil || !strings.Contains(res.Reason, tc.reason) {
 				t.Fatalf("after %v: %s; want gave_up %q", clk.Now().Sub(start), outcomes(acts), tc.reason)
 			}
-			if end := clk.Now().Sub(start); end < tc.at || end >= tc.at+step {
-				t.Errorf("given up %v after the start, want %v", end, tc.at)
+			// The step at the cap makes the call; the next, its error met
+			// again, gives the pod up.
+			if end := clk.Now().Sub(start); end < tc.at+step || end >= tc.at+2*step {
+				t.Errorf("given up %v after the start, want the step after %v", end, tc.at)
 			}
 			if ps := drainState(t, k, node).Pods[keyOf("work", "p")]; ps == nil || !ps.Unanswered.IsZero() || ps.UnansweredErr != "" {
 				t.Errorf("pod %+v: want it done, nothing unanswered", ps)

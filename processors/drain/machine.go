@@ -221,7 +221,9 @@ func podKey(p *corev1.Pod) string {
 // deadline if it is still there) — but never while its last call is
 // unanswered (PodState.Unanswered: not made, or met the cluster's error):
 // such a pod is asked again, not given up, up to unansweredCap past the
-// time it would have been (then given up "unanswered: <the error>"); a pod
+// time it would have been, and past it until a call made at or after the
+// cap met the cluster's error again (PodState.UnansweredCall; then given
+// up "unanswered: <the error>"); a pod
 // no longer on the node is gone
 // (past maxGonePods gone entries, the earliest are folded). It returns the calls to make — evictions of
 // pods due for one (not terminating, not waiting to complete, not backing
@@ -281,10 +283,15 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 		}
 		expired := !now.Before(ps.Deadline)
 		switch {
-		case !ps.Unanswered.IsZero() && !now.Before(c.unansweredCap(ps)):
-			// Unanswered that long past its giving up: the cluster's
+		case !ps.Unanswered.IsZero() && !ps.UnansweredCall.Before(c.unansweredCap(ps)):
+			// Unanswered that long past its giving up, a call made at or
+			// after the cap met the cluster's error again: the cluster's
 			// errors are the pod's (a webhook slower than kube.timeout)
 			// or an outage outlasting it; given up, so the drain ends.
+			// Past the cap with no such call (the steps failed before
+			// their calls: an outage at the pod list), the call is made
+			// first: given up unasked, the node was rebooted under the
+			// pod, its PDBs never asked.
 			ps.Done, ps.Reason = "gave_up", "unanswered: "+cmp.Or(ps.UnansweredErr, "no call made")
 		case ps.Mode == ModeDeleteAfterTimeout && expired:
 			switch {
@@ -321,7 +328,7 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 		}
 		if ps.Done != "" {
 			// Done: nothing is asked of it any more.
-			ps.Unanswered, ps.UnansweredErr = time.Time{}, ""
+			ps.Unanswered, ps.UnansweredErr, ps.UnansweredCall = time.Time{}, "", time.Time{}
 		}
 		if ps.Done == "gone" {
 			gone = append(gone, k)
@@ -457,11 +464,12 @@ func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 		return "evicted"
 	case r.notFound:
 		ps.Done = "gone"
-		ps.Unanswered, ps.UnansweredErr = time.Time{}, ""
+		ps.Unanswered, ps.UnansweredErr, ps.UnansweredCall = time.Time{}, "", time.Time{}
 	case r.retriable:
 		// Left as it was (Unanswered); the step is retried after the
 		// cluster's backoff.
 		ps.UnansweredErr = events.Truncate(r.err.Error(), maxPodReason)
+		ps.UnansweredCall = now
 	default:
 		// The pod's own: tried again after its backoff, given up at its
 		// deadline with this reason.
@@ -481,7 +489,7 @@ func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 // deadline, is made again while unanswered).
 func (ps *PodState) noteAnswer(now time.Time) {
 	since := ps.Unanswered
-	ps.Unanswered, ps.UnansweredErr = time.Time{}, ""
+	ps.Unanswered, ps.UnansweredErr, ps.UnansweredCall = time.Time{}, "", time.Time{}
 	if since.IsZero() || !now.After(since) || ps.Mode == ModeDeleteAfterTimeout {
 		return
 	}

@@ -327,12 +327,18 @@ type PodState struct {
 	// (accepted, or refused by a PDB, a webhook, a policy), which moves
 	// the deadline out by the time it was unanswered (PodState.noteAnswer).
 	// A pod unanswered is not given up at its deadline: it is asked again,
-	// up to unansweredCap (then given up "unanswered: <UnansweredErr>").
-	// Cleared once the pod is done.
+	// up to unansweredCap, and past it until a call made at or after the
+	// cap meets the cluster's error again (UnansweredCall; then given up
+	// "unanswered: <UnansweredErr>"). Cleared once the pod is done.
 	Unanswered time.Time `json:"unanswered,omitzero"`
 	// UnansweredErr: the last cluster's error its call met while
 	// Unanswered (at most maxPodReason bytes).
 	UnansweredErr string `json:"unansweredErr,omitempty"`
+	// UnansweredCall: the time of the last call that met the cluster's
+	// error while Unanswered. A pod is given up at its cap only if this
+	// call was made at or after the cap: steps that failed before their
+	// calls (an outage failing the pod list) never give it up unasked.
+	UnansweredCall time.Time `json:"unansweredCall,omitzero"`
 	// Attempts counts refused evictions; NextTry is when to try again.
 	Attempts int       `json:"attempts,omitempty"`
 	NextTry  time.Time `json:"nextTry,omitzero"`
