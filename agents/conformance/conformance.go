@@ -50,13 +50,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/procfs"
 	"github.com/prometheus/procfs/sysfs"
 
 	"github.com/faultline/faultline/agents/topology"
+	"github.com/faultline/faultline/internal/groupcmd"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	"github.com/faultline/faultline/schemas/validate"
@@ -826,10 +826,7 @@ func notInstalled(name string, err error) bool {
 // commandWaitDelay (a child that escaped the group and holds the output
 // open does not hold the collection).
 func runCommand(ctx context.Context, argv []string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = commandWaitDelay
+	cmd := groupcmd.Command(ctx, commandWaitDelay, argv[0], argv[1:]...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -46,12 +46,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/net/netutil"
 
 	"github.com/faultline/faultline/agents/topology"
+	"github.com/faultline/faultline/internal/groupcmd"
 	"github.com/faultline/faultline/schemas/events"
 )
 
@@ -518,11 +518,7 @@ const commandWaitDelay = 3 * time.Second
 // held, every later reset on the node in progress until the agent
 // restarted.
 func command(ctx context.Context, argv []string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = commandWaitDelay
-	return cmd
+	return groupcmd.Command(ctx, commandWaitDelay, argv[0], argv[1:]...)
 }
 
 // timedOut names a command that command_timeout ended.

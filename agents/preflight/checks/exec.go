@@ -9,10 +9,10 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/faultline/faultline/agents/topology"
+	"github.com/faultline/faultline/internal/groupcmd"
 )
 
 // errNotFound marks a tool that is not installed: a configuration error.
@@ -43,14 +43,11 @@ func run(ctx context.Context, echo io.Writer, env []string, name string, args ..
 	if err != nil {
 		return output{}, fmt.Errorf("%s: %w", name, errNotFound)
 	}
-	cmd := exec.CommandContext(ctx, path, args...)
+	cmd := groupcmd.Command(ctx, 5*time.Second, path, args...)
 	cmd.Env = env
 	var buf bytes.Buffer
 	w := &syncWriter{w: io.MultiWriter(&buf, echo)}
 	cmd.Stdout, cmd.Stderr = w, w
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second
 	err = cmd.Run()
 	out := output{Text: buf.String()}
 	var ee *exec.ExitError
