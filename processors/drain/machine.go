@@ -328,7 +328,7 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 		}
 		if ps.Done != "" {
 			// Done: nothing is asked of it any more.
-			ps.Unanswered, ps.UnansweredErr, ps.UnansweredCall = time.Time{}, "", time.Time{}
+			ps.clearUnanswered()
 		}
 		if ps.Done == "gone" {
 			gone = append(gone, k)
@@ -464,7 +464,7 @@ func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 		return "evicted"
 	case r.notFound:
 		ps.Done = "gone"
-		ps.Unanswered, ps.UnansweredErr, ps.UnansweredCall = time.Time{}, "", time.Time{}
+		ps.clearUnanswered()
 	case r.retriable:
 		// Left as it was (Unanswered); the step is retried after the
 		// cluster's backoff.
@@ -489,11 +489,17 @@ func (c *Config) record(st *State, o op, r callResult, now time.Time) string {
 // deadline, is made again while unanswered).
 func (ps *PodState) noteAnswer(now time.Time) {
 	since := ps.Unanswered
-	ps.Unanswered, ps.UnansweredErr, ps.UnansweredCall = time.Time{}, "", time.Time{}
+	ps.clearUnanswered()
 	if since.IsZero() || !now.After(since) || ps.Mode == ModeDeleteAfterTimeout {
 		return
 	}
 	ps.Deadline = ps.Deadline.Add(now.Sub(since))
+}
+
+// clearUnanswered forgets the pod's unanswered calls (Unanswered and what
+// goes with it): answered, gone, or done.
+func (ps *PodState) clearUnanswered() {
+	ps.Unanswered, ps.UnansweredErr, ps.UnansweredCall = time.Time{}, "", time.Time{}
 }
 
 // unansweredBound is how many eviction_timeouts a pod may stay unanswered
