@@ -176,12 +176,25 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer a.relay.Close() // also when Run fails before serving it
 	}
 	a.started = a.now()
-	var wg sync.WaitGroup
+	// Everything that can fail is set up before the first goroutine
+	// starts: a failure returning after them would close the spool under
+	// a sender still running.
+	var la *localaction.Server
+	if a.cfg.LocalActions.Listen != "" {
+		var err error
+		if la, err = localaction.New(a.cfg.LocalActions, a.cfg.NodeName, a.log, a.gpuPods()); err != nil {
+			return err
+		}
+	}
+	var ln net.Listener
 	if a.cfg.MetricsAddr != "" {
-		ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
-		if err != nil {
+		var err error
+		if ln, err = net.Listen("tcp", a.cfg.MetricsAddr); err != nil {
 			return fmt.Errorf("metrics_addr: %w", err)
 		}
+	}
+	var wg sync.WaitGroup
+	if ln != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -205,11 +218,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	if a.cfg.LocalActions.Listen != "" {
-		la, err := localaction.New(a.cfg.LocalActions, a.cfg.NodeName, a.log, a.gpuPods())
-		if err != nil {
-			return err
-		}
+	if la != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

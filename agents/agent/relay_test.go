@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -230,3 +231,39 @@ func TestRelayedOverlapStoredOnly(t *testing.T) {
 		})
 	}
 }
+
+// TestRunFailsBeforeStartingAnything: local_actions' state file cannot be
+// read (here a directory): Run refuses naming the key, and does so before
+// the sender or the metrics server start — before, it returned with them
+// running and closed the spool under the sender.
+func TestRunFailsBeforeStartingAnything(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.NodeName, cfg.Checks, cfg.PodResourcesSocket = "gpu-node-42", nil, ""
+	cfg.MetricsAddr = "127.0.0.1:0"
+	cfg.Gateway.Addr, cfg.Gateway.Insecure = "127.0.0.1:1", true
+	cfg.Spool.Dir = filepath.Join(dir, "spool")
+	cfg.NVSentinelSocket = ""
+	cfg.LocalActions.Listen = "127.0.0.1:0"
+	cfg.LocalActions.StateFile = dir // a directory: not readable as a file
+	a, err := New(cfg, quiet(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logged := false
+	a.log = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) {
+		if strings.Contains(string(p), "serving /metrics") {
+			logged = true
+		}
+	}), nil))
+	if err := a.Run(context.Background()); err == nil || !strings.HasPrefix(err.Error(), "local_actions.state_file: ") {
+		t.Fatalf("Run: %v", err)
+	}
+	if logged {
+		t.Fatal("the metrics server started before local actions failed")
+	}
+}
+
+type writerFunc func([]byte)
+
+func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
