@@ -335,10 +335,18 @@ const ddlTimeout = 30
 // execMigration runs one migration statement; an ALTER that only adds
 // columns on a cluster waits at most ddlTimeout seconds for the hosts.
 func execMigration(ctx context.Context, conn Conn, s Schema, stmt, src string) error {
+	// No query_timeout: the pool's max_execution_time (60 s by default)
+	// cut a migration's INSERT … SELECT copying the existing history
+	// (0004, 0005: minutes over billions of rows) at 60 s, code 159, which
+	// SetupWait retried for ever from the first statement — every role
+	// needing ClickHouse never ready after an upgrade. A start context
+	// with a deadline still bounds it (the driver sets max_execution_time
+	// from the deadline).
+	settings := ch.Settings{"max_execution_time": 0}
 	if s.Cluster != "" && addColumnsOnly.MatchString(strings.TrimSpace(src)) {
-		ctx = ch.Context(ctx, ch.WithSettings(ch.Settings{"distributed_ddl_task_timeout": ddlTimeout}))
+		settings["distributed_ddl_task_timeout"] = ddlTimeout
 	}
-	return conn.Exec(ctx, stmt)
+	return conn.Exec(ch.Context(ctx, ch.WithSettings(settings)), stmt)
 }
 
 var (

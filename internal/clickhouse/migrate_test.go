@@ -242,3 +242,21 @@ func TestDropOlderThanDays(t *testing.T) {
 		t.Fatalf("%d rows left, want the April 14 one", n)
 	}
 }
+
+// TestMigrationOutlivesQueryTimeout: a migration copying existing rows
+// (0004, 0005 over a real history) runs longer than query_timeout; the
+// roles start with no deadline, so the pool's max_execution_time cut it
+// (code 159, retried for ever by SetupWait). Migrations run unbounded.
+func TestMigrationOutlivesQueryTimeout(t *testing.T) {
+	srv := chtest.Start(t)
+	cfg := srv.Config
+	cfg.Database = "slow_migration"
+	cfg.QueryTimeout = time.Second
+	migs := fstest.MapFS{"m/0001_slow.sql": {Data: []byte(
+		"CREATE TABLE IF NOT EXISTS slow (n UInt8) ENGINE = MergeTree ORDER BY n;\n" +
+			"INSERT INTO slow SELECT sleep(2) FROM system.one;\n")}}
+	// No deadline, as a role's start.
+	if _, err := clickhouse.SetupFS(context.Background(), cfg, migs, "m", slog.Default()); err != nil {
+		t.Fatalf("a migration longer than query_timeout: %v", err)
+	}
+}
