@@ -23,6 +23,7 @@ import (
 	"github.com/faultline/faultline/agents/kmsg"
 	"github.com/faultline/faultline/agents/topology"
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/groupcmd"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -31,17 +32,17 @@ type Runner interface {
 	Run(ctx context.Context, name string, args ...string) ([]byte, error)
 }
 
-// ExecRunner runs commands with os/exec.
+// ExecRunner runs commands with os/exec, each in a process group of its
+// own (groupcmd).
 type ExecRunner struct{}
 
-// Run implements Runner.
+// Run implements Runner. Past the deadline the command is killed with
+// every child it started (a wrapper's nsenter or chroot'd nvidia-smi, left
+// running before, one more each poll), and its output no longer waited
+// for 2s after: a child holding the pipe kept the check, and its lock,
+// until it ended.
 func (ExecRunner) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
-	// Past the deadline the command is killed, and its output no longer
-	// waited for after this: a wrapper's child (nsenter, chroot) holding
-	// the pipe kept the check, and its lock, until it ended.
-	cmd.WaitDelay = 2 * time.Second
-	return cmd.Output()
+	return groupcmd.Command(ctx, 2*time.Second, name, args...).Output()
 }
 
 // runSMI runs nvidia-smi through r. A warning exit (topology.SMIWarningExit:

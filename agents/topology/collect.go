@@ -8,7 +8,15 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"time"
+
+	"github.com/faultline/faultline/internal/groupcmd"
 )
+
+// smiWaitDelay is how long, after the context's end killed nvidia-smi's
+// process group, its output is still waited for (a child that escaped the
+// group, holding the pipe, does not hold Collect).
+const smiWaitDelay = 2 * time.Second
 
 // SMIWarningExit reports whether an nvidia-smi exit code is a warning
 // that nvidia-smi gives after printing its full output, rather than a
@@ -36,13 +44,15 @@ func SMIWarning(err error) bool {
 // topo -m is an error. A warning exit (SMIWarningExit: 14, infoROM
 // corrupted) is accepted when the output parses and is complete (it
 // reaches the Legend that nvidia-smi prints after the matrix); cut short,
-// it is an error naming the exit code.
+// it is an error naming the exit code. nvidia-smi runs in a process group
+// of its own (groupcmd): at ctx's end a wrapper (the GPU Operator's chroot
+// into /run/nvidia/driver) is killed with its children.
 func Collect(ctx context.Context, nvidiaSMI, nodeName string) (*Metadata, error) {
 	if nvidiaSMI == "" {
 		nvidiaSMI = "nvidia-smi"
 	}
 	var out, errb bytes.Buffer
-	cmd := exec.CommandContext(ctx, nvidiaSMI, "topo", "-m")
+	cmd := groupcmd.Command(ctx, smiWaitDelay, nvidiaSMI, "topo", "-m")
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	warning := cmd.Run() // nil, or the warning exit topo -m gave
 	if warning != nil {
@@ -72,7 +82,7 @@ func Collect(ctx context.Context, nvidiaSMI, nodeName string) (*Metadata, error)
 // md; a failing query (not a warning exit) leaves them empty.
 func collectQuery(ctx context.Context, nvidiaSMI string, md *Metadata) error {
 	var out bytes.Buffer
-	q := exec.CommandContext(ctx, nvidiaSMI, "--query-gpu=index,pci.bus_id,uuid,serial", "--format=csv,noheader")
+	q := groupcmd.Command(ctx, smiWaitDelay, nvidiaSMI, "--query-gpu=index,pci.bus_id,uuid,serial", "--format=csv,noheader")
 	q.Stdout = &out
 	if err := q.Run(); err != nil {
 		if !SMIWarning(err) {

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestCollectWarningExit runs Collect against a fake nvidia-smi that
@@ -75,4 +76,51 @@ func TestCollectWarningExit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCollectStopsAtItsDeadline: an nvidia-smi wrapper (the GPU
+// Operator's chroot into /run/nvidia/driver) whose child hangs holding
+// the output returns soon after the context's end, its child killed with
+// it — the child's pipe kept Collect, and `topology collect`, until the
+// child ended.
+func TestCollectStopsAtItsDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		name, script string
+		wantErr      string // "" collects the matrix without the query's PCI addresses
+	}{
+		{"topo -m hangs", "#!/bin/sh\nsleep 30 & wait\n", "topo -m: signal: killed"},
+		{"the GPU query hangs", "#!/bin/sh\nif [ \"$1\" = topo ]; then cat '" + testdataPath(t, "h100_dgx_tabs") + "'; exit 0; fi\nsleep 30 & wait\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			smi := filepath.Join(t.TempDir(), "nvidia-smi")
+			if err := os.WriteFile(smi, []byte(tc.script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			md, err := Collect(ctx, smi, "n1")
+			if took := time.Since(start); took > 5*time.Second {
+				t.Fatalf("returned after %v (err %v); want soon after the deadline", took, err)
+			}
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || len(md.GPUs) != 8 || md.GPUs[0].PCIAddress != "" {
+				t.Fatalf("collected %+v, %v; want the matrix's 8 GPUs, no PCI addresses", md, err)
+			}
+		})
+	}
+}
+
+func testdataPath(t *testing.T, name string) string {
+	t.Helper()
+	p, err := filepath.Abs(filepath.Join("testdata", name+".txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

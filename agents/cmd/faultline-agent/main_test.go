@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/faultline/faultline/agents/gpu"
 	"github.com/faultline/faultline/agents/nic/nictest"
@@ -165,5 +166,36 @@ func TestGPUCheckCommand(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &incidents); err != nil || incidents == nil {
 			t.Errorf("output %q: %v, want a JSON list", out, err)
 		}
+	}
+}
+
+// TestTopologyCollectTimeout: --timeout bounds collect against an
+// nvidia-smi wrapper whose child hangs (the context had no deadline: the
+// command never returned and gpu_metadata.json was never written); a
+// --timeout not above zero is refused, naming the flag.
+func TestTopologyCollectTimeout(t *testing.T) {
+	dir := t.TempDir()
+	smi := filepath.Join(dir, "nvidia-smi")
+	if err := os.WriteFile(smi, []byte("#!/bin/sh\nsleep 30 & wait\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	outFile := filepath.Join(dir, "gpu_metadata.json")
+	for _, tc := range []struct {
+		timeout, wantErr string
+	}{
+		{"300ms", "topo -m"},
+		{"0s", "--timeout"},
+		{"-1s", "--timeout"},
+	} {
+		t.Run(tc.timeout, func(t *testing.T) {
+			start := time.Now()
+			_, err := run(t, "topology", "collect", "--nvidia-smi", smi, "--output", outFile, "--timeout", tc.timeout)
+			if took := time.Since(start); took > 5*time.Second {
+				t.Fatalf("returned after %v (err %v)", took, err)
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
+			}
+		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/faultline/faultline/agents/topology"
 )
@@ -14,10 +15,11 @@ import (
 // topologyCmd is `faultline-agent topology parse [FILE|-]` (print the
 // gpu_metadata.json of a saved `nvidia-smi topo -m` output) and
 // `faultline-agent topology collect` (run nvidia-smi, write the file
-// atomically).
+// atomically; --timeout bounds the nvidia-smi runs, killed with their
+// children past it).
 func topologyCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: topology parse [FILE|-] | topology collect [--nvidia-smi PATH] [--output FILE] [--node-name NAME]")
+		return fmt.Errorf("usage: topology parse [FILE|-] | topology collect [--nvidia-smi PATH] [--output FILE] [--node-name NAME] [--timeout D]")
 	}
 	switch args[0] {
 	case "parse":
@@ -48,9 +50,15 @@ func topologyCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		smi := fs.String("nvidia-smi", "nvidia-smi", "nvidia-smi binary")
 		out := fs.String("output", "/var/lib/nvsentinel/gpu_metadata.json", "metadata file to write (atomically)")
 		node := fs.String("node-name", os.Getenv("NODE_NAME"), "node name recorded in the file")
+		timeout := fs.Duration("timeout", 2*time.Minute, "how long nvidia-smi may run (topo -m and the GPU query together)")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
+		if *timeout <= 0 {
+			return fmt.Errorf("--timeout: must be positive, got %v", *timeout)
+		}
+		ctx, cancel := context.WithTimeout(ctx, *timeout)
+		defer cancel()
 		md, err := topology.Collect(ctx, *smi, *node)
 		if err != nil {
 			return err
