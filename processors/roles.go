@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -137,6 +138,18 @@ func (c Config) validateAcross() error {
 		// the janitor may still start.
 		return fmt.Errorf("janitor.max_queue_age: must be below remediate.queue_timeout (%v): the remediate role fails a resource not started by then, and the janitor would start it after; got %v",
 			r.QueueTimeout, j.MaxQueueAge)
+	}
+	// Both count from the resource's start (status.startTime): the
+	// remediate role would fail and escalate (CONTACT_SUPPORT) a
+	// remediation the janitor is still carrying out.
+	for _, jt := range []struct {
+		key string
+		d   time.Duration
+	}{{"reboot_timeout", j.RebootTimeout}, {"terminate_timeout", j.TerminateTimeout}, {"gpu_reset_timeout", j.GPUResetTimeout}} {
+		if jt.d >= r.CompletionTimeout {
+			return fmt.Errorf("janitor.%s: must be below remediate.completion_timeout (%v): both count from the resource's start, and the remediate role fails and escalates one not finished by then while the janitor goes on; got %v",
+				jt.key, r.CompletionTimeout, jt.d)
+		}
 	}
 	return nil
 }

@@ -83,3 +83,37 @@ func TestValidateAcrossRoles(t *testing.T) {
 		t.Fatalf("Validate: %v, want the max_queue_age below the cooldown refused", err)
 	}
 }
+
+// TestJanitorTimeoutsBelowCompletionTimeout: a janitor timeout
+// (reboot_timeout, terminate_timeout, gpu_reset_timeout) is refused at or
+// above remediate.completion_timeout, naming both keys and their values.
+// Both count from the resource's start; before, a reboot still within
+// its janitor timeout was failed by the remediate role and the node
+// escalated CONTACT_SUPPORT while the janitor went on.
+func TestJanitorTimeoutsBelowCompletionTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name                        string
+		reboot, terminate, gpuReset time.Duration
+		completion                  time.Duration
+		err                         string
+	}{
+		{"defaults", 30 * time.Minute, 30 * time.Minute, 10 * time.Minute, time.Hour, ""},
+		{"just below", 59 * time.Minute, 59 * time.Minute, 59 * time.Minute, time.Hour, ""},
+		{"reboot at it", time.Hour, 30 * time.Minute, 10 * time.Minute, time.Hour,
+			"janitor.reboot_timeout: must be below remediate.completion_timeout (1h0m0s): both count from the resource's start, and the remediate role fails and escalates one not finished by then while the janitor goes on; got 1h0m0s"},
+		{"reboot above it", 2 * time.Hour, 30 * time.Minute, 10 * time.Minute, time.Hour, "janitor.reboot_timeout: must be below remediate.completion_timeout (1h0m0s)"},
+		{"terminate above it", 30 * time.Minute, 90 * time.Minute, 10 * time.Minute, time.Hour, "janitor.terminate_timeout: must be below remediate.completion_timeout (1h0m0s)"},
+		{"gpu reset above a lowered completion timeout", 5 * time.Minute, 5 * time.Minute, 10 * time.Minute, 8 * time.Minute,
+			"janitor.gpu_reset_timeout: must be below remediate.completion_timeout (8m0s)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.Janitor.RebootTimeout, c.Janitor.TerminateTimeout, c.Janitor.GPUResetTimeout = tc.reboot, tc.terminate, tc.gpuReset
+			c.Remediate.CompletionTimeout = tc.completion
+			err := c.Validate()
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.err)) {
+				t.Fatalf("err %v, want %q", err, tc.err)
+			}
+		})
+	}
+}

@@ -362,6 +362,14 @@ func startedAt(o *unstructured.Unstructured) (time.Time, bool) {
 	return time.Time{}, false
 }
 
+// startedBefore reports whether o was started (startedAt) before fa, the
+// time a trigger's fault was generated: o does not answer that fault.
+// False when either is not known.
+func startedBefore(o *unstructured.Unstructured, fa time.Time) bool {
+	start, ok := startedAt(o)
+	return ok && !fa.IsZero() && start.Before(fa)
+}
+
 // matchCondition returns the first matcher (in order) that a condition
 // matches, and that condition.
 func matchCondition(conds []any, ms []condMatch) (condMatch, map[string]any) {
@@ -584,8 +592,11 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 	all := items
 	items = ofThisNode(t, items)
 	// Answered by the newest, finished, though not listed (its id was
-	// trimmed from the list, or it was late)?
-	if n := len(items); n > 0 && !t.at().IsZero() && !t.at().After(coversUntil(&items[n-1])) && serves(tm, &items[n-1], d) {
+	// trimmed from the list, or it was late)? Not if it started before
+	// the fault was generated (below: it waited, and others joined since).
+	fa := t.faultAt()
+	if n := len(items); n > 0 && !t.at().IsZero() && !t.at().After(coversUntil(&items[n-1])) && serves(tm, &items[n-1], d) &&
+		!startedBefore(&items[n-1], fa) {
 		if st, _ := h.status(tm, &items[n-1]); st != inProgress {
 			return h.follow(ctx, cl, t, tm, &items[n-1], false)
 		}
@@ -594,7 +605,7 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 	// fault was generated: a repeat generated before the reboot and
 	// delivered after it (the agent's spool), decided by a new drain after
 	// the first had finished, would otherwise reboot the node again.
-	if fa := t.faultAt(); !fa.IsZero() {
+	if !fa.IsZero() {
 		for i := len(items) - 1; i >= 0 && createdAt(&items[i]).After(fa); i-- {
 			if st, _ := h.status(tm, &items[i]); st == completed && serves(tm, &items[i], d) {
 				return h.follow(ctx, cl, t, tm, &items[i], false)
@@ -602,18 +613,26 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 		}
 	}
 	// An equivalent remediation in progress: join it. One of other GPUs
-	// (a reset of GPUs that are not the trigger's) is waited for.
+	// (a reset of GPUs that are not the trigger's) is waited for, and so
+	// is one started before the fault was generated: the machine came
+	// back from that reboot and failed again (a GPU off the bus at driver
+	// load) before the janitor saw it ready; joined, the fault would be
+	// answered by the reboot that preceded it, the node left cordoned
+	// for ever. Once it has finished the trigger is decided again: a new
+	// reboot, or CONTACT_SUPPORT when the budget is spent. The price: a
+	// fault generated between the signal and the shutdown itself gets
+	// one more reboot of a node already drained, within the budget.
 	var busy *unstructured.Unstructured
 	for i := range items {
 		if st, _ := h.status(tm, &items[i]); st == inProgress {
-			if serves(tm, &items[i], d) {
+			if serves(tm, &items[i], d) && !startedBefore(&items[i], fa) {
 				return h.join(ctx, cl, t, tm, res, g, &items[i])
 			}
 			busy = &items[i]
 		}
 	}
 	if busy != nil {
-		return h.wait(t, tm, busy)
+		return h.wait(t, tm, busy, d)
 	}
 	// Escalation: the last one attempted failed, or the budget is spent.
 	// A cancelled one (not attempted: the node was no longer drained) is
@@ -706,8 +725,8 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 				return h.follow(ctx, cl, t, tm, cur, false)
 			}
 			if st, _ := h.status(tm, cur); st == inProgress {
-				if !serves(tm, cur, d) {
-					return h.wait(t, tm, cur)
+				if !serves(tm, cur, d) || startedBefore(cur, t.faultAt()) {
+					return h.wait(t, tm, cur, d)
 				}
 				return h.join(ctx, cl, t, tm, res, g, cur)
 			}
@@ -910,15 +929,22 @@ func entityKeys(es []Entity) []string {
 }
 
 // wait looks at the trigger again after poll_interval: a remediation of
-// other GPUs (o) is in progress on the node, and the trigger's is created
-// once it has finished (said at the first look, and after a failed step).
-func (h *Handler) wait(t trigger, tm *Template, o *unstructured.Unstructured) ([]*faultlinev1.Action, time.Time, error) {
+// other GPUs (o), or one started before the trigger's fault was generated,
+// is in progress on the node, and the trigger's is decided once it has
+// finished (said at the first look, and after a failed step).
+func (h *Handler) wait(t trigger, tm *Template, o *unstructured.Unstructured, d Data) ([]*faultlinev1.Action, time.Time, error) {
 	var acts []*faultlinev1.Action
 	if requeue.Attempt(t.rec) == 0 || requeue.AfterTrouble(t.rec) {
 		ref := tm.kind + "/" + o.GetName()
 		what, made := madeFor(tm, o)
+		why := "it does not serve this fault's " + what
+		if serves(tm, o, d) {
+			start, _ := startedAt(o)
+			why = fmt.Sprintf("it started at %s, before this fault was generated (%s)",
+				start.UTC().Format(time.RFC3339), t.faultAt().UTC().Format(time.RFC3339Nano))
+		}
 		a := h.action(t, events.KindRemediate, events.OutcomeInProgress,
-			fmt.Sprintf("waiting for %s (%s %s) to finish: it does not serve this fault's %[2]s", ref, what, made), "waiting")
+			fmt.Sprintf("waiting for %s (%s %s) to finish: %s", ref, what, made, why), "waiting")
 		a.Details[events.DetailResource] = ref
 		acts = append(acts, a)
 	}
