@@ -342,8 +342,9 @@ type HealthEvent struct {
 	QuarantineOverrides *BehaviourOverrides    `protobuf:"bytes,14,opt,name=quarantineOverrides,proto3" json:"quarantineOverrides,omitempty"`
 	DrainOverrides      *BehaviourOverrides    `protobuf:"bytes,15,opt,name=drainOverrides,proto3" json:"drainOverrides,omitempty"`
 	ProcessingStrategy  ProcessingStrategy     `protobuf:"varint,16,opt,name=processingStrategy,proto3,enum=datamodels.ProcessingStrategy" json:"processingStrategy,omitempty"`
-	// id is assigned by the gateway (time-ordered, unique); a value sent by a
-	// client is ignored.
+	// id is assigned by the gateway: time-ordered, or, when the client sets one
+	// (its idempotency key), a hash of it, the cluster and nodeName, so a resend
+	// of the event is stored once and one key on two nodes' events is two events.
 	Id string `protobuf:"bytes,17,opt,name=id,proto3" json:"id,omitempty"`
 	// customRecommendedAction names the action when recommendedAction is CUSTOM.
 	CustomRecommendedAction string `protobuf:"bytes,18,opt,name=customRecommendedAction,proto3" json:"customRecommendedAction,omitempty"`
