@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -86,6 +87,13 @@ const (
 	hostileOperator = "hostile-operator-token-alpha"
 	hostileBound    = "hostile-token-of-gpu-node-1"
 )
+
+// tokenNameOf is the name the gateway gives a token of the tokens file
+// (submitter, logs): its cluster and the first 16 hex digits of its SHA-256.
+func tokenNameOf(cluster, token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return fmt.Sprintf("token:%s#%x", cluster, sum[:8])
+}
 
 func legacy() bool { return os.Getenv("FAULTLINE_GATEWAY_LEGACY") == "1" }
 
@@ -744,7 +752,7 @@ func testSlowBodies(t *testing.T, g *hostileGateway, readTimeout time.Duration) 
 	if bound := int64(shareHeld + 2*(len(body)+1)); held > bound { // and the two POSTs'
 		t.Errorf("the slow bodies held %d bytes of the in-flight budget, more than %d (their credential's read share's worth)", held, bound)
 	}
-	if want := "caller=token:alpha#1 "; !strings.Contains(g.log.String(), want) || !strings.Contains(g.log.String(), "revoke the credential") {
+	if want := "caller=" + tokenNameOf("alpha", hostileAgent) + " "; !strings.Contains(g.log.String(), want) || !strings.Contains(g.log.String(), "revoke the credential") {
 		t.Errorf("the gateway's log does not name the credential whose requests were refused (want a warning with %q)", want)
 	}
 	if !asked {
@@ -852,9 +860,9 @@ func testSubmitter(t *testing.T, g *hostileGateway, k *testenv.Kafka) {
 		role        datamodels.SubmitterRole
 		node        string
 	}{
-		{hostileAgent, "token:alpha#1", datamodels.SubmitterRole_SUBMITTER_ROLE_AGENT, ""},
-		{hostileOperator, "token:alpha#2", datamodels.SubmitterRole_SUBMITTER_ROLE_OPERATOR, ""},
-		{hostileBound, "token:alpha#3", datamodels.SubmitterRole_SUBMITTER_ROLE_AGENT, "gpu-node-1"},
+		{hostileAgent, tokenNameOf("alpha", hostileAgent), datamodels.SubmitterRole_SUBMITTER_ROLE_AGENT, ""},
+		{hostileOperator, tokenNameOf("alpha", hostileOperator), datamodels.SubmitterRole_SUBMITTER_ROLE_OPERATOR, ""},
+		{hostileBound, tokenNameOf("alpha", hostileBound), datamodels.SubmitterRole_SUBMITTER_ROLE_AGENT, "gpu-node-1"},
 	} {
 		resp, err := cl.SubmitEvents(withToken(ctx, c.token), &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{forced("gpu-node-1")}})
 		if err != nil {
@@ -877,7 +885,7 @@ func testSubmitter(t *testing.T, g *hostileGateway, k *testenv.Kafka) {
 	if resp.StatusCode != http.StatusOK || restJSON.Unmarshal(b, &ids) != nil || len(ids.Ids) != 1 {
 		t.Fatalf("REST: %d %s", resp.StatusCode, b)
 	}
-	want[ids.Ids[0]] = &datamodels.Submitter{Name: "token:alpha#1", Role: datamodels.SubmitterRole_SUBMITTER_ROLE_AGENT}
+	want[ids.Ids[0]] = &datamodels.Submitter{Name: tokenNameOf("alpha", hostileAgent), Role: datamodels.SubmitterRole_SUBMITTER_ROLE_AGENT}
 
 	before := endOffsets(t, k)
 	_, err = cl.SubmitEvents(withToken(ctx, hostileBound), &faultlinev1.SubmitEventsRequest{Events: []*datamodels.HealthEvent{forced("gpu-node-2")}})

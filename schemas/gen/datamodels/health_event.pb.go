@@ -561,7 +561,7 @@ func (x *HealthEvent) GetSubmitter() *Submitter {
 // Submitter is who sent an event through the gateway.
 type Submitter struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// name identifies the credential (never the secret), e.g. "token:prod#3".
+	// name identifies the credential (never the secret), e.g. "token:prod#3f9a1c0e7b24d865".
 	Name string        `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Role SubmitterRole `protobuf:"varint,2,opt,name=role,proto3,enum=datamodels.SubmitterRole" json:"role,omitempty"`
 	// node is set when the credential is bound to one node.
