@@ -40,8 +40,9 @@ type Caller struct {
 	// Cluster every event of the caller belongs to.
 	Cluster string
 	// Name identifies the credential in logs, metrics, rate-limit buckets and
-	// HealthEvent.submitter (never the token): "token:<cluster>#<line>",
-	// "cert:<cluster>/<CN>" or "unix-socket".
+	// HealthEvent.submitter (never the token): "token:<cluster>#<the first
+	// 16 hex digits of the token's SHA-256>", "cert:<cluster>/<CN>" or
+	// "unix-socket".
 	Name string
 	// Role is RoleAgent or RoleOperator.
 	Role datamodels.SubmitterRole
@@ -136,8 +137,9 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 		if len(f) < 2 || len(f) > 4 {
 			return nil, fmt.Errorf("line %d: want 'token,cluster[,role[,node]]', got %d fields", n, len(f))
 		}
-		c := Caller{Cluster: f[1], Name: fmt.Sprintf("token:%s#%d", f[1], n), Role: RoleAgent}
 		token := f[0]
+		d := sha256.Sum256([]byte(token))
+		c := Caller{Cluster: f[1], Name: tokenName(f[1], d), Role: RoleAgent}
 		switch {
 		case len(token) < 16:
 			return nil, fmt.Errorf("line %d: token must be at least 16 characters", n)
@@ -161,7 +163,6 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 			}
 			c.Node = f[3]
 		}
-		d := sha256.Sum256([]byte(token))
 		if _, dup := t.byDigest[d]; dup {
 			return nil, fmt.Errorf("line %d: duplicate token", n)
 		}
@@ -174,6 +175,16 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 		return nil, errors.New("no tokens")
 	}
 	return t, nil
+}
+
+// tokenName names a token by its cluster and the first 8 bytes of its
+// SHA-256 (16 hex digits): stable while lines are added to or removed from
+// the tokens file (a line number was not: every token below an edit took
+// another's name, its submitter, audit entries, rate-limit bucket and
+// read share), unique among any realistic number of tokens, and never the
+// token itself.
+func tokenName(cluster string, digest [sha256.Size]byte) string {
+	return fmt.Sprintf("token:%s#%x", cluster, digest[:8])
 }
 
 func isSpaceOrControl(r rune) bool { return r <= ' ' || r == 0x7f }

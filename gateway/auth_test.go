@@ -45,6 +45,52 @@ func TestParseTokens(t *testing.T) {
 	}
 }
 
+// TestTokenNamesSurviveEdits: a token's name (submitter, audit, rate-limit
+// bucket, read share) is the same after lines are added or removed above
+// it in the tokens file, and never holds the token.
+func TestTokenNamesSurviveEdits(t *testing.T) {
+	const (
+		agent = "0123456789abcdef0123"
+		op    = "opopopopopopopop0000"
+		bound = "nodenodenodenode0042"
+	)
+	files := []struct{ name, in string }{
+		{"first", agent + ",alpha\n" + op + ",alpha,operator\n" + bound + ",alpha,agent,gpu-node-42\n"},
+		{"a line added on top", "# new\nfedcba98765432100000,alpha\n" + agent + ",alpha\n" + op + ",alpha,operator\n" + bound + ",alpha,agent,gpu-node-42\n"},
+		{"a line removed", op + ",alpha,operator\n\n" + agent + ",alpha\n" + bound + ",alpha,agent,gpu-node-42\n"},
+	}
+	var first map[string]string
+	for _, f := range files {
+		toks, err := ParseTokens(strings.NewReader(f.in))
+		if err != nil {
+			t.Fatalf("%s: %v", f.name, err)
+		}
+		names := map[string]string{}
+		for _, tok := range []string{agent, op, bound} {
+			c, ok := toks.Lookup(tok)
+			if !ok {
+				t.Fatalf("%s: token %s not found", f.name, tok[:4])
+			}
+			if strings.Contains(c.Name, tok) || !strings.HasPrefix(c.Name, "token:alpha#") {
+				t.Fatalf("%s: name %q, want token:alpha#<digest> without the token", f.name, c.Name)
+			}
+			names[tok] = c.Name
+		}
+		if first == nil {
+			first = names
+			continue
+		}
+		for tok, n := range names {
+			if n != first[tok] {
+				t.Errorf("%s: token %s… named %q, was %q before the edit", f.name, tok[:4], n, first[tok])
+			}
+		}
+	}
+	if first[agent] == first[op] || first[op] == first[bound] || first[agent] == first[bound] {
+		t.Errorf("two tokens share a name: %v", first)
+	}
+}
+
 func TestAuthenticate(t *testing.T) {
 	toks, err := ParseTokens(strings.NewReader("0123456789abcdef0123,alpha\nfedcba98765432100000,beta\n" +
 		"# an operator, and an agent bound to one node\nopopopopopopopop0000,alpha,operator\nnodenodenodenode0042,alpha,agent,gpu-node-42\n"))
@@ -64,17 +110,17 @@ func TestAuthenticate(t *testing.T) {
 		want    Caller
 		wantErr error
 	}{
-		{"token alpha", a, "Bearer 0123456789abcdef0123", nil, Caller{Cluster: "alpha", Name: "token:alpha#1", Role: RoleAgent}, nil},
-		{"token beta, scheme case", a, "bearer fedcba98765432100000", nil, Caller{Cluster: "beta", Name: "token:beta#2", Role: RoleAgent}, nil},
-		{"operator token", a, "Bearer opopopopopopopop0000", nil, Caller{Cluster: "alpha", Name: "token:alpha#4", Role: RoleOperator}, nil},
-		{"node-bound token", a, "Bearer nodenodenodenode0042", nil, Caller{Cluster: "alpha", Name: "token:alpha#5", Role: RoleAgent, Node: "gpu-node-42"}, nil},
+		{"token alpha", a, "Bearer 0123456789abcdef0123", nil, Caller{Cluster: "alpha", Name: "token:alpha#1bd8fd47297046f9", Role: RoleAgent}, nil},
+		{"token beta, scheme case", a, "bearer fedcba98765432100000", nil, Caller{Cluster: "beta", Name: "token:beta#0f62ab7a5a093353", Role: RoleAgent}, nil},
+		{"operator token", a, "Bearer opopopopopopopop0000", nil, Caller{Cluster: "alpha", Name: "token:alpha#9d5c05fe9e03d848", Role: RoleOperator}, nil},
+		{"node-bound token", a, "Bearer nodenodenodenode0042", nil, Caller{Cluster: "alpha", Name: "token:alpha#66e3813cd557c463", Role: RoleAgent, Node: "gpu-node-42"}, nil},
 		{"wrong token", a, "Bearer 0123456789abcdef9999", nil, Caller{}, ErrBadCredential},
 		{"basic scheme", a, "Basic abc", nil, Caller{}, ErrBadCredential},
 		{"nothing", a, "", nil, Caller{}, ErrNoCredential},
 		{"client cert", a, "", cert("node-agent", nil, "gamma"), Caller{Cluster: "gamma", Name: "cert:gamma/node-agent", Role: RoleAgent}, nil},
 		{"same CN, other cluster: another bucket", a, "", cert("node-agent", nil, "delta"), Caller{Cluster: "delta", Name: "cert:delta/node-agent", Role: RoleAgent}, nil},
 		{"client cert without org", a, "", cert("node-agent", nil), Caller{}, ErrBadCredential},
-		{"token wins over cert", a, "Bearer 0123456789abcdef0123", cert("x", nil, "gamma"), Caller{Cluster: "alpha", Name: "token:alpha#1", Role: RoleAgent}, nil},
+		{"token wins over cert", a, "Bearer 0123456789abcdef0123", cert("x", nil, "gamma"), Caller{Cluster: "alpha", Name: "token:alpha#1bd8fd47297046f9", Role: RoleAgent}, nil},
 		{"operator cert", a, "", cert("alice", []string{"sre", OperatorOU}, "gamma"), Caller{Cluster: "gamma", Name: "cert:gamma/alice", Role: RoleOperator}, nil},
 		{"OU operator without the prefix is an agent", a, "", cert("alice", []string{"operator"}, "gamma"), Caller{Cluster: "gamma", Name: "cert:gamma/alice", Role: RoleAgent}, nil},
 		{"cert bound to its CN", bound, "", cert("gpu-node-7", nil, "gamma"), Caller{Cluster: "gamma", Name: "cert:gamma/gpu-node-7", Role: RoleAgent, Node: "gpu-node-7"}, nil},

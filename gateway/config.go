@@ -114,13 +114,15 @@ type Config struct {
 	// that any request can be. Default 128 MiB.
 	MaxDecodedBytes int64 `toml:"max_decoded_bytes"`
 	// MaxReadBytesPerCaller bounds the bytes one credential's requests
-	// hold at once for messages being read: a gRPC call holds MaxBodyBytes
-	// from just before its message is read until it is decoded, a REST
-	// body the length it declares (MaxBodyBytes when chunked) while it is
-	// read, however long the client takes to send it, and the
-	// credential's other requests wait their turn (up to a second, then
-	// RESOURCE_EXHAUSTED, 429). A credential whose messages never come
-	// then refuses its own requests, not everyone's. Default 8 MiB.
+	// (a credential not bound to a node: from one client address, an IP
+	// or an IPv6 /64) hold at once for messages being read: a gRPC call
+	// holds MaxBodyBytes from just before its message is read until it is
+	// decoded, a REST body the length it declares (MaxBodyBytes when
+	// chunked) while it is read, however long the client takes to send
+	// it, and the credential's other requests wait their turn (up to a
+	// second, then RESOURCE_EXHAUSTED, 429). A credential whose messages
+	// never come then refuses its own requests (a shared one, those from
+	// its own address), not everyone's. Default 8 MiB.
 	MaxReadBytesPerCaller int64 `toml:"max_read_bytes_per_caller"`
 	// MaxStreamsPerConn bounds the concurrent calls of one HTTP/2
 	// connection (gRPC, and REST over TLS). Default 64.

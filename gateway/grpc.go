@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"net"
 	"runtime/debug"
 	"time"
 
@@ -247,8 +248,9 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 
 // growForRead grows a call's reservation to gateway.max_body_bytes before
 // its message is read: in its credential's read share first (in turn with
-// the credential's other calls), then in the in-flight budgets, waiting up
-// to readWait for each. It runs on the call's goroutine: while it
+// the credential's other calls; from its address, for a credential not
+// bound to a node: readShareKeyOf), then in the in-flight budgets, waiting
+// up to readWait for each. It runs on the call's goroutine: while it
 // waits the client's message stays behind the stream's window, which the
 // reservation already holds. A call refused gives everything back at once.
 func (s *Server) growForRead(ctx context.Context, res *reservation) error {
@@ -256,8 +258,12 @@ func (s *Server) growForRead(ctx context.Context, res *reservation) error {
 		return nil
 	}
 	caller, _ := CallerFrom(ctx)
+	var addr net.Addr
+	if p, ok := peer.FromContext(ctx); ok {
+		addr = p.Addr
+	}
 	need := int64(s.cfg.MaxBodyBytes) - res.held()
-	err := res.takeRead(ctx, caller.Name, need, readWait)
+	err := res.takeRead(ctx, readShareKeyOf(caller, addr), need, readWait)
 	if err == nil {
 		if err = res.grow(need); err != nil {
 			wctx, cancel := context.WithTimeout(ctx, readWait)

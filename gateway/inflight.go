@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -53,8 +54,8 @@ type inflight struct {
 	// growWait's waiters wake on it.
 	freed chan struct{}
 	// reads are the read shares of the credentials with a call reading
-	// or waiting to read its message, by Caller.Name.
-	reads map[string]*readShare
+	// or waiting to read its message (readShareKeyOf).
+	reads map[readShareKey]*readShare
 }
 
 // connBudget is what one connection's reservations hold, and the part of
@@ -66,9 +67,27 @@ type connBudget struct{ held, reading int64 }
 // about max_body_bytes, so none is passed over). It is dropped when no
 // call holds or waits for it.
 type readShare struct {
-	caller string
-	sem    *semaphore.Weighted
-	calls  int // under inflight.mu
+	key   readShareKey
+	sem   *semaphore.Weighted
+	calls int // under inflight.mu
+}
+
+// readShareKey names a read share: a credential (Caller.Name), and for
+// one not bound to a node the client's address (clientAddr).
+type readShareKey struct{ caller, addr string }
+
+// readShareKeyOf is the read share a call from addr takes. A credential
+// not bound to a node is often shared (a cluster's preflight token in
+// every opted-in namespace, the chart's agent token on every node): its
+// share is per client address (an IP, an IPv6 /64), so one holder whose
+// messages never come refuses the calls from its own address, not every
+// holder's. A node-bound credential has one share wherever its calls come
+// from.
+func readShareKeyOf(c Caller, addr net.Addr) readShareKey {
+	if c.Node != "" {
+		return readShareKey{caller: c.Name}
+	}
+	return readShareKey{caller: c.Name, addr: clientAddr(addr)}
 }
 
 // Why a reservation could not grow. errConnBusy is an errBusy.
@@ -96,7 +115,7 @@ func busyRefusal(err error) (reason, msg string) {
 }
 
 func newInflight(total, perConn, perCaller, decoded int64) *inflight {
-	return &inflight{total: total, perConn: perConn, perCaller: perCaller, decodedTotal: decoded, reads: map[string]*readShare{}}
+	return &inflight{total: total, perConn: perConn, perCaller: perCaller, decodedTotal: decoded, reads: map[readShareKey]*readShare{}}
 }
 
 // inUse is what the reservations hold now.
@@ -240,16 +259,16 @@ func (r *reservation) growWait(ctx context.Context, n int64) error {
 // client a backoff and a resend.
 const readWait = time.Second
 
-// takeRead holds n bytes of caller's read share until the reservation
-// shrinks (its message decoded) or is released, waiting in turn up to
-// wait or until ctx is done (errCallerBusy).
-func (r *reservation) takeRead(ctx context.Context, caller string, n int64, wait time.Duration) error {
+// takeRead holds n bytes of the read share key names until the
+// reservation shrinks (its message decoded) or is released, waiting in
+// turn up to wait or until ctx is done (errCallerBusy).
+func (r *reservation) takeRead(ctx context.Context, key readShareKey, n int64, wait time.Duration) error {
 	f := r.f
 	f.mu.Lock()
-	share := f.reads[caller]
+	share := f.reads[key]
 	if share == nil {
-		share = &readShare{caller: caller, sem: semaphore.NewWeighted(f.perCaller)}
-		f.reads[caller] = share
+		share = &readShare{key: key, sem: semaphore.NewWeighted(f.perCaller)}
+		f.reads[key] = share
 	}
 	share.calls++
 	f.mu.Unlock()
@@ -281,7 +300,7 @@ func (f *inflight) leaveRead(share *readShare) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if share.calls--; share.calls == 0 {
-		delete(f.reads, share.caller)
+		delete(f.reads, share.key)
 	}
 }
 

@@ -64,7 +64,7 @@ func TestInflightWindowBesideARead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := reader.takeRead(conn, "x", body-window, time.Second); err != nil {
+	if err := reader.takeRead(conn, readShareKey{caller: "x"}, body-window, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if err := reader.grow(body - window); err != nil { // its message is read: 40 held
@@ -117,17 +117,17 @@ func TestInflightReadShare(t *testing.T) {
 	f := newInflight(1000, 1000, 100, 0)
 	ctx := context.Background()
 	a, b, c := mustReserve(t, f, ctx, 10), mustReserve(t, f, ctx, 10), mustReserve(t, f, ctx, 10)
-	if err := a.takeRead(ctx, "x", 60, time.Second); err != nil {
+	if err := a.takeRead(ctx, readShareKey{caller: "x"}, 60, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.takeRead(ctx, "x", 60, 20*time.Millisecond); !errors.Is(err, errCallerBusy) {
+	if err := b.takeRead(ctx, readShareKey{caller: "x"}, 60, 20*time.Millisecond); !errors.Is(err, errCallerBusy) {
 		t.Fatalf("120 bytes of a share of 100: %v, want errCallerBusy", err)
 	}
-	if err := c.takeRead(ctx, "y", 60, 20*time.Millisecond); err != nil {
+	if err := c.takeRead(ctx, readShareKey{caller: "y"}, 60, 20*time.Millisecond); err != nil {
 		t.Fatalf("another credential's read: %v", err)
 	}
 	got := make(chan error)
-	go func() { got <- b.takeRead(ctx, "x", 60, 5*time.Second) }()
+	go func() { got <- b.takeRead(ctx, readShareKey{caller: "x"}, 60, 5*time.Second) }()
 	time.Sleep(20 * time.Millisecond)
 	a.shrink(10) // a's message decoded: its read share is given back
 	select {
@@ -145,11 +145,11 @@ func TestInflightReadShare(t *testing.T) {
 		t.Fatalf("%d read shares kept after every call was done", n)
 	}
 	d := mustReserve(t, f, ctx, 0)
-	if err := d.takeRead(ctx, "x", 100, 20*time.Millisecond); err != nil {
+	if err := d.takeRead(ctx, readShareKey{caller: "x"}, 100, 20*time.Millisecond); err != nil {
 		t.Fatalf("the whole share after every call was done: %v", err)
 	}
 	d.release()
-	if err := d.takeRead(ctx, "x", 10, time.Second); !errors.Is(err, errReleased) {
+	if err := d.takeRead(ctx, readShareKey{caller: "x"}, 10, time.Second); !errors.Is(err, errReleased) {
 		t.Fatalf("a read on a released reservation: %v, want errReleased", err)
 	}
 	if n := len(f.reads); n != 0 {

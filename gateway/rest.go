@@ -13,6 +13,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -303,6 +304,16 @@ func refuseUnread(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// remoteAddr is the TCP address of a request's client, nil when
+// RemoteAddr is no IP and port.
+func remoteAddr(r *http.Request) net.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return nil
+	}
+	return net.TCPAddrFromAddrPort(ap)
+}
+
 // readBody admits a request's body: a POST must be application/json
 // (415), and the body is read whole, at most gateway.max_body_bytes (413),
 // while holding its bytes in the in-flight budget, chunk by chunk as they
@@ -332,15 +343,16 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 		}
 		res, _ := s.flight.reserve(r.Context(), 0, 0) // nothing yet: cannot be refused
 		defer res.release()
-		// While it is read, a body holds its credential's read share for
-		// what it declares (max_body_bytes when chunked): one credential's
-		// bodies that never arrive hold at most its share of the budget.
+		// While it is read, a body holds its credential's read share (from
+		// its address, for a credential not bound to a node) for what it
+		// declares (max_body_bytes when chunked): one credential's bodies
+		// that never arrive hold at most its share of the budget.
 		claim := max
 		if r.ContentLength >= 0 {
 			claim = r.ContentLength
 		}
 		caller, _ := CallerFrom(r.Context())
-		err := res.takeRead(r.Context(), caller.Name, claim, readWait)
+		err := res.takeRead(r.Context(), readShareKeyOf(caller, remoteAddr(r)), claim, readWait)
 		var body []byte
 		if err == nil {
 			body, err = readReserved(r.Body, r.ContentLength, max, res)

@@ -219,9 +219,10 @@ func (s *service) produceFailed(err error) {
 // stamp sets the fields the gateway owns; client values are overwritten.
 // The id is new (UUIDv7), or, when the client set one (any key up to 128
 // bytes; the faultline agent sets a UUID when it spools the event),
-// derived from it and the cluster (events.StoredID): a client that resends
-// an event after a timeout or a 503 with the same id has it stored,
-// counted and acted on once. The submitter is the caller's credential (its
+// derived from it, the cluster and the event's node (events.StoredID): a
+// client that resends an event after a timeout or a 503 with the same id
+// has it stored, counted and acted on once, and the same id on two nodes'
+// events is two events. The submitter is the caller's credential (its
 // role decides whether the processors honour the event's overrides).
 // Fields the gateway does not know are dropped, so every record it
 // writes decodes with the standard decoder downstream.
@@ -232,7 +233,7 @@ func stamp(ev *datamodels.HealthEvent, caller Caller, received *timestamppb.Time
 	if ev.Id == "" {
 		ev.Id = events.NewID()
 	} else {
-		ev.Id = events.StoredID(cluster, ev.Id)
+		ev.Id = events.StoredID(cluster, ev.GetNodeName(), ev.Id)
 	}
 	ev.Cluster = cluster
 	ev.ReceivedTimestamp = received

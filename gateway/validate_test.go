@@ -44,13 +44,45 @@ func TestStampOverwritesServerFields(t *testing.T) {
 	if ev.ProcessingStrategy != datamodels.ProcessingStrategy_EXECUTE_REMEDIATION {
 		t.Fatalf("strategy not normalised: %v", ev.ProcessingStrategy)
 	}
-	if ev.Id != events.StoredID("alpha", "client-id") {
-		t.Fatalf("client id %q stored as %s, want events.StoredID of the cluster and it", "client-id", ev.Id)
+	if ev.Id != events.StoredID("alpha", "gpu-node-42", "client-id") {
+		t.Fatalf("client id %q stored as %s, want events.StoredID of the cluster, the node and it", "client-id", ev.Id)
 	}
 	ev2, ev3 := validEvent(), validEvent()
 	stamp(ev2, Caller{Cluster: "alpha"}, recv)
 	stamp(ev3, Caller{Cluster: "alpha"}, recv)
 	if ev3.Id <= ev2.Id {
 		t.Fatalf("gateway ids not increasing: %s then %s", ev2.Id, ev3.Id)
+	}
+}
+
+// TestStampClientIDScope: a client's id is stored per cluster and node, so
+// a per-run key set on several nodes' events (or reused by another node's
+// credential) never makes them one event, while a resend of one event
+// (same cluster, node and id) keeps its stored id.
+func TestStampClientIDScope(t *testing.T) {
+	stored := func(cluster, node, id string) string {
+		ev := validEvent()
+		ev.NodeName, ev.Id = node, id
+		stamp(ev, Caller{Cluster: cluster}, timestamppb.New(testNow))
+		return ev.Id
+	}
+	first := stored("alpha", "node-a", "run-42")
+	tests := []struct {
+		name              string
+		cluster, node, id string
+		same              bool
+	}{
+		{"resend of the same event", "alpha", "node-a", "run-42", true},
+		{"same id on another node", "alpha", "node-b", "run-42", false},
+		{"same id and node in another cluster", "beta", "node-a", "run-42", false},
+		{"another id on the same node", "alpha", "node-a", "run-43", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := stored(tt.cluster, tt.node, tt.id); (got == first) != tt.same {
+				t.Fatalf("%s/%s/%s stored as %s, first event (alpha/node-a/run-42) as %s; same=%v, want %v",
+					tt.cluster, tt.node, tt.id, got, first, got == first, tt.same)
+			}
+		})
 	}
 }

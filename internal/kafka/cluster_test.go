@@ -244,10 +244,11 @@ func (s *stream) run(t *testing.T, quit context.Context, worker int, stop <-chan
 		var evs, want []string
 		for i := range 5 {
 			id := fmt.Sprintf("w%d-r%d-e%d", worker, seq, i)
-			want = append(want, events.StoredID("alpha", id))
+			node := fmt.Sprintf("node-%02d", (seq*5+i)%16)
+			want = append(want, events.StoredID("alpha", node, id))
 			evs = append(evs, fmt.Sprintf(`{"id":%q,"agent":"faultline-agent","componentClass":"GPU","checkName":"SysLogsXIDError",`+
-				`"isFatal":true,"errorCode":["XID-79"],"nodeName":"node-%02d","entitiesImpacted":[{"entityType":"GPU","entityValue":"GPU-%d"}]}`,
-				id, (seq*5+i)%16, i))
+				`"isFatal":true,"errorCode":["XID-79"],"nodeName":%q,"entitiesImpacted":[{"entityType":"GPU","entityValue":"GPU-%d"}]}`,
+				id, node, i))
 		}
 		body := `{"events":[` + strings.Join(evs, ",") + `]}`
 		for {

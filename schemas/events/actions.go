@@ -129,7 +129,7 @@ const (
 	DetailSubmitter = "submitter"
 	// DetailOverridesIgnored says which overrides were ignored and why
 	// ("quarantineOverrides.force ignored: sent by agent credential
-	// token:prod#3").
+	// token:prod#3f9a1c0e7b24d865").
 	DetailOverridesIgnored = "overridesIgnored"
 	// DetailGPUPods and DetailGPUPodsAt are the event's MetaGPUPods and
 	// MetaGPUPodsAt: the pods a GPU reset's drain evicts.

@@ -280,11 +280,14 @@ func HashID(parts ...string) string {
 }
 
 // StoredID is the id the gateway gives an event whose client set one: a
-// function of the caller's cluster and the client's id, so the retries of
-// one event (a client resending after a timeout) are one event downstream,
-// and no caller can make its events collide with another cluster's.
-func StoredID(cluster, clientID string) string {
-	return HashID("faultline-event/v1", cluster, clientID)
+// function of the caller's cluster, the event's node and the client's id,
+// so the retries of one event (a client resending after a timeout) are one
+// event downstream, while one client id on two nodes' events (a per-run
+// key) is two events, and no caller can make its events collide with
+// another node's or another cluster's. (v1 hashed the cluster and the id
+// only: a resend that straddles the upgrade is stored twice, once.)
+func StoredID(cluster, nodeName, clientID string) string {
+	return HashID("faultline-event/v2", cluster, nodeName, clientID)
 }
 
 // OccurrenceID is the id of a client's event that came without one: a

@@ -38,8 +38,9 @@ func RoleName(r datamodels.SubmitterRole) string {
 }
 
 // DescribeSubmitter names who sent ev for an audit reason: "agent
-// credential token:prod#3", "operator credential cert:alice", "agent
-// credential (none recorded)" for an event without a submitter.
+// credential token:prod#3f9a1c0e7b24d865", "operator credential
+// cert:alice", "agent credential (none recorded)" for an event without a
+// submitter.
 func DescribeSubmitter(ev *datamodels.HealthEvent) string {
 	s := RoleName(SubmitterRole(ev)) + " credential "
 	name := ev.GetSubmitter().GetName()

@@ -342,8 +342,9 @@ type HealthEvent struct {
 	QuarantineOverrides *BehaviourOverrides    `protobuf:"bytes,14,opt,name=quarantineOverrides,proto3" json:"quarantineOverrides,omitempty"`
 	DrainOverrides      *BehaviourOverrides    `protobuf:"bytes,15,opt,name=drainOverrides,proto3" json:"drainOverrides,omitempty"`
 	ProcessingStrategy  ProcessingStrategy     `protobuf:"varint,16,opt,name=processingStrategy,proto3,enum=datamodels.ProcessingStrategy" json:"processingStrategy,omitempty"`
-	// id is assigned by the gateway (time-ordered, unique); a value sent by a
-	// client is ignored.
+	// id is assigned by the gateway: time-ordered, or, when the client sets one
+	// (its idempotency key), a hash of it, the cluster and nodeName, so a resend
+	// of the event is stored once and one key on two nodes' events is two events.
 	Id string `protobuf:"bytes,17,opt,name=id,proto3" json:"id,omitempty"`
 	// customRecommendedAction names the action when recommendedAction is CUSTOM.
 	CustomRecommendedAction string `protobuf:"bytes,18,opt,name=customRecommendedAction,proto3" json:"customRecommendedAction,omitempty"`
@@ -560,7 +561,7 @@ func (x *HealthEvent) GetSubmitter() *Submitter {
 // Submitter is who sent an event through the gateway.
 type Submitter struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// name identifies the credential (never the secret), e.g. "token:prod#3".
+	// name identifies the credential (never the secret), e.g. "token:prod#3f9a1c0e7b24d865".
 	Name string        `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Role SubmitterRole `protobuf:"varint,2,opt,name=role,proto3,enum=datamodels.SubmitterRole" json:"role,omitempty"`
 	// node is set when the credential is bound to one node.
