@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -13,7 +14,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/BurntSushi/toml"
 	"k8s.io/klog/v2"
 
 	"github.com/faultline/faultline/agents/agent"
@@ -150,8 +150,9 @@ var tomlBlock = regexp.MustCompile("(?s)```toml\n(.*?)```")
 
 // TestDocumentedExamples loads every TOML example of the documentation as
 // what it documents: a quarantine or correlation rules file, the agent's
-// config (agents/), or the faultline binary's config — with no key left
-// unknown.
+// config (agents/), or the faultline binary's config — the configs as
+// --config files (config.Load: no key unknown or spelled in another case,
+// durations with units).
 func TestDocumentedExamples(t *testing.T) {
 	n := 0
 	for file, text := range docs(t) {
@@ -170,10 +171,10 @@ func TestDocumentedExamples(t *testing.T) {
 				_, err = correlate.LoadRules(path)
 			case strings.HasPrefix(file, "agents"):
 				cfg := agent.DefaultConfig()
-				err = strictDecode(body, &cfg)
+				err = loadExample(path, &cfg)
 			default:
 				cfg := DefaultConfig()
-				err = strictDecode(body, &cfg)
+				err = loadExample(path, &cfg)
 			}
 			if err != nil {
 				t.Errorf("%s, TOML example %d: %v\n%s", file, i+1, err, body)
@@ -185,15 +186,10 @@ func TestDocumentedExamples(t *testing.T) {
 	}
 }
 
-func strictDecode(body string, cfg any) error {
-	md, err := toml.Decode(body, cfg)
-	if err != nil {
-		return err
-	}
-	if und := md.Undecoded(); len(und) > 0 {
-		return errors.New("unknown keys: " + und[0].String())
-	}
-	return nil
+// loadExample loads the file path into cfg as its --config file.
+func loadExample(path string, cfg any) error {
+	_, err := config.Load("example", []string{"--config", path}, cfg, func(*flag.FlagSet) {}, func() error { return nil }, io.Discard)
+	return err
 }
 
 // TestDocumentedKeys: the configuration tables of the documentation name

@@ -42,11 +42,22 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 	if err := os.WriteFile(staleness, []byte("[conformance]\nstaleness = \"-1h\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	caseKey := filepath.Join(dir, "case.toml")
+	if err := os.WriteFile(caseKey, []byte("[quarantine.breaker]\nWindow = 600\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	negative := filepath.Join(dir, "negative.toml")
+	if err := os.WriteFile(negative, []byte("[quarantine]\nrule_cost_limit = -1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		args []string
 		want string
 	}{
+		{"key in another case", []string{"process", "--config", caseKey}, "quarantine.breaker.Window: unknown key (keys are case-sensitive): write quarantine.breaker.window"},
+		{"negative unsigned", []string{"process", "--config", negative}, "quarantine.rule_cost_limit = -1: must not be negative"},
+		{"config twice", []string{"process", "--config", negative, "--config=" + caseKey}, "--config given twice: " + negative + " and " + caseKey},
 		{"negative staleness at the score door", []string{"gateway", "--tokens-file", tokens, "--config", staleness}, "conformance.staleness: must be positive, got -1h0m0s"},
 		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
 		{"no command", nil, "a command is required"},

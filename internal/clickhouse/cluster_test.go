@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -150,6 +151,14 @@ func TestCluster(t *testing.T) {
 		ctx := ctxFor(t, 3*time.Minute)
 		cl := clusterConfig(testenv.ClusterSharded, "cl_schema", n1, n2)
 		var out bytes.Buffer
+		// A status check first, without the cluster: it creates nothing the
+		// cluster migration would then refuse as a single-server schema.
+		plain := cl
+		plain.Cluster = ""
+		if err := clickhouse.MigrateCommand(ctx, plain, true, &out, log); err != nil || !strings.Contains(out.String(), "database cl_schema does not exist") {
+			t.Fatalf("status before migrating: %v\n%s", err, out.String())
+		}
+		out.Reset()
 		if err := clickhouse.MigrateCommand(ctx, cl, false, &out, log); err != nil {
 			t.Fatal(err)
 		}
@@ -162,6 +171,13 @@ func TestCluster(t *testing.T) {
 		cl2.Addr = n2 // the other server sees the record: nothing to do
 		if err := clickhouse.MigrateCommand(ctx, cl2, false, &out, log); err != nil || !strings.Contains(out.String(), "0 applied now") {
 			t.Fatalf("second migrate through the other server: %v\n%s", err, out.String())
+		}
+		out.Reset()
+		if err := clickhouse.MigrateCommand(ctx, cl2, true, &out, log); err != nil || strings.Count(out.String(), "applied  ") != len(migs) {
+			t.Fatalf("status through the other server: %v\n%s", err, out.String())
+		}
+		if err := clickhouse.MigrateCommand(ctx, plain, true, io.Discard, log); err == nil || !strings.Contains(err.Error(), "migrated ON CLUSTER") {
+			t.Fatalf("status without the cluster: %v", err)
 		}
 		single := clickhouse.DefaultConfig()
 		single.Addr, single.Database = n1, "cl_single"

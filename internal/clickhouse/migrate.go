@@ -235,16 +235,47 @@ func appliedMigrations(ctx context.Context, conn Conn, s Schema) (map[uint32]App
 			return nil, err
 		}
 	}
-	rows, err := conn.Query(ctx, `SELECT version, file, checksum, applied FROM `+MigrationsTable+` ORDER BY version, applied LIMIT 1 BY version`)
+	return readMigrationsTable(ctx, conn, MigrationsTable)
+}
+
+// readAppliedMigrations reads the migrations table of schema s (its
+// Database set) through conn, on any database, changing nothing: a
+// database or migrations table that does not exist is no migration
+// applied, and missing says which. A table made for the other kind of
+// schema is refused as appliedMigrations refuses it.
+func readAppliedMigrations(ctx context.Context, conn Conn, s Schema) (applied map[uint32]Applied, missing string, err error) {
+	var n uint64
+	if err := conn.QueryRow(ctx, `SELECT count() FROM system.databases WHERE name = ?`, s.Database).Scan(&n); err != nil {
+		return nil, "", fmt.Errorf("look for database %s: %w", s.Database, err)
+	}
+	if n == 0 {
+		return nil, "database " + s.Database + " does not exist", nil
+	}
+	if err := conn.QueryRow(ctx, `SELECT count() FROM system.tables WHERE database = ? AND name = ?`, s.Database, MigrationsTable).Scan(&n); err != nil {
+		return nil, "", fmt.Errorf("look for %s: %w", s.qualified(MigrationsTable), err)
+	}
+	if n == 0 {
+		return nil, "no migrations table in database " + s.Database, nil
+	}
+	if err := s.checkMode(ctx, conn); err != nil {
+		return nil, "", err
+	}
+	applied, err = readMigrationsTable(ctx, conn, s.qualified(MigrationsTable))
+	return applied, "", err
+}
+
+// readMigrationsTable reads the migrations table named table.
+func readMigrationsTable(ctx context.Context, conn Conn, table string) (map[uint32]Applied, error) {
+	rows, err := conn.Query(ctx, `SELECT version, file, checksum, applied FROM `+table+` ORDER BY version, applied LIMIT 1 BY version`)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", MigrationsTable, err)
+		return nil, fmt.Errorf("read %s: %w", table, err)
 	}
 	defer rows.Close()
 	out := map[uint32]Applied{}
 	for rows.Next() {
 		var a Applied
 		if err := rows.Scan(&a.Version, &a.File, &a.Checksum, &a.At); err != nil {
-			return nil, fmt.Errorf("read %s: %w", MigrationsTable, err)
+			return nil, fmt.Errorf("read %s: %w", table, err)
 		}
 		out[a.Version] = a
 	}

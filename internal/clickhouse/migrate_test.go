@@ -1,6 +1,7 @@
 package clickhouse_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -258,5 +259,50 @@ func TestMigrationOutlivesQueryTimeout(t *testing.T) {
 	// No deadline, as a role's start.
 	if _, err := clickhouse.SetupFS(context.Background(), cfg, migs, "m", slog.Default()); err != nil {
 		t.Fatalf("a migration longer than query_timeout: %v", err)
+	}
+}
+
+// TestMigrateStatusChangesNothing: `migrate --status` creates neither the
+// database nor the migrations table (a status check before the first
+// `migrate --cluster` made a single-server migrations table the cluster
+// migration then refused; a mistyped database name was created): on a
+// database that does not exist, and on one without the migrations table,
+// every migration is pending, and nothing is left behind.
+func TestMigrateStatusChangesNothing(t *testing.T) {
+	srv := chtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	migs, _ := clickhouse.LoadMigrations(sql.Migrations, "migrations")
+	if err := srv.Conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS status_empty"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ database, says string }{
+		{"status_missing", "database status_missing does not exist"},
+		{"status_empty", "no migrations table in database status_empty"},
+	} {
+		t.Run(tc.database, func(t *testing.T) {
+			cfg := srv.Config
+			cfg.Database = tc.database
+			var out bytes.Buffer
+			if err := clickhouse.MigrateCommand(ctx, cfg, true, &out, slog.Default()); err != nil {
+				t.Fatal(err)
+			}
+			if n := strings.Count(out.String(), "pending  "); n != len(migs) || !strings.Contains(out.String(), tc.says) {
+				t.Errorf("%d pending of %d, want all, and %q:\n%s", n, len(migs), tc.says, out.String())
+			}
+			if n := chtest.Count(t, srv.Conn, "SELECT count() FROM system.tables WHERE database = ?", tc.database); n != 0 {
+				t.Errorf("%d tables created in %s", n, tc.database)
+			}
+		})
+	}
+	if n := chtest.Count(t, srv.Conn, "SELECT count() FROM system.databases WHERE name = 'status_missing'"); n != 0 {
+		t.Error("--status created the database")
+	}
+	var out bytes.Buffer
+	if err := clickhouse.MigrateCommand(ctx, srv.Config, true, &out, slog.Default()); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(out.String(), "applied  "); n != len(migs) {
+		t.Errorf("migrated database: %d applied of %d:\n%s", n, len(migs), out.String())
 	}
 }

@@ -1,8 +1,11 @@
 // Package config loads a binary's typed configuration: defaults, then an
 // optional TOML file (--config), then flags, then validation. Unknown keys
-// in the file are an error that names them, and so is a duration given as
+// in the file are an error that names them (a key spelled in another case
+// too: the TOML decoder would take it), and so is a duration given as
 // a bare number (`linger = 5`, which the TOML decoder would read as 5 ns)
-// instead of a string with a unit ("5ms"). Secret holds a password or
+// instead of a string with a unit ("5ms"), and a negative number for an
+// unsigned key (which it would wrap). --config is given at most once.
+// Secret holds a password or
 // token read from a file or an environment variable (ReadSecret) and never
 // prints it.
 //
@@ -81,7 +84,11 @@ func Load(name string, args []string, cfg any, register func(fs *flag.FlagSet), 
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if path := configPath(args); path != "" {
+	path, err := configPath(args)
+	if err != nil {
+		return nil, err
+	}
+	if path != "" {
 		// Read once: both decodes below see the same file.
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -105,7 +112,7 @@ func Load(name string, args []string, cfg any, register func(fs *flag.FlagSet), 
 		if _, err := toml.Decode(string(b), &raw); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", path, err)
 		}
-		if err := checkDurations(raw, reflect.TypeOf(cfg), ""); err != nil {
+		if err := checkValues(raw, reflect.TypeOf(cfg), ""); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", path, err)
 		}
 		for _, k := range md.Keys() {
@@ -150,22 +157,31 @@ func Load(name string, args []string, cfg any, register func(fs *flag.FlagSet), 
 	return fs.Args(), nil
 }
 
-// configPath finds --config/-config in args without parsing the rest.
-func configPath(args []string) string {
+// configPath finds --config/-config in args without parsing the rest. A
+// second one is an error: the file is read from this one, while the flag
+// parser would keep the last, so one of the two would be ignored.
+func configPath(args []string) (string, error) {
+	var paths []string
 	for i, a := range args {
-		for _, p := range []string{"--config", "-config"} {
-			if a == p && i+1 < len(args) {
-				return args[i+1]
-			}
-			if v, ok := strings.CutPrefix(a, p+"="); ok {
-				return v
-			}
-		}
 		if a == "--" {
 			break
 		}
+		for _, p := range []string{"--config", "-config"} {
+			if a == p && i+1 < len(args) {
+				paths = append(paths, args[i+1])
+			}
+			if v, ok := strings.CutPrefix(a, p+"="); ok {
+				paths = append(paths, v)
+			}
+		}
 	}
-	return ""
+	switch len(paths) {
+	case 0:
+		return "", nil
+	case 1:
+		return paths[0], nil
+	}
+	return "", fmt.Errorf("--config given twice: %s and %s", paths[0], paths[1])
 }
 
 // FlagName is the flag of a TOML key path: "store.batch_records" →

@@ -14,6 +14,7 @@ import (
 type section struct {
 	BatchRecords int           `toml:"batch_records"`
 	Linger       time.Duration `toml:"linger"`
+	MaxBytes     uint64        `toml:"max_bytes"`
 }
 
 func (s *section) register(fs *flag.FlagSet, prefix string) {
@@ -141,7 +142,7 @@ func TestLoadNaming(t *testing.T) {
 
 func TestKeysAndCheckFlags(t *testing.T) {
 	keys := Keys(&testConfig{})
-	want := []string{"log_level", "store", "store.batch_records", "store.linger", "gateway", "gateway.grpc_addr", "gateway.insecure", "rules", "rules.mode", "rules.every", "timeouts"}
+	want := []string{"log_level", "store", "store.batch_records", "store.linger", "store.max_bytes", "gateway", "gateway.grpc_addr", "gateway.insecure", "rules", "rules.mode", "rules.every", "timeouts"}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("keys %v, want %v", keys, want)
 	}
@@ -186,5 +187,68 @@ func TestLoadDurationNeedsUnit(t *testing.T) {
 				t.Fatalf("err %v, want one containing %q", err, tc.err)
 			}
 		})
+	}
+}
+
+// TestLoadKeySpelling: the TOML decoder matches a key to a field
+// case-insensitively when no spelling matches exactly, so `Linger = 600`
+// would set store.linger (as 600 ns, the bare number never checked) with
+// no unknown key reported; a key whose spelling is not exactly a key of
+// the config is refused with the right spelling, wherever it is. A map's
+// own keys are its data, any spelling.
+func TestLoadKeySpelling(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, err string
+	}{
+		{"exact", "log_level = \"warn\"\n[store]\nlinger = \"1s\"\n[timeouts]\nRead = \"1s\"\n", ""},
+		{"field", "[store]\nLinger = 600\n", "store.Linger: unknown key (keys are case-sensitive): write store.linger"},
+		{"top level", "Log_Level = \"warn\"\n", "Log_Level: unknown key (keys are case-sensitive): write log_level"},
+		{"section", "[Store]\nlinger = \"1s\"\n", "Store: unknown key (keys are case-sensitive): write store"},
+		{"dotted key", "store.LINGER = \"1s\"\n", "store.LINGER: unknown key (keys are case-sensitive): write store.linger"},
+		{"array of tables", "[[rules]]\nmode = \"x\"\n[[rules]]\nEvery = \"1s\"\n", "rules[1].Every: unknown key (keys are case-sensitive): write rules[1].every"},
+		{"unused section", "[Gateway]\ngrpc_addr = \"a:1\"\n", "Gateway: unknown key (keys are case-sensitive): write gateway"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := loadOpts(t, tc.file, []Option{Unused(map[string]string{"gateway": "not here"})})
+			switch {
+			case tc.err == "" && err != nil:
+				t.Fatal(err)
+			case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+				t.Fatalf("err %v, want one containing %q", err, tc.err)
+			}
+		})
+	}
+}
+
+// TestLoadUnsignedNotNegative: the TOML decoder stores -1 in a uint64
+// field as 18446744073709551615; a negative number for an unsigned key is
+// refused, naming the key.
+func TestLoadUnsignedNotNegative(t *testing.T) {
+	cfg, _, err := load(t, "[store]\nmax_bytes = 7\n")
+	if err != nil || cfg.Store.MaxBytes != 7 {
+		t.Fatalf("%v %d", err, cfg.Store.MaxBytes)
+	}
+	for _, file := range []string{"[store]\nmax_bytes = -1\n", "store.max_bytes = -1\n"} {
+		if _, _, err := load(t, file); err == nil || !strings.HasSuffix(err.Error(), "store.max_bytes = -1: must not be negative") {
+			t.Fatalf("%q: err %v", file, err)
+		}
+	}
+}
+
+// TestLoadConfigTwice: the flag parser keeps the last --config and the
+// file was read from the first, so a second --config (a patch appending
+// one) was ignored without a word; it is refused, naming both.
+func TestLoadConfigTwice(t *testing.T) {
+	other := filepath.Join(t.TempDir(), "other.toml")
+	if err := os.WriteFile(other, []byte("log_level = \"debug\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"--config", other}, {"--config=" + other}, {"-config", other}, {"-config=" + other}} {
+		if _, _, err := load(t, "log_level = \"warn\"\n", args...); err == nil || !strings.Contains(err.Error(), "--config given twice: ") || !strings.HasSuffix(err.Error(), " and "+other) {
+			t.Fatalf("%v: err %v", args, err)
+		}
+	}
+	if cfg, _, err := load(t, "", "--config="+other, "--", "--config=x"); err != nil || cfg.LogLevel != "debug" {
+		t.Fatalf("after --: %v %q", err, cfg.LogLevel)
 	}
 }
