@@ -15,11 +15,16 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/agents/agent"
+	"github.com/faultline/faultline/agents/preflight/checks"
 	"github.com/faultline/faultline/agents/relay"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -439,6 +444,59 @@ func BenchmarkRelay(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}
+
+// TestRelayTakesPreflightEvents: faultline's preflight checks, injected
+// into tenants' pods, send through the agent's relay (their relay_socket)
+// instead of holding a gateway token that every node's checks share. A
+// check's event for the agent's node is spooled as the check sent it
+// (nvsentinel.Normalize rewrites NVSentinel's checkNames only), but for the
+// relay's key and the machine's UUID; one for any other node is refused
+// PermissionDenied and nothing of its call is spooled: a tenant's pod on
+// one node cannot have another node quarantined.
+func TestRelayTakesPreflightEvents(t *testing.T) {
+	for _, check := range checks.Names() {
+		t.Run(check, func(t *testing.T) {
+			f := start(t, 1<<20)
+			conn, err := grpc.NewClient("unix://"+f.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			client := datamodels.NewPlatformConnectorClient(conn)
+			ev := func(node string) *datamodels.HealthEvent {
+				return &datamodels.HealthEvent{Version: 1, Agent: checks.AgentName(check), ComponentClass: "GPU", CheckName: check,
+					NodeName: node, IsFatal: true, Message: check + " failed", ErrorCode: []string{"79", "XID-79"},
+					RecommendedAction:  datamodels.RecommendedAction_RESTART_BM,
+					ProcessingStrategy: datamodels.ProcessingStrategy_EXECUTE_REMEDIATION,
+					EntitiesImpacted:   []*datamodels.Entity{{EntityType: "GPU_UUID", EntityValue: "GPU-3f2a"}, {EntityType: "PCI", EntityValue: "0000:17:00.0"}},
+					Metadata:           map[string]string{"pod": "training/job-0"},
+					GeneratedTimestamp: timestamppb.New(testNow.Add(-time.Second))}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err = client.HealthEventOccurredV1(ctx, &datamodels.HealthEvents{Version: 1, Events: []*datamodels.HealthEvent{ev("gpu-node-42"), ev("gpu-node-7")}})
+			if status.Code(err) != codes.PermissionDenied {
+				t.Fatalf("a call with another node's event: %v, want PermissionDenied", err)
+			}
+			if n := len(f.spooled(t)); n != 0 {
+				t.Fatalf("%d events spooled from a refused call", n)
+			}
+			if _, err := client.HealthEventOccurredV1(ctx, &datamodels.HealthEvents{Version: 1, Events: []*datamodels.HealthEvent{ev("gpu-node-42")}}); err != nil {
+				t.Fatal(err)
+			}
+			got := f.spooled(t)
+			if len(got) != 1 || got[0].GetId() == "" {
+				t.Fatalf("spooled %v", got)
+			}
+			want := ev("gpu-node-42")
+			want.Id = got[0].GetId()
+			want.Metadata[events.MetaSystemUUID] = machine
+			if !proto.Equal(got[0], want) {
+				t.Fatalf("spooled\n%v\nwant it as sent\n%v", got[0], want)
+			}
 		})
 	}
 }

@@ -36,12 +36,14 @@ var chartOwned = map[string][]string{
 		"kube.clusters", "kube.dry_run_clusters", "janitor.local.signing_key_file"},
 	"agentConfig": {"node_name", "checks", "metrics_addr", "pod_resources_socket", "time_zone_file",
 		"gateway.addr", "gateway.token_file", "gateway.insecure", "gateway.ca_file", "spool.dir",
+		"nvsentinel_socket", "nvsentinel_socket_group",
 		"local_actions.listen", "local_actions.verify_key_file", "local_actions.state_file",
 		"nic.sysfs_root", "nic.state_file", "nic.metadata_path", "kmsg.state_dir",
 		"fabric.sys_root", "fabric.proc_root", "fabric.nvswitch_glob", "conformance.sysfs", "conformance.procfs"},
 	"preflightConfig": {"webhook.listen", "webhook.metrics_addr", "webhook.service_name", "webhook.service_namespace",
 		"webhook.service_port", "webhook.configuration_name", "tls", "namespaces.include",
-		"inject.image", "inject.image_pull_policy", "inject.token_secret", "check.gateway.addr"},
+		"inject.image", "inject.image_pull_policy", "inject.token_secret", "inject.relay_socket", "inject.relay_socket_group",
+		"check.gateway.addr", "check.relay_socket"},
 }
 
 // TestChartValuesSchema: the chart's values.schema.json describes, under
@@ -235,6 +237,15 @@ func TestChartConfigLoads(t *testing.T) {
 			}
 			wc := webhook.DefaultConfig()
 			load(fn+"-preflight", &wc)
+			if err := wc.Validate(); err != nil {
+				t.Errorf("preflight config: %v", err)
+			}
+			// The checks send through the agent's relay socket: the one the
+			// agent serves, whose group the checks' pods get; no token.
+			if wc.Inject.TokenSecret != "" || wc.Inject.RelaySocket != "/run/faultline-agent/agent.sock" || ac.NVSentinelSocket != "/run/faultline-agent/agent.sock" ||
+				ac.NVSentinelSocketGroup != fmt.Sprint(wc.Inject.RelaySocketGroup) || wc.Inject.RelaySocketGroup == 0 {
+				t.Errorf("preflight inject %+v, agent nvsentinel_socket %q group %q", wc.Inject, ac.NVSentinelSocket, ac.NVSentinelSocketGroup)
+			}
 			switch set {
 			case "secure":
 				if cfg.Store.Retention != 2160*time.Hour || cfg.Store.BatchRecords != 20000 || cfg.Quarantine.Breaker.MaxPercent != 5.5 ||

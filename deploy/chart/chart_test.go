@@ -144,22 +144,22 @@ func TestAgentMounts(t *testing.T) {
 		privileged bool
 		root       bool
 	}{
-		{"default", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/dev/kmsg", "/var/lib/kubelet/pod-resources"}, true, true},
-		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/run/faultline-machine"}, false, false},
-		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/lib/nvsentinel", "/dev/kmsg"}, true, true},
-		{"default", []string{"--set", "agent.checks={nic}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/lib/kubelet/pod-resources"}, false, true},
-		{"cloud", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/var/log", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc/faultline"}, false, true},
-		{"default", []string{"--set", "agent.checks={conformance}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/host/proc", "/var/run/faultline-machine"}, false, false},
-		{"default", []string{"--set", "agent.checks={csp}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/run/faultline-machine"}, false, false},
-		{"default", []string{"--set", "agent.checks={nic,conformance,csp}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline,/opt/image/hash}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/var/run/faultline-machine", "/host/etc/faultline", "/host/opt/image/hash"}, false, false},
+		{"default", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/run/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/dev/kmsg", "/var/lib/kubelet/pod-resources"}, true, true},
+		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/run/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/run/faultline-machine"}, false, false},
+		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/run/faultline-agent", "/var/lib/nvsentinel", "/dev/kmsg"}, true, true},
+		{"default", []string{"--set", "agent.checks={nic}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/run/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/lib/kubelet/pod-resources"}, false, true},
+		{"cloud", nil, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/run/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/var/log", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc/faultline"}, false, true},
+		{"default", []string{"--set", "agent.checks={conformance}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/run/faultline-agent", "/host/sys", "/host/proc", "/var/run/faultline-machine"}, false, false},
+		{"default", []string{"--set", "agent.checks={csp}", "--set", "agent.podResources=false"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/run/faultline-agent", "/var/run/faultline-machine"}, false, false},
+		{"default", []string{"--set", "agent.checks={nic,conformance,csp}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline,/opt/image/hash}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/run/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/proc", "/var/run/faultline-machine", "/host/etc/faultline", "/host/opt/image/hash"}, false, false},
 		// The host's zone (its /etc/localtime, time_zone = "host", copied by an init container) only for the logs printed in the host's local time: fabric's, a kmsg file.
 		// A kmsg file's directory is mounted read-only at /host<dir>, read by root (in group adm): once nothing was mounted, and the check found no file and fell silent.
-		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=file", "--set", "agent.config.kmsg.file=/var/log/kern.log"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/lib/nvsentinel", "/host/var/log", "/var/run/faultline-zone"}, false, true},
-		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=journal"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/var/lib/nvsentinel", "/var/run/faultline-machine"}, false, false},
-		{"cloud", []string{"--set", "agent.config.time_zone=America/Chicago"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/var/log", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc/faultline"}, false, true},
-		{"cloud", []string{"--set", "agent.conformanceHostPaths={/etc}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/var/log", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc"}, false, true},
+		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=file", "--set", "agent.config.kmsg.file=/var/log/kern.log"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/run/faultline-agent", "/var/lib/nvsentinel", "/host/var/log", "/var/run/faultline-zone"}, false, true},
+		{"default", []string{"--set", "agent.checks={kmsg}", "--set", "agent.podResources=false", "--set", "agent.config.kmsg.source=journal"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/run/faultline-agent", "/var/lib/nvsentinel", "/var/run/faultline-machine"}, false, false},
+		{"cloud", []string{"--set", "agent.config.time_zone=America/Chicago"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/run/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/var/log", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/host/etc/faultline"}, false, true},
+		{"cloud", []string{"--set", "agent.conformanceHostPaths={/etc}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/run/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/host/var/log", "/host/proc", "/host/dev", "/var/log", "/usr/share/nvidia/nvswitch", "/var/run/nvidia-fabricmanager", "/etc/modprobe.d", "/var/run/faultline-zone", "/host/etc"}, false, true},
 		// conformanceHostPaths are mounted only for the conformance check.
-		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/run/faultline-machine"}, false, false},
+		{"default", []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false", "--set", "agent.conformanceHostPaths={/etc/faultline}"}, []string{"/etc/faultline-agent", "/var/run/secrets/faultline", "/var/lib/faultline-agent", "/run/faultline-agent", "/host/sys", "/var/lib/nvsentinel", "/var/run/faultline-machine"}, false, false},
 	} {
 		t.Run(tc.set+strings.Join(tc.args, ""), func(t *testing.T) {
 			ds := Find(render(t, tc.set, tc.args...), "DaemonSet", "faultline-agent")
@@ -968,8 +968,8 @@ func TestAgentKmsgFile(t *testing.T) {
 		}
 	}
 	sc, _, _ := unstructured.NestedMap(ds.Object, "spec", "template", "spec", "securityContext")
-	if fmt.Sprint(sc["runAsUser"]) != "0" || fmt.Sprint(sc["supplementalGroups"]) != "[4]" {
-		t.Errorf("pod securityContext %v, want root in group adm (4)", sc)
+	if fmt.Sprint(sc["runAsUser"]) != "0" || fmt.Sprint(sc["supplementalGroups"]) != "[4 64500]" {
+		t.Errorf("pod securityContext %v, want root in group adm (4) and the relay socket's (64500)", sc)
 	}
 	helm := testenv.Helm(t)
 	refused(t, helm, []string{"agent.checks={kmsg}", "agent.config.kmsg.source=file", "agent.config.kmsg.file=kern.log"}, "must be an absolute path")
@@ -1106,4 +1106,84 @@ func TestJanitorSecretsByName(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPreflightThroughAgentRelay: by default the preflight checks send
+// through the node agent's relay socket, with the agent's node-bound
+// credential, and get no gateway token (which every node's checks would
+// share: a cluster-wide credential in tenants' namespaces). The agent
+// serves the socket in agent.relay.hostDir with agent.relay.group, as its
+// supplemental group (a non-root agent is given the directory first); the
+// webhook mounts that directory into the checks and adds the group to
+// their pods. preflight.tokenSecret is the legacy path; without it, a
+// chart without the agent's relay is refused.
+func TestPreflightThroughAgentRelay(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		hostDir string
+		group   int64
+		token   string
+		nonRoot bool
+	}{
+		{name: "default", hostDir: "/run/faultline-agent", group: 64500},
+		{name: "non-root agent", args: []string{"--set", "agent.checks={nic}", "--set", "agent.podResources=false"}, hostDir: "/run/faultline-agent", group: 64500, nonRoot: true},
+		{name: "own directory and group", args: []string{"--set", "agent.relay.hostDir=/var/run/fl/", "--set", "agent.relay.group=7000"}, hostDir: "/var/run/fl", group: 7000},
+		{name: "legacy token", args: []string{"--set", "preflight.tokenSecret=faultline-preflight-token"}, hostDir: "/run/faultline-agent", group: 64500, token: "faultline-preflight-token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, "default", tc.args...)
+			ds := Find(objs, "DaemonSet", "faultline-agent")
+			spec, _, _ := unstructured.NestedMap(ds.Object, "spec", "template", "spec")
+			groups, _, _ := unstructured.NestedSlice(spec, "securityContext", "supplementalGroups")
+			if !slices.ContainsFunc(groups, func(g any) bool { return fmt.Sprint(g) == fmt.Sprint(tc.group) }) {
+				t.Errorf("agent supplementalGroups %v, want the socket's group %d", groups, tc.group)
+			}
+			var relayVol map[string]any
+			for _, v := range mustSlice(ds.Object, "spec", "template", "spec", "volumes") {
+				if v := v.(map[string]any); v["name"] == "relay" {
+					relayVol = v
+				}
+			}
+			if p, _, _ := unstructured.NestedString(relayVol, "hostPath", "path"); p != tc.hostDir {
+				t.Errorf("agent relay volume %v, want hostPath %s", relayVol, tc.hostDir)
+			}
+			var inits []string
+			for _, c := range mustSlice(ds.Object, "spec", "template", "spec", "initContainers") {
+				inits = append(inits, c.(map[string]any)["name"].(string))
+			}
+			if slices.Contains(inits, "relay-owner") != tc.nonRoot {
+				t.Errorf("init containers %q, want relay-owner exactly when the agent is not root", inits)
+			}
+			agentConf, err := ConfigTOML(objs, "faultline-agent")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range []string{`nvsentinel_socket = "/run/faultline-agent/agent.sock"`, fmt.Sprintf(`nvsentinel_socket_group = "%d"`, tc.group)} {
+				if !strings.Contains(agentConf, want) {
+					t.Errorf("agent config.toml lacks %q:\n%s", want, agentConf)
+				}
+			}
+			conf, err := ConfigTOML(objs, "faultline-preflight")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []string{fmt.Sprintf(`relay_socket = "%s/agent.sock"`, tc.hostDir), fmt.Sprintf("relay_socket_group = %d", tc.group), `token_secret = ""`}
+			if tc.token != "" {
+				want = []string{fmt.Sprintf("token_secret = %q", tc.token)}
+				if strings.Contains(conf, "relay_socket") {
+					t.Errorf("preflight config.toml has a relay socket beside the token:\n%s", conf)
+				}
+			}
+			for _, w := range want {
+				if !strings.Contains(conf, w) {
+					t.Errorf("preflight config.toml lacks %q:\n%s", w, conf)
+				}
+			}
+		})
+	}
+	helm := testenv.Helm(t)
+	refused(t, helm, []string{"agent.relay.enabled=false"}, "preflight: the checks send through the node agent's relay socket")
+	refused(t, helm, []string{"agent.enabled=false"}, "preflight: the checks send through the node agent's relay socket")
+	refused(t, helm, []string{"agent.relay.hostDir=/"}, "hostDir")
 }

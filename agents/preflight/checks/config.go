@@ -270,6 +270,9 @@ func (c *Config) ValidateSettings() error {
 	if err := c.Spool.Validate(); err != nil {
 		return err
 	}
+	if err := c.ValidateRelaySocket(); err != nil {
+		return err
+	}
 	if c.Timeout <= 0 {
 		return errors.New("timeout: must be positive")
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -15,10 +16,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/faultline/faultline/agents/agent"
 	"github.com/faultline/faultline/agents/preflight/checks"
+	"github.com/faultline/faultline/agents/relay"
 	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/gateway/gatewaytest"
 	"github.com/faultline/faultline/internal/testenv"
@@ -776,4 +780,64 @@ func TestSpoolNotOpenable(t *testing.T) {
 		t.Fatalf("exit %d\n%s", r.code, r.stderr)
 	}
 	h.events(r.node, 1)
+}
+
+// TestThroughAgentRelay: with --relay-socket a check sends its events to
+// the node agent's relay (agents/relay, in-process here over a real agent
+// spool) and needs no gateway token (its token file does not exist): a
+// failing check's events are in the agent's spool, for the agent to send
+// with its node-bound credential, and the check exits 1. A relay that
+// refuses them (the agent is another node's: it relays its own node's
+// only) leaves them unrecorded, and the check exits 2 for the kubelet to
+// run it again, as when the gateway never took them.
+func TestThroughAgentRelay(t *testing.T) {
+	h := newHarness(t)
+	log := slog.New(slog.DiscardHandler)
+	for _, tc := range []struct {
+		name      string
+		agentNode string
+		want      int
+		spooled   bool
+	}{
+		{"the agent's node", "gpu-node-relay", checks.ExitFail, true},
+		{"another node's agent", "gpu-node-other", checks.ExitConfig, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h.node = "gpu-node-relay"
+			defer func() { h.node = "" }()
+			dir := t.TempDir()
+			sp, err := agent.OpenSpool(filepath.Join(dir, "spool"), 8<<20, log, nil)
+			must(t, err)
+			defer sp.Close()
+			socket := filepath.Join(dir, "agent.sock")
+			srv, err := relay.New(relay.Config{Socket: socket}, tc.agentNode, sp, log, prometheus.NewRegistry(), nil)
+			must(t, err)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- srv.Serve(ctx) }()
+			defer func() { cancel(); <-done }()
+
+			r := h.run(checks.NCCLLoopback, map[string]string{"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
+				"STANDIN_ALL_REDUCE_PERF_OUT": ncclData("system-error.log"), "STANDIN_ALL_REDUCE_PERF_EXIT": "2"},
+				"--relay-socket="+socket, "--gateway.token-file="+filepath.Join(dir, "no-token"), "--spool.drain-timeout=5s")
+			if r.code != tc.want {
+				t.Fatalf("exit %d, want %d\n%s", r.code, tc.want, r.stderr)
+			}
+			evs, _, err := sp.Peek(100)
+			must(t, err)
+			if !tc.spooled {
+				if len(evs) != 0 {
+					t.Fatalf("the agent spooled %d events of a refused call", len(evs))
+				}
+				return
+			}
+			if len(evs) != 1 || !evs[0].GetIsFatal() || !slices.Contains(evs[0].GetErrorCode(), "NCCL_SYSTEM_ERROR") ||
+				evs[0].GetNodeName() != "gpu-node-relay" || evs[0].GetCheckName() != checks.NCCLLoopback {
+				t.Fatalf("the agent spooled %v", evs)
+			}
+			if dirs, _ := filepath.Glob(filepath.Join(h.spool, "run-*")); len(dirs) != 0 {
+				t.Errorf("the check spooled on its own: %v", dirs)
+			}
+		})
+	}
 }

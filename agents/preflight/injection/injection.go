@@ -6,7 +6,12 @@
 // NCCL environment variables of the pod's containers that match the
 // configured globs, the volume mount behind a pod-provided NCCL_TOPO_FILE,
 // and for gang-wide checks the gang's ConfigMap and a pod-local emptyDir
-// (checks' gang.marker_dir: a failed run's marker for its reruns). Pods without GPUs are
+// (checks' gang.marker_dir: a failed run's marker for its reruns). With a
+// relay socket (Config.RelaySocket), the checks get the node agent's
+// socket directory instead of the spool's and the token's volumes, and the
+// pod the socket's group (Config.RelayGroup) as a supplemental group: the
+// checks send through the agent, whose credential is its node's alone.
+// Pods without GPUs are
 // left untouched, except that a gang pod that runs no gang-wide check
 // (none configured aside) is marked gang.LabelExcluded.
 //
@@ -24,6 +29,7 @@ import (
 	"path"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -40,6 +46,9 @@ const (
 	AnnotationInjected = "preflight.faultline.io/injected"
 	// AnnotationSkipped says which enabled checks were left out and why.
 	AnnotationSkipped = "preflight.faultline.io/skipped"
+	// AnnotationRelayGroup records the supplemental group the injection
+	// added to the pod (Config.RelayGroup), for a reinvocation to remove.
+	AnnotationRelayGroup = "preflight.faultline.io/relay-group"
 )
 
 // Names of what the injection adds.
@@ -55,6 +64,11 @@ const (
 	StateMountPath = "/var/lib/faultline-preflight"
 	// TokenMountPath holds the gateway token (checks' default token file).
 	TokenMountPath = "/var/run/secrets/faultline-preflight"
+	// VolumeRelay is the node agent's relay socket directory (hostPath).
+	VolumeRelay = "preflight-relay"
+	// RelayMountPath is where the checks find that directory (read-only:
+	// connecting to a socket writes nothing).
+	RelayMountPath = "/run/faultline-agent"
 )
 
 // Detection lists what counts as a GPU (or a network device).
@@ -122,8 +136,19 @@ type Config struct {
 	// StateHostPath is the node directory holding the checks' spool.
 	StateHostPath string
 	// TokenSecret is the Secret (in the pod's namespace) holding the
-	// gateway token under key "token" ("" mounts none).
+	// gateway token under key "token" ("" mounts none). Legacy: every
+	// node's checks share that token, so it is a cluster-wide credential.
 	TokenSecret string
+	// RelaySocket is the node agent's relay socket on the node (the
+	// agent's nvsentinel_socket; "": off). Its directory is mounted at
+	// RelayMountPath, the checks are given the socket there
+	// (checks.Config.RelaySocket), and neither the spool's nor the token's
+	// volume is mounted.
+	RelaySocket string
+	// RelayGroup is the socket's group (the agent's
+	// nvsentinel_socket_group; 0: none added), added to the pod's
+	// supplemental groups so that checks of any UID may connect.
+	RelayGroup int64
 	// GangMountPath is where the gang ConfigMap goes (default
 	// "/etc/preflight").
 	GangMountPath string
@@ -156,7 +181,16 @@ func New(cfg Config, claims ClaimResolver, gangs *gang.Discovery) *Injector {
 	if cfg.GangMountPath == "" {
 		cfg.GangMountPath = "/etc/preflight"
 	}
+	if cfg.RelaySocket != "" {
+		cfg.Runner.RelaySocket = RelaySocketPath(cfg.RelaySocket)
+	}
 	return &Injector{cfg: cfg, claims: claims, gangs: gangs, runnerFlags: checks.RenderFlags(cfg.Runner)}
+}
+
+// RelaySocketPath is where the checks find the agent's socket at host path
+// socket: in its directory, mounted at RelayMountPath.
+func RelaySocketPath(socket string) string {
+	return path.Join(RelayMountPath, path.Base(socket))
 }
 
 // Result is the outcome of Mutate.
@@ -248,6 +282,7 @@ func (inj *Injector) Mutate(ctx context.Context, p gang.Pod) (Result, error) {
 			if want.Annotations == nil {
 				want.Annotations = map[string]string{}
 			}
+			inj.addRelayGroup(want)
 			want.Annotations[AnnotationInjected] = strings.Join(res.Injected, ",")
 			// Only a pod that runs the gang-wide check is a peer: the
 			// controller lists every labelled pod as one.
@@ -285,12 +320,39 @@ func (inj *Injector) Mutate(ctx context.Context, p gang.Pod) (Result, error) {
 	return res, nil
 }
 
+// addRelayGroup adds the relay socket's group to the pod's supplemental
+// groups (pod-wide: a container has none of its own), recording it in
+// AnnotationRelayGroup unless the pod had it already.
+func (inj *Injector) addRelayGroup(p *corev1.Pod) {
+	if inj.cfg.RelaySocket == "" || inj.cfg.RelayGroup == 0 {
+		return
+	}
+	if p.Spec.SecurityContext == nil {
+		p.Spec.SecurityContext = &corev1.PodSecurityContext{}
+	}
+	if slices.Contains(p.Spec.SecurityContext.SupplementalGroups, inj.cfg.RelayGroup) {
+		return
+	}
+	p.Spec.SecurityContext.SupplementalGroups = append(p.Spec.SecurityContext.SupplementalGroups, inj.cfg.RelayGroup)
+	p.Annotations[AnnotationRelayGroup] = strconv.FormatInt(inj.cfg.RelayGroup, 10)
+}
+
 // clash says why a check's container cannot go into p ("" if it can): p
 // itself (an earlier injection is stripped first) already has a container
 // of its name or one of the volumes the checks mount, say a pod spec
-// copied from an injected pod. The API server refuses a pod with two
-// containers or volumes of one name, so injecting would fail the pod.
+// copied from an injected pod, or one of its containers mounts a node
+// volume of the checks (the relay socket's, the spool's) that only they
+// may have. The API server refuses a pod with two containers or volumes
+// of one name, or a mount of a volume it lacks, so injecting would fail
+// the pod; a pod that asks for the checks' node volumes is left to fail.
 func clash(p *corev1.Pod, container string) string {
+	for _, c := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers, ephemeral(p)) {
+		for _, m := range c.VolumeMounts {
+			if m.Name == VolumeRelay || m.Name == VolumeState {
+				return "container " + c.Name + " mounts " + m.Name + ", which only the injected checks may"
+			}
+		}
+	}
 	for _, c := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {
 		if c.Name == container {
 			return "the pod already has a container named " + container
@@ -306,7 +368,16 @@ func clash(p *corev1.Pod, container string) string {
 
 // ours says whether v has the name of a volume the checks mount.
 func ours(v corev1.Volume) bool {
-	return v.Name == VolumeState || v.Name == VolumeToken || v.Name == VolumeGang || v.Name == VolumeGangMarker
+	return v.Name == VolumeState || v.Name == VolumeToken || v.Name == VolumeGang || v.Name == VolumeGangMarker || v.Name == VolumeRelay
+}
+
+// ephemeral returns p's ephemeral containers as containers (their mounts).
+func ephemeral(p *corev1.Pod) []corev1.Container {
+	var out []corev1.Container
+	for _, e := range p.Spec.EphemeralContainers {
+		out = append(out, corev1.Container{Name: e.Name, VolumeMounts: e.VolumeMounts})
+	}
+	return out
 }
 
 // strip removes what an earlier invocation injected.
@@ -330,6 +401,18 @@ func strip(p *corev1.Pod) *corev1.Pod {
 		if len(out.Annotations) == 0 && p.Annotations != nil && len(p.Annotations) == 0 {
 			out.Annotations = map[string]string{}
 		}
+	}
+	if g, ok := p.Annotations[AnnotationRelayGroup]; ok {
+		if gid, err := strconv.ParseInt(g, 10, 64); err == nil && out.Spec.SecurityContext != nil {
+			sc := out.Spec.SecurityContext
+			if i := slices.Index(sc.SupplementalGroups, gid); i >= 0 {
+				sc.SupplementalGroups = slices.Delete(sc.SupplementalGroups, i, i+1)
+			}
+			if len(sc.SupplementalGroups) == 0 {
+				sc.SupplementalGroups = nil
+			}
+		}
+		delete(out.Annotations, AnnotationRelayGroup)
 	}
 	return out
 }
@@ -420,6 +503,10 @@ func (inj *Injector) container(spec CheckSpec, p *corev1.Pod, gpus, nets map[cor
 			corev1.EnvVar{Name: "FAULTLINE_GATEWAY_ADDR", Value: r.Gateway.Addr},
 			corev1.EnvVar{Name: "FAULTLINE_TOKEN_FILE", Value: r.Gateway.TokenFile},
 			corev1.EnvVar{Name: "PREFLIGHT_TIMEOUT", Value: r.Timeout.String()})
+		if r.RelaySocket != "" {
+			// Where to report instead: the agent's PlatformConnector.
+			c.Env = append(c.Env, corev1.EnvVar{Name: "FAULTLINE_RELAY_SOCKET", Value: r.RelaySocket})
+		}
 	}
 	for _, k := range sortedKeys(spec.Env) {
 		c.Env = append(c.Env, corev1.EnvVar{Name: k, Value: spec.Env[k]})
@@ -447,9 +534,14 @@ func (inj *Injector) container(spec CheckSpec, p *corev1.Pod, gpus, nets map[cor
 	for _, cl := range claims {
 		c.Resources.Claims = append(c.Resources.Claims, corev1.ResourceClaim{Name: cl})
 	}
-	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeState, MountPath: StateMountPath})
-	if inj.cfg.TokenSecret != "" {
-		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeToken, MountPath: TokenMountPath, ReadOnly: true})
+	switch {
+	case inj.cfg.RelaySocket != "":
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeRelay, MountPath: RelayMountPath, ReadOnly: true})
+	default:
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeState, MountPath: StateMountPath})
+		if inj.cfg.TokenSecret != "" {
+			c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeToken, MountPath: TokenMountPath, ReadOnly: true})
+		}
 	}
 	return c
 }
@@ -516,15 +608,24 @@ func matchAny(globs []string, name string) bool {
 	return false
 }
 
-// volumes are the node state directory, the token Secret, the gang
-// ConfigMap (optional: a pod starts before the controller wrote it, and
-// the check waits for it) and the gang check's pod-local marker directory.
+// volumes are the agent's relay socket directory (Directory: the agent
+// made it; a check on a node without the agent waits in
+// ContainerCreating, its pod with it) or else the node state directory and
+// the token Secret, the gang ConfigMap (optional: a pod starts before the
+// controller wrote it, and the check waits for it) and the gang check's
+// pod-local marker directory.
 func (inj *Injector) volumes(needGang bool, g gang.Gang) []corev1.Volume {
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
+	dir := corev1.HostPathDirectory
 	optional := true
 	mode := corev1.SecretVolumeSourceDefaultMode
-	vs := []corev1.Volume{{Name: VolumeState, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: inj.cfg.StateHostPath, Type: &dirOrCreate}}}}
-	if inj.cfg.TokenSecret != "" {
+	var vs []corev1.Volume
+	if inj.cfg.RelaySocket != "" {
+		vs = append(vs, corev1.Volume{Name: VolumeRelay, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path.Dir(inj.cfg.RelaySocket), Type: &dir}}})
+	} else {
+		vs = append(vs, corev1.Volume{Name: VolumeState, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: inj.cfg.StateHostPath, Type: &dirOrCreate}}})
+	}
+	if inj.cfg.TokenSecret != "" && inj.cfg.RelaySocket == "" {
 		vs = append(vs, corev1.Volume{Name: VolumeToken, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 			SecretName: inj.cfg.TokenSecret, Optional: &optional, DefaultMode: &mode}}})
 	}
@@ -573,6 +674,13 @@ func diff(orig, want *corev1.Pod) ([]byte, bool, error) {
 	if len(orig.Spec.Volumes)+len(want.Spec.Volumes) > 0 {
 		replace("/spec/volumes", orig.Spec.Volumes, want.Spec.Volumes, len(want.Spec.Volumes) == 0)
 	}
+	if !equality.Semantic.DeepEqual(nilIfZero(orig.Spec.SecurityContext), nilIfZero(want.Spec.SecurityContext)) {
+		sc := want.Spec.SecurityContext
+		if sc == nil {
+			sc = &corev1.PodSecurityContext{}
+		}
+		replace("/spec/securityContext", nil, sc, false)
+	}
 	if !reflect.DeepEqual(nilIfEmpty(orig.Labels), nilIfEmpty(want.Labels)) {
 		replace("/metadata/labels", orig.Labels, want.Labels, len(want.Labels) == 0)
 	}
@@ -584,6 +692,15 @@ func diff(orig, want *corev1.Pod) ([]byte, bool, error) {
 	}
 	b, err := json.Marshal(ops)
 	return b, true, err
+}
+
+// nilIfZero is sc, nil when it sets nothing (the API server defaults a
+// pod's securityContext to {}).
+func nilIfZero(sc *corev1.PodSecurityContext) *corev1.PodSecurityContext {
+	if sc == nil || equality.Semantic.DeepEqual(*sc, corev1.PodSecurityContext{}) {
+		return nil
+	}
+	return sc
 }
 
 func nilIfEmpty(m map[string]string) map[string]string {

@@ -86,6 +86,8 @@ func apply(t *testing.T, p *corev1.Pod, patch []byte) *corev1.Pod {
 			out.Labels, target = nil, &out.Labels
 		case "/metadata/annotations":
 			out.Annotations, target = nil, &out.Annotations
+		case "/spec/securityContext":
+			out.Spec.SecurityContext, target = nil, &out.Spec.SecurityContext
 		default:
 			t.Fatalf("unexpected patch path %s", o.Path)
 		}
@@ -454,4 +456,108 @@ func TestAllreduceContainerName(t *testing.T) {
 	if got := ContainerPrefix + checks.NCCLAllreduce; got != gang.AllreduceContainer {
 		t.Fatalf("injected %q, the controller looks for %q", got, gang.AllreduceContainer)
 	}
+}
+
+// TestMutateRelaySocket: with inject.relay_socket the checks send through
+// the node agent's relay: each gets the socket's directory (hostPath,
+// Directory, read-only) and the socket's path in it as --relay-socket,
+// neither the gateway token Secret (a cluster-wide credential) nor the
+// node spool, and the pod gets the socket's group as a supplemental group
+// (once; recorded so that a reinvocation, or an injection that no longer
+// applies, takes it away again while a group the pod had stays). A pod
+// whose own container mounts the checks' relay volume gets no check, and
+// so no such volume: the API server refuses it.
+func TestMutateRelaySocket(t *testing.T) {
+	relay := func(c *Config) {
+		c.RelaySocket, c.RelayGroup, c.TokenSecret = "/run/faultline-agent/agent.sock", 64500, ""
+	}
+	gpuPod := func(groups ...int64) *corev1.Pod {
+		return pod(func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources = res("nvidia.com/gpu", "8", "rdma/ib", "4")
+			p.Spec.SecurityContext = &corev1.PodSecurityContext{SupplementalGroups: groups}
+		})
+	}
+	for _, tt := range []struct {
+		name       string
+		pod        *corev1.Pod
+		wantGroups []int64
+	}{
+		{"no groups", gpuPod(), []int64{64500}},
+		{"the pod's groups kept", gpuPod(1000), []int64{1000, 64500}},
+		{"the pod has the group", gpuPod(64500, 1000), []int64{64500, 1000}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			inj := testInjector(relay)
+			r, err := inj.Mutate(context.Background(), gang.Pod{Pod: tt.pod})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := apply(t, tt.pod, r.Patch)
+			if len(got.Spec.InitContainers) != 2 {
+				t.Fatalf("init containers %v", names(got.Spec.InitContainers))
+			}
+			for _, c := range got.Spec.InitContainers {
+				want := []corev1.VolumeMount{{Name: VolumeRelay, MountPath: "/run/faultline-agent", ReadOnly: true}}
+				if !slices.Equal(c.VolumeMounts, want) {
+					t.Errorf("%s mounts %v, want only %v", c.Name, c.VolumeMounts, want)
+				}
+				if !slices.Contains(c.Args, "--relay-socket=/run/faultline-agent/agent.sock") {
+					t.Errorf("%s args %v: no --relay-socket", c.Name, c.Args)
+				}
+			}
+			if len(got.Spec.Volumes) != 1 || got.Spec.Volumes[0].Name != VolumeRelay || got.Spec.Volumes[0].HostPath == nil ||
+				got.Spec.Volumes[0].HostPath.Path != "/run/faultline-agent" || *got.Spec.Volumes[0].HostPath.Type != corev1.HostPathDirectory {
+				t.Fatalf("volumes %+v, want only the relay socket's directory", got.Spec.Volumes)
+			}
+			if g := got.Spec.SecurityContext.SupplementalGroups; !slices.Equal(g, tt.wantGroups) {
+				t.Fatalf("supplementalGroups %v, want %v", g, tt.wantGroups)
+			}
+			// Reinvoked, nothing changes.
+			r, err = inj.Mutate(context.Background(), gang.Pod{Pod: got})
+			if err != nil || r.Patch != nil || r.Outcome != "unchanged" {
+				t.Fatalf("reinvocation: outcome %s patch %s err %v", r.Outcome, r.Patch, err)
+			}
+			// No GPUs any more: the injection is taken back, the group too.
+			lost := got.DeepCopy()
+			lost.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+			r, err = inj.Mutate(context.Background(), gang.Pod{Pod: lost})
+			if err != nil {
+				t.Fatal(err)
+			}
+			back := apply(t, lost, r.Patch)
+			if len(back.Spec.InitContainers)+len(back.Spec.Volumes) != 0 || back.Annotations[AnnotationRelayGroup] != "" ||
+				!slices.Equal(back.Spec.SecurityContext.SupplementalGroups, tt.pod.Spec.SecurityContext.SupplementalGroups) {
+				t.Fatalf("not restored: inits %v volumes %v groups %v annotations %v", names(back.Spec.InitContainers), back.Spec.Volumes,
+					back.Spec.SecurityContext.SupplementalGroups, back.Annotations)
+			}
+		})
+	}
+	t.Run("a container of the pod mounts the relay volume", func(t *testing.T) {
+		p := gpuPod()
+		p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: VolumeRelay, MountPath: "/sock"}}
+		r, err := testInjector(relay).Mutate(context.Background(), gang.Pod{Pod: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Outcome != "no_check" || strings.Contains(string(r.Patch), VolumeRelay) || len(r.Skipped) == 0 ||
+			!strings.Contains(r.Skipped[0], "container main mounts preflight-relay, which only the injected checks may") {
+			t.Fatalf("outcome %q patch %s skipped %q", r.Outcome, r.Patch, r.Skipped)
+		}
+	})
+	t.Run("third-party check", func(t *testing.T) {
+		inj := testInjector(func(c *Config) {
+			relay(c)
+			c.Checks = []CheckSpec{{Name: "burn", Image: "burn:1", Command: []string{"/burn"}}}
+		})
+		r, err := inj.Mutate(context.Background(), gang.Pod{Pod: gpuPod()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := apply(t, gpuPod(), r.Patch).Spec.InitContainers[0]
+		if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+			return e.Name == "FAULTLINE_RELAY_SOCKET" && e.Value == "/run/faultline-agent/agent.sock"
+		}) {
+			t.Fatalf("env %v: no FAULTLINE_RELAY_SOCKET", envNames(c))
+		}
+	})
 }

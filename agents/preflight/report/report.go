@@ -1,6 +1,19 @@
-// Package report delivers a preflight check's HealthEvents to the gateway
-// with the node agent's durable spool and sender (agents/agent): events are
-// fsync'd to a spool on the node before anything is sent, sent oldest first
+// Package report delivers a preflight check's HealthEvents, through the
+// node agent's relay socket (Config.RelaySocket) or, on the legacy path,
+// to the gateway directly.
+//
+// Through the relay (agents/relay), a run sends its events to the agent on
+// its node, whose answer means they are in the agent's spool (fsync'd);
+// the agent delivers them with its own credential, bound to its node, and
+// refuses events for any other node. The check needs no gateway token, and
+// no spool of its own: what the agent did not take by the drain timeout is
+// lost (FlushResult.Lost) and the run exits non-zero for the kubelet to run
+// it again.
+//
+// To the gateway (the legacy path: the token is then one every node's
+// checks share, a cluster-wide credential in tenants' namespaces), a run
+// sends with the node agent's durable spool and sender (agents/agent):
+// events are fsync'd to a spool on the node before anything is sent, sent oldest first
 // until the gateway returned ids for them, and whatever a run could not
 // deliver within its drain timeout stays on disk for the next run on the
 // node to send. Nothing accepted is lost when the gateway is briefly down.
@@ -35,6 +48,7 @@ import (
 
 	"github.com/faultline/faultline/agents/agent"
 	"github.com/faultline/faultline/internal/config"
+	"github.com/faultline/faultline/internal/unixsock"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	"github.com/faultline/faultline/schemas/validate"
@@ -49,15 +63,21 @@ type SpoolConfig struct {
 	// MaxBytes caps one run's spool (default 4 MiB).
 	MaxBytes int64 `toml:"max_bytes"`
 	// DrainTimeout is how long a run waits for the gateway to take its
-	// events (and those it adopted) before exiting with them spooled
-	// (default 60s).
+	// events (and those it adopted) before exiting with them spooled, or,
+	// with RelaySocket, for the agent's relay to take them (default 60s).
 	DrainTimeout time.Duration `toml:"drain_timeout"`
 }
 
 // Config is the reporting part of a check's configuration.
 type Config struct {
-	Gateway agent.GatewayConfig `toml:"gateway"`
-	Spool   SpoolConfig         `toml:"spool"`
+	// RelaySocket is the node agent's relay socket (agents/relay; the
+	// agent's nvsentinel_socket) as mounted in the check: when set, events
+	// go through the agent, with its node-bound credential, and the
+	// gateway and spool keys are not used ("", the default: the gateway
+	// directly, with the token in gateway.token_file).
+	RelaySocket string              `toml:"relay_socket"`
+	Gateway     agent.GatewayConfig `toml:"gateway"`
+	Spool       SpoolConfig         `toml:"spool"`
 }
 
 // DefaultConfig returns the defaults documented on the fields: TLS to
@@ -75,6 +95,7 @@ func DefaultConfig() Config {
 // RegisterFlags adds --gateway.* and --spool.* flags bound to c.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	g := &c.Gateway
+	fs.StringVar(&c.RelaySocket, "relay-socket", c.RelaySocket, "the node agent's relay socket: send through the agent instead of the gateway (no token)")
 	fs.StringVar(&g.Addr, "gateway.addr", g.Addr, "gateway gRPC address")
 	fs.StringVar(&g.TokenFile, "gateway.token-file", g.TokenFile, "file holding the bearer token (re-read before each send, never logged)")
 	fs.BoolVar(&g.Insecure, "gateway.insecure", g.Insecure, "send WITHOUT TLS: token and events in clear; for a local or test gateway only")
@@ -87,12 +108,19 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&g.MaxBackoff, "gateway.max-backoff", g.MaxBackoff, "retry backoff cap")
 	fs.StringVar(&c.Spool.Dir, "spool.dir", c.Spool.Dir, "root of the per-run spools (a directory on the node)")
 	fs.Int64Var(&c.Spool.MaxBytes, "spool.max-bytes", c.Spool.MaxBytes, "one run's spool capacity in bytes")
-	fs.DurationVar(&c.Spool.DrainTimeout, "spool.drain-timeout", c.Spool.DrainTimeout, "how long to wait for the gateway before exiting with events spooled")
+	fs.DurationVar(&c.Spool.DrainTimeout, "spool.drain-timeout", c.Spool.DrainTimeout, "how long to wait for the gateway (or the relay) before exiting with events spooled")
 }
 
-// Validate names the first bad key. The token file must hold a token; its
-// content is read as a config.Secret and never printed.
+// Validate names the first bad key. Without relay_socket, the token file
+// must hold a token; its content is read as a config.Secret and never
+// printed.
 func (c *Config) Validate() error {
+	if c.RelaySocket != "" {
+		if err := c.ValidateRelaySocket(); err != nil {
+			return err
+		}
+		return c.Spool.Validate()
+	}
 	if err := c.Gateway.Validate(); err != nil {
 		return err
 	}
@@ -102,6 +130,19 @@ func (c *Config) Validate() error {
 		}
 	}
 	return c.Spool.Validate()
+}
+
+// ValidateRelaySocket checks relay_socket ("" is valid: off).
+func (c *Config) ValidateRelaySocket() error {
+	switch {
+	case c.RelaySocket == "":
+		return nil
+	case !filepath.IsAbs(c.RelaySocket):
+		return fmt.Errorf("relay_socket: %q is not an absolute path", c.RelaySocket)
+	case len(c.RelaySocket) > unixsock.MaxPath:
+		return fmt.Errorf("relay_socket: %q is longer than a unix socket's path may be (%d bytes)", c.RelaySocket, unixsock.MaxPath)
+	}
+	return nil
 }
 
 // Validate names the first bad spool key.
@@ -129,7 +170,7 @@ type Reporter struct {
 	lock  *os.File
 	spool *agent.Spool // nil without a spool (Direct)
 	// unspooled are the events Report could not spool, for Flush to send
-	// directly.
+	// directly (with cfg.RelaySocket, all of them, for the relay).
 	unspooled []*datamodels.HealthEvent
 }
 
@@ -138,7 +179,14 @@ type Reporter struct {
 // so that runs of every UID on the node can make their directories there
 // and none can remove or rename another's. An error means no spool: the
 // caller reports with Direct instead.
+//
+// With cfg.RelaySocket the run has no spool of its own (the agent's
+// holds what it takes): Open returns Direct's Reporter, which sends
+// through the relay.
 func Open(cfg Config, log *slog.Logger) (*Reporter, error) {
+	if cfg.RelaySocket != "" {
+		return Direct(cfg, log), nil
+	}
 	if err := openRoot(cfg.Spool.Dir); err != nil {
 		return nil, fmt.Errorf("spool.dir: %w", err)
 	}
@@ -203,7 +251,8 @@ const rootMode = os.ModeSticky | 0o777
 // Dir is this run's spool directory; "" without a spool (Direct).
 func (r *Reporter) Dir() string { return r.dir }
 
-// Report appends events durably (fsync'd), all or none. Events the spool
+// Report appends events durably (fsync'd), all or none; with
+// cfg.RelaySocket it keeps them for Flush to send through the relay. Events the spool
 // refuses (full, or the node's disk failing) are an error, and are kept
 // for Flush to send directly: a check's result is never dropped silently.
 // Their text, read from the tools' output, is made one the gateway takes
@@ -247,9 +296,17 @@ type FlushResult struct {
 // another, in the order the runs started, each only once the gateway took
 // every event of the runs before it. What it has not reached stays
 // spooled, for the next run to send in the same order.
+//
+// With cfg.RelaySocket it sends this run's events to the agent's relay
+// instead, and adopts nothing.
 func (r *Reporter) Flush(ctx context.Context) FlushResult {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Spool.DrainTimeout)
 	defer cancel()
+	if r.cfg.RelaySocket != "" {
+		lost := r.sendRelay(ctx, r.unspooled)
+		r.unspooled = nil
+		return FlushResult{Lost: lost}
+	}
 	type job struct {
 		dir   string
 		spool *agent.Spool
@@ -462,7 +519,8 @@ func (r *Reporter) Close() error {
 // it, read the events, move the cursor and remove what it sent. Done
 // while the lock is held; a live run's directory stays its own (0750).
 // Anyone who could alter these events holds the gateway token the check
-// sends with, and could send any event for the node anyway.
+// sends with (legacy path only: the relay path has no spool), and could
+// send any event for any node anyway.
 func share(dir string) {
 	_ = os.Chmod(dir, 0o777)
 	ents, _ := os.ReadDir(dir)

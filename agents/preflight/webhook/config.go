@@ -14,6 +14,7 @@ import (
 
 	"github.com/faultline/faultline/agents/preflight/checks"
 	"github.com/faultline/faultline/agents/preflight/injection"
+	"github.com/faultline/faultline/internal/unixsock"
 )
 
 // SystemNamespaces are never mutated, whatever the configuration says.
@@ -176,8 +177,50 @@ type InjectConfig struct {
 	StateHostPath string `toml:"state_host_path"`
 	// TokenSecret is the Secret, in each opted-in namespace, holding the
 	// gateway token under key "token" (default "faultline-preflight-token";
-	// "" mounts none).
+	// "" mounts none). Legacy: every node's checks send with it, so it is
+	// a cluster-wide credential that anyone who can create a pod in an
+	// opted-in namespace can read; use RelaySocket.
 	TokenSecret string `toml:"token_secret"`
+	// RelaySocket is the node agent's relay socket on the nodes (the
+	// agent's nvsentinel_socket, e.g. "/run/faultline-agent/agent.sock";
+	// default "": off). When set, its directory is mounted (hostPath,
+	// Directory, read-only) into the checks, which send through the
+	// agent with its node-bound credential; TokenSecret must be "" and no
+	// spool is mounted.
+	RelaySocket string `toml:"relay_socket"`
+	// RelaySocketGroup is the numeric group of that socket (the agent's
+	// nvsentinel_socket_group), added to each injected pod's
+	// supplementalGroups so that checks of any UID can connect (default 0:
+	// none added).
+	RelaySocketGroup int64 `toml:"relay_socket_group"`
+}
+
+// validateRelay checks the relay keys: a socket path the checks can dial,
+// no token beside it, a group only with it; checkSocket is
+// check.relay_socket, which the injection sets.
+func (c InjectConfig) validateRelay(checkSocket string) error {
+	if checkSocket != "" {
+		return errors.New("check.relay_socket: set by the webhook from inject.relay_socket; leave it empty")
+	}
+	if c.RelaySocket == "" {
+		if c.RelaySocketGroup != 0 {
+			return errors.New("inject.relay_socket_group: set, but inject.relay_socket is off")
+		}
+		return nil
+	}
+	if !path.IsAbs(c.RelaySocket) || path.Clean(c.RelaySocket) != c.RelaySocket || path.Dir(c.RelaySocket) == "/" {
+		return fmt.Errorf("inject.relay_socket: %q is not a clean absolute path of a socket in a directory other than / (the directory is mounted into the checks)", c.RelaySocket)
+	}
+	if len(injection.RelaySocketPath(c.RelaySocket)) > unixsock.MaxPath {
+		return fmt.Errorf("inject.relay_socket: the checks' path of it, %q, is longer than a unix socket's may be", injection.RelaySocketPath(c.RelaySocket))
+	}
+	if c.TokenSecret != "" {
+		return fmt.Errorf("inject.token_secret: %q is set with inject.relay_socket: the checks send through the agent; set it to \"\" (the token is a cluster-wide credential in tenants' namespaces)", c.TokenSecret)
+	}
+	if c.RelaySocketGroup < 0 || c.RelaySocketGroup > math.MaxInt32 {
+		return fmt.Errorf("inject.relay_socket_group: %d is not a group id", c.RelaySocketGroup)
+	}
+	return nil
 }
 
 // DefaultConfig returns the defaults documented on the fields.
@@ -279,7 +322,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Inject.Image, "inject.image", c.Inject.Image, "default image of the checks")
 	fs.StringVar(&c.Inject.ImagePullPolicy, "inject.image-pull-policy", c.Inject.ImagePullPolicy, "Always, IfNotPresent or Never")
 	fs.StringVar(&c.Inject.StateHostPath, "inject.state-host-path", c.Inject.StateHostPath, "node directory of the checks' spool")
-	fs.StringVar(&c.Inject.TokenSecret, "inject.token-secret", c.Inject.TokenSecret, "Secret (per namespace) with the gateway token; empty mounts none")
+	fs.StringVar(&c.Inject.TokenSecret, "inject.token-secret", c.Inject.TokenSecret, "Secret (per namespace) with the gateway token; empty mounts none (legacy: a cluster-wide credential)")
+	fs.StringVar(&c.Inject.RelaySocket, "inject.relay-socket", c.Inject.RelaySocket, "the node agent's relay socket on the nodes: checks send through it (no token)")
+	fs.Int64Var(&c.Inject.RelaySocketGroup, "inject.relay-socket-group", c.Inject.RelaySocketGroup, "numeric group of the relay socket, added to the pods' supplementalGroups (0: none)")
 	fs.Func("checks", "built-in checks to inject, comma-separated (dcgm-diag,nccl-loopback,nccl-allreduce)", func(s string) error {
 		c.Checks = nil
 		for _, n := range strings.Split(s, ",") {
@@ -396,7 +441,7 @@ func (c *Config) Validate() error {
 	if c.Gang.MountPath != c.Check.Gang.Dir {
 		return fmt.Errorf("gang.mount_path: %q differs from check.gang.dir %q (the checks would not find the gang)", c.Gang.MountPath, c.Check.Gang.Dir)
 	}
-	if d := path.Clean(c.Check.Gang.MarkerDir); d == path.Clean(c.Gang.MountPath) || d == injection.StateMountPath || d == injection.TokenMountPath {
+	if d := path.Clean(c.Check.Gang.MarkerDir); d == path.Clean(c.Gang.MountPath) || d == injection.StateMountPath || d == injection.TokenMountPath || d == injection.RelayMountPath {
 		return fmt.Errorf("check.gang.marker_dir: %q is where another of the checks' volumes is mounted", c.Check.Gang.MarkerDir)
 	}
 	if c.Inject.Image == "" {
@@ -404,6 +449,9 @@ func (c *Config) Validate() error {
 	}
 	if !slices.Contains([]string{"Always", "IfNotPresent", "Never"}, c.Inject.ImagePullPolicy) {
 		return fmt.Errorf("inject.image_pull_policy: %q is not Always, IfNotPresent or Never", c.Inject.ImagePullPolicy)
+	}
+	if err := c.Inject.validateRelay(c.Check.RelaySocket); err != nil {
+		return err
 	}
 	if !strings.HasPrefix(c.Inject.StateHostPath, "/") {
 		return fmt.Errorf("inject.state_host_path: %q is not an absolute path", c.Inject.StateHostPath)

@@ -23,6 +23,9 @@ func TestConfigValidate(t *testing.T) {
 		cfg.Check.Gateway.BatchSize != 250 || cfg.Kube.QPS != 5.5 || cfg.Kube.Burst != 7 {
 		t.Fatalf("valid flags: %v (%+v)", err, cfg)
 	}
+	if _, err := load("--inject.relay-socket=/run/faultline-agent/agent.sock", "--inject.relay-socket-group=64500", "--inject.token-secret="); err != nil {
+		t.Fatalf("relay socket: %v", err)
+	}
 	for _, tc := range []struct{ flag, want string }{
 		{"--kube.qps=NaN", "kube.qps: must be a finite number above 0, got NaN"},
 		{"--kube.qps=+Inf", "kube.qps: must be a finite number above 0, got +Inf"},
@@ -39,6 +42,12 @@ func TestConfigValidate(t *testing.T) {
 		{"--check.nccl.allreduce-bytes=-1", "check.nccl.allreduce_bytes: must be at least 4 (one float32 element), got -1"},
 		{"--check.gang.marker-dir=run/preflight", `check.gang.marker_dir: "run/preflight" is not an absolute path`},
 		{"--check.gang.marker-dir=/etc/preflight/", `check.gang.marker_dir: "/etc/preflight/" is where another of the checks' volumes is mounted`},
+		{"--inject.relay-socket=/run/faultline-agent/agent.sock", `inject.token_secret: "faultline-preflight-token" is set with inject.relay_socket`},
+		{"--inject.relay-socket=run/agent.sock", `inject.relay_socket: "run/agent.sock" is not a clean absolute path`},
+		{"--inject.relay-socket=/agent.sock", `inject.relay_socket: "/agent.sock" is not a clean absolute path of a socket in a directory other than /`},
+		{"--inject.relay-socket-group=64500", "inject.relay_socket_group: set, but inject.relay_socket is off"},
+		{"--check.relay-socket=/run/x.sock", "check.relay_socket: set by the webhook from inject.relay_socket; leave it empty"},
+		{"--check.gang.marker-dir=/run/faultline-agent", `check.gang.marker_dir: "/run/faultline-agent" is where another of the checks' volumes is mounted`},
 	} {
 		if _, err := load(tc.flag); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want %q", tc.flag, err, tc.want)

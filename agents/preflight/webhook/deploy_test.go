@@ -45,7 +45,8 @@ func TestDeployManifest(t *testing.T) {
 		t.Fatalf("config.toml: %v", err)
 	}
 	if len(cfg.Checks) != 2 || cfg.Namespaces.Include[0] != "training" || cfg.Check.Gateway.CAFile != "/var/run/secrets/faultline-preflight/ca.crt" ||
-		cfg.Check.Gang.Timeout.Seconds() != 600 || cfg.Webhook.ServiceNamespace != "faultline" {
+		cfg.Check.Gang.Timeout.Seconds() != 600 || cfg.Webhook.ServiceNamespace != "faultline" ||
+		cfg.Inject.RelaySocket != "/run/faultline-agent/agent.sock" || cfg.Inject.RelaySocketGroup != 64500 || cfg.Inject.TokenSecret != "" {
 		t.Errorf("config.toml read as %+v", cfg)
 	}
 

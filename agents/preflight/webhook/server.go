@@ -136,6 +136,7 @@ func InjectionConfig(cfg *Config) injection.Config {
 		Checks: cfg.Checks, GPU: cfg.GPU, Network: cfg.Network, EnvPatterns: cfg.NCCL.EnvPatterns,
 		Image: cfg.Inject.Image, ImagePullPolicy: corev1.PullPolicy(cfg.Inject.ImagePullPolicy),
 		StateHostPath: cfg.Inject.StateHostPath, TokenSecret: cfg.Inject.TokenSecret,
+		RelaySocket: cfg.Inject.RelaySocket, RelayGroup: cfg.Inject.RelaySocketGroup,
 		GangMountPath: cfg.Gang.MountPath, Runner: cfg.Check,
 	}
 }

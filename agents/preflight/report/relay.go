@@ -1,0 +1,103 @@
+package report
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/faultline/faultline/agents/relay"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// relayCallTimeout bounds one call to the agent's relay (it answers once
+// the events are fsync'd in its spool).
+const relayCallTimeout = 10 * time.Second
+
+// sendRelay sends the run's events to the node agent's relay socket
+// (Config.RelaySocket: agents/relay, NVSentinel's PlatformConnector), in
+// order, in as few calls as the relay's limits allow, each retried with
+// backoff until the agent took it (its events are then in the agent's
+// spool, fsync'd, for the agent's sender to deliver with the agent's
+// node-bound credential) or ctx ends. A call the relay can never take
+// (InvalidArgument, or PermissionDenied: an event for another node than
+// the agent's) is not retried. It returns how many events were not
+// recorded.
+func (r *Reporter) sendRelay(ctx context.Context, evs []*datamodels.HealthEvent) int {
+	conn, err := grpc.NewClient("unix://"+r.cfg.RelaySocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		r.log.Error("cannot dial the agent's relay socket", "socket", r.cfg.RelaySocket, "err", err)
+		return len(evs)
+	}
+	defer conn.Close()
+	client := datamodels.NewPlatformConnectorClient(conn)
+	lost := 0
+	batches := relayBatches(evs)
+	for i, b := range batches {
+		err := r.relayCall(ctx, client, b)
+		switch {
+		case err == nil:
+			continue
+		case ctx.Err() != nil:
+			for _, rest := range batches[i:] {
+				lost += len(rest)
+			}
+			r.log.Error("the agent's relay did not take the events in spool.drain_timeout", "socket", r.cfg.RelaySocket,
+				"events", lost, "err", err)
+			return lost
+		default:
+			r.log.Error("the agent's relay refused events; they can never be delivered", "socket", r.cfg.RelaySocket,
+				"events", len(b), "err", err)
+			lost += len(b)
+		}
+	}
+	return lost
+}
+
+// relayCall sends one batch until the relay takes it (nil), refuses it for
+// good (the error), or ctx ends (the last error).
+func (r *Reporter) relayCall(ctx context.Context, client datamodels.PlatformConnectorClient, evs []*datamodels.HealthEvent) error {
+	backoff := 200 * time.Millisecond
+	for {
+		cctx, cancel := context.WithTimeout(ctx, relayCallTimeout)
+		_, err := client.HealthEventOccurredV1(cctx, &datamodels.HealthEvents{Version: 1, Events: evs})
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if c := status.Code(err); c == codes.InvalidArgument || c == codes.PermissionDenied || c == codes.ResourceExhausted {
+			return err
+		}
+		r.log.Warn("the agent's relay did not take the events; retrying", "socket", r.cfg.RelaySocket, "events", len(evs), "err", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, max(r.cfg.Gateway.MaxBackoff, 200*time.Millisecond))
+	}
+}
+
+// relayBatches splits evs, in order, into calls the relay takes: at most
+// relay.MaxBatch events and half relay.MaxMessageBytes each (an event
+// larger alone goes alone; the relay names why it refuses it).
+func relayBatches(evs []*datamodels.HealthEvent) [][]*datamodels.HealthEvent {
+	var out [][]*datamodels.HealthEvent
+	start, size := 0, 0
+	for i, ev := range evs {
+		n := ev.SizeVT() + 8
+		if i > start && (i-start == relay.MaxBatch || size+n > relay.MaxMessageBytes/2) {
+			out = append(out, evs[start:i])
+			start, size = i, 0
+		}
+		size += n
+	}
+	if start < len(evs) {
+		out = append(out, evs[start:])
+	}
+	return out
+}
