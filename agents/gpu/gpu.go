@@ -9,6 +9,23 @@
 // with DCGM's error codes, so the same table serves a DCGM hostengine
 // Source. Tests use Replay, a recorded sequence of health responses.
 //
+// NVML is initialised at the start of each read and shut down at its end,
+// not held for the agent's life: a process holding NVML makes
+// "nvidia-smi -r" refuse to reset the GPU ("In use by another client"),
+// the agent's own local GPU reset (agents/localaction) included, and holds
+// the driver module through a GPU Operator driver upgrade. What a read
+// needs of earlier ones (replay counter samples, link states, the last
+// answers) is kept by GPU id (UUID), never by NVML handle.
+//
+// Check calls the source in a goroutine, one call at a time: NVML's calls
+// are cgo and do not heed the context, and one on a hung GPU (Xid 119 GSP
+// timeout, a task in D state) never returns. A call that has not answered
+// by the poll's deadline loses the source (as below); the polls while it
+// runs start no other, and its answer, when it comes, is the next poll's.
+// NVML finding no driver or library is a node without GPUs (nothing
+// reported) unless the node's GPU metadata (Config.Expected) names GPUs:
+// then a driver that did not load, the source lost.
+//
 // Events (agent "faultline-agent", componentClass "GPU"): checkName
 // "Gpu<System>Watch" (GpuMemWatch, GpuPcieWatch, GpuNvlinkWatch,
 // GpuThermalWatch, GpuPowerWatch, GpuInforomWatch), errorCode the DCGM code
@@ -78,7 +95,8 @@ const (
 )
 
 // ErrNotPresent is returned by a Source on a node without NVIDIA GPUs or
-// driver; the check then reports nothing.
+// driver; the check then reports nothing, unless Config.Expected names
+// GPUs (a driver that did not load): then the source is lost.
 var ErrNotPresent = errors.New("gpu: no NVIDIA GPU or driver on this node")
 
 // Incident is one failed or warning health watch on one GPU.
@@ -236,6 +254,9 @@ type Check struct {
 	// unbased: "gpu|watch" of the GPUs missing when the watch's baseline
 	// was still to be sent: baselined when the GPU reads again.
 	unbased map[string]bool
+	// call is the Source.Health call in flight, or answered and not yet
+	// taken (nil: none; see health).
+	call *healthCall
 }
 
 // New returns the GPU check.
@@ -289,8 +310,13 @@ func (c *Check) Name() string { return "gpu" }
 func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	incs, err := c.cfg.Source.Health(ctx)
+	incs, err := c.health(ctx)
 	if errors.Is(err, ErrNotPresent) {
+		if n := c.expectedGPUs(); n > 0 {
+			// The node has GPUs (its metadata says so) and no driver or
+			// library answers: one that did not load after a reboot.
+			return c.lostSource(fmt.Errorf("%w, though the node's GPU metadata names %d GPU(s)", err, n))
+		}
 		if !c.absent {
 			c.cfg.Logger.Info("no NVIDIA GPU on this node; gpu check idle")
 		}
@@ -422,6 +448,74 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 		out = append(out, c.baseline(incs, cur, gpus)...)
 	}
 	return append(out, back...), nil
+}
+
+// healthCall is one Source.Health call, run in a goroutine of its own:
+// NVML's calls are cgo and do not heed the context, and one on a hung GPU
+// (Xid 119 GSP timeout, a task in D state) never returns.
+type healthCall struct {
+	start  time.Time
+	done   chan struct{} // closed when Health returned (incs, err set)
+	incs   []Incident
+	err    error
+	warned bool
+}
+
+// health returns the answer of a Source.Health call: the call in flight
+// (one an earlier poll gave up on) or, when none is, one it starts. When
+// ctx ends first it returns an error (the source is lost) and leaves the
+// call running: no other is started while it runs, and its answer, when it
+// comes, is taken by the next poll, not dropped: the source is back, and a
+// source slower than the poll's deadline still reports every other poll.
+// What it read is at most one poll old then, and the poll after reads
+// afresh.
+func (c *Check) health(ctx context.Context) ([]Incident, error) {
+	if c.call == nil {
+		c.call = c.startHealth(ctx)
+	}
+	call := c.call
+	select {
+	case <-call.done:
+	default:
+		select {
+		case <-call.done:
+		case <-ctx.Done():
+			d := c.cfg.Now().Sub(call.start).Round(time.Second)
+			if !call.warned {
+				call.warned = true
+				c.cfg.Logger.Warn("GPU health source did not answer; no other call until it does", "running", d)
+			}
+			return nil, fmt.Errorf("GPU health source did not answer within %s (a hung GPU?); no other call until it does", d)
+		}
+	}
+	c.call = nil
+	return call.incs, call.err
+}
+
+// startHealth starts a Source.Health call, with ctx's values but not its
+// cancellation (the call may outlive the poll: see health). A panic of the
+// source is its error: the call runs out of the runner's recovery.
+func (c *Check) startHealth(ctx context.Context) *healthCall {
+	call := &healthCall{start: c.cfg.Now(), done: make(chan struct{})}
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		defer close(call.done)
+		defer func() {
+			if r := recover(); r != nil {
+				call.incs, call.err = nil, fmt.Errorf("GPU health source panicked: %v", r)
+			}
+		}()
+		call.incs, call.err = c.cfg.Source.Health(ctx)
+	}()
+	return call
+}
+
+// expectedGPUs is how many GPUs Config.Expected names (0 without it).
+func (c *Check) expectedGPUs() int {
+	if c.cfg.Expected == nil {
+		return 0
+	}
+	return len(c.cfg.Expected())
 }
 
 // expect adds to seen the GPUs of Config.Expected (expected) that the

@@ -3,10 +3,12 @@ package gpu
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -173,5 +175,125 @@ func TestReplayRefusesBadIncidents(t *testing.T) {
 		case tc.want != "" && (err == nil || err.Error() != path+": "+tc.want):
 			t.Errorf("%s:\n got  %v\n want %s", tc.incident, err, tc.want)
 		}
+	}
+}
+
+// TestNotPresentWithExpectedGPUs: NVML finding no driver or library ("not
+// a GPU node") on a node whose GPU metadata names GPUs (a driver that did
+// not load after a reboot) loses the health source, past BootGrace; a node
+// without metadata, or metadata naming none, stays idle.
+func TestNotPresentWithExpectedGPUs(t *testing.T) {
+	gpus := []GPU{{Index: 0, UUID: "GPU-A", PCI: "0000:1b:00.0"}, {Index: 1, UUID: "GPU-B", PCI: "0000:43:00.0"}}
+	for _, tc := range []struct {
+		name     string
+		expected func() []GPU
+		uptime   time.Duration
+		want     string
+	}{
+		{"no metadata", nil, time.Hour, ""},
+		{"metadata names no GPU", func() []GPU { return nil }, time.Hour, ""},
+		{"metadata names GPUs", func() []GPU { return gpus }, time.Hour, "GpuDcgmConnectivityFailure:DCGM-CONNECTIVITY-FAILURE/CONTACT_SUPPORT@dcgm"},
+		{"metadata names GPUs, booting", func() []GPU { return gpus }, time.Minute, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := New(Config{Source: &Replay{Steps: []ReplayStep{{NotPresent: true}}}, Expected: tc.expected,
+				Uptime: func() (time.Duration, error) { return tc.uptime, nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for poll, want := range []string{tc.want, ""} {
+				evs, err := c.Check(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := summary(evs); got != want {
+					t.Errorf("poll %d: events %q, want %q", poll, got, want)
+				}
+			}
+		})
+	}
+}
+
+// stuckSource is a Source whose Health calls wait for answer (a hung GPU:
+// NVML's cgo calls do not heed the context), counting the calls.
+type stuckSource struct {
+	calls  atomic.Int32
+	answer chan error
+}
+
+func (s *stuckSource) Health(context.Context) ([]Incident, error) {
+	s.calls.Add(1)
+	if err := <-s.answer; err != nil {
+		panic(err)
+	}
+	return nil, nil
+}
+
+// TestStuckSource: a Health call that does not return is given up at the
+// poll's deadline: the health source is reported lost (past BootGrace),
+// and the next polls start no other call while it runs (nor report it
+// again); its answer, when it comes, is the next poll's (the source back),
+// and the poll after starts a new call. A call that panics loses the
+// source too, without taking the agent down. Check used to wait for ever:
+// no event, and the agent's /healthz went stale.
+func TestStuckSource(t *testing.T) {
+	const baselines = "GpuMemWatch:healthy GpuPcieWatch:healthy GpuNvlinkWatch:healthy GpuThermalWatch:healthy GpuPowerWatch:healthy GpuInforomWatch:healthy"
+	for _, tc := range []struct {
+		name   string
+		uptime time.Duration
+		answer error // what the stuck call does when released: nil answers, else panics
+		lost   string
+		back   string
+	}{
+		{"hung, then answers", time.Hour, nil, "GpuDcgmConnectivityFailure:DCGM-CONNECTIVITY-FAILURE/CONTACT_SUPPORT@dcgm",
+			"GpuDcgmConnectivityFailure:healthy@dcgm " + baselines},
+		{"hung while booting", time.Minute, nil, "", "GpuDcgmConnectivityFailure:healthy " + baselines},
+		{"hung, then panics", time.Hour, errors.New("boom"), "GpuDcgmConnectivityFailure:DCGM-CONNECTIVITY-FAILURE/CONTACT_SUPPORT@dcgm", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := &stuckSource{answer: make(chan error, 1)}
+			c, err := New(Config{Source: src, Uptime: func() (time.Duration, error) { return tc.uptime, nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			poll := func(what string, timeout time.Duration) string {
+				t.Helper()
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				defer cancel()
+				done := make(chan string, 1)
+				go func() {
+					evs, err := c.Check(ctx)
+					if err != nil {
+						t.Errorf("%s: %v", what, err)
+					}
+					done <- summary(evs)
+				}()
+				select {
+				case s := <-done:
+					return s
+				case <-time.After(5 * time.Second):
+					t.Fatalf("%s: Check did not return after its deadline", what)
+					return ""
+				}
+			}
+			if got := poll("stuck", 20*time.Millisecond); got != tc.lost {
+				t.Errorf("stuck: events %q, want %q", got, tc.lost)
+			}
+			if got := poll("still stuck", 20*time.Millisecond); got != "" {
+				t.Errorf("still stuck: events %q, want none", got)
+			}
+			if n := src.calls.Load(); n != 1 {
+				t.Errorf("%d Health calls while the first is stuck, want 1", n)
+			}
+			src.answer <- tc.answer
+			if got := poll("answered", 5*time.Second); got != tc.back {
+				t.Errorf("answered: events %q, want %q", got, tc.back)
+			}
+			src.answer <- nil
+			poll("next", 5*time.Second)
+			if n := src.calls.Load(); n != 2 {
+				t.Errorf("%d Health calls after the stuck one answered, want 2", n)
+			}
+		})
 	}
 }

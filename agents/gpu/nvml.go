@@ -32,13 +32,15 @@ import (
 //
 // GPU_IS_LOST is no such failure: the GPU fell off the bus (Xid 79) and
 // keeps its handle, every query answering GPU_IS_LOST (GetUUID also
-// GPU_NOT_FOUND). Such a GPU has, besides what its conditions had, the fatal
-// incident CodeGPULost on its Pcie watch, named as last read (its UUID and
-// PCI address), until it reads again: then its healthy event.
+// GPU_NOT_FOUND); NVML initialised after that (every read: NVML is shut
+// down between reads, see the package doc) gives no handle, answering
+// GPU_IS_LOST (or GPU_NOT_FOUND). Such a GPU has, besides what its
+// conditions had, the fatal incident CodeGPULost on its Pcie watch, named
+// as last read (its UUID and PCI address), until it reads again: then its
+// healthy event.
 type NVML struct {
-	mu     sync.Mutex
-	lib    nvmlLib
-	inited bool
+	mu  sync.Mutex
+	lib nvmlLib
 	// By GPU id (its UUID, else "gpu<index>", as the events name it):
 	replay  map[string]replaySample // id → last PCIe replay counter
 	links   map[string]bool         // "id/link" → was active
@@ -90,23 +92,18 @@ func (pkgNVML) DeviceGetHandleByIndex(i int) (nvml.Device, nvml.Return) {
 func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.inited {
-		switch r := s.lib.Init(); r {
-		case nvml.SUCCESS:
-			s.inited = true
-		case nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED, nvml.ERROR_NO_PERMISSION:
-			if r == nvml.ERROR_NO_PERMISSION {
-				return nil, fmt.Errorf("nvml init: %s", nvml.ErrorString(r))
-			}
-			return nil, ErrNotPresent
-		default:
-			return nil, fmt.Errorf("nvml init: %s", nvml.ErrorString(r))
-		}
+	switch r := s.lib.Init(); r {
+	case nvml.SUCCESS:
+	case nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED:
+		return nil, ErrNotPresent
+	default:
+		return nil, fmt.Errorf("nvml init: %s", nvml.ErrorString(r))
 	}
+	// Not held between reads (a GPU reset, a driver upgrade): see the
+	// package doc.
+	defer s.shutdown()
 	n, r := s.lib.DeviceGetCount()
 	if r != nvml.SUCCESS {
-		s.inited = false
-		s.lib.Shutdown()
 		return nil, fmt.Errorf("nvml device count: %s", nvml.ErrorString(r))
 	}
 	var out []Incident
@@ -119,10 +116,16 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 		if r != nvml.SUCCESS {
 			// Nothing of it read: what it had stands, no watch is known.
 			// Named as last read at its index (its UUID and PCI address),
-			// as its incidents and its recovery name it.
+			// as its incidents and its recovery name it. A GPU lost
+			// before this NVML session began (fallen off the bus) has no
+			// handle: CodeGPULost, as when its handle answers so.
 			g, ok := s.byIndex[i]
-			out = append(out, Incident{GPU: i, UUID: g.UUID, PCI: g.PCI, System: "Pcie", Health: "FAIL", Code: "DCGM_FR_NVML_API",
-				Message: "cannot get a handle for the GPU: " + nvml.ErrorString(r)})
+			in := Incident{GPU: i, UUID: g.UUID, PCI: g.PCI, System: "Pcie", Health: "FAIL", Code: "DCGM_FR_NVML_API",
+				Message: "cannot get a handle for the GPU: " + nvml.ErrorString(r)}
+			if r == nvml.ERROR_GPU_IS_LOST || r == nvml.ERROR_GPU_NOT_FOUND {
+				in.Code, in.Message = CodeGPULost, fmt.Sprintf("GPU %d is lost (fallen off the bus): NVML answers %s for its handle", i, nvml.ErrorString(r))
+			}
+			out = append(out, in)
 			if ok {
 				out = append(out, s.lastOf(gpuID(Incident{GPU: i, UUID: g.UUID}))...)
 			}
@@ -137,6 +140,20 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 	}
 	s.gpus = gpus
 	return out, nil
+}
+
+// shutdown releases NVML at the end of a read.
+func (s *NVML) shutdown() {
+	if r := s.lib.Shutdown(); r != nvml.SUCCESS {
+		s.log().Warn("NVML shutdown failed", "err", nvml.ErrorString(r))
+	}
+}
+
+func (s *NVML) log() *slog.Logger {
+	if s.Logger == nil {
+		return slog.Default()
+	}
+	return s.Logger
 }
 
 // GPUs implements Inventory. Pcie is unknown on a GPU until its second
@@ -309,10 +326,7 @@ func (s *NVML) cond(g *GPU, id, query string, r nvml.Return, incs []Incident, sy
 // failing and when it answers again.
 func (s *NVML) answered(g *GPU, id, query string, r nvml.Return) bool {
 	key := id + "/" + query
-	log := s.Logger
-	if log == nil {
-		log = slog.Default()
-	}
+	log := s.log()
 	if r == nvml.ERROR_GPU_IS_LOST {
 		s.gone = true
 	}

@@ -481,3 +481,125 @@ func TestNVMLUnidentifiedGPU(t *testing.T) {
 		})
 	}
 }
+
+// TestNVMLReleasedAfterEachRead: NVML is shut down at the end of every
+// read, whatever it found, so that between polls the agent holds no GPU
+// (nvidia-smi -r refused a reset "in use by another client", the driver
+// module stayed held through a driver upgrade); an Init that failed is not
+// shut down.
+func TestNVMLReleasedAfterEachRead(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		init       nvml.Return
+		countFails bool
+		inits      int
+	}{
+		{"reads", nvml.SUCCESS, false, 3},
+		{"the count fails", nvml.SUCCESS, true, 3},
+		{"no driver", nvml.ERROR_DRIVER_NOT_LOADED, false, 0},
+		{"init fails", nvml.ERROR_UNKNOWN, false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+			var logs strings.Builder
+			s := fakeNVML(&logs, a)
+			held := 0 // Inits not shut down
+			inits := 0
+			lib := s.lib.(*mock.Interface)
+			lib.InitFunc = func() nvml.Return {
+				if tc.init == nvml.SUCCESS {
+					held++
+					inits++
+				}
+				return tc.init
+			}
+			lib.ShutdownFunc = func() nvml.Return { held--; return nvml.SUCCESS }
+			count := lib.DeviceGetCountFunc
+			lib.DeviceGetCountFunc = func() (int, nvml.Return) {
+				if tc.countFails {
+					return 0, nvml.ERROR_UNKNOWN
+				}
+				return count()
+			}
+			for poll := range 3 {
+				s.Health(context.Background())
+				if held != 0 {
+					t.Fatalf("poll %d: NVML held (%d Init not shut down)", poll, held)
+				}
+			}
+			if inits != tc.inits {
+				t.Errorf("%d successful Init, want %d", inits, tc.inits)
+			}
+		})
+	}
+}
+
+// TestNVMLLostHandle: a GPU fallen off the bus whose handle NVML does not
+// give (GPU_IS_LOST: NVML initialised after it was lost, as at every read
+// or after an agent restart) is fatal DCGM_FR_FALLEN_OFF_BUS, RESTART_BM —
+// as when its handle answers GPU_IS_LOST — not DCGM_FR_NVML_API,
+// CONTACT_SUPPORT, which flipped the recommended action of the same fault
+// to a human. It is named as last read, else by the node's GPU metadata,
+// else by its index; read again, it is lifted.
+func TestNVMLLostHandle(t *testing.T) {
+	metadata := []GPU{{Index: 0, UUID: "GPU-A", PCI: "0000:1b:00.0"}, {Index: 1, UUID: "GPU-B", PCI: "0000:43:00.0"}}
+	for _, tc := range []struct {
+		name     string
+		handle   nvml.Return
+		readOnce bool // the process read the GPU before it was lost
+		expected []GPU
+		want     string
+	}{
+		{"lost after a read", nvml.ERROR_GPU_IS_LOST, true, nil, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@GPU-A"},
+		{"lost at the first read, metadata", nvml.ERROR_GPU_IS_LOST, false, metadata, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@GPU-A"},
+		{"lost at the first read", nvml.ERROR_GPU_IS_LOST, false, nil, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@gpu0"},
+		{"not found after a read", nvml.ERROR_GPU_NOT_FOUND, true, nil, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@GPU-A"},
+		{"other failure", nvml.ERROR_UNKNOWN, true, nil, "GpuPcieWatch:DCGM_FR_NVML_API!/CONTACT_SUPPORT@GPU-A"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+			b := &fakeGPU{uuid: "GPU-B", bus: "00000000:43:00.0", link0: nvml.FEATURE_ENABLED}
+			var expected func() []GPU
+			if tc.expected != nil {
+				expected = func() []GPU { return tc.expected }
+			}
+			var logs strings.Builder
+			c, err := New(Config{Source: fakeNVML(&logs, a, b), Expected: expected, Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := newNode()
+			poll := func() string {
+				t.Helper()
+				evs, err := c.Check(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				n.apply(evs)
+				var got []string
+				for _, ev := range evs {
+					if ev.Metadata["baseline"] == "" && ev.CheckName != CheckConnectivity {
+						got = append(got, summary([]*datamodels.HealthEvent{ev}))
+					}
+				}
+				return strings.Join(got, " ")
+			}
+			if tc.readOnce {
+				poll()
+			}
+			a.fail = map[string]nvml.Return{"handle": tc.handle}
+			if got := poll(); got != tc.want {
+				t.Errorf("lost: events %q, want %q", got, tc.want)
+			}
+			if got := poll(); got != "" {
+				t.Errorf("still lost: events %q, want none", got)
+			}
+			a.fail = nil
+			poll()
+			poll()
+			if f := n.faults(); f != "" {
+				t.Errorf("read again: faults standing %s", f)
+			}
+		})
+	}
+}
