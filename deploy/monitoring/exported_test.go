@@ -150,6 +150,7 @@ var externalMetrics = map[string][]string{
 	"kube_deployment_spec_replicas":                  {"namespace", "deployment"},
 	"kube_daemonset_status_desired_number_scheduled": {"namespace", "daemonset"},
 	"kube_daemonset_status_current_number_scheduled": {"namespace", "daemonset"},
+	"kube_daemonset_status_number_available":         {"namespace", "daemonset"},
 	"kube_pod_container_status_restarts_total":       {"namespace", "pod", "container"},
 	"up": {"instance", "job", "namespace", "pod", "container", "endpoint"},
 }
