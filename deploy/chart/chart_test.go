@@ -1187,3 +1187,99 @@ func TestPreflightThroughAgentRelay(t *testing.T) {
 	refused(t, helm, []string{"agent.enabled=false"}, "preflight: the checks send through the node agent's relay socket")
 	refused(t, helm, []string{"agent.relay.hostDir=/"}, "hostDir")
 }
+
+// TestAgentPriorityClass: the agents run at agent.priorityClassName
+// (system-node-critical by default; none when empty), and
+// agent.criticalPodsQuota adds the ResourceQuota GKE wants before it
+// admits pods of that class outside kube-system; without one the agent
+// DaemonSet gets no pod at all.
+func TestAgentPriorityClass(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		args      []string
+		wantClass string // "": no priorityClassName
+		wantQuota bool
+	}{
+		{"default", nil, "system-node-critical", false},
+		{"own class", []string{"--set", "agent.priorityClassName=gpu-agents"}, "gpu-agents", false},
+		{"no class", []string{"--set", "agent.priorityClassName="}, "", false},
+		{"GKE quota", []string{"--set", "agent.criticalPodsQuota=true"}, "system-node-critical", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, "default", tc.args...)
+			ds := Find(objs, "DaemonSet", "faultline-agent")
+			if ds == nil {
+				t.Fatal("no agent DaemonSet")
+			}
+			class, _, _ := unstructured.NestedString(ds.Object, "spec", "template", "spec", "priorityClassName")
+			if class != tc.wantClass {
+				t.Errorf("priorityClassName %q, want %q", class, tc.wantClass)
+			}
+			q := Find(objs, "ResourceQuota", "faultline-agent-critical-pods")
+			if (q != nil) != tc.wantQuota {
+				t.Fatalf("ResourceQuota rendered %v, want %v", q != nil, tc.wantQuota)
+			}
+			if q == nil {
+				return
+			}
+			if q.GetNamespace() != namespace {
+				t.Errorf("ResourceQuota in namespace %q, want %q", q.GetNamespace(), namespace)
+			}
+			exprs, _, _ := unstructured.NestedSlice(q.Object, "spec", "scopeSelector", "matchExpressions")
+			want := []any{map[string]any{"scopeName": "PriorityClass", "operator": "In", "values": []any{tc.wantClass}}}
+			if fmt.Sprint(exprs) != fmt.Sprint(want) {
+				t.Errorf("scopeSelector %v, want %v", exprs, want)
+			}
+			if pods, _, _ := unstructured.NestedString(q.Object, "spec", "hard", "pods"); pods == "" {
+				t.Error("ResourceQuota sets no hard pods")
+			}
+		})
+	}
+	refused(t, testenv.Helm(t), []string{"agent.criticalPodsQuota=true", "agent.priorityClassName="}, "agent.criticalPodsQuota needs agent.priorityClassName")
+}
+
+// TestPreflightSpreadOverNodes: the preflight webhook's replicas (its
+// failurePolicy is Fail) prefer different nodes, as every faultline
+// Deployment's do, so one node's reboot does not refuse every pod of the
+// opted-in namespaces; preflight.affinity replaces that.
+func TestPreflightSpreadOverNodes(t *testing.T) {
+	spread := map[string]any{"podAntiAffinity": map[string]any{
+		"preferredDuringSchedulingIgnoredDuringExecution": []any{map[string]any{
+			"weight": int64(100),
+			"podAffinityTerm": map[string]any{
+				"topologyKey": "kubernetes.io/hostname",
+				"labelSelector": map[string]any{"matchLabels": map[string]any{
+					"app.kubernetes.io/name":      "faultline",
+					"app.kubernetes.io/instance":  release,
+					"app.kubernetes.io/component": "preflight",
+				}},
+			},
+		}},
+	}}
+	zones := `{"podAntiAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":[{"topologyKey":"topology.kubernetes.io/zone","labelSelector":{"matchLabels":{"app.kubernetes.io/component":"preflight"}}}]}}`
+	own := map[string]any{"podAntiAffinity": map[string]any{
+		"requiredDuringSchedulingIgnoredDuringExecution": []any{map[string]any{
+			"topologyKey":   "topology.kubernetes.io/zone",
+			"labelSelector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/component": "preflight"}},
+		}},
+	}}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want map[string]any
+	}{
+		{"default", nil, spread},
+		{"preflight.affinity", []string{"--set-json", "preflight.affinity=" + zones}, own},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Find(render(t, "default", tc.args...), "Deployment", "faultline-preflight")
+			if d == nil {
+				t.Fatal("no preflight Deployment")
+			}
+			got, _, _ := unstructured.NestedMap(d.Object, "spec", "template", "spec", "affinity")
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("affinity\n%v\nwant\n%v", got, tc.want)
+			}
+		})
+	}
+}

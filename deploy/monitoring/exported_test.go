@@ -150,6 +150,11 @@ var externalMetrics = map[string][]string{
 	"kube_deployment_spec_replicas":                  {"namespace", "deployment"},
 	"kube_daemonset_status_desired_number_scheduled": {"namespace", "daemonset"},
 	"kube_daemonset_status_current_number_scheduled": {"namespace", "daemonset"},
+	"kube_daemonset_status_number_available":         {"namespace", "daemonset"},
+	"kube_pod_owner":                                 {"namespace", "pod", "uid", "owner_kind", "owner_name", "owner_is_controller"},
+	"kube_pod_status_phase":                          {"namespace", "pod", "uid", "phase"},
+	"kube_pod_info":                                  {"namespace", "pod", "uid", "node", "host_ip", "pod_ip", "created_by_kind", "created_by_name", "priority_class", "host_network"},
+	"kube_node_status_condition":                     {"node", "condition", "status"},
 	"kube_pod_container_status_restarts_total":       {"namespace", "pod", "container"},
 	"up": {"instance", "job", "namespace", "pod", "container", "endpoint"},
 }
