@@ -84,9 +84,10 @@ func TestValidateAcrossRoles(t *testing.T) {
 	}
 }
 
-// TestJanitorTimeoutsBelowCompletionTimeout: a janitor timeout
-// (reboot_timeout, terminate_timeout, gpu_reset_timeout) is refused at or
-// above remediate.completion_timeout, naming both keys and their values.
+// TestJanitorTimeoutsBelowCompletionTimeout: where the janitor runs, a
+// janitor timeout (reboot_timeout, terminate_timeout, gpu_reset_timeout)
+// is refused at or above remediate.completion_timeout, naming both keys
+// and their values.
 // Both count from the resource's start; before, a reboot still within
 // its janitor timeout was failed by the remediate role and the node
 // escalated CONTACT_SUPPORT while the janitor went on.
@@ -105,9 +106,15 @@ func TestJanitorTimeoutsBelowCompletionTimeout(t *testing.T) {
 		{"terminate above it", 30 * time.Minute, 90 * time.Minute, 10 * time.Minute, time.Hour, "janitor.terminate_timeout: must be below remediate.completion_timeout (1h0m0s)"},
 		{"gpu reset above a lowered completion timeout", 5 * time.Minute, 5 * time.Minute, 10 * time.Minute, 8 * time.Minute,
 			"janitor.gpu_reset_timeout: must be below remediate.completion_timeout (8m0s)"},
+		// NVSentinel's janitor instead of faultline's: the janitor keys'
+		// defaults bound nothing, a lowered completion_timeout is valid.
+		{"janitor not run", 30 * time.Minute, 30 * time.Minute, 10 * time.Minute, 20 * time.Minute, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
+			if tc.name == "janitor not run" {
+				c.Roles = "store,correlate,quarantine,drain,remediate"
+			}
 			c.Janitor.RebootTimeout, c.Janitor.TerminateTimeout, c.Janitor.GPUResetTimeout = tc.reboot, tc.terminate, tc.gpuReset
 			c.Remediate.CompletionTimeout = tc.completion
 			err := c.Validate()

@@ -30,12 +30,19 @@ func TestMigrateCluster(t *testing.T) {
 	if !strings.Contains(out.String(), "applied 0001_events.sql") || !strings.Contains(out.String(), "cluster sharded schema up to date") {
 		t.Fatalf("migrate --cluster printed:\n%s", out.String())
 	}
-	out.Reset()
-	if err := run(ctx, []string{"migrate", "--status", "--cluster", testenv.ClusterSharded, "--clickhouse.addr", c.Nodes[1].Addr()}, &out, io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(out.String(), "applied  0001_events.sql") || strings.Contains(out.String(), "pending") {
-		t.Fatalf("migrate --status on the other server printed:\n%s", out.String())
+	// The migrations table is replicated: the other server lists what
+	// ran once its replica caught up (--status reads, it does not wait).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		out.Reset()
+		if err := run(ctx, []string{"migrate", "--status", "--cluster", testenv.ClusterSharded, "--clickhouse.addr", c.Nodes[1].Addr()}, &out, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(out.String(), "applied  0001_events.sql") && !strings.Contains(out.String(), "pending") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("migrate --status on the other server printed:\n%s", out.String())
+		}
 	}
 	// The Distributed table answers on both servers.
 	for _, n := range c.Nodes {
