@@ -608,20 +608,21 @@ func matchAny(globs []string, name string) bool {
 	return false
 }
 
-// volumes are the agent's relay socket directory (Directory: the agent
-// made it; a check on a node without the agent waits in
-// ContainerCreating, its pod with it) or else the node state directory and
+// volumes are the agent's relay socket directory (DirectoryOrCreate: on a
+// node the agent never ran on, or before it did, a Directory would keep
+// the pod in ContainerCreating; the check waits for the socket, then exits
+// on its result, and the agent's relay-owner init takes a directory the
+// kubelet made first) or else the node state directory and
 // the token Secret, the gang ConfigMap (optional: a pod starts before the
 // controller wrote it, and the check waits for it) and the gang check's
 // pod-local marker directory.
 func (inj *Injector) volumes(needGang bool, g gang.Gang) []corev1.Volume {
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
-	dir := corev1.HostPathDirectory
 	optional := true
 	mode := corev1.SecretVolumeSourceDefaultMode
 	var vs []corev1.Volume
 	if inj.cfg.RelaySocket != "" {
-		vs = append(vs, corev1.Volume{Name: VolumeRelay, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path.Dir(inj.cfg.RelaySocket), Type: &dir}}})
+		vs = append(vs, corev1.Volume{Name: VolumeRelay, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path.Dir(inj.cfg.RelaySocket), Type: &dirOrCreate}}})
 	} else {
 		vs = append(vs, corev1.Volume{Name: VolumeState, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: inj.cfg.StateHostPath, Type: &dirOrCreate}}})
 	}

@@ -506,7 +506,7 @@ func TestMutateRelaySocket(t *testing.T) {
 				}
 			}
 			if len(got.Spec.Volumes) != 1 || got.Spec.Volumes[0].Name != VolumeRelay || got.Spec.Volumes[0].HostPath == nil ||
-				got.Spec.Volumes[0].HostPath.Path != "/run/faultline-agent" || *got.Spec.Volumes[0].HostPath.Type != corev1.HostPathDirectory {
+				got.Spec.Volumes[0].HostPath.Path != "/run/faultline-agent" || *got.Spec.Volumes[0].HostPath.Type != corev1.HostPathDirectoryOrCreate {
 				t.Fatalf("volumes %+v, want only the relay socket's directory", got.Spec.Volumes)
 			}
 			if g := got.Spec.SecurityContext.SupplementalGroups; !slices.Equal(g, tt.wantGroups) {
