@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/faultline/faultline/agents/relay"
 	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -1186,4 +1187,33 @@ func TestPreflightThroughAgentRelay(t *testing.T) {
 	refused(t, helm, []string{"agent.relay.enabled=false"}, "preflight: the checks send through the node agent's relay socket")
 	refused(t, helm, []string{"agent.enabled=false"}, "preflight: the checks send through the node agent's relay socket")
 	refused(t, helm, []string{"agent.relay.hostDir=/"}, "hostDir")
+}
+
+// TestRelaySpoolMinimum: with the relay on (the default since the preflight
+// checks send through it) the agent refuses spool.max_bytes below 5 MiB
+// (relay.MinSpoolBytes; 64 KiB without it), so an install with a smaller
+// agent.config.spool.max_bytes upgraded into a crash-looping agent. The
+// chart refuses it at render, naming both keys; 5 MiB, or the relay off,
+// renders.
+func TestRelaySpoolMinimum(t *testing.T) {
+	helm := testenv.Helm(t)
+	for _, set := range [][]string{{"agent.config.spool.max_bytes=1048576"}, {"agent.config.spool.max_bytes=5242879"}} {
+		refused(t, helm, set, "agent.config.spool.max_bytes")
+		refused(t, helm, set, "agent.relay.enabled")
+	}
+	if relay.MinSpoolBytes != 5242880 {
+		t.Fatalf("relay.MinSpoolBytes is %d: the chart's minimum (templates/agent.yaml) is 5242880", relay.MinSpoolBytes)
+	}
+	for _, args := range [][]string{
+		{"--set", "agent.config.spool.max_bytes=5242880"},
+		{"--set", "agent.config.spool.max_bytes=1048576", "--set", "agent.relay.enabled=false", "--set", "preflight.tokenSecret=faultline-preflight-token"},
+	} {
+		conf, err := ConfigTOML(render(t, "default", args...), "faultline-agent")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(conf, "max_bytes = ") {
+			t.Errorf("%v: agent config.toml lacks spool.max_bytes:\n%s", args, conf)
+		}
+	}
 }
