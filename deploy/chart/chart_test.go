@@ -1217,3 +1217,26 @@ func TestRelaySpoolMinimum(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentNVSentinelSocketValues: agent.config.nvsentinel_socket and
+// nvsentinel_socket_group, valid values before the relay was the chart's,
+// are not refused by the schema ("additional properties not allowed", a
+// cryptic helm upgrade failure): with agent.relay on the chart refuses them
+// pointing to agent.relay; with it off it honours them.
+func TestAgentNVSentinelSocketValues(t *testing.T) {
+	helm := testenv.Helm(t)
+	for _, set := range [][]string{{"agent.config.nvsentinel_socket=/var/run/nvsentinel/nvsentinel.sock"}, {"agent.config.nvsentinel_socket_group=video"}} {
+		refused(t, helm, set, "agent.relay")
+		refused(t, helm, set, strings.Split(set[0], "=")[0])
+	}
+	conf, err := ConfigTOML(render(t, "default", "--set", "agent.relay.enabled=false", "--set", "preflight.tokenSecret=faultline-preflight-token",
+		"--set", "agent.config.nvsentinel_socket=/var/run/nvsentinel/nvsentinel.sock", "--set-string", "agent.config.nvsentinel_socket_group=1000"), "faultline-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`nvsentinel_socket = "/var/run/nvsentinel/nvsentinel.sock"`, `nvsentinel_socket_group = "1000"`} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("agent config.toml lacks %q:\n%s", want, conf)
+		}
+	}
+}
