@@ -497,16 +497,9 @@ func (inj *Injector) container(spec CheckSpec, p *corev1.Pod, gpus, nets map[cor
 		field("POD_NAMESPACE", "metadata.namespace"), field("POD_UID", "metadata.uid")}
 	if !spec.builtin() {
 		// The check contract for third-party checks: where to report.
-		r := inj.cfg.Runner
-		c.Env = append(c.Env,
-			corev1.EnvVar{Name: "PREFLIGHT_CHECK", Value: spec.Name},
-			corev1.EnvVar{Name: "FAULTLINE_GATEWAY_ADDR", Value: r.Gateway.Addr},
-			corev1.EnvVar{Name: "FAULTLINE_TOKEN_FILE", Value: r.Gateway.TokenFile},
-			corev1.EnvVar{Name: "PREFLIGHT_TIMEOUT", Value: r.Timeout.String()})
-		if r.RelaySocket != "" {
-			// Where to report instead: the agent's PlatformConnector.
-			c.Env = append(c.Env, corev1.EnvVar{Name: "FAULTLINE_RELAY_SOCKET", Value: r.RelaySocket})
-		}
+		c.Env = append(c.Env, corev1.EnvVar{Name: "PREFLIGHT_CHECK", Value: spec.Name})
+		c.Env = append(c.Env, inj.reportEnv()...)
+		c.Env = append(c.Env, corev1.EnvVar{Name: "PREFLIGHT_TIMEOUT", Value: inj.cfg.Runner.Timeout.String()})
 	}
 	for _, k := range sortedKeys(spec.Env) {
 		c.Env = append(c.Env, corev1.EnvVar{Name: k, Value: spec.Env[k]})
@@ -606,6 +599,17 @@ func matchAny(globs []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// reportEnv tells a third-party check where to report: the agent's relay
+// socket as mounted (FAULTLINE_RELAY_SOCKET; no token is mounted then), or,
+// legacy, the gateway and the token file.
+func (inj *Injector) reportEnv() []corev1.EnvVar {
+	r := inj.cfg.Runner
+	if r.RelaySocket != "" {
+		return []corev1.EnvVar{{Name: "FAULTLINE_RELAY_SOCKET", Value: r.RelaySocket}}
+	}
+	return []corev1.EnvVar{{Name: "FAULTLINE_GATEWAY_ADDR", Value: r.Gateway.Addr}, {Name: "FAULTLINE_TOKEN_FILE", Value: r.Gateway.TokenFile}}
 }
 
 // volumes are the agent's relay socket directory (DirectoryOrCreate: on a

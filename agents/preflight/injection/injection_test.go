@@ -559,5 +559,12 @@ func TestMutateRelaySocket(t *testing.T) {
 		}) {
 			t.Fatalf("env %v: no FAULTLINE_RELAY_SOCKET", envNames(c))
 		}
+		// The gateway and the token file are not theirs in relay mode
+		// (no token is mounted): a check that used them would fail.
+		for _, e := range c.Env {
+			if e.Name == "FAULTLINE_GATEWAY_ADDR" || e.Name == "FAULTLINE_TOKEN_FILE" {
+				t.Errorf("env %v: %s in relay mode", envNames(c), e.Name)
+			}
+		}
 	})
 }
