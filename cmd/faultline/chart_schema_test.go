@@ -36,7 +36,6 @@ var chartOwned = map[string][]string{
 		"kube.clusters", "kube.dry_run_clusters", "janitor.local.signing_key_file"},
 	"agentConfig": {"node_name", "checks", "metrics_addr", "pod_resources_socket", "time_zone_file",
 		"gateway.addr", "gateway.token_file", "gateway.insecure", "gateway.ca_file", "spool.dir",
-		"nvsentinel_socket", "nvsentinel_socket_group",
 		"local_actions.listen", "local_actions.verify_key_file", "local_actions.state_file",
 		"nic.sysfs_root", "nic.state_file", "nic.metadata_path", "kmsg.state_dir",
 		"fabric.sys_root", "fabric.proc_root", "fabric.nvswitch_glob", "conformance.sysfs", "conformance.procfs"},

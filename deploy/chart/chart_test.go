@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/faultline/faultline/agents/relay"
 	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/internal/testenv"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -1281,5 +1282,57 @@ func TestPreflightSpreadOverNodes(t *testing.T) {
 				t.Errorf("affinity\n%v\nwant\n%v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestRelaySpoolMinimum: with the relay on (the default since the preflight
+// checks send through it) the agent refuses spool.max_bytes below 5 MiB
+// (relay.MinSpoolBytes; 64 KiB without it), so an install with a smaller
+// agent.config.spool.max_bytes upgraded into a crash-looping agent. The
+// chart refuses it at render, naming both keys; 5 MiB, or the relay off,
+// renders.
+func TestRelaySpoolMinimum(t *testing.T) {
+	helm := testenv.Helm(t)
+	for _, set := range [][]string{{"agent.config.spool.max_bytes=1048576"}, {"agent.config.spool.max_bytes=5242879"}} {
+		refused(t, helm, set, "agent.config.spool.max_bytes")
+		refused(t, helm, set, "agent.relay.enabled")
+	}
+	if relay.MinSpoolBytes != 5242880 {
+		t.Fatalf("relay.MinSpoolBytes is %d: the chart's minimum (templates/agent.yaml) is 5242880", relay.MinSpoolBytes)
+	}
+	for _, args := range [][]string{
+		{"--set", "agent.config.spool.max_bytes=5242880"},
+		{"--set", "agent.config.spool.max_bytes=1048576", "--set", "agent.relay.enabled=false", "--set", "preflight.tokenSecret=faultline-preflight-token"},
+	} {
+		conf, err := ConfigTOML(render(t, "default", args...), "faultline-agent")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(conf, "max_bytes = ") {
+			t.Errorf("%v: agent config.toml lacks spool.max_bytes:\n%s", args, conf)
+		}
+	}
+}
+
+// TestAgentNVSentinelSocketValues: agent.config.nvsentinel_socket and
+// nvsentinel_socket_group, valid values before the relay was the chart's,
+// are not refused by the schema ("additional properties not allowed", a
+// cryptic helm upgrade failure): with agent.relay on the chart refuses them
+// pointing to agent.relay; with it off it honours them.
+func TestAgentNVSentinelSocketValues(t *testing.T) {
+	helm := testenv.Helm(t)
+	for _, set := range [][]string{{"agent.config.nvsentinel_socket=/var/run/nvsentinel/nvsentinel.sock"}, {"agent.config.nvsentinel_socket_group=video"}} {
+		refused(t, helm, set, "agent.relay")
+		refused(t, helm, set, strings.Split(set[0], "=")[0])
+	}
+	conf, err := ConfigTOML(render(t, "default", "--set", "agent.relay.enabled=false", "--set", "preflight.tokenSecret=faultline-preflight-token",
+		"--set", "agent.config.nvsentinel_socket=/var/run/nvsentinel/nvsentinel.sock", "--set-string", "agent.config.nvsentinel_socket_group=1000"), "faultline-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`nvsentinel_socket = "/var/run/nvsentinel/nvsentinel.sock"`, `nvsentinel_socket_group = "1000"`} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("agent config.toml lacks %q:\n%s", want, conf)
+		}
 	}
 }

@@ -48,7 +48,16 @@ func TestNonRootAgentOwnsItsStateDir(t *testing.T) {
 	}
 	inits, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "initContainers")
 	conf, _, _ := unstructured.NestedString(chart.Find(objs, "ConfigMap", "faultline-agent").Object, "data", "config.toml")
-	const stateMount, machineMount, machine = "/var/lib/faultline-agent", "/var/run/faultline-machine", "4c4c4544-0042-3510-8052-b4c04f4d3732"
+	groups, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "securityContext", "supplementalGroups")
+	var supplementary []uint32
+	for _, g := range groups {
+		n, err := strconv.ParseUint(fmt.Sprint(g), 10, 32)
+		if err != nil {
+			t.Fatalf("supplementalGroups %v: %v", groups, err)
+		}
+		supplementary = append(supplementary, uint32(n))
+	}
+	const stateMount, machineMount, relayMount, machine = "/var/lib/faultline-agent", "/var/run/faultline-machine", "/run/faultline-agent", "4c4c4544-0042-3510-8052-b4c04f4d3732"
 	if !strings.Contains(conf, stateMount) {
 		t.Fatalf("the agent's config keeps nothing under %s:\n%s", stateMount, conf)
 	}
@@ -85,6 +94,12 @@ func TestNonRootAgentOwnsItsStateDir(t *testing.T) {
 				t.Fatal(err)
 			}
 			tc.node(t, state)
+			// The relay socket's directory, as the kubelet makes it
+			// (DirectoryOrCreate: root, 0755), not the host's /run.
+			relay := filepath.Join(root, "relay")
+			if err := os.Mkdir(relay, 0o755); err != nil {
+				t.Fatal(err)
+			}
 			// The node's sysfs: product_uuid is root's, mode 0400.
 			sys, machineDir := filepath.Join(root, "sys"), filepath.Join(root, "machine")
 			for _, d := range []string{filepath.Join(sys, filepath.Dir(productUUID)), machineDir} {
@@ -98,7 +113,7 @@ func TestNonRootAgentOwnsItsStateDir(t *testing.T) {
 			if err := os.Chmod(machineDir, 0o777); err != nil { // an emptyDir
 				t.Fatal(err)
 			}
-			paths := strings.NewReplacer(stateMount, state, machineMount, machineDir, "--sysfs=/sys", "--sysfs="+sys)
+			paths := strings.NewReplacer(stateMount, state, machineMount, machineDir, relayMount, relay, "--sysfs=/sys", "--sysfs="+sys)
 			for _, ic := range inits {
 				c := ic.(map[string]any)
 				if u := number(c, "securityContext", "runAsUser"); u != 0 {
@@ -139,7 +154,7 @@ func TestNonRootAgentOwnsItsStateDir(t *testing.T) {
 			}
 			cmd := exec.Command(bin, "-test.run=^TestHelperAgentRun$")
 			cmd.Env = append(os.Environ(), "FAULTLINE_AGENT_HELPER_ARGS=run --config "+cfgPath+" --metrics-addr 127.0.0.1:0", "NODE_NAME=gpu-node-0")
-			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: supplementary}}
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if err := cmd.Start(); err != nil {

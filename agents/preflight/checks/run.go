@@ -239,6 +239,18 @@ func Main(ctx context.Context, name string, args []string, opt Options) (code in
 		fr := rep.Flush(ctx)
 		lost = fr.Lost
 		switch {
+		case fr.NoAgent:
+			// No agent ever served the socket: a run again would wait
+			// the same, and the pod's init container would loop for ever
+			// on a node that never gets one. The check's verdict stands.
+			lost = 0
+			log.Error("no faultline agent on this node: the check's events were not recorded; exiting on the check's result",
+				"events", fr.Lost, "socket", cfg.RelaySocket, "failed", out.Failed)
+			m.configErrors.WithLabelValues("relay").Inc()
+			if cfg.Kube.Events {
+				env.podEvent(ctx, reasonNotReported, name, fmt.Sprintf("no faultline agent on node %s (relay socket %s): the check's result (%s) was not recorded",
+					cfg.NodeName, cfg.RelaySocket, resultWord(out.Failed)))
+			}
 		case fr.Lost > 0:
 			log.Error("events neither spooled nor delivered: the check's result would be lost", "events", fr.Lost, "spool", rep.Dir())
 			m.configErrors.WithLabelValues("spool").Inc()
@@ -256,7 +268,7 @@ func Main(ctx context.Context, name string, args []string, opt Options) (code in
 			m.failures.WithLabelValues(name, cfg.NodeName, c).Inc()
 		}
 		if cfg.Kube.Events {
-			env.podEvent(ctx, name, out.Summary)
+			env.podEvent(ctx, reasonFailed, name, out.Summary)
 		}
 	}
 	m.total.WithLabelValues(name, result).Inc()
@@ -328,8 +340,22 @@ func gpuEntity(id string) *datamodels.Entity {
 	return &datamodels.Entity{EntityType: events.EntityGPU, EntityValue: id}
 }
 
-// podEvent records a Warning Event on the pod (best effort).
-func (e *Env) podEvent(ctx context.Context, check, summary string) {
+// The reasons of the Warning Events a check records on its pod.
+const (
+	reasonFailed      = "PreflightCheckFailed"
+	reasonNotReported = "PreflightCheckNotReported"
+)
+
+// resultWord is a check's verdict in a message.
+func resultWord(failed bool) string {
+	if failed {
+		return "fail"
+	}
+	return "pass"
+}
+
+// podEvent records a Warning Event with reason on the pod (best effort).
+func (e *Env) podEvent(ctx context.Context, reason, check, summary string) {
 	kc := e.Kube()
 	p := e.Cfg.Pod
 	if kc == nil || p.Name == "" || p.Namespace == "" {
@@ -340,7 +366,7 @@ func (e *Env) podEvent(ctx context.Context, check, summary string) {
 		ObjectMeta: metav1.ObjectMeta{GenerateName: p.Name + ".preflight-", Namespace: p.Namespace},
 		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: p.Namespace, Name: p.Name,
 			UID: types.UID(p.UID), FieldPath: "spec.initContainers{preflight-" + check + "}"},
-		Reason:         "PreflightCheckFailed",
+		Reason:         reason,
 		Message:        events.Truncate(fmt.Sprintf("%s: %s", check, summary), 1024),
 		Type:           corev1.EventTypeWarning,
 		Source:         corev1.EventSource{Component: "faultline-preflight", Host: e.Cfg.NodeName},

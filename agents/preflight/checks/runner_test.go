@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +20,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/faultline/faultline/agents/agent"
 	"github.com/faultline/faultline/agents/preflight/checks"
@@ -70,6 +75,8 @@ type harness struct {
 	// node, when set, is the node name of every run (else a new one per
 	// run).
 	node string
+	// kube, when set, is every run's Kubernetes API (Options.Kube).
+	kube kubernetes.Interface
 	// environ is added to every run's tool environment.
 	environ []string
 }
@@ -139,7 +146,7 @@ func (h *harness) run(name string, env map[string]string, flags ...string) run {
 	}
 	var out, errb bytes.Buffer
 	code := checks.Main(context.Background(), name, append(base, flags...), checks.Options{
-		Stdout: &out, Stderr: &errb, Environ: environ, Getenv: func(k string) string { return getenv[k] }})
+		Stdout: &out, Stderr: &errb, Environ: environ, Getenv: func(k string) string { return getenv[k] }, Kube: h.kube})
 	a, _ := os.ReadFile(argsFile)
 	return run{code: code, stdout: out.String(), stderr: errb.String(), args: string(a), node: node}
 }
@@ -837,6 +844,68 @@ func TestThroughAgentRelay(t *testing.T) {
 			}
 			if dirs, _ := filepath.Glob(filepath.Join(h.spool, "run-*")); len(dirs) != 0 {
 				t.Errorf("the check spooled on its own: %v", dirs)
+			}
+		})
+	}
+}
+
+// TestNoAgentOnNode: with --relay-socket on a node where no agent ever
+// made the socket (not scheduled there, e.g. without
+// nvidia.com/gpu.present=true, or not yet rolled out) the check waits for
+// it until spool.drain_timeout, then exits on its own result with a
+// Warning Event on the pod: before, it exited 2 and the pod's init
+// container looped for ever. A socket that exists but refuses (the agent
+// crash-looping) still exits 2, for the kubelet to run the check again.
+func TestNoAgentOnNode(t *testing.T) {
+	h := newHarness(t)
+	for _, tc := range []struct {
+		name      string
+		nccl      string
+		exit      string
+		dead      bool
+		want      int
+		wantEvent bool
+	}{
+		{"no agent, check fails", "system-error.log", "2", false, checks.ExitFail, true},
+		{"no agent, check passes", "h100-single-node.log", "0", false, checks.ExitPass, true},
+		{"agent crash-looping", "system-error.log", "2", true, checks.ExitConfig, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kc := fake.NewClientset()
+			h.kube = kc
+			defer func() { h.kube = nil }()
+			socket := filepath.Join(t.TempDir(), "agent.sock")
+			if tc.dead {
+				ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+				must(t, err)
+				ln.SetUnlinkOnClose(false)
+				must(t, ln.Close())
+			}
+			r := h.run(checks.NCCLLoopback, map[string]string{"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
+				"STANDIN_ALL_REDUCE_PERF_OUT": ncclData(tc.nccl), "STANDIN_ALL_REDUCE_PERF_EXIT": tc.exit},
+				"--relay-socket="+socket, "--gateway.token-file="+filepath.Join(t.TempDir(), "no-token"), "--spool.drain-timeout=1s", "--kube.events=true")
+			if r.code != tc.want {
+				t.Fatalf("exit %d, want %d\n%s", r.code, tc.want, r.stderr)
+			}
+			l, err := kc.CoreV1().Events("training").List(context.Background(), metav1.ListOptions{})
+			must(t, err)
+			var notReported []corev1.Event
+			for _, e := range l.Items {
+				if e.Reason == "PreflightCheckNotReported" {
+					notReported = append(notReported, e)
+				}
+			}
+			if !tc.wantEvent {
+				if len(notReported) != 0 {
+					t.Fatalf("Events %+v", notReported)
+				}
+				return
+			}
+			if len(notReported) != 1 || notReported[0].Type != corev1.EventTypeWarning || !strings.Contains(notReported[0].Message, "no faultline agent on node") {
+				t.Fatalf("Events %+v, want one Warning PreflightCheckNotReported", l.Items)
+			}
+			if !strings.Contains(r.stderr, "no faultline agent on this node") {
+				t.Errorf("no Error logged:\n%s", r.stderr)
 			}
 		})
 	}

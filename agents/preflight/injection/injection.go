@@ -497,16 +497,9 @@ func (inj *Injector) container(spec CheckSpec, p *corev1.Pod, gpus, nets map[cor
 		field("POD_NAMESPACE", "metadata.namespace"), field("POD_UID", "metadata.uid")}
 	if !spec.builtin() {
 		// The check contract for third-party checks: where to report.
-		r := inj.cfg.Runner
-		c.Env = append(c.Env,
-			corev1.EnvVar{Name: "PREFLIGHT_CHECK", Value: spec.Name},
-			corev1.EnvVar{Name: "FAULTLINE_GATEWAY_ADDR", Value: r.Gateway.Addr},
-			corev1.EnvVar{Name: "FAULTLINE_TOKEN_FILE", Value: r.Gateway.TokenFile},
-			corev1.EnvVar{Name: "PREFLIGHT_TIMEOUT", Value: r.Timeout.String()})
-		if r.RelaySocket != "" {
-			// Where to report instead: the agent's PlatformConnector.
-			c.Env = append(c.Env, corev1.EnvVar{Name: "FAULTLINE_RELAY_SOCKET", Value: r.RelaySocket})
-		}
+		c.Env = append(c.Env, corev1.EnvVar{Name: "PREFLIGHT_CHECK", Value: spec.Name})
+		c.Env = append(c.Env, inj.reportEnv()...)
+		c.Env = append(c.Env, corev1.EnvVar{Name: "PREFLIGHT_TIMEOUT", Value: inj.cfg.Runner.Timeout.String()})
 	}
 	for _, k := range sortedKeys(spec.Env) {
 		c.Env = append(c.Env, corev1.EnvVar{Name: k, Value: spec.Env[k]})
@@ -608,20 +601,32 @@ func matchAny(globs []string, name string) bool {
 	return false
 }
 
-// volumes are the agent's relay socket directory (Directory: the agent
-// made it; a check on a node without the agent waits in
-// ContainerCreating, its pod with it) or else the node state directory and
+// reportEnv tells a third-party check where to report: the agent's relay
+// socket as mounted (FAULTLINE_RELAY_SOCKET; no token is mounted then), or,
+// legacy, the gateway and the token file.
+func (inj *Injector) reportEnv() []corev1.EnvVar {
+	r := inj.cfg.Runner
+	if r.RelaySocket != "" {
+		return []corev1.EnvVar{{Name: "FAULTLINE_RELAY_SOCKET", Value: r.RelaySocket}}
+	}
+	return []corev1.EnvVar{{Name: "FAULTLINE_GATEWAY_ADDR", Value: r.Gateway.Addr}, {Name: "FAULTLINE_TOKEN_FILE", Value: r.Gateway.TokenFile}}
+}
+
+// volumes are the agent's relay socket directory (DirectoryOrCreate: on a
+// node the agent never ran on, or before it did, a Directory would keep
+// the pod in ContainerCreating; the check waits for the socket, then exits
+// on its result, and the agent's relay-owner init takes a directory the
+// kubelet made first) or else the node state directory and
 // the token Secret, the gang ConfigMap (optional: a pod starts before the
 // controller wrote it, and the check waits for it) and the gang check's
 // pod-local marker directory.
 func (inj *Injector) volumes(needGang bool, g gang.Gang) []corev1.Volume {
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
-	dir := corev1.HostPathDirectory
 	optional := true
 	mode := corev1.SecretVolumeSourceDefaultMode
 	var vs []corev1.Volume
 	if inj.cfg.RelaySocket != "" {
-		vs = append(vs, corev1.Volume{Name: VolumeRelay, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path.Dir(inj.cfg.RelaySocket), Type: &dir}}})
+		vs = append(vs, corev1.Volume{Name: VolumeRelay, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path.Dir(inj.cfg.RelaySocket), Type: &dirOrCreate}}})
 	} else {
 		vs = append(vs, corev1.Volume{Name: VolumeState, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: inj.cfg.StateHostPath, Type: &dirOrCreate}}})
 	}

@@ -506,7 +506,7 @@ func TestMutateRelaySocket(t *testing.T) {
 				}
 			}
 			if len(got.Spec.Volumes) != 1 || got.Spec.Volumes[0].Name != VolumeRelay || got.Spec.Volumes[0].HostPath == nil ||
-				got.Spec.Volumes[0].HostPath.Path != "/run/faultline-agent" || *got.Spec.Volumes[0].HostPath.Type != corev1.HostPathDirectory {
+				got.Spec.Volumes[0].HostPath.Path != "/run/faultline-agent" || *got.Spec.Volumes[0].HostPath.Type != corev1.HostPathDirectoryOrCreate {
 				t.Fatalf("volumes %+v, want only the relay socket's directory", got.Spec.Volumes)
 			}
 			if g := got.Spec.SecurityContext.SupplementalGroups; !slices.Equal(g, tt.wantGroups) {
@@ -558,6 +558,13 @@ func TestMutateRelaySocket(t *testing.T) {
 			return e.Name == "FAULTLINE_RELAY_SOCKET" && e.Value == "/run/faultline-agent/agent.sock"
 		}) {
 			t.Fatalf("env %v: no FAULTLINE_RELAY_SOCKET", envNames(c))
+		}
+		// The gateway and the token file are not theirs in relay mode
+		// (no token is mounted): a check that used them would fail.
+		for _, e := range c.Env {
+			if e.Name == "FAULTLINE_GATEWAY_ADDR" || e.Name == "FAULTLINE_TOKEN_FILE" {
+				t.Errorf("env %v: %s in relay mode", envNames(c), e.Name)
+			}
 		}
 	})
 }

@@ -2,7 +2,10 @@ package report
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"time"
 
 	"google.golang.org/grpc"
@@ -26,16 +29,20 @@ const relayCallTimeout = 10 * time.Second
 // node-bound credential) or ctx ends. A call the relay can never take
 // (InvalidArgument, or PermissionDenied: an event for another node than
 // the agent's) is not retried. It returns how many events were not
-// recorded.
-func (r *Reporter) sendRelay(ctx context.Context, evs []*datamodels.HealthEvent) int {
+// recorded, and whether the socket never existed (no agent on the node).
+func (r *Reporter) sendRelay(ctx context.Context, evs []*datamodels.HealthEvent) (lost int, noAgent bool) {
+	if err := r.waitSocket(ctx); err != nil {
+		r.log.Error("no faultline agent on this node: its relay socket did not appear in spool.drain_timeout; the check's events are not recorded",
+			"socket", r.cfg.RelaySocket, "events", len(evs), "err", err)
+		return len(evs), true
+	}
 	conn, err := grpc.NewClient("unix://"+r.cfg.RelaySocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		r.log.Error("cannot dial the agent's relay socket", "socket", r.cfg.RelaySocket, "err", err)
-		return len(evs)
+		return len(evs), false
 	}
 	defer conn.Close()
 	client := datamodels.NewPlatformConnectorClient(conn)
-	lost := 0
 	batches := relayBatches(evs)
 	for i, b := range batches {
 		err := r.relayCall(ctx, client, b)
@@ -48,14 +55,34 @@ func (r *Reporter) sendRelay(ctx context.Context, evs []*datamodels.HealthEvent)
 			}
 			r.log.Error("the agent's relay did not take the events in spool.drain_timeout", "socket", r.cfg.RelaySocket,
 				"events", lost, "err", err)
-			return lost
+			return lost, false
 		default:
 			r.log.Error("the agent's relay refused events; they can never be delivered", "socket", r.cfg.RelaySocket,
 				"events", len(b), "err", err)
 			lost += len(b)
 		}
 	}
-	return lost
+	return lost, false
+}
+
+// waitSocket waits, with backoff, until the relay socket exists (the
+// agent, restarting, makes it again) or ctx ends (its error: the node has
+// no agent, e.g. one not scheduled there or not yet rolled out).
+func (r *Reporter) waitSocket(ctx context.Context) error {
+	backoff := 200 * time.Millisecond
+	for {
+		_, err := os.Stat(r.cfg.RelaySocket)
+		if err == nil || !errors.Is(err, fs.ErrNotExist) {
+			return nil // there (or unreadable: the call says why)
+		}
+		r.log.Warn("the agent's relay socket does not exist; waiting for the agent", "socket", r.cfg.RelaySocket)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, max(r.cfg.Gateway.MaxBackoff, 200*time.Millisecond))
+	}
 }
 
 // relayCall sends one batch until the relay takes it (nil), refuses it for

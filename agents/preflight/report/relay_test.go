@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,8 +21,9 @@ import (
 )
 
 // startRelay serves the agent's relay (agents/relay) for node gpu-1 on a
-// socket in a temporary directory, over a real agent spool.
-func startRelay(t *testing.T) (socket string, sp *agent.Spool) {
+// socket in a temporary directory, over a real agent spool, after delay
+// (the agent starting, or restarting, while the check waits for it).
+func startRelay(t *testing.T, delay time.Duration) (socket string, sp *agent.Spool) {
 	t.Helper()
 	dir := t.TempDir()
 	log := slog.New(slog.DiscardHandler)
@@ -30,13 +32,22 @@ func startRelay(t *testing.T) (socket string, sp *agent.Spool) {
 		t.Fatal(err)
 	}
 	socket = filepath.Join(dir, "agent.sock")
-	srv, err := relay.New(relay.Config{Socket: socket}, "gpu-1", sp, log, prometheus.NewRegistry(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
+	go func() {
+		select {
+		case <-ctx.Done():
+			done <- nil
+			return
+		case <-time.After(delay):
+		}
+		srv, err := relay.New(relay.Config{Socket: socket}, "gpu-1", sp, log, prometheus.NewRegistry(), nil)
+		if err != nil {
+			done <- err
+			return
+		}
+		done <- srv.Serve(ctx)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -45,6 +56,22 @@ func startRelay(t *testing.T) (socket string, sp *agent.Spool) {
 		sp.Close()
 	})
 	return socket, sp
+}
+
+// deadSocket is a socket nothing listens on any longer (an agent crashed,
+// crash-looping): it exists, and refuses connections.
+func deadSocket(t *testing.T) string {
+	t.Helper()
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return socket
 }
 
 // TestReportThroughRelay: with relay_socket a run's events go to the node
@@ -57,25 +84,34 @@ func startRelay(t *testing.T) (socket string, sp *agent.Spool) {
 // recorded); a refusal is not retried until the drain timeout.
 func TestReportThroughRelay(t *testing.T) {
 	for _, tt := range []struct {
-		name     string
-		node     string
-		events   int
-		relayUp  bool
-		wantLost int
-		maxTook  time.Duration
+		name        string
+		node        string
+		events      int
+		relay       string // up, late (the agent restarting), dead (crash-looping), none (no agent on the node)
+		wantLost    int
+		wantNoAgent bool
+		minTook     time.Duration
+		maxTook     time.Duration
 	}{
-		{name: "own node", node: "gpu-1", events: 1200, relayUp: true, maxTook: 10 * time.Second},
-		{name: "another node", node: "gpu-2", events: 3, relayUp: true, wantLost: 3, maxTook: 5 * time.Second},
-		{name: "agent down", node: "gpu-1", events: 3, wantLost: 3, maxTook: 10 * time.Second},
+		{name: "own node", node: "gpu-1", events: 1200, relay: "up", maxTook: 10 * time.Second},
+		{name: "another node", node: "gpu-2", events: 3, relay: "up", wantLost: 3, maxTook: 5 * time.Second},
+		{name: "agent restarting", node: "gpu-1", events: 3, relay: "late", minTook: time.Second, maxTook: 10 * time.Second},
+		{name: "agent crash-looping", node: "gpu-1", events: 3, relay: "dead", wantLost: 3, minTook: time.Second, maxTook: 10 * time.Second},
+		{name: "no agent on the node", node: "gpu-1", events: 3, relay: "none", wantLost: 3, wantNoAgent: true, minTook: time.Second, maxTook: 10 * time.Second},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.Spool.Dir, cfg.Spool.DrainTimeout = filepath.Join(t.TempDir(), "spool"), 20*time.Second
 			cfg.Gateway.TokenFile = filepath.Join(t.TempDir(), "no-token") // never read
 			var sp *agent.Spool
-			if tt.relayUp {
-				cfg.RelaySocket, sp = startRelay(t)
-			} else {
+			switch tt.relay {
+			case "up":
+				cfg.RelaySocket, sp = startRelay(t, 0)
+			case "late":
+				cfg.RelaySocket, sp = startRelay(t, time.Second)
+			case "dead":
+				cfg.RelaySocket, cfg.Spool.DrainTimeout = deadSocket(t), time.Second
+			default:
 				cfg.RelaySocket, cfg.Spool.DrainTimeout = filepath.Join(t.TempDir(), "agent.sock"), time.Second
 			}
 			if err := cfg.Validate(); err != nil {
@@ -108,11 +144,11 @@ func TestReportThroughRelay(t *testing.T) {
 			start := time.Now()
 			res := r.Flush(context.Background())
 			took := time.Since(start)
-			if res.Lost != tt.wantLost || res.Pending != 0 || res.Adopted != 0 {
-				t.Fatalf("Flush: %+v, want %d lost", res, tt.wantLost)
+			if res.Lost != tt.wantLost || res.NoAgent != tt.wantNoAgent || res.Pending != 0 || res.Adopted != 0 {
+				t.Fatalf("Flush: %+v, want %d lost, no agent %v", res, tt.wantLost, tt.wantNoAgent)
 			}
-			if took > tt.maxTook {
-				t.Errorf("Flush took %s, want at most %s", took.Round(time.Millisecond), tt.maxTook)
+			if took > tt.maxTook || took < tt.minTook {
+				t.Errorf("Flush took %s, want %s to %s", took.Round(time.Millisecond), tt.minTook, tt.maxTook)
 			}
 			if _, err := os.Stat(cfg.Spool.Dir); !os.IsNotExist(err) {
 				t.Errorf("spool.dir %s was made (%v): the relay path has no spool of its own", cfg.Spool.Dir, err)

@@ -289,6 +289,9 @@ type FlushResult struct {
 	// Lost is the number of events Report could not spool that did not
 	// reach the gateway either: no later run sends them.
 	Lost int
+	// NoAgent: with RelaySocket, the socket never existed by the drain
+	// timeout: the node has no agent (Lost counts the events).
+	NoAgent bool
 }
 
 // Flush sends this run's events and any earlier run left behind until all
@@ -303,9 +306,9 @@ func (r *Reporter) Flush(ctx context.Context) FlushResult {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Spool.DrainTimeout)
 	defer cancel()
 	if r.cfg.RelaySocket != "" {
-		lost := r.sendRelay(ctx, r.unspooled)
+		lost, noAgent := r.sendRelay(ctx, r.unspooled)
 		r.unspooled = nil
-		return FlushResult{Lost: lost}
+		return FlushResult{Lost: lost, NoAgent: noAgent}
 	}
 	type job struct {
 		dir   string
