@@ -112,13 +112,12 @@ func TestAgentRelayOnly(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(cfg.NVSentinelSocket); !os.IsNotExist(err) {
-		t.Fatalf("socket left after Run: %v", err)
-	}
+	assertRefusing(t, cfg.NVSentinelSocket)
 }
 
 // TestAgentRelayRemovedOnFailedStart: when Run fails before serving (its
-// metrics address is taken), the relay's socket goes with it.
+// metrics address is taken), the relay's socket stops answering (the file
+// stays: see relay.New).
 func TestAgentRelayRemovedOnFailedStart(t *testing.T) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -142,8 +141,20 @@ func TestAgentRelayRemovedOnFailedStart(t *testing.T) {
 	if err := a.Run(context.Background()); err == nil || !strings.HasPrefix(err.Error(), "metrics_addr: ") {
 		t.Fatalf("Run: %v", err)
 	}
-	if _, err := os.Stat(cfg.NVSentinelSocket); !os.IsNotExist(err) {
-		t.Fatalf("socket left after a failed start: %v", err)
+	assertRefusing(t, cfg.NVSentinelSocket)
+}
+
+// assertRefusing: the relay's socket stays when the agent stops, refusing
+// connections (the preflight checks wait for a restarting agent, and take
+// only a missing socket for a node without one).
+func assertRefusing(t *testing.T, path string) {
+	t.Helper()
+	if st, err := os.Stat(path); err != nil || st.Mode().Type() != os.ModeSocket {
+		t.Fatalf("socket gone after the agent stopped: %v", err)
+	}
+	if c, err := net.Dial("unix", path); err == nil {
+		c.Close()
+		t.Fatal("socket still answers after the agent stopped")
 	}
 }
 

@@ -175,7 +175,13 @@ func New(cfg Config, node string, spool Spool, log *slog.Logger, reg prometheus.
 	for _, r := range []string{resultAccepted, resultInvalid, resultOtherNode, resultNotSpool} {
 		s.m.events.WithLabelValues(r) // every series from the start, at 0
 	}
-	ln, err := unixsock.Listen(cfg.Socket, cfg.Group, Keys)
+	// The socket stays when the agent stops (refusing connections): the
+	// preflight checks take a missing socket for a node without an agent
+	// (they report nothing and exit on their own result) and a refusing
+	// one for an agent restarting (they wait, then exit for the kubelet to
+	// rerun them), so an agent's upgrade or crash loop loses no check's
+	// events. NVSentinel's monitors retry either.
+	ln, err := unixsock.ListenKept(cfg.Socket, cfg.Group, Keys)
 	if err != nil {
 		reg.Unregister(s.m.events)
 		return nil, err
@@ -188,7 +194,7 @@ func New(cfg Config, node string, spool Spool, log *slog.Logger, reg prometheus.
 }
 
 // Serve serves until ctx ends, then lets calls in progress finish (a few
-// seconds at most) and removes the socket.
+// seconds at most); the socket file stays, refusing connections.
 func (s *Server) Serve(ctx context.Context) error {
 	done := make(chan struct{})
 	defer close(done)
@@ -214,7 +220,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	return fmt.Errorf("%s: %w", Keys.Path, err)
 }
 
-// Close stops serving at once and removes the socket; for a relay whose
+// Close stops serving at once (the socket file stays, refusing); for a relay whose
 // Serve never ran or has returned (it is then a no-op).
 func (s *Server) Close() {
 	s.srv.Stop()

@@ -80,8 +80,13 @@ func start(t *testing.T, spoolBytes int64) *fixture {
 			t.Errorf("Serve: %v", err)
 		}
 		sp.Close()
-		if _, err := os.Stat(f.socket); !os.IsNotExist(err) {
-			t.Errorf("socket left behind: %v", err)
+		// The socket stays, refusing: a restarting agent, not a node
+		// without one (relay.New).
+		if st, err := os.Stat(f.socket); err != nil || st.Mode().Type() != os.ModeSocket {
+			t.Errorf("socket gone after Serve: %v", err)
+		} else if c, err := net.Dial("unix", f.socket); err == nil {
+			c.Close()
+			t.Error("socket still answers after Serve")
 		}
 	})
 	return f

@@ -28,6 +28,18 @@ type Keys struct {
 // earlier run is replaced; any other file there is an error, and is left
 // alone. Closing the listener removes the socket.
 func Listen(path, group string, keys Keys) (net.Listener, error) {
+	return listen(path, group, keys, false)
+}
+
+// ListenKept is Listen, but closing the listener leaves the socket file in
+// place (refusing connections until the next Listen replaces it): a
+// client then tells a server that is restarting (connection refused) from
+// a node where none ever ran (no such file).
+func ListenKept(path, group string, keys Keys) (net.Listener, error) {
+	return listen(path, group, keys, true)
+}
+
+func listen(path, group string, keys Keys, keep bool) (net.Listener, error) {
 	gid := -1
 	if group != "" {
 		id, err := LookupGroup(group)
@@ -76,7 +88,7 @@ func Listen(path, group string, keys Keys) (net.Listener, error) {
 			return fail(fmt.Errorf("%s: %w", keys.Path, err))
 		}
 	}
-	return &listener{UnixListener: ul, path: path}, nil
+	return &listener{UnixListener: ul, path: path, keep: keep}, nil
 }
 
 // MaxPath is the room for a unix socket's path (sun_path is 108 bytes on
@@ -100,14 +112,17 @@ func LookupGroup(group string) (int, error) {
 	return strconv.Atoi(g.Gid)
 }
 
-// listener removes its socket when closed.
+// listener removes its socket when closed, unless keep.
 type listener struct {
 	*net.UnixListener
 	path string
+	keep bool
 }
 
 func (l *listener) Close() error {
 	err := l.UnixListener.Close()
-	_ = os.Remove(l.path)
+	if !l.keep {
+		_ = os.Remove(l.path)
+	}
 	return err
 }

@@ -74,6 +74,28 @@ func deadSocket(t *testing.T) string {
 	return socket
 }
 
+// stoppedRelay is the socket of an agent's relay that was served and
+// stopped cleanly (an upgrade's SIGTERM, a crash loop exiting on an
+// error): it stays, refusing, so the check waits for the agent rather
+// than take the node for one without an agent.
+func stoppedRelay(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	log := slog.New(slog.DiscardHandler)
+	sp, err := agent.OpenSpool(filepath.Join(dir, "spool"), 8<<20, log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	socket := filepath.Join(dir, "agent.sock")
+	srv, err := relay.New(relay.Config{Socket: socket}, "gpu-1", sp, log, prometheus.NewRegistry(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	return socket
+}
+
 // TestReportThroughRelay: with relay_socket a run's events go to the node
 // agent's relay (which spools them, fsync'd, for the agent's sender and
 // its node-bound credential): all of them, in order, unaltered but for the
@@ -87,7 +109,7 @@ func TestReportThroughRelay(t *testing.T) {
 		name        string
 		node        string
 		events      int
-		relay       string // up, late (the agent restarting), dead (crash-looping), none (no agent on the node)
+		relay       string // up, late (the agent restarting), dead (crash-looping), stopped (stopped cleanly), none (no agent on the node)
 		wantLost    int
 		wantNoAgent bool
 		minTook     time.Duration
@@ -97,6 +119,7 @@ func TestReportThroughRelay(t *testing.T) {
 		{name: "another node", node: "gpu-2", events: 3, relay: "up", wantLost: 3, maxTook: 5 * time.Second},
 		{name: "agent restarting", node: "gpu-1", events: 3, relay: "late", minTook: time.Second, maxTook: 10 * time.Second},
 		{name: "agent crash-looping", node: "gpu-1", events: 3, relay: "dead", wantLost: 3, minTook: time.Second, maxTook: 10 * time.Second},
+		{name: "agent stopped cleanly", node: "gpu-1", events: 3, relay: "stopped", wantLost: 3, minTook: time.Second, maxTook: 10 * time.Second},
 		{name: "no agent on the node", node: "gpu-1", events: 3, relay: "none", wantLost: 3, wantNoAgent: true, minTook: time.Second, maxTook: 10 * time.Second},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -111,6 +134,8 @@ func TestReportThroughRelay(t *testing.T) {
 				cfg.RelaySocket, sp = startRelay(t, time.Second)
 			case "dead":
 				cfg.RelaySocket, cfg.Spool.DrainTimeout = deadSocket(t), time.Second
+			case "stopped":
+				cfg.RelaySocket, cfg.Spool.DrainTimeout = stoppedRelay(t), time.Second
 			default:
 				cfg.RelaySocket, cfg.Spool.DrainTimeout = filepath.Join(t.TempDir(), "agent.sock"), time.Second
 			}
