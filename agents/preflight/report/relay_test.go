@@ -27,10 +27,7 @@ func startRelay(t *testing.T, delay time.Duration) (socket string, sp *agent.Spo
 	t.Helper()
 	dir := t.TempDir()
 	log := slog.New(slog.DiscardHandler)
-	sp, err := agent.OpenSpool(filepath.Join(dir, "spool"), 8<<20, log, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sp = agentSpool(t, dir)
 	socket = filepath.Join(dir, "agent.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -74,6 +71,16 @@ func deadSocket(t *testing.T) string {
 	return socket
 }
 
+// agentSpool is an agent's spool in dir.
+func agentSpool(t *testing.T, dir string) *agent.Spool {
+	t.Helper()
+	sp, err := agent.OpenSpool(filepath.Join(dir, "spool"), 8<<20, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sp
+}
+
 // stoppedRelay is the socket of an agent's relay that was served and
 // stopped cleanly (an upgrade's SIGTERM, a crash loop exiting on an
 // error): it stays, refusing, so the check waits for the agent rather
@@ -81,14 +88,10 @@ func deadSocket(t *testing.T) string {
 func stoppedRelay(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	log := slog.New(slog.DiscardHandler)
-	sp, err := agent.OpenSpool(filepath.Join(dir, "spool"), 8<<20, log, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sp := agentSpool(t, dir)
 	defer sp.Close()
 	socket := filepath.Join(dir, "agent.sock")
-	srv, err := relay.New(relay.Config{Socket: socket}, "gpu-1", sp, log, prometheus.NewRegistry(), nil)
+	srv, err := relay.New(relay.Config{Socket: socket}, "gpu-1", sp, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
