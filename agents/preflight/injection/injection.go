@@ -527,10 +527,9 @@ func (inj *Injector) container(spec CheckSpec, p *corev1.Pod, gpus, nets map[cor
 	for _, cl := range claims {
 		c.Resources.Claims = append(c.Resources.Claims, corev1.ResourceClaim{Name: cl})
 	}
-	switch {
-	case inj.cfg.RelaySocket != "":
+	if inj.cfg.RelaySocket != "" {
 		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeRelay, MountPath: RelayMountPath, ReadOnly: true})
-	default:
+	} else {
 		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeState, MountPath: StateMountPath})
 		if inj.cfg.TokenSecret != "" {
 			c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: VolumeToken, MountPath: TokenMountPath, ReadOnly: true})
@@ -629,10 +628,10 @@ func (inj *Injector) volumes(needGang bool, g gang.Gang) []corev1.Volume {
 		vs = append(vs, corev1.Volume{Name: VolumeRelay, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path.Dir(inj.cfg.RelaySocket), Type: &dirOrCreate}}})
 	} else {
 		vs = append(vs, corev1.Volume{Name: VolumeState, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: inj.cfg.StateHostPath, Type: &dirOrCreate}}})
-	}
-	if inj.cfg.TokenSecret != "" && inj.cfg.RelaySocket == "" {
-		vs = append(vs, corev1.Volume{Name: VolumeToken, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-			SecretName: inj.cfg.TokenSecret, Optional: &optional, DefaultMode: &mode}}})
+		if inj.cfg.TokenSecret != "" {
+			vs = append(vs, corev1.Volume{Name: VolumeToken, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+				SecretName: inj.cfg.TokenSecret, Optional: &optional, DefaultMode: &mode}}})
+		}
 	}
 	if needGang {
 		vs = append(vs, corev1.Volume{Name: VolumeGang, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{

@@ -69,26 +69,23 @@ func (r *Reporter) sendRelay(ctx context.Context, evs []*datamodels.HealthEvent)
 // agent, restarting, makes it again) or ctx ends (its error: the node has
 // no agent, e.g. one not scheduled there or not yet rolled out).
 func (r *Reporter) waitSocket(ctx context.Context) error {
-	backoff := 200 * time.Millisecond
+	backoff := minBackoff
 	for {
 		_, err := os.Stat(r.cfg.RelaySocket)
 		if err == nil || !errors.Is(err, fs.ErrNotExist) {
 			return nil // there (or unreadable: the call says why)
 		}
 		r.log.Warn("the agent's relay socket does not exist; waiting for the agent", "socket", r.cfg.RelaySocket)
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
-		case <-time.After(backoff):
+		if err := r.backOff(ctx, &backoff, err); err != nil {
+			return err
 		}
-		backoff = min(2*backoff, max(r.cfg.Gateway.MaxBackoff, 200*time.Millisecond))
 	}
 }
 
 // relayCall sends one batch until the relay takes it (nil), refuses it for
 // good (the error), or ctx ends (the last error).
 func (r *Reporter) relayCall(ctx context.Context, client datamodels.PlatformConnectorClient, evs []*datamodels.HealthEvent) error {
-	backoff := 200 * time.Millisecond
+	backoff := minBackoff
 	for {
 		cctx, cancel := context.WithTimeout(ctx, relayCallTimeout)
 		_, err := client.HealthEventOccurredV1(cctx, &datamodels.HealthEvents{Version: 1, Events: evs})
@@ -100,13 +97,25 @@ func (r *Reporter) relayCall(ctx context.Context, client datamodels.PlatformConn
 			return err
 		}
 		r.log.Warn("the agent's relay did not take the events; retrying", "socket", r.cfg.RelaySocket, "events", len(evs), "err", err)
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
-		case <-time.After(backoff):
+		if err := r.backOff(ctx, &backoff, err); err != nil {
+			return err
 		}
-		backoff = min(2*backoff, max(r.cfg.Gateway.MaxBackoff, 200*time.Millisecond))
 	}
+}
+
+// minBackoff is the first wait of waitSocket's and relayCall's retries.
+const minBackoff = 200 * time.Millisecond
+
+// backOff waits *b, then doubles it up to gateway.max_backoff; when ctx
+// ends first it returns ctx's error, with last (the retry's cause).
+func (r *Reporter) backOff(ctx context.Context, b *time.Duration, last error) error {
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("%w (last: %w)", ctx.Err(), last)
+	case <-time.After(*b):
+	}
+	*b = min(2**b, max(r.cfg.Gateway.MaxBackoff, minBackoff))
+	return nil
 }
 
 // relayBatches splits evs, in order, into calls the relay takes: at most

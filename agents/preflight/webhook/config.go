@@ -184,7 +184,7 @@ type InjectConfig struct {
 	// RelaySocket is the node agent's relay socket on the nodes (the
 	// agent's nvsentinel_socket, e.g. "/run/faultline-agent/agent.sock";
 	// default "": off). When set, its directory is mounted (hostPath,
-	// Directory, read-only) into the checks, which send through the
+	// DirectoryOrCreate, read-only) into the checks, which send through the
 	// agent with its node-bound credential; TokenSecret must be "" and no
 	// spool is mounted.
 	RelaySocket string `toml:"relay_socket"`
