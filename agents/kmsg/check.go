@@ -43,7 +43,9 @@ type Config struct {
 	KmsgPath string `toml:"device"`
 	// JournalctlPath is the journalctl binary (default "journalctl").
 	JournalctlPath string `toml:"journalctl"`
-	// File is the file read when Source is "file".
+	// File is the file read when Source is "file". While it is missing it
+	// is looked for at every check, which fails once it has been missing
+	// for missingFileGrace (a minute).
 	File string `toml:"file"`
 	// StateDir keeps the read position across restarts (default
 	// /var/lib/faultline-agent/kmsg); empty keeps none, so a restart re-reads
@@ -125,6 +127,11 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// missingFileGrace is how long a file source's file may be missing (not
+// created yet, a logrotate window, a mount still to come) before the check
+// fails for it.
+const missingFileGrace = time.Minute
+
 // Check is the kernel-log check: GPU Xid, NVSwitch SXid, GPU fallen off the
 // bus, mlx5 driver errors. Each Check call returns the events of the lines
 // read since the previous call.
@@ -135,6 +142,9 @@ type Check struct {
 	parser *Parser
 	src    source
 	absent bool
+	// missing is when a file source's file was first found missing (zero
+	// while it is there): it is looked for again at every check.
+	missing time.Time
 	// bootID is this boot's; cleared is the boot whose start was last
 	// reported healthy (afterReboot), rebooted whether that is still to do.
 	bootID, cleared string
@@ -198,6 +208,9 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	defer c.mu.Unlock()
 	if c.src == nil && !c.absent {
 		src, err := c.open()
+		if errors.Is(err, fs.ErrNotExist) && c.cfg.Source == SourceFile {
+			return nil, c.fileMissing(err)
+		}
 		if errors.Is(err, fs.ErrNotExist) {
 			c.log.Info("kernel log source not present", "source", c.cfg.Source)
 			c.absent = true
@@ -206,7 +219,7 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 		if err != nil {
 			return nil, err
 		}
-		c.src = src
+		c.src, c.missing = src, time.Time{}
 	}
 	if c.src == nil {
 		return nil, nil
@@ -229,6 +242,24 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	c.pos.BootID, c.pos.ClearedBoot = c.bootID, c.cleared
 	c.held = c.saveHeld(held)
 	return evs, rerr
+}
+
+// fileMissing is Check's answer while a file source's file is missing:
+// it is looked for again at the next check (the file may be created yet —
+// rsyslog, a logrotate window, a mount — and a host without /dev/kmsg is
+// not what a configured file's absence means), nothing for
+// missingFileGrace, then an error naming the file at every check until
+// it appears, for the agent to report the check failing.
+func (c *Check) fileMissing(err error) error {
+	now := c.parser.cfg.Now()
+	if c.missing.IsZero() {
+		c.missing = now
+		c.log.Info("kernel log file not present yet: looked for at every check", "file", c.cfg.File)
+	}
+	if gone := now.Sub(c.missing); gone >= missingFileGrace {
+		return fmt.Errorf("kmsg.file %s missing for %s: no kernel-log lines read: %w", c.cfg.File, gone.Round(time.Second), err)
+	}
+	return nil
 }
 
 // saveHeld encodes the summaries of the occurrences that open flood
@@ -356,6 +387,13 @@ func (c *Check) statePath() string {
 }
 
 func (c *Check) open() (source, error) {
+	if c.cfg.Source == SourceFile {
+		// Before the state is read: a missing file is looked for at
+		// every check.
+		if _, err := os.Stat(c.cfg.File); err != nil {
+			return nil, err
+		}
+	}
 	st := loadState(c.statePath(), c.log)
 	c.saved, c.savedHeld = st.sourceState, st.Held
 	c.restored = c.restoreHeld(st.Held)
@@ -374,9 +412,6 @@ func (c *Check) open() (source, error) {
 	case SourceJournal:
 		return newJournal(c.cfg.JournalctlPath, st.sourceState), nil
 	case SourceFile:
-		if _, err := os.Stat(c.cfg.File); err != nil {
-			return nil, err
-		}
 		if st.File != c.cfg.File {
 			// No position to resume at: the file is read from its start,
 			// and a kern.log spans several boots. Like the journal's -b,

@@ -659,3 +659,37 @@ func TestHeldFloodCountsBounded(t *testing.T) {
 		t.Fatalf("state file: %v, %v bytes (at most %d)", err, fi.Size(), maxStateBytes)
 	}
 }
+
+// TestFileMissingAtStartIsRetried: a file source whose file is missing at
+// start (kern.log not created yet by rsyslog, a logrotate window, a
+// hostPath mounted late) is looked for again at every check — it was
+// taken for "not present" once and never read, every Xid in it lost until
+// a restart — and, missing past missingFileGrace, the check fails naming
+// the file, so the lost source shows as a failing check.
+func TestFileMissingAtStartIsRetried(t *testing.T) {
+	dir := t.TempDir()
+	logf := filepath.Join(dir, "kern.log")
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	c, err := New(Config{Source: SourceFile, File: logf, StateDir: dir, ProcStatPath: "/nonexistent",
+		Parser: ParserConfig{Location: time.UTC, Now: func() time.Time { return now }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs, err := c.Check(context.Background()); err != nil || len(evs) != 0 {
+		t.Fatalf("missing at start: %v %v, want nothing and no error within the grace", evs, err)
+	}
+	now = now.Add(missingFileGrace + time.Second)
+	if _, err := c.Check(context.Background()); err == nil || !strings.Contains(err.Error(), logf) {
+		t.Fatalf("missing past the grace: err %v, want one naming %s", err, logf)
+	}
+	if err := c.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(logf, []byte("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := c.Check(context.Background())
+	if err != nil || len(evs) != 1 || evs[0].GetErrorCode()[0] != "XID-79" {
+		t.Fatalf("file created later: %v %v, want its Xid 79", evs, err)
+	}
+}
