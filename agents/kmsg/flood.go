@@ -158,6 +158,19 @@ func (f *flood) close(e *floodEntry) {
 	e.tmpl = nil
 }
 
+// end closes key's window, its summary for take, and forgets the key: its
+// error has cleared, so a summary after the recovery would report the
+// fault again, and the same error after it is a new fault, reported at
+// once rather than taken for the flood going on.
+func (f *flood) end(key string) {
+	if e := f.m[key]; e != nil {
+		if !e.closed {
+			f.close(e)
+		}
+		delete(f.m, key)
+	}
+}
+
 // summary is the event of the occurrences e holds: its last one's, with
 // their count.
 func (f *flood) summary(e *floodEntry) *datamodels.HealthEvent {

@@ -950,3 +950,41 @@ func TestParseCommandTimeZone(t *testing.T) {
 		}
 	}
 }
+
+// TestNICRecoveryAfterItsFloodSummary: an mlx5 fault repeated within its
+// flood window, then recovered, is reported fault, summary of the held
+// repeat, recovery — the summary came after the recovery when the window
+// closed, and the NIC stood faulty with nothing to lift it — and the same
+// fault again after the recovery is reported at once, a new fault.
+func TestNICRecoveryAfterItsFloodSummary(t *testing.T) {
+	for _, tc := range []struct{ code, fault, recovery string }{
+		{"MLX5-MODULE-UNPLUGGED", "Port module event: module 1, Cable unplugged", "Port module event: module 1, Cable plugged"},
+		{"MLX5-INSUFFICIENT-POWER", "Detected insufficient power on the PCIe slot (27W).", "PCIe slot advertised sufficient power (75W)."},
+	} {
+		t.Run(tc.code, func(t *testing.T) {
+			clock := testBoot.Add(100 * time.Second)
+			p := testParser(t, func(c *ParserConfig) { c.Now = func() time.Time { return clock } })
+			var got []*datamodels.HealthEvent
+			line := func(sec float64, msg string) {
+				clock = testBoot.Add(time.Duration(sec * float64(time.Second)))
+				p.Process(Line{Text: fmt.Sprintf("[%12.6f] mlx5_core 0000:0c:00.1: mlx5_event:1155:(pid 0): %s", sec, msg), Mono: -1})
+				p.Flush(false)
+				got = append(got, p.Drain()...)
+			}
+			line(100, tc.fault)
+			line(101, tc.fault) // held in the flood window
+			line(102, tc.recovery)
+			if n := len(got); n != 3 || got[1].GetIsHealthy() || got[1].Metadata["count"] != "1" || !got[2].GetIsHealthy() {
+				t.Fatalf("want the fault, its held repeat, then the recovery:\n%s", encodeT(got))
+			}
+			line(103, tc.fault) // within the window the recovery ended
+			if n := len(got); n != 4 || got[3].GetIsHealthy() || got[3].GetErrorCode()[0] != tc.code {
+				t.Fatalf("a fault after the recovery not reported at once:\n%s", encodeT(got))
+			}
+			line(120, "noise") // every window has closed by now
+			if n := len(got); n != 4 {
+				t.Fatalf("events after the windows closed:\n%s", encodeT(got[4:]))
+			}
+		})
+	}
+}

@@ -644,6 +644,9 @@ func (p *Parser) mlx5(r record, t time.Time, known bool) {
 			return
 		}
 		delete(p.nicState, dev+"|"+rule.healthy)
+		// The fault's occurrences its flood window holds go before.
+		p.flood.end(rule.healthy + "|" + dev)
+		p.out = append(p.out, p.flood.take()...)
 		ev := p.event(ClassNIC, CheckNIC, rule.healthy, false, datamodels.RecommendedAction_NONE,
 			fmt.Sprintf("NIC %s recovered: %s", nic, msgTail(b)), ents, meta, t, known)
 		ev.IsHealthy = true
