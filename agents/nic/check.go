@@ -63,6 +63,10 @@ type Check struct {
 	// unreadable is when each known device listed but not discoverable
 	// was first seen so: past cardHoldDown it is reported lost.
 	unreadable map[string]time.Time
+	// portUnreadable is when each monitored port whose state cannot be
+	// read was first seen so (keyed "device/port"): past cardHoldDown it
+	// is reported fatal and counted inactive for its card.
+	portUnreadable map[string]time.Time
 	// noDevices is when class/infiniband was first seen empty or missing
 	// while known devices were not reported lost (zero: it lists some):
 	// past cardHoldDown each is reported lost.
@@ -147,7 +151,7 @@ func New(cfg Config, opt Options) (*Check, error) {
 		return nil, err
 	}
 	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}, below: map[string]time.Time{},
-		downedRead: map[string]bool{}, unreadable: map[string]time.Time{}}
+		downedRead: map[string]bool{}, unreadable: map[string]time.Time{}, portUnreadable: map[string]time.Time{}}
 	if md != nil {
 		c.expected = len(md.NICTopology)
 	}
@@ -268,10 +272,23 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			continue
 		}
 		for i := range n.Ports {
-			c.r.readState(&n.Ports[i])
-			if c.degrOn(n.Ports[i].LinkLayer) {
-				c.r.readCounters(&n.Ports[i])
+			p := &n.Ports[i]
+			c.r.readState(p)
+			if c.degrOn(p.LinkLayer) {
+				c.r.readCounters(p)
 			}
+			if p.ReadError != "" {
+				if key := portKey(p.Device, p.Port); c.portUnreadable[key].IsZero() {
+					c.portUnreadable[key] = c.now()
+				}
+			} else if len(c.portUnreadable) > 0 {
+				delete(c.portUnreadable, portKey(p.Device, p.Port))
+			}
+		}
+	}
+	for key := range c.portUnreadable {
+		if n := c.nics[key[:strings.LastIndexByte(key, '/')]]; n == nil || !n.Monitored {
+			delete(c.portUnreadable, key)
 		}
 	}
 
@@ -492,12 +509,31 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		}
 		for i := range n.Ports {
 			p := &n.Ports[i]
-			if p.ReadError != "" {
-				c.log.Warn("port unreadable", "device", p.Device, "port", p.Port, "err", p.ReadError)
-				continue
-			}
 			key := portKey(p.Device, p.Port)
 			prev := c.st.Ports[key]
+			if p.ReadError != "" {
+				// Unreadable says nothing about the port for up to
+				// cardHoldDown (a read racing a reset, firmware busy);
+				// still so then (a hung HCA answering EIO or ETIMEDOUT
+				// every poll, its device still listed), it is fatal.
+				if !c.unreadablePast(p) {
+					c.log.Warn("port unreadable", "device", p.Device, "port", p.Port, "err", p.ReadError)
+					continue
+				}
+				if prev != nil && prev.Level == levelFatal {
+					continue // reported (unreadable, or down before)
+				}
+				if c.stateOn(p.LinkLayer) {
+					next := &portState{LinkLayer: p.LinkLayer, Level: levelFatal}
+					if prev != nil {
+						next.Counters, next.Breached = prev.Counters, prev.Breached
+					}
+					c.st.Ports[key] = next
+					c.log.Error("port unreadable past the hold-down: reported", "device", p.Device, "port", p.Port, "since", c.portUnreadable[key], "err", p.ReadError)
+					emit(unreadableEvent(n, p))
+				}
+				continue
+			}
 			if c.stateOn(p.LinkLayer) {
 				if ev := c.transition(n, p, prev, anomalous[n.Card] || inherited[key]); ev != nil {
 					emit(ev)
@@ -814,6 +850,16 @@ func (c *Check) transition(n *NIC, p *Port, prev *portState, reportUnhealthy boo
 	}
 }
 
+// unreadablePast reports whether a port read this poll has stayed
+// unreadable for cardHoldDown.
+func (c *Check) unreadablePast(p *Port) bool {
+	if p.ReadError == "" {
+		return false
+	}
+	since, ok := c.portUnreadable[portKey(p.Device, p.Port)]
+	return ok && c.now().Sub(since) >= cardHoldDown
+}
+
 // stateName strips the numeric id: "4: ACTIVE" → "ACTIVE".
 func stateName(raw string) (int, string) {
 	id, name, ok := strings.Cut(raw, ":")
@@ -923,6 +969,20 @@ func portEvent(n *NIC, p *Port, level, st, ph string) *datamodels.HealthEvent {
 	return newEvent(checkName(p.LinkLayer, false), msg, level == levelFatal, level == levelHealthy, portEntities(p.Device, p.Port), md)
 }
 
+// unreadableEvent is the fatal of a port whose state has stayed
+// unreadable past the hold-down; its recovery is the port's healthy
+// event once it reads ACTIVE/LinkUp again.
+func unreadableEvent(n *NIC, p *Port) *datamodels.HealthEvent {
+	prefix := "Port"
+	if p.LinkLayer == "Ethernet" {
+		prefix = "RoCE port"
+	}
+	msg := fmt.Sprintf("%s %s port %d: state unreadable: %s", prefix, p.Device, p.Port, p.ReadError)
+	md := map[string]string{"link_layer": p.LinkLayer, "read_error": p.ReadError,
+		"role": string(n.Role), "pci_address": n.PCIAddress, "hca_type": n.HCAType, "fw_ver": n.FWVersion}
+	return newEvent(checkName(p.LinkLayer, false), msg, true, false, portEntities(p.Device, p.Port), md)
+}
+
 // retiredEvent clears a port fault (of the state or the degradation
 // check) under a device name no longer reported (retirePorts).
 func retiredEvent(dev string, port uint, linkLayer, why string, degradation bool) *datamodels.HealthEvent {
@@ -946,7 +1006,8 @@ func deviceEvent(name, linkLayer string, back bool) *datamodels.HealthEvent {
 // with a port unreadable this poll is left out of the homogeneity check:
 // counting that port as inactive would report a healthy card below its
 // peer mode (a false REPLACE_VM, which §4.1.2 ranks worse than a missed
-// failure).
+// failure) — until the port has stayed unreadable for cardHoldDown
+// (reported fatal itself then): from then on it counts as inactive.
 type card struct {
 	addr      string
 	role      Role
@@ -976,6 +1037,9 @@ func (c *Check) cards() map[string]*card {
 		cd.devices = append(cd.devices, n.Name)
 		for i := range n.Ports {
 			cd.ports++
+			if c.unreadablePast(&n.Ports[i]) {
+				continue
+			}
 			if n.Ports[i].ReadError != "" {
 				unreadable[addr] = true
 			} else if lvl, _, _ := evaluate(&n.Ports[i]); lvl == levelHealthy {
