@@ -241,22 +241,43 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		if c.noDevices.IsZero() {
 			c.noDevices = c.now()
 		}
+		// The devices that come back are discovered again: a driver
+		// restart registers them in probe order, names swapped between
+		// PCI functions (mlx5_0 ↔ mlx5_1), and a cached device would read
+		// its old function's port paths, which no longer exist.
+		clear(c.nics)
 		if held := c.now().Sub(c.noDevices); held < cardHoldDown {
 			return nil, nil, fmt.Errorf("%w: %d known devices not listed for %s: reported lost once past the hold-down (%s) (a driver restart; else check nic.sysfs_root and the host /sys mount)", ErrNoDevices, lost, held.Round(time.Second), cardHoldDown)
 		}
 		c.log.Warn("no InfiniBand device past the hold-down: known devices reported lost", "since", c.noDevices, "hold_down", cardHoldDown)
 	}
-	// Discovery only for devices not seen before; the rest read the hot path.
+	// Discovery only for devices not seen before, or whose class link now
+	// points elsewhere (a driver restart between two polls registered the
+	// names in another order); the rest read the hot path.
 	present := make(map[string]bool, len(names))
 	for _, n := range names {
 		present[n] = true
-		if _, ok := c.nics[n]; ok {
-			continue
+		if cached, ok := c.nics[n]; ok {
+			if !c.r.moved(&cached.Device) {
+				continue
+			}
+			c.log.Info("NIC now on another PCI function: discovered again", "device", n, "pci", cached.PCIAddress)
+			delete(c.nics, n)
 		}
 		d, err := c.r.discover(n)
 		if err != nil {
 			c.log.Warn("device unreadable", "device", n, "err", err)
 			continue
+		}
+		if old := c.st.KnownPCI[n]; old != "" && d.PCIAddress != "" && old != d.PCIAddress {
+			// Its link_downed snapshots are another function's: the next
+			// reading starts over, not an increase over them (the other
+			// counters are judged by their own value).
+			for _, p := range d.Ports {
+				if ps := c.st.Ports[portKey(n, p.Port)]; ps != nil {
+					delete(ps.Counters, CounterLinkDowned)
+				}
+			}
 		}
 		role, why := c.cls.classify(d)
 		c.nics[n] = &NIC{Device: *d, Role: role, Monitored: role.Monitored(), Reason: why}
