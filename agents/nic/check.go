@@ -80,8 +80,9 @@ type Check struct {
 }
 
 // cardHoldDown is how long a card stays below its role's peer mode before
-// it is reported, except on a first poll without usable state (reported
-// at once). It keeps a port passing through INIT, ARMED, Polling or
+// it is reported, except on a first poll without usable state when the
+// card is short of a port hard down or missing (reported at once; ports
+// still waiting for the subnet manager or training are held down). It keeps a port passing through INIT, ARMED, Polling or
 // LinkErrorRecovery — a link training, a subnet manager failing over and
 // activating a large fabric's ports one by one — from reporting its card:
 // the card fault is fatal, REPLACE_VM. §3.1 calls INIT problematic when
@@ -445,8 +446,11 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 
 	// Card homogeneity per role (§4.3), on every poll: a card below its
 	// role's peer mode is reported at once on a first poll without usable
-	// state, and on any other poll once it has stayed below for
-	// cardHoldDown (a port stuck in INIT, ARMED, Polling or
+	// state when it is short of a port hard down or missing (§7.2 Case 3),
+	// which its ports waiting for the SM or training (INIT, ARMED,
+	// Polling, LinkErrorRecovery: normal after a boot, §3.2) could not make
+	// up as they do for its peers at the mode, and otherwise once it has
+	// stayed below for cardHoldDown (a port stuck in INIT, ARMED, Polling or
 	// LinkErrorRecovery while its peers are ACTIVE; a port dead at boot
 	// on a card that looked normal while its peers still waited for the
 	// SM). A reported card is cleared once it is back at the expected
@@ -461,6 +465,17 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 	anomalous := map[string]bool{}
 	for _, grp := range groupByRole(cards) {
 		mode := modeActive(grp)
+		// peersUp: the fewest ports active or on their way up of a card
+		// at peer mode. A card below it even counting its own ports on
+		// their way up as active is short of a port hard down (DOWN and
+		// Disabled, or in no state on the way up) or missing, beyond what
+		// its peers lack (uncabled ports: Polling on IB, Disabled on RoCE).
+		peersUp := -1
+		for _, cd := range grp {
+			if cd.active >= mode && (peersUp < 0 || cd.active+cd.waiting < peersUp) {
+				peersUp = cd.active + cd.waiting
+			}
+		}
 		for _, cd := range grp {
 			if cd.active >= mode && c.fresh && c.stateOn(cd.linkLayer) {
 				for _, devs := range cardBaselineSets(cd.devices) {
@@ -475,19 +490,27 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			if cd.active >= mode {
 				continue
 			}
-			anomalous[cd.addr] = true
+			// A first poll holding the card down reports none of its
+			// unhealthy ports either (first observations, which would be
+			// fatal at once for a link still training): it is reported
+			// past the hold-down if still short.
+			anomalous[cd.addr] = !c.fresh || cd.active+cd.waiting < peersUp
 			if !c.stateOn(cd.linkLayer) || c.st.AnomalousCards[cd.addr] != nil {
 				continue
 			}
+			// Held down unless a first poll finds it short of a port hard
+			// down or missing: one waiting for the SM or training after a
+			// boot is normal (§3.2).
+			hold := !c.fresh || cd.active+cd.waiting >= peersUp
 			since, ok := c.below[cd.addr]
 			if !ok {
 				since = c.now()
 				c.below[cd.addr] = since
-				if !c.fresh {
-					c.log.Warn("card below peer mode, held down", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode, "hold_down", cardHoldDown)
+				if hold {
+					c.log.Warn("card below peer mode, held down", "card", cd.addr, "role", cd.role, "active", cd.active, "waiting", cd.waiting, "expected", mode, "hold_down", cardHoldDown)
 				}
 			}
-			if !c.fresh && c.now().Sub(since) < cardHoldDown {
+			if hold && c.now().Sub(since) < cardHoldDown {
 				continue
 			}
 			c.st.AnomalousCards[cd.addr] = &cardFlag{Role: cd.role, Expected: mode, Devices: cd.devices, LinkLayer: cd.linkLayer}
@@ -496,7 +519,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		}
 	}
 	for addr := range c.below {
-		if !anomalous[addr] || c.st.AnomalousCards[addr] != nil {
+		if _, below := anomalous[addr]; !below || c.st.AnomalousCards[addr] != nil {
 			delete(c.below, addr)
 		}
 	}
@@ -896,13 +919,34 @@ func stateName(raw string) (int, string) {
 
 // Kernel ids of the states that decide health.
 const (
-	stateDown    = 1
-	stateInit    = 2
-	stateArmed   = 3
-	stateActive  = 4
-	physDisabled = 3
-	physLinkUp   = 5
+	stateDown         = 1
+	stateInit         = 2
+	stateArmed        = 3
+	stateActive       = 4
+	physSleep         = 1
+	physPolling       = 2
+	physDisabled      = 3
+	physTraining      = 4 // PortConfigurationTraining
+	physLinkUp        = 5
+	physLinkErrorRecv = 6
 )
+
+// waitingForSM reports whether a port not active is on its way up: INIT or
+// ARMED (waiting for the subnet manager; RoCE's brief transients), or its
+// link training (Sleep, Polling, PortConfigurationTraining,
+// LinkErrorRecovery). A port Disabled is not.
+func waitingForSM(p *Port) bool {
+	sid, _ := stateName(p.State)
+	pid, _ := stateName(p.PhysicalState)
+	switch {
+	case pid == physDisabled:
+		return false
+	case sid == stateInit || sid == stateArmed:
+		return true
+	default:
+		return pid == physSleep || pid == physPolling || pid == physTraining || pid == physLinkErrorRecv
+	}
+}
 
 // evaluate returns the health level of a port ("" for a RoCE INIT/ARMED
 // transient that is not reported).
@@ -1036,6 +1080,8 @@ type card struct {
 	devices   []string
 	active    int
 	ports     int
+	// waiting are its ports on their way up (waitingForSM).
+	waiting int
 }
 
 func (c *Check) cards() map[string]*card {
@@ -1065,6 +1111,8 @@ func (c *Check) cards() map[string]*card {
 				unreadable[addr] = true
 			} else if lvl, _, _ := evaluate(&n.Ports[i]); lvl == levelHealthy {
 				cd.active++
+			} else if waitingForSM(&n.Ports[i]) {
+				cd.waiting++
 			}
 		}
 	}
