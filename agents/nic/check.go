@@ -579,7 +579,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 				continue
 			}
 			if c.stateOn(p.LinkLayer) {
-				if ev := c.transition(n, p, prev, anomalous[n.Card] || inherited[key]); ev != nil {
+				if ev := c.transition(n, p, prev, anomalous[cardKey(n)] || inherited[key]); ev != nil {
 					emit(ev)
 				}
 			}
@@ -1084,6 +1084,15 @@ type card struct {
 	waiting int
 }
 
+// cardKey is the card a NIC is counted in: its PCI bus:device, or its
+// name when its PCI address is unknown (a card of its own).
+func cardKey(n *NIC) string {
+	if n.Card == "" {
+		return n.Name
+	}
+	return n.Card
+}
+
 func (c *Check) cards() map[string]*card {
 	out := map[string]*card{}
 	unreadable := map[string]bool{}
@@ -1092,10 +1101,7 @@ func (c *Check) cards() map[string]*card {
 		if !n.Monitored {
 			continue
 		}
-		addr := n.Card
-		if addr == "" {
-			addr = n.Name
-		}
+		addr := cardKey(n)
 		cd := out[addr]
 		if cd == nil {
 			cd = &card{addr: addr, role: n.Role, linkLayer: n.LinkLayer}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -190,5 +191,29 @@ func TestFirstPollWaitsForSM(t *testing.T) {
 			}
 			wantEvents(t, "past the hold-down", cardFatals(tick()), want)
 		})
+	}
+}
+
+// TestCardWithoutPCIAddress: a device whose PCI address cannot be read
+// (no device link, no uevent; monitored only when named by
+// nic_inclusion_regex_override, its NUMA node unknown) is a card of its
+// own, keyed by its name: below its peer mode on a first poll, its port
+// is reported with it, as on any card.
+func TestCardWithoutPCIAddress(t *testing.T) {
+	e := setup(t, small())
+	e.cfg.InclusionRegexOverride = "^mlx5_[0-3]$"
+	must(t, os.Remove(filepath.Join(e.tree.Root, "class/infiniband/mlx5_0/device")))
+	must(t, e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Disabled))
+	c := e.check()
+	got := poll(t, c)
+	if n := c.NICs()[0]; n.Name != "mlx5_0" || n.PCIAddress != "" || !n.Monitored {
+		t.Fatalf("fixture: %+v", n)
+	}
+	want := []string{"F InfiniBandStateCheck: Card mlx5_0 (override) has 0 active ports, expected 1 (peer mode)",
+		"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Disabled"}
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			t.Errorf("first poll: missing %q in %q", w, got)
+		}
 	}
 }
