@@ -63,6 +63,10 @@ type Check struct {
 	// unreadable is when each known device listed but not discoverable
 	// was first seen so: past cardHoldDown it is reported lost.
 	unreadable map[string]time.Time
+	// portUnreadable is when each monitored port whose state cannot be
+	// read was first seen so (keyed "device/port"): past cardHoldDown it
+	// is reported fatal and counted inactive for its card.
+	portUnreadable map[string]time.Time
 	// noDevices is when class/infiniband was first seen empty or missing
 	// while known devices were not reported lost (zero: it lists some):
 	// past cardHoldDown each is reported lost.
@@ -76,8 +80,9 @@ type Check struct {
 }
 
 // cardHoldDown is how long a card stays below its role's peer mode before
-// it is reported, except on a first poll without usable state (reported
-// at once). It keeps a port passing through INIT, ARMED, Polling or
+// it is reported, except on a first poll without usable state when the
+// card is short of a port hard down or missing (reported at once; ports
+// still waiting for the subnet manager or training are held down). It keeps a port passing through INIT, ARMED, Polling or
 // LinkErrorRecovery — a link training, a subnet manager failing over and
 // activating a large fabric's ports one by one — from reporting its card:
 // the card fault is fatal, REPLACE_VM. §3.1 calls INIT problematic when
@@ -147,7 +152,7 @@ func New(cfg Config, opt Options) (*Check, error) {
 		return nil, err
 	}
 	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}, below: map[string]time.Time{},
-		downedRead: map[string]bool{}, unreadable: map[string]time.Time{}}
+		downedRead: map[string]bool{}, unreadable: map[string]time.Time{}, portUnreadable: map[string]time.Time{}}
 	if md != nil {
 		c.expected = len(md.NICTopology)
 	}
@@ -237,22 +242,43 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		if c.noDevices.IsZero() {
 			c.noDevices = c.now()
 		}
+		// The devices that come back are discovered again: a driver
+		// restart registers them in probe order, names swapped between
+		// PCI functions (mlx5_0 ↔ mlx5_1), and a cached device would read
+		// its old function's port paths, which no longer exist.
+		clear(c.nics)
 		if held := c.now().Sub(c.noDevices); held < cardHoldDown {
 			return nil, nil, fmt.Errorf("%w: %d known devices not listed for %s: reported lost once past the hold-down (%s) (a driver restart; else check nic.sysfs_root and the host /sys mount)", ErrNoDevices, lost, held.Round(time.Second), cardHoldDown)
 		}
 		c.log.Warn("no InfiniBand device past the hold-down: known devices reported lost", "since", c.noDevices, "hold_down", cardHoldDown)
 	}
-	// Discovery only for devices not seen before; the rest read the hot path.
+	// Discovery only for devices not seen before, or whose class link now
+	// points elsewhere (a driver restart between two polls registered the
+	// names in another order); the rest read the hot path.
 	present := make(map[string]bool, len(names))
 	for _, n := range names {
 		present[n] = true
-		if _, ok := c.nics[n]; ok {
-			continue
+		if cached, ok := c.nics[n]; ok {
+			if !c.r.moved(&cached.Device) {
+				continue
+			}
+			c.log.Info("NIC now on another PCI function: discovered again", "device", n, "pci", cached.PCIAddress)
+			delete(c.nics, n)
 		}
 		d, err := c.r.discover(n)
 		if err != nil {
 			c.log.Warn("device unreadable", "device", n, "err", err)
 			continue
+		}
+		if old := c.st.KnownPCI[n]; old != "" && d.PCIAddress != "" && old != d.PCIAddress {
+			// Its link_downed snapshots are another function's: the next
+			// reading starts over, not an increase over them (the other
+			// counters are judged by their own value).
+			for _, p := range d.Ports {
+				if ps := c.st.Ports[portKey(n, p.Port)]; ps != nil {
+					delete(ps.Counters, CounterLinkDowned)
+				}
+			}
 		}
 		role, why := c.cls.classify(d)
 		c.nics[n] = &NIC{Device: *d, Role: role, Monitored: role.Monitored(), Reason: why}
@@ -268,10 +294,23 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			continue
 		}
 		for i := range n.Ports {
-			c.r.readState(&n.Ports[i])
-			if c.degrOn(n.Ports[i].LinkLayer) {
-				c.r.readCounters(&n.Ports[i])
+			p := &n.Ports[i]
+			c.r.readState(p)
+			if c.degrOn(p.LinkLayer) {
+				c.r.readCounters(p)
 			}
+			if p.ReadError != "" {
+				if key := portKey(p.Device, p.Port); c.portUnreadable[key].IsZero() {
+					c.portUnreadable[key] = c.now()
+				}
+			} else if len(c.portUnreadable) > 0 {
+				delete(c.portUnreadable, portKey(p.Device, p.Port))
+			}
+		}
+	}
+	for key := range c.portUnreadable {
+		if n := c.nics[key[:strings.LastIndexByte(key, '/')]]; n == nil || !n.Monitored {
+			delete(c.portUnreadable, key)
 		}
 	}
 
@@ -407,8 +446,11 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 
 	// Card homogeneity per role (§4.3), on every poll: a card below its
 	// role's peer mode is reported at once on a first poll without usable
-	// state, and on any other poll once it has stayed below for
-	// cardHoldDown (a port stuck in INIT, ARMED, Polling or
+	// state when it is short of a port hard down or missing (§7.2 Case 3),
+	// which its ports waiting for the SM or training (INIT, ARMED,
+	// Polling, LinkErrorRecovery: normal after a boot, §3.2) could not make
+	// up as they do for its peers at the mode, and otherwise once it has
+	// stayed below for cardHoldDown (a port stuck in INIT, ARMED, Polling or
 	// LinkErrorRecovery while its peers are ACTIVE; a port dead at boot
 	// on a card that looked normal while its peers still waited for the
 	// SM). A reported card is cleared once it is back at the expected
@@ -423,6 +465,17 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 	anomalous := map[string]bool{}
 	for _, grp := range groupByRole(cards) {
 		mode := modeActive(grp)
+		// peersUp: the fewest ports active or on their way up of a card
+		// at peer mode. A card below it even counting its own ports on
+		// their way up as active is short of a port hard down (DOWN and
+		// Disabled, or in no state on the way up) or missing, beyond what
+		// its peers lack (uncabled ports: Polling on IB, Disabled on RoCE).
+		peersUp := -1
+		for _, cd := range grp {
+			if cd.active >= mode && (peersUp < 0 || cd.active+cd.waiting < peersUp) {
+				peersUp = cd.active + cd.waiting
+			}
+		}
 		for _, cd := range grp {
 			if cd.active >= mode && c.fresh && c.stateOn(cd.linkLayer) {
 				for _, devs := range cardBaselineSets(cd.devices) {
@@ -437,19 +490,27 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			if cd.active >= mode {
 				continue
 			}
-			anomalous[cd.addr] = true
+			// A first poll holding the card down reports none of its
+			// unhealthy ports either (first observations, which would be
+			// fatal at once for a link still training): it is reported
+			// past the hold-down if still short.
+			anomalous[cd.addr] = !c.fresh || cd.active+cd.waiting < peersUp
 			if !c.stateOn(cd.linkLayer) || c.st.AnomalousCards[cd.addr] != nil {
 				continue
 			}
+			// Held down unless a first poll finds it short of a port hard
+			// down or missing: one waiting for the SM or training after a
+			// boot is normal (§3.2).
+			hold := !c.fresh || cd.active+cd.waiting >= peersUp
 			since, ok := c.below[cd.addr]
 			if !ok {
 				since = c.now()
 				c.below[cd.addr] = since
-				if !c.fresh {
-					c.log.Warn("card below peer mode, held down", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode, "hold_down", cardHoldDown)
+				if hold {
+					c.log.Warn("card below peer mode, held down", "card", cd.addr, "role", cd.role, "active", cd.active, "waiting", cd.waiting, "expected", mode, "hold_down", cardHoldDown)
 				}
 			}
-			if !c.fresh && c.now().Sub(since) < cardHoldDown {
+			if hold && c.now().Sub(since) < cardHoldDown {
 				continue
 			}
 			c.st.AnomalousCards[cd.addr] = &cardFlag{Role: cd.role, Expected: mode, Devices: cd.devices, LinkLayer: cd.linkLayer}
@@ -458,7 +519,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		}
 	}
 	for addr := range c.below {
-		if !anomalous[addr] || c.st.AnomalousCards[addr] != nil {
+		if _, below := anomalous[addr]; !below || c.st.AnomalousCards[addr] != nil {
 			delete(c.below, addr)
 		}
 	}
@@ -492,14 +553,33 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		}
 		for i := range n.Ports {
 			p := &n.Ports[i]
-			if p.ReadError != "" {
-				c.log.Warn("port unreadable", "device", p.Device, "port", p.Port, "err", p.ReadError)
-				continue
-			}
 			key := portKey(p.Device, p.Port)
 			prev := c.st.Ports[key]
+			if p.ReadError != "" {
+				// Unreadable says nothing about the port for up to
+				// cardHoldDown (a read racing a reset, firmware busy);
+				// still so then (a hung HCA answering EIO or ETIMEDOUT
+				// every poll, its device still listed), it is fatal.
+				if !c.unreadablePast(p) {
+					c.log.Warn("port unreadable", "device", p.Device, "port", p.Port, "err", p.ReadError)
+					continue
+				}
+				if prev != nil && prev.Level == levelFatal {
+					continue // reported (unreadable, or down before)
+				}
+				if c.stateOn(p.LinkLayer) {
+					next := &portState{LinkLayer: p.LinkLayer, Level: levelFatal}
+					if prev != nil {
+						next.Counters, next.Breached = prev.Counters, prev.Breached
+					}
+					c.st.Ports[key] = next
+					c.log.Error("port unreadable past the hold-down: reported", "device", p.Device, "port", p.Port, "since", c.portUnreadable[key], "err", p.ReadError)
+					emit(unreadableEvent(n, p))
+				}
+				continue
+			}
 			if c.stateOn(p.LinkLayer) {
-				if ev := c.transition(n, p, prev, anomalous[n.Card] || inherited[key]); ev != nil {
+				if ev := c.transition(n, p, prev, anomalous[cardKey(n)] || inherited[key]); ev != nil {
 					emit(ev)
 				}
 			}
@@ -814,6 +894,16 @@ func (c *Check) transition(n *NIC, p *Port, prev *portState, reportUnhealthy boo
 	}
 }
 
+// unreadablePast reports whether a port read this poll has stayed
+// unreadable for cardHoldDown.
+func (c *Check) unreadablePast(p *Port) bool {
+	if p.ReadError == "" {
+		return false
+	}
+	since, ok := c.portUnreadable[portKey(p.Device, p.Port)]
+	return ok && c.now().Sub(since) >= cardHoldDown
+}
+
 // stateName strips the numeric id: "4: ACTIVE" → "ACTIVE".
 func stateName(raw string) (int, string) {
 	id, name, ok := strings.Cut(raw, ":")
@@ -829,13 +919,34 @@ func stateName(raw string) (int, string) {
 
 // Kernel ids of the states that decide health.
 const (
-	stateDown    = 1
-	stateInit    = 2
-	stateArmed   = 3
-	stateActive  = 4
-	physDisabled = 3
-	physLinkUp   = 5
+	stateDown         = 1
+	stateInit         = 2
+	stateArmed        = 3
+	stateActive       = 4
+	physSleep         = 1
+	physPolling       = 2
+	physDisabled      = 3
+	physTraining      = 4 // PortConfigurationTraining
+	physLinkUp        = 5
+	physLinkErrorRecv = 6
 )
+
+// waitingForSM reports whether a port not active is on its way up: INIT or
+// ARMED (waiting for the subnet manager; RoCE's brief transients), or its
+// link training (Sleep, Polling, PortConfigurationTraining,
+// LinkErrorRecovery). A port Disabled is not.
+func waitingForSM(p *Port) bool {
+	sid, _ := stateName(p.State)
+	pid, _ := stateName(p.PhysicalState)
+	switch {
+	case pid == physDisabled:
+		return false
+	case sid == stateInit || sid == stateArmed:
+		return true
+	default:
+		return pid == physSleep || pid == physPolling || pid == physTraining || pid == physLinkErrorRecv
+	}
+}
 
 // evaluate returns the health level of a port ("" for a RoCE INIT/ARMED
 // transient that is not reported).
@@ -923,6 +1034,20 @@ func portEvent(n *NIC, p *Port, level, st, ph string) *datamodels.HealthEvent {
 	return newEvent(checkName(p.LinkLayer, false), msg, level == levelFatal, level == levelHealthy, portEntities(p.Device, p.Port), md)
 }
 
+// unreadableEvent is the fatal of a port whose state has stayed
+// unreadable past the hold-down; its recovery is the port's healthy
+// event once it reads ACTIVE/LinkUp again.
+func unreadableEvent(n *NIC, p *Port) *datamodels.HealthEvent {
+	prefix := "Port"
+	if p.LinkLayer == "Ethernet" {
+		prefix = "RoCE port"
+	}
+	msg := fmt.Sprintf("%s %s port %d: state unreadable: %s", prefix, p.Device, p.Port, p.ReadError)
+	md := map[string]string{"link_layer": p.LinkLayer, "read_error": p.ReadError,
+		"role": string(n.Role), "pci_address": n.PCIAddress, "hca_type": n.HCAType, "fw_ver": n.FWVersion}
+	return newEvent(checkName(p.LinkLayer, false), msg, true, false, portEntities(p.Device, p.Port), md)
+}
+
 // retiredEvent clears a port fault (of the state or the degradation
 // check) under a device name no longer reported (retirePorts).
 func retiredEvent(dev string, port uint, linkLayer, why string, degradation bool) *datamodels.HealthEvent {
@@ -946,7 +1071,8 @@ func deviceEvent(name, linkLayer string, back bool) *datamodels.HealthEvent {
 // with a port unreadable this poll is left out of the homogeneity check:
 // counting that port as inactive would report a healthy card below its
 // peer mode (a false REPLACE_VM, which §4.1.2 ranks worse than a missed
-// failure).
+// failure) — until the port has stayed unreadable for cardHoldDown
+// (reported fatal itself then): from then on it counts as inactive.
 type card struct {
 	addr      string
 	role      Role
@@ -954,6 +1080,17 @@ type card struct {
 	devices   []string
 	active    int
 	ports     int
+	// waiting are its ports on their way up (waitingForSM).
+	waiting int
+}
+
+// cardKey is the card a NIC is counted in: its PCI bus:device, or its
+// name when its PCI address is unknown (a card of its own).
+func cardKey(n *NIC) string {
+	if n.Card == "" {
+		return n.Name
+	}
+	return n.Card
 }
 
 func (c *Check) cards() map[string]*card {
@@ -964,10 +1101,7 @@ func (c *Check) cards() map[string]*card {
 		if !n.Monitored {
 			continue
 		}
-		addr := n.Card
-		if addr == "" {
-			addr = n.Name
-		}
+		addr := cardKey(n)
 		cd := out[addr]
 		if cd == nil {
 			cd = &card{addr: addr, role: n.Role, linkLayer: n.LinkLayer}
@@ -976,10 +1110,15 @@ func (c *Check) cards() map[string]*card {
 		cd.devices = append(cd.devices, n.Name)
 		for i := range n.Ports {
 			cd.ports++
+			if c.unreadablePast(&n.Ports[i]) {
+				continue
+			}
 			if n.Ports[i].ReadError != "" {
 				unreadable[addr] = true
 			} else if lvl, _, _ := evaluate(&n.Ports[i]); lvl == levelHealthy {
 				cd.active++
+			} else if waitingForSM(&n.Ports[i]) {
+				cd.waiting++
 			}
 		}
 	}

@@ -55,6 +55,11 @@ type Device struct {
 	NetDev     string `json:"net_dev,omitempty"`
 	Ports      []Port `json:"ports"`
 	GIDCount   int    `json:"gid_count,omitempty"`
+
+	// link is the target of the device's class/infiniband link when it
+	// was discovered ("" if unreadable): another target is another
+	// device under the same name (moved).
+	link string
 }
 
 // Counter names of Appendix A.
@@ -132,6 +137,7 @@ func (r *sysReader) readSmall(path string) (string, error) {
 // discover reads everything about one device.
 func (r *sysReader) discover(name string) (*Device, error) {
 	d := &Device{Name: name, NUMANode: -1}
+	d.link, _ = os.Readlink(r.ibDir(name))
 	ib, err := r.fs.InfiniBandDevice(name)
 	if err == nil {
 		d.HCAType, d.FWVersion, d.BoardID = ib.HCAType, ib.FirmwareVersion, ib.BoardID
@@ -239,6 +245,17 @@ func (r *sysReader) discover(name string) (*Device, error) {
 		}
 	}
 	return d, nil
+}
+
+// moved reports whether a discovered device's class link no longer points
+// where it did: after a driver restart the name may be another PCI
+// function's, and its cached port paths are gone.
+func (r *sysReader) moved(d *Device) bool {
+	if d.link == "" {
+		return false
+	}
+	link, err := os.Readlink(r.ibDir(d.Name))
+	return err != nil || link != d.link
 }
 
 // portDir resolves a port's directory once.

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -120,4 +121,99 @@ func TestCardBelowPeersAfterFirstPoll(t *testing.T) {
 		}
 		wantEvents(t, "readable", got, []string{"F InfiniBandStateCheck: Card 0000:10:00 (compute) has 1 active ports, expected 2 (peer mode)"})
 	})
+}
+
+// TestFirstPollWaitsForSM: a first poll without usable state (often right
+// after a reboot, the remediation's own) finds ports the subnet manager
+// has not activated yet — IB INIT or ARMED, a link still training (DOWN
+// and Polling), RoCE INIT/ARMED — while their peers are ACTIVE: normal
+// (§3.2), so their card is held down as on any other poll and reported
+// only if still short after cardHoldDown. A card short of a port that is
+// hard down (DOWN/Disabled) or missing is reported at once (§7.2 Case 3).
+func TestFirstPollWaitsForSM(t *testing.T) {
+	const step = cardHoldDown / 2
+	ib0 := "F InfiniBandStateCheck: Card 0000:10:00 (compute) has 0 active ports, expected 1 (peer mode)"
+	// dualPort is small() with a second port on each card, uncabled and
+	// Disabled on every one (as mlx5 shows a RoCE port without carrier).
+	dualPort := func() nictest.Platform {
+		p := small()
+		for i := range p.Devices {
+			p.Devices[i].Ports = append(p.Devices[i].Ports, nictest.Port{LinkLayer: p.Devices[i].Ports[0].LinkLayer, State: nictest.Down, PhysState: nictest.Disabled})
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name        string
+		p           nictest.Platform
+		dev         string // its port 1 set to state, phys
+		state, phys string
+		remove      string
+		now         bool // reported on the first poll
+		card        string
+	}{
+		{"IB INIT", small(), "mlx5_0", nictest.Init, nictest.LinkUp, "", false, ib0},
+		{"IB ARMED", small(), "mlx5_0", nictest.Armed, nictest.LinkUp, "", false, ib0},
+		{"IB link training", small(), "mlx5_0", nictest.Down, nictest.Polling, "", false, ib0},
+		{"IB INIT, link error recovery", small(), "mlx5_0", nictest.Init, nictest.LinkErr, "", false, ib0},
+		{"RoCE INIT", small(), "mlx5_4", nictest.Init, nictest.LinkUp, "", false, "F EthernetStateCheck: Card 0000:50:00 (storage) has 0 active ports, expected 1 (peer mode)"},
+		{"RoCE ARMED", small(), "mlx5_4", nictest.Armed, nictest.LinkUp, "", false, "F EthernetStateCheck: Card 0000:50:00 (storage) has 0 active ports, expected 1 (peer mode)"},
+		{"IB INIT, peers' second port Disabled too", dualPort(), "mlx5_0", nictest.Init, nictest.LinkUp, "", false, ib0},
+		{"IB DOWN/Disabled", small(), "mlx5_0", nictest.Down, nictest.Disabled, "", true, ib0},
+		{"IB DOWN/Disabled, second ports Disabled", dualPort(), "mlx5_0", nictest.Down, nictest.Disabled, "", true, ib0},
+		{"PF missing", dualPF(), "", "", "", "mlx5_1", true, "F InfiniBandStateCheck: Card 0000:10:00 (compute) has 1 active ports, expected 2 (peer mode)"},
+		{"PF missing, the other INIT", dualPF(), "mlx5_0", nictest.Init, nictest.LinkUp, "mlx5_1", true, "F InfiniBandStateCheck: Card 0000:10:00 (compute) has 0 active ports, expected 2 (peer mode)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := setup(t, tc.p)
+			if tc.dev != "" {
+				must(t, e.tree.SetPort(tc.dev, 1, tc.state, tc.phys))
+			}
+			if tc.remove != "" {
+				must(t, e.tree.Remove(tc.remove))
+			}
+			_, tick := e.clockedCheck(step)
+			var want []string
+			if tc.now {
+				want = []string{tc.card}
+			}
+			first := tick()
+			wantEvents(t, "first poll", cardFatals(first), want)
+			for _, ev := range first {
+				if !tc.now && strings.HasPrefix(ev, "F ") {
+					t.Errorf("first poll, held down: fatal %q (a port of a held card is no fault yet)", ev)
+				}
+			}
+			wantEvents(t, "held down", cardFatals(tick()), nil)
+			if !tc.now {
+				want = []string{tc.card}
+			} else {
+				want = nil
+			}
+			wantEvents(t, "past the hold-down", cardFatals(tick()), want)
+		})
+	}
+}
+
+// TestCardWithoutPCIAddress: a device whose PCI address cannot be read
+// (no device link, no uevent; monitored only when named by
+// nic_inclusion_regex_override, its NUMA node unknown) is a card of its
+// own, keyed by its name: below its peer mode on a first poll, its port
+// is reported with it, as on any card.
+func TestCardWithoutPCIAddress(t *testing.T) {
+	e := setup(t, small())
+	e.cfg.InclusionRegexOverride = "^mlx5_[0-3]$"
+	must(t, os.Remove(filepath.Join(e.tree.Root, "class/infiniband/mlx5_0/device")))
+	must(t, e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Disabled))
+	c := e.check()
+	got := poll(t, c)
+	if n := c.NICs()[0]; n.Name != "mlx5_0" || n.PCIAddress != "" || !n.Monitored {
+		t.Fatalf("fixture: %+v", n)
+	}
+	want := []string{"F InfiniBandStateCheck: Card mlx5_0 (override) has 0 active ports, expected 1 (peer mode)",
+		"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Disabled"}
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			t.Errorf("first poll: missing %q in %q", w, got)
+		}
+	}
 }

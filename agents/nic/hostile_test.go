@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/faultline/faultline/agents/nic/nictest"
 )
@@ -284,4 +286,49 @@ func TestRoCEBondIsNotDisappeared(t *testing.T) {
 			wantEvents(t, "steady", poll(t, c), nil)
 		})
 	}
+}
+
+// TestPortUnreadablePastHoldDown: a port whose state cannot be read poll
+// after poll (a hung mlx5 HCA answering EIO/ETIMEDOUT while the device
+// still lists) is held down for cardHoldDown, then reported fatal, once,
+// across a restart too, and counted inactive for its card (reported below
+// its peer mode once that has stayed so for cardHoldDown); readable again,
+// the port and its card are cleared.
+func TestPortUnreadablePastHoldDown(t *testing.T) {
+	e := setup(t, small())
+	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	c := clocked(t, e, &now)
+	poll(t, c)
+	restore := unreadable(t, filepath.Join(e.tree.PortDir("mlx5_1", 1), "state"))
+	wantEvents(t, "unreadable", poll(t, c), nil)
+	now = now.Add(cardHoldDown - time.Second)
+	wantEvents(t, "held down", poll(t, c), nil)
+	now = now.Add(time.Second)
+	got := poll(t, c)
+	if len(got) != 1 || !strings.HasPrefix(got[0], "F InfiniBandStateCheck: Port mlx5_1 port 1: state unreadable: read ") {
+		t.Fatalf("past the hold-down: got %q, want the port's fatal", got)
+	}
+	now = now.Add(time.Minute)
+	wantEvents(t, "reported once", poll(t, c), nil)
+	c = clocked(t, e, &now) // a restart: the fault stands, not sent again
+	wantEvents(t, "restarted", poll(t, c), nil)
+	now = now.Add(cardHoldDown)
+	wantEvents(t, "restarted, past the hold-down", poll(t, c), nil)
+	now = now.Add(cardHoldDown)
+	wantEvents(t, "card below its peers", poll(t, c), []string{"F InfiniBandStateCheck: Card 0000:20:00 (compute) has 0 active ports, expected 1 (peer mode)"})
+	restore("4: ACTIVE")
+	wantEvents(t, "readable", poll(t, c), []string{
+		"H InfiniBandStateCheck: Card 0000:20:00 (compute) has 1 active ports, back at peer mode 1",
+		"H InfiniBandStateCheck: Port mlx5_1 port 1: healthy (ACTIVE, LinkUp)",
+	})
+	// A short bad patch is never reported.
+	restore = unreadable(t, filepath.Join(e.tree.PortDir("mlx5_1", 1), "state"))
+	now = now.Add(cardHoldDown - time.Second)
+	wantEvents(t, "bad read", poll(t, c), nil)
+	restore("4: ACTIVE")
+	now = now.Add(time.Minute)
+	wantEvents(t, "good read", poll(t, c), nil)
+	restore = unreadable(t, filepath.Join(e.tree.PortDir("mlx5_1", 1), "state"))
+	now = now.Add(time.Minute)
+	wantEvents(t, "bad read again: the hold-down starts again", poll(t, c), nil)
 }

@@ -326,3 +326,48 @@ func TestBootIDRequiredWithStateFile(t *testing.T) {
 		})
 	}
 }
+
+// TestDriverRestartSwapsNames: after a driver restart (openibd) the
+// devices come back within the hold-down, named in probe order: mlx5_0
+// and mlx5_1 swapped PCI functions. Each is read where it is now (its
+// ports, its PCI address), whether a poll saw class/infiniband empty or
+// the restart fell between two polls: a cached port path of the old
+// function read nothing for ever, and a port going down was never seen;
+// the other function's link_downed is no increase of the name's.
+func TestDriverRestartSwapsNames(t *testing.T) {
+	for _, polled := range []bool{true, false} {
+		t.Run(fmt.Sprintf("polled during the restart=%v", polled), func(t *testing.T) {
+			e := setup(t, small())
+			now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+			must(t, e.tree.SetCounter("mlx5_1", 1, CounterLinkDowned, 7))
+			c := clocked(t, e, &now)
+			poll(t, c)
+			if polled {
+				ib := filepath.Join(e.tree.Root, "class", "infiniband")
+				hidden := filepath.Join(e.dir, "ib-hidden")
+				must(t, os.Rename(ib, hidden))
+				must(t, os.Mkdir(ib, 0o755))
+				heldDown(t, "driver unloaded", c)
+				must(t, os.Remove(ib))
+				must(t, os.Rename(hidden, ib))
+			}
+			devs := small().Devices
+			must(t, e.tree.Remove("mlx5_0"))
+			must(t, e.tree.Remove("mlx5_1"))
+			devs[0].Name, devs[1].Name = devs[1].Name, devs[0].Name
+			must(t, e.tree.Add(devs[0]))
+			must(t, e.tree.Add(devs[1]))
+			// The card's link_downed moved with it: no increase of mlx5_0's.
+			must(t, e.tree.SetCounter("mlx5_0", 1, CounterLinkDowned, 7))
+			now = now.Add(time.Minute)
+			wantEvents(t, "back, swapped", poll(t, c), nil)
+			for _, n := range c.NICs() {
+				if want := map[string]string{"mlx5_0": devs[1].PCI, "mlx5_1": devs[0].PCI}[n.Name]; want != "" && n.PCIAddress != want {
+					t.Errorf("%s: PCI %s, want %s", n.Name, n.PCIAddress, want)
+				}
+			}
+			must(t, e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Disabled))
+			wantEvents(t, "down", poll(t, c), []string{"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Disabled"})
+		})
+	}
+}

@@ -440,14 +440,18 @@ func TestHomogeneity(t *testing.T) {
 	md := &topology.Metadata{Version: "1.0", GPUs: []topology.GPU{{GPUID: 0, NUMANode: 0}}, NICTopology: map[string][]string{}}
 	p := nictest.Platform{Name: "dual", Metadata: md}
 	// 4 compute cards, 2 functions each: port of function .1 uncabled
-	// (DOWN/Polling) on every card, except card 0x30 where .0 is down too.
+	// (DOWN/Polling) on every card, except card 0x40 where .0 is hard down
+	// (DOWN/Disabled: a card waiting for the SM or training would be held
+	// down, TestFirstPollWaitsForSM).
 	// 2 storage cards (single port, RoCE), both up.
 	for card := 0; card < 4; card++ {
 		for fn := 0; fn < 2; fn++ {
 			name := fmt.Sprintf("mlx5_%d", card*2+fn)
 			port := nictest.Port{LinkLayer: nictest.IB}
-			if fn == 1 || card == 3 {
+			if fn == 1 {
 				port.State, port.PhysState = nictest.Down, nictest.Polling
+			} else if card == 3 {
+				port.State, port.PhysState = nictest.Down, nictest.Disabled
 			}
 			p.Devices = append(p.Devices, nictest.Device{Name: name, PCI: fmt.Sprintf("0000:%02x:00.%d", 0x10*(card+1), fn), Ports: []nictest.Port{port}})
 			md.NICTopology[name] = []string{"PXB"}
@@ -471,7 +475,7 @@ func TestHomogeneity(t *testing.T) {
 		"H InfiniBandStateCheck: Port mlx5_4 port 1: healthy (ACTIVE, LinkUp)",
 		degrBaseline(InfiniBandDegradationCheck, "mlx5_4"),
 		degrBaseline(InfiniBandDegradationCheck, "mlx5_5"),
-		"F InfiniBandStateCheck: Port mlx5_6 port 1: state DOWN, phys_state Polling",
+		"F InfiniBandStateCheck: Port mlx5_6 port 1: state DOWN, phys_state Disabled",
 		degrBaseline(InfiniBandDegradationCheck, "mlx5_6"),
 		"F InfiniBandStateCheck: Port mlx5_7 port 1: state DOWN, phys_state Polling",
 		degrBaseline(InfiniBandDegradationCheck, "mlx5_7"),
