@@ -27,6 +27,15 @@ func (h *Handler) breaker(cl *clusters.Client) *breaker {
 	b, ok := h.breakers[cl.Name]
 	if !ok {
 		b = newBreaker(h.cfg.Breaker, cl.Kube, h.now)
+		b.log, b.cluster = h.log, cl.Name
+		gauge := h.m.selectorUnmatched.WithLabelValues(cl.Name)
+		b.unmatched = func(all bool) {
+			if all {
+				gauge.Set(1)
+			} else {
+				gauge.Set(0)
+			}
+		}
 		if h.cfg.Breaker.Enabled && cl.WatchKube != nil {
 			b.watch = newBreakerWatch(h.cfg.Breaker, cl, h.log, h.nodes.Done())
 			b.listed = func(sel labels.Selector) ([]*corev1.Node, bool) { return h.nodes.List(cl, sel) }
@@ -103,8 +112,10 @@ func (h *Handler) RefreshBreakerGauges(ctx context.Context) {
 	}
 }
 
-// ReadBreakers shows each cluster's breaker as its ConfigMap says, and
-// returns the clusters whose breaker could not be read, to be read again.
+// ReadBreakers shows each cluster's breaker as its ConfigMap says, counts
+// its nodes (warning of a quarantine.breaker.gpu_node_selector that matches
+// none), and returns the clusters whose breaker could not be read, to be
+// read again.
 // A replica started while a breaker was open (a rollout, a restart)
 // showed it closed until its next reservation in that cluster, and
 // FaultlineBreakerTripped cleared while new quarantines were still held
@@ -131,6 +142,12 @@ func (h *Handler) ReadBreakers(ctx context.Context, names []string) (unread []st
 		}
 		if open {
 			h.showBreaker(c, b, true)
+		}
+		if h.cfg.Breaker.Enabled {
+			// A selector matching no node is said now (the count warns).
+			if err := b.checkSelector(ctx); err != nil {
+				h.log.Warn("circuit breaker's node count not read at start; counted at the first quarantine", "cluster", c, "err", err)
+			}
 		}
 	}
 	return unread

@@ -119,10 +119,24 @@ type breaker struct {
 	// shownOpen: this replica's faultline_quarantine_breaker_open says
 	// open (refreshGauges looks again).
 	shownOpen atomic.Bool
+
+	// log, cluster and unmatched say when GPUNodeSelector matches no node
+	// of the cluster (nil: nothing said); unmatchedSaid: when the warning
+	// was last logged (zero: it matches nodes). Under mu.
+	log           *slog.Logger
+	cluster       string
+	unmatched     func(bool)
+	unmatchedSaid time.Time
 }
+
+// unmatchedEvery is how often the warning that GPUNodeSelector matches no
+// node of a cluster is logged again while it lasts.
+const unmatchedEvery = time.Hour
 
 type nodeCounts struct {
 	total, schedulable int
+	// all: GPUNodeSelector matched no node, so every node is counted.
+	all bool
 	// open are the nodes counted schedulable.
 	open map[string]struct{}
 }
@@ -437,11 +451,11 @@ func (b *breaker) tryReserve(ctx context.Context, batch []*reservation) error {
 			v.Reason = reason
 		case slot < 0 && len(entries)+1 > limit:
 			reason = fmt.Sprintf("%d of %d nodes quarantined within %s reaches the %.4g%% limit (%d)",
-				len(entries), counts.total, b.cfg.Window, b.cfg.MaxPercent, limit)
+				len(entries), counts.total, b.cfg.Window, b.cfg.MaxPercent, limit) + counts.note(b.cfg.GPUNodeSelector)
 			state, openedAt, v.Opened, v.Reason = breakerOpen, now, true, reason
 		case b.cfg.MinHealthy > 0 && lowers && schedulable-1 < b.cfg.MinHealthy:
 			reason = fmt.Sprintf("quarantining would leave %d schedulable nodes, below the floor of %d",
-				schedulable-1, b.cfg.MinHealthy)
+				schedulable-1, b.cfg.MinHealthy) + counts.note(b.cfg.GPUNodeSelector)
 			state, openedAt, v.Opened, v.Reason = breakerOpen, now, true, reason
 		default:
 			v.Allowed = true
@@ -600,10 +614,23 @@ func parseTransitions(cm *corev1.ConfigMap) (opener openedBy, closer string) {
 	return opener, cm.Data[breakerKeyClosedBy]
 }
 
+// note is what a breaker's reason adds when the counts are of every node
+// because GPUNodeSelector matched none.
+func (c nodeCounts) note(selector string) string {
+	if !c.all {
+		return ""
+	}
+	return fmt.Sprintf(" (quarantine.breaker.gpu_node_selector %q matched no node; counting all %d nodes)", selector, c.total)
+}
+
 // counts returns the cluster's GPU node count and how many are schedulable,
 // from the node watch (else a list served by the apiserver's watch cache),
 // cached for BreakerConfig.NodeCountTTL, and notes the nodes it shows
-// unschedulable (cordonSeen).
+// unschedulable (cordonSeen). A GPUNodeSelector that matches no node of
+// the cluster (a typo, GPU nodes labelled otherwise) counts every node,
+// as without one, and says so (sayUnmatched): counted as 0 GPU nodes, the
+// limit was 1 and the second quarantine of a window opened the breaker
+// (with min_healthy, the first), every later fault held for good.
 func (b *breaker) counts(ctx context.Context, now time.Time) (nodeCounts, error) {
 	if !b.nodesAt.IsZero() && now.Sub(b.nodesAt) < b.cfg.NodeCountTTL {
 		return b.nodes, nil
@@ -612,21 +639,18 @@ func (b *breaker) counts(ctx context.Context, now time.Time) (nodeCounts, error)
 	if err != nil {
 		return nodeCounts{}, fmt.Errorf("quarantine.breaker.gpu_node_selector: %w", err)
 	}
-	var nodes []*corev1.Node
-	ok := false
-	if b.listed != nil {
-		nodes, ok = b.listed(sel)
+	nodes, err := b.list(ctx, sel)
+	if err != nil {
+		return nodeCounts{}, err
 	}
-	if !ok {
-		list, err := b.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: b.cfg.GPUNodeSelector, ResourceVersion: "0"})
-		if err != nil {
-			return nodeCounts{}, fmt.Errorf("list nodes: %w", err)
-		}
-		for i := range list.Items {
-			nodes = append(nodes, &list.Items[i])
+	all := len(nodes) == 0 && !sel.Empty()
+	if all {
+		if nodes, err = b.list(ctx, labels.Everything()); err != nil {
+			return nodeCounts{}, err
 		}
 	}
-	c := nodeCounts{total: len(nodes), open: make(map[string]struct{}, len(nodes))}
+	b.sayUnmatched(all, len(nodes), now)
+	c := nodeCounts{total: len(nodes), all: all, open: make(map[string]struct{}, len(nodes))}
 	if b.cordonSeen == nil {
 		b.cordonSeen = map[string]time.Time{}
 	}
@@ -645,6 +669,57 @@ func (b *breaker) counts(ctx context.Context, now time.Time) (nodeCounts, error)
 	}
 	b.nodes, b.nodesAt = c, now
 	return c, nil
+}
+
+// list returns the cluster's nodes sel matches, from the node watch (else
+// a list served by the apiserver's watch cache).
+func (b *breaker) list(ctx context.Context, sel labels.Selector) ([]*corev1.Node, error) {
+	if b.listed != nil {
+		if nodes, ok := b.listed(sel); ok {
+			return nodes, nil
+		}
+	}
+	list, err := b.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: sel.String(), ResourceVersion: "0"})
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	nodes := make([]*corev1.Node, 0, len(list.Items))
+	for i := range list.Items {
+		nodes = append(nodes, &list.Items[i])
+	}
+	return nodes, nil
+}
+
+// sayUnmatched logs, when GPUNodeSelector matches no node of the cluster,
+// a warning naming the key, the selector and the cluster (when it starts,
+// then every unmatchedEvery while it lasts), and sets the cluster's
+// faultline_quarantine_breaker_selector_unmatched.
+func (b *breaker) sayUnmatched(all bool, total int, now time.Time) {
+	if b.unmatched != nil {
+		b.unmatched(all)
+	}
+	if !all {
+		b.unmatchedSaid = time.Time{}
+		return
+	}
+	if b.log == nil || (!b.unmatchedSaid.IsZero() && now.Sub(b.unmatchedSaid) < unmatchedEvery) {
+		return
+	}
+	b.unmatchedSaid = now
+	b.log.Warn("quarantine.breaker.gpu_node_selector matched no node of the cluster; the circuit breaker counts all its nodes (fix the selector or label the GPU nodes)",
+		"cluster", b.cluster, "selector", b.cfg.GPUNodeSelector, "nodes", total)
+}
+
+// checkSelector counts the cluster's nodes once, so that a GPUNodeSelector
+// matching none is said at start-up rather than at the first fault.
+func (b *breaker) checkSelector(ctx context.Context) error {
+	if b.cfg.GPUNodeSelector == "" {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, err := b.counts(ctx, b.now())
+	return err
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }

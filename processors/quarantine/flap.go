@@ -168,7 +168,7 @@ func (s *State) RecoverFlapping(check string, entities []string, at, now time.Ti
 	}
 	for _, k := range s.keys() {
 		f := s.Faults[k]
-		if !sameIdentity(f.Check, check, maxCheckKey) || (len(entities) > 0 && !sameEntities(f.Entity, entities)) {
+		if !sameIdentity(f.Check, check, maxCheckKey) || (len(entities) > 0 && !recovers(f.Entity, entities)) {
 			continue
 		}
 		if !at.IsZero() && at.Before(f.LastSeen) {

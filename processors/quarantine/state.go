@@ -229,6 +229,32 @@ func sameEntities(stored string, parts []string) bool {
 	return sameIdentity(stored, strings.Join(parts, ","), maxEntityKey) || events.SameEntities(stored, parts)
 }
 
+// recovers reports whether a recovery of the entities parts clears a
+// fault of the stored entity list: the same entities (sameEntities), or
+// the recovery names NIC ports (events.EntityNICPort) and, without them,
+// the fault's NIC entities: a healthy port says its device is there.
+// NVSentinel's nic-health-monitor reports a vanished device as NIC=mlx5_0
+// alone and, after the repair, sends healthy baselines per port only
+// (NIC=mlx5_0, NICPort=1): before, that fault stood for good. The
+// converse does not hold (a device's recovery says nothing of a port that
+// is down), nor does it for any other entity: a healthy NVSwitch port
+// (NVSwitch, GPU) says nothing of its switch needing a reset. A stored
+// stand-in (events.IsBoundKey) keeps no parts: matched as it came only.
+func recovers(stored string, parts []string) bool {
+	if sameEntities(stored, parts) {
+		return true
+	}
+	if events.IsBoundKey(stored) {
+		return false
+	}
+	isPort := func(p string) bool { return strings.HasPrefix(p, events.EntityNICPort+"=") }
+	device := slices.DeleteFunc(slices.Clone(parts), isPort)
+	if len(device) == len(parts) || !slices.ContainsFunc(device, func(p string) bool { return strings.HasPrefix(p, events.EntityNIC+"=") }) {
+		return false
+	}
+	return events.SameEntities(stored, device)
+}
+
 // ReadState decodes the node's state; a node without one gives an empty
 // state. A corrupt annotation is an error (the caller starts afresh and
 // says so); a corrupt AnnotationOnsets is dropped silently (it only damps
@@ -474,14 +500,15 @@ func (s *State) Fit(budget int) FitReport {
 }
 
 // Recover removes the faults a healthy event clears: the same check on the
-// same entities (events.EntityParts; in any order: sameEntities), or every
-// entity of the check when the event names none. A fault last seen after
+// same entities (events.EntityParts; in any order: sameEntities) or on the
+// NIC device of a healthy port (recovers), or every entity of the check
+// when the event names none. A fault last seen after
 // the recovery was generated stays (the recovery is stale). It returns the
 // removed keys and the stale ones.
 func (s *State) Recover(check string, entities []string, at time.Time) (removed, stale []string) {
 	for _, k := range s.keys() {
 		f := s.Faults[k]
-		if !sameIdentity(f.Check, check, maxCheckKey) || (len(entities) > 0 && !sameEntities(f.Entity, entities)) {
+		if !sameIdentity(f.Check, check, maxCheckKey) || (len(entities) > 0 && !recovers(f.Entity, entities)) {
 			continue
 		}
 		if !at.IsZero() && at.Before(f.LastSeen) {
