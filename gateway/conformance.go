@@ -35,10 +35,11 @@ var scoreNodeName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9
 // longer than a request line holds): f₉ (the
 // largest conformance group ÷ the nodes requested) and the groups
 // (fingerprint, nodes) of the caller's cluster's nodes; a node without a
-// fresh report is a group of one, fingerprint "unknown". Admitted like a
-// history read (per-caller read rate, bound on reads in progress, the
-// history timeout); a credential bound to one node is refused (it reads
-// its own node only).
+// fresh report is a group of one, fingerprint "unknown". A POST's body is
+// read first, as the other doors' bodies (clusterRead); then the request
+// is admitted like a history read (per-caller read rate, bound on reads
+// in progress, the history timeout); a credential bound to one node is
+// refused (it reads its own node only).
 func (s *Server) conformanceScore() http.HandlerFunc {
 	return s.clusterRead("conformance score", func() bool { return s.conformance != nil }, false, func(ctx context.Context, c Caller, r *http.Request) (any, error) {
 		q := r.URL.Query()

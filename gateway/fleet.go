@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc/codes"
 
 	"github.com/faultline/faultline/gateway/ui"
@@ -177,7 +178,14 @@ func (s *Server) fleetRead(nodeScoped bool, read func(ctx context.Context, c Cal
 // gateway has what it reads (ClickHouse). nodeScoped reads (one node's)
 // are open to a node-bound credential for its own node; the others are
 // refused to it. A read returns a badParam error for a bad request (400).
+//
+// A POST's body (application/x-www-form-urlencoded) is read whole first,
+// as readBody reads the other doors' bodies, before the read is admitted:
+// admitted first, a body that dribbled in held a read slot (and its
+// caller's read rate) until read_timeout, and max_concurrent_reads of them
+// refused every caller's reads.
 func (s *Server) clusterRead(what string, configured func() bool, nodeScoped bool, read func(ctx context.Context, c Caller, r *http.Request) (any, error)) http.HandlerFunc {
+	admit := s.admitClusterRead(what, read)
 	return func(w http.ResponseWriter, r *http.Request) {
 		var chains [][]*x509.Certificate
 		if r.TLS != nil {
@@ -196,6 +204,15 @@ func (s *Server) clusterRead(what string, configured func() bool, nodeScoped boo
 			writeStatus(w, http.StatusForbidden, codes.PermissionDenied, "credential "+caller.Name+" is bound to node "+caller.Node+": it may read that node's own only")
 			return
 		}
+		s.readBodyOf("application/x-www-form-urlencoded", admit)(w, r.WithContext(withCaller(r.Context(), caller)), nil)
+	}
+}
+
+// admitClusterRead is clusterRead past authentication (and a POST's body):
+// the read rate, a read slot, history_timeout, the read and its answer.
+func (s *Server) admitClusterRead(what string, read func(ctx context.Context, c Caller, r *http.Request) (any, error)) runtime.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, _ map[string]string) {
+		caller, _ := CallerFrom(r.Context())
 		if !s.svc.readLimiter.allow(caller.Name, 1, s.svc.now()) {
 			s.metrics.rejected("read_rate_limited", 1)
 			w.Header().Set("Retry-After", "1")

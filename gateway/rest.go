@@ -319,18 +319,24 @@ func remoteAddr(r *http.Request) net.Addr {
 // while holding its bytes in the in-flight budget, chunk by chunk as they
 // arrive (429 when the connection's or the gateway's budget is full),
 // until the request is answered, and its credential's read share while it
-// is read (429 after waiting readWait for its turn).
+// is read (429 after waiting readWait for its turn); a body that has not
+// arrived within gateway.read_timeout is refused (408).
 func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
+	return s.readBodyOf("application/json", next)
+}
+
+// readBodyOf is readBody for a POST whose body is of mediaType.
+func (s *Server) readBodyOf(mediaType string, next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
 		if r.Method != http.MethodPost {
 			next(w, r, params)
 			return
 		}
-		if ct := r.Header.Get("Content-Type"); ct != "application/json" && !isJSONMediaType(ct) {
+		if ct := r.Header.Get("Content-Type"); ct != mediaType && !isMediaType(ct, mediaType) {
 			s.metrics.rejected("content_type", 1)
 			refuseUnread(w, r)
 			writeStatus(w, http.StatusUnsupportedMediaType, codes.InvalidArgument,
-				fmt.Sprintf("Content-Type must be application/json, got %q", truncate(r.Header.Get("Content-Type"))))
+				fmt.Sprintf("Content-Type must be %s, got %q", mediaType, truncate(r.Header.Get("Content-Type"))))
 			return
 		}
 		max := int64(s.cfg.MaxBodyBytes)
@@ -370,6 +376,12 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 			writeStatus(w, http.StatusRequestEntityTooLarge, codes.InvalidArgument,
 				fmt.Sprintf("request body exceeds the limit of %d bytes", max))
 			return
+		case isTimeout(err):
+			s.metrics.rejected("unreadable", 1)
+			refuseUnread(w, r)
+			writeStatus(w, http.StatusRequestTimeout, codes.DeadlineExceeded,
+				fmt.Sprintf("request body did not arrive within gateway.read_timeout (%s)", s.cfg.ReadTimeout))
+			return
 		case err != nil:
 			s.metrics.rejected("unreadable", 1)
 			refuseUnread(w, r)
@@ -385,11 +397,18 @@ func (s *Server) readBody(next runtime.HandlerFunc) runtime.HandlerFunc {
 	}
 }
 
-// isJSONMediaType reports whether a Content-Type is application/json,
-// with parameters or in any case.
-func isJSONMediaType(ct string) bool {
+// isMediaType reports whether a Content-Type is mediaType, with
+// parameters or in any case.
+func isMediaType(ct, mediaType string) bool {
 	mt, _, err := mime.ParseMediaType(ct)
-	return err == nil && mt == "application/json"
+	return err == nil && mt == mediaType
+}
+
+// isTimeout reports whether a read failed on its deadline (the server's
+// read_timeout).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 var errTooLarge = errors.New("body too large")

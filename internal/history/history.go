@@ -295,7 +295,9 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 			if err != nil || !full || lo.IsZero() {
 				return resp, full, err
 			}
-			resp.Events, err = h.firstCopies(ctx, w, lo, resp.Events)
+			resp.Events, err = firstCopies(ctx, h, "events", w, lo, resp.Events, (*datamodels.HealthEvent).GetId,
+				copyKey[*datamodels.HealthEvent]{"node", (*datamodels.HealthEvent).GetNodeName},
+				copyKey[*datamodels.HealthEvent]{"check", (*datamodels.HealthEvent).GetCheckName})
 			return resp, full, err
 		})
 		if err != nil || len(resp.Events) > 0 || resp.NextPageToken == "" {
@@ -307,60 +309,70 @@ func (h *ClickHouse) ListEvents(ctx context.Context, cluster string, req *faultl
 	}
 }
 
-// firstCopies drops from evs, a page read in the window from lo, the
-// events with a copy matching w before the window: the page's
-// deduplication only saw the copies inside it, so it listed a later copy
-// of those, and a later page (whose window reaches further back) would
-// list the earliest again. Dropped, each is listed once, at its earliest
-// copy, on a later page (the page's token stays after the last event
-// read, and the earliest copy is older than every event of this page).
+// firstCopies drops from rows, a page of table read in the window from
+// lo, the rows (events or actions) with a copy matching w before the
+// window: the page's deduplication only saw the copies inside it, so it
+// listed a later copy of those, and a later page (whose window reaches
+// further back) would list the earliest again. Dropped, each is listed
+// once, at its earliest copy, on a later page (the page's token stays
+// after the last row read, and the earliest copy is older than every row
+// of this page).
 //
-// The copies are looked for among the page's nodes and checks (the
-// copies of a resent event share them; the table is ordered by cluster,
-// node, check first), in the resendHorizon before the window: the parts
-// received before that are skipped, as the window skips them.
-func (h *ClickHouse) firstCopies(ctx context.Context, w where, lo time.Time, evs []*datamodels.HealthEvent) ([]*datamodels.HealthEvent, error) {
-	var nodes, checks, ids []any
-	seenNode, seenCheck := map[string]bool{}, map[string]bool{}
-	for _, ev := range evs {
-		if !seenNode[ev.NodeName] {
-			seenNode[ev.NodeName] = true
-			nodes = append(nodes, ev.NodeName)
-		}
-		if !seenCheck[ev.CheckName] {
-			seenCheck[ev.CheckName] = true
-			checks = append(checks, ev.CheckName)
-		}
-		ids = append(ids, ev.Id)
-	}
-	if len(ids) == 0 {
-		return evs, nil
+// The copies are looked for among the page's values of keys (columns the
+// copies of a row share, the table's sorting key first), in the
+// resendHorizon before the window: the parts received before that are
+// skipped, as the window skips them.
+func firstCopies[T any](ctx context.Context, h *ClickHouse, table string, w where, lo time.Time, rows []T, id func(T) string, keys ...copyKey[T]) ([]T, error) {
+	if len(rows) == 0 {
+		return rows, nil
 	}
 	ww := w.clone()
 	ww.notBefore(lo.Add(-resendHorizon))
-	// The window is ts >= lo in whole seconds (notBefore).
-	ww.add("node IN ? AND check IN ? AND id IN ? AND ts < ?",
-		ch.GroupSet{Value: nodes}, ch.GroupSet{Value: checks}, ch.GroupSet{Value: ids}, lo.UTC().Truncate(time.Second))
-	rows, err := h.conn.Query(queryContext(ctx), "SELECT DISTINCT id FROM events WHERE "+ww.sql(), ww.args...)
-	if err != nil {
-		return nil, h.unavailable(ctx, "list events", err)
+	for _, k := range keys {
+		var vals []any
+		seen := map[string]bool{}
+		for _, r := range rows {
+			if v := k.of(r); !seen[v] {
+				seen[v] = true
+				vals = append(vals, v)
+			}
+		}
+		ww.add(k.col+" IN ?", ch.GroupSet{Value: vals})
 	}
-	defer rows.Close()
+	ids := make([]any, len(rows))
+	for i, r := range rows {
+		ids[i] = id(r)
+	}
+	// The window is ts >= lo in whole seconds (notBefore).
+	ww.add("id IN ? AND ts < ?", ch.GroupSet{Value: ids}, lo.UTC().Truncate(time.Second))
+	what := "list " + table
+	q, err := h.conn.Query(queryContext(ctx), "SELECT DISTINCT id FROM "+table+" WHERE "+ww.sql(), ww.args...)
+	if err != nil {
+		return nil, h.unavailable(ctx, what, err)
+	}
+	defer q.Close()
 	older := map[string]bool{}
-	for rows.Next() {
+	for q.Next() {
 		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, h.unavailable(ctx, "list events", fmt.Errorf("scan id: %w", err))
+		if err := q.Scan(&id); err != nil {
+			return nil, h.unavailable(ctx, what, fmt.Errorf("scan id: %w", err))
 		}
 		older[id] = true
 	}
-	if err := rows.Err(); err != nil {
-		return nil, h.unavailable(ctx, "list events", err)
+	if err := q.Err(); err != nil {
+		return nil, h.unavailable(ctx, what, err)
 	}
 	if len(older) == 0 {
-		return evs, nil
+		return rows, nil
 	}
-	return slices.DeleteFunc(evs, func(ev *datamodels.HealthEvent) bool { return older[ev.Id] }), nil
+	return slices.DeleteFunc(rows, func(r T) bool { return older[id(r)] }), nil
+}
+
+// copyKey is a column the copies of a row share (col), and its value in
+// a row (of).
+type copyKey[T any] struct {
+	col string
+	of  func(T) string
 }
 
 // windowSpans: a listing without a node (events or actions) would read
@@ -426,9 +438,11 @@ func windows(top time.Time, since *timestamppb.Timestamp, spans []time.Duration)
 }
 
 // resendHorizon is how far before a window firstCopies looks for an
-// earlier copy of the page's events. Copies that differ in ts come from
-// NVSentinel resending a call (under one idempotency key, each copy
-// stamped when received) within its retry window, minutes; a copy resent
+// earlier copy of the page's rows. Copies of an event that differ in ts
+// come from NVSentinel resending a call (under one idempotency key, each
+// copy stamped when received) within its retry window, minutes; copies of
+// an action from a role's trigger redelivered after a crash or a
+// rebalance (each copy stamped when written), seconds to minutes; a copy resent
 // more than this after the first can still be listed twice, at each copy,
 // when a window's edge falls between them. Looking further back reads
 // more of the history that the windows are there to skip.
@@ -595,19 +609,39 @@ func (h *ClickHouse) ListActions(ctx context.Context, cluster string, req *fault
 	if err := checkFilters(req.GetNode(), "", "", req.GetSince(), nil); err != nil {
 		return nil, err
 	}
-	var w where
-	w.add("cluster = ?", cluster)
+	var filters where
+	filters.add("cluster = ?", cluster)
 	if req.GetNode() != "" {
-		w.add("node = ?", req.GetNode())
+		filters.add("node = ?", req.GetNode())
 	}
-	w.timeBounds(req.GetSince(), nil, cur)
-	var lows []time.Time
-	if req.GetNode() == "" {
-		lows = windows(newest(nil, cur), req.GetSince(), windowSpans)
+	// As ListEvents: a role writes an action under a deterministic id,
+	// stamped when written, so a redelivered trigger writes a later copy;
+	// a page read in a window leaves out the actions with a copy before
+	// it (firstCopies), and a page whose every action is listed later
+	// goes on from its token.
+	for {
+		w := filters.clone()
+		w.timeBounds(req.GetSince(), nil, cur)
+		var lows []time.Time
+		if req.GetNode() == "" {
+			lows = windows(newest(nil, cur), req.GetSince(), windowSpans)
+		}
+		resp, err := inWindows(w, lows, func(ww where, lo time.Time) (*faultlinev1.ListActionsResponse, bool, error) {
+			resp, full, err := h.actionPage(ctx, ww, limit)
+			if err != nil || !full || lo.IsZero() {
+				return resp, full, err
+			}
+			resp.Actions, err = firstCopies(ctx, h, "actions", w, lo, resp.Actions, (*faultlinev1.Action).GetId,
+				copyKey[*faultlinev1.Action]{"node", (*faultlinev1.Action).GetNode})
+			return resp, full, err
+		})
+		if err != nil || len(resp.Actions) > 0 || resp.NextPageToken == "" {
+			return resp, err
+		}
+		if cur, err = parseToken(resp.NextPageToken); err != nil {
+			return nil, err
+		}
 	}
-	return inWindows(w, lows, func(w where, _ time.Time) (*faultlinev1.ListActionsResponse, bool, error) {
-		return h.actionPage(ctx, w, limit)
-	})
 }
 
 // actionPage reads one page of the actions matching w; full: the rows

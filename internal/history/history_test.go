@@ -652,3 +652,64 @@ func TestResentEventAcrossWindowListedOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestResentActionAcrossWindowListedOnce: the roles write an action under
+// a deterministic id but stamp it when written, so a trigger redelivered
+// after a crash writes a second copy, later. A listing without a node
+// reads a window first and deduplicated only the copies inside it: with
+// the copies on either side of the window's edge a page listed the later
+// copy and a later page the earliest again, as it did for events.
+func TestResentActionAcrossWindowListedOnce(t *testing.T) {
+	srv := chtest.Start(t)
+	now := time.Now().UTC().Truncate(time.Second)
+	h := store.New(srv.Conn, slog.Default(), nil)
+	for _, r := range []struct {
+		id, node string
+		ago      time.Duration
+	}{
+		{"a", "n0", 10 * time.Minute}, {"dup", "n0", 50 * time.Minute}, {"b", "n0", 55 * time.Minute},
+		{"c", "n1", 20 * time.Minute}, {"dup2", "n1", 2 * time.Hour}, {"d", "n1", 3 * time.Hour},
+		// The second copies, each written when its trigger was redelivered.
+		{"dup", "n0", 70 * time.Minute}, {"dup2", "n1", 25 * time.Hour},
+	} {
+		at := now.Add(-r.ago)
+		a := &faultlinev1.Action{Id: r.id, Cluster: "edge", Node: r.node, Kind: "quarantine", Timestamp: timestamppb.New(at)}
+		v, _ := events.MarshalAction(a)
+		rec := &kgo.Record{Topic: events.TopicActions, Key: events.Key("edge", r.node), Value: v, Timestamp: at}
+		if _, err := h.Handle(context.Background(), []*kgo.Record{rec}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hist := history.New(srv.Conn, slog.Default())
+	for _, tt := range []struct {
+		node string
+		want []string
+	}{
+		{"", []string{"a", "c", "b", "dup", "d", "dup2"}},
+		{"n0", []string{"a", "b", "dup"}},
+		{"n1", []string{"c", "d", "dup2"}},
+	} {
+		for limit := int32(1); limit <= 4; limit++ {
+			req := &faultlinev1.ListActionsRequest{Node: tt.node, Limit: limit}
+			var got []string
+			for {
+				resp, err := hist.ListActions(context.Background(), "edge", req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(resp.Actions) == 0 && resp.NextPageToken != "" {
+					t.Errorf("node %q, limit %d: an empty page with a nextPageToken", tt.node, limit)
+				}
+				for _, a := range resp.Actions {
+					got = append(got, a.GetId())
+				}
+				if req.PageToken = resp.NextPageToken; req.PageToken == "" || len(got) > 10 {
+					break
+				}
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("node %q, pages of %d: %v, want %v", tt.node, limit, got, tt.want)
+			}
+		}
+	}
+}
