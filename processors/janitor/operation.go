@@ -330,7 +330,8 @@ func (op *operation) nodeNamed(pname, nodeKey string) map[string]string {
 
 // resetGPUs asks for a GPU reset and completes the resource once the
 // provider says it ran; while it runs (ErrInProgress) the resource says
-// so and the janitor asks again each poll, within gpu_reset_timeout.
+// so and the janitor asks again each poll, within gpu_reset_timeout; a
+// poll that says nothing of the accepted reset (pollError) too.
 func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (time.Duration, error) {
 	j := op.j
 	var uuids []string
@@ -359,6 +360,15 @@ func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (ti
 		if ctx.Err() != nil {
 			return 0, ctx.Err()
 		}
+		if condIs(op.u, CondResetJobCreated, "True") && pollError(err) {
+			// The agent accepted the reset; this poll did not reach it or
+			// could not read its answer (a restart, a blip, a proxy's
+			// 502). Asked again at the next poll: follow ends it Timeout
+			// past gpu_reset_timeout.
+			j.log.Warn("janitor: a running GPU reset could not be polled; asked again", "cluster", op.cr.name, "resource", op.ref(),
+				"node", op.nodeName, "provider", op.st.Provider, "err", err)
+			return j.cfg.PollInterval, nil
+		}
 		reason := reasonOf(err)
 		if reason == ReasonFailed {
 			reason = ReasonResetJobFailed
@@ -375,6 +385,19 @@ func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (ti
 	j.lim.release(op.key)
 	j.m.completed.WithLabelValues(op.cr.name, op.kd.ActionKind, events.OutcomeSucceeded).Inc()
 	return 0, nil
+}
+
+// pollError is whether err, asking about a reset the provider accepted,
+// says nothing of the reset: the agent unreachable, or no reason at all
+// (an answer that is not the agent's). The agent's own answers
+// (CommandFailed, Interrupted, GPUInUse, …), a refused signature and
+// ErrUnsupported are final.
+func pollError(err error) bool {
+	var pe *ProviderError
+	if errors.As(err, &pe) {
+		return pe.Reason == ReasonAgentUnreachable
+	}
+	return !errors.Is(err, ErrUnsupported)
 }
 
 // cooldown is how long the node must still wait: another resource of the
