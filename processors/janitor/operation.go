@@ -659,10 +659,12 @@ func (op *operation) rebooted() bool {
 
 func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 	j := op.j
-	if !op.st.ForcedAt.IsZero() && !j.isUnsent(op.u.GetUID(), op.st) && !j.remember(op.u.GetUID(), func(m *memory) { m.forced = true }).forced {
+	if _, unsent := j.providers[op.st.Provider].(forceless); !op.st.ForcedAt.IsZero() && !unsent && !j.isUnsent(op.u.GetUID(), op.st) &&
+		!j.remember(op.u.GetUID(), func(m *memory) { m.forced = true }).forced {
 		// A forced reboot recorded before this janitor started: its
 		// recorder may have stopped before it produced the action. Not
-		// sent again, but audited (the same id at each restart).
+		// sent again, but audited (the same id at each restart). A
+		// provider without one (forceless) sent none: nothing to audit.
 		op.emit(ctx, op.action(events.OutcomeInProgress, fmt.Sprintf("resumed %s: a forced reboot was recorded at %s; not sent again",
 			op.ref(), op.st.ForcedAt.Format(time.RFC3339)), "force-resumed", nil))
 	}
