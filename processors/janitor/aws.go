@@ -173,6 +173,8 @@ func signalError(p *sendProbe, id string, err error) error {
 	return classifyAWS(id, err)
 }
 
+func (*AWS) forceless() {}
+
 // Reboot calls RebootInstances (Force: ErrUnsupported, EC2 forces by itself).
 func (a *AWS) Reboot(ctx context.Context, t Target, mode RebootMode) error {
 	if mode == Force {

@@ -167,6 +167,8 @@ func (l *Local) Reboot(ctx context.Context, t Target, mode RebootMode) error {
 	return nil
 }
 
+func (*Local) forceless() {}
+
 // Terminate is not the agent's.
 func (l *Local) Terminate(context.Context, Target) error { return ErrUnsupported }
 

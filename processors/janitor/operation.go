@@ -330,7 +330,8 @@ func (op *operation) nodeNamed(pname, nodeKey string) map[string]string {
 
 // resetGPUs asks for a GPU reset and completes the resource once the
 // provider says it ran; while it runs (ErrInProgress) the resource says
-// so and the janitor asks again each poll, within gpu_reset_timeout.
+// so and the janitor asks again each poll, within gpu_reset_timeout; a
+// poll that says nothing of the accepted reset (pollError) too.
 func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (time.Duration, error) {
 	j := op.j
 	var uuids []string
@@ -359,6 +360,15 @@ func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (ti
 		if ctx.Err() != nil {
 			return 0, ctx.Err()
 		}
+		if condIs(op.u, CondResetJobCreated, "True") && pollError(err) {
+			// The agent accepted the reset; this poll did not reach it or
+			// could not read its answer (a restart, a blip, a proxy's
+			// 502). Asked again at the next poll: follow ends it Timeout
+			// past gpu_reset_timeout.
+			j.log.Warn("janitor: a running GPU reset could not be polled; asked again", "cluster", op.cr.name, "resource", op.ref(),
+				"node", op.nodeName, "provider", op.st.Provider, "err", err)
+			return j.cfg.PollInterval, nil
+		}
 		reason := reasonOf(err)
 		if reason == ReasonFailed {
 			reason = ReasonResetJobFailed
@@ -375,6 +385,19 @@ func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (ti
 	j.lim.release(op.key)
 	j.m.completed.WithLabelValues(op.cr.name, op.kd.ActionKind, events.OutcomeSucceeded).Inc()
 	return 0, nil
+}
+
+// pollError is whether err, asking about a reset the provider accepted,
+// says nothing of the reset: the agent unreachable, or no reason at all
+// (an answer that is not the agent's). The agent's own answers
+// (CommandFailed, Interrupted, GPUInUse, …), a refused signature and
+// ErrUnsupported are final.
+func pollError(err error) bool {
+	var pe *ProviderError
+	if errors.As(err, &pe) {
+		return pe.Reason == ReasonAgentUnreachable
+	}
+	return !errors.Is(err, ErrUnsupported)
 }
 
 // cooldown is how long the node must still wait: another resource of the
@@ -636,10 +659,12 @@ func (op *operation) rebooted() bool {
 
 func (op *operation) followReboot(ctx context.Context) (time.Duration, error) {
 	j := op.j
-	if !op.st.ForcedAt.IsZero() && !j.isUnsent(op.u.GetUID(), op.st) && !j.remember(op.u.GetUID(), func(m *memory) { m.forced = true }).forced {
+	if _, unsent := j.providers[op.st.Provider].(forceless); !op.st.ForcedAt.IsZero() && !unsent && !j.isUnsent(op.u.GetUID(), op.st) &&
+		!j.remember(op.u.GetUID(), func(m *memory) { m.forced = true }).forced {
 		// A forced reboot recorded before this janitor started: its
 		// recorder may have stopped before it produced the action. Not
-		// sent again, but audited (the same id at each restart).
+		// sent again, but audited (the same id at each restart). A
+		// provider without one (forceless) sent none: nothing to audit.
 		op.emit(ctx, op.action(events.OutcomeInProgress, fmt.Sprintf("resumed %s: a forced reboot was recorded at %s; not sent again",
 			op.ref(), op.st.ForcedAt.Format(time.RFC3339)), "force-resumed", nil))
 	}

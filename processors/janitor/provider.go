@@ -113,6 +113,12 @@ type offPowerer interface {
 	PowerOnIfOff(ctx context.Context, t Target) error
 }
 
+// forceless is a provider without a forced reboot: Reboot with Force is
+// ErrUnsupported, nothing sent (AWS: EC2 forces by itself; Local: a hung
+// OS needs its BMC). A forced reboot recorded for one is not audited as
+// resumed: it was never sent.
+type forceless interface{ forceless() }
+
 // ErrNotOff is returned by PowerOnIfOff for a machine that is not off.
 var ErrNotOff = errors.New("the machine is not off")
 
