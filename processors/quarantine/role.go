@@ -152,6 +152,7 @@ func (h *Handler) exportClusters(names []string) {
 		h.m.held.WithLabelValues(c)
 		h.m.breakerTrips.WithLabelValues(c)
 		h.m.breakerOpen.WithLabelValues(c)
+		h.m.selectorUnmatched.WithLabelValues(c)
 		h.m.clusterSlow.WithLabelValues(c)
 		h.m.stale.WithLabelValues(c)
 		h.m.retryTopic.WithLabelValues(c, RetryTopic(c)).Set(1)
