@@ -579,7 +579,17 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 				continue
 			}
 			if c.stateOn(p.LinkLayer) {
-				if ev := c.transition(n, p, prev, anomalous[cardKey(n)] || inherited[key]); ev != nil {
+				// A port held with its card by a first poll is reported
+				// with the card, once it is reported; on a first poll,
+				// and after one while its card is still held down, it
+				// stays held.
+				_, below := anomalous[cardKey(n)]
+				report := anomalous[cardKey(n)] || inherited[key]
+				if prev != nil && prev.Held {
+					report = c.st.AnomalousCards[cardKey(n)] != nil || inherited[key]
+				}
+				hold := below && !report && (c.fresh || prev != nil && prev.Held)
+				if ev := c.transition(n, p, prev, report, hold); ev != nil {
 					emit(ev)
 				}
 			}
@@ -602,7 +612,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 				}
 				maps.Copy(ps.Counters, p.Counters)
 			}
-			if ps.Level != "" || len(ps.Counters) > 0 {
+			if ps.Level != "" || ps.Held || len(ps.Counters) > 0 {
 				c.st.Ports[key] = ps
 			}
 		}
@@ -756,7 +766,7 @@ func (c *Check) retireDisabled(emit func(*datamodels.HealthEvent)) {
 			if ps.Level != levelHealthy {
 				emit(retiredEvent(dev, uint(port), ps.LinkLayer, checkName(ps.LinkLayer, false)+" disabled", false))
 			}
-			ps.State, ps.PhysState, ps.Level = "", "", ""
+			ps.State, ps.PhysState, ps.Level, ps.Held = "", "", "", false
 		}
 		if !c.degrOn(ps.LinkLayer) && len(ps.Counters)+len(ps.Breached) > 0 {
 			if len(ps.Breached) > 0 {
@@ -764,7 +774,7 @@ func (c *Check) retireDisabled(emit func(*datamodels.HealthEvent)) {
 			}
 			ps.Counters, ps.Breached = nil, nil
 		}
-		if ps.Level == "" && len(ps.Counters) == 0 {
+		if ps.Level == "" && !ps.Held && len(ps.Counters) == 0 {
 			delete(c.st.Ports, key)
 		}
 	}
@@ -850,8 +860,10 @@ func (c *Check) retirePorts(dev, why string, emit func(*datamodels.HealthEvent))
 // event to emit, if any. reportUnhealthy: a first observation unhealthy
 // is reported (its card is below its peer mode, or the port was reported
 // unhealthy under its device's former name), not taken for an uncabled
-// port.
-func (c *Check) transition(n *NIC, p *Port, prev *portState, reportUnhealthy bool) *datamodels.HealthEvent {
+// port. hold: a first observation unhealthy is neither reported nor
+// taken for an uncabled port: its card is held down (a first poll's
+// port training or waiting for the SM), and the port is reported with it.
+func (c *Check) transition(n *NIC, p *Port, prev *portState, reportUnhealthy, hold bool) *datamodels.HealthEvent {
 	level, stName, phName := evaluate(p)
 	key := portKey(p.Device, p.Port)
 	if level == "" { // Ethernet INIT/ARMED: transient, not reported, snapshot kept
@@ -873,6 +885,11 @@ func (c *Check) transition(n *NIC, p *Port, prev *portState, reportUnhealthy boo
 		}
 		if reportUnhealthy {
 			return portEvent(n, p, level, stName, phName)
+		}
+		if hold {
+			next.Level, next.Held = "", true
+			c.log.Info("unhealthy port on a card held down: reported with its card", "device", p.Device, "port", p.Port, "state", stName, "phys_state", phName)
+			return nil
 		}
 		c.log.Info("unhealthy port on a card at peer mode: uncabled, not reported", "device", p.Device, "port", p.Port, "state", stName, "phys_state", phName)
 		return nil

@@ -217,3 +217,85 @@ func TestCardWithoutPCIAddress(t *testing.T) {
 		}
 	}
 }
+
+// TestHeldPortReportedWithItsCard: a first poll holding a card down (its
+// port still training or waiting for the SM, TestFirstPollWaitsForSM)
+// holds that port's own event too; still unhealthy when the card is
+// reported past the hold-down, the port is reported with it — its own
+// fault, which stands if the card's is cleared later — and a port that
+// comes up within the hold-down sends what any port coming up does, its
+// healthy event, no fault. An agent restarted (same boot) mid-hold-down
+// keeps the port held and reports it with its card all the same.
+func TestHeldPortReportedWithItsCard(t *testing.T) {
+	const step = cardHoldDown / 2
+	card := "F InfiniBandStateCheck: Card 0000:10:00 (compute) has 0 active ports, expected 1 (peer mode)"
+	stateOf := func(evs []string) []string {
+		return slices.DeleteFunc(slices.Clone(evs), func(s string) bool {
+			return !strings.Contains(s, " InfiniBandStateCheck: ") || !strings.Contains(s, "mlx5_0") && !strings.Contains(s, "0000:10:00")
+		})
+	}
+	for _, tc := range []struct {
+		name        string
+		state, phys string
+		port        string
+	}{
+		{"DOWN/Polling", nictest.Down, nictest.Polling, "F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Polling"},
+		{"INIT", nictest.Init, nictest.LinkUp, "N InfiniBandStateCheck: Port mlx5_0 port 1: state INIT, phys_state LinkUp"},
+	} {
+		t.Run(tc.name+", still down", func(t *testing.T) {
+			e := setup(t, small())
+			must(t, e.tree.SetPort("mlx5_0", 1, tc.state, tc.phys))
+			_, tick := e.clockedCheck(step)
+			wantEvents(t, "first poll, held down", stateOf(tick()), nil)
+			wantEvents(t, "held down", stateOf(tick()), nil)
+			wantEvents(t, "past the hold-down", stateOf(tick()), []string{card, tc.port})
+			for range 3 {
+				wantEvents(t, "steady", stateOf(tick()), nil)
+			}
+		})
+		t.Run(tc.name+", up within the hold-down", func(t *testing.T) {
+			e := setup(t, small())
+			must(t, e.tree.SetPort("mlx5_0", 1, tc.state, tc.phys))
+			_, tick := e.clockedCheck(step / 2)
+			wantEvents(t, "first poll, held down", stateOf(tick()), nil)
+			must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+			wantEvents(t, "up", stateOf(tick()), []string{"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)"})
+			for range 4 {
+				wantEvents(t, "steady", stateOf(tick()), nil)
+			}
+		})
+		t.Run(tc.name+", up within the hold-down, uncabled port held with it", func(t *testing.T) {
+			// Each card's second port uncabled (Disabled, not on its way
+			// up): held with its card, it is no fault once the card is
+			// back at its peer mode, as on a card at mode.
+			p := small()
+			for i := range p.Devices {
+				p.Devices[i].Ports = append(p.Devices[i].Ports, nictest.Port{LinkLayer: p.Devices[i].Ports[0].LinkLayer, State: nictest.Down, PhysState: nictest.Disabled})
+			}
+			e := setup(t, p)
+			must(t, e.tree.SetPort("mlx5_0", 1, tc.state, tc.phys))
+			_, tick := e.clockedCheck(step / 2)
+			wantEvents(t, "first poll, held down", stateOf(tick()), nil)
+			must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+			wantEvents(t, "up", stateOf(tick()), []string{"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)"})
+			for range 4 {
+				wantEvents(t, "steady", stateOf(tick()), nil)
+			}
+		})
+		t.Run(tc.name+", restarted mid-hold-down", func(t *testing.T) {
+			e := setup(t, small())
+			must(t, e.tree.SetPort("mlx5_0", 1, tc.state, tc.phys))
+			now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+			wantEvents(t, "first poll, held down", stateOf(poll(t, clocked(t, e, &now))), nil)
+			now = now.Add(step)
+			c := clocked(t, e, &now) // same boot: over the persisted state
+			wantEvents(t, "restart, held down", stateOf(poll(t, c)), nil)
+			now = now.Add(step)
+			wantEvents(t, "restart, still held down", stateOf(poll(t, c)), nil)
+			now = now.Add(step)
+			wantEvents(t, "past the hold-down", stateOf(poll(t, c)), []string{card, tc.port})
+			now = now.Add(step)
+			wantEvents(t, "steady", stateOf(poll(t, c)), nil)
+		})
+	}
+}

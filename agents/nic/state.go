@@ -32,6 +32,10 @@ type portState struct {
 	Counters map[string]uint64 `json:"counters,omitempty"`
 	// Breached marks threshold counters already reported fatal.
 	Breached map[string]bool `json:"breached,omitempty"`
+	// Held marks a port unhealthy at its first observation, on a first
+	// poll that held its card down: not reported yet (Level ""), it is
+	// reported with its card past the hold-down, if still unhealthy.
+	Held bool `json:"held,omitempty"`
 }
 
 // cardFlag is a card reported below its role's peer mode.
