@@ -80,7 +80,8 @@ type Config struct {
 	// SystemNamespaces is a regular expression of namespaces whose pods are
 	// never touched, matched against the whole namespace name, as a rule's
 	// Namespace is ("kube-system|monitoring" does not match
-	// "ml-monitoring-x"). Default
+	// "ml-monitoring-x"). It must match kube-system, kube-public and
+	// kube-node-lease (Validate). Default
 	// `^(kube-system|kube-public|kube-node-lease|faultline(-.*)?)$`.
 	SystemNamespaces string `toml:"system_namespaces"`
 	// Mode is the mode of pods no rule matches. Default Immediate.
@@ -162,6 +163,10 @@ type Config struct {
 
 	sys *regexp.Regexp
 }
+
+// kubeNamespaces are the namespaces Config.SystemNamespaces must match:
+// Kubernetes' own.
+var kubeNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
 
 // DefaultSystemNamespaces is the default of Config.SystemNamespaces.
 const DefaultSystemNamespaces = `^(kube-system|kube-public|kube-node-lease|faultline(-.*)?)$`
@@ -282,6 +287,19 @@ func (c *Config) Validate(prefix string) error {
 	}
 	if c.SystemNamespaces == "" {
 		return fmt.Errorf("%ssystem_namespaces: required (kube-system must never be drained)", prefix)
+	}
+	// A pattern naming only the operator's own namespaces ("monitoring")
+	// drained coredns, the CNI's controllers and the like from every
+	// quarantined node.
+	var missing []string
+	for _, ns := range kubeNamespaces {
+		if !re.MatchString(ns) {
+			missing = append(missing, ns)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%ssystem_namespaces: %q does not match %s, which must never be drained; add them, e.g. %q",
+			prefix, c.SystemNamespaces, strings.Join(missing, ", "), "^(kube-system|kube-public|kube-node-lease|"+c.SystemNamespaces+")$")
 	}
 	c.sys = re
 	if !c.Mode.valid() {
