@@ -489,6 +489,20 @@ func (h *Handler) stepNode(ctx context.Context, cl *clusters.Client, t trigger, 
 		acts = append(acts, h.blocked(t, st, now)...)
 	}
 	if st.running() {
+		if !startedBy(t, st) {
+			// A fault that joined the drain, or its record again (a
+			// follow-up of an older faultline, a redelivery): its step
+			// is done and said, and the drain's own follow-up, its
+			// starting fault's, looks at it again. A chain per joined
+			// fault listed the node's pods once each per poll: a fault
+			// repeating during a PDB-blocked drain ate the cluster's
+			// client QPS. The starter's record, redelivered after a
+			// crash, goes on (the drain is never left without one); a
+			// step that met the cluster's trouble is requeued by
+			// requeue.Step, and its next look says what it left
+			// unsaid.
+			return acts, time.Time{}, nil
+		}
 		// Looked at again after a quarter of its age — or, when this step
 		// made calls, of theirs: the pods it evicted usually go within a
 		// second, however old the drain (resumed after an outage, a PDB's
@@ -501,6 +515,13 @@ func (h *Handler) stepNode(ctx context.Context, cl *clusters.Client, t trigger, 
 	}
 	h.m.drains.WithLabelValues(t.cluster, st.Phase).Inc()
 	return append(acts, h.result(t, st)), time.Time{}, nil
+}
+
+// startedBy reports whether the trigger's fault started the drain st
+// (its id is the fault's): that record's requeue chain is the drain's
+// follow-up.
+func startedBy(t trigger, st *State) bool {
+	return pipeline.ActionID(t.cluster, t.node, t.eventID)[:16] == st.ID
 }
 
 // pollDelay is how long a running drain of the given age waits to be
@@ -839,7 +860,7 @@ func (h *Handler) unaudited(t trigger, st *State) []*faultlinev1.Action {
 	if !nb.After(st.StartedAt) {
 		acts = append(acts, h.started(t, st))
 	}
-	if nb.IsZero() && slices.Contains(st.Trigger.EventIDs, t.eventID) && pipeline.ActionID(t.cluster, t.node, t.eventID)[:16] != st.ID {
+	if nb.IsZero() && slices.Contains(st.Trigger.EventIDs, t.eventID) && !startedBy(t, st) {
 		// The trigger of a fault that joined the drain: its batch may
 		// have died before producing the joined action.
 		acts = append(acts, h.joined(t, st))
