@@ -124,7 +124,9 @@ type Config struct {
 	// PDBBackoff is the first wait before an eviction refused by a PDB
 	// (429) is tried again; it doubles up to MaxPDBBackoff. Default 5s.
 	PDBBackoff time.Duration `toml:"pdb_backoff"`
-	// MaxPDBBackoff caps PDBBackoff's doubling. Default 1m.
+	// MaxPDBBackoff caps PDBBackoff's doubling; a running drain whose
+	// write the apiserver refuses for good is looked at again this often.
+	// Default 1m.
 	MaxPDBBackoff time.Duration `toml:"max_pdb_backoff"`
 	// Workers bounds the nodes handled at once per batch. Default 64.
 	Workers int `toml:"workers"`

@@ -165,7 +165,9 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, lane *requeue.
 // be looked at again, when: at the step's asking, or when a cluster in
 // trouble may be tried again; the requeue record then names the drain the
 // trigger's fault is in (HeaderDrain), as far as the node's state is known
-// to hold it.
+// to hold it. A step failing for good (not the cluster's trouble) of a
+// drain the trigger started, running on the node, is looked at again
+// after MaxPDBBackoff; any other ends with its failed action.
 func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, requeue.Again) {
 	// The drain the requeue names: the record's own, until a step puts
 	// its fault in one (or judges it anew: none).
@@ -181,8 +183,21 @@ func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action
 		}
 		return acts, again
 	}
+	failed := h.action(t, nil, events.OutcomeFailed, err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))
+	if follow != "" && follow == pipeline.ActionID(t.cluster, t.node, t.eventID)[:16] {
+		// The drain this record started is on the node, running: its
+		// follow-up is this record's. Dropped, the node stayed "running"
+		// with nothing stepping it until a new fault came — a write the
+		// apiserver refuses for good (a 422: the node's annotations too
+		// large; a webhook's denial) may be lifted by an operator. Looked
+		// at again after max_pdb_backoff; its failed action, said at
+		// each look, keeps its id.
+		at := h.now().Add(h.cfg.MaxPDBBackoff)
+		h.log.Warn("drain failed; looked at again", "cluster", t.cluster, "node", t.node, "drain", follow, "retry_at", at, "err", err)
+		return append(acts, failed), requeue.Again{At: at, Headers: []kgo.RecordHeader{{Key: HeaderDrain, Value: []byte(follow)}}}
+	}
 	h.log.Warn("drain failed", "cluster", t.cluster, "node", t.node, "err", err)
-	return append(acts, h.action(t, nil, events.OutcomeFailed, err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))), requeue.Again{}
+	return append(acts, failed), requeue.Again{}
 }
 
 // follow notes the drain the record's requeue names ("": none, the

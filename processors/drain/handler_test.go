@@ -555,6 +555,57 @@ func TestJoinedFaultsStartNoChain(t *testing.T) {
 	}
 }
 
+// TestRefusedWriteKeepsTheDrain: a write of the drain's state that the
+// apiserver refuses for good (a 422: the node's annotations too large, a
+// webhook's denial) dropped the running drain's follow-up: the node stayed
+// "running" with nothing stepping it until a new fault came. The drain is
+// now looked at again after max_pdb_backoff, and its failed action, said
+// at each such look, keeps one id.
+func TestRefusedWriteKeepsTheDrain(t *testing.T) {
+	const node = "n1"
+	k := quarantinedWithPod(node)
+	refuse := false
+	k.PrependReactor("patch", "nodes", func(ktesting.Action) (bool, runtime.Object, error) {
+		if refuse {
+			return true, nil, apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Node").GroupKind(), node, nil)
+		}
+		return false, nil, nil
+	})
+	clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+	cfg := testConfig()
+	h := newHandler(t, cfg, k, clk, false)
+	acts, rq := handle(t, h, quarantineAction(node, "e0", "RESTART_VM", nil))
+	if find(acts, events.OutcomeInProgress) == nil || len(rq) != 1 {
+		t.Fatalf("start: %s, %d requeues", outcomes(acts), len(rq))
+	}
+	drainID := drainState(t, k, node).ID
+	// The pod goes; the write that says so is refused.
+	if err := k.CoreV1().Pods("work").Delete(context.Background(), "p", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	refuse = true
+	var failed string
+	for round := range 2 {
+		clk.Add(cfg.MaxPDBBackoff)
+		acts, rq = handle(t, h, rq...)
+		f := find(acts, events.OutcomeFailed)
+		if f == nil || len(rq) != 1 || drainOf(rq[0]) != drainID ||
+			!requeue.NotBefore(rq[0]).Equal(clk.Now().Add(cfg.MaxPDBBackoff).Truncate(time.Millisecond)) {
+			t.Fatalf("round %d, write refused: %s, %d requeues; want failed, the drain looked at again after max_pdb_backoff", round, outcomes(acts), len(rq))
+		}
+		if failed != "" && f.Id != failed {
+			t.Fatalf("round %d: failed action %s, want the same id %s", round, f.Id, failed)
+		}
+		failed = f.Id
+	}
+	refuse = false
+	clk.Add(cfg.MaxPDBBackoff)
+	acts, rq = handle(t, h, rq...)
+	if find(acts, events.OutcomeSucceeded) == nil || len(rq) != 0 {
+		t.Fatalf("write taken again: %s, %d requeues; want succeeded", outcomes(acts), len(rq))
+	}
+}
+
 // TestThrottlingIsNotAPDB: only a 429 carrying a DisruptionBudget cause
 // (the Eviction API's refusal under a PDB) is a PDB's refusal — blocked,
 // or in a forced drain answered with a delete of grace period 0. Any other
