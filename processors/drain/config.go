@@ -80,7 +80,8 @@ type Config struct {
 	// SystemNamespaces is a regular expression of namespaces whose pods are
 	// never touched, matched against the whole namespace name, as a rule's
 	// Namespace is ("kube-system|monitoring" does not match
-	// "ml-monitoring-x"). Default
+	// "ml-monitoring-x"). It must match kube-system, kube-public and
+	// kube-node-lease (Validate). Default
 	// `^(kube-system|kube-public|kube-node-lease|faultline(-.*)?)$`.
 	SystemNamespaces string `toml:"system_namespaces"`
 	// Mode is the mode of pods no rule matches. Default Immediate.
@@ -123,7 +124,9 @@ type Config struct {
 	// PDBBackoff is the first wait before an eviction refused by a PDB
 	// (429) is tried again; it doubles up to MaxPDBBackoff. Default 5s.
 	PDBBackoff time.Duration `toml:"pdb_backoff"`
-	// MaxPDBBackoff caps PDBBackoff's doubling. Default 1m.
+	// MaxPDBBackoff caps PDBBackoff's doubling; a running drain whose
+	// write the apiserver refuses for good is looked at again this often.
+	// Default 1m.
 	MaxPDBBackoff time.Duration `toml:"max_pdb_backoff"`
 	// Workers bounds the nodes handled at once per batch. Default 64.
 	Workers int `toml:"workers"`
@@ -162,6 +165,10 @@ type Config struct {
 
 	sys *regexp.Regexp
 }
+
+// kubeNamespaces are the namespaces Config.SystemNamespaces must match:
+// Kubernetes' own.
+var kubeNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
 
 // DefaultSystemNamespaces is the default of Config.SystemNamespaces.
 const DefaultSystemNamespaces = `^(kube-system|kube-public|kube-node-lease|faultline(-.*)?)$`
@@ -282,6 +289,19 @@ func (c *Config) Validate(prefix string) error {
 	}
 	if c.SystemNamespaces == "" {
 		return fmt.Errorf("%ssystem_namespaces: required (kube-system must never be drained)", prefix)
+	}
+	// A pattern naming only the operator's own namespaces ("monitoring")
+	// drained coredns, the CNI's controllers and the like from every
+	// quarantined node.
+	var missing []string
+	for _, ns := range kubeNamespaces {
+		if !re.MatchString(ns) {
+			missing = append(missing, ns)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%ssystem_namespaces: %q does not match %s, which must never be drained; add them, e.g. %q",
+			prefix, c.SystemNamespaces, strings.Join(missing, ", "), "^(kube-system|kube-public|kube-node-lease|"+c.SystemNamespaces+")$")
 	}
 	c.sys = re
 	if !c.Mode.valid() {

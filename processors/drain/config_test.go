@@ -22,6 +22,8 @@ func TestValidateNamesTheBadKey(t *testing.T) {
 		{"rule namespace", func(c *Config) { c.Rules = []Rule{{Mode: ModeImmediate, Namespace: "("}} }, "drain.rules[0].namespace"},
 		{"rule selector", func(c *Config) { c.Rules = []Rule{{Mode: ModeImmediate, Selector: "a in ("}} }, "drain.rules[0].selector"},
 		{"system", func(c *Config) { c.SystemNamespaces = "" }, "drain.system_namespaces"},
+		{"system without kube-system", func(c *Config) { c.SystemNamespaces = "monitoring" }, "drain.system_namespaces"},
+		{"system without kube-node-lease", func(c *Config) { c.SystemNamespaces = "kube-system|kube-public" }, "drain.system_namespaces"},
 		{"empty dir", func(c *Config) { c.EmptyDir = "keep" }, "drain.empty_dir"},
 		{"poll", func(c *Config) { c.PollInterval = 0 }, "drain.poll_interval"},
 		{"skip wait", func(c *Config) { c.SkipWaitForDeleteTimeout = -time.Second }, "drain.skip_wait_for_delete_timeout"},
@@ -209,16 +211,18 @@ func TestRuleNamespace(t *testing.T) {
 // namespace name, however it is written ("kube-system|monitoring" also
 // skipped "ml-monitoring-x").
 func TestSystemNamespaces(t *testing.T) {
+	const kubeNS = "kube-system|kube-public|kube-node-lease"
 	for _, tc := range []struct {
 		pattern, ns string
 		skip        bool
 	}{
-		{"kube-system|monitoring", "monitoring", true},
-		{"kube-system|monitoring", "kube-system", true},
-		{"kube-system|monitoring", "ml-monitoring-x", false},
-		{"kube-system|monitoring", "kube-system-extra", false},
-		{"monitoring-.*", "monitoring-x", true},
-		{"monitoring-.*", "ml-monitoring-x", false},
+		{kubeNS + "|monitoring", "monitoring", true},
+		{kubeNS + "|monitoring", "kube-system", true},
+		{kubeNS + "|monitoring", "ml-monitoring-x", false},
+		{kubeNS + "|monitoring", "kube-system-extra", false},
+		{kubeNS + "|monitoring-.*", "monitoring-x", true},
+		{kubeNS + "|monitoring-.*", "ml-monitoring-x", false},
+		{".*", "anything", true},
 		{DefaultSystemNamespaces, "faultline-agents", true},
 		{DefaultSystemNamespaces, "kube-public", true},
 		{DefaultSystemNamespaces, "my-kube-system", false},

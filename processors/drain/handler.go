@@ -165,7 +165,9 @@ func (h *Handler) handle(ctx context.Context, recs []*kgo.Record, lane *requeue.
 // be looked at again, when: at the step's asking, or when a cluster in
 // trouble may be tried again; the requeue record then names the drain the
 // trigger's fault is in (HeaderDrain), as far as the node's state is known
-// to hold it.
+// to hold it. A step failing for good (not the cluster's trouble) of a
+// drain the trigger started, running on the node, is looked at again
+// after MaxPDBBackoff; any other ends with its failed action.
 func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action, requeue.Again) {
 	// The drain the requeue names: the record's own, until a step puts
 	// its fault in one (or judges it anew: none).
@@ -181,8 +183,21 @@ func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action
 		}
 		return acts, again
 	}
+	failed := h.action(t, nil, events.OutcomeFailed, err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))
+	if follow != "" && follow == pipeline.ActionID(t.cluster, t.node, t.eventID)[:16] {
+		// The drain this record started is on the node, running: its
+		// follow-up is this record's. Dropped, the node stayed "running"
+		// with nothing stepping it until a new fault came — a write the
+		// apiserver refuses for good (a 422: the node's annotations too
+		// large; a webhook's denial) may be lifted by an operator. Looked
+		// at again after max_pdb_backoff; its failed action, said at
+		// each look, keeps its id.
+		at := h.now().Add(h.cfg.MaxPDBBackoff)
+		h.log.Warn("drain failed; looked at again", "cluster", t.cluster, "node", t.node, "drain", follow, "retry_at", at, "err", err)
+		return append(acts, failed), requeue.Again{At: at, Headers: []kgo.RecordHeader{{Key: HeaderDrain, Value: []byte(follow)}}}
+	}
 	h.log.Warn("drain failed", "cluster", t.cluster, "node", t.node, "err", err)
-	return append(acts, h.action(t, nil, events.OutcomeFailed, err.Error(), pipeline.ActionID(t.cluster, t.node, t.eventID, "failed"))), requeue.Again{}
+	return append(acts, failed), requeue.Again{}
 }
 
 // follow notes the drain the record's requeue names ("": none, the
@@ -489,6 +504,20 @@ func (h *Handler) stepNode(ctx context.Context, cl *clusters.Client, t trigger, 
 		acts = append(acts, h.blocked(t, st, now)...)
 	}
 	if st.running() {
+		if !startedBy(t, st) {
+			// A fault that joined the drain, or its record again (a
+			// follow-up of an older faultline, a redelivery): its step
+			// is done and said, and the drain's own follow-up, its
+			// starting fault's, looks at it again. A chain per joined
+			// fault listed the node's pods once each per poll: a fault
+			// repeating during a PDB-blocked drain ate the cluster's
+			// client QPS. The starter's record, redelivered after a
+			// crash, goes on (the drain is never left without one); a
+			// step that met the cluster's trouble is requeued by
+			// requeue.Step, and its next look says what it left
+			// unsaid.
+			return acts, time.Time{}, nil
+		}
 		// Looked at again after a quarter of its age — or, when this step
 		// made calls, of theirs: the pods it evicted usually go within a
 		// second, however old the drain (resumed after an outage, a PDB's
@@ -501,6 +530,13 @@ func (h *Handler) stepNode(ctx context.Context, cl *clusters.Client, t trigger, 
 	}
 	h.m.drains.WithLabelValues(t.cluster, st.Phase).Inc()
 	return append(acts, h.result(t, st)), time.Time{}, nil
+}
+
+// startedBy reports whether the trigger's fault started the drain st
+// (its id is the fault's): that record's requeue chain is the drain's
+// follow-up.
+func startedBy(t trigger, st *State) bool {
+	return pipeline.ActionID(t.cluster, t.node, t.eventID)[:16] == st.ID
 }
 
 // pollDelay is how long a running drain of the given age waits to be
@@ -839,7 +875,7 @@ func (h *Handler) unaudited(t trigger, st *State) []*faultlinev1.Action {
 	if !nb.After(st.StartedAt) {
 		acts = append(acts, h.started(t, st))
 	}
-	if nb.IsZero() && slices.Contains(st.Trigger.EventIDs, t.eventID) && pipeline.ActionID(t.cluster, t.node, t.eventID)[:16] != st.ID {
+	if nb.IsZero() && slices.Contains(st.Trigger.EventIDs, t.eventID) && !startedBy(t, st) {
 		// The trigger of a fault that joined the drain: its batch may
 		// have died before producing the joined action.
 		acts = append(acts, h.joined(t, st))

@@ -7,10 +7,12 @@ import (
 	"net"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -386,17 +388,17 @@ func TestResultSaysNewestFaultTime(t *testing.T) {
 	}
 }
 
-// TestJoinedFaultsFollowTheirDrain: every fault that joins a drain has a
-// requeue chain of its own, which steps the node until the drain ends.
-// With more faults than the state remembers (maxSeen: a fabric outage,
-// many NIC ports and GPUs of one node failing), a chain whose id dropped
-// out was taken for a new fault: while the drain ran it joined again
-// (another "joined" action, pushing another chain's id out), and once the
-// drain succeeded it started a new drain of the node — for the first
-// fault under the old drain's id, for another a second remediation. A
-// chain follows the drain it was admitted to (HeaderDrain, kept across a
-// requeue for the cluster's trouble): it resumes it, says its result as
-// a replay does, and ends.
+// TestJoinedFaultsFollowTheirDrain: with more faults than the state
+// remembers (maxSeen: a fabric outage, many NIC ports and GPUs of one
+// node failing), a chain whose id dropped out was taken for a new fault:
+// while the drain ran it joined again (another "joined" action, pushing
+// another chain's id out), and once the drain succeeded it started a new
+// drain of the node — for the first fault under the old drain's id, for
+// another a second remediation. A chain follows the drain it was admitted
+// to (HeaderDrain, kept across a requeue for the cluster's trouble): it
+// resumes it, says its result as a replay does, and ends. The drain's
+// chain is its first fault's; a fault that joins starts none
+// (TestJoinedFaultsStartNoChain).
 func TestJoinedFaultsFollowTheirDrain(t *testing.T) {
 	const (
 		node   = "n1"
@@ -423,7 +425,7 @@ func TestJoinedFaultsFollowTheirDrain(t *testing.T) {
 		id := fmt.Sprintf("e%d", i)
 		acts, next := handle(t, h, quarantineAction(node, id, "COMPONENT_RESET",
 			map[string]string{events.DetailEntities: fmt.Sprintf("GPU=GPU-%d", i)}))
-		if len(acts) != 1 || !strings.HasPrefix(acts[0].Reason, ReasonJoined) || len(next) != 1 {
+		if len(acts) != 1 || !strings.HasPrefix(acts[0].Reason, ReasonJoined) || len(next) != 0 {
 			t.Fatalf("fault %s: %s, %d requeues", id, outcomes(acts), len(next))
 		}
 		said[acts[0].Id] = true
@@ -431,9 +433,9 @@ func TestJoinedFaultsFollowTheirDrain(t *testing.T) {
 	}
 	st := drainState(t, k, node)
 	drainID, joined := st.ID, st.encode()
-	// Every chain steps the running drain: once, once meeting the cluster
-	// in trouble, once after it (which says again what the state holds,
-	// the same ids). None joins it again.
+	// The drain's chain steps it: once, once meeting the cluster in
+	// trouble, once after it (which says again what the state holds, the
+	// same ids). It joins nothing again.
 	for round, trouble := range []bool{false, true, false} {
 		down = trouble
 		clk.Add(time.Second)
@@ -449,8 +451,8 @@ func TestJoinedFaultsFollowTheirDrain(t *testing.T) {
 		if !trouble && round > 0 && again == 0 {
 			t.Errorf("round %d after the cluster's trouble said nothing again", round)
 		}
-		if len(next) != faults {
-			t.Fatalf("round %d: %d chains go on, want %d", round, len(next), faults)
+		if len(next) != 1 {
+			t.Fatalf("round %d: %d chains go on, want 1", round, len(next))
 		}
 		for _, r := range next {
 			if drainOf(r) != drainID || requeue.AfterTrouble(r) != trouble {
@@ -463,8 +465,8 @@ func TestJoinedFaultsFollowTheirDrain(t *testing.T) {
 		}
 		rq = next
 	}
-	// The pod goes; the drain succeeds at the first chain's step, and
-	// every chain says its result (one id) and ends: no drain again.
+	// The pod goes; the drain succeeds at the chain's step, which says
+	// its result and ends: no drain again.
 	if err := k.CoreV1().Pods("work").Delete(context.Background(), "p", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -483,6 +485,124 @@ func TestJoinedFaultsFollowTheirDrain(t *testing.T) {
 	}
 	if st := drainState(t, k, node); st.ID != drainID || st.Phase != PhaseSucceeded {
 		t.Fatalf("the node's drain: %s %s, want %s %s", st.ID, st.Phase, drainID, PhaseSucceeded)
+	}
+}
+
+// TestJoinedFaultsStartNoChain: a fault repeating during a drain (a
+// fatal Xid while a PDB holds the drain) joined it once per repeat, and
+// each join started a requeue chain of its own: 51 repeats, 51 pod lists
+// per poll round, eating the cluster's client QPS. The drain's follow-up
+// chain is its starting fault's; a fault that joins or resumes it steps
+// once and ends — after a step that met the cluster's trouble it is
+// requeued, to say what that step may have left unsaid. A redelivered
+// trigger (its batch died after the step) resumes the same way: the
+// starter's goes on, a joined fault's ends.
+func TestJoinedFaultsStartNoChain(t *testing.T) {
+	const node = "n1"
+	k := quarantinedWithPod(node)
+	var lists atomic.Int64
+	down := false
+	k.PrependReactor("list", "pods", func(ktesting.Action) (bool, runtime.Object, error) {
+		lists.Add(1)
+		if down {
+			return true, nil, apierrors.NewServiceUnavailable("apiserver restarting")
+		}
+		return false, nil, nil
+	})
+	clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+	h := newHandler(t, testConfig(), k, clk, false)
+	first := quarantineAction(node, "e0", "RESTART_VM", nil)
+	acts, rq := handle(t, h, first)
+	if find(acts, events.OutcomeInProgress) == nil || len(rq) != 1 {
+		t.Fatalf("first fault: %s, %d requeues", outcomes(acts), len(rq))
+	}
+	var repeats []*kgo.Record
+	for i := 1; i <= 50; i++ {
+		r := quarantineAction(node, fmt.Sprintf("e%d", i), "RESTART_VM", map[string]string{events.DetailAlreadyQuarantined: "true"})
+		repeats = append(repeats, r)
+		acts, next := handle(t, h, r)
+		if len(acts) != 1 || !strings.HasPrefix(acts[0].Reason, ReasonJoined) || len(next) != 0 {
+			t.Fatalf("repeat %d: %s, %d requeues; want joined, none", i, outcomes(acts), len(next))
+		}
+	}
+	// A poll round: one list, one chain.
+	clk.Add(time.Second)
+	lists.Store(0)
+	acts, rq = handle(t, h, rq...)
+	if len(rq) != 1 || lists.Load() != 1 || drainOf(rq[0]) != drainState(t, k, node).ID {
+		t.Fatalf("poll round: %d chains, %d pod lists, %s; want 1, 1", len(rq), lists.Load(), outcomes(acts))
+	}
+	// Redelivered: the starter's trigger goes on, the repeats' end.
+	if _, next := handle(t, h, first); len(next) != 1 {
+		t.Fatalf("the starter's trigger redelivered: %d requeues, want 1", len(next))
+	}
+	if _, next := handle(t, h, repeats...); len(next) != 0 {
+		t.Fatalf("the repeats redelivered: %d requeues, want none", len(next))
+	}
+	// A repeat whose step meets the cluster's trouble is requeued; once
+	// the cluster answers it says its join and ends.
+	down = true
+	_, next := handle(t, h, quarantineAction(node, "e99", "RESTART_VM", map[string]string{events.DetailAlreadyQuarantined: "true"}))
+	if len(next) != 1 || !requeue.AfterTrouble(next[0]) {
+		t.Fatalf("a repeat meeting the cluster's trouble: %d requeues, want 1 after trouble", len(next))
+	}
+	down = false
+	clk.Add(time.Second)
+	time.Sleep(200 * time.Millisecond) // the cluster's backoff: at most 100ms (newHandler)
+	acts, next = handle(t, h, next...)
+	if len(next) != 0 || len(acts) != 1 || !strings.HasPrefix(acts[0].Reason, ReasonJoined) {
+		t.Fatalf("after the trouble: %s, %d requeues; want its join said, none", outcomes(acts), len(next))
+	}
+}
+
+// TestRefusedWriteKeepsTheDrain: a write of the drain's state that the
+// apiserver refuses for good (a 422: the node's annotations too large, a
+// webhook's denial) dropped the running drain's follow-up: the node stayed
+// "running" with nothing stepping it until a new fault came. The drain is
+// now looked at again after max_pdb_backoff, and its failed action, said
+// at each such look, keeps one id.
+func TestRefusedWriteKeepsTheDrain(t *testing.T) {
+	const node = "n1"
+	k := quarantinedWithPod(node)
+	refuse := false
+	k.PrependReactor("patch", "nodes", func(ktesting.Action) (bool, runtime.Object, error) {
+		if refuse {
+			return true, nil, apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Node").GroupKind(), node, nil)
+		}
+		return false, nil, nil
+	})
+	clk := &clock{t: time.Now().Truncate(time.Millisecond)}
+	cfg := testConfig()
+	h := newHandler(t, cfg, k, clk, false)
+	acts, rq := handle(t, h, quarantineAction(node, "e0", "RESTART_VM", nil))
+	if find(acts, events.OutcomeInProgress) == nil || len(rq) != 1 {
+		t.Fatalf("start: %s, %d requeues", outcomes(acts), len(rq))
+	}
+	drainID := drainState(t, k, node).ID
+	// The pod goes; the write that says so is refused.
+	if err := k.CoreV1().Pods("work").Delete(context.Background(), "p", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	refuse = true
+	var failed string
+	for round := range 2 {
+		clk.Add(cfg.MaxPDBBackoff)
+		acts, rq = handle(t, h, rq...)
+		f := find(acts, events.OutcomeFailed)
+		if f == nil || len(rq) != 1 || drainOf(rq[0]) != drainID ||
+			!requeue.NotBefore(rq[0]).Equal(clk.Now().Add(cfg.MaxPDBBackoff).Truncate(time.Millisecond)) {
+			t.Fatalf("round %d, write refused: %s, %d requeues; want failed, the drain looked at again after max_pdb_backoff", round, outcomes(acts), len(rq))
+		}
+		if failed != "" && f.Id != failed {
+			t.Fatalf("round %d: failed action %s, want the same id %s", round, f.Id, failed)
+		}
+		failed = f.Id
+	}
+	refuse = false
+	clk.Add(cfg.MaxPDBBackoff)
+	acts, rq = handle(t, h, rq...)
+	if find(acts, events.OutcomeSucceeded) == nil || len(rq) != 0 {
+		t.Fatalf("write taken again: %s, %d requeues; want succeeded", outcomes(acts), len(rq))
 	}
 }
 

@@ -931,8 +931,15 @@ func TestDrainKube(t *testing.T) {
 		if b := find(acts, events.OutcomeBlocked); left == nil || b == nil || b.Reason != "blocked by PDB db-pdb" || find(acts, events.OutcomeFailed) != nil {
 			t.Fatalf("drain as the ServiceAccount: %s", outcomes(acts))
 		}
-		acts, left = drive(t, h, clk, time.Second, 20, quarantineAction(node, "e-rbac-force", "REPLACE_VM", map[string]string{
+		// The force joins the drain (one step, no chain of its own); the
+		// drain's chain, its first fault's, ends it.
+		joined, more := drive(t, h, clk, time.Second, 20, quarantineAction(node, "e-rbac-force", "REPLACE_VM", map[string]string{
 			events.DetailDrainOverrides: "force", events.DetailSubmitterRole: "operator"}))
+		if more != nil || find(joined, events.OutcomeFailed) != nil {
+			t.Fatalf("force joining as the ServiceAccount: %s", outcomes(joined))
+		}
+		acts, left = drive(t, h, clk, time.Second, 20, left)
+		acts = append(joined, acts...)
 		if left != nil || find(acts, events.OutcomeSucceeded) == nil || len(podsOn(t, k, node)) != 0 {
 			t.Fatalf("forced drain as the ServiceAccount: %s", outcomes(acts))
 		}

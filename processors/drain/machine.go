@@ -3,6 +3,7 @@ package drain
 import (
 	"cmp"
 	"fmt"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -84,7 +85,12 @@ func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, i
 		ids := st.Trigger.EventIDs
 		st.Trigger = st.Trigger.join(o.trig)
 		st.Trigger.EventIDs = ids
-		st.Scope = st.Scope.widen(o.scope)
+		if w := st.Scope.widen(o.scope); !reflect.DeepEqual(w, st.Scope) {
+			// The pods it brings in get their whole timeout
+			// (Config.advance); a repeat of a fault already in scope
+			// moves nothing.
+			st.Scope, st.ScopeAt = w, now
+		}
 		if o.force && !st.Force {
 			// Forced from now: a pod backing off after a refusal is tried
 			// at this step, a PDB's refusal answered with the delete.
@@ -111,7 +117,7 @@ func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, i
 		scope = Scope{}
 	}
 	next := &State{
-		ID: id, Phase: PhaseRunning, StartedAt: now, By: by,
+		ID: id, Phase: PhaseRunning, StartedAt: now, ScopeAt: now, By: by,
 		Scope: scope, Force: o.force, Trigger: o.trig.bounded(), Seen: seen, Pods: map[string]*PodState{},
 	}
 	next.addSeen(eventID)
@@ -208,7 +214,8 @@ func podKey(p *corev1.Pod) string {
 
 // advance moves each pod of the drain on, given the pods on the node now: a
 // pod seen for the first time is classified (in scope with its mode and
-// deadline, its mode's timeout from now — or, a pod back under the same
+// deadline, its mode's timeout from now but no later than that timeout
+// and EvictionTimeout past State.ScopeAt — or, a pod back under the same
 // name, its first copy's deadline, the earlier copies folded — or counted
 // as skipped); in a
 // forced drain, one classified before the force joined and not done is
@@ -234,6 +241,11 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 	present := map[string]bool{}
 	skipped := map[string]int{}
 	var ops []op
+	if st.ScopeAt.IsZero() {
+		// A state from before ScopeAt: bounded from now, never giving
+		// a pod up unasked for the upgrade.
+		st.ScopeAt = now
+	}
 	for i := range pods {
 		p := &pods[i]
 		key := podKey(p)
@@ -253,6 +265,16 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 			// without an eviction tried. The deadline is kept in the
 			// state, written by this step, so it is counted once.
 			ps = &PodState{UID: string(p.UID), Mode: pl.mode, Deadline: now.Add(pl.timeout)}
+			// But no later than its timeout and eviction_timeout past
+			// the scope's last change: a controller whose replacement
+			// lands on the cordoned node under a new name (a Deployment
+			// tolerating every taint, spec.nodeName set) gave each a
+			// fresh timeout, and the drain evicted one every poll for
+			// ever. Past that bound a newcomer is past its deadline
+			// when first seen, as a same-name copy past the first's is.
+			if bound := st.ScopeAt.Add(pl.timeout + c.EvictionTimeout); ps.Deadline.After(bound) {
+				ps.Deadline = bound
+			}
 			// A pod back under the same name (a controller recreating
 			// it on the cordoned node: a StatefulSet pinned by a local
 			// volume, a pod with spec.nodeName) keeps the first copy's
@@ -330,7 +352,11 @@ func (c *Config) advance(st *State, pods []corev1.Pod, now time.Time) []op {
 			// Done: nothing is asked of it any more.
 			ps.clearUnanswered()
 		}
-		if ps.Done == "gone" {
+		if ps.Done == "gone" || ps.Done == "gave_up" && !present[k] {
+			// A pod given up that left the node counts as gone here:
+			// newcomers past their deadline when first seen (a
+			// controller's replacements under new names) are given up
+			// one after the other while another pod holds the drain.
 			gone = append(gone, k)
 		}
 	}

@@ -423,8 +423,8 @@ func TestDeadlineFromFirstSeen(t *testing.T) {
 		t.Fatalf("first step: ops %q, want %q", got, gpu)
 	}
 	// A whole-node fault joins 20 minutes in, past eviction_timeout (10m).
-	st.Scope = st.Scope.widen(Scope{})
 	joined := t0.Add(20 * time.Minute)
+	st.Scope, st.ScopeAt = st.Scope.widen(Scope{}), joined
 	if got := step(st, joined); got != cpu {
 		t.Fatalf("widened: ops %q, want the eviction of %q", got, cpu)
 	}
@@ -479,13 +479,77 @@ func TestRecreatedPods(t *testing.T) {
 	t.Run("new names: gone entries bounded", func(t *testing.T) {
 		st := running(nil)
 		for i := range 2000 {
-			c.advance(st, copyOf(fmt.Sprintf("p-%d", i), i), t0.Add(time.Duration(i)*time.Second))
+			c.advance(st, copyOf(fmt.Sprintf("p-%d", i), i), t0.Add(time.Duration(i)*250*time.Millisecond))
 		}
 		if got := st.Count(); got.InScope != 2000 || got.Gone != 1999 || got.Remaining != 1 || len(st.Pods) != maxGonePods+1 {
 			t.Fatalf("counts %+v, %d entries; want 2000 in scope, 1999 gone, 1 remaining, %d entries", got, len(st.Pods), maxGonePods+1)
 		}
 		if _, ok := st.Pods[podKey(&copyOf("p-1999", 1999)[0])]; !ok {
 			t.Fatal("the pod on the node was folded")
+		}
+	})
+}
+
+// TestReplacementPods: a controller whose replacement lands on the
+// cordoned node under a new name (a Deployment tolerating every taint, a
+// controller setting spec.nodeName) gave each replacement a fresh
+// eviction_timeout: the drain evicted one every poll for ever, never
+// ended, and the node was never remediated. A pod first seen after the
+// drain's scope last changed now has its deadline no later than that
+// time plus its timeout plus eviction_timeout, so the drain ends gave_up;
+// a pod a joining fault brings in still gets its whole timeout.
+func TestReplacementPods(t *testing.T) {
+	c := machineConfig(t, nil)
+	web := func(i int) corev1.Pod { return runningPod("web", fmt.Sprintf("web-%d", i)) }
+	t.Run("new names: ends gave_up", func(t *testing.T) {
+		st, _ := admit(nil, "e1", opts{}, true, t0, "d1", "me")
+		pods, n, evictions := []corev1.Pod{web(0)}, 0, 0
+		end := t0.Add(3 * time.Hour)
+		for now := t0; now.Before(end); now = now.Add(5 * time.Second) {
+			ops := c.advance(st, pods, now)
+			for _, o := range ops {
+				// The eviction is taken; the replacement lands at once.
+				c.record(st, o, callResult{}, now)
+				evictions++
+				n++
+				pods = []corev1.Pod{web(n)}
+			}
+			if settle(st, now) {
+				break
+			}
+		}
+		bound := t0.Add(c.EvictionTimeout + c.EvictionTimeout)
+		if st.Phase != PhaseGaveUp || st.FinishedAt.After(bound.Add(5*time.Second)) {
+			t.Fatalf("phase %s at %v after %d evictions; want gave_up by %v", st.Phase, st.FinishedAt, evictions, bound)
+		}
+	})
+	t.Run("new names past the bound, the drain held: entries bounded", func(t *testing.T) {
+		// An AllowCompletion pod holds the drain for its hour; a pod
+		// under a new name lands every 5s, is past its deadline when
+		// first seen and leaves again.
+		st, _ := admit(nil, "e1", opts{}, true, t0, "d1", "me")
+		batch := runningPod("batch", "train")
+		for i := range 720 {
+			now := t0.Add(time.Duration(i) * 5 * time.Second)
+			c.advance(st, []corev1.Pod{batch, web(i)}, now)
+		}
+		if got := st.Count(); got.InScope != 721 || got.Remaining != 1 || len(st.Pods) > maxGonePods+2 {
+			t.Fatalf("counts %+v, %d entries; want 721 in scope, 1 remaining, at most %d entries", got, len(st.Pods), maxGonePods+2)
+		}
+	})
+	t.Run("a joining fault's pods: whole timeout", func(t *testing.T) {
+		usesGPU := func(p *corev1.Pod) { p.Annotations = map[string]string{DefaultGPUAnnotation: gpuA} }
+		st, _ := admit(nil, "e1", opts{scope: Scope{GPUs: []string{gpuA}}}, true, t0, "d1", "me")
+		pods := []corev1.Pod{runningPod("ml", "g", usesGPU), runningPod("web", "a")}
+		c.advance(st, pods, t0)
+		// A whole-node fault joins an hour in: web/a is first seen then.
+		joined := t0.Add(time.Hour)
+		if _, adm := admit(st, "e2", opts{}, true, joined, "d2", "me"); adm != admitWiden {
+			t.Fatalf("admission %v, want widen", adm)
+		}
+		c.advance(st, pods, joined)
+		if ps := st.Pods[keyOf("web", "a")]; ps == nil || !ps.Deadline.Equal(joined.Add(c.EvictionTimeout)) {
+			t.Fatalf("joined pod %+v, want deadline %v", ps, joined.Add(c.EvictionTimeout))
 		}
 	})
 }

@@ -78,6 +78,12 @@ type State struct {
 	// StartedAt is when the drain began; the timeouts of the pods on the
 	// node then count from it (PodState.Deadline).
 	StartedAt time.Time `json:"startedAt"`
+	// ScopeAt is when the drain's scope last changed: its start, or the
+	// last fault that joined and widened it (zero in a state from before
+	// it: the next step's time). A pod first seen after it has its
+	// deadline no later than ScopeAt plus its timeout plus
+	// Config.EvictionTimeout (Config.advance).
+	ScopeAt time.Time `json:"scopeAt,omitzero"`
 	// FinishedAt is when the phase left running.
 	FinishedAt time.Time `json:"finishedAt,omitzero"`
 	// By is the processor that began the drain.
