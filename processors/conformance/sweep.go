@@ -502,10 +502,11 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster st
 		}
 		// The group's expectation is firmly the node's fingerprint: the
 		// baseline, or the fresh complete reports of a majority of all the
-		// group's members. A majority of the few that report complete (the
-		// drifted node alone, its peers partial after a reboot) is not:
-		// it lifted the quarantine of a node that drifted again, with a
-		// new start, once its peers read everything again.
+		// group's members (as ic.Evaluate now requires; kept here should a
+		// group ever be decided otherwise). A majority of the few that
+		// report complete (the drifted node alone, its peers partial after
+		// a reboot) is not: it lifted the quarantine of a node that drifted
+		// again, with a new start, once its peers read everything again.
 		firm := v.Basis == ic.BasisBaseline || 2*t.agree[v.Expected] > t.members
 		if st.Escalated && st.Actual == v.Actual && !firm {
 			// Escalated with the fingerprint the group now expects, but
