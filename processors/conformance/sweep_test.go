@@ -434,6 +434,61 @@ func TestOtherHardwareIsAnotherGroup(t *testing.T) {
 	}
 }
 
+// TestGFDProductSuffixIsSameHardware: GPU Feature Discovery writes
+// nvidia.com/gpu.product as "<product>-SHARED" on a time-sliced or MPS
+// node and "<product>-MIG-<profile>" on a MIG node (single strategy), on
+// the same hardware. Such a node was a hardware group of one, its own
+// majority: its drift was never caught. Now it groups with its model, and
+// a node alone of its model is logged as not judged, once per sweep.
+func TestGFDProductSuffixIsSameHardware(t *testing.T) {
+	ctx := context.Background()
+	for _, product := range []string{"NVIDIA-H100-80GB-HBM3-SHARED", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb-SHARED"} {
+		t.Run(product, func(t *testing.T) {
+			e := startFake(t, true)
+			node := e.nodes(t, 5)
+			for i := 1; i <= 5; i++ {
+				name := fmt.Sprintf("%s-n%d", e.cluster, i)
+				n := e.get(t, name)
+				n.Labels = map[string]string{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+				if name == node {
+					n.Labels["nvidia.com/gpu.product"] = product
+				}
+				if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e.report(t, 5, "28.41.1000")
+			sw := NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+			drifts := kinds(e.sweep(t, sw, product).Actions)[events.KindConformanceDrift]
+			if len(drifts) != 1 || drifts[0].Node != node {
+				t.Fatalf("drifts %v, want %s's", drifts, node)
+			}
+		})
+	}
+	t.Run("a model alone is logged", func(t *testing.T) {
+		e := startFake(t, true)
+		node := e.nodes(t, 5)
+		for i := 1; i <= 5; i++ {
+			name := fmt.Sprintf("%s-n%d", e.cluster, i)
+			n := e.get(t, name)
+			n.Labels = map[string]string{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+			if name == node {
+				n.Labels["nvidia.com/gpu.product"] = "NVIDIA-H200"
+			}
+			if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.report(t, 5, "")
+		var logs bytes.Buffer
+		sw := NewSweeper(testConfig(), e.s.Conn, e.reg, slog.New(slog.NewTextHandler(&logs, nil)), e.clk.Now, nil)
+		e.sweep(t, sw, "alone")
+		if got := strings.Count(logs.String(), "hardware groups of one not judged"); got != 1 || !strings.Contains(logs.String(), "NVIDIA-H200") {
+			t.Fatalf("%d logs of hardware groups of one, want 1 naming NVIDIA-H200:\n%s", got, logs.String())
+		}
+	})
+}
+
 // TestQuarantineKeptWhenPeersGoPartial: 3 nodes, n3 drifted and escalated
 // a day later; n1 and n2 then send partial reports (the driver unreadable
 // after a reboot). n3's fingerprint is that of the one complete report,
