@@ -478,9 +478,11 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 //     rd.luks.uuid= are "*", rd.luks.name=<uuid>=<name> is "*=<name>";
 //   - a netbooted node's identity: PXELINUX's BOOTIF= (the boot NIC's MAC)
 //     and SYSAPPEND's SYSUUID=, SYSSERIAL=, MBSERIAL= and MBASSET=,
-//     hostname= and systemd.hostname=, any MAC address (dracut's ifname=,
-//     ip='s macaddr), and the client address and hostname of a static
-//     ip= (the kernel's and dracut's <client>:<server>:<gateway>:<netmask>:
+//     hostname= and systemd.hostname=, any hardware address of 6 to 20
+//     octets as one "*" (an Ethernet MAC, an IPoIB address; dracut's
+//     ifname=, ip='s macaddr: maskHardwareAddrs), and the client address
+//     and hostname of a static ip= (the kernel's and dracut's
+//     <client>:<server>:<gateway>:<netmask>:
 //     <hostname>:<device>:<autoconf>…, however many fields are given, as
 //     PXELINUX's IPAPPEND 1 gives four; an IPv6 address in brackets): "*";
 //   - what OpenCHAMI's and CSM's boot script service adds per node and per
@@ -514,9 +516,9 @@ func bootParams(args []string, ignore []string) string {
 				val = "*"
 			}
 		case key == "ip":
-			val = macAddress.ReplaceAllString(staticIP(val), "*")
+			val = maskHardwareAddrs(staticIP(val))
 		default:
-			val = macAddress.ReplaceAllString(val, "*")
+			val = maskHardwareAddrs(val)
 		}
 		if val != "" || strings.Contains(a, "=") {
 			a = key + "=" + val
@@ -564,8 +566,33 @@ func staticIP(val string) string {
 	return strings.Join(f, ":")
 }
 
-// macAddress is a MAC address written with colons or dashes.
-var macAddress = regexp.MustCompile(`(?i)\b[0-9a-f]{2}(?:[:-][0-9a-f]{2}){5}\b`)
+// hardwareAddr is a link-layer address written with colons or dashes:
+// 6 (Ethernet MAC) to 20 octets (IPoIB: QPN and GID).
+var hardwareAddr = regexp.MustCompile(`(?i)\b[0-9a-f]{2}(?:[:-][0-9a-f]{2}){5,19}\b`)
+
+// maskHardwareAddrs writes each hardware address in val as one "*" (an
+// IPoIB address kept its last two octets when 6 at a time were masked, a
+// fingerprint per node). What is part of an IPv6 address is kept: inside
+// brackets (dracut's ip=) or beside "::".
+func maskHardwareAddrs(val string) string {
+	var b strings.Builder
+	last := 0
+	for _, m := range hardwareAddr.FindAllStringIndex(val, -1) {
+		i, j := m[0], m[1]
+		if strings.Count(val[:i], "[") > strings.Count(val[:i], "]") ||
+			strings.HasSuffix(val[:i], "::") || strings.HasPrefix(val[j:], "::") {
+			continue
+		}
+		b.WriteString(val[last:i])
+		b.WriteString("*")
+		last = j
+	}
+	if last == 0 {
+		return val
+	}
+	b.WriteString(val[last:])
+	return b.String()
+}
 
 func deref(d *sysfs.DMIClass, err error, f func(*sysfs.DMIClass) *string, file string) (string, error) {
 	if err != nil {

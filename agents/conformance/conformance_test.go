@@ -576,6 +576,17 @@ func TestBootParamsNetbootForms(t *testing.T) {
 			"SYSUUID=4c4c4544-0035-3510-8052-b4c04f4e5332 SYSSERIAL=5Q8RN52 MBSERIAL=.5Q8RN52.CNFCP0019D0123. MBASSET=A-00123 SYSPRODUCT=PowerEdge_XE9680 ro",
 			"SYSUUID=4c4c4544-0036-3610-8052-b4c04f4e5333 SYSSERIAL=6Q8RN52 MBSERIAL=.6Q8RN52.CNFCP0019D0456. MBASSET=A-00456 SYSPRODUCT=PowerEdge_XE9680 ro",
 			"SYSUUID=4c4c4544-0035-3510-8052-b4c04f4e5332 SYSSERIAL=5Q8RN52 MBSERIAL=.5Q8RN52.CNFCP0019D0123. MBASSET=A-00123 SYSPRODUCT=PowerEdge_R760 ro"},
+		// IPoIB: a 20-octet hardware address (QPN, GID) in dracut's
+		// ifname= and in ip='s macaddr is masked whole; only its last
+		// two octets were left, a fingerprint per node.
+		{"IPoIB ifname",
+			"ifname=ib0:80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:12:34:56 ip=ib0:dhcp ro",
+			"ifname=ib0:80:00:02:09:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:ab:cd:ef ip=ib0:dhcp ro",
+			"ifname=ib1:80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:12:34:56 ip=ib1:dhcp ro"},
+		{"IPoIB ip= macaddr",
+			"ip=10.0.0.5::10.0.0.1:255.255.255.0:gpu-005:ib0:none:2044:80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:12:34:56 ro",
+			"ip=10.0.0.6::10.0.0.1:255.255.255.0:gpu-006:ib0:none:2044:80:00:02:09:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:ab:cd:ef ro",
+			"ip=10.0.0.5::10.0.0.1:255.255.255.0:gpu-005:ib0:none:65520:80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:12:34:56 ro"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if a, b := bp(tc.a), bp(tc.b); a != b {
@@ -590,6 +601,20 @@ func TestBootParamsNetbootForms(t *testing.T) {
 	for _, s := range []string{"ip=dhcp", "ip=eth0:dhcp", "ip=[fd00::5"} {
 		if got := bp(s); got != s {
 			t.Errorf("bootParams(%q) = %q, want it kept", s, got)
+		}
+	}
+	// A hardware address is masked as one "*"; IPv6 addresses (groups of
+	// 1-4 hex digits, in brackets in ip=, or beside "::") are kept.
+	for in, want := range map[string]string{
+		"ifname=ib0:80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:12:34:56": "ifname=ib0:*",
+		"ifname=eth0:0c:42:a1:00:00:05":                                          "ifname=eth0:*",
+		"ip=[fd00::5]::[fd00::1]:64::eth0:none:1500:0c:42:a1:00:00:05":           "ip=*::[fd00::1]:64::eth0:none:1500:*",
+		"ip=[fd00::5]::[fd00::12:34:56:78:9a:bc]:64::eth0:none":                  "ip=*::[fd00::12:34:56:78:9a:bc]:64::eth0:none",
+		"ipv6.gw=fd00::12:34:56:78:9a:bc":                                        "ipv6.gw=fd00::12:34:56:78:9a:bc",
+		"ipv6.gw=12:34:56:78:9a:bc::1":                                           "ipv6.gw=12:34:56:78:9a:bc::1",
+	} {
+		if got := bp(in); got != want {
+			t.Errorf("bootParams(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -37,8 +37,9 @@ type Report struct {
 	Components map[string]string
 	// Partial: the agent could not read some component (its value starts
 	// with agents/conformance.Unreadable) — a driver not loaded yet after
-	// a reboot, a BMC tool that timed out. Such a report counts in no
-	// majority while the group has a complete one (filled by Latest).
+	// a reboot, a BMC tool that timed out. Such a report votes for no
+	// fingerprint while the group has a complete one, though its node
+	// counts among the members (filled by Latest).
 	Partial bool
 }
 
@@ -175,7 +176,7 @@ type Score struct {
 // ComputeScore groups the requested nodes by their fresh report (latest;
 // a node missing from it is unknown: a group of one) and computes f₉.
 // As in Evaluate, a partial report is unknown while a requested node has
-// a complete one (the processor counts it in no majority then: 8 nodes
+// a complete one (the processor takes no vote from it then: 8 nodes
 // rebooting, their GPU driver unreadable, are not one homogeneous group);
 // when every fresh report is partial (a component unreadable on every
 // node: /dev/ipmi0 not passed through), the nodes are grouped as
@@ -297,12 +298,16 @@ type Verdict struct {
 }
 
 // Evaluate decides each member's state: the expected fingerprint is
-// baseline when set, else the one held by more than half of the members
-// with a fresh, complete report (none: Undecided). Members without a fresh
-// report are StateUnknown; they and partial reports count in no majority
-// (half a pool rebooting, its drivers not loaded yet, would otherwise
-// leave it without one, or make the unreadable fingerprint the expected
-// one).
+// baseline when set, else the one of the fresh, complete reports of more
+// than half of all the members (none: Undecided). Members without a fresh
+// report are StateUnknown; they and partial reports vote for no
+// fingerprint (an unreadable one is never the expected one) but count
+// among the members: the few that report complete do not decide the group
+// (a straggler on the old image, 1 of 10, its 9 peers rebooted into the
+// new one and partial, their driver not loaded yet, drifted all 9 and
+// drained them when sensitive; 2 of 10 agreeing, 7 agents silent, drifted
+// the third). The same majority is firm enough to lift a quarantine
+// (processors/conformance).
 //
 // A group whose fresh reports are all partial (a component unreadable on
 // every node: ipmitool configured, /dev/ipmi0 not passed through) is
@@ -327,7 +332,7 @@ func Evaluate(members []Member, baseline string) []Verdict {
 			}
 		}
 		for fp, c := range counts {
-			if 2*c > complete {
+			if 2*c > len(members) {
 				expected = fp
 			}
 		}
@@ -355,7 +360,9 @@ func Evaluate(members []Member, baseline string) []Verdict {
 
 // majorityOfPartial decides a group whose fresh reports are all partial:
 // the reports are compared as byReadable groups them, and the components
-// of more than half of those it groups are expected (none: ""). It
+// of more than half of all the members are expected (none: ""; members
+// without a fresh report, or with another unreadable component, agree
+// with nobody, as in Evaluate). It
 // returns the fingerprint of one such report (the most common among
 // them), and the key a node's report must have to conform: its components
 // but those unreadable on every report (so an unreadable value's reason,
@@ -372,12 +379,8 @@ func majorityOfPartial(members []Member) (expected, wantKey string, key func(*Re
 	if key == nil {
 		return "", "", nil
 	}
-	voters := 0
-	for _, rs := range groups {
-		voters += len(rs)
-	}
 	for k, rs := range groups {
-		if 2*len(rs) > voters {
+		if 2*len(rs) > len(members) {
 			wantKey = k
 		}
 	}

@@ -140,12 +140,23 @@ func TestEvaluate(t *testing.T) {
 		want     []State
 	}{
 		{"majority", m("x", "x", "y"), "", []State{Conforming, Conforming, Drifted}},
-		{"unknown does not vote", m("x", "", "y", "x"), "", []State{Conforming, StateUnknown, Drifted, Conforming}},
+		{"unknown does not vote", m("x", "", "y", "x", "x"), "", []State{Conforming, StateUnknown, Drifted, Conforming, Conforming}},
+		// Every member is a voter: one without a fresh complete report
+		// votes for no fingerprint (seed: unknown is a group of its own).
+		{"unknown members leave no majority", m("x", "", "y", "x"), "", []State{Undecided, StateUnknown, Undecided, Undecided}},
+		// 7 of 10 agents silent: 2 on x decide nothing, the 1 on y is not drifted.
+		{"silent agents", m("x", "x", "y", "", "", "", "", "", "", ""), "", []State{Undecided, Undecided, Undecided,
+			StateUnknown, StateUnknown, StateUnknown, StateUnknown, StateUnknown, StateUnknown, StateUnknown}},
+		// 9 of 10 rebooted into a new image report partial (driver not
+		// loaded yet); the straggler on the old image is not the majority.
+		{"straggler", m("old", "!new", "!new", "!new", "!new", "!new", "!new", "!new", "!new", "!new"), "", []State{Undecided, Undecided,
+			Undecided, Undecided, Undecided, Undecided, Undecided, Undecided, Undecided, Undecided}},
 		{"tie is undecided", m("x", "y"), "", []State{Undecided, Undecided}},
 		{"baseline wins over majority", m("x", "x", "y"), "y", []State{Drifted, Drifted, Conforming}},
 		{"baseline nobody has", m("x"), "z", []State{Drifted}},
 		{"lone node is its majority", m("x"), "", []State{Conforming}},
-		{"partial reports do not vote", m("x", "x", "y", "!u", "!u"), "", []State{Conforming, Conforming, Drifted, Drifted, Drifted}},
+		{"partial reports do not vote", m("x", "x", "x", "y", "!u"), "", []State{Conforming, Conforming, Conforming, Drifted, Drifted}},
+		{"partial reports leave no majority", m("x", "x", "y", "!u", "!u"), "", []State{Undecided, Undecided, Undecided, Undecided, Undecided}},
 		{"only partial reports: undecided", m("!u", "!u"), "", []State{Undecided, Undecided}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -182,7 +193,7 @@ func TestEvaluateOnlyPartial(t *testing.T) {
 	const (
 		a, b    = "550.54.14", "550.90.07"
 		loading = "unreadable: nvidia module not loaded, NVIDIA GPU on the PCI bus"
-		C, D    = Conforming, Drifted
+		C, D, U = Conforming, Drifted, Undecided
 	)
 	for _, tc := range []struct {
 		name    string
@@ -191,10 +202,14 @@ func TestEvaluateOnlyPartial(t *testing.T) {
 	}{
 		{"node 10 on another GPU driver", group(a, a, a, a, a, a, a, a, a, b), []State{C, C, C, C, C, C, C, C, C, D}},
 		{"reasons differ from node to node", group(a+"@", a+"@", a+"@", b+"@"), []State{C, C, C, D}},
-		{"rebooting nodes do not vote", group(a, a, a, a, loading, loading, loading, loading, loading, loading), []State{C, C, C, C, D, D, D, D, D, D}},
+		{"rebooting nodes do not vote", group(a, a, a, a, a, a, loading, loading, loading, loading), []State{C, C, C, C, C, C, D, D, D, D}},
+		// The straggler: 6 of 10 rebooted into a new image (GPU driver
+		// loading) do not make the 4 on the old one a majority.
+		{"rebooting nodes leave no majority", group(a, a, a, a, loading, loading, loading, loading, loading, loading), []State{U, U, U, U, U, U, U, U, U, U}},
 		{"tie is undecided", group(a, a, b, b, loading), []State{Undecided, Undecided, Undecided, Undecided, Undecided}},
 		{"GPU driver unreadable on every node: judged on the rest", group(loading, loading), []State{C, C}},
-		{"unknown node beside", append(group(a, a, b), Member{Node: "n4"}), []State{C, C, D, StateUnknown}},
+		{"unknown node beside", append(group(a, a, a, b), Member{Node: "n5"}), []State{C, C, C, D, StateUnknown}},
+		{"silent agents leave no majority", append(group(a, a, b), Member{Node: "n4"}, Member{Node: "n5"}), []State{U, U, U, StateUnknown, StateUnknown}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vs := Evaluate(tc.members, "")

@@ -103,7 +103,9 @@ type Config struct {
 	// BIOS, VBIOS, NIC firmware by design) never drift against each
 	// other. A node groups by the labels of these it carries; none (or no
 	// kubeconfig): by pool alone; one lacking a label another node of its
-	// pool carries is undecided (its hardware not known yet). Default
+	// pool carries is undecided (its hardware not known yet). The value of
+	// nvidia.com/gpu.product counts without GPU Feature Discovery's
+	// "-SHARED" and "-MIG-<profile>" suffixes (same hardware). Default
 	// nvidia.com/gpu.product,
 	// nvidia.com/gpu.machine (GPU Feature Discovery) and
 	// node.kubernetes.io/instance-type; empty: by pool alone.

@@ -240,16 +240,38 @@ func (g group) key(cluster string) string {
 	return k
 }
 
+// labelGPUProduct is GPU Feature Discovery's GPU model label.
+const labelGPUProduct = "nvidia.com/gpu.product"
+
 // hardwareOf is a node's hardware identity: "label=value" of each of
-// labels it carries, joined by ",".
+// labels it carries, joined by ",". The value of labelGPUProduct is the
+// model alone (gpuProduct).
 func hardwareOf(nodeLabels map[string]string, labels []string) string {
 	var parts []string
 	for _, l := range labels {
-		if v := nodeLabels[l]; v != "" {
+		v := nodeLabels[l]
+		if l == labelGPUProduct {
+			v = gpuProduct(v)
+		}
+		if v != "" {
 			parts = append(parts, l+"="+v)
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// gpuProduct is the GPU model of an nvidia.com/gpu.product value: GPU
+// Feature Discovery appends "-SHARED" on a time-sliced or MPS node and
+// "-MIG-<profile>" on a MIG node (single strategy), on the same hardware
+// (such a node was a hardware group of one, its own majority: its drift
+// was never caught).
+func gpuProduct(v string) string {
+	for _, suffix := range []string{"-MIG-", "-SHARED"} {
+		if i := strings.Index(v, suffix); i > 0 {
+			v = v[:i]
+		}
+	}
+	return v
 }
 
 // Sweep evaluates one cluster and acts on its drifted and recovered nodes.
@@ -322,6 +344,11 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 		return order[i].hardware < order[j].hardware
 	})
 	cache := map[string]map[string]string{} // components by fingerprint, for this sweep
+	perPool := map[string]int{}
+	for _, m := range members {
+		perPool[m.group.pool]++
+	}
+	var alone []string // hardware groups of one in a pool of more, without a baseline
 	for _, g := range order {
 		ms := groups[g]
 		in := make([]ic.Member, len(ms))
@@ -352,12 +379,26 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 			s.log.Info("conformance: nodes not judged: they lack hardware labels other nodes of their pool carry",
 				"cluster", cluster, "group", g.key(cluster), "nodes", len(ms), "missing_labels", strings.Join(missing, ","))
 		}
+		if len(ms) == 1 && g.hardware != "" && !g.incomplete && perPool[g.pool] > 1 && s.cfg.baseline[groupKey(cluster, g.pool)] == "" {
+			alone = append(alone, g.key(cluster))
+		}
 		t := tallyOf(in)
 		for i, v := range verdicts {
 			if err := s.reconcile(ctx, cl, cluster, g, t, ms[i], v, now, cache, &out); err != nil {
 				s.log.Warn("conformance: node not reconciled", "cluster", cluster, "node", v.Node, "err", err)
 			}
 		}
+	}
+	if len(alone) > 0 {
+		// Once per sweep: a node alone of its hardware in its pool is its
+		// own majority, so its drift cannot be seen (another model, or a
+		// hardware label value that differs on the same hardware).
+		shown := alone
+		if len(shown) > 10 {
+			shown = shown[:10]
+		}
+		s.log.Info("conformance: hardware groups of one not judged: each node is its own majority",
+			"cluster", cluster, "groups", len(alone), "first", strings.Join(shown, " "))
 	}
 	s.forgetDry(cluster, members, s.live(cl))
 	return out, nil
@@ -502,10 +543,11 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster st
 		}
 		// The group's expectation is firmly the node's fingerprint: the
 		// baseline, or the fresh complete reports of a majority of all the
-		// group's members. A majority of the few that report complete (the
-		// drifted node alone, its peers partial after a reboot) is not:
-		// it lifted the quarantine of a node that drifted again, with a
-		// new start, once its peers read everything again.
+		// group's members (as ic.Evaluate now requires; kept here should a
+		// group ever be decided otherwise). A majority of the few that
+		// report complete (the drifted node alone, its peers partial after
+		// a reboot) is not: it lifted the quarantine of a node that drifted
+		// again, with a new start, once its peers read everything again.
 		firm := v.Basis == ic.BasisBaseline || 2*t.agree[v.Expected] > t.members
 		if st.Escalated && st.Actual == v.Actual && !firm {
 			// Escalated with the fingerprint the group now expects, but

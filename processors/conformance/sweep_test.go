@@ -434,12 +434,67 @@ func TestOtherHardwareIsAnotherGroup(t *testing.T) {
 	}
 }
 
+// TestGFDProductSuffixIsSameHardware: GPU Feature Discovery writes
+// nvidia.com/gpu.product as "<product>-SHARED" on a time-sliced or MPS
+// node and "<product>-MIG-<profile>" on a MIG node (single strategy), on
+// the same hardware. Such a node was a hardware group of one, its own
+// majority: its drift was never caught. Now it groups with its model, and
+// a node alone of its model is logged as not judged, once per sweep.
+func TestGFDProductSuffixIsSameHardware(t *testing.T) {
+	ctx := context.Background()
+	for _, product := range []string{"NVIDIA-H100-80GB-HBM3-SHARED", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb-SHARED"} {
+		t.Run(product, func(t *testing.T) {
+			e := startFake(t, true)
+			node := e.nodes(t, 5)
+			for i := 1; i <= 5; i++ {
+				name := fmt.Sprintf("%s-n%d", e.cluster, i)
+				n := e.get(t, name)
+				n.Labels = map[string]string{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+				if name == node {
+					n.Labels["nvidia.com/gpu.product"] = product
+				}
+				if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e.report(t, 5, "28.41.1000")
+			sw := NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+			drifts := kinds(e.sweep(t, sw, product).Actions)[events.KindConformanceDrift]
+			if len(drifts) != 1 || drifts[0].Node != node {
+				t.Fatalf("drifts %v, want %s's", drifts, node)
+			}
+		})
+	}
+	t.Run("a model alone is logged", func(t *testing.T) {
+		e := startFake(t, true)
+		node := e.nodes(t, 5)
+		for i := 1; i <= 5; i++ {
+			name := fmt.Sprintf("%s-n%d", e.cluster, i)
+			n := e.get(t, name)
+			n.Labels = map[string]string{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+			if name == node {
+				n.Labels["nvidia.com/gpu.product"] = "NVIDIA-H200"
+			}
+			if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.report(t, 5, "")
+		var logs bytes.Buffer
+		sw := NewSweeper(testConfig(), e.s.Conn, e.reg, slog.New(slog.NewTextHandler(&logs, nil)), e.clk.Now, nil)
+		e.sweep(t, sw, "alone")
+		if got := strings.Count(logs.String(), "hardware groups of one not judged"); got != 1 || !strings.Contains(logs.String(), "NVIDIA-H200") {
+			t.Fatalf("%d logs of hardware groups of one, want 1 naming NVIDIA-H200:\n%s", got, logs.String())
+		}
+	})
+}
+
 // TestQuarantineKeptWhenPeersGoPartial: 3 nodes, n3 drifted and escalated
 // a day later; n1 and n2 then send partial reports (the driver unreadable
-// after a reboot). n3's fingerprint is the majority of the one complete
-// report, its own: it conforms, but the group does not firmly expect it
-// (no baseline, not a majority of the 3), so the timeout's quarantine,
-// its taint and its drift state (the start) stay. It was lifted, and when
+// after a reboot). n3's fingerprint is that of the one complete report,
+// its own, not of a majority of the 3: the group is undecided, so the
+// timeout's quarantine, its taint and its drift state (the start) stay.
+// It was lifted, and when
 // the peers read everything again n3 drifted with a new start, not
 // escalated for another day.
 func TestQuarantineKeptWhenPeersGoPartial(t *testing.T) {
@@ -475,8 +530,8 @@ func TestQuarantineKeptWhenPeersGoPartial(t *testing.T) {
 }
 
 // TestFlipWithAPeerRebootingLiftsLater: a pool of 10 upgraded a node at a
-// time, the first 4 escalated. It flips at 5 of 9 complete reports (one
-// node rebooting, partial): the 4 conform but not firmly (5 of 10), so
+// time, the first 4 escalated. At 5 of 9 complete reports (one node
+// rebooting, partial) the group is undecided (5 of 10 is no majority), so
 // nothing is cleared. At 6/10 their quarantine is lifted. Their state was
 // cleared at 5/9, and at 6/10 nothing lifted it: drained for good.
 func TestFlipWithAPeerRebootingLiftsLater(t *testing.T) {
@@ -514,6 +569,50 @@ func TestFlipWithAPeerRebootingLiftsLater(t *testing.T) {
 	}
 	if len(lifted) != 4 {
 		t.Fatalf("6/10: lifted %v, want the 4 escalated nodes", lifted)
+	}
+}
+
+// TestStragglerDecidesNothing: 10 sensitive nodes, 9 rebooted into a new
+// image report partial (the GPU driver not loaded yet), the one not
+// rebooted reports complete on the old one. It was the majority (1 of 1):
+// the 9 drifted in their kernel and were drained, then the majority
+// flipped, the straggler was drained and the 9 awaited an approval each.
+// Now nothing is decided until more than half of the 10 agree; then the
+// straggler alone drifts.
+func TestStragglerDecidesNothing(t *testing.T) {
+	ctx := context.Background()
+	e := startFake(t, false)
+	e.nodes(t, 10)
+	for i := 1; i <= 10; i++ {
+		n := e.get(t, fmt.Sprintf("%s-n%d", e.cluster, i))
+		n.Labels = map[string]string{"faultline.io/sensitive": "true"}
+		if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sw := NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+	newImage := func() map[string]string {
+		c := comps("")
+		c["kernel"] = "6.8.0-50-generic"
+		return c
+	}
+	straggler := e.cluster + "-n1"
+	store(t, e.h, record(t, e.cluster, straggler, comps(""), e.clk.Now()))
+	for i := 2; i <= 10; i++ {
+		store(t, e.h, record(t, e.cluster, fmt.Sprintf("%s-n%d", e.cluster, i), unreadDriver(newImage()), e.clk.Now()))
+	}
+	if out := e.sweep(t, sw, "9 partial"); len(out.Actions) != 0 || len(out.Events) != 0 {
+		t.Fatalf("9 partial, 1 complete: actions %v, events %v, want none", out.Actions, out.Events)
+	}
+	e.clk.Add(5 * time.Minute)
+	for i := 2; i <= 10; i++ {
+		store(t, e.h, record(t, e.cluster, fmt.Sprintf("%s-n%d", e.cluster, i), newImage(), e.clk.Now()))
+	}
+	out := e.sweep(t, sw, "9 complete")
+	k := kinds(out.Actions)
+	if len(k[events.KindConformanceDrift]) != 1 || k[events.KindConformanceDrift][0].Node != straggler ||
+		len(k[events.KindConformanceDrain]) != 1 || len(k[events.KindConformanceUndrain]) != 0 {
+		t.Fatalf("9 complete: actions %v, want the straggler %s drifted and drained, nobody awaiting approval", out.Actions, straggler)
 	}
 }
 
