@@ -98,8 +98,9 @@ type Config struct {
 	NVSwitchAudit string `toml:"nvswitch_audit"`
 	FMPM          string `toml:"fmpm"`
 	// InProgressTimeout is how long a GPU's fabric registration may stay
-	// In Progress / Not Started after FM started before it is reported
-	// (default 5m).
+	// In Progress / Not Started after FM started (a GPU that registered
+	// in this FM run and re-registers, after a reset: after it was first
+	// seen so) before it is reported (default 5m).
 	InProgressTimeout time.Duration `toml:"in_progress_timeout"`
 	// BootGrace is how long after boot (/proc/stat btime) an FM unit
 	// that systemd has not started yet this boot is not reported as
