@@ -257,8 +257,10 @@ type Check struct {
 	journalCursor string
 	journalRead   bool
 	lastTopology  time.Time
-	bootID        string
-	saved         []byte
+	// fmpmWarned: when a missing fmpm was last logged.
+	fmpmWarned time.Time
+	bootID     string
+	saved      []byte
 }
 
 // New returns the fabric check.
@@ -275,6 +277,9 @@ func New(cfg Config) (*Check, error) {
 	c.resume()
 	return c, nil
 }
+
+// fmpmWarnEvery is how often a missing fmpm is logged.
+const fmpmWarnEvery = time.Hour
 
 // journalCopySlack is how much later than the FM log's newest line a
 // journal copy of an FM line may be dated and still be taken for the
@@ -472,7 +477,20 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 			}
 		}
 		if s.Config != nil && s.Config.FabricMode > 0 {
-			if out, err := c.run(ctx, c.cfg.FMPM, "-l"); err == nil && out != nil {
+			// Shared NVSwitch / vGPU mode: without the partitions the
+			// reachability matrix is not judged (auditConds), so a failing
+			// fmpm fails the check and a missing one is warned of.
+			out, err := c.run(ctx, c.cfg.FMPM, "-l")
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case out == nil:
+				if c.fmpmWarned.IsZero() || now.Sub(c.fmpmWarned) >= fmpmWarnEvery {
+					c.fmpmWarned = now
+					c.log.Warn("fabric: fmpm not installed in Shared NVSwitch / vGPU mode: partitions unknown, nvswitch-audit reachability not checked",
+						"fmpm", c.cfg.FMPM, "fabric_mode", s.Config.FabricMode)
+				}
+			default:
 				if p, err := ParsePartitions(string(out)); err == nil {
 					s.Partitions = p
 				} else {
