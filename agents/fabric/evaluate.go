@@ -1001,6 +1001,13 @@ func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 		e.clearStale(o, "nvlsm", t)
 		return
 	}
+	if ll.Replayed && !ll.Time.IsZero() && ll.Time.Before(e.bootStart) {
+		// A line of an earlier boot in the replayed tail (no usable saved
+		// position): its FM run is over, the reboot reset the NVSwitches
+		// and GPUs; its markers above still tell the runs apart, its
+		// faults are not raised on this boot (as past drops its SXids).
+		return
+	}
 	refs := refsOf(ll.Msg)
 	meta := map[string]string{"log_line": ll.Raw, "log_source": ll.Source, "catalog_id": r.ID, "platform": e.platform.Name, "fabric_mode": e.mode()}
 	var ents []*datamodels.Entity
