@@ -98,8 +98,9 @@ type Config struct {
 	NVSwitchAudit string `toml:"nvswitch_audit"`
 	FMPM          string `toml:"fmpm"`
 	// InProgressTimeout is how long a GPU's fabric registration may stay
-	// In Progress / Not Started after FM started before it is reported
-	// (default 5m).
+	// In Progress / Not Started after FM started (a GPU that registered
+	// in this FM run and re-registers, after a reset: after it was first
+	// seen so) before it is reported (default 5m).
 	InProgressTimeout time.Duration `toml:"in_progress_timeout"`
 	// BootGrace is how long after boot (/proc/stat btime) an FM unit
 	// that systemd has not started yet this boot is not reported as
@@ -256,8 +257,10 @@ type Check struct {
 	journalCursor string
 	journalRead   bool
 	lastTopology  time.Time
-	bootID        string
-	saved         []byte
+	// fmpmWarned: when a missing fmpm was last logged.
+	fmpmWarned time.Time
+	bootID     string
+	saved      []byte
 }
 
 // New returns the fabric check.
@@ -274,6 +277,9 @@ func New(cfg Config) (*Check, error) {
 	c.resume()
 	return c, nil
 }
+
+// fmpmWarnEvery is how often a missing fmpm is logged.
+const fmpmWarnEvery = time.Hour
 
 // journalCopySlack is how much later than the FM log's newest line a
 // journal copy of an FM line may be dated and still be taken for the
@@ -471,7 +477,20 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 			}
 		}
 		if s.Config != nil && s.Config.FabricMode > 0 {
-			if out, err := c.run(ctx, c.cfg.FMPM, "-l"); err == nil && out != nil {
+			// Shared NVSwitch / vGPU mode: without the partitions the
+			// reachability matrix is not judged (auditConds), so a failing
+			// fmpm fails the check and a missing one is warned of.
+			out, err := c.run(ctx, c.cfg.FMPM, "-l")
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case out == nil:
+				if c.fmpmWarned.IsZero() || now.Sub(c.fmpmWarned) >= fmpmWarnEvery {
+					c.fmpmWarned = now
+					c.log.Warn("fabric: fmpm not installed in Shared NVSwitch / vGPU mode: partitions unknown, nvswitch-audit reachability not checked",
+						"fmpm", c.cfg.FMPM, "fabric_mode", s.Config.FabricMode)
+				}
+			default:
 				if p, err := ParsePartitions(string(out)); err == nil {
 					s.Partitions = p
 				} else {

@@ -169,6 +169,23 @@ func (e *Evaluator) auditConds(s *Snapshot) []cond {
 	expected := map[int]int{} // physical id → links
 	allowed := func(x, y int) bool { return true }
 	parts := s.Partitions
+	// In Shared NVSwitch and vGPU modes only the GPUs of an active
+	// partition are routed to each other: the matrix's zeros between
+	// partitions are normal. Without fmpm's partition list (fmpm missing
+	// or failing) they cannot be told from missing routes, nor a route
+	// from a breach: nothing is judged, and an isolation breach found
+	// while the partitions were known stands (missing and short routes
+	// are not reported on a matrix that cannot say).
+	partitioned := e.mode() != ModeBareMetal
+	if partitioned && parts == nil {
+		var cs []cond
+		for k := range e.bad {
+			if key, ok := strings.CutPrefix(k, "audit|breach|"); ok {
+				cs = append(cs, e.standing("audit", "breach|"+key)...)
+			}
+		}
+		return cs
+	}
 	if parts != nil {
 		member := map[int][]int{} // physical id → active partitions
 		for _, p := range parts.Partitions {

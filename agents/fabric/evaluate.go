@@ -103,7 +103,9 @@ type EvalConfig struct {
 	Platform string
 	// InProgressTimeout: how long a GPU's fabric registration may stay In
 	// Progress / Not Started after FM started (or after the check first
-	// saw it) before it is reported (default 5m).
+	// saw it; for a GPU that registered in this FM run and re-registers,
+	// a GPU reset, after it was first seen so) before it is reported
+	// (default 5m).
 	InProgressTimeout time.Duration
 	// Service is the FM unit name, for messages.
 	Service string
@@ -124,7 +126,14 @@ type Evaluator struct {
 	bad     map[string]*datamodels.HealthEvent
 	stale   map[string]bool // fmrun conditions of the previous FM run, not yet seen again
 	pending map[string]time.Time
-	counter map[string]float64
+	// registered are the GPUs seen Completed in the current FM run
+	// (runSince: the unit's ActiveSince it began at): one of them back In
+	// Progress (a GPU reset) is timed from when it was first seen so, not
+	// from FM's start. Not kept across a restart of the agent (nor is
+	// pending): after one, a GPU re-registering is timed from FM's start.
+	registered map[string]bool
+	runSince   time.Time
+	counter    map[string]float64
 
 	// sticky context
 	platform   PlatformInfo
@@ -189,7 +198,7 @@ func NewEvaluator(cfg EvalConfig) (*Evaluator, error) {
 		return nil, fmt.Errorf("fabric.platform: %q is not auto, a100, h100 or b200", cfg.Platform)
 	}
 	return &Evaluator{cfg: cfg, cat: cfg.Catalog, bad: map[string]*datamodels.HealthEvent{}, stale: map[string]bool{}, pending: map[string]time.Time{},
-		counter: map[string]float64{}, platform: PlatformInfo{NVSwitches: -1, PCISwitches: -1, NVLinkBridges: -1, GPUs: -1},
+		registered: map[string]bool{}, counter: map[string]float64{}, platform: PlatformInfo{NVSwitches: -1, PCISwitches: -1, NVLinkBridges: -1, GPUs: -1},
 		gpuByUUID: map[string]*GPUFabric{}, gpuByMod: map[int]*GPUFabric{}, gpuPCIs: map[string]bool{}}, nil
 }
 
@@ -388,6 +397,11 @@ func (e *Evaluator) learn(s *Snapshot) {
 		e.fmRunning = s.Service.Running()
 		if !s.Service.ActiveSince.IsZero() && s.Service.Running() {
 			e.fmStart = s.Service.ActiveSince
+			if !e.runSince.Equal(s.Service.ActiveSince) {
+				// A new FM run: its GPUs register again.
+				e.runSince = s.Service.ActiveSince
+				clear(e.registered)
+			}
 		}
 	}
 }
@@ -974,6 +988,7 @@ func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 		if !t.IsZero() {
 			e.fmStart = t
 		}
+		clear(e.registered)
 		e.markStale("fmrun")
 		return
 	case "fm_ready":
@@ -984,6 +999,13 @@ func (e *Evaluator) logLine(o *out, s *Snapshot, ll LogLine) {
 	case "nvlsm_ready":
 		e.markStale("nvlsm")
 		e.clearStale(o, "nvlsm", t)
+		return
+	}
+	if ll.Replayed && !ll.Time.IsZero() && ll.Time.Before(e.bootStart) {
+		// A line of an earlier boot in the replayed tail (no usable saved
+		// position): its FM run is over, the reboot reset the NVSwitches
+		// and GPUs; its markers above still tell the runs apart, its
+		// faults are not raised on this boot (as past drops its SXids).
 		return
 	}
 	refs := refsOf(ll.Msg)
@@ -1376,6 +1398,7 @@ func (e *Evaluator) gpuConds(s *Snapshot) []cond {
 		switch st {
 		case "completed":
 			delete(e.pending, id)
+			e.registered[id] = true
 			if !strings.EqualFold(g.Status, "Success") {
 				m := clone(meta)
 				m["recovery"] = "Restart the FM service and the host; if the GPU keeps failing registration, RMA it or inspect the NVLink connections (FM guide, Table 17)."
@@ -1393,7 +1416,10 @@ func (e *Evaluator) gpuConds(s *Snapshot) []cond {
 				e.pending[id] = first
 			}
 			since, from := first, "first seen"
-			if !e.fmStart.IsZero() && e.fmRunning && e.fmStart.Before(since) {
+			if !e.fmStart.IsZero() && e.fmRunning && e.fmStart.Before(since) && !e.registered[id] {
+				// Never registered in this FM run: FM has been at it
+				// since its start. One that registered and is at it again
+				// (a GPU reset) is timed from then.
 				since, from = e.fmStart, "FM start-up"
 			}
 			if s.Now.Sub(since) > e.cfg.InProgressTimeout {

@@ -208,3 +208,65 @@ func TestGPUAbsentAfterRebootClears(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUReRegistrationTimedFromItsReset: a GPU that completed its fabric
+// registration in this FM run and goes back to In Progress (a GPU reset,
+// the FM guide's recovery of a fatal SXid on an access port) is timed from
+// when it was first seen In Progress again, not from FM's start (hours
+// ago): a brief re-registration is not a probe timeout. A GPU that never
+// completed in this FM run, or one of a new FM run, is timed from FM's
+// start.
+func TestGPUReRegistrationTimedFromItsReset(t *testing.T) {
+	const gpu2 = "GPU-d100d100-0000-0000-0000-000000000002"
+	const timeout = "GPUFabricState:FABRIC-PROBE-TIMEOUT:fatal@" + gpu2
+	registering := strings.ReplaceAll(testdata(t, "smi/h100-560-layout.txt"), "Degraded", "Full") // GPU 3A:00.0 In Progress, N/A
+	// FM restarted at 11:00:01, twenty minutes before the last step's poll.
+	restarted := strings.Replace(showActive, "10:00:01", "11:00:01", 1)
+	type step struct {
+		advance time.Duration
+		smi     string
+		show    string
+		want    string
+		source  string // the timeout's pending_since_source
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"reset after registration: timed from the reset", []step{
+			{advance: 30 * time.Second, smi: healthySMI(t)},
+			{advance: 30 * time.Second, smi: registering},
+			{advance: 2 * time.Minute, smi: registering},
+			{advance: 30 * time.Second, smi: healthySMI(t)},
+			{advance: time.Hour, smi: registering},
+			{advance: 6 * time.Minute, smi: registering, want: timeout, source: "first seen"},
+		}},
+		{"never registered in this FM run: timed from FM's start", []step{
+			{advance: 30 * time.Second, smi: registering, want: timeout, source: "FM start-up"},
+		}},
+		{"registered in a previous FM run: timed from this run's start", []step{
+			{advance: 30 * time.Second, smi: healthySMI(t)},
+			{advance: 50 * time.Minute, smi: registering, show: restarted, want: timeout, source: "FM start-up"},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := h100Node(t, nil)
+			for i, st := range tc.steps {
+				n.r.out["systemctl show"] = showActive
+				if st.show != "" {
+					n.r.out["systemctl show"] = st.show
+				}
+				n.r.out["nvidia-smi -q"] = st.smi
+				evs := n.poll(st.advance)
+				if got := shortsOf(evs, CheckState); got != st.want {
+					t.Fatalf("poll %d: %q\nwant %q", i, got, st.want)
+				}
+				for _, ev := range evs {
+					if ev.CheckName == CheckState && ev.Metadata["pending_since_source"] != st.source {
+						t.Fatalf("poll %d: pending since %q (%s), want %q", i, ev.Metadata["pending_since_source"], ev.Metadata["pending_since"], st.source)
+					}
+				}
+			}
+		})
+	}
+}
