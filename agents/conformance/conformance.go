@@ -480,7 +480,8 @@ func (c *Check) Collect(ctx context.Context) map[string]string {
 //     and SYSAPPEND's SYSUUID=, SYSSERIAL=, MBSERIAL= and MBASSET=,
 //     hostname= and systemd.hostname=, any hardware address of 6 to 20
 //     octets as one "*" (an Ethernet MAC, an IPoIB address; dracut's
-//     ifname=, ip='s macaddr: maskHardwareAddrs), and the client address
+//     ifname=: maskHardwareAddrs; ip='s macaddr, by its position, also
+//     after an empty MTU: ipMacaddr), and the client address
 //     and hostname of a static ip= (the kernel's and dracut's
 //     <client>:<server>:<gateway>:<netmask>:
 //     <hostname>:<device>:<autoconf>…, however many fields are given, as
@@ -516,7 +517,7 @@ func bootParams(args []string, ignore []string) string {
 				val = "*"
 			}
 		case key == "ip":
-			val = maskHardwareAddrs(staticIP(val))
+			val = maskHardwareAddrs(ipMacaddr(staticIP(val)))
 		default:
 			val = maskHardwareAddrs(val)
 		}
@@ -541,19 +542,7 @@ var maskedParams = []string{
 // (field 4) written "*"; an address in brackets (IPv6) is one field.
 // Another form (ip=dhcp, ip=eth0:dhcp) is kept.
 func staticIP(val string) string {
-	var f []string
-	for rest := val; ; {
-		end := 0
-		if strings.HasPrefix(rest, "[") {
-			end = max(strings.IndexByte(rest, ']'), 0)
-		}
-		i := strings.IndexByte(rest[end:], ':')
-		if i < 0 {
-			f = append(f, rest)
-			break
-		}
-		f, rest = append(f, rest[:end+i]), rest[end+i+1:]
-	}
+	f := ipFields(val)
 	client := strings.TrimSuffix(strings.TrimPrefix(f[0], "["), "]")
 	if f[0] != "" && net.ParseIP(client) == nil {
 		return val
@@ -565,6 +554,47 @@ func staticIP(val string) string {
 	}
 	return strings.Join(f, ":")
 }
+
+// ipFields is an ip= value split at its colons; an address in brackets
+// (IPv6) is one field. Joined with ":" they are the value again.
+func ipFields(val string) []string {
+	var f []string
+	for rest := val; ; {
+		end := 0
+		if strings.HasPrefix(rest, "[") {
+			end = max(strings.IndexByte(rest, ']'), 0)
+		}
+		i := strings.IndexByte(rest[end:], ':')
+		if i < 0 {
+			return append(f, rest)
+		}
+		f, rest = append(f, rest[:end+i]), rest[end+i+1:]
+	}
+}
+
+// ipMacaddr is an ip= value with dracut's <macaddr> written "*", found as
+// dracut finds it: after <autoconf>:[<mtu>]: of
+// ip=<interface>:<autoconf>[:[<mtu>][:<macaddr>]] (autoconf dhcp, on,
+// any, dhcp6, auto6, either6 or link6) and of
+// ip=<client>:[<peer>]:<gateway>:<netmask>:<hostname>:<interface>:
+// <autoconf>[:[<mtu>][:<macaddr>]]. An empty MTU puts "::" before it,
+// which is no IPv6 address (maskHardwareAddrs keeps what is beside "::").
+// The rest must be a hardware address (6 to 20 octets): the DNS form,
+// ...:<autoconf>:<dns1>:<dns2>, is kept.
+func ipMacaddr(val string) string {
+	f := ipFields(val)
+	at := 8
+	if len(f) > 1 && slices.Contains([]string{"dhcp", "on", "any", "dhcp6", "auto6", "either6", "link6"}, f[1]) {
+		at = 3
+	}
+	if len(f) <= at || !wholeHardwareAddr.MatchString(strings.Join(f[at:], ":")) {
+		return val
+	}
+	return strings.Join(append(f[:at], "*"), ":")
+}
+
+// wholeHardwareAddr is a value that is one hardwareAddr.
+var wholeHardwareAddr = regexp.MustCompile(`(?i)^[0-9a-f]{2}(?:[:-][0-9a-f]{2}){5,19}$`)
 
 // hardwareAddr is a link-layer address written with colons or dashes:
 // 6 (Ethernet MAC) to 20 octets (IPoIB: QPN and GID).

@@ -587,6 +587,16 @@ func TestBootParamsNetbootForms(t *testing.T) {
 			"ip=10.0.0.5::10.0.0.1:255.255.255.0:gpu-005:ib0:none:2044:80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:12:34:56 ro",
 			"ip=10.0.0.6::10.0.0.1:255.255.255.0:gpu-006:ib0:none:2044:80:00:02:09:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:ab:cd:ef ro",
 			"ip=10.0.0.5::10.0.0.1:255.255.255.0:gpu-005:ib0:none:65520:80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:12:34:56 ro"},
+		// dracut's macaddr after an empty MTU ("::" before it): masked
+		// as well, in the short and in the static form.
+		{"ip= macaddr, no MTU",
+			"ip=eth0:dhcp::52:54:00:12:34:56 ro",
+			"ip=eth0:dhcp::52:54:00:12:34:57 ro",
+			"ip=eth0:dhcp6::52:54:00:12:34:56 ro"},
+		{"static ip= macaddr, no MTU",
+			"ip=10.0.0.5::10.0.0.1:255.255.255.0:gpu-005:eth0:none::52:54:00:12:34:56 ro",
+			"ip=10.0.0.6::10.0.0.1:255.255.255.0:gpu-006:eth0:none::52:54:00:12:34:57 ro",
+			"ip=10.0.0.5::10.0.0.1:255.255.255.0:gpu-005:eth0:none:9000:52:54:00:12:34:56 ro"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if a, b := bp(tc.a), bp(tc.b); a != b {
@@ -612,6 +622,19 @@ func TestBootParamsNetbootForms(t *testing.T) {
 		"ip=[fd00::5]::[fd00::12:34:56:78:9a:bc]:64::eth0:none":                  "ip=*::[fd00::12:34:56:78:9a:bc]:64::eth0:none",
 		"ipv6.gw=fd00::12:34:56:78:9a:bc":                                        "ipv6.gw=fd00::12:34:56:78:9a:bc",
 		"ipv6.gw=12:34:56:78:9a:bc::1":                                           "ipv6.gw=12:34:56:78:9a:bc::1",
+		// dracut's macaddr is masked by its position, after
+		// <autoconf>:[<mtu>]:, also when the MTU is empty ("::" before
+		// it is no IPv6 address): the short and the static form.
+		"ip=eth0:dhcp::52:54:00:12:34:56":                                                                                       "ip=eth0:dhcp::*",
+		"ip=eth0:dhcp:9000:52:54:00:12:34:56":                                                                                   "ip=eth0:dhcp:9000:*",
+		"ip=10.0.0.5::10.0.0.1:255.255.255.0:gpu-005:eth0:none::52:54:00:12:34:56":                                              "ip=*::10.0.0.1:255.255.255.0:*:eth0:none::*",
+		"ip=::10.0.0.1:255.255.255.0::eth0:none::52:54:00:12:34:56":                                                             "ip=::10.0.0.1:255.255.255.0::eth0:none::*",
+		"ip=[fd00::5]::[fd00::1]:64::eth0:none::52:54:00:12:34:56":                                                              "ip=*::[fd00::1]:64::eth0:none::*",
+		"ip=ib0:dhcp::80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:12:34:56":                                              "ip=ib0:dhcp::*",
+		"ip=10.0.0.5::10.0.0.1:255.255.255.0:gpu-005:ib0:none::80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:12:34:56":     "ip=*::10.0.0.1:255.255.255.0:*:ib0:none::*",
+		"ip=10.0.0.5::10.0.0.1:255.255.255.0:gpu-005:ib0:none:2044:80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:12:34:56": "ip=*::10.0.0.1:255.255.255.0:*:ib0:none:2044:*",
+		// The DNS form keeps its servers.
+		"ip=10.0.0.5::10.0.0.1:255.255.255.0::eth0:none:10.0.0.53:10.0.0.54": "ip=*::10.0.0.1:255.255.255.0::eth0:none:10.0.0.53:10.0.0.54",
 	} {
 		if got := bp(in); got != want {
 			t.Errorf("bootParams(%q) = %q, want %q", in, got, want)
