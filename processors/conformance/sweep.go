@@ -204,18 +204,35 @@ type group struct {
 type tally struct {
 	members  int            // the group's nodes
 	complete int            // those with a fresh complete report
+	partial  int            // those with a fresh partial report
 	agree    map[string]int // fresh complete reports by fingerprint
 }
 
 func tallyOf(in []ic.Member) tally {
 	t := tally{members: len(in), agree: map[string]int{}}
 	for _, m := range in {
-		if m.Report != nil && !m.Report.Partial {
+		switch {
+		case m.Report == nil:
+		case m.Report.Partial:
+			t.partial++
+		default:
 			t.complete++
 			t.agree[m.Report.Fingerprint]++
 		}
 	}
 	return t
+}
+
+// tooFewReports: an undecided group would have a strict majority if its
+// nodes without a fresh complete report (silent, or partial) held its
+// most common fingerprint; a tie of nodes all reporting complete, or a
+// split they could not end, is not for want of reports.
+func (t tally) tooFewReports() bool {
+	top := 0
+	for _, c := range t.agree {
+		top = max(top, c)
+	}
+	return t.complete < t.members && 2*(top+t.members-t.complete) > t.members
 }
 
 // undecided is the verdicts of a group judged against nobody.
@@ -348,7 +365,8 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 	for _, m := range members {
 		perPool[m.group.pool]++
 	}
-	var alone []string // hardware groups of one in a pool of more, without a baseline
+	var alone []string   // hardware groups of one in a pool of more, without a baseline
+	var unheard []string // groups undecided for want of fresh complete reports
 	for _, g := range order {
 		ms := groups[g]
 		in := make([]ic.Member, len(ms))
@@ -383,6 +401,9 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 			alone = append(alone, g.key(cluster))
 		}
 		t := tallyOf(in)
+		if !g.incomplete && len(verdicts) > 0 && verdicts[0].Expected == "" && t.tooFewReports() {
+			unheard = append(unheard, fmt.Sprintf("%s (%d/%d complete, %d partial)", g.key(cluster), t.complete, t.members, t.partial))
+		}
 		for i, v := range verdicts {
 			if err := s.reconcile(ctx, cl, cluster, g, t, ms[i], v, now, cache, &out); err != nil {
 				s.log.Warn("conformance: node not reconciled", "cluster", cluster, "node", v.Node, "err", err)
@@ -399,6 +420,19 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 		}
 		s.log.Info("conformance: hardware groups of one not judged: each node is its own majority",
 			"cluster", cluster, "groups", len(alone), "first", strings.Join(shown, " "))
+	}
+	if len(unheard) > 0 {
+		// Once per sweep: a group is judged only when more than half of
+		// all its nodes report the same fingerprint fresh and complete;
+		// until then its drift is not detected (nodes rebooting, their
+		// driver not loaded yet; agents down; nodes running no agent in
+		// a pool of nodes that do), and nothing else says so.
+		shown := unheard
+		if len(shown) > 10 {
+			shown = shown[:10]
+		}
+		s.log.Info("conformance: groups undecided: too few fresh complete reports for a majority of their nodes, drift not detected",
+			"cluster", cluster, "groups", len(unheard), "first", strings.Join(shown, "; "))
 	}
 	s.forgetDry(cluster, members, s.live(cl))
 	return out, nil

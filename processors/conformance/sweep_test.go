@@ -590,7 +590,8 @@ func TestStragglerDecidesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sw := NewSweeper(testConfig(), e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+	var logs bytes.Buffer
+	sw := NewSweeper(testConfig(), e.s.Conn, e.reg, slog.New(slog.NewTextHandler(&logs, nil)), e.clk.Now, nil)
 	newImage := func() map[string]string {
 		c := comps("")
 		c["kernel"] = "6.8.0-50-generic"
@@ -604,6 +605,14 @@ func TestStragglerDecidesNothing(t *testing.T) {
 	if out := e.sweep(t, sw, "9 partial"); len(out.Actions) != 0 || len(out.Events) != 0 {
 		t.Fatalf("9 partial, 1 complete: actions %v, events %v, want none", out.Actions, out.Events)
 	}
+	// The operator is told the pool is not judged, and why: once per
+	// sweep, naming the group and how many of its nodes reported complete.
+	const undecidedLog = "groups undecided: too few fresh complete reports"
+	want := fmt.Sprintf("groups=1 first=\"%s (1/10 complete, 9 partial)\"", e.cluster)
+	if got := strings.Count(logs.String(), undecidedLog); got != 1 || !strings.Contains(logs.String(), want) {
+		t.Fatalf("%d logs of groups undecided for missing reports, want 1 with %s:\n%s", got, want, logs.String())
+	}
+	logs.Reset()
 	e.clk.Add(5 * time.Minute)
 	for i := 2; i <= 10; i++ {
 		store(t, e.h, record(t, e.cluster, fmt.Sprintf("%s-n%d", e.cluster, i), newImage(), e.clk.Now()))
@@ -613,6 +622,9 @@ func TestStragglerDecidesNothing(t *testing.T) {
 	if len(k[events.KindConformanceDrift]) != 1 || k[events.KindConformanceDrift][0].Node != straggler ||
 		len(k[events.KindConformanceDrain]) != 1 || len(k[events.KindConformanceUndrain]) != 0 {
 		t.Fatalf("9 complete: actions %v, want the straggler %s drifted and drained, nobody awaiting approval", out.Actions, straggler)
+	}
+	if strings.Contains(logs.String(), undecidedLog) {
+		t.Fatalf("decided group logged as undecided:\n%s", logs.String())
 	}
 }
 
@@ -693,5 +705,27 @@ func TestMissingHardwareLabelIsUndecided(t *testing.T) {
 	// The operator is told why the node is not judged, once for its group.
 	if got := strings.Count(logs.String(), "nodes not judged"); got != 1 || !strings.Contains(logs.String(), "nodes=1 missing_labels=nvidia.com/gpu.product") {
 		t.Fatalf("label gone: %d not-judged logs, want 1 naming nvidia.com/gpu.product:\n%s", got, logs.String())
+	}
+}
+
+// TestTooFewReports: a group is listed as undecided for want of reports
+// only when its nodes without a fresh complete report could make a
+// majority; a tie of nodes all reporting, or a split they cannot end, is
+// not.
+func TestTooFewReports(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		t    tally
+		want bool
+	}{
+		{"straggler, 9 partial", tally{members: 10, complete: 1, partial: 9, agree: map[string]int{"a": 1}}, true},
+		{"all silent", tally{members: 3, agree: map[string]int{}}, true},
+		{"tie, all complete", tally{members: 10, complete: 10, agree: map[string]int{"a": 5, "b": 5}}, false},
+		{"split one silent cannot end", tally{members: 10, complete: 9, agree: map[string]int{"a": 4, "b": 4, "c": 1}}, false},
+		{"split one silent ends", tally{members: 10, complete: 9, agree: map[string]int{"a": 5, "b": 4}}, true},
+	} {
+		if got := tc.t.tooFewReports(); got != tc.want {
+			t.Errorf("%s: tooFewReports = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
