@@ -463,8 +463,10 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 	// devices it holds (cardBaselineSets).
 	cards := c.cards()
 	anomalous := map[string]bool{}
+	peers := map[Role]*peerSlots{}
 	for _, grp := range groupByRole(cards) {
 		mode := modeActive(grp)
+		peers[grp[0].role] = c.peerSlotsAt(grp, mode)
 		// peersUp: the fewest ports active or on their way up of a card
 		// at peer mode. A card below it even counting its own ports on
 		// their way up as active is short of a port hard down (DOWN and
@@ -582,11 +584,18 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 				// A port held with its card by a first poll is reported
 				// with the card, once it is reported; on a first poll,
 				// and after one while its card is still held down, it
-				// stays held.
+				// stays held. One down as the same port is on most of
+				// the peers at mode (uncabled there too) is no fault of
+				// its card: once the card is reported it is saved as an
+				// uncabled port, as on a card at mode, and not reported
+				// (nothing would lift that fault when the card is back).
 				_, below := anomalous[cardKey(n)]
 				report := anomalous[cardKey(n)] || inherited[key]
 				if prev != nil && prev.Held {
 					report = c.st.AnomalousCards[cardKey(n)] != nil || inherited[key]
+					if report && !inherited[key] && !peers[n.Role].active(n, p) {
+						report, below = false, false
+					}
 				}
 				hold := below && !report && (c.fresh || prev != nil && prev.Held)
 				if ev := c.transition(n, p, prev, report, hold); ev != nil {
@@ -774,6 +783,7 @@ func (c *Check) retireDisabled(emit func(*datamodels.HealthEvent)) {
 			}
 			ps.Counters, ps.Breached = nil, nil
 		}
+		ps.Held = ps.Held && c.stateOn(ps.LinkLayer) // held, never reported: nothing to clear
 		if ps.Level == "" && !ps.Held && len(ps.Counters) == 0 {
 			delete(c.st.Ports, key)
 		}
@@ -1143,6 +1153,52 @@ func (c *Check) cards() map[string]*card {
 		delete(out, addr)
 	}
 	return out
+}
+
+// peerSlots are the cards of a role group at its peer mode: how many, and
+// per port slot (portSlot), how many of them have that port active.
+type peerSlots struct {
+	cards int
+	up    map[string]int
+}
+
+// peerSlotsAt counts the port slots active on the cards of grp at mode.
+func (c *Check) peerSlotsAt(grp []*card, mode int) *peerSlots {
+	ps := &peerSlots{up: map[string]int{}}
+	for _, cd := range grp {
+		if cd.active < mode {
+			continue
+		}
+		ps.cards++
+		for _, name := range cd.devices {
+			n := c.nics[name]
+			for i := range n.Ports {
+				if p := &n.Ports[i]; p.ReadError == "" {
+					if lvl, _, _ := evaluate(p); lvl == levelHealthy {
+						ps.up[portSlot(n, p.Port)]++
+					}
+				}
+			}
+		}
+	}
+	return ps
+}
+
+// active reports whether port p of n is active on most cards at peer
+// mode (false: down there too, an uncabled port of every card).
+func (ps *peerSlots) active(n *NIC, p *Port) bool {
+	return ps != nil && 2*ps.up[portSlot(n, p.Port)] > ps.cards
+}
+
+// portSlot names a port by its place on its card, the same on each card
+// of a kind: its PCI function ("0" when unknown: a card of its own) and
+// port number.
+func portSlot(n *NIC, port uint) string {
+	fn := "0"
+	if i := strings.LastIndexByte(n.PCIAddress, '.'); i >= 0 {
+		fn = n.PCIAddress[i+1:]
+	}
+	return fn + "/" + strconv.FormatUint(uint64(port), 10)
 }
 
 func groupByRole(cards map[string]*card) [][]*card {

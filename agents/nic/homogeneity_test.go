@@ -282,6 +282,34 @@ func TestHeldPortReportedWithItsCard(t *testing.T) {
 				wantEvents(t, "steady", stateOf(tick()), nil)
 			}
 		})
+		for _, uncabled := range []string{nictest.Disabled, nictest.Polling} {
+			t.Run(tc.name+", still down, uncabled port "+strings.SplitN(uncabled, " ", 2)[1]+" held with it", func(t *testing.T) {
+				// Each card's second port uncabled (DOWN and Disabled or
+				// Polling on every card): down as on the peers at mode,
+				// it is no fault of the card held down either, not
+				// reported with it — a fault nothing would ever lift once
+				// port 1 comes up.
+				p := small()
+				for i := range p.Devices {
+					p.Devices[i].Ports = append(p.Devices[i].Ports, nictest.Port{LinkLayer: p.Devices[i].Ports[0].LinkLayer, State: nictest.Down, PhysState: uncabled})
+				}
+				e := setup(t, p)
+				must(t, e.tree.SetPort("mlx5_0", 1, tc.state, tc.phys))
+				_, tick := e.clockedCheck(step)
+				wantEvents(t, "first poll, held down", stateOf(tick()), nil)
+				wantEvents(t, "held down", stateOf(tick()), nil)
+				wantEvents(t, "past the hold-down", stateOf(tick()), []string{card, tc.port})
+				wantEvents(t, "steady", stateOf(tick()), nil)
+				must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+				wantEvents(t, "up", stateOf(tick()), []string{
+					"H InfiniBandStateCheck: Card 0000:10:00 (compute) has 1 active ports, back at peer mode 1",
+					"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+				})
+				for range 3 {
+					wantEvents(t, "steady", stateOf(tick()), nil)
+				}
+			})
+		}
 		t.Run(tc.name+", restarted mid-hold-down", func(t *testing.T) {
 			e := setup(t, small())
 			must(t, e.tree.SetPort("mlx5_0", 1, tc.state, tc.phys))

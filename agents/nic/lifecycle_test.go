@@ -234,6 +234,25 @@ func TestDisabledSubCheckFaultsCleared(t *testing.T) {
 	wantEvents(t, "steady", poll(t, c), nil)
 }
 
+// TestDisabledStateCheckForgetsHeldPort: a port held with its card by a
+// first poll (never reported) is forgotten by a restart without its
+// state and degradation checks, as a port reported would be.
+func TestDisabledStateCheckForgetsHeldPort(t *testing.T) {
+	e := setup(t, small())
+	must(t, e.tree.SetPort("mlx5_0", 1, nictest.Init, nictest.LinkUp))
+	c := e.check()
+	poll(t, c)
+	if ps := c.st.Ports[portKey("mlx5_0", 1)]; ps == nil || !ps.Held {
+		t.Fatalf("first poll: port not held: %+v", ps)
+	}
+	e.cfg.Checks = []string{EthernetStateCheck, EthernetDegradationCheck}
+	c = e.check()
+	wantEvents(t, "restart", poll(t, c), nil)
+	if ps := c.st.Ports[portKey("mlx5_0", 1)]; ps != nil {
+		t.Errorf("restart without the IB checks: port kept: %+v", ps)
+	}
+}
+
 // TestCounterAcrossRestartOnLaterPoll: a port first read on a later poll
 // of a restarted process (unreadable on its first) compares with the
 // earlier process's snapshot: an increase while no agent ran is one down
