@@ -198,6 +198,9 @@ type trigger struct {
 	check    string
 	atMS     int64
 	recvMS   int64 // the trigger's receivedTimestamp (item.recvMS); 0: atMS
+	// ownMS is the trigger's own time where prepare judges it after its
+	// group's recovery (atMS moved past it); 0: atMS.
+	ownMS    int64
 	sourceID string
 	dnode    string // node of the derived event
 	dentity  string // entity key of the derived event
@@ -230,6 +233,7 @@ type prior struct {
 	// outputs failed to be produced re-emits the same derived event
 	// instead of taking its own unproduced output for the standing state.
 	trig   string
+	trigMS int64 // the own time (trigger.own) of the event trig
 	before *prior
 }
 
@@ -586,6 +590,16 @@ func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 		case !standing && (r.SweepOnset && !t.fromSweep || t.recoverOnly):
 		default:
 			what[i] = evaluate
+			if has && !t.fromSweep && t.atMS <= p.tMS {
+				// A late trigger (generated before its group's recovery,
+				// which is at the sweep's clock; arrived after it: a
+				// spool replayed, an agent's clock behind) is judged just
+				// after the recovery: its window still holds it, and a
+				// verdict it starts sorts after the recovery. Judged at
+				// its own time, it could start none, and nothing after
+				// it judged its window again.
+				trigs[i].ownMS, trigs[i].atMS = t.atMS, p.tMS+1
+			}
 		}
 	}
 	var suppressed map[string]string
@@ -619,13 +633,21 @@ func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 // before, and so re-emits the same derived event.
 func priorFor(priors map[string]prior, t trigger) (prior, bool) {
 	p, has := priors[t.groupKey()]
-	if has && p.trig != "" && p.trig == t.sourceID && p.tMS == t.atMS {
+	if has && p.trig != "" && p.trig == t.sourceID && p.trigMS == t.own() {
 		if p.before == nil {
 			return prior{}, false
 		}
 		return *p.before, true
 	}
 	return p, has
+}
+
+// own is the trigger's own time (ownMS).
+func (t trigger) own() int64 {
+	if t.ownMS != 0 {
+		return t.ownMS
+	}
+	return t.atMS
 }
 
 func (t trigger) groupKey() string { return t.cluster + "\x00" + t.dnode + "\x00" + t.dentity }
@@ -705,7 +727,7 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 			continue
 		}
 		em.id = DerivedID(r.Name, t.cluster, t.dnode, t.dentity, p.id, em.healthy)
-		np := prior{id: em.id, healthy: em.healthy, tMS: t.atMS, mode: em.mode, seen: h.now(), trig: t.sourceID}
+		np := prior{id: em.id, healthy: em.healthy, tMS: t.atMS, mode: em.mode, seen: h.now(), trig: t.sourceID, trigMS: t.own()}
 		if has {
 			b := p
 			b.before = nil
