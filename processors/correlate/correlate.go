@@ -26,6 +26,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -197,6 +198,9 @@ type trigger struct {
 	check    string
 	atMS     int64
 	recvMS   int64 // the trigger's receivedTimestamp (item.recvMS); 0: atMS
+	// ownMS is the trigger's own time where prepare judges it after its
+	// group's recovery (atMS moved past it); 0: atMS.
+	ownMS    int64
 	sourceID string
 	dnode    string // node of the derived event
 	dentity  string // entity key of the derived event
@@ -229,6 +233,7 @@ type prior struct {
 	// outputs failed to be produced re-emits the same derived event
 	// instead of taking its own unproduced output for the standing state.
 	trig   string
+	trigMS int64 // the own time (trigger.own) of the event trig
 	before *prior
 }
 
@@ -560,6 +565,7 @@ func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 	if err != nil {
 		return nil, err
 	}
+	sameGPU(r, priors, trigs)
 	pl := &plan{r: r, priors: priors}
 	// A trigger is evaluated, skipped, or (a sweep's, its group's verdict
 	// suppressed and unable to recover yet) evaluated only if no
@@ -584,6 +590,16 @@ func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 		case !standing && (r.SweepOnset && !t.fromSweep || t.recoverOnly):
 		default:
 			what[i] = evaluate
+			if has && !t.fromSweep && t.atMS <= p.tMS {
+				// A late trigger (generated before its group's recovery,
+				// which is at the sweep's clock; arrived after it: a
+				// spool replayed, an agent's clock behind) is judged just
+				// after the recovery: its window still holds it, and a
+				// verdict it starts sorts after the recovery. Judged at
+				// its own time, it could start none, and nothing after
+				// it judged its window again.
+				trigs[i].ownMS, trigs[i].atMS = t.atMS, p.tMS+1
+			}
 		}
 	}
 	var suppressed map[string]string
@@ -617,13 +633,21 @@ func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 // before, and so re-emits the same derived event.
 func priorFor(priors map[string]prior, t trigger) (prior, bool) {
 	p, has := priors[t.groupKey()]
-	if has && p.trig != "" && p.trig == t.sourceID && p.tMS == t.atMS {
+	if has && p.trig != "" && p.trig == t.sourceID && p.trigMS == t.own() {
 		if p.before == nil {
 			return prior{}, false
 		}
 		return *p.before, true
 	}
 	return p, has
+}
+
+// own is the trigger's own time (ownMS).
+func (t trigger) own() int64 {
+	if t.ownMS != 0 {
+		return t.ownMS
+	}
+	return t.atMS
 }
 
 func (t trigger) groupKey() string { return t.cluster + "\x00" + t.dnode + "\x00" + t.dentity }
@@ -703,7 +727,7 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 			continue
 		}
 		em.id = DerivedID(r.Name, t.cluster, t.dnode, t.dentity, p.id, em.healthy)
-		np := prior{id: em.id, healthy: em.healthy, tMS: t.atMS, mode: em.mode, seen: h.now(), trig: t.sourceID}
+		np := prior{id: em.id, healthy: em.healthy, tMS: t.atMS, mode: em.mode, seen: h.now(), trig: t.sourceID, trigMS: t.own()}
 		if has {
 			b := p
 			b.before = nil
@@ -939,6 +963,109 @@ func toAny(s []string) []any {
 	out := make([]any, len(s))
 	for i, v := range s {
 		out[i] = v
+	}
+	return out
+}
+
+// gpuOf reads a GPU's entity key as the kmsg agent writes it: "PCI=<pci>"
+// (the UUID not known yet) or "PCI=<pci>,GPU=<uuid>"; ok is false for any
+// other key.
+func gpuOf(key string) (pci, gpu string, ok bool) {
+	rest, ok := strings.CutPrefix(key, events.EntityPCI+"=")
+	if !ok {
+		return "", "", false
+	}
+	pci, tail, two := strings.Cut(rest, ",")
+	if two {
+		if gpu, ok = strings.CutPrefix(tail, events.EntityGPU+"="); !ok || gpu == "" || strings.Contains(gpu, ",") {
+			return "", "", false
+		}
+	}
+	if pci == "" {
+		return "", "", false
+	}
+	return pci, gpu, true
+}
+
+// sameGPU gives an entity-scope trigger on a GPU (gpuOf) the group of the
+// GPU's verdict under another spelling of its entity key, where the window
+// queries count the two as one GPU (sql/rules/xid_count.sql: the same PCI
+// address and not two different UUIDs on the node): the kmsg agent names a
+// GPU "PCI=…" until it knows its UUID and "PCI=…,GPU=…" afterwards (or
+// "PCI=…" again once restarted), and NVSentinel's syslog monitor "PCI=…"
+// always. Keyed by the exact spelling, one GPU's Xids started a second
+// verdict under the second spelling, and the sweep recovered both. A
+// trigger keeps its own group where its verdict stands; else it takes, in
+// order: the newest standing verdict of another spelling; the spelling an
+// earlier trigger of the GPU took in these triggers (so one batch starts
+// one verdict); the newest of its own and the other spellings' recovered
+// verdicts (a late trigger is then judged after that recovery, prepare).
+// priors holds the other spellings' groups (priors reads them).
+func sameGPU(r *Rule, priors map[string]prior, trigs []trigger) {
+	if r.Scope != ScopeEntity {
+		return
+	}
+	known := map[string][]string{} // cluster\x00node\x00pci -> the entity keys of priors
+	for k := range priors {
+		parts := strings.SplitN(k, "\x00", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if pci, _, ok := gpuOf(parts[2]); ok {
+			id := parts[0] + "\x00" + parts[1] + "\x00" + pci
+			known[id] = append(known[id], parts[2])
+		}
+	}
+	taken := map[string][]string{} // the spellings these triggers took, by GPU
+	for i := range trigs {
+		t := &trigs[i]
+		pci, gpu, ok := gpuOf(t.dentity)
+		if !ok {
+			continue
+		}
+		id := t.cluster + "\x00" + t.dnode + "\x00" + pci
+		same := func(e string) bool {
+			_, g, _ := gpuOf(e)
+			return e != t.dentity && (gpu == "" || g == "" || g == gpu)
+		}
+		pick := t.dentity
+		if p, has := priors[t.groupKey()]; !has || p.healthy {
+			var best prior
+			found := false
+			for _, e := range known[id] {
+				if q := priors[t.cluster+"\x00"+t.dnode+"\x00"+e]; same(e) && !q.healthy && (!found || q.tMS > best.tMS) {
+					pick, best, found = e, q, true
+				}
+			}
+			if !found {
+				if j := slices.IndexFunc(taken[id], same); j >= 0 {
+					pick, found = taken[id][j], true
+				}
+			}
+			if !found {
+				best, found = p, has
+				for _, e := range known[id] {
+					if q := priors[t.cluster+"\x00"+t.dnode+"\x00"+e]; same(e) && (!found || q.tMS > best.tMS) {
+						pick, best, found = e, q, true
+					}
+				}
+			}
+		}
+		if pick != t.dentity {
+			t.dentity, t.entities = pick, gpuEntities(pick)
+		}
+		if !slices.Contains(taken[id], pick) {
+			taken[id] = append(taken[id], pick)
+		}
+	}
+}
+
+// gpuEntities are the impacted entities of a GPU's entity key (gpuOf).
+func gpuEntities(key string) []*datamodels.Entity {
+	pci, gpu, _ := gpuOf(key)
+	out := []*datamodels.Entity{{EntityType: events.EntityPCI, EntityValue: pci}}
+	if gpu != "" {
+		out = append(out, &datamodels.Entity{EntityType: events.EntityGPU, EntityValue: gpu})
 	}
 	return out
 }

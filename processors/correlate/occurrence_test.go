@@ -75,9 +75,10 @@ func TestOneOccurrenceCountsOnce(t *testing.T) {
 				out = append(out, []*datamodels.HealthEvent{k}, []*datamodels.HealthEvent{copied(k, 20*m, live, "48")})
 			}
 			return out
-			// the 5th burst is kmsg's, the 6th the monitor's, whose entity
-			// key (the PCI address alone) is a group of its own: a verdict each
-		}, "RepeatedXIDOnSameGPU:fault,RepeatedXIDOnSameGPU:fault"},
+			// the 5th burst is kmsg's; the 6th, the monitor's, names the
+			// GPU by its PCI address alone: the same GPU, whose verdict
+			// stands (TestOneVerdictPerGPU)
+		}, "RepeatedXIDOnSameGPU:fault"},
 		{"three fatal Xid bursts, the monitor's copies STORE_ONLY: three bursts", func(c string) [][]*datamodels.HealthEvent {
 			var out [][]*datamodels.HealthEvent
 			for i := range 3 {

@@ -84,7 +84,7 @@ type col struct{ name, typ string }
 var (
 	triggerCols = []col{{"tid", "String"}, {"cluster", "String"}, {"node", "String"}, {"gkey", "String"}, {"at", "DateTime"}, {"at_ms", "UInt64"},
 		{"machine", "String"}}
-	lookupCols = []col{{"cluster", "String"}, {"node", "String"}, {"entity", "String"}}
+	lookupCols = []col{{"cluster", "String"}, {"node", "String"}, {"entity", "String"}, {"pci", "String"}}
 	nodeCols   = []col{{"cluster", "String"}, {"node", "String"}}
 )
 
@@ -244,22 +244,34 @@ FROM
     FROM derived_events
     PREWHERE check = @check AND derived_by = @rule
     WHERE (cluster, node) IN (SELECT cluster, node FROM lookups)
-        AND (cluster, node, entity) IN (SELECT cluster, node, entity FROM lookups)
+        AND ((cluster, node, entity) IN (SELECT cluster, node, entity FROM lookups)
+            OR (cluster, node, extract(entity, '^PCI=([^,]+)')) IN (SELECT cluster, node, pci FROM lookups WHERE pci != ''))
         AND has(@modes, mode)
 )
 GROUP BY cluster, node, entity`
 
 // priors returns, per derived group of the triggers, the last derived event
 // of the rule: from the events table, overlaid with what this replica
-// emitted that may not be stored yet.
+// emitted that may not be stored yet. For an entity-scope trigger on a GPU
+// (gpuOf) it also returns the groups of the node's other spellings of the
+// GPU's PCI address ("PCI=…" alone and "PCI=…,GPU=…"), which sameGPU
+// matches the trigger to.
 func (h *Handler) priors(ctx context.Context, r *Rule, trigs []trigger) (map[string]prior, error) {
 	seen := map[string]bool{}
+	pcis := map[string]bool{} // cluster\x00node\x00pci of the GPU triggers
 	var rows [][]any
 	for _, t := range trigs {
 		k := t.cluster + "\x00" + t.dnode + "\x00" + t.dentity
 		if !seen[k] {
 			seen[k] = true
-			rows = append(rows, []any{t.cluster, t.dnode, t.dentity})
+			pci := ""
+			if r.Scope == ScopeEntity {
+				if p, _, ok := gpuOf(t.dentity); ok {
+					pci = p
+					pcis[t.cluster+"\x00"+t.dnode+"\x00"+p] = true
+				}
+			}
+			rows = append(rows, []any{t.cluster, t.dnode, t.dentity, pci})
 		}
 	}
 	tbl, err := newTable("lookups", lookupCols, rows)
@@ -287,12 +299,36 @@ func (h *Handler) priors(ctx context.Context, r *Rule, trigs []trigger) (map[str
 	if err := res.Err(); err != nil {
 		return nil, fmt.Errorf("rule %s: read standing verdicts: %w", r.Name, err)
 	}
-	for k := range seen {
-		if c, ok := h.cached(r, k); ok && c.mode != "" && slices.Contains(modes(r), c.mode) {
+	overlay := func(k string, c prior) {
+		if c.mode != "" && slices.Contains(modes(r), c.mode) {
 			if p, ok := out[k]; !ok || c.tMS >= p.tMS {
 				out[k] = c
 			}
 		}
+	}
+	if len(pcis) == 0 {
+		for k := range seen {
+			if c, ok := h.cached(r, k); ok {
+				overlay(k, c)
+			}
+		}
+		return out, nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for key, c := range h.cache {
+		rule, k, _ := strings.Cut(key, "\x00")
+		if rule != r.Name {
+			continue
+		}
+		if !seen[k] {
+			parts := strings.SplitN(k, "\x00", 3) // cluster, node, entity
+			pci, _, ok := gpuOf(parts[len(parts)-1])
+			if len(parts) != 3 || !ok || !pcis[parts[0]+"\x00"+parts[1]+"\x00"+pci] {
+				continue
+			}
+		}
+		overlay(k, c)
 	}
 	return out, nil
 }
