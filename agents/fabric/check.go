@@ -479,11 +479,15 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 		if s.Config != nil && s.Config.FabricMode > 0 {
 			// Shared NVSwitch / vGPU mode: without the partitions the
 			// reachability matrix is not judged (auditConds), so a failing
-			// fmpm fails the check and a missing one is warned of.
+			// fmpm fails the check and a missing one is warned of. fmpm
+			// gets its list from FM: while FM is not running (the service
+			// conditions report it) its failure is expected.
 			out, err := c.run(ctx, c.cfg.FMPM, "-l")
 			switch {
 			case err != nil:
-				errs = append(errs, err)
+				if s.Service == nil || s.Service.Running() {
+					errs = append(errs, err)
+				}
 			case out == nil:
 				if c.fmpmWarned.IsZero() || now.Sub(c.fmpmWarned) >= fmpmWarnEvery {
 					c.fmpmWarned = now

@@ -173,15 +173,16 @@ func (e *Evaluator) auditConds(s *Snapshot) []cond {
 	// partition are routed to each other: the matrix's zeros between
 	// partitions are normal. Without fmpm's partition list (fmpm missing
 	// or failing) they cannot be told from missing routes, nor a route
-	// from a breach: nothing is judged, and an isolation breach found
-	// while the partitions were known stands (missing and short routes
-	// are not reported on a matrix that cannot say).
+	// from a breach: nothing is judged, nothing is lifted. Every
+	// condition found while the partitions were known (missing, short
+	// routes, breaches) stands until the next poll with them judges the
+	// matrix again; fmpm failing once does not report a fault healthy.
 	partitioned := e.mode() != ModeBareMetal
 	if partitioned && parts == nil {
 		var cs []cond
 		for k := range e.bad {
-			if key, ok := strings.CutPrefix(k, "audit|breach|"); ok {
-				cs = append(cs, e.standing("audit", "breach|"+key)...)
+			if key, ok := strings.CutPrefix(k, "audit|"); ok {
+				cs = append(cs, e.standing("audit", key)...)
 			}
 		}
 		return cs

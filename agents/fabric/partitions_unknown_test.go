@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -85,5 +86,57 @@ func TestFMPMFailureIsReported(t *testing.T) {
 		if got, want := strings.Count(logs.String(), "fmpm not installed"), []int{1, 1, 2}[i]; got != want {
 			t.Fatalf("poll %d: %d warnings of fmpm, want %d:\n%s", i, got, want, logs.String())
 		}
+	}
+}
+
+// TestAuditPartitionsUnknownKeepsFaults: a route fault within an active
+// partition (GPUs 1 and 2 of partition 7 not routed to each other) found
+// while the partitions were known stands while they are not (fmpm failing
+// once): it is neither reported healthy nor raised again, so the node's
+// quarantine does not flap.
+func TestAuditPartitionsUnknownKeepsFaults(t *testing.T) {
+	const (
+		breach4  = "NVSwitchReachability:NVSWITCH-ROUTING-ISOLATION-BREACH:fatal@physical:4"
+		breach8  = "NVSwitchReachability:NVSWITCH-ROUTING-ISOLATION-BREACH:fatal@physical:8"
+		missing1 = "NVSwitchReachability:NVSWITCH-ROUTING-UNREACHABLE:fatal@physical:1"
+		missing2 = "NVSwitchReachability:NVSWITCH-ROUTING-UNREACHABLE:fatal@physical:2"
+	)
+	e, err := NewEvaluator(EvalConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2024, 10, 28, 12, 0, 0, 0, time.UTC)
+	for i, f := range []string{"fmpm/a100-shared-degraded.json", "", "fmpm/a100-shared-degraded.json"} {
+		now = now.Add(10 * time.Minute)
+		s := sharedA100(t, now, f)
+		s.Audit.Links[[2]int{1, 2}], s.Audit.Links[[2]int{2, 1}] = 0, 0
+		var want []string
+		if i == 0 {
+			want = []string{breach4, breach8, missing1, missing2}
+		}
+		evs := e.Evaluate(s)
+		got := strings.Fields(shortsOf(evs, CheckReach))
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Fatalf("snapshot %d: %q\nwant %q", i, got, want)
+		}
+	}
+}
+
+// TestFMPMFailsWithFMStopped: fmpm -l gets its list from FM; while FM is
+// stopped (FM-SERVICE-FAILED reported) its failure does not fail the
+// check as well.
+func TestFMPMFailsWithFMStopped(t *testing.T) {
+	n := h100Node(t, nil)
+	n.healthy()
+	n.write("fabricmanager.cfg", testdata(t, "config/a100-shared.cfg"))
+	n.r.out["systemctl show"] = showFailed
+	n.r.err["fmpm -l"] = errors.New("exit status 1")
+	if _, err := n.c.Check(context.Background()); err != nil {
+		t.Fatalf("FM stopped, fmpm failing: check error %v, want none", err)
+	}
+	n.r.out["systemctl show"] = showActive
+	if _, err := n.c.Check(context.Background()); err == nil || !strings.Contains(err.Error(), "fmpm -l") {
+		t.Fatalf("FM running, fmpm failing: check error %v, want fmpm's", err)
 	}
 }
