@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -29,6 +30,10 @@ func TestScenariosSmoke(t *testing.T) {
 		"ingest":            {Nodes: 20, Duration: time.Second},
 		"burst":             {Clusters: 1, Nodes: 50, Events: 5000, Duration: 2 * time.Minute},
 	}
+	// Words some figures must carry: what was measured, named as it was.
+	says := map[string][]string{
+		"ingest": {"ingest gRPC -> visible in ClickHouse (SELECT count() poll)", "one history page (1 sample)"},
+	}
 	for _, s := range Scenarios {
 		p, ok := tiny[s.Name]
 		if !ok {
@@ -49,6 +54,12 @@ func TestScenariosSmoke(t *testing.T) {
 			}
 			if len(r.Lines) < 2 {
 				t.Errorf("only %d figures reported", len(r.Lines))
+			}
+			all := strings.Join(r.Lines, "\n")
+			for _, w := range says[s.Name] {
+				if !strings.Contains(all, w) {
+					t.Errorf("no figure says %q", w)
+				}
 			}
 		})
 	}
