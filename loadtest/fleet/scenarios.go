@@ -45,6 +45,13 @@ type Params struct {
 	// a second behind its schedule there is a busy machine, not a load
 	// generator that stopped.
 	LoadShare float64
+	// WindowReported has fault-to-cordon report, not check, its
+	// background's delivery within the span the faults are sent in (the
+	// whole run is still checked against LoadShare). The smoke runs set
+	// it: on two cores shared with other packages' tests the background
+	// stalled 4 s within a 2 s span at load 15, a busy machine that the
+	// full runs must not pass but a smoke run cannot tell apart.
+	WindowReported bool
 }
 
 // loadShare is p.LoadShare, 0.95 by default.
@@ -378,7 +385,8 @@ type FaultToCordonResult struct {
 // healthy and unhealthy events of several checks, fatal ones on 5 nodes)
 // and sends p.Faults fatal events, one every 50ms, each for its own node;
 // each latency runs from the moment its request is sent to the node's
-// cordon seen on a watch of the apiserver.
+// cordon seen on a watch of the apiserver. The background's result is
+// verified over the span the faults were sent in too (LoadResult.Window).
 func FaultToCordon(ctx context.Context, e *Env, p Params) (FaultToCordonResult, error) {
 	bg, err := faultBackground(ctx, e, p, "fault-to-cordon")
 	if err != nil {
@@ -387,6 +395,7 @@ func FaultToCordon(ctx context.Context, e *Env, p Params) (FaultToCordonResult, 
 	time.Sleep(3 * time.Second) // the background flows, the group settled
 	cluster := e.Clusters[0]
 	sent := make([]time.Time, p.Faults)
+	faulting := bg.Window() // the background is verified over the faults' sends too
 	for i := range p.Faults {
 		ev := fleetsim.Xid(NodeName(i), i%8, 79)
 		sent[i] = time.Now() // the clock starts when the request is sent
@@ -396,6 +405,7 @@ func FaultToCordon(ctx context.Context, e *Env, p Params) (FaultToCordonResult, 
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	faulting()
 	e.waitCordoned(ctx, cluster, p.Faults)
 	return FaultToCordonResult{Faults: p.Faults, Background: bg.Stop(),
 		Latencies: e.cordonedAfter(cluster, p.Faults, func(i int) time.Time { return sent[i] })}, nil
@@ -479,8 +489,12 @@ func runFaultToCordon(ctx context.Context, e *Env, p Params, r *Report) error {
 		return err
 	}
 	r.Figure("fault-to-cordon over %s: background %s", e.Describe(), res.Background)
-	r.Figure("fault-to-cordon: %d of %d faults cordoned, send->watch %s (client QPS default)", len(res.Latencies), p.Faults, spread(res.Latencies))
-	r.Check(res.Background.Verified(p.loadShare()) == nil, "%v", res.Background.Verified(p.loadShare()))
+	r.Figure("fault-to-cordon: %d of %d faults cordoned, send->watch %s (client QPS default); %s", len(res.Latencies), p.Faults, spread(res.Latencies), res.Background.Verdict(p.loadShare()))
+	judged := res.Background
+	if p.WindowReported {
+		judged.Window = 0 // reported in the figure above, the whole run judged
+	}
+	r.Check(judged.Verified(p.loadShare()) == nil, "%v", judged.Verified(p.loadShare()))
 	r.Check(len(res.Latencies) == p.Faults, "only %d of %d faulted nodes cordoned within 60s", len(res.Latencies), p.Faults)
 	return nil
 }

@@ -32,7 +32,8 @@ func TestScenariosSmoke(t *testing.T) {
 	}
 	// Words some figures must carry: what was measured, named as it was.
 	says := map[string][]string{
-		"ingest": {"ingest gRPC -> visible in ClickHouse (SELECT count() poll)", "one history page (1 sample)"},
+		"fault-to-cordon": {"the faults were sent in"}, // the background verified over them
+		"ingest":          {"ingest gRPC -> visible in ClickHouse (SELECT count() poll)", "one history page (1 sample)"},
 	}
 	for _, s := range Scenarios {
 		p, ok := tiny[s.Name]
@@ -44,6 +45,7 @@ func TestScenariosSmoke(t *testing.T) {
 		// packages' tests (a 4 s trickle at 100/s delivered 84% at a load
 		// of 12); a generator that stopped still fails.
 		p.LoadShare = 0.5
+		p.WindowReported = true // fault-to-cordon's span of faults: seconds stalled at load 15
 		t.Run(s.Name, func(t *testing.T) {
 			r, err := s.Execute(t, p, func(l string) { t.Log(l) })
 			if err != nil {
