@@ -1,6 +1,8 @@
 package fleet
 
 import (
+	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -46,5 +48,32 @@ func TestWindowDue(t *testing.T) {
 		if got := windowDue(start, at(c.from), at(c.to), 125, 6, 8); got != c.want {
 			t.Errorf("windowDue(%d ms, %d ms) = %d, want %d", c.from, c.to, got, c.want)
 		}
+	}
+}
+
+// The apiserver's own count of requests for Node objects, by verb: the
+// refused ones too (a 409 is a call), the status subresource apart, not
+// other resources; LIST and WATCH apart (informers, not per node).
+func TestNodeCalls(t *testing.T) {
+	f, err := os.Open("testdata/apiserver-metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got, err := parseNodeCalls(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := NodeCalls{Verbs: map[string]int64{"GET": 7, "PATCH": 2013, "UPDATE": 3, "LIST": 4, "WATCH": 2, "PATCH status": 500}, Conflicts: 13}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	before := NodeCalls{Verbs: map[string]int64{"GET": 2, "PATCH": 13, "LIST": 1}, Conflicts: 3}
+	d := got.Since(before)
+	if d.PerNodeCalls() != 5+2000+500+3 || d.Conflicts != 10 {
+		t.Errorf("since: %+v (per-node calls %d)", d, d.PerNodeCalls())
+	}
+	if s := d.String(); s != "GET 5, PATCH 2000, PATCH status 500, UPDATE 3 (10 of them refused 409); LIST 3, WATCH 2 not per node" {
+		t.Errorf("String() = %q", s)
 	}
 }

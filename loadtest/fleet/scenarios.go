@@ -649,6 +649,10 @@ func runMassFailure(ctx context.Context, e *Env, p Params, r *Report) error {
 	if p.BreakerOff {
 		want = n
 	}
+	calls0, err := e.NodeCalls(ctx)
+	if err != nil {
+		return err
+	}
 	t0 := time.Now()
 	res := e.Blast(ctx, p.Transport, n, 1, 64, func(node string) *datamodels.HealthEvent { return fleetsim.Xid(node, 0, 79) })
 	sentIn := time.Since(t0)
@@ -662,7 +666,16 @@ func runMassFailure(ctx context.Context, e *Env, p Params, r *Report) error {
 	cordoned, _ := e.Cordons.Count()
 	_, held := e.Actions.Count("quarantine/held_by_breaker")
 	_, writes := e.Cordons.NodeWrites()
-	r.Figure("mass-failure: %d Node updates seen on the watch for the %d cordoned nodes (%.1f per node)", writes, cordoned, float64(writes)/float64(max(1, cordoned)))
+	calls, err := e.NodeCalls(ctx)
+	if err != nil {
+		return err
+	}
+	calls = calls.Since(calls0)
+	// The apiservers' own count: every call, refused or changing nothing
+	// too; the watch sees only the writes that landed. LIST and WATCH
+	// (informers) are not per node; a held node's calls, if any, count in.
+	r.Figure("mass-failure: %.1f apiserver calls per cordoned node (%d cordoned, %d held: %s); %.1f Node writes per cordoned node seen on the watch (%d)",
+		float64(calls.PerNodeCalls())/float64(max(1, cordoned)), cordoned, held, calls, float64(writes)/float64(max(1, cordoned)), writes)
 	r.Figure("mass-failure over %s: %d nodes fail at once (%s, sent in %s); %d cordoned (want %d), %d held, all decided in %s from the first send = %.0f nodes decided/s",
 		e.Describe(), n, p.Transport, sentIn.Round(time.Millisecond), cordoned, want, held, took.Round(time.Millisecond), float64(cordoned+held)/took.Seconds())
 	r.Check(res.Failed == 0 && res.Sent == int64(n*len(e.Clusters)), "sent %d of %d (%d failed)", res.Sent, n, res.Failed)
@@ -679,6 +692,10 @@ func runMassFailure(ctx context.Context, e *Env, p Params, r *Report) error {
 // (the quarantine role writes it there until it is on the actions topic).
 func massRecovery(ctx context.Context, e *Env, p Params, r *Report, n, cordoned int) error {
 	writes0, _ := e.Cordons.NodeWrites()
+	calls0, err := e.NodeCalls(ctx)
+	if err != nil {
+		return err
+	}
 	t0 := time.Now()
 	res := e.Blast(ctx, p.Transport, n, 1, 64, func(node string) *datamodels.HealthEvent {
 		return fleetsim.Recovered(fleetsim.Xid(node, 0, 79))
@@ -710,10 +727,15 @@ func massRecovery(ctx context.Context, e *Env, p Params, r *Report, n, cordoned 
 	saidIn := time.Since(t0)
 	time.Sleep(2 * time.Second)
 	writes, _ := e.Cordons.NodeWrites()
+	calls, err := e.NodeCalls(ctx)
+	if err != nil {
+		return err
+	}
+	calls = calls.Since(calls0) // the check's own LIST of the fleet's nodes counts in: not per node
 	lifts, _ := e.Actions.Count("unquarantine/applied")
-	r.Figure("mass recovery over %s: the %d nodes recover at once (%s, sent in %s); %d uncordoned (want %d) in %s from the first send; %d unquarantine/applied actions, every one produced and gone from its node in %s; %d Node updates seen (%.1f per uncordoned node: the lift, then the removal of its action)",
+	r.Figure("mass recovery over %s: the %d nodes recover at once (%s, sent in %s); %d uncordoned (want %d) in %s from the first send; %d unquarantine/applied actions, every one produced and gone from its node in %s; %d Node updates seen (%.1f Node writes per uncordoned node: the lift, then the removal of its action); %.1f apiserver calls per uncordoned node (%s)",
 		e.Describe(), n, p.Transport, sentIn.Round(time.Millisecond), e.Cordons.Uncordoned(), cordoned, liftedIn.Round(time.Millisecond),
-		lifts, saidIn.Round(time.Millisecond), writes-writes0, float64(writes-writes0)/float64(max(1, cordoned)))
+		lifts, saidIn.Round(time.Millisecond), writes-writes0, float64(writes-writes0)/float64(max(1, cordoned)), float64(calls.PerNodeCalls())/float64(max(1, cordoned)), calls)
 	r.Check(res.Failed == 0 && res.Sent == int64(n*len(e.Clusters)), "recoveries: sent %d of %d (%d failed)", res.Sent, n, res.Failed)
 	r.Check(ok, "uncordoned %d of %d", e.Cordons.Uncordoned(), cordoned)
 	r.Check(said && lifts == cordoned, "%d unquarantine/applied actions for %d lifted nodes; %d nodes still carry an unsaid action", lifts, cordoned, left)

@@ -32,6 +32,7 @@ func TestScenariosSmoke(t *testing.T) {
 	}
 	// Words some figures must carry: what was measured, named as it was.
 	says := map[string][]string{
+		"mass-failure":    {"apiserver calls per cordoned node (", "apiserver calls per uncordoned node ("},
 		"fault-to-cordon": {"the faults were sent in"}, // the background verified over them
 		"ingest":          {"ingest gRPC -> visible in ClickHouse (SELECT count() poll)", "one history page (1 sample)"},
 	}
