@@ -1,7 +1,10 @@
 // Package fleetsim simulates a GPU fleet's node agents: every node sends
 // what faultline-agent would send to the gateway over gRPC — XID errors
 // (fatal and not), NIC ports flapping and recovering, NVSwitch SXids — at a
-// configured rate, so `make run` and load tests have a live stream to act on.
+// configured rate, so `make run` has a live stream to act on. The load tests
+// do not use Run: they build their events with this package's helpers and
+// send them with loadtest/fleet's Load, which keeps an absolute schedule and
+// counts what the gateway acknowledged.
 package fleetsim
 
 import (
@@ -49,7 +52,10 @@ type Stats struct {
 	Sent, Failed atomic.Int64
 }
 
-// Run sends events until ctx ends.
+// Run sends events until ctx ends. It paces with a time.Ticker, which drops
+// the ticks that come while a call is in flight: behind a slow gateway it
+// sends fewer than EventsPerSecond, and only Stats.Sent says so. That is
+// fine for a demo stream, not for a measured load.
 func Run(ctx context.Context, o Options, stats *Stats, log *slog.Logger) error {
 	if o.Nodes <= 0 {
 		o.Nodes = 64

@@ -3,9 +3,10 @@
 //	chbench store  [flags]   events/s the store role drains from a real Kafka
 //	                         broker into ClickHouse, beside the raw franz-go
 //	                         consumer's rate from the same broker (the ceiling)
-//	chbench window [flags]   p50/p99 of the history API (GET /v1/events?node=
-//	                         and a cluster's newest page without a node,
-//	                         internal/history over the events table) and of
+//	chbench window [flags]   p50/p99 of internal/history's ListEvents called
+//	                         in this process over the events table (what
+//	                         GET /v1/events?node= and a cluster's newest page
+//	                         run, without the HTTP, auth and JSON) and of
 //	                         each correlation rule's per-batch work (its
 //	                         queries over recent_events and derived_events),
 //	                         over a generated history as inserted (no
@@ -434,8 +435,9 @@ func benchWindow(ctx context.Context, conn clickhouse.Conn, o opts) error {
 			pct(0.50).Round(10*time.Microsecond), pct(0.90).Round(10*time.Microsecond), pct(0.99).Round(10*time.Microsecond), lat[len(lat)-1].Round(10*time.Microsecond), extra))
 	}
 
-	// The history API: GET /v1/events?node= is history.ListEvents over
-	// the events table (the default page).
+	// What the history API's GET /v1/events?node= runs: history.ListEvents
+	// over the events table (the default page), called in this process —
+	// no HTTP, auth or JSON, and the labels say so.
 	hist := history.New(conn, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	lat := make([]time.Duration, 0, o.queries)
 	var returned int
@@ -452,10 +454,10 @@ func benchWindow(ctx context.Context, conn clickhouse.Conn, o opts) error {
 			returned += len(resp.Events)
 		}
 	}
-	report("history GET /v1/events?node=", lat, fmt.Sprintf("  (%.1f events per page)", float64(returned)/float64(len(lat))))
+	report("internal/history ListEvents (in-process; no HTTP/auth/JSON)", lat, fmt.Sprintf("  (%.1f events per page)", float64(returned)/float64(len(lat))))
 
-	// A cluster's newest page, no node (GET /v1/events): 20 calls, the
-	// first 2 warm up.
+	// A cluster's newest page, no node (what GET /v1/events runs): 20
+	// calls, the first 2 warm up.
 	lat, returned = lat[:0], 0
 	for i := range 22 {
 		t0 := time.Now()
@@ -469,7 +471,7 @@ func benchWindow(ctx context.Context, conn clickhouse.Conn, o opts) error {
 			returned += len(resp.Events)
 		}
 	}
-	report("history GET /v1/events", lat, fmt.Sprintf("  (%.1f events per page)", float64(returned)/float64(len(lat))))
+	report("internal/history ListEvents, no node (in-process; no HTTP/auth/JSON)", lat, fmt.Sprintf("  (%.1f events per page)", float64(returned)/float64(len(lat))))
 
 	// The rules: one correlate handler per rule, a one-event batch per
 	// call at the current time (Handle: the standing verdicts from

@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"io"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,9 +20,19 @@ func TestSmoke(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	t.Run("window", func(t *testing.T) {
-		if err := run(ctx, []string{"window", "--clickhouse.addr", ch.Addr(), "--events", "20000", "--nodes", "100",
-			"--queries", "5", "--rule-queries", "1"}); err != nil {
-			t.Fatal(err)
+		out := stdout(t, func() error {
+			return run(ctx, []string{"window", "--clickhouse.addr", ch.Addr(), "--events", "20000", "--nodes", "100",
+				"--queries", "5", "--rule-queries", "1"})
+		})
+		// The history figures time internal/history in this process: no
+		// HTTP, auth or JSON, and the labels say so.
+		for _, want := range []string{"internal/history ListEvents (in-process; no HTTP/auth/JSON)", "internal/history ListEvents, no node (in-process; no HTTP/auth/JSON)"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("no %q figure in:\n%s", want, out)
+			}
+		}
+		if strings.Contains(out, "GET /v1/events") {
+			t.Errorf("a figure names the HTTP API it does not call:\n%s", out)
 		}
 	})
 	t.Run("store", func(t *testing.T) {
@@ -28,4 +41,27 @@ func TestSmoke(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// stdout runs f and returns what it printed to os.Stdout (also logged),
+// failing the test on f's error.
+func stdout(t *testing.T, f func() error) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := os.Stdout
+	os.Stdout = w
+	done := make(chan []byte)
+	go func() { b, _ := io.ReadAll(r); done <- b }()
+	err = f()
+	os.Stdout = saved
+	w.Close()
+	out := string(<-done)
+	t.Log(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,19 +98,67 @@ type LoadResult struct {
 	// by a rate it could not reach, nor by a batch that came due while the
 	// stop was being called (its worker may not have woken yet).
 	Due int64
+	// Window is the span Running.Window marked (0: none), the one a
+	// scenario measures in; the load is verified over it too, since a
+	// worker that stalled there and caught up later by bursting still
+	// delivers its whole-run schedule.
+	Window       time.Duration
+	WindowSent   int64         // events in calls started within Window and acknowledged
+	WindowDue    int64         // events the schedule called for within Window, less each worker's last batch
+	WindowBehind time.Duration // the furthest a worker fell behind its schedule within Window
 }
 
 // Verified reports an error when the load delivered less than share of
-// its target rate or any call failed.
+// its target rate, over the whole run or within its Window, or any call
+// failed.
 func (r LoadResult) Verified(share float64) error {
 	if r.Failed > 0 {
 		return fmt.Errorf("load: %d events in failed calls", r.Failed)
 	}
+	if r.Target > 0 && r.Window > 0 && float64(r.WindowSent) < share*float64(r.WindowDue) {
+		return fmt.Errorf("load: a worker fell %s behind its schedule within the %s the faults were sent in: %d events sent of %d due there (%.0f%%)",
+			r.WindowBehind.Round(100*time.Millisecond), r.Window.Round(100*time.Millisecond), r.WindowSent, r.WindowDue, pct(r.WindowSent, r.WindowDue))
+	}
 	if r.Target > 0 && float64(r.Sent) < share*float64(r.Due) {
 		return fmt.Errorf("load: delivered %.0f events/s of the %.0f/s asked: %d events acknowledged, %.0f%% of the %d the schedule called for (%s behind schedule at worst)",
-			r.Delivered, r.Target, r.Sent, 100*float64(r.Sent)/float64(r.Due), r.Due, r.MaxBehind.Round(time.Millisecond))
+			r.Delivered, r.Target, r.Sent, pct(r.Sent, r.Due), r.Due, r.MaxBehind.Round(time.Millisecond))
 	}
 	return nil
+}
+
+// Verdict is Verified(share) for a figure: "background verified over
+// ..." or "background NOT verified: <why>".
+func (r LoadResult) Verdict(share float64) string {
+	if err := r.Verified(share); err != nil {
+		return "background NOT verified: " + strings.TrimPrefix(err.Error(), "load: ")
+	}
+	if r.Target <= 0 {
+		return "background unpaced: nothing to verify"
+	}
+	if r.Window <= 0 {
+		return fmt.Sprintf("background verified over the run: %d events sent of %d due (%.0f%%)", r.Sent, r.Due, pct(r.Sent, r.Due))
+	}
+	return fmt.Sprintf("background verified over the %s the faults were sent in: %d events sent of %d due (%.0f%%), a worker at worst %s behind",
+		r.Window.Round(100*time.Millisecond), r.WindowSent, r.WindowDue, pct(r.WindowSent, r.WindowDue), r.WindowBehind.Round(time.Millisecond))
+}
+
+// pct is a as a percentage of b (100 when b is 0: nothing was due).
+func pct(a, b int64) float64 {
+	if b == 0 {
+		return 100
+	}
+	return 100 * float64(a) / float64(b)
+}
+
+// windowDue is how many events a schedule that began at start, per
+// events/s per worker in batches of batch, called for in (from, to],
+// less each worker's last batch (as LoadResult.Due).
+func windowDue(start, from, to time.Time, per float64, batch, workers int) int64 {
+	if per <= 0 {
+		return 0
+	}
+	accrued := func(t time.Time) int64 { return int64(t.Sub(start).Seconds() * per / float64(batch)) }
+	return int64(workers) * max(0, accrued(to)-accrued(from)-1) * int64(batch)
 }
 
 func (r LoadResult) String() string {
@@ -125,7 +174,14 @@ func (r LoadResult) String() string {
 type Running struct {
 	stop   func() LoadResult
 	behind func(now time.Time) time.Duration
+	window func() func()
 }
+
+// Window marks the start of the span a scenario measures in (its faults
+// being sent); the func it returns marks the end. The result of Stop
+// verifies the load over that span too (LoadResult.Window). Once per
+// load.
+func (r *Running) Window() (end func()) { return r.window() }
 
 // Stop stops the load, waits for its workers and returns the result.
 func (r *Running) Stop() LoadResult { return r.stop() }
@@ -152,6 +208,10 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) *Running {
 		seq, sent, failed, pushed atomic.Int64
 		behind                    atomic.Int64
 		wg                        sync.WaitGroup
+		// the window: open while marked; its sends and lag counted apart
+		winOpen            atomic.Bool
+		winSent, winBehind atomic.Int64
+		winFrom, winTo     time.Time // set before winOpen is, read after the workers end
 	)
 	start := time.Now()
 	per := l.Rate / float64(l.Workers) // events/s per worker
@@ -179,6 +239,7 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) *Running {
 					return
 				default:
 				}
+				var late time.Duration
 				if per > 0 {
 					if d := time.Until(dueAt(k)); d > 0 {
 						select {
@@ -186,9 +247,14 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) *Running {
 							return
 						case <-time.After(d):
 						}
-					} else if -d > time.Duration(behind.Load()) {
-						behind.Store(int64(-d))
+					} else {
+						late = -d
+						storeMax(&behind, late)
 					}
+				}
+				inWin := winOpen.Load()
+				if inWin {
+					storeMax(&winBehind, late)
 				}
 				next[w].Store(int64(k + 1))
 				first := seq.Add(int64(l.Batch)) - int64(l.Batch)
@@ -208,6 +274,9 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) *Running {
 				switch {
 				case err == nil:
 					sent.Add(cnt)
+					if inWin {
+						winSent.Add(cnt)
+					}
 				case ctx.Err() == nil: // a call cut short by the end of the run is not a failure
 					failed.Add(cnt)
 					e.TB.Logf("fleet: load: %v", err)
@@ -239,10 +308,39 @@ func (e *Env) StartLoad(ctx context.Context, l Load, n int64) *Running {
 			el := time.Since(start)
 			res = LoadResult{Target: l.Rate, Sent: sent.Load(), Failed: failed.Load(), PushedBack: pushed.Load(), Elapsed: el, MaxBehind: time.Duration(behind.Load()), Due: due}
 			res.Delivered = float64(res.Sent) / el.Seconds()
+			if !winFrom.IsZero() {
+				if winTo.IsZero() { // stopped with the window open: it ends at the stop
+					winTo = time.Now()
+					storeMax(&winBehind, lag(winTo))
+				}
+				res.Window, res.WindowSent, res.WindowBehind = winTo.Sub(winFrom), winSent.Load(), time.Duration(winBehind.Load())
+				res.WindowDue = windowDue(start, winFrom, winTo, per, l.Batch, l.Workers)
+			}
 		})
 		return res
 	}
-	return &Running{stop: stop, behind: lag}
+	window := func() func() {
+		winFrom = time.Now()
+		winOpen.Store(true)
+		return func() {
+			now := time.Now()
+			winOpen.Store(false)
+			winTo = now
+			// a worker that has not started a batch due within the window
+			storeMax(&winBehind, lag(now))
+		}
+	}
+	return &Running{stop: stop, behind: lag, window: window}
+}
+
+// storeMax stores d in a if it is more than a holds.
+func storeMax(a *atomic.Int64, d time.Duration) {
+	for {
+		old := a.Load()
+		if int64(d) <= old || a.CompareAndSwap(old, int64(d)) {
+			return
+		}
+	}
 }
 
 // BackgroundMix is a fleet's everyday stream over nodes [from, from+n):

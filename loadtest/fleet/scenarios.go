@@ -45,6 +45,13 @@ type Params struct {
 	// a second behind its schedule there is a busy machine, not a load
 	// generator that stopped.
 	LoadShare float64
+	// WindowReported has fault-to-cordon report, not check, its
+	// background's delivery within the span the faults are sent in (the
+	// whole run is still checked against LoadShare). The smoke runs set
+	// it: on two cores shared with other packages' tests the background
+	// stalled 4 s within a 2 s span at load 15, a busy machine that the
+	// full runs must not pass but a smoke run cannot tell apart.
+	WindowReported bool
 }
 
 // loadShare is p.LoadShare, 0.95 by default.
@@ -242,7 +249,7 @@ var Scenarios = []Scenario{
 		Run:      runAPIServerRestart,
 	},
 	{
-		Name: "ingest", Doc: "sustained ingest: the raw franz-go producer (ceiling) beside the gateway's gRPC batches of 100 and REST single events (keep-alive), then gRPC until visible in the history API (store role, ClickHouse)",
+		Name: "ingest", Doc: "sustained ingest: the raw franz-go producer (ceiling) beside the gateway's gRPC batches of 100 and REST single events (keep-alive), then the gRPC batches counted in ClickHouse (store role; a SELECT count() poll) and one history API page (GET /v1/events?node=, 1 sample)",
 		Defaults: Params{Clusters: 1, Nodes: 1000, Duration: 10 * time.Second},
 		Options: func(p Params) Options {
 			// One token carries the whole load here: its per-caller
@@ -378,7 +385,8 @@ type FaultToCordonResult struct {
 // healthy and unhealthy events of several checks, fatal ones on 5 nodes)
 // and sends p.Faults fatal events, one every 50ms, each for its own node;
 // each latency runs from the moment its request is sent to the node's
-// cordon seen on a watch of the apiserver.
+// cordon seen on a watch of the apiserver. The background's result is
+// verified over the span the faults were sent in too (LoadResult.Window).
 func FaultToCordon(ctx context.Context, e *Env, p Params) (FaultToCordonResult, error) {
 	bg, err := faultBackground(ctx, e, p, "fault-to-cordon")
 	if err != nil {
@@ -387,6 +395,7 @@ func FaultToCordon(ctx context.Context, e *Env, p Params) (FaultToCordonResult, 
 	time.Sleep(3 * time.Second) // the background flows, the group settled
 	cluster := e.Clusters[0]
 	sent := make([]time.Time, p.Faults)
+	faulting := bg.Window() // the background is verified over the faults' sends too
 	for i := range p.Faults {
 		ev := fleetsim.Xid(NodeName(i), i%8, 79)
 		sent[i] = time.Now() // the clock starts when the request is sent
@@ -396,6 +405,7 @@ func FaultToCordon(ctx context.Context, e *Env, p Params) (FaultToCordonResult, 
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	faulting()
 	e.waitCordoned(ctx, cluster, p.Faults)
 	return FaultToCordonResult{Faults: p.Faults, Background: bg.Stop(),
 		Latencies: e.cordonedAfter(cluster, p.Faults, func(i int) time.Time { return sent[i] })}, nil
@@ -479,8 +489,12 @@ func runFaultToCordon(ctx context.Context, e *Env, p Params, r *Report) error {
 		return err
 	}
 	r.Figure("fault-to-cordon over %s: background %s", e.Describe(), res.Background)
-	r.Figure("fault-to-cordon: %d of %d faults cordoned, send->watch %s (client QPS default)", len(res.Latencies), p.Faults, spread(res.Latencies))
-	r.Check(res.Background.Verified(p.loadShare()) == nil, "%v", res.Background.Verified(p.loadShare()))
+	r.Figure("fault-to-cordon: %d of %d faults cordoned, send->watch %s (client QPS default); %s", len(res.Latencies), p.Faults, spread(res.Latencies), res.Background.Verdict(p.loadShare()))
+	judged := res.Background
+	if p.WindowReported {
+		judged.Window = 0 // reported in the figure above, the whole run judged
+	}
+	r.Check(judged.Verified(p.loadShare()) == nil, "%v", judged.Verified(p.loadShare()))
 	r.Check(len(res.Latencies) == p.Faults, "only %d of %d faulted nodes cordoned within 60s", len(res.Latencies), p.Faults)
 	return nil
 }
@@ -635,6 +649,10 @@ func runMassFailure(ctx context.Context, e *Env, p Params, r *Report) error {
 	if p.BreakerOff {
 		want = n
 	}
+	calls0, err := e.NodeCalls(ctx)
+	if err != nil {
+		return err
+	}
 	t0 := time.Now()
 	res := e.Blast(ctx, p.Transport, n, 1, 64, func(node string) *datamodels.HealthEvent { return fleetsim.Xid(node, 0, 79) })
 	sentIn := time.Since(t0)
@@ -648,7 +666,16 @@ func runMassFailure(ctx context.Context, e *Env, p Params, r *Report) error {
 	cordoned, _ := e.Cordons.Count()
 	_, held := e.Actions.Count("quarantine/held_by_breaker")
 	_, writes := e.Cordons.NodeWrites()
-	r.Figure("mass-failure: %d Node updates seen on the watch for the %d cordoned nodes (%.1f per node)", writes, cordoned, float64(writes)/float64(max(1, cordoned)))
+	calls, err := e.NodeCalls(ctx)
+	if err != nil {
+		return err
+	}
+	calls = calls.Since(calls0)
+	// The apiservers' own count: every call, refused or changing nothing
+	// too; the watch sees only the writes that landed. LIST and WATCH
+	// (informers) are not per node; a held node's calls, if any, count in.
+	r.Figure("mass-failure: %.1f apiserver calls per cordoned node (%d cordoned, %d held: %s); %.1f Node writes per cordoned node seen on the watch (%d)",
+		float64(calls.PerNodeCalls())/float64(max(1, cordoned)), cordoned, held, calls, float64(writes)/float64(max(1, cordoned)), writes)
 	r.Figure("mass-failure over %s: %d nodes fail at once (%s, sent in %s); %d cordoned (want %d), %d held, all decided in %s from the first send = %.0f nodes decided/s",
 		e.Describe(), n, p.Transport, sentIn.Round(time.Millisecond), cordoned, want, held, took.Round(time.Millisecond), float64(cordoned+held)/took.Seconds())
 	r.Check(res.Failed == 0 && res.Sent == int64(n*len(e.Clusters)), "sent %d of %d (%d failed)", res.Sent, n, res.Failed)
@@ -665,6 +692,10 @@ func runMassFailure(ctx context.Context, e *Env, p Params, r *Report) error {
 // (the quarantine role writes it there until it is on the actions topic).
 func massRecovery(ctx context.Context, e *Env, p Params, r *Report, n, cordoned int) error {
 	writes0, _ := e.Cordons.NodeWrites()
+	calls0, err := e.NodeCalls(ctx)
+	if err != nil {
+		return err
+	}
 	t0 := time.Now()
 	res := e.Blast(ctx, p.Transport, n, 1, 64, func(node string) *datamodels.HealthEvent {
 		return fleetsim.Recovered(fleetsim.Xid(node, 0, 79))
@@ -696,10 +727,15 @@ func massRecovery(ctx context.Context, e *Env, p Params, r *Report, n, cordoned 
 	saidIn := time.Since(t0)
 	time.Sleep(2 * time.Second)
 	writes, _ := e.Cordons.NodeWrites()
+	calls, err := e.NodeCalls(ctx)
+	if err != nil {
+		return err
+	}
+	calls = calls.Since(calls0) // the check's own LIST of the fleet's nodes counts in: not per node
 	lifts, _ := e.Actions.Count("unquarantine/applied")
-	r.Figure("mass recovery over %s: the %d nodes recover at once (%s, sent in %s); %d uncordoned (want %d) in %s from the first send; %d unquarantine/applied actions, every one produced and gone from its node in %s; %d Node updates seen (%.1f per uncordoned node: the lift, then the removal of its action)",
+	r.Figure("mass recovery over %s: the %d nodes recover at once (%s, sent in %s); %d uncordoned (want %d) in %s from the first send; %d unquarantine/applied actions, every one produced and gone from its node in %s; %d Node updates seen (%.1f Node writes per uncordoned node: the lift, then the removal of its action); %.1f apiserver calls per uncordoned node (%s)",
 		e.Describe(), n, p.Transport, sentIn.Round(time.Millisecond), e.Cordons.Uncordoned(), cordoned, liftedIn.Round(time.Millisecond),
-		lifts, saidIn.Round(time.Millisecond), writes-writes0, float64(writes-writes0)/float64(max(1, cordoned)))
+		lifts, saidIn.Round(time.Millisecond), writes-writes0, float64(writes-writes0)/float64(max(1, cordoned)), float64(calls.PerNodeCalls())/float64(max(1, cordoned)), calls)
 	r.Check(res.Failed == 0 && res.Sent == int64(n*len(e.Clusters)), "recoveries: sent %d of %d (%d failed)", res.Sent, n, res.Failed)
 	r.Check(ok, "uncordoned %d of %d", e.Cordons.Uncordoned(), cordoned)
 	r.Check(said && lifts == cordoned, "%d unquarantine/applied actions for %d lifted nodes; %d nodes still carry an unsaid action", lifts, cordoned, left)
@@ -766,8 +802,8 @@ func runIngest(ctx context.Context, e *Env, p Params, r *Report) error {
 	time.Sleep(p.Duration)
 	gres := g()
 	r.Figure("ingest gRPC batches of 100, 256 callers over %s: %s = %.2f of raw", e.Describe(), gres, gres.Delivered/raw)
-	// Visible in the history API: the store role writes them, the
-	// history API reads the events table.
+	// Visible in ClickHouse: a SELECT count() over the events table (the
+	// one the history API reads), polled until it holds them all.
 	t1 := time.Now()
 	want := before + uint64(gres.Sent)
 	var have uint64
@@ -775,13 +811,13 @@ func runIngest(ctx context.Context, e *Env, p Params, r *Report) error {
 		_ = e.CH.QueryRow(ctx, "SELECT count() FROM events").Scan(&have)
 		return have >= want
 	})
-	r.Figure("ingest gRPC -> visible: %d of %d acknowledged events in ClickHouse %s after the load ended; end to end %.0f events/s (first send to last stored)",
+	r.Figure("ingest gRPC -> visible in ClickHouse (SELECT count() poll): %d of %d acknowledged events counted %s after the load ended; end to end %.0f events/s (first send to last stored)",
 		have-before, gres.Sent, time.Since(t1).Round(time.Millisecond), float64(gres.Sent)/(gres.Elapsed+time.Since(t1)).Seconds())
 	r.Check(visible && have-before == uint64(gres.Sent), "%d events stored, %d acknowledged", have-before, gres.Sent)
 	t2 := time.Now()
 	got, err := e.History(ctx, cluster, NodeName(1))
 	r.Check(err == nil && got > 0, "history API GET /v1/events?node=%s: %d events, %v", NodeName(1), got, err)
-	r.Figure("history API GET /v1/events?node=%s: %d events on the first page in %s", NodeName(1), got, time.Since(t2).Round(time.Millisecond))
+	r.Figure("one history page (1 sample): GET /v1/events?node=%s returned %d events in %s", NodeName(1), got, time.Since(t2).Round(time.Millisecond))
 
 	rs := e.StartLoad(ctx, Load{Batch: 1, Workers: 128, Transport: REST, Gen: gen}, 0).Stop
 	time.Sleep(p.Duration)

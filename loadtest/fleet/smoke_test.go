@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -29,6 +30,12 @@ func TestScenariosSmoke(t *testing.T) {
 		"ingest":            {Nodes: 20, Duration: time.Second},
 		"burst":             {Clusters: 1, Nodes: 50, Events: 5000, Duration: 2 * time.Minute},
 	}
+	// Words some figures must carry: what was measured, named as it was.
+	says := map[string][]string{
+		"mass-failure":    {"apiserver calls per cordoned node (", "apiserver calls per uncordoned node ("},
+		"fault-to-cordon": {"the faults were sent in"}, // the background verified over them
+		"ingest":          {"ingest gRPC -> visible in ClickHouse (SELECT count() poll)", "one history page (1 sample)"},
+	}
 	for _, s := range Scenarios {
 		p, ok := tiny[s.Name]
 		if !ok {
@@ -39,6 +46,7 @@ func TestScenariosSmoke(t *testing.T) {
 		// packages' tests (a 4 s trickle at 100/s delivered 84% at a load
 		// of 12); a generator that stopped still fails.
 		p.LoadShare = 0.5
+		p.WindowReported = true // fault-to-cordon's span of faults: seconds stalled at load 15
 		t.Run(s.Name, func(t *testing.T) {
 			r, err := s.Execute(t, p, func(l string) { t.Log(l) })
 			if err != nil {
@@ -49,6 +57,12 @@ func TestScenariosSmoke(t *testing.T) {
 			}
 			if len(r.Lines) < 2 {
 				t.Errorf("only %d figures reported", len(r.Lines))
+			}
+			all := strings.Join(r.Lines, "\n")
+			for _, w := range says[s.Name] {
+				if !strings.Contains(all, w) {
+					t.Errorf("no figure says %q", w)
+				}
 			}
 		})
 	}
