@@ -543,6 +543,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 					back.linkLayer = f.LinkLayer
 				}
 				emit(cardEvent(&back, f.Expected, true))
+				c.clearUncabled(cd, peers[cd.role], emit)
 			}
 		}
 	}
@@ -775,7 +776,7 @@ func (c *Check) retireDisabled(emit func(*datamodels.HealthEvent)) {
 			if ps.Level != levelHealthy {
 				emit(retiredEvent(dev, uint(port), ps.LinkLayer, checkName(ps.LinkLayer, false)+" disabled", false))
 			}
-			ps.State, ps.PhysState, ps.Level, ps.Held = "", "", "", false
+			ps.State, ps.PhysState, ps.Level, ps.Held, ps.Unreported = "", "", "", false, false
 		}
 		if !c.degrOn(ps.LinkLayer) && len(ps.Counters)+len(ps.Breached) > 0 {
 			if len(ps.Breached) > 0 {
@@ -902,23 +903,24 @@ func (c *Check) transition(n *NIC, p *Port, prev *portState, reportUnhealthy, ho
 			return nil
 		}
 		c.log.Info("unhealthy port on a card at peer mode: uncabled, not reported", "device", p.Device, "port", p.Port, "state", stName, "phys_state", phName)
+		next.Unreported = true
 		return nil
 	}
+	var ev *datamodels.HealthEvent
 	switch {
 	case prev.Level == level:
-		return nil
 	case level == levelHealthy:
-		return portEvent(n, p, level, stName, phName)
+		ev = portEvent(n, p, level, stName, phName)
 	case prev.Level == levelHealthy:
-		return portEvent(n, p, level, stName, phName)
+		ev = portEvent(n, p, level, stName, phName)
 	case prev.Level == levelNonFatal && level == levelFatal:
 		// Escalation within unhealthy: reported so a port that went
 		// INIT → DOWN is known fatal (§3.4's "unhealthy → unhealthy,
 		// no event" is kept for same-severity and de-escalating changes).
-		return portEvent(n, p, level, stName, phName)
-	default:
-		return nil
+		ev = portEvent(n, p, level, stName, phName)
 	}
+	next.Unreported = prev.Unreported && ev == nil
+	return ev
 }
 
 // unreadablePast reports whether a port read this poll has stayed
@@ -1076,7 +1078,8 @@ func unreadableEvent(n *NIC, p *Port) *datamodels.HealthEvent {
 }
 
 // retiredEvent clears a port fault (of the state or the degradation
-// check) under a device name no longer reported (retirePorts).
+// check) under a device name no longer reported (retirePorts), or of a
+// port uncabled as on its peers once its card is back (clearUncabled).
 func retiredEvent(dev string, port uint, linkLayer, why string, degradation bool) *datamodels.HealthEvent {
 	prefix := "Port"
 	if linkLayer == "Ethernet" && !degradation {
@@ -1158,13 +1161,14 @@ func (c *Check) cards() map[string]*card {
 // peerSlots are the cards of a role group at its peer mode: how many, and
 // per port slot (portSlot), how many of them have that port active.
 type peerSlots struct {
+	mode  int
 	cards int
 	up    map[string]int
 }
 
 // peerSlotsAt counts the port slots active on the cards of grp at mode.
 func (c *Check) peerSlotsAt(grp []*card, mode int) *peerSlots {
-	ps := &peerSlots{up: map[string]int{}}
+	ps := &peerSlots{mode: mode, up: map[string]int{}}
 	for _, cd := range grp {
 		if cd.active < mode {
 			continue
@@ -1188,6 +1192,58 @@ func (c *Check) peerSlotsAt(grp []*card, mode int) *peerSlots {
 // mode (false: down there too, an uncabled port of every card).
 func (ps *peerSlots) active(n *NIC, p *Port) bool {
 	return ps != nil && 2*ps.up[portSlot(n, p.Port)] > ps.cards
+}
+
+// without returns ps less card cd, counted when at mode: a card is not
+// its own peer.
+func (ps *peerSlots) without(c *Check, cd *card) *peerSlots {
+	if ps == nil || cd.active < ps.mode {
+		return ps
+	}
+	out := &peerSlots{mode: ps.mode, cards: ps.cards - 1, up: maps.Clone(ps.up)}
+	for _, name := range cd.devices {
+		n := c.nics[name]
+		for i := range n.Ports {
+			if p := &n.Ports[i]; p.ReadError == "" {
+				if lvl, _, _ := evaluate(p); lvl == levelHealthy {
+					out.up[portSlot(n, p.Port)]--
+				}
+			}
+		}
+	}
+	return out
+}
+
+// clearUncabled lifts, once card cd is back at its peer mode, the fault
+// of each of its ports reported with it (§3.4) and still down as the same
+// port is on most of the other cards at mode (at least one): uncabled on
+// every card, it crosses no boundary when the card is fixed, and its fatal
+// would stand for ever. It gets a healthy event and is saved as an
+// uncabled port on a card at mode is (its state, no event).
+func (c *Check) clearUncabled(cd *card, peers *peerSlots, emit func(*datamodels.HealthEvent)) {
+	others := peers.without(c, cd)
+	if others == nil || others.cards == 0 {
+		return // no peer to compare with: the fault stands
+	}
+	for _, name := range cd.devices {
+		n := c.nics[name]
+		for i := range n.Ports {
+			p := &n.Ports[i]
+			key := portKey(p.Device, p.Port)
+			prev := c.st.Ports[key]
+			if prev == nil || prev.Level != levelFatal || prev.Unreported || p.ReadError != "" || !c.stateOn(p.LinkLayer) {
+				continue
+			}
+			level, st, ph := evaluate(p)
+			if level == levelHealthy || level == "" || others.active(n, p) {
+				continue
+			}
+			c.st.Ports[key] = &portState{State: p.State, PhysState: p.PhysicalState, LinkLayer: p.LinkLayer, Level: level,
+				Counters: prev.Counters, Breached: prev.Breached, Unreported: true}
+			c.log.Info("port reported with its card down as on its peer cards: uncabled, fault cleared", "device", p.Device, "port", p.Port, "card", cd.addr, "state", st, "phys_state", ph)
+			emit(retiredEvent(p.Device, p.Port, p.LinkLayer, "uncabled as on its peer cards: not a fault", false))
+		}
+	}
 }
 
 // portSlot names a port by its place on its card, the same on each card

@@ -327,3 +327,136 @@ func TestHeldPortReportedWithItsCard(t *testing.T) {
 		})
 	}
 }
+
+// TestUncabledPortClearedWithItsCard: a card reported below its peer mode
+// reports its unhealthy ports with it (§3.4), a port uncabled on every
+// card too (a first poll finds port 1 DOWN/Disabled: the card and both
+// ports fatal at once). Once the card is back at its peer mode, that port
+// — still down as the same port is on its peers at mode — gets a healthy
+// event saying so, and is kept as an uncabled port: no fault stands that
+// nothing would ever lift. Also after an agent restart over the state,
+// and for a card flagged at runtime past the hold-down (its device first
+// seen then, its ports reported at once). A
+// port down while the same port is ACTIVE on most of the other cards at
+// mode (the card itself is not its own peer) stays reported.
+func TestUncabledPortClearedWithItsCard(t *testing.T) {
+	stateOf := func(evs []string) []string {
+		return slices.DeleteFunc(slices.Clone(evs), func(s string) bool {
+			return !strings.Contains(s, " InfiniBandStateCheck: ") || !strings.Contains(s, "mlx5_0") && !strings.Contains(s, "0000:10:00")
+		})
+	}
+	dualPort := func(phys string) nictest.Platform {
+		p := small()
+		for i := range p.Devices {
+			p.Devices[i].Ports = append(p.Devices[i].Ports, nictest.Port{LinkLayer: p.Devices[i].Ports[0].LinkLayer, State: nictest.Down, PhysState: phys})
+		}
+		return p
+	}
+	for _, uncabled := range []string{nictest.Disabled, nictest.Polling} {
+		ph := strings.SplitN(uncabled, " ", 2)[1]
+		for _, restart := range []bool{false, true} {
+			name := "port 2 DOWN/" + ph
+			if restart {
+				name += ", restarted"
+			}
+			t.Run(name, func(t *testing.T) {
+				e := setup(t, dualPort(uncabled))
+				must(t, e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Disabled))
+				_, tick := e.clockedCheck(time.Minute)
+				wantEvents(t, "first poll", stateOf(tick()), []string{
+					"F InfiniBandStateCheck: Card 0000:10:00 (compute) has 0 active ports, expected 1 (peer mode)",
+					"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Disabled",
+					"F InfiniBandStateCheck: Port mlx5_0 port 2: state DOWN, phys_state " + ph,
+				})
+				wantEvents(t, "steady", stateOf(tick()), nil)
+				if restart {
+					_, tick = e.clockedCheck(time.Minute)
+				}
+				must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+				wantEvents(t, "port 1 fixed", stateOf(tick()), []string{
+					"H InfiniBandStateCheck: Card 0000:10:00 (compute) has 1 active ports, back at peer mode 1",
+					"H InfiniBandStateCheck: Port mlx5_0 port 2: cleared, uncabled as on its peer cards: not a fault",
+					"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+				})
+				for range 3 {
+					wantEvents(t, "steady", stateOf(tick()), nil)
+				}
+				// Cabled later: its healthy event, as any port coming up.
+				must(t, e.tree.SetPort("mlx5_0", 2, nictest.Active, nictest.LinkUp))
+				wantEvents(t, "port 2 cabled", stateOf(tick()), []string{"H InfiniBandStateCheck: Port mlx5_0 port 2: healthy (ACTIVE, LinkUp)"})
+			})
+		}
+	}
+	t.Run("device first seen at runtime, card flagged past the hold-down", func(t *testing.T) {
+		// Its ports are first observations on a card below its peer
+		// mode: both reported at once, the card past the hold-down.
+		p := dualPort(nictest.Disabled)
+		d0 := p.Devices[0]
+		e := setup(t, p)
+		must(t, e.tree.Remove("mlx5_0"))
+		_, tick := e.clockedCheck(time.Minute)
+		tick()
+		d0.Ports[0].State, d0.Ports[0].PhysState = nictest.Down, nictest.Polling
+		must(t, e.tree.Add(d0))
+		wantEvents(t, "device seen", stateOf(tick()), []string{
+			"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Polling",
+			"F InfiniBandStateCheck: Port mlx5_0 port 2: state DOWN, phys_state Disabled",
+		})
+		var got []string
+		for range 6 {
+			got = append(got, stateOf(tick())...)
+		}
+		wantEvents(t, "past the hold-down", got, []string{"F InfiniBandStateCheck: Card 0000:10:00 (compute) has 0 active ports, expected 1 (peer mode)"})
+		must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+		wantEvents(t, "port 1 up", stateOf(tick()), []string{
+			"H InfiniBandStateCheck: Card 0000:10:00 (compute) has 1 active ports, back at peer mode 1",
+			"H InfiniBandStateCheck: Port mlx5_0 port 2: cleared, uncabled as on its peer cards: not a fault",
+			"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+		})
+		wantEvents(t, "steady", stateOf(tick()), nil)
+	})
+	t.Run("port 1 down at runtime, port 2 never reported", func(t *testing.T) {
+		// Port 2 saved uncabled by the first poll (its card at mode):
+		// no fault of its to lift when the card is back.
+		e := setup(t, dualPort(nictest.Disabled))
+		_, tick := e.clockedCheck(time.Minute)
+		wantEvents(t, "first poll", stateOf(tick()), []string{"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)"})
+		must(t, e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Disabled))
+		var got []string
+		for range 7 {
+			got = append(got, stateOf(tick())...)
+		}
+		wantEvents(t, "port 1 down", got, []string{
+			"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Disabled",
+			"F InfiniBandStateCheck: Card 0000:10:00 (compute) has 0 active ports, expected 1 (peer mode)",
+		})
+		must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+		wantEvents(t, "port 1 up", stateOf(tick()), []string{
+			"H InfiniBandStateCheck: Card 0000:10:00 (compute) has 1 active ports, back at peer mode 1",
+			"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+		})
+	})
+	t.Run("port 2 ACTIVE on most other cards", func(t *testing.T) {
+		// Cabled across ports: mlx5_1 and mlx5_2 on port 2, mlx5_3 on
+		// port 1 (peer mode 1). mlx5_0's port 2 is down where most of
+		// its peers' is up: its fault stands.
+		e := setup(t, dualPort(nictest.Disabled))
+		for _, d := range []string{"mlx5_1", "mlx5_2"} {
+			must(t, e.tree.SetPort(d, 1, nictest.Down, nictest.Disabled))
+			must(t, e.tree.SetPort(d, 2, nictest.Active, nictest.LinkUp))
+		}
+		must(t, e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Disabled))
+		_, tick := e.clockedCheck(time.Minute)
+		wantEvents(t, "first poll", stateOf(tick()), []string{
+			"F InfiniBandStateCheck: Card 0000:10:00 (compute) has 0 active ports, expected 1 (peer mode)",
+			"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Disabled",
+			"F InfiniBandStateCheck: Port mlx5_0 port 2: state DOWN, phys_state Disabled",
+		})
+		must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+		wantEvents(t, "port 1 fixed", stateOf(tick()), []string{
+			"H InfiniBandStateCheck: Card 0000:10:00 (compute) has 1 active ports, back at peer mode 1",
+			"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+		})
+		wantEvents(t, "steady", stateOf(tick()), nil)
+	})
+}

@@ -36,6 +36,11 @@ type portState struct {
 	// poll that held its card down: not reported yet (Level ""), it is
 	// reported with its card past the hold-down, if still unhealthy.
 	Held bool `json:"held,omitempty"`
+	// Unreported marks a port saved unhealthy without its event: an
+	// uncabled port (down at its first observation on a card at peer
+	// mode, or down as on its peers). Absent from state written before
+	// it: such a port reads as reported.
+	Unreported bool `json:"unreported,omitempty"`
 }
 
 // cardFlag is a card reported below its role's peer mode.
