@@ -855,7 +855,9 @@ func (c *Check) retirePorts(dev, why string, emit func(*datamodels.HealthEvent))
 				emit(retiredEvent(dev, uint(port), ps.LinkLayer, why, true))
 			}
 		}
-		if ps.Level == "" || ps.Level == levelHealthy {
+		if ps.Level == "" || ps.Level == levelHealthy || ps.Unreported {
+			// An unhealthy port never reported (uncabled as on its
+			// peers, held with its card) is not a fault to carry over.
 			continue
 		}
 		unhealthy = append(unhealthy, uint(port))

@@ -460,3 +460,29 @@ func TestUncabledPortClearedWithItsCard(t *testing.T) {
 		wantEvents(t, "steady", stateOf(tick()), nil)
 	})
 }
+
+// TestRenamedUncabledPortNotCarriedOver: a device renamed (an mlx5 reset,
+// then udev's rename) whose port 2 is uncabled as on its peers, never
+// reported, is not reported fatal under its new name: only ports reported
+// unhealthy under the old name carry their fault over (retirePorts).
+func TestRenamedUncabledPortNotCarriedOver(t *testing.T) {
+	p := small()
+	for i := range p.Devices {
+		p.Devices[i].Ports = append(p.Devices[i].Ports, nictest.Port{LinkLayer: p.Devices[i].Ports[0].LinkLayer, State: nictest.Down, PhysState: nictest.Disabled})
+	}
+	e := setup(t, p)
+	c := e.check()
+	poll(t, c)
+	wantEvents(t, "steady", stateEvents(poll(t, c)), nil)
+	renameDevice(t, e.tree, "mlx5_2", "ibp48s0")
+	for _, ev := range stateEvents(poll(t, c)) {
+		if strings.HasPrefix(ev, "F ") {
+			t.Errorf("renamed: %s (an uncabled port never reported is no fault to carry over)", ev)
+		}
+	}
+}
+
+// stateEvents are the link-state check's events, briefly.
+func stateEvents(evs []string) []string {
+	return slices.DeleteFunc(slices.Clone(evs), func(s string) bool { return !strings.Contains(s, "StateCheck: ") })
+}
