@@ -998,8 +998,12 @@ func gpuOf(key string) (pci, gpu string, ok bool) {
 // trigger keeps its own group where its verdict stands; else it takes, in
 // order: the newest standing verdict of another spelling; the spelling an
 // earlier trigger of the GPU took in these triggers (so one batch starts
-// one verdict); the newest of its own and the other spellings' recovered
-// verdicts (a late trigger is then judged after that recovery, prepare).
+// one verdict); the newest of its own recovered verdict and those of the
+// other spellings that it is late against (generated at or before their
+// recovery: it is then judged after that recovery, prepare). A trigger
+// after every recovery keeps its own spelling: taking an old recovered
+// verdict's "PCI=…" alone, a GPU's later verdicts no longer named its UUID
+// (remediation, drain's reset scope and pod matching found no GPU).
 // priors holds the other spellings' groups (priors reads them).
 func sameGPU(r *Rule, priors map[string]prior, trigs []trigger) {
 	if r.Scope != ScopeEntity {
@@ -1045,7 +1049,7 @@ func sameGPU(r *Rule, priors map[string]prior, trigs []trigger) {
 			if !found {
 				best, found = p, has
 				for _, e := range known[id] {
-					if q := priors[t.cluster+"\x00"+t.dnode+"\x00"+e]; same(e) && (!found || q.tMS > best.tMS) {
+					if q := priors[t.cluster+"\x00"+t.dnode+"\x00"+e]; same(e) && t.atMS <= q.tMS && (!found || q.tMS > best.tMS) {
 						pick, best, found = e, q, true
 					}
 				}

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
@@ -131,5 +132,41 @@ func TestGPUOf(t *testing.T) {
 		if pci != tc.pci || gpu != tc.gpu || ok != tc.ok {
 			t.Errorf("gpuOf(%q) = %q, %q, %v; want %q, %q, %v", tc.key, pci, gpu, ok, tc.pci, tc.gpu, tc.ok)
 		}
+	}
+}
+
+// TestSameGPURecoveredOtherSpelling: a GPU's verdict once stood under
+// "PCI=…" alone and has recovered; a later Xid named "PCI=…,GPU=…" with no
+// verdict of its own keeps its own spelling (its derived events name the
+// GPU's UUID). Only a trigger late against that recovery (generated at or
+// before it) takes its spelling, to be judged after it (prepare).
+func TestSameGPURecoveredOtherSpelling(t *testing.T) {
+	const (
+		pci  = "PCI=0000:01:00.0"
+		full = pci + ",GPU=GPU-A"
+		day  = int64(24 * time.Hour / time.Millisecond)
+	)
+	r := &Rule{Scope: ScopeEntity}
+	for _, tc := range []struct {
+		name string
+		atMS int64
+		want string
+	}{
+		{"a month after the recovery", 30 * day, full},
+		{"just after the recovery", 1001, full},
+		{"late: at the recovery", 1000, pci},
+		{"late: before the recovery", 500, pci},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			priors := map[string]prior{"c\x00n1\x00" + pci: {id: "r", healthy: true, tMS: 1000, mode: ModeLive}}
+			trigs := []trigger{{cluster: "c", dnode: "n1", dentity: full, atMS: tc.atMS, entities: gpuEntities(full)}}
+			sameGPU(r, priors, trigs)
+			if got := trigs[0].dentity; got != tc.want {
+				t.Fatalf("dentity %q, want %q", got, tc.want)
+			}
+			if got := events.EntityKey(&datamodels.HealthEvent{EntitiesImpacted: trigs[0].entities}); got != tc.want {
+				t.Fatalf("entities %q, want %q (the derived event's entities are its group's)", got, tc.want)
+			}
+		})
 	}
 }
