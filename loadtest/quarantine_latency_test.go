@@ -47,7 +47,15 @@ func BenchmarkEventToCordon(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := res.Background.Verified(0.95); err != nil {
+	bg := res.Background
+	if bg.Window < time.Second {
+		// Too few faults (the smoke run's -benchtime 2x) for a window a
+		// batch period's stall does not decide: the whole run is checked,
+		// the window's figure logged.
+		b.Log(bg.Verdict(0.95))
+		bg.Window = 0
+	}
+	if err := bg.Verified(0.95); err != nil {
 		b.Fatal(err)
 	}
 	if len(res.Latencies) < res.Faults {

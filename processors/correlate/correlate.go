@@ -1000,8 +1000,9 @@ func gpuOf(key string) (pci, gpu string, ok bool) {
 // earlier trigger of the GPU took in these triggers (so one batch starts
 // one verdict); the newest of its own recovered verdict and those of the
 // other spellings that it is late against (generated at or before their
-// recovery: it is then judged after that recovery, prepare). A trigger
-// after every recovery keeps its own spelling: taking an old recovered
+// recovery: it is then judged after that recovery, prepare) or that name
+// the UUID it lacks. A trigger naming the UUID after every recovery keeps
+// its own spelling: taking an old recovered
 // verdict's "PCI=…" alone, a GPU's later verdicts no longer named its UUID
 // (remediation, drain's reset scope and pod matching found no GPU).
 // priors holds the other spellings' groups (priors reads them).
@@ -1032,6 +1033,14 @@ func sameGPU(r *Rule, priors map[string]prior, trigs []trigger) {
 			_, g, _ := gpuOf(e)
 			return e != t.dentity && (gpu == "" || g == "" || g == gpu)
 		}
+		// names: e names the GPU's UUID where the trigger does not (a
+		// "PCI=…" alone: NVSentinel's syslog monitor, kmsg before it
+		// learns the UUID): its recovered verdict is taken even after
+		// the recovery, or the new verdict would name no UUID.
+		names := func(e string) bool {
+			_, g, _ := gpuOf(e)
+			return gpu == "" && g != ""
+		}
 		pick := t.dentity
 		if p, has := priors[t.groupKey()]; !has || p.healthy {
 			var best prior
@@ -1049,7 +1058,7 @@ func sameGPU(r *Rule, priors map[string]prior, trigs []trigger) {
 			if !found {
 				best, found = p, has
 				for _, e := range known[id] {
-					if q := priors[t.cluster+"\x00"+t.dnode+"\x00"+e]; same(e) && t.atMS <= q.tMS && (!found || q.tMS > best.tMS) {
+					if q := priors[t.cluster+"\x00"+t.dnode+"\x00"+e]; same(e) && (t.atMS <= q.tMS || names(e)) && (!found || q.tMS > best.tMS) {
 						pick, best, found = e, q, true
 					}
 				}

@@ -169,4 +169,14 @@ func TestSameGPURecoveredOtherSpelling(t *testing.T) {
 			}
 		})
 	}
+	// The mirror: a "PCI=…" alone after the full name's recovery takes
+	// the full name (its UUID), late or not.
+	for _, atMS := range []int64{500, 1001, 30 * day} {
+		priors := map[string]prior{"c\x00n1\x00" + full: {id: "r", healthy: true, tMS: 1000, mode: ModeLive}}
+		trigs := []trigger{{cluster: "c", dnode: "n1", dentity: pci, atMS: atMS, entities: gpuEntities(pci)}}
+		sameGPU(r, priors, trigs)
+		if got := trigs[0].dentity; got != full {
+			t.Errorf("PCI-only trigger at %d after the full name's recovery: dentity %q, want %q", atMS, got, full)
+		}
+	}
 }
