@@ -591,15 +591,16 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 				// uncabled port, as on a card at mode, and not reported
 				// (nothing would lift that fault when the card is back).
 				_, below := anomalous[cardKey(n)]
-				report := anomalous[cardKey(n)] || inherited[key]
+				withCard := anomalous[cardKey(n)]
 				if prev != nil && prev.Held {
-					report = c.st.AnomalousCards[cardKey(n)] != nil || inherited[key]
-					if report && !inherited[key] && !peers[n.Role].active(n, p) {
-						report, below = false, false
+					withCard = c.st.AnomalousCards[cardKey(n)] != nil
+					if withCard && !inherited[key] && !peers[n.Role].active(n, p) {
+						withCard, below = false, false
 					}
 				}
+				report := withCard || inherited[key]
 				hold := below && !report && (c.fresh || prev != nil && prev.Held)
-				if ev := c.transition(n, p, prev, report, hold); ev != nil {
+				if ev := c.transition(n, p, prev, report, withCard, hold); ev != nil {
 					emit(ev)
 				}
 			}
@@ -776,7 +777,7 @@ func (c *Check) retireDisabled(emit func(*datamodels.HealthEvent)) {
 			if ps.Level != levelHealthy {
 				emit(retiredEvent(dev, uint(port), ps.LinkLayer, checkName(ps.LinkLayer, false)+" disabled", false))
 			}
-			ps.State, ps.PhysState, ps.Level, ps.Held, ps.Unreported = "", "", "", false, false
+			ps.State, ps.PhysState, ps.Level, ps.Held, ps.Unreported, ps.WithCard = "", "", "", false, false, false
 		}
 		if !c.degrOn(ps.LinkLayer) && len(ps.Counters)+len(ps.Breached) > 0 {
 			if len(ps.Breached) > 0 {
@@ -873,10 +874,12 @@ func (c *Check) retirePorts(dev, why string, emit func(*datamodels.HealthEvent))
 // event to emit, if any. reportUnhealthy: a first observation unhealthy
 // is reported (its card is below its peer mode, or the port was reported
 // unhealthy under its device's former name), not taken for an uncabled
-// port. hold: a first observation unhealthy is neither reported nor
-// taken for an uncabled port: its card is held down (a first poll's
-// port training or waiting for the SM), and the port is reported with it.
-func (c *Check) transition(n *NIC, p *Port, prev *portState, reportUnhealthy, hold bool) *datamodels.HealthEvent {
+// port. withCard: it is reported because of its card, its fault saved
+// as one lifted with the card's (WithCard, clearUncabled). hold: a first
+// observation unhealthy is neither reported nor taken for an uncabled
+// port: its card is held down (a first poll's port training or waiting
+// for the SM), and the port is reported with it.
+func (c *Check) transition(n *NIC, p *Port, prev *portState, reportUnhealthy, withCard, hold bool) *datamodels.HealthEvent {
 	level, stName, phName := evaluate(p)
 	key := portKey(p.Device, p.Port)
 	if level == "" { // Ethernet INIT/ARMED: transient, not reported, snapshot kept
@@ -897,6 +900,7 @@ func (c *Check) transition(n *NIC, p *Port, prev *portState, reportUnhealthy, ho
 			return portEvent(n, p, level, stName, phName)
 		}
 		if reportUnhealthy {
+			next.WithCard = withCard
 			return portEvent(n, p, level, stName, phName)
 		}
 		if hold {
@@ -922,6 +926,7 @@ func (c *Check) transition(n *NIC, p *Port, prev *portState, reportUnhealthy, ho
 		ev = portEvent(n, p, level, stName, phName)
 	}
 	next.Unreported = prev.Unreported && ev == nil
+	next.WithCard = prev.WithCard && prev.Level == level
 	return ev
 }
 
@@ -1217,10 +1222,11 @@ func (ps *peerSlots) without(c *Check, cd *card) *peerSlots {
 }
 
 // clearUncabled lifts, once card cd is back at its peer mode, the fault
-// of each of its ports reported with it (§3.4) and still down as the same
-// port is on most of the other cards at mode (at least one): uncabled on
-// every card, it crosses no boundary when the card is fixed, and its fatal
-// would stand for ever. It gets a healthy event and is saved as an
+// of each of its ports reported with it (§3.4, WithCard: not a port that
+// reported its own fault before) and still down as the same port is on
+// most of the other cards at mode (at least one): uncabled on every card,
+// it crosses no boundary when the card is fixed, and its fatal would
+// stand for ever. It gets a healthy event and is saved as an
 // uncabled port on a card at mode is (its state, no event).
 func (c *Check) clearUncabled(cd *card, peers *peerSlots, emit func(*datamodels.HealthEvent)) {
 	others := peers.without(c, cd)
@@ -1233,7 +1239,7 @@ func (c *Check) clearUncabled(cd *card, peers *peerSlots, emit func(*datamodels.
 			p := &n.Ports[i]
 			key := portKey(p.Device, p.Port)
 			prev := c.st.Ports[key]
-			if prev == nil || prev.Level != levelFatal || prev.Unreported || p.ReadError != "" || !c.stateOn(p.LinkLayer) {
+			if prev == nil || prev.Level != levelFatal || !prev.WithCard || p.ReadError != "" || !c.stateOn(p.LinkLayer) {
 				continue
 			}
 			level, st, ph := evaluate(p)

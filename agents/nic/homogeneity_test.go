@@ -436,6 +436,39 @@ func TestUncabledPortClearedWithItsCard(t *testing.T) {
 			"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
 		})
 	})
+	t.Run("port 2 cabled on this card only, its own fault", func(t *testing.T) {
+		// mlx5_0 uses both ports, its peers port 1 only (peer mode 1,
+		// their port 2 uncabled). Its port 2 losing its cable is its own
+		// fault, reported before its card was: port 1 going down and
+		// back later does not lift it, however its peers' port 2 stands.
+		p := dualPort(nictest.Disabled)
+		p.Devices[0].Ports[1].State, p.Devices[0].Ports[1].PhysState = nictest.Active, nictest.LinkUp
+		e := setup(t, p)
+		_, tick := e.clockedCheck(time.Minute)
+		wantEvents(t, "first poll", stateOf(tick()), []string{
+			"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+			"H InfiniBandStateCheck: Port mlx5_0 port 2: healthy (ACTIVE, LinkUp)",
+		})
+		must(t, e.tree.SetPort("mlx5_0", 2, nictest.Down, nictest.Disabled))
+		wantEvents(t, "port 2 down", stateOf(tick()), []string{"F InfiniBandStateCheck: Port mlx5_0 port 2: state DOWN, phys_state Disabled"})
+		must(t, e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Disabled))
+		var got []string
+		for range 7 {
+			got = append(got, stateOf(tick())...)
+		}
+		wantEvents(t, "port 1 down", got, []string{
+			"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Disabled",
+			"F InfiniBandStateCheck: Card 0000:10:00 (compute) has 0 active ports, expected 1 (peer mode)",
+		})
+		must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+		wantEvents(t, "port 1 up", stateOf(tick()), []string{
+			"H InfiniBandStateCheck: Card 0000:10:00 (compute) has 1 active ports, back at peer mode 1",
+			"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+		})
+		wantEvents(t, "steady", stateOf(tick()), nil)
+		must(t, e.tree.SetPort("mlx5_0", 2, nictest.Active, nictest.LinkUp))
+		wantEvents(t, "port 2 recabled", stateOf(tick()), []string{"H InfiniBandStateCheck: Port mlx5_0 port 2: healthy (ACTIVE, LinkUp)"})
+	})
 	t.Run("port 2 ACTIVE on most other cards", func(t *testing.T) {
 		// Cabled across ports: mlx5_1 and mlx5_2 on port 2, mlx5_3 on
 		// port 1 (peer mode 1). mlx5_0's port 2 is down where most of

@@ -41,6 +41,12 @@ type portState struct {
 	// mode, or down as on its peers). Absent from state written before
 	// it: such a port reads as reported.
 	Unreported bool `json:"unreported,omitempty"`
+	// WithCard marks a port whose unhealthy state was reported with its
+	// card (a first observation on a card below its peer mode, or held
+	// with it), kept while its level stands: only such a fault is lifted
+	// with the card's (clearUncabled), not one the port reported itself.
+	// Absent from state written before it: such a fault stands.
+	WithCard bool `json:"with_card,omitempty"`
 }
 
 // cardFlag is a card reported below its role's peer mode.
