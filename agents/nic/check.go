@@ -571,7 +571,10 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 					continue // reported (unreadable, or down before)
 				}
 				if c.stateOn(p.LinkLayer) {
-					next := &portState{LinkLayer: p.LinkLayer, Level: levelFatal}
+					// WithCard: the card's failure to read, not a link
+					// fault the port saw: an uncabled port once readable
+					// again is cleared with its card (clearUncabled).
+					next := &portState{LinkLayer: p.LinkLayer, Level: levelFatal, WithCard: true}
 					if prev != nil {
 						next.Counters, next.Breached = prev.Counters, prev.Breached
 					}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -331,4 +332,38 @@ func TestPortUnreadablePastHoldDown(t *testing.T) {
 	restore = unreadable(t, filepath.Join(e.tree.PortDir("mlx5_1", 1), "state"))
 	now = now.Add(time.Minute)
 	wantEvents(t, "bad read again: the hold-down starts again", poll(t, c), nil)
+}
+
+// TestUnreadableUncabledPortClearedWithItsCard: an HCA unreadable past the
+// hold-down reports both ports fatal and its card below its peers; once it
+// reads again, port 1 ACTIVE and port 2 uncabled as on its peer cards, port
+// 2's fatal (the card's failure to read, not a link fault it saw) is
+// cleared with the card: it stood for ever, the node quarantined.
+func TestUnreadableUncabledPortClearedWithItsCard(t *testing.T) {
+	p := small()
+	for i := range p.Devices {
+		p.Devices[i].Ports = append(p.Devices[i].Ports, nictest.Port{LinkLayer: p.Devices[i].Ports[0].LinkLayer, State: nictest.Down, PhysState: nictest.Disabled})
+	}
+	e := setup(t, p)
+	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	r1 := unreadable(t, filepath.Join(e.tree.PortDir("mlx5_0", 1), "state"))
+	r2 := unreadable(t, filepath.Join(e.tree.PortDir("mlx5_0", 2), "state"))
+	c := clocked(t, e, &now) // hung from boot: the first poll cannot read them
+	var faults []string
+	for range 14 {
+		faults = append(faults, stateEvents(poll(t, c))...)
+		now = now.Add(time.Minute)
+	}
+	if !slices.Contains(faults, "F InfiniBandStateCheck: Card 0000:10:00 (compute) has 0 active ports, expected 1 (peer mode)") ||
+		!slices.ContainsFunc(faults, func(s string) bool {
+			return strings.HasPrefix(s, "F InfiniBandStateCheck: Port mlx5_0 port 2: state unreadable")
+		}) {
+		t.Fatalf("unreadable from boot: %q, want the card's and each port's fatal", faults)
+	}
+	r1("4: ACTIVE")
+	r2("1: DOWN")
+	got := stateEvents(poll(t, c))
+	if !slices.Contains(got, "H InfiniBandStateCheck: Port mlx5_0 port 2: cleared, uncabled as on its peer cards: not a fault") {
+		t.Fatalf("readable again: %q, want port 2 cleared with its card", got)
+	}
 }

@@ -1035,11 +1035,22 @@ func sameGPU(r *Rule, priors map[string]prior, trigs []trigger) {
 		}
 		// names: e names the GPU's UUID where the trigger does not (a
 		// "PCI=…" alone: NVSentinel's syslog monitor, kmsg before it
-		// learns the UUID): its recovered verdict is taken even after
-		// the recovery, or the new verdict would name no UUID.
-		names := func(e string) bool {
+		// learns the UUID), the node's only UUID at that address, with a
+		// verdict within the rule's window: its recovered verdict is
+		// taken even after the recovery, or the new verdict would name no
+		// UUID. An older one may be a GPU since replaced at the same
+		// address (its new UUID's trigger would start a second verdict).
+		names := func(e string, q prior) bool {
 			_, g, _ := gpuOf(e)
-			return gpu == "" && g != ""
+			if gpu != "" || g == "" || q.tMS < t.atMS-r.Window.Milliseconds() {
+				return false
+			}
+			for _, o := range known[id] {
+				if _, og, _ := gpuOf(o); og != "" && og != g {
+					return false
+				}
+			}
+			return true
 		}
 		pick := t.dentity
 		if p, has := priors[t.groupKey()]; !has || p.healthy {
@@ -1058,7 +1069,7 @@ func sameGPU(r *Rule, priors map[string]prior, trigs []trigger) {
 			if !found {
 				best, found = p, has
 				for _, e := range known[id] {
-					if q := priors[t.cluster+"\x00"+t.dnode+"\x00"+e]; same(e) && (t.atMS <= q.tMS || names(e)) && (!found || q.tMS > best.tMS) {
+					if q := priors[t.cluster+"\x00"+t.dnode+"\x00"+e]; same(e) && (t.atMS <= q.tMS || names(e, q)) && (!found || q.tMS > best.tMS) {
 						pick, best, found = e, q, true
 					}
 				}

@@ -170,13 +170,29 @@ func TestSameGPURecoveredOtherSpelling(t *testing.T) {
 		})
 	}
 	// The mirror: a "PCI=…" alone after the full name's recovery takes
-	// the full name (its UUID), late or not.
-	for _, atMS := range []int64{500, 1001, 30 * day} {
-		priors := map[string]prior{"c\x00n1\x00" + full: {id: "r", healthy: true, tMS: 1000, mode: ModeLive}}
-		trigs := []trigger{{cluster: "c", dnode: "n1", dentity: pci, atMS: atMS, entities: gpuEntities(pci)}}
+	// the full name (its UUID) within the rule's window of it, late or
+	// not; past the window (the GPU may have been replaced since) or with
+	// two UUIDs known at the address, it keeps its own.
+	r.Window = 24 * time.Hour
+	for _, tc := range []struct {
+		atMS  int64
+		known []string
+		want  string
+	}{
+		{500, []string{full}, full},
+		{1001, []string{full}, full},
+		{day, []string{full}, full},
+		{30 * day, []string{full}, pci},
+		{1001, []string{full, pci + ",GPU=GPU-B"}, pci},
+	} {
+		priors := map[string]prior{}
+		for _, k := range tc.known {
+			priors["c\x00n1\x00"+k] = prior{id: "r", healthy: true, tMS: 1000, mode: ModeLive}
+		}
+		trigs := []trigger{{cluster: "c", dnode: "n1", dentity: pci, atMS: tc.atMS, entities: gpuEntities(pci)}}
 		sameGPU(r, priors, trigs)
-		if got := trigs[0].dentity; got != full {
-			t.Errorf("PCI-only trigger at %d after the full name's recovery: dentity %q, want %q", atMS, got, full)
+		if got := trigs[0].dentity; got != tc.want {
+			t.Errorf("PCI-only trigger at %d after the recovery of %v: dentity %q, want %q", tc.atMS, tc.known, got, tc.want)
 		}
 	}
 }
