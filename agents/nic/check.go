@@ -571,10 +571,12 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 					continue // reported (unreadable, or down before)
 				}
 				if c.stateOn(p.LinkLayer) {
-					// WithCard: the card's failure to read, not a link
-					// fault the port saw: an uncabled port once readable
-					// again is cleared with its card (clearUncabled).
-					next := &portState{LinkLayer: p.LinkLayer, Level: levelFatal, WithCard: true}
+					// WithCard, for a port with no reported state of its
+					// own: the card's failure to read, not a link fault
+					// the port saw; uncabled as on its peers once readable
+					// again, it is cleared with its card (clearUncabled).
+					own := prev != nil && prev.Level != "" && !prev.Held && !prev.Unreported
+					next := &portState{LinkLayer: p.LinkLayer, Level: levelFatal, WithCard: !own}
 					if prev != nil {
 						next.Counters, next.Breached = prev.Counters, prev.Breached
 					}

@@ -367,3 +367,37 @@ func TestUnreadableUncabledPortClearedWithItsCard(t *testing.T) {
 		t.Fatalf("readable again: %q, want port 2 cleared with its card", got)
 	}
 }
+
+// TestUnreadableCabledPortNotCleared: a port cabled on this card only (its
+// peers' is uncabled) that was ACTIVE before its HCA hung and reads DOWN
+// once the HCA is back lost its link: its fatal stands when its card
+// recovers, not cleared as uncabled.
+func TestUnreadableCabledPortNotCleared(t *testing.T) {
+	p := small()
+	for i := range p.Devices {
+		st, ph := nictest.Down, nictest.Disabled
+		if i == 0 {
+			st, ph = nictest.Active, nictest.LinkUp
+		}
+		p.Devices[i].Ports = append(p.Devices[i].Ports, nictest.Port{LinkLayer: p.Devices[i].Ports[0].LinkLayer, State: st, PhysState: ph})
+	}
+	e := setup(t, p)
+	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	c := clocked(t, e, &now)
+	poll(t, c)
+	r1 := unreadable(t, filepath.Join(e.tree.PortDir("mlx5_0", 1), "state"))
+	r2 := unreadable(t, filepath.Join(e.tree.PortDir("mlx5_0", 2), "state"))
+	for range 14 {
+		now = now.Add(time.Minute)
+		poll(t, c)
+	}
+	r1("4: ACTIVE")
+	r2("1: DOWN")
+	must(t, e.tree.SetPort("mlx5_0", 2, nictest.Down, nictest.Disabled))
+	now = now.Add(time.Minute)
+	for _, ev := range stateEvents(poll(t, c)) {
+		if strings.Contains(ev, "port 2") && strings.HasPrefix(ev, "H ") {
+			t.Errorf("back, port 2 down: %s (its link was lost: the fault stands)", ev)
+		}
+	}
+}

@@ -1035,18 +1035,18 @@ func sameGPU(r *Rule, priors map[string]prior, trigs []trigger) {
 		}
 		// names: e names the GPU's UUID where the trigger does not (a
 		// "PCI=…" alone: NVSentinel's syslog monitor, kmsg before it
-		// learns the UUID), the node's only UUID at that address, with a
-		// verdict within the rule's window: its recovered verdict is
-		// taken even after the recovery, or the new verdict would name no
-		// UUID. An older one may be a GPU since replaced at the same
-		// address (its new UUID's trigger would start a second verdict).
+		// learns the UUID), the newest UUID with a verdict at that
+		// address, within MaxStanding: its recovered verdict is taken
+		// even after the recovery, or the new verdict would name no
+		// UUID. Older, it may be a GPU since replaced at the same address
+		// (the new UUID's trigger would start a second verdict).
 		names := func(e string, q prior) bool {
 			_, g, _ := gpuOf(e)
-			if gpu != "" || g == "" || q.tMS < t.atMS-r.Window.Milliseconds() {
+			if gpu != "" || g == "" || q.tMS < t.atMS-MaxStanding.Milliseconds() {
 				return false
 			}
 			for _, o := range known[id] {
-				if _, og, _ := gpuOf(o); og != "" && og != g {
+				if _, og, _ := gpuOf(o); og != "" && og != g && priors[t.cluster+"\x00"+t.dnode+"\x00"+o].tMS >= q.tMS {
 					return false
 				}
 			}

@@ -170,24 +170,25 @@ func TestSameGPURecoveredOtherSpelling(t *testing.T) {
 		})
 	}
 	// The mirror: a "PCI=…" alone after the full name's recovery takes
-	// the full name (its UUID) within the rule's window of it, late or
-	// not; past the window (the GPU may have been replaced since) or with
-	// two UUIDs known at the address, it keeps its own.
-	r.Window = 24 * time.Hour
+	// the full name (its UUID), late or not, the newest UUID at the
+	// address; past MaxStanding (the GPU may have been replaced since) it
+	// keeps its own.
+	other := pci + ",GPU=GPU-B"
 	for _, tc := range []struct {
 		atMS  int64
-		known []string
+		known map[string]int64 // spelling -> its recovery
 		want  string
 	}{
-		{500, []string{full}, full},
-		{1001, []string{full}, full},
-		{day, []string{full}, full},
-		{30 * day, []string{full}, pci},
-		{1001, []string{full, pci + ",GPU=GPU-B"}, pci},
+		{500, map[string]int64{full: 1000}, full},
+		{1001, map[string]int64{full: 1000}, full},
+		{20 * day, map[string]int64{full: 1000}, full},
+		{31 * day, map[string]int64{full: 1000}, pci},
+		{1001, map[string]int64{full: 1000, other: 900}, full},
+		{1001, map[string]int64{full: 800, other: 900}, other},
 	} {
 		priors := map[string]prior{}
-		for _, k := range tc.known {
-			priors["c\x00n1\x00"+k] = prior{id: "r", healthy: true, tMS: 1000, mode: ModeLive}
+		for k, at := range tc.known {
+			priors["c\x00n1\x00"+k] = prior{id: "r", healthy: true, tMS: at, mode: ModeLive}
 		}
 		trigs := []trigger{{cluster: "c", dnode: "n1", dentity: pci, atMS: tc.atMS, entities: gpuEntities(pci)}}
 		sameGPU(r, priors, trigs)
