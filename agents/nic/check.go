@@ -575,8 +575,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 					// own: the card's failure to read, not a link fault
 					// the port saw; uncabled as on its peers once readable
 					// again, it is cleared with its card (clearUncabled).
-					own := prev != nil && prev.Level != "" && !prev.Held && !prev.Unreported
-					next := &portState{LinkLayer: p.LinkLayer, Level: levelFatal, WithCard: !own}
+					next := &portState{LinkLayer: p.LinkLayer, Level: levelFatal, WithCard: !prev.reported()}
 					if prev != nil {
 						next.Counters, next.Breached = prev.Counters, prev.Breached
 					}
@@ -861,7 +860,7 @@ func (c *Check) retirePorts(dev, why string, emit func(*datamodels.HealthEvent))
 				emit(retiredEvent(dev, uint(port), ps.LinkLayer, why, true))
 			}
 		}
-		if ps.Level == "" || ps.Level == levelHealthy || ps.Unreported {
+		if !ps.reported() || ps.Level == levelHealthy {
 			// An unhealthy port never reported (uncabled as on its
 			// peers, held with its card) is not a fault to carry over.
 			continue

@@ -49,6 +49,12 @@ type portState struct {
 	WithCard bool `json:"with_card,omitempty"`
 }
 
+// reported reports whether ps stands for a state the port's own event
+// reported (not held, not saved unhealthy without its event).
+func (ps *portState) reported() bool {
+	return ps != nil && ps.Level != "" && !ps.Held && !ps.Unreported
+}
+
 // cardFlag is a card reported below its role's peer mode.
 type cardFlag struct {
 	Role      Role     `json:"role"`
