@@ -410,32 +410,27 @@ func (s *Sweeper) Sweep(ctx context.Context, cluster string) (Output, error) {
 			}
 		}
 	}
-	if len(alone) > 0 {
-		// Once per sweep: a node alone of its hardware in its pool is its
-		// own majority, so its drift cannot be seen (another model, or a
-		// hardware label value that differs on the same hardware).
-		shown := alone
-		if len(shown) > 10 {
-			shown = shown[:10]
-		}
-		s.log.Info("conformance: hardware groups of one not judged: each node is its own majority",
-			"cluster", cluster, "groups", len(alone), "first", strings.Join(shown, " "))
-	}
-	if len(unheard) > 0 {
-		// Once per sweep: a group is judged only when more than half of
-		// all its nodes report the same fingerprint fresh and complete;
-		// until then its drift is not detected (nodes rebooting, their
-		// driver not loaded yet; agents down; nodes running no agent in
-		// a pool of nodes that do), and nothing else says so.
-		shown := unheard
-		if len(shown) > 10 {
-			shown = shown[:10]
-		}
-		s.log.Info("conformance: groups undecided: too few fresh complete reports for a majority of their nodes, drift not detected",
-			"cluster", cluster, "groups", len(unheard), "first", strings.Join(shown, "; "))
-	}
+	// Once per sweep: a node alone of its hardware in its pool is its own
+	// majority, so its drift cannot be seen (another model, or a hardware
+	// label value that differs on the same hardware).
+	s.logGroups("conformance: hardware groups of one not judged: each node is its own majority", cluster, alone, " ")
+	// Once per sweep: a group is judged only when more than half of all
+	// its nodes report the same fingerprint fresh and complete; until then
+	// its drift is not detected (nodes rebooting, their driver not loaded
+	// yet; agents down; nodes running no agent in a pool of nodes that
+	// do), and nothing else says so.
+	s.logGroups("conformance: groups undecided: too few fresh complete reports for a majority of their nodes, drift not detected", cluster, unheard, "; ")
 	s.forgetDry(cluster, members, s.live(cl))
 	return out, nil
+}
+
+// logGroups logs msg with how many groups of the cluster it concerns and
+// the first 10 (nothing when none).
+func (s *Sweeper) logGroups(msg, cluster string, groups []string, sep string) {
+	if len(groups) == 0 {
+		return
+	}
+	s.log.Info(msg, "cluster", cluster, "groups", len(groups), "first", strings.Join(groups[:min(len(groups), 10)], sep))
 }
 
 // forgetDry drops the dry-run state of the cluster's nodes this sweep did
