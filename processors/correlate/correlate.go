@@ -987,6 +987,21 @@ func gpuOf(key string) (pci, gpu string, ok bool) {
 	return pci, gpu, true
 }
 
+// gpuGroup reads a group key (cluster\x00node\x00entity) whose entity
+// names a GPU (gpuOf): id is the GPU's identity on its node
+// (cluster\x00node\x00pci), the same for each spelling of its entity.
+func gpuGroup(key string) (id, entity string, ok bool) {
+	parts := strings.SplitN(key, "\x00", 3)
+	if len(parts) != 3 {
+		return "", "", false
+	}
+	pci, _, ok := gpuOf(parts[2])
+	if !ok {
+		return "", "", false
+	}
+	return parts[0] + "\x00" + parts[1] + "\x00" + pci, parts[2], true
+}
+
 // sameGPU gives an entity-scope trigger on a GPU (gpuOf) the group of the
 // GPU's verdict under another spelling of its entity key, where the window
 // queries count the two as one GPU (sql/rules/xid_count.sql: the same PCI
@@ -1010,25 +1025,21 @@ func sameGPU(r *Rule, priors map[string]prior, trigs []trigger) {
 	if r.Scope != ScopeEntity {
 		return
 	}
-	known := map[string][]string{} // cluster\x00node\x00pci -> the entity keys of priors
+	known := map[string][]string{} // gpuGroup's id -> the entity keys of priors
 	for k := range priors {
-		parts := strings.SplitN(k, "\x00", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if pci, _, ok := gpuOf(parts[2]); ok {
-			id := parts[0] + "\x00" + parts[1] + "\x00" + pci
-			known[id] = append(known[id], parts[2])
+		if id, e, ok := gpuGroup(k); ok {
+			known[id] = append(known[id], e)
 		}
 	}
 	taken := map[string][]string{} // the spellings these triggers took, by GPU
 	for i := range trigs {
 		t := &trigs[i]
-		pci, gpu, ok := gpuOf(t.dentity)
+		id, _, ok := gpuGroup(t.groupKey())
 		if !ok {
 			continue
 		}
-		id := t.cluster + "\x00" + t.dnode + "\x00" + pci
+		_, gpu, _ := gpuOf(t.dentity)
+		priorOf := func(e string) prior { return priors[t.cluster+"\x00"+t.dnode+"\x00"+e] }
 		same := func(e string) bool {
 			_, g, _ := gpuOf(e)
 			return e != t.dentity && (gpu == "" || g == "" || g == gpu)
@@ -1046,7 +1057,7 @@ func sameGPU(r *Rule, priors map[string]prior, trigs []trigger) {
 				return false
 			}
 			for _, o := range known[id] {
-				if _, og, _ := gpuOf(o); og != "" && og != g && priors[t.cluster+"\x00"+t.dnode+"\x00"+o].tMS >= q.tMS {
+				if _, og, _ := gpuOf(o); og != "" && og != g && priorOf(o).tMS >= q.tMS {
 					return false
 				}
 			}
@@ -1057,7 +1068,7 @@ func sameGPU(r *Rule, priors map[string]prior, trigs []trigger) {
 			var best prior
 			found := false
 			for _, e := range known[id] {
-				if q := priors[t.cluster+"\x00"+t.dnode+"\x00"+e]; same(e) && !q.healthy && (!found || q.tMS > best.tMS) {
+				if q := priorOf(e); same(e) && !q.healthy && (!found || q.tMS > best.tMS) {
 					pick, best, found = e, q, true
 				}
 			}
@@ -1069,7 +1080,7 @@ func sameGPU(r *Rule, priors map[string]prior, trigs []trigger) {
 			if !found {
 				best, found = p, has
 				for _, e := range known[id] {
-					if q := priors[t.cluster+"\x00"+t.dnode+"\x00"+e]; same(e) && (t.atMS <= q.tMS || names(e, q)) && (!found || q.tMS > best.tMS) {
+					if q := priorOf(e); same(e) && (t.atMS <= q.tMS || names(e, q)) && (!found || q.tMS > best.tMS) {
 						pick, best, found = e, q, true
 					}
 				}

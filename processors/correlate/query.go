@@ -258,17 +258,17 @@ GROUP BY cluster, node, entity`
 // matches the trigger to.
 func (h *Handler) priors(ctx context.Context, r *Rule, trigs []trigger) (map[string]prior, error) {
 	seen := map[string]bool{}
-	pcis := map[string]bool{} // cluster\x00node\x00pci of the GPU triggers
+	pcis := map[string]bool{} // gpuGroup's ids of the GPU triggers
 	var rows [][]any
 	for _, t := range trigs {
-		k := t.cluster + "\x00" + t.dnode + "\x00" + t.dentity
+		k := t.groupKey()
 		if !seen[k] {
 			seen[k] = true
 			pci := ""
 			if r.Scope == ScopeEntity {
-				if p, _, ok := gpuOf(t.dentity); ok {
-					pci = p
-					pcis[t.cluster+"\x00"+t.dnode+"\x00"+p] = true
+				if id, _, ok := gpuGroup(k); ok {
+					pci, _, _ = gpuOf(t.dentity)
+					pcis[id] = true
 				}
 			}
 			rows = append(rows, []any{t.cluster, t.dnode, t.dentity, pci})
@@ -322,9 +322,7 @@ func (h *Handler) priors(ctx context.Context, r *Rule, trigs []trigger) (map[str
 			continue
 		}
 		if !seen[k] {
-			parts := strings.SplitN(k, "\x00", 3) // cluster, node, entity
-			pci, _, ok := gpuOf(parts[len(parts)-1])
-			if len(parts) != 3 || !ok || !pcis[parts[0]+"\x00"+parts[1]+"\x00"+pci] {
+			if id, _, ok := gpuGroup(k); !ok || !pcis[id] {
 				continue
 			}
 		}
