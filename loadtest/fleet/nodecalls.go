@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
@@ -52,13 +53,7 @@ func (c NodeCalls) Since(before NodeCalls) NodeCalls {
 // WATCH 2 not per node".
 func (c NodeCalls) String() string {
 	var per, not []string
-	for _, v := range slices.Sorted(func(yield func(string) bool) {
-		for v := range c.Verbs {
-			if !yield(v) {
-				return
-			}
-		}
-	}) {
+	for _, v := range slices.Sorted(maps.Keys(c.Verbs)) {
 		s := fmt.Sprintf("%s %d", v, c.Verbs[v])
 		if slices.Contains(notPerNode, v) {
 			not = append(not, s)
