@@ -176,10 +176,13 @@ func Start(tb testing.TB, o Options) *Env {
 	if err := g.Wait(); err != nil {
 		tb.Fatalf("fleet: %v", err)
 	}
+	// A server that failed to start (tb.Fatal) or is not run here (tb.Skip,
+	// as under -short) ended its goroutine only, leaving its field nil.
 	if tb.Failed() {
-		// A server that failed to start called tb.Fatal in its goroutine:
-		// that ended the goroutine only, leaving its field nil.
 		tb.FailNow()
+	}
+	if tb.Skipped() {
+		tb.SkipNow()
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	tb.Cleanup(e.stop)
