@@ -127,7 +127,10 @@ func TestJoinAtALaterLookIsAudited(t *testing.T) {
 // when its cluster was switched to live, or replayed) annotates no node,
 // on a live cluster too; before, only the cluster's dry-run was asked and
 // faultline.io/remediation-escalated was patched onto the live node while
-// the action said dryRun (no server: client-go's fake clientset).
+// the action said dryRun. Nor is it counted in
+// faultline_remediate_escalations_total: before, it was, and
+// FaultlineEscalatedToSupport fired for escalations that never happened
+// (no server: client-go's fake clientset).
 func TestDryRunTriggerEscalatesNothing(t *testing.T) {
 	h, err := New(DefaultConfig(), clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog, Now: time.Now})
 	if err != nil {
@@ -146,6 +149,7 @@ func TestDryRunTriggerEscalatesNothing(t *testing.T) {
 			kube := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 			cl := &clusters.Client{Name: cluster, Kube: kube}
 			tr := trigger{cluster: cluster, node: "n1", id: "ev-" + tc.name, src: tc.src}
+			before := testutil.ToFloat64(h.m.escalations.WithLabelValues(cluster))
 			acts, _, err := h.step(context.Background(), cl, tr)
 			if err != nil || len(acts) != 1 || acts[0].GetKind() != events.KindEscalate {
 				t.Fatalf("step: %v, %v; want one escalate action", acts, err)
@@ -160,6 +164,11 @@ func TestDryRunTriggerEscalatesNothing(t *testing.T) {
 			v, ok := n.Annotations[AnnotationEscalated]
 			if ok != tc.annotated {
 				t.Errorf("node annotated %s: %v, want %v", AnnotationEscalated, ok, tc.annotated)
+			}
+			// Counted only when written: FaultlineEscalatedToSupport fired
+			// for dry-run escalations, which escalate nothing.
+			if counted := testutil.ToFloat64(h.m.escalations.WithLabelValues(cluster)) - before; counted != 0 && !tc.annotated || counted != 1 && tc.annotated {
+				t.Errorf("%v escalations counted, want 1 only when the node was annotated", counted)
 			}
 			// With nanoseconds, as AnnotationCreated: the janitor refuses a
 			// resource created before it, and only before it (to the

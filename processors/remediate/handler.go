@@ -240,6 +240,14 @@ func (h *Handler) process(ctx context.Context, t trigger) ([]*faultlinev1.Action
 	if err == nil {
 		return acts, again
 	}
+	if apierrors.IsConflict(err) {
+		// Conflicts on every one of requeue.Step's redos (what it writes
+		// rewritten as fast as it is read): looked at again, not dropped
+		// with the node cordoned and drained and nothing pending.
+		h.log.Warn("remediation met a conflict at each try; looked at again", "cluster", t.cluster, "node", t.node,
+			"retry_at", h.now().Add(h.cfg.PollInterval), "err", err)
+		return acts, requeue.Again{At: h.now().Add(h.cfg.PollInterval)}
+	}
 	h.log.Warn("remediation failed", "cluster", t.cluster, "node", t.node, "err", err)
 	return append(acts, h.action(t, events.KindRemediate, events.OutcomeFailed, err.Error(), "error")), requeue.Again{}
 }
@@ -520,6 +528,9 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 	}
 	d := h.data(t, tm)
 	if dryRun(cl, t) {
+		if acts, again, ok, err := h.followOnDryRun(ctx, cl, t, tm); ok || err != nil {
+			return acts, again, err
+		}
 		d.Name = h.name(t.node, tm.Group, 1)
 		a := h.action(t, events.KindRemediate, events.OutcomeDryRun, fmt.Sprintf("would create %s %s", tm.kind, d.Name), "dry_run")
 		a.DryRun = true
@@ -529,6 +540,37 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 		return nil, time.Time{}, fmt.Errorf("cluster %q: no dynamic client", t.cluster)
 	}
 	return h.decide(ctx, cl, t, tm, d, false)
+}
+
+// followOnDryRun follows, read-only, the resource that a live step of
+// the trigger created or joined (ok: one lists it), on a cluster
+// switched to dry_run since: the operator goes on with it, and its
+// result is said (succeeded; failed, and escalated as dry-run, nothing
+// written). Nothing is pruned. A trigger first looked at, one that is
+// dry-run itself, and a follow-up that no resource lists (it waited for
+// another) are not followed: their remediation is new work, which a
+// dry-run cluster would create. So is one whose resources the cluster
+// does not serve or let this role list.
+func (h *Handler) followOnDryRun(ctx context.Context, cl *clusters.Client, t trigger, tm *Template) ([]*faultlinev1.Action, time.Time, bool, error) {
+	if cl == nil || !cl.DryRun || cl.Kube == nil || cl.Dynamic == nil || t.src.GetDryRun() || t.src.GetOutcome() == events.OutcomeDryRun ||
+		t.rec == nil || requeue.Attempt(t.rec) == 0 {
+		return nil, time.Time{}, false, nil
+	}
+	h.m.reads.WithLabelValues(t.cluster, "live").Inc()
+	list, err := h.resource(cl.Dynamic, tm).List(ctx, metav1.ListOptions{LabelSelector: LabelNode + "=" + nodeLabel(t.node) + "," + LabelGroup + "=" + tm.Group})
+	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
+		return nil, time.Time{}, false, nil
+	}
+	if err != nil {
+		return nil, time.Time{}, false, fmt.Errorf("list %s of node %s: %w", tm.gvr.Resource, t.node, err)
+	}
+	for i := range list.Items {
+		if slices.Contains(triggersOf(&list.Items[i]), t.id) {
+			acts, again, err := h.follow(ctx, cl, t, tm, &list.Items[i], false)
+			return acts, again, true, err
+		}
+	}
+	return nil, time.Time{}, false, nil
 }
 
 // uncreatable writes a remediation the apiserver refuses for good (err:
@@ -988,7 +1030,8 @@ func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *
 // annotation on the node. Nothing is created.
 // It is counted once written: a write that fails is retried (the step's
 // error), and counts nothing. A dry-run trigger (dryRun) annotates
-// nothing, on a live cluster too; its action says dryRun.
+// nothing, on a live cluster too, and counts nothing; its action says
+// dryRun.
 func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, group, why string) ([]*faultlinev1.Action, error) {
 	dry := dryRun(cl, t)
 	if !dry {
@@ -998,8 +1041,8 @@ func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, 
 		if err != nil && !apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("annotate node %s escalated: %w", t.node, err)
 		}
+		h.m.escalations.WithLabelValues(t.cluster).Inc()
 	}
-	h.m.escalations.WithLabelValues(t.cluster).Inc()
 	a := h.action(t, events.KindEscalate, events.OutcomeApplied, "CONTACT_SUPPORT: "+why, "escalate")
 	a.RecommendedAction = datamodels.RecommendedAction_CONTACT_SUPPORT.String()
 	a.Details[events.DetailRequestedAction] = t.src.GetRecommendedAction()
