@@ -77,7 +77,9 @@ type DCGMConfig struct {
 	// HostengineAddr is the DCGM hostengine Service (default
 	// "dcgm-hostengine.nvsentinel.svc:5555").
 	HostengineAddr string `toml:"hostengine_addr"`
-	// DiagLevel is dcgmi diag -r: 1 (quick, ~30s, default) to 4.
+	// DiagLevel is dcgmi diag -r: 1 (quick, seconds, default) to 4. The
+	// check's timeout must cover the level's run: at least 2m for level 2,
+	// 15m for 3 and 1h for 4 (it also bounds the other checks).
 	DiagLevel int `toml:"diag_level"`
 	// Format is the output dcgmi is asked for: "table" (default) or "json"
 	// (-j). Both DCGM 3.x and 4.x layouts are read either way.
@@ -139,6 +141,23 @@ type GangConfig struct {
 	// there) where a non-zero exit of nccl-allreduce leaves a marker for
 	// its reruns in the pod (default "/run/faultline-preflight").
 	MarkerDir string `toml:"marker_dir"`
+}
+
+// diagLevelRun is how long dcgmi diag -r runs at each level: timeout may
+// not be shorter. NVIDIA's dcgmi diag reference
+// (docs.nvidia.com/datacenter/dcgm/latest/reference/command-line-reference/dcgmi/dcgmi-diag.html)
+// gives level 1 "normally lasting seconds", level 2 "approximately two
+// minutes", level 3 "approximately 15 minutes" and level 4 only as
+// "extended, longer-running"; its floor is an hour, the least of the
+// 1–2 hours earlier DCGM user guides gave for it. A longer run (more
+// GPUs, older DCGM) needs more than the floor.
+var diagLevelRun = map[int]struct {
+	d     time.Duration
+	about string
+}{
+	2: {2 * time.Minute, "2m"},
+	3: {15 * time.Minute, "15m"},
+	4: {time.Hour, "1h"},
 }
 
 // DefaultInstanceTypes is ADR-026's instance-type → topology-file map.
@@ -289,6 +308,13 @@ func (c *Config) ValidateSettings() error {
 	}
 	if c.DCGM.DiagLevel < 1 || c.DCGM.DiagLevel > 4 {
 		return fmt.Errorf("dcgm.diag_level: %d is not 1..4", c.DCGM.DiagLevel)
+	}
+	if floor := diagLevelRun[c.DCGM.DiagLevel]; c.Timeout < floor.d {
+		// Every run would time out: a non-fatal PREFLIGHT_CHECK_TIMEOUT,
+		// exit 1, and the kubelet rerunning the init container for ever,
+		// every GPU pod held in Init:Error on healthy nodes.
+		return fmt.Errorf("timeout: %s is shorter than dcgm.diag_level %d's run (~%s); raise timeout to at least %s",
+			c.Timeout, c.DCGM.DiagLevel, floor.about, floor.d)
 	}
 	if c.DCGM.Format != "table" && c.DCGM.Format != "json" {
 		return fmt.Errorf("dcgm.format: %q is not table or json", c.DCGM.Format)

@@ -38,7 +38,7 @@ func load(t *testing.T, toml string, args ...string) (Config, error) {
 // are refused naming the key.
 func TestConfigTOMLAndFlags(t *testing.T) {
 	cfg, err := load(t, `
-timeout = "90s"
+timeout = "15m"
 [gateway]
 addr = "gw.example:50051"
 [spool]
@@ -54,7 +54,7 @@ timeout = "30s"
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Timeout != 90*time.Second || cfg.Gateway.Addr != "gw.example:50051" || cfg.Spool.DrainTimeout != 5*time.Second ||
+	if cfg.Timeout != 15*time.Minute || cfg.Gateway.Addr != "gw.example:50051" || cfg.Spool.DrainTimeout != 5*time.Second ||
 		cfg.DCGM.DiagLevel != 3 || cfg.NCCL.LoopbackThresholdGBps != 42.5 || cfg.Gang.Timeout != 30*time.Second ||
 		!reflect.DeepEqual(cfg.NCCL.InstanceTypes, map[string]string{"x1": "a.xml", "x2": "b.xml"}) {
 		t.Fatalf("config %+v", cfg)
@@ -80,6 +80,11 @@ timeout = "30s"
 		{"", "--nccl.allreduce-bytes=0", "nccl.allreduce_bytes: must be at least 4 (one float32 element), got 0"},
 		{"", "--nccl.allreduce-bytes=-1", "nccl.allreduce_bytes: must be at least 4 (one float32 element), got -1"},
 		{"", "--gateway.batch-size=0", "gateway.batch_size: must be in 1..10000, got 0"},
+		// A timeout shorter than the diagnostic's run timed out every run:
+		// every GPU pod held in Init:Error on healthy nodes.
+		{"", "--dcgm.diag-level=3", "timeout: 5m0s is shorter than dcgm.diag_level 3's run (~15m); raise timeout to at least 15m0s"},
+		{"[dcgm]\ndiag_level = 4\n", "--timeout=20m", "timeout: 20m0s is shorter than dcgm.diag_level 4's run (~1h); raise timeout to at least 1h0m0s"},
+		{"timeout = \"90s\"\n", "--dcgm.diag-level=2", "timeout: 1m30s is shorter than dcgm.diag_level 2's run (~2m); raise timeout to at least 2m0s"},
 	} {
 		var args []string
 		if tc.flag != "" {

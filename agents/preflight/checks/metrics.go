@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/push"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Metrics are ADR-026's check-container metrics, on their own registry.
@@ -45,17 +46,18 @@ func NewMetrics() *Metrics {
 // pushTimeout bounds a push to the Pushgateway.
 var pushTimeout = 10 * time.Second
 
-// Publish pushes the metrics to a Pushgateway (grouped by node and pod)
-// and/or writes them to a textfile; both are optional.
-func (m *Metrics) Publish(cfg MetricsConfig, node, pod string) error {
+// Publish pushes the metrics to a Pushgateway and/or writes them to a
+// textfile; both are optional. The push replaces the group
+// job="faultline_preflight",node,check: its series are that check's latest
+// run on the node (the Pushgateway never expires a group, so one per pod
+// grew without bound and kept the failures of pods long gone).
+func (m *Metrics) Publish(cfg MetricsConfig, node, check string) error {
 	if cfg.Pushgateway != "" {
 		// Bounded: a Pushgateway that accepts and never answers held the
 		// init container — its check done — for ever.
+		group := map[string]string{"node": node, "check": check}
 		p := push.New(cfg.Pushgateway, "faultline_preflight").Client(&http.Client{Timeout: pushTimeout}).
-			Gatherer(m.Registry).Grouping("node", node)
-		if pod != "" {
-			p = p.Grouping("pod", pod)
-		}
+			Gatherer(withoutGroupLabels(m.Registry, group)).Grouping("node", node).Grouping("check", check)
 		if err := p.Push(); err != nil {
 			return fmt.Errorf("metrics.pushgateway: %w", err)
 		}
@@ -66,4 +68,28 @@ func (m *Metrics) Publish(cfg MetricsConfig, node, pod string) error {
 		}
 	}
 	return nil
+}
+
+// withoutGroupLabels gathers g without the labels the push's group gives
+// every series (the Pushgateway adds them back): push refuses a metric
+// that carries a grouping label, so every run that counted a failure
+// ({check,node,error_code}) went unpushed.
+func withoutGroupLabels(g prometheus.Gatherer, group map[string]string) prometheus.Gatherer {
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		mfs, err := g.Gather()
+		for _, mf := range mfs {
+			for _, mt := range mf.GetMetric() {
+				// A new slice: the metric's own labels are shared with
+				// the registry, which the textfile still reads.
+				var kept []*dto.LabelPair
+				for _, l := range mt.Label {
+					if v, ok := group[l.GetName()]; !ok || v != l.GetValue() {
+						kept = append(kept, l)
+					}
+				}
+				mt.Label = kept
+			}
+		}
+		return mfs, err
+	})
 }

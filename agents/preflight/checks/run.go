@@ -158,7 +158,7 @@ func Main(ctx context.Context, name string, args []string, opt Options) (code in
 	if _, err := config.Load("faultline-preflight check "+name, args, &cfg, cfg.RegisterFlags, cfg.Validate, opt.Stderr, config.NoArgs()); err != nil {
 		fmt.Fprintln(opt.Stderr, "faultline-preflight: check "+name+":", err)
 		m.configErrors.WithLabelValues("config").Inc()
-		_ = m.Publish(cfg.Metrics, cfg.NodeName, cfg.Pod.Name)
+		_ = m.Publish(cfg.Metrics, cfg.NodeName, name)
 		return ExitConfig
 	}
 	var lvl slog.Level
@@ -173,7 +173,7 @@ func Main(ctx context.Context, name string, args []string, opt Options) (code in
 	if !ok {
 		log.Error("unknown check", "known", strings.Join(Names(), ","))
 		m.configErrors.WithLabelValues("unknown_check").Inc()
-		_ = m.Publish(cfg.Metrics, cfg.NodeName, cfg.Pod.Name)
+		_ = m.Publish(cfg.Metrics, cfg.NodeName, name)
 		return ExitConfig
 	}
 	rep, err := report.Open(cfg.Config, log)
@@ -216,7 +216,7 @@ func Main(ctx context.Context, name string, args []string, opt Options) (code in
 		log.Error("configuration error", "err", err)
 		m.configErrors.WithLabelValues(ce.Kind).Inc()
 		m.total.WithLabelValues(name, "error").Inc()
-		_ = m.Publish(cfg.Metrics, cfg.NodeName, cfg.Pod.Name)
+		_ = m.Publish(cfg.Metrics, cfg.NodeName, name)
 		return ExitConfig
 	case err != nil && errors.Is(err, context.DeadlineExceeded):
 		msg := fmt.Sprintf("%s did not finish within %s", name, limit)
@@ -276,7 +276,7 @@ func Main(ctx context.Context, name string, args []string, opt Options) (code in
 	if out.Gang != "" {
 		m.gangWait.WithLabelValues(out.Gang).Observe(out.GangWait.Seconds())
 	}
-	if err := m.Publish(cfg.Metrics, cfg.NodeName, cfg.Pod.Name); err != nil {
+	if err := m.Publish(cfg.Metrics, cfg.NodeName, name); err != nil {
 		log.Warn("metrics not published", "err", err)
 	}
 	if lost > 0 && cfg.ProcessingStrategy != "STORE_ONLY" {

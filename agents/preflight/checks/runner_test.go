@@ -259,7 +259,7 @@ func TestDCGMDiag(t *testing.T) {
 		r := h.run(checks.DCGMDiag, map[string]string{
 			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuids.txt"),
 			"STANDIN_DISCOVERY_OUT":  "/dev/null",
-			"STANDIN_DCGMI_OUT":      dcgmData("table-3.3.8-cuda-init-fail.txt"), "STANDIN_DCGMI_EXIT": "226"}, "--dcgm.diag-level=3")
+			"STANDIN_DCGMI_OUT":      dcgmData("table-3.3.8-cuda-init-fail.txt"), "STANDIN_DCGMI_EXIT": "226"}, "--dcgm.diag-level=3", "--timeout=15m")
 		if r.code != checks.ExitFail {
 			t.Fatalf("exit %d\n%s", r.code, r.stderr)
 		}
@@ -353,7 +353,7 @@ func TestDCGMDiag(t *testing.T) {
 		r := h.run(checks.DCGMDiag, map[string]string{
 			"STANDIN_NVIDIA_SMI_OUT": ownData("nvidia-smi-uuid-t4.txt"),
 			"STANDIN_DISCOVERY_OUT":  dcgmData("discovery-1gpu.txt"),
-			"STANDIN_DCGMI_OUT":      dcgmData("json-3.x-r3-pass-skip.json")}, "--dcgm.format=json", "--dcgm.diag-level=3")
+			"STANDIN_DCGMI_OUT":      dcgmData("json-3.x-r3-pass-skip.json")}, "--dcgm.format=json", "--dcgm.diag-level=3", "--timeout=15m")
 		if r.code != checks.ExitPass || !strings.Contains(r.args, " -j") {
 			t.Fatalf("exit %d args %q\n%s", r.code, r.args, r.stderr)
 		}

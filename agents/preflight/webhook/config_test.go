@@ -33,6 +33,7 @@ func TestConfigValidate(t *testing.T) {
 		{"--kube.burst=-1", "kube.burst: must be at least 1, got -1"},
 		{"--kube.burst=0", "kube.burst: must be at least 1, got 0"},
 		{"--check.gateway.timeout=0s", "check.gateway.timeout: must be positive, got 0s"},
+		{"--check.dcgm.diag-level=3", "check.timeout: 5m0s is shorter than dcgm.diag_level 3's run (~15m); raise timeout to at least 15m0s"},
 		{"--check.gateway.batch-size=0", "check.gateway.batch_size: must be in 1..10000, got 0"},
 		{"--check.gateway.batch-size=10001", "check.gateway.batch_size: must be in 1..10000, got 10001"},
 		{"--check.gateway.max-backoff=10ms", "check.gateway.max_backoff: must be at least 100ms, got 10ms"},
