@@ -68,6 +68,11 @@ func TestSchemaRefusesTypos(t *testing.T) {
 		{[]string{"config.store.batch_records=lots"}, "at '/config/store/batch_records': got string, want integer"},
 		{[]string{"config.store.retention=3 days"}, "at '/config/store/retention'"},
 		{[]string{"kafka.brokers="}, "kafka.brokers is required"},
+		// A PDB of maxUnavailable 0 blocks every drain of a node running
+		// a faultline pod; a DaemonSet's blocks its rolling update.
+		{[]string{"defaults.pdb.maxUnavailable=0"}, "at '/defaults/pdb/maxUnavailable': minimum: got 0, want 1"},
+		{[]string{"roles.store.overrides.pdb.maxUnavailable=0%"}, "at '/roles/store/overrides/pdb/maxUnavailable'"},
+		{[]string{"agent.maxUnavailable=0%"}, "'0%' does not match pattern"},
 	} {
 		t.Run(tc.want, func(t *testing.T) { refused(t, helm, tc.set, tc.want) })
 	}
