@@ -38,6 +38,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/events"
@@ -88,7 +89,9 @@ type Config struct {
 	// Clusters' entry of that name with dry_run set (or a new entry without
 	// a kubeconfig). Default none.
 	DryRunClusters []string `toml:"dry_run_clusters"`
-	// QPS is the client-side request rate limit per cluster. Default DefaultQPS.
+	// QPS is the client-side request rate limit per cluster, shared by its
+	// typed and dynamic request clients (its watch clients have a limiter
+	// of the same rate of their own). Default DefaultQPS.
 	QPS float32 `toml:"qps"`
 	// Burst is the client-side burst per cluster. Default DefaultBurst.
 	Burst int `toml:"burst"`
@@ -471,11 +474,19 @@ func (r *Registry) buildClient(cl Cluster, c *Client) error {
 
 // connect builds c's clients from rc: for requests, each bounded by rc's
 // timeout and its writes timed into c.Gate (Gate.Observe), and for
-// watches, the same without the timeout.
+// watches, the same without the timeout. The request clients, typed and
+// dynamic, share one rate limiter of rc's QPS and Burst (client-go gives
+// each client its own, and a role using both sent twice the cluster's
+// rate); the watch clients share a second one, so informers' lists are
+// not queued behind a burst of writes.
 func (c *Client) connect(rc *rest.Config) error {
 	wc := rest.CopyConfig(rc)
 	wc.Timeout = 0
 	rc = rest.CopyConfig(rc)
+	if rc.RateLimiter == nil && rc.QPS > 0 && rc.Burst > 0 { // else client-go's own error
+		rc.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(rc.QPS, rc.Burst)
+		wc.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(wc.QPS, wc.Burst)
+	}
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return timedRT{own: rt, g: c.Gate} })
 	var err error
 	if c.Kube, err = kubernetes.NewForConfig(rc); err == nil {

@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
@@ -641,6 +642,39 @@ func TestTryThrottledNotTheClusters(t *testing.T) {
 	}
 	if !a.Retriable || !a.RetryAt.IsZero() || cl.Gate.Failures() != 0 {
 		t.Fatalf("throttled: %+v failures %d, want retriable, no RetryAt, the gate untouched", a, cl.Gate.Failures())
+	}
+}
+
+// TestRequestClientsShareRateLimit: kube.qps and kube.burst bound a
+// cluster's requests, typed and dynamic together; the watch clients
+// (informers) share a bucket of the same size of their own. Before, each
+// client had its own bucket, and a role using both (remediate, janitor)
+// sent up to twice the configured rate to the cluster.
+func TestRequestClientsShareRateLimit(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}`)
+	}))
+	defer srv.Close()
+	// One request, then none for 1000s.
+	cl, err := NewRegistry(DefaultConfig(), nil).SetConfig("c", &rest.Config{Host: srv.URL, QPS: 0.001, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	nodes := schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+	for _, pair := range []struct {
+		name  string
+		typed kubernetes.Interface
+		dyn   dynamic.Interface
+	}{{"requests", cl.Kube, cl.Dynamic}, {"watches", cl.WatchKube, cl.WatchDynamic}} {
+		if _, err := pair.typed.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil {
+			t.Fatalf("%s: typed list: %v", pair.name, err)
+		}
+		if _, err := pair.dyn.Resource(nodes).List(ctx, metav1.ListOptions{}); !Throttled(err) {
+			t.Fatalf("%s: dynamic list after the typed one used the burst of 1: %v; want the shared rate limiter's refusal", pair.name, err)
+		}
 	}
 }
 
