@@ -23,6 +23,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"os"
@@ -38,6 +39,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/events"
@@ -88,7 +90,9 @@ type Config struct {
 	// Clusters' entry of that name with dry_run set (or a new entry without
 	// a kubeconfig). Default none.
 	DryRunClusters []string `toml:"dry_run_clusters"`
-	// QPS is the client-side request rate limit per cluster. Default DefaultQPS.
+	// QPS is the client-side request rate limit per cluster, shared by its
+	// typed and dynamic request clients (its watch clients have a limiter
+	// of the same rate of their own). Default DefaultQPS.
 	QPS float32 `toml:"qps"`
 	// Burst is the client-side burst per cluster. Default DefaultBurst.
 	Burst int `toml:"burst"`
@@ -270,6 +274,7 @@ type Registry struct {
 	cfg   Config
 	now   func() time.Time
 	build func(Cluster, *Client) error
+	log   *slog.Logger
 
 	mu      sync.Mutex
 	clients map[string]*Client
@@ -283,6 +288,21 @@ func NewRegistry(cfg Config, now func() time.Time) *Registry {
 	r := &Registry{cfg: cfg.resolved(), now: now, clients: map[string]*Client{}}
 	r.build = r.buildClient
 	return r
+}
+
+// WithLog sets where the registry reports a cluster's kubeconfig that
+// changed on disk and cannot be followed (default slog.Default()), and
+// returns r. Call it before the first Get.
+func (r *Registry) WithLog(log *slog.Logger) *Registry {
+	r.log = log
+	return r
+}
+
+func (r *Registry) logger() *slog.Logger {
+	if r.log == nil {
+		return slog.Default()
+	}
+	return r.log
 }
 
 // Now is the registry's clock, the one its gates' times are on.
@@ -447,20 +467,21 @@ func (cl Cluster) token(prefix string) (config.Secret, error) {
 func (r *Registry) buildClient(cl Cluster, c *Client) error {
 	var k *reloading
 	if cl.Kubeconfig != InCluster {
-		k = &reloading{paths: []string{cl.Kubeconfig}, checked: time.Now(),
+		k = &reloading{name: cl.Name, paths: []string{cl.Kubeconfig}, checked: time.Now(), log: r.logger(),
 			load: func() (*rest.Config, error) { return r.restConfig(cl) }}
 		if cl.TokenFile != "" {
 			k.paths = append(k.paths, cl.TokenFile)
 		}
 		// Read before the config is loaded: a change in between is seen
 		// by the first look.
-		k.content, _ = k.read()
+		k.seen, _ = k.read()
 	}
 	rc, err := r.restConfig(cl)
 	if err != nil {
 		return err
 	}
 	if k != nil {
+		k.server = serverOf(rc)
 		rc.WrapTransport = func(own http.RoundTripper) http.RoundTripper { return reloadingRT{own: own, k: k} }
 	}
 	if err := c.connect(rc); err != nil {
@@ -471,11 +492,19 @@ func (r *Registry) buildClient(cl Cluster, c *Client) error {
 
 // connect builds c's clients from rc: for requests, each bounded by rc's
 // timeout and its writes timed into c.Gate (Gate.Observe), and for
-// watches, the same without the timeout.
+// watches, the same without the timeout. The request clients, typed and
+// dynamic, share one rate limiter of rc's QPS and Burst (client-go gives
+// each client its own, and a role using both sent twice the cluster's
+// rate); the watch clients share a second one, so informers' lists are
+// not queued behind a burst of writes.
 func (c *Client) connect(rc *rest.Config) error {
 	wc := rest.CopyConfig(rc)
 	wc.Timeout = 0
 	rc = rest.CopyConfig(rc)
+	if rc.RateLimiter == nil && rc.QPS > 0 && rc.Burst > 0 { // else client-go's own error
+		rc.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(rc.QPS, rc.Burst)
+		wc.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(wc.QPS, wc.Burst)
+	}
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return timedRT{own: rt, g: c.Gate} })
 	var err error
 	if c.Kube, err = kubernetes.NewForConfig(rc); err == nil {
@@ -547,17 +576,36 @@ const ReloadEvery = time.Second
 // ReloadEvery a request reads the files; when their content changed, the
 // config is loaded again and requests go through a transport built from
 // it (its credentials, CA and client certificate) from then on. Files that
-// cannot be loaded (half written, broken) leave the transport as it was
-// and are read again at the next look. The API server's address is the one
-// the clients were built with: a change of it takes a restart.
+// cannot be loaded (half written, broken) leave the transport as it was,
+// are logged once, and are read again at the next look. The API server's
+// address is the one the clients were built with (client-go fixes it): files
+// that name another one are logged once and the cluster's requests fail,
+// none sent, until the files name the first server again or the processor
+// is restarted — its new credentials are never sent to the old server,
+// nor its work done on a server the files no longer name.
 type reloading struct {
-	paths []string
-	load  func() (*rest.Config, error)
+	name   string // the cluster's
+	paths  []string
+	load   func() (*rest.Config, error)
+	server string // serverOf the config the clients were built with
+	log    *slog.Logger
 
 	mu      sync.Mutex
 	checked time.Time
-	content [][]byte          // the files as last loaded
+	seen    [][]byte          // the files as last looked at (each content loaded or reported once)
+	readErr string            // the last error reading them (reported once)
 	rt      http.RoundTripper // the reloaded config's transport; nil: the client's own
+	moved   error             // the files name another API server: every request's error
+}
+
+// serverOf is rc's API server as the clients address it: scheme, host and
+// path, without a trailing slash.
+func serverOf(rc *rest.Config) string {
+	u, _, err := rest.DefaultServerUrlFor(rc)
+	if err != nil {
+		return rc.Host
+	}
+	return u.Scheme + "://" + strings.ToLower(u.Host) + strings.TrimRight(u.Path, "/")
 }
 
 // read returns the files' content.
@@ -574,24 +622,50 @@ func (k *reloading) read() ([][]byte, error) {
 }
 
 // current returns the transport of the files' latest content that loaded
-// (nil: the one the client was built with).
-func (k *reloading) current() http.RoundTripper {
+// (nil: the one the client was built with), or the error every request
+// fails with while the files name another API server.
+func (k *reloading) current() (http.RoundTripper, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if now := time.Now(); now.Sub(k.checked) >= ReloadEvery {
 		k.checked = now
-		if b, err := k.read(); err == nil && !slices.EqualFunc(b, k.content, bytes.Equal) {
-			if rc, err := k.load(); err == nil {
-				if rt, err := rest.TransportFor(rc); err == nil {
-					if k.rt != nil {
-						utilnet.CloseIdleConnectionsFor(k.rt)
-					}
-					k.rt, k.content = rt, b
-				}
+		switch b, err := k.read(); {
+		case err != nil:
+			if err.Error() != k.readErr {
+				k.readErr = err.Error()
+				k.log.Error("cluster kubeconfig cannot be read; requests go on with the credentials last loaded", "cluster", k.name, "err", err)
 			}
+		case !slices.EqualFunc(b, k.seen, bytes.Equal):
+			k.readErr, k.seen = "", b
+			k.reload()
 		}
 	}
-	return k.rt
+	return k.rt, k.moved
+}
+
+// reload follows the files' new content, or reports why it cannot.
+func (k *reloading) reload() {
+	rc, err := k.load()
+	if err != nil {
+		k.log.Error("cluster kubeconfig changed and cannot be loaded; requests go on with the credentials last loaded", "cluster", k.name, "err", err)
+		return
+	}
+	if server := serverOf(rc); server != k.server {
+		k.moved = fmt.Errorf("cluster %q: its kubeconfig %s now names the API server %s, not %s that its clients were built for: no request is sent until the processor is restarted",
+			k.name, k.paths[0], server, k.server)
+		k.log.Error("cluster kubeconfig names another API server; the cluster's requests fail until the processor is restarted",
+			"cluster", k.name, "kubeconfig", k.paths[0], "server", server, "built_for", k.server)
+		return
+	}
+	rt, err := rest.TransportFor(rc)
+	if err != nil {
+		k.log.Error("cluster kubeconfig changed and its transport cannot be built; requests go on with the credentials last loaded", "cluster", k.name, "err", err)
+		return
+	}
+	if k.rt != nil {
+		utilnet.CloseIdleConnectionsFor(k.rt)
+	}
+	k.rt, k.moved = rt, nil
 }
 
 // reloadingRT is a client's transport (own, with the credentials the
@@ -603,7 +677,13 @@ type reloadingRT struct {
 }
 
 func (t reloadingRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	rt := t.k.current()
+	rt, err := t.k.current()
+	if err != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, err
+	}
 	if rt == nil {
 		return t.own.RoundTrip(req)
 	}

@@ -1,11 +1,14 @@
 package clusters
 
 import (
+	"bytes"
 	"context"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -22,6 +25,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
@@ -644,6 +648,39 @@ func TestTryThrottledNotTheClusters(t *testing.T) {
 	}
 }
 
+// TestRequestClientsShareRateLimit: kube.qps and kube.burst bound a
+// cluster's requests, typed and dynamic together; the watch clients
+// (informers) share a bucket of the same size of their own. Before, each
+// client had its own bucket, and a role using both (remediate, janitor)
+// sent up to twice the configured rate to the cluster.
+func TestRequestClientsShareRateLimit(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}`)
+	}))
+	defer srv.Close()
+	// One request, then none for 1000s.
+	cl, err := NewRegistry(DefaultConfig(), nil).SetConfig("c", &rest.Config{Host: srv.URL, QPS: 0.001, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	nodes := schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+	for _, pair := range []struct {
+		name  string
+		typed kubernetes.Interface
+		dyn   dynamic.Interface
+	}{{"requests", cl.Kube, cl.Dynamic}, {"watches", cl.WatchKube, cl.WatchDynamic}} {
+		if _, err := pair.typed.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil {
+			t.Fatalf("%s: typed list: %v", pair.name, err)
+		}
+		if _, err := pair.dyn.Resource(nodes).List(ctx, metav1.ListOptions{}); !Throttled(err) {
+			t.Fatalf("%s: dynamic list after the typed one used the burst of 1: %v; want the shared rate limiter's refusal", pair.name, err)
+		}
+	}
+}
+
 // TestClusterToken: a token_file or token_env replaces the kubeconfig's
 // credentials; a token that cannot be read stops start-up naming the key,
 // never showing a value.
@@ -707,5 +744,88 @@ current-context: x
 	cfg.Clusters[0].TokenEnv, cfg.Clusters[0].TokenFile = "FAULTLINE_TEST_KUBE_TOKEN", tokFile
 	if err := cfg.Validate("kube."); err == nil || !strings.HasPrefix(err.Error(), "kube.clusters[0].token_file: both") || strings.Contains(err.Error(), planted) {
 		t.Fatalf("both: %v", err)
+	}
+}
+
+// TestReloadedKubeconfigOtherServer: a cluster's kubeconfig rewritten to
+// name another API server is not followed (client-go fixed the host when
+// the clients were built): no request is sent — neither the new
+// credentials to the old server nor anything to a server the file no
+// longer names — the cluster's requests fail saying a restart is needed,
+// and that is logged once. The file put back on the first server with a
+// rotated token is followed again; a broken file is logged once and the
+// credentials last loaded go on. Before, the old server got the new
+// server's token, silently.
+func TestReloadedKubeconfigOtherServer(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	server := func(name string) *httptest.Server {
+		srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			seen = append(seen, name+" "+r.Header.Get("Authorization"))
+			mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}`)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	oldSrv, newSrv := server("old"), server("new")
+	rcOf := func(srv *httptest.Server) *rest.Config {
+		return &rest.Config{Host: srv.URL, TLSClientConfig: rest.TLSClientConfig{
+			CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})}}
+	}
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	writeAtomic(t, kc, kubeconfigWith(t, rcOf(oldSrv), "A"))
+	var logs bytes.Buffer
+	cfg := DefaultConfig()
+	cfg.Clusters = []Cluster{{Name: "c", Kubeconfig: kc}}
+	cl, err := NewRegistry(cfg, nil).WithLog(slog.New(slog.NewTextHandler(&logs, nil))).Get("c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := func() error {
+		_, err := cl.Kube.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+		return err
+	}
+	// rewrite puts b in the file and lets the next request look at it.
+	rewrite := func(b []byte) {
+		writeAtomic(t, kc, b)
+		time.Sleep(ReloadEvery + 100*time.Millisecond)
+	}
+	if err := list(); err != nil {
+		t.Fatal(err)
+	}
+
+	rewrite(kubeconfigWith(t, rcOf(newSrv), "B"))
+	for i := range 2 {
+		if err := list(); err == nil || !strings.Contains(err.Error(), "restart") {
+			t.Fatalf("request %d after the kubeconfig moved to another server: %v; want an error saying a restart is needed", i, err)
+		}
+		time.Sleep(ReloadEvery + 100*time.Millisecond)
+	}
+	if n := strings.Count(logs.String(), newSrv.URL); n != 1 {
+		t.Fatalf("the move was logged %d times, want once:\n%s", n, logs.String())
+	}
+
+	rewrite(kubeconfigWith(t, rcOf(oldSrv), "C")) // back, the token rotated
+	if err := list(); err != nil {
+		t.Fatalf("the kubeconfig back on its server, a new token: %v", err)
+	}
+	logs.Reset()
+	rewrite([]byte("{not a kubeconfig"))
+	for range 2 {
+		if err := list(); err != nil {
+			t.Fatalf("a broken kubeconfig: %v; want the credentials last loaded", err)
+		}
+		time.Sleep(ReloadEvery + 100*time.Millisecond)
+	}
+	if n := strings.Count(logs.String(), "cluster=c"); n != 1 {
+		t.Fatalf("the broken kubeconfig was logged %d times, want once:\n%s", n, logs.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"old Bearer A", "old Bearer C", "old Bearer C", "old Bearer C"}; !reflect.DeepEqual(seen, want) {
+		t.Fatalf("requests seen %q, want %q", seen, want)
 	}
 }

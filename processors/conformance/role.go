@@ -64,7 +64,7 @@ func OpenWith(ctx context.Context, cfg Config, deps role.Deps, reg *clusters.Reg
 	}
 	log := deps.Log.With("role", Role)
 	if reg == nil {
-		reg = clusters.NewRegistry(deps.Kube, opt.Now)
+		reg = clusters.NewRegistry(deps.Kube, opt.Now).WithLog(log)
 	}
 	conn, err := clickhouse.SetupWait(ctx, deps.ClickHouse, log)
 	if err != nil {

@@ -270,7 +270,7 @@ func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options)
 		opts.Now = time.Now
 	}
 	if reg == nil {
-		reg = clusters.NewRegistry(kube, opts.Now)
+		reg = clusters.NewRegistry(kube, opts.Now).WithLog(opts.Log)
 	}
 	if cfg.HungAfter > 0 && cfg.HungAfter >= cfg.RebootTimeout {
 		// Not refused: a reboot_timeout lowered before hung_after existed

@@ -58,7 +58,7 @@ func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 			"SECURITY.md, \"What a node may say about itself\"); each such signal is counted in faultline_janitor_node_named_total. " +
 			"Label every node, then set janitor.redfish.labels_only")
 	}
-	reg := clusters.NewRegistry(deps.Kube, nil)
+	reg := clusters.NewRegistry(deps.Kube, nil).WithLog(deps.Log)
 	names := deps.Kube.Names()
 	var prod *kgo.Client
 	r := &role.Role{Name: Role}

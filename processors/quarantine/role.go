@@ -45,7 +45,7 @@ var Topics = []string{events.TopicEvents}
 // (RunStabilization).
 func Open(ctx context.Context, cfg Config, deps role.Deps) (*role.Role, error) {
 	deps = deps.WithDefaults()
-	h, err := New(cfg, clusters.NewRegistry(deps.Kube, nil), Options{Log: deps.Log, Registerer: deps.Registry})
+	h, err := New(cfg, clusters.NewRegistry(deps.Kube, nil).WithLog(deps.Log), Options{Log: deps.Log, Registerer: deps.Registry})
 	if err != nil {
 		return nil, err
 	}
