@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/procfs/sysfs"
 	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/faultline/faultline/agents/check"
@@ -82,8 +83,11 @@ type Agent struct {
 	// recent is, by check, the latest of its last run's start and end and
 	// the last request to run it that was accepted (requestRun).
 	recent    map[string]time.Time
-	unspooled map[string][]*datamodels.HealthEvent // by check: its last run's events the spool could not take
-	podresErr string                               // the last pod-resources error logged
+	unspooled map[string][]*keptEvent // by check: its events the spool has not taken, in order
+	// keptMax bounds the encoded bytes of one check's unspooled events
+	// (maxKeptBytes).
+	keptMax   int
+	podresErr string // the last pod-resources error logged
 	started   time.Time
 }
 
@@ -92,7 +96,7 @@ type Agent struct {
 // sender.
 func New(cfg Config, log *slog.Logger, opt Options) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: log, m: NewMetrics(), now: opt.Now, lastRun: map[string]time.Time{},
-		recent: map[string]time.Time{}, unspooled: map[string][]*datamodels.HealthEvent{}, machine: systemUUID(cfg.MachineSysfs, log)}
+		recent: map[string]time.Time{}, unspooled: map[string][]*keptEvent{}, keptMax: maxKeptBytes, machine: systemUUID(cfg.MachineSysfs, log)}
 	if a.now == nil {
 		a.now = time.Now
 	}
@@ -358,12 +362,18 @@ func (a *Agent) requestRun(name string) (found bool, gap, wait time.Duration) {
 }
 
 // RunOnce calls one check once with its deadline and recovery, records the
-// metrics, stamps and spools the events. Events the spool cannot take (a
-// full or failing disk, or a spool refusing them for capacity) are kept
-// and spooled first at the check's next run, which waits for them: the
-// check's state in memory has moved past them, and it would not report
-// them again. The check's state is committed only once every event of its
-// run is spooled.
+// metrics, stamps and spools the events. Events the spool cannot take are
+// kept, in memory, and spooled first: the check's state in memory has
+// moved past them, and it would not report them again. On a failing disk
+// the check's next run waits for them. A spool that refuses them for
+// capacity (full, or past its 90% mark for a non-fatal event) does not
+// hold the check up: it runs on, its new events kept behind the refused
+// ones (spoolKept), its fatal ones spooled ahead of them. Before, it
+// waited too, and a check that had a non-fatal event refused (kmsg's
+// non-fatal Xids ahead of a fatal one) stopped until the backlog dropped
+// below 80%: /dev/kmsg overwrote its fatal Xid unread, and the room kept
+// for fatal events served nothing. The check's state is committed only
+// once none of its events is kept: a restart before reports them again.
 func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 	name := s.Check.Name()
 	if !a.spoolUnspooled(s) {
@@ -406,55 +416,190 @@ func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 		for _, ev := range evs {
 			a.log.Info("event", "check", name, "checkName", ev.GetCheckName(), "fatal", ev.GetIsFatal(), "healthy", ev.GetIsHealthy(), "message", ev.GetMessage())
 		}
-		n, err := a.spool.Append(evs)
-		if err != nil || n < len(evs) {
-			// A full spool refuses the events after the first that does
-			// not fit (n of them taken), without an error: those are kept
-			// like a failing disk's, and the state is not committed.
-			if err != nil {
-				a.log.Error("events not spooled; kept for the check's next run, its state not saved", "check", name, "events", len(evs)-n, "err", err)
-			} else {
-				a.log.Warn("spool full: events kept for the check's next run, its state not saved", "check", name, "events", len(evs)-n)
-			}
-			a.mu.Lock()
-			a.unspooled[name] = evs[n:]
-			a.mu.Unlock()
-			return
+	}
+	// A full spool refuses the events after the first that does not fit,
+	// without an error: those are kept like a failing disk's, and the
+	// state is not committed.
+	if kept, err := a.spoolKept(name, evs); kept > 0 {
+		if err != nil {
+			a.log.Error("events not spooled; kept for the check's next run, its state not saved", "check", name, "events", kept, "err", err)
+		} else if len(evs) > 0 {
+			a.log.Warn("spool full: events kept for the spool, the check's state not saved", "check", name, "events", kept)
 		}
+		return
 	}
 	if result != "panic" {
 		a.commit(s)
 	}
 }
 
-// spoolUnspooled spools the events of the check's last run that the spool
-// could not take, then commits the check's state; it reports whether the
-// check may run again (nothing is left unspooled).
+// spoolUnspooled spools the events of the check's earlier runs that the
+// spool did not take, then, once none is left, commits the check's state;
+// it reports whether the check may run: not while the disk fails.
 func (a *Agent) spoolUnspooled(s Scheduled) bool {
 	name := s.Check.Name()
 	a.mu.Lock()
-	evs := a.unspooled[name]
+	before := len(a.unspooled[name])
 	a.mu.Unlock()
-	if len(evs) == 0 {
+	if before == 0 {
 		return true
 	}
-	n, err := a.spool.AppendAgain(evs)
-	if err != nil || n < len(evs) {
-		if err != nil {
-			a.log.Error("events still not spooled; the check waits for the spool", "check", name, "events", len(evs)-n, "err", err)
-		} // a full spool's refusal: its episode is logged once, by the spool
+	kept, err := a.spoolKept(name, nil)
+	switch {
+	case err != nil:
+		a.log.Error("events still not spooled; the check waits for the spool", "check", name, "events", kept, "err", err)
 		a.mu.Lock()
-		a.unspooled[name] = evs[n:]
 		a.lastRun[name] = a.now() // waiting for the disk, not wedged
 		a.mu.Unlock()
 		return false
-	}
-	a.mu.Lock()
-	delete(a.unspooled, name)
-	a.mu.Unlock()
-	a.log.Info("events spooled at last", "check", name, "events", len(evs))
-	a.commit(s)
+	case kept == 0:
+		a.log.Info("events spooled at last", "check", name, "events", before)
+		a.commit(s)
+	} // a full spool's refusal: its episode is logged once, by the spool
 	return true
+}
+
+// maxKeptBytes bounds the encoded events one check keeps for a spool that
+// refuses them (1 MiB: thousands of kmsg events; the agent's memory limit
+// is 128 MiB).
+const maxKeptBytes = 1 << 20
+
+// keptEvent is an event of a check that the spool has not taken yet.
+type keptEvent struct {
+	ev      *datamodels.HealthEvent
+	refused bool // the spool refused it before: its refusal was counted then
+}
+
+// spoolKept offers the spool the check's kept events, then fresh (its
+// run's new ones), in order. Where the spool refuses one for capacity, it
+// offers it the fatal events after it, whose room (the spool's last 10%)
+// the refused non-fatal ones cannot take: those are spooled ahead of them
+// (a recovery the gateway receives after a newer fault lifts nothing:
+// quarantine compares their generatedTimestamps). What the spool did not
+// take is kept, up to keptMax bytes: past it the oldest non-fatal events
+// are dropped (logged, counted in
+// faultline_agent_kept_events_dropped_total{check}). It returns how many
+// events are kept, and the error of a spool that could not write.
+func (a *Agent) spoolKept(name string, fresh []*datamodels.HealthEvent) (int, error) {
+	a.mu.Lock()
+	q := a.unspooled[name]
+	a.mu.Unlock()
+	for _, ev := range fresh {
+		q = append(q, &keptEvent{ev: ev})
+	}
+	n, err := a.offer(q)
+	q = q[n:]
+	if err == nil && len(q) > 0 {
+		q, err = a.spoolFatalAhead(name, q)
+	}
+	q = a.boundKept(name, q)
+	a.mu.Lock()
+	if len(q) == 0 {
+		delete(a.unspooled, name)
+	} else {
+		a.unspooled[name] = q
+	}
+	a.mu.Unlock()
+	return len(q), err
+}
+
+// offer appends q's events, in order, up to the first the spool refuses;
+// each one the spool refused before through AppendAgain (not counted
+// again), the others through Append. It returns how many were spooled,
+// and marks the ones refused.
+func (a *Agent) offer(q []*keptEvent) (int, error) {
+	n := 0
+	for n < len(q) {
+		j := n + 1
+		for j < len(q) && q[j].refused == q[n].refused {
+			j++
+		}
+		evs := make([]*datamodels.HealthEvent, 0, j-n)
+		for _, k := range q[n:j] {
+			evs = append(evs, k.ev)
+		}
+		var took int
+		var err error
+		if q[n].refused {
+			took, err = a.spool.AppendAgain(evs)
+		} else {
+			took, err = a.spool.Append(evs)
+		}
+		if err != nil {
+			return n, err
+		}
+		for _, k := range q[n+took : j] {
+			k.refused = true // Append counted every event after the first refused
+		}
+		if n += took; n < j {
+			return n, nil
+		}
+	}
+	return n, nil
+}
+
+// spoolFatalAhead offers the spool the fatal events of q (its first event
+// refused), in order, and returns q without those it took.
+func (a *Agent) spoolFatalAhead(name string, q []*keptEvent) ([]*keptEvent, error) {
+	var fatal []*keptEvent
+	for _, k := range q {
+		if k.ev.GetIsFatal() {
+			fatal = append(fatal, k)
+		}
+	}
+	if len(fatal) == 0 {
+		return q, nil
+	}
+	n, err := a.offer(fatal)
+	if n == 0 {
+		return q, err
+	}
+	rest := make([]*keptEvent, 0, len(q)-n)
+	for _, k := range q {
+		if !k.ev.GetIsFatal() || !slices.Contains(fatal[:n], k) {
+			rest = append(rest, k)
+		}
+	}
+	a.log.Warn("spool full: fatal events spooled ahead of the check's kept non-fatal ones", "check", name, "fatal", n, "kept", len(rest))
+	return rest, err
+}
+
+// boundKept drops the oldest non-fatal events of q (the oldest fatal
+// ones only where none is left) while they are more than keptMax bytes.
+func (a *Agent) boundKept(name string, q []*keptEvent) []*keptEvent {
+	size := 0
+	for _, k := range q {
+		size += proto.Size(k.ev)
+	}
+	if size <= a.keptMax {
+		return q
+	}
+	drop := map[*keptEvent]bool{}
+	for _, fatal := range []bool{false, true} {
+		for _, k := range q {
+			if size <= a.keptMax {
+				break
+			}
+			if k.ev.GetIsFatal() == fatal {
+				drop[k] = true
+				size -= proto.Size(k.ev)
+			}
+		}
+	}
+	rest := make([]*keptEvent, 0, len(q)-len(drop))
+	fatal := 0
+	for _, k := range q {
+		switch {
+		case !drop[k]:
+			rest = append(rest, k)
+		case k.ev.GetIsFatal():
+			fatal++
+		}
+	}
+	a.m.keptDropped.WithLabelValues(name).Add(float64(len(drop)))
+	a.log.Error("spool full: the check's oldest kept events dropped, more than the agent keeps in memory for the spool",
+		"check", name, "dropped", len(drop), "fatal_dropped", fatal, "kept", len(rest), "max_bytes", a.keptMax)
+	return rest
 }
 
 // dropNil removes the nil events a check returned (a bug in the check),

@@ -22,6 +22,7 @@ type Metrics struct {
 	spoolFull    prometheus.Gauge
 	spoolDropped *prometheus.CounterVec
 	spoolCorrupt prometheus.Counter
+	keptDropped  *prometheus.CounterVec
 
 	sent       prometheus.Counter
 	sendErrors *prometheus.CounterVec
@@ -62,6 +63,8 @@ func NewMetrics() *Metrics {
 			Help: "Events refused by a full spool, by reason (full, reserved_for_fatal)."}, []string{"reason"}),
 		spoolCorrupt: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_agent_spool_corrupt_total",
 			Help: "Corrupt spool records skipped."}),
+		keptDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_agent_kept_events_dropped_total",
+			Help: "Events a check reported that the spool refused (full) and the agent dropped, the oldest non-fatal first, past the 1 MiB of them it keeps in memory per check while the check runs on."}, []string{"check"}),
 		sent: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_agent_sent_events_total",
 			Help: "Events the gateway accepted (returned ids for)."}),
 		sendErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_agent_send_errors_total",
@@ -78,7 +81,7 @@ func NewMetrics() *Metrics {
 		func() float64 { return m.gatewayCert.Load().ExpirySeconds() })
 	m.gatewayCAExpiry = certfile.CAExpiryGauge("gateway.ca_file", func() float64 { return m.gatewayCAs.Load().ExpirySeconds() })
 	for _, c := range []prometheus.Collector{m.checkSuccess, m.checkDuration, m.checkRuns, m.checkEvents,
-		m.spoolBytes, m.spoolFull, m.spoolDropped, m.spoolCorrupt, m.sent, m.sendErrors, m.rejected, m.clockAhead, m.gatewayInsecure, m.gatewayCertExpiry, m.gatewayCAExpiry,
+		m.spoolBytes, m.spoolFull, m.spoolDropped, m.spoolCorrupt, m.keptDropped, m.sent, m.sendErrors, m.rejected, m.clockAhead, m.gatewayInsecure, m.gatewayCertExpiry, m.gatewayCAExpiry,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
 		f(c)
 	}

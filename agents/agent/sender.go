@@ -36,10 +36,10 @@ import (
 // committing a batch only after the gateway returned one id per event.
 // Failures back off exponentially (200ms doubling to MaxBackoff, with
 // jitter) and retry the same batch, so order is kept. An InvalidArgument
-// answer for a batch is retried one event at a time; a single event the
+// answer for a batch is retried one event at a time, until an event the
 // gateway rejects as invalid is dropped from the spool, logged and counted
 // (faultline_agent_rejected_events_total), since resending it can never
-// succeed. A refusal that the message was larger than the gateway's
+// succeed, or all the batch's events were sent; then whole batches again. A refusal that the message was larger than the gateway's
 // gateway.max_body_bytes (possibly set below maxBatchBytes), or a proxy's
 // body limit in front of it (tooLarge), halves the
 // bytes of the next call, at once and until the spool is empty; a single
@@ -238,8 +238,11 @@ func (s *Sender) token() (string, error) {
 // Run sends until ctx ends.
 func (s *Sender) Run(ctx context.Context) error {
 	backoff := time.Duration(0)
-	single := false // after InvalidArgument: one event per call until that one is resolved
-	limit := 0      // after another node's event was refused: the events before it, this node's (0: none)
+	// single is, after a batch was refused as invalid, how many of its
+	// events are still to be sent one per call: until the invalid one is
+	// dropped, or all were sent (0: whole batches).
+	single := 0
+	limit := 0 // after another node's event was refused: the events before it, this node's (0: none)
 	for {
 		if backoff > 0 {
 			d := backoff/2 + rand.N(backoff/2+1)
@@ -253,7 +256,7 @@ func (s *Sender) Run(ctx context.Context) error {
 		if s.maxBatch > 0 {
 			n = min(n, s.maxBatch)
 		}
-		if single {
+		if single > 0 {
 			n = 1
 		}
 		if limit > 0 {
@@ -266,7 +269,7 @@ func (s *Sender) Run(ctx context.Context) error {
 			continue
 		}
 		if len(evs) == 0 {
-			single, s.budget = false, maxBatchBytes // a gateway whose limit was raised gets whole batches again
+			single, s.budget = 0, maxBatchBytes // a gateway whose limit was raised gets whole batches again
 			select {
 			case <-ctx.Done():
 				return nil
@@ -288,7 +291,10 @@ func (s *Sender) Run(ctx context.Context) error {
 			if backoff > 0 {
 				s.log.Info("gateway reachable again", "sent", len(evs))
 			}
-			backoff, single, limit = 0, false, 0
+			backoff, limit = 0, 0
+			if single > 0 {
+				single-- // one event of the refused batch sent: the invalid one is still ahead
+			}
 		case other && before > 0:
 			limit = before // this node's events first
 		case other:
@@ -315,7 +321,7 @@ func (s *Sender) Run(ctx context.Context) error {
 				"batch_size", s.cfg.BatchSize, "max_batch", maxBatch)
 		case code == codes.InvalidArgument && len(evs) > 1:
 			s.log.Warn("gateway rejected a batch as invalid; retrying one event at a time", "events", len(evs), "err", err)
-			single = true
+			single = len(evs)
 		case tooLarge(err) && len(evs) > 1:
 			s.m.sendErrors.WithLabelValues(code.String()).Inc()
 			size := encodedSize(evs)
@@ -328,6 +334,7 @@ func (s *Sender) Run(ctx context.Context) error {
 			if err := s.spool.Commit(next); err != nil {
 				s.log.Error("spool commit failed", "err", err)
 			}
+			single = 0 // the refused batch's invalid event resolved: whole batches again
 		default:
 			s.m.sendErrors.WithLabelValues(code.String()).Inc()
 			if backoff == 0 || code == codes.Unauthenticated || code == codes.PermissionDenied {

@@ -140,3 +140,43 @@ func TestSenderGatewayMaxBatch(t *testing.T) {
 		})
 	}
 }
+
+// TestSenderInvalidOneAtATimeUntilDropped: a batch refused as invalid
+// for its last event (the 7th of 7). The sender sent its first event
+// alone, then the whole batch again (refused again), and so on: about two
+// calls for each event ahead of the invalid one, each carrying the whole
+// batch. It must send one event a call until the invalid one is dropped,
+// then whole batches again.
+func TestSenderInvalidOneAtATimeUntilDropped(t *testing.T) {
+	g := startFake(t)
+	sp, _, m, _ := senderFor(t, g.addr, g.token) // batches of 7
+	var evs []*datamodels.HealthEvent
+	var want []string
+	for i := range 30 {
+		msg := fmt.Sprintf("%02d", i)
+		if i == 6 {
+			msg = "invalid"
+		} else {
+			want = append(want, msg)
+		}
+		evs = append(evs, ev(msg, false))
+	}
+	if err := sp.AppendAll(evs); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool { return sp.Pending() == 0 }, "the spool to drain")
+	if got := strings.Join(g.received(), ","); got != strings.Join(want, ",") {
+		t.Errorf("received %s, want %s", got, strings.Join(want, ","))
+	}
+	if got := val(m.rejected); got != 1 {
+		t.Errorf("faultline_agent_rejected_events_total = %v, want 1", got)
+	}
+	g.mu.Lock()
+	sizes := g.sizes
+	g.mu.Unlock()
+	// The refused batch of 7, its 7 events alone (the 7th dropped), then
+	// 23 events in 4 calls.
+	if len(sizes) > 12 {
+		t.Errorf("%d calls (%v events each) for 30 events, want 12", len(sizes), sizes)
+	}
+}

@@ -47,7 +47,8 @@ import (
 // has taken the backlog below 80% of the capacity (fatal ones still while
 // they fit). Below 80%, a refused event (one larger than the room left)
 // refuses only itself. Within one append every event after a refused one
-// is refused too.
+// is refused too (the agent's runner offers a check's fatal events after
+// a refused one again on their own: Agent.spoolKept).
 // Every event refused counts once in faultline_agent_spool_dropped_events_total
 // {reason="full"|"reserved_for_fatal"} (AppendAgain, the agent's later tries
 // of the events it kept, counts none again); faultline_agent_spool_full is 1 while
