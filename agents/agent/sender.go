@@ -36,13 +36,13 @@ import (
 // committing a batch only after the gateway returned one id per event.
 // Failures back off exponentially (200ms doubling to MaxBackoff, with
 // jitter) and retry the same batch, so order is kept. An InvalidArgument
-// answer for a batch is retried one event at a time, until an event the
+// answer for a batch is retried one event at a time until an event the
 // gateway rejects as invalid is dropped from the spool, logged and counted
 // (faultline_agent_rejected_events_total), since resending it can never
-// succeed, or all the batch's events were sent; then whole batches again. A refusal that the message was larger than the gateway's
+// succeed, or until all the batch's events were sent; then whole batches
+// again. A refusal that the message was larger than the gateway's
 // gateway.max_body_bytes (possibly set below maxBatchBytes), or a proxy's
-// body limit in front of it (tooLarge), halves the
-// bytes of the next call, at once and until the spool is empty; a single
+// body limit in front of it (tooLarge), halves the bytes of the next call, at once and until the spool is empty; a single
 // event larger alone can never be accepted and is dropped like an invalid
 // one (logged, counted in faultline_agent_rejected_events_total). A
 // PermissionDenied answer naming an event of a node other than this one
