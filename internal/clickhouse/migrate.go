@@ -472,11 +472,28 @@ func Setup(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
 // 5s and logging each failure — also when a migration statement fails
 // because the connection was lost or timed out (MigrationError.Transient:
 // the server restarted mid-file, an ON CLUSTER ALTER outlived its wait);
-// a migration the server refuses, a bad or changed file, or the end of ctx
-// stops it with the error.
+// a migration the server refuses, a bad or changed file, a configuration
+// the server cannot serve (a clickhouse.cluster it does not know, a
+// database migrated for the other kind of schema), or the end of ctx stops
+// it with the error. A refused login is retried (a password rotation may
+// be under way) but logged at ERROR.
 func SetupWait(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
 	return setupWait(ctx, c, log, func(ctx context.Context) (Conn, error) { return Setup(ctx, c, log) })
 }
+
+// configError is a configuration the server cannot serve: retrying does
+// not cure it, so SetupWait stops with it.
+type configError struct{ error }
+
+func (e configError) Unwrap() error { return e.error }
+
+// codeUnknownCluster is ClickHouse's CLUSTER_DOESNT_EXIST: an ON CLUSTER
+// statement naming a cluster that is not in the server's remote_servers.
+const codeUnknownCluster = 170
+
+// authCodes are ClickHouse's refused logins: UNKNOWN_USER and
+// WRONG_PASSWORD (18.16), AUTHENTICATION_FAILED (current).
+var authCodes = map[int32]bool{192: true, 193: true, 516: true}
 
 // setupWait is SetupWait with Setup replaced by setup.
 func setupWait(ctx context.Context, c Config, log *slog.Logger, setup func(context.Context) (Conn, error)) (Conn, error) {
@@ -489,7 +506,19 @@ func setupWait(ctx context.Context, c Config, log *slog.Logger, setup func(conte
 		if me, bad := errors.AsType[*MigrationError](err); bad && !me.Transient() {
 			return nil, err
 		}
-		log.Warn("clickhouse not ready; retrying", "addr", c.Addr, "backoff", backoff, "err", err)
+		if _, bad := errors.AsType[configError](err); bad {
+			return nil, err
+		}
+		level := slog.LevelWarn
+		if ex, ok := errors.AsType[*ch.Exception](err); ok {
+			if ex.Code == codeUnknownCluster {
+				return nil, fmt.Errorf("clickhouse.cluster %q: %w", c.Cluster, err)
+			}
+			if authCodes[ex.Code] {
+				level = slog.LevelError
+			}
+		}
+		log.Log(ctx, level, "clickhouse not ready; retrying", "addr", c.Addr, "backoff", backoff, "err", err)
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("clickhouse %s not ready: %w", c, err)
