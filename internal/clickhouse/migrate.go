@@ -318,10 +318,23 @@ func MigrateSchema(ctx context.Context, conn Conn, s Schema, migs []Migration, l
 			src, n := m.source(i)
 			if err := execMigration(ctx, conn, s, stmt, src); err != nil {
 				if columnsAlreadyAdded(src, err) {
-					log.Info("migration statement already applied: its columns exist", "file", m.File, "statement", n)
-					continue
-				}
-				if s.Cluster != "" && addColumnsOnly.MatchString(strings.TrimSpace(src)) {
+					if s.Cluster == "" {
+						log.Info("migration statement already applied: its columns exist", "file", m.File, "statement", n)
+						continue
+					}
+					// ON CLUSTER answers with the first host's error: another
+					// host's ALTER may have failed.
+					ok, verr := columnsOnEveryHost(ctx, conn, s, stmt, src)
+					if ok {
+						log.Info("migration statement already applied: its columns exist on every host", "file", m.File, "statement", n)
+						continue
+					}
+					if verr != nil {
+						log.Warn("migration statement already applied on some host; its columns could not be checked on every host: applied", "file", m.File, "statement", n, "err", verr)
+						continue
+					}
+					err = fmt.Errorf("%w (the columns are not on every host)", err)
+				} else if s.Cluster != "" && addColumnsOnly.MatchString(strings.TrimSpace(src)) {
 					if ok, verr := columnsOnEveryHost(ctx, conn, s, stmt, src); ok {
 						log.Warn("ALTER ON CLUSTER unfinished on some host, but every host has the columns: applied", "file", m.File, "statement", n, "err", err)
 						continue
