@@ -102,7 +102,8 @@ func (s Schema) migrationsTableDDL() string {
 
 // checkMode refuses a database whose migrations table was made for the
 // other kind of schema: a single-server database cannot be turned into a
-// cluster by setting clickhouse.cluster, nor read as one without it.
+// cluster by setting clickhouse.cluster, nor read as one without it. The
+// refusal is a configError: SetupWait stops with it.
 func (s Schema) checkMode(ctx context.Context, conn Conn) error {
 	var engine string
 	if err := conn.QueryRow(ctx, `SELECT engine FROM system.tables WHERE database = ? AND name = ?`, s.Database, MigrationsTable).Scan(&engine); err != nil {
@@ -111,9 +112,9 @@ func (s Schema) checkMode(ctx context.Context, conn Conn) error {
 	replicated := strings.HasPrefix(engine, "Replicated")
 	switch {
 	case s.Clustered() && !replicated:
-		return fmt.Errorf("clickhouse.cluster: database %s was migrated for a single server (%s is %s); a cluster schema needs a new database (set clickhouse.database) and a copy of the data", s.Database, MigrationsTable, engine)
+		return configError{fmt.Errorf("clickhouse.cluster: database %s was migrated for a single server (%s is %s); a cluster schema needs a new database (set clickhouse.database) and a copy of the data", s.Database, MigrationsTable, engine)}
 	case !s.Clustered() && replicated:
-		return fmt.Errorf("clickhouse.cluster: database %s was migrated ON CLUSTER (%s is %s); set clickhouse.cluster to its cluster name", s.Database, MigrationsTable, engine)
+		return configError{fmt.Errorf("clickhouse.cluster: database %s was migrated ON CLUSTER (%s is %s); set clickhouse.cluster to its cluster name", s.Database, MigrationsTable, engine)}
 	}
 	return nil
 }

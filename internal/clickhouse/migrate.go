@@ -318,10 +318,23 @@ func MigrateSchema(ctx context.Context, conn Conn, s Schema, migs []Migration, l
 			src, n := m.source(i)
 			if err := execMigration(ctx, conn, s, stmt, src); err != nil {
 				if columnsAlreadyAdded(src, err) {
-					log.Info("migration statement already applied: its columns exist", "file", m.File, "statement", n)
-					continue
-				}
-				if s.Cluster != "" && addColumnsOnly.MatchString(strings.TrimSpace(src)) {
+					if s.Cluster == "" {
+						log.Info("migration statement already applied: its columns exist", "file", m.File, "statement", n)
+						continue
+					}
+					// ON CLUSTER answers with the first host's error: another
+					// host's ALTER may have failed.
+					ok, verr := columnsOnEveryHost(ctx, conn, s, stmt, src)
+					if ok {
+						log.Info("migration statement already applied: its columns exist on every host", "file", m.File, "statement", n)
+						continue
+					}
+					if verr != nil {
+						log.Warn("migration statement already applied on some host; its columns could not be checked on every host: applied", "file", m.File, "statement", n, "err", verr)
+						continue
+					}
+					err = fmt.Errorf("%w (the columns are not on every host)", err)
+				} else if s.Cluster != "" && addColumnsOnly.MatchString(strings.TrimSpace(src)) {
 					if ok, verr := columnsOnEveryHost(ctx, conn, s, stmt, src); ok {
 						log.Warn("ALTER ON CLUSTER unfinished on some host, but every host has the columns: applied", "file", m.File, "statement", n, "err", err)
 						continue
@@ -472,11 +485,28 @@ func Setup(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
 // 5s and logging each failure — also when a migration statement fails
 // because the connection was lost or timed out (MigrationError.Transient:
 // the server restarted mid-file, an ON CLUSTER ALTER outlived its wait);
-// a migration the server refuses, a bad or changed file, or the end of ctx
-// stops it with the error.
+// a migration the server refuses, a bad or changed file, a configuration
+// the server cannot serve (a clickhouse.cluster it does not know, a
+// database migrated for the other kind of schema), or the end of ctx stops
+// it with the error. A refused login is retried (a password rotation may
+// be under way) but logged at ERROR.
 func SetupWait(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
 	return setupWait(ctx, c, log, func(ctx context.Context) (Conn, error) { return Setup(ctx, c, log) })
 }
+
+// configError is a configuration the server cannot serve: retrying does
+// not cure it, so SetupWait stops with it.
+type configError struct{ error }
+
+func (e configError) Unwrap() error { return e.error }
+
+// codeUnknownCluster is ClickHouse's CLUSTER_DOESNT_EXIST: an ON CLUSTER
+// statement naming a cluster that is not in the server's remote_servers.
+const codeUnknownCluster = 170
+
+// authCodes are ClickHouse's refused logins: UNKNOWN_USER and
+// WRONG_PASSWORD (18.16), AUTHENTICATION_FAILED (current).
+var authCodes = map[int32]bool{192: true, 193: true, 516: true}
 
 // setupWait is SetupWait with Setup replaced by setup.
 func setupWait(ctx context.Context, c Config, log *slog.Logger, setup func(context.Context) (Conn, error)) (Conn, error) {
@@ -489,7 +519,19 @@ func setupWait(ctx context.Context, c Config, log *slog.Logger, setup func(conte
 		if me, bad := errors.AsType[*MigrationError](err); bad && !me.Transient() {
 			return nil, err
 		}
-		log.Warn("clickhouse not ready; retrying", "addr", c.Addr, "backoff", backoff, "err", err)
+		if _, bad := errors.AsType[configError](err); bad {
+			return nil, err
+		}
+		level := slog.LevelWarn
+		if ex, ok := errors.AsType[*ch.Exception](err); ok {
+			if ex.Code == codeUnknownCluster {
+				return nil, fmt.Errorf("clickhouse.cluster %q: %w", c.Cluster, err)
+			}
+			if authCodes[ex.Code] {
+				level = slog.LevelError
+			}
+		}
+		log.Log(ctx, level, "clickhouse not ready; retrying", "addr", c.Addr, "backoff", backoff, "err", err)
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("clickhouse %s not ready: %w", c, err)

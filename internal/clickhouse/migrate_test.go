@@ -11,6 +11,9 @@ import (
 	"testing/fstest"
 	"time"
 
+	ch "github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
 	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/internal/clickhouse/chtest"
 	"github.com/faultline/faultline/sql"
@@ -304,5 +307,120 @@ func TestMigrateStatusChangesNothing(t *testing.T) {
 	}
 	if n := strings.Count(out.String(), "applied  "); n != len(migs) {
 		t.Errorf("migrated database: %d applied of %d:\n%s", n, len(migs), out.String())
+	}
+}
+
+// alterConn is a two-host cluster on which an ALTER … ON CLUSTER ADD
+// COLUMN is answered with the first host's "already exists" (code 44, the
+// statement rerun) whatever the other hosts did; has says how many of the
+// added columns each host has (missing: the host cannot be asked). It
+// counts the migrations recorded.
+type alterConn struct {
+	driver.Conn
+	has      map[string]uint64
+	recorded int
+}
+
+func (c *alterConn) Exec(_ context.Context, q string, _ ...any) error {
+	if strings.Contains(q, "ADD COLUMN") {
+		return &ch.Exception{Code: 44, Message: "There was an error on [h1:9000]: Cannot add column b: column with this name already exists"}
+	}
+	return nil
+}
+
+func (c *alterConn) QueryRow(_ context.Context, q string, args ...any) driver.Row {
+	if strings.Contains(q, "remote(") {
+		n, ok := c.has[args[0].(string)]
+		return countRow{n: n, ok: ok}
+	}
+	return engineRow{engine: "ReplicatedReplacingMergeTree"}
+}
+
+func (c *alterConn) Query(_ context.Context, q string, _ ...any) (driver.Rows, error) {
+	if strings.Contains(q, "system.clusters") {
+		return &hostRows{hosts: []string{"h1", "h2"}}, nil
+	}
+	return emptyRows{}, nil
+}
+
+func (c *alterConn) PrepareBatch(context.Context, string, ...driver.PrepareBatchOption) (driver.Batch, error) {
+	return countBatch{n: &c.recorded}, nil
+}
+
+type countRow struct {
+	driver.Row
+	n  uint64
+	ok bool
+}
+
+func (r countRow) Scan(dest ...any) error {
+	if !r.ok {
+		return errors.New("connection refused")
+	}
+	*dest[0].(*uint64) = r.n
+	return nil
+}
+
+type hostRows struct {
+	driver.Rows
+	hosts []string
+	i     int
+}
+
+func (r *hostRows) Next() bool { r.i++; return r.i <= len(r.hosts) }
+func (r *hostRows) Scan(dest ...any) error {
+	*dest[0].(*string), *dest[1].(*uint32) = r.hosts[r.i-1], 9000
+	return nil
+}
+func (r *hostRows) Close() error { return nil }
+func (r *hostRows) Err() error   { return nil }
+
+type countBatch struct {
+	driver.Batch
+	n *int
+}
+
+func (countBatch) Append(...any) error { return nil }
+func (b countBatch) Send() error       { *b.n++; return nil }
+func (countBatch) Close() error        { return nil }
+
+// On a cluster, an ALTER … ON CLUSTER ADD COLUMN rerun and answered "already
+// exists" reports one host's answer only (the first error): another
+// host's may have failed. The columns are checked on every host before the
+// migration is recorded; a host without them stops it, naming the file. A
+// host that cannot be asked leaves it applied, as before the check.
+func TestMigrateClusterColumnsAlreadyAdded(t *testing.T) {
+	files := fstest.MapFS{
+		"m/0001_t.sql": {Data: []byte("CREATE TABLE IF NOT EXISTS t (cluster String, node String) ENGINE = MergeTree() ORDER BY (cluster, node)")},
+		"m/0002_b.sql": {Data: []byte("ALTER TABLE t ADD COLUMN b String")},
+	}
+	migs, err := clickhouse.LoadMigrations(files, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := clickhouse.Schema{Cluster: "c", Database: "d", ZooKeeperPath: clickhouse.DefaultZooKeeperPath, ReplicaName: clickhouse.DefaultReplicaName}
+	for _, tc := range []struct {
+		name    string
+		has     map[string]uint64
+		applied bool
+	}{
+		{"every host has them", map[string]uint64{"h1:9000": 1, "h2:9000": 1}, true},
+		{"a host lacks them", map[string]uint64{"h1:9000": 1, "h2:9000": 0}, false},
+		{"a host cannot be asked", map[string]uint64{"h1:9000": 1}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn := &alterConn{has: tc.has}
+			_, err := clickhouse.MigrateSchema(context.Background(), conn, s, migs, slog.New(slog.DiscardHandler))
+			if tc.applied {
+				if err != nil || conn.recorded != 2 {
+					t.Fatalf("err %v, %d recorded: want both migrations applied", err, conn.recorded)
+				}
+				return
+			}
+			me, ok := errors.AsType[*clickhouse.MigrationError](err)
+			if !ok || me.File != "0002_b.sql" || conn.recorded != 1 || !strings.Contains(err.Error(), "not on every host") {
+				t.Fatalf("err %v, %d recorded: want 0002_b.sql refused, naming the hosts' columns", err, conn.recorded)
+			}
+		})
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/faultline/faultline/internal/clickhouse"
+	"github.com/faultline/faultline/internal/clickhouse/chtest"
 )
 
 // flakyConn is a server with an empty migrations table on which the first
@@ -140,6 +141,99 @@ func TestMigrationErrorTransient(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := (&clickhouse.MigrationError{File: "0001_a.sql", Err: tt.err}).Transient(); got != tt.want {
 				t.Errorf("Transient() = %v for %v, want %v", got, tt.err, tt.want)
+			}
+		})
+	}
+}
+
+// A clickhouse.cluster the server does not know (CREATE DATABASE … ON
+// CLUSTER refused with code 170) is a configuration mistake no retry
+// cures: SetupWait stops with it, naming the key, instead of leaving the
+// role not ready for ever.
+func TestSetupWaitStopsOnUnknownCluster(t *testing.T) {
+	srv := chtest.Start(t)
+	cfg := srv.Config
+	cfg.Cluster = "nosuch_cluster"
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := clickhouse.SetupWait(ctx, cfg, slog.New(slog.DiscardHandler))
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), `clickhouse.cluster "nosuch_cluster"`) {
+		t.Fatalf("err %v (ctx %v): want SetupWait to stop at once naming clickhouse.cluster", err, ctx.Err())
+	}
+}
+
+// modeConn is a server whose migrations table has engine.
+type modeConn struct {
+	driver.Conn
+	engine string
+}
+
+func (c *modeConn) Exec(context.Context, string, ...any) error { return nil }
+
+func (c *modeConn) QueryRow(context.Context, string, ...any) driver.Row {
+	return engineRow{engine: c.engine}
+}
+
+func (c *modeConn) Close() error { return nil }
+
+type engineRow struct {
+	driver.Row
+	engine string
+}
+
+func (r engineRow) Scan(dest ...any) error { *dest[0].(*string) = r.engine; return nil }
+func (engineRow) Err() error               { return nil }
+
+// A database migrated for the other kind of schema (single server or
+// cluster) stops SetupWait with checkMode's error naming clickhouse.cluster.
+func TestSetupWaitStopsOnWrongMode(t *testing.T) {
+	files := fstest.MapFS{"m/0001_t.sql": {Data: []byte("CREATE TABLE IF NOT EXISTS t (a String) ENGINE = MergeTree() ORDER BY a")}}
+	migs, err := clickhouse.LoadMigrations(files, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn := &modeConn{engine: "ReplicatedReplacingMergeTree"}
+	setup := func(ctx context.Context) (clickhouse.Conn, error) {
+		if _, err := clickhouse.MigrateSchema(ctx, conn, clickhouse.Schema{Database: "d"}, migs, log); err != nil {
+			return nil, err
+		}
+		return conn, nil
+	}
+	_, err = clickhouse.SetupWaitWith(ctx, clickhouse.Config{}, log, setup)
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "clickhouse.cluster: database d was migrated ON CLUSTER") {
+		t.Fatalf("err %v (ctx %v): want SetupWait to stop at once with the mode error", err, ctx.Err())
+	}
+}
+
+// A refused login is retried (a password rotation may be under way) but
+// logged at ERROR: it needs an operator, a server starting does not.
+func TestSetupWaitLogsRefusedLoginAtError(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"wrong password", fmt.Errorf("clickhouse ping: %w", &ch.Exception{Code: 516, Message: "Authentication failed"}), "level=ERROR"},
+		{"server down", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, "level=WARN"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf strings.Builder
+			log := slog.New(slog.NewTextHandler(&buf, nil))
+			calls := 0
+			setup := func(context.Context) (clickhouse.Conn, error) {
+				if calls++; calls == 1 {
+					return nil, tt.err
+				}
+				return &flakyConn{}, nil
+			}
+			if _, err := clickhouse.SetupWaitWith(context.Background(), clickhouse.Config{}, log, setup); err != nil || calls != 2 {
+				t.Fatalf("err %v after %d tries: want a retry", err, calls)
+			}
+			if !strings.Contains(buf.String(), tt.want+` msg="clickhouse not ready; retrying"`) {
+				t.Fatalf("logged %q, want %s", buf.String(), tt.want)
 			}
 		})
 	}

@@ -161,9 +161,14 @@ type Handler struct {
 	log  *slog.Logger
 	m    *Metrics
 	// pinSync is whether inserts send async_insert=0 (insertSettings):
-	// decided once, by New, from the server's version, and turned off for
-	// the process's life when a server refuses the setting (refusedAsync).
+	// decided once, by New, from the server's version.
 	pinSync atomic.Bool
+	// unpinnedUntil (Unix nanoseconds) is set when a server refuses the
+	// setting (refusedAsync): inserts go without it until then, and try it
+	// again after (repinAfter).
+	unpinnedUntil atomic.Int64
+	// now is the clock (time.Now; tests inject one).
+	now func() time.Time
 	// afterInsert, when set, runs after a batch's rows are written and
 	// before Handle returns (tests inject crashes here).
 	afterInsert func(ctx context.Context, rows int) error
@@ -171,12 +176,12 @@ type Handler struct {
 
 // New returns a handler writing through conn. It asks the server's version
 // once, here, to know whether the inserts send async_insert=0 (an unknown
-// version: they do, until a server refuses it).
+// version: they do, but not for repinAfter after a server refused it).
 func New(conn clickhouse.Conn, log *slog.Logger, m *Metrics) *Handler {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	h := &Handler{conn: conn, log: log.With("role", "store"), m: m}
+	h := &Handler{conn: conn, log: log.With("role", "store"), m: m, now: time.Now}
 	srv, err := conn.ServerVersion()
 	if err != nil {
 		h.log.Warn("clickhouse server version unknown; inserts send async_insert=0 until a server refuses it", "err", err)
@@ -265,7 +270,7 @@ func hasAsyncInsert(v proto.Version) bool {
 //     read deduplicates by id, so the retry's copies cost nothing. A
 //     Distributed insert (insert_distributed_sync=1) passes the setting on
 //     to every shard's insert, 18.16's too.
-//   - async_insert=0 when pinSync (servers of 21.11 and newer): a profile
+//   - async_insert=0 when pinned (servers of 21.11 and newer): a profile
 //     with async_insert=1 and wait_for_async_insert=0 (ClickHouse Cloud
 //     can set it) would acknowledge rows only buffered, the offsets would
 //     be committed, and a restart before the flush would lose them unseen.
@@ -294,7 +299,9 @@ func (h *Handler) insert(ctx context.Context, table, columns string, cols []any,
 	began := time.Now()
 	defer func() {
 		if err != nil {
-			h.m.errors.WithLabelValues(table).Inc()
+			if !refusedAsync(err) { // a server without async_insert: retried without it
+				h.m.errors.WithLabelValues(table).Inc()
+			}
 			err = fmt.Errorf("insert %d rows into %s: %w", n, table, err)
 			return
 		}
@@ -323,18 +330,31 @@ func (h *Handler) insert(ctx context.Context, table, columns string, cols []any,
 
 // prepare starts an insert with the store's settings.
 func (h *Handler) prepare(ctx context.Context, query string) (driver.Batch, error) {
-	ctx = ch.Context(ctx, ch.WithSettings(insertSettings(h.pinSync.Load())))
+	ctx = ch.Context(ctx, ch.WithSettings(insertSettings(h.pinned())))
 	return h.conn.PrepareBatch(ctx, query)
 }
 
-// dropAsync stops sending async_insert=0 for good (logged once) when err is
-// a server refusing it, and reports whether it was.
+// repinAfter is how long inserts go without async_insert=0 after a server
+// refused it.
+const repinAfter = 10 * time.Minute
+
+// pinned is whether an insert now sends async_insert=0: the server New
+// asked has it, and no server refused it in the last repinAfter.
+func (h *Handler) pinned() bool {
+	return h.pinSync.Load() && h.now().UnixNano() >= h.unpinnedUntil.Load()
+}
+
+// dropAsync stops sending async_insert=0 for repinAfter (logged) when err
+// is a server refusing it, and reports whether it was. The setting is
+// tried again after: once every server has it (a rolling upgrade ended),
+// it stays.
 func (h *Handler) dropAsync(err error) bool {
 	if !refusedAsync(err) {
 		return false
 	}
-	if h.pinSync.Swap(false) {
-		h.log.Warn("a clickhouse server has no async_insert (older than 21.11): inserts go without async_insert=0 from now on", "err", err)
+	now := h.now()
+	if h.unpinnedUntil.Swap(now.Add(repinAfter).UnixNano()) <= now.UnixNano() {
+		h.log.Warn("a clickhouse server has no async_insert (older than 21.11): inserts go without async_insert=0, tried again later", "retry_in", repinAfter, "err", err)
 	}
 	return true
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -484,15 +485,21 @@ func (b *fakeBatch) Close() error { return nil }
 // TestAsyncInsertRefused: the version is asked once, by New; when an insert
 // reaches a server that refuses async_insert (older than 21.11: another of
 // clickhouse.addr's servers, a replica behind a Service mid-upgrade) the
-// setting is dropped for good, and an insert refused before any row was
-// sent is made again at once. Asked at each insert on a pooled connection
-// other than the insert's, the version let every insert to the older
-// server fail, and the batch was retried without end.
+// setting is dropped for repinAfter, and an insert refused before any row
+// was sent is made again at once. Asked at each insert on a pooled
+// connection other than the insert's, the version let every insert to the
+// older server fail, and the batch was retried without end. After
+// repinAfter the setting is sent again: refused again while an old server
+// remains, kept once every server has it (dropped for good, a rolling
+// upgrade left the inserts of a profile with async_insert=1,
+// wait_for_async_insert=0 acknowledged while only buffered). A refusal is
+// not a write error: counted, each retry of the setting kept
+// FaultlineClickHouseWriteErrors firing through a long upgrade.
 func TestAsyncInsertRefused(t *testing.T) {
 	for _, tc := range []struct {
 		name                string
 		prepareErr, sendErr bool
-		firstErr            bool // the first insert fails (its batch is retried)
+		refusalErr          bool // an insert refused fails (its batch is retried)
 	}{
 		{"refused at the query", true, false, false},
 		{"refused by a shard at the send", false, true, true},
@@ -501,40 +508,56 @@ func TestAsyncInsertRefused(t *testing.T) {
 			conn := &mixedConn{version: "24.3.2", prepareErr: tc.prepareErr, sendErr: tc.sendErr}
 			m := NewMetrics(nil)
 			h := New(conn, slog.Default(), m)
-			conn.settings = func() ch.Settings { return insertSettings(h.pinSync.Load()) }
+			now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+			h.now = func() time.Time { return now }
+			conn.settings = func() ch.Settings { return insertSettings(h.pinned()) }
 			ctx := ctxFor(t, 10*time.Second)
-			err := h.insert(ctx, "events", "id", nil, 1)
-			if tc.firstErr != (err != nil) {
-				t.Fatalf("first insert: %v, want an error %t", err, tc.firstErr)
-			}
-			for i := range 3 {
-				if err := h.insert(ctx, "events", "id", nil, 1); err != nil {
-					t.Fatalf("insert %d: %v", i+2, err)
+			var async []bool // per insert prepared: sent async_insert=0
+			insert := func(wantErr bool) {
+				t.Helper()
+				from := len(conn.prepared)
+				if err := h.insert(ctx, "events", "id", nil, 1); wantErr != (err != nil) {
+					t.Fatalf("insert %d: %v, want an error %t", len(async)+1, err, wantErr)
+				}
+				for _, s := range conn.prepared[from:] {
+					_, a := s["async_insert"]
+					async = append(async, a)
 				}
 			}
-			if _, async := conn.prepared[0]["async_insert"]; !async {
-				t.Errorf("first insert %v: a 24.3 server has async_insert", conn.prepared[0])
-			}
-			for i, s := range conn.prepared[1:] {
-				if want := (ch.Settings{"insert_deduplicate": 0}); !reflect.DeepEqual(s, want) {
-					t.Errorf("insert %d after the refusal: settings %v, want %v", i+2, s, want)
+			refused := func() []bool { // the inserts of one refusal
+				if tc.prepareErr {
+					return []bool{true, false}
 				}
+				return []bool{true}
 			}
-			if want := 4 + btoi(tc.prepareErr); len(conn.prepared) != want {
-				t.Errorf("%d inserts prepared, want %d", len(conn.prepared), want)
+			insert(tc.refusalErr) // refused: dropped
+			want := refused()
+			for range 3 {
+				insert(false)
+				want = append(want, false)
 			}
-			if got, want := counterValue(m.errors.WithLabelValues("events")), float64(btoi(tc.firstErr)); got != want {
-				t.Errorf("%v write errors counted, want %v", got, want)
+			now = now.Add(repinAfter - time.Second)
+			insert(false) // not yet
+			want = append(want, false)
+			now = now.Add(time.Second)
+			insert(tc.refusalErr) // tried again, refused again: dropped again
+			want = append(want, refused()...)
+			insert(false)
+			want = append(want, false)
+			now = now.Add(repinAfter)
+			conn.prepareErr, conn.sendErr = false, false // every server upgraded
+			for range 2 {
+				insert(false)
+				want = append(want, true)
+			}
+			if !slices.Equal(async, want) {
+				t.Errorf("async_insert=0 sent per insert prepared: %v, want %v", async, want)
+			}
+			if got := counterValue(m.errors.WithLabelValues("events")); got != 0 {
+				t.Errorf("%v write errors counted, want 0 (a refusal is not ClickHouse failing)", got)
 			}
 		})
 	}
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // TestAsyncInsertRefusedServer: a handler that believes its server has
