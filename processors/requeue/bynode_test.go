@@ -138,6 +138,46 @@ func TestByNode(t *testing.T) {
 			out: []fwd{{"lane: turning", 0, 0}, {"lane: follow-up n1", -time.Second, 2}},
 		},
 		{
+			// A batch redelivered after a crash re-produced its
+			// follow-ups: the copy is merged into the first, so one step
+			// and one follow-up, not two chains.
+			name:  "a copy of a due requeue record is merged into it",
+			items: []item{{"follow-up", "n1", -time.Second, 1}, {"follow-up", "n1", -time.Second, 1}},
+			again: 15 * time.Second,
+			ran:   []string{"follow-up"}, soon: []string{"follow-up"},
+			out: []fwd{{"follow-up", 15 * time.Second, 2}},
+		},
+		{
+			name:  "a copy of a requeue record not due is merged into it",
+			items: []item{{"follow-up", "n1", 15 * time.Second, 3}, {"follow-up", "n1", 15 * time.Second, 3}},
+			out:   []fwd{{"follow-up", 15 * time.Second, 3}},
+			rest:  Hold,
+		},
+		{
+			name: "a copy behind the node's other work is merged, the other work kept in order",
+			items: []item{{"follow-up", "n1", -time.Second, 1}, {"new n1", "n1", 0, 0},
+				{"follow-up", "n1", -time.Second, 1}},
+			again: 15 * time.Second,
+			ran:   []string{"follow-up", "new n1"}, soon: []string{"follow-up", "new n1"},
+			out: []fwd{{"follow-up", 15 * time.Second, 2}, {"new n1", 15 * time.Second, 1}},
+		},
+		{
+			// Originals are the upstream's to deduplicate: each is
+			// stepped, as before.
+			name:  "identical original records are not merged",
+			items: []item{{"new", "n1", 0, 0}, {"new", "n1", 0, 0}},
+			again: 15 * time.Second,
+			ran:   []string{"new", "new"}, soon: []string{"new", "new"},
+			out: []fwd{{"new", 15 * time.Second, 1}, {"new", 15 * time.Second, 1}},
+		},
+		{
+			name:  "requeue records differing in a header are not merged",
+			items: []item{{"follow-up", "n1", -time.Second, 1}, {"follow-up", "n1", -time.Second, 2}},
+			again: 15 * time.Second,
+			ran:   []string{"follow-up", "follow-up"}, soon: []string{"follow-up", "follow-up"},
+			out: []fwd{{"follow-up", 15 * time.Second, 2}, {"follow-up", 15 * time.Second, 3}},
+		},
+		{
 			name:   "shutdown hands everything on unchanged",
 			items:  []item{{"follow-up", "n1", -time.Second, 5}, {"new", "n2", 0, 0}},
 			cancel: true,

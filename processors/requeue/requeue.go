@@ -6,11 +6,17 @@
 // outputs before the batch's offsets are committed, so a processor that
 // dies mid-work leaves either the original record or the requeue record
 // uncommitted, and whichever replica picks it up resumes from the state
-// kept in Kubernetes.
+// kept in Kubernetes. A batch handled again after its outputs were
+// produced produces them again: a requeue record it handed on unchanged
+// (Forward) then circulates twice, until the two copies meet in a batch
+// and are merged (ByNode); one it stepped gets a new not-before and is
+// not merged: the node's work has a second follow-up, each look reading
+// the node's state first.
 package requeue
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"log/slog"
 	"strconv"
@@ -148,7 +154,9 @@ func Forward(topic string, rec *kgo.Record) *kgo.Record {
 // requeue topic>} counts them), and a follow-up may be looked at up to
 // Hold after it is due when the topic rests for a later one. 1s keeps
 // that well under a role's poll intervals while keeping the re-produced
-// records per node low.
+// records per node low. A redelivered batch's copy of a follow-up (see
+// the package doc) is re-produced beside it until the two meet in one
+// batch, then merged (ByNode), usually at the next trip.
 const Hold = time.Second
 
 // Turn is how long a batch of a requeued role goes on starting work: a
@@ -172,8 +180,11 @@ const FetchMaxWait = 250 * time.Millisecond
 
 // ByNode handles a batch of work items of a requeued role (pipeline.ByKey:
 // each node's items in order, the nodes concurrently, at most workers at a
-// time). An item whose record is not due yet (a requeue record's
-// not-before time) is handed on unchanged (Forward), and so are the node's
+// time). A requeue record that is a byte-identical copy of an earlier one
+// in the batch (a redelivered batch's follow-up produced twice) is
+// dropped, merged into it; original records never are. An item whose
+// record is not due yet (a requeue record's not-before time) is handed on
+// unchanged (Forward), and so are the node's
 // later items in the batch, in order, so no item of a node runs ahead of
 // an earlier one — unless the record waits for its cluster (HeaderCluster)
 // and ready says the cluster may be tried now (nil: never): then it is due.
@@ -199,6 +210,7 @@ func ByNode[T any](ctx context.Context, workers int, topic string, turn time.Dur
 		due     time.Time // the earliest not-before of a record not due
 	}
 	start := time.Now()
+	items = merge(items, rec)
 	results := pipeline.ByKey(items, func(it T) string { return string(rec(it).Key) }, workers, func(items []T) (o out) {
 		for i, it := range items {
 			if turn > 0 && time.Since(start) > turn {
@@ -273,6 +285,52 @@ func ByNode[T any](ctx context.Context, workers int, topic string, turn time.Dur
 		rest = limit
 	}
 	return produce, rest, nil
+}
+
+// merge returns items without the requeue records (HeaderNotBefore) that
+// are copies of an earlier one in the batch: the same topic, key, value
+// and headers, in order. A batch redelivered after its follow-ups were
+// produced (a crash before its offsets were committed) hands them on
+// again: the copies, on the same partition (the node's key) and handed on
+// about once per Hold each, meet in a batch and become one follow-up
+// again. Two copies are the same work at the same look (the same trigger,
+// attempt, not-before, cluster and role headers), and every step reads the
+// node's state first: what the copy would have stepped, the first steps.
+// An original record (no not-before) is never dropped: duplicates of the
+// trigger are the upstream's to tell apart. The dropped copy's offset is
+// committed with its batch.
+func merge[T any](items []T, rec func(T) *kgo.Record) []T {
+	kept := make([]T, 0, len(items))
+	seen := map[string]bool{}
+	for _, it := range items {
+		if r := rec(it); header(r, HeaderNotBefore) != "" {
+			id := identity(r)
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
+		}
+		kept = append(kept, it)
+	}
+	return kept
+}
+
+// identity returns r's topic, key, value and headers, each length-prefixed,
+// as one string: equal exactly for byte-identical records.
+func identity(r *kgo.Record) string {
+	b := make([]byte, 0, len(r.Topic)+len(r.Key)+len(r.Value)+64)
+	add := func(p []byte) {
+		b = binary.AppendUvarint(b, uint64(len(p)))
+		b = append(b, p...)
+	}
+	add([]byte(r.Topic))
+	add(r.Key)
+	add(r.Value)
+	for _, h := range r.Headers {
+		add([]byte(h.Key))
+		add(h.Value)
+	}
+	return string(b)
 }
 
 // clusterBack reports whether r waits for a cluster (HeaderCluster) that
