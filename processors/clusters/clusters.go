@@ -576,8 +576,9 @@ const ReloadEvery = time.Second
 // ReloadEvery a request reads the files; when their content changed, the
 // config is loaded again and requests go through a transport built from
 // it (its credentials, CA and client certificate) from then on. Files that
-// cannot be loaded (half written, broken) leave the transport as it was,
-// are logged once, and are read again at the next look. The API server's
+// cannot be loaded (half written, broken, naming a CA or client
+// certificate file not written yet) leave the transport as it was, are
+// logged once, and are loaded again at every look until they load. The API server's
 // address is the one the clients were built with (client-go fixes it): files
 // that name another one are logged once and the cluster's requests fail,
 // none sent, until the files name the first server again or the processor
@@ -592,8 +593,8 @@ type reloading struct {
 
 	mu      sync.Mutex
 	checked time.Time
-	seen    [][]byte          // the files as last looked at (each content loaded or reported once)
-	readErr string            // the last error reading them (reported once)
+	seen    [][]byte          // the files' content last followed (loaded, or found naming another server)
+	failed  string            // the last error reading or loading them, reported once
 	rt      http.RoundTripper // the reloaded config's transport; nil: the client's own
 	moved   error             // the files name another API server: every request's error
 }
@@ -631,41 +632,52 @@ func (k *reloading) current() (http.RoundTripper, error) {
 		k.checked = now
 		switch b, err := k.read(); {
 		case err != nil:
-			if err.Error() != k.readErr {
-				k.readErr = err.Error()
-				k.log.Error("cluster kubeconfig cannot be read; requests go on with the credentials last loaded", "cluster", k.name, "err", err)
-			}
-		case !slices.EqualFunc(b, k.seen, bytes.Equal):
-			k.readErr, k.seen = "", b
-			k.reload()
+			k.fail("cluster kubeconfig cannot be read; requests go on with the credentials last loaded", err)
+		case slices.EqualFunc(b, k.seen, bytes.Equal):
+			k.failed = ""
+		case k.reload():
+			k.failed, k.seen = "", b
 		}
 	}
 	return k.rt, k.moved
 }
 
-// reload follows the files' new content, or reports why it cannot.
-func (k *reloading) reload() {
+// fail logs msg and err unless err is the failure last logged: content
+// that cannot be loaded is loaded again at every look (a file it names
+// may land a moment later) and reported once.
+func (k *reloading) fail(msg string, err error) {
+	if err.Error() != k.failed {
+		k.failed = err.Error()
+		k.log.Error(msg, "cluster", k.name, "err", err)
+	}
+}
+
+// reload follows the files' new content and reports whether it did (or
+// found them naming another API server); false: they cannot be loaded yet,
+// and the next look tries again.
+func (k *reloading) reload() bool {
 	rc, err := k.load()
 	if err != nil {
-		k.log.Error("cluster kubeconfig changed and cannot be loaded; requests go on with the credentials last loaded", "cluster", k.name, "err", err)
-		return
+		k.fail("cluster kubeconfig changed and cannot be loaded; requests go on with the credentials last loaded", err)
+		return false
 	}
 	if server := serverOf(rc); server != k.server {
 		k.moved = fmt.Errorf("cluster %q: its kubeconfig %s now names the API server %s, not %s that its clients were built for: no request is sent until the processor is restarted",
 			k.name, k.paths[0], server, k.server)
 		k.log.Error("cluster kubeconfig names another API server; the cluster's requests fail until the processor is restarted",
 			"cluster", k.name, "kubeconfig", k.paths[0], "server", server, "built_for", k.server)
-		return
+		return true
 	}
 	rt, err := rest.TransportFor(rc)
 	if err != nil {
-		k.log.Error("cluster kubeconfig changed and its transport cannot be built; requests go on with the credentials last loaded", "cluster", k.name, "err", err)
-		return
+		k.fail("cluster kubeconfig changed and its transport cannot be built; requests go on with the credentials last loaded", err)
+		return false
 	}
 	if k.rt != nil {
 		utilnet.CloseIdleConnectionsFor(k.rt)
 	}
 	k.rt, k.moved = rt, nil
+	return true
 }
 
 // reloadingRT is a client's transport (own, with the credentials the

@@ -29,6 +29,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 func TestFlagsAndValidate(t *testing.T) {
@@ -826,6 +828,73 @@ func TestReloadedKubeconfigOtherServer(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if want := []string{"old Bearer A", "old Bearer C", "old Bearer C", "old Bearer C"}; !reflect.DeepEqual(seen, want) {
+		t.Fatalf("requests seen %q, want %q", seen, want)
+	}
+}
+
+// TestReloadedKubeconfigRetriedUntilItLoads: a rotated kubeconfig that
+// names a file arriving after it (a certificate-authority written a
+// second later) fails to load at the first look; it is logged once and
+// loaded again at every look, so the new token is used as soon as the file
+// lands. Before, the content was marked seen before the load and never
+// tried again: the old token went on until the kubeconfig changed again or
+// a restart (and the cluster failed once that token was revoked).
+func TestReloadedKubeconfigRetriedUntilItLoads(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}`)
+	}))
+	defer srv.Close()
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	dir := t.TempDir()
+	kc, caFile := filepath.Join(dir, "kubeconfig"), filepath.Join(dir, "ca.crt")
+	writeAtomic(t, kc, kubeconfigWith(t, &rest.Config{Host: srv.URL, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}}, "A"))
+	var logs bytes.Buffer
+	cfg := DefaultConfig()
+	cfg.Clusters = []Cluster{{Name: "c", Kubeconfig: kc}}
+	cl, err := NewRegistry(cfg, nil).WithLog(slog.New(slog.NewTextHandler(&logs, nil))).Get("c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := func() {
+		t.Helper()
+		if _, err := cl.Kube.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list()
+
+	// Token C, its CA a file not written yet.
+	rotated := clientcmdapi.NewConfig()
+	rotated.Clusters["c"] = &clientcmdapi.Cluster{Server: srv.URL, CertificateAuthority: caFile}
+	rotated.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: "C"}
+	rotated.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	rotated.CurrentContext = "c"
+	b, err := clientcmd.Write(*rotated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeAtomic(t, kc, b)
+	for range 2 {
+		time.Sleep(ReloadEvery + 100*time.Millisecond)
+		list() // the old credentials go on
+	}
+	if n := strings.Count(logs.String(), "cluster=c"); n != 1 {
+		t.Fatalf("the kubeconfig that cannot be loaded was logged %d times, want once:\n%s", n, logs.String())
+	}
+	writeAtomic(t, caFile, caPEM)
+	for range 2 {
+		time.Sleep(ReloadEvery + 100*time.Millisecond)
+		list()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"Bearer A", "Bearer A", "Bearer A", "Bearer C", "Bearer C"}; !reflect.DeepEqual(seen, want) {
 		t.Fatalf("requests seen %q, want %q", seen, want)
 	}
 }
