@@ -39,7 +39,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/events"
@@ -76,7 +75,8 @@ type Cluster struct {
 	TokenEnv string `toml:"token_env"`
 	// DryRun decides and records actions for this cluster but applies none.
 	DryRun bool `toml:"dry_run"`
-	// QPS and Burst override the defaults of Config for this cluster (0: use them).
+	// QPS and Burst override the defaults of Config for this cluster (0:
+	// use them); like them, they bound each client of a role on its own.
 	QPS   float32 `toml:"qps"`
 	Burst int     `toml:"burst"`
 }
@@ -90,11 +90,14 @@ type Config struct {
 	// Clusters' entry of that name with dry_run set (or a new entry without
 	// a kubeconfig). Default none.
 	DryRunClusters []string `toml:"dry_run_clusters"`
-	// QPS is the client-side request rate limit per cluster, shared by its
-	// typed and dynamic request clients (its watch clients have a limiter
-	// of the same rate of their own). Default DefaultQPS.
+	// QPS is the client-side request rate limit per cluster, for each
+	// client a role builds (typed, dynamic, and their watch clients, each
+	// its own bucket): a role using both its typed and dynamic clients
+	// (remediate, janitor) can send up to twice QPS to a cluster.
+	// Default DefaultQPS.
 	QPS float32 `toml:"qps"`
-	// Burst is the client-side burst per cluster. Default DefaultBurst.
+	// Burst is the client-side burst per cluster, for each client as QPS.
+	// Default DefaultBurst.
 	Burst int `toml:"burst"`
 	// Timeout bounds one API request. Default 10s.
 	Timeout time.Duration `toml:"timeout"`
@@ -492,19 +495,14 @@ func (r *Registry) buildClient(cl Cluster, c *Client) error {
 
 // connect builds c's clients from rc: for requests, each bounded by rc's
 // timeout and its writes timed into c.Gate (Gate.Observe), and for
-// watches, the same without the timeout. The request clients, typed and
-// dynamic, share one rate limiter of rc's QPS and Burst (client-go gives
-// each client its own, and a role using both sent twice the cluster's
-// rate); the watch clients share a second one, so informers' lists are
-// not queued behind a burst of writes.
+// watches, the same without the timeout. Each client has client-go's own
+// rate limiter of rc's QPS and Burst: a role using both its typed and
+// dynamic clients can send up to twice the cluster's rate, and neither
+// client's requests wait behind the other's burst.
 func (c *Client) connect(rc *rest.Config) error {
 	wc := rest.CopyConfig(rc)
 	wc.Timeout = 0
 	rc = rest.CopyConfig(rc)
-	if rc.RateLimiter == nil && rc.QPS > 0 && rc.Burst > 0 { // else client-go's own error
-		rc.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(rc.QPS, rc.Burst)
-		wc.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(wc.QPS, wc.Burst)
-	}
 	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return timedRT{own: rt, g: c.Gate} })
 	var err error
 	if c.Kube, err = kubernetes.NewForConfig(rc); err == nil {

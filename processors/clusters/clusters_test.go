@@ -650,18 +650,19 @@ func TestTryThrottledNotTheClusters(t *testing.T) {
 	}
 }
 
-// TestRequestClientsShareRateLimit: kube.qps and kube.burst bound a
-// cluster's requests, typed and dynamic together; the watch clients
-// (informers) share a bucket of the same size of their own. Before, each
-// client had its own bucket, and a role using both (remediate, janitor)
-// sent up to twice the configured rate to the cluster.
-func TestRequestClientsShareRateLimit(t *testing.T) {
+// TestClientsOwnRateLimit: kube.qps and kube.burst bound each client a
+// role builds, client-go's own bucket per client: a burst on the dynamic
+// client (the janitor's and remediate's writes) does not queue the typed
+// one's requests (their node GETs and Events), so a role using both can
+// send up to twice kube.qps to the cluster. One shared bucket took the
+// janitor's 300 reboots' tail from 1.04 s to 2.56 s.
+func TestClientsOwnRateLimit(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, `{"kind":"NodeList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}`)
 	}))
 	defer srv.Close()
-	// One request, then none for 1000s.
+	// One request per client, then none for 1000s.
 	cl, err := NewRegistry(DefaultConfig(), nil).SetConfig("c", &rest.Config{Host: srv.URL, QPS: 0.001, Burst: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -677,8 +678,8 @@ func TestRequestClientsShareRateLimit(t *testing.T) {
 		if _, err := pair.typed.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil {
 			t.Fatalf("%s: typed list: %v", pair.name, err)
 		}
-		if _, err := pair.dyn.Resource(nodes).List(ctx, metav1.ListOptions{}); !Throttled(err) {
-			t.Fatalf("%s: dynamic list after the typed one used the burst of 1: %v; want the shared rate limiter's refusal", pair.name, err)
+		if _, err := pair.dyn.Resource(nodes).List(ctx, metav1.ListOptions{}); err != nil {
+			t.Fatalf("%s: dynamic list after the typed one used its burst of 1: %v; want the dynamic client's own bucket", pair.name, err)
 		}
 	}
 }
