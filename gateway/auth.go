@@ -74,6 +74,11 @@ var (
 	ErrBadCredential = errors.New("invalid token")
 )
 
+// ErrNoTokens is ParseTokens's error for a file that parses but holds no
+// token: a misconfiguration at start; once the gateway runs, the file
+// emptied to revoke every token (FollowTokens).
+var ErrNoTokens = errors.New("no tokens")
+
 // Tokens maps bearer tokens to callers. Tokens are kept as SHA-256 digests:
 // a lookup hashes the presented token and finds its entry in one map probe,
 // however many per-node tokens the file holds; what the probe's timing can
@@ -121,12 +126,18 @@ func checkSecretFile(f *os.File, path string) error {
 // role is "agent" (the default when empty or absent) or "operator"; node,
 // when set, binds the credential to that Kubernetes node: it may report
 // events (and read the history) of that node only. Blank lines and lines
-// starting with # are ignored. Tokens are at least 16 characters.
+// starting with # are ignored. Tokens are at least 16 characters of
+// printable ASCII. A UTF-8 byte-order mark starting the file (an editor on
+// Windows) is ignored. A file with no token is ErrNoTokens.
 func ParseTokens(r io.Reader) (*Tokens, error) {
 	t := &Tokens{byDigest: map[[sha256.Size]byte]Caller{}}
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
+		text := sc.Text()
+		if n == 1 {
+			text = strings.TrimPrefix(text, "\ufeff")
+		}
+		line := strings.TrimSpace(text)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
@@ -143,8 +154,8 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 		switch {
 		case len(token) < 16:
 			return nil, fmt.Errorf("line %d: token must be at least 16 characters", n)
-		case strings.IndexFunc(token, isSpaceOrControl) >= 0:
-			return nil, fmt.Errorf("line %d: token must not contain spaces or control characters", n)
+		case strings.IndexFunc(token, notPrintableASCII) >= 0:
+			return nil, fmt.Errorf("line %d: token must be printable ASCII: no spaces, control or non-ASCII characters", n)
 		case !events.IsClusterName(c.Cluster):
 			return nil, fmt.Errorf("line %d: cluster %q is not a lowercase DNS label", n, c.Cluster)
 		}
@@ -172,7 +183,7 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 		return nil, err
 	}
 	if len(t.byDigest) == 0 {
-		return nil, errors.New("no tokens")
+		return nil, ErrNoTokens
 	}
 	return t, nil
 }
@@ -187,7 +198,10 @@ func tokenName(cluster string, digest [sha256.Size]byte) string {
 	return fmt.Sprintf("token:%s#%x", cluster, digest[:8])
 }
 
-func isSpaceOrControl(r rune) bool { return r <= ' ' || r == 0x7f }
+// notPrintableASCII: a token's characters are '!' to '~' (a byte-order mark
+// or a non-breaking space copied into the file with a token made it one no
+// client sends: its caller was refused for ever, nothing logged).
+func notPrintableASCII(r rune) bool { return r <= ' ' || r >= 0x7f }
 
 // Lookup returns the caller of a bearer token.
 func (t *Tokens) Lookup(token string) (Caller, bool) {
@@ -243,7 +257,10 @@ const TokensEvery = time.Second
 // every user, unreadable to the gateway) leaves the tokens as they were,
 // says why once, and is tried again at every look until it loads: fixing
 // its mode or owner, which changes neither its modification time nor its
-// size, is enough.
+// size, is enough. A file that loads with no token (every line deleted or
+// commented out) revokes every token, with a warning. A file that is gone
+// keeps the tokens, with an error: a volume's transient trouble must not
+// refuse every caller; deleting the file does not revoke, emptying it does.
 func (a *Authenticator) FollowTokens(ctx context.Context, every time.Duration, log *slog.Logger) {
 	if a.file == nil {
 		return
@@ -278,6 +295,9 @@ func (f *tokensFile) look(a *Authenticator, log *slog.Logger) {
 	st, err := os.Stat(f.path)
 	if err != nil {
 		if f.seen != nil {
+			// Not a revocation (emptying the file is): a Secret volume's
+			// update swaps its files atomically, and a mount's transient
+			// trouble must not refuse every caller of every replica.
 			log.Error("tokens file cannot be looked at; the tokens stay as they were", "path", f.path, "err", err)
 		}
 		f.seen, f.refused = nil, nil
@@ -287,6 +307,13 @@ func (f *tokensFile) look(a *Authenticator, log *slog.Logger) {
 		return
 	}
 	t, err := LoadTokens(f.path)
+	if errors.Is(err, ErrNoTokens) {
+		// Emptied (comments left at most): every token revoked.
+		f.seen, f.refused = st, nil
+		a.live.Store(&Tokens{byDigest: map[[sha256.Size]byte]Caller{}})
+		log.Warn("tokens file has no tokens: every caller is refused", "path", f.path)
+		return
+	}
 	if err != nil {
 		if !sameStat(st, f.refused) {
 			log.Error("tokens file changed but cannot be loaded; the tokens stay as they were", "path", f.path, "err", err)

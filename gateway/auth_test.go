@@ -26,7 +26,10 @@ func TestParseTokens(t *testing.T) {
 		{"bad role", "0123456789abcdef0123,alpha\n0123456789abcdef0124,alpha,admin\n", `line 2: role "admin" is not agent or operator`},
 		{"bad node", "0123456789abcdef0123,alpha,agent,Node_1\n", `line 1: node "Node_1" is not a Kubernetes node name`},
 		{"too many fields", "0123456789abcdef0123,alpha,agent,n1,x\n", "line 1: want 'token,cluster[,role[,node]]', got 5 fields"},
-		{"control in token", "0123456789abcdef\x1b0123,alpha\n", "line 1: token must not contain spaces or control characters"},
+		{"control in token", "0123456789abcdef\x1b0123,alpha\n", "line 1: token must be printable ASCII: no spaces, control or non-ASCII characters"},
+		{"non-ASCII in token", "0123456789abcdef0123,alpha\n0123456789abcdef\u00e90123,alpha\n", "line 2: token must be printable ASCII"},
+		{"a byte-order mark inside the file", "0123456789abcdef0123,alpha\n\ufeff0123456789abcdef0124,alpha\n", "line 2: token must be printable ASCII"},
+		{"a byte-order mark, then a token", "\ufeff0123456789abcdef0123,alpha\n", ""},
 		{"short token", "short,alpha\n", "line 1: token must be at least 16"},
 		{"bad cluster", "0123456789abcdef0123,Alpha_1\n", `line 1: cluster "Alpha_1" is not a lowercase DNS label`},
 		{"duplicate", "0123456789abcdef0123,alpha\n0123456789abcdef0123,beta\n", "line 2: duplicate token"},
@@ -42,6 +45,27 @@ func TestParseTokens(t *testing.T) {
 				t.Fatalf("want %q, got %v", tt.wantErr, err)
 			}
 		})
+	}
+}
+
+// TestParseTokensBOM: a tokens file saved with a UTF-8 byte-order mark
+// (an editor on Windows) has its first token as written, not with the mark
+// in front of it (that caller was refused for ever, nothing logged).
+func TestParseTokensBOM(t *testing.T) {
+	const a = "0123456789abcdef0123"
+	toks, err := ParseTokens(strings.NewReader("\ufeff" + a + ",alpha\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := toks.Lookup(a); !ok {
+		t.Fatal("the first token, after a byte-order mark, is refused")
+	}
+	toks, err = ParseTokens(strings.NewReader("\ufeff# tokens\n" + a + ",alpha\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := toks.Lookup(a); !ok {
+		t.Fatal("a token after a commented first line with a byte-order mark is refused")
 	}
 }
 
@@ -314,5 +338,63 @@ func TestTokensFileRefusedThenFixed(t *testing.T) {
 	}
 	if _, err := auth.Authenticate("Bearer "+a, nil); err == nil {
 		t.Error("mode fixed: a, revoked in the edit, still accepted")
+	}
+}
+
+// TestTokensFileEmptied: emptying the tokens file (only comments left)
+// revokes every token, with a warning, and tokens written back are
+// accepted again; at start the same file is an error. A file that
+// disappears keeps the tokens (a transient mount problem must not lock
+// the fleet out) and says so at ERROR.
+func TestTokensFileEmptied(t *testing.T) {
+	const (
+		a = "aaaaaaaaaaaaaaaa0001"
+		b = "bbbbbbbbbbbbbbbb0002"
+	)
+	path := filepath.Join(t.TempDir(), "tokens")
+	write := func(content string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// Each content below has another size than the one before: seen
+		// as a change whatever the file system's clock resolution.
+	}
+	write("# revoked\n")
+	if err := (&Authenticator{}).LoadTokensFile(path); err == nil || !strings.Contains(err.Error(), "no tokens") {
+		t.Fatalf("at start, a file with no tokens: %v", err)
+	}
+	write(a + ",alpha\n")
+	auth := &Authenticator{}
+	if err := auth.LoadTokensFile(path); err != nil {
+		t.Fatal(err)
+	}
+	var logged bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+	write("# every token revoked\n")
+	auth.file.look(auth, log)
+	auth.file.look(auth, log)
+	if _, err := auth.Authenticate("Bearer "+a, nil); err == nil {
+		t.Fatal("emptied: a still accepted")
+	}
+	if n := strings.Count(logged.String(), `level=WARN msg="tokens file has no tokens: every caller is refused"`); n != 1 {
+		t.Errorf("the warning said %d times in 2 looks, want once:\n%s", n, logged.String())
+	}
+	write(b + ",beta\n")
+	auth.file.look(auth, log)
+	if _, err := auth.Authenticate("Bearer "+b, nil); err != nil {
+		t.Fatalf("tokens written back: b refused: %v", err)
+	}
+	logged.Reset()
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	auth.file.look(auth, log)
+	auth.file.look(auth, log)
+	if _, err := auth.Authenticate("Bearer "+b, nil); err != nil {
+		t.Fatalf("the file gone: b refused: %v", err)
+	}
+	if n := strings.Count(logged.String(), "level=ERROR"); n != 1 {
+		t.Errorf("the file gone: %d errors in 2 looks, want one:\n%s", n, logged.String())
 	}
 }

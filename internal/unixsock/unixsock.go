@@ -26,7 +26,9 @@ type Keys struct {
 // there, and only then renamed into place, so no client can connect while
 // it is open to more than the owner and group. A socket left at path by an
 // earlier run is replaced; any other file there is an error, and is left
-// alone. Closing the listener removes the socket.
+// alone. Closing the listener removes the socket, unless another Listen
+// has replaced it since (a new server started before the old one stopped:
+// its socket is left to it).
 func Listen(path, group string, keys Keys) (net.Listener, error) {
 	return listen(path, group, keys, false)
 }
@@ -82,13 +84,19 @@ func listen(path, group string, keys Keys, keep bool) (net.Listener, error) {
 			return fail(fmt.Errorf("%s: %w", keys.Group, err))
 		}
 	}
+	// The socket's identity, kept by the rename: Close removes only this
+	// file, never one a later Listen put at path.
+	id, err := os.Lstat(tmp)
+	if err != nil {
+		return fail(fmt.Errorf("%s: %w", keys.Path, err))
+	}
 	if tmp != path {
 		_ = os.Remove(path) // a socket left by an earlier run
 		if err := os.Rename(tmp, path); err != nil {
 			return fail(fmt.Errorf("%s: %w", keys.Path, err))
 		}
 	}
-	return &listener{UnixListener: ul, path: path, keep: keep}, nil
+	return &listener{UnixListener: ul, path: path, id: id, keep: keep}, nil
 }
 
 // MaxPath is the room for a unix socket's path (sun_path is 108 bytes on
@@ -112,16 +120,21 @@ func LookupGroup(group string) (int, error) {
 	return strconv.Atoi(g.Gid)
 }
 
-// listener removes its socket when closed, unless keep.
+// listener removes its socket when closed, unless keep or the file at
+// path is no longer its socket (id).
 type listener struct {
 	*net.UnixListener
 	path string
+	id   os.FileInfo
 	keep bool
 }
 
 func (l *listener) Close() error {
+	// Compared while the socket is still open, so its inode cannot have
+	// been reused by the file now at path.
+	cur, serr := os.Lstat(l.path)
 	err := l.UnixListener.Close()
-	if !l.keep {
+	if !l.keep && serr == nil && os.SameFile(cur, l.id) {
 		_ = os.Remove(l.path)
 	}
 	return err

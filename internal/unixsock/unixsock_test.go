@@ -130,3 +130,46 @@ func TestLookupGroupNegative(t *testing.T) {
 		t.Errorf("group 65532: %d, %v", id, err)
 	}
 }
+
+// TestListenOverlap: when a new server listens on the path while the old
+// one still runs (a rolling update with surge), the old one's Close leaves
+// the new one's socket in place; the new one's Close still removes it.
+func TestListenOverlap(t *testing.T) {
+	for _, long := range []bool{false, true} {
+		dir := t.TempDir()
+		if long { // no room for the private directory: created in place
+			dir = filepath.Join(dir, strings.Repeat("d", 100-len(dir)))
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sock := filepath.Join(dir, "s")
+		a, err := Listen(sock, "", keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := Listen(sock, "", keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			for {
+				c, err := b.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+		a.Close()
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatalf("long %v: the new socket after the old listener closed: %v", long, err)
+		}
+		c.Close()
+		b.Close()
+		if _, err := os.Stat(sock); !os.IsNotExist(err) {
+			t.Fatalf("long %v: socket left behind after the new listener's Close: %v", long, err)
+		}
+	}
+}
