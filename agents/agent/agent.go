@@ -368,7 +368,9 @@ func (a *Agent) requestRun(name string) (found bool, gap, wait time.Duration) {
 // the check's next run waits for them. A spool that refuses them for
 // capacity (full, or past its 90% mark for a non-fatal event) does not
 // hold the check up: it runs on, its new events kept behind the refused
-// ones (spoolKept), its fatal ones spooled ahead of them. Before, it
+// ones (spoolKept), its fatal ones spooled ahead of them; past keptMax
+// bytes the oldest non-fatal unhealthy ones are dropped, and where its
+// fatal and healthy ones alone pass it, it waits (boundKept). Before, it
 // waited too, and a check that had a non-fatal event refused (kmsg's
 // non-fatal Xids ahead of a fatal one) stopped until the backlog dropped
 // below 80%: /dev/kmsg overwrote its fatal Xid unread, and the room kept
@@ -420,10 +422,14 @@ func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 	// A full spool refuses the events after the first that does not fit,
 	// without an error: those are kept like a failing disk's, and the
 	// state is not committed.
-	if kept, err := a.spoolKept(name, evs); kept > 0 {
-		if err != nil {
+	if kept, over, err := a.spoolKept(name, evs); kept > 0 {
+		switch {
+		case err != nil:
 			a.log.Error("events not spooled; kept for the check's next run, its state not saved", "check", name, "events", kept, "err", err)
-		} else if len(evs) > 0 {
+		case over:
+			a.log.Warn("spool full: the check's kept fatal and healthy events pass what the agent keeps in memory; the check waits for the spool, its state not saved",
+				"check", name, "events", kept, "max_bytes", a.keptMax)
+		case len(evs) > 0:
 			a.log.Warn("spool full: events kept for the spool, the check's state not saved", "check", name, "events", kept)
 		}
 		return
@@ -435,7 +441,9 @@ func (a *Agent) RunOnce(ctx context.Context, s Scheduled) {
 
 // spoolUnspooled spools the events of the check's earlier runs that the
 // spool did not take, then, once none is left, commits the check's state;
-// it reports whether the check may run: not while the disk fails.
+// it reports whether the check may run: not while the disk fails, nor
+// while its kept events are more than keptMax bytes of fatal and healthy
+// ones, which are never dropped.
 func (a *Agent) spoolUnspooled(s Scheduled) bool {
 	name := s.Check.Name()
 	a.mu.Lock()
@@ -444,12 +452,14 @@ func (a *Agent) spoolUnspooled(s Scheduled) bool {
 	if before == 0 {
 		return true
 	}
-	kept, err := a.spoolKept(name, nil)
+	kept, over, err := a.spoolKept(name, nil)
 	switch {
-	case err != nil:
-		a.log.Error("events still not spooled; the check waits for the spool", "check", name, "events", kept, "err", err)
+	case err != nil || over:
+		if err != nil {
+			a.log.Error("events still not spooled; the check waits for the spool", "check", name, "events", kept, "err", err)
+		} // past keptMax: logged once, when the check's run kept them
 		a.mu.Lock()
-		a.lastRun[name] = a.now() // waiting for the disk, not wedged
+		a.lastRun[name] = a.now() // waiting for the disk or the spool, not wedged
 		a.mu.Unlock()
 		return false
 	case kept == 0:
@@ -476,11 +486,13 @@ type keptEvent struct {
 // the refused non-fatal ones cannot take: those are spooled ahead of them
 // (a recovery the gateway receives after a newer fault lifts nothing:
 // quarantine compares their generatedTimestamps). What the spool did not
-// take is kept, up to keptMax bytes: past it the oldest non-fatal events
-// are dropped (logged, counted in
-// faultline_agent_kept_events_dropped_total{check}). It returns how many
-// events are kept, and the error of a spool that could not write.
-func (a *Agent) spoolKept(name string, fresh []*datamodels.HealthEvent) (int, error) {
+// take is kept, up to keptMax bytes: past it the oldest non-fatal
+// unhealthy events are dropped (boundKept), never on a failing disk (the
+// check waits for it: the queue holds one run at most). It returns how
+// many events are kept, whether they are still more than keptMax bytes
+// (fatal and healthy ones: the check waits), and the error of a spool
+// that could not write.
+func (a *Agent) spoolKept(name string, fresh []*datamodels.HealthEvent) (int, bool, error) {
 	a.mu.Lock()
 	q := a.unspooled[name]
 	a.mu.Unlock()
@@ -492,7 +504,10 @@ func (a *Agent) spoolKept(name string, fresh []*datamodels.HealthEvent) (int, er
 	if err == nil && len(q) > 0 {
 		q, err = a.spoolFatalAhead(name, q)
 	}
-	q = a.boundKept(name, q)
+	over := false
+	if err == nil {
+		q, over = a.boundKept(name, q)
+	}
 	a.mu.Lock()
 	if len(q) == 0 {
 		delete(a.unspooled, name)
@@ -500,7 +515,7 @@ func (a *Agent) spoolKept(name string, fresh []*datamodels.HealthEvent) (int, er
 		a.unspooled[name] = q
 	}
 	a.mu.Unlock()
-	return len(q), err
+	return len(q), over, err
 }
 
 // offer appends q's events, in order, up to the first the spool refuses;
@@ -564,42 +579,47 @@ func (a *Agent) spoolFatalAhead(name string, q []*keptEvent) ([]*keptEvent, erro
 	return rest, err
 }
 
-// boundKept drops the oldest non-fatal events of q (the oldest fatal
-// ones only where none is left) while they are more than keptMax bytes.
-func (a *Agent) boundKept(name string, q []*keptEvent) []*keptEvent {
-	size := 0
+// boundKept drops the oldest non-fatal unhealthy events of q while they
+// are more than keptMax bytes; it reports whether q is still more. A
+// fatal event (a fault) and a healthy one (the recovery that lifts a
+// fault) are never dropped: the check's state moved past them, so it would
+// not report them again. Where dropping every non-fatal unhealthy event
+// would not bring q to keptMax, none is dropped: the check waits for the
+// spool (spoolUnspooled), q growing no more.
+func (a *Agent) boundKept(name string, q []*keptEvent) ([]*keptEvent, bool) {
+	size, droppable := 0, 0
 	for _, k := range q {
 		size += proto.Size(k.ev)
+		if mayDrop(k.ev) {
+			droppable += proto.Size(k.ev)
+		}
 	}
 	if size <= a.keptMax {
-		return q
+		return q, false
 	}
-	drop := map[*keptEvent]bool{}
-	for _, fatal := range []bool{false, true} {
-		for _, k := range q {
-			if size <= a.keptMax {
-				break
-			}
-			if k.ev.GetIsFatal() == fatal {
-				drop[k] = true
-				size -= proto.Size(k.ev)
-			}
-		}
+	if size-droppable > a.keptMax {
+		return q, true
 	}
-	rest := make([]*keptEvent, 0, len(q)-len(drop))
-	fatal := 0
+	rest := make([]*keptEvent, 0, len(q))
+	dropped := 0
 	for _, k := range q {
-		switch {
-		case !drop[k]:
-			rest = append(rest, k)
-		case k.ev.GetIsFatal():
-			fatal++
+		if size > a.keptMax && mayDrop(k.ev) {
+			size -= proto.Size(k.ev)
+			dropped++
+			continue
 		}
+		rest = append(rest, k)
 	}
-	a.m.keptDropped.WithLabelValues(name).Add(float64(len(drop)))
-	a.log.Error("spool full: the check's oldest kept events dropped, more than the agent keeps in memory for the spool",
-		"check", name, "dropped", len(drop), "fatal_dropped", fatal, "kept", len(rest), "max_bytes", a.keptMax)
-	return rest
+	a.m.keptDropped.WithLabelValues(name).Add(float64(dropped))
+	a.log.Error("spool full: the check's oldest kept non-fatal events dropped, more than the agent keeps in memory for the spool",
+		"check", name, "dropped", dropped, "kept", len(rest), "max_bytes", a.keptMax)
+	return rest, false
+}
+
+// mayDrop reports whether boundKept may drop ev: a non-fatal unhealthy
+// event.
+func mayDrop(ev *datamodels.HealthEvent) bool {
+	return !ev.GetIsFatal() && !ev.GetIsHealthy()
 }
 
 // dropNil removes the nil events a check returned (a bug in the check),

@@ -64,7 +64,7 @@ func NewMetrics() *Metrics {
 		spoolCorrupt: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_agent_spool_corrupt_total",
 			Help: "Corrupt spool records skipped."}),
 		keptDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_agent_kept_events_dropped_total",
-			Help: "Events a check reported that the spool refused (full) and the agent dropped, the oldest non-fatal first, past the 1 MiB of them it keeps in memory per check while the check runs on."}, []string{"check"}),
+			Help: "Events a check reported that the spool refused (full) and the agent dropped: only non-fatal unhealthy ones, the oldest first, past the 1 MiB of events it keeps in memory per check (fatal and healthy events are never dropped: the check waits for the spool instead)."}, []string{"check"}),
 		sent: prometheus.NewCounter(prometheus.CounterOpts{Name: "faultline_agent_sent_events_total",
 			Help: "Events the gateway accepted (returned ids for)."}),
 		sendErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_agent_send_errors_total",

@@ -51,7 +51,8 @@ import (
 // a refused one again on their own: Agent.spoolKept).
 // Every event refused counts once in faultline_agent_spool_dropped_events_total
 // {reason="full"|"reserved_for_fatal"} (AppendAgain, the agent's later tries
-// of the events it kept, counts none again); faultline_agent_spool_full is 1 while
+// of the events it kept, counts none again; an append that fails to write
+// counts none, its events tried again through Append); faultline_agent_spool_full is 1 while
 // the spool refuses, and the first refusal of an episode logs an error.
 type Spool struct {
 	dir          string
@@ -259,7 +260,7 @@ func (s *Spool) Notify() <-chan struct{} { return s.notify }
 // Append writes the events durably (fsync) in order and returns how many it
 // accepted: a prefix of evs, every event after the first refused one
 // refused too; refused events are counted and logged as described on
-// Spool. On an error nothing is written.
+// Spool. On an error nothing is written, and no refusal counted.
 func (s *Spool) Append(evs []*datamodels.HealthEvent) (int, error) {
 	return s.appendPrefix(evs, true)
 }
@@ -282,7 +283,8 @@ func (s *Spool) appendPrefix(evs []*datamodels.HealthEvent, count bool) (int, er
 	pending := s.pendingLocked()
 	buf := s.scratch[:0]
 	accepted := 0
-	refused := "" // the reason of the first refusal
+	refused := "" // the reason of the first refusal, every later one's too
+	nRefused := 0 // counted once the append stands
 	for _, ev := range evs {
 		if ev.Id == "" {
 			// The event's idempotency key: every resend carries it, so the
@@ -311,9 +313,7 @@ func (s *Spool) appendPrefix(evs []*datamodels.HealthEvent, count bool) (int, er
 					"bytes", size, "pending_bytes", pending, "max_bytes", s.maxBytes)
 			}
 			refused = reason
-			if s.m != nil && count {
-				s.m.spoolDropped.WithLabelValues(reason).Inc()
-			}
+			nRefused++
 			continue
 		}
 		var h [recordHeader]byte
@@ -326,8 +326,13 @@ func (s *Spool) appendPrefix(evs []*datamodels.HealthEvent, count bool) (int, er
 	s.scratch = buf[:0]
 	if len(buf) > 0 {
 		if err := s.writeLocked(buf); err != nil {
+			// Nothing written, nothing counted: the caller tries these
+			// events again through Append, which counts their refusals.
 			return 0, err
 		}
+	}
+	if s.m != nil && count && nRefused > 0 {
+		s.m.spoolDropped.WithLabelValues(refused).Add(float64(nRefused))
 	}
 	s.updateGauges()
 	if accepted > 0 {
