@@ -54,7 +54,8 @@
 // process's reads, never by a later process's baseline. A watch the source cannot tell yet on
 // some GPU (GPU.Unknown: a rate before its second sample, an NVLink unused
 // since the start) is baselined on that GPU at the first read that can; the
-// other GPUs do not wait for it. No baseline before the source answers: while
+// other GPUs do not wait for it. A fault in a watch a read cannot tell on
+// its GPU stands: unknown is not healthy. No baseline before the source answers: while
 // the node boots, a source not up yet reports nothing, as before.
 package gpu
 
@@ -123,9 +124,10 @@ type GPU struct {
 	PCI   string `json:"pci"`
 	// Unknown names the watches (systems: Pcie, Nvlink...) whose health
 	// the last read could not tell for this GPU, so that no incident of
-	// them does not mean healthy: a rate before its second sample, an
-	// NVLink seen inactive since the process started (down, or unused), a
-	// query that failed.
+	// them does not mean healthy (not baselined, a fault in them stands):
+	// a rate before its second sample, an NVLink not seen active since the
+	// process started or the driver went away (down, unused, or training),
+	// a query that failed.
 	Unknown []string `json:"unknown,omitempty"`
 }
 
@@ -343,7 +345,8 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	// atIndex: "gpu<index>" → the GPU listed with a UUID at that index, so
 	// that a fault this process raised under the index alone (nothing of
 	// the GPU read yet) is lifted when that GPU tells its watch.
-	var read map[string]bool
+	// read: the GPUs listed, by id.
+	var read map[string]GPU
 	var atIndex map[string]GPU
 	var gpus []GPU
 	if inv, ok := c.cfg.Source.(Inventory); ok {
@@ -353,10 +356,10 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 				expected = c.cfg.Expected()
 			}
 			incs = identify(gpus, incs, expected)
-			read, atIndex = map[string]bool{}, map[string]GPU{}
+			read, atIndex = map[string]GPU{}, map[string]GPU{}
 			for _, g := range gpus {
 				id := gpuID(Incident{GPU: g.Index, UUID: g.UUID})
-				read[id] = true
+				read[id] = g
 				if g.UUID != "" {
 					c.seen[id] = GPU{Index: g.Index, UUID: g.UUID, PCI: g.PCI}
 					atIndex[gpuID(Incident{GPU: g.Index})] = g
@@ -365,7 +368,7 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 			c.expect(gpus, expected)
 			var missing []string
 			for id := range c.seen {
-				if !read[id] {
+				if _, ok := read[id]; !ok {
 					missing = append(missing, id)
 				}
 			}
@@ -435,9 +438,16 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 			c.bad[k] = now
 			out = append(out, now)
 		case now == nil && prev != nil:
-			if id, w, _ := strings.Cut(k, "|"); read != nil && !read[id] {
-				if g, ok := atIndex[id]; !ok || slices.Contains(g.Unknown, w) {
-					continue // not read: its fault stands
+			// A GPU not read, or read but not telling the watch (a failed
+			// query, NVLinks not seen active since forgotten), keeps its
+			// fault.
+			if id, w, _ := strings.Cut(k, "|"); read != nil {
+				g, ok := read[id]
+				if !ok {
+					g, ok = atIndex[id]
+				}
+				if !ok || slices.Contains(g.Unknown, w) {
+					continue
 				}
 			}
 			delete(c.bad, k)

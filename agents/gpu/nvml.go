@@ -27,8 +27,11 @@ import (
 // it starts and when the query answers again. Taken for "no incident", one
 // failed ECC read recovered a standing DBE, raised again at the next poll: a
 // flap that lifted and applied the node's quarantine. Likewise a GPU whose
-// handle NVML does not give keeps its incidents (besides DCGM_FR_NVML_API,
-// named as the GPU last read at its index: its UUID and PCI address).
+// handle NVML does not give keeps its incidents, every watch unknown: a
+// failed query (a GPU reset by nvidia-smi -r answers IN_USE or
+// RESET_REQUIRED meanwhile), until handleFailPolls polls in a row have
+// failed: then DCGM_FR_NVML_API besides, named as the GPU last read at its
+// index (its UUID and PCI address).
 //
 // GPU_IS_LOST is no such failure: the GPU fell off the bus (Xid 79) and
 // keeps its handle, every query answering GPU_IS_LOST (GetUUID also
@@ -42,14 +45,15 @@ type NVML struct {
 	mu  sync.Mutex
 	lib nvmlLib
 	// By GPU id (its UUID, else "gpu<index>", as the events name it):
-	replay  map[string]replaySample // id → last PCIe replay counter
-	links   map[string]bool         // "id/link" → was active
-	last    map[string][]Incident   // "id/condition" → its incidents at its last answer
-	failing map[string]bool         // "id/query" → failing (logged)
-	uuidAt  map[string]string       // PCI bus id → the UUID last read there
-	byIndex map[int]GPU             // index → the GPU last read there
-	gpus    []GPU                   // the GPUs of the last successful read (Inventory)
-	gone    bool                    // a query of the GPU being read answered GPU_IS_LOST
+	replay   map[string]replaySample // id → last PCIe replay counter
+	links    map[string]linkState    // "id/link" → its state since seen (forgotten: see forgetLinks)
+	noHandle map[int]int             // index → polls in a row without a handle (not lost)
+	last     map[string][]Incident   // "id/condition" → its incidents at its last answer
+	failing  map[string]bool         // "id/query" → failing (logged)
+	uuidAt   map[string]string       // PCI bus id → the UUID last read there
+	byIndex  map[int]GPU             // index → the GPU last read there
+	gpus     []GPU                   // the GPUs of the last successful read (Inventory)
+	gone     bool                    // a query of the GPU being read answered GPU_IS_LOST
 	// ReplayPerMinute is the PCIe replay rate that raises
 	// DCGM_FR_PCI_REPLAY_RATE (DCGM's default limit is 8 per minute).
 	ReplayPerMinute float64
@@ -58,6 +62,27 @@ type NVML struct {
 	now    func() time.Time
 }
 
+// linkDownReads is how many reads in a row an NVLink seen active must read
+// inactive to be down: one may be the link retraining.
+const linkDownReads = 2
+
+// retiredPagesLimit is DCGM's DCGM_LIMIT_MAX_RETIRED_PAGES: SBE and DBE
+// retired pages together at this many or more are DCGM_FR_RETIRED_PAGES_LIMIT.
+const retiredPagesLimit = 63
+
+// linkState is what the reads of one NVLink found: up, seen active since
+// its states were last forgotten; down, the reads in a row that found it
+// inactive since.
+type linkState struct {
+	up   bool
+	down int
+}
+
+// handleFailPolls is how many polls in a row NVML must give no handle for a
+// GPU (other than GPU_IS_LOST or GPU_NOT_FOUND: lost) before that is an
+// incident (DCGM_FR_NVML_API); fewer are a failed query.
+const handleFailPolls = 3
+
 type replaySample struct {
 	n int
 	t time.Time
@@ -65,8 +90,9 @@ type replaySample struct {
 
 // NewNVML returns the NVML Source.
 func NewNVML() *NVML {
-	return &NVML{lib: pkgNVML{}, replay: map[string]replaySample{}, links: map[string]bool{}, last: map[string][]Incident{},
-		failing: map[string]bool{}, uuidAt: map[string]string{}, byIndex: map[int]GPU{}, ReplayPerMinute: 8, now: time.Now}
+	return &NVML{lib: pkgNVML{}, replay: map[string]replaySample{}, links: map[string]linkState{}, last: map[string][]Incident{},
+		noHandle: map[int]int{}, failing: map[string]bool{}, uuidAt: map[string]string{}, byIndex: map[int]GPU{},
+		ReplayPerMinute: 8, now: time.Now}
 }
 
 // nvmlLib is what NVML calls of the library besides a device's methods:
@@ -95,8 +121,10 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 	switch r := s.lib.Init(); r {
 	case nvml.SUCCESS:
 	case nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED:
+		s.forgetLinks("") // the driver went away: see forgetLinks
 		return nil, ErrNotPresent
 	default:
+		s.forgetLinks("")
 		return nil, fmt.Errorf("nvml init: %s", nvml.ErrorString(r))
 	}
 	// Not held between reads (a GPU reset, a driver upgrade): see the
@@ -104,6 +132,7 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 	defer s.shutdown()
 	n, r := s.lib.DeviceGetCount()
 	if r != nvml.SUCCESS {
+		s.forgetLinks("")
 		return nil, fmt.Errorf("nvml device count: %s", nvml.ErrorString(r))
 	}
 	var out []Incident
@@ -118,21 +147,35 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 			// Named as last read at its index (its UUID and PCI address),
 			// as its incidents and its recovery name it. A GPU lost
 			// before this NVML session began (fallen off the bus) has no
-			// handle: CodeGPULost, as when its handle answers so.
+			// handle: CodeGPULost, as when its handle answers so. Any
+			// other failure (ERROR_UNKNOWN, TIMEOUT, IN_USE,
+			// RESET_REQUIRED: nvidia-smi -r resetting it, the remediation
+			// of its own fault) is a failed query, an incident
+			// (DCGM_FR_NVML_API: not in the action table, a fatal
+			// CONTACT_SUPPORT) only at handleFailPolls polls in a row. Its
+			// NVLinks retrain after a reset: forgotten.
 			g, ok := s.byIndex[i]
-			in := Incident{GPU: i, UUID: g.UUID, PCI: g.PCI, System: "Pcie", Health: "FAIL", Code: "DCGM_FR_NVML_API",
-				Message: "cannot get a handle for the GPU: " + nvml.ErrorString(r)}
-			if r == nvml.ERROR_GPU_IS_LOST || r == nvml.ERROR_GPU_NOT_FOUND {
-				in.Code, in.Message = CodeGPULost, fmt.Sprintf("GPU %d is lost (fallen off the bus): NVML answers %s for its handle", i, nvml.ErrorString(r))
-			}
-			out = append(out, in)
-			if ok {
-				out = append(out, s.lastOf(gpuID(Incident{GPU: i, UUID: g.UUID}))...)
-			}
+			id := gpuID(Incident{GPU: i, UUID: g.UUID})
+			s.forgetLinks(id)
 			g.Index, g.Unknown = i, slices.Clone(Watches)
+			s.answered(&g, "gpu"+strconv.Itoa(i), "DeviceGetHandleByIndex", r)
+			in := Incident{GPU: i, UUID: g.UUID, PCI: g.PCI, System: "Pcie", Health: "FAIL", Code: "DCGM_FR_NVML_API",
+				Message: fmt.Sprintf("cannot get a handle for the GPU (%d polls in a row): %s", handleFailPolls, nvml.ErrorString(r))}
+			if r == nvml.ERROR_GPU_IS_LOST || r == nvml.ERROR_GPU_NOT_FOUND {
+				delete(s.noHandle, i)
+				in.Code, in.Message = CodeGPULost, fmt.Sprintf("GPU %d is lost (fallen off the bus): NVML answers %s for its handle", i, nvml.ErrorString(r))
+				out = append(out, in)
+			} else if s.noHandle[i]++; s.noHandle[i] >= handleFailPolls {
+				out = append(out, in)
+			}
+			if ok {
+				out = append(out, s.lastOf(id+"/")...)
+			}
 			gpus = append(gpus, g)
 			continue
 		}
+		delete(s.noHandle, i)
+		s.answered(&GPU{Index: i}, "gpu"+strconv.Itoa(i), "DeviceGetHandleByIndex", r)
 		incs, g := s.device(i, d)
 		out = append(out, incs...)
 		gpus = append(gpus, g)
@@ -157,10 +200,13 @@ func (s *NVML) log() *slog.Logger {
 }
 
 // GPUs implements Inventory. Pcie is unknown on a GPU until its second
-// replay-counter sample (a rate); Nvlink while one of its links has been
-// seen inactive since this process started and never active (a link is
-// reported down only once seen up: inactive at the first read may be a
-// link down since before the restart, or one not in use).
+// replay-counter sample (a rate); Nvlink while one of its links reads
+// inactive and has not been seen active since this process started or its
+// link states were forgotten (forgetLinks: a link is reported down only
+// once seen up; inactive at the first read it may be a link down since
+// before, one not in use, or one Fabric Manager is still training), or
+// inactive at fewer than linkDownReads reads in a row. A GPU in MIG mode
+// reads no NVLink: its Nvlink watch is healthy.
 func (s *NVML) GPUs() []GPU {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -215,7 +261,8 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 	// Memory: volatile DBEs, row remapping.
 	var incs []Incident
 	v, r := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
-	if r == nvml.SUCCESS && v > 0 {
+	dbe := r == nvml.SUCCESS && v > 0
+	if dbe {
 		incs = append(incs, inc("Mem", "FAIL", "DCGM_FR_VOLATILE_DBE_DETECTED", "Detected %d volatile double-bit ECC error(s)", v))
 	}
 	out = append(out, s.cond(&g, id, "GetTotalEccErrors", r, incs, "Mem")...)
@@ -230,6 +277,40 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 		}
 	}
 	out = append(out, s.cond(&g, id, "GetRemappedRows", r, incs, "Mem")...)
+	if r == nvml.ERROR_NOT_SUPPORTED {
+		// No row remapping (before Ampere: V100, T4): the GPU retires
+		// pages instead, read as DCGM's memory watch reads them
+		// (NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp,
+		// MonitorMemRetiredPending: a retirement pending, WARN;
+		// MonitorMemSbeDbeRetiredPages: SBE and DBE pages together at
+		// DCGM_LIMIT_MAX_RETIRED_PAGES or more, FAIL — 63,
+		// common/DcgmGPUHardwareLimits.h) and its diagnostic (nvvs
+		// software plugin, checkPageRetirement: pending with volatile
+		// DBEs is DCGM_FR_DBE_PENDING_PAGE_RETIREMENTS). Not
+		// DCGM_FR_RETIRED_PAGES_DBE_LIMIT (over 15 DBE pages and more
+		// than one retired in the past week): it needs a week of samples,
+		// which a process does not keep.
+		incs = nil
+		p, r := d.GetRetiredPagesPendingStatus()
+		if r == nvml.SUCCESS && p == nvml.FEATURE_ENABLED {
+			if dbe {
+				incs = append(incs, inc("Mem", "FAIL", "DCGM_FR_DBE_PENDING_PAGE_RETIREMENTS", "Page retirement pending with %d volatile double-bit ECC error(s); reset the GPU to apply it", v))
+			} else {
+				incs = append(incs, inc("Mem", "WARN", "DCGM_FR_PENDING_PAGE_RETIREMENTS", "Page retirement pending; reset the GPU to apply it"))
+			}
+		}
+		out = append(out, s.cond(&g, id, "GetRetiredPagesPendingStatus", r, incs, "Mem")...)
+		incs = nil
+		sbe, r := d.GetRetiredPages(nvml.PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+		var dbes []uint64
+		if r == nvml.SUCCESS {
+			dbes, r = d.GetRetiredPages(nvml.PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+		}
+		if n := len(sbe) + len(dbes); r == nvml.SUCCESS && n >= retiredPagesLimit {
+			incs = append(incs, inc("Mem", "FAIL", "DCGM_FR_RETIRED_PAGES_LIMIT", "%d pages retired (%d single-bit, %d double-bit ECC; limit %d)", n, len(sbe), len(dbes), retiredPagesLimit))
+		}
+		out = append(out, s.cond(&g, id, "GetRetiredPages", r, incs, "Mem")...)
+	}
 	// PCIe: replay rate.
 	incs = nil
 	n, r := d.GetPcieReplayCounter()
@@ -248,28 +329,23 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 		s.replay[id] = replaySample{n, now}
 	}
 	out = append(out, s.cond(&g, id, "GetPcieReplayCounter", r, incs, "Pcie")...)
-	// NVLink: a link that was active and is not any more.
-	for l := 0; l < nvml.NVLINK_MAX_LINKS; l++ {
-		st, r := d.GetNvLinkState(l)
-		key := id + "/" + strconv.Itoa(l)
-		was, seen := s.links[key]
-		if r != nvml.SUCCESS && !seen {
-			continue // no such link, or never read: nothing to keep
-		}
-		incs = nil
-		if r == nvml.SUCCESS {
-			active := st == nvml.FEATURE_ENABLED
-			if seen && was && !active {
-				// Kept marked active so the incident stands.
-				incs = append(incs, inc("Nvlink", "FAIL", "DCGM_FR_NVLINK_DOWN", "NVLink %d is down", l))
-			} else {
-				s.links[key] = active
-				if !active {
-					unknown(&g, "Nvlink")
-				}
-			}
-		}
-		out = append(out, s.cond(&g, id, "GetNvLinkState/"+strconv.Itoa(l), r, incs, "Nvlink")...)
+	// No PCIe link generation or width check (DCGM_FR_PCIE_GENERATION):
+	// GPUs drop their link generation at idle to save power, so a poll
+	// reading it would raise false faults.
+	//
+	// NVLink: a link that was active and is not any more. MIG mode turns
+	// NVLink off: none is read, the watch is healthy (an NVLINK_DOWN
+	// standing is lifted), the links forgotten. The mode not read, no link
+	// is (in MIG mode they read inactive): their last answers stand.
+	mig, _, r := d.GetMigMode()
+	switch {
+	case r == nvml.SUCCESS && mig == nvml.DEVICE_MIG_ENABLE:
+		s.forgetLinks(id)
+	case !s.answered(&g, id, "GetMigMode", r):
+		unknown(&g, "Nvlink")
+		out = append(out, s.lastOf(id+"/GetNvLinkState/")...)
+	default:
+		out = append(out, s.nvlinks(&g, id, d, inc)...)
 	}
 	// Thermal and power.
 	incs = nil
@@ -292,14 +368,80 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 		}
 	}
 	out = append(out, s.cond(&g, id, "GetCurrentClocksThrottleReasons", r, incs, "Thermal", "Power")...)
+	// InfoROM: validated as DCGM's diagnostic does (nvmlDeviceValidateInforom:
+	// CORRUPTED_INFOROM is DCGM_FR_CORRUPT_INFOROM, a WARN in its health
+	// watch).
+	incs = nil
+	r = d.ValidateInforom()
+	if r == nvml.ERROR_CORRUPTED_INFOROM {
+		incs = append(incs, inc("Inforom", "WARN", "DCGM_FR_CORRUPT_INFOROM", "The InfoROM is corrupt (NVML: %s)", nvml.ErrorString(r)))
+		r = nvml.SUCCESS
+	}
+	out = append(out, s.cond(&g, id, "ValidateInforom", r, incs, "Inforom")...)
 	if lost || s.gone {
 		// Not a flaky read: the GPU is gone until reset or reboot. What
 		// its conditions had stands (above); it is reported fatal on its
-		// own, first, so that it is its Pcie watch's event.
+		// own, first, so that it is its Pcie watch's event. Its NVLinks
+		// retrain when it is back: forgotten, unknown meanwhile.
+		s.forgetLinks(id)
+		unknown(&g, "Nvlink")
 		out = append([]Incident{inc("Pcie", "FAIL", CodeGPULost, "GPU %d is lost (fallen off the bus): NVML answers %s", i,
 			nvml.ErrorString(nvml.ERROR_GPU_IS_LOST))}, out...)
 	}
 	return out, g
+}
+
+// nvlinks returns the NVLink incidents of GPU id (d): a link seen active
+// that reads inactive linkDownReads times in a row is down, kept down until
+// it reads active. A link never seen active since its state was forgotten
+// (inactive at the first read: down before, unused, or training) makes the
+// watch unknown, as does one inactive at fewer reads.
+func (s *NVML) nvlinks(g *GPU, id string, d nvml.Device, inc func(system, health, code, msg string, args ...any) Incident) []Incident {
+	var out []Incident
+	for l := 0; l < nvml.NVLINK_MAX_LINKS; l++ {
+		st, r := d.GetNvLinkState(l)
+		key := id + "/" + strconv.Itoa(l)
+		ls, seen := s.links[key]
+		if r != nvml.SUCCESS && !seen {
+			continue // no such link, or never read: nothing to keep
+		}
+		var incs []Incident
+		if r == nvml.SUCCESS {
+			switch {
+			case st == nvml.FEATURE_ENABLED:
+				ls = linkState{up: true}
+			case ls.up:
+				if ls.down++; ls.down >= linkDownReads {
+					incs = append(incs, inc("Nvlink", "FAIL", "DCGM_FR_NVLINK_DOWN", "NVLink %d is down", l))
+				} else {
+					unknown(g, "Nvlink")
+				}
+			default:
+				unknown(g, "Nvlink")
+			}
+			s.links[key] = ls
+		}
+		out = append(out, s.cond(g, id, "GetNvLinkState/"+strconv.Itoa(l), r, incs, "Nvlink")...)
+	}
+	return out
+}
+
+// forgetLinks forgets what the reads of GPU id's NVLinks found ("": every
+// GPU's). After the driver went away (a GPU Operator upgrade: Init or the
+// count fails), a GPU reset (its handle failing meanwhile), a GPU lost or
+// MIG mode, links are inactive until Fabric Manager retrains them: not
+// "was active, now down".
+func (s *NVML) forgetLinks(id string) {
+	for k := range s.links {
+		if id == "" || strings.HasPrefix(k, id+"/") {
+			delete(s.links, k)
+		}
+	}
+	for k := range s.last {
+		if (id == "" || strings.HasPrefix(k, id+"/")) && strings.Contains(k, "/GetNvLinkState/") {
+			delete(s.last, k)
+		}
+	}
 }
 
 // cond returns the incidents of one condition of GPU id, read by query
@@ -345,12 +487,12 @@ func (s *NVML) answered(g *GPU, id, query string, r nvml.Return) bool {
 	return false
 }
 
-// lastOf returns the incidents GPU id's conditions had at their last
-// answers.
-func (s *NVML) lastOf(id string) []Incident {
+// lastOf returns the incidents the conditions under prefix (GPU id's:
+// "id/") had at their last answers.
+func (s *NVML) lastOf(prefix string) []Incident {
 	var keys []string
 	for k := range s.last {
-		if strings.HasPrefix(k, id+"/") {
+		if strings.HasPrefix(k, prefix) {
 			keys = append(keys, k)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,13 +20,21 @@ import (
 // fakeGPU is one GPU of go-nvml's mock, healthy until a test changes its
 // answers: dbe volatile double-bit ECC errors, fail the queries that fail
 // (by method name, "handle" for the device's handle), replays the PCIe
-// replay counter, link0 NVLink 0's state (the GPU has that one link).
+// replay counter, link0 NVLink 0's state (the GPU has that one link), mig
+// its MIG mode (current), noRemap a GPU without row remapping (pre-Ampere:
+// page retirement instead, pending and sbePages/dbePages retired pages),
+// inforom ValidateInforom's answer (SUCCESS when zero).
 type fakeGPU struct {
-	uuid, bus string
-	dbe       uint64
-	replays   int
-	link0     nvml.EnableState
-	fail      map[string]nvml.Return
+	uuid, bus          string
+	dbe                uint64
+	replays            int
+	link0              nvml.EnableState
+	mig                int
+	noRemap            bool
+	pending            nvml.EnableState
+	sbePages, dbePages int
+	inforom            nvml.Return
+	fail               map[string]nvml.Return
 }
 
 func (g *fakeGPU) ret(query string) nvml.Return {
@@ -53,7 +62,35 @@ func (g *fakeGPU) device() *mock.Device {
 		GetTotalEccErrorsFunc: func(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return) {
 			return g.dbe, g.ret("GetTotalEccErrors")
 		},
-		GetRemappedRowsFunc:      func() (int, int, bool, bool, nvml.Return) { return 0, 0, false, false, g.ret("GetRemappedRows") },
+		GetRemappedRowsFunc: func() (int, int, bool, bool, nvml.Return) {
+			if g.noRemap {
+				return 0, 0, false, false, nvml.ERROR_NOT_SUPPORTED
+			}
+			return 0, 0, false, false, g.ret("GetRemappedRows")
+		},
+		GetRetiredPagesPendingStatusFunc: func() (nvml.EnableState, nvml.Return) {
+			if !g.noRemap {
+				return 0, nvml.ERROR_NOT_SUPPORTED
+			}
+			return g.pending, g.ret("GetRetiredPagesPendingStatus")
+		},
+		GetRetiredPagesFunc: func(cause nvml.PageRetirementCause) ([]uint64, nvml.Return) {
+			if !g.noRemap {
+				return nil, nvml.ERROR_NOT_SUPPORTED
+			}
+			n := g.sbePages
+			if cause == nvml.PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR {
+				n = g.dbePages
+			}
+			return make([]uint64, n), g.ret("GetRetiredPages")
+		},
+		ValidateInforomFunc: func() nvml.Return {
+			if r := g.ret("ValidateInforom"); r != nvml.SUCCESS {
+				return r
+			}
+			return g.inforom
+		},
+		GetMigModeFunc:           func() (int, int, nvml.Return) { return g.mig, g.mig, g.ret("GetMigMode") },
 		GetPcieReplayCounterFunc: func() (int, nvml.Return) { return g.replays, g.ret("GetPcieReplayCounter") },
 		GetNvLinkStateFunc: func(l int) (nvml.EnableState, nvml.Return) {
 			if l > 0 {
@@ -208,7 +245,7 @@ func ents(ev *datamodels.HealthEvent) string {
 func lostGPU(g *fakeGPU, cached bool) {
 	g.fail = map[string]nvml.Return{}
 	for _, q := range []string{"GetUUID", "GetPciInfo", "GetTotalEccErrors", "GetRemappedRows", "GetPcieReplayCounter",
-		"GetNvLinkState", "GetTemperature", "GetCurrentClocksThrottleReasons"} {
+		"GetNvLinkState", "GetTemperature", "GetCurrentClocksThrottleReasons", "GetMigMode", "ValidateInforom"} {
 		if !cached || q != "GetUUID" && q != "GetPciInfo" {
 			g.fail[q] = nvml.ERROR_GPU_IS_LOST
 		}
@@ -359,43 +396,70 @@ func TestNVMLUnusedLinkBaselinesOthers(t *testing.T) {
 	}
 }
 
-// TestNVMLNoHandleFaultLifted: NVML gives no handle for GPU-A at one poll:
-// its DCGM_FR_NVML_API fault names GPU-A as last read (UUID and PCI
-// address), and is lifted when the GPU reads again. Named by its index
-// alone, the GPU listed under its UUID, it stood for ever.
+// TestNVMLNoHandleFaultLifted: a handle NVML does not give for a poll or
+// two (ERROR_UNKNOWN, TIMEOUT, IN_USE, RESET_REQUIRED: nvidia-smi -r of the
+// GPU's own COMPONENT_RESET running) is a failed query, not a fault: no
+// event, what the GPU had (a DBE) stands. A handle that fails
+// handleFailPolls polls in a row is fatal DCGM_FR_NVML_API, named as the
+// GPU last read (UUID and PCI address: named by its index alone, the GPU
+// listed under its UUID, it stood for ever), lifted when the GPU reads
+// again.
 func TestNVMLNoHandleFaultLifted(t *testing.T) {
-	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
-	var logs strings.Builder
-	c, err := New(Config{Source: fakeNVML(&logs, a), Uptime: func() (time.Duration, error) { return time.Hour, nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := newNode()
-	for poll, want := range []string{"", "", "GpuPcieWatch:DCGM_FR_NVML_API!/CONTACT_SUPPORT@GPU-A", "GpuPcieWatch:healthy@GPU-A", "", ""} {
-		a.fail = nil
-		if poll == 2 {
-			a.fail = map[string]nvml.Return{"handle": nvml.ERROR_UNKNOWN}
-		}
-		evs, err := c.Check(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		n.apply(evs)
-		var got []string
-		for _, ev := range evs {
-			if ev.Metadata["baseline"] == "" && ev.CheckName != CheckConnectivity {
-				got = append(got, summary([]*datamodels.HealthEvent{ev}))
-				if e := ents(ev); e != "GPU=GPU-A,PCI=00000000:1b:00.0" {
-					t.Errorf("poll %d: %s entities %s", poll, ev.CheckName, e)
+	for _, r := range []nvml.Return{nvml.ERROR_UNKNOWN, nvml.ERROR_TIMEOUT, nvml.ERROR_IN_USE, nvml.ERROR_RESET_REQUIRED} {
+		t.Run(nvml.ErrorString(r), func(t *testing.T) {
+			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+			var logs strings.Builder
+			c, err := New(Config{Source: fakeNVML(&logs, a), Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := newNode()
+			for poll, step := range []struct {
+				dbe    uint64
+				handle bool // fails
+				want   string
+			}{
+				{0, false, ""},
+				{2, false, "GpuMemWatch:DCGM_FR_VOLATILE_DBE_DETECTED!/COMPONENT_RESET@GPU-A"},
+				{0, true, ""},
+				{0, true, ""},
+				{2, false, ""},
+				{0, true, ""},
+				{0, true, ""},
+				{0, true, "GpuPcieWatch:DCGM_FR_NVML_API!/CONTACT_SUPPORT@GPU-A"},
+				{0, true, ""},
+				{0, false, "GpuMemWatch:healthy@GPU-A GpuPcieWatch:healthy@GPU-A"},
+				{0, false, ""},
+			} {
+				a.fail, a.dbe = nil, step.dbe
+				if step.handle {
+					a.fail = map[string]nvml.Return{"handle": r}
+				}
+				evs, err := c.Check(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				n.apply(evs)
+				var got []string
+				for _, ev := range evs {
+					if ev.Metadata["baseline"] == "" && ev.CheckName != CheckConnectivity {
+						got = append(got, summary([]*datamodels.HealthEvent{ev}))
+						if e := ents(ev); e != "GPU=GPU-A,PCI=00000000:1b:00.0" {
+							t.Errorf("poll %d: %s entities %s", poll, ev.CheckName, e)
+						}
+					}
+				}
+				if g := strings.Join(got, " "); g != step.want {
+					t.Errorf("poll %d: events %q, want %q", poll, g, step.want)
 				}
 			}
-		}
-		if g := strings.Join(got, " "); g != want {
-			t.Errorf("poll %d: events %q, want %q", poll, g, want)
-		}
-	}
-	if f := n.faults(); f != "" {
-		t.Errorf("faults standing: %s", f)
+			if f := n.faults(); f != "" {
+				t.Errorf("faults standing: %s", f)
+			}
+			if !strings.Contains(logs.String(), "level=WARN") {
+				t.Errorf("handle failure not logged: %s", logs.String())
+			}
+		})
 	}
 }
 
@@ -454,7 +518,9 @@ func TestNVMLUnidentifiedGPU(t *testing.T) {
 				t.Logf("%s: %s", what, summary(evs))
 			}
 			tc.broken(a)
-			check("broken")
+			for i := range handleFailPolls {
+				check(fmt.Sprintf("broken, read %d", i))
+			}
 			if n.faults() == "" {
 				t.Fatal("no fault raised")
 			}
@@ -554,7 +620,7 @@ func TestNVMLLostHandle(t *testing.T) {
 		{"lost at the first read, metadata", nvml.ERROR_GPU_IS_LOST, false, metadata, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@GPU-A"},
 		{"lost at the first read", nvml.ERROR_GPU_IS_LOST, false, nil, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@gpu0"},
 		{"not found after a read", nvml.ERROR_GPU_NOT_FOUND, true, nil, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@GPU-A"},
-		{"other failure", nvml.ERROR_UNKNOWN, true, nil, "GpuPcieWatch:DCGM_FR_NVML_API!/CONTACT_SUPPORT@GPU-A"},
+		{"other failure: a failed query", nvml.ERROR_UNKNOWN, true, nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
@@ -601,5 +667,291 @@ func TestNVMLLostHandle(t *testing.T) {
 				t.Errorf("read again: faults standing %s", f)
 			}
 		})
+	}
+}
+
+// pollNVML runs one poll of c, applies its events to n and returns those of
+// check (baselines too when baselines) as summary writes them.
+func pollNVML(t *testing.T, c *Check, n *node, check string, baselines bool) string {
+	t.Helper()
+	evs, err := c.Check(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.apply(evs)
+	var got []string
+	for _, ev := range evs {
+		if ev.CheckName == check && (baselines || ev.Metadata["baseline"] == "") {
+			got = append(got, summary([]*datamodels.HealthEvent{ev}))
+		}
+	}
+	return strings.Join(got, " ")
+}
+
+// TestNVMLNvlinkAfterDriverGone: after the driver went away (GPU Operator
+// upgrade: Init answers DRIVER_NOT_LOADED or fails, or the count fails),
+// after a GPU reset (its handle failing meanwhile) or a GPU lost, NVLinks
+// are inactive until Fabric Manager retrains them: that is not "was
+// active, now down" (fatal NVLINK_DOWN, COMPONENT_RESET, on a healthy
+// GPU). The links seen before are forgotten; one seen active again and then
+// inactive at two reads in a row is down, and lifted when active.
+func TestNVMLNvlinkAfterDriverGone(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		gone func(s *NVML, a *fakeGPU) (back func())
+	}{
+		{"driver not loaded", func(s *NVML, _ *fakeGPU) func() {
+			lib := s.lib.(*mock.Interface)
+			init := lib.InitFunc
+			lib.InitFunc = func() nvml.Return { return nvml.ERROR_DRIVER_NOT_LOADED }
+			return func() { lib.InitFunc = init }
+		}},
+		{"init fails", func(s *NVML, _ *fakeGPU) func() {
+			lib := s.lib.(*mock.Interface)
+			init := lib.InitFunc
+			lib.InitFunc = func() nvml.Return { return nvml.ERROR_UNKNOWN }
+			return func() { lib.InitFunc = init }
+		}},
+		{"count fails", func(s *NVML, _ *fakeGPU) func() {
+			lib := s.lib.(*mock.Interface)
+			count := lib.DeviceGetCountFunc
+			lib.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
+			return func() { lib.DeviceGetCountFunc = count }
+		}},
+		{"no handle (reset)", func(_ *NVML, a *fakeGPU) func() {
+			a.fail = map[string]nvml.Return{"handle": nvml.ERROR_IN_USE}
+			return func() { a.fail = nil }
+		}},
+		{"lost", func(_ *NVML, a *fakeGPU) func() {
+			lostGPU(a, true)
+			return func() { a.fail = nil }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+			var logs strings.Builder
+			s := fakeNVML(&logs, a)
+			c, err := New(Config{Source: s, Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := newNode()
+			poll := func() string { t.Helper(); return pollNVML(t, c, n, "GpuNvlinkWatch", false) }
+			poll() // the baseline, link 0 active
+			back := tc.gone(s, a)
+			poll()
+			back()
+			a.link0 = nvml.FEATURE_DISABLED // training
+			for i := range 3 {
+				if got := poll(); got != "" {
+					t.Errorf("back, link 0 training, read %d: Nvlink events %q, want none", i, got)
+				}
+			}
+			a.link0 = nvml.FEATURE_ENABLED
+			if got := poll(); got != "" {
+				t.Errorf("trained: Nvlink events %q, want none", got)
+			}
+			a.link0 = nvml.FEATURE_DISABLED
+			for i, want := range []string{"", "GpuNvlinkWatch:DCGM_FR_NVLINK_DOWN!/COMPONENT_RESET@GPU-A", ""} {
+				if got := poll(); got != want {
+					t.Errorf("down, read %d: Nvlink events %q, want %q", i, got, want)
+				}
+			}
+			a.link0 = nvml.FEATURE_ENABLED
+			if got := poll(); got != "GpuNvlinkWatch:healthy@GPU-A" {
+				t.Errorf("up again: Nvlink events %q, want its recovery", got)
+			}
+			if f := n.faults(); f != "" && tc.name != "lost" {
+				t.Errorf("faults standing: %s", f)
+			}
+		})
+	}
+}
+
+// TestNVMLNvlinkFaultStandsUntilActive: an NVLINK_DOWN fault stands
+// through the driver going away and coming back with the link inactive
+// (forgotten: down or still training, not known) — no recovery while the
+// watch cannot tell — and is lifted when the link reads active.
+func TestNVMLNvlinkFaultStandsUntilActive(t *testing.T) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+	var logs strings.Builder
+	s := fakeNVML(&logs, a)
+	c, err := New(Config{Source: s, Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode()
+	poll := func() string { t.Helper(); return pollNVML(t, c, n, "GpuNvlinkWatch", false) }
+	poll()
+	a.link0 = nvml.FEATURE_DISABLED
+	poll()
+	if got := poll(); got != "GpuNvlinkWatch:DCGM_FR_NVLINK_DOWN!/COMPONENT_RESET@GPU-A" {
+		t.Fatalf("down: Nvlink events %q", got)
+	}
+	lib := s.lib.(*mock.Interface)
+	init := lib.InitFunc
+	lib.InitFunc = func() nvml.Return { return nvml.ERROR_DRIVER_NOT_LOADED }
+	poll()
+	lib.InitFunc = init
+	for i := range 3 {
+		if got := poll(); got != "" {
+			t.Errorf("driver back, link inactive, read %d: Nvlink events %q, want none (the fault stands)", i, got)
+		}
+	}
+	if f := n.faults(); !strings.Contains(f, "GpuNvlinkWatch") {
+		t.Errorf("NVLINK_DOWN lifted while the link is inactive: faults %q", f)
+	}
+	a.link0 = nvml.FEATURE_ENABLED
+	if got := poll(); got != "GpuNvlinkWatch:healthy@GPU-A" {
+		t.Errorf("active: Nvlink events %q, want its recovery", got)
+	}
+}
+
+// TestNVMLNvlinkUnderMIG: MIG mode turns NVLink off: a GPU in MIG mode
+// reads no link, its Nvlink watch is healthy — an NVLINK_DOWN fault that
+// stands is lifted, a new process baselines it — and its link states are
+// forgotten (MIG off again, the links inactive until trained are no fault).
+func TestNVMLNvlinkUnderMIG(t *testing.T) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+	var logs strings.Builder
+	cfg := Config{Source: fakeNVML(&logs, a), Uptime: func() (time.Duration, error) { return time.Hour, nil }}
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode()
+	poll := func() string { t.Helper(); return pollNVML(t, c, n, "GpuNvlinkWatch", false) }
+	poll()
+	a.link0 = nvml.FEATURE_DISABLED
+	poll()
+	if got := poll(); got != "GpuNvlinkWatch:DCGM_FR_NVLINK_DOWN!/COMPONENT_RESET@GPU-A" {
+		t.Fatalf("down: Nvlink events %q", got)
+	}
+	a.mig = nvml.DEVICE_MIG_ENABLE
+	for i, want := range []string{"GpuNvlinkWatch:healthy@GPU-A", "", ""} {
+		if got := poll(); got != want {
+			t.Errorf("MIG on, read %d: Nvlink events %q, want %q", i, got, want)
+		}
+	}
+	a.mig = nvml.DEVICE_MIG_DISABLE
+	for i := range 3 {
+		if got := poll(); got != "" {
+			t.Errorf("MIG off, link inactive, read %d: Nvlink events %q, want none", i, got)
+		}
+	}
+	if f := n.faults(); f != "" {
+		t.Errorf("faults standing: %s", f)
+	}
+
+	// A new process, MIG on: the Nvlink fault of the one before is lifted.
+	a.mig = nvml.DEVICE_MIG_ENABLE
+	n.apply([]*datamodels.HealthEvent{c.event(Incident{GPU: 0, UUID: "GPU-A", PCI: "00000000:1b:00.0", System: "Nvlink",
+		Health: "FAIL", Code: "DCGM_FR_NVLINK_DOWN", Message: "earlier process"})})
+	cfg.Source = fakeNVML(&logs, a)
+	if c, err = New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := pollNVML(t, c, n, "GpuNvlinkWatch", true); !strings.Contains(got, "GpuNvlinkWatch:healthy@GPU-A") {
+		t.Errorf("new process, MIG on: Nvlink events %q, want its baseline", got)
+	}
+	if f := n.faults(); f != "" {
+		t.Errorf("new process: faults standing: %s", f)
+	}
+}
+
+// TestNVMLRetiredPages: a GPU without row remapping (pre-Ampere: V100,
+// T4; GetRemappedRows NOT_SUPPORTED) retires pages instead, read as DCGM's
+// memory watch does: a retirement pending is DCGM_FR_PENDING_PAGE_RETIREMENTS
+// (WARN), DCGM_FR_DBE_PENDING_PAGE_RETIREMENTS (FAIL) with volatile DBEs;
+// 63 retired pages or more (SBE and DBE) DCGM_FR_RETIRED_PAGES_LIMIT. A GPU
+// with row remapping is not asked; a failed read keeps its last answer.
+func TestNVMLRetiredPages(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		g             fakeGPU
+		fail          map[string]nvml.Return
+		before, codes string // the Mem incidents of a read of g with the fails' queries answering, then failing
+	}{
+		{"no retirement", fakeGPU{noRemap: true, sbePages: 10, dbePages: 2}, nil, "", ""},
+		{"pending", fakeGPU{noRemap: true, pending: nvml.FEATURE_ENABLED}, nil, "DCGM_FR_PENDING_PAGE_RETIREMENTS/WARN", ""},
+		{"pending with a DBE", fakeGPU{noRemap: true, pending: nvml.FEATURE_ENABLED, dbe: 1}, nil,
+			"DCGM_FR_VOLATILE_DBE_DETECTED/FAIL DCGM_FR_DBE_PENDING_PAGE_RETIREMENTS/FAIL", ""},
+		{"62 pages", fakeGPU{noRemap: true, sbePages: 60, dbePages: 2}, nil, "", ""},
+		{"63 pages", fakeGPU{noRemap: true, sbePages: 60, dbePages: 3}, nil, "DCGM_FR_RETIRED_PAGES_LIMIT/FAIL", ""},
+		{"row remapping: pages not read", fakeGPU{pending: nvml.FEATURE_ENABLED, sbePages: 100}, nil, "", ""},
+		{"pending, then its read fails", fakeGPU{noRemap: true, pending: nvml.FEATURE_ENABLED},
+			map[string]nvml.Return{"GetRetiredPagesPendingStatus": nvml.ERROR_UNKNOWN},
+			"DCGM_FR_PENDING_PAGE_RETIREMENTS/WARN", "DCGM_FR_PENDING_PAGE_RETIREMENTS/WARN"},
+		{"63 pages, then a read fails", fakeGPU{noRemap: true, sbePages: 63},
+			map[string]nvml.Return{"GetRetiredPages": nvml.ERROR_UNKNOWN},
+			"DCGM_FR_RETIRED_PAGES_LIMIT/FAIL", "DCGM_FR_RETIRED_PAGES_LIMIT/FAIL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := tc.g
+			g.uuid, g.bus, g.link0 = "GPU-A", "00000000:1B:00.0", nvml.FEATURE_ENABLED
+			var logs strings.Builder
+			s := fakeNVML(&logs, &g)
+			mem := func() string {
+				t.Helper()
+				incs, err := s.Health(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got []string
+				for _, in := range incs {
+					if in.System == "Mem" {
+						got = append(got, in.Code+"/"+in.Health)
+					}
+				}
+				return strings.Join(got, " ")
+			}
+			if got := mem(); got != tc.before {
+				t.Errorf("Mem incidents %q, want %q", got, tc.before)
+			}
+			if tc.fail != nil {
+				g.fail, g.pending, g.sbePages, g.dbePages = tc.fail, 0, 0, 0
+				if got := mem(); got != tc.codes {
+					t.Errorf("read failing: Mem incidents %q, want %q", got, tc.codes)
+				}
+				if gpus := s.GPUs(); len(gpus) != 1 || !slices.Contains(gpus[0].Unknown, "Mem") {
+					t.Errorf("read failing: inventory %+v, want Mem unknown", gpus)
+				}
+			}
+		})
+	}
+}
+
+// TestNVMLInforom: the InfoROM is validated (ValidateInforom, as DCGM's
+// diagnostic does): CORRUPTED_INFOROM is DCGM_FR_CORRUPT_INFOROM (not
+// fatal, CONTACT_SUPPORT), lifted when valid; a validation that fails is
+// unknown: no GpuInforomWatch baseline (it was sent at each start, never
+// measured) until it answers; NOT_SUPPORTED is an answer.
+func TestNVMLInforom(t *testing.T) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED,
+		fail: map[string]nvml.Return{"ValidateInforom": nvml.ERROR_UNKNOWN}}
+	var logs strings.Builder
+	c, err := New(Config{Source: fakeNVML(&logs, a), Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode()
+	for i, step := range []struct {
+		fail    bool
+		inforom nvml.Return
+		want    string
+	}{
+		{true, nvml.SUCCESS, ""},
+		{false, nvml.ERROR_NOT_SUPPORTED, "GpuInforomWatch:healthy@GPU-A GpuInforomWatch:healthy@gpu0"},
+		{false, nvml.ERROR_CORRUPTED_INFOROM, "GpuInforomWatch:DCGM_FR_CORRUPT_INFOROM/CONTACT_SUPPORT@GPU-A"},
+		{true, nvml.SUCCESS, ""},
+		{false, nvml.SUCCESS, "GpuInforomWatch:healthy@GPU-A"},
+	} {
+		a.fail, a.inforom = nil, step.inforom
+		if step.fail {
+			a.fail = map[string]nvml.Return{"ValidateInforom": nvml.ERROR_UNKNOWN}
+		}
+		if got := pollNVML(t, c, n, "GpuInforomWatch", true); got != step.want {
+			t.Errorf("read %d: Inforom events %q, want %q", i, got, step.want)
+		}
 	}
 }
