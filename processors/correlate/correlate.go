@@ -135,6 +135,7 @@ func New(conn clickhouse.Conn, rules []*Rule, now func() time.Time, ttl time.Dur
 		h.byName[r.Name] = r
 		m.splits.WithLabelValues(r.Name) // exported from the start (at 0), so an alert's increase sees the first split
 		m.sweepErrors.WithLabelValues(r.Name)
+		m.triggerErrors.WithLabelValues(r.Name)
 	}
 	return h
 }

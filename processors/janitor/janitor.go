@@ -708,7 +708,7 @@ type metrics struct {
 	auditErrors                                      prometheus.Counter
 	signalLatency                                    *prometheus.HistogramVec
 	nodeNamed                                        *prometheus.CounterVec
-	leader                                           *prometheus.GaugeVec
+	leader, watchable                                *prometheus.GaugeVec
 	maintenancePolls                                 *prometheus.CounterVec
 }
 
@@ -725,7 +725,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		nodeNamed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_node_named_total",
 			Help: "Signals sent that followed a key of the node's own (its kubelet may write it): its provider's or its BMC's annotation."}, []string{"cluster", "key"}),
 		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_janitor_leader",
-			Help: "1 while this janitor works the cluster (it holds the cluster's Lease, or leader election is off), 0 while another does."}, []string{"cluster"}),
+			Help: "1 while this janitor works the cluster (it holds the cluster's Lease, or leader election is off), 0 while another does or none can (a dry-run cluster without a kubeconfig: faultline_janitor_cluster_watchable 0)."}, []string{"cluster"}),
+		watchable: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_janitor_cluster_watchable",
+			Help: "1 when this janitor has a client for the cluster (a kubeconfig), which it works while it holds the cluster's Lease; 0 for a dry-run cluster without a kubeconfig, which it has nothing to watch for (faultline_janitor_leader 0)."}, []string{"cluster"}),
 		maintenancePolls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_maintenance_polls_total",
 			Help: "Polls of EC2's scheduled events by the janitor that works janitor.aws.maintenance_cluster: ok, or failed (a region's read, the maintenance state's read or write, or the produce; tried again at the next poll)."}, []string{"outcome"}),
 	}
@@ -734,7 +736,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.maintenancePolls.WithLabelValues(o)
 	}
 	if reg != nil {
-		reg.MustRegister(m.actions, m.started, m.completed, m.apiErrors, m.deferred, m.auditErrors, m.signalLatency, m.nodeNamed, m.leader, m.maintenancePolls)
+		reg.MustRegister(m.actions, m.started, m.completed, m.apiErrors, m.deferred, m.auditErrors, m.signalLatency, m.nodeNamed, m.leader, m.watchable, m.maintenancePolls)
 	}
 	return m
 }

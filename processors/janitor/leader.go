@@ -29,7 +29,8 @@ func leaseIdentity(identity string) string {
 }
 
 // lead works the cluster (runCluster) while this process holds its Lease,
-// or at once without leader election (or a kubeconfig: a dry-run cluster).
+// or at once without leader election; a cluster without a kubeconfig (a
+// dry-run cluster) it runs at once too, exported as worked by none.
 // It returns when runCluster does: on ctx's end, when the Lease is lost
 // (not renewed within two thirds of lease_duration: another janitor may
 // take it once lease_duration has passed), or on runCluster's own error.
@@ -40,7 +41,15 @@ func (j *Janitor) lead(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if !j.cfg.LeaderElection || cl.Kube == nil {
+	if cl.Kube == nil {
+		// Nothing to watch (a dry-run cluster without a kubeconfig): no
+		// janitor works it, whichever holds nothing.
+		j.m.watchable.WithLabelValues(name).Set(0)
+		j.m.leader.WithLabelValues(name).Set(0)
+		return j.runCluster(ctx, name)
+	}
+	j.m.watchable.WithLabelValues(name).Set(1)
+	if !j.cfg.LeaderElection {
 		j.m.leader.WithLabelValues(name).Set(1)
 		return j.runCluster(ctx, name)
 	}

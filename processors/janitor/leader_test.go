@@ -102,6 +102,11 @@ func TestLeaderElection(t *testing.T) {
 
 	a, b := start("janitor-a"), start("janitor-b")
 	first := leader(10*time.Second, a, b)
+	for _, r := range []*replica{a, b} {
+		if got := testutil.ToFloat64(r.j.m.watchable.WithLabelValues(cluster)); got != 1 {
+			t.Errorf("faultline_janitor_cluster_watchable of a cluster with a client = %v, want 1", got)
+		}
+	}
 	other := map[*replica]*replica{a: b, b: a}[first]
 	reboot("leader-1", 0)
 	if signalled(first) != 1 || len(other.sig.count()) != 0 {

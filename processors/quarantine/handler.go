@@ -142,6 +142,9 @@ func NewWithPolicy(cfg Config, pol *Policy, reg *clusters.Registry, opts Options
 		lastEvent: map[string]time.Time{},
 		uncordons: make(chan nodeRef, 1024), Ownership: pipeline.Ownership{Topic: events.TopicEvents},
 	}
+	for _, name := range pol.Names() {
+		h.m.ruleErrors.WithLabelValues(name) // exported from the start (at 0), so an alert's increase sees the first error
+	}
 	h.nodes = newNodeWatches(h.log, h.noticeUncordon)
 	h.events = newEventWriter(cfg.NodeEventQPS, h.log, func(cluster string) { h.m.eventsFailed.WithLabelValues(cluster).Inc() })
 	return h, nil

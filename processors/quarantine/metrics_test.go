@@ -32,3 +32,31 @@ faultline_quarantine_retry_topic{cluster="prod.east",topic="faultline.quarantine
 		t.Fatal(err)
 	}
 }
+
+// TestFailureCountersExportedFromStart: the counters alerts read with
+// increase() are exported at 0 from the start — faults dropped per
+// configured cluster, rule errors per rule set — so that the first drop
+// or rule error is an increase, not a new series' first sample.
+func TestFailureCountersExportedFromStart(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h, err := New(testConfig("fs"), clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.exportClusters([]string{"prod-west"})
+	if n := testutil.CollectAndCount(h.m.faultsDropped); n != 1 {
+		t.Errorf("faultline_quarantine_faults_dropped_total: %d series, want 1 (prod-west)", n)
+	}
+	names := h.policy.Names()
+	if len(names) == 0 {
+		t.Fatal("no rule sets")
+	}
+	if n := testutil.CollectAndCount(h.m.ruleErrors); n != len(names) {
+		t.Errorf("faultline_quarantine_rule_errors_total: %d series, want one per rule set %v", n, names)
+	}
+	for _, name := range names {
+		if v := testutil.ToFloat64(h.m.ruleErrors.WithLabelValues(name)); v != 0 {
+			t.Errorf("faultline_quarantine_rule_errors_total{rule=%q} = %v, want 0", name, v)
+		}
+	}
+}

@@ -155,6 +155,7 @@ func (h *Handler) exportClusters(names []string) {
 		h.m.selectorUnmatched.WithLabelValues(c)
 		h.m.clusterSlow.WithLabelValues(c)
 		h.m.stale.WithLabelValues(c)
+		h.m.faultsDropped.WithLabelValues(c)
 		h.m.retryTopic.WithLabelValues(c, RetryTopic(c)).Set(1)
 	}
 }
