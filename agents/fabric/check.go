@@ -467,7 +467,18 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 				c.lastTopology = now
 			}
 			if c.eval.Platform().Name != PlatformB200 && c.cfg.Platform != PlatformB200 {
-				if out, err := c.run(ctx, c.cfg.NVSwitchAudit); err == nil && out != nil {
+				// A failing audit (its exit, its deadline) fails the check
+				// while FM runs (or its state is not known), as fmpm's
+				// does; the runner logs it once per topology interval,
+				// when the audit runs. Without a matrix the reachability
+				// conditions found before stand: none lifted, none raised.
+				out, err := c.run(ctx, c.cfg.NVSwitchAudit)
+				switch {
+				case err != nil:
+					if s.Service == nil || s.Service.Running() {
+						errs = append(errs, err)
+					}
+				case out != nil:
 					if a, err := ParseAudit(string(out)); err == nil {
 						s.Audit = a
 					} else {

@@ -10,14 +10,15 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/faultline/faultline/agents/logtail"
 	"github.com/faultline/faultline/agents/topology"
+	"github.com/faultline/faultline/internal/groupcmd"
 )
 
 // source delivers kernel-log lines. read is non-blocking: it hands over what
@@ -208,8 +209,17 @@ func newJournal(path string, st sourceState) *journalSource {
 	return &journalSource{path: path, cursor: st.Cursor, run: startCmd}
 }
 
+// journalWaitDelay is how long journalctl's output is read after ctx's end
+// killed its process group (a child that left the group and holds the
+// output open does not hold the check past it).
+const journalWaitDelay = 2 * time.Second
+
+// startCmd starts journalctl in a process group of its own: at ctx's end
+// (the check's deadline, a read stopped after its entries, shutdown) the
+// whole group is killed, a wrapper's child (sh, nsenter running the
+// host's journalctl) with it.
 func startCmd(ctx context.Context, name string, args ...string) (io.ReadCloser, func() error, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
+	cmd := groupcmd.Command(ctx, journalWaitDelay, name, args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, nil, err

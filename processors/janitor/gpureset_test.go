@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/faultline/faultline/internal/syncbuf"
+	"github.com/faultline/faultline/processors/clusters"
 )
 
 // resetScript is a provider whose ResetGPUs answers its errors in turn,
@@ -67,4 +72,60 @@ func TestGPUResetPollErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGPUResetPollErrorsSpaced: a running reset whose agent cannot be
+// reached is polled every poll_interval until gpu_reset_timeout; each
+// reset's failed polls are logged at its first, then at most once a
+// minute. Before, every poll logged a warning: 120 a reset at the
+// defaults, for every node whose agent was down.
+func TestGPUResetPollErrorsSpaced(t *testing.T) {
+	t.Parallel()
+	inProgress := fmt.Errorf("agent 10.0.0.1:9400 of node n-gpu: resetting: %w", ErrInProgress)
+	unreachable := perr(ReasonAgentUnreachable, "agent 10.0.0.1:9400 of node n-gpu: dial tcp: connection refused")
+	answers := []error{inProgress}
+	for range 15 {
+		answers = append(answers, unreachable)
+	}
+	f := newFakeCluster(t, fakeNode("n-gpu", "r1", "boot-n-gpu"), fakeNode("n-gpu2", "r1", "boot-n-gpu2"))
+	var logs syncbuf.Buffer
+	reg := clusters.NewRegistry(clusters.DefaultConfig(), nil)
+	reg.SetClient(cluster, f.kube, false)
+	reg.SetDynamic(cluster, f.dyn)
+	prov := resetByNode{"n-gpu": &resetScript{answers: slices.Clone(answers)}, "n-gpu2": &resetScript{answers: slices.Clone(answers)}}
+	j, err := New(fakeConfig(), clusters.Config{}, reg, Options{Log: slog.New(slog.NewTextHandler(&logs, nil)),
+		Providers: map[string]Provider{ProviderRedfish: prov}, Producer: &recorder{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.run(j)
+	f.create(kindGPUReset, "gpu", "n-gpu", nil)
+	f.create(kindGPUReset, "gpu2", "n-gpu2", nil)
+	for _, name := range []string{"gpu", "gpu2"} {
+		o := f.waitFor(kindGPUReset, name, 10*time.Second, "finished", finished)
+		if got, want := condOf(o, CondComplete), "True/"+ReasonGPUResetSucceeded; got != want {
+			t.Errorf("%s: Complete %s, want %s", name, got, want)
+		}
+	}
+	const line = "a running GPU reset could not be polled"
+	for _, name := range []string{"gpu", "gpu2"} {
+		n := 0
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, line) && strings.Contains(l, "/"+name+" ") {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("reset %s: %d warnings of its failed polls, want 1 (its first):\n%s", name, n, logs.String())
+		}
+	}
+}
+
+// resetByNode is a resetScript for each node.
+type resetByNode map[string]*resetScript
+
+func (resetByNode) Reboot(context.Context, Target, RebootMode) error { return ErrUnsupported }
+func (resetByNode) Terminate(context.Context, Target) error          { return ErrUnsupported }
+func (p resetByNode) ResetGPUs(ctx context.Context, t Target, uuids []string) error {
+	return p[t.Node.Name].ResetGPUs(ctx, t, uuids)
 }

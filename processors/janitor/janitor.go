@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/faultline/faultline/internal/warnlimit"
 	"github.com/faultline/faultline/processors/clusters"
 	"github.com/faultline/faultline/processors/pipeline"
 	"github.com/faultline/faultline/schemas/events"
@@ -52,6 +53,12 @@ const (
 // drainSlack is how far a drain's finish may seem to precede the
 // quarantine it drained for: the two times are two processors' clocks.
 const drainSlack = time.Minute
+
+// pollWarnKeys is how many GPU resets a minute are named in the warning of
+// a failed poll (a reset's first, then once a minute); past it one line a
+// minute says more failed, so that an outage of many agents (a fleet of
+// clusters, each with its max_concurrent resets) stays a few lines.
+const pollWarnKeys = 64
 
 // drainMark is what the janitor reads of the node's drain state
 // (annotationDrainState, written by the drain role).
@@ -125,7 +132,10 @@ type Janitor struct {
 	emitTry   time.Duration // bound of one try to produce an action
 	lim       *limiter
 	m         *metrics
-	leaseID   string // this process on the clusters' Leases (leader.go)
+	// pollWarned spaces the warning of a running GPU reset's failed
+	// polls: each reset's first, then at most once a minute.
+	pollWarned *warnlimit.Limit
+	leaseID    string // this process on the clusters' Leases (leader.go)
 	// refusedAt: when the broker last refused an action (unix
 	// nanoseconds; 0 once one is produced again); emit tries briefly and
 	// resay waits, for resayAfter from it.
@@ -281,8 +291,9 @@ func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options)
 	return &Janitor{
 		cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		providers: opts.Providers, prod: opts.Producer, emitTry: emitTry, resayAfter: resayAfter,
-		lim: newLimiter(cfg.MaxConcurrent, cfg.MaxConcurrentPerRack, cfg.MaxConcurrentPerProvider),
-		m:   newMetrics(opts.Registerer), leaseID: leaseIdentity(cfg.Identity), mem: map[types.UID]memory{}, running: map[string]*clusterRun{},
+		lim:        newLimiter(cfg.MaxConcurrent, cfg.MaxConcurrentPerRack, cfg.MaxConcurrentPerProvider),
+		pollWarned: warnlimit.New(time.Minute, pollWarnKeys),
+		m:          newMetrics(opts.Registerer), leaseID: leaseIdentity(cfg.Identity), mem: map[types.UID]memory{}, running: map[string]*clusterRun{},
 	}, nil
 }
 

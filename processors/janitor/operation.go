@@ -364,9 +364,16 @@ func (op *operation) resetGPUs(ctx context.Context, prov Provider, t Target) (ti
 			// The agent accepted the reset; this poll did not reach it or
 			// could not read its answer (a restart, a blip, a proxy's
 			// 502). Asked again at the next poll: follow ends it Timeout
-			// past gpu_reset_timeout.
-			j.log.Warn("janitor: a running GPU reset could not be polled; asked again", "cluster", op.cr.name, "resource", op.ref(),
-				"node", op.nodeName, "provider", op.st.Provider, "err", err)
+			// past gpu_reset_timeout. Logged at the reset's first
+			// failed poll, then at most once a minute: an agent that
+			// is down fails every poll_interval.
+			switch named, full := j.pollWarned.Allow(op.cr.name+"/"+string(op.u.GetUID()), j.now()); {
+			case named:
+				j.log.Warn("janitor: a running GPU reset could not be polled; asked again", "cluster", op.cr.name, "resource", op.ref(),
+					"node", op.nodeName, "provider", op.st.Provider, "err", err)
+			case full:
+				j.log.Warn("janitor: more running GPU resets could not be polled; asked again, not named until the minute ends", "cluster", op.cr.name)
+			}
 			return j.cfg.PollInterval, nil
 		}
 		reason := reasonOf(err)
