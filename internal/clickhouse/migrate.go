@@ -485,11 +485,12 @@ func Setup(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
 // 5s and logging each failure — also when a migration statement fails
 // because the connection was lost or timed out (MigrationError.Transient:
 // the server restarted mid-file, an ON CLUSTER ALTER outlived its wait);
-// a migration the server refuses, a bad or changed file, a configuration
-// the server cannot serve (a clickhouse.cluster it does not know, a
-// database migrated for the other kind of schema), or the end of ctx stops
-// it with the error. A refused login is retried (a password rotation may
-// be under way) but logged at ERROR.
+// a migration the server refuses, a bad or changed file, a database
+// migrated for the other kind of schema, or the end of ctx stops it with
+// the error. A refused login (a password rotation may be under way) and a
+// clickhouse.cluster the server does not know (its definition may still be
+// on its way) are retried but logged at ERROR, the latter naming
+// clickhouse.cluster.
 func SetupWait(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
 	return setupWait(ctx, c, log, func(ctx context.Context) (Conn, error) { return Setup(ctx, c, log) })
 }
@@ -500,9 +501,13 @@ type configError struct{ error }
 
 func (e configError) Unwrap() error { return e.error }
 
-// codeUnknownCluster is ClickHouse's CLUSTER_DOESNT_EXIST: an ON CLUSTER
-// statement naming a cluster that is not in the server's remote_servers.
-const codeUnknownCluster = 170
+// unknownClusterCodes are how a server refuses an ON CLUSTER statement
+// naming a cluster not in its remote_servers: BAD_GET on 18.16 (a
+// catch-all there), CLUSTER_DOESNT_EXIST on current ClickHouse. It is
+// retried: during a joint rollout the cluster's definition may not have
+// reached the server yet, or one server behind clickhouse.addr not have
+// reloaded it.
+var unknownClusterCodes = map[int32]bool{170: true, 701: true}
 
 // authCodes are ClickHouse's refused logins: UNKNOWN_USER and
 // WRONG_PASSWORD (18.16), AUTHENTICATION_FAILED (current).
@@ -522,16 +527,16 @@ func setupWait(ctx context.Context, c Config, log *slog.Logger, setup func(conte
 		if _, bad := errors.AsType[configError](err); bad {
 			return nil, err
 		}
-		level := slog.LevelWarn
+		level, attrs := slog.LevelWarn, []any{"addr", c.Addr, "backoff", backoff, "err", err}
 		if ex, ok := errors.AsType[*ch.Exception](err); ok {
-			if ex.Code == codeUnknownCluster {
-				return nil, fmt.Errorf("clickhouse.cluster %q: %w", c.Cluster, err)
-			}
-			if authCodes[ex.Code] {
+			switch {
+			case unknownClusterCodes[ex.Code]:
+				level, attrs = slog.LevelError, append(attrs, "clickhouse.cluster", c.Cluster)
+			case authCodes[ex.Code]:
 				level = slog.LevelError
 			}
 		}
-		log.Log(ctx, level, "clickhouse not ready; retrying", "addr", c.Addr, "backoff", backoff, "err", err)
+		log.Log(ctx, level, "clickhouse not ready; retrying", attrs...)
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("clickhouse %s not ready: %w", c, err)
