@@ -72,10 +72,19 @@ func (e *MigrationError) Error() string {
 func (e *MigrationError) Unwrap() error { return e.Err }
 
 // Transient reports whether the migration failed because the server or the
-// network did (the connection was lost, a timeout, the server busy), not
-// because of the file: applying it again may succeed, and is safe since
-// every statement is idempotent.
-func (e *MigrationError) Transient() bool { return transient(e.Err) }
+// network did (the connection was lost, a timeout, the server busy, a
+// cluster host without a rerun ALTER's columns yet), not because of the
+// file: applying it again may succeed, and is safe since every statement
+// is idempotent.
+func (e *MigrationError) Transient() bool {
+	return transient(e.Err) || errors.Is(e.Err, errColumnsNotOnEveryHost)
+}
+
+// errColumnsNotOnEveryHost marks a rerun ALTER … ON CLUSTER ADD COLUMN
+// answered "already exists" by one host while another lacks the columns:
+// not recorded, but transient, since the host may only lag behind (its
+// DDL or replication queue, a restart) and have them soon.
+var errColumnsNotOnEveryHost = errors.New("the columns are not on every host")
 
 // transientCodes are the ClickHouse exception codes of a server or cluster
 // that is failing or busy, not of a statement that is wrong.
@@ -333,7 +342,7 @@ func MigrateSchema(ctx context.Context, conn Conn, s Schema, migs []Migration, l
 						log.Warn("migration statement already applied on some host; its columns could not be checked on every host: applied", "file", m.File, "statement", n, "err", verr)
 						continue
 					}
-					err = fmt.Errorf("%w (the columns are not on every host)", err)
+					err = fmt.Errorf("%w (%w)", err, errColumnsNotOnEveryHost)
 				} else if s.Cluster != "" && addColumnsOnly.MatchString(strings.TrimSpace(src)) {
 					if ok, verr := columnsOnEveryHost(ctx, conn, s, stmt, src); ok {
 						log.Warn("ALTER ON CLUSTER unfinished on some host, but every host has the columns: applied", "file", m.File, "statement", n, "err", err)
@@ -484,12 +493,14 @@ func Setup(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
 // while the server is unreachable it retries, backing off from 200ms to
 // 5s and logging each failure — also when a migration statement fails
 // because the connection was lost or timed out (MigrationError.Transient:
-// the server restarted mid-file, an ON CLUSTER ALTER outlived its wait);
-// a migration the server refuses, a bad or changed file, a configuration
-// the server cannot serve (a clickhouse.cluster it does not know, a
-// database migrated for the other kind of schema), or the end of ctx stops
-// it with the error. A refused login is retried (a password rotation may
-// be under way) but logged at ERROR.
+// the server restarted mid-file, an ON CLUSTER ALTER outlived its wait, a
+// lagging host lacks the columns of a rerun one);
+// a migration the server refuses, a bad or changed file, a database
+// migrated for the other kind of schema, or the end of ctx stops it with
+// the error. A refused login (a password rotation may be under way) and a
+// clickhouse.cluster the server does not know (its definition may still be
+// on its way) are retried but logged at ERROR, the latter naming
+// clickhouse.cluster.
 func SetupWait(ctx context.Context, c Config, log *slog.Logger) (Conn, error) {
 	return setupWait(ctx, c, log, func(ctx context.Context) (Conn, error) { return Setup(ctx, c, log) })
 }
@@ -500,9 +511,13 @@ type configError struct{ error }
 
 func (e configError) Unwrap() error { return e.error }
 
-// codeUnknownCluster is ClickHouse's CLUSTER_DOESNT_EXIST: an ON CLUSTER
-// statement naming a cluster that is not in the server's remote_servers.
-const codeUnknownCluster = 170
+// unknownClusterCodes are how a server refuses an ON CLUSTER statement
+// naming a cluster not in its remote_servers: BAD_GET on 18.16 (a
+// catch-all there), CLUSTER_DOESNT_EXIST on current ClickHouse. It is
+// retried: during a joint rollout the cluster's definition may not have
+// reached the server yet, or one server behind clickhouse.addr not have
+// reloaded it.
+var unknownClusterCodes = map[int32]bool{170: true, 701: true}
 
 // authCodes are ClickHouse's refused logins: UNKNOWN_USER and
 // WRONG_PASSWORD (18.16), AUTHENTICATION_FAILED (current).
@@ -522,16 +537,16 @@ func setupWait(ctx context.Context, c Config, log *slog.Logger, setup func(conte
 		if _, bad := errors.AsType[configError](err); bad {
 			return nil, err
 		}
-		level := slog.LevelWarn
+		level, attrs := slog.LevelWarn, []any{"addr", c.Addr, "backoff", backoff, "err", err}
 		if ex, ok := errors.AsType[*ch.Exception](err); ok {
-			if ex.Code == codeUnknownCluster {
-				return nil, fmt.Errorf("clickhouse.cluster %q: %w", c.Cluster, err)
-			}
-			if authCodes[ex.Code] {
+			switch {
+			case unknownClusterCodes[ex.Code]:
+				level, attrs = slog.LevelError, append(attrs, "clickhouse.cluster", c.Cluster)
+			case authCodes[ex.Code]:
 				level = slog.LevelError
 			}
 		}
-		log.Log(ctx, level, "clickhouse not ready; retrying", "addr", c.Addr, "backoff", backoff, "err", err)
+		log.Log(ctx, level, "clickhouse not ready; retrying", attrs...)
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("clickhouse %s not ready: %w", c, err)

@@ -386,9 +386,10 @@ func (countBatch) Close() error        { return nil }
 
 // On a cluster, an ALTER … ON CLUSTER ADD COLUMN rerun and answered "already
 // exists" reports one host's answer only (the first error): another
-// host's may have failed. The columns are checked on every host before the
-// migration is recorded; a host without them stops it, naming the file. A
-// host that cannot be asked leaves it applied, as before the check.
+// host's may have failed, or only lag behind. The columns are checked on
+// every host before the migration is recorded; a host without them stops
+// it, naming the file, with a transient error (SetupWait retries). A host
+// that cannot be asked leaves it applied, as before the check.
 func TestMigrateClusterColumnsAlreadyAdded(t *testing.T) {
 	files := fstest.MapFS{
 		"m/0001_t.sql": {Data: []byte("CREATE TABLE IF NOT EXISTS t (cluster String, node String) ENGINE = MergeTree() ORDER BY (cluster, node)")},
@@ -421,6 +422,45 @@ func TestMigrateClusterColumnsAlreadyAdded(t *testing.T) {
 			if !ok || me.File != "0002_b.sql" || conn.recorded != 1 || !strings.Contains(err.Error(), "not on every host") {
 				t.Fatalf("err %v, %d recorded: want 0002_b.sql refused, naming the hosts' columns", err, conn.recorded)
 			}
+			// A replica lagging (its DDL or replication queue behind, just
+			// restarted) lacks them too: SetupWait retries until it catches up.
+			if !me.Transient() {
+				t.Errorf("err %v: want it transient (SetupWait retries)", err)
+			}
 		})
+	}
+}
+
+// A replica lagging behind (just restarted, its DDL queue behind) lacks
+// the columns a rerun ALTER … ON CLUSTER answered "already exists" for:
+// SetupWait retries until it has them, rather than stopping the role
+// during a rolling restart after a schema upgrade.
+func TestSetupWaitRetriesLaggingReplica(t *testing.T) {
+	files := fstest.MapFS{
+		"m/0001_t.sql": {Data: []byte("CREATE TABLE IF NOT EXISTS t (cluster String, node String) ENGINE = MergeTree() ORDER BY (cluster, node)")},
+		"m/0002_b.sql": {Data: []byte("ALTER TABLE t ADD COLUMN b String")},
+	}
+	migs, err := clickhouse.LoadMigrations(files, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := clickhouse.Schema{Cluster: "c", Database: "d", ZooKeeperPath: clickhouse.DefaultZooKeeperPath, ReplicaName: clickhouse.DefaultReplicaName}
+	log := slog.New(slog.DiscardHandler)
+	conn := &alterConn{has: map[string]uint64{"h1:9000": 1, "h2:9000": 0}}
+	tries := 0
+	setup := func(ctx context.Context) (clickhouse.Conn, error) {
+		if tries++; tries == 3 {
+			conn.has["h2:9000"] = 1 // the replica caught up
+		}
+		if _, err := clickhouse.MigrateSchema(ctx, conn, s, migs, log); err != nil {
+			return nil, err
+		}
+		return conn, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// The fake has no applied migrations: 0001 is recorded at each try.
+	if _, err := clickhouse.SetupWaitWith(ctx, clickhouse.Config{}, log, setup); err != nil || tries != 3 || conn.recorded != 4 {
+		t.Fatalf("err %v after %d tries, %d recorded: want retried until the replica has the columns, then 0002 recorded", err, tries, conn.recorded)
 	}
 }

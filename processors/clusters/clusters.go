@@ -598,13 +598,19 @@ type reloading struct {
 }
 
 // serverOf is rc's API server as the clients address it: scheme, host and
-// path, without a trailing slash.
+// path, without a trailing slash, the host in lower case and without its
+// scheme's default port (https://h and https://h:443 are one server). An
+// IP and a DNS name of the same server differ: that cannot be told here.
 func serverOf(rc *rest.Config) string {
 	u, _, err := rest.DefaultServerUrlFor(rc)
 	if err != nil {
 		return rc.Host
 	}
-	return u.Scheme + "://" + strings.ToLower(u.Host) + strings.TrimRight(u.Path, "/")
+	host := strings.ToLower(u.Host)
+	if p := u.Port(); (u.Scheme == "https" && p == "443") || (u.Scheme == "http" && p == "80") {
+		host = strings.TrimSuffix(host, ":"+p)
+	}
+	return u.Scheme + "://" + host + strings.TrimRight(u.Path, "/")
 }
 
 // read returns the files' content.
@@ -660,9 +666,9 @@ func (k *reloading) reload() bool {
 		return false
 	}
 	if server := serverOf(rc); server != k.server {
-		k.moved = fmt.Errorf("cluster %q: its kubeconfig %s now names the API server %s, not %s that its clients were built for: no request is sent until the processor is restarted",
+		k.moved = fmt.Errorf("cluster %q: its kubeconfig %s now names the API server %s, not %s that its clients were built for: no request is sent until the processor is restarted (a restart follows the new server)",
 			k.name, k.paths[0], server, k.server)
-		k.log.Error("cluster kubeconfig names another API server; the cluster's requests fail until the processor is restarted",
+		k.log.Error("cluster kubeconfig names another API server (or the same one by another name, an IP for a DNS name); the cluster's requests fail: restart the processor to follow the new server",
 			"cluster", k.name, "kubeconfig", k.paths[0], "server", server, "built_for", k.server)
 		return true
 	}

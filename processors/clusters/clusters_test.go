@@ -833,6 +833,53 @@ func TestReloadedKubeconfigOtherServer(t *testing.T) {
 	}
 }
 
+// TestReloadedKubeconfigSameServerSpelledOtherwise: a kubeconfig rewritten
+// with the same API server spelled with its scheme's default port (or
+// without it), or in other letter case, is the same server: its new
+// credentials are followed, not refused as another server. Another host
+// (an IP for the DNS name of the same server, which cannot be recognised)
+// is refused, the error and the log saying a restart follows it.
+func TestReloadedKubeconfigSameServerSpelledOtherwise(t *testing.T) {
+	for _, tc := range []struct {
+		built, now string
+		moved      bool
+	}{
+		{"https://h", "https://h:443", false},
+		{"https://h:443", "https://H/", false},
+		{"http://h", "http://h:80", false},
+		{"https://[fd00::1]:443", "https://[fd00::1]", false},
+		{"https://h", "https://h:6443", true},
+		{"http://h", "http://h:443", true},
+		{"https://h", "https://10.0.0.1", true},
+	} {
+		t.Run(tc.built+" "+tc.now, func(t *testing.T) {
+			var logs bytes.Buffer
+			k := &reloading{
+				name:   "c",
+				paths:  []string{"kubeconfig"},
+				server: serverOf(&rest.Config{Host: tc.built}),
+				log:    slog.New(slog.NewTextHandler(&logs, nil)),
+				load:   func() (*rest.Config, error) { return &rest.Config{Host: tc.now, BearerToken: "B"}, nil },
+			}
+			if !k.reload() {
+				t.Fatalf("not reloaded: %s", logs.String())
+			}
+			if tc.moved != (k.moved != nil) {
+				t.Fatalf("moved %v, want moved %t", k.moved, tc.moved)
+			}
+			if !tc.moved {
+				if k.rt == nil {
+					t.Fatal("the new credentials are not followed")
+				}
+				return
+			}
+			if !strings.Contains(k.moved.Error(), "a restart follows the new server") || !strings.Contains(logs.String(), "restart the processor to follow the new server") {
+				t.Fatalf("error %v, logged %s: want both saying a restart follows the new server", k.moved, logs.String())
+			}
+		})
+	}
+}
+
 // TestReloadedKubeconfigRetriedUntilItLoads: a rotated kubeconfig that
 // names a file arriving after it (a certificate-authority written a
 // second later) fails to load at the first look; it is logged once and

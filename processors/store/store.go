@@ -161,11 +161,13 @@ type Handler struct {
 	log  *slog.Logger
 	m    *Metrics
 	// pinSync is whether inserts send async_insert=0 (insertSettings):
-	// decided once, by New, from the server's version.
+	// decided once, by New, from the server's version, and turned off for
+	// the process's life when a shard refuses the setting at the send
+	// (dropAsync).
 	pinSync atomic.Bool
-	// unpinnedUntil (Unix nanoseconds) is set when a server refuses the
-	// setting (refusedAsync): inserts go without it until then, and try it
-	// again after (repinAfter).
+	// unpinnedUntil (Unix nanoseconds) is set when the server an insert
+	// reached refuses the setting at the query (dropAsync): inserts go
+	// without it until then, and try it again after (repinAfter).
 	unpinnedUntil atomic.Int64
 	// now is the clock (time.Now; tests inject one).
 	now func() time.Time
@@ -176,7 +178,7 @@ type Handler struct {
 
 // New returns a handler writing through conn. It asks the server's version
 // once, here, to know whether the inserts send async_insert=0 (an unknown
-// version: they do, but not for repinAfter after a server refused it).
+// version: they do, until a server refuses it: dropAsync).
 func New(conn clickhouse.Conn, log *slog.Logger, m *Metrics) *Handler {
 	if m == nil {
 		m = NewMetrics(nil)
@@ -299,9 +301,7 @@ func (h *Handler) insert(ctx context.Context, table, columns string, cols []any,
 	began := time.Now()
 	defer func() {
 		if err != nil {
-			if !refusedAsync(err) { // a server without async_insert: retried without it
-				h.m.errors.WithLabelValues(table).Inc()
-			}
+			h.m.errors.WithLabelValues(table).Inc()
 			err = fmt.Errorf("insert %d rows into %s: %w", n, table, err)
 			return
 		}
@@ -310,7 +310,7 @@ func (h *Handler) insert(ctx context.Context, table, columns string, cols []any,
 	}()
 	query := "INSERT INTO " + table + " (" + columns + ")"
 	batch, err := h.prepare(ctx, query)
-	if err != nil && h.dropAsync(err) {
+	if err != nil && h.dropAsync(err, false) {
 		batch, err = h.prepare(ctx, query) // no row was copied yet: at once
 	}
 	if err != nil {
@@ -324,7 +324,7 @@ func (h *Handler) insert(ctx context.Context, table, columns string, cols []any,
 		cols[i] = nil // copied into the block
 	}
 	err = batch.Send()
-	h.dropAsync(err) // a shard refused it: the batch's retry goes without
+	h.dropAsync(err, true) // a shard refused it: the batch's retry goes without
 	return err
 }
 
@@ -334,23 +334,40 @@ func (h *Handler) prepare(ctx context.Context, query string) (driver.Batch, erro
 	return h.conn.PrepareBatch(ctx, query)
 }
 
-// repinAfter is how long inserts go without async_insert=0 after a server
-// refused it.
+// repinAfter is how long inserts go without async_insert=0 after the
+// server an insert reached refused it at the query.
 const repinAfter = 10 * time.Minute
 
 // pinned is whether an insert now sends async_insert=0: the server New
-// asked has it, and no server refused it in the last repinAfter.
+// asked has it, no shard refused it, and no server refused it at the
+// query in the last repinAfter.
 func (h *Handler) pinned() bool {
 	return h.pinSync.Load() && h.now().UnixNano() >= h.unpinnedUntil.Load()
 }
 
-// dropAsync stops sending async_insert=0 for repinAfter (logged) when err
-// is a server refusing it, and reports whether it was. The setting is
-// tried again after: once every server has it (a rolling upgrade ended),
-// it stays.
-func (h *Handler) dropAsync(err error) bool {
+// dropAsync stops sending async_insert=0 (logged) when err is a server
+// refusing it, and reports whether it was.
+//
+// Refused at the send (atSend: a shard of the cluster, older than the
+// server the insert reached), it is dropped for the process's life: other
+// shards may have written the rows and the insert failed, so trying the
+// setting again would fail a batch, and write its rows twice, every
+// repinAfter for as long as the old shard remains (an 18.16 shard is
+// supported).
+//
+// Refused at the query (the server the insert reached: a rolling upgrade
+// of clickhouse.addr's servers), no row was sent and the insert is made
+// again at once: the setting is dropped for repinAfter only, then tried
+// again, and kept once every server has it.
+func (h *Handler) dropAsync(err error, atSend bool) bool {
 	if !refusedAsync(err) {
 		return false
+	}
+	if atSend {
+		if h.pinSync.Swap(false) {
+			h.log.Warn("a clickhouse shard has no async_insert (older than 21.11): inserts go without async_insert=0 until the store restarts", "err", err)
+		}
+		return true
 	}
 	now := h.now()
 	if h.unpinnedUntil.Swap(now.Add(repinAfter).UnixNano()) <= now.UnixNano() {

@@ -483,26 +483,31 @@ func (b *fakeBatch) Send() error {
 func (b *fakeBatch) Close() error { return nil }
 
 // TestAsyncInsertRefused: the version is asked once, by New; when an insert
-// reaches a server that refuses async_insert (older than 21.11: another of
-// clickhouse.addr's servers, a replica behind a Service mid-upgrade) the
-// setting is dropped for repinAfter, and an insert refused before any row
-// was sent is made again at once. Asked at each insert on a pooled
-// connection other than the insert's, the version let every insert to the
-// older server fail, and the batch was retried without end. After
-// repinAfter the setting is sent again: refused again while an old server
-// remains, kept once every server has it (dropped for good, a rolling
-// upgrade left the inserts of a profile with async_insert=1,
-// wait_for_async_insert=0 acknowledged while only buffered). A refusal is
-// not a write error: counted, each retry of the setting kept
-// FaultlineClickHouseWriteErrors firing through a long upgrade.
+// reaches a server that refuses async_insert (older than 21.11) the
+// setting is dropped. Asked at each insert on a pooled connection other
+// than the insert's, the version let every insert to the older server
+// fail, and the batch was retried without end.
+//
+// Refused at the query (the server the insert reached: another of
+// clickhouse.addr's servers, a replica behind a Service mid-upgrade), no
+// row was sent: the insert is made again at once without it, and the
+// setting is sent again after repinAfter — refused again while an old
+// server remains, kept once the rolling upgrade is done (dropped for good,
+// a profile with async_insert=1, wait_for_async_insert=0 acknowledged rows
+// only buffered). Nothing fails, nothing is counted.
+//
+// Refused by a shard at the send (a cluster with a shard on 18.16), other
+// shards may have written the rows: the insert fails, is counted in
+// faultline_store_write_errors_total, and the setting is dropped for the
+// process's life — sent again every repinAfter, each try failed a batch
+// and wrote its rows twice, for as long as the old shard remained.
 func TestAsyncInsertRefused(t *testing.T) {
 	for _, tc := range []struct {
 		name                string
 		prepareErr, sendErr bool
-		refusalErr          bool // an insert refused fails (its batch is retried)
 	}{
-		{"refused at the query", true, false, false},
-		{"refused by a shard at the send", false, true, true},
+		{"refused at the query", true, false},
+		{"refused by a shard at the send", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conn := &mixedConn{version: "24.3.2", prepareErr: tc.prepareErr, sendErr: tc.sendErr}
@@ -524,14 +529,11 @@ func TestAsyncInsertRefused(t *testing.T) {
 					async = append(async, a)
 				}
 			}
-			refused := func() []bool { // the inserts of one refusal
-				if tc.prepareErr {
-					return []bool{true, false}
-				}
-				return []bool{true}
+			insert(tc.sendErr) // refused: dropped
+			want := []bool{true}
+			if tc.prepareErr {
+				want = append(want, false) // made again at once
 			}
-			insert(tc.refusalErr) // refused: dropped
-			want := refused()
 			for range 3 {
 				insert(false)
 				want = append(want, false)
@@ -540,24 +542,36 @@ func TestAsyncInsertRefused(t *testing.T) {
 			insert(false) // not yet
 			want = append(want, false)
 			now = now.Add(time.Second)
-			insert(tc.refusalErr) // tried again, refused again: dropped again
-			want = append(want, refused()...)
+			if tc.prepareErr {
+				insert(false) // tried again, refused again: dropped again
+				want = append(want, true, false)
+			} else {
+				insert(false) // a shard refused: dropped for good
+				want = append(want, false)
+			}
 			insert(false)
 			want = append(want, false)
 			now = now.Add(repinAfter)
-			conn.prepareErr, conn.sendErr = false, false // every server upgraded
+			conn.prepareErr = false // the servers upgraded (the shard stays old)
 			for range 2 {
 				insert(false)
-				want = append(want, true)
+				want = append(want, tc.prepareErr)
 			}
 			if !slices.Equal(async, want) {
 				t.Errorf("async_insert=0 sent per insert prepared: %v, want %v", async, want)
 			}
-			if got := counterValue(m.errors.WithLabelValues("events")); got != 0 {
-				t.Errorf("%v write errors counted, want 0 (a refusal is not ClickHouse failing)", got)
+			if got, want := counterValue(m.errors.WithLabelValues("events")), float64(btoi(tc.sendErr)); got != want {
+				t.Errorf("%v write errors counted, want %v (a failed insert counts; one made again at once does not)", got, want)
 			}
 		})
 	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // TestAsyncInsertRefusedServer: a handler that believes its server has
