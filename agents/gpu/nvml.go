@@ -72,10 +72,13 @@ const retiredPagesLimit = 63
 
 // linkState is what the reads of one NVLink found: up, seen active since
 // its states were last forgotten; down, the reads in a row that found it
-// inactive since.
+// inactive since; held, see forgetLinks.
 type linkState struct {
 	up   bool
 	down int
+	// held: forgotten while its NVLINK_DOWN stood; until it reads active
+	// it keeps the watch unknown, so that the fault stands.
+	held bool
 }
 
 // handleFailPolls is how many polls in a row NVML must give no handle for a
@@ -121,10 +124,10 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 	switch r := s.lib.Init(); r {
 	case nvml.SUCCESS:
 	case nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED:
-		s.forgetLinks("") // the driver went away: see forgetLinks
+		s.forgetLinks("", true) // the driver went away: see forgetLinks
 		return nil, ErrNotPresent
 	default:
-		s.forgetLinks("")
+		s.forgetLinks("", true)
 		return nil, fmt.Errorf("nvml init: %s", nvml.ErrorString(r))
 	}
 	// Not held between reads (a GPU reset, a driver upgrade): see the
@@ -132,7 +135,7 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 	defer s.shutdown()
 	n, r := s.lib.DeviceGetCount()
 	if r != nvml.SUCCESS {
-		s.forgetLinks("")
+		s.forgetLinks("", true)
 		return nil, fmt.Errorf("nvml device count: %s", nvml.ErrorString(r))
 	}
 	var out []Incident
@@ -156,7 +159,7 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 			// NVLinks retrain after a reset: forgotten.
 			g, ok := s.byIndex[i]
 			id := gpuID(Incident{GPU: i, UUID: g.UUID})
-			s.forgetLinks(id)
+			s.forgetLinks(id, true)
 			g.Index, g.Unknown = i, slices.Clone(Watches)
 			s.answered(&g, "gpu"+strconv.Itoa(i), "DeviceGetHandleByIndex", r)
 			in := Incident{GPU: i, UUID: g.UUID, PCI: g.PCI, System: "Pcie", Health: "FAIL", Code: "DCGM_FR_NVML_API",
@@ -201,12 +204,13 @@ func (s *NVML) log() *slog.Logger {
 
 // GPUs implements Inventory. Pcie is unknown on a GPU until its second
 // replay-counter sample (a rate); Nvlink while one of its links reads
-// inactive and has not been seen active since this process started or its
-// link states were forgotten (forgetLinks: a link is reported down only
-// once seen up; inactive at the first read it may be a link down since
-// before, one not in use, or one Fabric Manager is still training), or
-// inactive at fewer than linkDownReads reads in a row. A GPU in MIG mode
-// reads no NVLink: its Nvlink watch is healthy.
+// inactive at fewer than linkDownReads reads in a row, or reads inactive
+// forgotten while its fault stood (held: see forgetLinks). Nvlink is
+// unbased while one reads inactive and has not been seen active since this
+// process started or its link states were forgotten (a link is reported
+// down only once seen up; inactive at the first read it may be a link down
+// since before, one not in use, or one Fabric Manager is still training).
+// A GPU in MIG mode reads no NVLink: its Nvlink watch is healthy.
 func (s *NVML) GPUs() []GPU {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -340,7 +344,7 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 	mig, _, r := d.GetMigMode()
 	switch {
 	case r == nvml.SUCCESS && mig == nvml.DEVICE_MIG_ENABLE:
-		s.forgetLinks(id)
+		s.forgetLinks(id, false)
 	case !s.answered(&g, id, "GetMigMode", r):
 		unknown(&g, "Nvlink")
 		out = append(out, s.lastOf(id+"/GetNvLinkState/")...)
@@ -383,7 +387,7 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 		// its conditions had stands (above); it is reported fatal on its
 		// own, first, so that it is its Pcie watch's event. Its NVLinks
 		// retrain when it is back: forgotten, unknown meanwhile.
-		s.forgetLinks(id)
+		s.forgetLinks(id, true)
 		unknown(&g, "Nvlink")
 		out = append([]Incident{inc("Pcie", "FAIL", CodeGPULost, "GPU %d is lost (fallen off the bus): NVML answers %s", i,
 			nvml.ErrorString(nvml.ERROR_GPU_IS_LOST))}, out...)
@@ -393,9 +397,13 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 
 // nvlinks returns the NVLink incidents of GPU id (d): a link seen active
 // that reads inactive linkDownReads times in a row is down, kept down until
-// it reads active. A link never seen active since its state was forgotten
+// it reads active. One inactive at fewer reads makes the watch unknown, as
+// does one forgotten while its fault stood (held) until it reads active. A
+// link never seen active since its state was forgotten and with no fault
 // (inactive at the first read: down before, unused, or training) makes the
-// watch unknown, as does one inactive at fewer reads.
+// watch unbased only: no baseline, but it keeps no fault of another link
+// (one link used, another never: a partial NVLink bridge, an uncabled
+// link).
 func (s *NVML) nvlinks(g *GPU, id string, d nvml.Device, inc func(system, health, code, msg string, args ...any) Incident) []Incident {
 	var out []Incident
 	for l := 0; l < nvml.NVLINK_MAX_LINKS; l++ {
@@ -416,8 +424,12 @@ func (s *NVML) nvlinks(g *GPU, id string, d nvml.Device, inc func(system, health
 				} else {
 					unknown(g, "Nvlink")
 				}
-			default:
+			case ls.held:
 				unknown(g, "Nvlink")
+			default:
+				if !slices.Contains(g.Unbased, "Nvlink") {
+					g.Unbased = append(g.Unbased, "Nvlink")
+				}
 			}
 			s.links[key] = ls
 		}
@@ -430,11 +442,18 @@ func (s *NVML) nvlinks(g *GPU, id string, d nvml.Device, inc func(system, health
 // GPU's). After the driver went away (a GPU Operator upgrade: Init or the
 // count fails), a GPU reset (its handle failing meanwhile), a GPU lost or
 // MIG mode, links are inactive until Fabric Manager retrains them: not
-// "was active, now down".
-func (s *NVML) forgetLinks(id string) {
-	for k := range s.links {
+// "was active, now down". With held, a link whose NVLINK_DOWN stands is
+// remembered as held (see nvlinks: its fault stands until it reads active);
+// without (MIG mode: the watch is healthy), it is forgotten too.
+func (s *NVML) forgetLinks(id string, held bool) {
+	for k, ls := range s.links {
 		if id == "" || strings.HasPrefix(k, id+"/") {
-			delete(s.links, k)
+			gpu, l, _ := strings.Cut(k, "/")
+			if held && (ls.held || len(s.last[gpu+"/GetNvLinkState/"+l]) > 0) {
+				s.links[k] = linkState{held: true}
+			} else {
+				delete(s.links, k)
+			}
 		}
 	}
 	for k := range s.last {

@@ -20,7 +20,8 @@ import (
 // fakeGPU is one GPU of go-nvml's mock, healthy until a test changes its
 // answers: dbe volatile double-bit ECC errors, fail the queries that fail
 // (by method name, "handle" for the device's handle), replays the PCIe
-// replay counter, link0 NVLink 0's state (the GPU has that one link), mig
+// replay counter, link0 NVLink 0's state (the GPU has that one link, or
+// with twoLinks NVLink 1 too, link1 its state), mig
 // its MIG mode (current), noRemap a GPU without row remapping (pre-Ampere:
 // page retirement instead, pending and sbePages/dbePages retired pages),
 // inforom ValidateInforom's answer (SUCCESS when zero).
@@ -28,7 +29,8 @@ type fakeGPU struct {
 	uuid, bus          string
 	dbe                uint64
 	replays            int
-	link0              nvml.EnableState
+	link0, link1       nvml.EnableState
+	twoLinks           bool
 	mig                int
 	noRemap            bool
 	pending            nvml.EnableState
@@ -93,7 +95,10 @@ func (g *fakeGPU) device() *mock.Device {
 		GetMigModeFunc:           func() (int, int, nvml.Return) { return g.mig, g.mig, g.ret("GetMigMode") },
 		GetPcieReplayCounterFunc: func() (int, nvml.Return) { return g.replays, g.ret("GetPcieReplayCounter") },
 		GetNvLinkStateFunc: func(l int) (nvml.EnableState, nvml.Return) {
-			if l > 0 {
+			switch {
+			case l == 1 && g.twoLinks:
+				return g.link1, g.ret("GetNvLinkState")
+			case l > 0:
 				return 0, nvml.ERROR_INVALID_ARGUMENT
 			}
 			return g.link0, g.ret("GetNvLinkState")
@@ -804,6 +809,67 @@ func TestNVMLNvlinkFaultStandsUntilActive(t *testing.T) {
 	a.link0 = nvml.FEATURE_ENABLED
 	if got := poll(); got != "GpuNvlinkWatch:healthy@GPU-A" {
 		t.Errorf("active: Nvlink events %q, want its recovery", got)
+	}
+}
+
+// TestNVMLNvlinkUnusedLinkLiftsFault: GPU-A uses NVLink 0; NVLink 1
+// exists and is never active (a PCIe card with a partial NVLink bridge, an
+// uncabled link). Link 0 down at two reads is NVLINK_DOWN, lifted at the
+// first read that finds it active: the unused link, never seen active and
+// with no fault of its own, does not keep it. It still keeps the GPU's
+// first Nvlink baseline (down since before the process, or unused: not
+// known healthy). A fault that stands when the driver goes away still
+// stands while link 0 reads inactive after it, and is lifted when active.
+func TestNVMLNvlinkUnusedLinkLiftsFault(t *testing.T) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED, twoLinks: true, link1: nvml.FEATURE_DISABLED}
+	var logs strings.Builder
+	s := fakeNVML(&logs, a)
+	c, err := New(Config{Source: s, Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode()
+	if got := pollNVML(t, c, n, "GpuNvlinkWatch", true); got != "" {
+		t.Errorf("first read: Nvlink events %q, want none (link 1 never active: no baseline)", got)
+	}
+	poll := func() string { t.Helper(); return pollNVML(t, c, n, "GpuNvlinkWatch", false) }
+	down := func() {
+		t.Helper()
+		a.link0 = nvml.FEATURE_DISABLED
+		for i, want := range []string{"", "GpuNvlinkWatch:DCGM_FR_NVLINK_DOWN!/COMPONENT_RESET@GPU-A"} {
+			if got := poll(); got != want {
+				t.Fatalf("link 0 down, read %d: Nvlink events %q, want %q", i, got, want)
+			}
+		}
+	}
+	down()
+	a.link0 = nvml.FEATURE_ENABLED
+	for i, want := range []string{"GpuNvlinkWatch:healthy@GPU-A", "", "", "", ""} {
+		if got := poll(); got != want {
+			t.Errorf("link 0 up, read %d: Nvlink events %q, want %q", i, got, want)
+		}
+	}
+	if f := n.faults(); f != "" {
+		t.Errorf("faults standing: %s", f)
+	}
+
+	down()
+	lib := s.lib.(*mock.Interface)
+	init := lib.InitFunc
+	lib.InitFunc = func() nvml.Return { return nvml.ERROR_DRIVER_NOT_LOADED }
+	poll()
+	lib.InitFunc = init
+	for i := range 3 {
+		if got := poll(); got != "" {
+			t.Errorf("driver back, link 0 inactive, read %d: Nvlink events %q, want none (the fault stands)", i, got)
+		}
+	}
+	if f := n.faults(); !strings.Contains(f, "GpuNvlinkWatch") {
+		t.Errorf("NVLINK_DOWN lifted while link 0 is inactive: faults %q", f)
+	}
+	a.link0 = nvml.FEATURE_ENABLED
+	if got := poll(); got != "GpuNvlinkWatch:healthy@GPU-A" {
+		t.Errorf("link 0 active: Nvlink events %q, want its recovery", got)
 	}
 }
 
