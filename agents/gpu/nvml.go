@@ -30,8 +30,9 @@ import (
 // handle NVML does not give keeps its incidents, every watch unknown: a
 // failed query (a GPU reset by nvidia-smi -r answers IN_USE or
 // RESET_REQUIRED meanwhile), until handleFailPolls polls in a row have
-// failed: then DCGM_FR_NVML_API besides, named as the GPU last read at its
-// index (its UUID and PCI address).
+// failed, or at once for an answer no reset gives (resetting): then
+// DCGM_FR_NVML_API besides, named as the GPU last read at its index (its
+// UUID and PCI address).
 //
 // GPU_IS_LOST is no such failure: the GPU fell off the bus (Xid 79) and
 // keeps its handle, every query answering GPU_IS_LOST (GetUUID also
@@ -82,9 +83,17 @@ type linkState struct {
 }
 
 // handleFailPolls is how many polls in a row NVML must give no handle for a
-// GPU (other than GPU_IS_LOST or GPU_NOT_FOUND: lost) before that is an
-// incident (DCGM_FR_NVML_API); fewer are a failed query.
+// GPU being reset (resetting) before that is an incident
+// (DCGM_FR_NVML_API); fewer are a failed query.
 const handleFailPolls = 3
+
+// resetting reports whether r, NVML's answer for a GPU's handle, is one a
+// GPU being reset (or busy) gives: a failed query for handleFailPolls
+// polls. Any other (ERROR_UNKNOWN: some drivers answer so for a GPU fallen
+// off the bus before the NVML session) is an incident at once.
+func resetting(r nvml.Return) bool {
+	return r == nvml.ERROR_IN_USE || r == nvml.ERROR_RESET_REQUIRED || r == nvml.ERROR_TIMEOUT
+}
 
 type replaySample struct {
 	n int
@@ -150,26 +159,35 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 			// Named as last read at its index (its UUID and PCI address),
 			// as its incidents and its recovery name it. A GPU lost
 			// before this NVML session began (fallen off the bus) has no
-			// handle: CodeGPULost, as when its handle answers so. Any
-			// other failure (ERROR_UNKNOWN, TIMEOUT, IN_USE,
-			// RESET_REQUIRED: nvidia-smi -r resetting it, the remediation
-			// of its own fault) is a failed query, an incident
-			// (DCGM_FR_NVML_API: not in the action table, a fatal
-			// CONTACT_SUPPORT) only at handleFailPolls polls in a row. Its
-			// NVLinks retrain after a reset: forgotten.
+			// handle: CodeGPULost, as when its handle answers so. The
+			// answers of a GPU being reset (resetting: TIMEOUT, IN_USE,
+			// RESET_REQUIRED; nvidia-smi -r, the remediation of its own
+			// fault) are a failed query, an incident (DCGM_FR_NVML_API:
+			// not in the action table, a fatal CONTACT_SUPPORT) only at
+			// handleFailPolls polls in a row; any other (ERROR_UNKNOWN:
+			// some drivers answer so for a GPU fallen off the bus before
+			// this session) is one at once. Its NVLinks retrain after a
+			// reset: forgotten.
 			g, ok := s.byIndex[i]
 			id := gpuID(Incident{GPU: i, UUID: g.UUID})
 			s.forgetLinks(id, true)
 			g.Index, g.Unknown = i, slices.Clone(Watches)
 			s.answered(&g, "gpu"+strconv.Itoa(i), "DeviceGetHandleByIndex", r)
 			in := Incident{GPU: i, UUID: g.UUID, PCI: g.PCI, System: "Pcie", Health: "FAIL", Code: "DCGM_FR_NVML_API",
-				Message: fmt.Sprintf("cannot get a handle for the GPU (%d polls in a row): %s", handleFailPolls, nvml.ErrorString(r))}
-			if r == nvml.ERROR_GPU_IS_LOST || r == nvml.ERROR_GPU_NOT_FOUND {
+				Message: "cannot get a handle for the GPU: " + nvml.ErrorString(r)}
+			switch {
+			case r == nvml.ERROR_GPU_IS_LOST || r == nvml.ERROR_GPU_NOT_FOUND:
 				delete(s.noHandle, i)
 				in.Code, in.Message = CodeGPULost, fmt.Sprintf("GPU %d is lost (fallen off the bus): NVML answers %s for its handle", i, nvml.ErrorString(r))
 				out = append(out, in)
-			} else if s.noHandle[i]++; s.noHandle[i] >= handleFailPolls {
+			case !resetting(r):
+				delete(s.noHandle, i)
 				out = append(out, in)
+			default:
+				if s.noHandle[i]++; s.noHandle[i] >= handleFailPolls {
+					in.Message = fmt.Sprintf("cannot get a handle for the GPU (%d polls in a row): %s", handleFailPolls, nvml.ErrorString(r))
+					out = append(out, in)
+				}
 			}
 			if ok {
 				out = append(out, s.lastOf(id+"/")...)

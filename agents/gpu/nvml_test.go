@@ -158,7 +158,7 @@ func TestNVMLFailedReadIsNotHealthy(t *testing.T) {
 		{"the DBE read again", 2, nil, "", ""},
 		{"the UUID read fails", 2, map[string]nvml.Return{"GetUUID": nvml.ERROR_UNKNOWN}, "", "UUID"},
 		{"the UUID and PCI reads fail", 2, map[string]nvml.Return{"GetUUID": nvml.ERROR_UNKNOWN, "GetPciInfo": nvml.ERROR_UNKNOWN}, "", ""},
-		{"no handle for the GPU", 0, map[string]nvml.Return{"handle": nvml.ERROR_UNKNOWN}, "", ""},
+		{"no handle for the GPU", 0, map[string]nvml.Return{"handle": nvml.ERROR_IN_USE}, "", ""},
 		{"read, still a DBE", 2, nil, "", ""},
 		{"cleared", 0, nil, "GpuMemWatch:healthy@GPU-A", ""},
 	} {
@@ -402,15 +402,16 @@ func TestNVMLUnusedLinkBaselinesOthers(t *testing.T) {
 }
 
 // TestNVMLNoHandleFaultLifted: a handle NVML does not give for a poll or
-// two (ERROR_UNKNOWN, TIMEOUT, IN_USE, RESET_REQUIRED: nvidia-smi -r of the
-// GPU's own COMPONENT_RESET running) is a failed query, not a fault: no
+// two as a GPU being reset does (TIMEOUT, IN_USE, RESET_REQUIRED:
+// nvidia-smi -r of the GPU's own COMPONENT_RESET running) is a failed
+// query, not a fault: no
 // event, what the GPU had (a DBE) stands. A handle that fails
 // handleFailPolls polls in a row is fatal DCGM_FR_NVML_API, named as the
 // GPU last read (UUID and PCI address: named by its index alone, the GPU
 // listed under its UUID, it stood for ever), lifted when the GPU reads
 // again.
 func TestNVMLNoHandleFaultLifted(t *testing.T) {
-	for _, r := range []nvml.Return{nvml.ERROR_UNKNOWN, nvml.ERROR_TIMEOUT, nvml.ERROR_IN_USE, nvml.ERROR_RESET_REQUIRED} {
+	for _, r := range []nvml.Return{nvml.ERROR_TIMEOUT, nvml.ERROR_IN_USE, nvml.ERROR_RESET_REQUIRED} {
 		t.Run(nvml.ErrorString(r), func(t *testing.T) {
 			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
 			var logs strings.Builder
@@ -463,6 +464,45 @@ func TestNVMLNoHandleFaultLifted(t *testing.T) {
 			}
 			if !strings.Contains(logs.String(), "level=WARN") {
 				t.Errorf("handle failure not logged: %s", logs.String())
+			}
+		})
+	}
+}
+
+// TestNVMLNoHandleFatalAtOnce: any other failure to give a handle
+// (ERROR_UNKNOWN: some drivers answer so for a GPU fallen off the bus
+// before this NVML session; ERROR_INSUFFICIENT_POWER, ...) is not a GPU
+// being reset: fatal DCGM_FR_NVML_API at the first poll, lifted when the
+// GPU reads again.
+func TestNVMLNoHandleFatalAtOnce(t *testing.T) {
+	for _, r := range []nvml.Return{nvml.ERROR_UNKNOWN, nvml.ERROR_INSUFFICIENT_POWER} {
+		t.Run(nvml.ErrorString(r), func(t *testing.T) {
+			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+			var logs strings.Builder
+			c, err := New(Config{Source: fakeNVML(&logs, a), Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := newNode()
+			for poll, step := range []struct {
+				handle bool // fails
+				want   string
+			}{
+				{false, ""},
+				{true, "GpuPcieWatch:DCGM_FR_NVML_API!/CONTACT_SUPPORT@GPU-A"},
+				{true, ""},
+				{false, "GpuPcieWatch:healthy@GPU-A"},
+			} {
+				a.fail = nil
+				if step.handle {
+					a.fail = map[string]nvml.Return{"handle": r}
+				}
+				if got := pollNVML(t, c, n, "GpuPcieWatch", false); got != step.want {
+					t.Errorf("poll %d: events %q, want %q", poll, got, step.want)
+				}
+			}
+			if f := n.faults(); f != "" {
+				t.Errorf("faults standing: %s", f)
 			}
 		})
 	}
@@ -625,7 +665,8 @@ func TestNVMLLostHandle(t *testing.T) {
 		{"lost at the first read, metadata", nvml.ERROR_GPU_IS_LOST, false, metadata, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@GPU-A"},
 		{"lost at the first read", nvml.ERROR_GPU_IS_LOST, false, nil, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@gpu0"},
 		{"not found after a read", nvml.ERROR_GPU_NOT_FOUND, true, nil, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@GPU-A"},
-		{"other failure: a failed query", nvml.ERROR_UNKNOWN, true, nil, ""},
+		{"a reset's answer: a failed query", nvml.ERROR_IN_USE, true, nil, ""},
+		{"unknown error: NVML_API at once", nvml.ERROR_UNKNOWN, true, nil, "GpuPcieWatch:DCGM_FR_NVML_API!/CONTACT_SUPPORT@GPU-A"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
