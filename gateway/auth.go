@@ -258,7 +258,9 @@ const TokensEvery = time.Second
 // says why once, and is tried again at every look until it loads: fixing
 // its mode or owner, which changes neither its modification time nor its
 // size, is enough. A file that loads with no token (every line deleted or
-// commented out) revokes every token, with a warning. A file that is gone
+// commented out), unchanged at two looks in a row a second or more apart,
+// revokes every token, with a warning: one look may catch a file rewritten
+// in place truncated and not yet written. A file that is gone
 // keeps the tokens, with an error: a volume's transient trouble must not
 // refuse every caller; deleting the file does not revoke, emptying it does.
 func (a *Authenticator) FollowTokens(ctx context.Context, every time.Duration, log *slog.Logger) {
@@ -283,7 +285,18 @@ type tokensFile struct {
 	// seen is the file as last loaded (nil: it could not be looked at);
 	// refused, the file as last refused, its error said once.
 	seen, refused os.FileInfo
+	// empty is the file as a look found it with no tokens, at emptyAt,
+	// not yet taken (see look).
+	empty   os.FileInfo
+	emptyAt time.Time
+	// now is the clock (nil: time.Now).
+	now func() time.Time
 }
+
+// emptyFor is how long a tokens file must have no tokens, unchanged, before
+// it revokes every token: one look may find a file rewritten in place
+// truncated and not yet written.
+const emptyFor = time.Second
 
 // look loads the file again into a when it changed since it was last
 // loaded: another file (a Secret volume's update swaps a link to new
@@ -300,7 +313,7 @@ func (f *tokensFile) look(a *Authenticator, log *slog.Logger) {
 			// trouble must not refuse every caller of every replica.
 			log.Error("tokens file cannot be looked at; the tokens stay as they were", "path", f.path, "err", err)
 		}
-		f.seen, f.refused = nil, nil
+		f.seen, f.refused, f.empty = nil, nil, nil
 		return
 	}
 	if sameStat(st, f.seen) {
@@ -308,12 +321,27 @@ func (f *tokensFile) look(a *Authenticator, log *slog.Logger) {
 	}
 	t, err := LoadTokens(f.path)
 	if errors.Is(err, ErrNoTokens) {
-		// Emptied (comments left at most): every token revoked.
-		f.seen, f.refused = st, nil
+		// Emptied (comments left at most): every token revoked, once two
+		// looks in a row, emptyFor apart, found it so unchanged — not
+		// when one look caught a rewrite in place (cat > tokens, an
+		// editor) truncated and not yet written.
+		now := time.Now
+		if f.now != nil {
+			now = f.now
+		}
+		if !sameStat(st, f.empty) {
+			f.empty, f.emptyAt = st, now()
+			return
+		}
+		if now().Sub(f.emptyAt) < emptyFor {
+			return
+		}
+		f.seen, f.refused, f.empty = st, nil, nil
 		a.live.Store(&Tokens{byDigest: map[[sha256.Size]byte]Caller{}})
 		log.Warn("tokens file has no tokens: every caller is refused", "path", f.path)
 		return
 	}
+	f.empty = nil
 	if err != nil {
 		if !sameStat(st, f.refused) {
 			log.Error("tokens file changed but cannot be loaded; the tokens stay as they were", "path", f.path, "err", err)

@@ -371,14 +371,19 @@ func TestTokensFileEmptied(t *testing.T) {
 	}
 	var logged bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logged, nil))
+	now := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	auth.file.now = func() time.Time { return now }
 	write("# every token revoked\n")
 	auth.file.look(auth, log)
+	now = now.Add(time.Second)
+	auth.file.look(auth, log)
+	now = now.Add(time.Second)
 	auth.file.look(auth, log)
 	if _, err := auth.Authenticate("Bearer "+a, nil); err == nil {
 		t.Fatal("emptied: a still accepted")
 	}
 	if n := strings.Count(logged.String(), `level=WARN msg="tokens file has no tokens: every caller is refused"`); n != 1 {
-		t.Errorf("the warning said %d times in 2 looks, want once:\n%s", n, logged.String())
+		t.Errorf("the warning said %d times in 3 looks, want once:\n%s", n, logged.String())
 	}
 	write(b + ",beta\n")
 	auth.file.look(auth, log)
@@ -397,4 +402,65 @@ func TestTokensFileEmptied(t *testing.T) {
 	if n := strings.Count(logged.String(), "level=ERROR"); n != 1 {
 		t.Errorf("the file gone: %d errors in 2 looks, want one:\n%s", n, logged.String())
 	}
+}
+
+// TestTokensFileEmptyOnlyOnce: a tokens file rewritten in place without a
+// rename (cat > tokens, an editor truncating then writing) can be seen
+// empty by one look; that revoked every token until the next look. A file
+// with no tokens revokes only when two looks in a row, a second or more
+// apart, find it so and unchanged.
+func TestTokensFileEmptyOnlyOnce(t *testing.T) {
+	const (
+		a = "aaaaaaaaaaaaaaaa0001"
+		b = "bbbbbbbbbbbbbbbb0002"
+	)
+	path := filepath.Join(t.TempDir(), "tokens")
+	write := func(content string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(a + ",alpha\n")
+	auth := &Authenticator{}
+	if err := auth.LoadTokensFile(path); err != nil {
+		t.Fatal(err)
+	}
+	var logged bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+	now := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	auth.file.now = func() time.Time { return now }
+	accepted := func(what, tok string, want bool) {
+		t.Helper()
+		if _, err := auth.Authenticate("Bearer "+tok, nil); (err == nil) != want {
+			t.Errorf("%s: %s… accepted %v, want %v", what, tok[:4], err == nil, want)
+		}
+	}
+
+	write("") // truncated, not written yet
+	auth.file.look(auth, log)
+	accepted("seen truncated once", a, true)
+	now = now.Add(time.Second)
+	write(a + ",alpha\n" + b + ",beta\n") // written
+	auth.file.look(auth, log)
+	accepted("written", a, true)
+	accepted("written", b, true)
+
+	write("")
+	auth.file.look(auth, log)
+	now = now.Add(500 * time.Millisecond)
+	auth.file.look(auth, log)
+	accepted("empty at two looks half a second apart", a, true)
+	now = now.Add(500 * time.Millisecond)
+	auth.file.look(auth, log)
+	accepted("empty for a second", a, false)
+	accepted("empty for a second", b, false)
+	now = now.Add(time.Second)
+	auth.file.look(auth, log)
+	if n := strings.Count(logged.String(), `level=WARN msg="tokens file has no tokens: every caller is refused"`); n != 1 {
+		t.Errorf("the warning said %d times, want once:\n%s", n, logged.String())
+	}
+	write(b + ",beta\n")
+	auth.file.look(auth, log)
+	accepted("written back", b, true)
 }

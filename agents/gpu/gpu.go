@@ -52,8 +52,8 @@
 // (neither UUID nor PCI address) is that GPU where it is the only one of
 // each (identify), else named by its index: such a fault is lifted by this
 // process's reads, never by a later process's baseline. A watch the source cannot tell yet on
-// some GPU (GPU.Unknown: a rate before its second sample, an NVLink unused
-// since the start) is baselined on that GPU at the first read that can; the
+// some GPU (GPU.Unknown: a rate before its second sample; GPU.Unbased: an
+// NVLink unused since the start) is baselined on that GPU at the first read that can; the
 // other GPUs do not wait for it. A fault in a watch a read cannot tell on
 // its GPU stands: unknown is not healthy. No baseline before the source answers: while
 // the node boots, a source not up yet reports nothing, as before.
@@ -125,10 +125,23 @@ type GPU struct {
 	// Unknown names the watches (systems: Pcie, Nvlink...) whose health
 	// the last read could not tell for this GPU, so that no incident of
 	// them does not mean healthy (not baselined, a fault in them stands):
-	// a rate before its second sample, an NVLink not seen active since the
-	// process started or the driver went away (down, unused, or training),
-	// a query that failed.
+	// a rate before its second sample, an NVLink whose fault stood when
+	// the driver went away and not seen active since (down, or training),
+	// one inactive at fewer reads than make it down, a query that failed.
 	Unknown []string `json:"unknown,omitempty"`
+	// Unbased names the watches that the last read tells well enough to
+	// lift a fault this process raised in them (no incident now) but not
+	// to send their healthy baseline on this GPU: an NVLink never seen
+	// active since the process started, with no fault of it standing
+	// (unused, or down since before the process: a fault an earlier
+	// process raised must not be lifted).
+	Unbased []string `json:"unbased,omitempty"`
+}
+
+// canBaseline reports whether the last read of g tells watch w well enough
+// for its healthy baseline (neither Unknown nor Unbased).
+func (g *GPU) canBaseline(w string) bool {
+	return !slices.Contains(g.Unknown, w) && !slices.Contains(g.Unbased, w)
 }
 
 // Inventory is implemented by a Source that names every GPU of its last
@@ -405,7 +418,7 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 		byIndex := gpuID(Incident{GPU: gpus[i].Index})
 		for _, w := range Watches {
 			k := id + "|" + w
-			if c.pending[w] || slices.Contains(gpus[i].Unknown, w) {
+			if c.pending[w] || !gpus[i].canBaseline(w) {
 				continue
 			}
 			if gpus[i].UUID != "" && c.unbased[byIndex+"|"+w] {
@@ -439,8 +452,8 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 			out = append(out, now)
 		case now == nil && prev != nil:
 			// A GPU not read, or read but not telling the watch (a failed
-			// query, NVLinks not seen active since forgotten), keeps its
-			// fault.
+			// query, an NVLink whose fault stood when forgotten, not seen
+			// active since), keeps its fault; Unbased does not keep it.
 			if id, w, _ := strings.Cut(k, "|"); read != nil {
 				g, ok := read[id]
 				if !ok {
@@ -616,7 +629,7 @@ func identify(listed []GPU, incs []Incident, expected []GPU) []Incident {
 // any GPU, one isHealthy event without entity (the quarantine lifts every
 // fault of that check on the node); a watch with some GPU unhealthy, one
 // for each other GPU of the incidents. A GPU of the inventory that cannot
-// tell the watch yet (GPU.Unknown) is left out, and baselined alone at the
+// tell the watch yet (GPU.Unknown, GPU.Unbased) is left out, and baselined alone at the
 // first read that can (unbased). The events carry this read's
 // time: after any fault of an earlier process, and clearing nothing of this
 // read (no entity-less event for a watch with an incident now).
@@ -644,7 +657,7 @@ func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent
 		// With an inventory a GPU that cannot tell w waits alone (unbased),
 		// the others are baselined now: one GPU's NVLink unused since the
 		// start must not keep another's NVLink fault for ever.
-		if !c.pending[w] || !inventory && slices.ContainsFunc(gpus, func(g GPU) bool { return slices.Contains(g.Unknown, w) }) {
+		if !c.pending[w] || !inventory && slices.ContainsFunc(gpus, func(g GPU) bool { return !g.canBaseline(w) }) {
 			continue
 		}
 		delete(c.pending, w)
@@ -659,7 +672,7 @@ func (c *Check) baseline(incs []Incident, cur map[string]*datamodels.HealthEvent
 		}
 		for i := range gpus {
 			k := gpuID(Incident{GPU: gpus[i].Index, UUID: gpus[i].UUID}) + "|" + w
-			if slices.Contains(gpus[i].Unknown, w) {
+			if !gpus[i].canBaseline(w) {
 				c.unbased[k] = true // baselined when it reads w
 				continue
 			}

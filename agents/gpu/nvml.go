@@ -30,8 +30,9 @@ import (
 // handle NVML does not give keeps its incidents, every watch unknown: a
 // failed query (a GPU reset by nvidia-smi -r answers IN_USE or
 // RESET_REQUIRED meanwhile), until handleFailPolls polls in a row have
-// failed: then DCGM_FR_NVML_API besides, named as the GPU last read at its
-// index (its UUID and PCI address).
+// failed, or at once for an answer no reset gives (resetting): then
+// DCGM_FR_NVML_API besides, named as the GPU last read at its index (its
+// UUID and PCI address).
 //
 // GPU_IS_LOST is no such failure: the GPU fell off the bus (Xid 79) and
 // keeps its handle, every query answering GPU_IS_LOST (GetUUID also
@@ -72,16 +73,27 @@ const retiredPagesLimit = 63
 
 // linkState is what the reads of one NVLink found: up, seen active since
 // its states were last forgotten; down, the reads in a row that found it
-// inactive since.
+// inactive since; held, see forgetLinks.
 type linkState struct {
 	up   bool
 	down int
+	// held: forgotten while its NVLINK_DOWN stood; until it reads active
+	// it keeps the watch unknown, so that the fault stands.
+	held bool
 }
 
 // handleFailPolls is how many polls in a row NVML must give no handle for a
-// GPU (other than GPU_IS_LOST or GPU_NOT_FOUND: lost) before that is an
-// incident (DCGM_FR_NVML_API); fewer are a failed query.
+// GPU being reset (resetting) before that is an incident
+// (DCGM_FR_NVML_API); fewer are a failed query.
 const handleFailPolls = 3
+
+// resetting reports whether r, NVML's answer for a GPU's handle, is one a
+// GPU being reset (or busy) gives: a failed query for handleFailPolls
+// polls. Any other (ERROR_UNKNOWN: some drivers answer so for a GPU fallen
+// off the bus before the NVML session) is an incident at once.
+func resetting(r nvml.Return) bool {
+	return r == nvml.ERROR_IN_USE || r == nvml.ERROR_RESET_REQUIRED || r == nvml.ERROR_TIMEOUT
+}
 
 type replaySample struct {
 	n int
@@ -121,10 +133,10 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 	switch r := s.lib.Init(); r {
 	case nvml.SUCCESS:
 	case nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED:
-		s.forgetLinks("") // the driver went away: see forgetLinks
+		s.forgetLinks("", true) // the driver went away: see forgetLinks
 		return nil, ErrNotPresent
 	default:
-		s.forgetLinks("")
+		s.forgetLinks("", true)
 		return nil, fmt.Errorf("nvml init: %s", nvml.ErrorString(r))
 	}
 	// Not held between reads (a GPU reset, a driver upgrade): see the
@@ -132,7 +144,7 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 	defer s.shutdown()
 	n, r := s.lib.DeviceGetCount()
 	if r != nvml.SUCCESS {
-		s.forgetLinks("")
+		s.forgetLinks("", true)
 		return nil, fmt.Errorf("nvml device count: %s", nvml.ErrorString(r))
 	}
 	var out []Incident
@@ -147,26 +159,35 @@ func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 			// Named as last read at its index (its UUID and PCI address),
 			// as its incidents and its recovery name it. A GPU lost
 			// before this NVML session began (fallen off the bus) has no
-			// handle: CodeGPULost, as when its handle answers so. Any
-			// other failure (ERROR_UNKNOWN, TIMEOUT, IN_USE,
-			// RESET_REQUIRED: nvidia-smi -r resetting it, the remediation
-			// of its own fault) is a failed query, an incident
-			// (DCGM_FR_NVML_API: not in the action table, a fatal
-			// CONTACT_SUPPORT) only at handleFailPolls polls in a row. Its
-			// NVLinks retrain after a reset: forgotten.
+			// handle: CodeGPULost, as when its handle answers so. The
+			// answers of a GPU being reset (resetting: TIMEOUT, IN_USE,
+			// RESET_REQUIRED; nvidia-smi -r, the remediation of its own
+			// fault) are a failed query, an incident (DCGM_FR_NVML_API:
+			// not in the action table, a fatal CONTACT_SUPPORT) only at
+			// handleFailPolls polls in a row; any other (ERROR_UNKNOWN:
+			// some drivers answer so for a GPU fallen off the bus before
+			// this session) is one at once. Its NVLinks retrain after a
+			// reset: forgotten.
 			g, ok := s.byIndex[i]
 			id := gpuID(Incident{GPU: i, UUID: g.UUID})
-			s.forgetLinks(id)
+			s.forgetLinks(id, true)
 			g.Index, g.Unknown = i, slices.Clone(Watches)
 			s.answered(&g, "gpu"+strconv.Itoa(i), "DeviceGetHandleByIndex", r)
 			in := Incident{GPU: i, UUID: g.UUID, PCI: g.PCI, System: "Pcie", Health: "FAIL", Code: "DCGM_FR_NVML_API",
-				Message: fmt.Sprintf("cannot get a handle for the GPU (%d polls in a row): %s", handleFailPolls, nvml.ErrorString(r))}
-			if r == nvml.ERROR_GPU_IS_LOST || r == nvml.ERROR_GPU_NOT_FOUND {
+				Message: "cannot get a handle for the GPU: " + nvml.ErrorString(r)}
+			switch {
+			case r == nvml.ERROR_GPU_IS_LOST || r == nvml.ERROR_GPU_NOT_FOUND:
 				delete(s.noHandle, i)
 				in.Code, in.Message = CodeGPULost, fmt.Sprintf("GPU %d is lost (fallen off the bus): NVML answers %s for its handle", i, nvml.ErrorString(r))
 				out = append(out, in)
-			} else if s.noHandle[i]++; s.noHandle[i] >= handleFailPolls {
+			case !resetting(r):
+				delete(s.noHandle, i)
 				out = append(out, in)
+			default:
+				if s.noHandle[i]++; s.noHandle[i] >= handleFailPolls {
+					in.Message = fmt.Sprintf("cannot get a handle for the GPU (%d polls in a row): %s", handleFailPolls, nvml.ErrorString(r))
+					out = append(out, in)
+				}
 			}
 			if ok {
 				out = append(out, s.lastOf(id+"/")...)
@@ -201,12 +222,13 @@ func (s *NVML) log() *slog.Logger {
 
 // GPUs implements Inventory. Pcie is unknown on a GPU until its second
 // replay-counter sample (a rate); Nvlink while one of its links reads
-// inactive and has not been seen active since this process started or its
-// link states were forgotten (forgetLinks: a link is reported down only
-// once seen up; inactive at the first read it may be a link down since
-// before, one not in use, or one Fabric Manager is still training), or
-// inactive at fewer than linkDownReads reads in a row. A GPU in MIG mode
-// reads no NVLink: its Nvlink watch is healthy.
+// inactive at fewer than linkDownReads reads in a row, or reads inactive
+// forgotten while its fault stood (held: see forgetLinks). Nvlink is
+// unbased while one reads inactive and has not been seen active since this
+// process started or its link states were forgotten (a link is reported
+// down only once seen up; inactive at the first read it may be a link down
+// since before, one not in use, or one Fabric Manager is still training).
+// A GPU in MIG mode reads no NVLink: its Nvlink watch is healthy.
 func (s *NVML) GPUs() []GPU {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -340,7 +362,7 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 	mig, _, r := d.GetMigMode()
 	switch {
 	case r == nvml.SUCCESS && mig == nvml.DEVICE_MIG_ENABLE:
-		s.forgetLinks(id)
+		s.forgetLinks(id, false)
 	case !s.answered(&g, id, "GetMigMode", r):
 		unknown(&g, "Nvlink")
 		out = append(out, s.lastOf(id+"/GetNvLinkState/")...)
@@ -383,7 +405,7 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 		// its conditions had stands (above); it is reported fatal on its
 		// own, first, so that it is its Pcie watch's event. Its NVLinks
 		// retrain when it is back: forgotten, unknown meanwhile.
-		s.forgetLinks(id)
+		s.forgetLinks(id, true)
 		unknown(&g, "Nvlink")
 		out = append([]Incident{inc("Pcie", "FAIL", CodeGPULost, "GPU %d is lost (fallen off the bus): NVML answers %s", i,
 			nvml.ErrorString(nvml.ERROR_GPU_IS_LOST))}, out...)
@@ -393,9 +415,13 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 
 // nvlinks returns the NVLink incidents of GPU id (d): a link seen active
 // that reads inactive linkDownReads times in a row is down, kept down until
-// it reads active. A link never seen active since its state was forgotten
+// it reads active. One inactive at fewer reads makes the watch unknown, as
+// does one forgotten while its fault stood (held) until it reads active. A
+// link never seen active since its state was forgotten and with no fault
 // (inactive at the first read: down before, unused, or training) makes the
-// watch unknown, as does one inactive at fewer reads.
+// watch unbased only: no baseline, but it keeps no fault of another link
+// (one link used, another never: a partial NVLink bridge, an uncabled
+// link).
 func (s *NVML) nvlinks(g *GPU, id string, d nvml.Device, inc func(system, health, code, msg string, args ...any) Incident) []Incident {
 	var out []Incident
 	for l := 0; l < nvml.NVLINK_MAX_LINKS; l++ {
@@ -416,8 +442,12 @@ func (s *NVML) nvlinks(g *GPU, id string, d nvml.Device, inc func(system, health
 				} else {
 					unknown(g, "Nvlink")
 				}
-			default:
+			case ls.held:
 				unknown(g, "Nvlink")
+			default:
+				if !slices.Contains(g.Unbased, "Nvlink") {
+					g.Unbased = append(g.Unbased, "Nvlink")
+				}
 			}
 			s.links[key] = ls
 		}
@@ -430,11 +460,18 @@ func (s *NVML) nvlinks(g *GPU, id string, d nvml.Device, inc func(system, health
 // GPU's). After the driver went away (a GPU Operator upgrade: Init or the
 // count fails), a GPU reset (its handle failing meanwhile), a GPU lost or
 // MIG mode, links are inactive until Fabric Manager retrains them: not
-// "was active, now down".
-func (s *NVML) forgetLinks(id string) {
-	for k := range s.links {
+// "was active, now down". With held, a link whose NVLINK_DOWN stands is
+// remembered as held (see nvlinks: its fault stands until it reads active);
+// without (MIG mode: the watch is healthy), it is forgotten too.
+func (s *NVML) forgetLinks(id string, held bool) {
+	for k, ls := range s.links {
 		if id == "" || strings.HasPrefix(k, id+"/") {
-			delete(s.links, k)
+			gpu, l, _ := strings.Cut(k, "/")
+			if held && (ls.held || len(s.last[gpu+"/GetNvLinkState/"+l]) > 0) {
+				s.links[k] = linkState{held: true}
+			} else {
+				delete(s.links, k)
+			}
 		}
 	}
 	for k := range s.last {

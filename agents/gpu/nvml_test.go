@@ -20,7 +20,8 @@ import (
 // fakeGPU is one GPU of go-nvml's mock, healthy until a test changes its
 // answers: dbe volatile double-bit ECC errors, fail the queries that fail
 // (by method name, "handle" for the device's handle), replays the PCIe
-// replay counter, link0 NVLink 0's state (the GPU has that one link), mig
+// replay counter, link0 NVLink 0's state (the GPU has that one link, or
+// with twoLinks NVLink 1 too, link1 its state), mig
 // its MIG mode (current), noRemap a GPU without row remapping (pre-Ampere:
 // page retirement instead, pending and sbePages/dbePages retired pages),
 // inforom ValidateInforom's answer (SUCCESS when zero).
@@ -28,7 +29,8 @@ type fakeGPU struct {
 	uuid, bus          string
 	dbe                uint64
 	replays            int
-	link0              nvml.EnableState
+	link0, link1       nvml.EnableState
+	twoLinks           bool
 	mig                int
 	noRemap            bool
 	pending            nvml.EnableState
@@ -93,7 +95,10 @@ func (g *fakeGPU) device() *mock.Device {
 		GetMigModeFunc:           func() (int, int, nvml.Return) { return g.mig, g.mig, g.ret("GetMigMode") },
 		GetPcieReplayCounterFunc: func() (int, nvml.Return) { return g.replays, g.ret("GetPcieReplayCounter") },
 		GetNvLinkStateFunc: func(l int) (nvml.EnableState, nvml.Return) {
-			if l > 0 {
+			switch {
+			case l == 1 && g.twoLinks:
+				return g.link1, g.ret("GetNvLinkState")
+			case l > 0:
 				return 0, nvml.ERROR_INVALID_ARGUMENT
 			}
 			return g.link0, g.ret("GetNvLinkState")
@@ -153,7 +158,7 @@ func TestNVMLFailedReadIsNotHealthy(t *testing.T) {
 		{"the DBE read again", 2, nil, "", ""},
 		{"the UUID read fails", 2, map[string]nvml.Return{"GetUUID": nvml.ERROR_UNKNOWN}, "", "UUID"},
 		{"the UUID and PCI reads fail", 2, map[string]nvml.Return{"GetUUID": nvml.ERROR_UNKNOWN, "GetPciInfo": nvml.ERROR_UNKNOWN}, "", ""},
-		{"no handle for the GPU", 0, map[string]nvml.Return{"handle": nvml.ERROR_UNKNOWN}, "", ""},
+		{"no handle for the GPU", 0, map[string]nvml.Return{"handle": nvml.ERROR_IN_USE}, "", ""},
 		{"read, still a DBE", 2, nil, "", ""},
 		{"cleared", 0, nil, "GpuMemWatch:healthy@GPU-A", ""},
 	} {
@@ -397,15 +402,16 @@ func TestNVMLUnusedLinkBaselinesOthers(t *testing.T) {
 }
 
 // TestNVMLNoHandleFaultLifted: a handle NVML does not give for a poll or
-// two (ERROR_UNKNOWN, TIMEOUT, IN_USE, RESET_REQUIRED: nvidia-smi -r of the
-// GPU's own COMPONENT_RESET running) is a failed query, not a fault: no
+// two as a GPU being reset does (TIMEOUT, IN_USE, RESET_REQUIRED:
+// nvidia-smi -r of the GPU's own COMPONENT_RESET running) is a failed
+// query, not a fault: no
 // event, what the GPU had (a DBE) stands. A handle that fails
 // handleFailPolls polls in a row is fatal DCGM_FR_NVML_API, named as the
 // GPU last read (UUID and PCI address: named by its index alone, the GPU
 // listed under its UUID, it stood for ever), lifted when the GPU reads
 // again.
 func TestNVMLNoHandleFaultLifted(t *testing.T) {
-	for _, r := range []nvml.Return{nvml.ERROR_UNKNOWN, nvml.ERROR_TIMEOUT, nvml.ERROR_IN_USE, nvml.ERROR_RESET_REQUIRED} {
+	for _, r := range []nvml.Return{nvml.ERROR_TIMEOUT, nvml.ERROR_IN_USE, nvml.ERROR_RESET_REQUIRED} {
 		t.Run(nvml.ErrorString(r), func(t *testing.T) {
 			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
 			var logs strings.Builder
@@ -458,6 +464,45 @@ func TestNVMLNoHandleFaultLifted(t *testing.T) {
 			}
 			if !strings.Contains(logs.String(), "level=WARN") {
 				t.Errorf("handle failure not logged: %s", logs.String())
+			}
+		})
+	}
+}
+
+// TestNVMLNoHandleFatalAtOnce: any other failure to give a handle
+// (ERROR_UNKNOWN: some drivers answer so for a GPU fallen off the bus
+// before this NVML session; ERROR_INSUFFICIENT_POWER, ...) is not a GPU
+// being reset: fatal DCGM_FR_NVML_API at the first poll, lifted when the
+// GPU reads again.
+func TestNVMLNoHandleFatalAtOnce(t *testing.T) {
+	for _, r := range []nvml.Return{nvml.ERROR_UNKNOWN, nvml.ERROR_INSUFFICIENT_POWER} {
+		t.Run(nvml.ErrorString(r), func(t *testing.T) {
+			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+			var logs strings.Builder
+			c, err := New(Config{Source: fakeNVML(&logs, a), Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := newNode()
+			for poll, step := range []struct {
+				handle bool // fails
+				want   string
+			}{
+				{false, ""},
+				{true, "GpuPcieWatch:DCGM_FR_NVML_API!/CONTACT_SUPPORT@GPU-A"},
+				{true, ""},
+				{false, "GpuPcieWatch:healthy@GPU-A"},
+			} {
+				a.fail = nil
+				if step.handle {
+					a.fail = map[string]nvml.Return{"handle": r}
+				}
+				if got := pollNVML(t, c, n, "GpuPcieWatch", false); got != step.want {
+					t.Errorf("poll %d: events %q, want %q", poll, got, step.want)
+				}
+			}
+			if f := n.faults(); f != "" {
+				t.Errorf("faults standing: %s", f)
 			}
 		})
 	}
@@ -620,7 +665,8 @@ func TestNVMLLostHandle(t *testing.T) {
 		{"lost at the first read, metadata", nvml.ERROR_GPU_IS_LOST, false, metadata, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@GPU-A"},
 		{"lost at the first read", nvml.ERROR_GPU_IS_LOST, false, nil, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@gpu0"},
 		{"not found after a read", nvml.ERROR_GPU_NOT_FOUND, true, nil, "GpuPcieWatch:DCGM_FR_FALLEN_OFF_BUS!/RESTART_BM@GPU-A"},
-		{"other failure: a failed query", nvml.ERROR_UNKNOWN, true, nil, ""},
+		{"a reset's answer: a failed query", nvml.ERROR_IN_USE, true, nil, ""},
+		{"unknown error: NVML_API at once", nvml.ERROR_UNKNOWN, true, nil, "GpuPcieWatch:DCGM_FR_NVML_API!/CONTACT_SUPPORT@GPU-A"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
@@ -804,6 +850,67 @@ func TestNVMLNvlinkFaultStandsUntilActive(t *testing.T) {
 	a.link0 = nvml.FEATURE_ENABLED
 	if got := poll(); got != "GpuNvlinkWatch:healthy@GPU-A" {
 		t.Errorf("active: Nvlink events %q, want its recovery", got)
+	}
+}
+
+// TestNVMLNvlinkUnusedLinkLiftsFault: GPU-A uses NVLink 0; NVLink 1
+// exists and is never active (a PCIe card with a partial NVLink bridge, an
+// uncabled link). Link 0 down at two reads is NVLINK_DOWN, lifted at the
+// first read that finds it active: the unused link, never seen active and
+// with no fault of its own, does not keep it. It still keeps the GPU's
+// first Nvlink baseline (down since before the process, or unused: not
+// known healthy). A fault that stands when the driver goes away still
+// stands while link 0 reads inactive after it, and is lifted when active.
+func TestNVMLNvlinkUnusedLinkLiftsFault(t *testing.T) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED, twoLinks: true, link1: nvml.FEATURE_DISABLED}
+	var logs strings.Builder
+	s := fakeNVML(&logs, a)
+	c, err := New(Config{Source: s, Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode()
+	if got := pollNVML(t, c, n, "GpuNvlinkWatch", true); got != "" {
+		t.Errorf("first read: Nvlink events %q, want none (link 1 never active: no baseline)", got)
+	}
+	poll := func() string { t.Helper(); return pollNVML(t, c, n, "GpuNvlinkWatch", false) }
+	down := func() {
+		t.Helper()
+		a.link0 = nvml.FEATURE_DISABLED
+		for i, want := range []string{"", "GpuNvlinkWatch:DCGM_FR_NVLINK_DOWN!/COMPONENT_RESET@GPU-A"} {
+			if got := poll(); got != want {
+				t.Fatalf("link 0 down, read %d: Nvlink events %q, want %q", i, got, want)
+			}
+		}
+	}
+	down()
+	a.link0 = nvml.FEATURE_ENABLED
+	for i, want := range []string{"GpuNvlinkWatch:healthy@GPU-A", "", "", "", ""} {
+		if got := poll(); got != want {
+			t.Errorf("link 0 up, read %d: Nvlink events %q, want %q", i, got, want)
+		}
+	}
+	if f := n.faults(); f != "" {
+		t.Errorf("faults standing: %s", f)
+	}
+
+	down()
+	lib := s.lib.(*mock.Interface)
+	init := lib.InitFunc
+	lib.InitFunc = func() nvml.Return { return nvml.ERROR_DRIVER_NOT_LOADED }
+	poll()
+	lib.InitFunc = init
+	for i := range 3 {
+		if got := poll(); got != "" {
+			t.Errorf("driver back, link 0 inactive, read %d: Nvlink events %q, want none (the fault stands)", i, got)
+		}
+	}
+	if f := n.faults(); !strings.Contains(f, "GpuNvlinkWatch") {
+		t.Errorf("NVLINK_DOWN lifted while link 0 is inactive: faults %q", f)
+	}
+	a.link0 = nvml.FEATURE_ENABLED
+	if got := poll(); got != "GpuNvlinkWatch:healthy@GPU-A" {
+		t.Errorf("link 0 active: Nvlink events %q, want its recovery", got)
 	}
 }
 
