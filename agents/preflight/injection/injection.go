@@ -19,7 +19,9 @@
 // AnnotationInjected) is removed before the pod is examined again, so a
 // reinvocation — after another webhook changed the pod — recomputes the
 // injection from the pod as it is now and yields no patch when nothing
-// changed.
+// changed. The patch adds and removes single init containers, volumes,
+// supplemental groups, labels and annotations: fields of the pod newer
+// than this build's API types (a newer Kubernetes) stay as they were.
 package injection
 
 import (
@@ -27,7 +29,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -210,7 +211,7 @@ type Result struct {
 // Mutate computes the patch for a pod.
 func (inj *Injector) Mutate(ctx context.Context, p gang.Pod) (Result, error) {
 	orig := p.Pod
-	base := strip(orig)
+	base, rm := strip(orig)
 	gpus, nets := maxResources(base, inj.cfg.GPU.ResourceNames), maxResources(base, inj.cfg.Network.ResourceNames)
 	gpuClaims, netClaims, err := inj.dra(ctx, base)
 	if err != nil {
@@ -303,7 +304,7 @@ func (inj *Injector) Mutate(ctx context.Context, p gang.Pod) (Result, error) {
 			exclude(strings.Join(res.Skipped, "; "))
 		}
 	}
-	patch, changed, err := diff(orig, want)
+	patch, changed, err := diff(orig, base, want, rm)
 	if err != nil {
 		return Result{}, err
 	}
@@ -380,15 +381,32 @@ func ephemeral(p *corev1.Pod) []corev1.Container {
 	return out
 }
 
-// strip removes what an earlier invocation injected.
-func strip(p *corev1.Pod) *corev1.Pod {
+// removal is where strip took an earlier injection out of a pod: indices
+// into the pod's lists, ascending.
+type removal struct {
+	inits, volumes, groups []int
+}
+
+// strip removes what an earlier invocation injected, and says from where.
+func strip(p *corev1.Pod) (*corev1.Pod, removal) {
 	out := p.DeepCopy()
+	var rm removal
 	if _, ok := p.Labels[gang.LabelExcluded]; ok {
 		delete(out.Labels, gang.LabelExcluded)
 		delete(out.Annotations, gang.AnnotationExcluded)
 	}
 	injected := strings.Split(p.Annotations[AnnotationInjected], ",")
 	if p.Annotations[AnnotationInjected] != "" {
+		for i, c := range p.Spec.InitContainers {
+			if slices.Contains(injected, c.Name) {
+				rm.inits = append(rm.inits, i)
+			}
+		}
+		for i, v := range p.Spec.Volumes {
+			if ours(v) {
+				rm.volumes = append(rm.volumes, i)
+			}
+		}
 		out.Spec.InitContainers = slices.DeleteFunc(out.Spec.InitContainers, func(c corev1.Container) bool {
 			return slices.Contains(injected, c.Name)
 		})
@@ -407,6 +425,7 @@ func strip(p *corev1.Pod) *corev1.Pod {
 			sc := out.Spec.SecurityContext
 			if i := slices.Index(sc.SupplementalGroups, gid); i >= 0 {
 				sc.SupplementalGroups = slices.Delete(sc.SupplementalGroups, i, i+1)
+				rm.groups = []int{i}
 			}
 			if len(sc.SupplementalGroups) == 0 {
 				sc.SupplementalGroups = nil
@@ -414,7 +433,7 @@ func strip(p *corev1.Pod) *corev1.Pod {
 		}
 		delete(out.Annotations, AnnotationRelayGroup)
 	}
-	return out
+	return out, rm
 }
 
 // maxResources returns, for each name, the largest count any container
@@ -657,40 +676,47 @@ type op struct {
 	Value any    `json:"value,omitempty"`
 }
 
-// diff returns the JSON patch turning orig into want (whole init
-// container and volume lists, whole label and annotation maps: "add"
-// replaces an existing member).
-func diff(orig, want *corev1.Pod) ([]byte, bool, error) {
+// diff returns the JSON patch turning orig into want, where base is orig
+// stripped (rm says of what) and want is base with the checks' init
+// containers prepended, their volumes and supplemental group appended
+// and labels and annotations set. The patch applies to the pod's JSON as
+// the API server sent it, which holds fields this build's API types do
+// not know: it removes and adds single list elements and map keys, never
+// a whole list or map the pod had, so those fields of the pod's own init
+// containers, volumes, security context, labels and annotations stay.
+func diff(orig, base, want *corev1.Pod, rm removal) ([]byte, bool, error) {
 	var ops []op
-	replace := func(path string, a, b any, empty bool) {
-		if equality.Semantic.DeepEqual(a, b) {
-			return
+	if !equality.Semantic.DeepEqual(orig.Spec.InitContainers, want.Spec.InitContainers) {
+		ops = append(ops, removeAt("/spec/initContainers", rm.inits)...)
+		head := want.Spec.InitContainers[:len(want.Spec.InitContainers)-len(base.Spec.InitContainers)]
+		if len(base.Spec.InitContainers) == 0 && len(head) > 0 {
+			ops = append(ops, op{Op: "add", Path: "/spec/initContainers", Value: head})
+		} else {
+			for i, c := range head {
+				ops = append(ops, op{Op: "add", Path: "/spec/initContainers/" + strconv.Itoa(i), Value: c})
+			}
 		}
-		if empty {
-			ops = append(ops, op{Op: "remove", Path: path})
-			return
+	}
+	if !equality.Semantic.DeepEqual(orig.Spec.Volumes, want.Spec.Volumes) {
+		ops = append(ops, removeAt("/spec/volumes", rm.volumes)...)
+		ops = append(ops, appendTo("/spec/volumes", len(base.Spec.Volumes), want.Spec.Volumes[len(base.Spec.Volumes):])...)
+	}
+	if groups := func(p *corev1.Pod) []int64 {
+		if p.Spec.SecurityContext == nil {
+			return nil
 		}
-		ops = append(ops, op{Op: "add", Path: path, Value: b})
-	}
-	if len(orig.Spec.InitContainers)+len(want.Spec.InitContainers) > 0 {
-		replace("/spec/initContainers", orig.Spec.InitContainers, want.Spec.InitContainers, len(want.Spec.InitContainers) == 0)
-	}
-	if len(orig.Spec.Volumes)+len(want.Spec.Volumes) > 0 {
-		replace("/spec/volumes", orig.Spec.Volumes, want.Spec.Volumes, len(want.Spec.Volumes) == 0)
-	}
-	if !equality.Semantic.DeepEqual(nilIfZero(orig.Spec.SecurityContext), nilIfZero(want.Spec.SecurityContext)) {
-		sc := want.Spec.SecurityContext
-		if sc == nil {
-			sc = &corev1.PodSecurityContext{}
+		return p.Spec.SecurityContext.SupplementalGroups
+	}; !equality.Semantic.DeepEqual(groups(orig), groups(want)) {
+		ops = append(ops, removeAt("/spec/securityContext/supplementalGroups", rm.groups)...)
+		tail := groups(want)[len(groups(base)):]
+		if orig.Spec.SecurityContext == nil && len(tail) > 0 {
+			ops = append(ops, op{Op: "add", Path: "/spec/securityContext", Value: corev1.PodSecurityContext{SupplementalGroups: tail}})
+		} else {
+			ops = append(ops, appendTo("/spec/securityContext/supplementalGroups", len(groups(base)), tail)...)
 		}
-		replace("/spec/securityContext", nil, sc, false)
 	}
-	if !reflect.DeepEqual(nilIfEmpty(orig.Labels), nilIfEmpty(want.Labels)) {
-		replace("/metadata/labels", orig.Labels, want.Labels, len(want.Labels) == 0)
-	}
-	if !reflect.DeepEqual(nilIfEmpty(orig.Annotations), nilIfEmpty(want.Annotations)) {
-		replace("/metadata/annotations", orig.Annotations, want.Annotations, len(want.Annotations) == 0)
-	}
+	ops = append(ops, mapOps("/metadata/labels", orig.Labels, want.Labels)...)
+	ops = append(ops, mapOps("/metadata/annotations", orig.Annotations, want.Annotations)...)
 	if len(ops) == 0 {
 		return nil, false, nil
 	}
@@ -698,18 +724,57 @@ func diff(orig, want *corev1.Pod) ([]byte, bool, error) {
 	return b, true, err
 }
 
-// nilIfZero is sc, nil when it sets nothing (the API server defaults a
-// pod's securityContext to {}).
-func nilIfZero(sc *corev1.PodSecurityContext) *corev1.PodSecurityContext {
-	if sc == nil || equality.Semantic.DeepEqual(*sc, corev1.PodSecurityContext{}) {
-		return nil
+// removeAt removes the elements at indices (ascending) of the list at
+// path, the highest first so that each index still names its element.
+func removeAt(path string, indices []int) []op {
+	var ops []op
+	for _, i := range slices.Backward(indices) {
+		ops = append(ops, op{Op: "remove", Path: path + "/" + strconv.Itoa(i)})
 	}
-	return sc
+	return ops
 }
 
-func nilIfEmpty(m map[string]string) map[string]string {
-	if len(m) == 0 {
+// appendTo appends elems to the list at path, which has n elements then:
+// it is created (or an empty one replaced) when n is 0.
+func appendTo[T any](path string, n int, elems []T) []op {
+	if len(elems) == 0 {
 		return nil
 	}
-	return m
+	if n == 0 {
+		return []op{{Op: "add", Path: path, Value: elems}}
+	}
+	ops := make([]op, 0, len(elems))
+	for _, e := range elems {
+		ops = append(ops, op{Op: "add", Path: path + "/-", Value: e})
+	}
+	return ops
+}
+
+// mapOps sets and removes the keys of the map at path that differ between
+// orig and want (the whole map when orig has none: it may be absent).
+func mapOps(path string, orig, want map[string]string) []op {
+	if len(orig) == 0 {
+		if len(want) == 0 {
+			return nil
+		}
+		return []op{{Op: "add", Path: path, Value: want}}
+	}
+	var ops []op
+	for _, k := range sortedKeys(orig) {
+		if _, ok := want[k]; !ok {
+			ops = append(ops, op{Op: "remove", Path: path + "/" + pointerEscape(k)})
+		}
+	}
+	for _, k := range sortedKeys(want) {
+		if v, ok := orig[k]; !ok || v != want[k] {
+			ops = append(ops, op{Op: "add", Path: path + "/" + pointerEscape(k), Value: want[k]})
+		}
+	}
+	return ops
+}
+
+// pointerEscape escapes a key as a JSON pointer's reference token (RFC
+// 6901): "~" as "~0", "/" as "~1".
+func pointerEscape(k string) string {
+	return strings.NewReplacer("~", "~0", "/", "~1").Replace(k)
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,42 +63,34 @@ func pod(mod func(*corev1.Pod)) *corev1.Pod {
 	return p
 }
 
-// apply applies the patch operations Mutate emits (add or remove of a whole
-// top-level list or map).
+// apply applies a patch Mutate returned to the pod's JSON, as the API
+// server does (nil: no change).
 func apply(t *testing.T, p *corev1.Pod, patch []byte) *corev1.Pod {
 	t.Helper()
-	var ops []struct {
-		Op    string          `json:"op"`
-		Path  string          `json:"path"`
-		Value json.RawMessage `json:"value"`
-	}
-	if err := json.Unmarshal(patch, &ops); err != nil {
+	raw, err := json.Marshal(p)
+	if err != nil {
 		t.Fatal(err)
 	}
-	out := p.DeepCopy()
-	for _, o := range ops {
-		var target any
-		switch o.Path {
-		case "/spec/initContainers":
-			out.Spec.InitContainers, target = nil, &out.Spec.InitContainers
-		case "/spec/volumes":
-			out.Spec.Volumes, target = nil, &out.Spec.Volumes
-		case "/metadata/labels":
-			out.Labels, target = nil, &out.Labels
-		case "/metadata/annotations":
-			out.Annotations, target = nil, &out.Annotations
-		case "/spec/securityContext":
-			out.Spec.SecurityContext, target = nil, &out.Spec.SecurityContext
-		default:
-			t.Fatalf("unexpected patch path %s", o.Path)
-		}
-		if o.Op == "add" {
-			if err := json.Unmarshal(o.Value, target); err != nil {
-				t.Fatal(err)
-			}
-		} else if o.Op != "remove" {
-			t.Fatalf("unexpected op %s", o.Op)
-		}
+	var out corev1.Pod
+	if err := json.Unmarshal(applyRaw(t, raw, patch), &out); err != nil {
+		t.Fatal(err)
+	}
+	return &out
+}
+
+// applyRaw applies patch (nil: none) to a pod's JSON.
+func applyRaw(t *testing.T, raw, patch []byte) []byte {
+	t.Helper()
+	if patch == nil {
+		return raw
+	}
+	ops, err := jsonpatch.DecodePatch(patch)
+	if err != nil {
+		t.Fatalf("patch %s: %v", patch, err)
+	}
+	out, err := ops.Apply(raw)
+	if err != nil {
+		t.Fatalf("patch %s does not apply to %s: %v", patch, raw, err)
 	}
 	return out
 }
@@ -567,4 +560,161 @@ func TestMutateRelaySocket(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestPatchKeepsUnknownFields: the patch applies to the pod's JSON as the
+// API server holds it, which has fields newer than this build's API types
+// (a newer Kubernetes): it adds and removes single init containers,
+// volumes, supplemental groups, labels and annotations, so that what the
+// webhook does not own — whatever fields it has — stays as it was, on
+// injection and on the reinvocation that takes the injection back.
+// Replacing whole lists and maps rebuilt from the typed pod dropped such
+// fields from every GPU pod.
+func TestPatchKeepsUnknownFields(t *testing.T) {
+	const podJSON = `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"trainer-0","namespace":"training",
+ "labels":{"gang":"job1","gang-size":"2","app":"x"},"annotations":{"team":"a","example.com/a~b":"c"}},
+ "spec":{"futureSpecField":1,
+  "securityContext":{"runAsUser":1000,"supplementalGroups":[1000],"futureSecurityField":{"x":1}},
+  "initContainers":[{"name":"user-init","image":"busybox","futureInitField":"keep"}],
+  "containers":[{"name":"main","image":"trainer","resources":{"limits":{"nvidia.com/gpu":"8","rdma/ib":"4"}}}],
+  "volumes":[{"name":"data","emptyDir":{},"futureVolumeField":true}]}}`
+	inj := testInjector(func(c *Config) {
+		c.RelaySocket, c.RelayGroup, c.TokenSecret = "/run/faultline-agent/agent.sock", 64500, ""
+	})
+	decode := func(raw []byte) (*corev1.Pod, map[string]any) {
+		t.Helper()
+		p, err := gang.DecodePod(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatal(err)
+		}
+		return p.Pod, m
+	}
+	_, before := decode([]byte(podJSON))
+	own := func(t *testing.T, raw []byte, injected bool) {
+		t.Helper()
+		p, m := decode(raw)
+		spec := m["spec"].(map[string]any)
+		var user map[string]any
+		for _, c := range spec["initContainers"].([]any) {
+			if c.(map[string]any)["name"] == "user-init" {
+				user = c.(map[string]any)
+			}
+		}
+		var data map[string]any
+		for _, v := range spec["volumes"].([]any) {
+			if v.(map[string]any)["name"] == "data" {
+				data = v.(map[string]any)
+			}
+		}
+		sc := spec["securityContext"].(map[string]any)
+		if user["futureInitField"] != "keep" || data["futureVolumeField"] != true || sc["futureSecurityField"] == nil ||
+			sc["runAsUser"] == nil || spec["futureSpecField"] == nil {
+			t.Fatalf("fields unknown to the webhook dropped: %s", raw)
+		}
+		wantInits, wantVols, wantGroups := []string{"user-init"}, 1, []int64{1000}
+		if injected {
+			wantInits = []string{"preflight-dcgm-diag", "preflight-nccl-loopback", "preflight-nccl-allreduce", "user-init"}
+			wantVols, wantGroups = 4, []int64{1000, 64500}
+		}
+		if !slices.Equal(names(p.Spec.InitContainers), wantInits) || len(p.Spec.Volumes) != wantVols ||
+			!slices.Equal(p.Spec.SecurityContext.SupplementalGroups, wantGroups) {
+			t.Fatalf("inits %v volumes %d groups %v, want %v %d %v", names(p.Spec.InitContainers), len(p.Spec.Volumes),
+				p.Spec.SecurityContext.SupplementalGroups, wantInits, wantVols, wantGroups)
+		}
+		// The user's labels and annotations as they were; the webhook's
+		// keys only while injected.
+		meta, orig := m["metadata"].(map[string]any), before["metadata"].(map[string]any)
+		for _, f := range []string{"labels", "annotations"} {
+			got := meta[f].(map[string]any)
+			for k, v := range orig[f].(map[string]any) {
+				if got[k] != v {
+					t.Errorf("%s %q = %v, want %v", f, k, got[k], v)
+				}
+			}
+			for k := range got {
+				// Taken back, a gang pod is marked excluded (no GPUs).
+				ours := strings.Contains(k, "faultline.io/") && (injected || k == gang.LabelExcluded || k == gang.AnnotationExcluded)
+				if _, had := orig[f].(map[string]any)[k]; !had && !ours {
+					t.Errorf("%s %q left by the webhook (injected: %v)", f, k, injected)
+				}
+			}
+		}
+	}
+
+	r, err := inj.Mutate(context.Background(), gang.Pod{Pod: must(decode([]byte(podJSON)))})
+	if err != nil || r.Outcome != "injected" {
+		t.Fatalf("outcome %s err %v", r.Outcome, err)
+	}
+	injected := applyRaw(t, []byte(podJSON), r.Patch)
+	own(t, injected, true)
+
+	// Reinvoked on the patched pod: nothing to change, one injection.
+	r, err = inj.Mutate(context.Background(), gang.Pod{Pod: must(decode(injected))})
+	if err != nil || r.Patch != nil || r.Outcome != "unchanged" {
+		t.Fatalf("reinvocation: %s %s %v", r.Outcome, r.Patch, err)
+	}
+	// Reinvoked after a change (another webhook's, or a new configuration):
+	// the earlier injection is replaced, not doubled.
+	fewer := testInjector(func(c *Config) {
+		c.RelaySocket, c.RelayGroup, c.TokenSecret = "/run/faultline-agent/agent.sock", 64500, ""
+		c.Checks = c.Checks[1:]
+	})
+	r, err = fewer.Mutate(context.Background(), gang.Pod{Pod: must(decode(injected))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := applyRaw(t, injected, r.Patch)
+	if p, _ := decode(again); !slices.Equal(names(p.Spec.InitContainers), []string{"preflight-nccl-loopback", "preflight-nccl-allreduce", "user-init"}) ||
+		len(p.Spec.Volumes) != 4 || !slices.Equal(p.Spec.SecurityContext.SupplementalGroups, []int64{1000, 64500}) {
+		t.Fatalf("after a configuration change: inits %v volumes %d groups %v (patch %s)", names(p.Spec.InitContainers), len(p.Spec.Volumes),
+			p.Spec.SecurityContext.SupplementalGroups, r.Patch)
+	}
+	r, err = fewer.Mutate(context.Background(), gang.Pod{Pod: must(decode(again))})
+	if err != nil || r.Patch != nil {
+		t.Fatalf("reinvocation after the change: %s %v", r.Patch, err)
+	}
+
+	// The GPUs gone: the injection is taken back, element by element.
+	var m map[string]any
+	if err := json.Unmarshal(injected, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)["resources"] = map[string]any{}
+	lost, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err = inj.Mutate(context.Background(), gang.Pod{Pod: must(decode(lost))})
+	if err != nil || r.Outcome != "removed" {
+		t.Fatalf("outcome %s err %v", r.Outcome, err)
+	}
+	back := applyRaw(t, lost, r.Patch)
+	own(t, back, false)
+	// Excluded from the gang (a launcher): those two keys are the
+	// webhook's, the rest stays.
+	if p, _ := decode(back); p.Labels[gang.LabelExcluded] == "" {
+		t.Fatalf("labels %v", p.Labels)
+	}
+}
+
+func must[T, U any](v T, _ U) T { return v }
+
+// TestMapKeysEscaped: label and annotation keys go into the patch as JSON
+// pointer tokens ("~" as "~0", "/" as "~1"); a key is set or removed on
+// its own, the others stay.
+func TestMapKeysEscaped(t *testing.T) {
+	orig := map[string]string{"a/b~c": "1", "keep": "2", "gone/x": "3"}
+	want := map[string]string{"a/b~c": "9", "keep": "2", "new~/y": "4"}
+	b, err := json.Marshal(mapOps("/metadata/labels", orig, want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := applyRaw(t, []byte(`{"metadata":{"labels":{"a/b~c":"1","keep":"2","gone/x":"3","future":{"x":1}}}}`), b)
+	if got := string(raw); got != `{"metadata":{"labels":{"a/b~c":"9","future":{"x":1},"keep":"2","new~/y":"4"}}}` {
+		t.Fatalf("patch %s gave %s", b, got)
+	}
 }

@@ -433,7 +433,7 @@ func TestWebhookInRealAPIServer(t *testing.T) {
 		nogpu := stored.DeepCopy()
 		nogpu.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
 		resp = e.review(nogpu)
-		if resp.Patch == nil || !strings.Contains(string(resp.Patch), `"op":"remove","path":"/spec/initContainers"`) {
+		if resp.Patch == nil || !strings.Contains(string(resp.Patch), `"op":"remove","path":"/spec/initContainers/`) {
 			t.Fatalf("stale injection not removed: %s", resp.Patch)
 		}
 	})
