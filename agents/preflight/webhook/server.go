@@ -195,7 +195,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 	s.certs.Store(&certs)
-	if _, err := ensureConfiguration(ctx, s.kc, cfg, certs.CABundle()); err != nil {
+	if _, err := ensureConfiguration(ctx, s.kc, cfg, certs.CABundle); err != nil {
 		return err
 	}
 	disc := Discovery(cfg, s.dyn)
@@ -263,7 +263,7 @@ func (s *Server) Run(ctx context.Context) error {
 				s.log.Error("certificate refresh failed; serving the current one", "err", err)
 				continue
 			}
-			if changed, err := ensureConfiguration(gctx, s.kc, cfg, certs.CABundle()); err != nil {
+			if changed, err := ensureConfiguration(gctx, s.kc, cfg, certs.CABundle); err != nil {
 				s.log.Error("webhook configuration not reconciled", "err", err)
 			} else if changed {
 				s.log.Info("webhook configuration corrected", "configuration", cfg.Webhook.ConfigurationName)
