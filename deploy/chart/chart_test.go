@@ -10,11 +10,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/faultline/faultline/agents/preflight/webhook"
 	"github.com/faultline/faultline/agents/relay"
 	"github.com/faultline/faultline/gateway"
 	"github.com/faultline/faultline/internal/testenv"
@@ -1287,6 +1289,53 @@ func TestPreflightSpreadOverNodes(t *testing.T) {
 				t.Errorf("affinity\n%v\nwant\n%v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestPreflightOneReplicaFailClosed: with failure_policy Fail (the
+// default) a single webhook replica is refused at render, naming
+// preflight.replicas and the failure policy key: a drain (the PDB's
+// maxUnavailable 1 lets it evict that replica) or any restart of it
+// refused every pod CREATE in the opted-in namespaces, the drained
+// workloads' replacements too, until a new one was ready. One replica
+// with failure_policy Ignore renders (a missing webhook admits pods
+// without the checks).
+func TestPreflightOneReplicaFailClosed(t *testing.T) {
+	helm := testenv.Helm(t)
+	for _, set := range [][]string{
+		{"preflight.replicas=1"},
+		{"preflight.replicas=1", "preflight.config.webhook.failure_policy=Fail"},
+	} {
+		refused(t, helm, set, "preflight.replicas")
+		refused(t, helm, set, "preflight.config.webhook.failure_policy")
+	}
+	for _, args := range [][]string{
+		{"--set", "preflight.replicas=1", "--set", "preflight.config.webhook.failure_policy=Ignore"},
+		{"--set", "preflight.replicas=1", "--set", "preflight.enabled=false"},
+		{"--set", "preflight.replicas=3"},
+	} {
+		objs := render(t, "default", args...)
+		if d := Find(objs, "Deployment", "faultline-preflight"); d == nil && !slices.Contains(args, "preflight.enabled=false") {
+			t.Errorf("%v: no preflight Deployment", args)
+		}
+	}
+}
+
+// TestPreflightGracePeriodCoversDrain: told to stop, the webhook keeps
+// answering for webhook.DrainDelay, not ready, then shuts down within 5s;
+// the pod's grace period must cover both or the kubelet kills it while the
+// API server still calls it.
+func TestPreflightGracePeriodCoversDrain(t *testing.T) {
+	d := Find(render(t, "default"), "Deployment", "faultline-preflight")
+	if d == nil {
+		t.Fatal("no preflight Deployment")
+	}
+	grace, ok, _ := unstructured.NestedInt64(d.Object, "spec", "template", "spec", "terminationGracePeriodSeconds")
+	if !ok {
+		grace = 30 // Kubernetes' default
+	}
+	if need := webhook.DrainDelay + 5*time.Second; time.Duration(grace)*time.Second < need {
+		t.Errorf("terminationGracePeriodSeconds %d, under the webhook's drain and shutdown (%v)", grace, need)
 	}
 }
 

@@ -32,9 +32,10 @@ import (
 // must trust.
 type certSource interface {
 	GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
-	// CABundle is the PEM the webhook configuration's caBundle gets; nil
-	// leaves it as it is (an external injector owns it).
-	CABundle() []byte
+	// CABundle is the PEM the webhook configuration's caBundle gets, given
+	// the one published there now (nil if none); nil leaves it as it is
+	// (an external injector owns it).
+	CABundle(published []byte) []byte
 	// Refresh renews or reloads the certificate when needed.
 	Refresh(ctx context.Context) error
 }
@@ -43,13 +44,22 @@ type certSource interface {
 const (
 	keyCACert = "ca.crt"
 	keyCAKey  = "ca.key"
+	// keyCAPrev is the CA before the last rotation, kept while it is
+	// valid: until then a replica may serve a certificate it issued, and
+	// the caBundle trusts both.
+	keyCAPrev = "ca.prev.crt"
 )
+
+// caSubject is the self-signed CA's common name.
+const caSubject = "faultline-preflight webhook CA"
 
 // selfSigned keeps a CA and a serving certificate in a Secret shared by
 // every replica: the first creates it, the others read it; a replica that
 // finds the serving certificate near expiry (or missing a name) issues a
 // new one from the same CA and writes it back, conditional on the
-// resourceVersion it read.
+// resourceVersion it read. When the CA is rotated the previous one stays
+// in the Secret (keyCAPrev) and the caBundle, until it expires, so the
+// certificates it issued that other replicas still serve keep verifying.
 type selfSigned struct {
 	kc          kubernetes.Interface
 	ns, name    string
@@ -62,7 +72,7 @@ type selfSigned struct {
 
 	mu   sync.RWMutex
 	cert *tls.Certificate
-	ca   []byte
+	ca   []byte // the CA, then the previous one while it is valid
 }
 
 func newSelfSigned(kc kubernetes.Interface, ns string, cfg TLSConfig, svc ServerConfig, log *slog.Logger) (*selfSigned, error) {
@@ -89,10 +99,63 @@ func (s *selfSigned) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, err
 	return s.cert, nil
 }
 
-func (s *selfSigned) CABundle() []byte {
+// CABundle is the CAs of the Secret as last read (the CA and, while
+// valid, the previous one) and, of the published ones, those valid and
+// newer than its CA: another replica read a Secret rotated since, and
+// serves a certificate of that CA. So a replica never takes away the CA of
+// a certificate served, its own or another's; a CA older than its own that
+// the Secret no longer holds is dropped. Newest first, so replicas agree.
+func (s *selfSigned) CABundle(published []byte) []byte {
 	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.ca
+	own := s.ca
+	s.mu.RUnlock()
+	if own == nil {
+		return nil
+	}
+	now := s.now()
+	cas := validCAs(own, now)
+	if len(cas) == 0 {
+		return bytes.Clone(own)
+	}
+	newest := cas[0].NotBefore
+	for _, c := range cas {
+		if c.NotBefore.After(newest) {
+			newest = c.NotBefore
+		}
+	}
+	for _, c := range validCAs(published, now) {
+		if c.Subject.CommonName == caSubject && c.NotBefore.After(newest) &&
+			!slices.ContainsFunc(cas, func(o *x509.Certificate) bool { return o.Equal(c) }) {
+			cas = append(cas, c)
+		}
+	}
+	slices.SortStableFunc(cas, func(x, y *x509.Certificate) int {
+		if c := y.NotBefore.Compare(x.NotBefore); c != 0 {
+			return c
+		}
+		return bytes.Compare(x.Raw, y.Raw)
+	})
+	var out []byte
+	for _, c := range cas {
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	return out
+}
+
+// validCAs parses the CA certificates of a PEM bundle valid at now.
+func validCAs(bundle []byte, now time.Time) []*x509.Certificate {
+	var out []*x509.Certificate
+	for {
+		var blk *pem.Block
+		if blk, bundle = pem.Decode(bundle); blk == nil {
+			return out
+		}
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil || !c.IsCA || now.Before(c.NotBefore) || now.After(c.NotAfter) {
+			continue
+		}
+		out = append(out, c)
+	}
 }
 
 // Refresh makes sure the Secret holds a valid CA and serving certificate
@@ -120,18 +183,24 @@ func (s *selfSigned) Refresh(ctx context.Context) error {
 				return fmt.Errorf("tls.secret_name: create %s/%s: %w", s.ns, s.name, err)
 			}
 			s.log.Info("created the webhook's CA and serving certificate", "secret", s.ns+"/"+s.name)
-			return s.load(caPEM, certPEM, keyPEM)
+			return s.load(caPEM, nil, certPEM, keyPEM)
 		}
 		if err != nil {
 			return fmt.Errorf("tls.secret_name: get %s/%s: %w", s.ns, s.name, err)
 		}
 		caPEM, caKeyPEM := sec.Data[keyCACert], sec.Data[keyCAKey]
 		certPEM, keyPEM := sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey]
+		prevPEM := sec.Data[keyCAPrev]
 		why := s.needsRenewal(caPEM, caKeyPEM, certPEM, keyPEM)
 		if why == "" {
-			return s.load(caPEM, certPEM, keyPEM)
+			return s.load(caPEM, prevPEM, certPEM, keyPEM)
 		}
 		if !validCA(caPEM, caKeyPEM, s.now(), s.now().Add(s.validity)) {
+			// The replaced CA, still valid, may have issued what another
+			// replica serves until its next resync: kept as the previous.
+			if len(validCAs(caPEM, s.now())) > 0 {
+				prevPEM = caPEM
+			}
 			if caPEM, caKeyPEM, err = newCA(s.now(), 10*s.validity); err != nil {
 				return err
 			}
@@ -141,6 +210,9 @@ func (s *selfSigned) Refresh(ctx context.Context) error {
 			return err
 		}
 		sec.Data = map[string][]byte{keyCACert: caPEM, keyCAKey: caKeyPEM, corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}
+		if len(validCAs(prevPEM, s.now())) > 0 {
+			sec.Data[keyCAPrev] = prevPEM
+		}
 		if _, err := s.kc.CoreV1().Secrets(s.ns).Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
 			if apierrors.IsConflict(err) {
 				continue
@@ -148,7 +220,7 @@ func (s *selfSigned) Refresh(ctx context.Context) error {
 			return fmt.Errorf("tls.secret_name: update %s/%s: %w", s.ns, s.name, err)
 		}
 		s.log.Info("renewed the webhook's serving certificate", "secret", s.ns+"/"+s.name, "why", why)
-		return s.load(caPEM, certPEM, keyPEM)
+		return s.load(caPEM, sec.Data[keyCAPrev], certPEM, keyPEM)
 	}
 	return fmt.Errorf("tls.secret_name: %s/%s kept changing under us", s.ns, s.name)
 }
@@ -226,13 +298,19 @@ func (s *selfSigned) issue(caPEM, caKeyPEM []byte) ([]byte, []byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
 }
 
-func (s *selfSigned) load(caPEM, certPEM, keyPEM []byte) error {
+// load serves the certificate; the caBundle is the CA, then the previous
+// one (kept while valid, CABundle drops it once expired).
+func (s *selfSigned) load(caPEM, prevPEM, certPEM, keyPEM []byte) error {
 	c, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		return fmt.Errorf("serving certificate: %w", err)
 	}
+	ca := bytes.Clone(caPEM)
+	if len(prevPEM) > 0 && !bytes.Equal(prevPEM, caPEM) {
+		ca = append(append(ca, '\n'), prevPEM...)
+	}
 	s.mu.Lock()
-	s.cert, s.ca = &c, bytes.Clone(caPEM)
+	s.cert, s.ca = &c, ca
 	s.mu.Unlock()
 	return nil
 }
@@ -242,7 +320,7 @@ func newCA(now time.Time, validity time.Duration) ([]byte, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	tmpl := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: "faultline-preflight webhook CA"},
+	tmpl := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: caSubject},
 		NotBefore: now.Add(-5 * time.Minute), NotAfter: now.Add(validity), IsCA: true, BasicConstraintsValid: true,
 		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
@@ -304,7 +382,7 @@ func newFileCerts(certFile, keyFile, caFile string) *fileCerts {
 // CABundle is the CA file as the last Refresh read and checked it (read
 // again here, a rotation rewriting it in between could publish an empty
 // caBundle, every admission failing until the next resync).
-func (f *fileCerts) CABundle() []byte {
+func (f *fileCerts) CABundle([]byte) []byte {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.ca

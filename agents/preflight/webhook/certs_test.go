@@ -48,7 +48,7 @@ func TestSelfSignedRenewal(t *testing.T) {
 	verify := func(s *selfSigned, at time.Time) {
 		t.Helper()
 		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(s.CABundle()) {
+		if !pool.AppendCertsFromPEM(s.CABundle(nil)) {
 			t.Fatal("no CA in the bundle")
 		}
 		if _, err := leaf(s).Verify(x509.VerifyOptions{Roots: pool, DNSName: "faultline-preflight.faultline.svc", CurrentTime: at}); err != nil {
@@ -74,7 +74,7 @@ func TestSelfSignedRenewal(t *testing.T) {
 	if err := b.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if leaf(b).SerialNumber.Cmp(first.SerialNumber) != 0 || !bytes.Equal(a.CABundle(), b.CABundle()) {
+	if leaf(b).SerialNumber.Cmp(first.SerialNumber) != 0 || !bytes.Equal(a.CABundle(nil), b.CABundle(nil)) {
 		t.Fatal("second replica issued its own certificate")
 	}
 
@@ -87,7 +87,7 @@ func TestSelfSignedRenewal(t *testing.T) {
 	if renewed.SerialNumber.Cmp(first.SerialNumber) == 0 {
 		t.Fatal("not renewed near expiry")
 	}
-	if !bytes.Equal(a.CABundle(), b.CABundle()) {
+	if !bytes.Equal(a.CABundle(nil), b.CABundle(nil)) {
 		t.Fatal("renewal changed the CA while it was still valid")
 	}
 	verify(a, now)
@@ -141,17 +141,17 @@ func TestSelfSignedRenewal(t *testing.T) {
 		t.Fatal(err)
 	}
 	verify(b, now)
-	if bytes.Equal(a.CABundle(), b.CABundle()) {
+	if bytes.Equal(a.CABundle(nil), b.CABundle(nil)) {
 		t.Fatal("the CA issued by the clock ahead kept")
 	}
 
 	// Past the CA's own validity (10 x validity): a new CA.
-	oldCA := a.CABundle()
+	oldCA := a.CABundle(nil)
 	now = now.Add(1000 * time.Hour)
 	if err := a.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if bytes.Equal(oldCA, a.CABundle()) {
+	if bytes.Equal(oldCA, a.CABundle(nil)) {
 		t.Fatal("expired CA kept")
 	}
 	verify(a, now)
@@ -200,7 +200,7 @@ func TestFileCertsReload(t *testing.T) {
 		x, _ := x509.ParseCertificate(c.Certificate[0])
 		return x.SerialNumber.String()
 	}
-	if serial() != one || !bytes.Equal(f.CABundle(), caPEM) {
+	if serial() != one || !bytes.Equal(f.CABundle(nil), caPEM) {
 		t.Fatal("files not served")
 	}
 	time.Sleep(20 * time.Millisecond) // a distinct modification time
@@ -224,7 +224,7 @@ func TestFileCertsReload(t *testing.T) {
 	}
 	// The caBundle is the CA as checked, not the file as it is now (half
 	// rewritten: an empty caBundle would fail every admission).
-	if !bytes.Equal(f.CABundle(), caPEM) {
-		t.Fatalf("caBundle %q, want the CA the last good refresh read", f.CABundle())
+	if !bytes.Equal(f.CABundle(nil), caPEM) {
+		t.Fatalf("caBundle %q, want the CA the last good refresh read", f.CABundle(nil))
 	}
 }

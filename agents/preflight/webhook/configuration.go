@@ -104,9 +104,12 @@ func withOwner(refs []metav1.OwnerReference, ref metav1.OwnerReference) []metav1
 // ensureConfiguration creates or corrects the MutatingWebhookConfiguration:
 // with manage, the whole entry named webhook.name (other entries are left
 // alone) and its owner (webhook.owner_cluster_role); without, only the
-// caBundle of that entry. A nil caBundle keeps the one there (an external
-// injector owns it).
-func ensureConfiguration(ctx context.Context, kc kubernetes.Interface, cfg *Config, caBundle []byte) (changed bool, err error) {
+// caBundle of that entry. caBundle is given the one published (nil if
+// none: the configuration or the entry is new); a nil caBundle keeps the
+// one there (an external injector owns it). The update is conditional on
+// the configuration read, so what caBundle merged is not lost to another
+// replica's write in between.
+func ensureConfiguration(ctx context.Context, kc kubernetes.Interface, cfg *Config, caBundle func(published []byte) []byte) (changed bool, err error) {
 	api := kc.AdmissionregistrationV1().MutatingWebhookConfigurations()
 	name := cfg.Webhook.ConfigurationName
 	own, err := owner(ctx, kc, cfg)
@@ -120,7 +123,7 @@ func ensureConfiguration(ctx context.Context, kc kubernetes.Interface, cfg *Conf
 		}
 		want := &admissionregv1.MutatingWebhookConfiguration{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app.kubernetes.io/managed-by": "faultline-preflight"}},
-			Webhooks:   []admissionregv1.MutatingWebhook{cfg.DesiredWebhook(caBundle)},
+			Webhooks:   []admissionregv1.MutatingWebhook{cfg.DesiredWebhook(caBundle(nil))},
 		}
 		if own != nil {
 			want.OwnerReferences = []metav1.OwnerReference{*own}
@@ -135,10 +138,15 @@ func ensureConfiguration(ctx context.Context, kc kubernetes.Interface, cfg *Conf
 	}
 	next := cur.DeepCopy()
 	i := slices.IndexFunc(next.Webhooks, func(w admissionregv1.MutatingWebhook) bool { return w.Name == cfg.Webhook.Name })
+	var published []byte
+	if i >= 0 {
+		published = next.Webhooks[i].ClientConfig.CABundle
+	}
+	bundle := caBundle(published)
 	switch {
 	case cfg.Webhook.ManageConfiguration:
-		want := cfg.DesiredWebhook(caBundle)
-		if caBundle == nil && i >= 0 {
+		want := cfg.DesiredWebhook(bundle)
+		if bundle == nil && i >= 0 {
 			want.ClientConfig.CABundle = next.Webhooks[i].ClientConfig.CABundle
 		}
 		if i < 0 {
@@ -148,8 +156,8 @@ func ensureConfiguration(ctx context.Context, kc kubernetes.Interface, cfg *Conf
 		}
 	case i < 0:
 		return false, fmt.Errorf("webhook.name: MutatingWebhookConfiguration %s has no webhook %q", name, cfg.Webhook.Name)
-	case caBundle != nil:
-		next.Webhooks[i].ClientConfig.CABundle = caBundle
+	case bundle != nil:
+		next.Webhooks[i].ClientConfig.CABundle = bundle
 	}
 	if own != nil {
 		next.OwnerReferences = withOwner(next.OwnerReferences, *own)

@@ -149,7 +149,7 @@ func startEnv(t *testing.T) *env {
 	cfg.Check.Gateway.Addr = "gw.faultline.svc:50051"
 	must(t, cfg.Validate())
 	e.cfg = cfg
-	srv, err := webhook.New(cfg, slog.New(slog.DiscardHandler), webhook.Options{Kube: sa, Dynamic: sadyn, Registry: prometheus.NewRegistry()})
+	srv, err := webhook.New(cfg, slog.New(slog.DiscardHandler), webhook.Options{Kube: sa, Dynamic: sadyn, Registry: prometheus.NewRegistry(), DrainDelay: 100 * time.Millisecond})
 	must(t, err)
 	e.srv = srv
 	sctx, cancel := context.WithCancel(context.Background())

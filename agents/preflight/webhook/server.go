@@ -35,6 +35,14 @@ import (
 	"github.com/faultline/faultline/agents/preflight/injection"
 )
 
+// DrainDelay is how long, by default, the webhook keeps answering after
+// it is told to stop (SIGTERM), its readiness probe failing meanwhile:
+// until the endpoints and kube-proxy have dropped the pod the API server
+// still calls it, and a closed port refuses (failure_policy Fail) the pod
+// being admitted. The pod's terminationGracePeriodSeconds (30s by
+// default) covers it and the 5s shutdown after it.
+const DrainDelay = 5 * time.Second
+
 // Options are the server's collaborators, for tests.
 type Options struct {
 	// Registry receives the metrics (default a new one with the Go and
@@ -43,6 +51,10 @@ type Options struct {
 	// Kube and Dynamic replace the clients built from the configuration.
 	Kube    kubernetes.Interface
 	Dynamic dynamic.Interface
+	// DrainDelay is how long the webhook keeps answering after Run's
+	// context ends, its readiness probe failing, before it closes its
+	// port (default DrainDelay).
+	DrainDelay time.Duration
 }
 
 // Server is the webhook process.
@@ -55,11 +67,15 @@ type Server struct {
 	ln    net.Listener
 	ready atomic.Bool
 	certs atomic.Pointer[certSource] // set by Run
+	drain time.Duration
 }
 
 // New builds the server and binds its listener.
 func New(cfg Config, log *slog.Logger, opt Options) (*Server, error) {
-	s := &Server{cfg: cfg, log: log, reg: opt.Registry, kc: opt.Kube, dyn: opt.Dynamic}
+	s := &Server{cfg: cfg, log: log, reg: opt.Registry, kc: opt.Kube, dyn: opt.Dynamic, drain: opt.DrainDelay}
+	if s.drain <= 0 {
+		s.drain = DrainDelay
+	}
 	if s.reg == nil {
 		s.reg = prometheus.NewRegistry()
 		s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -179,7 +195,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 	s.certs.Store(&certs)
-	if _, err := ensureConfiguration(ctx, s.kc, cfg, certs.CABundle()); err != nil {
+	if _, err := ensureConfiguration(ctx, s.kc, cfg, certs.CABundle); err != nil {
 		return err
 	}
 	disc := Discovery(cfg, s.dyn)
@@ -247,15 +263,25 @@ func (s *Server) Run(ctx context.Context) error {
 				s.log.Error("certificate refresh failed; serving the current one", "err", err)
 				continue
 			}
-			if changed, err := ensureConfiguration(gctx, s.kc, cfg, certs.CABundle()); err != nil {
+			if changed, err := ensureConfiguration(gctx, s.kc, cfg, certs.CABundle); err != nil {
 				s.log.Error("webhook configuration not reconciled", "err", err)
 			} else if changed {
 				s.log.Info("webhook configuration corrected", "configuration", cfg.Webhook.ConfigurationName)
 			}
 		}
 	})
+	s.ready.Store(true)
 	g.Go(func() error {
 		<-gctx.Done()
+		if ctx.Err() != nil { // told to stop, not a part failing
+			// Not ready: the endpoints drop the pod; meanwhile calls
+			// still routed here are answered, each on a connection
+			// closed after it so the next goes to another replica.
+			s.ready.Store(false)
+			srv.SetKeepAlivesEnabled(false)
+			s.log.Info("preflight webhook draining before it stops", "delay", s.drain)
+			time.Sleep(s.drain)
+		}
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
@@ -264,7 +290,6 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		return nil
 	})
-	s.ready.Store(true)
 	s.log.Info("preflight webhook serving", "addr", s.Addr(), "path", cfg.Webhook.Path, "namespaces", cfg.Namespaces.Include,
 		"failure_policy", cfg.Webhook.FailurePolicy, "gang_controller", cfg.Gang.Controller)
 	return g.Wait()
