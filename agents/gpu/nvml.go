@@ -53,6 +53,7 @@ type NVML struct {
 	failing  map[string]bool         // "id/query" → failing (logged)
 	uuidAt   map[string]string       // PCI bus id → the UUID last read there
 	byIndex  map[int]GPU             // index → the GPU last read there
+	inforom  map[string]inforomRead  // id → its last InfoROM validation that answered
 	gpus     []GPU                   // the GPUs of the last successful read (Inventory)
 	gone     bool                    // a query of the GPU being read answered GPU_IS_LOST
 	// ReplayPerMinute is the PCIe replay rate that raises
@@ -110,6 +111,18 @@ func resetting(r nvml.Return) bool {
 	return r == nvml.ERROR_IN_USE || r == nvml.ERROR_RESET_REQUIRED || r == nvml.ERROR_TIMEOUT
 }
 
+// inforomEvery is how often a GPU's InfoROM is validated at most: as often
+// as DCGM samples its validity (NVIDIA/DCGM DcgmHealthWatch.cpp, SetInforom:
+// an update interval of 3600 s at least), the validation reading the whole
+// InfoROM; not at every poll.
+const inforomEvery = time.Hour
+
+// inforomRead is a GPU's InfoROM validation that answered, r at t.
+type inforomRead struct {
+	r nvml.Return
+	t time.Time
+}
+
 type replaySample struct {
 	n int
 	t time.Time
@@ -119,6 +132,7 @@ type replaySample struct {
 func NewNVML() *NVML {
 	return &NVML{lib: pkgNVML{}, replay: map[string]replaySample{}, links: map[string]linkState{}, last: map[string][]Incident{},
 		noHandle: map[int]int{}, failing: map[string]bool{}, uuidAt: map[string]string{}, byIndex: map[int]GPU{},
+		inforom:         map[string]inforomRead{},
 		ReplayPerMinute: 8, now: time.Now}
 }
 
@@ -410,9 +424,18 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 	out = append(out, s.cond(&g, id, "GetCurrentClocksThrottleReasons", r, incs, "Thermal", "Power")...)
 	// InfoROM: validated as DCGM's diagnostic does (nvmlDeviceValidateInforom:
 	// CORRUPTED_INFOROM is DCGM_FR_CORRUPT_INFOROM, a WARN in its health
-	// watch).
+	// watch), at most once every inforomEvery (the first read, then an hour
+	// later...): the reads between keep its last answer (a real one, so the
+	// watch is known). A validation that did not answer is tried again at
+	// the next read, the watch unknown meanwhile; a GPU lost is not taken
+	// from the last answer.
 	incs = nil
-	r = d.ValidateInforom()
+	now := s.now()
+	if last, ok := s.inforom[id]; ok && now.Sub(last.t) < inforomEvery && !lost && !s.gone {
+		r = last.r
+	} else if r = d.ValidateInforom(); r == nvml.SUCCESS || r == nvml.ERROR_NOT_SUPPORTED || r == nvml.ERROR_CORRUPTED_INFOROM {
+		s.inforom[id] = inforomRead{r, now}
+	}
 	if r == nvml.ERROR_CORRUPTED_INFOROM {
 		incs = append(incs, inc("Inforom", "WARN", "DCGM_FR_CORRUPT_INFOROM", "The InfoROM is corrupt (NVML: %s)", nvml.ErrorString(r)))
 		r = nvml.SUCCESS

@@ -24,7 +24,8 @@ import (
 // with twoLinks NVLink 1 too, link1 its state), mig
 // its MIG mode (current), noRemap a GPU without row remapping (pre-Ampere:
 // page retirement instead, pending and sbePages/dbePages retired pages),
-// inforom ValidateInforom's answer (SUCCESS when zero).
+// inforom ValidateInforom's answer (SUCCESS when zero), validations the
+// times it was called.
 type fakeGPU struct {
 	uuid, bus          string
 	dbe                uint64
@@ -36,6 +37,7 @@ type fakeGPU struct {
 	pending            nvml.EnableState
 	sbePages, dbePages int
 	inforom            nvml.Return
+	validations        int
 	fail               map[string]nvml.Return
 }
 
@@ -87,6 +89,7 @@ func (g *fakeGPU) device() *mock.Device {
 			return make([]uint64, n), g.ret("GetRetiredPages")
 		},
 		ValidateInforomFunc: func() nvml.Return {
+			g.validations++
 			if r := g.ret("ValidateInforom"); r != nvml.SUCCESS {
 				return r
 			}
@@ -1105,7 +1108,9 @@ func TestNVMLInforom(t *testing.T) {
 	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED,
 		fail: map[string]nvml.Return{"ValidateInforom": nvml.ERROR_UNKNOWN}}
 	var logs strings.Builder
-	c, err := New(Config{Source: fakeNVML(&logs, a), Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	s := fakeNVML(&logs, a)
+	later := hourly(s)
+	c, err := New(Config{Source: s, Uptime: func() (time.Duration, error) { return time.Hour, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1128,5 +1133,55 @@ func TestNVMLInforom(t *testing.T) {
 		if got := pollNVML(t, c, n, "GpuInforomWatch", true); got != step.want {
 			t.Errorf("read %d: Inforom events %q, want %q", i, got, step.want)
 		}
+		later() // validated again
 	}
+}
+
+// hourly makes s's clock an hour later at each call of the func it returns.
+func hourly(s *NVML) (later func()) {
+	var skew time.Duration
+	now := s.now
+	s.now = func() time.Time { return now().Add(skew) }
+	return func() { skew += time.Hour }
+}
+
+// TestNVMLInforomHourly: the InfoROM is validated at most once an hour per
+// GPU, as DCGM samples it (validating it every 30 s poll is costly): the
+// first read validates, the reads of the next hour keep its answer, the
+// first read an hour later validates again. A validation that does not
+// answer is tried again at the next read (the watch unknown meanwhile).
+func TestNVMLInforomHourly(t *testing.T) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+	var logs strings.Builder
+	s := fakeNVML(&logs, a)
+	later := hourly(s)
+	c, err := New(Config{Source: s, Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode()
+	step := func(name, want string, validations int) {
+		t.Helper()
+		if got := pollNVML(t, c, n, "GpuInforomWatch", true); got != want {
+			t.Errorf("%s: Inforom events %q, want %q", name, got, want)
+		}
+		if a.validations != validations {
+			t.Errorf("%s: %d validations, want %d", name, a.validations, validations)
+		}
+	}
+	step("first read", "GpuInforomWatch:healthy@GPU-A GpuInforomWatch:healthy@gpu0", 1)
+	a.inforom = nvml.ERROR_CORRUPTED_INFOROM
+	for range 5 {
+		step("within the hour", "", 1)
+	}
+	later()
+	step("an hour later", "GpuInforomWatch:DCGM_FR_CORRUPT_INFOROM/CONTACT_SUPPORT@GPU-A", 2)
+	step("within the hour", "", 2)
+	later()
+	a.fail = map[string]nvml.Return{"ValidateInforom": nvml.ERROR_UNKNOWN}
+	step("an hour later, failing", "", 3)
+	step("failed: tried again", "", 4)
+	a.fail, a.inforom = nil, nvml.SUCCESS
+	step("answers", "GpuInforomWatch:healthy@GPU-A", 5)
+	step("within the hour", "", 5)
 }
