@@ -126,9 +126,10 @@ func checkSecretFile(f *os.File, path string) error {
 // role is "agent" (the default when empty or absent) or "operator"; node,
 // when set, binds the credential to that Kubernetes node: it may report
 // events (and read the history) of that node only. Blank lines and lines
-// starting with # are ignored. Tokens are at least 16 characters of
-// printable ASCII. A UTF-8 byte-order mark starting the file (an editor on
-// Windows) is ignored. A file with no token is ErrNoTokens.
+// starting with # are ignored. Tokens are at least 16 characters, with no
+// space, control character or byte-order mark (badTokenRune). A UTF-8
+// byte-order mark starting the file (an editor on Windows) is ignored. A
+// file with no token is ErrNoTokens.
 func ParseTokens(r io.Reader) (*Tokens, error) {
 	t := &Tokens{byDigest: map[[sha256.Size]byte]Caller{}}
 	sc := bufio.NewScanner(r)
@@ -154,8 +155,8 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 		switch {
 		case len(token) < 16:
 			return nil, fmt.Errorf("line %d: token must be at least 16 characters", n)
-		case strings.IndexFunc(token, notPrintableASCII) >= 0:
-			return nil, fmt.Errorf("line %d: token must be printable ASCII: no spaces, control or non-ASCII characters", n)
+		case strings.IndexFunc(token, badTokenRune) >= 0:
+			return nil, fmt.Errorf("line %d: token must not contain spaces, control characters or byte-order marks", n)
 		case !events.IsClusterName(c.Cluster):
 			return nil, fmt.Errorf("line %d: cluster %q is not a lowercase DNS label", n, c.Cluster)
 		}
@@ -198,10 +199,13 @@ func tokenName(cluster string, digest [sha256.Size]byte) string {
 	return fmt.Sprintf("token:%s#%x", cluster, digest[:8])
 }
 
-// notPrintableASCII: a token's characters are '!' to '~' (a byte-order mark
-// or a non-breaking space copied into the file with a token made it one no
-// client sends: its caller was refused for ever, nothing logged).
-func notPrintableASCII(r rune) bool { return r <= ' ' || r >= 0x7f }
+// badTokenRune reports a character no token holds: a space (Unicode's,
+// the non-breaking space included), a control character (C0, DEL, C1) or a
+// byte-order mark, invisible when copied into the file with a token: it
+// made one no client sends, its caller refused for ever, nothing logged.
+// Other non-ASCII characters are kept: Go's HTTP client sends such a token
+// as its UTF-8 bytes, and a tokens file holding one must keep loading.
+func badTokenRune(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) || r == '\ufeff' }
 
 // Lookup returns the caller of a bearer token.
 func (t *Tokens) Lookup(token string) (Caller, bool) {

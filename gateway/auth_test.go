@@ -26,9 +26,14 @@ func TestParseTokens(t *testing.T) {
 		{"bad role", "0123456789abcdef0123,alpha\n0123456789abcdef0124,alpha,admin\n", `line 2: role "admin" is not agent or operator`},
 		{"bad node", "0123456789abcdef0123,alpha,agent,Node_1\n", `line 1: node "Node_1" is not a Kubernetes node name`},
 		{"too many fields", "0123456789abcdef0123,alpha,agent,n1,x\n", "line 1: want 'token,cluster[,role[,node]]', got 5 fields"},
-		{"control in token", "0123456789abcdef\x1b0123,alpha\n", "line 1: token must be printable ASCII: no spaces, control or non-ASCII characters"},
-		{"non-ASCII in token", "0123456789abcdef0123,alpha\n0123456789abcdef\u00e90123,alpha\n", "line 2: token must be printable ASCII"},
-		{"a byte-order mark inside the file", "0123456789abcdef0123,alpha\n\ufeff0123456789abcdef0124,alpha\n", "line 2: token must be printable ASCII"},
+		{"control in token", "0123456789abcdef\x1b0123,alpha\n", "line 1: token must not contain spaces, control characters or byte-order marks"},
+		{"DEL in token", "0123456789abcdef\x7f0123,alpha\n", "line 1: token must not contain spaces"},
+		{"C1 control in token", "0123456789abcdef\u009b0123,alpha\n", "line 1: token must not contain spaces"},
+		{"non-breaking space in token", "0123456789abcdef\u00a00123,alpha\n", "line 1: token must not contain spaces"},
+		{"line separator in token", "0123456789abcdef\u20280123,alpha\n", "line 1: token must not contain spaces"},
+		{"non-ASCII in token", "0123456789abcdef0123,alpha\n0123456789abcdef\u00e90123,alpha\n0123456789abcdef\u4e2d0123,alpha\n", ""},
+		{"a byte-order mark inside the file", "0123456789abcdef0123,alpha\n\ufeff0123456789abcdef0124,alpha\n", "line 2: token must not contain spaces, control characters or byte-order marks"},
+		{"a byte-order mark inside a token", "0123456789abcdef\ufeff0124,alpha\n", "line 1: token must not contain spaces"},
 		{"a byte-order mark, then a token", "\ufeff0123456789abcdef0123,alpha\n", ""},
 		{"short token", "short,alpha\n", "line 1: token must be at least 16"},
 		{"bad cluster", "0123456789abcdef0123,Alpha_1\n", `line 1: cluster "Alpha_1" is not a lowercase DNS label`},
@@ -66,6 +71,20 @@ func TestParseTokensBOM(t *testing.T) {
 	}
 	if _, ok := toks.Lookup(a); !ok {
 		t.Fatal("a token after a commented first line with a byte-order mark is refused")
+	}
+}
+
+// TestParseTokensUTF8: a token with non-ASCII characters (Go's HTTP client
+// sends it as its UTF-8 bytes) loads and is looked up: a tokens file that
+// held one was refused after an upgrade, and the gateway did not start.
+func TestParseTokensUTF8(t *testing.T) {
+	const a = "0123456789abcdef\u00e9\u4e2d0123"
+	toks, err := ParseTokens(strings.NewReader(a + ",alpha\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := toks.Lookup(a); !ok {
+		t.Fatal("a UTF-8 token is refused")
 	}
 }
 

@@ -127,7 +127,9 @@ type GPU struct {
 	// them does not mean healthy (not baselined, a fault in them stands):
 	// a rate before its second sample, an NVLink whose fault stood when
 	// the driver went away and not seen active since (down, or training),
-	// one inactive at fewer reads than make it down, a query that failed.
+	// one inactive at fewer reads than make it down, one seen active before
+	// a driver reload, GPU reset or MIG mode and inactive since for less
+	// than linkRetrain (training again), a query that failed.
 	Unknown []string `json:"unknown,omitempty"`
 	// Unbased names the watches that the last read tells well enough to
 	// lift a fault this process raised in them (no incident now) but not

@@ -53,6 +53,7 @@ type NVML struct {
 	failing  map[string]bool         // "id/query" → failing (logged)
 	uuidAt   map[string]string       // PCI bus id → the UUID last read there
 	byIndex  map[int]GPU             // index → the GPU last read there
+	inforom  map[string]inforomRead  // id → its last InfoROM validation that answered
 	gpus     []GPU                   // the GPUs of the last successful read (Inventory)
 	gone     bool                    // a query of the GPU being read answered GPU_IS_LOST
 	// ReplayPerMinute is the PCIe replay rate that raises
@@ -67,19 +68,34 @@ type NVML struct {
 // inactive to be down: one may be the link retraining.
 const linkDownReads = 2
 
+// linkRetrain is how long an NVLink seen active before its state was
+// forgotten (wasUp: a driver reload, a GPU reset, a GPU lost, MIG mode) may
+// read inactive, its watch unknown, before it is down: Fabric Manager
+// trains the links again after those, which takes up to minutes; a link
+// still inactive after that is dead (a reset, the remediation's own, may
+// have broken it), not training. 5 minutes, 10 polls at the default 30 s
+// poll interval; a time, not a number of reads, so that a shorter
+// gpu.poll_interval does not shorten it (and at least linkDownReads reads).
+const linkRetrain = 5 * time.Minute
+
 // retiredPagesLimit is DCGM's DCGM_LIMIT_MAX_RETIRED_PAGES: SBE and DBE
 // retired pages together at this many or more are DCGM_FR_RETIRED_PAGES_LIMIT.
 const retiredPagesLimit = 63
 
 // linkState is what the reads of one NVLink found: up, seen active since
 // its states were last forgotten; down, the reads in a row that found it
-// inactive since; held, see forgetLinks.
+// inactive since; held and wasUp, see forgetLinks.
 type linkState struct {
 	up   bool
 	down int
 	// held: forgotten while its NVLINK_DOWN stood; until it reads active
 	// it keeps the watch unknown, so that the fault stands.
 	held bool
+	// wasUp: forgotten after it was seen active, with no fault standing;
+	// inactive since (the first such read), it may be training for
+	// linkRetrain, then it is down.
+	wasUp bool
+	since time.Time
 }
 
 // handleFailPolls is how many polls in a row NVML must give no handle for a
@@ -95,6 +111,18 @@ func resetting(r nvml.Return) bool {
 	return r == nvml.ERROR_IN_USE || r == nvml.ERROR_RESET_REQUIRED || r == nvml.ERROR_TIMEOUT
 }
 
+// inforomEvery is how often a GPU's InfoROM is validated at most: as often
+// as DCGM samples its validity (NVIDIA/DCGM DcgmHealthWatch.cpp, SetInforom:
+// an update interval of 3600 s at least), the validation reading the whole
+// InfoROM; not at every poll.
+const inforomEvery = time.Hour
+
+// inforomRead is a GPU's InfoROM validation that answered, r at t.
+type inforomRead struct {
+	r nvml.Return
+	t time.Time
+}
+
 type replaySample struct {
 	n int
 	t time.Time
@@ -104,6 +132,7 @@ type replaySample struct {
 func NewNVML() *NVML {
 	return &NVML{lib: pkgNVML{}, replay: map[string]replaySample{}, links: map[string]linkState{}, last: map[string][]Incident{},
 		noHandle: map[int]int{}, failing: map[string]bool{}, uuidAt: map[string]string{}, byIndex: map[int]GPU{},
+		inforom:         map[string]inforomRead{},
 		ReplayPerMinute: 8, now: time.Now}
 }
 
@@ -222,8 +251,10 @@ func (s *NVML) log() *slog.Logger {
 
 // GPUs implements Inventory. Pcie is unknown on a GPU until its second
 // replay-counter sample (a rate); Nvlink while one of its links reads
-// inactive at fewer than linkDownReads reads in a row, or reads inactive
-// forgotten while its fault stood (held: see forgetLinks). Nvlink is
+// inactive at fewer than linkDownReads reads in a row, reads inactive
+// forgotten while its fault stood (held: see forgetLinks), or reads
+// inactive for less than linkRetrain forgotten after it was seen active
+// (wasUp: training again). Nvlink is
 // unbased while one reads inactive and has not been seen active since this
 // process started or its link states were forgotten (a link is reported
 // down only once seen up; inactive at the first read it may be a link down
@@ -357,7 +388,8 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 	//
 	// NVLink: a link that was active and is not any more. MIG mode turns
 	// NVLink off: none is read, the watch is healthy (an NVLINK_DOWN
-	// standing is lifted), the links forgotten. The mode not read, no link
+	// standing is lifted), the links forgotten (wasUp: MIG off, one not
+	// active again within linkRetrain is down). The mode not read, no link
 	// is (in MIG mode they read inactive): their last answers stand.
 	mig, _, r := d.GetMigMode()
 	switch {
@@ -392,9 +424,18 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 	out = append(out, s.cond(&g, id, "GetCurrentClocksThrottleReasons", r, incs, "Thermal", "Power")...)
 	// InfoROM: validated as DCGM's diagnostic does (nvmlDeviceValidateInforom:
 	// CORRUPTED_INFOROM is DCGM_FR_CORRUPT_INFOROM, a WARN in its health
-	// watch).
+	// watch), at most once every inforomEvery (the first read, then an hour
+	// later...): the reads between keep its last answer (a real one, so the
+	// watch is known). A validation that did not answer is tried again at
+	// the next read, the watch unknown meanwhile; a GPU lost is not taken
+	// from the last answer.
 	incs = nil
-	r = d.ValidateInforom()
+	now := s.now()
+	if last, ok := s.inforom[id]; ok && now.Sub(last.t) < inforomEvery && !lost && !s.gone {
+		r = last.r
+	} else if r = d.ValidateInforom(); r == nvml.SUCCESS || r == nvml.ERROR_NOT_SUPPORTED || r == nvml.ERROR_CORRUPTED_INFOROM {
+		s.inforom[id] = inforomRead{r, now}
+	}
 	if r == nvml.ERROR_CORRUPTED_INFOROM {
 		incs = append(incs, inc("Inforom", "WARN", "DCGM_FR_CORRUPT_INFOROM", "The InfoROM is corrupt (NVML: %s)", nvml.ErrorString(r)))
 		r = nvml.SUCCESS
@@ -416,8 +457,10 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 // nvlinks returns the NVLink incidents of GPU id (d): a link seen active
 // that reads inactive linkDownReads times in a row is down, kept down until
 // it reads active. One inactive at fewer reads makes the watch unknown, as
-// does one forgotten while its fault stood (held) until it reads active. A
-// link never seen active since its state was forgotten and with no fault
+// does one forgotten while its fault stood (held) until it reads active.
+// One seen active before its state was forgotten (wasUp) makes it unknown
+// while inactive for less than linkRetrain (training again), then is down.
+// A link never seen active since this process started, with no fault
 // (inactive at the first read: down before, unused, or training) makes the
 // watch unbased only: no baseline, but it keeps no fault of another link
 // (one link used, another never: a partial NVLink bridge, an uncabled
@@ -444,6 +487,16 @@ func (s *NVML) nvlinks(g *GPU, id string, d nvml.Device, inc func(system, health
 				}
 			case ls.held:
 				unknown(g, "Nvlink")
+			case ls.wasUp:
+				now := s.now()
+				if ls.down == 0 {
+					ls.since = now
+				}
+				if ls.down++; ls.down >= linkDownReads && now.Sub(ls.since) >= linkRetrain {
+					incs = append(incs, inc("Nvlink", "FAIL", "DCGM_FR_NVLINK_DOWN", "NVLink %d is down (not active again %s after a driver reload, GPU reset or MIG mode)", l, linkRetrain))
+				} else {
+					unknown(g, "Nvlink")
+				}
 			default:
 				if !slices.Contains(g.Unbased, "Nvlink") {
 					g.Unbased = append(g.Unbased, "Nvlink")
@@ -460,16 +513,22 @@ func (s *NVML) nvlinks(g *GPU, id string, d nvml.Device, inc func(system, health
 // GPU's). After the driver went away (a GPU Operator upgrade: Init or the
 // count fails), a GPU reset (its handle failing meanwhile), a GPU lost or
 // MIG mode, links are inactive until Fabric Manager retrains them: not
-// "was active, now down". With held, a link whose NVLINK_DOWN stands is
-// remembered as held (see nvlinks: its fault stands until it reads active);
-// without (MIG mode: the watch is healthy), it is forgotten too.
+// "was active, now down" at once. With held, a link whose NVLINK_DOWN
+// stands is remembered as held (see nvlinks: its fault stands until it
+// reads active); any other link seen active, and every one without held
+// (MIG mode: the watch is healthy, the fault lifted), as wasUp: inactive
+// for linkRetrain once read again, it is down. Deleted, it was taken for a
+// link never used: a link dead after a reset was never reported.
 func (s *NVML) forgetLinks(id string, held bool) {
 	for k, ls := range s.links {
 		if id == "" || strings.HasPrefix(k, id+"/") {
 			gpu, l, _ := strings.Cut(k, "/")
-			if held && (ls.held || len(s.last[gpu+"/GetNvLinkState/"+l]) > 0) {
+			switch {
+			case held && (ls.held || len(s.last[gpu+"/GetNvLinkState/"+l]) > 0):
 				s.links[k] = linkState{held: true}
-			} else {
+			case ls.up || ls.wasUp || ls.held:
+				s.links[k] = linkState{wasUp: true}
+			default:
 				delete(s.links, k)
 			}
 		}

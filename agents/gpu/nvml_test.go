@@ -24,7 +24,8 @@ import (
 // with twoLinks NVLink 1 too, link1 its state), mig
 // its MIG mode (current), noRemap a GPU without row remapping (pre-Ampere:
 // page retirement instead, pending and sbePages/dbePages retired pages),
-// inforom ValidateInforom's answer (SUCCESS when zero).
+// inforom ValidateInforom's answer (SUCCESS when zero), validations the
+// times it was called.
 type fakeGPU struct {
 	uuid, bus          string
 	dbe                uint64
@@ -36,6 +37,7 @@ type fakeGPU struct {
 	pending            nvml.EnableState
 	sbePages, dbePages int
 	inforom            nvml.Return
+	validations        int
 	fail               map[string]nvml.Return
 }
 
@@ -87,6 +89,7 @@ func (g *fakeGPU) device() *mock.Device {
 			return make([]uint64, n), g.ret("GetRetiredPages")
 		},
 		ValidateInforomFunc: func() nvml.Return {
+			g.validations++
 			if r := g.ret("ValidateInforom"); r != nvml.SUCCESS {
 				return r
 			}
@@ -734,15 +737,13 @@ func pollNVML(t *testing.T, c *Check, n *node, check string, baselines bool) str
 	return strings.Join(got, " ")
 }
 
-// TestNVMLNvlinkAfterDriverGone: after the driver went away (GPU Operator
-// upgrade: Init answers DRIVER_NOT_LOADED or fails, or the count fails),
-// after a GPU reset (its handle failing meanwhile) or a GPU lost, NVLinks
-// are inactive until Fabric Manager retrains them: that is not "was
-// active, now down" (fatal NVLINK_DOWN, COMPONENT_RESET, on a healthy
-// GPU). The links seen before are forgotten; one seen active again and then
-// inactive at two reads in a row is down, and lifted when active.
-func TestNVMLNvlinkAfterDriverGone(t *testing.T) {
-	for _, tc := range []struct {
+// linkForgets are what makes the NVLink states of GPU a forgotten (the
+// links retrain after it): gone, from one poll, until back is called.
+func linkForgets() []struct {
+	name string
+	gone func(s *NVML, a *fakeGPU) (back func())
+} {
+	return []struct {
 		name string
 		gone func(s *NVML, a *fakeGPU) (back func())
 	}{
@@ -772,7 +773,24 @@ func TestNVMLNvlinkAfterDriverGone(t *testing.T) {
 			lostGPU(a, true)
 			return func() { a.fail = nil }
 		}},
-	} {
+		{"MIG on, then off", func(_ *NVML, a *fakeGPU) func() {
+			a.mig = nvml.DEVICE_MIG_ENABLE
+			return func() { a.mig = nvml.DEVICE_MIG_DISABLE }
+		}},
+	}
+}
+
+// TestNVMLNvlinkAfterDriverGone: after the driver went away (GPU Operator
+// upgrade: Init answers DRIVER_NOT_LOADED or fails, or the count fails),
+// after a GPU reset (its handle failing meanwhile), a GPU lost or MIG mode
+// on then off, NVLinks
+// are inactive until Fabric Manager retrains them: that is not "was
+// active, now down" (fatal NVLINK_DOWN, COMPONENT_RESET, on a healthy
+// GPU) while they train (linkRetrain: here, three reads). One seen active
+// again and then inactive at two reads in a row is down, and lifted when
+// active.
+func TestNVMLNvlinkAfterDriverGone(t *testing.T) {
+	for _, tc := range linkForgets() {
 		t.Run(tc.name, func(t *testing.T) {
 			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
 			var logs strings.Builder
@@ -809,6 +827,58 @@ func TestNVMLNvlinkAfterDriverGone(t *testing.T) {
 			}
 			if f := n.faults(); f != "" && tc.name != "lost" {
 				t.Errorf("faults standing: %s", f)
+			}
+		})
+	}
+}
+
+// TestNVMLNvlinkDeadAfterForget: a link seen active whose state was
+// forgotten (driver reload, GPU reset, GPU lost, MIG on then off) and that
+// never trains again is down: its watch unknown while it may be training
+// (linkRetrain), then DCGM_FR_NVLINK_DOWN, standing while it reads
+// inactive. Taken for a link never seen active (unused), it was never
+// reported: a dead NVLink, possibly broken by the reset of the remediation.
+func TestNVMLNvlinkDeadAfterForget(t *testing.T) {
+	for _, tc := range linkForgets() {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+			var logs strings.Builder
+			s := fakeNVML(&logs, a)
+			c, err := New(Config{Source: s, Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := newNode()
+			poll := func() string { t.Helper(); return pollNVML(t, c, n, "GpuNvlinkWatch", false) }
+			poll() // the baseline, link 0 active
+			back := tc.gone(s, a)
+			poll()
+			back()
+			a.link0 = nvml.FEATURE_DISABLED // dead
+			var raised []int
+			for i := range 20 {
+				switch got := poll(); got {
+				case "":
+				case "GpuNvlinkWatch:DCGM_FR_NVLINK_DOWN!/COMPONENT_RESET@GPU-A":
+					raised = append(raised, i)
+				default:
+					t.Errorf("back, link 0 dead, read %d: Nvlink events %q", i, got)
+				}
+				if gpus := s.GPUs(); i == 0 && (len(gpus) != 1 || !slices.Contains(gpus[0].Unknown, "Nvlink")) {
+					t.Errorf("back, link 0 dead, read 0: inventory %+v, want Nvlink unknown (it may be training)", gpus)
+				}
+			}
+			// The fake clock moves two minutes a read: the window is over
+			// at the fourth read.
+			if !slices.Equal(raised, []int{3}) {
+				t.Errorf("back, link 0 dead: NVLINK_DOWN raised at reads %v, want [3] (once, after the retrain window)", raised)
+			}
+			if f := n.faults(); !strings.Contains(f, "GpuNvlinkWatch") {
+				t.Errorf("link 0 dead: faults %q, want its NVLINK_DOWN", f)
+			}
+			a.link0 = nvml.FEATURE_ENABLED
+			if got := poll(); got != "GpuNvlinkWatch:healthy@GPU-A" {
+				t.Errorf("active: Nvlink events %q, want its recovery", got)
 			}
 		})
 	}
@@ -917,7 +987,8 @@ func TestNVMLNvlinkUnusedLinkLiftsFault(t *testing.T) {
 // TestNVMLNvlinkUnderMIG: MIG mode turns NVLink off: a GPU in MIG mode
 // reads no link, its Nvlink watch is healthy — an NVLINK_DOWN fault that
 // stands is lifted, a new process baselines it — and its link states are
-// forgotten (MIG off again, the links inactive until trained are no fault).
+// forgotten (MIG off again, the links inactive while they may train,
+// linkRetrain, are no fault).
 func TestNVMLNvlinkUnderMIG(t *testing.T) {
 	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
 	var logs strings.Builder
@@ -1037,7 +1108,9 @@ func TestNVMLInforom(t *testing.T) {
 	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED,
 		fail: map[string]nvml.Return{"ValidateInforom": nvml.ERROR_UNKNOWN}}
 	var logs strings.Builder
-	c, err := New(Config{Source: fakeNVML(&logs, a), Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	s := fakeNVML(&logs, a)
+	later := hourly(s)
+	c, err := New(Config{Source: s, Uptime: func() (time.Duration, error) { return time.Hour, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1060,5 +1133,55 @@ func TestNVMLInforom(t *testing.T) {
 		if got := pollNVML(t, c, n, "GpuInforomWatch", true); got != step.want {
 			t.Errorf("read %d: Inforom events %q, want %q", i, got, step.want)
 		}
+		later() // validated again
 	}
+}
+
+// hourly makes s's clock an hour later at each call of the func it returns.
+func hourly(s *NVML) (later func()) {
+	var skew time.Duration
+	now := s.now
+	s.now = func() time.Time { return now().Add(skew) }
+	return func() { skew += time.Hour }
+}
+
+// TestNVMLInforomHourly: the InfoROM is validated at most once an hour per
+// GPU, as DCGM samples it (validating it every 30 s poll is costly): the
+// first read validates, the reads of the next hour keep its answer, the
+// first read an hour later validates again. A validation that does not
+// answer is tried again at the next read (the watch unknown meanwhile).
+func TestNVMLInforomHourly(t *testing.T) {
+	a := &fakeGPU{uuid: "GPU-A", bus: "00000000:1B:00.0", link0: nvml.FEATURE_ENABLED}
+	var logs strings.Builder
+	s := fakeNVML(&logs, a)
+	later := hourly(s)
+	c, err := New(Config{Source: s, Uptime: func() (time.Duration, error) { return time.Hour, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := newNode()
+	step := func(name, want string, validations int) {
+		t.Helper()
+		if got := pollNVML(t, c, n, "GpuInforomWatch", true); got != want {
+			t.Errorf("%s: Inforom events %q, want %q", name, got, want)
+		}
+		if a.validations != validations {
+			t.Errorf("%s: %d validations, want %d", name, a.validations, validations)
+		}
+	}
+	step("first read", "GpuInforomWatch:healthy@GPU-A GpuInforomWatch:healthy@gpu0", 1)
+	a.inforom = nvml.ERROR_CORRUPTED_INFOROM
+	for range 5 {
+		step("within the hour", "", 1)
+	}
+	later()
+	step("an hour later", "GpuInforomWatch:DCGM_FR_CORRUPT_INFOROM/CONTACT_SUPPORT@GPU-A", 2)
+	step("within the hour", "", 2)
+	later()
+	a.fail = map[string]nvml.Return{"ValidateInforom": nvml.ERROR_UNKNOWN}
+	step("an hour later, failing", "", 3)
+	step("failed: tried again", "", 4)
+	a.fail, a.inforom = nil, nvml.SUCCESS
+	step("answers", "GpuInforomWatch:healthy@GPU-A", 5)
+	step("within the hour", "", 5)
 }
