@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
@@ -156,7 +157,7 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 		case len(token) < 16:
 			return nil, fmt.Errorf("line %d: token must be at least 16 characters", n)
 		case strings.IndexFunc(token, badTokenRune) >= 0:
-			return nil, fmt.Errorf("line %d: token must not contain spaces, control characters or byte-order marks", n)
+			return nil, fmt.Errorf("line %d: token must not contain spaces, control or format characters (a byte-order mark, a zero-width space) or bytes that are not UTF-8", n)
 		case !events.IsClusterName(c.Cluster):
 			return nil, fmt.Errorf("line %d: cluster %q is not a lowercase DNS label", n, c.Cluster)
 		}
@@ -200,12 +201,17 @@ func tokenName(cluster string, digest [sha256.Size]byte) string {
 }
 
 // badTokenRune reports a character no token holds: a space (Unicode's,
-// the non-breaking space included), a control character (C0, DEL, C1) or a
-// byte-order mark, invisible when copied into the file with a token: it
-// made one no client sends, its caller refused for ever, nothing logged.
-// Other non-ASCII characters are kept: Go's HTTP client sends such a token
-// as its UTF-8 bytes, and a tokens file holding one must keep loading.
-func badTokenRune(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) || r == '\ufeff' }
+// the non-breaking space included), a control character (C0, DEL, C1), a
+// format character (zero-width space, word joiner, soft hyphen, byte-order
+// mark) or a byte that is not UTF-8 (a file saved as Latin-1), invisible
+// when copied into the file with a token: it made one no client sends, its
+// caller refused for ever, nothing logged. Other non-ASCII characters are
+// kept: Go's HTTP client sends such a token as its UTF-8 bytes, and a
+// tokens file holding one must keep loading (gRPC metadata, the agents'
+// door, carries printable ASCII only).
+func badTokenRune(r rune) bool {
+	return unicode.IsSpace(r) || unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError
+}
 
 // Lookup returns the caller of a bearer token.
 func (t *Tokens) Lookup(token string) (Caller, bool) {

@@ -538,6 +538,16 @@ func (s *NVML) forgetLinks(id string, held bool) {
 			delete(s.last, k)
 		}
 	}
+	if held {
+		// The driver went away or the GPU was reset (a reflashed InfoROM
+		// takes one): its InfoROM is validated again at the next read, not
+		// taken from an answer up to an hour old.
+		for k := range s.inforom {
+			if id == "" || k == id {
+				delete(s.inforom, k)
+			}
+		}
+	}
 }
 
 // cond returns the incidents of one condition of GPU id, read by query

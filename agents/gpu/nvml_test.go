@@ -1184,4 +1184,16 @@ func TestNVMLInforomHourly(t *testing.T) {
 	a.fail, a.inforom = nil, nvml.SUCCESS
 	step("answers", "GpuInforomWatch:healthy@GPU-A", 5)
 	step("within the hour", "", 5)
+
+	// Reflashed and the driver reloaded within the hour: validated again
+	// at the first read after, not taken from the corrupt answer.
+	later()
+	a.inforom = nvml.ERROR_CORRUPTED_INFOROM
+	step("corrupt", "GpuInforomWatch:DCGM_FR_CORRUPT_INFOROM/CONTACT_SUPPORT@GPU-A", 6)
+	lib := s.lib.(*mock.Interface)
+	init := lib.InitFunc
+	lib.InitFunc = func() nvml.Return { return nvml.ERROR_DRIVER_NOT_LOADED }
+	pollNVML(t, c, n, "GpuInforomWatch", true)
+	lib.InitFunc, a.inforom = init, nvml.SUCCESS
+	step("reflashed, driver back", "GpuInforomWatch:healthy@GPU-A", 7)
 }
