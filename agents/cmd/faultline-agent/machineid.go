@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,8 +46,14 @@ func machineIDCmd(_ context.Context, args []string, stdout, stderr io.Writer) er
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return fmt.Errorf("machine-id: %w", err)
 	}
-	// Written aside and renamed: an agent never reads half a UUID.
+	// Written aside and renamed: an agent never reads half a UUID. A file
+	// aside left by a run killed before its rename is read-only, and root
+	// without CAP_DAC_OVERRIDE (the chart drops every capability) cannot
+	// open it again: removed first, or every rerun failed.
 	tmp := dst + ".tmp"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("machine-id: %w", err)
+	}
 	if err := os.WriteFile(tmp, []byte(uuid+"\n"), 0o444); err != nil {
 		return fmt.Errorf("machine-id: %w", err)
 	}

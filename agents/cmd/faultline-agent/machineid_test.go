@@ -18,6 +18,7 @@ func TestMachineID(t *testing.T) {
 		name    string
 		uuid    string // in the sysfs; "" none
 		badOut  bool   // out is a file
+		aside   bool   // a read-only copy aside, left by a run killed before its rename
 		want    string // the copy; "" none
 		wantErr string
 		wantSay string // on stderr
@@ -26,6 +27,9 @@ func TestMachineID(t *testing.T) {
 		{name: "no DMI", wantSay: "the agent's events carry no machine"},
 		{name: "empty product_uuid", uuid: "\n", wantSay: "none readable"},
 		{name: "out not a directory", uuid: uuid, badOut: true, wantErr: "machine-id: mkdir"},
+		// Root without CAP_DAC_OVERRIDE (the chart's init container) cannot
+		// open a read-only file again: it is removed, not reopened.
+		{name: "read-only copy aside", uuid: uuid + "\n", aside: true, want: uuid + "\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sys, out := t.TempDir(), filepath.Join(t.TempDir(), "machine")
@@ -42,6 +46,14 @@ func TestMachineID(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			if tc.aside {
+				if err := os.MkdirAll(filepath.Join(out, filepath.Dir(productUUID)), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(out, productUUID+".tmp"), []byte("half"), 0o444); err != nil {
+					t.Fatal(err)
+				}
+			}
 			var stdout, stderr bytes.Buffer
 			err := dispatch(context.Background(), []string{"machine-id", "--sysfs", sys, "--out", out}, &stdout, &stderr)
 			if (err != nil) != (tc.wantErr != "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
@@ -53,6 +65,9 @@ func TestMachineID(t *testing.T) {
 			b, err := os.ReadFile(filepath.Join(out, productUUID))
 			if string(b) != tc.want || (tc.want == "") != (err != nil) {
 				t.Fatalf("copy %q (%v), want %q", b, err, tc.want)
+			}
+			if _, err := os.Stat(filepath.Join(out, productUUID+".tmp")); err == nil {
+				t.Errorf("the copy aside is left behind")
 			}
 			if fi, err := os.Stat(filepath.Join(out, productUUID)); err == nil && fi.Mode().Perm() != 0o444 {
 				t.Errorf("copy mode %v, want readable by all", fi.Mode().Perm())
