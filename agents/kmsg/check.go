@@ -412,15 +412,15 @@ func (c *Check) open() (source, error) {
 	case SourceJournal:
 		return newJournal(c.cfg.JournalctlPath, st.sourceState), nil
 	case SourceFile:
-		if st.File != c.cfg.File {
-			// No position to resume at: the file is read from its start,
-			// and a kern.log spans several boots. Like the journal's -b,
-			// only this boot's lines count: an Xid of a boot before, of a
-			// node since repaired and rebooted, is no current fault, and
-			// no reboot's healthy event would follow it.
-			c.parser.skipBefore = c.cfg.Parser.BootTime
-		}
-		return newFile(c.cfg.File, st.sourceState), nil
+		// Read from its start — no position saved for it, or the log no
+		// longer the file it was saved in (rotated while the agent was
+		// down, truncated and written again) — a kern.log spans several
+		// boots. Like the journal's -b, only this boot's lines count: an
+		// Xid of a boot before, of a node since repaired and rebooted, is
+		// no current fault, and no reboot's healthy event would follow it.
+		// Resumed at the saved position, the boot before's lines still
+		// unread are read (afterReboot).
+		return newFile(c.cfg.File, st.sourceState, func() { c.parser.skipBefore = c.cfg.Parser.BootTime }), nil
 	default:
 		return openKmsg(c.cfg.KmsgPath, c.bootID, st.sourceState)
 	}

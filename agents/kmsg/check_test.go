@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/faultline/faultline/agents/logtail"
 	"github.com/faultline/faultline/agents/topology/topologytest"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -120,17 +121,34 @@ func TestRebootReportsHealthy(t *testing.T) {
 // Xid 79 of a week ago, on a node since repaired and rebooted, would be
 // taken for a current fault with no healthy event after it — while this
 // boot's are.
+//
+// So too when a position was saved for the file but the log is no longer
+// the file it was saved in (rotated while the agent was down: another
+// inode; truncated and written again: other first bytes), read from its
+// start: the fatal Xid that made a remediation reboot the node was
+// reported again, the node just repaired quarantined again. A position
+// the log still matches goes on from it, the boot before's lines
+// unread then reported.
 func TestFileWithoutPositionSkipsEarlierBoots(t *testing.T) {
 	boot := time.Date(2024, 10, 28, 9, 0, 0, 0, time.UTC)
+	thisBoot := []string{"SysLogsXIDError [XID-48] healthy=false"}
 	for _, tc := range []struct {
-		name  string
-		state string // the state file's content; "" none
-		dir   bool   // a state_dir
+		name string
+		// state is the state file's content, "" none; FILE, INODE, OFFSET
+		// and HEAD stand for the log's path and its position after its
+		// first line.
+		state string
+		dir   bool // a state_dir
+		want  []string
 	}{
-		{"first start", "", true},
-		{"state file corrupt", "{not json", true},
-		{"state of another file", `{"file":"/var/log/other.log","offset":99}`, true},
-		{"no state_dir", "", false},
+		{"first start", "", true, thisBoot},
+		{"state file corrupt", "{not json", true, thisBoot},
+		{"state of another file", `{"file":"/var/log/other.log","offset":99}`, true, thisBoot},
+		{"no state_dir", "", false, thisBoot},
+		{"position of a log rotated away", `{"file":"FILE","inode":INODE1,"offset":OFFSET,"head":"HEAD"}`, true, thisBoot},
+		{"position of a log truncated and refilled", `{"file":"FILE","inode":INODE,"offset":OFFSET,"head":"28:0123456789abcdef0123456789abcdef"}`, true, thisBoot},
+		{"position resumed", `{"file":"FILE","inode":INODE,"offset":0,"head":"HEAD"}`, true,
+			[]string{"SysLogsXIDError [XID-79] healthy=false", "SysLogsXIDError [XID-48] healthy=false"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -141,6 +159,14 @@ func TestFileWithoutPositionSkipsEarlierBoots(t *testing.T) {
 			if err := os.WriteFile(logf, []byte(xid(boot.Add(-7*24*time.Hour), "79")+xid(boot.Add(time.Minute), "48")), 0o644); err != nil {
 				t.Fatal(err)
 			}
+			var first logtail.Follower
+			if err := first.Read(logf, 1<<20, func(string) bool { return false }); err != nil {
+				t.Fatal(err)
+			}
+			ino, off, head := first.Position()
+			first.Close()
+			tc.state = strings.NewReplacer("FILE", logf, "INODE1", strconv.FormatUint(ino+1, 10), "INODE", strconv.FormatUint(ino, 10),
+				"OFFSET", strconv.FormatInt(off, 10), "HEAD", head).Replace(tc.state)
 			cfg := Config{Source: SourceFile, File: logf, BootIDPath: filepath.Join(dir, "boot_id"), ProcStatPath: "/nonexistent",
 				Parser: ParserConfig{BootTime: boot, Year: 2024, Location: time.UTC, Now: func() time.Time { return boot.Add(time.Hour) }}}
 			if tc.dir {
@@ -168,8 +194,8 @@ func TestFileWithoutPositionSkipsEarlierBoots(t *testing.T) {
 			for _, ev := range evs {
 				got = append(got, fmt.Sprintf("%s %v healthy=%v", ev.GetCheckName(), ev.GetErrorCode(), ev.GetIsHealthy()))
 			}
-			if want := []string{"SysLogsXIDError [XID-48] healthy=false"}; !slices.Equal(got, want) {
-				t.Fatalf("events %q, want %q (the Xid 79 of the boot before not reported)", got, want)
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("events %q, want %q", got, tc.want)
 			}
 		})
 	}

@@ -297,13 +297,19 @@ func (j *journalSource) close() error          { return nil }
 type fileSource struct {
 	path string
 	tail logtail.Follower
+	// fromStart, when set, is called before the first line is handed
+	// over if the file it is read from was not resumed at the saved
+	// position (none saved, or the log no longer the file it was saved
+	// in): the file is read from its start (Check.open).
+	fromStart func()
+	begun     bool // a line was handed over, or the first open resumed
 }
 
 // fileReadBytes bounds one read (with max lines).
 const fileReadBytes = 64 << 20
 
-func newFile(path string, st sourceState) *fileSource {
-	f := &fileSource{path: path}
+func newFile(path string, st sourceState, fromStart func()) *fileSource {
+	f := &fileSource{path: path, fromStart: fromStart}
 	if st.File == path {
 		f.tail.Resume(st.Inode, st.Offset, st.Head)
 	}
@@ -313,10 +319,19 @@ func newFile(path string, st sourceState) *fileSource {
 func (f *fileSource) read(ctx context.Context, max int, fn func(Line)) error {
 	n := 0
 	err := f.tail.Read(f.path, fileReadBytes, func(line string) bool {
+		if !f.begun {
+			f.begun = true
+			if !f.tail.Resumed() && f.fromStart != nil {
+				f.fromStart()
+			}
+		}
 		fn(Line{Text: line, Mono: -1})
 		n++
 		return n < max && (n%4096 != 0 || ctx.Err() == nil)
 	})
+	// Resumed without a line yet: a log rotated later is read from its
+	// start, all of it written since.
+	f.begun = f.begun || f.tail.Resumed()
 	if err == nil {
 		err = ctx.Err()
 	}
