@@ -142,11 +142,16 @@ func (t *Follower) Read(path string, limit int64, fn func(line string) bool) err
 	t.started = true
 	if t.f != nil {
 		if cur, err := t.f.Stat(); err == nil && fi != nil && os.SameFile(fi, cur) {
-			_, err := t.readOn(limit, false, fn)
+			_, _, err := t.readOn(limit, false, fn)
 			return err
 		}
-		// Renamed or removed: the rest of it first.
-		more, err := t.readOn(limit, true, fn)
+		// Renamed or removed: the rest of it first; the new file at the
+		// next Read when the limit or fn stopped it.
+		more, stopped, err := t.readOn(limit, true, fn)
+		if stopped && err == nil {
+			t.more = t.more || fi != nil
+			return nil
+		}
 		if more && err == nil {
 			return nil
 		}
@@ -186,7 +191,7 @@ func (t *Follower) Read(path string, limit int64, fn func(line string) bool) err
 	default:
 		t.offset = 0
 	}
-	_, err = t.readOn(limit, false, fn)
+	_, _, err = t.readOn(limit, false, fn)
 	return err
 }
 
@@ -200,16 +205,17 @@ func (t *Follower) readHead(size int64) ([]byte, error) {
 }
 
 // readOn reads the open file's lines from the offset; more: it stopped
-// before the file's end (limit, fn). rotated: the file will not grow, a
-// last line without a newline is read too.
-func (t *Follower) readOn(limit int64, rotated bool, fn func(string) bool) (more bool, err error) {
+// before the file's end (limit, fn); stopped: fn returned false.
+// rotated: the file will not grow, a last line without a newline is read
+// too.
+func (t *Follower) readOn(limit int64, rotated bool, fn func(string) bool) (more, stopped bool, err error) {
 	fi, err := t.f.Stat()
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	head, err := t.readHead(fi.Size())
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	if fi.Size() < t.offset || !bytes.HasPrefix(head, t.head) {
 		t.offset, t.skip = 0, false
@@ -227,7 +233,7 @@ func (t *Follower) readOn(limit int64, rotated bool, fn func(string) bool) (more
 				if errors.Is(err, io.EOF) {
 					err = nil
 				}
-				return t.offset < fi.Size(), err
+				return t.offset < fi.Size(), false, err
 			}
 			full = false // the rotated file's last line
 		}
@@ -258,7 +264,7 @@ func (t *Follower) readOn(limit int64, rotated bool, fn func(string) bool) (more
 					t.offset, t.skip = start+int64(end), false
 				}
 				t.more = t.offset < fi.Size()
-				return t.more, nil
+				return t.more, true, nil
 			}
 			if end == len(b) {
 				break

@@ -107,6 +107,35 @@ func TestFollowerReadsARenamedLogToItsEnd(t *testing.T) {
 	}
 }
 
+// TestFollowerStopsAtARotatedLogsLastLine: fn returning false on the last
+// line of a log renamed away stops the read there — the new log was
+// opened and fn called again on its first line, one line past kmsg's
+// max_lines_per_check and its stop at the check's deadline at each
+// rotation; the new log is read by the next read, from its start.
+func TestFollowerStopsAtARotatedLogsLastLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kern.log")
+	appendFile(t, path, "first\n")
+	var tl Follower
+	if got := read(t, &tl, path, 1<<20); !slices.Equal(got, []string{"first"}) {
+		t.Fatalf("first read: %q", got)
+	}
+	appendFile(t, path, "old last\n")
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	appendFile(t, path, "new first\nnew second\n")
+	var got []string
+	if err := tl.Read(path, 1<<20, func(l string) bool { got = append(got, l); return false }); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, []string{"old last"}) || !tl.More() {
+		t.Fatalf("stopped by fn on the rotated log's last line: fn called on %q (More %v), want once, More", got, tl.More())
+	}
+	if got, want := read(t, &tl, path, 1<<20), []string{"new first", "new second"}; !slices.Equal(got, want) {
+		t.Fatalf("the next read: %q, want %q", got, want)
+	}
+}
+
 // TestFollowerBoundsItsReads: the first read of a long log replays its
 // last Replay bytes from a line's start (a log present later is read from
 // its start); one read takes at most its limit, no line lost or cut
