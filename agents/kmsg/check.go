@@ -419,8 +419,15 @@ func (c *Check) open() (source, error) {
 		// Xid of a boot before, of a node since repaired and rebooted, is
 		// no current fault, and no reboot's healthy event would follow it.
 		// Resumed at the saved position, the boot before's lines still
-		// unread are read (afterReboot).
-		return newFile(c.cfg.File, st.sourceState, func() { c.parser.skipBefore = c.cfg.Parser.BootTime }), nil
+		// unread are read (afterReboot). A position saved in this boot
+		// (the agent restarted, the log rotated meanwhile) leaves nothing
+		// of a boot before unread: no filter, which would drop this boot's
+		// first hours were the lines' zone read wrong.
+		fromStart := func() { c.parser.skipBefore = c.cfg.Parser.BootTime }
+		if st.File == c.cfg.File && st.BootID != "" && st.BootID == c.bootID {
+			fromStart = nil
+		}
+		return newFile(c.cfg.File, st.sourceState, fromStart), nil
 	default:
 		return openKmsg(c.cfg.KmsgPath, c.bootID, st.sourceState)
 	}

@@ -149,6 +149,11 @@ func TestFileWithoutPositionSkipsEarlierBoots(t *testing.T) {
 		{"position of a log truncated and refilled", `{"file":"FILE","inode":INODE,"offset":OFFSET,"head":"28:0123456789abcdef0123456789abcdef"}`, true, thisBoot},
 		{"position resumed", `{"file":"FILE","inode":INODE,"offset":0,"head":"HEAD"}`, true,
 			[]string{"SysLogsXIDError [XID-79] healthy=false", "SysLogsXIDError [XID-48] healthy=false"}},
+		// Saved in this boot (the agent restarted, the log rotated
+		// meanwhile): every line of the new log is of this boot, even one
+		// whose time reads as before it (the lines' zone read wrong).
+		{"position of this boot, log rotated away", `{"bootId":"BOOT","file":"FILE","inode":INODE1,"offset":OFFSET,"head":"HEAD"}`, true,
+			[]string{"SysLogsXIDError [XID-79] healthy=false", "SysLogsXIDError [XID-48] healthy=false"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -165,7 +170,11 @@ func TestFileWithoutPositionSkipsEarlierBoots(t *testing.T) {
 			}
 			ino, off, head := first.Position()
 			first.Close()
-			tc.state = strings.NewReplacer("FILE", logf, "INODE1", strconv.FormatUint(ino+1, 10), "INODE", strconv.FormatUint(ino, 10),
+			const bootID = "5f1c7a3e-2b4d-4e6f-8a9b-0c1d2e3f4a5b"
+			if err := os.WriteFile(filepath.Join(dir, "boot_id"), []byte(bootID+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			tc.state = strings.NewReplacer("BOOT", bootID, "FILE", logf, "INODE1", strconv.FormatUint(ino+1, 10), "INODE", strconv.FormatUint(ino, 10),
 				"OFFSET", strconv.FormatInt(off, 10), "HEAD", head).Replace(tc.state)
 			cfg := Config{Source: SourceFile, File: logf, BootIDPath: filepath.Join(dir, "boot_id"), ProcStatPath: "/nonexistent",
 				Parser: ParserConfig{BootTime: boot, Year: 2024, Location: time.UTC, Now: func() time.Time { return boot.Add(time.Hour) }}}
