@@ -128,7 +128,8 @@ func checkSecretFile(f *os.File, path string) error {
 // when set, binds the credential to that Kubernetes node: it may report
 // events (and read the history) of that node only. Blank lines and lines
 // starting with # are ignored. Tokens are at least 16 characters, with no
-// space, control character or byte-order mark (badTokenRune). A UTF-8
+// space, control or format character, or byte that is not UTF-8
+// (badTokenRune). A UTF-8
 // byte-order mark starting the file (an editor on Windows) is ignored. A
 // file with no token is ErrNoTokens.
 func ParseTokens(r io.Reader) (*Tokens, error) {

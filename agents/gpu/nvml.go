@@ -428,7 +428,8 @@ func (s *NVML) device(i int, d nvml.Device) ([]Incident, GPU) {
 	// later...): the reads between keep its last answer (a real one, so the
 	// watch is known). A validation that did not answer is tried again at
 	// the next read, the watch unknown meanwhile; a GPU lost is not taken
-	// from the last answer.
+	// from the last answer, and a driver reload or a reset a poll sees
+	// (forgetLinks) validates again at the next read.
 	incs = nil
 	now := s.now()
 	if last, ok := s.inforom[id]; ok && now.Sub(last.t) < inforomEvery && !lost && !s.gone {
