@@ -44,6 +44,16 @@ func runProcess(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if kube := cfg.Processors.Kube; len(kube.Clusters) > 0 {
+		if names := kube.UnlistedDryRun(); len(names) > 0 {
+			listed := make([]string, 0, len(kube.Clusters))
+			for _, cl := range kube.Clusters {
+				listed = append(listed, cl.Name)
+			}
+			log.Warn("kube.dry_run_clusters names clusters kube.clusters does not list: they are dry-run as any unlisted cluster is; a misspelt name leaves the cluster it meant live",
+				"unlisted", names, "clusters", listed)
+		}
+	}
 	reg := newRegistry(cfg)
 	if err := kafka.CreatePipelineTopics(ctx, cfg.Kafka, log); err != nil {
 		return err

@@ -245,6 +245,20 @@ func (c Config) Names() []string {
 	return out
 }
 
+// UnlistedDryRun returns the names of DryRunClusters that Clusters does
+// not list, sorted: each is dry-run as any unlisted cluster is, and a
+// misspelt one leaves the cluster it meant live (worth a warning at start).
+func (c Config) UnlistedDryRun() []string {
+	var out []string
+	for _, name := range c.DryRunClusters {
+		if c.index(name) < 0 {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // ErrUnknownCluster is returned by Registry.Get for a cluster that is not
 // configured.
 var ErrUnknownCluster = errors.New("cluster not configured")

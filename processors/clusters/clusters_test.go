@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -39,6 +40,9 @@ func TestFlagsAndValidate(t *testing.T) {
 	c.RegisterFlags(fs, "kube.")
 	if err := fs.Parse([]string{"--kube.clusters=a=/etc/a.yaml,b=in-cluster", "--kube.dry-run-clusters=b,c", "--kube.qps=150"}); err != nil {
 		t.Fatal(err)
+	}
+	if got := c.UnlistedDryRun(); !slices.Equal(got, []string{"c"}) {
+		t.Errorf("unlisted dry-run clusters %v, want [c]", got)
 	}
 	if got := c.Names(); strings.Join(got, ",") != "a,b,c" || c.QPS != 150 {
 		t.Fatalf("names %v qps %v", got, c.QPS)
