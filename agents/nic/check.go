@@ -63,6 +63,10 @@ type Check struct {
 	// unreadable is when each known device listed but not discoverable
 	// was first seen so: past cardHoldDown it is reported lost.
 	unreadable map[string]time.Time
+	// missing is when each known device not listed, not reported yet,
+	// was first seen missing: past deviceHoldDown it is reported
+	// disappeared.
+	missing map[string]time.Time
 	// portUnreadable is when each monitored port whose state cannot be
 	// read was first seen so (keyed "device/port"): past cardHoldDown it
 	// is reported fatal and counted inactive for its card.
@@ -89,6 +93,15 @@ type Check struct {
 // stuck over 30 s; a port DOWN says so itself at once (its own fatal), so
 // the card's report can wait as long as NICPortDrop's hold (4 min).
 const cardHoldDown = 5 * time.Minute
+
+// deviceHoldDown is how long a known device stays unlisted, while others
+// are listed, before it is reported disappeared. An openibd unload/reload
+// unregisters and registers the devices one at a time over seconds: a
+// poll sees some missing, and each was reported disappeared (REPLACE_VM)
+// and present again a second later. 30 s separates a device re-registering
+// from one fallen off the bus, whose disappearance stays fatal, reported
+// 30 s later.
+const deviceHoldDown = 30 * time.Second
 
 // ErrNoDevices is a poll's error when sysfs lists no InfiniBand device
 // (class/infiniband missing or empty) while the GPU metadata names some
@@ -152,7 +165,7 @@ func New(cfg Config, opt Options) (*Check, error) {
 		return nil, err
 	}
 	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}, below: map[string]time.Time{},
-		downedRead: map[string]bool{}, unreadable: map[string]time.Time{}, portUnreadable: map[string]time.Time{}}
+		downedRead: map[string]bool{}, unreadable: map[string]time.Time{}, missing: map[string]time.Time{}, portUnreadable: map[string]time.Time{}}
 	if md != nil {
 		c.expected = len(md.NICTopology)
 	}
@@ -369,6 +382,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			// for the old name is cleared, as nothing will ever come back
 			// under it.
 			c.log.Info("NIC renamed or bonded", "device", name, "now", to)
+			delete(c.missing, name)
 			delete(c.st.KnownDevices, name)
 			delete(c.st.KnownPCI, name)
 			for _, port := range c.retirePorts(name, why, emit) {
@@ -384,8 +398,31 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			}
 			continue
 		}
+		if ok {
+			delete(c.missing, name)
+		}
 		switch {
 		case !ok && !gone:
+			// Not listed while others are: held down for
+			// deviceHoldDown (a driver reload registers them one by
+			// one); none listed, or listed but unreadable, the
+			// hold-down was cardHoldDown's, already past.
+			since, seen := c.missing[name]
+			if present[name] {
+				since, seen = time.Time{}, true
+			}
+			if !seen {
+				since = c.now()
+				if !c.noDevices.IsZero() && c.noDevices.Before(since) {
+					since = c.noDevices
+				}
+				c.missing[name] = since
+			}
+			if c.now().Sub(since) < deviceHoldDown {
+				c.log.Debug("known NIC not listed, held down", "device", name, "since", since, "hold_down", deviceHoldDown)
+				continue
+			}
+			delete(c.missing, name)
 			c.st.Disappeared = append(c.st.Disappeared, name)
 			c.log.Error("NIC disappeared", "device", name)
 			if c.stateOn(ll) {

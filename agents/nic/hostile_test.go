@@ -168,7 +168,7 @@ func TestRenamedDeviceIsNotDisappeared(t *testing.T) {
 				degrBaseline(InfiniBandDegradationCheck, "ibp48s0")})
 			// A real disappearance is still one.
 			must(t, e.tree.Remove("ibp48s0"))
-			wantEvents(t, "removed", poll(t, c), []string{"F InfiniBandStateCheck: NIC ibp48s0 disappeared from /sys/class/infiniband/ - hardware failure"})
+			wantEvents(t, "removed", e.pollGone(t, c), []string{"F InfiniBandStateCheck: NIC ibp48s0 disappeared from /sys/class/infiniband/ - hardware failure"})
 		})
 	}
 }
@@ -181,7 +181,7 @@ func TestDisappearedThenBackRenamed(t *testing.T) {
 	c := e.check()
 	poll(t, c)
 	must(t, e.tree.Remove("mlx5_2"))
-	wantEvents(t, "removed", poll(t, c), []string{"F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"})
+	wantEvents(t, "removed", e.pollGone(t, c), []string{"F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"})
 	d := small().Devices[2]
 	d.Name = "ibp48s0"
 	must(t, e.tree.Add(d))
@@ -218,7 +218,7 @@ func TestExcludedDeviceForgotten(t *testing.T) {
 			poll(t, c)
 			if tc.removed {
 				must(t, e.tree.Remove("mlx5_2"))
-				wantEvents(t, "removed", poll(t, c), []string{gone})
+				wantEvents(t, "removed", e.pollGone(t, c), []string{gone})
 				must(t, e.tree.Add(small().Devices[2]))
 			}
 			e.cfg.ExclusionRegex = tc.exclude
@@ -231,7 +231,7 @@ func TestExcludedDeviceForgotten(t *testing.T) {
 			if tc.exclude == DefaultConfig().ExclusionRegex {
 				want = []string{gone}
 			}
-			wantEvents(t, "removed again", poll(t, c), want)
+			wantEvents(t, "removed again", e.pollGone(t, c), want)
 		})
 	}
 }
@@ -260,20 +260,21 @@ func TestRoCEBondIsNotDisappeared(t *testing.T) {
 		restart bool
 		change  func(t *testing.T, e *env)
 		want    []string
+		gone    bool // a device no longer listed: held down first
 	}{
-		{"bonded at runtime", false, func(t *testing.T, e *env) { must(t, e.tree.Bond("bond0", "mlx5_bond_0", pfs...)) }, []string{bondPort, bondCounters}},
-		{"bonded across a restart", true, func(t *testing.T, e *env) { must(t, e.tree.Bond("bond0", "mlx5_bond_0", pfs...)) }, []string{bondPort, bondCounters}},
+		{"bonded at runtime", false, func(t *testing.T, e *env) { must(t, e.tree.Bond("bond0", "mlx5_bond_0", pfs...)) }, []string{bondPort, bondCounters}, false},
+		{"bonded across a restart", true, func(t *testing.T, e *env) { must(t, e.tree.Bond("bond0", "mlx5_bond_0", pfs...)) }, []string{bondPort, bondCounters}, false},
 		{"reported gone by an older agent, cleared", true, func(t *testing.T, e *env) {
 			must(t, e.tree.Bond("bond0", "mlx5_bond_0", pfs...))
 			st, _, _ := loadState(e.cfg.StateFile, "boot-1")
 			st.Disappeared = []string{"mlx5_7"}
 			var last []byte
 			must(t, st.save(e.cfg.StateFile, &last))
-		}, []string{"H EthernetStateCheck: NIC mlx5_7 present again in /sys/class/infiniband/ in mlx5_bond_0 (RoCE LAG: its PF bonded with mlx5_bond_0's)", bondPort, bondCounters}},
+		}, []string{"H EthernetStateCheck: NIC mlx5_7 present again in /sys/class/infiniband/ in mlx5_bond_0 (RoCE LAG: its PF bonded with mlx5_bond_0's)", bondPort, bondCounters}, false},
 		{"enslaved without LAG, a PF off the bus", false, func(t *testing.T, e *env) {
 			must(t, e.tree.Enslave("bond0", pfs[0].PCI, pfs[1].PCI))
 			must(t, e.tree.Remove("mlx5_7"))
-		}, []string{"F EthernetStateCheck: NIC mlx5_7 disappeared from /sys/class/infiniband/ - hardware failure"}},
+		}, []string{"F EthernetStateCheck: NIC mlx5_7 disappeared from /sys/class/infiniband/ - hardware failure"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := setup(t, p)
@@ -283,7 +284,11 @@ func TestRoCEBondIsNotDisappeared(t *testing.T) {
 			if tc.restart {
 				c = e.check()
 			}
-			wantEvents(t, "changed", poll(t, c), tc.want)
+			got := poll
+			if tc.gone {
+				got = e.pollGone
+			}
+			wantEvents(t, "changed", got(t, c), tc.want)
 			wantEvents(t, "steady", poll(t, c), nil)
 		})
 	}

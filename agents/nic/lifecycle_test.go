@@ -288,7 +288,7 @@ func TestKnownDeviceWithoutPortsYet(t *testing.T) {
 	must(t, os.Rename(hidden, ports))
 	wantEvents(t, "ports added", poll(t, c), nil)
 	must(t, e.tree.Remove("mlx5_2"))
-	wantEvents(t, "removed", poll(t, c), []string{"F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"})
+	wantEvents(t, "removed", e.pollGone(t, c), []string{"F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"})
 }
 
 // TestKnownDeviceUnreadablePastHoldDown: a known device listed but whose
@@ -389,4 +389,39 @@ func TestDriverRestartSwapsNames(t *testing.T) {
 			wantEvents(t, "down", poll(t, c), []string{"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Disabled"})
 		})
 	}
+}
+
+// TestSomeDevicesMissingHeldDown: an openibd unload/reload unregisters and
+// registers the devices one at a time over seconds, so a poll sees some
+// missing, not all. A device missing for less than deviceHoldDown is no
+// event (it was "disappeared", REPLACE_VM, at once and "present again" a
+// second later); one still missing then is reported disappeared, once, and
+// present again when back.
+func TestSomeDevicesMissingHeldDown(t *testing.T) {
+	e := setup(t, small())
+	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	c := clocked(t, e, &now)
+	poll(t, c)
+	must(t, e.tree.Remove("mlx5_1"))
+	must(t, e.tree.Remove("mlx5_2"))
+	wantEvents(t, "2 of 6 missing", poll(t, c), nil)
+	now = now.Add(time.Second)
+	must(t, e.tree.Add(small().Devices[1]))
+	wantEvents(t, "one back within the hold-down", poll(t, c), nil)
+	now = now.Add(deviceHoldDown - 2*time.Second)
+	wantEvents(t, "held down", poll(t, c), nil)
+	now = now.Add(time.Second)
+	wantEvents(t, "past the hold-down", poll(t, c), []string{"F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"})
+	now = now.Add(time.Minute)
+	wantEvents(t, "reported once", poll(t, c), nil)
+	must(t, e.tree.Add(small().Devices[2]))
+	wantEvents(t, "back", poll(t, c), []string{"H InfiniBandStateCheck: NIC mlx5_2 present again in /sys/class/infiniband/"})
+	// Missing again, then back within the hold-down: nothing.
+	must(t, e.tree.Remove("mlx5_2"))
+	wantEvents(t, "missing again", poll(t, c), nil)
+	now = now.Add(10 * time.Second)
+	must(t, e.tree.Add(small().Devices[2]))
+	wantEvents(t, "back again", poll(t, c), nil)
+	now = now.Add(deviceHoldDown)
+	wantEvents(t, "stays back", poll(t, c), nil)
 }

@@ -26,6 +26,7 @@ type env struct {
 	dir  string
 	tree *nictest.Tree
 	cfg  Config
+	now  time.Time // the clock of e.check()'s checks
 }
 
 func setup(t testing.TB, p nictest.Platform) *env { return setupTree(t, p, false) }
@@ -44,7 +45,7 @@ func setupTree(t testing.TB, p nictest.Platform, full bool) *env {
 	if err := p.Build(tree); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, dir: dir, tree: tree, cfg: DefaultConfig()}
+	e := &env{t: t, dir: dir, tree: tree, cfg: DefaultConfig(), now: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}
 	e.cfg.SysfsRoot = tree.Root
 	e.cfg.MetadataPath = filepath.Join(dir, "gpu_metadata.json")
 	if p.Metadata != nil {
@@ -68,7 +69,7 @@ func (e *env) setBootID(id string) {
 func (e *env) check() *Check {
 	e.t.Helper()
 	c, err := New(e.cfg, Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Now: func() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) }})
+		Now: func() time.Time { return e.now }})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -116,6 +117,16 @@ func poll(t testing.TB, c *Check) []string {
 		out = append(out, brief(ev))
 	}
 	return out
+}
+
+// pollGone polls a check that no longer lists a known device: nothing
+// while it is held down (deviceHoldDown), then, that long later, the
+// poll's events.
+func (e *env) pollGone(t testing.TB, c *Check) []string {
+	t.Helper()
+	wantEvents(t, "missing, held down", poll(t, c), nil)
+	e.now = e.now.Add(deviceHoldDown)
+	return poll(t, c)
 }
 
 func wantEvents(t testing.TB, step string, got, want []string) {
@@ -417,13 +428,13 @@ func TestDisappearance(t *testing.T) {
 	if err := e.tree.Remove("mlx5_2"); err != nil {
 		t.Fatal(err)
 	}
-	wantEvents(t, "runtime", poll(t, c), []string{"F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"})
+	wantEvents(t, "runtime", e.pollGone(t, c), []string{"F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"})
 	wantEvents(t, "reported once", poll(t, c), nil)
 
 	// Across a restart: mlx5_4 vanishes while the agent is stopped.
 	e.tree.Remove("mlx5_4")
 	c2 := e.check()
-	wantEvents(t, "across restart", poll(t, c2), []string{"F EthernetStateCheck: NIC mlx5_4 disappeared from /sys/class/infiniband/ - hardware failure"})
+	wantEvents(t, "across restart", e.pollGone(t, c2), []string{"F EthernetStateCheck: NIC mlx5_4 disappeared from /sys/class/infiniband/ - hardware failure"})
 
 	// mlx5_2 comes back healthy.
 	p := small()

@@ -61,6 +61,8 @@ func TestFirstPollBaselines(t *testing.T) {
 		c := e.check()
 		pollEvents(t, c)
 		must(t, e.tree.Remove("mlx5_2"))
+		pollEvents(t, c)
+		e.now = e.now.Add(deviceHoldDown)
 		fault := only(t, "gone", pollEvents(t, c), func(ev *datamodels.HealthEvent) bool { return ev.GetIsFatal() })
 		if events.EntityKey(fault) != "NIC=mlx5_2" {
 			t.Fatalf("fault %s [%s]", brief(fault), events.EntityKey(fault))
