@@ -472,8 +472,19 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		}
 		c.unmonitoredBaselines(emit)
 	}
-	for _, n := range c.nics {
-		if n.Monitored {
+	for _, name := range slices.Sorted(maps.Keys(c.nics)) {
+		if n := c.nics[name]; n.Monitored {
+			if _, known := c.st.KnownDevices[n.Name]; !known && !c.fresh && c.stateOn(n.LinkLayer) {
+				// A device first seen after the first poll (one reported
+				// disappeared when the state was lost, or replaced and
+				// registered after it) gets the baseline of its
+				// device-level fault too: nothing else would lift an
+				// earlier "disappeared". Idempotent on the platform.
+				ev := deviceEvent(name, n.LinkLayer, true)
+				ev.Message = fmt.Sprintf("NIC %s present in /sys/class/infiniband/ (healthy baseline of a device first seen)", name)
+				ev.Metadata = map[string]string{"baseline": "first_seen"}
+				emit(ev)
+			}
 			c.st.KnownDevices[n.Name] = n.LinkLayer
 			if n.PCIAddress != "" {
 				c.st.KnownPCI[n.Name] = n.PCIAddress

@@ -111,8 +111,8 @@ func poll(t testing.TB, c *Check) []string {
 		if _, ok := ev.GetMetadata()[events.MetaNICCrossingsOnly]; ok {
 			t.Errorf("event marked %s: %v", events.MetaNICCrossingsOnly, ev)
 		}
-		if ev.GetMetadata()["baseline"] == "first_poll" {
-			continue // device and card baselines: TestFirstPollBaselines
+		if _, ok := ev.GetMetadata()["baseline"]; ok {
+			continue // device and card baselines (first_poll, first_seen): TestFirstPollBaselines
 		}
 		out = append(out, brief(ev))
 	}

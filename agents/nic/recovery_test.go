@@ -2,6 +2,7 @@ package nic
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"testing"
 
@@ -38,7 +39,7 @@ func pollEvents(t *testing.T, c *Check) []*datamodels.HealthEvent {
 	evs, err := c.Check(t.Context())
 	must(t, err)
 	must(t, c.Commit())
-	return slices.DeleteFunc(evs, func(ev *datamodels.HealthEvent) bool { return ev.GetMetadata()["baseline"] == "first_poll" })
+	return slices.DeleteFunc(evs, func(ev *datamodels.HealthEvent) bool { _, ok := ev.GetMetadata()["baseline"]; return ok })
 }
 
 // TestFirstPollBaselines: the first poll of a boot sends the healthy event
@@ -76,6 +77,34 @@ func TestFirstPollBaselines(t *testing.T) {
 			t.Errorf("first poll of boot-2: no healthy InfiniBandStateCheck [NIC=mlx5_2]")
 		}
 	})
+	t.Run("device disappeared, state lost, device back later", func(t *testing.T) {
+		e := setup(t, small())
+		c := e.check()
+		allEvents(t, c)
+		must(t, e.tree.Remove("mlx5_2"))
+		allEvents(t, c)
+		e.now = e.now.Add(deviceHoldDown)
+		fault := only(t, "gone", allEvents(t, c), func(ev *datamodels.HealthEvent) bool { return ev.GetIsFatal() })
+		// The state file lost (corrupt) while mlx5_2 is gone: the first
+		// poll does not know it, the device comes back after it.
+		must(t, os.WriteFile(e.cfg.StateFile, []byte("{"), 0o644))
+		c = e.check()
+		first := allEvents(t, c)
+		if n := countHealthy(first, "NIC=mlx5_0"); n != 1 {
+			t.Errorf("first poll: %d healthy [NIC=mlx5_0], want 1", n)
+		}
+		must(t, e.tree.Add(small().Devices[2]))
+		back := allEvents(t, c)
+		if !clears(back, fault) {
+			t.Errorf("device back after a first poll: no healthy [NIC=mlx5_2]: its fatal is never lifted; events %q", briefs(back))
+		}
+		if n := countHealthy(back, "NIC=mlx5_0"); n != 0 {
+			t.Errorf("device back: %d healthy [NIC=mlx5_0] again, want none", n)
+		}
+		if n := countHealthy(allEvents(t, c), "NIC=mlx5_2"); n != 0 {
+			t.Errorf("steady: %d healthy [NIC=mlx5_2] again, want none", n)
+		}
+	})
 	t.Run("card below peer mode, then reboot", func(t *testing.T) {
 		e := setup(t, dualPF())
 		must(t, e.tree.Remove("mlx5_7"))
@@ -102,6 +131,18 @@ func TestFirstPollBaselines(t *testing.T) {
 			t.Errorf("first poll of boot-3: no healthy card event [%s]: the fault of boot-1 is never lifted", key)
 		}
 	})
+}
+
+// countHealthy is how many events of evs are healthy InfiniBandStateCheck
+// events of the entities key.
+func countHealthy(evs []*datamodels.HealthEvent, key string) int {
+	n := 0
+	for _, ev := range evs {
+		if ev.GetIsHealthy() && ev.GetCheckName() == InfiniBandStateCheck && events.EntityKey(ev) == key {
+			n++
+		}
+	}
+	return n
 }
 
 // only returns the single event of evs that matches keep.
