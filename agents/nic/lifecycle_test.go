@@ -425,3 +425,41 @@ func TestSomeDevicesMissingHeldDown(t *testing.T) {
 	now = now.Add(deviceHoldDown)
 	wantEvents(t, "stays back", poll(t, c), nil)
 }
+
+// TestDriverRestartSwapsNamesUncabled: dual-PF cards whose second PF is
+// uncabled on every card (DOWN/Polling, saved uncabled, not reported). A
+// driver restart registers the names in another order (mlx5_0 ↔ mlx5_1
+// change PCI functions): each port's snapshot goes with its PCI function,
+// so mlx5_0's port, now the uncabled PF's, is no healthy→fatal crossing
+// (it was a fatal never cleared), and mlx5_1's, now ACTIVE, no recovery.
+func TestDriverRestartSwapsNamesUncabled(t *testing.T) {
+	p := dualPF()
+	for i := range p.Devices {
+		if i%2 == 1 {
+			p.Devices[i].Ports[0].State, p.Devices[i].Ports[0].PhysState = nictest.Down, nictest.Polling
+		}
+	}
+	e := setup(t, p)
+	c := e.check()
+	wantEvents(t, "first poll", stateEvents(poll(t, c)), []string{
+		"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+		"H InfiniBandStateCheck: Port mlx5_2 port 1: healthy (ACTIVE, LinkUp)",
+		"H InfiniBandStateCheck: Port mlx5_4 port 1: healthy (ACTIVE, LinkUp)",
+		"H InfiniBandStateCheck: Port mlx5_6 port 1: healthy (ACTIVE, LinkUp)",
+	})
+	devs := slices.Clone(p.Devices)
+	must(t, e.tree.Remove("mlx5_0"))
+	must(t, e.tree.Remove("mlx5_1"))
+	devs[0].Name, devs[1].Name = devs[1].Name, devs[0].Name
+	must(t, e.tree.Add(devs[0]))
+	must(t, e.tree.Add(devs[1]))
+	wantEvents(t, "swapped", stateEvents(poll(t, c)), nil)
+	// The ports are judged as the function's own: mlx5_1 (PF0 now)
+	// going down is reported, mlx5_0 (PF1 now) coming up is a baseline.
+	must(t, e.tree.SetPort("mlx5_1", 1, nictest.Down, nictest.Disabled))
+	must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+	wantEvents(t, "then", stateEvents(poll(t, c)), []string{
+		"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+		"F InfiniBandStateCheck: Port mlx5_1 port 1: state DOWN, phys_state Disabled",
+	})
+}
