@@ -269,9 +269,6 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 	// points elsewhere (a driver restart between two polls registered the
 	// names in another order); the rest read the hot path.
 	present := make(map[string]bool, len(names))
-	// movedFrom: a device now on another PCI function → the known name
-	// that was on it ("" if none).
-	movedFrom := map[string]string{}
 	for _, n := range names {
 		present[n] = true
 		if cached, ok := c.nics[n]; ok {
@@ -287,14 +284,12 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			continue
 		}
 		if old := c.st.KnownPCI[n]; old != "" && d.PCIAddress != "" && old != d.PCIAddress {
-			// Its port snapshots are another function's (a driver
-			// restart registered the names in another order): they go
-			// with the function, from the known name that was on it.
-			movedFrom[n] = ""
-			for _, k := range slices.Sorted(maps.Keys(c.st.KnownPCI)) {
-				if k != n && c.st.KnownPCI[k] == d.PCIAddress {
-					movedFrom[n] = k
-					break
+			// Its link_downed snapshots are another function's: the next
+			// reading starts over, not an increase over them (the other
+			// counters are judged by their own value).
+			for _, p := range d.Ports {
+				if ps := c.st.Ports[portKey(n, p.Port)]; ps != nil {
+					delete(ps.Counters, CounterLinkDowned)
 				}
 			}
 		}
@@ -306,9 +301,6 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		if !present[n] {
 			delete(c.nics, n)
 		}
-	}
-	if len(movedFrom) > 0 {
-		c.movePorts(movedFrom)
 	}
 	for _, n := range c.nics {
 		if !n.Monitored {
@@ -700,49 +692,6 @@ func (c *Check) Commit() error {
 		return fmt.Errorf("NIC state not persisted: %w", err)
 	}
 	return nil
-}
-
-// movePorts moves the port snapshots (level, uncabled, held and
-// with-card flags, counters) of devices now on another PCI function with
-// the function: a device takes those of the known name that was on its
-// function, or none (its ports first observations, judged against their
-// peers). Keyed by name, the snapshots of two PFs whose names a driver
-// restart swapped were the other function's: a port uncabled on every
-// card (PF1) inherited PF0's healthy history and was reported fatal, never
-// cleared. The source's snapshots stay until it is moved itself: a name
-// gone keeps them (its disappearance, or rename, is judged on them).
-func (c *Check) movePorts(movedFrom map[string]string) {
-	byDev := map[string]map[string]*portState{}
-	for key, ps := range c.st.Ports {
-		i := strings.LastIndexByte(key, '/')
-		if i < 0 {
-			continue
-		}
-		dev := key[:i]
-		if byDev[dev] == nil {
-			byDev[dev] = map[string]*portState{}
-		}
-		byDev[dev][key[i+1:]] = ps
-	}
-	for dev := range movedFrom {
-		for port := range byDev[dev] {
-			delete(c.st.Ports, dev+"/"+port)
-		}
-		for key := range c.portUnreadable {
-			if strings.HasPrefix(key, dev+"/") {
-				delete(c.portUnreadable, key)
-			}
-		}
-	}
-	for _, dev := range slices.Sorted(maps.Keys(movedFrom)) {
-		from := movedFrom[dev]
-		c.log.Info("NIC port snapshots moved with its PCI function", "device", dev, "from", from)
-		for port, ps := range byDev[from] {
-			cp := *ps
-			cp.Counters, cp.Breached = maps.Clone(ps.Counters), maps.Clone(ps.Breached)
-			c.st.Ports[dev+"/"+port] = &cp
-		}
-	}
 }
 
 // renamedTo returns the present device, under another name, on the PCI
