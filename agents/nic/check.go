@@ -406,9 +406,13 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			// Not listed while others are: held down for
 			// deviceHoldDown (a driver reload registers them one by
 			// one); none listed, or listed but unreadable, the
-			// hold-down was cardHoldDown's, already past.
+			// hold-down was cardHoldDown's, already past. The first
+			// poll of an agent restarted on its state reports at once,
+			// as before the hold-down: the time missing is not saved,
+			// and an agent restarting faster than deviceHoldDown never
+			// reported a device gone for good.
 			since, seen := c.missing[name]
-			if present[name] {
+			if present[name] || c.resumed {
 				since, seen = time.Time{}, true
 			}
 			if !seen {

@@ -425,3 +425,22 @@ func TestSomeDevicesMissingHeldDown(t *testing.T) {
 	now = now.Add(deviceHoldDown)
 	wantEvents(t, "stays back", poll(t, c), nil)
 }
+
+// TestMissingDeviceReportedAfterRestart: the time a device has been
+// missing is not saved, so an agent restarted on its state reports a
+// device still missing at its first poll (an agent restarting faster than
+// deviceHoldDown never reported a device gone for good); a device missing
+// first seen by a running agent is held down.
+func TestMissingDeviceReportedAfterRestart(t *testing.T) {
+	e := setup(t, small())
+	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	c := clocked(t, e, &now)
+	poll(t, c)
+	must(t, e.tree.Remove("mlx5_2"))
+	wantEvents(t, "missing, held down", poll(t, c), nil)
+	now = now.Add(10 * time.Second)
+	c = clocked(t, e, &now)
+	wantEvents(t, "restarted", poll(t, c), []string{"F InfiniBandStateCheck: NIC mlx5_2 disappeared from /sys/class/infiniband/ - hardware failure"})
+	now = now.Add(deviceHoldDown)
+	wantEvents(t, "reported once", poll(t, c), nil)
+}
