@@ -1040,16 +1040,6 @@ func waitingForSM(p *Port) bool {
 	}
 }
 
-// roceNotUpYet reports whether a port is a RoCE port DOWN/Disabled: right
-// after a boot, its net device not up yet. A first poll counts it as on
-// its way up (its card held down, not reported fatal at once with the
-// port); still so past the hold-down, it is reported.
-func roceNotUpYet(p *Port) bool {
-	sid, _ := stateName(p.State)
-	pid, _ := stateName(p.PhysicalState)
-	return p.LinkLayer == "Ethernet" && sid == stateDown && pid == physDisabled
-}
-
 // evaluate returns the health level of a port ("" for a RoCE INIT/ARMED
 // transient that is not reported).
 func evaluate(p *Port) (level, st, ph string) {
@@ -1183,8 +1173,7 @@ type card struct {
 	devices   []string
 	active    int
 	ports     int
-	// waiting are its ports on their way up (waitingForSM), and on a
-	// first poll its RoCE ports DOWN/Disabled (roceNotUpYet).
+	// waiting are its ports on their way up (waitingForSM).
 	waiting int
 }
 
@@ -1221,7 +1210,7 @@ func (c *Check) cards() map[string]*card {
 				unreadable[addr] = true
 			} else if lvl, _, _ := evaluate(&n.Ports[i]); lvl == levelHealthy {
 				cd.active++
-			} else if waitingForSM(&n.Ports[i]) || c.fresh && roceNotUpYet(&n.Ports[i]) {
+			} else if waitingForSM(&n.Ports[i]) {
 				cd.waiting++
 			}
 		}

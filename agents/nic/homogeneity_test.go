@@ -1,7 +1,6 @@
 package nic
 
 import (
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -159,8 +158,6 @@ func TestFirstPollWaitsForSM(t *testing.T) {
 		{"RoCE INIT", small(), "mlx5_4", nictest.Init, nictest.LinkUp, "", false, "F EthernetStateCheck: Card 0000:50:00 (storage) has 0 active ports, expected 1 (peer mode)"},
 		{"RoCE ARMED", small(), "mlx5_4", nictest.Armed, nictest.LinkUp, "", false, "F EthernetStateCheck: Card 0000:50:00 (storage) has 0 active ports, expected 1 (peer mode)"},
 		{"IB INIT, peers' second port Disabled too", dualPort(), "mlx5_0", nictest.Init, nictest.LinkUp, "", false, ib0},
-		{"RoCE DOWN/Disabled (netdev not up yet)", small(), "mlx5_4", nictest.Down, nictest.Disabled, "", false, "F EthernetStateCheck: Card 0000:50:00 (storage) has 0 active ports, expected 1 (peer mode)"},
-		{"RoCE DOWN/Disabled, second ports Disabled", dualPort(), "mlx5_4", nictest.Down, nictest.Disabled, "", false, "F EthernetStateCheck: Card 0000:50:00 (storage) has 0 active ports, expected 1 (peer mode)"},
 		{"IB DOWN/Disabled", small(), "mlx5_0", nictest.Down, nictest.Disabled, "", true, ib0},
 		{"IB DOWN/Disabled, second ports Disabled", dualPort(), "mlx5_0", nictest.Down, nictest.Disabled, "", true, ib0},
 		{"PF missing", dualPF(), "", "", "", "mlx5_1", true, "F InfiniBandStateCheck: Card 0000:10:00 (compute) has 1 active ports, expected 2 (peer mode)"},
@@ -514,36 +511,4 @@ func TestRenamedUncabledPortNotCarriedOver(t *testing.T) {
 // stateEvents are the link-state check's events, briefly.
 func stateEvents(evs []string) []string {
 	return slices.DeleteFunc(slices.Clone(evs), func(s string) bool { return !strings.Contains(s, "StateCheck: ") })
-}
-
-// TestFirstPollRoCENotUpYet: a RoCE port DOWN/Disabled on a first poll
-// (its net device not up yet after a boot) holds its card down and is not
-// reported at once; still dead past the hold-down, the port is reported
-// fatal with its card, and nothing is sent when it came up meanwhile.
-func TestFirstPollRoCENotUpYet(t *testing.T) {
-	for _, up := range []bool{false, true} {
-		t.Run(fmt.Sprintf("up meanwhile=%v", up), func(t *testing.T) {
-			e := setup(t, small())
-			must(t, e.tree.SetPort("mlx5_4", 1, nictest.Down, nictest.Disabled))
-			_, tick := e.clockedCheck(cardHoldDown / 2)
-			for _, ev := range tick() {
-				if strings.HasPrefix(ev, "F ") {
-					t.Errorf("first poll: fatal %q", ev)
-				}
-			}
-			if up {
-				must(t, e.tree.SetPort("mlx5_4", 1, nictest.Active, nictest.LinkUp))
-			}
-			tick()
-			var want []string
-			if !up {
-				want = []string{
-					"F EthernetStateCheck: Card 0000:50:00 (storage) has 0 active ports, expected 1 (peer mode)",
-					"F EthernetStateCheck: RoCE port mlx5_4 port 1: state DOWN, phys_state Disabled, operstate up",
-				}
-			}
-			got := slices.DeleteFunc(stateEvents(tick()), func(s string) bool { return !strings.HasPrefix(s, "F ") })
-			wantEvents(t, "past the hold-down", got, want)
-		})
-	}
 }
