@@ -81,6 +81,11 @@ type Check struct {
 	// below is when each card below its peer mode, not yet reported, was
 	// first seen below (cardHoldDown).
 	below map[string]time.Time
+	// firstHeld are the cards a first poll held down, below peer mode,
+	// without the healthy baseline a card at mode gets: sent once they
+	// reach it (an earlier boot's card fault lifted), or dropped when the
+	// card is reported.
+	firstHeld map[string]bool
 }
 
 // cardHoldDown is how long a card stays below its role's peer mode before
@@ -164,7 +169,7 @@ func New(cfg Config, opt Options) (*Check, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}, below: map[string]time.Time{},
+	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}, below: map[string]time.Time{}, firstHeld: map[string]bool{},
 		downedRead: map[string]bool{}, unreadable: map[string]time.Time{}, missing: map[string]time.Time{}, portUnreadable: map[string]time.Time{}}
 	if md != nil {
 		c.expected = len(md.NICTopology)
@@ -531,7 +536,8 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			}
 		}
 		for _, cd := range grp {
-			if cd.active >= mode && c.fresh && c.stateOn(cd.linkLayer) {
+			if cd.active >= mode && (c.fresh || c.firstHeld[cd.addr]) && c.stateOn(cd.linkLayer) {
+				delete(c.firstHeld, cd.addr)
 				for _, devs := range cardBaselineSets(cd.devices) {
 					b := *cd
 					b.devices = devs
@@ -556,6 +562,9 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			// down or missing: one waiting for the SM or training after a
 			// boot is normal (§3.2).
 			hold := !c.fresh || cd.active+cd.waiting >= peersUp
+			if c.fresh && hold {
+				c.firstHeld[cd.addr] = true
+			}
 			since, ok := c.below[cd.addr]
 			if !ok {
 				since = c.now()
@@ -568,6 +577,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 				continue
 			}
 			c.st.AnomalousCards[cd.addr] = &cardFlag{Role: cd.role, Expected: mode, Devices: cd.devices, LinkLayer: cd.linkLayer}
+			delete(c.firstHeld, cd.addr)
 			c.log.Error("card below peer mode", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode)
 			emit(cardEvent(cd, mode, false))
 		}

@@ -512,3 +512,31 @@ func TestRenamedUncabledPortNotCarriedOver(t *testing.T) {
 func stateEvents(evs []string) []string {
 	return slices.DeleteFunc(slices.Clone(evs), func(s string) bool { return !strings.Contains(s, "StateCheck: ") })
 }
+
+// TestFirstPollHeldCardBaselined: a card a first poll holds down (a port
+// waiting for the SM after a boot) gets the healthy baseline of a card at
+// mode once its port is up, as a card at mode on the first poll does: an
+// earlier boot's card fault is lifted. Once only.
+func TestFirstPollHeldCardBaselined(t *testing.T) {
+	e := setup(t, small())
+	must(t, e.tree.SetPort("mlx5_0", 1, nictest.Init, nictest.LinkUp))
+	c, _ := e.clockedCheck(0)
+	const base = "H InfiniBandStateCheck: Card 0000:10:00 (compute) has 1 active ports, at or above peer mode 1 (healthy baseline of a first poll)"
+	check := func() []string {
+		t.Helper()
+		evs, err := c.Check(t.Context())
+		must(t, err)
+		must(t, c.Commit())
+		return briefs(evs)
+	}
+	if got := check(); slices.Contains(got, base) {
+		t.Fatalf("first poll, held down: %q", got)
+	}
+	must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+	if got := check(); !slices.Contains(got, base) {
+		t.Errorf("port up: events %q, want the card's baseline %q", got, base)
+	}
+	if got := check(); slices.Contains(got, base) {
+		t.Errorf("baseline sent again: %q", got)
+	}
+}
