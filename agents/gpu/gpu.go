@@ -366,6 +366,16 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	var gpus []GPU
 	if inv, ok := c.cfg.Source.(Inventory); ok {
 		if gpus = inv.GPUs(); gpus != nil {
+			// A GPU listed twice (a recording can) is read as its first
+			// listing, as baseline reads it: a later listing telling a
+			// watch the first cannot sent its baseline one read late.
+			ids := map[string]bool{}
+			gpus = slices.DeleteFunc(slices.Clone(gpus), func(g GPU) bool {
+				id := gpuID(Incident{GPU: g.Index, UUID: g.UUID})
+				dup := ids[id]
+				ids[id] = true
+				return dup
+			})
 			var expected []GPU
 			if c.cfg.Expected != nil {
 				expected = c.cfg.Expected()
