@@ -159,13 +159,11 @@ func (pkgNVML) DeviceGetHandleByIndex(i int) (nvml.Device, nvml.Return) {
 func (s *NVML) Health(ctx context.Context) ([]Incident, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch r := s.lib.Init(); r {
-	case nvml.SUCCESS:
-	case nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED:
+	if r := s.lib.Init(); r != nvml.SUCCESS {
 		s.forgetLinks("", true) // the driver went away: see forgetLinks
-		return nil, ErrNotPresent
-	default:
-		s.forgetLinks("", true)
+		if r == nvml.ERROR_LIBRARY_NOT_FOUND || r == nvml.ERROR_DRIVER_NOT_LOADED {
+			return nil, ErrNotPresent
+		}
 		return nil, fmt.Errorf("nvml init: %s", nvml.ErrorString(r))
 	}
 	// Not held between reads (a GPU reset, a driver upgrade): see the
