@@ -588,10 +588,12 @@ func (a *Agent) spoolFatalAhead(name string, q []*keptEvent) ([]*keptEvent, erro
 // spool (spoolUnspooled), q growing no more.
 func (a *Agent) boundKept(name string, q []*keptEvent) ([]*keptEvent, bool) {
 	size, droppable := 0, 0
-	for _, k := range q {
-		size += proto.Size(k.ev)
+	sizes := make([]int, len(q))
+	for i, k := range q {
+		sizes[i] = proto.Size(k.ev)
+		size += sizes[i]
 		if mayDrop(k.ev) {
-			droppable += proto.Size(k.ev)
+			droppable += sizes[i]
 		}
 	}
 	if size <= a.keptMax {
@@ -602,9 +604,9 @@ func (a *Agent) boundKept(name string, q []*keptEvent) ([]*keptEvent, bool) {
 	}
 	rest := make([]*keptEvent, 0, len(q))
 	dropped := 0
-	for _, k := range q {
+	for i, k := range q {
 		if size > a.keptMax && mayDrop(k.ev) {
-			size -= proto.Size(k.ev)
+			size -= sizes[i]
 			dropped++
 			continue
 		}
