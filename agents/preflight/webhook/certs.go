@@ -117,12 +117,7 @@ func (s *selfSigned) CABundle(published []byte) []byte {
 	if len(cas) == 0 {
 		return bytes.Clone(own)
 	}
-	newest := cas[0].NotBefore
-	for _, c := range cas {
-		if c.NotBefore.After(newest) {
-			newest = c.NotBefore
-		}
-	}
+	newest := slices.MaxFunc(cas, func(x, y *x509.Certificate) int { return x.NotBefore.Compare(y.NotBefore) }).NotBefore
 	for _, c := range validCAs(published, now) {
 		if c.Subject.CommonName == caSubject && c.NotBefore.After(newest) &&
 			!slices.ContainsFunc(cas, func(o *x509.Certificate) bool { return o.Equal(c) }) {
