@@ -505,8 +505,9 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 	// role's peer mode is reported at once on a first poll without usable
 	// state when it is short of a port hard down or missing (§7.2 Case 3),
 	// which its ports waiting for the SM or training (INIT, ARMED,
-	// Polling, LinkErrorRecovery: normal after a boot, §3.2) could not make
-	// up as they do for its peers at the mode, and otherwise once it has
+	// Polling, LinkErrorRecovery: normal after a boot, §3.2; RoCE ports
+	// DOWN/Disabled, their net devices not up yet) could not make up as
+	// they do for its peers at the mode, and otherwise once it has
 	// stayed below for cardHoldDown (a port stuck in INIT, ARMED, Polling or
 	// LinkErrorRecovery while its peers are ACTIVE; a port dead at boot
 	// on a card that looked normal while its peers still waited for the
@@ -1050,6 +1051,17 @@ func waitingForSM(p *Port) bool {
 	}
 }
 
+// roceNotUpYet reports whether a port is a RoCE port DOWN/Disabled: right
+// after a boot, its net device not up yet. A first poll counts it as on
+// its way up, as a port waiting for the SM (its card held down, not
+// reported fatal at once with the port, and baselined once at peer mode:
+// firstHeld); still so past the hold-down, it is reported with its card.
+func roceNotUpYet(p *Port) bool {
+	sid, _ := stateName(p.State)
+	pid, _ := stateName(p.PhysicalState)
+	return p.LinkLayer == "Ethernet" && sid == stateDown && pid == physDisabled
+}
+
 // evaluate returns the health level of a port ("" for a RoCE INIT/ARMED
 // transient that is not reported).
 func evaluate(p *Port) (level, st, ph string) {
@@ -1183,7 +1195,8 @@ type card struct {
 	devices   []string
 	active    int
 	ports     int
-	// waiting are its ports on their way up (waitingForSM).
+	// waiting are its ports on their way up (waitingForSM), and on a
+	// first poll its RoCE ports DOWN/Disabled (roceNotUpYet).
 	waiting int
 }
 
@@ -1220,7 +1233,7 @@ func (c *Check) cards() map[string]*card {
 				unreadable[addr] = true
 			} else if lvl, _, _ := evaluate(&n.Ports[i]); lvl == levelHealthy {
 				cd.active++
-			} else if waitingForSM(&n.Ports[i]) {
+			} else if waitingForSM(&n.Ports[i]) || c.fresh && roceNotUpYet(&n.Ports[i]) {
 				cd.waiting++
 			}
 		}

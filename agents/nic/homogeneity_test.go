@@ -1,6 +1,7 @@
 package nic
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/faultline/faultline/agents/nic/nictest"
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // clockedCheck is e.check() on a clock that moves step forward before
@@ -158,6 +161,8 @@ func TestFirstPollWaitsForSM(t *testing.T) {
 		{"RoCE INIT", small(), "mlx5_4", nictest.Init, nictest.LinkUp, "", false, "F EthernetStateCheck: Card 0000:50:00 (storage) has 0 active ports, expected 1 (peer mode)"},
 		{"RoCE ARMED", small(), "mlx5_4", nictest.Armed, nictest.LinkUp, "", false, "F EthernetStateCheck: Card 0000:50:00 (storage) has 0 active ports, expected 1 (peer mode)"},
 		{"IB INIT, peers' second port Disabled too", dualPort(), "mlx5_0", nictest.Init, nictest.LinkUp, "", false, ib0},
+		{"RoCE DOWN/Disabled (netdev not up yet)", small(), "mlx5_4", nictest.Down, nictest.Disabled, "", false, "F EthernetStateCheck: Card 0000:50:00 (storage) has 0 active ports, expected 1 (peer mode)"},
+		{"RoCE DOWN/Disabled, second ports Disabled", dualPort(), "mlx5_4", nictest.Down, nictest.Disabled, "", false, "F EthernetStateCheck: Card 0000:50:00 (storage) has 0 active ports, expected 1 (peer mode)"},
 		{"IB DOWN/Disabled", small(), "mlx5_0", nictest.Down, nictest.Disabled, "", true, ib0},
 		{"IB DOWN/Disabled, second ports Disabled", dualPort(), "mlx5_0", nictest.Down, nictest.Disabled, "", true, ib0},
 		{"PF missing", dualPF(), "", "", "", "mlx5_1", true, "F InfiniBandStateCheck: Card 0000:10:00 (compute) has 1 active ports, expected 2 (peer mode)"},
@@ -538,5 +543,126 @@ func TestFirstPollHeldCardBaselined(t *testing.T) {
 	}
 	if got := check(); slices.Contains(got, base) {
 		t.Errorf("baseline sent again: %q", got)
+	}
+}
+
+// TestFirstPollRoCENotUpYet: a RoCE port DOWN/Disabled on a first poll
+// (its net device not up yet after a boot) holds its card down and is not
+// reported at once; still dead past the hold-down, the port is reported
+// fatal with its card, and nothing fatal is ever sent when it came up
+// meanwhile.
+func TestFirstPollRoCENotUpYet(t *testing.T) {
+	for _, up := range []bool{false, true} {
+		t.Run(fmt.Sprintf("up meanwhile=%v", up), func(t *testing.T) {
+			e := setup(t, small())
+			must(t, e.tree.SetPort("mlx5_4", 1, nictest.Down, nictest.Disabled))
+			_, tick := e.clockedCheck(cardHoldDown / 2)
+			for _, ev := range tick() {
+				if strings.HasPrefix(ev, "F ") {
+					t.Errorf("first poll: fatal %q", ev)
+				}
+			}
+			if up {
+				must(t, e.tree.SetPort("mlx5_4", 1, nictest.Active, nictest.LinkUp))
+			}
+			for _, ev := range tick() {
+				if strings.HasPrefix(ev, "F ") {
+					t.Errorf("held down: fatal %q", ev)
+				}
+			}
+			var want []string
+			if !up {
+				want = []string{
+					"F EthernetStateCheck: Card 0000:50:00 (storage) has 0 active ports, expected 1 (peer mode)",
+					"F EthernetStateCheck: RoCE port mlx5_4 port 1: state DOWN, phys_state Disabled, operstate up",
+				}
+			}
+			got := slices.DeleteFunc(stateEvents(tick()), func(s string) bool { return !strings.HasPrefix(s, "F ") })
+			wantEvents(t, "past the hold-down", got, want)
+		})
+	}
+}
+
+// TestFirstPollHeldRoCECardBaselined: TestFirstPollHeldCardBaselined for
+// a RoCE port DOWN/Disabled on the first poll after a reboot (its net
+// device not up yet). An earlier boot reported the card and the port
+// fatal; the new boot's first poll holds the card down and reports
+// nothing fatal; the port up within the hold-down, the card's first-poll
+// baseline and the port's healthy event lift both faults (nothing else
+// would: the reboot discarded the state that knew them), once only, and
+// nothing fatal is ever sent.
+func TestFirstPollHeldRoCECardBaselined(t *testing.T) {
+	e := setup(t, small())
+	c := e.check()
+	allEvents(t, c)
+	must(t, e.tree.SetPort("mlx5_4", 1, nictest.Down, nictest.Disabled))
+	var faults []*datamodels.HealthEvent
+	for range 2 {
+		for _, ev := range allEvents(t, c) {
+			if ev.GetIsFatal() {
+				faults = append(faults, ev)
+			}
+		}
+		e.now = e.now.Add(cardHoldDown)
+	}
+	if len(faults) != 2 || !isCard(faults[1]) {
+		t.Fatalf("boot-1: faults %q, want the port's, then its card's", briefs(faults))
+	}
+	portFault, cardFault := faults[0], faults[1]
+
+	e.setBootID("boot-2")
+	c = e.check()
+	step := func(name string) []*datamodels.HealthEvent {
+		t.Helper()
+		evs := allEvents(t, c)
+		for _, ev := range evs {
+			if ev.GetIsFatal() {
+				t.Errorf("%s: fatal %q (the card is held down)", name, brief(ev))
+			}
+		}
+		e.now = e.now.Add(cardHoldDown / 4)
+		return evs
+	}
+	if first := step("first poll"); clears(first, cardFault) {
+		t.Errorf("first poll: card below peer mode got a healthy baseline")
+	}
+	step("held down")
+	must(t, e.tree.SetPort("mlx5_4", 1, nictest.Active, nictest.LinkUp))
+	up := step("port up")
+	if !clears(up, cardFault) {
+		t.Errorf("port up: no healthy [%s]: boot-1's card fault is never lifted; events %q", events.EntityKey(cardFault), briefs(up))
+	}
+	if !clears(up, portFault) {
+		t.Errorf("port up: no healthy [%s]: boot-1's port fault is never lifted; events %q", events.EntityKey(portFault), briefs(up))
+	}
+	for i := range 4 {
+		if evs := step("steady"); clears(evs, cardFault) {
+			t.Errorf("steady poll %d: card baseline sent again: %q", i, briefs(evs))
+		}
+	}
+}
+
+// TestLaterPollRoCEDownReportedAtOnce: only a first poll without usable
+// state counts a RoCE port DOWN/Disabled as on its way up. One going
+// DOWN/Disabled on a later poll, or found so by the first poll of an
+// agent restarted on its state (same boot), is reported fatal at once,
+// its card after the hold-down.
+func TestLaterPollRoCEDownReportedAtOnce(t *testing.T) {
+	const port = "F EthernetStateCheck: RoCE port mlx5_4 port 1: state DOWN, phys_state Disabled, operstate up"
+	const card = "F EthernetStateCheck: Card 0000:50:00 (storage) has 0 active ports, expected 1 (peer mode)"
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restart=%v", restart), func(t *testing.T) {
+			e := setup(t, small())
+			c := e.check()
+			poll(t, c)
+			must(t, e.tree.SetPort("mlx5_4", 1, nictest.Down, nictest.Disabled))
+			if restart {
+				c = e.check()
+			}
+			e.now = e.now.Add(cardHoldDown / 2)
+			wantEvents(t, "down", stateEvents(poll(t, c)), []string{port})
+			e.now = e.now.Add(cardHoldDown)
+			wantEvents(t, "past the hold-down", stateEvents(poll(t, c)), []string{card})
+		})
 	}
 }
