@@ -274,6 +274,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 	// points elsewhere (a driver restart between two polls registered the
 	// names in another order); the rest read the hot path.
 	present := make(map[string]bool, len(names))
+	moved := map[string]bool{}
 	for _, n := range names {
 		present[n] = true
 		if cached, ok := c.nics[n]; ok {
@@ -289,14 +290,10 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			continue
 		}
 		if old := c.st.KnownPCI[n]; old != "" && d.PCIAddress != "" && old != d.PCIAddress {
-			// Its link_downed snapshots are another function's: the next
-			// reading starts over, not an increase over them (the other
-			// counters are judged by their own value).
-			for _, p := range d.Ports {
-				if ps := c.st.Ports[portKey(n, p.Port)]; ps != nil {
-					delete(ps.Counters, CounterLinkDowned)
-				}
-			}
+			// Its port snapshots are another function's (a driver
+			// restart registered the names in another order): they go
+			// with their function (portMoves).
+			moved[n] = true
 		}
 		role, why := c.cls.classify(d)
 		c.nics[n] = &NIC{Device: *d, Role: role, Monitored: role.Monitored(), Reason: why}
@@ -307,6 +304,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			delete(c.nics, n)
 		}
 	}
+	moves := c.portMoves(moved)
 	for _, n := range c.nics {
 		if !n.Monitored {
 			continue
@@ -343,10 +341,15 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 		c.retireDisabled(emit)
 	}
 
-	// Device disappearance and reappearance (§7). inherited are the ports
-	// of a device under its new name (renamed, bonded) that were last
+	// inherited are the ports of a device under its new name (renamed,
+	// bonded, its name now on another PCI function) that were last
 	// reported unhealthy under the old one.
 	inherited := map[string]bool{}
+	if len(moves) > 0 {
+		c.movePorts(moves, emit, inherited)
+	}
+
+	// Device disappearance and reappearance (§7).
 	for _, name := range slices.Sorted(maps.Keys(c.st.KnownDevices)) {
 		ll := c.st.KnownDevices[name]
 		gone := slices.Contains(c.st.Disappeared, name)
@@ -707,6 +710,104 @@ func (c *Check) Commit() error {
 		return fmt.Errorf("NIC state not persisted: %w", err)
 	}
 	return nil
+}
+
+// portMoves returns the monitored devices whose port history is another
+// name's after a driver restart registered the names in another order
+// (mlx5_0 ↔ mlx5_1 on a dual-PF card), each with the known name that was
+// on its PCI function ("" if none): a device now on another function
+// (moved), or one on the function of a known name that moved. Keyed by
+// name, the uncabled PF1 took PF0's healthy history and was reported
+// fatal, never cleared. The hold-down timers of unreadable ports and what
+// link_downed this process has read go with their function now; the
+// snapshots move with movePorts, once the poll can emit.
+func (c *Check) portMoves(moved map[string]bool) map[string]string {
+	if len(moved) == 0 {
+		return nil
+	}
+	moves := map[string]string{}
+	for _, name := range slices.Sorted(maps.Keys(c.nics)) {
+		n := c.nics[name]
+		if !n.Monitored || n.PCIAddress == "" || c.st.KnownPCI[name] == n.PCIAddress {
+			continue
+		}
+		src := ""
+		for _, k := range slices.Sorted(maps.Keys(c.st.KnownPCI)) {
+			if k != name && c.st.KnownPCI[k] == n.PCIAddress {
+				src = k
+				break
+			}
+		}
+		if moved[name] || moved[src] {
+			moves[name] = src
+		}
+	}
+	moveByDevice(c.portUnreadable, moves)
+	moveByDevice(c.downedRead, moves)
+	return moves
+}
+
+// moveByDevice moves the entries of m keyed "device/port" of each device
+// of moves to it from the device it names ("" : none, dropped).
+func moveByDevice[V any](m map[string]V, moves map[string]string) {
+	old := maps.Clone(m)
+	for key := range old {
+		if _, ok := moves[key[:strings.LastIndexByte(key, '/')]]; ok {
+			delete(m, key)
+		}
+	}
+	for dev, src := range moves {
+		if src == "" {
+			continue
+		}
+		for key, v := range old {
+			if port, ok := strings.CutPrefix(key, src+"/"); ok {
+				m[dev+"/"+port] = v
+			}
+		}
+	}
+}
+
+// movePorts gives each device of moves (portMoves) the port snapshots of
+// the known name that was on its PCI function (level, uncabled, held
+// flags, counters), or none (its ports first observations, judged against
+// their peers). A fault reported under the device's own name is lifted
+// there first (retirePorts): its port is another function's now, and
+// nothing would ever lift it. A fault the snapshot's function reported
+// under its former name (lifted there, by this or the rename path) is
+// reported again under the new one if still there: the port starts as a
+// first observation reported unhealthy (inherited), a threshold counter
+// above 0 as not reported yet. The source keeps its snapshots until it is
+// moved itself: a name gone is judged on them (renamed, disappeared).
+func (c *Check) movePorts(moves map[string]string, emit func(*datamodels.HealthEvent), inherited map[string]bool) {
+	old := maps.Clone(c.st.Ports)
+	for _, dev := range slices.Sorted(maps.Keys(moves)) {
+		why := fmt.Sprintf("device name now on PCI function %s (a driver restart registered the names in another order)", c.nics[dev].PCIAddress)
+		if to := c.renamedTo(dev); to != "" {
+			why += ": its ports are reported under " + to + " now"
+		}
+		c.log.Info("NIC name on another PCI function: port snapshots moved with their function", "device", dev, "pci", c.nics[dev].PCIAddress, "from", moves[dev])
+		c.retirePorts(dev, why, emit)
+	}
+	for _, dev := range slices.Sorted(maps.Keys(moves)) {
+		src := moves[dev]
+		if src == "" {
+			continue
+		}
+		for key, ps := range old {
+			port, ok := strings.CutPrefix(key, src+"/")
+			if !ok {
+				continue
+			}
+			cp := *ps
+			cp.Counters, cp.Breached = maps.Clone(ps.Counters), nil
+			if ps.reported() && ps.Level != levelHealthy {
+				cp.State, cp.PhysState, cp.Level, cp.WithCard = "", "", "", false
+				inherited[dev+"/"+port] = true
+			}
+			c.st.Ports[dev+"/"+port] = &cp
+		}
+	}
 }
 
 // renamedTo returns the present device, under another name, on the PCI

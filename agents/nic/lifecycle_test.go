@@ -444,3 +444,151 @@ func TestMissingDeviceReportedAfterRestart(t *testing.T) {
 	now = now.Add(deviceHoldDown)
 	wantEvents(t, "reported once", poll(t, c), nil)
 }
+
+// swapNames re-registers two devices under each other's name, as a driver
+// restart that probed them in another order does (mlx5_0 ↔ mlx5_1): each
+// PCI function keeps its ports, in the state the given devices hold.
+func swapNames(t *testing.T, tree *nictest.Tree, a, b nictest.Device) {
+	t.Helper()
+	must(t, tree.Remove(a.Name))
+	must(t, tree.Remove(b.Name))
+	a.Name, b.Name = b.Name, a.Name
+	must(t, tree.Add(a))
+	must(t, tree.Add(b))
+}
+
+// withPort is d with its port 1 in state, phys.
+func withPort(d nictest.Device, state, phys string) nictest.Device {
+	d.Ports = slices.Clone(d.Ports)
+	d.Ports[0].State, d.Ports[0].PhysState = state, phys
+	return d
+}
+
+// TestDriverRestartSwapsNamesUncabled: dual-PF cards whose second PF is
+// uncabled on every card (DOWN/Polling, saved uncabled, not reported). A
+// driver restart registers the names in another order on every card
+// (mlx5_0 ↔ mlx5_1 change PCI functions), at run time or while the agent
+// was down: each port's history goes with its PCI function, so mlx5_0's
+// port, now the uncabled PF's, is no healthy→fatal crossing (a
+// REPLACE_VM never cleared), and mlx5_1's, now ACTIVE, no recovery. Later
+// crossings are judged on the function's own history.
+func TestDriverRestartSwapsNamesUncabled(t *testing.T) {
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restarted=%v", restart), func(t *testing.T) {
+			p := dualPF()
+			for i := 1; i < len(p.Devices); i += 2 {
+				p.Devices[i] = withPort(p.Devices[i], nictest.Down, nictest.Polling)
+			}
+			e := setup(t, p)
+			c := e.check()
+			wantEvents(t, "first poll", stateEvents(poll(t, c)), []string{
+				"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+				"H InfiniBandStateCheck: Port mlx5_2 port 1: healthy (ACTIVE, LinkUp)",
+				"H InfiniBandStateCheck: Port mlx5_4 port 1: healthy (ACTIVE, LinkUp)",
+				"H InfiniBandStateCheck: Port mlx5_6 port 1: healthy (ACTIVE, LinkUp)",
+			})
+			for i := 0; i < len(p.Devices); i += 2 {
+				swapNames(t, e.tree, p.Devices[i], p.Devices[i+1])
+			}
+			if restart {
+				c = e.check()
+			}
+			wantEvents(t, "swapped", poll(t, c), nil)
+			wantEvents(t, "steady", poll(t, c), nil)
+			must(t, e.tree.SetPort("mlx5_1", 1, nictest.Down, nictest.Disabled))
+			must(t, e.tree.SetPort("mlx5_0", 1, nictest.Active, nictest.LinkUp))
+			wantEvents(t, "then", stateEvents(poll(t, c)), []string{
+				"H InfiniBandStateCheck: Port mlx5_0 port 1: healthy (ACTIVE, LinkUp)",
+				"F InfiniBandStateCheck: Port mlx5_1 port 1: state DOWN, phys_state Disabled",
+			})
+		})
+	}
+}
+
+// TestDriverRestartSwapsNamesStandingFault: PF0 of a dual-PF card
+// (mlx5_0) reported down, then a driver restart swaps mlx5_0 and mlx5_1
+// (at run time or while the agent was down). The fault is lifted under
+// mlx5_0, which no longer has it (nothing else would: its port is the
+// uncabled PF1's now, never reported), and reported again under mlx5_1,
+// PF0's name now, if PF0 is still down; a degradation fault likewise.
+func TestDriverRestartSwapsNamesStandingFault(t *testing.T) {
+	const why = "cleared, device name now on PCI function 0000:10:00.1 (a driver restart registered the names in another order): its ports are reported under mlx5_1 now"
+	for _, restart := range []bool{false, true} {
+		for _, fixed := range []bool{false, true} {
+			t.Run(fmt.Sprintf("restarted=%v/fixed=%v", restart, fixed), func(t *testing.T) {
+				p := dualPF()
+				for i := 1; i < len(p.Devices); i += 2 {
+					p.Devices[i] = withPort(p.Devices[i], nictest.Down, nictest.Polling)
+				}
+				e := setup(t, p)
+				c := e.check()
+				poll(t, c)
+				must(t, e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Disabled))
+				must(t, e.tree.SetCounter("mlx5_0", 1, CounterLocalLinkIntegrity, 3))
+				evs := pollEvents(t, c)
+				if len(evs) != 2 || !evs[0].GetIsFatal() || !evs[1].GetIsFatal() {
+					t.Fatalf("PF0 down: %q, want its state and degradation fatals", briefs(evs))
+				}
+				pf0, pf1 := withPort(p.Devices[0], nictest.Down, nictest.Disabled), p.Devices[1]
+				if fixed {
+					pf0 = p.Devices[0]
+				}
+				swapNames(t, e.tree, pf0, pf1)
+				if !fixed {
+					must(t, e.tree.SetCounter("mlx5_1", 1, CounterLocalLinkIntegrity, 3))
+				}
+				if restart {
+					c = e.check()
+				}
+				got := pollEvents(t, c)
+				for _, fault := range evs {
+					cleared(t, "swapped", fault, only(t, "swapped: "+brief(fault), got, func(ev *datamodels.HealthEvent) bool {
+						return ev.GetCheckName() == fault.GetCheckName() && events.EntityKey(ev) == events.EntityKey(fault)
+					}))
+				}
+				want := []string{
+					"H InfiniBandStateCheck: Port mlx5_0 port 1: " + why,
+					"H InfiniBandDegradationCheck: Port mlx5_0 port 1: " + why,
+					"F InfiniBandStateCheck: Port mlx5_1 port 1: state DOWN, phys_state Disabled",
+					"F InfiniBandDegradationCheck: Port mlx5_1 port 1: local_link_integrity_errors is 3 (threshold > 0)",
+				}
+				if fixed {
+					want[2], want = "H InfiniBandStateCheck: Port mlx5_1 port 1: healthy (ACTIVE, LinkUp)", want[:3]
+				}
+				slices.Sort(want)
+				gotB := briefs(got)
+				slices.Sort(gotB)
+				wantEvents(t, "swapped", gotB, want)
+				wantEvents(t, "steady", poll(t, c), nil)
+				if !fixed {
+					must(t, e.tree.SetPort("mlx5_1", 1, nictest.Active, nictest.LinkUp))
+					wantEvents(t, "PF0 up", stateEvents(poll(t, c)), []string{"H InfiniBandStateCheck: Port mlx5_1 port 1: healthy (ACTIVE, LinkUp)"})
+				}
+			})
+		}
+	}
+}
+
+// TestDriverRestartSwapsNamesBothFaulted: both PFs of a card reported
+// unhealthy (PF0 down, PF1 in INIT), then their names swap: each name's
+// fault is lifted first, then its function's reported under it.
+func TestDriverRestartSwapsNamesBothFaulted(t *testing.T) {
+	p := dualPF()
+	e := setup(t, p)
+	c := e.check()
+	poll(t, c)
+	must(t, e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Disabled))
+	must(t, e.tree.SetPort("mlx5_1", 1, nictest.Init, nictest.LinkUp))
+	wantEvents(t, "faults", stateEvents(poll(t, c)), []string{
+		"F InfiniBandStateCheck: Port mlx5_0 port 1: state DOWN, phys_state Disabled",
+		"N InfiniBandStateCheck: Port mlx5_1 port 1: state INIT, phys_state LinkUp",
+	})
+	swapNames(t, e.tree, withPort(p.Devices[0], nictest.Down, nictest.Disabled), withPort(p.Devices[1], nictest.Init, nictest.LinkUp))
+	wantEvents(t, "swapped", stateEvents(poll(t, c)), []string{
+		"H InfiniBandStateCheck: Port mlx5_0 port 1: cleared, device name now on PCI function 0000:10:00.1 (a driver restart registered the names in another order): its ports are reported under mlx5_1 now",
+		"H InfiniBandStateCheck: Port mlx5_1 port 1: cleared, device name now on PCI function 0000:10:00.0 (a driver restart registered the names in another order): its ports are reported under mlx5_0 now",
+		"N InfiniBandStateCheck: Port mlx5_0 port 1: state INIT, phys_state LinkUp",
+		"F InfiniBandStateCheck: Port mlx5_1 port 1: state DOWN, phys_state Disabled",
+	})
+	wantEvents(t, "steady", poll(t, c), nil)
+}
