@@ -777,8 +777,10 @@ func moveByDevice[V any](m map[string]V, moves map[string]string) {
 // under its former name (lifted there, by this or the rename path) is
 // reported again under the new one if still there: the port starts as a
 // first observation reported unhealthy (inherited), a threshold counter
-// above 0 as not reported yet. The source keeps its snapshots until it is
-// moved itself: a name gone is judged on them (renamed, disappeared).
+// above 0 as not reported yet; one reported with its card (WithCard)
+// starts as a plain first observation, reported only with its card. The
+// source keeps its snapshots until it is moved itself: a name gone is
+// judged on them (renamed, disappeared).
 func (c *Check) movePorts(moves map[string]string, emit func(*datamodels.HealthEvent), inherited map[string]bool) {
 	old := maps.Clone(c.st.Ports)
 	for _, dev := range slices.Sorted(maps.Keys(moves)) {
@@ -803,7 +805,13 @@ func (c *Check) movePorts(moves map[string]string, emit func(*datamodels.HealthE
 			cp.Counters, cp.Breached = maps.Clone(ps.Counters), nil
 			if ps.reported() && ps.Level != levelHealthy {
 				cp.State, cp.PhysState, cp.Level, cp.WithCard = "", "", "", false
-				inherited[dev+"/"+port] = true
+				// A fault reported with its card is judged with it again:
+				// reported with the card if still below its peer mode,
+				// else taken for an uncabled port (its card back at mode
+				// this poll, clearUncabled would have lifted it).
+				if !ps.WithCard {
+					inherited[dev+"/"+port] = true
+				}
 			}
 			c.st.Ports[dev+"/"+port] = &cp
 		}

@@ -592,3 +592,81 @@ func TestDriverRestartSwapsNamesBothFaulted(t *testing.T) {
 	})
 	wantEvents(t, "steady", poll(t, c), nil)
 }
+
+// standing follows the faults a run of polls raised to the healthy event
+// of the same check and entities that lifts each (events.EntityKey): what
+// is left stands in the quarantine.
+type standing map[string]string
+
+func (s standing) add(evs []*datamodels.HealthEvent) {
+	for _, ev := range evs {
+		key := ev.GetCheckName() + " " + events.EntityKey(ev)
+		if ev.GetIsHealthy() {
+			delete(s, key)
+		} else {
+			s[key] = brief(ev)
+		}
+	}
+}
+
+// TestDriverRestartSwapsNamesWithCardRecovery: dual-PF cards, PF1
+// uncabled on every card. Card 0x10 is reported below its peers with both
+// its ports (PF1's uncabled one with its card): PF0 hard down after a
+// boot, or the HCA unreadable past the hold-down. A driver restart fixes
+// it and swaps mlx5_0 ↔ mlx5_1 (at run time or while the agent was
+// down), or swaps them with PF0 still down, fixed later: the card is back
+// at peer mode, and each name's fault is lifted.
+// mlx5_0, PF1's name now, was reported fatal again (its port uncabled,
+// DOWN/Polling, taken for a fault carried over), never cleared.
+func TestDriverRestartSwapsNamesWithCardRecovery(t *testing.T) {
+	for _, how := range []string{"PF0 down", "PF0 down, fixed later", "unreadable"} {
+		for _, restart := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/restarted=%v", how, restart), func(t *testing.T) {
+				p := dualPF()
+				for i := 1; i < len(p.Devices); i += 2 {
+					p.Devices[i] = withPort(p.Devices[i], nictest.Down, nictest.Polling)
+				}
+				e := setup(t, p)
+				faults := standing{}
+				if how != "unreadable" {
+					must(t, e.tree.SetPort("mlx5_0", 1, nictest.Down, nictest.Disabled))
+				} else {
+					unreadable(t, filepath.Join(e.tree.PortDir("mlx5_0", 1), "state"))
+					unreadable(t, filepath.Join(e.tree.PortDir("mlx5_1", 1), "state"))
+				}
+				c := e.check()
+				for range 14 {
+					faults.add(allEvents(t, c))
+					e.now = e.now.Add(time.Minute)
+				}
+				for _, want := range []string{"InfiniBandStateCheck PCI=0000:10:00,NIC=mlx5_0,NIC=mlx5_1", "InfiniBandStateCheck NIC=mlx5_1,NICPort=1"} {
+					if _, ok := faults[want]; !ok {
+						t.Fatalf("card 0x10: faults %q, want [%s] among them", faults, want)
+					}
+				}
+				if how == "PF0 down, fixed later" {
+					// Swapped still down first: PF0's fault is reported
+					// under mlx5_1 with its card, which stays below.
+					swapNames(t, e.tree, withPort(p.Devices[0], nictest.Down, nictest.Disabled), p.Devices[1])
+					faults.add(allEvents(t, c))
+					if _, ok := faults["InfiniBandStateCheck NIC=mlx5_1,NICPort=1"]; !ok {
+						t.Errorf("swapped, PF0 still down: faults %q, want PF0's under mlx5_1", faults)
+					}
+					must(t, e.tree.SetPort("mlx5_1", 1, nictest.Active, nictest.LinkUp))
+				} else {
+					swapNames(t, e.tree, p.Devices[0], p.Devices[1])
+				}
+				if restart {
+					c = e.check()
+				}
+				for range 3 {
+					faults.add(allEvents(t, c))
+					e.now = e.now.Add(time.Minute)
+				}
+				if len(faults) > 0 {
+					t.Errorf("fixed and swapped: faults never lifted: %q", faults)
+				}
+			})
+		}
+	}
+}
