@@ -81,11 +81,6 @@ type Check struct {
 	// below is when each card below its peer mode, not yet reported, was
 	// first seen below (cardHoldDown).
 	below map[string]time.Time
-	// firstHeld are the cards a first poll held down, below peer mode,
-	// without the healthy baseline a card at mode gets: sent once they
-	// reach it (an earlier boot's card fault lifted), or dropped when the
-	// card is reported.
-	firstHeld map[string]bool
 }
 
 // cardHoldDown is how long a card stays below its role's peer mode before
@@ -169,7 +164,7 @@ func New(cfg Config, opt Options) (*Check, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}, below: map[string]time.Time{}, firstHeld: map[string]bool{},
+	c := &Check{cfg: cfg, log: log, now: now, r: r, cls: cls, enabled: map[string]bool{}, nics: map[string]*NIC{}, below: map[string]time.Time{},
 		downedRead: map[string]bool{}, unreadable: map[string]time.Time{}, missing: map[string]time.Time{}, portUnreadable: map[string]time.Time{}}
 	if md != nil {
 		c.expected = len(md.NICTopology)
@@ -540,8 +535,8 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			}
 		}
 		for _, cd := range grp {
-			if cd.active >= mode && (c.fresh || c.firstHeld[cd.addr]) && c.stateOn(cd.linkLayer) {
-				delete(c.firstHeld, cd.addr)
+			if cd.active >= mode && (c.fresh || c.st.firstHeld(cd.addr)) && c.stateOn(cd.linkLayer) {
+				c.st.setFirstHeld(cd.addr, false)
 				for _, devs := range cardBaselineSets(cd.devices) {
 					b := *cd
 					b.devices = devs
@@ -567,7 +562,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 			// boot is normal (§3.2).
 			hold := !c.fresh || cd.active+cd.waiting >= peersUp
 			if c.fresh && hold {
-				c.firstHeld[cd.addr] = true
+				c.st.setFirstHeld(cd.addr, true)
 			}
 			since, ok := c.below[cd.addr]
 			if !ok {
@@ -581,7 +576,7 @@ func (c *Check) Poll(ctx context.Context) ([]NIC, []*datamodels.HealthEvent, err
 				continue
 			}
 			c.st.AnomalousCards[cd.addr] = &cardFlag{Role: cd.role, Expected: mode, Devices: cd.devices, LinkLayer: cd.linkLayer}
-			delete(c.firstHeld, cd.addr)
+			c.st.setFirstHeld(cd.addr, false)
 			c.log.Error("card below peer mode", "card", cd.addr, "role", cd.role, "active", cd.active, "expected", mode)
 			emit(cardEvent(cd, mode, false))
 		}
@@ -1164,7 +1159,7 @@ func waitingForSM(p *Port) bool {
 // after a boot, its net device not up yet. A first poll counts it as on
 // its way up, as a port waiting for the SM (its card held down, not
 // reported fatal at once with the port, and baselined once at peer mode:
-// firstHeld); still so past the hold-down, it is reported with its card.
+// FirstHeld); still so past the hold-down, it is reported with its card.
 func roceNotUpYet(p *Port) bool {
 	sid, _ := stateName(p.State)
 	pid, _ := stateName(p.PhysicalState)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -663,6 +664,54 @@ func TestLaterPollRoCEDownReportedAtOnce(t *testing.T) {
 			wantEvents(t, "down", stateEvents(poll(t, c)), []string{port})
 			e.now = e.now.Add(cardHoldDown)
 			wantEvents(t, "past the hold-down", stateEvents(poll(t, c)), []string{card})
+		})
+	}
+}
+
+// TestFirstPollHeldCardBaselinedAcrossRestart: a card the first poll after
+// a reboot holds down (an InfiniBand port waiting for the SM, a RoCE port
+// whose net device is not up yet), the agent restarted within the same
+// boot before the port is up: once up, the card still gets its first-poll
+// baseline, which lifts the card fault the earlier boot raised. The
+// restarted agent, resuming from its state, knew nothing of the hold, and
+// that fault stood for ever.
+func TestFirstPollHeldCardBaselinedAcrossRestart(t *testing.T) {
+	for _, tc := range []struct{ name, dev, card, state, phys string }{
+		{"InfiniBand waiting for the SM", "mlx5_0", "0000:10:00", nictest.Init, nictest.LinkUp},
+		{"RoCE not up yet", "mlx5_4", "0000:50:00", nictest.Down, nictest.Disabled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := setup(t, small())
+			c := e.check()
+			allEvents(t, c)
+			must(t, e.tree.SetPort(tc.dev, 1, nictest.Down, nictest.Disabled))
+			faults := standing{}
+			for range 2 {
+				faults.add(allEvents(t, c))
+				e.now = e.now.Add(cardHoldDown)
+			}
+			if !slices.ContainsFunc(slices.Collect(maps.Keys(faults)), func(k string) bool { return strings.Contains(k, "PCI="+tc.card) }) {
+				t.Fatalf("boot-1: faults %q, want the card's", faults)
+			}
+
+			e.setBootID("boot-2")
+			must(t, e.tree.SetPort(tc.dev, 1, tc.state, tc.phys))
+			for _, step := range []string{"first poll", "restarted"} {
+				c = e.check() // the reboot's first poll, then a restart in the same boot
+				evs := allEvents(t, c)
+				faults.add(evs)
+				for _, ev := range evs {
+					if ev.GetIsFatal() {
+						t.Errorf("%s: fatal %q (the card is held down)", step, brief(ev))
+					}
+				}
+				e.now = e.now.Add(cardHoldDown / 4)
+			}
+			must(t, e.tree.SetPort(tc.dev, 1, nictest.Active, nictest.LinkUp))
+			faults.add(allEvents(t, c))
+			if len(faults) > 0 {
+				t.Errorf("port up: faults never lifted: %q", faults)
+			}
 		})
 	}
 }

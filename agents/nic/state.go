@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/faultline/faultline/agents/topology"
@@ -81,6 +82,29 @@ type persisted struct {
 	Disappeared []string `json:"disappeared,omitempty"`
 	// AnomalousCards are cards reported below peer mode, by card address.
 	AnomalousCards map[string]*cardFlag `json:"anomalous_cards,omitempty"`
+	// FirstHeld are the cards, by address, a first poll held down below
+	// peer mode, without the healthy baseline a card at mode gets: sent
+	// once they reach it (an earlier boot's card fault lifted), or dropped
+	// when the card is reported. Saved so that an agent restarted within
+	// the boot before the card is up still sends it; absent from state
+	// written before it: no card waits for its baseline.
+	FirstHeld []string `json:"first_held,omitempty"`
+}
+
+// firstHeld reports whether a first poll held card addr down, its
+// baseline not sent yet.
+func (p *persisted) firstHeld(addr string) bool { return slices.Contains(p.FirstHeld, addr) }
+
+// setFirstHeld marks card addr held by a first poll (held) or done with
+// (its baseline sent, or the card reported), keeping FirstHeld sorted.
+func (p *persisted) setFirstHeld(addr string, held bool) {
+	i, found := slices.BinarySearch(p.FirstHeld, addr)
+	switch {
+	case held && !found:
+		p.FirstHeld = slices.Insert(p.FirstHeld, i, addr)
+	case !held && found:
+		p.FirstHeld = slices.Delete(p.FirstHeld, i, i+1)
+	}
 }
 
 func newPersisted(bootID string) *persisted {
@@ -141,6 +165,8 @@ func loadState(path, bootID string) (st *persisted, reason string, bad bool) {
 	if p.AnomalousCards == nil {
 		p.AnomalousCards = map[string]*cardFlag{}
 	}
+	slices.Sort(p.FirstHeld) // setFirstHeld searches it
+	p.FirstHeld = slices.Compact(p.FirstHeld)
 	return &p, "", false
 }
 
