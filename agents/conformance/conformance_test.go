@@ -803,3 +803,56 @@ func TestHungCommandLeavesOthersTime(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryWhileUnreadable: after a collection with an unreadable
+// component (after a reboot the driver container or MOFED not loaded yet)
+// the check asks to run again in 1 minute, doubling to 15 minutes, never
+// past its interval; a complete collection returns it to the interval. It
+// waited the interval (6h): the node's partial report stood, a fixed
+// node was not cleared and a sensitive one was escalated at 4h.
+func TestRetryWhileUnreadable(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		interval time.Duration
+		want     []time.Duration
+	}{
+		{"default interval", 6 * time.Hour, []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 8 * time.Minute, 15 * time.Minute, 15 * time.Minute}},
+		{"short interval", 5 * time.Minute, []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 5 * time.Minute}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fixture(t, "h100-a", func(c *Config) { c.Interval = tc.interval })
+			if d := c.RetryIn(); d != 0 {
+				t.Fatalf("before any run: retry in %v, want 0", d)
+			}
+			ok := c.run
+			broken := func(ctx context.Context, argv []string) ([]byte, error) {
+				if argv[0] == "ipmitool" {
+					return nil, errors.New("ipmitool: exit status 1: Could not open device at /dev/ipmi0")
+				}
+				return ok(ctx, argv)
+			}
+			for round := range 2 {
+				c.run = broken
+				for i, want := range tc.want {
+					if _, err := c.Check(context.Background()); err != nil {
+						t.Fatal(err)
+					}
+					if d := c.RetryIn(); d != want {
+						t.Fatalf("round %d, partial collection %d: retry in %v, want %v", round, i+1, d, want)
+					}
+				}
+				c.run = ok
+				evs, err := c.Check(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.Contains(evs[0].Message, "unreadable") {
+					t.Fatalf("complete collection: %s", evs[0].Message)
+				}
+				if d := c.RetryIn(); d != 0 {
+					t.Fatalf("round %d, complete collection: retry in %v, want 0 (the interval)", round, d)
+				}
+			}
+		})
+	}
+}
