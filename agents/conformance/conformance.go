@@ -759,6 +759,11 @@ func (c *Check) vbios() (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("%s: %w", f, err)
 		}
+		if strings.Contains(v, "?") {
+			// nv-procfs.c's "??.??.??.??.??": the driver could not read
+			// it (the GPU off the bus, locked up), a fault, not a version.
+			return "", fmt.Errorf("%s: VBIOS not readable by the driver (%s)", f, v)
+		}
 		set[v] = true
 	}
 	return joinSet(set), nil

@@ -856,3 +856,53 @@ func TestRetryWhileUnreadable(t *testing.T) {
 		})
 	}
 }
+
+// TestVBIOSNotReadableByTheDriver: NVIDIA's nv-procfs.c prints "Video
+// BIOS: ??.??.??.??.??" when the driver cannot read the VBIOS version (the
+// GPU fallen off the bus or locked up). That is no version: gpu_vbios is
+// unreadable (the report partial). It was taken as a version, the
+// fingerprint changed, and a hardware fault was judged configuration
+// drift (the drift taint, OpenCHAMI's reboot for a major drift, a
+// sensitive node drained).
+func TestVBIOSNotReadableByTheDriver(t *testing.T) {
+	const gpu0 = "proc/driver/nvidia/gpus/0000:18:00.0/information"
+	for _, tc := range []struct {
+		name   string
+		line   string // gpu0's Video BIOS line ("": the fixture's)
+		want   string // gpu_vbios; "": unreadable
+		reason string // in the unreadable value
+	}{
+		{name: "reference", want: "96.00.89.00.01"},
+		{name: "not readable by the driver", line: "Video BIOS: \t ??.??.??.??.??", reason: "VBIOS not readable by the driver"},
+		{name: "partly not readable", line: "Video BIOS: \t 96.00.??.00.01", reason: "VBIOS not readable by the driver"},
+		{name: "another version", line: "Video BIOS: \t 96.00.99.00.01", want: "96.00.89.00.01,96.00.99.00.01"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			if err := os.CopyFS(root, os.DirFS(filepath.Join("testdata", "h100-a"))); err != nil {
+				t.Fatal(err)
+			}
+			if tc.line != "" {
+				f := filepath.Join(root, gpu0)
+				b, err := os.ReadFile(f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b = []byte(strings.Replace(string(b), "Video BIOS: \t 96.00.89.00.01", tc.line, 1))
+				if err := os.WriteFile(f, b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c := fixture(t, "h100-a", func(c *Config) {
+				c.Sysfs, c.Procfs, c.OSImageFile = filepath.Join(root, "sys"), filepath.Join(root, "proc"), filepath.Join(root, "os-image")
+			})
+			got := c.Collect(context.Background())[GPUVBIOS]
+			switch {
+			case tc.want != "" && got != tc.want:
+				t.Fatalf("gpu_vbios = %q, want %q", got, tc.want)
+			case tc.want == "" && (!strings.HasPrefix(got, Unreadable) || !strings.Contains(got, tc.reason) || !strings.Contains(got, "0000:18:00.0")):
+				t.Fatalf("gpu_vbios = %q, want unreadable: ... %s, naming the GPU", got, tc.reason)
+			}
+		})
+	}
+}
