@@ -301,12 +301,22 @@ func (a *Agent) serveMetrics(ctx context.Context, ln net.Listener, lim serverLim
 	return nil
 }
 
+// loop runs s at start, every s.Interval and when triggered; a
+// check.Retrier's next run is sooner when it asks (RetryIn).
 func (a *Agent) loop(ctx context.Context, s Scheduled) {
 	t := time.NewTicker(s.Interval)
 	defer t.Stop()
 	trig := a.triggers[s.Check.Name()]
+	r, _ := s.Check.(check.Retrier)
 	for {
 		a.RunOnce(ctx, s)
+		if r != nil {
+			next := s.Interval
+			if d := r.RetryIn(); d > 0 && d < next {
+				next = d
+			}
+			t.Reset(next)
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/faultline/faultline/agents/check"
 	"github.com/faultline/faultline/agents/podres/podrestest"
 	"github.com/faultline/faultline/internal/config"
 	"github.com/faultline/faultline/schemas/events"
@@ -967,6 +968,9 @@ func TestConformanceCheckRegistered(t *testing.T) {
 	if a.checks[0].Interval != 6*time.Hour {
 		t.Fatalf("interval %v", a.checks[0].Interval)
 	}
+	if _, ok := a.checks[0].Check.(check.Retrier); !ok {
+		t.Fatal("the conformance check is no check.Retrier: a partial report would stand for its interval")
+	}
 }
 
 // TestEventsCarryTheMachine: every event names the machine that raised it
@@ -1206,5 +1210,48 @@ func TestSenderDropsAnotherNodesEvents(t *testing.T) {
 		"PermissionDenied errors counted")
 	if sp2.Pending() == 0 || val(m2.rejected) != 0 || len(g2.received()) != 0 {
 		t.Error("events dropped for a credential bound to another node")
+	}
+}
+
+// retryingCheck asks to run again after retry (0: on its interval).
+type retryingCheck struct {
+	fakeCheck
+	retry func() time.Duration
+}
+
+func (c retryingCheck) RetryIn() time.Duration { return c.retry() }
+
+// TestRetryBeforeInterval: a check on a 6h schedule that asks to run
+// again sooner (check.Retrier: the conformance check after a collection
+// with unreadable components) runs again then, and once it asks no more
+// it waits its interval. It waited the interval: the partial report after
+// a reboot stood for 6h.
+func TestRetryBeforeInterval(t *testing.T) {
+	cfg := testConfig(t, "127.0.0.1:1")
+	var runs atomic.Int32
+	c := retryingCheck{fakeCheck: fakeCheck{"conformance", func(context.Context) ([]*datamodels.HealthEvent, error) {
+		runs.Add(1)
+		return nil, nil
+	}}, retry: func() time.Duration {
+		if runs.Load() < 3 {
+			return 20 * time.Millisecond
+		}
+		return 0
+	}}
+	a, err := New(cfg, quiet(), Options{Checks: []Scheduled{{Check: c, Interval: 6 * time.Hour, Timeout: time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx) }()
+	waitFor(t, 5*time.Second, func() bool { return runs.Load() == 3 }, "the run at start and two retries")
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := runs.Load(); n != 3 {
+		t.Fatalf("%d runs, want 3 (then the 6h interval)", n)
 	}
 }

@@ -142,7 +142,8 @@ var registry = []CheckSpec{
 		},
 	},
 	{
-		// Reports at start, every conformance.interval, and on request
+		// Reports at start, every conformance.interval (sooner after a
+		// partial collection: check.Retrier), and on request
 		// (Agent.Trigger: SIGUSR1, POST /checks/conformance/run).
 		Name:        "conformance",
 		IntervalKey: "conformance.interval",

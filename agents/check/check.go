@@ -9,6 +9,7 @@ package check
 
 import (
 	"context"
+	"time"
 
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -34,4 +35,13 @@ type Check interface {
 // instead of a state that says they were reported.
 type Committer interface {
 	Commit() error
+}
+
+// Retrier is a Check that may ask to run again sooner than its interval
+// (the conformance check after a collection with unreadable components:
+// a driver not loaded yet after a reboot). The runner asks it after each
+// run: a positive duration shorter than the check's interval is the wait
+// before the next run; otherwise the next run is an interval later.
+type Retrier interface {
+	RetryIn() time.Duration
 }

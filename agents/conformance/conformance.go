@@ -17,7 +17,9 @@
 // Interval (default 6h) and whenever the agent is asked to (SIGUSR1, or
 // POST /checks/conformance/run on the agent's local endpoint), whether or
 // not the fingerprint changed: the processor treats a node without a report
-// within its staleness window as unknown.
+// within its staleness window as unknown. After a collection with an
+// unreadable component it asks to run again sooner (RetryIn: 1 minute,
+// doubling up to 15) until one is complete.
 //
 // Sources (paths relative to the configured sysfs and procfs roots, so
 // tests run on fixture trees): GPU driver /sys/module/nvidia/version; GPU
@@ -133,7 +135,8 @@ type Component struct {
 // Config is the check's section ([conformance], flags --conformance.*).
 type Config struct {
 	// Interval is how often the fingerprint is reported besides at start
-	// and on request. Default 6h.
+	// and on request (sooner after a collection with an unreadable
+	// component: RetryIn). Default 6h.
 	Interval time.Duration `toml:"interval"`
 	// Timeout bounds one collection (commands included). Default 1m.
 	Timeout time.Duration `toml:"timeout"`
@@ -303,7 +306,17 @@ type Check struct {
 	// pendingSince is when this process first saw each Mellanox device
 	// (PCI address) pending, as long as it stays pending (rdmaPending).
 	pendingSince map[string]time.Time
+	// partial counts the collections in a row with an unreadable
+	// component (RetryIn).
+	partial int
 }
+
+// Re-collection after a collection with an unreadable component: retryMin,
+// doubling up to retryMax.
+const (
+	retryMin = time.Minute
+	retryMax = 15 * time.Minute
+)
 
 // New builds the check (cfg validated by the caller or here).
 func New(cfg Config, log *slog.Logger) (*Check, error) {
@@ -330,7 +343,40 @@ func (c *Check) Name() string { return "conformance" }
 // Check collects the components and returns the one NodeConformance event.
 func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 	comps := c.Collect(ctx)
+	partial := false
+	for _, v := range comps {
+		partial = partial || strings.HasPrefix(v, Unreadable)
+	}
+	c.mu.Lock()
+	if partial {
+		c.partial++
+	} else {
+		c.partial = 0
+	}
+	c.mu.Unlock()
 	return []*datamodels.HealthEvent{Event(comps)}, nil
+}
+
+// RetryIn is when the check asks to run again (check.Retrier): after a
+// collection with an unreadable component (after a reboot the GPU driver
+// or MOFED is often not loaded yet) in 1 minute, doubling with each such
+// collection in a row up to 15 minutes, never later than the interval;
+// after a complete one 0 (the interval). A partial report standing for
+// the whole interval kept a remediated node from being cleared, a
+// sensitive node's drift past its 4h timeout, and a pool undecided after
+// a rolling reboot.
+func (c *Check) RetryIn() time.Duration {
+	c.mu.Lock()
+	n := c.partial
+	c.mu.Unlock()
+	if n == 0 {
+		return 0
+	}
+	d := retryMax
+	if n <= 4 {
+		d = min(retryMin<<(n-1), retryMax)
+	}
+	return min(d, c.cfg.Interval)
 }
 
 // Event is the NodeConformance event of a component set: healthy, not
@@ -712,6 +758,11 @@ func (c *Check) vbios() (string, error) {
 		v, err := match(vbiosRE, b)
 		if err != nil {
 			return "", fmt.Errorf("%s: %w", f, err)
+		}
+		if strings.Contains(v, "?") {
+			// nv-procfs.c's "??.??.??.??.??": the driver could not read
+			// it (the GPU off the bus, locked up), a fault, not a version.
+			return "", fmt.Errorf("%s: VBIOS not readable by the driver (%s)", f, v)
 		}
 		set[v] = true
 	}

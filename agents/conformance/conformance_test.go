@@ -803,3 +803,106 @@ func TestHungCommandLeavesOthersTime(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryWhileUnreadable: after a collection with an unreadable
+// component (after a reboot the driver container or MOFED not loaded yet)
+// the check asks to run again in 1 minute, doubling to 15 minutes, never
+// past its interval; a complete collection returns it to the interval. It
+// waited the interval (6h): the node's partial report stood, a fixed
+// node was not cleared and a sensitive one was escalated at 4h.
+func TestRetryWhileUnreadable(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		interval time.Duration
+		want     []time.Duration
+	}{
+		{"default interval", 6 * time.Hour, []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 8 * time.Minute, 15 * time.Minute, 15 * time.Minute}},
+		{"short interval", 5 * time.Minute, []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 5 * time.Minute}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fixture(t, "h100-a", func(c *Config) { c.Interval = tc.interval })
+			if d := c.RetryIn(); d != 0 {
+				t.Fatalf("before any run: retry in %v, want 0", d)
+			}
+			ok := c.run
+			broken := func(ctx context.Context, argv []string) ([]byte, error) {
+				if argv[0] == "ipmitool" {
+					return nil, errors.New("ipmitool: exit status 1: Could not open device at /dev/ipmi0")
+				}
+				return ok(ctx, argv)
+			}
+			for round := range 2 {
+				c.run = broken
+				for i, want := range tc.want {
+					if _, err := c.Check(context.Background()); err != nil {
+						t.Fatal(err)
+					}
+					if d := c.RetryIn(); d != want {
+						t.Fatalf("round %d, partial collection %d: retry in %v, want %v", round, i+1, d, want)
+					}
+				}
+				c.run = ok
+				evs, err := c.Check(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.Contains(evs[0].Message, "unreadable") {
+					t.Fatalf("complete collection: %s", evs[0].Message)
+				}
+				if d := c.RetryIn(); d != 0 {
+					t.Fatalf("round %d, complete collection: retry in %v, want 0 (the interval)", round, d)
+				}
+			}
+		})
+	}
+}
+
+// TestVBIOSNotReadableByTheDriver: NVIDIA's nv-procfs.c prints "Video
+// BIOS: ??.??.??.??.??" when the driver cannot read the VBIOS version (the
+// GPU fallen off the bus or locked up). That is no version: gpu_vbios is
+// unreadable (the report partial). It was taken as a version, the
+// fingerprint changed, and a hardware fault was judged configuration
+// drift (the drift taint, OpenCHAMI's reboot for a major drift, a
+// sensitive node drained).
+func TestVBIOSNotReadableByTheDriver(t *testing.T) {
+	const gpu0 = "proc/driver/nvidia/gpus/0000:18:00.0/information"
+	for _, tc := range []struct {
+		name   string
+		line   string // gpu0's Video BIOS line ("": the fixture's)
+		want   string // gpu_vbios; "": unreadable
+		reason string // in the unreadable value
+	}{
+		{name: "reference", want: "96.00.89.00.01"},
+		{name: "not readable by the driver", line: "Video BIOS: \t ??.??.??.??.??", reason: "VBIOS not readable by the driver"},
+		{name: "partly not readable", line: "Video BIOS: \t 96.00.??.00.01", reason: "VBIOS not readable by the driver"},
+		{name: "another version", line: "Video BIOS: \t 96.00.99.00.01", want: "96.00.89.00.01,96.00.99.00.01"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			if err := os.CopyFS(root, os.DirFS(filepath.Join("testdata", "h100-a"))); err != nil {
+				t.Fatal(err)
+			}
+			if tc.line != "" {
+				f := filepath.Join(root, gpu0)
+				b, err := os.ReadFile(f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b = []byte(strings.Replace(string(b), "Video BIOS: \t 96.00.89.00.01", tc.line, 1))
+				if err := os.WriteFile(f, b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c := fixture(t, "h100-a", func(c *Config) {
+				c.Sysfs, c.Procfs, c.OSImageFile = filepath.Join(root, "sys"), filepath.Join(root, "proc"), filepath.Join(root, "os-image")
+			})
+			got := c.Collect(context.Background())[GPUVBIOS]
+			switch {
+			case tc.want != "" && got != tc.want:
+				t.Fatalf("gpu_vbios = %q, want %q", got, tc.want)
+			case tc.want == "" && (!strings.HasPrefix(got, Unreadable) || !strings.Contains(got, tc.reason) || !strings.Contains(got, "0000:18:00.0")):
+				t.Fatalf("gpu_vbios = %q, want unreadable: ... %s, naming the GPU", got, tc.reason)
+			}
+		})
+	}
+}

@@ -664,11 +664,13 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster st
 // it now (why): its drift clock keeps running from the state's start, and
 // past drift_remediation_timeout it is escalated with the last known
 // fingerprints. Left alone, a drifted node whose agent stopped reporting
-// kept its taint and state forever, never escalated.
+// kept its taint and state forever, never escalated. A node awaiting
+// approval is not: it was remediated and reported the expected
+// fingerprint, and it waits for the operator, not for remediation.
 func (s *Sweeper) escalateStale(ctx context.Context, cl *clusters.Client, cluster string, g group, m member, now time.Time, why string, out *Output) error {
 	live := s.live(cl)
 	st, has := s.readState(cluster, m, live)
-	if !has || st.Restoring || st.Escalated {
+	if !has || st.Restoring || st.Escalated || st.Awaiting {
 		return nil
 	}
 	timeout := s.cfg.DriftRemediationTimeout

@@ -729,3 +729,61 @@ func TestTooFewReports(t *testing.T) {
 		}
 	}
 }
+
+// TestAwaitingApprovalNotEscalated: a sensitive node drifts, is
+// remediated and reports the expected fingerprint (an hour later: it
+// awaits an operator's approval); at 5h its peers reboot and report
+// partial, or it does itself: the group is undecided, or its report
+// differs only in unreadable components. It is not escalated: it was
+// remediated and waits for the operator, not for remediation. It was:
+// a fatal CONTACT_SUPPORT event past the 4h sensitive timeout, and
+// after the approval that quarantine stayed.
+func TestAwaitingApprovalNotEscalated(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		at5h func(e *fakeEnv, node string)
+	}{
+		{"peers partial", func(e *fakeEnv, node string) {
+			for i := 1; i <= 2; i++ {
+				store(t, e.h, record(t, e.cluster, fmt.Sprintf("%s-n%d", e.cluster, i), unreadDriver(comps("")), e.clk.Now()))
+			}
+			store(t, e.h, record(t, e.cluster, e.cluster+"-n3", comps(""), e.clk.Now()))
+			store(t, e.h, record(t, e.cluster, node, comps(""), e.clk.Now()))
+		}},
+		{"itself partial", func(e *fakeEnv, node string) {
+			e.report(t, 3, "")
+			store(t, e.h, record(t, e.cluster, node, unreadDriver(comps("")), e.clk.Now()))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			e := startFake(t, false)
+			node := e.nodes(t, 4)
+			n := e.get(t, node)
+			n.Labels = map[string]string{"faultline.io/sensitive": "true"}
+			if _, err := e.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			cfg := testConfig()
+			sw := NewSweeper(cfg, e.s.Conn, e.reg, testLog, e.clk.Now, nil)
+			e.report(t, 4, "28.41.1000")
+			if k := kinds(e.sweep(t, sw, "drift").Actions); len(k[events.KindConformanceDrain]) != 1 {
+				t.Fatalf("drift: actions %v, want %s drained", k, node)
+			}
+			e.clk.Add(time.Hour)
+			e.report(t, 4, "")
+			if k := kinds(e.sweep(t, sw, "remediated").Actions); len(k[events.KindConformanceUndrain]) != 1 {
+				t.Fatalf("remediated: actions %v, want %s awaiting approval", k, node)
+			}
+			e.clk.Add(cfg.SensitiveTimeout)
+			tc.at5h(e, node)
+			out := e.sweep(t, sw, "5h")
+			if esc := kinds(out.Actions)[events.KindEscalate]; len(esc) != 0 || len(out.Events) != 0 {
+				t.Fatalf("5h: actions %v, events %v, want %s not escalated (awaiting approval)", out.Actions, out.Events, node)
+			}
+			if st, _ := sw.readState(e.cluster, member{node: e.get(t, node), name: node}, true); !st.Awaiting || st.Escalated {
+				t.Fatalf("5h: state %+v, want awaiting, not escalated", st)
+			}
+		})
+	}
+}
