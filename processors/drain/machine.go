@@ -130,8 +130,9 @@ func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, i
 // last look at the pods came after the fault, and the node stayed
 // quarantined since: a lift and a new quarantine in between would have
 // started a drain of their own, earlier on the node's partition), over a
-// scope that holds o's, with the same remediation asked for and no force
-// it lacked. Such a fault joins that drain's remediation instead of
+// scope that holds o's, with a remediation that serves o's (the same, or
+// a whole-node one that outranks it: Trigger.serves) and no force it
+// lacked. Such a fault joins that drain's remediation instead of
 // draining the node again: a GPU repeating a fatal Xid while an outage
 // held its quarantine back; an Xid flood's repeats generated before the
 // remediation's reboot (which follows the drain's end) and sent from the
@@ -141,8 +142,7 @@ func admit(st *State, eventID string, o opts, quarantined bool, now time.Time, i
 // them shifts the bound by as much.
 func (s *State) covers(o opts) bool {
 	return s != nil && s.Phase == PhaseSucceeded && o.already && s.ofQuarantine(o) && s.finishedAfter(o) &&
-		s.Scope.holds(o.scope) && (s.Force || !o.force) &&
-		s.Trigger.RecommendedAction == o.trig.RecommendedAction && s.Trigger.CustomAction == o.trig.CustomAction
+		s.Scope.holds(o.scope) && (s.Force || !o.force) && s.Trigger.serves(o.trig)
 }
 
 // ofQuarantine reports whether the drain st finished no earlier than the

@@ -253,25 +253,57 @@ func (t Trigger) bounded() Trigger {
 }
 
 // remedyRank orders what remediations do: asking for none, resetting
-// GPUs, anything else (a reboot, a replacement, a custom or diagnostic
-// remediation, support).
+// GPUs, a diagnostic or custom remediation (RUN_DCGMEUD, RUN_FIELDDIAG,
+// CUSTOM, a value this faultline does not know), restarting the VM,
+// restarting the bare-metal host, replacing the VM, escalating to
+// support: each later one serves a fault asking for an earlier one (a
+// reboot resets the GPUs; a node handed to support is not rebooted).
 func remedyRank(action string) int {
 	switch action {
 	case "", datamodels.RecommendedAction_NONE.String(), datamodels.RecommendedAction_UNKNOWN.String():
 		return 0
 	case datamodels.RecommendedAction_COMPONENT_RESET.String():
 		return 1
+	case datamodels.RecommendedAction_RESTART_VM.String():
+		return rankRestartVM
+	case datamodels.RecommendedAction_RESTART_BM.String():
+		return 4
+	case datamodels.RecommendedAction_REPLACE_VM.String():
+		return 5
+	case datamodels.RecommendedAction_CONTACT_SUPPORT.String():
+		return 6
 	}
 	return 2
 }
 
+// rankRestartVM is remedyRank's rank of RESTART_VM, the least of those
+// that act on the whole node.
+const rankRestartVM = 3
+
+// sameRemedy reports whether t and o ask remediate for the same thing.
+func (t Trigger) sameRemedy(o Trigger) bool {
+	return t.RecommendedAction == o.RecommendedAction && t.CustomAction == o.CustomAction
+}
+
+// serves reports whether a finished drain's trigger t serves a fault
+// asking for o's remediation (State.covers): the same one, none, or less
+// than a whole-node remediation (remedyRank from RESTART_VM) does. A
+// diagnostic or custom remediation serves no other: what it does is not
+// known here.
+func (t Trigger) serves(o Trigger) bool {
+	r, ro := remedyRank(t.RecommendedAction), remedyRank(o.RecommendedAction)
+	return t.sameRemedy(o) || ro == 0 || (r >= rankRestartVM && ro < r)
+}
+
 // join is the trigger of a drain that fault o joined: the drain's one
 // result must ask remediate for what each fault needs. A fault asking for
-// less than the drain's trigger (nothing, where it asks for a reboot; a
-// GPU's reset under a reboot) leaves it; a GPU's reset joining a reset of
-// other GPUs adds its entities, so the reset covers both (a reset naming
-// no GPU resets them all); otherwise o's trigger takes its place, as a
-// whole-node fault's always did. The event ids are the caller's.
+// less than the drain's trigger (remedyRank: nothing, where it asks for a
+// reboot; a GPU's reset or a VM restart under a replacement or an
+// escalation to support), or for another remediation of the same rank,
+// leaves it; a GPU's reset joining a reset of other GPUs adds its
+// entities, so the reset covers both (a reset naming no GPU resets them
+// all); otherwise (more, or the same again) o's trigger takes its place.
+// The event ids are the caller's.
 func (t Trigger) join(o Trigger) Trigger {
 	j := t.joinRemedy(o)
 	if o.GeneratedAt.After(t.GeneratedAt) {
@@ -286,7 +318,9 @@ func (t Trigger) join(o Trigger) Trigger {
 func (t Trigger) joinRemedy(o Trigger) Trigger {
 	r, ro := remedyRank(t.RecommendedAction), remedyRank(o.RecommendedAction)
 	switch {
-	case ro < r:
+	case ro < r, ro == r && ro != 1 && !t.sameRemedy(o):
+		// Less, or another remediation of the same rank (two
+		// diagnostics, two custom ones): the drain's stays.
 		return t
 	case ro == 1 && r == 1:
 		have := entityValues(t.Entities, events.EntityGPU)

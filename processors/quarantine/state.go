@@ -308,7 +308,8 @@ func (s *State) Active() bool {
 }
 
 // AddFault records a fault occurrence; it reports whether the state
-// changed (false when this event id was already recorded).
+// changed (false when this event id was already recorded). An occurrence
+// of a standing fault never weakens it (Fault.strengthen).
 func (s *State) AddFault(key string, f Fault, eventID string) bool {
 	if eventID != "" {
 		eventID = events.BoundKey(eventID, maxEventID)
@@ -341,8 +342,42 @@ func (s *State) AddFault(key string, f Fault, eventID string) bool {
 	if f.LastSeen.After(old.LastSeen) {
 		old.LastSeen = f.LastSeen
 	}
-	old.Message, old.Rule, old.Cordon, old.Taint, old.Condition = f.Message, f.Rule, f.Cordon, f.Taint, f.Condition
+	old.strengthen(f)
 	return true
+}
+
+// strengthen takes another occurrence's decision into a standing fault
+// without ever weakening it: the fault key has no error code, so a
+// non-fatal Xid on a GPU (a rule that only taints PreferNoSchedule) is the
+// same fault as the fatal one that cordoned it, and taking its decision
+// would uncordon the node while the fatal one stands. The cordon and the
+// condition are either's, the taint the stronger (taintRank); the rule and
+// message are the occurrence's when its decision holds at least all the
+// fault's did, else the fault's stay (they name what holds the node).
+// Only a recovery lifts the fault.
+func (f *Fault) strengthen(o Fault) {
+	covers := (o.Cordon || !f.Cordon) && (o.Condition || !f.Condition) && taintRank(o.Taint) >= taintRank(f.Taint)
+	if covers {
+		f.Message, f.Rule, f.Taint = o.Message, o.Rule, o.Taint
+	} else if taintRank(o.Taint) > taintRank(f.Taint) {
+		f.Taint = o.Taint
+	}
+	f.Cordon, f.Condition = f.Cordon || o.Cordon, f.Condition || o.Condition
+}
+
+// taintRank orders taints by what they keep off the node: none,
+// PreferNoSchedule, NoSchedule, NoExecute.
+func taintRank(t *Taint) int {
+	if t == nil {
+		return 0
+	}
+	switch corev1.TaintEffect(t.Effect) {
+	case corev1.TaintEffectNoExecute:
+		return 3
+	case corev1.TaintEffectNoSchedule:
+		return 2
+	}
+	return 1
 }
 
 // Repeats reports whether f is another occurrence of a fault that stands
