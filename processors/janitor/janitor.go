@@ -288,6 +288,12 @@ func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options)
 		opts.Log.Warn("janitor: hung_after is not below reboot_timeout: a reboot whose machine hung in shutdown times out before it is forced; lower hung_after, or set it to 0 (never)",
 			"hung_after", cfg.HungAfter, "reboot_timeout", cfg.RebootTimeout)
 	}
+	if cfg.ForceAfter > 0 && cfg.ForceAfter >= cfg.RebootTimeout {
+		// Not refused either: a configuration that worked (its forced
+		// reboot never needed) would stop the janitor.
+		opts.Log.Warn("janitor: force_after is not below reboot_timeout: a reboot the graceful signal did not take down times out before it is forced; lower force_after, or set it to 0 (never)",
+			"force_after", cfg.ForceAfter, "reboot_timeout", cfg.RebootTimeout)
+	}
 	return &Janitor{
 		cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
 		providers: opts.Providers, prod: opts.Producer, emitTry: emitTry, resayAfter: resayAfter,
