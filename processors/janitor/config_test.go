@@ -115,6 +115,29 @@ func TestHungAfterNotBelowRebootTimeout(t *testing.T) {
 	}
 }
 
+// TestForceAfterNotBelowRebootTimeout: a force_after a reboot times out
+// before (its forced reboot never sent: the reboot fails Timeout first)
+// is said at start, not refused (a configuration that worked, its
+// forced reboot never needed, keeps starting); 0 (never) and the
+// defaults say nothing.
+func TestForceAfterNotBelowRebootTimeout(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		force, timeout time.Duration
+		warned         bool
+	}{{10 * time.Minute, 30 * time.Minute, false}, {30 * time.Minute, 30 * time.Minute, true}, {40 * time.Minute, 30 * time.Minute, true}, {0, 10 * time.Minute, false}} {
+		var logs syncbuf.Buffer
+		cfg := DefaultConfig()
+		cfg.ForceAfter, cfg.RebootTimeout, cfg.HungAfter = tc.force, tc.timeout, 0
+		if _, err := New(cfg, clusters.Config{}, nil, Options{Log: slog.New(slog.NewTextHandler(&logs, nil))}); err != nil {
+			t.Fatalf("force_after %v, reboot_timeout %v: %v", tc.force, tc.timeout, err)
+		}
+		if got := strings.Contains(logs.String(), "force_after is not below reboot_timeout"); got != tc.warned {
+			t.Errorf("force_after %v, reboot_timeout %v: warned %v, want %v:\n%s", tc.force, tc.timeout, got, tc.warned, logs.String())
+		}
+	}
+}
+
 func TestProviderName(t *testing.T) {
 	t.Parallel()
 	c := DefaultConfig()

@@ -54,6 +54,10 @@ const (
 // quarantine it drained for: the two times are two processors' clocks.
 const drainSlack = time.Minute
 
+// kindRecheckEvery is how often a cluster's kinds whose CRD was not
+// installed when its watch started are listed again (awaitCRDs).
+const kindRecheckEvery = time.Minute
+
 // pollWarnKeys is how many GPU resets a minute are named in the warning of
 // a failed poll (a reset's first, then once a minute); past it one line a
 // minute says more failed, so that an outage of many agents (a fleet of
@@ -141,6 +145,10 @@ type Janitor struct {
 	// resay waits, for resayAfter from it.
 	refusedAt  atomic.Int64
 	resayAfter time.Duration
+	// kindRecheck: how often a cluster's kinds whose CRD was not
+	// installed when its watch started are listed again (kindRecheckEvery;
+	// tests shorten it).
+	kindRecheck time.Duration
 
 	mu      sync.Mutex
 	mem     map[types.UID]memory // by resource UID; forgotten when it is deleted
@@ -288,9 +296,15 @@ func New(cfg Config, kube clusters.Config, reg *clusters.Registry, opts Options)
 		opts.Log.Warn("janitor: hung_after is not below reboot_timeout: a reboot whose machine hung in shutdown times out before it is forced; lower hung_after, or set it to 0 (never)",
 			"hung_after", cfg.HungAfter, "reboot_timeout", cfg.RebootTimeout)
 	}
+	if cfg.ForceAfter > 0 && cfg.ForceAfter >= cfg.RebootTimeout {
+		// Not refused either: a configuration that worked (its forced
+		// reboot never needed) would stop the janitor.
+		opts.Log.Warn("janitor: force_after is not below reboot_timeout: a reboot the graceful signal did not take down times out before it is forced; lower force_after, or set it to 0 (never)",
+			"force_after", cfg.ForceAfter, "reboot_timeout", cfg.RebootTimeout)
+	}
 	return &Janitor{
 		cfg: cfg, reg: reg, log: opts.Log.With("role", Role), now: opts.Now,
-		providers: opts.Providers, prod: opts.Producer, emitTry: emitTry, resayAfter: resayAfter,
+		providers: opts.Providers, prod: opts.Producer, emitTry: emitTry, resayAfter: resayAfter, kindRecheck: kindRecheckEvery,
 		lim:        newLimiter(cfg.MaxConcurrent, cfg.MaxConcurrentPerRack, cfg.MaxConcurrentPerProvider),
 		pollWarned: warnlimit.New(time.Minute, pollWarnKeys),
 		m:          newMetrics(opts.Registerer), leaseID: leaseIdentity(cfg.Identity), mem: map[types.UID]memory{}, running: map[string]*clusterRun{},
@@ -362,7 +376,8 @@ func indexByNode(obj any) ([]string, error) {
 }
 
 // runCluster watches one cluster's nodes and janitor resources and works
-// its queue until ctx ends.
+// its queue until ctx ends. A kind whose CRD is installed after the watch
+// started restarts it (watchCluster), with the Lease kept.
 func (j *Janitor) runCluster(ctx context.Context, name string) error {
 	cl, err := j.reg.Get(name)
 	if err != nil {
@@ -381,6 +396,21 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 	if cl.Dynamic == nil {
 		return fmt.Errorf("cluster %q: no dynamic client", name)
 	}
+	// Not at a restart for a new kind: no other janitor worked the
+	// cluster in between.
+	defer j.dropUnsent(name)
+	for {
+		restart, err := j.watchCluster(ctx, name, cl)
+		if !restart || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// watchCluster is one watch of the cluster (runCluster), until ctx ends
+// (restart false) or a kind left out for want of its CRD can be listed
+// (restart true: awaitCRDs), once its workers have stopped.
+func (j *Janitor) watchCluster(ctx context.Context, name string, cl *clusters.Client) (restart bool, err error) {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	cr := &clusterRun{name: name, cl: cl, res: map[string]cache.Indexer{},
@@ -388,22 +418,35 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 			workqueue.TypedRateLimitingQueueConfig[qkey]{Name: "janitor-" + name})}
 	defer cr.q.ShutDown()
 
+	// Exported from the start (at 0): 1 once the kind is watched.
+	for _, k := range kinds {
+		j.m.kindWatched.WithLabelValues(name, k.Name).Set(0)
+	}
+	defer func() {
+		for _, k := range kinds {
+			j.m.kindWatched.WithLabelValues(name, k.Name).Set(0)
+		}
+	}()
 	nf, ninf := nodeWatch(cl.WatchKube)
 	df := dynamicinformer.NewDynamicSharedInformerFactory(cl.WatchDynamic, 0)
-	var syncs []cache.InformerSynced
+	var (
+		syncs   []cache.InformerSynced
+		missing []kind
+	)
 	for _, k := range kinds {
 		// A kind whose CRD is not installed is left out (its informer
-		// would never sync).
+		// would never sync), and listed again until it is (awaitCRDs).
 		if _, err := cl.Dynamic.Resource(k.GVR).List(cctx, metav1.ListOptions{Limit: 1}); err != nil {
 			if apierrors.IsNotFound(err) {
-				j.log.Warn("janitor: CRD not installed; kind not watched", "cluster", name, "kind", k.Name)
+				j.log.Warn("janitor: CRD not installed; kind not watched until it is (listed again every minute)", "cluster", name, "kind", k.Name)
+				missing = append(missing, k)
 				continue
 			}
-			return fmt.Errorf("list %s: %w", k.GVR.Resource, err)
+			return false, fmt.Errorf("list %s: %w", k.GVR.Resource, err)
 		}
 		inf := df.ForResource(k.GVR).Informer()
 		if err := inf.AddIndexers(cache.Indexers{nodeIndex: indexByNode}); err != nil {
-			return err
+			return false, err
 		}
 		kn := k.Name
 		enq := func(obj any) {
@@ -421,7 +464,7 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 			}
 		}
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enq, UpdateFunc: func(_, o any) { enq(o) }, DeleteFunc: gone}); err != nil {
-			return err
+			return false, err
 		}
 		cr.res[kn] = inf.GetIndexer()
 		syncs = append(syncs, inf.HasSynced)
@@ -435,14 +478,14 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 			cr.enqueueNode(o)
 		},
 	}); err != nil {
-		return err
+		return false, err
 	}
 	cr.nodes = ninf.GetIndexer()
 	syncs = append(syncs, ninf.HasSynced)
 	nf.Start(cctx.Done())
 	df.Start(cctx.Done())
 	if !cache.WaitForCacheSync(cctx.Done(), syncs...) {
-		return ctx.Err()
+		return false, ctx.Err()
 	}
 	j.mu.Lock()
 	j.running[name] = cr
@@ -456,7 +499,6 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 	// its workers have stopped): a resource deleted until the next watch
 	// would hold its slot for ever, as no reconcile of this watch frees it.
 	defer j.lim.releaseCluster(name)
-	defer j.dropUnsent(name)
 	// Operations in progress (a janitor restarted mid-operation, or one
 	// that works the cluster again) hold their slots before any new one
 	// starts.
@@ -467,11 +509,14 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 				nn, _, _ := unstructured.NestedString(u.Object, "spec", "nodeName")
 				n, err := cr.findNode(cctx, nn)
 				if err != nil {
-					return err
+					return false, err
 				}
 				j.lim.acquire(cr.resKey(kn, u.GetName()), name, j.rack(n, nn), st.Provider, true)
 			}
 		}
+	}
+	for kn := range cr.res {
+		j.m.kindWatched.WithLabelValues(name, kn).Set(1)
 	}
 	j.log.Info("janitor: watching", "cluster", name, "kinds", len(cr.res))
 	var wg sync.WaitGroup
@@ -483,10 +528,46 @@ func (j *Janitor) runCluster(ctx context.Context, name string) error {
 			}
 		}()
 	}
+	var found atomic.Bool
+	if len(missing) > 0 {
+		go func() {
+			if j.awaitCRDs(cctx, cl, name, missing) {
+				found.Store(true)
+				cancel()
+			}
+		}()
+	}
 	<-cctx.Done()
 	cr.q.ShutDown()
 	wg.Wait()
-	return nil
+	return found.Load() && ctx.Err() == nil, nil
+}
+
+// awaitCRDs lists the kinds left out of the cluster's watch for want of
+// their CRD (missing) every kindRecheck, until one can be listed (true:
+// its CRD is installed, and the watch is restarted with it) or ctx ends
+// (false). Before, such a kind was left out for the watch's life — a CRD
+// installed after the janitor started (a central janitor upgraded before
+// its member clusters got the new CRD) was never watched, and its
+// resources waited, unseen, until the janitor was restarted.
+func (j *Janitor) awaitCRDs(ctx context.Context, cl *clusters.Client, name string, missing []kind) bool {
+	t := time.NewTicker(j.kindRecheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		for _, k := range missing {
+			// NotFound: still not installed; any other error: asked again
+			// at the next tick.
+			if _, err := cl.Dynamic.Resource(k.GVR).List(ctx, metav1.ListOptions{Limit: 1}); err == nil {
+				j.log.Info("janitor: CRD installed; restarting the cluster's watch with its kind", "cluster", name, "kind", k.Name)
+				return true
+			}
+		}
+	}
 }
 
 func (cr *clusterRun) enqueueNode(o any) {
@@ -719,7 +800,7 @@ type metrics struct {
 	auditErrors                                      prometheus.Counter
 	signalLatency                                    *prometheus.HistogramVec
 	nodeNamed                                        *prometheus.CounterVec
-	leader, watchable                                *prometheus.GaugeVec
+	leader, watchable, kindWatched                   *prometheus.GaugeVec
 	maintenancePolls                                 *prometheus.CounterVec
 }
 
@@ -739,6 +820,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "1 while this janitor works the cluster (it holds the cluster's Lease, or leader election is off), 0 while another does or none can (a dry-run cluster without a kubeconfig: faultline_janitor_cluster_watchable 0)."}, []string{"cluster"}),
 		watchable: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_janitor_cluster_watchable",
 			Help: "1 when this janitor has a client for the cluster (a kubeconfig), which it works while it holds the cluster's Lease; 0 for a dry-run cluster without a kubeconfig, which it has nothing to watch for (faultline_janitor_leader 0)."}, []string{"cluster"}),
+		kindWatched: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "faultline_janitor_kind_watched",
+			Help: "1 while this janitor watches the kind's resources (RebootNode, TerminateNode, GPUReset) in the cluster; 0 while its watch leaves the kind out, its CRD not installed there when the watch started (listed again every minute, watched once it is), and once this janitor stopped working the cluster."}, []string{"cluster", "kind"}),
 		maintenancePolls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_janitor_maintenance_polls_total",
 			Help: "Polls of EC2's scheduled events by the janitor that works janitor.aws.maintenance_cluster: ok, or failed (a region's read, the maintenance state's read or write, or the produce; tried again at the next poll)."}, []string{"outcome"}),
 	}
@@ -747,7 +830,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.maintenancePolls.WithLabelValues(o)
 	}
 	if reg != nil {
-		reg.MustRegister(m.actions, m.started, m.completed, m.apiErrors, m.deferred, m.auditErrors, m.signalLatency, m.nodeNamed, m.leader, m.watchable, m.maintenancePolls)
+		reg.MustRegister(m.actions, m.started, m.completed, m.apiErrors, m.deferred, m.auditErrors, m.signalLatency, m.nodeNamed, m.leader, m.watchable, m.kindWatched, m.maintenancePolls)
 	}
 	return m
 }

@@ -160,36 +160,19 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 	if op.node, err = op.cr.findNode(ctx, op.nodeName); err != nil {
 		return 0, err
 	}
+	read := false // op.node is the API server's copy
 	if op.node != nil && (op.notDrained() != "" || op.awaitsBootID()) {
 		// The watch's copy may be behind a write made just before the
 		// resource: the drain role's label, the kubelet's boot ID. A node
 		// the checks below would refuse or wait for is read from the API
-		// server first (a GET on that path only).
+		// server first.
 		if op.node, err = op.cr.readNode(ctx, op.nodeName); err != nil {
 			return 0, err
 		}
+		read = true
 	}
-	if op.node == nil {
-		return 0, op.fail(ctx, ReasonNodeNotFound, fmt.Sprintf("node %s not found", op.nodeName), false)
-	}
-	notDrained := op.notDrained()
-	if notDrained != "" && !op.drainRunning() {
-		return 0, op.fail(ctx, ReasonNotDrained, notDrained, false)
-	}
-	if why := op.escalatedSince(); why != "" {
-		return 0, op.fail(ctx, ReasonEscalated, why, false)
-	}
-	if why := op.queuedTooLong(); why != "" {
-		return 0, op.fail(ctx, ReasonQueueTimeout, why, false)
-	}
-	if notDrained != "" {
-		// A drain of the quarantined node under way (a fault that came
-		// while the resource waited: a GPU's reset after the node's
-		// whole-node drain): waited for, up to max_queue_age. Refused,
-		// remediate took it for cancelled and nothing remediated the
-		// node's standing fault.
-		op.deferOnce(ctx, fmt.Sprintf("node %s is being drained (%s=running): waiting for its drain to end", op.nodeName, labelDrain))
-		return j.cfg.PollInterval, nil
+	if wait, stop, err := op.refused(ctx); stop {
+		return wait, err
 	}
 	pname, nodeKey, err := j.cfg.providerName(op.node)
 	if err != nil {
@@ -205,17 +188,7 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		return 0, op.fail(ctx, ReasonNoProvider, why, false)
 	}
 	if op.awaitsBootID() {
-		// A reboot is over at a boot ID other than the one recorded with
-		// its signal: recorded empty, the first one the kubelet reports
-		// (of the same boot) would read as the reboot done. Waited for up
-		// to reboot_timeout, then failed: not left to the remediate
-		// role's completion_timeout.
-		if created := op.u.GetCreationTimestamp().Time; !created.IsZero() && j.now().Sub(created) > j.cfg.RebootTimeout {
-			return 0, op.fail(ctx, ReasonNoBootID, fmt.Sprintf("node %s reported no boot ID (status.nodeInfo.bootID) within %v: a reboot's end could not be told, so none was sent",
-				op.nodeName, j.cfg.RebootTimeout), false)
-		}
-		op.deferOnce(ctx, fmt.Sprintf("node %s reports no boot ID (status.nodeInfo.bootID) yet: a reboot's end could not be told; waiting for its kubelet (up to %v)", op.nodeName, j.cfg.RebootTimeout))
-		return j.cfg.PollInterval, nil
+		return op.waitBootID(ctx)
 	}
 	if wait := op.claimNode(); wait > 0 {
 		op.deferOnce(ctx, fmt.Sprintf("node %s is in its cooldown (%v) for %v more", op.nodeName, j.cfg.Cooldown, wait.Round(time.Second)))
@@ -225,6 +198,27 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		op.unclaimNode()
 		op.deferOnce(ctx, "waiting for a slot: "+lim+" reached")
 		return time.Second, nil
+	}
+	if !read {
+		// The checks above passed on the watch's copy, which may lag
+		// behind the API server's (a re-list after "too old resource
+		// version", a slow apiserver): a node lifted since, or being
+		// drained again, still read quarantined and drained, and was
+		// rebooted with the pods scheduled since on it. The node is read
+		// from the API server and checked again before the signal is
+		// recorded: one GET per signal.
+		wait, stop := time.Duration(0), false
+		if op.node, err = op.cr.readNode(ctx, op.nodeName); err == nil {
+			if wait, stop, err = op.refused(ctx); !stop && op.awaitsBootID() {
+				wait, err = op.waitBootID(ctx)
+				stop = true
+			}
+		}
+		if err != nil || stop {
+			j.lim.release(op.key)
+			op.unclaimNode()
+			return wait, err
+		}
 	}
 	// Record the signal before sending it.
 	st := opState{Step: "signal", At: j.now().UTC(), BootID: op.node.Status.NodeInfo.BootID, NodeUID: string(op.node.UID),
@@ -248,6 +242,51 @@ func (op *operation) start(ctx context.Context) (time.Duration, error) {
 		return 0, fmt.Errorf("record %s state: %w", op.ref(), err)
 	}
 	return op.signal(ctx, prov, pname, nodeKey)
+}
+
+// refused applies the safety rules to op.node before a signal: stop is
+// true when the resource may not be started now — failed (no such node,
+// not drained, escalated, queued too long; err says why a write failed)
+// or waiting (wait) for its node's drain.
+func (op *operation) refused(ctx context.Context) (wait time.Duration, stop bool, err error) {
+	if op.node == nil {
+		return 0, true, op.fail(ctx, ReasonNodeNotFound, fmt.Sprintf("node %s not found", op.nodeName), false)
+	}
+	notDrained := op.notDrained()
+	if notDrained != "" && !op.drainRunning() {
+		return 0, true, op.fail(ctx, ReasonNotDrained, notDrained, false)
+	}
+	if why := op.escalatedSince(); why != "" {
+		return 0, true, op.fail(ctx, ReasonEscalated, why, false)
+	}
+	if why := op.queuedTooLong(); why != "" {
+		return 0, true, op.fail(ctx, ReasonQueueTimeout, why, false)
+	}
+	if notDrained != "" {
+		// A drain of the quarantined node under way (a fault that came
+		// while the resource waited: a GPU's reset after the node's
+		// whole-node drain): waited for, up to max_queue_age. Refused,
+		// remediate took it for cancelled and nothing remediated the
+		// node's standing fault.
+		op.deferOnce(ctx, fmt.Sprintf("node %s is being drained (%s=running): waiting for its drain to end", op.nodeName, labelDrain))
+		return op.j.cfg.PollInterval, true, nil
+	}
+	return 0, false, nil
+}
+
+// waitBootID waits for the boot ID of a reboot's node (awaitsBootID): a
+// reboot is over at a boot ID other than the one recorded with its
+// signal: recorded empty, the first one the kubelet reports (of the same
+// boot) would read as the reboot done. Waited for up to reboot_timeout,
+// then failed: not left to the remediate role's completion_timeout.
+func (op *operation) waitBootID(ctx context.Context) (time.Duration, error) {
+	j := op.j
+	if created := op.u.GetCreationTimestamp().Time; !created.IsZero() && j.now().Sub(created) > j.cfg.RebootTimeout {
+		return 0, op.fail(ctx, ReasonNoBootID, fmt.Sprintf("node %s reported no boot ID (status.nodeInfo.bootID) within %v: a reboot's end could not be told, so none was sent",
+			op.nodeName, j.cfg.RebootTimeout), false)
+	}
+	op.deferOnce(ctx, fmt.Sprintf("node %s reports no boot ID (status.nodeInfo.bootID) yet: a reboot's end could not be told; waiting for its kubelet (up to %v)", op.nodeName, j.cfg.RebootTimeout))
+	return j.cfg.PollInterval, nil
 }
 
 // signal sends the signal recorded as op.st through prov (pname), and
