@@ -227,8 +227,13 @@ type prior struct {
 	id      string
 	healthy bool
 	tMS     int64
-	mode    string
-	seen    time.Time // when this replica emitted it (cache only)
+	// recvMS is when its trigger reached faultline (the derived event's
+	// receivedTimestamp, the gateway's clock; 0: unknown): the
+	// stabilization is measured on that clock too, as tMS is the
+	// trigger's agent's, which may run hours behind.
+	recvMS int64
+	mode   string
+	seen   time.Time // when this replica emitted it (cache only)
 	// trig is the id of the event that made this replica emit it, and
 	// before/hadBefore what stood before: a batch retried after its
 	// outputs failed to be produced re-emits the same derived event
@@ -583,7 +588,7 @@ func (h *Handler) prepare(ctx context.Context, r *Rule, trigs []trigger, bt *bat
 		standing := has && !p.healthy
 		switch {
 		case standing && t.atMS <= p.tMS:
-		case standing && (!r.Recover || (r.SweepRecovery && !t.fromSweep) || t.atMS-p.tMS < r.Stabilization.Milliseconds()):
+		case standing && (!r.Recover || (r.SweepRecovery && !t.fromSweep) || t.atMS-p.tMS < r.Stabilization.Milliseconds() || p.stabilizing(r, t)):
 			if p.mode == ModeSuppressed && !r.Shadow && t.fromSweep && !t.recoverOnly {
 				what[i] = ifUnsuppressed
 				promote = append(promote, t)
@@ -651,6 +656,25 @@ func (t trigger) own() int64 {
 	return t.atMS
 }
 
+// recv is the trigger's received time (recvMS; atMS where unknown).
+func (t trigger) recv() int64 {
+	if t.recvMS != 0 {
+		return t.recvMS
+	}
+	return t.atMS
+}
+
+// stabilizing reports whether the verdict is still inside r's
+// stabilization on the received clock: less of it has passed between its
+// trigger's arrival and t's (a sweep's: now). tMS is the agent's clock: a
+// node whose clock ran hours behind (NTP unreachable) stamped its verdict
+// hours in the past, and the sweep, on the correlator's clock, recovered
+// it at once — a flapping NIC back in service 30 s after its cordon. A
+// verdict of unknown received time (0) is judged on tMS alone.
+func (p prior) stabilizing(r *Rule, t trigger) bool {
+	return p.recvMS != 0 && t.recv()-p.recvMS < r.Stabilization.Milliseconds()
+}
+
 func (t trigger) groupKey() string { return t.cluster + "\x00" + t.dnode + "\x00" + t.dentity }
 
 // emission is a derived event decided on, before it is built.
@@ -696,7 +720,7 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 				}
 			}
 		case !holds && standing && r.Recover && (!r.SweepRecovery || t.fromSweep) && t.atMS > p.tMS &&
-			t.atMS-max(res.lastMS, p.tMS) >= r.Stabilization.Milliseconds():
+			t.atMS-max(res.lastMS, p.tMS) >= r.Stabilization.Milliseconds() && !p.stabilizing(r, t):
 			em.healthy, em.mode = true, p.mode
 		case holds && standing && p.mode == ModeSuppressed && !r.Shadow && t.fromSweep && !t.recoverOnly && t.atMS > p.tMS:
 			// A suppressed verdict that still holds once no suppressor
@@ -728,7 +752,7 @@ func (h *Handler) decide(ctx context.Context, pl *plan) ([]emission, error) {
 			continue
 		}
 		em.id = DerivedID(r.Name, t.cluster, t.dnode, t.dentity, p.id, em.healthy)
-		np := prior{id: em.id, healthy: em.healthy, tMS: t.atMS, mode: em.mode, seen: h.now(), trig: t.sourceID, trigMS: t.own()}
+		np := prior{id: em.id, healthy: em.healthy, tMS: t.atMS, recvMS: t.recv(), mode: em.mode, seen: h.now(), trig: t.sourceID, trigMS: t.own()}
 		if has {
 			b := p
 			b.before = nil

@@ -236,10 +236,10 @@ func modes(r *Rule) []string {
 }
 
 const priorsSQL = `
-SELECT cluster, node, entity, argMax(id, t), argMax(is_healthy, t), max(t), argMax(mode, t)
+SELECT cluster, node, entity, argMax(id, t), argMax(is_healthy, t), max(t), argMax(mode, t), argMax(recv, t)
 FROM
 (
-    SELECT cluster, node, entity, id, is_healthy, toUInt64(ts) * 1000 + ts_ms AS t,
+    SELECT cluster, node, entity, id, is_healthy, toUInt64(ts) * 1000 + ts_ms AS t, toUInt64(received) * 1000 AS recv,
         metadata.value[indexOf(metadata.key, 'mode')] AS mode
     FROM derived_events
     PREWHERE check = @check AND derived_by = @rule
@@ -289,12 +289,12 @@ func (h *Handler) priors(ctx context.Context, r *Rule, trigs []trigger) (map[str
 		var (
 			cluster, node, entity, id, mode string
 			healthy                         uint8
-			t                               uint64
+			t, recv                         uint64
 		)
-		if err := res.Scan(&cluster, &node, &entity, &id, &healthy, &t, &mode); err != nil {
+		if err := res.Scan(&cluster, &node, &entity, &id, &healthy, &t, &mode, &recv); err != nil {
 			return nil, fmt.Errorf("rule %s: read standing verdicts: %w", r.Name, err)
 		}
-		out[cluster+"\x00"+node+"\x00"+entity] = prior{id: id, healthy: healthy == 1, tMS: int64(t), mode: mode}
+		out[cluster+"\x00"+node+"\x00"+entity] = prior{id: id, healthy: healthy == 1, tMS: int64(t), recvMS: int64(recv), mode: mode}
 	}
 	if err := res.Err(); err != nil {
 		return nil, fmt.Errorf("rule %s: read standing verdicts: %w", r.Name, err)

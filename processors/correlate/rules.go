@@ -20,6 +20,7 @@ import (
 	"github.com/google/cel-go/cel"
 
 	"github.com/faultline/faultline/internal/celbound"
+	"github.com/faultline/faultline/internal/clickhouse"
 	"github.com/faultline/faultline/schemas/events"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
@@ -291,7 +292,39 @@ var (
 	// builtinParams are bound by the engine.
 	builtinParams = map[string]bool{"window_ms": true, "since": true, "until": true, "threshold": true}
 	refRE         = regexp.MustCompile(`@([A-Za-z_][A-Za-z0-9_]*)`)
+	recentRE      = regexp.MustCompile(`\brecent_events\b`)
 )
+
+// MaxRecentLookback is how far back a rule whose queries read
+// recent_events may look: its window plus the longest of its durations
+// the queries use (a burst's horizon). recent_events keeps
+// clickhouse.RecentRetention (8 days); a day of it is left as margin.
+// A longer window counted only what the table still held, silently.
+const MaxRecentLookback = clickhouse.RecentRetention - 24*time.Hour
+
+// withinRecentRetention refuses a rule whose queries read recent_events
+// over more than MaxRecentLookback.
+func (r *Rule) withinRecentRetention() error {
+	q, c := stripComments(r.Query), stripComments(r.Candidates)
+	if !recentRE.MatchString(q) && !recentRE.MatchString(c) {
+		return nil
+	}
+	var horizon time.Duration
+	for k, v := range r.Spec.Durations {
+		ref := regexp.MustCompile(`@` + regexp.QuoteMeta(k) + `_ms\b`)
+		if d, err := time.ParseDuration(v); err == nil && d > horizon && (ref.MatchString(q) || ref.MatchString(c)) {
+			horizon = d
+		}
+	}
+	if r.Window+horizon <= MaxRecentLookback {
+		return nil
+	}
+	if horizon > 0 {
+		return fmt.Errorf("%s plus the %s horizon its queries use looks back further than recent_events keeps (%s, less a day: at most %s in all)",
+			r.Window, horizon, clickhouse.RecentRetention, MaxRecentLookback)
+	}
+	return fmt.Errorf("%s looks back further than recent_events keeps (%s, less a day: at most %s)", r.Window, clickhouse.RecentRetention, MaxRecentLookback)
+}
 
 func compileRule(s RuleSpec, dir fs.FS) (*Rule, error) {
 	bad := func(field string, err error) error { return &ConfigError{Rule: s.Name, Field: field, Err: err} }
@@ -392,6 +425,9 @@ func compileRule(s RuleSpec, dir fs.FS) (*Rule, error) {
 				return nil, bad(field, fmt.Errorf("uses @%s, which is neither built in (window_ms, since, until, threshold) nor in params/durations", m[1]))
 			}
 		}
+	}
+	if err := r.withinRecentRetention(); err != nil {
+		return nil, bad("window", err)
 	}
 	if r.trigger, err = compileTrigger(r.Source, s.Trigger); err != nil {
 		return nil, bad("trigger", err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/BurntSushi/toml"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
@@ -633,5 +634,67 @@ func TestTriggerCostLimit(t *testing.T) {
 		if r.trigger.Bound == 0 || r.trigger.Bound > TriggerCostLimit {
 			t.Errorf("%s: trigger's estimated cost %d, want within the limit", r.Name, r.trigger.Bound)
 		}
+	}
+}
+
+// TestWindowWithinRecentRetention: a rule whose queries read recent_events
+// (kept clickhouse.RecentRetention, 8 days) may not look back further than
+// it keeps, less a day's margin, its window plus the longest duration its
+// queries use (a burst's horizon): a window of "720h" over xid_count.sql
+// was accepted and counted 8 days of 30. Rules over actions, or over the
+// events history, are not bounded by it.
+func TestWindowWithinRecentRetention(t *testing.T) {
+	var f RulesFile
+	if _, err := toml.Decode(string(DefaultRules), &f); err != nil {
+		t.Fatal(err)
+	}
+	shipped := func(name, window string) RuleSpec {
+		for _, s := range f.Rules {
+			if s.Name == name {
+				s.Window = window
+				return s
+			}
+		}
+		t.Fatalf("no shipped rule %s", name)
+		return RuleSpec{}
+	}
+	inline := func(query, candidates, window string, durations map[string]string) RuleSpec {
+		return RuleSpec{Name: "R", Trigger: "event.isFatal", Window: window, Query: query, Candidates: candidates, Threshold: 1, Durations: durations}
+	}
+	const recent = "SELECT tid, 1.0 AS value, emptyArrayString() AS cause_ids, toUInt64(0) AS last_ms FROM triggers, recent_events WHERE ts >= @since"
+	const history = "SELECT tid, 1.0 AS value, emptyArrayString() AS cause_ids, toUInt64(0) AS last_ms FROM triggers, events WHERE ts >= @since"
+	const horizon = recent + " AND ts_ms < @sticky_ms"
+	for _, tc := range []struct {
+		name    string
+		spec    RuleSpec
+		refused bool
+	}{
+		{"xid_count.sql, 24h", shipped("RepeatedXID31OnSameGPU", "24h"), false},
+		{"xid_count.sql, 720h", shipped("RepeatedXID31OnSameGPU", "720h"), true},
+		{"xid_bursts.sql, 24h and its 3h horizon", shipped("RepeatedXIDOnSameGPU", "24h"), false},
+		{"xid_bursts.sql, 166h and its 3h horizon", shipped("RepeatedXIDOnSameGPU", "166h"), true},
+		{"remediations.sql over actions, 720h", shipped("MultipleRemediations", "720h"), false},
+		{"recent_events, 168h", inline(recent, "", "168h", nil), false},
+		{"recent_events, 169h", inline(recent, "", "169h", nil), true},
+		{"recent_events, 165h and a 3h horizon", inline(horizon, "", "165h", map[string]string{"sticky": "3h"}), false},
+		{"recent_events, 166h and a 3h horizon", inline(horizon, "", "166h", map[string]string{"sticky": "3h"}), true},
+		{"a duration the query does not use", inline(recent, "", "168h", map[string]string{"sticky": "3h"}), false},
+		{"recent_events in candidates only, 720h", inline(history, recent, "720h", nil), true},
+		{"events history, 720h", inline(history, "", "720h", nil), false},
+		{"recent_events named in a comment only, 720h", inline(history+"\n-- unlike recent_events", "", "720h", nil), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := compileRule(tc.spec, nil)
+			if !tc.refused {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			var ce *ConfigError
+			if !errors.As(err, &ce) || ce.Field != "window" || ce.Rule != tc.spec.Name {
+				t.Fatalf("err = %v, want a ConfigError naming rule %s, field window", err, tc.spec.Name)
+			}
+		})
 	}
 }
