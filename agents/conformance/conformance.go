@@ -311,12 +311,9 @@ type Check struct {
 	partial int
 }
 
-// Re-collection after a collection with an unreadable component: retryMin,
-// doubling up to retryMax.
-const (
-	retryMin = time.Minute
-	retryMax = 15 * time.Minute
-)
+// retryMin is the first re-collection after a collection with an
+// unreadable component, doubling up to the interval.
+const retryMin = time.Minute
 
 // New builds the check (cfg validated by the caller or here).
 func New(cfg Config, log *slog.Logger) (*Check, error) {
@@ -360,11 +357,12 @@ func (c *Check) Check(ctx context.Context) ([]*datamodels.HealthEvent, error) {
 // RetryIn is when the check asks to run again (check.Retrier): after a
 // collection with an unreadable component (after a reboot the GPU driver
 // or MOFED is often not loaded yet) in 1 minute, doubling with each such
-// collection in a row up to 15 minutes, never later than the interval;
-// after a complete one 0 (the interval). A partial report standing for
-// the whole interval kept a remediated node from being cleared, a
-// sensitive node's drift past its 4h timeout, and a pool undecided after
-// a rolling reboot.
+// collection in a row up to the interval (a component unreadable for good
+// — GPUs passed through to VMs, a BMC hanging — back to the interval after
+// about 9 quick retries, not reported 24 times as often); after a complete
+// one 0 (the interval). A partial report standing for the whole interval
+// kept a remediated node from being cleared, a sensitive node's drift
+// past its 4h timeout, and a pool undecided after a rolling reboot.
 func (c *Check) RetryIn() time.Duration {
 	c.mu.Lock()
 	n := c.partial
@@ -372,11 +370,7 @@ func (c *Check) RetryIn() time.Duration {
 	if n == 0 {
 		return 0
 	}
-	d := retryMax
-	if n <= 4 {
-		d = min(retryMin<<(n-1), retryMax)
-	}
-	return min(d, c.cfg.Interval)
+	return min(retryMin<<min(n-1, 30), c.cfg.Interval)
 }
 
 // Event is the NodeConformance event of a component set: healthy, not

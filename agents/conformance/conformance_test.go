@@ -806,8 +806,8 @@ func TestHungCommandLeavesOthersTime(t *testing.T) {
 
 // TestRetryWhileUnreadable: after a collection with an unreadable
 // component (after a reboot the driver container or MOFED not loaded yet)
-// the check asks to run again in 1 minute, doubling to 15 minutes, never
-// past its interval; a complete collection returns it to the interval. It
+// the check asks to run again in 1 minute, doubling up to its interval
+// (a component unreadable for good costs a few quick runs); a complete collection returns it to the interval. It
 // waited the interval (6h): the node's partial report stood, a fixed
 // node was not cleared and a sensitive one was escalated at 4h.
 func TestRetryWhileUnreadable(t *testing.T) {
@@ -816,7 +816,8 @@ func TestRetryWhileUnreadable(t *testing.T) {
 		interval time.Duration
 		want     []time.Duration
 	}{
-		{"default interval", 6 * time.Hour, []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 8 * time.Minute, 15 * time.Minute, 15 * time.Minute}},
+		{"default interval", 6 * time.Hour, []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 8 * time.Minute, 16 * time.Minute, 32 * time.Minute,
+			64 * time.Minute, 128 * time.Minute, 256 * time.Minute, 6 * time.Hour, 6 * time.Hour}},
 		{"short interval", 5 * time.Minute, []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 5 * time.Minute}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

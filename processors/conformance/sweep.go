@@ -463,13 +463,13 @@ func (s *Sweeper) live(cl *clusters.Client) bool { return cl != nil && cl.Kube !
 func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster string, g group, t tally, m member, v ic.Verdict, now time.Time, cache map[string]map[string]string, out *Output) error {
 	live := s.live(cl)
 	if v.State == ic.Drifted && s.unreadableOnly(ctx, cache, cluster, v) {
-		return s.escalateStale(ctx, cl, cluster, g, m, now, "its reports since differ only in unreadable components (partial)", out)
+		return s.escalateStale(ctx, cl, cluster, g, m, now, "its reports since differ only in unreadable components (partial)", false, out)
 	}
 	st, has := s.readState(cluster, m, live)
 	value := GroupValue(g.pool)
 	switch v.State {
 	case ic.StateUnknown:
-		return s.escalateStale(ctx, cl, cluster, g, m, now, "it stopped reporting (no report within staleness)", out)
+		return s.escalateStale(ctx, cl, cluster, g, m, now, "it stopped reporting (no report within staleness)", true, out)
 	case ic.Undecided:
 		// No expected fingerprint. With every member reporting complete
 		// (a rolling upgrade at a tie) nothing says the node is the one
@@ -484,7 +484,7 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster st
 		if t.complete == t.members {
 			return nil
 		}
-		return s.escalateStale(ctx, cl, cluster, g, m, now, "its group has no expected fingerprint (members without a fresh complete report)", out)
+		return s.escalateStale(ctx, cl, cluster, g, m, now, "its group has no expected fingerprint (members without a fresh complete report)", false, out)
 	case ic.Drifted:
 		if st.Restoring { // drifted again before its return was told: a new drift
 			st, has = State{}, false
@@ -665,12 +665,14 @@ func (s *Sweeper) reconcile(ctx context.Context, cl *clusters.Client, cluster st
 // past drift_remediation_timeout it is escalated with the last known
 // fingerprints. Left alone, a drifted node whose agent stopped reporting
 // kept its taint and state forever, never escalated. A node awaiting
-// approval is not: it was remediated and reported the expected
-// fingerprint, and it waits for the operator, not for remediation.
-func (s *Sweeper) escalateStale(ctx context.Context, cl *clusters.Client, cluster string, g group, m member, now time.Time, why string, out *Output) error {
+// approval is not, unless it stopped reporting (stopped): it was
+// remediated and reported the expected fingerprint, and it waits for the
+// operator, not for remediation; silent, its approval can never be
+// taken (that needs a fresh conforming report).
+func (s *Sweeper) escalateStale(ctx context.Context, cl *clusters.Client, cluster string, g group, m member, now time.Time, why string, stopped bool, out *Output) error {
 	live := s.live(cl)
 	st, has := s.readState(cluster, m, live)
-	if !has || st.Restoring || st.Escalated || st.Awaiting {
+	if !has || st.Restoring || st.Escalated || st.Awaiting && !stopped {
 		return nil
 	}
 	timeout := s.cfg.DriftRemediationTimeout

@@ -737,11 +737,13 @@ func TestTooFewReports(t *testing.T) {
 // differs only in unreadable components. It is not escalated: it was
 // remediated and waits for the operator, not for remediation. It was:
 // a fatal CONTACT_SUPPORT event past the 4h sensitive timeout, and
-// after the approval that quarantine stayed.
+// after the approval that quarantine stayed. Silent past staleness it is
+// escalated: its approval needs a fresh conforming report.
 func TestAwaitingApprovalNotEscalated(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		at5h func(e *fakeEnv, node string)
+		name      string
+		at5h      func(e *fakeEnv, node string)
+		escalated bool
 	}{
 		{"peers partial", func(e *fakeEnv, node string) {
 			for i := 1; i <= 2; i++ {
@@ -749,11 +751,15 @@ func TestAwaitingApprovalNotEscalated(t *testing.T) {
 			}
 			store(t, e.h, record(t, e.cluster, e.cluster+"-n3", comps(""), e.clk.Now()))
 			store(t, e.h, record(t, e.cluster, node, comps(""), e.clk.Now()))
-		}},
+		}, false},
 		{"itself partial", func(e *fakeEnv, node string) {
 			e.report(t, 3, "")
 			store(t, e.h, record(t, e.cluster, node, unreadDriver(comps("")), e.clk.Now()))
-		}},
+		}, false},
+		{"it stopped reporting", func(e *fakeEnv, node string) {
+			e.clk.Add(testConfig().Staleness)
+			e.report(t, 3, "")
+		}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -778,11 +784,11 @@ func TestAwaitingApprovalNotEscalated(t *testing.T) {
 			e.clk.Add(cfg.SensitiveTimeout)
 			tc.at5h(e, node)
 			out := e.sweep(t, sw, "5h")
-			if esc := kinds(out.Actions)[events.KindEscalate]; len(esc) != 0 || len(out.Events) != 0 {
-				t.Fatalf("5h: actions %v, events %v, want %s not escalated (awaiting approval)", out.Actions, out.Events, node)
+			if esc := kinds(out.Actions)[events.KindEscalate]; (len(esc) == 1 && len(out.Events) == 1) != tc.escalated {
+				t.Fatalf("5h: actions %v, events %v, want %s escalated %v", out.Actions, out.Events, node, tc.escalated)
 			}
-			if st, _ := sw.readState(e.cluster, member{node: e.get(t, node), name: node}, true); !st.Awaiting || st.Escalated {
-				t.Fatalf("5h: state %+v, want awaiting, not escalated", st)
+			if st, _ := sw.readState(e.cluster, member{node: e.get(t, node), name: node}, true); st.Escalated != tc.escalated {
+				t.Fatalf("5h: state %+v, want escalated %v", st, tc.escalated)
 			}
 		})
 	}
