@@ -863,8 +863,8 @@ func compatScript(t *testing.T) ([]testenv.SQLStep, map[string]stepCheck) {
 		{"node_faults", with(alphaNow, "node", "n-flap"), nonEmpty},
 		{"node_faults", with(alphaNow, "node", "n-xid"), nil},
 		{"drifted", alphaNow, nonEmpty},
-		{"cluster_state", with(day, "cluster", "alpha"), nonEmpty},
-		{"cluster_state", with(day, "cluster", "nobody"), nonEmpty},
+		{"cluster_state", with(day, "cluster", "alpha", "now", alphaNow["now"]), nonEmpty},
+		{"cluster_state", with(day, "cluster", "nobody", "now", alphaNow["now"]), nonEmpty},
 	}
 	fleetCovered := map[string]bool{}
 	for i, c := range fleetCases {

@@ -278,9 +278,9 @@ func optTime(ms uint64) *time.Time {
 
 func sqlTime(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05") }
 
-// Summary counts cluster's nodes per state as of now, the nodes reporting
-// in r, and its breaker; with page, also that page of nodes (as Nodes),
-// the drift query shared.
+// Summary counts cluster's nodes per state, its breaker and dry-run, all
+// as of now, and the nodes reporting in r (r bounds nothing else); with
+// page, also that page of nodes (as Nodes), the drift query shared.
 func (s *Store) Summary(ctx context.Context, cluster string, r Range, page *NodesQuery) (*Summary, error) {
 	now := s.now().UTC().Truncate(time.Second)
 	r, err := r.resolve(now)
@@ -304,7 +304,7 @@ func (s *Store) Summary(ctx context.Context, cluster string, r Range, page *Node
 			return err
 		},
 		func() (err error) {
-			cs, err = s.run(ctx, "cluster_state", map[string]string{"cluster": cluster, "since": sqlTime(r.Since), "until": sqlTime(r.Until)})
+			cs, err = s.run(ctx, "cluster_state", map[string]string{"cluster": cluster, "now": asOf, "since": sqlTime(r.Since), "until": sqlTime(r.Until)})
 			return err
 		},
 		func() (err error) {

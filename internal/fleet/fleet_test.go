@@ -92,6 +92,29 @@ func TestFleet(t *testing.T) {
 		}
 	})
 
+	// until bounds the reporting nodes only: the breaker, dry-run and the
+	// node counts are all as of now, so one page never contradicts itself.
+	t.Run("Summary until before the breaker opened", func(t *testing.T) {
+		sum, err := st.Summary(ctx, "alpha", fleet.Range{Since: fleettest.Base.Add(-time.Hour), Until: fleettest.Base.Add(5 * time.Minute)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum.Breaker.State != "open" || sum.Breaker.Held != 1 || sum.Breaker.Since == nil || !sum.Breaker.Since.Equal(fleettest.Base.Add(7*time.Minute)) {
+			t.Errorf("breaker as of now: %+v", sum.Breaker)
+		}
+		if sum.ReportingNodes != 12 || !sum.AsOf.Equal(fleettest.Base.Add(time.Hour)) {
+			t.Errorf("reporting nodes %d, asOf %s", sum.ReportingNodes, sum.AsOf)
+		}
+		// beta's only quarantine (dry-run) is at Base+1m.
+		beta, err := st.Summary(ctx, "beta", fleet.Range{Since: fleettest.Base.Add(-time.Hour), Until: fleettest.Base.Add(30 * time.Second)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !beta.DryRun || beta.DryRunNodes != 1 {
+			t.Errorf("beta dry-run as of now: %+v", beta)
+		}
+	})
+
 	t.Run("Nodes", func(t *testing.T) {
 		tests := []struct {
 			state string

@@ -1,10 +1,12 @@
 -- Fleet page: a cluster's circuit breaker (the latest breaker_open or
 -- breaker_close action: open, closed, or never tripped) and whether its
--- quarantines are dry-run (the latest quarantine decision was), and how
--- many nodes reported events received in [since, until) (read from
--- recent_events, partitioned by day: only the range's days are read; it
--- keeps the last 8 days). Times are Unix milliseconds.
+-- quarantines are dry-run (the latest quarantine decision was), both as
+-- of now, and how many nodes reported events received in [since, until)
+-- (read from recent_events, partitioned by day: only the range's days are
+-- read; it keeps the last 8 days). since and until bound the reporting
+-- nodes only, as in state_counts. Times are Unix milliseconds.
 -- param: cluster String ''     the cluster
+-- param: now DateTime now       the breaker and dry-run as of this time
 -- param: since DateTime now-1d  nodes reporting at or after this time
 -- param: until DateTime now     ...and before this time
 SELECT
@@ -30,6 +32,6 @@ FROM
     (
         SELECT id, kind, reason, dry_run, toUInt64(ts) * 1000 + ts_ms AS t
         FROM actions
-        WHERE cluster = @cluster AND role = 'quarantine' AND ts < @until
+        WHERE cluster = @cluster AND role = 'quarantine' AND ts <= @now
     )
 )
