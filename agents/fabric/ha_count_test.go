@@ -1,0 +1,108 @@
+package fabric
+
+import (
+	"testing"
+	"time"
+
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+)
+
+// a100Switches are the twelve NVSwitches of the two-baseboard HGX A100 in
+// testdata.
+var a100Switches = []string{"0000:44:00.0", "0000:45:00.0", "0000:46:00.0", "0000:47:00.0", "0000:48:00.0", "0000:49:00.0",
+	"0000:c4:00.0", "0000:c5:00.0", "0000:c6:00.0", "0000:c7:00.0", "0000:c8:00.0", "0000:c9:00.0"}
+
+// TestOneFailedSwitchIsOneFailure: HGX A100 with two baseboards, bare
+// metal, NVSWITCH_FAILURE_MODE=1, one NVSwitch fails: FM disables it and
+// its peer and runs at 5/6 bandwidth. The switch is missing from the
+// driver's count and named by FM's line: one failure, not two (several
+// failures would fall back to mode 0 and make the node fatal, RESTART_BM,
+// a reboot loop with the switch still broken). Three failed switches
+// named or missing are still several.
+func TestOneFailedSwitchIsOneFailure(t *testing.T) {
+	const failed = "0000:c9:00.0"
+	run := func(start, more string) string {
+		return "[Oct 28 2024 " + start + ":00] [INFO] [tid 841] Fabric Manager version 535.183.01 is running with the following configuration options\n" +
+			"[Oct 28 2024 " + start + ":02] [ERROR] [tid 841] NVSwitch pci bus id 00000000:c9:00.0 failed to initialize\n" + more +
+			"[Oct 28 2024 " + start + ":09] [INFO] [tid 841] Successfully configured all the available GPUs and NVSwitches to route NVLink traffic.\n"
+	}
+	bound := []string{}
+	for _, p := range a100Switches {
+		if p != failed {
+			bound = append(bound, p)
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		pci   []string // the NVSwitches on the PCI bus (nil: not read)
+		bound []string
+		more  string // a second failure line in FM's run
+		fatal bool
+	}{
+		{"the switch still on the PCI bus", a100Switches, bound, "", false},
+		{"the switch off the PCI bus", bound, bound, "", false},
+		{"the PCI bus not read", nil, bound, "", false},
+		{"a second switch bound and failing", a100Switches, bound,
+			"[Oct 28 2024 10:00:03] [ERROR] [tid 841] NVSwitch pci bus id 00000000:c5:00.0 failed to initialize\n", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := NewEvaluator(EvalConfig{Platform: PlatformA100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := &LogReader{Loc: time.UTC, Year: 2024}
+			now := time.Date(2024, 10, 28, 10, 0, 0, 0, time.UTC)
+			snap := func(log string) *Snapshot {
+				s := NewSnapshot(now)
+				s.Config = ParseFMConfig(testdata(t, "config/a100-bare-metal-degraded.cfg"))
+				s.SMI = ParseSMI(testdata(t, "smi/hgx-a100-2bb.txt"))
+				s.Service = &ServiceState{LoadState: "loaded", ActiveState: "active", SubState: "running", ActiveSince: now}
+				s.NVSwitchPCIs, s.NVSwitchCount, s.PCISwitches = tc.bound, len(tc.bound), tc.pci
+				if log != "" {
+					s.Log = r.ReadLog(log)
+				}
+				return s
+			}
+			ha := func(evs []*datamodels.HealthEvent) []*datamodels.HealthEvent {
+				var out []*datamodels.HealthEvent
+				for _, ev := range evs {
+					if ev.CheckName == CheckHA {
+						out = append(out, ev)
+					}
+				}
+				return out
+			}
+			// poll 1: the driver shows 11 of 12 switches, FM still starting
+			evs := ha(e.Evaluate(snap("")))
+			if len(evs) != 1 || evs[0].ErrorCode[0] != "FM-HA-NVSWITCH-PAIR-DISABLED" || evs[0].IsFatal {
+				t.Fatalf("poll 1: %s", shorts(evs))
+			}
+			// poll 2: FM's run names the failed switch (and configures the rest)
+			now = now.Add(30 * time.Second)
+			check := func(poll string, evs []*datamodels.HealthEvent) {
+				t.Helper()
+				fatal := false
+				for _, ev := range evs {
+					fatal = fatal || ev.IsFatal
+					if !ev.IsHealthy && !tc.fatal && (ev.IsFatal || ev.ErrorCode[0] != "FM-HA-NVSWITCH-PAIR-DISABLED") {
+						t.Fatalf("%s: %s, want FM-HA-NVSWITCH-PAIR-DISABLED, not fatal", poll, shorts(evs))
+					}
+				}
+				if tc.fatal && !fatal {
+					t.Fatalf("%s: %s, want FM-HA-NVSWITCH-FM-ABORTED", poll, shorts(evs))
+				}
+			}
+			check("poll 2", ha(e.Evaluate(snap(run("10:00", tc.more)))))
+			// poll 3: FM's second run (restarted by hand) says the same
+			now = now.Add(10 * time.Minute)
+			if evs := ha(e.Evaluate(snap(run("10:10", tc.more)))); len(evs) > 0 && !tc.fatal {
+				t.Fatalf("FM's second run: %s (what stands, stands)", shorts(evs))
+			}
+			for k, ev := range e.bad {
+				if ev.CheckName == CheckHA && ev.IsFatal != tc.fatal && k != "swcount|missing" {
+					t.Errorf("standing %s: %s", k, ev.ErrorCode[0])
+				}
+			}
+		})
+	}
+}
