@@ -3,7 +3,8 @@
 // tells a health monitor to watch on an NVSwitch system.
 //
 // Each poll collects a Snapshot of the node — the nvidia-fabricmanager
-// unit (and its journal while it is down), fabricmanager.cfg, the FM log,
+// unit (and its journal while it is down, or always where it is FM's log:
+// LOG_USE_SYSLOG=1, LOG_FILE_NAME empty), fabricmanager.cfg, the FM log,
 // the NVLSM log and process (HGX B200), nvidia-smi -q, nvidia-smi nvlink
 // -s / -R, nvswitch-audit, fmpm -l (Shared NVSwitch and vGPU modes), the
 // driver's GPU information files, the exclude lists of modprobe.d and the
