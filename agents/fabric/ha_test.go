@@ -106,3 +106,62 @@ func TestOneFailedSwitchIsOneFailure(t *testing.T) {
 		})
 	}
 }
+
+// TestAccessGPURemovedIsRemediatedByRestartingFM: HGX A100 bare metal,
+// ACCESS_LINK_FAILURE_MODE=0, an access NVLink fails at FM's
+// initialization: FM removes the GPU from NVLink P2P. The condition stands
+// until FM's next run configures the fabric without it (Table 17: restart
+// FM; if it persists, RMA the GPU), so the action is one that restarts FM
+// (RESTART_BM; a GPU reset leaves FM's run and the condition as they are).
+// The reboot's new FM run clears it; one that fails the link again keeps
+// it, without a second event.
+func TestAccessGPURemovedIsRemediatedByRestartingFM(t *testing.T) {
+	const gpu = "GPU-a100b000-0000-0000-0000-000000000002"
+	run := func(start string, fails bool) string {
+		s := "[Oct 28 2024 " + start + ":01] [INFO] [tid 841] Fabric Manager version 535.183.01 is running with the following configuration options\n"
+		if fails {
+			s += "[Oct 28 2024 " + start + ":04] [ERROR] [tid 841] access NVLink training failed for GPU physical id 3 (pci bus id 00000000:47:00.0) link 6 on NVSwitch pci bus id 00000000:c7:00.0 port 5\n"
+		}
+		return s + "[Oct 28 2024 " + start + ":09] [INFO] [tid 841] Successfully configured all the available GPUs and NVSwitches to route NVLink traffic.\n"
+	}
+	for _, tc := range []struct {
+		name      string
+		failAgain bool
+		want      string
+	}{
+		{"the link trains after the reboot", false, "FabricManagerHAMode::healthy@" + gpu},
+		{"the link fails again", true, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := NewEvaluator(EvalConfig{Platform: PlatformA100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := &LogReader{Loc: time.UTC, Year: 2024}
+			snap := func(now time.Time, log string) *Snapshot {
+				s := NewSnapshot(now)
+				s.Config = ParseFMConfig(testdata(t, "config/a100-bare-metal-degraded.cfg"))
+				s.SMI = ParseSMI(testdata(t, "smi/hgx-a100-2bb.txt"))
+				s.Log = r.ReadLog(log)
+				return s
+			}
+			var ha *datamodels.HealthEvent
+			for _, ev := range e.Evaluate(snap(time.Date(2024, 10, 28, 10, 1, 0, 0, time.UTC), run("10:00", true))) {
+				if ev.CheckName == CheckHA {
+					ha = ev
+				}
+			}
+			if ha == nil || ha.ErrorCode[0] != "FM-HA-ACCESS-GPU-REMOVED" || !ha.IsFatal || ha.RecommendedAction != datamodels.RecommendedAction_RESTART_BM {
+				t.Fatalf("access link failure: %v, want FM-HA-ACCESS-GPU-REMOVED fatal RESTART_BM", ha)
+			}
+			// the node reboots: a new agent resumes what stood
+			boot := time.Date(2024, 10, 28, 10, 20, 0, 0, time.UTC)
+			e2, _ := NewEvaluator(EvalConfig{Platform: PlatformA100})
+			e2.Resume(e.Standing(), boot, true)
+			got := shortsOf(e2.Evaluate(snap(boot.Add(3*time.Minute), run("10:21", tc.failAgain))), CheckHA)
+			if got != tc.want {
+				t.Fatalf("after the reboot: %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
