@@ -1,6 +1,9 @@
 package fabric
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -163,5 +166,39 @@ func TestAccessGPURemovedIsRemediatedByRestartingFM(t *testing.T) {
 				t.Fatalf("after the reboot: %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestSXidFatalToTheFabricOnAnAccessPort: SXid 10003 (Host_unhandled_
+// interrupt, Table 22: fatal to the fabric/system, reset all GPUs and
+// NVSwitches) on an access port is not a reset of the one GPU on that
+// port: RESTART_BM. 19084 (AN1 Heartbeat Timeout, Table 19: non-fatal,
+// reset all GPUs and all NVSwitches) recommends the same, not fatal.
+func TestSXidFatalToTheFabricOnAnAccessPort(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "fabricmanager.log")
+	if err := os.WriteFile(log, []byte("[Mar 02 2026 10:00:00] [INFO] [tid 2201] Fabric Manager version 550.127.05 is running with the following configuration options\n"+
+		"[Mar 02 2026 11:00:00] [ERROR] [tid 2290] detected NVSwitch fatal error 10003 on fid 0 on NVSwitch pci bus id 00000000:07:00.0 physical id 2 port 46\n"+
+		"[Mar 02 2026 11:00:01] [ERROR] [tid 2290] detected NVSwitch non-fatal error 19084 on fid 0 on NVSwitch pci bus id 00000000:07:00.0 physical id 2 port 46\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	abs, err := filepath.Abs("testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(abs, log) // parse reads its files under testdata
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, evs := parse(t, "--nvswitches", "4", "smi/hgx-h100-topology.txt", "nvlink/h100-remote.txt", rel)
+	var got []string
+	for _, e := range evs {
+		got = append(got, e.short())
+	}
+	want := []string{"FabricManagerNVSwitchError:SXID-10003:fatal:RESTART_BM@0000:07:00.0", "FabricManagerNVSwitchError:SXID-19084:nonfatal:RESTART_BM@0000:07:00.0"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+	if evs[0].Meta["port_type"] != PortAccess || evs[0].Meta["table_class"] != "always_fatal" {
+		t.Errorf("10003 metadata %v", evs[0].Meta)
 	}
 }
