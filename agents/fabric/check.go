@@ -406,7 +406,9 @@ func (c *Check) Collect(ctx context.Context) (*Snapshot, error) {
 		errs = append(errs, err)
 	} else if out != nil {
 		s.Service = ParseSystemctlShow(string(out), c.cfg.Location)
-		if s.Service.LoadState != "not-found" && !s.Service.Running() {
+		// The journal: while the unit is not running, for its lifecycle
+		// lines; every poll where it is FM's log (syslog or stderr).
+		if s.Service.LoadState != "not-found" && (!s.Service.Running() || s.Config.LogsToJournal()) {
 			lines, err := c.journal(ctx)
 			errs = append(errs, err)
 			s.Log = append(s.Log, lines...)

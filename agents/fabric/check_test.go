@@ -822,3 +822,35 @@ func TestJournalSXidWhileTheLogFileLags(t *testing.T) {
 		t.Errorf("SXID-12028 reported %d times, want once", sxids)
 	}
 }
+
+// TestJournalIsTheFMLog: fabricmanager.cfg sends FM's log to syslog
+// (LOG_USE_SYSLOG=1) or to stderr (LOG_FILE_NAME empty), both the unit's
+// journal: a fatal SXid FM logs there while it runs is reported.
+func TestJournalIsTheFMLog(t *testing.T) {
+	const msg = "detected NVSwitch fatal error 12020 on fid 0 on NVSwitch pci bus id 00000000:07:00.0 physical id 2 port 46"
+	for _, tc := range []struct{ name, cfg string }{
+		{"LOG_USE_SYSLOG=1", "LOG_FILE_NAME=/var/log/fabricmanager.log\nLOG_USE_SYSLOG=1\n"},
+		{"LOG_FILE_NAME empty", "LOG_FILE_NAME=\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := h100Node(t, nil)
+			n.healthy()
+			n.write("fabricmanager.cfg", testdata(t, "config/h100-default.cfg")+tc.cfg)
+			n.r.out["journalctl -u nvidia-fabricmanager -o json --no-pager -n 100"] = `{"__CURSOR":"s=1","__REALTIME_TIMESTAMP":"1730109601000000","SYSLOG_IDENTIFIER":"nv-fabricmanager","MESSAGE":"Successfully configured all the available GPUs and NVSwitches to route NVLink traffic."}` + "\n"
+			n.r.out["journalctl -u nvidia-fabricmanager -o json --no-pager --after-cursor=s=1"] = ""
+			if evs := n.poll(0); len(evs) != 0 {
+				t.Fatalf("healthy: %s", shorts(evs))
+			}
+			at := n.now.Add(30 * time.Second)
+			n.r.out["journalctl -u nvidia-fabricmanager -o json --no-pager --after-cursor=s=1"] = fmt.Sprintf(`{"__CURSOR":"s=2","__REALTIME_TIMESTAMP":"%d","SYSLOG_IDENTIFIER":"nv-fabricmanager","_PID":"5183","MESSAGE":%q}`+"\n", at.UnixMicro(), msg)
+			n.r.out["journalctl -u nvidia-fabricmanager -o json --no-pager --after-cursor=s=2"] = ""
+			got := shorts(n.poll(60 * time.Second))
+			if !strings.Contains(got, "FabricManagerNVSwitchError:SXID-12020:fatal@0000:07:00.0") {
+				t.Fatalf("FM running, its log in the journal: %q, want SXID-12020", got)
+			}
+			if got := shorts(n.poll(60 * time.Second)); got != "" {
+				t.Fatalf("next poll: %q, want nothing (read after the cursor)", got)
+			}
+		})
+	}
+}

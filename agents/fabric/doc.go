@@ -3,7 +3,8 @@
 // tells a health monitor to watch on an NVSwitch system.
 //
 // Each poll collects a Snapshot of the node — the nvidia-fabricmanager
-// unit (and its journal while it is down), fabricmanager.cfg, the FM log,
+// unit (and its journal while it is down, or always where it is FM's log:
+// LOG_USE_SYSLOG=1, LOG_FILE_NAME empty), fabricmanager.cfg, the FM log,
 // the NVLSM log and process (HGX B200), nvidia-smi -q, nvidia-smi nvlink
 // -s / -R, nvswitch-audit, fmpm -l (Shared NVSwitch and vGPU modes), the
 // driver's GPU information files, the exclude lists of modprobe.d and the
@@ -27,7 +28,7 @@
 //	                            FM-INIT-GPU-FAILURE, FM-INIT-MIG-ENABLED, FM-RESTART-ABORTED          yes    Table 17 per fabric mode
 //	FabricManagerNVLinkTraining FM-INIT-ACCESS-LINK-TRAINING-FAILURE, FM-INIT-TRUNK-LINK-TRAINING-FAILURE  yes  Table 17
 //	FabricManagerHAMode         FM-HA-* (what FM does under ACCESS/TRUNK/NVSWITCH_FAILURE_MODE, per platform)  per cell
-//	FabricManagerNVSwitchError  SXID-N (FM log), port type access/trunk, GPU of the access port     per table  COMPONENT_RESET (access) / RESTART_BM (trunk, always fatal)
+//	FabricManagerNVSwitchError  SXID-N (FM log), port type access/trunk, GPU of the access port     per table  COMPONENT_RESET (access) / RESTART_BM (trunk, always fatal, 10003)
 //	FabricManagerPartition      FM-PARTITION-<FM_ST code>, FM-PARTITION-DEGRADED|REMOVED|NONE      per Table 18
 //	FabricManagerRuntime        FM-MULTICAST-TEAM-GPU-UNKNOWN                                      no     NONE
 //	GPUFabricState              FABRIC-PROBE-FAILURE, FABRIC-PROBE-TIMEOUT                         yes    RESTART_BM

@@ -1216,19 +1216,46 @@ func switchPCIOf(msg string) string {
 	return ""
 }
 
-// failedSwitches counts the NVSwitches with a standing NVSwitch failure of
-// this FM run, counting entKey.
+// failedSwitches counts the NVSwitches that failed in this FM run: those a
+// standing NVSwitch failure names (entKey included) and those missing from
+// the driver's count (swcount) that none of them is. One switch is often
+// both (FM names the switch the driver lost): it counts once. A missing
+// switch still on the PCI bus is known by its address; one a failure names
+// that the driver has bound is not among the missing; one missing without
+// an address is taken for one a failure names and the driver has not.
 func (e *Evaluator) failedSwitches(entKey string) int {
-	set := map[string]bool{entKey: true}
+	named := map[string]bool{entKey: true}
 	for k := range e.bad {
-		if strings.HasPrefix(k, "fmrun|ha|nvswitch|") {
-			set[strings.TrimPrefix(k, "fmrun|ha|nvswitch|")] = true
-		}
-		if strings.HasPrefix(k, "swcount|") {
-			set[k] = true
+		if id, ok := strings.CutPrefix(k, "fmrun|ha|nvswitch|"); ok {
+			named[id] = true
 		}
 	}
-	return len(set)
+	n := len(named)
+	sw := e.bad["swcount|missing"]
+	if sw == nil {
+		return n
+	}
+	missing := mustAtoi(sw.Metadata["expected_nvswitches"]) - mustAtoi(sw.Metadata["nvswitches"])
+	unbound := map[string]bool{}
+	for _, p := range strings.Split(sw.Metadata["nvswitches_not_bound"], ",") {
+		if p != "" {
+			unbound[p] = true
+			if !named[p] {
+				n++
+			}
+		}
+	}
+	bound := map[string]bool{}
+	for _, p := range e.nvswitches {
+		bound[pci4(p)] = !unbound[pci4(p)]
+	}
+	unaddressed := missing - len(unbound)
+	for id := range named {
+		if !unbound[id] && !bound[id] {
+			unaddressed--
+		}
+	}
+	return n + max(0, unaddressed)
 }
 
 func (e *Evaluator) sxidEvent(t time.Time, ll LogLine, sx SXidLine) *datamodels.HealthEvent {

@@ -23,6 +23,8 @@ type FMConfig struct {
 	StayResidentOnFailures int
 	// LogFile is LOG_FILE_NAME.
 	LogFile string
+	// LogUseSyslog is LOG_USE_SYSLOG (1: FM logs to syslog, not its file).
+	LogUseSyslog int
 	// PartitionFile is SHARED_PARTITION_DEFINITION_FILE (custom partitions).
 	PartitionFile string
 	// Problems are items with values the guide does not define.
@@ -73,10 +75,21 @@ func ParseFMConfig(text string) *FMConfig {
 	c.NVSwitchFailureMode = num([]string{"NVSWITCH_FAILURE_MODE"}, 0, 1)
 	c.AbortCUDAJobsOnFMExit = num([]string{"ABORT_CUDA_JOBS_ON_FM_EXIT"}, 0, 1)
 	c.StayResidentOnFailures = num([]string{"FM_STAY_RESIDENT_ON_FAILURES"}, 0, 1)
+	c.LogUseSyslog = num([]string{"LOG_USE_SYSLOG"}, 0, 1)
 	c.LogFile = c.Values["LOG_FILE_NAME"]
 	c.PartitionFile = c.Values["SHARED_PARTITION_DEFINITION_FILE"]
 	sort.Strings(c.Problems)
 	return c
+}
+
+// LogsToJournal reports an FM that logs to the unit's journal, not to a
+// file: LOG_USE_SYSLOG=1, or LOG_FILE_NAME set empty (FM logs to stderr).
+func (c *FMConfig) LogsToJournal() bool {
+	if c == nil {
+		return false
+	}
+	name, set := c.Values["LOG_FILE_NAME"]
+	return c.LogUseSyslog == 1 || (set && name == "")
 }
 
 // Mode is the fabric mode name (ModeBareMetal when unset).

@@ -621,13 +621,20 @@ func TestCatalog(t *testing.T) {
 	if x, ok := c.XID(4242); ok || x.Action != cs {
 		t.Errorf("unknown XID: %v %v", x, ok)
 	}
-	for code, cl := range map[int]string{11004: "nonfatal", 20001: "nonfatal", 12028: "nonfatal", 11001: "fatal", 24007: "fatal", 12020: "always_fatal", 23017: "always_fatal", 10003: "fatal"} {
+	for code, cl := range map[int]string{11004: "nonfatal", 20001: "nonfatal", 12028: "nonfatal", 11001: "fatal", 24007: "fatal", 12020: "always_fatal", 23017: "always_fatal", 10003: "always_fatal", 19084: "nonfatal"} {
 		if s, ok := c.SXID(code, false); !ok || s.Class != cl {
 			t.Errorf("SXid %d class %q, want %q", code, s.Class, cl)
 		}
 	}
 	if s, _ := c.SXID(23001, true); s.Action != rbm {
 		t.Errorf("always fatal SXid action %s", s.Action)
+	}
+	// Table 22: 10003 is fatal to the fabric/system (reset all GPUs and
+	// NVSwitches); Table 19: 19084's recovery resets all of them too.
+	for _, code := range []int{10003, 19084} {
+		if s, _ := c.SXID(code, true); s.Action != rbm {
+			t.Errorf("SXid %d action %s, want %s", code, s.Action, rbm)
+		}
 	}
 }
 
