@@ -359,8 +359,11 @@ func (rd *round) finished() <-chan struct{} {
 }
 
 // finish waits for the round (nil: none) and marks the offsets of its
-// batches that succeeded, holds those that failed (none on shutdown) and
-// rests the topics it asks to.
+// batches that succeeded, holds those that failed and rests the topics it
+// asks to. A batch the shutdown cut is held too: with Overlap the next
+// round, handed over behind it, may have succeeded, and its offsets of
+// the cut batch's partitions must wait behind it, not be committed past
+// it (the cut batch lost).
 func (r *Runner) finish(ctx context.Context, cl *kgo.Client, held *holding, rests *resting, rd *round) {
 	if rd == nil {
 		return
@@ -371,10 +374,8 @@ func (r *Runner) finish(ctx context.Context, cl *kgo.Client, held *holding, rest
 		done = append(done, lastPerPartition(held.absorb(b.recs, rd.revokes))...)
 	}
 	cl.MarkCommitRecords(done...)
-	if ctx.Err() == nil {
-		for _, b := range rd.failed {
-			held.failed(b, rd.revokes, r.cfg.MaxBackoff)
-		}
+	for _, b := range rd.failed {
+		held.failed(b, rd.revokes, r.cfg.MaxBackoff)
 	}
 	r.metrics.heldFor.WithLabelValues(r.cfg.Role).Set(held.oldest(time.Now()).Seconds())
 	rests.rest(cl, rd.rest)

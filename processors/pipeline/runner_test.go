@@ -483,6 +483,53 @@ func TestRunnerShutdownMidBatch(t *testing.T) {
 	eventually(t, 20*time.Second, "the cut batch handled by the next runner", func() bool { return h.committed("faultline-cut", 1)[0] == 3 })
 }
 
+// TestRunnerOverlapShutdownCutsAnEarlierRound: with Overlap, the shutdown
+// cuts a round while the next one, handed over behind it, has succeeded:
+// nothing is committed past the cut round (its partition's later records
+// wait behind it), and the next runner of the group handles it. The cut
+// round was dropped and the next one's offset committed: v0…v4 lost.
+func TestRunnerOverlapShutdownCutsAnEarlierRound(t *testing.T) {
+	h := newHarness(t, 1, topicIn, topicOut, events.TopicDeadLetter)
+	h.produce(topicIn, 0, 10)
+	handed := make(chan struct{})
+	var once sync.Once
+	stop := h.run("overlap-cut", HandlerFunc(func(ctx context.Context, recs []*kgo.Record) (Result, error) {
+		if string(recs[0].Value) == "v0" {
+			<-ctx.Done()
+			return Result{}, fmt.Errorf("insert: %w", ctx.Err())
+		}
+		once.Do(func() { close(handed) })
+		return Result{}, nil
+	}), func(c *Config) { c.Overlap, c.MaxPollRecords = true, 5 })
+	select {
+	case <-handed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the next round was not handed over behind the first")
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.committed("faultline-overlap-cut", 1)[0]; got != -1 {
+		t.Fatalf("committed offset %d past a round the shutdown cut (v0…v4 never handled)", got)
+	}
+	var (
+		mu   sync.Mutex
+		seen []*kgo.Record
+	)
+	h.run("overlap-cut", HandlerFunc(func(_ context.Context, recs []*kgo.Record) (Result, error) {
+		mu.Lock()
+		seen = append(seen, recs...)
+		mu.Unlock()
+		return Result{}, nil
+	}), nil)
+	eventually(t, 20*time.Second, "offset 10 committed by the next runner", func() bool { return h.committed("faultline-overlap-cut", 1)[0] == 10 })
+	mu.Lock()
+	defer mu.Unlock()
+	if got := values(seen); !slices.Contains(got, "v0") {
+		t.Fatalf("the next runner handled %v, want the cut round's v0…v4 among them", got)
+	}
+}
+
 // TestRunnerDeadLetters: a record the handler reports dead goes to the
 // dead-letter topic with its key and value, the reason, where it came
 // from and which role gave up; the batch's other records carry on and the
