@@ -669,10 +669,14 @@ func (t trigger) recv() int64 {
 // trigger's arrival and t's (a sweep's: now). tMS is the agent's clock: a
 // node whose clock ran hours behind (NTP unreachable) stamped its verdict
 // hours in the past, and the sweep, on the correlator's clock, recovered
-// it at once — a flapping NIC back in service 30 s after its cordon. A
-// verdict of unknown received time (0) is judged on tMS alone.
+// it at once — a flapping NIC back in service 30 s after its cordon. Only
+// a verdict stamped before it was received is judged so: one of unknown
+// received time (0), or a sweep's (received = stamped), or one stamped by
+// an agent running ahead (a recovery generated after a sweep's verdict
+// but received before it was recovered at once, not held until the
+// sweep's clock passed it) is judged on tMS alone.
 func (p prior) stabilizing(r *Rule, t trigger) bool {
-	return p.recvMS != 0 && t.recv()-p.recvMS < r.Stabilization.Milliseconds()
+	return p.recvMS > p.tMS && t.recv()-p.recvMS < r.Stabilization.Milliseconds()
 }
 
 func (t trigger) groupKey() string { return t.cluster + "\x00" + t.dnode + "\x00" + t.dentity }

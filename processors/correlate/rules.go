@@ -295,33 +295,19 @@ var (
 	recentRE      = regexp.MustCompile(`\brecent_events\b`)
 )
 
-// MaxRecentLookback is how far back a rule whose queries read
-// recent_events may look: its window plus the longest of its durations
-// the queries use (a burst's horizon). recent_events keeps
-// clickhouse.RecentRetention (8 days); a day of it is left as margin.
-// A longer window counted only what the table still held, silently.
+// MaxRecentLookback is the longest window of a rule whose queries read
+// recent_events: it keeps clickhouse.RecentRetention (8 days), a day of
+// it left as margin. A longer window counted only what the table still
+// held, silently. (The rules' durations — a burst's sticky gap, a drop's
+// hold — do not reach back past the window: the engine binds @since to
+// the window's start.)
 const MaxRecentLookback = clickhouse.RecentRetention - 24*time.Hour
 
 // withinRecentRetention refuses a rule whose queries read recent_events
-// over more than MaxRecentLookback.
+// over a window longer than MaxRecentLookback.
 func (r *Rule) withinRecentRetention() error {
-	q, c := stripComments(r.Query), stripComments(r.Candidates)
-	if !recentRE.MatchString(q) && !recentRE.MatchString(c) {
+	if r.Window <= MaxRecentLookback || !recentRE.MatchString(stripComments(r.Query)) && !recentRE.MatchString(stripComments(r.Candidates)) {
 		return nil
-	}
-	var horizon time.Duration
-	for k, v := range r.Spec.Durations {
-		ref := regexp.MustCompile(`@` + regexp.QuoteMeta(k) + `_ms\b`)
-		if d, err := time.ParseDuration(v); err == nil && d > horizon && (ref.MatchString(q) || ref.MatchString(c)) {
-			horizon = d
-		}
-	}
-	if r.Window+horizon <= MaxRecentLookback {
-		return nil
-	}
-	if horizon > 0 {
-		return fmt.Errorf("%s plus the %s horizon its queries use looks back further than recent_events keeps (%s, less a day: at most %s in all)",
-			r.Window, horizon, clickhouse.RecentRetention, MaxRecentLookback)
 	}
 	return fmt.Errorf("%s looks back further than recent_events keeps (%s, less a day: at most %s)", r.Window, clickhouse.RecentRetention, MaxRecentLookback)
 }
