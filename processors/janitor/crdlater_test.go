@@ -1,6 +1,7 @@
 package janitor
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -58,5 +59,54 @@ func TestCRDInstalledLaterIsWatched(t *testing.T) {
 	}
 	if c := prov.calls(); c["terminate n-term"] != 1 || c["reboot/graceful n-reboot"] != 1 {
 		t.Fatalf("calls %v: want one terminate of n-term and one reboot of n-reboot", c)
+	}
+}
+
+// slowReboot is a provider whose reboot takes a while (a BMC over
+// Redfish), and is not sent if its context ends first.
+type slowReboot struct {
+	*tally
+	started chan struct{}
+}
+
+func (p *slowReboot) Reboot(ctx context.Context, t Target, mode RebootMode) error {
+	close(p.started)
+	select {
+	case <-time.After(400 * time.Millisecond):
+		return p.tally.Reboot(ctx, t, mode)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestCRDInstalledDuringASignal: a CRD installed while a reboot's signal
+// is on its way restarts the cluster's watch without cutting the signal:
+// the reboot is sent. The restart cancelled it: recorded, never sent,
+// followed as if sent until reboot_timeout.
+func TestCRDInstalledDuringASignal(t *testing.T) {
+	t.Parallel()
+	f := newFakeCluster(t, fakeNode("n-reboot", "r1", "boot-a"))
+	var installed atomic.Bool
+	f.dyn.PrependReactor("list", kindTerminate.GVR.Resource, func(clienttesting.Action) (bool, runtime.Object, error) {
+		if installed.Load() {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewNotFound(kindTerminate.GVR.GroupResource(), "")
+	})
+	prov := &slowReboot{tally: &tally{}, started: make(chan struct{})}
+	j, _ := f.janitor(fakeConfig(), false, prov)
+	j.kindRecheck = 50 * time.Millisecond
+	f.create(kindReboot, "reboot", "n-reboot", nil)
+	f.run(j)
+	select {
+	case <-prov.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reboot's signal was not started")
+	}
+	installed.Store(true)
+	f.waitFor(kindReboot, "reboot", 10*time.Second, "signal sent", func(o *unstructured.Unstructured) bool { return condIs(o, CondSignalSent, "True") })
+	time.Sleep(600 * time.Millisecond) // the signal's time, and the restart's
+	if c := prov.calls(); c["reboot/graceful n-reboot"] != 1 {
+		t.Fatalf("calls %v: want the reboot of n-reboot sent once", c)
 	}
 }

@@ -519,12 +519,15 @@ func (j *Janitor) watchCluster(ctx context.Context, name string, cl *clusters.Cl
 		j.m.kindWatched.WithLabelValues(name, kn).Set(1)
 	}
 	j.log.Info("janitor: watching", "cluster", name, "kinds", len(cr.res))
+	// The workers run on ctx, not cctx: a restart for a CRD installed
+	// meanwhile (awaitCRDs) lets a step in flight finish — a signal cut
+	// there was recorded, never sent, and followed as if sent.
 	var wg sync.WaitGroup
 	for range j.cfg.Workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for j.work(cctx, cr) {
+			for j.work(ctx, cr) {
 			}
 		}()
 	}
