@@ -12,7 +12,9 @@ import (
 // remediation but none and a GPU's reset ranked the same and the newest
 // won: a CONTACT_SUPPORT node was rebooted for a RESTART_VM that joined
 // it, and a REPLACE_VM joined by RUN_DCGMEUD (no template) was never
-// remediated.
+// remediated. A diagnostic or custom fault joining a reboot is the
+// exception: joining serves it, and a reboot neither diagnoses nor
+// flashes, so it takes the trigger (the newest, as before).
 func TestJoinKeepsTheStrongerRemedy(t *testing.T) {
 	tr := func(action string) Trigger { return Trigger{CheckName: "chk-" + action, RecommendedAction: action} }
 	custom := func(name string) Trigger {
@@ -29,8 +31,10 @@ func TestJoinKeepsTheStrongerRemedy(t *testing.T) {
 		{"RUN_DCGMEUD under REPLACE_VM", tr("REPLACE_VM"), tr("RUN_DCGMEUD"), tr("REPLACE_VM")},
 		{"RESTART_BM under REPLACE_VM", tr("REPLACE_VM"), tr("RESTART_BM"), tr("REPLACE_VM")},
 		{"RESTART_VM under RESTART_BM", tr("RESTART_BM"), tr("RESTART_VM"), tr("RESTART_BM")},
-		{"RUN_FIELDDIAG under RESTART_VM", tr("RESTART_VM"), tr("RUN_FIELDDIAG"), tr("RESTART_VM")},
-		{"CUSTOM under RESTART_VM", tr("RESTART_VM"), custom("flash"), tr("RESTART_VM")},
+		{"RUN_FIELDDIAG joining RESTART_VM: the newest", tr("RESTART_VM"), tr("RUN_FIELDDIAG"), tr("RUN_FIELDDIAG")},
+		{"CUSTOM joining RESTART_VM: the newest", tr("RESTART_VM"), custom("flash"), custom("flash")},
+		{"RUN_DCGMEUD joining RESTART_BM: the newest", tr("RESTART_BM"), tr("RUN_DCGMEUD"), tr("RUN_DCGMEUD")},
+		{"CUSTOM under CONTACT_SUPPORT", tr("CONTACT_SUPPORT"), custom("flash"), tr("CONTACT_SUPPORT")},
 		{"REPLACE_VM over RESTART_VM", tr("RESTART_VM"), tr("REPLACE_VM"), tr("REPLACE_VM")},
 		{"CONTACT_SUPPORT over REPLACE_VM", tr("REPLACE_VM"), tr("CONTACT_SUPPORT"), tr("CONTACT_SUPPORT")},
 		{"RESTART_VM over RUN_DCGMEUD", tr("RUN_DCGMEUD"), tr("RESTART_VM"), tr("RESTART_VM")},
@@ -57,7 +61,9 @@ func TestJoinKeepsTheStrongerRemedy(t *testing.T) {
 // the drain a moment earlier); one that asks for more starts a drain of
 // its own. Before, only the same remediation was covered: a RESTART_VM
 // repeat after a CONTACT_SUPPORT drain drained the node again and had
-// the escalated node rebooted.
+// the escalated node rebooted. A reboot covers no diagnostic or custom
+// fault (a CUSTOM flash after a RESTART_VM drain was answered "covered"
+// and never done).
 func TestCoveredByAStrongerRemedy(t *testing.T) {
 	drained := func(action string) *State {
 		return &State{ID: "old", Phase: PhaseSucceeded, FinishedAt: t0, Trigger: Trigger{RecommendedAction: action},
@@ -80,6 +86,11 @@ func TestCoveredByAStrongerRemedy(t *testing.T) {
 		{"CONTACT_SUPPORT after REPLACE_VM", "REPLACE_VM", "CONTACT_SUPPORT", false},
 		{"RUN_FIELDDIAG after RUN_DCGMEUD", "RUN_DCGMEUD", "RUN_FIELDDIAG", false},
 		{"RESTART_VM after COMPONENT_RESET", "COMPONENT_RESET", "RESTART_VM", false},
+		{"CUSTOM after RESTART_VM", "RESTART_VM", "CUSTOM", false},
+		{"RUN_FIELDDIAG after RESTART_VM", "RESTART_VM", "RUN_FIELDDIAG", false},
+		{"RUN_DCGMEUD after RESTART_BM", "RESTART_BM", "RUN_DCGMEUD", false},
+		{"CUSTOM after CONTACT_SUPPORT", "CONTACT_SUPPORT", "CUSTOM", true},
+		{"COMPONENT_RESET after RESTART_VM", "RESTART_VM", "COMPONENT_RESET", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := drained(tc.have).covers(fault(tc.add)); got != tc.wantCovers {

@@ -267,18 +267,27 @@ func remedyRank(action string) int {
 	case datamodels.RecommendedAction_RESTART_VM.String():
 		return rankRestartVM
 	case datamodels.RecommendedAction_RESTART_BM.String():
-		return 4
+		return rankRestartBM
 	case datamodels.RecommendedAction_REPLACE_VM.String():
 		return 5
 	case datamodels.RecommendedAction_CONTACT_SUPPORT.String():
 		return 6
 	}
-	return 2
+	return rankDiagnostic
 }
 
-// rankRestartVM is remedyRank's rank of RESTART_VM, the least of those
-// that act on the whole node.
-const rankRestartVM = 3
+// remedyRank's ranks named here: a diagnostic or custom remediation;
+// RESTART_VM, the least of those that act on the whole node; RESTART_BM.
+const (
+	rankDiagnostic = 2
+	rankRestartVM  = 3
+	rankRestartBM  = 4
+)
+
+// reboots reports whether remedyRank r is a reboot's (RESTART_VM,
+// RESTART_BM): the machine stays, and a reboot neither runs a diagnostic
+// nor flashes anything.
+func reboots(r int) bool { return r == rankRestartVM || r == rankRestartBM }
 
 // sameRemedy reports whether t and o ask remediate for the same thing.
 func (t Trigger) sameRemedy(o Trigger) bool {
@@ -287,12 +296,14 @@ func (t Trigger) sameRemedy(o Trigger) bool {
 
 // serves reports whether a finished drain's trigger t serves a fault
 // asking for o's remediation (State.covers): the same one, none, or less
-// than a whole-node remediation (remedyRank from RESTART_VM) does. A
-// diagnostic or custom remediation serves no other: what it does is not
-// known here.
+// than a whole-node remediation (remedyRank from RESTART_VM) does — but a
+// reboot serves no diagnostic or custom one (it runs no diagnostic and
+// flashes nothing: such a fault joining the drain would have taken its
+// trigger, joinRemedy). A diagnostic or custom remediation serves no
+// other: what it does is not known here.
 func (t Trigger) serves(o Trigger) bool {
 	r, ro := remedyRank(t.RecommendedAction), remedyRank(o.RecommendedAction)
-	return t.sameRemedy(o) || ro == 0 || (r >= rankRestartVM && ro < r)
+	return t.sameRemedy(o) || ro == 0 || (r >= rankRestartVM && ro < r && !(ro == rankDiagnostic && reboots(r)))
 }
 
 // join is the trigger of a drain that fault o joined: the drain's one
@@ -300,7 +311,8 @@ func (t Trigger) serves(o Trigger) bool {
 // less than the drain's trigger (remedyRank: nothing, where it asks for a
 // reboot; a GPU's reset or a VM restart under a replacement or an
 // escalation to support), or for another remediation of the same rank,
-// leaves it; a GPU's reset joining a reset of other GPUs adds its
+// leaves it — but a diagnostic or custom one joining a reboot takes its
+// place (joinRemedy); a GPU's reset joining a reset of other GPUs adds its
 // entities, so the reset covers both (a reset naming no GPU resets them
 // all); otherwise (more, or the same again) o's trigger takes its place.
 // The event ids are the caller's.
@@ -318,6 +330,14 @@ func (t Trigger) join(o Trigger) Trigger {
 func (t Trigger) joinRemedy(o Trigger) Trigger {
 	r, ro := remedyRank(t.RecommendedAction), remedyRank(o.RecommendedAction)
 	switch {
+	case ro == rankDiagnostic && reboots(r):
+		// A diagnostic or custom remediation joining a reboot: the
+		// joiner's, the newest, as before remediations were ranked. The
+		// drain has one result, and joining serves the joiner's fault
+		// (its record follows the drain and ends with it): keeping the
+		// reboot would leave the diagnostic or flash never done, with
+		// nothing to start it later.
+		return o.bounded()
 	case ro < r, ro == r && ro != 1 && !t.sameRemedy(o):
 		// Less, or another remediation of the same rank (two
 		// diagnostics, two custom ones): the drain's stays.

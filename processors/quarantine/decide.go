@@ -143,6 +143,7 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		manual, already bool
 		preCordon       bool
 		acked           bool
+		stands          Fault // the fault as the node keeps it, after this occurrence
 		closing         *faultlinev1.Action
 		uncordoned      *faultlinev1.Action // the manual_uncordon action, when manual
 		superseded      time.Time
@@ -194,10 +195,12 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		preCordon = n.Spec.Unschedulable && !st.Cordoned
 		if !manual && h.cfg.RepeatWriteInterval > 0 && st.Repeats(key, f, h.cfg.RepeatWriteInterval) {
 			acked = st.Faults[key].Acked && !st.Active()
+			stands = *st.Faults[key]
 			return false, nil // it stands as this occurrence would make it: nothing to write
 		}
 		changed := st.AddFault(key, f, ev.GetId())
 		acked = st.Faults[key].Acked && !st.Active()
+		stands = *st.Faults[key]
 		// Every new quarantine takes a breaker slot, an operator's force
 		// included: nothing bypasses the breaker.
 		if !wasActive && st.Active() {
@@ -280,15 +283,22 @@ func (h *Handler) fault(ctx context.Context, cl *clusters.Client, it item) ([]*f
 		a := h.action(it, events.KindQuarantine, events.OutcomeSkipped, "fault acknowledged by a manual uncordon: recorded, node left schedulable", dec.Rule, cl)
 		return withRuleErrors(append(acts, a), ruleErrs), nil
 	}
-	a := h.action(it, events.KindQuarantine, events.OutcomeApplied, fmt.Sprintf("rule %s matched %s", dec.Rule, ev.GetCheckName()), dec.Rule, cl)
-	a.Details[events.DetailCordon] = strconv.FormatBool(dec.Cordon)
+	// What holds the node for this fault: a weaker occurrence of a
+	// standing fault leaves its rule, cordon and taint (Fault.strengthen),
+	// and the fleet's node page reads the latest applied action.
+	reason := fmt.Sprintf("rule %s matched %s", dec.Rule, ev.GetCheckName())
+	if stands.Rule != dec.Rule {
+		reason += fmt.Sprintf("; the fault stands as rule %s decided it", stands.Rule)
+	}
+	a := h.action(it, events.KindQuarantine, events.OutcomeApplied, reason, stands.Rule, cl)
+	a.Details[events.DetailCordon] = strconv.FormatBool(stands.Cordon)
 	a.Details[events.DetailAlreadyQuarantined] = strconv.FormatBool(already)
 	a.Details[events.DetailPreexistingCordon] = strconv.FormatBool(preCordon)
 	if !created.IsZero() {
 		a.Details[events.DetailNodeCreated] = created.UTC().Format(time.RFC3339)
 	}
-	if dec.Taint != nil {
-		a.Details[events.DetailTaint] = dec.Taint.Key + "=" + dec.Taint.Value + ":" + dec.Taint.Effect
+	if stands.Taint != nil {
+		a.Details[events.DetailTaint] = stands.Taint.Key + "=" + stands.Taint.Value + ":" + stands.Taint.Effect
 	}
 	if force {
 		a.Details[events.DetailForce] = "true"

@@ -28,9 +28,9 @@ func TestStateRepeats(t *testing.T) {
 		{"same, interval passed", func(f *Fault) { f.LastSeen = t0.Add(10 * time.Second) }, false, 10 * time.Second, false},
 		{"other message", func(f *Fault) { f.Message = "double-bit ECC" }, false, 10 * time.Second, false},
 		{"other rule", func(f *Fault) { f.Rule = "r2" }, false, 10 * time.Second, false},
-		{"no longer cordons", func(f *Fault) { f.Cordon = false }, false, 10 * time.Second, false},
+		{"no longer cordons: the cordon stands", func(f *Fault) { f.Cordon = false }, false, 10 * time.Second, true},
 		{"other taint", func(f *Fault) { f.Taint = &Taint{Key: "k", Effect: "NoExecute"} }, false, 10 * time.Second, false},
-		{"no taint", func(f *Fault) { f.Taint = nil }, false, 10 * time.Second, false},
+		{"no taint: the taint stands", func(f *Fault) { f.Taint = nil }, false, 10 * time.Second, true},
 		{"acknowledged by a manual uncordon", func(*Fault) {}, true, 10 * time.Second, true},
 		{"acknowledged, interval passed", func(f *Fault) { f.LastSeen = t0.Add(10 * time.Second) }, true, 10 * time.Second, false},
 		{"acknowledged, other message", func(f *Fault) { f.Message = "double-bit ECC" }, true, 10 * time.Second, false},
@@ -128,5 +128,35 @@ func TestRepeatsOfAnAcknowledgedFault(t *testing.T) {
 	}
 	if n := getNode(t, k, "ackrep-1"); n.Spec.Unschedulable {
 		t.Fatal("cordoned again")
+	}
+}
+
+// TestStateRepeatsAWeakerOccurrence: an occurrence decided by a weaker
+// rule than the standing fault's leaves it as it is (Fault.strengthen):
+// a repeat; one that would strengthen it is not.
+func TestStateRepeatsAWeakerOccurrence(t *testing.T) {
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	fatal := Fault{Check: "SysLogsXIDError", Class: "GPU", Entity: "GPU=GPU-1", Rule: "fatal-xid", Message: "Xid 79",
+		Cordon: true, Taint: &Taint{Key: "faultline.io/unhealthy", Effect: "NoSchedule"}, Condition: true, Since: t0, LastSeen: t0}
+	soft := Fault{Check: "SysLogsXIDError", Class: "GPU", Entity: "GPU=GPU-1", Rule: "soft-xid", Message: "Xid 13",
+		Taint: &Taint{Key: "faultline.io/degraded", Effect: "PreferNoSchedule"}, Since: t0.Add(time.Second), LastSeen: t0.Add(time.Second)}
+	key := FaultKey(fatal.Check, fatal.Entity)
+	st := &State{Faults: map[string]*Fault{}}
+	st.AddFault(key, fatal, "ev-1")
+	if !st.Repeats(key, soft, 10*time.Second) {
+		t.Fatal("a weaker occurrence within the interval is not a repeat")
+	}
+	if late := soft; st.Repeats(key, func() Fault { late.LastSeen = t0.Add(10 * time.Second); return late }(), 10*time.Second) {
+		t.Fatal("a weaker occurrence past the interval is a repeat")
+	}
+	stronger := fatal
+	stronger.Taint = &Taint{Key: "faultline.io/unhealthy", Effect: "NoExecute"}
+	if st.Repeats(key, stronger, 10*time.Second) {
+		t.Fatal("a stronger occurrence is a repeat")
+	}
+	st = &State{Faults: map[string]*Fault{}}
+	st.AddFault(key, soft, "ev-1")
+	if st.Repeats(key, fatal, 10*time.Second) {
+		t.Fatal("a fatal occurrence of a weak fault is a repeat")
 	}
 }

@@ -381,19 +381,23 @@ func taintRank(t *Taint) int {
 }
 
 // Repeats reports whether f is another occurrence of a fault that stands
-// (acknowledged or not: an occurrence leaves an acknowledgement as it is),
-// deciding exactly as it did (rule, cordon, taint, condition, message), at
-// most within after its last recorded occurrence: recording it would
-// change nothing on the node but its bookkeeping.
+// (acknowledged or not: an occurrence leaves an acknowledgement as it is)
+// that would leave it deciding exactly as it does (rule, cordon, taint,
+// condition, message: the same decision, or a weaker one that
+// Fault.strengthen leaves out), at most within after its last recorded
+// occurrence: recording it would change nothing on the node but its
+// bookkeeping.
 func (s *State) Repeats(key string, f Fault, within time.Duration) bool {
 	old, ok := s.Faults[key]
 	if !ok || old.Stabilizing() {
 		return false // a stabilizing fault's occurrence cancels its lift: written
 	}
 	f.bound()
-	sameTaint := (old.Taint == nil) == (f.Taint == nil) && (old.Taint == nil || *old.Taint == *f.Taint)
-	return sameTaint && old.Rule == f.Rule && old.Cordon == f.Cordon && old.Condition == f.Condition &&
-		old.Message == f.Message && f.LastSeen.Sub(old.LastSeen) < within
+	g := *old
+	g.strengthen(f)
+	sameTaint := (old.Taint == nil) == (g.Taint == nil) && (old.Taint == nil || *old.Taint == *g.Taint)
+	return sameTaint && old.Rule == g.Rule && old.Cordon == g.Cordon && old.Condition == g.Condition &&
+		old.Message == g.Message && f.LastSeen.Sub(old.LastSeen) < within
 }
 
 // trim drops faults beyond maxFaults, least valuable first as Fit does:

@@ -1,11 +1,17 @@
 package quarantine
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/faultline/faultline/schemas/events"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
+	faultlinev1 "github.com/faultline/faultline/schemas/gen/faultline/v1"
 )
 
 // TestAddFaultNeverWeakens: the fault key has no error code, so a later
@@ -79,5 +85,82 @@ func TestAddFaultNeverWeakens(t *testing.T) {
 	}
 	if !hasNoSched {
 		t.Fatalf("taints %v: NoSchedule dropped by a weaker occurrence", n.Spec.Taints)
+	}
+}
+
+// weakRules: a fatal event cordons and taints NoSchedule; a non-fatal one
+// only taints PreferNoSchedule (a fatal Xid 79 and a non-fatal Xid 13 of
+// one GPU are one fault: the key has no error code).
+const weakRules = `
+[[rule-sets]]
+name = "fatal-xid"
+priority = 100
+  [[rule-sets.match.all]]
+  expression = "event.isFatal"
+  [rule-sets.cordon]
+  shouldCordon = true
+  [rule-sets.taint]
+  key = "faultline.io/unhealthy"
+  value = "gpu"
+  effect = "NoSchedule"
+[[rule-sets]]
+name = "soft-xid"
+priority = 50
+condition = false
+  [[rule-sets.match.all]]
+  expression = "!event.isFatal"
+  [rule-sets.taint]
+  key = "faultline.io/degraded"
+  value = "gpu"
+  effect = "PreferNoSchedule"
+`
+
+// TestWeakerOccurrencesOfAStandingFault: a flood of non-fatal Xid 13s on
+// a GPU whose fatal Xid 79 cordoned the node changes nothing on it, so it
+// is written at most once per repeat_write_interval (before, every
+// occurrence rewrote the node: its decision differs from the fault's, so
+// none counted as a repeat); and each says what holds the node — the
+// fatal rule, its cordon and NoSchedule taint — not the weak rule's
+// decision (the fleet node page reads the latest applied action).
+func TestWeakerOccurrencesOfAStandingFault(t *testing.T) {
+	cfg := testConfig("weak")
+	cfg.Rules = filepath.Join(t.TempDir(), "rules.toml")
+	if err := os.WriteFile(cfg.Rules, []byte(weakRules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h, k, _ := fakeHandler(t, cfg, "weak", "weak-1")
+	if acts, _ := handle(t, h, record("c1", fatal("weak-1", "SysLogsXIDError", "GPU-1"))); kinds(acts) != "quarantine/applied" {
+		t.Fatalf("fatal: %s", kinds(acts))
+	}
+	soft := func() *datamodels.HealthEvent {
+		ev := fatal("weak-1", "SysLogsXIDError", "GPU-1")
+		ev.IsFatal, ev.Message, ev.RecommendedAction = false, "Xid 13", datamodels.RecommendedAction_NONE
+		return ev
+	}
+	k.ClearActions()
+	var last *faultlinev1.Action
+	for i := range 20 {
+		acts, _ := handle(t, h, record("c1", soft()))
+		if kinds(acts) != "quarantine/applied" {
+			t.Fatalf("occurrence %d: %s", i, kinds(acts))
+		}
+		last = acts[0]
+	}
+	var writes []string
+	for _, a := range k.Actions() {
+		if a.GetResource().Resource == "nodes" && (a.GetVerb() == "patch" || a.GetVerb() == "update") {
+			writes = append(writes, a.GetVerb()+" "+a.GetSubresource())
+		}
+	}
+	if len(writes) != 0 {
+		t.Fatalf("20 weaker occurrences within repeat_write_interval: %d node writes %v; want none (the fatal's one write stands)", len(writes), writes)
+	}
+	if last.GetRule() != "fatal-xid" || last.Details[events.DetailCordon] != "true" ||
+		last.Details[events.DetailTaint] != "faultline.io/unhealthy=gpu:NoSchedule" {
+		t.Fatalf("latest applied action: rule %q cordon %q taint %q; want what holds the node (fatal-xid, true, faultline.io/unhealthy=gpu:NoSchedule)",
+			last.GetRule(), last.Details[events.DetailCordon], last.Details[events.DetailTaint])
+	}
+	if n := getNode(t, k, "weak-1"); !n.Spec.Unschedulable || !hasTaint(n, "faultline.io/unhealthy") {
+		t.Fatalf("node lost its quarantine: unschedulable %v taints %v", n.Spec.Unschedulable, n.Spec.Taints)
 	}
 }
