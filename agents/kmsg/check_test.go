@@ -728,3 +728,101 @@ func TestFileMissingAtStartIsRetried(t *testing.T) {
 		t.Fatalf("file created later: %v %v, want its Xid 79", evs, err)
 	}
 }
+
+// TestRepeatsInOneSecondKeepTheirOwnIDs: a kern.log prints whole seconds;
+// an Xid repeated on one GPU within one second is as many occurrences,
+// each with an id of its own (the store keeps one event per id), and the
+// same ids when a restart reads the lines again. With printk times
+// (rsyslog's "[  500.100000]") the event carries its line's
+// (kernel_timestamp); without them (rsyslog's traditional format) the
+// line is never a duplicate of the one before, and its event carries the
+// line's place in the file (file_offset), which a restart resuming at
+// the saved position mid-second reads the same.
+func TestRepeatsInOneSecondKeepTheirOwnIDs(t *testing.T) {
+	const msg = "NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, Graphics Exception: ESR 0x514648=0x1000f"
+	now := time.Date(2024, 10, 28, 10, 5, 0, 0, time.UTC) // windows long closed
+	for _, tc := range []struct {
+		name  string
+		lines []string
+	}{
+		{"syslog with printk times", []string{
+			"Oct 28 10:00:01 node kernel: [  500.100000] " + msg,
+			"Oct 28 10:00:01 node kernel: [  500.600000] " + msg,
+			"Oct 28 10:00:01 node kernel: [  500.900000] " + msg,
+		}},
+		{"syslog without printk times", []string{
+			"Oct 28 10:00:01 node kernel: " + msg,
+			"Oct 28 10:00:01 node kernel: " + msg,
+			"Oct 28 10:00:01 node kernel: " + msg,
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			logf := filepath.Join(dir, "kern.log")
+			cfg := Config{Source: SourceFile, File: logf, StateDir: dir,
+				BootIDPath: filepath.Join(dir, "boot_id"), ProcStatPath: filepath.Join(dir, "stat"),
+				Parser: ParserConfig{Location: time.UTC, Now: func() time.Time { return now }}}
+			run := func(commit bool) []*datamodels.HealthEvent {
+				t.Helper()
+				c, err := New(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				evs, err := c.Check(context.Background())
+				if err == nil && commit {
+					err = c.Commit()
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				return evs
+			}
+			write := func(lines []string) {
+				t.Helper()
+				f, err := os.OpenFile(logf, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				if _, err := f.WriteString(strings.Join(lines, "\n") + "\n"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ids := map[string]bool{}
+			total := 0
+			take := func(evs []*datamodels.HealthEvent) {
+				t.Helper()
+				for _, ev := range evs {
+					if ids[ev.GetId()] || ev.GetId() == "" {
+						t.Fatalf("id %q twice or none:\n%s", ev.GetId(), encodeT(evs))
+					}
+					ids[ev.GetId()] = true
+					n, _ := strconv.Atoi(ev.GetMetadata()["count"])
+					total += n
+				}
+			}
+			// The first line read and committed; the other two of its
+			// second written after it, read by the next process.
+			write(tc.lines[:1])
+			take(run(true))
+			write(tc.lines[1:])
+			first := run(false)
+			take(first)
+			again := run(true) // killed before Commit: the same lines again
+			if len(again) != len(first) {
+				t.Fatalf("read again: %d events, want %d", len(again), len(first))
+			}
+			for i := range again {
+				if again[i].GetId() != first[i].GetId() {
+					t.Fatalf("event %d: id %q, read again %q", i, first[i].GetId(), again[i].GetId())
+				}
+			}
+			last := run(true) // the occurrence the open window held
+			take(last)
+			if total != 3 {
+				t.Fatalf("counts add up to %d, want 3:\n%s\n%s", total, encodeT(first), encodeT(last))
+			}
+		})
+	}
+}

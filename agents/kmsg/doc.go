@@ -28,13 +28,20 @@
 // occurrence is in some event's count. A line is one occurrence: the same
 // line twice in what one parser reads (captures of one log concatenated
 // for "kmsg parse", a log holding a message twice) is recognised by its
-// body and printk timestamp — its wall-clock time only when it has none:
-// syslog's whole seconds would merge real repeats — and reported once;
+// body and printk timestamp — its wall-clock time only when it has none
+// and is printed to a fraction of a second: a line in whole seconds
+// (syslog, dmesg -T) is never a duplicate, real repeats in one second
+// being common (Xid storms) — and reported once;
 // and an event of a line with a known time has an id of the boot the
 // line was logged in and the event (Check.occurrenceIDs), so the lines a
 // restart reads again before the read position was saved — after a reboot
 // too, a journal or file source resuming in the boot before — are the same
-// events downstream, not new occurrences. A journal line's event carries
+// events downstream, not new occurrences. A line whose time has whole
+// seconds carries what tells its repeats in that second apart, the same
+// when read again: its printk timestamp (metadata "kernel_timestamp") or,
+// a file's line with none, the offset in the file where it ends
+// ("file_offset"). A flood summary carries "first_seen" and "last_seen"
+// (a line's time known), for one occurrence too. A journal line's event carries
 // its boot as metadata "boot_id". A flood — one error code on one device
 // repeating — is rate-limited: the first occurrence in a window
 // (FloodWindow, default 10s) is reported at once; later ones are counted

@@ -16,10 +16,11 @@ import (
 // source, and a restart starts a new set: lines read again then keep
 // their events' ids instead, Check.occurrenceIDs.) A line is known by its
 // body plus its printk timestamp (µs, one per record), or, for a line
-// without one, its wall-clock time; a line with neither is never a
-// duplicate. A printk timestamp is not combined with the wall-clock time:
-// syslog and dmesg -T print whole seconds, so real repeats within one
-// second (each its own printk time) would be taken for one line.
+// without one, its wall-clock time when printed to a fraction of a
+// second; any other line is never a duplicate. Whole seconds (syslog,
+// dmesg -T) do not tell a line from a real repeat within its second (an
+// Xid storm: each its own occurrence), with or without a printk time
+// beside them, so they are not used.
 type dedup struct {
 	seed maphash.Seed
 	set  map[dedupKey]struct{}
@@ -44,7 +45,7 @@ func (d *dedup) seen(r record) bool {
 	switch {
 	case r.mono >= 0:
 		key = dedupKey{'m', r.mono, maphash.String(d.seed, r.body)}
-	case !r.wall.IsZero():
+	case !r.wall.IsZero() && r.fine:
 		key = dedupKey{'w', r.wall.UnixNano(), maphash.String(d.seed, r.body)}
 	default:
 		return false
@@ -172,16 +173,19 @@ func (f *flood) end(key string) {
 }
 
 // summary is the event of the occurrences e holds: its last one's, with
-// their count.
+// their count and (for a line with a known time) the times of the first
+// and the last.
 func (f *flood) summary(e *floodEntry) *datamodels.HealthEvent {
 	ev := e.tmpl()
 	ev.Metadata["count"] = strconv.Itoa(e.suppressed)
+	if ev.GeneratedTimestamp != nil {
+		// Also for one occurrence: the summary is never the event of
+		// one already reported, under its id.
+		ev.Metadata["first_seen"] = e.first.Format(time.RFC3339Nano)
+		ev.Metadata["last_seen"] = e.last.Format(time.RFC3339Nano)
+	}
 	if e.suppressed > 1 {
 		ev.Metadata["flood"] = "true"
-		if ev.GeneratedTimestamp != nil {
-			ev.Metadata["first_seen"] = e.first.Format(time.RFC3339Nano)
-			ev.Metadata["last_seen"] = e.last.Format(time.RFC3339Nano)
-		}
 		ev.Message = fmt.Sprintf("%s (repeated %d times, rate-limited)", ev.Message, e.suppressed)
 	}
 	return ev

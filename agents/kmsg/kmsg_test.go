@@ -394,7 +394,8 @@ func TestSameLineTwice(t *testing.T) {
 // when it has one, not by the whole-second wall-clock time a syslog line
 // prints beside it: real repeats within one second, each with its own
 // printk time, are all counted. Only a line with no printk time is known
-// by its wall-clock time.
+// by its wall-clock time, and only one printed to a fraction of a second:
+// a line in whole seconds (syslog, dmesg -T) is never a duplicate.
 func TestRepeatsInOneSecond(t *testing.T) {
 	msg := canonical[1]
 	d := 500 * time.Second
@@ -412,6 +413,20 @@ func TestRepeatsInOneSecond(t *testing.T) {
 			formats["syslog-printk"](d, msg),
 			formats["syslog-printk"](d, msg),
 			formats["syslog-printk"](d+400*time.Millisecond, msg),
+		}, 2},
+		{"syslog without printk times, one second", []string{
+			formats["syslog"](d, msg),
+			formats["syslog"](d+200*time.Millisecond, msg),
+			formats["syslog"](d+400*time.Millisecond, msg),
+		}, 3},
+		{"dmesg -T, one second", []string{
+			formats["dmesg-T"](d, msg),
+			formats["dmesg-T"](d+200*time.Millisecond, msg),
+			formats["dmesg-T"](d+400*time.Millisecond, msg),
+		}, 3},
+		{"journal short-iso, one second", []string{
+			formats["journal-short-iso"](d, msg),
+			formats["journal-short-iso"](d+200*time.Millisecond, msg),
 		}, 2},
 		{"journal short-precise, one line twice", []string{
 			formats["journal-short-precise"](d, msg),
@@ -993,5 +1008,21 @@ func TestNICRecoveryAfterItsFloodSummary(t *testing.T) {
 				t.Fatalf("events after the windows closed:\n%s", encodeT(got[4:]))
 			}
 		})
+	}
+}
+
+// TestFloodSummaryOfOneHasItsTimes: a summary standing for one occurrence
+// carries first_seen and last_seen too, so its event (and id) is never
+// that of an event of the window already reported.
+func TestFloodSummaryOfOneHasItsTimes(t *testing.T) {
+	p := testParser(t, nil)
+	for _, sec := range []string{"100.000000", "100.500000"} {
+		p.Process(Line{Text: "[" + sec + "] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, Graphics Exception", Mono: -1})
+	}
+	p.Flush(true)
+	got := p.Drain()
+	if len(got) != 2 || got[1].Metadata["count"] != "1" || got[1].Metadata["first_seen"] == "" ||
+		got[1].Metadata["first_seen"] != got[1].Metadata["last_seen"] || got[1].Metadata["flood"] != "" {
+		t.Fatalf("want the first line, then a summary of 1 with its times:\n%s", encodeT(got))
 	}
 }

@@ -20,6 +20,10 @@ type Line struct {
 	Mono int64
 	// Wall is the record's wall-clock time, zero when unknown.
 	Wall time.Time
+	// Offset is where in the file the line was read from it ends (the
+	// file source), 0 when unknown: it tells apart repeats of a line
+	// that has no finer time than whole seconds.
+	Offset int64
 }
 
 // anchors are the substrings a line must contain to be worth a closer look.
@@ -53,8 +57,12 @@ func interesting(s string) (int, bool) {
 type record struct {
 	mono int64 // µs since boot, -1 unknown
 	wall time.Time
-	body string
-	boot string // the boot the line was logged in, when the source says (the journal)
+	// fine: wall has a fraction of a second (a syslog or dmesg -T time
+	// has whole seconds: real repeats can share one)
+	fine   bool
+	offset int64 // Line.Offset
+	body   string
+	boot   string // the boot the line was logged in, when the source says (the journal)
 }
 
 // localClock reads the wall-clock times a log prints without a zone
@@ -73,7 +81,7 @@ type localClock struct {
 // ok is false when the line holds nothing this parser handles.
 func splitLine(l Line, lc *localClock) (record, bool) {
 	s := l.Text
-	rec := record{mono: l.Mono, wall: l.Wall}
+	rec := record{mono: l.Mono, wall: l.Wall, fine: !l.Wall.IsZero(), offset: l.Offset}
 	if len(s) > 0 && s[0] == '{' {
 		if _, ok := interesting(s); !ok && !strings.Contains(s, `"MESSAGE":[`) {
 			return rec, false
@@ -114,7 +122,7 @@ func splitJournalJSON(s string, rec record) (record, bool) {
 	rec.body = strings.TrimRight(msg[i:], "\r\n")
 	rec.boot = journalBootID(e.Boot)
 	if v, err := strconv.ParseInt(e.Realtime, 10, 64); err == nil && rec.wall.IsZero() {
-		rec.wall = time.UnixMicro(v).UTC()
+		rec.wall, rec.fine = time.UnixMicro(v).UTC(), true
 	}
 	// For kernel messages the journal keeps the printk timestamp as
 	// _SOURCE_MONOTONIC_TIMESTAMP: the same number /dev/kmsg reports.
@@ -192,12 +200,12 @@ func parsePrefix(p string, lc *localClock, rec *record) {
 	if !rec.wall.IsZero() {
 		return
 	}
-	if t, ok := isoTime(p); ok {
-		rec.wall = t
+	if t, fine, ok := isoTime(p); ok {
+		rec.wall, rec.fine = t, fine
 		return
 	}
-	if t, ok := monthTime(p, lc); ok {
-		rec.wall = t
+	if t, fine, ok := monthTime(p, lc); ok {
+		rec.wall, rec.fine = t, fine
 	}
 }
 
@@ -238,8 +246,9 @@ func bracketMono(p string) (int64, bool) {
 }
 
 // isoTime finds an ISO 8601 timestamp ("2025-10-28T10:15:30,123456+00:00",
-// "2025-10-28T10:15:30.123+0000", "2025-10-28 10:15:30") in p.
-func isoTime(p string) (time.Time, bool) {
+// "2025-10-28T10:15:30.123+0000", "2025-10-28 10:15:30") in p; fine: it
+// has a fraction of a second.
+func isoTime(p string) (t time.Time, fine, ok bool) {
 	for i := 0; i+19 <= len(p); i++ {
 		if !isDigit(p[i]) || (i > 0 && isDigit(p[i-1])) {
 			continue
@@ -256,11 +265,11 @@ func isoTime(p string) (time.Time, bool) {
 		v = strings.Replace(v, " ", "T", 1)
 		for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999999-0700", "2006-01-02T15:04:05.999999999"} {
 			if t, err := time.Parse(layout, v); err == nil {
-				return t.UTC(), true
+				return t.UTC(), end > 20 && (c[19] == '.' || c[19] == ','), true
 			}
 		}
 	}
-	return time.Time{}, false
+	return time.Time{}, false, false
 }
 
 // monthNames maps lower-case month abbreviations of the locales dmesg -T,
@@ -309,8 +318,8 @@ func monthOf(tok string) (time.Month, bool) {
 // monthTime finds "Mon DD HH:MM:SS[.frac] [YYYY]" in p, with or without a
 // weekday in front (syslog, journalctl short, dmesg -T/--ctime), in lc's
 // zone (hostzone.Date: after the previous line's in an hour repeated when
-// summer time ends).
-func monthTime(p string, lc *localClock) (time.Time, bool) {
+// summer time ends); fine: it has a fraction of a second.
+func monthTime(p string, lc *localClock) (t time.Time, fine, ok bool) {
 	f := strings.FieldsFunc(p, func(r rune) bool { return r == ' ' || r == '[' || r == ']' || r == '\t' })
 	for i := 0; i+2 < len(f); i++ {
 		m, ok := monthOf(f[i])
@@ -335,7 +344,6 @@ func monthTime(p string, lc *localClock) (time.Time, bool) {
 		if loc == nil {
 			loc = time.Local
 		}
-		var t time.Time
 		if y == 0 && lc.now != nil {
 			t = hostzone.DateNoYear(m, day, hh, mm, ss, ns, loc, lc.prev, lc.now())
 		} else {
@@ -343,9 +351,9 @@ func monthTime(p string, lc *localClock) (time.Time, bool) {
 		}
 		t = t.UTC()
 		lc.prev = t
-		return t, true
+		return t, len(f[i+2]) > 9 && (f[i+2][8] == '.' || f[i+2][8] == ','), true
 	}
-	return time.Time{}, false
+	return time.Time{}, false, false
 }
 
 // clock parses "HH:MM:SS[.frac]".

@@ -678,12 +678,33 @@ func msgTail(b string) string {
 // /proc/sys/kernel/random/boot_id writes it).
 const MetaBootID = "boot_id"
 
-// lineMeta is the metadata an event of a line starts with: the line, and
-// the boot it was logged in when known.
+// MetaKernelTimestamp and MetaFileOffset are the metadata keys of what
+// tells the events of a line repeated within one second apart when the
+// line's wall-clock time has whole seconds (syslog, dmesg -T): its printk
+// timestamp ("500.100000", seconds since boot), or, with none, where in
+// the file it was read from the line ends (the file source). Each is the
+// same when the line is read again, so its event keeps its id
+// (Check.occurrenceIDs).
+const (
+	MetaKernelTimestamp = "kernel_timestamp"
+	MetaFileOffset      = "file_offset"
+)
+
+// lineMeta is the metadata an event of a line starts with: the line, the
+// boot it was logged in when known, and what tells repeats within one
+// second apart when its time does not (MetaKernelTimestamp).
 func lineMeta(r record) map[string]string {
 	m := map[string]string{"kernel_message": r.body}
 	if r.boot != "" {
 		m[MetaBootID] = r.boot
+	}
+	if !r.wall.IsZero() && !r.fine {
+		switch {
+		case r.mono >= 0:
+			m[MetaKernelTimestamp] = fmt.Sprintf("%d.%06d", r.mono/1_000_000, r.mono%1_000_000)
+		case r.offset > 0:
+			m[MetaFileOffset] = strconv.FormatInt(r.offset, 10)
+		}
 	}
 	return m
 }

@@ -325,7 +325,7 @@ func (f *fileSource) read(ctx context.Context, max int, fn func(Line)) error {
 				f.fromStart()
 			}
 		}
-		fn(Line{Text: line, Mono: -1})
+		fn(Line{Text: line, Mono: -1, Offset: f.tail.Offset()})
 		n++
 		return n < max && (n%4096 != 0 || ctx.Err() == nil)
 	})

@@ -92,6 +92,10 @@ func (t *Follower) Position() (inode uint64, offset int64, head string) {
 	return t.inode, t.offset, fingerprint(t.head)
 }
 
+// Offset is the offset just past the line Read is handing to fn (past
+// the run of lines split by NULs it is one of); after Read, Position's.
+func (t *Follower) Offset() int64 { return t.offset }
+
 // fingerprint identifies a file's first bytes: their length and a hash.
 func fingerprint(head []byte) string {
 	sum := sha256.Sum256(head)
