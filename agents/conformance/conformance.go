@@ -370,7 +370,7 @@ func (c *Check) RetryIn() time.Duration {
 	if n == 0 {
 		return 0
 	}
-	return min(retryMin<<min(n-1, 30), c.cfg.Interval)
+	return min(retryMin<<min(n-1, 20), c.cfg.Interval)
 }
 
 // Event is the NodeConformance event of a component set: healthy, not

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -1222,7 +1223,8 @@ func switchPCIOf(msg string) string {
 // both (FM names the switch the driver lost): it counts once. A missing
 // switch still on the PCI bus is known by its address; one a failure names
 // that the driver has bound is not among the missing; one missing without
-// an address is taken for one a failure names and the driver has not.
+// an address is taken for one a failure names by an address the driver
+// has not bound.
 func (e *Evaluator) failedSwitches(entKey string) int {
 	named := map[string]bool{entKey: true}
 	for k := range e.bad {
@@ -1251,12 +1253,18 @@ func (e *Evaluator) failedSwitches(entKey string) int {
 	}
 	unaddressed := missing - len(unbound)
 	for id := range named {
-		if !unbound[id] && !bound[id] {
+		if pciAddrRE.MatchString(id) && !unbound[id] && !bound[id] {
 			unaddressed--
 		}
 	}
 	return n + max(0, unaddressed)
 }
+
+// pciAddrRE matches a PCI address as failedSwitches keys a switch by it;
+// a switch FM names otherwise (UUID, physical id, none) cannot be told
+// from the missing one and counts as another failure: the safe side, FM's
+// fallback to NVSWITCH_FAILURE_MODE=0 reported fatal.
+var pciAddrRE = regexp.MustCompile(`^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
 
 func (e *Evaluator) sxidEvent(t time.Time, ll LogLine, sx SXidLine) *datamodels.HealthEvent {
 	info, listed := e.cat.SXID.SXID(sx.Code, sx.Fatal)

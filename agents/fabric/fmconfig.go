@@ -23,7 +23,8 @@ type FMConfig struct {
 	StayResidentOnFailures int
 	// LogFile is LOG_FILE_NAME.
 	LogFile string
-	// LogUseSyslog is LOG_USE_SYSLOG (1: FM logs to syslog, not its file).
+	// LogUseSyslog is LOG_USE_SYSLOG (1: FM logs to syslog, not its file;
+	// any value but 0 reads as 1; -1 unset).
 	LogUseSyslog int
 	// PartitionFile is SHARED_PARTITION_DEFINITION_FILE (custom partitions).
 	PartitionFile string
@@ -75,7 +76,16 @@ func ParseFMConfig(text string) *FMConfig {
 	c.NVSwitchFailureMode = num([]string{"NVSWITCH_FAILURE_MODE"}, 0, 1)
 	c.AbortCUDAJobsOnFMExit = num([]string{"ABORT_CUDA_JOBS_ON_FM_EXIT"}, 0, 1)
 	c.StayResidentOnFailures = num([]string{"FM_STAY_RESIDENT_ON_FAILURES"}, 0, 1)
-	c.LogUseSyslog = num([]string{"LOG_USE_SYSLOG"}, 0, 1)
+	// Any value but 0 is read as syslog (how FM reads other values is not
+	// documented): reading the journal too costs little, missing FM's
+	// errors there costs them all. Not a config problem.
+	c.LogUseSyslog = -1
+	if v, ok := c.Values["LOG_USE_SYSLOG"]; ok {
+		c.LogUseSyslog = 1
+		if n, err := strconv.Atoi(v); err == nil && n == 0 {
+			c.LogUseSyslog = 0
+		}
+	}
 	c.LogFile = c.Values["LOG_FILE_NAME"]
 	c.PartitionFile = c.Values["SHARED_PARTITION_DEFINITION_FILE"]
 	sort.Strings(c.Problems)

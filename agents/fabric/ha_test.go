@@ -24,9 +24,13 @@ var a100Switches = []string{"0000:44:00.0", "0000:45:00.0", "0000:46:00.0", "000
 // named or missing are still several.
 func TestOneFailedSwitchIsOneFailure(t *testing.T) {
 	const failed = "0000:c9:00.0"
-	run := func(start, more string) string {
+	run := func(start, more string, unnamed bool) string {
+		named := "[Oct 28 2024 " + start + ":02] [ERROR] [tid 841] NVSwitch pci bus id 00000000:c9:00.0 failed to initialize\n"
+		if unnamed {
+			named = ""
+		}
 		return "[Oct 28 2024 " + start + ":00] [INFO] [tid 841] Fabric Manager version 535.183.01 is running with the following configuration options\n" +
-			"[Oct 28 2024 " + start + ":02] [ERROR] [tid 841] NVSwitch pci bus id 00000000:c9:00.0 failed to initialize\n" + more +
+			named + more +
 			"[Oct 28 2024 " + start + ":09] [INFO] [tid 841] Successfully configured all the available GPUs and NVSwitches to route NVLink traffic.\n"
 	}
 	bound := []string{}
@@ -41,12 +45,16 @@ func TestOneFailedSwitchIsOneFailure(t *testing.T) {
 		bound []string
 		more  string // a second failure line in FM's run
 		fatal bool
+		// unnamed: FM's run does not name the failed switch (off the bus)
+		unnamed bool
 	}{
-		{"the switch still on the PCI bus", a100Switches, bound, "", false},
-		{"the switch off the PCI bus", bound, bound, "", false},
-		{"the PCI bus not read", nil, bound, "", false},
+		{"the switch still on the PCI bus", a100Switches, bound, "", false, false},
+		{"the switch off the PCI bus", bound, bound, "", false, false},
+		{"the PCI bus not read", nil, bound, "", false, false},
 		{"a second switch bound and failing", a100Switches, bound,
-			"[Oct 28 2024 10:00:03] [ERROR] [tid 841] NVSwitch pci bus id 00000000:c5:00.0 failed to initialize\n", true},
+			"[Oct 28 2024 10:00:03] [ERROR] [tid 841] NVSwitch pci bus id 00000000:c5:00.0 failed to initialize\n", true, false},
+		{"a second switch failing, named by physical id", bound, bound,
+			"[Oct 28 2024 10:00:03] [ERROR] [tid 841] NVSwitch physical id 5 failed to initialize\n", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, err := NewEvaluator(EvalConfig{Platform: PlatformA100})
@@ -95,10 +103,10 @@ func TestOneFailedSwitchIsOneFailure(t *testing.T) {
 					t.Fatalf("%s: %s, want FM-HA-NVSWITCH-FM-ABORTED", poll, shorts(evs))
 				}
 			}
-			check("poll 2", ha(e.Evaluate(snap(run("10:00", tc.more)))))
+			check("poll 2", ha(e.Evaluate(snap(run("10:00", tc.more, tc.unnamed)))))
 			// poll 3: FM's second run (restarted by hand) says the same
 			now = now.Add(10 * time.Minute)
-			if evs := ha(e.Evaluate(snap(run("10:10", tc.more)))); len(evs) > 0 && !tc.fatal {
+			if evs := ha(e.Evaluate(snap(run("10:10", tc.more, tc.unnamed)))); len(evs) > 0 && !tc.fatal {
 				t.Fatalf("FM's second run: %s (what stands, stands)", shorts(evs))
 			}
 			for k, ev := range e.bad {
