@@ -248,6 +248,7 @@ func Parse(r io.Reader) (*Metadata, error) {
 	type gpuCol struct{ id, col int }
 	var gpuCols []gpuCol
 	nicName := map[int]string{}
+	named := map[string]string{} // device name → its column
 	seen := map[string]bool{}
 	for ci, c := range devCols {
 		if seen[c] {
@@ -267,6 +268,10 @@ func Parse(r io.Reader) (*Metadata, error) {
 			}
 			name = n
 		}
+		if prev, dup := named[name]; dup {
+			return nil, &ParseError{Line: headerLine, Msg: fmt.Sprintf("columns %s and %s both name device %q", prev, c, name)}
+		}
+		named[name] = c
 		nicName[ci] = name
 	}
 	if len(gpuCols) == 0 {
@@ -291,7 +296,9 @@ func Parse(r io.Reader) (*Metadata, error) {
 			norm[i] = v
 		}
 		trail := cells[len(devCols):]
-		if len(trail) > len(trailCols) {
+		// A GPU row short of a value after the matrix (a blank cell) would
+		// read the next column's value as this one's: its NUMA node wrong.
+		if len(trail) > len(trailCols) || gpuLabelRe.MatchString(label) && len(trail) != len(trailCols) {
 			return nil, &ParseError{Line: r.line, Msg: fmt.Sprintf("row %s has %d values after the matrix, the header names %d columns", label, len(trail), len(trailCols))}
 		}
 		if gpuLabelRe.MatchString(label) {
