@@ -12,9 +12,9 @@ import (
 // remediation but none and a GPU's reset ranked the same and the newest
 // won: a CONTACT_SUPPORT node was rebooted for a RESTART_VM that joined
 // it, and a REPLACE_VM joined by RUN_DCGMEUD (no template) was never
-// remediated. A diagnostic or custom fault joining a reboot is the
-// exception: joining serves it, and a reboot neither diagnoses nor
-// flashes, so it takes the trigger (the newest, as before).
+// remediated. A diagnostic or custom fault joining a reboot leaves the
+// reboot: taking the trigger left the reboot never done (its fault seldom
+// repeats), the lesser loss being the diagnostic.
 func TestJoinKeepsTheStrongerRemedy(t *testing.T) {
 	tr := func(action string) Trigger { return Trigger{CheckName: "chk-" + action, RecommendedAction: action} }
 	custom := func(name string) Trigger {
@@ -31,9 +31,9 @@ func TestJoinKeepsTheStrongerRemedy(t *testing.T) {
 		{"RUN_DCGMEUD under REPLACE_VM", tr("REPLACE_VM"), tr("RUN_DCGMEUD"), tr("REPLACE_VM")},
 		{"RESTART_BM under REPLACE_VM", tr("REPLACE_VM"), tr("RESTART_BM"), tr("REPLACE_VM")},
 		{"RESTART_VM under RESTART_BM", tr("RESTART_BM"), tr("RESTART_VM"), tr("RESTART_BM")},
-		{"RUN_FIELDDIAG joining RESTART_VM: the newest", tr("RESTART_VM"), tr("RUN_FIELDDIAG"), tr("RUN_FIELDDIAG")},
-		{"CUSTOM joining RESTART_VM: the newest", tr("RESTART_VM"), custom("flash"), custom("flash")},
-		{"RUN_DCGMEUD joining RESTART_BM: the newest", tr("RESTART_BM"), tr("RUN_DCGMEUD"), tr("RUN_DCGMEUD")},
+		{"RUN_FIELDDIAG joining RESTART_VM: the reboot", tr("RESTART_VM"), tr("RUN_FIELDDIAG"), tr("RESTART_VM")},
+		{"CUSTOM joining RESTART_VM: the reboot", tr("RESTART_VM"), custom("flash"), tr("RESTART_VM")},
+		{"RUN_DCGMEUD joining RESTART_BM: the reboot", tr("RESTART_BM"), tr("RUN_DCGMEUD"), tr("RESTART_BM")},
 		{"CUSTOM under CONTACT_SUPPORT", tr("CONTACT_SUPPORT"), custom("flash"), tr("CONTACT_SUPPORT")},
 		{"REPLACE_VM over RESTART_VM", tr("RESTART_VM"), tr("REPLACE_VM"), tr("REPLACE_VM")},
 		{"CONTACT_SUPPORT over REPLACE_VM", tr("REPLACE_VM"), tr("CONTACT_SUPPORT"), tr("CONTACT_SUPPORT")},

@@ -298,9 +298,9 @@ func (t Trigger) sameRemedy(o Trigger) bool {
 // asking for o's remediation (State.covers): the same one, none, or less
 // than a whole-node remediation (remedyRank from RESTART_VM) does — but a
 // reboot serves no diagnostic or custom one (it runs no diagnostic and
-// flashes nothing: such a fault joining the drain would have taken its
-// trigger, joinRemedy). A diagnostic or custom remediation serves no
-// other: what it does is not known here.
+// flashes nothing: such a fault generated after the drain's end starts a
+// drain of its own). A diagnostic or custom remediation serves no other:
+// what it does is not known here.
 func (t Trigger) serves(o Trigger) bool {
 	r, ro := remedyRank(t.RecommendedAction), remedyRank(o.RecommendedAction)
 	return t.sameRemedy(o) || ro == 0 || (r >= rankRestartVM && ro < r && !(ro == rankDiagnostic && reboots(r)))
@@ -310,9 +310,9 @@ func (t Trigger) serves(o Trigger) bool {
 // result must ask remediate for what each fault needs. A fault asking for
 // less than the drain's trigger (remedyRank: nothing, where it asks for a
 // reboot; a GPU's reset or a VM restart under a replacement or an
-// escalation to support), or for another remediation of the same rank,
-// leaves it — but a diagnostic or custom one joining a reboot takes its
-// place (joinRemedy); a GPU's reset joining a reset of other GPUs adds its
+// escalation to support, a diagnostic or custom one under a reboot), or
+// for another remediation of the same rank, leaves it; a GPU's reset
+// joining a reset of other GPUs adds its
 // entities, so the reset covers both (a reset naming no GPU resets them
 // all); otherwise (more, or the same again) o's trigger takes its place.
 // The event ids are the caller's.
@@ -330,14 +330,6 @@ func (t Trigger) join(o Trigger) Trigger {
 func (t Trigger) joinRemedy(o Trigger) Trigger {
 	r, ro := remedyRank(t.RecommendedAction), remedyRank(o.RecommendedAction)
 	switch {
-	case ro == rankDiagnostic && reboots(r):
-		// A diagnostic or custom remediation joining a reboot: the
-		// joiner's, the newest, as before remediations were ranked. The
-		// drain has one result, and joining serves the joiner's fault
-		// (its record follows the drain and ends with it): keeping the
-		// reboot would leave the diagnostic or flash never done, with
-		// nothing to start it later.
-		return o.bounded()
 	case ro < r, ro == r && ro != 1 && !t.sameRemedy(o):
 		// Less, or another remediation of the same rank (two
 		// diagnostics, two custom ones): the drain's stays.
