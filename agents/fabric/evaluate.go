@@ -1220,7 +1220,8 @@ func switchPCIOf(msg string) string {
 // failedSwitches counts the NVSwitches that failed in this FM run: those a
 // standing NVSwitch failure names (entKey included) and those missing from
 // the driver's count (swcount) that none of them is. One switch is often
-// both (FM names the switch the driver lost): it counts once. A missing
+// both (FM names the switch the driver lost, by its PCI address): it
+// counts once (named by physical id or UUID, another: pciAddrRE). A missing
 // switch still on the PCI bus is known by its address; one a failure names
 // that the driver has bound is not among the missing; one missing without
 // an address is taken for one a failure names by an address the driver

@@ -18,10 +18,11 @@ var a100Switches = []string{"0000:44:00.0", "0000:45:00.0", "0000:46:00.0", "000
 // TestOneFailedSwitchIsOneFailure: HGX A100 with two baseboards, bare
 // metal, NVSWITCH_FAILURE_MODE=1, one NVSwitch fails: FM disables it and
 // its peer and runs at 5/6 bandwidth. The switch is missing from the
-// driver's count and named by FM's line: one failure, not two (several
-// failures would fall back to mode 0 and make the node fatal, RESTART_BM,
-// a reboot loop with the switch still broken). Three failed switches
-// named or missing are still several.
+// driver's count and named by FM's line by its PCI address: one failure,
+// not two (several failures would fall back to mode 0 and make the node
+// fatal, RESTART_BM, a reboot loop with the switch still broken). A second
+// switch failing, or one FM names only by physical id (which cannot be
+// told from the missing one), is several: the safe side.
 func TestOneFailedSwitchIsOneFailure(t *testing.T) {
 	const failed = "0000:c9:00.0"
 	run := func(start, more string, unnamed bool) string {

@@ -298,8 +298,9 @@ func (t Trigger) sameRemedy(o Trigger) bool {
 // asking for o's remediation (State.covers): the same one, none, or less
 // than a whole-node remediation (remedyRank from RESTART_VM) does — but a
 // reboot serves no diagnostic or custom one (it runs no diagnostic and
-// flashes nothing: such a fault generated after the drain's end starts a
-// drain of its own). A diagnostic or custom remediation serves no other:
+// flashes nothing: such a fault arriving after the drain finished starts
+// a drain of its own, though joining while it ran swallowed it,
+// joinRemedy). A diagnostic or custom remediation serves no other:
 // what it does is not known here.
 func (t Trigger) serves(o Trigger) bool {
 	r, ro := remedyRank(t.RecommendedAction), remedyRank(o.RecommendedAction)
