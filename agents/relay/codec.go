@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/faultline/faultline/internal/protoshape"
@@ -30,12 +31,27 @@ func (c codec) Unmarshal(data []byte, v any) error {
 }
 
 // shapeChecked returns a copy of a generated service description whose
-// handlers decode each request through the codec's shape check and refuse
-// one over the limits InvalidArgument, naming the field, and one that does
-// not decode InvalidArgument too (grpc-go answered it Internal).
+// handlers read each request within the read budget (readBudget, waiting
+// for it up to readWait, else refused Unavailable), decode it through the
+// codec's shape check and refuse one over the limits InvalidArgument,
+// naming the field, and one that does not decode InvalidArgument too
+// (grpc-go answered it Internal).
 func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
-	return protoshape.ServiceDesc(sd, func(_ context.Context, _ string, sv *protoshape.Shaped, dec func(any) error) error {
-		if err := dec(sv); err != nil {
+	return protoshape.ServiceDesc(sd, func(ctx context.Context, _ string, sv *protoshape.Shaped, dec func(any) error) error {
+		// Its size is not known until it is read: each read takes room
+		// for the largest.
+		wctx, cancel := context.WithTimeout(ctx, readWait)
+		err := s.reads.Acquire(wctx, MaxMessageBytes)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return status.FromContextError(ctx.Err()).Err()
+			}
+			return s.busy("messages being read")
+		}
+		err = dec(sv)
+		s.reads.Release(MaxMessageBytes)
+		if err != nil {
 			return err
 		}
 		if sv.DecodeErr != nil {

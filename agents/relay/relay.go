@@ -35,12 +35,16 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -115,6 +119,53 @@ const (
 	MinSpoolBytes = 5 << 20
 )
 
+// Bounds on what the relay's clients can make it hold, whatever they send
+// (a member of the socket's group may send anything): without them a
+// client that opened every call a connection allows, each announcing a
+// message of MaxMessageBytes, and sent all of each but its last byte, had
+// the relay hold 64 MiB per connection for as long as it liked, and two
+// such connections were past the agent's memory limit (128 MiB). Now a
+// call holds its stream's window (streamWindow) until its handler reads
+// the message, which it does only within the read budget (readBudget),
+// waiting for it at most readWait, and every call ends after callTimeout:
+// at most maxCalls × streamWindow + readBudget (12 MiB) of messages at
+// once. A call refused for these bounds is refused Unavailable, which
+// NVSentinel's monitors and the preflight checks resend (ResourceExhausted
+// they take as final, and would drop the events).
+const (
+	// MaxConns is the most connections the relay serves at once; one past
+	// it is closed as soon as it is accepted (the client sees the
+	// connection closed, and resends). NVSentinel's monitors hold one
+	// each, a preflight check one while it reports.
+	MaxConns = 32
+	// maxCalls is the most calls in progress at once, on all connections.
+	maxCalls = 64
+	// streamWindow is each call's HTTP/2 flow-control window, fixed: all a
+	// client can send on a call before its handler reads the message.
+	// grpc-go opens it to the message's announced length once the
+	// handler reads, within readBudget.
+	streamWindow = 64 << 10
+	// readBudget is what the messages being read may hold at once: two of
+	// the largest. A read takes milliseconds on the node's socket.
+	readBudget = 2 * MaxMessageBytes
+	// readWait is how long a call waits for room in readBudget before it
+	// is refused Unavailable.
+	readWait = time.Second
+	// callTimeout ends a call, its message read or not: a client that
+	// never sends its message's last byte holds its share of readBudget
+	// this long at most.
+	callTimeout = 30 * time.Second
+	// handshakeTimeout is how long a connection may take to start HTTP/2.
+	handshakeTimeout = 10 * time.Second
+	// maxIdle closes a connection with no call for this long, maxAge any
+	// connection (after the calls in progress end, callTimeout and a
+	// margin): a client reconnects when it next calls.
+	maxIdle = 5 * time.Minute
+	maxAge  = 30 * time.Minute
+	// maxHeaderBytes bounds a call's headers (grpc-go's default is 16 MiB).
+	maxHeaderBytes = 32 << 10
+)
+
 // Server is the relay: the PlatformConnector service on the socket.
 type Server struct {
 	datamodels.UnimplementedPlatformConnectorServer
@@ -132,6 +183,11 @@ type Server struct {
 	own map[string]string
 	// machine is Config.SystemUUID.
 	machine string
+
+	// calls are the calls in progress (maxCalls); reads holds the bytes
+	// of the messages being read (readBudget).
+	calls atomic.Int64
+	reads *semaphore.Weighted
 
 	mu      sync.Mutex
 	lastLog map[string]time.Time
@@ -165,6 +221,7 @@ func New(cfg Config, node string, spool Spool, log *slog.Logger, reg prometheus.
 	s := &Server{node: node, spool: spool, log: log.With("component", "nvsentinel-relay"), now: now, path: cfg.Socket,
 		v:       validate.Validator{MaxBatch: MaxBatch, MaxFutureSkew: maxFutureSkew},
 		lastLog: map[string]time.Time{}, own: cfg.Own, ownSeen: map[string]bool{}, machine: cfg.SystemUUID,
+		reads: semaphore.NewWeighted(readBudget),
 		m: metrics{events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "faultline_agent_relay_events_total",
 			Help: "Events NVSentinel monitors sent to the agent's relay socket, by result (accepted: spooled; invalid, other_node, not_spooled: the call was refused and nothing of it spooled)."},
 			[]string{"result"})},
@@ -188,6 +245,13 @@ func New(cfg Config, node string, spool Spool, log *slog.Logger, reg prometheus.
 	}
 	s.ln = ln
 	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxConcurrentStreams(maxStreams),
+		grpc.StaticStreamWindowSize(streamWindow), grpc.StaticConnWindowSize(maxStreams*streamWindow),
+		grpc.MaxHeaderListSize(maxHeaderBytes), grpc.ConnectionTimeout(handshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: maxIdle, MaxConnectionAge: maxAge, MaxConnectionAgeGrace: callTimeout + 5*time.Second,
+			Time: 2 * time.Minute, Timeout: 20 * time.Second, // ping a silent client, and drop it when it does not answer
+		}),
+		grpc.InTapHandle(s.tap),
 		grpc.ForceServerCodec(codec{limits: protoshape.Limits{MaxEvents: MaxBatch}}))
 	s.srv.RegisterService(s.shapeChecked(&datamodels.PlatformConnector_ServiceDesc), s)
 	return s, nil
@@ -213,7 +277,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		}
 	}()
 	s.log.Info("serving NVSentinel's PlatformConnector", "socket", s.path, "node", s.node)
-	err := s.srv.Serve(s.ln)
+	err := s.srv.Serve(&limitListener{Listener: s.ln, max: MaxConns, refused: s.connRefused})
 	if errors.Is(err, grpc.ErrServerStopped) || ctx.Err() != nil {
 		return nil
 	}
@@ -288,15 +352,49 @@ func (s *Server) logOwn(checkName, check string) {
 // refused call.
 func (s *Server) refuse(result string, n int, code codes.Code, msg string) error {
 	s.m.events.WithLabelValues(result).Add(float64(n))
-	s.mu.Lock()
-	now := s.now()
-	logIt := now.Sub(s.lastLog[result]) >= 10*time.Second
-	if logIt {
-		s.lastLog[result] = now
-	}
-	s.mu.Unlock()
-	if logIt {
+	if s.logDue(result) {
 		s.log.Warn("refused events from an NVSentinel monitor", "result", result, "events", n, "code", code.String(), "err", msg)
 	}
 	return status.Error(code, msg)
+}
+
+// logDue says whether what key names was not logged in the last 10
+// seconds, and if so notes it logged now.
+func (s *Server) logDue(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	if now.Sub(s.lastLog[key]) < 10*time.Second {
+		return false
+	}
+	s.lastLog[key] = now
+	return true
+}
+
+// busy is the refusal of a call past the relay's bounds (maxCalls,
+// readBudget): Unavailable, which the relay's clients resend.
+func (s *Server) busy(what string) error {
+	return s.refuse(resultNotSpool, 0, codes.Unavailable,
+		"the faultline agent's relay is busy ("+what+"), resend later")
+}
+
+// tap admits a call when its headers arrive, before its message is read,
+// if fewer than maxCalls are in progress, and gives it callTimeout. It
+// runs on the connection's reader goroutine: a counter only.
+func (s *Server) tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
+	if s.calls.Add(1) > maxCalls {
+		s.calls.Add(-1)
+		return nil, s.busy(fmt.Sprintf("%d calls in progress", maxCalls))
+	}
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	context.AfterFunc(ctx, func() { cancel(); s.calls.Add(-1) })
+	return ctx, nil
+}
+
+// connRefused logs (at most once every 10 seconds) a connection closed
+// past MaxConns.
+func (s *Server) connRefused() {
+	if s.logDue("connections") {
+		s.log.Warn("closed a connection to the relay socket: as many are open as the relay serves", "max", MaxConns)
+	}
 }
