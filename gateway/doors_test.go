@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/faultline/faultline/internal/connlimit"
 	"github.com/faultline/faultline/internal/warnlimit"
 )
 
@@ -40,8 +41,8 @@ func TestClientAddrIPv6Per64(t *testing.T) {
 		{&net.TCPAddr{IP: net.ParseIP("2001:db8:1:3::1"), Port: 4000}, "2001:db8:1:3::/64"},
 		{&net.UnixAddr{Name: "/run/faultline.sock", Net: "unix"}, ""},
 	} {
-		if got := clientAddr(tc.addr); got != tc.want {
-			t.Errorf("clientAddr(%s) = %q, want %q", tc.addr, got, tc.want)
+		if got := connlimit.ClientAddr(tc.addr); got != tc.want {
+			t.Errorf("connlimit.ClientAddr(%s) = %q, want %q", tc.addr, got, tc.want)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc/stats"
 
+	"github.com/faultline/faultline/internal/connlimit"
 	"github.com/faultline/faultline/internal/protoshape"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
@@ -87,7 +88,7 @@ func readShareKeyOf(c Caller, addr net.Addr) readShareKey {
 	if c.Node != "" {
 		return readShareKey{caller: c.Name}
 	}
-	return readShareKey{caller: c.Name, addr: clientAddr(addr)}
+	return readShareKey{caller: c.Name, addr: connlimit.ClientAddr(addr)}
 }
 
 // Why a reservation could not grow. errConnBusy is an errBusy.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/faultline/faultline/internal/connlimit"
 	"io"
 	"net"
 	"runtime"
@@ -204,7 +205,7 @@ func TestLimitListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused := make(chan bool, 10)
-	ln := newLimitListener(raw, 0, 2, func(_ string, total bool) { refused <- total })
+	ln := connlimit.Listener(raw, 0, 2, func(_ string, total bool) { refused <- total })
 	defer ln.Close()
 	accepted := make(chan net.Conn, 10)
 	go func() {

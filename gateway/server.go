@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/faultline/faultline/internal/certfile"
+	"github.com/faultline/faultline/internal/connlimit"
 	"github.com/faultline/faultline/internal/kafka"
 	"github.com/faultline/faultline/internal/warnlimit"
 )
@@ -256,8 +257,8 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.httpSrv = s.newHTTPServer(handler, httpTLS)
 
-	grpcLn := newLimitListener(s.grpcLn, s.cfg.MaxConns, s.cfg.MaxConnsPerAddress, s.connRefused(doorGRPC))
-	httpLn := newLimitListener(s.httpLn, s.cfg.MaxConns, s.cfg.MaxConnsPerAddress, s.connRefused(doorREST))
+	grpcLn := connlimit.Listener(s.grpcLn, s.cfg.MaxConns, s.cfg.MaxConnsPerAddress, s.connRefused(doorGRPC))
+	httpLn := connlimit.Listener(s.httpLn, s.cfg.MaxConns, s.cfg.MaxConnsPerAddress, s.connRefused(doorREST))
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -279,7 +280,7 @@ func (s *Server) Run(ctx context.Context) error {
 	})
 	if s.unixLn != nil {
 		s.unixSrv = s.newGRPCServer(doorUnix, nil)
-		unixLn := newLimitListener(s.unixLn, s.cfg.MaxConns, 0, s.connRefused(doorUnix))
+		unixLn := connlimit.Listener(s.unixLn, s.cfg.MaxConns, 0, s.connRefused(doorUnix))
 		g.Go(func() error { return serveErr(s.unixSrv.Serve(unixLn)) })
 	}
 	s.log.Info("gateway serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "unix", s.cfg.UnixSocket, "tls", httpTLS != nil)

@@ -48,6 +48,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/faultline/faultline/internal/connlimit"
 	"github.com/faultline/faultline/internal/protoshape"
 	"github.com/faultline/faultline/internal/unixsock"
 	"github.com/faultline/faultline/schemas/events"
@@ -277,7 +278,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		}
 	}()
 	s.log.Info("serving NVSentinel's PlatformConnector", "socket", s.path, "node", s.node)
-	err := s.srv.Serve(&limitListener{Listener: s.ln, max: MaxConns, refused: s.connRefused})
+	err := s.srv.Serve(connlimit.Listener(s.ln, MaxConns, 0, func(string, bool) { s.connRefused() }))
 	if errors.Is(err, grpc.ErrServerStopped) || ctx.Err() != nil {
 		return nil
 	}

@@ -1,4 +1,7 @@
-package gateway
+// Package connlimit bounds the connections a listener accepts: in all and
+// per client address, so that one client cannot hold every connection a
+// server can afford (slowloris).
+package connlimit
 
 import (
 	"net"
@@ -6,10 +9,9 @@ import (
 )
 
 // limitListener closes, as soon as they are accepted, connections past a
-// total and past a number per client address (0: no limit), so that one
-// client cannot hold every connection the gateway can afford (slowloris);
-// refused is told of each connection it closed, its client address and
-// whether the total was the limit.
+// total and past a number per client address (0: no limit); refused is
+// told of each connection it closed, its client address and whether the
+// total was the limit.
 type limitListener struct {
 	net.Listener
 	total, perAddr int
@@ -20,7 +22,10 @@ type limitListener struct {
 	byAddr map[string]int
 }
 
-func newLimitListener(ln net.Listener, total, perAddr int, refused func(addr string, total bool)) net.Listener {
+// Listener returns ln accepting at most total connections at once and
+// perAddr per client address (ClientAddr; 0: no limit), refused told of
+// each it closes; ln itself when neither is set.
+func Listener(ln net.Listener, total, perAddr int, refused func(addr string, total bool)) net.Listener {
 	if total <= 0 && perAddr <= 0 {
 		return ln
 	}
@@ -34,7 +39,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		addr := clientAddr(c.RemoteAddr())
+		addr := ClientAddr(c.RemoteAddr())
 		l.mu.Lock()
 		overTotal := l.total > 0 && l.n >= l.total
 		if overTotal || (l.perAddr > 0 && addr != "" && l.byAddr[addr] >= l.perAddr) {
@@ -68,11 +73,11 @@ func (l *limitListener) done(addr string) {
 	}
 }
 
-// clientAddr is the IP of a TCP peer, or for IPv6 its /64 (a host is
+// ClientAddr is the IP of a TCP peer, or for IPv6 its /64 (a host is
 // given a /64 and picks its addresses in it: counted per /128, one client
 // had as many addresses as it liked); "" for other kinds of peer (a unix
 // socket's have no address of their own).
-func clientAddr(a net.Addr) string {
+func ClientAddr(a net.Addr) string {
 	t, ok := a.(*net.TCPAddr)
 	switch {
 	case !ok:
