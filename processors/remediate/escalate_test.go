@@ -51,7 +51,7 @@ func TestEscalationCountedOnceWritten(t *testing.T) {
 			testutil.ToFloat64(h.m.actions.WithLabelValues(cluster, events.KindEscalate, events.OutcomeApplied))
 	}
 	for range 3 {
-		if acts, err := h.escalate(context.Background(), cl, tr, "reboot", "budget spent"); err == nil || len(acts) != 0 {
+		if acts, err := h.escalate(context.Background(), cl, tr, "reboot", "budget spent", time.Time{}); err == nil || len(acts) != 0 {
 			t.Fatalf("the annotation's write failed: %d actions, err %v; want none and the error", len(acts), err)
 		}
 	}
@@ -59,7 +59,7 @@ func TestEscalationCountedOnceWritten(t *testing.T) {
 		t.Fatalf("3 failed writes counted %v escalations and %v escalate actions, want none", esc, acts)
 	}
 	fail = false // the node gone meanwhile: nothing to annotate, escalated all the same
-	acts, err := h.escalate(context.Background(), cl, tr, "reboot", "budget spent")
+	acts, err := h.escalate(context.Background(), cl, tr, "reboot", "budget spent", time.Time{})
 	if err != nil || len(acts) != 1 || acts[0].GetKind() != events.KindEscalate || acts[0].GetDryRun() {
 		t.Fatalf("escalation: %v, %v", acts, err)
 	}

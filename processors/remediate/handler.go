@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -78,6 +79,17 @@ const (
 )
 
 const maxTriggers = 32
+
+// forbiddenTries is how many tries a create refused with 403 Forbidden
+// that is not about the object itself (RBAC: the role may not create the
+// kind) gets before it is failed and escalated: the refusal recorded, not
+// retried for ever with the node cordoned.
+const forbiddenTries = 5
+
+// DetailEscalatedAt, on an escalate action, is the time of the node's
+// escalation (AnnotationEscalated) that the action repeats: the same
+// failure, already escalated, neither re-stamped nor counted again.
+const DetailEscalatedAt = "escalatedAt"
 
 // Data is what a resource template sees: the triggering event as the drain
 // result carried it.
@@ -507,19 +519,20 @@ func nodeLabel(node string) string {
 // node's follow-up in another batch, the janitor — makes requeue.Step redo
 // it; every call it repeats is idempotent).
 func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
-	if at := t.at(); h.cfg.Retention > 0 && !at.IsZero() && h.now().Sub(at) > h.cfg.Retention {
-		// Its resource may have been pruned: acting on a replayed or
-		// long-delayed trigger could repeat a remediation long done.
-		reason := fmt.Sprintf("trigger of %s is older than remediate.retention (%s): its remediation may have been pruned; not acted on",
-			at.UTC().Format(time.RFC3339), h.cfg.Retention)
-		return []*faultlinev1.Action{h.action(t, events.KindRemediate, events.OutcomeSkipped, reason, "skip")}, time.Time{}, nil
+	if t.attempt() == 0 && h.tooOld(t) {
+		// A replayed or long-delayed trigger, first looked at: its resource
+		// may have been pruned, and acting on it could repeat a
+		// remediation long done. One requeued is skipped only when no
+		// resource lists it (choose): its own, queued or in progress, is
+		// followed to its result.
+		return []*faultlinev1.Action{h.skipOld(t)}, time.Time{}, nil
 	}
 	ra := t.src.GetRecommendedAction()
 	switch ra {
 	case "", datamodels.RecommendedAction_NONE.String(), datamodels.RecommendedAction_UNKNOWN.String():
 		return []*faultlinev1.Action{h.action(t, events.KindRemediate, events.OutcomeSkipped, "recommendedAction "+ra+": nothing to remediate", "skip")}, time.Time{}, nil
 	case datamodels.RecommendedAction_CONTACT_SUPPORT.String():
-		acts, err := h.escalate(ctx, cl, t, "", "the event recommends CONTACT_SUPPORT")
+		acts, err := h.escalate(ctx, cl, t, "", "the event recommends CONTACT_SUPPORT", time.Time{})
 		return acts, time.Time{}, err
 	}
 	tm := h.cfg.template(actionKey(t.src))
@@ -540,6 +553,28 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 		return nil, time.Time{}, fmt.Errorf("cluster %q: no dynamic client", t.cluster)
 	}
 	return h.decide(ctx, cl, t, tm, d, false)
+}
+
+// attempt is how often the trigger was requeued (requeue.Attempt; 0
+// without a record).
+func (t trigger) attempt() int {
+	if t.rec == nil {
+		return 0
+	}
+	return requeue.Attempt(t.rec)
+}
+
+// tooOld reports whether the trigger is older than remediate.retention.
+func (h *Handler) tooOld(t trigger) bool {
+	at := t.at()
+	return h.cfg.Retention > 0 && !at.IsZero() && h.now().Sub(at) > h.cfg.Retention
+}
+
+// skipOld is the skipped record of a trigger older than retention.
+func (h *Handler) skipOld(t trigger) *faultlinev1.Action {
+	reason := fmt.Sprintf("trigger of %s is older than remediate.retention (%s): its remediation may have been pruned; not acted on",
+		t.at().UTC().Format(time.RFC3339), h.cfg.Retention)
+	return h.action(t, events.KindRemediate, events.OutcomeSkipped, reason, "skip")
 }
 
 // followOnDryRun follows, read-only, the resource that a live step of
@@ -579,8 +614,25 @@ func (h *Handler) followOnDryRun(ctx context.Context, cl *clusters.Client, t tri
 // and the node stays cordoned and drained.
 func (h *Handler) uncreatable(ctx context.Context, cl *clusters.Client, t trigger, tm *Template, err error) ([]*faultlinev1.Action, time.Time, error) {
 	a := h.action(t, events.KindRemediate, events.OutcomeFailed, err.Error(), "error")
-	esc, eerr := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s cannot be created: %v", tm.kind, err))
+	esc, eerr := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s cannot be created: %v", tm.kind, err), time.Time{})
 	return append([]*faultlinev1.Action{a}, esc...), time.Time{}, eerr
+}
+
+// refusedObject reports whether a create's 403 Forbidden is about the
+// object itself, which no retry changes: an admission webhook denied it
+// (OPA Gatekeeper, Kyverno) or a ValidatingAdmissionPolicy did, or its
+// namespace is being terminated.
+func refusedObject(err error) bool {
+	if !apierrors.IsForbidden(err) {
+		return false
+	}
+	if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "admission webhook") && strings.Contains(msg, "denied the request") ||
+		strings.Contains(msg, "ValidatingAdmissionPolicy") && strings.Contains(msg, "denied request") ||
+		strings.Contains(msg, "because it is being terminated")
 }
 
 // decide takes the remediation one step on the node's resources of the
@@ -626,6 +678,12 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 		if slices.Contains(triggersOf(&items[i]), t.id) {
 			return h.follow(ctx, cl, t, tm, &items[i], false)
 		}
+	}
+	if h.tooOld(t) {
+		// Requeued (it waited, or its cluster was unreachable) past
+		// retention, and no resource lists it: what answered it may have
+		// been pruned.
+		return []*faultlinev1.Action{h.skipOld(t)}, time.Time{}, nil
 	}
 	// The resources made before the node's Node object was created were
 	// for the machine an earlier Node of this name was (a replacement
@@ -681,7 +739,8 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 	// neither.
 	if last := h.lastAttempted(tm, items); last >= 0 {
 		if st, why := h.status(tm, &items[last]); st == failed {
-			acts, err := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("the last %s %s failed (%s)", tm.kind, items[last].GetName(), why))
+			acts, err := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("the last %s %s failed (%s)", tm.kind, items[last].GetName(), why),
+				h.failedAt(tm, &items[last]))
 			return acts, time.Time{}, err
 		}
 	}
@@ -696,7 +755,7 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 		}
 		if recent >= h.cfg.Budget {
 			acts, err := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("budget spent: %d %s remediations within %v (budget %d)",
-				recent, tm.Group, h.cfg.BudgetWindow, h.cfg.Budget))
+				recent, tm.Group, h.cfg.BudgetWindow, h.cfg.Budget), time.Time{})
 			return acts, time.Time{}, err
 		}
 	}
@@ -710,7 +769,7 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 			// The template does not render for this fault: no retry makes
 			// it, and the node stays cordoned and drained. Escalated.
 			a := h.action(t, events.KindRemediate, events.OutcomeFailed, "template: "+err.Error(), "template")
-			esc, eerr := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s cannot be created: its template does not render: %v", tm.kind, err))
+			esc, eerr := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s cannot be created: its template does not render: %v", tm.kind, err), time.Time{})
 			return append([]*faultlinev1.Action{a}, esc...), time.Time{}, eerr
 		}
 		if err := tm.checkTarget(obj, t.node); err != nil {
@@ -774,8 +833,16 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 			}
 			continue
 		}
-		if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsNotFound(err) {
+		if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsNotFound(err) || refusedObject(err) {
 			return h.uncreatable(ctx, cl, t, tm, fmt.Errorf("create %s %s: %w", tm.kind, d.Name, err))
+		}
+		if apierrors.IsForbidden(err) && t.attempt() >= forbiddenTries-1 {
+			// Not allowed (RBAC: the role may not create the kind — a
+			// TerminateNode template without terminatenodes in its
+			// ClusterRole): retried as the cluster's trouble until an
+			// operator grants it, then recorded and escalated, not
+			// retried for ever with the node cordoned.
+			return h.uncreatable(ctx, cl, t, tm, fmt.Errorf("create %s %s: still forbidden after %d tries: %w", tm.kind, d.Name, forbiddenTries, err))
 		}
 		if err != nil {
 			return nil, time.Time{}, fmt.Errorf("create %s %s: %w", tm.kind, d.Name, err)
@@ -904,7 +971,7 @@ func (h *Handler) follow(ctx context.Context, cl *clusters.Client, t trigger, tm
 	case failed:
 		a := h.action(t, events.KindRemediate, events.OutcomeFailed, ref+" failed: "+why, "failed")
 		a.Details[events.DetailResource] = ref
-		acts, err := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s failed (%s)", ref, why))
+		acts, err := h.escalate(ctx, cl, t, tm.Group, fmt.Sprintf("%s failed (%s)", ref, why), h.failedAt(tm, o))
 		return append([]*faultlinev1.Action{a}, acts...), time.Time{}, err
 	case cancelled:
 		// Not attempted: the node was no longer quarantined and drained
@@ -1032,9 +1099,30 @@ func (h *Handler) join(ctx context.Context, cl *clusters.Client, t trigger, tm *
 // error), and counts nothing. A dry-run trigger (dryRun) annotates
 // nothing, on a live cluster too, and counts nothing; its action says
 // dryRun.
-func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, group, why string) ([]*faultlinev1.Action, error) {
+// since, when set, is when the failed resource escalated for finished
+// (failedAt): a node whose annotation is at or after it was escalated for
+// that failure already (by another of the faults that joined it), and is
+// neither stamped again (the janitor refuses a resource created before
+// the annotation's time: a re-stamp cancelled a reboot created after the
+// first escalation) nor counted; the action says so (DetailEscalatedAt).
+func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, group, why string, since time.Time) ([]*faultlinev1.Action, error) {
 	dry := dryRun(cl, t)
-	if !dry {
+	var repeat string
+	if !dry && !since.IsZero() {
+		n, err := cl.Kube.CoreV1().Nodes().Get(ctx, t.node, metav1.GetOptions{})
+		switch {
+		case err == nil:
+			if v, at, ok := escalatedAt(n.GetAnnotations()); ok && !at.Before(since) {
+				repeat = v
+			}
+		case apierrors.IsNotFound(err), apierrors.IsForbidden(err):
+			// Gone (nothing to annotate), or a ClusterRole without nodes
+			// get (before it was needed): stamped, as before.
+		default:
+			return nil, fmt.Errorf("read node %s: %w", t.node, err)
+		}
+	}
+	if !dry && repeat == "" {
 		val := h.now().UTC().Format(time.RFC3339Nano) + " " + why
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationEscalated: events.Truncate(val, 1024)}}})
 		_, err := cl.Kube.CoreV1().Nodes().Patch(ctx, t.node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "faultline-remediate"})
@@ -1043,7 +1131,14 @@ func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, 
 		}
 		h.m.escalations.WithLabelValues(t.cluster).Inc()
 	}
-	a := h.action(t, events.KindEscalate, events.OutcomeApplied, "CONTACT_SUPPORT: "+why, "escalate")
+	reason := "CONTACT_SUPPORT: " + why
+	if repeat != "" {
+		reason += " (already escalated at " + repeat + " for it: not stamped again)"
+	}
+	a := h.action(t, events.KindEscalate, events.OutcomeApplied, reason, "escalate")
+	if repeat != "" {
+		a.Details[DetailEscalatedAt] = repeat
+	}
 	a.RecommendedAction = datamodels.RecommendedAction_CONTACT_SUPPORT.String()
 	a.Details[events.DetailRequestedAction] = t.src.GetRecommendedAction()
 	if group != "" {
@@ -1051,6 +1146,36 @@ func (h *Handler) escalate(ctx context.Context, cl *clusters.Client, t trigger, 
 	}
 	a.DryRun = a.DryRun || dry
 	return []*faultlinev1.Action{a}, nil
+}
+
+// escalatedAt reads AnnotationEscalated: its time as written, and parsed.
+func escalatedAt(ann map[string]string) (string, time.Time, bool) {
+	v, _, _ := strings.Cut(ann[AnnotationEscalated], " ")
+	at, err := time.Parse(time.RFC3339Nano, v)
+	return v, at, err == nil
+}
+
+// failedAt is when a failed resource finished: status.completionTime,
+// else its failed condition's lastTransitionTime, else its start, else
+// its creation (the earliest it can have failed).
+func (h *Handler) failedAt(tm *Template, o *unstructured.Unstructured) time.Time {
+	if v, _, _ := unstructured.NestedString(o.Object, "status", "completionTime"); v != "" {
+		if at, err := time.Parse(time.RFC3339, v); err == nil {
+			return at
+		}
+	}
+	conds, _, _ := unstructured.NestedSlice(o.Object, "status", "conditions")
+	if _, c := matchCondition(conds, tm.failed); c != nil {
+		if v, _ := c["lastTransitionTime"].(string); v != "" {
+			if at, err := time.Parse(time.RFC3339, v); err == nil {
+				return at
+			}
+		}
+	}
+	if at, ok := startedAt(o); ok {
+		return at
+	}
+	return createdAt(o)
 }
 
 // dryRun reports whether the trigger's remediation changes nothing: its
