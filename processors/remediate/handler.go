@@ -80,12 +80,6 @@ const (
 
 const maxTriggers = 32
 
-// forbiddenTries is how many tries a create refused with 403 Forbidden
-// that is not about the object itself (RBAC: the role may not create the
-// kind) gets before it is failed and escalated: the refusal recorded, not
-// retried for ever with the node cordoned.
-const forbiddenTries = 5
-
 // DetailEscalatedAt, on an escalate action, is the time of the node's
 // escalation (AnnotationEscalated) that the action repeats: the same
 // failure, already escalated, neither re-stamped nor counted again.
@@ -835,14 +829,6 @@ func (h *Handler) choose(ctx context.Context, cl *clusters.Client, t trigger, tm
 		}
 		if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsNotFound(err) || refusedObject(err) {
 			return h.uncreatable(ctx, cl, t, tm, fmt.Errorf("create %s %s: %w", tm.kind, d.Name, err))
-		}
-		if apierrors.IsForbidden(err) && t.attempt() >= forbiddenTries-1 {
-			// Not allowed (RBAC: the role may not create the kind — a
-			// TerminateNode template without terminatenodes in its
-			// ClusterRole): retried as the cluster's trouble until an
-			// operator grants it, then recorded and escalated, not
-			// retried for ever with the node cordoned.
-			return h.uncreatable(ctx, cl, t, tm, fmt.Errorf("create %s %s: still forbidden after %d tries: %w", tm.kind, d.Name, forbiddenTries, err))
 		}
 		if err != nil {
 			return nil, time.Time{}, fmt.Errorf("create %s %s: %w", tm.kind, d.Name, err)
