@@ -129,8 +129,10 @@ const (
 // call holds its stream's window (streamWindow) until its handler reads
 // the message, which it does only within the read budget (readBudget),
 // waiting for it at most readWait, and every call ends after callTimeout:
-// at most maxCalls × streamWindow + readBudget (12 MiB) of messages at
-// once. A call refused for these bounds is refused Unavailable, which
+// at most maxCalls × streamWindow + readBudget (12 MiB) of messages being
+// read at once. (Still weak: a message read is out of the budget while it
+// waits for the spool, which takes one call at a time: complete 4 MiB
+// calls sent faster than a slow spool keeps them can still pile up.) A call refused for these bounds is refused Unavailable, which
 // NVSentinel's monitors and the preflight checks resend (ResourceExhausted
 // they take as final, and would drop the events).
 const (
@@ -373,10 +375,15 @@ func (s *Server) logDue(key string) bool {
 }
 
 // busy is the refusal of a call past the relay's bounds (maxCalls,
-// readBudget): Unavailable, which the relay's clients resend.
+// readBudget): Unavailable, which the relay's clients resend. Logged under
+// its own key: sharing the spool's, it took the 10-second slot of the
+// warning that events could not be kept.
 func (s *Server) busy(what string) error {
-	return s.refuse(resultNotSpool, 0, codes.Unavailable,
-		"the faultline agent's relay is busy ("+what+"), resend later")
+	msg := "the faultline agent's relay is busy (" + what + "), resend later"
+	if s.logDue("busy") {
+		s.log.Warn("refused a call from an NVSentinel monitor", "code", codes.Unavailable.String(), "err", msg)
+	}
+	return status.Error(codes.Unavailable, msg)
 }
 
 // tap admits a call when its headers arrive, before its message is read,
