@@ -125,13 +125,15 @@ func TestOldTriggerFollowsItsOwnResource(t *testing.T) {
 	cfg.BudgetWindow = time.Hour
 	at := now.Add(-15 * time.Hour) // the drain result
 	for name, tc := range map[string]struct {
-		attempt int
-		listed  bool
-		want    string // the outcome; "" none (followed, in progress, said before)
+		attempt   int
+		listed    bool
+		listFails bool   // its cluster answers every list 503 (down for days)
+		want      string // the outcome; "" none (followed, in progress, said before)
 	}{
-		"requeued, its resource queued": {40, true, ""},
-		"a replay":                      {0, true, events.OutcomeSkipped},
-		"requeued, listed by none":      {40, false, events.OutcomeSkipped},
+		"requeued, its resource queued":      {40, true, false, ""},
+		"a replay":                           {0, true, false, events.OutcomeSkipped},
+		"requeued, listed by none":           {40, false, false, events.OutcomeSkipped},
+		"requeued, its cluster's list fails": {40, true, true, events.OutcomeSkipped},
 	} {
 		t.Run(name, func(t *testing.T) {
 			h, err := New(cfg, clusters.NewRegistry(clusters.DefaultConfig(), nil), Options{Log: testLog, Now: func() time.Time { return now }})
@@ -156,6 +158,11 @@ func TestOldTriggerFollowsItsOwnResource(t *testing.T) {
 				o.Object["status"] = map[string]any{"conditions": []any{map[string]any{"type": "NodeReady", "status": "True"}}}
 			}
 			dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), kinds(tm), o)
+			if tc.listFails {
+				dyn.PrependReactor("list", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+					return true, nil, apierrors.NewServiceUnavailable("down")
+				})
+			}
 			kube := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 			tr := trigger{cluster: cluster, node: "n1", id: "d-1", rec: attemptRec(tc.attempt),
 				src: &faultlinev1.Action{RecommendedAction: "RESTART_VM", Outcome: events.OutcomeSucceeded, Timestamp: timestamppb.New(at)}}
@@ -172,7 +179,7 @@ func TestOldTriggerFollowsItsOwnResource(t *testing.T) {
 			if len(acts) != 1 || acts[0].GetOutcome() != tc.want || !again.IsZero() {
 				t.Fatalf("step: %v, next look %v; want %s", outcomes(acts), again, tc.want)
 			}
-			if l, _ := dyn.Resource(tm.gvr).List(context.Background(), metav1.ListOptions{}); len(l.Items) != 1 {
+			if l, _ := dyn.Resource(tm.gvr).List(context.Background(), metav1.ListOptions{}); !tc.listFails && len(l.Items) != 1 {
 				t.Errorf("%d resources, want nothing created", len(l.Items))
 			}
 		})

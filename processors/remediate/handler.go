@@ -512,7 +512,16 @@ func nodeLabel(node string) string {
 // conflict — the resource changed since it was read by a replica, the
 // node's follow-up in another batch, the janitor — makes requeue.Step redo
 // it; every call it repeats is idempotent).
-func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*faultlinev1.Action, time.Time, error) {
+func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) (acts []*faultlinev1.Action, again time.Time, err error) {
+	defer func() {
+		// A requeued trigger past retention whose step keeps failing (its
+		// cluster down for days, a list the role may not make) is skipped,
+		// not requeued for ever; a conflict is redone, a shutdown's error
+		// hands it on.
+		if err != nil && ctx.Err() == nil && !apierrors.IsConflict(err) && t.attempt() > 0 && h.tooOld(t) {
+			acts, again, err = []*faultlinev1.Action{h.skipOld(t)}, time.Time{}, nil
+		}
+	}()
 	if t.attempt() == 0 && h.tooOld(t) {
 		// A replayed or long-delayed trigger, first looked at: its resource
 		// may have been pruned, and acting on it could repeat a
@@ -537,6 +546,9 @@ func (h *Handler) step(ctx context.Context, cl *clusters.Client, t trigger) ([]*
 	if dryRun(cl, t) {
 		if acts, again, ok, err := h.followOnDryRun(ctx, cl, t, tm); ok || err != nil {
 			return acts, again, err
+		}
+		if h.tooOld(t) { // requeued, no resource lists it
+			return []*faultlinev1.Action{h.skipOld(t)}, time.Time{}, nil
 		}
 		d.Name = h.name(t.node, tm.Group, 1)
 		a := h.action(t, events.KindRemediate, events.OutcomeDryRun, fmt.Sprintf("would create %s %s", tm.kind, d.Name), "dry_run")
