@@ -19,7 +19,7 @@
 // not the fingerprint changed: the processor treats a node without a report
 // within its staleness window as unknown. After a collection with an
 // unreadable component it asks to run again sooner (RetryIn: 1 minute,
-// doubling up to 15) until one is complete.
+// doubling up to conformance.interval) until one is complete.
 //
 // Sources (paths relative to the configured sysfs and procfs roots, so
 // tests run on fixture trees): GPU driver /sys/module/nvidia/version; GPU
