@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/faultline/faultline/internal/protoshape"
+	"github.com/faultline/faultline/schemas/gen/datamodels"
 )
 
 // codec is gRPC's standard protobuf codec with the gateway's shape check
@@ -50,7 +51,20 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 			return s.busy("messages being read")
 		}
 		err = dec(sv)
-		s.reads.Release(MaxMessageBytes)
+		// The message decoded waits for the spool, which takes one call
+		// at a time: it keeps its share of the budget, its size decoded,
+		// until the call ends (callTimeout at most), and gives back the
+		// rest now (a monitor's small call holds a few KiB).
+		held := int64(MaxMessageBytes)
+		if err == nil && sv.DecodeErr == nil && sv.Err == nil {
+			held = min(held, decodedBytes(sv.Msg))
+		} else {
+			held = 0
+		}
+		s.reads.Release(MaxMessageBytes - held)
+		if held > 0 {
+			context.AfterFunc(ctx, func() { s.reads.Release(held) })
+		}
 		if err != nil {
 			return err
 		}
@@ -69,4 +83,20 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 		}
 		return s.refuse(resultInvalid, n, codes.InvalidArgument, sv.Err.Error())
 	})
+}
+
+// decodedBytes is about what msg holds decoded: its size on the wire and
+// the structs its elements take (a batch of empty entities or metadata
+// entries took 9 to 11 times its size on the wire).
+func decodedBytes(msg proto.Message) int64 {
+	n := int64(proto.Size(msg))
+	req, ok := msg.(*datamodels.HealthEvents)
+	if !ok {
+		return MaxMessageBytes
+	}
+	for _, ev := range req.GetEvents() {
+		n += 512 + 128*int64(len(ev.GetEntitiesImpacted())+len(ev.GetMetadata())) +
+			32*int64(len(ev.GetErrorCode())+len(ev.GetCauseIds()))
+	}
+	return n
 }

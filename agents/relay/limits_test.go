@@ -2,12 +2,20 @@ package relay_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
+	"io"
+	"log/slog"
 	"net"
+	"path/filepath"
 	"runtime"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -16,6 +24,8 @@ import (
 
 	"github.com/faultline/faultline/agents/relay"
 	"github.com/faultline/faultline/schemas/gen/datamodels"
+	"github.com/faultline/faultline/schemas/nvsentinel"
+	"github.com/faultline/faultline/schemas/validate"
 )
 
 // stallConn is a raw HTTP/2 client of the relay that opens streams calls
@@ -245,5 +255,117 @@ func TestRelayCapsConnections(t *testing.T) {
 	}
 	if !ok {
 		t.Fatal("no connection served after one of relay.MaxConns closed")
+	}
+}
+
+// slowSpool takes one call at a time, each in about a second (a slow
+// disk), until closed.
+type slowSpool struct {
+	mu   sync.Mutex
+	done chan struct{}
+}
+
+func (s *slowSpool) AppendAll([]*datamodels.HealthEvent) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-time.After(time.Second):
+		return nil
+	case <-s.done:
+		return errors.New("closed")
+	}
+}
+
+// bigBatch is the largest call the relay takes: MaxBatch events, their
+// messages as long as keeps the call within MaxMessageBytes.
+func bigBatch(t *testing.T) []byte {
+	t.Helper()
+	evs := make([]nvsentinel.Event, relay.MaxBatch)
+	var b []byte
+	for n := validate.MaxMessageLen; n > 0; n -= 16 {
+		for i := range evs {
+			evs[i] = xid("gpu-node-42", strings.Repeat("x", n))
+		}
+		if b = nvsentinel.Encode(1, evs); len(b) <= relay.MaxMessageBytes {
+			return b
+		}
+	}
+	t.Fatal("no batch within MaxMessageBytes")
+	return nil
+}
+
+// TestRelayBoundsCallsWaitingForTheSpool: complete, valid calls of the
+// largest size, sent faster than a slow spool keeps them (one at a time,
+// a second each), make the relay hold a bounded amount of memory (each
+// decoded call waited for the spool outside the read budget: 4
+// connections of 16 such calls grew the heap 268 MiB, past the agent's
+// 128 MiB limit). Calls past the budget are refused Unavailable (resent)
+// or wait, none past their deadline; a monitor's small call meanwhile is
+// taken or refused Unavailable.
+func TestRelayBoundsCallsWaitingForTheSpool(t *testing.T) {
+	sp := &slowSpool{done: make(chan struct{})}
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "nvsentinel.sock")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv, err := relay.New(relay.Config{Socket: socket, SystemUUID: machine}, "gpu-node-42", sp, log, prometheus.NewRegistry(), func() time.Time { return testNow })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx) }()
+	t.Cleanup(func() { close(sp.done); cancel(); <-served })
+
+	msg := bigBatch(t) // shared by every call: the clients hold no copy
+	before := heapInUse()
+	const conns, calls = 4, 16
+	var mons []*nvsentinel.Monitor
+	for range conns {
+		m, err := nvsentinel.Dial(socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		mons = append(mons, m)
+	}
+	start := time.Now()
+	errs := make(chan error, conns*calls)
+	for _, m := range mons {
+		for range calls {
+			go func() {
+				cctx, ccancel := context.WithTimeout(context.Background(), 8*time.Second)
+				defer ccancel()
+				errs <- m.SendEncoded(cctx, msg)
+			}()
+		}
+	}
+	var grown int64
+	for range 4 {
+		time.Sleep(300 * time.Millisecond)
+		grown = max(grown, int64(heapInUse())-int64(before))
+	}
+	small, err := nvsentinel.Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	sctx, scancel := context.WithTimeout(context.Background(), 8*time.Second)
+	err = small.Send(sctx, xid("gpu-node-42", "meanwhile"))
+	scancel()
+	if c := status.Code(err); c != codes.OK && c != codes.Unavailable {
+		t.Errorf("a monitor's small call meanwhile: %v, want it taken or refused Unavailable", err)
+	}
+	t.Logf("a monitor's small call meanwhile: %v", err)
+	got := map[codes.Code]int{}
+	for range conns * calls {
+		err := <-errs
+		got[status.Code(err)]++
+		if c := status.Code(err); c != codes.OK && c != codes.Unavailable {
+			t.Errorf("a large call: %v, want it taken or refused Unavailable", err)
+		}
+	}
+	t.Logf("%d calls of %.1f MiB: %v in %v; the heap in use grew %.1f MiB", conns*calls, float64(len(msg))/(1<<20), got, time.Since(start), float64(grown)/(1<<20))
+	if grown > 48<<20 {
+		t.Errorf("the heap in use grew %d MiB while calls waited for the spool, want at most 48 MiB (the agent's limit is 128 MiB)", grown>>20)
 	}
 }

@@ -130,9 +130,10 @@ const (
 // the message, which it does only within the read budget (readBudget),
 // waiting for it at most readWait, and every call ends after callTimeout:
 // at most maxCalls × streamWindow + readBudget (12 MiB) of messages being
-// read at once. (Still weak: a message read is out of the budget while it
-// waits for the spool, which takes one call at a time: complete 4 MiB
-// calls sent faster than a slow spool keeps them can still pile up.) A call refused for these bounds is refused Unavailable, which
+// read at once. A message read keeps its share of the budget, about its
+// size decoded, until its call ends: complete 4 MiB calls sent faster
+// than a slow spool (one call at a time) keeps them wait for the budget
+// or are refused, not pile up. A call refused for these bounds is refused Unavailable, which
 // NVSentinel's monitors and the preflight checks resend (ResourceExhausted
 // they take as final, and would drop the events).
 const (
