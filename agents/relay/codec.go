@@ -54,11 +54,17 @@ func (s *Server) shapeChecked(sd *grpc.ServiceDesc) *grpc.ServiceDesc {
 		// The message decoded waits for the spool, which takes one call
 		// at a time: it keeps its share of the budget, its size decoded,
 		// until the call ends (callTimeout at most), and gives back the
-		// rest now (a monitor's small call holds a few KiB).
+		// rest now. A call within a stream's window holds none (a
+		// monitor's small call: bounded by maxCalls × streamWindow):
+		// holding a few KiB left less than a read's room, and small calls
+		// queued behind one stalled read were refused.
 		held := int64(MaxMessageBytes)
 		if err == nil && sv.DecodeErr == nil && sv.Err == nil {
 			held = min(held, decodedBytes(sv.Msg))
 		} else {
+			held = 0
+		}
+		if held <= streamWindow {
 			held = 0
 		}
 		s.reads.Release(MaxMessageBytes - held)

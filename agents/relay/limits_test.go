@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -367,5 +368,45 @@ func TestRelayBoundsCallsWaitingForTheSpool(t *testing.T) {
 	t.Logf("%d calls of %.1f MiB: %v in %v; the heap in use grew %.1f MiB", conns*calls, float64(len(msg))/(1<<20), got, time.Since(start), float64(grown)/(1<<20))
 	if grown > 48<<20 {
 		t.Errorf("the heap in use grew %d MiB while calls waited for the spool, want at most 48 MiB (the agent's limit is 128 MiB)", grown>>20)
+	}
+}
+
+// TestRelaySmallCallsBesideAStalledRead: one client stalled mid-message
+// holds a read's room; monitors' small calls, waiting for a slow spool,
+// hold none of the budget, so each is read and taken in its turn. Held
+// (a few KiB each), they left less than a read's room and all but the
+// first were refused Unavailable.
+func TestRelaySmallCallsBesideAStalledRead(t *testing.T) {
+	sp := &slowSpool{done: make(chan struct{})}
+	socket := filepath.Join(t.TempDir(), "nvsentinel.sock")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv, err := relay.New(relay.Config{Socket: socket, SystemUUID: machine}, "gpu-node-42", sp, log, prometheus.NewRegistry(), func() time.Time { return testNow })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx) }()
+	t.Cleanup(func() { close(sp.done); cancel(); <-served })
+
+	dialStall(t, socket).stall(t, 1)
+	const monitors = 4 // a second each at the spool: within the calls' 8 s
+	errs := make(chan error, monitors)
+	for i := range monitors {
+		m, err := nvsentinel.Dial(socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		go func() {
+			cctx, ccancel := context.WithTimeout(context.Background(), 8*time.Second)
+			defer ccancel()
+			errs <- m.Send(cctx, xid("gpu-node-42", fmt.Sprintf("monitor %d", i)))
+		}()
+	}
+	for range monitors {
+		if err := <-errs; err != nil {
+			t.Errorf("a monitor's small call beside a stalled read: %v, want it taken", err)
+		}
 	}
 }

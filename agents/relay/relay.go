@@ -149,8 +149,10 @@ const (
 	// grpc-go opens it to the message's announced length once the
 	// handler reads, within readBudget.
 	streamWindow = 64 << 10
-	// readBudget is what the messages being read may hold at once: two of
-	// the largest. A read takes milliseconds on the node's socket.
+	// readBudget is what the messages being read, and those decoded
+	// waiting for the spool (beyond a stream's window each), may hold at
+	// once: two of the largest. A read takes milliseconds on the node's
+	// socket; a decoded call holds its share until it ends (callTimeout).
 	readBudget = 2 * MaxMessageBytes
 	// readWait is how long a call waits for room in readBudget before it
 	// is refused Unavailable.
