@@ -277,6 +277,24 @@ func (s *slowSpool) AppendAll([]*datamodels.HealthEvent) error {
 	}
 }
 
+// serveSlow serves a relay over a slowSpool until the test ends, and
+// returns its socket.
+func serveSlow(t *testing.T) string {
+	t.Helper()
+	sp := &slowSpool{done: make(chan struct{})}
+	socket := filepath.Join(t.TempDir(), "nvsentinel.sock")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv, err := relay.New(relay.Config{Socket: socket, SystemUUID: machine}, "gpu-node-42", sp, log, prometheus.NewRegistry(), func() time.Time { return testNow })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx) }()
+	t.Cleanup(func() { close(sp.done); cancel(); <-served })
+	return socket
+}
+
 // bigBatch is the largest call the relay takes: MaxBatch events, their
 // messages as long as keeps the call within MaxMessageBytes.
 func bigBatch(t *testing.T) []byte {
@@ -304,18 +322,7 @@ func bigBatch(t *testing.T) []byte {
 // or wait, none past their deadline; a monitor's small call meanwhile is
 // taken or refused Unavailable.
 func TestRelayBoundsCallsWaitingForTheSpool(t *testing.T) {
-	sp := &slowSpool{done: make(chan struct{})}
-	dir := t.TempDir()
-	socket := filepath.Join(dir, "nvsentinel.sock")
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv, err := relay.New(relay.Config{Socket: socket, SystemUUID: machine}, "gpu-node-42", sp, log, prometheus.NewRegistry(), func() time.Time { return testNow })
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx) }()
-	t.Cleanup(func() { close(sp.done); cancel(); <-served })
+	socket := serveSlow(t)
 
 	msg := bigBatch(t) // shared by every call: the clients hold no copy
 	before := heapInUse()
@@ -377,17 +384,7 @@ func TestRelayBoundsCallsWaitingForTheSpool(t *testing.T) {
 // (a few KiB each), they left less than a read's room and all but the
 // first were refused Unavailable.
 func TestRelaySmallCallsBesideAStalledRead(t *testing.T) {
-	sp := &slowSpool{done: make(chan struct{})}
-	socket := filepath.Join(t.TempDir(), "nvsentinel.sock")
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv, err := relay.New(relay.Config{Socket: socket, SystemUUID: machine}, "gpu-node-42", sp, log, prometheus.NewRegistry(), func() time.Time { return testNow })
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx) }()
-	t.Cleanup(func() { close(sp.done); cancel(); <-served })
+	socket := serveSlow(t)
 
 	dialStall(t, socket).stall(t, 1)
 	const monitors = 4 // a second each at the spool: within the calls' 8 s
