@@ -602,20 +602,8 @@ func TestRestartKeepsFloodCounts(t *testing.T) {
 	}
 	run := func(at time.Time, commit bool) []*datamodels.HealthEvent {
 		t.Helper()
-		c, err := New(Config{Source: SourceFile, File: logf, StateDir: filepath.Join(dir, "state"), ProcStatPath: statf,
-			BootIDPath: filepath.Join(dir, "boot_id"), Parser: ParserConfig{Now: func() time.Time { return at }}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		evs, err := c.Check(context.Background())
-		if err == nil && commit {
-			err = c.Commit()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return evs
+		return checkOnce(t, Config{Source: SourceFile, File: logf, StateDir: filepath.Join(dir, "state"), ProcStatPath: statf,
+			BootIDPath: filepath.Join(dir, "boot_id"), Parser: ParserConfig{Now: func() time.Time { return at }}}, commit)
 	}
 	count := func(evs []*datamodels.HealthEvent) int {
 		n := 0
@@ -764,19 +752,7 @@ func TestRepeatsInOneSecondKeepTheirOwnIDs(t *testing.T) {
 				Parser: ParserConfig{Location: time.UTC, Now: func() time.Time { return now }}}
 			run := func(commit bool) []*datamodels.HealthEvent {
 				t.Helper()
-				c, err := New(cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer c.Close()
-				evs, err := c.Check(context.Background())
-				if err == nil && commit {
-					err = c.Commit()
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				return evs
+				return checkOnce(t, cfg, commit)
 			}
 			write := func(lines []string) {
 				t.Helper()
@@ -825,4 +801,23 @@ func TestRepeatsInOneSecondKeepTheirOwnIDs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// checkOnce runs one Check of a check built from cfg, commits what it
+// read when commit is set, and closes it: a poll of an agent's process.
+func checkOnce(t *testing.T, cfg Config, commit bool) []*datamodels.HealthEvent {
+	t.Helper()
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	evs, err := c.Check(context.Background())
+	if err == nil && commit {
+		err = c.Commit()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evs
 }
