@@ -475,10 +475,7 @@ func withPort(d nictest.Device, state, phys string) nictest.Device {
 func TestDriverRestartSwapsNamesUncabled(t *testing.T) {
 	for _, restart := range []bool{false, true} {
 		t.Run(fmt.Sprintf("restarted=%v", restart), func(t *testing.T) {
-			p := dualPF()
-			for i := 1; i < len(p.Devices); i += 2 {
-				p.Devices[i] = withPort(p.Devices[i], nictest.Down, nictest.Polling)
-			}
+			p := dualPFUncabled()
 			e := setup(t, p)
 			c := e.check()
 			wantEvents(t, "first poll", stateEvents(poll(t, c)), []string{
@@ -516,10 +513,7 @@ func TestDriverRestartSwapsNamesStandingFault(t *testing.T) {
 	for _, restart := range []bool{false, true} {
 		for _, fixed := range []bool{false, true} {
 			t.Run(fmt.Sprintf("restarted=%v/fixed=%v", restart, fixed), func(t *testing.T) {
-				p := dualPF()
-				for i := 1; i < len(p.Devices); i += 2 {
-					p.Devices[i] = withPort(p.Devices[i], nictest.Down, nictest.Polling)
-				}
+				p := dualPFUncabled()
 				e := setup(t, p)
 				c := e.check()
 				poll(t, c)
@@ -622,10 +616,7 @@ func TestDriverRestartSwapsNamesWithCardRecovery(t *testing.T) {
 	for _, how := range []string{"PF0 down", "PF0 down, fixed later", "unreadable"} {
 		for _, restart := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/restarted=%v", how, restart), func(t *testing.T) {
-				p := dualPF()
-				for i := 1; i < len(p.Devices); i += 2 {
-					p.Devices[i] = withPort(p.Devices[i], nictest.Down, nictest.Polling)
-				}
+				p := dualPFUncabled()
 				e := setup(t, p)
 				faults := standing{}
 				if how != "unreadable" {
@@ -669,4 +660,13 @@ func TestDriverRestartSwapsNamesWithCardRecovery(t *testing.T) {
 			})
 		}
 	}
+}
+
+// dualPFUncabled is dualPF with every card's PF1 uncabled (DOWN/Polling).
+func dualPFUncabled() nictest.Platform {
+	p := dualPF()
+	for i := 1; i < len(p.Devices); i += 2 {
+		p.Devices[i] = withPort(p.Devices[i], nictest.Down, nictest.Polling)
+	}
+	return p
 }
