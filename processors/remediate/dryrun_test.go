@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
@@ -66,13 +65,7 @@ func TestFollowUpOnADryRunClusterFollowsItsResource(t *testing.T) {
 			}
 			t.Cleanup(h.Close)
 			tm := h.cfg.byAction["RESTART_VM"]
-			r1 := &unstructured.Unstructured{}
-			r1.SetAPIVersion(tm.gvr.GroupVersion().String())
-			r1.SetKind(tm.kind)
-			r1.SetName(h.name("n1", tm.Group, 1))
-			r1.SetLabels(map[string]string{LabelNode: "n1", LabelGroup: tm.Group, LabelManagedBy: "faultline"})
-			r1.SetAnnotations(map[string]string{AnnotationTriggers: "ev-1", AnnotationSeq: "1",
-				AnnotationCreated: now.Add(-10 * time.Minute).Format(time.RFC3339Nano)})
+			r1 := firstOfN1(h, tm, "ev-1", now.Add(-10*time.Minute))
 			r1.Object["status"] = map[string]any{"startTime": now.Add(-9 * time.Minute).Format(time.RFC3339), "conditions": conds[tc.status]}
 			if tc.status != "in progress" {
 				r1.Object["status"].(map[string]any)["completionTime"] = now.Add(-time.Minute).Format(time.RFC3339)
@@ -143,13 +136,7 @@ func TestConflictsInARowRequeued(t *testing.T) {
 	}
 	t.Cleanup(h.Close)
 	tm := h.cfg.byAction["RESTART_VM"]
-	r1 := &unstructured.Unstructured{}
-	r1.SetAPIVersion(tm.gvr.GroupVersion().String())
-	r1.SetKind(tm.kind)
-	r1.SetName(h.name("n1", tm.Group, 1))
-	r1.SetLabels(map[string]string{LabelNode: "n1", LabelGroup: tm.Group, LabelManagedBy: "faultline"})
-	r1.SetAnnotations(map[string]string{AnnotationTriggers: "ev-1", AnnotationSeq: "1",
-		AnnotationCreated: now.Add(-time.Minute).Format(time.RFC3339Nano)})
+	r1 := firstOfN1(h, tm, "ev-1", now.Add(-time.Minute))
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{tm.gvr: tm.kind + "List"}, r1)
 	patches := 0
 	dyn.PrependReactor("patch", tm.gvr.Resource, func(k8stesting.Action) (bool, runtime.Object, error) {

@@ -142,18 +142,12 @@ func TestOldTriggerFollowsItsOwnResource(t *testing.T) {
 			}
 			t.Cleanup(h.Close)
 			tm := h.cfg.byAction["RESTART_VM"]
-			o := &unstructured.Unstructured{}
-			o.SetAPIVersion(tm.gvr.GroupVersion().String())
-			o.SetKind(tm.kind)
-			o.SetName(h.name("n1", tm.Group, 1))
-			o.SetLabels(map[string]string{LabelNode: "n1", LabelGroup: tm.Group, LabelManagedBy: "faultline"})
 			trs := "d-other"
 			if tc.listed {
 				trs = "d-1"
 			}
 			// Created 3h after the trigger, queued 12h since.
-			o.SetAnnotations(map[string]string{AnnotationTriggers: trs, AnnotationSeq: "1",
-				AnnotationCreated: now.Add(-11 * time.Hour).Format(time.RFC3339Nano)})
+			o := firstOfN1(h, tm, trs, now.Add(-11*time.Hour))
 			if !tc.listed { // finished: the trigger would create the next
 				o.Object["status"] = map[string]any{"conditions": []any{map[string]any{"type": "NodeReady", "status": "True"}}}
 			}

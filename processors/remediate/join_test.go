@@ -59,13 +59,7 @@ func TestFaultAfterTheStartDoesNotJoin(t *testing.T) {
 			}
 			t.Cleanup(h.Close)
 			tm := h.cfg.byAction["RESTART_VM"]
-			r1 := &unstructured.Unstructured{}
-			r1.SetAPIVersion(tm.gvr.GroupVersion().String())
-			r1.SetKind(tm.kind)
-			r1.SetName(h.name("n1", tm.Group, 1))
-			r1.SetLabels(map[string]string{LabelNode: "n1", LabelGroup: tm.Group, LabelManagedBy: "faultline"})
-			r1.SetAnnotations(map[string]string{AnnotationTriggers: "ev-1", AnnotationSeq: "1",
-				AnnotationCreated: start.Add(-10 * time.Second).Format(time.RFC3339Nano)})
+			r1 := firstOfN1(h, tm, "ev-1", start.Add(-10*time.Second))
 			if tc.started {
 				r1.Object["status"] = map[string]any{"startTime": start.Format(time.RFC3339), "conditions": []any{
 					map[string]any{"type": "SignalSent", "status": "True", "reason": "Succeeded"},
@@ -140,4 +134,17 @@ func TestFaultAfterTheStartDoesNotJoin(t *testing.T) {
 			}
 		})
 	}
+}
+
+// firstOfN1 is node n1's first resource of tm's group, as the role
+// creates it: listing triggers, created at created.
+func firstOfN1(h *Handler, tm *Template, triggers string, created time.Time) *unstructured.Unstructured {
+	o := &unstructured.Unstructured{}
+	o.SetAPIVersion(tm.gvr.GroupVersion().String())
+	o.SetKind(tm.kind)
+	o.SetName(h.name("n1", tm.Group, 1))
+	o.SetLabels(map[string]string{LabelNode: "n1", LabelGroup: tm.Group, LabelManagedBy: "faultline"})
+	o.SetAnnotations(map[string]string{AnnotationTriggers: triggers, AnnotationSeq: "1",
+		AnnotationCreated: created.Format(time.RFC3339Nano)})
+	return o
 }
